@@ -1,0 +1,199 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// Error is a non-2xx answer from the API.
+type Error struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("rialto api: %s (%d %s)", e.Message, e.Status, e.Code)
+}
+
+// IsCode reports whether err is an *Error with the given code.
+func IsCode(err error, code string) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == code
+}
+
+// Client talks to a control plane.
+type Client struct {
+	base  string
+	token string
+	hc    *http.Client
+}
+
+// NewClient returns a client for the control plane at base (e.g.
+// "http://127.0.0.1:7070") authenticating with token (tenant API token,
+// node credential or bootstrap token, depending on the call). hc may be nil.
+func NewClient(base, token string, hc *http.Client) *Client {
+	if hc == nil {
+		hc = &http.Client{Timeout: 30 * time.Second}
+	}
+	return &Client{base: strings.TrimRight(base, "/"), token: token, hc: hc}
+}
+
+// WithToken returns a copy of c that uses token.
+func (c *Client) WithToken(token string) *Client {
+	cc := *c
+	cc.token = token
+	return &cc
+}
+
+// Do sends a request with a JSON body (nil for none) and decodes a JSON
+// answer into out (nil to discard). Extra headers may be given.
+func (c *Client) Do(ctx context.Context, method, path string, body, out any, hdr ...string) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return fmt.Errorf("rialto api: encode request: %w", err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
+	if err != nil {
+		return fmt.Errorf("rialto api: %w", err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("rialto api: %s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		var eb ErrorBody
+		data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		if json.Unmarshal(data, &eb) != nil || eb.Error.Code == "" {
+			eb.Error = ErrorInfo{Code: CodeInternal, Message: strings.TrimSpace(string(data))}
+		}
+		return &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
+	}
+	if out == nil {
+		_, err = io.Copy(io.Discard, resp.Body)
+		return err
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("rialto api: decode %s %s: %w", method, path, err)
+	}
+	return nil
+}
+
+// Join registers an agent (c must carry the bootstrap token).
+func (c *Client) Join(ctx context.Context, r JoinRequest) (JoinResponse, error) {
+	var out JoinResponse
+	err := c.Do(ctx, http.MethodPost, "/v1/join", r, &out)
+	return out, err
+}
+
+// Heartbeat reports an agent's health (c must carry the node credential).
+func (c *Client) Heartbeat(ctx context.Context, nodeID string, h Heartbeat) (HeartbeatResponse, error) {
+	var out HeartbeatResponse
+	err := c.Do(ctx, http.MethodPost, "/v1/nodes/"+url.PathEscape(nodeID)+"/heartbeat", h, &out)
+	return out, err
+}
+
+// Nodes lists nodes.
+func (c *Client) Nodes(ctx context.Context) ([]Node, error) {
+	var out []Node
+	return out, c.Do(ctx, http.MethodGet, "/v1/nodes", nil, &out)
+}
+
+// Node returns one node.
+func (c *Client) Node(ctx context.Context, id string) (Node, error) {
+	var out Node
+	return out, c.Do(ctx, http.MethodGet, "/v1/nodes/"+url.PathEscape(id), nil, &out)
+}
+
+// Devices lists devices.
+func (c *Client) Devices(ctx context.Context) ([]Device, error) {
+	var out []Device
+	return out, c.Do(ctx, http.MethodGet, "/v1/devices", nil, &out)
+}
+
+// Topology returns nodes and links.
+func (c *Client) Topology(ctx context.Context) (Topology, error) {
+	var out Topology
+	return out, c.Do(ctx, http.MethodGet, "/v1/topology", nil, &out)
+}
+
+// Leases lists leases.
+func (c *Client) Leases(ctx context.Context) ([]Lease, error) {
+	var out []Lease
+	return out, c.Do(ctx, http.MethodGet, "/v1/leases", nil, &out)
+}
+
+// Lease returns one lease.
+func (c *Client) Lease(ctx context.Context, id string) (Lease, error) {
+	var out Lease
+	return out, c.Do(ctx, http.MethodGet, "/v1/leases/"+url.PathEscape(id), nil, &out)
+}
+
+// CreateLease places, reserves and activates a lease. A non-empty
+// r.IdempotencyKey makes retries return the same lease.
+func (c *Client) CreateLease(ctx context.Context, r LeaseRequest) (Lease, error) {
+	var out Lease
+	var hdr []string
+	if r.IdempotencyKey != "" {
+		hdr = []string{"Idempotency-Key", r.IdempotencyKey}
+	}
+	return out, c.Do(ctx, http.MethodPost, "/v1/leases", r, &out, hdr...)
+}
+
+// Explain returns the plan a request would get, reserving nothing.
+func (c *Client) Explain(ctx context.Context, r LeaseRequest) (Plan, error) {
+	var out Plan
+	return out, c.Do(ctx, http.MethodPost, "/v1/explain", r, &out)
+}
+
+// RenewLease extends a lease's TTL.
+func (c *Client) RenewLease(ctx context.Context, id string, ttlSeconds int64) (Lease, error) {
+	var out Lease
+	return out, c.Do(ctx, http.MethodPost, "/v1/leases/"+url.PathEscape(id)+"/renew", RenewRequest{TTLSeconds: ttlSeconds}, &out)
+}
+
+// ReleaseLease ends a lease.
+func (c *Client) ReleaseLease(ctx context.Context, id string) (Lease, error) {
+	var out Lease
+	return out, c.Do(ctx, http.MethodPost, "/v1/leases/"+url.PathEscape(id)+"/release", nil, &out)
+}
+
+// Events returns audit events with ID greater than since.
+func (c *Client) Events(ctx context.Context, since int64) ([]Event, error) {
+	var out []Event
+	return out, c.Do(ctx, http.MethodGet, fmt.Sprintf("/v1/events?since=%d", since), nil, &out)
+}
+
+// Profiles lists device profiles.
+func (c *Client) Profiles(ctx context.Context) ([]Profile, error) {
+	var out []Profile
+	return out, c.Do(ctx, http.MethodGet, "/v1/profiles", nil, &out)
+}
+
+// PutProfile stores a measured or declared profile.
+func (c *Client) PutProfile(ctx context.Context, p Profile) (Profile, error) {
+	var out Profile
+	return out, c.Do(ctx, http.MethodPut, "/v1/profiles/"+url.PathEscape(p.Model), p, &out)
+}

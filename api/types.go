@@ -1,0 +1,331 @@
+package api
+
+import "time"
+
+// NodeState is a node's liveness as seen by the control plane.
+type NodeState string
+
+// Node states.
+const (
+	NodeReady   NodeState = "ready"   // heartbeating
+	NodeSuspect NodeState = "suspect" // missed heartbeats, within the grace period
+	NodeDown    NodeState = "down"    // missed heartbeats past the grace period; its leases are lost
+)
+
+// Kind is a resource kind.
+type Kind string
+
+// Resource kinds.
+const (
+	KindBlock  Kind = "block"
+	KindMemory Kind = "memory"
+	KindAccel  Kind = "accel"
+	KindNIC    Kind = "nic"
+)
+
+// LeaseState is a lease's place in its lifecycle:
+// requested → reserved → active → releasing → released, or failed, lost, expired.
+type LeaseState string
+
+// Lease states.
+const (
+	LeaseRequested LeaseState = "requested"
+	LeaseReserved  LeaseState = "reserved"
+	LeaseActive    LeaseState = "active"
+	LeaseReleasing LeaseState = "releasing"
+	LeaseReleased  LeaseState = "released"
+	LeaseFailed    LeaseState = "failed"
+	LeaseLost      LeaseState = "lost"
+	LeaseExpired   LeaseState = "expired"
+)
+
+// Terminal reports whether no further transition can happen.
+func (s LeaseState) Terminal() bool {
+	switch s {
+	case LeaseReleased, LeaseFailed, LeaseLost, LeaseExpired:
+		return true
+	}
+	return false
+}
+
+// Mode is how a lease uses its devices.
+type Mode string
+
+// Lease modes.
+const (
+	ModeDedicated Mode = "dedicated" // a whole device, exclusively
+	ModeShared    Mode = "shared"    // a partition of a device others also use
+	ModeComposed  Mode = "composed"  // N devices striped into one
+)
+
+// Fingerprint is what an agent found on its host.
+type Fingerprint struct {
+	MachineID    string   `json:"machine_id"` // hardware identity; wins on rejoin
+	Hostname     string   `json:"hostname"`
+	Cores        int      `json:"cores"`
+	MemoryBytes  int64    `json:"memory_bytes"`
+	BlockDevices []string `json:"block_devices,omitempty"` // from /sys/block
+	NICs         []string `json:"nics,omitempty"`          // from /sys/class/net
+}
+
+// Node is a server running an agent.
+type Node struct {
+	ID            string            `json:"id"`
+	Name          string            `json:"name"`
+	State         NodeState         `json:"state"`
+	Address       string            `json:"address"`   // host the data planes listen on
+	AgentURL      string            `json:"agent_url"` // the agent's lease-execution API
+	Endpoints     map[Kind]string   `json:"endpoints,omitempty"`
+	Labels        map[string]string `json:"labels,omitempty"`
+	Fingerprint   Fingerprint       `json:"fingerprint"`
+	Health        string            `json:"health,omitempty"`
+	LastHeartbeat time.Time         `json:"last_heartbeat"`
+	JoinedAt      time.Time         `json:"joined_at"`
+}
+
+// Device is a lendable resource on a node (Resource Registration Table).
+type Device struct {
+	ID         string            `json:"id"`
+	NodeID     string            `json:"node_id"`
+	Name       string            `json:"name"` // unique per node, e.g. "disk0"
+	Kind       Kind              `json:"kind"`
+	State      string            `json:"state"`    // "available", "unavailable"
+	Capacity   int64             `json:"capacity"` // bytes (block, memory) or slots (accel)
+	Allocated  int64             `json:"allocated"`
+	Model      string            `json:"model,omitempty"` // profile key
+	Attributes map[string]string `json:"attributes,omitempty"`
+	Sharing    string            `json:"sharing,omitempty"` // "exclusive" or "partitionable"
+}
+
+// DeviceSpec is what an agent offers to lend.
+type DeviceSpec struct {
+	Name       string            `json:"name"`
+	Kind       Kind              `json:"kind"`
+	Capacity   int64             `json:"capacity"`
+	Model      string            `json:"model,omitempty"`
+	Attributes map[string]string `json:"attributes,omitempty"`
+	Sharing    string            `json:"sharing,omitempty"`
+}
+
+// Link is a measured path between two nodes, or a node and the control plane
+// (Topology Status Table). To is "controlplane" for the latter.
+type Link struct {
+	ID           string    `json:"id"`
+	From         string    `json:"from"`
+	To           string    `json:"to"`
+	Kind         string    `json:"kind"` // ethernet, loopback, pcie-ntb, mesh
+	BandwidthBps int64     `json:"bandwidth_bps,omitempty"`
+	RTTMicros    float64   `json:"rtt_us"`
+	Status       string    `json:"status"` // up, down
+	LoadBps      int64     `json:"load_bps,omitempty"`
+	MeasuredAt   time.Time `json:"measured_at"`
+	State        string    `json:"state"` // same as Status; every object has a state
+}
+
+// Topology is the fabric as the control plane knows it.
+type Topology struct {
+	Nodes []Node `json:"nodes"`
+	Links []Link `json:"links"`
+}
+
+// Part is one device (or partition of one) in a lease.
+type Part struct {
+	NodeID   string `json:"node_id"`
+	DeviceID string `json:"device_id"`
+	Offset   int64  `json:"offset"`
+	Length   int64  `json:"length"`
+	// URI reaches this part's data plane; it embeds the export name bound to
+	// the lease credential, so it is a secret.
+	URI string `json:"uri,omitempty"`
+}
+
+// Lease is an allocation of devices to a borrower (Resource Allocation Table).
+type Lease struct {
+	ID         string     `json:"id"`
+	State      LeaseState `json:"state"`
+	Kind       Kind       `json:"kind"`
+	Mode       Mode       `json:"mode"`
+	Tenant     string     `json:"tenant"`
+	Borrower   string     `json:"borrower,omitempty"` // node ID or free-form client name
+	Size       int64      `json:"size"`
+	Count      int        `json:"count"`
+	StripeUnit int64      `json:"stripe_unit,omitempty"`
+	// NodeID and DeviceID name the first part's lender and device.
+	NodeID   string `json:"node_id,omitempty"`
+	DeviceID string `json:"device_id,omitempty"`
+	Parts    []Part `json:"parts"`
+	// URI is the data-plane address of a single-part lease (dedicated or
+	// shared). Composed leases are used through `rialto attach`.
+	URI            string    `json:"uri,omitempty"`
+	Credential     string    `json:"credential,omitempty"` // only shown to the tenant that owns it
+	TTLSeconds     int64     `json:"ttl_seconds"`
+	ExpiresAt      time.Time `json:"expires_at"`
+	CreatedAt      time.Time `json:"created_at"`
+	UpdatedAt      time.Time `json:"updated_at"`
+	Reason         string    `json:"reason,omitempty"` // why failed/lost/expired
+	IdempotencyKey string    `json:"idempotency_key,omitempty"`
+	Plan           *Plan     `json:"plan,omitempty"`
+}
+
+// LeaseRequest asks for a lease. Tenant comes from the API token.
+type LeaseRequest struct {
+	Kind           Kind              `json:"kind"`
+	Mode           Mode              `json:"mode,omitempty"` // empty: placement chooses
+	Size           int64             `json:"size,omitempty"` // bytes (block, memory)
+	Count          int               `json:"count,omitempty"`
+	StripeUnit     int64             `json:"stripe_unit,omitempty"`
+	Borrower       string            `json:"borrower,omitempty"`
+	TTLSeconds     int64             `json:"ttl_seconds,omitempty"`
+	Bandwidth      float64           `json:"bandwidth,omitempty"`        // bytes/s wanted
+	MaxLatencyUs   float64           `json:"max_latency_us,omitempty"`   // per-op latency need
+	Work           int64             `json:"work,omitempty"`             // bytes to move, for completion time
+	DeadlineSecond float64           `json:"deadline_seconds,omitempty"` // completion-time need
+	Affinity       []string          `json:"affinity,omitempty"`
+	AntiAffinity   []string          `json:"anti_affinity,omitempty"`
+	Strategy       string            `json:"strategy,omitempty"` // binpack or spread
+	Role           string            `json:"role,omitempty"`     // accel: role to load
+	Labels         map[string]string `json:"labels,omitempty"`
+	IdempotencyKey string            `json:"idempotency_key,omitempty"`
+}
+
+// Plan is the placement decision and its reasoning, as shown by explain.
+type Plan struct {
+	Mode                Mode      `json:"mode"`
+	Parts               []Part    `json:"parts"`
+	PredictedBandwidth  float64   `json:"predicted_bandwidth,omitempty"`
+	PredictedCompletion float64   `json:"predicted_completion_seconds,omitempty"`
+	Impacts             []Impact  `json:"impacts,omitempty"`
+	Explanation         []string  `json:"explanation,omitempty"`
+	State               string    `json:"state"` // "feasible" or "infeasible"
+	ID                  string    `json:"id"`    // empty for dry runs
+	At                  time.Time `json:"at"`
+}
+
+// Impact is how a plan would slow a running lease.
+type Impact struct {
+	LeaseID          string  `json:"lease_id"`
+	BandwidthBefore  float64 `json:"bandwidth_before"`
+	BandwidthAfter   float64 `json:"bandwidth_after"`
+	CompletionBefore float64 `json:"completion_before_seconds,omitempty"`
+	CompletionAfter  float64 `json:"completion_after_seconds,omitempty"`
+}
+
+// Profile is a device model's characterization (bandwidth vs concurrency).
+type Profile struct {
+	ID    string `json:"id"` // model name
+	State string `json:"state"`
+	Model string `json:"model"`
+	// WriteBps[i] and ReadBps[i] are delivered aggregate bytes/s with i+1
+	// concurrent sequential writers/readers.
+	WriteBps    []float64 `json:"write_bps"`
+	ReadBps     []float64 `json:"read_bps"`
+	Latency4KUs float64   `json:"latency_4k_us"`
+	Source      string    `json:"source"` // "measured" or "declared"
+	MeasuredAt  time.Time `json:"measured_at"`
+}
+
+// Event is one entry of the append-only audit log.
+type Event struct {
+	ID      int64     `json:"id"`
+	At      time.Time `json:"at"`
+	Type    string    `json:"type"` // e.g. node.joined, lease.active
+	Subject string    `json:"subject"`
+	Message string    `json:"message"`
+	State   string    `json:"state"` // the subject's state after the event
+}
+
+// JoinRequest is sent by an agent with the bootstrap token.
+type JoinRequest struct {
+	Name        string            `json:"name"`
+	Address     string            `json:"address"`
+	AgentURL    string            `json:"agent_url"`
+	Endpoints   map[Kind]string   `json:"endpoints,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Fingerprint Fingerprint       `json:"fingerprint"`
+	Devices     []DeviceSpec      `json:"devices"`
+}
+
+// JoinResponse carries the node's credential; the agent uses it as its
+// bearer token from then on.
+type JoinResponse struct {
+	NodeID            string  `json:"node_id"`
+	Credential        string  `json:"credential"`
+	HeartbeatSeconds  float64 `json:"heartbeat_seconds"`
+	ControlPlaneNodes []Node  `json:"peers,omitempty"` // peers to probe for links
+}
+
+// Heartbeat is an agent's periodic report.
+type Heartbeat struct {
+	Health string       `json:"health"` // "ok" or a description of trouble
+	Links  []LinkReport `json:"links,omitempty"`
+	Leases []string     `json:"leases"` // lease IDs whose exports the agent serves
+}
+
+// LinkReport is a round-trip measurement made by an agent.
+type LinkReport struct {
+	To        string  `json:"to"` // node ID or "controlplane"
+	RTTMicros float64 `json:"rtt_us"`
+	Up        bool    `json:"up"`
+}
+
+// HeartbeatResponse tells the agent what to reconcile.
+type HeartbeatResponse struct {
+	Teardown []string `json:"teardown,omitempty"` // lease IDs the agent must stop serving
+	Peers    []Node   `json:"peers,omitempty"`
+}
+
+// PrepareRequest is sent by the control plane to a lender agent during the
+// reservation phase. The agent prepares the export and confirms.
+type PrepareRequest struct {
+	LeaseID    string `json:"lease_id"`
+	Kind       Kind   `json:"kind"`
+	Mode       Mode   `json:"mode"`
+	DeviceID   string `json:"device_id"`
+	DeviceName string `json:"device_name"`
+	Offset     int64  `json:"offset"`
+	Length     int64  `json:"length"`
+	Export     string `json:"export"` // export name bound to the lease credential (secret)
+	Role       string `json:"role,omitempty"`
+	// Caps for shared partitions (0 = none).
+	BandwidthCap int64 `json:"bandwidth_cap,omitempty"`
+	IOPSCap      int64 `json:"iops_cap,omitempty"`
+}
+
+// PrepareResponse is the lender's confirmation.
+type PrepareResponse struct {
+	URI string `json:"uri"`
+}
+
+// TeardownRequest asks a lender to stop serving a lease.
+type TeardownRequest struct {
+	LeaseID string `json:"lease_id"`
+}
+
+// RenewRequest extends a lease's TTL.
+type RenewRequest struct {
+	TTLSeconds int64 `json:"ttl_seconds,omitempty"`
+}
+
+// ErrorBody is every error response: {"error": {"code": ..., "message": ...}}.
+type ErrorBody struct {
+	Error ErrorInfo `json:"error"`
+}
+
+// ErrorInfo is a stable machine code and a message for people.
+type ErrorInfo struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Stable error codes.
+const (
+	CodeInvalid      = "invalid_request" // 400
+	CodeUnauthorized = "unauthorized"    // 401: missing or unknown token
+	CodeForbidden    = "forbidden"       // 403: token not allowed to do this
+	CodeNotFound     = "not_found"       // 404
+	CodeConflict     = "conflict"        // 409: wrong state, idempotency mismatch
+	CodeInfeasible   = "infeasible"      // 422: no placement satisfies the request
+	CodeQuota        = "quota_exceeded"  // 429
+	CodeUnavailable  = "unavailable"     // 503: lenders did not confirm
+	CodeInternal     = "internal"        // 500
+)
