@@ -248,10 +248,13 @@ type JoinRequest struct {
 // JoinResponse carries the node's credential; the agent uses it as its
 // bearer token from then on.
 type JoinResponse struct {
-	NodeID            string  `json:"node_id"`
-	Credential        string  `json:"credential"`
-	HeartbeatSeconds  float64 `json:"heartbeat_seconds"`
-	ControlPlaneNodes []Node  `json:"peers,omitempty"` // peers to probe for links
+	NodeID           string  `json:"node_id"`
+	Credential       string  `json:"credential"`
+	HeartbeatSeconds float64 `json:"heartbeat_seconds"`
+	// AgentKey is what the control plane presents (as a bearer token) when
+	// it calls the agent's lease-execution API.
+	AgentKey          string `json:"agent_key"`
+	ControlPlaneNodes []Node `json:"peers,omitempty"` // peers to probe for links
 }
 
 // Heartbeat is an agent's periodic report.
