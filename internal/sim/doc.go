@@ -1,0 +1,22 @@
+// Package sim is Rialto's discrete-event simulator: a virtual clock and an
+// event calendar (Engine), a fluid model of flows sharing links and devices
+// whose rates come from max-min fair sharing and are recomputed whenever a
+// flow starts or finishes (Net), device models calibrated from
+// characterization profiles (delivered bandwidth versus concurrency),
+// synthetic workloads after the seed papers (SMUFIN-like sequential writers,
+// a Redis-like cache with Zipf key popularity, ERBIUM-like batched query
+// streams, multi-GPU training jobs), trace replay of the Alibaba openb GPU
+// cluster traces, and named experiments that reproduce the seeds' figures.
+//
+// The simulator is pure: no goroutines, no wall-clock reads, no I/O in the
+// engine and the models. Runs are deterministic for a seed. Only the
+// experiment layer (Run) writes files: a CSV and a hand-written SVG plot per
+// experiment, into Options.OutDir.
+//
+// Zero values: the zero Engine is ready to use at virtual time 0. A Net must
+// be built with NewNet. Experiments are looked up by name with Experiments
+// and run with Run.
+//
+// Concurrency: none of the types are safe for concurrent use; a simulation is
+// single-threaded by design. Distinct Engines may run on distinct goroutines.
+package sim

@@ -1,0 +1,141 @@
+package sim
+
+import (
+	"math"
+	"testing"
+)
+
+func TestEngineOrder(t *testing.T) {
+	var e Engine
+	var got []int
+	e.At(2, func() { got = append(got, 3) })
+	e.At(1, func() { got = append(got, 1) })
+	e.At(1, func() {
+		got = append(got, 2)
+		e.After(0, func() { got = append(got, 21) })
+	})
+	e.At(5, func() { got = append(got, 5) })
+	if end := e.Run(3); end != 3 {
+		t.Fatalf("Run(3) = %v", end)
+	}
+	want := []int{1, 2, 21, 3}
+	if len(got) != len(want) {
+		t.Fatalf("got %v want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("got %v want %v", got, want)
+		}
+	}
+	e.Run(0)
+	if got[len(got)-1] != 5 || e.Now() != 5 || e.Events() != 5 {
+		t.Fatalf("got %v now %v events %d", got, e.Now(), e.Events())
+	}
+}
+
+func TestEngineHeapRandom(t *testing.T) {
+	var e Engine
+	r := newRand(1)
+	last := -1.0
+	n := 0
+	for i := 0; i < 10000; i++ {
+		e.At(r.Float64()*100, func() {
+			if e.Now() < last {
+				t.Fatalf("time went back: %v < %v", e.Now(), last)
+			}
+			last = e.Now()
+			n++
+		})
+	}
+	e.Run(0)
+	if n != 10000 {
+		t.Fatalf("ran %d", n)
+	}
+}
+
+func TestMaxMin(t *testing.T) {
+	tests := []struct {
+		name  string
+		caps  []float64
+		paths [][]int
+		fcap  []float64
+		want  []float64
+	}{
+		{"one link two flows", []float64{10}, [][]int{{0}, {0}}, []float64{0, 0}, []float64{5, 5}},
+		{"capped flow frees share", []float64{10}, [][]int{{0}, {0}}, []float64{2, 0}, []float64{2, 8}},
+		{"classic parking lot", []float64{10, 10}, [][]int{{0, 1}, {0}, {1}}, []float64{0, 0, 0}, []float64{5, 5, 5}},
+		{"bottleneck elsewhere", []float64{10, 4}, [][]int{{0, 1}, {0}}, []float64{0, 0}, []float64{4, 6}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rs := make([]*Resource, len(tc.caps))
+			for i, c := range tc.caps {
+				rs[i] = &Resource{Capacity: c}
+			}
+			var fs []*Flow
+			for i, p := range tc.paths {
+				f := &Flow{Cap: tc.fcap[i]}
+				for _, j := range p {
+					f.Path = append(f.Path, rs[j])
+					rs[j].flows = append(rs[j].flows, f)
+				}
+				fs = append(fs, f)
+			}
+			MaxMin(rs, fs)
+			for i, f := range fs {
+				if math.Abs(f.rate-tc.want[i]) > 1e-9 {
+					t.Errorf("flow %d rate %v want %v", i, f.rate, tc.want[i])
+				}
+			}
+		})
+	}
+}
+
+func TestNetFlowsFinishInOrder(t *testing.T) {
+	var e Engine
+	n := NewNet(&e)
+	link := &Resource{Name: "l", Capacity: 100}
+	var done []Time
+	// Two flows of 100 and 300 bytes share 100 B/s: the first ends at 2 s
+	// (50 B/s each), then the second runs alone: 200 bytes left at 100 B/s.
+	n.Start(100, []*Resource{link}, 0, func(*Flow) { done = append(done, e.Now()) })
+	n.Start(300, []*Resource{link}, 0, func(*Flow) { done = append(done, e.Now()) })
+	e.Run(0)
+	if len(done) != 2 || math.Abs(done[0]-2) > 1e-9 || math.Abs(done[1]-4) > 1e-9 {
+		t.Fatalf("done at %v, want [2 4]", done)
+	}
+	if math.Abs(link.Bytes-400) > 1e-6 || math.Abs(link.Busy-4) > 1e-9 {
+		t.Fatalf("bytes %v busy %v", link.Bytes, link.Busy)
+	}
+}
+
+func TestNetProfile(t *testing.T) {
+	var e Engine
+	n := NewNet(&e)
+	dev := &Resource{Capacity: 100, Profile: Table{1, 0.5}}
+	var done []Time
+	for i := 0; i < 2; i++ {
+		n.Start(50, []*Resource{dev}, 0, func(*Flow) { done = append(done, e.Now()) })
+	}
+	e.Run(0)
+	// Two flows: 50 B/s delivered in total, 25 each: both end at 2 s.
+	if len(done) != 2 || math.Abs(done[1]-2) > 1e-9 {
+		t.Fatalf("done %v", done)
+	}
+}
+
+func BenchmarkEngine(b *testing.B) {
+	var e Engine
+	r := newRand(1)
+	// Keep ~10,000 events pending; every event schedules its successor.
+	var fn func()
+	fn = func() { e.After(r.Float64(), fn) }
+	for i := 0; i < 10000; i++ {
+		e.At(r.Float64(), fn)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		e.Step()
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+}

@@ -1,0 +1,349 @@
+package sim
+
+import "math"
+
+// Profile gives the fraction of a resource's nominal capacity that it
+// delivers when n flows use it at once (a characterization profile: delivered
+// bandwidth versus concurrency). A nil Profile delivers the full capacity.
+type Profile interface {
+	Delivered(n int) float64
+}
+
+// Table is a Profile from measured points: Table[i] is the delivered fraction
+// at concurrency i+1; concurrency beyond the table uses the last entry.
+type Table []float64
+
+// Delivered implements Profile.
+func (t Table) Delivered(n int) float64 {
+	if len(t) == 0 || n <= 0 {
+		return 1
+	}
+	if n > len(t) {
+		return t[len(t)-1]
+	}
+	return t[n-1]
+}
+
+// Resource is something flows share: a link direction, a device, a host's
+// memory bus. Capacity is in bytes per second at concurrency 1.
+type Resource struct {
+	Name     string
+	Capacity float64
+	Profile  Profile
+
+	flows []*Flow
+	// Bytes counts bytes delivered through the resource (settled lazily).
+	Bytes float64
+	// Busy accumulates virtual seconds during which at least one flow was active.
+	Busy Time
+
+	mark    uint64
+	rem     float64
+	cnt     int
+	lastSet Time
+}
+
+// Active reports how many flows use the resource now.
+func (r *Resource) Active() int { return len(r.flows) }
+
+// Delivered reports the capacity delivered at the current concurrency.
+func (r *Resource) Delivered() float64 {
+	c := r.Capacity
+	if r.Profile != nil {
+		c *= r.Profile.Delivered(len(r.flows))
+	}
+	return c
+}
+
+// Flow moves Size bytes across every resource of Path at one rate, set by
+// max-min fair sharing among the flows active on those resources and by the
+// flow's own Cap (0: uncapped).
+type Flow struct {
+	Path []*Resource
+	Cap  float64
+	Size float64
+
+	remaining float64
+	rate      float64
+	last      Time
+	started   Time
+	ver       uint64
+	done      func(*Flow)
+	mark      uint64
+	frozen    bool
+	live      bool
+	scheduled bool
+	prev      float64
+	pos       []int // index of the flow in each Path resource's flows
+}
+
+// Rate reports the flow's current rate in bytes per second.
+func (f *Flow) Rate() float64 { return f.rate }
+
+// Started reports when the flow started.
+func (f *Flow) Started() Time { return f.started }
+
+// Remaining reports the bytes left as of the last rate change.
+func (f *Flow) Remaining() float64 { return f.remaining }
+
+// Net keeps the active flows of a simulation and recomputes their rates when
+// flows start or finish: only the connected component of flows that share
+// resources with the change is recomputed, and changes that happen at the same
+// virtual time are recomputed once.
+type Net struct {
+	eng     *Engine
+	epoch   uint64
+	dirty   []*Resource
+	pending bool
+	// Recomputes counts rate recomputations (components solved).
+	Recomputes uint64
+	// Started and Finished count flows.
+	Started, Finished uint64
+
+	// scratch
+	compR []*Resource
+	compF []*Flow
+}
+
+// NewNet returns a flow network driven by eng.
+func NewNet(eng *Engine) *Net { return &Net{eng: eng} }
+
+// Start starts a flow of size bytes along path; done runs when its last byte
+// is delivered. A flow with an empty path runs at cap (which must then be
+// positive) and otherwise completes at once.
+func (n *Net) Start(size float64, path []*Resource, cap float64, done func(*Flow)) *Flow {
+	f := &Flow{Path: path, Cap: cap, Size: size, remaining: size, last: n.eng.now, started: n.eng.now, done: done, live: true}
+	n.Started++
+	if len(path) == 0 {
+		d := 0.0
+		if cap > 0 {
+			d = size / cap
+		}
+		f.rate = cap
+		n.eng.After(d, func() {
+			f.live = false
+			f.remaining = 0
+			n.Finished++
+			if f.done != nil {
+				f.done(f)
+			}
+		})
+		return f
+	}
+	f.pos = make([]int, len(path))
+	for i, r := range path {
+		r.settle(n.eng.now)
+		f.pos[i] = len(r.flows)
+		r.flows = append(r.flows, f)
+	}
+	n.markDirty(path)
+	return f
+}
+
+// Cancel stops a live flow without calling its done function.
+func (n *Net) Cancel(f *Flow) {
+	if !f.live {
+		return
+	}
+	f.remaining -= f.rate * (n.eng.now - f.last)
+	n.remove(f)
+}
+
+func (n *Net) remove(f *Flow) {
+	f.live = false
+	f.ver++
+	for i, r := range f.Path {
+		r.settle(n.eng.now)
+		p := f.pos[i]
+		last := len(r.flows) - 1
+		if p != last {
+			g := r.flows[last]
+			r.flows[p] = g
+			for j, gr := range g.Path {
+				if gr == r {
+					g.pos[j] = p
+					break
+				}
+			}
+		}
+		r.flows[last] = nil
+		r.flows = r.flows[:last]
+	}
+	n.markDirty(f.Path)
+}
+
+// settle accounts bytes and busy time on the resource up to now.
+func (r *Resource) settle(now Time) {
+	dt := now - r.lastSet
+	if dt > 0 && len(r.flows) > 0 {
+		r.Busy += dt
+		s := 0.0
+		for _, f := range r.flows {
+			s += f.rate
+		}
+		r.Bytes += s * dt
+	}
+	r.lastSet = now
+}
+
+func (n *Net) markDirty(path []*Resource) {
+	n.dirty = append(n.dirty, path...)
+	if !n.pending {
+		n.pending = true
+		n.eng.At(n.eng.now, n.recompute)
+	}
+}
+
+// recompute solves max-min fair rates for the components touched since the
+// last recomputation.
+func (n *Net) recompute() {
+	n.pending = false
+	now := n.eng.now
+	n.epoch++
+	ep := n.epoch
+	n.compR = n.compR[:0]
+	n.compF = n.compF[:0]
+	for _, r := range n.dirty {
+		if r.mark == ep {
+			continue
+		}
+		r.mark = ep
+		n.compR = append(n.compR, r)
+	}
+	n.dirty = n.dirty[:0]
+	// Breadth-first over resources -> flows -> resources.
+	for i := 0; i < len(n.compR); i++ {
+		for _, f := range n.compR[i].flows {
+			if f.mark == ep {
+				continue
+			}
+			f.mark = ep
+			n.compF = append(n.compF, f)
+			for _, r := range f.Path {
+				if r.mark != ep {
+					r.mark = ep
+					n.compR = append(n.compR, r)
+				}
+			}
+		}
+	}
+	n.Recomputes++
+	for _, r := range n.compR {
+		r.settle(now)
+	}
+	for _, f := range n.compF {
+		f.remaining -= f.rate * (now - f.last)
+		if f.remaining < 0 {
+			f.remaining = 0
+		}
+		f.last = now
+	}
+	for _, f := range n.compF {
+		f.prev = f.rate
+	}
+	MaxMin(n.compR, n.compF)
+	for _, f := range n.compF {
+		if f.rate == f.prev && f.scheduled {
+			continue
+		}
+		f.scheduled = f.rate > 0
+		f.ver++
+		ver := f.ver
+		ff := f
+		if f.rate <= 0 {
+			continue
+		}
+		d := f.remaining / f.rate
+		n.eng.At(now+d, func() { n.finish(ff, ver) })
+	}
+}
+
+func (n *Net) finish(f *Flow, ver uint64) {
+	if !f.live || f.ver != ver {
+		return
+	}
+	f.remaining = 0
+	n.remove(f)
+	n.Finished++
+	if f.done != nil {
+		f.done(f)
+	}
+}
+
+// MaxMin sets the rate of every flow by progressive filling: all unfrozen
+// flows grow at the same pace; a flow freezes when one of its resources is
+// saturated (its delivered capacity at the current concurrency is used up) or
+// when it reaches its own Cap. Flows must only use resources in rs.
+func MaxMin(rs []*Resource, fs []*Flow) {
+	for _, r := range rs {
+		r.rem = r.Delivered()
+		r.cnt = len(r.flows)
+	}
+	for _, f := range fs {
+		f.frozen = false
+		f.rate = 0
+	}
+	left := len(fs)
+	const eps = 1e-12
+	for left > 0 {
+		share := math.Inf(1)
+		for _, r := range rs {
+			if r.cnt > 0 {
+				if s := r.rem / float64(r.cnt); s < share {
+					share = s
+				}
+			}
+		}
+		capMin := math.Inf(1)
+		for _, f := range fs {
+			if !f.frozen && f.Cap > 0 && f.Cap < capMin {
+				capMin = f.Cap
+			}
+		}
+		if capMin <= share {
+			for _, f := range fs {
+				if !f.frozen && f.Cap > 0 && f.Cap <= capMin*(1+eps) {
+					freeze(f, f.Cap)
+					left--
+				}
+			}
+			continue
+		}
+		if math.IsInf(share, 1) {
+			// Unconstrained flows (no capacity anywhere): should not happen.
+			for _, f := range fs {
+				if !f.frozen {
+					freeze(f, 0)
+					left--
+				}
+			}
+			break
+		}
+		lim := share * (1 + 1e-9)
+		for _, r := range rs {
+			if r.cnt > 0 && r.rem/float64(r.cnt) <= lim {
+				for _, f := range r.flows {
+					if !f.frozen {
+						freeze(f, share)
+						left--
+					}
+				}
+			}
+		}
+	}
+}
+
+func freeze(f *Flow, rate float64) {
+	if rate < 0 {
+		rate = 0
+	}
+	f.frozen = true
+	f.rate = rate
+	for _, r := range f.Path {
+		r.rem -= rate
+		if r.rem < 0 {
+			r.rem = 0
+		}
+		r.cnt--
+	}
+}
