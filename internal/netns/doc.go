@@ -1,0 +1,21 @@
+// Package netns builds small network labs for tests and benchmarks: N
+// "hosts", each a Linux network namespace joined to the root namespace by a
+// veth pair whose root end is enslaved to a bridge the lab creates. Every link
+// can be shaped with a token-bucket filter (tc tbf) in both directions, so a
+// test can make the network, not the CPU, the bottleneck.
+//
+// Addresses come from 10.213.L.0/24, where L is a /24 not already in use in
+// the root namespace: the bridge gets 10.213.L.1 and host i gets 10.213.L.(i+2).
+// Only interfaces the lab creates carry these addresses, and Close removes them
+// together with the namespaces. Names carry a random lab ID, so labs in
+// concurrent tests and processes do not collide.
+//
+// New needs root and the ip(8) and tc(8) tools; Available reports whether the
+// machine can build a lab, which tests use to decide whether to skip.
+//
+// The zero value of Lab is not usable; call New. A Lab's methods are safe for
+// concurrent use; Close must be called exactly once, after which the Lab must
+// not be used. Close kills any process still running inside the lab's
+// namespaces (they can only have been started by the lab's user) before it
+// deletes them.
+package netns

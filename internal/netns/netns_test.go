@@ -1,0 +1,204 @@
+package netns
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func newLab(t *testing.T, cfg Config) *Lab {
+	t.Helper()
+	if err := Available(); err != nil {
+		t.Skip(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		assertGone(t, l)
+	})
+	return l
+}
+
+func assertGone(t *testing.T, l *Lab) {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "list").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), l.ID()) {
+		t.Errorf("namespaces left after Close:\n%s", out)
+	}
+	out, err = exec.Command("ip", "-o", "link", "show").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), "rl"+l.ID()) {
+		t.Errorf("links left after Close:\n%s", out)
+	}
+}
+
+func TestParseRate(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int64
+		err  bool
+	}{
+		{"400mbit", 400e6, false},
+		{"1gbit", 1e9, false},
+		{"1.5Mbit", 1.5e6, false},
+		{"10mbps", 80e6, false},
+		{"1000", 1000, false},
+		{"", 0, true},
+		{"fast", 0, true},
+		{"10furlongs", 0, true},
+		{"-5mbit", 0, true},
+	} {
+		got, err := ParseRate(tc.in)
+		if (err != nil) != tc.err || got != tc.want {
+			t.Errorf("ParseRate(%q) = %d, %v; want %d, err=%v", tc.in, got, err, tc.want, tc.err)
+		}
+		if err != nil && !errors.Is(err, ErrBadConfig) {
+			t.Errorf("ParseRate(%q) error %v does not wrap ErrBadConfig", tc.in, err)
+		}
+	}
+}
+
+func TestBadConfig(t *testing.T) {
+	if err := Available(); err != nil {
+		t.Skip(err)
+	}
+	for _, cfg := range []Config{{Hosts: 0}, {Hosts: MaxHosts + 1}, {Hosts: 1, Rate: "quick"}, {Hosts: 1, HostRates: []string{"1mbit", "2mbit"}}} {
+		if _, err := New(context.Background(), cfg); !errors.Is(err, ErrBadConfig) {
+			t.Errorf("New(%+v) = %v, want ErrBadConfig", cfg, err)
+		}
+	}
+}
+
+// TestLab builds three hosts and checks addressing, reachability from the
+// root namespace and between hosts, Command, and that the links are shaped.
+func TestLab(t *testing.T) {
+	l := newLab(t, Config{Hosts: 3, Rate: "40mbit", HostRates: []string{"", "", "400mbit"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	if got := l.Host(1).Addr.As4(); got[0] != 10 || got[1] != 213 || got[3] != 3 {
+		t.Errorf("host 1 addr = %v", l.Host(1).Addr)
+	}
+	if !l.Prefix().Contains(l.Gateway()) {
+		t.Errorf("gateway %v outside %v", l.Gateway(), l.Prefix())
+	}
+	out, err := l.Command(ctx, 2, "ip", "-o", "-4", "addr", "show", "dev", "eth0").CombinedOutput()
+	if err != nil {
+		t.Fatalf("Command: %v: %s", err, out)
+	}
+	if !strings.Contains(string(out), l.Host(2).Addr.String()+"/24") {
+		t.Errorf("host 2 eth0: %s", out)
+	}
+	out, err = l.Command(ctx, 0, "tc", "qdisc", "show", "dev", "eth0").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "tbf") || !strings.Contains(string(out), "40Mbit") {
+		t.Errorf("host 0 qdisc: %v: %s", err, out)
+	}
+
+	// A listener in host 1, reached from the root namespace and from host 0.
+	ln, err := l.Listen(ctx, 1, "tcp", ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	addr := net.JoinHostPort(l.Host(1).Addr.String(), itoa(port))
+	type result struct {
+		n   int64
+		err error
+	}
+	accepted := make(chan result, 2)
+	go func() {
+		for range 2 {
+			c, err := ln.Accept()
+			if err != nil {
+				accepted <- result{0, err}
+				return
+			}
+			n, err := io.Copy(io.Discard, c)
+			c.Close()
+			accepted <- result{n, err}
+		}
+	}()
+	// From the root namespace: 2 MiB through a 40 Mbit/s link takes at
+	// least ~0.4 s; unshaped it would take a few milliseconds.
+	const size = 2 << 20
+	c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := c.Write(bytes.Repeat([]byte{7}, size)); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	r := <-accepted
+	el := time.Since(start)
+	if r.err != nil || r.n != size {
+		t.Fatalf("root→host1: %d bytes, %v", r.n, r.err)
+	}
+	if rate := float64(size*8) / el.Seconds(); rate > 40e6*1.5 {
+		t.Errorf("root→host1 at %.0f Mbit/s through a 40 Mbit/s link", rate/1e6)
+	}
+	// Host to host.
+	c, err = l.Dial(ctx, 0, "tcp", addr)
+	if err != nil {
+		t.Fatalf("host0→host1: %v", err)
+	}
+	if _, err := c.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if r := <-accepted; r.err != nil || r.n != 5 {
+		t.Fatalf("host0→host1: %d bytes, %v", r.n, r.err)
+	}
+}
+
+// TestCloseKillsProcesses checks that Close ends a process left running in a
+// host and still removes everything.
+func TestCloseKillsProcesses(t *testing.T) {
+	if err := Available(); err != nil {
+		t.Skip(err)
+	}
+	l, err := New(context.Background(), Config{Hosts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := l.Command(context.Background(), 0, "sleep", "600")
+	if err := cmd.Start(); err != nil {
+		l.Close()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	if err := l.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatal("process in namespace survived Close")
+	}
+	assertGone(t, l)
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
