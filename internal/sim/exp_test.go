@@ -1,0 +1,66 @@
+package sim
+
+import (
+	"context"
+	"testing"
+)
+
+func runExp(t *testing.T, name string, o Options) Result {
+	t.Helper()
+	r, err := Run(context.Background(), name, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + r.Summary())
+	for _, m := range r.Metrics {
+		if !m.Within() {
+			t.Errorf("%s: %s = %v, paper %v ±%g%%", name, m.Name, m.Value, m.Paper, m.Tolerance*100)
+		}
+	}
+	if len(r.Rows) == 0 || len(r.Plot.SVG()) == 0 || len(r.CSV()) == 0 {
+		t.Errorf("%s: empty output", name)
+	}
+	return r
+}
+
+func metric(t *testing.T, r Result, name string) float64 {
+	t.Helper()
+	m, ok := r.Metric(name)
+	if !ok {
+		t.Fatalf("%s: no metric %q", r.Name, name)
+	}
+	return m.Value
+}
+
+func TestSmufinSharing(t *testing.T) {
+	runExp(t, "smufin-sharing", Options{})
+}
+
+func TestSmufinFig8(t *testing.T) {
+	r := runExp(t, "smufin-fig8", Options{})
+	a := metric(t, r, "mean slowdown (a) 1 shared device")
+	b := metric(t, r, "mean slowdown (b) 2-device composition")
+	c := metric(t, r, "mean slowdown (c) 1 dedicated + 4 shared")
+	if !(b < a && b < c) {
+		t.Errorf("(b) should be fastest: a=%v b=%v c=%v", a, b, c)
+	}
+	if mb, mc := metric(t, r, "makespan slowdown (b) 2-device composition"), metric(t, r, "makespan slowdown (c) 1 dedicated + 4 shared"); mb >= mc {
+		t.Errorf("(b) makespan %v should beat (c) %v", mb, mc)
+	}
+}
+
+func TestRunDeterministic(t *testing.T) {
+	for _, e := range Experiments() {
+		if e.Name == "" || e.Description == "" {
+			t.Errorf("bad experiment %+v", e)
+		}
+	}
+	a, _ := Run(context.Background(), "smufin-fig8", Options{Seed: 3})
+	b, _ := Run(context.Background(), "smufin-fig8", Options{Seed: 3})
+	if string(a.CSV()) != string(b.CSV()) || string(a.Plot.SVG()) != string(b.Plot.SVG()) {
+		t.Fatal("same seed, different output")
+	}
+	if _, err := Run(context.Background(), "nope", Options{}); err == nil {
+		t.Fatal("unknown experiment accepted")
+	}
+}
