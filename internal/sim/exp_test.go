@@ -64,3 +64,7 @@ func TestRunDeterministic(t *testing.T) {
 		t.Fatal("unknown experiment accepted")
 	}
 }
+
+func TestRedisMemory(t *testing.T) {
+	runExp(t, "redis-memory", Options{Seed: 1})
+}
