@@ -1,0 +1,93 @@
+package roles
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+)
+
+// Sentinel errors. Callers match them with errors.Is.
+var (
+	ErrUnknownRole  = errors.New("roles: unknown role")
+	ErrUnknownEntry = errors.New("roles: unknown entry")
+	ErrBadInput     = errors.New("roles: bad input")
+	ErrBadConfig    = errors.New("roles: bad config")
+	ErrBadModule    = errors.New("roles: bad wasm module")
+	ErrClosed       = errors.New("roles: role closed")
+)
+
+// Role is a kernel loaded into a slot. Run executes one invocation of the
+// named entry point on in and returns its output.
+type Role interface {
+	Name() string
+	Entries() []string
+	Run(ctx context.Context, entry string, in []byte) ([]byte, error)
+	Close(ctx context.Context) error
+}
+
+// Batcher is implemented by roles that process many independent items in one
+// invocation more cheaply than one by one (the MCT engine does).
+type Batcher interface {
+	RunBatch(ctx context.Context, entry string, ins [][]byte) ([][]byte, error)
+}
+
+// RunBatch runs ins through r as one invocation when r is a Batcher and one
+// by one otherwise. The result has one output per input.
+func RunBatch(ctx context.Context, r Role, entry string, ins [][]byte) ([][]byte, error) {
+	if b, ok := r.(Batcher); ok {
+		return b.RunBatch(ctx, entry, ins)
+	}
+	outs := make([][]byte, len(ins))
+	for i, in := range ins {
+		out, err := r.Run(ctx, entry, in)
+		if err != nil {
+			return nil, fmt.Errorf("item %d: %w", i, err)
+		}
+		outs[i] = out
+	}
+	return outs, nil
+}
+
+// Spec names a role and carries what it needs to be built: Config is
+// role-specific (the AES key, the MCT rule set as JSON), Module is the Wasm
+// binary of a "wasm" role.
+type Spec struct {
+	Name   string `json:"name"`
+	Config []byte `json:"config,omitempty"`
+	Module []byte `json:"module,omitempty"`
+	// WasmMemoryPages caps a Wasm role's linear memory (64 KiB pages);
+	// zero means DefaultWasmMemoryPages.
+	WasmMemoryPages uint32 `json:"wasm_memory_pages,omitempty"`
+}
+
+type constructor func(ctx context.Context, s Spec) (Role, error)
+
+var catalog = map[string]constructor{
+	"echo":   func(context.Context, Spec) (Role, error) { return echoRole{}, nil },
+	"sha256": func(context.Context, Spec) (Role, error) { return shaRole{}, nil },
+	"aesgcm": newAESGCM,
+	"matmul": func(context.Context, Spec) (Role, error) { return matmulRole{}, nil },
+	"fft":    func(context.Context, Spec) (Role, error) { return fftRole{}, nil },
+	"mct":    newMCT,
+	"wasm":   newWasm,
+}
+
+// Names lists the roles New can build, sorted.
+func Names() []string {
+	out := make([]string, 0, len(catalog))
+	for n := range catalog {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// New builds the role s names.
+func New(ctx context.Context, s Spec) (Role, error) {
+	c, ok := catalog[s.Name]
+	if !ok {
+		return nil, fmt.Errorf("%w %q (known: %v)", ErrUnknownRole, s.Name, Names())
+	}
+	return c(ctx, s)
+}
