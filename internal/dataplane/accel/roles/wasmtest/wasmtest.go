@@ -86,10 +86,10 @@ func EchoModule() []byte {
 	upperBody := append([]byte{0x01, 0x03, i32}, upper...) // 3 i32 locals
 	code := section(10, vec(
 		body(0x23, 0x00, 0x23, 0x00, 0x20, 0x00, 0x6a, 0x24, 0x00, 0x0b), // alloc
-		body(append(pack, 0x0b)...),                                       // echo
-		body(0x03, 0x40, 0x0c, 0x00, 0x0b, 0x00, 0x0b),                    // spin
-		body(0x41, 0x80, 0x08, 0x24, 0x00, 0x0b),                          // reset
-		append(uleb(uint64(len(upperBody))), upperBody...),                // upper
+		body(append(pack, 0x0b)...),                                      // echo
+		body(0x03, 0x40, 0x0c, 0x00, 0x0b, 0x00, 0x0b),                   // spin
+		body(0x41, 0x80, 0x08, 0x24, 0x00, 0x0b),                         // reset
+		append(uleb(uint64(len(upperBody))), upperBody...),               // upper
 	))
 	var m []byte
 	for _, s := range [][]byte{header, types, funcs, mem, globals, exports, code} {
