@@ -1,0 +1,727 @@
+package nbd
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// DefaultRequestTimeout bounds every Client request unless WithRequestTimeout
+// says otherwise.
+const DefaultRequestTimeout = 30 * time.Second
+
+type dialOptions struct {
+	timeout       time.Duration
+	noStructured  bool
+	handshakeWait time.Duration
+}
+
+// DialOption configures Dial.
+type DialOption func(*dialOptions)
+
+// WithRequestTimeout bounds each request (and the handshake). When a request
+// exceeds it the connection is considered dead: it is closed and every pending
+// request fails with ErrTimeout. d <= 0 disables the bound (not recommended).
+func WithRequestTimeout(d time.Duration) DialOption {
+	return func(o *dialOptions) { o.timeout = d }
+}
+
+// WithoutStructuredReplies makes the client use simple replies only.
+func WithoutStructuredReplies() DialOption {
+	return func(o *dialOptions) { o.noStructured = true }
+}
+
+// Client is an NBD client connection to one export. Its methods are safe for
+// concurrent use; requests are pipelined and matched by handle. A Client is a
+// Backend, Trimmer and Zeroer, so it can be re-exported or composed.
+type Client struct {
+	nc         net.Conn
+	size       int64
+	flags      uint16
+	minBlock   uint32
+	prefBlock  uint32
+	maxBlock   uint32
+	structured bool
+	timeout    time.Duration
+
+	wmu sync.Mutex // serialises request writes
+	hdr [requestHeaderLen]byte
+
+	mu      sync.Mutex
+	pending map[uint64]*call
+	handle  uint64
+	err     error // terminal error, set once
+
+	readerDone chan struct{}
+}
+
+type call struct {
+	typ   uint16
+	off   uint64
+	buf   []byte // read destination
+	got   int
+	state atomic.Int32 // callLive, callReceiving, callAbandoned
+	err   error
+	done  chan struct{}
+}
+
+const (
+	callLive int32 = iota
+	callReceiving
+	callAbandoned
+)
+
+// URI is a parsed NBD URI.
+type URI struct {
+	Network string // "tcp" or "unix"
+	Address string // host:port or socket path
+	Export  string
+}
+
+// ParseURI parses nbd://host[:port]/export and nbd+unix:///export?socket=PATH.
+// TLS schemes (nbds) are not supported.
+func ParseURI(s string) (URI, error) {
+	return parseURI(s)
+}
+
+// DialURI dials the export a URI names.
+func DialURI(ctx context.Context, uri string, opts ...DialOption) (*Client, error) {
+	u, err := ParseURI(uri)
+	if err != nil {
+		return nil, err
+	}
+	return Dial(ctx, u.Network, u.Address, u.Export, opts...)
+}
+
+// Dial connects to export on an NBD server, negotiates fixed newstyle,
+// structured replies and NBD_OPT_GO, and returns a Client in transmission
+// phase. ctx bounds the connection and handshake only.
+func Dial(ctx context.Context, network, addr, export string, opts ...DialOption) (*Client, error) {
+	o := dialOptions{timeout: DefaultRequestTimeout}
+	for _, f := range opts {
+		f(&o)
+	}
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, fmt.Errorf("nbd: dial: %w", err)
+	}
+	if tc, ok := nc.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Unix(1, 0)) })
+	dl, ok := ctx.Deadline()
+	if o.timeout > 0 && (!ok || time.Until(dl) > o.timeout) {
+		dl = time.Now().Add(o.timeout)
+	}
+	nc.SetDeadline(dl)
+	c := &Client{nc: nc, timeout: o.timeout, pending: make(map[uint64]*call), readerDone: make(chan struct{})}
+	br := bufio.NewReaderSize(nc, 64<<10)
+	err = c.handshake(br, export, !o.noStructured)
+	if !stop() && err == nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		nc.Close()
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("nbd: handshake: %w", ctx.Err())
+		}
+		return nil, err
+	}
+	nc.SetDeadline(time.Time{})
+	go c.readLoop(br)
+	return c, nil
+}
+
+func (c *Client) handshake(r *bufio.Reader, export string, structured bool) error {
+	var b [18]byte
+	if _, err := io.ReadFull(r, b[:]); err != nil {
+		return fmt.Errorf("nbd: handshake: %w", err)
+	}
+	if binary.BigEndian.Uint64(b[0:]) != nbdMagic || binary.BigEndian.Uint64(b[8:]) != optMagic {
+		return fmt.Errorf("%w: not a newstyle NBD server", ErrProtocol)
+	}
+	sflags := binary.BigEndian.Uint16(b[16:])
+	if sflags&flagFixedNewstyle == 0 {
+		return fmt.Errorf("%w: server lacks fixed newstyle", ErrProtocol)
+	}
+	cflags := clientFlagFixedNewstyle
+	noZeroes := sflags&flagNoZeroes != 0
+	if noZeroes {
+		cflags |= clientFlagNoZeroes
+	}
+	var cf [4]byte
+	binary.BigEndian.PutUint32(cf[:], cflags)
+	if _, err := c.nc.Write(cf[:]); err != nil {
+		return fmt.Errorf("nbd: handshake: %w", err)
+	}
+	if structured {
+		if err := c.sendOpt(optStructuredReply, nil); err != nil {
+			return err
+		}
+		typ, _, err := c.readOptReply(r, optStructuredReply)
+		if err != nil {
+			return err
+		}
+		c.structured = typ == repAck
+	}
+	req := make([]byte, 0, 8+len(export))
+	req = binary.BigEndian.AppendUint32(req, uint32(len(export)))
+	req = append(req, export...)
+	req = binary.BigEndian.AppendUint16(req, 1)
+	req = binary.BigEndian.AppendUint16(req, infoBlockSize)
+	if err := c.sendOpt(optGo, req); err != nil {
+		return err
+	}
+	gotExport := false
+	for {
+		typ, data, err := c.readOptReply(r, optGo)
+		if err != nil {
+			return err
+		}
+		switch {
+		case typ == repInfo:
+			if len(data) < 2 {
+				return fmt.Errorf("%w: short NBD_REP_INFO", ErrProtocol)
+			}
+			switch binary.BigEndian.Uint16(data) {
+			case infoExport:
+				if len(data) != 12 {
+					return fmt.Errorf("%w: bad NBD_INFO_EXPORT", ErrProtocol)
+				}
+				c.size = int64(binary.BigEndian.Uint64(data[2:]))
+				c.flags = binary.BigEndian.Uint16(data[10:])
+				gotExport = true
+			case infoBlockSize:
+				if len(data) != 14 {
+					return fmt.Errorf("%w: bad NBD_INFO_BLOCK_SIZE", ErrProtocol)
+				}
+				c.minBlock = binary.BigEndian.Uint32(data[2:])
+				c.prefBlock = binary.BigEndian.Uint32(data[6:])
+				c.maxBlock = binary.BigEndian.Uint32(data[10:])
+			}
+		case typ == repAck:
+			if !gotExport {
+				return fmt.Errorf("%w: NBD_OPT_GO without NBD_INFO_EXPORT", ErrProtocol)
+			}
+			c.fixBlockSizes()
+			return nil
+		case typ == repErrUnknown:
+			return ErrExportNotFound
+		case typ == repErrUnsup:
+			return c.exportName(r, export, noZeroes)
+		case typ&repErrBit != 0:
+			return fmt.Errorf("nbd: server refused the export: %s", optErrName(typ, data))
+		default:
+			return fmt.Errorf("%w: unexpected option reply %#x", ErrProtocol, typ)
+		}
+	}
+}
+
+func (c *Client) fixBlockSizes() {
+	if c.minBlock == 0 || c.minBlock&(c.minBlock-1) != 0 {
+		c.minBlock = 1
+	}
+	if c.prefBlock == 0 {
+		c.prefBlock = max(4096, c.minBlock)
+	}
+	if c.maxBlock == 0 || c.maxBlock > DefaultMaxBlock {
+		c.maxBlock = DefaultMaxBlock
+	}
+	if c.maxBlock < c.minBlock {
+		c.maxBlock = c.minBlock
+	}
+	c.maxBlock -= c.maxBlock % c.minBlock
+}
+
+func (c *Client) exportName(r *bufio.Reader, export string, noZeroes bool) error {
+	hdr := make([]byte, 16, 16+len(export))
+	binary.BigEndian.PutUint64(hdr, optMagic)
+	binary.BigEndian.PutUint32(hdr[8:], optExportName)
+	binary.BigEndian.PutUint32(hdr[12:], uint32(len(export)))
+	if _, err := c.nc.Write(append(hdr, export...)); err != nil {
+		return fmt.Errorf("nbd: handshake: %w", err)
+	}
+	n := 10
+	if !noZeroes {
+		n += 124
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return fmt.Errorf("nbd: handshake: export refused: %w", err)
+	}
+	c.size = int64(binary.BigEndian.Uint64(b))
+	c.flags = binary.BigEndian.Uint16(b[8:])
+	c.fixBlockSizes()
+	return nil
+}
+
+func optErrName(typ uint32, data []byte) string {
+	names := map[uint32]string{repErrUnsup: "unsupported", repErrPolicy: "policy", repErrInvalid: "invalid",
+		repErrPlatform: "platform", repErrTLSReqd: "TLS required", repErrUnknown: "unknown export",
+		repErrShutdown: "shutting down", repErrBlockSizeReq: "block size required", repErrTooBig: "too big"}
+	s, ok := names[typ]
+	if !ok {
+		s = fmt.Sprintf("error %#x", typ)
+	}
+	if len(data) > 0 && len(data) < 1024 {
+		s += ": " + string(data)
+	}
+	return s
+}
+
+func (c *Client) sendOpt(opt uint32, data []byte) error {
+	b := make([]byte, 16, 16+len(data))
+	binary.BigEndian.PutUint64(b, optMagic)
+	binary.BigEndian.PutUint32(b[8:], opt)
+	binary.BigEndian.PutUint32(b[12:], uint32(len(data)))
+	if _, err := c.nc.Write(append(b, data...)); err != nil {
+		return fmt.Errorf("nbd: handshake: %w", err)
+	}
+	return nil
+}
+
+func (c *Client) readOptReply(r *bufio.Reader, opt uint32) (uint32, []byte, error) {
+	var h [20]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return 0, nil, fmt.Errorf("nbd: handshake: %w", err)
+	}
+	if binary.BigEndian.Uint64(h[0:]) != optReplyMagic || binary.BigEndian.Uint32(h[8:]) != opt {
+		return 0, nil, fmt.Errorf("%w: bad option reply", ErrProtocol)
+	}
+	n := binary.BigEndian.Uint32(h[16:])
+	if n > maxOptionLen {
+		return 0, nil, fmt.Errorf("%w: option reply too long", ErrProtocol)
+	}
+	data := make([]byte, n)
+	if _, err := io.ReadFull(r, data); err != nil {
+		return 0, nil, fmt.Errorf("nbd: handshake: %w", err)
+	}
+	return binary.BigEndian.Uint32(h[12:]), data, nil
+}
+
+// Size returns the export size in bytes.
+func (c *Client) Size() int64 { return c.size }
+
+// Flags returns the transmission flags the server sent.
+func (c *Client) Flags() uint16 { return c.flags }
+
+// BlockSizes returns the minimum, preferred and maximum block sizes.
+func (c *Client) BlockSizes() (minimum, preferred, maximum uint32) {
+	return c.minBlock, c.prefBlock, c.maxBlock
+}
+
+// fail makes err the terminal error, closes the connection and lets the
+// reader complete every pending call.
+func (c *Client) fail(err error) {
+	c.mu.Lock()
+	if c.err == nil {
+		c.err = err
+	}
+	c.mu.Unlock()
+	c.nc.Close()
+}
+
+// readLoop receives replies until the connection ends.
+func (c *Client) readLoop(r *bufio.Reader) {
+	defer close(c.readerDone)
+	err := c.receive(r)
+	c.mu.Lock()
+	if c.err == nil {
+		c.err = fmt.Errorf("%w: %w", ErrClosed, err)
+	}
+	failErr := c.err
+	pend := c.pending
+	c.pending = nil
+	c.mu.Unlock()
+	c.nc.Close()
+	for _, cl := range pend {
+		cl.err = failErr
+		close(cl.done)
+	}
+}
+
+func (c *Client) lookup(h uint64) *call {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.pending[h]
+}
+
+func (c *Client) complete(h uint64, cl *call) {
+	c.mu.Lock()
+	delete(c.pending, h)
+	c.mu.Unlock()
+	close(cl.done)
+}
+
+// receiveInto reads n bytes for cl at dst, unless cl was abandoned.
+func receiveInto(r *bufio.Reader, cl *call, dst []byte) error {
+	if cl.state.CompareAndSwap(callLive, callReceiving) {
+		_, err := io.ReadFull(r, dst)
+		cl.state.Store(callLive)
+		return err
+	}
+	_, err := r.Discard(len(dst))
+	return err
+}
+
+func (c *Client) receive(r *bufio.Reader) error {
+	var h [structuredHeaderLen]byte
+	for {
+		if _, err := io.ReadFull(r, h[:4]); err != nil {
+			return err
+		}
+		switch binary.BigEndian.Uint32(h[:4]) {
+		case simpleReplyMagic:
+			if _, err := io.ReadFull(r, h[4:16]); err != nil {
+				return err
+			}
+			errno := binary.BigEndian.Uint32(h[4:])
+			handle := binary.BigEndian.Uint64(h[8:])
+			cl := c.lookup(handle)
+			if cl == nil {
+				return fmt.Errorf("%w: reply for unknown handle", ErrProtocol)
+			}
+			if errno != 0 {
+				cl.err = &Error{Errno: errno}
+			} else if cl.typ == CmdRead {
+				if err := receiveInto(r, cl, cl.buf); err != nil {
+					return err
+				}
+				cl.got = len(cl.buf)
+			}
+			c.complete(handle, cl)
+
+		case structuredReplyMagic:
+			if _, err := io.ReadFull(r, h[4:20]); err != nil {
+				return err
+			}
+			flags := binary.BigEndian.Uint16(h[4:])
+			typ := binary.BigEndian.Uint16(h[6:])
+			handle := binary.BigEndian.Uint64(h[8:])
+			n := binary.BigEndian.Uint32(h[16:])
+			cl := c.lookup(handle)
+			if cl == nil {
+				return fmt.Errorf("%w: chunk for unknown handle", ErrProtocol)
+			}
+			if err := c.chunk(r, cl, typ, n); err != nil {
+				return err
+			}
+			if flags&replyFlagDone != 0 {
+				if cl.err == nil && cl.typ == CmdRead && cl.got != len(cl.buf) {
+					cl.err = fmt.Errorf("%w: read reply covered %d of %d bytes", ErrProtocol, cl.got, len(cl.buf))
+				}
+				c.complete(handle, cl)
+			}
+		default:
+			return fmt.Errorf("%w: bad reply magic", ErrProtocol)
+		}
+	}
+}
+
+func (c *Client) chunk(r *bufio.Reader, cl *call, typ uint16, n uint32) error {
+	switch typ {
+	case replyTypeNone:
+		if n != 0 {
+			return fmt.Errorf("%w: NBD_REPLY_TYPE_NONE with payload", ErrProtocol)
+		}
+		return nil
+	case replyTypeOffsetData, replyTypeOffsetHole:
+		var b [12]byte
+		hl := 8
+		if typ == replyTypeOffsetHole {
+			hl = 12
+		}
+		if cl.typ != CmdRead || n < uint32(hl) || (typ == replyTypeOffsetHole && n != 12) {
+			return fmt.Errorf("%w: bad read chunk", ErrProtocol)
+		}
+		if _, err := io.ReadFull(r, b[:hl]); err != nil {
+			return err
+		}
+		off := binary.BigEndian.Uint64(b[:])
+		ln := uint64(n) - 8
+		if typ == replyTypeOffsetHole {
+			ln = uint64(binary.BigEndian.Uint32(b[8:]))
+		}
+		if off < cl.off || off-cl.off > uint64(len(cl.buf)) || ln > uint64(len(cl.buf))-(off-cl.off) {
+			return fmt.Errorf("%w: read chunk outside the request", ErrProtocol)
+		}
+		dst := cl.buf[off-cl.off : off-cl.off+ln]
+		if typ == replyTypeOffsetData {
+			if err := receiveInto(r, cl, dst); err != nil {
+				return err
+			}
+		} else if cl.state.CompareAndSwap(callLive, callReceiving) {
+			clear(dst)
+			cl.state.Store(callLive)
+		}
+		cl.got += int(ln)
+		return nil
+	default:
+		if typ&(1<<15) == 0 {
+			// Unknown non-error chunk (e.g. block status we did not ask for).
+			_, err := r.Discard(int(n))
+			return err
+		}
+		if n < 6 || n > maxOptionLen {
+			return fmt.Errorf("%w: bad error chunk", ErrProtocol)
+		}
+		b := make([]byte, n)
+		if _, err := io.ReadFull(r, b); err != nil {
+			return err
+		}
+		ml := int(binary.BigEndian.Uint16(b[4:]))
+		msg := ""
+		if 6+ml <= len(b) {
+			msg = string(b[6 : 6+ml])
+		}
+		if cl.err == nil {
+			cl.err = &Error{Errno: binary.BigEndian.Uint32(b), Message: msg}
+		}
+		return nil
+	}
+}
+
+// do sends one request and waits for its reply.
+func (c *Client) do(ctx context.Context, typ, flags uint16, off uint64, length uint32, payload, dst []byte) error {
+	cl := &call{typ: typ, off: off, buf: dst, done: make(chan struct{})}
+	c.mu.Lock()
+	if c.err != nil || c.pending == nil {
+		err := c.err
+		c.mu.Unlock()
+		if err == nil {
+			err = ErrClosed
+		}
+		return err
+	}
+	c.handle++
+	h := c.handle
+	c.pending[h] = cl
+	c.mu.Unlock()
+
+	c.wmu.Lock()
+	putRequest(c.hdr[:], Request{Flags: flags, Type: typ, Handle: h, Offset: off, Length: length})
+	if c.timeout > 0 {
+		c.nc.SetWriteDeadline(time.Now().Add(c.timeout))
+	}
+	var err error
+	if len(payload) > 0 {
+		bufs := net.Buffers{c.hdr[:], payload}
+		_, err = bufs.WriteTo(c.nc)
+	} else {
+		_, err = c.nc.Write(c.hdr[:])
+	}
+	c.wmu.Unlock()
+	if err != nil {
+		c.fail(fmt.Errorf("%w: %w", ErrClosed, err))
+		<-cl.done
+		return cl.err
+	}
+
+	var timeout <-chan time.Time
+	if c.timeout > 0 {
+		t := time.NewTimer(c.timeout)
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case <-cl.done:
+		return cl.err
+	case <-ctx.Done():
+		if cl.state.CompareAndSwap(callLive, callAbandoned) {
+			return ctx.Err()
+		}
+		c.fail(ctx.Err())
+	case <-timeout:
+		c.fail(ErrTimeout)
+	}
+	<-cl.done
+	if cl.err != nil {
+		return cl.err
+	}
+	return ErrTimeout
+}
+
+// ReadAtContext reads len(p) bytes at off, splitting into requests no larger
+// than the server's maximum block size and issuing them concurrently.
+func (c *Client) ReadAtContext(ctx context.Context, p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, fmt.Errorf("nbd: negative offset")
+	}
+	var eof error
+	if off >= c.size {
+		if len(p) == 0 {
+			return 0, nil
+		}
+		return 0, io.EOF
+	}
+	if rem := c.size - off; int64(len(p)) > rem {
+		p = p[:rem]
+		eof = io.EOF
+	}
+	err := c.chunked(ctx, p, off, func(b []byte, o int64) error {
+		return c.do(ctx, CmdRead, 0, uint64(o), uint32(len(b)), nil, b)
+	})
+	if err != nil {
+		return 0, err
+	}
+	return len(p), eof
+}
+
+// WriteAtContext writes p at off; fua asks for it to be durable on return.
+func (c *Client) WriteAtContext(ctx context.Context, p []byte, off int64, fua bool) (int, error) {
+	if off < 0 || off+int64(len(p)) > c.size {
+		return 0, fmt.Errorf("nbd: write [%d,+%d) beyond export size %d", off, len(p), c.size)
+	}
+	var fl uint16
+	if fua && c.flags&FlagSendFUA != 0 {
+		fl = CmdFlagFUA
+	}
+	err := c.chunked(ctx, p, off, func(b []byte, o int64) error {
+		return c.do(ctx, CmdWrite, fl, uint64(o), uint32(len(b)), b, nil)
+	})
+	if err != nil {
+		return 0, err
+	}
+	if fua && fl == 0 {
+		if err := c.FlushContext(ctx); err != nil {
+			return 0, err
+		}
+	}
+	return len(p), nil
+}
+
+// chunked runs f over pieces of p no larger than the maximum block size,
+// concurrently when there are several.
+func (c *Client) chunked(ctx context.Context, p []byte, off int64, f func([]byte, int64) error) error {
+	mx := int(c.maxBlock)
+	if len(p) <= mx {
+		return f(p, off)
+	}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	for i := 0; i < len(p); i += mx {
+		j := min(i+mx, len(p))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(p[i:j], off+int64(i)); err != nil {
+				mu.Lock()
+				if first == nil {
+					first = err
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}
+
+// ReadAt implements io.ReaderAt with the default request timeout.
+func (c *Client) ReadAt(p []byte, off int64) (int, error) {
+	return c.ReadAtContext(context.Background(), p, off)
+}
+
+// WriteAt implements io.WriterAt.
+func (c *Client) WriteAt(p []byte, off int64) (int, error) {
+	return c.WriteAtContext(context.Background(), p, off, false)
+}
+
+// FlushContext asks the server to make all completed writes durable.
+func (c *Client) FlushContext(ctx context.Context) error {
+	if c.flags&FlagSendFlush == 0 {
+		return nil
+	}
+	return c.do(ctx, CmdFlush, 0, 0, 0, nil, nil)
+}
+
+// Flush implements Backend.
+func (c *Client) Flush() error { return c.FlushContext(context.Background()) }
+
+// effect issues a payload-free command over [off, off+n) in pieces.
+func (c *Client) effect(ctx context.Context, typ, flags uint16, off, n int64) error {
+	if off < 0 || n < 0 || off+n > c.size {
+		return fmt.Errorf("nbd: range [%d,+%d) beyond export size %d", off, n, c.size)
+	}
+	const piece = 1 << 30
+	for n > 0 {
+		k := min(n, piece)
+		if err := c.do(ctx, typ, flags, uint64(off), uint32(k), nil, nil); err != nil {
+			return err
+		}
+		off += k
+		n -= k
+	}
+	return nil
+}
+
+// TrimContext discards a range; ErrUnsupported if the export cannot trim.
+func (c *Client) TrimContext(ctx context.Context, off, n int64) error {
+	if c.flags&FlagSendTrim == 0 {
+		return ErrUnsupported
+	}
+	return c.effect(ctx, CmdTrim, 0, off, n)
+}
+
+// Trim implements Trimmer.
+func (c *Client) Trim(off, n int64) error { return c.TrimContext(context.Background(), off, n) }
+
+// WriteZeroesContext zeroes a range (writing zero buffers if the server lacks
+// NBD_CMD_WRITE_ZEROES).
+func (c *Client) WriteZeroesContext(ctx context.Context, off, n int64, noHole bool) error {
+	if c.flags&FlagSendWriteZeroes == 0 {
+		for n > 0 {
+			k := min(n, int64(len(zeroes)))
+			if _, err := c.WriteAtContext(ctx, zeroes[:k], off, false); err != nil {
+				return err
+			}
+			off += k
+			n -= k
+		}
+		return nil
+	}
+	var fl uint16
+	if noHole {
+		fl = CmdFlagNoHole
+	}
+	return c.effect(ctx, CmdWriteZeroes, fl, off, n)
+}
+
+// WriteZeroes implements Zeroer.
+func (c *Client) WriteZeroes(off, n int64, noHole bool) error {
+	return c.WriteZeroesContext(context.Background(), off, n, noHole)
+}
+
+// Close sends NBD_CMD_DISC, closes the connection and fails pending requests
+// with ErrClosed.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	alive := c.err == nil
+	if alive {
+		c.err = ErrClosed
+	}
+	c.mu.Unlock()
+	if alive && c.wmu.TryLock() {
+		putRequest(c.hdr[:], Request{Type: CmdDisc})
+		c.nc.SetWriteDeadline(time.Now().Add(time.Second))
+		c.nc.Write(c.hdr[:])
+		c.wmu.Unlock()
+	}
+	err := c.nc.Close()
+	<-c.readerDone
+	if errors.Is(err, net.ErrClosed) {
+		err = nil
+	}
+	return err
+}

@@ -1,0 +1,472 @@
+package nbd
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+)
+
+const (
+	defaultWorkers   = 16
+	maxInflightBytes = 64 << 20 // payload bytes held per connection
+	maxBatch         = 64       // replies per writev
+)
+
+// op is one request travelling reader → worker → writer.
+type op struct {
+	req   Request
+	errno uint32
+	buf   *[]byte // pooled payload (write data in, read data out)
+	held  int64   // budget bytes to release once written
+	hdr   [32]byte
+	hlen  int
+	out   []byte // reply payload after hdr (aliases buf or ext)
+	ext   []byte // block-status payload
+}
+
+var opPool = sync.Pool{New: func() any { return new(op) }}
+
+// budget bounds the payload bytes in flight on one connection.
+type budget struct {
+	mu    sync.Mutex
+	cond  sync.Cond
+	used  int64
+	limit int64
+}
+
+func (b *budget) acquire(n int64) {
+	b.mu.Lock()
+	for b.used > 0 && b.used+n > b.limit {
+		b.cond.Wait()
+	}
+	b.used += n
+	b.mu.Unlock()
+}
+
+func (b *budget) release(n int64) {
+	if n == 0 {
+		return
+	}
+	b.mu.Lock()
+	b.used -= n
+	b.mu.Unlock()
+	b.cond.Signal()
+}
+
+type conn struct {
+	s    *Server
+	nc   net.Conn
+	r    *bufio.Reader
+	sess *session
+	e    *export
+
+	be    Backend
+	trim  Trimmer
+	zero  Zeroer
+	ext   Extenter
+	fua   FUAWriter
+	size  uint64
+	min   uint32
+	max   uint32
+	ro    bool
+	limit *RateLimit
+
+	reqs    chan *op
+	replies chan *op
+	bud     budget
+}
+
+func newConn(s *Server, nc net.Conn, r *bufio.Reader, sess *session) *conn {
+	e := sess.exp
+	c := &conn{s: s, nc: nc, r: r, sess: sess, e: e, be: e.Backend,
+		size: uint64(e.size), min: e.MinBlock, max: e.MaxBlock, ro: e.ReadOnly, limit: e.Limit}
+	c.trim, _ = e.Backend.(Trimmer)
+	c.zero, _ = e.Backend.(Zeroer)
+	c.ext, _ = e.Backend.(Extenter)
+	c.fua, _ = e.Backend.(FUAWriter)
+	c.bud.limit = maxInflightBytes
+	c.bud.cond.L = &c.bud.mu
+	return c
+}
+
+// serve runs the transmission phase: this goroutine reads requests, a
+// bounded set of workers executes them, one writer sends replies.
+func (c *conn) serve(ctx context.Context) error {
+	nw := c.s.Workers
+	if nw <= 0 {
+		nw = defaultWorkers
+	}
+	c.reqs = make(chan *op, nw)
+	c.replies = make(chan *op, 2*nw)
+	var wg sync.WaitGroup
+	wg.Add(nw)
+	for i := 0; i < nw; i++ {
+		go func() {
+			defer wg.Done()
+			for o := range c.reqs {
+				c.execute(ctx, o)
+				c.replies <- o
+			}
+		}()
+	}
+	werr := make(chan error, 1)
+	go func() { werr <- c.writer() }()
+
+	rerr := c.reader()
+
+	close(c.reqs)
+	wg.Wait()
+	close(c.replies)
+	err := <-werr
+	if rerr != nil && !errors.Is(rerr, io.EOF) && !errors.Is(rerr, net.ErrClosed) {
+		return rerr
+	}
+	return err
+}
+
+// reader parses requests until DISC, EOF or a protocol violation.
+func (c *conn) reader() error {
+	var hb [requestHeaderLen]byte
+	for {
+		if _, err := io.ReadFull(c.r, hb[:]); err != nil {
+			return err
+		}
+		req, err := parseRequest(hb[:])
+		if err != nil {
+			return fmt.Errorf("%w: bad request magic", ErrProtocol)
+		}
+		if req.Type == CmdDisc {
+			return nil
+		}
+		o := opPool.Get().(*op)
+		o.req = req
+		o.errno = c.check(req)
+		if req.Type == CmdWrite {
+			if o.errno != 0 || req.Length == 0 {
+				// Keep the stream in sync: discard the payload.
+				if _, err := io.CopyN(io.Discard, c.r, int64(req.Length)); err != nil {
+					c.freeOp(o)
+					return err
+				}
+			} else {
+				o.held = int64(req.Length)
+				c.bud.acquire(o.held)
+				o.buf = getBuf(int(req.Length))
+				if _, err := io.ReadFull(c.r, *o.buf); err != nil {
+					c.freeOp(o)
+					return err
+				}
+			}
+		} else if req.Type == CmdRead && o.errno == 0 {
+			o.held = int64(req.Length)
+			c.bud.acquire(o.held)
+		}
+		if o.errno != 0 {
+			c.encodeError(o)
+			c.replies <- o
+			continue
+		}
+		c.reqs <- o
+	}
+}
+
+func (c *conn) freeOp(o *op) {
+	putBuf(o.buf)
+	c.bud.release(o.held)
+	*o = op{hdr: o.hdr, ext: o.ext[:0]}
+	opPool.Put(o)
+}
+
+// check validates a request against the export; it returns an NBD errno.
+func (c *conn) check(r Request) uint32 {
+	const known = CmdFlagFUA | CmdFlagNoHole | CmdFlagDF | CmdFlagReqOne
+	if r.Flags&^known != 0 {
+		return EINVAL
+	}
+	end := r.Offset + uint64(r.Length)
+	overflow := end < r.Offset
+	aligned := r.Offset%uint64(c.min) == 0 && uint64(r.Length)%uint64(c.min) == 0
+	switch r.Type {
+	case CmdRead:
+		if r.Flags&CmdFlagDF != 0 && !c.sess.structured {
+			return EINVAL
+		}
+		if r.Length > c.max || overflow || end > c.size || !aligned {
+			return EINVAL
+		}
+	case CmdWrite:
+		switch {
+		case c.ro:
+			return EPERM
+		case r.Length > c.max || !aligned:
+			return EINVAL
+		case overflow || end > c.size:
+			return ENOSPC
+		}
+	case CmdFlush:
+	case CmdTrim:
+		switch {
+		case c.ro:
+			return EPERM
+		case c.trim == nil || overflow || end > c.size || !aligned:
+			return EINVAL
+		}
+	case CmdWriteZeroes:
+		switch {
+		case c.ro:
+			return EPERM
+		case !aligned:
+			return EINVAL
+		case overflow || end > c.size:
+			return ENOSPC
+		}
+	case CmdBlockStatus:
+		if !c.sess.meta || r.Length == 0 || overflow || end > c.size || !aligned {
+			return EINVAL
+		}
+	default:
+		return EINVAL
+	}
+	return 0
+}
+
+func errnoOf(err error) uint32 {
+	var en syscall.Errno
+	if errors.As(err, &en) {
+		switch en {
+		case syscall.ENOSPC, syscall.EDQUOT, syscall.EFBIG:
+			return ENOSPC
+		case syscall.EPERM, syscall.EROFS, syscall.EACCES:
+			return EPERM
+		case syscall.ENOMEM:
+			return ENOMEM
+		case syscall.EINVAL:
+			return EINVAL
+		}
+	}
+	var ne *Error
+	if errors.As(err, &ne) && ne.Errno != 0 {
+		return ne.Errno
+	}
+	return EIO
+}
+
+// execute performs o against the backend and encodes its reply.
+func (c *conn) execute(ctx context.Context, o *op) {
+	r := o.req
+	if c.limit != nil && (r.Type == CmdRead || r.Type == CmdWrite || r.Type == CmdWriteZeroes || r.Type == CmdTrim) {
+		n := int64(0)
+		if r.Type == CmdRead || r.Type == CmdWrite {
+			n = int64(r.Length)
+		}
+		if err := c.limit.Wait(ctx, n); err != nil {
+			o.errno = ESHUTDOWN
+			c.encodeError(o)
+			return
+		}
+	}
+	off := int64(r.Offset)
+	n := int64(r.Length)
+	fua := r.Flags&CmdFlagFUA != 0
+	var err error
+	switch r.Type {
+	case CmdRead:
+		o.buf = getBuf(int(n))
+		var got int
+		got, err = c.be.ReadAt(*o.buf, off)
+		if got == int(n) {
+			err = nil
+		} else if err == nil {
+			err = io.ErrUnexpectedEOF
+		}
+		if err == nil {
+			c.encodeRead(o)
+			return
+		}
+	case CmdWrite:
+		if n > 0 {
+			if fua && c.fua != nil {
+				_, err = c.fua.WriteAtFUA(*o.buf, off)
+				fua = false
+			} else {
+				_, err = c.be.WriteAt(*o.buf, off)
+			}
+		}
+	case CmdFlush:
+		err = c.be.Flush()
+	case CmdTrim:
+		if n > 0 {
+			err = c.trim.Trim(off, n)
+		}
+	case CmdWriteZeroes:
+		if n > 0 {
+			err = c.writeZeroes(off, n, r.Flags&CmdFlagNoHole != 0)
+		}
+	case CmdBlockStatus:
+		if err = c.blockStatus(o); err == nil {
+			return
+		}
+	}
+	if err == nil && fua && r.Type != CmdFlush {
+		err = c.be.Flush()
+	}
+	if err != nil {
+		o.errno = errnoOf(err)
+		c.s.logger().Debug("nbd: request failed", "export", NameTag(c.e.Name), "cmd", r.Type, "err", err)
+		c.encodeError(o)
+		return
+	}
+	c.encodeOK(o)
+}
+
+func (c *conn) writeZeroes(off, n int64, noHole bool) error {
+	if c.zero != nil {
+		return c.zero.WriteZeroes(off, n, noHole)
+	}
+	for n > 0 {
+		k := min(n, int64(len(zeroes)))
+		if _, err := c.be.WriteAt(zeroes[:k], off); err != nil {
+			return err
+		}
+		off += k
+		n -= k
+	}
+	return nil
+}
+
+func (c *conn) blockStatus(o *op) error {
+	r := o.req
+	off, n := int64(r.Offset), int64(r.Length)
+	var exts []Extent
+	if c.ext != nil {
+		var err error
+		if exts, err = c.ext.Extents(off, n); err != nil {
+			return err
+		}
+	}
+	b := o.ext[:0]
+	b = binary.BigEndian.AppendUint32(b, metaContextID)
+	cnt := 0
+	covered := int64(0)
+	var lastFlags uint32
+	for _, x := range exts {
+		if x.Length <= 0 {
+			continue
+		}
+		l := min(x.Length, n-covered)
+		if l <= 0 {
+			break
+		}
+		if cnt > 0 && x.Flags == lastFlags {
+			prev := binary.BigEndian.Uint32(b[len(b)-8:])
+			binary.BigEndian.PutUint32(b[len(b)-8:], prev+uint32(l))
+		} else {
+			if cnt == maxExtentsList || (cnt == 1 && r.Flags&CmdFlagReqOne != 0) {
+				break
+			}
+			b = binary.BigEndian.AppendUint32(b, uint32(l))
+			b = binary.BigEndian.AppendUint32(b, x.Flags)
+			cnt++
+			lastFlags = x.Flags
+		}
+		covered += l
+		if covered >= n {
+			break
+		}
+	}
+	if cnt == 0 {
+		b = binary.BigEndian.AppendUint32(b, uint32(n))
+		b = binary.BigEndian.AppendUint32(b, 0)
+	}
+	o.ext = b
+	o.out = b
+	putChunkHeader(o.hdr[:], replyFlagDone, replyTypeBlockStatus, r.Handle, uint32(len(b)))
+	o.hlen = structuredHeaderLen
+	return nil
+}
+
+func (c *conn) encodeRead(o *op) {
+	if c.sess.structured {
+		if o.req.Length == 0 {
+			putChunkHeader(o.hdr[:], replyFlagDone, replyTypeNone, o.req.Handle, 0)
+			o.hlen = structuredHeaderLen
+			return
+		}
+		putChunkHeader(o.hdr[:], replyFlagDone, replyTypeOffsetData, o.req.Handle, 8+o.req.Length)
+		binary.BigEndian.PutUint64(o.hdr[structuredHeaderLen:], o.req.Offset)
+		o.hlen = structuredHeaderLen + 8
+	} else {
+		putSimpleReply(o.hdr[:], 0, o.req.Handle)
+		o.hlen = simpleReplyLen
+	}
+	o.out = *o.buf
+}
+
+func (c *conn) encodeOK(o *op) {
+	putSimpleReply(o.hdr[:], 0, o.req.Handle)
+	o.hlen = simpleReplyLen
+	o.out = nil
+}
+
+func (c *conn) encodeError(o *op) {
+	o.out = nil
+	if c.sess.structured && (o.req.Type == CmdRead || o.req.Type == CmdBlockStatus) {
+		putChunkHeader(o.hdr[:], replyFlagDone, replyTypeError, o.req.Handle, 6)
+		binary.BigEndian.PutUint32(o.hdr[structuredHeaderLen:], o.errno)
+		binary.BigEndian.PutUint16(o.hdr[structuredHeaderLen+4:], 0)
+		o.hlen = structuredHeaderLen + 6
+		return
+	}
+	putSimpleReply(o.hdr[:], o.errno, o.req.Handle)
+	o.hlen = simpleReplyLen
+}
+
+// writer sends replies, batching whatever is ready into one writev. After a
+// write error it keeps draining so that workers never block, and closes the
+// connection so that the reader stops.
+func (c *conn) writer() error {
+	var (
+		werr  error
+		batch = make([]*op, 0, maxBatch)
+		iov   = make(net.Buffers, 0, 2*maxBatch)
+	)
+	for o := range c.replies {
+		batch = append(batch[:0], o)
+	fill:
+		for len(batch) < maxBatch {
+			select {
+			case o2, ok := <-c.replies:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, o2)
+			default:
+				break fill
+			}
+		}
+		if werr == nil {
+			iov = iov[:0]
+			for _, b := range batch {
+				iov = append(iov, b.hdr[:b.hlen])
+				if len(b.out) > 0 {
+					iov = append(iov, b.out)
+				}
+			}
+			bufs := iov
+			if _, err := bufs.WriteTo(c.nc); err != nil {
+				werr = err
+				c.nc.Close()
+			}
+		}
+		for _, b := range batch {
+			c.freeOp(b)
+		}
+	}
+	return werr
+}

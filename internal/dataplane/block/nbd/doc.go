@@ -1,0 +1,24 @@
+// Package nbd serves and consumes block devices over the Network Block Device
+// protocol (fixed newstyle handshake, structured replies, base:allocation), so
+// that unmodified third-party clients (nbdcopy, nbdinfo, qemu, fio, the Linux
+// nbd client) can use what a Rialto lender exports.
+//
+// The server side is [Server]: register [Export]s (a name, a [Backend] and
+// limits) with [Server.AddExport] and run [Server.Serve] on a listener. The
+// client side is [Client], obtained with [Dial] or [DialURI]; a Client is itself
+// a [Backend], so exports can be composed and re-exported. [FileBackend] serves
+// a whole file or block device, or a partition (offset, length) of one.
+//
+// Security: export names are lease credentials. The server never lists them
+// (NBD_OPT_LIST is refused with NBD_REP_ERR_POLICY), answers an unknown name
+// with NBD_REP_ERR_UNKNOWN and nothing else, and never logs a name: log lines
+// carry at most [NameTag], a short hash prefix.
+//
+// Zero values: a zero Server is ready to use (no exports, logging discarded).
+// A zero Client is not usable; use Dial. A zero RateLimit imposes no limit.
+//
+// Concurrency: Server methods are safe for concurrent use; Serve may be called
+// on several listeners at once. Client methods are safe for concurrent use and
+// are pipelined over one connection; replies are matched by handle. Backend
+// implementations must accept concurrent ReadAt/WriteAt calls.
+package nbd

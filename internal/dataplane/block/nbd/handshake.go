@@ -1,0 +1,278 @@
+package nbd
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+)
+
+var errAbort = errors.New("nbd: client aborted the handshake")
+
+// session is the outcome of a successful option phase.
+type session struct {
+	name       string
+	exp        *export
+	structured bool
+	meta       bool // base:allocation selected for this export
+	flags      uint16
+}
+
+func newConnReader(r io.Reader) *bufio.Reader { return bufio.NewReaderSize(r, 64<<10) }
+
+// optWriter writes option replies.
+type optWriter struct {
+	w   io.Writer
+	buf []byte
+}
+
+func (o *optWriter) reply(opt, typ uint32, data ...[]byte) error {
+	n := 0
+	for _, d := range data {
+		n += len(d)
+	}
+	b := o.buf[:0]
+	b = binary.BigEndian.AppendUint64(b, optReplyMagic)
+	b = binary.BigEndian.AppendUint32(b, opt)
+	b = binary.BigEndian.AppendUint32(b, typ)
+	b = binary.BigEndian.AppendUint32(b, uint32(n))
+	for _, d := range data {
+		b = append(b, d...)
+	}
+	o.buf = b
+	_, err := o.w.Write(b)
+	return err
+}
+
+// negotiate runs the server side of the fixed newstyle handshake up to the
+// transmission phase. Any error means the connection must be closed.
+func (s *Server) negotiate(r *bufio.Reader, w io.Writer) (*session, error) {
+	var hello [18]byte
+	binary.BigEndian.PutUint64(hello[0:], nbdMagic)
+	binary.BigEndian.PutUint64(hello[8:], optMagic)
+	binary.BigEndian.PutUint16(hello[16:], flagFixedNewstyle|flagNoZeroes)
+	if _, err := w.Write(hello[:]); err != nil {
+		return nil, err
+	}
+	var cf [4]byte
+	if _, err := io.ReadFull(r, cf[:]); err != nil {
+		return nil, err
+	}
+	cflags := binary.BigEndian.Uint32(cf[:])
+	if cflags&^(clientFlagFixedNewstyle|clientFlagNoZeroes) != 0 {
+		return nil, fmt.Errorf("%w: unknown client flags %#x", ErrProtocol, cflags)
+	}
+	fixed := cflags&clientFlagFixedNewstyle != 0
+	noZeroes := cflags&clientFlagNoZeroes != 0
+	ow := &optWriter{w: w, buf: make([]byte, 0, 256)}
+	var (
+		structured bool
+		metaName   string
+		metaSet    bool
+		hdr        [16]byte
+		data       []byte
+	)
+	for i := 0; i < maxOptions; i++ {
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			return nil, err
+		}
+		if binary.BigEndian.Uint64(hdr[0:]) != optMagic {
+			return nil, fmt.Errorf("%w: bad option magic", ErrProtocol)
+		}
+		opt := binary.BigEndian.Uint32(hdr[8:])
+		n := binary.BigEndian.Uint32(hdr[12:])
+		if n > maxOptionLen {
+			return nil, fmt.Errorf("%w: option %d length %d too large", ErrProtocol, opt, n)
+		}
+		if cap(data) < int(n) {
+			data = make([]byte, n)
+		}
+		data = data[:n]
+		if _, err := io.ReadFull(r, data); err != nil {
+			return nil, err
+		}
+		if !fixed && opt != optExportName {
+			return nil, fmt.Errorf("%w: option %d without fixed newstyle", ErrProtocol, opt)
+		}
+		var err error
+		switch opt {
+		case optExportName:
+			e := s.lookup(string(data))
+			if e == nil {
+				return nil, ErrExportNotFound
+			}
+			sess := &session{name: e.Name, exp: e, structured: structured, meta: metaSet && metaName == e.Name}
+			sess.flags = e.transmissionFlags(structured)
+			b := make([]byte, 10, 10+124)
+			binary.BigEndian.PutUint64(b, uint64(e.size))
+			binary.BigEndian.PutUint16(b[8:], sess.flags)
+			if !noZeroes {
+				b = b[:10+124]
+			}
+			if _, err := w.Write(b); err != nil {
+				return nil, err
+			}
+			return sess, nil
+
+		case optAbort:
+			ow.reply(opt, repAck)
+			return nil, errAbort
+
+		case optList:
+			if n != 0 {
+				err = ow.reply(opt, repErrInvalid)
+			} else {
+				// Export names are credentials: never enumerate them.
+				err = ow.reply(opt, repErrPolicy, []byte("export listing is disabled: export names are credentials"))
+			}
+
+		case optStructuredReply:
+			if n != 0 {
+				err = ow.reply(opt, repErrInvalid)
+			} else {
+				structured = true
+				err = ow.reply(opt, repAck)
+			}
+
+		case optInfo, optGo:
+			name, infos, ok := parseInfoRequest(data)
+			if !ok {
+				err = ow.reply(opt, repErrInvalid)
+				break
+			}
+			e := s.lookup(name)
+			if e == nil {
+				err = ow.reply(opt, repErrUnknown)
+				break
+			}
+			flags := e.transmissionFlags(structured)
+			var ib [14]byte
+			binary.BigEndian.PutUint16(ib[0:], infoExport)
+			binary.BigEndian.PutUint64(ib[2:], uint64(e.size))
+			binary.BigEndian.PutUint16(ib[10:], flags)
+			if err = ow.reply(opt, repInfo, ib[:12]); err != nil {
+				return nil, err
+			}
+			binary.BigEndian.PutUint16(ib[0:], infoBlockSize)
+			binary.BigEndian.PutUint32(ib[2:], e.MinBlock)
+			binary.BigEndian.PutUint32(ib[6:], e.PrefBlock)
+			binary.BigEndian.PutUint32(ib[10:], e.MaxBlock)
+			if err = ow.reply(opt, repInfo, ib[:14]); err != nil {
+				return nil, err
+			}
+			for _, t := range infos {
+				if t == infoDescription && e.Description != "" {
+					binary.BigEndian.PutUint16(ib[0:], infoDescription)
+					if err = ow.reply(opt, repInfo, ib[:2], []byte(e.Description)); err != nil {
+						return nil, err
+					}
+				}
+			}
+			if err = ow.reply(opt, repAck); err != nil {
+				return nil, err
+			}
+			if opt == optGo {
+				return &session{name: e.Name, exp: e, structured: structured,
+					meta: metaSet && metaName == e.Name, flags: flags}, nil
+			}
+
+		case optListMetaContext, optSetMetaContext:
+			if opt == optSetMetaContext {
+				metaSet = false // replaced even on failure
+			}
+			if !structured {
+				err = ow.reply(opt, repErrInvalid, []byte("structured replies not negotiated"))
+				break
+			}
+			name, queries, ok := parseMetaRequest(data)
+			if !ok {
+				err = ow.reply(opt, repErrInvalid)
+				break
+			}
+			if s.lookup(name) == nil {
+				err = ow.reply(opt, repErrUnknown)
+				break
+			}
+			match := false
+			if opt == optListMetaContext && len(queries) == 0 {
+				match = true
+			}
+			for _, q := range queries {
+				if q == MetaContextBaseAllocation || (opt == optListMetaContext && q == "base:") {
+					match = true
+				}
+			}
+			if match {
+				var id [4]byte
+				if opt == optSetMetaContext {
+					binary.BigEndian.PutUint32(id[:], metaContextID)
+					metaSet, metaName = true, name
+				}
+				if err = ow.reply(opt, repMetaContext, id[:], []byte(MetaContextBaseAllocation)); err != nil {
+					return nil, err
+				}
+			}
+			err = ow.reply(opt, repAck)
+
+		default: // STARTTLS, EXTENDED_HEADERS and anything unknown
+			err = ow.reply(opt, repErrUnsup)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return nil, fmt.Errorf("%w: too many options", ErrProtocol)
+}
+
+// parseInfoRequest decodes NBD_OPT_INFO/GO data.
+func parseInfoRequest(d []byte) (name string, infos []uint16, ok bool) {
+	if len(d) < 6 {
+		return "", nil, false
+	}
+	nl := binary.BigEndian.Uint32(d)
+	if uint64(nl) > uint64(len(d)-6) {
+		return "", nil, false
+	}
+	name = string(d[4 : 4+nl])
+	rest := d[4+nl:]
+	cnt := int(binary.BigEndian.Uint16(rest))
+	rest = rest[2:]
+	if len(rest) != 2*cnt {
+		return "", nil, false
+	}
+	for i := 0; i < cnt; i++ {
+		infos = append(infos, binary.BigEndian.Uint16(rest[2*i:]))
+	}
+	return name, infos, true
+}
+
+// parseMetaRequest decodes NBD_OPT_{LIST,SET}_META_CONTEXT data.
+func parseMetaRequest(d []byte) (name string, queries []string, ok bool) {
+	if len(d) < 8 {
+		return "", nil, false
+	}
+	nl := binary.BigEndian.Uint32(d)
+	if uint64(nl) > uint64(len(d)-8) {
+		return "", nil, false
+	}
+	name = string(d[4 : 4+nl])
+	rest := d[4+nl:]
+	cnt := binary.BigEndian.Uint32(rest)
+	rest = rest[4:]
+	for i := uint32(0); i < cnt; i++ {
+		if len(rest) < 4 {
+			return "", nil, false
+		}
+		ql := binary.BigEndian.Uint32(rest)
+		if uint64(ql) > uint64(len(rest)-4) {
+			return "", nil, false
+		}
+		queries = append(queries, string(rest[4:4+ql]))
+		rest = rest[4+ql:]
+	}
+	if len(rest) != 0 {
+		return "", nil, false
+	}
+	return name, queries, true
+}

@@ -1,0 +1,295 @@
+package nbd
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+)
+
+// Backend is the storage behind an export. ReadAt and WriteAt must be safe
+// for concurrent use. Flush makes every completed write durable, whichever
+// connection issued it.
+type Backend interface {
+	io.ReaderAt
+	io.WriterAt
+	Size() int64
+	Flush() error
+}
+
+// Trimmer is implemented by backends that can discard a range
+// (NBD_CMD_TRIM). Without it the export does not advertise trim.
+type Trimmer interface {
+	Trim(off, n int64) error
+}
+
+// Zeroer is implemented by backends that can zero a range efficiently
+// (NBD_CMD_WRITE_ZEROES). noHole asks that the range stay allocated.
+// Without it the server writes zero buffers.
+type Zeroer interface {
+	WriteZeroes(off, n int64, noHole bool) error
+}
+
+// Extenter is implemented by backends that know which ranges are holes
+// (base:allocation). Without it every range is reported as allocated data.
+// Extents may return fewer bytes than n but must cover at least one byte and
+// must never call data a hole.
+type Extenter interface {
+	Extents(off, n int64) ([]Extent, error)
+}
+
+// FUAWriter is implemented by backends that can make one write durable more
+// cheaply than WriteAt followed by Flush.
+type FUAWriter interface {
+	WriteAtFUA(p []byte, off int64) (int, error)
+}
+
+// MultiConnSafer lets a backend veto NBD_FLAG_CAN_MULTI_CONN, which is
+// advertised by default because Backend.Flush is global by contract.
+type MultiConnSafer interface {
+	MultiConnSafe() bool
+}
+
+// Export is one named block device served by a Server.
+type Export struct {
+	// Name is what the client asks for. Names are lease credentials: they
+	// are never listed or logged.
+	Name string
+	// Description is sent on NBD_INFO_DESCRIPTION; it must not be secret.
+	Description string
+	Backend     Backend
+	ReadOnly    bool
+	// Block size constraints; zero means the defaults (1, 4096, 32 MiB).
+	// MinBlock and PrefBlock must be powers of two, MaxBlock a multiple of
+	// MinBlock, and the backend size a multiple of MinBlock.
+	MinBlock, PrefBlock, MaxBlock uint32
+	// Limit optionally caps bandwidth and IOPS over all connections.
+	Limit *RateLimit
+}
+
+// NameTag returns a short non-reversible tag of an export name for logs.
+func NameTag(name string) string {
+	h := sha256.Sum256([]byte(name))
+	return hex.EncodeToString(h[:4])
+}
+
+type export struct {
+	Export
+	size  int64
+	conns map[*conn]struct{}
+}
+
+func (e *export) transmissionFlags(structured bool) uint16 {
+	f := FlagHasFlags | FlagSendFlush | FlagSendFUA | FlagSendWriteZeroes
+	if e.ReadOnly {
+		f |= FlagReadOnly
+	}
+	if _, ok := e.Backend.(Trimmer); ok && !e.ReadOnly {
+		f |= FlagSendTrim
+	}
+	if structured {
+		f |= FlagSendDF
+	}
+	mc := true
+	if m, ok := e.Backend.(MultiConnSafer); ok {
+		mc = m.MultiConnSafe()
+	}
+	if mc {
+		f |= FlagCanMultiConn
+	}
+	return f
+}
+
+// Server serves NBD exports. The zero value is ready to use.
+type Server struct {
+	// Logger receives connection events; nil discards them.
+	Logger *slog.Logger
+	// Workers bounds the requests served concurrently per connection
+	// (default 16).
+	Workers int
+	// HandshakeTimeout bounds the option phase (default 30s).
+	HandshakeTimeout time.Duration
+
+	mu      sync.Mutex
+	exports map[string]*export
+}
+
+func (s *Server) logger() *slog.Logger {
+	if s.Logger != nil {
+		return s.Logger
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func isPow2(v uint32) bool { return v != 0 && v&(v-1) == 0 }
+
+// AddExport registers an export. Its name must be unused.
+func (s *Server) AddExport(e Export) error {
+	if e.Backend == nil {
+		return fmt.Errorf("%w: nil backend", ErrInvalidExport)
+	}
+	if len(e.Name) > maxNameLen || len(e.Description) > maxNameLen {
+		return fmt.Errorf("%w: name or description longer than %d bytes", ErrInvalidExport, maxNameLen)
+	}
+	if e.MinBlock == 0 {
+		e.MinBlock = DefaultMinBlock
+	}
+	if e.PrefBlock == 0 {
+		e.PrefBlock = max(DefaultPrefBlock, e.MinBlock)
+	}
+	if e.MaxBlock == 0 {
+		e.MaxBlock = DefaultMaxBlock
+	}
+	if !isPow2(e.MinBlock) || e.MinBlock > 64<<10 || !isPow2(e.PrefBlock) || e.PrefBlock < e.MinBlock ||
+		e.MaxBlock%e.MinBlock != 0 || e.MaxBlock < e.PrefBlock || e.MaxBlock > DefaultMaxBlock {
+		return fmt.Errorf("%w: bad block sizes %d/%d/%d", ErrInvalidExport, e.MinBlock, e.PrefBlock, e.MaxBlock)
+	}
+	size := e.Backend.Size()
+	if size < 0 || size%int64(e.MinBlock) != 0 {
+		return fmt.Errorf("%w: size %d is not a multiple of the minimum block size %d", ErrInvalidExport, size, e.MinBlock)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.exports == nil {
+		s.exports = make(map[string]*export)
+	}
+	if _, ok := s.exports[e.Name]; ok {
+		return ErrExportExists
+	}
+	s.exports[e.Name] = &export{Export: e, size: size, conns: make(map[*conn]struct{})}
+	s.logger().Info("nbd: export added", "export", NameTag(e.Name), "size", size, "readonly", e.ReadOnly)
+	return nil
+}
+
+// RemoveExport unregisters an export and closes its connections. It does not
+// wait for their goroutines; Serve does.
+func (s *Server) RemoveExport(name string) error {
+	s.mu.Lock()
+	e, ok := s.exports[name]
+	if !ok {
+		s.mu.Unlock()
+		return ErrExportNotFound
+	}
+	delete(s.exports, name)
+	conns := make([]*conn, 0, len(e.conns))
+	for c := range e.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	for _, c := range conns {
+		c.nc.Close()
+	}
+	s.logger().Info("nbd: export removed", "export", NameTag(name), "connections", len(conns))
+	return nil
+}
+
+func (s *Server) lookup(name string) *export {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.exports[name]
+}
+
+// attach registers c with the export named name, if it still exists.
+func (s *Server) attach(name string, c *conn) *export {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.exports[name]
+	if e != nil {
+		e.conns[c] = struct{}{}
+	}
+	return e
+}
+
+func (s *Server) detach(e *export, c *conn) {
+	s.mu.Lock()
+	delete(e.conns, c)
+	s.mu.Unlock()
+}
+
+// Serve accepts connections on ln until ctx is done, then closes ln and every
+// connection it accepted, waits for their goroutines and returns nil. It
+// returns earlier with an error if Accept fails permanently.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	var delay time.Duration
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+				t := time.NewTimer(delay)
+				select {
+				case <-t.C:
+				case <-ctx.Done():
+					t.Stop()
+				}
+				continue
+			}
+			return fmt.Errorf("nbd: accept: %w", err)
+		}
+		delay = 0
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.serveConn(ctx, nc)
+		}()
+	}
+}
+
+// ServeConn serves one already-accepted connection until it ends or ctx is
+// done. It closes nc.
+func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
+	s.serveConn(ctx, nc)
+}
+
+func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
+	defer nc.Close()
+	stop := context.AfterFunc(ctx, func() { nc.Close() })
+	defer stop()
+	log := s.logger().With("remote", nc.RemoteAddr().String())
+	if tc, ok := nc.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	ht := s.HandshakeTimeout
+	if ht <= 0 {
+		ht = 30 * time.Second
+	}
+	nc.SetDeadline(time.Now().Add(ht))
+	r := newConnReader(nc)
+	sess, err := s.negotiate(r, nc)
+	if err != nil {
+		if !errors.Is(err, errAbort) {
+			log.Debug("nbd: handshake ended", "err", err)
+		}
+		return
+	}
+	nc.SetDeadline(time.Time{})
+	c := newConn(s, nc, r, sess)
+	e := s.attach(sess.name, c)
+	if e != sess.exp {
+		if e != nil {
+			s.detach(e, c)
+		}
+		return // removed (or replaced) during the handshake
+	}
+	defer s.detach(e, c)
+	log.Debug("nbd: transmission", "export", NameTag(sess.name), "structured", sess.structured)
+	if err := c.serve(ctx); err != nil {
+		log.Debug("nbd: connection ended", "export", NameTag(sess.name), "err", err)
+	}
+}
