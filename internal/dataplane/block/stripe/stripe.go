@@ -1,0 +1,435 @@
+package stripe
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Device is one part of a striped volume. An *nbd.Client satisfies it.
+// Implementations must accept concurrent calls. If a Device is also an
+// io.Closer, Close must make calls in progress return (with an error).
+type Device interface {
+	io.ReaderAt
+	io.WriterAt
+	Flush() error
+	Size() int64
+}
+
+// Trimmer is implemented by devices that can discard a range.
+type Trimmer interface {
+	Trim(off, length int64) error
+}
+
+// ZeroWriter is implemented by devices that can write zeroes to a range
+// without a data transfer.
+type ZeroWriter interface {
+	WriteZeroes(off, length int64) error
+}
+
+// TrimReporter is implemented by devices whose Trim method exists but may be
+// unsupported (a pool, a volume, a client whose server lacks the feature).
+type TrimReporter interface {
+	CanTrim() bool
+}
+
+// ZeroReporter is the WriteZeroes analogue of TrimReporter.
+type ZeroReporter interface {
+	CanWriteZeroes() bool
+}
+
+func canTrim(d Device) bool {
+	if _, ok := d.(Trimmer); !ok {
+		return false
+	}
+	r, ok := d.(TrimReporter)
+	return !ok || r.CanTrim()
+}
+
+func canZero(d Device) bool {
+	if _, ok := d.(ZeroWriter); !ok {
+		return false
+	}
+	r, ok := d.(ZeroReporter)
+	return !ok || r.CanWriteZeroes()
+}
+
+// Sentinel errors.
+var (
+	ErrConfig       = errors.New("stripe: bad configuration")
+	ErrOutOfRange   = errors.New("stripe: request out of range")
+	ErrTimeout      = errors.New("stripe: device request timed out")
+	ErrDeviceFailed = errors.New("stripe: device failed")
+	ErrUnsupported  = errors.New("stripe: operation not supported by every device")
+	ErrClosed       = errors.New("stripe: volume closed")
+)
+
+// Stripe unit limits and defaults.
+const (
+	MinStripeUnit     = 4 << 10
+	MaxStripeUnit     = 16 << 20
+	DefaultStripeUnit = 128 << 10
+	// DefaultRequestTimeout bounds each sub-request when Config leaves it 0.
+	DefaultRequestTimeout = 30 * time.Second
+)
+
+// Config tunes a Volume. Zero fields take defaults.
+type Config struct {
+	// StripeUnit is the number of consecutive bytes placed on one device,
+	// a power of two in [MinStripeUnit, MaxStripeUnit]; 0 means
+	// DefaultStripeUnit.
+	StripeUnit int64
+	// RequestTimeout bounds every sub-request (and each device's Flush); 0
+	// means DefaultRequestTimeout.
+	RequestTimeout time.Duration
+	// Logger receives device failures; nil discards.
+	Logger *slog.Logger
+}
+
+type member struct {
+	dev       Device
+	failed    atomic.Bool
+	cause     atomic.Pointer[error] // why it failed; set before failed
+	closeOnce sync.Once
+}
+
+func (m *member) err(i int) error {
+	if c := m.cause.Load(); c != nil {
+		return fmt.Errorf("%w: device %d: %w", ErrDeviceFailed, i, *c)
+	}
+	return fmt.Errorf("%w: device %d", ErrDeviceFailed, i)
+}
+
+// Volume is a RAID0 composition of devices. It implements the method set of
+// nbd.Backend (ReadAt, WriteAt, Size, Flush) plus Trim and WriteZeroes.
+type Volume struct {
+	parts   []*member
+	unit    int64
+	shift   uint // log2(unit)
+	perDev  int64
+	size    int64
+	timeout time.Duration
+	log     *slog.Logger
+	canTrim bool
+	canZero bool
+	closed  atomic.Bool
+}
+
+// New builds a volume over devs, in order. The order is part of the layout:
+// the same devices must be given in the same order to read the data back.
+func New(devs []Device, cfg Config) (*Volume, error) {
+	if len(devs) == 0 {
+		return nil, fmt.Errorf("%w: no devices", ErrConfig)
+	}
+	unit := cfg.StripeUnit
+	if unit == 0 {
+		unit = DefaultStripeUnit
+	}
+	if unit < MinStripeUnit || unit > MaxStripeUnit || unit&(unit-1) != 0 {
+		return nil, fmt.Errorf("%w: stripe unit %d is not a power of two in [%d, %d]", ErrConfig, unit, MinStripeUnit, MaxStripeUnit)
+	}
+	v := &Volume{unit: unit, timeout: cfg.RequestTimeout, log: cfg.Logger, canTrim: true, canZero: true}
+	for 1<<v.shift != unit {
+		v.shift++
+	}
+	if v.timeout <= 0 {
+		v.timeout = DefaultRequestTimeout
+	}
+	if v.log == nil {
+		v.log = slog.New(slog.DiscardHandler)
+	}
+	v.perDev = -1
+	for i, d := range devs {
+		if d == nil {
+			return nil, fmt.Errorf("%w: device %d is nil", ErrConfig, i)
+		}
+		s := d.Size()
+		if v.perDev < 0 || s < v.perDev {
+			v.perDev = s
+		}
+		if !canTrim(d) {
+			v.canTrim = false
+		}
+		if !canZero(d) {
+			v.canZero = false
+		}
+		v.parts = append(v.parts, &member{dev: d})
+	}
+	v.perDev = v.perDev / unit * unit
+	if v.perDev == 0 {
+		return nil, fmt.Errorf("%w: smallest device is smaller than one stripe unit (%d bytes)", ErrConfig, unit)
+	}
+	v.size = v.perDev * int64(len(devs))
+	return v, nil
+}
+
+// Size is the volume size in bytes: N × min(device size), each rounded down
+// to a multiple of the stripe unit.
+func (v *Volume) Size() int64 { return v.size }
+
+// StripeUnit is the stripe unit in bytes.
+func (v *Volume) StripeUnit() int64 { return v.unit }
+
+// Devices is the number of parts.
+func (v *Volume) Devices() int { return len(v.parts) }
+
+// CanTrim reports whether every device supports Trim.
+func (v *Volume) CanTrim() bool { return v.canTrim }
+
+// CanWriteZeroes reports whether every device supports WriteZeroes.
+func (v *Volume) CanWriteZeroes() bool { return v.canZero }
+
+// Failed returns the indexes of devices marked failed.
+func (v *Volume) Failed() []int {
+	var f []int
+	for i, m := range v.parts {
+		if m.failed.Load() {
+			f = append(f, i)
+		}
+	}
+	return f
+}
+
+// chunk is one sub-request: len bytes at device offset devOff of device dev,
+// at volume offset volOff.
+type chunk struct {
+	dev    int
+	devOff int64
+	volOff int64
+	len    int64
+}
+
+// locate maps a volume offset to (device, device offset).
+func (v *Volume) locate(off int64) (int, int64) {
+	u := off >> v.shift
+	n := int64(len(v.parts))
+	return int(u % n), (u/n)<<v.shift + off&(v.unit-1)
+}
+
+// split cuts [off, off+length) at stripe-unit boundaries, merging pieces that
+// are contiguous on the same device (only possible with one device).
+func (v *Volume) split(off, length int64) []chunk {
+	var cs []chunk
+	for length > 0 {
+		d, doff := v.locate(off)
+		n := min(length, v.unit-off&(v.unit-1))
+		if k := len(cs) - 1; k >= 0 && cs[k].dev == d && cs[k].devOff+cs[k].len == doff {
+			cs[k].len += n
+		} else {
+			cs = append(cs, chunk{dev: d, devOff: doff, volOff: off, len: n})
+		}
+		off += n
+		length -= n
+	}
+	return cs
+}
+
+// ReadAt reads len(p) bytes at off. A read that extends past the end reads
+// what there is and returns io.EOF.
+func (v *Volume) ReadAt(p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, fmt.Errorf("%w: negative offset %d", ErrOutOfRange, off)
+	}
+	if off >= v.size {
+		if len(p) == 0 {
+			return 0, nil
+		}
+		return 0, io.EOF
+	}
+	n := min(int64(len(p)), v.size-off)
+	err := v.do(v.split(off, n), func(d Device, c chunk) error {
+		b := p[c.volOff-off : c.volOff-off+c.len]
+		k, err := d.ReadAt(b, c.devOff)
+		if k == len(b) {
+			return nil // io.ReaderAt may return io.EOF with a full read at the end
+		}
+		if err == nil {
+			err = io.ErrUnexpectedEOF
+		}
+		return err
+	})
+	if err != nil {
+		// Which bytes arrived is unknown when sub-requests fail.
+		return 0, err
+	}
+	if n < int64(len(p)) {
+		return int(n), io.EOF
+	}
+	return int(n), nil
+}
+
+// WriteAt writes p at off; the whole range must be inside the volume.
+func (v *Volume) WriteAt(p []byte, off int64) (int, error) {
+	if err := v.check(off, int64(len(p))); err != nil {
+		return 0, err
+	}
+	err := v.do(v.split(off, int64(len(p))), func(d Device, c chunk) error {
+		b := p[c.volOff-off : c.volOff-off+c.len]
+		k, err := d.WriteAt(b, c.devOff)
+		if err == nil && k != len(b) {
+			err = io.ErrShortWrite
+		}
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// Flush flushes every device in parallel.
+func (v *Volume) Flush() error {
+	cs := make([]chunk, len(v.parts))
+	for i := range cs {
+		cs[i].dev = i
+	}
+	return v.do(cs, func(d Device, _ chunk) error { return d.Flush() })
+}
+
+// Trim discards [off, off+length) on every device it spans. It returns an
+// error wrapping ErrUnsupported unless CanTrim.
+func (v *Volume) Trim(off, length int64) error {
+	if !v.canTrim {
+		return ErrUnsupported
+	}
+	if err := v.check(off, length); err != nil {
+		return err
+	}
+	return v.do(v.perDevice(off, length), func(d Device, c chunk) error {
+		return d.(Trimmer).Trim(c.devOff, c.len)
+	})
+}
+
+// WriteZeroes zeroes [off, off+length). It returns an error wrapping
+// ErrUnsupported unless CanWriteZeroes.
+func (v *Volume) WriteZeroes(off, length int64) error {
+	if !v.canZero {
+		return ErrUnsupported
+	}
+	if err := v.check(off, length); err != nil {
+		return err
+	}
+	return v.do(v.perDevice(off, length), func(d Device, c chunk) error {
+		return d.(ZeroWriter).WriteZeroes(c.devOff, c.len)
+	})
+}
+
+// perDevice maps [off, off+length) to one contiguous range per device: the
+// units of one device that a contiguous volume range covers are consecutive
+// on that device.
+func (v *Volume) perDevice(off, length int64) []chunk {
+	byDev := make([]chunk, len(v.parts))
+	for i := range byDev {
+		byDev[i] = chunk{dev: i, devOff: -1}
+	}
+	// Only the first N pieces start a device's range; the last N end it.
+	for _, c := range v.split(off, length) {
+		b := &byDev[c.dev]
+		if b.devOff < 0 {
+			b.devOff = c.devOff
+		}
+		b.len = c.devOff + c.len - b.devOff
+	}
+	var cs []chunk
+	for _, b := range byDev {
+		if b.devOff >= 0 {
+			cs = append(cs, b)
+		}
+	}
+	return cs
+}
+
+func (v *Volume) check(off, length int64) error {
+	if off < 0 || length < 0 || off > v.size || length > v.size-off {
+		return fmt.Errorf("%w: [%d, +%d) outside a %d-byte volume", ErrOutOfRange, off, length, v.size)
+	}
+	return nil
+}
+
+// do runs op for every chunk in parallel, each under the request deadline,
+// and returns the first error.
+func (v *Volume) do(cs []chunk, op func(Device, chunk) error) error {
+	if v.closed.Load() {
+		return ErrClosed
+	}
+	for _, c := range cs {
+		if m := v.parts[c.dev]; m.failed.Load() {
+			return m.err(c.dev)
+		}
+	}
+	switch len(cs) {
+	case 0:
+		return nil
+	case 1:
+		return v.one(cs[0], op)
+	}
+	errs := make([]error, len(cs))
+	var wg sync.WaitGroup
+	for i := 1; i < len(cs); i++ {
+		wg.Go(func() { errs[i] = v.one(cs[i], op) })
+	}
+	errs[0] = v.one(cs[0], op)
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// one runs op on one chunk. If it misses the deadline the device is marked
+// failed and closed, which makes op return.
+func (v *Volume) one(c chunk, op func(Device, chunk) error) error {
+	m := v.parts[c.dev]
+	var timedOut atomic.Bool
+	t := time.AfterFunc(v.timeout, func() {
+		timedOut.Store(true)
+		v.fail(c.dev, fmt.Errorf("%w after %v", ErrTimeout, v.timeout))
+	})
+	err := op(m.dev, c)
+	t.Stop()
+	if timedOut.Load() || (err != nil && m.failed.Load()) {
+		return m.err(c.dev)
+	}
+	if err != nil {
+		return fmt.Errorf("stripe: device %d: %w", c.dev, err)
+	}
+	return nil
+}
+
+// fail marks device i failed and closes it once.
+func (v *Volume) fail(i int, why error) {
+	m := v.parts[i]
+	m.cause.CompareAndSwap(nil, &why)
+	if !m.failed.Swap(true) {
+		v.log.Error("stripe: device failed", "device", i, "err", why)
+	}
+	m.closeOnce.Do(func() {
+		if c, ok := m.dev.(io.Closer); ok {
+			_ = c.Close()
+		}
+	})
+}
+
+// Close closes every device that is an io.Closer. Requests in progress fail.
+func (v *Volume) Close() error {
+	if v.closed.Swap(true) {
+		return ErrClosed
+	}
+	var errs []error
+	for i, m := range v.parts {
+		m.closeOnce.Do(func() {
+			if c, ok := m.dev.(io.Closer); ok {
+				if err := c.Close(); err != nil {
+					errs = append(errs, fmt.Errorf("stripe: close device %d: %w", i, err))
+				}
+			}
+		})
+	}
+	return errors.Join(errs...)
+}
