@@ -80,14 +80,14 @@ func (p *Pool) Trim(off, length int64) error {
 }
 
 // WriteZeroes zeroes a range if the connections support it.
-func (p *Pool) WriteZeroes(off, length int64) error {
+func (p *Pool) WriteZeroes(off, length int64, noHole bool) error {
 	c, done := p.pick()
 	defer done()
-	z, ok := c.(ZeroWriter)
+	z, ok := c.(Zeroer)
 	if !ok {
 		return ErrUnsupported
 	}
-	return z.WriteZeroes(off, length)
+	return z.WriteZeroes(off, length, noHole)
 }
 
 // CanTrim reports whether every connection supports Trim.

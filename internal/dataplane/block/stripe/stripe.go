@@ -25,10 +25,11 @@ type Trimmer interface {
 	Trim(off, length int64) error
 }
 
-// ZeroWriter is implemented by devices that can write zeroes to a range
-// without a data transfer.
-type ZeroWriter interface {
-	WriteZeroes(off, length int64) error
+// Zeroer is implemented by devices that can write zeroes to a range without
+// a data transfer; noHole asks that the range stay allocated. (The same
+// method as nbd.Zeroer.)
+type Zeroer interface {
+	WriteZeroes(off, length int64, noHole bool) error
 }
 
 // TrimReporter is implemented by devices whose Trim method exists but may be
@@ -51,7 +52,7 @@ func canTrim(d Device) bool {
 }
 
 func canZero(d Device) bool {
-	if _, ok := d.(ZeroWriter); !ok {
+	if _, ok := d.(Zeroer); !ok {
 		return false
 	}
 	r, ok := d.(ZeroReporter)
@@ -180,7 +181,8 @@ func (v *Volume) Devices() int { return len(v.parts) }
 // CanTrim reports whether every device supports Trim.
 func (v *Volume) CanTrim() bool { return v.canTrim }
 
-// CanWriteZeroes reports whether every device supports WriteZeroes.
+// CanWriteZeroes reports whether every device supports WriteZeroes (without
+// it, Volume.WriteZeroes writes zero buffers).
 func (v *Volume) CanWriteZeroes() bool { return v.canZero }
 
 // Failed returns the indexes of devices marked failed.
@@ -304,17 +306,27 @@ func (v *Volume) Trim(off, length int64) error {
 	})
 }
 
-// WriteZeroes zeroes [off, off+length). It returns an error wrapping
-// ErrUnsupported unless CanWriteZeroes.
-func (v *Volume) WriteZeroes(off, length int64) error {
-	if !v.canZero {
-		return ErrUnsupported
-	}
+// WriteZeroes zeroes [off, off+length): with one WriteZeroes per device if
+// CanWriteZeroes, else by writing zero buffers.
+func (v *Volume) WriteZeroes(off, length int64, noHole bool) error {
 	if err := v.check(off, length); err != nil {
 		return err
 	}
+	if !v.canZero {
+		return v.do(v.split(off, length), func(d Device, c chunk) error {
+			z := make([]byte, min(c.len, 1<<20))
+			for done := int64(0); done < c.len; {
+				k := min(c.len-done, int64(len(z)))
+				if _, err := d.WriteAt(z[:k], c.devOff+done); err != nil {
+					return err
+				}
+				done += k
+			}
+			return nil
+		})
+	}
 	return v.do(v.perDevice(off, length), func(d Device, c chunk) error {
-		return d.(ZeroWriter).WriteZeroes(c.devOff, c.len)
+		return d.(Zeroer).WriteZeroes(c.devOff, c.len, noHole)
 	})
 }
 

@@ -57,8 +57,8 @@ func (m *memDev) Close() error { m.closed.Store(true); return nil }
 // trimDev adds Trim and WriteZeroes (both zero the range).
 type trimDev struct{ *memDev }
 
-func (t trimDev) Trim(off, n int64) error { return t.WriteZeroes(off, n) }
-func (t trimDev) WriteZeroes(off, n int64) error {
+func (t trimDev) Trim(off, n int64) error { return t.WriteZeroes(off, n, false) }
+func (t trimDev) WriteZeroes(off, n int64, _ bool) error {
 	_, err := t.WriteAt(make([]byte, n), off)
 	return err
 }
@@ -241,6 +241,22 @@ func TestBounds(t *testing.T) {
 	if _, err := v.WriteAt(nil, size); err != nil {
 		t.Errorf("empty WriteAt at end = %v", err)
 	}
+	// Without device support WriteZeroes writes zero buffers.
+	if _, err := v.WriteAt(bytes.Repeat([]byte{1}, 3*4096), 4000); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.WriteZeroes(4001, 2*4096, false); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 3*4096)
+	if _, err := v.ReadAt(got, 4000); err != nil {
+		t.Fatal(err)
+	}
+	want := bytes.Repeat([]byte{1}, 3*4096)
+	clear(want[1 : 1+2*4096])
+	if !bytes.Equal(got, want) {
+		t.Error("WriteZeroes by buffers: wrong contents")
+	}
 }
 
 func TestTrimAndZeroes(t *testing.T) {
@@ -264,7 +280,7 @@ func TestTrimAndZeroes(t *testing.T) {
 	}{{false, 5, 3}, {true, unit - 7, 3*unit + 20}, {false, 2 * unit, 7 * unit}, {true, 20 * unit, 4 * unit}} {
 		var err error
 		if c.zero {
-			err = v.WriteZeroes(c.off, c.len)
+			err = v.WriteZeroes(c.off, c.len, false)
 		} else {
 			err = v.Trim(c.off, c.len)
 		}
