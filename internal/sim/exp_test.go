@@ -68,3 +68,15 @@ func TestRunDeterministic(t *testing.T) {
 func TestRedisMemory(t *testing.T) {
 	runExp(t, "redis-memory", Options{Seed: 1})
 }
+
+func TestErbiumPareto(t *testing.T) {
+	r := runExp(t, "erbium-pareto", Options{})
+	var fast, busy bool
+	for _, m := range r.Metrics {
+		fast = fast || m.Name == "lowest latency at >=20 Mq/s: 4p4w1k4e"
+		busy = busy || m.Name == "highest throughput at <=500 us: 2p2w1k4e"
+	}
+	if !fast || !busy {
+		t.Errorf("Pareto choices differ from seed 002: %v", r.Notes)
+	}
+}
