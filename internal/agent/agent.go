@@ -1,0 +1,568 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/metrics"
+	"github.com/rialto-project/rialto/internal/resource"
+)
+
+// Agent is a node agent. Create it with New and run it once with Run.
+type Agent struct {
+	// Faults injects failures (tests).
+	Faults Faults
+
+	cfg     Config
+	log     *slog.Logger
+	clock   Clock
+	hc      *http.Client
+	drivers map[api.Kind]Driver
+	reg     *metrics.Registry
+
+	ran   atomic.Bool
+	ready chan struct{}
+
+	opMu sync.Mutex // serializes prepare, teardown and export persistence
+
+	mu         sync.Mutex // guards the fields below
+	id         identity
+	devices    map[string]DeviceConfig
+	exports    map[string]Export // by export name
+	endpoints  map[api.Kind]string
+	agentURL   string
+	host       string
+	peers      []api.Node
+	cpRTT      float64
+	cpUp       bool
+	interval   time.Duration
+	lastBeatAt time.Time
+
+	hbMu sync.Mutex // serializes heartbeat rounds
+
+	mHeartbeats *metrics.CounterVec
+	mPrepares   *metrics.CounterVec
+	mExports    *metrics.Gauge
+}
+
+// New checks cfg and returns an agent ready to Run.
+func New(cfg Config) (*Agent, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = realClock{}
+	}
+	hc := cfg.HTTPClient
+	if hc == nil {
+		hc = &http.Client{Timeout: 10 * time.Second}
+	}
+	a := &Agent{
+		cfg:      cfg,
+		log:      cfg.Logger.With("agent", cfg.Name),
+		clock:    cfg.Clock,
+		hc:       hc,
+		drivers:  map[api.Kind]Driver{},
+		reg:      metrics.NewRegistry(),
+		ready:    make(chan struct{}),
+		devices:  map[string]DeviceConfig{},
+		exports:  map[string]Export{},
+		interval: cfg.HeartbeatInterval,
+	}
+	for k, mk := range builtinDrivers {
+		a.drivers[k] = mk(a.log)
+	}
+	for k, d := range cfg.Drivers {
+		a.drivers[k] = d
+	}
+	a.mHeartbeats = a.reg.Counter("rialto_agent_heartbeats_total", "Heartbeats sent, by result.", "result")
+	a.mPrepares = a.reg.Counter("rialto_agent_prepares_total", "Prepare requests, by result.", "result")
+	a.mExports = a.reg.Gauge("rialto_agent_exports", "Exports being served.").With()
+	return a, nil
+}
+
+// Ready is closed once the agent has joined and serves its APIs.
+func (a *Agent) Ready() <-chan struct{} { return a.ready }
+
+// NodeID is the node's ID ("" before the first join).
+func (a *Agent) NodeID() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.id.NodeID
+}
+
+// MachineID is the node's hardware identity.
+func (a *Agent) MachineID() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.id.MachineID
+}
+
+// AgentURL is the base URL of the lease-execution API ("" before Run binds it).
+func (a *Agent) AgentURL() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.agentURL
+}
+
+// Endpoint is the "host:port" of a kind's data plane ("" if none).
+func (a *Agent) Endpoint(k api.Kind) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.endpoints[k]
+}
+
+// Leases lists the IDs of the leases whose exports the agent serves.
+func (a *Agent) Leases() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.leasesLocked()
+}
+
+func (a *Agent) leasesLocked() []string {
+	set := map[string]bool{}
+	for _, e := range a.exports {
+		set[e.Request.LeaseID] = true
+	}
+	out := make([]string, 0, len(set))
+	for id := range set {
+		out = append(out, id)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Devices lists the devices the agent lends, after setup.
+func (a *Agent) Devices() []DeviceConfig {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]DeviceConfig, 0, len(a.devices))
+	for _, d := range a.devices {
+		out = append(out, d)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Metrics is the agent's metrics registry (also served at /metrics).
+func (a *Agent) Metrics() *metrics.Registry { return a.reg }
+
+// Run joins the control plane, serves the agent API and the data planes
+// and heartbeats until ctx is cancelled or the join is rejected. It
+// returns after every goroutine it started has exited; a cancelled ctx is
+// a clean stop (nil).
+func (a *Agent) Run(ctx context.Context) error {
+	if !a.ran.CompareAndSwap(false, true) {
+		return fmt.Errorf("%w: Run called twice", ErrConfig)
+	}
+	if err := os.MkdirAll(a.cfg.StateDir, 0o700); err != nil {
+		return fmt.Errorf("agent: state dir: %w", err)
+	}
+	if err := a.loadIdentity(); err != nil {
+		return err
+	}
+	if err := a.openDevices(ctx); err != nil {
+		return err
+	}
+	defer a.closeDrivers()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel() // runs before wg.Wait
+
+	apiLn, err := a.listen(a.cfg.APIPort, a.id.APIPort)
+	if err != nil {
+		return fmt.Errorf("agent: listen for the agent API: %w", err)
+	}
+	host := a.cfg.Listen
+	if a.cfg.Advertise != "" {
+		host = a.cfg.Advertise
+	}
+	apiPort := apiLn.Addr().(*net.TCPAddr).Port
+	a.mu.Lock()
+	a.host = host
+	a.id.APIPort = apiPort
+	a.agentURL = "http://" + net.JoinHostPort(host, strconv.Itoa(apiPort))
+	a.endpoints = map[api.Kind]string{}
+	if a.id.DataPorts == nil {
+		a.id.DataPorts = map[api.Kind]int{}
+	}
+	a.mu.Unlock()
+
+	srv := &http.Server{
+		Handler:           a.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+		ErrorLog:          slog.NewLogLogger(a.log.Handler(), slog.LevelDebug),
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := srv.Serve(apiLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.log.Error("agent API stopped", "err", err)
+		}
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		<-ctx.Done()
+		sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer scancel()
+		if srv.Shutdown(sctx) != nil {
+			srv.Close()
+		}
+	}()
+
+	// Data planes: one listener per kind whose driver serves one.
+	kinds := map[api.Kind]bool{}
+	for _, d := range a.Devices() {
+		kinds[d.Kind] = true
+	}
+	for k := range kinds {
+		s, ok := a.drivers[k].(Server)
+		if !ok {
+			continue
+		}
+		ln, err := a.listen(a.cfg.DataPorts[k], a.id.DataPorts[k])
+		if err != nil {
+			return fmt.Errorf("agent: listen for the %s data plane: %w", k, err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		a.mu.Lock()
+		a.id.DataPorts[k] = port
+		a.endpoints[k] = net.JoinHostPort(host, strconv.Itoa(port))
+		a.mu.Unlock()
+		wg.Add(1)
+		go func(k api.Kind, s Server, ln net.Listener) {
+			defer wg.Done()
+			if err := s.Serve(ctx, ln); err != nil && ctx.Err() == nil {
+				a.log.Error("data plane stopped", "kind", k, "err", err)
+			}
+		}(k, s, ln)
+	}
+	if err := a.saveIdentity(); err != nil {
+		return err
+	}
+	a.restoreExports(ctx)
+
+	if err := a.join(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	close(a.ready)
+	a.log.Info("agent ready", "node", a.NodeID(), "url", a.AgentURL())
+
+	a.heartbeatLoop(ctx)
+	return nil
+}
+
+// listen binds the configured port, else the remembered one if it is
+// free, else any free port.
+func (a *Agent) listen(configured, remembered int) (net.Listener, error) {
+	if configured != 0 {
+		return net.Listen("tcp", net.JoinHostPort(a.cfg.Listen, strconv.Itoa(configured)))
+	}
+	if remembered != 0 {
+		if ln, err := net.Listen("tcp", net.JoinHostPort(a.cfg.Listen, strconv.Itoa(remembered))); err == nil {
+			return ln, nil
+		}
+		a.log.Warn("remembered port is busy; using a new one", "port", remembered)
+	}
+	return net.Listen("tcp", net.JoinHostPort(a.cfg.Listen, "0"))
+}
+
+func (a *Agent) loadIdentity() error {
+	var id identity
+	if err := readJSON(filepath.Join(a.cfg.StateDir, identityFile), &id); err != nil {
+		return err
+	}
+	if a.cfg.MachineID != "" {
+		id.MachineID = a.cfg.MachineID
+	}
+	if id.MachineID == "" {
+		id.MachineID = MachineID(a.cfg.SysRoot, a.cfg.Name)
+	}
+	a.mu.Lock()
+	a.id = id
+	a.mu.Unlock()
+	return nil
+}
+
+func (a *Agent) saveIdentity() error {
+	a.mu.Lock()
+	id := a.id
+	a.mu.Unlock()
+	return writeJSON(filepath.Join(a.cfg.StateDir, identityFile), id)
+}
+
+func (a *Agent) openDevices(ctx context.Context) error {
+	for _, d := range a.cfg.Devices {
+		if d.Kind == api.KindBlock && !filepath.IsAbs(d.Path) {
+			d.Path = filepath.Join(a.cfg.StateDir, d.Path)
+		}
+		if d.Sharing == "" {
+			d.Sharing = "partitionable"
+			if d.Kind == api.KindAccel {
+				d.Sharing = "exclusive"
+			}
+		}
+		if o, ok := a.drivers[d.Kind].(Opener); ok {
+			nd, err := o.Open(ctx, d)
+			if err != nil {
+				return fmt.Errorf("agent: device %s: %w", d.Name, err)
+			}
+			d = nd
+		}
+		a.mu.Lock()
+		a.devices[d.Name] = d
+		a.mu.Unlock()
+	}
+	return nil
+}
+
+func (a *Agent) closeDrivers() {
+	a.opMu.Lock()
+	defer a.opMu.Unlock()
+	for _, d := range a.drivers {
+		if c, ok := d.(Closer); ok {
+			if err := c.Close(); err != nil {
+				a.log.Warn("closing driver", "err", err)
+			}
+		}
+	}
+}
+
+// fingerprint describes the host.
+func (a *Agent) fingerprint() api.Fingerprint {
+	cores, mem, blocks, nics := FingerprintHost(a.cfg.SysRoot)
+	host, _ := os.Hostname()
+	return api.Fingerprint{
+		MachineID:    a.MachineID(),
+		Hostname:     host,
+		Cores:        cores,
+		MemoryBytes:  mem,
+		BlockDevices: blocks,
+		NICs:         nics,
+	}
+}
+
+func (a *Agent) joinRequest() api.JoinRequest {
+	req := api.JoinRequest{
+		Name:        a.cfg.Name,
+		Labels:      a.cfg.Labels,
+		Fingerprint: a.fingerprint(),
+	}
+	a.mu.Lock()
+	req.Address = a.host
+	req.AgentURL = a.agentURL
+	if len(a.endpoints) > 0 {
+		req.Endpoints = map[api.Kind]string{}
+		for k, v := range a.endpoints {
+			req.Endpoints[k] = v
+		}
+	}
+	a.mu.Unlock()
+	for _, d := range a.Devices() {
+		req.Devices = append(req.Devices, api.DeviceSpec{
+			Name: d.Name, Kind: d.Kind, Capacity: d.Size, Model: d.Model,
+			Attributes: d.Attributes, Sharing: d.Sharing,
+		})
+	}
+	return req
+}
+
+// join registers with the control plane, retrying transient failures
+// until ctx ends. A rejected bootstrap token is returned as an error.
+func (a *Agent) join(ctx context.Context) error {
+	cl := api.NewClient(a.cfg.ControlPlane, a.cfg.BootstrapToken, a.hc)
+	backoff := 100 * time.Millisecond
+	for {
+		resp, err := cl.Join(ctx, a.joinRequest())
+		if err == nil {
+			a.mu.Lock()
+			a.id.NodeID = resp.NodeID
+			a.id.Credential = resp.Credential
+			a.id.AgentKey = resp.AgentKey
+			if a.cfg.HeartbeatInterval == 0 && resp.HeartbeatSeconds > 0 {
+				a.interval = time.Duration(resp.HeartbeatSeconds * float64(time.Second))
+			}
+			a.peers = a.otherPeers(resp.ControlPlaneNodes, resp.NodeID)
+			a.mu.Unlock()
+			a.log.Info("joined", "node", resp.NodeID, "credential", resource.Fingerprint(resp.Credential))
+			return a.saveIdentity()
+		}
+		var ae *api.Error
+		if errors.As(err, &ae) && (ae.Code == api.CodeUnauthorized || ae.Code == api.CodeForbidden || ae.Code == api.CodeInvalid) {
+			return fmt.Errorf("agent: join rejected: %w", err)
+		}
+		a.log.Warn("join failed; retrying", "err", err, "in", backoff)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+func (a *Agent) otherPeers(nodes []api.Node, self string) []api.Node {
+	var out []api.Node
+	for _, n := range nodes {
+		if n.ID != self && n.AgentURL != "" {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func (a *Agent) heartbeatLoop(ctx context.Context) {
+	for {
+		if err := a.Heartbeat(ctx); err != nil && ctx.Err() == nil {
+			a.log.Warn("heartbeat failed", "err", err)
+		}
+		a.mu.Lock()
+		iv := a.interval
+		a.mu.Unlock()
+		if iv <= 0 {
+			iv = 5 * time.Second
+		}
+		t := time.NewTimer(iv)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Heartbeat runs one heartbeat round now: it probes peers, reports health,
+// links and served leases, and tears down what the answer lists. It does
+// nothing while Faults.PauseHeartbeats is set. A node credential the
+// control plane no longer knows makes the agent join again.
+func (a *Agent) Heartbeat(ctx context.Context) error {
+	if a.Faults.PauseHeartbeats.Load() {
+		return nil
+	}
+	a.hbMu.Lock()
+	defer a.hbMu.Unlock()
+	a.mu.Lock()
+	nodeID, cred := a.id.NodeID, a.id.Credential
+	peers := a.peers
+	cpRTT, cpUp := a.cpRTT, a.cpUp
+	measured := !a.lastBeatAt.IsZero()
+	leases := a.leasesLocked()
+	a.mu.Unlock()
+	if nodeID == "" {
+		return ErrNotJoined
+	}
+	hb := api.Heartbeat{Health: a.health(), Leases: leases, Links: a.probePeers(ctx, peers)}
+	if measured {
+		hb.Links = append(hb.Links, api.LinkReport{To: "controlplane", RTTMicros: cpRTT, Up: cpUp})
+	}
+	cl := api.NewClient(a.cfg.ControlPlane, cred, a.hc)
+	start := time.Now()
+	resp, err := cl.Heartbeat(ctx, nodeID, hb)
+	rtt := float64(time.Since(start).Nanoseconds()) / 1e3
+	a.mu.Lock()
+	a.lastBeatAt = a.clock.Now()
+	a.cpRTT, a.cpUp = rtt, err == nil
+	a.mu.Unlock()
+	if err != nil {
+		a.mHeartbeats.With("error").Inc()
+		var ae *api.Error
+		if errors.As(err, &ae) && (ae.Code == api.CodeUnauthorized || ae.Code == api.CodeNotFound) {
+			a.log.Warn("control plane does not know this node; joining again", "code", ae.Code)
+			return a.join(ctx)
+		}
+		return err
+	}
+	a.mHeartbeats.With("ok").Inc()
+	a.mu.Lock()
+	if resp.Peers != nil {
+		a.peers = a.otherPeers(resp.Peers, nodeID)
+	}
+	a.mu.Unlock()
+	for _, id := range resp.Teardown {
+		if err := a.teardownLease(ctx, id); err != nil {
+			a.log.Warn("teardown requested by the control plane failed", "lease", id, "err", err)
+		}
+	}
+	return nil
+}
+
+// health reports "ok" or what is wrong with the lent devices.
+func (a *Agent) health() string {
+	for _, d := range a.Devices() {
+		if d.Kind == api.KindBlock {
+			if _, err := os.Stat(d.Path); err != nil {
+				return fmt.Sprintf("device %s: backing file unavailable", d.Name)
+			}
+		}
+	}
+	return "ok"
+}
+
+// probePeers measures the round-trip time to each peer's agent API.
+func (a *Agent) probePeers(ctx context.Context, peers []api.Node) []api.LinkReport {
+	if len(peers) == 0 {
+		return nil
+	}
+	out := make([]api.LinkReport, len(peers))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	for i, p := range peers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			out[i] = a.probe(ctx, p)
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+func (a *Agent) probe(ctx context.Context, p api.Node) api.LinkReport {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	rep := api.LinkReport{To: p.ID}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.AgentURL+"/agent/v1/ping", nil)
+	if err != nil {
+		return rep
+	}
+	start := time.Now()
+	resp, err := a.hc.Do(req)
+	if err != nil {
+		return rep
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	rep.RTTMicros = float64(time.Since(start).Nanoseconds()) / 1e3
+	rep.Up = resp.StatusCode == http.StatusOK
+	return rep
+}

@@ -1,0 +1,420 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+)
+
+// fakeCP is a minimal control plane: it accepts joins with the bootstrap
+// token, records heartbeats and answers with a teardown list.
+type fakeCP struct {
+	mu        sync.Mutex
+	joins     []api.JoinRequest
+	nodes     map[string]string // machine ID -> node ID
+	beats     []api.Heartbeat
+	teardown  []string
+	agentKey  string
+	cred      string
+	forgetful bool // answer heartbeats with 401 once
+}
+
+func newFakeCP(t *testing.T) (*fakeCP, *httptest.Server) {
+	f := &fakeCP{nodes: map[string]string{}, agentKey: "key-1", cred: "cred-1"}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/join", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer boot" {
+			writeError(w, 401, api.CodeUnauthorized, "bad bootstrap token")
+			return
+		}
+		var req api.JoinRequest
+		json.NewDecoder(r.Body).Decode(&req)
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.joins = append(f.joins, req)
+		id, ok := f.nodes[req.Fingerprint.MachineID]
+		if !ok {
+			id = "node-" + req.Name
+			f.nodes[req.Fingerprint.MachineID] = id
+		}
+		writeJSON200(w, api.JoinResponse{NodeID: id, Credential: f.cred, AgentKey: f.agentKey, HeartbeatSeconds: 3600})
+	})
+	mux.HandleFunc("POST /v1/nodes/{id}/heartbeat", func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.forgetful || r.Header.Get("Authorization") != "Bearer "+f.cred {
+			f.forgetful = false
+			writeError(w, 401, api.CodeUnauthorized, "unknown node credential")
+			return
+		}
+		var hb api.Heartbeat
+		json.NewDecoder(r.Body).Decode(&hb)
+		f.beats = append(f.beats, hb)
+		writeJSON200(w, api.HeartbeatResponse{Teardown: f.teardown})
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return f, srv
+}
+
+func (f *fakeCP) lastBeat() api.Heartbeat {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.beats) == 0 {
+		return api.Heartbeat{}
+	}
+	return f.beats[len(f.beats)-1]
+}
+
+type running struct {
+	a    *Agent
+	stop context.CancelFunc
+	done chan error
+}
+
+func start(t *testing.T, cfg Config) *running {
+	t.Helper()
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{a: a, stop: cancel, done: make(chan error, 1)}
+	go func() { r.done <- a.Run(ctx) }()
+	t.Cleanup(func() { r.halt(t) })
+	select {
+	case <-a.Ready():
+	case err := <-r.done:
+		r.done <- err
+		t.Fatalf("agent stopped before ready: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("agent not ready")
+	}
+	return r
+}
+
+func (r *running) halt(t *testing.T) {
+	r.stop()
+	select {
+	case err := <-r.done:
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		r.done <- nil
+	case <-time.After(10 * time.Second):
+		t.Error("agent did not stop")
+	}
+}
+
+func testConfig(url, dir string) Config {
+	return Config{
+		ControlPlane:   url,
+		BootstrapToken: "boot",
+		Name:           "n1",
+		StateDir:       dir,
+		Devices: []DeviceConfig{
+			{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 1 << 20},
+			{Name: "gpu", Kind: api.KindAccel, Size: 2},
+		},
+	}
+}
+
+func call(t *testing.T, a *Agent, key, path string, body any) (*http.Response, []byte) {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	req, _ := http.NewRequest(http.MethodPost, a.AgentURL()+path, bytes.NewReader(b))
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var buf bytes.Buffer
+	buf.ReadFrom(resp.Body)
+	return resp, buf.Bytes()
+}
+
+func TestJoinPersistsIdentity(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	dir := t.TempDir()
+	r := start(t, testConfig(srv.URL, dir))
+	if r.a.NodeID() != "node-n1" {
+		t.Fatalf("node ID %q", r.a.NodeID())
+	}
+	st, err := os.Stat(filepath.Join(dir, identityFile))
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("identity file: %v %v", st, err)
+	}
+	if st, err := os.Stat(filepath.Join(dir, "disk0.img")); err != nil || st.Size() != 1<<20 {
+		t.Fatalf("backing file: %v %v", st, err)
+	}
+	j := cp.joins[0]
+	if j.AgentURL == "" || j.Endpoints[api.KindBlock] == "" || len(j.Devices) != 2 || j.Fingerprint.Cores == 0 || j.Fingerprint.MemoryBytes == 0 {
+		t.Fatalf("join request %+v", j)
+	}
+	url := r.a.AgentURL()
+	r.halt(t)
+
+	// Restart: same machine ID, same node, same ports.
+	r2 := start(t, testConfig(srv.URL, dir))
+	if r2.a.NodeID() != "node-n1" || r2.a.AgentURL() != url {
+		t.Fatalf("after restart: node %q url %q (was %q)", r2.a.NodeID(), r2.a.AgentURL(), url)
+	}
+	if cp.joins[1].Fingerprint.MachineID != j.Fingerprint.MachineID {
+		t.Fatal("machine ID changed across restarts")
+	}
+}
+
+func TestJoinRejected(t *testing.T) {
+	_, srv := newFakeCP(t)
+	cfg := testConfig(srv.URL, t.TempDir())
+	cfg.BootstrapToken = "wrong"
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = a.Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "join rejected") {
+		t.Fatalf("Run = %v", err)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mod  func(*Config)
+	}{
+		{"no control plane", func(c *Config) { c.ControlPlane = "" }},
+		{"no token", func(c *Config) { c.BootstrapToken = "" }},
+		{"no name", func(c *Config) { c.Name = "" }},
+		{"no state dir", func(c *Config) { c.StateDir = "" }},
+		{"dup device", func(c *Config) { c.Devices = append(c.Devices, c.Devices[0]) }},
+		{"no path", func(c *Config) { c.Devices[0].Path = "" }},
+		{"bad kind", func(c *Config) { c.Devices[0].Kind = "floppy" }},
+		{"memory without size", func(c *Config) { c.Devices[1] = DeviceConfig{Name: "m", Kind: api.KindMemory} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig("http://x", "d")
+			tc.mod(&cfg)
+			if _, err := New(cfg); !errors.Is(err, ErrConfig) {
+				t.Fatalf("New = %v", err)
+			}
+		})
+	}
+}
+
+func TestPrepareServeTeardown(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	dir := t.TempDir()
+	r := start(t, testConfig(srv.URL, dir))
+	a := r.a
+
+	// Put known bytes in the second half of the device.
+	f, _ := os.OpenFile(filepath.Join(dir, "disk0.img"), os.O_RDWR, 0)
+	f.WriteAt([]byte("hello, borrower"), 512<<10)
+	f.Close()
+
+	req := api.PrepareRequest{LeaseID: "lease-1", Kind: api.KindBlock, Mode: api.ModeShared, DeviceName: "disk0",
+		Offset: 512 << 10, Length: 512 << 10, Export: "rlc_secret.0"}
+	for _, tc := range []struct {
+		name, key string
+		body      any
+		status    int
+	}{
+		{"no key", "", req, 401},
+		{"wrong key", "key-2", req, 401},
+		{"bad json", "key-1", "nope", 400},
+		{"unknown device", "key-1", api.PrepareRequest{LeaseID: "l", Export: "e", DeviceName: "disk9"}, 404},
+		{"wrong kind", "key-1", api.PrepareRequest{LeaseID: "l", Export: "e", DeviceName: "disk0", Kind: api.KindMemory}, 404},
+		{"out of range", "key-1", api.PrepareRequest{LeaseID: "l", Export: "e", DeviceName: "disk0", Offset: 1 << 20, Length: 1}, 400},
+		{"no export", "key-1", api.PrepareRequest{LeaseID: "l", DeviceName: "disk0"}, 400},
+		{"no driver", "key-1", api.PrepareRequest{LeaseID: "l", Export: "e", DeviceName: "gpu", Kind: api.KindAccel}, 503},
+	} {
+		resp, body := call(t, a, tc.key, "/agent/v1/prepare", tc.body)
+		if resp.StatusCode != tc.status {
+			t.Errorf("%s: status %d (%s), want %d", tc.name, resp.StatusCode, body, tc.status)
+		}
+	}
+	if len(a.Leases()) != 0 {
+		t.Fatalf("failed prepares left exports: %v", a.Leases())
+	}
+
+	var pr api.PrepareResponse
+	for range 2 { // idempotent
+		resp, body := call(t, a, "key-1", "/agent/v1/prepare", req)
+		if resp.StatusCode != 200 {
+			t.Fatalf("prepare: %d %s", resp.StatusCode, body)
+		}
+		json.Unmarshal(body, &pr)
+	}
+	if want := "nbd://" + a.Endpoint(api.KindBlock) + "/rlc_secret.0"; pr.URI != want {
+		t.Fatalf("URI %q, want %q", pr.URI, want)
+	}
+	other := req
+	other.LeaseID = "lease-2"
+	if resp, _ := call(t, a, "key-1", "/agent/v1/prepare", other); resp.StatusCode != 409 {
+		t.Errorf("export reused by another lease: %d", resp.StatusCode)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := nbd.DialURI(ctx, pr.URI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Size() != 512<<10 {
+		t.Errorf("export size %d", c.Size())
+	}
+	buf := make([]byte, 15)
+	if _, err := c.ReadAt(buf, 0); err != nil || string(buf) != "hello, borrower" {
+		t.Errorf("read %q %v", buf, err)
+	}
+	c.Close()
+	if _, err := nbd.Dial(ctx, "tcp", a.Endpoint(api.KindBlock), "rlc_guess.0"); err == nil {
+		t.Error("a wrong export name was served")
+	}
+
+	// The heartbeat reports the lease; the exports survive in the state file.
+	if err := a.Heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := cp.lastBeat().Leases; len(got) != 1 || got[0] != "lease-1" {
+		t.Fatalf("heartbeat leases %v", got)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, exportsFile)); !strings.Contains(string(b), "lease-1") {
+		t.Fatalf("exports file: %s", b)
+	}
+
+	resp, body := call(t, a, "key-1", "/agent/v1/teardown", api.TeardownRequest{LeaseID: "lease-1"})
+	if resp.StatusCode != 200 {
+		t.Fatalf("teardown: %d %s", resp.StatusCode, body)
+	}
+	if _, err := nbd.DialURI(ctx, pr.URI); err == nil {
+		t.Error("export still served after teardown")
+	}
+	if resp, _ := call(t, a, "key-1", "/agent/v1/teardown", api.TeardownRequest{LeaseID: "lease-1"}); resp.StatusCode != 200 {
+		t.Error("second teardown failed")
+	}
+}
+
+func TestRestartRestoresExportsAndHeartbeatTearsDown(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	dir := t.TempDir()
+	r := start(t, testConfig(srv.URL, dir))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, id := range []string{"lease-a", "lease-b"} {
+		if _, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: id, Kind: api.KindBlock, DeviceName: "disk0", Length: 4096, Export: "x_" + id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.halt(t)
+
+	r2 := start(t, testConfig(srv.URL, dir))
+	if got := r2.a.Leases(); len(got) != 2 {
+		t.Fatalf("restored leases %v", got)
+	}
+	c, err := nbd.Dial(ctx, "tcp", r2.a.Endpoint(api.KindBlock), "x_lease-a")
+	if err != nil {
+		t.Fatalf("restored export not served: %v", err)
+	}
+	c.Close()
+
+	cp.mu.Lock()
+	cp.teardown = []string{"lease-a"}
+	cp.mu.Unlock()
+	if err := r2.a.Heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := r2.a.Leases(); len(got) != 1 || got[0] != "lease-b" {
+		t.Fatalf("after reconciliation %v", got)
+	}
+}
+
+func TestFaults(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	r := start(t, testConfig(srv.URL, t.TempDir()))
+	a := r.a
+	req := api.PrepareRequest{LeaseID: "l", Kind: api.KindBlock, DeviceName: "disk0", Length: 4096, Export: "e"}
+
+	a.Faults.RefusePrepare.Store(true)
+	if resp, _ := call(t, a, "key-1", "/agent/v1/prepare", req); resp.StatusCode != 503 {
+		t.Errorf("refuse: %d", resp.StatusCode)
+	}
+	a.Faults.RefusePrepare.Store(false)
+
+	a.Faults.IgnorePrepare.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	b, _ := json.Marshal(req)
+	hr, _ := http.NewRequestWithContext(ctx, http.MethodPost, a.AgentURL()+"/agent/v1/prepare", bytes.NewReader(b))
+	hr.Header.Set("Authorization", "Bearer key-1")
+	if _, err := http.DefaultClient.Do(hr); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("ignore: %v", err)
+	}
+	cancel()
+	a.Faults.IgnorePrepare.Store(false)
+
+	a.Faults.PauseHeartbeats.Store(true)
+	cp.mu.Lock()
+	n := len(cp.beats)
+	cp.mu.Unlock()
+	a.Heartbeat(context.Background())
+	cp.mu.Lock()
+	if len(cp.beats) != n {
+		t.Error("heartbeat sent while paused")
+	}
+	cp.mu.Unlock()
+	a.Faults.PauseHeartbeats.Store(false)
+
+	// A forgotten credential makes the agent join again.
+	cp.mu.Lock()
+	cp.forgetful = true
+	joins := len(cp.joins)
+	cp.mu.Unlock()
+	a.Heartbeat(context.Background())
+	cp.mu.Lock()
+	if len(cp.joins) != joins+1 {
+		t.Error("no rejoin after 401")
+	}
+	cp.mu.Unlock()
+}
+
+func TestLinksReported(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	r := start(t, testConfig(srv.URL, t.TempDir()))
+	peer := start(t, Config{ControlPlane: srv.URL, BootstrapToken: "boot", Name: "n2", StateDir: t.TempDir()})
+	r.a.mu.Lock()
+	r.a.peers = []api.Node{{ID: peer.a.NodeID(), AgentURL: peer.a.AgentURL()}, {ID: "gone", AgentURL: "http://127.0.0.1:1"}}
+	r.a.mu.Unlock()
+	ctx := context.Background()
+	r.a.Heartbeat(ctx)
+	r.a.Heartbeat(ctx)
+	links := cp.lastBeat().Links
+	got := map[string]api.LinkReport{}
+	for _, l := range links {
+		got[l.To] = l
+	}
+	if !got["controlplane"].Up || got["controlplane"].RTTMicros <= 0 {
+		t.Errorf("controlplane link %+v", got["controlplane"])
+	}
+	if !got["node-n2"].Up || got["node-n2"].RTTMicros <= 0 {
+		t.Errorf("peer link %+v", got["node-n2"])
+	}
+	if got["gone"].Up {
+		t.Error("unreachable peer reported up")
+	}
+}

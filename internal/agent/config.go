@@ -1,0 +1,136 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+)
+
+// Sentinel errors.
+var (
+	ErrConfig       = errors.New("agent: invalid configuration")
+	ErrNoDevice     = errors.New("agent: no such device")
+	ErrNoDriver     = errors.New("agent: no driver for this kind")
+	ErrOutOfRange   = errors.New("agent: range outside the device")
+	ErrRefused      = errors.New("agent: prepare refused")
+	ErrNotJoined    = errors.New("agent: not joined yet")
+	ErrUnauthorized = errors.New("agent: unauthorized")
+)
+
+// Clock tells the time; tests inject a fake one.
+type Clock interface{ Now() time.Time }
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+// DeviceConfig is a resource the agent is told to lend.
+type DeviceConfig struct {
+	// Name is unique within the agent, e.g. "disk0".
+	Name string
+	Kind api.Kind
+	// Path is a block device's backing file (created sparse if absent;
+	// relative paths are inside StateDir).
+	Path string
+	// Size is bytes for block and memory devices and slots for accelerators.
+	// A block device's file is extended to Size if it is smaller; Size 0
+	// takes the existing file's size.
+	Size       int64
+	Model      string
+	Sharing    string // "exclusive" or "partitionable" (default: partitionable for block and memory)
+	Attributes map[string]string
+}
+
+// Config configures an Agent.
+type Config struct {
+	// ControlPlane is the control plane's base URL, e.g. "http://127.0.0.1:7070".
+	ControlPlane string
+	// BootstrapToken authorizes the join.
+	BootstrapToken string
+	// Name is the node's name, unique within the cluster.
+	Name string
+	// StateDir holds the agent's identity and export state.
+	StateDir string
+	// Listen is the host the agent API and the data planes bind to
+	// (default 127.0.0.1). Advertise, if set, is the host put into URLs
+	// instead.
+	Listen    string
+	Advertise string
+	// Ports of the agent API and of the data planes by kind; 0 means the
+	// port used before (from StateDir) or, failing that, a free one.
+	APIPort   int
+	DataPorts map[api.Kind]int
+	// MachineID overrides the hardware identity (default: derived from
+	// /etc/machine-id and Name).
+	MachineID string
+	Labels    map[string]string
+	Devices   []DeviceConfig
+	// Drivers adds or replaces the drivers of resource kinds.
+	Drivers map[api.Kind]Driver
+	// HeartbeatInterval overrides the interval the control plane asks for.
+	HeartbeatInterval time.Duration
+	// HTTPClient is used to reach the control plane and peers (default: a
+	// client with a 10 s timeout).
+	HTTPClient *http.Client
+	// SysRoot is prefixed to /proc, /sys and /etc paths while
+	// fingerprinting (tests point it at a fake tree).
+	SysRoot string
+	Logger  *slog.Logger
+	Clock   Clock
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.ControlPlane == "":
+		return fmt.Errorf("%w: ControlPlane is required", ErrConfig)
+	case c.BootstrapToken == "":
+		return fmt.Errorf("%w: BootstrapToken is required", ErrConfig)
+	case c.Name == "":
+		return fmt.Errorf("%w: Name is required", ErrConfig)
+	case c.StateDir == "":
+		return fmt.Errorf("%w: StateDir is required", ErrConfig)
+	}
+	seen := map[string]bool{}
+	for _, d := range c.Devices {
+		if d.Name == "" {
+			return fmt.Errorf("%w: a device has no name", ErrConfig)
+		}
+		if seen[d.Name] {
+			return fmt.Errorf("%w: device %q listed twice", ErrConfig, d.Name)
+		}
+		seen[d.Name] = true
+		switch d.Kind {
+		case api.KindBlock:
+			if d.Path == "" {
+				return fmt.Errorf("%w: block device %q has no path", ErrConfig, d.Name)
+			}
+		case api.KindMemory, api.KindAccel, api.KindNIC:
+			if d.Size <= 0 {
+				return fmt.Errorf("%w: device %q needs a positive size", ErrConfig, d.Name)
+			}
+		default:
+			return fmt.Errorf("%w: device %q has unknown kind %q", ErrConfig, d.Name, d.Kind)
+		}
+		if d.Size < 0 {
+			return fmt.Errorf("%w: device %q has a negative size", ErrConfig, d.Name)
+		}
+	}
+	return nil
+}
+
+// Faults injects failures for tests. Every flag is safe to flip while the
+// agent runs.
+type Faults struct {
+	// PauseHeartbeats stops heartbeats (the agent keeps serving).
+	PauseHeartbeats atomic.Bool
+	// RefusePrepare answers every prepare with 503.
+	RefusePrepare atomic.Bool
+	// IgnorePrepare never answers a prepare: the handler waits until the
+	// caller gives up or the agent stops.
+	IgnorePrepare atomic.Bool
+}

@@ -1,0 +1,26 @@
+// Package agent is Rialto's node agent: it fingerprints its host, joins the
+// control plane with a bootstrap token, heartbeats with its health, the
+// leases it serves and round-trip measurements to the control plane and to
+// its peers, executes the control plane's lease decisions (prepare and
+// teardown of exports, authenticated with the agent key) and hosts the data
+// planes (an NBD server for block devices, a donor for memory).
+//
+// Each resource kind is served by a [Driver]; a driver that also implements
+// [Server] gets a listener of its own, whose address is the kind's endpoint.
+// Built-in drivers serve file-backed block devices over NBD and memory
+// regions through the memory donor; [Config.Drivers] replaces or adds
+// drivers.
+//
+// Identity (node ID, node credential, agent key, machine ID, ports) and the
+// exports the agent serves are persisted in [Config.StateDir] with mode 0600,
+// so a restarted agent rejoins with the same identity and serves the same
+// exports until the control plane tells it to tear them down.
+//
+// Zero values: a zero Config is not usable (ControlPlane, BootstrapToken,
+// Name and StateDir are required); use [New]. [Faults] is ready at its zero
+// value (no faults).
+//
+// Concurrency: an Agent is run once with [Agent.Run], which owns every
+// goroutine it starts and returns after they have all exited. Its other
+// methods and its Faults are safe for concurrent use while it runs.
+package agent

@@ -1,0 +1,86 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"github.com/rialto-project/rialto/api"
+)
+
+// identity is what the agent persists about itself (identity.json, 0600).
+type identity struct {
+	MachineID  string           `json:"machine_id"`
+	NodeID     string           `json:"node_id,omitempty"`
+	Credential string           `json:"credential,omitempty"`
+	AgentKey   string           `json:"agent_key,omitempty"`
+	APIPort    int              `json:"api_port,omitempty"`
+	DataPorts  map[api.Kind]int `json:"data_ports,omitempty"`
+}
+
+const (
+	identityFile = "identity.json"
+	exportsFile  = "exports.json"
+)
+
+// readJSON decodes path into v; a missing file leaves v untouched.
+func readJSON(path string, v any) error {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("agent: read state: %w", err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("agent: decode %s: %w", filepath.Base(path), err)
+	}
+	return nil
+}
+
+// writeJSON replaces path atomically with v, readable by the owner only.
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("agent: encode state: %w", err)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return fmt.Errorf("agent: write state: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(0o600); err != nil {
+		tmp.Close()
+		return fmt.Errorf("agent: write state: %w", err)
+	}
+	if _, err := tmp.Write(append(b, '\n')); err != nil {
+		tmp.Close()
+		return fmt.Errorf("agent: write state: %w", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("agent: write state: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("agent: write state: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("agent: write state: %w", err)
+	}
+	return nil
+}
+
+// sortedExports returns the prepared requests ordered by export name, for
+// stable state files.
+func sortedExports(m map[string]api.PrepareRequest) []api.PrepareRequest {
+	out := make([]api.PrepareRequest, 0, len(m))
+	for _, r := range m {
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Export < out[j].Export })
+	return out
+}
