@@ -1,0 +1,558 @@
+package placement
+
+import (
+	"math"
+	"sort"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/fabric"
+)
+
+// Index is a snapshot prepared for many placements: devices grouped by
+// where they attach to the fabric, per-borrower distance orders (computed on
+// first use and cached), free capacity, and the current predicted rate of
+// every lease with the resulting load on every device and link. Build it
+// with NewIndex; it does not modify the Snapshot. It is not safe for
+// concurrent use.
+type Index struct {
+	now      time.Duration
+	profiles map[string]Profile
+	quotas   map[string]Quota
+
+	nodes    []Node
+	nodeByID map[string]int
+	devs     []devState
+	devByID  map[string]int
+
+	g        *fabric.Graph
+	links    []fabric.Link
+	anchor   []int32 // per vertex: the core vertex it hangs off (itself when core)
+	leafLink []int32 // per vertex: link to its anchor, -1 when core
+	core     *fabric.Graph
+	coreOf   []int32 // full vertex -> core vertex, -1 for leaves
+	coreLink []int32 // core link -> full link
+	trees    map[int32]*fabric.Tree
+
+	groups map[string]*kindGroups
+	orders map[orderKey][]int32
+
+	leases    []leaseState
+	leaseByID map[string]int
+	res       []resState // devices first, then links
+	tenants   map[string]*usage
+
+	solver fabric.Solver
+	// scratch, reused across calls (epoch-stamped)
+	epoch    uint32
+	resStamp []uint32
+	resLocal []int32
+	lsStamp  []uint32
+}
+
+type devState struct {
+	dev       Device
+	node      int // -1 when unknown
+	vertex    int32
+	anchor    int32
+	prof      Profile
+	hasProf   bool
+	free      int64
+	dedicated bool
+	usable    string // "" when usable, else the constraint that rules it out
+	leases    []int32
+}
+
+type resState struct {
+	load   float64
+	leases []int32
+}
+
+type leaseState struct {
+	l    Lease
+	uses []fabric.Use
+	rate float64
+	live bool
+}
+
+type usage struct {
+	leases    int
+	bytes     int64
+	slots     int64
+	bandwidth float64
+}
+
+type kindGroups struct {
+	anchors []int32           // distinct anchors with devices of the kind, sorted
+	devs    map[int32][]int32 // anchor -> devices sorted by ID
+	maxFree map[int32]int64
+	empty   map[int32]int // devices with no lease
+}
+
+type orderKey struct {
+	src  int32
+	kind string
+}
+
+// NewIndex prepares s for placement. Leases' parts that name unknown devices
+// are ignored; every other lease counts against capacity and bandwidth.
+func NewIndex(s *Snapshot) *Index {
+	x := &Index{
+		now:       s.Now,
+		profiles:  s.Profiles,
+		quotas:    s.Quotas,
+		nodes:     s.Nodes,
+		nodeByID:  make(map[string]int, len(s.Nodes)),
+		devByID:   make(map[string]int, len(s.Devices)),
+		trees:     map[int32]*fabric.Tree{},
+		groups:    map[string]*kindGroups{},
+		orders:    map[orderKey][]int32{},
+		leaseByID: make(map[string]int, len(s.Leases)),
+		tenants:   map[string]*usage{},
+	}
+	for i, n := range s.Nodes {
+		x.nodeByID[n.ID] = i
+	}
+	extra := make([]string, 0, len(s.Nodes)+len(s.Devices))
+	for _, n := range s.Nodes {
+		extra = append(extra, n.ID)
+	}
+	for _, d := range s.Devices {
+		if d.Attach != "" {
+			extra = append(extra, d.Attach)
+		}
+	}
+	x.g = fabric.NewGraph(s.Links, extra...)
+	x.links = x.g.Links()
+	x.peel()
+
+	x.devs = make([]devState, len(s.Devices))
+	for i, d := range s.Devices {
+		ds := &x.devs[i]
+		ds.dev = d
+		ds.free = d.Capacity
+		x.devByID[d.ID] = i
+		ni, ok := x.nodeByID[d.Node]
+		ds.node = -1
+		if ok {
+			ds.node = ni
+		}
+		at := d.Attach
+		if at == "" {
+			at = d.Node
+		}
+		v, _ := x.g.Vertex(at)
+		ds.vertex = int32(v)
+		ds.anchor = x.anchor[v]
+		if p, ok := s.Profiles[d.Model]; ok && d.Model != "" {
+			ds.prof, ds.hasProf = p, true
+		}
+		switch {
+		case !ok:
+			ds.usable = ConstraintNode
+		case s.Nodes[ni].State != "" && s.Nodes[ni].State != NodeReady:
+			ds.usable = ConstraintNode
+		case d.State != "" && d.State != "healthy":
+			ds.usable = ConstraintHealth
+		}
+	}
+	x.res = make([]resState, len(x.devs)+len(x.links))
+	x.resStamp = make([]uint32, len(x.res))
+	x.resLocal = make([]int32, len(x.res))
+
+	for _, l := range s.Leases {
+		x.insertLease(l)
+	}
+	x.lsStamp = make([]uint32, len(x.leases))
+	x.solveAll()
+
+	for i := range x.devs {
+		ds := &x.devs[i]
+		kg := x.groups[ds.dev.Kind]
+		if kg == nil {
+			kg = &kindGroups{devs: map[int32][]int32{}, maxFree: map[int32]int64{}, empty: map[int32]int{}}
+			x.groups[ds.dev.Kind] = kg
+		}
+		if _, ok := kg.devs[ds.anchor]; !ok {
+			kg.anchors = append(kg.anchors, ds.anchor)
+		}
+		kg.devs[ds.anchor] = append(kg.devs[ds.anchor], int32(i))
+	}
+	for _, kg := range x.groups {
+		sort.Slice(kg.anchors, func(a, b int) bool { return kg.anchors[a] < kg.anchors[b] })
+		for a, list := range kg.devs {
+			sort.Slice(list, func(i, j int) bool { return x.devs[list[i]].dev.ID < x.devs[list[j]].dev.ID })
+			x.refreshGroup(kg, a)
+		}
+	}
+	return x
+}
+
+// peel splits the graph into a core and leaves (degree-1 vertices hanging
+// off a core vertex, such as hosts under a top-of-rack switch) so that
+// shortest paths run over the small core only.
+func (x *Index) peel() {
+	n := x.g.Len()
+	x.anchor = make([]int32, n)
+	x.leafLink = make([]int32, n)
+	x.coreOf = make([]int32, n)
+	for v := 0; v < n; v++ {
+		x.anchor[v], x.leafLink[v] = int32(v), -1
+		if x.g.Degree(v) == 1 {
+			x.g.Neighbors(v, func(to, link int) {
+				if x.g.Degree(to) >= 2 {
+					x.anchor[v], x.leafLink[v] = int32(to), int32(link)
+				}
+			})
+		}
+	}
+	var coreIDs []string
+	for v := 0; v < n; v++ {
+		if x.leafLink[v] < 0 {
+			coreIDs = append(coreIDs, x.g.ID(v))
+		}
+	}
+	var coreLinks []fabric.Link
+	for i, l := range x.links {
+		if l.Down || l.A == l.B {
+			continue
+		}
+		a, _ := x.g.Vertex(l.A)
+		b, _ := x.g.Vertex(l.B)
+		if x.leafLink[a] < 0 && x.leafLink[b] < 0 {
+			coreLinks = append(coreLinks, l)
+			x.coreLink = append(x.coreLink, int32(i))
+		}
+	}
+	x.core = fabric.NewGraph(coreLinks, coreIDs...)
+	for v := 0; v < n; v++ {
+		x.coreOf[v] = -1
+		if x.leafLink[v] < 0 {
+			c, _ := x.core.Vertex(x.g.ID(v))
+			x.coreOf[v] = int32(c)
+		}
+	}
+}
+
+func (x *Index) tree(coreSrc int32) *fabric.Tree {
+	t, ok := x.trees[coreSrc]
+	if !ok {
+		t = x.core.ShortestPaths(int(coreSrc), fabric.ByHops)
+		x.trees[coreSrc] = t
+	}
+	return t
+}
+
+func (x *Index) leafDist(v int32) fabric.Distance {
+	if li := x.leafLink[v]; li >= 0 {
+		return fabric.Distance{Hops: 1, Latency: x.links[li].EffectiveLatency()}
+	}
+	return fabric.Distance{}
+}
+
+// dist is the fewest-hops distance from vertex b to vertex a.
+func (x *Index) dist(b, a int32) fabric.Distance {
+	if a == b {
+		return fabric.Distance{}
+	}
+	if x.anchor[a] == b {
+		return x.leafDist(a)
+	}
+	if x.anchor[b] == a {
+		return x.leafDist(b)
+	}
+	t := x.tree(x.coreOf[x.anchor[b]])
+	cd := t.Dist[x.coreOf[x.anchor[a]]]
+	if cd == fabric.Unreachable {
+		return fabric.Unreachable
+	}
+	lb, la := x.leafDist(b), x.leafDist(a)
+	return fabric.Distance{Hops: cd.Hops + lb.Hops + la.Hops, Latency: cd.Latency + lb.Latency + la.Latency}
+}
+
+// route appends the link indices from b to a to dst.
+func (x *Index) route(dst []int32, b, a int32) []int32 {
+	if a == b {
+		return dst
+	}
+	if x.anchor[a] == b {
+		return append(dst, x.leafLink[a])
+	}
+	if x.anchor[b] == a {
+		return append(dst, x.leafLink[b])
+	}
+	if li := x.leafLink[b]; li >= 0 {
+		dst = append(dst, li)
+	}
+	t := x.tree(x.coreOf[x.anchor[b]])
+	for _, cl := range t.PathTo(int(x.coreOf[x.anchor[a]])) {
+		dst = append(dst, x.coreLink[cl])
+	}
+	if li := x.leafLink[a]; li >= 0 {
+		dst = append(dst, li)
+	}
+	return dst
+}
+
+func (x *Index) borrowerVertex(id string) (int32, bool) {
+	v, ok := x.g.Vertex(id)
+	return int32(v), ok
+}
+
+// devCap is device i's delivered bandwidth with n concurrent leases.
+func (x *Index) devCap(i, n int) float64 {
+	ds := &x.devs[i]
+	if ds.hasProf {
+		return ds.prof.Capacity(n)
+	}
+	if ds.dev.Bandwidth > 0 {
+		return ds.dev.Bandwidth
+	}
+	return math.Inf(1)
+}
+
+// resCap is resource r's capacity given n leases on it (n matters for
+// devices only).
+func (x *Index) resCap(r, n int) float64 {
+	if r < len(x.devs) {
+		return x.devCap(r, n)
+	}
+	return x.links[r-len(x.devs)].Residual()
+}
+
+// leaseUses computes the resources a lease with these parts uses.
+func (x *Index) leaseUses(borrower string, parts []Part, dst []fabric.Use) []fabric.Use {
+	dst = dst[:0]
+	var devs []int
+	for _, p := range parts {
+		if di, ok := x.devByID[p.DeviceID]; ok {
+			devs = append(devs, di)
+		}
+	}
+	if len(devs) == 0 {
+		return dst
+	}
+	coef := 1 / float64(len(devs))
+	b, bok := x.borrowerVertex(borrower)
+	var path []int32
+	for _, di := range devs {
+		dst = addUse(dst, di, coef)
+		if !bok {
+			continue
+		}
+		path = x.route(path[:0], b, x.devs[di].vertex)
+		for _, li := range path {
+			dst = addUse(dst, len(x.devs)+int(li), coef)
+		}
+	}
+	return dst
+}
+
+func addUse(dst []fabric.Use, r int, coef float64) []fabric.Use {
+	for i := range dst {
+		if dst[i].Resource == r {
+			dst[i].Coef += coef
+			return dst
+		}
+	}
+	return append(dst, fabric.Use{Resource: r, Coef: coef})
+}
+
+func demandOf(d float64) float64 {
+	if d <= 0 {
+		return math.Inf(1)
+	}
+	return d
+}
+
+// insertLease records a lease without solving rates.
+func (x *Index) insertLease(l Lease) int {
+	li := len(x.leases)
+	ls := leaseState{l: l, live: true}
+	ls.uses = x.leaseUses(l.Borrower, l.Parts, nil)
+	x.leases = append(x.leases, ls)
+	x.leaseByID[l.ID] = li
+	for _, p := range l.Parts {
+		di, ok := x.devByID[p.DeviceID]
+		if !ok {
+			continue
+		}
+		ds := &x.devs[di]
+		ds.free -= p.Length
+		if l.Mode == ModeDedicated {
+			ds.dedicated = true
+		}
+	}
+	for _, u := range ls.uses {
+		x.res[u.Resource].leases = append(x.res[u.Resource].leases, int32(li))
+		if u.Resource < len(x.devs) {
+			x.devs[u.Resource].leases = append(x.devs[u.Resource].leases, int32(li))
+		}
+	}
+	x.charge(l.Tenant, x.leaseCharge(l), 1)
+	return li
+}
+
+func (x *Index) leaseCharge(l Lease) usage {
+	u := usage{bandwidth: l.Demand}
+	for _, p := range l.Parts {
+		n := p.Length
+		di, ok := x.devByID[p.DeviceID]
+		if ok && l.Mode == ModeDedicated {
+			n = x.devs[di].dev.Capacity
+		}
+		kind := l.Kind
+		if ok {
+			kind = x.devs[di].dev.Kind
+		}
+		if kind == KindAccel {
+			u.slots += n
+		} else {
+			u.bytes += n
+		}
+	}
+	return u
+}
+
+func (x *Index) charge(tenant string, u usage, sign int) {
+	t := x.tenants[tenant]
+	if t == nil {
+		t = &usage{}
+		x.tenants[tenant] = t
+	}
+	s := int64(sign)
+	t.leases += sign
+	t.bytes += s * u.bytes
+	t.slots += s * u.slots
+	t.bandwidth += float64(sign) * u.bandwidth
+}
+
+// solveAll computes every live lease's rate by max-min sharing over all
+// devices and links, and the resulting loads.
+func (x *Index) solveAll() {
+	capacity := make([]float64, len(x.res))
+	for r := range x.res {
+		capacity[r] = x.resCap(r, len(x.res[r].leases))
+	}
+	flows := make([]fabric.Flow, 0, len(x.leases))
+	idx := make([]int, 0, len(x.leases))
+	for i := range x.leases {
+		ls := &x.leases[i]
+		if !ls.live {
+			continue
+		}
+		flows = append(flows, fabric.Flow{Demand: demandOf(ls.l.Demand), Uses: ls.uses})
+		idx = append(idx, i)
+	}
+	rates := x.solver.Solve(capacity, flows, nil)
+	for r := range x.res {
+		x.res[r].load = 0
+	}
+	for k, i := range idx {
+		x.leases[i].rate = rates[k]
+		x.addLoad(i, rates[k], 1)
+	}
+}
+
+func (x *Index) addLoad(li int, rate float64, sign float64) {
+	if math.IsInf(rate, 0) {
+		return
+	}
+	for _, u := range x.leases[li].uses {
+		x.res[u.Resource].load += sign * u.Coef * rate
+	}
+}
+
+// refreshGroup recomputes a group's free-capacity summary.
+func (x *Index) refreshGroup(kg *kindGroups, a int32) {
+	var mf int64 = -1
+	empty := 0
+	for _, di := range kg.devs[a] {
+		ds := &x.devs[di]
+		if ds.usable != "" || ds.dedicated {
+			continue
+		}
+		if ds.free > mf {
+			mf = ds.free
+		}
+		if len(ds.leases) == 0 {
+			empty++
+		}
+	}
+	kg.maxFree[a] = mf
+	kg.empty[a] = empty
+}
+
+// groupOrder is the kind's anchors ordered by distance from core vertex src.
+func (x *Index) groupOrder(src int32, kind string) []int32 {
+	k := orderKey{src, kind}
+	if o, ok := x.orders[k]; ok {
+		return o
+	}
+	kg := x.groups[kind]
+	if kg == nil {
+		return nil
+	}
+	t := x.tree(x.coreOf[src])
+	o := make([]int32, 0, len(kg.anchors))
+	for _, a := range kg.anchors {
+		if t.Dist[x.coreOf[a]] != fabric.Unreachable {
+			o = append(o, a)
+		}
+	}
+	sort.SliceStable(o, func(i, j int) bool {
+		di, dj := t.Dist[x.coreOf[o[i]]], t.Dist[x.coreOf[o[j]]]
+		if di != dj {
+			return di.Less(dj, fabric.ByHops)
+		}
+		return o[i] < o[j]
+	})
+	x.orders[k] = o
+	return o
+}
+
+// Prediction is a lease's predicted rate and completion.
+type Prediction struct {
+	LeaseID    string
+	Bandwidth  float64       // bytes/s; +Inf when nothing bounds it
+	Completion time.Duration // from Now; 0 when open-ended
+	Late       bool          // completes after its deadline
+}
+
+// Predict returns every lease's predicted rate and completion under
+// max-min sharing of device and link bandwidth, in Snapshot.Leases order.
+func Predict(s *Snapshot) []Prediction {
+	return NewIndex(s).Predictions()
+}
+
+// Predictions returns the index's current predictions in lease order
+// (leases removed with Remove are skipped).
+func (x *Index) Predictions() []Prediction {
+	out := make([]Prediction, 0, len(x.leases))
+	for i := range x.leases {
+		ls := &x.leases[i]
+		if !ls.live {
+			continue
+		}
+		c := completion(ls.l.Remaining, ls.rate)
+		out = append(out, Prediction{LeaseID: ls.l.ID, Bandwidth: ls.rate, Completion: c,
+			Late: ls.l.Deadline > 0 && ls.l.Remaining > 0 && x.now+c > ls.l.Deadline})
+	}
+	return out
+}
+
+func completion(work int64, rate float64) time.Duration {
+	if work <= 0 {
+		return 0
+	}
+	if rate <= 0 {
+		return time.Duration(math.MaxInt64)
+	}
+	if math.IsInf(rate, 1) {
+		return 0
+	}
+	sec := float64(work) / rate
+	if sec > float64(math.MaxInt64)/1e9 {
+		return time.Duration(math.MaxInt64)
+	}
+	return time.Duration(sec * 1e9)
+}

@@ -1,0 +1,798 @@
+package placement
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/fabric"
+)
+
+// Place decides where the lease r asks for goes in s. It is pure and
+// deterministic. An impossible request gets an *InfeasibleError (matching
+// ErrInfeasible) naming the constraint and each candidate's rejection; a
+// malformed one gets an error matching ErrInvalid.
+func Place(s *Snapshot, r Request) (Plan, error) {
+	return NewIndex(s).Place(r)
+}
+
+type cand struct {
+	dev      int32
+	dist     fabric.Distance
+	latency  time.Duration // path + device
+	linkUtil float64       // worst current utilisation on the path
+	nLeases  int
+}
+
+type option struct {
+	mode    string
+	devs    []int32
+	partLen int64
+}
+
+type result struct {
+	opt       option
+	parts     []Part
+	rate      float64
+	compl     time.Duration
+	impacts   []Impact
+	unmet     int
+	modeRank  int
+	hops      int
+	latency   time.Duration
+	linkBand  int
+	linkUtil  float64
+	pack1     float64
+	pack2     float64
+	slowdown  float64
+	name      string
+	rejection *Rejection
+}
+
+// req is a validated request with derived figures.
+type req struct {
+	Request
+	demand   float64 // +Inf when elastic
+	need     float64 // rate that meets the requirement (0: none)
+	hard     bool    // need comes from a deadline
+	tight    bool
+	align    int64
+	strategy string
+}
+
+func (x *Index) validate(r Request) (req, error) {
+	q := req{Request: r, demand: demandOf(r.Bandwidth), align: defaultAlignBytes, strategy: r.Strategy}
+	switch r.Kind {
+	case KindBlock, KindMemory:
+	case KindAccel:
+		q.align = 1
+	default:
+		return q, fmt.Errorf("%w: unknown kind %q", ErrInvalid, r.Kind)
+	}
+	if r.Size <= 0 {
+		return q, fmt.Errorf("%w: size must be positive", ErrInvalid)
+	}
+	switch r.Mode {
+	case "", ModeDedicated, ModeShared, ModeComposed:
+	default:
+		return q, fmt.Errorf("%w: unknown mode %q", ErrInvalid, r.Mode)
+	}
+	switch r.Strategy {
+	case "":
+		q.strategy = Binpack
+	case Binpack, Spread:
+	default:
+		return q, fmt.Errorf("%w: unknown strategy %q", ErrInvalid, r.Strategy)
+	}
+	if r.Width < 0 || r.Width == 1 || (r.Width > 0 && r.Mode != ModeComposed) {
+		return q, fmt.Errorf("%w: width %d needs mode composed and at least 2", ErrInvalid, r.Width)
+	}
+	if r.Deadline < 0 || r.Work < 0 || r.Bandwidth < 0 || r.MaxLatency < 0 {
+		return q, fmt.Errorf("%w: negative deadline, work, bandwidth or latency", ErrInvalid)
+	}
+	if r.Deadline > 0 && r.Work == 0 {
+		return q, fmt.Errorf("%w: a deadline needs work", ErrInvalid)
+	}
+	if r.Deadline > 0 {
+		q.need = float64(r.Work) / r.Deadline.Seconds()
+		q.hard = true
+		if !math.IsInf(q.demand, 1) && q.need >= TightDeadlineRatio*q.demand {
+			q.tight = true
+		}
+	} else if !math.IsInf(q.demand, 1) {
+		q.need = q.demand
+	}
+	return q, nil
+}
+
+func roundUp(n, a int64) int64 { return (n + a - 1) / a * a }
+
+// Place is Place against the index's snapshot (plus leases added since).
+func (x *Index) Place(r Request) (Plan, error) {
+	q, err := x.validate(r)
+	if err != nil {
+		return Plan{}, err
+	}
+	bv, ok := x.borrowerVertex(r.Borrower)
+	bn, nok := x.nodeByID[r.Borrower]
+	if !ok || !nok {
+		return Plan{}, newInfeasible("borrower "+r.Borrower+" is not a known node", nil, ConstraintBorrower)
+	}
+	if st := x.nodes[bn].State; st != "" && st != NodeReady {
+		return Plan{}, newInfeasible("borrower "+r.Borrower+" is "+st, nil, ConstraintBorrower)
+	}
+	if qt, ok := x.quotas[r.Tenant]; ok && qt.Leases > 0 {
+		if u := x.tenants[r.Tenant]; u != nil && u.leases+1 > qt.Leases {
+			return Plan{}, newInfeasible(fmt.Sprintf("tenant %s holds %d of %d leases", r.Tenant, u.leases, qt.Leases), nil, ConstraintQuota)
+		}
+	}
+	allowDed := r.Mode == "" || r.Mode == ModeDedicated
+	allowShare := r.Mode == ModeShared || (r.Mode == "" && r.AllowShare)
+	allowComp := r.Mode == ModeComposed || (r.Mode == "" && r.AllowCompose)
+	minW, maxW := 2, MaxWidth
+	if r.Width > 0 {
+		minW, maxW = r.Width, r.Width
+	}
+	if r.Kind == KindAccel && int64(maxW) > r.Size {
+		maxW = int(r.Size)
+	}
+	shareLen := roundUp(r.Size, q.align)
+	minNeed := int64(math.MaxInt64)
+	if allowShare {
+		minNeed = shareLen
+	}
+	if allowComp && maxW >= minW {
+		if n := roundUp((r.Size+int64(maxW)-1)/int64(maxW), q.align); n < minNeed {
+			minNeed = n
+		}
+	}
+
+	cands, rej, examined := x.candidates(q, bv, allowDed, minNeed)
+	if len(cands) == 0 {
+		return Plan{}, newInfeasible(fmt.Sprintf("no %s device for %s among %d examined", r.Kind, r.Borrower, examined), rej.list, rej.top())
+	}
+
+	// Options.
+	var opts []option
+	if allowDed {
+		n := 0
+		for _, c := range cands {
+			if c.nLeases == 0 && !x.devs[c.dev].dedicated && x.devs[c.dev].dev.Capacity >= r.Size {
+				opts = append(opts, option{mode: ModeDedicated, devs: []int32{c.dev}, partLen: x.devs[c.dev].dev.Capacity})
+				if n++; n == 4 {
+					break
+				}
+			}
+		}
+	}
+	byLoad := append([]cand(nil), cands...)
+	sort.SliceStable(byLoad, func(i, j int) bool { return byLoad[i].nLeases < byLoad[j].nLeases })
+	if allowShare {
+		seen := map[int32]bool{}
+		add := func(c cand) {
+			if seen[c.dev] || x.devs[c.dev].free < shareLen {
+				return
+			}
+			seen[c.dev] = true
+			opts = append(opts, option{mode: ModeShared, devs: []int32{c.dev}, partLen: shareLen})
+		}
+		for i := 0; i < len(cands) && i < 12; i++ {
+			add(cands[i])
+		}
+		for i := 0; i < len(byLoad) && i < 4; i++ {
+			add(byLoad[i])
+		}
+	}
+	if allowComp {
+		for w := minW; w <= maxW; w++ {
+			pl := roundUp((r.Size+int64(w)-1)/int64(w), q.align)
+			for _, list := range [][]cand{cands, byLoad} {
+				var devs []int32
+				for _, c := range list {
+					if x.devs[c.dev].free >= pl {
+						devs = append(devs, c.dev)
+						if len(devs) == w {
+							break
+						}
+					}
+				}
+				if len(devs) == w {
+					opts = append(opts, option{mode: ModeComposed, devs: devs, partLen: pl})
+				}
+			}
+		}
+	}
+	if len(opts) == 0 {
+		return Plan{}, newInfeasible(fmt.Sprintf("no device can hold a %s lease of %d", modeList(allowDed, allowShare, allowComp), r.Size), x.modeRejections(cands), ConstraintMode)
+	}
+	candBy := make(map[int32]*cand, len(cands))
+	for i := range cands {
+		candBy[cands[i].dev] = &cands[i]
+	}
+	var results []result
+	var rejected []Rejection
+	seen := map[string]bool{}
+	for _, o := range opts {
+		res := x.eval(q, bv, o, candBy)
+		if seen[res.name] {
+			continue
+		}
+		seen[res.name] = true
+		if res.rejection != nil {
+			rejected = append(rejected, *res.rejection)
+			continue
+		}
+		results = append(results, res)
+	}
+	if len(results) == 0 {
+		return Plan{}, newInfeasible(fmt.Sprintf("no placement for %s", r.Borrower), rejected, "")
+	}
+	sort.SliceStable(results, func(i, j int) bool { return less(&results[i], &results[j], q.strategy) })
+	best := &results[0]
+	p := Plan{
+		Mode:                best.opt.mode,
+		Parts:               best.parts,
+		Hops:                best.hops,
+		Latency:             best.latency,
+		PredictedBandwidth:  best.rate,
+		PredictedCompletion: best.compl,
+		Impacts:             best.impacts,
+	}
+	p.Explanation = x.explain(q, results, rejected, len(cands), examined)
+	return p, nil
+}
+
+func modeList(d, s, c bool) string {
+	var m []string
+	if d {
+		m = append(m, ModeDedicated)
+	}
+	if s {
+		m = append(m, ModeShared)
+	}
+	if c {
+		m = append(m, ModeComposed)
+	}
+	return strings.Join(m, " or ")
+}
+
+func (x *Index) modeRejections(cands []cand) []Rejection {
+	var out []Rejection
+	for _, c := range cands {
+		ds := &x.devs[c.dev]
+		out = append(out, Rejection{Candidate: ds.dev.ID, Constraint: ConstraintCapacity,
+			Reason: fmt.Sprintf("%d free of %d, %d leases", ds.free, ds.dev.Capacity, len(ds.leases))})
+	}
+	return out
+}
+
+type rejections struct {
+	list   []Rejection
+	counts map[string]int
+}
+
+func (r *rejections) add(c, constraint, reason string) {
+	if r.counts == nil {
+		r.counts = map[string]int{}
+	}
+	r.counts[constraint]++
+	if len(r.list) < MaxRejections {
+		r.list = append(r.list, Rejection{Candidate: c, Constraint: constraint, Reason: reason})
+	}
+}
+
+func (r *rejections) top() string {
+	best, name := 0, ConstraintKind
+	keys := make([]string, 0, len(r.counts))
+	for k := range r.counts {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if r.counts[k] > best {
+			best, name = r.counts[k], k
+		}
+	}
+	return name
+}
+
+// candidates walks devices of the kind nearest first (by fabric anchor
+// group) and returns feasible ones ordered by distance, link load and the
+// strategy's packing preference.
+func (x *Index) candidates(q req, bv int32, allowDed bool, minNeed int64) ([]cand, rejections, int) {
+	var rej rejections
+	kg := x.groups[q.Kind]
+	if kg == nil {
+		rej.add(q.Kind, ConstraintKind, "no device of kind "+q.Kind)
+		return nil, rej, 0
+	}
+	order := x.groupOrder(x.anchor[bv], q.Kind)
+	if len(order) < len(kg.anchors) {
+		rej.add(fmt.Sprintf("%d device groups", len(kg.anchors)-len(order)), ConstraintReach, "no fabric path from "+q.Borrower)
+	}
+	var out []cand
+	examined := 0
+	lastHops := -1
+	var path []int32
+	for _, a := range order {
+		t := x.tree(x.coreOf[x.anchor[bv]])
+		gh := t.Dist[x.coreOf[a]].Hops
+		if len(out) >= defaultCandidateGoal && (gh != lastHops || examined >= 4*defaultCandidateGoal) {
+			break
+		}
+		lastHops = gh
+		if kg.maxFree[a] < minNeed && !(allowDed && kg.empty[a] > 0) {
+			n := len(kg.devs[a])
+			examined += n
+			rej.add(fmt.Sprintf("%d devices at %s", n, x.g.ID(int(a))), ConstraintCapacity, "none free or usable enough")
+			continue
+		}
+		for _, di := range kg.devs[a] {
+			examined++
+			ds := &x.devs[di]
+			if ds.usable != "" {
+				rej.add(ds.dev.ID, ds.usable, x.unusableReason(ds))
+				continue
+			}
+			if ds.dedicated {
+				rej.add(ds.dev.ID, ConstraintCapacity, "dedicated to another lease")
+				continue
+			}
+			if !(ds.free >= minNeed || (allowDed && len(ds.leases) == 0 && ds.dev.Capacity >= q.Size)) {
+				rej.add(ds.dev.ID, ConstraintCapacity, fmt.Sprintf("%d free, needs %d", ds.free, minNeed))
+				continue
+			}
+			if !x.affine(q.Request, ds) {
+				rej.add(ds.dev.ID, ConstraintAffinity, "node "+ds.dev.Node+" fails affinity")
+				continue
+			}
+			d := x.dist(bv, ds.vertex)
+			if d == fabric.Unreachable {
+				rej.add(ds.dev.ID, ConstraintReach, "no fabric path")
+				continue
+			}
+			lat := d.Latency + x.devLatency(ds)
+			if q.MaxLatency > 0 && lat > q.MaxLatency {
+				rej.add(ds.dev.ID, ConstraintLatency, fmt.Sprintf("latency %v > %v", lat, q.MaxLatency))
+				continue
+			}
+			path = x.route(path[:0], bv, ds.vertex)
+			out = append(out, cand{dev: di, dist: d, latency: lat, linkUtil: x.pathUtil(path, 0), nLeases: len(ds.leases)})
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		a, b := &out[i], &out[j]
+		if a.dist.Hops != b.dist.Hops {
+			return a.dist.Hops < b.dist.Hops
+		}
+		if a.latency != b.latency {
+			return a.latency < b.latency
+		}
+		if ba, bb := band(a.linkUtil), band(b.linkUtil); ba != bb {
+			return ba < bb
+		}
+		if a.nLeases != b.nLeases {
+			if q.strategy == Spread {
+				return a.nLeases < b.nLeases
+			}
+			return a.nLeases > b.nLeases
+		}
+		if a.linkUtil != b.linkUtil {
+			return a.linkUtil < b.linkUtil
+		}
+		return x.devs[a.dev].dev.ID < x.devs[b.dev].dev.ID
+	})
+	return out, rej, examined
+}
+
+func band(u float64) int { return int(math.Floor(u * 10)) }
+
+func (x *Index) unusableReason(ds *devState) string {
+	if ds.usable == ConstraintHealth {
+		return "device is " + ds.dev.State
+	}
+	if ds.node < 0 {
+		return "node " + ds.dev.Node + " unknown"
+	}
+	return "node " + ds.dev.Node + " is " + x.nodes[ds.node].State
+}
+
+func (x *Index) devLatency(ds *devState) time.Duration {
+	if ds.dev.Latency > 0 {
+		return ds.dev.Latency
+	}
+	if ds.hasProf {
+		return ds.prof.Latency
+	}
+	return 0
+}
+
+func (x *Index) affine(r Request, ds *devState) bool {
+	if len(r.Affinity) == 0 && len(r.AntiAffinity) == 0 {
+		return true
+	}
+	var labels map[string]string
+	if ds.node >= 0 {
+		labels = x.nodes[ds.node].Labels
+	}
+	match := func(term string) bool {
+		if term == ds.dev.Node {
+			return true
+		}
+		if k, v, ok := strings.Cut(term, "="); ok {
+			lv, has := labels[k]
+			return has && lv == v
+		}
+		return false
+	}
+	if len(r.Affinity) > 0 {
+		ok := false
+		for _, t := range r.Affinity {
+			if match(t) {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	for _, t := range r.AntiAffinity {
+		if match(t) {
+			return false
+		}
+	}
+	return true
+}
+
+// pathUtil is the worst utilisation on a path with extra added to each link.
+func (x *Index) pathUtil(path []int32, extra float64) float64 {
+	worst := 0.0
+	for _, li := range path {
+		l := &x.links[li]
+		if l.Bandwidth <= 0 {
+			continue
+		}
+		u := (l.Load + x.res[len(x.devs)+int(li)].load + extra) / l.Bandwidth
+		if u > worst {
+			worst = u
+		}
+	}
+	return worst
+}
+
+// hole finds the first aligned free range of n units on device di.
+func (x *Index) hole(di int32, n, align int64) (int64, bool) {
+	ds := &x.devs[di]
+	type rng struct{ off, end int64 }
+	var used []rng
+	for _, li := range ds.leases {
+		for _, p := range x.leases[li].l.Parts {
+			if p.DeviceID == ds.dev.ID {
+				used = append(used, rng{p.Offset, p.Offset + p.Length})
+			}
+		}
+	}
+	sort.Slice(used, func(i, j int) bool { return used[i].off < used[j].off })
+	off := int64(0)
+	for _, u := range used {
+		if u.off-off >= n {
+			return off, true
+		}
+		if e := roundUp(u.end, align); e > off {
+			off = e
+		}
+	}
+	return off, ds.dev.Capacity-off >= n
+}
+
+// eval predicts the outcome of one option.
+func (x *Index) eval(q req, bv int32, o option, candBy map[int32]*cand) result {
+	res := result{opt: o}
+	names := make([]string, len(o.devs))
+	for i, di := range o.devs {
+		names[i] = x.devs[di].dev.Node + "/" + x.devs[di].dev.ID
+	}
+	res.name = o.mode + " " + strings.Join(names, "+")
+	reject := func(c, reason string) result {
+		res.rejection = &Rejection{Candidate: res.name, Constraint: c, Reason: reason}
+		return res
+	}
+	// Parts.
+	var ch usage
+	for _, di := range o.devs {
+		ds := &x.devs[di]
+		off, length := int64(0), o.partLen
+		if o.mode != ModeDedicated {
+			var ok bool
+			off, ok = x.hole(di, o.partLen, q.align)
+			if !ok {
+				return reject(ConstraintCapacity, fmt.Sprintf("%s has %d free but no contiguous %d", ds.dev.ID, ds.free, o.partLen))
+			}
+		}
+		res.parts = append(res.parts, Part{NodeID: ds.dev.Node, DeviceID: ds.dev.ID, Offset: off, Length: length})
+		if q.Kind == KindAccel {
+			ch.slots += length
+		} else {
+			ch.bytes += length
+		}
+		c := candBy[di]
+		if c.dist.Hops > res.hops {
+			res.hops = c.dist.Hops
+		}
+		if c.latency > res.latency {
+			res.latency = c.latency
+		}
+	}
+	ch.bandwidth = q.Bandwidth
+	if qt, ok := x.quotas[q.Tenant]; ok {
+		u := x.tenants[q.Tenant]
+		if u == nil {
+			u = &usage{}
+		}
+		switch {
+		case qt.Bytes > 0 && u.bytes+ch.bytes > qt.Bytes:
+			return reject(ConstraintQuota, fmt.Sprintf("tenant %s would hold %d of %d bytes", q.Tenant, u.bytes+ch.bytes, qt.Bytes))
+		case qt.Slots > 0 && u.slots+ch.slots > qt.Slots:
+			return reject(ConstraintQuota, fmt.Sprintf("tenant %s would hold %d of %d slots", q.Tenant, u.slots+ch.slots, qt.Slots))
+		case qt.Bandwidth > 0 && u.bandwidth+ch.bandwidth > qt.Bandwidth:
+			return reject(ConstraintQuota, fmt.Sprintf("tenant %s would use %s of %s", q.Tenant, fmtBW(u.bandwidth+ch.bandwidth), fmtBW(qt.Bandwidth)))
+		}
+	}
+	uses := x.leaseUses(q.Borrower, res.parts, nil)
+	sol := x.localSolve(uses, q.demand, -1)
+	res.rate = sol.newRate
+	res.compl = completion(q.Work, res.rate)
+	if q.hard && res.rate < q.need*(1-1e-9) {
+		return reject(ConstraintDeadline, fmt.Sprintf("predicted %s, completion %v > deadline %v", fmtBW(res.rate), res.compl.Round(time.Second), q.Deadline))
+	}
+	if !q.hard && q.need > 0 && res.rate < q.need*(1-SlowdownTolerance) {
+		res.unmet++
+	}
+	if !math.IsInf(q.demand, 1) && res.rate < q.demand {
+		res.slowdown += 1 - res.rate/q.demand
+	}
+	for k, li := range sol.affected {
+		ls := &x.leases[li]
+		before, after := ls.rate, sol.rates[k]
+		if !(after < before*(1-1e-9)) {
+			continue
+		}
+		im := Impact{LeaseID: ls.l.ID, BandwidthBefore: before, BandwidthAfter: after,
+			CompletionBefore: completion(ls.l.Remaining, before), CompletionAfter: completion(ls.l.Remaining, after)}
+		lateBefore := ls.l.Deadline > 0 && ls.l.Remaining > 0 && x.now+im.CompletionBefore > ls.l.Deadline
+		im.MissesDeadline = ls.l.Deadline > 0 && ls.l.Remaining > 0 && x.now+im.CompletionAfter > ls.l.Deadline
+		if after < before*(1-SlowdownTolerance) {
+			switch {
+			case ls.l.Deadline > 0 && ls.l.Remaining > 0:
+				if im.MissesDeadline && !lateBefore {
+					res.unmet++
+				}
+			case ls.l.Demand > 0:
+				if after < ls.l.Demand*(1-SlowdownTolerance) {
+					res.unmet++
+				}
+			}
+		}
+		if !math.IsInf(before, 1) && before > 0 {
+			res.slowdown += 1 - after/before
+		}
+		res.impacts = append(res.impacts, im)
+	}
+	sort.Slice(res.impacts, func(i, j int) bool { return res.impacts[i].LeaseID < res.impacts[j].LeaseID })
+
+	// Ranking figures.
+	switch {
+	case q.tight:
+		res.modeRank = map[string]int{ModeDedicated: 0, ModeComposed: 1, ModeShared: 2}[o.mode]
+	case q.strategy == Spread:
+		res.modeRank = map[string]int{ModeDedicated: 1}[o.mode]
+	default:
+		res.modeRank = map[string]int{ModeShared: 0, ModeComposed: 1, ModeDedicated: 2}[o.mode]
+	}
+	k := float64(len(o.devs))
+	add := res.rate
+	if math.IsInf(add, 1) {
+		add = 0
+	}
+	for _, u := range uses {
+		if u.Resource < len(x.devs) {
+			continue
+		}
+		li := u.Resource - len(x.devs)
+		l := &x.links[li]
+		if l.Bandwidth <= 0 {
+			continue
+		}
+		if v := (l.Load + x.res[u.Resource].load + u.Coef*add) / l.Bandwidth; v > res.linkUtil {
+			res.linkUtil = v
+		}
+	}
+	leasesOn, minFree, worstUtil := 0.0, int64(math.MaxInt64), 0.0
+	for i, di := range o.devs {
+		ds := &x.devs[di]
+		leasesOn += float64(len(ds.leases))
+		if f := ds.free - res.parts[i].Length; f < minFree {
+			minFree = f
+		}
+		if u := x.devUtil(di, q.demand/k); u > worstUtil {
+			worstUtil = u
+		}
+	}
+	res.linkBand = band(res.linkUtil)
+	if q.strategy == Spread {
+		res.pack1, res.pack2 = worstUtil, leasesOn/k
+	} else {
+		res.pack1, res.pack2 = -leasesOn/k, float64(minFree)
+	}
+	return res
+}
+
+// devUtil is device di's demand over its delivered bandwidth once a new
+// stream of demand add joins it.
+func (x *Index) devUtil(di int32, add float64) float64 {
+	ds := &x.devs[di]
+	c := x.devCap(int(di), len(ds.leases)+1)
+	if math.IsInf(c, 1) || c <= 0 {
+		return 0
+	}
+	sum := 0.0
+	if !math.IsInf(add, 1) {
+		sum += add
+	} else {
+		sum += c
+	}
+	for _, li := range ds.leases {
+		ls := &x.leases[li]
+		coef := 0.0
+		for _, u := range ls.uses {
+			if u.Resource == int(di) {
+				coef = u.Coef
+			}
+		}
+		d := demandOf(ls.l.Demand)
+		if math.IsInf(d, 1) {
+			d = ls.rate / math.Max(coef, 1e-12)
+			if math.IsInf(d, 1) {
+				d = c
+			}
+		}
+		sum += coef * d
+	}
+	return sum / c
+}
+
+func less(a, b *result, strategy string) bool {
+	if a.unmet != b.unmet {
+		return a.unmet < b.unmet
+	}
+	if a.modeRank != b.modeRank {
+		return a.modeRank < b.modeRank
+	}
+	if strategy == Spread && a.slowdown != b.slowdown {
+		return a.slowdown < b.slowdown
+	}
+	if a.hops != b.hops {
+		return a.hops < b.hops
+	}
+	if a.latency != b.latency {
+		return a.latency < b.latency
+	}
+	if a.linkBand != b.linkBand {
+		return a.linkBand < b.linkBand
+	}
+	if a.pack1 != b.pack1 {
+		return a.pack1 < b.pack1
+	}
+	if a.pack2 != b.pack2 {
+		return a.pack2 < b.pack2
+	}
+	if a.slowdown != b.slowdown {
+		return a.slowdown < b.slowdown
+	}
+	if a.linkUtil != b.linkUtil {
+		return a.linkUtil < b.linkUtil
+	}
+	return a.name < b.name
+}
+
+// whyLost names the first ranking figure on which b lost to a.
+func whyLost(a, b *result, strategy string) string {
+	switch {
+	case a.unmet != b.unmet:
+		return fmt.Sprintf("it leaves %d requirement(s) unmet, the choice %d", b.unmet, a.unmet)
+	case a.modeRank != b.modeRank:
+		return "mode preference"
+	case strategy == Spread && a.slowdown != b.slowdown:
+		return fmt.Sprintf("more slowdown (%.1f%% vs %.1f%%)", 100*b.slowdown, 100*a.slowdown)
+	case a.hops != b.hops:
+		return fmt.Sprintf("%d hops vs %d", b.hops, a.hops)
+	case a.latency != b.latency:
+		return fmt.Sprintf("latency %v vs %v", b.latency, a.latency)
+	case a.linkBand != b.linkBand:
+		return fmt.Sprintf("link load %.0f%% vs %.0f%%", 100*b.linkUtil, 100*a.linkUtil)
+	case a.pack1 != b.pack1 || a.pack2 != b.pack2:
+		if strategy == Spread {
+			return fmt.Sprintf("device utilisation %.0f%% vs %.0f%%", 100*b.pack1, 100*a.pack1)
+		}
+		return "packing (binpack prefers devices already in use, then the tightest fit)"
+	case a.slowdown != b.slowdown:
+		return fmt.Sprintf("more slowdown (%.1f%% vs %.1f%%)", 100*b.slowdown, 100*a.slowdown)
+	case a.linkUtil != b.linkUtil:
+		return fmt.Sprintf("link load %.1f%% vs %.1f%%", 100*b.linkUtil, 100*a.linkUtil)
+	}
+	return "name order"
+}
+
+func (x *Index) explain(q req, results []result, rejected []Rejection, ncand, examined int) []string {
+	best := &results[0]
+	var e []string
+	need := "no bandwidth requirement"
+	switch {
+	case q.hard:
+		kind := "relaxed"
+		if q.tight {
+			kind = "tight"
+		}
+		need = fmt.Sprintf("deadline %v for %s needs %s (%s)", q.Deadline, fmtBytes(q.Work), fmtBW(q.need), kind)
+	case q.need > 0:
+		need = fmt.Sprintf("wants %s without slowdown", fmtBW(q.need))
+	}
+	e = append(e, fmt.Sprintf("request: %s %d for %s, %s, strategy %s", q.Kind, q.Size, q.Borrower, need, q.strategy))
+	e = append(e, fmt.Sprintf("candidates: %d usable devices of %d examined; %d options predicted, %d rejected", ncand, examined, len(results)+len(rejected), len(rejected)))
+	compl := ""
+	if q.Work > 0 {
+		compl = fmt.Sprintf(", completion %v", best.compl.Round(time.Millisecond))
+	}
+	e = append(e, fmt.Sprintf("chose %s: %d hops, %v, predicted %s%s, link load %.0f%%",
+		best.name, best.hops, best.latency, fmtBW(best.rate), compl, 100*best.linkUtil))
+	switch {
+	case q.tight:
+		e = append(e, "mode: tight deadline, so dedicated is preferred, then composed, then shared (isolation from later arrivals)")
+	case q.strategy == Spread:
+		e = append(e, "mode: spread, so the least slowdown, then the nearest, then the least utilised devices win")
+	default:
+		e = append(e, "mode: binpack, so shared is preferred, then composed, then dedicated, while every requirement holds")
+	}
+	if len(best.impacts) == 0 {
+		e = append(e, "impact: no running lease slowed")
+	}
+	for i, im := range best.impacts {
+		if i == 8 {
+			e = append(e, fmt.Sprintf("impact: … %d more", len(best.impacts)-8))
+			break
+		}
+		s := fmt.Sprintf("impact: %s %s → %s", im.LeaseID, fmtBW(im.BandwidthBefore), fmtBW(im.BandwidthAfter))
+		if im.CompletionAfter > 0 {
+			s += fmt.Sprintf(", completion %v → %v", im.CompletionBefore.Round(time.Millisecond), im.CompletionAfter.Round(time.Millisecond))
+		}
+		if im.MissesDeadline {
+			s += " (misses its deadline)"
+		}
+		e = append(e, s)
+	}
+	for i := 1; i < len(results) && i < 4; i++ {
+		e = append(e, fmt.Sprintf("runner-up %s: predicted %s, lost on %s", results[i].name, fmtBW(results[i].rate), whyLost(best, &results[i], q.strategy)))
+	}
+	for i, r := range rejected {
+		if i == 4 {
+			e = append(e, fmt.Sprintf("rejected: … %d more", len(rejected)-4))
+			break
+		}
+		e = append(e, fmt.Sprintf("rejected %s: %s", r.Candidate, r.Reason))
+	}
+	return e
+}
+
+func fmtBW(b float64) string {
+	if math.IsInf(b, 1) {
+		return "unbounded"
+	}
+	return fmt.Sprintf("%.1f MB/s", b/1e6)
+}
+
+func fmtBytes(n int64) string {
+	return fmt.Sprintf("%.1f GB", float64(n)/1e9)
+}

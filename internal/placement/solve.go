@@ -1,0 +1,247 @@
+package placement
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/fabric"
+)
+
+type localSol struct {
+	newRate  float64
+	affected []int32
+	rates    []float64 // per affected lease, after
+}
+
+// localSolve re-solves max-min sharing around a change: a new flow with
+// uses and demand joins (when uses is non-nil), and/or lease drop leaves
+// (drop >= 0). The affected leases are those on the touched devices and on
+// touched links that are (or become) saturated; the rest of the fabric keeps
+// its rates, so their leftover capacity is fixed. This is exact when the
+// change's effect does not propagate beyond one hop of sharing, and a close
+// approximation otherwise (Predict solves globally).
+func (x *Index) localSolve(uses []fabric.Use, demand float64, drop int32) localSol {
+	x.epoch++
+	ep := x.epoch
+	if len(x.lsStamp) < len(x.leases) {
+		x.lsStamp = append(x.lsStamp, make([]uint32, len(x.leases)-len(x.lsStamp))...)
+	}
+	var sol localSol
+	addLeases := func(r int) {
+		for _, li := range x.res[r].leases {
+			if li == drop || !x.leases[li].live || x.lsStamp[li] == ep {
+				continue
+			}
+			x.lsStamp[li] = ep
+			sol.affected = append(sol.affected, li)
+		}
+	}
+	touch := func(u fabric.Use, d float64) {
+		r := u.Resource
+		if r < len(x.devs) {
+			addLeases(r)
+			return
+		}
+		c := x.resCap(r, 0)
+		if math.IsInf(c, 1) {
+			return
+		}
+		slack := c - x.res[r].load
+		if math.IsInf(d, 1) || slack < u.Coef*d*(1+1e-9)+1e-6 {
+			addLeases(r)
+		}
+	}
+	for _, u := range uses {
+		touch(u, demand)
+	}
+	if drop >= 0 {
+		for _, u := range x.leases[drop].uses {
+			// Anyone sharing a device, or a link that was full, may speed up.
+			touch(u, 0)
+		}
+	}
+	// Local resources.
+	var global []int
+	local := func(r int) int32 {
+		if x.resStamp[r] != ep {
+			x.resStamp[r] = ep
+			x.resLocal[r] = int32(len(global))
+			global = append(global, r)
+		}
+		return x.resLocal[r]
+	}
+	flows := make([]fabric.Flow, 0, len(sol.affected)+1)
+	for _, li := range sol.affected {
+		ls := &x.leases[li]
+		f := fabric.Flow{Demand: demandOf(ls.l.Demand), Uses: make([]fabric.Use, len(ls.uses))}
+		for k, u := range ls.uses {
+			f.Uses[k] = fabric.Use{Resource: int(local(u.Resource)), Coef: u.Coef}
+		}
+		flows = append(flows, f)
+	}
+	if uses != nil {
+		f := fabric.Flow{Demand: demand, Uses: make([]fabric.Use, len(uses))}
+		for k, u := range uses {
+			f.Uses[k] = fabric.Use{Resource: int(local(u.Resource)), Coef: u.Coef}
+		}
+		flows = append(flows, f)
+	}
+	if drop >= 0 {
+		for _, u := range x.leases[drop].uses {
+			local(u.Resource)
+		}
+	}
+	capacity := make([]float64, len(global))
+	affLoad := make([]float64, len(global))
+	for _, li := range sol.affected {
+		ls := &x.leases[li]
+		if math.IsInf(ls.rate, 0) {
+			continue
+		}
+		for _, u := range ls.uses {
+			affLoad[x.resLocal[u.Resource]] += u.Coef * ls.rate
+		}
+	}
+	if drop >= 0 && !math.IsInf(x.leases[drop].rate, 0) {
+		for _, u := range x.leases[drop].uses {
+			affLoad[x.resLocal[u.Resource]] += u.Coef * x.leases[drop].rate
+		}
+	}
+	for i, r := range global {
+		n := len(x.res[r].leases)
+		if r < len(x.devs) {
+			n = x.liveOn(r)
+			if uses != nil && hasRes(uses, r) {
+				n++
+			}
+			if drop >= 0 && hasRes(x.leases[drop].uses, r) {
+				n--
+			}
+		}
+		c := x.resCap(r, n)
+		if !math.IsInf(c, 1) {
+			c -= x.res[r].load - affLoad[i]
+			if c < 0 {
+				c = 0
+			}
+		}
+		capacity[i] = c
+	}
+	rates := x.solver.Solve(capacity, flows, nil)
+	sol.rates = rates[:len(sol.affected)]
+	if uses != nil {
+		sol.newRate = rates[len(sol.affected)]
+	}
+	return sol
+}
+
+func (x *Index) liveOn(di int) int {
+	n := 0
+	for _, li := range x.devs[di].leases {
+		if x.leases[li].live {
+			n++
+		}
+	}
+	return n
+}
+
+func hasRes(uses []fabric.Use, r int) bool {
+	for _, u := range uses {
+		if u.Resource == r {
+			return true
+		}
+	}
+	return false
+}
+
+// Lease turns a plan into a running lease with the given ID, as the index
+// and the next snapshot should record it.
+func (p Plan) Lease(id string, r Request, now time.Duration) Lease {
+	l := Lease{ID: id, Tenant: r.Tenant, Kind: r.Kind, Borrower: r.Borrower, Mode: p.Mode,
+		Parts: append([]Part(nil), p.Parts...), Demand: r.Bandwidth, Remaining: r.Work}
+	if r.Deadline > 0 {
+		l.Deadline = now + r.Deadline
+	}
+	return l
+}
+
+// Add records a running lease (typically Plan.Lease of an accepted plan) in
+// the index and updates the predicted rates of the leases it shares devices
+// or saturated links with.
+func (x *Index) Add(l Lease) error {
+	if _, ok := x.leaseByID[l.ID]; ok {
+		return fmt.Errorf("%w: lease %q already in the index", ErrInvalid, l.ID)
+	}
+	uses := x.leaseUses(l.Borrower, l.Parts, nil)
+	sol := x.localSolve(uses, demandOf(l.Demand), -1)
+	li := x.insertLease(l)
+	x.lsStamp = append(x.lsStamp, 0)
+	x.setRates(sol)
+	x.leases[li].rate = sol.newRate
+	x.addLoad(li, sol.newRate, 1)
+	x.refreshDevs(l.Parts)
+	return nil
+}
+
+// Remove drops a lease from the index, freeing its parts and letting the
+// leases it shared with speed up.
+func (x *Index) Remove(id string) error {
+	li, ok := x.leaseByID[id]
+	if !ok {
+		return fmt.Errorf("%w: lease %q not in the index", ErrInvalid, id)
+	}
+	sol := x.localSolve(nil, 0, int32(li))
+	ls := &x.leases[li]
+	x.addLoad(li, ls.rate, -1)
+	ls.live = false
+	delete(x.leaseByID, id)
+	x.charge(ls.l.Tenant, x.leaseCharge(ls.l), -1)
+	for _, u := range ls.uses {
+		x.res[u.Resource].leases = without(x.res[u.Resource].leases, int32(li))
+		if u.Resource < len(x.devs) {
+			x.devs[u.Resource].leases = without(x.devs[u.Resource].leases, int32(li))
+		}
+	}
+	for _, p := range ls.l.Parts {
+		if di, ok := x.devByID[p.DeviceID]; ok {
+			x.devs[di].free += p.Length
+			if ls.l.Mode == ModeDedicated {
+				x.devs[di].dedicated = false
+			}
+		}
+	}
+	x.setRates(sol)
+	x.refreshDevs(ls.l.Parts)
+	return nil
+}
+
+func without(s []int32, v int32) []int32 {
+	for i, e := range s {
+		if e == v {
+			return append(s[:i], s[i+1:]...)
+		}
+	}
+	return s
+}
+
+func (x *Index) setRates(sol localSol) {
+	for k, li := range sol.affected {
+		x.addLoad(int(li), x.leases[li].rate, -1)
+		x.leases[li].rate = sol.rates[k]
+		x.addLoad(int(li), sol.rates[k], 1)
+	}
+}
+
+func (x *Index) refreshDevs(parts []Part) {
+	for _, p := range parts {
+		di, ok := x.devByID[p.DeviceID]
+		if !ok {
+			continue
+		}
+		ds := &x.devs[di]
+		if kg := x.groups[ds.dev.Kind]; kg != nil {
+			x.refreshGroup(kg, ds.anchor)
+		}
+	}
+}

@@ -1,0 +1,297 @@
+package placement
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/fabric"
+)
+
+// Resource kinds.
+const (
+	KindBlock  = "block"
+	KindMemory = "memory"
+	KindAccel  = "accel"
+)
+
+// Lease modes (the API's lease modes).
+const (
+	ModeDedicated = "dedicated"
+	ModeShared    = "shared"
+	ModeComposed  = "composed"
+)
+
+// Strategies.
+const (
+	// Binpack consolidates: among placements that keep every requirement,
+	// it prefers devices that already carry leases, leaving empty devices
+	// for later tight requests. The default.
+	Binpack = "binpack"
+	// Spread minimises load: among placements that keep every requirement,
+	// it prefers the one with the lowest device utilisation afterwards.
+	Spread = "spread"
+)
+
+// Node states; "" counts as ready.
+const (
+	NodeReady   = "ready"
+	NodeSuspect = "suspect"
+	NodeDown    = "down"
+)
+
+// Snapshot is the read-only state placement decides on. IDs must be unique
+// within their slice. The caller owns it and must not modify it while a
+// Place, Predict or Index built from it is in use.
+type Snapshot struct {
+	// Now is the snapshot's clock (any epoch, the same as Lease.Deadline's).
+	Now      time.Duration
+	Nodes    []Node
+	Devices  []Device
+	Links    []fabric.Link // endpoints are node IDs or switch / PCIe-root IDs
+	Leases   []Lease       // running (reserved or active) leases
+	Profiles map[string]Profile
+	Quotas   map[string]Quota // by tenant; a tenant without one is unlimited
+}
+
+// Node is a server that lends or borrows. Only ready nodes ("" or "ready")
+// donate; a suspect or down node is never chosen.
+type Node struct {
+	ID     string
+	State  string
+	Labels map[string]string
+}
+
+// Device is a lendable resource on a node. Capacity is in bytes for block
+// and memory and in slots for accel. Bandwidth is the device's maximum in
+// bytes/s when no Profile exists for Model (0: unconstrained). Latency is the
+// device's own access latency, added to the path latency. Attach is the
+// fabric vertex the device hangs off (a PCIe root or switch), default Node.
+// A device whose State is neither "" nor "healthy" is never chosen.
+type Device struct {
+	ID        string
+	Node      string
+	Kind      string
+	Model     string
+	Capacity  int64
+	Bandwidth float64
+	Latency   time.Duration
+	Attach    string
+	State     string
+}
+
+// Part is one piece of a lease: Length units from Offset on a device.
+type Part struct {
+	NodeID   string
+	DeviceID string
+	Offset   int64
+	Length   int64
+}
+
+// Lease is a running lease. Demand is the rate in bytes/s it would run at
+// alone (0: as fast as it can, with no requirement). Remaining is the work
+// in bytes still to move (0: open-ended). Deadline is absolute on the
+// snapshot clock (0: none). A composed lease's rate is striped evenly over
+// its parts.
+type Lease struct {
+	ID        string
+	Tenant    string
+	Kind      string
+	Borrower  string
+	Mode      string
+	Parts     []Part
+	Demand    float64
+	Remaining int64
+	Deadline  time.Duration
+}
+
+// Profile is a device model's characterization: Delivered[i] is the
+// aggregate bandwidth in bytes/s the device delivers with i+1 concurrent
+// streams (leases); beyond the table the last entry holds. With no table the
+// device delivers MaxBandwidth at any concurrency. Seed000Profile is the
+// calibration of seed 000's NVMe device.
+type Profile struct {
+	Model        string
+	MaxBandwidth float64
+	Delivered    []float64
+	Latency      time.Duration
+}
+
+// Quota bounds a tenant's running leases; zero fields are unlimited. Bytes
+// counts block and memory capacity held (a dedicated device counts whole),
+// Slots counts accel slots, Bandwidth sums lease demands in bytes/s.
+type Quota struct {
+	Leases    int
+	Bytes     int64
+	Slots     int64
+	Bandwidth float64
+}
+
+// Request asks for one lease.
+type Request struct {
+	Kind     string // block, memory or accel
+	Size     int64  // bytes (block, memory) or slots (accel); > 0
+	Borrower string // node ID of the borrower
+
+	// Bandwidth is the rate in bytes/s the workload would run at alone
+	// (0: as fast as it can). Without a deadline, placement avoids slowing
+	// it below this rate; with one, only the deadline binds.
+	Bandwidth float64
+	// MaxLatency bounds path plus device latency (0: none).
+	MaxLatency time.Duration
+	// Work is the bytes to move, for completion times (0: open-ended).
+	Work int64
+	// Deadline is relative to Snapshot.Now (0: none); it needs Work.
+	Deadline time.Duration
+
+	// Mode forces a mode ("": choose among dedicated and, when allowed,
+	// shared and composed). Width forces the number of devices of a
+	// composed lease (0: choose, up to MaxWidth).
+	Mode         string
+	Width        int
+	AllowShare   bool
+	AllowCompose bool
+
+	// Affinity: when non-empty, donors must match at least one term;
+	// AntiAffinity: donors must match none. A term is a node ID or
+	// "label=value" against Node.Labels.
+	Affinity, AntiAffinity []string
+
+	Tenant   string
+	Strategy string // binpack (default) or spread
+}
+
+// MaxWidth is the widest composition placement considers on its own.
+const MaxWidth = 4
+
+// Plan is a placement decision.
+type Plan struct {
+	Mode  string
+	Parts []Part
+	// Hops and Latency are the worst over the parts (path + device).
+	Hops    int
+	Latency time.Duration
+	// PredictedBandwidth is the new lease's rate in bytes/s (+Inf when
+	// nothing bounds it); PredictedCompletion the time from Now to move
+	// Work (0 when Work is 0).
+	PredictedBandwidth  float64
+	PredictedCompletion time.Duration
+	// Impacts lists running leases whose rate the plan lowers, by LeaseID.
+	Impacts     []Impact
+	Explanation []string
+}
+
+// Impact is a running lease slowed by a plan. Completions are from Now
+// (0 for open-ended leases).
+type Impact struct {
+	LeaseID          string
+	BandwidthBefore  float64
+	BandwidthAfter   float64
+	CompletionBefore time.Duration
+	CompletionAfter  time.Duration
+	MissesDeadline   bool // only after the plan
+}
+
+// String is a one-line summary.
+func (p Plan) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s", p.Mode)
+	for _, pt := range p.Parts {
+		fmt.Fprintf(&b, " %s/%s[%d+%d]", pt.NodeID, pt.DeviceID, pt.Offset, pt.Length)
+	}
+	return b.String()
+}
+
+// ErrInfeasible is matched (errors.Is) by every InfeasibleError.
+var ErrInfeasible = errors.New("placement: infeasible")
+
+// ErrInvalid reports a malformed request.
+var ErrInvalid = errors.New("placement: invalid request")
+
+// Constraint names used in InfeasibleError.
+const (
+	ConstraintBorrower = "borrower" // borrower unknown or not ready
+	ConstraintKind     = "kind"     // no device of that kind
+	ConstraintNode     = "node"     // donor node suspect or down
+	ConstraintHealth   = "health"   // device unhealthy
+	ConstraintCapacity = "capacity" // not enough free space / slots
+	ConstraintLatency  = "latency"  // path + device latency above MaxLatency
+	ConstraintAffinity = "affinity" // affinity or anti-affinity
+	ConstraintReach    = "reach"    // no fabric path
+	ConstraintMode     = "mode"     // the mode asked for is impossible
+	ConstraintQuota    = "quota"    // tenant quota
+	ConstraintDeadline = "deadline" // no placement meets the deadline
+)
+
+// Rejection says why a candidate (a device, or an option such as
+// "composed d1+d2") was not chosen.
+type Rejection struct {
+	Candidate  string
+	Constraint string
+	Reason     string
+}
+
+// InfeasibleError explains a request that cannot be placed. Constraint is
+// the one that rejected the most candidates (or the request itself);
+// Rejections lists candidates nearest first, at most MaxRejections, and
+// Omitted counts the rest.
+type InfeasibleError struct {
+	Constraint string
+	Detail     string
+	Rejections []Rejection
+	Omitted    int
+}
+
+// MaxRejections bounds InfeasibleError.Rejections.
+const MaxRejections = 32
+
+func (e *InfeasibleError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "placement: infeasible: %s", e.Constraint)
+	if e.Detail != "" {
+		fmt.Fprintf(&b, ": %s", e.Detail)
+	}
+	for i, r := range e.Rejections {
+		if i == 3 {
+			fmt.Fprintf(&b, "; … %d more", len(e.Rejections)-3+e.Omitted)
+			break
+		}
+		fmt.Fprintf(&b, "; %s: %s", r.Candidate, r.Reason)
+	}
+	return b.String()
+}
+
+// Is makes errors.Is(err, ErrInfeasible) true.
+func (e *InfeasibleError) Is(target error) bool { return target == ErrInfeasible }
+
+func newInfeasible(detail string, rej []Rejection, constraint string) *InfeasibleError {
+	e := &InfeasibleError{Constraint: constraint, Detail: detail}
+	if constraint == "" {
+		counts := map[string]int{}
+		for _, r := range rej {
+			counts[r.Constraint]++
+		}
+		best := -1
+		keys := make([]string, 0, len(counts))
+		for k := range counts {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			if counts[k] > best {
+				best, e.Constraint = counts[k], k
+			}
+		}
+		if e.Constraint == "" {
+			e.Constraint = ConstraintKind
+		}
+	}
+	if len(rej) > MaxRejections {
+		e.Omitted = len(rej) - MaxRejections
+		rej = rej[:MaxRejections]
+	}
+	e.Rejections = rej
+	return e
+}
