@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/agent"
+	"github.com/rialto-project/rialto/internal/resource"
+)
+
+func init() {
+	register(&command{Name: "agent", Summary: "Run a node agent: join a control plane and lend this host's devices.", Run: runAgent})
+}
+
+// listFlag is a repeatable string flag.
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(s string) error { *l = append(*l, s); return nil }
+
+// parseBlock parses --block [NAME=]PATH[:SIZE].
+func parseBlock(s string, i int) (agent.DeviceConfig, error) {
+	d := agent.DeviceConfig{Kind: api.KindBlock, Name: fmt.Sprintf("disk%d", i)}
+	if name, rest, ok := strings.Cut(s, "="); ok {
+		d.Name, s = name, rest
+	}
+	if i := strings.LastIndex(s, ":"); i >= 0 {
+		n, err := resource.ParseSize(s[i+1:])
+		if err != nil {
+			return d, fmt.Errorf("bad --block %q: %w", s, err)
+		}
+		d.Size, s = n, s[:i]
+	}
+	if s == "" || d.Name == "" {
+		return d, fmt.Errorf("bad --block: want [NAME=]PATH[:SIZE]")
+	}
+	d.Path = s
+	return d, nil
+}
+
+func parseLabels(ls []string) (map[string]string, error) {
+	if len(ls) == 0 {
+		return nil, nil
+	}
+	m := map[string]string{}
+	for _, l := range ls {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("bad --label %q: want KEY=VALUE", l)
+		}
+		m[k] = v
+	}
+	return m, nil
+}
+
+func newLogger(e *env, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("bad --log-level %q (debug, info, warn, error)", level)
+	}
+	return slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: lv})), nil
+}
+
+func runAgent(ctx context.Context, e *env, args []string) error {
+	fs := newFlags(e, "agent", "")
+	host, _ := os.Hostname()
+	addr := e.getenv("RIALTO_ADDR")
+	if addr == "" {
+		addr = defaultAddr
+	}
+	cp := fs.String("control-plane", addr, "control plane URL (env RIALTO_ADDR)")
+	boot := fs.String("bootstrap-token", e.getenv("RIALTO_BOOTSTRAP_TOKEN"), "bootstrap token (env RIALTO_BOOTSTRAP_TOKEN)")
+	name := fs.String("name", host, "node name, unique in the cluster")
+	stateDir := fs.String("state-dir", "rialto-agent", "identity, exports and relative backing files")
+	listen := fs.String("listen", "127.0.0.1", "host the agent API and data planes bind to")
+	advertise := fs.String("advertise", "", "host put into URLs (default: --listen)")
+	port := fs.Int("port", 0, "agent API port (0: as before, or free)")
+	var blocks, labels listFlag
+	fs.Var(&blocks, "block", "lend a file-backed block device: [NAME=]PATH[:SIZE] (repeatable; created sparse)")
+	mem := fs.String("memory", "", "memory budget to lend, e.g. 512MiB")
+	accel := fs.Int("accel", 0, "accelerator slots to lend")
+	fs.Var(&labels, "label", "node label KEY=VALUE (repeatable)")
+	hb := fs.Duration("heartbeat", 0, "heartbeat interval (default: the control plane's)")
+	machine := fs.String("machine-id", "", "override the hardware identity")
+	level := fs.String("log-level", "info", "debug, info, warn or error")
+	if _, err := parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	if *boot == "" {
+		return fmt.Errorf("a bootstrap token is required (--bootstrap-token or RIALTO_BOOTSTRAP_TOKEN)")
+	}
+	log, err := newLogger(e, *level)
+	if err != nil {
+		return err
+	}
+	cfg := agent.Config{
+		ControlPlane: *cp, BootstrapToken: *boot, Name: *name, StateDir: *stateDir,
+		Listen: *listen, Advertise: *advertise, APIPort: *port, HeartbeatInterval: *hb,
+		MachineID: *machine, Logger: log,
+	}
+	if cfg.Labels, err = parseLabels(labels); err != nil {
+		return err
+	}
+	for i, b := range blocks {
+		d, err := parseBlock(b, i)
+		if err != nil {
+			return err
+		}
+		cfg.Devices = append(cfg.Devices, d)
+	}
+	if *mem != "" {
+		n, err := resource.ParseSize(*mem)
+		if err != nil {
+			return fmt.Errorf("bad --memory: %w", err)
+		}
+		cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: "mem0", Kind: api.KindMemory, Size: n})
+	}
+	if *accel > 0 {
+		cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: "accel0", Kind: api.KindAccel, Size: int64(*accel)})
+	}
+	a, err := agent.New(cfg)
+	if err != nil {
+		return err
+	}
+	return a.Run(ctx)
+}

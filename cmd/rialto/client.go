@@ -1,0 +1,93 @@
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+)
+
+const defaultAddr = "http://127.0.0.1:7070"
+
+// clientFlags are the flags every CLI verb shares.
+type clientFlags struct {
+	addr, token, output string
+}
+
+func (cf *clientFlags) register(fs *flag.FlagSet, e *env) {
+	addr := e.getenv("RIALTO_ADDR")
+	if addr == "" {
+		addr = defaultAddr
+	}
+	fs.StringVar(&cf.addr, "addr", addr, "control plane URL (env RIALTO_ADDR)")
+	fs.StringVar(&cf.token, "token", e.getenv("RIALTO_TOKEN"), "API token (env RIALTO_TOKEN)")
+	fs.StringVar(&cf.output, "o", "table", "output format: table or json")
+}
+
+func (cf *clientFlags) client() (*api.Client, error) {
+	switch cf.output {
+	case "table", "json":
+	default:
+		return nil, fmt.Errorf("unknown output format %q (use table or json)", cf.output)
+	}
+	addr := cf.addr
+	if !strings.Contains(addr, "://") {
+		addr = "http://" + addr
+	}
+	return api.NewClient(addr, cf.token, &http.Client{Timeout: 2 * time.Minute}), nil
+}
+
+func (cf *clientFlags) json() bool { return cf.output == "json" }
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func newTable(w io.Writer) *tabwriter.Writer {
+	return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+}
+
+// ago prints how long ago t was, for tables.
+func ago(now, t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	d := now.Sub(t)
+	switch {
+	case d < 0:
+		return "in " + (-d).Round(time.Second).String()
+	case d < time.Minute:
+		return d.Round(time.Second).String() + " ago"
+	case d < time.Hour:
+		return d.Round(time.Minute).String() + " ago"
+	default:
+		return d.Round(time.Hour).String() + " ago"
+	}
+}
+
+// until prints how far in the future t is, for tables.
+func until(now, t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	d := t.Sub(now)
+	if d < 0 {
+		return "expired"
+	}
+	return d.Round(time.Second).String()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/resource"
+)
+
+func init() {
+	register(&command{Name: "nodes", Summary: "List the nodes and their state (ready, suspect, down).", Run: runNodes})
+	register(&command{Name: "devices", Summary: "List the lendable devices and their allocation.", Run: runDevices})
+	register(&command{Name: "topology", Summary: "Show nodes and the measured links between them.", Run: runTopology})
+}
+
+func runNodes(ctx context.Context, e *env, args []string) error {
+	var cf clientFlags
+	fs := newFlags(e, "nodes", "")
+	cf.register(fs, e)
+	if _, err := parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	nodes, err := c.Nodes(ctx)
+	if err != nil {
+		return err
+	}
+	if cf.json() {
+		return printJSON(e.stdout, nonNil(nodes))
+	}
+	printNodes(e.stdout, nodes)
+	return nil
+}
+
+func printNodes(w io.Writer, nodes []api.Node) {
+	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
+	now := time.Now()
+	tw := newTable(w)
+	fmt.Fprintln(tw, "ID\tNAME\tSTATE\tADDRESS\tCORES\tMEMORY\tHEALTH\tLAST HEARTBEAT")
+	for _, n := range nodes {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", n.ID, n.Name, n.State, dash(n.Address),
+			n.Fingerprint.Cores, resource.FormatSize(n.Fingerprint.MemoryBytes), dash(n.Health), ago(now, n.LastHeartbeat))
+	}
+	tw.Flush()
+}
+
+func runDevices(ctx context.Context, e *env, args []string) error {
+	var cf clientFlags
+	fs := newFlags(e, "devices", "")
+	cf.register(fs, e)
+	if _, err := parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	devs, err := c.Devices(ctx)
+	if err != nil {
+		return err
+	}
+	if cf.json() {
+		return printJSON(e.stdout, nonNil(devs))
+	}
+	names := map[string]string{}
+	if nodes, err := c.Nodes(ctx); err == nil {
+		for _, n := range nodes {
+			names[n.ID] = n.Name
+		}
+	}
+	printDevices(e.stdout, devs, names)
+	return nil
+}
+
+func capacity(k api.Kind, n int64) string {
+	if k == api.KindAccel {
+		return strconv.FormatInt(n, 10) + " slots"
+	}
+	return resource.FormatSize(n)
+}
+
+func printDevices(w io.Writer, devs []api.Device, nodeNames map[string]string) {
+	sort.Slice(devs, func(i, j int) bool {
+		a, b := nodeNames[devs[i].NodeID], nodeNames[devs[j].NodeID]
+		if a != b {
+			return a < b
+		}
+		return devs[i].Name < devs[j].Name
+	})
+	tw := newTable(w)
+	fmt.Fprintln(tw, "ID\tNODE\tNAME\tKIND\tSTATE\tCAPACITY\tALLOCATED\tSHARING")
+	for _, d := range devs {
+		node := nodeNames[d.NodeID]
+		if node == "" {
+			node = d.NodeID
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.ID, node, d.Name, d.Kind, d.State,
+			capacity(d.Kind, d.Capacity), capacity(d.Kind, d.Allocated), dash(d.Sharing))
+	}
+	tw.Flush()
+}
+
+// topologyOut is topology's JSON: the API's object, itself given an id
+// and a state like every object the CLI prints.
+type topologyOut struct {
+	ID    string `json:"id"`
+	State string `json:"state"`
+	api.Topology
+}
+
+func runTopology(ctx context.Context, e *env, args []string) error {
+	var cf clientFlags
+	fs := newFlags(e, "topology", "")
+	cf.register(fs, e)
+	if _, err := parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	t, err := c.Topology(ctx)
+	if err != nil {
+		return err
+	}
+	t.Nodes, t.Links = nonNil(t.Nodes), nonNil(t.Links)
+	if cf.json() {
+		return printJSON(e.stdout, topologyOut{ID: "topology", State: "ok", Topology: t})
+	}
+	printNodes(e.stdout, t.Nodes)
+	fmt.Fprintln(e.stdout)
+	names := map[string]string{"controlplane": "controlplane"}
+	for _, n := range t.Nodes {
+		names[n.ID] = n.Name
+	}
+	name := func(id string) string {
+		if n := names[id]; n != "" {
+			return n
+		}
+		return id
+	}
+	sort.Slice(t.Links, func(i, j int) bool {
+		if t.Links[i].From != t.Links[j].From {
+			return name(t.Links[i].From) < name(t.Links[j].From)
+		}
+		return name(t.Links[i].To) < name(t.Links[j].To)
+	})
+	tw := newTable(e.stdout)
+	fmt.Fprintln(tw, "LINK\tFROM\tTO\tKIND\tSTATE\tRTT\tBANDWIDTH\tMEASURED")
+	now := time.Now()
+	for _, l := range t.Links {
+		bw := "-"
+		if l.BandwidthBps > 0 {
+			bw = resource.FormatSize(l.BandwidthBps) + "/s"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0fµs\t%s\t%s\n", l.ID, name(l.From), name(l.To), dash(l.Kind),
+			dash(l.Status), l.RTTMicros, bw, ago(now, l.MeasuredAt))
+	}
+	return tw.Flush()
+}
+
+// nonNil makes JSON print [] rather than null.
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}

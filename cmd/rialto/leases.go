@@ -1,0 +1,345 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/resource"
+)
+
+func init() {
+	register(&command{Name: "leases", Summary: "List leases.", Run: runLeases})
+	register(&command{Name: "lease create", Summary: "Borrow a device: place, reserve and activate a lease.", Run: runLeaseCreate})
+	register(&command{Name: "lease show", Args: "ID", Summary: "Show a lease, its parts and their URIs.", Run: leaseByID("show")})
+	register(&command{Name: "lease release", Args: "ID", Summary: "End a lease and free its devices.", Run: leaseByID("release")})
+	register(&command{Name: "lease renew", Args: "ID", Summary: "Extend a lease's TTL (--ttl, default the lease's own).", Run: leaseByID("renew")})
+	register(&command{Name: "explain", Summary: "Show the plan a lease request would get and why, reserving nothing.", Run: runExplain})
+}
+
+func runLeases(ctx context.Context, e *env, args []string) error {
+	var cf clientFlags
+	fs := newFlags(e, "leases", "")
+	cf.register(fs, e)
+	all := fs.Bool("a", false, "include ended leases (released, expired, failed, lost)")
+	if _, err := parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	ls, err := c.Leases(ctx)
+	if err != nil {
+		return err
+	}
+	if !*all && !cf.json() {
+		kept := ls[:0]
+		for _, l := range ls {
+			if !l.State.Terminal() || l.State == api.LeaseLost {
+				kept = append(kept, l)
+			}
+		}
+		ls = kept
+	}
+	if cf.json() {
+		return printJSON(e.stdout, nonNil(ls))
+	}
+	printLeases(e.stdout, ls)
+	return nil
+}
+
+func printLeases(w io.Writer, ls []api.Lease) {
+	sort.Slice(ls, func(i, j int) bool { return ls[i].CreatedAt.Before(ls[j].CreatedAt) })
+	now := time.Now()
+	tw := newTable(w)
+	fmt.Fprintln(tw, "ID\tSTATE\tKIND\tMODE\tSIZE\tCOUNT\tNODE\tDEVICE\tTENANT\tEXPIRES IN")
+	for _, l := range ls {
+		exp := "-"
+		if !l.State.Terminal() {
+			exp = until(now, l.ExpiresAt)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", l.ID, l.State, l.Kind, dash(string(l.Mode)),
+			capacity(l.Kind, l.Size), l.Count, dash(l.NodeID), dash(l.DeviceID), dash(l.Tenant), exp)
+	}
+	tw.Flush()
+}
+
+func printLease(w io.Writer, l api.Lease) {
+	tw := newTable(w)
+	row := func(k, v string) {
+		if v != "" {
+			fmt.Fprintf(tw, "%s:\t%s\n", k, v)
+		}
+	}
+	row("ID", l.ID)
+	row("State", string(l.State))
+	row("Reason", l.Reason)
+	row("Kind", string(l.Kind))
+	row("Mode", string(l.Mode))
+	row("Size", capacity(l.Kind, l.Size))
+	row("Count", strconv.Itoa(l.Count))
+	if l.StripeUnit > 0 {
+		row("Stripe unit", resource.FormatSize(l.StripeUnit))
+	}
+	row("Tenant", l.Tenant)
+	row("Borrower", l.Borrower)
+	row("Node", l.NodeID)
+	row("Device", l.DeviceID)
+	row("URI", l.URI)
+	if l.TTLSeconds > 0 {
+		row("TTL", (time.Duration(l.TTLSeconds) * time.Second).String())
+	}
+	if !l.ExpiresAt.IsZero() {
+		row("Expires", l.ExpiresAt.Local().Format(time.RFC3339))
+	}
+	if !l.CreatedAt.IsZero() {
+		row("Created", l.CreatedAt.Local().Format(time.RFC3339))
+	}
+	row("Idempotency key", l.IdempotencyKey)
+	tw.Flush()
+	if len(l.Parts) > 0 {
+		fmt.Fprintln(w)
+		printParts(w, l.Kind, l.Parts, true)
+	}
+}
+
+func printParts(w io.Writer, k api.Kind, parts []api.Part, uri bool) {
+	tw := newTable(w)
+	hdr := "PART\tNODE\tDEVICE\tOFFSET\tLENGTH"
+	if uri {
+		hdr += "\tURI"
+	}
+	fmt.Fprintln(tw, hdr)
+	for i, p := range parts {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s", i, p.NodeID, p.DeviceID, capacity(k, p.Offset), capacity(k, p.Length))
+		if uri {
+			fmt.Fprintf(tw, "\t%s", dash(p.URI))
+		}
+		fmt.Fprintln(tw)
+	}
+	tw.Flush()
+}
+
+// requestFlags are lease create's and explain's flags.
+type requestFlags struct {
+	kind, mode, size, ttl, stripe, key, borrower, strategy, role string
+	count                                                        int
+	bandwidth, deadline                                          float64
+}
+
+func (rf *requestFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&rf.kind, "kind", "block", "resource kind: block, memory, accel")
+	fs.StringVar(&rf.mode, "mode", "", "dedicated, shared or composed (default: placement chooses)")
+	fs.StringVar(&rf.size, "size", "", "size, e.g. 256MiB, 2GiB (block, memory)")
+	fs.IntVar(&rf.count, "count", 0, "devices to compose, or accelerator slots")
+	fs.StringVar(&rf.ttl, "ttl", "", "lease lifetime, e.g. 30m, 2h, or seconds (default: the server's)")
+	fs.StringVar(&rf.stripe, "stripe-unit", "", "stripe unit of a composed lease, e.g. 64KiB")
+	fs.StringVar(&rf.key, "idempotency-key", "", "retries with the same key return the same lease")
+	fs.StringVar(&rf.borrower, "borrower", "", "borrowing node ID or client name")
+	fs.StringVar(&rf.strategy, "strategy", "", "binpack or spread")
+	fs.StringVar(&rf.role, "role", "", "accelerator role to load")
+	fs.Float64Var(&rf.bandwidth, "bandwidth", 0, "bandwidth wanted, bytes/s")
+	fs.Float64Var(&rf.deadline, "deadline", 0, "completion deadline, seconds")
+}
+
+func parseTTL(s string) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil && n > 0 {
+		return n, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < time.Second {
+		return 0, fmt.Errorf("bad --ttl %q: use a duration such as 30m or a number of seconds", s)
+	}
+	return int64(d / time.Second), nil
+}
+
+func (rf *requestFlags) request() (api.LeaseRequest, error) {
+	r := api.LeaseRequest{
+		Kind: api.Kind(strings.ToLower(rf.kind)), Mode: api.Mode(strings.ToLower(rf.mode)), Count: rf.count,
+		IdempotencyKey: rf.key, Borrower: rf.borrower, Strategy: rf.strategy, Role: rf.role,
+		Bandwidth: rf.bandwidth, DeadlineSecond: rf.deadline,
+	}
+	switch r.Kind {
+	case api.KindBlock, api.KindMemory, api.KindAccel, api.KindNIC:
+	default:
+		return r, fmt.Errorf("unknown --kind %q (block, memory, accel, nic)", rf.kind)
+	}
+	switch r.Mode {
+	case "", api.ModeDedicated, api.ModeShared, api.ModeComposed:
+	default:
+		return r, fmt.Errorf("unknown --mode %q (dedicated, shared, composed)", rf.mode)
+	}
+	if rf.count < 0 {
+		return r, fmt.Errorf("--count must not be negative")
+	}
+	var err error
+	if rf.size != "" {
+		if r.Size, err = resource.ParseSize(rf.size); err != nil {
+			return r, fmt.Errorf("bad --size: %w", err)
+		}
+	}
+	if rf.stripe != "" {
+		if r.StripeUnit, err = resource.ParseSize(rf.stripe); err != nil {
+			return r, fmt.Errorf("bad --stripe-unit: %w", err)
+		}
+	}
+	if r.TTLSeconds, err = parseTTL(rf.ttl); err != nil {
+		return r, err
+	}
+	return r, nil
+}
+
+func runLeaseCreate(ctx context.Context, e *env, args []string) error {
+	var cf clientFlags
+	var rf requestFlags
+	fs := newFlags(e, "lease create", "")
+	cf.register(fs, e)
+	rf.register(fs)
+	dry := fs.Bool("dry-run", false, "print the plan only (same as explain)")
+	if _, err := parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	req, err := rf.request()
+	if err != nil {
+		return err
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	if *dry {
+		return explain(ctx, e, c, &cf, req)
+	}
+	l, err := c.CreateLease(ctx, req)
+	if err != nil {
+		return err
+	}
+	if cf.json() {
+		return printJSON(e.stdout, l)
+	}
+	printLease(e.stdout, l)
+	return nil
+}
+
+func leaseByID(op string) func(context.Context, *env, []string) error {
+	return func(ctx context.Context, e *env, args []string) error {
+		var cf clientFlags
+		fs := newFlags(e, "lease "+op, "ID")
+		cf.register(fs, e)
+		var ttl *string
+		if op == "renew" {
+			ttl = fs.String("ttl", "", "new lifetime from now, e.g. 1h (default: the lease's TTL)")
+		}
+		pos, err := parse(fs, args, 1, 1)
+		if err != nil {
+			return err
+		}
+		c, err := cf.client()
+		if err != nil {
+			return err
+		}
+		var l api.Lease
+		switch op {
+		case "show":
+			l, err = c.Lease(ctx, pos[0])
+		case "release":
+			l, err = c.ReleaseLease(ctx, pos[0])
+		case "renew":
+			var secs int64
+			if secs, err = parseTTL(*ttl); err != nil {
+				return err
+			}
+			l, err = c.RenewLease(ctx, pos[0], secs)
+		}
+		if err != nil {
+			return err
+		}
+		if cf.json() {
+			return printJSON(e.stdout, l)
+		}
+		printLease(e.stdout, l)
+		return nil
+	}
+}
+
+func runExplain(ctx context.Context, e *env, args []string) error {
+	var cf clientFlags
+	var rf requestFlags
+	fs := newFlags(e, "explain", "")
+	cf.register(fs, e)
+	rf.register(fs)
+	if _, err := parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	req, err := rf.request()
+	if err != nil {
+		return err
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	return explain(ctx, e, c, &cf, req)
+}
+
+// planOut is a plan as the CLI prints it: plans of dry runs have no ID,
+// so the CLI names them "dry-run".
+type planOut struct {
+	api.Plan
+}
+
+func explain(ctx context.Context, e *env, c *api.Client, cf *clientFlags, req api.LeaseRequest) error {
+	p, err := c.Explain(ctx, req)
+	if err != nil {
+		return err
+	}
+	if p.ID == "" {
+		p.ID = "dry-run"
+	}
+	if cf.json() {
+		return printJSON(e.stdout, planOut{p})
+	}
+	tw := newTable(e.stdout)
+	fmt.Fprintf(tw, "Plan:\t%s\n", p.State)
+	if p.Mode != "" {
+		fmt.Fprintf(tw, "Mode:\t%s\n", p.Mode)
+	}
+	if p.PredictedBandwidth > 0 {
+		fmt.Fprintf(tw, "Predicted bandwidth:\t%s/s\n", resource.FormatSize(int64(p.PredictedBandwidth)))
+	}
+	if p.PredictedCompletion > 0 {
+		fmt.Fprintf(tw, "Predicted completion:\t%.1fs\n", p.PredictedCompletion)
+	}
+	tw.Flush()
+	if len(p.Parts) > 0 {
+		fmt.Fprintln(e.stdout)
+		printParts(e.stdout, req.Kind, p.Parts, false)
+	}
+	if len(p.Impacts) > 0 {
+		fmt.Fprintln(e.stdout)
+		tw := newTable(e.stdout)
+		fmt.Fprintln(tw, "SLOWS LEASE\tBANDWIDTH BEFORE\tAFTER\tCOMPLETION BEFORE\tAFTER")
+		for _, im := range p.Impacts {
+			fmt.Fprintf(tw, "%s\t%s/s\t%s/s\t%.1fs\t%.1fs\n", im.LeaseID, resource.FormatSize(int64(im.BandwidthBefore)),
+				resource.FormatSize(int64(im.BandwidthAfter)), im.CompletionBefore, im.CompletionAfter)
+		}
+		tw.Flush()
+	}
+	if len(p.Explanation) > 0 {
+		fmt.Fprintln(e.stdout, "\nWhy:")
+		for _, s := range p.Explanation {
+			fmt.Fprintf(e.stdout, "  - %s\n", s)
+		}
+	}
+	return nil
+}

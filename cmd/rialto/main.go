@@ -1,0 +1,165 @@
+// Command rialto is Rialto's one binary: the control plane (server), the
+// node agent (agent), a whole local cluster (up) and the CLI verbs that
+// talk to a control plane. Run `rialto help` for the list.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+
+	"github.com/rialto-project/rialto/api"
+)
+
+// command is one verb. A verb lives in its own file and registers itself
+// from init with register.
+type command struct {
+	// Name is the verb as typed, possibly two words ("lease create").
+	Name string
+	// Args is the synopsis of positional arguments, e.g. "ID".
+	Args    string
+	Summary string
+	// Run executes the verb with the arguments that follow its name.
+	Run func(ctx context.Context, env *env, args []string) error
+}
+
+var commands = map[string]*command{}
+
+func register(c *command) {
+	if _, dup := commands[c.Name]; dup {
+		panic("rialto: command registered twice: " + c.Name)
+	}
+	commands[c.Name] = c
+}
+
+// env is what a verb may touch of the process, so tests can run verbs in
+// process.
+type env struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+}
+
+// errUsage marks an error in the command line (already explained).
+var errUsage = errors.New("usage")
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], &env{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv})
+	stop()
+	os.Exit(code)
+}
+
+// run dispatches args to a verb and returns the exit code.
+func run(ctx context.Context, args []string, e *env) int {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		usage(e.stdout)
+		return 0
+	}
+	c, rest := lookup(args)
+	if c == nil {
+		fmt.Fprintf(e.stderr, "rialto: unknown command %q\n\n", strings.Join(args[:min(2, len(args))], " "))
+		usage(e.stderr)
+		return 2
+	}
+	if err := c.Run(ctx, e, rest); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		if errors.Is(err, errUsage) {
+			return 2
+		}
+		printError(e.stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// lookup finds the longest registered verb that prefixes args.
+func lookup(args []string) (*command, []string) {
+	if len(args) >= 2 {
+		if c := commands[args[0]+" "+args[1]]; c != nil {
+			return c, args[2:]
+		}
+	}
+	return commands[args[0]], args[1:]
+}
+
+func printError(w io.Writer, err error) {
+	var ae *api.Error
+	if errors.As(err, &ae) {
+		fmt.Fprintf(w, "rialto: error: %s (code %s, HTTP %d)\n", ae.Message, ae.Code, ae.Status)
+		return
+	}
+	fmt.Fprintf(w, "rialto: error: %v\n", err)
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "Rialto turns Linux servers into a pool of lendable devices.")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Usage: rialto COMMAND [flags] [args]")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Commands:")
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	tw := newTable(w)
+	for _, n := range names {
+		c := commands[n]
+		fmt.Fprintf(tw, "  %s %s\t%s\n", n, c.Args, c.Summary)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "CLI verbs talk to --addr (or RIALTO_ADDR) with --token (or RIALTO_TOKEN);")
+	fmt.Fprintln(w, "every verb takes -o json. Run `rialto COMMAND -h` for its flags.")
+}
+
+// newFlags returns a flag set for a verb that prints its usage to env's
+// stderr.
+func newFlags(e *env, c string, args string) *flag.FlagSet {
+	fs := flag.NewFlagSet(c, flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(e.stderr, "Usage: rialto %s [flags] %s\n", c, args)
+		if cmd := commands[c]; cmd != nil {
+			fmt.Fprintf(e.stderr, "\n%s\n", cmd.Summary)
+		}
+		fmt.Fprintln(e.stderr, "\nFlags:")
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parse parses flags that may appear before, between or after positional
+// arguments, and checks the number of positionals.
+func parse(fs *flag.FlagSet, args []string, minPos, maxPos int) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, errUsage
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+	if len(pos) < minPos || (maxPos >= 0 && len(pos) > maxPos) {
+		fmt.Fprintf(fs.Output(), "rialto %s: wrong number of arguments\n", fs.Name())
+		fs.Usage()
+		return nil, errUsage
+	}
+	return pos, nil
+}

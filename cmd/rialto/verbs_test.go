@@ -1,0 +1,180 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+)
+
+// fakeAPI answers the few calls the verbs make.
+func fakeAPI(t *testing.T) *httptest.Server {
+	now := time.Now()
+	lease := api.Lease{ID: "lease-1", State: api.LeaseActive, Kind: api.KindBlock, Mode: api.ModeDedicated, Size: 256 << 20, Count: 1,
+		NodeID: "node-1", DeviceID: "dev-1", URI: "nbd://127.0.0.1:1/x", ExpiresAt: now.Add(time.Hour), CreatedAt: now,
+		Parts: []api.Part{{NodeID: "node-1", DeviceID: "dev-1", Length: 256 << 20}}}
+	mux := http.NewServeMux()
+	reply := func(v any) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get("Authorization") != "Bearer tok" {
+				w.WriteHeader(401)
+				json.NewEncoder(w).Encode(api.ErrorBody{Error: api.ErrorInfo{Code: api.CodeUnauthorized, Message: "missing or unknown API token"}})
+				return
+			}
+			json.NewEncoder(w).Encode(v)
+		}
+	}
+	mux.HandleFunc("GET /v1/nodes", reply([]api.Node{{ID: "node-1", Name: "n1", State: api.NodeReady, LastHeartbeat: now}}))
+	mux.HandleFunc("GET /v1/devices", reply([]api.Device{{ID: "dev-1", NodeID: "node-1", Name: "disk0", Kind: api.KindBlock, State: "available", Capacity: 1 << 30}}))
+	mux.HandleFunc("GET /v1/topology", reply(api.Topology{Nodes: []api.Node{{ID: "node-1", Name: "n1", State: api.NodeReady}},
+		Links: []api.Link{{ID: "l1", From: "node-1", To: "controlplane", RTTMicros: 42, Status: "up", State: "up"}}}))
+	mux.HandleFunc("GET /v1/leases", reply([]api.Lease{lease}))
+	mux.HandleFunc("GET /v1/leases/lease-1", reply(lease))
+	mux.HandleFunc("POST /v1/leases", func(w http.ResponseWriter, r *http.Request) {
+		var req api.LeaseRequest
+		json.NewDecoder(r.Body).Decode(&req)
+		if req.Size != 256<<20 || req.TTLSeconds != 600 || req.Kind != api.KindBlock || r.Header.Get("Idempotency-Key") != "k1" {
+			w.WriteHeader(400)
+			json.NewEncoder(w).Encode(api.ErrorBody{Error: api.ErrorInfo{Code: api.CodeInvalid, Message: "unexpected request"}})
+			return
+		}
+		json.NewEncoder(w).Encode(lease)
+	})
+	mux.HandleFunc("POST /v1/leases/lease-1/release", reply(api.Lease{ID: "lease-1", State: api.LeaseReleased}))
+	mux.HandleFunc("POST /v1/explain", reply(api.Plan{State: "feasible", Mode: api.ModeDedicated, Parts: lease.Parts, Explanation: []string{"fewest hops"}}))
+	mux.HandleFunc("GET /v1/events", reply([]api.Event{{ID: 1, Type: "node.joined", Subject: "node-1", State: "ready"}}))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func runCLI(t *testing.T, addr string, args ...string) (string, string, int) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	e := &env{stdout: &out, stderr: &errb, getenv: func(k string) string {
+		switch k {
+		case "RIALTO_ADDR":
+			return addr
+		case "RIALTO_TOKEN":
+			return "tok"
+		}
+		return ""
+	}}
+	code := run(context.Background(), args, e)
+	return out.String(), errb.String(), code
+}
+
+func TestVerbsJSONCarryIDAndState(t *testing.T) {
+	srv := fakeAPI(t)
+	for _, args := range [][]string{
+		{"nodes", "-o", "json"},
+		{"devices", "-o", "json"},
+		{"topology", "-o", "json"},
+		{"leases", "-o", "json"},
+		{"lease", "show", "lease-1", "-o", "json"},
+		{"lease", "show", "-o", "json", "lease-1"},
+		{"lease", "create", "--kind", "block", "--size", "256MiB", "--ttl", "10m", "--idempotency-key", "k1", "-o", "json"},
+		{"lease", "release", "lease-1", "-o", "json"},
+		{"explain", "--size", "256MiB", "-o", "json"},
+		{"lease", "create", "--dry-run", "--size", "1GiB", "-o", "json"},
+		{"events", "-o", "json"},
+		{"version", "-o", "json"},
+	} {
+		out, errs, code := runCLI(t, srv.URL, args...)
+		if code != 0 {
+			t.Errorf("%v: exit %d: %s", args, code, errs)
+			continue
+		}
+		var v any
+		if err := json.Unmarshal([]byte(out), &v); err != nil {
+			t.Errorf("%v: not JSON: %v\n%s", args, err, out)
+			continue
+		}
+		objs, ok := v.([]any)
+		if !ok {
+			objs = []any{v}
+		}
+		for _, o := range objs {
+			m, _ := o.(map[string]any)
+			if m["id"] == nil || m["id"] == "" || m["state"] == nil || m["state"] == "" {
+				t.Errorf("%v: object without id/state: %v", args, o)
+			}
+		}
+	}
+}
+
+func TestVerbsTables(t *testing.T) {
+	srv := fakeAPI(t)
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"nodes"}, []string{"ID", "NAME", "STATE", "node-1", "ready"}},
+		{[]string{"devices"}, []string{"disk0", "n1", "1GiB"}},
+		{[]string{"topology"}, []string{"controlplane", "42µs"}},
+		{[]string{"leases"}, []string{"lease-1", "active", "256MiB"}},
+		{[]string{"lease", "show", "lease-1"}, []string{"URI:", "nbd://", "PART"}},
+		{[]string{"explain", "--size", "1GiB"}, []string{"feasible", "fewest hops"}},
+		{[]string{"events"}, []string{"node.joined"}},
+	} {
+		out, errs, code := runCLI(t, srv.URL, tc.args...)
+		if code != 0 {
+			t.Errorf("%v: exit %d: %s", tc.args, code, errs)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(out, w) {
+				t.Errorf("%v: output lacks %q:\n%s", tc.args, w, out)
+			}
+		}
+	}
+}
+
+func TestVerbErrors(t *testing.T) {
+	srv := fakeAPI(t)
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"nodes", "--token", "bad"}, 1, "missing or unknown API token (code unauthorized, HTTP 401)"},
+		{[]string{"lease", "create", "--size", "lots"}, 1, "bad --size"},
+		{[]string{"lease", "create", "--kind", "floppy"}, 1, "unknown --kind"},
+		{[]string{"lease", "create", "--ttl", "soon"}, 1, "bad --ttl"},
+		{[]string{"lease", "create", "--size", "1G", "--ttl", "10m"}, 1, "unexpected request"},
+		{[]string{"lease", "show"}, 2, "wrong number of arguments"},
+		{[]string{"nodes", "-o", "yaml"}, 1, "unknown output format"},
+		{[]string{"frobnicate"}, 2, "unknown command"},
+		{[]string{"nodes", "--nope"}, 2, "flag provided but not defined"},
+	} {
+		_, errs, code := runCLI(t, srv.URL, tc.args...)
+		if code != tc.code || !strings.Contains(errs, tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want %d and %q", tc.args, code, errs, tc.code, tc.want)
+		}
+	}
+}
+
+func TestParseBlock(t *testing.T) {
+	for _, tc := range []struct {
+		in         string
+		name, path string
+		size       int64
+		bad        bool
+	}{
+		{"a.img:1GiB", "disk3", "a.img", 1 << 30, false},
+		{"fast=/dev/nvme0n1", "fast", "/dev/nvme0n1", 0, false},
+		{"x=b.img:2M", "x", "b.img", 2 << 20, false},
+		{"b.img:zz", "", "", 0, true},
+		{"=b.img", "", "", 0, true},
+	} {
+		d, err := parseBlock(tc.in, 3)
+		if (err != nil) != tc.bad || (!tc.bad && (d.Name != tc.name || d.Path != tc.path || d.Size != tc.size)) {
+			t.Errorf("parseBlock(%q) = %+v, %v", tc.in, d, err)
+		}
+	}
+}
