@@ -32,13 +32,13 @@ type ErbiumModel struct {
 	WorkerSchedPer Time
 	// XRTPerFPGA makes the synchronisation grow with every worker feeding
 	// the FPGA (one driver schedules all kernels) rather than per kernel.
-	XRTPerFPGA bool
-	PCIeBandwidth  float64
-	DMAEfficiency  float64 // fraction of PCIe bandwidth the DMA engine reaches
-	PCIeFixed      Time
-	KernelMin      Time    // kernel time floor (seed 002: 70 µs up to 64 queries)
-	EngineRate     float64 // queries/s of one engine at full clock
-	Clock          map[int]float64
+	XRTPerFPGA    bool
+	PCIeBandwidth float64
+	DMAEfficiency float64 // fraction of PCIe bandwidth the DMA engine reaches
+	PCIeFixed     Time
+	KernelMin     Time    // kernel time floor (seed 002: 70 µs up to 64 queries)
+	EngineRate    float64 // queries/s of one engine at full clock
+	Clock         map[int]float64
 }
 
 // DefaultErbium is calibrated on seed 002's figures (kernel 70 µs for ≤64
