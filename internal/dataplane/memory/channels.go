@@ -1,0 +1,423 @@
+package memory
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+)
+
+// bulkStream is one connection of the bulk channel.
+type bulkStream struct {
+	mu   sync.Mutex
+	conn net.Conn
+	br   *bufio.Reader
+	seq  uint32
+	bad  error
+}
+
+// bulk splits [off, off+len(p)) into chunks and moves them over the bulk
+// streams in parallel, each stream taking a contiguous share and pipelining
+// its chunk requests.
+func (c *Client) bulk(ctx context.Context, op uint8, p []byte, off int64) error {
+	chunk := c.opts.ChunkSize
+	nchunks := (len(p) + chunk - 1) / chunk
+	ns := min(len(c.streams), nchunks)
+	per := (nchunks + ns - 1) / ns
+	if ns == 1 {
+		return c.streams[0].run(ctx, c, op, p, off, chunk)
+	}
+	errs := make([]error, ns)
+	var wg sync.WaitGroup
+	for i := range ns {
+		lo := min(i*per*chunk, len(p))
+		hi := min((i+1)*per*chunk, len(p))
+		if lo == hi {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = c.streams[i].run(ctx, c, op, p[lo:hi], off+int64(lo), chunk)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *bulkStream) run(ctx context.Context, c *Client, op uint8, p []byte, off int64, chunk int) (err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.bad != nil {
+		return s.bad
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	stop := context.AfterFunc(ctx, func() { _ = s.conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	_ = s.conn.SetDeadline(c.deadline(ctx))
+	first := s.seq + 1
+	n := (len(p) + chunk - 1) / chunk
+	s.seq += uint32(n)
+	werr := make(chan error, 1)
+	go func() { // sender: every chunk request, back to back
+		var hdr [HeaderSize]byte
+		for i := range n {
+			lo, hi := i*chunk, min((i+1)*chunk, len(p))
+			h := Header{Op: op, Seq: first + uint32(i), Offset: uint64(off) + uint64(lo), Length: uint32(hi - lo)}
+			bufs := net.Buffers{hdr[:]}
+			if op == OpWrite {
+				h.Payload = h.Length
+				bufs = append(bufs, p[lo:hi])
+			}
+			h.Encode(hdr[:])
+			if _, err := bufs.WriteTo(s.conn); err != nil {
+				werr <- transportErr(err)
+				return
+			}
+		}
+		werr <- nil
+	}()
+	defer func() {
+		if err != nil && !errors.Is(err, ErrOutOfRange) {
+			if ctx.Err() != nil {
+				err = fmt.Errorf("%w: %w", ErrDonorLost, ctx.Err())
+			}
+			s.bad = err
+			_ = s.conn.Close()
+		}
+		if werr2 := <-werr; err == nil && werr2 != nil {
+			err = werr2
+			s.bad = err
+			_ = s.conn.Close()
+		}
+	}()
+	var hdr [HeaderSize]byte
+	for i := range n {
+		lo, hi := i*chunk, min((i+1)*chunk, len(p))
+		h, err := readHeader(s.br, hdr[:])
+		if err != nil {
+			return err
+		}
+		if h.Seq != first+uint32(i) || h.Op != op || !h.IsResponse() {
+			return fmt.Errorf("%w: bulk reply seq %d, want %d", ErrBadFrame, h.Seq, first+uint32(i))
+		}
+		if h.Status != StatusOK {
+			return readStatus(s.br, h)
+		}
+		if op == OpRead {
+			if int(h.Length) != hi-lo {
+				return fmt.Errorf("%w: bulk reply length %d", ErrBadFrame, h.Length)
+			}
+			if _, err := io.ReadFull(s.br, p[lo:hi]); err != nil {
+				return transportErr(err)
+			}
+		}
+		_ = s.conn.SetDeadline(c.deadline(ctx))
+	}
+	return nil
+}
+
+// Op is one asynchronous request posted on a queue pair. Buf is the
+// destination of a read or the source of a write and must stay untouched
+// until its completion; it is at most MaxPayload bytes.
+type Op struct {
+	Write bool
+	Off   int64
+	Buf   []byte
+	Tag   uint64 // returned in the completion
+}
+
+// Completion reports the end of a posted Op.
+type Completion struct {
+	Tag uint64
+	Seq uint32
+	Err error
+}
+
+type qop struct {
+	op        Op
+	seq       uint32
+	done      chan error // internal waiters; nil → completion queue
+	abandoned bool
+}
+
+// QueuePair is an asynchronous channel: requests are pipelined on one
+// connection, numbered by sequence, and completed on a completion queue.
+// Posting consumes a credit; the donor grants credits back over the
+// session's control connection as it completes requests.
+type QueuePair struct {
+	c    *Client
+	id   uint32
+	conn net.Conn
+	br   *bufio.Reader
+
+	wmu sync.Mutex // serialises frame writes
+
+	mu      sync.Mutex
+	seq     uint32
+	sent    uint32 // requests posted (cumulative)
+	granted uint32 // credits granted (cumulative)
+	wake    chan struct{}
+	pending map[uint32]*qop
+	err     error
+
+	cq     chan Completion
+	done   chan struct{}
+	closed bool
+}
+
+// NewQueuePair opens another queue pair on the session.
+func (c *Client) NewQueuePair(ctx context.Context) (*QueuePair, error) {
+	if err := c.err(); err != nil {
+		return nil, err
+	}
+	conn, rep, err := c.handshake(ctx, KindQueue)
+	if err != nil {
+		return nil, err
+	}
+	q := &QueuePair{c: c, id: rep.queue, conn: conn, br: bufio.NewReaderSize(conn, 64<<10),
+		granted: rep.Credits, wake: make(chan struct{}), pending: map[uint32]*qop{},
+		cq: make(chan Completion, max(int(rep.Credits), 1)), done: make(chan struct{})}
+	c.qmu.Lock()
+	c.queues[q.id] = q
+	c.qmu.Unlock()
+	go q.reader()
+	return q, nil
+}
+
+// Completions is the completion queue of operations posted with Post.
+// Callers must drain it: the queue pair stalls while it is full.
+func (q *QueuePair) Completions() <-chan Completion { return q.cq }
+
+// Credits reports the credits currently available for posting.
+func (q *QueuePair) Credits() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return int(int32(q.granted - q.sent))
+}
+
+// Post sends op, waiting for a credit if none is available, and returns its
+// sequence number. Its completion arrives on Completions.
+func (q *QueuePair) Post(ctx context.Context, op Op) (uint32, error) {
+	return q.post(ctx, &qop{op: op})
+}
+
+func (q *QueuePair) grant(v uint32) {
+	q.mu.Lock()
+	if int32(v-q.granted) > 0 {
+		q.granted = v
+		close(q.wake)
+		q.wake = make(chan struct{})
+	}
+	q.mu.Unlock()
+}
+
+func (q *QueuePair) fail(err error) {
+	q.mu.Lock()
+	if q.err != nil {
+		q.mu.Unlock()
+		return
+	}
+	q.err = err
+	pend := q.pending
+	q.pending = map[uint32]*qop{}
+	close(q.wake)
+	q.wake = make(chan struct{})
+	q.mu.Unlock()
+	for _, o := range pend {
+		q.finish(o, err)
+	}
+	_ = q.conn.Close()
+}
+
+func (q *QueuePair) finish(o *qop, err error) {
+	if o.done != nil {
+		o.done <- err
+		return
+	}
+	if o.abandoned {
+		return
+	}
+	q.cq <- Completion{Tag: o.op.Tag, Seq: o.seq, Err: err}
+}
+
+func (q *QueuePair) post(ctx context.Context, o *qop) (uint32, error) {
+	n := len(o.op.Buf)
+	if n > MaxPayload {
+		return 0, fmt.Errorf("memory: queue op of %d bytes exceeds %d", n, MaxPayload)
+	}
+	if err := q.c.check(n, o.op.Off); err != nil {
+		return 0, err
+	}
+	var timer <-chan time.Time
+	q.mu.Lock()
+	for q.err == nil && int32(q.granted-q.sent) <= 0 {
+		w := q.wake
+		q.mu.Unlock()
+		if timer == nil {
+			t := time.NewTimer(q.c.opts.Timeout)
+			defer t.Stop()
+			timer = t.C
+		}
+		select {
+		case <-w:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-timer:
+			q.fail(fmt.Errorf("%w: no credit granted within %v", ErrDonorLost, q.c.opts.Timeout))
+		}
+		q.mu.Lock()
+	}
+	if q.err != nil {
+		err := q.err
+		q.mu.Unlock()
+		return 0, err
+	}
+	q.sent++
+	q.seq++
+	o.seq = q.seq
+	q.pending[o.seq] = o
+	_ = q.conn.SetReadDeadline(q.c.deadline(ctx))
+	q.mu.Unlock()
+
+	h := Header{Op: OpRead, Seq: o.seq, Offset: uint64(o.op.Off), Length: uint32(n)}
+	var hdr [HeaderSize]byte
+	bufs := net.Buffers{hdr[:]}
+	if o.op.Write {
+		h.Op, h.Payload = OpWrite, uint32(n)
+		bufs = append(bufs, o.op.Buf)
+	}
+	h.Encode(hdr[:])
+	q.wmu.Lock()
+	_ = q.conn.SetWriteDeadline(q.c.deadline(ctx))
+	_, err := bufs.WriteTo(q.conn)
+	q.wmu.Unlock()
+	if err != nil {
+		q.fail(transportErr(err))
+	}
+	return o.seq, nil
+}
+
+var qopPool = sync.Pool{New: func() any { return &qop{done: make(chan error, 1)} }}
+
+// do runs one request on the queue pair, split into chunks that are all in
+// flight together, and waits for them.
+func (q *QueuePair) do(ctx context.Context, op uint8, p []byte, off int64, chunk int) error {
+	n := (len(p) + chunk - 1) / chunk
+	ops := make([]*qop, 0, n)
+	var err error
+	for i := 0; i < len(p); i += chunk {
+		o := qopPool.Get().(*qop)
+		o.op = Op{Write: op == OpWrite, Off: off + int64(i), Buf: p[i:min(i+chunk, len(p))]}
+		o.abandoned = false
+		if _, err = q.post(ctx, o); err != nil {
+			qopPool.Put(o)
+			break
+		}
+		ops = append(ops, o)
+	}
+	for _, o := range ops {
+		select {
+		case e := <-o.done:
+			if err == nil {
+				err = e
+			}
+			qopPool.Put(o)
+			continue
+		case <-ctx.Done():
+		}
+		q.mu.Lock()
+		if _, ok := q.pending[o.seq]; ok {
+			delete(q.pending, o.seq) // the reader will discard its reply
+			q.mu.Unlock()
+			if err == nil {
+				err = ctx.Err()
+			}
+			continue // o is dropped, not pooled: its done may never fire
+		}
+		q.mu.Unlock()
+		if e := <-o.done; err == nil {
+			err = e
+		}
+		qopPool.Put(o)
+	}
+	return err
+}
+
+func (q *QueuePair) reader() {
+	defer close(q.done)
+	var hdr [HeaderSize]byte
+	for {
+		h, err := readHeader(q.br, hdr[:])
+		if err == nil && (!h.IsResponse() || (h.Op != OpRead && h.Op != OpWrite)) {
+			err = fmt.Errorf("%w: unexpected frame op %d on a queue pair", ErrBadFrame, h.Op)
+		}
+		if err != nil {
+			if q.c.closed.Load() || q.isClosed() {
+				err = ErrClosed
+			}
+			q.fail(err)
+			return
+		}
+		q.mu.Lock()
+		o := q.pending[h.Seq]
+		delete(q.pending, h.Seq)
+		if len(q.pending) == 0 {
+			_ = q.conn.SetReadDeadline(time.Time{})
+		} else {
+			_ = q.conn.SetReadDeadline(time.Now().Add(q.c.opts.Timeout))
+		}
+		q.mu.Unlock()
+		var res error
+		if h.Status != StatusOK {
+			res = readStatus(q.br, h)
+		} else if h.Payload > 0 {
+			if o == nil || int(h.Payload) != len(o.op.Buf) {
+				_, err = q.br.Discard(int(h.Payload))
+			} else {
+				_, err = io.ReadFull(q.br, o.op.Buf)
+			}
+			if err != nil {
+				err = transportErr(err)
+				if o != nil {
+					q.finish(o, err)
+				}
+				q.fail(err)
+				return
+			}
+		}
+		if o != nil {
+			q.finish(o, res)
+		}
+	}
+}
+
+func (q *QueuePair) isClosed() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.closed
+}
+
+// Close closes the queue pair; outstanding operations fail with ErrClosed.
+func (q *QueuePair) Close() error {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+	_ = q.conn.Close()
+	<-q.done
+	q.c.qmu.Lock()
+	delete(q.c.queues, q.id)
+	q.c.qmu.Unlock()
+	return nil
+}

@@ -1,0 +1,484 @@
+package memory
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Channel selects how a request travels.
+type Channel int
+
+// Channels.
+const (
+	ChannelAdaptive Channel = iota // chosen per request (see Client.choose)
+	ChannelSync                    // fine-grained synchronous, one connection
+	ChannelBulk                    // chunks over parallel streams
+	ChannelQueue                   // pipelined on the client's queue pair
+)
+
+func (ch Channel) String() string {
+	switch ch {
+	case ChannelAdaptive:
+		return "adaptive"
+	case ChannelSync:
+		return "sync"
+	case ChannelBulk:
+		return "bulk"
+	case ChannelQueue:
+		return "queue"
+	}
+	return fmt.Sprintf("channel(%d)", int(ch))
+}
+
+// Options tune a Client. The zero value is valid.
+type Options struct {
+	// Timeout bounds every request (and the handshake): a donor that does not
+	// answer in time makes the request fail with ErrDonorLost. Default 5 s.
+	Timeout time.Duration
+	// Streams is the number of parallel bulk connections. Default 2.
+	Streams int
+	// ChunkSize is the bulk chunk size. Default 512 KiB, at most MaxPayload.
+	ChunkSize int
+	// QueueChunk is the largest request the queue channel sends in one frame.
+	// Default 64 KiB.
+	QueueChunk int
+	// BulkThreshold: adaptive requests at least this large use the bulk
+	// channel. Default 256 KiB.
+	BulkThreshold int
+	// Dialer dials the donor; nil uses a net.Dialer.
+	Dialer func(ctx context.Context, addr string) (net.Conn, error)
+}
+
+func (o *Options) fill() {
+	if o.Timeout <= 0 {
+		o.Timeout = 5 * time.Second
+	}
+	if o.Streams <= 0 {
+		o.Streams = 2
+	}
+	if o.ChunkSize <= 0 || o.ChunkSize > MaxPayload {
+		o.ChunkSize = 512 << 10
+	}
+	if o.QueueChunk <= 0 || o.QueueChunk > MaxPayload {
+		o.QueueChunk = 64 << 10
+	}
+	if o.BulkThreshold <= 0 {
+		o.BulkThreshold = 256 << 10
+	}
+	if o.Dialer == nil {
+		var d net.Dialer
+		o.Dialer = func(ctx context.Context, addr string) (net.Conn, error) {
+			return d.DialContext(ctx, "tcp", addr)
+		}
+	}
+}
+
+// Client is a borrower's session with one donor region.
+type Client struct {
+	addr, cred string
+	opts       Options
+	size       int64
+	session    uint64
+
+	ctrl     net.Conn
+	ctrlDone chan struct{}
+
+	sync    syncConn
+	streams []*bulkStream
+	qp      *QueuePair
+
+	qmu    sync.Mutex
+	queues map[uint32]*QueuePair
+
+	syncBusy atomic.Int32 // callers inside the sync channel
+	closed   atomic.Bool
+	errOnce  sync.Once
+	lostErr  atomic.Pointer[error]
+}
+
+// Dial opens a session on the region identified by credential at addr: a
+// control connection (which carries credit updates), the synchronous
+// connection, the client's queue pair and the bulk streams.
+func Dial(ctx context.Context, addr, credential string, opts Options) (*Client, error) {
+	opts.fill()
+	c := &Client{addr: addr, cred: credential, opts: opts, queues: map[uint32]*QueuePair{}, ctrlDone: make(chan struct{})}
+	ctrl, rep, err := c.handshake(ctx, KindControl)
+	if err != nil {
+		return nil, err
+	}
+	c.ctrl = ctrl
+	c.size = int64(rep.Offset)
+	c.session = rep.session
+	go c.readControl()
+	ok := false
+	defer func() {
+		if !ok {
+			_ = c.Close()
+		}
+	}()
+	sc, _, err := c.handshake(ctx, KindSync)
+	if err != nil {
+		return nil, err
+	}
+	c.sync.init(sc)
+	for range opts.Streams {
+		bc, _, err := c.handshake(ctx, KindBulk)
+		if err != nil {
+			return nil, err
+		}
+		c.streams = append(c.streams, &bulkStream{conn: bc, br: bufio.NewReaderSize(bc, 64<<10)})
+	}
+	if c.qp, err = c.NewQueuePair(ctx); err != nil {
+		return nil, err
+	}
+	ok = true
+	return c, nil
+}
+
+type helloReply struct {
+	Header
+	session uint64
+	queue   uint32
+}
+
+// handshake dials one connection and performs HELLO.
+func (c *Client) handshake(ctx context.Context, kind uint8) (net.Conn, helloReply, error) {
+	var rep helloReply
+	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
+	defer cancel()
+	conn, err := c.opts.Dialer(ctx, c.addr)
+	if err != nil {
+		return nil, rep, fmt.Errorf("%w: dial %s: %v", ErrDonorLost, c.addr, err)
+	}
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+	}
+	dl, _ := ctx.Deadline()
+	_ = conn.SetDeadline(dl)
+	m := Hello{Kind: kind, Session: c.session, Credential: c.cred}
+	if kind == KindControl {
+		m.Session = 0
+	}
+	b := make([]byte, HeaderSize, HeaderSize+helloFixed+len(c.cred))
+	b = m.Encode(b)
+	h := Header{Op: OpHello, Payload: uint32(len(b) - HeaderSize)}
+	h.Encode(b)
+	if _, err := conn.Write(b); err != nil {
+		_ = conn.Close()
+		return nil, rep, fmt.Errorf("%w: hello: %v", ErrDonorLost, err)
+	}
+	var hdr [HeaderSize]byte
+	f, err := ReadFrame(conn, hdr[:], nil)
+	if err != nil {
+		_ = conn.Close()
+		if errors.Is(err, ErrBadFrame) || errors.Is(err, ErrVersion) {
+			return nil, rep, err
+		}
+		return nil, rep, fmt.Errorf("%w: hello: %v", ErrDonorLost, err)
+	}
+	if f.Status != StatusOK {
+		_ = conn.Close()
+		return nil, rep, fmt.Errorf("%w (%s)", statusErr(f.Status), f.Data)
+	}
+	if f.Op != OpHello || len(f.Data) != 12 {
+		_ = conn.Close()
+		return nil, rep, fmt.Errorf("%w: unexpected hello reply", ErrBadFrame)
+	}
+	rep.Header = f.Header
+	rep.session = binary.BigEndian.Uint64(f.Data)
+	rep.queue = binary.BigEndian.Uint32(f.Data[8:])
+	_ = conn.SetDeadline(time.Time{})
+	return conn, rep, nil
+}
+
+// readControl applies credit updates until the control connection ends.
+func (c *Client) readControl() {
+	defer close(c.ctrlDone)
+	var hdr [HeaderSize]byte
+	for {
+		f, err := ReadFrame(c.ctrl, hdr[:], nil)
+		if err != nil {
+			c.lost(fmt.Errorf("%w: control connection: %v", ErrDonorLost, err))
+			return
+		}
+		if f.Op != OpCredit {
+			continue
+		}
+		c.qmu.Lock()
+		q := c.queues[uint32(f.Offset)]
+		c.qmu.Unlock()
+		if q != nil {
+			q.grant(f.Credits)
+		}
+	}
+}
+
+// lost records the first fatal session error and fails queue waiters.
+func (c *Client) lost(err error) {
+	c.errOnce.Do(func() {
+		if c.closed.Load() {
+			err = ErrClosed
+		}
+		c.lostErr.Store(&err)
+		c.qmu.Lock()
+		qs := make([]*QueuePair, 0, len(c.queues))
+		for _, q := range c.queues {
+			qs = append(qs, q)
+		}
+		c.qmu.Unlock()
+		for _, q := range qs {
+			q.fail(err)
+		}
+	})
+}
+
+func (c *Client) err() error {
+	if p := c.lostErr.Load(); p != nil {
+		return *p
+	}
+	if c.closed.Load() {
+		return ErrClosed
+	}
+	return nil
+}
+
+// Size is the region size in bytes.
+func (c *Client) Size() int64 { return c.size }
+
+// Close ends the session: every connection is closed.
+func (c *Client) Close() error {
+	if c.closed.Swap(true) {
+		return nil
+	}
+	c.qmu.Lock()
+	qs := make([]*QueuePair, 0, len(c.queues))
+	for _, q := range c.queues {
+		qs = append(qs, q)
+	}
+	c.qmu.Unlock()
+	for _, q := range qs {
+		_ = q.Close()
+	}
+	if c.sync.conn != nil {
+		_ = c.sync.conn.Close()
+	}
+	for _, s := range c.streams {
+		_ = s.conn.Close()
+	}
+	if c.ctrl != nil {
+		_ = c.ctrl.Close()
+		<-c.ctrlDone
+	}
+	return nil
+}
+
+func (c *Client) check(n int, off int64) error {
+	if off < 0 || int64(n) > c.size || off > c.size-int64(n) {
+		return fmt.Errorf("%w: [%d,+%d) in region of %d bytes", ErrOutOfRange, off, n, c.size)
+	}
+	return c.err()
+}
+
+// Read fills p from the region at off over channel ch.
+func (c *Client) Read(ctx context.Context, ch Channel, p []byte, off int64) error {
+	return c.do(ctx, ch, OpRead, p, off)
+}
+
+// Write stores p in the region at off over channel ch.
+func (c *Client) Write(ctx context.Context, ch Channel, p []byte, off int64) error {
+	return c.do(ctx, ch, OpWrite, p, off)
+}
+
+func (c *Client) do(ctx context.Context, ch Channel, op uint8, p []byte, off int64) error {
+	if err := c.check(len(p), off); err != nil {
+		return err
+	}
+	if len(p) == 0 {
+		return nil
+	}
+	if ch == ChannelAdaptive {
+		ch = c.choose(len(p))
+	}
+	switch ch {
+	case ChannelSync:
+		c.syncBusy.Add(1)
+		defer c.syncBusy.Add(-1)
+		return c.sync.do(ctx, c, op, p, off)
+	case ChannelBulk:
+		return c.bulk(ctx, op, p, off)
+	case ChannelQueue:
+		return c.qp.do(ctx, op, p, off, c.opts.QueueChunk)
+	}
+	return fmt.Errorf("memory: unknown channel %d", ch)
+}
+
+// choose is the adaptive policy. Large requests go to the bulk channel.
+// Smaller ones go to the synchronous channel while it is free; when other
+// goroutines are already using it (a concurrent, fine-grained access
+// pattern), they are pipelined on the queue pair instead of waiting for the
+// synchronous connection's round trips one after another.
+func (c *Client) choose(n int) Channel {
+	if n >= c.opts.BulkThreshold {
+		return ChannelBulk
+	}
+	if c.syncBusy.Load() > 0 {
+		return ChannelQueue
+	}
+	return ChannelSync
+}
+
+// ReadAt implements io.ReaderAt over the adaptive channel with the client's
+// request timeout. Reads past the end return io.EOF.
+func (c *Client) ReadAt(p []byte, off int64) (int, error) {
+	n := len(p)
+	var eof error
+	if off >= 0 && off+int64(n) > c.size {
+		if off >= c.size {
+			return 0, io.EOF
+		}
+		n = int(c.size - off)
+		eof = io.EOF
+	}
+	if err := c.Read(context.Background(), ChannelAdaptive, p[:n], off); err != nil {
+		return 0, err
+	}
+	return n, eof
+}
+
+// WriteAt implements io.WriterAt over the adaptive channel.
+func (c *Client) WriteAt(p []byte, off int64) (int, error) {
+	if err := c.Write(context.Background(), ChannelAdaptive, p, off); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// deadline is the earlier of ctx's deadline and now+timeout.
+func (c *Client) deadline(ctx context.Context) time.Time {
+	dl := time.Now().Add(c.opts.Timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
+		return d
+	}
+	return dl
+}
+
+// respErr turns a response with a non-OK status (message already read) or a
+// transport error into the error returned to callers.
+func transportErr(err error) error {
+	if errors.Is(err, ErrBadFrame) {
+		return err
+	}
+	return fmt.Errorf("%w: %v", ErrDonorLost, err)
+}
+
+// syncConn is the fine-grained synchronous channel: one connection, one
+// request at a time, no allocation per request.
+type syncConn struct {
+	mu   sync.Mutex
+	conn net.Conn
+	br   *bufio.Reader
+	wbuf []byte
+	seq  uint32
+	bad  error
+}
+
+const syncWriteInline = 16 << 10
+
+func (s *syncConn) init(c net.Conn) {
+	s.conn = c
+	s.br = bufio.NewReaderSize(c, 64<<10)
+	s.wbuf = make([]byte, HeaderSize+syncWriteInline)
+}
+
+func (s *syncConn) do(ctx context.Context, c *Client, op uint8, p []byte, off int64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.bad != nil {
+		return s.bad
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	stop := context.AfterFunc(ctx, func() { _ = s.conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	_ = s.conn.SetDeadline(c.deadline(ctx))
+	for len(p) > 0 {
+		n := min(len(p), MaxPayload)
+		if err := s.one(op, p[:n], off); err != nil {
+			if !errors.Is(err, ErrOutOfRange) {
+				if ctx.Err() != nil {
+					err = fmt.Errorf("%w: %w", ErrDonorLost, ctx.Err())
+				}
+				s.bad = err
+				_ = s.conn.Close()
+			}
+			return err
+		}
+		p, off = p[n:], off+int64(n)
+	}
+	return nil
+}
+
+func (s *syncConn) one(op uint8, p []byte, off int64) error {
+	s.seq++
+	h := Header{Op: op, Seq: s.seq, Offset: uint64(off), Length: uint32(len(p))}
+	if op == OpWrite {
+		h.Payload = uint32(len(p))
+	}
+	h.Encode(s.wbuf)
+	var err error
+	if op == OpWrite && len(p) <= syncWriteInline {
+		n := copy(s.wbuf[HeaderSize:], p)
+		_, err = s.conn.Write(s.wbuf[:HeaderSize+n])
+	} else {
+		if _, err = s.conn.Write(s.wbuf[:HeaderSize]); err == nil && op == OpWrite {
+			_, err = s.conn.Write(p)
+		}
+	}
+	if err != nil {
+		return transportErr(err)
+	}
+	rh, err := readHeader(s.br, s.wbuf[:HeaderSize])
+	if err != nil {
+		return err
+	}
+	if rh.Seq != h.Seq || rh.Op != op || !rh.IsResponse() {
+		return fmt.Errorf("%w: reply seq %d op %d for seq %d op %d", ErrBadFrame, rh.Seq, rh.Op, h.Seq, op)
+	}
+	if rh.Status != StatusOK {
+		return readStatus(s.br, rh)
+	}
+	if op == OpRead {
+		if rh.Length != h.Length {
+			return fmt.Errorf("%w: short read reply", ErrBadFrame)
+		}
+		if _, err := io.ReadFull(s.br, p); err != nil {
+			return transportErr(err)
+		}
+	}
+	return nil
+}
+
+func readHeader(r io.Reader, b []byte) (Header, error) {
+	if _, err := io.ReadFull(r, b[:HeaderSize]); err != nil {
+		return Header{}, transportErr(err)
+	}
+	return DecodeHeader(b[:HeaderSize])
+}
+
+// readStatus consumes an error response's message and returns its error.
+func readStatus(r io.Reader, h Header) error {
+	msg := make([]byte, h.Payload)
+	if _, err := io.ReadFull(r, msg); err != nil {
+		return transportErr(err)
+	}
+	return fmt.Errorf("%w (%s)", statusErr(h.Status), msg)
+}

@@ -1,0 +1,28 @@
+// Package memory is Rialto's remote-memory data plane (seed 001, Venice).
+//
+// A Donor reserves anonymous memory regions, one per memory lease, and serves
+// them over the Rialto memory protocol (docs/memory-protocol.md): framed
+// binary over TCP, authenticated by the lease credential in the first frame.
+// A Client reaches a region through three channels that mirror Venice's:
+// a fine-grained synchronous channel (ChannelSync, ≈ CRMA), a bulk channel
+// that splits large ranges into chunks over parallel streams (ChannelBulk,
+// ≈ RDMA), and asynchronous queue pairs with sequence numbers, a completion
+// queue and credit-based flow control whose credits travel on the session's
+// low-latency control connection (ChannelQueue, ≈ QPair). ChannelAdaptive
+// picks one per request from its size and the recent access pattern.
+//
+// Map builds a transparent mapping on top of a Client: a []byte whose pages
+// are fetched on first touch by a userfaultfd handler, cached locally (LRU,
+// write-back of dirty pages tracked with userfaultfd write-protection) and
+// flushed on Close. Backend adapts a Client to the NBD server's Backend
+// interface so a memory lease can be exported as a swap-style block device.
+//
+// Zero values: the zero Donor, Client, QueuePair and Mapping are not usable;
+// build them with NewDonor, Dial, Client.NewQueuePair and Map.
+//
+// Concurrency: Donor and Client methods are safe for concurrent use. A
+// QueuePair may be used by several goroutines; its completions are delivered
+// on one channel. A Mapping's Bytes may be read and written by any number of
+// goroutines as ordinary memory; Flush and Close may be called from any
+// goroutine that is not touching the mapping at the same time as Close.
+package memory
