@@ -31,9 +31,9 @@ const (
 	ModeMissing = 1
 	ModeWP      = 2
 
-	copyModeWP       = 2
-	wpModeWP         = 1
-	wpModeDontWake   = 2
+	copyModeWP     = 2
+	wpModeWP       = 1
+	wpModeDontWake = 2
 
 	EventPagefault = 0x12
 
