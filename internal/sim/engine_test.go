@@ -53,44 +53,6 @@ func TestEngineHeapRandom(t *testing.T) {
 	}
 }
 
-func TestMaxMin(t *testing.T) {
-	tests := []struct {
-		name  string
-		caps  []float64
-		paths [][]int
-		fcap  []float64
-		want  []float64
-	}{
-		{"one link two flows", []float64{10}, [][]int{{0}, {0}}, []float64{0, 0}, []float64{5, 5}},
-		{"capped flow frees share", []float64{10}, [][]int{{0}, {0}}, []float64{2, 0}, []float64{2, 8}},
-		{"classic parking lot", []float64{10, 10}, [][]int{{0, 1}, {0}, {1}}, []float64{0, 0, 0}, []float64{5, 5, 5}},
-		{"bottleneck elsewhere", []float64{10, 4}, [][]int{{0, 1}, {0}}, []float64{0, 0}, []float64{4, 6}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			rs := make([]*Resource, len(tc.caps))
-			for i, c := range tc.caps {
-				rs[i] = &Resource{Capacity: c}
-			}
-			var fs []*Flow
-			for i, p := range tc.paths {
-				f := &Flow{Cap: tc.fcap[i]}
-				for _, j := range p {
-					f.Path = append(f.Path, rs[j])
-					rs[j].flows = append(rs[j].flows, f)
-				}
-				fs = append(fs, f)
-			}
-			MaxMin(rs, fs)
-			for i, f := range fs {
-				if math.Abs(f.rate-tc.want[i]) > 1e-9 {
-					t.Errorf("flow %d rate %v want %v", i, f.rate, tc.want[i])
-				}
-			}
-		})
-	}
-}
-
 func TestNetFlowsFinishInOrder(t *testing.T) {
 	var e Engine
 	n := NewNet(&e)
@@ -138,4 +100,19 @@ func BenchmarkEngine(b *testing.B) {
 		e.Step()
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+}
+
+func TestNetRatesFromFabricMaxMin(t *testing.T) {
+	var e Engine
+	n := NewNet(&e)
+	wide := &Resource{Capacity: 10}
+	narrow := &Resource{Capacity: 4}
+	free := &Resource{} // unlimited
+	a := n.Start(1e9, []*Resource{wide, narrow, free}, 0, nil)
+	b := n.Start(1e9, []*Resource{wide}, 0, nil)
+	c := n.Start(1e9, []*Resource{free}, 3, nil)
+	e.Run(1)
+	if math.Abs(a.Rate()-4) > 1e-9 || math.Abs(b.Rate()-6) > 1e-9 || math.Abs(c.Rate()-3) > 1e-9 {
+		t.Fatalf("rates %v %v %v, want 4 6 3", a.Rate(), b.Rate(), c.Rate())
+	}
 }

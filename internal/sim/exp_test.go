@@ -44,6 +44,9 @@ func TestSmufinFig8(t *testing.T) {
 	if !(b < a && b < c) {
 		t.Errorf("(b) should be fastest: a=%v b=%v c=%v", a, b, c)
 	}
+	if rl := metric(t, r, "mean slowdown Rialto placement, no deadline"); rl > b {
+		t.Errorf("Rialto's placement (%v) should do at least as well as (b) %v", rl, b)
+	}
 	if mb, mc := metric(t, r, "makespan slowdown (b) 2-device composition"), metric(t, r, "makespan slowdown (c) 1 dedicated + 4 shared"); mb >= mc {
 		t.Errorf("(b) makespan %v should beat (c) %v", mb, mc)
 	}

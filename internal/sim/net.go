@@ -1,6 +1,10 @@
 package sim
 
-import "math"
+import (
+	"math"
+
+	"github.com/rialto-project/rialto/internal/fabric"
+)
 
 // Profile gives the fraction of a resource's nominal capacity that it
 // delivers when n flows use it at once (a characterization profile: delivered
@@ -25,7 +29,7 @@ func (t Table) Delivered(n int) float64 {
 }
 
 // Resource is something flows share: a link direction, a device, a host's
-// memory bus. Capacity is in bytes per second at concurrency 1.
+// memory bus. Capacity is in bytes per second at concurrency 1 (0: unlimited).
 type Resource struct {
 	Name     string
 	Capacity float64
@@ -38,8 +42,7 @@ type Resource struct {
 	Busy Time
 
 	mark    uint64
-	rem     float64
-	cnt     int
+	idx     int
 	lastSet Time
 }
 
@@ -48,6 +51,9 @@ func (r *Resource) Active() int { return len(r.flows) }
 
 // Delivered reports the capacity delivered at the current concurrency.
 func (r *Resource) Delivered() float64 {
+	if r.Capacity <= 0 {
+		return math.Inf(1)
+	}
 	c := r.Capacity
 	if r.Profile != nil {
 		c *= r.Profile.Delivered(len(r.flows))
@@ -70,7 +76,6 @@ type Flow struct {
 	ver       uint64
 	done      func(*Flow)
 	mark      uint64
-	frozen    bool
 	live      bool
 	scheduled bool
 	prev      float64
@@ -101,8 +106,13 @@ type Net struct {
 	Started, Finished uint64
 
 	// scratch
-	compR []*Resource
-	compF []*Flow
+	compR  []*Resource
+	compF  []*Flow
+	solver fabric.Solver
+	caps   []float64
+	fflows []fabric.Flow
+	uses   []fabric.Use
+	rates  []float64
 }
 
 // NewNet returns a flow network driven by eng.
@@ -241,7 +251,7 @@ func (n *Net) recompute() {
 	for _, f := range n.compF {
 		f.prev = f.rate
 	}
-	MaxMin(n.compR, n.compF)
+	n.solve(n.compR, n.compF)
 	for _, f := range n.compF {
 		if f.rate == f.prev && f.scheduled {
 			continue
@@ -270,80 +280,37 @@ func (n *Net) finish(f *Flow, ver uint64) {
 	}
 }
 
-// MaxMin sets the rate of every flow by progressive filling: all unfrozen
-// flows grow at the same pace; a flow freezes when one of its resources is
-// saturated (its delivered capacity at the current concurrency is used up) or
-// when it reaches its own Cap. Flows must only use resources in rs.
-func MaxMin(rs []*Resource, fs []*Flow) {
-	for _, r := range rs {
-		r.rem = r.Delivered()
-		r.cnt = len(r.flows)
+// solve sets the rate of every flow of the component by fabric's weighted
+// max-min fair sharing (progressive filling): each resource offers its
+// delivered capacity at its current concurrency, each flow asks for its Cap
+// (0: as much as it can get).
+func (n *Net) solve(rs []*Resource, fs []*Flow) {
+	n.caps = n.caps[:0]
+	for i, r := range rs {
+		r.idx = i
+		n.caps = append(n.caps, r.Delivered())
 	}
+	if cap(n.fflows) < len(fs) {
+		n.fflows = make([]fabric.Flow, len(fs))
+	}
+	n.fflows = n.fflows[:len(fs)]
+	n.uses = n.uses[:0]
 	for _, f := range fs {
-		f.frozen = false
-		f.rate = 0
-	}
-	left := len(fs)
-	const eps = 1e-12
-	for left > 0 {
-		share := math.Inf(1)
-		for _, r := range rs {
-			if r.cnt > 0 {
-				if s := r.rem / float64(r.cnt); s < share {
-					share = s
-				}
-			}
-		}
-		capMin := math.Inf(1)
-		for _, f := range fs {
-			if !f.frozen && f.Cap > 0 && f.Cap < capMin {
-				capMin = f.Cap
-			}
-		}
-		if capMin <= share {
-			for _, f := range fs {
-				if !f.frozen && f.Cap > 0 && f.Cap <= capMin*(1+eps) {
-					freeze(f, f.Cap)
-					left--
-				}
-			}
-			continue
-		}
-		if math.IsInf(share, 1) {
-			// Unconstrained flows (no capacity anywhere): should not happen.
-			for _, f := range fs {
-				if !f.frozen {
-					freeze(f, 0)
-					left--
-				}
-			}
-			break
-		}
-		lim := share * (1 + 1e-9)
-		for _, r := range rs {
-			if r.cnt > 0 && r.rem/float64(r.cnt) <= lim {
-				for _, f := range r.flows {
-					if !f.frozen {
-						freeze(f, share)
-						left--
-					}
-				}
-			}
+		for _, r := range f.Path {
+			n.uses = append(n.uses, fabric.Use{Resource: r.idx, Coef: 1})
 		}
 	}
-}
-
-func freeze(f *Flow, rate float64) {
-	if rate < 0 {
-		rate = 0
+	off := 0
+	for i, f := range fs {
+		n.fflows[i] = fabric.Flow{Demand: f.Cap, Uses: n.uses[off : off+len(f.Path) : off+len(f.Path)]}
+		off += len(f.Path)
 	}
-	f.frozen = true
-	f.rate = rate
-	for _, r := range f.Path {
-		r.rem -= rate
-		if r.rem < 0 {
-			r.rem = 0
+	n.rates = n.solver.Solve(n.caps, n.fflows, n.rates)
+	for i, f := range fs {
+		r := n.rates[i]
+		if math.IsInf(r, 1) || r < 0 {
+			r = 0
 		}
-		r.cnt--
+		f.rate = r
 	}
 }

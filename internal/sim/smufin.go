@@ -1,5 +1,7 @@
 package sim
 
+import "github.com/rialto-project/rialto/internal/placement"
+
 // Volume is what a block lease gives a workload: one path per stripe member
 // (a dedicated or shared device is one member; a composition of k devices is
 // k members, written evenly, RAID0-like).
@@ -22,20 +24,10 @@ type SmufinSpec struct {
 
 // DefaultSmufin is seed 000's instance scaled down 100× in bytes (1.5 GB)
 // with the paper's rate, so every ratio is preserved.
-var DefaultSmufin = SmufinSpec{Bytes: 1.5e9, Rate: 477e6, Chunks: 1}
+var DefaultSmufin = SmufinSpec{Bytes: placement.Seed000WriterWork / 100, Rate: placement.Seed000WriterDemand, Chunks: 1}
 
 // AloneTime is the run time alone on one device.
 func (s SmufinSpec) AloneTime() Time { return s.Bytes / s.Rate }
-
-// NVMeProfile is the delivered fraction of a 2 GB/s NVMe device's sequential
-// write bandwidth versus the number of concurrent writers, calibrated on seed
-// 000 (Figs. 6–7: delivered bandwidth falls as writers are added; the
-// degradation thresholds are 3 writers on one device, 4 on a 2-device and 6
-// on a 3-device composition).
-var NVMeProfile = Table{1, 0.97, 0.62, 0.45, 0.43, 0.40, 0.38, 0.36}
-
-// NVMeBandwidth is the sequential write bandwidth of seed 000's NVMe device.
-const NVMeBandwidth = 2e9
 
 // SmufinInstance is one running writer.
 type SmufinInstance struct {

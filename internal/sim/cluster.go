@@ -1,0 +1,113 @@
+package sim
+
+import (
+	"math"
+
+	"github.com/rialto-project/rialto/internal/fabric"
+	"github.com/rialto-project/rialto/internal/placement"
+)
+
+// Cluster is the simulated counterpart of a placement snapshot: one Resource
+// per device (capacity and concurrency profile from the snapshot's
+// profiles) and one per fabric link, and the fabric paths between borrowers
+// and devices. The same snapshot feeds placement's Index, so the simulator
+// decides with the control plane's placement and moves bytes over the same
+// topology.
+type Cluster struct {
+	Snap  *placement.Snapshot
+	Graph *fabric.Graph
+	Index *placement.Index
+	Dev   map[string]*Resource
+	Links []*Resource
+
+	devs  map[string]placement.Device
+	trees map[int]*fabric.Tree
+	paths map[[2]string][]*Resource
+}
+
+// ProfileTable turns a placement profile (delivered bytes/s per concurrency)
+// into a Profile of fractions of its first entry.
+func ProfileTable(p placement.Profile) (capacity float64, t Table) {
+	if len(p.Delivered) == 0 {
+		return p.MaxBandwidth, nil
+	}
+	capacity = p.Delivered[0]
+	for _, d := range p.Delivered {
+		t = append(t, d/capacity)
+	}
+	return capacity, t
+}
+
+// NewCluster builds the simulated cluster and a placement index for s. The
+// snapshot must not change afterwards except through the index.
+func NewCluster(s *placement.Snapshot) *Cluster {
+	c := &Cluster{Snap: s, Dev: map[string]*Resource{}, devs: map[string]placement.Device{}, trees: map[int]*fabric.Tree{}, paths: map[[2]string][]*Resource{}}
+	var extra []string
+	for _, n := range s.Nodes {
+		extra = append(extra, n.ID)
+	}
+	for _, d := range s.Devices {
+		if d.Attach != "" {
+			extra = append(extra, d.Attach)
+		}
+	}
+	c.Graph = fabric.NewGraph(s.Links, extra...)
+	for _, l := range s.Links {
+		c.Links = append(c.Links, &Resource{Name: l.ID, Capacity: l.Residual()})
+	}
+	for _, l := range c.Links {
+		if math.IsInf(l.Capacity, 1) {
+			l.Capacity = 0
+		}
+	}
+	for _, d := range s.Devices {
+		r := &Resource{Name: d.ID, Capacity: d.Bandwidth}
+		if p, ok := s.Profiles[d.Model]; ok {
+			r.Capacity, r.Profile = ProfileTable(p)
+		}
+		c.Dev[d.ID] = r
+		c.devs[d.ID] = d
+	}
+	c.Index = placement.NewIndex(s)
+	return c
+}
+
+// Path returns the resources a flow from borrower to device crosses: the
+// fabric links of the shortest path (by hops) and the device itself. A
+// device on the borrower's own node crosses no link.
+func (c *Cluster) Path(borrower, device string) []*Resource {
+	key := [2]string{borrower, device}
+	if p, ok := c.paths[key]; ok {
+		return p
+	}
+	d := c.devs[device]
+	at := d.Attach
+	if at == "" {
+		at = d.Node
+	}
+	var out []*Resource
+	src, ok1 := c.Graph.Vertex(borrower)
+	dst, ok2 := c.Graph.Vertex(at)
+	if ok1 && ok2 && src != dst {
+		t := c.trees[src]
+		if t == nil {
+			t = c.Graph.ShortestPaths(src, fabric.ByHops)
+			c.trees[src] = t
+		}
+		for _, li := range t.PathTo(dst) {
+			out = append(out, c.Links[li])
+		}
+	}
+	out = append(out, c.Dev[device])
+	c.paths[key] = out
+	return out
+}
+
+// Volume is the block volume a lease's parts give borrower.
+func (c *Cluster) Volume(borrower string, parts []placement.Part) Volume {
+	var v Volume
+	for _, p := range parts {
+		v.Members = append(v.Members, c.Path(borrower, p.DeviceID))
+	}
+	return v
+}
