@@ -1,0 +1,371 @@
+package accel
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+)
+
+// Target is what a Server exposes: an appliance slot, or a gateway (which
+// has no memory and takes only inline tasks).
+type Target interface {
+	// Authenticate checks the credential of a new connection.
+	Authenticate(credential []byte) error
+	// Info describes the target for READY.
+	Info() Info
+	// WriteMem and ReadMem access the target's memory; addresses are
+	// target-relative and out-of-range accesses fail with ErrOutOfRange.
+	WriteMem(addr uint64, p []byte) error
+	ReadMem(addr uint64, n uint32) ([]byte, error)
+	// Execute runs entry on each input (one invocation when the role is a
+	// batcher) and returns one output per input.
+	Execute(ctx context.Context, entry string, ins [][]byte) ([][]byte, error)
+}
+
+// Server serves the accel protocol for a Target.
+type Server struct {
+	Target         Target
+	Logger         *slog.Logger  // nil: discard
+	MaxPayload     uint32        // 0: DefaultMaxPayload
+	MaxOutstanding int           // tasks in flight per connection; 0: 1024
+	HelloTimeout   time.Duration // 0: 10 s
+}
+
+func (s *Server) logger() *slog.Logger {
+	if s.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return s.Logger
+}
+
+func (s *Server) maxPayload() uint32 {
+	if s.MaxPayload == 0 {
+		return DefaultMaxPayload
+	}
+	return s.MaxPayload
+}
+
+// Serve accepts connections on ln until ctx ends or ln fails, then closes
+// ln and every connection and waits for their goroutines.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
+	defer stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("accel: accept: %w", err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.serveConn(ctx, nc)
+		}()
+	}
+}
+
+type taskState struct {
+	done   bool
+	outLen uint32
+	err    error
+}
+
+type conn struct {
+	s      *Server
+	nc     net.Conn
+	out    chan []byte
+	sem    chan struct{}
+	mu     sync.Mutex
+	tasks  map[uint32]*taskState
+	failed chan struct{}
+	once   sync.Once
+}
+
+// ServeConn serves one already-accepted connection until it ends or ctx
+// ends.
+func (s *Server) ServeConn(ctx context.Context, nc net.Conn) { s.serveConn(ctx, nc) }
+
+func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
+	stop := context.AfterFunc(ctx, func() { _ = nc.Close() })
+	defer stop()
+	defer nc.Close()
+	if tc, ok := nc.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+	}
+	log := s.logger().With("remote", nc.RemoteAddr().String())
+	br := bufio.NewReaderSize(nc, 64<<10)
+	ht := s.HelloTimeout
+	if ht == 0 {
+		ht = 10 * time.Second
+	}
+	_ = nc.SetReadDeadline(time.Now().Add(ht))
+	f, err := ReadFrame(br, 64<<10)
+	if err != nil {
+		log.Debug("accel: no hello", "err", err)
+		return
+	}
+	_ = nc.SetReadDeadline(time.Time{})
+	if f.Op != OpHello {
+		_, _ = nc.Write(errFrame(f.Tag, fmt.Errorf("%w: first frame must be HELLO", ErrAuth)))
+		return
+	}
+	h, err := ParseHello(f.Payload)
+	if err == nil && h.Version != Version {
+		err = fmt.Errorf("%w: protocol version %d, want %d", ErrFrame, h.Version, Version)
+	}
+	if err == nil {
+		err = s.Target.Authenticate(h.Credential)
+	}
+	if err != nil {
+		log.Info("accel: connection refused", "err", err)
+		_, _ = nc.Write(errFrame(f.Tag, err))
+		return
+	}
+	info := s.Target.Info()
+	info.Version, info.MaxPayload = Version, s.maxPayload()
+	if _, err := nc.Write(AppendFrame(nil, Frame{Op: OpReady, Tag: f.Tag, Payload: appendInfo(nil, info)})); err != nil {
+		return
+	}
+	mo := s.MaxOutstanding
+	if mo <= 0 {
+		mo = 1024
+	}
+	c := &conn{s: s, nc: nc, out: make(chan []byte, 256), sem: make(chan struct{}, mo),
+		tasks: map[uint32]*taskState{}, failed: make(chan struct{})}
+	var wwg sync.WaitGroup
+	wwg.Add(1)
+	go func() {
+		defer wwg.Done()
+		c.writer()
+	}()
+	tctx, cancel := context.WithCancel(ctx)
+	var twg sync.WaitGroup
+	for {
+		f, err := ReadFrame(br, s.maxPayload())
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				log.Debug("accel: read", "err", err)
+				if errors.Is(err, ErrTooLarge) || errors.Is(err, ErrFrame) {
+					c.send(errFrame(0, err))
+				}
+			}
+			break
+		}
+		c.handle(tctx, &twg, f)
+	}
+	cancel()
+	twg.Wait()
+	close(c.out)
+	wwg.Wait()
+}
+
+func errFrame(tag uint32, err error) []byte {
+	p := binary.LittleEndian.AppendUint16(nil, uint16(CodeOf(err)))
+	return AppendFrame(nil, Frame{Op: OpError, Tag: tag, Payload: append(p, err.Error()...)})
+}
+
+func (c *conn) send(b []byte) {
+	select {
+	case c.out <- b:
+	case <-c.failed:
+	}
+}
+
+// writer coalesces queued replies into one flush.
+func (c *conn) writer() {
+	bw := bufio.NewWriterSize(c.nc, 64<<10)
+	for b := range c.out {
+		_, err := bw.Write(b)
+		for err == nil && len(c.out) > 0 {
+			_, err = bw.Write(<-c.out)
+		}
+		if err == nil {
+			err = bw.Flush()
+		}
+		if err != nil {
+			c.once.Do(func() { close(c.failed) })
+			_ = c.nc.Close()
+			for range c.out {
+			}
+			return
+		}
+	}
+}
+
+func (c *conn) handle(ctx context.Context, wg *sync.WaitGroup, f Frame) {
+	t := c.s.Target
+	switch f.Op {
+	case OpPing:
+		c.send(AppendFrame(nil, Frame{Op: OpOK, Tag: f.Tag}))
+	case OpWrite:
+		if len(f.Payload) < 8 {
+			c.send(errFrame(f.Tag, fmt.Errorf("%w: short write", ErrFrame)))
+			return
+		}
+		if err := t.WriteMem(binary.LittleEndian.Uint64(f.Payload), f.Payload[8:]); err != nil {
+			c.send(errFrame(f.Tag, err))
+			return
+		}
+		c.send(AppendFrame(nil, Frame{Op: OpOK, Tag: f.Tag}))
+	case OpRead:
+		if len(f.Payload) != 12 {
+			c.send(errFrame(f.Tag, fmt.Errorf("%w: read payload is 12 bytes", ErrFrame)))
+			return
+		}
+		n := binary.LittleEndian.Uint32(f.Payload[8:])
+		if n > c.s.maxPayload() {
+			c.send(errFrame(f.Tag, fmt.Errorf("%w: read of %d bytes above %d", ErrTooLarge, n, c.s.maxPayload())))
+			return
+		}
+		p, err := t.ReadMem(binary.LittleEndian.Uint64(f.Payload), n)
+		if err != nil {
+			c.send(errFrame(f.Tag, err))
+			return
+		}
+		c.send(AppendFrame(nil, Frame{Op: OpData, Tag: f.Tag, Payload: p}))
+	case OpStart:
+		st, err := ParseStart(f.Payload, f.Flags)
+		if err != nil {
+			c.send(errFrame(f.Tag, err))
+			return
+		}
+		notify := f.Flags&FlagNotify != 0
+		select {
+		case c.sem <- struct{}{}:
+		default:
+			c.send(errFrame(f.Tag, fmt.Errorf("%w (%d in flight)", ErrBusy, cap(c.sem))))
+			return
+		}
+		if !notify {
+			c.mu.Lock()
+			_, dup := c.tasks[f.Tag]
+			full := len(c.tasks) >= 4*cap(c.sem)
+			if !dup && !full {
+				c.tasks[f.Tag] = &taskState{}
+			}
+			c.mu.Unlock()
+			if dup || full {
+				<-c.sem
+				c.send(errFrame(f.Tag, fmt.Errorf("%w: task tag %d in use or too many unpolled tasks", ErrBusy, f.Tag)))
+				return
+			}
+			c.send(AppendFrame(nil, Frame{Op: OpAccepted, Tag: f.Tag}))
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-c.sem }()
+			out, err := c.run(ctx, f.Flags, st)
+			if notify {
+				if err != nil {
+					c.send(errFrame(f.Tag, err))
+					return
+				}
+				p := binary.LittleEndian.AppendUint32(make([]byte, 0, 4+len(out)), uint32(len(out)))
+				if f.Flags&FlagInline != 0 {
+					p = append(p, out...)
+				}
+				c.send(AppendFrame(nil, Frame{Op: OpDone, Tag: f.Tag, Payload: p}))
+				return
+			}
+			c.mu.Lock()
+			if ts := c.tasks[f.Tag]; ts != nil {
+				ts.done, ts.outLen, ts.err = true, uint32(len(out)), err
+			}
+			c.mu.Unlock()
+		}()
+	case OpPoll:
+		if len(f.Payload) != 4 {
+			c.send(errFrame(f.Tag, fmt.Errorf("%w: poll payload is 4 bytes", ErrFrame)))
+			return
+		}
+		id := binary.LittleEndian.Uint32(f.Payload)
+		c.mu.Lock()
+		ts, ok := c.tasks[id]
+		var st taskState
+		if ok {
+			st = *ts
+			if ts.done {
+				delete(c.tasks, id)
+			}
+		}
+		c.mu.Unlock()
+		if !ok {
+			c.send(errFrame(f.Tag, fmt.Errorf("%w %d", ErrUnknownTask, id)))
+			return
+		}
+		p := []byte{StateRunning}
+		switch {
+		case st.done && st.err != nil:
+			p[0] = StateFailed
+		case st.done:
+			p[0] = StateDone
+		}
+		p = binary.LittleEndian.AppendUint32(p, st.outLen)
+		if st.err != nil {
+			p = binary.LittleEndian.AppendUint16(p, uint16(CodeOf(st.err)))
+			p = append(p, st.err.Error()...)
+		}
+		c.send(AppendFrame(nil, Frame{Op: OpStatus, Tag: f.Tag, Payload: p}))
+	default:
+		c.send(errFrame(f.Tag, fmt.Errorf("%w: unexpected op %#x", ErrFrame, f.Op)))
+	}
+}
+
+// run executes one task: the mailbox read, the role, the mailbox write.
+func (c *conn) run(ctx context.Context, flags uint8, st Start) ([]byte, error) {
+	t := c.s.Target
+	in := st.Payload
+	if flags&FlagInline == 0 {
+		var err error
+		if in, err = t.ReadMem(st.In, st.InLen); err != nil {
+			return nil, err
+		}
+	}
+	items := [][]byte{in}
+	if flags&FlagBatch != 0 {
+		var err error
+		if items, err = DecodeBatch(in); err != nil {
+			return nil, err
+		}
+	}
+	outs, err := t.Execute(ctx, st.Entry, items)
+	if err != nil {
+		return nil, err
+	}
+	if len(outs) != len(items) {
+		return nil, fmt.Errorf("%w: %d outputs for %d inputs", ErrRoleFailed, len(outs), len(items))
+	}
+	var out []byte
+	if flags&FlagBatch != 0 {
+		out = EncodeBatch(outs)
+	} else {
+		out = outs[0]
+	}
+	if flags&FlagInline != 0 {
+		if uint32(len(out)) > c.s.maxPayload()-4 {
+			return nil, fmt.Errorf("%w: %d-byte output above the frame limit", ErrTooLarge, len(out))
+		}
+		return out, nil
+	}
+	if uint64(len(out)) > uint64(st.OutCap) {
+		return nil, fmt.Errorf("%w: output is %d bytes, buffer %d", ErrOutputTooSmall, len(out), st.OutCap)
+	}
+	if err := t.WriteMem(st.Out, out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
