@@ -44,6 +44,7 @@ type Index struct {
 	solver fabric.Solver
 	// scratch, reused across calls (epoch-stamped)
 	epoch    uint32
+	rEpoch   uint32
 	resStamp []uint32
 	resLocal []int32
 	lsStamp  []uint32

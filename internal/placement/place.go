@@ -323,7 +323,7 @@ func (x *Index) candidates(q req, bv int32, allowDed bool, minNeed int64) ([]can
 			break
 		}
 		lastHops = gh
-		if kg.maxFree[a] < minNeed && !(allowDed && kg.empty[a] > 0) {
+		if len(kg.devs[a]) > 16 && kg.maxFree[a] < minNeed && !(allowDed && kg.empty[a] > 0) {
 			n := len(kg.devs[a])
 			examined += n
 			rej.add(fmt.Sprintf("%d devices at %s", n, x.g.ID(int(a))), ConstraintCapacity, "none free or usable enough")
@@ -564,12 +564,13 @@ func (x *Index) eval(q req, bv int32, o option, candBy map[int32]*cand) result {
 			CompletionBefore: completion(ls.l.Remaining, before), CompletionAfter: completion(ls.l.Remaining, after)}
 		lateBefore := ls.l.Deadline > 0 && ls.l.Remaining > 0 && x.now+im.CompletionBefore > ls.l.Deadline
 		im.MissesDeadline = ls.l.Deadline > 0 && ls.l.Remaining > 0 && x.now+im.CompletionAfter > ls.l.Deadline
+		if im.MissesDeadline && !lateBefore {
+			return reject(ConstraintDeadline, fmt.Sprintf("running lease %s would miss its deadline (completion %v → %v)",
+				ls.l.ID, im.CompletionBefore.Round(time.Second), im.CompletionAfter.Round(time.Second)))
+		}
 		if after < before*(1-SlowdownTolerance) {
 			switch {
 			case ls.l.Deadline > 0 && ls.l.Remaining > 0:
-				if im.MissesDeadline && !lateBefore {
-					res.unmet++
-				}
 			case ls.l.Demand > 0:
 				if after < ls.l.Demand*(1-SlowdownTolerance) {
 					res.unmet++
@@ -606,7 +607,19 @@ func (x *Index) eval(q req, bv int32, o option, candBy map[int32]*cand) result {
 		if l.Bandwidth <= 0 {
 			continue
 		}
-		if v := (l.Load + x.res[u.Resource].load + u.Coef*add) / l.Bandwidth; v > res.linkUtil {
+		load := x.res[u.Resource].load + u.Coef*add
+		for k, ai := range sol.affected {
+			b, a := x.leases[ai].rate, sol.rates[k]
+			if a == b || math.IsInf(a, 0) || math.IsInf(b, 0) {
+				continue
+			}
+			for _, au := range x.leases[ai].uses {
+				if au.Resource == u.Resource {
+					load += au.Coef * (a - b)
+				}
+			}
+		}
+		if v := (l.Load + load) / l.Bandwidth; v > res.linkUtil {
 			res.linkUtil = v
 		}
 	}

@@ -16,11 +16,11 @@ type localSol struct {
 
 // localSolve re-solves max-min sharing around a change: a new flow with
 // uses and demand joins (when uses is non-nil), and/or lease drop leaves
-// (drop >= 0). The affected leases are those on the touched devices and on
-// touched links that are (or become) saturated; the rest of the fabric keeps
-// its rates, so their leftover capacity is fixed. This is exact when the
-// change's effect does not propagate beyond one hop of sharing, and a close
-// approximation otherwise (Predict solves globally).
+// (drop >= 0). It starts from the leases on the touched devices and on
+// touched links that are (or become) saturated, solves that neighbourhood
+// with the rest of the fabric's load fixed, and widens it through every
+// saturated resource a changed lease uses until no change crosses the
+// boundary; the result equals a global solve (Predict) up to rounding.
 func (x *Index) localSolve(uses []fabric.Use, demand float64, drop int32) localSol {
 	x.epoch++
 	ep := x.epoch
@@ -28,14 +28,17 @@ func (x *Index) localSolve(uses []fabric.Use, demand float64, drop int32) localS
 		x.lsStamp = append(x.lsStamp, make([]uint32, len(x.leases)-len(x.lsStamp))...)
 	}
 	var sol localSol
-	addLeases := func(r int) {
+	addLeases := func(r int) bool {
+		added := false
 		for _, li := range x.res[r].leases {
 			if li == drop || !x.leases[li].live || x.lsStamp[li] == ep {
 				continue
 			}
 			x.lsStamp[li] = ep
 			sol.affected = append(sol.affected, li)
+			added = true
 		}
+		return added
 	}
 	touch := func(u fabric.Use, d float64) {
 		r := u.Resource
@@ -61,7 +64,70 @@ func (x *Index) localSolve(uses []fabric.Use, demand float64, drop int32) localS
 			touch(u, 0)
 		}
 	}
-	// Local resources.
+	var rates []float64
+	for iter := 0; ; iter++ {
+		var capacity []float64
+		var global []int
+		rates, capacity, global = x.solveSet(sol.affected, uses, demand, drop)
+		if iter == 16 || len(sol.affected) > 20000 {
+			break
+		}
+		// Loads after, per local resource.
+		after := make([]float64, len(global))
+		for k, li := range sol.affected {
+			if math.IsInf(rates[k], 0) {
+				continue
+			}
+			for _, u := range x.leases[li].uses {
+				after[x.resLocal[u.Resource]] += u.Coef * rates[k]
+			}
+		}
+		if uses != nil && !math.IsInf(rates[len(sol.affected)], 0) {
+			for _, u := range uses {
+				after[x.resLocal[u.Resource]] += u.Coef * rates[len(sol.affected)]
+			}
+		}
+		grew := false
+		n := len(sol.affected)
+		for k := 0; k < n; k++ {
+			li := sol.affected[k]
+			before := x.leases[li].rate
+			if rates[k] == before || math.Abs(rates[k]-before) <= 1e-9*math.Max(1, math.Abs(before)) {
+				continue
+			}
+			for _, u := range x.leases[li].uses {
+				r := u.Resource
+				lr := x.resLocal[r]
+				satAfter := after[lr] >= capacity[lr]*(1-1e-9)-1e-6
+				nb := len(x.res[r].leases)
+				if r < len(x.devs) {
+					nb = x.liveOn(r)
+				}
+				cb := x.resCap(r, nb)
+				satBefore := !math.IsInf(cb, 1) && x.res[r].load >= cb*(1-1e-9)-1e-6
+				if (satAfter || satBefore) && addLeases(r) {
+					grew = true
+				}
+			}
+		}
+		if !grew {
+			break
+		}
+	}
+	sol.rates = rates[:len(sol.affected)]
+	if uses != nil {
+		sol.newRate = rates[len(sol.affected)]
+	}
+	return sol
+}
+
+// solveSet solves max-min over the affected leases (plus the new flow) with
+// every other lease's load fixed. It returns the rates (affected first, the
+// new flow last), the local capacities and the global IDs of the local
+// resources (x.resLocal maps back).
+func (x *Index) solveSet(affected []int32, uses []fabric.Use, demand float64, drop int32) ([]float64, []float64, []int) {
+	x.rEpoch++
+	ep := x.rEpoch
 	var global []int
 	local := func(r int) int32 {
 		if x.resStamp[r] != ep {
@@ -71,8 +137,8 @@ func (x *Index) localSolve(uses []fabric.Use, demand float64, drop int32) localS
 		}
 		return x.resLocal[r]
 	}
-	flows := make([]fabric.Flow, 0, len(sol.affected)+1)
-	for _, li := range sol.affected {
+	flows := make([]fabric.Flow, 0, len(affected)+1)
+	for _, li := range affected {
 		ls := &x.leases[li]
 		f := fabric.Flow{Demand: demandOf(ls.l.Demand), Uses: make([]fabric.Use, len(ls.uses))}
 		for k, u := range ls.uses {
@@ -94,7 +160,7 @@ func (x *Index) localSolve(uses []fabric.Use, demand float64, drop int32) localS
 	}
 	capacity := make([]float64, len(global))
 	affLoad := make([]float64, len(global))
-	for _, li := range sol.affected {
+	for _, li := range affected {
 		ls := &x.leases[li]
 		if math.IsInf(ls.rate, 0) {
 			continue
@@ -128,12 +194,7 @@ func (x *Index) localSolve(uses []fabric.Use, demand float64, drop int32) localS
 		}
 		capacity[i] = c
 	}
-	rates := x.solver.Solve(capacity, flows, nil)
-	sol.rates = rates[:len(sol.affected)]
-	if uses != nil {
-		sol.newRate = rates[len(sol.affected)]
-	}
-	return sol
+	return x.solver.Solve(capacity, flows, nil), capacity, global
 }
 
 func (x *Index) liveOn(di int) int {

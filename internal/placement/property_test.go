@@ -1,0 +1,242 @@
+package placement
+
+import (
+	"fmt"
+	"math"
+	"math/rand"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/fabric"
+)
+
+// randomSnapshot builds a two-level fabric (racks under a spine) with mixed
+// devices, some nodes down or suspect, and quotas.
+func randomSnapshot(rng *rand.Rand) *Snapshot {
+	s := &Snapshot{Profiles: map[string]Profile{Seed000Model: Seed000Profile()}, Quotas: map[string]Quota{}}
+	racks := 1 + rng.Intn(3)
+	for r := 0; r < racks; r++ {
+		s.Links = append(s.Links, fabric.Link{ID: fmt.Sprintf("up%d", r), A: fmt.Sprintf("tor%d", r), B: "spine",
+			Bandwidth: []float64{0, 5e9, 12.5e9}[rng.Intn(3)], Latency: time.Microsecond, Load: float64(rng.Intn(3)) * 1e9})
+	}
+	nodes := 3 + rng.Intn(10)
+	for i := 0; i < nodes; i++ {
+		id := fmt.Sprintf("n%02d", i)
+		st := ""
+		switch rng.Intn(8) {
+		case 0:
+			st = NodeDown
+		case 1:
+			st = NodeSuspect
+		}
+		s.Nodes = append(s.Nodes, Node{ID: id, State: st, Labels: map[string]string{"rack": fmt.Sprint(i % racks)}})
+		s.Links = append(s.Links, fabric.Link{ID: "l" + id, A: id, B: fmt.Sprintf("tor%d", i%racks),
+			Bandwidth: []float64{1.25e9, 12.5e9}[rng.Intn(2)], Latency: time.Duration(1+rng.Intn(3)) * time.Microsecond})
+		for d := rng.Intn(4); d > 0; d-- {
+			dev := Device{ID: fmt.Sprintf("%s-d%d", id, d), Node: id, Capacity: int64(1+rng.Intn(8)) << 30}
+			switch rng.Intn(3) {
+			case 0:
+				dev.Kind, dev.Model = KindBlock, Seed000Model
+			case 1:
+				dev.Kind, dev.Bandwidth = KindMemory, 10e9
+			case 2:
+				dev.Kind, dev.Capacity = KindAccel, int64(1+rng.Intn(4))
+			}
+			if rng.Intn(10) == 0 {
+				dev.State = "failed"
+			}
+			s.Devices = append(s.Devices, dev)
+		}
+	}
+	s.Quotas["t0"] = Quota{Leases: 3, Bytes: 6 << 30, Slots: 3, Bandwidth: 2e9}
+	return s
+}
+
+func randomRequest(rng *rand.Rand, s *Snapshot) Request {
+	r := Request{Borrower: s.Nodes[rng.Intn(len(s.Nodes))].ID, Tenant: fmt.Sprintf("t%d", rng.Intn(2)),
+		AllowShare: rng.Intn(3) > 0, AllowCompose: rng.Intn(2) == 0}
+	switch rng.Intn(3) {
+	case 0:
+		r.Kind, r.Size = KindBlock, int64(1+rng.Intn(3))<<30
+		r.Bandwidth = float64(rng.Intn(3)) * Seed000WriterDemand
+	case 1:
+		r.Kind, r.Size = KindMemory, int64(1+rng.Intn(4))<<28
+		r.Bandwidth = float64(rng.Intn(3)) * 1e9
+	case 2:
+		r.Kind, r.Size = KindAccel, int64(1+rng.Intn(2))
+	}
+	if rng.Intn(3) == 0 {
+		r.Work = int64(1+rng.Intn(100)) << 30
+		if rng.Intn(2) == 0 {
+			r.Deadline = time.Duration(10+rng.Intn(600)) * time.Second
+		}
+	}
+	if rng.Intn(2) == 0 {
+		r.Strategy = Spread
+	}
+	return r
+}
+
+// checkInvariants verifies that the snapshot's leases do not over-commit any
+// device (space, exclusivity) or any device or link bandwidth, that no lease
+// was placed on a down or suspect node, and that quotas hold.
+func checkInvariants(t *testing.T, s *Snapshot, downParts map[string]bool) {
+	t.Helper()
+	dev := map[string]Device{}
+	for _, d := range s.Devices {
+		dev[d.ID] = d
+	}
+	type rng struct{ off, end int64 }
+	used := map[string][]rng{}
+	holders := map[string]int{}
+	dedicated := map[string]bool{}
+	use := map[string]*usage{}
+	for _, l := range s.Leases {
+		u := use[l.Tenant]
+		if u == nil {
+			u = &usage{}
+			use[l.Tenant] = u
+		}
+		u.leases++
+		u.bandwidth += l.Demand
+		for _, p := range l.Parts {
+			d := dev[p.DeviceID]
+			used[p.DeviceID] = append(used[p.DeviceID], rng{p.Offset, p.Offset + p.Length})
+			holders[p.DeviceID]++
+			if l.Mode == ModeDedicated {
+				dedicated[p.DeviceID] = true
+			}
+			n := p.Length
+			if d.Kind == KindAccel {
+				u.slots += n
+			} else {
+				u.bytes += n
+			}
+		}
+	}
+	for id, rs := range used {
+		sort.Slice(rs, func(i, j int) bool { return rs[i].off < rs[j].off })
+		for i, r := range rs {
+			if r.off < 0 || r.end > dev[id].Capacity {
+				t.Fatalf("device %s: part [%d,%d) outside capacity %d", id, r.off, r.end, dev[id].Capacity)
+			}
+			if i > 0 && r.off < rs[i-1].end {
+				t.Fatalf("device %s: overlapping parts %v", id, rs)
+			}
+		}
+		if dedicated[id] && holders[id] != 1 {
+			t.Fatalf("device %s dedicated but held by %d leases", id, holders[id])
+		}
+	}
+	for tenant, q := range s.Quotas {
+		u := use[tenant]
+		if u == nil {
+			continue
+		}
+		if (q.Leases > 0 && u.leases > q.Leases) || (q.Bytes > 0 && u.bytes > q.Bytes) || (q.Slots > 0 && u.slots > q.Slots) || (q.Bandwidth > 0 && u.bandwidth > q.Bandwidth+1e-6) {
+			t.Fatalf("tenant %s over quota: %+v > %+v", tenant, *u, q)
+		}
+	}
+	for id := range used {
+		if downParts[id] {
+			t.Fatalf("device %s on a down/suspect node or unhealthy was placed", id)
+		}
+	}
+	// Bandwidth: Predict's rates respect every device's delivered bandwidth
+	// and every link's residual bandwidth.
+	x := NewIndex(s)
+	for r := range x.res {
+		c := x.resCap(r, len(x.res[r].leases))
+		if math.IsInf(c, 1) {
+			continue
+		}
+		if x.res[r].load > c*(1+1e-9)+1e-3 {
+			t.Fatalf("resource %d over-committed: load %v > capacity %v", r, x.res[r].load, c)
+		}
+	}
+}
+
+func TestPropertyRandom(t *testing.T) {
+	rounds := 60
+	if testing.Short() {
+		rounds = 15
+	}
+	for seed := int64(1); seed <= int64(rounds); seed++ {
+		rng := rand.New(rand.NewSource(seed))
+		s := randomSnapshot(rng)
+		bad := map[string]bool{}
+		state := map[string]string{}
+		for _, n := range s.Nodes {
+			state[n.ID] = n.State
+		}
+		for _, d := range s.Devices {
+			if (state[d.Node] != "" && state[d.Node] != NodeReady) || d.State != "" {
+				bad[d.ID] = true
+			}
+		}
+		x := NewIndex(s)
+		for i := 0; i < 25; i++ {
+			r := randomRequest(rng, s)
+			p1, err1 := Place(s, r)
+			p2, err2 := Place(s, r)
+			if !reflect.DeepEqual(p1, p2) || fmt.Sprint(err1) != fmt.Sprint(err2) {
+				t.Fatalf("seed %d: nondeterministic plan\n%v\n%v", seed, p1, p2)
+			}
+			// The incremental index agrees with a fresh one on parts and mode.
+			p3, err3 := x.Place(r)
+			if fmt.Sprint(err1) != fmt.Sprint(err3) || p1.String() != p3.String() {
+				t.Fatalf("seed %d step %d: index %v (%v) vs fresh %v (%v)\n%s\n%s", seed, i, p3, err3, p1, err1, strings.Join(p3.Explanation, "\n"), strings.Join(p1.Explanation, "\n"))
+			}
+			if err1 != nil {
+				continue
+			}
+			l := p1.Lease(fmt.Sprintf("L%d", i), r, s.Now)
+			s.Leases = append(s.Leases, l)
+			if err := x.Add(l); err != nil {
+				t.Fatal(err)
+			}
+			checkInvariants(t, s, bad)
+			if rng.Intn(4) == 0 && len(s.Leases) > 0 {
+				k := rng.Intn(len(s.Leases))
+				if err := x.Remove(s.Leases[k].ID); err != nil {
+					t.Fatal(err)
+				}
+				s.Leases = append(s.Leases[:k], s.Leases[k+1:]...)
+			}
+		}
+	}
+}
+
+// TestShuffledSnapshot: the order of nodes, devices and links in the
+// snapshot does not change the plan.
+func TestShuffledSnapshot(t *testing.T) {
+	for seed := int64(1); seed <= 20; seed++ {
+		rng := rand.New(rand.NewSource(seed))
+		s := randomSnapshot(rng)
+		for i := 0; i < 10; i++ {
+			r := randomRequest(rng, s)
+			p, err := Place(s, r)
+			if err == nil {
+				s.Leases = append(s.Leases, p.Lease(fmt.Sprintf("L%d", i), r, 0))
+			}
+		}
+		c := *s
+		c.Nodes = append([]Node(nil), s.Nodes...)
+		c.Devices = append([]Device(nil), s.Devices...)
+		c.Links = append([]fabric.Link(nil), s.Links...)
+		rng.Shuffle(len(c.Nodes), func(i, j int) { c.Nodes[i], c.Nodes[j] = c.Nodes[j], c.Nodes[i] })
+		rng.Shuffle(len(c.Devices), func(i, j int) { c.Devices[i], c.Devices[j] = c.Devices[j], c.Devices[i] })
+		rng.Shuffle(len(c.Links), func(i, j int) { c.Links[i], c.Links[j] = c.Links[j], c.Links[i] })
+		for i := 0; i < 10; i++ {
+			r := randomRequest(rng, s)
+			p1, err1 := Place(s, r)
+			p2, err2 := Place(&c, r)
+			if p1.String() != p2.String() || (err1 == nil) != (err2 == nil) {
+				t.Fatalf("seed %d: order-dependent plan %v (%v) vs %v (%v)", seed, p1, err1, p2, err2)
+			}
+		}
+	}
+}
