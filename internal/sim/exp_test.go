@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"strconv"
 	"testing"
 )
 
@@ -82,4 +83,32 @@ func TestErbiumPareto(t *testing.T) {
 	if !fast || !busy {
 		t.Errorf("Pareto choices differ from seed 002: %v", r.Notes)
 	}
+}
+
+func TestUDPThroughput(t *testing.T) { runExp(t, "udp-throughput", Options{}) }
+
+func TestHopLatency(t *testing.T) {
+	r := runExp(t, "hop-latency", Options{})
+	// Latency grows with the data path: via-RAM scenarios are the slowest.
+	var p2pMax, ramMin float64 = 0, 1e18
+	for _, row := range r.Rows {
+		v := parseF(t, row[6])
+		if row[1] == "peer-to-peer" {
+			p2pMax = max(p2pMax, v)
+		} else if row[0] != "Loc-RAM-Root" {
+			ramMin = min(ramMin, v)
+		}
+	}
+	if ramMin <= p2pMax {
+		t.Errorf("via-RAM over NTB (%v ns) should be slower than any peer-to-peer (%v ns)", ramMin, p2pMax)
+	}
+}
+
+func parseF(t *testing.T, s string) float64 {
+	t.Helper()
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
 }
