@@ -18,9 +18,8 @@ import (
 const DefaultRequestTimeout = 30 * time.Second
 
 type dialOptions struct {
-	timeout       time.Duration
-	noStructured  bool
-	handshakeWait time.Duration
+	timeout      time.Duration
+	noStructured bool
 }
 
 // DialOption configures Dial.

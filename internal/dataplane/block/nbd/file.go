@@ -1,0 +1,409 @@
+package nbd
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
+
+// FileOptions selects the part of a file or block device to serve.
+type FileOptions struct {
+	// Offset is where the partition starts in the file.
+	Offset int64
+	// Length is the partition length; 0 means up to the end of the file.
+	// The served size is rounded down to a multiple of 512 bytes.
+	Length int64
+	// ReadOnly opens the file read-only.
+	ReadOnly bool
+}
+
+// FileBackend serves a file or block device, or a partition of one.
+// Flush is fdatasync, which covers every write through any descriptor, so
+// the export advertises NBD_FLAG_CAN_MULTI_CONN. FUA writes use
+// pwritev2(RWF_DSYNC). Trim punches holes; WriteZeroes punches holes or uses
+// FALLOC_FL_ZERO_RANGE. Extents (base:allocation) come from an allocation
+// bitmap built once with SEEK_DATA/SEEK_HOLE and updated by every write, so
+// block-status queries cost no system calls; writes by other processes are
+// not seen by it.
+type FileBackend struct {
+	f    *os.File
+	fd   int
+	base int64
+	size int64
+	ro   bool
+
+	noFUA   atomic.Bool // pwritev2 unsupported
+	noZero  atomic.Bool // FALLOC_FL_ZERO_RANGE unsupported
+	noPunch atomic.Bool // FALLOC_FL_PUNCH_HOLE unsupported
+
+	alloc allocMap
+}
+
+// OpenFile opens path (a regular file or a block device) as a backend.
+func OpenFile(path string, o FileOptions) (*FileBackend, error) {
+	flag := os.O_RDWR
+	if o.ReadOnly {
+		flag = os.O_RDONLY
+	}
+	f, err := os.OpenFile(path, flag, 0)
+	if err != nil {
+		return nil, fmt.Errorf("nbd: open backend: %w", err)
+	}
+	b, err := NewFileBackend(f, o)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+// NewFileBackend serves an open file; the backend owns f from then on.
+func NewFileBackend(f *os.File, o FileOptions) (*FileBackend, error) {
+	end, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return nil, fmt.Errorf("nbd: backend size: %w", err)
+	}
+	if o.Offset < 0 || o.Length < 0 || o.Offset > end {
+		return nil, fmt.Errorf("%w: partition [%d,+%d) outside a %d-byte file", ErrInvalidExport, o.Offset, o.Length, end)
+	}
+	length := o.Length
+	if length == 0 {
+		length = end - o.Offset
+	}
+	if o.Offset+length > end {
+		return nil, fmt.Errorf("%w: partition [%d,+%d) outside a %d-byte file", ErrInvalidExport, o.Offset, o.Length, end)
+	}
+	length &^= 511
+	if length == 0 {
+		return nil, fmt.Errorf("%w: backend smaller than 512 bytes", ErrInvalidExport)
+	}
+	b := &FileBackend{f: f, fd: int(f.Fd()), base: o.Offset, size: length, ro: o.ReadOnly}
+	b.alloc.init(length)
+	return b, nil
+}
+
+// Size implements Backend.
+func (b *FileBackend) Size() int64 { return b.size }
+
+// MultiConnSafe implements MultiConnSafer: fdatasync is global.
+func (b *FileBackend) MultiConnSafe() bool { return true }
+
+// Close closes the file.
+func (b *FileBackend) Close() error { return b.f.Close() }
+
+func (b *FileBackend) check(off, n int64) error {
+	if off < 0 || n < 0 || off > b.size || n > b.size-off {
+		return fmt.Errorf("nbd: range [%d,+%d) outside the %d-byte backend", off, n, b.size)
+	}
+	return nil
+}
+
+// ReadAt implements io.ReaderAt.
+func (b *FileBackend) ReadAt(p []byte, off int64) (int, error) {
+	if off < 0 || off >= b.size {
+		return 0, io.EOF
+	}
+	var eof error
+	if rem := b.size - off; int64(len(p)) > rem {
+		p, eof = p[:rem], io.EOF
+	}
+	done := 0
+	for done < len(p) {
+		n, err := unix.Pread(b.fd, p[done:], b.base+off+int64(done))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			runtime.KeepAlive(b.f)
+			return done, fmt.Errorf("nbd: pread: %w", err)
+		}
+		if n == 0 {
+			// The file shrank under us: read zeroes like a hole.
+			clear(p[done:])
+			break
+		}
+		done += n
+	}
+	runtime.KeepAlive(b.f)
+	return len(p), eof
+}
+
+// WriteAt implements io.WriterAt.
+func (b *FileBackend) WriteAt(p []byte, off int64) (int, error) {
+	return b.write(p, off, false)
+}
+
+// WriteAtFUA implements FUAWriter: the data is durable when it returns.
+func (b *FileBackend) WriteAtFUA(p []byte, off int64) (int, error) {
+	return b.write(p, off, true)
+}
+
+func (b *FileBackend) write(p []byte, off int64, fua bool) (int, error) {
+	if b.ro {
+		return 0, fmt.Errorf("nbd: write: %w", unix.EROFS)
+	}
+	if err := b.check(off, int64(len(p))); err != nil {
+		return 0, err
+	}
+	defer runtime.KeepAlive(b.f)
+	b.alloc.mark(off, int64(len(p)))
+	done := 0
+	if fua && !b.noFUA.Load() {
+		iov := [][]byte{p}
+		for done < len(p) {
+			iov[0] = p[done:]
+			n, err := unix.Pwritev2(b.fd, iov, b.base+off+int64(done), unix.RWF_DSYNC)
+			if err == unix.EINTR {
+				continue
+			}
+			if err == unix.ENOSYS || err == unix.EOPNOTSUPP || (err == unix.EINVAL && done == 0) {
+				b.noFUA.Store(true)
+				break
+			}
+			if err != nil {
+				return done, fmt.Errorf("nbd: pwritev2: %w", err)
+			}
+			done += n
+		}
+		if done == len(p) {
+			return done, nil
+		}
+	}
+	for done < len(p) {
+		n, err := unix.Pwrite(b.fd, p[done:], b.base+off+int64(done))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return done, fmt.Errorf("nbd: pwrite: %w", err)
+		}
+		done += n
+	}
+	if fua {
+		if err := b.Flush(); err != nil {
+			return done, err
+		}
+	}
+	return done, nil
+}
+
+// Flush implements Backend with fdatasync.
+func (b *FileBackend) Flush() error {
+	if b.ro {
+		return nil
+	}
+	for {
+		err := unix.Fdatasync(b.fd)
+		if err == unix.EINTR {
+			continue
+		}
+		runtime.KeepAlive(b.f)
+		if err != nil {
+			return fmt.Errorf("nbd: fdatasync: %w", err)
+		}
+		return nil
+	}
+}
+
+func unsupported(err error) bool {
+	return errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.ENODEV)
+}
+
+func (b *FileBackend) fallocate(mode uint32, off, n int64) error {
+	for {
+		err := unix.Fallocate(b.fd, mode, b.base+off, n)
+		if err != unix.EINTR {
+			runtime.KeepAlive(b.f)
+			return err
+		}
+	}
+}
+
+// Trim implements Trimmer by punching a hole (a no-op where unsupported:
+// trim is advisory).
+func (b *FileBackend) Trim(off, n int64) error {
+	if b.ro {
+		return fmt.Errorf("nbd: trim: %w", unix.EROFS)
+	}
+	if err := b.check(off, n); err != nil || n == 0 {
+		return err
+	}
+	if b.noPunch.Load() {
+		return nil
+	}
+	err := b.fallocate(unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
+	if unsupported(err) {
+		b.noPunch.Store(true)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("nbd: punch hole: %w", err)
+	}
+	return nil
+}
+
+// WriteZeroes implements Zeroer. Without noHole it punches a hole; with it,
+// or where punching is unsupported, it uses FALLOC_FL_ZERO_RANGE and falls
+// back to writing zeroes.
+func (b *FileBackend) WriteZeroes(off, n int64, noHole bool) error {
+	if b.ro {
+		return fmt.Errorf("nbd: write zeroes: %w", unix.EROFS)
+	}
+	if err := b.check(off, n); err != nil || n == 0 {
+		return err
+	}
+	if !noHole && !b.noPunch.Load() {
+		err := b.fallocate(unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
+		if err == nil {
+			return nil
+		}
+		if !unsupported(err) {
+			return fmt.Errorf("nbd: punch hole: %w", err)
+		}
+		b.noPunch.Store(true)
+	}
+	b.alloc.mark(off, n)
+	if !b.noZero.Load() {
+		err := b.fallocate(unix.FALLOC_FL_ZERO_RANGE|unix.FALLOC_FL_KEEP_SIZE, off, n)
+		if err == nil {
+			return nil
+		}
+		if !unsupported(err) {
+			return fmt.Errorf("nbd: zero range: %w", err)
+		}
+		b.noZero.Store(true)
+	}
+	for n > 0 {
+		k := min(n, int64(len(zeroes)))
+		if _, err := b.write(zeroes[:k], off, false); err != nil {
+			return err
+		}
+		off += k
+		n -= k
+	}
+	return nil
+}
+
+// Extents implements Extenter from the allocation bitmap.
+func (b *FileBackend) Extents(off, n int64) ([]Extent, error) {
+	if err := b.check(off, n); err != nil {
+		return nil, err
+	}
+	b.alloc.once.Do(func() { b.alloc.scan(b) })
+	return b.alloc.extents(off, n), nil
+}
+
+// allocMap records, per chunk, whether the chunk may hold data. Bits are
+// only ever set (by the initial scan and by writes), so a chunk reported as
+// a hole never holds data written through this backend.
+type allocMap struct {
+	once    sync.Once
+	shift   uint
+	size    int64
+	words   []atomic.Uint64
+	allData atomic.Bool // SEEK_DATA unsupported or failed
+}
+
+const maxAllocBits = 8 << 20 // 1 MiB of bitmap at most
+
+func (a *allocMap) init(size int64) {
+	a.size = size
+	a.shift = 16 // 64 KiB chunks
+	for (size>>a.shift)+1 > maxAllocBits {
+		a.shift++
+	}
+	nbits := (size + 1<<a.shift - 1) >> a.shift
+	a.words = make([]atomic.Uint64, (nbits+63)/64)
+}
+
+// mark records that [off, off+n) may hold data.
+func (a *allocMap) mark(off, n int64) {
+	if n <= 0 {
+		return
+	}
+	first, last := off>>a.shift, (off+n-1)>>a.shift
+	for i := first; i <= last; i++ {
+		w := &a.words[i/64]
+		m := uint64(1) << (i % 64)
+		if w.Load()&m == 0 {
+			w.Or(m)
+		}
+	}
+}
+
+func (a *allocMap) scan(b *FileBackend) {
+	pos, end := b.base, b.base+b.size
+	for pos < end {
+		d, err := unix.Seek(b.fd, pos, unix.SEEK_DATA)
+		if err == unix.ENXIO {
+			break
+		}
+		if err != nil {
+			a.allData.Store(true)
+			break
+		}
+		if d >= end {
+			break
+		}
+		h, err := unix.Seek(b.fd, d, unix.SEEK_HOLE)
+		if err != nil {
+			a.allData.Store(true)
+			break
+		}
+		h = min(h, end)
+		if h <= d {
+			a.allData.Store(true)
+			break
+		}
+		a.mark(d-b.base, h-d)
+		pos = h
+	}
+	runtime.KeepAlive(b.f)
+}
+
+func (a *allocMap) bit(i int64) bool {
+	return a.words[i/64].Load()&(1<<(i%64)) != 0
+}
+
+// extents answers a block-status query from the bitmap in one pass.
+func (a *allocMap) extents(off, n int64) []Extent {
+	if a.allData.Load() {
+		return []Extent{{Length: n}}
+	}
+	end := off + n
+	var out []Extent
+	pos := off
+	for pos < end && len(out) < maxExtentsList {
+		i := pos >> a.shift
+		data := a.bit(i)
+		j := i + 1
+		// Skip whole words of equal state quickly.
+		for j<<a.shift < end {
+			if j%64 == 0 {
+				w := a.words[j/64].Load()
+				if (data && w == ^uint64(0)) || (!data && w == 0) {
+					j += 64
+					continue
+				}
+			}
+			if a.bit(j) != data {
+				break
+			}
+			j++
+		}
+		stop := min(j<<a.shift, end)
+		var fl uint32
+		if !data {
+			fl = StateHole | StateZero
+		}
+		out = append(out, Extent{Length: stop - pos, Flags: fl})
+		pos = stop
+	}
+	return out
+}

@@ -1,0 +1,180 @@
+package nbd
+
+import (
+	"bytes"
+	"crypto/rand"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func tempFile(t testing.TB, size int64) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "disk.img")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	return p
+}
+
+func TestFileBackendOpen(t *testing.T) {
+	p := tempFile(t, 4<<20+100)
+	cases := []struct {
+		name string
+		o    FileOptions
+		size int64
+		err  bool
+	}{
+		{"whole file rounded to 512", FileOptions{}, 4 << 20, false},
+		{"partition", FileOptions{Offset: 1 << 20, Length: 1 << 20}, 1 << 20, false},
+		{"partition to end", FileOptions{Offset: 4 << 20}, 0, true}, // 100 bytes < 512
+		{"partition beyond end", FileOptions{Offset: 4 << 20, Length: 1 << 20}, 0, true},
+		{"negative offset", FileOptions{Offset: -1}, 0, true},
+		{"read-only", FileOptions{ReadOnly: true}, 4 << 20, false},
+	}
+	for _, tc := range cases {
+		b, err := OpenFile(p, tc.o)
+		if (err != nil) != tc.err {
+			t.Errorf("%s: err %v", tc.name, err)
+			continue
+		}
+		if err == nil {
+			if b.Size() != tc.size {
+				t.Errorf("%s: size %d, want %d", tc.name, b.Size(), tc.size)
+			}
+			b.Close()
+		}
+	}
+	if _, err := OpenFile(filepath.Join(t.TempDir(), "missing"), FileOptions{}); err == nil {
+		t.Error("opened a missing file")
+	}
+}
+
+func TestFileBackendPartition(t *testing.T) {
+	p := tempFile(t, 4<<20)
+	b, err := OpenFile(p, FileOptions{Offset: 1 << 20, Length: 2 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	// A fresh sparse file is one hole.
+	if ex, _ := b.Extents(0, 2<<20); len(ex) != 1 || ex[0].Flags != StateHole|StateZero || ex[0].Length != 2<<20 {
+		t.Fatalf("fresh extents %+v", ex)
+	}
+	data := make([]byte, 128<<10)
+	rand.Read(data)
+	if _, err := b.WriteAt(data, 256<<10); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.WriteAtFUA(data[:4096], 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// The write landed at partition offset + 1 MiB in the file.
+	raw, _ := os.ReadFile(p)
+	if !bytes.Equal(raw[1<<20+256<<10:1<<20+384<<10], data) || !bytes.Equal(raw[1<<20:1<<20+4096], data[:4096]) {
+		t.Fatal("partition offset not applied")
+	}
+	if !bytes.Equal(raw[:1<<20], make([]byte, 1<<20)) {
+		t.Fatal("write escaped the partition")
+	}
+	ex, _ := b.Extents(0, 2<<20)
+	want := []Extent{{64 << 10, 0}, {192 << 10, StateHole | StateZero}, {128 << 10, 0}, {2<<20 - 384<<10, StateHole | StateZero}}
+	if len(ex) != len(want) {
+		t.Fatalf("extents %+v, want %+v", ex, want)
+	}
+	for i := range ex {
+		if ex[i] != want[i] {
+			t.Fatalf("extents %+v, want %+v", ex, want)
+		}
+	}
+	// Out of range.
+	if _, err := b.WriteAt(data, 2<<20-4096); err == nil {
+		t.Fatal("write beyond the partition")
+	}
+	if n, err := b.ReadAt(make([]byte, 8192), 2<<20-4096); n != 4096 || err == nil {
+		t.Fatalf("read at end: %d %v", n, err)
+	}
+	// Trim and zeroes read back as zeroes.
+	if err := b.Trim(256<<10, 64<<10); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.WriteZeroes(320<<10, 32<<10, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.WriteZeroes(352<<10, 32<<10, true); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 128<<10)
+	b.ReadAt(got, 256<<10)
+	if !bytes.Equal(got, make([]byte, 128<<10)) {
+		t.Fatal("trimmed/zeroed range not zero")
+	}
+	if err := b.Trim(2<<20, 512); err == nil {
+		t.Fatal("trim beyond the partition")
+	}
+}
+
+func TestFileBackendExistingData(t *testing.T) {
+	p := tempFile(t, 8<<20)
+	f, _ := os.OpenFile(p, os.O_RDWR, 0)
+	f.WriteAt(bytes.Repeat([]byte{1}, 1<<20), 3<<20)
+	f.Close()
+	b, err := OpenFile(p, FileOptions{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ex, _ := b.Extents(0, 8<<20)
+	// Data must never be reported as a hole.
+	pos := int64(0)
+	for _, e := range ex {
+		if e.Flags != 0 && pos < 4<<20 && pos+e.Length > 3<<20 {
+			t.Fatalf("data reported as hole: %+v", ex)
+		}
+		pos += e.Length
+	}
+	if pos != 8<<20 {
+		t.Fatalf("extents cover %d", pos)
+	}
+	if _, err := b.WriteAt([]byte{1}, 0); err == nil {
+		t.Fatal("wrote to a read-only backend")
+	}
+	var perr *Error
+	_ = errors.As(err, &perr)
+}
+
+func TestFileExportMultiConn(t *testing.T) {
+	p := tempFile(t, 4<<20)
+	b, err := OpenFile(p, FileOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	_, addr := startServer(t, Export{Name: testName, Backend: b})
+	c1 := dial(t, addr, testName)
+	c2 := dial(t, addr, testName)
+	if c1.Flags()&FlagCanMultiConn == 0 {
+		t.Fatal("file export lacks CAN_MULTI_CONN")
+	}
+	data := make([]byte, 1<<20)
+	rand.Read(data)
+	if _, err := c1.WriteAt(data, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c2.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(data))
+	if _, err := c2.ReadAt(got, 0); err != nil || !bytes.Equal(got, data) {
+		t.Fatal("second connection does not see the first's write", err)
+	}
+}
