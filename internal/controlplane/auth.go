@@ -1,0 +1,156 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/resource"
+)
+
+type role int
+
+const (
+	roleBootstrap role = iota + 1
+	roleNode
+	roleTenant
+)
+
+func (r role) String() string {
+	switch r {
+	case roleBootstrap:
+		return "bootstrap token"
+	case roleNode:
+		return "node credential"
+	case roleTenant:
+		return "tenant token"
+	}
+	return "no token"
+}
+
+// principal is who made a request.
+type principal struct {
+	role   role
+	nodeID string // roleNode
+	tenant string // roleTenant
+	admin  bool
+	fp     string // fingerprint of the secret, safe to log
+}
+
+// authenticate resolves the bearer token. It never logs the secret.
+func (s *Server) authenticate(ctx context.Context, r *http.Request) (principal, error) {
+	h := r.Header.Get("Authorization")
+	if h == "" {
+		return principal{}, fmt.Errorf("%w: missing Authorization: Bearer <token> header", ErrUnauthorized)
+	}
+	scheme, tok, ok := strings.Cut(h, " ")
+	tok = strings.TrimSpace(tok)
+	if !ok || !strings.EqualFold(scheme, "Bearer") || tok == "" {
+		return principal{}, fmt.Errorf("%w: Authorization header must be \"Bearer <token>\"", ErrUnauthorized)
+	}
+	hash := resource.HashSecret(tok)
+	fp := resource.Fingerprint(tok)
+	t, err := s.st.LookupToken(ctx, hash)
+	switch {
+	case err == nil:
+		switch t.Kind {
+		case store.TokenBootstrap:
+			return principal{role: roleBootstrap, fp: fp}, nil
+		case store.TokenTenant:
+			return principal{role: roleTenant, tenant: t.Tenant, admin: t.Admin, fp: fp}, nil
+		}
+		return principal{}, fmt.Errorf("%w: token of unknown kind", ErrUnauthorized)
+	case !errors.Is(err, store.ErrNotFound):
+		return principal{}, err
+	}
+	n, err := s.st.NodeByCredential(ctx, hash)
+	switch {
+	case err == nil:
+		return principal{role: roleNode, nodeID: n.ID, fp: fp}, nil
+	case errors.Is(err, store.ErrNotFound):
+		return principal{}, fmt.Errorf("%w: unknown or revoked token (%s)", ErrUnauthorized, fp)
+	}
+	return principal{}, err
+}
+
+// access names who may call a route.
+type access int
+
+const (
+	accessPublic    access = iota // no token
+	accessBootstrap               // the bootstrap token
+	accessNode                    // a node credential (the route checks which node)
+	accessTenant                  // a tenant token (admin or not)
+	accessReader                  // a tenant token or a node credential
+	accessWriter                  // an admin tenant token or a node credential
+)
+
+func (a access) String() string {
+	switch a {
+	case accessPublic:
+		return "none"
+	case accessBootstrap:
+		return "bootstrap token"
+	case accessNode:
+		return "node credential"
+	case accessTenant:
+		return "tenant token"
+	case accessReader:
+		return "tenant token or node credential"
+	case accessWriter:
+		return "admin tenant token or node credential"
+	}
+	return "?"
+}
+
+func (a access) allows(p principal) bool {
+	switch a {
+	case accessPublic:
+		return true
+	case accessBootstrap:
+		return p.role == roleBootstrap
+	case accessNode:
+		return p.role == roleNode
+	case accessTenant:
+		return p.role == roleTenant
+	case accessReader:
+		return p.role == roleTenant || p.role == roleNode
+	case accessWriter:
+		return (p.role == roleTenant && p.admin) || p.role == roleNode
+	}
+	return false
+}
+
+// canSee reports whether p may see (and change) lease l.
+func (p principal) canSee(l api.Lease) bool {
+	return p.role == roleTenant && (p.admin || p.tenant == l.Tenant)
+}
+
+// redact hides a lease's secrets from anyone but its owner.
+func (p principal) redact(l api.Lease) api.Lease {
+	if p.role == roleTenant && p.tenant == l.Tenant {
+		return l
+	}
+	l.Credential = ""
+	l.URI = ""
+	parts := make([]api.Part, len(l.Parts))
+	for i, pt := range l.Parts {
+		pt.URI = ""
+		parts[i] = pt
+	}
+	l.Parts = parts
+	if l.Plan != nil {
+		pl := *l.Plan
+		pl.Parts = make([]api.Part, len(l.Plan.Parts))
+		for i, pt := range l.Plan.Parts {
+			pt.URI = ""
+			pl.Parts[i] = pt
+		}
+		l.Plan = &pl
+	}
+	return l
+}

@@ -1,0 +1,157 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http/httptest"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
+)
+
+// fakeClock is a settable clock.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// fakeLender is an in-package test double of the agents' lease-execution
+// API: it records exports and can refuse or hang per node.
+type fakeLender struct {
+	mu        sync.Mutex
+	exports   map[string]api.PrepareRequest // lease.part → request
+	prepared  int
+	torn      []string
+	refuse    map[string]bool // node ID → refuse
+	hang      map[string]bool // node ID → never answer (until ctx ends)
+	keys      map[string]string
+	prepareFn func(node api.Node, req api.PrepareRequest) error
+}
+
+func newFakeLender() *fakeLender {
+	return &fakeLender{exports: map[string]api.PrepareRequest{}, refuse: map[string]bool{}, hang: map[string]bool{}, keys: map[string]string{}}
+}
+
+var errRefused = errors.New("fake lender: refused")
+
+func (f *fakeLender) Prepare(ctx context.Context, node api.Node, agentKey string, req api.PrepareRequest) (api.PrepareResponse, error) {
+	f.mu.Lock()
+	refuse, hang := f.refuse[node.ID], f.hang[node.ID]
+	f.keys[node.ID] = agentKey
+	f.mu.Unlock()
+	if hang {
+		<-ctx.Done()
+		return api.PrepareResponse{}, ctx.Err()
+	}
+	if refuse {
+		return api.PrepareResponse{}, errRefused
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.prepared++
+	f.exports[req.LeaseID+"/"+req.DeviceID+"/"+strconv.FormatInt(req.Offset, 10)] = req
+	return api.PrepareResponse{URI: "nbd://" + node.Address + "/" + req.Export}, nil
+}
+
+func (f *fakeLender) Teardown(ctx context.Context, node api.Node, agentKey string, leaseID string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.torn = append(f.torn, node.ID+"/"+leaseID)
+	return nil
+}
+
+func (f *fakeLender) set(m map[string]bool, id string, v bool) {
+	f.mu.Lock()
+	m[id] = v
+	f.mu.Unlock()
+}
+
+func (f *fakeLender) tornDown() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.torn...)
+}
+
+const (
+	bootTok  = "boot-secret-token"
+	aliceTok = "alice-secret-token"
+	bobTok   = "bob-secret-token"
+	adminTok = "admin-secret-token"
+)
+
+type env struct {
+	t      *testing.T
+	srv    *Server
+	clock  *fakeClock
+	lender *fakeLender
+	ts     *httptest.Server
+	dbPath string
+	alice  *api.Client
+	bob    *api.Client
+	admin  *api.Client
+	boot   *api.Client
+	ctx    context.Context
+}
+
+func newEnv(t *testing.T, mod ...func(*Config)) *env {
+	t.Helper()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "rialto.db")
+	st, err := sqlite.Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	e := &env{t: t, clock: newFakeClock(), lender: newFakeLender(), dbPath: path, ctx: context.Background()}
+	cfg := Config{
+		Store: st, Clock: e.clock, Lender: e.lender, BootstrapToken: bootTok, PrepareTimeout: 200 * time.Millisecond,
+		Tokens: []Token{{Token: aliceTok, Tenant: "alice"}, {Token: bobTok, Tenant: "bob"}, {Token: adminTok, Tenant: "ops", Admin: true}},
+	}
+	for _, m := range mod {
+		m(&cfg)
+	}
+	e.srv, err = New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.ts = httptest.NewServer(e.srv.Handler())
+	t.Cleanup(e.ts.Close)
+	c := api.NewClient(e.ts.URL, "", e.ts.Client())
+	e.alice, e.bob, e.admin, e.boot = c.WithToken(aliceTok), c.WithToken(bobTok), c.WithToken(adminTok), c.WithToken(bootTok)
+	return e
+}
+
+// join registers a node named name with block devices of the given sizes.
+func (e *env) join(name string, sizes ...int64) (api.JoinResponse, *api.Client) {
+	e.t.Helper()
+	req := api.JoinRequest{Name: name, Address: "127.0.0.1", AgentURL: "http://127.0.0.1:1",
+		Fingerprint: api.Fingerprint{MachineID: "mid-" + name, Hostname: name, Cores: 2, MemoryBytes: 1 << 30}}
+	for i, sz := range sizes {
+		req.Devices = append(req.Devices, api.DeviceSpec{Name: fmt.Sprintf("disk%d", i), Kind: api.KindBlock, Capacity: sz, Sharing: "partitionable"})
+	}
+	jr, err := e.boot.Join(e.ctx, req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return jr, e.boot.WithToken(jr.Credential)
+}

@@ -1,0 +1,352 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/httpapi"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
+)
+
+// handlerFunc is an API handler: it returns the status and value to answer
+// with, or an error that apiError maps.
+type handlerFunc func(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error)
+
+type route struct {
+	httpapi.Route
+	access access
+	h      handlerFunc
+}
+
+var (
+	readErrors   = []int{401, 403, 500}
+	createErrors = []int{400, 401, 403, 409, 422, 429, 503, 500}
+)
+
+func (s *Server) routeTable() []route {
+	return []route{
+		{httpapi.Route{Method: "POST", Path: "/v1/join", Summary: "Register an agent's node and devices; returns the node credential.",
+			Request: api.JoinRequest{}, Response: api.JoinResponse{}, Errors: []int{400, 401, 403, 500}}, accessBootstrap, s.hJoin},
+		{httpapi.Route{Method: "POST", Path: "/v1/nodes/{id}/heartbeat", Summary: "Report an agent's health, links and served leases; answers what to tear down.",
+			Request: api.Heartbeat{}, Response: api.HeartbeatResponse{}, Errors: []int{400, 401, 403, 404, 500}}, accessNode, s.hHeartbeat},
+		{httpapi.Route{Method: "GET", Path: "/v1/nodes", Summary: "List nodes.", Response: []api.Node{}, Errors: readErrors}, accessReader, s.hNodes},
+		{httpapi.Route{Method: "GET", Path: "/v1/nodes/{id}", Summary: "Show a node.", Response: api.Node{}, Errors: []int{401, 403, 404, 500}}, accessReader, s.hNode},
+		{httpapi.Route{Method: "GET", Path: "/v1/devices", Summary: "List devices (the Resource Registration Table).", Response: []api.Device{}, Errors: readErrors}, accessReader, s.hDevices},
+		{httpapi.Route{Method: "GET", Path: "/v1/topology", Summary: "Nodes and measured links (the Topology Status Table).", Response: api.Topology{}, Errors: readErrors}, accessReader, s.hTopology},
+		{httpapi.Route{Method: "GET", Path: "/v1/leases", Summary: "List the caller's leases (an admin token sees all).", Response: []api.Lease{},
+			Query: []httpapi.Param{{Name: "state", Type: "string", Description: "only leases in this state"}}, Errors: readErrors}, accessTenant, s.hLeases},
+		{httpapi.Route{Method: "POST", Path: "/v1/leases", Summary: "Place, reserve and activate a lease (two-phase with the lenders).",
+			Request: api.LeaseRequest{}, Response: api.Lease{}, Status: http.StatusCreated, Errors: createErrors}, accessTenant, s.hCreateLease},
+		{httpapi.Route{Method: "GET", Path: "/v1/leases/{id}", Summary: "Show a lease.", Response: api.Lease{}, Errors: []int{401, 403, 404, 500}}, accessTenant, s.hLease},
+		{httpapi.Route{Method: "POST", Path: "/v1/leases/{id}/renew", Summary: "Extend a lease's TTL from now.",
+			Request: api.RenewRequest{}, Response: api.Lease{}, Errors: []int{400, 401, 403, 404, 409, 500}}, accessTenant, s.hRenew},
+		{httpapi.Route{Method: "POST", Path: "/v1/leases/{id}/release", Summary: "Release a lease; lenders tear its exports down.",
+			Response: api.Lease{}, Errors: []int{400, 401, 403, 404, 409, 500}}, accessTenant, s.hRelease},
+		{httpapi.Route{Method: "POST", Path: "/v1/explain", Summary: "Dry run: the plan a lease request would get; reserves nothing.",
+			Request: api.LeaseRequest{}, Response: api.Plan{}, Errors: []int{400, 401, 403, 500}}, accessTenant, s.hExplain},
+		{httpapi.Route{Method: "GET", Path: "/v1/events", Summary: "Audit events after an ID, oldest first.", Response: []api.Event{},
+			Query: []httpapi.Param{{Name: "since", Type: "integer", Description: "return events with a greater ID"},
+				{Name: "limit", Type: "integer", Description: "at most this many (default and maximum 1000)"}}, Errors: []int{400, 401, 403, 500}}, accessReader, s.hEvents},
+		{httpapi.Route{Method: "GET", Path: "/v1/profiles", Summary: "List device profiles.", Response: []api.Profile{}, Errors: readErrors}, accessReader, s.hProfiles},
+		{httpapi.Route{Method: "PUT", Path: "/v1/profiles/{model}", Summary: "Store a measured or declared device profile.",
+			Request: api.Profile{}, Response: api.Profile{}, Errors: []int{400, 401, 403, 500}}, accessWriter, s.hPutProfile},
+	}
+}
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	table := s.routeTable()
+	docRoutes := make([]httpapi.Route, 0, len(table)+3)
+	for _, rt := range table {
+		rt.Auth = rt.access.String()
+		docRoutes = append(docRoutes, rt.Route)
+		mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
+	}
+	docRoutes = append(docRoutes,
+		httpapi.Route{Method: "GET", Path: "/v1/openapi.json", Summary: "This document.", Response: "application/json"},
+		httpapi.Route{Method: "GET", Path: "/metrics", Summary: "Prometheus metrics.", Response: "text/plain"},
+		httpapi.Route{Method: "GET", Path: "/healthz", Summary: "Liveness of the control plane and its store.", Response: "text/plain", Errors: []int{503}},
+	)
+	doc, err := httpapi.OpenAPI("Rialto control plane", "v1", docRoutes, api.ErrorBody{})
+	if err != nil {
+		panic("controlplane: openapi: " + err.Error()) // static table; a test covers it
+	}
+	s.openapi = doc
+	mux.Handle("GET /v1/openapi.json", s.instrument("/v1/openapi.json", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(s.openapi)
+	})))
+	mux.Handle("GET /metrics", http.HandlerFunc(s.serveMetrics))
+	mux.Handle("GET /healthz", s.instrument("/healthz", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := s.st.Counts(r.Context()); err != nil {
+			http.Error(w, "store unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		w.Write([]byte("ok\n"))
+	})))
+	mux.Handle("/", s.instrument("other", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, api.ErrorInfo{Code: api.CodeNotFound, Message: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)})
+	})))
+	return mux
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.code == 0 {
+		w.code = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (s *Server) instrument(name string, h http.Handler) http.Handler {
+	hist := s.m.latency.With(name)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w}
+		h.ServeHTTP(sw, r)
+		if sw.code == 0 {
+			sw.code = http.StatusOK
+		}
+		hist.Observe(time.Since(start).Seconds())
+		s.m.requests.With(name, strconv.Itoa(sw.code)).Inc()
+	})
+}
+
+func writeError(w http.ResponseWriter, status int, info api.ErrorInfo) {
+	if status == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="rialto"`)
+	}
+	httpapi.WriteJSON(w, status, api.ErrorBody{Error: info})
+}
+
+// wrap authenticates, authorizes, runs the handler and maps its error.
+func (s *Server) wrap(rt route) http.Handler {
+	name := rt.Method + " " + rt.Path
+	return s.instrument(name, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx := r.Context()
+		var p principal
+		var err error
+		if rt.access != accessPublic {
+			p, err = s.authenticate(ctx, r)
+			if err == nil && !rt.access.allows(p) {
+				err = fmt.Errorf("%w: %s needs a %s; this is a %s", ErrForbidden, name, rt.access, p.role)
+			}
+		}
+		var status int
+		var out any
+		if err == nil {
+			status, out, err = rt.h(ctx, p, r, w)
+		}
+		if err != nil {
+			if errors.Is(err, httpapi.ErrBadBody) {
+				err = fmt.Errorf("%w: %v", ErrInvalid, err)
+			}
+			code, info := apiError(err)
+			if code >= 500 && code != http.StatusServiceUnavailable {
+				s.log.Error("request failed", "route", name, "err", err)
+			} else if code == http.StatusUnauthorized || code == http.StatusForbidden {
+				s.log.Info("request refused", "route", name, "status", code, "who", p.fp)
+			}
+			writeError(w, code, info)
+			return
+		}
+		httpapi.WriteJSON(w, status, out)
+	}))
+}
+
+func decode(w http.ResponseWriter, r *http.Request, allowEmpty bool, v any) error {
+	return httpapi.DecodeRequest(w, r, httpapi.MaxBody, allowEmpty, v)
+}
+
+func (s *Server) hJoin(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
+	var req api.JoinRequest
+	if err := decode(w, r, false, &req); err != nil {
+		return 0, nil, err
+	}
+	out, err := s.join(ctx, req)
+	return http.StatusOK, out, err
+}
+
+func (s *Server) hHeartbeat(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
+	id := r.PathValue("id")
+	if id != p.nodeID {
+		return 0, nil, fmt.Errorf("%w: this node credential belongs to node %s, not %s", ErrForbidden, p.nodeID, id)
+	}
+	var h api.Heartbeat
+	if err := decode(w, r, true, &h); err != nil {
+		return 0, nil, err
+	}
+	out, err := s.heartbeat(ctx, id, h)
+	return http.StatusOK, out, err
+}
+
+func (s *Server) hNodes(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
+	out, err := s.st.Nodes(ctx)
+	return http.StatusOK, out, err
+}
+
+func (s *Server) hNode(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
+	n, err := s.st.Node(ctx, r.PathValue("id"))
+	return http.StatusOK, n.Node, err
+}
+
+func (s *Server) hDevices(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
+	out, err := s.st.Devices(ctx)
+	return http.StatusOK, out, err
+}
+
+func (s *Server) hTopology(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
+	nodes, err := s.st.Nodes(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	links, err := s.st.Links(ctx)
+	return http.StatusOK, api.Topology{Nodes: nodes, Links: links}, err
+}
+
+func (s *Server) hLeases(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
+	f := leaseFilter(p)
+	if st := r.URL.Query().Get("state"); st != "" {
+		f.States = []api.LeaseState{api.LeaseState(st)}
+	}
+	ls, err := s.st.Leases(ctx, f)
+	if err != nil {
+		return 0, nil, err
+	}
+	for i := range ls {
+		ls[i] = p.redact(ls[i])
+	}
+	return http.StatusOK, ls, nil
+}
+
+func (s *Server) hCreateLease(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
+	var req api.LeaseRequest
+	if err := decode(w, r, false, &req); err != nil {
+		return 0, nil, err
+	}
+	if k := r.Header.Get(idempotencyHeader); k != "" {
+		if req.IdempotencyKey != "" && req.IdempotencyKey != k {
+			return 0, nil, fmt.Errorf("%w: Idempotency-Key header and idempotency_key field differ", ErrInvalid)
+		}
+		req.IdempotencyKey = k
+	}
+	l, created, err := s.createLease(ctx, p, req)
+	if err != nil {
+		return 0, nil, err
+	}
+	status := http.StatusCreated
+	if !created {
+		status = http.StatusOK
+	}
+	return status, p.redact(l), nil
+}
+
+func (s *Server) hLease(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
+	l, err := s.getLease(ctx, p, r.PathValue("id"))
+	return http.StatusOK, p.redact(l), err
+}
+
+func (s *Server) hRenew(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
+	var req api.RenewRequest
+	if err := decode(w, r, true, &req); err != nil {
+		return 0, nil, err
+	}
+	l, err := s.renewLease(ctx, p, r.PathValue("id"), req.TTLSeconds)
+	return http.StatusOK, p.redact(l), err
+}
+
+func (s *Server) hRelease(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
+	var empty struct{}
+	if err := decode(w, r, true, &empty); err != nil {
+		return 0, nil, err
+	}
+	l, err := s.releaseLease(ctx, p, r.PathValue("id"))
+	return http.StatusOK, p.redact(l), err
+}
+
+func (s *Server) hExplain(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
+	var req api.LeaseRequest
+	if err := decode(w, r, false, &req); err != nil {
+		return 0, nil, err
+	}
+	plan, err := s.explainLease(ctx, req)
+	return http.StatusOK, plan, err
+}
+
+func (s *Server) hEvents(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
+	q := r.URL.Query()
+	var since int64
+	limit := 1000
+	if v := q.Get("since"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return 0, nil, fmt.Errorf("%w: since must be a non-negative integer", ErrInvalid)
+		}
+		since = n
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 || n > 1000 {
+			return 0, nil, fmt.Errorf("%w: limit must be between 1 and 1000", ErrInvalid)
+		}
+		limit = n
+	}
+	out, err := s.st.Events(ctx, since, limit)
+	return http.StatusOK, out, err
+}
+
+func (s *Server) hProfiles(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
+	out, err := s.st.Profiles(ctx)
+	return http.StatusOK, out, err
+}
+
+func (s *Server) hPutProfile(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
+	var prof api.Profile
+	if err := decode(w, r, false, &prof); err != nil {
+		return 0, nil, err
+	}
+	model := r.PathValue("model")
+	if prof.Model == "" {
+		prof.Model = model
+	}
+	if prof.Model != model || strings.TrimSpace(model) == "" || len(model) > 256 {
+		return 0, nil, fmt.Errorf("%w: the body's model must match the path", ErrInvalid)
+	}
+	if prof.Source != "" && prof.Source != "measured" && prof.Source != "declared" {
+		return 0, nil, fmt.Errorf("%w: source must be measured or declared", ErrInvalid)
+	}
+	if len(prof.WriteBps) > 1024 || len(prof.ReadBps) > 1024 {
+		return 0, nil, fmt.Errorf("%w: at most 1024 points per curve", ErrInvalid)
+	}
+	prof.ID = prof.Model
+	if prof.MeasuredAt.IsZero() {
+		prof.MeasuredAt = s.now()
+	}
+	out, err := s.st.PutProfile(ctx, prof, api.Event{At: s.now(), Type: "profile.stored", Subject: prof.Model, Message: prof.Source, State: "ready"})
+	return http.StatusOK, out, err
+}
+
+// leaseFilter limits a listing to what p may see.
+func leaseFilter(p principal) store.LeaseFilter {
+	if p.admin {
+		return store.LeaseFilter{}
+	}
+	return store.LeaseFilter{Tenant: p.tenant}
+}

@@ -1,0 +1,89 @@
+package httpapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+)
+
+// ErrBadBody is returned (wrapped) for a body that is not one strict JSON
+// value of the expected shape, or that is too large.
+var ErrBadBody = errors.New("httpapi: bad request body")
+
+// MaxBody is the default request-body limit.
+const MaxBody = 1 << 20
+
+// Decode reads exactly one JSON value from r into v, refusing unknown
+// fields, trailing data and bodies over limit bytes. An empty body is an
+// error unless allowEmpty.
+func Decode(r io.Reader, limit int64, allowEmpty bool, v any) error {
+	data, err := io.ReadAll(io.LimitReader(r, limit+1))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return fmt.Errorf("%w: larger than %d bytes", ErrBadBody, mbe.Limit)
+		}
+		return fmt.Errorf("%w: %v", ErrBadBody, err)
+	}
+	if int64(len(data)) > limit {
+		return fmt.Errorf("%w: larger than %d bytes", ErrBadBody, limit)
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		if allowEmpty {
+			return nil
+		}
+		return fmt.Errorf("%w: empty; a JSON object is required", ErrBadBody)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: %v", ErrBadBody, describe(err))
+	}
+	if dec.More() {
+		return fmt.Errorf("%w: trailing data after the JSON value", ErrBadBody)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("%w: trailing data after the JSON value", ErrBadBody)
+	}
+	return nil
+}
+
+func describe(err error) string {
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &se):
+		return fmt.Sprintf("malformed JSON at byte %d", se.Offset)
+	case errors.As(err, &te):
+		if te.Field != "" {
+			return fmt.Sprintf("field %q must be %s, not %s", te.Field, te.Type, te.Value)
+		}
+		return fmt.Sprintf("body must be %s, not %s", te.Type, te.Value)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "truncated JSON"
+	}
+	return err.Error()
+}
+
+// DecodeRequest decodes r's body into v with Decode, limiting it with
+// http.MaxBytesReader so that the server stops reading early.
+func DecodeRequest(w http.ResponseWriter, r *http.Request, limit int64, allowEmpty bool, v any) error {
+	body := http.MaxBytesReader(w, r.Body, limit)
+	return Decode(body, limit, allowEmpty, v)
+}
+
+// WriteJSON answers with status and v as JSON.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, `{"error":{"code":"internal","message":"encode answer"}}`, http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}

@@ -1,0 +1,50 @@
+package controlplane
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/metrics"
+)
+
+type serverMetrics struct {
+	requests         *metrics.CounterVec
+	latency          *metrics.HistogramVec
+	leases           *metrics.GaugeVec
+	nodes            *metrics.GaugeVec
+	leaseTransitions *metrics.CounterVec
+	lenderLatency    *metrics.HistogramVec
+	placeRetries     *metrics.Counter
+}
+
+func newServerMetrics(r *metrics.Registry) serverMetrics {
+	return serverMetrics{
+		requests:         r.Counter("rialto_api_requests_total", "API requests by route and status code.", "route", "code"),
+		latency:          r.Histogram("rialto_api_request_duration_seconds", "API request latency by route.", nil, "route"),
+		leases:           r.Gauge("rialto_leases", "Leases by state.", "state"),
+		nodes:            r.Gauge("rialto_nodes", "Nodes by state.", "state"),
+		leaseTransitions: r.Counter("rialto_lease_transitions_total", "Lease state transitions by target state.", "state"),
+		lenderLatency:    r.Histogram("rialto_lender_call_duration_seconds", "Calls to lender agents by operation.", nil, "op"),
+		placeRetries:     r.Counter("rialto_placement_retries_total", "Reservations retried after losing a race for a device.").With(),
+	}
+}
+
+// serveMetrics refreshes the state gauges from the store and writes the
+// registry.
+func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.PrepareTimeout)
+	defer cancel()
+	if c, err := s.st.Counts(ctx); err == nil {
+		for _, st := range []api.NodeState{api.NodeReady, api.NodeSuspect, api.NodeDown} {
+			s.m.nodes.With(string(st)).Set(float64(c.Nodes[st]))
+		}
+		for _, st := range []api.LeaseState{api.LeaseRequested, api.LeaseReserved, api.LeaseActive, api.LeaseReleasing,
+			api.LeaseReleased, api.LeaseFailed, api.LeaseLost, api.LeaseExpired} {
+			s.m.leases.With(string(st)).Set(float64(c.Leases[st]))
+		}
+	} else {
+		s.log.Warn("metrics: counts", "err", err)
+	}
+	s.reg.ServeHTTP(w, r)
+}

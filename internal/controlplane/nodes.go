@@ -1,0 +1,195 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"sort"
+	"sync"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/resource"
+)
+
+const maxPeers = 8
+
+// peerCache keeps the ready nodes sorted by ID, for the peer lists handed
+// to agents (each gets the next maxPeers nodes after itself on the ring, so
+// the probing load stays bounded with thousands of nodes).
+type peerCache struct {
+	mu    sync.Mutex
+	nodes []api.Node
+}
+
+func (c *peerCache) set(nodes []api.Node) {
+	var ready []api.Node
+	for _, n := range nodes {
+		if n.State == api.NodeReady {
+			n.Fingerprint = api.Fingerprint{MachineID: n.Fingerprint.MachineID, Hostname: n.Fingerprint.Hostname}
+			ready = append(ready, n)
+		}
+	}
+	sort.Slice(ready, func(i, j int) bool { return ready[i].ID < ready[j].ID })
+	c.mu.Lock()
+	c.nodes = ready
+	c.mu.Unlock()
+}
+
+func (c *peerCache) add(n api.Node) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i := sort.Search(len(c.nodes), func(i int) bool { return c.nodes[i].ID >= n.ID })
+	n.Fingerprint = api.Fingerprint{MachineID: n.Fingerprint.MachineID, Hostname: n.Fingerprint.Hostname}
+	if i < len(c.nodes) && c.nodes[i].ID == n.ID {
+		c.nodes[i] = n
+		return
+	}
+	c.nodes = append(c.nodes, api.Node{})
+	copy(c.nodes[i+1:], c.nodes[i:])
+	c.nodes[i] = n
+}
+
+func (c *peerCache) peersOf(id string) []api.Node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i := sort.Search(len(c.nodes), func(i int) bool { return c.nodes[i].ID >= id })
+	var out []api.Node
+	for k := 0; k < len(c.nodes) && len(out) < maxPeers; k++ {
+		n := c.nodes[(i+k)%len(c.nodes)]
+		if n.ID != id {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func validKind(k api.Kind) bool {
+	switch k {
+	case api.KindBlock, api.KindMemory, api.KindAccel, api.KindNIC:
+		return true
+	}
+	return false
+}
+
+func validateJoin(r api.JoinRequest) error {
+	if r.Name == "" || len(r.Name) > 128 {
+		return fmt.Errorf("%w: name is required (at most 128 bytes)", ErrInvalid)
+	}
+	if r.Fingerprint.MachineID == "" || len(r.Fingerprint.MachineID) > 256 {
+		return fmt.Errorf("%w: fingerprint.machine_id is required (at most 256 bytes)", ErrInvalid)
+	}
+	if r.AgentURL != "" {
+		u, err := url.Parse(r.AgentURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("%w: agent_url %q is not an http(s) URL", ErrInvalid, r.AgentURL)
+		}
+	}
+	if len(r.Devices) > 1024 {
+		return fmt.Errorf("%w: at most 1024 devices per node", ErrInvalid)
+	}
+	seen := map[string]bool{}
+	for i, d := range r.Devices {
+		switch {
+		case d.Name == "" || len(d.Name) > 128:
+			return fmt.Errorf("%w: devices[%d]: name is required (at most 128 bytes)", ErrInvalid, i)
+		case seen[d.Name]:
+			return fmt.Errorf("%w: devices[%d]: duplicate name %q", ErrInvalid, i, d.Name)
+		case !validKind(d.Kind):
+			return fmt.Errorf("%w: devices[%d]: unknown kind %q", ErrInvalid, i, d.Kind)
+		case d.Capacity <= 0:
+			return fmt.Errorf("%w: devices[%d]: capacity must be positive", ErrInvalid, i)
+		case d.Sharing != "" && d.Sharing != "exclusive" && d.Sharing != "partitionable":
+			return fmt.Errorf("%w: devices[%d]: sharing must be exclusive or partitionable", ErrInvalid, i)
+		}
+		seen[d.Name] = true
+	}
+	return nil
+}
+
+// join registers an agent; a known machine ID keeps its node ID.
+func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse, error) {
+	if err := validateJoin(r); err != nil {
+		return api.JoinResponse{}, err
+	}
+	now := s.now()
+	cred := resource.NewSecret("rnc")
+	key := resource.NewSecret("rak")
+	n := api.Node{
+		ID: resource.NewID("node"), Name: r.Name, State: api.NodeReady, Address: r.Address, AgentURL: r.AgentURL,
+		Endpoints: r.Endpoints, Labels: r.Labels, Fingerprint: r.Fingerprint, Health: "ok", LastHeartbeat: now, JoinedAt: now,
+	}
+	n, rejoined, err := s.st.JoinNode(ctx, store.JoinNode{Node: n, CredentialHash: resource.HashSecret(cred), AgentKey: key, Devices: r.Devices},
+		api.Event{At: now, Type: "node.joined", Message: fmt.Sprintf("%s joined with %d device(s)", r.Name, len(r.Devices)), State: string(api.NodeReady)})
+	if err != nil {
+		return api.JoinResponse{}, err
+	}
+	s.log.Info("node joined", "node", n.ID, "name", n.Name, "rejoined", rejoined, "devices", len(r.Devices), "credential", resource.Fingerprint(cred))
+	s.peers.add(n)
+	return api.JoinResponse{
+		NodeID: n.ID, Credential: cred, AgentKey: key, HeartbeatSeconds: s.cfg.HeartbeatInterval.Seconds(),
+		ControlPlaneNodes: s.peers.peersOf(n.ID),
+	}, nil
+}
+
+// heartbeat records an agent's report and answers what to tear down.
+func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) (api.HeartbeatResponse, error) {
+	if len(h.Links) > 4096 || len(h.Leases) > 65536 || len(h.Health) > 1024 {
+		return api.HeartbeatResponse{}, fmt.Errorf("%w: heartbeat too large", ErrInvalid)
+	}
+	now := s.now()
+	links := make([]api.Link, 0, len(h.Links))
+	for _, lr := range h.Links {
+		if lr.To == "" || lr.RTTMicros < 0 {
+			return api.HeartbeatResponse{}, fmt.Errorf("%w: links need a target and a non-negative rtt_us", ErrInvalid)
+		}
+		status := "down"
+		if lr.Up {
+			status = "up"
+		}
+		kind := "ethernet"
+		if lr.To == nodeID {
+			kind = "loopback"
+		}
+		links = append(links, api.Link{From: nodeID, To: lr.To, Kind: kind, RTTMicros: lr.RTTMicros, Status: status, MeasuredAt: now})
+	}
+	health := h.Health
+	if health == "" {
+		health = "ok"
+	}
+	prev, err := s.st.Heartbeat(ctx, nodeID, now, health, links)
+	if err != nil {
+		return api.HeartbeatResponse{}, err
+	}
+	if prev != api.NodeReady {
+		s.log.Info("node ready again", "node", nodeID, "was", prev)
+		if n, err := s.st.Node(ctx, nodeID); err == nil {
+			s.peers.add(n.Node)
+		}
+	}
+	var resp api.HeartbeatResponse
+	if len(h.Leases) > 0 {
+		ls, err := s.st.Leases(ctx, store.LeaseFilter{IDs: h.Leases})
+		if err != nil {
+			return resp, err
+		}
+		keep := map[string]bool{}
+		for _, l := range ls {
+			if l.State != api.LeaseReserved && l.State != api.LeaseActive {
+				continue
+			}
+			for _, p := range l.Parts {
+				if p.NodeID == nodeID {
+					keep[l.ID] = true
+				}
+			}
+		}
+		for _, id := range h.Leases {
+			if !keep[id] {
+				resp.Teardown = append(resp.Teardown, id)
+			}
+		}
+	}
+	resp.Peers = s.peers.peersOf(nodeID)
+	return resp, nil
+}

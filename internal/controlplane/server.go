@@ -1,0 +1,156 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/metrics"
+	"github.com/rialto-project/rialto/internal/resource"
+)
+
+// Clock tells the time; injected so tests can drive liveness and expiry.
+type Clock interface{ Now() time.Time }
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+// Lender is how the control plane reaches lender agents. The default
+// (nil in Config) speaks HTTP to node.AgentURL + "/agent/v1/prepare" and
+// "/agent/v1/teardown" with "Authorization: Bearer <AgentKey>".
+type Lender interface {
+	Prepare(ctx context.Context, node api.Node, agentKey string, req api.PrepareRequest) (api.PrepareResponse, error)
+	Teardown(ctx context.Context, node api.Node, agentKey string, leaseID string) error
+}
+
+// Token is an API token to ensure present at New. Tenant tokens with Admin
+// see and change every tenant's leases.
+type Token struct {
+	Token  string
+	Tenant string
+	Admin  bool
+}
+
+// Config configures a Server. Store is required.
+type Config struct {
+	Store  store.Store
+	Logger *slog.Logger // nil: discard
+	Clock  Clock        // nil: the real clock
+	Lender Lender       // nil: HTTP to the agents
+
+	BootstrapToken string  // lets agents join; empty: joining is impossible
+	Tokens         []Token // tenant API tokens, stored hashed
+
+	HeartbeatInterval time.Duration // default 1s
+	SuspectAfter      time.Duration // default 3s of silence
+	DownAfter         time.Duration // default 10s of silence: the grace period
+	PrepareTimeout    time.Duration // default 2s
+	DefaultTTL        time.Duration // default 1h
+	MaxTTL            time.Duration // default 30 days
+}
+
+// Server is a control plane.
+type Server struct {
+	st     store.Store
+	log    *slog.Logger
+	clock  Clock
+	lender Lender
+	cfg    Config
+	reg    *metrics.Registry
+	m      serverMetrics
+	h      http.Handler
+	peers  peerCache
+
+	openapi []byte
+	place   placer
+}
+
+// New returns a Server; it stores the configured tokens (hashed).
+func New(cfg Config) (*Server, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("controlplane: Config.Store is required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = realClock{}
+	}
+	if cfg.HeartbeatInterval <= 0 {
+		cfg.HeartbeatInterval = time.Second
+	}
+	if cfg.SuspectAfter <= 0 {
+		cfg.SuspectAfter = 3 * time.Second
+	}
+	if cfg.DownAfter <= 0 {
+		cfg.DownAfter = 10 * time.Second
+	}
+	if cfg.DownAfter < cfg.SuspectAfter {
+		return nil, fmt.Errorf("controlplane: DownAfter (%v) is shorter than SuspectAfter (%v)", cfg.DownAfter, cfg.SuspectAfter)
+	}
+	if cfg.PrepareTimeout <= 0 {
+		cfg.PrepareTimeout = 2 * time.Second
+	}
+	if cfg.DefaultTTL <= 0 {
+		cfg.DefaultTTL = time.Hour
+	}
+	if cfg.MaxTTL <= 0 {
+		cfg.MaxTTL = 30 * 24 * time.Hour
+	}
+	if cfg.MaxTTL < cfg.DefaultTTL {
+		cfg.MaxTTL = cfg.DefaultTTL
+	}
+	if cfg.Lender == nil {
+		cfg.Lender = NewHTTPLender(nil)
+	}
+	s := &Server{st: cfg.Store, log: cfg.Logger, clock: cfg.Clock, lender: cfg.Lender, cfg: cfg, reg: metrics.NewRegistry()}
+	ctx := context.Background()
+	if cfg.BootstrapToken != "" {
+		if err := s.st.PutToken(ctx, store.Token{Hash: resource.HashSecret(cfg.BootstrapToken), Kind: store.TokenBootstrap, CreatedAt: s.now()}); err != nil {
+			return nil, fmt.Errorf("controlplane: store bootstrap token: %w", err)
+		}
+	}
+	for _, t := range cfg.Tokens {
+		if t.Token == "" || t.Tenant == "" {
+			return nil, errors.New("controlplane: a tenant token needs a token and a tenant")
+		}
+		if t.Token == cfg.BootstrapToken {
+			return nil, errors.New("controlplane: a tenant token must differ from the bootstrap token")
+		}
+		if err := s.st.PutToken(ctx, store.Token{Hash: resource.HashSecret(t.Token), Kind: store.TokenTenant, Tenant: t.Tenant, Admin: t.Admin, CreatedAt: s.now()}); err != nil {
+			return nil, fmt.Errorf("controlplane: store token for %s: %w", t.Tenant, err)
+		}
+	}
+	s.place = firstFit
+	s.m = newServerMetrics(s.reg)
+	s.h = s.routes()
+	return s, nil
+}
+
+func (s *Server) now() time.Time { return s.clock.Now().UTC() }
+
+// Handler serves /v1/..., /v1/openapi.json, /metrics and /healthz.
+func (s *Server) Handler() http.Handler { return s.h }
+
+// Run calls Sweep every HeartbeatInterval until ctx is done; it returns
+// ctx's error. Sweep errors are logged, not fatal.
+func (s *Server) Run(ctx context.Context) error {
+	t := time.NewTicker(s.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			if err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
+				s.log.Warn("sweep", "err", err)
+			}
+		}
+	}
+}

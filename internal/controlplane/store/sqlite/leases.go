@@ -1,0 +1,375 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
+)
+
+const leaseCols = `id, state, kind, mode, tenant, borrower, size, count, stripe_unit, uri, credential, ttl_seconds, expires_at, created_at, updated_at, reason, idempotency_key, plan`
+
+func scanLease(sc interface{ Scan(...any) error }) (api.Lease, error) {
+	var l api.Lease
+	var exp, created, updated int64
+	var plan string
+	if err := sc.Scan(&l.ID, &l.State, &l.Kind, &l.Mode, &l.Tenant, &l.Borrower, &l.Size, &l.Count, &l.StripeUnit, &l.URI,
+		&l.Credential, &l.TTLSeconds, &exp, &created, &updated, &l.Reason, &l.IdempotencyKey, &plan); err != nil {
+		return l, err
+	}
+	l.ExpiresAt, l.CreatedAt, l.UpdatedAt = tm(exp), tm(created), tm(updated)
+	if plan != "" {
+		l.Plan = new(api.Plan)
+		if err := unjs(plan, l.Plan); err != nil {
+			return l, err
+		}
+	}
+	l.Parts = []api.Part{}
+	return l, nil
+}
+
+func planJSON(p *api.Plan) string {
+	if p == nil {
+		return ""
+	}
+	return js(p)
+}
+
+// reserve checks and inserts the parts of a lease inside tx.
+func reserve(ctx context.Context, tx *sql.Tx, leaseID string, kind api.Kind, parts []api.Part) error {
+	for i, p := range parts {
+		var dstate, nstate, dkind, nodeID string
+		var capacity int64
+		err := tx.QueryRowContext(ctx, `SELECT d.state, d.kind, d.capacity, d.node_id, n.state FROM devices d JOIN nodes n ON n.id = d.node_id WHERE d.id = ?`, p.DeviceID).
+			Scan(&dstate, &dkind, &capacity, &nodeID, &nstate)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("device %s: %w", p.DeviceID, store.ErrCapacity)
+		}
+		if err != nil {
+			return fmt.Errorf("sqlite: reserve: %w", err)
+		}
+		switch {
+		case nodeID != p.NodeID:
+			return fmt.Errorf("device %s is not on node %s: %w", p.DeviceID, p.NodeID, store.ErrCapacity)
+		case dstate != "available" || nstate != string(api.NodeReady):
+			return fmt.Errorf("device %s is %s on a %s node: %w", p.DeviceID, dstate, nstate, store.ErrCapacity)
+		case api.Kind(dkind) != kind:
+			return fmt.Errorf("device %s is %s, not %s: %w", p.DeviceID, dkind, kind, store.ErrCapacity)
+		case p.Offset < 0 || p.Length <= 0 || p.Offset > capacity-p.Length:
+			return fmt.Errorf("device %s: range %d+%d outside capacity %d: %w", p.DeviceID, p.Offset, p.Length, capacity, store.ErrCapacity)
+		}
+		var overlap int
+		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM lease_parts WHERE device_id = ? AND live = 1 AND off < ? AND off + length > ?`,
+			p.DeviceID, p.Offset+p.Length, p.Offset).Scan(&overlap); err != nil {
+			return fmt.Errorf("sqlite: reserve: %w", err)
+		}
+		if overlap > 0 {
+			return fmt.Errorf("device %s: range %d+%d is taken: %w", p.DeviceID, p.Offset, p.Length, store.ErrCapacity)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO lease_parts (lease_id, idx, node_id, device_id, off, length, uri, live) VALUES (?, ?, ?, ?, ?, ?, ?, 1)`,
+			leaseID, i, p.NodeID, p.DeviceID, p.Offset, p.Length, p.URI); err != nil {
+			return fmt.Errorf("sqlite: reserve: %w", err)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE devices SET allocated = allocated + ? WHERE id = ?`, p.Length, p.DeviceID); err != nil {
+			return fmt.Errorf("sqlite: reserve: %w", err)
+		}
+	}
+	return nil
+}
+
+// free releases the live parts of a lease; del also deletes their rows.
+func free(ctx context.Context, tx *sql.Tx, leaseID string, del bool) error {
+	if _, err := tx.ExecContext(ctx, `UPDATE devices SET allocated = allocated - (SELECT COALESCE(SUM(length), 0) FROM lease_parts p
+		WHERE p.lease_id = ? AND p.live = 1 AND p.device_id = devices.id)
+		WHERE id IN (SELECT device_id FROM lease_parts WHERE lease_id = ? AND live = 1)`, leaseID, leaseID); err != nil {
+		return fmt.Errorf("sqlite: free parts: %w", err)
+	}
+	q := `UPDATE lease_parts SET live = 0 WHERE lease_id = ?`
+	if del {
+		q = `DELETE FROM lease_parts WHERE lease_id = ?`
+	}
+	if _, err := tx.ExecContext(ctx, q, leaseID); err != nil {
+		return fmt.Errorf("sqlite: free parts: %w", err)
+	}
+	return nil
+}
+
+func getLease(ctx context.Context, q execer, id string) (api.Lease, error) {
+	l, err := scanLease(q.QueryRowContext(ctx, `SELECT `+leaseCols+` FROM leases WHERE id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return l, fmt.Errorf("lease %s: %w", id, store.ErrNotFound)
+	}
+	if err != nil {
+		return l, fmt.Errorf("sqlite: lease: %w", err)
+	}
+	rows, err := q.QueryContext(ctx, `SELECT node_id, device_id, off, length, uri FROM lease_parts WHERE lease_id = ? ORDER BY idx`, id)
+	if err != nil {
+		return l, fmt.Errorf("sqlite: lease parts: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var p api.Part
+		if err := rows.Scan(&p.NodeID, &p.DeviceID, &p.Offset, &p.Length, &p.URI); err != nil {
+			return l, fmt.Errorf("sqlite: lease parts: %w", err)
+		}
+		l.Parts = append(l.Parts, p)
+	}
+	fillFirst(&l)
+	return l, rows.Err()
+}
+
+func fillFirst(l *api.Lease) {
+	l.NodeID, l.DeviceID = "", ""
+	if len(l.Parts) > 0 {
+		l.NodeID, l.DeviceID = l.Parts[0].NodeID, l.Parts[0].DeviceID
+	}
+}
+
+// CreateLease inserts a lease and reserves its parts atomically.
+func (s *Store) CreateLease(ctx context.Context, l api.Lease, idem *store.Idempotency, ev api.Event) (api.Lease, error) {
+	var out api.Lease
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		if idem != nil {
+			var leaseID string
+			err := tx.QueryRowContext(ctx, `SELECT lease_id FROM idempotency_keys WHERE tenant = ? AND key = ?`, idem.Tenant, idem.Key).Scan(&leaseID)
+			if err == nil {
+				return fmt.Errorf("key used by lease %s: %w", leaseID, store.ErrDuplicate)
+			}
+			if !errors.Is(err, sql.ErrNoRows) {
+				return fmt.Errorf("sqlite: idempotency: %w", err)
+			}
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO leases (`+leaseCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			l.ID, l.State, l.Kind, l.Mode, l.Tenant, l.Borrower, l.Size, l.Count, l.StripeUnit, l.URI, l.Credential, l.TTLSeconds,
+			ns(l.ExpiresAt), ns(l.CreatedAt), ns(l.UpdatedAt), l.Reason, l.IdempotencyKey, planJSON(l.Plan))
+		if err != nil {
+			return fmt.Errorf("sqlite: create lease: %w", err)
+		}
+		if err := reserve(ctx, tx, l.ID, l.Kind, l.Parts); err != nil {
+			return err
+		}
+		if idem != nil {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO idempotency_keys (tenant, key, request_hash, lease_id, created_at) VALUES (?, ?, ?, ?, ?)`,
+				idem.Tenant, idem.Key, idem.RequestHash, l.ID, ns(l.CreatedAt)); err != nil {
+				return fmt.Errorf("sqlite: idempotency: %w", err)
+			}
+		}
+		if _, err := appendEvent(ctx, tx, ev); err != nil {
+			return err
+		}
+		out, err = getLease(ctx, tx, l.ID)
+		return err
+	})
+	return out, err
+}
+
+// ReplaceParts swaps a non-terminal lease's parts for new ones.
+func (s *Store) ReplaceParts(ctx context.Context, id string, parts []api.Part, plan *api.Plan, at time.Time, ev api.Event) (api.Lease, error) {
+	var out api.Lease
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		var state api.LeaseState
+		var kind api.Kind
+		if err := tx.QueryRowContext(ctx, `SELECT state, kind FROM leases WHERE id = ?`, id).Scan(&state, &kind); err != nil {
+			if errors.Is(err, sql.ErrNoRows) {
+				return fmt.Errorf("lease %s: %w", id, store.ErrNotFound)
+			}
+			return fmt.Errorf("sqlite: replace parts: %w", err)
+		}
+		if state != api.LeaseRequested && state != api.LeaseReserved {
+			return fmt.Errorf("lease %s is %s: %w", id, state, store.ErrConflict)
+		}
+		if err := free(ctx, tx, id, true); err != nil {
+			return err
+		}
+		if err := reserve(ctx, tx, id, kind, parts); err != nil {
+			return err
+		}
+		q := `UPDATE leases SET state = 'reserved', updated_at = ?`
+		args := []any{ns(at)}
+		if plan != nil {
+			q += `, plan = ?, mode = ?`
+			args = append(args, planJSON(plan), plan.Mode)
+		}
+		if _, err := tx.ExecContext(ctx, q+` WHERE id = ?`, append(args, id)...); err != nil {
+			return fmt.Errorf("sqlite: replace parts: %w", err)
+		}
+		if _, err := appendEvent(ctx, tx, ev); err != nil {
+			return err
+		}
+		var err error
+		out, err = getLease(ctx, tx, id)
+		return err
+	})
+	return out, err
+}
+
+// TransitionLease moves a lease between states (compare-and-set).
+func (s *Store) TransitionLease(ctx context.Context, id string, ch store.LeaseChange, ev api.Event) (api.Lease, error) {
+	var out api.Lease
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		var state api.LeaseState
+		if err := tx.QueryRowContext(ctx, `SELECT state FROM leases WHERE id = ?`, id).Scan(&state); err != nil {
+			if errors.Is(err, sql.ErrNoRows) {
+				return fmt.Errorf("lease %s: %w", id, store.ErrNotFound)
+			}
+			return fmt.Errorf("sqlite: transition: %w", err)
+		}
+		if !slices.Contains(ch.From, state) {
+			return fmt.Errorf("lease %s is %s, not %v: %w", id, state, ch.From, store.ErrConflict)
+		}
+		q := `UPDATE leases SET state = ?, updated_at = ?`
+		args := []any{ch.To, ns(ch.At)}
+		if ch.Reason != "" {
+			q += `, reason = ?`
+			args = append(args, ch.Reason)
+		}
+		if ch.URI != "" {
+			q += `, uri = ?`
+			args = append(args, ch.URI)
+		}
+		if !ch.ExpiresAt.IsZero() {
+			q += `, expires_at = ?`
+			args = append(args, ns(ch.ExpiresAt))
+		}
+		if ch.TTL != 0 {
+			q += `, ttl_seconds = ?`
+			args = append(args, ch.TTL)
+		}
+		if ch.Plan != nil {
+			q += `, plan = ?`
+			args = append(args, planJSON(ch.Plan))
+		}
+		if _, err := tx.ExecContext(ctx, q+` WHERE id = ?`, append(args, id)...); err != nil {
+			return fmt.Errorf("sqlite: transition: %w", err)
+		}
+		for i, u := range ch.URIs {
+			if _, err := tx.ExecContext(ctx, `UPDATE lease_parts SET uri = ? WHERE lease_id = ? AND idx = ?`, u, id, i); err != nil {
+				return fmt.Errorf("sqlite: transition: %w", err)
+			}
+		}
+		if ch.To.Terminal() && !state.Terminal() {
+			if err := free(ctx, tx, id, false); err != nil {
+				return err
+			}
+		}
+		if _, err := appendEvent(ctx, tx, ev); err != nil {
+			return err
+		}
+		var err error
+		out, err = getLease(ctx, tx, id)
+		return err
+	})
+	return out, err
+}
+
+// Lease returns one lease.
+func (s *Store) Lease(ctx context.Context, id string) (api.Lease, error) {
+	return getLease(ctx, s.r, id)
+}
+
+// Leases lists leases matching f, oldest first.
+func (s *Store) Leases(ctx context.Context, f store.LeaseFilter) ([]api.Lease, error) {
+	var where []string
+	var args []any
+	if f.Tenant != "" {
+		where = append(where, `tenant = ?`)
+		args = append(args, f.Tenant)
+	}
+	if f.NodeID != "" {
+		where = append(where, `id IN (SELECT lease_id FROM lease_parts WHERE node_id = ? AND live = 1)`)
+		args = append(args, f.NodeID)
+	}
+	if f.States != nil {
+		where = append(where, `state IN (`+placeholders(len(f.States))+`)`)
+		for _, st := range f.States {
+			args = append(args, st)
+		}
+		if len(f.States) == 0 {
+			return []api.Lease{}, nil
+		}
+	}
+	if f.IDs != nil {
+		if len(f.IDs) == 0 {
+			return []api.Lease{}, nil
+		}
+		where = append(where, `id IN (`+placeholders(len(f.IDs))+`)`)
+		for _, id := range f.IDs {
+			args = append(args, id)
+		}
+	}
+	if !f.ExpiresBefore.IsZero() {
+		where = append(where, `expires_at < ?`)
+		args = append(args, ns(f.ExpiresBefore))
+	}
+	cond := ""
+	if len(where) > 0 {
+		cond = ` WHERE ` + strings.Join(where, ` AND `)
+	}
+	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: s.r != s.w})
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: leases: %w", err)
+	}
+	defer tx.Rollback()
+	rows, err := tx.QueryContext(ctx, `SELECT `+leaseCols+` FROM leases`+cond+` ORDER BY created_at, id`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: leases: %w", err)
+	}
+	out := []api.Lease{}
+	idx := map[string]int{}
+	for rows.Next() {
+		l, err := scanLease(rows)
+		if err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("sqlite: leases: %w", err)
+		}
+		idx[l.ID] = len(out)
+		out = append(out, l)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("sqlite: leases: %w", err)
+	}
+	if len(out) == 0 {
+		return out, nil
+	}
+	prows, err := tx.QueryContext(ctx, `SELECT lease_id, node_id, device_id, off, length, uri FROM lease_parts
+		WHERE lease_id IN (SELECT id FROM leases`+cond+`) ORDER BY lease_id, idx`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: lease parts: %w", err)
+	}
+	defer prows.Close()
+	for prows.Next() {
+		var lid string
+		var p api.Part
+		if err := prows.Scan(&lid, &p.NodeID, &p.DeviceID, &p.Offset, &p.Length, &p.URI); err != nil {
+			return nil, fmt.Errorf("sqlite: lease parts: %w", err)
+		}
+		if i, ok := idx[lid]; ok {
+			out[i].Parts = append(out[i].Parts, p)
+		}
+	}
+	for i := range out {
+		fillFirst(&out[i])
+	}
+	return out, prows.Err()
+}
+
+// LeaseByIdempotencyKey returns the lease recorded for (tenant, key).
+func (s *Store) LeaseByIdempotencyKey(ctx context.Context, tenant, key string) (api.Lease, string, error) {
+	var leaseID, hash string
+	err := s.r.QueryRowContext(ctx, `SELECT lease_id, request_hash FROM idempotency_keys WHERE tenant = ? AND key = ?`, tenant, key).Scan(&leaseID, &hash)
+	if errors.Is(err, sql.ErrNoRows) {
+		return api.Lease{}, "", fmt.Errorf("idempotency key: %w", store.ErrNotFound)
+	}
+	if err != nil {
+		return api.Lease{}, "", fmt.Errorf("sqlite: idempotency: %w", err)
+	}
+	l, err := getLease(ctx, s.r, leaseID)
+	return l, hash, err
+}

@@ -1,0 +1,202 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync/atomic"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+
+	"github.com/rialto-project/rialto/internal/controlplane/store"
+)
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// Store is a store.Store backed by one SQLite database file.
+type Store struct {
+	w *sql.DB // single writer connection
+	r *sql.DB // read-only pool (the writer itself for :memory:)
+}
+
+var _ store.Store = (*Store)(nil)
+
+var memSeq atomic.Int64
+
+// Open opens (creating if needed) the database at path and applies pending
+// migrations. ":memory:" gives a private in-memory database.
+func Open(ctx context.Context, path string) (*Store, error) {
+	return open(ctx, path, -1)
+}
+
+// open applies migrations up to version max (-1: all).
+func open(ctx context.Context, path string, max int) (*Store, error) {
+	pragmas := []string{"busy_timeout(10000)", "foreign_keys(1)", "synchronous(NORMAL)"}
+	mem := path == ":memory:"
+	if strings.ContainsAny(path, "?#") {
+		return nil, fmt.Errorf("sqlite: path %q must not contain '?' or '#'", path)
+	}
+	var wdsn, rdsn string
+	if mem {
+		// A named shared-cache memory database is private to this Store but
+		// visible to all its connections; one connection serves both roles.
+		name := fmt.Sprintf("rialto-mem-%d", memSeq.Add(1))
+		wdsn = "file:" + name + "?mode=memory&cache=shared&_txlock=immediate" + pragmaQuery(pragmas)
+	} else {
+		pragmas = append(pragmas, "journal_mode(WAL)")
+		wdsn = "file:" + path + "?_txlock=immediate" + pragmaQuery(pragmas)
+		rdsn = "file:" + path + "?_pragma=query_only(1)" + pragmaQuery([]string{"busy_timeout(10000)"})
+	}
+	w, err := sql.Open("sqlite", wdsn)
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
+	}
+	w.SetMaxOpenConns(1)
+	w.SetMaxIdleConns(1)
+	w.SetConnMaxLifetime(0)
+	w.SetConnMaxIdleTime(0)
+	s := &Store{w: w, r: w}
+	if err := s.migrate(ctx, max); err != nil {
+		w.Close()
+		return nil, err
+	}
+	if !mem {
+		r, err := sql.Open("sqlite", rdsn)
+		if err != nil {
+			w.Close()
+			return nil, fmt.Errorf("sqlite: open %s read-only: %w", path, err)
+		}
+		n := runtime.GOMAXPROCS(0) * 2
+		if n < 4 {
+			n = 4
+		}
+		r.SetMaxOpenConns(n)
+		r.SetMaxIdleConns(n)
+		s.r = r
+	}
+	return s, nil
+}
+
+func pragmaQuery(ps []string) string {
+	var b strings.Builder
+	for _, p := range ps {
+		b.WriteString("&_pragma=")
+		b.WriteString(url.QueryEscape(p))
+	}
+	return b.String()
+}
+
+// Close closes the database.
+func (s *Store) Close() error {
+	err := s.w.Close()
+	if s.r != s.w {
+		err = errors.Join(err, s.r.Close())
+	}
+	return err
+}
+
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+func migrations() ([]migration, error) {
+	ents, err := fs.ReadDir(migrationFS, "migrations")
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: migrations: %w", err)
+	}
+	var ms []migration
+	for _, e := range ents {
+		num, _, ok := strings.Cut(e.Name(), "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil || !strings.HasSuffix(e.Name(), ".sql") {
+			return nil, fmt.Errorf("sqlite: migration %q: name must be NNNN_what.sql", e.Name())
+		}
+		b, err := migrationFS.ReadFile("migrations/" + e.Name())
+		if err != nil {
+			return nil, fmt.Errorf("sqlite: migration %s: %w", e.Name(), err)
+		}
+		ms = append(ms, migration{v, e.Name(), string(b)})
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
+	for i, m := range ms {
+		if m.version != i+1 {
+			return nil, fmt.Errorf("sqlite: migration %s: versions must be 1, 2, 3, ... without gaps", m.name)
+		}
+	}
+	return ms, nil
+}
+
+// SchemaVersion returns the highest applied migration.
+func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
+	var v sql.NullInt64
+	if err := s.w.QueryRowContext(ctx, `SELECT MAX(version) FROM schema_version`).Scan(&v); err != nil {
+		return 0, fmt.Errorf("sqlite: schema version: %w", err)
+	}
+	return int(v.Int64), nil
+}
+
+func (s *Store) migrate(ctx context.Context, max int) error {
+	ms, err := migrations()
+	if err != nil {
+		return err
+	}
+	if _, err := s.w.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_version (
+		version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)`); err != nil {
+		return fmt.Errorf("sqlite: schema_version: %w", err)
+	}
+	cur, err := s.SchemaVersion(ctx)
+	if err != nil {
+		return err
+	}
+	if cur > len(ms) {
+		return fmt.Errorf("sqlite: database schema version %d is newer than this binary (%d)", cur, len(ms))
+	}
+	for _, m := range ms {
+		if m.version <= cur || (max >= 0 && m.version > max) {
+			continue
+		}
+		tx, err := s.w.BeginTx(ctx, nil)
+		if err != nil {
+			return fmt.Errorf("sqlite: migration %s: %w", m.name, err)
+		}
+		if _, err := tx.ExecContext(ctx, m.sql); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("sqlite: migration %s: %w", m.name, err)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO schema_version (version, name) VALUES (?, ?)`, m.version, m.name); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("sqlite: migration %s: %w", m.name, err)
+		}
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("sqlite: migration %s: %w", m.name, err)
+		}
+	}
+	return nil
+}
+
+// tx runs f in a write transaction.
+func (s *Store) tx(ctx context.Context, f func(tx *sql.Tx) error) error {
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("sqlite: begin: %w", err)
+	}
+	if err := f(tx); err != nil {
+		tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("sqlite: commit: %w", err)
+	}
+	return nil
+}

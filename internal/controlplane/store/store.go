@@ -1,0 +1,154 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+)
+
+// Sentinel errors. Implementations wrap them with %w.
+var (
+	ErrNotFound  = errors.New("store: not found")
+	ErrConflict  = errors.New("store: state changed concurrently")
+	ErrCapacity  = errors.New("store: device capacity exhausted")
+	ErrDuplicate = errors.New("store: idempotency key already used")
+)
+
+// Token kinds.
+const (
+	TokenBootstrap = "bootstrap"
+	TokenTenant    = "tenant"
+)
+
+// Token is an API token as stored: only the hash of the secret is kept.
+type Token struct {
+	Hash      string // resource.HashSecret of the token
+	Kind      string // TokenBootstrap or TokenTenant
+	Tenant    string
+	Admin     bool
+	CreatedAt time.Time
+}
+
+// JoinNode is an agent's registration. On a rejoin (same
+// Node.Fingerprint.MachineID) the stored node keeps its ID and its devices
+// keep theirs (matched by name); devices no longer reported become
+// "unavailable".
+type JoinNode struct {
+	Node           api.Node // ID is used only for a new node
+	CredentialHash string
+	AgentKey       string
+	Devices        []api.DeviceSpec
+}
+
+// NodeRecord is a node with the secret the control plane presents to its
+// agent.
+type NodeRecord struct {
+	api.Node
+	AgentKey string
+}
+
+// Idempotency records a lease-creation key.
+type Idempotency struct {
+	Tenant      string
+	Key         string
+	RequestHash string
+}
+
+// LeaseChange is a compare-and-set transition of a lease.
+type LeaseChange struct {
+	From      []api.LeaseState // the lease must be in one of these states
+	To        api.LeaseState
+	Reason    string    // replaces the reason when non-empty
+	URIs      []string  // when non-nil, the parts' URIs, in part order
+	URI       string    // replaces the lease URI when non-empty
+	ExpiresAt time.Time // replaces the expiry when non-zero
+	TTL       int64     // replaces ttl_seconds when non-zero
+	Plan      *api.Plan // replaces the plan when non-nil
+	At        time.Time // updated_at
+}
+
+// LeaseFilter selects leases; zero fields do not filter.
+type LeaseFilter struct {
+	Tenant        string
+	NodeID        string // leases with a live part on this node
+	States        []api.LeaseState
+	IDs           []string
+	ExpiresBefore time.Time // expires_at < ExpiresBefore
+}
+
+// LivePart is a part of a non-terminal lease, as placement needs it.
+type LivePart struct {
+	api.Part
+	LeaseID string
+	Mode    api.Mode
+	Tenant  string
+}
+
+// Inventory is a consistent read of what placement needs.
+type Inventory struct {
+	Nodes   []api.Node
+	Devices []api.Device
+	Parts   []LivePart
+	Links   []api.Link
+}
+
+// Counts are objects by state, for metrics.
+type Counts struct {
+	Nodes  map[api.NodeState]int
+	Leases map[api.LeaseState]int
+}
+
+// Store is the control plane's persistence. Every method that writes takes
+// the event to append in the same transaction (Event.ID and, when zero,
+// Event.At are filled in by the store).
+type Store interface {
+	Close() error
+
+	PutToken(ctx context.Context, t Token) error
+	LookupToken(ctx context.Context, hash string) (Token, error)
+
+	// JoinNode registers or re-registers a node; rejoined reports that the
+	// machine ID was known.
+	JoinNode(ctx context.Context, j JoinNode, ev api.Event) (n api.Node, rejoined bool, err error)
+	// NodeByCredential returns the node whose credential hash matches.
+	NodeByCredential(ctx context.Context, credHash string) (api.Node, error)
+	// Heartbeat records liveness and links; it moves the node to ready and
+	// returns its previous state.
+	Heartbeat(ctx context.Context, nodeID string, at time.Time, health string, links []api.Link) (prev api.NodeState, err error)
+	// SetNodeState moves a node from one state to another (ErrConflict if
+	// it is not in from).
+	SetNodeState(ctx context.Context, id string, from, to api.NodeState, ev api.Event) error
+	Node(ctx context.Context, id string) (NodeRecord, error)
+	Nodes(ctx context.Context) ([]api.Node, error)
+	Devices(ctx context.Context) ([]api.Device, error)
+	Links(ctx context.Context) ([]api.Link, error)
+	Inventory(ctx context.Context) (Inventory, error)
+
+	// CreateLease inserts a lease with its parts, atomically checking that
+	// every part fits its device (device available, node ready, inside the
+	// capacity, no overlap with a live part): ErrCapacity otherwise. With a
+	// non-nil idem, an existing (tenant, key) gives ErrDuplicate.
+	CreateLease(ctx context.Context, l api.Lease, idem *Idempotency, ev api.Event) (api.Lease, error)
+	// ReplaceParts frees a non-terminal lease's parts and reserves new ones
+	// with the same checks as CreateLease; the lease becomes reserved.
+	ReplaceParts(ctx context.Context, id string, parts []api.Part, plan *api.Plan, at time.Time, ev api.Event) (api.Lease, error)
+	// TransitionLease applies ch if the lease is in one of ch.From
+	// (ErrConflict otherwise). A move to a terminal state frees the parts.
+	TransitionLease(ctx context.Context, id string, ch LeaseChange, ev api.Event) (api.Lease, error)
+	Lease(ctx context.Context, id string) (api.Lease, error)
+	Leases(ctx context.Context, f LeaseFilter) ([]api.Lease, error)
+	// LeaseByIdempotencyKey returns the lease and request hash recorded
+	// for (tenant, key).
+	LeaseByIdempotencyKey(ctx context.Context, tenant, key string) (api.Lease, string, error)
+
+	PutProfile(ctx context.Context, p api.Profile, ev api.Event) (api.Profile, error)
+	Profiles(ctx context.Context) ([]api.Profile, error)
+
+	AppendEvent(ctx context.Context, ev api.Event) (api.Event, error)
+	// Events returns up to limit events with ID > since, oldest first.
+	Events(ctx context.Context, since int64, limit int) ([]api.Event, error)
+
+	Counts(ctx context.Context) (Counts, error)
+}
