@@ -1,0 +1,690 @@
+package appliance
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/accel"
+	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
+	"github.com/rialto-project/rialto/internal/metrics"
+)
+
+// Errors.
+var (
+	ErrNoSlot   = errors.New("appliance: no such slot")
+	ErrConfig   = errors.New("appliance: bad config")
+	ErrRunning  = errors.New("appliance: already running")
+	ErrNotReady = errors.New("appliance: not running")
+)
+
+// Config configures an appliance.
+type Config struct {
+	ID         string // appliance identity reported to the control plane; default "appliance"
+	Slots      int    // number of slots (1..256)
+	SlotMemory uint64 // bytes of memory per slot (>0, at most 4 GiB)
+	Host       string // listen host for slots and management; default 127.0.0.1
+	BasePort   int    // slot i listens on BasePort+i; 0: ephemeral ports
+	// ManagementAddr, if set, is where Run serves Handler (e.g. "127.0.0.1:0").
+	ManagementAddr string
+	// ManagementToken, if set, is required as "Authorization: Bearer TOKEN"
+	// by the management API.
+	ManagementToken string
+	Workers         int    // concurrent invocations per slot; 0: GOMAXPROCS
+	MaxPayload      uint32 // frame payload limit; 0: accel.DefaultMaxPayload
+	Logger          *slog.Logger
+	Metrics         *metrics.Registry // optional
+	// Registrar, if set, is told about the appliance when Run starts and
+	// receives a heartbeat every HeartbeatInterval (default 5 s).
+	Registrar         Registrar
+	HeartbeatInterval time.Duration
+}
+
+// Registrar connects the shell to a control plane (boot, register,
+// heartbeat). The control-plane integration implements it.
+type Registrar interface {
+	Register(ctx context.Context, info Info) error
+	Heartbeat(ctx context.Context, h Health) error
+}
+
+// Info is what the shell registers.
+type Info struct {
+	ID         string     `json:"id"`
+	Management string     `json:"management,omitempty"` // management API address
+	Roles      []string   `json:"roles"`                // roles it can load
+	Slots      []SlotInfo `json:"slots"`
+}
+
+// SlotInfo describes a slot's fixed properties.
+type SlotInfo struct {
+	ID      int    `json:"id"`
+	Addr    string `json:"addr"`     // host:port of its mailbox
+	MemSize uint64 `json:"mem_size"` // bytes
+	Base    uint64 `json:"base"`     // offset of its chunk in appliance memory
+}
+
+// SlotStatus is a slot's current state and counters.
+type SlotStatus struct {
+	SlotInfo
+	Role       string    `json:"role,omitempty"`
+	Entries    []string  `json:"entries,omitempty"`
+	LoadedAt   time.Time `json:"loaded_at,omitzero"`
+	Generation uint64    `json:"generation"` // incremented by every load, unload and reset
+	Leased     bool      `json:"leased"`     // a credential is set
+	Tasks      uint64    `json:"tasks"`
+	Failed     uint64    `json:"failed"`
+	Items      uint64    `json:"items"`
+	BytesIn    uint64    `json:"bytes_in"`  // written into slot memory (by borrowers and roles)
+	BytesOut   uint64    `json:"bytes_out"` // read from slot memory
+	BusySec    float64   `json:"busy_seconds"`
+	InFlight   int64     `json:"in_flight"`
+}
+
+// Health is what a heartbeat carries.
+type Health struct {
+	ID      string       `json:"id"`
+	Time    time.Time    `json:"time"`
+	Healthy bool         `json:"healthy"`
+	Uptime  float64      `json:"uptime_seconds"`
+	Slots   []SlotStatus `json:"slots"`
+}
+
+// Appliance is the shell and its slots.
+type Appliance struct {
+	cfg     Config
+	log     *slog.Logger
+	mem     []byte  // all slot memory
+	offsets []chunk // the memory virtualizer's offset table
+	slots   []*slot
+	mgmt    net.Listener
+	started atomic.Int64 // unix nanoseconds when Run started
+	running atomic.Bool
+	closed  atomic.Bool
+
+	mTasks *metrics.CounterVec
+	mBusy  *metrics.CounterVec
+}
+
+type chunk struct{ base, size uint64 }
+
+// New validates cfg, carves the memory into slot chunks and binds every
+// slot's listener (and the management listener when configured).
+func New(cfg Config) (*Appliance, error) {
+	if cfg.Slots < 1 || cfg.Slots > 256 {
+		return nil, fmt.Errorf("%w: %d slots, want 1..256", ErrConfig, cfg.Slots)
+	}
+	if cfg.SlotMemory == 0 || cfg.SlotMemory > 4<<30 {
+		return nil, fmt.Errorf("%w: slot memory %d, want 1 B..4 GiB", ErrConfig, cfg.SlotMemory)
+	}
+	if cfg.ID == "" {
+		cfg.ID = "appliance"
+	}
+	if cfg.Host == "" {
+		cfg.Host = "127.0.0.1"
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = runtime.GOMAXPROCS(0)
+	}
+	if cfg.HeartbeatInterval <= 0 {
+		cfg.HeartbeatInterval = 5 * time.Second
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	a := &Appliance{cfg: cfg, log: log, mem: make([]byte, uint64(cfg.Slots)*cfg.SlotMemory)}
+	if cfg.Metrics != nil {
+		a.mTasks = cfg.Metrics.Counter("rialto_accel_slot_tasks_total", "Tasks run by appliance slots.", "slot", "outcome")
+		a.mBusy = cfg.Metrics.Counter("rialto_accel_slot_busy_seconds_total", "Time slots spent running roles.", "slot")
+	}
+	for i := 0; i < cfg.Slots; i++ {
+		c := chunk{base: uint64(i) * cfg.SlotMemory, size: cfg.SlotMemory}
+		a.offsets = append(a.offsets, c)
+		port := 0
+		if cfg.BasePort > 0 {
+			port = cfg.BasePort + i
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(port)))
+		if err != nil {
+			a.closeListeners()
+			return nil, fmt.Errorf("appliance: slot %d listen: %w", i, err)
+		}
+		s := &slot{a: a, id: i, ln: ln, mem: a.mem[c.base : c.base+c.size : c.base+c.size],
+			sem: make(chan struct{}, cfg.Workers)}
+		s.lease = newLease(nil)
+		a.slots = append(a.slots, s)
+	}
+	if cfg.ManagementAddr != "" {
+		ln, err := net.Listen("tcp", cfg.ManagementAddr)
+		if err != nil {
+			a.closeListeners()
+			return nil, fmt.Errorf("appliance: management listen: %w", err)
+		}
+		a.mgmt = ln
+	}
+	return a, nil
+}
+
+func (a *Appliance) closeListeners() {
+	for _, s := range a.slots {
+		_ = s.ln.Close()
+	}
+	if a.mgmt != nil {
+		_ = a.mgmt.Close()
+	}
+}
+
+// Close releases the listeners and roles of an appliance that is not
+// running (Run does this itself when it returns).
+func (a *Appliance) Close() error {
+	if a.running.Load() {
+		return ErrRunning
+	}
+	if a.closed.Swap(true) {
+		return nil
+	}
+	a.closeListeners()
+	for _, s := range a.slots {
+		s.setRole(nil, roles.Spec{})
+	}
+	return nil
+}
+
+// ManagementAddr returns the management listener's address, or "".
+func (a *Appliance) ManagementAddr() string {
+	if a.mgmt == nil {
+		return ""
+	}
+	return a.mgmt.Addr().String()
+}
+
+// Addr returns slot id's mailbox address.
+func (a *Appliance) Addr(id int) (string, error) {
+	s, err := a.slot(id)
+	if err != nil {
+		return "", err
+	}
+	return s.ln.Addr().String(), nil
+}
+
+func (a *Appliance) slot(id int) (*slot, error) {
+	if id < 0 || id >= len(a.slots) {
+		return nil, fmt.Errorf("%w: %d (have 0..%d)", ErrNoSlot, id, len(a.slots)-1)
+	}
+	return a.slots[id], nil
+}
+
+// Info returns what the shell registers with the control plane.
+func (a *Appliance) Info() Info {
+	info := Info{ID: a.cfg.ID, Management: a.ManagementAddr(), Roles: roles.Names()}
+	for _, s := range a.slots {
+		info.Slots = append(info.Slots, s.info())
+	}
+	return info
+}
+
+// Run serves every slot (and the management API when configured), registers
+// with the Registrar and heartbeats, until ctx ends. It then closes the
+// listeners, the connections and the roles, and waits for its goroutines.
+func (a *Appliance) Run(ctx context.Context) error {
+	if a.closed.Load() {
+		return ErrNotReady
+	}
+	if a.running.Swap(true) {
+		return ErrRunning
+	}
+	defer a.running.Store(false)
+	defer a.closed.Store(true)
+	a.started.Store(time.Now().UnixNano())
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errc := make(chan error, len(a.slots)+2)
+	for _, s := range a.slots {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.serve(ctx); err != nil {
+				errc <- err
+				cancel()
+			}
+		}()
+	}
+	if a.mgmt != nil {
+		hs := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			if err := hs.Serve(a.mgmt); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("appliance: management: %w", err)
+				cancel()
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			<-ctx.Done()
+			sctx, c := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer c()
+			_ = hs.Shutdown(sctx)
+		}()
+	}
+	if a.cfg.Registrar != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a.register(ctx)
+		}()
+	}
+	a.log.Info("appliance: running", "id", a.cfg.ID, "slots", len(a.slots), "management", a.ManagementAddr())
+	<-ctx.Done()
+	wg.Wait()
+	for _, s := range a.slots {
+		s.setRole(nil, roles.Spec{})
+	}
+	select {
+	case err := <-errc:
+		return err
+	default:
+		return nil
+	}
+}
+
+// register boots the shell into the control plane: Register (retried with
+// backoff) then a Heartbeat every interval.
+func (a *Appliance) register(ctx context.Context) {
+	r := a.cfg.Registrar
+	backoff := 100 * time.Millisecond
+	for {
+		err := r.Register(ctx, a.Info())
+		if err == nil {
+			break
+		}
+		a.log.Warn("appliance: register failed", "err", err)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 10*time.Second)
+	}
+	tick := time.NewTicker(a.cfg.HeartbeatInterval)
+	defer tick.Stop()
+	for {
+		if err := r.Heartbeat(ctx, a.Health()); err != nil && ctx.Err() == nil {
+			a.log.Warn("appliance: heartbeat failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// Slots returns the status of every slot.
+func (a *Appliance) Slots() []SlotStatus {
+	out := make([]SlotStatus, len(a.slots))
+	for i, s := range a.slots {
+		out[i] = s.status()
+	}
+	return out
+}
+
+// Slot returns one slot's status.
+func (a *Appliance) Slot(id int) (SlotStatus, error) {
+	s, err := a.slot(id)
+	if err != nil {
+		return SlotStatus{}, err
+	}
+	return s.status(), nil
+}
+
+// Health reports the shell's health and every slot's status.
+func (a *Appliance) Health() Health {
+	h := Health{ID: a.cfg.ID, Time: time.Now().UTC(), Healthy: a.running.Load(), Slots: a.Slots()}
+	if t := a.started.Load(); t != 0 {
+		h.Uptime = time.Since(time.Unix(0, t)).Seconds()
+	}
+	return h
+}
+
+// Load builds the role spec names and loads it into slot id, replacing the
+// current role. Tasks running on the old role finish on it; other slots are
+// not touched. On error the slot keeps its current role.
+func (a *Appliance) Load(ctx context.Context, id int, spec roles.Spec) error {
+	s, err := a.slot(id)
+	if err != nil {
+		return err
+	}
+	r, err := roles.New(ctx, spec)
+	if err != nil {
+		return fmt.Errorf("appliance: slot %d: %w", id, err)
+	}
+	s.setRole(r, spec)
+	a.log.Info("appliance: role loaded", "slot", id, "role", spec.Name)
+	return nil
+}
+
+// Unload removes slot id's role; later tasks fail with accel.ErrNoRole.
+func (a *Appliance) Unload(_ context.Context, id int) error {
+	s, err := a.slot(id)
+	if err != nil {
+		return err
+	}
+	s.setRole(nil, roles.Spec{})
+	a.log.Info("appliance: role unloaded", "slot", id)
+	return nil
+}
+
+// Reset zeroes slot id's memory and reloads its role from its spec (a
+// fresh instance), keeping the lease.
+func (a *Appliance) Reset(ctx context.Context, id int) error {
+	s, err := a.slot(id)
+	if err != nil {
+		return err
+	}
+	s.memMu.Lock()
+	clear(s.mem)
+	s.memMu.Unlock()
+	cur := s.role.Load()
+	if cur == nil {
+		s.gen.Add(1)
+		return nil
+	}
+	r, err := roles.New(ctx, cur.spec)
+	if err != nil {
+		return fmt.Errorf("appliance: slot %d reset: %w", id, err)
+	}
+	s.setRole(r, cur.spec)
+	return nil
+}
+
+// SetCredential sets the lease credential slot id accepts. An empty
+// credential ends the lease: the slot's connections are closed and its
+// memory zeroed, so the next borrower sees nothing of the last one.
+func (a *Appliance) SetCredential(id int, credential []byte) error {
+	s, err := a.slot(id)
+	if err != nil {
+		return err
+	}
+	old := s.swapLease(newLease(credential))
+	old.cancel()
+	if len(credential) == 0 {
+		s.memMu.Lock()
+		clear(s.mem)
+		s.memMu.Unlock()
+	}
+	return nil
+}
+
+// lease is one credential and the lifetime of its connections.
+type lease struct {
+	cred   []byte
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func newLease(cred []byte) *lease {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &lease{cred: append([]byte(nil), cred...), ctx: ctx, cancel: cancel}
+}
+
+// loaded is a role in a slot with a count of the tasks using it; a
+// replaced role is closed when its last task ends.
+type loaded struct {
+	role     roles.Role
+	spec     roles.Spec
+	at       time.Time
+	mu       sync.Mutex
+	users    int
+	retired  bool
+	isClosed bool
+}
+
+func (l *loaded) acquire() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.retired {
+		return false
+	}
+	l.users++
+	return true
+}
+
+func (l *loaded) release() {
+	l.mu.Lock()
+	l.users--
+	closeNow := l.retired && l.users == 0 && !l.isClosed
+	if closeNow {
+		l.isClosed = true
+	}
+	l.mu.Unlock()
+	if closeNow {
+		_ = l.role.Close(context.Background())
+	}
+}
+
+func (l *loaded) retire() {
+	l.mu.Lock()
+	l.retired = true
+	closeNow := l.users == 0 && !l.isClosed
+	if closeNow {
+		l.isClosed = true
+	}
+	l.mu.Unlock()
+	if closeNow {
+		_ = l.role.Close(context.Background())
+	}
+}
+
+// slot is one virtual accelerator: a listener, a memory chunk and a role.
+type slot struct {
+	a     *Appliance
+	id    int
+	ln    net.Listener
+	mem   []byte // a.mem[base:base+size:base+size]: the only memory it can reach
+	memMu sync.RWMutex
+	sem   chan struct{}
+	role  atomic.Pointer[loaded]
+	gen   atomic.Uint64
+
+	leaseMu sync.Mutex
+	lease   *lease
+
+	tasks, failed, items, bytesIn, bytesOut, busyNs atomic.Uint64
+	inflight                                        atomic.Int64
+}
+
+func (s *slot) info() SlotInfo {
+	c := s.a.offsets[s.id]
+	return SlotInfo{ID: s.id, Addr: s.ln.Addr().String(), MemSize: c.size, Base: c.base}
+}
+
+func (s *slot) status() SlotStatus {
+	st := SlotStatus{SlotInfo: s.info(), Generation: s.gen.Load(), Tasks: s.tasks.Load(),
+		Failed: s.failed.Load(), Items: s.items.Load(), BytesIn: s.bytesIn.Load(), BytesOut: s.bytesOut.Load(),
+		BusySec: float64(s.busyNs.Load()) / 1e9, InFlight: s.inflight.Load()}
+	if l := s.role.Load(); l != nil {
+		st.Role, st.Entries, st.LoadedAt = l.spec.Name, l.role.Entries(), l.at
+	}
+	s.leaseMu.Lock()
+	st.Leased = len(s.lease.cred) > 0
+	s.leaseMu.Unlock()
+	return st
+}
+
+func (s *slot) setRole(r roles.Role, spec roles.Spec) {
+	var nl *loaded
+	if r != nil {
+		nl = &loaded{role: r, spec: spec, at: time.Now().UTC()}
+	}
+	old := s.role.Swap(nl)
+	s.gen.Add(1)
+	if old != nil {
+		old.retire()
+	}
+}
+
+func (s *slot) swapLease(l *lease) *lease {
+	s.leaseMu.Lock()
+	defer s.leaseMu.Unlock()
+	old := s.lease
+	s.lease = l
+	return old
+}
+
+func (s *slot) currentLease() *lease {
+	s.leaseMu.Lock()
+	defer s.leaseMu.Unlock()
+	return s.lease
+}
+
+// serve accepts mailbox connections; each lives at most as long as the lease
+// that was current when it was accepted (and must present its credential).
+func (s *slot) serve(ctx context.Context) error {
+	srv := &accel.Server{Target: (*slotTarget)(s), Logger: s.a.log.With("slot", s.id), MaxPayload: s.a.cfg.MaxPayload}
+	stop := context.AfterFunc(ctx, func() { _ = s.ln.Close() })
+	defer stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		nc, err := s.ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("appliance: slot %d accept: %w", s.id, err)
+		}
+		l := s.currentLease()
+		cctx, cancel := context.WithCancel(ctx)
+		stopLease := context.AfterFunc(l.ctx, cancel)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer cancel()
+			defer stopLease()
+			srv.ServeConn(cctx, nc)
+		}()
+	}
+}
+
+// slotTarget is a slot seen by the accel server.
+type slotTarget slot
+
+func (t *slotTarget) Authenticate(cred []byte) error {
+	s := (*slot)(t)
+	l := s.currentLease()
+	if len(l.cred) == 0 {
+		return fmt.Errorf("%w: slot %d is not leased", accel.ErrAuth, s.id)
+	}
+	if subtle.ConstantTimeCompare(cred, l.cred) != 1 {
+		return fmt.Errorf("%w: wrong credential for slot %d", accel.ErrAuth, s.id)
+	}
+	return nil
+}
+
+func (t *slotTarget) Info() accel.Info {
+	s := (*slot)(t)
+	info := accel.Info{MemSize: uint64(len(s.mem))}
+	if l := s.role.Load(); l != nil {
+		info.Role, info.Entries = l.spec.Name, l.role.Entries()
+	}
+	return info
+}
+
+// bounds is the memory virtualizer's check: [addr, addr+n) must lie in the
+// slot's own chunk.
+func (s *slot) bounds(addr, n uint64) error {
+	size := uint64(len(s.mem))
+	if addr > size || n > size-addr {
+		return fmt.Errorf("%w: slot %d [%#x, +%d) outside its %d-byte memory", accel.ErrOutOfRange, s.id, addr, n, size)
+	}
+	return nil
+}
+
+func (t *slotTarget) WriteMem(addr uint64, p []byte) error {
+	s := (*slot)(t)
+	if err := s.bounds(addr, uint64(len(p))); err != nil {
+		return err
+	}
+	s.memMu.Lock()
+	copy(s.mem[addr:], p)
+	s.memMu.Unlock()
+	s.bytesIn.Add(uint64(len(p)))
+	return nil
+}
+
+func (t *slotTarget) ReadMem(addr uint64, n uint32) ([]byte, error) {
+	s := (*slot)(t)
+	if err := s.bounds(addr, uint64(n)); err != nil {
+		return nil, err
+	}
+	s.memMu.RLock()
+	out := append([]byte(nil), s.mem[addr:addr+uint64(n)]...)
+	s.memMu.RUnlock()
+	s.bytesOut.Add(uint64(n))
+	return out, nil
+}
+
+func (t *slotTarget) Execute(ctx context.Context, entry string, ins [][]byte) ([][]byte, error) {
+	s := (*slot)(t)
+	outs, err := s.execute(ctx, entry, ins)
+	outcome := "ok"
+	s.tasks.Add(1)
+	if err != nil {
+		outcome = "error"
+		s.failed.Add(1)
+	}
+	if s.a.mTasks != nil {
+		s.a.mTasks.With(strconv.Itoa(s.id), outcome).Inc()
+	}
+	return outs, err
+}
+
+func (s *slot) execute(ctx context.Context, entry string, ins [][]byte) ([][]byte, error) {
+	var l *loaded
+	for {
+		l = s.role.Load()
+		if l == nil {
+			return nil, fmt.Errorf("%w in slot %d", accel.ErrNoRole, s.id)
+		}
+		if l.acquire() {
+			break
+		}
+	}
+	defer l.release()
+	select {
+	case s.sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-s.sem }()
+	s.inflight.Add(1)
+	defer s.inflight.Add(-1)
+	t0 := time.Now()
+	outs, err := roles.RunBatch(ctx, l.role, entry, ins)
+	d := time.Since(t0)
+	s.busyNs.Add(uint64(d))
+	if s.a.mBusy != nil {
+		s.a.mBusy.With(strconv.Itoa(s.id)).Add(d.Seconds())
+	}
+	s.items.Add(uint64(len(ins)))
+	if err != nil {
+		if accel.CodeOf(err) == accel.CodeInternal {
+			err = fmt.Errorf("%w: %v", accel.ErrRoleFailed, err)
+		}
+		return nil, err
+	}
+	return outs, nil
+}

@@ -1,0 +1,406 @@
+package appliance
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/accel"
+	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
+	"github.com/rialto-project/rialto/internal/dataplane/accel/roles/wasmtest"
+	"github.com/rialto-project/rialto/internal/metrics"
+)
+
+func start(t *testing.T, cfg Config) *Appliance {
+	t.Helper()
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+	return a
+}
+
+func leaseSlot(t *testing.T, a *Appliance, id int, role string) *accel.Conn {
+	t.Helper()
+	ctx := context.Background()
+	if role != "" {
+		if err := a.Load(ctx, id, roles.Spec{Name: role}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cred := []byte(fmt.Sprintf("cred-%d", id))
+	if err := a.SetCredential(id, cred); err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := a.Addr(id)
+	c, err := accel.Dial(ctx, addr, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func TestMemoryIsolation(t *testing.T) {
+	a := start(t, Config{Slots: 3, SlotMemory: 4096})
+	ctx := context.Background()
+	c0, c1 := leaseSlot(t, a, 0, "echo"), leaseSlot(t, a, 1, "echo")
+	if info := a.Info(); info.Slots[1].Base != 4096 || info.Slots[2].Base != 8192 || info.Slots[1].MemSize != 4096 {
+		t.Fatalf("offset table %+v", info.Slots)
+	}
+	if err := c0.WriteMem(ctx, 0, bytes.Repeat([]byte{0xaa}, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c1.ReadMem(ctx, 0, 4096)
+	if err != nil || !bytes.Equal(got, make([]byte, 4096)) {
+		t.Fatalf("slot 1 sees slot 0's bytes (%v)", err)
+	}
+	for _, tc := range []struct {
+		name string
+		do   func() error
+	}{
+		{"write across the end", func() error { return c0.WriteMem(ctx, 4090, make([]byte, 10)) }},
+		{"write just past the end", func() error { return c0.WriteMem(ctx, 4096, []byte{1}) }},
+		{"write bigger than the slot", func() error { return c1.WriteMem(ctx, 0, make([]byte, 4097)) }},
+		{"read past the end", func() error { _, err := c1.ReadMem(ctx, 4096, 1); return err }},
+		{"wrapping address", func() error { _, err := c1.ReadMem(ctx, math.MaxUint64-1, 4); return err }},
+		{"task input outside", func() error {
+			task, err := c1.Start(ctx, accel.TaskSpec{Entry: "echo", In: 4000, InLen: 200, Out: 0, OutCap: 200})
+			if err != nil {
+				return err
+			}
+			_, err = task.Wait(ctx)
+			return err
+		}},
+		{"task output outside", func() error {
+			task, err := c1.Start(ctx, accel.TaskSpec{Entry: "echo", In: 0, InLen: 100, Out: 4050, OutCap: 100})
+			if err != nil {
+				return err
+			}
+			_, err = task.Wait(ctx)
+			return err
+		}},
+	} {
+		if err := tc.do(); !errors.Is(err, accel.ErrOutOfRange) {
+			t.Errorf("%s: %v, want ErrOutOfRange", tc.name, err)
+		}
+	}
+	// Slot 1's failed accesses changed nothing in slot 0 or slot 2.
+	got, _ = c0.ReadMem(ctx, 0, 4096)
+	if !bytes.Equal(got, bytes.Repeat([]byte{0xaa}, 4096)) {
+		t.Fatal("slot 0 memory changed")
+	}
+	if !bytes.Equal(a.mem[8192:], make([]byte, 4096)) {
+		t.Fatal("slot 2 memory changed")
+	}
+}
+
+func TestMailboxRoles(t *testing.T) {
+	a := start(t, Config{Slots: 2, SlotMemory: 1 << 20})
+	ctx := context.Background()
+	c := leaseSlot(t, a, 0, "sha256")
+	in := bytes.Repeat([]byte("rialto"), 1000)
+	if err := c.WriteMem(ctx, 0, in); err != nil {
+		t.Fatal(err)
+	}
+	task, err := c.Start(ctx, accel.TaskSpec{Entry: "sum", In: 0, InLen: uint32(len(in)), Out: 1 << 19, OutCap: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := task.Wait(ctx)
+	if err != nil || n != 32 {
+		t.Fatalf("wait %d %v", n, err)
+	}
+	sum, _ := c.ReadMem(ctx, 1<<19, 32)
+	if want := sha256.Sum256(in); !bytes.Equal(sum, want[:]) {
+		t.Fatal("sha mismatch")
+	}
+	st, _ := a.Slot(0)
+	if st.Tasks != 1 || st.Role != "sha256" || !st.Leased || st.BytesIn != uint64(len(in))+32 {
+		t.Fatalf("status %+v", st)
+	}
+}
+
+func TestLeaseAndBadInputs(t *testing.T) {
+	a := start(t, Config{Slots: 2, SlotMemory: 4096, MaxPayload: 1 << 16})
+	ctx := context.Background()
+	addr, _ := a.Addr(1)
+	if _, err := accel.Dial(ctx, addr, []byte("x")); !errors.Is(err, accel.ErrAuth) {
+		t.Fatalf("unleased slot: %v", err)
+	}
+	c := leaseSlot(t, a, 1, "")
+	if _, err := accel.Dial(ctx, addr, []byte("wrong")); !errors.Is(err, accel.ErrAuth) {
+		t.Fatalf("wrong credential: %v", err)
+	}
+	if _, err := c.Call(ctx, "echo", []byte("x")); !errors.Is(err, accel.ErrNoRole) {
+		t.Fatalf("no role: %v", err)
+	}
+	if err := a.Load(ctx, 1, roles.Spec{Name: "tpu"}); !errors.Is(err, roles.ErrUnknownRole) {
+		t.Fatalf("unknown role: %v", err)
+	}
+	if err := a.Load(ctx, 1, roles.Spec{Name: "wasm", Module: []byte("\x00asm garbage")}); !errors.Is(err, roles.ErrBadModule) {
+		t.Fatalf("corrupt wasm: %v", err)
+	}
+	if err := a.Load(ctx, 7, roles.Spec{Name: "echo"}); !errors.Is(err, ErrNoSlot) {
+		t.Fatalf("no slot: %v", err)
+	}
+	if err := a.Load(ctx, 1, roles.Spec{Name: "echo"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Call(ctx, "echo", make([]byte, 1<<17)); !errors.Is(err, accel.ErrTooLarge) {
+		t.Fatalf("oversized inline input: %v", err)
+	}
+	if _, err := c.Call(ctx, "reverse", nil); !errors.Is(err, roles.ErrUnknownEntry) {
+		t.Fatalf("unknown entry: %v", err)
+	}
+	if err := c.WriteMem(ctx, 0, []byte("secret")); err != nil {
+		t.Fatal(err)
+	}
+	// Ending the lease closes the connection and wipes the memory.
+	if err := a.SetCredential(1, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Call(ctx, "echo", nil); !errors.Is(err, accel.ErrClosed) {
+		t.Fatalf("call after lease end: %v", err)
+	}
+	c2 := leaseSlot(t, a, 1, "")
+	if got, _ := c2.ReadMem(ctx, 0, 6); !bytes.Equal(got, make([]byte, 6)) {
+		t.Fatalf("next lease sees %q", got)
+	}
+}
+
+// TestReloadUnderLoad reloads slot 0 over and over while clients hammer
+// all three slots: no request fails anywhere.
+func TestReloadUnderLoad(t *testing.T) {
+	a := start(t, Config{Slots: 3, SlotMemory: 1 << 16, Workers: 2})
+	ctx := context.Background()
+	wasm := roles.Spec{Name: "wasm", Module: wasmtest.EchoModule()}
+	var conns []*accel.Conn
+	for i := 0; i < 3; i++ {
+		conns = append(conns, leaseSlot(t, a, i, "echo"))
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var calls [3]atomic.Int64
+	errs := make(chan error, 16)
+	for i, c := range conns {
+		for g := 0; g < 3; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for n := 0; ; n++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					msg := []byte(fmt.Sprintf("slot%d-g%d-%d", i, g, n))
+					out, err := c.Call(ctx, "echo", msg)
+					if err != nil || !bytes.Equal(out, msg) {
+						errs <- fmt.Errorf("slot %d: %q %v", i, out, err)
+						return
+					}
+					calls[i].Add(1)
+				}
+			}()
+		}
+	}
+	for r := 0; r < 40; r++ {
+		spec := roles.Spec{Name: "echo"}
+		if r%2 == 0 {
+			spec = wasm
+		}
+		if err := a.Load(ctx, 0, spec); err != nil {
+			t.Fatal(err)
+		}
+		if r%10 == 9 {
+			if err := a.Reset(ctx, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Let traffic flow on the new role before the next reload.
+		for start := calls[0].Load(); calls[0].Load() < start+5; {
+			select {
+			case err := <-errs:
+				t.Fatal(err)
+			default:
+			}
+		}
+	}
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	for i := range calls {
+		st, _ := a.Slot(i)
+		if st.Failed != 0 || calls[i].Load() == 0 {
+			t.Errorf("slot %d: %d calls, %d failed", i, calls[i].Load(), st.Failed)
+		}
+	}
+	if st, _ := a.Slot(0); st.Generation < 44 {
+		t.Errorf("slot 0 generation %d", st.Generation)
+	}
+}
+
+func TestManagementAPI(t *testing.T) {
+	reg := metrics.NewRegistry()
+	a := start(t, Config{Slots: 2, SlotMemory: 4096, ManagementToken: "tok", Metrics: reg})
+	srv := httptest.NewServer(a.Handler())
+	defer srv.Close()
+	do := func(method, path, body string, token bool) (int, string) {
+		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+		if token {
+			req.Header.Set("Authorization", "Bearer tok")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	wasmSpec, _ := json.Marshal(roles.Spec{Name: "wasm", Module: wasmtest.EchoModule()})
+	badWasm, _ := json.Marshal(roles.Spec{Name: "wasm", Module: []byte("corrupt")})
+	for _, tc := range []struct {
+		method, path, body string
+		token              bool
+		status             int
+		contains           string
+	}{
+		{"GET", "/v1/slots", "", false, 401, "unauthorized"},
+		{"GET", "/v1/slots", "", true, 200, `"addr"`},
+		{"GET", "/v1/slots/9", "", true, 404, "no_such_slot"},
+		{"GET", "/v1/slots/x", "", true, 404, "no_such_slot"},
+		{"PUT", "/v1/slots/0/role", `{"name":"gpu"}`, true, 400, "unknown_role"},
+		{"PUT", "/v1/slots/0/role", string(badWasm), true, 400, "bad_module"},
+		{"PUT", "/v1/slots/0/role", `{`, true, 400, "bad_request"},
+		{"PUT", "/v1/slots/0/role", string(wasmSpec), true, 200, `"upper"`},
+		{"PUT", "/v1/slots/0/credential", `{"credential":"c0"}`, true, 204, ""},
+		{"PUT", "/v1/slots/0/credential", `{}`, true, 400, "bad_request"},
+		{"GET", "/v1/slots/0", "", true, 200, `"leased":true`},
+		{"POST", "/v1/slots/0/reset", "", true, 204, ""},
+		{"GET", "/v1/health", "", true, 200, `"healthy":true`},
+		{"GET", "/v1/appliance", "", true, 200, `"mct"`},
+	} {
+		status, body := do(tc.method, tc.path, tc.body, tc.token)
+		if status != tc.status || !strings.Contains(body, tc.contains) {
+			t.Errorf("%s %s: %d %s, want %d containing %q", tc.method, tc.path, status, body, tc.status, tc.contains)
+		}
+	}
+	addr, _ := a.Addr(0)
+	c, err := accel.Dial(context.Background(), addr, []byte("c0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if out, err := c.Call(context.Background(), "upper", []byte("wasm via http")); err != nil || string(out) != "WASM VIA HTTP" {
+		t.Fatalf("upper: %q %v", out, err)
+	}
+	if status, body := do("DELETE", "/v1/slots/0/role", "", true); status != 204 {
+		t.Fatalf("unload: %d %s", status, body)
+	}
+	if _, err := c.Call(context.Background(), "upper", nil); !errors.Is(err, accel.ErrNoRole) {
+		t.Fatalf("after unload: %v", err)
+	}
+	if _, body := do("GET", "/metrics", "", true); !strings.Contains(body, `rialto_accel_slot_tasks_total{slot="0",outcome="ok"} 1`) {
+		t.Fatalf("metrics:\n%s", body)
+	}
+}
+
+type fakeRegistrar struct {
+	fails      atomic.Int32
+	registered chan Info
+	beats      chan Health
+}
+
+func (f *fakeRegistrar) Register(_ context.Context, info Info) error {
+	if f.fails.Add(-1) >= 0 {
+		return errors.New("control plane unavailable")
+	}
+	f.registered <- info
+	return nil
+}
+
+func (f *fakeRegistrar) Heartbeat(ctx context.Context, h Health) error {
+	select {
+	case f.beats <- h:
+	case <-ctx.Done():
+	}
+	return nil
+}
+
+func TestRegisterAndHeartbeat(t *testing.T) {
+	fr := &fakeRegistrar{registered: make(chan Info, 1), beats: make(chan Health)}
+	fr.fails.Store(1)
+	a := start(t, Config{ID: "app-1", Slots: 2, SlotMemory: 1024, Registrar: fr, HeartbeatInterval: time.Millisecond,
+		ManagementAddr: "127.0.0.1:0"})
+	deadline := time.After(20 * time.Second)
+	select {
+	case info := <-fr.registered:
+		if info.ID != "app-1" || len(info.Slots) != 2 || info.Management != a.ManagementAddr() {
+			t.Fatalf("registered %+v", info)
+		}
+	case <-deadline:
+		t.Fatal("no registration")
+	}
+	for i := 0; i < 3; i++ {
+		select {
+		case h := <-fr.beats:
+			if !h.Healthy || len(h.Slots) != 2 {
+				t.Fatalf("heartbeat %+v", h)
+			}
+		case <-deadline:
+			t.Fatal("no heartbeat")
+		}
+	}
+	resp, err := http.Get("http://" + a.ManagementAddr() + "/v1/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("management listener: %d", resp.StatusCode)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	for _, cfg := range []Config{{}, {Slots: 1}, {Slots: 300, SlotMemory: 1}, {Slots: 1, SlotMemory: 5 << 30}} {
+		if _, err := New(cfg); !errors.Is(err, ErrConfig) {
+			t.Errorf("%+v: %v", cfg, err)
+		}
+	}
+	a, err := New(Config{Slots: 1, SlotMemory: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Run(context.Background()); !errors.Is(err, ErrNotReady) {
+		t.Fatalf("run after close: %v", err)
+	}
+}

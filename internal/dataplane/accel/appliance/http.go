@@ -1,0 +1,161 @@
+package appliance
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
+)
+
+// MaxRoleBody bounds a role-load request (the Wasm module travels in it).
+const MaxRoleBody = 64 << 20
+
+// Handler returns the management API:
+//
+//	GET    /v1/appliance               Info
+//	GET    /v1/health                  Health
+//	GET    /v1/slots                   []SlotStatus
+//	GET    /v1/slots/{id}              SlotStatus
+//	PUT    /v1/slots/{id}/role         load roles.Spec (JSON; module base64)
+//	DELETE /v1/slots/{id}/role         unload
+//	POST   /v1/slots/{id}/reset        zero memory, reload role
+//	PUT    /v1/slots/{id}/credential   {"credential": "..."}: start a lease
+//	DELETE /v1/slots/{id}/credential   end the lease
+//	GET    /metrics                    Prometheus text, when Config.Metrics is set
+//
+// Errors are JSON {"error": {"code": CODE, "message": MSG}}.
+func (a *Appliance) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/appliance", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, a.Info()) })
+	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, a.Health()) })
+	mux.HandleFunc("GET /v1/slots", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, a.Slots()) })
+	mux.HandleFunc("GET /v1/slots/{id}", a.withSlot(func(w http.ResponseWriter, r *http.Request, id int) error {
+		st, err := a.Slot(id)
+		if err == nil {
+			writeJSON(w, http.StatusOK, st)
+		}
+		return err
+	}))
+	mux.HandleFunc("PUT /v1/slots/{id}/role", a.withSlot(func(w http.ResponseWriter, r *http.Request, id int) error {
+		var spec roles.Spec
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxRoleBody)).Decode(&spec); err != nil {
+			return fmt.Errorf("%w: role spec: %v", errBadRequest, err)
+		}
+		if err := a.Load(r.Context(), id, spec); err != nil {
+			return err
+		}
+		st, _ := a.Slot(id)
+		writeJSON(w, http.StatusOK, st)
+		return nil
+	}))
+	mux.HandleFunc("DELETE /v1/slots/{id}/role", a.withSlot(func(w http.ResponseWriter, r *http.Request, id int) error {
+		if err := a.Unload(r.Context(), id); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}))
+	mux.HandleFunc("POST /v1/slots/{id}/reset", a.withSlot(func(w http.ResponseWriter, r *http.Request, id int) error {
+		if err := a.Reset(r.Context(), id); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}))
+	mux.HandleFunc("PUT /v1/slots/{id}/credential", a.withSlot(func(w http.ResponseWriter, r *http.Request, id int) error {
+		var body struct {
+			Credential string `json:"credential"`
+		}
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16)).Decode(&body); err != nil || body.Credential == "" {
+			return fmt.Errorf("%w: want {\"credential\": \"...\"}", errBadRequest)
+		}
+		if err := a.SetCredential(id, []byte(body.Credential)); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}))
+	mux.HandleFunc("DELETE /v1/slots/{id}/credential", a.withSlot(func(w http.ResponseWriter, r *http.Request, id int) error {
+		if err := a.SetCredential(id, nil); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}))
+	if a.cfg.Metrics != nil {
+		mux.Handle("GET /metrics", a.cfg.Metrics)
+	}
+	if a.cfg.ManagementToken == "" {
+		return mux
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(tok), []byte(a.cfg.ManagementToken)) != 1 {
+			writeError(w, errUnauthorized)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+var (
+	errBadRequest   = errors.New("appliance: bad request")
+	errUnauthorized = errors.New("appliance: management token required")
+)
+
+func (a *Appliance) withSlot(h func(http.ResponseWriter, *http.Request, int) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id, err := strconv.Atoi(r.PathValue("id"))
+		if err != nil {
+			writeError(w, fmt.Errorf("%w: slot id %q", ErrNoSlot, r.PathValue("id")))
+			return
+		}
+		if err := h(w, r, id); err != nil {
+			writeError(w, err)
+		}
+	}
+}
+
+// httpErrors maps errors to HTTP statuses and stable API codes: the one
+// place where that happens.
+var httpErrors = []struct {
+	err    error
+	status int
+	code   string
+}{
+	{ErrNoSlot, http.StatusNotFound, "no_such_slot"},
+	{errUnauthorized, http.StatusUnauthorized, "unauthorized"},
+	{errBadRequest, http.StatusBadRequest, "bad_request"},
+	{roles.ErrUnknownRole, http.StatusBadRequest, "unknown_role"},
+	{roles.ErrBadModule, http.StatusBadRequest, "bad_module"},
+	{roles.ErrBadConfig, http.StatusBadRequest, "bad_role_config"},
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	status, code := http.StatusInternalServerError, "internal"
+	for _, he := range httpErrors {
+		if errors.Is(err, he.err) {
+			status, code = he.status, he.code
+			break
+		}
+	}
+	var body struct {
+		Error struct {
+			Code    string `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	body.Error.Code, body.Error.Message = code, err.Error()
+	writeJSON(w, status, body)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
