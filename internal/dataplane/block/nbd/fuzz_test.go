@@ -1,0 +1,96 @@
+package nbd
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"io"
+	"net"
+	"testing"
+	"time"
+)
+
+// fakeConn feeds fixed client bytes to the server and discards its output.
+type fakeConn struct {
+	r io.Reader
+}
+
+func (f *fakeConn) Read(p []byte) (int, error)       { return f.r.Read(p) }
+func (f *fakeConn) Write(p []byte) (int, error)      { return len(p), nil }
+func (f *fakeConn) Close() error                     { return nil }
+func (f *fakeConn) LocalAddr() net.Addr              { return &net.TCPAddr{} }
+func (f *fakeConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
+func (f *fakeConn) SetDeadline(time.Time) error      { return nil }
+func (f *fakeConn) SetReadDeadline(time.Time) error  { return nil }
+func (f *fakeConn) SetWriteDeadline(time.Time) error { return nil }
+
+func optBytes(opt uint32, data []byte) []byte {
+	b := binary.BigEndian.AppendUint64(nil, optMagic)
+	b = binary.BigEndian.AppendUint32(b, opt)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(data)))
+	return append(b, data...)
+}
+
+func FuzzHandshake(f *testing.F) {
+	flags := []byte{0, 0, 0, 3}
+	seed := func(parts ...[]byte) []byte { return bytes.Join(append([][]byte{flags}, parts...), nil) }
+	f.Add(seed(optBytes(optGo, infoData(testName, infoBlockSize))))
+	f.Add(seed(optBytes(optStructuredReply, nil), optBytes(optSetMetaContext, metaData(testName, MetaContextBaseAllocation)),
+		optBytes(optInfo, infoData(testName, infoDescription, infoBlockSize)), optBytes(optGo, infoData(testName))))
+	f.Add(seed(optBytes(optList, nil), optBytes(optAbort, nil)))
+	f.Add(seed(optBytes(optStructuredReply, nil), optBytes(optListMetaContext, metaData(testName, "base:"))))
+	f.Add(seed(optBytes(optExportName, []byte(testName))))
+	f.Add(seed(optBytes(optInfo, []byte{0, 0, 0, 9, 1})))
+	f.Add([]byte{0, 0, 0, 1, 0xff})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		s := &Server{}
+		s.AddExport(Export{Name: testName, Description: "d", Backend: NewMemBackend(1 << 16)})
+		sess, err := s.negotiate(newConnReader(bytes.NewReader(in)), io.Discard)
+		if err == nil && (sess == nil || sess.exp == nil || sess.name != testName) {
+			t.Fatalf("success without a valid session: %+v", sess)
+		}
+	})
+}
+
+func reqBytes(r Request, payload int) []byte {
+	b := make([]byte, requestHeaderLen+payload)
+	putRequest(b, r)
+	return b
+}
+
+func FuzzRequest(f *testing.F) {
+	f.Add(byte(3), reqBytes(Request{Type: CmdRead, Length: 4096}, 0))
+	f.Add(byte(1), append(reqBytes(Request{Type: CmdWrite, Flags: CmdFlagFUA, Offset: 512, Length: 512}, 512),
+		reqBytes(Request{Type: CmdFlush}, 0)...))
+	f.Add(byte(3), bytes.Join([][]byte{
+		reqBytes(Request{Type: CmdBlockStatus, Flags: CmdFlagReqOne, Length: 1 << 16}, 0),
+		reqBytes(Request{Type: CmdTrim, Length: 4096}, 0),
+		reqBytes(Request{Type: CmdWriteZeroes, Flags: CmdFlagNoHole, Length: 8192}, 0),
+		reqBytes(Request{Type: CmdRead, Offset: 1 << 40, Length: 1}, 0),
+		reqBytes(Request{Type: CmdDisc}, 0)}, nil))
+	f.Add(byte(0), reqBytes(Request{Type: CmdWrite, Length: 1 << 30}, 100))
+	f.Add(byte(2), []byte{0x25, 0x60, 0x95, 0x13, 0, 0})
+	f.Fuzz(func(t *testing.T, mode byte, in []byte) {
+		s := &Server{Workers: 2}
+		e := Export{Name: testName, Backend: NewMemBackend(1 << 16), ReadOnly: mode&4 != 0, MaxBlock: 1 << 16}
+		if mode&8 != 0 {
+			e.MinBlock = 512
+		}
+		s.AddExport(e)
+		exp := s.lookup(testName)
+		sess := &session{name: testName, exp: exp, structured: mode&1 != 0, meta: mode&2 != 0}
+		nc := &fakeConn{r: bytes.NewReader(in)}
+		c := newConn(s, nc, newConnReader(nc), sess)
+		c.serve(context.Background())
+		if len(in) >= requestHeaderLen {
+			r, err := parseRequest(in)
+			if err == nil {
+				b := make([]byte, requestHeaderLen)
+				putRequest(b, r)
+				if !bytes.Equal(b, in[:requestHeaderLen]) {
+					t.Fatal("request header does not round-trip")
+				}
+			}
+		}
+	})
+}
