@@ -1,0 +1,15 @@
+// Package gateway is a batching front for accelerator slots: one service
+// that many clients call, which gathers their requests into executions
+// (dynamic batching with a maximum batch size, preferred batch sizes and a
+// maximum queue delay, as NVIDIA Triton does), runs them on a number of
+// workers against a number of slot instances (seed 002's p/w/k/e knobs),
+// bounds its queue with clear rejections, and exports Prometheus metrics:
+// requests, executions (hence average batch size), queue time and compute
+// time. Items a caller submits together (CallGroup) always run in the same
+// execution: related-query batching.
+//
+// Build a Gateway with New and run its scheduler and workers with Run; Call
+// and CallGroup may be used from any goroutine while Run runs. The zero
+// value is not usable. Time comes from Config.Clock so tests drive the
+// queue-delay logic without sleeping.
+package gateway

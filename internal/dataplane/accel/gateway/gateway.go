@@ -1,0 +1,489 @@
+package gateway
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/accel"
+	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
+	"github.com/rialto-project/rialto/internal/metrics"
+)
+
+// Rejections. They wrap accel errors so that remote callers of a gateway
+// served over the accel protocol see ErrBusy / ErrUnavailable / ErrTooLarge.
+var (
+	ErrQueueFull    = fmt.Errorf("gateway: queue full: %w", accel.ErrBusy)
+	ErrQueueTimeout = fmt.Errorf("gateway: queued too long: %w", accel.ErrBusy)
+	ErrGroupTooBig  = fmt.Errorf("gateway: group larger than the maximum batch: %w", accel.ErrTooLarge)
+	ErrStopped      = fmt.Errorf("gateway: not running: %w", accel.ErrUnavailable)
+	ErrConfig       = errors.New("gateway: bad config")
+)
+
+// Backend is one slot instance behind the gateway; *accel.Conn is one.
+type Backend interface {
+	CallBatch(ctx context.Context, entry string, ins [][]byte) ([][]byte, error)
+}
+
+// Local adapts an in-process role as a Backend.
+func Local(r roles.Role) Backend { return localBackend{r} }
+
+type localBackend struct{ r roles.Role }
+
+func (l localBackend) CallBatch(ctx context.Context, entry string, ins [][]byte) ([][]byte, error) {
+	return roles.RunBatch(ctx, l.r, entry, ins)
+}
+
+// Config tunes a gateway. Zero fields take the defaults noted.
+type Config struct {
+	Name           string        // metrics label; default "default"
+	MaxBatch       int           // items per execution; default 64
+	PreferredBatch []int         // dispatch as soon as one of these sizes can be formed
+	MaxQueueDelay  time.Duration // how long a batch may wait to grow; 0: dispatch at once
+	Workers        int           // concurrent executions; default 1
+	QueueLimit     int           // items accepted and not yet answered before ErrQueueFull; default 64×MaxBatch
+	QueueTimeout   time.Duration // a request queued longer fails with ErrQueueTimeout; 0: none
+	Clock          Clock         // default RealClock
+	Metrics        *metrics.Registry
+	Logger         *slog.Logger
+}
+
+// Stats are the gateway's counters since New.
+type Stats struct {
+	Requests   uint64  `json:"requests"`   // accepted requests (a group counts once)
+	Rejected   uint64  `json:"rejected"`   // queue full, group too big, stopped, timed out
+	Failed     uint64  `json:"failed"`     // requests whose execution failed
+	Items      uint64  `json:"items"`      // items executed ("inferences")
+	Executions uint64  `json:"executions"` // backend calls
+	AvgBatch   float64 `json:"avg_batch"`  // Items / Executions
+	QueueSec   float64 `json:"queue_seconds"`
+	ComputeSec float64 `json:"compute_seconds"`
+}
+
+type result struct {
+	outs [][]byte
+	err  error
+}
+
+type request struct {
+	ctx   context.Context
+	entry string
+	items [][]byte
+	enq   time.Time
+	done  chan result
+}
+
+type batch struct {
+	entry string
+	reqs  []*request
+	n     int
+	at    time.Time
+}
+
+// Gateway batches calls onto backends.
+type Gateway struct {
+	cfg       Config
+	instances []Backend
+	log       *slog.Logger
+	in        chan *request
+	stopped   chan struct{}
+	running   atomic.Bool
+	queued    atomic.Int64 // items accepted and not yet answered
+	received  atomic.Int64 // requests the scheduler has taken in (for tests)
+	next      atomic.Uint64
+
+	requests, rejected, failed, items, executions atomic.Uint64
+	queueNs, computeNs                            atomic.Int64
+
+	mReq      *metrics.CounterVec
+	mItems    *metrics.Counter
+	mExec     *metrics.Counter
+	mQueue    *metrics.Histogram
+	mCompute  *metrics.Histogram
+	mPending  *metrics.Gauge
+	mBatchLen *metrics.Histogram
+}
+
+// New validates cfg and returns a gateway over instances.
+func New(cfg Config, instances []Backend) (*Gateway, error) {
+	if len(instances) == 0 {
+		return nil, fmt.Errorf("%w: no instances", ErrConfig)
+	}
+	if cfg.Name == "" {
+		cfg.Name = "default"
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = 64
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 1
+	}
+	if cfg.QueueLimit <= 0 {
+		cfg.QueueLimit = 64 * cfg.MaxBatch
+	}
+	if cfg.MaxQueueDelay < 0 || cfg.QueueTimeout < 0 {
+		return nil, fmt.Errorf("%w: negative duration", ErrConfig)
+	}
+	pref := append([]int(nil), cfg.PreferredBatch...)
+	sort.Ints(pref)
+	for _, p := range pref {
+		if p <= 0 || p > cfg.MaxBatch {
+			return nil, fmt.Errorf("%w: preferred batch size %d outside 1..%d", ErrConfig, p, cfg.MaxBatch)
+		}
+	}
+	cfg.PreferredBatch = pref
+	if cfg.Clock == nil {
+		cfg.Clock = RealClock{}
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	g := &Gateway{cfg: cfg, instances: instances, log: log, in: make(chan *request, 1024), stopped: make(chan struct{})}
+	if r := cfg.Metrics; r != nil {
+		n := cfg.Name
+		g.mReq = r.Counter("rialto_gateway_requests_total", "Requests by outcome (ok, error, rejected, cancelled).", "gateway", "outcome")
+		g.mItems = r.Counter("rialto_gateway_inferences_total", "Items executed.", "gateway").With(n)
+		g.mExec = r.Counter("rialto_gateway_executions_total", "Backend executions (batches); items/executions is the average batch size.", "gateway").With(n)
+		g.mQueue = r.Histogram("rialto_gateway_queue_seconds", "Time requests wait in the queue.", metrics.DefBuckets, "gateway").With(n)
+		g.mCompute = r.Histogram("rialto_gateway_compute_seconds", "Time of each execution on a backend.", metrics.DefBuckets, "gateway").With(n)
+		g.mPending = r.Gauge("rialto_gateway_pending_items", "Items queued and not yet dispatched.", "gateway").With(n)
+		g.mBatchLen = r.Histogram("rialto_gateway_batch_items", "Items per execution.", []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}, "gateway").With(n)
+	}
+	return g, nil
+}
+
+func (g *Gateway) count(outcome string) {
+	if g.mReq != nil {
+		g.mReq.With(g.cfg.Name, outcome).Inc()
+	}
+}
+
+// Stats returns the counters.
+func (g *Gateway) Stats() Stats {
+	s := Stats{Requests: g.requests.Load(), Rejected: g.rejected.Load(), Failed: g.failed.Load(),
+		Items: g.items.Load(), Executions: g.executions.Load(),
+		QueueSec: float64(g.queueNs.Load()) / 1e9, ComputeSec: float64(g.computeNs.Load()) / 1e9}
+	if s.Executions > 0 {
+		s.AvgBatch = float64(s.Items) / float64(s.Executions)
+	}
+	return s
+}
+
+// Call submits one item and waits for its output.
+func (g *Gateway) Call(ctx context.Context, entry string, in []byte) ([]byte, error) {
+	outs, err := g.CallGroup(ctx, entry, [][]byte{in})
+	if err != nil {
+		return nil, err
+	}
+	return outs[0], nil
+}
+
+// CallGroup submits items that belong together: they run in one execution
+// (possibly with other callers' items) and come back in order.
+func (g *Gateway) CallGroup(ctx context.Context, entry string, items [][]byte) ([][]byte, error) {
+	if len(items) == 0 {
+		return nil, nil
+	}
+	reject := func(err error) ([][]byte, error) {
+		g.rejected.Add(1)
+		g.count("rejected")
+		return nil, err
+	}
+	if !g.running.Load() {
+		return reject(ErrStopped)
+	}
+	if len(items) > g.cfg.MaxBatch {
+		return reject(fmt.Errorf("%w (%d items, max %d)", ErrGroupTooBig, len(items), g.cfg.MaxBatch))
+	}
+	if n := g.queued.Add(int64(len(items))); n > int64(g.cfg.QueueLimit) {
+		g.queued.Add(-int64(len(items)))
+		return reject(fmt.Errorf("%w (%d items queued, limit %d)", ErrQueueFull, n-int64(len(items)), g.cfg.QueueLimit))
+	}
+	r := &request{ctx: ctx, entry: entry, items: items, enq: g.cfg.Clock.Now(), done: make(chan result, 1)}
+	select {
+	case g.in <- r:
+	case <-g.stopped:
+		g.queued.Add(-int64(len(items)))
+		return reject(ErrStopped)
+	case <-ctx.Done():
+		g.queued.Add(-int64(len(items)))
+		g.count("cancelled")
+		return nil, ctx.Err()
+	}
+	g.requests.Add(1)
+	select {
+	case res := <-r.done:
+		return res.outs, res.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// queue is the FIFO of one entry.
+type queue struct {
+	reqs []*request
+	n    int
+}
+
+// Run runs the scheduler and the workers until ctx ends; queued requests
+// then fail with ErrStopped.
+func (g *Gateway) Run(ctx context.Context) error {
+	if g.running.Swap(true) {
+		return fmt.Errorf("%w: already running", ErrConfig)
+	}
+	work := make(chan *batch)
+	var wg sync.WaitGroup
+	for w := 0; w < g.cfg.Workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for b := range work {
+				g.execute(ctx, b)
+			}
+		}()
+	}
+	g.schedule(ctx, work)
+	g.running.Store(false)
+	close(g.stopped)
+	close(work)
+	wg.Wait()
+	// Fail whatever is still arriving.
+	for {
+		select {
+		case r := <-g.in:
+			g.finish(r, result{err: ErrStopped}, "rejected")
+		default:
+			return nil
+		}
+	}
+}
+
+func (g *Gateway) finish(r *request, res result, outcome string) {
+	g.queued.Add(-int64(len(r.items)))
+	if g.mPending != nil {
+		g.mPending.Set(float64(g.queued.Load()))
+	}
+	r.done <- res
+	g.count(outcome)
+}
+
+// schedule is the single goroutine that owns the queues and forms batches.
+func (g *Gateway) schedule(ctx context.Context, work chan<- *batch) {
+	queues := map[string]*queue{}
+	var order []string // entries in arrival order of their queue
+	var timer Timer
+	var timerAt time.Time
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+		for _, q := range queues {
+			for _, r := range q.reqs {
+				g.finish(r, result{err: ErrStopped}, "rejected")
+			}
+		}
+	}()
+	for {
+		now := g.cfg.Clock.Now()
+		var cand *batch
+		var wake time.Time
+		for _, e := range order {
+			q := queues[e]
+			g.expire(q, now)
+			b, at := g.form(e, q, now)
+			if b != nil && (cand == nil || b.reqs[0].enq.Before(cand.reqs[0].enq)) {
+				cand = b
+			}
+			if !at.IsZero() && (wake.IsZero() || at.Before(wake)) {
+				wake = at
+			}
+		}
+		var sendTo chan<- *batch
+		if cand != nil {
+			sendTo = work
+		}
+		var timerC <-chan time.Time
+		if !wake.IsZero() {
+			if timer == nil || !timerAt.Equal(wake) {
+				if timer != nil {
+					timer.Stop()
+				}
+				timer, timerAt = g.cfg.Clock.NewTimer(wake.Sub(now)), wake
+			}
+			timerC = timer.C()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case r := <-g.in:
+			q := queues[r.entry]
+			if q == nil {
+				q = &queue{}
+				queues[r.entry] = q
+				order = append(order, r.entry)
+			}
+			q.reqs = append(q.reqs, r)
+			q.n += len(r.items)
+			g.received.Add(1)
+			if g.mPending != nil {
+				g.mPending.Set(float64(g.queued.Load()))
+			}
+		case sendTo <- cand:
+			q := queues[cand.entry]
+			q.reqs = q.reqs[len(cand.reqs):]
+			q.n -= cand.n
+			if len(q.reqs) == 0 {
+				delete(queues, cand.entry)
+				for i, e := range order {
+					if e == cand.entry {
+						order = append(order[:i], order[i+1:]...)
+						break
+					}
+				}
+			}
+		case <-timerC:
+			timer = nil
+		}
+	}
+}
+
+// expire drops cancelled and timed-out requests from q.
+func (g *Gateway) expire(q *queue, now time.Time) {
+	kept := q.reqs[:0]
+	for _, r := range q.reqs {
+		switch {
+		case r.ctx.Err() != nil:
+			q.n -= len(r.items)
+			g.finish(r, result{err: r.ctx.Err()}, "cancelled")
+		case g.cfg.QueueTimeout > 0 && now.Sub(r.enq) >= g.cfg.QueueTimeout:
+			q.n -= len(r.items)
+			g.rejected.Add(1)
+			g.finish(r, result{err: fmt.Errorf("%w (%v)", ErrQueueTimeout, g.cfg.QueueTimeout)}, "rejected")
+		default:
+			kept = append(kept, r)
+		}
+	}
+	clear(q.reqs[len(kept):])
+	q.reqs = kept
+}
+
+// form decides whether q can be dispatched now: it returns the batch, or
+// the time at which waiting must end.
+func (g *Gateway) form(entry string, q *queue, now time.Time) (*batch, time.Time) {
+	if len(q.reqs) == 0 {
+		return nil, time.Time{}
+	}
+	c := g.cfg
+	target := 0
+	switch {
+	case q.n >= c.MaxBatch:
+		target = c.MaxBatch
+	case len(c.PreferredBatch) > 0 && q.n >= c.PreferredBatch[0]:
+		for _, p := range c.PreferredBatch {
+			if p <= q.n {
+				target = p
+			}
+		}
+	case now.Sub(q.reqs[0].enq) >= c.MaxQueueDelay:
+		target = q.n
+	}
+	var wake time.Time
+	if c.QueueTimeout > 0 {
+		wake = q.reqs[0].enq.Add(c.QueueTimeout)
+	}
+	if target == 0 {
+		d := q.reqs[0].enq.Add(c.MaxQueueDelay)
+		if wake.IsZero() || d.Before(wake) {
+			wake = d
+		}
+		return nil, wake
+	}
+	b := &batch{entry: entry, at: now}
+	for _, r := range q.reqs {
+		if b.n+len(r.items) > target && b.n > 0 {
+			break
+		}
+		b.reqs = append(b.reqs, r)
+		b.n += len(r.items)
+	}
+	return b, wake
+}
+
+// execute runs one batch on the next instance and answers its requests.
+func (g *Gateway) execute(ctx context.Context, b *batch) {
+	ins := make([][]byte, 0, b.n)
+	for _, r := range b.reqs {
+		ins = append(ins, r.items...)
+		qd := b.at.Sub(r.enq)
+		g.queueNs.Add(int64(qd))
+		if g.mQueue != nil {
+			g.mQueue.Observe(qd.Seconds())
+		}
+	}
+	inst := g.instances[g.next.Add(1)%uint64(len(g.instances))]
+	t0 := time.Now()
+	outs, err := inst.CallBatch(ctx, b.entry, ins)
+	d := time.Since(t0)
+	g.computeNs.Add(int64(d))
+	g.executions.Add(1)
+	g.items.Add(uint64(len(ins)))
+	if g.mExec != nil {
+		g.mExec.Inc()
+		g.mItems.Add(float64(len(ins)))
+		g.mCompute.Observe(d.Seconds())
+		g.mBatchLen.Observe(float64(len(ins)))
+	}
+	if err == nil && len(outs) != len(ins) {
+		err = fmt.Errorf("%w: %d outputs for %d inputs", accel.ErrRoleFailed, len(outs), len(ins))
+	}
+	off := 0
+	for _, r := range b.reqs {
+		if err != nil {
+			g.failed.Add(1)
+			g.finish(r, result{err: err}, "error")
+			continue
+		}
+		g.finish(r, result{outs: outs[off : off+len(r.items) : off+len(r.items)]}, "ok")
+		off += len(r.items)
+	}
+}
+
+// Target exposes the gateway over the accel protocol (serve it with
+// accel.Server): clients Dial it with credential and use Call (one item)
+// or CallBatch (a group). It has no memory: mailbox WRITE/READ fail.
+func (g *Gateway) Target(credential []byte) accel.Target {
+	return &target{g: g, cred: append([]byte(nil), credential...)}
+}
+
+type target struct {
+	g    *Gateway
+	cred []byte
+}
+
+func (t *target) Authenticate(c []byte) error {
+	if len(t.cred) == 0 || subtle.ConstantTimeCompare(c, t.cred) != 1 {
+		return fmt.Errorf("%w: gateway %s", accel.ErrAuth, t.g.cfg.Name)
+	}
+	return nil
+}
+
+func (t *target) Info() accel.Info { return accel.Info{Role: "gateway:" + t.g.cfg.Name} }
+
+func (t *target) WriteMem(uint64, []byte) error {
+	return fmt.Errorf("%w: a gateway has no memory; use inline calls", accel.ErrOutOfRange)
+}
+
+func (t *target) ReadMem(uint64, uint32) ([]byte, error) {
+	return nil, fmt.Errorf("%w: a gateway has no memory; use inline calls", accel.ErrOutOfRange)
+}
+
+func (t *target) Execute(ctx context.Context, entry string, ins [][]byte) ([][]byte, error) {
+	return t.g.CallGroup(ctx, entry, ins)
+}

@@ -1,0 +1,348 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/accel"
+	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
+	"github.com/rialto-project/rialto/internal/metrics"
+)
+
+type fakeClock struct {
+	mu     sync.Mutex
+	now    time.Time
+	timers []*fakeTimer
+}
+
+type fakeTimer struct {
+	at      time.Time
+	ch      chan time.Time
+	stopped bool
+}
+
+func (t *fakeTimer) C() <-chan time.Time { return t.ch }
+func (t *fakeTimer) Stop() bool          { t.stopped = true; return true }
+
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1000, 0)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) NewTimer(d time.Duration) Timer {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := &fakeTimer{at: c.now.Add(d), ch: make(chan time.Time, 1)}
+	c.timers = append(c.timers, t)
+	return t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	kept := c.timers[:0]
+	for _, t := range c.timers {
+		if !t.at.After(c.now) {
+			select {
+			case t.ch <- c.now:
+			default:
+			}
+			continue
+		}
+		kept = append(kept, t)
+	}
+	c.timers = kept
+}
+
+// recorder is a backend that reports every batch and can be gated.
+type recorder struct {
+	batches chan []string
+	gate    chan struct{} // nil: never blocks
+}
+
+func (r *recorder) CallBatch(ctx context.Context, entry string, ins [][]byte) ([][]byte, error) {
+	var names []string
+	for _, in := range ins {
+		names = append(names, string(in))
+	}
+	r.batches <- names
+	if r.gate != nil {
+		select {
+		case <-r.gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	if entry == "fail" {
+		return nil, errors.New("backend exploded")
+	}
+	return ins, nil
+}
+
+func run(t *testing.T, cfg Config, b ...Backend) *Gateway {
+	t.Helper()
+	g, err := New(cfg, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = g.Run(ctx) }()
+	waitFor(t, func() bool { return g.running.Load() })
+	t.Cleanup(func() { cancel(); <-done })
+	return g
+}
+
+// waitFor polls cond with a deadline (no sleeping for synchronisation).
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached")
+		}
+		runtimeGosched()
+	}
+}
+
+func callAsync(g *Gateway, entry, item string) chan error {
+	ch := make(chan error, 1)
+	go func() {
+		out, err := g.Call(context.Background(), entry, []byte(item))
+		if err == nil && string(out) != item {
+			err = fmt.Errorf("got %q want %q", out, item)
+		}
+		ch <- err
+	}()
+	return ch
+}
+
+func noBatch(t *testing.T, r *recorder) {
+	t.Helper()
+	select {
+	case b := <-r.batches:
+		t.Fatalf("unexpected batch %v", b)
+	default:
+	}
+}
+
+func TestQueueDelay(t *testing.T) {
+	clk := newFakeClock()
+	rec := &recorder{batches: make(chan []string, 16)}
+	g := run(t, Config{MaxBatch: 8, MaxQueueDelay: 10 * time.Millisecond, Clock: clk}, rec)
+	var errs []chan error
+	for i := 0; i < 3; i++ {
+		errs = append(errs, callAsync(g, "e", fmt.Sprint(i)))
+	}
+	waitFor(t, func() bool { return g.received.Load() == 3 })
+	noBatch(t, rec)
+	clk.Advance(9 * time.Millisecond)
+	noBatch(t, rec)
+	clk.Advance(time.Millisecond)
+	if b := <-rec.batches; len(b) != 3 {
+		t.Fatalf("batch %v", b)
+	}
+	for _, e := range errs {
+		if err := <-e; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestMaxBatchDispatchesAtOnce(t *testing.T) {
+	clk := newFakeClock()
+	rec := &recorder{batches: make(chan []string, 16)}
+	g := run(t, Config{MaxBatch: 4, MaxQueueDelay: time.Hour, Clock: clk}, rec)
+	for i := 0; i < 4; i++ {
+		callAsync(g, "e", fmt.Sprint(i))
+	}
+	if b := <-rec.batches; len(b) != 4 {
+		t.Fatalf("batch %v", b)
+	}
+}
+
+func TestPreferredSizes(t *testing.T) {
+	clk := newFakeClock()
+	rec := &recorder{batches: make(chan []string, 16)}
+	g := run(t, Config{MaxBatch: 8, PreferredBatch: []int{4, 2}, MaxQueueDelay: time.Hour, Clock: clk}, rec)
+	callAsync(g, "e", "a")
+	waitFor(t, func() bool { return g.received.Load() == 1 })
+	noBatch(t, rec)
+	callAsync(g, "e", "b")
+	if b := <-rec.batches; len(b) != 2 {
+		t.Fatalf("preferred 2: %v", b)
+	}
+	callAsync(g, "e", "c")
+	waitFor(t, func() bool { return g.received.Load() == 3 })
+	noBatch(t, rec)
+	clk.Advance(time.Hour)
+	if b := <-rec.batches; len(b) != 1 || b[0] != "c" {
+		t.Fatalf("after delay: %v", b)
+	}
+}
+
+func TestGroupsStayTogether(t *testing.T) {
+	rec := &recorder{batches: make(chan []string, 64), gate: make(chan struct{})}
+	g := run(t, Config{MaxBatch: 4, Clock: newFakeClock()}, rec)
+	first := callAsync(g, "e", "x0")
+	<-rec.batches // the only worker is now busy
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		outs, err := g.CallGroup(context.Background(), "e", [][]byte{[]byte("g0"), []byte("g1"), []byte("g2")})
+		if err != nil || len(outs) != 3 || string(outs[2]) != "g2" {
+			t.Errorf("group: %q %v", outs, err)
+		}
+	}()
+	waitFor(t, func() bool { return g.received.Load() == 2 })
+	singles := []chan error{callAsync(g, "e", "s0"), callAsync(g, "e", "s1")}
+	waitFor(t, func() bool { return g.received.Load() == 4 })
+	close(rec.gate)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range singles {
+		if err := <-s; err != nil {
+			t.Fatal(err)
+		}
+	}
+	wg.Wait()
+	close(rec.batches)
+	for b := range rec.batches {
+		j := strings.Join(b, ",")
+		if strings.Contains(j, "g") && !strings.Contains(j, "g0,g1,g2") {
+			t.Fatalf("group split: %v", b)
+		}
+		if len(b) > 4 {
+			t.Fatalf("batch above max: %v", b)
+		}
+	}
+}
+
+func TestRejections(t *testing.T) {
+	clk := newFakeClock()
+	rec := &recorder{batches: make(chan []string, 16), gate: make(chan struct{})}
+	g := run(t, Config{MaxBatch: 2, QueueLimit: 3, QueueTimeout: 5 * time.Millisecond, MaxQueueDelay: time.Hour, Clock: clk}, rec)
+	ctx := context.Background()
+	if _, err := g.CallGroup(ctx, "e", make([][]byte, 3)); !errors.Is(err, ErrGroupTooBig) || !errors.Is(err, accel.ErrTooLarge) {
+		t.Fatalf("group too big: %v", err)
+	}
+	a, b := callAsync(g, "e", "a"), callAsync(g, "e", "b")
+	<-rec.batches // worker busy with [a b]
+	c := callAsync(g, "e", "c")
+	waitFor(t, func() bool { return g.received.Load() == 3 })
+	if _, err := g.Call(ctx, "e", []byte("d")); !errors.Is(err, ErrQueueFull) || !errors.Is(err, accel.ErrBusy) {
+		t.Fatalf("queue full: %v", err)
+	}
+	clk.Advance(5 * time.Millisecond)
+	if err := <-c; !errors.Is(err, ErrQueueTimeout) {
+		t.Fatalf("queue timeout: %v", err)
+	}
+	close(rec.gate)
+	if err := <-a; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-b; err != nil {
+		t.Fatal(err)
+	}
+	if s := g.Stats(); s.Rejected != 3 || s.Executions != 1 || s.Items != 2 {
+		t.Fatalf("stats %+v", s)
+	}
+	idle, _ := New(Config{}, []Backend{rec})
+	if _, err := idle.Call(ctx, "e", nil); !errors.Is(err, ErrStopped) {
+		t.Fatalf("not running: %v", err)
+	}
+	if _, err := New(Config{MaxBatch: 4, PreferredBatch: []int{8}}, []Backend{rec}); !errors.Is(err, ErrConfig) {
+		t.Fatalf("bad preferred: %v", err)
+	}
+}
+
+func TestConcurrentCallersAndMetrics(t *testing.T) {
+	reg := metrics.NewRegistry()
+	echo, _ := roles.New(context.Background(), roles.Spec{Name: "echo"})
+	g := run(t, Config{Name: "echo", MaxBatch: 16, MaxQueueDelay: 100 * time.Microsecond, Workers: 2, Metrics: reg},
+		Local(echo), Local(echo))
+	var wg sync.WaitGroup
+	for c := 0; c < 64; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 50; i++ {
+				msg := []byte(fmt.Sprintf("c%d-%d", c, i))
+				out, err := g.Call(context.Background(), "echo", msg)
+				if err != nil || !bytes.Equal(out, msg) {
+					t.Errorf("%s: %q %v", msg, out, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	s := g.Stats()
+	if s.Items != 3200 || s.Requests != 3200 || s.AvgBatch < 1 {
+		t.Fatalf("stats %+v", s)
+	}
+	t.Logf("average batch %.1f over %d executions", s.AvgBatch, s.Executions)
+	var buf bytes.Buffer
+	_, _ = reg.WriteTo(&buf)
+	for _, want := range []string{
+		`rialto_gateway_inferences_total{gateway="echo"} 3200`,
+		`rialto_gateway_requests_total{gateway="echo",outcome="ok"} 3200`,
+		fmt.Sprintf(`rialto_gateway_executions_total{gateway="echo"} %d`, s.Executions),
+		`rialto_gateway_queue_seconds_count{gateway="echo"} 3200`,
+	} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	// A failing backend fails every request of the batch, clearly.
+	if _, err := g.Call(context.Background(), "nope", nil); !errors.Is(err, roles.ErrUnknownEntry) {
+		t.Fatalf("unknown entry: %v", err)
+	}
+}
+
+func TestServedOverAccel(t *testing.T) {
+	echo, _ := roles.New(context.Background(), roles.Spec{Name: "echo"})
+	g := run(t, Config{MaxBatch: 8}, Local(echo))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = (&accel.Server{Target: g.Target([]byte("gw-cred"))}).Serve(ctx, ln) }()
+	defer func() { cancel(); <-done }()
+	if _, err := accel.Dial(ctx, ln.Addr().String(), []byte("bad")); !errors.Is(err, accel.ErrAuth) {
+		t.Fatalf("bad credential: %v", err)
+	}
+	c, err := accel.Dial(ctx, ln.Addr().String(), []byte("gw-cred"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if out, err := c.Call(ctx, "echo", []byte("hi")); err != nil || string(out) != "hi" {
+		t.Fatalf("call %q %v", out, err)
+	}
+	outs, err := c.CallBatch(ctx, "echo", [][]byte{[]byte("a"), []byte("b")})
+	if err != nil || len(outs) != 2 || string(outs[1]) != "b" {
+		t.Fatalf("batch %q %v", outs, err)
+	}
+	if _, err := c.CallBatch(ctx, "echo", make([][]byte, 9)); !errors.Is(err, accel.ErrTooLarge) {
+		t.Fatalf("group too big over the wire: %v", err)
+	}
+	if err := c.WriteMem(ctx, 0, []byte("x")); !errors.Is(err, accel.ErrOutOfRange) {
+		t.Fatalf("write to a gateway: %v", err)
+	}
+}

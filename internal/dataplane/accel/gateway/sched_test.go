@@ -1,0 +1,5 @@
+package gateway
+
+import "runtime"
+
+func runtimeGosched() { runtime.Gosched() }
