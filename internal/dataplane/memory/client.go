@@ -124,11 +124,9 @@ func Dial(ctx context.Context, addr, credential string, opts Options) (*Client, 
 			_ = c.Close()
 		}
 	}()
-	sc, _, err := c.handshake(ctx, KindSync)
-	if err != nil {
+	if c.sync.pg, err = c.newPager(ctx); err != nil {
 		return nil, err
 	}
-	c.sync.init(sc)
 	for range opts.Streams {
 		bc, _, err := c.handshake(ctx, KindBulk)
 		if err != nil {
@@ -267,9 +265,7 @@ func (c *Client) Close() error {
 	for _, q := range qs {
 		_ = q.Close()
 	}
-	if c.sync.conn != nil {
-		_ = c.sync.conn.Close()
-	}
+	c.sync.close()
 	for _, s := range c.streams {
 		_ = s.conn.Close()
 	}
@@ -380,22 +376,13 @@ func transportErr(err error) error {
 }
 
 // syncConn is the fine-grained synchronous channel: one connection, one
-// request at a time, no allocation per request.
+// request at a time, no allocation per request. It drives the socket with
+// blocking syscalls from the calling goroutine (see pager), which saves the
+// netpoller's wake-up on every round trip.
 type syncConn struct {
-	mu   sync.Mutex
-	conn net.Conn
-	br   *bufio.Reader
-	wbuf []byte
-	seq  uint32
-	bad  error
-}
-
-const syncWriteInline = 16 << 10
-
-func (s *syncConn) init(c net.Conn) {
-	s.conn = c
-	s.br = bufio.NewReaderSize(c, 64<<10)
-	s.wbuf = make([]byte, HeaderSize+syncWriteInline)
+	mu  sync.Mutex
+	pg  *pager
+	bad error
 }
 
 func (s *syncConn) do(ctx context.Context, c *Client, op uint8, p []byte, off int64) error {
@@ -407,18 +394,19 @@ func (s *syncConn) do(ctx context.Context, c *Client, op uint8, p []byte, off in
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	stop := context.AfterFunc(ctx, func() { _ = s.conn.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-	_ = s.conn.SetDeadline(c.deadline(ctx))
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, s.pg.shutdown)
+		defer stop()
+	}
 	for len(p) > 0 {
 		n := min(len(p), MaxPayload)
-		if err := s.one(op, p[:n], off); err != nil {
+		if err := s.pg.do(op, p[:n], off); err != nil {
 			if !errors.Is(err, ErrOutOfRange) {
 				if ctx.Err() != nil {
 					err = fmt.Errorf("%w: %w", ErrDonorLost, ctx.Err())
 				}
 				s.bad = err
-				_ = s.conn.Close()
+				s.pg.shutdown()
 			}
 			return err
 		}
@@ -427,44 +415,17 @@ func (s *syncConn) do(ctx context.Context, c *Client, op uint8, p []byte, off in
 	return nil
 }
 
-func (s *syncConn) one(op uint8, p []byte, off int64) error {
-	s.seq++
-	h := Header{Op: op, Seq: s.seq, Offset: uint64(off), Length: uint32(len(p))}
-	if op == OpWrite {
-		h.Payload = uint32(len(p))
+func (s *syncConn) close() {
+	if s.pg == nil {
+		return
 	}
-	h.Encode(s.wbuf)
-	var err error
-	if op == OpWrite && len(p) <= syncWriteInline {
-		n := copy(s.wbuf[HeaderSize:], p)
-		_, err = s.conn.Write(s.wbuf[:HeaderSize+n])
-	} else {
-		if _, err = s.conn.Write(s.wbuf[:HeaderSize]); err == nil && op == OpWrite {
-			_, err = s.conn.Write(p)
-		}
+	s.pg.shutdown()
+	s.mu.Lock()
+	s.pg.close()
+	if s.bad == nil {
+		s.bad = ErrClosed
 	}
-	if err != nil {
-		return transportErr(err)
-	}
-	rh, err := readHeader(s.br, s.wbuf[:HeaderSize])
-	if err != nil {
-		return err
-	}
-	if rh.Seq != h.Seq || rh.Op != op || !rh.IsResponse() {
-		return fmt.Errorf("%w: reply seq %d op %d for seq %d op %d", ErrBadFrame, rh.Seq, rh.Op, h.Seq, op)
-	}
-	if rh.Status != StatusOK {
-		return readStatus(s.br, rh)
-	}
-	if op == OpRead {
-		if rh.Length != h.Length {
-			return fmt.Errorf("%w: short read reply", ErrBadFrame)
-		}
-		if _, err := io.ReadFull(s.br, p); err != nil {
-			return transportErr(err)
-		}
-	}
-	return nil
+	s.mu.Unlock()
 }
 
 func readHeader(r io.Reader, b []byte) (Header, error) {

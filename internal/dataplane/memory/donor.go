@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -218,7 +219,7 @@ func (d *Donor) endSession(s *session) {
 	}
 	d.mu.Unlock()
 	for _, c := range conns {
-		_ = c.Close()
+		kill(c)
 	}
 	select {
 	case s.credSig <- struct{}{}:
@@ -261,7 +262,7 @@ func (d *Donor) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	d.mu.Lock()
 	for c := range d.conns {
-		_ = c.Close()
+		kill(c)
 	}
 	d.mu.Unlock()
 	d.wg.Wait()
@@ -342,6 +343,8 @@ func (d *Donor) handle(c net.Conn) {
 	switch hello.Kind {
 	case KindControl:
 		d.serveControl(s, c)
+	case KindSync:
+		d.serveSync(s, c)
 	default:
 		d.serveData(s, c, hello.Kind, qid)
 	}
@@ -567,4 +570,95 @@ func (d *Donor) Regions() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return len(d.regions)
+}
+
+// kill shuts a connection down (waking a handler blocked on a duplicate of
+// its descriptor) and closes it.
+func kill(c net.Conn) {
+	if sc, ok := c.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			_ = rc.Control(func(fd uintptr) { _ = unix.Shutdown(int(fd), unix.SHUT_RDWR) })
+		}
+	}
+	_ = c.Close()
+}
+
+// serveSync serves a synchronous connection with blocking syscalls on a
+// duplicate descriptor: one request at a time, so the netpoller's wake-up is
+// saved on every round trip. Non-TCP connections use serveData.
+func (d *Donor) serveSync(s *session, c net.Conn) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		d.serveData(s, c, KindSync, 0)
+		return
+	}
+	f, err := tc.File()
+	if err != nil {
+		d.serveData(s, c, KindSync, 0)
+		return
+	}
+	defer f.Close()
+	fd := int(f.Fd())
+	if err := unix.SetNonblock(fd, false); err != nil {
+		return
+	}
+	mem := s.reg.mem
+	size := uint64(len(mem))
+	p := &pager{fd: fd}
+	var in, out [HeaderSize]byte
+	fail := func(h Header, st uint16, msg string) error {
+		if len(msg) > MaxMessage {
+			msg = msg[:MaxMessage]
+		}
+		rh := Header{Op: h.Op, Flags: FlagResponse, Status: st, Seq: h.Seq, Payload: uint32(len(msg))}
+		rh.Encode(out[:])
+		return p.sendv([][]byte{out[:], []byte(msg)})
+	}
+	var scratch []byte
+	for {
+		if err := p.recvv([][]byte{in[:]}); err != nil {
+			return
+		}
+		h, err := DecodeHeader(in[:])
+		if err != nil || h.IsResponse() || h.Op == OpHello || h.Op == OpCredit {
+			msg := "memory: unexpected frame"
+			if err != nil {
+				msg = err.Error()
+			}
+			_ = fail(h, StatusProto, msg)
+			return
+		}
+		rh := Header{Op: h.Op, Flags: FlagResponse, Seq: h.Seq, Offset: h.Offset, Length: h.Length}
+		inRange := h.Offset <= size && uint64(h.Length) <= size-h.Offset
+		switch {
+		case h.Op == OpPing:
+			rh.Encode(out[:])
+			err = p.sendv([][]byte{out[:]})
+		case !inRange:
+			if h.Op == OpWrite {
+				if cap(scratch) < int(h.Length) {
+					scratch = make([]byte, h.Length)
+				}
+				if err = p.recvv([][]byte{scratch[:h.Length]}); err != nil {
+					return
+				}
+			}
+			err = fail(h, StatusRange, fmt.Sprintf("memory: [%d,+%d) outside region of %d bytes", h.Offset, h.Length, size))
+		case h.Op == OpRead:
+			rh.Payload = h.Length
+			rh.Encode(out[:])
+			err = p.sendv([][]byte{out[:], mem[h.Offset : h.Offset+uint64(h.Length)]})
+		case h.Op == OpWrite:
+			if h.Length > 0 {
+				if err = p.recvv([][]byte{mem[h.Offset : h.Offset+uint64(h.Length)]}); err != nil {
+					return
+				}
+			}
+			rh.Encode(out[:])
+			err = p.sendv([][]byte{out[:]})
+		}
+		if err != nil {
+			return
+		}
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -302,7 +303,11 @@ func TestQueuePairCredits(t *testing.T) {
 func TestMain(m *testing.M) {
 	if os.Getenv("RIALTO_MEMTEST_DONOR") == "1" {
 		d := NewDonor(nil)
-		if err := d.AddRegion(testCred, 64<<20); err != nil {
+		size := int64(64 << 20)
+		if v, err := strconv.ParseInt(os.Getenv("RIALTO_MEMTEST_SIZE"), 10, 64); err == nil {
+			size = v
+		}
+		if err := d.AddRegion(testCred, size); err != nil {
 			fmt.Println("ERR", err)
 			os.Exit(1)
 		}
@@ -317,9 +322,14 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func startChildDonor(t *testing.T) (*exec.Cmd, string) {
+// startChildDonor runs a donor with a 64 MiB region (or size bytes) in a
+// child process.
+func startChildDonor(t *testing.T, size ...int64) (*exec.Cmd, string) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "RIALTO_MEMTEST_DONOR=1")
+	if len(size) > 0 {
+		cmd.Env = append(cmd.Env, "RIALTO_MEMTEST_SIZE="+strconv.FormatInt(size[0], 10))
+	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

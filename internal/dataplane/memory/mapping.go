@@ -1,0 +1,613 @@
+package memory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/rialto-project/rialto/internal/dataplane/memory/uffd"
+	"golang.org/x/sys/unix"
+)
+
+// ErrUffdUnavailable reports that userfaultfd was refused, so Map cannot
+// build a transparent mapping; the explicit channels keep working.
+var ErrUffdUnavailable = errors.New("memory: userfaultfd unavailable; use the explicit channels")
+
+// ErrMappingFailed is wrapped by Mapping.Err after the mapping could not
+// fetch or write back a page (the donor was lost).
+var ErrMappingFailed = errors.New("memory: mapping failed")
+
+// openUffd is replaced by tests to simulate a kernel that refuses.
+var openUffd = uffd.Open
+
+// MapOptions tune a Mapping. The zero value maps the whole region with a
+// cache of 10% of it.
+type MapOptions struct {
+	// CacheBytes is the local cache size. Default: 10% of the mapped
+	// length, at least 16 pages.
+	CacheBytes int64
+	// Readahead is the largest number of pages fetched for one fault when
+	// faults are sequential. Default 16; 1 disables readahead.
+	Readahead int
+	// EvictBatch is how many pages are evicted together when the cache is
+	// full (dirty neighbours are written back in one request). Default 8.
+	EvictBatch int
+}
+
+// MappingStats counts what a Mapping did.
+type MappingStats struct {
+	Faults      int64 // missing-page faults served
+	WPFaults    int64 // first writes to clean pages
+	PagesIn     int64 // pages fetched (including readahead)
+	Evictions   int64 // pages evicted
+	WriteBacks  int64 // dirty pages written back
+	Resident    int   // pages in the cache now
+	CachePages  int
+	ServiceTime []time.Duration // per missing fault, handler side (last 64Ki)
+}
+
+// Mapping is a transparent view of a remote region: Bytes returns ordinary
+// memory whose pages are fetched from the donor on first touch.
+//
+// Design: the region is mmap'd anonymous memory registered with
+// userfaultfd in missing and write-protect modes. A handler goroutine locked
+// to its own OS thread serves faults over its own blocking connection to the
+// donor (raw syscalls, no Go netpoller on the fault path). Pages are
+// installed write-protected, so the first write to a page raises a WP fault
+// that marks it dirty and lifts the protection; clean pages are never
+// written back. When the cache is full the least recently faulted pages
+// (recency is updated on fault-in and on first write: the handler cannot see
+// plain loads of resident pages) are evicted: dirty ones are write-protected,
+// written back, then every victim is dropped with MADV_DONTNEED so that its
+// next touch faults again. Sequential faults grow a readahead window.
+type Mapping struct {
+	c     *Client
+	mem   []byte
+	base  uintptr
+	ps    int
+	pages int
+	u     *uffd.FD
+	stop  int // eventfd
+	pg    *pager
+	stage []byte // mmap'd staging buffer for UFFDIO_COPY
+
+	mu       sync.Mutex
+	resident []bool
+	dirty    []bool
+	prev     []int32 // LRU links; index pages is the sentinel
+	next     []int32
+	nres     int
+	capPages int
+	maxRA    int
+	raWin    int
+	seqNext  int
+	batch    int
+	stats    MappingStats
+	svc      []time.Duration
+	svcN     int
+	err      error
+
+	done   chan struct{}
+	closed bool
+}
+
+// Map maps the client's whole region. It returns an error wrapping
+// ErrUffdUnavailable when userfaultfd is refused.
+func Map(ctx context.Context, c *Client, opts MapOptions) (*Mapping, error) {
+	ps := os.Getpagesize()
+	size := c.Size() / int64(ps) * int64(ps)
+	if size == 0 {
+		return nil, fmt.Errorf("memory: region of %d bytes is smaller than a page", c.Size())
+	}
+	if size > int64(int(^uint(0)>>1)) {
+		return nil, fmt.Errorf("memory: region too large to map")
+	}
+	pages := int(size / int64(ps))
+	if opts.CacheBytes <= 0 {
+		opts.CacheBytes = size / 10
+	}
+	capPages := max(int(opts.CacheBytes/int64(ps)), 16)
+	if opts.Readahead <= 0 {
+		opts.Readahead = 16
+	}
+	opts.Readahead = min(opts.Readahead, MaxPayload/ps, capPages/2)
+	if opts.EvictBatch <= 0 {
+		opts.EvictBatch = 8
+	}
+	u, err := openUffd(uffd.FeaturePagefaultFlagWP)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUffdUnavailable, err)
+	}
+	m := &Mapping{c: c, ps: ps, pages: pages, u: u, stop: -1, capPages: capPages,
+		maxRA: max(opts.Readahead, 1), raWin: 1, seqNext: -1, batch: min(opts.EvictBatch, capPages/2),
+		resident: make([]bool, pages), dirty: make([]bool, pages),
+		prev: make([]int32, pages+1), next: make([]int32, pages+1),
+		svc: make([]time.Duration, 0, 1<<16), done: make(chan struct{})}
+	m.prev[pages], m.next[pages] = int32(pages), int32(pages)
+	ok := false
+	defer func() {
+		if !ok {
+			m.release()
+		}
+	}()
+	if m.mem, err = unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE,
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE); err != nil {
+		return nil, fmt.Errorf("memory: mmap %d bytes: %w", size, err)
+	}
+	m.base = uintptr(unsafe.Pointer(&m.mem[0]))
+	if m.stage, err = unix.Mmap(-1, 0, m.maxRA*ps, unix.PROT_READ|unix.PROT_WRITE,
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE); err != nil {
+		return nil, fmt.Errorf("memory: mmap staging: %w", err)
+	}
+	if err := u.Register(m.base, uintptr(size), uffd.ModeMissing|uffd.ModeWP); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUffdUnavailable, err)
+	}
+	if m.stop, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
+		return nil, fmt.Errorf("memory: eventfd: %w", err)
+	}
+	if m.pg, err = c.newPager(ctx); err != nil {
+		return nil, err
+	}
+	ok = true
+	go m.handler()
+	return m, nil
+}
+
+// Bytes is the mapped region. It stays valid until Close; do not touch it
+// during or after Close.
+func (m *Mapping) Bytes() []byte { return m.mem }
+
+// Err reports why the mapping failed, if it did.
+func (m *Mapping) Err() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.err
+}
+
+// Stats returns counters and the recent fault service times.
+func (m *Mapping) Stats() MappingStats {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := m.stats
+	s.Resident, s.CachePages = m.nres, m.capPages
+	s.ServiceTime = slices.Clone(m.svc)
+	return s
+}
+
+// ResetStats clears the counters.
+func (m *Mapping) ResetStats() {
+	m.mu.Lock()
+	m.stats = MappingStats{}
+	m.svc, m.svcN = m.svc[:0], 0
+	m.mu.Unlock()
+}
+
+// Flush writes every dirty page back to the donor; the pages stay cached
+// and become clean (write-protected again).
+func (m *Mapping) Flush() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.err != nil {
+		return m.err
+	}
+	var run []int
+	for i := range m.pages {
+		if m.resident[i] && m.dirty[i] {
+			run = append(run, i)
+		}
+	}
+	if err := m.writeBack(run); err != nil {
+		return m.failLocked(err)
+	}
+	return nil
+}
+
+// Close flushes dirty pages, stops the fault handler and unmaps the memory.
+// No goroutine may touch Bytes during or after Close.
+func (m *Mapping) Close() error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
+	m.mu.Unlock()
+	err := m.Flush()
+	var one = [8]byte{1}
+	_, _ = unix.Write(m.stop, one[:])
+	<-m.done
+	m.release()
+	return err
+}
+
+func (m *Mapping) release() {
+	if m.mem != nil {
+		_ = m.u.Unregister(m.base, uintptr(len(m.mem)))
+		_ = unix.Munmap(m.mem)
+		m.mem = nil
+	}
+	if m.stage != nil {
+		_ = unix.Munmap(m.stage)
+		m.stage = nil
+	}
+	if m.stop >= 0 {
+		_ = unix.Close(m.stop)
+		m.stop = -1
+	}
+	if m.pg != nil {
+		m.pg.close()
+	}
+	_ = m.u.Close()
+}
+
+func (m *Mapping) addr(i int) uintptr { return m.base + uintptr(i*m.ps) }
+
+// LRU: head (next of sentinel) is most recent.
+func (m *Mapping) lruRemove(i int) {
+	p, n := m.prev[i], m.next[i]
+	m.next[p], m.prev[n] = n, p
+}
+
+func (m *Mapping) lruPush(i int) {
+	s := int32(m.pages)
+	h := m.next[s]
+	m.prev[i], m.next[i] = s, h
+	m.prev[h] = int32(i)
+	m.next[s] = int32(i)
+}
+
+func (m *Mapping) handler() {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	defer close(m.done)
+	buf := make([]byte, 64*uffd.MsgSize)
+	msgs := make([]uffd.Msg, 0, 64)
+	fds := make([]unix.PollFd, 2)
+	for {
+		fds[0] = unix.PollFd{Fd: int32(m.u.Fd()), Events: unix.POLLIN}
+		fds[1] = unix.PollFd{Fd: int32(m.stop), Events: unix.POLLIN}
+		if _, err := unix.Poll(fds, -1); err != nil && err != unix.EINTR {
+			m.mu.Lock()
+			_ = m.failLocked(fmt.Errorf("poll: %w", err))
+			m.mu.Unlock()
+			return
+		}
+		if fds[1].Revents != 0 {
+			return
+		}
+		var err error
+		msgs, err = m.u.Read(buf, msgs[:0])
+		if err != nil {
+			m.mu.Lock()
+			_ = m.failLocked(fmt.Errorf("read userfaultfd: %w", err))
+			m.mu.Unlock()
+			return
+		}
+		for _, msg := range msgs {
+			if msg.Event != uffd.EventPagefault {
+				continue
+			}
+			t0 := time.Now()
+			m.mu.Lock()
+			m.fault(msg, t0)
+			m.mu.Unlock()
+		}
+	}
+}
+
+// fault serves one message; m.mu is held.
+func (m *Mapping) fault(msg uffd.Msg, t0 time.Time) {
+	i := int((uintptr(msg.Address) - m.base) / uintptr(m.ps))
+	if i < 0 || i >= m.pages {
+		return
+	}
+	if m.err != nil {
+		_ = m.u.Wake(m.addr(i), uintptr(m.ps))
+		return
+	}
+	if msg.Flags&uffd.FlagWP != 0 {
+		if !m.resident[i] {
+			_ = m.u.Wake(m.addr(i), uintptr(m.ps))
+			return
+		}
+		m.stats.WPFaults++
+		m.dirty[i] = true
+		m.lruRemove(i)
+		m.lruPush(i)
+		if err := m.u.WriteProtect(m.addr(i), uintptr(m.ps), false, false); err != nil {
+			_ = m.failLocked(fmt.Errorf("clear write protection: %w", err))
+		}
+		return
+	}
+	if m.resident[i] {
+		_ = m.u.Wake(m.addr(i), uintptr(m.ps))
+		return
+	}
+	// Readahead: sequential faults double the window, others reset it.
+	if i == m.seqNext {
+		m.raWin = min(m.raWin*2, m.maxRA)
+	} else {
+		m.raWin = 1
+	}
+	n := 1
+	for n < m.raWin && i+n < m.pages && !m.resident[i+n] {
+		n++
+	}
+	if err := m.pg.read(m.stage[:n*m.ps], int64(i*m.ps)); err != nil {
+		_ = m.failLocked(err)
+		return
+	}
+	write := msg.Flags&uffd.FlagWrite != 0
+	src := uintptr(unsafe.Pointer(&m.stage[0]))
+	if err := m.install(i, src, 1, !write); err != nil {
+		_ = m.failLocked(err)
+		return
+	}
+	if n > 1 {
+		if err := m.install(i+1, src+uintptr(m.ps), n-1, true); err != nil {
+			_ = m.failLocked(err)
+			return
+		}
+	}
+	m.dirty[i] = write
+	for j := i; j < i+n; j++ {
+		m.resident[j] = true
+		m.lruPush(j)
+	}
+	m.nres += n
+	m.seqNext = i + n
+	m.stats.Faults++
+	m.stats.PagesIn += int64(n)
+	d := time.Since(t0)
+	if len(m.svc) < cap(m.svc) {
+		m.svc = append(m.svc, d)
+	} else {
+		m.svc[m.svcN%len(m.svc)] = d
+		m.svcN++
+	}
+	// Evict after the faulting thread was woken, off its critical path: the
+	// cache may exceed its size by one readahead window in between.
+	if err := m.makeRoom(0); err != nil {
+		_ = m.failLocked(err)
+	}
+}
+
+func (m *Mapping) install(i int, src uintptr, n int, wp bool) error {
+	for {
+		_, err := m.u.Copy(m.addr(i), src, uintptr(n*m.ps), wp)
+		if err == unix.EAGAIN {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("UFFDIO_COPY page %d: %w", i, err)
+		}
+		return nil
+	}
+}
+
+// makeRoom evicts least recently used pages until n more fit.
+func (m *Mapping) makeRoom(n int) error {
+	if m.nres+n <= m.capPages {
+		return nil
+	}
+	want := max(m.nres+n-m.capPages, m.batch)
+	victims := make([]int, 0, want)
+	s := int32(m.pages)
+	for len(victims) < want && m.prev[s] != s {
+		v := int(m.prev[s])
+		m.lruRemove(v)
+		victims = append(victims, v)
+	}
+	slices.Sort(victims)
+	var dirty []int
+	for _, v := range victims {
+		if m.dirty[v] {
+			dirty = append(dirty, v)
+		}
+	}
+	if err := m.writeBack(dirty); err != nil {
+		return err
+	}
+	for k := 0; k < len(victims); {
+		j := k + 1
+		for j < len(victims) && victims[j] == victims[j-1]+1 {
+			j++
+		}
+		lo, hi := victims[k], victims[j-1]+1
+		if err := unix.Madvise(m.mem[lo*m.ps:hi*m.ps], unix.MADV_DONTNEED); err != nil {
+			return fmt.Errorf("madvise dontneed: %w", err)
+		}
+		for v := lo; v < hi; v++ {
+			m.resident[v] = false
+		}
+		k = j
+	}
+	m.nres -= len(victims)
+	m.stats.Evictions += int64(len(victims))
+	return nil
+}
+
+// writeBack write-protects the sorted dirty pages, sends them to the donor
+// in runs of contiguous pages, and marks them clean.
+func (m *Mapping) writeBack(pages []int) error {
+	maxRun := MaxPayload / m.ps
+	for k := 0; k < len(pages); {
+		j := k + 1
+		for j < len(pages) && pages[j] == pages[j-1]+1 && j-k < maxRun {
+			j++
+		}
+		lo, hi := pages[k], pages[j-1]+1
+		if err := m.u.WriteProtect(m.addr(lo), uintptr((hi-lo)*m.ps), true, false); err != nil {
+			return fmt.Errorf("write-protect for write-back: %w", err)
+		}
+		if err := m.pg.write(m.mem[lo*m.ps:hi*m.ps], int64(lo*m.ps)); err != nil {
+			return err
+		}
+		for v := lo; v < hi; v++ {
+			m.dirty[v] = false
+		}
+		m.stats.WriteBacks += int64(hi - lo)
+		k = j
+	}
+	return nil
+}
+
+// failLocked records a fatal error. The mapping is made inaccessible and
+// every waiting thread woken, so touching it faults (SIGSEGV; a program can
+// turn that into a panic with debug.SetPanicOnFault) instead of hanging.
+func (m *Mapping) failLocked(err error) error {
+	if m.err == nil {
+		m.err = fmt.Errorf("%w: %w", ErrMappingFailed, err)
+		if m.mem != nil {
+			_ = unix.Mprotect(m.mem, unix.PROT_NONE)
+			_ = m.u.Wake(m.base, uintptr(len(m.mem)))
+		}
+	}
+	return m.err
+}
+
+// pager is a synchronous connection driven with blocking raw syscalls, so
+// the fault handler's thread never waits on the Go scheduler's netpoller.
+type pager struct {
+	f   *os.File
+	fd  int
+	seq uint32
+	hdr [HeaderSize]byte
+}
+
+func (c *Client) newPager(ctx context.Context) (*pager, error) {
+	conn, _, err := c.handshake(ctx, KindSync)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	tc, ok := conn.(*net.TCPConn)
+	if !ok {
+		return nil, fmt.Errorf("memory: mapping needs a TCP connection")
+	}
+	f, err := tc.File()
+	if err != nil {
+		return nil, fmt.Errorf("memory: pager fd: %w", err)
+	}
+	fd := int(f.Fd()) // Fd puts the descriptor in blocking mode
+	if err := unix.SetNonblock(fd, false); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("memory: pager fd: %w", err)
+	}
+	tv := unix.NsecToTimeval(c.opts.Timeout.Nanoseconds())
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
+	return &pager{f: f, fd: fd}, nil
+}
+
+// shutdown wakes any goroutine blocked on the socket; safe concurrently.
+func (p *pager) shutdown() { _ = unix.Shutdown(p.fd, unix.SHUT_RDWR) }
+
+func (p *pager) close() { _ = p.f.Close() }
+
+func (p *pager) sendv(bufs [][]byte) error {
+	for len(bufs) > 0 {
+		n, err := unix.Writev(p.fd, bufs)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("%w: pager write: %v", ErrDonorLost, err)
+		}
+		for n > 0 && len(bufs) > 0 {
+			if n >= len(bufs[0]) {
+				n -= len(bufs[0])
+				bufs = bufs[1:]
+			} else {
+				bufs[0] = bufs[0][n:]
+				n = 0
+			}
+		}
+		for len(bufs) > 0 && len(bufs[0]) == 0 {
+			bufs = bufs[1:]
+		}
+	}
+	return nil
+}
+
+func (p *pager) recvv(bufs [][]byte) error {
+	for len(bufs) > 0 {
+		n, err := unix.Readv(p.fd, bufs)
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			return fmt.Errorf("%w: no reply within the request timeout", ErrDonorLost)
+		}
+		if err != nil {
+			return fmt.Errorf("%w: pager read: %v", ErrDonorLost, err)
+		}
+		if n == 0 {
+			return fmt.Errorf("%w: pager read: EOF", ErrDonorLost)
+		}
+		for n > 0 && len(bufs) > 0 {
+			if n >= len(bufs[0]) {
+				n -= len(bufs[0])
+				bufs = bufs[1:]
+			} else {
+				bufs[0] = bufs[0][n:]
+				n = 0
+			}
+		}
+		for len(bufs) > 0 && len(bufs[0]) == 0 {
+			bufs = bufs[1:]
+		}
+	}
+	return nil
+}
+
+func (p *pager) do(op uint8, buf []byte, off int64) error {
+	p.seq++
+	h := Header{Op: op, Seq: p.seq, Offset: uint64(off), Length: uint32(len(buf))}
+	bufs := [][]byte{p.hdr[:]}
+	if op == OpWrite {
+		h.Payload = h.Length
+		bufs = append(bufs, buf)
+	}
+	h.Encode(p.hdr[:])
+	if err := p.sendv(bufs); err != nil {
+		return err
+	}
+	rb := [][]byte{p.hdr[:]}
+	if op == OpRead {
+		rb = append(rb, buf) // optimistic: header and data in one readv
+	}
+	// Read the header first: the reply might be an error message.
+	if err := p.recvv(rb[:1]); err != nil {
+		return err
+	}
+	rh, err := DecodeHeader(p.hdr[:])
+	if err != nil {
+		return err
+	}
+	if rh.Seq != p.seq || rh.Op != op {
+		return fmt.Errorf("%w: pager reply seq %d", ErrBadFrame, rh.Seq)
+	}
+	if rh.Status != StatusOK {
+		msg := make([]byte, rh.Payload)
+		_ = p.recvv([][]byte{msg})
+		return fmt.Errorf("%w (%s)", statusErr(rh.Status), msg)
+	}
+	if op == OpRead {
+		if rh.Length != h.Length {
+			return fmt.Errorf("%w: pager short read", ErrBadFrame)
+		}
+		return p.recvv(rb[1:])
+	}
+	return nil
+}
+
+func (p *pager) read(buf []byte, off int64) error  { return p.do(OpRead, buf, off) }
+func (p *pager) write(buf []byte, off int64) error { return p.do(OpWrite, buf, off) }

@@ -1,0 +1,138 @@
+package memory
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"unsafe"
+
+	"github.com/rialto-project/rialto/internal/dataplane/memory/uffd"
+)
+
+func mapOrSkip(t *testing.T, c *Client, opts MapOptions) *Mapping {
+	t.Helper()
+	m, err := Map(context.Background(), c, opts)
+	if errors.Is(err, ErrUffdUnavailable) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func TestMappingEvictionAndWriteBack(t *testing.T) {
+	const size = 4 << 20
+	// The donor runs in another process, as in production: an in-process
+	// donor would need a scheduler P that the faulting goroutine holds.
+	_, addr := startChildDonor(t, size)
+	c := dial(t, addr, Options{})
+	ctx := context.Background()
+	// Seed the region through an explicit channel.
+	shadow := make([]byte, size)
+	_, _ = rand.NewChaCha8([32]byte{3}).Read(shadow)
+	if err := c.Write(ctx, ChannelBulk, shadow, 0); err != nil {
+		t.Fatal(err)
+	}
+	m := mapOrSkip(t, c, MapOptions{}) // cache: 10% of the region
+	b := m.Bytes()
+	if len(b) != size {
+		t.Fatalf("mapping of %d bytes", len(b))
+	}
+	// Sequential read of everything, then random read-modify-writes.
+	if !bytes.Equal(b, shadow) {
+		t.Fatal("sequential read differs")
+	}
+	rng := rand.New(rand.NewPCG(4, 5))
+	for range 4000 {
+		off := rng.IntN(size - 8)
+		v := binary.LittleEndian.Uint64(b[off:]) + uint64(off)
+		binary.LittleEndian.PutUint64(b[off:], v)
+		binary.LittleEndian.PutUint64(shadow[off:], binary.LittleEndian.Uint64(shadow[off:])+uint64(off))
+	}
+	for range 2000 {
+		off := rng.IntN(size - 8)
+		if !bytes.Equal(b[off:off+8], shadow[off:off+8]) {
+			t.Fatalf("random read at %d differs", off)
+		}
+	}
+	st := m.Stats()
+	if st.Evictions == 0 || st.WriteBacks == 0 || st.Resident > st.CachePages || st.CachePages != size/10/4096 {
+		t.Fatalf("stats %+v", st)
+	}
+	if st.PagesIn <= st.Faults {
+		t.Fatalf("no readahead: %d pages in %d faults", st.PagesIn, st.Faults)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, size)
+	if err := c.Read(ctx, ChannelBulk, got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, shadow) {
+		t.Fatal("donor does not hold the written-back data")
+	}
+}
+
+// A program uses the mapping as ordinary memory: it sorts 256 Ki uint32
+// living in remote memory with a local cache of 10%.
+func TestMappingSortProgram(t *testing.T) {
+	const n = 1 << 18
+	_, addr := startChildDonor(t, n*4)
+	c := dial(t, addr, Options{})
+	m := mapOrSkip(t, c, MapOptions{})
+	xs := unsafe.Slice((*uint32)(unsafe.Pointer(&m.Bytes()[0])), n)
+	rng := rand.New(rand.NewPCG(6, 7))
+	var sum uint64
+	for i := range xs {
+		xs[i] = rng.Uint32()
+		sum += uint64(xs[i])
+	}
+	slices.Sort(xs)
+	var sum2 uint64
+	for i := range xs {
+		if i > 0 && xs[i] < xs[i-1] {
+			t.Fatalf("not sorted at %d", i)
+		}
+		sum2 += uint64(xs[i])
+	}
+	if sum != sum2 {
+		t.Fatal("checksum changed")
+	}
+	if err := m.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	raw := make([]byte, n*4)
+	if err := c.Read(context.Background(), ChannelBulk, raw, 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < n; i++ {
+		if binary.NativeEndian.Uint32(raw[4*i:]) < binary.NativeEndian.Uint32(raw[4*i-4:]) {
+			t.Fatalf("donor copy not sorted at %d", i)
+		}
+	}
+	st := m.Stats()
+	t.Logf("faults %d wp %d pages in %d evictions %d write-backs %d", st.Faults, st.WPFaults, st.PagesIn, st.Evictions, st.WriteBacks)
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestMapUnavailable(t *testing.T) {
+	old := openUffd
+	openUffd = func(uint64) (*uffd.FD, error) { return nil, uffd.ErrUnavailable }
+	defer func() { openUffd = old }()
+	td := startDonor(t, 1<<20, 0)
+	c := dial(t, td.addr, Options{})
+	if _, err := Map(context.Background(), c, MapOptions{}); !errors.Is(err, ErrUffdUnavailable) {
+		t.Fatalf("Map: %v", err)
+	}
+	if err := c.Write(context.Background(), ChannelSync, []byte("still works"), 0); err != nil {
+		t.Fatal(err)
+	}
+}
