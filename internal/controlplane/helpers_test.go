@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
 	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
 )
 
@@ -155,3 +156,5 @@ func (e *env) join(name string, sizes ...int64) (api.JoinResponse, *api.Client) 
 	}
 	return jr, e.boot.WithToken(jr.Credential)
 }
+
+var storeAll = store.LeaseFilter{}

@@ -1,0 +1,391 @@
+package controlplane
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
+)
+
+var allStates = []api.LeaseState{api.LeaseRequested, api.LeaseReserved, api.LeaseActive, api.LeaseReleasing,
+	api.LeaseReleased, api.LeaseFailed, api.LeaseLost, api.LeaseExpired}
+
+func TestStateMachine(t *testing.T) {
+	allowed := map[[2]api.LeaseState]bool{}
+	for _, tr := range [][2]api.LeaseState{
+		{api.LeaseRequested, api.LeaseReserved}, {api.LeaseRequested, api.LeaseFailed},
+		{api.LeaseReserved, api.LeaseReserved}, {api.LeaseReserved, api.LeaseActive}, {api.LeaseReserved, api.LeaseReleasing},
+		{api.LeaseReserved, api.LeaseFailed}, {api.LeaseReserved, api.LeaseLost}, {api.LeaseReserved, api.LeaseExpired},
+		{api.LeaseActive, api.LeaseActive}, {api.LeaseActive, api.LeaseReleasing}, {api.LeaseActive, api.LeaseLost}, {api.LeaseActive, api.LeaseExpired},
+		{api.LeaseReleasing, api.LeaseReleased}, {api.LeaseReleasing, api.LeaseLost},
+	} {
+		allowed[tr] = true
+	}
+	for _, from := range allStates {
+		for _, to := range allStates {
+			want := allowed[[2]api.LeaseState{from, to}]
+			if got := canTransition(from, to); got != want {
+				t.Errorf("%s → %s: got %v, want %v", from, to, got, want)
+			}
+			if from.Terminal() && canTransition(from, to) {
+				t.Errorf("terminal %s has a way out to %s", from, to)
+			}
+		}
+	}
+}
+
+// TestStateMachineStore drives each state into each target through the
+// server's transition (the CAS in the store) and checks that exactly the
+// table's transitions happen.
+func TestStateMachineStore(t *testing.T) {
+	e := newEnv(t)
+	e.join("n1", 64<<30)
+	alice := principal{role: roleTenant, tenant: "alice"}
+	// reach returns a fresh lease in state st.
+	reach := func(t *testing.T, st api.LeaseState) string {
+		t.Helper()
+		l, _, err := e.srv.createLease(e.ctx, alice, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := map[api.LeaseState][]api.LeaseState{
+			api.LeaseActive: nil, api.LeaseReleasing: {api.LeaseReleasing}, api.LeaseReleased: {api.LeaseReleasing, api.LeaseReleased},
+			api.LeaseLost: {api.LeaseLost}, api.LeaseExpired: {api.LeaseExpired},
+		}
+		for _, s := range path[st] {
+			if _, err := e.srv.transition(e.ctx, l.ID, s, store.LeaseChange{}, "test"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return l.ID
+	}
+	for _, from := range []api.LeaseState{api.LeaseActive, api.LeaseReleasing, api.LeaseReleased, api.LeaseLost, api.LeaseExpired} {
+		for _, to := range allStates {
+			t.Run(string(from)+"→"+string(to), func(t *testing.T) {
+				id := reach(t, from)
+				_, err := e.srv.st.TransitionLease(e.ctx, id, store.LeaseChange{From: sources(to), To: to, At: e.clock.Now()}, api.Event{})
+				want := canTransition(from, to)
+				if want && err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				if !want && !errors.Is(err, store.ErrConflict) {
+					t.Fatalf("allowed or wrong error: %v", err)
+				}
+			})
+		}
+	}
+}
+
+func TestModesAndPartitions(t *testing.T) {
+	e := newEnv(t)
+	e.join("n1", 1<<30)
+	e.join("n2", 1<<30)
+	// Shared partitions on one device never overlap.
+	var ls []api.Lease
+	for i := 0; i < 4; i++ {
+		l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 256 << 20, Mode: api.ModeShared})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+	}
+	seen := map[int64]bool{}
+	for _, l := range ls {
+		if l.DeviceID != ls[0].DeviceID || seen[l.Parts[0].Offset] {
+			t.Fatalf("unexpected placement %+v", l.Parts)
+		}
+		seen[l.Parts[0].Offset] = true
+	}
+	// The first device is full; dedicated takes the other one whole.
+	d, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeDedicated})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Parts[0].Length != 1<<30 || d.DeviceID == ls[0].DeviceID {
+		t.Fatalf("dedicated %+v", d.Parts)
+	}
+	// Nothing left.
+	_, err = e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 4096})
+	if !api.IsCode(err, api.CodeInfeasible) {
+		t.Fatalf("want infeasible, got %v", err)
+	}
+	var ae *api.Error
+	if !errors.As(err, &ae) || ae.Status != http.StatusUnprocessableEntity {
+		t.Fatalf("status: %v", err)
+	}
+	// Free everything, then a composed lease spans both nodes.
+	for _, l := range append(ls, d) {
+		if _, err := e.alice.ReleaseLease(e.ctx, l.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 512 << 20, Count: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Mode != api.ModeComposed || len(c.Parts) != 2 || c.Parts[0].NodeID == c.Parts[1].NodeID || c.URI != "" || c.StripeUnit == 0 {
+		t.Fatalf("composed %+v", c)
+	}
+	for i, p := range c.Parts {
+		if !strings.HasSuffix(p.URI, c.Credential+"."+string(rune('0'+i))) {
+			t.Fatalf("part %d URI %q does not carry export %s.%d", i, p.URI, c.Credential, i)
+		}
+	}
+}
+
+func TestExplainReservesNothing(t *testing.T) {
+	e := newEnv(t)
+	e.join("n1", 1<<30)
+	p, err := e.alice.Explain(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 256 << 20})
+	if err != nil || p.State != "feasible" || len(p.Parts) != 1 || p.ID != "" || len(p.Explanation) == 0 {
+		t.Fatalf("%v %+v", err, p)
+	}
+	p, err = e.alice.Explain(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 2 << 30})
+	if err != nil || p.State != "infeasible" || len(p.Explanation) == 0 {
+		t.Fatalf("%v %+v", err, p)
+	}
+	ls, _ := e.admin.Leases(e.ctx)
+	devs, _ := e.admin.Devices(e.ctx)
+	if len(ls) != 0 || devs[0].Allocated != 0 {
+		t.Fatalf("explain reserved something: %v %v", ls, devs)
+	}
+}
+
+func TestLenderSkipped(t *testing.T) {
+	e := newEnv(t)
+	j1, _ := e.join("n1", 1<<30)
+	j2, _ := e.join("n2", 1<<30)
+	e.lender.set(e.lender.refuse, j1.NodeID, true)
+	l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 256 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.State != api.LeaseActive || l.NodeID != j2.NodeID {
+		t.Fatalf("not re-placed: %+v", l)
+	}
+	if l.Plan == nil || !strings.Contains(strings.Join(l.Plan.Explanation, "\n"), "skipped node "+j1.NodeID) {
+		t.Fatalf("plan does not explain the skip: %+v", l.Plan)
+	}
+	// A lender that never answers is skipped after PrepareTimeout.
+	e.lender.set(e.lender.refuse, j1.NodeID, false)
+	e.lender.set(e.lender.hang, j2.NodeID, true)
+	l2, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 256 << 20, Affinity: []string{j2.NodeID}})
+	if err != nil || l2.NodeID != j1.NodeID {
+		t.Fatalf("%v %+v", err, l2)
+	}
+	// Nobody confirms: the lease fails with the reasons, capacity is freed.
+	e.lender.set(e.lender.refuse, j1.NodeID, true)
+	_, err = e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 256 << 20})
+	if !api.IsCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "did not confirm") {
+		t.Fatalf("want unavailable, got %v", err)
+	}
+	ls, _ := e.alice.Leases(e.ctx)
+	var failed int
+	for _, x := range ls {
+		if x.State == api.LeaseFailed {
+			failed++
+			if x.Reason == "" {
+				t.Fatalf("failed lease without reason")
+			}
+		}
+	}
+	devs, _ := e.admin.Devices(e.ctx)
+	var alloc int64
+	for _, d := range devs {
+		alloc += d.Allocated
+	}
+	if failed != 1 || alloc != 512<<20 {
+		t.Fatalf("failed=%d allocated=%d", failed, alloc)
+	}
+}
+
+func TestRenewAndExpire(t *testing.T) {
+	e := newEnv(t)
+	j, _ := e.join("n1", 1<<30)
+	l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, TTLSeconds: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keep, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, TTLSeconds: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(8 * time.Second)
+	r, err := e.alice.RenewLease(e.ctx, keep.ID, 30)
+	if err != nil || !r.ExpiresAt.Equal(e.clock.Now().Add(30*time.Second)) || r.State != api.LeaseActive {
+		t.Fatalf("renew: %v %+v", err, r)
+	}
+	e.clock.Advance(3 * time.Second)
+	// Keep the node alive across the jump.
+	if _, err := e.boot.WithToken(j.Credential).Heartbeat(e.ctx, j.NodeID, api.Heartbeat{Health: "ok"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.srv.Sweep(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := e.alice.Lease(e.ctx, l.ID)
+	if got.State != api.LeaseExpired || !strings.Contains(got.Reason, "TTL") {
+		t.Fatalf("not expired: %+v", got)
+	}
+	if !strings.Contains(strings.Join(e.lender.tornDown(), " "), l.ID) {
+		t.Fatalf("expired lease not torn down: %v", e.lender.tornDown())
+	}
+	got, _ = e.alice.Lease(e.ctx, keep.ID)
+	if got.State != api.LeaseActive {
+		t.Fatalf("renewed lease: %+v", got)
+	}
+	if _, err := e.alice.RenewLease(e.ctx, l.ID, 10); !api.IsCode(err, api.CodeConflict) {
+		t.Fatalf("renewing an expired lease: %v", err)
+	}
+	if _, err := e.alice.ReleaseLease(e.ctx, l.ID); !api.IsCode(err, api.CodeConflict) {
+		t.Fatalf("releasing an expired lease: %v", err)
+	}
+	if _, err := e.alice.RenewLease(e.ctx, keep.ID, 1<<40); !api.IsCode(err, api.CodeInvalid) {
+		t.Fatalf("huge ttl: %v", err)
+	}
+	r1, err := e.alice.ReleaseLease(e.ctx, keep.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := e.alice.ReleaseLease(e.ctx, keep.ID)
+	if err != nil || r1.State != api.LeaseReleased || r2.State != api.LeaseReleased {
+		t.Fatalf("release twice: %v %+v %+v", err, r1, r2)
+	}
+}
+
+// TestNoOverCommit races many borrowers for few devices.
+func TestNoOverCommit(t *testing.T) {
+	e := newEnv(t)
+	e.join("n1", 1<<30, 1<<30)
+	e.join("n2", 1<<30)
+	const workers, per = 24, 6 // 144 requests for 12 slots of 256 MiB
+	var mu sync.Mutex
+	active := map[string]api.Lease{}
+	var wg sync.WaitGroup
+	errs := make(chan error, workers*per)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < per; i++ {
+				l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 256 << 20, Mode: api.ModeShared})
+				switch {
+				case err == nil:
+					mu.Lock()
+					active[l.ID] = l
+					mu.Unlock()
+				case api.IsCode(err, api.CodeInfeasible), api.IsCode(err, api.CodeUnavailable):
+				default:
+					errs <- err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if len(active) != 12 {
+		t.Fatalf("%d leases active, want exactly 12", len(active))
+	}
+	type rng struct{ off, end int64 }
+	byDev := map[string][]rng{}
+	for _, l := range active {
+		for _, p := range l.Parts {
+			for _, r := range byDev[p.DeviceID] {
+				if p.Offset < r.end && r.off < p.Offset+p.Length {
+					t.Fatalf("overlap on %s", p.DeviceID)
+				}
+			}
+			byDev[p.DeviceID] = append(byDev[p.DeviceID], rng{p.Offset, p.Offset + p.Length})
+		}
+	}
+	devs, _ := e.admin.Devices(e.ctx)
+	for _, d := range devs {
+		if d.Allocated != d.Capacity {
+			t.Fatalf("device %s allocated %d of %d", d.Name, d.Allocated, d.Capacity)
+		}
+	}
+	// Release and create concurrently: still never over the capacity.
+	var wg2 sync.WaitGroup
+	for _, l := range active {
+		wg2.Add(2)
+		go func() {
+			defer wg2.Done()
+			if _, err := e.alice.ReleaseLease(e.ctx, l.ID); err != nil {
+				t.Error(err)
+			}
+		}()
+		go func() {
+			defer wg2.Done()
+			e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 512 << 20, Mode: api.ModeShared})
+		}()
+	}
+	wg2.Wait()
+	devs, _ = e.admin.Devices(e.ctx)
+	for _, d := range devs {
+		if d.Allocated > d.Capacity || d.Allocated < 0 {
+			t.Fatalf("device %s allocated %d of %d", d.Name, d.Allocated, d.Capacity)
+		}
+	}
+}
+
+func TestIdempotency(t *testing.T) {
+	e := newEnv(t)
+	e.join("n1", 1<<30)
+	req := api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, IdempotencyKey: "job-42"}
+	a, err := e.alice.CreateLease(e.ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := e.alice.CreateLease(e.ctx, req)
+	if err != nil || b.ID != a.ID || b.Credential != a.Credential {
+		t.Fatalf("replay: %v %s %s", err, a.ID, b.ID)
+	}
+	// Concurrent replays all get the same lease.
+	var wg sync.WaitGroup
+	ids := make([]string, 8)
+	for i := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 2 << 20, IdempotencyKey: "job-43"})
+			if err != nil {
+				t.Error(err)
+			}
+			ids[i] = l.ID
+		}()
+	}
+	wg.Wait()
+	for _, id := range ids {
+		if id != ids[0] {
+			t.Fatalf("concurrent replays got different leases: %v", ids)
+		}
+	}
+	req.Size = 2 << 20
+	if _, err := e.alice.CreateLease(e.ctx, req); !api.IsCode(err, api.CodeConflict) {
+		t.Fatalf("different body, same key: %v", err)
+	}
+	// Another tenant's key space is separate.
+	req.Size = 1 << 20
+	c, err := e.bob.CreateLease(e.ctx, req)
+	if err != nil || c.ID == a.ID {
+		t.Fatalf("bob: %v %s", err, c.ID)
+	}
+	// Header and body keys must agree.
+	var out api.Lease
+	err = e.alice.Do(e.ctx, "POST", "/v1/leases", api.LeaseRequest{Kind: api.KindBlock, Size: 1, IdempotencyKey: "x"}, &out, "Idempotency-Key", "y")
+	if !api.IsCode(err, api.CodeInvalid) {
+		t.Fatalf("mismatched keys: %v", err)
+	}
+	ls, _ := e.admin.Leases(e.ctx)
+	if len(ls) != 3 {
+		t.Fatalf("%d leases, want 3", len(ls))
+	}
+}
