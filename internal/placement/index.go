@@ -34,6 +34,7 @@ type Index struct {
 	trees    map[int32]*fabric.Tree
 
 	groups map[string]*kindGroups
+	local  map[localKey][]int32 // devices by the vertex they attach to, sorted by ID
 	orders map[orderKey][]int32
 
 	leases    []leaseState
@@ -48,6 +49,14 @@ type Index struct {
 	resStamp []uint32
 	resLocal []int32
 	lsStamp  []uint32
+	pathBuf  []int32
+	flowBuf  []fabric.Flow
+	useBuf   []fabric.Use
+	capBuf   []float64
+	loadBuf  []float64
+	afterBuf []float64
+	rateBuf  []float64
+	globBuf  []int
 }
 
 type devState struct {
@@ -89,6 +98,11 @@ type kindGroups struct {
 	empty   map[int32]int // devices with no lease
 }
 
+type localKey struct {
+	v    int32
+	kind string
+}
+
 type orderKey struct {
 	src  int32
 	kind string
@@ -106,6 +120,7 @@ func NewIndex(s *Snapshot) *Index {
 		devByID:   make(map[string]int, len(s.Devices)),
 		trees:     map[int32]*fabric.Tree{},
 		groups:    map[string]*kindGroups{},
+		local:     map[localKey][]int32{},
 		orders:    map[orderKey][]int32{},
 		leaseByID: make(map[string]int, len(s.Leases)),
 		tenants:   map[string]*usage{},
@@ -177,6 +192,11 @@ func NewIndex(s *Snapshot) *Index {
 			kg.anchors = append(kg.anchors, ds.anchor)
 		}
 		kg.devs[ds.anchor] = append(kg.devs[ds.anchor], int32(i))
+		lk := localKey{ds.vertex, ds.dev.Kind}
+		x.local[lk] = append(x.local[lk], int32(i))
+	}
+	for _, list := range x.local {
+		sort.Slice(list, func(i, j int) bool { return x.devs[list[i]].dev.ID < x.devs[list[j]].dev.ID })
 	}
 	for _, kg := range x.groups {
 		sort.Slice(kg.anchors, func(a, b int) bool { return kg.anchors[a] < kg.anchors[b] })
@@ -322,22 +342,31 @@ func (x *Index) resCap(r, n int) float64 {
 
 // leaseUses computes the resources a lease with these parts uses.
 func (x *Index) leaseUses(borrower string, parts []Part, dst []fabric.Use) []fabric.Use {
-	dst = dst[:0]
-	var devs []int
+	var devs []int32
 	for _, p := range parts {
 		if di, ok := x.devByID[p.DeviceID]; ok {
-			devs = append(devs, di)
+			devs = append(devs, int32(di))
 		}
 	}
+	b, bok := x.borrowerVertex(borrower)
+	if !bok {
+		b = -1
+	}
+	return x.usesFor(b, devs, dst)
+}
+
+// usesFor computes the resources used by a lease of borrower vertex b
+// (-1: unknown) striped evenly over devs.
+func (x *Index) usesFor(b int32, devs []int32, dst []fabric.Use) []fabric.Use {
+	dst = dst[:0]
 	if len(devs) == 0 {
 		return dst
 	}
 	coef := 1 / float64(len(devs))
-	b, bok := x.borrowerVertex(borrower)
-	var path []int32
+	path := x.pathBuf[:0]
 	for _, di := range devs {
-		dst = addUse(dst, di, coef)
-		if !bok {
+		dst = addUse(dst, int(di), coef)
+		if b < 0 {
 			continue
 		}
 		path = x.route(path[:0], b, x.devs[di].vertex)
@@ -345,6 +374,7 @@ func (x *Index) leaseUses(borrower string, parts []Part, dst []fabric.Use) []fab
 			dst = addUse(dst, len(x.devs)+int(li), coef)
 		}
 	}
+	x.pathBuf = path
 	return dst
 }
 

@@ -3,6 +3,7 @@ package placement
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -149,8 +150,10 @@ func (x *Index) Place(r Request) (Plan, error) {
 		}
 	}
 
-	cands, rej, examined := x.candidates(q, bv, allowDed, minNeed)
+	cands, _, examined := x.candidates(q, bv, allowDed, minNeed, false)
 	if len(cands) == 0 {
+		var rej rejections
+		_, rej, examined = x.candidates(q, bv, allowDed, minNeed, true)
 		return Plan{}, newInfeasible(fmt.Sprintf("no %s device for %s among %d examined", r.Kind, r.Borrower, examined), rej.list, rej.top())
 	}
 
@@ -161,7 +164,7 @@ func (x *Index) Place(r Request) (Plan, error) {
 		for _, c := range cands {
 			if c.nLeases == 0 && !x.devs[c.dev].dedicated && x.devs[c.dev].dev.Capacity >= r.Size {
 				opts = append(opts, option{mode: ModeDedicated, devs: []int32{c.dev}, partLen: x.devs[c.dev].dev.Capacity})
-				if n++; n == 4 {
+				if n++; n == 2 {
 					break
 				}
 			}
@@ -178,7 +181,7 @@ func (x *Index) Place(r Request) (Plan, error) {
 			seen[c.dev] = true
 			opts = append(opts, option{mode: ModeShared, devs: []int32{c.dev}, partLen: shareLen})
 		}
-		for i := 0; i < len(cands) && i < 12; i++ {
+		for i := 0; i < len(cands) && i < 8; i++ {
 			add(cands[i])
 		}
 		for i := 0; i < len(byLoad) && i < 4; i++ {
@@ -229,7 +232,15 @@ func (x *Index) Place(r Request) (Plan, error) {
 	if len(results) == 0 {
 		return Plan{}, newInfeasible(fmt.Sprintf("no placement for %s", r.Borrower), rejected, "")
 	}
-	sort.SliceStable(results, func(i, j int) bool { return less(&results[i], &results[j], q.strategy) })
+	slices.SortStableFunc(results, func(a, b result) int {
+		if less(&a, &b, q.strategy) {
+			return -1
+		}
+		if less(&b, &a, q.strategy) {
+			return 1
+		}
+		return 0
+	})
 	best := &results[0]
 	p := Plan{
 		Mode:                best.opt.mode,
@@ -299,9 +310,9 @@ func (r *rejections) top() string {
 }
 
 // candidates walks devices of the kind nearest first (by fabric anchor
-// group) and returns feasible ones ordered by distance, link load and the
-// strategy's packing preference.
-func (x *Index) candidates(q req, bv int32, allowDed bool, minNeed int64) ([]cand, rejections, int) {
+// group). With detail it records why each device was rejected (used to
+// explain an infeasible request; the fast path skips the formatting).
+func (x *Index) candidates(q req, bv int32, allowDed bool, minNeed int64, detail bool) ([]cand, rejections, int) {
 	var rej rejections
 	kg := x.groups[q.Kind]
 	if kg == nil {
@@ -310,60 +321,105 @@ func (x *Index) candidates(q req, bv int32, allowDed bool, minNeed int64) ([]can
 	}
 	order := x.groupOrder(x.anchor[bv], q.Kind)
 	if len(order) < len(kg.anchors) {
-		rej.add(fmt.Sprintf("%d device groups", len(kg.anchors)-len(order)), ConstraintReach, "no fabric path from "+q.Borrower)
+		if detail {
+			rej.add(fmt.Sprintf("%d device groups", len(kg.anchors)-len(order)), ConstraintReach, "no fabric path from "+q.Borrower)
+		}
 	}
 	var out []cand
 	examined := 0
-	lastHops := -1
 	var path []int32
+	check := func(di int32) {
+		examined++
+		ds := &x.devs[di]
+		if ds.usable != "" {
+			if detail {
+				rej.add(ds.dev.ID, ds.usable, x.unusableReason(ds))
+			}
+			return
+		}
+		if ds.dedicated {
+			if detail {
+				rej.add(ds.dev.ID, ConstraintCapacity, "dedicated to another lease")
+			}
+			return
+		}
+		if !(ds.free >= minNeed || (allowDed && len(ds.leases) == 0 && ds.dev.Capacity >= q.Size)) {
+			if detail {
+				rej.add(ds.dev.ID, ConstraintCapacity, fmt.Sprintf("%d free, needs %d", ds.free, minNeed))
+			}
+			return
+		}
+		if !x.affine(q.Request, ds) {
+			if detail {
+				rej.add(ds.dev.ID, ConstraintAffinity, "node "+ds.dev.Node+" fails affinity")
+			}
+			return
+		}
+		d := x.dist(bv, ds.vertex)
+		if d == fabric.Unreachable {
+			if detail {
+				rej.add(ds.dev.ID, ConstraintReach, "no fabric path")
+			}
+			return
+		}
+		lat := d.Latency + x.devLatency(ds)
+		if q.MaxLatency > 0 && lat > q.MaxLatency {
+			if detail {
+				rej.add(ds.dev.ID, ConstraintLatency, fmt.Sprintf("latency %v > %v", lat, q.MaxLatency))
+			}
+			return
+		}
+		path = x.route(path[:0], bv, ds.vertex)
+		out = append(out, cand{dev: di, dist: d, latency: lat, linkUtil: x.pathUtil(path, 0), nLeases: len(ds.leases)})
+	}
+	// Devices on the borrower itself first: they are nearest of all.
+	for _, di := range x.local[localKey{bv, q.Kind}] {
+		check(di)
+	}
+	budget := 4 * defaultCandidateGoal
+	t := x.tree(x.coreOf[x.anchor[bv]])
+	lastHops := -1
+groups:
 	for _, a := range order {
-		t := x.tree(x.coreOf[x.anchor[bv]])
 		gh := t.Dist[x.coreOf[a]].Hops
-		if len(out) >= defaultCandidateGoal && (gh != lastHops || examined >= 4*defaultCandidateGoal) {
+		if len(out) >= defaultCandidateGoal && (gh != lastHops || examined >= budget) {
 			break
 		}
 		lastHops = gh
 		if len(kg.devs[a]) > 16 && kg.maxFree[a] < minNeed && !(allowDed && kg.empty[a] > 0) {
 			n := len(kg.devs[a])
 			examined += n
-			rej.add(fmt.Sprintf("%d devices at %s", n, x.g.ID(int(a))), ConstraintCapacity, "none free or usable enough")
+			if detail {
+				rej.add(fmt.Sprintf("%d devices at %s", n, x.g.ID(int(a))), ConstraintCapacity, "none free or usable enough")
+			}
 			continue
 		}
 		for _, di := range kg.devs[a] {
-			examined++
-			ds := &x.devs[di]
-			if ds.usable != "" {
-				rej.add(ds.dev.ID, ds.usable, x.unusableReason(ds))
-				continue
+			if x.devs[di].vertex == bv {
+				continue // already checked
 			}
-			if ds.dedicated {
-				rej.add(ds.dev.ID, ConstraintCapacity, "dedicated to another lease")
-				continue
+			// Enough candidates: stop within a large group too. Devices
+			// of one group are equally far up to their own leaf link.
+			if len(out) >= defaultCandidateGoal && examined >= budget {
+				break groups
 			}
-			if !(ds.free >= minNeed || (allowDed && len(ds.leases) == 0 && ds.dev.Capacity >= q.Size)) {
-				rej.add(ds.dev.ID, ConstraintCapacity, fmt.Sprintf("%d free, needs %d", ds.free, minNeed))
-				continue
-			}
-			if !x.affine(q.Request, ds) {
-				rej.add(ds.dev.ID, ConstraintAffinity, "node "+ds.dev.Node+" fails affinity")
-				continue
-			}
-			d := x.dist(bv, ds.vertex)
-			if d == fabric.Unreachable {
-				rej.add(ds.dev.ID, ConstraintReach, "no fabric path")
-				continue
-			}
-			lat := d.Latency + x.devLatency(ds)
-			if q.MaxLatency > 0 && lat > q.MaxLatency {
-				rej.add(ds.dev.ID, ConstraintLatency, fmt.Sprintf("latency %v > %v", lat, q.MaxLatency))
-				continue
-			}
-			path = x.route(path[:0], bv, ds.vertex)
-			out = append(out, cand{dev: di, dist: d, latency: lat, linkUtil: x.pathUtil(path, 0), nLeases: len(ds.leases)})
+			check(di)
 		}
 	}
-	sort.SliceStable(out, func(i, j int) bool {
-		a, b := &out[i], &out[j]
+	slices.SortStableFunc(out, func(a, b cand) int {
+		if x.candLess(&a, &b, q.strategy) {
+			return -1
+		}
+		if x.candLess(&b, &a, q.strategy) {
+			return 1
+		}
+		return 0
+	})
+	return out, rej, examined
+}
+
+func (x *Index) candLess(a, b *cand, strategy string) bool {
+	{
 		if a.dist.Hops != b.dist.Hops {
 			return a.dist.Hops < b.dist.Hops
 		}
@@ -374,7 +430,7 @@ func (x *Index) candidates(q req, bv int32, allowDed bool, minNeed int64) ([]can
 			return ba < bb
 		}
 		if a.nLeases != b.nLeases {
-			if q.strategy == Spread {
+			if strategy == Spread {
 				return a.nLeases < b.nLeases
 			}
 			return a.nLeases > b.nLeases
@@ -383,8 +439,7 @@ func (x *Index) candidates(q req, bv int32, allowDed bool, minNeed int64) ([]can
 			return a.linkUtil < b.linkUtil
 		}
 		return x.devs[a.dev].dev.ID < x.devs[b.dev].dev.ID
-	})
-	return out, rej, examined
+	}
 }
 
 func band(u float64) int { return int(math.Floor(u * 10)) }
@@ -541,7 +596,7 @@ func (x *Index) eval(q req, bv int32, o option, candBy map[int32]*cand) result {
 			return reject(ConstraintQuota, fmt.Sprintf("tenant %s would use %s of %s", q.Tenant, fmtBW(u.bandwidth+ch.bandwidth), fmtBW(qt.Bandwidth)))
 		}
 	}
-	uses := x.leaseUses(q.Borrower, res.parts, nil)
+	uses := x.usesFor(bv, o.devs, nil)
 	sol := x.localSolve(uses, q.demand, -1)
 	res.rate = sol.newRate
 	res.compl = completion(q.Work, res.rate)

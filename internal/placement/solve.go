@@ -73,7 +73,7 @@ func (x *Index) localSolve(uses []fabric.Use, demand float64, drop int32) localS
 			break
 		}
 		// Loads after, per local resource.
-		after := make([]float64, len(global))
+		after := grow(&x.afterBuf, len(global))
 		for k, li := range sol.affected {
 			if math.IsInf(rates[k], 0) {
 				continue
@@ -128,7 +128,7 @@ func (x *Index) localSolve(uses []fabric.Use, demand float64, drop int32) localS
 func (x *Index) solveSet(affected []int32, uses []fabric.Use, demand float64, drop int32) ([]float64, []float64, []int) {
 	x.rEpoch++
 	ep := x.rEpoch
-	var global []int
+	global := x.globBuf[:0]
 	local := func(r int) int32 {
 		if x.resStamp[r] != ep {
 			x.resStamp[r] = ep
@@ -137,29 +137,39 @@ func (x *Index) solveSet(affected []int32, uses []fabric.Use, demand float64, dr
 		}
 		return x.resLocal[r]
 	}
-	flows := make([]fabric.Flow, 0, len(affected)+1)
+	nu := len(uses)
+	for _, li := range affected {
+		nu += len(x.leases[li].uses)
+	}
+	if cap(x.useBuf) < nu {
+		x.useBuf = make([]fabric.Use, 0, 2*nu)
+	}
+	ub := x.useBuf[:0]
+	flows := x.flowBuf[:0]
 	for _, li := range affected {
 		ls := &x.leases[li]
-		f := fabric.Flow{Demand: demandOf(ls.l.Demand), Uses: make([]fabric.Use, len(ls.uses))}
-		for k, u := range ls.uses {
-			f.Uses[k] = fabric.Use{Resource: int(local(u.Resource)), Coef: u.Coef}
+		st := len(ub)
+		for _, u := range ls.uses {
+			ub = append(ub, fabric.Use{Resource: int(local(u.Resource)), Coef: u.Coef})
 		}
-		flows = append(flows, f)
+		flows = append(flows, fabric.Flow{Demand: demandOf(ls.l.Demand), Uses: ub[st:len(ub):len(ub)]})
 	}
 	if uses != nil {
-		f := fabric.Flow{Demand: demand, Uses: make([]fabric.Use, len(uses))}
-		for k, u := range uses {
-			f.Uses[k] = fabric.Use{Resource: int(local(u.Resource)), Coef: u.Coef}
+		st := len(ub)
+		for _, u := range uses {
+			ub = append(ub, fabric.Use{Resource: int(local(u.Resource)), Coef: u.Coef})
 		}
-		flows = append(flows, f)
+		flows = append(flows, fabric.Flow{Demand: demand, Uses: ub[st:len(ub):len(ub)]})
 	}
+	x.flowBuf, x.useBuf = flows, ub
 	if drop >= 0 {
 		for _, u := range x.leases[drop].uses {
 			local(u.Resource)
 		}
 	}
-	capacity := make([]float64, len(global))
-	affLoad := make([]float64, len(global))
+	x.globBuf = global
+	capacity := grow(&x.capBuf, len(global))
+	affLoad := grow(&x.loadBuf, len(global))
 	for _, li := range affected {
 		ls := &x.leases[li]
 		if math.IsInf(ls.rate, 0) {
@@ -194,7 +204,20 @@ func (x *Index) solveSet(affected []int32, uses []fabric.Use, demand float64, dr
 		}
 		capacity[i] = c
 	}
-	return x.solver.Solve(capacity, flows, nil), capacity, global
+	x.rateBuf = x.solver.Solve(capacity, flows, x.rateBuf)
+	return x.rateBuf, capacity, global
+}
+
+// grow returns (*b)[:n] zeroed, reallocating when needed.
+func grow(b *[]float64, n int) []float64 {
+	if cap(*b) < n {
+		*b = make([]float64, n, 2*n)
+	}
+	s := (*b)[:n]
+	for i := range s {
+		s[i] = 0
+	}
+	return s
 }
 
 func (x *Index) liveOn(di int) int {
