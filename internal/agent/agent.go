@@ -464,11 +464,11 @@ func (a *Agent) heartbeatLoop(ctx context.Context) {
 // nothing while Faults.PauseHeartbeats is set. A node credential the
 // control plane no longer knows makes the agent join again.
 func (a *Agent) Heartbeat(ctx context.Context) error {
+	a.hbMu.Lock()
+	defer a.hbMu.Unlock()
 	if a.Faults.PauseHeartbeats.Load() {
 		return nil
 	}
-	a.hbMu.Lock()
-	defer a.hbMu.Unlock()
 	a.mu.Lock()
 	nodeID, cred := a.id.NodeID, a.id.Credential
 	peers := a.peers
@@ -512,6 +512,18 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// PauseHeartbeats sets Faults.PauseHeartbeats and, when pausing, waits
+// for a heartbeat in flight to finish, so that none is sent after it
+// returns.
+func (a *Agent) PauseHeartbeats(pause bool) {
+	a.Faults.PauseHeartbeats.Store(pause)
+	if pause {
+		a.hbMu.Lock()
+		//lint:ignore SA2001 an empty critical section waits for the round in flight
+		a.hbMu.Unlock()
+	}
 }
 
 // health reports "ok" or what is wrong with the lent devices.

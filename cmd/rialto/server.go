@@ -1,0 +1,184 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/controlplane"
+	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
+)
+
+func init() {
+	register(&command{Name: "server", Summary: "Run the control plane (REST API under /v1/, SQLite state).", Run: runServer})
+}
+
+// timings are the control plane's liveness and lease durations.
+type timings struct {
+	heartbeat, suspect, down, prepare, ttl time.Duration
+}
+
+func (tm *timings) register(fs *flag.FlagSet) {
+	fs.DurationVar(&tm.heartbeat, "heartbeat", time.Second, "heartbeat interval asked of agents; also the sweep interval")
+	fs.DurationVar(&tm.suspect, "suspect-after", 3*time.Second, "silence after which a node is suspect")
+	fs.DurationVar(&tm.down, "down-after", 10*time.Second, "silence after which a node is down and its leases lost (grace period)")
+	fs.DurationVar(&tm.prepare, "prepare-timeout", 2*time.Second, "how long a lender may take to confirm a reservation")
+	fs.DurationVar(&tm.ttl, "default-ttl", time.Hour, "lease TTL when the request names none")
+}
+
+// parseTokens parses TOKEN:TENANT[:admin] specs.
+func parseTokens(specs []string) ([]controlplane.Token, error) {
+	var out []controlplane.Token
+	for _, s := range specs {
+		for _, one := range strings.Split(s, ",") {
+			one = strings.TrimSpace(one)
+			if one == "" {
+				continue
+			}
+			parts := strings.Split(one, ":")
+			if len(parts) < 2 || len(parts) > 3 || parts[0] == "" || parts[1] == "" || (len(parts) == 3 && parts[2] != "admin") {
+				return nil, fmt.Errorf("bad token spec (want TOKEN:TENANT or TOKEN:TENANT:admin)")
+			}
+			out = append(out, controlplane.Token{Token: parts[0], Tenant: parts[1], Admin: len(parts) == 3})
+		}
+	}
+	return out, nil
+}
+
+// controlPlane is a running control plane: its HTTP server and sweeper.
+type controlPlane struct {
+	URL   string
+	srv   *controlplane.Server
+	st    *sqlite.Store
+	hs    *http.Server
+	done  chan error
+	sweep context.CancelFunc
+	swept chan struct{}
+}
+
+// startControlPlane opens the store, builds the server and serves it on
+// ln. Sweeping starts with startSweeping.
+func startControlPlane(ctx context.Context, ln net.Listener, db string, cfg controlplane.Config) (*controlPlane, error) {
+	st, err := sqlite.Open(ctx, db)
+	if err != nil {
+		return nil, fmt.Errorf("open database %s: %w", db, err)
+	}
+	cfg.Store = st
+	srv, err := controlplane.New(cfg)
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	cp := &controlPlane{
+		URL: "http://" + ln.Addr().String(), srv: srv, st: st, done: make(chan error, 1),
+		hs: &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second,
+			ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug)},
+	}
+	go func() { cp.done <- cp.hs.Serve(ln) }()
+	return cp, nil
+}
+
+// startSweeping runs the background duties (liveness, expiry).
+func (cp *controlPlane) startSweeping(ctx context.Context) {
+	ctx, cp.sweep = context.WithCancel(ctx)
+	cp.swept = make(chan struct{})
+	go func() {
+		defer close(cp.swept)
+		cp.srv.Run(ctx)
+	}()
+}
+
+// stop shuts the control plane down and waits for its goroutines.
+func (cp *controlPlane) stop() error {
+	if cp.sweep != nil {
+		cp.sweep()
+		<-cp.swept
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := cp.hs.Shutdown(sctx); err != nil {
+		cp.hs.Close()
+	}
+	err := <-cp.done
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return errors.Join(err, cp.st.Close())
+}
+
+func runServer(ctx context.Context, e *env, args []string) error {
+	fs := newFlags(e, "server", "")
+	listen := fs.String("listen", "127.0.0.1:7070", "address to serve the API on")
+	db := fs.String("db", "rialto.db", "SQLite database file (env RIALTO_DB)")
+	boot := fs.String("bootstrap-token", e.getenv("RIALTO_BOOTSTRAP_TOKEN"), "token agents join with (env RIALTO_BOOTSTRAP_TOKEN)")
+	admin := fs.String("admin-token", e.getenv("RIALTO_ADMIN_TOKEN"), "API token of the admin tenant (env RIALTO_ADMIN_TOKEN)")
+	var specs listFlag
+	fs.Var(&specs, "token", "tenant API token TOKEN:TENANT[:admin] (repeatable; env RIALTO_TOKENS, comma-separated)")
+	var tm timings
+	tm.register(fs)
+	level := fs.String("log-level", "info", "debug, info, warn or error")
+	if _, err := parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	if v := e.getenv("RIALTO_DB"); v != "" && !flagSet(fs, "db") {
+		*db = v
+	}
+	if v := e.getenv("RIALTO_TOKENS"); v != "" {
+		specs = append(specs, v)
+	}
+	tokens, err := parseTokens(specs)
+	if err != nil {
+		return err
+	}
+	if *admin != "" {
+		tokens = append(tokens, controlplane.Token{Token: *admin, Tenant: "admin", Admin: true})
+	}
+	if *boot == "" {
+		fmt.Fprintln(e.stderr, "rialto server: no --bootstrap-token: agents cannot join")
+	}
+	if len(tokens) == 0 {
+		fmt.Fprintln(e.stderr, "rialto server: no API tokens (--admin-token, --token): nobody can lease")
+	}
+	log, err := newLogger(e, *level)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	cp, err := startControlPlane(ctx, ln, *db, controlplane.Config{
+		Logger: log, BootstrapToken: *boot, Tokens: tokens,
+		HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down,
+		PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl,
+	})
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	cp.startSweeping(ctx)
+	log.Info("control plane serving", "url", cp.URL, "db", *db)
+	select {
+	case <-ctx.Done():
+	case err := <-cp.done:
+		cp.done <- err
+	}
+	log.Info("control plane stopping")
+	return cp.stop()
+}
+
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == name {
+			set = true
+		}
+	})
+	return set
+}

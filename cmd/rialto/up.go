@@ -1,0 +1,245 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/agent"
+	"github.com/rialto-project/rialto/internal/controlplane"
+	"github.com/rialto-project/rialto/internal/resource"
+)
+
+func init() {
+	register(&command{Name: "up", Summary: "Run a local cluster in one process: a control plane and 3 agents lending file-backed disks.", Run: runUp})
+}
+
+// upState is what `rialto up` keeps in its state dir (cluster.json, 0600).
+type upState struct {
+	BootstrapToken string `json:"bootstrap_token"`
+	AdminToken     string `json:"admin_token"`
+	Port           int    `json:"port"`
+}
+
+func loadUpState(dir string) (upState, error) {
+	var s upState
+	p := filepath.Join(dir, "cluster.json")
+	b, err := os.ReadFile(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return s, nil
+	}
+	if err != nil {
+		return s, err
+	}
+	if err := json.Unmarshal(b, &s); err != nil {
+		return s, fmt.Errorf("%s: %w", p, err)
+	}
+	return s, nil
+}
+
+func saveUpState(dir string, s upState) error {
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	p := filepath.Join(dir, "cluster.json")
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, p)
+}
+
+func runUp(ctx context.Context, e *env, args []string) error {
+	fs := newFlags(e, "up", "")
+	dir := fs.String("state-dir", "rialto-state", "where the database, tokens, agent state and disk images live")
+	port := fs.Int("port", 0, "API port (default: the one used last time, else a free one)")
+	agents := fs.Int("agents", 3, "number of agents (nodes)")
+	disks := fs.Int("disks", 2, "block devices per node")
+	diskSize := fs.String("disk-size", "1GiB", "size of each block device (sparse files)")
+	memSize := fs.String("memory", "256MiB", "memory budget each node lends (0 for none)")
+	level := fs.String("log-level", "warn", "debug, info, warn or error (logs go to stderr)")
+	var tm timings
+	tm.register(fs)
+	if _, err := parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	if *agents < 1 || *disks < 0 {
+		return fmt.Errorf("--agents must be at least 1 and --disks not negative")
+	}
+	dsize, err := resource.ParseSize(*diskSize)
+	if err != nil || dsize < 1<<20 {
+		return fmt.Errorf("bad --disk-size %q (at least 1MiB)", *diskSize)
+	}
+	var msize int64
+	if *memSize != "0" && *memSize != "" {
+		if msize, err = resource.ParseSize(*memSize); err != nil {
+			return fmt.Errorf("bad --memory: %w", err)
+		}
+	}
+	log, err := newLogger(e, *level)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(*dir, 0o700); err != nil {
+		return err
+	}
+	st, err := loadUpState(*dir)
+	if err != nil {
+		return err
+	}
+	if st.BootstrapToken == "" {
+		st.BootstrapToken = resource.NewSecret("rbt")
+	}
+	if st.AdminToken == "" {
+		st.AdminToken = resource.NewSecret("rat")
+	}
+
+	ln, err := listenUp(*port, st.Port)
+	if err != nil {
+		return err
+	}
+	st.Port = ln.Addr().(*net.TCPAddr).Port
+	if err := saveUpState(*dir, st); err != nil {
+		ln.Close()
+		return err
+	}
+	cp, err := startControlPlane(ctx, ln, filepath.Join(*dir, "rialto.db"), controlplane.Config{
+		Logger: log.With("component", "controlplane"), BootstrapToken: st.BootstrapToken,
+		Tokens:            []controlplane.Token{{Token: st.AdminToken, Tenant: "admin", Admin: true}},
+		HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down,
+		PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl,
+	})
+	if err != nil {
+		ln.Close()
+		return err
+	}
+
+	// Agents.
+	actx, stopAgents := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	errs := make(chan error, *agents)
+	var started []*agent.Agent
+	for i := range *agents {
+		name := fmt.Sprintf("node%d", i+1)
+		cfg := agent.Config{
+			ControlPlane: cp.URL, BootstrapToken: st.BootstrapToken, Name: name,
+			StateDir: filepath.Join(*dir, name), Logger: log.With("component", "agent", "node", name),
+			Labels: map[string]string{"cluster": "local"},
+		}
+		for d := range *disks {
+			cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: fmt.Sprintf("disk%d", d), Kind: api.KindBlock,
+				Path: fmt.Sprintf("disk%d.img", d), Size: dsize, Model: "sparse-file"})
+		}
+		if msize > 0 {
+			cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: "mem0", Kind: api.KindMemory, Size: msize})
+		}
+		a, err := agent.New(cfg)
+		if err != nil {
+			stopAgents()
+			wg.Wait()
+			cp.stop()
+			return err
+		}
+		started = append(started, a)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := a.Run(actx); err != nil {
+				errs <- fmt.Errorf("agent %s: %w", name, err)
+			}
+		}()
+	}
+	shutdown := func() error {
+		stopAgents()
+		wg.Wait()
+		return cp.stop()
+	}
+	for _, a := range started {
+		select {
+		case <-a.Ready():
+		case err := <-errs:
+			shutdown()
+			return err
+		case <-ctx.Done():
+			return shutdown()
+		case <-time.After(30 * time.Second):
+			shutdown()
+			return fmt.Errorf("agents did not join within 30s")
+		}
+	}
+	// Sweeping starts once every agent has rejoined, so a restart does not
+	// take the downtime for node failures.
+	cp.startSweeping(ctx)
+
+	if err := printUp(ctx, e, cp.URL, st.AdminToken, *dir); err != nil {
+		shutdown()
+		return err
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-errs:
+		shutdown()
+		return err
+	}
+	fmt.Fprintln(e.stderr, "rialto up: stopping")
+	return shutdown()
+}
+
+// listenUp binds the API port: the requested one, else the remembered one
+// if free, else a free one.
+func listenUp(port, remembered int) (net.Listener, error) {
+	if port != 0 {
+		return net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	}
+	if remembered != 0 {
+		if ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(remembered))); err == nil {
+			return ln, nil
+		}
+	}
+	return net.Listen("tcp", "127.0.0.1:0")
+}
+
+func printUp(ctx context.Context, e *env, url, token, dir string) error {
+	c := api.NewClient(url, token, nil)
+	nodes, err := c.Nodes(ctx)
+	if err != nil {
+		return err
+	}
+	devs, err := c.Devices(ctx)
+	if err != nil {
+		return err
+	}
+	w := e.stdout
+	abs, _ := filepath.Abs(dir)
+	fmt.Fprintf(w, "Rialto is up: a control plane and %d agents on loopback.\n\n", len(nodes))
+	fmt.Fprintf(w, "API:        %s\n", url)
+	fmt.Fprintf(w, "State dir:  %s\n\n", abs)
+	printNodes(w, nodes)
+	fmt.Fprintln(w)
+	names := map[string]string{}
+	for _, n := range nodes {
+		names[n.ID] = n.Name
+	}
+	printDevices(w, devs, names)
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "To talk to this cluster, run in your shell:")
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "export RIALTO_ADDR=%s\n", url)
+	fmt.Fprintf(w, "export RIALTO_TOKEN=%s\n", token)
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "then: rialto nodes; rialto lease create --kind block --size 256MiB; Ctrl-C stops the cluster.")
+	if f, ok := w.(*os.File); ok {
+		f.Sync()
+	}
+	return nil
+}

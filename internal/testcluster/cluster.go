@@ -1,0 +1,339 @@
+package testcluster
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/agent"
+	"github.com/rialto-project/rialto/internal/controlplane"
+	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
+)
+
+// Tokens used by every cluster.
+const (
+	BootstrapToken = "rbt_testcluster-bootstrap"
+	AdminToken     = "rat_testcluster-admin"
+)
+
+// TenantToken is the API token of a tenant listed in Options.Tenants.
+func TenantToken(tenant string) string { return "rat_testcluster-tenant-" + tenant }
+
+// Options configures a cluster; zero fields take the defaults shown.
+type Options struct {
+	Nodes int // 3
+	// Devices each node lends (default: two 64 MiB sparse block files,
+	// disk0 and disk1). Relative paths are inside the node's state dir.
+	Devices []agent.DeviceConfig
+	// Tenants get tokens TenantToken(name); the admin token belongs to
+	// tenant "admin".
+	Tenants []string
+
+	HeartbeatInterval time.Duration // agents' real interval, 100ms
+	SuspectAfter      time.Duration // 3s of fake time
+	DownAfter         time.Duration // 10s of fake time
+	PrepareTimeout    time.Duration // 500ms (real time)
+	DefaultTTL        time.Duration // 1h
+
+	// Lender wraps the control plane's default HTTP lender, if set.
+	Lender func(controlplane.Lender) controlplane.Lender
+	Logger *slog.Logger // discard
+}
+
+// Cluster is a running control plane with its agents.
+type Cluster struct {
+	URL    string // the control plane's base URL
+	Clock  *Clock
+	Server *controlplane.Server
+	Nodes  []*Node
+
+	t    testing.TB
+	opts Options
+	log  *slog.Logger
+	hs   *httptest.Server
+}
+
+// Node is one agent of the cluster, which may be killed and restarted.
+type Node struct {
+	Name     string
+	StateDir string
+
+	c      *Cluster
+	cfg    agent.Config
+	mu     sync.Mutex
+	agent  *agent.Agent
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// Start starts a cluster and waits until every node is ready. Everything
+// is stopped when the test ends.
+func Start(t testing.TB, opts Options) *Cluster {
+	t.Helper()
+	if opts.Nodes == 0 {
+		opts.Nodes = 3
+	}
+	if opts.Devices == nil {
+		opts.Devices = []agent.DeviceConfig{
+			{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 64 << 20},
+			{Name: "disk1", Kind: api.KindBlock, Path: "disk1.img", Size: 64 << 20},
+		}
+	}
+	if opts.HeartbeatInterval == 0 {
+		opts.HeartbeatInterval = 100 * time.Millisecond
+	}
+	if opts.SuspectAfter == 0 {
+		opts.SuspectAfter = 3 * time.Second
+	}
+	if opts.DownAfter == 0 {
+		opts.DownAfter = 10 * time.Second
+	}
+	if opts.PrepareTimeout == 0 {
+		opts.PrepareTimeout = 500 * time.Millisecond
+	}
+	if opts.DefaultTTL == 0 {
+		opts.DefaultTTL = time.Hour
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	dir := t.TempDir()
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(dir, "rialto.db"))
+	if err != nil {
+		t.Fatalf("testcluster: open store: %v", err)
+	}
+	t.Cleanup(func() { st.Close() })
+	c := &Cluster{Clock: NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)), t: t, opts: opts, log: log}
+	tokens := []controlplane.Token{{Token: AdminToken, Tenant: "admin", Admin: true}}
+	for _, tn := range opts.Tenants {
+		tokens = append(tokens, controlplane.Token{Token: TenantToken(tn), Tenant: tn})
+	}
+	var lender controlplane.Lender
+	if opts.Lender != nil {
+		lender = opts.Lender(controlplane.NewHTTPLender(nil))
+	}
+	c.Server, err = controlplane.New(controlplane.Config{
+		Store: st, Logger: log.With("component", "controlplane"), Clock: c.Clock, Lender: lender,
+		BootstrapToken: BootstrapToken, Tokens: tokens,
+		HeartbeatInterval: opts.HeartbeatInterval, SuspectAfter: opts.SuspectAfter, DownAfter: opts.DownAfter,
+		PrepareTimeout: opts.PrepareTimeout, DefaultTTL: opts.DefaultTTL,
+	})
+	if err != nil {
+		t.Fatalf("testcluster: control plane: %v", err)
+	}
+	c.hs = httptest.NewServer(c.Server.Handler())
+	c.URL = c.hs.URL
+	t.Cleanup(c.hs.Close)
+
+	for i := range opts.Nodes {
+		name := fmt.Sprintf("node%d", i+1)
+		n := &Node{Name: name, StateDir: filepath.Join(dir, name), c: c}
+		n.cfg = agent.Config{
+			ControlPlane: c.URL, BootstrapToken: BootstrapToken, Name: name, StateDir: n.StateDir,
+			Devices: append([]agent.DeviceConfig(nil), opts.Devices...), HeartbeatInterval: opts.HeartbeatInterval,
+			Logger: log.With("component", "agent"),
+		}
+		c.Nodes = append(c.Nodes, n)
+	}
+	// Agents stop before the control plane's server closes (cleanups run
+	// last-in first-out).
+	t.Cleanup(func() {
+		for _, n := range c.Nodes {
+			n.Kill()
+		}
+	})
+	for _, n := range c.Nodes {
+		n.Restart()
+	}
+	return c
+}
+
+// Client returns an API client with the admin token.
+func (c *Cluster) Client() *api.Client { return c.ClientWithToken(AdminToken) }
+
+// ClientWithToken returns an API client with any token.
+func (c *Cluster) ClientWithToken(tok string) *api.Client {
+	return api.NewClient(c.URL, tok, &http.Client{Timeout: 30 * time.Second})
+}
+
+// Advance moves the control plane's clock forward.
+func (c *Cluster) Advance(d time.Duration) { c.Clock.Advance(d) }
+
+// Sweep runs the control plane's background duties once.
+func (c *Cluster) Sweep() {
+	c.t.Helper()
+	if err := c.Server.Sweep(context.Background()); err != nil {
+		c.t.Fatalf("testcluster: sweep: %v", err)
+	}
+}
+
+// Heartbeat makes every running agent whose heartbeats are not paused
+// heartbeat now (and reconcile what the answer says).
+func (c *Cluster) Heartbeat() {
+	c.t.Helper()
+	for _, n := range c.Nodes {
+		if a := n.Agent(); a != nil {
+			if err := a.Heartbeat(context.Background()); err != nil {
+				c.t.Fatalf("testcluster: heartbeat of %s: %v", n.Name, err)
+			}
+		}
+	}
+}
+
+// Eventually polls cond until it holds, failing the test after 15 s.
+func (c *Cluster) Eventually(what string, cond func() bool) {
+	c.t.Helper()
+	Eventually(c.t, 15*time.Second, what, cond)
+}
+
+// Eventually polls cond every few milliseconds until it holds or the
+// deadline passes, which fails t.
+func Eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("testcluster: timed out after %v waiting for %s", within, what)
+		}
+		<-tick.C
+	}
+}
+
+// NodeByID returns the cluster node with a node ID, or nil.
+func (c *Cluster) NodeByID(id string) *Node {
+	for _, n := range c.Nodes {
+		if n.ID() == id {
+			return n
+		}
+	}
+	return nil
+}
+
+// NodeState returns a node's state as the control plane sees it.
+func (c *Cluster) NodeState(id string) api.NodeState {
+	c.t.Helper()
+	n, err := c.Client().Node(context.Background(), id)
+	if err != nil {
+		c.t.Fatalf("testcluster: node %s: %v", id, err)
+	}
+	return n.State
+}
+
+// Lease returns a lease as the control plane sees it.
+func (c *Cluster) Lease(id string) api.Lease {
+	c.t.Helper()
+	l, err := c.Client().Lease(context.Background(), id)
+	if err != nil {
+		c.t.Fatalf("testcluster: lease %s: %v", id, err)
+	}
+	return l
+}
+
+// Agent is the node's running agent (nil while killed).
+func (n *Node) Agent() *agent.Agent {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cancel == nil {
+		return nil
+	}
+	return n.agent
+}
+
+// ID is the node's ID (stable across restarts).
+func (n *Node) ID() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.agent == nil {
+		return ""
+	}
+	return n.agent.NodeID()
+}
+
+// Faults are the running agent's fault switches (a killed node's last
+// agent's, which a restart does not carry over).
+func (n *Node) Faults() *agent.Faults {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return &n.agent.Faults
+}
+
+// PauseHeartbeats stops (or resumes) the node's heartbeats; when it
+// returns, no heartbeat is in flight.
+func (n *Node) PauseHeartbeats(pause bool) {
+	if a := n.Agent(); a != nil {
+		a.PauseHeartbeats(pause)
+	}
+}
+
+// Serves reports whether the node's agent serves an export for the lease.
+func (n *Node) Serves(leaseID string) bool {
+	a := n.Agent()
+	if a == nil {
+		return false
+	}
+	for _, id := range a.Leases() {
+		if id == leaseID {
+			return true
+		}
+	}
+	return false
+}
+
+// Kill stops the agent as a crash would look to the control plane: its
+// heartbeats and data planes end. It is a no-op on a killed node.
+func (n *Node) Kill() {
+	n.c.t.Helper()
+	n.mu.Lock()
+	cancel, done := n.cancel, n.done
+	n.cancel = nil
+	n.mu.Unlock()
+	if cancel == nil {
+		return
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			n.c.t.Errorf("testcluster: agent %s: %v", n.Name, err)
+		}
+	case <-time.After(15 * time.Second):
+		n.c.t.Errorf("testcluster: agent %s did not stop", n.Name)
+	}
+}
+
+// Restart starts a new agent on the node's state dir (killing the running
+// one first) and waits until it has joined.
+func (n *Node) Restart() {
+	n.c.t.Helper()
+	n.Kill()
+	a, err := agent.New(n.cfg)
+	if err != nil {
+		n.c.t.Fatalf("testcluster: agent %s: %v", n.Name, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	n.mu.Lock()
+	n.agent, n.cancel, n.done = a, cancel, done
+	n.mu.Unlock()
+	select {
+	case <-a.Ready():
+	case err := <-done:
+		done <- err
+		n.c.t.Fatalf("testcluster: agent %s stopped before joining: %v", n.Name, err)
+	case <-time.After(15 * time.Second):
+		n.c.t.Fatalf("testcluster: agent %s did not join", n.Name)
+	}
+}
