@@ -1,0 +1,571 @@
+// Command memory-bench drives bench/memory/run.sh: "serve" runs a donor with
+// one region in its own process; "run" measures Rialto's memory channels,
+// the userfaultfd mapping and the adaptive chooser against redis-server and
+// iperf3 running on loopback, interleaved, and prints a Markdown fragment.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/memory"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: memory-bench serve|run [flags]")
+		os.Exit(2)
+	}
+	switch os.Args[1] {
+	case "serve":
+		serve(os.Args[2:])
+	case "run":
+		run(os.Args[2:])
+	default:
+		fmt.Fprintln(os.Stderr, "usage: memory-bench serve|run [flags]")
+		os.Exit(2)
+	}
+}
+
+func serve(args []string) {
+	fs := flag.NewFlagSet("serve", flag.ExitOnError)
+	addr := fs.String("addr", "127.0.0.1:0", "listen address")
+	size := fs.Int64("size", 1<<30, "region bytes")
+	cred := fs.String("cred", "", "lease credential (or $RIALTO_BENCH_CRED)")
+	_ = fs.Parse(args)
+	if *cred == "" {
+		*cred = os.Getenv("RIALTO_BENCH_CRED")
+	}
+	d := memory.NewDonor(slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	if err := d.AddRegion(*cred, *size); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	fmt.Println(ln.Addr().String())
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := d.Serve(ctx, ln); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	}
+	_ = d.RemoveRegion(*cred)
+}
+
+type cfg struct {
+	addr, cred, redis string
+	iperfPort         int
+	runs, ops         int
+	bulkBytes         int64
+}
+
+// results: name → one value per run.
+type results struct {
+	mu sync.Mutex
+	v  map[string][]float64
+}
+
+func (r *results) add(name string, v float64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.v[name] = append(r.v[name], v)
+}
+
+func (r *results) med(name string) float64 {
+	xs := slices.Clone(r.v[name])
+	if len(xs) == 0 {
+		return 0
+	}
+	slices.Sort(xs)
+	if len(xs)%2 == 1 {
+		return xs[len(xs)/2]
+	}
+	return (xs[len(xs)/2-1] + xs[len(xs)/2]) / 2
+}
+
+func (r *results) all(name string) string {
+	var s []string
+	for _, x := range r.v[name] {
+		s = append(s, strconv.FormatFloat(x, 'f', 1, 64))
+	}
+	return strings.Join(s, ", ")
+}
+
+func run(args []string) {
+	fs := flag.NewFlagSet("run", flag.ExitOnError)
+	var c cfg
+	fs.StringVar(&c.addr, "addr", "", "donor address")
+	fs.StringVar(&c.cred, "cred", "", "credential (or $RIALTO_BENCH_CRED)")
+	fs.StringVar(&c.redis, "redis", "", "redis-server address")
+	fs.IntVar(&c.iperfPort, "iperf-port", 0, "iperf3 server port")
+	fs.IntVar(&c.runs, "runs", 3, "interleaved runs")
+	fs.IntVar(&c.ops, "ops", 5000, "operations per small-op measurement")
+	fs.Int64Var(&c.bulkBytes, "bulk", 1<<30, "bulk transfer bytes")
+	_ = fs.Parse(args)
+	if c.cred == "" {
+		c.cred = os.Getenv("RIALTO_BENCH_CRED")
+	}
+	ctx := context.Background()
+	cl, err := memory.Dial(ctx, c.addr, c.cred, memory.Options{Timeout: 30 * time.Second})
+	if err != nil {
+		fail(err)
+	}
+	defer cl.Close()
+	rc, err := newRedisPool(c.redis, 16)
+	if err != nil {
+		fail(err)
+	}
+	res := &results{v: map[string][]float64{}}
+	// Preload Redis keys and the region.
+	const keys = 10000
+	for _, n := range []int{64, 4096} {
+		val := make([]byte, n)
+		for k := range keys {
+			if err := rc[0].set(fmt.Sprintf("k%d:%d", n, k), val); err != nil {
+				fail(err)
+			}
+		}
+	}
+	bulkBuf := make([]byte, c.bulkBytes)
+	_, _ = rand.NewChaCha8([32]byte{1}).Read(bulkBuf)
+	var steal []float64
+	for r := range c.runs {
+		s0 := readSteal()
+		logf("run %d: small ops", r+1)
+		for _, conc := range []int{1, 16} {
+			for _, n := range []int{64, 4096} {
+				for _, op := range []string{"read", "write"} {
+					ch := memory.ChannelSync
+					if conc > 1 {
+						ch = memory.ChannelAdaptive
+					}
+					p50, p99, tput := smallRialto(ctx, cl, ch, op, n, conc, c.ops)
+					key := fmt.Sprintf("%s/%d/c%d", op, n, conc)
+					res.add("rialto p50 "+key, p50)
+					res.add("rialto p99 "+key, p99)
+					res.add("rialto ops "+key, tput)
+					p50, p99, tput = smallRedis(rc, op, n, conc, c.ops, keys)
+					res.add("redis p50 "+key, p50)
+					res.add("redis p99 "+key, p99)
+					res.add("redis ops "+key, tput)
+				}
+			}
+		}
+		logf("run %d: bulk", r+1)
+		for _, p := range []int{1, 2} {
+			res.add(fmt.Sprintf("iperf3 P%d", p), iperf(c.iperfPort, p))
+		}
+		for _, op := range []string{"read", "write"} {
+			t0 := time.Now()
+			var err error
+			if op == "read" {
+				err = cl.Read(ctx, memory.ChannelBulk, bulkBuf, 0)
+			} else {
+				err = cl.Write(ctx, memory.ChannelBulk, bulkBuf, 0)
+			}
+			if err != nil {
+				fail(err)
+			}
+			res.add("bulk "+op, float64(c.bulkBytes)*8/time.Since(t0).Seconds()/1e9)
+		}
+		logf("run %d: mapping", r+1)
+		mapping(ctx, cl, res)
+		logf("run %d: adaptive", r+1)
+		mixed(ctx, cl, res)
+		steal = append(steal, readSteal().since(s0))
+	}
+	report(c, res, steal)
+}
+
+func logf(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) }
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "memory-bench:", err)
+	os.Exit(1)
+}
+
+func pct(d []time.Duration, p int) float64 {
+	slices.Sort(d)
+	return float64(d[min(len(d)*p/100, len(d)-1)]) / 1e3
+}
+
+// smallRialto returns p50 and p99 latency in µs and operations per second.
+func smallRialto(ctx context.Context, cl *memory.Client, ch memory.Channel, op string, n, conc, ops int) (float64, float64, float64) {
+	lat := make([][]time.Duration, conc)
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for g := range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), uint64(n)))
+			buf := make([]byte, n)
+			span := cl.Size()/int64(n) - 1
+			for range ops / conc {
+				off := rng.Int64N(span) * int64(n)
+				t := time.Now()
+				var err error
+				if op == "read" {
+					err = cl.Read(ctx, ch, buf, off)
+				} else {
+					err = cl.Write(ctx, ch, buf, off)
+				}
+				if err != nil {
+					fail(err)
+				}
+				lat[g] = append(lat[g], time.Since(t))
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(t0)
+	all := slices.Concat(lat...)
+	return pct(all, 50), pct(all, 99), float64(len(all)) / el.Seconds()
+}
+
+func smallRedis(rc []*redisConn, op string, n, conc, ops, keys int) (float64, float64, float64) {
+	lat := make([][]time.Duration, conc)
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for g := range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), uint64(n)))
+			val := make([]byte, n)
+			for range ops / conc {
+				k := fmt.Sprintf("k%d:%d", n, rng.IntN(keys))
+				t := time.Now()
+				var err error
+				if op == "read" {
+					err = rc[g].get(k, n)
+				} else {
+					err = rc[g].set(k, val)
+				}
+				if err != nil {
+					fail(err)
+				}
+				lat[g] = append(lat[g], time.Since(t))
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(t0)
+	all := slices.Concat(lat...)
+	return pct(all, 50), pct(all, 99), float64(len(all)) / el.Seconds()
+}
+
+// iperf runs a 4-second iperf3 client and returns Gbit/s received.
+func iperf(port, streams int) float64 {
+	out, err := exec.Command("iperf3", "-c", "127.0.0.1", "-p", strconv.Itoa(port), "-t", "4",
+		"-P", strconv.Itoa(streams), "-J").Output()
+	if err != nil {
+		fail(fmt.Errorf("iperf3: %v", err))
+	}
+	var j struct {
+		End struct {
+			SumReceived struct {
+				BitsPerSecond float64 `json:"bits_per_second"`
+			} `json:"sum_received"`
+		} `json:"end"`
+	}
+	if err := json.Unmarshal(out, &j); err != nil {
+		fail(err)
+	}
+	return j.End.SumReceived.BitsPerSecond / 1e9
+}
+
+// mapping measures the app-visible time of first touches of random pages
+// through the userfaultfd mapping (cache: 10% of the region).
+func mapping(ctx context.Context, cl *memory.Client, res *results) {
+	m, err := memory.Map(ctx, cl, memory.MapOptions{})
+	if err != nil {
+		logf("mapping unavailable: %v", err)
+		return
+	}
+	b := m.Bytes()
+	pages := len(b) / 4096
+	rng := rand.New(rand.NewPCG(7, 7))
+	var sink byte
+	lat := make([]time.Duration, 0, 20000)
+	for range 20000 {
+		off := rng.IntN(pages) * 4096
+		t := time.Now()
+		sink += b[off]
+		lat = append(lat, time.Since(t))
+	}
+	st := m.Stats()
+	res.add("fault read p50", pct(lat, 50))
+	res.add("fault read p99", pct(lat, 99))
+	res.add("fault handler p50", pct(st.ServiceTime, 50))
+	res.add("fault handler p99", pct(st.ServiceTime, 99))
+	// Writes: every touched page becomes dirty and is written back on eviction.
+	m.ResetStats()
+	lat = lat[:0]
+	for range 20000 {
+		off := rng.IntN(pages) * 4096
+		t := time.Now()
+		b[off]++
+		lat = append(lat, time.Since(t))
+	}
+	res.add("fault write p50", pct(lat, 50))
+	res.add("fault write p99", pct(lat, 99))
+	// Sequential scan with readahead.
+	t0 := time.Now()
+	for off := 0; off < len(b)/4; off += 4096 {
+		sink += b[off]
+	}
+	res.add("mapped seq MiB/s", float64(len(b)/4)/time.Since(t0).Seconds()/(1<<20))
+	if err := m.Close(); err != nil {
+		fail(err)
+	}
+	if sink == 1 {
+		logf("")
+	}
+}
+
+// mixed compares the adaptive chooser with each fixed channel on workloads.
+func mixed(ctx context.Context, cl *memory.Client, res *results) {
+	type wl struct {
+		name  string
+		conc  int
+		ops   int
+		sizes []int
+	}
+	wls := []wl{
+		{"small random, 1 thread", 1, 3000, []int{64, 4096}},
+		{"small random, 8 threads", 8, 6000, []int{64, 4096}},
+		{"4 MiB transfers, 1 thread", 1, 40, []int{4 << 20}},
+		{"mixed 64 B–4 MiB, 8 threads", 8, 4000, []int{64, 64, 64, 512, 4096, 4096, 4096, 65536, 1 << 20}},
+	}
+	chans := []memory.Channel{memory.ChannelSync, memory.ChannelBulk, memory.ChannelQueue, memory.ChannelAdaptive}
+	for _, w := range wls {
+		for _, ch := range chans {
+			var wg sync.WaitGroup
+			var bytes int64
+			var mu sync.Mutex
+			t0 := time.Now()
+			for g := range w.conc {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					rng := rand.New(rand.NewPCG(uint64(g), 3))
+					buf := make([]byte, slices.Max(w.sizes))
+					var mine int64
+					for i := range w.ops / w.conc {
+						n := w.sizes[rng.IntN(len(w.sizes))]
+						off := rng.Int64N(cl.Size() - int64(n))
+						var err error
+						if i%4 == 3 {
+							err = cl.Write(ctx, ch, buf[:n], off)
+						} else {
+							err = cl.Read(ctx, ch, buf[:n], off)
+						}
+						if err != nil {
+							fail(err)
+						}
+						mine += int64(n)
+					}
+					mu.Lock()
+					bytes += mine
+					mu.Unlock()
+				}()
+			}
+			wg.Wait()
+			res.add("mixed "+w.name+" "+ch.String(), float64(w.ops)/time.Since(t0).Seconds())
+		}
+	}
+}
+
+type stealSample struct{ steal, total uint64 }
+
+func readSteal() stealSample {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return stealSample{}
+	}
+	line := strings.SplitN(string(b), "\n", 2)[0]
+	f := strings.Fields(line)[1:]
+	var s stealSample
+	for i, x := range f {
+		v, _ := strconv.ParseUint(x, 10, 64)
+		s.total += v
+		if i == 7 {
+			s.steal = v
+		}
+	}
+	return s
+}
+
+func (s stealSample) since(p stealSample) float64 {
+	if s.total == p.total {
+		return 0
+	}
+	return 100 * float64(s.steal-p.steal) / float64(s.total-p.total)
+}
+
+func report(c cfg, r *results, steal []float64) {
+	w := bufio.NewWriter(os.Stdout)
+	defer w.Flush()
+	p := func(f string, a ...any) { fmt.Fprintf(w, f, a...) }
+	p("## Remote memory (dataplane/memory)\n\n")
+	p("Generated by `bench/memory/run.sh` on %s. Medians of %d interleaved runs\n", time.Now().UTC().Format("2006-01-02 15:04 UTC"), c.runs)
+	p("(Rialto and each peer alternate inside every run). Donor, redis-server and iperf3\n")
+	p("are separate processes on 127.0.0.1; everything is in RAM (anonymous memory, Redis\n")
+	p("without persistence). Steal time per run: %s %%. Load average at the end: %s.\n\n", fmtList(steal), loadavg())
+	p("### Small random reads and writes vs Redis GET/SET (same value sizes, same concurrency)\n\n")
+	p("Rialto at concurrency 1 uses the synchronous channel; at 16 the adaptive chooser (which\n")
+	p("pipelines on the queue pair). Redis: one connection per client goroutine, GET/SET of\n")
+	p("10,000 preloaded keys. Latency in µs; throughput in operations per second.\n\n")
+	p("| op | size | conc | Rialto p50 | Redis p50 | p50 ratio (Rialto/Redis) | Rialto p99 | Redis p99 | Rialto ops/s | Redis ops/s |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, conc := range []int{1, 16} {
+		for _, n := range []int{64, 4096} {
+			for _, op := range []string{"read", "write"} {
+				k := fmt.Sprintf("%s/%d/c%d", op, n, conc)
+				rp, dp := r.med("rialto p50 "+k), r.med("redis p50 "+k)
+				rop := "GET"
+				if op == "write" {
+					rop = "SET"
+				}
+				p("| %s (vs %s) | %d B | %d | %.1f | %.1f | %.2f | %.1f | %.1f | %.0f | %.0f |\n", op, rop, n, conc, rp, dp, rp/dp,
+					r.med("rialto p99 "+k), r.med("redis p99 "+k), r.med("rialto ops "+k), r.med("redis ops "+k))
+			}
+		}
+	}
+	p("\nGoal: 4 KiB random-read p50 ≤ Redis GET 4 KiB p50 (ratio ≤ 1.00). Per-run 4 KiB read p50, Rialto: %s; Redis: %s.\n\n",
+		r.all("rialto p50 read/4096/c1"), r.all("redis p50 read/4096/c1"))
+	p("### Bulk transfer of %d MiB vs the loopback TCP ceiling (iperf3)\n\n", c.bulkBytes>>20)
+	p("| measurement | Gbit/s (median) | runs |\n|---|---|---|\n")
+	for _, k := range []string{"iperf3 P1", "iperf3 P2", "bulk read", "bulk write"} {
+		p("| %s | %.2f | %s |\n", k, r.med(k), r.all(k))
+	}
+	i1, i2 := r.med("iperf3 P1"), r.med("iperf3 P2")
+	p("\nBulk uses 2 streams of 512 KiB chunks. Read/iperf3 single stream = %.2f, read/iperf3 -P 2 = %.2f;\n", r.med("bulk read")/i1, r.med("bulk read")/i2)
+	p("write/iperf3 single stream = %.2f, write/iperf3 -P 2 = %.2f (goal ≥ 0.80).\n\n", r.med("bulk write")/i1, r.med("bulk write")/i2)
+	p("### Transparent mapping: page-fault service time\n\n")
+	p("1 GiB region mapped with a 10%% local cache; 20,000 first touches of random pages\n")
+	p("(timed around the load or store in the application) and the handler's own service time.\n\n")
+	p("| measurement | p50 µs | p99 µs |\n|---|---|---|\n")
+	p("| read fault, application-visible | %.1f | %.1f |\n", r.med("fault read p50"), r.med("fault read p99"))
+	p("| read fault, handler service | %.1f | %.1f |\n", r.med("fault handler p50"), r.med("fault handler p99"))
+	p("| write fault (dirty, written back on eviction), application-visible | %.1f | %.1f |\n", r.med("fault write p50"), r.med("fault write p99"))
+	p("\nGoal: p50 ≤ 30 µs. Per-run read-fault p50: %s. Sequential scan with readahead: %.0f MiB/s.\n\n", r.all("fault read p50"), r.med("mapped seq MiB/s"))
+	p("### Adaptive chooser vs each fixed channel (operations per second, 3/4 reads)\n\n")
+	p("| workload | sync | bulk | queue | adaptive | adaptive / best fixed |\n|---|---|---|---|---|---|\n")
+	for _, w := range []string{"small random, 1 thread", "small random, 8 threads", "4 MiB transfers, 1 thread", "mixed 64 B–4 MiB, 8 threads"} {
+		s, b, q, a := r.med("mixed "+w+" sync"), r.med("mixed "+w+" bulk"), r.med("mixed "+w+" queue"), r.med("mixed "+w+" adaptive")
+		p("| %s | %.0f | %.0f | %.0f | %.0f | %.2f |\n", w, s, b, q, a, a/max(s, b, q))
+	}
+	p("\nGoal: adaptive ≥ 0.90 of the best fixed channel on every workload.\n")
+}
+
+func fmtList(xs []float64) string {
+	var s []string
+	for _, x := range xs {
+		s = append(s, strconv.FormatFloat(x, 'f', 1, 64))
+	}
+	return strings.Join(s, ", ")
+}
+
+func loadavg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// A minimal RESP client: one connection, TCP_NODELAY, GET and SET.
+type redisConn struct {
+	c  net.Conn
+	br *bufio.Reader
+	bw *bufio.Writer
+	rb []byte
+}
+
+func newRedisPool(addr string, n int) ([]*redisConn, error) {
+	var out []*redisConn
+	for range n {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		_ = c.(*net.TCPConn).SetNoDelay(true)
+		out = append(out, &redisConn{c: c, br: bufio.NewReaderSize(c, 64<<10), bw: bufio.NewWriterSize(c, 64<<10), rb: make([]byte, 64<<10)})
+	}
+	return out, nil
+}
+
+func (r *redisConn) cmd(args ...[]byte) error {
+	fmt.Fprintf(r.bw, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(r.bw, "$%d\r\n", len(a))
+		r.bw.Write(a)
+		r.bw.WriteString("\r\n")
+	}
+	return r.bw.Flush()
+}
+
+func (r *redisConn) set(k string, v []byte) error {
+	if err := r.cmd([]byte("SET"), []byte(k), v); err != nil {
+		return err
+	}
+	line, err := r.br.ReadSlice('\n')
+	if err != nil {
+		return err
+	}
+	if line[0] != '+' {
+		return fmt.Errorf("redis SET: %q", line)
+	}
+	return nil
+}
+
+func (r *redisConn) get(k string, n int) error {
+	if err := r.cmd([]byte("GET"), []byte(k)); err != nil {
+		return err
+	}
+	line, err := r.br.ReadSlice('\n')
+	if err != nil {
+		return err
+	}
+	if line[0] != '$' {
+		return fmt.Errorf("redis GET: %q", line)
+	}
+	l, _ := strconv.Atoi(strings.TrimSpace(string(line[1:])))
+	if l != n {
+		return fmt.Errorf("redis GET: length %d, want %d", l, n)
+	}
+	_, err = ioReadFull(r.br, r.rb[:l+2])
+	return err
+}
+
+func ioReadFull(br *bufio.Reader, b []byte) (int, error) {
+	n := 0
+	for n < len(b) {
+		m, err := br.Read(b[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}

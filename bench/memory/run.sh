@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Remote-memory benchmark: Rialto's memory channels, mapping and adaptive
+# chooser against redis-server (GET/SET) and the iperf3 loopback ceiling, all
+# measured interleaved in one run. Writes docs/bench/memory.md.
+#   RUNS=3 OPS=5000 BULK=1073741824 bench/memory/run.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+RUNS=${RUNS:-3}
+OPS=${OPS:-5000}
+BULK=${BULK:-1073741824}
+for t in redis-server iperf3; do
+  command -v "$t" >/dev/null || { echo "bench/memory: $t not installed" >&2; exit 1; }
+done
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+go build -o "$tmp/memory-bench" ./bench/memory
+export RIALTO_BENCH_CRED=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+
+rport=$(freeport)
+redis-server --bind 127.0.0.1 --port "$rport" --save '' --appendonly no \
+  --daemonize no --logfile "$tmp/redis.log" &
+pids+=($!)
+iport=$(freeport)
+iperf3 -s -B 127.0.0.1 -p "$iport" >"$tmp/iperf.log" 2>&1 &
+pids+=($!)
+"$tmp/memory-bench" serve -addr 127.0.0.1:0 -size "$BULK" >"$tmp/donor.addr" 2>"$tmp/donor.log" &
+pids+=($!)
+for _ in $(seq 100); do
+  [ -s "$tmp/donor.addr" ] && redis-cli -p "$rport" ping >/dev/null 2>&1 && break
+  sleep 0.1
+done
+addr=$(head -1 "$tmp/donor.addr")
+[ -n "$addr" ] || { cat "$tmp/donor.log" >&2; exit 1; }
+
+mkdir -p docs/bench
+"$tmp/memory-bench" run -addr "$addr" -redis "127.0.0.1:$rport" -iperf-port "$iport" \
+  -runs "$RUNS" -ops "$OPS" -bulk "$BULK" >"$tmp/memory.md"
+{
+  cat "$tmp/memory.md"
+  echo
+  echo "Commands (ports chosen free at run time):"
+  echo '```'
+  echo "redis-server --bind 127.0.0.1 --port PORT --save '' --appendonly no"
+  echo "iperf3 -s -B 127.0.0.1 -p PORT ; iperf3 -c 127.0.0.1 -p PORT -t 4 -P {1,2} -J"
+  echo "memory-bench serve -addr 127.0.0.1:0 -size $BULK   # donor, own process"
+  echo "memory-bench run -addr DONOR -redis 127.0.0.1:PORT -iperf-port PORT -runs $RUNS -ops $OPS -bulk $BULK"
+  echo '```'
+  echo "Redis is driven by memory-bench's own RESP client (one TCP_NODELAY connection per"
+  echo "client goroutine), so both sides are timed by the same code. $(redis-server --version | cut -d' ' -f1-3), $(iperf3 --version | head -1 | cut -d' ' -f1-2)."
+} > docs/bench/memory.md
+echo "wrote docs/bench/memory.md"
