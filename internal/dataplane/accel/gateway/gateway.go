@@ -165,6 +165,9 @@ func (g *Gateway) count(outcome string) {
 	}
 }
 
+// Running reports whether Run is serving.
+func (g *Gateway) Running() bool { return g.running.Load() }
+
 // Stats returns the counters.
 func (g *Gateway) Stats() Stats {
 	s := Stats{Requests: g.requests.Load(), Rejected: g.rejected.Load(), Failed: g.failed.Load(),

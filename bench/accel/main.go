@@ -1,0 +1,645 @@
+// Command accel is the accelerator benchmark of bench/accel/run.sh. In one
+// process it starts an appliance (echo and MCT slots), a batching gateway
+// (in-process and served over TCP) and, as the baseline a user would
+// otherwise build, the same MCT kernel behind a ZeroMQ REQ/REP + ROUTER/
+// DEALER pipeline like seed 002's; it measures them interleaved and writes
+// a Markdown fragment and an SVG Pareto plot.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"math"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+
+	"github.com/rialto-project/rialto/internal/dataplane/accel"
+	"github.com/rialto-project/rialto/internal/dataplane/accel/appliance"
+	"github.com/rialto-project/rialto/internal/dataplane/accel/gateway"
+	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
+	"github.com/rialto-project/rialto/internal/dataplane/accel/roles/mct"
+)
+
+var (
+	outPath  = flag.String("out", "docs/bench/accel.md", "Markdown fragment to write")
+	svgPath  = flag.String("svg", "docs/bench/accel-pareto.svg", "SVG plot to write")
+	runs     = flag.Int("runs", 3, "interleaved runs of each comparison")
+	dur      = flag.Duration("dur", 1500*time.Millisecond, "measurement time per figure")
+	sweepDur = flag.Duration("sweepdur", 700*time.Millisecond, "measurement time per sweep point")
+	nRules   = flag.Int("rules", 2000, "MCT rules")
+	clients  = flag.Int("clients", 64, "concurrent clients")
+)
+
+const slots = 4 // slot 0: echo; slots 1..3: MCT
+
+type sample struct {
+	qps      float64
+	p50, p99 time.Duration
+	errs     int64
+}
+
+// measure runs fn from n goroutines for d and returns throughput and
+// latency percentiles of the successful calls.
+func measure(d time.Duration, n int, fn func(g int) error) sample {
+	// Warm up briefly, unrecorded.
+	warm := time.Now().Add(d / 10)
+	var wg sync.WaitGroup
+	for g := 0; g < n; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(warm) {
+				_ = fn(g)
+			}
+		}()
+	}
+	wg.Wait()
+	lat := make([][]time.Duration, n)
+	var errs atomic.Int64
+	start := time.Now()
+	deadline := start.Add(d)
+	for g := 0; g < n; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l := make([]time.Duration, 0, 4096)
+			for {
+				t0 := time.Now()
+				if t0.After(deadline) {
+					break
+				}
+				if err := fn(g); err != nil {
+					errs.Add(1)
+					continue
+				}
+				l = append(l, time.Since(t0))
+			}
+			lat[g] = l
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start)
+	var all []time.Duration
+	for _, l := range lat {
+		all = append(all, l...)
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
+	s := sample{errs: errs.Load()}
+	if len(all) > 0 {
+		s.qps = float64(len(all)) / el.Seconds()
+		s.p50 = all[len(all)/2]
+		s.p99 = all[min(len(all)-1, len(all)*99/100)]
+	}
+	return s
+}
+
+func steal() (stealTicks, total uint64) {
+	f, err := os.Open("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	if sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		for i, v := range fs[1:] {
+			var x uint64
+			fmt.Sscan(v, &x)
+			total += x
+			if i == 7 {
+				stealTicks = x
+			}
+		}
+	}
+	return
+}
+
+type env struct {
+	ctx     context.Context
+	app     *appliance.Appliance
+	engine  *mct.Engine
+	queries [][]byte // encoded 64-byte queries
+	qi      atomic.Uint64
+	creds   [slots][]byte
+}
+
+func (e *env) query() []byte { return e.queries[e.qi.Add(1)%uint64(len(e.queries))] }
+
+func (e *env) dial(slot int) *accel.Conn {
+	addr, _ := e.app.Addr(slot)
+	c, err := accel.Dial(e.ctx, addr, e.creds[slot])
+	if err != nil {
+		log.Fatal(err)
+	}
+	return c
+}
+
+// newGateway builds a gateway over `instances` connections to the MCT
+// slots (round-robin over slots 1..3).
+func (e *env) newGateway(maxBatch int, delay time.Duration, workers, instances int) (*gateway.Gateway, func()) {
+	var bs []gateway.Backend
+	var conns []*accel.Conn
+	for i := 0; i < instances; i++ {
+		c := e.dial(1 + i%3)
+		conns = append(conns, c)
+		bs = append(bs, c)
+	}
+	g, err := gateway.New(gateway.Config{MaxBatch: maxBatch, MaxQueueDelay: delay, Workers: workers, QueueLimit: 1 << 16}, bs)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(e.ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = g.Run(ctx) }()
+	for !g.Running() {
+		runtime.Gosched()
+	}
+	return g, func() {
+		cancel()
+		<-done
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}
+}
+
+func checkResult(e *env, q, out []byte) error {
+	if len(out) != 4 {
+		return fmt.Errorf("result of %d bytes", len(out))
+	}
+	return nil
+}
+
+// zmqPipeline is seed 002's integration: REQ clients → a ROUTER broker →
+// one DEALER per worker (round robin) → REP workers that run the kernel.
+// (zmq4's DEALER sends every message to all its peers, so the broker keeps
+// one DEALER per worker instead of using zmq4.Proxy with a shared DEALER.)
+type zmqPipeline struct {
+	front   zmq4.Socket
+	dealers []zmq4.Socket
+	workers []zmq4.Socket
+	clients []zmq4.Socket
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+func freePort() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func newZMQ(parent context.Context, e *env, nWorkers, nClients int) *zmqPipeline {
+	ctx, cancel := context.WithCancel(parent)
+	z := &zmqPipeline{cancel: cancel}
+	fe := "tcp://" + freePort()
+	z.front = zmq4.NewRouter(ctx, zmq4.WithTimeout(10*time.Second))
+	if err := z.front.Listen(fe); err != nil {
+		log.Fatal(err)
+	}
+	var frontMu sync.Mutex
+	for w := 0; w < nWorkers; w++ {
+		be := "tcp://" + freePort()
+		d := zmq4.NewDealer(ctx, zmq4.WithTimeout(10*time.Second))
+		if err := d.Listen(be); err != nil {
+			log.Fatal(err)
+		}
+		rep := zmq4.NewRep(ctx)
+		if err := rep.Dial(be); err != nil {
+			log.Fatal(err)
+		}
+		z.dealers = append(z.dealers, d)
+		z.workers = append(z.workers, rep)
+		z.wg.Add(2)
+		go func() { // the worker: MCT wrapper + kernel
+			defer z.wg.Done()
+			out := make([]byte, 4)
+			for {
+				m, err := rep.Recv()
+				if err != nil {
+					return
+				}
+				if err := e.engine.MatchBatch(m.Bytes(), out); err != nil {
+					return
+				}
+				if err := rep.Send(zmq4.NewMsg(append([]byte(nil), out...))); err != nil {
+					return
+				}
+			}
+		}()
+		go func() { // replies back to the clients through the ROUTER
+			defer z.wg.Done()
+			for {
+				m, err := d.Recv()
+				if err != nil {
+					return
+				}
+				frontMu.Lock()
+				err = z.front.SendMulti(m)
+				frontMu.Unlock()
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+	z.wg.Add(1)
+	go func() { // requests to the workers, round robin
+		defer z.wg.Done()
+		for i := 0; ; i++ {
+			m, err := z.front.Recv()
+			if err != nil {
+				return
+			}
+			if err := z.dealers[i%len(z.dealers)].SendMulti(m); err != nil {
+				return
+			}
+		}
+	}()
+	for c := 0; c < nClients; c++ {
+		req := zmq4.NewReq(ctx)
+		if err := req.Dial(fe); err != nil {
+			log.Fatal(err)
+		}
+		z.clients = append(z.clients, req)
+	}
+	return z
+}
+
+func (z *zmqPipeline) call(c int, q []byte) ([]byte, error) {
+	s := z.clients[c]
+	if err := s.Send(zmq4.NewMsg(q)); err != nil {
+		return nil, err
+	}
+	m, err := s.Recv()
+	if err != nil {
+		return nil, err
+	}
+	return m.Bytes(), nil
+}
+
+func (z *zmqPipeline) close() {
+	for _, s := range z.clients {
+		_ = s.Close()
+	}
+	for _, s := range z.workers {
+		_ = s.Close()
+	}
+	for _, s := range z.dealers {
+		_ = s.Close()
+	}
+	_ = z.front.Close()
+	z.cancel()
+	z.wg.Wait()
+}
+
+func median(xs []float64) float64 {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	if len(s) == 0 {
+		return math.NaN()
+	}
+	return s[len(s)/2]
+}
+
+func medDur(xs []time.Duration) time.Duration {
+	f := make([]float64, len(xs))
+	for i, x := range xs {
+		f[i] = float64(x)
+	}
+	return time.Duration(median(f))
+}
+
+type series struct {
+	name    string
+	qps     []float64
+	p50     []time.Duration
+	p99     []time.Duration
+	errs    int64
+	unitLat bool // report latencies in ns
+}
+
+func (s *series) add(x sample) {
+	s.qps = append(s.qps, x.qps)
+	s.p50 = append(s.p50, x.p50)
+	s.p99 = append(s.p99, x.p99)
+	s.errs += x.errs
+}
+
+func us(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d)/1e3) }
+
+func main() {
+	flag.Parse()
+	log.SetFlags(0)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(2026, 11))
+	rs := mct.Generate(rng, *nRules)
+	engine, err := mct.Compile(rs)
+	if err != nil {
+		log.Fatal(err)
+	}
+	enc, err := engine.EncodeAll(mct.GenerateQueries(rng, 4096))
+	if err != nil {
+		log.Fatal(err)
+	}
+	e := &env{ctx: ctx, engine: engine}
+	for i := 0; i < 4096; i++ {
+		e.queries = append(e.queries, enc[i*mct.QuerySize:(i+1)*mct.QuerySize])
+	}
+	app, err := appliance.New(appliance.Config{Slots: slots, SlotMemory: 1 << 20, Workers: 2})
+	if err != nil {
+		log.Fatal(err)
+	}
+	e.app = app
+	actx, stopApp := context.WithCancel(ctx)
+	appDone := make(chan error, 1)
+	go func() { appDone <- app.Run(actx) }()
+	rsJSON, _ := jsonMarshal(rs)
+	for i := 0; i < slots; i++ {
+		spec := roles.Spec{Name: "mct", Config: rsJSON}
+		if i == 0 {
+			spec = roles.Spec{Name: "echo"}
+		}
+		if err := app.Load(ctx, i, spec); err != nil {
+			log.Fatal(err)
+		}
+		e.creds[i] = []byte(fmt.Sprintf("bench-lease-%d-%x", i, rng.Uint64()))
+		if err := app.SetCredential(i, e.creds[i]); err != nil {
+			log.Fatal(err)
+		}
+	}
+	merged, trie := engine.States()
+	log.Printf("MCT: %d rules, %d NFA states (%d before suffix merging)", *nRules, merged, trie)
+
+	// Fixed setups reused by every run.
+	echoConn := e.dial(0)
+	echoLocal, _ := roles.New(ctx, roles.Spec{Name: "echo"})
+	payload := make([]byte, 64)
+
+	n := *clients
+	unbatchedConns := make([]*accel.Conn, n)
+	for i := range unbatchedConns {
+		unbatchedConns[i] = e.dial(1 + i%3)
+	}
+	const (
+		gwBatch, gwWorkers, gwInstances = 64, 2, 3
+	)
+	gwDelay := 200 * time.Microsecond
+	gIn, stopIn := e.newGateway(gwBatch, gwDelay, gwWorkers, gwInstances)
+	gTCP, stopTCP := e.newGateway(gwBatch, gwDelay, gwWorkers, gwInstances)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	gwCred := []byte("bench-gateway")
+	sctx, stopSrv := context.WithCancel(ctx)
+	srvDone := make(chan struct{})
+	go func() {
+		defer close(srvDone)
+		_ = (&accel.Server{Target: gTCP.Target(gwCred), MaxOutstanding: 4096}).Serve(sctx, ln)
+	}()
+	gwConns := make([]*accel.Conn, n)
+	for i := range gwConns {
+		if gwConns[i], err = accel.Dial(ctx, ln.Addr().String(), gwCred); err != nil {
+			log.Fatal(err)
+		}
+	}
+	zmqWorkers := gwInstances
+	z := newZMQ(ctx, e, zmqWorkers, n)
+
+	// Sanity: every path returns the brute-force answer.
+	for i := 0; i < 50; i++ {
+		q := e.queries[i]
+		want, _, _ := engine.BruteForce(q)
+		paths := map[string]func() ([]byte, error){
+			"direct":  func() ([]byte, error) { return unbatchedConns[0].Call(ctx, "match", q) },
+			"gateway": func() ([]byte, error) { return gIn.Call(ctx, "match", q) },
+			"gw-tcp":  func() ([]byte, error) { return gwConns[0].Call(ctx, "match", q) },
+			"zmq":     func() ([]byte, error) { return z.call(0, q) },
+		}
+		for name, p := range paths {
+			out, err := p()
+			if err != nil || len(out) != 4 || binary.LittleEndian.Uint32(out) != want {
+				log.Fatalf("%s: query %d: %x %v (want %d)", name, i, out, err, want)
+			}
+		}
+	}
+
+	echoRemote := &series{name: "remote echo (accel.Conn.Call, 64 B, 1 client)"}
+	echoMailbox := &series{name: "remote echo, mailbox path (write, start, wait, read)"}
+	echoIn := &series{name: "in-process echo (Role.Run, 64 B)"}
+	unb := &series{name: "unbatched: each query one remote task"}
+	bat := &series{name: "batched: in-process gateway → remote slots"}
+	zq := &series{name: "ZeroMQ REQ → ROUTER/DEALER → REP workers (MCT in worker)"}
+	gwt := &series{name: "Rialto gateway over TCP (accel protocol) → remote slots"}
+	var steals []float64
+	for r := 0; r < *runs; r++ {
+		s0, t0 := steal()
+		log.Printf("run %d/%d", r+1, *runs)
+		echoRemote.add(measure(*dur, 1, func(int) error { _, err := echoConn.Call(ctx, "echo", payload); return err }))
+		echoIn.add(measure(*dur, 1, func(int) error { _, err := echoLocal.Run(ctx, "echo", payload); return err }))
+		echoMailbox.add(measure(*dur, 1, func(int) error {
+			if err := echoConn.WriteMem(ctx, 0, payload); err != nil {
+				return err
+			}
+			t, err := echoConn.Start(ctx, accel.TaskSpec{Entry: "echo", In: 0, InLen: 64, Out: 4096, OutCap: 64})
+			if err != nil {
+				return err
+			}
+			if _, err := t.Wait(ctx); err != nil {
+				return err
+			}
+			_, err = echoConn.ReadMem(ctx, 4096, 64)
+			return err
+		}))
+		unb.add(measure(*dur, n, func(g int) error {
+			q := e.query()
+			out, err := unbatchedConns[g].Call(ctx, "match", q)
+			if err == nil {
+				err = checkResult(e, q, out)
+			}
+			return err
+		}))
+		bat.add(measure(*dur, n, func(g int) error {
+			q := e.query()
+			out, err := gIn.Call(ctx, "match", q)
+			if err == nil {
+				err = checkResult(e, q, out)
+			}
+			return err
+		}))
+		zq.add(measure(*dur, n, func(g int) error {
+			q := e.query()
+			out, err := z.call(g, q)
+			if err == nil {
+				err = checkResult(e, q, out)
+			}
+			return err
+		}))
+		gwt.add(measure(*dur, n, func(g int) error {
+			q := e.query()
+			out, err := gwConns[g].Call(ctx, "match", q)
+			if err == nil {
+				err = checkResult(e, q, out)
+			}
+			return err
+		}))
+		s1, t1 := steal()
+		if t1 > t0 {
+			steals = append(steals, 100*float64(s1-s0)/float64(t1-t0))
+		}
+	}
+	gStats := gIn.Stats()
+
+	// Sweep of the gateway knobs (in-process clients → remote slots).
+	type point struct {
+		label                     string
+		batch, workers, instances int
+		delay                     time.Duration
+		s                         sample
+		pareto                    bool
+	}
+	var pts []point
+	for _, b := range []int{1, 8, 64} {
+		for _, d := range []time.Duration{0, 500 * time.Microsecond} {
+			if b == 1 && d > 0 {
+				continue
+			}
+			for _, w := range []int{1, 2, 4} {
+				for _, inst := range []int{1, 3} {
+					g, stop := e.newGateway(b, d, w, inst)
+					s := measure(*sweepDur, n, func(int) error { _, err := g.Call(ctx, "match", e.query()); return err })
+					stop()
+					label := fmt.Sprintf("b%d d%v w%d i%d", b, d, w, inst)
+					log.Printf("sweep %-22s %9.0f q/s p99 %s µs", label, s.qps, us(s.p99))
+					pts = append(pts, point{label: label, batch: b, workers: w, instances: inst, delay: d, s: s})
+				}
+			}
+		}
+	}
+	for i := range pts {
+		pts[i].pareto = true
+		for j := range pts {
+			if j != i && pts[j].s.qps >= pts[i].s.qps && pts[j].s.p99 <= pts[i].s.p99 &&
+				(pts[j].s.qps > pts[i].s.qps || pts[j].s.p99 < pts[i].s.p99) {
+				pts[i].pareto = false
+				break
+			}
+		}
+	}
+	sort.Slice(pts, func(i, j int) bool { return pts[i].s.qps > pts[j].s.qps })
+
+	// Tear down.
+	for _, c := range gwConns {
+		_ = c.Close()
+	}
+	stopSrv()
+	<-srvDone
+	stopTCP()
+	stopIn()
+	z.close()
+	for _, c := range unbatchedConns {
+		_ = c.Close()
+	}
+	_ = echoConn.Close()
+	stopApp()
+	if err := <-appDone; err != nil {
+		log.Printf("appliance: %v", err)
+	}
+
+	// Report.
+	var b strings.Builder
+	w := func(f string, a ...any) { fmt.Fprintf(&b, f, a...) }
+	w("## Accelerators (appliance, mailbox protocol, batching gateway)\n\n")
+	w("Generated by `bench/accel/run.sh` on %s. One process on loopback: an appliance with %d slots "+
+		"(slot 0 echo, slots 1–3 the MCT role, %d rules compiled into %d NFA states — %d before suffix merging — "+
+		"2 workers per slot), %d concurrent clients, 64-byte MCT queries, one query per request. "+
+		"Figures are medians of %d interleaved runs of %v each (A B C D … per run); steal time per run: %s%%. "+
+		"No images are involved (everything is in memory).\n\n",
+		time.Now().UTC().Format("2006-01-02 15:04 UTC"), slots, *nRules, merged, trie, *clients, *runs, *dur, fmtList(steals))
+	w("### Remote round trip vs in-process call (1 client, 64 B)\n\n| path | calls/s | p50 µs | p99 µs |\n|---|---|---|---|\n")
+	for _, s := range []*series{echoIn, echoRemote, echoMailbox} {
+		w("| %s | %.0f | %s | %s |\n", s.name, median(s.qps), us(medDur(s.p50)), us(medDur(s.p99)))
+	}
+	w("\nRemote/in-process latency ratio (p50): %.0f×.\n\n", float64(medDur(echoRemote.p50))/math.Max(1, float64(medDur(echoIn.p50))))
+	w("### MCT queries/s with %d concurrent clients\n\n| setup | queries/s | p50 µs | p99 µs | errors |\n|---|---|---|---|---|\n", n)
+	for _, s := range []*series{unb, bat, zq, gwt} {
+		w("| %s | %.0f | %s | %s | %d |\n", s.name, median(s.qps), us(medDur(s.p50)), us(medDur(s.p99)), s.errs)
+	}
+	bRatio := median(bat.qps) / median(unb.qps)
+	gRatio := median(gwt.qps) / median(zq.qps)
+	w("\nGateway settings: max batch %d, max queue delay %v, %d workers, %d slot instances (connections to slots 1–3); "+
+		"ZeroMQ: %d REP workers. The in-process gateway ran %d executions for %d queries in the last run set "+
+		"(average batch %.1f).\n\n", gwBatch, gwDelay, gwWorkers, gwInstances, zmqWorkers, gStats.Executions, gStats.Items, gStats.AvgBatch)
+	w("| goal | measured | met |\n|---|---|---|\n")
+	w("| batching ≥ 5× unbatched throughput | %.1f× | %s |\n", bRatio, yes(bRatio >= 5))
+	p99ok := medDur(gwt.p99) <= medDur(zq.p99)
+	w("| gateway ≥ 1.5× ZeroMQ throughput at equal or lower p99 | %.2f× at p99 %s vs %s µs | %s |\n\n",
+		gRatio, us(medDur(gwt.p99)), us(medDur(zq.p99)), yes(gRatio >= 1.5 && p99ok))
+	w("### Gateway sweep: batch size, queue delay, workers, instances\n\n")
+	w("In-process gateway, %d clients, remote MCT slots; one %v run per point (not a median). "+
+		"Label `bB dD wW iI`: max batch B, max queue delay D, W workers, I slot instances. "+
+		"★ marks the Pareto front (no other point has both more throughput and a lower p99).\n\n", n, *sweepDur)
+	w("![latency–throughput](bench/accel-pareto.svg)\n\n| config | queries/s | p50 µs | p99 µs | Pareto |\n|---|---|---|---|---|\n")
+	for _, p := range pts {
+		star := ""
+		if p.pareto {
+			star = "★"
+		}
+		w("| %s | %.0f | %s | %s | %s |\n", p.label, p.s.qps, us(p.s.p50), us(p.s.p99), star)
+	}
+	w("\nCommand: `bench/accel/run.sh` (= `go run ./bench/accel -runs %d -dur %v -sweepdur %v -rules %d -clients %d`).\n",
+		*runs, *dur, *sweepDur, *nRules, *clients)
+	if err := os.MkdirAll(filepath.Dir(*outPath), 0o755); err != nil {
+		log.Fatal(err)
+	}
+	if err := os.WriteFile(*outPath, []byte(b.String()), 0o644); err != nil {
+		log.Fatal(err)
+	}
+	var sp []svgPoint
+	for _, p := range pts {
+		sp = append(sp, svgPoint{label: p.label, x: p.s.qps, y: float64(p.s.p99) / 1e3, pareto: p.pareto})
+	}
+	if err := os.WriteFile(*svgPath, []byte(paretoSVG(sp)), 0o644); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Print(b.String())
+}
+
+func yes(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "**no**"
+}
+
+func fmtList(xs []float64) string {
+	var s []string
+	for _, x := range xs {
+		s = append(s, fmt.Sprintf("%.1f", x))
+	}
+	if len(s) == 0 {
+		return "n/a"
+	}
+	return strings.Join(s, ", ")
+}
+
+var _ = errors.New
