@@ -51,8 +51,11 @@ type Options struct {
 	// Default 64 KiB.
 	QueueChunk int
 	// BulkThreshold: adaptive requests at least this large use the bulk
-	// channel. Default 256 KiB.
+	// channel. Default 1 MiB.
 	BulkThreshold int
+	// Spin is how long the synchronous channel and the mapping's fault
+	// handler busy-poll for a reply before sleeping. Zero disables it.
+	Spin time.Duration
 	// Dialer dials the donor; nil uses a net.Dialer.
 	Dialer func(ctx context.Context, addr string) (net.Conn, error)
 }
@@ -71,8 +74,9 @@ func (o *Options) fill() {
 		o.QueueChunk = 64 << 10
 	}
 	if o.BulkThreshold <= 0 {
-		o.BulkThreshold = 256 << 10
+		o.BulkThreshold = 1 << 20
 	}
+	o.Spin = max(o.Spin, 0)
 	if o.Dialer == nil {
 		var d net.Dialer
 		o.Dialer = func(ctx context.Context, addr string) (net.Conn, error) {
@@ -98,10 +102,12 @@ type Client struct {
 	qmu    sync.Mutex
 	queues map[uint32]*QueuePair
 
-	syncBusy atomic.Int32 // callers inside the sync channel
-	closed   atomic.Bool
-	errOnce  sync.Once
-	lostErr  atomic.Pointer[error]
+	syncBusy    atomic.Int32 // callers inside the sync channel
+	inflight    atomic.Int32 // adaptive requests in progress
+	lastOverlap atomic.Int64 // unix ns when adaptive requests last overlapped
+	closed      atomic.Bool
+	errOnce     sync.Once
+	lostErr     atomic.Pointer[error]
 }
 
 // Dial opens a session on the region identified by credential at addr: a
@@ -301,6 +307,8 @@ func (c *Client) do(ctx context.Context, ch Channel, op uint8, p []byte, off int
 		return nil
 	}
 	if ch == ChannelAdaptive {
+		c.inflight.Add(1)
+		defer c.inflight.Add(-1)
 		ch = c.choose(len(p))
 	}
 	switch ch {
@@ -317,19 +325,29 @@ func (c *Client) do(ctx context.Context, ch Channel, op uint8, p []byte, off int
 }
 
 // choose is the adaptive policy. Large requests go to the bulk channel.
-// Smaller ones go to the synchronous channel while it is free; when other
-// goroutines are already using it (a concurrent, fine-grained access
-// pattern), they are pipelined on the queue pair instead of waiting for the
-// synchronous connection's round trips one after another.
+// Smaller ones go to the synchronous channel while the client is used by one
+// goroutine at a time; once requests overlap (a concurrent, fine-grained
+// access pattern) they are pipelined on the queue pair instead of waiting
+// for the synchronous connection's round trips one after another, and stay
+// there until no overlap has been seen for concurrencyMemory.
 func (c *Client) choose(n int) Channel {
 	if n >= c.opts.BulkThreshold {
 		return ChannelBulk
 	}
-	if c.syncBusy.Load() > 0 {
+	now := time.Now().UnixNano()
+	if c.inflight.Load() > 1 || c.syncBusy.Load() > 0 {
+		c.lastOverlap.Store(now)
+		return ChannelQueue
+	}
+	if now-c.lastOverlap.Load() < int64(concurrencyMemory) {
 		return ChannelQueue
 	}
 	return ChannelSync
 }
+
+// concurrencyMemory is how long the adaptive chooser remembers overlapping
+// requests.
+const concurrencyMemory = 2 * time.Millisecond
 
 // ReadAt implements io.ReaderAt over the adaptive channel with the client's
 // request timeout. Reads past the end return io.EOF.

@@ -50,6 +50,11 @@ type Donor struct {
 	// Credits is the per-queue-pair credit window granted to clients; set
 	// before Serve. Zero means DefaultCredits.
 	Credits int
+	// Spin is how long a synchronous connection's thread polls for the next
+	// request before sleeping (trading CPU for latency). Zero disables it:
+	// on a machine without an idle core, spinning on both ends makes round
+	// trips several times slower.
+	Spin time.Duration
 
 	mu      sync.Mutex
 	regions map[[32]byte]*region
@@ -94,6 +99,8 @@ func NewDonor(logger *slog.Logger) *Donor {
 }
 
 func credKey(credential string) [32]byte { return sha256.Sum256([]byte(credential)) }
+
+func (d *Donor) spin() time.Duration { return max(d.Spin, 0) }
 
 func (d *Donor) credits() int {
 	if d.Credits > 0 {
@@ -592,19 +599,14 @@ func (d *Donor) serveSync(s *session, c net.Conn) {
 		d.serveData(s, c, KindSync, 0)
 		return
 	}
-	f, err := tc.File()
+	p, err := newPagerTCP(tc, d.spin(), 0)
 	if err != nil {
 		d.serveData(s, c, KindSync, 0)
 		return
 	}
-	defer f.Close()
-	fd := int(f.Fd())
-	if err := unix.SetNonblock(fd, false); err != nil {
-		return
-	}
+	defer p.close()
 	mem := s.reg.mem
 	size := uint64(len(mem))
-	p := &pager{fd: fd}
 	var in, out [HeaderSize]byte
 	fail := func(h Header, st uint16, msg string) error {
 		if len(msg) > MaxMessage {

@@ -473,13 +473,18 @@ func (m *Mapping) failLocked(err error) error {
 	return m.err
 }
 
-// pager is a synchronous connection driven with blocking raw syscalls, so
-// the fault handler's thread never waits on the Go scheduler's netpoller.
+// pager is a synchronous connection driven with raw syscalls, so the fault
+// handler's thread never waits on the Go scheduler's netpoller. The socket is
+// non-blocking: a receive first spins (re-trying the read) for up to spin,
+// which keeps the round trip free of a sleep and wake-up when the donor
+// answers quickly, then blocks in poll(2) for at most timeout.
 type pager struct {
-	f   *os.File
-	fd  int
-	seq uint32
-	hdr [HeaderSize]byte
+	f       *os.File
+	fd      int
+	seq     uint32
+	hdr     [HeaderSize]byte
+	spin    time.Duration
+	timeout time.Duration
 }
 
 func (c *Client) newPager(ctx context.Context) (*pager, error) {
@@ -492,19 +497,20 @@ func (c *Client) newPager(ctx context.Context) (*pager, error) {
 	if !ok {
 		return nil, fmt.Errorf("memory: mapping needs a TCP connection")
 	}
+	return newPagerTCP(tc, c.opts.Spin, c.opts.Timeout)
+}
+
+func newPagerTCP(tc *net.TCPConn, spin, timeout time.Duration) (*pager, error) {
 	f, err := tc.File()
 	if err != nil {
 		return nil, fmt.Errorf("memory: pager fd: %w", err)
 	}
-	fd := int(f.Fd()) // Fd puts the descriptor in blocking mode
-	if err := unix.SetNonblock(fd, false); err != nil {
+	fd := int(f.Fd())
+	if err := unix.SetNonblock(fd, true); err != nil {
 		_ = f.Close()
 		return nil, fmt.Errorf("memory: pager fd: %w", err)
 	}
-	tv := unix.NsecToTimeval(c.opts.Timeout.Nanoseconds())
-	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
-	return &pager{f: f, fd: fd}, nil
+	return &pager{f: f, fd: fd, spin: spin, timeout: timeout}, nil
 }
 
 // shutdown wakes any goroutine blocked on the socket; safe concurrently.
@@ -512,60 +518,108 @@ func (p *pager) shutdown() { _ = unix.Shutdown(p.fd, unix.SHUT_RDWR) }
 
 func (p *pager) close() { _ = p.f.Close() }
 
+// wait blocks until the socket is ready for events or the timeout passes.
+func (p *pager) wait(events int16) error {
+	ms := -1
+	if p.timeout > 0 {
+		ms = int(p.timeout.Milliseconds()) + 1
+	}
+	for {
+		fds := [1]unix.PollFd{{Fd: int32(p.fd), Events: events}}
+		n, err := unix.Poll(fds[:], ms)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("%w: poll: %v", ErrDonorLost, err)
+		}
+		if n == 0 {
+			return fmt.Errorf("%w: no reply within %v", ErrDonorLost, p.timeout)
+		}
+		return nil
+	}
+}
+
+func advance(bufs [][]byte, n int) [][]byte {
+	for n > 0 && len(bufs) > 0 {
+		if n >= len(bufs[0]) {
+			n -= len(bufs[0])
+			bufs = bufs[1:]
+		} else {
+			bufs[0] = bufs[0][n:]
+			n = 0
+		}
+	}
+	for len(bufs) > 0 && len(bufs[0]) == 0 {
+		bufs = bufs[1:]
+	}
+	return bufs
+}
+
 func (p *pager) sendv(bufs [][]byte) error {
 	for len(bufs) > 0 {
 		n, err := unix.Writev(p.fd, bufs)
 		if err == unix.EINTR {
 			continue
 		}
-		if err != nil {
-			return fmt.Errorf("%w: pager write: %v", ErrDonorLost, err)
-		}
-		for n > 0 && len(bufs) > 0 {
-			if n >= len(bufs[0]) {
-				n -= len(bufs[0])
-				bufs = bufs[1:]
-			} else {
-				bufs[0] = bufs[0][n:]
-				n = 0
+		if err == unix.EAGAIN {
+			if err := p.wait(unix.POLLOUT); err != nil {
+				return err
 			}
+			continue
 		}
-		for len(bufs) > 0 && len(bufs[0]) == 0 {
-			bufs = bufs[1:]
+		if err != nil {
+			return fmt.Errorf("%w: write: %v", ErrDonorLost, err)
 		}
+		bufs = advance(bufs, n)
 	}
 	return nil
 }
 
 func (p *pager) recvv(bufs [][]byte) error {
-	for len(bufs) > 0 {
+	total := 0
+	for _, b := range bufs {
+		total += len(b)
+	}
+	_, err := p.recvAtLeast(bufs, total)
+	return err
+}
+
+// recvAtLeast reads into bufs until at least least bytes arrived and returns
+// how many did (at most the bufs' total length).
+func (p *pager) recvAtLeast(bufs [][]byte, least int) (int, error) {
+	var t0 time.Time
+	spins, got := 0, 0
+	for got < least {
 		n, err := unix.Readv(p.fd, bufs)
 		if err == unix.EINTR {
 			continue
 		}
 		if err == unix.EAGAIN {
-			return fmt.Errorf("%w: no reply within the request timeout", ErrDonorLost)
+			if p.spin > 0 {
+				if spins == 0 {
+					t0 = time.Now()
+				}
+				spins++
+				if spins&15 != 0 || time.Since(t0) < p.spin {
+					continue
+				}
+			}
+			if err := p.wait(unix.POLLIN); err != nil {
+				return got, err
+			}
+			continue
 		}
 		if err != nil {
-			return fmt.Errorf("%w: pager read: %v", ErrDonorLost, err)
+			return got, fmt.Errorf("%w: read: %v", ErrDonorLost, err)
 		}
 		if n == 0 {
-			return fmt.Errorf("%w: pager read: EOF", ErrDonorLost)
+			return got, fmt.Errorf("%w: read: EOF", ErrDonorLost)
 		}
-		for n > 0 && len(bufs) > 0 {
-			if n >= len(bufs[0]) {
-				n -= len(bufs[0])
-				bufs = bufs[1:]
-			} else {
-				bufs[0] = bufs[0][n:]
-				n = 0
-			}
-		}
-		for len(bufs) > 0 && len(bufs[0]) == 0 {
-			bufs = bufs[1:]
-		}
+		got += n
+		bufs = advance(bufs, n)
 	}
-	return nil
+	return got, nil
 }
 
 func (p *pager) do(op uint8, buf []byte, off int64) error {
@@ -580,12 +634,15 @@ func (p *pager) do(op uint8, buf []byte, off int64) error {
 	if err := p.sendv(bufs); err != nil {
 		return err
 	}
-	rb := [][]byte{p.hdr[:]}
+	// One readv for the reply header and, for reads, the data behind it.
+	var in [][]byte
 	if op == OpRead {
-		rb = append(rb, buf) // optimistic: header and data in one readv
+		in = [][]byte{p.hdr[:], buf}
+	} else {
+		in = [][]byte{p.hdr[:]}
 	}
-	// Read the header first: the reply might be an error message.
-	if err := p.recvv(rb[:1]); err != nil {
+	got, err := p.recvAtLeast(in, HeaderSize)
+	if err != nil {
 		return err
 	}
 	rh, err := DecodeHeader(p.hdr[:])
@@ -593,18 +650,22 @@ func (p *pager) do(op uint8, buf []byte, off int64) error {
 		return err
 	}
 	if rh.Seq != p.seq || rh.Op != op {
-		return fmt.Errorf("%w: pager reply seq %d", ErrBadFrame, rh.Seq)
+		return fmt.Errorf("%w: reply seq %d op %d for seq %d op %d", ErrBadFrame, rh.Seq, rh.Op, p.seq, op)
 	}
+	extra := got - HeaderSize // payload bytes already in buf
 	if rh.Status != StatusOK {
 		msg := make([]byte, rh.Payload)
-		_ = p.recvv([][]byte{msg})
+		k := copy(msg, buf[:min(extra, len(buf))])
+		if err := p.recvv([][]byte{msg[k:]}); err != nil {
+			return err
+		}
 		return fmt.Errorf("%w (%s)", statusErr(rh.Status), msg)
 	}
 	if op == OpRead {
 		if rh.Length != h.Length {
-			return fmt.Errorf("%w: pager short read", ErrBadFrame)
+			return fmt.Errorf("%w: short read reply", ErrBadFrame)
 		}
-		return p.recvv(rb[1:])
+		return p.recvv([][]byte{buf[extra:]})
 	}
 	return nil
 }

@@ -303,6 +303,9 @@ func TestQueuePairCredits(t *testing.T) {
 func TestMain(m *testing.M) {
 	if os.Getenv("RIALTO_MEMTEST_DONOR") == "1" {
 		d := NewDonor(nil)
+		if v, err := time.ParseDuration(os.Getenv("RIALTO_MEMTEST_SPIN")); err == nil {
+			d.Spin = v
+		}
 		size := int64(64 << 20)
 		if v, err := strconv.ParseInt(os.Getenv("RIALTO_MEMTEST_SIZE"), 10, 64); err == nil {
 			size = v
