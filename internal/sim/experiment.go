@@ -34,6 +34,8 @@ type Options struct {
 	// PodList names the openb pod list to replay (default
 	// "openb_pod_list_default.csv").
 	PodList string
+	// Sample > 1 replays every Sample-th node and pod of the trace (tests).
+	Sample int
 }
 
 func (o Options) scale() float64 {
