@@ -159,7 +159,7 @@ func TestLayout(t *testing.T) {
 func TestIntegrity(t *testing.T) {
 	for _, unit := range []int64{4 << 10, 64 << 10, 1 << 20} {
 		for _, n := range []int{1, 2, 3, 5} {
-			if unit >= 1<<20 && n%2 == 0 {
+			if unit >= 1<<20 && n != 3 {
 				continue // keep the race-detector run short
 			}
 			t.Run(fmt.Sprintf("unit=%dK/n=%d", unit>>10, n), func(t *testing.T) {
@@ -182,7 +182,7 @@ func TestIntegrity(t *testing.T) {
 					{0, v.Size()}, {1, 1}, {unit - 1, 2}, {unit - 3, unit + 7},
 					{v.Size() - 1, 1}, {3, v.Size() - 5}, {unit, int64(n) * unit},
 				}
-				for range 40 {
+				for range 25 {
 					off := rng.Int64N(v.Size())
 					cases = append(cases, struct{ off, len int64 }{off, 1 + rng.Int64N(min(v.Size()-off, 2*int64(n)*unit))})
 				}

@@ -1,0 +1,274 @@
+package stripe
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+)
+
+// DefaultConnsPerPart is the number of NBD connections Attach opens to each
+// part when AttachConfig leaves it 0.
+const DefaultConnsPerPart = 2
+
+// AttachConfig describes a composed volume to attach.
+type AttachConfig struct {
+	// URIs are the parts, in layout order, as nbd:// or nbd+unix:// URIs.
+	// The export name in each is the lease credential: it is never logged.
+	URIs []string
+	// StripeUnit as in Config; 0 means DefaultStripeUnit.
+	StripeUnit int64
+	// Listen is where the composed volume is served: a TCP address
+	// ("127.0.0.1:0", the default) or "unix:/path/to/socket".
+	Listen string
+	// ExportName is the name of the local export; empty means a random
+	// 128-bit name, so other local users cannot guess the URI.
+	ExportName string
+	// ConnsPerPart is the number of connections to each part; 0 means
+	// DefaultConnsPerPart.
+	ConnsPerPart int
+	// RequestTimeout bounds every request to a part; 0 means
+	// DefaultRequestTimeout. A part that misses it is declared failed.
+	RequestTimeout time.Duration
+	// Logger receives attachment events; nil discards.
+	Logger *slog.Logger
+}
+
+// Attachment is a composed volume served as a local NBD export.
+type Attachment struct {
+	vol    *Volume
+	srv    *nbd.Server
+	ln     net.Listener
+	uri    string
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    error // from Serve, valid after done
+	once   sync.Once
+	sock   string // Unix socket path to remove
+}
+
+// nbdPart adapts an *nbd.Client: Trim is usable only if the server said so.
+type nbdPart struct{ *nbd.Client }
+
+func (p nbdPart) CanTrim() bool { return p.Flags()&nbd.FlagSendTrim != 0 }
+
+// Attach dials every part (ConnsPerPart connections each, concurrently),
+// builds the Volume and serves it with an nbd.Server until Close. ctx bounds
+// the dialing only.
+func Attach(ctx context.Context, cfg AttachConfig) (*Attachment, error) {
+	if len(cfg.URIs) == 0 {
+		return nil, fmt.Errorf("%w: no parts", ErrConfig)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	conns := cfg.ConnsPerPart
+	if conns <= 0 {
+		conns = DefaultConnsPerPart
+	}
+	timeout := cfg.RequestTimeout
+	if timeout <= 0 {
+		timeout = DefaultRequestTimeout
+	}
+	uris := make([]nbd.URI, len(cfg.URIs))
+	for i, s := range cfg.URIs {
+		u, err := nbd.ParseURI(s)
+		if err != nil {
+			// The URI may hold a credential: do not quote it.
+			return nil, fmt.Errorf("stripe: part %d: %w", i, err)
+		}
+		uris[i] = u
+	}
+
+	clients := make([][]*nbd.Client, len(uris))
+	for i := range clients {
+		clients[i] = make([]*nbd.Client, conns)
+	}
+	errs := make([]error, len(uris)*conns)
+	var wg sync.WaitGroup
+	for i, u := range uris {
+		for j := range conns {
+			wg.Go(func() {
+				c, err := nbd.Dial(ctx, u.Network, u.Address, u.Export, nbd.WithRequestTimeout(timeout))
+				if err != nil {
+					errs[i*conns+j] = fmt.Errorf("stripe: part %d (%s): %w", i, u.Address, err)
+					return
+				}
+				clients[i][j] = c
+			})
+		}
+	}
+	wg.Wait()
+	closeAll := func() {
+		for _, cs := range clients {
+			for _, c := range cs {
+				if c != nil {
+					c.Close()
+				}
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		closeAll()
+		return nil, err
+	}
+	devs := make([]Device, len(uris))
+	for i, cs := range clients {
+		if len(cs) == 1 {
+			devs[i] = nbdPart{cs[0]}
+			continue
+		}
+		ps := make([]Device, len(cs))
+		for j, c := range cs {
+			ps[j] = nbdPart{c}
+		}
+		p, err := NewPool(ps...)
+		if err != nil {
+			closeAll()
+			return nil, fmt.Errorf("stripe: part %d: %w", i, err)
+		}
+		devs[i] = p
+	}
+	vol, err := New(devs, Config{StripeUnit: cfg.StripeUnit, RequestTimeout: timeout, Logger: log})
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	a, err := Serve(ctx, vol, ServeConfig{Listen: cfg.Listen, ExportName: cfg.ExportName, Logger: log})
+	if err != nil {
+		vol.Close()
+		return nil, err
+	}
+	log.Info("stripe: attached", "parts", len(uris), "conns_per_part", conns, "stripe_unit", vol.StripeUnit(), "size", vol.Size())
+	return a, nil
+}
+
+// ServeConfig says where Serve exports a volume.
+type ServeConfig struct {
+	Listen     string // as AttachConfig.Listen
+	ExportName string // as AttachConfig.ExportName
+	Logger     *slog.Logger
+}
+
+// Serve exports an existing volume over NBD; the Attachment owns vol and
+// closes it on Close. Attach uses it; tests and other callers can serve a
+// Volume built with New.
+func Serve(ctx context.Context, vol *Volume, cfg ServeConfig) (*Attachment, error) {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	name := cfg.ExportName
+	if name == "" {
+		var b [16]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return nil, fmt.Errorf("stripe: export name: %w", err)
+		}
+		name = hex.EncodeToString(b[:])
+	}
+	listen := cfg.Listen
+	if listen == "" {
+		listen = "127.0.0.1:0"
+	}
+	var (
+		ln   net.Listener
+		err  error
+		uri  nbd.URI
+		sock string
+	)
+	if path, ok := strings.CutPrefix(listen, "unix:"); ok {
+		ln, err = (&net.ListenConfig{}).Listen(ctx, "unix", path)
+		if err == nil {
+			sock = path
+			err = os.Chmod(path, 0o600)
+		}
+		uri = nbd.URI{Network: "unix", Address: path, Export: name}
+	} else {
+		ln, err = (&net.ListenConfig{}).Listen(ctx, "tcp", listen)
+		if err == nil {
+			uri = nbd.URI{Network: "tcp", Address: ln.Addr().String(), Export: name}
+		}
+	}
+	if err != nil {
+		if ln != nil {
+			ln.Close()
+		}
+		return nil, fmt.Errorf("stripe: listen: %w", err)
+	}
+	var be nbd.Backend = backend{vol}
+	if vol.CanTrim() {
+		be = trimBackend{backend{vol}}
+	}
+	srv := &nbd.Server{Logger: log}
+	if err := srv.AddExport(nbd.Export{Name: name, Description: fmt.Sprintf("rialto striped volume, %d parts", vol.Devices()), Backend: be}); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("stripe: export: %w", err)
+	}
+	sctx, cancel := context.WithCancel(context.Background())
+	a := &Attachment{vol: vol, srv: srv, ln: ln, uri: uri.String(), cancel: cancel, done: make(chan struct{}), sock: sock}
+	go func() {
+		defer close(a.done)
+		a.err = srv.Serve(sctx, ln)
+	}()
+	return a, nil
+}
+
+// URI is the nbd:// (or nbd+unix://) URI any NBD client can use. It contains
+// the local export name: treat it as a secret.
+func (a *Attachment) URI() string { return a.uri }
+
+// Volume is the composed volume.
+func (a *Attachment) Volume() *Volume { return a.vol }
+
+// Close stops serving, closes client connections and the parts, and removes
+// the Unix socket, if any.
+func (a *Attachment) Close() error {
+	err := ErrClosed
+	a.once.Do(func() {
+		a.cancel()
+		<-a.done
+		err = errors.Join(a.err, a.vol.Close())
+		if a.sock != "" {
+			if rerr := os.Remove(a.sock); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+				err = errors.Join(err, rerr)
+			}
+		}
+	})
+	return err
+}
+
+// backend exposes a Volume as an nbd.Backend and nbd.Zeroer; trimBackend
+// adds nbd.Trimmer, so that the export advertises trim only when every part
+// can trim.
+type backend struct{ v *Volume }
+
+func (b backend) ReadAt(p []byte, off int64) (int, error)  { return b.v.ReadAt(p, off) }
+func (b backend) WriteAt(p []byte, off int64) (int, error) { return b.v.WriteAt(p, off) }
+func (b backend) Size() int64                              { return b.v.Size() }
+func (b backend) Flush() error                             { return b.v.Flush() }
+func (b backend) WriteZeroes(off, n int64, noHole bool) error {
+	return b.v.WriteZeroes(off, n, noHole)
+}
+
+type trimBackend struct{ backend }
+
+func (b trimBackend) Trim(off, n int64) error { return b.v.Trim(off, n) }
+
+var (
+	_ nbd.Backend = backend{}
+	_ nbd.Zeroer  = backend{}
+	_ nbd.Trimmer = trimBackend{}
+	_ Device      = nbdPart{}
+	_ Trimmer     = nbdPart{}
+	_ Zeroer      = nbdPart{}
+)

@@ -1,0 +1,441 @@
+package stripe
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+)
+
+// lender is an in-process NBD server with one export on loopback.
+type lender struct {
+	mem    *nbd.MemBackend
+	uri    string
+	ln     net.Listener
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func startLender(t *testing.T, size int64) *lender {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b [8]byte
+	rand.Read(b[:])
+	name := "cred-" + hex.EncodeToString(b[:])
+	l := &lender{mem: nbd.NewMemBackend(size), ln: ln, done: make(chan struct{})}
+	srv := &nbd.Server{}
+	if err := srv.AddExport(nbd.Export{Name: name, Backend: l.mem}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	l.cancel = cancel
+	go func() {
+		defer close(l.done)
+		srv.Serve(ctx, ln)
+	}()
+	l.uri = nbd.URI{Network: "tcp", Address: ln.Addr().String(), Export: name}.String()
+	t.Cleanup(l.kill)
+	return l
+}
+
+// kill stops the server and drops every connection, as when the lender
+// process dies.
+func (l *lender) kill() { l.cancel(); <-l.done }
+
+func attach(t *testing.T, cfg AttachConfig) *Attachment {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	a, err := Attach(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	return a
+}
+
+func need(t *testing.T, tools ...string) {
+	t.Helper()
+	for _, tool := range tools {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed", tool)
+		}
+	}
+}
+
+// TestAttachNbdcopy round-trips 256 MiB of random data through a 3-way
+// composed volume over three real NBD servers with nbdcopy, and compares
+// checksums.
+func TestAttachNbdcopy(t *testing.T) {
+	need(t, "nbdcopy")
+	const part = 86 << 20 // 3 × 86 MiB ≥ 256 MiB
+	var uris []string
+	for range 3 {
+		uris = append(uris, startLender(t, part).uri)
+	}
+	a := attach(t, AttachConfig{URIs: uris, StripeUnit: 128 << 10})
+	if got := a.Volume().Size(); got != 3*part {
+		t.Fatalf("volume size %d, want %d", got, 3*part)
+	}
+	const size = 256 << 20
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+
+	// Write: random data on nbdcopy's stdin.
+	data := make([]byte, size)
+	mrand.NewChaCha8([32]byte{3}).Read(data)
+	wh := sha256.New()
+	wh.Write(data)
+	wh.Write(make([]byte, 3*part-size)) // the volume's tail stays zero
+	want := wh.Sum(nil)
+	in := exec.CommandContext(ctx, "nbdcopy", "--flush", "-", a.URI())
+	in.Stdin = bytes.NewReader(data)
+	start := time.Now()
+	if out, err := in.CombinedOutput(); err != nil {
+		t.Fatalf("nbdcopy write: %v: %s", err, out)
+	}
+	t.Logf("nbdcopy wrote 256 MiB in %v", time.Since(start))
+	start = time.Now()
+	// Read: the whole volume on stdout.
+	h := sha256.New()
+	outc := exec.CommandContext(ctx, "nbdcopy", a.URI(), "-")
+	outc.Stdout = h
+	var stderr bytes.Buffer
+	outc.Stderr = &stderr
+	if err := outc.Run(); err != nil {
+		t.Fatalf("nbdcopy read: %v: %s", err, stderr.String())
+	}
+	t.Logf("nbdcopy read %d MiB in %v", 3*part>>20, time.Since(start))
+	if got := h.Sum(nil); !bytes.Equal(got, want) {
+		t.Fatalf("checksum after round trip %x, want %x", got, want)
+	}
+}
+
+// TestAttachQemu checks the composed volume with qemu-img compare (against a
+// file holding the same bytes) and qemu-io patterns at odd offsets, over a
+// Unix socket.
+func TestAttachQemu(t *testing.T) {
+	need(t, "qemu-img", "qemu-io")
+	const part = 4 << 20
+	var uris []string
+	for range 3 {
+		uris = append(uris, startLender(t, part).uri)
+	}
+	dir := t.TempDir()
+	a := attach(t, AttachConfig{URIs: uris, StripeUnit: 64 << 10, Listen: "unix:" + filepath.Join(dir, "vol.sock")})
+	if !strings.HasPrefix(a.URI(), "nbd+unix:///") {
+		t.Fatalf("URI %q", a.URI())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	data := make([]byte, 3*part)
+	mrand.NewChaCha8([32]byte{9}).Read(data)
+	img := filepath.Join(dir, "ref.raw")
+	if err := os.WriteFile(img, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	u, _ := nbd.ParseURI(a.URI())
+	c, err := nbd.Dial(ctx, u.Network, u.Address, u.Export)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WriteAt(data, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+
+	run := func(name string, args ...string) (string, error) {
+		out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+		return string(out), err
+	}
+	if out, err := run("qemu-img", "compare", "-f", "raw", "-F", "raw", img, a.URI()); err != nil {
+		t.Fatalf("qemu-img compare: %v: %s", err, out)
+	}
+	// A pattern across units and parts at odd offsets, read back by qemu-io.
+	out, err := run("qemu-io", "-f", "raw",
+		"-c", "write -P 0xa5 65533 200007",
+		"-c", "read -P 0xa5 65533 200007",
+		"-c", "write -z 1000000 300000",
+		"-c", "read -P 0 1000000 300000",
+		"-c", "flush",
+		a.URI())
+	if err != nil || strings.Contains(out, "Pattern verification failed") || strings.Contains(out, "failed") {
+		t.Fatalf("qemu-io: %v: %s", err, out)
+	}
+	// The same changes to the reference file; compare again.
+	copy(data[65533:], bytes.Repeat([]byte{0xa5}, 200007))
+	clear(data[1000000:1300000])
+	if err := os.WriteFile(img, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run("qemu-img", "compare", "-f", "raw", "-F", "raw", img, a.URI()); err != nil {
+		t.Fatalf("qemu-img compare after qemu-io: %v: %s", err, out)
+	}
+	// And a difference is detected.
+	data[3*part-1] ^= 1
+	if err := os.WriteFile(img, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run("qemu-img", "compare", "-f", "raw", "-F", "raw", img, a.URI()); err == nil {
+		t.Fatalf("qemu-img compare missed a difference: %s", out)
+	}
+	if err := a.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "vol.sock")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("socket left after Close: %v", err)
+	}
+}
+
+// blackhole forwards TCP to target until frozen; then it forwards nothing
+// and closes nothing, like a lender whose host vanished from the network.
+type blackhole struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	frozen bool
+	conns  []net.Conn
+	wg     sync.WaitGroup
+}
+
+func newBlackhole(t *testing.T, target string) *blackhole {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &blackhole{ln: ln, target: target}
+	b.wg.Go(b.accept)
+	t.Cleanup(func() {
+		ln.Close()
+		b.mu.Lock()
+		for _, c := range b.conns {
+			c.Close()
+		}
+		b.mu.Unlock()
+		b.wg.Wait()
+	})
+	return b
+}
+
+func (b *blackhole) accept() {
+	for {
+		c, err := b.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", b.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		b.mu.Lock()
+		b.conns = append(b.conns, c, s)
+		b.mu.Unlock()
+		b.wg.Go(func() { b.pipe(s, c) })
+		b.wg.Go(func() { b.pipe(c, s) })
+	}
+}
+
+func (b *blackhole) pipe(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		b.mu.Lock()
+		frozen := b.frozen
+		b.mu.Unlock()
+		if frozen {
+			if err != nil {
+				return // the peer went away; a vanished host closes nothing
+			}
+			continue // swallow
+		}
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			dst.Close()
+			return
+		}
+	}
+}
+
+func (b *blackhole) freeze() { b.mu.Lock(); b.frozen = true; b.mu.Unlock() }
+
+// TestLenderFailure: while a client streams reads and writes through the
+// attachment, one lender dies (connections dropped) or vanishes (nothing
+// answers); the client sees an I/O error within the bound, never a hang.
+func TestLenderFailure(t *testing.T) {
+	const timeout = time.Second
+	for _, mode := range []string{"killed", "vanished"} {
+		t.Run(mode, func(t *testing.T) {
+			const part = 8 << 20
+			l0, l1, l2 := startLender(t, part), startLender(t, part), startLender(t, part)
+			uri1 := l1.uri
+			var bh *blackhole
+			if mode == "vanished" {
+				bh = newBlackhole(t, l1.ln.Addr().String())
+				u, _ := nbd.ParseURI(l1.uri)
+				u.Address = bh.ln.Addr().String()
+				uri1 = u.String()
+			}
+			a := attach(t, AttachConfig{URIs: []string{l0.uri, uri1, l2.uri}, StripeUnit: 64 << 10, RequestTimeout: timeout})
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			u, _ := nbd.ParseURI(a.URI())
+			c, err := nbd.Dial(ctx, u.Network, u.Address, u.Export, nbd.WithRequestTimeout(20*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+
+			failed := make(chan time.Time, 4)
+			started := make(chan struct{}, 4)
+			var wg sync.WaitGroup
+			for w := range 4 {
+				wg.Go(func() {
+					buf := make([]byte, 256<<10)
+					for i := 0; ctx.Err() == nil; i++ {
+						off := int64((i*4+w)%(3*part/len(buf))) * int64(len(buf))
+						var err error
+						if w%2 == 0 {
+							_, err = c.ReadAt(buf, off)
+						} else {
+							_, err = c.WriteAt(buf, off)
+						}
+						if i == 1 {
+							started <- struct{}{}
+						}
+						if err != nil {
+							failed <- time.Now()
+							return
+						}
+					}
+				})
+			}
+			for range 4 {
+				<-started
+			}
+			killed := time.Now()
+			if mode == "killed" {
+				l1.kill()
+			} else {
+				bh.freeze()
+			}
+			for range 4 {
+				select {
+				case at := <-failed:
+					if d := at.Sub(killed); d > 3*timeout {
+						t.Errorf("error %v after the lender failed, bound %v", d, timeout)
+					}
+				case <-time.After(10 * timeout):
+					t.Fatal("a request hung after the lender failed")
+				}
+			}
+			cancel()
+			wg.Wait()
+			if f := a.Volume().Failed(); mode == "vanished" && (len(f) != 1 || f[0] != 1) {
+				t.Errorf("Failed() = %v, want [1]", f)
+			}
+			// Requests that avoid the lost part still work; ones that
+			// touch it fail at once.
+			c2, err := nbd.Dial(context.Background(), u.Network, u.Address, u.Export)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c2.Close()
+			if _, err := c2.ReadAt(make([]byte, 4096), 0); err != nil {
+				t.Errorf("read of part 0: %v", err)
+			}
+			start := time.Now()
+			_, err = c2.ReadAt(make([]byte, 4096), 64<<10)
+			var ne *nbd.Error
+			if !errors.As(err, &ne) || ne.Errno != nbd.EIO {
+				t.Errorf("read of the lost part: %v, want EIO", err)
+			}
+			if d := time.Since(start); d > 2*timeout {
+				t.Errorf("read of the lost part took %v", d)
+			}
+		})
+	}
+}
+
+// TestAttachNbdkitKilled composes over nbdkit lenders and SIGKILLs one.
+func TestAttachNbdkitKilled(t *testing.T) {
+	need(t, "nbdkit")
+	dir := t.TempDir()
+	var uris []string
+	var procs []*exec.Cmd
+	for i := range 2 {
+		// The socket exists before nbdkit starts (systemd socket
+		// activation), so no waiting for it is needed.
+		sock := filepath.Join(dir, fmt.Sprintf("l%d.sock", i))
+		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := ln.File()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command("sh", "-c", "export LISTEN_PID=$$ LISTEN_FDS=1; exec nbdkit -f memory 16M")
+		cmd.ExtraFiles = []*os.File{f}
+		err = cmd.Start()
+		f.Close()
+		ln.SetUnlinkOnClose(false)
+		ln.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		procs = append(procs, cmd)
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		uris = append(uris, nbd.URI{Network: "unix", Address: sock}.String())
+	}
+	const timeout = time.Second
+	a := attach(t, AttachConfig{URIs: uris, StripeUnit: 64 << 10, RequestTimeout: timeout})
+	u, _ := nbd.ParseURI(a.URI())
+	c, err := nbd.Dial(context.Background(), u.Network, u.Address, u.Export)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	data := make([]byte, 1<<20)
+	mrand.NewChaCha8([32]byte{1}).Read(data)
+	if _, err := c.WriteAt(data, 12345); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(data))
+	if _, err := c.ReadAt(got, 12345); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read back over nbdkit: %v", err)
+	}
+	procs[1].Process.Kill()
+	start := time.Now()
+	_, err = c.ReadAt(got, 0)
+	if err == nil {
+		t.Fatal("read over a killed lender succeeded")
+	}
+	if d := time.Since(start); d > 3*timeout {
+		t.Errorf("error after %v", d)
+	}
+}
