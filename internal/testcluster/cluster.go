@@ -40,7 +40,7 @@ type Options struct {
 	HeartbeatInterval time.Duration // agents' real interval, 100ms
 	SuspectAfter      time.Duration // 3s of fake time
 	DownAfter         time.Duration // 10s of fake time
-	PrepareTimeout    time.Duration // 500ms (real time)
+	PrepareTimeout    time.Duration // 2s (real time)
 	DefaultTTL        time.Duration // 1h
 
 	// Lender wraps the control plane's default HTTP lender, if set.
@@ -97,7 +97,7 @@ func Start(t testing.TB, opts Options) *Cluster {
 		opts.DownAfter = 10 * time.Second
 	}
 	if opts.PrepareTimeout == 0 {
-		opts.PrepareTimeout = 500 * time.Millisecond
+		opts.PrepareTimeout = 2 * time.Second
 	}
 	if opts.DefaultTTL == 0 {
 		opts.DefaultTTL = time.Hour

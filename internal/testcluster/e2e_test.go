@@ -182,7 +182,7 @@ func TestLenderRefusesPlacedElsewhere(t *testing.T) {
 }
 
 func TestLenderIgnoresSkippedAfterTimeout(t *testing.T) {
-	c := Start(t, Options{PrepareTimeout: 300 * time.Millisecond})
+	c := Start(t, Options{PrepareTimeout: time.Second})
 	good := c.Nodes[1]
 	c.Nodes[0].Faults().IgnorePrepare.Store(true)
 	c.Nodes[2].Faults().IgnorePrepare.Store(true)
@@ -413,7 +413,7 @@ func TestIdempotentCreate(t *testing.T) {
 func TestConcurrentCreatesNeverOverCommit(t *testing.T) {
 	c := Start(t, Options{})
 	ctx := ctxT(t)
-	const workers = 30
+	const workers = 20
 	var (
 		wg     sync.WaitGroup
 		mu     sync.Mutex

@@ -1,0 +1,202 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+)
+
+// buildBinary builds rialto into a temporary directory.
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go tool to build the binary")
+	}
+	bin := filepath.Join(t.TempDir(), "rialto")
+	out, err := exec.Command(gobin, "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// upProc is a running `rialto up`.
+type upProc struct {
+	cmd         *exec.Cmd
+	addr, token string
+	mu          sync.Mutex
+	out         strings.Builder
+	done        chan error
+}
+
+func startUp(t *testing.T, bin, dir string) *upProc {
+	t.Helper()
+	cmd := exec.Command(bin, "up", "--state-dir", dir, "--disk-size", "512MiB", "--memory", "0", "--heartbeat", "250ms")
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &upProc{cmd: cmd, done: make(chan error, 1)}
+	ready := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		closed := false
+		for sc.Scan() {
+			line := sc.Text()
+			p.mu.Lock()
+			p.out.WriteString(line + "\n")
+			if v, ok := strings.CutPrefix(line, "export RIALTO_ADDR="); ok {
+				p.addr = v
+			}
+			if v, ok := strings.CutPrefix(line, "export RIALTO_TOKEN="); ok {
+				p.token = v
+				if !closed {
+					close(ready)
+					closed = true
+				}
+			}
+			p.mu.Unlock()
+		}
+		io.Copy(io.Discard, stdout)
+		p.done <- cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+		}
+	})
+	select {
+	case <-ready:
+	case err := <-p.done:
+		t.Fatalf("rialto up exited early: %v\n%s", err, p.output())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("rialto up not ready:\n%s", p.output())
+	}
+	return p
+}
+
+func (p *upProc) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.String()
+}
+
+func (p *upProc) stop(t *testing.T) {
+	t.Helper()
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-p.done:
+		if err != nil {
+			t.Fatalf("rialto up after SIGTERM: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("rialto up did not stop on SIGTERM")
+	}
+}
+
+// cli runs a verb of the binary against the cluster and decodes -o json.
+func (p *upProc) cli(t *testing.T, bin string, out any, args ...string) {
+	t.Helper()
+	cmd := exec.Command(bin, append(args, "-o", "json")...)
+	cmd.Env = append(os.Environ(), "RIALTO_ADDR="+p.addr, "RIALTO_TOKEN="+p.token)
+	b, err := cmd.Output()
+	if err != nil {
+		var stderr string
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = string(ee.Stderr)
+		}
+		t.Fatalf("rialto %v: %v\n%s", args, err, stderr)
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		t.Fatalf("rialto %v: %v\n%s", args, err, b)
+	}
+}
+
+// TestUpREADMEFlow runs the README's tour against a real `rialto up`
+// process, then restarts it on the same state dir.
+func TestUpREADMEFlow(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := buildBinary(t)
+	dir := filepath.Join(t.TempDir(), "state")
+	up := startUp(t, bin, dir)
+	for _, want := range []string{"API:", "node1", "disk0", "export RIALTO_ADDR=http://127.0.0.1:"} {
+		if !strings.Contains(up.output(), want) {
+			t.Errorf("banner lacks %q:\n%s", want, up.output())
+		}
+	}
+
+	var nodes []api.Node
+	up.cli(t, bin, &nodes, "nodes")
+	if len(nodes) != 3 {
+		t.Fatalf("%d nodes", len(nodes))
+	}
+	for _, n := range nodes {
+		if n.State != api.NodeReady {
+			t.Errorf("node %s is %s", n.Name, n.State)
+		}
+	}
+	var l api.Lease
+	up.cli(t, bin, &l, "lease", "create", "--kind", "block", "--size", "256MiB")
+	if l.State != api.LeaseActive || l.NodeID == "" || l.DeviceID == "" || !strings.HasPrefix(l.URI, "nbd://") {
+		t.Fatalf("lease %+v", l)
+	}
+	var rel api.Lease
+	up.cli(t, bin, &rel, "lease", "release", l.ID)
+	if rel.State != api.LeaseReleased {
+		t.Fatalf("released lease is %s", rel.State)
+	}
+
+	// A lease left active survives a restart of the whole cluster.
+	var kept api.Lease
+	up.cli(t, bin, &kept, "lease", "create", "--kind", "block", "--size", "64MiB", "--ttl", "1h")
+	up.stop(t)
+	if st, err := os.Stat(filepath.Join(dir, "cluster.json")); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("cluster.json: %v %v", st, err)
+	}
+
+	up2 := startUp(t, bin, dir)
+	if up2.addr != up.addr || up2.token != up.token {
+		t.Errorf("restart changed address or token: %s -> %s", up.addr, up2.addr)
+	}
+	up2.cli(t, bin, &nodes, "nodes")
+	if len(nodes) != 3 {
+		t.Fatalf("after restart: %d nodes", len(nodes))
+	}
+	var devs []api.Device
+	up2.cli(t, bin, &devs, "devices")
+	if len(devs) != 6 {
+		t.Fatalf("after restart: %d devices", len(devs))
+	}
+	var again api.Lease
+	up2.cli(t, bin, &again, "lease", "show", kept.ID)
+	if again.State != api.LeaseActive {
+		t.Fatalf("kept lease is %s after restart (%s)", again.State, again.Reason)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := nbd.DialURI(ctx, again.URI)
+	if err != nil {
+		t.Fatalf("kept lease's URI after restart: %v", err)
+	}
+	c.Close()
+	up2.stop(t)
+}

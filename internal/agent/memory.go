@@ -1,0 +1,71 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"sync"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/dataplane/memory"
+)
+
+func init() {
+	builtinDrivers[api.KindMemory] = func(l *slog.Logger) Driver { return NewMemoryDriver(l) }
+}
+
+// MemoryDriver lends memory through a donor: a lease reserves an anonymous
+// region reachable with the lease's export name as its credential.
+type MemoryDriver struct {
+	donor *memory.Donor
+
+	mu   sync.Mutex
+	live map[string]bool
+}
+
+// NewMemoryDriver returns a memory driver logging to log.
+func NewMemoryDriver(log *slog.Logger) *MemoryDriver {
+	return &MemoryDriver{donor: memory.NewDonor(log), live: map[string]bool{}}
+}
+
+// Prepare reserves the region.
+func (m *MemoryDriver) Prepare(_ context.Context, e Export) (api.PrepareResponse, error) {
+	uri := "rialto-mem://" + e.Endpoint + "/" + e.Request.Export
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.live[e.Request.Export] {
+		return api.PrepareResponse{URI: uri}, nil
+	}
+	if err := m.donor.AddRegion(e.Request.Export, e.Request.Length); err != nil {
+		return api.PrepareResponse{}, err
+	}
+	m.live[e.Request.Export] = true
+	return api.PrepareResponse{URI: uri}, nil
+}
+
+// Teardown wipes and frees the region.
+func (m *MemoryDriver) Teardown(_ context.Context, e Export) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.live[e.Request.Export] {
+		return nil
+	}
+	delete(m.live, e.Request.Export)
+	return m.donor.RemoveRegion(e.Request.Export)
+}
+
+// Serve runs the donor.
+func (m *MemoryDriver) Serve(ctx context.Context, ln net.Listener) error {
+	return m.donor.Serve(ctx, ln)
+}
+
+// Close frees every region.
+func (m *MemoryDriver) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for name := range m.live {
+		m.donor.RemoveRegion(name)
+	}
+	m.live = map[string]bool{}
+	return nil
+}
