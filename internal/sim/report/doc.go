@@ -1,0 +1,8 @@
+// Package report is the file layer of the simulator: it runs a named
+// experiment of package sim and writes its table as CSV, its plot as SVG and
+// its headline as text into a directory. It is what `rialto sim run` calls;
+// package sim itself does no I/O.
+//
+// Zero values: Options is sim.Options plus the trace directory path. The
+// functions are safe for concurrent use on distinct output directories.
+package report
