@@ -34,21 +34,25 @@ type MapOptions struct {
 	// length, at least 16 pages.
 	CacheBytes int64
 	// Readahead is the largest number of pages fetched for one fault when
-	// faults are sequential. Default 16; 1 disables readahead.
+	// faults are sequential (the window doubles from 1 on each sequential
+	// fault). Default 64 (256 KiB); 1 disables readahead.
 	Readahead int
 	// EvictBatch is how many pages are evicted together when the cache is
-	// full (dirty neighbours are written back in one request). Default 8.
+	// full (dirty neighbours are written back in one request). Default 32.
 	EvictBatch int
 }
 
 // MappingStats counts what a Mapping did.
 type MappingStats struct {
-	Faults      int64 // missing-page faults served
-	WPFaults    int64 // first writes to clean pages
-	PagesIn     int64 // pages fetched (including readahead)
-	Evictions   int64 // pages evicted
-	WriteBacks  int64 // dirty pages written back
-	Resident    int   // pages in the cache now
+	Faults      int64         // missing-page faults served
+	WPFaults    int64         // first writes to clean pages
+	PagesIn     int64         // pages fetched (including readahead)
+	Evictions   int64         // pages evicted
+	WriteBacks  int64         // dirty pages written back
+	FetchTime   time.Duration // total time waiting for the donor's pages
+	InstallTime time.Duration // total time in UFFDIO_COPY
+	EvictTime   time.Duration // total time evicting (write-back included)
+	Resident    int           // pages in the cache now
 	CachePages  int
 	ServiceTime []time.Duration // per missing fault, handler side (last 64Ki)
 }
@@ -115,11 +119,11 @@ func Map(ctx context.Context, c *Client, opts MapOptions) (*Mapping, error) {
 	}
 	capPages := max(int(opts.CacheBytes/int64(ps)), 16)
 	if opts.Readahead <= 0 {
-		opts.Readahead = 16
+		opts.Readahead = 64
 	}
 	opts.Readahead = min(opts.Readahead, MaxPayload/ps, capPages/2)
 	if opts.EvictBatch <= 0 {
-		opts.EvictBatch = 8
+		opts.EvictBatch = 32
 	}
 	u, err := openUffd(uffd.FeaturePagefaultFlagWP)
 	if err != nil {
@@ -340,10 +344,13 @@ func (m *Mapping) fault(msg uffd.Msg, t0 time.Time) {
 	for n < m.raWin && i+n < m.pages && !m.resident[i+n] {
 		n++
 	}
+	t1 := time.Now()
 	if err := m.pg.read(m.stage[:n*m.ps], int64(i*m.ps)); err != nil {
 		_ = m.failLocked(err)
 		return
 	}
+	t2 := time.Now()
+	m.stats.FetchTime += t2.Sub(t1)
 	write := msg.Flags&uffd.FlagWrite != 0
 	src := uintptr(unsafe.Pointer(&m.stage[0]))
 	if err := m.install(i, src, 1, !write); err != nil {
@@ -356,6 +363,7 @@ func (m *Mapping) fault(msg uffd.Msg, t0 time.Time) {
 			return
 		}
 	}
+	m.stats.InstallTime += time.Since(t2)
 	m.dirty[i] = write
 	for j := i; j < i+n; j++ {
 		m.resident[j] = true
@@ -374,9 +382,11 @@ func (m *Mapping) fault(msg uffd.Msg, t0 time.Time) {
 	}
 	// Evict after the faulting thread was woken, off its critical path: the
 	// cache may exceed its size by one readahead window in between.
+	t3 := time.Now()
 	if err := m.makeRoom(0); err != nil {
 		_ = m.failLocked(err)
 	}
+	m.stats.EvictTime += time.Since(t3)
 }
 
 func (m *Mapping) install(i int, src uintptr, n int, wp bool) error {
