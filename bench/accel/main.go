@@ -10,7 +10,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
-	"errors"
 	"flag"
 	"fmt"
 	"log"
@@ -178,7 +177,7 @@ func (e *env) newGateway(maxBatch int, delay time.Duration, workers, instances i
 	}
 }
 
-func checkResult(e *env, q, out []byte) error {
+func checkResult(out []byte) error {
 	if len(out) != 4 {
 		return fmt.Errorf("result of %d bytes", len(out))
 	}
@@ -329,12 +328,11 @@ func medDur(xs []time.Duration) time.Duration {
 }
 
 type series struct {
-	name    string
-	qps     []float64
-	p50     []time.Duration
-	p99     []time.Duration
-	errs    int64
-	unitLat bool // report latencies in ns
+	name string
+	qps  []float64
+	p50  []time.Duration
+	p99  []time.Duration
+	errs int64
 }
 
 func (s *series) add(x sample) {
@@ -474,7 +472,7 @@ func main() {
 			q := e.query()
 			out, err := unbatchedConns[g].Call(ctx, "match", q)
 			if err == nil {
-				err = checkResult(e, q, out)
+				err = checkResult(out)
 			}
 			return err
 		}))
@@ -482,7 +480,7 @@ func main() {
 			q := e.query()
 			out, err := gIn.Call(ctx, "match", q)
 			if err == nil {
-				err = checkResult(e, q, out)
+				err = checkResult(out)
 			}
 			return err
 		}))
@@ -490,7 +488,7 @@ func main() {
 			q := e.query()
 			out, err := z.call(g, q)
 			if err == nil {
-				err = checkResult(e, q, out)
+				err = checkResult(out)
 			}
 			return err
 		}))
@@ -498,7 +496,7 @@ func main() {
 			q := e.query()
 			out, err := gwConns[g].Call(ctx, "match", q)
 			if err == nil {
-				err = checkResult(e, q, out)
+				err = checkResult(out)
 			}
 			return err
 		}))
@@ -641,5 +639,3 @@ func fmtList(xs []float64) string {
 	}
 	return strings.Join(s, ", ")
 }
-
-var _ = errors.New
