@@ -237,6 +237,11 @@ func printUp(ctx context.Context, e *env, url, token, dir string) error {
 	fmt.Fprintf(w, "export RIALTO_ADDR=%s\n", url)
 	fmt.Fprintf(w, "export RIALTO_TOKEN=%s\n", token)
 	fmt.Fprintln(w)
+	envFile := filepath.Join(dir, "env")
+	envText := fmt.Sprintf("export RIALTO_ADDR=%s\nexport RIALTO_TOKEN=%s\n", url, token)
+	if err := os.WriteFile(envFile, []byte(envText), 0o600); err == nil {
+		fmt.Fprintf(w, "(also in %s: `. %s` in another shell)\n", envFile, envFile)
+	}
 	fmt.Fprintln(w, "then: rialto nodes; rialto lease create --kind block --size 256MiB; Ctrl-C stops the cluster.")
 	if f, ok := w.(*os.File); ok {
 		f.Sync()
