@@ -59,7 +59,6 @@ type Donor struct {
 	mu      sync.Mutex
 	regions map[[32]byte]*region
 	conns   map[net.Conn]struct{}
-	stopped bool
 	wg      sync.WaitGroup
 }
 
@@ -254,11 +253,6 @@ func (d *Donor) Serve(ctx context.Context, ln net.Listener) error {
 			break
 		}
 		d.mu.Lock()
-		if d.stopped {
-			d.mu.Unlock()
-			_ = c.Close()
-			continue
-		}
 		d.conns[c] = struct{}{}
 		d.wg.Add(1)
 		d.mu.Unlock()
@@ -361,9 +355,6 @@ func (d *Donor) handle(c net.Conn) {
 func (d *Donor) attach(c net.Conn, hello Hello) (*session, uint32, uint16, string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.stopped {
-		return nil, 0, StatusGone, "memory: donor stopping"
-	}
 	r, ok := d.regions[credKey(hello.Credential)]
 	if !ok || r.gone {
 		return nil, 0, StatusAuth, "memory: credential refused"

@@ -5,9 +5,13 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"runtime/debug"
 	"slices"
+	"sync"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/rialto-project/rialto/internal/dataplane/memory/uffd"
@@ -136,3 +140,80 @@ func TestMapUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Several goroutines use one mapping at once, each on its own stripe, while
+// the cache is far smaller than the data.
+func TestMappingConcurrentUsers(t *testing.T) {
+	const size, users = 4 << 20, 4
+	_, addr := startChildDonor(t, size)
+	c := dial(t, addr, Options{})
+	m := mapOrSkip(t, c, MapOptions{})
+	b := m.Bytes()
+	part := size / users
+	var wg sync.WaitGroup
+	errs := make(chan error, users)
+	for u := range users {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			mine := b[u*part : (u+1)*part]
+			shadow := make([]byte, part)
+			rng := rand.New(rand.NewPCG(uint64(u), 11))
+			for range 1500 {
+				off := rng.IntN(part - 8)
+				v := byte(rng.Uint32())
+				mine[off] = v
+				shadow[off] = v
+				if r := rng.IntN(part); mine[r] != shadow[r] {
+					errs <- fmt.Errorf("user %d: byte %d differs", u, r)
+					return
+				}
+			}
+			if !bytes.Equal(mine, shadow) {
+				errs <- fmt.Errorf("user %d: stripe differs", u)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A donor killed while the mapping is in use: the next fault neither hangs
+// nor returns made-up data; it faults, and Err says why.
+func TestMappingDonorKilled(t *testing.T) {
+	cmd, addr := startChildDonor(t, 4<<20)
+	c := dial(t, addr, Options{Timeout: time.Second})
+	m := mapOrSkip(t, c, MapOptions{})
+	b := m.Bytes()
+	sinkByte = b[0]
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	old := debug.SetPanicOnFault(true)
+	defer debug.SetPanicOnFault(old)
+	func() {
+		defer func() {
+			r := recover()
+			if _, ok := r.(interface{ Addr() uintptr }); !ok {
+				t.Errorf("touch after donor death: recovered %v, want a memory fault", r)
+			}
+		}()
+		sinkByte = b[2<<20]
+		t.Error("read of an unfetched page succeeded after the donor died")
+	}()
+	if err := m.Err(); !errors.Is(err, ErrMappingFailed) || !errors.Is(err, ErrDonorLost) {
+		t.Fatalf("Err: %v", err)
+	}
+	if err := m.Close(); err == nil {
+		t.Fatal("Close after donor death returned nil")
+	}
+}
+
+var sinkByte byte
