@@ -95,7 +95,11 @@ func (c *Cluster) Path(borrower, device string) []*Resource {
 			c.trees[src] = t
 		}
 		for _, li := range t.PathTo(dst) {
-			out = append(out, c.Links[li])
+			// Unlimited links never constrain a flow; leaving them out keeps
+			// the components Net recomputes small.
+			if l := c.Links[li]; l.Capacity > 0 {
+				out = append(out, l)
+			}
 		}
 	}
 	out = append(out, c.Dev[device])
