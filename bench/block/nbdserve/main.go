@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 
@@ -28,7 +29,17 @@ func main() {
 	ro := flag.Bool("readonly", false, "serve read-only")
 	workers := flag.Int("workers", 0, "workers per connection (0 = default)")
 	verbose := flag.Bool("v", false, "debug logging")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile here until exit")
 	flag.Parse()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
 	if *file == "" {
 		fmt.Fprintln(os.Stderr, "nbdserve: -file is required")
 		os.Exit(2)
@@ -64,6 +75,5 @@ func main() {
 	defer stop()
 	if err := s.Serve(ctx, ln); err != nil {
 		log.Error("serve", "err", err)
-		os.Exit(1)
 	}
 }

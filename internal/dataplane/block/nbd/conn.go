@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 )
 
@@ -77,9 +78,11 @@ type conn struct {
 	ro    bool
 	limit *RateLimit
 
-	reqs    chan *op
-	replies chan *op
-	bud     budget
+	reqs     chan *op
+	replies  chan *op
+	bud      budget
+	wmu      sync.Mutex   // serialises writes to nc
+	inflight atomic.Int64 // requests handed to workers and not yet sent
 }
 
 func newConn(s *Server, nc net.Conn, r *bufio.Reader, sess *session) *conn {
@@ -118,7 +121,7 @@ func (c *conn) serve(ctx context.Context) error {
 	werr := make(chan error, 1)
 	go func() { werr <- c.writer() }()
 
-	rerr := c.reader()
+	rerr := c.reader(ctx)
 
 	close(c.reqs)
 	wg.Wait()
@@ -131,7 +134,7 @@ func (c *conn) serve(ctx context.Context) error {
 }
 
 // reader parses requests until DISC, EOF or a protocol violation.
-func (c *conn) reader() error {
+func (c *conn) reader(ctx context.Context) error {
 	var hb [requestHeaderLen]byte
 	for {
 		if _, err := io.ReadFull(c.r, hb[:]); err != nil {
@@ -169,11 +172,43 @@ func (c *conn) reader() error {
 		}
 		if o.errno != 0 {
 			c.encodeError(o)
+		} else if c.inflight.Load() == 0 && c.r.Buffered() == 0 {
+			// Nothing else in flight and no request queued behind this
+			// one (typical at queue depth 1): serve it here and reply
+			// directly, sparing two goroutine hand-offs.
+			c.execute(ctx, o)
+		} else {
+			c.inflight.Add(1)
+			c.reqs <- o
+			continue
+		}
+		if c.inflight.Load() != 0 {
+			c.inflight.Add(1)
 			c.replies <- o
 			continue
 		}
-		c.reqs <- o
+		c.wmu.Lock()
+		err = c.send([]*op{o})
+		c.wmu.Unlock()
+		c.freeOp(o)
+		if err != nil {
+			return err
+		}
 	}
+}
+
+// send writes the replies of ops with one writev.
+func (c *conn) send(ops []*op) error {
+	var iov [2 * maxBatch][]byte
+	bufs := net.Buffers(iov[:0])
+	for _, b := range ops {
+		bufs = append(bufs, b.hdr[:b.hlen])
+		if len(b.out) > 0 {
+			bufs = append(bufs, b.out)
+		}
+	}
+	_, err := bufs.WriteTo(c.nc)
+	return err
 }
 
 func (c *conn) freeOp(o *op) {
@@ -434,7 +469,6 @@ func (c *conn) writer() error {
 	var (
 		werr  error
 		batch = make([]*op, 0, maxBatch)
-		iov   = make(net.Buffers, 0, 2*maxBatch)
 	)
 	for o := range c.replies {
 		batch = append(batch[:0], o)
@@ -451,22 +485,17 @@ func (c *conn) writer() error {
 			}
 		}
 		if werr == nil {
-			iov = iov[:0]
-			for _, b := range batch {
-				iov = append(iov, b.hdr[:b.hlen])
-				if len(b.out) > 0 {
-					iov = append(iov, b.out)
-				}
-			}
-			bufs := iov
-			if _, err := bufs.WriteTo(c.nc); err != nil {
-				werr = err
+			c.wmu.Lock()
+			werr = c.send(batch)
+			c.wmu.Unlock()
+			if werr != nil {
 				c.nc.Close()
 			}
 		}
 		for _, b := range batch {
 			c.freeOp(b)
 		}
+		c.inflight.Add(-int64(len(batch)))
 	}
 	return werr
 }

@@ -270,7 +270,7 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 		ht = 30 * time.Second
 	}
 	nc.SetDeadline(time.Now().Add(ht))
-	r := newConnReader(nc)
+	r := newConnReader(newSocketReader(nc))
 	sess, err := s.negotiate(r, nc)
 	if err != nil {
 		if !errors.Is(err, errAbort) {

@@ -1,0 +1,50 @@
+package nbd
+
+import (
+	"context"
+	"math/rand/v2"
+	"os"
+	"testing"
+)
+
+// benchClient dials $NBD_BENCH_URI (any server, for comparisons) or an
+// in-process export of a 64 MiB memory backend.
+func benchClient(b *testing.B) *Client {
+	if uri := os.Getenv("NBD_BENCH_URI"); uri != "" {
+		c, err := DialURI(context.Background(), uri)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { c.Close() })
+		return c
+	}
+	_, addr := startServer(b, Export{Name: testName, Backend: NewMemBackend(64 << 20)})
+	return dial(b, addr, testName)
+}
+
+func BenchmarkRead4KQD1(b *testing.B) {
+	c := benchClient(b)
+	buf := make([]byte, 4096)
+	blocks := c.Size() / 4096
+	b.SetBytes(4096)
+	for b.Loop() {
+		if _, err := c.ReadAt(buf, rand.Int64N(blocks)*4096); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkRead4KQD32(b *testing.B) {
+	c := benchClient(b)
+	blocks := c.Size() / 4096
+	b.SetBytes(4096)
+	b.SetParallelism(16)
+	b.RunParallel(func(pb *testing.PB) {
+		buf := make([]byte, 4096)
+		for pb.Next() {
+			if _, err := c.ReadAt(buf, rand.Int64N(blocks)*4096); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
