@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -55,9 +56,19 @@ func (b *BlockDriver) Open(_ context.Context, dev DeviceConfig) (DeviceConfig, e
 		f.Close()
 		return dev, err
 	}
+	have := st.Size()
+	if !st.Mode().IsRegular() { // a block device: its size is where it ends
+		if have, err = f.Seek(0, io.SeekEnd); err != nil {
+			f.Close()
+			return dev, err
+		}
+	}
 	switch {
 	case dev.Size == 0:
-		dev.Size = st.Size()
+		dev.Size = have
+	case !st.Mode().IsRegular() && have < dev.Size:
+		f.Close()
+		return dev, fmt.Errorf("block device %s has %d bytes, fewer than the %d configured", dev.Name, have, dev.Size)
 	case st.Mode().IsRegular() && st.Size() < dev.Size:
 		if err := f.Truncate(dev.Size); err != nil {
 			f.Close()

@@ -37,7 +37,7 @@ func (a *Agent) Prepare(ctx context.Context, req api.PrepareRequest) (api.Prepar
 	if req.Kind != dev.Kind {
 		return api.PrepareResponse{}, fmt.Errorf("%w: device %s is %s, not %s", ErrNoDevice, dev.Name, dev.Kind, req.Kind)
 	}
-	if req.Offset < 0 || req.Length < 0 || (dev.Size > 0 && req.Offset+req.Length > dev.Size) {
+	if req.Offset < 0 || req.Length < 0 || req.Offset > dev.Size || req.Length > dev.Size-req.Offset {
 		return api.PrepareResponse{}, fmt.Errorf("%w: offset %d length %d on %s of %d", ErrOutOfRange, req.Offset, req.Length, dev.Name, dev.Size)
 	}
 	if req.Length == 0 {
