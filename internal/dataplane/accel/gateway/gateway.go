@@ -241,7 +241,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	if g.running.Swap(true) {
 		return fmt.Errorf("%w: already running", ErrConfig)
 	}
-	work := make(chan *batch)
+	work := make(chan batch)
 	var wg sync.WaitGroup
 	for w := 0; w < g.cfg.Workers; w++ {
 		wg.Add(1)
@@ -278,7 +278,7 @@ func (g *Gateway) finish(r *request, res result, outcome string) {
 }
 
 // schedule is the single goroutine that owns the queues and forms batches.
-func (g *Gateway) schedule(ctx context.Context, work chan<- *batch) {
+func (g *Gateway) schedule(ctx context.Context, work chan<- batch) {
 	queues := map[string]*queue{}
 	var order []string // entries in arrival order of their queue
 	var timer Timer
@@ -295,21 +295,22 @@ func (g *Gateway) schedule(ctx context.Context, work chan<- *batch) {
 	}()
 	for {
 		now := g.cfg.Clock.Now()
-		var cand *batch
+		var cand batch
+		have := false
 		var wake time.Time
 		for _, e := range order {
 			q := queues[e]
 			g.expire(q, now)
-			b, at := g.form(e, q, now)
-			if b != nil && (cand == nil || b.reqs[0].enq.Before(cand.reqs[0].enq)) {
-				cand = b
+			b, ok, at := g.form(e, q, now)
+			if ok && (!have || b.reqs[0].enq.Before(cand.reqs[0].enq)) {
+				cand, have = b, true
 			}
 			if !at.IsZero() && (wake.IsZero() || at.Before(wake)) {
 				wake = at
 			}
 		}
-		var sendTo chan<- *batch
-		if cand != nil {
+		var sendTo chan<- batch
+		if have {
 			sendTo = work
 		}
 		var timerC <-chan time.Time
@@ -379,9 +380,9 @@ func (g *Gateway) expire(q *queue, now time.Time) {
 
 // form decides whether q can be dispatched now: it returns the batch, or
 // the time at which waiting must end.
-func (g *Gateway) form(entry string, q *queue, now time.Time) (*batch, time.Time) {
+func (g *Gateway) form(entry string, q *queue, now time.Time) (batch, bool, time.Time) {
 	if len(q.reqs) == 0 {
-		return nil, time.Time{}
+		return batch{}, false, time.Time{}
 	}
 	c := g.cfg
 	target := 0
@@ -406,21 +407,25 @@ func (g *Gateway) form(entry string, q *queue, now time.Time) (*batch, time.Time
 		if wake.IsZero() || d.Before(wake) {
 			wake = d
 		}
-		return nil, wake
+		return batch{}, false, wake
 	}
-	b := &batch{entry: entry, at: now}
+	b := batch{entry: entry, at: now}
+	k := 0
 	for _, r := range q.reqs {
 		if b.n+len(r.items) > target && b.n > 0 {
 			break
 		}
-		b.reqs = append(b.reqs, r)
 		b.n += len(r.items)
+		k++
 	}
-	return b, wake
+	// The batch aliases the queue's prefix; the scheduler never writes
+	// there again once the batch is handed over.
+	b.reqs = q.reqs[:k:k]
+	return b, true, wake
 }
 
 // execute runs one batch on the next instance and answers its requests.
-func (g *Gateway) execute(ctx context.Context, b *batch) {
+func (g *Gateway) execute(ctx context.Context, b batch) {
 	ins := make([][]byte, 0, b.n)
 	for _, r := range b.reqs {
 		ins = append(ins, r.items...)
