@@ -164,6 +164,7 @@ func runServer(ctx context.Context, e *env, args []string) error {
 	}
 	cp.startSweeping(ctx)
 	log.Info("control plane serving", "url", cp.URL, "db", *db)
+	fmt.Fprintf(e.stdout, "rialto server: serving %s\n", cp.URL)
 	select {
 	case <-ctx.Done():
 	case err := <-cp.done:
