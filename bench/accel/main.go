@@ -618,7 +618,7 @@ func main() {
 		gRuns = append(gRuns, gwt.qps[i]/zq.qps[i])
 	}
 	w("\nGateway settings: max batch %d, max queue delay %v, %d workers, %d slot instances (connections to slots 1–3); "+
-		"ZeroMQ: %d REP workers. The in-process gateway ran %d executions for %d queries in the last run set "+
+		"ZeroMQ: %d REP workers. The in-process gateway ran %d executions for %d queries over all runs "+
 		"(average batch %.1f).\n\n", gwBatch, gwDelay, gwWorkers, gwInstances, zmqWorkers, gStats.Executions, gStats.Items, gStats.AvgBatch)
 	w("| goal | measured (ratio of medians; per run) | met |\n|---|---|---|\n")
 	w("| batching ≥ 5× unbatched throughput | %.1f× (%s) | %s |\n", bRatio, fmtList(bRuns), yes(bRatio >= 5))

@@ -1,6 +1,3 @@
-// Package wasmtest hand-assembles tiny WebAssembly modules for tests and
-// demos, so no Wasm toolchain is needed. It has no state; its functions are
-// safe for concurrent use.
 package wasmtest
 
 // section frames a section body with its id and LEB128 size.
