@@ -1,0 +1,70 @@
+package testcluster
+
+import (
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+)
+
+func TestComposedLeasePartsServedByTheirLenders(t *testing.T) {
+	c := Start(t, Options{})
+	ctx := ctxT(t)
+	l, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeComposed, Count: 3, Size: 48 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.State != api.LeaseActive || len(l.Parts) != 3 {
+		t.Fatalf("composed lease %+v", l)
+	}
+	var total int64
+	for i, p := range l.Parts {
+		n := c.NodeByID(p.NodeID)
+		if n == nil || !n.Serves(l.ID) {
+			t.Fatalf("part %d not served by %s", i, p.NodeID)
+		}
+		if !strings.HasSuffix(p.URI, "."+strconv.Itoa(i)) {
+			t.Errorf("part %d URI does not name export %d", i, i)
+		}
+		nc, err := nbd.DialURI(ctx, p.URI)
+		if err != nil {
+			t.Fatalf("part %d: %v", i, err)
+		}
+		total += nc.Size()
+		nc.Close()
+	}
+	if total < l.Size {
+		t.Errorf("parts hold %d bytes, lease is %d", total, l.Size)
+	}
+	if _, err := c.Client().ReleaseLease(ctx, l.ID); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range l.Parts {
+		n := c.NodeByID(p.NodeID)
+		c.Eventually("part torn down", func() bool { return !n.Serves(l.ID) })
+	}
+}
+
+// TestNBDInfoReadsALease checks a third-party client against a lease.
+func TestNBDInfoReadsALease(t *testing.T) {
+	nbdinfo, err := exec.LookPath("nbdinfo")
+	if err != nil {
+		t.Skip("nbdinfo not installed")
+	}
+	c := Start(t, Options{Nodes: 1})
+	l := createBlock(t, c.Client(), 12<<20, api.ModeShared)
+	out, err := exec.CommandContext(ctxT(t), nbdinfo, "--size", l.URI).CombinedOutput()
+	if err != nil {
+		t.Fatalf("nbdinfo: %v\n%s", err, out)
+	}
+	if got := strings.TrimSpace(string(out)); got != strconv.Itoa(12<<20) {
+		t.Fatalf("nbdinfo --size = %q", got)
+	}
+	bad := l.URI[:strings.LastIndex(l.URI, "/")+1] + "not-the-credential"
+	if out, err := exec.CommandContext(ctxT(t), nbdinfo, "--size", bad).CombinedOutput(); err == nil {
+		t.Fatalf("nbdinfo read a wrong export: %s", out)
+	}
+}
