@@ -1,0 +1,580 @@
+// Command compose measures how a striped (composed) volume's throughput
+// scales with the number of lenders. It is driven by bench/compose/run.sh.
+//
+//	compose serve -listen ADDR -file PATH -name NAME   # one NBD lender
+//	compose run [flags]                                 # the whole benchmark
+//
+// "run" builds a lab of 3 hosts (network namespaces, internal/netns) whose
+// links are shaped with tc tbf to -rate, starts one lender process per host
+// (this binary's "serve", through ip netns exec) serving a file on tmpfs,
+// attaches a volume striped over 1, 2 and 3 of them (stripe.Attach, in this
+// process, on a Unix socket) and times nbdcopy writing and reading it.
+// Configurations are interleaved within each repetition; it also measures
+// the links' ceiling with iperf3 (k parallel streams to k hosts) and a
+// direct, uncomposed nbdcopy to one lender. It writes a Markdown fragment.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/dataplane/block/stripe"
+	"github.com/rialto-project/rialto/internal/netns"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: compose serve|run [flags]")
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "serve":
+		err = serve(os.Args[2:])
+	case "run":
+		err = run(os.Args[2:])
+	default:
+		err = fmt.Errorf("unknown command %q", os.Args[1])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "compose:", err)
+		os.Exit(1)
+	}
+}
+
+// serve runs one NBD lender until SIGTERM.
+func serve(args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ExitOnError)
+	listen := fs.String("listen", "", "address to listen on")
+	file := fs.String("file", "", "file to serve")
+	name := fs.String("name", "", "export name")
+	fs.Parse(args)
+	be, err := nbd.OpenFile(*file, nbd.FileOptions{})
+	if err != nil {
+		return err
+	}
+	defer be.Close()
+	srv := &nbd.Server{}
+	if err := srv.AddExport(nbd.Export{Name: *name, Backend: be}); err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	return srv.Serve(ctx, ln)
+}
+
+const iperfPort = "5201"
+
+type result struct {
+	Kind  string  // "write", "read", "iperf-write", "iperf-read", "direct-write", "direct-read"
+	K     int     // lenders
+	Rep   int     //
+	MiBps float64 //
+	Steal float64 // % of CPU time stolen during the run
+	CPU   float64 // CPU seconds per GiB: nbdcopy + this process (the borrower's stripe layer)
+	Load  float64 // 1-minute load average when the run started (other tenants of the machine)
+}
+
+type bench struct {
+	self    string
+	work    string
+	lab     *netns.Lab
+	sizeMiB int64
+	unit    int64
+	conns   int
+	src     string
+	log     *slog.Logger
+	cmds    map[string]string // exact commands, for the report
+}
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("run", flag.ExitOnError)
+	rate := fs.String("rate", "200mbit", "tc tbf rate of every lender link")
+	sizeMiB := fs.Int64("size-mib", 240, "bytes copied per run (MiB; divisible by 1, 2 and 3 MiB units)")
+	reps := fs.Int("reps", 3, "repetitions (configurations interleaved within each)")
+	unit := fs.Int64("unit", stripe.DefaultStripeUnit, "stripe unit in bytes")
+	conns := fs.Int("conns", stripe.DefaultConnsPerPart, "connections per lender")
+	out := fs.String("out", "docs/bench/compose.md", "Markdown fragment to write")
+	iperfSecs := fs.Int("iperf-secs", 3, "seconds per iperf3 ceiling measurement")
+	cpuprofile := fs.String("cpuprofile", "", "write this process's CPU profile here (experiments)")
+	ksFlag := fs.String("k", "1,2,3", "lender counts to measure (experiments; the report needs 1,2,3)")
+	fs.Parse(args)
+	if *sizeMiB%6 != 0 {
+		return fmt.Errorf("-size-mib must be a multiple of 6")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	work, err := os.MkdirTemp("/dev/shm", "rialto-bench-compose.")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	lab, err := netns.New(ctx, netns.Config{Hosts: 3, Rate: *rate, Prefix: "rialto-bench"})
+	if err != nil {
+		return err
+	}
+	defer lab.Close()
+	b := &bench{self: self, work: work, lab: lab, sizeMiB: *sizeMiB, unit: *unit, conns: *conns, log: log, cmds: map[string]string{}}
+
+	// Source data and lender files, all on tmpfs and fully allocated.
+	b.src = filepath.Join(work, "src.img")
+	if err := randomFile(b.src, *sizeMiB<<20); err != nil {
+		return err
+	}
+	for k := 1; k <= 3; k++ {
+		for i := range k {
+			if err := randomFile(b.part(k, i), (*sizeMiB<<20)/int64(k)); err != nil {
+				return err
+			}
+		}
+	}
+
+	// One iperf3 server per host for the whole run.
+	for i := range lab.Len() {
+		s := lab.Command(ctx, i, "iperf3", "-s", "-B", lab.Host(i).Addr.String(), "-p", iperfPort)
+		if err := s.Start(); err != nil {
+			return err
+		}
+		defer func() { s.Process.Kill(); s.Wait() }()
+		if err := waitTCP(ctx, net.JoinHostPort(lab.Host(i).Addr.String(), iperfPort)); err != nil {
+			return err
+		}
+	}
+
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	var ks []int
+	for _, f := range strings.Split(*ksFlag, ",") {
+		k, err := strconv.Atoi(f)
+		if err != nil || k < 1 || k > 3 {
+			return fmt.Errorf("bad -k %q", *ksFlag)
+		}
+		ks = append(ks, k)
+	}
+	var res []result
+	for rep := 1; rep <= *reps; rep++ {
+		for _, k := range ks {
+			for _, dir := range []string{"write", "read"} {
+				r, err := b.iperf(ctx, k, dir == "read", *iperfSecs)
+				if err != nil {
+					return fmt.Errorf("iperf3 k=%d %s: %w", k, dir, err)
+				}
+				r.Rep = rep
+				res = append(res, r)
+				fmt.Fprintf(os.Stderr, "rep %d k=%d iperf3 %s: %.1f MiB/s (steal %.1f%%)\n", rep, k, dir, r.MiBps, r.Steal)
+			}
+			rs, err := b.volume(ctx, k)
+			if err != nil {
+				return fmt.Errorf("volume k=%d: %w", k, err)
+			}
+			for _, r := range rs {
+				r.Rep = rep
+				res = append(res, r)
+				fmt.Fprintf(os.Stderr, "rep %d k=%d %s: %.1f MiB/s (steal %.1f%%, borrower CPU %.2f s/GiB)\n", rep, r.K, r.Kind, r.MiBps, r.Steal, r.CPU)
+			}
+		}
+	}
+	return b.report(*out, *rate, *reps, res)
+}
+
+func (b *bench) part(k, i int) string {
+	return filepath.Join(b.work, fmt.Sprintf("lender-k%d-%d.img", k, i))
+}
+
+func randomFile(path string, size int64) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.CopyN(f, rand.Reader, size); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// volume starts k lenders, attaches a volume striped over them, and times an
+// nbdcopy write and read of it; for k == 1 it also times nbdcopy directly
+// against the lender.
+func (b *bench) volume(ctx context.Context, k int) ([]result, error) {
+	var uris []string
+	var procs []*exec.Cmd
+	defer func() {
+		for _, p := range procs {
+			p.Process.Signal(syscall.SIGTERM)
+			p.Wait()
+		}
+	}()
+	for i := range k {
+		var nb [16]byte
+		rand.Read(nb[:])
+		name := hex.EncodeToString(nb[:])
+		addr := net.JoinHostPort(b.lab.Host(i).Addr.String(), nbd.DefaultPort)
+		cmd := b.lab.Command(ctx, i, b.self, "serve", "-listen", addr, "-file", b.part(k, i), "-name", name)
+		cmd.Stderr = os.Stderr
+		b.cmds["lender"] = fmt.Sprintf("ip netns exec HOST compose serve -listen ADDR:%s -file LENDER.img -name CREDENTIAL", nbd.DefaultPort)
+		if err := cmd.Start(); err != nil {
+			return nil, err
+		}
+		procs = append(procs, cmd)
+		uri := nbd.URI{Network: "tcp", Address: addr, Export: name}.String()
+		if err := waitNBD(ctx, addr, name); err != nil {
+			return nil, err
+		}
+		uris = append(uris, uri)
+	}
+	a, err := stripe.Attach(ctx, stripe.AttachConfig{
+		URIs: uris, StripeUnit: b.unit, ConnsPerPart: b.conns,
+		Listen: "unix:" + filepath.Join(b.work, "vol.sock"), Logger: b.log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer a.Close()
+	if got, want := a.Volume().Size(), b.sizeMiB<<20; got != want {
+		return nil, fmt.Errorf("volume size %d, want %d", got, want)
+	}
+	b.cmds["write"] = "nbdcopy --flush SRC.img 'nbd+unix:///VOLUME?socket=vol.sock'"
+	b.cmds["read"] = "nbdcopy 'nbd+unix:///VOLUME?socket=vol.sock' null:"
+	var res []result
+	for _, dir := range []string{"write", "read"} {
+		args := []string{"--flush", b.src, a.URI()}
+		if dir == "read" {
+			args = []string{a.URI(), "null:"}
+		}
+		r, err := b.timed(ctx, b.sizeMiB, "nbdcopy", args...)
+		if err != nil {
+			return nil, err
+		}
+		r.Kind, r.K = dir, k
+		res = append(res, r)
+	}
+	if k == 1 {
+		b.cmds["direct-write"] = "nbdcopy --flush SRC.img nbd://ADDR/CREDENTIAL"
+		b.cmds["direct-read"] = "nbdcopy nbd://ADDR/CREDENTIAL null:"
+		for _, dir := range []string{"write", "read"} {
+			args := []string{"--flush", b.src, uris[0]}
+			if dir == "read" {
+				args = []string{uris[0], "null:"}
+			}
+			r, err := b.timed(ctx, b.sizeMiB, "nbdcopy", args...)
+			if err != nil {
+				return nil, err
+			}
+			r.Kind, r.K = "direct-"+dir, 1
+			res = append(res, r)
+		}
+	}
+	return res, nil
+}
+
+// waitNBD polls until an NBD server answers the handshake (bench code: a
+// lender in another process, with a deadline).
+func waitNBD(ctx context.Context, addr, name string) error {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		c, err := nbd.Dial(ctx, "tcp", addr, name)
+		if err == nil {
+			return c.Close()
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("lender at %s did not start: %w", addr, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// timed runs a command and returns its throughput for sizeMiB MiB.
+func (b *bench) timed(ctx context.Context, sizeMiB int64, name string, args ...string) (result, error) {
+	load := loadAvg()
+	s0, t0 := cpuStat()
+	c0 := selfCPU()
+	start := time.Now()
+	cmd := exec.CommandContext(ctx, name, args...)
+	out, err := cmd.CombinedOutput()
+	el := time.Since(start)
+	s1, t1 := cpuStat()
+	if err != nil {
+		return result{}, fmt.Errorf("%s: %w: %s", name, err, out)
+	}
+	cpu := selfCPU() - c0 + (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
+	return result{MiBps: float64(sizeMiB) / el.Seconds(), Steal: pct(s1-s0, t1-t0), CPU: cpu / (float64(sizeMiB) / 1024), Load: load}, nil
+}
+
+// iperf measures k parallel TCP streams, one to each of k hosts, from the
+// root namespace (write) or to it (read, iperf3 -R).
+func (b *bench) iperf(ctx context.Context, k int, reverse bool, secs int) (result, error) {
+	const port = iperfPort
+	load := loadAvg()
+	b.cmds["iperf3"] = fmt.Sprintf("ip netns exec HOST iperf3 -s -B ADDR -p %s; iperf3 -c ADDR -p %s -t %d -J [-R]  (k in parallel)", port, port, secs)
+	s0, t0 := cpuStat()
+	type out struct {
+		bps float64
+		err error
+	}
+	ch := make(chan out, k)
+	for i := range k {
+		go func() {
+			args := []string{"-c", b.lab.Host(i).Addr.String(), "-p", port, "-t", strconv.Itoa(secs), "-J"}
+			if reverse {
+				args = append(args, "-R")
+			}
+			o, err := exec.CommandContext(ctx, "iperf3", args...).Output()
+			if err != nil {
+				ch <- out{0, fmt.Errorf("iperf3 client: %w: %s", err, o)}
+				return
+			}
+			var j struct {
+				End struct {
+					SumReceived struct {
+						BitsPerSecond float64 `json:"bits_per_second"`
+					} `json:"sum_received"`
+				} `json:"end"`
+			}
+			if err := json.Unmarshal(o, &j); err != nil {
+				ch <- out{0, err}
+				return
+			}
+			ch <- out{j.End.SumReceived.BitsPerSecond, nil}
+		}()
+	}
+	var total float64
+	for range k {
+		o := <-ch
+		if o.err != nil {
+			return result{}, o.err
+		}
+		total += o.bps
+	}
+	s1, t1 := cpuStat()
+	kind := "iperf-write"
+	if reverse {
+		kind = "iperf-read"
+	}
+	return result{Kind: kind, K: k, MiBps: total / 8 / (1 << 20), Steal: pct(s1-s0, t1-t0), Load: load}, nil
+}
+
+func waitTCP(ctx context.Context, addr string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s did not open: %w", addr, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func loadAvg() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
+}
+
+// selfCPU returns this process's user+system CPU seconds.
+func selfCPU() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+}
+
+// cpuStat returns steal and total jiffies from /proc/stat.
+func cpuStat() (steal, total float64) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	for i, v := range f[1:] {
+		x, _ := strconv.ParseFloat(v, 64)
+		if i < 8 { // user nice system idle iowait irq softirq steal
+			total += x
+		}
+		if i == 7 {
+			steal = x
+		}
+	}
+	return steal, total
+}
+
+func pct(a, b float64) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return 100 * a / b
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func (b *bench) report(path, rate string, reps int, res []result) error {
+	get := func(kind string, k int) (vals, steal []float64) {
+		for _, r := range res {
+			if r.Kind == kind && r.K == k {
+				vals = append(vals, r.MiBps)
+				steal = append(steal, r.Steal)
+			}
+		}
+		return
+	}
+	extra := func(kind string, k int) (cpu, load []float64) {
+		for _, r := range res {
+			if r.Kind == kind && r.K == k {
+				cpu = append(cpu, r.CPU)
+				load = append(load, r.Load)
+			}
+		}
+		return
+	}
+	var sb strings.Builder
+	w := func(format string, a ...any) { fmt.Fprintf(&sb, format, a...) }
+	w("## Composition scaling (striped volume over 1, 2, 3 lenders)\n\n")
+	w("Measured %s by `bench/compose/run.sh`. Three lender hosts are network namespaces\n", time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	w("joined to the borrower (the root namespace) by veth pairs on a bridge; every link is\n")
+	w("shaped in both directions with `tc qdisc add dev IF root tbf rate %s burst B latency 25ms`\n(B = max(32 KiB, 2 ms at the rate); internal/netns).\n", rate)
+	w("Each lender is a Rialto NBD server process (`compose serve`, internal/dataplane/block/nbd)\n")
+	w("serving a random-data file on tmpfs; the borrower attaches a volume striped over k of them\n")
+	w("(`stripe.Attach`: stripe unit %d KiB, %d connections per lender, served on a Unix socket)\n", b.unit>>10, b.conns)
+	w("and copies %d MiB with nbdcopy %s. The lenders' files hold %d/k MiB each, so every\n", b.sizeMiB, nbdcopyVersion(), b.sizeMiB)
+	w("configuration moves the same bytes. Configurations run interleaved in each of %d repetitions;\n", reps)
+	w("figures are medians. The link ceiling is iperf3 with k parallel streams to the k hosts, in the same run.\n\n")
+	w("| lenders | link ceiling write / read (iperf3, MiB/s) | volume write MiB/s | write scaling | volume read MiB/s | read scaling | of ceiling (w / r) |\n")
+	w("|---|---|---|---|---|---|---|\n")
+	w1, _ := get("write", 1)
+	r1, _ := get("read", 1)
+	var scaling [4][2]float64
+	for k := 1; k <= 3; k++ {
+		iw, _ := get("iperf-write", k)
+		ir, _ := get("iperf-read", k)
+		wv, _ := get("write", k)
+		rv, _ := get("read", k)
+		ws, rs := median(wv)/median(w1), median(rv)/median(r1)
+		scaling[k] = [2]float64{ws, rs}
+		w("| %d | %.1f / %.1f | %.1f | %.2f× | %.1f | %.2f× | %.0f%% / %.0f%% |\n", k, median(iw), median(ir), median(wv), ws, median(rv), rs,
+			100*median(wv)/median(iw), 100*median(rv)/median(ir))
+	}
+	dw, _ := get("direct-write", 1)
+	dr, _ := get("direct-read", 1)
+	w("| 1, direct (no composition) | | %.1f | | %.1f | | |\n\n", median(dw), median(dr))
+	w("Goal (issue 3): ≥ 1.9× at 2 lenders and ≥ 2.7× at 3. Measured: write %.2f× / %.2f×, read %.2f× / %.2f× — %s.\n\n",
+		scaling[2][0], scaling[3][0], scaling[2][1], scaling[3][1], verdict(scaling))
+	w("All runs, in run order: MiB/s; steal %% of all CPU time during the run (/proc/stat); the 1-minute\n")
+	w("load average when the run started (the machine's 2 vCPUs are shared with other work, which steal\n")
+	w("does not show); borrower CPU seconds per GiB (nbdcopy plus the attaching process):\n\n")
+	w("| measurement | lenders | runs MiB/s | steal %% | load | borrower CPU s/GiB |\n|---|---|---|---|---|---|\n")
+	for _, kind := range []string{"iperf-write", "iperf-read", "write", "read", "direct-write", "direct-read"} {
+		for k := 1; k <= 3; k++ {
+			v, s := get(kind, k)
+			if len(v) == 0 {
+				continue
+			}
+			c, l := extra(kind, k)
+			cpu := join(c)
+			if strings.HasPrefix(kind, "iperf") {
+				cpu = ""
+			}
+			w("| %s | %d | %s | %s | %s | %s |\n", kind, k, join(v), join(s), join(l), cpu)
+		}
+	}
+	w("\nCommands (HOST, ADDR, CREDENTIAL and VOLUME stand for the generated names):\n\n```\n")
+	for _, key := range []string{"lender", "write", "read", "direct-write", "direct-read", "iperf3"} {
+		w("%s\n", b.cmds[key])
+	}
+	w("```\n")
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	fmt.Fprint(os.Stderr, sb.String())
+	return os.WriteFile(path, []byte(sb.String()), 0o644)
+}
+
+func verdict(s [4][2]float64) string {
+	if s[2][0] >= 1.9 && s[2][1] >= 1.9 && s[3][0] >= 2.7 && s[3][1] >= 2.7 {
+		return "goal met"
+	}
+	return "goal NOT met"
+}
+
+func join(v []float64) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = strconv.FormatFloat(x, 'f', 1, 64)
+	}
+	return strings.Join(s, ", ")
+}
+
+func nbdcopyVersion() string {
+	out, err := exec.Command("nbdcopy", "--version").Output()
+	if err != nil {
+		return ""
+	}
+	line, _, _ := strings.Cut(string(out), "\n")
+	return strings.TrimPrefix(strings.TrimSpace(line), "nbdcopy ")
+}

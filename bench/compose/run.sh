@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Composition scaling benchmark: a volume striped over 1, 2 and 3 lenders, each
+# behind its own tc-tbf-shaped link (network namespaces), measured with nbdcopy
+# against iperf3's ceiling for the same links in the same run. Needs root, ip,
+# tc, nbdcopy and iperf3. Writes docs/bench/compose.md.
+#
+#   bench/compose/run.sh                     # RATE=200mbit SIZE_MIB=240 REPS=3
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+RATE=${RATE:-200mbit}
+SIZE_MIB=${SIZE_MIB:-240}
+REPS=${REPS:-3}
+UNIT=${UNIT:-131072}
+CONNS=${CONNS:-2}
+OUT=${OUT:-docs/bench/compose.md}
+
+for tool in ip tc nbdcopy iperf3 go; do
+  command -v "$tool" >/dev/null || { echo "bench/compose: $tool not installed" >&2; exit 1; }
+done
+if [ "$(id -u)" != 0 ]; then echo "bench/compose: needs root (network namespaces)" >&2; exit 1; fi
+
+BIN=$(mktemp -d)
+trap 'rm -rf "$BIN"' EXIT
+go build -o "$BIN/compose" ./bench/compose
+"$BIN/compose" run -rate "$RATE" -size-mib "$SIZE_MIB" -reps "$REPS" -unit "$UNIT" -conns "$CONNS" -out "$OUT"
+echo "wrote $OUT"
