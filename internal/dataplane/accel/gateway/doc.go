@@ -6,7 +6,8 @@
 // bounds its queue with clear rejections, and exports Prometheus metrics:
 // requests, executions (hence average batch size), queue time and compute
 // time. Items a caller submits together (CallGroup) always run in the same
-// execution: related-query batching.
+// execution, and separate calls sharing a batch key (CallKeyed) are pulled
+// into the same execution: related-query batching.
 //
 // Build a Gateway with New and run its scheduler and workers with Run; Call
 // and CallGroup may be used from any goroutine while Run runs. The zero

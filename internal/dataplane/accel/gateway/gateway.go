@@ -74,16 +74,19 @@ type result struct {
 type request struct {
 	ctx   context.Context
 	entry string
+	key   string
 	items [][]byte
 	enq   time.Time
 	done  chan result
+	taken bool // scheduler scratch mark
 }
 
 type batch struct {
-	entry string
-	reqs  []*request
-	n     int
-	at    time.Time
+	entry   string
+	reqs    []*request
+	n       int
+	at      time.Time
+	aliased bool // reqs is the queue's prefix
 }
 
 // Gateway batches calls onto backends.
@@ -191,6 +194,14 @@ func (g *Gateway) Call(ctx context.Context, entry string, in []byte) ([]byte, er
 // CallGroup submits items that belong together: they run in one execution
 // (possibly with other callers' items) and come back in order.
 func (g *Gateway) CallGroup(ctx context.Context, entry string, items [][]byte) ([][]byte, error) {
+	return g.CallKeyed(ctx, "", entry, items)
+}
+
+// CallKeyed is CallGroup with a batch key: requests that share a non-empty
+// key (say, the queries of one user request, submitted from several
+// goroutines) and are queued together are put into the same execution,
+// ahead of other callers' requests, as far as MaxBatch allows.
+func (g *Gateway) CallKeyed(ctx context.Context, key, entry string, items [][]byte) ([][]byte, error) {
 	if len(items) == 0 {
 		return nil, nil
 	}
@@ -209,7 +220,7 @@ func (g *Gateway) CallGroup(ctx context.Context, entry string, items [][]byte) (
 		g.queued.Add(-int64(len(items)))
 		return reject(fmt.Errorf("%w (%d items queued, limit %d)", ErrQueueFull, n-int64(len(items)), g.cfg.QueueLimit))
 	}
-	r := &request{ctx: ctx, entry: entry, items: items, enq: g.cfg.Clock.Now(), done: make(chan result, 1)}
+	r := &request{ctx: ctx, entry: entry, key: key, items: items, enq: g.cfg.Clock.Now(), done: make(chan result, 1)}
 	select {
 	case g.in <- r:
 	case <-g.stopped:
@@ -231,8 +242,9 @@ func (g *Gateway) CallGroup(ctx context.Context, entry string, items [][]byte) (
 
 // queue is the FIFO of one entry.
 type queue struct {
-	reqs []*request
-	n    int
+	reqs  []*request
+	n     int
+	keyed int // requests with a batch key
 }
 
 // Run runs the scheduler and the workers until ctx ends; queued requests
@@ -335,13 +347,20 @@ func (g *Gateway) schedule(ctx context.Context, work chan<- batch) {
 			}
 			q.reqs = append(q.reqs, r)
 			q.n += len(r.items)
+			if r.key != "" {
+				q.keyed++
+			}
 			g.received.Add(1)
 			if g.mPending != nil {
 				g.mPending.Set(float64(g.queued.Load()))
 			}
 		case sendTo <- cand:
 			q := queues[cand.entry]
-			q.reqs = q.reqs[len(cand.reqs):]
+			if cand.aliased {
+				q.reqs = q.reqs[len(cand.reqs):]
+			} else {
+				q.remove(cand.reqs)
+			}
 			q.n -= cand.n
 			if len(q.reqs) == 0 {
 				delete(queues, cand.entry)
@@ -362,17 +381,23 @@ func (g *Gateway) schedule(ctx context.Context, work chan<- batch) {
 func (g *Gateway) expire(q *queue, now time.Time) {
 	kept := q.reqs[:0]
 	for _, r := range q.reqs {
-		switch {
-		case r.ctx.Err() != nil:
-			q.n -= len(r.items)
-			g.finish(r, result{err: r.ctx.Err()}, "cancelled")
-		case g.cfg.QueueTimeout > 0 && now.Sub(r.enq) >= g.cfg.QueueTimeout:
-			q.n -= len(r.items)
+		var res result
+		outcome := ""
+		if err := r.ctx.Err(); err != nil {
+			res, outcome = result{err: err}, "cancelled"
+		} else if g.cfg.QueueTimeout > 0 && now.Sub(r.enq) >= g.cfg.QueueTimeout {
 			g.rejected.Add(1)
-			g.finish(r, result{err: fmt.Errorf("%w (%v)", ErrQueueTimeout, g.cfg.QueueTimeout)}, "rejected")
-		default:
-			kept = append(kept, r)
+			res, outcome = result{err: fmt.Errorf("%w (%v)", ErrQueueTimeout, g.cfg.QueueTimeout)}, "rejected"
 		}
+		if outcome == "" {
+			kept = append(kept, r)
+			continue
+		}
+		q.n -= len(r.items)
+		if r.key != "" {
+			q.keyed--
+		}
+		g.finish(r, res, outcome)
 	}
 	clear(q.reqs[len(kept):])
 	q.reqs = kept
@@ -410,18 +435,67 @@ func (g *Gateway) form(entry string, q *queue, now time.Time) (batch, bool, time
 		return batch{}, false, wake
 	}
 	b := batch{entry: entry, at: now}
-	k := 0
-	for _, r := range q.reqs {
+	if q.keyed == 0 {
+		k := 0
+		for _, r := range q.reqs {
+			if b.n+len(r.items) > target && b.n > 0 {
+				break
+			}
+			b.n += len(r.items)
+			k++
+		}
+		// The batch aliases the queue's prefix; the scheduler never writes
+		// there again once the batch is handed over.
+		b.reqs, b.aliased = q.reqs[:k:k], true
+		return b, true, wake
+	}
+	// With batch keys: FIFO, but a keyed request pulls the queued requests
+	// sharing its key into the batch (up to MaxBatch).
+	add := func(r *request) {
+		r.taken = true
+		b.reqs = append(b.reqs, r)
+		b.n += len(r.items)
+	}
+	for i, r := range q.reqs {
+		if r.taken {
+			continue
+		}
 		if b.n+len(r.items) > target && b.n > 0 {
 			break
 		}
-		b.n += len(r.items)
-		k++
+		add(r)
+		if r.key == "" {
+			continue
+		}
+		for _, r2 := range q.reqs[i+1:] {
+			if !r2.taken && r2.key == r.key && b.n+len(r2.items) <= c.MaxBatch {
+				add(r2)
+			}
+		}
 	}
-	// The batch aliases the queue's prefix; the scheduler never writes
-	// there again once the batch is handed over.
-	b.reqs = q.reqs[:k:k]
+	for _, r := range b.reqs {
+		r.taken = false
+	}
 	return b, true, wake
+}
+
+// remove drops the batch's requests from the queue, keeping the order of
+// the others.
+func (q *queue) remove(reqs []*request) {
+	for _, r := range reqs {
+		r.taken = true
+		if r.key != "" {
+			q.keyed--
+		}
+	}
+	kept := q.reqs[:0]
+	for _, r := range q.reqs {
+		if !r.taken {
+			kept = append(kept, r)
+		}
+	}
+	clear(q.reqs[len(kept):])
+	q.reqs = kept
 }
 
 // execute runs one batch on the next instance and answers its requests.

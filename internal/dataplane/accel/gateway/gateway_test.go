@@ -350,3 +350,47 @@ func TestServedOverAccel(t *testing.T) {
 		t.Fatalf("write to a gateway: %v", err)
 	}
 }
+
+func TestBatchKeyPullsRelatedRequests(t *testing.T) {
+	for _, keyed := range []bool{false, true} {
+		rec := &recorder{batches: make(chan []string, 16), gate: make(chan struct{})}
+		g := run(t, Config{MaxBatch: 3, Clock: newFakeClock()}, rec)
+		first := callAsync(g, "e", "x")
+		<-rec.batches // the only worker is busy
+		key := ""
+		if keyed {
+			key = "user-1"
+		}
+		var errs []chan error
+		submit := func(k, item string) {
+			ch := make(chan error, 1)
+			go func() {
+				outs, err := g.CallKeyed(context.Background(), k, "e", [][]byte{[]byte(item)})
+				if err == nil && string(outs[0]) != item {
+					err = fmt.Errorf("got %q for %q", outs[0], item)
+				}
+				ch <- err
+			}()
+			errs = append(errs, ch)
+			waitFor(t, func() bool { return g.received.Load() == int64(1+len(errs)) })
+		}
+		submit(key, "a1")
+		submit("", "b1")
+		submit("", "c1")
+		submit(key, "a2")
+		close(rec.gate)
+		for _, e := range append(errs, first) {
+			if err := <-e; err != nil {
+				t.Fatal(err)
+			}
+		}
+		got := strings.Join(<-rec.batches, ",") + " | " + strings.Join(<-rec.batches, ",")
+		want := "a1,b1,c1 | a2"
+		if keyed {
+			want = "a1,a2,b1 | c1"
+		}
+		if got != want {
+			t.Errorf("keyed=%v: batches %s, want %s", keyed, got, want)
+		}
+	}
+}
