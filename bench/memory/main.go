@@ -75,6 +75,11 @@ type cfg struct {
 	iperfPort         int
 	runs, ops         int
 	bulkBytes         int64
+	parts             string
+}
+
+func (c *cfg) want(part string) bool {
+	return c.parts == "" || strings.Contains(","+c.parts+",", ","+part+",")
 }
 
 // results: name → one value per run.
@@ -119,6 +124,7 @@ func run(args []string) {
 	fs.IntVar(&c.runs, "runs", 3, "interleaved runs")
 	fs.IntVar(&c.ops, "ops", 5000, "operations per small-op measurement")
 	fs.Int64Var(&c.bulkBytes, "bulk", 1<<30, "bulk transfer bytes")
+	fs.StringVar(&c.parts, "parts", "", "comma-separated subset of small,bulk,mapping,mixed (default all)")
 	_ = fs.Parse(args)
 	if c.cred == "" {
 		c.cred = os.Getenv("RIALTO_BENCH_CRED")
@@ -151,6 +157,9 @@ func run(args []string) {
 		s0 := readSteal()
 		logf("run %d: small ops", r+1)
 		for _, conc := range []int{1, 16} {
+			if !c.want("small") {
+				break
+			}
 			for _, n := range []int{64, 4096} {
 				for _, op := range []string{"read", "write"} {
 					ch := memory.ChannelSync
@@ -171,9 +180,15 @@ func run(args []string) {
 		}
 		logf("run %d: bulk", r+1)
 		for _, p := range []int{1, 2} {
+			if !c.want("bulk") {
+				break
+			}
 			res.add(fmt.Sprintf("iperf3 P%d", p), iperf(c.iperfPort, p))
 		}
 		for _, op := range []string{"read", "write"} {
+			if !c.want("bulk") {
+				break
+			}
 			t0 := time.Now()
 			var err error
 			if op == "read" {
@@ -186,10 +201,14 @@ func run(args []string) {
 			}
 			res.add("bulk "+op, float64(c.bulkBytes)*8/time.Since(t0).Seconds()/1e9)
 		}
-		logf("run %d: mapping", r+1)
-		mapping(ctx, cl, res)
-		logf("run %d: adaptive", r+1)
-		mixed(ctx, cl, res)
+		if c.want("mapping") {
+			logf("run %d: mapping", r+1)
+			mapping(ctx, cl, res)
+		}
+		if c.want("mixed") {
+			logf("run %d: adaptive", r+1)
+			mixed(ctx, cl, res)
+		}
 		steal = append(steal, readSteal().since(s0))
 	}
 	report(c, res, steal)
@@ -469,10 +488,10 @@ func report(c cfg, r *results, steal []float64) {
 	p("| write fault (dirty, written back on eviction), application-visible | %.1f | %.1f |\n", r.med("fault write p50"), r.med("fault write p99"))
 	p("\nGoal: p50 ≤ 30 µs. Per-run read-fault p50: %s. Sequential scan with readahead: %.0f MiB/s.\n\n", r.all("fault read p50"), r.med("mapped seq MiB/s"))
 	p("### Adaptive chooser vs each fixed channel (operations per second, 3/4 reads)\n\n")
-	p("| workload | sync | bulk | queue | adaptive | adaptive / best fixed |\n|---|---|---|---|---|---|\n")
+	p("| workload | sync | bulk | queue | adaptive | adaptive / best fixed | adaptive runs |\n|---|---|---|---|---|---|---|\n")
 	for _, w := range []string{"small random, 1 thread", "small random, 8 threads", "4 MiB transfers, 1 thread", "mixed 64 B–4 MiB, 8 threads"} {
 		s, b, q, a := r.med("mixed "+w+" sync"), r.med("mixed "+w+" bulk"), r.med("mixed "+w+" queue"), r.med("mixed "+w+" adaptive")
-		p("| %s | %.0f | %.0f | %.0f | %.0f | %.2f |\n", w, s, b, q, a, a/max(s, b, q))
+		p("| %s | %.0f | %.0f | %.0f | %.0f | %.2f | %s |\n", w, s, b, q, a, a/max(s, b, q), r.all("mixed "+w+" adaptive"))
 	}
 	p("\nGoal: adaptive ≥ 0.90 of the best fixed channel on every workload.\n")
 }

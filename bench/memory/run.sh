@@ -8,6 +8,7 @@ cd "$(dirname "$0")/../.."
 RUNS=${RUNS:-3}
 OPS=${OPS:-5000}
 BULK=${BULK:-1073741824}
+PARTS=${PARTS:-}
 for t in redis-server iperf3; do
   command -v "$t" >/dev/null || { echo "bench/memory: $t not installed" >&2; exit 1; }
 done
@@ -42,7 +43,7 @@ addr=$(head -1 "$tmp/donor.addr")
 
 mkdir -p docs/bench
 "$tmp/memory-bench" run -addr "$addr" -redis "127.0.0.1:$rport" -iperf-port "$iport" \
-  -runs "$RUNS" -ops "$OPS" -bulk "$BULK" >"$tmp/memory.md"
+  -runs "$RUNS" -ops "$OPS" -bulk "$BULK" -parts "$PARTS" >"$tmp/memory.md"
 {
   cat "$tmp/memory.md"
   echo

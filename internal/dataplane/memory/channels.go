@@ -3,7 +3,6 @@ package memory
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -11,13 +10,23 @@ import (
 	"time"
 )
 
-// bulkStream is one connection of the bulk channel.
+// bulkStream is one connection of the bulk channel, driven with raw
+// syscalls like the synchronous channel (see pager).
 type bulkStream struct {
-	mu   sync.Mutex
-	conn net.Conn
-	br   *bufio.Reader
-	seq  uint32
-	bad  error
+	mu  sync.Mutex
+	pg  *pager
+	seq uint32
+	bad error
+}
+
+func (s *bulkStream) close() {
+	s.pg.shutdown()
+	s.mu.Lock()
+	s.pg.close()
+	if s.bad == nil {
+		s.bad = ErrClosed
+	}
+	s.mu.Unlock()
 }
 
 // bulk splits [off, off+len(p)) into chunks and moves them over the bulk
@@ -29,7 +38,7 @@ func (c *Client) bulk(ctx context.Context, op uint8, p []byte, off int64) error 
 	ns := min(len(c.streams), nchunks)
 	per := (nchunks + ns - 1) / ns
 	if ns == 1 {
-		return c.streams[0].run(ctx, c, op, p, off, chunk)
+		return c.streams[0].run(ctx, op, p, off, chunk)
 	}
 	errs := make([]error, ns)
 	var wg sync.WaitGroup
@@ -42,7 +51,7 @@ func (c *Client) bulk(ctx context.Context, op uint8, p []byte, off int64) error 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = c.streams[i].run(ctx, c, op, p[lo:hi], off+int64(lo), chunk)
+			errs[i] = c.streams[i].run(ctx, op, p[lo:hi], off+int64(lo), chunk)
 		}()
 	}
 	wg.Wait()
@@ -54,7 +63,7 @@ func (c *Client) bulk(ctx context.Context, op uint8, p []byte, off int64) error 
 	return nil
 }
 
-func (s *bulkStream) run(ctx context.Context, c *Client, op uint8, p []byte, off int64, chunk int) (err error) {
+func (s *bulkStream) run(ctx context.Context, op uint8, p []byte, off int64, chunk int) (err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.bad != nil {
@@ -63,9 +72,10 @@ func (s *bulkStream) run(ctx context.Context, c *Client, op uint8, p []byte, off
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	stop := context.AfterFunc(ctx, func() { _ = s.conn.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-	_ = s.conn.SetDeadline(c.deadline(ctx))
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, s.pg.shutdown)
+		defer stop()
+	}
 	first := s.seq + 1
 	n := (len(p) + chunk - 1) / chunk
 	s.seq += uint32(n)
@@ -75,55 +85,43 @@ func (s *bulkStream) run(ctx context.Context, c *Client, op uint8, p []byte, off
 		for i := range n {
 			lo, hi := i*chunk, min((i+1)*chunk, len(p))
 			h := Header{Op: op, Seq: first + uint32(i), Offset: uint64(off) + uint64(lo), Length: uint32(hi - lo)}
-			bufs := net.Buffers{hdr[:]}
+			bufs := [][]byte{hdr[:]}
 			if op == OpWrite {
 				h.Payload = h.Length
 				bufs = append(bufs, p[lo:hi])
 			}
 			h.Encode(hdr[:])
-			if _, err := bufs.WriteTo(s.conn); err != nil {
-				werr <- transportErr(err)
+			if err := s.pg.sendv(bufs); err != nil {
+				werr <- err
 				return
 			}
 		}
 		werr <- nil
 	}()
 	defer func() {
-		if err != nil && !errors.Is(err, ErrOutOfRange) {
+		if err != nil {
 			if ctx.Err() != nil {
 				err = fmt.Errorf("%w: %w", ErrDonorLost, ctx.Err())
 			}
 			s.bad = err
-			_ = s.conn.Close()
+			s.pg.shutdown() // also stops the sender
 		}
 		if werr2 := <-werr; err == nil && werr2 != nil {
 			err = werr2
 			s.bad = err
-			_ = s.conn.Close()
+			s.pg.shutdown()
 		}
 	}()
 	var hdr [HeaderSize]byte
 	for i := range n {
 		lo, hi := i*chunk, min((i+1)*chunk, len(p))
-		h, err := readHeader(s.br, hdr[:])
-		if err != nil {
+		var buf []byte
+		if op == OpRead {
+			buf = p[lo:hi]
+		}
+		if err := s.pg.reply(hdr[:], first+uint32(i), op, buf); err != nil {
 			return err
 		}
-		if h.Seq != first+uint32(i) || h.Op != op || !h.IsResponse() {
-			return fmt.Errorf("%w: bulk reply seq %d, want %d", ErrBadFrame, h.Seq, first+uint32(i))
-		}
-		if h.Status != StatusOK {
-			return readStatus(s.br, h)
-		}
-		if op == OpRead {
-			if int(h.Length) != hi-lo {
-				return fmt.Errorf("%w: bulk reply length %d", ErrBadFrame, h.Length)
-			}
-			if _, err := io.ReadFull(s.br, p[lo:hi]); err != nil {
-				return transportErr(err)
-			}
-		}
-		_ = s.conn.SetDeadline(c.deadline(ctx))
 	}
 	return nil
 }

@@ -1,7 +1,6 @@
 package memory
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -134,11 +133,11 @@ func Dial(ctx context.Context, addr, credential string, opts Options) (*Client, 
 		return nil, err
 	}
 	for range opts.Streams {
-		bc, _, err := c.handshake(ctx, KindBulk)
+		pg, err := c.newPagerKind(ctx, KindBulk)
 		if err != nil {
 			return nil, err
 		}
-		c.streams = append(c.streams, &bulkStream{conn: bc, br: bufio.NewReaderSize(bc, 64<<10)})
+		c.streams = append(c.streams, &bulkStream{pg: pg})
 	}
 	if c.qp, err = c.NewQueuePair(ctx); err != nil {
 		return nil, err
@@ -273,7 +272,7 @@ func (c *Client) Close() error {
 	}
 	c.sync.close()
 	for _, s := range c.streams {
-		_ = s.conn.Close()
+		s.close()
 	}
 	if c.ctrl != nil {
 		_ = c.ctrl.Close()

@@ -344,8 +344,8 @@ func (d *Donor) handle(c net.Conn) {
 	switch hello.Kind {
 	case KindControl:
 		d.serveControl(s, c)
-	case KindSync:
-		d.serveSync(s, c)
+	case KindSync, KindBulk:
+		d.serveSync(s, c, hello.Kind)
 	default:
 		d.serveData(s, c, hello.Kind, qid)
 	}
@@ -581,18 +581,19 @@ func kill(c net.Conn) {
 	_ = c.Close()
 }
 
-// serveSync serves a synchronous connection with blocking syscalls on a
-// duplicate descriptor: one request at a time, so the netpoller's wake-up is
-// saved on every round trip. Non-TCP connections use serveData.
-func (d *Donor) serveSync(s *session, c net.Conn) {
+// serveSync serves a synchronous or bulk connection with raw syscalls on a
+// duplicate descriptor, one request after another (bulk requests arrive
+// pipelined and are answered in order), so the netpoller's wake-up is saved
+// on every round trip. Non-TCP connections use serveData.
+func (d *Donor) serveSync(s *session, c net.Conn, kind uint8) {
 	tc, ok := c.(*net.TCPConn)
 	if !ok {
-		d.serveData(s, c, KindSync, 0)
+		d.serveData(s, c, kind, 0)
 		return
 	}
 	p, err := newPagerTCP(tc, d.spin(), 0)
 	if err != nil {
-		d.serveData(s, c, KindSync, 0)
+		d.serveData(s, c, kind, 0)
 		return
 	}
 	defer p.close()

@@ -498,7 +498,11 @@ type pager struct {
 }
 
 func (c *Client) newPager(ctx context.Context) (*pager, error) {
-	conn, _, err := c.handshake(ctx, KindSync)
+	return c.newPagerKind(ctx, KindSync)
+}
+
+func (c *Client) newPagerKind(ctx context.Context, kind uint8) (*pager, error) {
+	conn, _, err := c.handshake(ctx, kind)
 	if err != nil {
 		return nil, err
 	}
@@ -644,23 +648,28 @@ func (p *pager) do(op uint8, buf []byte, off int64) error {
 	if err := p.sendv(bufs); err != nil {
 		return err
 	}
-	// One readv for the reply header and, for reads, the data behind it.
+	return p.reply(p.hdr[:], p.seq, op, buf)
+}
+
+// reply receives the reply to request seq: one readv for the header and, for
+// reads, the data behind it (into buf, whose length is the request's).
+func (p *pager) reply(hdr []byte, seq uint32, op uint8, buf []byte) error {
 	var in [][]byte
 	if op == OpRead {
-		in = [][]byte{p.hdr[:], buf}
+		in = [][]byte{hdr[:HeaderSize], buf}
 	} else {
-		in = [][]byte{p.hdr[:]}
+		in = [][]byte{hdr[:HeaderSize]}
 	}
 	got, err := p.recvAtLeast(in, HeaderSize)
 	if err != nil {
 		return err
 	}
-	rh, err := DecodeHeader(p.hdr[:])
+	rh, err := DecodeHeader(hdr[:HeaderSize])
 	if err != nil {
 		return err
 	}
-	if rh.Seq != p.seq || rh.Op != op {
-		return fmt.Errorf("%w: reply seq %d op %d for seq %d op %d", ErrBadFrame, rh.Seq, rh.Op, p.seq, op)
+	if rh.Seq != seq || rh.Op != op || !rh.IsResponse() {
+		return fmt.Errorf("%w: reply seq %d op %d for seq %d op %d", ErrBadFrame, rh.Seq, rh.Op, seq, op)
 	}
 	extra := got - HeaderSize // payload bytes already in buf
 	if rh.Status != StatusOK {
@@ -672,8 +681,8 @@ func (p *pager) do(op uint8, buf []byte, off int64) error {
 		return fmt.Errorf("%w (%s)", statusErr(rh.Status), msg)
 	}
 	if op == OpRead {
-		if rh.Length != h.Length {
-			return fmt.Errorf("%w: short read reply", ErrBadFrame)
+		if int(rh.Length) != len(buf) {
+			return fmt.Errorf("%w: read reply of %d bytes for %d", ErrBadFrame, rh.Length, len(buf))
 		}
 		return p.recvv([][]byte{buf[extra:]})
 	}
