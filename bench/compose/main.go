@@ -355,27 +355,8 @@ func (b *bench) iperf(ctx context.Context, k int, reverse bool, secs int) (resul
 	ch := make(chan out, k)
 	for i := range k {
 		go func() {
-			args := []string{"-c", b.lab.Host(i).Addr.String(), "-p", port, "-t", strconv.Itoa(secs), "-J"}
-			if reverse {
-				args = append(args, "-R")
-			}
-			o, err := exec.CommandContext(ctx, "iperf3", args...).Output()
-			if err != nil {
-				ch <- out{0, fmt.Errorf("iperf3 client: %w: %s", err, o)}
-				return
-			}
-			var j struct {
-				End struct {
-					SumReceived struct {
-						BitsPerSecond float64 `json:"bits_per_second"`
-					} `json:"sum_received"`
-				} `json:"end"`
-			}
-			if err := json.Unmarshal(o, &j); err != nil {
-				ch <- out{0, err}
-				return
-			}
-			ch <- out{j.End.SumReceived.BitsPerSecond, nil}
+			bps, err := iperfOnce(ctx, b.lab.Host(i).Addr.String(), port, secs, reverse)
+			ch <- out{bps, err}
 		}()
 	}
 	var total float64
@@ -392,6 +373,40 @@ func (b *bench) iperf(ctx context.Context, k int, reverse bool, secs int) (resul
 		kind = "iperf-read"
 	}
 	return result{Kind: kind, K: k, MiBps: total / 8 / (1 << 20), Steal: pct(s1-s0, t1-t0), Load: load}, nil
+}
+
+// iperfOnce runs one iperf3 client; a server still recovering from the
+// readiness probe answers with an error, so that case is retried.
+func iperfOnce(ctx context.Context, addr, port string, secs int, reverse bool) (float64, error) {
+	args := []string{"-c", addr, "-p", port, "-t", strconv.Itoa(secs), "-J"}
+	if reverse {
+		args = append(args, "-R")
+	}
+	var last error
+	for try := 0; try < 5; try++ {
+		o, _ := exec.CommandContext(ctx, "iperf3", args...).Output()
+		var j struct {
+			Error string `json:"error"`
+			End   struct {
+				SumReceived struct {
+					BitsPerSecond float64 `json:"bits_per_second"`
+				} `json:"sum_received"`
+			} `json:"end"`
+		}
+		if err := json.Unmarshal(o, &j); err != nil {
+			last = fmt.Errorf("iperf3 output: %w", err)
+		} else if j.Error != "" || j.End.SumReceived.BitsPerSecond == 0 {
+			last = fmt.Errorf("iperf3: %q", j.Error)
+		} else {
+			return j.End.SumReceived.BitsPerSecond, nil
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return 0, last
 }
 
 func waitTCP(ctx context.Context, addr string) error {
