@@ -177,6 +177,16 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 	skip := map[string]string{}
 	var plan api.Plan
 	var lease api.Lease
+	// Placement and reservation are serialized in this process so that
+	// concurrent requests do not all choose the same free range and then
+	// race for it; the store's checks still guard against other writers.
+	s.placeMu.Lock()
+	placeLocked := true
+	defer func() {
+		if placeLocked {
+			s.placeMu.Unlock()
+		}
+	}()
 	for attempt := 0; ; attempt++ {
 		inv, err := s.st.Inventory(ctx)
 		if err != nil {
@@ -214,6 +224,8 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 		}
 		break
 	}
+	s.placeMu.Unlock()
+	placeLocked = false
 	s.m.leaseTransitions.With(string(api.LeaseReserved)).Inc()
 	s.log.Info("lease reserved", "lease", lease.ID, "tenant", p.tenant, "mode", lease.Mode, "parts", len(lease.Parts))
 
@@ -246,6 +258,7 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 			s.log.Warn("lender did not confirm; skipping it", "lease", lease.ID, "node", nodeID, "err", why)
 		}
 		var why string
+		s.placeMu.Lock()
 		inv, err := s.st.Inventory(ctx)
 		if err == nil {
 			if round+1 >= maxPrepareRounds {
@@ -256,12 +269,16 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 		}
 		if err == nil {
 			plan.ID = lease.ID
-			lease, err = s.st.ReplaceParts(ctx, lease.ID, plan.Parts, &plan, s.now(), api.Event{At: s.now(), Type: "lease.replaced", Subject: lease.ID,
+			var nl api.Lease
+			nl, err = s.st.ReplaceParts(ctx, lease.ID, plan.Parts, &plan, s.now(), api.Event{At: s.now(), Type: "lease.replaced", Subject: lease.ID,
 				Message: fmt.Sprintf("re-placed after %d lender(s) did not confirm", len(failed)), State: string(api.LeaseReserved)})
 			if err == nil {
+				lease = nl
+				s.placeMu.Unlock()
 				continue
 			}
 		}
+		s.placeMu.Unlock()
 		why = fmt.Sprintf("lenders did not confirm (%s) and no other placement: %v", joinReasons(failed), err)
 		fl, ferr := s.transition(ctx, lease.ID, api.LeaseFailed, store.LeaseChange{Reason: why, Plan: &plan}, "", api.LeaseReserved)
 		if ferr != nil && !errors.Is(ferr, store.ErrConflict) {

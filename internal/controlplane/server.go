@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
@@ -68,6 +69,7 @@ type Server struct {
 	peers  peerCache
 
 	openapi []byte
+	placeMu sync.Mutex // serializes placement + reservation
 	place   placer
 }
 

@@ -1,0 +1,115 @@
+package sqlite
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
+)
+
+func TestMigrationsOnExistingDB(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "old.db")
+	// A database created by a binary that knew only migration 1.
+	old, err := open(ctx, path, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := old.SchemaVersion(ctx); v != 1 {
+		t.Fatalf("version %d, want 1", v)
+	}
+	now := time.Unix(1700000000, 0).UTC()
+	n, _, err := old.JoinNode(ctx, store.JoinNode{
+		Node:           api.Node{ID: "node-1", Name: "n1", State: api.NodeReady, Fingerprint: api.Fingerprint{MachineID: "m1"}, LastHeartbeat: now, JoinedAt: now},
+		CredentialHash: "h1", AgentKey: "k1", Devices: []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30}},
+	}, api.Event{At: now, Type: "node.joined"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old.Close()
+
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ms, _ := migrations()
+	if v, _ := s.SchemaVersion(ctx); v != len(ms) || v < 2 {
+		t.Fatalf("version %d after migrating, want %d", v, len(ms))
+	}
+	got, err := s.Node(ctx, n.ID)
+	if err != nil || got.Name != "n1" || got.AgentKey != "k1" || !got.JoinedAt.Equal(now) {
+		t.Fatalf("node after migration: %v %+v", err, got)
+	}
+	var idx int
+	s.w.QueryRowContext(ctx, `SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = 'nodes_by_state'`).Scan(&idx)
+	if idx != 1 {
+		t.Fatal("migration 2 did not run")
+	}
+	// Reopening applies nothing and keeps the data.
+	s.Close()
+	s, err = Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if devs, _ := s.Devices(ctx); len(devs) != 1 {
+		t.Fatalf("devices %+v", devs)
+	}
+	// The event log is append-only.
+	if _, err := s.w.ExecContext(ctx, `DELETE FROM events`); err == nil {
+		t.Fatal("events could be deleted")
+	}
+}
+
+func TestCapacityChecks(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, ":memory:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	now := time.Now()
+	n, _, err := s.JoinNode(ctx, store.JoinNode{
+		Node:           api.Node{ID: "node-1", Name: "n1", State: api.NodeReady, Fingerprint: api.Fingerprint{MachineID: "m1"}, LastHeartbeat: now, JoinedAt: now},
+		CredentialHash: "h1", AgentKey: "k1", Devices: []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 100}},
+	}, api.Event{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs, _ := s.Devices(ctx)
+	dev := devs[0].ID
+	mk := func(id string, off, length int64) error {
+		_, err := s.CreateLease(ctx, api.Lease{ID: id, State: api.LeaseReserved, Kind: api.KindBlock, Tenant: "t",
+			Parts: []api.Part{{NodeID: n.ID, DeviceID: dev, Offset: off, Length: length}}}, nil, api.Event{})
+		return err
+	}
+	for _, c := range []struct {
+		id       string
+		off, len int64
+		ok       bool
+	}{
+		{"a", 0, 50, true}, {"b", 40, 20, false}, {"c", 50, 50, true}, {"d", 99, 2, false}, {"e", -1, 1, false}, {"f", 100, 1, false},
+	} {
+		err := mk(c.id, c.off, c.len)
+		if c.ok != (err == nil) || (err != nil && !errors.Is(err, store.ErrCapacity)) {
+			t.Fatalf("%s %d+%d: %v", c.id, c.off, c.len, err)
+		}
+	}
+	if _, err := s.Lease(ctx, "b"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("refused lease was stored: %v", err)
+	}
+	if _, err := s.TransitionLease(ctx, "a", store.LeaseChange{From: []api.LeaseState{api.LeaseReserved}, To: api.LeaseReleased}, api.Event{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := mk("g", 10, 30); err != nil {
+		t.Fatalf("freed range not reusable: %v", err)
+	}
+	devs, _ = s.Devices(ctx)
+	if devs[0].Allocated != 80 {
+		t.Fatalf("allocated %d, want 80", devs[0].Allocated)
+	}
+}
