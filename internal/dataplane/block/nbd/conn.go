@@ -8,9 +8,12 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -29,6 +32,12 @@ type op struct {
 	hlen  int
 	out   []byte // reply payload after hdr (aliases buf or ext)
 	ext   []byte // block-status payload
+
+	// Large reads from a file are sent with sendfile(2) instead of out.
+	sfFD   int
+	sfOff  int64
+	sfLen  int
+	sfKeep any // keeps the file alive until sent
 }
 
 var opPool = sync.Pool{New: func() any { return new(op) }}
@@ -83,7 +92,22 @@ type conn struct {
 	bud      budget
 	wmu      sync.Mutex   // serialises writes to nc
 	inflight atomic.Int64 // requests handed to workers and not yet sent
+
+	rawc syscall.RawConn // for sendfile; nil when nc is not a socket
+	tcp  bool
+	sf   sendfileSource
 }
+
+// sendfileSource is implemented by backends whose bytes live in a file
+// descriptor, so that large reads go from the page cache to the socket with
+// sendfile(2) instead of pread + write (one copy instead of two).
+type sendfileSource interface {
+	sendfileRange(off, n int64) (fd int, foff int64, keep any, ok bool)
+}
+
+// sendfileMin is the smallest read served with sendfile; below it pread +
+// writev costs fewer system calls.
+const sendfileMin = 64 << 10
 
 func newConn(s *Server, nc net.Conn, r *bufio.Reader, sess *session) *conn {
 	e := sess.exp
@@ -94,6 +118,14 @@ func newConn(s *Server, nc net.Conn, r *bufio.Reader, sess *session) *conn {
 	c.ext, _ = e.Backend.(Extenter)
 	c.fua, _ = e.Backend.(FUAWriter)
 	c.bud.limit = maxInflightBytes
+	c.sf, _ = e.Backend.(sendfileSource)
+	switch t := nc.(type) {
+	case *net.TCPConn:
+		c.rawc, _ = t.SyscallConn()
+		c.tcp = true
+	case *net.UnixConn:
+		c.rawc, _ = t.SyscallConn()
+	}
 	c.bud.cond.L = &c.bud.mu
 	return c
 }
@@ -201,14 +233,85 @@ func (c *conn) reader(ctx context.Context) error {
 func (c *conn) send(ops []*op) error {
 	var iov [2 * maxBatch][]byte
 	bufs := net.Buffers(iov[:0])
+	corked := false
+	defer func() {
+		if corked {
+			c.cork(false)
+		}
+	}()
 	for _, b := range ops {
 		bufs = append(bufs, b.hdr[:b.hlen])
 		if len(b.out) > 0 {
 			bufs = append(bufs, b.out)
 		}
+		if b.sfLen == 0 {
+			continue
+		}
+		// Header (and anything before it) first, held back by the cork so
+		// that it leaves in the same segment as the file data.
+		if c.tcp && !corked {
+			c.cork(true)
+			corked = true
+		}
+		if _, err := bufs.WriteTo(c.nc); err != nil {
+			return err
+		}
+		bufs = net.Buffers(iov[:0])
+		if err := c.sendfile(b); err != nil {
+			return err
+		}
 	}
-	_, err := bufs.WriteTo(c.nc)
-	return err
+	if len(bufs) > 0 {
+		if _, err := bufs.WriteTo(c.nc); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *conn) cork(on bool) {
+	v := 0
+	if on {
+		v = 1
+	}
+	c.rawc.Control(func(fd uintptr) {
+		unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_CORK, v)
+	})
+}
+
+// sendfile copies an op's file range to the socket. Its reply header is
+// already sent, so a failure here must end the connection (the caller
+// closes it on error).
+func (c *conn) sendfile(o *op) error {
+	off := o.sfOff
+	left := o.sfLen
+	var serr error
+	err := c.rawc.Write(func(fd uintptr) bool {
+		for left > 0 {
+			n, err := unix.Sendfile(int(fd), o.sfFD, &off, left)
+			if err == unix.EINTR {
+				continue
+			}
+			if err == unix.EAGAIN {
+				return false
+			}
+			if err != nil {
+				serr = fmt.Errorf("nbd: sendfile: %w", err)
+				return true
+			}
+			if n == 0 {
+				serr = fmt.Errorf("nbd: sendfile: %w", io.ErrUnexpectedEOF)
+				return true
+			}
+			left -= n
+		}
+		return true
+	})
+	runtime.KeepAlive(o.sfKeep)
+	if err != nil {
+		return err
+	}
+	return serr
 }
 
 func (c *conn) freeOp(o *op) {
@@ -312,6 +415,13 @@ func (c *conn) execute(ctx context.Context, o *op) {
 	var err error
 	switch r.Type {
 	case CmdRead:
+		if c.sf != nil && c.rawc != nil && n >= sendfileMin {
+			if fd, foff, keep, ok := c.sf.sendfileRange(off, n); ok {
+				o.sfFD, o.sfOff, o.sfLen, o.sfKeep = fd, foff, int(n), keep
+				c.encodeRead(o)
+				return
+			}
+		}
 		o.buf = getBuf(int(n))
 		var got int
 		got, err = c.be.ReadAt(*o.buf, off)
@@ -440,7 +550,9 @@ func (c *conn) encodeRead(o *op) {
 		putSimpleReply(o.hdr[:], 0, o.req.Handle)
 		o.hlen = simpleReplyLen
 	}
-	o.out = *o.buf
+	if o.buf != nil {
+		o.out = *o.buf
+	}
 }
 
 func (c *conn) encodeOK(o *op) {

@@ -38,9 +38,10 @@ type FileBackend struct {
 	size int64
 	ro   bool
 
-	noFUA   atomic.Bool // pwritev2 unsupported
-	noZero  atomic.Bool // FALLOC_FL_ZERO_RANGE unsupported
-	noPunch atomic.Bool // FALLOC_FL_PUNCH_HOLE unsupported
+	noFUA   atomic.Bool  // pwritev2 unsupported
+	noZero  atomic.Bool  // FALLOC_FL_ZERO_RANGE unsupported
+	noPunch atomic.Bool  // FALLOC_FL_PUNCH_HOLE unsupported
+	end     atomic.Int64 // file size last seen (for sendfile)
 
 	alloc allocMap
 }
@@ -93,6 +94,25 @@ func (b *FileBackend) Size() int64 { return b.size }
 
 // MultiConnSafe implements MultiConnSafer: fdatasync is global.
 func (b *FileBackend) MultiConnSafe() bool { return true }
+
+func (b *FileBackend) sendfileRange(off, n int64) (int, int64, any, bool) {
+	if off < 0 || n <= 0 || off+n > b.size {
+		return 0, 0, nil, false
+	}
+	// The file must be long enough: sendfile cannot read a hole past EOF
+	// as zeroes the way pread's caller does.
+	var st unix.Stat_t
+	if b.end.Load() < b.base+off+n {
+		if err := unix.Fstat(b.fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+			return 0, 0, nil, false
+		}
+		b.end.Store(st.Size)
+		if st.Size < b.base+off+n {
+			return 0, 0, nil, false
+		}
+	}
+	return b.fd, b.base + off, b.f, true
+}
 
 // Close closes the file.
 func (b *FileBackend) Close() error { return b.f.Close() }

@@ -178,3 +178,36 @@ func TestFileExportMultiConn(t *testing.T) {
 		t.Fatal("second connection does not see the first's write", err)
 	}
 }
+
+// TestFilePartitionExportSendfile reads large ranges (served with sendfile)
+// and small ones (pread) from a partition export and checks the offsets.
+func TestFilePartitionExportSendfile(t *testing.T) {
+	p := tempFile(t, 8<<20)
+	whole := make([]byte, 8<<20)
+	rand.Read(whole)
+	if err := os.WriteFile(p, whole, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b, err := OpenFile(p, FileOptions{Offset: 3 << 20, Length: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	_, addr := startServer(t, Export{Name: testName, Backend: b, MaxBlock: 1 << 20})
+	for _, structured := range []bool{true, false} {
+		var opts []DialOption
+		if !structured {
+			opts = append(opts, WithoutStructuredReplies())
+		}
+		c := dial(t, addr, testName, opts...)
+		for _, r := range []struct{ off, n int64 }{{0, 4 << 20}, {512, 4096}, {1<<20 + 4096, 200 << 10}, {4<<20 - 64<<10, 64 << 10}} {
+			got := make([]byte, r.n)
+			if _, err := c.ReadAt(got, r.off); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, whole[3<<20+r.off:3<<20+r.off+r.n]) {
+				t.Fatalf("structured=%v read [%d,+%d) wrong", structured, r.off, r.n)
+			}
+		}
+	}
+}
