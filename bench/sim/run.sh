@@ -35,6 +35,12 @@ done
 RIALTO_SIM_LEASES=$SCALE_LEASES RIALTO_SIM_NODES=$SCALE_NODES \
   "$WORK/sim.test" -test.run '^$' -test.bench '^BenchmarkScale$' -test.benchtime 1x -test.timeout 90m -test.v | tee "$WORK/scale.txt"
 cd ../..
+# Real vs simulated writers (needs root for the namespaces; skipped otherwise).
+VAL=""
+if [ "$(id -u)" = 0 ] && command -v tc >/dev/null; then
+  RIALTO_VALIDATE_OUT=$PWD/docs/bench RIALTO_VALIDATE_FULL=1 go test -count=1 -run 'TestRealVsSimulated$' -v -timeout 20m ./internal/sim/validate > "$WORK/validate.txt" 2>&1 || true
+  VAL=$(grep -E 'lenders .* writers:|load average' "$WORK/validate.txt" | sed 's/^ *validate_test.go:[0-9]*: /- /')
+fi
 s1=$(steal); t1=$(date +%s)
 
 # metric NAME FILE BENCH: median of the values reported as NAME by BENCH.
@@ -73,6 +79,13 @@ mean SMUFIN slowdown $slow; peak heap in use $heap MiB, max RSS $rss MiB.
 Each lease is placed by \`internal/placement\` (Index.Place/Add/Remove), its bytes move
 through the fabric model with max-min sharing (\`fabric.Solver\`), recomputed when
 flows start or finish; nearly all of the scale run's CPU time is in \`Index.Place\`.
+
+Real vs simulated (\`internal/sim/validate\`: 1–6 sequential writers striping over 1–3
+NBD lenders in network namespaces whose links are shaped with tc tbf at 100 Mbit/s; the
+simulator runs the same scenario; per-writer bandwidth is bytes over the writer's own
+elapsed time; table and plot in \`docs/bench/validate-writers.csv\` / \`.svg\`):
+
+${VAL:-not run (needs root and tc)}
 
 Commands: \`go test -c ./internal/sim\`, then in \`internal/sim\`:
 \`sim.test -test.bench '^BenchmarkEngine\$|^BenchmarkEngineStdHeap\$' -test.benchtime 3000000x\`,

@@ -29,11 +29,21 @@ func TestRealVsSimulated(t *testing.T) {
 		t.Skip(err)
 	}
 	cfg := Config{Lenders: []int{1, 2, 3}, Writers: []int{1, 3, 6}, Bytes: 12 << 20}
+	var ctxFull context.Context
+	if os.Getenv("RIALTO_VALIDATE_FULL") != "" {
+		cfg.Writers, cfg.Bytes = []int{1, 2, 3, 4, 5, 6}, 16<<20
+		ctx2, cancel2 := context.WithTimeout(context.Background(), 15*time.Minute)
+		defer cancel2()
+		ctxFull = ctx2
+	}
 	if testing.Short() {
 		cfg.Lenders, cfg.Writers = []int{1, 2}, []int{1, 3}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	if ctxFull != nil {
+		ctx = ctxFull
+	}
 	rows, err := Run(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
