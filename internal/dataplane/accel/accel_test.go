@@ -312,3 +312,20 @@ func FuzzServerConn(f *testing.F) {
 		<-done
 	})
 }
+
+func TestReadFrameLarge(t *testing.T) {
+	big := bytes.Repeat([]byte{7}, 3<<20)
+	b := AppendFrame(nil, Frame{Op: OpWrite, Tag: 9, Payload: big})
+	f, err := ReadFrame(bytes.NewReader(b), 4<<20)
+	if err != nil || !bytes.Equal(f.Payload, big) || f.Tag != 9 {
+		t.Fatalf("large frame: %v", err)
+	}
+	// An announced length with no bytes behind it fails without
+	// allocating the announced size up front.
+	if _, err := ReadFrame(bytes.NewReader(b[:HeaderSize+10]), 4<<20); !errors.Is(err, ErrFrame) {
+		t.Fatalf("truncated large frame: %v", err)
+	}
+	if _, err := ReadFrame(bytes.NewReader(b), 1<<20); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("over the limit: %v", err)
+	}
+}

@@ -356,7 +356,7 @@ func (c *conn) run(ctx context.Context, flags uint8, st Start) ([]byte, error) {
 		out = outs[0]
 	}
 	if flags&FlagInline != 0 {
-		if uint32(len(out)) > c.s.maxPayload()-4 {
+		if uint64(len(out))+4 > uint64(c.s.maxPayload()) {
 			return nil, fmt.Errorf("%w: %d-byte output above the frame limit", ErrTooLarge, len(out))
 		}
 		return out, nil

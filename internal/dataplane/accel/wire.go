@@ -1,6 +1,7 @@
 package accel
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -94,11 +95,22 @@ func ReadFrame(r io.Reader, maxPayload uint32) (Frame, error) {
 		return Frame{}, fmt.Errorf("%w: reserved bytes set", ErrFrame)
 	}
 	f := Frame{Op: Op(h[4]), Flags: h[5], Tag: binary.LittleEndian.Uint32(h[8:])}
-	if p := n - (HeaderSize - 4); p > 0 {
+	p := n - (HeaderSize - 4)
+	switch {
+	case p == 0:
+	case p <= 1<<20:
 		f.Payload = make([]byte, p)
 		if _, err := io.ReadFull(r, f.Payload); err != nil {
 			return Frame{}, fmt.Errorf("%w: truncated payload: %v", ErrFrame, err)
 		}
+	default:
+		// Large frames grow with the bytes that actually arrive, so a peer
+		// cannot make us allocate by merely announcing a length.
+		var b bytes.Buffer
+		if _, err := io.CopyN(&b, r, int64(p)); err != nil {
+			return Frame{}, fmt.Errorf("%w: truncated payload: %v", ErrFrame, err)
+		}
+		f.Payload = b.Bytes()
 	}
 	return f, nil
 }
