@@ -541,16 +541,28 @@ func (g *Gateway) execute(ctx context.Context, b batch) {
 // accel.Server): clients Dial it with credential and use Call (one item)
 // or CallBatch (a group). It has no memory: mailbox WRITE/READ fail.
 func (g *Gateway) Target(credential []byte) accel.Target {
-	return &target{g: g, cred: append([]byte(nil), credential...)}
+	cred := append([]byte(nil), credential...)
+	return g.TargetFunc(func(c []byte) error {
+		if len(cred) == 0 || subtle.ConstantTimeCompare(c, cred) != 1 {
+			return accel.ErrAuth
+		}
+		return nil
+	})
+}
+
+// TargetFunc is Target with a caller-supplied authenticator, for a gateway
+// shared by several leases (each with its own credential).
+func (g *Gateway) TargetFunc(auth func(credential []byte) error) accel.Target {
+	return &target{g: g, auth: auth}
 }
 
 type target struct {
 	g    *Gateway
-	cred []byte
+	auth func([]byte) error
 }
 
 func (t *target) Authenticate(c []byte) error {
-	if len(t.cred) == 0 || subtle.ConstantTimeCompare(c, t.cred) != 1 {
+	if err := t.auth(c); err != nil {
 		return fmt.Errorf("%w: gateway %s", accel.ErrAuth, t.g.cfg.Name)
 	}
 	return nil
