@@ -112,3 +112,5 @@ func parseF(t *testing.T, s string) float64 {
 	}
 	return v
 }
+
+func TestRemoteMemoryModes(t *testing.T) { runExp(t, "remote-memory-modes", Options{}) }

@@ -3,7 +3,7 @@ package sim
 import "testing"
 
 func TestScaleSmall(t *testing.T) {
-	sp := ScaleSpec{Nodes: 200, RackSize: 40, DevicesPerNode: 2, Leases: 3000, Concurrency: 300, Bytes: 2e9, Seed: 1}
+	sp := ScaleSpec{Nodes: 80, RackSize: 40, DevicesPerNode: 2, Leases: 600, Concurrency: 120, Bytes: 2e9, Seed: 1}
 	r := RunScale(sp, nil)
 	if r.Placed+r.Rejected != sp.Leases || r.Placed < sp.Leases*9/10 {
 		t.Fatalf("placed %d rejected %d", r.Placed, r.Rejected)
