@@ -114,3 +114,10 @@ func parseF(t *testing.T, s string) float64 {
 }
 
 func TestRemoteMemoryModes(t *testing.T) { runExp(t, "remote-memory-modes", Options{}) }
+
+func TestGPUTraining(t *testing.T) {
+	r := runExp(t, "gpu-training", Options{})
+	if v := metric(t, r, "borrowed via CPU root vs local"); v < 1.1 {
+		t.Errorf("reads through a CPU root should cost: %v", v)
+	}
+}
