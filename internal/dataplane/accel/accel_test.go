@@ -329,3 +329,19 @@ func TestReadFrameLarge(t *testing.T) {
 		t.Fatalf("over the limit: %v", err)
 	}
 }
+
+func FuzzDecodeBatch(f *testing.F) {
+	f.Add(EncodeBatch(nil))
+	f.Add(EncodeBatch([][]byte{[]byte("a"), nil, []byte("ccc")}))
+	f.Add([]byte{255, 255, 255, 255})
+	f.Add([]byte{1, 0, 0, 0, 255, 255, 255, 255})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		items, err := DecodeBatch(b)
+		if err != nil {
+			return
+		}
+		if !bytes.Equal(EncodeBatch(items), b) {
+			t.Fatal("round trip differs")
+		}
+	})
+}
