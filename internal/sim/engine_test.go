@@ -96,10 +96,12 @@ func BenchmarkEngine(b *testing.B) {
 		e.At(r.Float64(), fn)
 	}
 	b.ResetTimer()
+	c0 := cpuSeconds()
 	for i := 0; i < b.N; i++ {
 		e.Step()
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+	b.ReportMetric(float64(b.N)/(cpuSeconds()-c0), "events/cpu-s")
 }
 
 func TestNetRatesFromFabricMaxMin(t *testing.T) {
