@@ -93,9 +93,15 @@ type conn struct {
 	wmu      sync.Mutex   // serialises writes to nc
 	inflight atomic.Int64 // requests handed to workers and not yet sent
 
-	rawc syscall.RawConn // for sendfile; nil when nc is not a socket
-	tcp  bool
-	sf   sendfileSource
+	one [1]*op
+	nw  nowaitReader
+	sp  spliceTarget
+	// splice pipe for large writes (0 until first used)
+	pipeR, pipeW int
+	noSplice     bool
+	rawc         syscall.RawConn // for sendfile; nil when nc is not a socket
+	tcp          bool
+	sf           sendfileSource
 }
 
 // sendfileSource is implemented by backends whose bytes live in a file
@@ -103,6 +109,32 @@ type conn struct {
 // sendfile(2) instead of pread + write (one copy instead of two).
 type sendfileSource interface {
 	sendfileRange(off, n int64) (fd int, foff int64, keep any, ok bool)
+}
+
+// nowaitReader is implemented by backends that can read without blocking
+// when the data is cached (preadv2 RWF_NOWAIT), returning errWouldBlock
+// otherwise.
+type nowaitReader interface {
+	readAtNowait(p []byte, off int64) (int, error)
+}
+
+var errWouldBlock = errors.New("nbd: read would block")
+
+// readNowait serves a small read in the reader goroutine when the data is
+// cached: at high queue depth this spares the hand-off to a worker. It
+// reports whether o is now ready for its reply.
+func (c *conn) readNowait(o *op) bool {
+	if o.req.Type != CmdRead || c.nw == nil || c.limit != nil || o.req.Length >= sendfileMin {
+		return false
+	}
+	n := int(o.req.Length)
+	o.buf = getBuf(n)
+	got, err := c.nw.readAtNowait(*o.buf, int64(o.req.Offset))
+	if err != nil || got != n {
+		return false // a worker will read it (into o.buf)
+	}
+	c.encodeRead(o)
+	return true
 }
 
 // sendfileMin is the smallest read served with sendfile; below it pread +
@@ -119,6 +151,8 @@ func newConn(s *Server, nc net.Conn, r *bufio.Reader, sess *session) *conn {
 	c.fua, _ = e.Backend.(FUAWriter)
 	c.bud.limit = maxInflightBytes
 	c.sf, _ = e.Backend.(sendfileSource)
+	c.nw, _ = e.Backend.(nowaitReader)
+	c.sp, _ = e.Backend.(spliceTarget)
 	switch t := nc.(type) {
 	case *net.TCPConn:
 		c.rawc, _ = t.SyscallConn()
@@ -154,6 +188,7 @@ func (c *conn) serve(ctx context.Context) error {
 	go func() { werr <- c.writer() }()
 
 	rerr := c.reader(ctx)
+	c.closePipe()
 
 	close(c.reqs)
 	wg.Wait()
@@ -182,8 +217,19 @@ func (c *conn) reader(ctx context.Context) error {
 		o := opPool.Get().(*op)
 		o.req = req
 		o.errno = c.check(req)
+		spliced := false
 		if req.Type == CmdWrite {
-			if o.errno != 0 || req.Length == 0 {
+			if o.errno == 0 && c.canSplice(req) {
+				handled, err := c.spliceWrite(o)
+				if err != nil {
+					c.freeOp(o)
+					return err
+				}
+				spliced = handled
+			}
+			if spliced {
+				// Payload already in the file; o.errno is set on failure.
+			} else if o.errno != 0 || req.Length == 0 {
 				// Keep the stream in sync: discard the payload.
 				if _, err := io.CopyN(io.Discard, c.r, int64(req.Length)); err != nil {
 					c.freeOp(o)
@@ -204,12 +250,14 @@ func (c *conn) reader(ctx context.Context) error {
 		}
 		if o.errno != 0 {
 			c.encodeError(o)
+		} else if spliced {
+			c.encodeOK(o)
 		} else if c.inflight.Load() == 0 && c.r.Buffered() == 0 {
 			// Nothing else in flight and no request queued behind this
 			// one (typical at queue depth 1): serve it here and reply
 			// directly, sparing two goroutine hand-offs.
 			c.execute(ctx, o)
-		} else {
+		} else if !c.readNowait(o) {
 			c.inflight.Add(1)
 			c.reqs <- o
 			continue
@@ -220,7 +268,8 @@ func (c *conn) reader(ctx context.Context) error {
 			continue
 		}
 		c.wmu.Lock()
-		err = c.send([]*op{o})
+		c.one[0] = o
+		err = c.send(c.one[:])
 		c.wmu.Unlock()
 		c.freeOp(o)
 		if err != nil {
@@ -422,7 +471,9 @@ func (c *conn) execute(ctx context.Context, o *op) {
 				return
 			}
 		}
-		o.buf = getBuf(int(n))
+		if o.buf == nil {
+			o.buf = getBuf(int(n))
+		}
 		var got int
 		got, err = c.be.ReadAt(*o.buf, off)
 		if got == int(n) {

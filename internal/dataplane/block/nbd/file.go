@@ -38,10 +38,11 @@ type FileBackend struct {
 	size int64
 	ro   bool
 
-	noFUA   atomic.Bool  // pwritev2 unsupported
-	noZero  atomic.Bool  // FALLOC_FL_ZERO_RANGE unsupported
-	noPunch atomic.Bool  // FALLOC_FL_PUNCH_HOLE unsupported
-	end     atomic.Int64 // file size last seen (for sendfile)
+	noFUA    atomic.Bool  // pwritev2 unsupported
+	noZero   atomic.Bool  // FALLOC_FL_ZERO_RANGE unsupported
+	noPunch  atomic.Bool  // FALLOC_FL_PUNCH_HOLE unsupported
+	end      atomic.Int64 // file size last seen (for sendfile)
+	noNowait atomic.Bool  // preadv2(RWF_NOWAIT) unsupported
 
 	alloc allocMap
 }
@@ -111,6 +112,30 @@ func (b *FileBackend) sendfileRange(off, n int64) (int, int64, any, bool) {
 			return 0, 0, nil, false
 		}
 	}
+	return b.fd, b.base + off, b.f, true
+}
+
+func (b *FileBackend) readAtNowait(p []byte, off int64) (int, error) {
+	if b.noNowait.Load() || off < 0 || off+int64(len(p)) > b.size {
+		return 0, errWouldBlock
+	}
+	iov := [][]byte{p}
+	n, err := unix.Preadv2(b.fd, iov, b.base+off, unix.RWF_NOWAIT)
+	runtime.KeepAlive(b.f)
+	if err == unix.EOPNOTSUPP || err == unix.ENOSYS || err == unix.EINVAL {
+		b.noNowait.Store(true)
+	}
+	if err != nil || n != len(p) {
+		return 0, errWouldBlock
+	}
+	return n, nil
+}
+
+func (b *FileBackend) spliceDest(off, n int64) (int, int64, any, bool) {
+	if b.ro || off < 0 || n <= 0 || off+n > b.size {
+		return 0, 0, nil, false
+	}
+	b.alloc.mark(off, n)
 	return b.fd, b.base + off, b.f, true
 }
 

@@ -2,6 +2,7 @@ package nbd
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"errors"
 	"os"
@@ -209,5 +210,30 @@ func TestFilePartitionExportSendfile(t *testing.T) {
 				t.Fatalf("structured=%v read [%d,+%d) wrong", structured, r.off, r.n)
 			}
 		}
+	}
+	// Large writes are spliced from the socket into the file, small ones
+	// are buffered; both must land at the partition offset.
+	c := dial(t, addr, testName)
+	for _, w := range []struct{ off, n int64 }{{4096, 300 << 10}, {1 << 20, 4096}, {2 << 20, 1 << 20}} {
+		p := make([]byte, w.n)
+		rand.Read(p)
+		copy(whole[3<<20+w.off:], p)
+		if _, err := c.WriteAtContext(context.Background(), p, w.off, w.n == 4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := os.ReadFile(p)
+	if !bytes.Equal(raw, whole) {
+		t.Fatal("spliced writes did not land where expected")
+	}
+	var ne *Error
+	if err := c.do(context.Background(), CmdWrite, 0, 4<<20-64<<10, 128<<10, make([]byte, 128<<10), nil); !errors.As(err, &ne) || ne.Errno != ENOSPC {
+		t.Fatalf("write beyond the partition: %v", err)
+	}
+	if _, err := c.ReadAt(make([]byte, 4096), 0); err != nil {
+		t.Fatal("connection broken after a rejected large write:", err)
 	}
 }

@@ -1,0 +1,143 @@
+package nbd
+
+import (
+	"fmt"
+	"io"
+	"runtime"
+
+	"golang.org/x/sys/unix"
+)
+
+// spliceMin is the smallest write whose payload goes from the socket to the
+// file with splice(2) (socket → pipe → file: one copy instead of two).
+const spliceMin = 64 << 10
+
+const pipeSize = 1 << 20
+
+// spliceTarget is implemented by backends whose bytes live in a file
+// descriptor. spliceDest records the range as written (for extents) and
+// returns where it lives.
+type spliceTarget interface {
+	spliceDest(off, n int64) (fd int, foff int64, keep any, ok bool)
+}
+
+func (c *conn) canSplice(r Request) bool {
+	return c.sp != nil && c.rawc != nil && c.limit == nil && !c.noSplice && r.Length >= spliceMin
+}
+
+func (c *conn) closePipe() {
+	if c.pipeR > 0 {
+		unix.Close(c.pipeR)
+		unix.Close(c.pipeW)
+		c.pipeR, c.pipeW = 0, 0
+	}
+}
+
+// spliceWrite consumes o's payload from the connection and writes it to the
+// backend's file. handled=false means nothing was consumed and the caller
+// must use the buffered path. A non-nil error means the connection is broken.
+// A failure of the file side sets o.errno; the payload is still consumed.
+func (c *conn) spliceWrite(o *op) (handled bool, err error) {
+	if c.pipeR == 0 {
+		var p [2]int
+		if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+			c.noSplice = true
+			return false, nil
+		}
+		c.pipeR, c.pipeW = p[0], p[1]
+		unix.FcntlInt(uintptr(c.pipeW), unix.F_SETPIPE_SZ, pipeSize)
+	}
+	off, n := int64(o.req.Offset), int(o.req.Length)
+	fd, foff, keep, ok := c.sp.spliceDest(off, int64(n))
+	if !ok {
+		return false, nil
+	}
+	defer runtime.KeepAlive(keep)
+	var ferr error
+	// Bytes of the payload already in the read buffer.
+	if k := min(c.r.Buffered(), n); k > 0 {
+		b, _ := c.r.Peek(k)
+		for done := 0; done < k && ferr == nil; {
+			w, err := unix.Pwrite(fd, b[done:], foff+int64(done))
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil {
+				ferr = err
+				break
+			}
+			done += w
+		}
+		c.r.Discard(k)
+		foff += int64(k)
+		n -= k
+	}
+	for n > 0 {
+		var (
+			m    int
+			serr error
+		)
+		err := c.rawc.Read(func(sfd uintptr) bool {
+			for {
+				var k int64
+				k, serr = unix.Splice(int(sfd), nil, c.pipeW, nil, min(n, pipeSize), unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+				m = int(k)
+				if serr == unix.EINTR {
+					continue
+				}
+				return serr != unix.EAGAIN
+			}
+		})
+		if err != nil {
+			return true, err
+		}
+		if serr != nil {
+			if n == int(o.req.Length) && ferr == nil {
+				// Splice refused before anything was consumed
+				// (e.g. unsupported socket type): fall back.
+				c.noSplice = true
+				return false, nil
+			}
+			return true, fmt.Errorf("nbd: splice from socket: %w", serr)
+		}
+		if m == 0 {
+			return true, io.ErrUnexpectedEOF
+		}
+		n -= m
+		for m > 0 {
+			if ferr == nil {
+				k, err := unix.Splice(c.pipeR, nil, fd, &foff, m, unix.SPLICE_F_MOVE)
+				w := int(k)
+				if err == unix.EINTR {
+					continue
+				}
+				if err != nil || w == 0 {
+					if err == nil {
+						err = io.ErrShortWrite
+					}
+					ferr = err
+					continue
+				}
+				m -= w
+				continue
+			}
+			// The file failed: drain the pipe so the stream stays in sync.
+			var scratch [32 << 10]byte
+			r, err := unix.Read(c.pipeR, scratch[:min(m, len(scratch))])
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil || r == 0 {
+				return true, fmt.Errorf("nbd: drain pipe: %w", err)
+			}
+			m -= r
+		}
+	}
+	if ferr == nil && o.req.Flags&CmdFlagFUA != 0 {
+		ferr = c.be.Flush()
+	}
+	if ferr != nil {
+		o.errno = errnoOf(ferr)
+	}
+	return true, nil
+}
