@@ -82,7 +82,8 @@ func runAgent(ctx context.Context, e *env, args []string) error {
 	var blocks, labels listFlag
 	fs.Var(&blocks, "block", "lend a file-backed block device: [NAME=]PATH[:SIZE] (repeatable; created sparse)")
 	mem := fs.String("memory", "", "memory budget to lend, e.g. 512MiB")
-	accel := fs.Int("accel", 0, "accelerator slots to lend")
+	accel := fs.Int("accel", 0, "accelerator slots to lend (an appliance; each slot gets --slot-memory)")
+	slotMem := fs.String("slot-memory", "16MiB", "memory of each accelerator slot")
 	fs.Var(&labels, "label", "node label KEY=VALUE (repeatable)")
 	hb := fs.Duration("heartbeat", 0, "heartbeat interval (default: the control plane's)")
 	machine := fs.String("machine-id", "", "override the hardware identity")
@@ -120,7 +121,8 @@ func runAgent(ctx context.Context, e *env, args []string) error {
 		cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: "mem0", Kind: api.KindMemory, Size: n})
 	}
 	if *accel > 0 {
-		cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: "accel0", Kind: api.KindAccel, Size: int64(*accel)})
+		cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: "accel0", Kind: api.KindAccel, Size: int64(*accel),
+			Attributes: map[string]string{"slot_memory": *slotMem}})
 	}
 	a, err := agent.New(cfg)
 	if err != nil {

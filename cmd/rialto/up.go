@@ -67,6 +67,7 @@ func runUp(ctx context.Context, e *env, args []string) error {
 	disks := fs.Int("disks", 2, "block devices per node")
 	diskSize := fs.String("disk-size", "1GiB", "size of each block device (sparse files)")
 	memSize := fs.String("memory", "256MiB", "memory budget each node lends (0 for none)")
+	slots := fs.Int("accel", 2, "accelerator slots each node lends (0 for none)")
 	level := fs.String("log-level", "warn", "debug, info, warn or error (logs go to stderr)")
 	var tm timings
 	tm.register(fs)
@@ -142,6 +143,9 @@ func runUp(ctx context.Context, e *env, args []string) error {
 		}
 		if msize > 0 {
 			cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: "mem0", Kind: api.KindMemory, Size: msize})
+		}
+		if *slots > 0 {
+			cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: "accel0", Kind: api.KindAccel, Size: int64(*slots)})
 		}
 		a, err := agent.New(cfg)
 		if err != nil {

@@ -68,7 +68,7 @@ type upProc struct {
 
 func startUp(t *testing.T, bin, dir string) *upProc {
 	t.Helper()
-	cmd := exec.Command(bin, "up", "--state-dir", dir, "--disk-size", "512MiB", "--memory", "0", "--heartbeat", "250ms")
+	cmd := exec.Command(bin, "up", "--state-dir", dir, "--disk-size", "512MiB", "--memory", "0", "--accel", "1", "--heartbeat", "250ms")
 	cmd.Stderr = os.Stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -189,6 +189,13 @@ func TestUpREADMEFlow(t *testing.T) {
 		t.Fatalf("released lease is %s", rel.State)
 	}
 
+	var acc api.Lease
+	up.cli(t, bin, &acc, "lease", "create", "--kind", "accel", "--role", "echo")
+	if acc.State != api.LeaseActive || !strings.HasPrefix(acc.URI, "rialto-accel://") {
+		t.Fatalf("accel lease %+v", acc)
+	}
+	up.cli(t, bin, &rel, "lease", "release", acc.ID)
+
 	// A lease left active survives a restart of the whole cluster.
 	var kept api.Lease
 	up.cli(t, bin, &kept, "lease", "create", "--kind", "block", "--size", "64MiB", "--ttl", "1h")
@@ -207,7 +214,7 @@ func TestUpREADMEFlow(t *testing.T) {
 	}
 	var devs []api.Device
 	up2.cli(t, bin, &devs, "devices")
-	if len(devs) != 6 {
+	if len(devs) != 9 {
 		t.Fatalf("after restart: %d devices", len(devs))
 	}
 	var again api.Lease

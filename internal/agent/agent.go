@@ -89,7 +89,7 @@ func New(cfg Config) (*Agent, error) {
 		interval: cfg.HeartbeatInterval,
 	}
 	for k, mk := range builtinDrivers {
-		a.drivers[k] = mk(a.log)
+		a.drivers[k] = mk(a.log, cfg.Listen)
 	}
 	for k, d := range cfg.Drivers {
 		a.drivers[k] = d
@@ -260,6 +260,19 @@ func (a *Agent) Run(ctx context.Context) error {
 				a.log.Error("data plane stopped", "kind", k, "err", err)
 			}
 		}(k, s, ln)
+	}
+	for k := range kinds {
+		r, ok := a.drivers[k].(Runner)
+		if !ok {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := r.Run(ctx); err != nil && ctx.Err() == nil {
+				a.log.Error("data plane stopped", "kind", k, "err", err)
+			}
+		}()
 	}
 	if err := a.saveIdentity(); err != nil {
 		return err

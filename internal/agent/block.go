@@ -16,10 +16,10 @@ import (
 
 // builtinDrivers make the drivers every agent starts with; each driver's
 // file registers itself.
-var builtinDrivers = map[api.Kind]func(*slog.Logger) Driver{}
+var builtinDrivers = map[api.Kind]func(log *slog.Logger, host string) Driver{}
 
 func init() {
-	builtinDrivers[api.KindBlock] = func(l *slog.Logger) Driver { return NewBlockDriver(l) }
+	builtinDrivers[api.KindBlock] = func(l *slog.Logger, _ string) Driver { return NewBlockDriver(l) }
 }
 
 // BlockDriver lends file-backed block devices (whole or by partition) as

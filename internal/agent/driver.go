@@ -8,11 +8,13 @@ import (
 )
 
 // Export is one prepared export: the control plane's request, the local
-// device it uses and the endpoint ("host:port") of the kind's data plane.
+// device it uses, the endpoint ("host:port") of the kind's data plane and
+// the host that URIs name.
 type Export struct {
 	Request  api.PrepareRequest
 	Device   DeviceConfig
 	Endpoint string
+	Host     string
 }
 
 // Driver prepares and tears down exports of one resource kind. Prepare must
@@ -28,6 +30,13 @@ type Driver interface {
 // cancelled. Its address is the kind's endpoint.
 type Server interface {
 	Serve(ctx context.Context, ln net.Listener) error
+}
+
+// Runner is implemented by drivers with data planes that bind their own
+// listeners (an accelerator appliance's slots): the agent runs Run until
+// ctx is cancelled.
+type Runner interface {
+	Run(ctx context.Context) error
 }
 
 // Opener is implemented by drivers that set up a device before it is

@@ -27,6 +27,7 @@ func (a *Agent) Prepare(ctx context.Context, req api.PrepareRequest) (api.Prepar
 	a.mu.Lock()
 	dev, ok := a.devices[req.DeviceName]
 	endpoint := a.endpoints[req.Kind]
+	host := a.host
 	a.mu.Unlock()
 	if !ok {
 		return api.PrepareResponse{}, fmt.Errorf("%w: %q", ErrNoDevice, req.DeviceName)
@@ -56,7 +57,7 @@ func (a *Agent) Prepare(ctx context.Context, req api.PrepareRequest) (api.Prepar
 	if exists && old.Request.LeaseID != req.LeaseID {
 		return api.PrepareResponse{}, ErrConflict
 	}
-	e := Export{Request: req, Device: dev, Endpoint: endpoint}
+	e := Export{Request: req, Device: dev, Endpoint: endpoint, Host: host}
 	resp, err := drv.Prepare(ctx, e)
 	if err != nil {
 		a.mPrepares.With("error").Inc()

@@ -11,7 +11,7 @@ import (
 )
 
 func init() {
-	builtinDrivers[api.KindMemory] = func(l *slog.Logger) Driver { return NewMemoryDriver(l) }
+	builtinDrivers[api.KindMemory] = func(l *slog.Logger, _ string) Driver { return NewMemoryDriver(l) }
 }
 
 // MemoryDriver lends memory through a donor: a lease reserves an anonymous

@@ -11,6 +11,7 @@ import (
 )
 
 func TestComposedLeasePartsServedByTheirLenders(t *testing.T) {
+	t.Parallel()
 	c := Start(t, Options{})
 	ctx := ctxT(t)
 	l, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeComposed, Count: 3, Size: 48 << 20})
@@ -50,6 +51,7 @@ func TestComposedLeasePartsServedByTheirLenders(t *testing.T) {
 
 // TestNBDInfoReadsALease checks a third-party client against a lease.
 func TestNBDInfoReadsALease(t *testing.T) {
+	t.Parallel()
 	nbdinfo, err := exec.LookPath("nbdinfo")
 	if err != nil {
 		t.Skip("nbdinfo not installed")

@@ -23,6 +23,7 @@ func ctxT(t *testing.T) context.Context {
 }
 
 func TestNodesJoinReady(t *testing.T) {
+	t.Parallel()
 	c := Start(t, Options{})
 	ctx := ctxT(t)
 	nodes, err := c.Client().Nodes(ctx)
@@ -75,6 +76,7 @@ func createBlock(t *testing.T, cl *api.Client, size int64, mode api.Mode) api.Le
 }
 
 func TestLeaseLifecycleServesBytes(t *testing.T) {
+	t.Parallel()
 	c := Start(t, Options{})
 	ctx := ctxT(t)
 	l := createBlock(t, c.Client(), 16<<20, api.ModeShared)
@@ -142,6 +144,7 @@ func TestLeaseLifecycleServesBytes(t *testing.T) {
 }
 
 func TestUnauthenticated(t *testing.T) {
+	t.Parallel()
 	c := Start(t, Options{Nodes: 1})
 	ctx := ctxT(t)
 	for _, tok := range []string{"", "nope", BootstrapToken} {
@@ -169,6 +172,7 @@ func TestUnauthenticated(t *testing.T) {
 }
 
 func TestLenderRefusesPlacedElsewhere(t *testing.T) {
+	t.Parallel()
 	c := Start(t, Options{})
 	good := c.Nodes[2]
 	c.Nodes[0].Faults().RefusePrepare.Store(true)
@@ -182,7 +186,8 @@ func TestLenderRefusesPlacedElsewhere(t *testing.T) {
 }
 
 func TestLenderIgnoresSkippedAfterTimeout(t *testing.T) {
-	c := Start(t, Options{PrepareTimeout: time.Second})
+	t.Parallel()
+	c := Start(t, Options{})
 	good := c.Nodes[1]
 	c.Nodes[0].Faults().IgnorePrepare.Store(true)
 	c.Nodes[2].Faults().IgnorePrepare.Store(true)
@@ -195,6 +200,7 @@ func TestLenderIgnoresSkippedAfterTimeout(t *testing.T) {
 }
 
 func TestAllLendersRefuseFailsCleanly(t *testing.T) {
+	t.Parallel()
 	c := Start(t, Options{Nodes: 2})
 	ctx := ctxT(t)
 	for _, n := range c.Nodes {
@@ -224,6 +230,7 @@ func TestAllLendersRefuseFailsCleanly(t *testing.T) {
 }
 
 func TestTTLExpiry(t *testing.T) {
+	t.Parallel()
 	c := Start(t, Options{})
 	ctx := ctxT(t)
 	l, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 8 << 20, TTLSeconds: 60})
@@ -261,6 +268,7 @@ func TestTTLExpiry(t *testing.T) {
 }
 
 func TestNodeSuspectDownLeasesLostThenRejoin(t *testing.T) {
+	t.Parallel()
 	c := Start(t, Options{})
 	l := createBlock(t, c.Client(), 8<<20, api.ModeShared)
 	victim := c.NodeByID(l.NodeID)
@@ -315,6 +323,7 @@ func TestNodeSuspectDownLeasesLostThenRejoin(t *testing.T) {
 }
 
 func TestKilledAgentRestartsWithSameIdentity(t *testing.T) {
+	t.Parallel()
 	c := Start(t, Options{})
 	ctx := ctxT(t)
 	l := createBlock(t, c.Client(), 8<<20, api.ModeShared)
@@ -359,6 +368,7 @@ func TestKilledAgentRestartsWithSameIdentity(t *testing.T) {
 }
 
 func TestIdempotentCreate(t *testing.T) {
+	t.Parallel()
 	c := Start(t, Options{Tenants: []string{"alice", "bob"}})
 	ctx := ctxT(t)
 	alice := c.ClientWithToken(TenantToken("alice"))
@@ -411,6 +421,7 @@ func TestIdempotentCreate(t *testing.T) {
 }
 
 func TestConcurrentCreatesNeverOverCommit(t *testing.T) {
+	t.Parallel()
 	c := Start(t, Options{})
 	ctx := ctxT(t)
 	const workers = 20
@@ -507,6 +518,7 @@ func (c *countingLender) Prepare(ctx context.Context, node api.Node, key string,
 }
 
 func TestTwoPhaseReservationAsksTheLender(t *testing.T) {
+	t.Parallel()
 	var cl *countingLender
 	c := Start(t, Options{Lender: func(l controlplane.Lender) controlplane.Lender {
 		cl = &countingLender{Lender: l, n: map[string]int{}}

@@ -11,6 +11,7 @@ import (
 )
 
 func TestMemoryLease(t *testing.T) {
+	t.Parallel()
 	c := Start(t, Options{Nodes: 2, Devices: []agent.DeviceConfig{
 		{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 8 << 20},
 		{Name: "mem0", Kind: api.KindMemory, Size: 8 << 20},
