@@ -50,6 +50,7 @@ type Index struct {
 	resLocal []int32
 	lsStamp  []uint32
 	pathBuf  []int32
+	candBuf  []cand
 	flowBuf  []fabric.Flow
 	useBuf   []fabric.Use
 	capBuf   []float64

@@ -170,8 +170,22 @@ func (x *Index) Place(r Request) (Plan, error) {
 			}
 		}
 	}
-	byLoad := append([]cand(nil), cands...)
-	sort.SliceStable(byLoad, func(i, j int) bool { return byLoad[i].nLeases < byLoad[j].nLeases })
+	// The MaxWidth least-loaded candidates, ties in candidate order.
+	byLoad := make([]cand, 0, MaxWidth)
+	for _, c := range cands {
+		i := len(byLoad)
+		for i > 0 && byLoad[i-1].nLeases > c.nLeases {
+			i--
+		}
+		if i == MaxWidth {
+			continue
+		}
+		if len(byLoad) < MaxWidth {
+			byLoad = append(byLoad, cand{})
+		}
+		copy(byLoad[i+1:], byLoad[i:len(byLoad)-1])
+		byLoad[i] = c
+	}
 	if allowShare {
 		seen := map[int32]bool{}
 		add := func(c cand) {
@@ -325,7 +339,8 @@ func (x *Index) candidates(q req, bv int32, allowDed bool, minNeed int64, detail
 			rej.add(fmt.Sprintf("%d device groups", len(kg.anchors)-len(order)), ConstraintReach, "no fabric path from "+q.Borrower)
 		}
 	}
-	var out []cand
+	out := x.candBuf[:0]
+	defer func() { x.candBuf = out[:0] }()
 	examined := 0
 	var path []int32
 	check := func(di int32) {
@@ -406,7 +421,7 @@ groups:
 			check(di)
 		}
 	}
-	slices.SortStableFunc(out, func(a, b cand) int {
+	slices.SortFunc(out, func(a, b cand) int { // a total order: ties end on device ID
 		if x.candLess(&a, &b, q.strategy) {
 			return -1
 		}
