@@ -235,9 +235,13 @@ func (a *Attachment) Volume() *Volume { return a.vol }
 func (a *Attachment) Close() error {
 	err := ErrClosed
 	a.once.Do(func() {
+		// Stop accepting and drop client connections, then close the
+		// parts so that requests blocked on a vanished lender return at
+		// once instead of after RequestTimeout, then wait for the server.
 		a.cancel()
+		verr := a.vol.Close()
 		<-a.done
-		err = errors.Join(a.err, a.vol.Close())
+		err = errors.Join(a.err, verr)
 		if a.sock != "" {
 			if rerr := os.Remove(a.sock); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
 				err = errors.Join(err, rerr)

@@ -66,15 +66,22 @@ func (t trimDev) WriteZeroes(off, n int64, _ bool) error {
 // hangDev blocks every call until Close, like a lender that vanished from the
 // network without resetting the connection.
 type hangDev struct {
-	size  int64
-	once  sync.Once
-	gone  chan struct{}
-	calls atomic.Int64
+	size    int64
+	once    sync.Once
+	gone    chan struct{}
+	calls   atomic.Int64
+	entered chan struct{} // one token per call, if there is room
 }
 
-func newHang(size int64) *hangDev { return &hangDev{size: size, gone: make(chan struct{})} }
+func newHang(size int64) *hangDev {
+	return &hangDev{size: size, gone: make(chan struct{}), entered: make(chan struct{}, 64)}
+}
 func (h *hangDev) wait() error {
 	h.calls.Add(1)
+	select {
+	case h.entered <- struct{}{}:
+	default:
+	}
 	<-h.gone
 	return errors.New("hangDev: closed")
 }
@@ -347,7 +354,7 @@ func TestFlushAndErrors(t *testing.T) {
 // TestDeadline: a device that stops answering fails the request within the
 // bound, is closed, and fails later requests at once.
 func TestDeadline(t *testing.T) {
-	const timeout = 200 * time.Millisecond
+	const timeout = 500 * time.Millisecond
 	h := newHang(1 << 20)
 	good := newMem(1 << 20)
 	v, _ := New([]Device{good, h}, Config{StripeUnit: 64 << 10, RequestTimeout: timeout})
