@@ -32,7 +32,7 @@ import (
 var (
 	outPath  = flag.String("out", "docs/bench/accel.md", "Markdown fragment to write")
 	svgPath  = flag.String("svg", "docs/bench/accel-pareto.svg", "SVG plot to write")
-	runs     = flag.Int("runs", 3, "interleaved runs of each comparison")
+	runs     = flag.Int("runs", 5, "interleaved runs of each comparison")
 	dur      = flag.Duration("dur", 1500*time.Millisecond, "measurement time per figure")
 	sweepDur = flag.Duration("sweepdur", 700*time.Millisecond, "measurement time per sweep point")
 	nRules   = flag.Int("rules", 2000, "MCT rules")
