@@ -14,6 +14,7 @@ import (
 // Sentinel errors.
 var (
 	ErrConfig       = errors.New("agent: invalid configuration")
+	ErrBadRequest   = errors.New("agent: bad request")
 	ErrNoDevice     = errors.New("agent: no such device")
 	ErrNoDriver     = errors.New("agent: no driver for this kind")
 	ErrOutOfRange   = errors.New("agent: range outside the device")

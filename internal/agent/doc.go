@@ -6,10 +6,12 @@
 // planes (an NBD server for block devices, a donor for memory).
 //
 // Each resource kind is served by a [Driver]; a driver that also implements
-// [Server] gets a listener of its own, whose address is the kind's endpoint.
-// Built-in drivers serve file-backed block devices over NBD and memory
-// regions through the memory donor; [Config.Drivers] replaces or adds
-// drivers.
+// [Server] gets a listener of its own, whose address is the kind's endpoint,
+// and one that implements [Runner] is run for as long as the agent runs.
+// Built-in drivers serve file-backed block devices over NBD ([BlockDriver]),
+// memory regions through the memory donor ([MemoryDriver]) and accelerator
+// slots through an appliance per accel device ([AccelDriver]);
+// [Config.Drivers] replaces or adds drivers.
 //
 // Identity (node ID, node credential, agent key, machine ID, ports) and the
 // exports the agent serves are persisted in [Config.StateDir] with mode 0600,

@@ -22,7 +22,7 @@ var ErrConflict = errors.New("agent: export already serves another lease")
 // an export again for the same lease returns the same answer.
 func (a *Agent) Prepare(ctx context.Context, req api.PrepareRequest) (api.PrepareResponse, error) {
 	if req.LeaseID == "" || req.Export == "" {
-		return api.PrepareResponse{}, fmt.Errorf("%w: lease_id and export are required", ErrConfig)
+		return api.PrepareResponse{}, fmt.Errorf("%w: lease_id and export are required", ErrBadRequest)
 	}
 	a.mu.Lock()
 	dev, ok := a.devices[req.DeviceName]
@@ -208,7 +208,7 @@ func (a *Agent) handlePrepare(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		status, code := http.StatusInternalServerError, api.CodeInternal
 		switch {
-		case errors.Is(err, ErrConfig), errors.Is(err, ErrOutOfRange):
+		case errors.Is(err, ErrBadRequest), errors.Is(err, ErrOutOfRange):
 			status, code = http.StatusBadRequest, api.CodeInvalid
 		case errors.Is(err, ErrNoDevice):
 			status, code = http.StatusNotFound, api.CodeNotFound
