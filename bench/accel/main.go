@@ -30,18 +30,19 @@ import (
 )
 
 var (
-	outPath  = flag.String("out", "docs/bench/accel.md", "Markdown fragment to write")
-	svgPath  = flag.String("svg", "docs/bench/accel-pareto.svg", "SVG plot to write")
-	runs     = flag.Int("runs", 5, "interleaved runs of each comparison")
-	dur      = flag.Duration("dur", 1500*time.Millisecond, "measurement time per figure")
-	sweepDur = flag.Duration("sweepdur", 700*time.Millisecond, "measurement time per sweep point")
-	nRules   = flag.Int("rules", 2000, "MCT rules")
-	clients  = flag.Int("clients", 64, "concurrent clients")
-	gwBatch  = flag.Int("gw-batch", 64, "gateway max batch (headline figures)")
-	gwDelay  = flag.Duration("gw-delay", 500*time.Microsecond, "gateway max queue delay (headline figures)")
-	gwWork   = flag.Int("gw-workers", 1, "gateway workers (headline figures)")
-	gwInst   = flag.Int("gw-instances", 3, "gateway slot instances (headline figures)")
-	doSweep  = flag.Bool("sweep", true, "run the knob sweep")
+	outPath   = flag.String("out", "docs/bench/accel.md", "Markdown fragment to write")
+	svgPath   = flag.String("svg", "docs/bench/accel-pareto.svg", "SVG plot to write")
+	runs      = flag.Int("runs", 5, "interleaved runs of each comparison")
+	dur       = flag.Duration("dur", 1500*time.Millisecond, "measurement time per figure")
+	sweepDur  = flag.Duration("sweepdur", 500*time.Millisecond, "measurement time per sweep point and pass")
+	sweepRuns = flag.Int("sweepruns", 3, "interleaved passes over the sweep points")
+	nRules    = flag.Int("rules", 2000, "MCT rules")
+	clients   = flag.Int("clients", 64, "concurrent clients")
+	gwBatch   = flag.Int("gw-batch", 64, "gateway max batch (headline figures)")
+	gwDelay   = flag.Duration("gw-delay", 500*time.Microsecond, "gateway max queue delay (headline figures)")
+	gwWork    = flag.Int("gw-workers", 1, "gateway workers (headline figures)")
+	gwInst    = flag.Int("gw-instances", 3, "gateway slot instances (headline figures)")
+	doSweep   = flag.Bool("sweep", true, "run the knob sweep")
 )
 
 const slots = 4 // slot 0: echo; slots 1..3: MCT
@@ -552,15 +553,26 @@ func main() {
 			}
 			for _, w := range []int{1, 2, 4} {
 				for _, inst := range []int{1, 3} {
-					g, stop := e.newGateway(b, d, w, inst)
-					s := measure(*sweepDur, n, func(int) error { _, err := g.Call(ctx, "match", e.query()); return err })
-					stop()
 					label := fmt.Sprintf("b%d d%v w%d i%d", b, d, w, inst)
-					log.Printf("sweep %-22s %9.0f q/s p99 %s µs", label, s.qps, us(s.p99))
-					pts = append(pts, point{label: label, batch: b, workers: w, instances: inst, delay: d, s: s})
+					pts = append(pts, point{label: label, batch: b, workers: w, instances: inst, delay: d})
 				}
 			}
 		}
+	}
+	// Every point is measured in each of `runs` passes (interleaved in
+	// time) and reported as the median.
+	samples := make([]series, len(pts))
+	for pass := 0; pass < *sweepRuns && len(pts) > 0; pass++ {
+		for i, p := range pts {
+			g, stop := e.newGateway(p.batch, p.delay, p.workers, p.instances)
+			s := measure(*sweepDur, n, func(int) error { _, err := g.Call(ctx, "match", e.query()); return err })
+			stop()
+			samples[i].add(s)
+			log.Printf("sweep %d %-22s %9.0f q/s p99 %s µs", pass+1, p.label, s.qps, us(s.p99))
+		}
+	}
+	for i := range pts {
+		pts[i].s = sample{qps: median(samples[i].qps), p50: medDur(samples[i].p50), p99: medDur(samples[i].p99)}
 	}
 	for i := range pts {
 		pts[i].pareto = true
@@ -637,9 +649,9 @@ func main() {
 		"its per-message cost is part of what is compared. Its broker keeps one DEALER per worker because zmq4's " +
 		"DEALER sends each message to every peer.\n\n")
 	w("### Gateway sweep: batch size, queue delay, workers, instances\n\n")
-	w("In-process gateway, %d clients, remote MCT slots; one %v run per point (not a median). "+
+	w("In-process gateway, %d clients, remote MCT slots; medians of %d interleaved passes of %v per point. "+
 		"Label `bB dD wW iI`: max batch B, max queue delay D, W workers, I slot instances. "+
-		"★ marks the Pareto front (no other point has both more throughput and a lower p99).\n\n", n, *sweepDur)
+		"★ marks the Pareto front (no other point has both more throughput and a lower p99).\n\n", n, *sweepRuns, *sweepDur)
 	w("![latency–throughput](bench/accel-pareto.svg)\n\n| config | queries/s | p50 µs | p99 µs | Pareto |\n|---|---|---|---|---|\n")
 	for _, p := range pts {
 		star := ""
@@ -648,9 +660,9 @@ func main() {
 		}
 		w("| %s | %.0f | %s | %s | %s |\n", p.label, p.s.qps, us(p.s.p50), us(p.s.p99), star)
 	}
-	w("\nCommand: `bench/accel/run.sh` (= `go run ./bench/accel -runs %d -dur %v -sweepdur %v -rules %d -clients %d "+
+	w("\nCommand: `bench/accel/run.sh` (= `go run ./bench/accel -runs %d -dur %v -sweepruns %d -sweepdur %v -rules %d -clients %d "+
 		"-gw-batch %d -gw-delay %v -gw-workers %d -gw-instances %d`).\n",
-		*runs, *dur, *sweepDur, *nRules, *clients, gwBatch, gwDelay, gwWorkers, gwInstances)
+		*runs, *dur, *sweepRuns, *sweepDur, *nRules, *clients, gwBatch, gwDelay, gwWorkers, gwInstances)
 	if err := os.MkdirAll(filepath.Dir(*outPath), 0o755); err != nil {
 		log.Fatal(err)
 	}
