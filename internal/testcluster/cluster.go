@@ -43,6 +43,10 @@ type Options struct {
 	PrepareTimeout    time.Duration // 2s (real time)
 	DefaultTTL        time.Duration // 1h
 
+	// Configure, if set, adjusts node i's agent configuration (0-based)
+	// before it first starts: other devices, labels, drivers.
+	Configure func(i int, cfg *agent.Config)
+
 	// Lender wraps the control plane's default HTTP lender, if set.
 	Lender func(controlplane.Lender) controlplane.Lender
 	Logger *slog.Logger // discard
@@ -142,6 +146,9 @@ func Start(t testing.TB, opts Options) *Cluster {
 			ControlPlane: c.URL, BootstrapToken: BootstrapToken, Name: name, StateDir: n.StateDir,
 			Devices: append([]agent.DeviceConfig(nil), opts.Devices...), HeartbeatInterval: opts.HeartbeatInterval,
 			Logger: log.With("component", "agent"),
+		}
+		if opts.Configure != nil {
+			opts.Configure(i, &n.cfg)
 		}
 		c.Nodes = append(c.Nodes, n)
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/agent"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 )
 
@@ -68,5 +69,26 @@ func TestNBDInfoReadsALease(t *testing.T) {
 	bad := l.URI[:strings.LastIndex(l.URI, "/")+1] + "not-the-credential"
 	if out, err := exec.CommandContext(ctxT(t), nbdinfo, "--size", bad).CombinedOutput(); err == nil {
 		t.Fatalf("nbdinfo read a wrong export: %s", out)
+	}
+}
+
+func TestHeterogeneousNodes(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{Nodes: 2, Configure: func(i int, cfg *agent.Config) {
+		cfg.Labels = map[string]string{"rack": strconv.Itoa(i)}
+		if i == 1 {
+			cfg.Devices = nil
+		}
+	}})
+	devs, err := c.Client().Devices(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(devs) != 2 || devs[0].NodeID != c.Nodes[0].ID() {
+		t.Fatalf("devices %+v", devs)
+	}
+	n, err := c.Client().Node(ctxT(t), c.Nodes[1].ID())
+	if err != nil || n.Labels["rack"] != "1" {
+		t.Fatalf("node %+v %v", n, err)
 	}
 }
