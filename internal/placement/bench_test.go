@@ -213,3 +213,47 @@ func reportRates(b *testing.B, cpu0 time.Duration) {
 		b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/op")
 	}
 }
+
+// BenchmarkNaiveScan10k is the baseline a scan-based scheduler pays: a
+// shortest-path tree from the borrower over the whole fabric and a pass over
+// every device for the nearest one with room (no bandwidth prediction).
+func BenchmarkNaiveScan10k(b *testing.B) {
+	s, _ := benchIndex(b)
+	g := fabric.NewGraph(s.Links)
+	used := map[string]int64{}
+	for _, l := range s.Leases {
+		for _, p := range l.Parts {
+			used[p.DeviceID] += p.Length
+		}
+	}
+	state := map[string]string{}
+	for _, n := range s.Nodes {
+		state[n.ID] = n.State
+	}
+	rng := rand.New(rand.NewSource(2))
+	reqs := make([]Request, 4096)
+	for i := range reqs {
+		reqs[i] = benchRequest(rng, s)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu0 := cpuTime()
+	for i := 0; i < b.N; i++ {
+		r := reqs[i%len(reqs)]
+		src, _ := g.Vertex(r.Borrower)
+		t := g.ShortestPaths(src, fabric.ByHops)
+		best, bestD := -1, fabric.Unreachable
+		for di := range s.Devices {
+			d := &s.Devices[di]
+			if d.Kind != r.Kind || state[d.Node] != "" || d.Capacity-used[d.ID] < r.Size {
+				continue
+			}
+			v, _ := g.Vertex(d.Node)
+			if dd := t.Dist[v]; dd.Less(bestD, fabric.ByHops) {
+				best, bestD = di, dd
+			}
+		}
+		_ = best
+	}
+	reportRates(b, cpu0)
+}

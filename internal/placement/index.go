@@ -23,6 +23,7 @@ type Index struct {
 	nodeByID map[string]int
 	devs     []devState
 	devByID  map[string]int
+	devRank  []int32 // position of each device in ID order
 
 	g        *fabric.Graph
 	links    []fabric.Link
@@ -171,6 +172,15 @@ func NewIndex(s *Snapshot) *Index {
 		case d.State != "" && d.State != "healthy":
 			ds.usable = ConstraintHealth
 		}
+	}
+	order := make([]int32, len(x.devs))
+	for i := range order {
+		order[i] = int32(i)
+	}
+	sort.Slice(order, func(a, b int) bool { return x.devs[order[a]].dev.ID < x.devs[order[b]].dev.ID })
+	x.devRank = make([]int32, len(x.devs))
+	for r, i := range order {
+		x.devRank[i] = int32(r)
 	}
 	x.res = make([]resState, len(x.devs)+len(x.links))
 	x.resStamp = make([]uint32, len(x.res))

@@ -20,6 +20,7 @@ func Place(s *Snapshot, r Request) (Plan, error) {
 }
 
 type cand struct {
+	k1       uint64 // hops, latency, link band, packing: see candKey
 	dev      int32
 	dist     fabric.Distance
 	latency  time.Duration // path + device
@@ -421,40 +422,39 @@ groups:
 			check(di)
 		}
 	}
+	for i := range out {
+		out[i].k1 = candKey(&out[i], q.strategy)
+	}
 	slices.SortFunc(out, func(a, b cand) int { // a total order: ties end on device ID
-		if x.candLess(&a, &b, q.strategy) {
-			return -1
-		}
-		if x.candLess(&b, &a, q.strategy) {
+		switch {
+		case a.k1 != b.k1:
+			if a.k1 < b.k1 {
+				return -1
+			}
+			return 1
+		case a.linkUtil != b.linkUtil:
+			if a.linkUtil < b.linkUtil {
+				return -1
+			}
 			return 1
 		}
-		return 0
+		return int(x.devRank[a.dev]) - int(x.devRank[b.dev])
 	})
 	return out, rej, examined
 }
 
-func (x *Index) candLess(a, b *cand, strategy string) bool {
-	{
-		if a.dist.Hops != b.dist.Hops {
-			return a.dist.Hops < b.dist.Hops
-		}
-		if a.latency != b.latency {
-			return a.latency < b.latency
-		}
-		if ba, bb := band(a.linkUtil), band(b.linkUtil); ba != bb {
-			return ba < bb
-		}
-		if a.nLeases != b.nLeases {
-			if strategy == Spread {
-				return a.nLeases < b.nLeases
-			}
-			return a.nLeases > b.nLeases
-		}
-		if a.linkUtil != b.linkUtil {
-			return a.linkUtil < b.linkUtil
-		}
-		return x.devs[a.dev].dev.ID < x.devs[b.dev].dev.ID
+// candKey packs a candidate's ordering: fewest hops, lowest latency, link
+// load in 10% bands, then the strategy's packing (binpack: most leases
+// first; spread: fewest).
+func candKey(c *cand, strategy string) uint64 {
+	hops := min(uint64(c.dist.Hops), 255)
+	lat := min(uint64(max(c.latency, 0)), 1<<35-1)
+	b := min(uint64(max(band(c.linkUtil), 0)), 15)
+	n := min(uint64(c.nLeases), 1<<16-1)
+	if strategy != Spread {
+		n = 1<<16 - 1 - n
 	}
+	return hops<<56 | lat<<20 | b<<16 | n
 }
 
 func band(u float64) int { return int(math.Floor(u * 10)) }
