@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
@@ -94,6 +95,11 @@ func runUp(ctx context.Context, e *env, args []string) error {
 	if err := os.MkdirAll(*dir, 0o700); err != nil {
 		return err
 	}
+	lock, err := lockStateDir(*dir)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
 	st, err := loadUpState(*dir)
 	if err != nil {
 		return err
@@ -197,6 +203,20 @@ func runUp(ctx context.Context, e *env, args []string) error {
 	}
 	fmt.Fprintln(e.stderr, "rialto up: stopping")
 	return shutdown()
+}
+
+// lockStateDir takes an exclusive lock on dir/lock, so that two clusters
+// never share a state dir. Closing the file releases it.
+func lockStateDir(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("state dir %s is in use by another rialto up", dir)
+	}
+	return f, nil
 }
 
 // listenUp binds the API port: the requested one, else the remembered one

@@ -168,6 +168,12 @@ func TestUpREADMEFlow(t *testing.T) {
 		}
 	}
 
+	// A second cluster on the same state dir is refused.
+	out, err := exec.Command(bin, "up", "--state-dir", dir).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "in use by another rialto up") {
+		t.Errorf("second rialto up on the same state dir: %v\n%s", err, out)
+	}
+
 	var nodes []api.Node
 	up.cli(t, bin, &nodes, "nodes")
 	if len(nodes) != 3 {
