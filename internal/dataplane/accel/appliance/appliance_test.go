@@ -404,3 +404,47 @@ func TestConfigErrors(t *testing.T) {
 		t.Fatalf("run after close: %v", err)
 	}
 }
+
+func TestHTTPCall(t *testing.T) {
+	a := start(t, Config{Slots: 2, SlotMemory: 4096, ManagementToken: "tok"})
+	srv := httptest.NewServer(a.Handler())
+	defer srv.Close()
+	ctx := context.Background()
+	if err := a.Load(ctx, 0, roles.Spec{Name: "sha256"}); err != nil {
+		t.Fatal(err)
+	}
+	_ = a.SetCredential(0, []byte("lease-0"))
+	_ = a.SetCredential(1, []byte("lease-1"))
+	call := func(slot, entry, cred, body string) (int, string) {
+		req, _ := http.NewRequest("POST", srv.URL+"/v1/slots/"+slot+"/call/"+entry, strings.NewReader(body))
+		if cred != "" {
+			req.Header.Set("Rialto-Lease-Credential", cred)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	sum := sha256.Sum256([]byte("hello"))
+	if status, body := call("0", "sum", "lease-0", "hello"); status != 200 || body != string(sum[:]) {
+		t.Fatalf("call: %d %q", status, body)
+	}
+	for _, tc := range []struct {
+		slot, entry, cred string
+		status            int
+		code              string
+	}{
+		{"0", "sum", "", 403, "lease_credential_rejected"},
+		{"0", "sum", "lease-1", 403, "lease_credential_rejected"},
+		{"0", "nope", "lease-0", 404, "unknown_entry"},
+		{"1", "sum", "lease-1", 409, "no_role"},
+		{"7", "sum", "lease-1", 404, "no_such_slot"},
+	} {
+		if status, body := call(tc.slot, tc.entry, tc.cred, "x"); status != tc.status || !strings.Contains(body, tc.code) {
+			t.Errorf("%+v: %d %s", tc, status, body)
+		}
+	}
+}

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
 
+	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
 )
 
@@ -26,9 +28,12 @@ const MaxRoleBody = 64 << 20
 //	POST   /v1/slots/{id}/reset        zero memory, reload role
 //	PUT    /v1/slots/{id}/credential   {"credential": "..."}: start a lease
 //	DELETE /v1/slots/{id}/credential   end the lease
-//	GET    /metrics                    Prometheus text, when Config.Metrics is set
+//	GET    /v1/metrics, /metrics       Prometheus text, when Config.Metrics is set
+//	POST   /v1/slots/{id}/call/{entry} run entry on the body, answer the output
 //
-// Errors are JSON {"error": {"code": CODE, "message": MSG}}.
+// The call endpoint is HTTP for convenience (curl, scripts): it takes the
+// lease credential in the Rialto-Lease-Credential header instead of the
+// management token. Errors are JSON {"error": {"code": CODE, "message": MSG}}.
 func (a *Appliance) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/appliance", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, a.Info()) })
@@ -89,11 +94,21 @@ func (a *Appliance) Handler() http.Handler {
 	}))
 	if a.cfg.Metrics != nil {
 		mux.Handle("GET /metrics", a.cfg.Metrics)
+		mux.Handle("GET /v1/metrics", a.cfg.Metrics)
 	}
-	if a.cfg.ManagementToken == "" {
-		return mux
-	}
+	call := a.withSlot(a.httpCall)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && isCallPath(r.URL.Path) {
+			// Route through a tiny mux so PathValue works.
+			cm := http.NewServeMux()
+			cm.HandleFunc("POST /v1/slots/{id}/call/{entry}", call)
+			cm.ServeHTTP(w, r)
+			return
+		}
+		if a.cfg.ManagementToken == "" {
+			mux.ServeHTTP(w, r)
+			return
+		}
 		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || subtle.ConstantTimeCompare([]byte(tok), []byte(a.cfg.ManagementToken)) != 1 {
 			writeError(w, errUnauthorized)
@@ -101,6 +116,37 @@ func (a *Appliance) Handler() http.Handler {
 		}
 		mux.ServeHTTP(w, r)
 	})
+}
+
+// isCallPath reports whether p is /v1/slots/{id}/call/{entry}.
+func isCallPath(p string) bool {
+	parts := strings.Split(strings.TrimPrefix(p, "/"), "/")
+	return len(parts) == 5 && parts[0] == "v1" && parts[1] == "slots" && parts[3] == "call"
+}
+
+// MaxCallBody bounds the input of an HTTP call.
+const MaxCallBody = 16 << 20
+
+func (a *Appliance) httpCall(w http.ResponseWriter, r *http.Request, id int) error {
+	s, err := a.slot(id)
+	if err != nil {
+		return err
+	}
+	t := (*slotTarget)(s)
+	if err := t.Authenticate([]byte(r.Header.Get("Rialto-Lease-Credential"))); err != nil {
+		return err
+	}
+	in, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxCallBody))
+	if err != nil {
+		return fmt.Errorf("%w: body above %d bytes", accel.ErrTooLarge, MaxCallBody)
+	}
+	outs, err := t.Execute(r.Context(), r.PathValue("entry"), [][]byte{in})
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	_, _ = w.Write(outs[0])
+	return nil
 }
 
 var (
@@ -134,6 +180,13 @@ var httpErrors = []struct {
 	{roles.ErrUnknownRole, http.StatusBadRequest, "unknown_role"},
 	{roles.ErrBadModule, http.StatusBadRequest, "bad_module"},
 	{roles.ErrBadConfig, http.StatusBadRequest, "bad_role_config"},
+	{accel.ErrAuth, http.StatusForbidden, "lease_credential_rejected"},
+	{accel.ErrNoRole, http.StatusConflict, "no_role"},
+	{roles.ErrUnknownEntry, http.StatusNotFound, "unknown_entry"},
+	{roles.ErrBadInput, http.StatusBadRequest, "bad_input"},
+	{accel.ErrTooLarge, http.StatusRequestEntityTooLarge, "too_large"},
+	{accel.ErrRoleFailed, http.StatusInternalServerError, "role_failed"},
+	{roles.ErrWasmTrap, http.StatusInternalServerError, "role_failed"},
 }
 
 func writeError(w http.ResponseWriter, err error) {
