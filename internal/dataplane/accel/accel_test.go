@@ -345,3 +345,33 @@ func FuzzDecodeBatch(f *testing.F) {
 		}
 	})
 }
+
+func TestPolledTaskStates(t *testing.T) {
+	tgt := &memTarget{mem: make([]byte, 64), release: make(chan struct{})}
+	addr := startServer(t, tgt, 4)
+	c := dial(t, addr)
+	ctx := context.Background()
+	task, err := c.Start(ctx, TaskSpec{Entry: "block", In: 0, InLen: 8, Out: 16, OutCap: 8, Polled: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := task.Poll(ctx)
+	if err != nil || st.State != StateRunning {
+		t.Fatalf("poll while blocked: %+v %v", st, err)
+	}
+	close(tgt.release)
+	if n, err := task.Wait(ctx); err != nil || n != 8 {
+		t.Fatalf("wait: %d %v", n, err)
+	}
+	// Reported once, then forgotten.
+	if _, err := task.Poll(ctx); !errors.Is(err, ErrUnknownTask) {
+		t.Fatalf("poll after done: %v", err)
+	}
+	failing, err := c.Start(ctx, TaskSpec{Entry: "nope", InLen: 1, OutCap: 1, Polled: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := failing.Wait(ctx); !errors.Is(err, roles.ErrUnknownEntry) {
+		t.Fatalf("failed polled task: %v", err)
+	}
+}
