@@ -47,11 +47,13 @@ func serve(args []string) {
 	addr := fs.String("addr", "127.0.0.1:0", "listen address")
 	size := fs.Int64("size", 1<<30, "region bytes")
 	cred := fs.String("cred", "", "lease credential (or $RIALTO_BENCH_CRED)")
+	spin := fs.Duration("spin", 0, "busy-poll budget of synchronous connections (memory.Donor.Spin)")
 	_ = fs.Parse(args)
 	if *cred == "" {
 		*cred = os.Getenv("RIALTO_BENCH_CRED")
 	}
 	d := memory.NewDonor(slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	d.Spin = *spin
 	if err := d.AddRegion(*cred, *size); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -76,6 +78,7 @@ type cfg struct {
 	runs, ops         int
 	bulkBytes         int64
 	parts             string
+	spin              time.Duration
 }
 
 func (c *cfg) want(part string) bool {
@@ -124,13 +127,14 @@ func run(args []string) {
 	fs.IntVar(&c.runs, "runs", 3, "interleaved runs")
 	fs.IntVar(&c.ops, "ops", 5000, "operations per small-op measurement")
 	fs.Int64Var(&c.bulkBytes, "bulk", 1<<30, "bulk transfer bytes")
+	fs.DurationVar(&c.spin, "spin", 0, "client busy-poll budget (memory.Options.Spin)")
 	fs.StringVar(&c.parts, "parts", "", "comma-separated subset of small,bulk,mapping,mixed (default all)")
 	_ = fs.Parse(args)
 	if c.cred == "" {
 		c.cred = os.Getenv("RIALTO_BENCH_CRED")
 	}
 	ctx := context.Background()
-	cl, err := memory.Dial(ctx, c.addr, c.cred, memory.Options{Timeout: 30 * time.Second})
+	cl, err := memory.Dial(ctx, c.addr, c.cred, memory.Options{Timeout: 30 * time.Second, Spin: c.spin})
 	if err != nil {
 		fail(err)
 	}
@@ -166,40 +170,46 @@ func run(args []string) {
 					if conc > 1 {
 						ch = memory.ChannelAdaptive
 					}
-					p50, p99, tput := smallRialto(ctx, cl, ch, op, n, conc, c.ops)
+					var rl, dl []time.Duration
+					var rt, dt time.Duration
+					for round := range 5 {
+						l, el := smallRialto(ctx, cl, ch, op, n, conc, c.ops/5, round)
+						rl, rt = append(rl, l...), rt+el
+						l, el = smallRedis(rc, op, n, conc, c.ops/5, keys, round)
+						dl, dt = append(dl, l...), dt+el
+					}
 					key := fmt.Sprintf("%s/%d/c%d", op, n, conc)
-					res.add("rialto p50 "+key, p50)
-					res.add("rialto p99 "+key, p99)
-					res.add("rialto ops "+key, tput)
-					p50, p99, tput = smallRedis(rc, op, n, conc, c.ops, keys)
-					res.add("redis p50 "+key, p50)
-					res.add("redis p99 "+key, p99)
-					res.add("redis ops "+key, tput)
+					res.add("rialto p50 "+key, pct(rl, 50))
+					res.add("rialto p99 "+key, pct(rl, 99))
+					res.add("rialto ops "+key, float64(len(rl))/rt.Seconds())
+					res.add("redis p50 "+key, pct(dl, 50))
+					res.add("redis p99 "+key, pct(dl, 99))
+					res.add("redis ops "+key, float64(len(dl))/dt.Seconds())
 				}
 			}
 		}
 		logf("run %d: bulk", r+1)
-		for _, p := range []int{1, 2} {
-			if !c.want("bulk") {
-				break
+		if c.want("bulk") {
+			// bulk read, iperf3 -P1, bulk write, iperf3 -P2, bulk read, bulk write
+			bulk := func(op string) {
+				t0 := time.Now()
+				var err error
+				if op == "read" {
+					err = cl.Read(ctx, memory.ChannelBulk, bulkBuf, 0)
+				} else {
+					err = cl.Write(ctx, memory.ChannelBulk, bulkBuf, 0)
+				}
+				if err != nil {
+					fail(err)
+				}
+				res.add("bulk "+op, float64(c.bulkBytes)*8/time.Since(t0).Seconds()/1e9)
 			}
-			res.add(fmt.Sprintf("iperf3 P%d", p), iperf(c.iperfPort, p))
-		}
-		for _, op := range []string{"read", "write"} {
-			if !c.want("bulk") {
-				break
-			}
-			t0 := time.Now()
-			var err error
-			if op == "read" {
-				err = cl.Read(ctx, memory.ChannelBulk, bulkBuf, 0)
-			} else {
-				err = cl.Write(ctx, memory.ChannelBulk, bulkBuf, 0)
-			}
-			if err != nil {
-				fail(err)
-			}
-			res.add("bulk "+op, float64(c.bulkBytes)*8/time.Since(t0).Seconds()/1e9)
+			bulk("read")
+			res.add("iperf3 P1", iperf(c.iperfPort, 1))
+			bulk("write")
+			res.add("iperf3 P2", iperf(c.iperfPort, 2))
+			bulk("read")
+			bulk("write")
 		}
 		if c.want("mapping") {
 			logf("run %d: mapping", r+1)
@@ -226,8 +236,8 @@ func pct(d []time.Duration, p int) float64 {
 	return float64(d[min(len(d)*p/100, len(d)-1)]) / 1e3
 }
 
-// smallRialto returns p50 and p99 latency in µs and operations per second.
-func smallRialto(ctx context.Context, cl *memory.Client, ch memory.Channel, op string, n, conc, ops int) (float64, float64, float64) {
+// smallRialto returns the latencies and the elapsed time.
+func smallRialto(ctx context.Context, cl *memory.Client, ch memory.Channel, op string, n, conc, ops, round int) ([]time.Duration, time.Duration) {
 	lat := make([][]time.Duration, conc)
 	var wg sync.WaitGroup
 	t0 := time.Now()
@@ -235,7 +245,7 @@ func smallRialto(ctx context.Context, cl *memory.Client, ch memory.Channel, op s
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(g), uint64(n)))
+			rng := rand.New(rand.NewPCG(uint64(g), uint64(n*10+round)))
 			buf := make([]byte, n)
 			span := cl.Size()/int64(n) - 1
 			for range ops / conc {
@@ -255,12 +265,10 @@ func smallRialto(ctx context.Context, cl *memory.Client, ch memory.Channel, op s
 		}()
 	}
 	wg.Wait()
-	el := time.Since(t0)
-	all := slices.Concat(lat...)
-	return pct(all, 50), pct(all, 99), float64(len(all)) / el.Seconds()
+	return slices.Concat(lat...), time.Since(t0)
 }
 
-func smallRedis(rc []*redisConn, op string, n, conc, ops, keys int) (float64, float64, float64) {
+func smallRedis(rc []*redisConn, op string, n, conc, ops, keys, round int) ([]time.Duration, time.Duration) {
 	lat := make([][]time.Duration, conc)
 	var wg sync.WaitGroup
 	t0 := time.Now()
@@ -268,7 +276,7 @@ func smallRedis(rc []*redisConn, op string, n, conc, ops, keys int) (float64, fl
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(g), uint64(n)))
+			rng := rand.New(rand.NewPCG(uint64(g), uint64(n*10+round)))
 			val := make([]byte, n)
 			for range ops / conc {
 				k := fmt.Sprintf("k%d:%d", n, rng.IntN(keys))
@@ -287,9 +295,7 @@ func smallRedis(rc []*redisConn, op string, n, conc, ops, keys int) (float64, fl
 		}()
 	}
 	wg.Wait()
-	el := time.Since(t0)
-	all := slices.Concat(lat...)
-	return pct(all, 50), pct(all, 99), float64(len(all)) / el.Seconds()
+	return slices.Concat(lat...), time.Since(t0)
 }
 
 // iperf runs a 4-second iperf3 client and returns Gbit/s received.
@@ -376,40 +382,43 @@ func mixed(ctx context.Context, cl *memory.Client, res *results) {
 		{"mixed 64 B–4 MiB, 8 threads", 8, 4000, []int{64, 64, 64, 512, 4096, 4096, 4096, 65536, 1 << 20}},
 	}
 	chans := []memory.Channel{memory.ChannelSync, memory.ChannelBulk, memory.ChannelQueue, memory.ChannelAdaptive}
+	const rounds = 5
 	for _, w := range wls {
-		for _, ch := range chans {
-			var wg sync.WaitGroup
-			var bytes int64
-			var mu sync.Mutex
-			t0 := time.Now()
-			for g := range w.conc {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					rng := rand.New(rand.NewPCG(uint64(g), 3))
-					buf := make([]byte, slices.Max(w.sizes))
-					var mine int64
-					for i := range w.ops / w.conc {
-						n := w.sizes[rng.IntN(len(w.sizes))]
-						off := rng.Int64N(cl.Size() - int64(n))
-						var err error
-						if i%4 == 3 {
-							err = cl.Write(ctx, ch, buf[:n], off)
-						} else {
-							err = cl.Read(ctx, ch, buf[:n], off)
+		var el [4]time.Duration
+		for round := range rounds {
+			for k := range chans {
+				ci := (k + round) % len(chans) // rotate the order every round
+				ch := chans[ci]
+				var wg sync.WaitGroup
+				t0 := time.Now()
+				for g := range w.conc {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						rng := rand.New(rand.NewPCG(uint64(g), uint64(round)))
+						buf := make([]byte, slices.Max(w.sizes))
+						for i := range w.ops / w.conc / rounds {
+							n := w.sizes[rng.IntN(len(w.sizes))]
+							off := rng.Int64N(cl.Size() - int64(n))
+							var err error
+							if i%4 == 3 {
+								err = cl.Write(ctx, ch, buf[:n], off)
+							} else {
+								err = cl.Read(ctx, ch, buf[:n], off)
+							}
+							if err != nil {
+								fail(err)
+							}
 						}
-						if err != nil {
-							fail(err)
-						}
-						mine += int64(n)
-					}
-					mu.Lock()
-					bytes += mine
-					mu.Unlock()
-				}()
+					}()
+				}
+				wg.Wait()
+				el[ci] += time.Since(t0)
 			}
-			wg.Wait()
-			res.add("mixed "+w.name+" "+ch.String(), float64(w.ops)/time.Since(t0).Seconds())
+		}
+		for ci, ch := range chans {
+			ops := w.ops / w.conc / rounds * w.conc * rounds
+			res.add("mixed "+w.name+" "+ch.String(), float64(ops)/el[ci].Seconds())
 		}
 	}
 }
@@ -453,7 +462,8 @@ func report(c cfg, r *results, steal []float64) {
 	p("### Small random reads and writes vs Redis GET/SET (same value sizes, same concurrency)\n\n")
 	p("Rialto at concurrency 1 uses the synchronous channel; at 16 the adaptive chooser (which\n")
 	p("pipelines on the queue pair). Redis: one connection per client goroutine, GET/SET of\n")
-	p("10,000 preloaded keys. Latency in µs; throughput in operations per second.\n\n")
+	p("10,000 preloaded keys. Within each run the two alternate in 5 rounds. Latency in µs;\n")
+	p("throughput in operations per second.\n\n")
 	p("| op | size | conc | Rialto p50 | Redis p50 | p50 ratio (Rialto/Redis) | Rialto p99 | Redis p99 | Rialto ops/s | Redis ops/s |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, conc := range []int{1, 16} {
 		for _, n := range []int{64, 4096} {
@@ -477,7 +487,7 @@ func report(c cfg, r *results, steal []float64) {
 		p("| %s | %.2f | %s |\n", k, r.med(k), r.all(k))
 	}
 	i1, i2 := r.med("iperf3 P1"), r.med("iperf3 P2")
-	p("\nBulk uses 2 streams of 512 KiB chunks. Read/iperf3 single stream = %.2f, read/iperf3 -P 2 = %.2f;\n", r.med("bulk read")/i1, r.med("bulk read")/i2)
+	p("\nBulk uses 2 streams of 512 KiB chunks; each run moves the region twice each way, interleaved with the two iperf3 runs. Read/iperf3 single stream = %.2f, read/iperf3 -P 2 = %.2f;\n", r.med("bulk read")/i1, r.med("bulk read")/i2)
 	p("write/iperf3 single stream = %.2f, write/iperf3 -P 2 = %.2f (goal ≥ 0.80).\n\n", r.med("bulk write")/i1, r.med("bulk write")/i2)
 	p("### Transparent mapping: page-fault service time\n\n")
 	p("1 GiB region mapped with a 10%% local cache; 20,000 first touches of random pages\n")
@@ -488,6 +498,8 @@ func report(c cfg, r *results, steal []float64) {
 	p("| write fault (dirty, written back on eviction), application-visible | %.1f | %.1f |\n", r.med("fault write p50"), r.med("fault write p99"))
 	p("\nGoal: p50 ≤ 30 µs. Per-run read-fault p50: %s. Sequential scan with readahead: %.0f MiB/s.\n\n", r.all("fault read p50"), r.med("mapped seq MiB/s"))
 	p("### Adaptive chooser vs each fixed channel (operations per second, 3/4 reads)\n\n")
+	p("Random offsets over the region; within each run the four channels alternate in 5 rounds\n")
+	p("with the order rotated every round.\n\n")
 	p("| workload | sync | bulk | queue | adaptive | adaptive / best fixed | adaptive runs |\n|---|---|---|---|---|---|---|\n")
 	for _, w := range []string{"small random, 1 thread", "small random, 8 threads", "4 MiB transfers, 1 thread", "mixed 64 B–4 MiB, 8 threads"} {
 		s, b, q, a := r.med("mixed "+w+" sync"), r.med("mixed "+w+" bulk"), r.med("mixed "+w+" queue"), r.med("mixed "+w+" adaptive")

@@ -32,7 +32,7 @@ pids+=($!)
 iport=$(freeport)
 iperf3 -s -B 127.0.0.1 -p "$iport" >"$tmp/iperf.log" 2>&1 &
 pids+=($!)
-"$tmp/memory-bench" serve -addr 127.0.0.1:0 -size "$BULK" >"$tmp/donor.addr" 2>"$tmp/donor.log" &
+"$tmp/memory-bench" serve -addr 127.0.0.1:0 -size "$BULK" -spin "${DONOR_SPIN:-0s}" >"$tmp/donor.addr" 2>"$tmp/donor.log" &
 pids+=($!)
 for _ in $(seq 100); do
   [ -s "$tmp/donor.addr" ] && redis-cli -p "$rport" ping >/dev/null 2>&1 && break
@@ -43,7 +43,7 @@ addr=$(head -1 "$tmp/donor.addr")
 
 mkdir -p docs/bench
 "$tmp/memory-bench" run -addr "$addr" -redis "127.0.0.1:$rport" -iperf-port "$iport" \
-  -runs "$RUNS" -ops "$OPS" -bulk "$BULK" -parts "$PARTS" >"$tmp/memory.md"
+  -runs "$RUNS" -ops "$OPS" -bulk "$BULK" -parts "$PARTS" -spin "${SPIN:-0s}" >"$tmp/memory.md"
 {
   cat "$tmp/memory.md"
   echo

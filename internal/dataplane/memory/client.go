@@ -49,8 +49,8 @@ type Options struct {
 	// QueueChunk is the largest request the queue channel sends in one frame.
 	// Default 64 KiB.
 	QueueChunk int
-	// BulkThreshold: adaptive requests at least this large use the bulk
-	// channel. Default 1 MiB.
+	// BulkThreshold: adaptive requests at least this large always use the
+	// bulk channel. Default 8 MiB.
 	BulkThreshold int
 	// Spin is how long the synchronous channel and the mapping's fault
 	// handler busy-poll for a reply before sleeping. Zero disables it.
@@ -73,7 +73,7 @@ func (o *Options) fill() {
 		o.QueueChunk = 64 << 10
 	}
 	if o.BulkThreshold <= 0 {
-		o.BulkThreshold = 1 << 20
+		o.BulkThreshold = 8 << 20
 	}
 	o.Spin = max(o.Spin, 0)
 	if o.Dialer == nil {
@@ -323,25 +323,32 @@ func (c *Client) do(ctx context.Context, ch Channel, op uint8, p []byte, off int
 	return fmt.Errorf("memory: unknown channel %d", ch)
 }
 
-// choose is the adaptive policy. Large requests go to the bulk channel.
-// Smaller ones go to the synchronous channel while the client is used by one
-// goroutine at a time; once requests overlap (a concurrent, fine-grained
-// access pattern) they are pipelined on the queue pair instead of waiting
-// for the synchronous connection's round trips one after another, and stay
-// there until no overlap has been seen for concurrencyMemory.
+// choose is the adaptive policy, from the request size and the recent access
+// pattern. Requests of at least BulkThreshold take the bulk channel. While
+// requests do not overlap, the rest take the synchronous channel (one round
+// trip per MaxPayload, no goroutine hand-offs). Once requests overlap — a
+// concurrent pattern, remembered for concurrencyMemory — small requests are
+// pipelined on the queue pair instead of queueing for the synchronous
+// connection, and larger ones take the bulk streams.
 func (c *Client) choose(n int) Channel {
 	if n >= c.opts.BulkThreshold {
 		return ChannelBulk
 	}
 	now := time.Now().UnixNano()
-	if c.inflight.Load() > 1 || c.syncBusy.Load() > 0 {
+	overlap := c.inflight.Load() > 1 || c.syncBusy.Load() > 0
+	if overlap {
 		c.lastOverlap.Store(now)
-		return ChannelQueue
+	} else {
+		overlap = now-c.lastOverlap.Load() < int64(concurrencyMemory)
 	}
-	if now-c.lastOverlap.Load() < int64(concurrencyMemory) {
+	switch {
+	case !overlap:
+		return ChannelSync
+	case n <= c.opts.QueueChunk:
 		return ChannelQueue
+	default:
+		return ChannelBulk
 	}
-	return ChannelSync
 }
 
 // concurrencyMemory is how long the adaptive chooser remembers overlapping

@@ -602,8 +602,18 @@ func (p *pager) recvv(bufs [][]byte) error {
 // recvAtLeast reads into bufs until at least least bytes arrived and returns
 // how many did (at most the bufs' total length).
 func (p *pager) recvAtLeast(bufs [][]byte, least int) (int, error) {
+	if least <= 0 {
+		return 0, nil
+	}
 	var t0 time.Time
 	spins, got := 0, 0
+	if p.spin == 0 {
+		// A reply is rarely there yet: sleep in poll(2) first rather than
+		// paying for a readv that returns EAGAIN.
+		if err := p.wait(unix.POLLIN); err != nil {
+			return 0, err
+		}
+	}
 	for got < least {
 		n, err := unix.Readv(p.fd, bufs)
 		if err == unix.EINTR {
