@@ -1,6 +1,7 @@
 package costplan
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -37,42 +38,42 @@ const (
 
 // Option is one deployment to price.
 type Option struct {
-	Site    string // "on-prem", "aws", "azure", ...
-	Name    string // "Original engine", "With ERBIUM", ...
-	Element string // what a unit is: "CPU + Alveo U55c", "f1.2xlarge"
-	Kind    Kind
+	Site    string `json:"site"`    // "on-prem", "aws", "azure", ...
+	Name    string `json:"name"`    // "Original engine", "With ERBIUM", ...
+	Element string `json:"element"` // what a unit is: "CPU + Alveo U55c", "f1.2xlarge"
+	Kind    Kind   `json:"kind"`
 	// Price of one unit: UnitCost (USD, one-off) on premises, Hourly
 	// (USD/h) in a cloud. Exactly one is set.
-	UnitCost float64
-	Hourly   float64
+	UnitCost float64 `json:"unit_cost,omitempty"`
+	Hourly   float64 `json:"hourly,omitempty"`
 	// VCPUs of a unit's host CPU; 0 means the same as today's servers.
-	VCPUs int
+	VCPUs int `json:"vcpus,omitempty"`
 	// AccelsPerUnit is the accelerators a co-located unit carries (default 1).
-	AccelsPerUnit int
+	AccelsPerUnit int `json:"accels_per_unit,omitempty"`
 	// Disaggregated only: the price of one appliance (same currency basis
 	// as the unit price) and its accelerators.
-	ApplianceCost   float64
-	ApplianceHourly float64
-	AccelsPerAppl   int
+	ApplianceCost   float64 `json:"appliance_cost,omitempty"`
+	ApplianceHourly float64 `json:"appliance_hourly,omitempty"`
+	AccelsPerAppl   int     `json:"accels_per_appliance,omitempty"`
 }
 
 // Inputs describe today's fleet, the function and the prices.
 type Inputs struct {
-	Servers       int     // CPU servers today, fully loaded
-	ServerVCPUs   int     // vCPUs per server today
-	FunctionShare float64 // host CPU share the function takes today (0..1)
+	Servers       int     `json:"servers"`        // CPU servers today, fully loaded
+	ServerVCPUs   int     `json:"server_vcpus"`   // vCPUs per server today
+	FunctionShare float64 `json:"function_share"` // host CPU share the function takes today (0..1)
 	// ResidualShare is the host CPU the offloaded function still takes
 	// (encoding queries, the wrapper, messaging), as a share of today's CPU.
-	ResidualShare float64
+	ResidualShare float64 `json:"residual_share"`
 	// Load is the function's peak demand (e.g. queries/s) and
 	// SlotThroughput what one accelerator slot sustains (measured); with
 	// SlotsPerAccel they size the accelerators. Load 0 skips the check.
-	Load           float64
-	SlotThroughput float64
-	SlotsPerAccel  int
-	HoursPerYear   float64 // default 8760
-	Rounding       Rounding
-	Options        []Option
+	Load           float64  `json:"load,omitempty"`
+	SlotThroughput float64  `json:"slot_throughput,omitempty"`
+	SlotsPerAccel  int      `json:"slots_per_accel,omitempty"`
+	HoursPerYear   float64  `json:"hours_per_year,omitempty"` // default 8760
+	Rounding       Rounding `json:"rounding,omitempty"`
+	Options        []Option `json:"options"`
 }
 
 // Row is the result for one option.
@@ -196,6 +197,18 @@ func Compute(in Inputs) (Result, error) {
 		res.Rows = append(res.Rows, r)
 	}
 	return res, nil
+}
+
+// ParseInputs reads Inputs as JSON (the format of testdata/paper.json),
+// refusing unknown fields, and validates them.
+func ParseInputs(r io.Reader) (Inputs, error) {
+	var in Inputs
+	d := json.NewDecoder(r)
+	d.DisallowUnknownFields()
+	if err := d.Decode(&in); err != nil {
+		return in, fmt.Errorf("%w: %v", ErrInputs, err)
+	}
+	return in, in.Validate()
 }
 
 // PaperInputs are seed 002's Table 1 inputs: 400 servers (c5.12xlarge-

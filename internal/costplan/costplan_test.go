@@ -2,10 +2,13 @@ package costplan
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"flag"
 	"os"
 	"path/filepath"
+	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -111,6 +114,33 @@ func TestValidate(t *testing.T) {
 	} {
 		if _, err := Compute(in); !errors.Is(err, ErrInputs) {
 			t.Errorf("%+v: %v", in, err)
+		}
+	}
+}
+
+func TestParseInputs(t *testing.T) {
+	golden := filepath.Join("testdata", "paper.json")
+	if *rewrite {
+		b, _ := json.MarshalIndent(PaperInputs(), "", "  ")
+		if err := os.WriteFile(golden, append(b, '\n'), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := os.Open(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	in, err := ParseInputs(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(in, PaperInputs()) {
+		t.Fatalf("parsed %+v", in)
+	}
+	for _, bad := range []string{`{"servers": 1, "bogus": 2}`, `{`, `{"servers": 0}`} {
+		if _, err := ParseInputs(strings.NewReader(bad)); !errors.Is(err, ErrInputs) {
+			t.Errorf("%s: %v", bad, err)
 		}
 	}
 }
