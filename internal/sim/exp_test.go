@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"encoding/xml"
 	"strconv"
 	"testing"
 )
@@ -20,6 +21,10 @@ func runExp(t *testing.T, name string, o Options) Result {
 	}
 	if len(r.Rows) == 0 || len(r.Plot.SVG()) == 0 || len(r.CSV()) == 0 {
 		t.Errorf("%s: empty output", name)
+	}
+	var doc struct{ XMLName xml.Name }
+	if err := xml.Unmarshal(r.Plot.SVG(), &doc); err != nil || doc.XMLName.Local != "svg" {
+		t.Errorf("%s: plot is not valid SVG: %v", name, err)
 	}
 	return r
 }

@@ -39,19 +39,3 @@ func TestRunUnknown(t *testing.T) {
 		t.Fatal("unknown experiment accepted")
 	}
 }
-
-func TestAllExperimentsPlotValidSVG(t *testing.T) {
-	for _, e := range sim.Experiments() {
-		if e.Name == "gpu-openb" || e.Name == "scale" {
-			continue // covered by sim's tests; needs traces / is long
-		}
-		res, err := sim.Run(context.Background(), e.Name, sim.Options{})
-		if err != nil {
-			t.Fatalf("%s: %v", e.Name, err)
-		}
-		var doc struct{ XMLName xml.Name }
-		if err := xml.Unmarshal(res.Plot.SVG(), &doc); err != nil {
-			t.Errorf("%s: svg: %v", e.Name, err)
-		}
-	}
-}

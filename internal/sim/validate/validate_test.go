@@ -28,7 +28,7 @@ func TestRealVsSimulated(t *testing.T) {
 	if err := netns.Available(); err != nil {
 		t.Skip(err)
 	}
-	cfg := Config{Lenders: []int{1, 2, 3}, Writers: []int{1, 3, 6}, Bytes: 12 << 20}
+	cfg := Config{Lenders: []int{1, 2, 3}, Writers: []int{1, 4}, Bytes: 8 << 20}
 	var ctxFull context.Context
 	if os.Getenv("RIALTO_VALIDATE_FULL") != "" {
 		cfg.Writers, cfg.Bytes = []int{1, 2, 3, 4, 5, 6}, 16<<20
