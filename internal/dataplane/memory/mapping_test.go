@@ -159,7 +159,7 @@ func TestMappingConcurrentUsers(t *testing.T) {
 			mine := b[u*part : (u+1)*part]
 			shadow := make([]byte, part)
 			rng := rand.New(rand.NewPCG(uint64(u), 11))
-			for range 1500 {
+			for range 1000 {
 				off := rng.IntN(part - 8)
 				v := byte(rng.Uint32())
 				mine[off] = v

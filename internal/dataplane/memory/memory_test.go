@@ -76,8 +76,9 @@ func TestChannelsIntegrity(t *testing.T) {
 	_, _ = rand.NewChaCha8([32]byte{1}).Read(pool)
 	ctx := context.Background()
 	lengths := []int{1, 7, 64, 100, 4095, 4096, 4097, 65537, 300000, 1<<20 + 123, 3 << 20}
-	for _, wch := range channels {
-		for _, rch := range channels {
+	for wi, wch := range channels {
+		// Read back on the same channel and on the next one.
+		for _, rch := range []Channel{wch, channels[(wi+1)%len(channels)]} {
 			for _, n := range lengths {
 				t.Run(fmt.Sprintf("%v-%v-%d", wch, rch, n), func(t *testing.T) {
 					offs := []int64{0, int64(size - n), rng.Int64N(int64(size - n + 1))}
