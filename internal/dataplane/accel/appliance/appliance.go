@@ -27,6 +27,10 @@ var (
 	ErrNotReady = errors.New("appliance: not running")
 )
 
+// MaxTotalMemory bounds the memory of all slots together (it is reserved
+// as one allocation; the kernel commits pages as they are touched).
+const MaxTotalMemory = 64 << 30
+
 // Config configures an appliance.
 type Config struct {
 	ID         string // appliance identity reported to the control plane; default "appliance"
@@ -124,6 +128,9 @@ func New(cfg Config) (*Appliance, error) {
 	}
 	if cfg.SlotMemory == 0 || cfg.SlotMemory > 4<<30 {
 		return nil, fmt.Errorf("%w: slot memory %d, want 1 B..4 GiB", ErrConfig, cfg.SlotMemory)
+	}
+	if total := uint64(cfg.Slots) * cfg.SlotMemory; total > MaxTotalMemory {
+		return nil, fmt.Errorf("%w: %d slots × %d B = %d B above %d B", ErrConfig, cfg.Slots, cfg.SlotMemory, total, uint64(MaxTotalMemory))
 	}
 	if cfg.ID == "" {
 		cfg.ID = "appliance"

@@ -388,7 +388,7 @@ func TestRegisterAndHeartbeat(t *testing.T) {
 }
 
 func TestConfigErrors(t *testing.T) {
-	for _, cfg := range []Config{{}, {Slots: 1}, {Slots: 300, SlotMemory: 1}, {Slots: 1, SlotMemory: 5 << 30}} {
+	for _, cfg := range []Config{{}, {Slots: 1}, {Slots: 300, SlotMemory: 1}, {Slots: 1, SlotMemory: 5 << 30}, {Slots: 32, SlotMemory: 4 << 30}} {
 		if _, err := New(cfg); !errors.Is(err, ErrConfig) {
 			t.Errorf("%+v: %v", cfg, err)
 		}
