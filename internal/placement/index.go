@@ -52,6 +52,9 @@ type Index struct {
 	lsStamp  []uint32
 	pathBuf  []int32
 	candBuf  []cand
+	candPos  []int32 // per device: position in the current candidate list
+	evalUses []fabric.Use
+	affBuf   []int32
 	flowBuf  []fabric.Flow
 	useBuf   []fabric.Use
 	capBuf   []float64

@@ -158,13 +158,29 @@ func (x *Index) Place(r Request) (Plan, error) {
 		return Plan{}, newInfeasible(fmt.Sprintf("no %s device for %s among %d examined", r.Kind, r.Borrower, examined), rej.list, rej.top())
 	}
 
+	// Candidate positions, for canonical option order and lookups in eval.
+	if len(x.candPos) < len(x.devs) {
+		x.candPos = make([]int32, len(x.devs))
+	}
+	for i := range cands {
+		x.candPos[cands[i].dev] = int32(i)
+	}
 	// Options.
 	var opts []option
+	addOpt := func(o option) {
+		slices.SortFunc(o.devs, func(a, b int32) int { return int(x.candPos[a]) - int(x.candPos[b]) })
+		for _, e := range opts {
+			if e.mode == o.mode && slices.Equal(e.devs, o.devs) {
+				return
+			}
+		}
+		opts = append(opts, o)
+	}
 	if allowDed {
 		n := 0
 		for _, c := range cands {
 			if c.nLeases == 0 && !x.devs[c.dev].dedicated && x.devs[c.dev].dev.Capacity >= r.Size {
-				opts = append(opts, option{mode: ModeDedicated, devs: []int32{c.dev}, partLen: x.devs[c.dev].dev.Capacity})
+				addOpt(option{mode: ModeDedicated, devs: []int32{c.dev}, partLen: x.devs[c.dev].dev.Capacity})
 				if n++; n == 2 {
 					break
 				}
@@ -188,18 +204,15 @@ func (x *Index) Place(r Request) (Plan, error) {
 		byLoad[i] = c
 	}
 	if allowShare {
-		seen := map[int32]bool{}
 		add := func(c cand) {
-			if seen[c.dev] || x.devs[c.dev].free < shareLen {
-				return
+			if x.devs[c.dev].free >= shareLen {
+				addOpt(option{mode: ModeShared, devs: []int32{c.dev}, partLen: shareLen})
 			}
-			seen[c.dev] = true
-			opts = append(opts, option{mode: ModeShared, devs: []int32{c.dev}, partLen: shareLen})
 		}
-		for i := 0; i < len(cands) && i < 8; i++ {
+		for i := 0; i < len(cands) && i < 6; i++ {
 			add(cands[i])
 		}
-		for i := 0; i < len(byLoad) && i < 4; i++ {
+		for i := 0; i < len(byLoad) && i < 2; i++ {
 			add(byLoad[i])
 		}
 	}
@@ -217,7 +230,7 @@ func (x *Index) Place(r Request) (Plan, error) {
 					}
 				}
 				if len(devs) == w {
-					opts = append(opts, option{mode: ModeComposed, devs: devs, partLen: pl})
+					addOpt(option{mode: ModeComposed, devs: devs, partLen: pl})
 				}
 			}
 		}
@@ -225,19 +238,10 @@ func (x *Index) Place(r Request) (Plan, error) {
 	if len(opts) == 0 {
 		return Plan{}, newInfeasible(fmt.Sprintf("no device can hold a %s lease of %d", modeList(allowDed, allowShare, allowComp), r.Size), x.modeRejections(cands), ConstraintMode)
 	}
-	candBy := make(map[int32]*cand, len(cands))
-	for i := range cands {
-		candBy[cands[i].dev] = &cands[i]
-	}
 	var results []result
 	var rejected []Rejection
-	seen := map[string]bool{}
 	for _, o := range opts {
-		res := x.eval(q, bv, o, candBy)
-		if seen[res.name] {
-			continue
-		}
-		seen[res.name] = true
+		res := x.eval(q, bv, o, cands)
 		if res.rejection != nil {
 			rejected = append(rejected, *res.rejection)
 			continue
@@ -559,13 +563,21 @@ func (x *Index) hole(di int32, n, align int64) (int64, bool) {
 }
 
 // eval predicts the outcome of one option.
-func (x *Index) eval(q req, bv int32, o option, candBy map[int32]*cand) result {
+func (x *Index) eval(q req, bv int32, o option, cands []cand) result {
 	res := result{opt: o}
-	names := make([]string, len(o.devs))
+	var nb strings.Builder
+	nb.WriteString(o.mode)
 	for i, di := range o.devs {
-		names[i] = x.devs[di].dev.Node + "/" + x.devs[di].dev.ID
+		if i == 0 {
+			nb.WriteByte(' ')
+		} else {
+			nb.WriteByte('+')
+		}
+		nb.WriteString(x.devs[di].dev.Node)
+		nb.WriteByte('/')
+		nb.WriteString(x.devs[di].dev.ID)
 	}
-	res.name = o.mode + " " + strings.Join(names, "+")
+	res.name = nb.String()
 	reject := func(c, reason string) result {
 		res.rejection = &Rejection{Candidate: res.name, Constraint: c, Reason: reason}
 		return res
@@ -588,7 +600,7 @@ func (x *Index) eval(q req, bv int32, o option, candBy map[int32]*cand) result {
 		} else {
 			ch.bytes += length
 		}
-		c := candBy[di]
+		c := &cands[x.candPos[di]]
 		if c.dist.Hops > res.hops {
 			res.hops = c.dist.Hops
 		}
@@ -611,7 +623,8 @@ func (x *Index) eval(q req, bv int32, o option, candBy map[int32]*cand) result {
 			return reject(ConstraintQuota, fmt.Sprintf("tenant %s would use %s of %s", q.Tenant, fmtBW(u.bandwidth+ch.bandwidth), fmtBW(qt.Bandwidth)))
 		}
 	}
-	uses := x.usesFor(bv, o.devs, nil)
+	uses := x.usesFor(bv, o.devs, x.evalUses[:0])
+	x.evalUses = uses
 	sol := x.localSolve(uses, q.demand, -1)
 	res.rate = sol.newRate
 	res.compl = completion(q.Work, res.rate)

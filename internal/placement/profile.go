@@ -15,7 +15,7 @@ const (
 	SlowdownTolerance    = 0.01 // a rate within 1% of the need meets it
 	TightDeadlineRatio   = 0.8  // needing ≥ 80% of the alone rate is tight
 	defaultAlignBytes    = 4096
-	defaultCandidateGoal = 24
+	defaultCandidateGoal = 16
 )
 
 // Seed000Profile returns the seed-000-calibrated NVMe profile.

@@ -160,7 +160,7 @@ func checkInvariants(t *testing.T, s *Snapshot, downParts map[string]bool) {
 }
 
 func TestPropertyRandom(t *testing.T) {
-	rounds := 60
+	rounds := 40
 	if testing.Short() {
 		rounds = 15
 	}

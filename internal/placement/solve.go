@@ -27,7 +27,8 @@ func (x *Index) localSolve(uses []fabric.Use, demand float64, drop int32) localS
 	if len(x.lsStamp) < len(x.leases) {
 		x.lsStamp = append(x.lsStamp, make([]uint32, len(x.leases)-len(x.lsStamp))...)
 	}
-	var sol localSol
+	sol := localSol{affected: x.affBuf[:0]}
+	defer func() { x.affBuf = sol.affected[:0] }()
 	addLeases := func(r int) bool {
 		added := false
 		for _, li := range x.res[r].leases {
@@ -328,4 +329,45 @@ func (x *Index) refreshDevs(parts []Part) {
 			x.refreshGroup(kg, ds.anchor)
 		}
 	}
+}
+
+// Now is the index's clock (Snapshot.Now, moved by Advance).
+func (x *Index) Now() time.Duration { return x.now }
+
+// Advance moves the index's clock to now (a virtual clock: the simulator's)
+// and takes from every running lease's Remaining the bytes it moved at its
+// predicted rate since the previous clock. Leases that finish are not
+// removed: call Remove when the caller retires them. An earlier now is
+// ignored.
+func (x *Index) Advance(now time.Duration) {
+	dt := now - x.now
+	if dt <= 0 {
+		return
+	}
+	x.now = now
+	for i := range x.leases {
+		ls := &x.leases[i]
+		if !ls.live || ls.l.Remaining <= 0 {
+			continue
+		}
+		moved := ls.rate * dt.Seconds()
+		if math.IsInf(moved, 1) || moved >= float64(ls.l.Remaining) {
+			ls.l.Remaining = 0
+			continue
+		}
+		ls.l.Remaining -= int64(moved)
+	}
+}
+
+// Prediction returns a running lease's current predicted rate and
+// completion, as Predictions does for all of them.
+func (x *Index) Prediction(id string) (Prediction, bool) {
+	li, ok := x.leaseByID[id]
+	if !ok {
+		return Prediction{}, false
+	}
+	ls := &x.leases[li]
+	c := completion(ls.l.Remaining, ls.rate)
+	return Prediction{LeaseID: id, Bandwidth: ls.rate, Completion: c,
+		Late: ls.l.Deadline > 0 && ls.l.Remaining > 0 && x.now+c > ls.l.Deadline}, true
 }
