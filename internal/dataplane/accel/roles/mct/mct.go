@@ -148,7 +148,8 @@ type Engine struct {
 	nodes  []node              // nodes[0] is the root; leaves have level NumFields
 	root   int32
 	rules  []encRule
-	nTrie  int // states before suffix merging
+	nTrie  int            // states before suffix merging
+	order  [NumFields]int // automaton level → query field
 }
 
 // Compile validates rs, dictionary-encodes its values and builds the
@@ -207,6 +208,7 @@ func Compile(rs RuleSet) (*Engine, error) {
 			er.s[fi] = span{c.Lo, c.Hi}
 		}
 	}
+	e.order = levelOrder(e.rules)
 	e.build()
 	return e, nil
 }
@@ -223,13 +225,14 @@ func (e *Engine) build() {
 	for _, r := range e.rules {
 		t := root
 		for lvl := 0; lvl < NumFields; lvl++ {
-			k, ok := t.kids[r.s[lvl]]
+			sp := r.s[e.order[lvl]]
+			k, ok := t.kids[sp]
 			if !ok {
 				k = &tnode{}
 				if lvl < NumFields-1 {
 					k.kids = map[span]*tnode{}
 				}
-				t.kids[r.s[lvl]] = k
+				t.kids[sp] = k
 				n++
 			}
 			t = k
@@ -294,6 +297,27 @@ func (e *Engine) build() {
 	e.root = walk(root)
 }
 
+// levelOrder puts the criteria that rules specify most often first: the
+// automaton then branches on selective values near the root, where a
+// mismatch prunes the most, and the rarely specified criteria (mostly
+// wildcards) sit near the leaves, where suffix merging folds them.
+func levelOrder(rules []encRule) [NumFields]int {
+	var count [NumFields]int
+	for _, r := range rules {
+		for i, sp := range r.s {
+			if sp != anySpan {
+				count[i]++
+			}
+		}
+	}
+	var order [NumFields]int
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order[:], func(a, b int) bool { return count[order[a]] > count[order[b]] })
+	return order
+}
+
 // States returns the number of automaton states after and before suffix
 // merging.
 func (e *Engine) States() (merged, trie int) { return len(e.nodes), e.nTrie }
@@ -330,7 +354,7 @@ func (e *Engine) Encode(values []string) ([QuerySize]byte, error) {
 func (e *Engine) Match(q []byte) (result, weight uint32, ok bool) {
 	var f [NumFields]uint32
 	for i := range f {
-		f[i] = binary.LittleEndian.Uint32(q[4*i:])
+		f[i] = binary.LittleEndian.Uint32(q[4*e.order[i]:])
 	}
 	best := e.search(e.root, 0, &f, 0)
 	if best == 0 {
