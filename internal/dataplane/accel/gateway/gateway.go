@@ -64,6 +64,7 @@ type Stats struct {
 	AvgBatch   float64 `json:"avg_batch"`  // Items / Executions
 	QueueSec   float64 `json:"queue_seconds"`
 	ComputeSec float64 `json:"compute_seconds"`
+	Pending    int64   `json:"pending"` // items accepted and not yet answered
 }
 
 type result struct {
@@ -175,7 +176,8 @@ func (g *Gateway) Running() bool { return g.running.Load() }
 func (g *Gateway) Stats() Stats {
 	s := Stats{Requests: g.requests.Load(), Rejected: g.rejected.Load(), Failed: g.failed.Load(),
 		Items: g.items.Load(), Executions: g.executions.Load(),
-		QueueSec: float64(g.queueNs.Load()) / 1e9, ComputeSec: float64(g.computeNs.Load()) / 1e9}
+		QueueSec: float64(g.queueNs.Load()) / 1e9, ComputeSec: float64(g.computeNs.Load()) / 1e9,
+		Pending: g.queued.Load()}
 	if s.Executions > 0 {
 		s.AvgBatch = float64(s.Items) / float64(s.Executions)
 	}
