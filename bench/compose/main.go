@@ -19,6 +19,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -104,6 +105,7 @@ type bench struct {
 	sizeMiB int64
 	unit    int64
 	conns   int
+	workers int
 	src     string
 	log     *slog.Logger
 	cmds    map[string]string // exact commands, for the report
@@ -116,6 +118,7 @@ func run(args []string) error {
 	reps := fs.Int("reps", 3, "repetitions (configurations interleaved within each)")
 	unit := fs.Int64("unit", stripe.DefaultStripeUnit, "stripe unit in bytes")
 	conns := fs.Int("conns", stripe.DefaultConnsPerPart, "connections per lender")
+	workers := fs.Int("workers", stripe.DefaultWorkers, "requests served concurrently per client connection of the attached volume")
 	out := fs.String("out", "docs/bench/compose.md", "Markdown fragment to write")
 	iperfSecs := fs.Int("iperf-secs", 3, "seconds per iperf3 ceiling measurement")
 	cpuprofile := fs.String("cpuprofile", "", "write this process's CPU profile here (experiments)")
@@ -142,7 +145,7 @@ func run(args []string) error {
 		return err
 	}
 	defer lab.Close()
-	b := &bench{self: self, work: work, lab: lab, sizeMiB: *sizeMiB, unit: *unit, conns: *conns, log: log, cmds: map[string]string{}}
+	b := &bench{self: self, work: work, lab: lab, sizeMiB: *sizeMiB, unit: *unit, conns: *conns, workers: *workers, log: log, cmds: map[string]string{}}
 
 	// Source data and lender files, all on tmpfs and fully allocated.
 	b.src = filepath.Join(work, "src.img")
@@ -150,6 +153,9 @@ func run(args []string) error {
 		return err
 	}
 	for k := 1; k <= 3; k++ {
+		if err := randomFile(b.srcPart(k), (*sizeMiB<<20)/int64(k)); err != nil {
+			return err
+		}
 		for i := range k {
 			if err := randomFile(b.part(k, i), (*sizeMiB<<20)/int64(k)); err != nil {
 				return err
@@ -213,6 +219,10 @@ func run(args []string) error {
 	return b.report(*out, *rate, *reps, res)
 }
 
+func (b *bench) srcPart(k int) string {
+	return filepath.Join(b.work, fmt.Sprintf("src-k%d.img", k))
+}
+
 func (b *bench) part(k, i int) string {
 	return filepath.Join(b.work, fmt.Sprintf("lender-k%d-%d.img", k, i))
 }
@@ -260,7 +270,7 @@ func (b *bench) volume(ctx context.Context, k int) ([]result, error) {
 		uris = append(uris, uri)
 	}
 	a, err := stripe.Attach(ctx, stripe.AttachConfig{
-		URIs: uris, StripeUnit: b.unit, ConnsPerPart: b.conns,
+		URIs: uris, StripeUnit: b.unit, ConnsPerPart: b.conns, Workers: b.workers,
 		Listen: "unix:" + filepath.Join(b.work, "vol.sock"), Logger: b.log,
 	})
 	if err != nil {
@@ -278,28 +288,32 @@ func (b *bench) volume(ctx context.Context, k int) ([]result, error) {
 		if dir == "read" {
 			args = []string{a.URI(), "null:"}
 		}
-		r, err := b.timed(ctx, b.sizeMiB, "nbdcopy", args...)
+		r, err := b.timed(ctx, b.sizeMiB, dir, args...)
 		if err != nil {
 			return nil, err
 		}
 		r.Kind, r.K = dir, k
 		res = append(res, r)
 	}
-	if k == 1 {
-		b.cmds["direct-write"] = "nbdcopy --flush SRC.img nbd://ADDR/CREDENTIAL"
-		b.cmds["direct-read"] = "nbdcopy nbd://ADDR/CREDENTIAL null:"
-		for _, dir := range []string{"write", "read"} {
-			args := []string{"--flush", b.src, uris[0]}
-			if dir == "read" {
-				args = []string{uris[0], "null:"}
+	// The uncomposed reference: k independent nbdcopy processes, one per
+	// lender, each moving size/k directly.
+	b.cmds["direct-write"] = "nbdcopy --flush SRC-k.img nbd://ADDR/CREDENTIAL   (k in parallel, SRC-k.img = size/k)"
+	b.cmds["direct-read"] = "nbdcopy nbd://ADDR/CREDENTIAL null:   (k in parallel)"
+	for _, dir := range []string{"write", "read"} {
+		var cmds [][]string
+		for _, u := range uris {
+			if dir == "write" {
+				cmds = append(cmds, []string{"nbdcopy", "--flush", b.srcPart(k), u})
+			} else {
+				cmds = append(cmds, []string{"nbdcopy", u, "null:"})
 			}
-			r, err := b.timed(ctx, b.sizeMiB, "nbdcopy", args...)
-			if err != nil {
-				return nil, err
-			}
-			r.Kind, r.K = "direct-"+dir, 1
-			res = append(res, r)
 		}
+		r, err := b.timedAll(ctx, b.sizeMiB, dir, cmds)
+		if err != nil {
+			return nil, err
+		}
+		r.Kind, r.K = "direct-"+dir, k
+		res = append(res, r)
 	}
 	return res, nil
 }
@@ -325,19 +339,51 @@ func waitNBD(ctx context.Context, addr, name string) error {
 }
 
 // timed runs a command and returns its throughput for sizeMiB MiB.
-func (b *bench) timed(ctx context.Context, sizeMiB int64, name string, args ...string) (result, error) {
+func (b *bench) timed(ctx context.Context, sizeMiB int64, label string, args ...string) (result, error) {
+	return b.timedAll(ctx, sizeMiB, label, [][]string{append([]string{"nbdcopy"}, args...)})
+}
+
+// timedAll runs commands in parallel and returns their joint throughput for
+// sizeMiB MiB in all.
+func (b *bench) timedAll(ctx context.Context, sizeMiB int64, label string, cmds [][]string) (result, error) {
 	load := loadAvg()
+	rt0 := retrans()
 	s0, t0 := cpuStat()
 	c0 := selfCPU()
 	start := time.Now()
-	cmd := exec.CommandContext(ctx, name, args...)
-	out, err := cmd.CombinedOutput()
+	type done struct {
+		cpu float64
+		err error
+	}
+	ch := make(chan done, len(cmds))
+	for _, argv := range cmds {
+		go func() {
+			cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				// Arguments hold credentials: report only the output.
+				ch <- done{0, fmt.Errorf("%s: %w: %s", argv[0], err, out)}
+				return
+			}
+			ch <- done{(cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds(), nil}
+		}()
+	}
+	cpu := 0.0
+	var errs []error
+	for range cmds {
+		d := <-ch
+		cpu += d.cpu
+		if d.err != nil {
+			errs = append(errs, d.err)
+		}
+	}
 	el := time.Since(start)
 	s1, t1 := cpuStat()
-	if err != nil {
-		return result{}, fmt.Errorf("%s: %w: %s", name, err, out)
+	if err := errors.Join(errs...); err != nil {
+		return result{}, err
 	}
-	cpu := selfCPU() - c0 + (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
+	cpu += selfCPU() - c0
+	fmt.Fprintf(os.Stderr, "  (%s: %d TCP segments retransmitted from the borrower)\n", label, retrans()-rt0)
 	return result{MiBps: float64(sizeMiB) / el.Seconds(), Steal: pct(s1-s0, t1-t0), CPU: cpu / (float64(sizeMiB) / 1024), Load: load}, nil
 }
 
@@ -346,6 +392,10 @@ func (b *bench) timed(ctx context.Context, sizeMiB int64, name string, args ...s
 func (b *bench) iperf(ctx context.Context, k int, reverse bool, secs int) (result, error) {
 	const port = iperfPort
 	load := loadAvg()
+	rt0 := retrans()
+	defer func() {
+		fmt.Fprintf(os.Stderr, "  (iperf3: %d TCP segments retransmitted from the borrower)\n", retrans()-rt0)
+	}()
 	b.cmds["iperf3"] = fmt.Sprintf("ip netns exec HOST iperf3 -s -B ADDR -p %s; iperf3 -c ADDR -p %s -t %d -J [-R]  (k in parallel)", port, port, secs)
 	s0, t0 := cpuStat()
 	type out struct {
@@ -426,6 +476,32 @@ func waitTCP(ctx context.Context, addr string) error {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// retrans returns the root namespace's TCP RetransSegs counter.
+func retrans() int64 {
+	b, err := os.ReadFile("/proc/net/snmp")
+	if err != nil {
+		return 0
+	}
+	var names []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != "Tcp:" {
+			continue
+		}
+		if names == nil {
+			names = f
+			continue
+		}
+		for i, n := range names {
+			if n == "RetransSegs" && i < len(f) {
+				v, _ := strconv.ParseInt(f[i], 10, 64)
+				return v
+			}
+		}
+	}
+	return 0
 }
 
 func loadAvg() float64 {

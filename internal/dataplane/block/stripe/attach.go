@@ -39,6 +39,8 @@ type AttachConfig struct {
 	// RequestTimeout bounds every request to a part; 0 means
 	// DefaultRequestTimeout. A part that misses it is declared failed.
 	RequestTimeout time.Duration
+	// Workers is as in ServeConfig.
+	Workers int
 	// Logger receives attachment events; nil discards.
 	Logger *slog.Logger
 }
@@ -144,7 +146,7 @@ func Attach(ctx context.Context, cfg AttachConfig) (*Attachment, error) {
 		closeAll()
 		return nil, err
 	}
-	a, err := Serve(ctx, vol, ServeConfig{Listen: cfg.Listen, ExportName: cfg.ExportName, Logger: log})
+	a, err := Serve(ctx, vol, ServeConfig{Listen: cfg.Listen, ExportName: cfg.ExportName, Workers: cfg.Workers, Logger: log})
 	if err != nil {
 		vol.Close()
 		return nil, err
@@ -153,10 +155,17 @@ func Attach(ctx context.Context, cfg AttachConfig) (*Attachment, error) {
 	return a, nil
 }
 
+// DefaultWorkers is the number of requests the local export serves
+// concurrently per client connection. It is higher than nbd.Server's default
+// because a striped request completes only when its slowest part has, so
+// more requests must be in flight to keep every part's link busy.
+const DefaultWorkers = 64
+
 // ServeConfig says where Serve exports a volume.
 type ServeConfig struct {
 	Listen     string // as AttachConfig.Listen
 	ExportName string // as AttachConfig.ExportName
+	Workers    int    // requests served concurrently per connection; 0 means DefaultWorkers
 	Logger     *slog.Logger
 }
 
@@ -209,7 +218,11 @@ func Serve(ctx context.Context, vol *Volume, cfg ServeConfig) (*Attachment, erro
 	if vol.CanTrim() {
 		be = trimBackend{backend{vol}}
 	}
-	srv := &nbd.Server{Logger: log}
+	workers := cfg.Workers
+	if workers <= 0 {
+		workers = DefaultWorkers
+	}
+	srv := &nbd.Server{Logger: log, Workers: workers}
 	if err := srv.AddExport(nbd.Export{Name: name, Description: fmt.Sprintf("rialto striped volume, %d parts", vol.Devices()), Backend: be}); err != nil {
 		ln.Close()
 		return nil, fmt.Errorf("stripe: export: %w", err)
