@@ -622,6 +622,12 @@ func main() {
 	w("### MCT queries/s with %d concurrent clients\n\n"+
 		"p50/p99 are per request; CPU is the whole process's user+system time (clients, gateway, appliance, "+
 		"ZeroMQ sockets alike) per query, a figure less sensitive than throughput to the other tenants of this machine.\n\n"+
+		"Setups: *unbatched* — each client has its own connection to an MCT slot and sends one query per task; "+
+		"*batched* — the clients call a gateway in their own process (the gateway as a sidecar, like seed 002's MCT wrapper "+
+		"feeding its kernel), which ships batches to the slots; *ZeroMQ* — REQ clients, a ROUTER broker, one DEALER per "+
+		"worker, REP workers running the same MCT engine in-process (seed 002's pipeline); *gateway over TCP* — the same "+
+		"clients call a gateway over the accel protocol, which batches onto the slots (so each query crosses two hops, "+
+		"as in the ZeroMQ pipeline).\n\n"+
 		"| setup | queries/s | p50 µs | p99 µs | CPU µs/query | errors |\n|---|---|---|---|---|---|\n", n)
 	for _, s := range []*series{unb, bat, zq, gwt, grp} {
 		k := max(s.items, 1)
