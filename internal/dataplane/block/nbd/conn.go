@@ -59,6 +59,16 @@ func (b *budget) acquire(n int64) {
 	b.mu.Unlock()
 }
 
+func (b *budget) tryAcquire(n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.used > 0 && b.used+n > b.limit {
+		return false
+	}
+	b.used += n
+	return true
+}
+
 func (b *budget) release(n int64) {
 	if n == 0 {
 		return
@@ -93,9 +103,11 @@ type conn struct {
 	wmu      sync.Mutex   // serialises writes to nc
 	inflight atomic.Int64 // requests handed to workers and not yet sent
 
-	one [1]*op
-	nw  nowaitReader
-	sp  spliceTarget
+	batch []*op                // replies the reader goroutine sends itself
+	iov   [2 * maxBatch][]byte // guarded by wmu
+	bufs  net.Buffers          // guarded by wmu
+	nw    nowaitReader
+	sp    spliceTarget
 	// splice pipe for large writes (0 until first used)
 	pipeR, pipeW int
 	noSplice     bool
@@ -202,8 +214,15 @@ func (c *conn) serve(ctx context.Context) error {
 
 // reader parses requests until DISC, EOF or a protocol violation.
 func (c *conn) reader(ctx context.Context) error {
+	defer c.dropBatch()
 	var hb [requestHeaderLen]byte
 	for {
+		if c.r.Buffered() < requestHeaderLen {
+			// About to wait for the client: send what is ready first.
+			if err := c.flushBatch(); err != nil {
+				return err
+			}
+		}
 		if _, err := io.ReadFull(c.r, hb[:]); err != nil {
 			return err
 		}
@@ -212,13 +231,20 @@ func (c *conn) reader(ctx context.Context) error {
 			return fmt.Errorf("%w: bad request magic", ErrProtocol)
 		}
 		if req.Type == CmdDisc {
-			return nil
+			return c.flushBatch()
 		}
 		o := opPool.Get().(*op)
 		o.req = req
 		o.errno = c.check(req)
 		spliced := false
 		if req.Type == CmdWrite {
+			if c.r.Buffered() < int(req.Length) {
+				// Reading the payload may block.
+				if err := c.flushBatch(); err != nil {
+					c.freeOp(o)
+					return err
+				}
+			}
 			if o.errno == 0 && c.canSplice(req) {
 				handled, err := c.spliceWrite(o)
 				if err != nil {
@@ -236,8 +262,10 @@ func (c *conn) reader(ctx context.Context) error {
 					return err
 				}
 			} else {
-				o.held = int64(req.Length)
-				c.bud.acquire(o.held)
+				if err := c.acquire(o, int64(req.Length)); err != nil {
+					c.freeOp(o)
+					return err
+				}
 				o.buf = getBuf(int(req.Length))
 				if _, err := io.ReadFull(c.r, *o.buf); err != nil {
 					c.freeOp(o)
@@ -245,8 +273,10 @@ func (c *conn) reader(ctx context.Context) error {
 				}
 			}
 		} else if req.Type == CmdRead && o.errno == 0 {
-			o.held = int64(req.Length)
-			c.bud.acquire(o.held)
+			if err := c.acquire(o, int64(req.Length)); err != nil {
+				c.freeOp(o)
+				return err
+			}
 		}
 		if o.errno != 0 {
 			c.encodeError(o)
@@ -254,34 +284,71 @@ func (c *conn) reader(ctx context.Context) error {
 			c.encodeOK(o)
 		} else if c.inflight.Load() == 0 && c.r.Buffered() == 0 {
 			// Nothing else in flight and no request queued behind this
-			// one (typical at queue depth 1): serve it here and reply
-			// directly, sparing two goroutine hand-offs.
+			// one (typical at queue depth 1): serve it here, sparing two
+			// goroutine hand-offs.
 			c.execute(ctx, o)
 		} else if !c.readNowait(o) {
+			// Hand it to a worker; the channel send may block.
+			if err := c.flushBatch(); err != nil {
+				c.freeOp(o)
+				return err
+			}
 			c.inflight.Add(1)
 			c.reqs <- o
 			continue
 		}
-		if c.inflight.Load() != 0 {
-			c.inflight.Add(1)
-			c.replies <- o
-			continue
-		}
-		c.wmu.Lock()
-		c.one[0] = o
-		err = c.send(c.one[:])
-		c.wmu.Unlock()
-		c.freeOp(o)
-		if err != nil {
-			return err
+		// Replies served here are sent by this goroutine, batched while
+		// further requests are already buffered.
+		c.batch = append(c.batch, o)
+		if len(c.batch) == maxBatch {
+			if err := c.flushBatch(); err != nil {
+				return err
+			}
 		}
 	}
 }
 
+// acquire takes budget for o's payload, sending the pending batch first if
+// it would have to wait (the batch holds budget too).
+func (c *conn) acquire(o *op, n int64) error {
+	o.held = n
+	if c.bud.tryAcquire(n) {
+		return nil
+	}
+	if err := c.flushBatch(); err != nil {
+		o.held = 0
+		return err
+	}
+	c.bud.acquire(n)
+	return nil
+}
+
+// flushBatch sends the replies the reader has accumulated.
+func (c *conn) flushBatch() error {
+	if len(c.batch) == 0 {
+		return nil
+	}
+	c.wmu.Lock()
+	err := c.send(c.batch)
+	c.wmu.Unlock()
+	c.dropBatch()
+	return err
+}
+
+func (c *conn) dropBatch() {
+	for i, o := range c.batch {
+		c.freeOp(o)
+		c.batch[i] = nil
+	}
+	c.batch = c.batch[:0]
+}
+
 // send writes the replies of ops with one writev.
 func (c *conn) send(ops []*op) error {
-	var iov [2 * maxBatch][]byte
-	bufs := net.Buffers(iov[:0])
+	// c.iov and c.bufs live in the conn (guarded by wmu) so that sending
+	// does not allocate.
+	bufs := &c.bufs
+	*bufs = c.iov[:0]
 	corked := false
 	defer func() {
 		if corked {
@@ -289,9 +356,9 @@ func (c *conn) send(ops []*op) error {
 		}
 	}()
 	for _, b := range ops {
-		bufs = append(bufs, b.hdr[:b.hlen])
+		*bufs = append(*bufs, b.hdr[:b.hlen])
 		if len(b.out) > 0 {
-			bufs = append(bufs, b.out)
+			*bufs = append(*bufs, b.out)
 		}
 		if b.sfLen == 0 {
 			continue
@@ -305,12 +372,12 @@ func (c *conn) send(ops []*op) error {
 		if _, err := bufs.WriteTo(c.nc); err != nil {
 			return err
 		}
-		bufs = net.Buffers(iov[:0])
+		*bufs = c.iov[:0]
 		if err := c.sendfile(b); err != nil {
 			return err
 		}
 	}
-	if len(bufs) > 0 {
+	if len(*bufs) > 0 {
 		if _, err := bufs.WriteTo(c.nc); err != nil {
 			return err
 		}

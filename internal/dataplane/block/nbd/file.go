@@ -43,6 +43,7 @@ type FileBackend struct {
 	noPunch  atomic.Bool  // FALLOC_FL_PUNCH_HOLE unsupported
 	end      atomic.Int64 // file size last seen (for sendfile)
 	noNowait atomic.Bool  // preadv2(RWF_NOWAIT) unsupported
+	inMemory bool         // file on tmpfs or ramfs
 
 	alloc allocMap
 }
@@ -86,6 +87,10 @@ func NewFileBackend(f *os.File, o FileOptions) (*FileBackend, error) {
 		return nil, fmt.Errorf("%w: backend smaller than 512 bytes", ErrInvalidExport)
 	}
 	b := &FileBackend{f: f, fd: int(f.Fd()), base: o.Offset, size: length, ro: o.ReadOnly}
+	var sfs unix.Statfs_t
+	if unix.Fstatfs(b.fd, &sfs) == nil && (sfs.Type == unix.TMPFS_MAGIC || sfs.Type == unix.RAMFS_MAGIC) {
+		b.inMemory = true
+	}
 	b.alloc.init(length)
 	return b, nil
 }
@@ -116,7 +121,14 @@ func (b *FileBackend) sendfileRange(off, n int64) (int, int64, any, bool) {
 }
 
 func (b *FileBackend) readAtNowait(p []byte, off int64) (int, error) {
-	if b.noNowait.Load() || off < 0 || off+int64(len(p)) > b.size {
+	if off < 0 || off+int64(len(p)) > b.size {
+		return 0, errWouldBlock
+	}
+	if b.inMemory {
+		// tmpfs/ramfs: a read never waits for a device.
+		return b.ReadAt(p, off)
+	}
+	if b.noNowait.Load() {
 		return 0, errWouldBlock
 	}
 	iov := [][]byte{p}
