@@ -107,6 +107,9 @@ func BenchmarkScale(b *testing.B) {
 	if v, err := strconv.Atoi(os.Getenv("RIALTO_SIM_LEASES")); err == nil && v > 0 {
 		sp.Leases = v
 	}
+	if v, err := strconv.Atoi(os.Getenv("RIALTO_SIM_CONCURRENCY")); err == nil && v > 0 {
+		sp.Concurrency = v
+	}
 	for i := 0; i < b.N; i++ {
 		start := time.Now()
 		c0 := cpuSeconds()

@@ -23,7 +23,7 @@ type ScaleSpec struct {
 }
 
 // DefaultScale is the 10,000-node, 1,000,000-lease run.
-var DefaultScale = ScaleSpec{Nodes: 10000, RackSize: 40, DevicesPerNode: 2, Leases: 1000000, Concurrency: 20000, Bytes: 2e9}
+var DefaultScale = ScaleSpec{Nodes: 10000, RackSize: 40, DevicesPerNode: 2, Leases: 1000000, Concurrency: 10000, Bytes: 2e9}
 
 // ScaleResult summarises a scale run.
 type ScaleResult struct {
