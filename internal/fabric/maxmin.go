@@ -1,9 +1,8 @@
 package fabric
 
 import (
-	"container/heap"
 	"math"
-	"sort"
+	"slices"
 )
 
 // Use says that a flow consumes Coef units of a resource (a link, a device)
@@ -44,6 +43,7 @@ type Solver struct {
 	order       []int32
 	start, adj  []int32 // resource -> flows (CSR)
 	h           resHeap
+	initial     bool
 }
 
 // Solve is MaxMin writing into rates (grown as needed) and returning it.
@@ -93,19 +93,23 @@ func (s *Solver) Solve(capacity []float64, flows []Flow, rates []float64) []floa
 		}
 		s.order = append(s.order, int32(i))
 	}
-	sort.Slice(s.order, func(a, b int) bool {
-		fa, fb := &flows[s.order[a]], &flows[s.order[b]]
-		la, lb := demandLevel(fa), demandLevel(fb)
-		if la != lb {
-			return la < lb
+	slices.SortFunc(s.order, func(a, b int32) int {
+		la, lb := demandLevel(&flows[a]), demandLevel(&flows[b])
+		switch {
+		case la < lb:
+			return -1
+		case la > lb:
+			return 1
 		}
-		return s.order[a] < s.order[b]
+		return int(a) - int(b)
 	})
 	s.h.items = s.h.items[:0]
+	s.initial = true
 	for r := 0; r < nr; r++ {
 		s.push(capacity, r)
 	}
-	heap.Init(&s.h)
+	s.initial = false
+	s.h.init()
 	freeze := func(i int, level float64) {
 		if s.frozen[i] {
 			return
@@ -138,16 +142,16 @@ func (s *Solver) Solve(capacity []float64, flows []Flow, rates []float64) []floa
 		}
 		fl := demandLevel(&flows[s.order[next]])
 		// Pop stale heap entries.
-		for s.h.Len() > 0 {
+		for len(s.h.items) > 0 {
 			top := s.h.items[0]
 			if s.full[top.r] || top.ver != s.version[top.r] {
-				heap.Pop(&s.h)
+				s.h.pop()
 				continue
 			}
 			break
 		}
-		if s.h.Len() > 0 && s.h.items[0].level < fl {
-			top := heap.Pop(&s.h).(resItem)
+		if len(s.h.items) > 0 && s.h.items[0].level < fl {
+			top := s.h.pop()
 			r := int(top.r)
 			s.full[r] = true
 			for _, fi := range s.adj[s.start[r]:s.start[r+1]] {
@@ -194,8 +198,8 @@ func (s *Solver) push(capacity []float64, r int) {
 		level = 0
 	}
 	s.h.items = append(s.h.items, resItem{level: level, r: int32(r), ver: s.version[r]})
-	if len(s.h.items) > 1 {
-		heap.Fix(&s.h, len(s.h.items)-1)
+	if !s.initial {
+		s.h.up(len(s.h.items) - 1)
 	}
 }
 
@@ -219,22 +223,62 @@ type resItem struct {
 	ver   int32
 }
 
+// resHeap is a binary min-heap of resource events by level, then resource.
 type resHeap struct{ items []resItem }
 
-func (h *resHeap) Len() int { return len(h.items) }
-func (h *resHeap) Less(i, j int) bool {
-	if h.items[i].level != h.items[j].level {
-		return h.items[i].level < h.items[j].level
+func (h *resHeap) less(i, j int) bool {
+	a, b := &h.items[i], &h.items[j]
+	if a.level != b.level {
+		return a.level < b.level
 	}
-	return h.items[i].r < h.items[j].r
+	return a.r < b.r
 }
-func (h *resHeap) Swap(i, j int) { h.items[i], h.items[j] = h.items[j], h.items[i] }
-func (h *resHeap) Push(x any)    { h.items = append(h.items, x.(resItem)) }
-func (h *resHeap) Pop() any {
+
+func (h *resHeap) init() {
+	for i := len(h.items)/2 - 1; i >= 0; i-- {
+		h.down(i)
+	}
+}
+
+func (h *resHeap) up(j int) {
+	for j > 0 {
+		i := (j - 1) / 2
+		if !h.less(j, i) {
+			break
+		}
+		h.items[i], h.items[j] = h.items[j], h.items[i]
+		j = i
+	}
+}
+
+func (h *resHeap) down(i int) {
+	n := len(h.items)
+	for {
+		l := 2*i + 1
+		if l >= n {
+			return
+		}
+		j := l
+		if r := l + 1; r < n && h.less(r, l) {
+			j = r
+		}
+		if !h.less(j, i) {
+			return
+		}
+		h.items[i], h.items[j] = h.items[j], h.items[i]
+		i = j
+	}
+}
+
+func (h *resHeap) pop() resItem {
+	top := h.items[0]
 	n := len(h.items) - 1
-	it := h.items[n]
+	h.items[0] = h.items[n]
 	h.items = h.items[:n]
-	return it
+	if n > 0 {
+		h.down(0)
+	}
+	return top
 }
 
 func grow(b []float64, n int) []float64 {
