@@ -96,7 +96,9 @@ type Gateway struct {
 	instances []Backend
 	log       *slog.Logger
 	in        chan *request
-	stopped   chan struct{}
+	stopped   chan struct{} // closed when Run stops taking requests
+	finished  chan struct{} // closed when Run has answered every request it took
+	started   atomic.Bool
 	running   atomic.Bool
 	queued    atomic.Int64 // items accepted and not yet answered
 	received  atomic.Int64 // requests the scheduler has taken in (for tests)
@@ -149,7 +151,8 @@ func New(cfg Config, instances []Backend) (*Gateway, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	g := &Gateway{cfg: cfg, instances: instances, log: log, in: make(chan *request, 1024), stopped: make(chan struct{})}
+	g := &Gateway{cfg: cfg, instances: instances, log: log, in: make(chan *request, 1024),
+		stopped: make(chan struct{}), finished: make(chan struct{})}
 	if r := cfg.Metrics; r != nil {
 		n := cfg.Name
 		g.mReq = r.Counter("rialto_gateway_requests_total", "Requests by outcome (ok, error, rejected, cancelled).", "gateway", "outcome")
@@ -239,6 +242,13 @@ func (g *Gateway) CallKeyed(ctx context.Context, key, entry string, items [][]by
 		return res.outs, res.err
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	case <-g.finished:
+		select {
+		case res := <-r.done:
+			return res.outs, res.err
+		default: // slipped into the queue after the final drain
+			return nil, ErrStopped
+		}
 	}
 }
 
@@ -250,11 +260,13 @@ type queue struct {
 }
 
 // Run runs the scheduler and the workers until ctx ends; queued requests
-// then fail with ErrStopped.
+// then fail with ErrStopped. A gateway runs once.
 func (g *Gateway) Run(ctx context.Context) error {
-	if g.running.Swap(true) {
-		return fmt.Errorf("%w: already running", ErrConfig)
+	if g.started.Swap(true) {
+		return fmt.Errorf("%w: Run called twice", ErrConfig)
 	}
+	g.running.Store(true)
+	defer close(g.finished)
 	work := make(chan batch)
 	var wg sync.WaitGroup
 	for w := 0; w < g.cfg.Workers; w++ {

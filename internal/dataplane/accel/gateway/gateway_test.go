@@ -394,3 +394,35 @@ func TestBatchKeyPullsRelatedRequests(t *testing.T) {
 		}
 	}
 }
+
+func TestStopFailsQueuedAndRunOnce(t *testing.T) {
+	rec := &recorder{batches: make(chan []string, 4), gate: make(chan struct{})}
+	g, err := New(Config{MaxBatch: 1, Clock: newFakeClock()}, []Backend{rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	waitFor(t, g.Running)
+	inflight := callAsync(g, "e", "a")
+	<-rec.batches
+	queued := callAsync(g, "e", "b")
+	waitFor(t, func() bool { return g.received.Load() == 2 })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-queued; !errors.Is(err, ErrStopped) {
+		t.Fatalf("queued request: %v", err)
+	}
+	if err := <-inflight; err == nil {
+		t.Fatal("in-flight request survived the stop")
+	}
+	if err := g.Run(context.Background()); !errors.Is(err, ErrConfig) {
+		t.Fatalf("second Run: %v", err)
+	}
+	if _, err := g.Call(context.Background(), "e", nil); !errors.Is(err, ErrStopped) {
+		t.Fatalf("call after stop: %v", err)
+	}
+}
