@@ -249,7 +249,7 @@ func (x *Index) Place(r Request) (Plan, error) {
 		results = append(results, res)
 	}
 	if len(results) == 0 {
-		return Plan{}, newInfeasible(fmt.Sprintf("no placement for %s", r.Borrower), rejected, "")
+		return Plan{}, newInfeasible(fmt.Sprintf("all %d options for %s rejected", len(rejected), r.Borrower), rejected, "")
 	}
 	slices.SortStableFunc(results, func(a, b result) int {
 		if less(&a, &b, q.strategy) {
