@@ -13,10 +13,12 @@ import (
 // bulkStream is one connection of the bulk channel, driven with raw
 // syscalls like the synchronous channel (see pager).
 type bulkStream struct {
-	mu  sync.Mutex
-	pg  *pager
-	seq uint32
-	bad error
+	mu   sync.Mutex
+	pg   *pager
+	seq  uint32
+	bad  error
+	hdrs [bulkReadWindow * HeaderSize]byte
+	iov  [][]byte
 }
 
 func (s *bulkStream) close() {
@@ -37,16 +39,17 @@ func (c *Client) bulk(ctx context.Context, op uint8, p []byte, off int64) error 
 	nchunks := (len(p) + chunk - 1) / chunk
 	ns := min(len(c.streams), nchunks)
 	per := (nchunks + ns - 1) / ns
-	if ns == 1 {
-		return c.streams[0].run(ctx, op, p, off, chunk)
-	}
 	errs := make([]error, ns)
 	var wg sync.WaitGroup
-	for i := range ns {
+	for i := ns - 1; i >= 0; i-- {
 		lo := min(i*per*chunk, len(p))
 		hi := min((i+1)*per*chunk, len(p))
 		if lo == hi {
 			continue
+		}
+		if i == 0 { // the caller's goroutine drives the first stream
+			errs[0] = c.streams[0].run(ctx, op, p[lo:hi], off+int64(lo), chunk)
+			break
 		}
 		wg.Add(1)
 		go func() {
@@ -63,6 +66,16 @@ func (c *Client) bulk(ctx context.Context, op uint8, p []byte, off int64) error 
 	return nil
 }
 
+// Bulk pipelining depth per stream: chunk requests in flight before the
+// first reply is read (reads need a deeper window: their requests are tiny).
+const (
+	bulkReadWindow  = 16
+	bulkWriteWindow = 4
+)
+
+// run moves p over this stream with a window of chunk requests in flight,
+// all from the calling goroutine: the initial window goes out in one writev
+// and each reply received releases the next request.
 func (s *bulkStream) run(ctx context.Context, op uint8, p []byte, off int64, chunk int) (err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -76,42 +89,45 @@ func (s *bulkStream) run(ctx context.Context, op uint8, p []byte, off int64, chu
 		stop := context.AfterFunc(ctx, s.pg.shutdown)
 		defer stop()
 	}
-	first := s.seq + 1
-	n := (len(p) + chunk - 1) / chunk
-	s.seq += uint32(n)
-	werr := make(chan error, 1)
-	go func() { // sender: every chunk request, back to back
-		var hdr [HeaderSize]byte
-		for i := range n {
-			lo, hi := i*chunk, min((i+1)*chunk, len(p))
-			h := Header{Op: op, Seq: first + uint32(i), Offset: uint64(off) + uint64(lo), Length: uint32(hi - lo)}
-			bufs := [][]byte{hdr[:]}
-			if op == OpWrite {
-				h.Payload = h.Length
-				bufs = append(bufs, p[lo:hi])
-			}
-			h.Encode(hdr[:])
-			if err := s.pg.sendv(bufs); err != nil {
-				werr <- err
-				return
-			}
-		}
-		werr <- nil
-	}()
 	defer func() {
 		if err != nil {
 			if ctx.Err() != nil {
 				err = fmt.Errorf("%w: %w", ErrDonorLost, ctx.Err())
 			}
 			s.bad = err
-			s.pg.shutdown() // also stops the sender
-		}
-		if werr2 := <-werr; err == nil && werr2 != nil {
-			err = werr2
-			s.bad = err
 			s.pg.shutdown()
 		}
 	}()
+	first := s.seq + 1
+	n := (len(p) + chunk - 1) / chunk
+	s.seq += uint32(n)
+	window := bulkReadWindow
+	if op == OpWrite {
+		window = bulkWriteWindow
+	}
+	window = min(window, n)
+	// request i uses header slot i%window: it is sent only after reply
+	// i-window arrived, when that slot's previous header is long gone.
+	bufs := s.iov[:0]
+	add := func(i int) {
+		lo, hi := i*chunk, min((i+1)*chunk, len(p))
+		h := Header{Op: op, Seq: first + uint32(i), Offset: uint64(off) + uint64(lo), Length: uint32(hi - lo)}
+		slot := s.hdrs[(i%window)*HeaderSize : (i%window+1)*HeaderSize]
+		if op == OpWrite {
+			h.Payload = h.Length
+		}
+		h.Encode(slot)
+		bufs = append(bufs, slot)
+		if op == OpWrite {
+			bufs = append(bufs, p[lo:hi])
+		}
+	}
+	for i := range window {
+		add(i)
+	}
+	if err := s.pg.sendv(bufs); err != nil {
+		return err
+	}
 	var hdr [HeaderSize]byte
 	for i := range n {
 		lo, hi := i*chunk, min((i+1)*chunk, len(p))
@@ -121,6 +137,13 @@ func (s *bulkStream) run(ctx context.Context, op uint8, p []byte, off int64, chu
 		}
 		if err := s.pg.reply(hdr[:], first+uint32(i), op, buf); err != nil {
 			return err
+		}
+		if next := i + window; next < n {
+			bufs = bufs[:0]
+			add(next)
+			if err := s.pg.sendv(bufs); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

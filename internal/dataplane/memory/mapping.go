@@ -572,7 +572,7 @@ func advance(bufs [][]byte, n int) [][]byte {
 
 func (p *pager) sendv(bufs [][]byte) error {
 	for len(bufs) > 0 {
-		n, err := unix.Writev(p.fd, bufs)
+		n, err := unix.Writev(p.fd, bufs[:min(len(bufs), 1024)]) // IOV_MAX
 		if err == unix.EINTR {
 			continue
 		}
