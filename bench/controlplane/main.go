@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"sort"
 	"strings"
 	"sync"
@@ -41,8 +42,17 @@ func main() {
 		agents   = flag.Int("agents", 1000, "simulated agents in the heartbeat run")
 		hbDur    = flag.Duration("hb-duration", 10*time.Second, "length of a heartbeat run")
 		dir      = flag.String("dir", "", "directory for the databases (default: a temp dir)")
+		cpuprof  = flag.String("cpuprofile", "", "write a CPU profile here")
 	)
 	flag.Parse()
+	if *cpuprof != "" {
+		f, err := os.Create(*cpuprof)
+		if err != nil {
+			log.Fatal(err)
+		}
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
 	base := *dir
 	if base == "" {
 		d, err := os.MkdirTemp("", "rialto-bench-cp-")

@@ -72,6 +72,9 @@ func (s *Server) transition(ctx context.Context, id string, to api.LeaseState, c
 	l, err := s.st.TransitionLease(ctx, id, ch, api.Event{At: now, Type: "lease." + string(to), Subject: id, Message: msg, State: string(to)})
 	if err == nil {
 		s.m.leaseTransitions.With(string(to)).Inc()
+		if to.Terminal() {
+			s.uncacheLease(id)
+		}
 	}
 	return l, err
 }
@@ -140,7 +143,9 @@ func (s *Server) explainLease(ctx context.Context, req api.LeaseRequest) (api.Pl
 	if err := s.validateLeaseRequest(&req); err != nil {
 		return api.Plan{}, err
 	}
-	inv, err := s.st.Inventory(ctx)
+	s.placeMu.Lock()
+	inv, err := s.inventory(ctx)
+	s.placeMu.Unlock()
 	if err != nil {
 		return api.Plan{}, err
 	}
@@ -188,7 +193,7 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 		}
 	}()
 	for attempt := 0; ; attempt++ {
-		inv, err := s.st.Inventory(ctx)
+		inv, err := s.inventory(ctx)
 		if err != nil {
 			return l, false, err
 		}
@@ -211,11 +216,13 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 			Message: fmt.Sprintf("tenant %s: %s %s %s on %d part(s)", p.tenant, lease.Mode, req.Kind, sizeText(req), len(plan.Parts)), State: string(api.LeaseReserved)})
 		switch {
 		case err == nil:
+			s.cacheLease(lease)
 		case errors.Is(err, store.ErrDuplicate):
 			l, err := s.replay(ctx, idem)
 			return l, false, err
 		case errors.Is(err, store.ErrCapacity) && attempt < maxPlaceAttempts:
 			s.m.placeRetries.Inc()
+			s.inv.valid = false
 			continue // lost a race for the device; place again on fresh data
 		case errors.Is(err, store.ErrCapacity):
 			return l, false, fmt.Errorf("%w: devices kept being taken by concurrent leases; try again", ErrUnavailable)
@@ -259,7 +266,7 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 		}
 		var why string
 		s.placeMu.Lock()
-		inv, err := s.st.Inventory(ctx)
+		inv, err := s.inventory(ctx)
 		if err == nil {
 			if round+1 >= maxPrepareRounds {
 				err = fmt.Errorf("%w: gave up after %d rounds", ErrUnavailable, round+1)
@@ -274,6 +281,7 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 				Message: fmt.Sprintf("re-placed after %d lender(s) did not confirm", len(failed)), State: string(api.LeaseReserved)})
 			if err == nil {
 				lease = nl
+				s.cacheLease(lease)
 				s.placeMu.Unlock()
 				continue
 			}
@@ -318,7 +326,6 @@ func (s *Server) prepareParts(ctx context.Context, l api.Lease, role string) ([]
 	uris := make([]string, len(l.Parts))
 	errs := make([]error, len(l.Parts))
 	nodes := map[string]store.NodeRecord{}
-	devNames := map[string]string{}
 	failed := map[string]string{}
 	for _, p := range l.Parts {
 		if _, ok := nodes[p.NodeID]; ok {
@@ -334,11 +341,7 @@ func (s *Server) prepareParts(ctx context.Context, l api.Lease, role string) ([]
 	if len(failed) > 0 {
 		return nil, failed
 	}
-	if devs, err := s.st.Devices(ctx); err == nil {
-		for _, d := range devs {
-			devNames[d.ID] = d.Name
-		}
-	}
+	devNames := s.deviceNames(ctx)
 	var wg sync.WaitGroup
 	for i, p := range l.Parts {
 		wg.Add(1)

@@ -135,7 +135,9 @@ func (s *Server) Sweep(ctx context.Context) error {
 		return err
 	}
 	var errs []error
-	for _, n := range nodes {
+	changed := false
+	for i := range nodes {
+		n := &nodes[i]
 		silent := now.Sub(n.LastHeartbeat)
 		switch {
 		case n.State != api.NodeDown && silent > s.cfg.DownAfter:
@@ -149,12 +151,14 @@ func (s *Server) Sweep(ctx context.Context) error {
 			}
 			s.log.Warn("node down", "node", n.ID, "name", n.Name, "silent", silent)
 			n.State = api.NodeDown
+			changed = true
 		case n.State == api.NodeReady && silent > s.cfg.SuspectAfter:
 			err := s.st.SetNodeState(ctx, n.ID, n.State, api.NodeSuspect, api.Event{At: now, Type: "node.suspect", Subject: n.ID,
 				Message: fmt.Sprintf("no heartbeat for %v", silent.Round(time.Millisecond)), State: string(api.NodeSuspect)})
 			if err != nil && !errors.Is(err, store.ErrConflict) {
 				errs = append(errs, err)
 			}
+			changed = true
 			s.log.Info("node suspect", "node", n.ID, "name", n.Name, "silent", silent)
 		}
 		if n.State == api.NodeDown {
@@ -178,6 +182,9 @@ func (s *Server) Sweep(ctx context.Context) error {
 		}
 	}
 	s.peers.set(nodes)
+	if changed {
+		s.invalidate() // placement must see the new node states
+	}
 
 	// TTL expiry.
 	ls, err := s.st.Leases(ctx, store.LeaseFilter{States: []api.LeaseState{api.LeaseReserved, api.LeaseActive}, ExpiresBefore: now})

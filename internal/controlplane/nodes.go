@@ -126,6 +126,7 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 	}
 	s.log.Info("node joined", "node", n.ID, "name", n.Name, "rejoined", rejoined, "devices", len(r.Devices), "credential", resource.Fingerprint(cred))
 	s.peers.add(n)
+	s.invalidate()
 	return api.JoinResponse{
 		NodeID: n.ID, Credential: cred, AgentKey: key, HeartbeatSeconds: s.cfg.HeartbeatInterval.Seconds(),
 		ControlPlaneNodes: s.peers.peersOf(n.ID),
@@ -166,6 +167,7 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 		if n, err := s.st.Node(ctx, nodeID); err == nil {
 			s.peers.add(n.Node)
 		}
+		s.invalidate()
 	}
 	var resp api.HeartbeatResponse
 	if len(h.Leases) > 0 {

@@ -69,7 +69,8 @@ type Server struct {
 	peers  peerCache
 
 	openapi []byte
-	placeMu sync.Mutex // serializes placement + reservation
+	placeMu sync.Mutex // serializes placement + reservation; guards inv
+	inv     invCache
 	place   placer
 }
 

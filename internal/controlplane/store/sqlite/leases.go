@@ -42,7 +42,7 @@ func planJSON(p *api.Plan) string {
 }
 
 // reserve checks and inserts the parts of a lease inside tx.
-func reserve(ctx context.Context, tx *sql.Tx, leaseID string, kind api.Kind, parts []api.Part) error {
+func reserve(ctx context.Context, tx execer, leaseID string, kind api.Kind, parts []api.Part) error {
 	for i, p := range parts {
 		var dstate, nstate, dkind, nodeID string
 		var capacity int64
@@ -84,7 +84,7 @@ func reserve(ctx context.Context, tx *sql.Tx, leaseID string, kind api.Kind, par
 }
 
 // free releases the live parts of a lease; del also deletes their rows.
-func free(ctx context.Context, tx *sql.Tx, leaseID string, del bool) error {
+func free(ctx context.Context, tx execer, leaseID string, del bool) error {
 	if _, err := tx.ExecContext(ctx, `UPDATE devices SET allocated = allocated - (SELECT COALESCE(SUM(length), 0) FROM lease_parts p
 		WHERE p.lease_id = ? AND p.live = 1 AND p.device_id = devices.id)
 		WHERE id IN (SELECT device_id FROM lease_parts WHERE lease_id = ? AND live = 1)`, leaseID, leaseID); err != nil {
@@ -134,7 +134,7 @@ func fillFirst(l *api.Lease) {
 // CreateLease inserts a lease and reserves its parts atomically.
 func (s *Store) CreateLease(ctx context.Context, l api.Lease, idem *store.Idempotency, ev api.Event) (api.Lease, error) {
 	var out api.Lease
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx execer) error {
 		if idem != nil {
 			var leaseID string
 			err := tx.QueryRowContext(ctx, `SELECT lease_id FROM idempotency_keys WHERE tenant = ? AND key = ?`, idem.Tenant, idem.Key).Scan(&leaseID)
@@ -172,7 +172,7 @@ func (s *Store) CreateLease(ctx context.Context, l api.Lease, idem *store.Idempo
 // ReplaceParts swaps a non-terminal lease's parts for new ones.
 func (s *Store) ReplaceParts(ctx context.Context, id string, parts []api.Part, plan *api.Plan, at time.Time, ev api.Event) (api.Lease, error) {
 	var out api.Lease
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx execer) error {
 		var state api.LeaseState
 		var kind api.Kind
 		if err := tx.QueryRowContext(ctx, `SELECT state, kind FROM leases WHERE id = ?`, id).Scan(&state, &kind); err != nil {
@@ -212,7 +212,7 @@ func (s *Store) ReplaceParts(ctx context.Context, id string, parts []api.Part, p
 // TransitionLease moves a lease between states (compare-and-set).
 func (s *Store) TransitionLease(ctx context.Context, id string, ch store.LeaseChange, ev api.Event) (api.Lease, error) {
 	var out api.Lease
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx execer) error {
 		var state api.LeaseState
 		if err := tx.QueryRowContext(ctx, `SELECT state FROM leases WHERE id = ?`, id).Scan(&state); err != nil {
 			if errors.Is(err, sql.ErrNoRows) {
@@ -270,7 +270,7 @@ func (s *Store) TransitionLease(ctx context.Context, id string, ch store.LeaseCh
 
 // Lease returns one lease.
 func (s *Store) Lease(ctx context.Context, id string) (api.Lease, error) {
-	return getLease(ctx, s.r, id)
+	return getLease(ctx, s.rd(), id)
 }
 
 // Leases lists leases matching f, oldest first.
@@ -311,11 +311,13 @@ func (s *Store) Leases(ctx context.Context, f store.LeaseFilter) ([]api.Lease, e
 	if len(where) > 0 {
 		cond = ` WHERE ` + strings.Join(where, ` AND `)
 	}
-	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: s.r != s.w})
+	rtx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: s.r != s.w})
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: leases: %w", err)
 	}
-	defer tx.Rollback()
+	defer s.rs.flush(ctx) // runs after the rollback below
+	defer rtx.Rollback()
+	tx := cachedTx{rtx, s.rs}
 	rows, err := tx.QueryContext(ctx, `SELECT `+leaseCols+` FROM leases`+cond+` ORDER BY created_at, id`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: leases: %w", err)
@@ -363,13 +365,13 @@ func (s *Store) Leases(ctx context.Context, f store.LeaseFilter) ([]api.Lease, e
 // LeaseByIdempotencyKey returns the lease recorded for (tenant, key).
 func (s *Store) LeaseByIdempotencyKey(ctx context.Context, tenant, key string) (api.Lease, string, error) {
 	var leaseID, hash string
-	err := s.r.QueryRowContext(ctx, `SELECT lease_id, request_hash FROM idempotency_keys WHERE tenant = ? AND key = ?`, tenant, key).Scan(&leaseID, &hash)
+	err := s.rd().QueryRowContext(ctx, `SELECT lease_id, request_hash FROM idempotency_keys WHERE tenant = ? AND key = ?`, tenant, key).Scan(&leaseID, &hash)
 	if errors.Is(err, sql.ErrNoRows) {
 		return api.Lease{}, "", fmt.Errorf("idempotency key: %w", store.ErrNotFound)
 	}
 	if err != nil {
 		return api.Lease{}, "", fmt.Errorf("sqlite: idempotency: %w", err)
 	}
-	l, err := getLease(ctx, s.r, leaseID)
+	l, err := getLease(ctx, s.rd(), leaseID)
 	return l, hash, err
 }

@@ -24,8 +24,10 @@ var migrationFS embed.FS
 
 // Store is a store.Store backed by one SQLite database file.
 type Store struct {
-	w *sql.DB // single writer connection
-	r *sql.DB // read-only pool (the writer itself for :memory:)
+	w  *sql.DB // single writer connection
+	r  *sql.DB // read-only pool (the writer itself for :memory:)
+	ws *stmtCache
+	rs *stmtCache
 }
 
 var _ store.Store = (*Store)(nil)
@@ -64,7 +66,8 @@ func open(ctx context.Context, path string, max int) (*Store, error) {
 	w.SetMaxIdleConns(1)
 	w.SetConnMaxLifetime(0)
 	w.SetConnMaxIdleTime(0)
-	s := &Store{w: w, r: w}
+	s := &Store{w: w, r: w, ws: &stmtCache{db: w}}
+	s.rs = s.ws
 	if err := s.migrate(ctx, max); err != nil {
 		w.Close()
 		return nil, err
@@ -82,6 +85,7 @@ func open(ctx context.Context, path string, max int) (*Store, error) {
 		r.SetMaxOpenConns(n)
 		r.SetMaxIdleConns(n)
 		s.r = r
+		s.rs = &stmtCache{db: r}
 	}
 	return s, nil
 }
@@ -97,6 +101,10 @@ func pragmaQuery(ps []string) string {
 
 // Close closes the database.
 func (s *Store) Close() error {
+	s.ws.close()
+	if s.rs != s.ws {
+		s.rs.close()
+	}
 	err := s.w.Close()
 	if s.r != s.w {
 		err = errors.Join(err, s.r.Close())
@@ -186,12 +194,13 @@ func (s *Store) migrate(ctx context.Context, max int) error {
 }
 
 // tx runs f in a write transaction.
-func (s *Store) tx(ctx context.Context, f func(tx *sql.Tx) error) error {
+func (s *Store) tx(ctx context.Context, f func(tx execer) error) error {
 	tx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("sqlite: begin: %w", err)
 	}
-	if err := f(tx); err != nil {
+	defer s.ws.flush(ctx)
+	if err := f(cachedTx{tx, s.ws}); err != nil {
 		tx.Rollback()
 		return err
 	}

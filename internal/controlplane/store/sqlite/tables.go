@@ -71,7 +71,7 @@ func appendEvent(ctx context.Context, q execer, ev api.Event) (api.Event, error)
 // AppendEvent appends one event.
 func (s *Store) AppendEvent(ctx context.Context, ev api.Event) (api.Event, error) {
 	var out api.Event
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx execer) error {
 		var err error
 		out, err = appendEvent(ctx, tx, ev)
 		return err
@@ -84,7 +84,7 @@ func (s *Store) Events(ctx context.Context, since int64, limit int) ([]api.Event
 	if limit <= 0 {
 		limit = 1000
 	}
-	rows, err := s.r.QueryContext(ctx, `SELECT id, at, type, subject, message, state FROM events WHERE id > ? ORDER BY id LIMIT ?`, since, limit)
+	rows, err := s.rd().QueryContext(ctx, `SELECT id, at, type, subject, message, state FROM events WHERE id > ? ORDER BY id LIMIT ?`, since, limit)
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: events: %w", err)
 	}
@@ -107,7 +107,7 @@ func (s *Store) PutToken(ctx context.Context, t store.Token) error {
 	if t.CreatedAt.IsZero() {
 		t.CreatedAt = time.Now()
 	}
-	return s.tx(ctx, func(tx *sql.Tx) error {
+	return s.tx(ctx, func(tx execer) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO tokens (hash, kind, tenant, admin, created_at) VALUES (?, ?, ?, ?, ?)
 			ON CONFLICT (hash) DO UPDATE SET kind = excluded.kind, tenant = excluded.tenant, admin = excluded.admin`,
 			t.Hash, t.Kind, t.Tenant, t.Admin, ns(t.CreatedAt))
@@ -122,7 +122,7 @@ func (s *Store) PutToken(ctx context.Context, t store.Token) error {
 func (s *Store) LookupToken(ctx context.Context, hash string) (store.Token, error) {
 	var t store.Token
 	var created int64
-	err := s.r.QueryRowContext(ctx, `SELECT hash, kind, tenant, admin, created_at FROM tokens WHERE hash = ?`, hash).
+	err := s.rd().QueryRowContext(ctx, `SELECT hash, kind, tenant, admin, created_at FROM tokens WHERE hash = ?`, hash).
 		Scan(&t.Hash, &t.Kind, &t.Tenant, &t.Admin, &created)
 	if errors.Is(err, sql.ErrNoRows) {
 		return t, fmt.Errorf("token: %w", store.ErrNotFound)
@@ -154,7 +154,7 @@ func scanNode(sc interface{ Scan(...any) error }) (store.NodeRecord, error) {
 func (s *Store) JoinNode(ctx context.Context, j store.JoinNode, ev api.Event) (api.Node, bool, error) {
 	var out api.Node
 	var rejoined bool
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx execer) error {
 		n := j.Node
 		var id string
 		var joined int64
@@ -232,7 +232,7 @@ func (s *Store) JoinNode(ctx context.Context, j store.JoinNode, ev api.Event) (a
 
 // NodeByCredential finds a node by its credential hash.
 func (s *Store) NodeByCredential(ctx context.Context, credHash string) (api.Node, error) {
-	n, err := scanNode(s.r.QueryRowContext(ctx, `SELECT `+nodeCols+` FROM nodes WHERE credential_hash = ?`, credHash))
+	n, err := scanNode(s.rd().QueryRowContext(ctx, `SELECT `+nodeCols+` FROM nodes WHERE credential_hash = ?`, credHash))
 	if errors.Is(err, sql.ErrNoRows) {
 		return api.Node{}, fmt.Errorf("node credential: %w", store.ErrNotFound)
 	}
@@ -245,7 +245,7 @@ func (s *Store) NodeByCredential(ctx context.Context, credHash string) (api.Node
 // Heartbeat records a heartbeat.
 func (s *Store) Heartbeat(ctx context.Context, nodeID string, at time.Time, health string, links []api.Link) (api.NodeState, error) {
 	var prev api.NodeState
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx execer) error {
 		if err := tx.QueryRowContext(ctx, `SELECT state FROM nodes WHERE id = ?`, nodeID).Scan(&prev); err != nil {
 			if errors.Is(err, sql.ErrNoRows) {
 				return fmt.Errorf("node %s: %w", nodeID, store.ErrNotFound)
@@ -279,7 +279,7 @@ func (s *Store) Heartbeat(ctx context.Context, nodeID string, at time.Time, heal
 
 // SetNodeState moves a node between states.
 func (s *Store) SetNodeState(ctx context.Context, id string, from, to api.NodeState, ev api.Event) error {
-	return s.tx(ctx, func(tx *sql.Tx) error {
+	return s.tx(ctx, func(tx execer) error {
 		res, err := tx.ExecContext(ctx, `UPDATE nodes SET state = ? WHERE id = ? AND state = ?`, to, id, from)
 		if err != nil {
 			return fmt.Errorf("sqlite: set node state: %w", err)
@@ -294,7 +294,7 @@ func (s *Store) SetNodeState(ctx context.Context, id string, from, to api.NodeSt
 
 // Node returns one node with its agent key.
 func (s *Store) Node(ctx context.Context, id string) (store.NodeRecord, error) {
-	n, err := scanNode(s.r.QueryRowContext(ctx, `SELECT `+nodeCols+` FROM nodes WHERE id = ?`, id))
+	n, err := scanNode(s.rd().QueryRowContext(ctx, `SELECT `+nodeCols+` FROM nodes WHERE id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return n, fmt.Errorf("node %s: %w", id, store.ErrNotFound)
 	}
@@ -322,7 +322,7 @@ func nodes(ctx context.Context, q execer) ([]api.Node, error) {
 }
 
 // Nodes lists nodes.
-func (s *Store) Nodes(ctx context.Context) ([]api.Node, error) { return nodes(ctx, s.r) }
+func (s *Store) Nodes(ctx context.Context) ([]api.Node, error) { return nodes(ctx, s.rd()) }
 
 func devices(ctx context.Context, q execer) ([]api.Device, error) {
 	rows, err := q.QueryContext(ctx, `SELECT d.id, d.node_id, d.name, d.kind, d.state, d.capacity, d.allocated, d.model, d.attributes, d.sharing
@@ -347,7 +347,7 @@ func devices(ctx context.Context, q execer) ([]api.Device, error) {
 }
 
 // Devices lists devices.
-func (s *Store) Devices(ctx context.Context) ([]api.Device, error) { return devices(ctx, s.r) }
+func (s *Store) Devices(ctx context.Context) ([]api.Device, error) { return devices(ctx, s.rd()) }
 
 func links(ctx context.Context, q execer) ([]api.Link, error) {
 	rows, err := q.QueryContext(ctx, `SELECT id, from_node, to_node, kind, bandwidth_bps, rtt_us, status, load_bps, measured_at FROM links ORDER BY from_node, to_node`)
@@ -370,16 +370,18 @@ func links(ctx context.Context, q execer) ([]api.Link, error) {
 }
 
 // Links lists links.
-func (s *Store) Links(ctx context.Context) ([]api.Link, error) { return links(ctx, s.r) }
+func (s *Store) Links(ctx context.Context) ([]api.Link, error) { return links(ctx, s.rd()) }
 
 // Inventory reads nodes, devices, live parts and links in one read transaction.
 func (s *Store) Inventory(ctx context.Context) (store.Inventory, error) {
 	var inv store.Inventory
-	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: s.r != s.w})
+	rtx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: s.r != s.w})
 	if err != nil {
 		return inv, fmt.Errorf("sqlite: inventory: %w", err)
 	}
-	defer tx.Rollback()
+	defer s.rs.flush(ctx) // runs after the rollback below
+	defer rtx.Rollback()
+	tx := cachedTx{rtx, s.rs}
 	if inv.Nodes, err = nodes(ctx, tx); err != nil {
 		return inv, err
 	}
@@ -415,7 +417,7 @@ func (s *Store) Counts(ctx context.Context) (store.Counts, error) {
 		{`SELECT state, COUNT(*) FROM nodes GROUP BY state`, func(s string, n int) { c.Nodes[api.NodeState(s)] = n }},
 		{`SELECT state, COUNT(*) FROM leases GROUP BY state`, func(s string, n int) { c.Leases[api.LeaseState(s)] = n }},
 	} {
-		rows, err := s.r.QueryContext(ctx, q.sql)
+		rows, err := s.rd().QueryContext(ctx, q.sql)
 		if err != nil {
 			return c, fmt.Errorf("sqlite: counts: %w", err)
 		}
@@ -441,7 +443,7 @@ func (s *Store) PutProfile(ctx context.Context, p api.Profile, ev api.Event) (ap
 	if p.State == "" {
 		p.State = "ready"
 	}
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx execer) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO profiles (id, state, data, source, measured_at) VALUES (?, ?, ?, ?, ?)
 			ON CONFLICT (id) DO UPDATE SET state = excluded.state, data = excluded.data, source = excluded.source, measured_at = excluded.measured_at`,
 			p.ID, p.State, js(p), p.Source, ns(p.MeasuredAt))
@@ -456,7 +458,7 @@ func (s *Store) PutProfile(ctx context.Context, p api.Profile, ev api.Event) (ap
 
 // Profiles lists profiles.
 func (s *Store) Profiles(ctx context.Context) ([]api.Profile, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT data FROM profiles ORDER BY id`)
+	rows, err := s.rd().QueryContext(ctx, `SELECT data FROM profiles ORDER BY id`)
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: profiles: %w", err)
 	}

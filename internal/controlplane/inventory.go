@@ -1,0 +1,97 @@
+package controlplane
+
+import (
+	"context"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
+)
+
+// invCache is the placement view of the inventory, kept in memory so that
+// a lease request does not re-read every node and device. It is guarded by
+// Server.placeMu. Live parts are maintained incrementally (added when a
+// reservation commits, removed when a lease ends); nodes, devices and
+// links are reloaded after a join, a liveness change, a lost reservation
+// race, and at every Sweep. Staleness is safe: the store re-checks every
+// reservation atomically, and a refused one invalidates the cache.
+type invCache struct {
+	valid   bool
+	nodes   []api.Node
+	devices []api.Device
+	links   []api.Link
+	parts   map[string][]store.LivePart // by lease ID
+	devName map[string]string
+}
+
+// inventory returns the placement view; placeMu must be held.
+func (s *Server) inventory(ctx context.Context) (store.Inventory, error) {
+	c := &s.inv
+	if !c.valid {
+		inv, err := s.st.Inventory(ctx)
+		if err != nil {
+			return inv, err
+		}
+		c.nodes, c.devices, c.links = inv.Nodes, inv.Devices, inv.Links
+		c.parts = map[string][]store.LivePart{}
+		for _, p := range inv.Parts {
+			c.parts[p.LeaseID] = append(c.parts[p.LeaseID], p)
+		}
+		c.devName = make(map[string]string, len(inv.Devices))
+		for _, d := range inv.Devices {
+			c.devName[d.ID] = d.Name
+		}
+		c.valid = true
+	}
+	inv := store.Inventory{Nodes: c.nodes, Links: c.links}
+	alloc := map[string]int64{}
+	for _, ps := range c.parts {
+		for _, p := range ps {
+			inv.Parts = append(inv.Parts, p)
+			alloc[p.DeviceID] += p.Length
+		}
+	}
+	inv.Devices = make([]api.Device, len(c.devices))
+	for i, d := range c.devices {
+		d.Allocated = alloc[d.ID]
+		inv.Devices[i] = d
+	}
+	return inv, nil
+}
+
+// cacheLease records a committed reservation; placeMu must be held.
+func (s *Server) cacheLease(l api.Lease) {
+	if !s.inv.valid {
+		return
+	}
+	ps := make([]store.LivePart, len(l.Parts))
+	for i, p := range l.Parts {
+		ps[i] = store.LivePart{Part: p, LeaseID: l.ID, Mode: l.Mode, Tenant: l.Tenant}
+	}
+	s.inv.parts[l.ID] = ps
+}
+
+// uncacheLease forgets a lease that ended.
+func (s *Server) uncacheLease(id string) {
+	s.placeMu.Lock()
+	if s.inv.valid {
+		delete(s.inv.parts, id)
+	}
+	s.placeMu.Unlock()
+}
+
+// invalidate makes the next placement reload the inventory.
+func (s *Server) invalidate() {
+	s.placeMu.Lock()
+	s.inv.valid = false
+	s.placeMu.Unlock()
+}
+
+// deviceNames returns device names by ID for the given parts.
+func (s *Server) deviceNames(ctx context.Context) map[string]string {
+	s.placeMu.Lock()
+	defer s.placeMu.Unlock()
+	if _, err := s.inventory(ctx); err != nil {
+		return nil
+	}
+	return s.inv.devName
+}
