@@ -16,7 +16,7 @@ func TestMatchesBruteForce(t *testing.T) {
 	}{
 		{"tiny", 5, 2000, 1},
 		{"small", 200, 3000, 2},
-		{"large", 3000, 1500, 3},
+		{"large", 2000, 1200, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(tc.seed, 99))
