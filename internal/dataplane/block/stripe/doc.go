@@ -21,7 +21,9 @@
 // returning wrong data.
 //
 // [Attach] dials the parts given as nbd:// URIs, builds the volume and serves
-// it with an nbd.Server on a loopback TCP port or a Unix socket.
+// it with an nbd.Server on a loopback TCP port or a Unix socket; [Serve] does
+// the serving part for a Volume built with New. docs/composition.md explains
+// the design, the choice of stripe unit and the failure behaviour.
 //
 // Zero values: a zero Volume, Attachment or Config is not usable on its own
 // (Config's zero fields take defaults in New). Concurrency: Volume methods
