@@ -472,3 +472,48 @@ func TestPool(t *testing.T) {
 		t.Errorf("Close = %v, closed %v %v", err, a.closed.Load(), b.closed.Load())
 	}
 }
+
+// FuzzStripe writes a fuzzed range of a fuzzed layout and checks the whole
+// volume against a reference slice and the documented placement formula.
+func FuzzStripe(f *testing.F) {
+	f.Add(uint8(0), uint8(1), uint32(0), uint32(1))
+	f.Add(uint8(2), uint8(3), uint32(4095), uint32(8193))
+	f.Add(uint8(1), uint8(5), uint32(12345), uint32(70000))
+	f.Fuzz(func(t *testing.T, unitShift, parts uint8, off, length uint32) {
+		unit := int64(MinStripeUnit) << (unitShift % 3) // 4, 8, 16 KiB
+		n := 1 + int(parts%5)
+		ms := make([]*memDev, n)
+		for i := range ms {
+			ms[i] = newMem(int(4*unit) + i*513)
+		}
+		v, err := New(devices(ms...), Config{StripeUnit: unit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		size := v.Size()
+		o := int64(off) % size
+		l := 1 + int64(length)%(size-o)
+		buf := make([]byte, l)
+		for i := range buf {
+			buf[i] = byte(i*7 + 1)
+		}
+		if _, err := v.WriteAt(buf, o); err != nil {
+			t.Fatal(err)
+		}
+		ref := make([]byte, size)
+		copy(ref[o:], buf)
+		got := make([]byte, size)
+		if _, err := v.ReadAt(got, 0); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, ref) {
+			t.Fatalf("unit %d, %d parts, write [%d,+%d): volume differs from reference", unit, n, o, l)
+		}
+		for x := int64(0); x < size; x++ {
+			u := x / unit
+			if ms[u%int64(n)].b[(u/int64(n))*unit+x%unit] != ref[x] {
+				t.Fatalf("byte %d not where the layout formula puts it", x)
+			}
+		}
+	})
+}
