@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
@@ -53,7 +55,17 @@ func (s *Server) authenticate(ctx context.Context, r *http.Request) (principal, 
 		return principal{}, fmt.Errorf("%w: Authorization header must be \"Bearer <token>\"", ErrUnauthorized)
 	}
 	hash := resource.HashSecret(tok)
-	fp := resource.Fingerprint(tok)
+	if p, ok := s.auth.get(hash, s.now()); ok {
+		return p, nil
+	}
+	p, err := s.lookupPrincipal(ctx, hash, resource.Fingerprint(tok))
+	if err == nil {
+		s.auth.put(hash, p, s.now())
+	}
+	return p, err
+}
+
+func (s *Server) lookupPrincipal(ctx context.Context, hash, fp string) (principal, error) {
 	t, err := s.st.LookupToken(ctx, hash)
 	switch {
 	case err == nil:
@@ -153,4 +165,45 @@ func (p principal) redact(l api.Lease) api.Lease {
 		l.Plan = &pl
 	}
 	return l
+}
+
+// authCache remembers resolved principals by token hash for a few seconds,
+// so that heartbeats do not cost two lookups each. Unknown tokens are not
+// cached. A join clears it, so a replaced node credential stops working at
+// once.
+type authCache struct {
+	mu sync.Mutex
+	m  map[string]authEntry
+}
+
+type authEntry struct {
+	p   principal
+	exp time.Time
+}
+
+const authCacheTTL = 10 * time.Second
+
+func (c *authCache) get(hash string, now time.Time) (principal, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.m[hash]
+	if !ok || now.After(e.exp) {
+		return principal{}, false
+	}
+	return e.p, true
+}
+
+func (c *authCache) put(hash string, p principal, now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m) > 100000 {
+		c.m = map[string]authEntry{}
+	}
+	c.m[hash] = authEntry{p, now.Add(authCacheTTL)}
+}
+
+func (c *authCache) clear() {
+	c.mu.Lock()
+	c.m = nil
+	c.mu.Unlock()
 }

@@ -119,6 +119,8 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 		ID: resource.NewID("node"), Name: r.Name, State: api.NodeReady, Address: r.Address, AgentURL: r.AgentURL,
 		Endpoints: r.Endpoints, Labels: r.Labels, Fingerprint: r.Fingerprint, Health: "ok", LastHeartbeat: now, JoinedAt: now,
 	}
+	s.auth.clear() // before and after: a rejoin replaces the node credential
+	defer s.auth.clear()
 	n, rejoined, err := s.st.JoinNode(ctx, store.JoinNode{Node: n, CredentialHash: resource.HashSecret(cred), AgentKey: key, Devices: r.Devices},
 		api.Event{At: now, Type: "node.joined", Message: fmt.Sprintf("%s joined with %d device(s)", r.Name, len(r.Devices)), State: string(api.NodeReady)})
 	if err != nil {

@@ -71,6 +71,7 @@ type Server struct {
 	openapi []byte
 	placeMu sync.Mutex // serializes placement + reservation; guards inv
 	inv     invCache
+	auth    authCache
 	place   placer
 }
 
