@@ -75,8 +75,8 @@ func runUp(ctx context.Context, e *env, args []string) error {
 	if _, err := parse(fs, args, 0, 0); err != nil {
 		return err
 	}
-	if *agents < 1 || *disks < 0 {
-		return fmt.Errorf("--agents must be at least 1 and --disks not negative")
+	if *agents < 0 || *disks < 0 {
+		return fmt.Errorf("--agents and --disks must not be negative")
 	}
 	dsize, err := resource.ParseSize(*diskSize)
 	if err != nil || dsize < 1<<20 {
@@ -191,7 +191,7 @@ func runUp(ctx context.Context, e *env, args []string) error {
 	// take the downtime for node failures.
 	cp.startSweeping(ctx)
 
-	if err := printUp(ctx, e, cp.URL, st.AdminToken, *dir); err != nil {
+	if err := printUp(ctx, e, cp.URL, st, *dir, *agents); err != nil {
 		shutdown()
 		return err
 	}
@@ -233,7 +233,8 @@ func listenUp(port, remembered int) (net.Listener, error) {
 	return net.Listen("tcp", "127.0.0.1:0")
 }
 
-func printUp(ctx context.Context, e *env, url, token, dir string) error {
+func printUp(ctx context.Context, e *env, url string, st upState, dir string, agents int) error {
+	token := st.AdminToken
 	c := api.NewClient(url, token, nil)
 	nodes, err := c.Nodes(ctx)
 	if err != nil {
@@ -245,7 +246,7 @@ func printUp(ctx context.Context, e *env, url, token, dir string) error {
 	}
 	w := e.stdout
 	abs, _ := filepath.Abs(dir)
-	fmt.Fprintf(w, "Rialto is up: a control plane and %d agents on loopback.\n\n", len(nodes))
+	fmt.Fprintf(w, "Rialto is up: a control plane and %d agents on loopback.\n\n", agents)
 	fmt.Fprintf(w, "API:        %s\n", url)
 	fmt.Fprintf(w, "State dir:  %s\n\n", abs)
 	printNodes(w, nodes)
@@ -262,7 +263,9 @@ func printUp(ctx context.Context, e *env, url, token, dir string) error {
 	fmt.Fprintf(w, "export RIALTO_TOKEN=%s\n", token)
 	fmt.Fprintln(w)
 	envFile := filepath.Join(dir, "env")
-	envText := fmt.Sprintf("export RIALTO_ADDR=%s\nexport RIALTO_TOKEN=%s\n", url, token)
+	// The env file also carries the bootstrap token, so that agent
+	// processes can join this cluster (`rialto agent` reads it).
+	envText := fmt.Sprintf("export RIALTO_ADDR=%s\nexport RIALTO_TOKEN=%s\nexport RIALTO_BOOTSTRAP_TOKEN=%s\n", url, token, st.BootstrapToken)
 	if err := os.WriteFile(envFile, []byte(envText), 0o600); err == nil {
 		fmt.Fprintf(w, "(also in %s: `. %s` in another shell)\n", envFile, envFile)
 	}
