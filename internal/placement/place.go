@@ -365,7 +365,11 @@ func (x *Index) candidates(q req, bv int32, allowDed bool, minNeed int64, detail
 		}
 		if !(ds.free >= minNeed || (allowDed && len(ds.leases) == 0 && ds.dev.Capacity >= q.Size)) {
 			if detail {
-				rej.add(ds.dev.ID, ConstraintCapacity, fmt.Sprintf("%d free, needs %d", ds.free, minNeed))
+				reason := fmt.Sprintf("%d free, needs %d", ds.free, minNeed)
+				if minNeed == math.MaxInt64 {
+					reason = fmt.Sprintf("%d leases, capacity %d: dedicated needs an empty device of at least %d", len(ds.leases), ds.dev.Capacity, q.Size)
+				}
+				rej.add(ds.dev.ID, ConstraintCapacity, reason)
 			}
 			return
 		}
@@ -396,13 +400,14 @@ func (x *Index) candidates(q req, bv int32, allowDed bool, minNeed int64, detail
 	for _, di := range x.local[localKey{bv, q.Kind}] {
 		check(di)
 	}
-	budget := 4 * defaultCandidateGoal
+	goal := max(defaultCandidateGoal, 2*q.Width)
+	budget := 4 * goal
 	t := x.tree(x.coreOf[x.anchor[bv]])
 	lastHops := -1
 groups:
 	for _, a := range order {
 		gh := t.Dist[x.coreOf[a]].Hops
-		if len(out) >= defaultCandidateGoal && (gh != lastHops || examined >= budget) {
+		if len(out) >= goal && (gh != lastHops || examined >= budget) {
 			break
 		}
 		lastHops = gh
@@ -420,7 +425,7 @@ groups:
 			}
 			// Enough candidates: stop within a large group too. Devices
 			// of one group are equally far up to their own leaf link.
-			if len(out) >= defaultCandidateGoal && examined >= budget {
+			if len(out) >= goal && examined >= budget {
 				break groups
 			}
 			check(di)
