@@ -3,10 +3,17 @@ package sim
 import (
 	"context"
 	"encoding/xml"
+	"flag"
+	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 )
 
+var rewrite = flag.Bool("rewrite", false, "rewrite the golden files under testdata/")
+
+// runExp runs an experiment, checks its metrics against the seed's figures
+// and its summary and CSV against testdata/NAME.golden (-rewrite updates it).
 func runExp(t *testing.T, name string, o Options) Result {
 	t.Helper()
 	r, err := Run(context.Background(), name, o)
@@ -14,6 +21,20 @@ func runExp(t *testing.T, name string, o Options) Result {
 		t.Fatal(err)
 	}
 	t.Log("\n" + r.Summary())
+	golden := filepath.Join("testdata", name+".golden")
+	got := r.Summary() + "\n" + string(r.CSV())
+	if *rewrite {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	} else if want, err := os.ReadFile(golden); err != nil {
+		t.Errorf("%s: %v (run with -rewrite)", name, err)
+	} else if string(want) != got {
+		t.Errorf("%s: output differs from %s (run with -rewrite if intended)", name, golden)
+	}
 	for _, m := range r.Metrics {
 		if !m.Within() {
 			t.Errorf("%s: %s = %v, paper %v ±%g%%", name, m.Name, m.Value, m.Paper, m.Tolerance*100)
