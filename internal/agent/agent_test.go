@@ -318,8 +318,8 @@ func TestRestartRestoresExportsAndHeartbeatTearsDown(t *testing.T) {
 	r := start(t, testConfig(srv.URL, dir))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	for _, id := range []string{"lease-a", "lease-b"} {
-		if _, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: id, Kind: api.KindBlock, DeviceName: "disk0", Length: 4096, Export: "x_" + id}); err != nil {
+	for i, id := range []string{"lease-a", "lease-b"} {
+		if _, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: id, Kind: api.KindBlock, DeviceName: "disk0", Offset: int64(i) * 4096, Length: 4096, Export: "x_" + id}); err != nil {
 			t.Fatal(err)
 		}
 	}

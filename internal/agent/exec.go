@@ -14,8 +14,32 @@ import (
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
-// ErrConflict is returned when an export name is already used by another lease.
-var ErrConflict = errors.New("agent: export already serves another lease")
+// Errors of Prepare.
+var (
+	// ErrConflict is returned when an export name is already used by another lease.
+	ErrConflict = errors.New("agent: export already serves another lease")
+	// ErrOverlap is returned when a range overlaps one that another lease's
+	// export still serves (for instance a lost lease not yet torn down): the
+	// agent never lets two leases reach the same bytes.
+	ErrOverlap = errors.New("agent: range in use")
+)
+
+// overlapping returns the lease of a live export of another lease that
+// overlaps req's range on the same device, or "".
+func (a *Agent) overlapping(req api.PrepareRequest) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, e := range a.exports {
+		r := e.Request
+		if r.LeaseID == req.LeaseID || r.DeviceName != req.DeviceName {
+			continue
+		}
+		if r.Offset < req.Offset+req.Length && req.Offset < r.Offset+r.Length {
+			return r.LeaseID
+		}
+	}
+	return ""
+}
 
 // Prepare executes a prepare request: it checks the device and range,
 // asks the kind's driver to serve the export and remembers it. Preparing
@@ -56,6 +80,11 @@ func (a *Agent) Prepare(ctx context.Context, req api.PrepareRequest) (api.Prepar
 	a.mu.Unlock()
 	if exists && old.Request.LeaseID != req.LeaseID {
 		return api.PrepareResponse{}, ErrConflict
+	}
+	if !exists {
+		if other := a.overlapping(req); other != "" {
+			return api.PrepareResponse{}, fmt.Errorf("%w: range overlaps lease %s, which this agent still serves", ErrOverlap, other)
+		}
 	}
 	e := Export{Request: req, Device: dev, Endpoint: endpoint, Host: host}
 	resp, err := drv.Prepare(ctx, e)
@@ -212,7 +241,7 @@ func (a *Agent) handlePrepare(w http.ResponseWriter, r *http.Request) {
 			status, code = http.StatusBadRequest, api.CodeInvalid
 		case errors.Is(err, ErrNoDevice):
 			status, code = http.StatusNotFound, api.CodeNotFound
-		case errors.Is(err, ErrConflict):
+		case errors.Is(err, ErrConflict), errors.Is(err, ErrOverlap):
 			status, code = http.StatusConflict, api.CodeConflict
 		case errors.Is(err, ErrNoDriver):
 			status, code = http.StatusServiceUnavailable, api.CodeUnavailable

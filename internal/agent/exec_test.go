@@ -96,3 +96,37 @@ func TestBlockOpenExistingFile(t *testing.T) {
 		t.Fatalf("extend: %+v, %v", d, err)
 	}
 }
+
+func TestPrepareRefusesOverlap(t *testing.T) {
+	a := offlineAgent(t)
+	ctx := context.Background()
+	p := func(lease, export string, off, n int64) error {
+		_, err := a.Prepare(ctx, api.PrepareRequest{LeaseID: lease, Export: export, DeviceName: "disk0", Kind: api.KindBlock, Offset: off, Length: n})
+		return err
+	}
+	if err := p("l1", "e1", 0, 8192); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		lease, export string
+		off, n        int64
+		ok            bool
+	}{
+		{"l2", "e2", 4096, 8192, false}, // overlaps l1
+		{"l2", "e2", 8192, 4096, true},  // adjacent
+		{"l1", "e3", 4096, 4096, true},  // the same lease may overlap itself (composed parts)
+		{"l3", "e4", 0, 0, false},       // the whole device
+		{"l3", "e5", 12288, 4096, true},
+	} {
+		err := p(tc.lease, tc.export, tc.off, tc.n)
+		if (err == nil) != tc.ok {
+			t.Errorf("%+v: %v", tc, err)
+		}
+	}
+	if err := a.Teardown(ctx, "l1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := p("l4", "e6", 0, 8192); err != nil {
+		t.Fatalf("after teardown: %v", err)
+	}
+}
