@@ -158,29 +158,44 @@ func TestExplainReservesNothing(t *testing.T) {
 
 func TestLenderSkipped(t *testing.T) {
 	e := newEnv(t)
-	j1, _ := e.join("n1", 1<<30)
-	j2, _ := e.join("n2", 1<<30)
-	e.lender.set(e.lender.refuse, j1.NodeID, true)
-	l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 256 << 20})
+	e.join("n1", 1<<30)
+	e.join("n2", 1<<30)
+	req := api.LeaseRequest{Kind: api.KindBlock, Size: 256 << 20}
+	p, err := e.alice.Explain(e.ctx, req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.State != api.LeaseActive || l.NodeID != j2.NodeID {
+	first := p.Parts[0].NodeID // placement's choice; make it refuse
+	devs, _ := e.admin.Devices(e.ctx)
+	other := devs[0].NodeID
+	if other == first {
+		other = devs[1].NodeID
+	}
+	e.lender.set(e.lender.refuse, first, true)
+	l, err := e.alice.CreateLease(e.ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.State != api.LeaseActive || l.NodeID != other {
 		t.Fatalf("not re-placed: %+v", l)
 	}
-	if l.Plan == nil || !strings.Contains(strings.Join(l.Plan.Explanation, "\n"), "skipped node "+j1.NodeID) {
+	if l.Plan == nil || !strings.Contains(strings.Join(l.Plan.Explanation, "\n"), "skipped node "+first) {
 		t.Fatalf("plan does not explain the skip: %+v", l.Plan)
 	}
-	// A lender that never answers is skipped after PrepareTimeout.
-	e.lender.set(e.lender.refuse, j1.NodeID, false)
-	e.lender.set(e.lender.hang, j2.NodeID, true)
-	l2, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 256 << 20, Affinity: []string{j2.NodeID}})
-	if err != nil || l2.NodeID != j1.NodeID {
+	// A lender that never answers is skipped after PrepareTimeout (binpack
+	// prefers the node that already carries a lease).
+	e.lender.set(e.lender.refuse, first, false)
+	e.lender.set(e.lender.hang, other, true)
+	l2, err := e.alice.CreateLease(e.ctx, req)
+	if err != nil || l2.NodeID != first {
 		t.Fatalf("%v %+v", err, l2)
 	}
+	if x := strings.Join(l2.Plan.Explanation, "\n"); !strings.Contains(x, "skipped node "+other+": no confirmation within") {
+		t.Fatalf("plan does not explain the timeout: %s", x)
+	}
 	// Nobody confirms: the lease fails with the reasons, capacity is freed.
-	e.lender.set(e.lender.refuse, j1.NodeID, true)
-	_, err = e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 256 << 20})
+	e.lender.set(e.lender.refuse, first, true)
+	_, err = e.alice.CreateLease(e.ctx, req)
 	if !api.IsCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "did not confirm") {
 		t.Fatalf("want unavailable, got %v", err)
 	}
@@ -194,7 +209,7 @@ func TestLenderSkipped(t *testing.T) {
 			}
 		}
 	}
-	devs, _ := e.admin.Devices(e.ctx)
+	devs, _ = e.admin.Devices(e.ctx)
 	var alloc int64
 	for _, d := range devs {
 		alloc += d.Allocated

@@ -88,10 +88,13 @@ func TestLivenessAndRejoin(t *testing.T) {
 			t.Fatalf("down node still allocated: %+v", d)
 		}
 	}
-	// New leases avoid the down node.
-	l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{j1.NodeID}})
+	// New leases avoid the down node; affinity to it alone is infeasible.
+	l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
 	if err != nil || l.NodeID != j2.NodeID {
 		t.Fatalf("%v %+v", err, l)
+	}
+	if _, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{j1.NodeID}}); !api.IsCode(err, api.CodeInfeasible) {
+		t.Fatalf("affinity to a down node: %v", err)
 	}
 	// Rejoin: same machine ID keeps its node ID and devices; the old
 	// credential stops working; the heartbeat says what to tear down.
@@ -174,7 +177,7 @@ func TestAuth(t *testing.T) {
 	nodeTok := n1
 	leaseReq := api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20}
 	join := api.JoinRequest{Name: "x", Fingerprint: api.Fingerprint{MachineID: "x"}}
-	before := snapshot(t, e)
+	before := stateDump(t, e)
 	for _, c := range []struct {
 		name   string
 		client *api.Client
@@ -222,7 +225,7 @@ func TestAuth(t *testing.T) {
 			}
 		})
 	}
-	if after := snapshot(t, e); after != before {
+	if after := stateDump(t, e); after != before {
 		t.Fatalf("refused requests changed state:\n%s\n%s", before, after)
 	}
 	// Tenants see only their own leases; admin sees all, without secrets.
@@ -245,8 +248,8 @@ func TestAuth(t *testing.T) {
 	}
 }
 
-// snapshot summarises the whole state that a refused request must not change.
-func snapshot(t *testing.T, e *env) string {
+// stateDump summarises the whole state that a refused request must not change.
+func stateDump(t *testing.T, e *env) string {
 	t.Helper()
 	ls, _ := e.srv.st.Leases(e.ctx, storeAll)
 	nodes, _ := e.srv.st.Nodes(e.ctx)

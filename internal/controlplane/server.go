@@ -131,7 +131,7 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("controlplane: store token for %s: %w", t.Tenant, err)
 		}
 	}
-	s.place = firstFit
+	s.place = policyPlace
 	s.m = newServerMetrics(s.reg)
 	s.h = s.routes()
 	return s, nil
