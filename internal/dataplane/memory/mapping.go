@@ -445,29 +445,57 @@ func (m *Mapping) makeRoom(n int) error {
 }
 
 // writeBack write-protects the sorted dirty pages, sends them to the donor
-// in runs of contiguous pages, and marks them clean.
+// in runs of contiguous pages — pipelined, up to writeBackWindow requests
+// before their acknowledgements are read — and marks them clean.
 func (m *Mapping) writeBack(pages []int) error {
 	maxRun := MaxPayload / m.ps
+	type run struct{ lo, hi int }
+	var runs []run
 	for k := 0; k < len(pages); {
 		j := k + 1
 		for j < len(pages) && pages[j] == pages[j-1]+1 && j-k < maxRun {
 			j++
 		}
-		lo, hi := pages[k], pages[j-1]+1
-		if err := m.u.WriteProtect(m.addr(lo), uintptr((hi-lo)*m.ps), true, false); err != nil {
-			return fmt.Errorf("write-protect for write-back: %w", err)
+		runs = append(runs, run{pages[k], pages[j-1] + 1})
+		k = j
+	}
+	for len(runs) > 0 {
+		batch := runs[:min(len(runs), writeBackWindow)]
+		runs = runs[len(batch):]
+		hdrs := make([]byte, len(batch)*HeaderSize)
+		bufs := make([][]byte, 0, 2*len(batch))
+		first := m.pg.seq + 1
+		for i, r := range batch {
+			if err := m.u.WriteProtect(m.addr(r.lo), uintptr((r.hi-r.lo)*m.ps), true, false); err != nil {
+				return fmt.Errorf("write-protect for write-back: %w", err)
+			}
+			data := m.mem[r.lo*m.ps : r.hi*m.ps]
+			h := Header{Op: OpWrite, Seq: first + uint32(i), Offset: uint64(r.lo * m.ps), Length: uint32(len(data)), Payload: uint32(len(data))}
+			hb := hdrs[i*HeaderSize : (i+1)*HeaderSize]
+			h.Encode(hb)
+			bufs = append(bufs, hb, data)
 		}
-		if err := m.pg.write(m.mem[lo*m.ps:hi*m.ps], int64(lo*m.ps)); err != nil {
+		m.pg.seq += uint32(len(batch))
+		if err := m.pg.sendv(bufs); err != nil {
 			return err
 		}
-		for v := lo; v < hi; v++ {
-			m.dirty[v] = false
+		var ack [HeaderSize]byte
+		for i, r := range batch {
+			if err := m.pg.reply(ack[:], first+uint32(i), OpWrite, nil); err != nil {
+				return err
+			}
+			for v := r.lo; v < r.hi; v++ {
+				m.dirty[v] = false
+			}
+			m.stats.WriteBacks += int64(r.hi - r.lo)
 		}
-		m.stats.WriteBacks += int64(hi - lo)
-		k = j
 	}
 	return nil
 }
+
+// writeBackWindow bounds the write-back requests in flight, so their
+// acknowledgements always fit in the socket's receive buffer.
+const writeBackWindow = 128
 
 // failLocked records a fatal error. The mapping is made inaccessible and
 // every waiting thread woken, so touching it faults (SIGSEGV; a program can
@@ -699,5 +727,4 @@ func (p *pager) reply(hdr []byte, seq uint32, op uint8, buf []byte) error {
 	return nil
 }
 
-func (p *pager) read(buf []byte, off int64) error  { return p.do(OpRead, buf, off) }
-func (p *pager) write(buf []byte, off int64) error { return p.do(OpWrite, buf, off) }
+func (p *pager) read(buf []byte, off int64) error { return p.do(OpRead, buf, off) }
