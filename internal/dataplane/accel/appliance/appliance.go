@@ -426,7 +426,9 @@ func (a *Appliance) SetCredential(id int, credential []byte) error {
 		return err
 	}
 	old := s.swapLease(newLease(credential))
-	old.cancel()
+	// Close the old lease's connections and wait for their tasks, so that
+	// no late task output lands in memory after it is wiped.
+	old.end()
 	if len(credential) == 0 {
 		s.memMu.Lock()
 		clear(s.mem)
@@ -440,6 +442,32 @@ type lease struct {
 	cred   []byte
 	ctx    context.Context
 	cancel context.CancelFunc
+
+	mu    sync.Mutex
+	ended bool
+	users sync.WaitGroup // connections and HTTP calls under this lease
+}
+
+// enter registers a user of the lease; it fails once the lease has ended.
+func (l *lease) enter() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ended {
+		return false
+	}
+	l.users.Add(1)
+	return true
+}
+
+func (l *lease) exit() { l.users.Done() }
+
+// end cancels the lease's users and waits for them.
+func (l *lease) end() {
+	l.mu.Lock()
+	l.ended = true
+	l.mu.Unlock()
+	l.cancel()
+	l.users.Wait()
 }
 
 func newLease(cred []byte) *lease {
@@ -574,11 +602,19 @@ func (s *slot) serve(ctx context.Context) error {
 			return fmt.Errorf("appliance: slot %d accept: %w", s.id, err)
 		}
 		l := s.currentLease()
+		if !l.enter() { // ended between the two calls: the new one is current
+			l = s.currentLease()
+			if !l.enter() {
+				_ = nc.Close()
+				continue
+			}
+		}
 		cctx, cancel := context.WithCancel(ctx)
 		stopLease := context.AfterFunc(l.ctx, cancel)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer l.exit()
 			defer cancel()
 			defer stopLease()
 			srv.ServeConn(cctx, nc)

@@ -11,6 +11,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -446,5 +447,45 @@ func TestHTTPCall(t *testing.T) {
 		if status, body := call(tc.slot, tc.entry, tc.cred, "x"); status != tc.status || !strings.Contains(body, tc.code) {
 			t.Errorf("%+v: %d %s", tc, status, body)
 		}
+	}
+}
+
+// TestLeaseEndStopsTasks: ending a lease interrupts its running tasks and
+// waits for them before wiping the memory.
+func TestLeaseEndStopsTasks(t *testing.T) {
+	a := start(t, Config{Slots: 1, SlotMemory: 1 << 16})
+	ctx := context.Background()
+	if err := a.Load(ctx, 0, roles.Spec{Name: "wasm", Module: wasmtest.EchoModule()}); err != nil {
+		t.Fatal(err)
+	}
+	c := leaseSlot(t, a, 0, "")
+	if err := c.WriteMem(ctx, 0, []byte("tenant data")); err != nil {
+		t.Fatal(err)
+	}
+	task, err := c.Start(ctx, accel.TaskSpec{Entry: "spin", In: 0, InLen: 11, Out: 100, OutCap: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor := func(cond func() bool) {
+		deadline := time.Now().Add(10 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatal("condition not reached")
+			}
+			runtime.Gosched()
+		}
+	}
+	waitFor(func() bool { st, _ := a.Slot(0); return st.InFlight == 1 })
+	if err := a.SetCredential(0, nil); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := a.Slot(0); st.InFlight != 0 {
+		t.Fatalf("%d tasks still running after the lease ended", st.InFlight)
+	}
+	if _, err := task.Wait(ctx); err == nil {
+		t.Fatal("spinning task reported success")
+	}
+	if !bytes.Equal(a.mem, make([]byte, len(a.mem))) {
+		t.Fatal("memory not wiped")
 	}
 }

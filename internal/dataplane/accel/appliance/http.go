@@ -1,6 +1,7 @@
 package appliance
 
 import (
+	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
@@ -133,14 +134,23 @@ func (a *Appliance) httpCall(w http.ResponseWriter, r *http.Request, id int) err
 		return err
 	}
 	t := (*slotTarget)(s)
+	l := s.currentLease()
+	if !l.enter() {
+		return fmt.Errorf("%w: lease ended", accel.ErrAuth)
+	}
+	defer l.exit()
 	if err := t.Authenticate([]byte(r.Header.Get("Rialto-Lease-Credential"))); err != nil {
 		return err
 	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	stop := context.AfterFunc(l.ctx, cancel)
+	defer stop()
 	in, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxCallBody))
 	if err != nil {
 		return fmt.Errorf("%w: body above %d bytes", accel.ErrTooLarge, MaxCallBody)
 	}
-	outs, err := t.Execute(r.Context(), r.PathValue("entry"), [][]byte{in})
+	outs, err := t.Execute(ctx, r.PathValue("entry"), [][]byte{in})
 	if err != nil {
 		return err
 	}
