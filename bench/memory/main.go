@@ -382,7 +382,7 @@ func mixed(ctx context.Context, cl *memory.Client, res *results) {
 		{"mixed 64 B–4 MiB, 8 threads", 8, 4000, []int{64, 64, 64, 512, 4096, 4096, 4096, 65536, 1 << 20}},
 	}
 	chans := []memory.Channel{memory.ChannelSync, memory.ChannelBulk, memory.ChannelQueue, memory.ChannelAdaptive}
-	const rounds = 5
+	const rounds = 10
 	for _, w := range wls {
 		var el [4]time.Duration
 		for round := range rounds {
@@ -498,7 +498,7 @@ func report(c cfg, r *results, steal []float64) {
 	p("| write fault (dirty, written back on eviction), application-visible | %.1f | %.1f |\n", r.med("fault write p50"), r.med("fault write p99"))
 	p("\nGoal: p50 ≤ 30 µs. Per-run read-fault p50: %s. Sequential scan with readahead: %.0f MiB/s.\n\n", r.all("fault read p50"), r.med("mapped seq MiB/s"))
 	p("### Adaptive chooser vs each fixed channel (operations per second, 3/4 reads)\n\n")
-	p("Random offsets over the region; within each run the four channels alternate in 5 rounds\n")
+	p("Random offsets over the region; within each run the four channels alternate in 10 rounds\n")
 	p("with the order rotated every round.\n\n")
 	p("| workload | sync | bulk | queue | adaptive | adaptive / best fixed | adaptive runs |\n|---|---|---|---|---|---|---|\n")
 	for _, w := range []string{"small random, 1 thread", "small random, 8 threads", "4 MiB transfers, 1 thread", "mixed 64 B–4 MiB, 8 threads"} {
