@@ -45,12 +45,14 @@ pw=$(metric decisions/s BenchmarkPlace10k);        pc=$(metric decisions/cpu-s B
 pu=$(metric cpu-µs/op BenchmarkPlace10k);          pa=$(metric allocs/op BenchmarkPlace10k)
 aw=$(metric decisions/s BenchmarkPlaceAdd10k);     ac=$(metric decisions/cpu-s BenchmarkPlaceAdd10k)
 nw=$(metric decisions/s BenchmarkNaiveScan10k);    nc=$(metric decisions/cpu-s BenchmarkNaiveScan10k)
-iw=$(metric ns/op BenchmarkNewIndex10k)
+iw=$(metric ns/op BenchmarkNewIndex10k);          ic=$(metric cpu-s/op BenchmarkNewIndex10k)
 iws=$(awk -v n="$iw" 'BEGIN{ printf "%.2f", n/1e9 }')
 icold=$(awk -v n="$iw" 'BEGIN{ if (n>0) printf "%.2f", 1e9/n; else print "n/a" }')
 stealpct=$(awk -v s="$((s1-s0))" -v t="$((t1-t0))" -v hz="$ticks" -v n="$(nproc)" 'BEGIN{ if (t>0) printf "%.1f", 100*s/hz/t/n; else print "n/a" }')
 load=$(cut -d' ' -f1-3 /proc/loadavg)
-goal=$(awk -v c="$pc" 'BEGIN{ print (c>=5000) ? "met (CPU time)" : "not met" }')
+goal=$(awk -v c="$pc" -v w="$pw" 'BEGIN{
+  printf "%s in CPU time (%.0f decisions per CPU-second), %s in wall-clock time on this shared machine (%.0f/s)",
+    (c>=5000) ? "met" : "not met", c, (w>=5000) ? "met" : "not met", w }')
 
 cat > "$OUT" <<MD
 ## Placement (internal/placement)
@@ -75,11 +77,11 @@ benchmark process, garbage collector included) do not.
 | allocations per decision | $pa | | |
 | decide + record + release, decisions/s wall | $aw | | |
 | decide + record + release, per CPU-second | $ac | | |
-| preparing the index (a cold \`placement.Place\`), s | $iws | | |
+| preparing the index (a cold \`placement.Place\`), s wall / CPU-s | $iws / $ic | | |
 
 Goal: ≥ 5,000 decisions/s on this machine — **$goal**. A cold
 \`placement.Place(snapshot, request)\` (what the control plane calls once per
-lease) prepares the index first: $icold decisions/s at this scale; callers that place
+lease) prepares the index first ($ic CPU-seconds at this scale); callers that place
 many requests keep an \`Index\` and record leases with \`Index.Add\`.
 
 The baseline is not a third-party scheduler: it is the scan a placement without

@@ -151,9 +151,12 @@ func BenchmarkNewIndex10k(b *testing.B) {
 	s, _ := benchIndex(b)
 	b.ReportAllocs()
 	b.ResetTimer()
+	cpu0 := cpuTime()
 	for i := 0; i < b.N; i++ {
 		NewIndex(s)
 	}
+	b.StopTimer()
+	b.ReportMetric((cpuTime()-cpu0).Seconds()/float64(b.N), "cpu-s/op")
 }
 
 // BenchmarkPlaceAdd10k: decide, record the lease, and release an older one

@@ -45,23 +45,24 @@ type Index struct {
 
 	solver fabric.Solver
 	// scratch, reused across calls (epoch-stamped)
-	epoch    uint32
-	rEpoch   uint32
-	resStamp []uint32
-	resLocal []int32
-	lsStamp  []uint32
-	pathBuf  []int32
-	candBuf  []cand
-	candPos  []int32 // per device: position in the current candidate list
-	evalUses []fabric.Use
-	affBuf   []int32
-	flowBuf  []fabric.Flow
-	useBuf   []fabric.Use
-	capBuf   []float64
-	loadBuf  []float64
-	afterBuf []float64
-	rateBuf  []float64
-	globBuf  []int
+	epoch      uint32
+	rEpoch     uint32
+	resStamp   []uint32
+	resLocal   []int32
+	lsStamp    []uint32
+	pathBuf    []int32
+	candBuf    []cand
+	candPos    []int32 // per device: position in the current candidate list
+	evalUses   []fabric.Use
+	affBuf     []int32
+	devScratch []int32
+	flowBuf    []fabric.Flow
+	useBuf     []fabric.Use
+	capBuf     []float64
+	loadBuf    []float64
+	afterBuf   []float64
+	rateBuf    []float64
+	globBuf    []int
 }
 
 type devState struct {
@@ -356,12 +357,13 @@ func (x *Index) resCap(r, n int) float64 {
 
 // leaseUses computes the resources a lease with these parts uses.
 func (x *Index) leaseUses(borrower string, parts []Part, dst []fabric.Use) []fabric.Use {
-	var devs []int32
+	devs := x.devScratch[:0]
 	for _, p := range parts {
 		if di, ok := x.devByID[p.DeviceID]; ok {
 			devs = append(devs, int32(di))
 		}
 	}
+	x.devScratch = devs
 	b, bok := x.borrowerVertex(borrower)
 	if !bok {
 		b = -1
