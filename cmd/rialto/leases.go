@@ -51,11 +51,29 @@ func runLeases(ctx context.Context, e *env, args []string) error {
 	if cf.json() {
 		return printJSON(e.stdout, nonNil(ls))
 	}
-	printLeases(e.stdout, ls)
+	printLeases(e.stdout, ls, nodeNames(ctx, c))
 	return nil
 }
 
-func printLeases(w io.Writer, ls []api.Lease) {
+// nodeNames maps node IDs to names, best effort (tables only).
+func nodeNames(ctx context.Context, c *api.Client) map[string]string {
+	m := map[string]string{}
+	if nodes, err := c.Nodes(ctx); err == nil {
+		for _, n := range nodes {
+			m[n.ID] = n.Name
+		}
+	}
+	return m
+}
+
+func nodeName(names map[string]string, id string) string {
+	if n := names[id]; n != "" {
+		return n
+	}
+	return dash(id)
+}
+
+func printLeases(w io.Writer, ls []api.Lease, names map[string]string) {
 	sort.Slice(ls, func(i, j int) bool { return ls[i].CreatedAt.Before(ls[j].CreatedAt) })
 	now := time.Now()
 	tw := newTable(w)
@@ -66,7 +84,7 @@ func printLeases(w io.Writer, ls []api.Lease) {
 			exp = until(now, l.ExpiresAt)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", l.ID, l.State, l.Kind, dash(string(l.Mode)),
-			capacity(l.Kind, l.Size), l.Count, dash(l.NodeID), dash(l.DeviceID), dash(l.Tenant), exp)
+			capacity(l.Kind, l.Size), l.Count, nodeName(names, l.NodeID), dash(l.DeviceID), dash(l.Tenant), exp)
 	}
 	tw.Flush()
 }

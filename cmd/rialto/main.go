@@ -63,6 +63,9 @@ func run(ctx context.Context, args []string, e *env) int {
 		return 0
 	}
 	c, rest := lookup(args)
+	if c == nil && groupUsage(e.stderr, args[0]) {
+		return 2
+	}
 	if c == nil {
 		fmt.Fprintf(e.stderr, "rialto: unknown command %q\n\n", strings.Join(args[:min(2, len(args))], " "))
 		usage(e.stderr)
@@ -89,6 +92,28 @@ func lookup(args []string) (*command, []string) {
 		}
 	}
 	return commands[args[0]], args[1:]
+}
+
+// groupUsage lists the verbs of a group ("lease" → "lease create", …) and
+// reports whether there were any.
+func groupUsage(w io.Writer, group string) bool {
+	var names []string
+	for n := range commands {
+		if strings.HasPrefix(n, group+" ") {
+			names = append(names, n)
+		}
+	}
+	if len(names) == 0 {
+		return false
+	}
+	sort.Strings(names)
+	fmt.Fprintf(w, "Usage: rialto %s VERB ...\n\nVerbs:\n", group)
+	tw := newTable(w)
+	for _, n := range names {
+		fmt.Fprintf(tw, "  %s %s\t%s\n", n, commands[n].Args, commands[n].Summary)
+	}
+	tw.Flush()
+	return true
 }
 
 func printError(w io.Writer, err error) {

@@ -150,6 +150,8 @@ func TestVerbErrors(t *testing.T) {
 		{[]string{"lease", "show"}, 2, "wrong number of arguments"},
 		{[]string{"nodes", "-o", "yaml"}, 1, "unknown output format"},
 		{[]string{"frobnicate"}, 2, "unknown command"},
+		{[]string{"lease"}, 2, "lease release ID"},
+		{[]string{"lease", "frob"}, 2, "lease create"},
 		{[]string{"nodes", "--nope"}, 2, "flag provided but not defined"},
 	} {
 		_, errs, code := runCLI(t, srv.URL, tc.args...)
