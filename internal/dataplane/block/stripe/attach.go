@@ -86,8 +86,9 @@ func Attach(ctx context.Context, cfg AttachConfig) (*Attachment, error) {
 	for i, s := range cfg.URIs {
 		u, err := nbd.ParseURI(s)
 		if err != nil {
-			// The URI may hold a credential: do not quote it.
-			return nil, fmt.Errorf("stripe: part %d: %w", i, err)
+			// The URI holds a credential and url.Parse errors quote the
+			// input: say only which part is malformed.
+			return nil, fmt.Errorf("%w: part %d: malformed NBD URI", ErrConfig, i)
 		}
 		uris[i] = u
 	}

@@ -475,3 +475,29 @@ func TestCloseWithHungPart(t *testing.T) {
 		t.Error("read on the hung part succeeded")
 	}
 }
+
+func TestAttachBadConfig(t *testing.T) {
+	secret := "s3cret-credential"
+	for _, uris := range [][]string{nil, {"nbd://127.0.0.1:1/" + secret + "%zz"}, {"http://x/" + secret}} {
+		_, err := Attach(context.Background(), AttachConfig{URIs: uris})
+		if !errors.Is(err, ErrConfig) {
+			t.Errorf("Attach(%d URIs) = %v, want ErrConfig", len(uris), err)
+		}
+		if err != nil && strings.Contains(err.Error(), secret) {
+			t.Errorf("error quotes the credential: %v", err)
+		}
+	}
+	// A part nobody serves: a dial error, naming the address only.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = Attach(ctx, AttachConfig{URIs: []string{"nbd://" + addr + "/" + secret}})
+	if err == nil || strings.Contains(err.Error(), secret) {
+		t.Errorf("Attach to a closed port = %v", err)
+	}
+}
