@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -80,5 +81,40 @@ func TestMCTThroughAppliance(t *testing.T) {
 	}
 	if tasks != s.Executions {
 		t.Fatalf("appliance ran %d tasks for %d executions", tasks, s.Executions)
+	}
+}
+
+func TestRedialerSurvivesLeaseRenewal(t *testing.T) {
+	ctx := context.Background()
+	app, err := appliance.New(appliance.Config{Slots: 1, SlotMemory: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- app.Run(actx) }()
+	defer func() { stop(); <-done }()
+	_ = app.Load(ctx, 0, roles.Spec{Name: "echo"})
+	_ = app.SetCredential(0, []byte("k"))
+	addr, _ := app.Addr(0)
+	r := NewRedialer(addr, []byte("k"))
+	defer r.Close()
+	g := run(t, Config{MaxBatch: 4}, r)
+	if out, err := g.Call(ctx, "echo", []byte("one")); err != nil || string(out) != "one" {
+		t.Fatalf("first call: %q %v", out, err)
+	}
+	// Renewing the lease cuts the connection; the next calls redial.
+	_ = app.SetCredential(0, []byte("k"))
+	var out []byte
+	for i := 0; i < 3; i++ {
+		if out, err = g.Call(ctx, "echo", []byte("two")); err == nil {
+			break
+		}
+		if !errors.Is(err, accel.ErrClosed) {
+			t.Fatalf("call after renewal: %v", err)
+		}
+	}
+	if err != nil || string(out) != "two" {
+		t.Fatalf("after redial: %q %v", out, err)
 	}
 }
