@@ -160,7 +160,7 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 	if health == "" {
 		health = "ok"
 	}
-	prev, err := s.st.Heartbeat(ctx, nodeID, now, health, links)
+	prev, err := s.beats.do(ctx, s.st, store.Beat{NodeID: nodeID, At: now, Health: health, Links: links})
 	if err != nil {
 		return api.HeartbeatResponse{}, err
 	}

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -310,4 +311,40 @@ func TestOpenAPIAndMetrics(t *testing.T) {
 		t.Fatalf("healthz %v %v", err, resp.Status)
 	}
 	resp.Body.Close()
+}
+
+// TestHeartbeatBatching sends many concurrent heartbeats (group commit)
+// and checks every node's liveness was recorded.
+func TestHeartbeatBatching(t *testing.T) {
+	e := newEnv(t)
+	type agent struct {
+		id string
+		c  *api.Client
+	}
+	var agents []agent
+	for i := 0; i < 40; i++ {
+		j, c := e.join("hb"+string(rune('a'+i%26))+string(rune('a'+i/26)), 1<<20)
+		agents = append(agents, agent{j.NodeID, c})
+	}
+	e.clock.Advance(5 * time.Second)
+	var wg sync.WaitGroup
+	for _, a := range agents {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := a.c.Heartbeat(e.ctx, a.id, api.Heartbeat{Health: "ok"}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	nodes, _ := e.alice.Nodes(e.ctx)
+	for _, n := range nodes {
+		if !n.LastHeartbeat.Equal(e.clock.Now()) {
+			t.Fatalf("node %s last heartbeat %v, want %v", n.Name, n.LastHeartbeat, e.clock.Now())
+		}
+	}
+	if _, err := agents[0].c.Heartbeat(e.ctx, "node-nope", api.Heartbeat{}); !api.IsCode(err, api.CodeForbidden) {
+		t.Fatalf("heartbeat for an unknown node: %v", err)
+	}
 }

@@ -72,6 +72,7 @@ type Server struct {
 	placeMu sync.Mutex // serializes placement + reservation; guards inv
 	inv     invCache
 	auth    authCache
+	beats   beatBatcher
 	place   placer
 }
 

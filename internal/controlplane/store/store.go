@@ -42,6 +42,14 @@ type JoinNode struct {
 	Devices        []api.DeviceSpec
 }
 
+// Beat is one heartbeat to record.
+type Beat struct {
+	NodeID string
+	At     time.Time
+	Health string
+	Links  []api.Link
+}
+
 // NodeRecord is a node with the secret the control plane presents to its
 // agent.
 type NodeRecord struct {
@@ -117,6 +125,10 @@ type Store interface {
 	// Heartbeat records liveness and links; it moves the node to ready and
 	// returns its previous state.
 	Heartbeat(ctx context.Context, nodeID string, at time.Time, health string, links []api.Link) (prev api.NodeState, err error)
+	// Heartbeats records many heartbeats in one transaction (group
+	// commit); prev[i] and errs[i] are Heartbeat's answers for beats[i].
+	// err is set only when the transaction itself failed.
+	Heartbeats(ctx context.Context, beats []Beat) (prev []api.NodeState, errs []error, err error)
 	// SetNodeState moves a node from one state to another (ErrConflict if
 	// it is not in from).
 	SetNodeState(ctx context.Context, id string, from, to api.NodeState, ev api.Event) error

@@ -244,37 +244,51 @@ func (s *Store) NodeByCredential(ctx context.Context, credHash string) (api.Node
 
 // Heartbeat records a heartbeat.
 func (s *Store) Heartbeat(ctx context.Context, nodeID string, at time.Time, health string, links []api.Link) (api.NodeState, error) {
-	var prev api.NodeState
+	prev, errs, err := s.Heartbeats(ctx, []store.Beat{{NodeID: nodeID, At: at, Health: health, Links: links}})
+	if err != nil {
+		return "", err
+	}
+	return prev[0], errs[0]
+}
+
+// Heartbeats records many heartbeats in one transaction.
+func (s *Store) Heartbeats(ctx context.Context, beats []store.Beat) ([]api.NodeState, []error, error) {
+	prev := make([]api.NodeState, len(beats))
+	errs := make([]error, len(beats))
 	err := s.tx(ctx, func(tx execer) error {
-		if err := tx.QueryRowContext(ctx, `SELECT state FROM nodes WHERE id = ?`, nodeID).Scan(&prev); err != nil {
-			if errors.Is(err, sql.ErrNoRows) {
-				return fmt.Errorf("node %s: %w", nodeID, store.ErrNotFound)
+		for i, b := range beats {
+			if err := tx.QueryRowContext(ctx, `SELECT state FROM nodes WHERE id = ?`, b.NodeID).Scan(&prev[i]); err != nil {
+				if errors.Is(err, sql.ErrNoRows) {
+					errs[i] = fmt.Errorf("node %s: %w", b.NodeID, store.ErrNotFound)
+					continue
+				}
+				return fmt.Errorf("sqlite: heartbeat: %w", err)
 			}
-			return fmt.Errorf("sqlite: heartbeat: %w", err)
-		}
-		if _, err := tx.ExecContext(ctx, `UPDATE nodes SET state = 'ready', health = ?, last_heartbeat = ? WHERE id = ?`, health, ns(at), nodeID); err != nil {
-			return fmt.Errorf("sqlite: heartbeat: %w", err)
-		}
-		for _, l := range links {
-			if l.ID == "" {
-				l.ID = l.From + ">" + l.To
+			if _, err := tx.ExecContext(ctx, `UPDATE nodes SET state = 'ready', health = ?, last_heartbeat = ? WHERE id = ?`, b.Health, ns(b.At), b.NodeID); err != nil {
+				return fmt.Errorf("sqlite: heartbeat: %w", err)
 			}
-			_, err := tx.ExecContext(ctx, `INSERT INTO links (id, from_node, to_node, kind, bandwidth_bps, rtt_us, status, load_bps, measured_at)
+			for _, l := range b.Links {
+				if l.ID == "" {
+					l.ID = l.From + ">" + l.To
+				}
+				_, err := tx.ExecContext(ctx, `INSERT INTO links (id, from_node, to_node, kind, bandwidth_bps, rtt_us, status, load_bps, measured_at)
 				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 				ON CONFLICT (from_node, to_node) DO UPDATE SET kind = excluded.kind, bandwidth_bps = excluded.bandwidth_bps,
 				rtt_us = excluded.rtt_us, status = excluded.status, load_bps = excluded.load_bps, measured_at = excluded.measured_at`,
-				l.ID, l.From, l.To, l.Kind, l.BandwidthBps, l.RTTMicros, l.Status, l.LoadBps, ns(l.MeasuredAt))
-			if err != nil {
-				return fmt.Errorf("sqlite: link: %w", err)
+					l.ID, l.From, l.To, l.Kind, l.BandwidthBps, l.RTTMicros, l.Status, l.LoadBps, ns(l.MeasuredAt))
+				if err != nil {
+					return fmt.Errorf("sqlite: link: %w", err)
+				}
 			}
-		}
-		if prev != api.NodeReady {
-			_, err := appendEvent(ctx, tx, api.Event{At: at, Type: "node.ready", Subject: nodeID, Message: "heartbeat after " + string(prev), State: string(api.NodeReady)})
-			return err
+			if prev[i] != api.NodeReady {
+				if _, err := appendEvent(ctx, tx, api.Event{At: b.At, Type: "node.ready", Subject: b.NodeID, Message: "heartbeat after " + string(prev[i]), State: string(api.NodeReady)}); err != nil {
+					return err
+				}
+			}
 		}
 		return nil
 	})
-	return prev, err
+	return prev, errs, err
 }
 
 // SetNodeState moves a node between states.
