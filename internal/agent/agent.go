@@ -50,6 +50,7 @@ type Agent struct {
 	cpUp       bool
 	interval   time.Duration
 	lastBeatAt time.Time
+	probeNext  int // rotation cursor over peers
 
 	hbMu sync.Mutex // serializes heartbeat rounds
 
@@ -492,7 +493,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	if nodeID == "" {
 		return ErrNotJoined
 	}
-	hb := api.Heartbeat{Health: a.health(), Leases: leases, Links: a.probePeers(ctx, peers)}
+	hb := api.Heartbeat{Health: a.health(), Leases: leases, Links: a.probePeers(ctx, a.probeRound(peers))}
 	if measured {
 		hb.Links = append(hb.Links, api.LinkReport{To: "controlplane", RTTMicros: cpRTT, Up: cpUp})
 	}
@@ -549,6 +550,27 @@ func (a *Agent) health() string {
 		}
 	}
 	return "ok"
+}
+
+// MaxProbesPerBeat bounds the peers probed in one heartbeat round; with
+// more peers the agent rotates through them, so each link is measured
+// every ceil(peers/MaxProbesPerBeat) heartbeats.
+const MaxProbesPerBeat = 16
+
+// probeRound picks this round's peers.
+func (a *Agent) probeRound(peers []api.Node) []api.Node {
+	if len(peers) <= MaxProbesPerBeat {
+		return peers
+	}
+	a.mu.Lock()
+	start := a.probeNext % len(peers)
+	a.probeNext = start + MaxProbesPerBeat
+	a.mu.Unlock()
+	out := make([]api.Node, 0, MaxProbesPerBeat)
+	for i := range MaxProbesPerBeat {
+		out = append(out, peers[(start+i)%len(peers)])
+	}
+	return out
 }
 
 // probePeers measures the round-trip time to each peer's agent API.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -392,6 +393,32 @@ func TestFaults(t *testing.T) {
 		t.Error("no rejoin after 401")
 	}
 	cp.mu.Unlock()
+}
+
+func TestProbeRoundRotates(t *testing.T) {
+	a := offlineAgent(t)
+	var peers []api.Node
+	for i := range 40 {
+		peers = append(peers, api.Node{ID: fmt.Sprint(i)})
+	}
+	seen := map[string]int{}
+	for range 5 { // 80 probes: every peer twice
+		round := a.probeRound(peers)
+		if len(round) != MaxProbesPerBeat {
+			t.Fatalf("round of %d", len(round))
+		}
+		for _, p := range round {
+			seen[p.ID]++
+		}
+	}
+	for _, p := range peers {
+		if seen[p.ID] != 2 {
+			t.Fatalf("peer %s probed %d times: %v", p.ID, seen[p.ID], seen)
+		}
+	}
+	if got := a.probeRound(peers[:3]); len(got) != 3 {
+		t.Fatalf("small peer set: %d", len(got))
+	}
 }
 
 func TestLinksReported(t *testing.T) {
