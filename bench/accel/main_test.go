@@ -24,7 +24,12 @@ func TestZMQPipeline(t *testing.T) {
 	}
 	enc, _ := engine.EncodeAll(mct.GenerateQueries(rng, 64))
 	e := &env{ctx: ctx, engine: engine}
-	z := newZMQ(ctx, e, 2, 4)
+	for _, batch := range []bool{false, true} {
+		checkZMQ(t, newZMQ(ctx, e, 2, 4, batch), engine, enc)
+	}
+}
+
+func checkZMQ(t *testing.T, z *zmqPipeline, engine *mct.Engine, enc []byte) {
 	defer z.close()
 	var wg sync.WaitGroup
 	for c := 0; c < 4; c++ {
