@@ -735,8 +735,9 @@ func main() {
 		gbRatio, us(medDur(gwt.p99)), us(medDur(zqb.p99)), yes(gbRatio >= 1.5 && medDur(gwt.p99) <= medDur(zqb.p99)))
 	w("The ZeroMQ baseline uses github.com/go-zeromq/zmq4 (pure Go, already a dependency of the module), not libzmq; " +
 		"its per-message cost is part of what is compared. Its broker keeps one DEALER per worker because zmq4's " +
-		"DEALER sends each message to every peer. Its REP workers answer one query per message: they do not batch " +
-		"across requests the way seed 002's MCT wrapper did — that batching is precisely what the gateway adds.\n\n")
+		"DEALER sends each message to every peer. The first variant's REP workers answer one query per message; the " +
+		"second variant's DEALER workers batch whatever queries have arrived (up to 64) into one kernel call, as seed " +
+		"002's MCT wrapper did, and answer each query with its own message.\n\n")
 	w("### Gateway sweep: batch size, queue delay, workers, instances\n\n")
 	w("In-process gateway, %d clients, remote MCT slots; medians of %d interleaved passes of %v per point. "+
 		"Label `bB dD wW iI`: max batch B, max queue delay D, W workers, I slot instances. "+
