@@ -18,8 +18,22 @@ const maxPeers = 8
 // to agents (each gets the next maxPeers nodes after itself on the ring, so
 // the probing load stays bounded with thousands of nodes).
 type peerCache struct {
-	mu    sync.Mutex
-	nodes []api.Node
+	mu      sync.Mutex
+	nodes   []api.Node
+	version uint64
+	sent    map[string]uint64 // node ID → version last sent to it
+}
+
+func samePeers(a, b []api.Node) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].ID != b[i].ID || a[i].Address != b[i].Address || a[i].AgentURL != b[i].AgentURL || a[i].Name != b[i].Name {
+			return false
+		}
+	}
+	return true
 }
 
 func (c *peerCache) set(nodes []api.Node) {
@@ -32,6 +46,9 @@ func (c *peerCache) set(nodes []api.Node) {
 	}
 	sort.Slice(ready, func(i, j int) bool { return ready[i].ID < ready[j].ID })
 	c.mu.Lock()
+	if !samePeers(c.nodes, ready) {
+		c.version++
+	}
 	c.nodes = ready
 	c.mu.Unlock()
 }
@@ -41,6 +58,7 @@ func (c *peerCache) add(n api.Node) {
 	defer c.mu.Unlock()
 	i := sort.Search(len(c.nodes), func(i int) bool { return c.nodes[i].ID >= n.ID })
 	n.Fingerprint = api.Fingerprint{MachineID: n.Fingerprint.MachineID, Hostname: n.Fingerprint.Hostname}
+	c.version++
 	if i < len(c.nodes) && c.nodes[i].ID == n.ID {
 		c.nodes[i] = n
 		return
@@ -50,9 +68,32 @@ func (c *peerCache) add(n api.Node) {
 	c.nodes[i] = n
 }
 
+// changedFor returns id's peers if the peer set changed since they were
+// last sent to id, else nil (the agent keeps its list).
+func (c *peerCache) changedFor(id string) []api.Node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sent == nil {
+		c.sent = map[string]uint64{}
+	}
+	if v, ok := c.sent[id]; ok && v == c.version {
+		return nil
+	}
+	c.sent[id] = c.version
+	out := c.peersOfLocked(id)
+	if out == nil {
+		out = []api.Node{}
+	}
+	return out
+}
+
 func (c *peerCache) peersOf(id string) []api.Node {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.peersOfLocked(id)
+}
+
+func (c *peerCache) peersOfLocked(id string) []api.Node {
 	i := sort.Search(len(c.nodes), func(i int) bool { return c.nodes[i].ID >= id })
 	var out []api.Node
 	for k := 0; k < len(c.nodes) && len(out) < maxPeers; k++ {
@@ -194,6 +235,8 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 			}
 		}
 	}
-	resp.Peers = s.peers.peersOf(nodeID)
+	// Peers only when they changed since this node last heard them (an
+	// agent keeps its list when the field is absent).
+	resp.Peers = s.peers.changedFor(nodeID)
 	return resp, nil
 }
