@@ -2,9 +2,14 @@ package memory
 
 import (
 	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
 	"io"
 	"net"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func seedFrames() [][]byte {
@@ -127,4 +132,62 @@ func FuzzSyncStream(f *testing.F) {
 		s.wg.Done()
 		d.endSession(s)
 	})
+}
+
+// FuzzSyncRaw sends arbitrary bytes after a valid HELLO on a real loopback
+// sync connection, which the donor serves with raw syscalls (serveSync):
+// it must neither crash nor hang, and must keep serving other sessions.
+func FuzzSyncRaw(f *testing.F) {
+	frames := seedFrames()
+	f.Add(bytes.Join(frames[1:4], nil))
+	f.Add(frames[2][:34])
+	f.Add(frames[5])
+	td := startDonor(f, 8192, 0)
+	var n atomic.Int64
+	f.Fuzz(func(t *testing.T, in []byte) {
+		// A region per input: RemoveRegion ends the session synchronously.
+		cred := fmt.Sprintf("fuzz-%d", n.Add(1))
+		if err := td.d.AddRegion(cred, 8192); err != nil {
+			t.Fatal(err)
+		}
+		defer td.d.RemoveRegion(cred)
+		ctrl, err := net.Dial("tcp", td.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ctrl.Close()
+		sess := helloRaw(t, ctrl, Hello{Kind: KindControl, Credential: cred})
+		sc, err := net.Dial("tcp", td.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sc.Close()
+		helloRaw(t, sc, Hello{Kind: KindSync, Session: sess, Credential: cred})
+		go func() {
+			_, _ = sc.Write(in)
+			_ = sc.(*net.TCPConn).CloseWrite()
+		}()
+		_ = sc.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.Copy(io.Discard, sc); err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				t.Fatal("donor did not finish the connection")
+			}
+		}
+	})
+}
+
+func helloRaw(t *testing.T, c net.Conn, m Hello) uint64 {
+	b := m.Encode(make([]byte, HeaderSize))
+	h := Header{Op: OpHello, Payload: uint32(len(b) - HeaderSize)}
+	h.Encode(b)
+	if _, err := c.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	var hdr [HeaderSize]byte
+	fr, err := ReadFrame(c, hdr[:], nil)
+	if err != nil || fr.Status != StatusOK {
+		t.Fatalf("hello: %v %d %s", err, fr.Status, fr.Data)
+	}
+	return binary.BigEndian.Uint64(fr.Data)
 }
