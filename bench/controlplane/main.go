@@ -21,6 +21,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
@@ -66,6 +67,7 @@ func main() {
 	var cyc []cycleResult
 	var hb []hbResult
 	steal0 := readSteal()
+	load0 := loadAvg()
 	for i := 0; i < *runs; i++ {
 		c, err := runCycles(ctx, filepath.Join(base, fmt.Sprintf("cycles-%d.db", i)), *workers, *cycleDur)
 		if err != nil {
@@ -81,7 +83,7 @@ func main() {
 		hb = append(hb, h)
 	}
 	steal := stealPercent(steal0, readSteal())
-	md := report(cyc, hb, *workers, *agents, *cycleDur, *hbDur, *runs, steal)
+	md := report(cyc, hb, *workers, *agents, *cycleDur, *hbDur, *runs, steal, load0+" → "+loadAvg())
 	fmt.Print(md)
 	if *out != "" {
 		if err := os.WriteFile(*out, []byte(md), 0o644); err != nil {
@@ -183,7 +185,29 @@ func join(ctx context.Context, c *api.Client, name, agentURL string, devices int
 	return c.Join(ctx, req)
 }
 
+func cpuSeconds() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+}
+
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
 type cycleResult struct {
+	cpu        float64 // process CPU seconds during the run
+	wall       float64
 	cycles     int
 	perSec     float64
 	createP50  float64
@@ -216,6 +240,7 @@ func runCycles(ctx context.Context, path string, workers int, dur time.Duration)
 	releases := make([][]float64, workers)
 	deadline := time.Now().Add(dur)
 	t0 := time.Now()
+	cpu0 := cpuSeconds()
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func() {
@@ -239,15 +264,18 @@ func runCycles(ctx context.Context, path string, workers int, dur time.Duration)
 	}
 	wg.Wait()
 	el := time.Since(t0).Seconds()
+	cpu := cpuSeconds() - cpu0
 	var cr, rr []float64
 	for w := range creates {
 		cr = append(cr, creates[w]...)
 		rr = append(rr, releases[w]...)
 	}
-	return cycleResult{cycles: len(cr), perSec: float64(len(cr)) / el, createP50: pct(cr, 50), createP99: pct(cr, 99), releaseP99: pct(rr, 99), errors: errs.Load()}, nil
+	return cycleResult{cpu: cpu, wall: el, cycles: len(cr), perSec: float64(len(cr)) / el, createP50: pct(cr, 50), createP99: pct(cr, 99), releaseP99: pct(rr, 99), errors: errs.Load()}, nil
 }
 
 type hbResult struct {
+	cpu      float64
+	wall     float64
 	beats    int
 	hbPerSec float64
 	hbP50    float64
@@ -281,6 +309,7 @@ func runHeartbeats(ctx context.Context, path string, agents int, dur time.Durati
 	var errs, missed atomic.Int64
 	lat := make([][]float64, agents)
 	start := time.Now()
+	cpu0 := cpuSeconds()
 	end := start.Add(dur)
 	for i := 0; i < agents; i++ {
 		wg.Add(1)
@@ -340,6 +369,7 @@ func runHeartbeats(ctx context.Context, path string, agents int, dur time.Durati
 	}
 	wg.Wait()
 	el := time.Since(start).Seconds()
+	cpu := cpuSeconds() - cpu0
 	var hl, al []float64
 	for _, l := range lat {
 		hl = append(hl, l...)
@@ -358,7 +388,7 @@ func runHeartbeats(ctx context.Context, path string, agents int, dur time.Durati
 			downs++
 		}
 	}
-	return hbResult{beats: len(hl), hbPerSec: float64(len(hl)) / el, hbP50: pct(hl, 50), hbP99: pct(hl, 99), apiP99: pct(all, 99), apiN: len(all),
+	return hbResult{cpu: cpu, wall: el, beats: len(hl), hbPerSec: float64(len(hl)) / el, hbP50: pct(hl, 50), hbP99: pct(hl, 99), apiP99: pct(all, 99), apiN: len(all),
 		missed: missed.Load(), errors: errs.Load(), downs: downs}, nil
 }
 
@@ -400,7 +430,7 @@ func stealPercent(a, b [2]uint64) float64 {
 	return 100 * float64(b[1]-a[1]) / float64(b[0]-a[0])
 }
 
-func report(cyc []cycleResult, hb []hbResult, workers, agents int, cycleDur, hbDur time.Duration, runs int, steal float64) string {
+func report(cyc []cycleResult, hb []hbResult, workers, agents int, cycleDur, hbDur time.Duration, runs int, steal float64, load string) string {
 	col := func(f func(i int) float64, n int) (vals []float64) {
 		for i := 0; i < n; i++ {
 			vals = append(vals, f(i))
@@ -421,6 +451,9 @@ func report(cyc []cycleResult, hb []hbResult, workers, agents int, cycleDur, hbD
 	hp50 := col(func(i int) float64 { return hb[i].hbP50 }, len(hb))
 	ap99 := col(func(i int) float64 { return hb[i].apiP99 }, len(hb))
 	hps := col(func(i int) float64 { return hb[i].hbPerSec }, len(hb))
+	cshare := col(func(i int) float64 { return cyc[i].cpu / cyc[i].wall }, len(cyc))
+	hshare := col(func(i int) float64 { return hb[i].cpu / hb[i].wall }, len(hb))
+	cpcpu := col(func(i int) float64 { return float64(cyc[i].cycles) / cyc[i].cpu }, len(cyc))
 	var cerr, herr, missed int64
 	downs := 0
 	for _, c := range cyc {
@@ -439,8 +472,11 @@ func report(cyc []cycleResult, hb []hbResult, workers, agents int, cycleDur, hbD
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "## Control plane\n\n")
-	fmt.Fprintf(&b, "Measured %s on %d vCPU (GOMAXPROCS %d), %s. CPU steal during the runs: %.1f%%.\n",
+	fmt.Fprintf(&b, "Measured %s on %d vCPU (GOMAXPROCS %d), %s. CPU steal during the runs: %.1f%%;\n",
 		time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), steal)
+	fmt.Fprintf(&b, "load average (1, 5, 15 min) before → after: %s. The process's own CPU use is recorded per run\n", load)
+	fmt.Fprintf(&b, "(user + system, server and load generator together): on a shared machine it shows how much of the\n")
+	fmt.Fprintf(&b, "machine the benchmark actually got.\n")
 	fmt.Fprintf(&b, "Everything runs in one process over real loopback HTTP: the control plane (`rialto server`'s\n")
 	fmt.Fprintf(&b, "code), its SQLite store on disk (WAL, `synchronous=NORMAL`, one writer connection) in a temp dir,\n")
 	fmt.Fprintf(&b, "a fake lender agent answering `/agent/v1/prepare` and `/agent/v1/teardown`, and the clients.\n")
@@ -455,7 +491,11 @@ func report(cyc []cycleResult, hb []hbResult, workers, agents int, cycleDur, hbD
 	fmt.Fprintf(&b, "| API p99 with %d agents heartbeating 1/s (ms, all calls) | %.2f | [%s] | < 50 | %s |\n",
 		agents, median(ap99)*1e3, fmtRuns(ap99, 1e3, 2), verdict(median(ap99) < 0.050))
 	fmt.Fprintf(&b, "| heartbeat p50 / p99 (ms) | %.2f / %.2f | [%s] | | |\n", median(hp50)*1e3, median(hp99)*1e3, fmtRuns(hp99, 1e3, 2))
-	fmt.Fprintf(&b, "| heartbeats served/s | %.0f | [%s] | %d | |\n\n", median(hps), fmtRuns(hps, 1, 0), agents)
+	fmt.Fprintf(&b, "| heartbeats served/s | %.0f | [%s] | %d | |\n", median(hps), fmtRuns(hps, 1, 0), agents)
+	fmt.Fprintf(&b, "| CPU cores the process got: cycle runs / heartbeat runs | %.2f / %.2f | [%s] / [%s] | | |\n",
+		median(cshare), median(hshare), fmtRuns(cshare, 1, 2), fmtRuns(hshare, 1, 2))
+	fmt.Fprintf(&b, "| lease cycles per CPU-second of the process (server + clients + fake lender) | %.0f | [%s] | | |\n\n",
+		median(cpcpu), fmtRuns(cpcpu, 1, 0))
 	fmt.Fprintf(&b, "Errors: %d in the cycle runs, %d in the heartbeat runs; agents that fell behind their 1 s period: %d beats;\n", cerr, herr, missed)
 	fmt.Fprintf(&b, "nodes not ready at the end of heartbeat runs: %d. The heartbeat runs also carry a tenant doing lease\n", downs)
 	fmt.Fprintf(&b, "cycles, lease listings and node reads (2 + 1 + 1 loops, 20 ms apart); \"API p99\" covers those calls and every heartbeat.\n\n")
