@@ -76,7 +76,7 @@ func runAgent(ctx context.Context, e *env, args []string) error {
 	boot := fs.String("bootstrap-token", e.getenv("RIALTO_BOOTSTRAP_TOKEN"), "bootstrap token (env RIALTO_BOOTSTRAP_TOKEN)")
 	name := fs.String("name", host, "node name, unique in the cluster")
 	stateDir := fs.String("state-dir", "rialto-agent", "identity, exports and relative backing files")
-	listen := fs.String("listen", "127.0.0.1", "host the agent API and data planes bind to")
+	listen := fs.String("listen", "127.0.0.1", "host the agent API and data planes bind to (0.0.0.0 needs --advertise)")
 	advertise := fs.String("advertise", "", "host put into URLs (default: --listen)")
 	port := fs.Int("port", 0, "agent API port (0: as before, or free)")
 	var blocks, labels listFlag

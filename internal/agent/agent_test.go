@@ -207,6 +207,7 @@ func TestConfigValidation(t *testing.T) {
 		{"dup device", func(c *Config) { c.Devices = append(c.Devices, c.Devices[0]) }},
 		{"no path", func(c *Config) { c.Devices[0].Path = "" }},
 		{"bad kind", func(c *Config) { c.Devices[0].Kind = "floppy" }},
+		{"wildcard listen without advertise", func(c *Config) { c.Listen = "0.0.0.0" }},
 		{"memory without size", func(c *Config) { c.Devices[1] = DeviceConfig{Name: "m", Kind: api.KindMemory} }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -95,6 +96,9 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: Name is required", ErrConfig)
 	case c.StateDir == "":
 		return fmt.Errorf("%w: StateDir is required", ErrConfig)
+	}
+	if ip := net.ParseIP(c.Listen); ip != nil && ip.IsUnspecified() && c.Advertise == "" {
+		return fmt.Errorf("%w: listening on %s needs Advertise, the address peers and borrowers use", ErrConfig, c.Listen)
 	}
 	seen := map[string]bool{}
 	for _, d := range c.Devices {
