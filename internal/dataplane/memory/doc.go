@@ -20,6 +20,16 @@
 // Zero values: the zero Donor, Client, QueuePair and Mapping are not usable;
 // build them with NewDonor, Dial, Client.NewQueuePair and Map.
 //
+// Threads: the donor serves each synchronous and bulk connection on its own
+// thread with raw non-blocking syscalls and poll(2) (no netpoller hop on the
+// round trip); the client's sync and bulk channels do the same from the
+// calling goroutine, and a Mapping's fault handler is a goroutine locked to
+// its own OS thread. Control and queue connections use the Go netpoller.
+//
+// Lifetimes: close a Mapping before its Client. Closing the Client ends the
+// session at the donor, which closes the mapping's connection; the mapping
+// then fails (see Mapping.Err) and touching it faults.
+//
 // Concurrency: Donor and Client methods are safe for concurrent use. A
 // QueuePair may be used by several goroutines; its completions are delivered
 // on one channel. A Mapping's Bytes may be read and written by any number of

@@ -102,8 +102,10 @@ type Mapping struct {
 	closed bool
 }
 
-// Map maps the client's whole region. It returns an error wrapping
-// ErrUffdUnavailable when userfaultfd is refused.
+// Map maps the client's whole region (rounded down to pages) over its own
+// connection of the client's session. It returns an error wrapping
+// ErrUffdUnavailable when userfaultfd is refused. Close the Mapping before
+// the Client.
 func Map(ctx context.Context, c *Client, opts MapOptions) (*Mapping, error) {
 	ps := os.Getpagesize()
 	size := c.Size() / int64(ps) * int64(ps)
