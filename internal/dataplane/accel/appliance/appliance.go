@@ -60,6 +60,29 @@ type Registrar interface {
 	Heartbeat(ctx context.Context, h Health) error
 }
 
+// RegistrarFuncs adapts two functions to a Registrar; a nil function is a
+// no-op.
+type RegistrarFuncs struct {
+	RegisterFunc  func(ctx context.Context, info Info) error
+	HeartbeatFunc func(ctx context.Context, h Health) error
+}
+
+// Register calls RegisterFunc.
+func (f RegistrarFuncs) Register(ctx context.Context, info Info) error {
+	if f.RegisterFunc == nil {
+		return nil
+	}
+	return f.RegisterFunc(ctx, info)
+}
+
+// Heartbeat calls HeartbeatFunc.
+func (f RegistrarFuncs) Heartbeat(ctx context.Context, h Health) error {
+	if f.HeartbeatFunc == nil {
+		return nil
+	}
+	return f.HeartbeatFunc(ctx, h)
+}
+
 // Info is what the shell registers.
 type Info struct {
 	ID         string     `json:"id"`
@@ -417,9 +440,11 @@ func (a *Appliance) Reset(ctx context.Context, id int) error {
 	return nil
 }
 
-// SetCredential sets the lease credential slot id accepts. An empty
-// credential ends the lease: the slot's connections are closed and its
-// memory zeroed, so the next borrower sees nothing of the last one.
+// SetCredential sets the lease credential slot id accepts, ending the
+// previous lease: its connections are closed and its running tasks
+// interrupted, and SetCredential returns once they have stopped. An empty
+// credential leaves the slot unleased and zeroes its memory, so the next
+// borrower sees nothing of the last one.
 func (a *Appliance) SetCredential(id int, credential []byte) error {
 	s, err := a.slot(id)
 	if err != nil {

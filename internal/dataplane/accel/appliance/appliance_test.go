@@ -489,3 +489,14 @@ func TestLeaseEndStopsTasks(t *testing.T) {
 		t.Fatal("memory not wiped")
 	}
 }
+
+func TestRegistrarFuncs(t *testing.T) {
+	var got []string
+	r := RegistrarFuncs{RegisterFunc: func(_ context.Context, i Info) error { got = append(got, i.ID); return nil }}
+	if err := r.Register(context.Background(), Info{ID: "x"}); err != nil || len(got) != 1 {
+		t.Fatalf("register: %v %v", got, err)
+	}
+	if err := r.Heartbeat(context.Background(), Health{}); err != nil {
+		t.Fatalf("nil heartbeat func: %v", err)
+	}
+}
