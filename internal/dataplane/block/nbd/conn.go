@@ -149,6 +149,10 @@ func (c *conn) readNowait(o *op) bool {
 	return true
 }
 
+// readerBatch bounds the replies the reader holds before sending them, so
+// that the client can start on the first replies while the rest are read.
+const readerBatch = 8
+
 // sendfileMin is the smallest read served with sendfile; below it pread +
 // writev costs fewer system calls.
 const sendfileMin = 64 << 10
@@ -300,7 +304,7 @@ func (c *conn) reader(ctx context.Context) error {
 		// Replies served here are sent by this goroutine, batched while
 		// further requests are already buffered.
 		c.batch = append(c.batch, o)
-		if len(c.batch) == maxBatch {
+		if len(c.batch) == readerBatch {
 			if err := c.flushBatch(); err != nil {
 				return err
 			}
