@@ -189,7 +189,7 @@ func (c *Client) handshake(ctx context.Context, kind uint8) (net.Conn, helloRepl
 	}
 	if f.Status != StatusOK {
 		_ = conn.Close()
-		return nil, rep, fmt.Errorf("%w (%s)", statusErr(f.Status), f.Data)
+		return nil, rep, statusError(f.Status, f.Data)
 	}
 	if f.Op != OpHello || len(f.Data) != 12 {
 		_ = conn.Close()
@@ -465,5 +465,5 @@ func readStatus(r io.Reader, h Header) error {
 	if _, err := io.ReadFull(r, msg); err != nil {
 		return transportErr(err)
 	}
-	return fmt.Errorf("%w (%s)", statusErr(h.Status), msg)
+	return statusError(h.Status, msg)
 }

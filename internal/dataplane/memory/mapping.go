@@ -718,7 +718,7 @@ func (p *pager) reply(hdr []byte, seq uint32, op uint8, buf []byte) error {
 		if err := p.recvv([][]byte{msg[k:]}); err != nil {
 			return err
 		}
-		return fmt.Errorf("%w (%s)", statusErr(rh.Status), msg)
+		return statusError(rh.Status, msg)
 	}
 	if op == OpRead {
 		if int(rh.Length) != len(buf) {

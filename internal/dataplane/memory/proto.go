@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 )
 
 // Wire constants of the Rialto memory protocol, version 1
@@ -284,4 +285,18 @@ func ReadFrame(r io.Reader, hdr []byte, buf []byte) (Frame, error) {
 		}
 	}
 	return f, nil
+}
+
+// statusError is the error for an error response: the status's sentinel,
+// with the donor's message when it says more.
+func statusError(s uint16, msg []byte) error {
+	e := statusErr(s)
+	m := string(msg)
+	if m == "" || m == e.Error() {
+		return e
+	}
+	if strings.HasPrefix(m, e.Error()+": ") {
+		m = strings.TrimPrefix(m, e.Error()+": ")
+	}
+	return fmt.Errorf("%w: %s", e, m)
 }
