@@ -82,6 +82,9 @@ func runDevices(ctx context.Context, e *env, args []string) error {
 
 func capacity(k api.Kind, n int64) string {
 	if k == api.KindAccel {
+		if n == 1 {
+			return "1 slot"
+		}
 		return strconv.FormatInt(n, 10) + " slots"
 	}
 	return resource.FormatSize(n)

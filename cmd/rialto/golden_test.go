@@ -1,0 +1,60 @@
+package main
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/rialto-project/rialto/api"
+)
+
+var rewrite = flag.Bool("rewrite", false, "rewrite the golden files under testdata/")
+
+// TestTablesGolden pins the table layouts people read.
+func TestTablesGolden(t *testing.T) {
+	var b bytes.Buffer
+	nodes := []api.Node{
+		{ID: "node-b", Name: "node2", State: api.NodeSuspect, Address: "10.0.0.2", Health: "ok",
+			Fingerprint: api.Fingerprint{Cores: 64, MemoryBytes: 256 << 30}},
+		{ID: "node-a", Name: "node1", State: api.NodeReady, Address: "10.0.0.1",
+			Fingerprint: api.Fingerprint{Cores: 8, MemoryBytes: 16 << 30}},
+	}
+	b.WriteString("== nodes\n")
+	printNodes(&b, nodes)
+	names := map[string]string{"node-a": "node1", "node-b": "node2"}
+	b.WriteString("== devices\n")
+	printDevices(&b, []api.Device{
+		{ID: "dev-2", NodeID: "node-b", Name: "nvme0", Kind: api.KindBlock, State: "available", Capacity: 2 << 40, Allocated: 512 << 30, Sharing: "partitionable"},
+		{ID: "dev-1", NodeID: "node-a", Name: "accel0", Kind: api.KindAccel, State: "unavailable", Capacity: 4, Allocated: 1, Sharing: "exclusive"},
+	}, names)
+	b.WriteString("== leases\n")
+	printLeases(&b, []api.Lease{
+		{ID: "lease-1", State: api.LeaseReleased, Kind: api.KindBlock, Mode: api.ModeShared, Size: 256 << 20, Count: 1, NodeID: "node-a", DeviceID: "dev-1", Tenant: "alice"},
+		{ID: "lease-2", State: api.LeaseLost, Kind: api.KindMemory, Mode: api.ModeDedicated, Size: 1 << 30, Count: 1, NodeID: "node-gone", Tenant: "bob"},
+	}, names)
+	b.WriteString("== lease\n")
+	printLease(&b, api.Lease{ID: "lease-3", State: api.LeaseLost, Reason: "lender node node2 (node-b) is down", Kind: api.KindBlock,
+		Mode: api.ModeComposed, Size: 3 << 30, Count: 3, StripeUnit: 1 << 20, Tenant: "alice", NodeID: "node-a", DeviceID: "dev-1",
+		TTLSeconds: 3600, IdempotencyKey: "job-7",
+		Parts: []api.Part{{NodeID: "node-a", DeviceID: "dev-1", Length: 1 << 30, URI: "nbd://10.0.0.1:10809/x.0"}, {NodeID: "node-b", DeviceID: "dev-2", Offset: 1 << 30, Length: 1 << 30}}})
+
+	path := filepath.Join("testdata", "tables.golden")
+	if *rewrite {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, b.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -run TablesGolden -rewrite)", err)
+	}
+	if !bytes.Equal(b.Bytes(), want) {
+		t.Errorf("tables changed (go test -run TablesGolden -rewrite to accept):\n%s", b.String())
+	}
+}
