@@ -401,7 +401,7 @@ func transportErr(err error) error {
 
 // syncConn is the fine-grained synchronous channel: one connection, one
 // request at a time, no allocation per request. It drives the socket with
-// blocking syscalls from the calling goroutine (see pager), which saves the
+// raw syscalls and poll(2) from the calling goroutine (see pager), which saves the
 // netpoller's wake-up on every round trip.
 type syncConn struct {
 	mu  sync.Mutex

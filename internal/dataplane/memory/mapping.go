@@ -62,7 +62,7 @@ type MappingStats struct {
 //
 // Design: the region is mmap'd anonymous memory registered with
 // userfaultfd in missing and write-protect modes. A handler goroutine locked
-// to its own OS thread serves faults over its own blocking connection to the
+// to its own OS thread serves faults over its own connection to the
 // donor (raw syscalls, no Go netpoller on the fault path). Pages are
 // installed write-protected, so the first write to a page raises a WP fault
 // that marks it dirty and lifts the protection; clean pages are never
