@@ -83,7 +83,7 @@ func main() {
 		hb = append(hb, h)
 	}
 	steal := stealPercent(steal0, readSteal())
-	md := report(cyc, hb, *workers, *agents, *cycleDur, *hbDur, *runs, steal, load0+" → "+loadAvg())
+	md := report(cyc, hb, *workers, *agents, *cycleDur, *hbDur, *runs, steal, load0+" → "+loadAvg()+"; CPU pressure (some, avg60) at the end: "+cpuPressure())
 	fmt.Print(md)
 	if *out != "" {
 		if err := os.WriteFile(*out, []byte(md), 0o644); err != nil {
@@ -191,6 +191,21 @@ func cpuSeconds() float64 {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+}
+
+// cpuPressure is the kernel's "some" CPU pressure over the last 60 s: the
+// share of time runnable tasks waited for a CPU.
+func cpuPressure() string {
+	b, err := os.ReadFile("/proc/pressure/cpu")
+	if err != nil {
+		return "?"
+	}
+	for _, f := range strings.Fields(string(b)) {
+		if v, ok := strings.CutPrefix(f, "avg60="); ok {
+			return v + "%"
+		}
+	}
+	return "?"
 }
 
 func loadAvg() string {

@@ -39,14 +39,13 @@ func (c *fakeClock) Advance(d time.Duration) {
 // fakeLender is an in-package test double of the agents' lease-execution
 // API: it records exports and can refuse or hang per node.
 type fakeLender struct {
-	mu        sync.Mutex
-	exports   map[string]api.PrepareRequest // lease.part → request
-	prepared  int
-	torn      []string
-	refuse    map[string]bool // node ID → refuse
-	hang      map[string]bool // node ID → never answer (until ctx ends)
-	keys      map[string]string
-	prepareFn func(node api.Node, req api.PrepareRequest) error
+	mu       sync.Mutex
+	exports  map[string]api.PrepareRequest // lease.part → request
+	prepared int
+	torn     []string
+	refuse   map[string]bool // node ID → refuse
+	hang     map[string]bool // node ID → never answer (until ctx ends)
+	keys     map[string]string
 }
 
 func newFakeLender() *fakeLender {

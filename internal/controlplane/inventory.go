@@ -95,3 +95,15 @@ func (s *Server) deviceNames(ctx context.Context) map[string]string {
 	}
 	return s.inv.devName
 }
+
+// tenantLeases counts a tenant's leases holding devices; placeMu must be
+// held and the cache valid.
+func (s *Server) tenantLeases(tenant string) int {
+	n := 0
+	for _, ps := range s.inv.parts {
+		if len(ps) > 0 && ps[0].Tenant == tenant {
+			n++
+		}
+	}
+	return n
+}

@@ -197,6 +197,11 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 		if err != nil {
 			return l, false, err
 		}
+		if max := s.cfg.MaxLeasesPerTenant; max > 0 && attempt == 0 {
+			if n := s.tenantLeases(p.tenant); n >= max {
+				return l, false, fmt.Errorf("%w: tenant %s holds %d leases (limit %d); release some first", ErrQuota, p.tenant, n, max)
+			}
+		}
 		plan, err = s.place(inv, req, skip, now)
 		if err != nil {
 			return l, false, err

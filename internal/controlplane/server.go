@@ -54,6 +54,9 @@ type Config struct {
 	PrepareTimeout    time.Duration // default 2s
 	DefaultTTL        time.Duration // default 1h
 	MaxTTL            time.Duration // default 30 days
+	// MaxLeasesPerTenant caps each tenant's reserved and active leases
+	// (0: unlimited); beyond it lease creation answers 429.
+	MaxLeasesPerTenant int
 }
 
 // Server is a control plane.
