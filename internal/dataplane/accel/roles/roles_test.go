@@ -262,6 +262,25 @@ func TestWasmRole(t *testing.T) {
 	}
 }
 
+func TestWasmMemoryLimit(t *testing.T) {
+	ctx := context.Background()
+	if _, err := New(ctx, Spec{Name: "wasm", Module: wasmtest.MemoryModule(300)}); !errors.Is(err, ErrBadModule) {
+		t.Fatalf("300 pages over the default limit: %v", err)
+	}
+	r, err := New(ctx, Spec{Name: "wasm", Module: wasmtest.MemoryModule(300), WasmMemoryPages: 400})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(ctx)
+	// 300 pages hold a 1 MiB input.
+	if out, err := r.Run(ctx, "echo", make([]byte, 1<<20)); err != nil || len(out) != 1<<20 {
+		t.Fatalf("1 MiB echo: %d %v", len(out), err)
+	}
+	if _, err := New(ctx, Spec{Name: "wasm", Module: wasmtest.EchoModule(), WasmMemoryPages: MaxWasmMemoryPages + 1}); !errors.Is(err, ErrBadConfig) {
+		t.Fatalf("limit above the ceiling: %v", err)
+	}
+}
+
 func TestWasmRejects(t *testing.T) {
 	good := wasmtest.EchoModule()
 	for _, tc := range []struct {

@@ -41,7 +41,13 @@ var header = []byte{0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00}
 //	echo(ptr, len) -> ptr<<32|len   returns its input in place
 //	upper(ptr, len)                 ASCII-uppercases its input in place
 //	spin(ptr, len)                  loops forever (for interruption tests)
-func EchoModule() []byte {
+func EchoModule() []byte { return echoModule(1) }
+
+// MemoryModule is EchoModule with a memory of at least minPages 64 KiB
+// pages, to test memory limits.
+func MemoryModule(minPages uint32) []byte { return echoModule(minPages) }
+
+func echoModule(minPages uint32) []byte {
 	const (
 		i32 = 0x7f
 		i64 = 0x7e
@@ -52,7 +58,7 @@ func EchoModule() []byte {
 		[]byte{0x60, 0, 0},                // 2: () -> ()
 	))
 	funcs := section(3, vec([]byte{0}, []byte{1}, []byte{1}, []byte{2}, []byte{1}))
-	mem := section(5, vec([]byte{0x00, 0x01})) // min 1 page, no max
+	mem := section(5, vec(append([]byte{0x00}, uleb(uint64(minPages))...))) // min pages, no max
 	globals := section(6, vec([]byte{i32, 0x01, 0x41, 0x80, 0x08, 0x0b}))
 	exports := section(7, vec(
 		append(name("memory"), 0x02, 0),
