@@ -523,6 +523,7 @@ type pager struct {
 	fd      int
 	seq     uint32
 	hdr     [HeaderSize]byte
+	iov     [2][]byte
 	spin    time.Duration
 	timeout time.Duration
 }
@@ -679,7 +680,7 @@ func (p *pager) recvAtLeast(bufs [][]byte, least int) (int, error) {
 func (p *pager) do(op uint8, buf []byte, off int64) error {
 	p.seq++
 	h := Header{Op: op, Seq: p.seq, Offset: uint64(off), Length: uint32(len(buf))}
-	bufs := [][]byte{p.hdr[:]}
+	bufs := append(p.iov[:0], p.hdr[:])
 	if op == OpWrite {
 		h.Payload = h.Length
 		bufs = append(bufs, buf)

@@ -389,3 +389,18 @@ func TestDonorKilledMidRequest(t *testing.T) {
 		}
 	}
 }
+
+// The fine-grained channel allocates nothing per request.
+func TestSyncNoAllocs(t *testing.T) {
+	td := startDonor(t, 1<<20, 0)
+	c := dial(t, td.addr, Options{})
+	buf := make([]byte, 4096)
+	ctx := context.Background()
+	for _, ch := range []Channel{ChannelSync, ChannelAdaptive} {
+		r := testing.AllocsPerRun(100, func() { _ = c.Read(ctx, ch, buf, 4096) })
+		w := testing.AllocsPerRun(100, func() { _ = c.Write(ctx, ch, buf[:64], 64) })
+		if r != 0 || w != 0 {
+			t.Errorf("%v: %.1f allocations per read, %.1f per write", ch, r, w)
+		}
+	}
+}
