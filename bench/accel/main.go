@@ -525,6 +525,7 @@ func main() {
 	echoRemote := &series{name: "remote echo (accel.Conn.Call, 64 B, 1 client)"}
 	echoMailbox := &series{name: "remote echo, mailbox path (write, start, wait, read)"}
 	echoIn := &series{name: "in-process echo (Role.Run, 64 B)"}
+	echoPipe := &series{name: "remote echo, pipelined mailbox (Conn.Mailbox: write+start, then read)"}
 	unb := &series{name: "unbatched: each query one remote task"}
 	bat := &series{name: "batched: in-process gateway → remote slots"}
 	zq := &series{name: "ZeroMQ REQ → ROUTER/DEALER → REP workers (MCT in worker)"}
@@ -549,6 +550,10 @@ func main() {
 				return err
 			}
 			_, err = echoConn.ReadMem(ctx, 4096, 64)
+			return err
+		}))
+		echoPipe.add(measure(*dur, 1, func(int) error {
+			_, err := echoConn.Mailbox(ctx, "echo", payload, 0, 4096, 64)
 			return err
 		}))
 		unb.add(measure(*dur, n, func(g int) error {
@@ -694,7 +699,7 @@ func main() {
 		"No images are involved (everything is in memory).\n\n",
 		time.Now().UTC().Format("2006-01-02 15:04 UTC"), slots, *nRules, merged, trie, *clients, *runs, *dur, fmtList(steals))
 	w("### Remote round trip vs in-process call (1 client, 64 B)\n\n| path | calls/s | p50 µs | p99 µs |\n|---|---|---|---|\n")
-	for _, s := range []*series{echoIn, echoRemote, echoMailbox} {
+	for _, s := range []*series{echoIn, echoRemote, echoMailbox, echoPipe} {
 		w("| %s | %.0f | %s | %s |\n", s.name, median(s.qps), us(medDur(s.p50)), us(medDur(s.p99)))
 	}
 	w("\nRemote/in-process latency ratio (p50): %.0f×.\n\n", float64(medDur(echoRemote.p50))/math.Max(1, float64(medDur(echoIn.p50))))

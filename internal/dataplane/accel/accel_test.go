@@ -128,6 +128,12 @@ func TestMailbox(t *testing.T) {
 			t.Fatalf("read back %q %v", got, err)
 		}
 	}
+	if out, err := c.Mailbox(ctx, "echo", []byte("pipelined"), 200, 300, 64); err != nil || string(out) != "pipelined" {
+		t.Fatalf("mailbox %q %v", out, err)
+	}
+	if _, err := c.Mailbox(ctx, "echo", []byte("x"), 1<<16, 300, 64); !errors.Is(err, ErrOutOfRange) {
+		t.Fatalf("mailbox out of range: %v", err)
+	}
 	out, err := c.Call(ctx, "echo", []byte("inline"))
 	if err != nil || string(out) != "inline" {
 		t.Fatalf("call %q %v", out, err)

@@ -420,3 +420,33 @@ func (c *Conn) CallBatch(ctx context.Context, entry string, ins [][]byte) ([][]b
 	}
 	return outs, nil
 }
+
+// Mailbox runs one mailbox round through slot memory with pipelining:
+// WRITE and START travel together (the server handles a connection's frames
+// in order), then the output is READ once DONE arrives — two round trips
+// instead of four. The output is at most outCap bytes. If the WRITE fails
+// the task still runs (on whatever the memory held) but its output is not
+// read and the WRITE's error is returned.
+func (c *Conn) Mailbox(ctx context.Context, entry string, in []byte, inAddr, outAddr uint64, outCap uint32) ([]byte, error) {
+	wp := binary.LittleEndian.AppendUint64(make([]byte, 0, 8+len(in)), inAddr)
+	wtag, wch, err := c.send(ctx, OpWrite, 0, append(wp, in...))
+	if err != nil {
+		return nil, err
+	}
+	sp := AppendStart(nil, Start{In: inAddr, InLen: uint32(len(in)), Out: outAddr, OutCap: outCap, Entry: entry})
+	stag, sch, err := c.send(ctx, OpStart, FlagNotify, sp)
+	if err != nil {
+		c.forget(wtag)
+		return nil, err
+	}
+	if _, err := c.wait(ctx, wtag, wch); err != nil {
+		c.forget(stag)
+		return nil, err
+	}
+	t := &Task{c: c, id: stag, ch: sch}
+	n, err := t.Wait(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c.ReadMem(ctx, outAddr, n)
+}
