@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -63,6 +64,10 @@ type Cluster struct {
 	opts Options
 	log  *slog.Logger
 	hs   *httptest.Server
+	st   *sqlite.Store
+
+	dbPath string
+	cpCfg  controlplane.Config
 }
 
 // Node is one agent of the cluster, which may be killed and restarted.
@@ -111,13 +116,8 @@ func Start(t testing.TB, opts Options) *Cluster {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	dir := t.TempDir()
-	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(dir, "rialto.db"))
-	if err != nil {
-		t.Fatalf("testcluster: open store: %v", err)
-	}
-	t.Cleanup(func() { st.Close() })
-	c := &Cluster{Clock: NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)), t: t, opts: opts, log: log}
+	c := &Cluster{Clock: NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)), t: t, opts: opts, log: log,
+		dbPath: filepath.Join(dir, "rialto.db")}
 	tokens := []controlplane.Token{{Token: AdminToken, Tenant: "admin", Admin: true}}
 	for _, tn := range opts.Tenants {
 		tokens = append(tokens, controlplane.Token{Token: TenantToken(tn), Tenant: tn})
@@ -126,18 +126,19 @@ func Start(t testing.TB, opts Options) *Cluster {
 	if opts.Lender != nil {
 		lender = opts.Lender(controlplane.NewHTTPLender(nil))
 	}
-	c.Server, err = controlplane.New(controlplane.Config{
-		Store: st, Logger: log.With("component", "controlplane"), Clock: c.Clock, Lender: lender,
+	c.cpCfg = controlplane.Config{
+		Logger: log.With("component", "controlplane"), Clock: c.Clock, Lender: lender,
 		BootstrapToken: BootstrapToken, Tokens: tokens,
 		HeartbeatInterval: opts.HeartbeatInterval, SuspectAfter: opts.SuspectAfter, DownAfter: opts.DownAfter,
 		PrepareTimeout: opts.PrepareTimeout, DefaultTTL: opts.DefaultTTL,
-	})
-	if err != nil {
-		t.Fatalf("testcluster: control plane: %v", err)
 	}
-	c.hs = httptest.NewServer(c.Server.Handler())
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("testcluster: %v", err)
+	}
+	t.Cleanup(c.stopControlPlane)
+	c.startControlPlane(ln)
 	c.URL = c.hs.URL
-	t.Cleanup(c.hs.Close)
 
 	for i := range opts.Nodes {
 		name := fmt.Sprintf("node%d", i+1)
@@ -163,6 +164,54 @@ func Start(t testing.TB, opts Options) *Cluster {
 		n.Restart()
 	}
 	return c
+}
+
+// startControlPlane opens the store and serves a new control plane on ln.
+func (c *Cluster) startControlPlane(ln net.Listener) {
+	c.t.Helper()
+	st, err := sqlite.Open(context.Background(), c.dbPath)
+	if err != nil {
+		ln.Close()
+		c.t.Fatalf("testcluster: open store: %v", err)
+	}
+	cfg := c.cpCfg
+	cfg.Store = st
+	srv, err := controlplane.New(cfg)
+	if err != nil {
+		st.Close()
+		ln.Close()
+		c.t.Fatalf("testcluster: control plane: %v", err)
+	}
+	hs := httptest.NewUnstartedServer(srv.Handler())
+	hs.Listener.Close()
+	hs.Listener = ln
+	hs.Start()
+	c.st, c.Server, c.hs = st, srv, hs
+}
+
+func (c *Cluster) stopControlPlane() {
+	if c.hs != nil {
+		c.hs.Close()
+		c.st.Close()
+		c.hs = nil
+	}
+}
+
+// RestartControlPlane stops the control plane and starts a new one on the
+// same database and address, as a control-plane process restart would;
+// agents keep running and find it again. Not safe concurrently with other
+// Cluster methods.
+func (c *Cluster) RestartControlPlane() {
+	c.t.Helper()
+	addr := c.hs.Listener.Addr().String()
+	c.stopControlPlane()
+	var ln net.Listener
+	Eventually(c.t, 10*time.Second, "the control plane's address to be free", func() bool {
+		var err error
+		ln, err = net.Listen("tcp", addr)
+		return err == nil
+	})
+	c.startControlPlane(ln)
 }
 
 // Client returns an API client with the admin token.

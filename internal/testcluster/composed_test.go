@@ -92,3 +92,32 @@ func TestHeterogeneousNodes(t *testing.T) {
 		t.Fatalf("node %+v %v", n, err)
 	}
 }
+
+func TestControlPlaneRestartKeepsLeases(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{})
+	ctx := ctxT(t)
+	l := createBlock(t, c.Client(), 8<<20, api.ModeShared)
+	c.RestartControlPlane()
+	if got := c.Lease(l.ID); got.State != api.LeaseActive {
+		t.Fatalf("lease after control-plane restart: %s (%s)", got.State, got.Reason)
+	}
+	c.Heartbeat() // agents reach the new control plane with their credentials
+	c.Sweep()
+	for _, n := range c.Nodes {
+		if s := c.NodeState(n.ID()); s != api.NodeReady {
+			t.Fatalf("%s is %s after the restart", n.Name, s)
+		}
+	}
+	nc, err := nbd.DialURI(ctx, l.URI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	if _, err := c.Client().ReleaseLease(ctx, l.ID); err != nil {
+		t.Fatal(err)
+	}
+	lender := c.NodeByID(l.NodeID)
+	c.Eventually("export torn down", func() bool { return !lender.Serves(l.ID) })
+	createBlock(t, c.Client(), 8<<20, "")
+}

@@ -4,7 +4,7 @@
 // real agents lending file-backed block devices from t.TempDir(), with
 // fault injection: kill or restart an agent (same state directory, so the
 // same identity), pause its heartbeats, make it refuse or ignore
-// reservations.
+// reservations, restart the control plane on the same database and address.
 //
 // The control plane's background duties do not run on their own: tests
 // advance the fake clock with [Cluster.Advance] and run [Cluster.Sweep]
