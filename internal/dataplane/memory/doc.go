@@ -20,11 +20,12 @@
 // Zero values: the zero Donor, Client, QueuePair and Mapping are not usable;
 // build them with NewDonor, Dial, Client.NewQueuePair and Map.
 //
-// Threads: the donor serves each synchronous and bulk connection on its own
-// thread with raw non-blocking syscalls and poll(2) (no netpoller hop on the
-// round trip); the client's sync and bulk channels do the same from the
-// calling goroutine, and a Mapping's fault handler is a goroutine locked to
-// its own OS thread. Control and queue connections use the Go netpoller.
+// Threads: the client's sync and bulk channels drive their sockets with raw
+// non-blocking syscalls and poll(2) from the calling goroutine (no netpoller
+// hop on the round trip), and a Mapping's fault handler is a goroutine locked
+// to its own OS thread doing the same. The donor serves each bulk stream on
+// its own thread the same way, and control, sync and queue connections on
+// the Go netpoller (which answered small requests sooner here).
 //
 // Lifetimes: close a Mapping before its Client. Closing the Client ends the
 // session at the donor, which closes the mapping's connection; the mapping
