@@ -11,6 +11,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
@@ -58,10 +59,45 @@ type Attachment struct {
 	sock   string // Unix socket path to remove
 }
 
-// nbdPart adapts an *nbd.Client: Trim is usable only if the server said so.
-type nbdPart struct{ *nbd.Client }
+// nbdPart adapts an *nbd.Client: Trim is usable only if the server said so,
+// and a connection that failed (closed or timed out; an errno from the server
+// leaves it usable) reports itself dead so that a Pool stops choosing it.
+type nbdPart struct {
+	*nbd.Client
+	dead atomic.Bool
+}
 
-func (p nbdPart) CanTrim() bool { return p.Flags()&nbd.FlagSendTrim != 0 }
+func (p *nbdPart) CanTrim() bool { return p.Flags()&nbd.FlagSendTrim != 0 }
+
+// MultiConnSafe reports whether the server makes a flush on this connection
+// cover writes completed on the others.
+func (p *nbdPart) MultiConnSafe() bool { return p.Flags()&nbd.FlagCanMultiConn != 0 }
+
+// Alive implements the Pool's liveness check.
+func (p *nbdPart) Alive() bool { return !p.dead.Load() }
+
+func (p *nbdPart) note(err error) error {
+	if errors.Is(err, nbd.ErrClosed) || errors.Is(err, nbd.ErrTimeout) {
+		p.dead.Store(true)
+	}
+	return err
+}
+
+func (p *nbdPart) ReadAt(b []byte, off int64) (int, error) {
+	n, err := p.Client.ReadAt(b, off)
+	return n, p.note(err)
+}
+
+func (p *nbdPart) WriteAt(b []byte, off int64) (int, error) {
+	n, err := p.Client.WriteAt(b, off)
+	return n, p.note(err)
+}
+
+func (p *nbdPart) Flush() error            { return p.note(p.Client.Flush()) }
+func (p *nbdPart) Trim(off, n int64) error { return p.note(p.Client.Trim(off, n)) }
+func (p *nbdPart) WriteZeroes(off, n int64, noHole bool) error {
+	return p.note(p.Client.WriteZeroes(off, n, noHole))
+}
 
 // Attach dials every part (ConnsPerPart connections each, concurrently),
 // builds the Volume and serves it with an nbd.Server until Close. ctx bounds
@@ -128,12 +164,12 @@ func Attach(ctx context.Context, cfg AttachConfig) (*Attachment, error) {
 	devs := make([]Device, len(uris))
 	for i, cs := range clients {
 		if len(cs) == 1 {
-			devs[i] = nbdPart{cs[0]}
+			devs[i] = &nbdPart{Client: cs[0]}
 			continue
 		}
 		ps := make([]Device, len(cs))
 		for j, c := range cs {
-			ps[j] = nbdPart{c}
+			ps[j] = &nbdPart{Client: c}
 		}
 		p, err := NewPool(ps...)
 		if err != nil {
@@ -286,7 +322,7 @@ var (
 	_ nbd.Backend = backend{}
 	_ nbd.Zeroer  = backend{}
 	_ nbd.Trimmer = trimBackend{}
-	_ Device      = nbdPart{}
-	_ Trimmer     = nbdPart{}
-	_ Zeroer      = nbdPart{}
+	_ Device      = (*nbdPart)(nil)
+	_ Trimmer     = (*nbdPart)(nil)
+	_ Zeroer      = (*nbdPart)(nil)
 )

@@ -29,12 +29,29 @@ func NewPool(conns ...Device) (*Pool, error) {
 	return &Pool{conns: conns, inflight: make([]atomic.Int64, len(conns))}, nil
 }
 
+// Liveness is implemented by connections that know they are broken; a Pool
+// avoids connections whose Alive reports false while any other is alive.
+type Liveness interface {
+	Alive() bool
+}
+
+func alive(d Device) bool {
+	l, ok := d.(Liveness)
+	return !ok || l.Alive()
+}
+
 func (p *Pool) pick() (Device, func()) {
-	best := 0
-	for i := 1; i < len(p.conns); i++ {
-		if p.inflight[i].Load() < p.inflight[best].Load() {
+	best := -1
+	for i, c := range p.conns {
+		if !alive(c) {
+			continue
+		}
+		if best < 0 || p.inflight[i].Load() < p.inflight[best].Load() {
 			best = i
 		}
+	}
+	if best < 0 {
+		best = 0 // all broken: let the call report the error
 	}
 	p.inflight[best].Add(1)
 	return p.conns[best], func() { p.inflight[best].Add(-1) }
@@ -57,15 +74,52 @@ func (p *Pool) WriteAt(b []byte, off int64) (int, error) {
 // Size is the export size.
 func (p *Pool) Size() int64 { return p.conns[0].Size() }
 
-// Flush flushes every connection, in turn.
-func (p *Pool) Flush() error {
-	var errs []error
+// Alive reports whether any connection is alive.
+func (p *Pool) Alive() bool {
 	for _, c := range p.conns {
-		if err := c.Flush(); err != nil {
-			errs = append(errs, err)
+		if alive(c) {
+			return true
 		}
 	}
+	return false
+}
+
+// Flush flushes every live connection, in turn. Writes completed on a
+// connection that has since broken are covered only if the server makes a
+// flush on one connection cover all of them (NBD_FLAG_CAN_MULTI_CONN, which
+// connections report with MultiConnSafe); otherwise, or if no connection is
+// alive, Flush fails.
+func (p *Pool) Flush() error {
+	var errs []error
+	live, lost, covered := 0, false, false
+	for _, c := range p.conns {
+		if !alive(c) {
+			lost = true
+		}
+	}
+	for i, c := range p.conns {
+		if !alive(c) {
+			continue
+		}
+		live++
+		if err := c.Flush(); err != nil {
+			errs = append(errs, fmt.Errorf("connection %d: %w", i, err))
+		} else if multiConnSafe(c) {
+			covered = true
+		}
+	}
+	switch {
+	case live == 0:
+		errs = append(errs, fmt.Errorf("%w: no live connection", ErrDeviceFailed))
+	case lost && !covered:
+		errs = append(errs, fmt.Errorf("%w: a broken connection's writes cannot be flushed", ErrDeviceFailed))
+	}
 	return errors.Join(errs...)
+}
+
+func multiConnSafe(d Device) bool {
+	m, ok := d.(interface{ MultiConnSafe() bool })
+	return ok && m.MultiConnSafe()
 }
 
 // Trim discards a range if the connections support it.

@@ -521,3 +521,51 @@ func FuzzStripe(f *testing.F) {
 		}
 	})
 }
+
+// liveDev is a memDev with a liveness flag and a multi-conn answer.
+type liveDev struct {
+	*memDev
+	dead      atomic.Bool
+	multiConn bool
+}
+
+func (l *liveDev) Alive() bool         { return !l.dead.Load() }
+func (l *liveDev) MultiConnSafe() bool { return l.multiConn }
+
+func TestPoolSkipsDeadConnections(t *testing.T) {
+	for _, multiConn := range []bool{true, false} {
+		t.Run(fmt.Sprintf("multiconn=%v", multiConn), func(t *testing.T) {
+			shared := newMem(64 << 10)
+			a := &liveDev{memDev: shared, multiConn: multiConn}
+			b := &liveDev{memDev: &memDev{b: shared.b}, multiConn: multiConn}
+			p, err := NewPool(a, b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.dead.Store(true)
+			b.fail = errors.New("connection reset")
+			for i := range 10 {
+				if _, err := p.WriteAt([]byte{byte(i)}, int64(i)); err != nil {
+					t.Fatalf("write %d through a pool with one dead connection: %v", i, err)
+				}
+			}
+			if b.calls.Load() != 0 {
+				t.Errorf("dead connection got %d calls", b.calls.Load())
+			}
+			err = p.Flush()
+			if multiConn && err != nil {
+				t.Errorf("Flush with a multi-conn server: %v", err)
+			}
+			if !multiConn && !errors.Is(err, ErrDeviceFailed) {
+				t.Errorf("Flush without multi-conn after a connection broke = %v, want ErrDeviceFailed", err)
+			}
+			a.dead.Store(true)
+			if p.Alive() {
+				t.Error("pool with no live connection reports Alive")
+			}
+			if err := p.Flush(); !errors.Is(err, ErrDeviceFailed) {
+				t.Errorf("Flush with no live connection = %v", err)
+			}
+		})
+	}
+}
