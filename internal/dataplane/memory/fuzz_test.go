@@ -135,7 +135,7 @@ func FuzzSyncStream(f *testing.F) {
 }
 
 // FuzzSyncRaw sends arbitrary bytes after a valid HELLO on a real loopback
-// sync connection, which the donor serves with raw syscalls (serveSync):
+// bulk connection, which the donor serves with raw syscalls (serveSync):
 // it must neither crash nor hang, and must keep serving other sessions.
 func FuzzSyncRaw(f *testing.F) {
 	frames := seedFrames()
@@ -162,7 +162,7 @@ func FuzzSyncRaw(f *testing.F) {
 			t.Fatal(err)
 		}
 		defer sc.Close()
-		helloRaw(t, sc, Hello{Kind: KindSync, Session: sess, Credential: cred})
+		helloRaw(t, sc, Hello{Kind: KindBulk, Session: sess, Credential: cred})
 		go func() {
 			_, _ = sc.Write(in)
 			_ = sc.(*net.TCPConn).CloseWrite()
