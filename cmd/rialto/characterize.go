@@ -146,6 +146,17 @@ func runCharacterize(ctx context.Context, e *env, args []string) error {
 	p.ID, p.Model, p.Source, p.State = name, name, "measured", "measured"
 	stored, err := c.PutProfile(ctx, p)
 	if err != nil {
+		// The measurement is not lost: print it, then say why it was not
+		// stored.
+		if cf.json() {
+			printJSON(e.stdout, p)
+		} else {
+			fmt.Fprintf(e.stdout, "Device %s (%s/%s), profile %q NOT stored:\n\n", dev.ID, nodeLabel, dev.Name, name)
+			printProfile(e.stdout, p)
+		}
+		if api.IsCode(err, api.CodeForbidden) {
+			return fmt.Errorf("store profile %s: %w (storing profiles needs an admin token; save the JSON with -o json and run `rialto profile declare` as admin)", name, err)
+		}
 		return fmt.Errorf("store profile %s: %w", name, err)
 	}
 	if cf.json() {

@@ -38,7 +38,7 @@ func TestTablesGolden(t *testing.T) {
 	printLease(&b, api.Lease{ID: "lease-3", State: api.LeaseLost, Reason: "lender node node2 (node-b) is down", Kind: api.KindBlock,
 		Mode: api.ModeComposed, Size: 3 << 30, Count: 3, StripeUnit: 1 << 20, Tenant: "alice", NodeID: "node-a", DeviceID: "dev-1",
 		TTLSeconds: 3600, IdempotencyKey: "job-7",
-		Parts: []api.Part{{NodeID: "node-a", DeviceID: "dev-1", Length: 1 << 30, URI: "nbd://10.0.0.1:10809/x.0"}, {NodeID: "node-b", DeviceID: "dev-2", Offset: 1 << 30, Length: 1 << 30}}})
+		Parts: []api.Part{{NodeID: "node-a", DeviceID: "dev-1", Length: 1 << 30, URI: "nbd://10.0.0.1:10809/x.0"}, {NodeID: "node-b", DeviceID: "dev-2", Offset: 1 << 30, Length: 1 << 30}}}, names)
 
 	path := filepath.Join("testdata", "tables.golden")
 	if *rewrite {

@@ -89,7 +89,7 @@ func printLeases(w io.Writer, ls []api.Lease, names map[string]string) {
 	tw.Flush()
 }
 
-func printLease(w io.Writer, l api.Lease) {
+func printLease(w io.Writer, l api.Lease, names map[string]string) {
 	tw := newTable(w)
 	row := func(k, v string) {
 		if v != "" {
@@ -108,7 +108,11 @@ func printLease(w io.Writer, l api.Lease) {
 	}
 	row("Tenant", l.Tenant)
 	row("Borrower", l.Borrower)
-	row("Node", l.NodeID)
+	if n := names[l.NodeID]; n != "" {
+		row("Node", n+" ("+l.NodeID+")")
+	} else {
+		row("Node", l.NodeID)
+	}
 	row("Device", l.DeviceID)
 	row("URI", l.URI)
 	if l.TTLSeconds > 0 {
@@ -124,11 +128,11 @@ func printLease(w io.Writer, l api.Lease) {
 	tw.Flush()
 	if len(l.Parts) > 0 {
 		fmt.Fprintln(w)
-		printParts(w, l.Kind, l.Parts, true)
+		printParts(w, l.Kind, l.Parts, true, names)
 	}
 }
 
-func printParts(w io.Writer, k api.Kind, parts []api.Part, uri bool) {
+func printParts(w io.Writer, k api.Kind, parts []api.Part, uri bool, names map[string]string) {
 	tw := newTable(w)
 	hdr := "PART\tNODE\tDEVICE\tOFFSET\tLENGTH"
 	if uri {
@@ -136,7 +140,7 @@ func printParts(w io.Writer, k api.Kind, parts []api.Part, uri bool) {
 	}
 	fmt.Fprintln(tw, hdr)
 	for i, p := range parts {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s", i, p.NodeID, p.DeviceID, capacity(k, p.Offset), capacity(k, p.Length))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s", i, nodeName(names, p.NodeID), p.DeviceID, capacity(k, p.Offset), capacity(k, p.Length))
 		if uri {
 			fmt.Fprintf(tw, "\t%s", dash(p.URI))
 		}
@@ -245,7 +249,7 @@ func runLeaseCreate(ctx context.Context, e *env, args []string) error {
 	if cf.json() {
 		return printJSON(e.stdout, l)
 	}
-	printLease(e.stdout, l)
+	printLease(e.stdout, l, nodeNames(ctx, c))
 	return nil
 }
 
@@ -285,7 +289,7 @@ func leaseByID(op string) func(context.Context, *env, []string) error {
 		if cf.json() {
 			return printJSON(e.stdout, l)
 		}
-		printLease(e.stdout, l)
+		printLease(e.stdout, l, nodeNames(ctx, c))
 		return nil
 	}
 }
@@ -341,7 +345,7 @@ func explain(ctx context.Context, e *env, c *api.Client, cf *clientFlags, req ap
 	tw.Flush()
 	if len(p.Parts) > 0 {
 		fmt.Fprintln(e.stdout)
-		printParts(e.stdout, req.Kind, p.Parts, false)
+		printParts(e.stdout, req.Kind, p.Parts, false, nodeNames(ctx, c))
 	}
 	if len(p.Impacts) > 0 {
 		fmt.Fprintln(e.stdout)
