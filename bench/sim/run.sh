@@ -39,7 +39,7 @@ cd ../..
 VAL=""
 if [ "$(id -u)" = 0 ] && command -v tc >/dev/null; then
   RIALTO_VALIDATE_OUT=$PWD/docs/bench RIALTO_VALIDATE_FULL=1 go test -count=1 -run 'TestRealVsSimulated$' -v -timeout 20m ./internal/sim/validate > "$WORK/validate.txt" 2>&1 || true
-  VAL=$(grep -E 'lenders .* writers:|load average' "$WORK/validate.txt" | sed 's/^ *validate_test.go:[0-9]*: /- /')
+  VAL=$(grep -E 'lenders, .* writers:|load average|summary:' "$WORK/validate.txt" | sed 's/^ *validate_test.go:[0-9]*: /- /')
 fi
 s1=$(steal); t1=$(date +%s)
 
