@@ -155,7 +155,7 @@ func runCharacterize(ctx context.Context, e *env, args []string) error {
 			printProfile(e.stdout, p)
 		}
 		if api.IsCode(err, api.CodeForbidden) {
-			return fmt.Errorf("store profile %s: %w (storing profiles needs an admin token; save the JSON with -o json and run `rialto profile declare` as admin)", name, err)
+			return fmt.Errorf("store profile %s: %w (storing profiles needs an admin token)", name, err)
 		}
 		return fmt.Errorf("store profile %s: %w", name, err)
 	}

@@ -94,7 +94,7 @@ func TestServerAndAgentProcesses(t *testing.T) {
 	secrets := []string{"RIALTO_BOOTSTRAP_TOKEN=boot-secret", "RIALTO_ADMIN_TOKEN=admin-secret"}
 	_, url := startProc(t, bin, secrets, "rialto server: serving ",
 		"server", "--listen", "127.0.0.1:0", "--db", filepath.Join(dir, "cp.db"),
-		"--heartbeat", "200ms", "--suspect-after", "1s", "--down-after", "2s", "--log-level", "warn")
+		"--heartbeat", "200ms", "--suspect-after", "2s", "--down-after", "4s", "--log-level", "warn")
 	startAgent := func(name string) *proc {
 		p, _ := startProc(t, bin, append(secrets, "RIALTO_ADDR="+url), "",
 			"agent", "--name", name, "--state-dir", filepath.Join(dir, name),
@@ -148,7 +148,7 @@ func TestServerAndAgentProcesses(t *testing.T) {
 	<-agents[victim].done
 	killed := time.Now()
 	waitFor("node down", 30*time.Second, func() bool { return nodeStates()[victim].State == api.NodeDown })
-	t.Logf("node down %v after SIGKILL (grace period 2s, sweep every 200ms)", time.Since(killed).Round(10*time.Millisecond))
+	t.Logf("node down %v after SIGKILL (grace period 4s, sweep every 200ms)", time.Since(killed).Round(10*time.Millisecond))
 	// The sweep that marks the node down then marks its leases lost.
 	waitFor("lease lost", 10*time.Second, func() bool {
 		got, err := cl.Lease(ctx, l.ID)
