@@ -101,9 +101,20 @@ func runCharacterize(ctx context.Context, e *env, args []string) error {
 	// Borrow the whole device: a dedicated, whole-device lease with
 	// affinity to it. Affinity is a preference, so the lease's device is
 	// checked.
-	l, err := c.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeDedicated, Affinity: []string{dev.ID},
-		Borrower: characterizeBorrower, TTLSeconds: ttlSecs})
+	req := api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeDedicated, Affinity: []string{dev.ID},
+		Borrower: characterizeBorrower, TTLSeconds: ttlSecs, IdempotencyKey: resource.NewID("characterize")}
+	l, err := c.CreateLease(ctx, req)
 	if err != nil {
+		if ctx.Err() != nil {
+			// Interrupted mid-request: the lease may exist. The same
+			// idempotency key finds it (or creates it), and it is released.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), characterizeReleaseTimeout)
+			defer cancel()
+			if l, err := c.CreateLease(rctx, req); err == nil {
+				releaseMeasuringLease(ctx, e, c, l.ID)
+			}
+			return fmt.Errorf("borrow device %s: interrupted: %w", dev.ID, ctx.Err())
+		}
 		return fmt.Errorf("borrow device %s: %w", dev.ID, err)
 	}
 	defer releaseMeasuringLease(ctx, e, c, l.ID)
