@@ -147,3 +147,12 @@ func TestGPUTraining(t *testing.T) {
 		t.Errorf("reads through a CPU root should cost: %v", v)
 	}
 }
+
+func TestSmufinLocalRemote(t *testing.T) {
+	r := runExp(t, "smufin-local-remote", Options{})
+	for _, n := range []string{"1", "2"} {
+		if g := metric(t, r, "NVMe-oF vs DAS, "+n+" instance"+map[string]string{"1": "", "2": "s"}[n]); g > 0.01 {
+			t.Errorf("%s instance(s): NVMe-oF %v slower, paper: no degradation", n, g)
+		}
+	}
+}
