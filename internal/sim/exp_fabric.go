@@ -144,10 +144,10 @@ func hopGraph(s hopScenario) (*fabric.Graph, string, string) {
 	return fabric.NewGraph(links), "gpuA", "gpuB"
 }
 
-// HopRTT is the modelled ping-pong round trip of a scenario: two posted
+// hopRTT is the modelled ping-pong round trip of a scenario: two posted
 // writes for peer-to-peer; via RAM each side writes to RAM and the other
 // reads it back (a read is a round trip), so four path traversals more.
-func HopRTT(s hopScenario) (oneWay, rtt time.Duration, hops int) {
+func hopRTT(s hopScenario) (oneWay, rtt time.Duration, hops int) {
 	g, a, b := hopGraph(s)
 	_, d, ok := g.Path(a, b, fabric.ByLatency)
 	if !ok {
@@ -167,7 +167,7 @@ func runHopLatency(ctx context.Context, o Options) (Result, error) {
 	s := Series{Name: "modelled RTT"}
 	rtt := map[string]time.Duration{}
 	for i, sc := range hopScenarios {
-		ow, rt, hops := HopRTT(sc)
+		ow, rt, hops := hopRTT(sc)
 		rtt[sc.Name] = rt
 		r.Plot.Categories = append(r.Plot.Categories, sc.Name)
 		s.X = append(s.X, float64(i))
