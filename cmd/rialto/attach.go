@@ -1,0 +1,368 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/dataplane/block/stripe"
+	"github.com/rialto-project/rialto/internal/resource"
+)
+
+func init() {
+	register(&command{Name: "attach", Args: "LEASE", Summary: "Serve a block lease (composed or not) as a local NBD export until Ctrl-C or detach.", Run: runAttach})
+	register(&command{Name: "detach", Args: "LEASE", Summary: "Stop the `rialto attach` of a lease and wait until it is gone.", Run: runDetach})
+}
+
+// attachState is what attach records for detach: one file per lease,
+// LEASE.json (0600, it holds the local URI, which names a secret export),
+// beside a control socket LEASE.ctl on which attach accepts "detach".
+type attachState struct {
+	ID      string    `json:"id"`
+	State   string    `json:"state"`
+	PID     int       `json:"pid"`
+	URI     string    `json:"uri"`
+	Size    int64     `json:"size"`
+	Parts   int       `json:"parts"`
+	Control string    `json:"control"`
+	Started time.Time `json:"started"`
+}
+
+// attachDir is where attachments are recorded: $XDG_RUNTIME_DIR/rialto, or
+// ~/.rialto/attach without one.
+func attachDir(e *env) (string, error) {
+	if d := e.getenv("XDG_RUNTIME_DIR"); d != "" {
+		return filepath.Join(d, "rialto"), nil
+	}
+	home := e.getenv("HOME")
+	if home == "" {
+		var err error
+		if home, err = os.UserHomeDir(); err != nil {
+			return "", fmt.Errorf("no XDG_RUNTIME_DIR and no home directory for the attach state: %w", err)
+		}
+	}
+	return filepath.Join(home, ".rialto", "attach"), nil
+}
+
+// statePaths returns the state file and control socket of a lease.
+func statePaths(dir, lease string) (file, ctl string, err error) {
+	if lease == "" || strings.ContainsAny(lease, "/\\") || lease == "." || lease == ".." {
+		return "", "", fmt.Errorf("bad lease ID %q", lease)
+	}
+	return filepath.Join(dir, lease+".json"), filepath.Join(dir, lease+".ctl"), nil
+}
+
+func readAttachState(file string) (attachState, error) {
+	var st attachState
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return st, err
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		return st, fmt.Errorf("%s: %w", file, err)
+	}
+	return st, nil
+}
+
+// processAlive reports whether pid names a running (not zombie) process.
+func processAlive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
+		return false
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return !os.IsNotExist(err)
+	}
+	// pid (comm) S ...: the state follows the last ')'.
+	if i := strings.LastIndexByte(string(b), ')'); i >= 0 && i+2 < len(b) {
+		return b[i+2] != 'Z' && b[i+2] != 'X'
+	}
+	return true
+}
+
+// leaseParts returns the nbd URIs of a block lease's parts in layout order.
+func leaseParts(l api.Lease) ([]string, error) {
+	if l.Kind != api.KindBlock {
+		return nil, fmt.Errorf("lease %s is a %s lease; attach serves block leases", l.ID, l.Kind)
+	}
+	if l.State != api.LeaseActive {
+		return nil, fmt.Errorf("lease %s is %s, not active", l.ID, l.State)
+	}
+	var uris []string
+	for i, p := range l.Parts {
+		if p.URI == "" {
+			if len(l.Parts) == 1 && l.URI != "" {
+				break
+			}
+			return nil, fmt.Errorf("lease %s: part %d has no URI", l.ID, i)
+		}
+		uris = append(uris, p.URI)
+	}
+	if len(uris) == 0 && l.URI != "" {
+		uris = []string{l.URI}
+	}
+	if len(uris) == 0 {
+		return nil, fmt.Errorf("lease %s has no URI", l.ID)
+	}
+	return uris, nil
+}
+
+func runAttach(ctx context.Context, e *env, args []string) error {
+	var cf clientFlags
+	fs := newFlags(e, "attach", "LEASE")
+	cf.register(fs, e)
+	listen := fs.String("listen", "127.0.0.1:0", "loopback TCP address to serve the volume on")
+	socket := fs.String("socket", "", "serve on this Unix socket instead of TCP")
+	unit := fs.String("stripe-unit", "", "stripe unit, e.g. 128KiB (default: the lease's)")
+	conns := fs.Int("conns", 0, "NBD connections to each part (default 2)")
+	timeout := fs.Duration("timeout", 0, "declare a part failed when a request takes longer (default 30s)")
+	level := fs.String("log-level", "warn", "debug, info, warn or error")
+	pos, err := parse(fs, args, 1, 1)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(e, *level)
+	if err != nil {
+		return err
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	l, err := c.Lease(ctx, pos[0])
+	if err != nil {
+		return err
+	}
+	uris, err := leaseParts(l)
+	if err != nil {
+		return err
+	}
+	su := l.StripeUnit
+	if *unit != "" {
+		if su, err = resource.ParseSize(*unit); err != nil {
+			return fmt.Errorf("bad --stripe-unit: %w", err)
+		}
+		if l.StripeUnit > 0 && su != l.StripeUnit && len(uris) > 1 {
+			fmt.Fprintf(e.stderr, "rialto attach: warning: stripe unit %s differs from the lease's %s; data written with one is scrambled under the other\n",
+				resource.FormatSize(su), resource.FormatSize(l.StripeUnit))
+		}
+	}
+	where := *listen
+	if *socket != "" {
+		abs, err := filepath.Abs(*socket)
+		if err != nil {
+			return err
+		}
+		where = "unix:" + abs
+	}
+
+	dir, err := attachDir(e)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("attach state: %w", err)
+	}
+	file, ctlPath, err := statePaths(dir, l.ID)
+	if err != nil {
+		return err
+	}
+	if old, err := readAttachState(file); err == nil && processAlive(old.PID) && controlAnswers(ctx, old.Control) {
+		return fmt.Errorf("lease %s is already attached at %s by process %d (run `rialto detach %s` first)", l.ID, old.URI, old.PID, l.ID)
+	}
+	os.Remove(ctlPath)
+
+	ctl, err := net.Listen("unix", ctlPath)
+	if err != nil {
+		return fmt.Errorf("attach control socket: %w", err)
+	}
+	defer ctl.Close()
+	os.Chmod(ctlPath, 0o600)
+
+	att, err := stripe.Attach(ctx, stripe.AttachConfig{URIs: uris, StripeUnit: su, Listen: where,
+		ConnsPerPart: *conns, RequestTimeout: *timeout, Logger: log})
+	if err != nil {
+		os.Remove(ctlPath)
+		return fmt.Errorf("attach %s: %w", l.ID, err)
+	}
+	st := attachState{ID: l.ID, State: "attached", PID: os.Getpid(), URI: att.URI(), Size: att.Volume().Size(),
+		Parts: len(uris), Control: ctlPath, Started: time.Now().UTC()}
+	b, _ := json.MarshalIndent(st, "", "  ")
+	if err := writeFile0600(file, append(b, '\n')); err != nil {
+		att.Close()
+		os.Remove(ctlPath)
+		return fmt.Errorf("attach state: %w", err)
+	}
+	if cf.json() {
+		printJSON(e.stdout, st)
+	} else {
+		fmt.Fprintln(e.stdout, att.URI())
+		fmt.Fprintf(e.stderr, "rialto attach: lease %s (%d part(s), %s) served at the URI above; Ctrl-C or `rialto detach %s` ends it\n",
+			l.ID, len(uris), resource.FormatSize(st.Size), l.ID)
+	}
+
+	// Serve until the context ends or detach asks on the control socket.
+	detach := make(chan net.Conn, 1)
+	acceptDone := make(chan struct{})
+	go func() {
+		defer close(acceptDone)
+		for {
+			conn, err := ctl.Accept()
+			if err != nil {
+				return
+			}
+			conn.SetDeadline(time.Now().Add(5 * time.Second))
+			line, _ := bufio.NewReader(conn).ReadString('\n')
+			if strings.TrimSpace(line) != "detach" {
+				// A probe (or junk): answer who we are and go on.
+				fmt.Fprintf(conn, "attached %s\n", l.ID)
+				conn.Close()
+				continue
+			}
+			detach <- conn
+			return
+		}
+	}()
+	var asker net.Conn
+	select {
+	case <-ctx.Done():
+	case asker = <-detach:
+	}
+	cerr := att.Close()
+	ctl.Close()
+	<-acceptDone
+	os.Remove(file)
+	os.Remove(ctlPath)
+	if asker != nil {
+		if cerr != nil {
+			fmt.Fprintf(asker, "error %v\n", cerr)
+		} else {
+			fmt.Fprintln(asker, "detached")
+		}
+		asker.Close()
+	}
+	if cerr != nil {
+		return fmt.Errorf("detach %s: %w", l.ID, cerr)
+	}
+	return nil
+}
+
+func writeFile0600(path string, b []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// controlAnswers reports whether an attach process answers on ctl.
+func controlAnswers(ctx context.Context, ctl string) bool {
+	if ctl == "" {
+		return false
+	}
+	var d net.Dialer
+	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	conn, err := d.DialContext(dctx, "unix", ctl)
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(2 * time.Second))
+	fmt.Fprintln(conn, "probe")
+	line, _ := bufio.NewReader(conn).ReadString('\n')
+	return strings.HasPrefix(line, "attached ")
+}
+
+func runDetach(ctx context.Context, e *env, args []string) error {
+	fs := newFlags(e, "detach", "LEASE")
+	output := fs.String("o", "table", "output format: table or json")
+	wait := fs.Duration("timeout", 30*time.Second, "how long to wait for the attachment to end")
+	pos, err := parse(fs, args, 1, 1)
+	if err != nil {
+		return err
+	}
+	dir, err := attachDir(e)
+	if err != nil {
+		return err
+	}
+	file, ctlPath, err := statePaths(dir, pos[0])
+	if err != nil {
+		return err
+	}
+	st, err := readAttachState(file)
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("lease %s is not attached here (no %s)", pos[0], file)
+	}
+	if err != nil {
+		return err
+	}
+	if st.Control == "" {
+		st.Control = ctlPath
+	}
+	deadline := time.Now().Add(*wait)
+	dctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	var d net.Dialer
+	conn, err := d.DialContext(dctx, "unix", st.Control)
+	switch {
+	case err == nil:
+		conn.SetDeadline(deadline)
+		fmt.Fprintln(conn, "detach")
+		line, rerr := bufio.NewReader(conn).ReadString('\n')
+		conn.Close()
+		if strings.HasPrefix(line, "error ") {
+			return fmt.Errorf("detach %s: %s", st.ID, strings.TrimSpace(strings.TrimPrefix(line, "error ")))
+		}
+		if !strings.HasPrefix(line, "detached") {
+			return fmt.Errorf("detach %s: no answer from process %d: %v", st.ID, st.PID, rerr)
+		}
+	case processAlive(st.PID) && st.PID != os.Getpid():
+		// The control socket is gone but the process runs: ask it to stop.
+		if err := syscall.Kill(st.PID, syscall.SIGTERM); err != nil {
+			return fmt.Errorf("detach %s: signal process %d: %w", st.ID, st.PID, err)
+		}
+	default:
+		os.Remove(file)
+		os.Remove(ctlPath)
+		return fmt.Errorf("lease %s was not attached any more (process %d is gone); removed its stale state", st.ID, st.PID)
+	}
+	// Wait until the attachment is gone: its state removed and, when it is
+	// another process, that process exited.
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		_, serr := os.Stat(file)
+		gone := errors.Is(serr, os.ErrNotExist) && (st.PID == os.Getpid() || !processAlive(st.PID))
+		if gone {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("detach %s: process %d still running after %v", st.ID, st.PID, *wait)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+	st.State = "detached"
+	if *output == "json" {
+		return printJSON(e.stdout, st)
+	}
+	fmt.Fprintf(e.stdout, "detached %s\n", st.ID)
+	return nil
+}

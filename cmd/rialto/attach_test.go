@@ -1,0 +1,270 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/testcluster"
+)
+
+// syncBuffer is a bytes.Buffer a verb may write while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// clusterEnv is an env for verbs against a testcluster, with its own
+// runtime directory for attach state.
+func clusterEnv(c *testcluster.Cluster, runtime string, out, errw *syncBuffer) *env {
+	return &env{stdout: out, stderr: errw, getenv: func(k string) string {
+		switch k {
+		case "RIALTO_ADDR":
+			return c.URL
+		case "RIALTO_TOKEN":
+			return testcluster.AdminToken
+		case "XDG_RUNTIME_DIR":
+			return runtime
+		}
+		return ""
+	}}
+}
+
+// runIn runs a verb to completion in process against a testcluster.
+func runIn(t *testing.T, c *testcluster.Cluster, runtime string, args ...string) (string, string, int) {
+	t.Helper()
+	var out, errb syncBuffer
+	code := run(context.Background(), args, clusterEnv(c, runtime, &out, &errb))
+	return out.String(), errb.String(), code
+}
+
+// attached runs `rialto attach` in process and returns the URI it printed
+// and a channel with its exit code.
+func attached(t *testing.T, c *testcluster.Cluster, runtime string, args ...string) (string, <-chan int) {
+	t.Helper()
+	var out, errb syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		done <- run(ctx, append([]string{"attach"}, args...), clusterEnv(c, runtime, &out, &errb))
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-finished:
+		case <-time.After(30 * time.Second):
+			t.Error("attach did not stop")
+		}
+	})
+	var uri string
+	testcluster.Eventually(t, 30*time.Second, "attach prints its URI", func() bool {
+		select {
+		case code := <-done:
+			t.Fatalf("attach exited %d: %s", code, errb.String())
+		default:
+		}
+		line, _, ok := strings.Cut(out.String(), "\n")
+		uri = line
+		return ok
+	})
+	return uri, done
+}
+
+func TestAttachComposedLease(t *testing.T) {
+	c := testcluster.Start(t, testcluster.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	l, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeComposed, Count: 3, Size: 48 << 20, StripeUnit: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Parts) != 3 {
+		t.Fatalf("composed lease has %d parts", len(l.Parts))
+	}
+	runtime := t.TempDir()
+	uri, done := attached(t, c, runtime, l.ID)
+	if !strings.HasPrefix(uri, "nbd://127.0.0.1:") {
+		t.Fatalf("attach printed %q", uri)
+	}
+	st, err := os.Stat(filepath.Join(runtime, "rialto", l.ID+".json"))
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("state file: %v %v", st, err)
+	}
+
+	// Write through the attached volume; read back, and find the second
+	// stripe unit on part 1.
+	nc, err := nbd.DialURI(ctx, uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nc.Size() < l.Size {
+		t.Errorf("attached volume is %d bytes, lease %d", nc.Size(), l.Size)
+	}
+	want := make([]byte, 1<<20)
+	for i := range want {
+		want[i] = byte(rand.Uint32())
+	}
+	if _, err := nc.WriteAt(want, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(want))
+	if _, err := nc.ReadAt(got, 0); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("read back through the attachment: %v", err)
+	}
+	nc.Close()
+	p1, err := nbd.DialURI(ctx, l.Parts[1].URI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unit := make([]byte, 64<<10)
+	if _, err := p1.ReadAt(unit, 0); err != nil || !bytes.Equal(unit, want[64<<10:128<<10]) {
+		t.Errorf("part 1 does not hold the second stripe unit: %v", err)
+	}
+	p1.Close()
+
+	// A second attach of the same lease is refused while the first runs.
+	if _, errs, code := runIn(t, c, runtime, "attach", l.ID); code != 1 || !strings.Contains(errs, "already attached") {
+		t.Errorf("second attach: exit %d, %s", code, errs)
+	}
+
+	// A real client through the attachment: nbdcopy in and out.
+	if nbdcopy, err := exec.LookPath("nbdcopy"); err == nil {
+		dir := t.TempDir()
+		in, outf := filepath.Join(dir, "in"), filepath.Join(dir, "out")
+		data := make([]byte, 8<<20)
+		for i := range data {
+			data[i] = byte(rand.Uint32())
+		}
+		os.WriteFile(in, data, 0o600)
+		if out, err := exec.CommandContext(ctx, nbdcopy, in, uri).CombinedOutput(); err != nil {
+			t.Fatalf("nbdcopy in: %v\n%s", err, out)
+		}
+		if out, err := exec.CommandContext(ctx, nbdcopy, "--no-extents", uri, outf).CombinedOutput(); err != nil {
+			t.Fatalf("nbdcopy out: %v\n%s", err, out)
+		}
+		back, _ := os.ReadFile(outf)
+		if len(back) < len(data) || sha256.Sum256(back[:len(data)]) != sha256.Sum256(data) {
+			t.Errorf("nbdcopy round trip differs (%d bytes back)", len(back))
+		}
+	}
+
+	out, errs, code := runIn(t, c, runtime, "detach", l.ID, "-o", "json")
+	if code != 0 {
+		t.Fatalf("detach: exit %d: %s", code, errs)
+	}
+	var ds attachState
+	if err := json.Unmarshal([]byte(out), &ds); err != nil || ds.ID != l.ID || ds.State != "detached" {
+		t.Errorf("detach printed %q (%v)", out, err)
+	}
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Errorf("attach exited %d", code)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("attach still running after detach returned")
+	}
+	if _, err := os.Stat(filepath.Join(runtime, "rialto", l.ID+".json")); !os.IsNotExist(err) {
+		t.Errorf("state file left behind: %v", err)
+	}
+	if c, err := nbd.DialURI(ctx, uri); err == nil {
+		c.Close()
+		t.Error("attachment still serves after detach")
+	}
+	if _, errs, code := runIn(t, c, runtime, "detach", l.ID); code != 1 || !strings.Contains(errs, "not attached") {
+		t.Errorf("detach twice: exit %d, %s", code, errs)
+	}
+}
+
+func TestAttachUnixSocketAndErrors(t *testing.T) {
+	c := testcluster.Start(t, testcluster.Options{Nodes: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	l, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 8 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtime := t.TempDir()
+	sock := filepath.Join(t.TempDir(), "vol.sock")
+	uri, done := attached(t, c, runtime, l.ID, "--socket", sock)
+	if !strings.HasPrefix(uri, "nbd+unix:///") || !strings.Contains(uri, "socket=") {
+		t.Fatalf("attach printed %q", uri)
+	}
+	nc, err := nbd.DialURI(ctx, uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := []byte("through a unix socket")
+	if _, err := nc.WriteAt(msg, 4096); err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	direct, err := nbd.DialURI(ctx, l.URI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(msg))
+	if _, err := direct.ReadAt(got, 4096); err != nil || !bytes.Equal(got, msg) {
+		t.Errorf("lease does not hold what the attachment wrote: %q %v", got, err)
+	}
+	direct.Close()
+	if _, errs, code := runIn(t, c, runtime, "detach", l.ID); code != 0 {
+		t.Fatalf("detach: %d %s", code, errs)
+	}
+	<-done
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Errorf("socket left behind: %v", err)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"attach"}, 2, "wrong number of arguments"},
+		{[]string{"attach", "lease-nope"}, 1, "not_found"},
+		{[]string{"attach", "../x"}, 1, ""},
+		{[]string{"detach", "lease-nope"}, 1, "not attached"},
+	} {
+		_, errs, code := runIn(t, c, runtime, tc.args...)
+		if code != tc.code || !strings.Contains(errs, tc.want) {
+			t.Errorf("%v: exit %d, %q; want %d and %q", tc.args, code, errs, tc.code, tc.want)
+		}
+	}
+	m, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Client().ReleaseLease(ctx, m.ID)
+	if _, errs, code := runIn(t, c, runtime, "attach", m.ID); code != 1 || !strings.Contains(errs, "not active") {
+		t.Errorf("attach of a released lease: %d %s", code, errs)
+	}
+}
