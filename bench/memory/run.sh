@@ -3,6 +3,8 @@
 # chooser against redis-server (GET/SET) and the iperf3 loopback ceiling, all
 # measured interleaved in one run. Writes docs/bench/memory.md.
 #   RUNS=3 OPS=5000 BULK=1073741824 bench/memory/run.sh
+# Knobs for experiments: PARTS=small,bulk,mapping,mixed (subset), SPIN and
+# DONOR_SPIN (busy-poll budgets, e.g. 30us; default off).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS=${RUNS:-3}
