@@ -2,13 +2,13 @@
 # Remote-memory benchmark: Rialto's memory channels, mapping and adaptive
 # chooser against redis-server (GET/SET) and the iperf3 loopback ceiling, all
 # measured interleaved in one run. Writes docs/bench/memory.md.
-#   RUNS=3 OPS=5000 BULK=1073741824 bench/memory/run.sh
+#   RUNS=5 OPS=10000 BULK=1073741824 bench/memory/run.sh   (defaults; ~3 min)
 # Knobs for experiments: PARTS=small,bulk,mapping,mixed (subset), SPIN and
 # DONOR_SPIN (busy-poll budgets, e.g. 30us; default off).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-RUNS=${RUNS:-3}
-OPS=${OPS:-5000}
+RUNS=${RUNS:-5}
+OPS=${OPS:-10000}
 BULK=${BULK:-1073741824}
 PARTS=${PARTS:-}
 for t in redis-server iperf3; do
