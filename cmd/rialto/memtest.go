@@ -1,0 +1,177 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/dataplane/memory"
+	"github.com/rialto-project/rialto/internal/resource"
+)
+
+func init() {
+	register(&command{Name: "memtest", Args: "LEASE", Summary: "Verify a memory lease: a pattern over the sync, bulk and queue channels and the mapping.", Run: runMemtest})
+}
+
+// parseMemURI splits rialto-mem://HOST:PORT/CREDENTIAL.
+func parseMemURI(s string) (addr, credential string, err error) {
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme != "rialto-mem" || u.Host == "" {
+		return "", "", fmt.Errorf("not a memory URI (want rialto-mem://HOST:PORT/CREDENTIAL)")
+	}
+	cred := strings.TrimPrefix(u.Path, "/")
+	if cred == "" {
+		return "", "", fmt.Errorf("memory URI without a credential")
+	}
+	return u.Host, cred, nil
+}
+
+// memtestStep is one row of memtest's output.
+type memtestStep struct {
+	ID       string  `json:"id"`    // the step: channel and pattern
+	State    string  `json:"state"` // ok, mismatch, error or skipped
+	Part     int     `json:"part"`
+	Channel  string  `json:"channel"`
+	Bytes    int64   `json:"bytes"`
+	Seconds  float64 `json:"seconds"`
+	MBPerSec float64 `json:"mb_per_s"`
+	Detail   string  `json:"detail,omitempty"`
+}
+
+type memtestOut struct {
+	ID    string        `json:"id"`
+	State string        `json:"state"` // ok or failed
+	Size  int64         `json:"size"`
+	Span  int64         `json:"span"`
+	Steps []memtestStep `json:"steps"`
+}
+
+func runMemtest(ctx context.Context, e *env, args []string) error {
+	var cf clientFlags
+	fs := newFlags(e, "memtest", "LEASE")
+	cf.register(fs, e)
+	spanFlag := fs.String("span", "", "test only the first SIZE bytes of each part (default: all of it)")
+	timeout := fs.Duration("timeout", 0, "per-request timeout (default 5s)")
+	pos, err := parse(fs, args, 1, 1)
+	if err != nil {
+		return err
+	}
+	var span int64
+	if *spanFlag != "" {
+		if span, err = resource.ParseSize(*spanFlag); err != nil || span <= 0 {
+			return fmt.Errorf("bad --span %q", *spanFlag)
+		}
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	l, err := c.Lease(ctx, pos[0])
+	if err != nil {
+		return err
+	}
+	if l.Kind != api.KindMemory {
+		return fmt.Errorf("lease %s is a %s lease; memtest tests memory leases", l.ID, l.Kind)
+	}
+	if l.State != api.LeaseActive {
+		return fmt.Errorf("lease %s is %s, not active", l.ID, l.State)
+	}
+	var uris []string
+	for _, p := range l.Parts {
+		if p.URI != "" {
+			uris = append(uris, p.URI)
+		}
+	}
+	if len(uris) == 0 && l.URI != "" {
+		uris = []string{l.URI}
+	}
+	if len(uris) == 0 {
+		return fmt.Errorf("lease %s has no URI", l.ID)
+	}
+
+	out := memtestOut{ID: l.ID, State: "ok", Size: l.Size, Span: span}
+	var failed error
+	var uffdNote string
+	for i, uri := range uris {
+		addr, cred, err := parseMemURI(uri)
+		if err != nil {
+			return fmt.Errorf("lease %s part %d: %w", l.ID, i, err)
+		}
+		mc, err := memory.Dial(ctx, addr, cred, memory.Options{Timeout: *timeout})
+		if err != nil {
+			return fmt.Errorf("lease %s part %d: %w", l.ID, i, err)
+		}
+		steps, err := memory.Memtest(ctx, mc, span)
+		mc.Close()
+		if err != nil && failed == nil {
+			failed = fmt.Errorf("lease %s part %d: %w", l.ID, i, err)
+		}
+		for _, s := range steps {
+			row := memtestStep{ID: s.Name, State: "ok", Part: i, Channel: channelOf(s.Name), Bytes: s.Bytes, Seconds: s.Duration.Seconds()}
+			if s.Duration > 0 && s.Skipped == "" {
+				row.MBPerSec = float64(s.Bytes) / 1e6 / s.Duration.Seconds()
+			}
+			switch {
+			case s.Skipped != "":
+				row.State, row.Detail = "skipped", s.Skipped
+				uffdNote = s.Skipped
+			case errors.Is(s.Err, memory.ErrVerify):
+				row.State, row.Detail = "mismatch", s.Err.Error()
+			case s.Err != nil:
+				row.State, row.Detail = "error", s.Err.Error()
+			}
+			out.Steps = append(out.Steps, row)
+		}
+		if err != nil && len(steps) == 0 {
+			out.Steps = append(out.Steps, memtestStep{ID: "memtest", State: "error", Part: i, Detail: err.Error()})
+		}
+	}
+	if failed != nil {
+		out.State = "failed"
+	}
+	if cf.json() {
+		if err := printJSON(e.stdout, out); err != nil {
+			return err
+		}
+	} else {
+		tw := newTable(e.stdout)
+		hdr := "CHANNEL\tBYTES\tRESULT\tMB/S\tPATTERN"
+		if len(uris) > 1 {
+			hdr = "PART\t" + hdr
+		}
+		fmt.Fprintln(tw, hdr)
+		for _, s := range out.Steps {
+			if len(uris) > 1 {
+				fmt.Fprintf(tw, "%d\t", s.Part)
+			}
+			rate := "-"
+			if s.MBPerSec > 0 {
+				rate = fmt.Sprintf("%.1f", s.MBPerSec)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", dash(s.Channel), resource.FormatSize(s.Bytes), s.State, rate, s.ID)
+		}
+		tw.Flush()
+		if uffdNote != "" {
+			fmt.Fprintf(e.stdout, "\nThe mapping was not tested: %s.\nThe explicit channels were.\n", uffdNote)
+		}
+		for _, s := range out.Steps {
+			if s.State == "mismatch" || s.State == "error" {
+				fmt.Fprintf(e.stdout, "\n%s: %s: %s\n", s.ID, s.State, s.Detail)
+			}
+		}
+	}
+	return failed
+}
+
+// channelOf names the channel a memtest step exercises (the prefix of its
+// name, "sync: …").
+func channelOf(step string) string {
+	ch, _, ok := strings.Cut(step, ":")
+	if !ok {
+		return ""
+	}
+	return ch
+}
