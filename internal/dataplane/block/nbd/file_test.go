@@ -237,3 +237,46 @@ func TestFilePartitionExportSendfile(t *testing.T) {
 		t.Fatal("connection broken after a rejected large write:", err)
 	}
 }
+
+// TestFileExportClientVanishes drops clients in the middle of a spliced write
+// payload and of a sendfile read reply; other clients must not notice.
+func TestFileExportClientVanishes(t *testing.T) {
+	p := tempFile(t, 64<<20)
+	b, err := OpenFile(p, FileOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	_, addr := startServer(t, Export{Name: testName, Backend: b})
+	other := dial(t, addr, testName)
+	data := make([]byte, 1<<20)
+	rand.Read(data)
+	if _, err := other.WriteAt(data, 0); err != nil {
+		t.Fatal(err)
+	}
+
+	// Mid-payload of a 4 MiB write (spliced).
+	rc := rawDial(t, addr, 3)
+	rc.goTransmission(testName, true, false)
+	hdr := make([]byte, requestHeaderLen)
+	putRequest(hdr, Request{Type: CmdWrite, Handle: 1, Offset: 8 << 20, Length: 4 << 20})
+	rc.write(append(hdr, make([]byte, 300<<10)...))
+	rc.c.Close()
+
+	// Mid-reply of a 32 MiB read (sendfile): ask, read a little, vanish.
+	rc2 := rawDial(t, addr, 3)
+	rc2.goTransmission(testName, true, false)
+	rc2.request(Request{Type: CmdRead, Handle: 2, Length: 32 << 20}, nil)
+	if _, err := ioReadFull(rc2, make([]byte, 1000)); err != nil {
+		t.Fatal(err)
+	}
+	rc2.c.Close()
+
+	got := make([]byte, len(data))
+	if _, err := other.ReadAt(got, 0); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("other client affected: %v", err)
+	}
+	if _, err := other.WriteAt(data[:128<<10], 16<<20); err != nil {
+		t.Fatalf("other client cannot write: %v", err)
+	}
+}
