@@ -619,10 +619,29 @@ func TestRateLimit(t *testing.T) {
 }
 
 func TestRateLimitedExport(t *testing.T) {
-	rl := &RateLimit{IOPS: 1e6}
+	// 4 MiB/s with a 50 ms burst (~200 KiB), shared by two connections:
+	// moving 1 MiB must take at least (1 MiB - burst) / rate ≈ 200 ms.
+	rl := &RateLimit{BytesPerSec: 4 << 20, Burst: 50 * time.Millisecond}
 	_, addr := startServer(t, Export{Name: testName, Backend: NewMemBackend(1 << 20), Limit: rl})
-	c := dial(t, addr, testName)
-	if _, err := c.ReadAt(make([]byte, 4096), 0); err != nil {
-		t.Fatal(err)
+	c1 := dial(t, addr, testName)
+	c2 := dial(t, addr, testName)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i, c := range []*Client{c1, c2} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 64<<10)
+			for off := i * 512 << 10; off < (i+1)*512<<10; off += len(buf) {
+				if _, err := c.ReadAt(buf, int64(off)); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if d := time.Since(start); d < 150*time.Millisecond {
+		t.Fatalf("1 MiB at 4 MiB/s took only %v", d)
 	}
 }
