@@ -46,6 +46,7 @@ type MapOptions struct {
 type MappingStats struct {
 	Faults      int64         // missing-page faults served
 	WPFaults    int64         // first writes to clean pages
+	PreDirtied  int64         // read faults installed writable because writes were likely
 	PagesIn     int64         // pages fetched (including readahead)
 	Evictions   int64         // pages evicted
 	WriteBacks  int64         // dirty pages written back
@@ -70,7 +71,9 @@ type MappingStats struct {
 // (recency is updated on fault-in and on first write: the handler cannot see
 // plain loads of resident pages) are evicted: dirty ones are write-protected,
 // written back, then every victim is dropped with MADV_DONTNEED so that its
-// next touch faults again. Sequential faults grow a readahead window.
+// next touch faults again. Sequential faults grow a readahead window. When
+// most read-faulted pages end up written (read-modify-write), read faults
+// install the page writable and dirty directly, saving the second fault.
 type Mapping struct {
 	c     *Client
 	mem   []byte
@@ -85,18 +88,24 @@ type Mapping struct {
 	mu       sync.Mutex
 	resident []bool
 	dirty    []bool
-	prev     []int32 // LRU links; index pages is the sentinel
-	next     []int32
-	nres     int
-	capPages int
-	maxRA    int
-	raWin    int
-	seqNext  int
-	batch    int
-	stats    MappingStats
-	svc      []time.Duration
-	svcN     int
-	err      error
+	// probed marks pages installed write-protected by a read fault and not
+	// yet written: their fate (written or evicted clean) feeds writeRate,
+	// the moving estimate of how often a faulted page gets written.
+	probed    []bool
+	writeRate float64
+	faultSeq  uint64
+	prev      []int32 // LRU links; index pages is the sentinel
+	next      []int32
+	nres      int
+	capPages  int
+	maxRA     int
+	raWin     int
+	seqNext   int
+	batch     int
+	stats     MappingStats
+	svc       []time.Duration
+	svcN      int
+	err       error
 
 	done   chan struct{}
 	closed bool
@@ -133,7 +142,7 @@ func Map(ctx context.Context, c *Client, opts MapOptions) (*Mapping, error) {
 	}
 	m := &Mapping{c: c, ps: ps, pages: pages, u: u, stop: -1, capPages: capPages,
 		maxRA: max(opts.Readahead, 1), raWin: 1, seqNext: -1, batch: min(opts.EvictBatch, capPages/2),
-		resident: make([]bool, pages), dirty: make([]bool, pages),
+		resident: make([]bool, pages), dirty: make([]bool, pages), probed: make([]bool, pages),
 		prev: make([]int32, pages+1), next: make([]int32, pages+1),
 		svc: make([]time.Duration, 0, 1<<16), done: make(chan struct{})}
 	m.prev[pages], m.next[pages] = int32(pages), int32(pages)
@@ -324,6 +333,10 @@ func (m *Mapping) fault(msg uffd.Msg, t0 time.Time) {
 			return
 		}
 		m.stats.WPFaults++
+		if m.probed[i] {
+			m.probed[i] = false
+			m.writeRate = 0.9*m.writeRate + 0.1
+		}
 		m.dirty[i] = true
 		m.lruRemove(i)
 		m.lruPush(i)
@@ -354,6 +367,17 @@ func (m *Mapping) fault(msg uffd.Msg, t0 time.Time) {
 	t2 := time.Now()
 	m.stats.FetchTime += t2.Sub(t1)
 	write := msg.Flags&uffd.FlagWrite != 0
+	// When most faulted pages end up written (read-modify-write patterns),
+	// install the faulting page writable and dirty at once, saving the
+	// write-protect fault that would follow; every 8th such fault still
+	// installs protected so the estimate keeps learning.
+	m.faultSeq++
+	if !write && m.writeRate > 0.5 && m.faultSeq%8 != 0 {
+		write = true
+		m.stats.PreDirtied++
+	} else if !write {
+		m.probed[i] = true
+	}
 	src := uintptr(unsafe.Pointer(&m.stage[0]))
 	if err := m.install(i, src, 1, !write); err != nil {
 		_ = m.failLocked(err)
@@ -422,6 +446,10 @@ func (m *Mapping) makeRoom(n int) error {
 	for _, v := range victims {
 		if m.dirty[v] {
 			dirty = append(dirty, v)
+		}
+		if m.probed[v] { // faulted by a read and never written
+			m.probed[v] = false
+			m.writeRate *= 0.9
 		}
 	}
 	if err := m.writeBack(dirty); err != nil {

@@ -217,3 +217,32 @@ func TestMappingDonorKilled(t *testing.T) {
 }
 
 var sinkByte byte
+
+// Reading never writes anything back, and read-modify-write patterns switch
+// the mapping to installing pages writable (one fault per page, not two).
+func TestMappingCleanPagesStayClean(t *testing.T) {
+	_, addr := startChildDonor(t, 4<<20)
+	c := dial(t, addr, Options{})
+	m := mapOrSkip(t, c, MapOptions{Readahead: 1})
+	b := m.Bytes()
+	rng := rand.New(rand.NewPCG(12, 13))
+	pages := len(b) / 4096
+	for range 3000 {
+		sinkByte += b[rng.IntN(pages)*4096]
+	}
+	st := m.Stats()
+	if st.WriteBacks != 0 || st.PreDirtied != 0 || st.WPFaults != 0 || st.Evictions == 0 {
+		t.Fatalf("read-only pass: %+v", st)
+	}
+	m.ResetStats()
+	for range 3000 {
+		b[rng.IntN(pages)*4096+1]++
+	}
+	st = m.Stats()
+	if st.PreDirtied == 0 || st.WPFaults*2 > st.Faults {
+		t.Fatalf("read-modify-write pass: %d faults, %d write-protect faults, %d pre-dirtied", st.Faults, st.WPFaults, st.PreDirtied)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
