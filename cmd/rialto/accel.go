@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/dataplane/accel"
+)
+
+func init() {
+	register(&command{Name: "accel run", Args: "LEASE ROLE[:ENTRY] INPUT",
+		Summary: "Run an accelerator lease's role on INPUT (a file, - for stdin, or @text) and print the output.", Run: runAccelRun})
+}
+
+// accelTarget is a parsed rialto-accel://HOST:PORT/CREDENTIAL[?slots=…] URI.
+type accelTarget struct {
+	slots      []string // slot addresses, the URI's host first
+	credential string
+}
+
+func parseAccelURI(s string) (accelTarget, error) {
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme != "rialto-accel" || u.Host == "" {
+		return accelTarget{}, fmt.Errorf("not an accelerator URI (want rialto-accel://HOST:PORT/CREDENTIAL)")
+	}
+	t := accelTarget{slots: []string{u.Host}, credential: strings.TrimPrefix(u.Path, "/")}
+	if t.credential == "" {
+		return accelTarget{}, fmt.Errorf("accelerator URI without a credential")
+	}
+	if more := u.Query().Get("slots"); more != "" {
+		for _, a := range strings.Split(more, ",") {
+			if a != "" {
+				t.slots = append(t.slots, a)
+			}
+		}
+	}
+	return t, nil
+}
+
+// readInput reads INPUT: "-" is stdin, "@text" the text itself, anything
+// else a file.
+func readInput(arg string, stdin io.Reader) ([]byte, error) {
+	switch {
+	case arg == "-":
+		if stdin == nil {
+			stdin = os.Stdin
+		}
+		return io.ReadAll(stdin)
+	case strings.HasPrefix(arg, "@"):
+		return []byte(arg[1:]), nil
+	default:
+		return os.ReadFile(arg)
+	}
+}
+
+// accelRunOut is accel run's JSON output; Output is base64 in JSON.
+type accelRunOut struct {
+	ID     string `json:"id"`
+	State  string `json:"state"`
+	Role   string `json:"role"`
+	Entry  string `json:"entry"`
+	Slot   string `json:"slot"`
+	Input  int    `json:"input_bytes"`
+	Bytes  int    `json:"output_bytes"`
+	Output []byte `json:"output,omitempty"`
+	File   string `json:"file,omitempty"`
+}
+
+// stdinOf lets tests give accel run an input on stdin.
+var stdinOf = func(*env) io.Reader { return os.Stdin }
+
+func runAccelRun(ctx context.Context, e *env, args []string) error {
+	var cf clientFlags
+	fs := newFlags(e, "accel run", "LEASE ROLE[:ENTRY] INPUT")
+	cf.register(fs, e)
+	outPath := fs.String("out", "", "write the output to this file instead of stdout")
+	entryFlag := fs.String("entry", "", "the role's entry to call (default: its first, e.g. sha256's sum)")
+	asHex := fs.Bool("hex", false, "print the output in hexadecimal")
+	slot := fs.Int("slot", 0, "which of the lease's slots to use")
+	pos, err := parse(fs, args, 3, 3)
+	if err != nil {
+		return err
+	}
+	role, entry, _ := strings.Cut(pos[1], ":")
+	if *entryFlag != "" {
+		if entry != "" && entry != *entryFlag {
+			return fmt.Errorf("entry given twice (%q and --entry %q)", entry, *entryFlag)
+		}
+		entry = *entryFlag
+	}
+	in, err := readInput(pos[2], stdinOf(e))
+	if err != nil {
+		return fmt.Errorf("input: %w", err)
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	l, err := c.Lease(ctx, pos[0])
+	if err != nil {
+		return err
+	}
+	if l.Kind != api.KindAccel {
+		return fmt.Errorf("lease %s is a %s lease; accel run needs an accel lease", l.ID, l.Kind)
+	}
+	if l.State != api.LeaseActive {
+		return fmt.Errorf("lease %s is %s, not active", l.ID, l.State)
+	}
+	var targets []accelTarget
+	for _, p := range l.Parts {
+		if p.URI != "" {
+			t, err := parseAccelURI(p.URI)
+			if err != nil {
+				return fmt.Errorf("lease %s: %w", l.ID, err)
+			}
+			targets = append(targets, t)
+		}
+	}
+	if len(targets) == 0 {
+		t, err := parseAccelURI(l.URI)
+		if err != nil {
+			return fmt.Errorf("lease %s: %w", l.ID, err)
+		}
+		targets = append(targets, t)
+	}
+	var slots []accelTarget // one per slot
+	for _, t := range targets {
+		for _, a := range t.slots {
+			slots = append(slots, accelTarget{slots: []string{a}, credential: t.credential})
+		}
+	}
+	if *slot < 0 || *slot >= len(slots) {
+		return fmt.Errorf("--slot %d: lease %s has %d slot(s)", *slot, l.ID, len(slots))
+	}
+	tgt := slots[*slot]
+	conn, err := accel.Dial(ctx, tgt.slots[0], []byte(tgt.credential))
+	if err != nil {
+		return fmt.Errorf("lease %s: %w", l.ID, err)
+	}
+	defer conn.Close()
+	info := conn.Info()
+	if info.Role == "" {
+		return fmt.Errorf("lease %s's slot runs no role; create the lease with --role %s", l.ID, role)
+	}
+	if info.Role != role {
+		return fmt.Errorf("lease %s runs role %q, not %q", l.ID, info.Role, role)
+	}
+	if entry == "" {
+		if len(info.Entries) == 0 {
+			return fmt.Errorf("role %s lists no entries; name one with ROLE:ENTRY", role)
+		}
+		entry = info.Entries[0]
+	} else if len(info.Entries) > 0 && !slices.Contains(info.Entries, entry) {
+		return fmt.Errorf("role %s has no entry %q (entries: %s)", role, entry, strings.Join(info.Entries, ", "))
+	}
+	if info.MaxPayload > 0 && uint64(len(in)) > uint64(info.MaxPayload) {
+		return fmt.Errorf("input of %d bytes exceeds the slot's limit of %d", len(in), info.MaxPayload)
+	}
+	out, err := conn.Call(ctx, entry, in)
+	if err != nil {
+		return fmt.Errorf("%s:%s: %w", role, entry, err)
+	}
+	res := accelRunOut{ID: l.ID, State: "ok", Role: role, Entry: entry, Slot: tgt.slots[0], Input: len(in), Bytes: len(out)}
+	if *outPath != "" {
+		if err := os.WriteFile(*outPath, out, 0o644); err != nil {
+			return err
+		}
+		res.File = *outPath
+		if cf.json() {
+			return printJSON(e.stdout, res)
+		}
+		fmt.Fprintf(e.stderr, "rialto accel run: %d bytes of %s:%s output written to %s\n", len(out), role, entry, *outPath)
+		return nil
+	}
+	if cf.json() {
+		res.Output = out
+		return printJSON(e.stdout, res)
+	}
+	if *asHex {
+		_, err = fmt.Fprintln(e.stdout, hex.EncodeToString(out))
+		return err
+	}
+	_, err = e.stdout.Write(out)
+	return err
+}
