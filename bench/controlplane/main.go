@@ -511,6 +511,20 @@ func report(cyc []cycleResult, hb []hbResult, workers, agents int, cycleDur, hbD
 		median(cshare), median(hshare), fmtRuns(cshare, 1, 2), fmtRuns(hshare, 1, 2))
 	fmt.Fprintf(&b, "| lease cycles per CPU-second of the process (server + clients + fake lender) | %.0f | [%s] | | |\n\n",
 		median(cpcpu), fmtRuns(cpcpu, 1, 0))
+	perBeat := col(func(i int) float64 { return hb[i].cpu / float64(hb[i].beats) }, len(hb))
+	outcome := "met"
+	if median(cps) < 1000 || median(ap99) >= 0.050 {
+		outcome = "missed (at least one)"
+	}
+	fmt.Fprintf(&b, "How to read this. The targets were %s on this run. The process got\n", outcome)
+	fmt.Fprintf(&b, "%.2f of a core in the cycle runs (2 cores exist; the machine was shared with other jobs, see the load\n", median(cshare))
+	fmt.Fprintf(&b, "average and CPU pressure above), and everything it did (server, 16 HTTP clients, fake lender) cost\n")
+	fmt.Fprintf(&b, "%.1f ms of CPU per complete cycle (1 / %.0f). At that cost, 1,000 cycles/s would need %.1f cores, so\n",
+		1e3/median(cpcpu), median(cpcpu), 1000/median(cpcpu))
+	fmt.Fprintf(&b, "on 2 otherwise idle cores the target needs the per-cycle cost %.1f× lower (less than 1× means it fits).\n", 1000/median(cpcpu)/2)
+	fmt.Fprintf(&b, "In the heartbeat runs the process spent %.2f ms of CPU per heartbeat served (this also carries the agents'\n", median(perBeat)*1e3)
+	fmt.Fprintf(&b, "HTTP clients and the tenant's concurrent calls), so %d agents need about %.2f cores for this load;\n", agents, median(perBeat)*float64(agents))
+	fmt.Fprintf(&b, "when the process gets less, requests queue and the p99 grows by the waiting, not by work per request.\n\n")
 	fmt.Fprintf(&b, "Errors: %d in the cycle runs, %d in the heartbeat runs; agents that fell behind their 1 s period: %d beats;\n", cerr, herr, missed)
 	fmt.Fprintf(&b, "nodes not ready at the end of heartbeat runs: %d. The heartbeat runs also carry a tenant doing lease\n", downs)
 	fmt.Fprintf(&b, "cycles, lease listings and node reads (2 + 1 + 1 loops, 20 ms apart); \"API p99\" covers those calls and every heartbeat.\n\n")
