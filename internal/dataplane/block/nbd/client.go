@@ -25,7 +25,12 @@ type dialOptions struct {
 // DialOption configures Dial.
 type DialOption func(*dialOptions)
 
-// WithRequestTimeout bounds each request (and the handshake). When a request
+// minHandshakeTimeout is the least time the handshake is given, however short
+// the request timeout.
+const minHandshakeTimeout = 5 * time.Second
+
+// WithRequestTimeout bounds each request (and the handshake, which gets at
+// least 5 s unless Dial's ctx says otherwise). When a request
 // exceeds it the connection is considered dead: it is closed and every pending
 // request fails with ErrTimeout. d <= 0 disables the bound (not recommended).
 func WithRequestTimeout(d time.Duration) DialOption {
@@ -117,8 +122,8 @@ func Dial(ctx context.Context, network, addr, export string, opts ...DialOption)
 	}
 	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Unix(1, 0)) })
 	dl, ok := ctx.Deadline()
-	if o.timeout > 0 && (!ok || time.Until(dl) > o.timeout) {
-		dl = time.Now().Add(o.timeout)
+	if hs := max(o.timeout, minHandshakeTimeout); o.timeout > 0 && (!ok || time.Until(dl) > hs) {
+		dl = time.Now().Add(hs)
 	}
 	nc.SetDeadline(dl)
 	c := &Client{nc: nc, timeout: o.timeout, pending: make(map[uint64]*call), readerDone: make(chan struct{})}
