@@ -138,7 +138,13 @@ func (s *Server) Sweep(ctx context.Context) error {
 	changed := false
 	for i := range nodes {
 		n := &nodes[i]
-		silent := now.Sub(n.LastHeartbeat)
+		// A control-plane restart gives every agent a full grace period
+		// again: silence while the control plane was away does not count.
+		last := n.LastHeartbeat
+		if last.Before(s.started) {
+			last = s.started
+		}
+		silent := now.Sub(last)
 		switch {
 		case n.State != api.NodeDown && silent > s.cfg.DownAfter:
 			err := s.st.SetNodeState(ctx, n.ID, n.State, api.NodeDown, api.Event{At: now, Type: "node.down", Subject: n.ID,

@@ -348,3 +348,36 @@ func TestHeartbeatBatching(t *testing.T) {
 		t.Fatalf("heartbeat for an unknown node: %v", err)
 	}
 }
+
+// TestRestartGrace: after a control-plane restart, nodes get a full grace
+// period before silence counts, and leases survive the restart.
+func TestRestartGrace(t *testing.T) {
+	e := newEnv(t)
+	j, _ := e.join("n1", 1<<30)
+	l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Hour) // the control plane was down for an hour
+	srv2, err := New(Config{Store: e.srv.st, Clock: e.clock, Lender: e.lender, BootstrapToken: bootTok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv2.Sweep(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	n, _ := e.srv.st.Node(e.ctx, j.NodeID)
+	got, _ := e.srv.st.Lease(e.ctx, l.ID)
+	if n.State != api.NodeReady || got.State != api.LeaseActive {
+		t.Fatalf("after restart: node %s, lease %s", n.State, got.State)
+	}
+	e.clock.Advance(11 * time.Second)
+	if err := srv2.Sweep(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	n, _ = e.srv.st.Node(e.ctx, j.NodeID)
+	got, _ = e.srv.st.Lease(e.ctx, l.ID)
+	if n.State != api.NodeDown || got.State != api.LeaseLost {
+		t.Fatalf("silent after restart: node %s, lease %s", n.State, got.State)
+	}
+}

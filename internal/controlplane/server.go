@@ -74,6 +74,7 @@ type Server struct {
 	openapi []byte
 	placeMu sync.Mutex // serializes placement + reservation; guards inv
 	inv     invCache
+	started time.Time // silence before this does not count (restarts)
 	auth    authCache
 	beats   beatBatcher
 	place   placer
@@ -136,6 +137,7 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s.place = policyPlace
+	s.started = s.now()
 	s.m = newServerMetrics(s.reg)
 	s.h = s.routes()
 	return s, nil
