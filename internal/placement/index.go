@@ -63,6 +63,9 @@ type Index struct {
 	afterBuf   []float64
 	rateBuf    []float64
 	globBuf    []int
+	selBuf     []int32
+	resBuf     []result
+	holeBuf    []span
 }
 
 type devState struct {

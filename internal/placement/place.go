@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -158,17 +159,21 @@ func (x *Index) Place(r Request) (Plan, error) {
 		return Plan{}, newInfeasible(fmt.Sprintf("no %s device for %s among %d examined", r.Kind, r.Borrower, examined), rej.list, rej.top())
 	}
 
-	// Candidate positions, for canonical option order and lookups in eval.
+	// Candidate positions (in the unsorted list), for lookups in eval and
+	// the canonical option order (candidate order, cmpCand).
 	if len(x.candPos) < len(x.devs) {
 		x.candPos = make([]int32, len(x.devs))
 	}
 	for i := range cands {
 		x.candPos[cands[i].dev] = int32(i)
 	}
-	// Options.
+	// Options. Each list below is what walking the candidates in order and
+	// taking the first matches gives; topK selects them without a sort.
 	var opts []option
 	addOpt := func(o option) {
-		slices.SortFunc(o.devs, func(a, b int32) int { return int(x.candPos[a]) - int(x.candPos[b]) })
+		if len(o.devs) > 1 {
+			slices.SortFunc(o.devs, func(a, b int32) int { return x.cmpCand(&cands[x.candPos[a]], &cands[x.candPos[b]]) })
+		}
 		for _, e := range opts {
 			if e.mode == o.mode && slices.Equal(e.devs, o.devs) {
 				return
@@ -176,69 +181,79 @@ func (x *Index) Place(r Request) (Plan, error) {
 		}
 		opts = append(opts, o)
 	}
+	sel := x.selBuf[:0]
 	if allowDed {
-		n := 0
-		for _, c := range cands {
-			if c.nLeases == 0 && !x.devs[c.dev].dedicated && x.devs[c.dev].dev.Capacity >= r.Size {
-				addOpt(option{mode: ModeDedicated, devs: []int32{c.dev}, partLen: x.devs[c.dev].dev.Capacity})
-				if n++; n == 2 {
-					break
-				}
-			}
+		sel = x.topK(sel, cands, 2, func(c *cand) bool {
+			return c.nLeases == 0 && !x.devs[c.dev].dedicated && x.devs[c.dev].dev.Capacity >= r.Size
+		}, nil)
+		for _, i := range sel {
+			c := &cands[i]
+			addOpt(option{mode: ModeDedicated, devs: []int32{c.dev}, partLen: x.devs[c.dev].dev.Capacity})
 		}
 	}
 	// The MaxWidth least-loaded candidates, ties in candidate order.
-	byLoad := make([]cand, 0, MaxWidth)
-	for _, c := range cands {
-		i := len(byLoad)
-		for i > 0 && byLoad[i-1].nLeases > c.nLeases {
-			i--
+	var byLoadBuf [MaxWidth]cand
+	byLoad := byLoadBuf[:0]
+	sel = x.topK(sel, cands, MaxWidth, nil, func(a, b *cand) bool {
+		if a.nLeases != b.nLeases {
+			return a.nLeases < b.nLeases
 		}
-		if i == MaxWidth {
-			continue
-		}
-		if len(byLoad) < MaxWidth {
-			byLoad = append(byLoad, cand{})
-		}
-		copy(byLoad[i+1:], byLoad[i:len(byLoad)-1])
-		byLoad[i] = c
+		return x.cmpCand(a, b) < 0
+	})
+	for _, i := range sel {
+		byLoad = append(byLoad, cands[i])
 	}
 	if allowShare {
-		add := func(c cand) {
+		add := func(c *cand) {
 			if x.devs[c.dev].free >= shareLen {
 				addOpt(option{mode: ModeShared, devs: []int32{c.dev}, partLen: shareLen})
 			}
 		}
-		for i := 0; i < len(cands) && i < 6; i++ {
-			add(cands[i])
+		sel = x.topK(sel, cands, 6, nil, nil)
+		for _, i := range sel {
+			add(&cands[i])
 		}
 		for i := 0; i < len(byLoad) && i < 2; i++ {
-			add(byLoad[i])
+			add(&byLoad[i])
 		}
 	}
 	if allowComp {
 		for w := minW; w <= maxW; w++ {
 			pl := roundUp((r.Size+int64(w)-1)/int64(w), q.align)
-			for _, list := range [][]cand{cands, byLoad} {
-				var devs []int32
-				for _, c := range list {
-					if x.devs[c.dev].free >= pl {
-						devs = append(devs, c.dev)
-						if len(devs) == w {
-							break
-						}
+			fits := func(c *cand) bool { return x.devs[c.dev].free >= pl }
+			sel = x.topK(sel, cands, w, fits, nil)
+			if len(sel) == w {
+				devs := make([]int32, w)
+				for k, i := range sel {
+					devs[k] = cands[i].dev
+				}
+				addOpt(option{mode: ModeComposed, devs: devs, partLen: pl})
+			}
+			var devs []int32
+			for k := range byLoad {
+				if fits(&byLoad[k]) {
+					devs = append(devs, byLoad[k].dev)
+					if len(devs) == w {
+						break
 					}
 				}
-				if len(devs) == w {
-					addOpt(option{mode: ModeComposed, devs: devs, partLen: pl})
-				}
+			}
+			if len(devs) == w {
+				addOpt(option{mode: ModeComposed, devs: devs, partLen: pl})
 			}
 		}
 	}
+	x.selBuf = sel[:0]
 	if len(opts) == 0 {
-		return Plan{}, newInfeasible(fmt.Sprintf("no device can hold a %s lease of %d", modeList(allowDed, allowShare, allowComp), r.Size), x.modeRejections(cands), ConstraintMode)
+		sorted := slices.Clone(cands)
+		slices.SortFunc(sorted, func(a, b cand) int { return x.cmpCand(&a, &b) })
+		return Plan{}, newInfeasible(fmt.Sprintf("no device can hold a %s lease of %d", modeList(allowDed, allowShare, allowComp), r.Size), x.modeRejections(sorted), ConstraintMode)
 	}
-	var results []result
+	results := x.resBuf[:0]
+	defer func() {
+		clear(results)
+		x.resBuf = results[:0]
+	}()
 	var rejected []Rejection
 	for _, o := range opts {
 		res := x.eval(q, bv, o, cands)
@@ -251,16 +266,29 @@ func (x *Index) Place(r Request) (Plan, error) {
 	if len(results) == 0 {
 		return Plan{}, newInfeasible(fmt.Sprintf("all %d options for %s rejected", len(rejected), r.Borrower), rejected, "")
 	}
-	slices.SortStableFunc(results, func(a, b result) int {
-		if less(&a, &b, q.strategy) {
-			return -1
+	// The best and up to three runners-up, in the order a stable sort by
+	// less would give (the first of equals stays first): selection instead
+	// of sorting every option.
+	var topBuf [4]*result
+	top := topBuf[:0]
+	for i := range results {
+		c := &results[i]
+		if len(top) == len(topBuf) && !x.less(c, top[len(top)-1], q.strategy) {
+			continue
 		}
-		if less(&b, &a, q.strategy) {
-			return 1
+		j := len(top)
+		if j < len(topBuf) {
+			top = append(top, nil)
+		} else {
+			j--
 		}
-		return 0
-	})
-	best := &results[0]
+		for j > 0 && x.less(c, top[j-1], q.strategy) {
+			top[j] = top[j-1]
+			j--
+		}
+		top[j] = c
+	}
+	best := top[0]
 	p := Plan{
 		Mode:                best.opt.mode,
 		Parts:               best.parts,
@@ -270,7 +298,7 @@ func (x *Index) Place(r Request) (Plan, error) {
 		PredictedCompletion: best.compl,
 		Impacts:             best.impacts,
 	}
-	p.Explanation = x.explain(q, results, rejected, len(cands), examined)
+	p.Explanation = x.explain(q, top, len(results), rejected, len(cands), examined)
 	return p, nil
 }
 
@@ -434,22 +462,63 @@ groups:
 	for i := range out {
 		out[i].k1 = candKey(&out[i], q.strategy)
 	}
-	slices.SortFunc(out, func(a, b cand) int { // a total order: ties end on device ID
-		switch {
-		case a.k1 != b.k1:
-			if a.k1 < b.k1 {
-				return -1
-			}
-			return 1
-		case a.linkUtil != b.linkUtil:
-			if a.linkUtil < b.linkUtil {
-				return -1
-			}
-			return 1
-		}
-		return int(x.devRank[a.dev]) - int(x.devRank[b.dev])
-	})
+	// Left unsorted: Place selects the few it needs in candidate order
+	// (cmpCand) without sorting them all.
 	return out, rej, examined
+}
+
+// cmpCand is the candidate order, a total order: nearest, lowest latency,
+// least loaded links, the strategy's packing, then link utilisation, and
+// ties end on device ID.
+func (x *Index) cmpCand(a, b *cand) int {
+	switch {
+	case a.k1 != b.k1:
+		if a.k1 < b.k1 {
+			return -1
+		}
+		return 1
+	case a.linkUtil != b.linkUtil:
+		if a.linkUtil < b.linkUtil {
+			return -1
+		}
+		return 1
+	}
+	return int(x.devRank[a.dev]) - int(x.devRank[b.dev])
+}
+
+// topK appends to dst the positions in cands of the (at most) k first
+// candidates in candidate order (cmpCand) for which keep holds, in that
+// order: what walking a sorted list and taking the first k matches gives.
+// less, when non-nil, replaces cmpCand as the order (it must be total).
+func (x *Index) topK(dst []int32, cands []cand, k int, keep func(c *cand) bool, before func(a, b *cand) bool) []int32 {
+	dst = dst[:0]
+	if k <= 0 {
+		return dst
+	}
+	if before == nil {
+		before = func(a, b *cand) bool { return x.cmpCand(a, b) < 0 }
+	}
+	for i := range cands {
+		c := &cands[i]
+		if keep != nil && !keep(c) {
+			continue
+		}
+		if len(dst) == k && !before(c, &cands[dst[k-1]]) {
+			continue
+		}
+		j := len(dst)
+		if j < k {
+			dst = append(dst, 0)
+		} else {
+			j = k - 1
+		}
+		for j > 0 && before(c, &cands[dst[j-1]]) {
+			dst[j] = dst[j-1]
+			j--
+		}
+		dst[j] = int32(i)
+	}
+	return dst
 }
 
 // candKey packs a candidate's ordering: fewest hops, lowest latency, link
@@ -542,19 +611,22 @@ func (x *Index) pathUtil(path []int32, extra float64) float64 {
 	return worst
 }
 
+type span struct{ off, end int64 }
+
 // hole finds the first aligned free range of n units on device di.
 func (x *Index) hole(di int32, n, align int64) (int64, bool) {
 	ds := &x.devs[di]
-	type rng struct{ off, end int64 }
-	var used []rng
+	used := x.holeBuf[:0]
 	for _, li := range ds.leases {
 		for _, p := range x.leases[li].l.Parts {
 			if p.DeviceID == ds.dev.ID {
-				used = append(used, rng{p.Offset, p.Offset + p.Length})
+				used = append(used, span{p.Offset, p.Offset + p.Length})
 			}
 		}
 	}
-	sort.Slice(used, func(i, j int) bool { return used[i].off < used[j].off })
+	x.holeBuf = used
+	// Ranges do not overlap, so the order among equal offsets is immaterial.
+	slices.SortFunc(used, func(a, b span) int { return cmp.Compare(a.off, b.off) })
 	off := int64(0)
 	for _, u := range used {
 		if u.off-off >= n {
@@ -570,25 +642,13 @@ func (x *Index) hole(di int32, n, align int64) (int64, bool) {
 // eval predicts the outcome of one option.
 func (x *Index) eval(q req, bv int32, o option, cands []cand) result {
 	res := result{opt: o}
-	var nb strings.Builder
-	nb.WriteString(o.mode)
-	for i, di := range o.devs {
-		if i == 0 {
-			nb.WriteByte(' ')
-		} else {
-			nb.WriteByte('+')
-		}
-		nb.WriteString(x.devs[di].dev.Node)
-		nb.WriteByte('/')
-		nb.WriteString(x.devs[di].dev.ID)
-	}
-	res.name = nb.String()
 	reject := func(c, reason string) result {
-		res.rejection = &Rejection{Candidate: res.name, Constraint: c, Reason: reason}
+		res.rejection = &Rejection{Candidate: x.name(&res), Constraint: c, Reason: reason}
 		return res
 	}
 	// Parts.
 	var ch usage
+	res.parts = make([]Part, 0, len(o.devs))
 	for _, di := range o.devs {
 		ds := &x.devs[di]
 		off, length := int64(0), o.partLen
@@ -670,16 +730,30 @@ func (x *Index) eval(q req, bv int32, o option, cands []cand) result {
 		}
 		res.impacts = append(res.impacts, im)
 	}
-	sort.Slice(res.impacts, func(i, j int) bool { return res.impacts[i].LeaseID < res.impacts[j].LeaseID })
+	if len(res.impacts) > 1 {
+		slices.SortFunc(res.impacts, func(a, b Impact) int { return strings.Compare(a.LeaseID, b.LeaseID) })
+	}
 
 	// Ranking figures.
 	switch {
 	case q.tight:
-		res.modeRank = map[string]int{ModeDedicated: 0, ModeComposed: 1, ModeShared: 2}[o.mode]
+		switch o.mode {
+		case ModeComposed:
+			res.modeRank = 1
+		case ModeShared:
+			res.modeRank = 2
+		}
 	case q.strategy == Spread:
-		res.modeRank = map[string]int{ModeDedicated: 1}[o.mode]
+		if o.mode == ModeDedicated {
+			res.modeRank = 1
+		}
 	default:
-		res.modeRank = map[string]int{ModeShared: 0, ModeComposed: 1, ModeDedicated: 2}[o.mode]
+		switch o.mode {
+		case ModeComposed:
+			res.modeRank = 1
+		case ModeDedicated:
+			res.modeRank = 2
+		}
 	}
 	k := float64(len(o.devs))
 	add := res.rate
@@ -765,7 +839,7 @@ func (x *Index) devUtil(di int32, add float64) float64 {
 	return sum / c
 }
 
-func less(a, b *result, strategy string) bool {
+func (x *Index) less(a, b *result, strategy string) bool {
 	if a.unmet != b.unmet {
 		return a.unmet < b.unmet
 	}
@@ -796,7 +870,34 @@ func less(a, b *result, strategy string) bool {
 	if a.linkUtil != b.linkUtil {
 		return a.linkUtil < b.linkUtil
 	}
-	return a.name < b.name
+	return x.name(a) < x.name(b)
+}
+
+// name is the option's name ("shared node/device", "composed n/d+n/d"),
+// built on first use: only ties, rejections and the explanation need it.
+func (x *Index) name(res *result) string {
+	if res.name != "" {
+		return res.name
+	}
+	var nb strings.Builder
+	n := len(res.opt.mode)
+	for _, di := range res.opt.devs {
+		n += 2 + len(x.devs[di].dev.Node) + len(x.devs[di].dev.ID)
+	}
+	nb.Grow(n)
+	nb.WriteString(res.opt.mode)
+	for i, di := range res.opt.devs {
+		if i == 0 {
+			nb.WriteByte(' ')
+		} else {
+			nb.WriteByte('+')
+		}
+		nb.WriteString(x.devs[di].dev.Node)
+		nb.WriteByte('/')
+		nb.WriteString(x.devs[di].dev.ID)
+	}
+	res.name = nb.String()
+	return res.name
 }
 
 // whyLost names the first ranking figure on which b lost to a.
@@ -827,8 +928,10 @@ func whyLost(a, b *result, strategy string) string {
 	return "name order"
 }
 
-func (x *Index) explain(q req, results []result, rejected []Rejection, ncand, examined int) []string {
-	best := &results[0]
+// explain describes the choice: top is the best and the runners-up in
+// ranking order, nresults how many options were predicted and kept.
+func (x *Index) explain(q req, top []*result, nresults int, rejected []Rejection, ncand, examined int) []string {
+	best := top[0]
 	var e []string
 	need := "no bandwidth requirement"
 	switch {
@@ -842,13 +945,13 @@ func (x *Index) explain(q req, results []result, rejected []Rejection, ncand, ex
 		need = fmt.Sprintf("wants %s without slowdown", fmtBW(q.need))
 	}
 	e = append(e, fmt.Sprintf("request: %s %d for %s, %s, strategy %s", q.Kind, q.Size, q.Borrower, need, q.strategy))
-	e = append(e, fmt.Sprintf("candidates: %d usable devices of %d examined; %d options predicted, %d rejected", ncand, examined, len(results)+len(rejected), len(rejected)))
+	e = append(e, fmt.Sprintf("candidates: %d usable devices of %d examined; %d options predicted, %d rejected", ncand, examined, nresults+len(rejected), len(rejected)))
 	compl := ""
 	if q.Work > 0 {
 		compl = fmt.Sprintf(", completion %v", best.compl.Round(time.Millisecond))
 	}
 	e = append(e, fmt.Sprintf("chose %s: %d hops, %v, predicted %s%s, link load %.0f%%",
-		best.name, best.hops, best.latency, fmtBW(best.rate), compl, 100*best.linkUtil))
+		x.name(best), best.hops, best.latency, fmtBW(best.rate), compl, 100*best.linkUtil))
 	switch {
 	case q.tight:
 		e = append(e, "mode: tight deadline, so dedicated is preferred, then composed, then shared (isolation from later arrivals)")
@@ -874,8 +977,8 @@ func (x *Index) explain(q req, results []result, rejected []Rejection, ncand, ex
 		}
 		e = append(e, s)
 	}
-	for i := 1; i < len(results) && i < 4; i++ {
-		e = append(e, fmt.Sprintf("runner-up %s: predicted %s, lost on %s", results[i].name, fmtBW(results[i].rate), whyLost(best, &results[i], q.strategy)))
+	for _, ru := range top[1:] {
+		e = append(e, fmt.Sprintf("runner-up %s: predicted %s, lost on %s", x.name(ru), fmtBW(ru.rate), whyLost(best, ru, q.strategy)))
 	}
 	for i, r := range rejected {
 		if i == 4 {
