@@ -1,0 +1,88 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/rialto-project/rialto/internal/costplan"
+)
+
+func init() {
+	register(&command{Name: "plan", Summary: "Price accelerator deployments (seed 002's calculator): servers and cost of each.", Run: runPlan})
+}
+
+// planDeployment is one row of plan's JSON output.
+type planDeployment struct {
+	ID          string        `json:"id"`    // site/name/element
+	State       string        `json:"state"` // ok
+	Site        string        `json:"site"`
+	Name        string        `json:"name"`
+	Element     string        `json:"element"`
+	Kind        costplan.Kind `json:"kind"`
+	Units       int           `json:"units"`
+	Accels      int           `json:"accels,omitempty"`
+	Utilisation float64       `json:"utilisation,omitempty"`
+	UnitCost    float64       `json:"unit_cost,omitempty"`
+	Hourly      float64       `json:"hourly,omitempty"`
+	TotalUSD    float64       `json:"total_usd"`
+	PerYear     bool          `json:"per_year"`
+	Note        string        `json:"note,omitempty"`
+}
+
+type planOutput struct {
+	ID          string           `json:"id"`
+	State       string           `json:"state"`
+	CPUDemand   float64          `json:"cpu_demand_vcpus"`
+	Inputs      costplan.Inputs  `json:"inputs"`
+	Deployments []planDeployment `json:"deployments"`
+}
+
+func runPlan(_ context.Context, e *env, args []string) error {
+	fs := newFlags(e, "plan", "")
+	inputs := fs.String("inputs", "", "inputs as JSON (default: seed 002's Table 1 inputs; see --print-inputs)")
+	printInputs := fs.Bool("print-inputs", false, "print the inputs as JSON (a template for --inputs) and exit")
+	output := fs.String("o", "table", "output format: table or json")
+	if _, err := parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	if *output != "table" && *output != "json" {
+		return fmt.Errorf("unknown output format %q (use table or json)", *output)
+	}
+	in := costplan.PaperInputs()
+	if *inputs != "" {
+		f, err := os.Open(*inputs)
+		if err != nil {
+			return err
+		}
+		in, err = costplan.ParseInputs(f)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("%s: %w", *inputs, err)
+		}
+	}
+	if *printInputs {
+		return printJSON(e.stdout, in)
+	}
+	res, err := costplan.Compute(in)
+	if err != nil {
+		return err
+	}
+	if *output == "table" {
+		if *inputs == "" {
+			fmt.Fprintln(e.stdout, "Inputs: seed 002's Table 1 (rialto plan --print-inputs shows them; edit and pass --inputs).")
+			fmt.Fprintln(e.stdout)
+		}
+		return costplan.Format(e.stdout, res)
+	}
+	out := planOutput{ID: "plan", State: "ok", CPUDemand: res.CPUDemand, Inputs: res.Inputs, Deployments: []planDeployment{}}
+	for _, r := range res.Rows {
+		out.Deployments = append(out.Deployments, planDeployment{
+			ID: strings.Join([]string{r.Site, r.Name, r.Element}, "/"), State: "ok",
+			Site: r.Site, Name: r.Name, Element: r.Element, Kind: r.Kind, Units: r.Units, Accels: r.Accels,
+			Utilisation: r.Utilisation, UnitCost: r.UnitCost, Hourly: r.Hourly, TotalUSD: r.Total, PerYear: r.PerYear, Note: r.Note,
+		})
+	}
+	return printJSON(e.stdout, out)
+}
