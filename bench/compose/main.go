@@ -116,7 +116,7 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("run", flag.ExitOnError)
 	rate := fs.String("rate", "200mbit", "tc tbf rate of every lender link")
 	sizeMiB := fs.Int64("size-mib", 240, "bytes copied per run (MiB; divisible by 1, 2 and 3 MiB units)")
-	reps := fs.Int("reps", 3, "repetitions (configurations interleaved within each)")
+	reps := fs.Int("reps", 5, "repetitions (configurations interleaved within each)")
 	unit := fs.Int64("unit", stripe.DefaultStripeUnit, "stripe unit in bytes")
 	conns := fs.Int("conns", stripe.DefaultConnsPerPart, "connections per lender")
 	workers := fs.Int("workers", stripe.DefaultWorkers, "requests served concurrently per client connection of the attached volume")

@@ -4,12 +4,12 @@
 # against iperf3's ceiling for the same links in the same run. Needs root, ip,
 # tc, nbdcopy and iperf3. Writes docs/bench/compose.md.
 #
-#   bench/compose/run.sh                     # RATE=200mbit SIZE_MIB=240 REPS=3
+#   bench/compose/run.sh                     # RATE=200mbit SIZE_MIB=240 REPS=5
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RATE=${RATE:-200mbit}
 SIZE_MIB=${SIZE_MIB:-240}
-REPS=${REPS:-3}
+REPS=${REPS:-5}
 UNIT=${UNIT:-131072}
 CONNS=${CONNS:-2}
 OUT=${OUT:-docs/bench/compose.md}
