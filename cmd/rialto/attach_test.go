@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -266,5 +267,59 @@ func TestAttachUnixSocketAndErrors(t *testing.T) {
 	c.Client().ReleaseLease(ctx, m.ID)
 	if _, errs, code := runIn(t, c, runtime, "attach", m.ID); code != 1 || !strings.Contains(errs, "not active") {
 		t.Errorf("attach of a released lease: %d %s", code, errs)
+	}
+}
+
+// TestAttachProcess runs `rialto attach` as a process: detach stops it and
+// waits until it has exited, and SIGTERM makes it clean up too.
+func TestAttachProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := buildBinary(t)
+	c := testcluster.Start(t, testcluster.Options{Nodes: 2})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	l, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeComposed, Count: 2, Size: 16 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtime := t.TempDir()
+	procEnv := []string{"RIALTO_ADDR=" + c.URL, "RIALTO_TOKEN=" + testcluster.AdminToken, "XDG_RUNTIME_DIR=" + runtime}
+
+	p, uri := startProc(t, bin, procEnv, "nbd://", "attach", l.ID)
+	uri = "nbd://" + uri
+	nc, err := nbd.DialURI(ctx, uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nc.WriteAt([]byte("process"), 0); err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	if _, errs, code := runIn(t, c, runtime, "detach", l.ID); code != 0 {
+		t.Fatalf("detach: %d %s", code, errs)
+	}
+	select {
+	case err := <-p.done:
+		if err != nil {
+			t.Errorf("attach process: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("attach process still running after detach returned")
+	}
+
+	p, _ = startProc(t, bin, procEnv, "nbd://", "attach", l.ID)
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-p.done:
+		if err != nil {
+			t.Errorf("attach after SIGTERM: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("attach ignored SIGTERM")
+	}
+	if ents, _ := os.ReadDir(filepath.Join(runtime, "rialto")); len(ents) != 0 {
+		t.Errorf("attach state left behind: %v", ents)
 	}
 }
