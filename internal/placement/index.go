@@ -1,7 +1,9 @@
 package placement
 
 import (
+	"cmp"
 	"math"
+	"slices"
 	"sort"
 	"time"
 
@@ -38,8 +40,11 @@ type Index struct {
 	local  map[localKey][]int32 // devices by the vertex they attach to, sorted by ID
 	orders map[orderKey][]int32
 
-	leases    []leaseState
+	leases    []leaseState // slots; Remove frees one and insertLease reuses it
 	leaseByID map[string]int
+	freeSlots []int32    // free slots in leases
+	leaseSeq  uint64     // insertions so far: the next lease's seq
+	reused    bool       // a slot was reused, so slot order is not lease order
 	res       []resState // devices first, then links
 	tenants   map[string]*usage
 
@@ -90,6 +95,7 @@ type leaseState struct {
 	l    Lease
 	uses []fabric.Use
 	rate float64
+	seq  uint64 // insertion order: Predictions lists leases in this order
 	live bool
 }
 
@@ -414,12 +420,24 @@ func demandOf(d float64) float64 {
 	return d
 }
 
-// insertLease records a lease without solving rates.
+// insertLease records a lease without solving rates, in a freed slot when
+// there is one.
 func (x *Index) insertLease(l Lease) int {
-	li := len(x.leases)
-	ls := leaseState{l: l, live: true}
-	ls.uses = x.leaseUses(l.Borrower, l.Parts, nil)
-	x.leases = append(x.leases, ls)
+	var li int
+	var uses []fabric.Use
+	if n := len(x.freeSlots); n > 0 {
+		li = int(x.freeSlots[n-1])
+		x.freeSlots = x.freeSlots[:n-1]
+		uses = x.leases[li].uses[:0]
+		x.reused = true
+	} else {
+		li = len(x.leases)
+		x.leases = append(x.leases, leaseState{})
+	}
+	ls := leaseState{l: l, live: true, seq: x.leaseSeq}
+	x.leaseSeq++
+	ls.uses = x.leaseUses(l.Borrower, l.Parts, uses)
+	x.leases[li] = ls
 	x.leaseByID[l.ID] = li
 	for _, p := range l.Parts {
 		di, ok := x.devByID[p.DeviceID]
@@ -577,12 +595,18 @@ func Predict(s *Snapshot) []Prediction {
 // Predictions returns the index's current predictions in lease order
 // (leases removed with Remove are skipped).
 func (x *Index) Predictions() []Prediction {
-	out := make([]Prediction, 0, len(x.leases))
+	order := make([]int32, 0, len(x.leaseByID))
 	for i := range x.leases {
-		ls := &x.leases[i]
-		if !ls.live {
-			continue
+		if x.leases[i].live {
+			order = append(order, int32(i))
 		}
+	}
+	if x.reused {
+		slices.SortFunc(order, func(a, b int32) int { return cmp.Compare(x.leases[a].seq, x.leases[b].seq) })
+	}
+	out := make([]Prediction, 0, len(order))
+	for _, i := range order {
+		ls := &x.leases[i]
 		c := completion(ls.l.Remaining, ls.rate)
 		out = append(out, Prediction{LeaseID: ls.l.ID, Bandwidth: ls.rate, Completion: c,
 			Late: ls.l.Deadline > 0 && ls.l.Remaining > 0 && x.now+c > ls.l.Deadline})

@@ -261,7 +261,9 @@ func (x *Index) Add(l Lease) error {
 	uses := x.leaseUses(l.Borrower, l.Parts, nil)
 	sol := x.localSolve(uses, demandOf(l.Demand), -1)
 	li := x.insertLease(l)
-	x.lsStamp = append(x.lsStamp, 0)
+	for len(x.lsStamp) < len(x.leases) {
+		x.lsStamp = append(x.lsStamp, 0)
+	}
 	x.setRates(sol)
 	x.leases[li].rate = sol.newRate
 	x.addLoad(li, sol.newRate, 1)
@@ -298,6 +300,9 @@ func (x *Index) Remove(id string) error {
 	}
 	x.setRates(sol)
 	x.refreshDevs(ls.l.Parts)
+	// Free the slot for the next insertLease, keeping its uses' storage.
+	x.leases[li] = leaseState{uses: ls.uses[:0]}
+	x.freeSlots = append(x.freeSlots, int32(li))
 	return nil
 }
 
