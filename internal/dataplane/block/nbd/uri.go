@@ -1,6 +1,7 @@
 package nbd
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -13,7 +14,13 @@ const DefaultPort = "10809"
 func parseURI(s string) (URI, error) {
 	u, err := url.Parse(s)
 	if err != nil {
-		return URI{}, fmt.Errorf("nbd: bad URI: %w", err)
+		// url.Error quotes the whole input, which carries the export
+		// name (a lease credential): report only the reason.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return URI{}, fmt.Errorf("nbd: bad URI: %v", err)
 	}
 	export := strings.TrimPrefix(u.Path, "/")
 	switch u.Scheme {
