@@ -69,8 +69,12 @@ type Index struct {
 	rateBuf    []float64
 	globBuf    []int
 	selBuf     []int32
+	prefBuf    []int32
 	resBuf     []result
-	holeBuf    []span
+	utilPath   []int32
+	uEpoch     uint32
+	uStamp     []uint32  // per vertex (an anchor): uVal is current
+	uVal       []float64 // per anchor: worst utilisation on the core path
 }
 
 type devState struct {
@@ -84,6 +88,7 @@ type devState struct {
 	dedicated bool
 	usable    string // "" when usable, else the constraint that rules it out
 	leases    []int32
+	spans     []span // the parts of leases on it, sorted by offset
 }
 
 type resState struct {
@@ -294,6 +299,25 @@ func (x *Index) leafDist(v int32) fabric.Distance {
 	return fabric.Distance{}
 }
 
+// distFrom is dist(b, a) given t, the tree from b's anchor.
+func (x *Index) distFrom(t *fabric.Tree, b, a int32) fabric.Distance {
+	if a == b {
+		return fabric.Distance{}
+	}
+	if x.anchor[a] == b {
+		return x.leafDist(a)
+	}
+	if x.anchor[b] == a {
+		return x.leafDist(b)
+	}
+	cd := t.Dist[x.coreOf[x.anchor[a]]]
+	if cd == fabric.Unreachable {
+		return fabric.Unreachable
+	}
+	lb, la := x.leafDist(b), x.leafDist(a)
+	return fabric.Distance{Hops: cd.Hops + lb.Hops + la.Hops, Latency: cd.Latency + lb.Latency + la.Latency}
+}
+
 // dist is the fewest-hops distance from vertex b to vertex a.
 func (x *Index) dist(b, a int32) fabric.Distance {
 	if a == b {
@@ -449,6 +473,9 @@ func (x *Index) insertLease(l Lease) int {
 		if l.Mode == ModeDedicated {
 			ds.dedicated = true
 		}
+		sp := span{p.Offset, p.Offset + p.Length}
+		i, _ := slices.BinarySearchFunc(ds.spans, sp, cmpSpan)
+		ds.spans = slices.Insert(ds.spans, i, sp)
 	}
 	for _, u := range ls.uses {
 		x.res[u.Resource].leases = append(x.res[u.Resource].leases, int32(li))
@@ -458,6 +485,22 @@ func (x *Index) insertLease(l Lease) int {
 	}
 	x.charge(l.Tenant, x.leaseCharge(l), 1)
 	return li
+}
+
+func cmpSpan(a, b span) int {
+	if c := cmp.Compare(a.off, b.off); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.end, b.end)
+}
+
+// dropSpan removes one part's span from device di.
+func (x *Index) dropSpan(di int, p Part) {
+	ds := &x.devs[di]
+	sp := span{p.Offset, p.Offset + p.Length}
+	if i, ok := slices.BinarySearchFunc(ds.spans, sp, cmpSpan); ok {
+		ds.spans = slices.Delete(ds.spans, i, i+1)
+	}
 }
 
 func (x *Index) leaseCharge(l Lease) usage {

@@ -1,11 +1,11 @@
 package placement
 
 import (
-	"cmp"
 	"fmt"
 	"math"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,6 +19,10 @@ import (
 func Place(s *Snapshot, r Request) (Plan, error) {
 	return NewIndex(s).Place(r)
 }
+
+// candPrefix is how many candidates Place orders up front (at least the
+// six shared options and the widest composition).
+const candPrefix = 8
 
 type cand struct {
 	k1       uint64 // hops, latency, link band, packing: see candKey
@@ -182,10 +186,13 @@ func (x *Index) Place(r Request) (Plan, error) {
 		opts = append(opts, o)
 	}
 	sel := x.selBuf[:0]
+	// The first candidates in order: most lists below are found in it.
+	prefix := x.topK(x.prefBuf[:0], cands, candPrefix, nil, false)
+	x.prefBuf = prefix[:0]
 	if allowDed {
-		sel = x.topK(sel, cands, 2, func(c *cand) bool {
+		sel = x.firstK(sel, prefix, cands, 2, func(c *cand) bool {
 			return c.nLeases == 0 && !x.devs[c.dev].dedicated && x.devs[c.dev].dev.Capacity >= r.Size
-		}, nil)
+		})
 		for _, i := range sel {
 			c := &cands[i]
 			addOpt(option{mode: ModeDedicated, devs: []int32{c.dev}, partLen: x.devs[c.dev].dev.Capacity})
@@ -194,12 +201,7 @@ func (x *Index) Place(r Request) (Plan, error) {
 	// The MaxWidth least-loaded candidates, ties in candidate order.
 	var byLoadBuf [MaxWidth]cand
 	byLoad := byLoadBuf[:0]
-	sel = x.topK(sel, cands, MaxWidth, nil, func(a, b *cand) bool {
-		if a.nLeases != b.nLeases {
-			return a.nLeases < b.nLeases
-		}
-		return x.cmpCand(a, b) < 0
-	})
+	sel = x.topK(sel, cands, MaxWidth, nil, true)
 	for _, i := range sel {
 		byLoad = append(byLoad, cands[i])
 	}
@@ -209,7 +211,7 @@ func (x *Index) Place(r Request) (Plan, error) {
 				addOpt(option{mode: ModeShared, devs: []int32{c.dev}, partLen: shareLen})
 			}
 		}
-		sel = x.topK(sel, cands, 6, nil, nil)
+		sel = x.firstK(sel, prefix, cands, 6, nil)
 		for _, i := range sel {
 			add(&cands[i])
 		}
@@ -221,7 +223,7 @@ func (x *Index) Place(r Request) (Plan, error) {
 		for w := minW; w <= maxW; w++ {
 			pl := roundUp((r.Size+int64(w)-1)/int64(w), q.align)
 			fits := func(c *cand) bool { return x.devs[c.dev].free >= pl }
-			sel = x.topK(sel, cands, w, fits, nil)
+			sel = x.firstK(sel, prefix, cands, w, fits)
 			if len(sel) == w {
 				devs := make([]int32, w)
 				for k, i := range sel {
@@ -375,7 +377,15 @@ func (x *Index) candidates(q req, bv int32, allowDed bool, minNeed int64, detail
 	out := x.candBuf[:0]
 	defer func() { x.candBuf = out[:0] }()
 	examined := 0
-	var path []int32
+	bt := x.tree(x.coreOf[x.anchor[bv]]) // the tree dist and route use from bv
+	if x.uEpoch++; x.uEpoch == 0 {
+		clear(x.uStamp)
+		x.uEpoch = 1
+	}
+	if len(x.uStamp) < x.g.Len() {
+		x.uStamp = make([]uint32, x.g.Len())
+		x.uVal = make([]float64, x.g.Len())
+	}
 	check := func(di int32) {
 		examined++
 		ds := &x.devs[di]
@@ -407,7 +417,7 @@ func (x *Index) candidates(q req, bv int32, allowDed bool, minNeed int64, detail
 			}
 			return
 		}
-		d := x.dist(bv, ds.vertex)
+		d := x.distFrom(bt, bv, ds.vertex)
 		if d == fabric.Unreachable {
 			if detail {
 				rej.add(ds.dev.ID, ConstraintReach, "no fabric path")
@@ -421,8 +431,7 @@ func (x *Index) candidates(q req, bv int32, allowDed bool, minNeed int64, detail
 			}
 			return
 		}
-		path = x.route(path[:0], bv, ds.vertex)
-		out = append(out, cand{dev: di, dist: d, latency: lat, linkUtil: x.pathUtil(path, 0), nLeases: len(ds.leases)})
+		out = append(out, cand{dev: di, dist: d, latency: lat, linkUtil: x.routeUtil(bt, bv, ds.vertex), nLeases: len(ds.leases)})
 	}
 	// Devices on the borrower itself first: they are nearest of all.
 	for _, di := range x.local[localKey{bv, q.Kind}] {
@@ -486,24 +495,32 @@ func (x *Index) cmpCand(a, b *cand) int {
 	return int(x.devRank[a.dev]) - int(x.devRank[b.dev])
 }
 
+// before is the candidate order (cmpCand), or with byLoad fewest leases
+// first and then the candidate order.
+func (x *Index) before(a, b *cand, byLoad bool) bool {
+	if byLoad && a.nLeases != b.nLeases {
+		return a.nLeases < b.nLeases
+	}
+	if a.k1 != b.k1 {
+		return a.k1 < b.k1
+	}
+	return x.cmpCand(a, b) < 0
+}
+
 // topK appends to dst the positions in cands of the (at most) k first
-// candidates in candidate order (cmpCand) for which keep holds, in that
+// candidates in order (x.before) for which keep (nil: all) holds, in that
 // order: what walking a sorted list and taking the first k matches gives.
-// less, when non-nil, replaces cmpCand as the order (it must be total).
-func (x *Index) topK(dst []int32, cands []cand, k int, keep func(c *cand) bool, before func(a, b *cand) bool) []int32 {
+func (x *Index) topK(dst []int32, cands []cand, k int, keep func(c *cand) bool, byLoad bool) []int32 {
 	dst = dst[:0]
 	if k <= 0 {
 		return dst
-	}
-	if before == nil {
-		before = func(a, b *cand) bool { return x.cmpCand(a, b) < 0 }
 	}
 	for i := range cands {
 		c := &cands[i]
 		if keep != nil && !keep(c) {
 			continue
 		}
-		if len(dst) == k && !before(c, &cands[dst[k-1]]) {
+		if len(dst) == k && !x.before(c, &cands[dst[k-1]], byLoad) {
 			continue
 		}
 		j := len(dst)
@@ -512,13 +529,31 @@ func (x *Index) topK(dst []int32, cands []cand, k int, keep func(c *cand) bool, 
 		} else {
 			j = k - 1
 		}
-		for j > 0 && before(c, &cands[dst[j-1]]) {
+		for j > 0 && x.before(c, &cands[dst[j-1]], byLoad) {
 			dst[j] = dst[j-1]
 			j--
 		}
 		dst[j] = int32(i)
 	}
 	return dst
+}
+
+// firstK is topK(dst, cands, k, keep, false) using prefix, the first
+// candidates in order, when it holds k matches (or all candidates).
+func (x *Index) firstK(dst, prefix []int32, cands []cand, k int, keep func(c *cand) bool) []int32 {
+	dst = dst[:0]
+	for _, i := range prefix {
+		if len(dst) == k {
+			return dst
+		}
+		if keep == nil || keep(&cands[i]) {
+			dst = append(dst, i)
+		}
+	}
+	if len(dst) == k || len(prefix) == len(cands) {
+		return dst
+	}
+	return x.topK(dst, cands, k, keep, false)
 }
 
 // candKey packs a candidate's ordering: fewest hops, lowest latency, link
@@ -595,6 +630,43 @@ func (x *Index) affine(r Request, ds *devState) bool {
 	return true
 }
 
+// routeUtil is pathUtil(route(b, a), 0) with t the tree from b's anchor:
+// the worst utilisation over b's leaf link, the core path between the
+// anchors (computed once per anchor per candidates call) and a's leaf link.
+// The worst of a set does not depend on the order it is taken in.
+func (x *Index) routeUtil(t *fabric.Tree, b, a int32) float64 {
+	if a == b || x.anchor[a] == b || x.anchor[b] == a {
+		x.utilPath = x.route(x.utilPath[:0], b, a)
+		return x.pathUtil(x.utilPath, 0)
+	}
+	aa := x.anchor[a]
+	worst := 0.0
+	if x.uStamp[aa] == x.uEpoch {
+		worst = x.uVal[aa]
+	} else {
+		path := x.utilPath[:0]
+		for _, cl := range t.PathTo(int(x.coreOf[aa])) {
+			path = append(path, x.coreLink[cl])
+		}
+		x.utilPath = path
+		worst = x.pathUtil(path, 0)
+		x.uStamp[aa], x.uVal[aa] = x.uEpoch, worst
+	}
+	for _, li := range [2]int32{x.leafLink[b], x.leafLink[a]} {
+		if li < 0 {
+			continue
+		}
+		l := &x.links[li]
+		if l.Bandwidth <= 0 {
+			continue
+		}
+		if u := (l.Load + x.res[len(x.devs)+int(li)].load) / l.Bandwidth; u > worst {
+			worst = u
+		}
+	}
+	return worst
+}
+
 // pathUtil is the worst utilisation on a path with extra added to each link.
 func (x *Index) pathUtil(path []int32, extra float64) float64 {
 	worst := 0.0
@@ -611,24 +683,14 @@ func (x *Index) pathUtil(path []int32, extra float64) float64 {
 	return worst
 }
 
+// span is a used range of a device: a lease's part.
 type span struct{ off, end int64 }
 
 // hole finds the first aligned free range of n units on device di.
 func (x *Index) hole(di int32, n, align int64) (int64, bool) {
 	ds := &x.devs[di]
-	used := x.holeBuf[:0]
-	for _, li := range ds.leases {
-		for _, p := range x.leases[li].l.Parts {
-			if p.DeviceID == ds.dev.ID {
-				used = append(used, span{p.Offset, p.Offset + p.Length})
-			}
-		}
-	}
-	x.holeBuf = used
-	// Ranges do not overlap, so the order among equal offsets is immaterial.
-	slices.SortFunc(used, func(a, b span) int { return cmp.Compare(a.off, b.off) })
 	off := int64(0)
-	for _, u := range used {
+	for _, u := range ds.spans { // sorted by offset; among equal offsets any order gives this result
 		if u.off-off >= n {
 			return off, true
 		}
@@ -904,26 +966,26 @@ func (x *Index) name(res *result) string {
 func whyLost(a, b *result, strategy string) string {
 	switch {
 	case a.unmet != b.unmet:
-		return fmt.Sprintf("it leaves %d requirement(s) unmet, the choice %d", b.unmet, a.unmet)
+		return "it leaves " + strconv.Itoa(b.unmet) + " requirement(s) unmet, the choice " + strconv.Itoa(a.unmet)
 	case a.modeRank != b.modeRank:
 		return "mode preference"
 	case strategy == Spread && a.slowdown != b.slowdown:
-		return fmt.Sprintf("more slowdown (%.1f%% vs %.1f%%)", 100*b.slowdown, 100*a.slowdown)
+		return "more slowdown (" + fmtF(100*b.slowdown, 1) + "% vs " + fmtF(100*a.slowdown, 1) + "%)"
 	case a.hops != b.hops:
-		return fmt.Sprintf("%d hops vs %d", b.hops, a.hops)
+		return strconv.Itoa(b.hops) + " hops vs " + strconv.Itoa(a.hops)
 	case a.latency != b.latency:
-		return fmt.Sprintf("latency %v vs %v", b.latency, a.latency)
+		return "latency " + b.latency.String() + " vs " + a.latency.String()
 	case a.linkBand != b.linkBand:
-		return fmt.Sprintf("link load %.0f%% vs %.0f%%", 100*b.linkUtil, 100*a.linkUtil)
+		return "link load " + fmtF(100*b.linkUtil, 0) + "% vs " + fmtF(100*a.linkUtil, 0) + "%"
 	case a.pack1 != b.pack1 || a.pack2 != b.pack2:
 		if strategy == Spread {
-			return fmt.Sprintf("device utilisation %.0f%% vs %.0f%%", 100*b.pack1, 100*a.pack1)
+			return "device utilisation " + fmtF(100*b.pack1, 0) + "% vs " + fmtF(100*a.pack1, 0) + "%"
 		}
 		return "packing (binpack prefers devices already in use, then the tightest fit)"
 	case a.slowdown != b.slowdown:
-		return fmt.Sprintf("more slowdown (%.1f%% vs %.1f%%)", 100*b.slowdown, 100*a.slowdown)
+		return "more slowdown (" + fmtF(100*b.slowdown, 1) + "% vs " + fmtF(100*a.slowdown, 1) + "%)"
 	case a.linkUtil != b.linkUtil:
-		return fmt.Sprintf("link load %.1f%% vs %.1f%%", 100*b.linkUtil, 100*a.linkUtil)
+		return "link load " + fmtF(100*b.linkUtil, 1) + "% vs " + fmtF(100*a.linkUtil, 1) + "%"
 	}
 	return "name order"
 }
@@ -932,7 +994,7 @@ func whyLost(a, b *result, strategy string) string {
 // ranking order, nresults how many options were predicted and kept.
 func (x *Index) explain(q req, top []*result, nresults int, rejected []Rejection, ncand, examined int) []string {
 	best := top[0]
-	var e []string
+	e := make([]string, 0, 6+min(len(best.impacts), 9)+len(top)+min(len(rejected), 5))
 	need := "no bandwidth requirement"
 	switch {
 	case q.hard:
@@ -940,18 +1002,19 @@ func (x *Index) explain(q req, top []*result, nresults int, rejected []Rejection
 		if q.tight {
 			kind = "tight"
 		}
-		need = fmt.Sprintf("deadline %v for %s needs %s (%s)", q.Deadline, fmtBytes(q.Work), fmtBW(q.need), kind)
+		need = "deadline " + q.Deadline.String() + " for " + fmtBytes(q.Work) + " needs " + fmtBW(q.need) + " (" + kind + ")"
 	case q.need > 0:
-		need = fmt.Sprintf("wants %s without slowdown", fmtBW(q.need))
+		need = "wants " + fmtBW(q.need) + " without slowdown"
 	}
-	e = append(e, fmt.Sprintf("request: %s %d for %s, %s, strategy %s", q.Kind, q.Size, q.Borrower, need, q.strategy))
-	e = append(e, fmt.Sprintf("candidates: %d usable devices of %d examined; %d options predicted, %d rejected", ncand, examined, nresults+len(rejected), len(rejected)))
+	e = append(e, "request: "+q.Kind+" "+strconv.FormatInt(q.Size, 10)+" for "+q.Borrower+", "+need+", strategy "+q.strategy)
+	e = append(e, "candidates: "+strconv.Itoa(ncand)+" usable devices of "+strconv.Itoa(examined)+" examined; "+
+		strconv.Itoa(nresults+len(rejected))+" options predicted, "+strconv.Itoa(len(rejected))+" rejected")
 	compl := ""
 	if q.Work > 0 {
-		compl = fmt.Sprintf(", completion %v", best.compl.Round(time.Millisecond))
+		compl = ", completion " + best.compl.Round(time.Millisecond).String()
 	}
-	e = append(e, fmt.Sprintf("chose %s: %d hops, %v, predicted %s%s, link load %.0f%%",
-		x.name(best), best.hops, best.latency, fmtBW(best.rate), compl, 100*best.linkUtil))
+	e = append(e, "chose "+x.name(best)+": "+strconv.Itoa(best.hops)+" hops, "+best.latency.String()+", predicted "+
+		fmtBW(best.rate)+compl+", link load "+fmtF(100*best.linkUtil, 0)+"%")
 	switch {
 	case q.tight:
 		e = append(e, "mode: tight deadline, so dedicated is preferred, then composed, then shared (isolation from later arrivals)")
@@ -968,9 +1031,9 @@ func (x *Index) explain(q req, top []*result, nresults int, rejected []Rejection
 			e = append(e, fmt.Sprintf("impact: … %d more", len(best.impacts)-8))
 			break
 		}
-		s := fmt.Sprintf("impact: %s %s → %s", im.LeaseID, fmtBW(im.BandwidthBefore), fmtBW(im.BandwidthAfter))
+		s := "impact: " + im.LeaseID + " " + fmtBW(im.BandwidthBefore) + " → " + fmtBW(im.BandwidthAfter)
 		if im.CompletionAfter > 0 {
-			s += fmt.Sprintf(", completion %v → %v", im.CompletionBefore.Round(time.Millisecond), im.CompletionAfter.Round(time.Millisecond))
+			s += ", completion " + im.CompletionBefore.Round(time.Millisecond).String() + " → " + im.CompletionAfter.Round(time.Millisecond).String()
 		}
 		if im.MissesDeadline {
 			s += " (misses its deadline)"
@@ -978,14 +1041,14 @@ func (x *Index) explain(q req, top []*result, nresults int, rejected []Rejection
 		e = append(e, s)
 	}
 	for _, ru := range top[1:] {
-		e = append(e, fmt.Sprintf("runner-up %s: predicted %s, lost on %s", x.name(ru), fmtBW(ru.rate), whyLost(best, ru, q.strategy)))
+		e = append(e, "runner-up "+x.name(ru)+": predicted "+fmtBW(ru.rate)+", lost on "+whyLost(best, ru, q.strategy))
 	}
 	for i, r := range rejected {
 		if i == 4 {
 			e = append(e, fmt.Sprintf("rejected: … %d more", len(rejected)-4))
 			break
 		}
-		e = append(e, fmt.Sprintf("rejected %s: %s", r.Candidate, r.Reason))
+		e = append(e, "rejected "+r.Candidate+": "+r.Reason)
 	}
 	return e
 }
@@ -994,9 +1057,15 @@ func fmtBW(b float64) string {
 	if math.IsInf(b, 1) {
 		return "unbounded"
 	}
-	return fmt.Sprintf("%.1f MB/s", b/1e6)
+	return fmtF(b/1e6, 1) + " MB/s"
 }
 
 func fmtBytes(n int64) string {
-	return fmt.Sprintf("%.1f GB", float64(n)/1e9)
+	return fmtF(float64(n)/1e9, 1) + " GB"
+}
+
+// fmtF is fmt's %.<prec>f (strconv formats floats the same way, Inf and
+// NaN included).
+func fmtF(v float64, prec int) string {
+	return strconv.FormatFloat(v, 'f', prec, 64)
 }

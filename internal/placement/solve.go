@@ -292,6 +292,7 @@ func (x *Index) Remove(id string) error {
 	}
 	for _, p := range ls.l.Parts {
 		if di, ok := x.devByID[p.DeviceID]; ok {
+			x.dropSpan(di, p)
 			x.devs[di].free += p.Length
 			if ls.l.Mode == ModeDedicated {
 				x.devs[di].dedicated = false
