@@ -129,6 +129,7 @@ func runAttach(ctx context.Context, e *env, args []string) error {
 	unit := fs.String("stripe-unit", "", "stripe unit, e.g. 128KiB (default: the lease's)")
 	conns := fs.Int("conns", 0, "NBD connections to each part (default 2)")
 	timeout := fs.Duration("timeout", 0, "declare a part failed when a request takes longer (default 30s)")
+	watch := fs.Duration("watch", 5*time.Second, "how often to check that the lease is still active (0: never)")
 	level := fs.String("log-level", "warn", "debug, info, warn or error")
 	pos, err := parse(fs, args, 1, 1)
 	if err != nil {
@@ -236,10 +237,35 @@ func runAttach(ctx context.Context, e *env, args []string) error {
 			return
 		}
 	}()
+	// Serve until Ctrl-C, detach, or the lease ends (then the lenders have
+	// torn the parts down and every request would fail).
+	var tick <-chan time.Time
+	if *watch > 0 {
+		t := time.NewTicker(*watch)
+		defer t.Stop()
+		tick = t.C
+	}
 	var asker net.Conn
-	select {
-	case <-ctx.Done():
-	case asker = <-detach:
+	var ended error
+wait:
+	for {
+		select {
+		case <-ctx.Done():
+			break wait
+		case asker = <-detach:
+			break wait
+		case <-tick:
+			cur, err := c.Lease(ctx, l.ID)
+			if err == nil && cur.State.Terminal() {
+				ended = fmt.Errorf("lease %s is %s; detached", l.ID, cur.State)
+				break wait
+			}
+			var ae *api.Error
+			if errors.As(err, &ae) && ae.Code == api.CodeNotFound {
+				ended = fmt.Errorf("lease %s is gone; detached", l.ID)
+				break wait
+			}
+		}
 	}
 	cerr := att.Close()
 	ctl.Close()
@@ -257,7 +283,7 @@ func runAttach(ctx context.Context, e *env, args []string) error {
 	if cerr != nil {
 		return fmt.Errorf("detach %s: %w", l.ID, cerr)
 	}
-	return nil
+	return ended
 }
 
 func writeFile0600(path string, b []byte) error {

@@ -323,3 +323,31 @@ func TestAttachProcess(t *testing.T) {
 		t.Errorf("attach state left behind: %v", ents)
 	}
 }
+
+// TestAttachEndsWithTheLease checks that attach stops by itself once its
+// lease is released.
+func TestAttachEndsWithTheLease(t *testing.T) {
+	c := testcluster.Start(t, testcluster.Options{Nodes: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	l, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtime := t.TempDir()
+	_, done := attached(t, c, runtime, l.ID, "--watch", "50ms")
+	if _, err := c.Client().ReleaseLease(ctx, l.ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case code := <-done:
+		if code != 1 {
+			t.Errorf("attach of a released lease exited %d", code)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("attach still running after its lease was released")
+	}
+	if _, err := os.Stat(filepath.Join(runtime, "rialto", l.ID+".json")); !os.IsNotExist(err) {
+		t.Errorf("state file left behind: %v", err)
+	}
+}
