@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -335,11 +336,15 @@ func (s *Server) hPutProfile(ctx context.Context, p principal, r *http.Request, 
 	if len(prof.WriteBps) > 1024 || len(prof.ReadBps) > 1024 {
 		return 0, nil, fmt.Errorf("%w: at most 1024 points per curve", ErrInvalid)
 	}
+	if err := validateProfile(prof); err != nil {
+		return 0, nil, err
+	}
 	prof.ID = prof.Model
 	if prof.MeasuredAt.IsZero() {
 		prof.MeasuredAt = s.now()
 	}
 	out, err := s.st.PutProfile(ctx, prof, api.Event{At: s.now(), Type: "profile.stored", Subject: prof.Model, Message: prof.Source, State: "ready"})
+	s.invalidate() // placement reads profiles with the inventory
 	return http.StatusOK, out, err
 }
 
@@ -349,4 +354,23 @@ func leaseFilter(p principal) store.LeaseFilter {
 		return store.LeaseFilter{}
 	}
 	return store.LeaseFilter{Tenant: p.tenant}
+}
+
+// validateProfile checks what placement relies on: finite, positive
+// bandwidths and a finite, non-negative latency.
+func validateProfile(p api.Profile) error {
+	for _, c := range []struct {
+		name string
+		bps  []float64
+	}{{"write_bps", p.WriteBps}, {"read_bps", p.ReadBps}} {
+		for i, b := range c.bps {
+			if math.IsNaN(b) || math.IsInf(b, 0) || b <= 0 {
+				return fmt.Errorf("%w: %s[%d] is %v; bandwidths must be finite and positive (bytes/s)", ErrInvalid, c.name, i, b)
+			}
+		}
+	}
+	if math.IsNaN(p.Latency4KUs) || math.IsInf(p.Latency4KUs, 0) || p.Latency4KUs < 0 {
+		return fmt.Errorf("%w: latency_4k_us is %v; it must be finite and not negative", ErrInvalid, p.Latency4KUs)
+	}
+	return nil
 }

@@ -12,15 +12,16 @@ import (
 // Server.placeMu. Live parts are maintained incrementally (added when a
 // reservation commits, removed when a lease ends); nodes, devices and
 // links are reloaded after a join, a liveness change, a lost reservation
-// race, and at every Sweep. Staleness is safe: the store re-checks every
+// race, a stored profile, and at every Sweep. Staleness is safe: the store re-checks every
 // reservation atomically, and a refused one invalidates the cache.
 type invCache struct {
-	valid   bool
-	nodes   []api.Node
-	devices []api.Device
-	links   []api.Link
-	parts   map[string][]store.LivePart // by lease ID
-	devName map[string]string
+	valid    bool
+	nodes    []api.Node
+	devices  []api.Device
+	links    []api.Link
+	profiles []api.Profile
+	parts    map[string][]store.LivePart // by lease ID
+	devName  map[string]string
 }
 
 // inventory returns the placement view; placeMu must be held.
@@ -31,7 +32,7 @@ func (s *Server) inventory(ctx context.Context) (store.Inventory, error) {
 		if err != nil {
 			return inv, err
 		}
-		c.nodes, c.devices, c.links = inv.Nodes, inv.Devices, inv.Links
+		c.nodes, c.devices, c.links, c.profiles = inv.Nodes, inv.Devices, inv.Links, inv.Profiles
 		c.parts = map[string][]store.LivePart{}
 		for _, p := range inv.Parts {
 			c.parts[p.LeaseID] = append(c.parts[p.LeaseID], p)
@@ -42,7 +43,7 @@ func (s *Server) inventory(ctx context.Context) (store.Inventory, error) {
 		}
 		c.valid = true
 	}
-	inv := store.Inventory{Nodes: c.nodes, Links: c.links}
+	inv := store.Inventory{Nodes: c.nodes, Links: c.links, Profiles: c.profiles}
 	alloc := map[string]int64{}
 	for _, ps := range c.parts {
 		for _, p := range ps {
@@ -59,13 +60,13 @@ func (s *Server) inventory(ctx context.Context) (store.Inventory, error) {
 }
 
 // cacheLease records a committed reservation; placeMu must be held.
-func (s *Server) cacheLease(l api.Lease) {
+func (s *Server) cacheLease(l api.Lease, d store.Demand) {
 	if !s.inv.valid {
 		return
 	}
 	ps := make([]store.LivePart, len(l.Parts))
 	for i, p := range l.Parts {
-		ps[i] = store.LivePart{Part: p, LeaseID: l.ID, Mode: l.Mode, Tenant: l.Tenant}
+		ps[i] = store.LivePart{Part: p, LeaseID: l.ID, Mode: l.Mode, Tenant: l.Tenant, Demand: d}
 	}
 	s.inv.parts[l.ID] = ps
 }

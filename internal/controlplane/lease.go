@@ -179,6 +179,10 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 	if count == 0 {
 		count = 1
 	}
+	demand := store.Demand{Bandwidth: req.Bandwidth, Work: req.Work}
+	if req.DeadlineSecond > 0 {
+		demand.Deadline = now.Add(time.Duration(req.DeadlineSecond * float64(time.Second)))
+	}
 	skip := map[string]string{}
 	var plan api.Plan
 	var lease api.Lease
@@ -217,11 +221,11 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 		}
 		plan.ID = lease.ID
 		lease.Plan = &plan
-		lease, err = s.st.CreateLease(ctx, lease, idem, api.Event{At: now, Type: "lease.reserved", Subject: lease.ID,
+		lease, err = s.st.CreateLease(ctx, lease, demand, idem, api.Event{At: now, Type: "lease.reserved", Subject: lease.ID,
 			Message: fmt.Sprintf("tenant %s: %s %s %s on %d part(s)", p.tenant, lease.Mode, req.Kind, sizeText(req), len(plan.Parts)), State: string(api.LeaseReserved)})
 		switch {
 		case err == nil:
-			s.cacheLease(lease)
+			s.cacheLease(lease, demand)
 		case errors.Is(err, store.ErrDuplicate):
 			l, err := s.replay(ctx, idem)
 			return l, false, err
@@ -286,7 +290,7 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 				Message: fmt.Sprintf("re-placed after %d lender(s) did not confirm", len(failed)), State: string(api.LeaseReserved)})
 			if err == nil {
 				lease = nl
-				s.cacheLease(lease)
+				s.cacheLease(lease, demand)
 				s.placeMu.Unlock()
 				continue
 			}

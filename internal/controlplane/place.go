@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
@@ -44,6 +45,24 @@ func firstFit(inv store.Inventory, req api.LeaseRequest, skip map[string]string,
 	for _, id := range sortedKeys(skip) {
 		explain("skipped node %s: %s", id, skip[id])
 	}
+	pins, err := devicePins(inv, req)
+	if err != nil {
+		explain("%v", err)
+		return plan, err
+	}
+	// infeasible explains a failure, naming why pinned devices did not do.
+	infeasible := func(f string, a ...any) error {
+		msg := fmt.Sprintf(f, a...)
+		if pins != nil {
+			if why := pinReasons(inv, req, pins, skip); len(why) > 0 {
+				plan.Explanation = append(plan.Explanation, why...)
+				msg += ": " + strings.Join(why, "; ")
+			} else {
+				msg += " on the pinned device(s)"
+			}
+		}
+		return fmt.Errorf("%w: %s", ErrInfeasible, msg)
+	}
 	nodes := map[string]api.Node{}
 	for _, n := range inv.Nodes {
 		nodes[n.ID] = n
@@ -63,6 +82,9 @@ func firstFit(inv store.Inventory, req api.LeaseRequest, skip map[string]string,
 			continue
 		}
 		seenKind++
+		if _, ok := pins[d.ID]; pins != nil && !ok {
+			continue
+		}
 		n, ok := nodes[d.NodeID]
 		switch {
 		case !ok:
@@ -117,7 +139,7 @@ func firstFit(inv store.Inventory, req api.LeaseRequest, skip map[string]string,
 	})
 	if len(cands) == 0 {
 		explain("no ready, available %s device (%d %s devices known)", req.Kind, seenKind, req.Kind)
-		return plan, fmt.Errorf("%w: no ready, available %s device", ErrInfeasible, req.Kind)
+		return plan, infeasible("no ready, available %s device", req.Kind)
 	}
 
 	count := req.Count
@@ -231,7 +253,7 @@ func firstFit(inv store.Inventory, req api.LeaseRequest, skip map[string]string,
 	}
 	if parts == nil {
 		explain("no %s device has room for %s in mode %s", req.Kind, sizeText(req), mode)
-		return plan, fmt.Errorf("%w: no %s device has room for %s (mode %s)", ErrInfeasible, req.Kind, sizeText(req), mode)
+		return plan, infeasible("no %s device has room for %s (mode %s)", req.Kind, sizeText(req), mode)
 	}
 	plan.Parts = parts
 	plan.State = "feasible"

@@ -4,12 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 	"github.com/rialto-project/rialto/internal/fabric"
 	"github.com/rialto-project/rialto/internal/placement"
+	"github.com/rialto-project/rialto/internal/resource"
 )
 
 // cpVertex is the control plane in the fabric graph, and the borrower of
@@ -29,7 +31,11 @@ func policyPlace(inv store.Inventory, req api.LeaseRequest, skip map[string]stri
 	if req.Size == 0 && req.Kind != api.KindAccel || len(req.Labels) > 0 {
 		return firstFit(inv, req, skip, now)
 	}
-	snap, exclusive := snapshot(inv, skip)
+	pins, err := devicePins(inv, req)
+	if err != nil {
+		return api.Plan{At: now, State: "infeasible", Explanation: []string{err.Error()}}, err
+	}
+	snap, exclusive := snapshot(inv, skip, now)
 	borrower := cpVertex
 	for _, n := range inv.Nodes {
 		if n.ID == req.Borrower && n.State == api.NodeReady {
@@ -51,6 +57,21 @@ func policyPlace(inv store.Inventory, req api.LeaseRequest, skip map[string]stri
 		AllowCompose: req.Mode == api.ModeComposed || count > 1,
 		Affinity:     req.Affinity, AntiAffinity: req.AntiAffinity, Tenant: "", Strategy: req.Strategy,
 	}
+	if pins != nil {
+		// Placement matches affinity terms against nodes: the device pins
+		// are applied here instead, by hiding every other device.
+		preq.Affinity = nil
+		for _, t := range req.Affinity {
+			if _, ok := pins[t]; !ok {
+				preq.Affinity = append(preq.Affinity, t)
+			}
+		}
+		for i := range snap.Devices {
+			if _, ok := pins[snap.Devices[i].ID]; !ok && snap.Devices[i].State == "" {
+				snap.Devices[i].State = "not pinned"
+			}
+		}
+	}
 	if req.DeadlineSecond > 0 {
 		preq.Deadline = time.Duration(req.DeadlineSecond * float64(time.Second))
 	}
@@ -71,6 +92,13 @@ func policyPlace(inv store.Inventory, req api.LeaseRequest, skip map[string]stri
 		switch {
 		case errors.As(err, &ie):
 			plan.Explanation = append(plan.Explanation, "placement: infeasible ("+ie.Constraint+"): "+ie.Detail)
+			if pins != nil {
+				why := pinReasons(inv, req, pins, skip)
+				plan.Explanation = append(plan.Explanation, why...)
+				if len(why) > 0 {
+					return plan, fmt.Errorf("%w: %s", ErrInfeasible, strings.Join(why, "; "))
+				}
+			}
 			for _, r := range ie.Rejections {
 				plan.Explanation = append(plan.Explanation, fmt.Sprintf("  %s: %s", r.Candidate, r.Reason))
 			}
@@ -103,8 +131,14 @@ func policyPlace(inv store.Inventory, req api.LeaseRequest, skip map[string]stri
 // snapshot converts the inventory to placement's model. Skipped nodes are
 // presented as down so that they are never chosen. It also returns the
 // exclusive devices, which placement does not model.
-func snapshot(inv store.Inventory, skip map[string]string) (*placement.Snapshot, map[string]bool) {
-	s := &placement.Snapshot{Nodes: []placement.Node{{ID: cpVertex, State: placement.NodeReady}}}
+func snapshot(inv store.Inventory, skip map[string]string, now time.Time) (*placement.Snapshot, map[string]bool) {
+	s := &placement.Snapshot{Now: time.Duration(now.UnixNano()), Nodes: []placement.Node{{ID: cpVertex, State: placement.NodeReady}}}
+	if len(inv.Profiles) > 0 {
+		s.Profiles = make(map[string]placement.Profile, len(inv.Profiles))
+		for _, p := range inv.Profiles {
+			s.Profiles[p.Model] = placementProfile(p)
+		}
+	}
 	hasLink := map[string]bool{}
 	for _, l := range inv.Links {
 		down := l.Status != "up"
@@ -143,7 +177,12 @@ func snapshot(inv store.Inventory, skip map[string]string) (*placement.Snapshot,
 		if !ok {
 			i = len(s.Leases)
 			byLease[p.LeaseID] = i
-			s.Leases = append(s.Leases, placement.Lease{ID: p.LeaseID, Tenant: p.Tenant, Borrower: cpVertex, Mode: string(p.Mode)})
+			l := placement.Lease{ID: p.LeaseID, Tenant: p.Tenant, Borrower: cpVertex, Mode: string(p.Mode),
+				Demand: p.Demand.Bandwidth, Remaining: p.Demand.Work}
+			if !p.Demand.Deadline.IsZero() {
+				l.Deadline = time.Duration(p.Demand.Deadline.UnixNano())
+			}
+			s.Leases = append(s.Leases, l)
 		}
 		s.Leases[i].Parts = append(s.Leases[i].Parts, placement.Part{NodeID: p.NodeID, DeviceID: p.DeviceID, Offset: p.Offset, Length: p.Length})
 	}
@@ -155,4 +194,86 @@ func snapshot(inv store.Inventory, skip map[string]string) (*placement.Snapshot,
 		s.Leases[i].Kind = kind[s.Leases[i].Parts[0].DeviceID]
 	}
 	return s, exclusive
+}
+
+// placementProfile converts a stored profile to placement's: the write
+// curve is the delivered bandwidth by concurrency, its best point the
+// device's maximum.
+func placementProfile(p api.Profile) placement.Profile {
+	pp := placement.Profile{Model: p.Model, Delivered: p.WriteBps, Latency: time.Duration(p.Latency4KUs * float64(time.Microsecond))}
+	for _, b := range p.WriteBps {
+		pp.MaxBandwidth = max(pp.MaxBandwidth, b)
+	}
+	return pp
+}
+
+// devicePins returns the devices a request is pinned to: affinity terms
+// that name a device ID (nil when none do). A pinned request is placed
+// only on those devices. A term that names no device is left to node and
+// label matching; a request pinned to a device of another kind is invalid.
+func devicePins(inv store.Inventory, req api.LeaseRequest) (map[string]api.Device, error) {
+	if len(req.Affinity) == 0 {
+		return nil, nil
+	}
+	var pins map[string]api.Device
+	for _, t := range req.Affinity {
+		for _, d := range inv.Devices {
+			if d.ID != t {
+				continue
+			}
+			if d.Kind != req.Kind {
+				return nil, fmt.Errorf("%w: affinity pins device %s, which is %s, not %s", ErrInfeasible, d.ID, d.Kind, req.Kind)
+			}
+			if pins == nil {
+				pins = map[string]api.Device{}
+			}
+			pins[d.ID] = d
+		}
+	}
+	return pins, nil
+}
+
+// pinReasons says why each pinned device cannot take the request, as far
+// as the inventory tells.
+func pinReasons(inv store.Inventory, req api.LeaseRequest, pins map[string]api.Device, skip map[string]string) []string {
+	nodes := make(map[string]api.Node, len(inv.Nodes))
+	for _, n := range inv.Nodes {
+		nodes[n.ID] = n
+	}
+	used := map[string]int{}
+	for _, p := range inv.Parts {
+		used[p.DeviceID]++
+	}
+	var out []string
+	for _, id := range sortedKeys(pinKeys(pins)) {
+		d := pins[id]
+		n, ok := nodes[d.NodeID]
+		var why string
+		switch {
+		case !ok:
+			why = "its node " + d.NodeID + " is unknown"
+		case n.State != api.NodeReady:
+			why = fmt.Sprintf("its node %s is %s", n.Name, n.State)
+		case skip[n.ID] != "":
+			why = fmt.Sprintf("its node %s was skipped: %s", n.Name, skip[n.ID])
+		case d.State != "available":
+			why = "it is " + d.State
+		case used[d.ID] > 0 && (req.Mode == api.ModeDedicated || req.Size == 0 || d.Sharing == "exclusive"):
+			why = fmt.Sprintf("it is in use by %d lease part(s)", used[d.ID])
+		case req.Size > d.Capacity-d.Allocated:
+			why = fmt.Sprintf("it has %s free, %s wanted", resource.FormatSize(d.Capacity-d.Allocated), sizeText(req))
+		default:
+			continue
+		}
+		out = append(out, fmt.Sprintf("pinned device %s (%s): %s", d.ID, d.Name, why))
+	}
+	return out
+}
+
+func pinKeys(pins map[string]api.Device) map[string]string {
+	m := make(map[string]string, len(pins))
+	for k := range pins {
+		m[k] = k
+	}
+	return m
 }

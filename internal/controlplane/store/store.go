@@ -86,12 +86,21 @@ type LeaseFilter struct {
 	ExpiresBefore time.Time // expires_at < ExpiresBefore
 }
 
+// Demand is what a lease's request asked of its devices, kept so that
+// placement can predict how a new lease slows the running ones.
+type Demand struct {
+	Bandwidth float64   // bytes/s the workload runs at alone (0: as fast as it can)
+	Work      int64     // bytes to move (0: open-ended)
+	Deadline  time.Time // completion deadline (zero: none)
+}
+
 // LivePart is a part of a non-terminal lease, as placement needs it.
 type LivePart struct {
 	api.Part
 	LeaseID string
 	Mode    api.Mode
 	Tenant  string
+	Demand  Demand // the lease's, repeated on each of its parts
 }
 
 // Inventory is a consistent read of what placement needs.
@@ -100,6 +109,9 @@ type Inventory struct {
 	Devices []api.Device
 	Parts   []LivePart
 	Links   []api.Link
+	// Profiles are the stored device profiles; a store's Inventory may
+	// leave them out (the server reads them with Profiles).
+	Profiles []api.Profile
 }
 
 // Counts are objects by state, for metrics.
@@ -141,8 +153,9 @@ type Store interface {
 	// CreateLease inserts a lease with its parts, atomically checking that
 	// every part fits its device (device available, node ready, inside the
 	// capacity, no overlap with a live part): ErrCapacity otherwise. With a
-	// non-nil idem, an existing (tenant, key) gives ErrDuplicate.
-	CreateLease(ctx context.Context, l api.Lease, idem *Idempotency, ev api.Event) (api.Lease, error)
+	// non-nil idem, an existing (tenant, key) gives ErrDuplicate. d is the
+	// request's demand, returned with the lease's live parts.
+	CreateLease(ctx context.Context, l api.Lease, d Demand, idem *Idempotency, ev api.Event) (api.Lease, error)
 	// ReplaceParts frees a non-terminal lease's parts and reserves new ones
 	// with the same checks as CreateLease; the lease becomes reserved.
 	ReplaceParts(ctx context.Context, id string, parts []api.Part, plan *api.Plan, at time.Time, ev api.Event) (api.Lease, error)

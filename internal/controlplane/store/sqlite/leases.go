@@ -132,7 +132,7 @@ func fillFirst(l *api.Lease) {
 }
 
 // CreateLease inserts a lease and reserves its parts atomically.
-func (s *Store) CreateLease(ctx context.Context, l api.Lease, idem *store.Idempotency, ev api.Event) (api.Lease, error) {
+func (s *Store) CreateLease(ctx context.Context, l api.Lease, d store.Demand, idem *store.Idempotency, ev api.Event) (api.Lease, error) {
 	var out api.Lease
 	err := s.tx(ctx, func(tx execer) error {
 		if idem != nil {
@@ -145,9 +145,10 @@ func (s *Store) CreateLease(ctx context.Context, l api.Lease, idem *store.Idempo
 				return fmt.Errorf("sqlite: idempotency: %w", err)
 			}
 		}
-		_, err := tx.ExecContext(ctx, `INSERT INTO leases (`+leaseCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		deadline := ns(d.Deadline)
+		_, err := tx.ExecContext(ctx, `INSERT INTO leases (`+leaseCols+`, demand_bps, work_bytes, deadline_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 			l.ID, l.State, l.Kind, l.Mode, l.Tenant, l.Borrower, l.Size, l.Count, l.StripeUnit, l.URI, l.Credential, l.TTLSeconds,
-			ns(l.ExpiresAt), ns(l.CreatedAt), ns(l.UpdatedAt), l.Reason, l.IdempotencyKey, planJSON(l.Plan))
+			ns(l.ExpiresAt), ns(l.CreatedAt), ns(l.UpdatedAt), l.Reason, l.IdempotencyKey, planJSON(l.Plan), d.Bandwidth, d.Work, deadline)
 		if err != nil {
 			return fmt.Errorf("sqlite: create lease: %w", err)
 		}

@@ -50,13 +50,30 @@ func TestMigrationsOnExistingDB(t *testing.T) {
 	if idx != 1 {
 		t.Fatal("migration 2 did not run")
 	}
+	// Migration 3: leases keep their request's demand for placement.
+	devs, _ := s.Devices(ctx)
+	dl := now.Add(time.Hour)
+	if _, err := s.CreateLease(ctx, api.Lease{ID: "l1", State: api.LeaseReserved, Kind: api.KindBlock, Mode: api.ModeShared, Tenant: "t",
+		Parts: []api.Part{{NodeID: n.ID, DeviceID: devs[0].ID, Length: 1 << 20}}}, store.Demand{Bandwidth: 477e6, Work: 150e9, Deadline: dl}, nil, api.Event{At: now}); err != nil {
+		t.Fatal(err)
+	}
+	inv, err := s.Inventory(ctx)
+	if err != nil || len(inv.Parts) != 1 || inv.Parts[0].Demand.Bandwidth != 477e6 || inv.Parts[0].Demand.Work != 150e9 || !inv.Parts[0].Demand.Deadline.Equal(dl) {
+		t.Fatalf("demand after migration: %v %+v", err, inv.Parts)
+	}
+	if _, err := s.PutProfile(ctx, api.Profile{Model: "m", WriteBps: []float64{1e9}}, api.Event{At: now}); err != nil {
+		t.Fatal(err)
+	}
+	if inv, err := s.Inventory(ctx); err != nil || len(inv.Profiles) != 1 || inv.Profiles[0].Model != "m" {
+		t.Fatalf("profiles in the inventory: %v %+v", err, inv.Profiles)
+	}
 	// Reopening applies nothing and keeps the data.
 	s.Close()
 	s, err = Open(ctx, path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if devs, _ := s.Devices(ctx); len(devs) != 1 {
+	if devs, _ := s.Devices(ctx); len(devs) != 1 || devs[0].Allocated != 1<<20 {
 		t.Fatalf("devices %+v", devs)
 	}
 	// The event log is append-only.
@@ -84,7 +101,7 @@ func TestCapacityChecks(t *testing.T) {
 	dev := devs[0].ID
 	mk := func(id string, off, length int64) error {
 		_, err := s.CreateLease(ctx, api.Lease{ID: id, State: api.LeaseReserved, Kind: api.KindBlock, Tenant: "t",
-			Parts: []api.Part{{NodeID: n.ID, DeviceID: dev, Offset: off, Length: length}}}, nil, api.Event{})
+			Parts: []api.Part{{NodeID: n.ID, DeviceID: dev, Offset: off, Length: length}}}, store.Demand{}, nil, api.Event{})
 		return err
 	}
 	for _, c := range []struct {

@@ -405,16 +405,23 @@ func (s *Store) Inventory(ctx context.Context) (store.Inventory, error) {
 	if inv.Links, err = links(ctx, tx); err != nil {
 		return inv, err
 	}
-	rows, err := tx.QueryContext(ctx, `SELECT p.lease_id, p.node_id, p.device_id, p.off, p.length, l.mode, l.tenant
-		FROM lease_parts p JOIN leases l ON l.id = p.lease_id WHERE p.live = 1`)
+	if inv.Profiles, err = profiles(ctx, tx); err != nil {
+		return inv, err
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT p.lease_id, p.node_id, p.device_id, p.off, p.length, l.mode, l.tenant, l.demand_bps, l.work_bytes, l.deadline_at
+		FROM lease_parts p JOIN leases l ON l.id = p.lease_id WHERE p.live = 1 ORDER BY p.lease_id, p.idx`)
 	if err != nil {
 		return inv, fmt.Errorf("sqlite: inventory: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var p store.LivePart
-		if err := rows.Scan(&p.LeaseID, &p.NodeID, &p.DeviceID, &p.Offset, &p.Length, &p.Mode, &p.Tenant); err != nil {
+		var deadline int64
+		if err := rows.Scan(&p.LeaseID, &p.NodeID, &p.DeviceID, &p.Offset, &p.Length, &p.Mode, &p.Tenant, &p.Demand.Bandwidth, &p.Demand.Work, &deadline); err != nil {
 			return inv, fmt.Errorf("sqlite: inventory: %w", err)
+		}
+		if deadline != 0 {
+			p.Demand.Deadline = tm(deadline)
 		}
 		inv.Parts = append(inv.Parts, p)
 	}
@@ -471,8 +478,10 @@ func (s *Store) PutProfile(ctx context.Context, p api.Profile, ev api.Event) (ap
 }
 
 // Profiles lists profiles.
-func (s *Store) Profiles(ctx context.Context) ([]api.Profile, error) {
-	rows, err := s.rd().QueryContext(ctx, `SELECT data FROM profiles ORDER BY id`)
+func (s *Store) Profiles(ctx context.Context) ([]api.Profile, error) { return profiles(ctx, s.rd()) }
+
+func profiles(ctx context.Context, q execer) ([]api.Profile, error) {
+	rows, err := q.QueryContext(ctx, `SELECT data FROM profiles ORDER BY id`)
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: profiles: %w", err)
 	}

@@ -1,0 +1,161 @@
+package controlplane
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/placement"
+)
+
+// joinModel registers a node whose block devices are of the given model.
+func (e *env) joinModel(name, model string, sizes ...int64) []api.Device {
+	e.t.Helper()
+	req := api.JoinRequest{Name: name, Address: "127.0.0.1", AgentURL: "http://127.0.0.1:1",
+		Fingerprint: api.Fingerprint{MachineID: "mid-" + name, Hostname: name, Cores: 2, MemoryBytes: 1 << 30}}
+	for i, sz := range sizes {
+		req.Devices = append(req.Devices, api.DeviceSpec{Name: "disk" + string(rune('0'+i)), Kind: api.KindBlock, Capacity: sz, Model: model, Sharing: "partitionable"})
+	}
+	jr, err := e.boot.Join(e.ctx, req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	devs, err := e.admin.Devices(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []api.Device
+	for _, d := range devs {
+		if d.NodeID == jr.NodeID {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+func seed000APIProfile() api.Profile {
+	p := placement.Seed000Profile()
+	return api.Profile{Model: p.Model, WriteBps: p.Delivered, Source: "declared"}
+}
+
+// TestProfilesAndDemandReachPlacement: with the seed-000 profile declared
+// and two 477 MB/s writers running on one device, explaining a third shows
+// what it would do to them.
+func TestProfilesAndDemandReachPlacement(t *testing.T) {
+	e := newEnv(t)
+	devs := e.joinModel("n1", placement.Seed000Model, 64<<30)
+	if _, err := e.admin.PutProfile(e.ctx, seed000APIProfile()); err != nil {
+		t.Fatal(err)
+	}
+	writer := api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 1 << 30, Bandwidth: placement.Seed000WriterDemand, Work: 150e9}
+	for i := 0; i < 2; i++ {
+		l, err := e.alice.CreateLease(e.ctx, writer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.DeviceID != devs[0].ID {
+			t.Fatalf("lease on %s", l.DeviceID)
+		}
+	}
+	plan, err := e.alice.Explain(e.ctx, writer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(plan.Explanation, "\n")
+	if len(plan.Impacts) != 2 || plan.Impacts[0].BandwidthAfter >= plan.Impacts[0].BandwidthBefore || plan.Impacts[0].CompletionAfter <= 0 {
+		t.Fatalf("no predicted impact on the running leases: %+v\n%s", plan, text)
+	}
+	if strings.Contains(text, "no running lease slowed") {
+		t.Fatalf("explanation says no running lease slowed:\n%s", text)
+	}
+	t.Logf("plan %s %+v\n%s", plan.State, plan.Impacts, text)
+
+	// A profile stored later reaches placement too (the cache is dropped).
+	p := seed000APIProfile()
+	p.WriteBps = []float64{4e9}
+	if _, err := e.admin.PutProfile(e.ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	plan2, err := e.alice.Explain(e.ctx, writer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plan2.State != "feasible" || len(plan2.Impacts) != 0 {
+		t.Fatalf("with a 4 GB/s flat profile: %+v", plan2)
+	}
+}
+
+func TestDevicePinning(t *testing.T) {
+	e := newEnv(t)
+	a := e.joinModel("n1", "", 1<<30)
+	b := e.joinModel("n2", "", 1<<30)
+	for _, req := range []api.LeaseRequest{
+		{Kind: api.KindBlock, Mode: api.ModeShared, Size: 1 << 20},
+		{Kind: api.KindBlock, Size: 1 << 20},
+		{Kind: api.KindBlock, Mode: api.ModeDedicated},
+	} {
+		req.Affinity = []string{b[0].ID}
+		l, err := e.alice.CreateLease(e.ctx, req)
+		if err != nil {
+			t.Fatalf("%+v: %v", req, err)
+		}
+		if l.DeviceID != b[0].ID {
+			t.Fatalf("%+v placed on %s, pinned to %s", req, l.DeviceID, b[0].ID)
+		}
+		if _, err := e.alice.ReleaseLease(e.ctx, l.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Held whole, the pinned device refuses, though another is free.
+	held, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeDedicated, Affinity: []string{b[0].ID}})
+	if err != nil || held.DeviceID != b[0].ID {
+		t.Fatalf("%v %+v", err, held)
+	}
+	for _, req := range []api.LeaseRequest{
+		{Kind: api.KindBlock, Mode: api.ModeDedicated},
+		{Kind: api.KindBlock, Mode: api.ModeShared, Size: 1 << 20},
+		{Kind: api.KindBlock, Size: 1 << 20},
+	} {
+		req.Affinity = []string{b[0].ID}
+		_, err = e.alice.CreateLease(e.ctx, req)
+		var ae *api.Error
+		if !errors.As(err, &ae) || ae.Status != http.StatusUnprocessableEntity || !strings.Contains(ae.Message, "pinned device "+b[0].ID) {
+			t.Fatalf("%+v on a held pinned device: %v", req, err)
+		}
+	}
+	// The other device is still usable without a pin.
+	if l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeDedicated}); err != nil || l.DeviceID != a[0].ID {
+		t.Fatalf("%v %+v", err, l)
+	}
+	// A pin to a device of another kind is refused.
+	if _, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindMemory, Size: 1 << 20, Affinity: []string{a[0].ID}}); !api.IsCode(err, api.CodeInfeasible) {
+		t.Fatalf("memory pinned to a block device: %v", err)
+	}
+}
+
+func TestProfileValidation(t *testing.T) {
+	e := newEnv(t)
+	good := api.Profile{Model: "m", WriteBps: []float64{1e9, 9e8}, ReadBps: []float64{2e9}, Latency4KUs: 80}
+	if _, err := e.admin.PutProfile(e.ctx, good); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		mod  func(*api.Profile)
+		want string
+	}{
+		{"zero write", func(p *api.Profile) { p.WriteBps = []float64{1e9, 0} }, "write_bps[1]"},
+		{"negative read", func(p *api.Profile) { p.ReadBps = []float64{-1} }, "read_bps[0]"},
+		{"negative latency", func(p *api.Profile) { p.Latency4KUs = -1 }, "latency_4k_us"},
+	} {
+		p := good
+		c.mod(&p)
+		_, err := e.admin.PutProfile(e.ctx, p)
+		var ae *api.Error
+		if !errors.As(err, &ae) || ae.Status != http.StatusBadRequest || !strings.Contains(ae.Message, c.want) {
+			t.Errorf("%s: %v", c.name, err)
+		}
+	}
+}
