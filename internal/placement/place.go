@@ -41,10 +41,13 @@ type option struct {
 
 type result struct {
 	opt       option
-	parts     []Part
+	offStart  int32 // parts' offsets: x.offArena[offStart:][:len(opt.devs)]
+	impStart  int32 // leases slowed: x.impArena[impStart:impEnd]
+	impEnd    int32
+	parts     []Part   // set by finish
+	impacts   []Impact // set by finish
 	rate      float64
 	compl     time.Duration
-	impacts   []Impact
 	unmet     int
 	modeRank  int
 	hops      int
@@ -251,6 +254,7 @@ func (x *Index) Place(r Request) (Plan, error) {
 		slices.SortFunc(sorted, func(a, b cand) int { return x.cmpCand(&a, &b) })
 		return Plan{}, newInfeasible(fmt.Sprintf("no device can hold a %s lease of %d", modeList(allowDed, allowShare, allowComp), r.Size), x.modeRejections(sorted), ConstraintMode)
 	}
+	x.offArena, x.impArena = x.offArena[:0], x.impArena[:0]
 	results := x.resBuf[:0]
 	defer func() {
 		clear(results)
@@ -291,6 +295,7 @@ func (x *Index) Place(r Request) (Plan, error) {
 		top[j] = c
 	}
 	best := top[0]
+	x.finish(best)
 	p := Plan{
 		Mode:                best.opt.mode,
 		Parts:               best.parts,
@@ -701,16 +706,47 @@ func (x *Index) hole(di int32, n, align int64) (int64, bool) {
 	return off, ds.dev.Capacity-off >= n
 }
 
+// impRef is a running lease an option slows (eval keeps them in
+// x.impArena; finish turns the chosen option's into Impacts).
+type impRef struct {
+	lease int32
+	after float64
+}
+
+// finish builds the parts and impacts of the chosen option from what eval
+// kept of them.
+func (x *Index) finish(res *result) {
+	res.parts = make([]Part, len(res.opt.devs))
+	for i, di := range res.opt.devs {
+		ds := &x.devs[di]
+		res.parts[i] = Part{NodeID: ds.dev.Node, DeviceID: ds.dev.ID, Offset: x.offArena[int(res.offStart)+i], Length: res.opt.partLen}
+	}
+	if res.impEnd == res.impStart {
+		return
+	}
+	res.impacts = make([]Impact, 0, res.impEnd-res.impStart)
+	for _, ir := range x.impArena[res.impStart:res.impEnd] {
+		ls := &x.leases[ir.lease]
+		before, after := ls.rate, ir.after
+		im := Impact{LeaseID: ls.l.ID, BandwidthBefore: before, BandwidthAfter: after,
+			CompletionBefore: completion(ls.l.Remaining, before), CompletionAfter: completion(ls.l.Remaining, after)}
+		im.MissesDeadline = ls.l.Deadline > 0 && ls.l.Remaining > 0 && x.now+im.CompletionAfter > ls.l.Deadline
+		res.impacts = append(res.impacts, im)
+	}
+	if len(res.impacts) > 1 {
+		slices.SortFunc(res.impacts, func(a, b Impact) int { return strings.Compare(a.LeaseID, b.LeaseID) })
+	}
+}
+
 // eval predicts the outcome of one option.
 func (x *Index) eval(q req, bv int32, o option, cands []cand) result {
-	res := result{opt: o}
+	res := result{opt: o, offStart: int32(len(x.offArena))}
 	reject := func(c, reason string) result {
 		res.rejection = &Rejection{Candidate: x.name(&res), Constraint: c, Reason: reason}
 		return res
 	}
-	// Parts.
+	// Parts: offsets in x.offArena (finish builds the chosen plan's).
 	var ch usage
-	res.parts = make([]Part, 0, len(o.devs))
 	for _, di := range o.devs {
 		ds := &x.devs[di]
 		off, length := int64(0), o.partLen
@@ -721,7 +757,7 @@ func (x *Index) eval(q req, bv int32, o option, cands []cand) result {
 				return reject(ConstraintCapacity, fmt.Sprintf("%s has %d free but no contiguous %d", ds.dev.ID, ds.free, o.partLen))
 			}
 		}
-		res.parts = append(res.parts, Part{NodeID: ds.dev.Node, DeviceID: ds.dev.ID, Offset: off, Length: length})
+		x.offArena = append(x.offArena, off)
 		if q.Kind == KindAccel {
 			ch.slots += length
 		} else {
@@ -753,6 +789,7 @@ func (x *Index) eval(q req, bv int32, o option, cands []cand) result {
 	uses := x.usesFor(bv, o.devs, x.evalUses[:0])
 	x.evalUses = uses
 	sol := x.localSolve(uses, q.demand, -1)
+	res.impStart = int32(len(x.impArena))
 	res.rate = sol.newRate
 	res.compl = completion(q.Work, res.rate)
 	if q.hard && res.rate < q.need*(1-1e-9) {
@@ -770,13 +807,12 @@ func (x *Index) eval(q req, bv int32, o option, cands []cand) result {
 		if !(after < before*(1-1e-9)) {
 			continue
 		}
-		im := Impact{LeaseID: ls.l.ID, BandwidthBefore: before, BandwidthAfter: after,
-			CompletionBefore: completion(ls.l.Remaining, before), CompletionAfter: completion(ls.l.Remaining, after)}
-		lateBefore := ls.l.Deadline > 0 && ls.l.Remaining > 0 && x.now+im.CompletionBefore > ls.l.Deadline
-		im.MissesDeadline = ls.l.Deadline > 0 && ls.l.Remaining > 0 && x.now+im.CompletionAfter > ls.l.Deadline
-		if im.MissesDeadline && !lateBefore {
-			return reject(ConstraintDeadline, fmt.Sprintf("running lease %s would miss its deadline (completion %v → %v)",
-				ls.l.ID, im.CompletionBefore.Round(time.Second), im.CompletionAfter.Round(time.Second)))
+		if ls.l.Deadline > 0 && ls.l.Remaining > 0 {
+			cb, ca := completion(ls.l.Remaining, before), completion(ls.l.Remaining, after)
+			if x.now+ca > ls.l.Deadline && !(x.now+cb > ls.l.Deadline) {
+				return reject(ConstraintDeadline, fmt.Sprintf("running lease %s would miss its deadline (completion %v → %v)",
+					ls.l.ID, cb.Round(time.Second), ca.Round(time.Second)))
+			}
 		}
 		if after < before*(1-SlowdownTolerance) {
 			switch {
@@ -790,11 +826,9 @@ func (x *Index) eval(q req, bv int32, o option, cands []cand) result {
 		if !math.IsInf(before, 1) && before > 0 {
 			res.slowdown += 1 - after/before
 		}
-		res.impacts = append(res.impacts, im)
+		x.impArena = append(x.impArena, impRef{li, after})
 	}
-	if len(res.impacts) > 1 {
-		slices.SortFunc(res.impacts, func(a, b Impact) int { return strings.Compare(a.LeaseID, b.LeaseID) })
-	}
+	res.impEnd = int32(len(x.impArena))
 
 	// Ranking figures.
 	switch {
@@ -848,10 +882,10 @@ func (x *Index) eval(q req, bv int32, o option, cands []cand) result {
 		}
 	}
 	leasesOn, minFree, worstUtil := 0.0, int64(math.MaxInt64), 0.0
-	for i, di := range o.devs {
+	for _, di := range o.devs {
 		ds := &x.devs[di]
 		leasesOn += float64(len(ds.leases))
-		if f := ds.free - res.parts[i].Length; f < minFree {
+		if f := ds.free - o.partLen; f < minFree {
 			minFree = f
 		}
 		if u := x.devUtil(di, q.demand/k); u > worstUtil {
