@@ -70,8 +70,9 @@ type Index struct {
 	globBuf    []int
 	selBuf     []int32
 	prefBuf    []int32
-	offArena   []int64  // per Place: the options' part offsets
-	impArena   []impRef // per Place: the leases the options slow
+	notes      []devNote // devices Add or Remove is changing
+	offArena   []int64   // per Place: the options' part offsets
+	impArena   []impRef  // per Place: the leases the options slow
 	resBuf     []result
 	utilPath   []int32
 	uEpoch     uint32

@@ -260,6 +260,7 @@ func (x *Index) Add(l Lease) error {
 	}
 	uses := x.leaseUses(l.Borrower, l.Parts, nil)
 	sol := x.localSolve(uses, demandOf(l.Demand), -1)
+	x.noteDevs(l.Parts)
 	li := x.insertLease(l)
 	for len(x.lsStamp) < len(x.leases) {
 		x.lsStamp = append(x.lsStamp, 0)
@@ -267,7 +268,7 @@ func (x *Index) Add(l Lease) error {
 	x.setRates(sol)
 	x.leases[li].rate = sol.newRate
 	x.addLoad(li, sol.newRate, 1)
-	x.refreshDevs(l.Parts)
+	x.refreshDevs()
 	return nil
 }
 
@@ -280,6 +281,7 @@ func (x *Index) Remove(id string) error {
 	}
 	sol := x.localSolve(nil, 0, int32(li))
 	ls := &x.leases[li]
+	x.noteDevs(ls.l.Parts)
 	x.addLoad(li, ls.rate, -1)
 	ls.live = false
 	delete(x.leaseByID, id)
@@ -300,7 +302,7 @@ func (x *Index) Remove(id string) error {
 		}
 	}
 	x.setRates(sol)
-	x.refreshDevs(ls.l.Parts)
+	x.refreshDevs()
 	// Free the slot for the next insertLease, keeping its uses' storage.
 	x.leases[li] = leaseState{uses: ls.uses[:0]}
 	x.freeSlots = append(x.freeSlots, int32(li))
@@ -324,17 +326,62 @@ func (x *Index) setRates(sol localSol) {
 	}
 }
 
-func (x *Index) refreshDevs(parts []Part) {
+// devNote is a device's state as its group summary counts it, before a
+// change.
+type devNote struct {
+	dev    int32
+	elig   bool // counted: usable and not dedicated
+	free   int64
+	leases int
+}
+
+// noteDevs records the state of the devices parts name, before a change
+// that refreshDevs then folds into their groups' summaries.
+func (x *Index) noteDevs(parts []Part) {
+	x.notes = x.notes[:0]
+parts:
 	for _, p := range parts {
 		di, ok := x.devByID[p.DeviceID]
 		if !ok {
 			continue
 		}
+		for _, n := range x.notes {
+			if n.dev == int32(di) {
+				continue parts
+			}
+		}
 		ds := &x.devs[di]
-		if kg := x.groups[ds.dev.Kind]; kg != nil {
-			x.refreshGroup(kg, ds.anchor)
+		x.notes = append(x.notes, devNote{dev: int32(di), elig: ds.usable == "" && !ds.dedicated, free: ds.free, leases: len(ds.leases)})
+	}
+}
+
+// refreshDevs updates the group summaries (refreshGroup's figures) for the
+// devices noteDevs recorded, rescanning a group only when the device that
+// held its most free capacity lost some.
+func (x *Index) refreshDevs() {
+	for _, n := range x.notes {
+		ds := &x.devs[n.dev]
+		kg := x.groups[ds.dev.Kind]
+		if kg == nil {
+			continue
+		}
+		a := ds.anchor
+		elig := ds.usable == "" && !ds.dedicated
+		if n.elig && n.leases == 0 {
+			kg.empty[a]--
+		}
+		if elig && len(ds.leases) == 0 {
+			kg.empty[a]++
+		}
+		mf := kg.maxFree[a]
+		switch {
+		case elig && ds.free > mf:
+			kg.maxFree[a] = ds.free
+		case n.elig && n.free == mf && !(elig && ds.free >= n.free):
+			x.refreshGroup(kg, a)
 		}
 	}
+	x.notes = x.notes[:0]
 }
 
 // Now is the index's clock (Snapshot.Now, moved by Advance).
