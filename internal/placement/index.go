@@ -302,7 +302,8 @@ func (x *Index) leafDist(v int32) fabric.Distance {
 	return fabric.Distance{}
 }
 
-// distFrom is dist(b, a) given t, the tree from b's anchor.
+// distFrom is the fewest-hops distance from vertex b to vertex a, given t,
+// the shortest-path tree from b's anchor.
 func (x *Index) distFrom(t *fabric.Tree, b, a int32) fabric.Distance {
 	if a == b {
 		return fabric.Distance{}
@@ -313,26 +314,6 @@ func (x *Index) distFrom(t *fabric.Tree, b, a int32) fabric.Distance {
 	if x.anchor[b] == a {
 		return x.leafDist(b)
 	}
-	cd := t.Dist[x.coreOf[x.anchor[a]]]
-	if cd == fabric.Unreachable {
-		return fabric.Unreachable
-	}
-	lb, la := x.leafDist(b), x.leafDist(a)
-	return fabric.Distance{Hops: cd.Hops + lb.Hops + la.Hops, Latency: cd.Latency + lb.Latency + la.Latency}
-}
-
-// dist is the fewest-hops distance from vertex b to vertex a.
-func (x *Index) dist(b, a int32) fabric.Distance {
-	if a == b {
-		return fabric.Distance{}
-	}
-	if x.anchor[a] == b {
-		return x.leafDist(a)
-	}
-	if x.anchor[b] == a {
-		return x.leafDist(b)
-	}
-	t := x.tree(x.coreOf[x.anchor[b]])
 	cd := t.Dist[x.coreOf[x.anchor[a]]]
 	if cd == fabric.Unreachable {
 		return fabric.Unreachable
