@@ -44,6 +44,7 @@ func main() {
 		hbDur    = flag.Duration("hb-duration", 10*time.Second, "length of a heartbeat run")
 		dir      = flag.String("dir", "", "directory for the databases (default: a temp dir)")
 		cpuprof  = flag.String("cpuprofile", "", "write a CPU profile here")
+		cycProf  = flag.String("cycles-cpuprofile", "", "write a CPU profile of the first lease-cycle run only here")
 	)
 	flag.Parse()
 	if *cpuprof != "" {
@@ -69,7 +70,17 @@ func main() {
 	steal0 := readSteal()
 	load0 := loadAvg()
 	for i := 0; i < *runs; i++ {
+		if *cycProf != "" && *cpuprof == "" && i == 0 {
+			f, err := os.Create(*cycProf)
+			if err != nil {
+				log.Fatal(err)
+			}
+			pprof.StartCPUProfile(f)
+		}
 		c, err := runCycles(ctx, filepath.Join(base, fmt.Sprintf("cycles-%d.db", i)), *workers, *cycleDur)
+		if *cycProf != "" && *cpuprof == "" && i == 0 {
+			pprof.StopCPUProfile()
+		}
 		if err != nil {
 			log.Fatal(err)
 		}

@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"sync"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
@@ -80,19 +81,61 @@ func (s *Server) uncacheLease(id string) {
 	s.placeMu.Unlock()
 }
 
-// invalidate makes the next placement reload the inventory.
+// invalidate makes the next placement reload the inventory, and the next
+// lender call re-read its node.
 func (s *Server) invalidate() {
 	s.placeMu.Lock()
 	s.inv.valid = false
 	s.placeMu.Unlock()
+	s.nodes.mu.Lock()
+	s.nodes.gen++
+	s.nodes.m = nil
+	s.nodes.mu.Unlock()
+}
+
+// nodeCache keeps the node records lender calls need (address, agent key,
+// state), so that a lease cycle does not read and decode its lenders'
+// rows every time. It is dropped by invalidate, which every join, rejoin
+// and liveness change calls.
+type nodeCache struct {
+	mu  sync.Mutex
+	gen uint64
+	m   map[string]store.NodeRecord
+}
+
+// nodeRecord returns a node's record, from the cache when it has it.
+func (s *Server) nodeRecord(ctx context.Context, id string) (store.NodeRecord, error) {
+	c := &s.nodes
+	c.mu.Lock()
+	n, ok := c.m[id]
+	gen := c.gen
+	c.mu.Unlock()
+	if ok {
+		return n, nil
+	}
+	n, err := s.st.Node(ctx, id)
+	if err != nil {
+		return n, err
+	}
+	c.mu.Lock()
+	if c.gen == gen {
+		if c.m == nil {
+			c.m = map[string]store.NodeRecord{}
+		}
+		c.m[id] = n
+	}
+	c.mu.Unlock()
+	return n, nil
 }
 
 // deviceNames returns device names by ID for the given parts.
 func (s *Server) deviceNames(ctx context.Context) map[string]string {
 	s.placeMu.Lock()
 	defer s.placeMu.Unlock()
-	if _, err := s.inventory(ctx); err != nil {
-		return nil
+	if !s.inv.valid {
+		if _, err := s.inventory(ctx); err != nil {
+			return nil
+		}
 	}
 	return s.inv.devName
 }

@@ -340,7 +340,7 @@ func (s *Server) prepareParts(ctx context.Context, l api.Lease, role string) ([]
 		if _, ok := nodes[p.NodeID]; ok {
 			continue
 		}
-		n, err := s.st.Node(ctx, p.NodeID)
+		n, err := s.nodeRecord(ctx, p.NodeID)
 		if err != nil {
 			failed[p.NodeID] = err.Error()
 			continue

@@ -25,7 +25,7 @@ func (s *Server) teardownParts(ctx context.Context, l api.Lease, skipNodes ...st
 			continue
 		}
 		seen[p.NodeID] = true
-		n, err := s.st.Node(ctx, p.NodeID)
+		n, err := s.nodeRecord(ctx, p.NodeID)
 		if err != nil {
 			s.log.Warn("teardown: node", "lease", l.ID, "node", p.NodeID, "err", err)
 			continue

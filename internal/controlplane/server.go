@@ -74,6 +74,7 @@ type Server struct {
 	openapi []byte
 	placeMu sync.Mutex // serializes placement + reservation; guards inv
 	inv     invCache
+	nodes   nodeCache
 	started time.Time // silence before this does not count (restarts)
 	auth    authCache
 	beats   beatBatcher

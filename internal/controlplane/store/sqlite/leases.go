@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
@@ -25,20 +26,67 @@ func scanLease(sc interface{ Scan(...any) error }) (api.Lease, error) {
 	}
 	l.ExpiresAt, l.CreatedAt, l.UpdatedAt = tm(exp), tm(created), tm(updated)
 	if plan != "" {
-		l.Plan = new(api.Plan)
-		if err := unjs(plan, l.Plan); err != nil {
+		p, err := decodePlan(plan)
+		if err != nil {
 			return l, err
 		}
+		l.Plan = p
 	}
 	l.Parts = []api.Part{}
 	return l, nil
 }
 
+// A lease's plan is read back many times over its life (after every
+// transition, on every get), and decoding its JSON was the largest single
+// cost of a read. Decoded plans are kept by their JSON text (so the cache
+// cannot go stale), bounded, and every read gets its own copy.
+const maxCachedPlans = 4096
+
+var plans struct {
+	sync.Mutex
+	m map[string]*api.Plan
+}
+
+func decodePlan(text string) (*api.Plan, error) {
+	plans.Lock()
+	p, ok := plans.m[text]
+	plans.Unlock()
+	if !ok {
+		p = new(api.Plan)
+		if err := unjs(text, p); err != nil {
+			return nil, err
+		}
+		rememberPlan(text, p)
+	}
+	return clonePlan(p), nil
+}
+
+func rememberPlan(text string, p *api.Plan) {
+	plans.Lock()
+	if plans.m == nil || len(plans.m) >= maxCachedPlans {
+		plans.m = make(map[string]*api.Plan, 256)
+	}
+	plans.m[text] = p
+	plans.Unlock()
+}
+
+func clonePlan(p *api.Plan) *api.Plan {
+	c := *p
+	c.Parts = slices.Clone(p.Parts)
+	c.Impacts = slices.Clone(p.Impacts)
+	c.Explanation = slices.Clone(p.Explanation)
+	return &c
+}
+
+// planJSON encodes a plan to store; the text is remembered so that reading
+// the lease back does not decode it.
 func planJSON(p *api.Plan) string {
 	if p == nil {
 		return ""
 	}
-	return js(p)
+	text := js(p)
+	rememberPlan(text, clonePlan(p))
+	return text
 }
 
 // reserve checks and inserts the parts of a lease inside tx.
@@ -108,20 +156,25 @@ func getLease(ctx context.Context, q execer, id string) (api.Lease, error) {
 	if err != nil {
 		return l, fmt.Errorf("sqlite: lease: %w", err)
 	}
-	rows, err := q.QueryContext(ctx, `SELECT node_id, device_id, off, length, uri FROM lease_parts WHERE lease_id = ? ORDER BY idx`, id)
+	return l, readParts(ctx, q, &l)
+}
+
+// readParts reads a lease's parts into l.
+func readParts(ctx context.Context, q execer, l *api.Lease) error {
+	rows, err := q.QueryContext(ctx, `SELECT node_id, device_id, off, length, uri FROM lease_parts WHERE lease_id = ? ORDER BY idx`, l.ID)
 	if err != nil {
-		return l, fmt.Errorf("sqlite: lease parts: %w", err)
+		return fmt.Errorf("sqlite: lease parts: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var p api.Part
 		if err := rows.Scan(&p.NodeID, &p.DeviceID, &p.Offset, &p.Length, &p.URI); err != nil {
-			return l, fmt.Errorf("sqlite: lease parts: %w", err)
+			return fmt.Errorf("sqlite: lease parts: %w", err)
 		}
 		l.Parts = append(l.Parts, p)
 	}
-	fillFirst(&l)
-	return l, rows.Err()
+	fillFirst(l)
+	return rows.Err()
 }
 
 func fillFirst(l *api.Lease) {
@@ -164,10 +217,26 @@ func (s *Store) CreateLease(ctx context.Context, l api.Lease, d store.Demand, id
 		if _, err := appendEvent(ctx, tx, ev); err != nil {
 			return err
 		}
-		out, err = getLease(ctx, tx, l.ID)
-		return err
+		out = createdLease(l)
+		return nil
 	})
 	return out, err
+}
+
+// createdLease is what getLease would read back right after CreateLease
+// stored l, without the reads.
+func createdLease(l api.Lease) api.Lease {
+	l.ExpiresAt, l.CreatedAt, l.UpdatedAt = tm(ns(l.ExpiresAt)), tm(ns(l.CreatedAt)), tm(ns(l.UpdatedAt))
+	parts := make([]api.Part, len(l.Parts))
+	for i, p := range l.Parts {
+		parts[i] = api.Part{NodeID: p.NodeID, DeviceID: p.DeviceID, Offset: p.Offset, Length: p.Length}
+	}
+	l.Parts = parts
+	if l.Plan != nil {
+		l.Plan = clonePlan(l.Plan)
+	}
+	fillFirst(&l)
+	return l
 }
 
 // ReplaceParts swaps a non-terminal lease's parts for new ones.
@@ -214,18 +283,13 @@ func (s *Store) ReplaceParts(ctx context.Context, id string, parts []api.Part, p
 func (s *Store) TransitionLease(ctx context.Context, id string, ch store.LeaseChange, ev api.Event) (api.Lease, error) {
 	var out api.Lease
 	err := s.tx(ctx, func(tx execer) error {
-		var state api.LeaseState
-		if err := tx.QueryRowContext(ctx, `SELECT state FROM leases WHERE id = ?`, id).Scan(&state); err != nil {
-			if errors.Is(err, sql.ErrNoRows) {
-				return fmt.Errorf("lease %s: %w", id, store.ErrNotFound)
-			}
-			return fmt.Errorf("sqlite: transition: %w", err)
+		if len(ch.From) == 0 {
+			return fmt.Errorf("lease %s: no source state: %w", id, store.ErrConflict)
 		}
-		if !slices.Contains(ch.From, state) {
-			return fmt.Errorf("lease %s is %s, not %v: %w", id, state, ch.From, store.ErrConflict)
-		}
+		// One statement does the compare-and-set and reads the row back.
 		q := `UPDATE leases SET state = ?, updated_at = ?`
-		args := []any{ch.To, ns(ch.At)}
+		args := make([]any, 0, 8+len(ch.From))
+		args = append(args, ch.To, ns(ch.At))
 		if ch.Reason != "" {
 			q += `, reason = ?`
 			args = append(args, ch.Reason)
@@ -246,7 +310,22 @@ func (s *Store) TransitionLease(ctx context.Context, id string, ch store.LeaseCh
 			q += `, plan = ?`
 			args = append(args, planJSON(ch.Plan))
 		}
-		if _, err := tx.ExecContext(ctx, q+` WHERE id = ?`, append(args, id)...); err != nil {
+		args = append(args, id)
+		for _, f := range ch.From {
+			args = append(args, f)
+		}
+		l, err := scanLease(tx.QueryRowContext(ctx, q+` WHERE id = ? AND state IN (`+placeholders(len(ch.From))+`) RETURNING `+leaseCols, args...))
+		if errors.Is(err, sql.ErrNoRows) {
+			var state api.LeaseState
+			if err := tx.QueryRowContext(ctx, `SELECT state FROM leases WHERE id = ?`, id).Scan(&state); err != nil {
+				if errors.Is(err, sql.ErrNoRows) {
+					return fmt.Errorf("lease %s: %w", id, store.ErrNotFound)
+				}
+				return fmt.Errorf("sqlite: transition: %w", err)
+			}
+			return fmt.Errorf("lease %s is %s, not %v: %w", id, state, ch.From, store.ErrConflict)
+		}
+		if err != nil {
 			return fmt.Errorf("sqlite: transition: %w", err)
 		}
 		for i, u := range ch.URIs {
@@ -254,7 +333,9 @@ func (s *Store) TransitionLease(ctx context.Context, id string, ch store.LeaseCh
 				return fmt.Errorf("sqlite: transition: %w", err)
 			}
 		}
-		if ch.To.Terminal() && !state.Terminal() {
+		if ch.To.Terminal() {
+			// free only touches live parts: a no-op if the lease had
+			// already ended.
 			if err := free(ctx, tx, id, false); err != nil {
 				return err
 			}
@@ -262,9 +343,11 @@ func (s *Store) TransitionLease(ctx context.Context, id string, ch store.LeaseCh
 		if _, err := appendEvent(ctx, tx, ev); err != nil {
 			return err
 		}
-		var err error
-		out, err = getLease(ctx, tx, id)
-		return err
+		if err := readParts(ctx, tx, &l); err != nil {
+			return err
+		}
+		out = l
+		return nil
 	})
 	return out, err
 }
