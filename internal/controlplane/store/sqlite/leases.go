@@ -187,6 +187,7 @@ func fillFirst(l *api.Lease) {
 // CreateLease inserts a lease and reserves its parts atomically.
 func (s *Store) CreateLease(ctx context.Context, l api.Lease, d store.Demand, idem *store.Idempotency, ev api.Event) (api.Lease, error) {
 	var out api.Lease
+	plan := planJSON(l.Plan) // outside the transaction: the writer is serial
 	err := s.tx(ctx, func(tx execer) error {
 		if idem != nil {
 			var leaseID string
@@ -201,7 +202,7 @@ func (s *Store) CreateLease(ctx context.Context, l api.Lease, d store.Demand, id
 		deadline := ns(d.Deadline)
 		_, err := tx.ExecContext(ctx, `INSERT INTO leases (`+leaseCols+`, demand_bps, work_bytes, deadline_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 			l.ID, l.State, l.Kind, l.Mode, l.Tenant, l.Borrower, l.Size, l.Count, l.StripeUnit, l.URI, l.Credential, l.TTLSeconds,
-			ns(l.ExpiresAt), ns(l.CreatedAt), ns(l.UpdatedAt), l.Reason, l.IdempotencyKey, planJSON(l.Plan), d.Bandwidth, d.Work, deadline)
+			ns(l.ExpiresAt), ns(l.CreatedAt), ns(l.UpdatedAt), l.Reason, l.IdempotencyKey, plan, d.Bandwidth, d.Work, deadline)
 		if err != nil {
 			return fmt.Errorf("sqlite: create lease: %w", err)
 		}
@@ -282,6 +283,10 @@ func (s *Store) ReplaceParts(ctx context.Context, id string, parts []api.Part, p
 // TransitionLease moves a lease between states (compare-and-set).
 func (s *Store) TransitionLease(ctx context.Context, id string, ch store.LeaseChange, ev api.Event) (api.Lease, error) {
 	var out api.Lease
+	var plan string
+	if ch.Plan != nil {
+		plan = planJSON(ch.Plan) // outside the transaction: the writer is serial
+	}
 	err := s.tx(ctx, func(tx execer) error {
 		if len(ch.From) == 0 {
 			return fmt.Errorf("lease %s: no source state: %w", id, store.ErrConflict)
@@ -308,7 +313,7 @@ func (s *Store) TransitionLease(ctx context.Context, id string, ch store.LeaseCh
 		}
 		if ch.Plan != nil {
 			q += `, plan = ?`
-			args = append(args, planJSON(ch.Plan))
+			args = append(args, plan)
 		}
 		args = append(args, id)
 		for _, f := range ch.From {
