@@ -71,6 +71,7 @@ type Index struct {
 	selBuf     []int32
 	prefBuf    []int32
 	notes      []devNote // devices Add or Remove is changing
+	building   bool      // NewIndex is inserting the snapshot's leases
 	offArena   []int64   // per Place: the options' part offsets
 	impArena   []impRef  // per Place: the leases the options slow
 	resBuf     []result
@@ -207,8 +208,35 @@ func NewIndex(s *Snapshot) *Index {
 	x.resStamp = make([]uint32, len(x.res))
 	x.resLocal = make([]int32, len(x.res))
 
+	// Device spans: one backing array, each device's capacity its own
+	// count (so a later insert reallocates instead of clobbering the next),
+	// appended unsorted while building and sorted once.
+	counts := make([]int32, len(x.devs))
+	total := 0
+	for _, l := range s.Leases {
+		for _, p := range l.Parts {
+			if di, ok := x.devByID[p.DeviceID]; ok {
+				counts[di]++
+				total++
+			}
+		}
+	}
+	spans := make([]span, total)
+	off := 0
+	for i := range x.devs {
+		n := int(counts[i])
+		x.devs[i].spans = spans[off : off : off+n]
+		off += n
+	}
+	x.building = true
 	for _, l := range s.Leases {
 		x.insertLease(l)
+	}
+	x.building = false
+	for i := range x.devs {
+		if sp := x.devs[i].spans; len(sp) > 1 {
+			slices.SortFunc(sp, cmpSpan)
+		}
 	}
 	x.lsStamp = make([]uint32, len(x.leases))
 	x.solveAll()
@@ -458,8 +486,12 @@ func (x *Index) insertLease(l Lease) int {
 			ds.dedicated = true
 		}
 		sp := span{p.Offset, p.Offset + p.Length}
-		i, _ := slices.BinarySearchFunc(ds.spans, sp, cmpSpan)
-		ds.spans = slices.Insert(ds.spans, i, sp)
+		if x.building {
+			ds.spans = append(ds.spans, sp)
+		} else {
+			i, _ := slices.BinarySearchFunc(ds.spans, sp, cmpSpan)
+			ds.spans = slices.Insert(ds.spans, i, sp)
+		}
 	}
 	for _, u := range ls.uses {
 		x.res[u.Resource].leases = append(x.res[u.Resource].leases, int32(li))
