@@ -29,8 +29,10 @@ type Index struct {
 
 	g        *fabric.Graph
 	links    []fabric.Link
-	anchor   []int32 // per vertex: the core vertex it hangs off (itself when core)
-	leafLink []int32 // per vertex: link to its anchor, -1 when core
+	anchor   []int32         // per vertex: the core vertex it hangs off (itself when core)
+	leafLink []int32         // per vertex: link to its anchor, -1 when core
+	leafLat  []time.Duration // per vertex: that link's effective latency
+	linkRes  []float64       // per link: Residual()
 	core     *fabric.Graph
 	coreOf   []int32 // full vertex -> core vertex, -1 for leaves
 	coreLink []int32 // core link -> full link
@@ -305,6 +307,16 @@ func (x *Index) peel() {
 		}
 	}
 	x.core = fabric.NewGraph(coreLinks, coreIDs...)
+	x.leafLat = make([]time.Duration, n)
+	for v := 0; v < n; v++ {
+		if li := x.leafLink[v]; li >= 0 {
+			x.leafLat[v] = x.links[li].EffectiveLatency()
+		}
+	}
+	x.linkRes = make([]float64, len(x.links))
+	for i := range x.links {
+		x.linkRes[i] = x.links[i].Residual()
+	}
 	for v := 0; v < n; v++ {
 		x.coreOf[v] = -1
 		if x.leafLink[v] < 0 {
@@ -324,8 +336,8 @@ func (x *Index) tree(coreSrc int32) *fabric.Tree {
 }
 
 func (x *Index) leafDist(v int32) fabric.Distance {
-	if li := x.leafLink[v]; li >= 0 {
-		return fabric.Distance{Hops: 1, Latency: x.links[li].EffectiveLatency()}
+	if x.leafLink[v] >= 0 {
+		return fabric.Distance{Hops: 1, Latency: x.leafLat[v]}
 	}
 	return fabric.Distance{}
 }
@@ -397,7 +409,7 @@ func (x *Index) resCap(r, n int) float64 {
 	if r < len(x.devs) {
 		return x.devCap(r, n)
 	}
-	return x.links[r-len(x.devs)].Residual()
+	return x.linkRes[r-len(x.devs)]
 }
 
 // leaseUses computes the resources a lease with these parts uses.
