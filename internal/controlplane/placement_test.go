@@ -159,3 +159,31 @@ func TestProfileValidation(t *testing.T) {
 		}
 	}
 }
+
+// With no mode, a block request larger than any one device is composed
+// over several (placement weighs composition itself); asking for shared
+// explicitly keeps it infeasible.
+func TestNoModeMayCompose(t *testing.T) {
+	e := newEnv(t)
+	e.joinModel("n1", "", 1<<30)
+	e.joinModel("n2", "", 1<<30)
+	l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 3 << 29})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Mode != api.ModeComposed || len(l.Parts) < 2 {
+		t.Fatalf("1.5 GiB over 1 GiB devices: mode %s with %d parts, want composed", l.Mode, len(l.Parts))
+	}
+	var total int64
+	for _, p := range l.Parts {
+		total += p.Length
+	}
+	if total < 3<<29 {
+		t.Fatalf("parts hold %d bytes, want ≥ %d", total, int64(3<<29))
+	}
+	_, err = e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 3 << 29})
+	var ae *api.Error
+	if !errors.As(err, &ae) || ae.Status != http.StatusUnprocessableEntity {
+		t.Fatalf("shared 1.5 GiB: %v, want 422", err)
+	}
+}

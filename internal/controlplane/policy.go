@@ -54,7 +54,9 @@ func policyPlace(inv store.Inventory, req api.LeaseRequest, skip map[string]stri
 		Kind: string(req.Kind), Size: size, Borrower: borrower, Bandwidth: req.Bandwidth,
 		MaxLatency: time.Duration(req.MaxLatencyUs * float64(time.Microsecond)), Work: req.Work,
 		Mode: string(req.Mode), AllowShare: req.Mode == "" || req.Mode == api.ModeShared,
-		AllowCompose: req.Mode == api.ModeComposed || count > 1,
+		// With no mode given, placement weighs composing block devices
+		// against sharing or dedicating one (seed 000, Fig. 8).
+		AllowCompose: req.Mode == api.ModeComposed || count > 1 || (req.Mode == "" && req.Kind == api.KindBlock),
 		Affinity:     req.Affinity, AntiAffinity: req.AntiAffinity, Tenant: "", Strategy: req.Strategy,
 	}
 	if pins != nil {
