@@ -98,9 +98,9 @@ func runCharacterize(ctx context.Context, e *env, args []string) error {
 			dev.ID, resource.FormatSize(dev.Capacity), *streams, resource.FormatSize(reqSize))
 	}
 
-	// Borrow the whole device: a dedicated, whole-device lease with
-	// affinity to it. Affinity is a preference, so the lease's device is
-	// checked.
+	// Borrow the whole device: a dedicated, whole-device lease pinned to
+	// it (an affinity term naming a device ID is a hard pin). The lease's
+	// device is still checked, against a control plane that predates pins.
 	req := api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeDedicated, Affinity: []string{dev.ID},
 		Borrower: characterizeBorrower, TTLSeconds: ttlSecs, IdempotencyKey: resource.NewID("characterize")}
 	l, err := c.CreateLease(ctx, req)
