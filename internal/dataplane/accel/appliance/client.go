@@ -45,8 +45,8 @@ func (e *APIError) Error() string {
 // Unwrap returns the sentinel of the code.
 func (e *APIError) Unwrap() error {
 	for _, he := range httpErrors {
-		if he.code == e.Code {
-			return he.err
+		if he.Code == e.Code {
+			return he.Err
 		}
 	}
 	return nil

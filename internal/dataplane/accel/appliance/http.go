@@ -179,42 +179,24 @@ func (a *Appliance) withSlot(h func(http.ResponseWriter, *http.Request, int) err
 
 // httpErrors maps errors to HTTP statuses and stable API codes: the one
 // place where that happens.
-var httpErrors = []struct {
-	err    error
-	status int
-	code   string
-}{
-	{ErrNoSlot, http.StatusNotFound, "no_such_slot"},
-	{errUnauthorized, http.StatusUnauthorized, "unauthorized"},
-	{errBadRequest, http.StatusBadRequest, "bad_request"},
-	{roles.ErrUnknownRole, http.StatusBadRequest, "unknown_role"},
-	{roles.ErrBadModule, http.StatusBadRequest, "bad_module"},
-	{roles.ErrBadConfig, http.StatusBadRequest, "bad_role_config"},
-	{accel.ErrAuth, http.StatusForbidden, "lease_credential_rejected"},
-	{accel.ErrNoRole, http.StatusConflict, "no_role"},
-	{roles.ErrUnknownEntry, http.StatusNotFound, "unknown_entry"},
-	{roles.ErrBadInput, http.StatusBadRequest, "bad_input"},
-	{accel.ErrTooLarge, http.StatusRequestEntityTooLarge, "too_large"},
-	{accel.ErrRoleFailed, http.StatusInternalServerError, "role_failed"},
-	{roles.ErrWasmTrap, http.StatusInternalServerError, "role_failed"},
+var httpErrors = []accel.HTTPError{
+	{Err: ErrNoSlot, Status: http.StatusNotFound, Code: "no_such_slot"},
+	{Err: errUnauthorized, Status: http.StatusUnauthorized, Code: "unauthorized"},
+	{Err: errBadRequest, Status: http.StatusBadRequest, Code: "bad_request"},
+	{Err: roles.ErrUnknownRole, Status: http.StatusBadRequest, Code: "unknown_role"},
+	{Err: roles.ErrBadModule, Status: http.StatusBadRequest, Code: "bad_module"},
+	{Err: roles.ErrBadConfig, Status: http.StatusBadRequest, Code: "bad_role_config"},
+	{Err: accel.ErrAuth, Status: http.StatusForbidden, Code: "lease_credential_rejected"},
+	{Err: accel.ErrNoRole, Status: http.StatusConflict, Code: "no_role"},
+	{Err: roles.ErrUnknownEntry, Status: http.StatusNotFound, Code: "unknown_entry"},
+	{Err: roles.ErrBadInput, Status: http.StatusBadRequest, Code: "bad_input"},
+	{Err: accel.ErrTooLarge, Status: http.StatusRequestEntityTooLarge, Code: "too_large"},
+	{Err: accel.ErrRoleFailed, Status: http.StatusInternalServerError, Code: "role_failed"},
+	{Err: roles.ErrWasmTrap, Status: http.StatusInternalServerError, Code: "role_failed"},
 }
 
 func writeError(w http.ResponseWriter, err error) {
-	status, code := http.StatusInternalServerError, "internal"
-	for _, he := range httpErrors {
-		if errors.Is(err, he.err) {
-			status, code = he.status, he.code
-			break
-		}
-	}
-	var body struct {
-		Error struct {
-			Code    string `json:"code"`
-			Message string `json:"message"`
-		} `json:"error"`
-	}
-	body.Error.Code, body.Error.Message = code, err.Error()
-	writeJSON(w, status, body)
+	accel.WriteHTTPError(w, httpErrors, err)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

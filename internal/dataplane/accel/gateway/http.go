@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -49,37 +48,17 @@ func (g *Gateway) Handler(auth func(credential []byte) error) http.Handler {
 }
 
 // httpErrors maps errors to statuses and stable codes, in one place.
-var httpErrors = []struct {
-	err    error
-	status int
-	code   string
-}{
-	{accel.ErrAuth, http.StatusForbidden, "credential_rejected"},
-	{ErrQueueFull, http.StatusTooManyRequests, "queue_full"},
-	{ErrQueueTimeout, http.StatusServiceUnavailable, "queue_timeout"},
-	{ErrStopped, http.StatusServiceUnavailable, "stopped"},
-	{accel.ErrTooLarge, http.StatusRequestEntityTooLarge, "too_large"},
-	{roles.ErrUnknownEntry, http.StatusNotFound, "unknown_entry"},
-	{roles.ErrBadInput, http.StatusBadRequest, "bad_input"},
-	{accel.ErrNoRole, http.StatusConflict, "no_role"},
+var httpErrors = []accel.HTTPError{
+	{Err: accel.ErrAuth, Status: http.StatusForbidden, Code: "credential_rejected"},
+	{Err: ErrQueueFull, Status: http.StatusTooManyRequests, Code: "queue_full"},
+	{Err: ErrQueueTimeout, Status: http.StatusServiceUnavailable, Code: "queue_timeout"},
+	{Err: ErrStopped, Status: http.StatusServiceUnavailable, Code: "stopped"},
+	{Err: accel.ErrTooLarge, Status: http.StatusRequestEntityTooLarge, Code: "too_large"},
+	{Err: roles.ErrUnknownEntry, Status: http.StatusNotFound, Code: "unknown_entry"},
+	{Err: roles.ErrBadInput, Status: http.StatusBadRequest, Code: "bad_input"},
+	{Err: accel.ErrNoRole, Status: http.StatusConflict, Code: "no_role"},
 }
 
 func httpError(w http.ResponseWriter, err error) {
-	status, code := http.StatusInternalServerError, "internal"
-	for _, he := range httpErrors {
-		if errors.Is(err, he.err) {
-			status, code = he.status, he.code
-			break
-		}
-	}
-	var body struct {
-		Error struct {
-			Code    string `json:"code"`
-			Message string `json:"message"`
-		} `json:"error"`
-	}
-	body.Error.Code, body.Error.Message = code, err.Error()
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(body)
+	accel.WriteHTTPError(w, httpErrors, err)
 }
