@@ -88,7 +88,7 @@ Scale run: $lps leases/s placed and completed, at most $act leases running at on
 mean SMUFIN slowdown $slow; peak heap in use $heap MiB, max RSS $rss MiB.
 Each lease is placed by \`internal/placement\` (Index.Place/Add/Remove), its bytes move
 through the fabric model with max-min sharing (\`fabric.Solver\`), recomputed when
-flows start or finish; the scale run's CPU time is split between \`Index.Place\` (placement, about 38%) and the simulator's own path lookups (\`Cluster.Path\`, about 43%).
+flows start or finish; the scale run's CPU time is split between \`Index.Place\` (placement, about 38%) and the simulator's own path lookups (\`Cluster.Path\`, about 43%; profiled by hand, not by this script).
 
 Real vs simulated (\`internal/sim/validate\`: 1–6 sequential writers striping over 1–3
 NBD lenders in network namespaces whose links are shaped with tc tbf at 100 Mbit/s; the
