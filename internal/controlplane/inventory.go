@@ -3,9 +3,11 @@ package controlplane
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/placement"
 )
 
 // invCache is the placement view of the inventory, kept in memory so that
@@ -23,6 +25,16 @@ type invCache struct {
 	profiles []api.Profile
 	parts    map[string][]store.LivePart // by lease ID
 	devName  map[string]string
+
+	// idx is placement's index over the cached inventory, built on the
+	// first request after a reload and kept up to date by cacheLease and
+	// uncacheLease (Index.Add and Index.Remove), so that a lease request
+	// does not rebuild it. It is used only while no live lease carries
+	// work or a deadline (timed): the index's clock would then move
+	// their remaining work, which a rebuilt snapshot does not.
+	idx     *placement.Index
+	idxExcl map[string]bool
+	timed   map[string]bool // lease IDs with work or a deadline
 }
 
 // inventory returns the placement view; placeMu must be held.
@@ -35,8 +47,13 @@ func (s *Server) inventory(ctx context.Context) (store.Inventory, error) {
 		}
 		c.nodes, c.devices, c.links, c.profiles = inv.Nodes, inv.Devices, inv.Links, inv.Profiles
 		c.parts = map[string][]store.LivePart{}
+		c.timed = map[string]bool{}
+		c.idx, c.idxExcl = nil, nil
 		for _, p := range inv.Parts {
 			c.parts[p.LeaseID] = append(c.parts[p.LeaseID], p)
+			if timedDemand(p.Demand) {
+				c.timed[p.LeaseID] = true
+			}
 		}
 		c.devName = make(map[string]string, len(inv.Devices))
 		for _, d := range inv.Devices {
@@ -70,15 +87,61 @@ func (s *Server) cacheLease(l api.Lease, d store.Demand) {
 		ps[i] = store.LivePart{Part: p, LeaseID: l.ID, Mode: l.Mode, Tenant: l.Tenant, Demand: d}
 	}
 	s.inv.parts[l.ID] = ps
+	delete(s.inv.timed, l.ID)
+	if timedDemand(d) {
+		s.inv.timed[l.ID] = true
+	}
+	if x := s.inv.idx; x != nil {
+		_ = x.Remove(l.ID) // a re-placement replaces the lease's parts
+		pl := placement.Lease{ID: l.ID, Tenant: l.Tenant, Borrower: cpVertex, Mode: string(l.Mode), Kind: string(l.Kind),
+			Demand: d.Bandwidth, Remaining: d.Work}
+		if !d.Deadline.IsZero() {
+			pl.Deadline = time.Duration(d.Deadline.UnixNano())
+		}
+		for _, p := range l.Parts {
+			pl.Parts = append(pl.Parts, placement.Part{NodeID: p.NodeID, DeviceID: p.DeviceID, Offset: p.Offset, Length: p.Length})
+		}
+		if err := x.Add(pl); err != nil {
+			s.inv.idx = nil // rebuilt from the cache on the next request
+		}
+	}
 }
 
 // uncacheLease forgets a lease that ended.
 func (s *Server) uncacheLease(id string) {
 	s.placeMu.Lock()
 	if s.inv.valid {
+		if _, ok := s.inv.parts[id]; ok && s.inv.idx != nil {
+			if err := s.inv.idx.Remove(id); err != nil {
+				s.inv.idx = nil
+			}
+		}
 		delete(s.inv.parts, id)
+		delete(s.inv.timed, id)
 	}
 	s.placeMu.Unlock()
+}
+
+// timedDemand reports whether a lease's demand has work or a deadline.
+func timedDemand(d store.Demand) bool { return d.Work > 0 || !d.Deadline.IsZero() }
+
+// placeIndex is the indexSource over the cache; placeMu must be held and
+// inv must come from inventory.
+func (s *Server) placeIndex(inv store.Inventory, now time.Time) (*placement.Index, map[string]bool) {
+	c := &s.inv
+	if !c.valid || len(c.timed) > 0 {
+		return nil, nil
+	}
+	at := time.Duration(now.UnixNano())
+	if c.idx != nil && at < c.idx.Now() {
+		return nil, nil // the clock went back: build one for this request
+	}
+	if c.idx == nil {
+		snap, excl := snapshot(inv, nil, now)
+		c.idx, c.idxExcl = placement.NewIndex(snap), excl
+	}
+	c.idx.Advance(at)
+	return c.idx, c.idxExcl
 }
 
 // invalidate makes the next placement reload the inventory, and the next

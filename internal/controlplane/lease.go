@@ -206,7 +206,7 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 				return l, false, fmt.Errorf("%w: tenant %s holds %d leases (limit %d); release some first", ErrQuota, p.tenant, n, max)
 			}
 		}
-		plan, err = s.place(inv, req, skip, now)
+		plan, err = s.placeLocked(inv, req, skip, now)
 		if err != nil {
 			return l, false, err
 		}
@@ -280,7 +280,7 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 			if round+1 >= maxPrepareRounds {
 				err = fmt.Errorf("%w: gave up after %d rounds", ErrUnavailable, round+1)
 			} else {
-				plan, err = s.place(inv, req, skip, s.now())
+				plan, err = s.placeLocked(inv, req, skip, s.now())
 			}
 		}
 		if err == nil {
@@ -304,6 +304,15 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 		s.log.Warn("lease failed", "lease", lease.ID, "reason", why)
 		return fl, true, fmt.Errorf("%w: lease %s failed: %s", ErrUnavailable, lease.ID, why)
 	}
+}
+
+// placeLocked places with the cached placement index when s.place is the
+// policy; placeMu must be held and inv must come from inventory.
+func (s *Server) placeLocked(inv store.Inventory, req api.LeaseRequest, skip map[string]string, now time.Time) (api.Plan, error) {
+	if s.policy {
+		return policyPlaceWith(inv, req, skip, now, s.placeIndex)
+	}
+	return s.place(inv, req, skip, now)
 }
 
 func joinReasons(m map[string]string) string {

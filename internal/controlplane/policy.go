@@ -28,6 +28,17 @@ const lanVertex = "lan"
 // exclusive devices, label selectors) fall back to firstFit; the plan's
 // explanation says which policy decided.
 func policyPlace(inv store.Inventory, req api.LeaseRequest, skip map[string]string, now time.Time) (api.Plan, error) {
+	return policyPlaceWith(inv, req, skip, now, nil)
+}
+
+// indexSource returns a placement index over inv as snapshot(inv, nil,
+// now) would build it, and the exclusive devices; nil when it has none to
+// offer (the caller then builds one for the request).
+type indexSource func(inv store.Inventory, now time.Time) (*placement.Index, map[string]bool)
+
+// policyPlaceWith is policyPlace, taking its index from src when the
+// request neither skips nodes nor pins devices (both change the snapshot).
+func policyPlaceWith(inv store.Inventory, req api.LeaseRequest, skip map[string]string, now time.Time, src indexSource) (api.Plan, error) {
 	if req.Size == 0 && req.Kind != api.KindAccel || len(req.Labels) > 0 {
 		return firstFit(inv, req, skip, now)
 	}
@@ -35,7 +46,15 @@ func policyPlace(inv store.Inventory, req api.LeaseRequest, skip map[string]stri
 	if err != nil {
 		return api.Plan{At: now, State: "infeasible", Explanation: []string{err.Error()}}, err
 	}
-	snap, exclusive := snapshot(inv, skip, now)
+	var x *placement.Index
+	var exclusive map[string]bool
+	if src != nil && len(skip) == 0 && pins == nil {
+		x, exclusive = src(inv, now)
+	}
+	var snap *placement.Snapshot
+	if x == nil {
+		snap, exclusive = snapshot(inv, skip, now)
+	}
 	borrower := cpVertex
 	for _, n := range inv.Nodes {
 		if n.ID == req.Borrower && n.State == api.NodeReady {
@@ -59,7 +78,7 @@ func policyPlace(inv store.Inventory, req api.LeaseRequest, skip map[string]stri
 		AllowCompose: req.Mode == api.ModeComposed || count > 1 || (req.Mode == "" && req.Kind == api.KindBlock),
 		Affinity:     req.Affinity, AntiAffinity: req.AntiAffinity, Tenant: "", Strategy: req.Strategy,
 	}
-	if pins != nil {
+	if pins != nil && snap != nil {
 		// Placement matches affinity terms against nodes: the device pins
 		// are applied here instead, by hiding every other device.
 		preq.Affinity = nil
@@ -87,7 +106,10 @@ func policyPlace(inv store.Inventory, req api.LeaseRequest, skip map[string]stri
 	for _, id := range sortedKeys(skip) {
 		head = append(head, fmt.Sprintf("skipped node %s: %s", id, skip[id]))
 	}
-	pp, err := placement.Place(snap, preq)
+	if x == nil {
+		x = placement.NewIndex(snap)
+	}
+	pp, err := x.Place(preq)
 	if err != nil {
 		plan := api.Plan{At: now, State: "infeasible", Explanation: head}
 		var ie *placement.InfeasibleError

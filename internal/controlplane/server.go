@@ -79,6 +79,7 @@ type Server struct {
 	auth    authCache
 	beats   beatBatcher
 	place   placer
+	policy  bool // place is policyPlace: placeLocked may use the cached index
 }
 
 // New returns a Server; it stores the configured tokens (hashed).
@@ -137,7 +138,7 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("controlplane: store token for %s: %w", t.Tenant, err)
 		}
 	}
-	s.place = policyPlace
+	s.place, s.policy = policyPlace, true
 	s.started = s.now()
 	s.m = newServerMetrics(s.reg)
 	s.h = s.routes()
