@@ -69,7 +69,7 @@ func (s *Server) transition(ctx context.Context, id string, to api.LeaseState, c
 	if msg == "" {
 		msg = ch.Reason
 	}
-	l, err := s.st.TransitionLease(ctx, id, ch, api.Event{At: now, Type: "lease." + string(to), Subject: id, Message: msg, State: string(to)})
+	l, err := s.leases.do(ctx, s.st, store.Transition{ID: id, Change: ch, Event: api.Event{At: now, Type: "lease." + string(to), Subject: id, Message: msg, State: string(to)}})
 	if err == nil {
 		s.m.leaseTransitions.With(string(to)).Inc()
 		if to.Terminal() {

@@ -78,6 +78,7 @@ type Server struct {
 	started time.Time // silence before this does not count (restarts)
 	auth    authCache
 	beats   beatBatcher
+	leases  leaseBatcher
 	place   placer
 	policy  bool // place is policyPlace: placeLocked may use the cached index
 }

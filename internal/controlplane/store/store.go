@@ -177,3 +177,18 @@ type Store interface {
 
 	Counts(ctx context.Context) (Counts, error)
 }
+
+// Transition is one lease transition of a batch (see LeaseBatcher).
+type Transition struct {
+	ID     string
+	Change LeaseChange
+	Event  api.Event
+}
+
+// LeaseBatcher is an optional Store capability: several lease transitions
+// in one write transaction (group commit), each applied as TransitionLease
+// would and independently of the others (errs[i] is transition i's
+// error). err is set, and nothing committed, when the batch itself fails.
+type LeaseBatcher interface {
+	TransitionLeases(ctx context.Context, ts []Transition) (out []api.Lease, errs []error, err error)
+}

@@ -288,6 +288,53 @@ func (s *Store) TransitionLease(ctx context.Context, id string, ch store.LeaseCh
 		plan = planJSON(ch.Plan) // outside the transaction: the writer is serial
 	}
 	err := s.tx(ctx, func(tx execer) error {
+		l, err := transitionTx(ctx, tx, id, ch, plan, ev)
+		out = l
+		return err
+	})
+	return out, err
+}
+
+// TransitionLeases applies several transitions in one write transaction
+// (group commit), each as TransitionLease would and independently of the
+// others: a transition that fails is rolled back to its savepoint and
+// reported in errs. err is set, and nothing committed, when the batch
+// itself fails.
+func (s *Store) TransitionLeases(ctx context.Context, ts []store.Transition) (out []api.Lease, errs []error, err error) {
+	plans := make([]string, len(ts))
+	for i, t := range ts {
+		if t.Change.Plan != nil {
+			plans[i] = planJSON(t.Change.Plan)
+		}
+	}
+	err = s.tx(ctx, func(tx execer) error {
+		out, errs = make([]api.Lease, len(ts)), make([]error, len(ts))
+		for i, t := range ts {
+			if _, err := tx.ExecContext(ctx, `SAVEPOINT tl`); err != nil {
+				return fmt.Errorf("sqlite: savepoint: %w", err)
+			}
+			out[i], errs[i] = transitionTx(ctx, tx, t.ID, t.Change, plans[i], t.Event)
+			if errs[i] != nil {
+				if _, err := tx.ExecContext(ctx, `ROLLBACK TO tl`); err != nil {
+					return fmt.Errorf("sqlite: rollback to savepoint: %w", err)
+				}
+			}
+			if _, err := tx.ExecContext(ctx, `RELEASE tl`); err != nil {
+				return fmt.Errorf("sqlite: release savepoint: %w", err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return out, errs, nil
+}
+
+// transitionTx is TransitionLease's work inside a transaction.
+func transitionTx(ctx context.Context, tx execer, id string, ch store.LeaseChange, plan string, ev api.Event) (api.Lease, error) {
+	var out api.Lease
+	err := func() error {
 		if len(ch.From) == 0 {
 			return fmt.Errorf("lease %s: no source state: %w", id, store.ErrConflict)
 		}
@@ -353,7 +400,7 @@ func (s *Store) TransitionLease(ctx context.Context, id string, ch store.LeaseCh
 		}
 		out = l
 		return nil
-	})
+	}()
 	return out, err
 }
 

@@ -130,3 +130,59 @@ func TestCapacityChecks(t *testing.T) {
 		t.Fatalf("allocated %d, want 80", devs[0].Allocated)
 	}
 }
+
+// TestTransitionLeases: a batch applies each transition independently; a
+// refused one is rolled back alone and reported in its slot.
+func TestTransitionLeases(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, ":memory:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	now := time.Now()
+	n, _, err := s.JoinNode(ctx, store.JoinNode{
+		Node:           api.Node{ID: "node-1", Name: "n1", State: api.NodeReady, Fingerprint: api.Fingerprint{MachineID: "m1"}, LastHeartbeat: now, JoinedAt: now},
+		CredentialHash: "h1", AgentKey: "k1", Devices: []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 100}},
+	}, api.Event{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs, _ := s.Devices(ctx)
+	for i, id := range []string{"a", "b"} {
+		if _, err := s.CreateLease(ctx, api.Lease{ID: id, State: api.LeaseReserved, Kind: api.KindBlock, Tenant: "t",
+			Parts: []api.Part{{NodeID: n.ID, DeviceID: devs[0].ID, Offset: int64(i) * 50, Length: 50}}}, store.Demand{}, nil, api.Event{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ch := func(from, to api.LeaseState) store.LeaseChange {
+		return store.LeaseChange{From: []api.LeaseState{from}, To: to, At: now}
+	}
+	ts := []store.Transition{
+		{ID: "a", Change: ch(api.LeaseReserved, api.LeaseActive)},
+		{ID: "b", Change: ch(api.LeaseActive, api.LeaseReleasing)}, // b is reserved: refused
+		{ID: "zz", Change: ch(api.LeaseReserved, api.LeaseActive)},
+		{ID: "a", Change: ch(api.LeaseActive, api.LeaseReleased)}, // sees the first
+		{ID: "b", Change: ch(api.LeaseReserved, api.LeaseFailed)},
+	}
+	out, errs, err := s.TransitionLeases(ctx, ts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []error{nil, store.ErrConflict, store.ErrNotFound, nil, nil} {
+		if (want == nil) != (errs[i] == nil) || (want != nil && !errors.Is(errs[i], want)) {
+			t.Fatalf("transition %d: %v, want %v", i, errs[i], want)
+		}
+		if want == nil && out[i].State != ts[i].Change.To {
+			t.Fatalf("transition %d: state %s", i, out[i].State)
+		}
+	}
+	for id, want := range map[string]api.LeaseState{"a": api.LeaseReleased, "b": api.LeaseFailed} {
+		if l, err := s.Lease(ctx, id); err != nil || l.State != want {
+			t.Fatalf("%s: %s %v, want %s", id, l.State, err, want)
+		}
+	}
+	if devs, _ := s.Devices(ctx); devs[0].Allocated != 0 {
+		t.Fatalf("allocated %d after both ended", devs[0].Allocated)
+	}
+}
