@@ -338,10 +338,10 @@ func (a *Agent) openDevices(ctx context.Context) error {
 			d.Path = filepath.Join(a.cfg.StateDir, d.Path)
 		}
 		if d.Sharing == "" {
+			// Block and memory lend byte ranges, accelerators lend slots:
+			// each lease takes a part unless the device is declared
+			// exclusive.
 			d.Sharing = "partitionable"
-			if d.Kind == api.KindAccel {
-				d.Sharing = "exclusive"
-			}
 		}
 		if o, ok := a.drivers[d.Kind].(Opener); ok {
 			nd, err := o.Open(ctx, d)

@@ -44,7 +44,7 @@ type DeviceConfig struct {
 	// takes the existing file's size.
 	Size       int64
 	Model      string
-	Sharing    string // "exclusive" or "partitionable" (default: partitionable for block and memory)
+	Sharing    string // "exclusive" or "partitionable" (default: partitionable: byte ranges, or accelerator slots)
 	Attributes map[string]string
 }
 
