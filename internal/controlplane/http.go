@@ -41,7 +41,8 @@ func (s *Server) routeTable() []route {
 		{httpapi.Route{Method: "GET", Path: "/v1/devices", Summary: "List devices (the Resource Registration Table).", Response: []api.Device{}, Errors: readErrors}, accessReader, s.hDevices},
 		{httpapi.Route{Method: "GET", Path: "/v1/topology", Summary: "Nodes and measured links (the Topology Status Table).", Response: api.Topology{}, Errors: readErrors}, accessReader, s.hTopology},
 		{httpapi.Route{Method: "GET", Path: "/v1/leases", Summary: "List the caller's leases (an admin token sees all).", Response: []api.Lease{},
-			Query: []httpapi.Param{{Name: "state", Type: "string", Description: "only leases in this state"}}, Errors: readErrors}, accessTenant, s.hLeases},
+			Query: []httpapi.Param{{Name: "state", Type: "string", Description: "only leases in this state"},
+				{Name: "live", Type: "boolean", Description: "only leases that hold or are taking devices (reserved, active, releasing)"}}, Errors: readErrors}, accessTenant, s.hLeases},
 		{httpapi.Route{Method: "POST", Path: "/v1/leases", Summary: "Place, reserve and activate a lease (two-phase with the lenders).",
 			Request: api.LeaseRequest{}, Response: api.Lease{}, Status: http.StatusCreated, Errors: createErrors}, accessTenant, s.hCreateLease},
 		{httpapi.Route{Method: "GET", Path: "/v1/leases/{id}", Summary: "Show a lease.", Response: api.Lease{}, Errors: []int{401, 403, 404, 500}}, accessTenant, s.hLease},
@@ -224,8 +225,26 @@ func (s *Server) hTopology(ctx context.Context, p principal, r *http.Request, w 
 
 func (s *Server) hLeases(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
 	f := leaseFilter(p)
-	if st := r.URL.Query().Get("state"); st != "" {
+	q := r.URL.Query()
+	if st := q.Get("state"); st != "" {
 		f.States = []api.LeaseState{api.LeaseState(st)}
+	}
+	if v := q.Get("live"); v != "" {
+		live, err := strconv.ParseBool(v)
+		if err != nil {
+			return 0, nil, fmt.Errorf("%w: live=%q is not a boolean", ErrInvalid, v)
+		}
+		if live {
+			// Listing every ended lease grows with history; live=1 keeps
+			// the answer as small as the leases that matter now.
+			keep := []api.LeaseState{}
+			for _, st := range []api.LeaseState{api.LeaseReserved, api.LeaseActive, api.LeaseReleasing} {
+				if f.States == nil || f.States[0] == st {
+					keep = append(keep, st)
+				}
+			}
+			f.States = keep
+		}
 	}
 	ls, err := s.st.Leases(ctx, f)
 	if err != nil {

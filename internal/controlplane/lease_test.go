@@ -3,6 +3,7 @@ package controlplane
 import (
 	"errors"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -429,5 +430,53 @@ func TestQuota(t *testing.T) {
 	}
 	if _, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20}); err != nil {
 		t.Fatalf("after a release: %v", err)
+	}
+}
+
+// TestLeasesLive: GET /v1/leases lists history by default; live=1 only
+// the leases holding devices, and a state filter narrows either.
+func TestLeasesLive(t *testing.T) {
+	e := newEnv(t)
+	e.join("n1", 1<<30)
+	req := api.LeaseRequest{Kind: api.KindBlock, Size: 64 << 20}
+	a, err := e.alice.CreateLease(e.ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := e.alice.CreateLease(e.ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.alice.ReleaseLease(e.ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		query string
+		want  []string
+	}{
+		{"", []string{a.ID, b.ID}},
+		{"?live=1", []string{b.ID}},
+		{"?live=true&state=active", []string{b.ID}},
+		{"?live=1&state=released", nil},
+		{"?live=0", []string{a.ID, b.ID}},
+		{"?state=released", []string{a.ID}},
+	} {
+		var ls []api.Lease
+		if err := e.alice.Do(e.ctx, "GET", "/v1/leases"+c.query, nil, &ls); err != nil {
+			t.Fatalf("%s: %v", c.query, err)
+		}
+		var got []string
+		for _, l := range ls {
+			got = append(got, l.ID)
+		}
+		slices.Sort(got)
+		slices.Sort(c.want)
+		if strings.Join(got, ",") != strings.Join(c.want, ",") {
+			t.Fatalf("%s: %v, want %v", c.query, got, c.want)
+		}
+	}
+	var ls []api.Lease
+	if err := e.alice.Do(e.ctx, "GET", "/v1/leases?live=maybe", nil, &ls); !api.IsCode(err, api.CodeInvalid) {
+		t.Fatalf("live=maybe: %v", err)
 	}
 }
