@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/block/stripe"
+	"github.com/rialto-project/rialto/internal/dataplane/memory"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -96,7 +98,7 @@ func processAlive(pid int) bool {
 // leaseParts returns the nbd URIs of a block lease's parts in layout order.
 func leaseParts(l api.Lease) ([]string, error) {
 	if l.Kind != api.KindBlock {
-		return nil, fmt.Errorf("lease %s is a %s lease; attach serves block leases", l.ID, l.Kind)
+		return nil, fmt.Errorf("lease %s is a %s lease; attach serves block and memory leases", l.ID, l.Kind)
 	}
 	if l.State != api.LeaseActive {
 		return nil, fmt.Errorf("lease %s is %s, not active", l.ID, l.State)
@@ -118,6 +120,49 @@ func leaseParts(l api.Lease) ([]string, error) {
 		return nil, fmt.Errorf("lease %s has no URI", l.ID)
 	}
 	return uris, nil
+}
+
+// memDevice is a memory lease seen as a block device (seed 001's remote
+// memory as swap); closing it closes the memory client.
+type memDevice struct {
+	*memory.Backend
+	c *memory.Client
+}
+
+func (d memDevice) Close() error { return d.c.Close() }
+
+// attachMemory serves a memory lease as a local NBD export backed by the
+// donor's memory: a swap-style block device any NBD client can use.
+func attachMemory(ctx context.Context, l api.Lease, listen string, timeout time.Duration, log *slog.Logger) (*stripe.Attachment, error) {
+	if l.State != api.LeaseActive {
+		return nil, fmt.Errorf("lease %s is %s, not active", l.ID, l.State)
+	}
+	uri := l.URI
+	if uri == "" && len(l.Parts) == 1 {
+		uri = l.Parts[0].URI
+	}
+	if len(l.Parts) > 1 || uri == "" {
+		return nil, fmt.Errorf("lease %s: attach serves memory leases of one part with a URI", l.ID)
+	}
+	addr, cred, err := parseMemURI(uri)
+	if err != nil {
+		return nil, fmt.Errorf("lease %s: %w", l.ID, err)
+	}
+	mc, err := memory.Dial(ctx, addr, cred, memory.Options{Timeout: timeout})
+	if err != nil {
+		return nil, err
+	}
+	vol, err := stripe.New([]stripe.Device{memDevice{memory.NewBackend(mc), mc}}, stripe.Config{RequestTimeout: timeout, Logger: log})
+	if err != nil {
+		mc.Close()
+		return nil, err
+	}
+	att, err := stripe.Serve(ctx, vol, stripe.ServeConfig{Listen: listen, Logger: log})
+	if err != nil {
+		vol.Close()
+		return nil, err
+	}
+	return att, nil
 }
 
 func runAttach(ctx context.Context, e *env, args []string) error {
@@ -147,8 +192,10 @@ func runAttach(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	uris, err := leaseParts(l)
-	if err != nil {
+	var uris []string
+	if l.Kind == api.KindMemory {
+		uris = []string{""} // one part, reached over the memory protocol
+	} else if uris, err = leaseParts(l); err != nil {
 		return err
 	}
 	su := l.StripeUnit
@@ -193,8 +240,13 @@ func runAttach(ctx context.Context, e *env, args []string) error {
 	defer ctl.Close()
 	os.Chmod(ctlPath, 0o600)
 
-	att, err := stripe.Attach(ctx, stripe.AttachConfig{URIs: uris, StripeUnit: su, Listen: where,
-		ConnsPerPart: *conns, RequestTimeout: *timeout, Logger: log})
+	var att *stripe.Attachment
+	if l.Kind == api.KindMemory {
+		att, err = attachMemory(ctx, l, where, *timeout, log)
+	} else {
+		att, err = stripe.Attach(ctx, stripe.AttachConfig{URIs: uris, StripeUnit: su, Listen: where,
+			ConnsPerPart: *conns, RequestTimeout: *timeout, Logger: log})
+	}
 	if err != nil {
 		os.Remove(ctlPath)
 		return fmt.Errorf("attach %s: %w", l.ID, err)
