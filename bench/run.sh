@@ -21,8 +21,8 @@ done
   echo "docs/bench/, each written by bench/AREA/run.sh with its own date and conditions. Machine: $(nproc) vCPU,"
   echo "$(awk '/MemTotal/{printf "%.1f GiB", $2/1048576}' /proc/meminfo) RAM, kernel $(uname -r),"
   echo "CPU: $(awk -F': ' '/model name/{print $2; exit}' /proc/cpuinfo), $(go version | cut -d' ' -f3)."
-  echo "Figures are medians of interleaved runs unless a section says otherwise; every"
-  echo "peer figure was measured in the same run as ours."
+  echo "Figures are medians of interleaved runs unless a section says otherwise; where a"
+  echo "section compares with a peer, the peer was measured in the same run as Rialto."
   echo
   for f in docs/bench/*.md; do
     [ -f "$f" ] || continue
