@@ -169,21 +169,25 @@ type Lease struct {
 
 // LeaseRequest asks for a lease. Tenant comes from the API token.
 type LeaseRequest struct {
-	Kind           Kind              `json:"kind"`
-	Mode           Mode              `json:"mode,omitempty"` // empty: placement chooses
-	Size           int64             `json:"size,omitempty"` // bytes (block, memory)
-	Count          int               `json:"count,omitempty"`
-	StripeUnit     int64             `json:"stripe_unit,omitempty"`
-	Borrower       string            `json:"borrower,omitempty"`
-	TTLSeconds     int64             `json:"ttl_seconds,omitempty"`
-	Bandwidth      float64           `json:"bandwidth,omitempty"`        // bytes/s wanted
-	MaxLatencyUs   float64           `json:"max_latency_us,omitempty"`   // per-op latency need
-	Work           int64             `json:"work,omitempty"`             // bytes to move, for completion time
-	DeadlineSecond float64           `json:"deadline_seconds,omitempty"` // completion-time need
-	Affinity       []string          `json:"affinity,omitempty"`
-	AntiAffinity   []string          `json:"anti_affinity,omitempty"`
-	Strategy       string            `json:"strategy,omitempty"` // binpack or spread
-	Role           string            `json:"role,omitempty"`     // accel: role to load
+	Kind           Kind     `json:"kind"`
+	Mode           Mode     `json:"mode,omitempty"` // empty: placement chooses
+	Size           int64    `json:"size,omitempty"` // bytes (block, memory)
+	Count          int      `json:"count,omitempty"`
+	StripeUnit     int64    `json:"stripe_unit,omitempty"`
+	Borrower       string   `json:"borrower,omitempty"`
+	TTLSeconds     int64    `json:"ttl_seconds,omitempty"`
+	Bandwidth      float64  `json:"bandwidth,omitempty"`        // bytes/s wanted
+	MaxLatencyUs   float64  `json:"max_latency_us,omitempty"`   // per-op latency need
+	Work           int64    `json:"work,omitempty"`             // bytes to move, for completion time
+	DeadlineSecond float64  `json:"deadline_seconds,omitempty"` // completion-time need
+	Affinity       []string `json:"affinity,omitempty"`
+	AntiAffinity   []string `json:"anti_affinity,omitempty"`
+	Strategy       string   `json:"strategy,omitempty"` // binpack or spread
+	Role           string   `json:"role,omitempty"`     // accel: role to load
+	// BandwidthCap (bytes/s) and IOPSCap limit what the borrower gets from
+	// a block lease's exports (0 = no cap); meant for shared partitions.
+	BandwidthCap   int64             `json:"bandwidth_cap,omitempty"`
+	IOPSCap        int64             `json:"iops_cap,omitempty"`
 	Labels         map[string]string `json:"labels,omitempty"`
 	IdempotencyKey string            `json:"idempotency_key,omitempty"`
 }

@@ -151,9 +151,9 @@ func printParts(w io.Writer, k api.Kind, parts []api.Part, uri bool, names map[s
 
 // requestFlags are lease create's and explain's flags.
 type requestFlags struct {
-	kind, mode, size, ttl, stripe, key, borrower, strategy, role string
-	count                                                        int
-	bandwidth, deadline                                          float64
+	kind, mode, size, ttl, stripe, key, borrower, strategy, role, bwCap string
+	count, iopsCap                                                      int
+	bandwidth, deadline                                                 float64
 }
 
 func (rf *requestFlags) register(fs *flag.FlagSet) {
@@ -169,6 +169,8 @@ func (rf *requestFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&rf.role, "role", "", "accelerator role to load")
 	fs.Float64Var(&rf.bandwidth, "bandwidth", 0, "bandwidth wanted, bytes/s")
 	fs.Float64Var(&rf.deadline, "deadline", 0, "completion deadline, seconds")
+	fs.StringVar(&rf.bwCap, "bandwidth-cap", "", "cap the lease's exports at this many bytes/s, e.g. 100MiB (block)")
+	fs.IntVar(&rf.iopsCap, "iops-cap", 0, "cap the lease's exports at this many requests/s (block)")
 }
 
 func parseTTL(s string) (int64, error) {
@@ -189,7 +191,14 @@ func (rf *requestFlags) request() (api.LeaseRequest, error) {
 	r := api.LeaseRequest{
 		Kind: api.Kind(strings.ToLower(rf.kind)), Mode: api.Mode(strings.ToLower(rf.mode)), Count: rf.count,
 		IdempotencyKey: rf.key, Borrower: rf.borrower, Strategy: rf.strategy, Role: rf.role,
-		Bandwidth: rf.bandwidth, DeadlineSecond: rf.deadline,
+		Bandwidth: rf.bandwidth, DeadlineSecond: rf.deadline, IOPSCap: int64(rf.iopsCap),
+	}
+	if rf.bwCap != "" {
+		v, err := resource.ParseSize(rf.bwCap)
+		if err != nil {
+			return r, fmt.Errorf("bad --bandwidth-cap: %w", err)
+		}
+		r.BandwidthCap = v
 	}
 	switch r.Kind {
 	case api.KindBlock, api.KindMemory, api.KindAccel, api.KindNIC:

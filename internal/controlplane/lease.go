@@ -107,8 +107,12 @@ func (s *Server) validateLeaseRequest(r *api.LeaseRequest) error {
 	default:
 		return fmt.Errorf("%w: unknown strategy %q (binpack or spread)", ErrInvalid, r.Strategy)
 	}
-	if r.Size < 0 || r.Count < 0 || r.StripeUnit < 0 || r.TTLSeconds < 0 || r.Bandwidth < 0 || r.MaxLatencyUs < 0 || r.Work < 0 || r.DeadlineSecond < 0 {
+	if r.Size < 0 || r.Count < 0 || r.StripeUnit < 0 || r.TTLSeconds < 0 || r.Bandwidth < 0 || r.MaxLatencyUs < 0 || r.Work < 0 || r.DeadlineSecond < 0 ||
+		r.BandwidthCap < 0 || r.IOPSCap < 0 {
 		return fmt.Errorf("%w: sizes, counts, durations and rates must not be negative", ErrInvalid)
+	}
+	if (r.BandwidthCap > 0 || r.IOPSCap > 0) && r.Kind != api.KindBlock {
+		return fmt.Errorf("%w: bandwidth_cap and iops_cap apply to block leases only", ErrInvalid)
 	}
 	if r.Count > maxParts {
 		return fmt.Errorf("%w: count %d is more than %d", ErrInvalid, r.Count, maxParts)
@@ -246,7 +250,7 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 	s.log.Info("lease reserved", "lease", lease.ID, "tenant", p.tenant, "mode", lease.Mode, "parts", len(lease.Parts))
 
 	for round := 0; ; round++ {
-		uris, failed := s.prepareParts(ctx, lease, req.Role)
+		uris, failed := s.prepareParts(ctx, lease, req)
 		if len(failed) == 0 {
 			ch := store.LeaseChange{URIs: uris}
 			if len(uris) == 1 {
@@ -340,7 +344,8 @@ func (s *Server) replay(ctx context.Context, idem *store.Idempotency) (api.Lease
 
 // prepareParts asks every part's lender to prepare its export, in parallel,
 // each within PrepareTimeout. It returns the URIs, or the nodes that failed.
-func (s *Server) prepareParts(ctx context.Context, l api.Lease, role string) ([]string, map[string]string) {
+// req supplies what the lease record does not keep: the role and the caps.
+func (s *Server) prepareParts(ctx context.Context, l api.Lease, req api.LeaseRequest) ([]string, map[string]string) {
 	uris := make([]string, len(l.Parts))
 	errs := make([]error, len(l.Parts))
 	nodes := map[string]store.NodeRecord{}
@@ -371,7 +376,8 @@ func (s *Server) prepareParts(ctx context.Context, l api.Lease, role string) ([]
 			start := time.Now()
 			resp, err := s.lender.Prepare(pctx, n.Node, n.AgentKey, api.PrepareRequest{
 				LeaseID: l.ID, Kind: l.Kind, Mode: l.Mode, DeviceID: p.DeviceID, DeviceName: devNames[p.DeviceID],
-				Offset: p.Offset, Length: p.Length, Export: l.Credential + "." + strconv.Itoa(i), Role: role,
+				Offset: p.Offset, Length: p.Length, Export: l.Credential + "." + strconv.Itoa(i), Role: req.Role,
+				BandwidthCap: req.BandwidthCap, IOPSCap: req.IOPSCap,
 			})
 			s.m.lenderLatency.With("prepare").Observe(time.Since(start).Seconds())
 			if err == nil && resp.URI == "" {

@@ -187,3 +187,40 @@ func TestNoModeMayCompose(t *testing.T) {
 		t.Fatalf("shared 1.5 GiB: %v, want 422", err)
 	}
 }
+
+// Caps asked for at creation reach every part's lender; caps are refused
+// for kinds that have no byte stream to cap.
+func TestCapsReachLenders(t *testing.T) {
+	e := newEnv(t)
+	e.joinModel("n1", "", 1<<30)
+	l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 1 << 20,
+		BandwidthCap: 50 << 20, IOPSCap: 500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.lender.mu.Lock()
+	n := 0
+	for _, req := range e.lender.exports {
+		if req.LeaseID != l.ID {
+			continue
+		}
+		n++
+		if req.BandwidthCap != 50<<20 || req.IOPSCap != 500 {
+			t.Errorf("prepare of %s carried caps %d B/s, %d IOPS", req.DeviceID, req.BandwidthCap, req.IOPSCap)
+		}
+	}
+	e.lender.mu.Unlock()
+	if n == 0 {
+		t.Fatal("no prepare recorded for the lease")
+	}
+	for _, bad := range []api.LeaseRequest{
+		{Kind: api.KindBlock, Size: 1 << 20, BandwidthCap: -1},
+		{Kind: api.KindMemory, Size: 1 << 20, IOPSCap: 10},
+	} {
+		_, err := e.alice.CreateLease(e.ctx, bad)
+		var ae *api.Error
+		if !errors.As(err, &ae) || ae.Status != http.StatusBadRequest {
+			t.Errorf("%+v: %v, want 400", bad, err)
+		}
+	}
+}
