@@ -103,15 +103,9 @@ func runAccelRun(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	l, err := c.Lease(ctx, pos[0])
+	l, err := activeLease(ctx, c, pos[0], api.KindAccel, "accel run needs an accel lease")
 	if err != nil {
 		return err
-	}
-	if l.Kind != api.KindAccel {
-		return fmt.Errorf("lease %s is a %s lease; accel run needs an accel lease", l.ID, l.Kind)
-	}
-	if l.State != api.LeaseActive {
-		return fmt.Errorf("lease %s is %s, not active", l.ID, l.State)
 	}
 	var targets []accelTarget
 	for _, p := range l.Parts {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -90,4 +91,20 @@ func dash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// activeLease fetches lease id and checks that it is an active lease of
+// kind; verb names the command in the error ("memtest tests memory leases").
+func activeLease(ctx context.Context, c *api.Client, id string, kind api.Kind, verb string) (api.Lease, error) {
+	l, err := c.Lease(ctx, id)
+	if err != nil {
+		return l, err
+	}
+	if l.Kind != kind {
+		return l, fmt.Errorf("lease %s is a %s lease; %s", l.ID, l.Kind, verb)
+	}
+	if l.State != api.LeaseActive {
+		return l, fmt.Errorf("lease %s is %s, not active", l.ID, l.State)
+	}
+	return l, nil
 }

@@ -70,15 +70,9 @@ func runMemtest(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	l, err := c.Lease(ctx, pos[0])
+	l, err := activeLease(ctx, c, pos[0], api.KindMemory, "memtest tests memory leases")
 	if err != nil {
 		return err
-	}
-	if l.Kind != api.KindMemory {
-		return fmt.Errorf("lease %s is a %s lease; memtest tests memory leases", l.ID, l.Kind)
-	}
-	if l.State != api.LeaseActive {
-		return fmt.Errorf("lease %s is %s, not active", l.ID, l.State)
 	}
 	var uris []string
 	for _, p := range l.Parts {
