@@ -50,7 +50,8 @@ type Options struct {
 	// Default 64 KiB.
 	QueueChunk int
 	// BulkThreshold: adaptive requests at least this large always use the
-	// bulk channel. Default 8 MiB.
+	// bulk channel. Default 2 MiB: above it the parallel bulk streams beat
+	// one synchronous round trip per MaxPayload on an idle machine.
 	BulkThreshold int
 	// Spin is how long the synchronous channel and the mapping's fault
 	// handler busy-poll for a reply before sleeping. Zero disables it.
@@ -73,7 +74,7 @@ func (o *Options) fill() {
 		o.QueueChunk = 64 << 10
 	}
 	if o.BulkThreshold <= 0 {
-		o.BulkThreshold = 8 << 20
+		o.BulkThreshold = 2 << 20
 	}
 	o.Spin = max(o.Spin, 0)
 	if o.Dialer == nil {
