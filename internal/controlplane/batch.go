@@ -8,89 +8,102 @@ import (
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 )
 
-// beatBatcher group-commits heartbeats: the first caller to find no batch
-// in flight becomes the leader and writes everything queued in one store
-// transaction, repeating while more arrive; the others wait for their
-// answer. With a thousand agents this turns a thousand small write
-// transactions a second into a few dozen. No goroutine is started.
-type beatBatcher struct {
+// groupCommit batches writes: the first caller to find no batch in flight
+// becomes the leader and writes everything queued (up to max at a time)
+// with one call of write, repeating while more arrive; the others wait for
+// their answer. With a thousand agents this turns a thousand small write
+// transactions a second into a few dozen. No goroutine is started. The
+// zero value is ready to use.
+type groupCommit[In, Out any] struct {
 	mu      sync.Mutex
 	busy    bool
-	pending []*beatReq
+	pending []*groupReq[In, Out]
 }
 
-type beatReq struct {
-	beat store.Beat
-	prev api.NodeState
+type groupReq[In, Out any] struct {
+	in   In
+	out  Out
 	err  error
 	done chan struct{}
+}
+
+// do queues in and returns its outcome. write gets batches of at most limit
+// items and returns one result and error per item, or an error for the
+// whole batch. abandon lets a waiting caller return when its ctx ends;
+// otherwise it waits for the outcome, which the leader writes regardless.
+func (g *groupCommit[In, Out]) do(ctx context.Context, in In, limit int, abandon bool, write func(context.Context, []In) ([]Out, []error, error)) (Out, error) {
+	r := &groupReq[In, Out]{in: in, done: make(chan struct{})}
+	g.mu.Lock()
+	g.pending = append(g.pending, r)
+	if g.busy {
+		g.mu.Unlock()
+		if !abandon {
+			<-r.done
+			return r.out, r.err
+		}
+		select {
+		case <-r.done:
+			return r.out, r.err
+		case <-ctx.Done():
+			var zero Out
+			return zero, ctx.Err()
+		}
+	}
+	g.busy = true
+	// The leader writes on behalf of everyone: its own cancellation must
+	// not fail the others' writes.
+	wctx := context.WithoutCancel(ctx)
+	for {
+		batch := g.pending
+		if len(batch) > limit {
+			batch = batch[:limit]
+		}
+		g.pending = g.pending[len(batch):]
+		g.mu.Unlock()
+		ins := make([]In, len(batch))
+		for i, q := range batch {
+			ins[i] = q.in
+		}
+		outs, errs, err := write(wctx, ins)
+		for i, q := range batch {
+			if err != nil {
+				q.err = err
+			} else {
+				q.out, q.err = outs[i], errs[i]
+			}
+			close(q.done)
+		}
+		g.mu.Lock()
+		if len(g.pending) == 0 {
+			g.busy = false
+			g.mu.Unlock()
+			break
+		}
+	}
+	return r.out, r.err
+}
+
+// beatBatcher group-commits heartbeats. A heartbeat whose caller gave up
+// need not be waited for.
+type beatBatcher struct {
+	g groupCommit[store.Beat, api.NodeState]
 }
 
 const maxBeatBatch = 256
 
 func (b *beatBatcher) do(ctx context.Context, st store.Store, beat store.Beat) (api.NodeState, error) {
-	r := &beatReq{beat: beat, done: make(chan struct{})}
-	b.mu.Lock()
-	b.pending = append(b.pending, r)
-	if b.busy {
-		b.mu.Unlock()
-		select {
-		case <-r.done:
-			return r.prev, r.err
-		case <-ctx.Done():
-			return "", ctx.Err()
-		}
-	}
-	b.busy = true
-	// The leader writes on behalf of everyone: its own cancellation must
-	// not fail the others' heartbeats.
-	wctx := context.WithoutCancel(ctx)
-	for {
-		batch := b.pending
-		if len(batch) > maxBeatBatch {
-			batch = batch[:maxBeatBatch]
-		}
-		b.pending = b.pending[len(batch):]
-		b.mu.Unlock()
-		beats := make([]store.Beat, len(batch))
-		for i, q := range batch {
-			beats[i] = q.beat
-		}
-		prev, errs, err := st.Heartbeats(wctx, beats)
-		for i, q := range batch {
-			if err != nil {
-				q.err = err
-			} else {
-				q.prev, q.err = prev[i], errs[i]
-			}
-			close(q.done)
-		}
-		b.mu.Lock()
-		if len(b.pending) == 0 {
-			b.busy = false
-			b.mu.Unlock()
-			break
-		}
-	}
-	return r.prev, r.err
+	return b.g.do(ctx, beat, maxBeatBatch, true, st.Heartbeats)
 }
 
-// leaseBatcher group-commits lease transitions the same way when the
-// store can (store.LeaseBatcher): with many borrowers, their activations
-// and releases share write transactions. Each caller returns only after
-// the transaction holding its transition committed, so an acknowledged
-// transition is as durable as one written alone.
+// leaseBatcher group-commits lease transitions when the store can
+// (store.LeaseBatcher): with many borrowers, their activations and
+// releases share write transactions. Each caller returns only after the
+// transaction holding its transition committed, so an acknowledged
+// transition is as durable as one written alone; no caller leaves early,
+// since the outcome must be learnt (a terminal one frees the lease's
+// devices in the cache).
 type leaseBatcher struct {
-	mu      sync.Mutex
-	busy    bool
-	pending []*leaseReq
-}
-
-type leaseReq struct {
-	t    store.Transition
-	out  api.Lease
-	err  error
-	done chan struct{}
+	g groupCommit[store.Transition, api.Lease]
 }
 
 const maxLeaseBatch = 64
@@ -100,51 +113,11 @@ func (b *leaseBatcher) do(ctx context.Context, st store.Store, t store.Transitio
 	if !ok {
 		return st.TransitionLease(ctx, t.ID, t.Change, t.Event)
 	}
-	r := &leaseReq{t: t, done: make(chan struct{})}
-	b.mu.Lock()
-	b.pending = append(b.pending, r)
-	if b.busy {
-		b.mu.Unlock()
-		// No early return on cancellation: the leader writes the
-		// transition regardless, and the caller must learn its outcome
-		// (a terminal one frees the lease's devices in the cache).
-		<-r.done
-		return r.out, r.err
-	}
-	b.busy = true
-	wctx := context.WithoutCancel(ctx)
-	for {
-		batch := b.pending
-		if len(batch) > maxLeaseBatch {
-			batch = batch[:maxLeaseBatch]
+	return b.g.do(ctx, t, maxLeaseBatch, false, func(ctx context.Context, ts []store.Transition) ([]api.Lease, []error, error) {
+		if len(ts) == 1 {
+			l, err := st.TransitionLease(ctx, ts[0].ID, ts[0].Change, ts[0].Event)
+			return []api.Lease{l}, []error{err}, nil
 		}
-		b.pending = b.pending[len(batch):]
-		b.mu.Unlock()
-		if len(batch) == 1 {
-			q := batch[0]
-			q.out, q.err = st.TransitionLease(wctx, q.t.ID, q.t.Change, q.t.Event)
-			close(q.done)
-		} else {
-			ts := make([]store.Transition, len(batch))
-			for i, q := range batch {
-				ts[i] = q.t
-			}
-			outs, errs, err := lb.TransitionLeases(wctx, ts)
-			for i, q := range batch {
-				if err != nil {
-					q.err = err
-				} else {
-					q.out, q.err = outs[i], errs[i]
-				}
-				close(q.done)
-			}
-		}
-		b.mu.Lock()
-		if len(b.pending) == 0 {
-			b.busy = false
-			b.mu.Unlock()
-			break
-		}
-	}
-	return r.out, r.err
+		return lb.TransitionLeases(ctx, ts)
+	})
 }
