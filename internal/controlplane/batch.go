@@ -9,7 +9,7 @@ import (
 )
 
 // groupCommit batches writes: the first caller to find no batch in flight
-// becomes the leader and writes everything queued (up to max at a time)
+// becomes the leader and writes everything queued (up to a limit at a time)
 // with one call of write, repeating while more arrive; the others wait for
 // their answer. With a thousand agents this turns a thousand small write
 // transactions a second into a few dozen. No goroutine is started. The
