@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"os/exec"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -189,6 +191,23 @@ func TestCloseKillsProcesses(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
+	// `ip netns exec` enters the namespace and then execs sleep under the
+	// same pid: wait until the namespace lists it, or Close could run
+	// before there is anything in the namespace to kill.
+	pid := strconv.Itoa(cmd.Process.Pid)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out, _ := exec.Command("ip", "netns", "pids", l.Host(0).Namespace).Output()
+		if slices.Contains(strings.Fields(string(out)), pid) {
+			break
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			l.Close()
+			t.Fatal("process never appeared in the namespace")
+		}
+		runtime.Gosched()
+	}
 	if err := l.Close(); err != nil {
 		t.Errorf("Close: %v", err)
 	}
