@@ -24,9 +24,13 @@ const (
 	ioWake         = 0x8010AA02
 	ioCopy         = 0xC028AA03
 	ioWriteProtect = 0xC018AA06
-	ioDevNew       = 0xAA00 // USERFAULTFD_IOC_NEW on /dev/userfaultfd
+	ioPoison       = 0xC020AA08 // UFFDIO_POISON (Linux 6.6)
+	ioDevNew       = 0xAA00     // USERFAULTFD_IOC_NEW on /dev/userfaultfd
 
 	FeaturePagefaultFlagWP = 1 << 0
+	FeatureMissingShmem    = 1 << 5  // missing mode on shmem/memfd
+	FeatureWPShmem         = 1 << 12 // write-protect mode on shmem/memfd
+	FeaturePoison          = 1 << 14 // UFFDIO_POISON
 
 	ModeMissing = 1
 	ModeWP      = 2
@@ -91,6 +95,10 @@ func ioctl(fd int, req uintptr, arg unsafe.Pointer) error {
 	}
 }
 
+// FromFd wraps a userfaultfd descriptor inherited from the process that
+// created and registered it (the ioctls act on that process's memory).
+func FromFd(fd int, features uint64) *FD { return &FD{fd: fd, Features: features} }
+
 // Fd returns the descriptor, for polling.
 func (u *FD) Fd() int { return u.fd }
 
@@ -138,6 +146,30 @@ func (u *FD) WriteProtect(start, length uintptr, wp, dontWake bool) error {
 	}
 	arg := [3]uint64{uint64(start), uint64(length), mode}
 	return ioctl(u.fd, ioWriteProtect, unsafe.Pointer(&arg))
+}
+
+// Poison installs poison markers over the missing pages of the range and
+// wakes the threads waiting on them: touching such a page raises SIGBUS.
+// Pages already present are left alone (the kernel reports EEXIST after
+// poisoning the ones before them; Poison carries on past them).
+func (u *FD) Poison(start, length uintptr, pageSize int) error {
+	for length > 0 {
+		arg := [4]uint64{uint64(start), uint64(length), 0, 0}
+		err := ioctl(u.fd, ioPoison, unsafe.Pointer(&arg))
+		done := uintptr(max(int64(arg[3]), 0))
+		switch {
+		case err == nil:
+			return nil
+		case err == unix.EAGAIN:
+		case err == unix.EEXIST:
+			done += uintptr(pageSize) // skip the present page
+		default:
+			return err
+		}
+		done = min(done, length)
+		start, length = start+done, length-done
+	}
+	return nil
 }
 
 // Wake wakes threads waiting on faults in the range.

@@ -3,6 +3,7 @@ package uffd
 import (
 	"errors"
 	"runtime"
+	"runtime/debug"
 	"testing"
 	"unsafe"
 
@@ -98,3 +99,52 @@ func TestMissingAndWriteProtect(t *testing.T) {
 		t.Fatalf("missing %d wp %d", missing, wp)
 	}
 }
+
+// A poisoned missing page raises SIGBUS (a panic under SetPanicOnFault)
+// instead of waiting for a handler; present pages are left alone.
+func TestPoison(t *testing.T) {
+	u, err := Open(FeaturePoison)
+	if errors.Is(err, ErrUnavailable) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	ps := unix.Getpagesize()
+	mem, err := unix.Mmap(-1, 0, 4*ps, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	base := uintptr(unsafe.Pointer(&mem[0]))
+	src, _ := unix.Mmap(-1, 0, ps, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	defer unix.Munmap(src)
+	src[0] = 42
+	if err := u.Register(base, uintptr(len(mem)), ModeMissing); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := u.Copy(base+uintptr(ps), uintptr(unsafe.Pointer(&src[0])), uintptr(ps), false); err != nil {
+		t.Fatal(err)
+	}
+	if err := u.Poison(base, uintptr(len(mem)), ps); err != nil {
+		t.Fatal(err)
+	}
+	if mem[ps] != 42 {
+		t.Fatal("present page changed")
+	}
+	old := debug.SetPanicOnFault(true)
+	defer debug.SetPanicOnFault(old)
+	for _, p := range []int{0, 2, 3} {
+		func() {
+			defer func() {
+				if _, ok := recover().(interface{ Addr() uintptr }); !ok {
+					t.Errorf("page %d: touch did not fault", p)
+				}
+			}()
+			sink = mem[p*ps]
+		}()
+	}
+}
+
+var sink byte
