@@ -27,6 +27,7 @@ import (
 )
 
 func main() {
+	memory.RunFaultHandlerIfChild() // a mapping's fault handler is this binary
 	if len(os.Args) < 2 {
 		fmt.Fprintln(os.Stderr, "usage: memory-bench serve|run [flags]")
 		os.Exit(2)

@@ -16,6 +16,7 @@ import (
 	"syscall"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/dataplane/memory"
 )
 
 // command is one verb. A verb lives in its own file and registers itself
@@ -50,6 +51,9 @@ type env struct {
 var errUsage = errors.New("usage")
 
 func main() {
+	// A memory mapping's fault handler is this binary re-executed with the
+	// hidden argument memory-fault-handler (docs/memory-protocol.md).
+	memory.RunFaultHandlerIfChild()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], &env{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv})
 	stop()

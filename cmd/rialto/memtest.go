@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"runtime/debug"
 	"strings"
 
 	"github.com/rialto-project/rialto/api"
@@ -99,12 +98,7 @@ func runMemtest(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return fmt.Errorf("lease %s part %d: %w", l.ID, i, err)
 		}
-		// The collector stays off while the mapping step runs: a
-		// stop-the-world pause during a fault can hang the process
-		// (docs/memory-protocol.md, known limitation).
-		gc := debug.SetGCPercent(-1)
 		steps, err := memory.Memtest(ctx, mc, span)
-		debug.SetGCPercent(gc)
 		mc.Close()
 		if err != nil && failed == nil {
 			failed = fmt.Errorf("lease %s part %d: %w", l.ID, i, err)

@@ -55,6 +55,13 @@ type Donor struct {
 	// on a machine without an idle core, spinning on both ends makes round
 	// trips several times slower.
 	Spin time.Duration
+	// FaultSpin is how long the thread serving a mapping's fault
+	// connection polls for the next request before sleeping in poll(2).
+	// The fault handler at the other end spins too, and the faulting
+	// application thread is blocked in the kernel meanwhile, so the two
+	// spinners do not compete with the application. Zero means
+	// DefaultFaultSpin; negative disables it.
+	FaultSpin time.Duration
 
 	mu      sync.Mutex
 	regions map[[32]byte]*region
@@ -100,6 +107,16 @@ func NewDonor(logger *slog.Logger) *Donor {
 func credKey(credential string) [32]byte { return sha256.Sum256([]byte(credential)) }
 
 func (d *Donor) spin() time.Duration { return max(d.Spin, 0) }
+
+// DefaultFaultSpin is the donor's default FaultSpin.
+const DefaultFaultSpin = 50 * time.Microsecond
+
+func (d *Donor) faultSpin() time.Duration {
+	if d.FaultSpin == 0 {
+		return DefaultFaultSpin
+	}
+	return max(d.FaultSpin, 0)
+}
 
 func (d *Donor) credits() int {
 	if d.Credits > 0 {
@@ -346,7 +363,11 @@ func (d *Donor) handle(c net.Conn) {
 		d.serveControl(s, c)
 	case KindBulk:
 		// Bulk streams: raw syscalls on their own thread moved more data.
-		d.serveSync(s, c, hello.Kind)
+		d.serveSync(s, c, hello.Kind, d.spin())
+	case KindFault:
+		// A mapping's faults: one request at a time, answered from a
+		// thread that spins for the next one before sleeping.
+		d.serveSync(s, c, hello.Kind, d.faultSpin())
 	case KindSync:
 		// Measured here: the netpoller answered small requests ~15% sooner
 		// than a thread sleeping in poll(2) on one descriptor.
@@ -590,13 +611,13 @@ func kill(c net.Conn) {
 // a duplicate descriptor, one request after another: pipelined requests are
 // answered in order, data going straight between the region and the socket.
 // Non-TCP connections use serveData.
-func (d *Donor) serveSync(s *session, c net.Conn, kind uint8) {
+func (d *Donor) serveSync(s *session, c net.Conn, kind uint8, spin time.Duration) {
 	tc, ok := c.(*net.TCPConn)
 	if !ok {
 		d.serveData(s, c, kind, 0)
 		return
 	}
-	p, err := newPagerTCP(tc, d.spin(), 0)
+	p, err := newPagerTCP(tc, spin, 0)
 	if err != nil {
 		d.serveData(s, c, kind, 0)
 		return

@@ -1,13 +1,16 @@
 package memory
 
 import (
+	"bufio"
 	"context"
+	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
-	"runtime"
-	"slices"
+	"os/exec"
 	"sync"
 	"time"
 	"unsafe"
@@ -40,7 +43,19 @@ type MapOptions struct {
 	// EvictBatch is how many pages are evicted together when the cache is
 	// full (dirty neighbours are written back in one request). Default 32.
 	EvictBatch int
+	// Spin is how long the fault handler busy-polls, between faults, for
+	// the next fault and, during a fault, for the donor's reply before
+	// sleeping (it costs the handler process up to one CPU while faults
+	// keep coming). Zero means DefaultMapSpin; negative disables it.
+	Spin time.Duration
+	// HandlerPath is the binary run as the fault handler process; empty
+	// means this program's own (/proc/self/exe), which must call
+	// RunFaultHandlerIfChild first in main or TestMain.
+	HandlerPath string
 }
+
+// DefaultMapSpin is the fault handler's default busy-poll budget.
+const DefaultMapSpin = 50 * time.Microsecond
 
 // MappingStats counts what a Mapping did.
 type MappingStats struct {
@@ -61,60 +76,58 @@ type MappingStats struct {
 // Mapping is a transparent view of a remote region: Bytes returns ordinary
 // memory whose pages are fetched from the donor on first touch.
 //
-// Design: the region is mmap'd anonymous memory registered with
-// userfaultfd in missing and write-protect modes. A handler goroutine locked
-// to its own OS thread serves faults over its own connection to the
-// donor (raw syscalls, no Go netpoller on the fault path). Pages are
-// installed write-protected, so the first write to a page raises a WP fault
-// that marks it dirty and lifts the protection; clean pages are never
-// written back. When the cache is full the least recently faulted pages
-// (recency is updated on fault-in and on first write: the handler cannot see
-// plain loads of resident pages) are evicted: dirty ones are write-protected,
-// written back, then every victim is dropped with MADV_DONTNEED so that its
-// next touch faults again. Sequential faults grow a readahead window. When
-// most read-faulted pages end up written (read-modify-write), read faults
-// install the page writable and dirty directly, saving the second fault.
+// Design: the region is a memfd mapped shared and registered with
+// userfaultfd in missing and write-protect modes. Faults are served by a
+// separate handler process (this program re-executed, see
+// RunFaultHandlerIfChild), which inherits the userfaultfd, the memfd, and
+// the mapping's own connection to the donor: UFFDIO_COPY, WRITEPROTECT and
+// WAKE on the inherited descriptor act on this process's memory, and the
+// handler reads dirty pages for write-back through its own mapping of the
+// memfd. Because no thread of this process takes part in serving a fault,
+// a garbage collection that stops the world while a goroutine waits on a
+// fault (even inside non-preemptible runtime code) simply waits for the
+// handler like any other page fault would.
+//
+// The handler installs pages write-protected, so the first write to a page
+// raises a WP fault that marks it dirty and lifts the protection; clean
+// pages are never written back. When the cache is full the least recently
+// faulted pages (recency is updated on fault-in and on first write: the
+// handler cannot see plain loads of resident pages) are evicted: dirty ones
+// are write-protected and written back, then every victim is punched out of
+// the memfd, so that its next touch faults again. Sequential faults grow a
+// readahead window. When most read-faulted pages end up written
+// (read-modify-write), read faults install the page writable and dirty
+// directly, saving the second fault. This process talks to the handler over
+// a unix socket only for Flush, Stats, Err and Close.
 type Mapping struct {
-	c     *Client
 	mem   []byte
 	base  uintptr
-	ps    int
-	pages int
 	u     *uffd.FD
-	stop  int // eventfd
-	pg    *pager
-	stage []byte // mmap'd staging buffer for UFFDIO_COPY
+	memfd int
+	cmd   *exec.Cmd
+	ctrl  net.Conn
 
-	mu       sync.Mutex
-	resident []bool
-	dirty    []bool
-	// probed marks pages installed write-protected by a read fault and not
-	// yet written: their fate (written or evicted clean) feeds writeRate,
-	// the moving estimate of how often a faulted page gets written.
-	probed    []bool
-	writeRate float64
-	faultSeq  uint64
-	prev      []int32 // LRU links; index pages is the sentinel
-	next      []int32
-	nres      int
-	capPages  int
-	maxRA     int
-	raWin     int
-	seqNext   int
-	batch     int
-	stats     MappingStats
-	svc       []time.Duration
-	svcN      int
-	err       error
+	cmdMu   sync.Mutex // one command at a time
+	replies chan ctlFrame
+	exited  chan struct{} // closed when the control socket ends
 
-	done   chan struct{}
+	mu     sync.Mutex
+	err    error // the mapping's failure, once known here
 	closed bool
 }
 
+type ctlFrame struct {
+	op      uint8
+	payload []byte
+}
+
+// errHandlerGone reports that the handler process ended unexpectedly.
+var errHandlerGone = errors.New("memory: fault handler process ended")
+
 // Map maps the client's whole region (rounded down to pages) over its own
-// connection of the client's session. It returns an error wrapping
-// ErrUffdUnavailable when userfaultfd is refused. Close the Mapping before
-// the Client.
+// connection of the client's session, served by a fault handler process.
+// It returns an error wrapping ErrUffdUnavailable when userfaultfd is
+// refused. Close the Mapping before the Client.
 func Map(ctx context.Context, c *Client, opts MapOptions) (*Mapping, error) {
 	ps := os.Getpagesize()
 	size := c.Size() / int64(ps) * int64(ps)
@@ -136,92 +149,238 @@ func Map(ctx context.Context, c *Client, opts MapOptions) (*Mapping, error) {
 	if opts.EvictBatch <= 0 {
 		opts.EvictBatch = 32
 	}
-	u, err := openUffd(uffd.FeaturePagefaultFlagWP)
+	if opts.Spin == 0 {
+		opts.Spin = DefaultMapSpin
+	}
+	exe := opts.HandlerPath
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("memory: fault handler binary: %w", err)
+		}
+	}
+	const need = uffd.FeaturePagefaultFlagWP | uffd.FeatureMissingShmem | uffd.FeatureWPShmem
+	u, err := openUffd(need | uffd.FeaturePoison)
+	if err != nil {
+		u, err = openUffd(need)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUffdUnavailable, err)
 	}
-	m := &Mapping{c: c, ps: ps, pages: pages, u: u, stop: -1, capPages: capPages,
-		maxRA: max(opts.Readahead, 1), raWin: 1, seqNext: -1, batch: min(opts.EvictBatch, capPages/2),
-		resident: make([]bool, pages), dirty: make([]bool, pages), probed: make([]bool, pages),
-		prev: make([]int32, pages+1), next: make([]int32, pages+1),
-		svc: make([]time.Duration, 0, 1<<16), done: make(chan struct{})}
-	m.prev[pages], m.next[pages] = int32(pages), int32(pages)
+	m := &Mapping{u: u, memfd: -1, replies: make(chan ctlFrame, 1), exited: make(chan struct{})}
 	ok := false
 	defer func() {
 		if !ok {
 			m.release()
 		}
 	}()
-	if m.mem, err = unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE,
-		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE); err != nil {
+	if m.memfd, err = unix.MemfdCreate("rialto-mapping", unix.MFD_CLOEXEC); err != nil {
+		return nil, fmt.Errorf("memory: memfd_create: %w", err)
+	}
+	if err := unix.Ftruncate(m.memfd, size); err != nil {
+		return nil, fmt.Errorf("memory: size memfd: %w", err)
+	}
+	if m.mem, err = unix.Mmap(m.memfd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
 		return nil, fmt.Errorf("memory: mmap %d bytes: %w", size, err)
 	}
 	m.base = uintptr(unsafe.Pointer(&m.mem[0]))
-	if m.stage, err = unix.Mmap(-1, 0, m.maxRA*ps, unix.PROT_READ|unix.PROT_WRITE,
-		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE); err != nil {
-		return nil, fmt.Errorf("memory: mmap staging: %w", err)
-	}
 	if err := u.Register(m.base, uintptr(size), uffd.ModeMissing|uffd.ModeWP); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUffdUnavailable, err)
 	}
-	if m.stop, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
-		return nil, fmt.Errorf("memory: eventfd: %w", err)
-	}
-	if m.pg, err = c.newPager(ctx); err != nil {
+	cfg, err := json.Marshal(handlerConfig{Base: uint64(m.base), Pages: pages, PageSize: ps, CapPages: capPages,
+		MaxRA: max(opts.Readahead, 1), Batch: min(opts.EvictBatch, capPages/2), Spin: opts.Spin,
+		Timeout: c.opts.Timeout, Features: u.Features})
+	if err != nil {
 		return nil, err
 	}
+	conn, _, err := c.handshake(ctx, KindFault)
+	if err != nil {
+		return nil, err
+	}
+	donor, err := connFile(conn)
+	_ = conn.Close()
+	if err != nil {
+		return nil, err
+	}
+	defer donor.Close()
+	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("memory: socketpair: %w", err)
+	}
+	mine, theirs := os.NewFile(uintptr(sp[0]), "handler-control"), os.NewFile(uintptr(sp[1]), "handler-control")
+	defer theirs.Close()
+	m.ctrl, err = net.FileConn(mine)
+	_ = mine.Close()
+	if err != nil {
+		return nil, fmt.Errorf("memory: control socket: %w", err)
+	}
+	ufile, err := dupFile(u.Fd(), "userfaultfd")
+	if err != nil {
+		return nil, err
+	}
+	defer ufile.Close()
+	mfile, err := dupFile(m.memfd, "memfd")
+	if err != nil {
+		return nil, err
+	}
+	defer mfile.Close()
+	// The order of ExtraFiles gives the handler's descriptors 3, 4, 5, 6.
+	m.cmd = &exec.Cmd{Path: exe, Args: []string{HandlerArg}, Stderr: os.Stderr,
+		Env:        append(os.Environ(), HandlerEnv+"="+string(cfg)),
+		ExtraFiles: []*os.File{ufile, mfile, donor, theirs}}
+	if err := m.cmd.Start(); err != nil {
+		m.cmd = nil
+		return nil, fmt.Errorf("memory: start fault handler %s: %w", exe, err)
+	}
+	go m.watch()
 	ok = true
-	go m.handler()
 	return m, nil
+}
+
+// connFile returns a duplicate of a TCP connection's descriptor.
+func connFile(conn net.Conn) (*os.File, error) {
+	tc, ok := conn.(*net.TCPConn)
+	if !ok {
+		return nil, fmt.Errorf("memory: mapping needs a TCP connection")
+	}
+	f, err := tc.File()
+	if err != nil {
+		return nil, fmt.Errorf("memory: donor connection descriptor: %w", err)
+	}
+	return f, nil
+}
+
+func dupFile(fd int, name string) (*os.File, error) {
+	d, err := unix.Dup(fd)
+	if err != nil {
+		return nil, fmt.Errorf("memory: dup %s: %w", name, err)
+	}
+	unix.CloseOnExec(d)
+	return os.NewFile(uintptr(d), name), nil
+}
+
+// watch reads the handler's frames: replies go to the waiting command, an
+// unasked failure report (or the handler's end) makes the region
+// inaccessible and wakes every waiting thread, so that touches fault
+// instead of hanging (the handler itself poisons the pages it refuses; this
+// also covers kernels without UFFDIO_POISON and a handler that died).
+func (m *Mapping) watch() {
+	defer close(m.exited)
+	r := bufio.NewReader(m.ctrl)
+	for {
+		var hdr [ctlHeader]byte
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			m.mu.Lock()
+			if !m.closed {
+				m.failLocked(errHandlerGone)
+			}
+			m.mu.Unlock()
+			return
+		}
+		f := ctlFrame{op: hdr[0], payload: make([]byte, binary.BigEndian.Uint32(hdr[1:]))}
+		if _, err := io.ReadFull(r, f.payload); err != nil {
+			continue // the next read reports the end
+		}
+		if f.op == ctlFailed {
+			m.mu.Lock()
+			m.failLocked(decodeErr(f.payload))
+			m.mu.Unlock()
+			continue
+		}
+		m.replies <- f
+	}
+}
+
+// failLocked records err and makes the region inaccessible; m.mu is held.
+func (m *Mapping) failLocked(err error) {
+	if m.err != nil || err == nil {
+		return
+	}
+	m.err = err
+	if m.mem != nil {
+		_ = unix.Mprotect(m.mem, unix.PROT_NONE)
+		_ = m.u.Wake(m.base, uintptr(len(m.mem)))
+	}
+}
+
+// remoteError is an error reported by the handler process.
+type remoteError struct {
+	msg  string
+	lost bool
+}
+
+func (e *remoteError) Error() string { return e.msg }
+
+func (e *remoteError) Is(target error) bool {
+	return target == ErrMappingFailed || (e.lost && target == ErrDonorLost)
+}
+
+func decodeErr(p []byte) error {
+	if len(p) == 0 {
+		return nil
+	}
+	return &remoteError{msg: string(p[1:]), lost: p[0] == 1}
+}
+
+// call sends a command to the handler and returns its reply.
+func (m *Mapping) call(op uint8) ([]byte, error) {
+	m.cmdMu.Lock()
+	defer m.cmdMu.Unlock()
+	var hdr [ctlHeader]byte
+	hdr[0] = op
+	if _, err := m.ctrl.Write(hdr[:]); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrMappingFailed, errHandlerGone)
+	}
+	select {
+	case f := <-m.replies:
+		if f.op != op {
+			return nil, fmt.Errorf("%w: handler replied %d to %d", ErrMappingFailed, f.op, op)
+		}
+		return f.payload, nil
+	case <-m.exited:
+		return nil, fmt.Errorf("%w: %w", ErrMappingFailed, errHandlerGone)
+	}
 }
 
 // Bytes is the mapped region. It stays valid until Close; do not touch it
 // during or after Close.
 func (m *Mapping) Bytes() []byte { return m.mem }
 
-// Err reports why the mapping failed, if it did.
+// Err reports why the mapping failed, if it did (asking the handler).
 func (m *Mapping) Err() error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.err
+	err, closed := m.err, m.closed
+	m.mu.Unlock()
+	if err != nil || closed {
+		return err
+	}
+	p, err := m.call(ctlErr)
+	if err != nil {
+		return err
+	}
+	return decodeErr(p)
 }
 
 // Stats returns counters and the recent fault service times.
 func (m *Mapping) Stats() MappingStats {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	s := m.stats
-	s.Resident, s.CachePages = m.nres, m.capPages
-	s.ServiceTime = slices.Clone(m.svc)
+	var s MappingStats
+	if p, err := m.call(ctlStats); err == nil {
+		_ = json.Unmarshal(p, &s)
+	}
 	return s
 }
 
 // ResetStats clears the counters.
-func (m *Mapping) ResetStats() {
-	m.mu.Lock()
-	m.stats = MappingStats{}
-	m.svc, m.svcN = m.svc[:0], 0
-	m.mu.Unlock()
-}
+func (m *Mapping) ResetStats() { _, _ = m.call(ctlReset) }
 
 // Flush writes every dirty page back to the donor; the pages stay cached
 // and become clean (write-protected again).
 func (m *Mapping) Flush() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.err != nil {
-		return m.err
+	p, err := m.call(ctlFlush)
+	if err != nil {
+		return err
 	}
-	var run []int
-	for i := range m.pages {
-		if m.resident[i] && m.dirty[i] {
-			run = append(run, i)
-		}
-	}
-	if err := m.writeBack(run); err != nil {
-		return m.failLocked(err)
-	}
-	return nil
+	return decodeErr(p)
 }
 
 // Close flushes dirty pages, stops the fault handler and unmaps the memory.
@@ -233,529 +392,36 @@ func (m *Mapping) Close() error {
 		return nil
 	}
 	m.closed = true
+	prev := m.err
 	m.mu.Unlock()
-	err := m.Flush()
-	var one = [8]byte{1}
-	_, _ = unix.Write(m.stop, one[:])
-	<-m.done
+	p, err := m.call(ctlClose)
+	if err == nil {
+		err = decodeErr(p)
+	}
+	if err == nil {
+		err = prev
+	}
 	m.release()
 	return err
 }
 
 func (m *Mapping) release() {
+	if m.ctrl != nil {
+		_ = m.ctrl.Close()
+	}
+	if m.cmd != nil {
+		_ = m.cmd.Wait() // it exits on ctlClose or when its socket ends
+		<-m.exited
+		m.cmd = nil
+	}
 	if m.mem != nil {
 		_ = m.u.Unregister(m.base, uintptr(len(m.mem)))
 		_ = unix.Munmap(m.mem)
 		m.mem = nil
 	}
-	if m.stage != nil {
-		_ = unix.Munmap(m.stage)
-		m.stage = nil
-	}
-	if m.stop >= 0 {
-		_ = unix.Close(m.stop)
-		m.stop = -1
-	}
-	if m.pg != nil {
-		m.pg.close()
+	if m.memfd >= 0 {
+		_ = unix.Close(m.memfd)
+		m.memfd = -1
 	}
 	_ = m.u.Close()
 }
-
-func (m *Mapping) addr(i int) uintptr { return m.base + uintptr(i*m.ps) }
-
-// LRU: head (next of sentinel) is most recent.
-func (m *Mapping) lruRemove(i int) {
-	p, n := m.prev[i], m.next[i]
-	m.next[p], m.prev[n] = n, p
-}
-
-func (m *Mapping) lruPush(i int) {
-	s := int32(m.pages)
-	h := m.next[s]
-	m.prev[i], m.next[i] = s, h
-	m.prev[h] = int32(i)
-	m.next[s] = int32(i)
-}
-
-func (m *Mapping) handler() {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	defer close(m.done)
-	buf := make([]byte, 64*uffd.MsgSize)
-	msgs := make([]uffd.Msg, 0, 64)
-	fds := make([]unix.PollFd, 2)
-	for {
-		fds[0] = unix.PollFd{Fd: int32(m.u.Fd()), Events: unix.POLLIN}
-		fds[1] = unix.PollFd{Fd: int32(m.stop), Events: unix.POLLIN}
-		if _, err := unix.Poll(fds, -1); err != nil && err != unix.EINTR {
-			m.mu.Lock()
-			_ = m.failLocked(fmt.Errorf("poll: %w", err))
-			m.mu.Unlock()
-			return
-		}
-		if fds[1].Revents != 0 {
-			return
-		}
-		var err error
-		msgs, err = m.u.Read(buf, msgs[:0])
-		if err != nil {
-			m.mu.Lock()
-			_ = m.failLocked(fmt.Errorf("read userfaultfd: %w", err))
-			m.mu.Unlock()
-			return
-		}
-		for _, msg := range msgs {
-			if msg.Event != uffd.EventPagefault {
-				continue
-			}
-			t0 := time.Now()
-			m.mu.Lock()
-			m.fault(msg, t0)
-			m.mu.Unlock()
-		}
-	}
-}
-
-// fault serves one message; m.mu is held.
-func (m *Mapping) fault(msg uffd.Msg, t0 time.Time) {
-	i := int((uintptr(msg.Address) - m.base) / uintptr(m.ps))
-	if i < 0 || i >= m.pages {
-		return
-	}
-	if m.err != nil {
-		_ = m.u.Wake(m.addr(i), uintptr(m.ps))
-		return
-	}
-	if msg.Flags&uffd.FlagWP != 0 {
-		if !m.resident[i] {
-			_ = m.u.Wake(m.addr(i), uintptr(m.ps))
-			return
-		}
-		m.stats.WPFaults++
-		if m.probed[i] {
-			m.probed[i] = false
-			m.writeRate = 0.9*m.writeRate + 0.1
-		}
-		m.dirty[i] = true
-		m.lruRemove(i)
-		m.lruPush(i)
-		if err := m.u.WriteProtect(m.addr(i), uintptr(m.ps), false, false); err != nil {
-			_ = m.failLocked(fmt.Errorf("clear write protection: %w", err))
-		}
-		return
-	}
-	if m.resident[i] {
-		_ = m.u.Wake(m.addr(i), uintptr(m.ps))
-		return
-	}
-	// Readahead: sequential faults double the window, others reset it.
-	if i == m.seqNext {
-		m.raWin = min(m.raWin*2, m.maxRA)
-	} else {
-		m.raWin = 1
-	}
-	n := 1
-	for n < m.raWin && i+n < m.pages && !m.resident[i+n] {
-		n++
-	}
-	t1 := time.Now()
-	if err := m.pg.read(m.stage[:n*m.ps], int64(i*m.ps)); err != nil {
-		_ = m.failLocked(err)
-		return
-	}
-	t2 := time.Now()
-	m.stats.FetchTime += t2.Sub(t1)
-	write := msg.Flags&uffd.FlagWrite != 0
-	// When most faulted pages end up written (read-modify-write patterns),
-	// install the faulting page writable and dirty at once, saving the
-	// write-protect fault that would follow; every 8th such fault still
-	// installs protected so the estimate keeps learning.
-	m.faultSeq++
-	if !write && m.writeRate > 0.5 && m.faultSeq%8 != 0 {
-		write = true
-		m.stats.PreDirtied++
-	} else if !write {
-		m.probed[i] = true
-	}
-	src := uintptr(unsafe.Pointer(&m.stage[0]))
-	if err := m.install(i, src, 1, !write); err != nil {
-		_ = m.failLocked(err)
-		return
-	}
-	if n > 1 {
-		if err := m.install(i+1, src+uintptr(m.ps), n-1, true); err != nil {
-			_ = m.failLocked(err)
-			return
-		}
-	}
-	m.stats.InstallTime += time.Since(t2)
-	m.dirty[i] = write
-	for j := i; j < i+n; j++ {
-		m.resident[j] = true
-		m.lruPush(j)
-	}
-	m.nres += n
-	m.seqNext = i + n
-	m.stats.Faults++
-	m.stats.PagesIn += int64(n)
-	d := time.Since(t0)
-	if len(m.svc) < cap(m.svc) {
-		m.svc = append(m.svc, d)
-	} else {
-		m.svc[m.svcN%len(m.svc)] = d
-		m.svcN++
-	}
-	// Evict after the faulting thread was woken, off its critical path: the
-	// cache may exceed its size by one readahead window in between.
-	t3 := time.Now()
-	if err := m.makeRoom(0); err != nil {
-		_ = m.failLocked(err)
-	}
-	m.stats.EvictTime += time.Since(t3)
-}
-
-func (m *Mapping) install(i int, src uintptr, n int, wp bool) error {
-	for {
-		_, err := m.u.Copy(m.addr(i), src, uintptr(n*m.ps), wp)
-		if err == unix.EAGAIN {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("UFFDIO_COPY page %d: %w", i, err)
-		}
-		return nil
-	}
-}
-
-// makeRoom evicts least recently used pages until n more fit.
-func (m *Mapping) makeRoom(n int) error {
-	if m.nres+n <= m.capPages {
-		return nil
-	}
-	want := max(m.nres+n-m.capPages, m.batch)
-	victims := make([]int, 0, want)
-	s := int32(m.pages)
-	for len(victims) < want && m.prev[s] != s {
-		v := int(m.prev[s])
-		m.lruRemove(v)
-		victims = append(victims, v)
-	}
-	slices.Sort(victims)
-	var dirty []int
-	for _, v := range victims {
-		if m.dirty[v] {
-			dirty = append(dirty, v)
-		}
-		if m.probed[v] { // faulted by a read and never written
-			m.probed[v] = false
-			m.writeRate *= 0.9
-		}
-	}
-	if err := m.writeBack(dirty); err != nil {
-		return err
-	}
-	for k := 0; k < len(victims); {
-		j := k + 1
-		for j < len(victims) && victims[j] == victims[j-1]+1 {
-			j++
-		}
-		lo, hi := victims[k], victims[j-1]+1
-		if err := unix.Madvise(m.mem[lo*m.ps:hi*m.ps], unix.MADV_DONTNEED); err != nil {
-			return fmt.Errorf("madvise dontneed: %w", err)
-		}
-		for v := lo; v < hi; v++ {
-			m.resident[v] = false
-		}
-		k = j
-	}
-	m.nres -= len(victims)
-	m.stats.Evictions += int64(len(victims))
-	return nil
-}
-
-// writeBack write-protects the sorted dirty pages, sends them to the donor
-// in runs of contiguous pages — pipelined, up to writeBackWindow requests
-// before their acknowledgements are read — and marks them clean.
-func (m *Mapping) writeBack(pages []int) error {
-	maxRun := MaxPayload / m.ps
-	type run struct{ lo, hi int }
-	var runs []run
-	for k := 0; k < len(pages); {
-		j := k + 1
-		for j < len(pages) && pages[j] == pages[j-1]+1 && j-k < maxRun {
-			j++
-		}
-		runs = append(runs, run{pages[k], pages[j-1] + 1})
-		k = j
-	}
-	for len(runs) > 0 {
-		batch := runs[:min(len(runs), writeBackWindow)]
-		runs = runs[len(batch):]
-		hdrs := make([]byte, len(batch)*HeaderSize)
-		bufs := make([][]byte, 0, 2*len(batch))
-		first := m.pg.seq + 1
-		for i, r := range batch {
-			if err := m.u.WriteProtect(m.addr(r.lo), uintptr((r.hi-r.lo)*m.ps), true, false); err != nil {
-				return fmt.Errorf("write-protect for write-back: %w", err)
-			}
-			data := m.mem[r.lo*m.ps : r.hi*m.ps]
-			h := Header{Op: OpWrite, Seq: first + uint32(i), Offset: uint64(r.lo * m.ps), Length: uint32(len(data)), Payload: uint32(len(data))}
-			hb := hdrs[i*HeaderSize : (i+1)*HeaderSize]
-			h.Encode(hb)
-			bufs = append(bufs, hb, data)
-		}
-		m.pg.seq += uint32(len(batch))
-		if err := m.pg.sendv(bufs); err != nil {
-			return err
-		}
-		var ack [HeaderSize]byte
-		for i, r := range batch {
-			if err := m.pg.reply(ack[:], first+uint32(i), OpWrite, nil); err != nil {
-				return err
-			}
-			for v := r.lo; v < r.hi; v++ {
-				m.dirty[v] = false
-			}
-			m.stats.WriteBacks += int64(r.hi - r.lo)
-		}
-	}
-	return nil
-}
-
-// writeBackWindow bounds the write-back requests in flight, so their
-// acknowledgements always fit in the socket's receive buffer.
-const writeBackWindow = 128
-
-// failLocked records a fatal error. The mapping is made inaccessible and
-// every waiting thread woken, so touching it faults (SIGSEGV; a program can
-// turn that into a panic with debug.SetPanicOnFault) instead of hanging.
-func (m *Mapping) failLocked(err error) error {
-	if m.err == nil {
-		m.err = fmt.Errorf("%w: %w", ErrMappingFailed, err)
-		if m.mem != nil {
-			_ = unix.Mprotect(m.mem, unix.PROT_NONE)
-			_ = m.u.Wake(m.base, uintptr(len(m.mem)))
-		}
-	}
-	return m.err
-}
-
-// pager is a synchronous connection driven with raw syscalls, so the fault
-// handler's thread never waits on the Go scheduler's netpoller. The socket is
-// non-blocking: a receive first spins (re-trying the read) for up to spin,
-// which keeps the round trip free of a sleep and wake-up when the donor
-// answers quickly, then blocks in poll(2) for at most timeout.
-type pager struct {
-	f       *os.File
-	fd      int
-	seq     uint32
-	hdr     [HeaderSize]byte
-	iov     [2][]byte
-	spin    time.Duration
-	timeout time.Duration
-}
-
-func (c *Client) newPager(ctx context.Context) (*pager, error) {
-	return c.newPagerKind(ctx, KindSync)
-}
-
-func (c *Client) newPagerKind(ctx context.Context, kind uint8) (*pager, error) {
-	conn, _, err := c.handshake(ctx, kind)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	tc, ok := conn.(*net.TCPConn)
-	if !ok {
-		return nil, fmt.Errorf("memory: mapping needs a TCP connection")
-	}
-	return newPagerTCP(tc, c.opts.Spin, c.opts.Timeout)
-}
-
-func newPagerTCP(tc *net.TCPConn, spin, timeout time.Duration) (*pager, error) {
-	f, err := tc.File()
-	if err != nil {
-		return nil, fmt.Errorf("memory: pager fd: %w", err)
-	}
-	fd := int(f.Fd())
-	if err := unix.SetNonblock(fd, true); err != nil {
-		_ = f.Close()
-		return nil, fmt.Errorf("memory: pager fd: %w", err)
-	}
-	return &pager{f: f, fd: fd, spin: spin, timeout: timeout}, nil
-}
-
-// shutdown wakes any goroutine blocked on the socket; safe concurrently.
-func (p *pager) shutdown() { _ = unix.Shutdown(p.fd, unix.SHUT_RDWR) }
-
-func (p *pager) close() { _ = p.f.Close() }
-
-// wait blocks until the socket is ready for events or the timeout passes.
-func (p *pager) wait(events int16) error {
-	ms := -1
-	if p.timeout > 0 {
-		ms = int(p.timeout.Milliseconds()) + 1
-	}
-	for {
-		fds := [1]unix.PollFd{{Fd: int32(p.fd), Events: events}}
-		n, err := unix.Poll(fds[:], ms)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("%w: poll: %v", ErrDonorLost, err)
-		}
-		if n == 0 {
-			return fmt.Errorf("%w: no reply within %v", ErrDonorLost, p.timeout)
-		}
-		return nil
-	}
-}
-
-func advance(bufs [][]byte, n int) [][]byte {
-	for n > 0 && len(bufs) > 0 {
-		if n >= len(bufs[0]) {
-			n -= len(bufs[0])
-			bufs = bufs[1:]
-		} else {
-			bufs[0] = bufs[0][n:]
-			n = 0
-		}
-	}
-	for len(bufs) > 0 && len(bufs[0]) == 0 {
-		bufs = bufs[1:]
-	}
-	return bufs
-}
-
-func (p *pager) sendv(bufs [][]byte) error {
-	for len(bufs) > 0 {
-		n, err := unix.Writev(p.fd, bufs[:min(len(bufs), 1024)]) // IOV_MAX
-		if err == unix.EINTR {
-			continue
-		}
-		if err == unix.EAGAIN {
-			if err := p.wait(unix.POLLOUT); err != nil {
-				return err
-			}
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("%w: write: %v", ErrDonorLost, err)
-		}
-		bufs = advance(bufs, n)
-	}
-	return nil
-}
-
-func (p *pager) recvv(bufs [][]byte) error {
-	total := 0
-	for _, b := range bufs {
-		total += len(b)
-	}
-	_, err := p.recvAtLeast(bufs, total)
-	return err
-}
-
-// recvAtLeast reads into bufs until at least least bytes arrived and returns
-// how many did (at most the bufs' total length).
-func (p *pager) recvAtLeast(bufs [][]byte, least int) (int, error) {
-	if least <= 0 {
-		return 0, nil
-	}
-	var t0 time.Time
-	spins, got := 0, 0
-	if p.spin == 0 {
-		// A reply is rarely there yet: sleep in poll(2) first rather than
-		// paying for a readv that returns EAGAIN.
-		if err := p.wait(unix.POLLIN); err != nil {
-			return 0, err
-		}
-	}
-	for got < least {
-		n, err := unix.Readv(p.fd, bufs)
-		if err == unix.EINTR {
-			continue
-		}
-		if err == unix.EAGAIN {
-			if p.spin > 0 {
-				if spins == 0 {
-					t0 = time.Now()
-				}
-				spins++
-				if spins&15 != 0 || time.Since(t0) < p.spin {
-					continue
-				}
-			}
-			if err := p.wait(unix.POLLIN); err != nil {
-				return got, err
-			}
-			continue
-		}
-		if err != nil {
-			return got, fmt.Errorf("%w: read: %v", ErrDonorLost, err)
-		}
-		if n == 0 {
-			return got, fmt.Errorf("%w: read: EOF", ErrDonorLost)
-		}
-		got += n
-		bufs = advance(bufs, n)
-	}
-	return got, nil
-}
-
-func (p *pager) do(op uint8, buf []byte, off int64) error {
-	p.seq++
-	h := Header{Op: op, Seq: p.seq, Offset: uint64(off), Length: uint32(len(buf))}
-	bufs := append(p.iov[:0], p.hdr[:])
-	if op == OpWrite {
-		h.Payload = h.Length
-		bufs = append(bufs, buf)
-	}
-	h.Encode(p.hdr[:])
-	if err := p.sendv(bufs); err != nil {
-		return err
-	}
-	return p.reply(p.hdr[:], p.seq, op, buf)
-}
-
-// reply receives the reply to request seq: one readv for the header and, for
-// reads, the data behind it (into buf, whose length is the request's).
-func (p *pager) reply(hdr []byte, seq uint32, op uint8, buf []byte) error {
-	var in [][]byte
-	if op == OpRead {
-		in = [][]byte{hdr[:HeaderSize], buf}
-	} else {
-		in = [][]byte{hdr[:HeaderSize]}
-	}
-	got, err := p.recvAtLeast(in, HeaderSize)
-	if err != nil {
-		return err
-	}
-	rh, err := DecodeHeader(hdr[:HeaderSize])
-	if err != nil {
-		return err
-	}
-	if rh.Seq != seq || rh.Op != op || !rh.IsResponse() {
-		return fmt.Errorf("%w: reply seq %d op %d for seq %d op %d", ErrBadFrame, rh.Seq, rh.Op, seq, op)
-	}
-	extra := got - HeaderSize // payload bytes already in buf
-	if rh.Status != StatusOK {
-		msg := make([]byte, rh.Payload)
-		k := copy(msg, buf[:min(extra, len(buf))])
-		if err := p.recvv([][]byte{msg[k:]}); err != nil {
-			return err
-		}
-		return statusError(rh.Status, msg)
-	}
-	if op == OpRead {
-		if int(rh.Length) != len(buf) {
-			return fmt.Errorf("%w: read reply of %d bytes for %d", ErrBadFrame, rh.Length, len(buf))
-		}
-		return p.recvv([][]byte{buf[extra:]})
-	}
-	return nil
-}
-
-func (p *pager) read(buf []byte, off int64) error { return p.do(OpRead, buf, off) }

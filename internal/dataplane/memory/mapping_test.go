@@ -19,11 +19,6 @@ import (
 
 func mapOrSkip(t *testing.T, c *Client, opts MapOptions) *Mapping {
 	t.Helper()
-	// A stop-the-world pause while a goroutine waits on a fault can hang
-	// the process (docs/memory-protocol.md, known limitation): these tests
-	// check the mapping's data path, so the collector stays off meanwhile.
-	old := debug.SetGCPercent(-1)
-	t.Cleanup(func() { debug.SetGCPercent(old) })
 	m, err := Map(context.Background(), c, opts)
 	if errors.Is(err, ErrUffdUnavailable) {
 		t.Skip(err)

@@ -300,8 +300,17 @@ func TestQueuePairCredits(t *testing.T) {
 	}
 }
 
-// Donor in a child process, so the test can stop and kill it.
+// Donor in a child process, so the test can stop and kill it; a mapping's
+// fault handler is this test binary re-executed.
 func TestMain(m *testing.M) {
+	RunFaultHandlerIfChild()
+	if addr := os.Getenv(gcChildEnv); addr != "" {
+		if err := gcChild(addr); err != nil {
+			fmt.Println("ERR", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if os.Getenv("RIALTO_MEMTEST_DONOR") == "1" {
 		d := NewDonor(nil)
 		if v, err := time.ParseDuration(os.Getenv("RIALTO_MEMTEST_SPIN")); err == nil {

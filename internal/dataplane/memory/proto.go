@@ -59,6 +59,7 @@ const (
 	KindSync    uint8 = 2 // fine-grained synchronous
 	KindBulk    uint8 = 3 // one stream of the bulk channel
 	KindQueue   uint8 = 4 // one asynchronous queue pair
+	KindFault   uint8 = 5 // a mapping's fault handler (served spin-then-block)
 )
 
 // Sentinel errors. Errors returned by the client wrap one of these.
@@ -240,7 +241,7 @@ func DecodeHello(p []byte) (Hello, error) {
 		return m, fmt.Errorf("%w: short hello", ErrBadFrame)
 	}
 	m.Kind = p[0]
-	if m.Kind < KindControl || m.Kind > KindQueue {
+	if m.Kind < KindControl || m.Kind > KindFault {
 		return m, fmt.Errorf("%w: connection kind %d", ErrBadFrame, m.Kind)
 	}
 	if p[1] != 0 {

@@ -1,0 +1,599 @@
+package memory
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"time"
+	"unsafe"
+
+	"github.com/rialto-project/rialto/internal/dataplane/memory/uffd"
+	"golang.org/x/sys/unix"
+)
+
+// HandlerEnv marks a process as a Mapping's fault handler: Map re-executes
+// the program's own binary (/proc/self/exe, argument HandlerArg) with this
+// variable set to the handler's configuration. See RunFaultHandlerIfChild.
+const HandlerEnv = "RIALTO_MEMORY_FAULT_HANDLER"
+
+// HandlerArg is the first argument of a fault handler process (what ps
+// shows; the rialto binary's hidden subcommand).
+const HandlerArg = "memory-fault-handler"
+
+// Descriptors a handler process inherits (exec.Cmd.ExtraFiles order).
+const (
+	handlerFdUffd  = 3 // the userfaultfd, registered by the parent
+	handlerFdMem   = 4 // the memfd backing the mapped region
+	handlerFdDonor = 5 // the KindFault connection to the donor
+	handlerFdCtrl  = 6 // unix socket to the parent (commands, replies)
+)
+
+// RunFaultHandlerIfChild turns the process into a Mapping's fault handler
+// when Map started it (HandlerEnv is set): it serves page faults until the
+// mapping closes or its owner dies, then exits the process. Otherwise it
+// returns at once. Every program that calls Map must call it first thing in
+// main (the rialto binary does) and in TestMain (the re-exec pattern).
+func RunFaultHandlerIfChild() {
+	cfg := os.Getenv(HandlerEnv)
+	if cfg == "" {
+		return
+	}
+	if err := runFaultHandler(cfg); err != nil {
+		fmt.Fprintf(os.Stderr, "rialto %s: %v\n", HandlerArg, err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// handlerConfig is what Map tells its handler process (JSON in HandlerEnv).
+type handlerConfig struct {
+	Base     uint64        // address of the region in the parent
+	Pages    int           // region length in pages
+	PageSize int           //
+	CapPages int           // local cache size in pages
+	MaxRA    int           // largest readahead window in pages
+	Batch    int           // pages evicted together
+	Spin     time.Duration // busy-poll budget on the userfaultfd and the donor
+	Timeout  time.Duration // donor reply timeout
+	Features uint64        // negotiated userfaultfd features
+}
+
+// Control protocol between a Mapping and its handler over a unix stream
+// socket: frames of [op u8][length u32 big-endian][payload]. The parent
+// sends one command at a time and waits for the reply with the same op;
+// error payloads are [donor-lost flag u8][message].
+const (
+	ctlFlush uint8 = 1 + iota // write back dirty pages; reply: error
+	ctlStats                  // reply: MappingStats as JSON
+	ctlReset                  // clear counters; reply: empty
+	ctlErr                    // reply: error
+	ctlClose                  // flush and exit; reply: error
+
+	ctlFailed uint8 = 0x80 // handler → parent, unasked: the mapping failed
+)
+
+const ctlHeader = 5
+
+// faultHandler is the state of a handler process. Nothing in it waits for
+// the parent: the control socket is non-blocking both ways, so a parent
+// whose threads are all stopped (a garbage collection waiting for a
+// faulting thread) never stalls the service of that thread's fault.
+type faultHandler struct {
+	cfg   handlerConfig
+	u     *uffd.FD
+	memfd int
+	mem   []byte // the region, mapped shared here (read for write-back)
+	ctrl  int
+	pg    *pager
+	stage []byte // staging buffer for UFFDIO_COPY
+
+	base  uintptr
+	ps    int
+	pages int
+
+	resident []bool
+	dirty    []bool
+	// probed marks pages installed write-protected by a read fault and not
+	// yet written: their fate (written or evicted clean) feeds writeRate,
+	// the moving estimate of how often a faulted page gets written.
+	probed    []bool
+	writeRate float64
+	faultSeq  uint64
+	prev      []int32 // LRU links; index pages is the sentinel
+	next      []int32
+	nres      int
+	raWin     int
+	seqNext   int
+	victims   []int
+	dirtyBuf  []int
+	stats     MappingStats
+	svc       []time.Duration
+	svcN      int
+	err       error
+	errLost   bool
+
+	in, out []byte // control socket buffers
+	closing bool
+}
+
+func runFaultHandler(cfgText string) error {
+	var cfg handlerConfig
+	if err := json.Unmarshal([]byte(cfgText), &cfg); err != nil {
+		return fmt.Errorf("bad %s: %w", HandlerEnv, err)
+	}
+	if cfg.Pages <= 0 || cfg.PageSize <= 0 {
+		return fmt.Errorf("bad %s: %d pages of %d bytes", HandlerEnv, cfg.Pages, cfg.PageSize)
+	}
+	// The loop allocates little; a collection here pauses only this process.
+	runtime.LockOSThread()
+	h := &faultHandler{cfg: cfg, u: uffd.FromFd(handlerFdUffd, cfg.Features), memfd: handlerFdMem,
+		ctrl: handlerFdCtrl, base: uintptr(cfg.Base), ps: cfg.PageSize, pages: cfg.Pages,
+		resident: make([]bool, cfg.Pages), dirty: make([]bool, cfg.Pages), probed: make([]bool, cfg.Pages),
+		prev: make([]int32, cfg.Pages+1), next: make([]int32, cfg.Pages+1), raWin: 1, seqNext: -1,
+		svc: make([]time.Duration, 0, 1<<16)}
+	h.prev[h.pages], h.next[h.pages] = int32(h.pages), int32(h.pages)
+	for _, fd := range []int{handlerFdUffd, handlerFdDonor, handlerFdCtrl} {
+		if err := unix.SetNonblock(fd, true); err != nil {
+			return fmt.Errorf("descriptor %d: %w", fd, err)
+		}
+	}
+	var err error
+	if h.mem, err = unix.Mmap(h.memfd, 0, h.pages*h.ps, unix.PROT_READ, unix.MAP_SHARED); err != nil {
+		return fmt.Errorf("map region: %w", err)
+	}
+	if h.stage, err = unix.Mmap(-1, 0, max(cfg.MaxRA, 1)*h.ps, unix.PROT_READ|unix.PROT_WRITE,
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE); err != nil {
+		return fmt.Errorf("map staging buffer: %w", err)
+	}
+	h.pg = &pager{f: os.NewFile(handlerFdDonor, "donor"), fd: handlerFdDonor, spin: max(cfg.Spin, 0), timeout: cfg.Timeout}
+	return h.loop()
+}
+
+// loop serves faults and commands until ctlClose or the parent's end.
+// Between faults it keeps reading the userfaultfd without blocking for up to
+// cfg.Spin (checking the control socket every few rounds), then sleeps in
+// poll(2) on both.
+func (h *faultHandler) loop() error {
+	buf := make([]byte, 64*uffd.MsgSize)
+	msgs := make([]uffd.Msg, 0, 64)
+	var fds [2]unix.PollFd
+	var idle time.Time
+	spins := 0
+	for {
+		var err error
+		msgs, err = h.u.Read(buf, msgs[:0])
+		if err != nil {
+			return fmt.Errorf("read userfaultfd: %w", err)
+		}
+		if len(msgs) > 0 {
+			for _, msg := range msgs {
+				if msg.Event == uffd.EventPagefault {
+					h.fault(msg, time.Now())
+				}
+			}
+			idle, spins = time.Time{}, 0
+			continue
+		}
+		timeout := -1
+		if h.cfg.Spin > 0 {
+			if spins == 0 {
+				idle = time.Now()
+			}
+			spins++
+			if time.Since(idle) < h.cfg.Spin {
+				if spins%32 != 0 {
+					continue
+				}
+				timeout = 0
+			}
+		}
+		fds[0] = unix.PollFd{Fd: int32(h.u.Fd()), Events: unix.POLLIN}
+		fds[1] = unix.PollFd{Fd: int32(h.ctrl), Events: unix.POLLIN}
+		if len(h.out) > 0 {
+			fds[1].Events |= unix.POLLOUT
+		}
+		if _, err := unix.Poll(fds[:], timeout); err != nil && err != unix.EINTR {
+			return fmt.Errorf("poll: %w", err)
+		}
+		if fds[1].Revents != 0 {
+			done, err := h.control()
+			if err != nil || done {
+				return err
+			}
+		}
+		if timeout == -1 {
+			idle, spins = time.Time{}, 0 // woken: spin afresh
+		}
+	}
+}
+
+// control moves bytes on the control socket and runs complete commands. It
+// reports done when the handler should exit.
+func (h *faultHandler) control() (bool, error) {
+	var tmp [4096]byte
+	for {
+		n, err := unix.Read(h.ctrl, tmp[:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			break
+		}
+		if err != nil || n == 0 {
+			return true, nil // the parent is gone: nothing left to serve
+		}
+		h.in = append(h.in, tmp[:n]...)
+	}
+	for len(h.in) >= ctlHeader {
+		n := int(binary.BigEndian.Uint32(h.in[1:]))
+		if len(h.in) < ctlHeader+n {
+			break
+		}
+		op := h.in[0]
+		h.in = h.in[ctlHeader+n:]
+		h.command(op)
+	}
+	if err := h.flushOut(h.closing); err != nil {
+		return true, err
+	}
+	return h.closing, nil
+}
+
+func (h *faultHandler) command(op uint8) {
+	switch op {
+	case ctlFlush:
+		h.reply(op, h.errPayload(h.flush()))
+	case ctlStats:
+		s := h.stats
+		s.Resident, s.CachePages = h.nres, h.cfg.CapPages
+		s.ServiceTime = h.svc
+		b, _ := json.Marshal(s)
+		h.reply(op, b)
+	case ctlReset:
+		h.stats = MappingStats{}
+		h.svc, h.svcN = h.svc[:0], 0
+		h.reply(op, nil)
+	case ctlErr:
+		h.reply(op, h.errPayload(h.err))
+	case ctlClose:
+		h.closing = true
+		h.reply(op, h.errPayload(h.flush()))
+	default:
+		h.reply(op, h.errPayload(fmt.Errorf("memory: unknown handler command %d", op)))
+	}
+}
+
+func (h *faultHandler) errPayload(err error) []byte {
+	if err == nil {
+		return nil
+	}
+	lost := byte(0)
+	if errors.Is(err, ErrDonorLost) {
+		lost = 1
+	}
+	return append([]byte{lost}, err.Error()...)
+}
+
+func (h *faultHandler) reply(op uint8, payload []byte) {
+	var hdr [ctlHeader]byte
+	hdr[0] = op
+	binary.BigEndian.PutUint32(hdr[1:], uint32(len(payload)))
+	h.out = append(append(h.out, hdr[:]...), payload...)
+}
+
+// flushOut writes pending replies without blocking (or, when block, until
+// they are all out: only before exiting).
+func (h *faultHandler) flushOut(block bool) error {
+	for len(h.out) > 0 {
+		n, err := unix.Write(h.ctrl, h.out)
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			if !block {
+				return nil
+			}
+			fds := [1]unix.PollFd{{Fd: int32(h.ctrl), Events: unix.POLLOUT}}
+			_, _ = unix.Poll(fds[:], 1000)
+			continue
+		}
+		if err != nil {
+			return nil // the parent is gone
+		}
+		h.out = h.out[n:]
+	}
+	return nil
+}
+
+func (h *faultHandler) flush() error {
+	if h.err != nil {
+		return h.err
+	}
+	run := h.dirtyBuf[:0]
+	for i := range h.pages {
+		if h.resident[i] && h.dirty[i] {
+			run = append(run, i)
+		}
+	}
+	h.dirtyBuf = run
+	if err := h.writeBack(run); err != nil {
+		return h.fail(err)
+	}
+	return nil
+}
+
+func (h *faultHandler) addr(i int) uintptr { return h.base + uintptr(i*h.ps) }
+
+// LRU: head (next of sentinel) is most recent.
+func (h *faultHandler) lruRemove(i int) {
+	p, n := h.prev[i], h.next[i]
+	h.next[p], h.prev[n] = n, p
+}
+
+func (h *faultHandler) lruPush(i int) {
+	s := int32(h.pages)
+	hd := h.next[s]
+	h.prev[i], h.next[i] = s, hd
+	h.prev[hd] = int32(i)
+	h.next[s] = int32(i)
+}
+
+// fault serves one page-fault message.
+func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
+	i := int((uintptr(msg.Address) - h.base) / uintptr(h.ps))
+	if uintptr(msg.Address) < h.base || i >= h.pages {
+		return
+	}
+	if h.err != nil {
+		h.refuse(i)
+		return
+	}
+	if msg.Flags&uffd.FlagWP != 0 {
+		if !h.resident[i] {
+			_ = h.u.Wake(h.addr(i), uintptr(h.ps))
+			return
+		}
+		h.stats.WPFaults++
+		if h.probed[i] {
+			h.probed[i] = false
+			h.writeRate = 0.9*h.writeRate + 0.1
+		}
+		h.dirty[i] = true
+		h.lruRemove(i)
+		h.lruPush(i)
+		if err := h.u.WriteProtect(h.addr(i), uintptr(h.ps), false, false); err != nil {
+			_ = h.fail(fmt.Errorf("clear write protection: %w", err))
+			h.refuse(i)
+		}
+		return
+	}
+	if h.resident[i] {
+		_ = h.u.Wake(h.addr(i), uintptr(h.ps))
+		return
+	}
+	// Readahead: sequential faults double the window, others reset it.
+	if i == h.seqNext {
+		h.raWin = min(h.raWin*2, h.cfg.MaxRA)
+	} else {
+		h.raWin = 1
+	}
+	n := 1
+	for n < h.raWin && i+n < h.pages && !h.resident[i+n] {
+		n++
+	}
+	t1 := time.Now()
+	if err := h.pg.read(h.stage[:n*h.ps], int64(i*h.ps)); err != nil {
+		_ = h.fail(err)
+		h.refuse(i)
+		return
+	}
+	t2 := time.Now()
+	h.stats.FetchTime += t2.Sub(t1)
+	write := msg.Flags&uffd.FlagWrite != 0
+	// When most faulted pages end up written (read-modify-write patterns),
+	// install the faulting page writable and dirty at once, saving the
+	// write-protect fault that would follow; every 8th such fault still
+	// installs protected so the estimate keeps learning.
+	h.faultSeq++
+	if !write && h.writeRate > 0.5 && h.faultSeq%8 != 0 {
+		write = true
+		h.stats.PreDirtied++
+	} else if !write {
+		h.probed[i] = true
+	}
+	src := uintptr(unsafe.Pointer(&h.stage[0]))
+	if err := h.install(i, src, 1, !write); err != nil {
+		_ = h.fail(err)
+		h.refuse(i)
+		return
+	}
+	if n > 1 {
+		// The faulting thread is awake already; the rest of the window
+		// follows.
+		if err := h.install(i+1, src+uintptr(h.ps), n-1, true); err != nil {
+			_ = h.fail(err)
+			return
+		}
+	}
+	h.stats.InstallTime += time.Since(t2)
+	h.dirty[i] = write
+	for j := i; j < i+n; j++ {
+		h.resident[j] = true
+		h.lruPush(j)
+	}
+	h.nres += n
+	h.seqNext = i + n
+	h.stats.Faults++
+	h.stats.PagesIn += int64(n)
+	d := time.Since(t0)
+	if len(h.svc) < cap(h.svc) {
+		h.svc = append(h.svc, d)
+	} else {
+		h.svc[h.svcN%len(h.svc)] = d
+		h.svcN++
+	}
+	// Evict after the faulting thread was woken, off its critical path: the
+	// cache may exceed its size by one readahead window in between.
+	t3 := time.Now()
+	if err := h.makeRoom(); err != nil {
+		_ = h.fail(err)
+	}
+	h.stats.EvictTime += time.Since(t3)
+}
+
+func (h *faultHandler) install(i int, src uintptr, n int, wp bool) error {
+	for {
+		_, err := h.u.Copy(h.addr(i), src, uintptr(n*h.ps), wp)
+		if err == unix.EAGAIN {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("UFFDIO_COPY page %d: %w", i, err)
+		}
+		return nil
+	}
+}
+
+// refuse answers a fault on a failed mapping: the page gets a poison
+// marker, so the touch raises SIGBUS (a panic under debug.SetPanicOnFault)
+// instead of waiting forever or reading made-up data. Without
+// UFFDIO_POISON the thread is only woken: the parent makes the region
+// inaccessible when it learns of the failure (see Mapping.watch).
+func (h *faultHandler) refuse(i int) {
+	if h.u.Features&uffd.FeaturePoison != 0 {
+		_ = h.u.Poison(h.addr(i), uintptr(h.ps), h.ps)
+	}
+	_ = h.u.Wake(h.addr(i), uintptr(h.ps))
+}
+
+// makeRoom evicts least recently used pages when the cache is full.
+func (h *faultHandler) makeRoom() error {
+	if h.nres <= h.cfg.CapPages {
+		return nil
+	}
+	want := max(h.nres-h.cfg.CapPages, h.cfg.Batch)
+	victims := h.victims[:0]
+	s := int32(h.pages)
+	for len(victims) < want && h.prev[s] != s {
+		v := int(h.prev[s])
+		h.lruRemove(v)
+		victims = append(victims, v)
+	}
+	slices.Sort(victims)
+	h.victims = victims
+	dirty := h.dirtyBuf[:0]
+	for _, v := range victims {
+		if h.dirty[v] {
+			dirty = append(dirty, v)
+		}
+		if h.probed[v] { // faulted by a read and never written
+			h.probed[v] = false
+			h.writeRate *= 0.9
+		}
+	}
+	h.dirtyBuf = dirty
+	if err := h.writeBack(dirty); err != nil {
+		return err
+	}
+	for k := 0; k < len(victims); {
+		j := k + 1
+		for j < len(victims) && victims[j] == victims[j-1]+1 {
+			j++
+		}
+		lo, hi := victims[k], victims[j-1]+1
+		if err := h.punch(lo, hi); err != nil {
+			return err
+		}
+		for v := lo; v < hi; v++ {
+			h.resident[v] = false
+		}
+		k = j
+	}
+	h.nres -= len(victims)
+	h.stats.Evictions += int64(len(victims))
+	return nil
+}
+
+// punch drops pages [lo, hi) from the region: the memfd's pages are freed
+// and unmapped in both processes, so the next touch faults again.
+func (h *faultHandler) punch(lo, hi int) error {
+	err := unix.Fallocate(h.memfd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(lo*h.ps), int64((hi-lo)*h.ps))
+	if err != nil {
+		return fmt.Errorf("punch hole: %w", err)
+	}
+	return nil
+}
+
+// writeBack write-protects the sorted dirty pages, sends them to the donor
+// in runs of contiguous pages — pipelined, up to writeBackWindow requests
+// before their acknowledgements are read — and marks them clean.
+func (h *faultHandler) writeBack(pages []int) error {
+	maxRun := MaxPayload / h.ps
+	type run struct{ lo, hi int }
+	var runs []run
+	for k := 0; k < len(pages); {
+		j := k + 1
+		for j < len(pages) && pages[j] == pages[j-1]+1 && j-k < maxRun {
+			j++
+		}
+		runs = append(runs, run{pages[k], pages[j-1] + 1})
+		k = j
+	}
+	for len(runs) > 0 {
+		batch := runs[:min(len(runs), writeBackWindow)]
+		runs = runs[len(batch):]
+		hdrs := make([]byte, len(batch)*HeaderSize)
+		bufs := make([][]byte, 0, 2*len(batch))
+		first := h.pg.seq + 1
+		for i, r := range batch {
+			if err := h.u.WriteProtect(h.addr(r.lo), uintptr((r.hi-r.lo)*h.ps), true, false); err != nil {
+				return fmt.Errorf("write-protect for write-back: %w", err)
+			}
+			data := h.mem[r.lo*h.ps : r.hi*h.ps]
+			hd := Header{Op: OpWrite, Seq: first + uint32(i), Offset: uint64(r.lo * h.ps), Length: uint32(len(data)), Payload: uint32(len(data))}
+			hb := hdrs[i*HeaderSize : (i+1)*HeaderSize]
+			hd.Encode(hb)
+			bufs = append(bufs, hb, data)
+		}
+		h.pg.seq += uint32(len(batch))
+		if err := h.pg.sendv(bufs); err != nil {
+			return err
+		}
+		var ack [HeaderSize]byte
+		for i, r := range batch {
+			if err := h.pg.reply(ack[:], first+uint32(i), OpWrite, nil); err != nil {
+				return err
+			}
+			for v := r.lo; v < r.hi; v++ {
+				h.dirty[v] = false
+			}
+			h.stats.WriteBacks += int64(r.hi - r.lo)
+		}
+	}
+	return nil
+}
+
+// writeBackWindow bounds the write-back requests in flight, so their
+// acknowledgements always fit in the socket's receive buffer.
+const writeBackWindow = 128
+
+// fail records the mapping's fatal error and drops every cached page: from
+// then on every touch faults and is refused.
+func (h *faultHandler) fail(err error) error {
+	if h.err == nil {
+		h.err = fmt.Errorf("%w: %w", ErrMappingFailed, err)
+		_ = h.punch(0, h.pages)
+		// Evicted pages keep a write-protect marker, which UFFDIO_POISON
+		// refuses to overwrite; lifting the protection clears them.
+		_ = h.u.WriteProtect(h.base, uintptr(h.pages*h.ps), false, true)
+		clear(h.resident)
+		h.nres = 0
+		h.reply(ctlFailed, h.errPayload(h.err))
+		_ = h.flushOut(false)
+	}
+	return h.err
+}

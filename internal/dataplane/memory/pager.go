@@ -1,0 +1,230 @@
+package memory
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// pager is a synchronous connection driven with raw syscalls, so the fault
+// handler's thread never waits on the Go scheduler's netpoller. The socket is
+// non-blocking: a receive first spins (re-trying the read) for up to spin,
+// which keeps the round trip free of a sleep and wake-up when the donor
+// answers quickly, then blocks in poll(2) for at most timeout.
+type pager struct {
+	f       *os.File
+	fd      int
+	seq     uint32
+	hdr     [HeaderSize]byte
+	iov     [2][]byte
+	spin    time.Duration
+	timeout time.Duration
+}
+
+func (c *Client) newPager(ctx context.Context) (*pager, error) {
+	return c.newPagerKind(ctx, KindSync)
+}
+
+func (c *Client) newPagerKind(ctx context.Context, kind uint8) (*pager, error) {
+	conn, _, err := c.handshake(ctx, kind)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	tc, ok := conn.(*net.TCPConn)
+	if !ok {
+		return nil, fmt.Errorf("memory: mapping needs a TCP connection")
+	}
+	return newPagerTCP(tc, c.opts.Spin, c.opts.Timeout)
+}
+
+func newPagerTCP(tc *net.TCPConn, spin, timeout time.Duration) (*pager, error) {
+	f, err := tc.File()
+	if err != nil {
+		return nil, fmt.Errorf("memory: pager fd: %w", err)
+	}
+	fd := int(f.Fd())
+	if err := unix.SetNonblock(fd, true); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("memory: pager fd: %w", err)
+	}
+	return &pager{f: f, fd: fd, spin: spin, timeout: timeout}, nil
+}
+
+// shutdown wakes any goroutine blocked on the socket; safe concurrently.
+func (p *pager) shutdown() { _ = unix.Shutdown(p.fd, unix.SHUT_RDWR) }
+
+func (p *pager) close() { _ = p.f.Close() }
+
+// wait blocks until the socket is ready for events or the timeout passes.
+func (p *pager) wait(events int16) error {
+	ms := -1
+	if p.timeout > 0 {
+		ms = int(p.timeout.Milliseconds()) + 1
+	}
+	for {
+		fds := [1]unix.PollFd{{Fd: int32(p.fd), Events: events}}
+		n, err := unix.Poll(fds[:], ms)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("%w: poll: %v", ErrDonorLost, err)
+		}
+		if n == 0 {
+			return fmt.Errorf("%w: no reply within %v", ErrDonorLost, p.timeout)
+		}
+		return nil
+	}
+}
+
+func advance(bufs [][]byte, n int) [][]byte {
+	for n > 0 && len(bufs) > 0 {
+		if n >= len(bufs[0]) {
+			n -= len(bufs[0])
+			bufs = bufs[1:]
+		} else {
+			bufs[0] = bufs[0][n:]
+			n = 0
+		}
+	}
+	for len(bufs) > 0 && len(bufs[0]) == 0 {
+		bufs = bufs[1:]
+	}
+	return bufs
+}
+
+func (p *pager) sendv(bufs [][]byte) error {
+	for len(bufs) > 0 {
+		n, err := unix.Writev(p.fd, bufs[:min(len(bufs), 1024)]) // IOV_MAX
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			if err := p.wait(unix.POLLOUT); err != nil {
+				return err
+			}
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("%w: write: %v", ErrDonorLost, err)
+		}
+		bufs = advance(bufs, n)
+	}
+	return nil
+}
+
+func (p *pager) recvv(bufs [][]byte) error {
+	total := 0
+	for _, b := range bufs {
+		total += len(b)
+	}
+	_, err := p.recvAtLeast(bufs, total)
+	return err
+}
+
+// recvAtLeast reads into bufs until at least least bytes arrived and returns
+// how many did (at most the bufs' total length).
+func (p *pager) recvAtLeast(bufs [][]byte, least int) (int, error) {
+	if least <= 0 {
+		return 0, nil
+	}
+	var t0 time.Time
+	spins, got := 0, 0
+	if p.spin == 0 {
+		// A reply is rarely there yet: sleep in poll(2) first rather than
+		// paying for a readv that returns EAGAIN.
+		if err := p.wait(unix.POLLIN); err != nil {
+			return 0, err
+		}
+	}
+	for got < least {
+		n, err := unix.Readv(p.fd, bufs)
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			if p.spin > 0 {
+				if spins == 0 {
+					t0 = time.Now()
+				}
+				spins++
+				if spins&15 != 0 || time.Since(t0) < p.spin {
+					continue
+				}
+			}
+			if err := p.wait(unix.POLLIN); err != nil {
+				return got, err
+			}
+			continue
+		}
+		if err != nil {
+			return got, fmt.Errorf("%w: read: %v", ErrDonorLost, err)
+		}
+		if n == 0 {
+			return got, fmt.Errorf("%w: read: EOF", ErrDonorLost)
+		}
+		got += n
+		bufs = advance(bufs, n)
+	}
+	return got, nil
+}
+
+func (p *pager) do(op uint8, buf []byte, off int64) error {
+	p.seq++
+	h := Header{Op: op, Seq: p.seq, Offset: uint64(off), Length: uint32(len(buf))}
+	bufs := append(p.iov[:0], p.hdr[:])
+	if op == OpWrite {
+		h.Payload = h.Length
+		bufs = append(bufs, buf)
+	}
+	h.Encode(p.hdr[:])
+	if err := p.sendv(bufs); err != nil {
+		return err
+	}
+	return p.reply(p.hdr[:], p.seq, op, buf)
+}
+
+// reply receives the reply to request seq: one readv for the header and, for
+// reads, the data behind it (into buf, whose length is the request's).
+func (p *pager) reply(hdr []byte, seq uint32, op uint8, buf []byte) error {
+	var in [][]byte
+	if op == OpRead {
+		in = [][]byte{hdr[:HeaderSize], buf}
+	} else {
+		in = [][]byte{hdr[:HeaderSize]}
+	}
+	got, err := p.recvAtLeast(in, HeaderSize)
+	if err != nil {
+		return err
+	}
+	rh, err := DecodeHeader(hdr[:HeaderSize])
+	if err != nil {
+		return err
+	}
+	if rh.Seq != seq || rh.Op != op || !rh.IsResponse() {
+		return fmt.Errorf("%w: reply seq %d op %d for seq %d op %d", ErrBadFrame, rh.Seq, rh.Op, seq, op)
+	}
+	extra := got - HeaderSize // payload bytes already in buf
+	if rh.Status != StatusOK {
+		msg := make([]byte, rh.Payload)
+		k := copy(msg, buf[:min(extra, len(buf))])
+		if err := p.recvv([][]byte{msg[k:]}); err != nil {
+			return err
+		}
+		return statusError(rh.Status, msg)
+	}
+	if op == OpRead {
+		if int(rh.Length) != len(buf) {
+			return fmt.Errorf("%w: read reply of %d bytes for %d", ErrBadFrame, rh.Length, len(buf))
+		}
+		return p.recvv([][]byte{buf[extra:]})
+	}
+	return nil
+}
+
+func (p *pager) read(buf []byte, off int64) error { return p.do(OpRead, buf, off) }
