@@ -14,18 +14,22 @@
 // Map builds a transparent mapping on top of a Client: a []byte whose pages
 // are fetched on first touch by a userfaultfd handler, cached locally (LRU,
 // write-back of dirty pages tracked with userfaultfd write-protection) and
-// flushed on Close. Backend adapts a Client to the NBD server's Backend
-// interface so a memory lease can be exported as a swap-style block device.
+// flushed on Close. The handler is a separate process — the program's own
+// binary re-executed — so a garbage collection in the program can never
+// wait on a fault that only the program could serve; every binary that
+// calls Map must call RunFaultHandlerIfChild first in main or TestMain.
+// Backend adapts a Client to the NBD server's Backend interface so a memory
+// lease can be exported as a swap-style block device.
 //
 // Zero values: the zero Donor, Client, QueuePair and Mapping are not usable;
 // build them with NewDonor, Dial, Client.NewQueuePair and Map.
 //
 // Threads: the client's sync and bulk channels drive their sockets with raw
 // non-blocking syscalls and poll(2) from the calling goroutine (no netpoller
-// hop on the round trip), and a Mapping's fault handler is a goroutine locked
-// to its own OS thread doing the same. The donor serves each bulk stream on
-// its own thread the same way, and control, sync and queue connections on
-// the Go netpoller (which answered small requests sooner here).
+// hop on the round trip), and a Mapping's fault handler process does the
+// same on its main thread. The donor serves each bulk stream and each
+// mapping's fault connection on its own thread the same way, and control,
+// sync and queue connections on the Go netpoller (which answered small requests sooner here).
 //
 // Lifetimes: close a Mapping before its Client. Closing the Client ends the
 // session at the donor, which closes the mapping's connection; the mapping
