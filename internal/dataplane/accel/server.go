@@ -29,6 +29,16 @@ type Target interface {
 	Execute(ctx context.Context, entry string, ins [][]byte) ([][]byte, error)
 }
 
+// SessionTarget is an optional interface of a Target whose credentials can
+// end while connections use them (a gateway shared by several leases).
+// Session replaces Authenticate: it checks the credential and returns a
+// context that ends when the credential stops being accepted — the server
+// then closes the connection and interrupts its tasks — and a release
+// function the server calls when the connection ends.
+type SessionTarget interface {
+	Session(credential []byte) (ctx context.Context, release func(), err error)
+}
+
 // Server serves the accel protocol for a Target.
 type Server struct {
 	Target         Target
@@ -126,7 +136,20 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 	if err == nil && h.Version != Version {
 		err = fmt.Errorf("%w: protocol version %d, want %d", ErrFrame, h.Version, Version)
 	}
-	if err == nil {
+	if st, ok := s.Target.(SessionTarget); ok && err == nil {
+		var sctx context.Context
+		var release func()
+		if sctx, release, err = st.Session(h.Credential); err == nil {
+			defer release()
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithCancel(ctx)
+			defer cancel()
+			stopS := context.AfterFunc(sctx, cancel)
+			defer stopS()
+			stopC := context.AfterFunc(ctx, func() { _ = nc.Close() })
+			defer stopC()
+		}
+	} else if err == nil {
 		err = s.Target.Authenticate(h.Credential)
 	}
 	if err != nil {

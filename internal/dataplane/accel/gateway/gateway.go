@@ -43,6 +43,8 @@ func (l localBackend) CallBatch(ctx context.Context, entry string, ins [][]byte)
 // Config tunes a gateway. Zero fields take the defaults noted.
 type Config struct {
 	Name           string        // metrics label; default "default"
+	Role           string        // the role behind it, reported to clients (default "gateway:"+Name)
+	Entries        []string      // the role's entries, reported to clients
 	MaxBatch       int           // items per execution; default 64
 	PreferredBatch []int         // dispatch as soon as one of these sizes can be formed
 	MaxQueueDelay  time.Duration // how long a batch may wait to grow; 0: dispatch at once
@@ -93,7 +95,7 @@ type batch struct {
 // Gateway batches calls onto backends.
 type Gateway struct {
 	cfg       Config
-	instances []Backend
+	instances atomic.Pointer[[]Backend]
 	log       *slog.Logger
 	in        chan *request
 	stopped   chan struct{} // closed when Run stops taking requests
@@ -151,8 +153,9 @@ func New(cfg Config, instances []Backend) (*Gateway, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	g := &Gateway{cfg: cfg, instances: instances, log: log, in: make(chan *request, 1024),
+	g := &Gateway{cfg: cfg, log: log, in: make(chan *request, 1024),
 		stopped: make(chan struct{}), finished: make(chan struct{})}
+	g.SetInstances(instances)
 	if r := cfg.Metrics; r != nil {
 		n := cfg.Name
 		g.mReq = r.Counter("rialto_gateway_requests_total", "Requests by outcome (ok, error, rejected, cancelled).", "gateway", "outcome")
@@ -171,6 +174,18 @@ func (g *Gateway) count(outcome string) {
 		g.mReq.With(g.cfg.Name, outcome).Inc()
 	}
 }
+
+// SetInstances replaces the backends (a shared gateway grows and shrinks
+// with its leases' slots). Executions already running finish on the
+// backend they started on. With no instances, executions fail with
+// accel.ErrUnavailable.
+func (g *Gateway) SetInstances(instances []Backend) {
+	is := append([]Backend(nil), instances...)
+	g.instances.Store(&is)
+}
+
+// Instances returns the number of backends.
+func (g *Gateway) Instances() int { return len(*g.instances.Load()) }
 
 // Running reports whether Run is serving.
 func (g *Gateway) Running() bool { return g.running.Load() }
@@ -523,9 +538,15 @@ func (g *Gateway) execute(ctx context.Context, b batch) {
 			g.mQueue.Observe(qd.Seconds())
 		}
 	}
-	inst := g.instances[g.next.Add(1)%uint64(len(g.instances))]
+	insts := *g.instances.Load()
 	t0 := time.Now()
-	outs, err := inst.CallBatch(ctx, b.entry, ins)
+	var outs [][]byte
+	var err error
+	if len(insts) == 0 {
+		err = fmt.Errorf("%w: gateway %s has no instances", accel.ErrUnavailable, g.cfg.Name)
+	} else {
+		outs, err = insts[g.next.Add(1)%uint64(len(insts))].CallBatch(ctx, b.entry, ins)
+	}
 	d := time.Since(t0)
 	g.computeNs.Add(int64(d))
 	g.executions.Add(1)
@@ -582,7 +603,15 @@ func (t *target) Authenticate(c []byte) error {
 	return nil
 }
 
-func (t *target) Info() accel.Info { return accel.Info{Role: "gateway:" + t.g.cfg.Name} }
+func (t *target) Info() accel.Info { return t.g.info() }
+
+func (g *Gateway) info() accel.Info {
+	role := g.cfg.Role
+	if role == "" {
+		role = "gateway:" + g.cfg.Name
+	}
+	return accel.Info{Role: role, Entries: append([]string(nil), g.cfg.Entries...)}
+}
 
 func (t *target) WriteMem(uint64, []byte) error {
 	return fmt.Errorf("%w: a gateway has no memory; use inline calls", accel.ErrOutOfRange)

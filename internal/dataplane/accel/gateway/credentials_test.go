@@ -1,0 +1,104 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"testing"
+
+	"github.com/rialto-project/rialto/internal/dataplane/accel"
+	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
+)
+
+// TestSharedTarget: a gateway served to several credentials over TCP;
+// revoking one closes its connection and refuses it, the other goes on.
+func TestSharedTarget(t *testing.T) {
+	echo, _ := roles.New(context.Background(), roles.Spec{Name: "echo"})
+	g := run(t, Config{Name: "shared", Role: "echo", Entries: []string{"echo"}}, Local(echo))
+	var cs Credentials
+	if err := cs.Add(nil); !errors.Is(err, accel.ErrAuth) {
+		t.Fatalf("empty credential: %v", err)
+	}
+	for _, c := range []string{"alice", "bob", "alice"} {
+		if err := cs.Add([]byte(c)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if cs.Len() != 2 {
+		t.Fatalf("%d credentials", cs.Len())
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- (&accel.Server{Target: g.SharedTarget(&cs)}).Serve(ctx, ln) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	dial := func(c string) (*accel.Conn, error) { return accel.Dial(ctx, ln.Addr().String(), []byte(c)) }
+	if c, err := dial("mallory"); !errors.Is(err, accel.ErrAuth) {
+		if c != nil {
+			c.Close()
+		}
+		t.Fatalf("unknown credential: %v", err)
+	}
+	alice, err := dial("alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer alice.Close()
+	bob, err := dial("bob")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bob.Close()
+	if info := alice.Info(); info.Role != "echo" || len(info.Entries) != 1 {
+		t.Fatalf("info %+v", info)
+	}
+	for _, c := range []*accel.Conn{alice, bob} {
+		if out, err := c.Call(ctx, "echo", []byte("hi")); err != nil || !bytes.Equal(out, []byte("hi")) {
+			t.Fatalf("call: %q %v", out, err)
+		}
+	}
+	if !cs.Revoke([]byte("alice")) || cs.Revoke([]byte("alice")) {
+		t.Fatal("Revoke reported wrongly")
+	}
+	if _, err := alice.Call(ctx, "echo", []byte("hi")); err == nil {
+		t.Fatal("a revoked credential's connection still calls")
+	}
+	if c, err := dial("alice"); err == nil {
+		c.Close()
+		t.Fatal("a revoked credential was accepted")
+	}
+	if out, err := bob.Call(ctx, "echo", []byte("still")); err != nil || string(out) != "still" {
+		t.Fatalf("the other credential: %q %v", out, err)
+	}
+	if err := cs.Check([]byte("bob")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSetInstances: the backends can be replaced while the gateway runs;
+// with none, executions fail as unavailable.
+func TestSetInstances(t *testing.T) {
+	echo, _ := roles.New(context.Background(), roles.Spec{Name: "echo"})
+	sha, _ := roles.New(context.Background(), roles.Spec{Name: "sha256"})
+	g := run(t, Config{}, Local(echo))
+	ctx := context.Background()
+	if out, err := g.Call(ctx, "echo", []byte("x")); err != nil || string(out) != "x" {
+		t.Fatalf("%q %v", out, err)
+	}
+	g.SetInstances([]Backend{Local(sha), Local(sha)})
+	if g.Instances() != 2 {
+		t.Fatalf("%d instances", g.Instances())
+	}
+	if out, err := g.Call(ctx, "sum", []byte("x")); err != nil || len(out) != 32 {
+		t.Fatalf("%x %v", out, err)
+	}
+	g.SetInstances(nil)
+	if _, err := g.Call(ctx, "sum", []byte("x")); !errors.Is(err, accel.ErrUnavailable) {
+		t.Fatalf("no instances: %v", err)
+	}
+}
