@@ -43,10 +43,14 @@ type Config struct {
 	// ManagementToken, if set, is required as "Authorization: Bearer TOKEN"
 	// by the management API.
 	ManagementToken string
-	Workers         int    // concurrent invocations per slot; 0: GOMAXPROCS
-	MaxPayload      uint32 // frame payload limit; 0: accel.DefaultMaxPayload
-	Logger          *slog.Logger
-	Metrics         *metrics.Registry // optional
+	// ManagedLeases says that lease credentials are set by a lease executor
+	// (the agent, on the control plane's behalf) through SetCredential: the
+	// management API then refuses to set or clear them.
+	ManagedLeases bool
+	Workers       int    // concurrent invocations per slot; 0: GOMAXPROCS
+	MaxPayload    uint32 // frame payload limit; 0: accel.DefaultMaxPayload
+	Logger        *slog.Logger
+	Metrics       *metrics.Registry // optional
 	// Registrar, if set, is told about the appliance when Run starts and
 	// receives a heartbeat every HeartbeatInterval (default 5 s).
 	Registrar         Registrar

@@ -74,6 +74,9 @@ func (a *Appliance) Handler() http.Handler {
 		return nil
 	}))
 	mux.HandleFunc("PUT /v1/slots/{id}/credential", a.withSlot(func(w http.ResponseWriter, r *http.Request, id int) error {
+		if a.cfg.ManagedLeases {
+			return errManaged
+		}
 		var body struct {
 			Credential string `json:"credential"`
 		}
@@ -87,6 +90,9 @@ func (a *Appliance) Handler() http.Handler {
 		return nil
 	}))
 	mux.HandleFunc("DELETE /v1/slots/{id}/credential", a.withSlot(func(w http.ResponseWriter, r *http.Request, id int) error {
+		if a.cfg.ManagedLeases {
+			return errManaged
+		}
 		if err := a.SetCredential(id, nil); err != nil {
 			return err
 		}
@@ -162,6 +168,7 @@ func (a *Appliance) httpCall(w http.ResponseWriter, r *http.Request, id int) err
 var (
 	errBadRequest   = errors.New("appliance: bad request")
 	errUnauthorized = errors.New("appliance: management token required")
+	errManaged      = errors.New("appliance: lease credentials are managed by the control plane; create or release a lease instead")
 )
 
 func (a *Appliance) withSlot(h func(http.ResponseWriter, *http.Request, int) error) http.HandlerFunc {
@@ -183,6 +190,7 @@ var httpErrors = []accel.HTTPError{
 	{Err: ErrNoSlot, Status: http.StatusNotFound, Code: "no_such_slot"},
 	{Err: errUnauthorized, Status: http.StatusUnauthorized, Code: "unauthorized"},
 	{Err: errBadRequest, Status: http.StatusBadRequest, Code: "bad_request"},
+	{Err: errManaged, Status: http.StatusConflict, Code: "managed_leases"},
 	{Err: roles.ErrUnknownRole, Status: http.StatusBadRequest, Code: "unknown_role"},
 	{Err: roles.ErrBadModule, Status: http.StatusBadRequest, Code: "bad_module"},
 	{Err: roles.ErrBadConfig, Status: http.StatusBadRequest, Code: "bad_role_config"},
