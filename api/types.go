@@ -1,6 +1,9 @@
 package api
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // NodeState is a node's liveness as seen by the control plane.
 type NodeState string
@@ -184,12 +187,41 @@ type LeaseRequest struct {
 	AntiAffinity   []string `json:"anti_affinity,omitempty"`
 	Strategy       string   `json:"strategy,omitempty"` // binpack or spread
 	Role           string   `json:"role,omitempty"`     // accel: role to load
+	// RoleConfig configures an accel lease's role (an AES key, an MCT rule
+	// set, a Wasm module). It may hold a secret: the control plane hands it
+	// to the lender and never stores, logs or returns it.
+	RoleConfig *RoleConfig `json:"role_config,omitempty"`
 	// BandwidthCap (bytes/s) and IOPSCap limit what the borrower gets from
 	// a block lease's exports (0 = no cap); meant for shared partitions.
 	BandwidthCap   int64             `json:"bandwidth_cap,omitempty"`
 	IOPSCap        int64             `json:"iops_cap,omitempty"`
 	Labels         map[string]string `json:"labels,omitempty"`
 	IdempotencyKey string            `json:"idempotency_key,omitempty"`
+}
+
+// MaxRoleConfig bounds a RoleConfig's Config and Module together (bytes,
+// before base64): larger rule sets or modules are loaded through the
+// appliance's management API.
+const MaxRoleConfig = 512 << 10
+
+// RoleConfig is what an accelerator role needs besides its name. Both byte
+// fields are base64 in JSON.
+type RoleConfig struct {
+	// Config is role-specific: the AES-GCM key (16, 24 or 32 bytes), the
+	// MCT rule set (JSON).
+	Config []byte `json:"config,omitempty"`
+	// Module is a "wasm" role's WebAssembly module.
+	Module []byte `json:"module,omitempty"`
+	// WasmMemoryPages caps a Wasm role's memory (64 KiB pages; 0: default).
+	WasmMemoryPages uint32 `json:"wasm_memory_pages,omitempty"`
+}
+
+// String keeps the contents out of logs and error messages.
+func (c *RoleConfig) String() string {
+	if c == nil {
+		return "<none>"
+	}
+	return fmt.Sprintf("<role config: %d config bytes, %d module bytes>", len(c.Config), len(c.Module))
 }
 
 // Plan is the placement decision and its reasoning, as shown by explain.
@@ -293,6 +325,11 @@ type PrepareRequest struct {
 	Length     int64  `json:"length"`
 	Export     string `json:"export"` // export name bound to the lease credential (secret)
 	Role       string `json:"role,omitempty"`
+	// RoleConfig configures the role (a secret; lenders never log it).
+	RoleConfig *RoleConfig `json:"role_config,omitempty"`
+	// Gateway (accel) asks for shared use: the lender serves the lease
+	// through its batching gateway for Role instead of a slot of its own.
+	Gateway bool `json:"gateway,omitempty"`
 	// Caps for shared partitions (0 = none).
 	BandwidthCap int64 `json:"bandwidth_cap,omitempty"`
 	IOPSCap      int64 `json:"iops_cap,omitempty"`

@@ -132,6 +132,36 @@ func (s *Server) validateLeaseRequest(r *api.LeaseRequest) error {
 	if len(r.Borrower) > 256 || len(r.Role) > 256 || len(r.Affinity) > 64 || len(r.AntiAffinity) > 64 || len(r.Labels) > 64 {
 		return fmt.Errorf("%w: borrower, role, affinities or labels too long", ErrInvalid)
 	}
+	return validateAccelRequest(r)
+}
+
+// validateAccelRequest checks the accelerator fields: a role (and its
+// config) only for accel leases, and shared use — through the lender's
+// batching gateway — only with a role to share. The role config is a
+// secret: messages never quote it.
+func validateAccelRequest(r *api.LeaseRequest) error {
+	if r.Kind != api.KindAccel {
+		if r.Role != "" || r.RoleConfig != nil {
+			return fmt.Errorf("%w: role and role_config apply to accel leases only", ErrInvalid)
+		}
+		return nil
+	}
+	if r.RoleConfig != nil {
+		if r.Role == "" {
+			return fmt.Errorf("%w: role_config needs a role", ErrInvalid)
+		}
+		if n := len(r.RoleConfig.Config) + len(r.RoleConfig.Module); n > api.MaxRoleConfig {
+			return fmt.Errorf("%w: role_config of %d bytes is more than %d; load large roles through the appliance's management API", ErrInvalid, n, api.MaxRoleConfig)
+		}
+	}
+	if r.Mode == api.ModeShared {
+		if r.Role == "" {
+			return fmt.Errorf("%w: a shared accel lease is served by the lender's batching gateway for a role: give a role", ErrInvalid)
+		}
+		if r.Count > 1 {
+			return fmt.Errorf("%w: a shared accel lease takes count 1 (the gateway spreads work over its slots)", ErrInvalid)
+		}
+	}
 	return nil
 }
 
@@ -377,6 +407,7 @@ func (s *Server) prepareParts(ctx context.Context, l api.Lease, req api.LeaseReq
 			resp, err := s.lender.Prepare(pctx, n.Node, n.AgentKey, api.PrepareRequest{
 				LeaseID: l.ID, Kind: l.Kind, Mode: l.Mode, DeviceID: p.DeviceID, DeviceName: devNames[p.DeviceID],
 				Offset: p.Offset, Length: p.Length, Export: l.Credential + "." + strconv.Itoa(i), Role: req.Role,
+				RoleConfig: req.RoleConfig, Gateway: req.Kind == api.KindAccel && req.Mode == api.ModeShared,
 				BandwidthCap: req.BandwidthCap, IOPSCap: req.IOPSCap,
 			})
 			s.m.lenderLatency.With("prepare").Observe(time.Since(start).Seconds())
