@@ -2,16 +2,25 @@ package agent
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/appliance"
+	"github.com/rialto-project/rialto/internal/dataplane/accel/gateway"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
+	"github.com/rialto-project/rialto/internal/metrics"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -23,22 +32,65 @@ func init() {
 // "slot_memory" attribute says otherwise.
 const DefaultSlotMemory = 16 << 20
 
+// Defaults of a shared gateway's knobs (device attributes gateway_max_batch,
+// gateway_max_delay, gateway_workers, gateway_queue_limit,
+// gateway_queue_timeout override them).
+const (
+	DefaultGatewayMaxBatch     = 64
+	DefaultGatewayMaxDelay     = 200 * time.Microsecond
+	DefaultGatewayQueueTimeout = 10 * time.Second
+)
+
 // AccelDriver lends accelerator slots: each accel device is an appliance
 // (internal/dataplane/accel/appliance) whose slots listen on ports of their
-// own. A lease's slots accept the lease's export name as credential and
-// run the requested role.
+// own. A dedicated lease's slots accept the lease's export name as
+// credential and run the requested role. A shared lease (Gateway set in
+// its prepare request) is served by a batching gateway
+// (internal/dataplane/accel/gateway) that the driver runs in front of the
+// slots of every shared lease of the same device, role and role config: the
+// lease's slot joins the gateway's instances, and the gateway accepts the
+// lease's export name until the lease ends.
+//
+// ManagementToken and Metrics are read when devices are opened and
+// gateways started; set them before the agent runs.
 type AccelDriver struct {
 	log  *slog.Logger
 	host string
 
-	mu   sync.Mutex
-	apps map[string]*appliance.Appliance // by device name
-	live map[string]Export               // by export name
+	// ManagementToken, if set, is the bearer token each appliance's
+	// management API (Appliance(name).Handler()) requires.
+	ManagementToken string
+
+	mu       sync.Mutex
+	apps     map[string]*appliance.Appliance // by device name
+	gwCfg    map[string]gateway.Config       // by device name
+	live     map[string]Export               // by export name
+	gws      map[string]*sharedGateway       // by gateway key
+	reg      *metrics.Registry
+	gwSecret func() string
 }
 
 // NewAccelDriver returns an accelerator driver whose slots bind host.
 func NewAccelDriver(log *slog.Logger, host string) *AccelDriver {
-	return &AccelDriver{log: log, host: host, apps: map[string]*appliance.Appliance{}, live: map[string]Export{}}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &AccelDriver{log: log, host: host, apps: map[string]*appliance.Appliance{}, gwCfg: map[string]gateway.Config{},
+		live: map[string]Export{}, gws: map[string]*sharedGateway{}, gwSecret: func() string { return resource.NewSecret("rgw") }}
+}
+
+// UseMetrics implements MetricsUser: slot and gateway metrics go to reg.
+func (d *AccelDriver) UseMetrics(reg *metrics.Registry) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.reg = reg
+}
+
+// Appliance returns the appliance of an opened device, or nil.
+func (d *AccelDriver) Appliance(device string) *appliance.Appliance {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.apps[device]
 }
 
 // Open builds the device's appliance with dev.Size slots.
@@ -51,7 +103,15 @@ func (d *AccelDriver) Open(_ context.Context, dev DeviceConfig) (DeviceConfig, e
 		}
 		mem = uint64(n)
 	}
-	app, err := appliance.New(appliance.Config{ID: dev.Name, Slots: int(dev.Size), SlotMemory: mem, Host: d.host, Logger: d.log})
+	gc, err := gatewayConfig(dev)
+	if err != nil {
+		return dev, err
+	}
+	d.mu.Lock()
+	reg := d.reg
+	d.mu.Unlock()
+	app, err := appliance.New(appliance.Config{ID: dev.Name, Slots: int(dev.Size), SlotMemory: mem, Host: d.host, Logger: d.log,
+		Metrics: reg, ManagementToken: d.ManagementToken, ManagedLeases: true})
 	if err != nil {
 		return dev, err
 	}
@@ -60,16 +120,52 @@ func (d *AccelDriver) Open(_ context.Context, dev DeviceConfig) (DeviceConfig, e
 	}
 	dev.Attributes["slot_memory"] = strconv.FormatUint(mem, 10)
 	dev.Attributes["roles"] = strings.Join(roles.Names(), ",")
+	dev.Attributes["modes"] = "dedicated,shared"
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if old := d.apps[dev.Name]; old != nil {
 		old.Close()
 	}
 	d.apps[dev.Name] = app
+	d.gwCfg[dev.Name] = gc
 	return dev, nil
 }
 
-// Run serves every appliance until ctx ends.
+// gatewayConfig reads a device's gateway knobs from its attributes.
+func gatewayConfig(dev DeviceConfig) (gateway.Config, error) {
+	c := gateway.Config{MaxBatch: DefaultGatewayMaxBatch, MaxQueueDelay: DefaultGatewayMaxDelay,
+		Workers: max(int(dev.Size), 1), QueueTimeout: DefaultGatewayQueueTimeout}
+	num := func(k string, p *int) error {
+		if s := dev.Attributes[k]; s != "" {
+			n, err := strconv.Atoi(s)
+			if err != nil || n <= 0 {
+				return fmt.Errorf("bad %s %q: want a positive integer", k, s)
+			}
+			*p = n
+		}
+		return nil
+	}
+	dur := func(k string, p *time.Duration) error {
+		if s := dev.Attributes[k]; s != "" {
+			v, err := time.ParseDuration(s)
+			if err != nil || v < 0 {
+				return fmt.Errorf("bad %s %q: want a duration", k, s)
+			}
+			*p = v
+		}
+		return nil
+	}
+	for _, err := range []error{num("gateway_max_batch", &c.MaxBatch), num("gateway_workers", &c.Workers),
+		num("gateway_queue_limit", &c.QueueLimit), dur("gateway_max_delay", &c.MaxQueueDelay),
+		dur("gateway_queue_timeout", &c.QueueTimeout)} {
+		if err != nil {
+			return c, err
+		}
+	}
+	return c, nil
+}
+
+// Run serves every appliance until ctx ends, then stops the gateways.
 func (d *AccelDriver) Run(ctx context.Context) error {
 	d.mu.Lock()
 	apps := make([]*appliance.Appliance, 0, len(d.apps))
@@ -89,24 +185,36 @@ func (d *AccelDriver) Run(ctx context.Context) error {
 	}
 	<-ctx.Done()
 	wg.Wait()
+	d.stopGateways()
 	return nil
 }
 
-// Prepare loads the role into the lease's slots and sets their credential.
-// The URI names the first slot; further slots follow in a "slots" query
-// parameter.
-func (d *AccelDriver) Prepare(ctx context.Context, e Export) (api.PrepareResponse, error) {
+func (d *AccelDriver) stopGateways() {
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	app := d.apps[e.Device.Name]
-	if app == nil {
-		return api.PrepareResponse{}, fmt.Errorf("%w: %s has no appliance", ErrNoDevice, e.Device.Name)
+	gws := d.gws
+	d.gws = map[string]*sharedGateway{}
+	d.mu.Unlock()
+	for _, g := range gws {
+		g.stop()
 	}
+}
+
+// spec is the role spec a prepare request asks for.
+func spec(r api.PrepareRequest) roles.Spec {
+	s := roles.Spec{Name: r.Role}
+	if c := r.RoleConfig; c != nil {
+		s.Config, s.Module, s.WasmMemoryPages = c.Config, c.Module, c.WasmMemoryPages
+	}
+	return s
+}
+
+// slotAddrs returns the addresses of the lease's slots, with e.Host as host.
+func slotAddrs(app *appliance.Appliance, e Export) ([]string, error) {
 	var addrs []string
 	for i := e.Request.Offset; i < e.Request.Offset+e.Request.Length; i++ {
 		a, err := app.Addr(int(i))
 		if err != nil {
-			return api.PrepareResponse{}, err
+			return nil, err
 		}
 		if _, port, err := net.SplitHostPort(a); err == nil && e.Host != "" {
 			a = net.JoinHostPort(e.Host, port)
@@ -114,7 +222,43 @@ func (d *AccelDriver) Prepare(ctx context.Context, e Export) (api.PrepareRespons
 		addrs = append(addrs, a)
 	}
 	if len(addrs) == 0 {
-		return api.PrepareResponse{}, fmt.Errorf("%w: no slots", ErrOutOfRange)
+		return nil, fmt.Errorf("%w: no slots", ErrOutOfRange)
+	}
+	return addrs, nil
+}
+
+// roleError marks errors of the requested role or its config as the
+// borrower's (the agent answers 400).
+func roleError(err error) error {
+	for _, s := range []error{roles.ErrUnknownRole, roles.ErrBadConfig, roles.ErrBadModule} {
+		if errors.Is(err, s) {
+			return fmt.Errorf("%w: %w", ErrBadRequest, err)
+		}
+	}
+	return err
+}
+
+// Prepare loads the role (with its config) into the lease's slots. A
+// dedicated lease's slots take its export name as credential; the URI
+// names the first slot, further slots follow in a "slots" query parameter.
+// A shared lease's slots join the gateway for its role, whose URI carries
+// "gateway=ROLE".
+func (d *AccelDriver) Prepare(ctx context.Context, e Export) (api.PrepareResponse, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	app := d.apps[e.Device.Name]
+	if app == nil {
+		return api.PrepareResponse{}, fmt.Errorf("%w: %s has no appliance", ErrNoDevice, e.Device.Name)
+	}
+	if c := e.Request.RoleConfig; c != nil && len(c.Config)+len(c.Module) > api.MaxRoleConfig {
+		return api.PrepareResponse{}, fmt.Errorf("%w: role config above %d bytes", ErrBadRequest, api.MaxRoleConfig)
+	}
+	if e.Request.Gateway {
+		return d.prepareShared(ctx, app, e)
+	}
+	addrs, err := slotAddrs(app, e)
+	if err != nil {
+		return api.PrepareResponse{}, err
 	}
 	uri := "rialto-accel://" + addrs[0] + "/" + e.Request.Export
 	if len(addrs) > 1 {
@@ -123,20 +267,139 @@ func (d *AccelDriver) Prepare(ctx context.Context, e Export) (api.PrepareRespons
 	if _, ok := d.live[e.Request.Export]; ok {
 		return api.PrepareResponse{URI: uri}, nil
 	}
-	for i := e.Request.Offset; i < e.Request.Offset+e.Request.Length; i++ {
-		if e.Request.Role != "" {
-			if err := app.Load(ctx, int(i), roles.Spec{Name: e.Request.Role}); err != nil {
-				d.clear(app, e.Request.Offset, i)
-				return api.PrepareResponse{}, err
-			}
-		}
-		if err := app.SetCredential(int(i), []byte(e.Request.Export)); err != nil {
-			d.clear(app, e.Request.Offset, i+1)
-			return api.PrepareResponse{}, err
-		}
+	if err := d.load(ctx, app, e, []byte(e.Request.Export)); err != nil {
+		return api.PrepareResponse{}, err
 	}
 	d.live[e.Request.Export] = e
 	return api.PrepareResponse{URI: uri}, nil
+}
+
+// load loads the lease's role into its slots and sets their credential;
+// on error it leaves them cleared.
+func (d *AccelDriver) load(ctx context.Context, app *appliance.Appliance, e Export, cred []byte) error {
+	r := e.Request
+	for i := r.Offset; i < r.Offset+r.Length; i++ {
+		if r.Role != "" {
+			if err := app.Load(ctx, int(i), spec(r)); err != nil {
+				d.clear(app, r.Offset, i)
+				return roleError(err)
+			}
+		}
+		if err := app.SetCredential(int(i), cred); err != nil {
+			d.clear(app, r.Offset, i+1)
+			return err
+		}
+	}
+	return nil
+}
+
+// gatewayKey names the gateway a shared lease joins: same device, role and
+// role config (by digest; the config itself may be a key).
+func gatewayKey(r api.PrepareRequest, device string) (key, name string) {
+	h := sha256.New()
+	h.Write([]byte(r.Role))
+	if c := r.RoleConfig; c != nil {
+		var n [8]byte
+		binary.LittleEndian.PutUint64(n[:], uint64(len(c.Config)))
+		h.Write(n[:])
+		h.Write(c.Config)
+		h.Write(c.Module)
+		binary.LittleEndian.PutUint64(n[:], uint64(c.WasmMemoryPages))
+		h.Write(n[:])
+	}
+	sum := hex.EncodeToString(h.Sum(nil))
+	name = device + "/" + r.Role
+	if r.RoleConfig != nil {
+		name += "/" + sum[:8]
+	}
+	return device + "\x00" + sum, name
+}
+
+func (d *AccelDriver) prepareShared(ctx context.Context, app *appliance.Appliance, e Export) (api.PrepareResponse, error) {
+	r := e.Request
+	if r.Role == "" {
+		return api.PrepareResponse{}, fmt.Errorf("%w: a shared accel lease needs a role", ErrBadRequest)
+	}
+	addrs, err := slotAddrs(app, e)
+	if err != nil {
+		return api.PrepareResponse{}, err
+	}
+	key, name := gatewayKey(r, e.Device.Name)
+	if old, ok := d.live[r.Export]; ok {
+		if g := d.gws[key]; g != nil && old.Request.Gateway {
+			return api.PrepareResponse{URI: g.uri(e.Host, r)}, nil
+		}
+	}
+	// The slots take a credential of the gateway's own: borrowers reach
+	// them only through the gateway.
+	secret := d.gwSecret()
+	if err := d.load(ctx, app, e, []byte(secret)); err != nil {
+		return api.PrepareResponse{}, err
+	}
+	var backs []*slotBackend
+	for _, a := range addrs {
+		backs = append(backs, &slotBackend{r: gateway.NewRedialer(a, []byte(secret))})
+	}
+	g := d.gws[key]
+	if g == nil {
+		g, err = d.startGateway(ctx, app, e, name)
+		if err != nil {
+			for _, b := range backs {
+				b.r.Close()
+			}
+			d.clear(app, r.Offset, r.Offset+r.Length)
+			return api.PrepareResponse{}, err
+		}
+		d.gws[key] = g
+	}
+	g.add(r.Export, backs)
+	if err := g.creds.Add([]byte(r.Export)); err != nil {
+		g.remove(r.Export)
+		d.clear(app, r.Offset, r.Offset+r.Length)
+		return api.PrepareResponse{}, err
+	}
+	d.live[r.Export] = e
+	return api.PrepareResponse{URI: g.uri(e.Host, r)}, nil
+}
+
+// startGateway starts the gateway for a role on a device.
+func (d *AccelDriver) startGateway(ctx context.Context, app *appliance.Appliance, e Export, name string) (*sharedGateway, error) {
+	r, err := roles.New(ctx, spec(e.Request))
+	if err != nil {
+		return nil, roleError(err)
+	}
+	entries := r.Entries()
+	_ = r.Close(ctx)
+	cfg := d.gwCfg[e.Device.Name]
+	cfg.Name, cfg.Role, cfg.Entries, cfg.Metrics = name, e.Request.Role, entries, d.reg
+	cfg.Logger = d.log.With("gateway", name)
+	sg := &sharedGateway{name: name, device: e.Device.Name, role: e.Request.Role, slots: map[string][]*slotBackend{}}
+	// The gateway has no slot yet: executions pick from sg's current slots.
+	g, err := gateway.New(cfg, []gateway.Backend{sg})
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(d.host, "0"))
+	if err != nil {
+		return nil, fmt.Errorf("accel: gateway listen: %w", err)
+	}
+	sg.g, sg.ln = g, ln
+	gctx, cancel := context.WithCancel(context.Background())
+	sg.cancel = cancel
+	sg.wg.Add(2)
+	go func() {
+		defer sg.wg.Done()
+		_ = g.Run(gctx)
+	}()
+	go func() {
+		defer sg.wg.Done()
+		srv := &accel.Server{Target: g.SharedTarget(&sg.creds), Logger: cfg.Logger}
+		if err := srv.Serve(gctx, ln); err != nil {
+			d.log.Error("gateway stopped", "gateway", name, "err", err)
+		}
+	}()
+	d.log.Info("gateway started", "gateway", name, "addr", ln.Addr().String())
+	return sg, nil
 }
 
 // clear ends the lease on slots [from, to) and unloads their roles.
@@ -153,24 +416,40 @@ func (d *AccelDriver) clear(app *appliance.Appliance, from, to int64) error {
 	return first
 }
 
-// Teardown closes the slots' connections, wipes their memory and unloads
-// their role.
+// Teardown ends the lease: a dedicated lease's slots close their
+// connections, wipe their memory and unload their role; a shared lease's
+// credential is revoked at the gateway (its connections closed), its slots
+// leave the gateway once their running executions finish, and the gateway
+// stops with its last lease.
 func (d *AccelDriver) Teardown(_ context.Context, e Export) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if _, ok := d.live[e.Request.Export]; !ok {
+	old, ok := d.live[e.Request.Export]
+	if !ok {
 		return nil
 	}
 	delete(d.live, e.Request.Export)
 	app := d.apps[e.Device.Name]
+	if old.Request.Gateway {
+		key, _ := gatewayKey(old.Request, e.Device.Name)
+		if g := d.gws[key]; g != nil {
+			g.creds.Revoke([]byte(old.Request.Export))
+			g.remove(old.Request.Export)
+			if g.leases() == 0 {
+				delete(d.gws, key)
+				g.stop()
+			}
+		}
+	}
 	if app == nil {
 		return nil
 	}
-	return d.clear(app, e.Request.Offset, e.Request.Offset+e.Request.Length)
+	return d.clear(app, old.Request.Offset, old.Request.Offset+old.Request.Length)
 }
 
-// Close releases the appliances' listeners.
+// Close releases the appliances' listeners and stops the gateways.
 func (d *AccelDriver) Close() error {
+	d.stopGateways()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for name, a := range d.apps {
@@ -179,4 +458,138 @@ func (d *AccelDriver) Close() error {
 	}
 	d.live = map[string]Export{}
 	return nil
+}
+
+// GatewayStatus describes a shared gateway.
+type GatewayStatus struct {
+	Name   string        `json:"name"`
+	Device string        `json:"device"`
+	Role   string        `json:"role"`
+	Addr   string        `json:"addr"`
+	Leases int           `json:"leases"`
+	Slots  int           `json:"slots"`
+	Stats  gateway.Stats `json:"stats"`
+}
+
+// Gateways lists the shared gateways, by name.
+func (d *AccelDriver) Gateways() []GatewayStatus {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]GatewayStatus, 0, len(d.gws))
+	for _, g := range d.gws {
+		out = append(out, GatewayStatus{Name: g.name, Device: g.device, Role: g.role, Addr: g.ln.Addr().String(),
+			Leases: g.creds.Len(), Slots: len(g.backends()), Stats: g.g.Stats()})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// sharedGateway is a gateway shared by the leases of one role on one
+// device. It is the gateway's only Backend: each execution goes to the next
+// of the leases' slots, so that a slot leaves without failing a batch.
+type sharedGateway struct {
+	name, device, role string
+	g                  *gateway.Gateway
+	ln                 net.Listener
+	creds              gateway.Credentials
+	cancel             context.CancelFunc
+	wg                 sync.WaitGroup
+
+	mu    sync.Mutex
+	slots map[string][]*slotBackend // by export name
+	order []*slotBackend
+	next  int
+}
+
+// slotBackend is one slot behind the gateway. Its lock is held for reading
+// by running executions, so that removing it waits for them.
+type slotBackend struct {
+	r       *gateway.Redialer
+	mu      sync.RWMutex
+	removed bool
+}
+
+func (sg *sharedGateway) uri(host string, r api.PrepareRequest) string {
+	a := sg.ln.Addr().String()
+	if _, port, err := net.SplitHostPort(a); err == nil && host != "" {
+		a = net.JoinHostPort(host, port)
+	}
+	return "rialto-accel://" + a + "/" + r.Export + "?gateway=" + r.Role
+}
+
+func (sg *sharedGateway) add(export string, bs []*slotBackend) {
+	sg.mu.Lock()
+	defer sg.mu.Unlock()
+	sg.slots[export] = bs
+	sg.order = append(sg.order, bs...)
+}
+
+// remove takes the lease's slots out of rotation and waits for the
+// executions running on them.
+func (sg *sharedGateway) remove(export string) {
+	sg.mu.Lock()
+	bs := sg.slots[export]
+	delete(sg.slots, export)
+	kept := sg.order[:0]
+	for _, b := range sg.order {
+		gone := false
+		for _, x := range bs {
+			gone = gone || x == b
+		}
+		if !gone {
+			kept = append(kept, b)
+		}
+	}
+	clear(sg.order[len(kept):])
+	sg.order = kept
+	sg.mu.Unlock()
+	for _, b := range bs {
+		b.mu.Lock()
+		b.removed = true
+		b.mu.Unlock()
+		b.r.Close()
+	}
+}
+
+func (sg *sharedGateway) leases() int {
+	sg.mu.Lock()
+	defer sg.mu.Unlock()
+	return len(sg.slots)
+}
+
+func (sg *sharedGateway) backends() []*slotBackend {
+	sg.mu.Lock()
+	defer sg.mu.Unlock()
+	return append([]*slotBackend(nil), sg.order...)
+}
+
+// CallBatch implements gateway.Backend: the next slot runs the batch.
+func (sg *sharedGateway) CallBatch(ctx context.Context, entry string, ins [][]byte) ([][]byte, error) {
+	for {
+		sg.mu.Lock()
+		if len(sg.order) == 0 {
+			sg.mu.Unlock()
+			return nil, fmt.Errorf("%w: gateway %s has no slots", accel.ErrUnavailable, sg.name)
+		}
+		b := sg.order[sg.next%len(sg.order)]
+		sg.next++
+		b.mu.RLock()
+		sg.mu.Unlock()
+		if b.removed { // taken out between the two locks; pick again
+			b.mu.RUnlock()
+			continue
+		}
+		outs, err := b.r.CallBatch(ctx, entry, ins)
+		b.mu.RUnlock()
+		return outs, err
+	}
+}
+
+// stop stops the gateway and closes its listener and slot connections.
+func (sg *sharedGateway) stop() {
+	sg.cancel()
+	sg.wg.Wait()
+	for _, b := range sg.backends() {
+		b.r.Close()
+	}
 }

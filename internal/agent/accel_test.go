@@ -3,6 +3,11 @@ package agent
 import (
 	"bytes"
 	"context"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/sha256"
+	"errors"
+	"fmt"
 	"net/url"
 	"strings"
 	"testing"
@@ -55,5 +60,185 @@ func TestAccelLease(t *testing.T) {
 	}
 	if len(r.a.Leases()) != 0 {
 		t.Fatalf("failed prepare left %v", r.a.Leases())
+	}
+}
+
+// accelURI splits a rialto-accel URI into address and credential.
+func accelURI(t *testing.T, uri string) (*url.URL, string) {
+	t.Helper()
+	u, err := url.Parse(uri)
+	if err != nil || u.Scheme != "rialto-accel" {
+		t.Fatalf("URI %q: %v", uri, err)
+	}
+	return u, strings.TrimPrefix(u.Path, "/")
+}
+
+func TestAccelSharedGateway(t *testing.T) {
+	_, srv := newFakeCP(t)
+	r := start(t, testConfig(srv.URL, t.TempDir()))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	prep := func(lease string, slot int64, export string) (*url.URL, string) {
+		resp, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: lease, Kind: api.KindAccel, Mode: api.ModeShared, DeviceName: "gpu",
+			Offset: slot, Length: 1, Export: export, Role: "sha256", Gateway: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return accelURI(t, resp.URI)
+	}
+	u1, c1 := prep("sh-1", 0, "rlc_one.0")
+	u2, c2 := prep("sh-2", 1, "rlc_two.0")
+	if u1.Host != u2.Host || u1.Query().Get("gateway") != "sha256" {
+		t.Fatalf("two shared leases of one role got %s and %s", u1, u2)
+	}
+	// Prepare is idempotent.
+	if again, _ := prep("sh-1", 0, "rlc_one.0"); again.String() != u1.String() {
+		t.Fatalf("re-prepare: %s, was %s", again, u1)
+	}
+	drv := r.a.drivers[api.KindAccel].(*AccelDriver)
+	if gs := drv.Gateways(); len(gs) != 1 || gs[0].Leases != 2 || gs[0].Slots != 2 || gs[0].Role != "sha256" {
+		t.Fatalf("gateways: %+v", gs)
+	}
+	// The slots themselves refuse the borrowers: only the gateway reaches them.
+	slot0, _ := drv.Appliance("gpu").Addr(0)
+	if c, err := accel.Dial(ctx, slot0, []byte(c1)); err == nil {
+		c.Close()
+		t.Fatal("a borrower's credential opened a gateway slot")
+	}
+	if c, err := accel.Dial(ctx, u1.Host, []byte("rlc_wrong.0")); err == nil {
+		c.Close()
+		t.Fatal("the gateway accepted an unknown credential")
+	}
+	conn1, err := accel.Dial(ctx, u1.Host, []byte(c1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn1.Close()
+	conn2, err := accel.Dial(ctx, u2.Host, []byte(c2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn2.Close()
+	if info := conn1.Info(); info.Role != "sha256" || len(info.Entries) == 0 || info.Entries[0] != "sum" {
+		t.Fatalf("gateway info %+v", info)
+	}
+	want := sha256.Sum256([]byte("abc"))
+	for _, c := range []*accel.Conn{conn1, conn2} {
+		out, err := c.Call(ctx, "sum", []byte("abc"))
+		if err != nil || !bytes.Equal(out, want[:]) {
+			t.Fatalf("sum through the gateway: %x %v", out, err)
+		}
+	}
+	// Lease 2 keeps calling while lease 1 ends: none of its calls fails.
+	stop, started := make(chan struct{}), make(chan struct{})
+	errc := make(chan error, 1)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-stop:
+				close(errc)
+				return
+			default:
+			}
+			out, err := conn2.Call(ctx, "sum", []byte("abc"))
+			if err == nil && !bytes.Equal(out, want[:]) {
+				err = fmt.Errorf("wrong digest %x", out)
+			}
+			if err != nil {
+				errc <- err
+				close(errc)
+				if n == 0 {
+					close(started)
+				}
+				return
+			}
+			if n++; n == 1 {
+				close(started)
+			}
+		}
+	}()
+	<-started
+	if err := r.a.Teardown(ctx, "sh-1"); err != nil {
+		t.Fatal(err)
+	}
+	// The ended lease's connection is closed and its credential refused.
+	if _, err := conn1.Call(ctx, "sum", []byte("abc")); err == nil {
+		t.Fatal("an ended lease's connection still calls the gateway")
+	}
+	if c, err := accel.Dial(ctx, u1.Host, []byte(c1)); err == nil {
+		c.Close()
+		t.Fatal("the gateway accepts an ended lease's credential")
+	}
+	if gs := drv.Gateways(); len(gs) != 1 || gs[0].Leases != 1 || gs[0].Slots != 1 {
+		t.Fatalf("gateways after one teardown: %+v", gs)
+	}
+	close(stop)
+	if err := <-errc; err != nil {
+		t.Fatalf("the other lease's call failed: %v", err)
+	}
+	if err := r.a.Teardown(ctx, "sh-2"); err != nil {
+		t.Fatal(err)
+	}
+	if gs := drv.Gateways(); len(gs) != 0 {
+		t.Fatalf("gateway outlived its leases: %+v", gs)
+	}
+	if c, err := accel.Dial(ctx, u2.Host, []byte(c2)); err == nil {
+		c.Close()
+		t.Fatal("gateway still listening after its last lease")
+	}
+	// A shared lease needs a role.
+	if _, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: "sh-3", Kind: api.KindAccel, DeviceName: "gpu",
+		Offset: 0, Length: 1, Export: "rlc_three.0", Gateway: true}); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("shared lease without a role: %v", err)
+	}
+}
+
+func TestAccelRoleConfig(t *testing.T) {
+	_, srv := newFakeCP(t)
+	r := start(t, testConfig(srv.URL, t.TempDir()))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	key := []byte("0123456789abcdef0123456789abcdef")
+	for _, shared := range []bool{false, true} {
+		lease := fmt.Sprintf("aes-%v", shared)
+		resp, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: lease, Kind: api.KindAccel, DeviceName: "gpu",
+			Offset: 0, Length: 1, Export: "rlc_" + lease + ".0", Role: "aesgcm", RoleConfig: &api.RoleConfig{Config: key}, Gateway: shared})
+		if err != nil {
+			t.Fatal(err)
+		}
+		u, cred := accelURI(t, resp.URI)
+		c, err := accel.Dial(ctx, u.Host, []byte(cred))
+		if err != nil {
+			t.Fatal(err)
+		}
+		nonce := []byte("twelve bytes")
+		out, err := c.Call(ctx, "seal", append(append([]byte(nil), nonce...), "secret"...))
+		c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := aes.NewCipher(key)
+		g, _ := cipher.NewGCM(b)
+		if pt, err := g.Open(nil, nonce, out, nil); err != nil || string(pt) != "secret" {
+			t.Fatalf("shared=%v: the slot did not seal with the lease's key: %q %v", shared, pt, err)
+		}
+		if err := r.a.Teardown(ctx, lease); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A bad config is the borrower's error, and its key is not quoted.
+	_, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: "aes-bad", Kind: api.KindAccel, DeviceName: "gpu",
+		Offset: 0, Length: 1, Export: "rlc_bad.0", Role: "aesgcm", RoleConfig: &api.RoleConfig{Config: []byte("short-key")}})
+	if !errors.Is(err, ErrBadRequest) || strings.Contains(err.Error(), "short-key") {
+		t.Fatalf("bad AES key: %v", err)
+	}
+	_, err = r.a.Prepare(ctx, api.PrepareRequest{LeaseID: "big", Kind: api.KindAccel, DeviceName: "gpu",
+		Offset: 0, Length: 1, Export: "rlc_big.0", Role: "mct", RoleConfig: &api.RoleConfig{Config: make([]byte, api.MaxRoleConfig+1)}})
+	if !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("oversized role config: %v", err)
+	}
+	if len(r.a.Leases()) != 0 {
+		t.Fatalf("failed prepares left %v", r.a.Leases())
 	}
 }

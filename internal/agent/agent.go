@@ -95,6 +95,11 @@ func New(cfg Config) (*Agent, error) {
 	for k, d := range cfg.Drivers {
 		a.drivers[k] = d
 	}
+	for _, d := range a.drivers {
+		if m, ok := d.(MetricsUser); ok {
+			m.UseMetrics(a.reg)
+		}
+	}
 	a.mHeartbeats = a.reg.Counter("rialto_agent_heartbeats_total", "Heartbeats sent, by result.", "result")
 	a.mPrepares = a.reg.Counter("rialto_agent_prepares_total", "Prepare requests, by result.", "result")
 	a.mExports = a.reg.Gauge("rialto_agent_exports", "Exports being served.").With()

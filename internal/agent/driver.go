@@ -5,6 +5,7 @@ import (
 	"net"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/metrics"
 )
 
 // Export is one prepared export: the control plane's request, the local
@@ -48,4 +49,10 @@ type Opener interface {
 // Closer is implemented by drivers holding resources after Run ends.
 type Closer interface {
 	Close() error
+}
+
+// MetricsUser is implemented by drivers that publish metrics: the agent
+// hands them its registry (served at /metrics) before it runs.
+type MetricsUser interface {
+	UseMetrics(reg *metrics.Registry)
 }
