@@ -19,10 +19,13 @@ func init() {
 		Summary: "Run an accelerator lease's role on INPUT (a file, - for stdin, or @text) and print the output.", Run: runAccelRun})
 }
 
-// accelTarget is a parsed rialto-accel://HOST:PORT/CREDENTIAL[?slots=…] URI.
+// accelTarget is a parsed rialto-accel://HOST:PORT/CREDENTIAL[?slots=…]
+// URI (a dedicated lease's slots) or rialto-accel://HOST:PORT/CREDENTIAL?gateway=ROLE
+// (a shared lease: the lender's batching gateway for ROLE).
 type accelTarget struct {
-	slots      []string // slot addresses, the URI's host first
+	slots      []string // slot addresses, the URI's host first; for a gateway, its address
 	credential string
+	gateway    string // the gateway's role, for a shared lease
 }
 
 func parseAccelURI(s string) (accelTarget, error) {
@@ -30,7 +33,7 @@ func parseAccelURI(s string) (accelTarget, error) {
 	if err != nil || u.Scheme != "rialto-accel" || u.Host == "" {
 		return accelTarget{}, fmt.Errorf("not an accelerator URI (want rialto-accel://HOST:PORT/CREDENTIAL)")
 	}
-	t := accelTarget{slots: []string{u.Host}, credential: strings.TrimPrefix(u.Path, "/")}
+	t := accelTarget{slots: []string{u.Host}, credential: strings.TrimPrefix(u.Path, "/"), gateway: u.Query().Get("gateway")}
 	if t.credential == "" {
 		return accelTarget{}, fmt.Errorf("accelerator URI without a credential")
 	}
@@ -66,7 +69,8 @@ type accelRunOut struct {
 	State  string `json:"state"`
 	Role   string `json:"role"`
 	Entry  string `json:"entry"`
-	Slot   string `json:"slot"`
+	Slot   string `json:"slot"` // the slot's address, or the gateway's
+	Via    string `json:"via"`  // "slot" (dedicated) or "gateway" (shared)
 	Input  int    `json:"input_bytes"`
 	Bytes  int    `json:"output_bytes"`
 	Output []byte `json:"output,omitempty"`
@@ -127,10 +131,13 @@ func runAccelRun(ctx context.Context, e *env, args []string) error {
 	var slots []accelTarget // one per slot
 	for _, t := range targets {
 		for _, a := range t.slots {
-			slots = append(slots, accelTarget{slots: []string{a}, credential: t.credential})
+			slots = append(slots, accelTarget{slots: []string{a}, credential: t.credential, gateway: t.gateway})
 		}
 	}
 	if *slot < 0 || *slot >= len(slots) {
+		if len(slots) == 1 && slots[0].gateway != "" {
+			return fmt.Errorf("--slot %d: lease %s is shared: its lender's gateway chooses the slot", *slot, l.ID)
+		}
 		return fmt.Errorf("--slot %d: lease %s has %d slot(s)", *slot, l.ID, len(slots))
 	}
 	tgt := slots[*slot]
@@ -161,7 +168,10 @@ func runAccelRun(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%s:%s: %w", role, entry, err)
 	}
-	res := accelRunOut{ID: l.ID, State: "ok", Role: role, Entry: entry, Slot: tgt.slots[0], Input: len(in), Bytes: len(out)}
+	res := accelRunOut{ID: l.ID, State: "ok", Role: role, Entry: entry, Slot: tgt.slots[0], Via: "slot", Input: len(in), Bytes: len(out)}
+	if tgt.gateway != "" {
+		res.Via = "gateway"
+	}
 	if *outPath != "" {
 		if err := os.WriteFile(*outPath, out, 0o644); err != nil {
 			return err

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -152,6 +153,7 @@ func printParts(w io.Writer, k api.Kind, parts []api.Part, uri bool, names map[s
 // requestFlags are lease create's and explain's flags.
 type requestFlags struct {
 	kind, mode, size, ttl, stripe, key, borrower, strategy, role, bwCap string
+	roleConfig, roleModule                                              string
 	count, iopsCap                                                      int
 	bandwidth, deadline                                                 float64
 }
@@ -166,7 +168,9 @@ func (rf *requestFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&rf.key, "idempotency-key", "", "retries with the same key return the same lease")
 	fs.StringVar(&rf.borrower, "borrower", "", "borrowing node ID or client name")
 	fs.StringVar(&rf.strategy, "strategy", "", "binpack or spread")
-	fs.StringVar(&rf.role, "role", "", "accelerator role to load")
+	fs.StringVar(&rf.role, "role", "", "accelerator role to load (with --mode shared: the role of the lender's batching gateway)")
+	fs.StringVar(&rf.roleConfig, "role-config", "", "file holding the role's config: the AES-GCM key (raw 16, 24 or 32 bytes), the MCT rule set (JSON)")
+	fs.StringVar(&rf.roleModule, "role-module", "", "file holding a wasm role's WebAssembly module")
 	fs.Float64Var(&rf.bandwidth, "bandwidth", 0, "bandwidth wanted, bytes/s")
 	fs.Float64Var(&rf.deadline, "deadline", 0, "completion deadline, seconds")
 	fs.StringVar(&rf.bwCap, "bandwidth-cap", "", "cap the lease's exports at this many bytes/s, e.g. 100MiB (block)")
@@ -227,7 +231,42 @@ func (rf *requestFlags) request() (api.LeaseRequest, error) {
 	if r.TTLSeconds, err = parseTTL(rf.ttl); err != nil {
 		return r, err
 	}
+	if rf.roleConfig != "" || rf.roleModule != "" {
+		if r.Role == "" {
+			return r, fmt.Errorf("--role-config and --role-module need --role")
+		}
+		r.RoleConfig = &api.RoleConfig{}
+		for _, f := range []struct {
+			path string
+			dst  *[]byte
+		}{{rf.roleConfig, &r.RoleConfig.Config}, {rf.roleModule, &r.RoleConfig.Module}} {
+			if f.path == "" {
+				continue
+			}
+			if *f.dst, err = readLimited(f.path, api.MaxRoleConfig); err != nil {
+				return r, err
+			}
+		}
+	}
 	return r, nil
+}
+
+// readLimited reads a file of at most limit bytes (without quoting it in
+// errors: it may hold a key).
+func readLimited(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%s is larger than %d bytes; load large roles through the appliance's management API", path, limit)
+	}
+	return b, nil
 }
 
 func runLeaseCreate(ctx context.Context, e *env, args []string) error {
