@@ -270,6 +270,13 @@ func printUp(ctx context.Context, e *env, url string, st upState, dir string, ag
 		fmt.Fprintf(w, "(also in %s: `. %s` in another shell)\n", envFile, envFile)
 	}
 	fmt.Fprintln(w, "then: rialto nodes; rialto lease create --kind block --size 256MiB; Ctrl-C stops the cluster.")
+	for _, d := range devs {
+		if d.Kind == api.KindAccel {
+			fmt.Fprintln(w, "accelerators: rialto lease create --kind accel --mode shared --role sha256   (note its ID, then)")
+			fmt.Fprintln(w, "              rialto accel run LEASE-ID sha256 @hello --hex")
+			break
+		}
+	}
 	if f, ok := w.(*os.File); ok {
 		f.Sync()
 	}

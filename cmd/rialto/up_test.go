@@ -2,7 +2,9 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -199,6 +201,20 @@ func TestUpREADMEFlow(t *testing.T) {
 	up.cli(t, bin, &acc, "lease", "create", "--kind", "accel", "--role", "echo")
 	if acc.State != api.LeaseActive || !strings.HasPrefix(acc.URI, "rialto-accel://") {
 		t.Fatalf("accel lease %+v", acc)
+	}
+	up.cli(t, bin, &rel, "lease", "release", acc.ID)
+	// The banner's accelerator tour: a shared lease through the gateway.
+	if !strings.Contains(up.output(), "rialto accel run LEASE-ID sha256 @hello --hex") {
+		t.Errorf("banner lacks the accel tour:\n%s", up.output())
+	}
+	up.cli(t, bin, &acc, "lease", "create", "--kind", "accel", "--mode", "shared", "--role", "sha256")
+	if acc.State != api.LeaseActive || !strings.Contains(acc.URI, "?gateway=sha256") {
+		t.Fatalf("shared accel lease %+v", acc)
+	}
+	var ran accelRunOut
+	up.cli(t, bin, &ran, "accel", "run", acc.ID, "sha256", "@hello")
+	if sum := sha256.Sum256([]byte("hello")); ran.Via != "gateway" || !bytes.Equal(ran.Output, sum[:]) {
+		t.Fatalf("accel run through the gateway: %+v", ran)
 	}
 	up.cli(t, bin, &rel, "lease", "release", acc.ID)
 
