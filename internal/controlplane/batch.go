@@ -95,29 +95,28 @@ func (b *beatBatcher) do(ctx context.Context, st store.Store, beat store.Beat) (
 	return b.g.do(ctx, beat, maxBeatBatch, true, st.Heartbeats)
 }
 
-// leaseBatcher group-commits lease transitions when the store can
-// (store.LeaseBatcher): with many borrowers, their activations and
-// releases share write transactions. Each caller returns only after the
-// transaction holding its transition committed, so an acknowledged
-// transition is as durable as one written alone; no caller leaves early,
-// since the outcome must be learnt (a terminal one frees the lease's
-// devices in the cache).
+// leaseBatcher group-commits lease creations and transitions when the
+// store can (store.LeaseBatcher): with many borrowers, their reservations,
+// activations and releases share write transactions. Each caller returns
+// only after the transaction holding its write committed, so an
+// acknowledged write is as durable as one written alone; no caller leaves
+// early, since the outcome must be learnt (a refused reservation must be
+// forgotten by the placement cache, a terminal transition frees the
+// lease's devices in it).
 type leaseBatcher struct {
-	g groupCommit[store.Transition, api.Lease]
+	g groupCommit[store.LeaseOp, api.Lease]
 }
 
-const maxLeaseBatch = 64
+const maxLeaseBatch = 128
 
-func (b *leaseBatcher) do(ctx context.Context, st store.Store, t store.Transition) (api.Lease, error) {
+func (b *leaseBatcher) do(ctx context.Context, st store.Store, op store.LeaseOp) (api.Lease, error) {
 	lb, ok := st.(store.LeaseBatcher)
 	if !ok {
+		if c := op.Create; c != nil {
+			return st.CreateLease(ctx, c.Lease, c.Demand, c.Idem, c.Event)
+		}
+		t := op.Transition
 		return st.TransitionLease(ctx, t.ID, t.Change, t.Event)
 	}
-	return b.g.do(ctx, t, maxLeaseBatch, false, func(ctx context.Context, ts []store.Transition) ([]api.Lease, []error, error) {
-		if len(ts) == 1 {
-			l, err := st.TransitionLease(ctx, ts[0].ID, ts[0].Change, ts[0].Event)
-			return []api.Lease{l}, []error{err}, nil
-		}
-		return lb.TransitionLeases(ctx, ts)
-	})
+	return b.g.do(ctx, op, maxLeaseBatch, false, lb.LeaseOps)
 }

@@ -69,7 +69,8 @@ func (s *Server) transition(ctx context.Context, id string, to api.LeaseState, c
 	if msg == "" {
 		msg = ch.Reason
 	}
-	l, err := s.leases.do(ctx, s.st, store.Transition{ID: id, Change: ch, Event: api.Event{At: now, Type: "lease." + string(to), Subject: id, Message: msg, State: string(to)}})
+	l, err := s.leases.do(ctx, s.st, store.LeaseOp{Transition: store.Transition{ID: id, Change: ch,
+		Event: api.Event{At: now, Type: "lease." + string(to), Subject: id, Message: msg, State: string(to)}}})
 	if err == nil {
 		s.m.leaseTransitions.With(string(to)).Inc()
 		if to.Terminal() {
@@ -220,28 +221,29 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 	skip := map[string]string{}
 	var plan api.Plan
 	var lease api.Lease
-	// Placement and reservation are serialized in this process so that
-	// concurrent requests do not all choose the same free range and then
-	// race for it; the store's checks still guard against other writers.
-	s.placeMu.Lock()
-	placeLocked := true
-	defer func() {
-		if placeLocked {
-			s.placeMu.Unlock()
-		}
-	}()
+	// Placement is serialized in this process, and a placed reservation
+	// is entered in the in-memory placement view before the lock is let
+	// go, so that concurrent requests place around it instead of racing
+	// for the same free range. It is then written with other requests'
+	// writes in one transaction (group commit); the store re-checks every
+	// part atomically, so a stale view costs a retry, never an
+	// over-commit. A refused write is taken out of the view again.
 	for attempt := 0; ; attempt++ {
+		s.placeMu.Lock()
 		inv, err := s.inventory(ctx)
 		if err != nil {
+			s.placeMu.Unlock()
 			return l, false, err
 		}
 		if max := s.cfg.MaxLeasesPerTenant; max > 0 && attempt == 0 {
 			if n := s.tenantLeases(p.tenant); n >= max {
+				s.placeMu.Unlock()
 				return l, false, fmt.Errorf("%w: tenant %s holds %d leases (limit %d); release some first", ErrQuota, p.tenant, n, max)
 			}
 		}
 		plan, err = s.placeLocked(inv, req, skip, now)
 		if err != nil {
+			s.placeMu.Unlock()
 			return l, false, err
 		}
 		lease = api.Lease{
@@ -255,27 +257,32 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 		}
 		plan.ID = lease.ID
 		lease.Plan = &plan
-		lease, err = s.st.CreateLease(ctx, lease, demand, idem, api.Event{At: now, Type: "lease.reserved", Subject: lease.ID,
-			Message: fmt.Sprintf("tenant %s: %s %s %s on %d part(s)", p.tenant, lease.Mode, req.Kind, sizeText(req), len(plan.Parts)), State: string(api.LeaseReserved)})
+		s.cacheLease(lease, demand)
+		s.placeMu.Unlock()
+		created, err := s.leases.do(ctx, s.st, store.LeaseOp{Create: &store.NewLease{Lease: lease, Demand: demand, Idem: idem,
+			Event: api.Event{At: now, Type: "lease.reserved", Subject: lease.ID, State: string(api.LeaseReserved),
+				Message: "tenant " + p.tenant + ": " + string(lease.Mode) + " " + string(req.Kind) + " " + sizeText(req) + " on " + strconv.Itoa(len(plan.Parts)) + " part(s)"}}})
+		if err == nil {
+			lease = created
+			break
+		}
+		s.uncacheLease(lease.ID)
 		switch {
-		case err == nil:
-			s.cacheLease(lease, demand)
 		case errors.Is(err, store.ErrDuplicate):
 			l, err := s.replay(ctx, idem)
 			return l, false, err
 		case errors.Is(err, store.ErrCapacity) && attempt < maxPlaceAttempts:
 			s.m.placeRetries.Inc()
-			s.inv.valid = false
-			continue // lost a race for the device; place again on fresh data
+			s.placeMu.Lock()
+			s.inv.valid = false // lost a race for the device; place again on fresh data
+			s.placeMu.Unlock()
+			continue
 		case errors.Is(err, store.ErrCapacity):
 			return l, false, fmt.Errorf("%w: devices kept being taken by concurrent leases; try again", ErrUnavailable)
 		default:
 			return l, false, err
 		}
-		break
 	}
-	s.placeMu.Unlock()
-	placeLocked = false
 	s.m.leaseTransitions.With(string(api.LeaseReserved)).Inc()
 	s.log.Info("lease reserved", "lease", lease.ID, "tenant", p.tenant, "mode", lease.Mode, "parts", len(lease.Parts))
 

@@ -75,6 +75,9 @@ type LeaseChange struct {
 	TTL       int64     // replaces ttl_seconds when non-zero
 	Plan      *api.Plan // replaces the plan when non-nil
 	At        time.Time // updated_at
+	// Tenant, when non-empty, is a further condition: a lease of another
+	// tenant is not found (ErrNotFound).
+	Tenant string
 }
 
 // LeaseFilter selects leases; zero fields do not filter.
@@ -185,10 +188,29 @@ type Transition struct {
 	Event  api.Event
 }
 
-// LeaseBatcher is an optional Store capability: several lease transitions
-// in one write transaction (group commit), each applied as TransitionLease
-// would and independently of the others (errs[i] is transition i's
-// error). err is set, and nothing committed, when the batch itself fails.
+// NewLease is a lease creation of a batch (see LeaseBatcher): CreateLease's
+// arguments.
+type NewLease struct {
+	Lease  api.Lease
+	Demand Demand
+	Idem   *Idempotency
+	Event  api.Event
+}
+
+// LeaseOp is one write of a batch: a creation when Create is non-nil,
+// otherwise Transition.
+type LeaseOp struct {
+	Create     *NewLease
+	Transition Transition
+}
+
+// LeaseBatcher is an optional Store capability: several lease creations
+// and transitions in one write transaction (group commit), each applied as
+// CreateLease or TransitionLease would, in order (a later op sees the
+// earlier ones), and independently of the others (errs[i] is op i's
+// error; a failed op leaves no trace). err is set, and nothing committed,
+// when the batch itself fails. The batch is durable, like a single write,
+// when the call returns.
 type LeaseBatcher interface {
-	TransitionLeases(ctx context.Context, ts []Transition) (out []api.Lease, errs []error, err error)
+	LeaseOps(ctx context.Context, ops []LeaseOp) (out []api.Lease, errs []error, err error)
 }

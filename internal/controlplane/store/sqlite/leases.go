@@ -189,39 +189,45 @@ func (s *Store) CreateLease(ctx context.Context, l api.Lease, d store.Demand, id
 	var out api.Lease
 	plan := planJSON(l.Plan) // outside the transaction: the writer is serial
 	err := s.tx(ctx, func(tx execer) error {
-		if idem != nil {
-			var leaseID string
-			err := tx.QueryRowContext(ctx, `SELECT lease_id FROM idempotency_keys WHERE tenant = ? AND key = ?`, idem.Tenant, idem.Key).Scan(&leaseID)
-			if err == nil {
-				return fmt.Errorf("key used by lease %s: %w", leaseID, store.ErrDuplicate)
-			}
-			if !errors.Is(err, sql.ErrNoRows) {
-				return fmt.Errorf("sqlite: idempotency: %w", err)
-			}
-		}
-		deadline := ns(d.Deadline)
-		_, err := tx.ExecContext(ctx, `INSERT INTO leases (`+leaseCols+`, demand_bps, work_bytes, deadline_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-			l.ID, l.State, l.Kind, l.Mode, l.Tenant, l.Borrower, l.Size, l.Count, l.StripeUnit, l.URI, l.Credential, l.TTLSeconds,
-			ns(l.ExpiresAt), ns(l.CreatedAt), ns(l.UpdatedAt), l.Reason, l.IdempotencyKey, plan, d.Bandwidth, d.Work, deadline)
-		if err != nil {
-			return fmt.Errorf("sqlite: create lease: %w", err)
-		}
-		if err := reserve(ctx, tx, l.ID, l.Kind, l.Parts); err != nil {
-			return err
-		}
-		if idem != nil {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO idempotency_keys (tenant, key, request_hash, lease_id, created_at) VALUES (?, ?, ?, ?, ?)`,
-				idem.Tenant, idem.Key, idem.RequestHash, l.ID, ns(l.CreatedAt)); err != nil {
-				return fmt.Errorf("sqlite: idempotency: %w", err)
-			}
-		}
-		if _, err := appendEvent(ctx, tx, ev); err != nil {
-			return err
-		}
-		out = createdLease(l)
-		return nil
+		var err error
+		out, err = createTx(ctx, tx, store.NewLease{Lease: l, Demand: d, Idem: idem, Event: ev}, plan)
+		return err
 	})
 	return out, err
+}
+
+// createTx is CreateLease's work inside a transaction.
+func createTx(ctx context.Context, tx execer, n store.NewLease, plan string) (api.Lease, error) {
+	l, d, idem := n.Lease, n.Demand, n.Idem
+	if idem != nil {
+		var leaseID string
+		err := tx.QueryRowContext(ctx, `SELECT lease_id FROM idempotency_keys WHERE tenant = ? AND key = ?`, idem.Tenant, idem.Key).Scan(&leaseID)
+		if err == nil {
+			return api.Lease{}, fmt.Errorf("key used by lease %s: %w", leaseID, store.ErrDuplicate)
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return api.Lease{}, fmt.Errorf("sqlite: idempotency: %w", err)
+		}
+	}
+	_, err := tx.ExecContext(ctx, `INSERT INTO leases (`+leaseCols+`, demand_bps, work_bytes, deadline_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		l.ID, l.State, l.Kind, l.Mode, l.Tenant, l.Borrower, l.Size, l.Count, l.StripeUnit, l.URI, l.Credential, l.TTLSeconds,
+		ns(l.ExpiresAt), ns(l.CreatedAt), ns(l.UpdatedAt), l.Reason, l.IdempotencyKey, plan, d.Bandwidth, d.Work, ns(d.Deadline))
+	if err != nil {
+		return api.Lease{}, fmt.Errorf("sqlite: create lease: %w", err)
+	}
+	if err := reserve(ctx, tx, l.ID, l.Kind, l.Parts); err != nil {
+		return api.Lease{}, err
+	}
+	if idem != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO idempotency_keys (tenant, key, request_hash, lease_id, created_at) VALUES (?, ?, ?, ?, ?)`,
+			idem.Tenant, idem.Key, idem.RequestHash, l.ID, ns(l.CreatedAt)); err != nil {
+			return api.Lease{}, fmt.Errorf("sqlite: idempotency: %w", err)
+		}
+	}
+	if _, err := appendEvent(ctx, tx, n.Event); err != nil {
+		return api.Lease{}, err
+	}
+	return createdLease(l), nil
 }
 
 // createdLease is what getLease would read back right after CreateLease
@@ -296,24 +302,51 @@ func (s *Store) TransitionLease(ctx context.Context, id string, ch store.LeaseCh
 }
 
 // TransitionLeases applies several transitions in one write transaction
-// (group commit), each as TransitionLease would and independently of the
-// others: a transition that fails is rolled back to its savepoint and
-// reported in errs. err is set, and nothing committed, when the batch
-// itself fails.
+// (group commit), as LeaseOps does.
 func (s *Store) TransitionLeases(ctx context.Context, ts []store.Transition) (out []api.Lease, errs []error, err error) {
-	plans := make([]string, len(ts))
+	ops := make([]store.LeaseOp, len(ts))
 	for i, t := range ts {
-		if t.Change.Plan != nil {
-			plans[i] = planJSON(t.Change.Plan)
+		ops[i].Transition = t
+	}
+	return s.LeaseOps(ctx, ops)
+}
+
+// LeaseOps applies lease creations and transitions in one write
+// transaction (group commit), each as CreateLease or TransitionLease would
+// and independently of the others: an op that fails is rolled back to its
+// savepoint and reported in errs. err is set, and nothing committed, when
+// the batch itself fails.
+func (s *Store) LeaseOps(ctx context.Context, ops []store.LeaseOp) (out []api.Lease, errs []error, err error) {
+	plans := make([]string, len(ops)) // outside the transaction: the writer is serial
+	for i, op := range ops {
+		switch {
+		case op.Create != nil:
+			plans[i] = planJSON(op.Create.Lease.Plan)
+		case op.Transition.Change.Plan != nil:
+			plans[i] = planJSON(op.Transition.Change.Plan)
 		}
 	}
 	err = s.tx(ctx, func(tx execer) error {
-		out, errs = make([]api.Lease, len(ts)), make([]error, len(ts))
-		for i, t := range ts {
-			if _, err := tx.ExecContext(ctx, `SAVEPOINT tl`); err != nil {
-				return fmt.Errorf("sqlite: savepoint: %w", err)
+		out, errs = make([]api.Lease, len(ops)), make([]error, len(ops))
+		single := len(ops) == 1 // the transaction itself is the savepoint
+		for i, op := range ops {
+			if !single {
+				if _, err := tx.ExecContext(ctx, `SAVEPOINT tl`); err != nil {
+					return fmt.Errorf("sqlite: savepoint: %w", err)
+				}
 			}
-			out[i], errs[i] = transitionTx(ctx, tx, t.ID, t.Change, plans[i], t.Event)
+			if op.Create != nil {
+				out[i], errs[i] = createTx(ctx, tx, *op.Create, plans[i])
+			} else {
+				t := op.Transition
+				out[i], errs[i] = transitionTx(ctx, tx, t.ID, t.Change, plans[i], t.Event)
+			}
+			if single {
+				if errs[i] != nil {
+					return errs[i]
+				}
+				continue
+			}
 			if errs[i] != nil {
 				if _, err := tx.ExecContext(ctx, `ROLLBACK TO tl`); err != nil {
 					return fmt.Errorf("sqlite: rollback to savepoint: %w", err)
@@ -326,6 +359,9 @@ func (s *Store) TransitionLeases(ctx context.Context, ts []store.Transition) (ou
 		return nil
 	})
 	if err != nil {
+		if len(ops) == 1 && errs != nil && errs[0] != nil {
+			return out, errs, nil // the op's own refusal, rolled back
+		}
 		return nil, nil, err
 	}
 	return out, errs, nil
@@ -366,14 +402,23 @@ func transitionTx(ctx context.Context, tx execer, id string, ch store.LeaseChang
 		for _, f := range ch.From {
 			args = append(args, f)
 		}
-		l, err := scanLease(tx.QueryRowContext(ctx, q+` WHERE id = ? AND state IN (`+placeholders(len(ch.From))+`) RETURNING `+leaseCols, args...))
+		q += ` WHERE id = ? AND state IN (` + placeholders(len(ch.From)) + `)`
+		if ch.Tenant != "" {
+			q += ` AND tenant = ?`
+			args = append(args, ch.Tenant)
+		}
+		l, err := scanLease(tx.QueryRowContext(ctx, q+` RETURNING `+leaseCols, args...))
 		if errors.Is(err, sql.ErrNoRows) {
 			var state api.LeaseState
-			if err := tx.QueryRowContext(ctx, `SELECT state FROM leases WHERE id = ?`, id).Scan(&state); err != nil {
+			var tenant string
+			if err := tx.QueryRowContext(ctx, `SELECT state, tenant FROM leases WHERE id = ?`, id).Scan(&state, &tenant); err != nil {
 				if errors.Is(err, sql.ErrNoRows) {
 					return fmt.Errorf("lease %s: %w", id, store.ErrNotFound)
 				}
 				return fmt.Errorf("sqlite: transition: %w", err)
+			}
+			if ch.Tenant != "" && tenant != ch.Tenant {
+				return fmt.Errorf("lease %s: %w", id, store.ErrNotFound)
 			}
 			return fmt.Errorf("lease %s is %s, not %v: %w", id, state, ch.From, store.ErrConflict)
 		}
