@@ -2,10 +2,12 @@ package controlplane
 
 import (
 	"context"
+	"runtime"
 	"sync"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/metrics"
 )
 
 // groupCommit batches writes: the first caller to find no batch in flight
@@ -54,6 +56,12 @@ func (g *groupCommit[In, Out]) do(ctx context.Context, in In, limit int, abandon
 	// not fail the others' writes.
 	wctx := context.WithoutCancel(ctx)
 	for {
+		// Let the goroutines that are ready to run join the batch first:
+		// a transaction's fixed cost (begin, commit, WAL frames) is most
+		// of a small one's.
+		g.mu.Unlock()
+		runtime.Gosched()
+		g.mu.Lock()
 		batch := g.pending
 		if len(batch) > limit {
 			batch = batch[:limit]
@@ -86,13 +94,19 @@ func (g *groupCommit[In, Out]) do(ctx context.Context, in In, limit int, abandon
 // beatBatcher group-commits heartbeats. A heartbeat whose caller gave up
 // need not be waited for.
 type beatBatcher struct {
-	g groupCommit[store.Beat, api.NodeState]
+	g    groupCommit[store.Beat, api.NodeState]
+	size *metrics.Histogram // heartbeats per write
 }
 
 const maxBeatBatch = 256
 
 func (b *beatBatcher) do(ctx context.Context, st store.Store, beat store.Beat) (api.NodeState, error) {
-	return b.g.do(ctx, beat, maxBeatBatch, true, st.Heartbeats)
+	return b.g.do(ctx, beat, maxBeatBatch, true, func(ctx context.Context, beats []store.Beat) ([]api.NodeState, []error, error) {
+		if b.size != nil {
+			b.size.Observe(float64(len(beats)))
+		}
+		return st.Heartbeats(ctx, beats)
+	})
 }
 
 // leaseBatcher group-commits lease creations and transitions when the
@@ -104,7 +118,8 @@ func (b *beatBatcher) do(ctx context.Context, st store.Store, beat store.Beat) (
 // forgotten by the placement cache, a terminal transition frees the
 // lease's devices in it).
 type leaseBatcher struct {
-	g groupCommit[store.LeaseOp, api.Lease]
+	g    groupCommit[store.LeaseOp, api.Lease]
+	size *metrics.Histogram // lease writes per transaction
 }
 
 const maxLeaseBatch = 128
@@ -118,5 +133,10 @@ func (b *leaseBatcher) do(ctx context.Context, st store.Store, op store.LeaseOp)
 		t := op.Transition
 		return st.TransitionLease(ctx, t.ID, t.Change, t.Event)
 	}
-	return b.g.do(ctx, op, maxLeaseBatch, false, lb.LeaseOps)
+	return b.g.do(ctx, op, maxLeaseBatch, false, func(ctx context.Context, ops []store.LeaseOp) ([]api.Lease, []error, error) {
+		if b.size != nil {
+			b.size.Observe(float64(len(ops)))
+		}
+		return lb.LeaseOps(ctx, ops)
+	})
 }

@@ -16,6 +16,7 @@ type serverMetrics struct {
 	leaseTransitions *metrics.CounterVec
 	lenderLatency    *metrics.HistogramVec
 	placeRetries     *metrics.Counter
+	batchSize        *metrics.HistogramVec
 }
 
 func newServerMetrics(r *metrics.Registry) serverMetrics {
@@ -27,6 +28,8 @@ func newServerMetrics(r *metrics.Registry) serverMetrics {
 		leaseTransitions: r.Counter("rialto_lease_transitions_total", "Lease state transitions by target state.", "state"),
 		lenderLatency:    r.Histogram("rialto_lender_call_duration_seconds", "Calls to lender agents by operation.", nil, "op"),
 		placeRetries:     r.Counter("rialto_placement_retries_total", "Reservations retried after losing a race for a device.").With(),
+		batchSize: r.Histogram("rialto_store_batch_size", "Writes group-committed in one store transaction, by kind (lease: creations and transitions; heartbeat).",
+			[]float64{1, 2, 4, 8, 16, 32, 64, 128, 256}, "kind"),
 	}
 }
 

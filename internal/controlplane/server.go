@@ -142,6 +142,7 @@ func New(cfg Config) (*Server, error) {
 	s.place, s.policy = policyPlace, true
 	s.started = s.now()
 	s.m = newServerMetrics(s.reg)
+	s.leases.size, s.beats.size = s.m.batchSize.With("lease"), s.m.batchSize.With("heartbeat")
 	s.h = s.routes()
 	return s, nil
 }

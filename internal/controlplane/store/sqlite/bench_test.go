@@ -59,8 +59,12 @@ func BenchmarkLeaseCycle(b *testing.B) {
 			func(id string) store.LeaseOp {
 				return tr(id, api.LeaseReserved, api.LeaseActive, store.LeaseChange{URIs: []string{"nbd://x/" + id}, URI: "nbd://x/" + id})
 			},
-			func(id string) store.LeaseOp { return tr(id, api.LeaseActive, api.LeaseReleasing, store.LeaseChange{Tenant: "t"}) },
-			func(id string) store.LeaseOp { return tr(id, api.LeaseReleasing, api.LeaseReleased, store.LeaseChange{}) },
+			func(id string) store.LeaseOp {
+				return tr(id, api.LeaseActive, api.LeaseReleasing, store.LeaseChange{Tenant: "t"})
+			},
+			func(id string) store.LeaseOp {
+				return tr(id, api.LeaseReleasing, api.LeaseReleased, store.LeaseChange{})
+			},
 		} {
 			if k > 0 {
 				for j := range ops {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -14,14 +15,14 @@ import (
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 )
 
-const leaseCols = `id, state, kind, mode, tenant, borrower, size, count, stripe_unit, uri, credential, ttl_seconds, expires_at, created_at, updated_at, reason, idempotency_key, plan`
+const leaseCols = `id, state, kind, mode, tenant, borrower, size, count, stripe_unit, uri, credential, ttl_seconds, expires_at, created_at, updated_at, reason, idempotency_key, plan, parts`
 
 func scanLease(sc interface{ Scan(...any) error }) (api.Lease, error) {
 	var l api.Lease
 	var exp, created, updated int64
-	var plan string
+	var plan, parts string
 	if err := sc.Scan(&l.ID, &l.State, &l.Kind, &l.Mode, &l.Tenant, &l.Borrower, &l.Size, &l.Count, &l.StripeUnit, &l.URI,
-		&l.Credential, &l.TTLSeconds, &exp, &created, &updated, &l.Reason, &l.IdempotencyKey, &plan); err != nil {
+		&l.Credential, &l.TTLSeconds, &exp, &created, &updated, &l.Reason, &l.IdempotencyKey, &plan, &parts); err != nil {
 		return l, err
 	}
 	l.ExpiresAt, l.CreatedAt, l.UpdatedAt = tm(exp), tm(created), tm(updated)
@@ -32,7 +33,12 @@ func scanLease(sc interface{ Scan(...any) error }) (api.Lease, error) {
 		}
 		l.Plan = p
 	}
-	l.Parts = []api.Part{}
+	ps, err := decodeParts(parts)
+	if err != nil {
+		return l, err
+	}
+	l.Parts = ps
+	fillFirst(&l)
 	return l, nil
 }
 
@@ -89,13 +95,76 @@ func planJSON(p *api.Plan) string {
 	return text
 }
 
-// reserve checks and inserts the parts of a lease inside tx.
+// Parts are read back as often as plans, and cached the same way.
+var partsCache struct {
+	sync.Mutex
+	m map[string][]api.Part
+}
+
+func decodeParts(text string) ([]api.Part, error) {
+	if text == "" || text == "[]" {
+		return []api.Part{}, nil
+	}
+	partsCache.Lock()
+	ps, ok := partsCache.m[text]
+	partsCache.Unlock()
+	if !ok {
+		if err := unjs(text, &ps); err != nil {
+			return nil, err
+		}
+		rememberParts(text, ps)
+	}
+	return slices.Clone(ps), nil
+}
+
+func rememberParts(text string, ps []api.Part) {
+	partsCache.Lock()
+	if partsCache.m == nil || len(partsCache.m) >= maxCachedPlans {
+		partsCache.m = make(map[string][]api.Part, 256)
+	}
+	partsCache.m[text] = ps
+	partsCache.Unlock()
+}
+
+// partsJSON encodes parts to store (and remembers the text).
+func partsJSON(ps []api.Part) string {
+	if ps == nil {
+		ps = []api.Part{}
+	}
+	text := js(ps)
+	rememberParts(text, slices.Clone(ps))
+	return text
+}
+
+// late marks an error that happened after an op of a batch wrote: the
+// batch must be rolled back, or the op rolled back to its savepoint. An
+// op's refusals (ErrConflict, ErrCapacity, ...) come before it writes.
+type late struct{ err error }
+
+func (l late) Error() string { return l.err.Error() }
+func (l late) Unwrap() error { return l.err }
+
+// reserve checks the parts of a lease inside tx (device available on a
+// ready node, range inside the capacity, no overlap with a live part or
+// another part of the lease), then inserts them. A refusal
+// (ErrCapacity) comes before anything is written.
 func reserve(ctx context.Context, tx execer, leaseID string, kind api.Kind, parts []api.Part) error {
+	if err := checkParts(ctx, tx, kind, parts); err != nil {
+		return err
+	}
+	return insertParts(ctx, tx, leaseID, parts)
+}
+
+// checkParts is reserve's checks; it writes nothing.
+func checkParts(ctx context.Context, tx execer, kind api.Kind, parts []api.Part) error {
 	for i, p := range parts {
 		var dstate, nstate, dkind, nodeID string
 		var capacity int64
-		err := tx.QueryRowContext(ctx, `SELECT d.state, d.kind, d.capacity, d.node_id, n.state FROM devices d JOIN nodes n ON n.id = d.node_id WHERE d.id = ?`, p.DeviceID).
-			Scan(&dstate, &dkind, &capacity, &nodeID, &nstate)
+		var taken bool
+		err := tx.QueryRowContext(ctx, `SELECT d.state, d.kind, d.capacity, d.node_id, n.state,
+			EXISTS (SELECT 1 FROM lease_parts p WHERE p.device_id = d.id AND p.live = 1 AND p.off < ? AND p.off + p.length > ?)
+			FROM devices d JOIN nodes n ON n.id = d.node_id WHERE d.id = ?`, p.Offset+p.Length, p.Offset, p.DeviceID).
+			Scan(&dstate, &dkind, &capacity, &nodeID, &nstate, &taken)
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("device %s: %w", p.DeviceID, store.ErrCapacity)
 		}
@@ -111,21 +180,24 @@ func reserve(ctx context.Context, tx execer, leaseID string, kind api.Kind, part
 			return fmt.Errorf("device %s is %s, not %s: %w", p.DeviceID, dkind, kind, store.ErrCapacity)
 		case p.Offset < 0 || p.Length <= 0 || p.Offset > capacity-p.Length:
 			return fmt.Errorf("device %s: range %d+%d outside capacity %d: %w", p.DeviceID, p.Offset, p.Length, capacity, store.ErrCapacity)
-		}
-		var overlap int
-		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM lease_parts WHERE device_id = ? AND live = 1 AND off < ? AND off + length > ?`,
-			p.DeviceID, p.Offset+p.Length, p.Offset).Scan(&overlap); err != nil {
-			return fmt.Errorf("sqlite: reserve: %w", err)
-		}
-		if overlap > 0 {
+		case taken:
 			return fmt.Errorf("device %s: range %d+%d is taken: %w", p.DeviceID, p.Offset, p.Length, store.ErrCapacity)
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO lease_parts (lease_id, idx, node_id, device_id, off, length, uri, live) VALUES (?, ?, ?, ?, ?, ?, ?, 1)`,
-			leaseID, i, p.NodeID, p.DeviceID, p.Offset, p.Length, p.URI); err != nil {
-			return fmt.Errorf("sqlite: reserve: %w", err)
+		for _, q := range parts[:i] {
+			if q.DeviceID == p.DeviceID && q.Offset < p.Offset+p.Length && q.Offset+q.Length > p.Offset {
+				return fmt.Errorf("device %s: parts of one lease overlap: %w", p.DeviceID, store.ErrCapacity)
+			}
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE devices SET allocated = allocated + ? WHERE id = ?`, p.Length, p.DeviceID); err != nil {
-			return fmt.Errorf("sqlite: reserve: %w", err)
+	}
+	return nil
+}
+
+// insertParts inserts the parts of a lease, live.
+func insertParts(ctx context.Context, tx execer, leaseID string, parts []api.Part) error {
+	for i, p := range parts {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO lease_parts (lease_id, idx, node_id, device_id, off, length, uri, live) VALUES (?, ?, ?, ?, ?, ?, '', 1)`,
+			leaseID, i, p.NodeID, p.DeviceID, p.Offset, p.Length); err != nil {
+			return late{fmt.Errorf("sqlite: reserve: %w", err)}
 		}
 	}
 	return nil
@@ -133,12 +205,7 @@ func reserve(ctx context.Context, tx execer, leaseID string, kind api.Kind, part
 
 // free releases the live parts of a lease; del also deletes their rows.
 func free(ctx context.Context, tx execer, leaseID string, del bool) error {
-	if _, err := tx.ExecContext(ctx, `UPDATE devices SET allocated = allocated - (SELECT COALESCE(SUM(length), 0) FROM lease_parts p
-		WHERE p.lease_id = ? AND p.live = 1 AND p.device_id = devices.id)
-		WHERE id IN (SELECT device_id FROM lease_parts WHERE lease_id = ? AND live = 1)`, leaseID, leaseID); err != nil {
-		return fmt.Errorf("sqlite: free parts: %w", err)
-	}
-	q := `UPDATE lease_parts SET live = 0 WHERE lease_id = ?`
+	q := `UPDATE lease_parts SET live = 0 WHERE lease_id = ? AND live = 1`
 	if del {
 		q = `DELETE FROM lease_parts WHERE lease_id = ?`
 	}
@@ -156,25 +223,7 @@ func getLease(ctx context.Context, q execer, id string) (api.Lease, error) {
 	if err != nil {
 		return l, fmt.Errorf("sqlite: lease: %w", err)
 	}
-	return l, readParts(ctx, q, &l)
-}
-
-// readParts reads a lease's parts into l.
-func readParts(ctx context.Context, q execer, l *api.Lease) error {
-	rows, err := q.QueryContext(ctx, `SELECT node_id, device_id, off, length, uri FROM lease_parts WHERE lease_id = ? ORDER BY idx`, l.ID)
-	if err != nil {
-		return fmt.Errorf("sqlite: lease parts: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var p api.Part
-		if err := rows.Scan(&p.NodeID, &p.DeviceID, &p.Offset, &p.Length, &p.URI); err != nil {
-			return fmt.Errorf("sqlite: lease parts: %w", err)
-		}
-		l.Parts = append(l.Parts, p)
-	}
-	fillFirst(l)
-	return rows.Err()
+	return l, nil
 }
 
 func fillFirst(l *api.Lease) {
@@ -186,18 +235,29 @@ func fillFirst(l *api.Lease) {
 
 // CreateLease inserts a lease and reserves its parts atomically.
 func (s *Store) CreateLease(ctx context.Context, l api.Lease, d store.Demand, idem *store.Idempotency, ev api.Event) (api.Lease, error) {
-	var out api.Lease
-	plan := planJSON(l.Plan) // outside the transaction: the writer is serial
-	err := s.tx(ctx, func(tx execer) error {
-		var err error
-		out, err = createTx(ctx, tx, store.NewLease{Lease: l, Demand: d, Idem: idem, Event: ev}, plan)
-		return err
-	})
-	return out, err
+	return s.one(ctx, store.LeaseOp{Create: &store.NewLease{Lease: l, Demand: d, Idem: idem, Event: ev}})
 }
 
-// createTx is CreateLease's work inside a transaction.
-func createTx(ctx context.Context, tx execer, n store.NewLease, plan string) (api.Lease, error) {
+// TransitionLease moves a lease between states (compare-and-set).
+func (s *Store) TransitionLease(ctx context.Context, id string, ch store.LeaseChange, ev api.Event) (api.Lease, error) {
+	return s.one(ctx, store.LeaseOp{Transition: store.Transition{ID: id, Change: ch, Event: ev}})
+}
+
+func (s *Store) one(ctx context.Context, op store.LeaseOp) (api.Lease, error) {
+	out, errs, err := s.LeaseOps(ctx, []store.LeaseOp{op})
+	if err != nil {
+		return api.Lease{}, err
+	}
+	return out[0], errs[0]
+}
+
+// opText is what an op stores as JSON, encoded before the transaction:
+// the writer is serial.
+type opText struct{ plan, parts string }
+
+// createTx is CreateLease's work inside a transaction. Refusals
+// (ErrDuplicate, ErrCapacity) come before anything is written.
+func createTx(ctx context.Context, tx execer, n store.NewLease, text opText) (api.Lease, error) {
 	l, d, idem := n.Lease, n.Demand, n.Idem
 	if idem != nil {
 		var leaseID string
@@ -209,23 +269,23 @@ func createTx(ctx context.Context, tx execer, n store.NewLease, plan string) (ap
 			return api.Lease{}, fmt.Errorf("sqlite: idempotency: %w", err)
 		}
 	}
-	_, err := tx.ExecContext(ctx, `INSERT INTO leases (`+leaseCols+`, demand_bps, work_bytes, deadline_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		l.ID, l.State, l.Kind, l.Mode, l.Tenant, l.Borrower, l.Size, l.Count, l.StripeUnit, l.URI, l.Credential, l.TTLSeconds,
-		ns(l.ExpiresAt), ns(l.CreatedAt), ns(l.UpdatedAt), l.Reason, l.IdempotencyKey, plan, d.Bandwidth, d.Work, ns(d.Deadline))
-	if err != nil {
-		return api.Lease{}, fmt.Errorf("sqlite: create lease: %w", err)
+	if err := checkParts(ctx, tx, l.Kind, l.Parts); err != nil {
+		return api.Lease{}, err
 	}
-	if err := reserve(ctx, tx, l.ID, l.Kind, l.Parts); err != nil {
+	_, err := tx.ExecContext(ctx, `INSERT INTO leases (`+leaseCols+`, demand_bps, work_bytes, deadline_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		l.ID, l.State, l.Kind, l.Mode, l.Tenant, l.Borrower, l.Size, l.Count, l.StripeUnit, l.URI, l.Credential, l.TTLSeconds,
+		ns(l.ExpiresAt), ns(l.CreatedAt), ns(l.UpdatedAt), l.Reason, l.IdempotencyKey, text.plan, text.parts, d.Bandwidth, d.Work, ns(d.Deadline))
+	if err != nil {
+		return api.Lease{}, late{fmt.Errorf("sqlite: create lease: %w", err)}
+	}
+	if err := insertParts(ctx, tx, l.ID, l.Parts); err != nil {
 		return api.Lease{}, err
 	}
 	if idem != nil {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO idempotency_keys (tenant, key, request_hash, lease_id, created_at) VALUES (?, ?, ?, ?, ?)`,
 			idem.Tenant, idem.Key, idem.RequestHash, l.ID, ns(l.CreatedAt)); err != nil {
-			return api.Lease{}, fmt.Errorf("sqlite: idempotency: %w", err)
+			return api.Lease{}, late{fmt.Errorf("sqlite: idempotency: %w", err)}
 		}
-	}
-	if _, err := appendEvent(ctx, tx, n.Event); err != nil {
-		return api.Lease{}, err
 	}
 	return createdLease(l), nil
 }
@@ -246,9 +306,22 @@ func createdLease(l api.Lease) api.Lease {
 	return l
 }
 
+// storedParts are a new lease's parts as stored: without URIs.
+func storedParts(ps []api.Part) []api.Part {
+	out := make([]api.Part, len(ps))
+	for i, p := range ps {
+		out[i] = api.Part{NodeID: p.NodeID, DeviceID: p.DeviceID, Offset: p.Offset, Length: p.Length}
+	}
+	return out
+}
+
 // ReplaceParts swaps a non-terminal lease's parts for new ones.
 func (s *Store) ReplaceParts(ctx context.Context, id string, parts []api.Part, plan *api.Plan, at time.Time, ev api.Event) (api.Lease, error) {
+	s.leaseMu.Lock()
+	defer s.leaseMu.Unlock()
+	defer s.live.drop(id) // read back from the row next time
 	var out api.Lease
+	partsText := partsJSON(storedParts(parts))
 	err := s.tx(ctx, func(tx execer) error {
 		var state api.LeaseState
 		var kind api.Kind
@@ -267,8 +340,8 @@ func (s *Store) ReplaceParts(ctx context.Context, id string, parts []api.Part, p
 		if err := reserve(ctx, tx, id, kind, parts); err != nil {
 			return err
 		}
-		q := `UPDATE leases SET state = 'reserved', updated_at = ?`
-		args := []any{ns(at)}
+		q := `UPDATE leases SET state = 'reserved', updated_at = ?, parts = ?`
+		args := []any{ns(at), partsText}
 		if plan != nil {
 			q += `, plan = ?, mode = ?`
 			args = append(args, planJSON(plan), plan.Mode)
@@ -276,26 +349,11 @@ func (s *Store) ReplaceParts(ctx context.Context, id string, parts []api.Part, p
 		if _, err := tx.ExecContext(ctx, q+` WHERE id = ?`, append(args, id)...); err != nil {
 			return fmt.Errorf("sqlite: replace parts: %w", err)
 		}
-		if _, err := appendEvent(ctx, tx, ev); err != nil {
+		if err := appendEvents(ctx, tx, []api.Event{ev}); err != nil {
 			return err
 		}
 		var err error
 		out, err = getLease(ctx, tx, id)
-		return err
-	})
-	return out, err
-}
-
-// TransitionLease moves a lease between states (compare-and-set).
-func (s *Store) TransitionLease(ctx context.Context, id string, ch store.LeaseChange, ev api.Event) (api.Lease, error) {
-	var out api.Lease
-	var plan string
-	if ch.Plan != nil {
-		plan = planJSON(ch.Plan) // outside the transaction: the writer is serial
-	}
-	err := s.tx(ctx, func(tx execer) error {
-		l, err := transitionTx(ctx, tx, id, ch, plan, ev)
-		out = l
 		return err
 	})
 	return out, err
@@ -311,142 +369,291 @@ func (s *Store) TransitionLeases(ctx context.Context, ts []store.Transition) (ou
 	return s.LeaseOps(ctx, ops)
 }
 
+// errSavepoints makes LeaseOps write a batch again, one savepoint per op.
+var errSavepoints = errors.New("sqlite: an op failed after writing")
+
 // LeaseOps applies lease creations and transitions in one write
 // transaction (group commit), each as CreateLease or TransitionLease would
-// and independently of the others: an op that fails is rolled back to its
-// savepoint and reported in errs. err is set, and nothing committed, when
+// and independently of the others: errs[i] is op i's refusal, and a
+// refused op left nothing behind. err is set, and nothing committed, when
 // the batch itself fails.
+//
+// Every op refuses before it writes, so a batch needs no savepoints; the
+// events of the ops that succeeded are appended together at the end. In
+// the unexpected case of an op failing after it wrote, the batch is rolled
+// back and written again with a savepoint around each op.
 func (s *Store) LeaseOps(ctx context.Context, ops []store.LeaseOp) (out []api.Lease, errs []error, err error) {
-	plans := make([]string, len(ops)) // outside the transaction: the writer is serial
+	texts := make([]opText, len(ops)) // outside the transaction: the writer is serial
 	for i, op := range ops {
 		switch {
 		case op.Create != nil:
-			plans[i] = planJSON(op.Create.Lease.Plan)
+			texts[i] = opText{plan: planJSON(op.Create.Lease.Plan), parts: partsJSON(storedParts(op.Create.Lease.Parts))}
 		case op.Transition.Change.Plan != nil:
-			plans[i] = planJSON(op.Transition.Change.Plan)
+			texts[i].plan = planJSON(op.Transition.Change.Plan)
 		}
 	}
-	err = s.tx(ctx, func(tx execer) error {
-		out, errs = make([]api.Lease, len(ops)), make([]error, len(ops))
-		single := len(ops) == 1 // the transaction itself is the savepoint
-		for i, op := range ops {
-			if !single {
-				if _, err := tx.ExecContext(ctx, `SAVEPOINT tl`); err != nil {
-					return fmt.Errorf("sqlite: savepoint: %w", err)
+	s.leaseMu.Lock()
+	defer s.leaseMu.Unlock()
+	var staged []api.Lease // committed values, once the batch commits
+	for _, savepoints := range []bool{false, true} {
+		err = s.tx(ctx, func(tx execer) error {
+			out, errs = make([]api.Lease, len(ops)), make([]error, len(ops))
+			evs := make([]api.Event, 0, len(ops))
+			staged = staged[:0]
+			for i, op := range ops {
+				if savepoints {
+					if _, err := tx.ExecContext(ctx, `SAVEPOINT op`); err != nil {
+						return fmt.Errorf("sqlite: savepoint: %w", err)
+					}
+				}
+				ev := op.Transition.Event
+				if op.Create != nil {
+					out[i], errs[i] = createTx(ctx, tx, *op.Create, texts[i])
+					ev = op.Create.Event
+				} else {
+					t := op.Transition
+					out[i], errs[i] = transitionTx(ctx, tx, t.ID, t.Change, texts[i].plan, s.live.lookup(t.ID, staged))
+				}
+				var lt late
+				if errors.As(errs[i], &lt) {
+					if !savepoints {
+						return errSavepoints
+					}
+					errs[i] = lt.err
+				}
+				if savepoints {
+					if errs[i] != nil {
+						if _, err := tx.ExecContext(ctx, `ROLLBACK TO op`); err != nil {
+							return fmt.Errorf("sqlite: rollback to savepoint: %w", err)
+						}
+					}
+					if _, err := tx.ExecContext(ctx, `RELEASE op`); err != nil {
+						return fmt.Errorf("sqlite: release savepoint: %w", err)
+					}
+				}
+				if errs[i] == nil {
+					staged = append(staged, out[i])
+					if ev.Type != "" {
+						evs = append(evs, ev)
+					}
 				}
 			}
-			if op.Create != nil {
-				out[i], errs[i] = createTx(ctx, tx, *op.Create, plans[i])
-			} else {
-				t := op.Transition
-				out[i], errs[i] = transitionTx(ctx, tx, t.ID, t.Change, plans[i], t.Event)
-			}
-			if single {
-				if errs[i] != nil {
-					return errs[i]
-				}
-				continue
-			}
-			if errs[i] != nil {
-				if _, err := tx.ExecContext(ctx, `ROLLBACK TO tl`); err != nil {
-					return fmt.Errorf("sqlite: rollback to savepoint: %w", err)
-				}
-			}
-			if _, err := tx.ExecContext(ctx, `RELEASE tl`); err != nil {
-				return fmt.Errorf("sqlite: release savepoint: %w", err)
-			}
+			return appendEvents(ctx, tx, evs)
+		})
+		if !errors.Is(err, errSavepoints) {
+			break
 		}
-		return nil
-	})
+	}
 	if err != nil {
-		if len(ops) == 1 && errs != nil && errs[0] != nil {
-			return out, errs, nil // the op's own refusal, rolled back
-		}
 		return nil, nil, err
+	}
+	s.live.update(staged)
+	for i := range out {
+		out[i] = copyLease(out[i]) // the cache keeps its own
 	}
 	return out, errs, nil
 }
 
-// transitionTx is TransitionLease's work inside a transaction.
-func transitionTx(ctx context.Context, tx execer, id string, ch store.LeaseChange, plan string, ev api.Event) (api.Lease, error) {
-	var out api.Lease
-	err := func() error {
-		if len(ch.From) == 0 {
-			return fmt.Errorf("lease %s: no source state: %w", id, store.ErrConflict)
+// liveCache keeps the committed value of live leases, so that a
+// transition need not read its lease back: it updates the row and applies
+// the same change to the cached value. Only lease writes (under
+// Store.leaseMu, after their transaction committed) change it; a lease
+// not in it is read back from the row.
+type liveCache struct {
+	mu sync.Mutex
+	m  map[string]api.Lease
+}
+
+const maxLiveCached = 1 << 16
+
+// lookup returns the value of lease id as a batch sees it: its last write
+// in the batch (staged), else the cache.
+func (c *liveCache) lookup(id string, staged []api.Lease) *api.Lease {
+	for i := len(staged) - 1; i >= 0; i-- {
+		if staged[i].ID == id {
+			return &staged[i]
 		}
-		// One statement does the compare-and-set and reads the row back.
-		q := `UPDATE leases SET state = ?, updated_at = ?`
-		args := make([]any, 0, 8+len(ch.From))
-		args = append(args, ch.To, ns(ch.At))
-		if ch.Reason != "" {
-			q += `, reason = ?`
-			args = append(args, ch.Reason)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l, ok := c.m[id]; ok {
+		return &l
+	}
+	return nil
+}
+
+// update records committed values; ended leases leave the cache.
+func (c *liveCache) update(ls []api.Lease) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[string]api.Lease{}
+	}
+	for _, l := range ls {
+		if l.State.Terminal() {
+			delete(c.m, l.ID)
+		} else if _, ok := c.m[l.ID]; ok || len(c.m) < maxLiveCached {
+			c.m[l.ID] = l
 		}
-		if ch.URI != "" {
-			q += `, uri = ?`
-			args = append(args, ch.URI)
-		}
-		if !ch.ExpiresAt.IsZero() {
-			q += `, expires_at = ?`
-			args = append(args, ns(ch.ExpiresAt))
-		}
-		if ch.TTL != 0 {
-			q += `, ttl_seconds = ?`
-			args = append(args, ch.TTL)
-		}
-		if ch.Plan != nil {
-			q += `, plan = ?`
-			args = append(args, plan)
-		}
-		args = append(args, id)
-		for _, f := range ch.From {
-			args = append(args, f)
-		}
-		q += ` WHERE id = ? AND state IN (` + placeholders(len(ch.From)) + `)`
-		if ch.Tenant != "" {
-			q += ` AND tenant = ?`
-			args = append(args, ch.Tenant)
-		}
-		l, err := scanLease(tx.QueryRowContext(ctx, q+` RETURNING `+leaseCols, args...))
-		if errors.Is(err, sql.ErrNoRows) {
-			var state api.LeaseState
-			var tenant string
-			if err := tx.QueryRowContext(ctx, `SELECT state, tenant FROM leases WHERE id = ?`, id).Scan(&state, &tenant); err != nil {
-				if errors.Is(err, sql.ErrNoRows) {
-					return fmt.Errorf("lease %s: %w", id, store.ErrNotFound)
-				}
-				return fmt.Errorf("sqlite: transition: %w", err)
-			}
-			if ch.Tenant != "" && tenant != ch.Tenant {
-				return fmt.Errorf("lease %s: %w", id, store.ErrNotFound)
-			}
-			return fmt.Errorf("lease %s is %s, not %v: %w", id, state, ch.From, store.ErrConflict)
-		}
+	}
+}
+
+func (c *liveCache) drop(id string) {
+	c.mu.Lock()
+	delete(c.m, id)
+	c.mu.Unlock()
+}
+
+// copyLease copies what a caller could change in place.
+func copyLease(l api.Lease) api.Lease {
+	l.Parts = slices.Clone(l.Parts)
+	if l.Parts == nil {
+		l.Parts = []api.Part{}
+	}
+	if l.Plan != nil {
+		l.Plan = clonePlan(l.Plan)
+	}
+	return l
+}
+
+// applyChange is what a transition's UPDATE does to the row, applied to
+// its value; false if it cannot tell (more URIs than parts).
+func applyChange(l api.Lease, ch store.LeaseChange, plan string) (api.Lease, bool) {
+	if len(ch.URIs) > len(l.Parts) {
+		return l, false
+	}
+	l.State, l.UpdatedAt = ch.To, tm(ns(ch.At))
+	if ch.Reason != "" {
+		l.Reason = ch.Reason
+	}
+	if ch.URI != "" {
+		l.URI = ch.URI
+	}
+	if !ch.ExpiresAt.IsZero() {
+		l.ExpiresAt = tm(ns(ch.ExpiresAt))
+	}
+	if ch.TTL != 0 {
+		l.TTLSeconds = ch.TTL
+	}
+	if ch.Plan != nil {
+		p, err := decodePlan(plan)
 		if err != nil {
-			return fmt.Errorf("sqlite: transition: %w", err)
+			return l, false
 		}
+		l.Plan = p
+	}
+	if len(ch.URIs) > 0 {
+		l.Parts = slices.Clone(l.Parts)
 		for i, u := range ch.URIs {
-			if _, err := tx.ExecContext(ctx, `UPDATE lease_parts SET uri = ? WHERE lease_id = ? AND idx = ?`, u, id, i); err != nil {
-				return fmt.Errorf("sqlite: transition: %w", err)
+			l.Parts[i].URI = u
+		}
+	}
+	return l, true
+}
+
+// transitionTx is TransitionLease's work inside a transaction, but for
+// the event. A refusal (ErrConflict, ErrNotFound) comes before anything is
+// written.
+//
+// prev, when known, is the lease's committed value: the row is then
+// updated without being read back, and the change applied to prev.
+func transitionTx(ctx context.Context, tx execer, id string, ch store.LeaseChange, plan string, prev *api.Lease) (api.Lease, error) {
+	if len(ch.From) == 0 {
+		return api.Lease{}, fmt.Errorf("lease %s: no source state: %w", id, store.ErrConflict)
+	}
+	var next api.Lease
+	var partsText string
+	if prev != nil {
+		var ok bool
+		if next, ok = applyChange(*prev, ch, plan); !ok {
+			prev = nil
+		} else if len(ch.URIs) > 0 {
+			partsText = partsJSON(next.Parts)
+		}
+	}
+	// One statement does the compare-and-set, records the parts' URIs and
+	// reads the row back.
+	q := `UPDATE leases SET state = ?, updated_at = ?`
+	args := make([]any, 0, 9+len(ch.From)+2*len(ch.URIs))
+	args = append(args, ch.To, ns(ch.At))
+	if ch.Reason != "" {
+		q += `, reason = ?`
+		args = append(args, ch.Reason)
+	}
+	if ch.URI != "" {
+		q += `, uri = ?`
+		args = append(args, ch.URI)
+	}
+	if !ch.ExpiresAt.IsZero() {
+		q += `, expires_at = ?`
+		args = append(args, ns(ch.ExpiresAt))
+	}
+	if ch.TTL != 0 {
+		q += `, ttl_seconds = ?`
+		args = append(args, ch.TTL)
+	}
+	if ch.Plan != nil {
+		q += `, plan = ?`
+		args = append(args, plan)
+	}
+	switch {
+	case len(ch.URIs) > 0 && prev != nil:
+		q += `, parts = ?`
+		args = append(args, partsText)
+	case len(ch.URIs) > 0:
+		q += `, parts = json_set(parts` + strings.Repeat(`, ?, ?`, len(ch.URIs)) + `)`
+		for i, u := range ch.URIs {
+			args = append(args, "$["+strconv.Itoa(i)+"].uri", u)
+		}
+	}
+	q += ` WHERE id = ? AND state IN (` + placeholders(len(ch.From)) + `)`
+	args = append(args, id)
+	for _, f := range ch.From {
+		args = append(args, f)
+	}
+	if ch.Tenant != "" {
+		q += ` AND tenant = ?`
+		args = append(args, ch.Tenant)
+	}
+	var l api.Lease
+	var err error
+	if prev != nil {
+		var res sql.Result
+		var n int64
+		if res, err = tx.ExecContext(ctx, q, args...); err == nil {
+			if n, err = res.RowsAffected(); err == nil && n == 0 {
+				err = sql.ErrNoRows
 			}
 		}
-		if ch.To.Terminal() {
-			// free only touches live parts: a no-op if the lease had
-			// already ended.
-			if err := free(ctx, tx, id, false); err != nil {
-				return err
+		l = next
+	} else {
+		l, err = scanLease(tx.QueryRowContext(ctx, q+` RETURNING `+leaseCols, args...))
+	}
+	if errors.Is(err, sql.ErrNoRows) {
+		var state api.LeaseState
+		var tenant string
+		if err := tx.QueryRowContext(ctx, `SELECT state, tenant FROM leases WHERE id = ?`, id).Scan(&state, &tenant); err != nil {
+			if errors.Is(err, sql.ErrNoRows) {
+				return api.Lease{}, fmt.Errorf("lease %s: %w", id, store.ErrNotFound)
 			}
+			return api.Lease{}, fmt.Errorf("sqlite: transition: %w", err)
 		}
-		if _, err := appendEvent(ctx, tx, ev); err != nil {
-			return err
+		if ch.Tenant != "" && tenant != ch.Tenant {
+			return api.Lease{}, fmt.Errorf("lease %s: %w", id, store.ErrNotFound)
 		}
-		if err := readParts(ctx, tx, &l); err != nil {
-			return err
+		return api.Lease{}, fmt.Errorf("lease %s is %s, not %v: %w", id, state, ch.From, store.ErrConflict)
+	}
+	if err != nil {
+		return api.Lease{}, late{fmt.Errorf("sqlite: transition: %w", err)}
+	}
+	if ch.To.Terminal() {
+		// free only touches live parts: a no-op if the lease had already
+		// ended.
+		if err := free(ctx, tx, id, false); err != nil {
+			return api.Lease{}, late{err}
 		}
-		out = l
-		return nil
-	}()
-	return out, err
+	}
+	return l, nil
 }
 
 // Lease returns one lease.
@@ -492,55 +699,24 @@ func (s *Store) Leases(ctx context.Context, f store.LeaseFilter) ([]api.Lease, e
 	if len(where) > 0 {
 		cond = ` WHERE ` + strings.Join(where, ` AND `)
 	}
-	rtx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: s.r != s.w})
+	// One statement: the parts are on the lease rows.
+	rows, err := s.rd().QueryContext(ctx, `SELECT `+leaseCols+` FROM leases`+cond+` ORDER BY created_at, id`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: leases: %w", err)
 	}
-	defer s.rs.flush(ctx) // runs after the rollback below
-	defer rtx.Rollback()
-	tx := cachedTx{rtx, s.rs}
-	rows, err := tx.QueryContext(ctx, `SELECT `+leaseCols+` FROM leases`+cond+` ORDER BY created_at, id`, args...)
-	if err != nil {
-		return nil, fmt.Errorf("sqlite: leases: %w", err)
-	}
+	defer rows.Close()
 	out := []api.Lease{}
-	idx := map[string]int{}
 	for rows.Next() {
 		l, err := scanLease(rows)
 		if err != nil {
-			rows.Close()
 			return nil, fmt.Errorf("sqlite: leases: %w", err)
 		}
-		idx[l.ID] = len(out)
 		out = append(out, l)
 	}
-	rows.Close()
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("sqlite: leases: %w", err)
 	}
-	if len(out) == 0 {
-		return out, nil
-	}
-	prows, err := tx.QueryContext(ctx, `SELECT lease_id, node_id, device_id, off, length, uri FROM lease_parts
-		WHERE lease_id IN (SELECT id FROM leases`+cond+`) ORDER BY lease_id, idx`, args...)
-	if err != nil {
-		return nil, fmt.Errorf("sqlite: lease parts: %w", err)
-	}
-	defer prows.Close()
-	for prows.Next() {
-		var lid string
-		var p api.Part
-		if err := prows.Scan(&lid, &p.NodeID, &p.DeviceID, &p.Offset, &p.Length, &p.URI); err != nil {
-			return nil, fmt.Errorf("sqlite: lease parts: %w", err)
-		}
-		if i, ok := idx[lid]; ok {
-			out[i].Parts = append(out[i].Parts, p)
-		}
-	}
-	for i := range out {
-		fillFirst(&out[i])
-	}
-	return out, prows.Err()
+	return out, nil
 }
 
 // LeaseByIdempotencyKey returns the lease recorded for (tenant, key).

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
@@ -28,6 +29,9 @@ type Store struct {
 	r  *sql.DB // read-only pool (the writer itself for :memory:)
 	ws *stmtCache
 	rs *stmtCache
+
+	leaseMu sync.Mutex // serializes lease writes with their updates of live
+	live    liveCache
 }
 
 var _ store.Store = (*Store)(nil)

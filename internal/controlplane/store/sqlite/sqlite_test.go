@@ -3,7 +3,9 @@ package sqlite
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
+	"reflect"
 	"testing"
 	"time"
 
@@ -30,6 +32,16 @@ func TestMigrationsOnExistingDB(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A lease written by that binary, parts in lease_parts only.
+	if _, err := old.w.ExecContext(ctx, `INSERT INTO leases (id, state, kind, mode, tenant, expires_at, created_at, updated_at) VALUES ('old', 'active', 'block', 'shared', 't', 1, 1, 1)`); err != nil {
+		t.Fatal(err)
+	}
+	var dev string
+	old.w.QueryRowContext(ctx, `SELECT id FROM devices`).Scan(&dev)
+	if _, err := old.w.ExecContext(ctx, `INSERT INTO lease_parts (lease_id, idx, node_id, device_id, off, length, uri, live) VALUES ('old', 1, ?, ?, 4096, 4096, 'nbd://b', 1), ('old', 0, ?, ?, 0, 4096, 'nbd://a', 1)`,
+		n.ID, dev, n.ID, dev); err != nil {
+		t.Fatal(err)
+	}
 	old.Close()
 
 	s, err := Open(ctx, path)
@@ -49,6 +61,14 @@ func TestMigrationsOnExistingDB(t *testing.T) {
 	s.w.QueryRowContext(ctx, `SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = 'nodes_by_state'`).Scan(&idx)
 	if idx != 1 {
 		t.Fatal("migration 2 did not run")
+	}
+	// Migration 4: parts move onto the lease row, in order.
+	ol, err := s.Lease(ctx, "old")
+	if want := []api.Part{{NodeID: n.ID, DeviceID: dev, Length: 4096, URI: "nbd://a"}, {NodeID: n.ID, DeviceID: dev, Offset: 4096, Length: 4096, URI: "nbd://b"}}; err != nil || !reflect.DeepEqual(ol.Parts, want) {
+		t.Fatalf("parts after migration: %v %+v", err, ol.Parts)
+	}
+	if _, err := s.TransitionLease(ctx, "old", store.LeaseChange{From: []api.LeaseState{api.LeaseActive}, To: api.LeaseReleased, At: now}, api.Event{}); err != nil {
+		t.Fatal(err)
 	}
 	// Migration 3: leases keep their request's demand for placement.
 	devs, _ := s.Devices(ctx)
@@ -185,4 +205,98 @@ func TestTransitionLeases(t *testing.T) {
 	if devs, _ := s.Devices(ctx); devs[0].Allocated != 0 {
 		t.Fatalf("allocated %d after both ended", devs[0].Allocated)
 	}
+}
+
+// TestLeaseOpsReadBack: what a batch returns for each write is what reading
+// the lease back gives, whether the store knew the lease's value (no read
+// back) or not (a fresh Store on the same file), and events are appended
+// for the writes that succeeded only.
+func TestLeaseOpsReadBack(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "rb.db")
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1700000000, 123).UTC()
+	n, _, err := s.JoinNode(ctx, store.JoinNode{
+		Node:           api.Node{ID: "node-1", Name: "n1", State: api.NodeReady, Fingerprint: api.Fingerprint{MachineID: "m1"}, LastHeartbeat: now, JoinedAt: now},
+		CredentialHash: "h1", AgentKey: "k1", Devices: []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30}, {Name: "disk1", Kind: api.KindBlock, Capacity: 1 << 30}},
+	}, api.Event{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs, _ := s.Devices(ctx)
+	parts := []api.Part{{NodeID: n.ID, DeviceID: devs[0].ID, Length: 1 << 20}, {NodeID: n.ID, DeviceID: devs[1].ID, Offset: 1 << 20, Length: 1 << 20}}
+	plan := &api.Plan{ID: "l1", At: now, State: "feasible", Mode: api.ModeComposed, Parts: parts, Explanation: []string{"two parts"}}
+	ev := func(typ string) api.Event { return api.Event{At: now, Type: typ, Subject: "l1"} }
+	check := func(s *Store, got api.Lease, what string) {
+		t.Helper()
+		want, err := s.Lease(ctx, got.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("%s: returned\n%+v\nread back\n%+v", what, got, want)
+		}
+	}
+	out, errs, err := s.LeaseOps(ctx, []store.LeaseOp{
+		{Create: &store.NewLease{Lease: api.Lease{ID: "l1", State: api.LeaseReserved, Kind: api.KindBlock, Mode: api.ModeComposed, Tenant: "t", Count: 2,
+			Size: 2 << 20, Credential: "c", TTLSeconds: 60, ExpiresAt: now.Add(time.Minute), CreatedAt: now, UpdatedAt: now, Parts: parts, Plan: plan}, Event: ev("lease.reserved")}},
+		// Overlaps l1's first part: refused, leaves nothing.
+		{Create: &store.NewLease{Lease: api.Lease{ID: "l2", State: api.LeaseReserved, Kind: api.KindBlock, Tenant: "t", CreatedAt: now, UpdatedAt: now,
+			Parts: parts[:1]}, Event: ev("lease.reserved")}},
+	})
+	if err != nil || errs[0] != nil || !errors.Is(errs[1], store.ErrCapacity) {
+		t.Fatalf("create: %v %v", err, errs)
+	}
+	check(s, out[0], "create")
+	steps := []store.LeaseChange{
+		{From: []api.LeaseState{api.LeaseReserved}, To: api.LeaseActive, URIs: []string{"nbd://a/0", "nbd://a/1"}, URI: "nbd://a/0", At: now.Add(time.Second)},
+		{From: []api.LeaseState{api.LeaseActive}, To: api.LeaseActive, ExpiresAt: now.Add(time.Hour), TTL: 3600, At: now.Add(2 * time.Second),
+			Plan: &api.Plan{ID: "l1", State: "feasible", Explanation: []string{"renewed"}}},
+		{From: []api.LeaseState{api.LeaseActive}, To: api.LeaseReleasing, Tenant: "t", At: now.Add(3 * time.Second)},
+	}
+	for i, ch := range steps {
+		st := s
+		if i == 1 {
+			// A fresh Store does not know the lease: it reads the row back.
+			s.Close()
+			if st, err = Open(ctx, path); err != nil {
+				t.Fatal(err)
+			}
+			s = st
+		}
+		l, err := st.TransitionLease(ctx, "l1", ch, ev("lease."+string(ch.To)))
+		if err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		check(st, l, fmt.Sprintf("step %d", i))
+		// Again from a state it has left: refused.
+		if _, err := st.TransitionLease(ctx, "l1", store.LeaseChange{From: []api.LeaseState{api.LeaseReserved}, To: api.LeaseFailed, At: now}, ev("x")); !errors.Is(err, store.ErrConflict) {
+			t.Fatalf("step %d: stale transition: %v", i, err)
+		}
+	}
+	if _, err := s.TransitionLease(ctx, "l1", store.LeaseChange{From: []api.LeaseState{api.LeaseReleasing}, To: api.LeaseReleased, Tenant: "u", At: now}, ev("x")); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("another tenant's lease: %v", err)
+	}
+	l, err := s.TransitionLease(ctx, "l1", store.LeaseChange{From: []api.LeaseState{api.LeaseReleasing}, To: api.LeaseReleased, At: now.Add(4 * time.Second)}, ev("lease.released"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(s, l, "released")
+	if devs, _ := s.Devices(ctx); devs[0].Allocated != 0 || devs[1].Allocated != 0 {
+		t.Fatalf("allocated after release: %+v", devs)
+	}
+	evs, _ := s.Events(ctx, 0, 100)
+	var types []string
+	for _, e := range evs {
+		if e.Subject == "l1" {
+			types = append(types, e.Type)
+		}
+	}
+	if want := []string{"lease.reserved", "lease.active", "lease.active", "lease.releasing", "lease.released"}; !reflect.DeepEqual(types, want) {
+		t.Fatalf("events %v, want %v", types, want)
+	}
+	s.Close()
 }

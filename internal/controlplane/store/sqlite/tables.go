@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
@@ -50,6 +51,43 @@ type execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// appendEvents appends events with as few statements as it can: rows are
+// inserted in chunks of a power of two (at most maxEventRows), so that a
+// handful of prepared statements serve every batch size.
+func appendEvents(ctx context.Context, q execer, evs []api.Event) error {
+	const maxEventRows = 64
+	var args []any
+	for len(evs) > 0 {
+		n := maxEventRows
+		for n > len(evs) {
+			n /= 2
+		}
+		args = args[:0]
+		for _, ev := range evs[:n] {
+			if ev.At.IsZero() {
+				ev.At = time.Now().UTC()
+			}
+			args = append(args, ns(ev.At), ev.Type, ev.Subject, ev.Message, ev.State)
+		}
+		if _, err := q.ExecContext(ctx, eventInsert(n), args...); err != nil {
+			return fmt.Errorf("sqlite: append events: %w", err)
+		}
+		evs = evs[n:]
+	}
+	return nil
+}
+
+var eventInserts sync.Map // rows → statement text
+
+func eventInsert(n int) string {
+	if v, ok := eventInserts.Load(n); ok {
+		return v.(string)
+	}
+	q := `INSERT INTO events (at, type, subject, message, state) VALUES (?, ?, ?, ?, ?)` + strings.Repeat(`, (?, ?, ?, ?, ?)`, n-1)
+	eventInserts.Store(n, q)
+	return q
 }
 
 func appendEvent(ctx context.Context, q execer, ev api.Event) (api.Event, error) {
@@ -182,7 +220,7 @@ func (s *Store) JoinNode(ctx context.Context, j store.JoinNode, ev api.Event) (a
 			seen[d.Name] = true
 			var did string
 			var allocated int64
-			err := tx.QueryRowContext(ctx, `SELECT id, allocated FROM devices WHERE node_id = ? AND name = ?`, n.ID, d.Name).Scan(&did, &allocated)
+			err := tx.QueryRowContext(ctx, `SELECT id, `+allocatedExpr+` FROM devices d WHERE node_id = ? AND name = ?`, n.ID, d.Name).Scan(&did, &allocated)
 			switch {
 			case err == nil:
 				capacity := d.Capacity
@@ -338,8 +376,13 @@ func nodes(ctx context.Context, q execer) ([]api.Node, error) {
 // Nodes lists nodes.
 func (s *Store) Nodes(ctx context.Context) ([]api.Node, error) { return nodes(ctx, s.rd()) }
 
+// allocatedExpr is a device d's allocation: the bytes (or slots) its live
+// parts hold. It is computed, not kept in a column, so that reserving and
+// freeing write only lease_parts.
+const allocatedExpr = `(SELECT COALESCE(SUM(p.length), 0) FROM lease_parts p WHERE p.device_id = d.id AND p.live = 1)`
+
 func devices(ctx context.Context, q execer) ([]api.Device, error) {
-	rows, err := q.QueryContext(ctx, `SELECT d.id, d.node_id, d.name, d.kind, d.state, d.capacity, d.allocated, d.model, d.attributes, d.sharing
+	rows, err := q.QueryContext(ctx, `SELECT d.id, d.node_id, d.name, d.kind, d.state, d.capacity, `+allocatedExpr+`, d.model, d.attributes, d.sharing
 		FROM devices d JOIN nodes n ON n.id = d.node_id ORDER BY n.name, d.node_id, d.name`)
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: devices: %w", err)
