@@ -139,8 +139,17 @@ func (c *Client) Topology(ctx context.Context) (Topology, error) {
 	return out, c.Do(ctx, http.MethodGet, "/v1/topology", nil, &out)
 }
 
-// Leases lists leases.
+// Leases lists the live leases (reserved, active, releasing): those that
+// hold or are taking devices. The answer stays as small as what is lent
+// now, however long the history.
 func (c *Client) Leases(ctx context.Context) ([]Lease, error) {
+	var out []Lease
+	return out, c.Do(ctx, http.MethodGet, "/v1/leases?live=1", nil, &out)
+}
+
+// AllLeases lists every lease, including ended ones (released, expired,
+// failed, lost): the whole history, oldest first.
+func (c *Client) AllLeases(ctx context.Context) ([]Lease, error) {
 	var out []Lease
 	return out, c.Do(ctx, http.MethodGet, "/v1/leases", nil, &out)
 }

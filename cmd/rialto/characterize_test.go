@@ -144,7 +144,7 @@ func TestCharacterizeMeasuresStoresAndReleases(t *testing.T) {
 		t.Errorf("stored profiles %+v", stored)
 	}
 	assertNoLiveLeases(t, c)
-	ls, _ := c.Client().Leases(ctx)
+	ls, _ := c.Client().AllLeases(ctx)
 	if len(ls) != 1 || ls[0].DeviceID != dev || ls[0].Mode != api.ModeDedicated {
 		t.Errorf("want one dedicated lease on %s, got %+v", dev, ls)
 	}

@@ -16,7 +16,7 @@ import (
 )
 
 func init() {
-	register(&command{Name: "leases", Summary: "List leases.", Run: runLeases})
+	register(&command{Name: "leases", Summary: "List live leases (--all: also ended ones).", Run: runLeases})
 	register(&command{Name: "lease create", Summary: "Borrow a device: place, reserve and activate a lease.", Run: runLeaseCreate})
 	register(&command{Name: "lease show", Args: "ID", Summary: "Show a lease, its parts and their URIs.", Run: leaseByID("show")})
 	register(&command{Name: "lease release", Args: "ID", Summary: "End a lease and free its devices.", Run: leaseByID("release")})
@@ -28,7 +28,10 @@ func runLeases(ctx context.Context, e *env, args []string) error {
 	var cf clientFlags
 	fs := newFlags(e, "leases", "")
 	cf.register(fs, e)
-	all := fs.Bool("a", false, "include ended leases (released, expired, failed, lost)")
+	var all bool
+	const allHelp = "also list ended leases (released, expired, failed, lost): the whole history"
+	fs.BoolVar(&all, "all", false, allHelp)
+	fs.BoolVar(&all, "a", false, "short for --all")
 	if _, err := parse(fs, args, 0, 0); err != nil {
 		return err
 	}
@@ -36,18 +39,15 @@ func runLeases(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	ls, err := c.Leases(ctx)
+	// By default only live leases (reserved, active, releasing) are asked
+	// for: the server answers with what is lent now, not the history.
+	list := c.Leases
+	if all {
+		list = c.AllLeases
+	}
+	ls, err := list(ctx)
 	if err != nil {
 		return err
-	}
-	if !*all && !cf.json() {
-		kept := ls[:0]
-		for _, l := range ls {
-			if !l.State.Terminal() || l.State == api.LeaseLost {
-				kept = append(kept, l)
-			}
-		}
-		ls = kept
 	}
 	if cf.json() {
 		return printJSON(e.stdout, nonNil(ls))
