@@ -34,7 +34,9 @@ const DefaultSlotMemory = 16 << 20
 
 // Defaults of a shared gateway's knobs (device attributes gateway_max_batch,
 // gateway_max_delay, gateway_workers, gateway_queue_limit,
-// gateway_queue_timeout override them).
+// gateway_lease_queue_limit, gateway_queue_timeout override them). A lease
+// may hold at most half the queue unless gateway_lease_queue_limit says
+// otherwise.
 const (
 	DefaultGatewayMaxBatch     = 64
 	DefaultGatewayMaxDelay     = 200 * time.Microsecond
@@ -63,7 +65,7 @@ type AccelDriver struct {
 
 	mu       sync.Mutex
 	apps     map[string]*appliance.Appliance // by device name
-	gwCfg    map[string]gateway.Config       // by device name
+	gwCfg    map[string]gwConfig             // by device name
 	live     map[string]Export               // by export name
 	gws      map[string]*sharedGateway       // by gateway key
 	reg      *metrics.Registry
@@ -75,7 +77,7 @@ func NewAccelDriver(log *slog.Logger, host string) *AccelDriver {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &AccelDriver{log: log, host: host, apps: map[string]*appliance.Appliance{}, gwCfg: map[string]gateway.Config{},
+	return &AccelDriver{log: log, host: host, apps: map[string]*appliance.Appliance{}, gwCfg: map[string]gwConfig{},
 		live: map[string]Export{}, gws: map[string]*sharedGateway{}, gwSecret: func() string { return resource.NewSecret("rgw") }}
 }
 
@@ -131,9 +133,17 @@ func (d *AccelDriver) Open(_ context.Context, dev DeviceConfig) (DeviceConfig, e
 	return dev, nil
 }
 
+// gwConfig is a device's gateway knobs.
+type gwConfig struct {
+	gateway.Config
+	leaseLimit int // items one lease may have in the gateway
+}
+
 // gatewayConfig reads a device's gateway knobs from its attributes.
-func gatewayConfig(dev DeviceConfig) (gateway.Config, error) {
-	c := gateway.Config{MaxBatch: DefaultGatewayMaxBatch, MaxQueueDelay: DefaultGatewayMaxDelay,
+func gatewayConfig(dev DeviceConfig) (gwConfig, error) {
+	var g gwConfig
+	c := &g.Config
+	*c = gateway.Config{MaxBatch: DefaultGatewayMaxBatch, MaxQueueDelay: DefaultGatewayMaxDelay,
 		Workers: max(int(dev.Size), 1), QueueTimeout: DefaultGatewayQueueTimeout}
 	num := func(k string, p *int) error {
 		if s := dev.Attributes[k]; s != "" {
@@ -156,13 +166,19 @@ func gatewayConfig(dev DeviceConfig) (gateway.Config, error) {
 		return nil
 	}
 	for _, err := range []error{num("gateway_max_batch", &c.MaxBatch), num("gateway_workers", &c.Workers),
-		num("gateway_queue_limit", &c.QueueLimit), dur("gateway_max_delay", &c.MaxQueueDelay),
-		dur("gateway_queue_timeout", &c.QueueTimeout)} {
+		num("gateway_queue_limit", &c.QueueLimit), num("gateway_lease_queue_limit", &g.leaseLimit),
+		dur("gateway_max_delay", &c.MaxQueueDelay), dur("gateway_queue_timeout", &c.QueueTimeout)} {
 		if err != nil {
-			return c, err
+			return g, err
 		}
 	}
-	return c, nil
+	if c.QueueLimit == 0 {
+		c.QueueLimit = 64 * c.MaxBatch
+	}
+	if g.leaseLimit == 0 {
+		g.leaseLimit = max(c.QueueLimit/2, 1)
+	}
+	return g, nil
 }
 
 // Run serves every appliance until ctx ends, then stops the gateways.
@@ -370,10 +386,12 @@ func (d *AccelDriver) startGateway(ctx context.Context, app *appliance.Appliance
 	}
 	entries := r.Entries()
 	_ = r.Close(ctx)
-	cfg := d.gwCfg[e.Device.Name]
+	gc := d.gwCfg[e.Device.Name]
+	cfg := gc.Config
 	cfg.Name, cfg.Role, cfg.Entries, cfg.Metrics = name, e.Request.Role, entries, d.reg
 	cfg.Logger = d.log.With("gateway", name)
 	sg := &sharedGateway{name: name, device: e.Device.Name, role: e.Request.Role, slots: map[string][]*slotBackend{}}
+	sg.creds.Limit = gc.leaseLimit
 	// The gateway has no slot yet: executions pick from sg's current slots.
 	g, err := gateway.New(cfg, []gateway.Backend{sg})
 	if err != nil {

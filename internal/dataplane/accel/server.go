@@ -34,7 +34,9 @@ type Target interface {
 // Session replaces Authenticate: it checks the credential and returns a
 // context that ends when the credential stops being accepted — the server
 // then closes the connection and interrupts its tasks — and a release
-// function the server calls when the connection ends.
+// function the server calls when the connection ends. The connection's
+// tasks run under a context derived from the session's, so Execute sees
+// its values (say, which lease is calling).
 type SessionTarget interface {
 	Session(credential []byte) (ctx context.Context, release func(), err error)
 }
@@ -141,11 +143,12 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 		var release func()
 		if sctx, release, err = st.Session(h.Credential); err == nil {
 			defer release()
+			parent := ctx
 			var cancel context.CancelFunc
-			ctx, cancel = context.WithCancel(ctx)
+			ctx, cancel = context.WithCancel(sctx)
 			defer cancel()
-			stopS := context.AfterFunc(sctx, cancel)
-			defer stopS()
+			stopP := context.AfterFunc(parent, cancel)
+			defer stopP()
 			stopC := context.AfterFunc(ctx, func() { _ = nc.Close() })
 			defer stopC()
 		}

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 )
@@ -12,17 +13,31 @@ import (
 // Credentials is the set of lease credentials a shared gateway accepts.
 // Each borrower presents its own; Revoke ends one: the gateway stops
 // accepting it and closes the connections that presented it. The zero
-// value is an empty set, safe for concurrent use.
+// value is an empty set with no per-credential limit, safe for concurrent
+// use; set Limit before the first Add.
 type Credentials struct {
+	// Limit bounds the items one credential may have queued or running in
+	// the gateway (0: only the gateway's QueueLimit), so that one borrower
+	// cannot fill the queue the others share; beyond it calls fail with
+	// ErrLeaseQueueFull.
+	Limit int
+
 	mu sync.Mutex
 	m  map[[32]byte]*credential
 }
 
+// ErrLeaseQueueFull rejects a call whose credential already has Limit
+// items in the gateway (wire code Busy).
+var ErrLeaseQueueFull = fmt.Errorf("gateway: this lease's share of the queue is full: %w", accel.ErrBusy)
+
 type credential struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-	users  sync.WaitGroup
+	ctx     context.Context
+	cancel  context.CancelFunc
+	users   sync.WaitGroup
+	pending atomic.Int64
 }
+
+type credKey struct{}
 
 // key hashes a credential so that lookups do not leak its bytes through
 // timing (map lookups compare keys byte by byte).
@@ -41,8 +56,10 @@ func (cs *Credentials) Add(cred []byte) error {
 	}
 	k := key(cred)
 	if _, ok := cs.m[k]; !ok {
-		ctx, cancel := context.WithCancel(context.Background())
-		cs.m[k] = &credential{ctx: ctx, cancel: cancel}
+		c := &credential{}
+		c.ctx, c.cancel = context.WithCancel(context.Background())
+		c.ctx = context.WithValue(c.ctx, credKey{}, c)
+		cs.m[k] = c
 	}
 	return nil
 }
@@ -104,6 +121,21 @@ func (g *Gateway) SharedTarget(cs *Credentials) accel.Target {
 type sharedTarget struct {
 	target
 	cs *Credentials
+}
+
+// Execute admits the call against its credential's share of the queue.
+func (t *sharedTarget) Execute(ctx context.Context, entry string, ins [][]byte) ([][]byte, error) {
+	if c, ok := ctx.Value(credKey{}).(*credential); ok && t.cs.Limit > 0 {
+		n := int64(len(ins))
+		if p := c.pending.Add(n); p > int64(t.cs.Limit) {
+			c.pending.Add(-n)
+			t.g.rejected.Add(1)
+			t.g.count("rejected")
+			return nil, fmt.Errorf("%w (%d items, limit %d)", ErrLeaseQueueFull, p-n, t.cs.Limit)
+		}
+		defer c.pending.Add(-n)
+	}
+	return t.target.Execute(ctx, entry, ins)
 }
 
 func (t *sharedTarget) Session(cred []byte) (context.Context, func(), error) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"testing"
 
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
@@ -100,5 +101,69 @@ func TestSetInstances(t *testing.T) {
 	g.SetInstances(nil)
 	if _, err := g.Call(ctx, "sum", []byte("x")); !errors.Is(err, accel.ErrUnavailable) {
 		t.Fatalf("no instances: %v", err)
+	}
+}
+
+// blockBackend holds every execution until release is closed.
+type blockBackend struct {
+	started chan struct{}
+	release chan struct{}
+}
+
+func (b blockBackend) CallBatch(ctx context.Context, _ string, ins [][]byte) ([][]byte, error) {
+	b.started <- struct{}{}
+	select {
+	case <-b.release:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return ins, nil
+}
+
+// TestLeaseQueueLimit: one credential cannot hold more than its share of
+// the queue; another credential is still admitted.
+func TestLeaseQueueLimit(t *testing.T) {
+	b := blockBackend{started: make(chan struct{}, 16), release: make(chan struct{})}
+	g := run(t, Config{Workers: 4, MaxBatch: 1}, b)
+	cs := Credentials{Limit: 2}
+	cs.Add([]byte("alice"))
+	cs.Add([]byte("bob"))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- (&accel.Server{Target: g.SharedTarget(&cs)}).Serve(ctx, ln) }()
+	t.Cleanup(func() { cancel(); <-done })
+	alice, err := accel.Dial(ctx, ln.Addr().String(), []byte("alice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer alice.Close()
+	bob, err := accel.Dial(ctx, ln.Addr().String(), []byte("bob"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bob.Close()
+	errs := make(chan error, 3)
+	for range 2 {
+		go func() { _, err := alice.Call(ctx, "x", []byte("a")); errs <- err }()
+	}
+	<-b.started
+	<-b.started
+	if _, err := alice.Call(ctx, "x", []byte("a")); !errors.Is(err, accel.ErrBusy) || !strings.Contains(err.Error(), "share of the queue") {
+		t.Fatalf("third call of a full lease: %v", err)
+	}
+	go func() { _, err := bob.Call(ctx, "x", []byte("b")); errs <- err }()
+	<-b.started
+	close(b.release)
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, err := alice.Call(ctx, "x", []byte("again")); err != nil || string(out) != "again" {
+		t.Fatalf("after the queue drained: %q %v", out, err)
 	}
 }
