@@ -402,29 +402,36 @@ func (s *Server) prepareParts(ctx context.Context, l api.Lease, req api.LeaseReq
 		return nil, failed
 	}
 	devNames := s.deviceNames(ctx)
-	var wg sync.WaitGroup
-	for i, p := range l.Parts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			pctx, cancel := context.WithTimeout(ctx, s.cfg.PrepareTimeout)
-			defer cancel()
-			n := nodes[p.NodeID]
-			start := time.Now()
-			resp, err := s.lender.Prepare(pctx, n.Node, n.AgentKey, api.PrepareRequest{
-				LeaseID: l.ID, Kind: l.Kind, Mode: l.Mode, DeviceID: p.DeviceID, DeviceName: devNames[p.DeviceID],
-				Offset: p.Offset, Length: p.Length, Export: l.Credential + "." + strconv.Itoa(i), Role: req.Role,
-				RoleConfig: req.RoleConfig, Gateway: req.Kind == api.KindAccel && req.Mode == api.ModeShared,
-				BandwidthCap: req.BandwidthCap, IOPSCap: req.IOPSCap,
-			})
-			s.m.lenderLatency.With("prepare").Observe(time.Since(start).Seconds())
-			if err == nil && resp.URI == "" {
-				err = errors.New("confirmed without a URI")
-			}
-			uris[i], errs[i] = resp.URI, err
-		}()
+	prepare := func(i int, p api.Part) {
+		pctx, cancel := context.WithTimeout(ctx, s.cfg.PrepareTimeout)
+		defer cancel()
+		n := nodes[p.NodeID]
+		start := time.Now()
+		resp, err := s.lender.Prepare(pctx, n.Node, n.AgentKey, api.PrepareRequest{
+			LeaseID: l.ID, Kind: l.Kind, Mode: l.Mode, DeviceID: p.DeviceID, DeviceName: devNames[p.DeviceID],
+			Offset: p.Offset, Length: p.Length, Export: l.Credential + "." + strconv.Itoa(i), Role: req.Role,
+			RoleConfig: req.RoleConfig, Gateway: req.Kind == api.KindAccel && req.Mode == api.ModeShared,
+			BandwidthCap: req.BandwidthCap, IOPSCap: req.IOPSCap,
+		})
+		s.m.lenderLatency.With("prepare").Observe(time.Since(start).Seconds())
+		if err == nil && resp.URI == "" {
+			err = errors.New("confirmed without a URI")
+		}
+		uris[i], errs[i] = resp.URI, err
 	}
-	wg.Wait()
+	if len(l.Parts) == 1 {
+		prepare(0, l.Parts[0]) // the usual case needs no goroutine
+	} else {
+		var wg sync.WaitGroup
+		for i, p := range l.Parts {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				prepare(i, p)
+			}()
+		}
+		wg.Wait()
+	}
 	for i, err := range errs {
 		if err != nil {
 			if errors.Is(err, context.DeadlineExceeded) {

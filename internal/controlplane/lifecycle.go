@@ -19,7 +19,7 @@ func (s *Server) teardownParts(ctx context.Context, l api.Lease, skipNodes ...st
 	for _, n := range skipNodes {
 		seen[n] = true
 	}
-	var wg sync.WaitGroup
+	var lenders []store.NodeRecord
 	for _, p := range l.Parts {
 		if seen[p.NodeID] {
 			continue
@@ -33,17 +33,28 @@ func (s *Server) teardownParts(ctx context.Context, l api.Lease, skipNodes ...st
 		if n.State == api.NodeDown {
 			continue
 		}
+		lenders = append(lenders, n)
+	}
+	teardown := func(n store.NodeRecord) {
+		tctx, cancel := context.WithTimeout(ctx, s.cfg.PrepareTimeout)
+		defer cancel()
+		start := time.Now()
+		err := s.lender.Teardown(tctx, n.Node, n.AgentKey, l.ID)
+		s.m.lenderLatency.With("teardown").Observe(time.Since(start).Seconds())
+		if err != nil {
+			s.log.Warn("teardown failed; the lender's heartbeat will reconcile", "lease", l.ID, "node", n.ID, "err", err)
+		}
+	}
+	if len(lenders) == 1 {
+		teardown(lenders[0]) // the usual case needs no goroutine
+		return
+	}
+	var wg sync.WaitGroup
+	for _, n := range lenders {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			tctx, cancel := context.WithTimeout(ctx, s.cfg.PrepareTimeout)
-			defer cancel()
-			start := time.Now()
-			err := s.lender.Teardown(tctx, n.Node, n.AgentKey, l.ID)
-			s.m.lenderLatency.With("teardown").Observe(time.Since(start).Seconds())
-			if err != nil {
-				s.log.Warn("teardown failed; the lender's heartbeat will reconcile", "lease", l.ID, "node", n.ID, "err", err)
-			}
+			teardown(n)
 		}()
 	}
 	wg.Wait()
