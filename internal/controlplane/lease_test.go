@@ -200,7 +200,7 @@ func TestLenderSkipped(t *testing.T) {
 	if !api.IsCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "did not confirm") {
 		t.Fatalf("want unavailable, got %v", err)
 	}
-	ls, _ := e.alice.Leases(e.ctx)
+	ls, _ := e.alice.AllLeases(e.ctx)
 	var failed int
 	for _, x := range ls {
 		if x.State == api.LeaseFailed {
