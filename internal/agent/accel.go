@@ -70,6 +70,7 @@ type AccelDriver struct {
 	gws      map[string]*sharedGateway       // by gateway key
 	reg      *metrics.Registry
 	gwSecret func() string
+	gwSeq    int
 }
 
 // NewAccelDriver returns an accelerator driver whose slots bind host.
@@ -309,9 +310,9 @@ func (d *AccelDriver) load(ctx context.Context, app *appliance.Appliance, e Expo
 	return nil
 }
 
-// gatewayKey names the gateway a shared lease joins: same device, role and
+// gatewayKey is the gateway a shared lease joins: same device, role and
 // role config (by digest; the config itself may be a key).
-func gatewayKey(r api.PrepareRequest, device string) (key, name string) {
+func gatewayKey(r api.PrepareRequest, device string) string {
 	h := sha256.New()
 	h.Write([]byte(r.Role))
 	if c := r.RoleConfig; c != nil {
@@ -323,12 +324,19 @@ func gatewayKey(r api.PrepareRequest, device string) (key, name string) {
 		binary.LittleEndian.PutUint64(n[:], uint64(c.WasmMemoryPages))
 		h.Write(n[:])
 	}
-	sum := hex.EncodeToString(h.Sum(nil))
-	name = device + "/" + r.Role
+	return device + "\x00" + hex.EncodeToString(h.Sum(nil))
+}
+
+// gatewayName names a new gateway in metrics and listings: device and
+// role, and a sequence number when the role has a config (never anything
+// derived from the config, which may be a key).
+func (d *AccelDriver) gatewayName(r api.PrepareRequest, device string) string {
+	name := device + "/" + r.Role
 	if r.RoleConfig != nil {
-		name += "/" + sum[:8]
+		d.gwSeq++
+		name += "/" + strconv.Itoa(d.gwSeq)
 	}
-	return device + "\x00" + sum, name
+	return name
 }
 
 func (d *AccelDriver) prepareShared(ctx context.Context, app *appliance.Appliance, e Export) (api.PrepareResponse, error) {
@@ -340,7 +348,7 @@ func (d *AccelDriver) prepareShared(ctx context.Context, app *appliance.Applianc
 	if err != nil {
 		return api.PrepareResponse{}, err
 	}
-	key, name := gatewayKey(r, e.Device.Name)
+	key := gatewayKey(r, e.Device.Name)
 	if old, ok := d.live[r.Export]; ok {
 		if g := d.gws[key]; g != nil && old.Request.Gateway {
 			return api.PrepareResponse{URI: g.uri(e.Host, r)}, nil
@@ -358,7 +366,7 @@ func (d *AccelDriver) prepareShared(ctx context.Context, app *appliance.Applianc
 	}
 	g := d.gws[key]
 	if g == nil {
-		g, err = d.startGateway(ctx, app, e, name)
+		g, err = d.startGateway(ctx, app, e, d.gatewayName(r, e.Device.Name))
 		if err != nil {
 			for _, b := range backs {
 				b.r.Close()
@@ -449,7 +457,7 @@ func (d *AccelDriver) Teardown(_ context.Context, e Export) error {
 	delete(d.live, e.Request.Export)
 	app := d.apps[e.Device.Name]
 	if old.Request.Gateway {
-		key, _ := gatewayKey(old.Request, e.Device.Name)
+		key := gatewayKey(old.Request, e.Device.Name)
 		if g := d.gws[key]; g != nil {
 			g.creds.Revoke([]byte(old.Request.Export))
 			g.remove(old.Request.Export)
