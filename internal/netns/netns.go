@@ -50,6 +50,12 @@ type Config struct {
 	Latency string
 	// HostRates, when set, overrides Rate for host i (empty entries keep Rate).
 	HostRates []string
+	// CongestionControl, when set, is the TCP congestion control ("reno",
+	// "cubic", "bbr") of connections between the root namespace and the
+	// hosts and between hosts: it is set per route (ip route congctl), so
+	// the lab's flows do not depend on the machine-wide sysctl and nothing
+	// outside the lab changes. Empty keeps the system default.
+	CongestionControl string
 	// Prefix starts every namespace name; empty means "rialto-lab".
 	Prefix string
 	// Logger receives the commands the lab runs at debug level; nil discards.
@@ -137,7 +143,7 @@ func New(ctx context.Context, cfg Config) (_ *Lab, err error) {
 			_ = l.Close()
 		}
 	}()
-	err = l.createBridge(ctx)
+	err = l.createBridge(ctx, cfg.CongestionControl)
 	unlock()
 	if err != nil {
 		return nil, err
@@ -154,7 +160,7 @@ func New(ctx context.Context, cfg Config) (_ *Lab, err error) {
 	return l, nil
 }
 
-func (l *Lab) createBridge(ctx context.Context) error {
+func (l *Lab) createBridge(ctx context.Context, cc string) error {
 	out, err := l.run(ctx, "ip", "-o", "-4", "addr", "show")
 	if err != nil {
 		return err
@@ -190,6 +196,9 @@ func (l *Lab) createBridge(ctx context.Context) error {
 		{"ip", "addr", "add", l.gateway.String() + "/24", "dev", l.bridge},
 		{"ip", "link", "set", l.bridge, "up"},
 	}
+	if cc != "" {
+		steps = append(steps, []string{"ip", "route", "change", l.prefix.String(), "dev", l.bridge, "proto", "kernel", "scope", "link", "src", l.gateway.String(), "congctl", cc})
+	}
 	for _, s := range steps {
 		if _, err := l.run(ctx, s...); err != nil {
 			return err
@@ -220,6 +229,11 @@ func (l *Lab) addHost(ctx context.Context, i int, rate string, cfg Config) error
 		{"ip", "-n", h.Namespace, "addr", "add", h.Addr.String() + "/24", "dev", h.Iface},
 		{"ip", "-n", h.Namespace, "link", "set", h.Iface, "up"},
 		{"ip", "-n", h.Namespace, "route", "add", "default", "via", l.gateway.String()},
+	}
+	if cc := cfg.CongestionControl; cc != "" {
+		steps = append(steps,
+			[]string{"ip", "-n", h.Namespace, "route", "change", l.prefix.String(), "dev", h.Iface, "proto", "kernel", "scope", "link", "src", h.Addr.String(), "congctl", cc},
+			[]string{"ip", "-n", h.Namespace, "route", "change", "default", "via", l.gateway.String(), "congctl", cc})
 	}
 	if rate != "" {
 		burst := cfg.Burst

@@ -93,7 +93,7 @@ func TestBadConfig(t *testing.T) {
 // TestLab builds three hosts and checks addressing, reachability from the
 // root namespace and between hosts, Command, and that the links are shaped.
 func TestLab(t *testing.T) {
-	l := newLab(t, Config{Hosts: 3, Rate: "40mbit", HostRates: []string{"", "", "400mbit"}})
+	l := newLab(t, Config{Hosts: 3, Rate: "40mbit", HostRates: []string{"", "", "400mbit"}, CongestionControl: "reno"})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -109,6 +109,12 @@ func TestLab(t *testing.T) {
 	}
 	if !strings.Contains(string(out), l.Host(2).Addr.String()+"/24") {
 		t.Errorf("host 2 eth0: %s", out)
+	}
+	for _, args := range [][]string{{"ip", "route", "show", l.Prefix().String()}, {"ip", "-n", l.Host(0).Namespace, "route", "show"}} {
+		out, err := exec.CommandContext(ctx, args[0], args[1:]...).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "congctl reno") {
+			t.Errorf("%v: congestion control not set: %v: %s", args, err, out)
+		}
 	}
 	out, err = l.Command(ctx, 0, "tc", "qdisc", "show", "dev", "eth0").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "tbf") || !strings.Contains(string(out), "40Mbit") {
