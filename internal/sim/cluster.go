@@ -22,7 +22,6 @@ type Cluster struct {
 
 	devs  map[string]placement.Device
 	trees map[int]*fabric.Tree
-	paths map[[2]string][]*Resource
 }
 
 // ProfileTable turns a placement profile (delivered bytes/s per concurrency)
@@ -41,7 +40,7 @@ func ProfileTable(p placement.Profile) (capacity float64, t Table) {
 // NewCluster builds the simulated cluster and a placement index for s. The
 // snapshot must not change afterwards except through the index.
 func NewCluster(s *placement.Snapshot) *Cluster {
-	c := &Cluster{Snap: s, Dev: map[string]*Resource{}, devs: map[string]placement.Device{}, trees: map[int]*fabric.Tree{}, paths: map[[2]string][]*Resource{}}
+	c := &Cluster{Snap: s, Dev: map[string]*Resource{}, devs: map[string]placement.Device{}, trees: map[int]*fabric.Tree{}}
 	var extra []string
 	for _, n := range s.Nodes {
 		extra = append(extra, n.ID)
@@ -75,11 +74,15 @@ func NewCluster(s *placement.Snapshot) *Cluster {
 // Path returns the resources a flow from borrower to device crosses: the
 // fabric links of the shortest path (by hops) and the device itself. A
 // device on the borrower's own node crosses no link.
+//
+// Shortest-path trees are kept per source vertex, but a borrower with a
+// single link (a server under its top-of-rack switch) starts from its
+// neighbour's tree: every path out of a degree-1 vertex begins with its only
+// link, and fabric's ties (fewest hops, then latency, then lowest link
+// index) pick the same links from the neighbour as from the borrower. So a
+// 10,000-node fabric keeps one tree per rack switch instead of one per
+// server, and paths are walked on demand rather than cached per pair.
 func (c *Cluster) Path(borrower, device string) []*Resource {
-	key := [2]string{borrower, device}
-	if p, ok := c.paths[key]; ok {
-		return p
-	}
 	d := c.devs[device]
 	at := d.Attach
 	if at == "" {
@@ -89,12 +92,24 @@ func (c *Cluster) Path(borrower, device string) []*Resource {
 	src, ok1 := c.Graph.Vertex(borrower)
 	dst, ok2 := c.Graph.Vertex(at)
 	if ok1 && ok2 && src != dst {
+		var first []int
+		if c.Graph.Degree(src) == 1 {
+			c.Graph.Neighbors(src, func(to, link int) {
+				first = append(first, link)
+				src = to
+			})
+		}
 		t := c.trees[src]
 		if t == nil {
 			t = c.Graph.ShortestPaths(src, fabric.ByHops)
 			c.trees[src] = t
 		}
-		for _, li := range t.PathTo(dst) {
+		links := t.PathTo(dst)
+		if src == dst || links != nil {
+			links = append(first, links...)
+		}
+		out = make([]*Resource, 0, len(links)+1)
+		for _, li := range links {
 			// Unlimited links never constrain a flow; leaving them out keeps
 			// the components Net recomputes small.
 			if l := c.Links[li]; l.Capacity > 0 {
@@ -102,9 +117,7 @@ func (c *Cluster) Path(borrower, device string) []*Resource {
 			}
 		}
 	}
-	out = append(out, c.Dev[device])
-	c.paths[key] = out
-	return out
+	return append(out, c.Dev[device])
 }
 
 // Volume is the block volume a lease's parts give borrower.
