@@ -25,15 +25,48 @@ import (
 type Config struct {
 	Lenders []int  // lender counts to run (default 1, 2, 3)
 	Writers []int  // writer counts to run (default 1..6)
-	Rate    string // tbf rate of every lender link (default "100mbit")
-	// Queue is the tbf queue limit as time (default "100ms": deep enough
-	// that the writers' TCP flows share the link without tail drops).
-	Queue   string
-	Bytes   int64 // bytes each writer writes (default 16 MiB)
-	Request int   // bytes per write request (default 1 MiB)
-	Depth   int   // requests in flight per writer (default 8)
-	Logger  *slog.Logger
+	Rate    string // tbf rate of every lender link (default DefaultRate)
+	// Queue is the tbf queue limit as time (default: 1.25 MB at Rate, e.g.
+	// "250ms" at 40 Mbit/s; see DefaultQueueBytes).
+	Queue string
+	// CongestionControl is the TCP congestion control of the lab's flows
+	// (default "reno"; see DefaultCongestionControl).
+	CongestionControl string
+	// Bytes is what each writer writes per lender it stripes over (default
+	// 4 MiB), so a scenario lasts about writers × Bytes / rate whatever
+	// the number of lenders.
+	Bytes   int64
+	Request int // bytes per write request (default 1 MiB)
+	Depth   int // requests in flight per writer (default 8)
+	// Probe is how long the headroom probe writes before each scenario
+	// (default 300 ms; see Row.Headroom).
+	Probe  time.Duration
+	Logger *slog.Logger
 }
+
+// DefaultRate is the default tbf rate of a lender link. The real side must
+// not depend on the CPU: at 40 Mbit/s the busiest scenario (3 lenders) moves
+// 14 MB/s, which the data plane delivers with room to spare even under -race
+// on a loaded 2-vCPU machine (Row.Headroom measures it).
+const DefaultRate = "40mbit"
+
+// DefaultQueueBytes is the depth of a lender link's tbf queue when
+// Config.Queue is empty. The writers' TCP flows through one tbf FIFO share
+// it evenly (within 5% per writer) when the queue holds about 1.25 MB (860
+// full-size frames; 100 ms at 100 Mbit/s); with 86–345 frames one writer of
+// six got 14–73% more than the others, at any rate we tried (40–100 Mbit/s,
+// docs/simulator.md). So the queue is sized in bytes, not in time.
+const DefaultQueueBytes = 1_250_000
+
+// DefaultCongestionControl is the lab's TCP congestion control. The
+// simulator shares a link max-min fairly among the flows crossing it; that is
+// the equilibrium of AIMD congestion control among flows of equal round-trip
+// time (Chiu and Jain), which Reno implements. BBR (this machine's
+// system-wide default) does not converge to equal shares in a deep FIFO
+// within a run of seconds: with it one writer of five got up to 19% more
+// than the others (docs/simulator.md). The setting is per route, inside the
+// lab only.
+const DefaultCongestionControl = "reno"
 
 func (c *Config) defaults() {
 	if len(c.Lenders) == 0 {
@@ -43,13 +76,16 @@ func (c *Config) defaults() {
 		c.Writers = []int{1, 2, 3, 4, 5, 6}
 	}
 	if c.Rate == "" {
-		c.Rate = "100mbit"
+		c.Rate = DefaultRate
 	}
-	if c.Queue == "" {
-		c.Queue = "100ms"
+	if c.CongestionControl == "" {
+		c.CongestionControl = DefaultCongestionControl
+	}
+	if c.Probe <= 0 {
+		c.Probe = 300 * time.Millisecond
 	}
 	if c.Bytes <= 0 {
-		c.Bytes = 16 << 20
+		c.Bytes = 4 << 20
 	}
 	if c.Request <= 0 {
 		c.Request = 1 << 20
@@ -72,10 +108,18 @@ func (c *Config) defaults() {
 // are each writer's bytes over its own elapsed time (writers that finish
 // early leave bandwidth to the others, so these depend on TCP's unfairness
 // too).
+//
+// Headroom is what the real data plane could deliver at the time, measured
+// just before the scenario (the same writers striping over the same number
+// of exports through an unshaped link for Config.Probe), over what the
+// scenario needs (the lenders' shaped payload rate). Well above 1 the real side is
+// bound by the shaped links, as the simulator assumes; near 1 it is bound by
+// the CPU and the comparison is about the machine's load, not the model.
 type Row struct {
 	Lenders, Writers    int
 	Real, Sim           []float64
 	RealWhole, SimWhole []float64
+	Headroom            float64
 }
 
 // MaxError is the largest relative error |real−sim|/sim over the writers.
@@ -163,6 +207,9 @@ func Run(ctx context.Context, cfg Config) ([]Row, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Queue == "" {
+		cfg.Queue = strconv.FormatInt(DefaultQueueBytes*8*1000/rate, 10) + "ms"
+	}
 	maxW := 0
 	for _, w := range cfg.Writers {
 		maxW = max(maxW, w)
@@ -193,7 +240,11 @@ func randomName() string {
 }
 
 func runLenders(ctx context.Context, cfg Config, k, maxW int, rate float64) (rows []Row, err error) {
-	lab, err := netns.New(ctx, netns.Config{Hosts: k, Rate: cfg.Rate, Latency: cfg.Queue, Logger: cfg.Logger})
+	// Hosts 0..k-1 are the shaped lenders; host k is the headroom probe's
+	// lender, shaped far above what the machine can move.
+	rates := make([]string, k+1)
+	rates[k] = "100gbit"
+	lab, err := netns.New(ctx, netns.Config{Hosts: k + 1, Rate: cfg.Rate, HostRates: rates, Latency: cfg.Queue, CongestionControl: cfg.CongestionControl, Logger: cfg.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("validate: lab: %w", err)
 	}
@@ -203,7 +254,7 @@ func runLenders(ctx context.Context, cfg Config, k, maxW int, rate float64) (row
 		}
 	}()
 	sctx, stop := context.WithCancel(ctx)
-	lenders := make([]*lender, k)
+	lenders := make([]*lender, k+1)
 	defer func() {
 		stop()
 		for _, l := range lenders {
@@ -213,17 +264,19 @@ func runLenders(ctx context.Context, cfg Config, k, maxW int, rate float64) (row
 			}
 		}
 	}()
-	// Every writer has its own export (a partition) on every lender.
-	part := (cfg.Bytes/int64(k) + stripe.DefaultStripeUnit) / stripe.DefaultStripeUnit * stripe.DefaultStripeUnit
+	// Every writer has its own export (a partition) on every lender; the
+	// probe lender has as many, for the probe's writers.
+	part := (cfg.Bytes + stripe.DefaultStripeUnit) / stripe.DefaultStripeUnit * stripe.DefaultStripeUnit
 	names := make([][]string, maxW)
-	for i := 0; i < k; i++ {
+	probe := make([][]string, maxW)
+	for i := 0; i <= k; i++ {
 		h := lab.Host(i)
 		ln, err := lab.Listen(ctx, i, "tcp", netip.AddrPortFrom(h.Addr, 0).String())
 		if err != nil {
 			return nil, fmt.Errorf("validate: listen in %s: %w", h.Namespace, err)
 		}
 		l := &lender{ln: ln, srv: &nbd.Server{Logger: cfg.Logger}, done: make(chan struct{}), addr: ln.Addr().String()}
-		for w := 0; w < maxW; w++ {
+		for w := 0; w < maxW && i < k; w++ {
 			if i == 0 {
 				names[w] = make([]string, k)
 			}
@@ -233,19 +286,35 @@ func runLenders(ctx context.Context, cfg Config, k, maxW int, rate float64) (row
 				return nil, err
 			}
 		}
+		for w := 0; w < maxW && i == k; w++ {
+			for j := 0; j < k; j++ {
+				name := randomName()
+				probe[w] = append(probe[w], name)
+				if err := l.srv.AddExport(nbd.Export{Name: name, Backend: nbd.NewMemBackend(part)}); err != nil {
+					ln.Close()
+					return nil, err
+				}
+			}
+		}
 		lenders[i] = l
 		go func() {
 			defer close(l.done)
 			_ = l.srv.Serve(sctx, ln)
 		}()
 	}
+	pattern := newPattern(cfg.Request)
 	for _, w := range cfg.Writers {
-		steady, whole, err := runWriters(ctx, cfg, lenders, names[:w])
+		avail, err := probeRate(ctx, cfg, lenders[k], probe[:w], pattern)
+		if err != nil {
+			return rows, fmt.Errorf("validate: %d lenders: headroom probe: %w", k, err)
+		}
+		steady, whole, err := runWriters(ctx, cfg, lenders[:k], names[:w], pattern)
 		if err != nil {
 			return rows, fmt.Errorf("validate: %d lenders, %d writers: %w", k, w, err)
 		}
-		ss, sw := Simulate(k, w, rate, cfg.Bytes)
-		rows = append(rows, Row{Lenders: k, Writers: w, Real: steady, Sim: ss, RealWhole: whole, SimWhole: sw})
+		ss, sw := Simulate(k, w, rate, cfg.Bytes*int64(k))
+		rows = append(rows, Row{Lenders: k, Writers: w, Real: steady, Sim: ss, RealWhole: whole, SimWhole: sw,
+			Headroom: avail / (float64(k) * rate * WireEfficiency)})
 	}
 	return rows, nil
 }
@@ -253,7 +322,7 @@ func runLenders(ctx context.Context, cfg Config, k, maxW int, rate float64) (row
 // runWriters starts one writer per names entry at once and returns each
 // writer's delivered bandwidth while all are active (see Row) and over its
 // own elapsed time.
-func runWriters(ctx context.Context, cfg Config, lenders []*lender, names [][]string) (steady, whole []float64, err error) {
+func runWriters(ctx context.Context, cfg Config, lenders []*lender, names [][]string, pattern []byte) (steady, whole []float64, err error) {
 	vols := make([]*stripe.Volume, len(names))
 	var clients []*nbd.Client
 	defer func() {
@@ -316,13 +385,14 @@ func runWriters(ctx context.Context, cfg Config, lenders []*lender, names [][]st
 			}
 		}
 	}()
+	bytes := cfg.Bytes * int64(len(lenders))
 	for w := range vols {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			<-start
-			errs[w] = writeSeq(ctx, vols[w], cfg, &done[w])
-			whole[w] = float64(cfg.Bytes) / time.Since(t0).Seconds()
+			errs[w] = writeSeq(ctx, vols[w], bytes, pattern, cfg, &done[w])
+			whole[w] = float64(bytes) / time.Since(t0).Seconds()
 			once.Do(func() { close(firstDone) })
 		}()
 	}
@@ -352,9 +422,62 @@ func runWriters(ctx context.Context, cfg Config, lenders []*lender, names [][]st
 	return steady, whole, nil
 }
 
-// writeSeq writes cfg.Bytes sequentially with cfg.Depth requests in flight.
-func writeSeq(ctx context.Context, v *stripe.Volume, cfg Config, done *atomic.Int64) error {
-	n := (cfg.Bytes + int64(cfg.Request) - 1) / int64(cfg.Request)
+// probeRate measures what len(names) writers, each striping over its
+// len(names[w]) exports of the unshaped probe lender, deliver together in
+// cfg.Probe: the rate the machine can move through the data plane right now
+// for the scenario's workload (NBD, stripe, TCP, veth and bridge: the same
+// code and kernel path, without the shaping).
+func probeRate(ctx context.Context, cfg Config, l *lender, names [][]string, pattern []byte) (float64, error) {
+	vols := make([]*stripe.Volume, len(names))
+	for w := range names {
+		var devs []stripe.Device
+		for _, name := range names[w] {
+			c, err := nbd.Dial(ctx, "tcp", l.addr, name)
+			if err != nil {
+				return 0, err
+			}
+			defer c.Close()
+			devs = append(devs, c)
+		}
+		v, err := stripe.New(devs, stripe.Config{})
+		if err != nil {
+			return 0, err
+		}
+		vols[w] = v
+	}
+	// Each writer writes its volume over and over (sequentially, as in the
+	// scenario) until the probe time is up.
+	size := cfg.Bytes * int64(len(names[0])) / int64(cfg.Request) * int64(cfg.Request)
+	pctx, cancel := context.WithTimeout(ctx, cfg.Probe)
+	defer cancel()
+	var done atomic.Int64
+	errs := make([]error, len(vols))
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for w, v := range vols {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for pctx.Err() == nil {
+				if err := writeSeq(pctx, v, size, pattern, cfg, &done); err != nil && pctx.Err() == nil {
+					errs[w] = err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return 0, err
+	}
+	return float64(done.Load()) / time.Since(t0).Seconds(), ctx.Err()
+}
+
+// writeSeq writes bytes sequentially with cfg.Depth requests in flight, from
+// pattern (cfg.Request bytes, filled once by the caller: the writers only
+// read it, and filling it per writer would cost CPU inside the measurement).
+func writeSeq(ctx context.Context, v *stripe.Volume, bytes int64, pattern []byte, cfg Config, done *atomic.Int64) error {
+	n := (bytes + int64(cfg.Request) - 1) / int64(cfg.Request)
 	next := make(chan int64)
 	errs := make([]error, cfg.Depth)
 	var wg sync.WaitGroup
@@ -362,13 +485,9 @@ func writeSeq(ctx context.Context, v *stripe.Volume, cfg Config, done *atomic.In
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			buf := make([]byte, cfg.Request)
-			for i := range buf {
-				buf[i] = byte(i*7 + d)
-			}
 			for off := range next {
-				b := buf
-				if rest := cfg.Bytes - off; rest < int64(len(b)) {
+				b := pattern
+				if rest := bytes - off; rest < int64(len(b)) {
 					b = b[:rest]
 				}
 				if _, err := v.WriteAt(b, off); err != nil && errs[d] == nil {
@@ -388,6 +507,15 @@ func writeSeq(ctx context.Context, v *stripe.Volume, cfg Config, done *atomic.In
 	close(next)
 	wg.Wait()
 	return errors.Join(append(errs, err)...)
+}
+
+// newPattern returns the bytes every write request carries.
+func newPattern(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i * 7)
+	}
+	return b
 }
 
 // Result turns rows into a sim.Result (CSV and SVG through package

@@ -3,7 +3,6 @@ package validate
 import (
 	"context"
 	"os"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -24,70 +23,84 @@ func TestSimulateFairShare(t *testing.T) {
 	}
 }
 
+// MinHeadroom is the least Row.Headroom at which a scenario's errors are
+// asserted: the machine must be able to move at least this many times the
+// shaped links' rate, so that the real side is bound by the links (what the
+// simulator models) and not by the CPU.
+const MinHeadroom = 1.5
+
 func TestRealVsSimulated(t *testing.T) {
 	if err := netns.Available(); err != nil {
 		t.Skip(err)
 	}
-	cfg := Config{Lenders: []int{1, 2, 3}, Writers: []int{1, 4}, Bytes: 8 << 20}
-	var ctxFull context.Context
+	// Every lender count, with one writer alone and with several writers
+	// per link (where TCP's unfairness showed).
+	cfg := Config{Lenders: []int{1, 2, 3}, Writers: []int{1, 3, 6}, Bytes: 3 << 20}
+	timeout := 3 * time.Minute
 	if os.Getenv("RIALTO_VALIDATE_FULL") != "" {
-		cfg.Writers, cfg.Bytes = []int{1, 2, 3, 4, 5, 6}, 16<<20
-		ctx2, cancel2 := context.WithTimeout(context.Background(), 15*time.Minute)
-		defer cancel2()
-		ctxFull = ctx2
+		cfg.Writers, cfg.Bytes = []int{1, 2, 3, 4, 5, 6}, 8<<20
+		timeout = 15 * time.Minute
 	}
 	if testing.Short() {
 		cfg.Lenders, cfg.Writers = []int{1, 2}, []int{1, 3}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if ctxFull != nil {
-		ctx = ctxFull
+	// Knobs for exploring the real side (docs/simulator.md).
+	cfg.Rate = os.Getenv("RIALTO_VALIDATE_RATE")
+	cfg.Queue = os.Getenv("RIALTO_VALIDATE_QUEUE")
+	cfg.CongestionControl = os.Getenv("RIALTO_VALIDATE_CC")
+	if v := ints(os.Getenv("RIALTO_VALIDATE_LENDERS")); v != nil {
+		cfg.Lenders = v
 	}
+	if v := ints(os.Getenv("RIALTO_VALIDATE_WRITERS")); v != nil {
+		cfg.Writers = v
+	}
+	if v := ints(os.Getenv("RIALTO_VALIDATE_MIB")); len(v) == 1 {
+		cfg.Bytes = int64(v[0]) << 20
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
 	rows, err := Run(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The real side needs the CPU: on an overloaded machine (load average
-	// above the CPU count) the writers are starved and the comparison says
-	// more about the neighbours than about the model, so it is only logged.
-	load, ncpu := loadAverage(), runtime.NumCPU()
-	strict := load <= float64(ncpu)
-	if !strict {
-		t.Logf("load average %.1f on %d CPUs: errors are logged, not asserted", load, ncpu)
-	}
-	okWriter, okMakespan := 0, 0
+	t.Logf("load average %.1f; tbf %s per lender, queue %s, congestion control %s, %d MiB per writer and lender",
+		loadAverage(), orDefault(cfg.Rate, DefaultRate), orDefault(cfg.Queue, "1.25 MB"), orDefault(cfg.CongestionControl, DefaultCongestionControl), cfg.Bytes>>20)
+	okWriter, okMakespan, asserted := 0, 0, 0
 	defer func() {
-		t.Logf("summary: per-writer error within 10%% in %d of %d scenarios, makespan within 10%% in %d of %d", okWriter, len(rows), okMakespan, len(rows))
+		t.Logf("summary: per-writer error within 10%% in %d of %d scenarios, makespan within 10%% in %d of %d; %d asserted (headroom >= %.1f)", okWriter, len(rows), okMakespan, len(rows), asserted, MinHeadroom)
 	}()
 	for _, r := range rows {
 		mb := make([]string, len(r.RealWhole))
 		for i, v := range r.RealWhole {
 			mb[i] = strconv.FormatFloat(v/1e6, 'f', 2, 64)
 		}
-		t.Logf("%d lenders, %d writers: real %s MB/s per writer, simulated %.2f; per-writer error max %.1f%%, makespan error %.1f%%",
-			r.Lenders, r.Writers, strings.Join(mb, " "), r.SimWhole[0]/1e6, 100*r.MaxWholeError(), 100*r.AggregateError())
+		t.Logf("%d lenders, %d writers: real %s MB/s per writer, simulated %.2f; per-writer error max %.1f%%, makespan error %.1f%%; headroom %.1f×",
+			r.Lenders, r.Writers, strings.Join(mb, " "), r.SimWhole[0]/1e6, 100*r.MaxWholeError(), 100*r.AggregateError(), r.Headroom)
 		if r.MaxWholeError() <= 0.10 {
 			okWriter++
 		}
 		if r.AggregateError() <= 0.10 {
 			okMakespan++
 		}
-		// The simulator's fair shares hold for the aggregate; single TCP
-		// flows through one tbf FIFO on a shared 2-core box are up to ~20%
-		// unfair to one another (see docs/simulator.md), hence the wider
-		// per-writer bound.
-		if strict && r.AggregateError() > 0.10 {
-			t.Errorf("%d lenders %d writers: makespan error %.1f%% > 10%%", r.Lenders, r.Writers, 100*r.AggregateError())
+		if r.Headroom < MinHeadroom {
+			// The machine could not move the scenario's bytes with room to
+			// spare just before it ran: the CPU, not the links, would bound
+			// the real side, so the comparison is not about the model.
+			t.Logf("%d lenders, %d writers: headroom %.1f× < %.1f×: machine too busy, not asserted", r.Lenders, r.Writers, r.Headroom, MinHeadroom)
+			continue
 		}
-		if strict && r.MaxWholeError() > 0.30 {
-			t.Errorf("%d lenders %d writers: per-writer error %.1f%% > 30%%", r.Lenders, r.Writers, 100*r.MaxWholeError())
+		asserted++
+		if e := r.MaxWholeError(); e > 0.10 {
+			t.Errorf("%d lenders %d writers: per-writer error %.1f%% > 10%%", r.Lenders, r.Writers, 100*e)
 		}
 	}
 	if dir := os.Getenv("RIALTO_VALIDATE_OUT"); dir != "" {
 		if _, err := report.Write(Result(rows, cfg), dir); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if asserted == 0 {
+		t.Skipf("machine too busy for every scenario (headroom < %.1f×): nothing asserted", MinHeadroom)
 	}
 }
 
@@ -102,4 +115,21 @@ func loadAverage() float64 {
 	}
 	v, _ := strconv.ParseFloat(f[0], 64)
 	return v
+}
+
+func orDefault(s, d string) string {
+	if s == "" {
+		return d
+	}
+	return s
+}
+
+func ints(s string) []int {
+	var out []int
+	for _, f := range strings.Fields(s) {
+		if n, err := strconv.Atoi(f); err == nil {
+			out = append(out, n)
+		}
+	}
+	return out
 }
