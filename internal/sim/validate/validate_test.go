@@ -27,7 +27,7 @@ func TestSimulateFairShare(t *testing.T) {
 // asserted: the machine must be able to move at least this many times the
 // shaped links' rate, so that the real side is bound by the links (what the
 // simulator models) and not by the CPU.
-const MinHeadroom = 1.5
+const MinHeadroom = 3.0
 
 func TestRealVsSimulated(t *testing.T) {
 	if err := netns.Available(); err != nil {
@@ -35,7 +35,7 @@ func TestRealVsSimulated(t *testing.T) {
 	}
 	// Every lender count, with one writer alone and with several writers
 	// per link (where TCP's unfairness showed).
-	cfg := Config{Lenders: []int{1, 2, 3}, Writers: []int{1, 3, 6}, Bytes: 3 << 20}
+	cfg := Config{Lenders: []int{1, 2, 3}, Writers: []int{1, 3, 6}, Bytes: 4 << 20}
 	timeout := 3 * time.Minute
 	if os.Getenv("RIALTO_VALIDATE_FULL") != "" {
 		cfg.Writers, cfg.Bytes = []int{1, 2, 3, 4, 5, 6}, 8<<20
