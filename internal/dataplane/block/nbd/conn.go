@@ -30,8 +30,9 @@ type op struct {
 	held  int64   // budget bytes to release once written
 	hdr   [32]byte
 	hlen  int
-	out   []byte // reply payload after hdr (aliases buf or ext)
-	ext   []byte // block-status payload
+	out   []byte       // reply payload after hdr (aliases buf or ext)
+	ext   []byte       // block-status payload
+	mref  mappedSource // out points into this backend's mapping
 
 	// Large reads from a file are sent with sendfile(2) instead of out.
 	sfFD   int
@@ -107,6 +108,7 @@ type conn struct {
 	iov   [2 * maxBatch][]byte // guarded by wmu
 	bufs  net.Buffers          // guarded by wmu
 	nw    nowaitReader
+	mp    mappedSource // nil unless the backend is mapped and nc is a socket
 	sp    spliceTarget
 	// splice pipe for large writes (0 until first used)
 	pipeR, pipeW int
@@ -139,12 +141,30 @@ func (c *conn) readNowait(o *op) bool {
 	if o.req.Type != CmdRead || c.nw == nil || c.limit != nil || o.req.Length >= sendfileMin {
 		return false
 	}
+	if c.mapRead(o) {
+		return true
+	}
 	n := int(o.req.Length)
 	o.buf = getBuf(n)
 	got, err := c.nw.readAtNowait(*o.buf, int64(o.req.Offset))
 	if err != nil || got != n {
 		return false // a worker will read it (into o.buf)
 	}
+	c.encodeRead(o)
+	return true
+}
+
+// mapRead points o's reply at the backend's mapping when it can; the
+// kernel then copies the bytes to the socket without a pread.
+func (c *conn) mapRead(o *op) bool {
+	if c.mp == nil {
+		return false
+	}
+	p, ok := c.mp.mapRange(int64(o.req.Offset), int64(o.req.Length))
+	if !ok {
+		return false
+	}
+	o.mref, o.out = c.mp, p
 	c.encodeRead(o)
 	return true
 }
@@ -175,6 +195,11 @@ func newConn(s *Server, nc net.Conn, r *bufio.Reader, sess *session) *conn {
 		c.tcp = true
 	case *net.UnixConn:
 		c.rawc, _ = t.SyscallConn()
+	}
+	if c.rawc != nil {
+		// Mapped bytes may only reach a socket's writev: Go code touching
+		// them could fault if the file were truncated.
+		c.mp, _ = e.Backend.(mappedSource)
 	}
 	c.bud.cond.L = &c.bud.mu
 	return c
@@ -435,6 +460,9 @@ func (c *conn) sendfile(o *op) error {
 }
 
 func (c *conn) freeOp(o *op) {
+	if o.mref != nil {
+		o.mref.unmapRange()
+	}
 	putBuf(o.buf)
 	c.bud.release(o.held)
 	*o = op{hdr: o.hdr, ext: o.ext[:0]}
@@ -541,6 +569,9 @@ func (c *conn) execute(ctx context.Context, o *op) {
 				c.encodeRead(o)
 				return
 			}
+		}
+		if o.buf == nil && n < sendfileMin && c.mapRead(o) {
+			return
 		}
 		if o.buf == nil {
 			o.buf = getBuf(int(n))

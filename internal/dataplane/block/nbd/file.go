@@ -44,6 +44,7 @@ type FileBackend struct {
 	end      atomic.Int64 // file size last seen (for sendfile)
 	noNowait atomic.Bool  // preadv2(RWF_NOWAIT) unsupported
 	inMemory bool         // file on tmpfs or ramfs
+	mm       *fileMap     // read-only mapping when inMemory (nil if mmap failed)
 
 	alloc allocMap
 }
@@ -91,7 +92,20 @@ func NewFileBackend(f *os.File, o FileOptions) (*FileBackend, error) {
 	if unix.Fstatfs(b.fd, &sfs) == nil && (sfs.Type == unix.TMPFS_MAGIC || sfs.Type == unix.RAMFS_MAGIC) {
 		b.inMemory = true
 	}
-	b.alloc.init(length)
+	if b.inMemory {
+		// Page-sized chunks, so that reads through the mapping do not
+		// fault pages into holes next to data.
+		b.alloc.init(length, 12)
+	} else {
+		b.alloc.init(length, 16)
+	}
+	if b.inMemory {
+		if b.mm = newFileMap(b.fd, b.base, length); b.mm != nil {
+			// Reads go through the mapping only where the bitmap says
+			// data may be, so build it now (cheap on tmpfs).
+			b.alloc.once.Do(func() { b.alloc.scan(b) })
+		}
+	}
 	return b, nil
 }
 
@@ -151,8 +165,24 @@ func (b *FileBackend) spliceDest(off, n int64) (int, int64, any, bool) {
 	return b.fd, b.base + off, b.f, true
 }
 
-// Close closes the file.
-func (b *FileBackend) Close() error { return b.f.Close() }
+// mapRange implements mappedSource for files on tmpfs or ramfs.
+func (b *FileBackend) mapRange(off, n int64) ([]byte, bool) {
+	if b.mm == nil || off < 0 || n <= 0 || off+n > b.size || !b.alloc.allSet(off, n) {
+		return nil, false
+	}
+	return b.mm.get(off, n)
+}
+
+func (b *FileBackend) unmapRange() { b.mm.put() }
+
+// Close closes the file. A mapping still referenced by a reply being sent
+// is unmapped when that send completes.
+func (b *FileBackend) Close() error {
+	if b.mm != nil {
+		b.mm.close()
+	}
+	return b.f.Close()
+}
 
 func (b *FileBackend) check(off, n int64) error {
 	if off < 0 || n < 0 || off > b.size || n > b.size-off {
@@ -369,9 +399,11 @@ type allocMap struct {
 
 const maxAllocBits = 8 << 20 // 1 MiB of bitmap at most
 
-func (a *allocMap) init(size int64) {
+// init sizes the map for size bytes in chunks of 1<<shift bytes, or larger
+// chunks if the bitmap would exceed maxAllocBits.
+func (a *allocMap) init(size int64, shift uint) {
 	a.size = size
-	a.shift = 16 // 64 KiB chunks
+	a.shift = shift
 	for (size>>a.shift)+1 > maxAllocBits {
 		a.shift++
 	}
@@ -422,6 +454,19 @@ func (a *allocMap) scan(b *FileBackend) {
 		pos = h
 	}
 	runtime.KeepAlive(b.f)
+}
+
+// allSet reports whether every chunk of [off, off+n) may hold data.
+func (a *allocMap) allSet(off, n int64) bool {
+	if a.allData.Load() {
+		return true
+	}
+	for i, last := off>>a.shift, (off+n-1)>>a.shift; i <= last; i++ {
+		if !a.bit(i) {
+			return false
+		}
+	}
+	return true
 }
 
 func (a *allocMap) bit(i int64) bool {
