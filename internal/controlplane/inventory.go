@@ -32,9 +32,8 @@ type invCache struct {
 	// does not rebuild it. It is used only while no live lease carries
 	// work or a deadline (timed): the index's clock would then move
 	// their remaining work, which a rebuilt snapshot does not.
-	idx     *placement.Index
-	idxExcl map[string]bool
-	timed   map[string]bool // lease IDs with work or a deadline
+	idx   *placement.Index
+	timed map[string]bool // lease IDs with work or a deadline
 }
 
 // inventory returns the placement view; placeMu must be held.
@@ -48,7 +47,7 @@ func (s *Server) inventory(ctx context.Context) (store.Inventory, error) {
 		c.nodes, c.devices, c.links, c.profiles = inv.Nodes, inv.Devices, inv.Links, inv.Profiles
 		c.parts = map[string][]store.LivePart{}
 		c.timed = map[string]bool{}
-		c.idx, c.idxExcl = nil, nil
+		c.idx = nil
 		for _, p := range inv.Parts {
 			c.parts[p.LeaseID] = append(c.parts[p.LeaseID], p)
 			if timedDemand(p.Demand) {
@@ -127,21 +126,20 @@ func timedDemand(d store.Demand) bool { return d.Work > 0 || !d.Deadline.IsZero(
 
 // placeIndex is the indexSource over the cache; placeMu must be held and
 // inv must come from inventory.
-func (s *Server) placeIndex(inv store.Inventory, now time.Time) (*placement.Index, map[string]bool) {
+func (s *Server) placeIndex(inv store.Inventory, now time.Time) *placement.Index {
 	c := &s.inv
 	if !c.valid || len(c.timed) > 0 {
-		return nil, nil
+		return nil
 	}
 	at := time.Duration(now.UnixNano())
 	if c.idx != nil && at < c.idx.Now() {
-		return nil, nil // the clock went back: build one for this request
+		return nil // the clock went back: build one for this request
 	}
 	if c.idx == nil {
-		snap, excl := snapshot(inv, nil, now)
-		c.idx, c.idxExcl = placement.NewIndex(snap), excl
+		c.idx = placement.NewIndex(snapshot(inv, nil, now))
 	}
 	c.idx.Advance(at)
-	return c.idx, c.idxExcl
+	return c.idx
 }
 
 // invalidate makes the next placement reload the inventory, and the next

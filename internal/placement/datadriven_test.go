@@ -30,8 +30,9 @@ var rewrite = flag.Bool("rewrite", false, "rewrite testdata expectations with ac
 //
 // Commands: topology (input: node/link/device/profile/quota lines; resets
 // the snapshot), lease (input: lease lines), now DURATION, place (args: the
-// request; id=NAME records the plan as a running lease; brief prints only
-// the plan), predict, remove ID, holds (seed-000 calibration table).
+// request — whole, labels=K=V,K=V and pin=DEV,DEV among them; id=NAME
+// records the plan as a running lease; brief prints only the plan),
+// predict, remove ID, holds (seed-000 calibration table).
 func TestScenarios(t *testing.T) {
 	files, err := filepath.Glob("testdata/*.txt")
 	if err != nil || len(files) == 0 {
@@ -346,15 +347,17 @@ func (sc *scenario) topologyLine(l string) error {
 		_, down := kv["down"]
 		sc.s.Links = append(sc.s.Links, fabric.Link{ID: f[1] + "-" + f[2], A: f[1], B: f[2], Kind: fabric.Kind(kv["kind"]),
 			Bandwidth: getF("bw"), Latency: getD("lat"), Load: getF("load"), Down: down})
-	case "device": // device ID node=N kind=K [model=M] cap=C [bw=B] [lat=L] [state=S] [attach=V]
+	case "device": // device ID node=N kind=K [model=M] cap=C [bw=B] [lat=L] [state=S] [attach=V] [exclusive]
+		_, excl := kv["exclusive"]
 		sc.s.Devices = append(sc.s.Devices, Device{ID: f[1], Node: kv["node"], Kind: kv["kind"], Model: kv["model"],
-			Capacity: int64(getF("cap")), Bandwidth: getF("bw"), Latency: getD("lat"), State: kv["state"], Attach: kv["attach"]})
-	case "devices": // devices PREFIX COUNT node=N ... (numbered PREFIX1..)
+			Capacity: int64(getF("cap")), Bandwidth: getF("bw"), Latency: getD("lat"), State: kv["state"], Attach: kv["attach"], Exclusive: excl})
+	case "devices": // devices PREFIX COUNT node=N ... [exclusive] (numbered PREFIX1..)
 		n, _ := strconv.Atoi(f[2])
 		kv = kvs(f[3:])
+		_, excl := kv["exclusive"]
 		for i := 1; i <= n; i++ {
 			sc.s.Devices = append(sc.s.Devices, Device{ID: fmt.Sprintf("%s%d", f[1], i), Node: kv["node"], Kind: kv["kind"], Model: kv["model"],
-				Capacity: int64(getF("cap")), Bandwidth: getF("bw")})
+				Capacity: int64(getF("cap")), Bandwidth: getF("bw"), Exclusive: excl})
 		}
 	case "profile": // profile seed000 | profile MODEL max=B [curve=b1,b2,...]
 		if f[1] == "seed000" {
@@ -455,6 +458,17 @@ func parseRequest(kv map[string]string) (Request, error) {
 	}
 	if v := kv["anti"]; v != "" {
 		r.AntiAffinity = strings.Split(v, ",")
+	}
+	_, r.Whole = kv["whole"]
+	if v := kv["labels"]; v != "" { // labels=K=V,K=V
+		r.Labels = map[string]string{}
+		for _, t := range strings.Split(v, ",") {
+			k, lv, _ := strings.Cut(t, "=")
+			r.Labels[k] = lv
+		}
+	}
+	if v := kv["pin"]; v != "" {
+		r.Devices = strings.Split(v, ",")
 	}
 	return r, err
 }

@@ -91,7 +91,8 @@ type devState struct {
 	prof      Profile
 	hasProf   bool
 	free      int64
-	dedicated bool
+	dedicated bool   // held whole: by a dedicated lease, or any lease when exclusive
+	exclusive bool   // Device.Exclusive
 	usable    string // "" when usable, else the constraint that rules it out
 	leases    []int32
 	spans     []span // the parts of leases on it, sorted by offset
@@ -120,8 +121,8 @@ type usage struct {
 type kindGroups struct {
 	anchors []int32           // distinct anchors with devices of the kind, sorted
 	devs    map[int32][]int32 // anchor -> devices sorted by ID
-	maxFree map[int32]int64
-	empty   map[int32]int // devices with no lease
+	maxFree map[int32]int64   // most free capacity of a usable, partitionable device
+	empty   map[int32]int     // usable devices with no lease
 }
 
 type localKey struct {
@@ -172,6 +173,7 @@ func NewIndex(s *Snapshot) *Index {
 		ds := &x.devs[i]
 		ds.dev = d
 		ds.free = d.Capacity
+		ds.exclusive = d.Exclusive
 		x.devByID[d.ID] = i
 		ni, ok := x.nodeByID[d.Node]
 		ds.node = -1
@@ -494,7 +496,7 @@ func (x *Index) insertLease(l Lease) int {
 		}
 		ds := &x.devs[di]
 		ds.free -= p.Length
-		if l.Mode == ModeDedicated {
+		if l.Mode == ModeDedicated || ds.exclusive {
 			ds.dedicated = true
 		}
 		sp := span{p.Offset, p.Offset + p.Length}
@@ -610,7 +612,7 @@ func (x *Index) refreshGroup(kg *kindGroups, a int32) {
 		if ds.usable != "" || ds.dedicated {
 			continue
 		}
-		if ds.free > mf {
+		if ds.free > mf && !ds.exclusive {
 			mf = ds.free
 		}
 		if len(ds.leases) == 0 {

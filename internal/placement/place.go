@@ -81,13 +81,19 @@ func (x *Index) validate(r Request) (req, error) {
 	default:
 		return q, fmt.Errorf("%w: unknown kind %q", ErrInvalid, r.Kind)
 	}
-	if r.Size <= 0 {
-		return q, fmt.Errorf("%w: size must be positive", ErrInvalid)
+	switch {
+	case r.Whole && r.Size < 0:
+		return q, fmt.Errorf("%w: size must not be negative", ErrInvalid)
+	case !r.Whole && r.Size <= 0:
+		return q, fmt.Errorf("%w: size must be positive (or ask for a whole device)", ErrInvalid)
 	}
 	switch r.Mode {
 	case "", ModeDedicated, ModeShared, ModeComposed:
 	default:
 		return q, fmt.Errorf("%w: unknown mode %q", ErrInvalid, r.Mode)
+	}
+	if r.Whole && r.Mode != "" && r.Mode != ModeDedicated {
+		return q, fmt.Errorf("%w: a whole device is dedicated, not %s (a %s lease needs a size)", ErrInvalid, r.Mode, r.Mode)
 	}
 	switch r.Strategy {
 	case "":
@@ -139,8 +145,8 @@ func (x *Index) Place(r Request) (Plan, error) {
 		}
 	}
 	allowDed := r.Mode == "" || r.Mode == ModeDedicated
-	allowShare := r.Mode == ModeShared || (r.Mode == "" && r.AllowShare)
-	allowComp := r.Mode == ModeComposed || (r.Mode == "" && r.AllowCompose)
+	allowShare := !r.Whole && (r.Mode == ModeShared || (r.Mode == "" && r.AllowShare))
+	allowComp := !r.Whole && (r.Mode == ModeComposed || (r.Mode == "" && r.AllowCompose))
 	minW, maxW := 2, MaxWidth
 	if r.Width > 0 {
 		minW, maxW = r.Width, r.Width
@@ -163,7 +169,11 @@ func (x *Index) Place(r Request) (Plan, error) {
 	if len(cands) == 0 {
 		var rej rejections
 		_, rej, examined = x.candidates(q, bv, allowDed, minNeed, true)
-		return Plan{}, newInfeasible(fmt.Sprintf("no %s device for %s among %d examined", r.Kind, r.Borrower, examined), rej.list, rej.top())
+		detail := fmt.Sprintf("no %s device for %s among %d examined", r.Kind, r.Borrower, examined)
+		if len(r.Devices) > 0 {
+			detail = fmt.Sprintf("no %s device for %s among the %d pinned", r.Kind, r.Borrower, examined)
+		}
+		return Plan{}, newInfeasible(detail, rej.list, rej.top())
 	}
 
 	// Candidate positions (in the unsorted list), for lookups in eval and
@@ -194,7 +204,7 @@ func (x *Index) Place(r Request) (Plan, error) {
 	x.prefBuf = prefix[:0]
 	if allowDed {
 		sel = x.firstK(sel, prefix, cands, 2, func(c *cand) bool {
-			return c.nLeases == 0 && !x.devs[c.dev].dedicated && x.devs[c.dev].dev.Capacity >= r.Size
+			return x.wholeFree(&x.devs[c.dev], r.Size)
 		})
 		for _, i := range sel {
 			c := &cands[i]
@@ -210,11 +220,11 @@ func (x *Index) Place(r Request) (Plan, error) {
 	}
 	if allowShare {
 		add := func(c *cand) {
-			if x.devs[c.dev].free >= shareLen {
+			if ds := &x.devs[c.dev]; ds.free >= shareLen && !ds.exclusive {
 				addOpt(option{mode: ModeShared, devs: []int32{c.dev}, partLen: shareLen})
 			}
 		}
-		sel = x.firstK(sel, prefix, cands, 6, nil)
+		sel = x.firstK(sel, prefix, cands, 6, x.partitionable)
 		for _, i := range sel {
 			add(&cands[i])
 		}
@@ -225,7 +235,7 @@ func (x *Index) Place(r Request) (Plan, error) {
 	if allowComp {
 		for w := minW; w <= maxW; w++ {
 			pl := roundUp((r.Size+int64(w)-1)/int64(w), q.align)
-			fits := func(c *cand) bool { return x.devs[c.dev].free >= pl }
+			fits := func(c *cand) bool { ds := &x.devs[c.dev]; return ds.free >= pl && !ds.exclusive }
 			sel = x.firstK(sel, prefix, cands, w, fits)
 			if len(sel) == w {
 				devs := make([]int32, w)
@@ -252,7 +262,11 @@ func (x *Index) Place(r Request) (Plan, error) {
 	if len(opts) == 0 {
 		sorted := slices.Clone(cands)
 		slices.SortFunc(sorted, func(a, b cand) int { return x.cmpCand(&a, &b) })
-		return Plan{}, newInfeasible(fmt.Sprintf("no device can hold a %s lease of %d", modeList(allowDed, allowShare, allowComp), r.Size), x.modeRejections(sorted), ConstraintMode)
+		what := fmt.Sprintf("a %s lease of %d", modeList(allowDed, allowShare, allowComp), r.Size)
+		if r.Whole {
+			what = fmt.Sprintf("a whole-device lease of at least %d", r.Size)
+		}
+		return Plan{}, newInfeasible("no device can hold "+what, x.modeRejections(sorted), ConstraintMode)
 	}
 	x.offArena, x.impArena = x.offArena[:0], x.impArena[:0]
 	results := x.resBuf[:0]
@@ -306,6 +320,17 @@ func (x *Index) Place(r Request) (Plan, error) {
 		Impacts:             best.impacts,
 	}
 	p.Explanation = x.explain(q, top, len(results), rejected, len(cands), examined)
+	if allowShare || allowComp {
+		nx := 0
+		for i := range cands {
+			if x.devs[cands[i].dev].exclusive {
+				nx++
+			}
+		}
+		if nx > 0 {
+			p.Explanation = append(p.Explanation, fmt.Sprintf("exclusive: %d of %d candidate devices are lent whole only (never shared or composed)", nx, len(cands)))
+		}
+	}
 	return p, nil
 }
 
@@ -327,10 +352,50 @@ func (x *Index) modeRejections(cands []cand) []Rejection {
 	var out []Rejection
 	for _, c := range cands {
 		ds := &x.devs[c.dev]
-		out = append(out, Rejection{Candidate: ds.dev.ID, Constraint: ConstraintCapacity,
-			Reason: fmt.Sprintf("%d free of %d, %d leases", ds.free, ds.dev.Capacity, len(ds.leases))})
+		r := Rejection{Candidate: ds.dev.ID, Constraint: ConstraintCapacity,
+			Reason: fmt.Sprintf("%d free of %d, %d leases", ds.free, ds.dev.Capacity, len(ds.leases))}
+		if ds.exclusive {
+			r.Constraint, r.Reason = ConstraintExclusive, "exclusive (lent whole only): "+r.Reason
+		}
+		out = append(out, r)
 	}
 	return out
+}
+
+// wholeFree reports whether ds can be dedicated to a request of size n: an
+// empty device (no lease at all) of capacity at least n.
+func (x *Index) wholeFree(ds *devState, n int64) bool {
+	return len(ds.leases) == 0 && !ds.dedicated && ds.dev.Capacity >= n && ds.dev.Capacity > 0
+}
+
+// notWholeReason says why ds cannot be dedicated to a request of size n.
+func (x *Index) notWholeReason(ds *devState, n int64) string {
+	if len(ds.leases) > 0 {
+		return fmt.Sprintf("in use by %d lease(s): dedicated needs an unused device", len(ds.leases))
+	}
+	return fmt.Sprintf("capacity %d: dedicated needs at least %d", ds.dev.Capacity, n)
+}
+
+// partitionable is the candidates that may hold a part: not exclusive.
+func (x *Index) partitionable(c *cand) bool { return !x.devs[c.dev].exclusive }
+
+// labelled reports whether ds's node carries every selected label; when
+// not, it names the first missing one (in key order).
+func (x *Index) labelled(sel map[string]string, ds *devState) (bool, string) {
+	var labels map[string]string
+	if ds.node >= 0 {
+		labels = x.nodes[ds.node].Labels
+	}
+	missing := ""
+	for k, v := range sel {
+		if lv, ok := labels[k]; ok && lv == v {
+			continue
+		}
+		if t := k + "=" + v; missing == "" || t < missing {
+			missing = t
+		}
+	}
+	return missing == "", missing
 }
 
 type rejections struct {
@@ -402,17 +467,24 @@ func (x *Index) candidates(q req, bv int32, allowDed bool, minNeed int64, detail
 		}
 		if ds.dedicated {
 			if detail {
-				rej.add(ds.dev.ID, ConstraintCapacity, "dedicated to another lease")
+				reason := "dedicated to another lease"
+				if ds.exclusive {
+					reason = fmt.Sprintf("exclusive, held whole by %d lease(s)", len(ds.leases))
+				}
+				rej.add(ds.dev.ID, ConstraintCapacity, reason)
 			}
 			return
 		}
-		if !(ds.free >= minNeed || (allowDed && len(ds.leases) == 0 && ds.dev.Capacity >= q.Size)) {
+		if !((ds.free >= minNeed && !ds.exclusive) || (allowDed && x.wholeFree(ds, q.Size))) {
 			if detail {
-				reason := fmt.Sprintf("%d free, needs %d", ds.free, minNeed)
-				if minNeed == math.MaxInt64 {
-					reason = fmt.Sprintf("%d leases, capacity %d: dedicated needs an empty device of at least %d", len(ds.leases), ds.dev.Capacity, q.Size)
+				constraint, reason := ConstraintCapacity, fmt.Sprintf("%d free, needs %d", ds.free, minNeed)
+				switch {
+				case ds.exclusive && !allowDed:
+					constraint, reason = ConstraintExclusive, "lent whole only, and a "+modeList(false, true, true)+" lease takes a part"
+				case minNeed == math.MaxInt64 || ds.exclusive:
+					reason = x.notWholeReason(ds, q.Size)
 				}
-				rej.add(ds.dev.ID, ConstraintCapacity, reason)
+				rej.add(ds.dev.ID, constraint, reason)
 			}
 			return
 		}
@@ -421,6 +493,14 @@ func (x *Index) candidates(q req, bv int32, allowDed bool, minNeed int64, detail
 				rej.add(ds.dev.ID, ConstraintAffinity, "node "+ds.dev.Node+" fails affinity")
 			}
 			return
+		}
+		if len(q.Labels) > 0 {
+			if ok, missing := x.labelled(q.Labels, ds); !ok {
+				if detail {
+					rej.add(ds.dev.ID, ConstraintLabels, "node "+ds.dev.Node+" lacks label "+missing)
+				}
+				return
+			}
 		}
 		d := x.distFrom(bt, bv, ds.vertex)
 		if d == fabric.Unreachable {
@@ -437,6 +517,35 @@ func (x *Index) candidates(q req, bv int32, allowDed bool, minNeed int64, detail
 			return
 		}
 		out = append(out, cand{dev: di, dist: d, latency: lat, linkUtil: x.routeUtil(bt, bv, ds.vertex), nLeases: len(ds.leases)})
+	}
+	if len(q.Devices) > 0 {
+		// Pinned: only the named devices, each once.
+		seen := make(map[string]bool, len(q.Devices))
+		for _, id := range q.Devices {
+			if seen[id] {
+				continue
+			}
+			seen[id] = true
+			di, ok := x.devByID[id]
+			switch {
+			case !ok:
+				examined++
+				if detail {
+					rej.add(id, ConstraintPin, "no such device")
+				}
+			case x.devs[di].dev.Kind != q.Kind:
+				examined++
+				if detail {
+					rej.add(id, ConstraintPin, "pinned device is "+x.devs[di].dev.Kind+", not "+q.Kind)
+				}
+			default:
+				check(int32(di))
+			}
+		}
+		for i := range out {
+			out[i].k1 = candKey(&out[i], q.strategy)
+		}
+		return out, rej, examined
 	}
 	// Devices on the borrower itself first: they are nearest of all.
 	for _, di := range x.local[localKey{bv, q.Kind}] {
@@ -1040,7 +1149,29 @@ func (x *Index) explain(q req, top []*result, nresults int, rejected []Rejection
 	case q.need > 0:
 		need = "wants " + fmtBW(q.need) + " without slowdown"
 	}
-	e = append(e, "request: "+q.Kind+" "+strconv.FormatInt(q.Size, 10)+" for "+q.Borrower+", "+need+", strategy "+q.strategy)
+	size := strconv.FormatInt(q.Size, 10)
+	if q.Whole {
+		size = "whole device"
+		if q.Size > 0 {
+			size += " of at least " + strconv.FormatInt(q.Size, 10)
+		}
+	}
+	e = append(e, "request: "+q.Kind+" "+size+" for "+q.Borrower+", "+need+", strategy "+q.strategy)
+	if len(q.Labels) > 0 || len(q.Devices) > 0 {
+		var sel []string
+		for k, v := range q.Labels {
+			sel = append(sel, k+"="+v)
+		}
+		sort.Strings(sel)
+		c := "selector:"
+		if len(sel) > 0 {
+			c += " labels " + strings.Join(sel, ",")
+		}
+		if len(q.Devices) > 0 {
+			c += " pinned to " + strings.Join(q.Devices, ",")
+		}
+		e = append(e, c)
+	}
 	e = append(e, "candidates: "+strconv.Itoa(ncand)+" usable devices of "+strconv.Itoa(examined)+" examined; "+
 		strconv.Itoa(nresults+len(rejected))+" options predicted, "+strconv.Itoa(len(rejected))+" rejected")
 	compl := ""
@@ -1050,6 +1181,10 @@ func (x *Index) explain(q req, top []*result, nresults int, rejected []Rejection
 	e = append(e, "chose "+x.name(best)+": "+strconv.Itoa(best.hops)+" hops, "+best.latency.String()+", predicted "+
 		fmtBW(best.rate)+compl+", link load "+fmtF(100*best.linkUtil, 0)+"%")
 	switch {
+	case q.Whole:
+		e = append(e, "mode: a whole device was asked for, so dedicated")
+	case q.Mode != "":
+		e = append(e, "mode: "+q.Mode+" was asked for")
 	case q.tight:
 		e = append(e, "mode: tight deadline, so dedicated is preferred, then composed, then shared (isolation from later arrivals)")
 	case q.strategy == Spread:

@@ -1,10 +1,12 @@
 package placement
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/rand"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -48,6 +50,7 @@ func randomSnapshot(rng *rand.Rand) *Snapshot {
 			if rng.Intn(10) == 0 {
 				dev.State = "failed"
 			}
+			dev.Exclusive = rng.Intn(5) == 0
 			s.Devices = append(s.Devices, dev)
 		}
 	}
@@ -77,7 +80,63 @@ func randomRequest(rng *rand.Rand, s *Snapshot) Request {
 	if rng.Intn(2) == 0 {
 		r.Strategy = Spread
 	}
+	// Whole devices, label selectors and pins.
+	switch rng.Intn(8) {
+	case 0:
+		if r.Kind != KindAccel {
+			r.Whole, r.Size = true, int64(rng.Intn(2))*r.Size
+			r.AllowShare, r.AllowCompose = false, false
+			if rng.Intn(2) == 0 {
+				r.Mode = ModeDedicated
+			}
+		}
+	case 1:
+		r.Labels = map[string]string{"rack": fmt.Sprint(rng.Intn(3))}
+	case 2:
+		for _, d := range s.Devices {
+			if rng.Intn(3) == 0 {
+				r.Devices = append(r.Devices, d.ID)
+			}
+		}
+	case 3:
+		r.Mode = []string{ModeDedicated, ModeShared, ModeComposed}[rng.Intn(3)]
+	}
 	return r
+}
+
+// checkPlan verifies what a plan owes its request: whole requests get a
+// whole device, selectors and pins hold, exclusive devices are never
+// shared or composed.
+func checkPlan(t *testing.T, s *Snapshot, r Request, p Plan) {
+	t.Helper()
+	dev := map[string]Device{}
+	for _, d := range s.Devices {
+		dev[d.ID] = d
+	}
+	node := map[string]Node{}
+	for _, n := range s.Nodes {
+		node[n.ID] = n
+	}
+	for _, pt := range p.Parts {
+		d := dev[pt.DeviceID]
+		if d.Kind != r.Kind {
+			t.Fatalf("plan %v: device %s is %s, asked %s", p, d.ID, d.Kind, r.Kind)
+		}
+		if r.Whole && (p.Mode != ModeDedicated || pt.Offset != 0 || pt.Length != d.Capacity || d.Capacity < r.Size) {
+			t.Fatalf("whole request %+v got %v", r, p)
+		}
+		if d.Exclusive && p.Mode != ModeDedicated {
+			t.Fatalf("exclusive device %s placed %s: %v", d.ID, p.Mode, p)
+		}
+		for k, v := range r.Labels {
+			if node[d.Node].Labels[k] != v {
+				t.Fatalf("plan %v: node %s lacks selected %s=%s", p, d.Node, k, v)
+			}
+		}
+		if len(r.Devices) > 0 && !slices.Contains(r.Devices, d.ID) {
+			t.Fatalf("plan %v: device %s not among the pinned %v", p, d.ID, r.Devices)
+		}
+	}
 }
 
 // checkInvariants verifies that the snapshot's leases do not over-commit any
@@ -129,6 +188,9 @@ func checkInvariants(t *testing.T, s *Snapshot, downParts map[string]bool) {
 		}
 		if dedicated[id] && holders[id] != 1 {
 			t.Fatalf("device %s dedicated but held by %d leases", id, holders[id])
+		}
+		if dev[id].Exclusive && (holders[id] != 1 || !dedicated[id]) {
+			t.Fatalf("exclusive device %s held by %d leases (dedicated: %v)", id, holders[id], dedicated[id])
 		}
 	}
 	for tenant, q := range s.Quotas {
@@ -191,8 +253,12 @@ func TestPropertyRandom(t *testing.T) {
 				t.Fatalf("seed %d step %d: index %v (%v) vs fresh %v (%v)\n%s\n%s", seed, i, p3, err3, p1, err1, strings.Join(p3.Explanation, "\n"), strings.Join(p1.Explanation, "\n"))
 			}
 			if err1 != nil {
+				if !errors.Is(err1, ErrInfeasible) && !errors.Is(err1, ErrInvalid) {
+					t.Fatalf("seed %d: %v", seed, err1)
+				}
 				continue
 			}
+			checkPlan(t, s, r, p1)
 			l := p1.Lease(fmt.Sprintf("L%d", i), r, s.Now)
 			s.Leases = append(s.Leases, l)
 			if err := x.Add(l); err != nil {

@@ -296,8 +296,8 @@ func (x *Index) Remove(id string) error {
 		if di, ok := x.devByID[p.DeviceID]; ok {
 			x.dropSpan(di, p)
 			x.devs[di].free += p.Length
-			if ls.l.Mode == ModeDedicated {
-				x.devs[di].dedicated = false
+			if ds := &x.devs[di]; ls.l.Mode == ModeDedicated || ds.exclusive {
+				ds.dedicated = ds.exclusive && len(ds.leases) > 0
 			}
 		}
 	}
@@ -375,6 +375,7 @@ func (x *Index) refreshDevs() {
 		}
 		mf := kg.maxFree[a]
 		switch {
+		case ds.exclusive: // never counted in maxFree
 		case elig && ds.free > mf:
 			kg.maxFree[a] = ds.free
 		case n.elig && n.free == mf && !(elig && ds.free >= n.free):

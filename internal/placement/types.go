@@ -70,6 +70,8 @@ type Node struct {
 // device's own access latency, added to the path latency. Attach is the
 // fabric vertex the device hangs off (a PCIe root or switch), default Node.
 // A device whose State is neither "" nor "healthy" is never chosen.
+// An Exclusive device is lent whole only: it is never shared nor a part of
+// a composition, and any lease on it (whatever its mode) holds all of it.
 type Device struct {
 	ID        string
 	Node      string
@@ -80,6 +82,7 @@ type Device struct {
 	Latency   time.Duration
 	Attach    string
 	State     string
+	Exclusive bool
 }
 
 // Part is one piece of a lease: Length units from Offset on a device.
@@ -132,8 +135,12 @@ type Quota struct {
 // Request asks for one lease.
 type Request struct {
 	Kind     string // block, memory or accel
-	Size     int64  // bytes (block, memory) or slots (accel); > 0
+	Size     int64  // bytes (block, memory) or slots (accel); > 0 unless Whole
 	Borrower string // node ID of the borrower
+
+	// Whole asks for an entire unused device, dedicated: Size is then the
+	// least capacity it must have (0: any). Mode must be "" or dedicated.
+	Whole bool
 
 	// Bandwidth is the rate in bytes/s the workload would run at alone
 	// (0: as fast as it can). Without a deadline, placement avoids slowing
@@ -158,6 +165,12 @@ type Request struct {
 	// AntiAffinity: donors must match none. A term is a node ID or
 	// "label=value" against Node.Labels.
 	Affinity, AntiAffinity []string
+	// Labels is a selector: the donor node must carry every label with
+	// the given value.
+	Labels map[string]string
+	// Devices pins the request: when non-empty, only these devices (by
+	// ID) are candidates.
+	Devices []string
 
 	Tenant   string
 	Strategy string // binpack (default) or spread
@@ -212,17 +225,20 @@ var ErrInvalid = errors.New("placement: invalid request")
 
 // Constraint names used in InfeasibleError.
 const (
-	ConstraintBorrower = "borrower" // borrower unknown or not ready
-	ConstraintKind     = "kind"     // no device of that kind
-	ConstraintNode     = "node"     // donor node suspect or down
-	ConstraintHealth   = "health"   // device unhealthy
-	ConstraintCapacity = "capacity" // not enough free space / slots
-	ConstraintLatency  = "latency"  // path + device latency above MaxLatency
-	ConstraintAffinity = "affinity" // affinity or anti-affinity
-	ConstraintReach    = "reach"    // no fabric path
-	ConstraintMode     = "mode"     // the mode asked for is impossible
-	ConstraintQuota    = "quota"    // tenant quota
-	ConstraintDeadline = "deadline" // no placement meets the deadline
+	ConstraintBorrower  = "borrower"  // borrower unknown or not ready
+	ConstraintKind      = "kind"      // no device of that kind
+	ConstraintNode      = "node"      // donor node suspect or down
+	ConstraintHealth    = "health"    // device unhealthy
+	ConstraintCapacity  = "capacity"  // not enough free space / slots
+	ConstraintLatency   = "latency"   // path + device latency above MaxLatency
+	ConstraintAffinity  = "affinity"  // affinity or anti-affinity
+	ConstraintLabels    = "labels"    // donor node lacks a selected label
+	ConstraintPin       = "pin"       // a pinned device that does not exist or is of another kind
+	ConstraintExclusive = "exclusive" // exclusive device asked for a part (shared or composed)
+	ConstraintReach     = "reach"     // no fabric path
+	ConstraintMode      = "mode"      // the mode asked for is impossible
+	ConstraintQuota     = "quota"     // tenant quota
+	ConstraintDeadline  = "deadline"  // no placement meets the deadline
 )
 
 // Rejection says why a candidate (a device, or an option such as
