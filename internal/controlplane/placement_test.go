@@ -224,3 +224,166 @@ func TestCapsReachLenders(t *testing.T) {
 		}
 	}
 }
+
+// joinSpecs registers a node with the given labels and devices.
+func (e *env) joinSpecs(name string, labels map[string]string, specs ...api.DeviceSpec) string {
+	e.t.Helper()
+	req := api.JoinRequest{Name: name, Address: "127.0.0.1", AgentURL: "http://127.0.0.1:1", Labels: labels,
+		Fingerprint: api.Fingerprint{MachineID: "mid-" + name, Hostname: name, Cores: 2, MemoryBytes: 1 << 30}, Devices: specs}
+	jr, err := e.boot.Join(e.ctx, req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return jr.NodeID
+}
+
+func wantCode(t *testing.T, err error, status int, parts ...string) {
+	t.Helper()
+	var ae *api.Error
+	if !errors.As(err, &ae) || ae.Status != status {
+		t.Fatalf("got %v, want HTTP %d", err, status)
+	}
+	for _, p := range parts {
+		if !strings.Contains(ae.Message, p) {
+			t.Fatalf("error %q does not say %q", ae.Message, p)
+		}
+	}
+}
+
+// TestEveryKindPlacedByPolicy: block, memory and accel requests, sized or
+// whole, with selectors or not, are all decided by internal/placement:
+// every plan carries its request, its choice and the reason for its mode.
+func TestEveryKindPlacedByPolicy(t *testing.T) {
+	e := newEnv(t)
+	e.joinSpecs("n1", map[string]string{"zone": "a"},
+		api.DeviceSpec{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"},
+		api.DeviceSpec{Name: "disk1", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"},
+		api.DeviceSpec{Name: "mem0", Kind: api.KindMemory, Capacity: 1 << 30, Sharing: "partitionable"},
+		api.DeviceSpec{Name: "fpga0", Kind: api.KindAccel, Capacity: 4, Sharing: "partitionable"},
+		api.DeviceSpec{Name: "gpu0", Kind: api.KindAccel, Capacity: 1, Sharing: "exclusive"})
+	e.joinSpecs("n2", map[string]string{"zone": "b"},
+		api.DeviceSpec{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "exclusive"},
+		api.DeviceSpec{Name: "mem0", Kind: api.KindMemory, Capacity: 1 << 30, Sharing: "partitionable"})
+	for _, req := range []api.LeaseRequest{
+		{Kind: api.KindBlock, Size: 1 << 20},
+		{Kind: api.KindBlock},
+		{Kind: api.KindBlock, Mode: api.ModeDedicated},
+		{Kind: api.KindBlock, Size: 1 << 20, Labels: map[string]string{"zone": "b"}},
+		{Kind: api.KindBlock, Size: 3 << 28, Count: 2, Mode: api.ModeComposed},
+		{Kind: api.KindMemory, Size: 1 << 20},
+		{Kind: api.KindMemory},
+		{Kind: api.KindMemory, Size: 1 << 20, Labels: map[string]string{"zone": "b"}},
+		{Kind: api.KindAccel},
+		{Kind: api.KindAccel, Count: 2},
+		{Kind: api.KindAccel, Mode: api.ModeDedicated},
+	} {
+		plan, err := e.alice.Explain(e.ctx, req)
+		if err != nil || plan.State != "feasible" || len(plan.Parts) == 0 {
+			t.Fatalf("%+v: %v %+v", req, err, plan)
+		}
+		text := strings.Join(plan.Explanation, "\n")
+		for _, want := range []string{"request: " + string(req.Kind), "chose ", "mode: "} {
+			if !strings.Contains(text, want) {
+				t.Fatalf("%+v: explanation lacks %q:\n%s", req, want, text)
+			}
+		}
+	}
+}
+
+// TestWholeDeviceLease: size 0 asks for a whole unused device, block or
+// memory; once none is left the refusal says why for each candidate.
+func TestWholeDeviceLease(t *testing.T) {
+	e := newEnv(t)
+	e.joinSpecs("n1", nil,
+		api.DeviceSpec{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"},
+		api.DeviceSpec{Name: "mem0", Kind: api.KindMemory, Capacity: 2 << 30, Sharing: "partitionable"})
+	for _, kind := range []api.Kind{api.KindBlock, api.KindMemory} {
+		plan, err := e.alice.Explain(e.ctx, api.LeaseRequest{Kind: kind})
+		if err != nil || plan.State != "feasible" || !strings.Contains(strings.Join(plan.Explanation, "\n"), "whole device") {
+			t.Fatalf("%s explain: %v %+v", kind, err, plan)
+		}
+		l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: kind})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Mode != api.ModeDedicated || len(l.Parts) != 1 || l.Parts[0].Offset != 0 || l.Parts[0].Length < 1<<30 {
+			t.Fatalf("%s whole: %+v", kind, l)
+		}
+		_, err = e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: kind})
+		wantCode(t, err, http.StatusUnprocessableEntity, "dedicated to another lease")
+		// A part of a device held whole is refused too.
+		_, err = e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: kind, Size: 1 << 20})
+		wantCode(t, err, http.StatusUnprocessableEntity, "dedicated to another lease")
+	}
+	// A whole device is dedicated: shared needs a size.
+	_, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared})
+	wantCode(t, err, http.StatusBadRequest, "whole device")
+}
+
+// TestLabelSelector: labels select donor nodes, for every kind; a
+// selector nobody matches is refused naming the label each node lacks,
+// and explain shows the same without reserving.
+func TestLabelSelector(t *testing.T) {
+	e := newEnv(t)
+	e.joinSpecs("hdd", map[string]string{"disk": "hdd"},
+		api.DeviceSpec{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"})
+	nvme := e.joinSpecs("nvme", map[string]string{"disk": "nvme"},
+		api.DeviceSpec{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"},
+		api.DeviceSpec{Name: "disk1", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"},
+		api.DeviceSpec{Name: "mem0", Kind: api.KindMemory, Capacity: 1 << 30, Sharing: "partitionable"})
+	for _, req := range []api.LeaseRequest{
+		{Kind: api.KindBlock, Size: 1 << 20, Labels: map[string]string{"disk": "nvme"}},
+		{Kind: api.KindBlock, Labels: map[string]string{"disk": "nvme"}},
+		{Kind: api.KindMemory, Size: 1 << 20, Labels: map[string]string{"disk": "nvme"}},
+	} {
+		l, err := e.alice.CreateLease(e.ctx, req)
+		if err != nil {
+			t.Fatalf("%+v: %v", req, err)
+		}
+		if l.Parts[0].NodeID != nvme {
+			t.Fatalf("%+v placed on %s, want the nvme node %s", req, l.Parts[0].NodeID, nvme)
+		}
+	}
+	bad := api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Labels: map[string]string{"disk": "optane"}}
+	_, err := e.alice.CreateLease(e.ctx, bad)
+	wantCode(t, err, http.StatusUnprocessableEntity, "labels", "lacks label disk=optane")
+	plan, err := e.alice.Explain(e.ctx, bad)
+	if err != nil || plan.State != "infeasible" {
+		t.Fatalf("explain: %v %+v", err, plan)
+	}
+	text := strings.Join(plan.Explanation, "\n")
+	if !strings.Contains(text, "placement: infeasible (labels)") || strings.Count(text, "lacks label disk=optane") != 2 {
+		t.Fatalf("explanation does not name the constraint and both candidates:\n%s", text)
+	}
+	// Affinity may name a node by name.
+	l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{"hdd"}})
+	if err != nil || l.Parts[0].NodeID == nvme {
+		t.Fatalf("affinity by node name: %v %+v", err, l)
+	}
+}
+
+// TestExclusiveDevice: an exclusive device is lent whole only: a shared
+// request skips it for a partitionable one, falls back to dedicating it
+// when no mode was asked for, and is refused once it is held.
+func TestExclusiveDevice(t *testing.T) {
+	e := newEnv(t)
+	excl := e.joinSpecs("x", nil, api.DeviceSpec{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "exclusive"})
+	_, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 1 << 20})
+	wantCode(t, err, http.StatusUnprocessableEntity, "exclusive", "lent whole only")
+	_, err = e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeComposed, Count: 2, Size: 2 << 20})
+	wantCode(t, err, http.StatusUnprocessableEntity, "lent whole only")
+
+	part := e.joinSpecs("p", nil, api.DeviceSpec{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"})
+	l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+	if err != nil || l.Mode != api.ModeShared || l.Parts[0].NodeID != part {
+		t.Fatalf("shared next to an exclusive device: %v %+v", err, l)
+	}
+	// No mode and the partitionable device pinned away: the exclusive
+	// device is dedicated whole.
+	l, err = e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, AntiAffinity: []string{part}})
+	if err != nil || l.Mode != api.ModeDedicated || l.Parts[0].NodeID != excl || l.Parts[0].Length != 1<<30 {
+		t.Fatalf("exclusive device with no mode: %v %+v", err, l)
+	}
+	_, err = e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeDedicated, AntiAffinity: []string{part}})
+	wantCode(t, err, http.StatusUnprocessableEntity, "held whole")
+}
