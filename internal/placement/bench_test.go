@@ -146,6 +146,47 @@ func BenchmarkPlace10k(b *testing.B) {
 	b.ReportMetric(float64(fails)/float64(b.N), "infeasible/op")
 }
 
+// BenchmarkPlaceSelectors10k: BenchmarkPlace10k's requests turned into
+// the kinds the control plane used to place itself: a quarter whole
+// devices, a quarter selecting the borrower's rack by label, a quarter
+// selecting another rack by label, a quarter pinned to two devices.
+func BenchmarkPlaceSelectors10k(b *testing.B) {
+	s, x := benchIndex(b)
+	rng := rand.New(rand.NewSource(4))
+	reqs := make([]Request, 4096)
+	for i := range reqs {
+		r := benchRequest(rng, s)
+		switch i % 4 {
+		case 0:
+			r.Whole, r.Size, r.AllowShare, r.AllowCompose, r.Deadline = true, 0, false, false, 0
+		case 1:
+			r.Labels = map[string]string{"rack": "tor" + r.Borrower[1:4]}
+		case 2:
+			r.Labels = map[string]string{"rack": fmt.Sprintf("tor%03d", rng.Intn(250))}
+		case 3:
+			for k := 0; k < 2; k++ {
+				d := s.Devices[rng.Intn(len(s.Devices))]
+				for d.Kind != r.Kind {
+					d = s.Devices[rng.Intn(len(s.Devices))]
+				}
+				r.Devices = append(r.Devices, d.ID)
+			}
+		}
+		reqs[i] = r
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu0 := cpuTime()
+	fails := 0
+	for i := 0; i < b.N; i++ {
+		if _, err := x.Place(reqs[i%len(reqs)]); err != nil {
+			fails++
+		}
+	}
+	reportRates(b, cpu0)
+	b.ReportMetric(float64(fails)/float64(b.N), "infeasible/op")
+}
+
 // BenchmarkNewIndex10k: preparing the index (what Place does per call).
 func BenchmarkNewIndex10k(b *testing.B) {
 	s, _ := benchIndex(b)

@@ -81,6 +81,8 @@ type Index struct {
 	uEpoch     uint32
 	uStamp     []uint32  // per vertex (an anchor): uVal is current
 	uVal       []float64 // per anchor: worst utilisation on the core path
+
+	labelAnchors map[labelKV]map[int32]struct{} // anchors with a node carrying each label; built on first use
 }
 
 type devState struct {

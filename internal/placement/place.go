@@ -379,9 +379,23 @@ func (x *Index) notWholeReason(ds *devState, n int64) string {
 // partitionable is the candidates that may hold a part: not exclusive.
 func (x *Index) partitionable(c *cand) bool { return !x.devs[c.dev].exclusive }
 
-// labelled reports whether ds's node carries every selected label; when
-// not, it names the first missing one (in key order).
-func (x *Index) labelled(sel map[string]string, ds *devState) (bool, string) {
+// labelled reports whether ds's node carries every selected label.
+func (x *Index) labelled(sel map[string]string, ds *devState) bool {
+	if ds.node < 0 {
+		return false
+	}
+	labels := x.nodes[ds.node].Labels
+	for k, v := range sel {
+		if lv, ok := labels[k]; !ok || lv != v {
+			return false
+		}
+	}
+	return true
+}
+
+// missingLabel names the first selected label (in key order) ds's node
+// lacks.
+func (x *Index) missingLabel(sel map[string]string, ds *devState) string {
 	var labels map[string]string
 	if ds.node >= 0 {
 		labels = x.nodes[ds.node].Labels
@@ -395,7 +409,38 @@ func (x *Index) labelled(sel map[string]string, ds *devState) (bool, string) {
 			missing = t
 		}
 	}
-	return missing == "", missing
+	return missing
+}
+
+type labelKV struct{ k, v string }
+
+// labelGroup reports whether anchor group a may hold a device whose node
+// carries every selected label: it has, for each, a node with it. The
+// label → anchors table is built on first use.
+func (x *Index) labelGroup(sel map[string]string, a int32) bool {
+	if x.labelAnchors == nil {
+		x.labelAnchors = map[labelKV]map[int32]struct{}{}
+		for i := range x.devs {
+			ds := &x.devs[i]
+			if ds.node < 0 {
+				continue
+			}
+			for k, v := range x.nodes[ds.node].Labels {
+				m := x.labelAnchors[labelKV{k, v}]
+				if m == nil {
+					m = map[int32]struct{}{}
+					x.labelAnchors[labelKV{k, v}] = m
+				}
+				m[ds.anchor] = struct{}{}
+			}
+		}
+	}
+	for k, v := range sel {
+		if _, ok := x.labelAnchors[labelKV{k, v}][a]; !ok {
+			return false
+		}
+	}
+	return true
 }
 
 type rejections struct {
@@ -494,13 +539,11 @@ func (x *Index) candidates(q req, bv int32, allowDed bool, minNeed int64, detail
 			}
 			return
 		}
-		if len(q.Labels) > 0 {
-			if ok, missing := x.labelled(q.Labels, ds); !ok {
-				if detail {
-					rej.add(ds.dev.ID, ConstraintLabels, "node "+ds.dev.Node+" lacks label "+missing)
-				}
-				return
+		if len(q.Labels) > 0 && !x.labelled(q.Labels, ds) {
+			if detail {
+				rej.add(ds.dev.ID, ConstraintLabels, "node "+ds.dev.Node+" lacks label "+x.missingLabel(q.Labels, ds))
 			}
+			return
 		}
 		d := x.distFrom(bt, bv, ds.vertex)
 		if d == fabric.Unreachable {
@@ -567,6 +610,14 @@ groups:
 			examined += n
 			if detail {
 				rej.add(fmt.Sprintf("%d devices at %s", n, x.g.ID(int(a))), ConstraintCapacity, "none free or usable enough")
+			}
+			continue
+		}
+		if len(kg.devs[a]) > 16 && len(q.Labels) > 0 && !x.labelGroup(q.Labels, a) {
+			n := len(kg.devs[a])
+			examined += n
+			if detail {
+				rej.add(fmt.Sprintf("%d devices at %s", n, x.g.ID(int(a))), ConstraintLabels, "no node there carries every selected label")
 			}
 			continue
 		}

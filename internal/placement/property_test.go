@@ -306,3 +306,53 @@ func TestShuffledSnapshot(t *testing.T) {
 		}
 	}
 }
+
+// TestLabelSelectorLargeGroups: with more than 16 devices under a switch,
+// candidates skips whole groups whose nodes lack a selected label; the
+// selector still finds the labelled devices behind them, and a selector
+// nobody matches is refused on the labels constraint.
+func TestLabelSelectorLargeGroups(t *testing.T) {
+	s := &Snapshot{}
+	for r := 0; r < 3; r++ {
+		tor := fmt.Sprintf("tor%d", r)
+		s.Links = append(s.Links, fabric.Link{ID: tor, A: tor, B: "spine", Bandwidth: 50e9})
+		for n := 0; n < 8; n++ {
+			id := fmt.Sprintf("n%d-%d", r, n)
+			s.Nodes = append(s.Nodes, Node{ID: id, Labels: map[string]string{"rack": tor, "n": fmt.Sprint(n)}})
+			s.Links = append(s.Links, fabric.Link{ID: id, A: id, B: tor, Bandwidth: 12.5e9})
+			for d := 0; d < 3; d++ {
+				s.Devices = append(s.Devices, Device{ID: fmt.Sprintf("%s-d%d", id, d), Node: id, Kind: KindBlock, Capacity: 1 << 40, Exclusive: d == 2})
+			}
+		}
+	}
+	for _, c := range []struct {
+		labels map[string]string
+		node   string // prefix of the chosen node; "" for infeasible
+	}{
+		{map[string]string{"rack": "tor0"}, "n0-"},
+		{map[string]string{"rack": "tor2"}, "n2-"},
+		{map[string]string{"rack": "tor1", "n": "5"}, "n1-5"},
+		{map[string]string{"rack": "tor9"}, ""},
+	} {
+		for _, r := range []Request{
+			{Kind: KindBlock, Size: 1 << 30, Borrower: "n0-0", AllowShare: true, Labels: c.labels},
+			{Kind: KindBlock, Whole: true, Borrower: "n0-0", Labels: c.labels},
+		} {
+			p, err := Place(s, r)
+			if c.node == "" {
+				var ie *InfeasibleError
+				if !errors.As(err, &ie) || ie.Constraint != ConstraintLabels {
+					t.Fatalf("%v: %v, want infeasible on labels", c.labels, err)
+				}
+				continue
+			}
+			if err != nil {
+				t.Fatalf("%v: %v", c.labels, err)
+			}
+			checkPlan(t, s, r, p)
+			if !strings.HasPrefix(p.Parts[0].NodeID, c.node) {
+				t.Fatalf("%v: placed on %s, want %s*", c.labels, p.Parts[0].NodeID, c.node)
+			}
+		}
+	}
+}
