@@ -152,10 +152,11 @@ func printParts(w io.Writer, k api.Kind, parts []api.Part, uri bool, names map[s
 
 // requestFlags are lease create's and explain's flags.
 type requestFlags struct {
-	kind, mode, size, ttl, stripe, key, borrower, strategy, role, bwCap string
-	roleConfig, roleModule                                              string
-	count, iopsCap                                                      int
-	bandwidth, deadline                                                 float64
+	kind, mode, size, ttl, stripe, key, borrower, strategy, role, bwCap, work string
+	roleConfig, roleModule                                                    string
+	count, iopsCap                                                            int
+	bandwidth, deadline                                                       float64
+	labels, affinity, anti                                                    listFlag
 }
 
 func (rf *requestFlags) register(fs *flag.FlagSet) {
@@ -175,6 +176,10 @@ func (rf *requestFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&rf.deadline, "deadline", 0, "completion deadline, seconds")
 	fs.StringVar(&rf.bwCap, "bandwidth-cap", "", "cap the lease's exports at this many bytes/s, e.g. 100MiB (block)")
 	fs.IntVar(&rf.iopsCap, "iops-cap", 0, "cap the lease's exports at this many requests/s (block)")
+	fs.StringVar(&rf.work, "work", "", "bytes the workload will move, e.g. 150GB (for completion times and --deadline)")
+	fs.Var(&rf.labels, "label", "select donor nodes carrying label KEY=VALUE (repeatable; all must match)")
+	fs.Var(&rf.affinity, "affinity", "donor must match one term: node name or ID, KEY=VALUE, or a device ID to pin (repeatable)")
+	fs.Var(&rf.anti, "anti-affinity", "donor must match no term: node name or ID, or KEY=VALUE (repeatable)")
 }
 
 func parseTTL(s string) (int64, error) {
@@ -248,6 +253,22 @@ func (rf *requestFlags) request() (api.LeaseRequest, error) {
 			}
 		}
 	}
+	if rf.work != "" {
+		if r.Work, err = resource.ParseSize(rf.work); err != nil {
+			return r, fmt.Errorf("bad --work: %w", err)
+		}
+	}
+	for _, l := range rf.labels {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			return r, fmt.Errorf("bad --label %q: use KEY=VALUE", l)
+		}
+		if r.Labels == nil {
+			r.Labels = map[string]string{}
+		}
+		r.Labels[k] = v
+	}
+	r.Affinity, r.AntiAffinity = []string(rf.affinity), []string(rf.anti)
 	return r, nil
 }
 
