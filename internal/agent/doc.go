@@ -10,7 +10,9 @@
 // and one that implements [Runner] is run for as long as the agent runs.
 // Built-in drivers serve file-backed block devices over NBD ([BlockDriver]),
 // memory regions through the memory donor ([MemoryDriver]) and accelerator
-// slots through an appliance per accel device ([AccelDriver]);
+// slots through an appliance per accel device ([AccelDriver]: a slot of its
+// own per dedicated lease, a batching gateway per role shared by shared
+// leases);
 // [Config.Drivers] replaces or adds drivers.
 //
 // Identity (node ID, node credential, agent key, machine ID, ports) and the

@@ -13,4 +13,11 @@
 // and CallGroup may be used from any goroutine while Run runs. The zero
 // value is not usable. Time comes from Config.Clock so tests drive the
 // queue-delay logic without sleeping.
+//
+// A gateway shared by several leases is served with SharedTarget over a
+// Credentials set (zero value: empty, no per-credential limit; safe for
+// concurrent use): each borrower presents its own lease credential, Revoke
+// closes that credential's connections, and Credentials.Limit caps one
+// credential's share of the queue. SetInstances replaces the slot
+// instances while Run runs.
 package gateway
