@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"sort"
+	"strconv"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
@@ -28,6 +29,9 @@ func sortedKeys(m map[string]string) []string {
 
 func sizeText(req api.LeaseRequest) string {
 	if req.Kind == api.KindAccel {
+		if req.Count > 1 {
+			return strconv.Itoa(req.Count) + " slots"
+		}
 		return "1 slot"
 	}
 	if req.Size == 0 {
