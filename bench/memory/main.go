@@ -49,28 +49,40 @@ func serve(args []string) {
 	size := fs.Int64("size", 1<<30, "region bytes")
 	cred := fs.String("cred", "", "lease credential (or $RIALTO_BENCH_CRED)")
 	spin := fs.Duration("spin", 0, "busy-poll budget of synchronous connections (memory.Donor.Spin)")
+	faultSpin := fs.Duration("fault-spin", 0, "busy-poll budget of fault connections (memory.Donor.FaultSpin; 0 = default)")
+	pair := fs.Bool("pair", false, "also serve a second region from a donor that never spins on fault connections; print both addresses")
 	_ = fs.Parse(args)
 	if *cred == "" {
 		*cred = os.Getenv("RIALTO_BENCH_CRED")
 	}
-	d := memory.NewDonor(slog.New(slog.NewTextHandler(os.Stderr, nil)))
-	d.Spin = *spin
-	if err := d.AddRegion(*cred, *size); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	ln, err := net.Listen("tcp", *addr)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	fmt.Println(ln.Addr().String())
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := d.Serve(ctx, ln); err != nil {
-		fmt.Fprintln(os.Stderr, err)
+	start := func(faultSpin time.Duration) string {
+		d := memory.NewDonor(slog.New(slog.NewTextHandler(os.Stderr, nil)))
+		d.Spin, d.FaultSpin = *spin, faultSpin
+		if err := d.AddRegion(*cred, *size); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		ln, err := net.Listen("tcp", *addr)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		go func() {
+			if err := d.Serve(ctx, ln); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+			}
+			_ = d.RemoveRegion(*cred)
+		}()
+		return ln.Addr().String()
 	}
-	_ = d.RemoveRegion(*cred)
+	addrs := []string{start(*faultSpin)}
+	if *pair {
+		addrs = append(addrs, start(-1))
+	}
+	fmt.Println(strings.Join(addrs, " "))
+	<-ctx.Done()
 }
 
 type cfg struct {
@@ -80,6 +92,9 @@ type cfg struct {
 	bulkBytes         int64
 	parts             string
 	spin              time.Duration
+	addrBlock         string        // donor whose fault connections never spin
+	donorPid          int           // donor process, for its CPU time
+	mapSpin           time.Duration // memory.MapOptions.Spin of the polling mapping
 }
 
 func (c *cfg) want(part string) bool {
@@ -130,6 +145,9 @@ func run(args []string) {
 	fs.Int64Var(&c.bulkBytes, "bulk", 1<<30, "bulk transfer bytes")
 	fs.DurationVar(&c.spin, "spin", 0, "client busy-poll budget (memory.Options.Spin)")
 	fs.StringVar(&c.parts, "parts", "", "comma-separated subset of small,bulk,mapping,mixed (default all)")
+	fs.StringVar(&c.addrBlock, "addr-block", "", "donor (same region size) whose fault connections never spin: the mapping is also measured without polling")
+	fs.IntVar(&c.donorPid, "donor-pid", 0, "donor process id (CPU time of fault service)")
+	fs.DurationVar(&c.mapSpin, "map-spin", 0, "fault handler busy-poll budget (memory.MapOptions.Spin; 0 = default)")
 	_ = fs.Parse(args)
 	if c.cred == "" {
 		c.cred = os.Getenv("RIALTO_BENCH_CRED")
@@ -140,6 +158,13 @@ func run(args []string) {
 		fail(err)
 	}
 	defer cl.Close()
+	var clBlock *memory.Client
+	if c.addrBlock != "" && c.want("mapping") {
+		if clBlock, err = memory.Dial(ctx, c.addrBlock, c.cred, memory.Options{Timeout: 30 * time.Second}); err != nil {
+			fail(err)
+		}
+		defer clBlock.Close()
+	}
 	rc, err := newRedisPool(c.redis, 16)
 	if err != nil {
 		fail(err)
@@ -214,7 +239,14 @@ func run(args []string) {
 		}
 		if c.want("mapping") {
 			logf("run %d: mapping", r+1)
-			mapping(ctx, cl, res)
+			// Polling and blocking fault service alternate in order.
+			if clBlock != nil && r%2 == 1 {
+				mapReads(ctx, clBlock, "block", memory.MapOptions{Spin: -1}, c.donorPid, res)
+			}
+			mapping(ctx, cl, memory.MapOptions{Spin: c.mapSpin}, c.donorPid, res)
+			if clBlock != nil && r%2 == 0 {
+				mapReads(ctx, clBlock, "block", memory.MapOptions{Spin: -1}, c.donorPid, res)
+			}
 		}
 		if c.want("mixed") {
 			logf("run %d: adaptive", r+1)
@@ -319,30 +351,87 @@ func iperf(port, streams int) float64 {
 	return j.End.SumReceived.BitsPerSecond / 1e9
 }
 
+// mapReads maps the region of cl and measures read faults only.
+func mapReads(ctx context.Context, cl *memory.Client, mode string, opts memory.MapOptions, donorPid int, res *results) {
+	m, err := memory.Map(ctx, cl, opts)
+	if err != nil {
+		logf("mapping unavailable: %v", err)
+		return
+	}
+	readFaults(m, mode, donorPid, res)
+	if err := m.Close(); err != nil {
+		fail(err)
+	}
+}
+
+// readFaults times 20,000 first touches of random pages and the CPU time
+// the handler and the donor spent serving them.
+func readFaults(m *memory.Mapping, mode string, donorPid int, res *results) {
+	b := m.Bytes()
+	pages := len(b) / 4096
+	rng := rand.New(rand.NewPCG(7, 7))
+	var sink byte
+	const n = 20000
+	lat := make([]time.Duration, 0, n)
+	m.ResetStats()
+	h0, d0, t0 := m.Stats().HandlerCPU, procCPU(donorPid), time.Now()
+	for range n {
+		off := rng.IntN(pages) * 4096
+		t := time.Now()
+		sink += b[off]
+		lat = append(lat, time.Since(t))
+	}
+	wall := time.Since(t0)
+	st := m.Stats()
+	hc, dc := st.HandlerCPU-h0, procCPU(donorPid)-d0
+	res.add("fault read p50 "+mode, pct(lat, 50))
+	res.add("fault read p99 "+mode, pct(lat, 99))
+	res.add("fault handler p50 "+mode, pct(st.ServiceTime, 50))
+	res.add("fault handler p99 "+mode, pct(st.ServiceTime, 99))
+	res.add("fault handler cpu/fault "+mode, float64(hc.Microseconds())/n)
+	res.add("fault handler cores "+mode, hc.Seconds()/wall.Seconds())
+	if donorPid > 0 {
+		res.add("fault donor cpu/fault "+mode, float64(dc.Microseconds())/n)
+		res.add("fault donor cores "+mode, dc.Seconds()/wall.Seconds())
+	}
+	if sink == 1 {
+		logf("")
+	}
+}
+
+// procCPU is the user+system CPU time of process pid (0 when unknown).
+func procCPU(pid int) time.Duration {
+	if pid <= 0 {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * time.Second / 100 // USER_HZ
+}
+
 // mapping measures the app-visible time of first touches of random pages
 // through the userfaultfd mapping (cache: 10% of the region).
-func mapping(ctx context.Context, cl *memory.Client, res *results) {
-	m, err := memory.Map(ctx, cl, memory.MapOptions{})
+func mapping(ctx context.Context, cl *memory.Client, opts memory.MapOptions, donorPid int, res *results) {
+	m, err := memory.Map(ctx, cl, opts)
 	if err != nil {
 		logf("mapping unavailable: %v", err)
 		return
 	}
 	b := m.Bytes()
 	pages := len(b) / 4096
-	rng := rand.New(rand.NewPCG(7, 7))
+	rng := rand.New(rand.NewPCG(7, 8)) // writes touch other pages than readFaults
 	var sink byte
+	readFaults(m, "poll", donorPid, res)
 	lat := make([]time.Duration, 0, 20000)
-	for range 20000 {
-		off := rng.IntN(pages) * 4096
-		t := time.Now()
-		sink += b[off]
-		lat = append(lat, time.Since(t))
-	}
-	st := m.Stats()
-	res.add("fault read p50", pct(lat, 50))
-	res.add("fault read p99", pct(lat, 99))
-	res.add("fault handler p50", pct(st.ServiceTime, 50))
-	res.add("fault handler p99", pct(st.ServiceTime, 99))
 	// Writes: every touched page becomes dirty and is written back on eviction.
 	m.ResetStats()
 	lat = lat[:0]
@@ -491,15 +580,30 @@ func report(c cfg, r *results, steal []float64) {
 	p("\nBulk uses 2 streams of 512 KiB chunks; each run moves the region twice each way, interleaved with the two iperf3 runs. Read/iperf3 single stream = %.2f, read/iperf3 -P 2 = %.2f;\n", r.med("bulk read")/i1, r.med("bulk read")/i2)
 	p("write/iperf3 single stream = %.2f, write/iperf3 -P 2 = %.2f (goal ≥ 0.80).\n\n", r.med("bulk write")/i1, r.med("bulk write")/i2)
 	p("### Transparent mapping: page-fault service time\n\n")
-	p("1 GiB region mapped with a 10%% local cache; 20,000 first touches of random pages\n")
-	p("(timed around the load or store in the application) and the handler's own service time.\n\n")
+	p("1 GiB region mapped with a 10%% local cache, faults served by the mapping's handler process;\n")
+	p("20,000 first touches of random pages (timed around the load or store in the application)\n")
+	p("and the handler's own service time. Default settings: the handler and the donor's fault\n")
+	p("connection busy-poll for up to 50 µs before sleeping (MapOptions.Spin, Donor.FaultSpin).\n\n")
 	p("| measurement | p50 µs | p99 µs |\n|---|---|---|\n")
-	p("| read fault, application-visible | %.1f | %.1f |\n", r.med("fault read p50"), r.med("fault read p99"))
-	p("| read fault, handler service | %.1f | %.1f |\n", r.med("fault handler p50"), r.med("fault handler p99"))
+	p("| read fault, application-visible | %.1f | %.1f |\n", r.med("fault read p50 poll"), r.med("fault read p99 poll"))
+	p("| read fault, handler service | %.1f | %.1f |\n", r.med("fault handler p50 poll"), r.med("fault handler p99 poll"))
 	p("| write fault (`b[i]++`, read-modify-write of a random page; dirty pages written back on eviction), application-visible | %.1f | %.1f |\n", r.med("fault write p50"), r.med("fault write p99"))
-	p("\nGoal: p50 ≤ 30 µs. Per-run read-fault p50: %s. A fault costs at least one round trip to the\n", r.all("fault read p50"))
+	p("\nGoal: p50 ≤ 30 µs. Per-run read-fault p50: %s. A fault costs at least one round trip to the\n", r.all("fault read p50 poll"))
 	p("donor: compare with the 4 KiB sync read p50 above (%.1f µs) measured in the same run.\n", r.med("rialto p50 read/4096/c1"))
 	p("Sequential scan of 256 MiB through the mapping (readahead up to 64 pages): %.0f MiB/s.\n\n", r.med("mapped seq MiB/s"))
+	if len(r.v["fault read p50 block"]) > 0 {
+		p("What polling costs: the same read faults served with polling (defaults) and without (handler\n")
+		p("and donor sleep in poll(2) whenever idle), alternating within each run against two donors in\n")
+		p("one process. CPU is the handler process's and the donor process's user+system time during\n")
+		p("the 20,000 faults, per fault and as cores busy (the faulting thread sleeps in the kernel).\n\n")
+		p("| fault service | read p50 µs | read p99 µs | handler p50 µs | handler CPU µs/fault | donor CPU µs/fault | handler cores | donor cores |\n|---|---|---|---|---|---|---|---|\n")
+		for _, m := range []struct{ name, key string }{{"polling (50 µs spin)", "poll"}, {"blocking (no spin)", "block"}} {
+			p("| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f |\n", m.name, r.med("fault read p50 "+m.key), r.med("fault read p99 "+m.key),
+				r.med("fault handler p50 "+m.key), r.med("fault handler cpu/fault "+m.key), r.med("fault donor cpu/fault "+m.key),
+				r.med("fault handler cores "+m.key), r.med("fault donor cores "+m.key))
+		}
+		p("\nPer-run read-fault p50 without polling: %s.\n\n", r.all("fault read p50 block"))
+	}
 	p("### Adaptive chooser vs each fixed channel (operations per second, 3/4 reads)\n\n")
 	p("Random offsets over the region; within each run the four channels alternate in 10 rounds\n")
 	p("with the order rotated every round.\n\n")

@@ -4,7 +4,9 @@
 # measured interleaved in one run. Writes docs/bench/memory.md.
 #   RUNS=5 OPS=10000 BULK=1073741824 bench/memory/run.sh   (defaults; ~3 min)
 # Knobs for experiments: PARTS=small,bulk,mapping,mixed (subset), SPIN and
-# DONOR_SPIN (busy-poll budgets, e.g. 30us; default off).
+# DONOR_SPIN (busy-poll budgets of the sync channel, e.g. 30us; default off),
+# MAP_SPIN and FAULT_SPIN (the mapping's handler and the donor's fault
+# connections; default 50us each).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS=${RUNS:-5}
@@ -34,18 +36,21 @@ pids+=($!)
 iport=$(freeport)
 iperf3 -s -B 127.0.0.1 -p "$iport" >"$tmp/iperf.log" 2>&1 &
 pids+=($!)
-"$tmp/memory-bench" serve -addr 127.0.0.1:0 -size "$BULK" -spin "${DONOR_SPIN:-0s}" >"$tmp/donor.addr" 2>"$tmp/donor.log" &
-pids+=($!)
+"$tmp/memory-bench" serve -addr 127.0.0.1:0 -size "$BULK" -spin "${DONOR_SPIN:-0s}" \
+  -fault-spin "${FAULT_SPIN:-0s}" -pair >"$tmp/donor.addr" 2>"$tmp/donor.log" &
+donorpid=$!
+pids+=($donorpid)
 for _ in $(seq 100); do
   [ -s "$tmp/donor.addr" ] && redis-cli -p "$rport" ping >/dev/null 2>&1 && break
   sleep 0.1
 done
-addr=$(head -1 "$tmp/donor.addr")
+read -r addr addr2 < "$tmp/donor.addr"
 [ -n "$addr" ] || { cat "$tmp/donor.log" >&2; exit 1; }
 
 mkdir -p docs/bench
 "$tmp/memory-bench" run -addr "$addr" -redis "127.0.0.1:$rport" -iperf-port "$iport" \
-  -runs "$RUNS" -ops "$OPS" -bulk "$BULK" -parts "$PARTS" -spin "${SPIN:-0s}" >"$tmp/memory.md"
+  -runs "$RUNS" -ops "$OPS" -bulk "$BULK" -parts "$PARTS" -spin "${SPIN:-0s}" \
+  -addr-block "$addr2" -donor-pid "$donorpid" -map-spin "${MAP_SPIN:-0s}" >"$tmp/memory.md"
 {
   cat "$tmp/memory.md"
   echo
@@ -53,8 +58,8 @@ mkdir -p docs/bench
   echo '```'
   echo "redis-server --bind 127.0.0.1 --port PORT --save '' --appendonly no"
   echo "iperf3 -s -B 127.0.0.1 -p PORT ; iperf3 -c 127.0.0.1 -p PORT -t 4 -P {1,2} -J"
-  echo "memory-bench serve -addr 127.0.0.1:0 -size $BULK   # donor, own process"
-  echo "memory-bench run -addr DONOR -redis 127.0.0.1:PORT -iperf-port PORT -runs $RUNS -ops $OPS -bulk $BULK"
+  echo "memory-bench serve -addr 127.0.0.1:0 -size $BULK -pair   # donor (and a non-polling twin), own process"
+  echo "memory-bench run -addr DONOR -addr-block DONOR2 -donor-pid PID -redis 127.0.0.1:PORT -iperf-port PORT -runs $RUNS -ops $OPS -bulk $BULK"
   echo '```'
   echo "Redis is driven by memory-bench's own RESP client (one TCP_NODELAY connection per"
   echo "client goroutine), so both sides are timed by the same code. $(redis-server --version | cut -d' ' -f1-3), $(iperf3 --version | head -1 | cut -d' ' -f1-2)."

@@ -178,6 +178,11 @@ func (h *faultHandler) loop() error {
 			idle, spins = time.Time{}, 0
 			continue
 		}
+		if h.nres > h.cfg.CapPages && h.err == nil {
+			// No fault waiting: evict a few pages, then look again.
+			h.evictNow(min(h.nres-h.cfg.CapPages, idleEvict))
+			continue
+		}
 		timeout := -1
 		if h.cfg.Spin > 0 {
 			if spins == 0 {
@@ -186,6 +191,7 @@ func (h *faultHandler) loop() error {
 			spins++
 			if time.Since(idle) < h.cfg.Spin {
 				if spins%32 != 0 {
+					schedYield()
 					continue
 				}
 				timeout = 0
@@ -248,9 +254,16 @@ func (h *faultHandler) command(op uint8) {
 	case ctlFlush:
 		h.reply(op, h.errPayload(h.flush()))
 	case ctlStats:
+		if h.nres > h.cfg.CapPages && h.err == nil {
+			h.evictNow(h.nres - h.cfg.CapPages)
+		}
 		s := h.stats
 		s.Resident, s.CachePages = h.nres, h.cfg.CapPages
 		s.ServiceTime = h.svc
+		var ru unix.Rusage
+		if unix.Getrusage(unix.RUSAGE_SELF, &ru) == nil {
+			s.HandlerCPU = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		}
 		b, _ := json.Marshal(s)
 		h.reply(op, b)
 	case ctlReset:
@@ -436,13 +449,26 @@ func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
 		h.svc[h.svcN%len(h.svc)] = d
 		h.svcN++
 	}
-	// Evict after the faulting thread was woken, off its critical path: the
-	// cache may exceed its size by one readahead window in between.
-	t3 := time.Now()
-	if err := h.makeRoom(); err != nil {
+	// Eviction normally runs while no fault is waiting (see loop); only
+	// when faults come back to back does the cache outgrow its size by a
+	// batch, and then it is evicted here, after the faulting thread was
+	// woken.
+	if h.nres > h.cfg.CapPages+h.cfg.Batch {
+		h.evictNow(max(h.nres-h.cfg.CapPages, h.cfg.Batch))
+	}
+}
+
+// idleEvict is how many pages the handler evicts between two looks at the
+// userfaultfd when it has nothing else to do.
+const idleEvict = 4
+
+// evictNow evicts the want least recently used pages, timing it.
+func (h *faultHandler) evictNow(want int) {
+	t0 := time.Now()
+	if err := h.evict(want); err != nil {
 		_ = h.fail(err)
 	}
-	h.stats.EvictTime += time.Since(t3)
+	h.stats.EvictTime += time.Since(t0)
 }
 
 func (h *faultHandler) install(i int, src uintptr, n int, wp bool) error {
@@ -470,12 +496,9 @@ func (h *faultHandler) refuse(i int) {
 	_ = h.u.Wake(h.addr(i), uintptr(h.ps))
 }
 
-// makeRoom evicts least recently used pages when the cache is full.
-func (h *faultHandler) makeRoom() error {
-	if h.nres <= h.cfg.CapPages {
-		return nil
-	}
-	want := max(h.nres-h.cfg.CapPages, h.cfg.Batch)
+// evict evicts the want least recently used pages: dirty ones are written
+// back first.
+func (h *faultHandler) evict(want int) error {
 	victims := h.victims[:0]
 	s := int32(h.pages)
 	for len(victims) < want && h.prev[s] != s {

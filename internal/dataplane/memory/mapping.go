@@ -40,8 +40,11 @@ type MapOptions struct {
 	// faults are sequential (the window doubles from 1 on each sequential
 	// fault). Default 64 (256 KiB); 1 disables readahead.
 	Readahead int
-	// EvictBatch is how many pages are evicted together when the cache is
-	// full (dirty neighbours are written back in one request). Default 32.
+	// EvictBatch bounds how far the cache may outgrow CacheBytes while
+	// faults come back to back: the handler evicts a few pages at a time
+	// whenever no fault is waiting, and EvictBatch pages at once (dirty
+	// neighbours written back in one request) only when the cache is that
+	// much over its size. Default 32.
 	EvictBatch int
 	// Spin is how long the fault handler busy-polls, between faults, for
 	// the next fault and, during a fault, for the donor's reply before
@@ -68,6 +71,7 @@ type MappingStats struct {
 	FetchTime   time.Duration // total time waiting for the donor's pages
 	InstallTime time.Duration // total time in UFFDIO_COPY
 	EvictTime   time.Duration // total time evicting (write-back included)
+	HandlerCPU  time.Duration // CPU time (user+system) the handler process used so far
 	Resident    int           // pages in the cache now
 	CachePages  int
 	ServiceTime []time.Duration // per missing fault, handler side (last 64Ki)

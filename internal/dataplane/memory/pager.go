@@ -154,6 +154,9 @@ func (p *pager) recvAtLeast(bufs [][]byte, least int) (int, error) {
 				}
 				spins++
 				if spins&15 != 0 || time.Since(t0) < p.spin {
+					// Keep the CPU awake, but let a runnable thread
+					// (the application, on a small machine) have it.
+					schedYield()
 					continue
 				}
 			}
@@ -173,6 +176,8 @@ func (p *pager) recvAtLeast(bufs [][]byte, least int) (int, error) {
 	}
 	return got, nil
 }
+
+func schedYield() { _, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
 
 func (p *pager) do(op uint8, buf []byte, off int64) error {
 	p.seq++
