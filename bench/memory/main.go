@@ -388,6 +388,10 @@ func readFaults(m *memory.Mapping, mode string, donorPid int, res *results) {
 	res.add("fault read p99 "+mode, pct(lat, 99))
 	res.add("fault handler p50 "+mode, pct(st.ServiceTime, 50))
 	res.add("fault handler p99 "+mode, pct(st.ServiceTime, 99))
+	res.add("fault fetch "+mode, float64(st.FetchTime.Microseconds())/float64(max(st.Faults, 1)))
+	res.add("fault install "+mode, float64(st.InstallTime.Microseconds())/float64(max(st.Faults, 1)))
+	logf("  %s: read p50 %.1f µs, fetch %.1f µs, install %.1f µs per fault", mode, pct(lat, 50),
+		float64(st.FetchTime.Microseconds())/float64(max(st.Faults, 1)), float64(st.InstallTime.Microseconds())/float64(max(st.Faults, 1)))
 	res.add("fault handler cpu/fault "+mode, float64(hc.Microseconds())/n)
 	res.add("fault handler cores "+mode, hc.Seconds()/wall.Seconds())
 	if donorPid > 0 {
@@ -602,7 +606,9 @@ func report(c cfg, r *results, steal []float64) {
 				r.med("fault handler p50 "+m.key), r.med("fault handler cpu/fault "+m.key), r.med("fault donor cpu/fault "+m.key),
 				r.med("fault handler cores "+m.key), r.med("fault donor cores "+m.key))
 		}
-		p("\nPer-run read-fault p50 without polling: %s.\n\n", r.all("fault read p50 block"))
+		p("\nPer-run read-fault p50 without polling: %s. Mean per fault, polling / blocking: waiting\n", r.all("fault read p50 block"))
+		p("for the donor %.1f / %.1f µs; UFFDIO_COPY (which includes waking the faulting thread, and its\n", r.med("fault fetch poll"), r.med("fault fetch block"))
+		p("run until it faults again when it preempts the handler on the same CPU) %.1f / %.1f µs.\n\n", r.med("fault install poll"), r.med("fault install block"))
 	}
 	p("### Adaptive chooser vs each fixed channel (operations per second, 3/4 reads)\n\n")
 	p("Random offsets over the region; within each run the four channels alternate in 10 rounds\n")

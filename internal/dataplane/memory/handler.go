@@ -74,6 +74,7 @@ const (
 	ctlClose                  // flush and exit; reply: error
 
 	ctlFailed uint8 = 0x80 // handler → parent, unasked: the mapping failed
+	ctlReady  uint8 = 0x81 // handler → parent, first frame: serving faults
 )
 
 const ctlHeader = 5
@@ -150,6 +151,7 @@ func runFaultHandler(cfgText string) error {
 		return fmt.Errorf("map staging buffer: %w", err)
 	}
 	h.pg = &pager{f: os.NewFile(handlerFdDonor, "donor"), fd: handlerFdDonor, spin: max(cfg.Spin, 0), timeout: cfg.Timeout}
+	h.reply(ctlReady, nil)
 	return h.loop()
 }
 

@@ -206,13 +206,18 @@ func Map(ctx context.Context, c *Client, opts MapOptions) (*Mapping, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer donor.Close()
+	passed := []*os.File{donor}
+	defer func() { // the child has its copies once started
+		for _, f := range passed {
+			_ = f.Close()
+		}
+	}()
 	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("memory: socketpair: %w", err)
 	}
 	mine, theirs := os.NewFile(uintptr(sp[0]), "handler-control"), os.NewFile(uintptr(sp[1]), "handler-control")
-	defer theirs.Close()
+	passed = append(passed, theirs)
 	m.ctrl, err = net.FileConn(mine)
 	_ = mine.Close()
 	if err != nil {
@@ -222,12 +227,12 @@ func Map(ctx context.Context, c *Client, opts MapOptions) (*Mapping, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer ufile.Close()
+	passed = append(passed, ufile)
 	mfile, err := dupFile(m.memfd, "memfd")
 	if err != nil {
 		return nil, err
 	}
-	defer mfile.Close()
+	passed = append(passed, mfile)
 	// The order of ExtraFiles gives the handler's descriptors 3, 4, 5, 6.
 	m.cmd = &exec.Cmd{Path: exe, Args: []string{HandlerArg}, Stderr: os.Stderr,
 		Env:        append(os.Environ(), HandlerEnv+"="+string(cfg)),
@@ -236,10 +241,35 @@ func Map(ctx context.Context, c *Client, opts MapOptions) (*Mapping, error) {
 		m.cmd = nil
 		return nil, fmt.Errorf("memory: start fault handler %s: %w", exe, err)
 	}
+	for _, f := range passed {
+		_ = f.Close()
+	}
+	passed = nil
 	go m.watch()
+	// The handler's first frame says it is serving; a binary that does not
+	// call RunFaultHandlerIfChild never sends it.
+	t := time.NewTimer(handlerStartLimit)
+	defer t.Stop()
+	select {
+	case f := <-m.replies:
+		if f.op != ctlReady {
+			return nil, fmt.Errorf("memory: fault handler %s: unexpected first frame %d", exe, f.op)
+		}
+	case <-m.exited:
+		return nil, fmt.Errorf("memory: fault handler %s ended before serving (does its main call memory.RunFaultHandlerIfChild?)", exe)
+	case <-t.C:
+		_ = m.cmd.Process.Kill()
+		return nil, fmt.Errorf("memory: fault handler %s not ready within %v (does its main call memory.RunFaultHandlerIfChild?)", exe, handlerStartLimit)
+	case <-ctx.Done():
+		_ = m.cmd.Process.Kill()
+		return nil, ctx.Err()
+	}
 	ok = true
 	return m, nil
 }
+
+// handlerStartLimit bounds the wait for a fault handler process to start.
+const handlerStartLimit = 10 * time.Second
 
 // connFile returns a duplicate of a TCP connection's descriptor.
 func connFile(conn net.Conn) (*os.File, error) {

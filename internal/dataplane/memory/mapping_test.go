@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -243,6 +244,23 @@ func TestMappingCleanPagesStayClean(t *testing.T) {
 		t.Fatalf("read-modify-write pass: %d faults, %d write-protect faults, %d pre-dirtied", st.Faults, st.WPFaults, st.PreDirtied)
 	}
 	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A handler binary that does not call RunFaultHandlerIfChild is reported,
+// and the client keeps working.
+func TestMapHandlerNotHooked(t *testing.T) {
+	td := startDonor(t, 1<<20, 0)
+	c := dial(t, td.addr, Options{})
+	_, err := Map(context.Background(), c, MapOptions{HandlerPath: "/bin/true"})
+	if errors.Is(err, ErrUffdUnavailable) {
+		t.Skip(err)
+	}
+	if err == nil || !strings.Contains(err.Error(), "RunFaultHandlerIfChild") {
+		t.Fatalf("Map with an unhooked handler binary: %v", err)
+	}
+	if err := c.Write(context.Background(), ChannelSync, []byte("still works"), 0); err != nil {
 		t.Fatal(err)
 	}
 }
