@@ -11,11 +11,13 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 )
+
+// DefaultRedialTimeout is the longest Attach redials a part by default.
+const DefaultRedialTimeout = 10 * time.Second
 
 // DefaultConnsPerPart is the number of NBD connections Attach opens to each
 // part when AttachConfig leaves it 0.
@@ -40,6 +42,12 @@ type AttachConfig struct {
 	// RequestTimeout bounds every request to a part; 0 means
 	// DefaultRequestTimeout. A part that misses it is declared failed.
 	RequestTimeout time.Duration
+	// RedialTimeout bounds how long a broken connection to a part (the
+	// lender closed it, e.g. because it restarted) is redialled before the
+	// request that found it broken fails; 0 means DefaultRedialTimeout or
+	// half of RequestTimeout, whichever is shorter; negative disables
+	// redialling.
+	RedialTimeout time.Duration
 	// Workers is as in ServeConfig.
 	Workers int
 	// Logger receives attachment events; nil discards.
@@ -57,46 +65,6 @@ type Attachment struct {
 	err    error // from Serve, valid after done
 	once   sync.Once
 	sock   string // Unix socket path to remove
-}
-
-// nbdPart adapts an *nbd.Client: Trim is usable only if the server said so,
-// and a connection that failed (closed or timed out; an errno from the server
-// leaves it usable) reports itself dead so that a Pool stops choosing it.
-type nbdPart struct {
-	*nbd.Client
-	dead atomic.Bool
-}
-
-func (p *nbdPart) CanTrim() bool { return p.Flags()&nbd.FlagSendTrim != 0 }
-
-// MultiConnSafe reports whether the server makes a flush on this connection
-// cover writes completed on the others.
-func (p *nbdPart) MultiConnSafe() bool { return p.Flags()&nbd.FlagCanMultiConn != 0 }
-
-// Alive implements the Pool's liveness check.
-func (p *nbdPart) Alive() bool { return !p.dead.Load() }
-
-func (p *nbdPart) note(err error) error {
-	if errors.Is(err, nbd.ErrClosed) || errors.Is(err, nbd.ErrTimeout) {
-		p.dead.Store(true)
-	}
-	return err
-}
-
-func (p *nbdPart) ReadAt(b []byte, off int64) (int, error) {
-	n, err := p.Client.ReadAt(b, off)
-	return n, p.note(err)
-}
-
-func (p *nbdPart) WriteAt(b []byte, off int64) (int, error) {
-	n, err := p.Client.WriteAt(b, off)
-	return n, p.note(err)
-}
-
-func (p *nbdPart) Flush() error            { return p.note(p.Client.Flush()) }
-func (p *nbdPart) Trim(off, n int64) error { return p.note(p.Client.Trim(off, n)) }
-func (p *nbdPart) WriteZeroes(off, n int64, noHole bool) error {
-	return p.note(p.Client.WriteZeroes(off, n, noHole))
 }
 
 // Attach dials every part (ConnsPerPart connections each, concurrently),
@@ -118,6 +86,11 @@ func Attach(ctx context.Context, cfg AttachConfig) (*Attachment, error) {
 	if timeout <= 0 {
 		timeout = DefaultRequestTimeout
 	}
+	redial := cfg.RedialTimeout
+	if redial == 0 {
+		redial = min(DefaultRedialTimeout, timeout/2)
+	}
+	redial = max(redial, 0)
 	uris := make([]nbd.URI, len(cfg.URIs))
 	for i, s := range cfg.URIs {
 		u, err := nbd.ParseURI(s)
@@ -164,12 +137,12 @@ func Attach(ctx context.Context, cfg AttachConfig) (*Attachment, error) {
 	devs := make([]Device, len(uris))
 	for i, cs := range clients {
 		if len(cs) == 1 {
-			devs[i] = &nbdPart{Client: cs[0]}
+			devs[i] = newPart(cs[0], uris[i], i, timeout, redial, log)
 			continue
 		}
 		ps := make([]Device, len(cs))
 		for j, c := range cs {
-			ps[j] = &nbdPart{Client: c}
+			ps[j] = newPart(c, uris[i], i, timeout, redial, log)
 		}
 		p, err := NewPool(ps...)
 		if err != nil {

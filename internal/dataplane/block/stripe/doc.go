@@ -20,6 +20,10 @@
 // data on a lost part is gone, and the volume reports the loss rather than
 // returning wrong data.
 //
+// [Attach] redials a part whose connection broke (a lender that restarted)
+// for up to AttachConfig.RedialTimeout and retries the request once; the next
+// Flush then reports writes that no flush had covered with [ErrLostWrites].
+//
 // [Attach] dials the parts given as nbd:// URIs, builds the volume and serves
 // it with an nbd.Server on a loopback TCP port or a Unix socket; [Serve] does
 // the serving part for a Volume built with New. docs/composition.md explains

@@ -1,0 +1,196 @@
+package stripe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+)
+
+// ErrLostWrites is returned by a Flush when a connection to a part broke
+// while it had writes no flush had covered yet: the lender may have
+// restarted without them. The flush itself was done on the new connection,
+// so writes made after the reconnection are durable once it succeeds.
+var ErrLostWrites = errors.New("stripe: connection to a part broke with unflushed writes; they may be lost")
+
+// Redial backoff between dial attempts.
+const (
+	redialFirstWait = 20 * time.Millisecond
+	redialMaxWait   = 500 * time.Millisecond
+)
+
+// nbdPart is one connection to a part. Trim is usable only if the server said
+// so. When the connection breaks (the lender closed it or restarted: the
+// client reports nbd.ErrClosed), the call redials the same URI, with
+// backoff, for at most redial, and is retried once on the new connection;
+// reads and writes of whole ranges are idempotent, so a retry is safe. If
+// the redial gives up, or a request times out (a lender that hangs is the
+// Volume's business: it fails the part), the connection is dead: Alive
+// reports false, so a Pool stops choosing it, and calls fail at once.
+type nbdPart struct {
+	uri     nbd.URI
+	index   int           // part index, for logs
+	timeout time.Duration // per request, passed to nbd.Dial
+	redial  time.Duration // 0: never redial
+	log     *slog.Logger
+	size    int64
+	flags   uint16 // of the first connection
+
+	ctx    context.Context // cancelled by Close; bounds redials
+	cancel context.CancelFunc
+
+	mu     sync.Mutex // serialises redials
+	cur    atomic.Pointer[nbd.Client]
+	dead   atomic.Bool
+	closed atomic.Bool
+
+	// Completed writes (and trims, zeroings) and the count a successful
+	// flush covered, to tell whether a broken connection lost anything.
+	wseq    atomic.Uint64
+	flushed atomic.Uint64
+	lost    atomic.Bool
+}
+
+func newPart(c *nbd.Client, u nbd.URI, index int, timeout, redial time.Duration, log *slog.Logger) *nbdPart {
+	p := &nbdPart{uri: u, index: index, timeout: timeout, redial: redial, log: log, size: c.Size(), flags: c.Flags()}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+	p.cur.Store(c)
+	return p
+}
+
+func (p *nbdPart) Size() int64   { return p.size }
+func (p *nbdPart) CanTrim() bool { return p.flags&nbd.FlagSendTrim != 0 }
+
+// MultiConnSafe reports whether the server makes a flush on this connection
+// cover writes completed on the others.
+func (p *nbdPart) MultiConnSafe() bool { return p.flags&nbd.FlagCanMultiConn != 0 }
+
+// Alive implements the Pool's liveness check.
+func (p *nbdPart) Alive() bool { return !p.dead.Load() }
+
+// call runs f on the current connection, redialling and retrying once if
+// the connection broke.
+func (p *nbdPart) call(write bool, f func(*nbd.Client) error) error {
+	c := p.cur.Load()
+	err := f(c)
+	if err != nil && errors.Is(err, nbd.ErrClosed) && !p.closed.Load() {
+		var rerr error
+		if c, rerr = p.reconnect(c); rerr != nil {
+			return rerr
+		}
+		err = f(c)
+	}
+	if errors.Is(err, nbd.ErrTimeout) {
+		p.dead.Store(true)
+	}
+	if err == nil && write {
+		p.wseq.Add(1)
+	}
+	return err
+}
+
+// reconnect replaces the broken connection old, unless another call already
+// has, and returns the connection to use.
+func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c := p.cur.Load(); c != old {
+		return c, nil
+	}
+	if p.dead.Load() || p.redial <= 0 || p.closed.Load() {
+		p.dead.Store(true)
+		return nil, fmt.Errorf("stripe: part %d: %w", p.index, nbd.ErrClosed)
+	}
+	old.Close()
+	if p.wseq.Load() > p.flushed.Load() {
+		p.lost.Store(true)
+	}
+	ctx, cancel := context.WithTimeout(p.ctx, p.redial)
+	defer cancel()
+	start := time.Now()
+	wait := redialFirstWait
+	for attempt := 1; ; attempt++ {
+		c, err := nbd.Dial(ctx, p.uri.Network, p.uri.Address, p.uri.Export, nbd.WithRequestTimeout(p.timeout))
+		if err == nil && c.Size() != p.size {
+			c.Close()
+			p.dead.Store(true)
+			return nil, fmt.Errorf("%w: part %d: export size changed from %d to %d after reconnecting", ErrDeviceFailed, p.index, p.size, c.Size())
+		}
+		if err == nil {
+			p.cur.Store(c)
+			if p.closed.Load() {
+				c.Close()
+				return nil, fmt.Errorf("stripe: part %d: %w", p.index, nbd.ErrClosed)
+			}
+			p.log.Info("stripe: reconnected to part", "part", p.index, "addr", p.uri.Address, "attempts", attempt, "after", time.Since(start))
+			return c, nil
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			p.dead.Store(true)
+			p.log.Error("stripe: gave up reconnecting to part", "part", p.index, "addr", p.uri.Address, "attempts", attempt, "after", time.Since(start), "err", err)
+			// Dial errors do not quote the export name.
+			return nil, fmt.Errorf("stripe: part %d: reconnecting for %v: %w (last attempt: %w)", p.index, p.redial, nbd.ErrClosed, err)
+		case <-t.C:
+		}
+		wait = min(2*wait, redialMaxWait)
+	}
+}
+
+func (p *nbdPart) ReadAt(b []byte, off int64) (n int, err error) {
+	err = p.call(false, func(c *nbd.Client) error {
+		n, err = c.ReadAt(b, off)
+		return err
+	})
+	return n, err
+}
+
+func (p *nbdPart) WriteAt(b []byte, off int64) (n int, err error) {
+	err = p.call(true, func(c *nbd.Client) error {
+		n, err = c.WriteAt(b, off)
+		return err
+	})
+	return n, err
+}
+
+func (p *nbdPart) Trim(off, n int64) error {
+	return p.call(true, func(c *nbd.Client) error { return c.Trim(off, n) })
+}
+
+func (p *nbdPart) WriteZeroes(off, n int64, noHole bool) error {
+	return p.call(true, func(c *nbd.Client) error { return c.WriteZeroes(off, n, noHole) })
+}
+
+// Flush flushes the current connection. If an earlier connection broke with
+// writes no flush had covered, it reports ErrLostWrites once.
+func (p *nbdPart) Flush() error {
+	seq := p.wseq.Load()
+	if err := p.call(false, (*nbd.Client).Flush); err != nil {
+		return err
+	}
+	for {
+		f := p.flushed.Load()
+		if f >= seq || p.flushed.CompareAndSwap(f, seq) {
+			break
+		}
+	}
+	if p.lost.Swap(false) {
+		return fmt.Errorf("part %d: %w", p.index, ErrLostWrites)
+	}
+	return nil
+}
+
+// Close closes the connection and stops any redial; calls in progress
+// return.
+func (p *nbdPart) Close() error {
+	p.closed.Store(true)
+	p.cancel()
+	return p.cur.Load().Close()
+}
