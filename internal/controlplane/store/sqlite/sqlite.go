@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
@@ -32,6 +33,10 @@ type Store struct {
 
 	leaseMu sync.Mutex // serializes lease writes with their updates of live
 	live    liveCache
+
+	ck             *sql.DB // checkpoints (file databases only)
+	ckStop, ckDone chan struct{}
+	ckOnce         sync.Once
 }
 
 var _ store.Store = (*Store)(nil)
@@ -58,7 +63,10 @@ func open(ctx context.Context, path string, max int) (*Store, error) {
 		name := fmt.Sprintf("rialto-mem-%d", memSeq.Add(1))
 		wdsn = "file:" + name + "?mode=memory&cache=shared&_txlock=immediate" + pragmaQuery(pragmas)
 	} else {
-		pragmas = append(pragmas, "journal_mode(WAL)")
+		// Checkpoints run in the background (checkpoints below), not in
+		// the commit that happens to cross the WAL's size limit: a
+		// checkpoint fsyncs, and the single writer would stall meanwhile.
+		pragmas = append(pragmas, "journal_mode(WAL)", "wal_autocheckpoint(0)")
 		wdsn = "file:" + path + "?_txlock=immediate" + pragmaQuery(pragmas)
 		rdsn = "file:" + path + "?_pragma=query_only(1)" + pragmaQuery([]string{"busy_timeout(10000)"})
 	}
@@ -90,8 +98,40 @@ func open(ctx context.Context, path string, max int) (*Store, error) {
 		r.SetMaxIdleConns(n)
 		s.r = r
 		s.rs = &stmtCache{db: r}
+		ck, err := sql.Open("sqlite", "file:"+path+"?"+strings.TrimPrefix(pragmaQuery([]string{"busy_timeout(10000)"}), "&"))
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("sqlite: open %s for checkpoints: %w", path, err)
+		}
+		ck.SetMaxOpenConns(1)
+		s.ck, s.ckStop, s.ckDone = ck, make(chan struct{}), make(chan struct{})
+		go s.checkpoints(checkpointEvery)
 	}
 	return s, nil
+}
+
+// checkpointEvery is how often the WAL is checkpointed into the database.
+const checkpointEvery = 200 * time.Millisecond
+
+// checkpoints copies the WAL into the database file every period, on its
+// own connection, until Close. A passive checkpoint takes no lock that
+// writers or readers need: commits keep appending to the WAL while it
+// copies and fsyncs. Durability is unchanged (synchronous=NORMAL: a
+// commit is in the WAL, durable across a process crash, before it
+// returns); the WAL stays a few periods of writes long.
+func (s *Store) checkpoints(every time.Duration) {
+	defer close(s.ckDone)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ckStop:
+			return
+		case <-t.C:
+			// An error (e.g. the database is busy) is retried next period.
+			s.ck.ExecContext(context.Background(), `PRAGMA wal_checkpoint(PASSIVE)`)
+		}
+	}
 }
 
 func pragmaQuery(ps []string) string {
@@ -105,6 +145,13 @@ func pragmaQuery(ps []string) string {
 
 // Close closes the database.
 func (s *Store) Close() error {
+	if s.ck != nil {
+		s.ckOnce.Do(func() {
+			close(s.ckStop)
+			<-s.ckDone
+			s.ck.Close()
+		})
+	}
 	s.ws.close()
 	if s.rs != s.ws {
 		s.rs.close()

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -299,4 +301,43 @@ func TestLeaseOpsReadBack(t *testing.T) {
 		t.Fatalf("events %v, want %v", types, want)
 	}
 	s.Close()
+}
+
+// TestBackgroundCheckpoints: commits do not checkpoint (the writer never
+// waits for a checkpoint's fsync); the background checkpointer copies the
+// WAL into the database file.
+func TestBackgroundCheckpoints(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "ck.db")
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var auto int
+	if err := s.w.QueryRowContext(ctx, `PRAGMA wal_autocheckpoint`).Scan(&auto); err != nil || auto != 0 {
+		t.Fatalf("wal_autocheckpoint %d %v, want 0", auto, err)
+	}
+	size := func() int64 {
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Size()
+	}
+	before := size()
+	for i := 0; i < 200; i++ {
+		if _, err := s.AppendEvent(ctx, api.Event{Type: "test", Subject: strings.Repeat("x", 2000)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for size() <= before+200*2000 {
+		if time.Now().After(deadline) {
+			t.Fatalf("database file still %d bytes (was %d): no checkpoint", size(), before)
+		}
+		<-tick.C
+	}
 }
