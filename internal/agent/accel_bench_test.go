@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -68,8 +69,12 @@ func BenchmarkAccelLeases(b *testing.B) {
 			b.RunParallel(func(pb *testing.PB) {
 				n := next.Add(1)
 				u := uris[n%4]
-				t, _ := parseURIForBench(u)
-				c, err := accel.Dial(ctx, t.host, []byte(t.cred))
+				pu, err := url.Parse(u)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				c, err := accel.Dial(ctx, pu.Host, []byte(strings.TrimPrefix(pu.Path, "/")))
 				if err != nil {
 					b.Error(err)
 					return
@@ -93,25 +98,4 @@ func BenchmarkAccelLeases(b *testing.B) {
 			}
 		})
 	}
-}
-
-type benchTarget struct{ host, cred string }
-
-func parseURIForBench(uri string) (benchTarget, error) {
-	var t benchTarget
-	rest := uri[len("rialto-accel://"):]
-	for i := 0; i < len(rest); i++ {
-		if rest[i] == '/' {
-			t.host, rest = rest[:i], rest[i+1:]
-			break
-		}
-	}
-	for i := 0; i < len(rest); i++ {
-		if rest[i] == '?' {
-			rest = rest[:i]
-			break
-		}
-	}
-	t.cred = rest
-	return t, nil
 }
