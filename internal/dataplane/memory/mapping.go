@@ -365,15 +365,22 @@ func (m *Mapping) call(op uint8) ([]byte, error) {
 	if _, err := m.ctrl.Write(hdr[:]); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrMappingFailed, errHandlerGone)
 	}
+	var f ctlFrame
 	select {
-	case f := <-m.replies:
-		if f.op != op {
-			return nil, fmt.Errorf("%w: handler replied %d to %d", ErrMappingFailed, f.op, op)
-		}
-		return f.payload, nil
+	case f = <-m.replies:
 	case <-m.exited:
-		return nil, fmt.Errorf("%w: %w", ErrMappingFailed, errHandlerGone)
+		// watch queues a reply before it sees the end of the socket (the
+		// handler exits right after answering ctlClose).
+		select {
+		case f = <-m.replies:
+		default:
+			return nil, fmt.Errorf("%w: %w", ErrMappingFailed, errHandlerGone)
+		}
 	}
+	if f.op != op {
+		return nil, fmt.Errorf("%w: handler replied %d to %d", ErrMappingFailed, f.op, op)
+	}
+	return f.payload, nil
 }
 
 // Bytes is the mapped region. It stays valid until Close; do not touch it
