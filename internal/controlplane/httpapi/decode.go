@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sync"
 )
 
 // ErrBadBody is returned (wrapped) for a body that is not one strict JSON
@@ -75,15 +76,27 @@ func DecodeRequest(w http.ResponseWriter, r *http.Request, limit int64, allowEmp
 	return Decode(body, limit, allowEmpty, v)
 }
 
-// WriteJSON answers with status and v as JSON.
+// WriteJSON answers with status and v as JSON (one line).
 func WriteJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
+	buf := bufs.Get().(*bytes.Buffer)
+	defer putBuf(buf)
+	buf.Reset()
+	if err := json.NewEncoder(buf).Encode(v); err != nil {
 		http.Error(w, `{"error":{"code":"internal","message":"encode answer"}}`, http.StatusInternalServerError)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(status)
-	w.Write(append(b, '\n'))
+	w.Write(buf.Bytes())
+}
+
+// bufs holds encoding buffers across answers: an answer is encoded in one
+// without allocating it, then copied to the connection.
+var bufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+func putBuf(b *bytes.Buffer) {
+	if b.Cap() <= 64<<10 { // do not keep the buffer of a huge listing
+		bufs.Put(b)
+	}
 }
