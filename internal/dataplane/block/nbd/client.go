@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -53,6 +54,8 @@ type Client struct {
 	prefBlock  uint32
 	maxBlock   uint32
 	structured bool
+	meta       bool   // base:allocation negotiated
+	metaID     uint32 // its context id
 	timeout    time.Duration
 
 	wmu sync.Mutex // serialises request writes
@@ -71,6 +74,7 @@ type call struct {
 	off   uint64
 	buf   []byte // read destination
 	got   int
+	ext   []Extent     // block-status reply
 	state atomic.Int32 // callLive, callReceiving, callAbandoned
 	err   error
 	done  chan struct{}
@@ -176,6 +180,11 @@ func (c *Client) handshake(r *bufio.Reader, export string, structured bool) erro
 		}
 		c.structured = typ == repAck
 	}
+	if c.structured {
+		if err := c.setMetaContext(r, export); err != nil {
+			return err
+		}
+	}
 	req := make([]byte, 0, 8+len(export))
 	req = binary.BigEndian.AppendUint32(req, uint32(len(export)))
 	req = append(req, export...)
@@ -223,6 +232,35 @@ func (c *Client) handshake(r *bufio.Reader, export string, structured bool) erro
 			return c.exportName(r, export, noZeroes)
 		case typ&repErrBit != 0:
 			return fmt.Errorf("nbd: server refused the export: %s", optErrName(typ, data))
+		default:
+			return fmt.Errorf("%w: unexpected option reply %#x", ErrProtocol, typ)
+		}
+	}
+}
+
+// setMetaContext asks for base:allocation; a server that refuses leaves
+// Extents reporting everything as data.
+func (c *Client) setMetaContext(r *bufio.Reader, export string) error {
+	req := binary.BigEndian.AppendUint32(nil, uint32(len(export)))
+	req = append(req, export...)
+	req = binary.BigEndian.AppendUint32(req, 1)
+	req = binary.BigEndian.AppendUint32(req, uint32(len(MetaContextBaseAllocation)))
+	req = append(req, MetaContextBaseAllocation...)
+	if err := c.sendOpt(optSetMetaContext, req); err != nil {
+		return err
+	}
+	for {
+		typ, data, err := c.readOptReply(r, optSetMetaContext)
+		if err != nil {
+			return err
+		}
+		switch {
+		case typ == repMetaContext:
+			if len(data) >= 4 && string(data[4:]) == MetaContextBaseAllocation {
+				c.meta, c.metaID = true, binary.BigEndian.Uint32(data)
+			}
+		case typ == repAck || typ&repErrBit != 0:
+			return nil
 		default:
 			return fmt.Errorf("%w: unexpected option reply %#x", ErrProtocol, typ)
 		}
@@ -468,9 +506,24 @@ func (c *Client) chunk(r *bufio.Reader, cl *call, typ uint16, n uint32) error {
 		}
 		cl.got += int(ln)
 		return nil
+	case replyTypeBlockStatus:
+		if cl.typ != CmdBlockStatus || n < 12 || (n-4)%8 != 0 || n > 4+8*maxExtentsList {
+			return fmt.Errorf("%w: bad block status chunk", ErrProtocol)
+		}
+		b := make([]byte, n)
+		if _, err := io.ReadFull(r, b); err != nil {
+			return err
+		}
+		if binary.BigEndian.Uint32(b) != c.metaID {
+			return nil // a context we did not ask for
+		}
+		for i := 4; i < len(b); i += 8 {
+			cl.ext = append(cl.ext, Extent{Length: int64(binary.BigEndian.Uint32(b[i:])), Flags: binary.BigEndian.Uint32(b[i+4:])})
+		}
+		return nil
 	default:
 		if typ&(1<<15) == 0 {
-			// Unknown non-error chunk (e.g. block status we did not ask for).
+			// Unknown non-error chunk.
 			_, err := r.Discard(int(n))
 			return err
 		}
@@ -495,6 +548,12 @@ func (c *Client) chunk(r *bufio.Reader, cl *call, typ uint16, n uint32) error {
 
 // do sends one request and waits for its reply.
 func (c *Client) do(ctx context.Context, typ, flags uint16, off uint64, length uint32, payload, dst []byte) error {
+	_, err := c.doCall(ctx, typ, flags, off, length, payload, dst)
+	return err
+}
+
+// doCall is do returning the completed call.
+func (c *Client) doCall(ctx context.Context, typ, flags uint16, off uint64, length uint32, payload, dst []byte) (*call, error) {
 	cl := &call{typ: typ, off: off, buf: dst, done: make(chan struct{})}
 	c.mu.Lock()
 	if c.err != nil || c.pending == nil {
@@ -503,7 +562,7 @@ func (c *Client) do(ctx context.Context, typ, flags uint16, off uint64, length u
 		if err == nil {
 			err = ErrClosed
 		}
-		return err
+		return nil, err
 	}
 	c.handle++
 	h := c.handle
@@ -526,7 +585,7 @@ func (c *Client) do(ctx context.Context, typ, flags uint16, off uint64, length u
 	if err != nil {
 		c.fail(fmt.Errorf("%w: %w", ErrClosed, err))
 		<-cl.done
-		return cl.err
+		return nil, cl.err
 	}
 
 	var timeout <-chan time.Time
@@ -537,10 +596,10 @@ func (c *Client) do(ctx context.Context, typ, flags uint16, off uint64, length u
 	}
 	select {
 	case <-cl.done:
-		return cl.err
+		return cl, cl.err
 	case <-ctx.Done():
 		if cl.state.CompareAndSwap(callLive, callAbandoned) {
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
 		c.fail(ctx.Err())
 	case <-timeout:
@@ -548,9 +607,9 @@ func (c *Client) do(ctx context.Context, typ, flags uint16, off uint64, length u
 	}
 	<-cl.done
 	if cl.err != nil {
-		return cl.err
+		return nil, cl.err
 	}
-	return ErrTimeout
+	return nil, ErrTimeout
 }
 
 // ReadAtContext reads len(p) bytes at off, splitting into requests no larger
@@ -630,6 +689,49 @@ func (c *Client) chunked(ctx context.Context, p []byte, off int64, f func([]byte
 	}
 	wg.Wait()
 	return first
+}
+
+// CanExtents reports whether the server agreed to base:allocation, so that
+// Extents asks it rather than reporting everything as data.
+func (c *Client) CanExtents() bool { return c.meta }
+
+// ExtentsContext asks the server which parts of [off, off+n) are holes or
+// read as zeroes (NBD_CMD_BLOCK_STATUS, base:allocation). The answer may
+// cover fewer than n bytes but covers at least one. Without base:allocation
+// it reports the whole range as data.
+func (c *Client) ExtentsContext(ctx context.Context, off, n int64) ([]Extent, error) {
+	if off < 0 || n <= 0 || off > c.size || n > c.size-off {
+		return nil, fmt.Errorf("nbd: extents [%d,+%d) outside the %d-byte export", off, n, c.size)
+	}
+	// One request covers at most 4 GiB minus a block.
+	n = min(n, int64(math.MaxUint32)/int64(c.minBlock)*int64(c.minBlock))
+	if !c.meta {
+		return []Extent{{Length: n}}, nil
+	}
+	cl, err := c.doCall(ctx, CmdBlockStatus, 0, uint64(off), uint32(n), nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	var out []Extent
+	covered := int64(0)
+	for _, x := range cl.ext {
+		if x.Length <= 0 || covered >= n {
+			break
+		}
+		x.Length = min(x.Length, n-covered)
+		out = append(out, x)
+		covered += x.Length
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: empty block status reply", ErrProtocol)
+	}
+	return out, nil
+}
+
+// Extents is ExtentsContext without a context; it makes a Client an
+// Extenter.
+func (c *Client) Extents(off, n int64) ([]Extent, error) {
+	return c.ExtentsContext(context.Background(), off, n)
 }
 
 // ReadAt implements io.ReaderAt with the default request timeout.

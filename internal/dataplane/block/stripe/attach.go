@@ -287,15 +287,22 @@ func (b backend) WriteZeroes(off, n int64, noHole bool) error {
 	return b.v.WriteZeroes(off, n, noHole)
 }
 
+// Extents passes block-status queries through to the parts (everything is
+// data unless every part offers base:allocation).
+func (b backend) Extents(off, n int64) ([]nbd.Extent, error) { return b.v.Extents(off, n) }
+
 type trimBackend struct{ backend }
 
 func (b trimBackend) Trim(off, n int64) error { return b.v.Trim(off, n) }
 
 var (
-	_ nbd.Backend = backend{}
-	_ nbd.Zeroer  = backend{}
-	_ nbd.Trimmer = trimBackend{}
-	_ Device      = (*nbdPart)(nil)
-	_ Trimmer     = (*nbdPart)(nil)
-	_ Zeroer      = (*nbdPart)(nil)
+	_ nbd.Backend  = backend{}
+	_ nbd.Zeroer   = backend{}
+	_ nbd.Extenter = backend{}
+	_ Extenter     = (*nbdPart)(nil)
+	_ Extenter     = (*Pool)(nil)
+	_ nbd.Trimmer  = trimBackend{}
+	_ Device       = (*nbdPart)(nil)
+	_ Trimmer      = (*nbdPart)(nil)
+	_ Zeroer       = (*nbdPart)(nil)
 )

@@ -23,7 +23,8 @@ import (
 
 // lender is an in-process NBD server with one export on loopback.
 type lender struct {
-	mem    *nbd.MemBackend
+	mem    *nbd.MemBackend // nil unless started by startLender
+	be     nbd.Backend
 	name   string
 	uri    string
 	ln     net.Listener
@@ -33,6 +34,15 @@ type lender struct {
 
 func startLender(t *testing.T, size int64) *lender {
 	t.Helper()
+	mem := nbd.NewMemBackend(size)
+	l := startLenderWith(t, mem)
+	l.mem = mem
+	return l
+}
+
+// startLenderWith serves be as the lender's one export.
+func startLenderWith(t *testing.T, be nbd.Backend) *lender {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -40,7 +50,7 @@ func startLender(t *testing.T, size int64) *lender {
 	var b [8]byte
 	rand.Read(b[:])
 	name := "cred-" + hex.EncodeToString(b[:])
-	l := &lender{mem: nbd.NewMemBackend(size), name: name}
+	l := &lender{be: be, name: name}
 	l.serve(t, ln)
 	l.uri = nbd.URI{Network: "tcp", Address: ln.Addr().String(), Export: name}.String()
 	t.Cleanup(func() { l.kill() })
@@ -50,7 +60,7 @@ func startLender(t *testing.T, size int64) *lender {
 func (l *lender) serve(t *testing.T, ln net.Listener) {
 	t.Helper()
 	srv := &nbd.Server{}
-	if err := srv.AddExport(nbd.Export{Name: l.name, Backend: l.mem}); err != nil {
+	if err := srv.AddExport(nbd.Export{Name: l.name, Backend: l.be}); err != nil {
 		t.Error(err) // not Fatal: restart may run outside the test goroutine
 		return
 	}

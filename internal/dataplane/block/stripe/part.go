@@ -40,6 +40,7 @@ type nbdPart struct {
 	log     *slog.Logger
 	size    int64
 	flags   uint16 // of the first connection
+	meta    bool   // the first connection negotiated base:allocation
 
 	ctx    context.Context // cancelled by Close; bounds redials
 	cancel context.CancelFunc
@@ -57,7 +58,7 @@ type nbdPart struct {
 }
 
 func newPart(c *nbd.Client, u nbd.URI, index int, timeout, redial time.Duration, log *slog.Logger) *nbdPart {
-	p := &nbdPart{uri: u, index: index, timeout: timeout, redial: redial, log: log, size: c.Size(), flags: c.Flags()}
+	p := &nbdPart{uri: u, index: index, timeout: timeout, redial: redial, log: log, size: c.Size(), flags: c.Flags(), meta: c.CanExtents()}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.cur.Store(c)
 	return p
@@ -166,6 +167,18 @@ func (p *nbdPart) Trim(off, n int64) error {
 
 func (p *nbdPart) WriteZeroes(off, n int64, noHole bool) error {
 	return p.call(true, func(c *nbd.Client) error { return c.WriteZeroes(off, n, noHole) })
+}
+
+// CanExtents reports whether the lender offers base:allocation.
+func (p *nbdPart) CanExtents() bool { return p.meta }
+
+// Extents asks the lender which ranges are holes.
+func (p *nbdPart) Extents(off, n int64) (ext []nbd.Extent, err error) {
+	err = p.call(false, func(c *nbd.Client) error {
+		ext, err = c.Extents(off, n)
+		return err
+	})
+	return ext, err
 }
 
 // Flush flushes the current connection. If an earlier connection broke with

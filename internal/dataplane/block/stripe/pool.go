@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 )
 
 // Pool spreads one part over several connections to the same export: each
@@ -175,4 +177,25 @@ func (p *Pool) Close() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Extents asks the least busy connection which ranges are holes.
+func (p *Pool) Extents(off, length int64) ([]nbd.Extent, error) {
+	c, done := p.pick()
+	defer done()
+	e, ok := c.(Extenter)
+	if !ok {
+		return []nbd.Extent{{Length: length}}, nil
+	}
+	return e.Extents(off, length)
+}
+
+// CanExtents reports whether every connection can report holes.
+func (p *Pool) CanExtents() bool {
+	for _, c := range p.conns {
+		if !canExtents(c) {
+			return false
+		}
+	}
+	return true
 }

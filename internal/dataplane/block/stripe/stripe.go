@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 )
 
 // Device is one part of a striped volume. An *nbd.Client satisfies it.
@@ -117,6 +119,7 @@ type Volume struct {
 	log     *slog.Logger
 	canTrim bool
 	canZero bool
+	canExt  bool
 	closed  atomic.Bool
 }
 
@@ -133,7 +136,7 @@ func New(devs []Device, cfg Config) (*Volume, error) {
 	if unit < MinStripeUnit || unit > MaxStripeUnit || unit&(unit-1) != 0 {
 		return nil, fmt.Errorf("%w: stripe unit %d is not a power of two in [%d, %d]", ErrConfig, unit, MinStripeUnit, MaxStripeUnit)
 	}
-	v := &Volume{unit: unit, timeout: cfg.RequestTimeout, log: cfg.Logger, canTrim: true, canZero: true}
+	v := &Volume{unit: unit, timeout: cfg.RequestTimeout, log: cfg.Logger, canTrim: true, canZero: true, canExt: true}
 	for 1<<v.shift != unit {
 		v.shift++
 	}
@@ -157,6 +160,9 @@ func New(devs []Device, cfg Config) (*Volume, error) {
 		}
 		if !canZero(d) {
 			v.canZero = false
+		}
+		if !canExtents(d) {
+			v.canExt = false
 		}
 		v.parts = append(v.parts, &member{dev: d})
 	}
@@ -444,4 +450,99 @@ func (v *Volume) Close() error {
 		})
 	}
 	return errors.Join(errs...)
+}
+
+// Extenter is implemented by devices that can say which ranges are holes
+// (an *nbd.Client whose server offers base:allocation). The answer may
+// cover fewer bytes than asked, but at least one, and never calls data a
+// hole.
+type Extenter interface {
+	Extents(off, length int64) ([]nbd.Extent, error)
+}
+
+// ExtentReporter is implemented by devices whose Extents method exists but
+// may only report "all data" (a pool, a client whose server lacks
+// base:allocation).
+type ExtentReporter interface {
+	CanExtents() bool
+}
+
+func canExtents(d Device) bool {
+	if _, ok := d.(Extenter); !ok {
+		return false
+	}
+	r, ok := d.(ExtentReporter)
+	return !ok || r.CanExtents()
+}
+
+// CanExtents reports whether every device can report holes.
+func (v *Volume) CanExtents() bool { return v.canExt }
+
+// maxExtentUnits bounds the stripe units one Extents call covers per
+// device, so that the answer stays small and the per-device queries short.
+const maxExtentUnits = 1024
+
+// Extents reports which parts of [off, off+length) are holes, from one
+// block-status query per device over the units the range covers (they are
+// contiguous on each device). The answer may cover fewer bytes than asked,
+// never fewer than one. Without CanExtents, everything is data.
+func (v *Volume) Extents(off, length int64) ([]nbd.Extent, error) {
+	if err := v.check(off, length); err != nil {
+		return nil, err
+	}
+	if length == 0 {
+		return nil, nil
+	}
+	// Bound the range: at most maxExtentUnits units per device.
+	length = min(length, maxExtentUnits*int64(len(v.parts))*v.unit-off&(v.unit-1))
+	if !v.canExt {
+		return []nbd.Extent{{Length: length}}, nil
+	}
+	per := v.perDevice(off, length)
+	got := make([][]nbd.Extent, len(v.parts))
+	err := v.do(per, func(d Device, c chunk) error {
+		ext, err := d.(Extenter).Extents(c.devOff, c.len)
+		got[c.dev] = ext
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	// Walk the volume range unit piece by unit piece, consuming each
+	// device's extents in order; stop where a device's answer ends.
+	var out []nbd.Extent
+	add := func(n int64, flags uint32) {
+		if k := len(out) - 1; k >= 0 && out[k].Flags == flags {
+			out[k].Length += n
+			return
+		}
+		out = append(out, nbd.Extent{Length: n, Flags: flags})
+	}
+	for _, c := range v.split(off, length) {
+		need := c.len
+		for need > 0 {
+			ext := got[c.dev]
+			if len(ext) == 0 {
+				return out, v.nonEmpty(out)
+			}
+			k := min(need, ext[0].Length)
+			if k <= 0 {
+				got[c.dev] = ext[1:]
+				continue
+			}
+			add(k, ext[0].Flags)
+			need -= k
+			if ext[0].Length -= k; ext[0].Length == 0 {
+				got[c.dev] = ext[1:]
+			}
+		}
+	}
+	return out, nil
+}
+
+func (v *Volume) nonEmpty(out []nbd.Extent) error {
+	if len(out) == 0 {
+		return fmt.Errorf("stripe: a device answered block status with no extent")
+	}
+	return nil
 }
