@@ -586,8 +586,8 @@ func report(c cfg, r *results, steal []float64) {
 	p("### Transparent mapping: page-fault service time\n\n")
 	p("1 GiB region mapped with a 10%% local cache, faults served by the mapping's handler process;\n")
 	p("20,000 first touches of random pages (timed around the load or store in the application)\n")
-	p("and the handler's own service time. Default settings: the handler and the donor's fault\n")
-	p("connection busy-poll for up to 50 µs before sleeping (MapOptions.Spin, Donor.FaultSpin).\n\n")
+	p("and the handler's own service time. The handler and the donor's fault connection busy-poll\n")
+	p("(with sched_yield) before sleeping: MapOptions.Spin and Donor.FaultSpin, 50 µs by default.\n\n")
 	p("| measurement | p50 µs | p99 µs |\n|---|---|---|\n")
 	p("| read fault, application-visible | %.1f | %.1f |\n", r.med("fault read p50 poll"), r.med("fault read p99 poll"))
 	p("| read fault, handler service | %.1f | %.1f |\n", r.med("fault handler p50 poll"), r.med("fault handler p99 poll"))
@@ -601,7 +601,12 @@ func report(c cfg, r *results, steal []float64) {
 		p("one process. CPU is the handler process's and the donor process's user+system time during\n")
 		p("the 20,000 faults, per fault and as cores busy (the faulting thread sleeps in the kernel).\n\n")
 		p("| fault service | read p50 µs | read p99 µs | handler p50 µs | handler CPU µs/fault | donor CPU µs/fault | handler cores | donor cores |\n|---|---|---|---|---|---|---|---|\n")
-		for _, m := range []struct{ name, key string }{{"polling (50 µs spin)", "poll"}, {"blocking (no spin)", "block"}} {
+		spin := c.mapSpin
+		if spin == 0 {
+			spin = memory.DefaultMapSpin
+		}
+		polling := fmt.Sprintf("polling (handler spins %v)", spin)
+		for _, m := range []struct{ name, key string }{{polling, "poll"}, {"blocking (no spin)", "block"}} {
 			p("| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f |\n", m.name, r.med("fault read p50 "+m.key), r.med("fault read p99 "+m.key),
 				r.med("fault handler p50 "+m.key), r.med("fault handler cpu/fault "+m.key), r.med("fault donor cpu/fault "+m.key),
 				r.med("fault handler cores "+m.key), r.med("fault donor cores "+m.key))
