@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -95,11 +96,25 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any, hdr
 		_, err = io.Copy(io.Discard, resp.Body)
 		return err
 	}
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+	// One read into a reused buffer, then one decode: cheaper than a
+	// json.Decoder, which grows a buffer of its own for every answer.
+	buf := bodyBufs.Get().(*bytes.Buffer)
+	defer func() {
+		if buf.Cap() <= 64<<10 {
+			bodyBufs.Put(buf)
+		}
+	}()
+	buf.Reset()
+	if _, err := buf.ReadFrom(resp.Body); err != nil {
+		return fmt.Errorf("rialto api: read %s %s: %w", method, path, err)
+	}
+	if err := json.Unmarshal(buf.Bytes(), out); err != nil {
 		return fmt.Errorf("rialto api: decode %s %s: %w", method, path, err)
 	}
 	return nil
 }
+
+var bodyBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
 // Join registers an agent (c must carry the bootstrap token).
 func (c *Client) Join(ctx context.Context, r JoinRequest) (JoinResponse, error) {
