@@ -120,6 +120,8 @@ func runServer(ctx context.Context, e *env, args []string) error {
 	admin := fs.String("admin-token", e.getenv("RIALTO_ADMIN_TOKEN"), "API token of the admin tenant (env RIALTO_ADMIN_TOKEN)")
 	var specs listFlag
 	fs.Var(&specs, "token", "tenant API token TOKEN:TENANT[:admin] (repeatable; env RIALTO_TOKENS, comma-separated)")
+	var quotaSpecs listFlag
+	fs.Var(&quotaSpecs, "quota", "tenant quota [TENANT:]leases=N,bytes=SIZE,slots=N,bandwidth=RATE; no TENANT: every tenant's default (repeatable)")
 	var tm timings
 	tm.register(fs)
 	level := fs.String("log-level", "info", "debug, info, warn or error")
@@ -139,6 +141,10 @@ func runServer(ctx context.Context, e *env, args []string) error {
 	if *admin != "" {
 		tokens = append(tokens, controlplane.Token{Token: *admin, Tenant: "admin", Admin: true})
 	}
+	quotas, err := parseQuotas(quotaSpecs)
+	if err != nil {
+		return err
+	}
 	if *boot == "" {
 		fmt.Fprintln(e.stderr, "rialto server: no --bootstrap-token: agents cannot join")
 	}
@@ -156,7 +162,7 @@ func runServer(ctx context.Context, e *env, args []string) error {
 	cp, err := startControlPlane(ctx, ln, *db, controlplane.Config{
 		Logger: log, BootstrapToken: *boot, Tokens: tokens,
 		HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down,
-		PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl,
+		PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas,
 	})
 	if err != nil {
 		ln.Close()
@@ -182,4 +188,25 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 		}
 	})
 	return set
+}
+
+// parseQuotas reads --quota specs: the last default and the last quota of
+// each tenant win.
+func parseQuotas(specs []string) (controlplane.Quotas, error) {
+	var q controlplane.Quotas
+	for _, spec := range specs {
+		tenant, qt, err := controlplane.ParseQuota(spec)
+		if err != nil {
+			return q, err
+		}
+		if tenant == "" {
+			q.Default = qt
+			continue
+		}
+		if q.Tenants == nil {
+			q.Tenants = map[string]controlplane.Quota{}
+		}
+		q.Tenants[tenant] = qt
+	}
+	return q, nil
 }

@@ -306,7 +306,7 @@ func (s *Server) hExplain(ctx context.Context, p principal, r *http.Request, w h
 	if err := decode(w, r, false, &req); err != nil {
 		return 0, nil, err
 	}
-	plan, err := s.explainLease(ctx, req)
+	plan, err := s.explainLease(ctx, p.tenant, req)
 	return http.StatusOK, plan, err
 }
 

@@ -136,7 +136,7 @@ func (s *Server) placeIndex(inv store.Inventory, now time.Time) *placement.Index
 		return nil // the clock went back: build one for this request
 	}
 	if c.idx == nil {
-		c.idx = placement.NewIndex(snapshot(inv, nil, now))
+		c.idx = placement.NewIndex(snapshot(inv, nil, now, s.cfg.Quotas))
 	}
 	c.idx.Advance(at)
 	return c.idx
@@ -199,16 +199,4 @@ func (s *Server) deviceNames(ctx context.Context) map[string]string {
 		}
 	}
 	return s.inv.devName
-}
-
-// tenantLeases counts a tenant's leases holding devices; placeMu must be
-// held and the cache valid.
-func (s *Server) tenantLeases(tenant string) int {
-	n := 0
-	for _, ps := range s.inv.parts {
-		if len(ps) > 0 && ps[0].Tenant == tenant {
-			n++
-		}
-	}
-	return n
 }

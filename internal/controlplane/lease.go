@@ -173,8 +173,8 @@ func requestHash(r api.LeaseRequest) string {
 	return hex.EncodeToString(h[:])
 }
 
-// explainLease places a request without reserving anything.
-func (s *Server) explainLease(ctx context.Context, req api.LeaseRequest) (api.Plan, error) {
+// explainLease places a tenant's request without reserving anything.
+func (s *Server) explainLease(ctx context.Context, tenant string, req api.LeaseRequest) (api.Plan, error) {
 	if err := s.validateLeaseRequest(&req); err != nil {
 		return api.Plan{}, err
 	}
@@ -184,8 +184,8 @@ func (s *Server) explainLease(ctx context.Context, req api.LeaseRequest) (api.Pl
 	if err != nil {
 		return api.Plan{}, err
 	}
-	plan, err := s.place(inv, req, nil, s.now())
-	if errors.Is(err, ErrInfeasible) {
+	plan, err := policyPlace(inv, req, tenant, s.cfg.Quotas, nil, s.now(), nil)
+	if errors.Is(err, ErrInfeasible) || errors.Is(err, ErrQuota) {
 		return plan, nil // a dry run reports infeasibility in the plan
 	}
 	return plan, err
@@ -235,13 +235,7 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 			s.placeMu.Unlock()
 			return l, false, err
 		}
-		if max := s.cfg.MaxLeasesPerTenant; max > 0 && attempt == 0 {
-			if n := s.tenantLeases(p.tenant); n >= max {
-				s.placeMu.Unlock()
-				return l, false, fmt.Errorf("%w: tenant %s holds %d leases (limit %d); release some first", ErrQuota, p.tenant, n, max)
-			}
-		}
-		plan, err = s.placeLocked(inv, req, skip, now)
+		plan, err = s.placeLocked(inv, req, p.tenant, skip, now)
 		if err != nil {
 			s.placeMu.Unlock()
 			return l, false, err
@@ -321,7 +315,7 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 			if round+1 >= maxPrepareRounds {
 				err = fmt.Errorf("%w: gave up after %d rounds", ErrUnavailable, round+1)
 			} else {
-				plan, err = s.placeLocked(inv, req, skip, s.now())
+				plan, err = s.placeLocked(inv, req, p.tenant, skip, s.now())
 			}
 		}
 		if err == nil {
@@ -345,15 +339,6 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 		s.log.Warn("lease failed", "lease", lease.ID, "reason", why)
 		return fl, true, fmt.Errorf("%w: lease %s failed: %s", ErrUnavailable, lease.ID, why)
 	}
-}
-
-// placeLocked places with the cached placement index when s.place is the
-// policy; placeMu must be held and inv must come from inventory.
-func (s *Server) placeLocked(inv store.Inventory, req api.LeaseRequest, skip map[string]string, now time.Time) (api.Plan, error) {
-	if s.policy {
-		return policyPlaceWith(inv, req, skip, now, s.placeIndex)
-	}
-	return s.place(inv, req, skip, now)
 }
 
 func joinReasons(m map[string]string) string {

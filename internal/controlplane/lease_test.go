@@ -406,33 +406,6 @@ func TestIdempotency(t *testing.T) {
 	}
 }
 
-func TestQuota(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.MaxLeasesPerTenant = 2 })
-	e.join("n1", 1<<30)
-	var ids []string
-	for i := 0; i < 2; i++ {
-		l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, l.ID)
-	}
-	_, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
-	var ae *api.Error
-	if !errors.As(err, &ae) || ae.Status != http.StatusTooManyRequests || ae.Code != api.CodeQuota {
-		t.Fatalf("want 429 quota_exceeded, got %v", err)
-	}
-	if _, err := e.bob.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20}); err != nil {
-		t.Fatalf("another tenant is limited too: %v", err)
-	}
-	if _, err := e.alice.ReleaseLease(e.ctx, ids[0]); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20}); err != nil {
-		t.Fatalf("after a release: %v", err)
-	}
-}
-
 // TestLeasesLive: GET /v1/leases lists history by default; live=1 only
 // the leases holding devices, and a state filter narrows either.
 func TestLeasesLive(t *testing.T) {

@@ -3,18 +3,10 @@ package controlplane
 import (
 	"sort"
 	"strconv"
-	"time"
 
 	"github.com/rialto-project/rialto/api"
-	"github.com/rialto-project/rialto/internal/controlplane/store"
 	"github.com/rialto-project/rialto/internal/resource"
 )
-
-// placer decides a plan for a request over an inventory. skip names nodes
-// that must not be used (node ID → why), e.g. lenders that did not confirm.
-// The server's placer is policyPlace: every lease kind is placed by
-// internal/placement (see policy.go); there is no other placement.
-type placer func(inv store.Inventory, req api.LeaseRequest, skip map[string]string, now time.Time) (api.Plan, error)
 
 const defaultStripeUnit = 1 << 20
 

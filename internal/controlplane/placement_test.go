@@ -387,3 +387,95 @@ func TestExclusiveDevice(t *testing.T) {
 	_, err = e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeDedicated, AntiAffinity: []string{part}})
 	wantCode(t, err, http.StatusUnprocessableEntity, "held whole")
 }
+
+// wantQuota asserts a 429 quota_exceeded whose message contains want.
+func wantQuota(t *testing.T, err error, want string) {
+	t.Helper()
+	var ae *api.Error
+	if !errors.As(err, &ae) || ae.Status != http.StatusTooManyRequests || ae.Code != api.CodeQuota || !strings.Contains(ae.Message, want) {
+		t.Fatalf("want 429 quota_exceeded with %q, got %v", want, err)
+	}
+}
+
+// TestQuota: placement enforces per-tenant quotas — a default for every
+// tenant, overrides per tenant — on leases, bytes, slots and bandwidth,
+// through the HTTP API; a refusal is 429 with placement's reason, explain
+// shows it without reserving, and a release makes room again.
+func TestQuota(t *testing.T) {
+	e := newEnv(t, func(c *Config) {
+		c.Quotas = Quotas{Default: Quota{Leases: 2}, Tenants: map[string]Quota{"bob": {Bytes: 3 << 20, Slots: 1, Bandwidth: 100e6}}}
+	})
+	e.joinSpecs("n1", nil,
+		api.DeviceSpec{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"},
+		api.DeviceSpec{Name: "fpga0", Kind: api.KindAccel, Capacity: 4, Sharing: "partitionable"})
+	small := api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20}
+	var ids []string
+	for i := 0; i < 2; i++ {
+		l, err := e.alice.CreateLease(e.ctx, small)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, l.ID)
+	}
+	_, err := e.alice.CreateLease(e.ctx, small)
+	wantQuota(t, err, "tenant alice holds 2 of 2 leases")
+	plan, err := e.alice.Explain(e.ctx, small)
+	if err != nil || plan.State != "infeasible" || !strings.Contains(strings.Join(plan.Explanation, "\n"), "(quota)") {
+		t.Fatalf("explain over quota: %v %+v", err, plan)
+	}
+	// bob's own quota replaces the default: no lease count, but bytes,
+	// slots and bandwidth.
+	_, err = e.bob.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Bandwidth: 200e6})
+	wantQuota(t, err, "would use 200.0 MB/s of 100.0 MB/s")
+	for i := 0; i < 3; i++ {
+		if _, err := e.bob.CreateLease(e.ctx, small); err != nil {
+			t.Fatalf("bob lease %d: %v", i, err)
+		}
+	}
+	_, err = e.bob.CreateLease(e.ctx, small)
+	wantQuota(t, err, "would hold 4194304 of 3145728 bytes")
+	if _, err := e.bob.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindAccel}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.bob.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindAccel})
+	wantQuota(t, err, "would hold 2 of 1 slots")
+	if _, err := e.alice.ReleaseLease(e.ctx, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.alice.CreateLease(e.ctx, small); err != nil {
+		t.Fatalf("after a release: %v", err)
+	}
+	// The admin tenant has the default quota too.
+	if _, err := e.admin.CreateLease(e.ctx, small); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestParseQuota(t *testing.T) {
+	for _, c := range []struct {
+		spec, tenant string
+		q            Quota
+		err          string
+	}{
+		{"leases=10", "", Quota{Leases: 10}, ""},
+		{"*:slots=4", "", Quota{Slots: 4}, ""},
+		{"alice:leases=3,bytes=2GiB,slots=1,bandwidth=1GB", "alice", Quota{Leases: 3, Bytes: 2 << 30, Slots: 1, Bandwidth: 1e9}, ""},
+		{"alice:", "", Quota{}, "no limits"},
+		{":leases=1", "", Quota{}, "empty tenant"},
+		{"leases", "", Quota{}, "not KEY=VALUE"},
+		{"cpus=1", "", Quota{}, "unknown limit"},
+		{"leases=-1", "", Quota{}, "bad leases"},
+		{"bytes=lots", "", Quota{}, "bad bytes"},
+	} {
+		tenant, q, err := ParseQuota(c.spec)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%q: want error %q, got %v", c.spec, c.err, err)
+			}
+			continue
+		}
+		if err != nil || tenant != c.tenant || q != c.q {
+			t.Errorf("%q: got %q %+v %v", c.spec, tenant, q, err)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 	"github.com/rialto-project/rialto/internal/fabric"
 	"github.com/rialto-project/rialto/internal/placement"
+	"github.com/rialto-project/rialto/internal/resource"
 )
 
 // cpVertex is the control plane in the fabric graph, and the borrower of
@@ -21,22 +23,38 @@ const cpVertex = "controlplane"
 // reported links: the control plane sees a flat LAN.
 const lanVertex = "lan"
 
-// policyPlace places every lease kind with internal/placement (fewest
-// hops, bandwidth-aware, share vs compose vs dedicate, whole devices,
-// label selectors, exclusive devices, pins), building its snapshot from
-// the inventory. It is the control plane's only placement.
-func policyPlace(inv store.Inventory, req api.LeaseRequest, skip map[string]string, now time.Time) (api.Plan, error) {
-	return policyPlaceWith(inv, req, skip, now, nil)
+// Quota bounds a tenant's reserved and active leases: their number, the
+// block and memory bytes they hold (a whole device counts whole), the
+// accel slots, and the sum of their declared bandwidths (bytes/s). Zero
+// fields are unlimited. Placement enforces it (internal/placement).
+type Quota = placement.Quota
+
+// Quotas are the per-tenant quotas: Tenants[t] for a tenant listed there,
+// else Default (the zero Quota: unlimited).
+type Quotas struct {
+	Default Quota
+	Tenants map[string]Quota
+}
+
+// placeLocked places a request of tenant's with the cached placement
+// index; placeMu must be held and inv must come from inventory.
+func (s *Server) placeLocked(inv store.Inventory, req api.LeaseRequest, tenant string, skip map[string]string, now time.Time) (api.Plan, error) {
+	return policyPlace(inv, req, tenant, s.cfg.Quotas, skip, now, s.placeIndex)
 }
 
 // indexSource returns a placement index over inv as snapshot(inv, nil,
-// now) would build it; nil when it has none to offer (the caller then
-// builds one for the request).
+// now, quotas) would build it; nil when it has none to offer (the caller
+// then builds one for the request).
 type indexSource func(inv store.Inventory, now time.Time) *placement.Index
 
-// policyPlaceWith is policyPlace, taking its index from src when the
+// policyPlace places every lease kind with internal/placement (fewest
+// hops, bandwidth-aware, share vs compose vs dedicate, whole devices,
+// label selectors, exclusive devices, pins, tenant quotas), building its
+// snapshot from the inventory. It is the control plane's only placement.
+// skip names nodes that must not be used (node ID → why), e.g. lenders
+// that did not confirm. The index comes from src (nil: none) when the
 // request skips no nodes (skipped nodes change the snapshot).
-func policyPlaceWith(inv store.Inventory, req api.LeaseRequest, skip map[string]string, now time.Time, src indexSource) (api.Plan, error) {
+func policyPlace(inv store.Inventory, req api.LeaseRequest, tenant string, quotas Quotas, skip map[string]string, now time.Time, src indexSource) (api.Plan, error) {
 	pins, err := devicePins(inv, req)
 	if err != nil {
 		return api.Plan{At: now, State: "infeasible", Explanation: []string{err.Error()}}, err
@@ -46,9 +64,10 @@ func policyPlaceWith(inv store.Inventory, req api.LeaseRequest, skip map[string]
 		x = src(inv, now)
 	}
 	if x == nil {
-		x = placement.NewIndex(snapshot(inv, skip, now))
+		x = placement.NewIndex(snapshot(inv, skip, now, quotas))
 	}
 	preq := placementRequest(inv, req, pins)
+	preq.Tenant = tenant
 	var head []string
 	for _, id := range sortedKeys(skip) {
 		head = append(head, fmt.Sprintf("skipped node %s: %s", id, skip[id]))
@@ -100,7 +119,7 @@ func placementRequest(inv store.Inventory, req api.LeaseRequest, pins map[string
 		// against sharing or dedicating one (seed 000, Fig. 8).
 		AllowCompose: req.Mode == api.ModeComposed || count > 1 || (req.Mode == "" && req.Kind == api.KindBlock),
 		Affinity:     nodeTerms(inv, req.Affinity, pins), AntiAffinity: nodeTerms(inv, req.AntiAffinity, nil),
-		Labels: req.Labels, Tenant: "", Strategy: req.Strategy,
+		Labels: req.Labels, Strategy: req.Strategy,
 	}
 	for _, id := range sortedKeys(pinKeys(pins)) {
 		preq.Devices = append(preq.Devices, id)
@@ -148,8 +167,11 @@ func infeasiblePlan(inv store.Inventory, pins map[string]api.Device, head []stri
 	switch {
 	case errors.As(err, &ie):
 		plan.Explanation = append(plan.Explanation, "placement: infeasible ("+ie.Constraint+"): "+ie.Detail)
-		var why []string
+		var why, quota []string
 		for _, r := range ie.Rejections {
+			if r.Constraint == placement.ConstraintQuota && len(quota) == 0 {
+				quota = append(quota, r.Reason)
+			}
 			plan.Explanation = append(plan.Explanation, fmt.Sprintf("  %s: %s: %s", r.Candidate, r.Constraint, r.Reason))
 			if d, ok := pins[r.Candidate]; ok {
 				why = append(why, fmt.Sprintf("pinned device %s (%s): %s", d.ID, d.Name, r.Reason))
@@ -157,6 +179,12 @@ func infeasiblePlan(inv store.Inventory, pins map[string]api.Device, head []stri
 		}
 		if ie.Omitted > 0 {
 			plan.Explanation = append(plan.Explanation, fmt.Sprintf("  … %d more", ie.Omitted))
+		}
+		if ie.Constraint == placement.ConstraintQuota {
+			if len(quota) == 0 {
+				quota = append(quota, ie.Detail)
+			}
+			return plan, fmt.Errorf("%w: %s; release some leases first", ErrQuota, quota[0])
 		}
 		if len(why) > 0 {
 			return plan, fmt.Errorf("%w: %s", ErrInfeasible, strings.Join(why, "; "))
@@ -169,10 +197,12 @@ func infeasiblePlan(inv store.Inventory, pins map[string]api.Device, head []stri
 	return plan, err
 }
 
-// snapshot converts the inventory to placement's model. Skipped nodes are
-// presented as not ready ("skipped: why") so that they are never chosen.
-func snapshot(inv store.Inventory, skip map[string]string, now time.Time) *placement.Snapshot {
-	s := &placement.Snapshot{Now: time.Duration(now.UnixNano()), Nodes: []placement.Node{{ID: cpVertex, State: placement.NodeReady}}}
+// snapshot converts the inventory to placement's model, with the tenants'
+// quotas. Skipped nodes are presented as not ready ("skipped: why") so
+// that they are never chosen.
+func snapshot(inv store.Inventory, skip map[string]string, now time.Time, q Quotas) *placement.Snapshot {
+	s := &placement.Snapshot{Now: time.Duration(now.UnixNano()), Nodes: []placement.Node{{ID: cpVertex, State: placement.NodeReady}},
+		Quotas: q.Tenants, DefaultQuota: q.Default}
 	if len(inv.Profiles) > 0 {
 		s.Profiles = make(map[string]placement.Profile, len(inv.Profiles))
 		for _, p := range inv.Profiles {
@@ -276,4 +306,55 @@ func pinKeys(pins map[string]api.Device) map[string]string {
 		m[k] = k
 	}
 	return m
+}
+
+// ParseQuota parses a quota spec, "[TENANT:]KEY=VALUE,…" with keys leases
+// (a count), bytes (a size such as 100GiB), slots (a count) and bandwidth
+// (bytes/s, a size such as 1GB). Without a tenant, or with "*", it is the
+// default quota (tenant "").
+func ParseQuota(spec string) (tenant string, q Quota, err error) {
+	body := spec
+	if i := strings.IndexByte(spec, ':'); i >= 0 {
+		tenant, body = spec[:i], spec[i+1:]
+		if tenant == "*" {
+			tenant = ""
+		} else if tenant == "" {
+			return "", q, fmt.Errorf("quota %q: empty tenant (use * or no prefix for the default)", spec)
+		}
+	}
+	if strings.TrimSpace(body) == "" {
+		return "", q, fmt.Errorf("quota %q: no limits (leases=N,bytes=SIZE,slots=N,bandwidth=RATE)", spec)
+	}
+	for _, kv := range strings.Split(body, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if !ok {
+			return "", q, fmt.Errorf("quota %q: %q is not KEY=VALUE", spec, kv)
+		}
+		var n int64
+		switch k {
+		case "leases", "slots":
+			n, err = strconv.ParseInt(v, 10, 64)
+			if err == nil && (n < 0 || n > math.MaxInt32) {
+				err = errors.New("out of range")
+			}
+		case "bytes", "bandwidth":
+			n, err = resource.ParseSize(v)
+		default:
+			return "", q, fmt.Errorf("quota %q: unknown limit %q (leases, bytes, slots, bandwidth)", spec, k)
+		}
+		if err != nil {
+			return "", q, fmt.Errorf("quota %q: bad %s: %w", spec, k, err)
+		}
+		switch k {
+		case "leases":
+			q.Leases = int(n)
+		case "slots":
+			q.Slots = n
+		case "bytes":
+			q.Bytes = n
+		case "bandwidth":
+			q.Bandwidth = float64(n)
+		}
+	}
+	return tenant, q, nil
 }

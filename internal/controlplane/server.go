@@ -54,9 +54,9 @@ type Config struct {
 	PrepareTimeout    time.Duration // default 2s
 	DefaultTTL        time.Duration // default 1h
 	MaxTTL            time.Duration // default 30 days
-	// MaxLeasesPerTenant caps each tenant's reserved and active leases
-	// (0: unlimited); beyond it lease creation answers 429.
-	MaxLeasesPerTenant int
+	// Quotas bound each tenant's reserved and active leases (placement
+	// enforces them); beyond them lease creation answers 429.
+	Quotas Quotas
 }
 
 // Server is a control plane.
@@ -79,8 +79,6 @@ type Server struct {
 	auth    authCache
 	beats   beatBatcher
 	leases  leaseBatcher
-	place   placer
-	policy  bool // place is policyPlace: placeLocked may use the cached index
 }
 
 // New returns a Server; it stores the configured tokens (hashed).
@@ -139,7 +137,6 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("controlplane: store token for %s: %w", t.Tenant, err)
 		}
 	}
-	s.place, s.policy = policyPlace, true
 	s.started = s.now()
 	s.m = newServerMetrics(s.reg)
 	s.leases.size, s.beats.size = s.m.batchSize.With("lease"), s.m.batchSize.With("heartbeat")

@@ -20,6 +20,7 @@ type Index struct {
 	now      time.Duration
 	profiles map[string]Profile
 	quotas   map[string]Quota
+	defQuota Quota
 
 	nodes    []Node
 	nodeByID map[string]int
@@ -144,6 +145,7 @@ func NewIndex(s *Snapshot) *Index {
 		now:       s.Now,
 		profiles:  s.Profiles,
 		quotas:    s.Quotas,
+		defQuota:  s.DefaultQuota,
 		nodes:     s.Nodes,
 		nodeByID:  make(map[string]int, len(s.Nodes)),
 		devByID:   make(map[string]int, len(s.Devices)),
@@ -554,6 +556,15 @@ func (x *Index) leaseCharge(l Lease) usage {
 		}
 	}
 	return u
+}
+
+// quota returns the quota that bounds tenant: its own, else the default;
+// ok is false when nothing bounds it.
+func (x *Index) quota(tenant string) (q Quota, ok bool) {
+	if q, ok := x.quotas[tenant]; ok {
+		return q, true
+	}
+	return x.defQuota, x.defQuota != Quota{}
 }
 
 func (x *Index) charge(tenant string, u usage, sign int) {

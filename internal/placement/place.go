@@ -139,7 +139,7 @@ func (x *Index) Place(r Request) (Plan, error) {
 	if st := x.nodes[bn].State; st != "" && st != NodeReady {
 		return Plan{}, newInfeasible("borrower "+r.Borrower+" is "+st, nil, ConstraintBorrower)
 	}
-	if qt, ok := x.quotas[r.Tenant]; ok && qt.Leases > 0 {
+	if qt, ok := x.quota(r.Tenant); ok && qt.Leases > 0 {
 		if u := x.tenants[r.Tenant]; u != nil && u.leases+1 > qt.Leases {
 			return Plan{}, newInfeasible(fmt.Sprintf("tenant %s holds %d of %d leases", r.Tenant, u.leases, qt.Leases), nil, ConstraintQuota)
 		}
@@ -932,7 +932,7 @@ func (x *Index) eval(q req, bv int32, o option, cands []cand) result {
 		}
 	}
 	ch.bandwidth = q.Bandwidth
-	if qt, ok := x.quotas[q.Tenant]; ok {
+	if qt, ok := x.quota(q.Tenant); ok {
 		u := x.tenants[q.Tenant]
 		if u == nil {
 			u = &usage{}

@@ -55,6 +55,7 @@ func randomSnapshot(rng *rand.Rand) *Snapshot {
 		}
 	}
 	s.Quotas["t0"] = Quota{Leases: 3, Bytes: 6 << 30, Slots: 3, Bandwidth: 2e9}
+	s.DefaultQuota = Quota{Leases: 4, Bytes: 8 << 30, Slots: 4}
 	return s
 }
 
@@ -193,10 +194,10 @@ func checkInvariants(t *testing.T, s *Snapshot, downParts map[string]bool) {
 			t.Fatalf("exclusive device %s held by %d leases (dedicated: %v)", id, holders[id], dedicated[id])
 		}
 	}
-	for tenant, q := range s.Quotas {
-		u := use[tenant]
-		if u == nil {
-			continue
+	for tenant, u := range use {
+		q, ok := s.Quotas[tenant]
+		if !ok {
+			q = s.DefaultQuota
 		}
 		if (q.Leases > 0 && u.leases > q.Leases) || (q.Bytes > 0 && u.bytes > q.Bytes) || (q.Slots > 0 && u.slots > q.Slots) || (q.Bandwidth > 0 && u.bandwidth > q.Bandwidth+1e-6) {
 			t.Fatalf("tenant %s over quota: %+v > %+v", tenant, *u, q)

@@ -53,7 +53,9 @@ type Snapshot struct {
 	Links    []fabric.Link // endpoints are node IDs or switch / PCIe-root IDs
 	Leases   []Lease       // running (reserved or active) leases
 	Profiles map[string]Profile
-	Quotas   map[string]Quota // by tenant; a tenant without one is unlimited
+	Quotas   map[string]Quota // by tenant; a tenant without one has DefaultQuota
+	// DefaultQuota bounds every tenant not in Quotas (zero: unlimited).
+	DefaultQuota Quota
 }
 
 // Node is a server that lends or borrows. Only ready nodes ("" or "ready")
