@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
@@ -36,6 +37,9 @@ func NewHTTPLender(hc *http.Client) *HTTPLender {
 	return &HTTPLender{hc: hc}
 }
 
+// lenderBufs holds the buffers lender answers are read into.
+var lenderBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
 // Prepare asks the lender to prepare an export.
 func (h *HTTPLender) Prepare(ctx context.Context, node api.Node, agentKey string, req api.PrepareRequest) (api.PrepareResponse, error) {
 	var out api.PrepareResponse
@@ -55,6 +59,8 @@ func (h *HTTPLender) post(ctx context.Context, node api.Node, agentKey, path str
 	if node.AgentURL == "" {
 		return fmt.Errorf("controlplane: node %s has no agent URL", node.ID)
 	}
+	// The request body is not pooled: the transport may still read it
+	// after Do returns.
 	body, err := json.Marshal(in)
 	if err != nil {
 		return fmt.Errorf("controlplane: encode %s: %w", path, err)
@@ -70,10 +76,17 @@ func (h *HTTPLender) post(ctx context.Context, node api.Node, agentKey, path str
 		return fmt.Errorf("controlplane: agent %s %s: %w", node.ID, path, err)
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
+	buf := lenderBufs.Get().(*bytes.Buffer)
+	defer func() {
+		if buf.Cap() <= 64<<10 {
+			lenderBufs.Put(buf)
+		}
+	}()
+	buf.Reset()
+	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, 1<<20)); err != nil {
 		return fmt.Errorf("controlplane: agent %s %s: %w", node.ID, path, err)
 	}
+	data := buf.Bytes()
 	if resp.StatusCode/100 != 2 {
 		msg := strings.TrimSpace(string(data))
 		var eb api.ErrorBody
