@@ -107,6 +107,8 @@ type conn struct {
 	batch []*op                // replies the reader goroutine sends itself
 	iov   [2 * maxBatch][]byte // guarded by wmu
 	bufs  net.Buffers          // guarded by wmu
+	fr    *fastReader          // nil unless nc is a TCP or Unix socket
+	burst int                  // requests read since the reader last waited
 	nw    nowaitReader
 	mp    mappedSource // nil unless the backend is mapped and nc is a socket
 	sp    spliceTarget
@@ -251,7 +253,13 @@ func (c *conn) reader(ctx context.Context) error {
 			if err := c.flushBatch(); err != nil {
 				return err
 			}
+			if c.fr != nil {
+				// One request per wait looks like queue depth 1.
+				c.fr.noPoll = c.burst > 1
+			}
+			c.burst = 0
 		}
+		c.burst++
 		if _, err := io.ReadFull(c.r, hb[:]); err != nil {
 			return err
 		}

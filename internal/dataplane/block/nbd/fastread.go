@@ -20,6 +20,11 @@ const pollWaitMillis = 2
 type fastReader struct {
 	rc      syscall.RawConn
 	drained bool
+	// noPoll skips the blocking poll: the connection's reader sets it
+	// while requests arrive several at a time (high queue depth), where
+	// sleeping in poll(2) costs the client a wakeup per request and Go's
+	// scheduler, which polls briefly before it sleeps, does better.
+	noPoll bool
 }
 
 // newSocketReader returns a fastReader for TCP and Unix sockets and nc
@@ -52,7 +57,7 @@ func (f *fastReader) Read(p []byte) (int, error) {
 	polled := false
 	err := f.rc.Read(func(fd uintptr) bool {
 		for {
-			if f.drained && !polled {
+			if f.drained && !polled && !f.noPoll {
 				polled = true
 				fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 				k, perr := unix.Poll(fds[:], pollWaitMillis)

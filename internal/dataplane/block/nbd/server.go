@@ -270,7 +270,8 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 		ht = 30 * time.Second
 	}
 	nc.SetDeadline(time.Now().Add(ht))
-	r := newConnReader(newSocketReader(nc))
+	sr := newSocketReader(nc)
+	r := newConnReader(sr)
 	sess, err := s.negotiate(r, nc)
 	if err != nil {
 		if !errors.Is(err, errAbort) {
@@ -280,6 +281,7 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 	}
 	nc.SetDeadline(time.Time{})
 	c := newConn(s, nc, r, sess)
+	c.fr, _ = sr.(*fastReader)
 	e := s.attach(sess.name, c)
 	if e != sess.exp {
 		if e != nil {
