@@ -63,10 +63,15 @@ func open(ctx context.Context, path string, max int) (*Store, error) {
 		name := fmt.Sprintf("rialto-mem-%d", memSeq.Add(1))
 		wdsn = "file:" + name + "?mode=memory&cache=shared&_txlock=immediate" + pragmaQuery(pragmas)
 	} else {
-		// Checkpoints run in the background (checkpoints below), not in
-		// the commit that happens to cross the WAL's size limit: a
-		// checkpoint fsyncs, and the single writer would stall meanwhile.
-		pragmas = append(pragmas, "journal_mode(WAL)", "wal_autocheckpoint(0)")
+		// Checkpoints mostly run in the background (checkpoints below),
+		// not in the commit that happens to cross the WAL's size limit:
+		// a checkpoint copies pages and fsyncs, and the single writer
+		// would stall meanwhile. Under a steady stream of writes a
+		// background checkpoint never catches up with the last frame, so
+		// it never lets the WAL start over; the writer still checkpoints
+		// when the WAL passes walAutocheckpoint pages (little is left to
+		// copy by then), which bounds the file.
+		pragmas = append(pragmas, "journal_mode(WAL)", fmt.Sprintf("wal_autocheckpoint(%d)", walAutocheckpoint))
 		wdsn = "file:" + path + "?_txlock=immediate" + pragmaQuery(pragmas)
 		rdsn = "file:" + path + "?_pragma=query_only(1)" + pragmaQuery([]string{"busy_timeout(10000)"})
 	}
@@ -110,15 +115,21 @@ func open(ctx context.Context, path string, max int) (*Store, error) {
 	return s, nil
 }
 
-// checkpointEvery is how often the WAL is checkpointed into the database.
+// checkpointEvery is how often the WAL is checkpointed into the database
+// in the background.
 const checkpointEvery = 200 * time.Millisecond
+
+// walAutocheckpoint is the WAL size (pages) past which the writer itself
+// checkpoints, letting the WAL start over: 32 MiB with 4 KiB pages. A
+// variable for tests.
+var walAutocheckpoint = 8192
 
 // checkpoints copies the WAL into the database file every period, on its
 // own connection, until Close. A passive checkpoint takes no lock that
 // writers or readers need: commits keep appending to the WAL while it
 // copies and fsyncs. Durability is unchanged (synchronous=NORMAL: a
 // commit is in the WAL, durable across a process crash, before it
-// returns); the WAL stays a few periods of writes long.
+// returns).
 func (s *Store) checkpoints(every time.Duration) {
 	defer close(s.ckDone)
 	t := time.NewTicker(every)
