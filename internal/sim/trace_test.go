@@ -7,9 +7,15 @@ import (
 	"testing"
 )
 
-// sharedTraces is the trace directory of the development setup; tests that
-// need it skip when it is absent.
-const sharedTraces = "../../../shared/data/traces"
+// sharedTraces is the trace directory: $RIALTO_TRACES, or that of the
+// development setup relative to the package (which a worktree elsewhere
+// does not have); tests that need it skip when it is absent.
+var sharedTraces = func() string {
+	if d := os.Getenv("RIALTO_TRACES"); d != "" {
+		return d
+	}
+	return "../../../shared/data/traces"
+}()
 
 func TestReadTrace(t *testing.T) {
 	nodes, err := ReadTraceNodes(strings.NewReader("sn,cpu_milli,memory_mib,gpu,model\nn0,32000,262144,0,\nn1,96000,786432,8,V100M32\n"))

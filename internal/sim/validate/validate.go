@@ -10,7 +10,9 @@ import (
 	"math"
 	"net"
 	"net/netip"
+	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,11 +53,12 @@ type Config struct {
 const DefaultRate = "40mbit"
 
 // DefaultQueueBytes is the depth of a lender link's tbf queue when
-// Config.Queue is empty. The writers' TCP flows through one tbf FIFO share
-// it evenly (within 5% per writer) when the queue holds about 1.25 MB (860
-// full-size frames; 100 ms at 100 Mbit/s); with 86–345 frames one writer of
-// six got 14–73% more than the others, at any rate we tried (40–100 Mbit/s,
-// docs/simulator.md). So the queue is sized in bytes, not in time.
+// Config.Queue is empty. Six writers' TCP flows through one tbf FIFO shared
+// it evenly (within 0.6–5.5% per writer) with 1–1.25 MB queues (about 860
+// full-size frames; 100 ms at 100 Mbit/s) at 20–100 Mbit/s; with 50–750 kB
+// one writer of six got 12–73% more than the others, whatever the rate and
+// congestion control (docs/simulator.md). So the queue is sized in bytes,
+// not in time.
 const DefaultQueueBytes = 1_250_000
 
 // DefaultCongestionControl is the lab's TCP congestion control. The
@@ -112,14 +115,20 @@ func (c *Config) defaults() {
 // Headroom is what the real data plane could deliver at the time, measured
 // just before the scenario (the same writers striping over the same number
 // of exports through an unshaped link for Config.Probe), over what the
-// scenario needs (the lenders' shaped payload rate). Well above 1 the real side is
-// bound by the shaped links, as the simulator assumes; near 1 it is bound by
-// the CPU and the comparison is about the machine's load, not the model.
+// scenario needs (the lenders' shaped payload rate): near or below 1 the
+// CPU, not the links, is likely to bound the real side. It is a forecast;
+// LinkBusy is the check.
+//
+// LinkBusy is the least, over the lenders, of the bytes the lender link's
+// tbf sent during the scenario (frames, from its qdisc counters) over what
+// the link can send in the scenario's makespan: about 1 when the links were
+// the bottleneck throughout, as the simulator assumes; well below 1 when the
+// writers could not keep them busy (a starved CPU, a stalled connection).
 type Row struct {
 	Lenders, Writers    int
 	Real, Sim           []float64
 	RealWhole, SimWhole []float64
-	Headroom            float64
+	Headroom, LinkBusy  float64
 }
 
 // MaxError is the largest relative error |real−sim|/sim over the writers.
@@ -308,13 +317,29 @@ func runLenders(ctx context.Context, cfg Config, k, maxW int, rate float64) (row
 		if err != nil {
 			return rows, fmt.Errorf("validate: %d lenders: headroom probe: %w", k, err)
 		}
+		sent0, err := linkSent(ctx, lab, k)
+		if err != nil {
+			return rows, err
+		}
 		steady, whole, err := runWriters(ctx, cfg, lenders[:k], names[:w], pattern)
 		if err != nil {
 			return rows, fmt.Errorf("validate: %d lenders, %d writers: %w", k, w, err)
 		}
+		sent1, err := linkSent(ctx, lab, k)
+		if err != nil {
+			return rows, err
+		}
+		makespan := 0.0
+		for _, r := range whole {
+			makespan = math.Max(makespan, float64(cfg.Bytes*int64(k))/r)
+		}
+		busy := math.Inf(1)
+		for i := range sent0 {
+			busy = math.Min(busy, float64(sent1[i]-sent0[i])/(rate*makespan))
+		}
 		ss, sw := Simulate(k, w, rate, cfg.Bytes*int64(k))
 		rows = append(rows, Row{Lenders: k, Writers: w, Real: steady, Sim: ss, RealWhole: whole, SimWhole: sw,
-			Headroom: avail / (float64(k) * rate * WireEfficiency)})
+			Headroom: avail / (float64(k) * rate * WireEfficiency), LinkBusy: busy})
 	}
 	return rows, nil
 }
@@ -422,6 +447,31 @@ func runWriters(ctx context.Context, cfg Config, lenders []*lender, names [][]st
 	return steady, whole, nil
 }
 
+// linkSent returns the bytes sent so far by the tbf of each of the first k
+// hosts' links towards them (the root-namespace end of the veth, where the
+// writers' data is shaped).
+func linkSent(ctx context.Context, lab *netns.Lab, k int) ([]int64, error) {
+	out := make([]int64, k)
+	for i := range out {
+		dev := lab.Host(i).RootIface
+		b, err := exec.CommandContext(ctx, "tc", "-s", "qdisc", "show", "dev", dev).Output()
+		if err != nil {
+			return nil, fmt.Errorf("validate: tc -s qdisc show dev %s: %w", dev, err)
+		}
+		f := strings.Fields(string(b))
+		for j := 0; j+2 < len(f); j++ {
+			if f[j] == "Sent" && f[j+2] == "bytes" {
+				out[i], err = strconv.ParseInt(f[j+1], 10, 64)
+				break
+			}
+		}
+		if err != nil || out[i] == 0 && !strings.Contains(string(b), "tbf") {
+			return nil, fmt.Errorf("validate: no tbf counters on %s: %q", dev, b)
+		}
+	}
+	return out, nil
+}
+
 // probeRate measures what len(names) writers, each striping over its
 // len(names[w]) exports of the unshaped probe lender, deliver together in
 // cfg.Probe: the rate the machine can move through the data plane right now
@@ -523,7 +573,7 @@ func newPattern(n int) []byte {
 func Result(rows []Row, cfg Config) sim.Result {
 	cfg.defaults()
 	r := sim.Result{Name: "validate-writers", Description: "real data plane (netns + tc tbf + NBD + stripe) vs simulator: per-writer bandwidth, 1–6 writers on 1–3 lenders",
-		Header: []string{"lenders", "writers", "writer", "real_MBps", "sim_MBps", "error_pct", "real_all_active_MBps", "sim_all_active_MBps"}}
+		Header: []string{"lenders", "writers", "writer", "real_MBps", "sim_MBps", "error_pct", "real_all_active_MBps", "sim_all_active_MBps", "headroom", "link_busy"}}
 	r.Plot = sim.Plot{Title: "Per-writer bandwidth: real vs simulated (tbf " + cfg.Rate + " per lender)", XLabel: "concurrent writers", YLabel: "MB/s per writer"}
 	worst := 0.0
 	for _, k := range cfg.Lenders {
@@ -538,7 +588,8 @@ func Result(rows []Row, cfg Config) sim.Result {
 				e := (row.RealWhole[i] - row.SimWhole[i]) / row.SimWhole[i]
 				r.Rows = append(r.Rows, []string{strconv.Itoa(k), strconv.Itoa(row.Writers), strconv.Itoa(i + 1),
 					strconv.FormatFloat(row.RealWhole[i]/1e6, 'f', 2, 64), strconv.FormatFloat(row.SimWhole[i]/1e6, 'f', 2, 64), strconv.FormatFloat(100*e, 'f', 1, 64),
-					strconv.FormatFloat(row.Real[i]/1e6, 'f', 2, 64), strconv.FormatFloat(row.Sim[i]/1e6, 'f', 2, 64)})
+					strconv.FormatFloat(row.Real[i]/1e6, 'f', 2, 64), strconv.FormatFloat(row.Sim[i]/1e6, 'f', 2, 64),
+					strconv.FormatFloat(row.Headroom, 'f', 1, 64), strconv.FormatFloat(row.LinkBusy, 'f', 3, 64)})
 				sum += row.RealWhole[i]
 			}
 			worst = math.Max(worst, row.MaxWholeError())
