@@ -5,7 +5,10 @@
 // writing through a RAID0 volume over the lenders (internal/dataplane/
 // block/stripe); the same scenario runs in the simulator (sim.Net with the
 // fabric's max-min sharing), and the delivered bandwidth of every writer is
-// compared.
+// compared. The lab runs TCP Reno on 40 Mbit/s links with 1.25 MB queues
+// (where real flows share a link as the simulator's do), and every scenario
+// records whether its links were busy (the tbf counters) so that a caller
+// can tell a model error from a machine too loaded to fill the links.
 //
 // Unlike package sim this package does I/O and starts goroutines: Run owns
 // every goroutine and server it starts, and stops and waits for them before
