@@ -30,7 +30,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite testdata expectations with ac
 //
 // Commands: topology (input: node/link/device/profile/quota lines; resets
 // the snapshot), lease (input: lease lines), now DURATION, place (args: the
-// request — whole, labels=K=V,K=V and pin=DEV,DEV among them; id=NAME
+// request — whole, exact, labels=K=V,K=V and pin=DEV,DEV among them; id=NAME
 // records the plan as a running lease; brief prints only the plan),
 // predict, remove ID, holds (seed-000 calibration table).
 func TestScenarios(t *testing.T) {
@@ -460,6 +460,7 @@ func parseRequest(kv map[string]string) (Request, error) {
 		r.AntiAffinity = strings.Split(v, ",")
 	}
 	_, r.Whole = kv["whole"]
+	_, r.Exact = kv["exact"]
 	if v := kv["labels"]; v != "" { // labels=K=V,K=V
 		r.Labels = map[string]string{}
 		for _, t := range strings.Split(v, ",") {

@@ -204,7 +204,7 @@ func (x *Index) Place(r Request) (Plan, error) {
 	x.prefBuf = prefix[:0]
 	if allowDed {
 		sel = x.firstK(sel, prefix, cands, 2, func(c *cand) bool {
-			return x.wholeFree(&x.devs[c.dev], r.Size)
+			return x.dedicable(&x.devs[c.dev], &q)
 		})
 		for _, i := range sel {
 			c := &cands[i]
@@ -368,10 +368,19 @@ func (x *Index) wholeFree(ds *devState, n int64) bool {
 	return len(ds.leases) == 0 && !ds.dedicated && ds.dev.Capacity >= n && ds.dev.Capacity > 0
 }
 
+// dedicable reports whether ds can be dedicated to q: wholeFree, and of
+// exactly q's size when q is Exact.
+func (x *Index) dedicable(ds *devState, q *req) bool {
+	return x.wholeFree(ds, q.Size) && (!q.Exact || q.Whole || ds.dev.Capacity == q.Size)
+}
+
 // notWholeReason says why ds cannot be dedicated to a request of size n.
 func (x *Index) notWholeReason(ds *devState, n int64) string {
 	if len(ds.leases) > 0 {
 		return fmt.Sprintf("in use by %d lease(s): dedicated needs an unused device", len(ds.leases))
+	}
+	if ds.dev.Capacity > n && n > 0 {
+		return fmt.Sprintf("capacity %d: only a device of exactly %d is dedicated to this request", ds.dev.Capacity, n)
 	}
 	return fmt.Sprintf("capacity %d: dedicated needs at least %d", ds.dev.Capacity, n)
 }
@@ -520,7 +529,7 @@ func (x *Index) candidates(q req, bv int32, allowDed bool, minNeed int64, detail
 			}
 			return
 		}
-		if !((ds.free >= minNeed && !ds.exclusive) || (allowDed && x.wholeFree(ds, q.Size))) {
+		if !((ds.free >= minNeed && !ds.exclusive) || (allowDed && x.dedicable(ds, &q))) {
 			if detail {
 				constraint, reason := ConstraintCapacity, fmt.Sprintf("%d free, needs %d", ds.free, minNeed)
 				switch {

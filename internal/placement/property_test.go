@@ -71,6 +71,7 @@ func randomRequest(rng *rand.Rand, s *Snapshot) Request {
 		r.Bandwidth = float64(rng.Intn(3)) * 1e9
 	case 2:
 		r.Kind, r.Size = KindAccel, int64(1+rng.Intn(2))
+		r.Exact = rng.Intn(2) == 0
 	}
 	if rng.Intn(3) == 0 {
 		r.Work = int64(1+rng.Intn(100)) << 30
@@ -117,6 +118,13 @@ func checkPlan(t *testing.T, s *Snapshot, r Request, p Plan) {
 	node := map[string]Node{}
 	for _, n := range s.Nodes {
 		node[n.ID] = n
+	}
+	var held int64
+	for _, pt := range p.Parts {
+		held += pt.Length
+	}
+	if r.Exact && !r.Whole && p.Mode != ModeComposed && held != r.Size {
+		t.Fatalf("exact request %+v holds %d: %v", r, held, p)
 	}
 	for _, pt := range p.Parts {
 		d := dev[pt.DeviceID]

@@ -143,6 +143,11 @@ type Request struct {
 	// Whole asks for an entire unused device, dedicated: Size is then the
 	// least capacity it must have (0: any). Mode must be "" or dedicated.
 	Whole bool
+	// Exact keeps a sized request from holding more than Size: it is
+	// dedicated a whole device only when the device's capacity is exactly
+	// Size (the control plane's accel slot leases, which must not take a
+	// four-slot device for one slot).
+	Exact bool
 
 	// Bandwidth is the rate in bytes/s the workload would run at alone
 	// (0: as fast as it can). Without a deadline, placement avoids slowing
