@@ -56,8 +56,8 @@ type Mode string
 
 // Lease modes.
 const (
-	ModeDedicated Mode = "dedicated" // a whole device, exclusively
-	ModeShared    Mode = "shared"    // a partition of a device others also use
+	ModeDedicated Mode = "dedicated" // a whole device, exclusively; accel: slots of its own, exclusively
+	ModeShared    Mode = "shared"    // a partition of a device others also use; accel: use through the lender's gateway
 	ModeComposed  Mode = "composed"  // N devices striped into one
 )
 
@@ -191,6 +191,9 @@ type LeaseRequest struct {
 	// set, a Wasm module). It may hold a secret: the control plane hands it
 	// to the lender and never stores, logs or returns it.
 	RoleConfig *RoleConfig `json:"role_config,omitempty"`
+	// Whole asks for an entire unused device, dedicated (block and memory:
+	// also size 0); size, or an accel count, is then the least capacity.
+	Whole bool `json:"whole,omitempty"`
 	// BandwidthCap (bytes/s) and IOPSCap limit what the borrower gets from
 	// a block lease's exports (0 = no cap); meant for shared partitions.
 	BandwidthCap   int64             `json:"bandwidth_cap,omitempty"`

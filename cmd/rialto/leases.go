@@ -155,15 +155,17 @@ type requestFlags struct {
 	kind, mode, size, ttl, stripe, key, borrower, strategy, role, bwCap, work string
 	roleConfig, roleModule                                                    string
 	count, iopsCap                                                            int
+	whole                                                                     bool
 	bandwidth, deadline                                                       float64
 	labels, affinity, anti                                                    listFlag
 }
 
 func (rf *requestFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&rf.kind, "kind", "block", "resource kind: block, memory, accel")
-	fs.StringVar(&rf.mode, "mode", "", "dedicated, shared or composed (default: placement chooses)")
+	fs.StringVar(&rf.mode, "mode", "", "dedicated, shared or composed (default: placement chooses; accel: dedicated slots, or shared through the lender's gateway)")
 	fs.StringVar(&rf.size, "size", "", "size, e.g. 256MiB, 2GiB (block, memory)")
-	fs.IntVar(&rf.count, "count", 0, "devices to compose, or accelerator slots")
+	fs.IntVar(&rf.count, "count", 0, "devices to compose, or accelerator slots (with --whole: the least slots)")
+	fs.BoolVar(&rf.whole, "whole", false, "an entire unused device, dedicated (block, memory: also no --size; accel: every slot)")
 	fs.StringVar(&rf.ttl, "ttl", "", "lease lifetime, e.g. 30m, 2h, or seconds (default: the server's)")
 	fs.StringVar(&rf.stripe, "stripe-unit", "", "stripe unit of a composed lease, e.g. 64KiB")
 	fs.StringVar(&rf.key, "idempotency-key", "", "retries with the same key return the same lease")
@@ -198,7 +200,7 @@ func parseTTL(s string) (int64, error) {
 
 func (rf *requestFlags) request() (api.LeaseRequest, error) {
 	r := api.LeaseRequest{
-		Kind: api.Kind(strings.ToLower(rf.kind)), Mode: api.Mode(strings.ToLower(rf.mode)), Count: rf.count,
+		Kind: api.Kind(strings.ToLower(rf.kind)), Mode: api.Mode(strings.ToLower(rf.mode)), Count: rf.count, Whole: rf.whole,
 		IdempotencyKey: rf.key, Borrower: rf.borrower, Strategy: rf.strategy, Role: rf.role,
 		Bandwidth: rf.bandwidth, DeadlineSecond: rf.deadline, IOPSCap: int64(rf.iopsCap),
 	}

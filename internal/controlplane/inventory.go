@@ -92,7 +92,7 @@ func (s *Server) cacheLease(l api.Lease, d store.Demand) {
 	}
 	if x := s.inv.idx; x != nil {
 		_ = x.Remove(l.ID) // a re-placement replaces the lease's parts
-		pl := placement.Lease{ID: l.ID, Tenant: l.Tenant, Borrower: cpVertex, Mode: string(l.Mode), Kind: string(l.Kind),
+		pl := placement.Lease{ID: l.ID, Tenant: l.Tenant, Borrower: cpVertex, Mode: placementMode(l.Kind, l.Mode, l.Parts, s.capacity), Kind: string(l.Kind),
 			Demand: d.Bandwidth, Remaining: d.Work}
 		if !d.Deadline.IsZero() {
 			pl.Deadline = time.Duration(d.Deadline.UnixNano())
@@ -104,6 +104,16 @@ func (s *Server) cacheLease(l api.Lease, d store.Demand) {
 			s.inv.idx = nil // rebuilt from the cache on the next request
 		}
 	}
+}
+
+// capacity is a cached device's capacity; placeMu must be held.
+func (s *Server) capacity(deviceID string) int64 {
+	for _, d := range s.inv.devices {
+		if d.ID == deviceID {
+			return d.Capacity
+		}
+	}
+	return 0
 }
 
 // uncacheLease forgets a lease that ended.

@@ -155,6 +155,12 @@ func validateAccelRequest(r *api.LeaseRequest) error {
 			return fmt.Errorf("%w: role_config of %d bytes is more than %d; load large roles through the appliance's management API", ErrInvalid, n, api.MaxRoleConfig)
 		}
 	}
+	if r.Mode == api.ModeComposed {
+		return fmt.Errorf("%w: an accel lease is dedicated (slots of its own; --count N for several) or shared (through the lender's gateway), not composed", ErrInvalid)
+	}
+	if r.Whole && r.Mode == api.ModeShared {
+		return fmt.Errorf("%w: a whole device is dedicated, not shared", ErrInvalid)
+	}
 	if r.Mode == api.ModeShared {
 		if r.Role == "" {
 			return fmt.Errorf("%w: a shared accel lease is served by the lender's batching gateway for a role: give a role", ErrInvalid)

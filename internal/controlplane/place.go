@@ -21,12 +21,15 @@ func sortedKeys(m map[string]string) []string {
 
 func sizeText(req api.LeaseRequest) string {
 	if req.Kind == api.KindAccel {
+		if req.Whole {
+			return "a whole device"
+		}
 		if req.Count > 1 {
 			return strconv.Itoa(req.Count) + " slots"
 		}
 		return "1 slot"
 	}
-	if req.Size == 0 {
+	if req.Size == 0 || req.Whole {
 		return "a whole device"
 	}
 	return resource.FormatSize(req.Size)

@@ -276,6 +276,8 @@ func TestEveryKindPlacedByPolicy(t *testing.T) {
 		{Kind: api.KindAccel},
 		{Kind: api.KindAccel, Count: 2},
 		{Kind: api.KindAccel, Mode: api.ModeDedicated},
+		{Kind: api.KindAccel, Whole: true},
+		{Kind: api.KindAccel, Mode: api.ModeShared, Role: "echo"},
 	} {
 		plan, err := e.alice.Explain(e.ctx, req)
 		if err != nil || plan.State != "feasible" || len(plan.Parts) == 0 {
@@ -477,5 +479,78 @@ func TestParseQuota(t *testing.T) {
 		if err != nil || tenant != c.tenant || q != c.q {
 			t.Errorf("%q: got %q %+v %v", c.spec, tenant, q, err)
 		}
+	}
+}
+
+// TestAccelModes: an accel lease is dedicated (slots of its own, the
+// default, and its mode says so) or shared (through the lender's gateway);
+// a whole device is asked for with whole. Dedicated slots never take more
+// than asked, and other leases still fit beside them, in the cached index
+// (lease create) and in a fresh snapshot (explain).
+func TestAccelModes(t *testing.T) {
+	e := newEnv(t)
+	e.joinSpecs("n1", nil,
+		api.DeviceSpec{Name: "fpga0", Kind: api.KindAccel, Capacity: 4, Sharing: "partitionable"},
+		api.DeviceSpec{Name: "fpga1", Kind: api.KindAccel, Capacity: 4, Sharing: "partitionable"})
+	slots := func(l api.Lease) (n int64) {
+		for _, p := range l.Parts {
+			n += p.Length
+		}
+		return n
+	}
+	create := func(req api.LeaseRequest, mode api.Mode, n int64) api.Lease {
+		t.Helper()
+		l, err := e.alice.CreateLease(e.ctx, req)
+		if err != nil {
+			t.Fatalf("%+v: %v", req, err)
+		}
+		if l.Mode != mode || slots(l) != n || l.Plan == nil || l.Plan.Mode != mode {
+			t.Fatalf("%+v: got mode %s, %d slots (%+v), want %s, %d", req, l.Mode, slots(l), l.Parts, mode, n)
+		}
+		return l
+	}
+	one := create(api.LeaseRequest{Kind: api.KindAccel, Role: "echo"}, api.ModeDedicated, 1)
+	create(api.LeaseRequest{Kind: api.KindAccel, Mode: api.ModeDedicated}, api.ModeDedicated, 1)
+	sh := create(api.LeaseRequest{Kind: api.KindAccel, Mode: api.ModeShared, Role: "echo"}, api.ModeShared, 1)
+	// 3 of 8 slots are taken, all on one device (binpack): the other is
+	// still whole.
+	whole := create(api.LeaseRequest{Kind: api.KindAccel, Whole: true}, api.ModeDedicated, 4)
+	if whole.Parts[0].DeviceID == one.Parts[0].DeviceID {
+		t.Fatalf("whole device %s is the one the slot leases use", whole.Parts[0].DeviceID)
+	}
+	plan, err := e.alice.Explain(e.ctx, api.LeaseRequest{Kind: api.KindAccel, Whole: true})
+	if err != nil || plan.State != "infeasible" {
+		t.Fatalf("second whole device: %v %+v", err, plan)
+	}
+	plan, err = e.alice.Explain(e.ctx, api.LeaseRequest{Kind: api.KindAccel})
+	if err != nil || plan.State != "feasible" || plan.Mode != api.ModeDedicated || !strings.Contains(strings.Join(plan.Explanation, "\n"), "accel: dedicated, 1 slot(s)") {
+		t.Fatalf("slot beside the others (fresh snapshot): %v %+v", err, plan)
+	}
+	_, err = e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindAccel, Count: 2})
+	wantCode(t, err, http.StatusUnprocessableEntity)
+	e.alice.ReleaseLease(e.ctx, whole.ID)
+	create(api.LeaseRequest{Kind: api.KindAccel, Count: 2}, api.ModeDedicated, 2)
+	create(api.LeaseRequest{Kind: api.KindAccel, Count: 2}, api.ModeDedicated, 2)
+	create(api.LeaseRequest{Kind: api.KindAccel}, api.ModeDedicated, 1)
+	_, err = e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindAccel})
+	wantCode(t, err, http.StatusUnprocessableEntity)
+	// The lender is asked for a gateway for shared leases only.
+	for k, pr := range e.lender.exports {
+		if want := strings.HasPrefix(k, sh.ID+"/"); pr.Gateway != want && (pr.LeaseID == sh.ID || pr.LeaseID == one.ID) {
+			t.Fatalf("%s: gateway %v", k, pr.Gateway)
+		}
+		if pr.LeaseID == one.ID && pr.Mode != api.ModeDedicated {
+			t.Fatalf("prepare of a slot lease says %s", pr.Mode)
+		}
+	}
+	for _, c := range []struct {
+		req  api.LeaseRequest
+		want string
+	}{
+		{api.LeaseRequest{Kind: api.KindAccel, Mode: api.ModeComposed, Count: 2}, "not composed"},
+		{api.LeaseRequest{Kind: api.KindAccel, Mode: api.ModeShared, Role: "echo", Whole: true}, "whole device is dedicated"},
+	} {
+		_, err := e.alice.CreateLease(e.ctx, c.req)
+		wantCode(t, err, http.StatusBadRequest, c.want)
 	}
 }

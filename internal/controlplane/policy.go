@@ -76,7 +76,10 @@ func policyPlace(inv store.Inventory, req api.LeaseRequest, tenant string, quota
 	if err != nil {
 		return infeasiblePlan(inv, pins, head, now, err)
 	}
-	plan := api.Plan{Mode: api.Mode(pp.Mode), At: now, State: "feasible", Explanation: append(head, pp.Explanation...)}
+	plan := api.Plan{Mode: leaseMode(req, pp.Mode), At: now, State: "feasible", Explanation: append(head, pp.Explanation...)}
+	if req.Kind == api.KindAccel {
+		plan.Explanation = append(plan.Explanation, accelNote(req, pp))
+	}
 	for _, p := range pp.Parts {
 		plan.Parts = append(plan.Parts, api.Part{NodeID: p.NodeID, DeviceID: p.DeviceID, Offset: p.Offset, Length: p.Length})
 	}
@@ -92,9 +95,12 @@ func policyPlace(inv store.Inventory, req api.LeaseRequest, tenant string, quota
 }
 
 // placementRequest converts an API request to placement's. Size 0 (block,
-// memory) asks for a whole device; accel counts slots. Affinity terms that
-// name devices become pins, terms that name nodes by name are matched by
-// node ID; labels are a selector.
+// memory) or whole asks for a whole device; accel counts slots: an accel
+// lease is dedicated (count slots of its own, Exact: never more — a
+// one-slot partition in placement's terms) or shared (one slot serving
+// the lender's gateway). Affinity terms that name devices become pins,
+// terms that name nodes by name are matched by node ID; labels are a
+// selector.
 func placementRequest(inv store.Inventory, req api.LeaseRequest, pins map[string]api.Device) placement.Request {
 	borrower := cpVertex
 	for _, n := range inv.Nodes {
@@ -106,13 +112,9 @@ func placementRequest(inv store.Inventory, req api.LeaseRequest, pins map[string
 	if count < 1 {
 		count = 1
 	}
-	size := req.Size
-	if req.Kind == api.KindAccel {
-		size = int64(count)
-	}
 	preq := placement.Request{
-		Kind: string(req.Kind), Size: size, Borrower: borrower, Bandwidth: req.Bandwidth,
-		Whole:      req.Size == 0 && req.Kind != api.KindAccel,
+		Kind: string(req.Kind), Size: req.Size, Borrower: borrower, Bandwidth: req.Bandwidth,
+		Whole:      req.Whole || (req.Size == 0 && req.Kind != api.KindAccel),
 		MaxLatency: time.Duration(req.MaxLatencyUs * float64(time.Microsecond)), Work: req.Work,
 		Mode: string(req.Mode), AllowShare: req.Mode == "" || req.Mode == api.ModeShared,
 		// With no mode given, placement weighs composing block devices
@@ -120,6 +122,20 @@ func placementRequest(inv store.Inventory, req api.LeaseRequest, pins map[string
 		AllowCompose: req.Mode == api.ModeComposed || count > 1 || (req.Mode == "" && req.Kind == api.KindBlock),
 		Affinity:     nodeTerms(inv, req.Affinity, pins), AntiAffinity: nodeTerms(inv, req.AntiAffinity, nil),
 		Labels: req.Labels, Strategy: req.Strategy,
+	}
+	if req.Kind == api.KindAccel {
+		preq.Size = int64(count)
+		switch {
+		case preq.Whole:
+			preq.Size = int64(req.Count) // the least slots (0: any)
+			preq.Mode, preq.AllowShare, preq.AllowCompose = "", false, false
+		case req.Mode == api.ModeShared:
+			preq.Mode = placement.ModeShared
+		default:
+			// Dedicated slots: a partition of a device (or several),
+			// or a device with exactly count slots, never more.
+			preq.Mode, preq.AllowShare, preq.Exact = "", true, true
+		}
 	}
 	for _, id := range sortedKeys(pinKeys(pins)) {
 		preq.Devices = append(preq.Devices, id)
@@ -134,6 +150,52 @@ func placementRequest(inv store.Inventory, req api.LeaseRequest, pins map[string
 		preq.Width = count
 	}
 	return preq
+}
+
+// leaseMode is the lease's mode for placement's: an accel lease is
+// dedicated (slots of its own, whatever placement's mode: one partition,
+// a composition over devices, or a whole device) unless it is shared
+// through a gateway.
+func leaseMode(req api.LeaseRequest, mode string) api.Mode {
+	if req.Kind != api.KindAccel {
+		return api.Mode(mode)
+	}
+	if req.Mode == api.ModeShared {
+		return api.ModeShared
+	}
+	return api.ModeDedicated
+}
+
+// accelNote explains an accel plan in the lease's terms.
+func accelNote(req api.LeaseRequest, pp placement.Plan) string {
+	var n int64
+	for _, p := range pp.Parts {
+		n += p.Length
+	}
+	switch {
+	case req.Mode == api.ModeShared:
+		return fmt.Sprintf("accel: shared, through the lender's gateway for role %s; the lease adds %d slot to the gateway's instances", req.Role, n)
+	case req.Whole:
+		return fmt.Sprintf("accel: dedicated, a whole device (%d slots)", n)
+	}
+	return fmt.Sprintf("accel: dedicated, %d slot(s) of its own on %d device(s) (placement's %s is the slots it takes)", n, len(pp.Parts), pp.Mode)
+}
+
+// placementMode is the mode placement knows a running lease by: an accel
+// lease's mode is the lease's (dedicated slots or shared through a
+// gateway), so placement's is read from its parts — a whole device is
+// dedicated, several devices composed, a part of one device shared.
+func placementMode(kind api.Kind, mode api.Mode, parts []api.Part, capacity func(deviceID string) int64) string {
+	if kind != api.KindAccel || len(parts) == 0 {
+		return string(mode)
+	}
+	switch {
+	case len(parts) > 1:
+		return placement.ModeComposed
+	case parts[0].Offset == 0 && parts[0].Length == capacity(parts[0].DeviceID):
+		return placement.ModeDedicated
+	}
+	return placement.ModeShared
 }
 
 // nodeTerms returns affinity terms as placement matches them: node names
@@ -254,11 +316,20 @@ func snapshot(inv store.Inventory, skip map[string]string, now time.Time, q Quot
 		s.Leases[i].Parts = append(s.Leases[i].Parts, placement.Part{NodeID: p.NodeID, DeviceID: p.DeviceID, Offset: p.Offset, Length: p.Length})
 	}
 	kind := make(map[string]string, len(inv.Devices))
+	capa := make(map[string]int64, len(inv.Devices))
 	for _, d := range inv.Devices {
-		kind[d.ID] = string(d.Kind)
+		kind[d.ID], capa[d.ID] = string(d.Kind), d.Capacity
 	}
 	for i := range s.Leases {
-		s.Leases[i].Kind = kind[s.Leases[i].Parts[0].DeviceID]
+		l := &s.Leases[i]
+		l.Kind = kind[l.Parts[0].DeviceID]
+		if l.Kind == placement.KindAccel {
+			parts := make([]api.Part, len(l.Parts))
+			for j, p := range l.Parts {
+				parts[j] = api.Part{DeviceID: p.DeviceID, Offset: p.Offset, Length: p.Length}
+			}
+			l.Mode = placementMode(api.KindAccel, api.Mode(l.Mode), parts, func(id string) int64 { return capa[id] })
+		}
 	}
 	return s
 }
