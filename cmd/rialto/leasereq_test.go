@@ -37,3 +37,19 @@ func TestRequestFlagsSelectors(t *testing.T) {
 		t.Fatal("--label without = accepted")
 	}
 }
+
+// TestRequestFlagsWhole: --whole (with --count, the least slots) reaches
+// the request.
+func TestRequestFlagsWhole(t *testing.T) {
+	var rf requestFlags
+	fs := flag.NewFlagSet("create", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	rf.register(fs)
+	if err := fs.Parse([]string{"--kind", "accel", "--whole", "--count", "2"}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := rf.request()
+	if err != nil || !r.Whole || r.Count != 2 || r.Mode != "" {
+		t.Fatalf("%+v %v", r, err)
+	}
+}
