@@ -295,15 +295,28 @@ func (s *Store) Heartbeats(ctx context.Context, beats []store.Beat) ([]api.NodeS
 	errs := make([]error, len(beats))
 	err := s.tx(ctx, func(tx execer) error {
 		for i, b := range beats {
-			if err := tx.QueryRowContext(ctx, `SELECT state FROM nodes WHERE id = ?`, b.NodeID).Scan(&prev[i]); err != nil {
-				if errors.Is(err, sql.ErrNoRows) {
-					errs[i] = fmt.Errorf("node %s: %w", b.NodeID, store.ErrNotFound)
-					continue
-				}
+			// The usual case, a ready node, is one statement; a node that
+			// was not ready (or is unknown) is read first.
+			res, err := tx.ExecContext(ctx, `UPDATE nodes SET health = ?, last_heartbeat = ? WHERE id = ? AND state = 'ready'`, b.Health, ns(b.At), b.NodeID)
+			var n int64
+			if err == nil {
+				n, err = res.RowsAffected()
+			}
+			if err != nil {
 				return fmt.Errorf("sqlite: heartbeat: %w", err)
 			}
-			if _, err := tx.ExecContext(ctx, `UPDATE nodes SET state = 'ready', health = ?, last_heartbeat = ? WHERE id = ?`, b.Health, ns(b.At), b.NodeID); err != nil {
-				return fmt.Errorf("sqlite: heartbeat: %w", err)
+			prev[i] = api.NodeReady
+			if n == 0 {
+				if err := tx.QueryRowContext(ctx, `SELECT state FROM nodes WHERE id = ?`, b.NodeID).Scan(&prev[i]); err != nil {
+					if errors.Is(err, sql.ErrNoRows) {
+						errs[i] = fmt.Errorf("node %s: %w", b.NodeID, store.ErrNotFound)
+						continue
+					}
+					return fmt.Errorf("sqlite: heartbeat: %w", err)
+				}
+				if _, err := tx.ExecContext(ctx, `UPDATE nodes SET state = 'ready', health = ?, last_heartbeat = ? WHERE id = ?`, b.Health, ns(b.At), b.NodeID); err != nil {
+					return fmt.Errorf("sqlite: heartbeat: %w", err)
+				}
 			}
 			for _, l := range b.Links {
 				if l.ID == "" {
