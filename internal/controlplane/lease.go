@@ -321,7 +321,7 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 			if round+1 >= maxPrepareRounds {
 				err = fmt.Errorf("%w: gave up after %d rounds", ErrUnavailable, round+1)
 			} else {
-				plan, err = s.placeLocked(inv, req, p.tenant, skip, s.now())
+				plan, err = s.placeLocked(withoutLease(inv, lease.ID), req, p.tenant, skip, s.now())
 			}
 		}
 		if err == nil {

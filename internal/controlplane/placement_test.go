@@ -554,3 +554,23 @@ func TestAccelModes(t *testing.T) {
 		wantCode(t, err, http.StatusBadRequest, c.want)
 	}
 }
+
+// TestQuotaReplacement: a lease re-placed after its lender did not confirm
+// is not counted against its own tenant's quota.
+func TestQuotaReplacement(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.Quotas = Quotas{Default: Quota{Leases: 1, Bytes: 256 << 20}} })
+	e.join("n1", 1<<30)
+	e.join("n2", 1<<30)
+	req := api.LeaseRequest{Kind: api.KindBlock, Size: 256 << 20}
+	p, err := e.alice.Explain(e.ctx, req)
+	if err != nil || len(p.Parts) != 1 {
+		t.Fatal(err, p)
+	}
+	e.lender.set(e.lender.refuse, p.Parts[0].NodeID, true)
+	l, err := e.alice.CreateLease(e.ctx, req)
+	if err != nil || l.State != api.LeaseActive || l.NodeID == p.Parts[0].NodeID {
+		t.Fatalf("not re-placed within the quota: %v %+v", err, l)
+	}
+	_, err = e.alice.CreateLease(e.ctx, req)
+	wantQuota(t, err, "holds 1 of 1 leases")
+}

@@ -42,6 +42,20 @@ func (s *Server) placeLocked(inv store.Inventory, req api.LeaseRequest, tenant s
 	return policyPlace(inv, req, tenant, s.cfg.Quotas, skip, now, s.placeIndex)
 }
 
+// withoutLease is inv without a lease's parts: a lease being re-placed
+// neither holds its old parts (torn down) nor counts against its tenant's
+// quota while it is placed again.
+func withoutLease(inv store.Inventory, id string) store.Inventory {
+	parts := make([]store.LivePart, 0, len(inv.Parts))
+	for _, p := range inv.Parts {
+		if p.LeaseID != id {
+			parts = append(parts, p)
+		}
+	}
+	inv.Parts = parts
+	return inv
+}
+
 // indexSource returns a placement index over inv as snapshot(inv, nil,
 // now, quotas) would build it; nil when it has none to offer (the caller
 // then builds one for the request).
