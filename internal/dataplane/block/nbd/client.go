@@ -507,7 +507,9 @@ func (c *Client) chunk(r *bufio.Reader, cl *call, typ uint16, n uint32) error {
 		cl.got += int(ln)
 		return nil
 	case replyTypeBlockStatus:
-		if cl.typ != CmdBlockStatus || n < 12 || (n-4)%8 != 0 || n > 4+8*maxExtentsList {
+		// Other servers may send more descriptors than ours does
+		// (maxExtentsList); qemu sends up to 1 MiB of them.
+		if cl.typ != CmdBlockStatus || n < 12 || (n-4)%8 != 0 || n > 4+1<<20 {
 			return fmt.Errorf("%w: bad block status chunk", ErrProtocol)
 		}
 		b := make([]byte, n)

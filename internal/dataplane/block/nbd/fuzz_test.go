@@ -94,3 +94,34 @@ func FuzzRequest(f *testing.F) {
 		}
 	})
 }
+
+func chunkBytes(flags, typ uint16, handle uint64, payload []byte) []byte {
+	b := make([]byte, structuredHeaderLen, structuredHeaderLen+len(payload))
+	putChunkHeader(b, flags, typ, handle, uint32(len(payload)))
+	return append(b, payload...)
+}
+
+// FuzzClientReply feeds arbitrary server bytes to the client's reply
+// parser with a read, a block-status and a write request pending.
+func FuzzClientReply(f *testing.F) {
+	simple := make([]byte, simpleReplyLen)
+	putSimpleReply(simple, 0, 3)
+	bs := binary.BigEndian.AppendUint32(nil, 1)
+	bs = binary.BigEndian.AppendUint32(bs, 4096)
+	bs = binary.BigEndian.AppendUint32(bs, StateHole|StateZero)
+	f.Add(bytes.Join([][]byte{
+		chunkBytes(replyFlagDone, replyTypeOffsetData, 1, append(make([]byte, 8), make([]byte, 4096)...)),
+		chunkBytes(replyFlagDone, replyTypeBlockStatus, 2, bs),
+		simple}, nil))
+	f.Add(chunkBytes(replyFlagDone, replyTypeError, 2, []byte{0, 0, 0, 5, 0, 2, 'h', 'i'}))
+	f.Add(chunkBytes(0, replyTypeOffsetHole, 1, []byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 16, 0}))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		c := &Client{pending: map[uint64]*call{}, meta: true, metaID: 1, size: 1 << 20}
+		c.pending[1] = &call{typ: CmdRead, buf: make([]byte, 4096), done: make(chan struct{})}
+		c.pending[2] = &call{typ: CmdBlockStatus, done: make(chan struct{})}
+		c.pending[3] = &call{typ: CmdWrite, done: make(chan struct{})}
+		if err := c.receive(newConnReader(bytes.NewReader(in))); err == nil {
+			t.Fatal("receive returned without an error at the end of input")
+		}
+	})
+}
