@@ -104,14 +104,15 @@ type conn struct {
 	wmu      sync.Mutex   // serialises writes to nc
 	inflight atomic.Int64 // requests handed to workers and not yet sent
 
-	batch []*op                // replies the reader goroutine sends itself
-	iov   [2 * maxBatch][]byte // guarded by wmu
-	bufs  net.Buffers          // guarded by wmu
-	fr    *fastReader          // nil unless nc is a TCP or Unix socket
-	burst int                  // requests read since the reader last waited
-	nw    nowaitReader
-	mp    mappedSource // nil unless the backend is mapped and nc is a socket
-	sp    spliceTarget
+	batch   []*op                // replies the reader goroutine sends itself
+	iov     [2 * maxBatch][]byte // guarded by wmu
+	bufs    net.Buffers          // guarded by wmu
+	fr      *fastReader          // nil unless nc is a TCP or Unix socket
+	burst   int                  // requests read since the reader last waited
+	spliced bool                 // the last request was a write whose payload was spliced
+	nw      nowaitReader
+	mp      mappedSource // nil unless the backend is mapped and nc is a socket
+	sp      spliceTarget
 	// splice pipe for large writes (0 until first used)
 	pipeR, pipeW int
 	noSplice     bool
@@ -260,7 +261,17 @@ func (c *conn) reader(ctx context.Context) error {
 			c.burst = 0
 		}
 		c.burst++
-		if _, err := io.ReadFull(c.r, hb[:]); err != nil {
+		var err error
+		if c.spliced && c.fr != nil && c.r.Buffered() == 0 {
+			// Large writes are streaming in: read only the next
+			// header, so that the buffer does not take part of the
+			// next payload, which splice can move whole.
+			_, err = io.ReadFull(c.fr, hb[:])
+		} else {
+			_, err = io.ReadFull(c.r, hb[:])
+		}
+		c.spliced = false
+		if err != nil {
 			return err
 		}
 		req, err := parseRequest(hb[:])
@@ -292,6 +303,7 @@ func (c *conn) reader(ctx context.Context) error {
 			}
 			if spliced {
 				// Payload already in the file; o.errno is set on failure.
+				c.spliced = true
 			} else if o.errno != 0 || req.Length == 0 {
 				// Keep the stream in sync: discard the payload.
 				if _, err := io.CopyN(io.Discard, c.r, int64(req.Length)); err != nil {
