@@ -102,6 +102,28 @@ func TestMigrationsOnExistingDB(t *testing.T) {
 	if _, err := s.w.ExecContext(ctx, `DELETE FROM events`); err == nil {
 		t.Fatal("events could be deleted")
 	}
+	// Migration 5: events keep their ids, and new ones still only grow.
+	evs, err := s.Events(ctx, 0, 1000)
+	if err != nil || len(evs) < 1 {
+		t.Fatalf("events after migration: %v %+v", err, evs)
+	}
+	if err := appendEvents(ctx, s.w, []api.Event{{At: now, Type: "test.after"}}); err != nil {
+		t.Fatal(err)
+	}
+	all, err := s.Events(ctx, 0, 1000)
+	if err != nil || len(all) != len(evs)+1 || all[0].ID != evs[0].ID {
+		t.Fatalf("events after an append: %v %+v", err, all)
+	}
+	for i := 1; i < len(all); i++ {
+		if all[i].ID <= all[i-1].ID {
+			t.Fatalf("event ids do not grow: %+v", all)
+		}
+	}
+	var seq int
+	s.w.QueryRowContext(ctx, `SELECT COUNT(*) FROM sqlite_master WHERE name = 'events' AND sql LIKE '%AUTOINCREMENT%'`).Scan(&seq)
+	if seq != 0 {
+		t.Fatal("events still AUTOINCREMENT")
+	}
 }
 
 func TestCapacityChecks(t *testing.T) {
