@@ -176,7 +176,9 @@ func (c *Client) Lease(ctx context.Context, id string) (Lease, error) {
 }
 
 // CreateLease places, reserves and activates a lease. A non-empty
-// r.IdempotencyKey makes retries return the same lease.
+// r.IdempotencyKey makes retries return the same lease. The returned
+// lease's Plan has no Explanation (the server leaves it out of action
+// answers); Lease(ctx, id) returns it with one.
 func (c *Client) CreateLease(ctx context.Context, r LeaseRequest) (Lease, error) {
 	var out Lease
 	var hdr []string

@@ -27,6 +27,8 @@ type route struct {
 
 var (
 	readErrors   = []int{401, 403, 500}
+	// explainParam is the lease actions' ?explain (see brief).
+	explainParam = []httpapi.Param{{Name: "explain", Type: "boolean", Description: "include the plan's explanation (GET /v1/leases/{id} always has it)"}}
 	createErrors = []int{400, 401, 403, 409, 422, 429, 503, 500}
 )
 
@@ -44,12 +46,12 @@ func (s *Server) routeTable() []route {
 			Query: []httpapi.Param{{Name: "state", Type: "string", Description: "only leases in this state"},
 				{Name: "live", Type: "boolean", Description: "only leases that hold or are taking devices (reserved, active, releasing)"}}, Errors: readErrors}, accessTenant, s.hLeases},
 		{httpapi.Route{Method: "POST", Path: "/v1/leases", Summary: "Place, reserve and activate a lease (two-phase with the lenders).",
-			Request: api.LeaseRequest{}, Response: api.Lease{}, Status: http.StatusCreated, Errors: createErrors}, accessTenant, s.hCreateLease},
+			Request: api.LeaseRequest{}, Response: api.Lease{}, Status: http.StatusCreated, Query: explainParam, Errors: createErrors}, accessTenant, s.hCreateLease},
 		{httpapi.Route{Method: "GET", Path: "/v1/leases/{id}", Summary: "Show a lease.", Response: api.Lease{}, Errors: []int{401, 403, 404, 500}}, accessTenant, s.hLease},
 		{httpapi.Route{Method: "POST", Path: "/v1/leases/{id}/renew", Summary: "Extend a lease's TTL from now.",
-			Request: api.RenewRequest{}, Response: api.Lease{}, Errors: []int{400, 401, 403, 404, 409, 500}}, accessTenant, s.hRenew},
+			Request: api.RenewRequest{}, Response: api.Lease{}, Query: explainParam, Errors: []int{400, 401, 403, 404, 409, 500}}, accessTenant, s.hRenew},
 		{httpapi.Route{Method: "POST", Path: "/v1/leases/{id}/release", Summary: "Release a lease; lenders tear its exports down.",
-			Response: api.Lease{}, Errors: []int{400, 401, 403, 404, 409, 500}}, accessTenant, s.hRelease},
+			Response: api.Lease{}, Query: explainParam, Errors: []int{400, 401, 403, 404, 409, 500}}, accessTenant, s.hRelease},
 		{httpapi.Route{Method: "POST", Path: "/v1/explain", Summary: "Dry run: the plan a lease request would get; reserves nothing.",
 			Request: api.LeaseRequest{}, Response: api.Plan{}, Errors: []int{400, 401, 403, 500}}, accessTenant, s.hExplain},
 		{httpapi.Route{Method: "GET", Path: "/v1/events", Summary: "Audit events after an ID, oldest first.", Response: []api.Event{},
@@ -275,7 +277,7 @@ func (s *Server) hCreateLease(ctx context.Context, p principal, r *http.Request,
 	if !created {
 		status = http.StatusOK
 	}
-	return status, p.redact(l), nil
+	return status, brief(r, p.redact(l)), nil
 }
 
 func (s *Server) hLease(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
@@ -289,7 +291,7 @@ func (s *Server) hRenew(ctx context.Context, p principal, r *http.Request, w htt
 		return 0, nil, err
 	}
 	l, err := s.renewLease(ctx, p, r.PathValue("id"), req.TTLSeconds)
-	return http.StatusOK, p.redact(l), err
+	return http.StatusOK, brief(r, p.redact(l)), err
 }
 
 func (s *Server) hRelease(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
@@ -298,7 +300,26 @@ func (s *Server) hRelease(ctx context.Context, p principal, r *http.Request, w h
 		return 0, nil, err
 	}
 	l, err := s.releaseLease(ctx, p, r.PathValue("id"))
-	return http.StatusOK, p.redact(l), err
+	return http.StatusOK, brief(r, p.redact(l)), err
+}
+
+// brief drops the plan's explanation from the answer to a lease action
+// (create, renew, release) unless the request asks for it with
+// ?explain=1: it is most of the answer's bytes, and `rialto lease show`
+// (GET /v1/leases/{id}) always has it.
+func brief(r *http.Request, l api.Lease) api.Lease {
+	if l.Plan == nil || len(l.Plan.Explanation) == 0 {
+		return l
+	}
+	if r.URL.RawQuery != "" {
+		if v, err := strconv.ParseBool(r.URL.Query().Get("explain")); err == nil && v {
+			return l
+		}
+	}
+	pl := *l.Plan
+	pl.Explanation = nil
+	l.Plan = &pl
+	return l
 }
 
 func (s *Server) hExplain(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
