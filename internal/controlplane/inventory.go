@@ -38,11 +38,61 @@ type invCache struct {
 
 // inventory returns the placement view; placeMu must be held.
 func (s *Server) inventory(ctx context.Context) (store.Inventory, error) {
+	if err := s.loadInventory(ctx); err != nil {
+		return store.Inventory{}, err
+	}
+	c := &s.inv
+	inv := store.Inventory{Nodes: c.nodes, Links: c.links, Profiles: c.profiles}
+	alloc := map[string]int64{}
+	for _, ps := range c.parts {
+		for _, p := range ps {
+			inv.Parts = append(inv.Parts, p)
+			alloc[p.DeviceID] += p.Length
+		}
+	}
+	inv.Devices = make([]api.Device, len(c.devices))
+	for i, d := range c.devices {
+		d.Allocated = alloc[d.ID]
+		inv.Devices[i] = d
+	}
+	return inv, nil
+}
+
+// placeNew places a new lease's request: with the cached index when it
+// has one and the request needs no more of the inventory than its nodes
+// (no skipped nodes, no device pins), without building the whole view
+// (every live part and every device's allocation) that inventory returns;
+// else, and to explain a refusal, as placeLocked does. placeMu must be
+// held.
+func (s *Server) placeNew(ctx context.Context, req api.LeaseRequest, tenant string, skip map[string]string, now time.Time) (api.Plan, error) {
+	if err := s.loadInventory(ctx); err != nil {
+		return api.Plan{}, err
+	}
+	if len(skip) == 0 && len(req.Affinity) == 0 {
+		if x := s.placeIndex(store.Inventory{}, now); x != nil {
+			c := &s.inv
+			nodes := store.Inventory{Nodes: c.nodes, Links: c.links, Profiles: c.profiles}
+			plan, err := policyPlace(nodes, req, tenant, s.cfg.Quotas, nil, now, func(store.Inventory, time.Time) *placement.Index { return x })
+			if err == nil {
+				return plan, nil
+			}
+		}
+	}
+	inv, err := s.inventory(ctx)
+	if err != nil {
+		return api.Plan{}, err
+	}
+	return s.placeLocked(inv, req, tenant, skip, now)
+}
+
+// loadInventory (re)loads the cache when it is not valid; placeMu must be
+// held.
+func (s *Server) loadInventory(ctx context.Context) error {
 	c := &s.inv
 	if !c.valid {
 		inv, err := s.st.Inventory(ctx)
 		if err != nil {
-			return inv, err
+			return err
 		}
 		c.nodes, c.devices, c.links, c.profiles = inv.Nodes, inv.Devices, inv.Links, inv.Profiles
 		c.parts = map[string][]store.LivePart{}
@@ -60,20 +110,7 @@ func (s *Server) inventory(ctx context.Context) (store.Inventory, error) {
 		}
 		c.valid = true
 	}
-	inv := store.Inventory{Nodes: c.nodes, Links: c.links, Profiles: c.profiles}
-	alloc := map[string]int64{}
-	for _, ps := range c.parts {
-		for _, p := range ps {
-			inv.Parts = append(inv.Parts, p)
-			alloc[p.DeviceID] += p.Length
-		}
-	}
-	inv.Devices = make([]api.Device, len(c.devices))
-	for i, d := range c.devices {
-		d.Allocated = alloc[d.ID]
-		inv.Devices[i] = d
-	}
-	return inv, nil
+	return nil
 }
 
 // cacheLease records a committed reservation; placeMu must be held.
@@ -146,6 +183,9 @@ func (s *Server) placeIndex(inv store.Inventory, now time.Time) *placement.Index
 		return nil // the clock went back: build one for this request
 	}
 	if c.idx == nil {
+		if inv.Devices == nil && inv.Nodes == nil {
+			return nil // placeNew's probe: no view to build one from
+		}
 		c.idx = placement.NewIndex(snapshot(inv, nil, now, s.cfg.Quotas))
 	}
 	c.idx.Advance(at)
@@ -203,10 +243,8 @@ func (s *Server) nodeRecord(ctx context.Context, id string) (store.NodeRecord, e
 func (s *Server) deviceNames(ctx context.Context) map[string]string {
 	s.placeMu.Lock()
 	defer s.placeMu.Unlock()
-	if !s.inv.valid {
-		if _, err := s.inventory(ctx); err != nil {
-			return nil
-		}
+	if err := s.loadInventory(ctx); err != nil {
+		return nil
 	}
 	return s.inv.devName
 }

@@ -236,12 +236,7 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 	// over-commit. A refused write is taken out of the view again.
 	for attempt := 0; ; attempt++ {
 		s.placeMu.Lock()
-		inv, err := s.inventory(ctx)
-		if err != nil {
-			s.placeMu.Unlock()
-			return l, false, err
-		}
-		plan, err = s.placeLocked(inv, req, p.tenant, skip, now)
+		plan, err = s.placeNew(ctx, req, p.tenant, skip, now)
 		if err != nil {
 			s.placeMu.Unlock()
 			return l, false, err
