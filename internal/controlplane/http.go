@@ -26,7 +26,7 @@ type route struct {
 }
 
 var (
-	readErrors   = []int{401, 403, 500}
+	readErrors = []int{401, 403, 500}
 	// explainParam is the lease actions' ?explain (see brief).
 	explainParam = []httpapi.Param{{Name: "explain", Type: "boolean", Description: "include the plan's explanation (GET /v1/leases/{id} always has it)"}}
 	createErrors = []int{400, 401, 403, 409, 422, 429, 503, 500}
