@@ -15,7 +15,22 @@ import (
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 )
 
-const leaseCols = `id, state, kind, mode, tenant, borrower, size, count, stripe_unit, uri, credential, ttl_seconds, expires_at, created_at, updated_at, reason, idempotency_key, plan, parts`
+// leaseCols are the columns scanLease reads: the plan comes from
+// lease_plans (migration 6), so that the lease row, rewritten on every
+// transition, stays small.
+const leaseCols = `id, state, kind, mode, tenant, borrower, size, count, stripe_unit, uri, credential, ttl_seconds, expires_at, created_at, updated_at, reason, idempotency_key, ` +
+	`COALESCE((SELECT plan FROM lease_plans WHERE lease_plans.lease_id = leases.id), ''), parts`
+
+// leaseInsertCols are the columns createTx writes.
+const leaseInsertCols = `id, state, kind, mode, tenant, borrower, size, count, stripe_unit, uri, credential, ttl_seconds, expires_at, created_at, updated_at, reason, idempotency_key, parts`
+
+// putPlan stores a lease's plan (text from planJSON).
+func putPlan(ctx context.Context, tx execer, id, plan string) error {
+	if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO lease_plans (lease_id, plan) VALUES (?, ?)`, id, plan); err != nil {
+		return fmt.Errorf("sqlite: lease plan: %w", err)
+	}
+	return nil
+}
 
 func scanLease(sc interface{ Scan(...any) error }) (api.Lease, error) {
 	var l api.Lease
@@ -272,11 +287,16 @@ func createTx(ctx context.Context, tx execer, n store.NewLease, text opText) (ap
 	if err := checkParts(ctx, tx, l.Kind, l.Parts); err != nil {
 		return api.Lease{}, err
 	}
-	_, err := tx.ExecContext(ctx, `INSERT INTO leases (`+leaseCols+`, demand_bps, work_bytes, deadline_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+	_, err := tx.ExecContext(ctx, `INSERT INTO leases (`+leaseInsertCols+`, demand_bps, work_bytes, deadline_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		l.ID, l.State, l.Kind, l.Mode, l.Tenant, l.Borrower, l.Size, l.Count, l.StripeUnit, l.URI, l.Credential, l.TTLSeconds,
-		ns(l.ExpiresAt), ns(l.CreatedAt), ns(l.UpdatedAt), l.Reason, l.IdempotencyKey, text.plan, text.parts, d.Bandwidth, d.Work, ns(d.Deadline))
+		ns(l.ExpiresAt), ns(l.CreatedAt), ns(l.UpdatedAt), l.Reason, l.IdempotencyKey, text.parts, d.Bandwidth, d.Work, ns(d.Deadline))
 	if err != nil {
 		return api.Lease{}, late{fmt.Errorf("sqlite: create lease: %w", err)}
+	}
+	if text.plan != "" {
+		if err := putPlan(ctx, tx, l.ID, text.plan); err != nil {
+			return api.Lease{}, late{err}
+		}
 	}
 	if err := insertParts(ctx, tx, l.ID, l.Parts); err != nil {
 		return api.Lease{}, err
@@ -343,11 +363,16 @@ func (s *Store) ReplaceParts(ctx context.Context, id string, parts []api.Part, p
 		q := `UPDATE leases SET state = 'reserved', updated_at = ?, parts = ?`
 		args := []any{ns(at), partsText}
 		if plan != nil {
-			q += `, plan = ?, mode = ?`
-			args = append(args, planJSON(plan), plan.Mode)
+			q += `, mode = ?`
+			args = append(args, plan.Mode)
 		}
 		if _, err := tx.ExecContext(ctx, q+` WHERE id = ?`, append(args, id)...); err != nil {
 			return fmt.Errorf("sqlite: replace parts: %w", err)
+		}
+		if plan != nil {
+			if err := putPlan(ctx, tx, id, planJSON(plan)); err != nil {
+				return err
+			}
 		}
 		if err := appendEvents(ctx, tx, []api.Event{ev}); err != nil {
 			return err
@@ -592,10 +617,6 @@ func transitionTx(ctx context.Context, tx execer, id string, ch store.LeaseChang
 		q += `, ttl_seconds = ?`
 		args = append(args, ch.TTL)
 	}
-	if ch.Plan != nil {
-		q += `, plan = ?`
-		args = append(args, plan)
-	}
 	switch {
 	case len(ch.URIs) > 0 && prev != nil:
 		q += `, parts = ?`
@@ -645,6 +666,18 @@ func transitionTx(ctx context.Context, tx execer, id string, ch store.LeaseChang
 	}
 	if err != nil {
 		return api.Lease{}, late{fmt.Errorf("sqlite: transition: %w", err)}
+	}
+	if ch.Plan != nil {
+		if err := putPlan(ctx, tx, id, plan); err != nil {
+			return api.Lease{}, late{err}
+		}
+		if prev == nil { // read back before the plan was written
+			p, err := decodePlan(plan)
+			if err != nil {
+				return api.Lease{}, late{err}
+			}
+			l.Plan = p
+		}
 	}
 	if ch.To.Terminal() {
 		// free only touches live parts: a no-op if the lease had already

@@ -35,7 +35,7 @@ func TestMigrationsOnExistingDB(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A lease written by that binary, parts in lease_parts only.
-	if _, err := old.w.ExecContext(ctx, `INSERT INTO leases (id, state, kind, mode, tenant, expires_at, created_at, updated_at) VALUES ('old', 'active', 'block', 'shared', 't', 1, 1, 1)`); err != nil {
+	if _, err := old.w.ExecContext(ctx, `INSERT INTO leases (id, state, kind, mode, tenant, expires_at, created_at, updated_at, plan) VALUES ('old', 'active', 'block', 'shared', 't', 1, 1, 1, '{"state":"feasible","explanation":["old plan"]}')`); err != nil {
 		t.Fatal(err)
 	}
 	var dev string
@@ -68,6 +68,15 @@ func TestMigrationsOnExistingDB(t *testing.T) {
 	ol, err := s.Lease(ctx, "old")
 	if want := []api.Part{{NodeID: n.ID, DeviceID: dev, Length: 4096, URI: "nbd://a"}, {NodeID: n.ID, DeviceID: dev, Offset: 4096, Length: 4096, URI: "nbd://b"}}; err != nil || !reflect.DeepEqual(ol.Parts, want) {
 		t.Fatalf("parts after migration: %v %+v", err, ol.Parts)
+	}
+	// Migration 6: plans move to lease_plans.
+	if ol.Plan == nil || !reflect.DeepEqual(ol.Plan.Explanation, []string{"old plan"}) {
+		t.Fatalf("plan after migration: %+v", ol.Plan)
+	}
+	var rowPlan string
+	s.w.QueryRowContext(ctx, `SELECT plan FROM leases WHERE id = 'old'`).Scan(&rowPlan)
+	if rowPlan != "" {
+		t.Fatalf("plan left on the lease row: %q", rowPlan)
 	}
 	if _, err := s.TransitionLease(ctx, "old", store.LeaseChange{From: []api.LeaseState{api.LeaseActive}, To: api.LeaseReleased, At: now}, api.Event{}); err != nil {
 		t.Fatal(err)
