@@ -16,17 +16,26 @@ import (
 )
 
 // leaseCols are the columns scanLease reads: the plan comes from
-// lease_plans (migration 6), so that the lease row, rewritten on every
+// lease_plans (migrations 6 and 7: keyed by creation time, so that new
+// plans are appended), so that the lease row, rewritten on every
 // transition, stays small.
 const leaseCols = `id, state, kind, mode, tenant, borrower, size, count, stripe_unit, uri, credential, ttl_seconds, expires_at, created_at, updated_at, reason, idempotency_key, ` +
-	`COALESCE((SELECT plan FROM lease_plans WHERE lease_plans.lease_id = leases.id), ''), parts`
+	`COALESCE((SELECT plan FROM lease_plans WHERE lease_plans.created_at = leases.created_at AND lease_plans.lease_id = leases.id), ''), parts`
 
 // leaseInsertCols are the columns createTx writes.
 const leaseInsertCols = `id, state, kind, mode, tenant, borrower, size, count, stripe_unit, uri, credential, ttl_seconds, expires_at, created_at, updated_at, reason, idempotency_key, parts`
 
-// putPlan stores a lease's plan (text from planJSON).
-func putPlan(ctx context.Context, tx execer, id, plan string) error {
-	if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO lease_plans (lease_id, plan) VALUES (?, ?)`, id, plan); err != nil {
+// putPlan stores a new lease's plan (text from planJSON).
+func putPlan(ctx context.Context, tx execer, created time.Time, id, plan string) error {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO lease_plans (created_at, lease_id, plan) VALUES (?, ?, ?)`, ns(created), id, plan); err != nil {
+		return fmt.Errorf("sqlite: lease plan: %w", err)
+	}
+	return nil
+}
+
+// replacePlan replaces a stored lease's plan.
+func replacePlan(ctx context.Context, tx execer, id, plan string) error {
+	if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO lease_plans (created_at, lease_id, plan) SELECT created_at, id, ? FROM leases WHERE id = ?`, plan, id); err != nil {
 		return fmt.Errorf("sqlite: lease plan: %w", err)
 	}
 	return nil
@@ -294,7 +303,7 @@ func createTx(ctx context.Context, tx execer, n store.NewLease, text opText) (ap
 		return api.Lease{}, late{fmt.Errorf("sqlite: create lease: %w", err)}
 	}
 	if text.plan != "" {
-		if err := putPlan(ctx, tx, l.ID, text.plan); err != nil {
+		if err := putPlan(ctx, tx, l.CreatedAt, l.ID, text.plan); err != nil {
 			return api.Lease{}, late{err}
 		}
 	}
@@ -370,7 +379,7 @@ func (s *Store) ReplaceParts(ctx context.Context, id string, parts []api.Part, p
 			return fmt.Errorf("sqlite: replace parts: %w", err)
 		}
 		if plan != nil {
-			if err := putPlan(ctx, tx, id, planJSON(plan)); err != nil {
+			if err := replacePlan(ctx, tx, id, planJSON(plan)); err != nil {
 				return err
 			}
 		}
@@ -668,7 +677,7 @@ func transitionTx(ctx context.Context, tx execer, id string, ch store.LeaseChang
 		return api.Lease{}, late{fmt.Errorf("sqlite: transition: %w", err)}
 	}
 	if ch.Plan != nil {
-		if err := putPlan(ctx, tx, id, plan); err != nil {
+		if err := replacePlan(ctx, tx, id, plan); err != nil {
 			return api.Lease{}, late{err}
 		}
 		if prev == nil { // read back before the plan was written

@@ -69,7 +69,7 @@ func TestMigrationsOnExistingDB(t *testing.T) {
 	if want := []api.Part{{NodeID: n.ID, DeviceID: dev, Length: 4096, URI: "nbd://a"}, {NodeID: n.ID, DeviceID: dev, Offset: 4096, Length: 4096, URI: "nbd://b"}}; err != nil || !reflect.DeepEqual(ol.Parts, want) {
 		t.Fatalf("parts after migration: %v %+v", err, ol.Parts)
 	}
-	// Migration 6: plans move to lease_plans.
+	// Migrations 6 and 7: plans move to lease_plans.
 	if ol.Plan == nil || !reflect.DeepEqual(ol.Plan.Explanation, []string{"old plan"}) {
 		t.Fatalf("plan after migration: %+v", ol.Plan)
 	}
