@@ -131,6 +131,14 @@ func printLease(w io.Writer, l api.Lease, names map[string]string) {
 		fmt.Fprintln(w)
 		printParts(w, l.Kind, l.Parts, true, names)
 	}
+	// The server sends the plan's explanation with lease show (GET), not
+	// with the answers to create, renew and release.
+	if l.Plan != nil && len(l.Plan.Explanation) > 0 {
+		fmt.Fprintln(w, "\nWhy:")
+		for _, s := range l.Plan.Explanation {
+			fmt.Fprintf(w, "  - %s\n", s)
+		}
+	}
 }
 
 func printParts(w io.Writer, k api.Kind, parts []api.Part, uri bool, names map[string]string) {

@@ -35,7 +35,9 @@ func fakeAPI(t *testing.T) *httptest.Server {
 	mux.HandleFunc("GET /v1/topology", reply(api.Topology{Nodes: []api.Node{{ID: "node-1", Name: "n1", State: api.NodeReady}},
 		Links: []api.Link{{ID: "l1", From: "node-1", To: "controlplane", RTTMicros: 42, Status: "up", State: "up"}}}))
 	mux.HandleFunc("GET /v1/leases", reply([]api.Lease{lease}))
-	mux.HandleFunc("GET /v1/leases/lease-1", reply(lease))
+	shown := lease // lease show gets the plan's explanation
+	shown.Plan = &api.Plan{State: "feasible", Mode: lease.Mode, Parts: lease.Parts, Explanation: []string{"least loaded lender"}}
+	mux.HandleFunc("GET /v1/leases/lease-1", reply(shown))
 	mux.HandleFunc("POST /v1/leases", func(w http.ResponseWriter, r *http.Request) {
 		var req api.LeaseRequest
 		json.NewDecoder(r.Body).Decode(&req)
@@ -119,7 +121,7 @@ func TestVerbsTables(t *testing.T) {
 		{[]string{"devices"}, []string{"disk0", "n1", "1GiB"}},
 		{[]string{"topology"}, []string{"controlplane", "42µs"}},
 		{[]string{"leases"}, []string{"lease-1", "active", "256MiB"}},
-		{[]string{"lease", "show", "lease-1"}, []string{"URI:", "nbd://", "PART"}},
+		{[]string{"lease", "show", "lease-1"}, []string{"URI:", "nbd://", "PART", "Why:", "least loaded lender"}},
 		{[]string{"explain", "--size", "1GiB"}, []string{"feasible", "fewest hops"}},
 		{[]string{"events"}, []string{"node.joined"}},
 	} {
