@@ -151,9 +151,7 @@ func placementRequest(inv store.Inventory, req api.LeaseRequest, pins map[string
 			preq.Mode, preq.AllowShare, preq.Exact = "", true, true
 		}
 	}
-	for _, id := range sortedKeys(pinKeys(pins)) {
-		preq.Devices = append(preq.Devices, id)
-	}
+	preq.Devices = append(preq.Devices, sortedKeys(pinKeys(pins))...)
 	if req.DeadlineSecond > 0 {
 		preq.Deadline = time.Duration(req.DeadlineSecond * float64(time.Second))
 	}

@@ -115,7 +115,6 @@ type faultHandler struct {
 	svc       []time.Duration
 	svcN      int
 	err       error
-	errLost   bool
 
 	in, out []byte // control socket buffers
 	closing bool
