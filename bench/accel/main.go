@@ -38,9 +38,9 @@ var (
 	sweepRuns = flag.Int("sweepruns", 3, "interleaved passes over the sweep points")
 	nRules    = flag.Int("rules", 2000, "MCT rules")
 	clients   = flag.Int("clients", 64, "concurrent clients")
-	gwBatch   = flag.Int("gw-batch", 64, "gateway max batch (headline figures)")
+	gwBatch   = flag.Int("gw-batch", 32, "gateway max batch (headline figures)")
 	gwDelay   = flag.Duration("gw-delay", 500*time.Microsecond, "gateway max queue delay (headline figures)")
-	gwWork    = flag.Int("gw-workers", 1, "gateway workers (headline figures)")
+	gwWork    = flag.Int("gw-workers", 4, "gateway workers (headline figures)")
 	gwInst    = flag.Int("gw-instances", 3, "gateway slot instances (headline figures)")
 	doSweep   = flag.Bool("sweep", true, "run the knob sweep")
 	rev       = flag.String("rev", "", "source revision to record")
@@ -622,7 +622,7 @@ func main() {
 		pareto                    bool
 	}
 	var pts []point
-	sweepBatches := []int{1, 8, 64}
+	sweepBatches := []int{1, 8, 32, 64}
 	if !*doSweep {
 		sweepBatches = nil
 	}
