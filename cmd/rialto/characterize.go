@@ -231,10 +231,7 @@ func runProfiles(ctx context.Context, e *env, args []string) error {
 	var cf clientFlags
 	fs := newFlags(e, "profiles", "")
 	cf.register(fs, e)
-	if _, err := parse(fs, args, 0, 0); err != nil {
-		return err
-	}
-	c, err := cf.client()
+	_, c, err := cf.parse(fs, args, 0, 0)
 	if err != nil {
 		return err
 	}
@@ -253,11 +250,7 @@ func runProfileShow(ctx context.Context, e *env, args []string) error {
 	var cf clientFlags
 	fs := newFlags(e, "profile show", "MODEL")
 	cf.register(fs, e)
-	pos, err := parse(fs, args, 1, 1)
-	if err != nil {
-		return err
-	}
-	c, err := cf.client()
+	pos, c, err := cf.parse(fs, args, 1, 1)
 	if err != nil {
 		return err
 	}

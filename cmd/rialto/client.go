@@ -46,6 +46,21 @@ func (cf *clientFlags) client() (*api.Client, error) {
 
 func (cf *clientFlags) json() bool { return cf.output == "json" }
 
+// parse parses a verb's flags (fs carries cf's) and returns its positional
+// arguments, between minPos and maxPos of them, and a client for the
+// control plane cf names.
+func (cf *clientFlags) parse(fs *flag.FlagSet, args []string, minPos, maxPos int) ([]string, *api.Client, error) {
+	pos, err := parse(fs, args, minPos, maxPos)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := cf.client()
+	if err != nil {
+		return nil, nil, err
+	}
+	return pos, c, nil
+}
+
 func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

@@ -17,10 +17,7 @@ func runEvents(ctx context.Context, e *env, args []string) error {
 	since := fs.Int64("since", 0, "show events after this ID")
 	follow := fs.Bool("follow", false, "keep polling for new events until interrupted")
 	every := fs.Duration("interval", time.Second, "polling interval with --follow")
-	if _, err := parse(fs, args, 0, 0); err != nil {
-		return err
-	}
-	c, err := cf.client()
+	_, c, err := cf.parse(fs, args, 0, 0)
 	if err != nil {
 		return err
 	}

@@ -22,10 +22,7 @@ func runNodes(ctx context.Context, e *env, args []string) error {
 	var cf clientFlags
 	fs := newFlags(e, "nodes", "")
 	cf.register(fs, e)
-	if _, err := parse(fs, args, 0, 0); err != nil {
-		return err
-	}
-	c, err := cf.client()
+	_, c, err := cf.parse(fs, args, 0, 0)
 	if err != nil {
 		return err
 	}
@@ -56,10 +53,7 @@ func runDevices(ctx context.Context, e *env, args []string) error {
 	var cf clientFlags
 	fs := newFlags(e, "devices", "")
 	cf.register(fs, e)
-	if _, err := parse(fs, args, 0, 0); err != nil {
-		return err
-	}
-	c, err := cf.client()
+	_, c, err := cf.parse(fs, args, 0, 0)
 	if err != nil {
 		return err
 	}
@@ -123,10 +117,7 @@ func runTopology(ctx context.Context, e *env, args []string) error {
 	var cf clientFlags
 	fs := newFlags(e, "topology", "")
 	cf.register(fs, e)
-	if _, err := parse(fs, args, 0, 0); err != nil {
-		return err
-	}
-	c, err := cf.client()
+	_, c, err := cf.parse(fs, args, 0, 0)
 	if err != nil {
 		return err
 	}

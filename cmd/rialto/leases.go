@@ -32,10 +32,7 @@ func runLeases(ctx context.Context, e *env, args []string) error {
 	const allHelp = "also list ended leases (released, expired, failed, lost): the whole history"
 	fs.BoolVar(&all, "all", false, allHelp)
 	fs.BoolVar(&all, "a", false, "short for --all")
-	if _, err := parse(fs, args, 0, 0); err != nil {
-		return err
-	}
-	c, err := cf.client()
+	_, c, err := cf.parse(fs, args, 0, 0)
 	if err != nil {
 		return err
 	}
