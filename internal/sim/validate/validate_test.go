@@ -87,9 +87,17 @@ func TestRealVsSimulated(t *testing.T) {
 		}
 		if r.LinkBusy < MinLinkBusy {
 			// The writers left the shaped links idle part of the time, so
-			// the links (what the simulator models) did not bound them.
-			t.Logf("%d lenders, %d writers: links busy %.1f%% < %.0f%% of the makespan: not link-bound (headroom %.1f×), not asserted", r.Lenders, r.Writers, 100*r.LinkBusy, 100*MinLinkBusy, r.Headroom)
-			continue
+			// the links (what the simulator models) did not bound them:
+			// the machine was busy elsewhere. Measure it once more.
+			again, err := rerun(ctx, cfg, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%d lenders, %d writers: links busy %.1f%% < %.0f%% of the makespan: not link-bound (headroom %.1f×); re-run: links busy %.1f%%", r.Lenders, r.Writers, 100*r.LinkBusy, 100*MinLinkBusy, r.Headroom, 100*again.LinkBusy)
+			if again.LinkBusy < MinLinkBusy {
+				continue
+			}
+			r = again
 		}
 		asserted++
 		if e := r.MaxWholeError(); e > 0.10 {
@@ -113,7 +121,7 @@ func TestRealVsSimulated(t *testing.T) {
 		}
 	}
 	if asserted == 0 {
-		t.Skipf("no scenario kept its links busy (machine too loaded): nothing asserted")
+		t.Fatalf("no scenario kept its links busy, even on a re-run (load average %.1f): the real side was never bound by its links, so nothing could be compared", loadAverage())
 	}
 }
 
