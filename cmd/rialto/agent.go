@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -65,15 +66,22 @@ func newLogger(e *env, level string) (*slog.Logger, error) {
 	return slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: lv})), nil
 }
 
-func runAgent(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "agent", "")
-	host, _ := os.Hostname()
+// joinFlags registers the flags an agent or appliance joins the cluster
+// with: the control plane's URL and the bootstrap token.
+func joinFlags(fs *flag.FlagSet, e *env) (controlPlane, bootstrapToken *string) {
 	addr := e.getenv("RIALTO_ADDR")
 	if addr == "" {
 		addr = defaultAddr
 	}
-	cp := fs.String("control-plane", addr, "control plane URL (env RIALTO_ADDR)")
-	boot := fs.String("bootstrap-token", e.getenv("RIALTO_BOOTSTRAP_TOKEN"), "bootstrap token (env RIALTO_BOOTSTRAP_TOKEN)")
+	controlPlane = fs.String("control-plane", addr, "control plane URL (env RIALTO_ADDR)")
+	bootstrapToken = fs.String("bootstrap-token", e.getenv("RIALTO_BOOTSTRAP_TOKEN"), "bootstrap token (env RIALTO_BOOTSTRAP_TOKEN)")
+	return controlPlane, bootstrapToken
+}
+
+func runAgent(ctx context.Context, e *env, args []string) error {
+	fs := newFlags(e, "agent", "")
+	host, _ := os.Hostname()
+	cp, boot := joinFlags(fs, e)
 	name := fs.String("name", host, "node name, unique in the cluster")
 	stateDir := fs.String("state-dir", "rialto-agent", "identity, exports and relative backing files")
 	listen := fs.String("listen", "127.0.0.1", "host the agent API and data planes bind to (0.0.0.0 needs --advertise)")

@@ -33,12 +33,7 @@ func init() {
 func runAppliance(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "appliance", "")
 	host, _ := os.Hostname()
-	addr := e.getenv("RIALTO_ADDR")
-	if addr == "" {
-		addr = defaultAddr
-	}
-	cp := fs.String("control-plane", addr, "control plane URL (env RIALTO_ADDR)")
-	boot := fs.String("bootstrap-token", e.getenv("RIALTO_BOOTSTRAP_TOKEN"), "bootstrap token (env RIALTO_BOOTSTRAP_TOKEN)")
+	cp, boot := joinFlags(fs, e)
 	name := fs.String("name", host+"-appliance", "node name, unique in the cluster")
 	stateDir := fs.String("state-dir", "rialto-appliance", "identity and export state")
 	slots := fs.Int("slots", 4, "accelerator slots (each listens on its own port)")
