@@ -314,8 +314,10 @@ func (g *Gateway) finish(r *request, res result, outcome string) {
 	if g.mPending != nil {
 		g.mPending.Set(float64(g.queued.Load()))
 	}
-	r.done <- res
+	// Counted before the caller is answered, so that a caller that reads
+	// the metrics after its call returns sees it.
 	g.count(outcome)
+	r.done <- res
 }
 
 // schedule is the single goroutine that owns the queues and forms batches.
