@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -35,10 +34,10 @@ type op struct {
 	mref  mappedSource // out points into this backend's mapping
 
 	// Large reads from a file are sent with sendfile(2) instead of out.
-	sfFD   int
-	sfOff  int64
-	sfLen  int
-	sfKeep any // keeps the file alive until sent
+	sfFD  int
+	sfOff int64
+	sfLen int
+	sfSrc sendfileSource // holds sfFD open until released by freeOp
 }
 
 var opPool = sync.Pool{New: func() any { return new(op) }}
@@ -124,8 +123,13 @@ type conn struct {
 // sendfileSource is implemented by backends whose bytes live in a file
 // descriptor, so that large reads go from the page cache to the socket with
 // sendfile(2) instead of pread + write (one copy instead of two).
+// sendfileRange returns ok=false when the range must be read the ordinary
+// way (including once the backend is closed); after ok=true the descriptor
+// stays open, even across a concurrent Close, until the caller calls
+// releaseFD once.
 type sendfileSource interface {
-	sendfileRange(off, n int64) (fd int, foff int64, keep any, ok bool)
+	sendfileRange(off, n int64) (fd int, foff int64, ok bool)
+	releaseFD()
 }
 
 // nowaitReader is implemented by backends that can read without blocking
@@ -472,7 +476,6 @@ func (c *conn) sendfile(o *op) error {
 		}
 		return true
 	})
-	runtime.KeepAlive(o.sfKeep)
 	if err != nil {
 		return err
 	}
@@ -482,6 +485,9 @@ func (c *conn) sendfile(o *op) error {
 func (c *conn) freeOp(o *op) {
 	if o.mref != nil {
 		o.mref.unmapRange()
+	}
+	if o.sfSrc != nil {
+		o.sfSrc.releaseFD()
 	}
 	putBuf(o.buf)
 	c.bud.release(o.held)
@@ -556,6 +562,9 @@ func errnoOf(err error) uint32 {
 			return EINVAL
 		}
 	}
+	if errors.Is(err, ErrBackendClosed) {
+		return ESHUTDOWN
+	}
 	var ne *Error
 	if errors.As(err, &ne) && ne.Errno != 0 {
 		return ne.Errno
@@ -584,8 +593,8 @@ func (c *conn) execute(ctx context.Context, o *op) {
 	switch r.Type {
 	case CmdRead:
 		if c.sf != nil && c.rawc != nil && n >= sendfileMin {
-			if fd, foff, keep, ok := c.sf.sendfileRange(off, n); ok {
-				o.sfFD, o.sfOff, o.sfLen, o.sfKeep = fd, foff, int(n), keep
+			if fd, foff, ok := c.sf.sendfileRange(off, n); ok {
+				o.sfFD, o.sfOff, o.sfLen, o.sfSrc = fd, foff, int(n), c.sf
 				c.encodeRead(o)
 				return
 			}

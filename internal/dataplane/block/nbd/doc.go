@@ -21,4 +21,8 @@
 // on several listeners at once. Client methods are safe for concurrent use and
 // are pipelined over one connection; replies are matched by handle. Backend
 // implementations must accept concurrent ReadAt/WriteAt calls.
+// [FileBackend.Close] may run while its export still serves requests: later
+// requests fail with [ErrBackendClosed] (ESHUTDOWN to the client), and the
+// file stays open until the last request using it ends, so that no request
+// reads or writes through a descriptor number reused for another file.
 package nbd

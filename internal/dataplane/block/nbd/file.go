@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"runtime"
 	"sync"
 	"sync/atomic"
 
@@ -31,9 +30,16 @@ type FileOptions struct {
 // bitmap built once with SEEK_DATA/SEEK_HOLE and updated by every write, so
 // block-status queries cost no system calls; writes by other processes are
 // not seen by it.
+//
+// Close may run while requests are in flight. Every use of the file
+// descriptor holds a reference, so the descriptor is closed only once the
+// last use has ended (a large read reply being sent with sendfile holds it
+// until sent): a request never reads or writes through a descriptor number
+// that was closed and reused for another file. Uses that start after Close
+// fail with an error wrapping [ErrBackendClosed].
 type FileBackend struct {
 	f    *os.File
-	fd   int
+	fd   int // valid while a use is held (acquire/release)
 	base int64
 	size int64
 	ro   bool
@@ -47,6 +53,41 @@ type FileBackend struct {
 	mm       *fileMap     // read-only mapping when inMemory (nil if mmap failed)
 
 	alloc allocMap
+
+	// uses counts the descriptor's uses in flight; Close sets usesClosed.
+	// The descriptor is closed when both hold: closed and no use.
+	uses      atomic.Int64
+	closeOnce sync.Once
+}
+
+// usesClosed marks FileBackend.uses once Close has run.
+const usesClosed = int64(1) << 62
+
+// acquire takes a reference on the descriptor, or reports false once the
+// backend is closed. Each successful acquire needs one release.
+func (b *FileBackend) acquire() bool {
+	if b.uses.Add(1)&usesClosed != 0 {
+		b.release()
+		return false
+	}
+	return true
+}
+
+// release drops a reference taken by acquire; the last one after Close
+// closes the file.
+func (b *FileBackend) release() {
+	if b.uses.Add(-1) == usesClosed {
+		b.closeFile()
+	}
+}
+
+func (b *FileBackend) closeFile() (err error) {
+	b.closeOnce.Do(func() { err = b.f.Close() })
+	return err
+}
+
+func (b *FileBackend) closedErr(op string) error {
+	return fmt.Errorf("nbd: %s: %w", op, ErrBackendClosed)
 }
 
 // OpenFile opens path (a regular file or a block device) as a backend.
@@ -115,24 +156,34 @@ func (b *FileBackend) Size() int64 { return b.size }
 // MultiConnSafe implements MultiConnSafer: fdatasync is global.
 func (b *FileBackend) MultiConnSafe() bool { return true }
 
-func (b *FileBackend) sendfileRange(off, n int64) (int, int64, any, bool) {
-	if off < 0 || n <= 0 || off+n > b.size {
-		return 0, 0, nil, false
+// sendfileRange implements sendfileSource. After ok=true the descriptor is
+// held until releaseFD.
+func (b *FileBackend) sendfileRange(off, n int64) (int, int64, bool) {
+	if off < 0 || n <= 0 || off+n > b.size || !b.acquire() {
+		return 0, 0, false
 	}
 	// The file must be long enough: sendfile cannot read a hole past EOF
 	// as zeroes the way pread's caller does.
-	var st unix.Stat_t
-	if b.end.Load() < b.base+off+n {
-		if err := unix.Fstat(b.fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
-			return 0, 0, nil, false
-		}
-		b.end.Store(st.Size)
-		if st.Size < b.base+off+n {
-			return 0, 0, nil, false
-		}
+	if b.end.Load() < b.base+off+n && !b.longEnough(b.base+off+n) {
+		b.release()
+		return 0, 0, false
 	}
-	return b.fd, b.base + off, b.f, true
+	return b.fd, b.base + off, true
 }
+
+// longEnough reports whether the file is a regular file of at least end
+// bytes. The caller holds a use of the descriptor.
+func (b *FileBackend) longEnough(end int64) bool {
+	var st unix.Stat_t
+	if err := unix.Fstat(b.fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return false
+	}
+	b.end.Store(st.Size)
+	return st.Size >= end
+}
+
+// releaseFD implements sendfileSource and spliceTarget.
+func (b *FileBackend) releaseFD() { b.release() }
 
 func (b *FileBackend) readAtNowait(p []byte, off int64) (int, error) {
 	if off < 0 || off+int64(len(p)) > b.size {
@@ -145,9 +196,12 @@ func (b *FileBackend) readAtNowait(p []byte, off int64) (int, error) {
 	if b.noNowait.Load() {
 		return 0, errWouldBlock
 	}
+	if !b.acquire() {
+		return 0, b.closedErr("read")
+	}
 	iov := [][]byte{p}
 	n, err := unix.Preadv2(b.fd, iov, b.base+off, unix.RWF_NOWAIT)
-	runtime.KeepAlive(b.f)
+	b.release()
 	if err == unix.EOPNOTSUPP || err == unix.ENOSYS || err == unix.EINVAL {
 		b.noNowait.Store(true)
 	}
@@ -157,12 +211,14 @@ func (b *FileBackend) readAtNowait(p []byte, off int64) (int, error) {
 	return n, nil
 }
 
-func (b *FileBackend) spliceDest(off, n int64) (int, int64, any, bool) {
-	if b.ro || off < 0 || n <= 0 || off+n > b.size {
-		return 0, 0, nil, false
+// spliceDest implements spliceTarget. After ok=true the descriptor is held
+// until releaseFD.
+func (b *FileBackend) spliceDest(off, n int64) (int, int64, bool) {
+	if b.ro || off < 0 || n <= 0 || off+n > b.size || !b.acquire() {
+		return 0, 0, false
 	}
 	b.alloc.mark(off, n)
-	return b.fd, b.base + off, b.f, true
+	return b.fd, b.base + off, true
 }
 
 // mapRange implements mappedSource for files on tmpfs or ramfs.
@@ -175,13 +231,26 @@ func (b *FileBackend) mapRange(off, n int64) ([]byte, bool) {
 
 func (b *FileBackend) unmapRange() { b.mm.put() }
 
-// Close closes the file. A mapping still referenced by a reply being sent
-// is unmapped when that send completes.
+// Close closes the backend: requests that start afterwards fail with
+// [ErrBackendClosed]. If no request is using the file it is closed at once
+// and Close returns the result; otherwise Close returns nil and the file is
+// closed when the last use ends (a reply being sent with sendfile, or a
+// spliced write payload still arriving, ends when the client reads it or
+// its connection is closed, e.g. by [Server.RemoveExport]). Likewise a
+// mapping still referenced by a reply being sent is unmapped when that
+// send completes. Closing twice returns ErrBackendClosed.
 func (b *FileBackend) Close() error {
+	old := b.uses.Or(usesClosed)
+	if old&usesClosed != 0 {
+		return b.closedErr("close")
+	}
 	if b.mm != nil {
 		b.mm.close()
 	}
-	return b.f.Close()
+	if old == 0 {
+		return b.closeFile()
+	}
+	return nil
 }
 
 func (b *FileBackend) check(off, n int64) error {
@@ -200,6 +269,10 @@ func (b *FileBackend) ReadAt(p []byte, off int64) (int, error) {
 	if rem := b.size - off; int64(len(p)) > rem {
 		p, eof = p[:rem], io.EOF
 	}
+	if !b.acquire() {
+		return 0, b.closedErr("read")
+	}
+	defer b.release()
 	done := 0
 	for done < len(p) {
 		n, err := unix.Pread(b.fd, p[done:], b.base+off+int64(done))
@@ -207,7 +280,6 @@ func (b *FileBackend) ReadAt(p []byte, off int64) (int, error) {
 			continue
 		}
 		if err != nil {
-			runtime.KeepAlive(b.f)
 			return done, fmt.Errorf("nbd: pread: %w", err)
 		}
 		if n == 0 {
@@ -217,7 +289,6 @@ func (b *FileBackend) ReadAt(p []byte, off int64) (int, error) {
 		}
 		done += n
 	}
-	runtime.KeepAlive(b.f)
 	return len(p), eof
 }
 
@@ -238,7 +309,10 @@ func (b *FileBackend) write(p []byte, off int64, fua bool) (int, error) {
 	if err := b.check(off, int64(len(p))); err != nil {
 		return 0, err
 	}
-	defer runtime.KeepAlive(b.f)
+	if !b.acquire() {
+		return 0, b.closedErr("write")
+	}
+	defer b.release()
 	b.alloc.mark(off, int64(len(p)))
 	done := 0
 	if fua && !b.noFUA.Load() {
@@ -285,12 +359,15 @@ func (b *FileBackend) Flush() error {
 	if b.ro {
 		return nil
 	}
+	if !b.acquire() {
+		return b.closedErr("flush")
+	}
+	defer b.release()
 	for {
 		err := unix.Fdatasync(b.fd)
 		if err == unix.EINTR {
 			continue
 		}
-		runtime.KeepAlive(b.f)
 		if err != nil {
 			return fmt.Errorf("nbd: fdatasync: %w", err)
 		}
@@ -303,10 +380,13 @@ func unsupported(err error) bool {
 }
 
 func (b *FileBackend) fallocate(mode uint32, off, n int64) error {
+	if !b.acquire() {
+		return ErrBackendClosed
+	}
+	defer b.release()
 	for {
 		err := unix.Fallocate(b.fd, mode, b.base+off, n)
 		if err != unix.EINTR {
-			runtime.KeepAlive(b.f)
 			return err
 		}
 	}
@@ -382,7 +462,11 @@ func (b *FileBackend) Extents(off, n int64) ([]Extent, error) {
 	if err := b.check(off, n); err != nil {
 		return nil, err
 	}
+	if !b.acquire() {
+		return nil, b.closedErr("extents")
+	}
 	b.alloc.once.Do(func() { b.alloc.scan(b) })
+	b.release()
 	return b.alloc.extents(off, n), nil
 }
 
@@ -426,6 +510,8 @@ func (a *allocMap) mark(off, n int64) {
 	}
 }
 
+// scan builds the map with SEEK_DATA/SEEK_HOLE; the caller holds a use of
+// b's descriptor (or b is not yet shared).
 func (a *allocMap) scan(b *FileBackend) {
 	pos, end := b.base, b.base+b.size
 	for pos < end {
@@ -453,7 +539,6 @@ func (a *allocMap) scan(b *FileBackend) {
 		a.mark(d-b.base, h-d)
 		pos = h
 	}
-	runtime.KeepAlive(b.f)
 }
 
 // allSet reports whether every chunk of [off, off+n) may hold data.

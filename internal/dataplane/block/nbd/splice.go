@@ -3,7 +3,6 @@ package nbd
 import (
 	"fmt"
 	"io"
-	"runtime"
 
 	"golang.org/x/sys/unix"
 )
@@ -16,9 +15,13 @@ const pipeSize = 1 << 20
 
 // spliceTarget is implemented by backends whose bytes live in a file
 // descriptor. spliceDest records the range as written (for extents) and
-// returns where it lives.
+// returns where it lives, or ok=false when the write must take the buffered
+// path (including once the backend is closed). After ok=true the descriptor
+// stays open, even across a concurrent Close, until the caller calls
+// releaseFD once.
 type spliceTarget interface {
-	spliceDest(off, n int64) (fd int, foff int64, keep any, ok bool)
+	spliceDest(off, n int64) (fd int, foff int64, ok bool)
+	releaseFD()
 }
 
 func (c *conn) canSplice(r Request) bool {
@@ -48,11 +51,11 @@ func (c *conn) spliceWrite(o *op) (handled bool, err error) {
 		unix.FcntlInt(uintptr(c.pipeW), unix.F_SETPIPE_SZ, pipeSize)
 	}
 	off, n := int64(o.req.Offset), int(o.req.Length)
-	fd, foff, keep, ok := c.sp.spliceDest(off, int64(n))
+	fd, foff, ok := c.sp.spliceDest(off, int64(n))
 	if !ok {
 		return false, nil
 	}
-	defer runtime.KeepAlive(keep)
+	defer c.sp.releaseFD()
 	var ferr error
 	// Bytes of the payload already in the read buffer.
 	if k := min(c.r.Buffered(), n); k > 0 {

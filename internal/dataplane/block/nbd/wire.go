@@ -160,6 +160,9 @@ var (
 	ErrTimeout        = errors.New("nbd: request timed out")
 	ErrProtocol       = errors.New("nbd: protocol error")
 	ErrUnsupported    = errors.New("nbd: operation not supported by the export")
+	// ErrBackendClosed is wrapped by the errors of a FileBackend used
+	// after Close; the server answers such requests with ESHUTDOWN.
+	ErrBackendClosed = errors.New("nbd: backend closed")
 )
 
 // Request is a transmission-phase request header.
