@@ -194,6 +194,7 @@ func New(cfg Config) (*Appliance, error) {
 		}
 		s := &slot{a: a, id: i, ln: ln, mem: a.mem[c.base : c.base+c.size : c.base+c.size],
 			sem: make(chan struct{}, cfg.Workers)}
+		s.lnSet = make(chan struct{})
 		s.lease = newLease(nil)
 		a.slots = append(a.slots, s)
 	}
@@ -210,7 +211,7 @@ func New(cfg Config) (*Appliance, error) {
 
 func (a *Appliance) closeListeners() {
 	for _, s := range a.slots {
-		_ = s.ln.Close()
+		s.closeListener()
 	}
 	if a.mgmt != nil {
 		_ = a.mgmt.Close()
@@ -247,7 +248,37 @@ func (a *Appliance) Addr(id int) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return s.ln.Addr().String(), nil
+	return s.listener().Addr().String(), nil
+}
+
+// Rebind moves slot id's mailbox to addr ("host:port"): it binds a
+// listener there, then closes the slot's old one. Connections already
+// accepted are not affected. An agent uses it to serve a lease again at
+// the address a previous run served it at. If addr cannot be bound, the
+// slot keeps its listener and Rebind returns the error.
+func (a *Appliance) Rebind(id int, addr string) error {
+	s, err := a.slot(id)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("appliance: slot %d rebind: %w", id, err)
+	}
+	s.lnMu.Lock()
+	if s.lnClosed {
+		s.lnMu.Unlock()
+		_ = ln.Close()
+		return fmt.Errorf("%w: slot %d rebind after close", ErrNotReady, id)
+	}
+	old := s.ln
+	s.ln = ln
+	close(s.lnSet) // serve's Accept on old fails: it takes the new one
+	s.lnSet = make(chan struct{})
+	s.lnMu.Unlock()
+	_ = old.Close()
+	a.log.Info("appliance: slot rebound", "slot", id, "addr", ln.Addr().String())
+	return nil
 }
 
 func (a *Appliance) slot(id int) (*slot, error) {
@@ -554,9 +585,14 @@ func (l *loaded) retire() {
 
 // slot is one virtual accelerator: a listener, a memory chunk and a role.
 type slot struct {
-	a     *Appliance
-	id    int
-	ln    net.Listener
+	a  *Appliance
+	id int
+
+	lnMu     sync.Mutex
+	ln       net.Listener  // replaced by Rebind
+	lnSet    chan struct{} // closed (and replaced) when ln is replaced
+	lnClosed bool          // ln is closed for good: Rebind refuses
+
 	mem   []byte // a.mem[base:base+size:base+size]: the only memory it can reach
 	memMu sync.RWMutex
 	sem   chan struct{}
@@ -572,7 +608,23 @@ type slot struct {
 
 func (s *slot) info() SlotInfo {
 	c := s.a.offsets[s.id]
-	return SlotInfo{ID: s.id, Addr: s.ln.Addr().String(), MemSize: c.size, Base: c.base}
+	return SlotInfo{ID: s.id, Addr: s.listener().Addr().String(), MemSize: c.size, Base: c.base}
+}
+
+// listener is the slot's current listener.
+func (s *slot) listener() net.Listener {
+	s.lnMu.Lock()
+	defer s.lnMu.Unlock()
+	return s.ln
+}
+
+// closeListener closes the slot's listener for good.
+func (s *slot) closeListener() {
+	s.lnMu.Lock()
+	s.lnClosed = true
+	ln := s.ln
+	s.lnMu.Unlock()
+	_ = ln.Close()
 }
 
 func (s *slot) status() SlotStatus {
@@ -618,15 +670,23 @@ func (s *slot) currentLease() *lease {
 // that was current when it was accepted (and must present its credential).
 func (s *slot) serve(ctx context.Context) error {
 	srv := &accel.Server{Target: (*slotTarget)(s), Logger: s.a.log.With("slot", s.id), MaxPayload: s.a.cfg.MaxPayload}
-	stop := context.AfterFunc(ctx, func() { _ = s.ln.Close() })
+	stop := context.AfterFunc(ctx, s.closeListener)
 	defer stop()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
-		nc, err := s.ln.Accept()
+		s.lnMu.Lock()
+		ln, rebound := s.ln, s.lnSet
+		s.lnMu.Unlock()
+		nc, err := ln.Accept()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
+			}
+			select {
+			case <-rebound: // Rebind closed ln: accept on its successor
+				continue
+			default:
 			}
 			return fmt.Errorf("appliance: slot %d accept: %w", s.id, err)
 		}

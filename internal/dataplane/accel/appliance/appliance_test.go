@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -498,5 +499,82 @@ func TestRegistrarFuncs(t *testing.T) {
 	}
 	if err := r.Heartbeat(context.Background(), Health{}); err != nil {
 		t.Fatalf("nil heartbeat func: %v", err)
+	}
+}
+
+// TestRebind: a running slot moves to a chosen address; a connection made
+// before keeps working, the old address stops answering, a busy address
+// leaves the slot where it was, and a stopped appliance refuses.
+func TestRebind(t *testing.T) {
+	a, err := New(Config{Slots: 2, SlotMemory: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	}()
+	before := leaseSlot(t, a, 0, "echo")
+	old, _ := a.Addr(0)
+
+	// A free address to move to: bind one, note it, let it go.
+	probe, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := probe.Addr().String()
+	probe.Close()
+	if err := a.Rebind(0, want); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := a.Addr(0); got != want {
+		t.Fatalf("slot 0 at %s after rebinding to %s", got, want)
+	}
+	if got := a.Info().Slots[0].Addr; got != want {
+		t.Fatalf("info says slot 0 is at %s", got)
+	}
+	if out, err := before.Call(ctx, "echo", []byte("kept")); err != nil || string(out) != "kept" {
+		t.Fatalf("connection from before the rebind: %q %v", out, err)
+	}
+	// The new listener is bound when Rebind returns: a dial queues there
+	// until the slot's accept loop, woken by the old listener's close,
+	// takes it.
+	after, err := accel.Dial(ctx, want, []byte("cred-0"))
+	if err != nil {
+		t.Fatalf("dial the new address: %v", err)
+	}
+	if out, err := after.Call(ctx, "echo", []byte("moved")); err != nil || string(out) != "moved" {
+		t.Fatalf("call at the new address: %q %v", out, err)
+	}
+	after.Close()
+	if c, err := accel.Dial(ctx, old, []byte("cred-0")); err == nil {
+		c.Close()
+		t.Fatalf("old address %s still answers", old)
+	}
+
+	// A busy address: the slot stays.
+	other, _ := a.Addr(1)
+	if err := a.Rebind(0, other); err == nil {
+		t.Fatal("rebinding onto slot 1's address succeeded")
+	}
+	if got, _ := a.Addr(0); got != want {
+		t.Fatalf("a failed rebind moved slot 0 to %s", got)
+	}
+	if err := a.Rebind(5, "127.0.0.1:0"); !errors.Is(err, ErrNoSlot) {
+		t.Fatalf("rebind of a missing slot: %v", err)
+	}
+
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	done <- nil
+	if err := a.Rebind(1, "127.0.0.1:0"); !errors.Is(err, ErrNotReady) {
+		t.Fatalf("rebind after Run: %v", err)
 	}
 }

@@ -9,6 +9,8 @@
 //
 // Build an Appliance with New (which binds the slot listeners) and serve it
 // with Run; Close releases the listeners of an appliance that never ran.
+// Rebind moves a slot's listener to a chosen address, running or not (an
+// agent serving a lease again where a previous run served it).
 // The zero value is not usable. All methods are safe for concurrent use.
 // Run owns every goroutine it starts and waits for them before returning.
 package appliance
