@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
+	"net/url"
 	"sort"
 	"strconv"
 	"strings"
@@ -118,9 +120,10 @@ func (d *AccelDriver) Open(_ context.Context, dev DeviceConfig) (DeviceConfig, e
 	if err != nil {
 		return dev, err
 	}
-	if dev.Attributes == nil {
-		dev.Attributes = map[string]string{}
-	}
+	// A copy: the caller's map (its Config.Devices) is not ours to write.
+	attrs := make(map[string]string, len(dev.Attributes)+3)
+	maps.Copy(attrs, dev.Attributes)
+	dev.Attributes = attrs
 	dev.Attributes["slot_memory"] = strconv.FormatUint(mem, 10)
 	dev.Attributes["roles"] = strings.Join(roles.Names(), ",")
 	dev.Attributes["modes"] = "dedicated,shared"
@@ -273,6 +276,9 @@ func (d *AccelDriver) Prepare(ctx context.Context, e Export) (api.PrepareRespons
 	if e.Request.Gateway {
 		return d.prepareShared(ctx, app, e)
 	}
+	if _, ok := d.live[e.Request.Export]; !ok {
+		d.restoreSlotPorts(app, e)
+	}
 	addrs, err := slotAddrs(app, e)
 	if err != nil {
 		return api.PrepareResponse{}, err
@@ -289,6 +295,66 @@ func (d *AccelDriver) Prepare(ctx context.Context, e Export) (api.PrepareRespons
 	}
 	d.live[e.Request.Export] = e
 	return api.PrepareResponse{URI: uri}, nil
+}
+
+// previousPorts returns the ports a dedicated export's previous URI
+// (e.URI) named for its slots, in slot order, or nil if there is none
+// (or it is a gateway's).
+func previousPorts(e Export) []string {
+	u, err := url.Parse(e.URI)
+	if e.URI == "" || err != nil || u.Host == "" || u.Query().Has("gateway") {
+		return nil
+	}
+	hosts := []string{u.Host}
+	if more := u.Query().Get("slots"); more != "" {
+		hosts = append(hosts, strings.Split(more, ",")...)
+	}
+	ports := make([]string, 0, len(hosts))
+	for _, h := range hosts {
+		_, port, err := net.SplitHostPort(h)
+		if err != nil {
+			return nil
+		}
+		ports = append(ports, port)
+	}
+	return ports
+}
+
+// restoreSlotPorts moves the slots of a dedicated export being restored
+// back to the ports its previous URI names. A port that cannot be bound
+// leaves its slot where it is (the agent warns that the URI changed).
+func (d *AccelDriver) restoreSlotPorts(app *appliance.Appliance, e Export) {
+	ports := previousPorts(e)
+	if int64(len(ports)) != e.Request.Length {
+		return
+	}
+	for i, port := range ports {
+		id := int(e.Request.Offset) + i
+		cur, err := app.Addr(id)
+		if err != nil {
+			return
+		}
+		if _, p, err := net.SplitHostPort(cur); err == nil && p == port {
+			continue
+		}
+		if err := app.Rebind(id, net.JoinHostPort(d.host, port)); err != nil {
+			d.log.Warn("cannot serve a restored slot at its previous port", "device", e.Device.Name, "slot", id, "port", port, "err", err)
+		}
+	}
+}
+
+// gatewayPort returns the port a shared export's previous URI (e.URI)
+// names for its gateway, or "".
+func gatewayPort(e Export) string {
+	u, err := url.Parse(e.URI)
+	if e.URI == "" || err != nil || !u.Query().Has("gateway") {
+		return ""
+	}
+	_, port, err := net.SplitHostPort(u.Host)
+	if err != nil {
+		return ""
+	}
+	return port
 }
 
 // load loads the lease's role into its slots and sets their credential;
@@ -405,9 +471,19 @@ func (d *AccelDriver) startGateway(ctx context.Context, app *appliance.Appliance
 	if err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", net.JoinHostPort(d.host, "0"))
-	if err != nil {
-		return nil, fmt.Errorf("accel: gateway listen: %w", err)
+	// A gateway started for a restored lease listens where it did before,
+	// if it can.
+	var ln net.Listener
+	if port := gatewayPort(e); port != "" {
+		if ln, err = net.Listen("tcp", net.JoinHostPort(d.host, port)); err != nil {
+			d.log.Warn("cannot serve a restored gateway at its previous port", "gateway", name, "port", port, "err", err)
+			ln = nil
+		}
+	}
+	if ln == nil {
+		if ln, err = net.Listen("tcp", net.JoinHostPort(d.host, "0")); err != nil {
+			return nil, fmt.Errorf("accel: gateway listen: %w", err)
+		}
 	}
 	sg.g, sg.ln = g, ln
 	gctx, cancel := context.WithCancel(context.Background())

@@ -242,3 +242,30 @@ func TestAccelRoleConfig(t *testing.T) {
 		t.Fatalf("failed prepares left %v", r.a.Leases())
 	}
 }
+
+// TestPreviousAddresses: the ports a restored accel export's previous URI
+// names, for its slots (dedicated) or its gateway (shared).
+func TestPreviousAddresses(t *testing.T) {
+	for _, tc := range []struct {
+		uri     string
+		slots   []string
+		gateway string
+	}{
+		{"", nil, ""},
+		{"rialto-accel://10.0.0.1:4100/x", []string{"4100"}, ""},
+		{"rialto-accel://10.0.0.1:4100/x?slots=10.0.0.1:4101,10.0.0.1:4105", []string{"4100", "4101", "4105"}, ""},
+		{"rialto-accel://[::1]:4100/x?slots=[::1]:4101", []string{"4100", "4101"}, ""},
+		{"rialto-accel://10.0.0.1:4200/x?gateway=mct", nil, "4200"},
+		{"rialto-accel://10.0.0.1/x", nil, ""},
+		{"rialto-accel://10.0.0.1:4100/x?slots=nohost", nil, ""},
+		{"://bad", nil, ""},
+	} {
+		e := Export{URI: tc.uri}
+		if got := previousPorts(e); strings.Join(got, ",") != strings.Join(tc.slots, ",") {
+			t.Errorf("previousPorts(%q) = %v, want %v", tc.uri, got, tc.slots)
+		}
+		if got := gatewayPort(e); got != tc.gateway {
+			t.Errorf("gatewayPort(%q) = %q, want %q", tc.uri, got, tc.gateway)
+		}
+	}
+}

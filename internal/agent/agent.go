@@ -57,6 +57,7 @@ type Agent struct {
 	mHeartbeats *metrics.CounterVec
 	mPrepares   *metrics.CounterVec
 	mExports    *metrics.Gauge
+	mRestored   *metrics.CounterVec
 }
 
 // New checks cfg and returns an agent ready to Run.
@@ -103,6 +104,8 @@ func New(cfg Config) (*Agent, error) {
 	a.mHeartbeats = a.reg.Counter("rialto_agent_heartbeats_total", "Heartbeats sent, by result.", "result")
 	a.mPrepares = a.reg.Counter("rialto_agent_prepares_total", "Prepare requests, by result.", "result")
 	a.mExports = a.reg.Gauge("rialto_agent_exports", "Exports being served.").With()
+	a.mRestored = a.reg.Counter("rialto_agent_restored_exports_total",
+		"Exports restored after a restart, by result: same_address, new_address (the lease's URI is stale), unknown_address (none persisted) or failed.", "result")
 	return a, nil
 }
 

@@ -348,6 +348,87 @@ func TestRestartRestoresExportsAndHeartbeatTearsDown(t *testing.T) {
 	}
 }
 
+// TestRestoreOldFormatExports: an exports file written before URIs were
+// persisted (a list of bare prepare requests) still restores, wherever
+// the data planes are now; the agent then rewrites it with the URIs, and
+// the next restart serves the exports at the same addresses.
+func TestRestoreOldFormatExports(t *testing.T) {
+	_, srv := newFakeCP(t)
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	data := bytes.Repeat([]byte("old state "), 400)
+	disk := make([]byte, 1<<20)
+	copy(disk[8192:], data)
+	if err := os.WriteFile(filepath.Join(dir, "disk0.img"), disk, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old, err := json.MarshalIndent([]api.PrepareRequest{
+		{LeaseID: "lease-b", Kind: api.KindBlock, DeviceName: "disk0", Offset: 8192, Length: 65536, Export: "x_b"},
+		{LeaseID: "lease-g", Kind: api.KindAccel, DeviceName: "gpu", Offset: 0, Length: 2, Role: "sha256", Export: "x_g"},
+	}, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(old, []byte(`"uri"`)) {
+		t.Fatal("the old format has no uri")
+	}
+	if err := os.WriteFile(filepath.Join(dir, exportsFile), old, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	r := start(t, testConfig(srv.URL, dir))
+	if got := r.a.Leases(); len(got) != 2 {
+		t.Fatalf("restored leases %v", got)
+	}
+	restored := func(a *Agent, result string) float64 {
+		return a.Metrics().Counter("rialto_agent_restored_exports_total", "", "result").With(result).Value()
+	}
+	if n := restored(r.a, "unknown_address"); n != 2 {
+		t.Errorf("%v exports restored without a known address, want 2", n)
+	}
+	c, err := nbd.Dial(ctx, "tcp", r.a.Endpoint(api.KindBlock), "x_b")
+	if err != nil {
+		t.Fatalf("restored export not served: %v", err)
+	}
+	buf := make([]byte, len(data))
+	if _, err := c.ReadAtContext(ctx, buf, 0); err != nil || !bytes.Equal(buf, data) {
+		t.Fatalf("restored export's bytes: %v", err)
+	}
+	c.Close()
+	var saved []persistedExport
+	if err := readJSON(filepath.Join(dir, exportsFile), &saved); err != nil {
+		t.Fatal(err)
+	}
+	uris := map[string]string{}
+	for _, p := range saved {
+		uris[p.LeaseID] = p.URI
+	}
+	if !strings.HasPrefix(uris["lease-b"], "nbd://") || !strings.HasPrefix(uris["lease-g"], "rialto-accel://") {
+		t.Fatalf("rewritten exports file has URIs %v", uris)
+	}
+	r.halt(t)
+
+	r2 := start(t, testConfig(srv.URL, dir))
+	if n := restored(r2.a, "same_address"); n != 2 {
+		t.Errorf("%v exports restored at the same address, want 2", n)
+	}
+	var again []persistedExport
+	if err := readJSON(filepath.Join(dir, exportsFile), &again); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range again {
+		if p.URI != uris[p.LeaseID] {
+			t.Errorf("%s moved from %s to %s", p.LeaseID, uriAddress(uris[p.LeaseID]), uriAddress(p.URI))
+		}
+	}
+	c, err = nbd.DialURI(ctx, uris["lease-b"])
+	if err != nil {
+		t.Fatalf("persisted URI after the second restart: %v", err)
+	}
+	c.Close()
+}
+
 func TestFaults(t *testing.T) {
 	cp, srv := newFakeCP(t)
 	r := start(t, testConfig(srv.URL, t.TempDir()))

@@ -16,9 +16,12 @@
 // [Config.Drivers] replaces or adds drivers.
 //
 // Identity (node ID, node credential, agent key, machine ID, ports) and the
-// exports the agent serves are persisted in [Config.StateDir] with mode 0600,
-// so a restarted agent rejoins with the same identity and serves the same
-// exports until the control plane tells it to tear them down.
+// exports the agent serves, each with the URI the control plane was given,
+// are persisted in [Config.StateDir] with mode 0600, so a restarted agent
+// rejoins with the same identity and serves the same exports, at the same
+// addresses when it can bind them again ([Export].URI), until the control
+// plane tells it to tear them down. An export that must move is served at a
+// new address with a warning: the control plane keeps its old URI.
 //
 // Zero values: a zero Config is not usable (ControlPlane, BootstrapToken,
 // Name and StateDir are required); use [New]. [Faults] is ready at its zero

@@ -9,13 +9,22 @@ import (
 )
 
 // Export is one prepared export: the control plane's request, the local
-// device it uses, the endpoint ("host:port") of the kind's data plane and
-// the host that URIs name.
+// device it uses, the endpoint ("host:port") of the kind's data plane, the
+// host that URIs name and the URI the control plane has for it.
 type Export struct {
 	Request  api.PrepareRequest
 	Device   DeviceConfig
 	Endpoint string
 	Host     string
+	// URI is the URI the control plane was given for the export (the
+	// driver's answer to its prepare); the agent persists it with the
+	// request. When the agent restores an export after a restart, Prepare
+	// gets that URI: a driver that binds listeners of its own for exports
+	// binds the addresses it names again, if it can, so that the lease's
+	// URI keeps working. Empty for a new export. Drivers served on the
+	// kind's endpoint ignore it: the agent binds that endpoint's port again
+	// itself.
+	URI string
 }
 
 // Driver prepares and tears down exports of one resource kind. Prepare must

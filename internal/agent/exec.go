@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"path/filepath"
 	"strings"
 
@@ -45,6 +46,13 @@ func (a *Agent) overlapping(req api.PrepareRequest) string {
 // asks the kind's driver to serve the export and remembers it. Preparing
 // an export again for the same lease returns the same answer.
 func (a *Agent) Prepare(ctx context.Context, req api.PrepareRequest) (api.PrepareResponse, error) {
+	return a.prepare(ctx, req, "")
+}
+
+// prepare is Prepare; prevURI, if set, is the URI the control plane was
+// given for an export a previous run served (restoreExports), which the
+// driver tries to serve it at again.
+func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, prevURI string) (api.PrepareResponse, error) {
 	if req.LeaseID == "" || req.Export == "" {
 		return api.PrepareResponse{}, fmt.Errorf("%w: lease_id and export are required", ErrBadRequest)
 	}
@@ -86,11 +94,20 @@ func (a *Agent) Prepare(ctx context.Context, req api.PrepareRequest) (api.Prepar
 			return api.PrepareResponse{}, fmt.Errorf("%w: range overlaps lease %s, which this agent still serves", ErrOverlap, other)
 		}
 	}
-	e := Export{Request: req, Device: dev, Endpoint: endpoint, Host: host}
+	e := Export{Request: req, Device: dev, Endpoint: endpoint, Host: host, URI: prevURI}
+	if exists && prevURI == "" {
+		e.URI = old.URI
+	}
 	resp, err := drv.Prepare(ctx, e)
 	if err != nil {
 		a.mPrepares.With("error").Inc()
 		return api.PrepareResponse{}, fmt.Errorf("agent: prepare %s on %s: %w", req.LeaseID, dev.Name, err)
+	}
+	if prevURI == "" {
+		// The control plane keeps this answer as the lease's URI. A
+		// restored export keeps the URI the control plane has even when it
+		// is served elsewhere now, so that the next restart tries it again.
+		e.URI = resp.URI
 	}
 	a.mu.Lock()
 	a.exports[req.Export] = e
@@ -148,26 +165,46 @@ func (a *Agent) teardownLease(ctx context.Context, leaseID string) error {
 // saveExportsLocked persists the served exports; opMu must be held.
 func (a *Agent) saveExportsLocked() error {
 	a.mu.Lock()
-	m := make(map[string]api.PrepareRequest, len(a.exports))
-	for k, e := range a.exports {
-		m[k] = e.Request
-	}
+	out := sortedExports(a.exports)
 	a.mu.Unlock()
-	return writeJSON(filepath.Join(a.cfg.StateDir, exportsFile), sortedExports(m))
+	return writeJSON(filepath.Join(a.cfg.StateDir, exportsFile), out)
 }
 
-// restoreExports serves again the exports persisted by a previous run;
-// the next heartbeat tells the control plane, which tears down those it
-// no longer wants.
+// restoreExports serves again the exports persisted by a previous run, at
+// the addresses they were served at when those can be bound again; the
+// next heartbeat tells the control plane, which tears down those it no
+// longer wants.
+//
+// An export that comes back at another address (its port taken by another
+// process, a changed data port or advertised host) is served there, but
+// the control plane keeps handing out the URI it was given at prepare
+// time: nothing in the protocol updates a lease's URI. The agent warns,
+// naming the lease and both addresses, and counts it in
+// rialto_agent_restored_exports_total{result="new_address"}; borrowers of
+// that lease need a new lease. The state file keeps the control plane's
+// URI, so a later restart tries that address again. Entries persisted
+// without a URI (state files of agents that did not keep them) are
+// restored wherever the data planes are now.
 func (a *Agent) restoreExports(ctx context.Context) {
-	var reqs []api.PrepareRequest
-	if err := readJSON(filepath.Join(a.cfg.StateDir, exportsFile), &reqs); err != nil {
+	var saved []persistedExport
+	if err := readJSON(filepath.Join(a.cfg.StateDir, exportsFile), &saved); err != nil {
 		a.log.Warn("reading persisted exports", "err", err)
 		return
 	}
-	for _, r := range reqs {
-		if _, err := a.Prepare(ctx, r); err != nil {
-			a.log.Warn("restoring an export failed; dropping it", "lease", r.LeaseID, "err", err)
+	for _, p := range saved {
+		resp, err := a.prepare(ctx, p.PrepareRequest, p.URI)
+		switch {
+		case err != nil:
+			a.mRestored.With("failed").Inc()
+			a.log.Warn("restoring an export failed; dropping it", "lease", p.LeaseID, "err", err)
+		case p.URI == "":
+			a.mRestored.With("unknown_address").Inc()
+		case resp.URI == p.URI:
+			a.mRestored.With("same_address").Inc()
+		default:
+			a.mRestored.With("new_address").Inc()
+			a.log.Warn("restored export is served at a new address; the control plane still hands out the old one, so the lease's borrowers cannot reach it and need a new lease",
+				"lease", p.LeaseID, "kind", p.Kind, "old", uriAddress(p.URI), "new", uriAddress(resp.URI))
 		}
 	}
 	a.opMu.Lock()
@@ -263,6 +300,17 @@ func (a *Agent) handleTeardown(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON200(w, map[string]string{"id": req.LeaseID, "state": "released"})
+}
+
+// uriAddress is a data-plane URI without its path, which holds the export
+// name (a secret): what may be logged.
+func uriAddress(uri string) string {
+	u, err := url.Parse(uri)
+	if err != nil {
+		return "(unparsable URI)"
+	}
+	u.User, u.Path, u.RawPath, u.Fragment = nil, "", "", ""
+	return u.String()
 }
 
 func writeJSON200(w http.ResponseWriter, v any) {

@@ -74,12 +74,21 @@ func writeJSON(path string, v any) error {
 	return nil
 }
 
-// sortedExports returns the prepared requests ordered by export name, for
-// stable state files.
-func sortedExports(m map[string]api.PrepareRequest) []api.PrepareRequest {
-	out := make([]api.PrepareRequest, 0, len(m))
-	for _, r := range m {
-		out = append(out, r)
+// persistedExport is one entry of exports.json: the prepare request and
+// the URI the export was served at. The request's fields are inlined, so
+// that a file written before URIs were kept (a list of bare requests)
+// reads as entries without a URI, and an older agent reads this one.
+type persistedExport struct {
+	api.PrepareRequest
+	URI string `json:"uri,omitempty"`
+}
+
+// sortedExports returns the exports ordered by export name, for stable
+// state files.
+func sortedExports(m map[string]Export) []persistedExport {
+	out := make([]persistedExport, 0, len(m))
+	for _, e := range m {
+		out = append(out, persistedExport{PrepareRequest: e.Request, URI: e.URI})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Export < out[j].Export })
 	return out

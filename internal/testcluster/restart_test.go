@@ -1,0 +1,358 @@
+package testcluster
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"maps"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/agent"
+	"github.com/rialto-project/rialto/internal/dataplane/accel"
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/dataplane/memory"
+)
+
+// restartDevices is a block device, a memory budget and an appliance
+// whose slots a dedicated and a shared lease can take.
+func restartDevices() []agent.DeviceConfig {
+	return []agent.DeviceConfig{
+		{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 8 << 20},
+		{Name: "mem0", Kind: api.KindMemory, Size: 4 << 20},
+		{Name: "accel0", Kind: api.KindAccel, Size: 4, Attributes: map[string]string{"slot_memory": "1MiB"}},
+	}
+}
+
+// writeBlock writes data at off through the lease's URI with a real NBD
+// client and flushes it.
+func writeBlock(ctx context.Context, t *testing.T, uri string, data []byte, off int64) {
+	t.Helper()
+	nc, err := nbd.DialURI(ctx, uri)
+	if err != nil {
+		t.Fatalf("dial %s: %v", redact(uri), err)
+	}
+	defer nc.Close()
+	if _, err := nc.WriteAtContext(ctx, data, off, true); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+}
+
+// readBlock reads n bytes at off through the lease's URI.
+func readBlock(ctx context.Context, uri string, n int, off int64) ([]byte, error) {
+	nc, err := nbd.DialURI(ctx, uri)
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	buf := make([]byte, n)
+	if _, err := nc.ReadAtContext(ctx, buf, off); err != nil {
+		return nil, err
+	}
+	return buf, nil
+}
+
+// callAccel runs sha256 over "abc" through an accel lease's URI (its
+// first slot, or its gateway) and checks the answer.
+func callAccel(ctx context.Context, uri string) error {
+	u, err := url.Parse(uri)
+	if err != nil {
+		return err
+	}
+	conn, err := accel.Dial(ctx, u.Host, []byte(strings.TrimPrefix(u.Path, "/")))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	sum, err := conn.Call(ctx, "sum", []byte("abc"))
+	if err != nil {
+		return err
+	}
+	if !bytes.HasPrefix(sum, []byte{0xba, 0x78, 0x16, 0xbf}) {
+		return errWrongSum
+	}
+	return nil
+}
+
+type testErr string
+
+func (e testErr) Error() string { return string(e) }
+
+const errWrongSum = testErr("wrong sha256")
+
+// redact drops a URI's path, which holds the lease's secret export name.
+func redact(uri string) string {
+	u, err := url.Parse(uri)
+	if err != nil {
+		return "?"
+	}
+	u.Path, u.RawPath = "", ""
+	return u.String()
+}
+
+// restartCounter is how many restored exports of the node's running
+// agent ended up at the same or a new address.
+func restartCounter(n *Node, result string) float64 {
+	return n.Agent().Metrics().Counter("rialto_agent_restored_exports_total", "", "result").With(result).Value()
+}
+
+// TestRestartedLenderKeepsURIs: after a lender restarts on its state dir,
+// the URIs the control plane handed out for its block, memory, dedicated
+// accel (two slots) and shared accel leases reach the same exports again,
+// and the block lease's bytes are still there.
+func TestRestartedLenderKeepsURIs(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{Nodes: 1, Devices: restartDevices()})
+	ctx := ctxT(t)
+	cl := c.Client()
+	block := createBlock(t, cl, 1<<20, api.ModeDedicated)
+	mem, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindMemory, Size: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ded, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindAccel, Count: 2, Role: "sha256"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindAccel, Mode: api.ModeShared, Role: "sha256"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u, _ := url.Parse(ded.URI); u == nil || u.Query().Get("slots") == "" {
+		t.Fatalf("a two-slot accel lease without further slots: %s", redact(ded.URI))
+	}
+	want := bytes.Repeat([]byte("rialto restart "), 700)
+	writeBlock(ctx, t, block.URI, want, 4096)
+	for _, l := range []api.Lease{ded, shared} {
+		if err := callAccel(ctx, l.URI); err != nil {
+			t.Fatalf("accel lease before the restart: %v", err)
+		}
+	}
+
+	lender := c.Nodes[0]
+	lender.Restart()
+	for _, l := range []api.Lease{block, mem, ded, shared} {
+		if !lender.Serves(l.ID) {
+			t.Fatalf("%s lease not restored", l.Kind)
+		}
+		if got := c.Lease(l.ID).URI; got != l.URI {
+			t.Fatalf("the control plane's %s URI changed: %s -> %s", l.Kind, redact(l.URI), redact(got))
+		}
+	}
+	if n := restartCounter(lender, "same_address"); n != 4 {
+		t.Errorf("%v exports restored at the same address, want 4", n)
+	}
+	if n := restartCounter(lender, "new_address"); n != 0 {
+		t.Errorf("%v exports restored at a new address", n)
+	}
+
+	got, err := readBlock(ctx, block.URI, len(want), 4096)
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("block lease after the restart: %v (bytes equal: %v)", err, bytes.Equal(got, want))
+	}
+	u, _ := url.Parse(mem.URI)
+	mc, err := memory.Dial(ctx, u.Host, strings.TrimPrefix(u.Path, "/"), memory.Options{})
+	if err != nil {
+		t.Fatalf("memory lease after the restart: %v", err)
+	}
+	mc.Close()
+	for _, l := range []api.Lease{ded, shared} {
+		if err := callAccel(ctx, l.URI); err != nil {
+			t.Fatalf("%s accel lease after the restart: %v", l.Mode, err)
+		}
+	}
+	// Every slot of the dedicated lease is back at its address.
+	u, _ = url.Parse(ded.URI)
+	for _, addr := range strings.Split(u.Query().Get("slots"), ",") {
+		conn, err := accel.Dial(ctx, addr, []byte(strings.TrimPrefix(u.Path, "/")))
+		if err != nil {
+			t.Fatalf("further slot %s after the restart: %v", addr, err)
+		}
+		conn.Close()
+	}
+}
+
+// recorder is a slog handler that keeps warnings.
+type recorder struct {
+	mu    sync.Mutex
+	warns []map[string]string
+}
+
+func (r *recorder) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (r *recorder) WithAttrs([]slog.Attr) slog.Handler           { return r }
+func (r *recorder) WithGroup(string) slog.Handler                { return r }
+func (r *recorder) Handle(_ context.Context, rec slog.Record) error {
+	m := map[string]string{"msg": rec.Message}
+	rec.Attrs(func(a slog.Attr) bool {
+		m[a.Key] = a.Value.String()
+		return true
+	})
+	r.mu.Lock()
+	r.warns = append(r.warns, m)
+	r.mu.Unlock()
+	return nil
+}
+
+// movedWarnings returns, by lease, the warnings that a restored export
+// moved.
+func (r *recorder) movedWarnings() map[string]map[string]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string]map[string]string{}
+	for _, w := range r.warns {
+		if strings.Contains(w["msg"], "served at a new address") {
+			out[w["lease"]] = w
+		}
+	}
+	return out
+}
+
+// TestRestartedLenderAddressTaken: when the addresses of restored exports
+// are taken by another process, the agent serves them at new ones and
+// warns, naming each lease with its old and new address (never the export
+// name); the control plane keeps the old URIs (the documented limitation)
+// and so does the state file, so that once the addresses are free again
+// the next restart brings the accel leases back to them. The block
+// lease's data plane stays on the port the agent bound instead, which its
+// identity remembers.
+func TestRestartedLenderAddressTaken(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	c := Start(t, Options{Nodes: 1, Devices: restartDevices(), Logger: slog.New(rec)})
+	ctx := ctxT(t)
+	cl := c.Client()
+	block := createBlock(t, cl, 1<<20, api.ModeDedicated)
+	ded, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindAccel, Role: "sha256"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindAccel, Mode: api.ModeShared, Role: "sha256"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leases := []api.Lease{block, ded, shared}
+	want := bytes.Repeat([]byte{0x5a}, 8192)
+	writeBlock(ctx, t, block.URI, want, 0)
+
+	lender := c.Nodes[0]
+	lender.Kill()
+	// Another process takes the three addresses while the agent is down.
+	var squatters []net.Listener
+	for _, l := range leases {
+		ln, err := net.Listen("tcp", mustURL(t, l.URI).Host)
+		if err != nil {
+			t.Fatalf("taking %s: %v", mustURL(t, l.URI).Host, err)
+		}
+		defer ln.Close()
+		squatters = append(squatters, ln)
+	}
+	lender.Restart()
+	if n := restartCounter(lender, "new_address"); n != 3 {
+		t.Errorf("%v exports restored at a new address, want 3", n)
+	}
+	warned := rec.movedWarnings()
+	moved := map[string]string{} // lease -> URI it is served at now
+	for _, l := range leases {
+		if !lender.Serves(l.ID) {
+			t.Fatalf("%s lease not restored", l.Kind)
+		}
+		// The control plane still names the old address: it has no way to
+		// learn the new one.
+		if got := c.Lease(l.ID).URI; got != l.URI {
+			t.Fatalf("%s URI changed in the control plane: %s", l.Kind, redact(got))
+		}
+		w := warned[l.ID]
+		if w == nil || w["old"] != redact(l.URI) || w["new"] == "" || w["new"] == w["old"] {
+			t.Fatalf("%s lease: warning %v, want old %s and a new address", l.Kind, w, redact(l.URI))
+		}
+		secret := strings.TrimPrefix(mustURL(t, l.URI).Path, "/")
+		for k, v := range w {
+			if strings.Contains(v, secret) {
+				t.Errorf("warning attribute %s holds the export name", k)
+			}
+		}
+		u := mustURL(t, w["new"])
+		u.Path = mustURL(t, l.URI).Path
+		moved[l.ID] = u.String()
+	}
+	if got, want := savedURIs(t, lender), (map[string]string{block.ID: block.URI, ded.ID: ded.URI, shared.ID: shared.URI}); !maps.Equal(got, want) {
+		t.Errorf("state file URIs changed: %d of %d kept", countEqual(got, want), len(want))
+	}
+	// The exports answer at their new addresses.
+	got, err := readBlock(ctx, moved[block.ID], len(want), 0)
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("block lease at its new address: %v", err)
+	}
+	for _, l := range []api.Lease{ded, shared} {
+		if err := callAccel(ctx, moved[l.ID]); err != nil {
+			t.Fatalf("%s accel lease at its new address: %v", l.Mode, err)
+		}
+	}
+
+	// The addresses are free again: the accel leases come back to theirs.
+	for _, ln := range squatters {
+		ln.Close()
+	}
+	lender.Restart()
+	if n := restartCounter(lender, "same_address"); n != 2 {
+		t.Errorf("%v exports back at their address, want 2 (the accel leases)", n)
+	}
+	if n := restartCounter(lender, "new_address"); n != 1 {
+		t.Errorf("%v exports still at a new address, want 1 (the block lease)", n)
+	}
+	for _, l := range []api.Lease{ded, shared} {
+		if err := callAccel(ctx, l.URI); err != nil {
+			t.Fatalf("%s accel lease back at its URI: %v", l.Mode, err)
+		}
+	}
+	if got, err := readBlock(ctx, moved[block.ID], len(want), 0); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("block lease at the data plane's remembered port: %v", err)
+	}
+}
+
+// savedURIs reads the URIs in a node's exports file, by lease.
+func savedURIs(t *testing.T, n *Node) map[string]string {
+	t.Helper()
+	var saved []struct {
+		LeaseID string `json:"lease_id"`
+		URI     string `json:"uri"`
+	}
+	b, err := os.ReadFile(filepath.Join(n.StateDir, "exports.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &saved); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, s := range saved {
+		out[s.LeaseID] = s.URI
+	}
+	return out
+}
+
+func countEqual(a, b map[string]string) int {
+	n := 0
+	for k, v := range b {
+		if a[k] == v {
+			n++
+		}
+	}
+	return n
+}
+
+func mustURL(t *testing.T, s string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
