@@ -5,6 +5,7 @@
 # interleaved in the same run (medians of REPS runs). Writes docs/bench/block.md.
 #
 #   bench/block/run.sh            # REPS=5 FIO_RUNTIME=4 SIZE_MIB=1024 by default
+#   ONLY="4K randread IOPS QD32" OUT=/tmp/qd32.md bench/block/run.sh   # one metric
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -122,6 +123,9 @@ fio_randread() { # IOPS
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 SERVERS=(nbdkit qemu-nbd nbd-server rialto)
 METRICS=("nbdcopy read MiB/s" "nbdcopy read --no-extents MiB/s" "nbdcopy write MiB/s" "4K randread IOPS QD1" "4K randread IOPS QD32")
+if [ -n "${ONLY:-}" ]; then # e.g. ONLY="4K randread IOPS QD32" (experiments; OUT elsewhere)
+  METRICS=("$ONLY")
+fi
 run_metric() {
   case $1 in
     "nbdcopy read MiB/s") nbdcopy_read ;;

@@ -50,7 +50,7 @@ func serve(args []string) {
 	cred := fs.String("cred", "", "lease credential (or $RIALTO_BENCH_CRED)")
 	spin := fs.Duration("spin", 0, "busy-poll budget of synchronous connections (memory.Donor.Spin)")
 	faultSpin := fs.Duration("fault-spin", 0, "busy-poll budget of fault connections (memory.Donor.FaultSpin; 0 = default)")
-	pair := fs.Bool("pair", false, "also serve a second region from a donor that never spins on fault connections; print both addresses")
+	pair := fs.Bool("pair", false, "also serve a second region from a donor that never spins on fault connections, and the platform-floor probe (floor.go); print the three addresses")
 	_ = fs.Parse(args)
 	if *cred == "" {
 		*cred = os.Getenv("RIALTO_BENCH_CRED")
@@ -80,6 +80,14 @@ func serve(args []string) {
 	addrs := []string{start(*faultSpin)}
 	if *pair {
 		addrs = append(addrs, start(-1))
+		ln, err := net.Listen("tcp", *addr)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		defer ln.Close()
+		go serveFloor(ln)
+		addrs = append(addrs, ln.Addr().String())
 	}
 	fmt.Println(strings.Join(addrs, " "))
 	<-ctx.Done()
@@ -93,6 +101,7 @@ type cfg struct {
 	parts             string
 	spin              time.Duration
 	addrBlock         string        // donor whose fault connections never spin
+	addrFloor         string        // platform-floor probe (floor.go)
 	donorPid          int           // donor process, for its CPU time
 	mapSpin           time.Duration // memory.MapOptions.Spin of the polling mapping
 }
@@ -146,6 +155,7 @@ func run(args []string) {
 	fs.DurationVar(&c.spin, "spin", 0, "client busy-poll budget (memory.Options.Spin)")
 	fs.StringVar(&c.parts, "parts", "", "comma-separated subset of small,bulk,mapping,mixed (default all)")
 	fs.StringVar(&c.addrBlock, "addr-block", "", "donor (same region size) whose fault connections never spin: the mapping is also measured without polling")
+	fs.StringVar(&c.addrFloor, "addr-floor", "", "platform-floor probe of memory-bench serve -pair: loopback round trip with both ends polling")
 	fs.IntVar(&c.donorPid, "donor-pid", 0, "donor process id (CPU time of fault service)")
 	fs.DurationVar(&c.mapSpin, "map-spin", 0, "fault handler busy-poll budget (memory.MapOptions.Spin; 0 = default)")
 	_ = fs.Parse(args)
@@ -244,6 +254,14 @@ func run(args []string) {
 				mapReads(ctx, clBlock, "block", memory.MapOptions{Spin: -1}, c.donorPid, res)
 			}
 			mapping(ctx, cl, memory.MapOptions{Spin: c.mapSpin}, c.donorPid, res)
+			if c.addrFloor != "" {
+				lat, err := floorRTT(c.addrFloor, 20000)
+				if err != nil {
+					fail(err)
+				}
+				res.add("floor p50", pct(lat, 50))
+				res.add("floor p99", pct(lat, 99))
+			}
 			if clBlock != nil && r%2 == 0 {
 				mapReads(ctx, clBlock, "block", memory.MapOptions{Spin: -1}, c.donorPid, res)
 			}
@@ -470,8 +488,8 @@ func mixed(ctx context.Context, cl *memory.Client, res *results) {
 		sizes []int
 	}
 	wls := []wl{
-		{"small random, 1 thread", 1, 3000, []int{64, 4096}},
-		{"small random, 8 threads", 8, 6000, []int{64, 4096}},
+		{"small random, 1 thread", 1, 6000, []int{64, 4096}},
+		{"small random, 8 threads", 8, 24000, []int{64, 4096}},
 		{"4 MiB transfers, 1 thread", 1, 40, []int{4 << 20}},
 		{"mixed 64 B–4 MiB, 8 threads", 8, 4000, []int{64, 64, 64, 512, 4096, 4096, 4096, 65536, 1 << 20}},
 	}
@@ -594,6 +612,12 @@ func report(c cfg, r *results, steal []float64) {
 	p("| write fault (`b[i]++`, read-modify-write of a random page; dirty pages written back on eviction), application-visible | %.1f | %.1f |\n", r.med("fault write p50"), r.med("fault write p99"))
 	p("\nGoal: p50 ≤ 30 µs. Per-run read-fault p50: %s. A fault costs at least one round trip to the\n", r.all("fault read p50 poll"))
 	p("donor: compare with the 4 KiB sync read p50 above (%.1f µs) measured in the same run.\n", r.med("rialto p50 read/4096/c1"))
+	if len(r.v["floor p50"]) > 0 {
+		p("The platform's floor, measured in the same run: a loopback TCP round trip with both ends\n")
+		p("busy-polling with raw system calls (no Rialto code; 16-byte request, 4 KiB reply): p50 %.1f µs,\n", r.med("floor p50"))
+		p("p99 %.1f µs (per run: %s). A fault adds to it the userfaultfd hand-offs: the fault's\n", r.med("floor p99"), r.all("floor p50"))
+		p("delivery to the handler, UFFDIO_COPY and the faulting thread's wake-up.\n")
+	}
 	p("Sequential scan of 256 MiB through the mapping (readahead up to 64 pages): %.0f MiB/s.\n\n", r.med("mapped seq MiB/s"))
 	if len(r.v["fault read p50 block"]) > 0 {
 		p("What polling costs: the same read faults served with polling (defaults) and without (handler\n")

@@ -44,13 +44,13 @@ for _ in $(seq 100); do
   [ -s "$tmp/donor.addr" ] && redis-cli -p "$rport" ping >/dev/null 2>&1 && break
   sleep 0.1
 done
-read -r addr addr2 < "$tmp/donor.addr"
+read -r addr addr2 addr3 < "$tmp/donor.addr"
 [ -n "$addr" ] || { cat "$tmp/donor.log" >&2; exit 1; }
 
 mkdir -p docs/bench
 "$tmp/memory-bench" run -addr "$addr" -redis "127.0.0.1:$rport" -iperf-port "$iport" \
   -runs "$RUNS" -ops "$OPS" -bulk "$BULK" -parts "$PARTS" -spin "${SPIN:-0s}" \
-  -addr-block "$addr2" -donor-pid "$donorpid" -map-spin "${MAP_SPIN:-0s}" >"$tmp/memory.md"
+  -addr-block "$addr2" -addr-floor "$addr3" -donor-pid "$donorpid" -map-spin "${MAP_SPIN:-0s}" >"$tmp/memory.md"
 {
   cat "$tmp/memory.md"
   echo
@@ -58,8 +58,8 @@ mkdir -p docs/bench
   echo '```'
   echo "redis-server --bind 127.0.0.1 --port PORT --save '' --appendonly no"
   echo "iperf3 -s -B 127.0.0.1 -p PORT ; iperf3 -c 127.0.0.1 -p PORT -t 4 -P {1,2} -J"
-  echo "memory-bench serve -addr 127.0.0.1:0 -size $BULK -pair   # donor (and a non-polling twin), own process"
-  echo "memory-bench run -addr DONOR -addr-block DONOR2 -donor-pid PID -redis 127.0.0.1:PORT -iperf-port PORT -runs $RUNS -ops $OPS -bulk $BULK"
+  echo "memory-bench serve -addr 127.0.0.1:0 -size $BULK -pair   # donor, a non-polling twin and the floor probe, own process"
+  echo "memory-bench run -addr DONOR -addr-block DONOR2 -addr-floor FLOOR -donor-pid PID -redis 127.0.0.1:PORT -iperf-port PORT -runs $RUNS -ops $OPS -bulk $BULK"
   echo '```'
   echo "Redis is driven by memory-bench's own RESP client (one TCP_NODELAY connection per"
   echo "client goroutine), so both sides are timed by the same code. $(redis-server --version | cut -d' ' -f1-3), $(iperf3 --version | head -1 | cut -d' ' -f1-2)."

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"runtime"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The platform floor: a TCP round trip on loopback with both ends
+// busy-polling a non-blocking socket with raw system calls (no Rialto code):
+// a 16-byte request naming an offset, a 16-byte header and 4 KiB of memory
+// back. A mapped fault costs at least this plus the userfaultfd hand-offs.
+
+const floorRegion = 64 << 20
+
+// serveFloor answers floor probes on ln until it is closed.
+func serveFloor(ln net.Listener) {
+	mem := make([]byte, floorRegion)
+	for i := range mem {
+		mem[i] = byte(i)
+	}
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			runtime.LockOSThread()
+			defer c.Close()
+			fd, f, err := rawFd(c)
+			if err != nil {
+				return
+			}
+			defer f.Close()
+			var req, hdr [16]byte
+			for {
+				if spinRecv(fd, req[:]) != nil {
+					return
+				}
+				off := binary.BigEndian.Uint64(req[:]) % (floorRegion / 4096) * 4096
+				if sendAll(fd, [][]byte{hdr[:], mem[off : off+4096]}) != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+// floorRTT times n probes against addr and returns their latencies.
+func floorRTT(addr string, n int) ([]time.Duration, error) {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	fd, f, err := rawFd(c)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var req [16]byte
+	rep := make([]byte, 16+4096)
+	rng := rand.New(rand.NewPCG(3, 3))
+	lat := make([]time.Duration, 0, n)
+	for range n {
+		binary.BigEndian.PutUint64(req[:], rng.Uint64())
+		t := time.Now()
+		if err := sendAll(fd, [][]byte{req[:]}); err != nil {
+			return nil, err
+		}
+		if err := spinRecv(fd, rep); err != nil {
+			return nil, err
+		}
+		lat = append(lat, time.Since(t))
+	}
+	return lat, nil
+}
+
+type closer interface{ Close() error }
+
+func rawFd(c net.Conn) (int, closer, error) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return 0, nil, fmt.Errorf("floor: not TCP")
+	}
+	if err := tc.SetNoDelay(true); err != nil {
+		return 0, nil, err
+	}
+	f, err := tc.File()
+	if err != nil {
+		return 0, nil, err
+	}
+	fd := int(f.Fd())
+	if err := unix.SetNonblock(fd, true); err != nil {
+		f.Close()
+		return 0, nil, err
+	}
+	return fd, f, nil
+}
+
+// spinRecv fills b, re-trying (with sched_yield) while nothing has arrived.
+func spinRecv(fd int, b []byte) error {
+	for got := 0; got < len(b); {
+		n, err := unix.Read(fd, b[got:])
+		switch {
+		case err == unix.EAGAIN || err == unix.EINTR:
+			_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+		case err != nil:
+			return err
+		case n == 0:
+			return fmt.Errorf("floor: EOF")
+		default:
+			got += n
+		}
+	}
+	return nil
+}
+
+func sendAll(fd int, bufs [][]byte) error {
+	for len(bufs) > 0 {
+		n, err := unix.Writev(fd, bufs)
+		if err == unix.EAGAIN || err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		for n > 0 {
+			if n >= len(bufs[0]) {
+				n -= len(bufs[0])
+				bufs = bufs[1:]
+			} else {
+				bufs[0] = bufs[0][n:]
+				n = 0
+			}
+		}
+	}
+	return nil
+}
