@@ -92,13 +92,16 @@ measure() { # server metric rep -- command... ; prints value on stdout of the co
   local server=$1 metric=$2 rep=$3; shift 3
   local s0 t0 c0 s1 t1 c1 value
   read -r s0 t0 < <(cpustat); c0=$(proccpu "${PID[$server]}")
+  rm -f "$WORK/client.cpu"
   value=$("$@") || value=nan
+  local ccpu=nan
+  [ -s "$WORK/client.cpu" ] && ccpu=$(cat "$WORK/client.cpu")
   read -r s1 t1 < <(cpustat); c1=$(proccpu "${PID[$server]}")
   local steal
   steal=$(python3 -c "print(f'{100*($s1-$s0)/max(1,$t1-$t0):.1f}')")
   local cpu
   cpu=$(python3 -c "import os; print(f'{($c1-$c0)/os.sysconf(\"SC_CLK_TCK\"):.2f}')")
-  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$server" "$metric" "$rep" "$value" "$steal" "$cpu" >> "$RES"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$server" "$metric" "$rep" "$value" "$steal" "$cpu" "$ccpu" >> "$RES"
   printf '%-10s %-22s rep %s: %s (steal %s%%, server cpu %ss)\n' "$server" "$metric" "$rep" "$value" "$steal" "$cpu" >&2
 }
 
@@ -117,6 +120,8 @@ nbdcopy_write() {
 fio_randread() { # IOPS
   fio --name=randread --ioengine=nbd --uri="$URI_CUR" --rw=randread --bs=4k --iodepth="$1" \
       --runtime="$FIO_RUNTIME" --ramp_time="$FIO_RAMP" --time_based --output-format=json --output="$WORK/fio.json" >/dev/null || return 1
+  # The client's own CPU (fio and libnbd, one thread), for the client-CPU table.
+  python3 -c "import json; j=json.load(open('$WORK/fio.json'))['jobs'][0]; print(f\"{j['usr_cpu']+j['sys_cpu']:.1f}\")" > "$WORK/client.cpu"
   python3 -c "import json; j=json.load(open('$WORK/fio.json')); print(f\"{j['jobs'][0]['read']['iops']:.0f}\")"
 }
 
@@ -155,12 +160,13 @@ mkdir -p "$(dirname "$OUT")"
 python3 - "$RES" "$OUT" <<PY
 import sys, statistics, collections
 res, out = sys.argv[1], sys.argv[2]
-vals = collections.defaultdict(list); steal = collections.defaultdict(list); cpu = collections.defaultdict(list)
+vals = collections.defaultdict(list); steal = collections.defaultdict(list); cpu = collections.defaultdict(list); ccpu = collections.defaultdict(list)
 metrics = []
 for line in open(res):
-    s, m, rep, v, st, c = line.rstrip("\n").split("\t")
+    s, m, rep, v, st, c, cc = line.rstrip("\n").split("\t")
     if m not in metrics: metrics.append(m)
     vals[(s, m)].append(float(v)); steal[(s, m)].append(float(st)); cpu[(s, m)].append(float(c))
+    if cc != "nan": ccpu[(s, m)].append(float(cc))
 servers = ["nbdkit", "qemu-nbd", "nbd-server", "rialto"]
 peers = servers[:3]
 med = lambda xs: statistics.median(xs) if xs else float("nan")
@@ -186,6 +192,16 @@ L.append("|---|" + "---|" * len(servers))
 for m in metrics:
     L.append(f"| {m} | " + " | ".join(f"{med(cpu[(s, m)]):.2f}" for s in servers) + " |")
 L.append("")
+fio_metrics = [m for m in metrics if ccpu[(servers[0], m)]]
+if fio_metrics:
+    L.append("fio client CPU, % of one core (median; usr+sys from fio's JSON), and in brackets the client CPU per I/O.")
+    L.append("fio's nbd engine drives libnbd from one thread: where it is near 100% the client bounds the IOPS, and a")
+    L.append("server can only do better by costing the client less CPU per I/O.\n")
+    L.append("| metric | " + " | ".join(servers) + " |")
+    L.append("|---|" + "---|" * len(servers))
+    for m in fio_metrics:
+        L.append(f"| {m} | " + " | ".join(f"{med(ccpu[(s, m)]):.0f}% ({med(ccpu[(s, m)])*1e4/med(vals[(s, m)]):.1f} µs)" for s in servers) + " |")
+    L.append("")
 L.append("All runs (value; steal % of all CPU time during the run, from /proc/stat):\n")
 L.append("| server | metric | runs | steal % |")
 L.append("|---|---|---|---|")
@@ -193,8 +209,8 @@ for m in metrics:
     for s in servers:
         L.append(f"| {s} | {m} | " + ", ".join(fmt(v) for v in vals[(s, m)]) + " | " + ", ".join(f"{x:.1f}" for x in steal[(s, m)]) + " |")
 L.append("")
-L.append("Load average at start / end: $LOAD_START / $LOAD_END (the machine is shared; other engineers were")
-L.append("compiling and testing during the run, so absolute figures are noisy; ratios come from interleaved runs).")
+L.append("Load average at start / end: $LOAD_START / $LOAD_END (a shared 2-vCPU VM: absolute figures are noisy,")
+L.append("ratios come from interleaved runs).")
 L.append("")
 L.append("Commands (PORT differs per server; IMG and SRC are ${SIZE_MIB} MiB of /dev/urandom on tmpfs):\n")
 L.append("\`\`\`")
