@@ -161,6 +161,14 @@ func placementRequest(inv store.Inventory, req api.LeaseRequest, pins map[string
 	if preq.Mode == string(api.ModeComposed) && count > 1 && req.Kind != api.KindAccel {
 		preq.Width = count
 	}
+	if preq.AllowCompose && req.Kind != api.KindAccel {
+		// A composed volume uses whole stripes only: parts of a multiple of
+		// the stripe unit make it hold the lease's size.
+		preq.StripeUnit = req.StripeUnit
+		if preq.StripeUnit == 0 {
+			preq.StripeUnit = defaultStripeUnit
+		}
+	}
 	return preq
 }
 

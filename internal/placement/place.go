@@ -87,6 +87,9 @@ func (x *Index) validate(r Request) (req, error) {
 	case !r.Whole && r.Size <= 0:
 		return q, fmt.Errorf("%w: size must be positive (or ask for a whole device)", ErrInvalid)
 	}
+	if r.StripeUnit < 0 {
+		return q, fmt.Errorf("%w: stripe unit must not be negative", ErrInvalid)
+	}
 	switch r.Mode {
 	case "", ModeDedicated, ModeShared, ModeComposed:
 	default:
@@ -125,6 +128,15 @@ func (x *Index) validate(r Request) (req, error) {
 
 func roundUp(n, a int64) int64 { return (n + a - 1) / a * a }
 
+// lcm is the least common multiple of two positive numbers.
+func lcm(a, b int64) int64 {
+	x, y := a, b
+	for y != 0 {
+		x, y = y, x%y
+	}
+	return a / x * b
+}
+
 // Place is Place against the index's snapshot (plus leases added since).
 func (x *Index) Place(r Request) (Plan, error) {
 	q, err := x.validate(r)
@@ -159,8 +171,12 @@ func (x *Index) Place(r Request) (Plan, error) {
 	if allowShare {
 		minNeed = shareLen
 	}
+	compAlign := q.align
+	if r.StripeUnit > 0 {
+		compAlign = lcm(q.align, r.StripeUnit)
+	}
 	if allowComp && maxW >= minW {
-		if n := roundUp((r.Size+int64(maxW)-1)/int64(maxW), q.align); n < minNeed {
+		if n := roundUp((r.Size+int64(maxW)-1)/int64(maxW), compAlign); n < minNeed {
 			minNeed = n
 		}
 	}
@@ -234,7 +250,7 @@ func (x *Index) Place(r Request) (Plan, error) {
 	}
 	if allowComp {
 		for w := minW; w <= maxW; w++ {
-			pl := roundUp((r.Size+int64(w)-1)/int64(w), q.align)
+			pl := roundUp((r.Size+int64(w)-1)/int64(w), compAlign)
 			fits := func(c *cand) bool { ds := &x.devs[c.dev]; return ds.free >= pl && !ds.exclusive }
 			sel = x.firstK(sel, prefix, cands, w, fits)
 			if len(sel) == w {

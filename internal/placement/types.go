@@ -167,6 +167,10 @@ type Request struct {
 	Width        int
 	AllowShare   bool
 	AllowCompose bool
+	// StripeUnit is the stripe unit a composed lease's volume will use (0:
+	// none): each part's length is a multiple of it, so that the striped
+	// volume, which uses whole stripes only, still holds Size bytes.
+	StripeUnit int64
 
 	// Affinity: when non-empty, donors must match at least one term;
 	// AntiAffinity: donors must match none. A term is a node ID or
