@@ -249,9 +249,31 @@ func (x *Index) Place(r Request) (Plan, error) {
 		}
 	}
 	if allowComp {
+		// A block volume's parts go to w different lenders whenever w
+		// lenders have room, so that their traffic shares no lender's link
+		// or disks; only with fewer lenders may one hold several parts.
+		// The lenders are picked from the best few candidates that could
+		// hold the smallest part. (Accelerators keep to candidate order,
+		// which favours slots close together.)
+		var poolBuf [4 * MaxWidth]int32
+		var pool []int32
+		if r.Kind == KindBlock {
+			least := roundUp((r.Size+int64(maxW)-1)/int64(maxW), compAlign)
+			pool = x.topK(poolBuf[:0], cands, len(poolBuf), func(c *cand) bool {
+				ds := &x.devs[c.dev]
+				return ds.free >= least && !ds.exclusive
+			}, false)
+		}
 		for w := minW; w <= maxW; w++ {
 			pl := roundUp((r.Size+int64(w)-1)/int64(w), compAlign)
 			fits := func(c *cand) bool { ds := &x.devs[c.dev]; return ds.free >= pl && !ds.exclusive }
+			if devs := x.distinctLenders(len(pool), func(k int) *cand { return &cands[pool[k]] }, w, fits); devs != nil {
+				addOpt(option{mode: ModeComposed, devs: devs, partLen: pl})
+				if devs := x.distinctLenders(len(byLoad), func(k int) *cand { return &byLoad[k] }, w, fits); devs != nil {
+					addOpt(option{mode: ModeComposed, devs: devs, partLen: pl})
+				}
+				continue
+			}
 			sel = x.firstK(sel, prefix, cands, w, fits)
 			if len(sel) == w {
 				devs := make([]int32, w)
@@ -744,6 +766,31 @@ func (x *Index) firstK(dst, prefix []int32, cands []cand, k int, keep func(c *ca
 		return dst
 	}
 	return x.topK(dst, cands, k, keep, false)
+}
+
+// distinctLenders returns w devices on w different nodes: of the n
+// candidates at(0), at(1), ... (best first), the first that keep holds for
+// on each node; nil when fewer than w nodes have one.
+func (x *Index) distinctLenders(n int, at func(k int) *cand, w int, keep func(c *cand) bool) []int32 {
+	var devs []int32
+next:
+	for k := range n {
+		c := at(k)
+		if !keep(c) {
+			continue
+		}
+		node := x.devs[c.dev].dev.Node
+		for _, d := range devs {
+			if x.devs[d].dev.Node == node {
+				continue next
+			}
+		}
+		devs = append(devs, c.dev)
+		if len(devs) == w {
+			return devs
+		}
+	}
+	return nil
 }
 
 // candKey packs a candidate's ordering: fewest hops, lowest latency, link
