@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"os"
 	"runtime"
 	"time"
 
@@ -83,9 +84,8 @@ func floorRTT(addr string, n int) ([]time.Duration, error) {
 	return lat, nil
 }
 
-type closer interface{ Close() error }
-
-func rawFd(c net.Conn) (int, closer, error) {
+// rawFd returns c's descriptor, non-blocking, and the file that owns it.
+func rawFd(c net.Conn) (int, *os.File, error) {
 	tc, ok := c.(*net.TCPConn)
 	if !ok {
 		return 0, nil, fmt.Errorf("floor: not TCP")
