@@ -301,6 +301,20 @@ type Heartbeat struct {
 	Health string       `json:"health"` // "ok" or a description of trouble
 	Links  []LinkReport `json:"links,omitempty"`
 	Leases []string     `json:"leases"` // lease IDs whose exports the agent serves
+	// Moved lists exports the agent serves at another address than the
+	// URI the control plane was given (an export restored after a restart
+	// whose port was taken). The control plane records the new URIs of
+	// its active leases and acknowledges them in HeartbeatResponse.Moved.
+	Moved []MovedExport `json:"moved,omitempty"`
+}
+
+// MovedExport is a lease part served at a new URI. The URI embeds the
+// part's export name, so it is a secret like the lease's own.
+type MovedExport struct {
+	LeaseID  string `json:"lease_id"`
+	DeviceID string `json:"device_id"`
+	Offset   int64  `json:"offset"`
+	URI      string `json:"uri"`
 }
 
 // LinkReport is a round-trip measurement made by an agent.
@@ -313,7 +327,10 @@ type LinkReport struct {
 // HeartbeatResponse tells the agent what to reconcile.
 type HeartbeatResponse struct {
 	Teardown []string `json:"teardown,omitempty"` // lease IDs the agent must stop serving
-	Peers    []Node   `json:"peers,omitempty"`
+	// Moved lists the lease IDs of the heartbeat's Moved entries whose
+	// lease now carries the reported URI.
+	Moved []string `json:"moved,omitempty"`
+	Peers []Node   `json:"peers,omitempty"`
 }
 
 // PrepareRequest is sent by the control plane to a lender agent during the

@@ -160,6 +160,55 @@ func (a *Agent) leasesLocked() []string {
 	return out
 }
 
+// movedLocked lists the exports served at another address than their
+// lease's URI; a.mu is held.
+func (a *Agent) movedLocked() []api.MovedExport {
+	var out []api.MovedExport
+	for _, e := range a.exports {
+		if e.Moved != "" {
+			out = append(out, api.MovedExport{LeaseID: e.Request.LeaseID, DeviceID: e.Request.DeviceID,
+				Offset: e.Request.Offset, URI: e.Moved})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].URI < out[j].URI })
+	return out
+}
+
+// recordMoved makes the moved URIs the control plane acknowledged (by
+// lease) the exports' URIs, and persists them: a later restart binds those
+// addresses again.
+func (a *Agent) recordMoved(leases []string, sent []api.MovedExport) {
+	acked := map[string]bool{}
+	for _, id := range leases {
+		acked[id] = true
+	}
+	a.opMu.Lock()
+	defer a.opMu.Unlock()
+	changed := 0
+	a.mu.Lock()
+	for name, e := range a.exports {
+		if e.Moved == "" || !acked[e.Request.LeaseID] {
+			continue
+		}
+		for _, m := range sent {
+			if m.LeaseID == e.Request.LeaseID && m.URI == e.Moved {
+				e.URI, e.Moved = e.Moved, ""
+				a.exports[name] = e
+				changed++
+				break
+			}
+		}
+	}
+	a.mu.Unlock()
+	if changed == 0 {
+		return
+	}
+	a.log.Info("the control plane recorded the new addresses of restored exports", "exports", changed)
+	if err := a.saveExportsLocked(); err != nil {
+		a.log.Warn("persisting exports", "err", err)
+	}
+}
+
 // Devices lists the devices the agent lends, after setup.
 func (a *Agent) Devices() []DeviceConfig {
 	a.mu.Lock()
@@ -497,11 +546,12 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	cpRTT, cpUp := a.cpRTT, a.cpUp
 	measured := !a.lastBeatAt.IsZero()
 	leases := a.leasesLocked()
+	moved := a.movedLocked()
 	a.mu.Unlock()
 	if nodeID == "" {
 		return ErrNotJoined
 	}
-	hb := api.Heartbeat{Health: a.health(), Leases: leases, Links: a.probePeers(ctx, a.probeRound(peers))}
+	hb := api.Heartbeat{Health: a.health(), Leases: leases, Moved: moved, Links: a.probePeers(ctx, a.probeRound(peers))}
 	if measured {
 		hb.Links = append(hb.Links, api.LinkReport{To: "controlplane", RTTMicros: cpRTT, Up: cpUp})
 	}
@@ -528,6 +578,9 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 		a.peers = a.otherPeers(resp.Peers, nodeID)
 	}
 	a.mu.Unlock()
+	if len(resp.Moved) > 0 {
+		a.recordMoved(resp.Moved, moved)
+	}
 	for _, id := range resp.Teardown {
 		if err := a.teardownLease(ctx, id); err != nil {
 			a.log.Warn("teardown requested by the control plane failed", "lease", id, "err", err)

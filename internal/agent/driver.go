@@ -25,6 +25,11 @@ type Export struct {
 	// kind's endpoint ignore it: the agent binds that endpoint's port again
 	// itself.
 	URI string
+	// Moved is where a restored export is served when that is not URI (its
+	// address was taken); heartbeats report it until the control plane
+	// records it as the lease's URI, which then becomes URI. Drivers ignore
+	// it.
+	Moved string
 }
 
 // Driver prepares and tears down exports of one resource kind. Prepare must

@@ -103,11 +103,15 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, prevURI str
 		a.mPrepares.With("error").Inc()
 		return api.PrepareResponse{}, fmt.Errorf("agent: prepare %s on %s: %w", req.LeaseID, dev.Name, err)
 	}
-	if prevURI == "" {
-		// The control plane keeps this answer as the lease's URI. A
-		// restored export keeps the URI the control plane has even when it
-		// is served elsewhere now, so that the next restart tries it again.
+	switch {
+	case prevURI == "":
+		// The control plane keeps this answer as the lease's URI.
 		e.URI = resp.URI
+	case resp.URI != prevURI:
+		// A restored export served elsewhere keeps the URI the control
+		// plane has until heartbeats have told it the new one (see
+		// Heartbeat), so that a restart before then tries it again.
+		e.Moved = resp.URI
 	}
 	a.mu.Lock()
 	a.exports[req.Export] = e
@@ -176,15 +180,14 @@ func (a *Agent) saveExportsLocked() error {
 // longer wants.
 //
 // An export that comes back at another address (its port taken by another
-// process, a changed data port or advertised host) is served there, but
-// the control plane keeps handing out the URI it was given at prepare
-// time: nothing in the protocol updates a lease's URI. The agent warns,
-// naming the lease and both addresses, and counts it in
-// rialto_agent_restored_exports_total{result="new_address"}; borrowers of
-// that lease need a new lease. The state file keeps the control plane's
-// URI, so a later restart tries that address again. Entries persisted
-// without a URI (state files of agents that did not keep them) are
-// restored wherever the data planes are now.
+// process, a changed data port or advertised host) is served there; the
+// agent warns, naming the lease and both addresses, counts it in
+// rialto_agent_restored_exports_total{result="new_address"}, and reports
+// the new URI in its heartbeats until the control plane has recorded it as
+// the lease's (borrowers then get it from the lease). Until then the state
+// file keeps the old URI, so a restart tries that address again. Entries
+// persisted without a URI (state files of agents that did not keep them)
+// are restored wherever the data planes are now.
 func (a *Agent) restoreExports(ctx context.Context) {
 	var saved []persistedExport
 	if err := readJSON(filepath.Join(a.cfg.StateDir, exportsFile), &saved); err != nil {
@@ -203,7 +206,7 @@ func (a *Agent) restoreExports(ctx context.Context) {
 			a.mRestored.With("same_address").Inc()
 		default:
 			a.mRestored.With("new_address").Inc()
-			a.log.Warn("restored export is served at a new address; the control plane still hands out the old one, so the lease's borrowers cannot reach it and need a new lease",
+			a.log.Warn("restored export is served at a new address; the next heartbeat reports it to the control plane, and borrowers must fetch the lease again to reach it",
 				"lease", p.LeaseID, "kind", p.Kind, "old", uriAddress(p.URI), "new", uriAddress(resp.URI))
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"slices"
 	"sort"
 	"sync"
 
@@ -178,7 +179,7 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 
 // heartbeat records an agent's report and answers what to tear down.
 func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) (api.HeartbeatResponse, error) {
-	if len(h.Links) > 4096 || len(h.Leases) > 65536 || len(h.Health) > 1024 {
+	if len(h.Links) > 4096 || len(h.Leases) > 65536 || len(h.Moved) > 65536 || len(h.Health) > 1024 {
 		return api.HeartbeatResponse{}, fmt.Errorf("%w: heartbeat too large", ErrInvalid)
 	}
 	now := s.now()
@@ -234,9 +235,80 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 				resp.Teardown = append(resp.Teardown, id)
 			}
 		}
+		if len(h.Moved) > 0 {
+			resp.Moved = s.recordMoved(ctx, nodeID, ls, h.Moved)
+		}
 	}
 	// Peers only when they changed since this node last heard them (an
 	// agent keeps its list when the field is absent).
 	resp.Peers = s.peers.changedFor(nodeID)
 	return resp, nil
+}
+
+// recordMoved makes the URIs a lender reports for restored exports (see
+// api.Heartbeat.Moved) those of its parts of the active leases in ls, and
+// returns the IDs of the leases whose every reported part now carries the
+// reported URI. A report may only move a part of this node to another
+// address of the same export: same scheme, same export name (the URI's
+// path, the lease's secret).
+func (s *Server) recordMoved(ctx context.Context, nodeID string, ls []api.Lease, moved []api.MovedExport) []string {
+	byLease := map[string][]api.MovedExport{}
+	for _, m := range moved {
+		byLease[m.LeaseID] = append(byLease[m.LeaseID], m)
+	}
+	var acked []string
+	for _, l := range ls {
+		ms := byLease[l.ID]
+		if len(ms) == 0 || l.State != api.LeaseActive {
+			continue
+		}
+		uris := make([]string, len(l.Parts))
+		for i, p := range l.Parts {
+			uris[i] = p.URI
+		}
+		ok, changed := true, false
+		for _, m := range ms {
+			i := slices.IndexFunc(l.Parts, func(p api.Part) bool {
+				return p.NodeID == nodeID && p.DeviceID == m.DeviceID && p.Offset == m.Offset
+			})
+			if i < 0 || !sameExport(uris[i], m.URI) {
+				s.log.Warn("lender reported a moved export that does not match its lease part; ignored", "node", nodeID, "lease", l.ID)
+				ok = false
+				break
+			}
+			if uris[i] != m.URI {
+				uris[i], changed = m.URI, true
+			}
+		}
+		if !ok {
+			continue
+		}
+		if changed {
+			ch := store.LeaseChange{URIs: uris}
+			if len(uris) == 1 {
+				ch.URI = uris[0]
+			}
+			if _, err := s.transition(ctx, l.ID, api.LeaseActive, ch, "lender "+nodeID+" serves the lease at a new address after a restart", api.LeaseActive); err != nil {
+				s.log.Warn("recording a moved export", "node", nodeID, "lease", l.ID, "err", err)
+				continue
+			}
+			s.log.Info("lease URI moved", "lease", l.ID, "node", nodeID)
+		}
+		acked = append(acked, l.ID)
+	}
+	return acked
+}
+
+// maxURI bounds a reported URI.
+const maxURI = 4096
+
+// sameExport reports whether next names the same export as prev (same
+// scheme and path) at some address.
+func sameExport(prev, next string) bool {
+	if len(next) > maxURI || prev == "" {
+		return false
+	}
+	p, err1 := url.Parse(prev)
+	n, err2 := url.Parse(next)
+	return err1 == nil && err2 == nil && n.Host != "" && n.Scheme == p.Scheme && n.Path == p.Path && n.User == nil
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -379,5 +380,63 @@ func TestRestartGrace(t *testing.T) {
 	got, _ = e.srv.st.Lease(e.ctx, l.ID)
 	if n.State != api.NodeDown || got.State != api.LeaseLost {
 		t.Fatalf("silent after restart: node %s, lease %s", n.State, got.State)
+	}
+}
+
+// TestHeartbeatMovedExports: a lender's report of a restored export served
+// at a new address updates its part of an active lease (and the lease's
+// URI), and is acknowledged; reports that would change the export name or
+// the scheme, or that name a part the node does not lend, change nothing.
+func TestHeartbeatMovedExports(t *testing.T) {
+	e := newEnv(t)
+	j1, n1 := e.join("n1", 1<<30)
+	j2, n2 := e.join("n2", 1<<30)
+	l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner, ownerID, other, otherID := n1, j1.NodeID, n2, j2.NodeID
+	if l.Parts[0].NodeID != j1.NodeID {
+		owner, ownerID, other, otherID = n2, j2.NodeID, n1, j1.NodeID
+	}
+	u, err := url.Parse(l.URI)
+	if err != nil || u.Host == "127.0.0.1:7001" {
+		t.Fatalf("lease URI %v", err)
+	}
+	moveTo := func(host string) string { v := *u; v.Host = host; return v.String() }
+	part := api.MovedExport{LeaseID: l.ID, DeviceID: l.Parts[0].DeviceID, Offset: l.Parts[0].Offset}
+	with := func(mod func(*api.MovedExport)) api.MovedExport { m := part; mod(&m); return m }
+	for _, tc := range []struct {
+		name   string
+		cl     *api.Client
+		node   string
+		m      api.MovedExport
+		wantOK bool
+	}{
+		{"other export name", owner, ownerID, with(func(m *api.MovedExport) { m.URI = "nbd://127.0.0.1:7000/guessed" }), false},
+		{"other scheme", owner, ownerID, with(func(m *api.MovedExport) { v := *u; v.Scheme = "rialto-mem"; m.URI = v.String() }), false},
+		{"no host", owner, ownerID, with(func(m *api.MovedExport) { m.URI = moveTo("") }), false},
+		{"other device", owner, ownerID, with(func(m *api.MovedExport) { m.URI, m.DeviceID = moveTo("127.0.0.1:7000"), "nope" }), false},
+		{"not this node's part", other, otherID, with(func(m *api.MovedExport) { m.URI = moveTo("127.0.0.1:7000") }), false},
+		{"new address", owner, ownerID, with(func(m *api.MovedExport) { m.URI = moveTo("127.0.0.1:7001") }), true},
+		{"same again", owner, ownerID, with(func(m *api.MovedExport) { m.URI = moveTo("127.0.0.1:7001") }), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before, _ := e.alice.Lease(e.ctx, l.ID)
+			resp, err := tc.cl.Heartbeat(e.ctx, tc.node, api.Heartbeat{Health: "ok", Leases: []string{l.ID}, Moved: []api.MovedExport{tc.m}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, _ := e.alice.Lease(e.ctx, l.ID)
+			if !tc.wantOK {
+				if len(resp.Moved) != 0 || got.URI != before.URI || got.Parts[0].URI != before.Parts[0].URI {
+					t.Fatalf("refused report acknowledged %v or applied (URI changed: %v)", resp.Moved, got.URI != before.URI)
+				}
+				return
+			}
+			if !slices.Equal(resp.Moved, []string{l.ID}) || got.URI != tc.m.URI || got.Parts[0].URI != tc.m.URI || got.State != api.LeaseActive {
+				t.Fatalf("ack %v, lease %s URI updated: %v, part: %v", resp.Moved, got.State, got.URI == tc.m.URI, got.Parts[0].URI == tc.m.URI)
+			}
+		})
 	}
 }

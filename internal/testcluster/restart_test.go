@@ -217,11 +217,10 @@ func (r *recorder) movedWarnings() map[string]map[string]string {
 // TestRestartedLenderAddressTaken: when the addresses of restored exports
 // are taken by another process, the agent serves them at new ones and
 // warns, naming each lease with its old and new address (never the export
-// name); the control plane keeps the old URIs (the documented limitation)
-// and so does the state file, so that once the addresses are free again
-// the next restart brings the accel leases back to them. The block
-// lease's data plane stays on the port the agent bound instead, which its
-// identity remembers.
+// name); its next heartbeat gives the control plane the new URIs, which
+// the leases then carry, and the state file records them, so that the
+// next restart binds them again. A report that would change a part's
+// export name is refused.
 func TestRestartedLenderAddressTaken(t *testing.T) {
 	t.Parallel()
 	rec := &recorder{}
@@ -258,15 +257,11 @@ func TestRestartedLenderAddressTaken(t *testing.T) {
 		t.Errorf("%v exports restored at a new address, want 3", n)
 	}
 	warned := rec.movedWarnings()
+	c.Heartbeat()
 	moved := map[string]string{} // lease -> URI it is served at now
 	for _, l := range leases {
 		if !lender.Serves(l.ID) {
 			t.Fatalf("%s lease not restored", l.Kind)
-		}
-		// The control plane still names the old address: it has no way to
-		// learn the new one.
-		if got := c.Lease(l.ID).URI; got != l.URI {
-			t.Fatalf("%s URI changed in the control plane: %s", l.Kind, redact(got))
 		}
 		w := warned[l.ID]
 		if w == nil || w["old"] != redact(l.URI) || w["new"] == "" || w["new"] == w["old"] {
@@ -278,14 +273,21 @@ func TestRestartedLenderAddressTaken(t *testing.T) {
 				t.Errorf("warning attribute %s holds the export name", k)
 			}
 		}
-		u := mustURL(t, w["new"])
-		u.Path = mustURL(t, l.URI).Path
-		moved[l.ID] = u.String()
+		// The heartbeat told the control plane: the lease (and its part)
+		// carries the new address of the same export.
+		got := c.Lease(l.ID)
+		if redact(got.URI) != w["new"] || mustURL(t, got.URI).Path != mustURL(t, l.URI).Path {
+			t.Fatalf("%s lease URI after the heartbeat: %s, want %s", l.Kind, redact(got.URI), w["new"])
+		}
+		if len(got.Parts) != 1 || got.Parts[0].URI != got.URI {
+			t.Fatalf("%s lease part URI not updated", l.Kind)
+		}
+		moved[l.ID] = got.URI
 	}
-	if got, want := savedURIs(t, lender), (map[string]string{block.ID: block.URI, ded.ID: ded.URI, shared.ID: shared.URI}); !maps.Equal(got, want) {
-		t.Errorf("state file URIs changed: %d of %d kept", countEqual(got, want), len(want))
+	if got := savedURIs(t, lender); !maps.Equal(got, moved) {
+		t.Errorf("state file URIs: %d of %d are the new ones", countEqual(got, moved), len(moved))
 	}
-	// The exports answer at their new addresses.
+	// The exports answer at the URIs the control plane now hands out.
 	got, err := readBlock(ctx, moved[block.ID], len(want), 0)
 	if err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("block lease at its new address: %v", err)
@@ -296,24 +298,25 @@ func TestRestartedLenderAddressTaken(t *testing.T) {
 		}
 	}
 
-	// The addresses are free again: the accel leases come back to theirs.
+	// The old addresses are free again, and nothing is taken: the next
+	// restart serves every lease at the URI the control plane has now.
 	for _, ln := range squatters {
 		ln.Close()
 	}
 	lender.Restart()
-	if n := restartCounter(lender, "same_address"); n != 2 {
-		t.Errorf("%v exports back at their address, want 2 (the accel leases)", n)
+	if n := restartCounter(lender, "same_address"); n != 3 {
+		t.Errorf("%v exports back at their address, want 3", n)
 	}
-	if n := restartCounter(lender, "new_address"); n != 1 {
-		t.Errorf("%v exports still at a new address, want 1 (the block lease)", n)
+	if n := restartCounter(lender, "new_address"); n != 0 {
+		t.Errorf("%v exports at a new address, want 0", n)
 	}
 	for _, l := range []api.Lease{ded, shared} {
-		if err := callAccel(ctx, l.URI); err != nil {
-			t.Fatalf("%s accel lease back at its URI: %v", l.Mode, err)
+		if err := callAccel(ctx, c.Lease(l.ID).URI); err != nil {
+			t.Fatalf("%s accel lease at its recorded URI: %v", l.Mode, err)
 		}
 	}
-	if got, err := readBlock(ctx, moved[block.ID], len(want), 0); err != nil || !bytes.Equal(got, want) {
-		t.Fatalf("block lease at the data plane's remembered port: %v", err)
+	if got, err := readBlock(ctx, c.Lease(block.ID).URI, len(want), 0); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("block lease at its recorded URI: %v", err)
 	}
 }
 
