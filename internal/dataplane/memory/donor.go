@@ -607,22 +607,60 @@ func kill(c net.Conn) {
 	_ = c.Close()
 }
 
+// detachedConn stands for a connection served on a detached descriptor
+// (serveSync) in the donor's connection sets: Close shuts the socket down,
+// which ends the thread serving it.
+type detachedConn struct {
+	net.Conn // the original, closed: for its addresses
+	p        *pager
+}
+
+func (c detachedConn) Close() error {
+	c.p.shutdown()
+	return nil
+}
+
+// swapConn replaces old by nu in the donor's and s's connection sets; false
+// (and nothing replaced) if s has ended, unless back (putting the original
+// back for handle's cleanup).
+func (d *Donor) swapConn(s *session, old, nu net.Conn, back bool) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if s.closed && !back {
+		return false
+	}
+	if _, ok := d.conns[old]; ok {
+		delete(d.conns, old)
+		d.conns[nu] = struct{}{}
+	}
+	if _, ok := s.conns[old]; ok {
+		delete(s.conns, old)
+		s.conns[nu] = struct{}{}
+	}
+	return true
+}
+
 // serveSync serves a bulk (or synchronous) connection with raw syscalls on
 // a duplicate descriptor, one request after another: pipelined requests are
 // answered in order, data going straight between the region and the socket.
 // Non-TCP connections use serveData.
 func (d *Donor) serveSync(s *session, c net.Conn, kind uint8, spin time.Duration) {
-	tc, ok := c.(*net.TCPConn)
-	if !ok {
-		d.serveData(s, c, kind, 0)
-		return
-	}
-	p, err := newPagerTCP(tc, spin, 0)
+	fd, err := detachFd(c)
 	if err != nil {
 		d.serveData(s, c, kind, 0)
 		return
 	}
+	p := &pager{fd: fd, spin: spin}
 	defer p.close()
+	// The connection sets name the connection by a stand-in whose Close
+	// shuts the socket down; c itself is closed, taking it off the
+	// netpoller (see pager).
+	dc := detachedConn{Conn: c, p: p}
+	if !d.swapConn(s, c, dc, false) {
+		return // the session ended meanwhile
+	}
+	defer d.swapConn(s, dc, c, true) // handle's cleanup names c
+	_ = c.Close()
 	mem := s.reg.mem
 	size := uint64(len(mem))
 	var in, out [HeaderSize]byte

@@ -149,7 +149,9 @@ func runFaultHandler(cfgText string) error {
 		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE); err != nil {
 		return fmt.Errorf("map staging buffer: %w", err)
 	}
-	h.pg = &pager{f: os.NewFile(handlerFdDonor, "donor"), fd: handlerFdDonor, spin: max(cfg.Spin, 0), timeout: cfg.Timeout}
+	// The donor connection stays a bare descriptor: an os.File of a
+	// non-blocking socket would register it with the netpoller (see pager).
+	h.pg = &pager{fd: handlerFdDonor, spin: max(cfg.Spin, 0), timeout: cfg.Timeout}
 	h.reply(ctlReady, nil)
 	return h.loop()
 }
