@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -411,5 +412,56 @@ func TestSyncNoAllocs(t *testing.T) {
 		if r != 0 || w != 0 {
 			t.Errorf("%v: %.1f allocations per read, %.1f per write", ch, r, w)
 		}
+	}
+}
+
+// TestRawDescriptorsOffNetpoller: the descriptors the client's sync and bulk
+// connections and the donor's bulk connections are driven on with raw
+// syscalls are registered with no epoll instance of the process (the Go
+// netpoller's among them), whose idle thread every arriving segment would
+// otherwise wake (docs/memory-protocol.md).
+func TestRawDescriptorsOffNetpoller(t *testing.T) {
+	td := startDonor(t, 1<<20, 0)
+	c := dial(t, td.addr, Options{})
+	if err := c.Read(context.Background(), ChannelBulk, make([]byte, 1<<20), 0); err != nil {
+		t.Fatal(err)
+	}
+	fds := map[int]string{c.sync.pg.fd: "client sync"}
+	for i, s := range c.streams {
+		fds[s.pg.fd] = fmt.Sprintf("client bulk stream %d", i)
+	}
+	td.d.mu.Lock()
+	for conn := range td.d.conns {
+		if dc, ok := conn.(detachedConn); ok {
+			fds[dc.p.fd] = "donor bulk stream"
+		}
+	}
+	td.d.mu.Unlock()
+	if len(fds) != 1+2*len(c.streams) {
+		t.Fatalf("%d raw descriptors, want %d (sync, and each bulk stream at both ends)", len(fds), 1+2*len(c.streams))
+	}
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	polls := 0
+	for _, e := range ents {
+		if target, _ := os.Readlink("/proc/self/fd/" + e.Name()); target != "anon_inode:[eventpoll]" {
+			continue
+		}
+		polls++
+		info, err := os.ReadFile("/proc/self/fdinfo/" + e.Name())
+		if err != nil {
+			continue // closed meanwhile
+		}
+		for _, line := range strings.Split(string(info), "\n") {
+			var tfd int
+			if _, err := fmt.Sscanf(line, "tfd: %d", &tfd); err == nil && fds[tfd] != "" {
+				t.Errorf("%s (descriptor %d) is registered with epoll instance %s", fds[tfd], tfd, e.Name())
+			}
+		}
+	}
+	if polls == 0 {
+		t.Fatal("no epoll instance found: the Go netpoller should have one")
 	}
 }
