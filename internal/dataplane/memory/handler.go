@@ -402,7 +402,17 @@ func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
 		n++
 	}
 	t1 := time.Now()
-	if err := h.pg.read(h.stage[:n*h.ps], int64(i*h.ps)); err != nil {
+	buf := h.stage[:n*h.ps]
+	err := h.pg.send(OpRead, buf, int64(i*h.ps))
+	if err == nil {
+		// While the page travels, make room for it: the faulting thread
+		// is blocked, so no CPU runs the program's page tables and
+		// dropping a page needs no TLB shootdown (evicting while the
+		// program runs interrupts it for one).
+		h.evictClean(h.nres + n - h.cfg.CapPages)
+		err = h.pg.reply(h.pg.hdr[:], h.pg.seq, OpRead, buf)
+	}
+	if err != nil {
 		_ = h.fail(err)
 		h.refuse(i)
 		return
@@ -459,6 +469,36 @@ func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
 	if h.nres > h.cfg.CapPages+h.cfg.Batch {
 		h.evictNow(max(h.nres-h.cfg.CapPages, h.cfg.Batch))
 	}
+}
+
+// evictClean evicts up to want least recently used pages while they are
+// clean (a dirty one needs a write-back, which waits for evict); pages are
+// dropped one punch each, as the LRU order gives them.
+func (h *faultHandler) evictClean(want int) {
+	if want <= 0 || h.err != nil {
+		return
+	}
+	t0 := time.Now()
+	s := int32(h.pages)
+	for ; want > 0 && h.prev[s] != s; want-- {
+		v := int(h.prev[s])
+		if h.dirty[v] {
+			break
+		}
+		if err := h.punch(v, v+1); err != nil {
+			_ = h.fail(err)
+			return
+		}
+		h.lruRemove(v)
+		if h.probed[v] { // faulted by a read and never written
+			h.probed[v] = false
+			h.writeRate *= 0.9
+		}
+		h.resident[v] = false
+		h.nres--
+		h.stats.Evictions++
+	}
+	h.stats.EvictTime += time.Since(t0)
 }
 
 // idleEvict is how many pages the handler evicts between two looks at the

@@ -218,6 +218,15 @@ func (p *pager) recvAtLeast(bufs [][]byte, least int) (int, error) {
 func schedYield() { _, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
 
 func (p *pager) do(op uint8, buf []byte, off int64) error {
+	if err := p.send(op, buf, off); err != nil {
+		return err
+	}
+	return p.reply(p.hdr[:], p.seq, op, buf)
+}
+
+// send sends request p.seq+1 (a read of len(buf) bytes, or a write of buf)
+// without waiting for its reply: p.reply(p.hdr[:], p.seq, op, buf) gets it.
+func (p *pager) send(op uint8, buf []byte, off int64) error {
 	p.seq++
 	h := Header{Op: op, Seq: p.seq, Offset: uint64(off), Length: uint32(len(buf))}
 	bufs := append(p.iov[:0], p.hdr[:])
@@ -226,10 +235,7 @@ func (p *pager) do(op uint8, buf []byte, off int64) error {
 		bufs = append(bufs, buf)
 	}
 	h.Encode(p.hdr[:])
-	if err := p.sendv(bufs); err != nil {
-		return err
-	}
-	return p.reply(p.hdr[:], p.seq, op, buf)
+	return p.sendv(bufs)
 }
 
 // reply receives the reply to request seq: one readv for the header and, for
