@@ -27,9 +27,11 @@
 // Threads: the client's sync and bulk channels drive their sockets with raw
 // non-blocking syscalls and poll(2) from the calling goroutine (no netpoller
 // hop on the round trip), and a Mapping's fault handler process does the
-// same on its main thread. The donor serves each bulk stream and each
-// mapping's fault connection on its own thread the same way, and control,
-// sync and queue connections on the Go netpoller (which answered small requests sooner here).
+// same on its main thread. The donor serves each sync connection, bulk
+// stream and mapping's fault connection on its own thread the same way, and
+// control and queue connections on the Go netpoller. Every raw descriptor is
+// a duplicate the netpoller does not know (see pager), so that segments
+// arriving on it do not wake an idle runtime thread.
 //
 // Lifetimes: close a Mapping before its Client. Closing the Client ends the
 // session at the donor, which closes the mapping's connection; the mapping

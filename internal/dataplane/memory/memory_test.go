@@ -415,8 +415,8 @@ func TestSyncNoAllocs(t *testing.T) {
 	}
 }
 
-// TestRawDescriptorsOffNetpoller: the descriptors the client's sync and bulk
-// connections and the donor's bulk connections are driven on with raw
+// TestRawDescriptorsOffNetpoller: the descriptors the sync and bulk
+// connections are driven on at both ends with raw
 // syscalls are registered with no epoll instance of the process (the Go
 // netpoller's among them), whose idle thread every arriving segment would
 // otherwise wake (docs/memory-protocol.md).
@@ -433,12 +433,12 @@ func TestRawDescriptorsOffNetpoller(t *testing.T) {
 	td.d.mu.Lock()
 	for conn := range td.d.conns {
 		if dc, ok := conn.(detachedConn); ok {
-			fds[dc.p.fd] = "donor bulk stream"
+			fds[dc.p.fd] = "donor sync or bulk connection"
 		}
 	}
 	td.d.mu.Unlock()
-	if len(fds) != 1+2*len(c.streams) {
-		t.Fatalf("%d raw descriptors, want %d (sync, and each bulk stream at both ends)", len(fds), 1+2*len(c.streams))
+	if want := 2 * (1 + len(c.streams)); len(fds) != want {
+		t.Fatalf("%d raw descriptors, want %d (sync and each bulk stream, at both ends)", len(fds), want)
 	}
 	ents, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
