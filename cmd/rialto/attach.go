@@ -244,8 +244,24 @@ func runAttach(ctx context.Context, e *env, args []string) error {
 	if l.Kind == api.KindMemory {
 		att, err = attachMemory(ctx, l, where, *timeout, log)
 	} else {
+		// A part whose lender restarted at another address is redialled
+		// at the URI the control plane has for it now.
+		resolve := func(ctx context.Context, part int) (string, error) {
+			cur, err := c.Lease(ctx, l.ID)
+			if err != nil {
+				return "", err
+			}
+			us, err := leaseParts(cur)
+			if err != nil {
+				return "", err
+			}
+			if part >= len(us) {
+				return "", fmt.Errorf("lease %s has %d parts now", l.ID, len(us))
+			}
+			return us[part], nil
+		}
 		att, err = stripe.Attach(ctx, stripe.AttachConfig{URIs: uris, StripeUnit: su, Listen: where,
-			ConnsPerPart: *conns, RequestTimeout: *timeout, Logger: log})
+			ConnsPerPart: *conns, RequestTimeout: *timeout, Resolve: resolve, Logger: log})
 	}
 	if err != nil {
 		os.Remove(ctlPath)

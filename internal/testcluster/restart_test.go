@@ -18,6 +18,7 @@ import (
 	"github.com/rialto-project/rialto/internal/agent"
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/dataplane/block/stripe"
 	"github.com/rialto-project/rialto/internal/dataplane/memory"
 )
 
@@ -358,4 +359,78 @@ func mustURL(t *testing.T, s string) *url.URL {
 		t.Fatal(err)
 	}
 	return u
+}
+
+// TestComposedVolumeFollowsMovedPart: a composed volume attached with a
+// Resolve that asks the control plane keeps working when the lender of one
+// of its parts restarts with the part's port taken: the lender's heartbeat
+// gives the control plane the new URI, and the attachment's redial finds
+// it there (after the old address, now someone else's, does not answer).
+func TestComposedVolumeFollowsMovedPart(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{Nodes: 3, Devices: restartDevices()})
+	ctx := ctxT(t)
+	cl := c.Client()
+	l, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeComposed, Count: 3, Size: 3 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var uris []string
+	for _, p := range l.Parts {
+		uris = append(uris, p.URI)
+	}
+	resolved := make(chan int, 16)
+	a, err := stripe.Attach(ctx, stripe.AttachConfig{URIs: uris, StripeUnit: l.StripeUnit,
+		Resolve: func(ctx context.Context, part int) (string, error) {
+			select {
+			case resolved <- part:
+			default:
+			}
+			cur, err := cl.Lease(ctx, l.ID)
+			if err != nil {
+				return "", err
+			}
+			return cur.Parts[part].URI, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	want := bytes.Repeat([]byte("composed and moved "), (3<<20)/19+1)[:3<<20]
+	writeBlock(ctx, t, a.URI(), want, 0)
+
+	var lender *Node
+	for _, n := range c.Nodes {
+		if n.ID() == l.Parts[0].NodeID {
+			lender = n
+		}
+	}
+	if lender == nil {
+		t.Fatalf("no node serves part 0 (%s)", l.Parts[0].NodeID)
+	}
+	lender.Kill()
+	squatter, err := net.Listen("tcp", mustURL(t, l.Parts[0].URI).Host)
+	if err != nil {
+		t.Fatalf("taking part 0's address: %v", err)
+	}
+	defer squatter.Close()
+	lender.Restart()
+	c.Heartbeat()
+	moved := c.Lease(l.ID).Parts[0].URI
+	if moved == l.Parts[0].URI || mustURL(t, moved).Path != mustURL(t, l.Parts[0].URI).Path {
+		t.Fatalf("part 0's URI after the restart: %s (was %s)", redact(moved), redact(l.Parts[0].URI))
+	}
+
+	got, err := readBlock(ctx, a.URI(), len(want), 0)
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("composed volume after part 0 moved: %v (bytes equal: %v)", err, bytes.Equal(got, want))
+	}
+	select {
+	case p := <-resolved:
+		if p != 0 {
+			t.Errorf("resolved part %d, want 0", p)
+		}
+	default:
+		t.Error("the attachment never asked for a part's URI")
+	}
 }

@@ -48,6 +48,13 @@ type AttachConfig struct {
 	// half of RequestTimeout, whichever is shorter; negative disables
 	// redialling.
 	RedialTimeout time.Duration
+	// Resolve, if set, gives a part's current URI (part in layout order).
+	// While redialling a broken part fails, Attach asks it before each new
+	// attempt and dials what it answers: a lender that restarted with the
+	// part's port taken serves it at another address, which the control
+	// plane learns from its heartbeat (`rialto attach` asks the control
+	// plane for the lease). nil redials the URI the part was attached with.
+	Resolve func(ctx context.Context, part int) (string, error)
 	// Workers is as in ServeConfig.
 	Workers int
 	// Logger receives attachment events; nil discards.
@@ -137,12 +144,12 @@ func Attach(ctx context.Context, cfg AttachConfig) (*Attachment, error) {
 	devs := make([]Device, len(uris))
 	for i, cs := range clients {
 		if len(cs) == 1 {
-			devs[i] = newPart(cs[0], uris[i], i, timeout, redial, log)
+			devs[i] = newPart(cs[0], uris[i], i, timeout, redial, cfg.Resolve, log)
 			continue
 		}
 		ps := make([]Device, len(cs))
 		for j, c := range cs {
-			ps[j] = newPart(c, uris[i], i, timeout, redial, log)
+			ps[j] = newPart(c, uris[i], i, timeout, redial, cfg.Resolve, log)
 		}
 		p, err := NewPool(ps...)
 		if err != nil {

@@ -33,10 +33,11 @@ const (
 // Volume's business: it fails the part), the connection is dead: Alive
 // reports false, so a Pool stops choosing it, and calls fail at once.
 type nbdPart struct {
-	uri     nbd.URI
-	index   int           // part index, for logs
-	timeout time.Duration // per request, passed to nbd.Dial
-	redial  time.Duration // 0: never redial
+	uri     nbd.URI                                             // guarded by mu once attached (reconnect may move it)
+	index   int                                                 // part index, for logs
+	timeout time.Duration                                       // per request, passed to nbd.Dial
+	redial  time.Duration                                       // 0: never redial
+	resolve func(ctx context.Context, part int) (string, error) // nil: keep uri
 	log     *slog.Logger
 	size    int64
 	flags   uint16 // of the first connection
@@ -57,8 +58,10 @@ type nbdPart struct {
 	lost    atomic.Bool
 }
 
-func newPart(c *nbd.Client, u nbd.URI, index int, timeout, redial time.Duration, log *slog.Logger) *nbdPart {
-	p := &nbdPart{uri: u, index: index, timeout: timeout, redial: redial, log: log, size: c.Size(), flags: c.Flags(), meta: c.CanExtents()}
+func newPart(c *nbd.Client, u nbd.URI, index int, timeout, redial time.Duration,
+	resolve func(context.Context, int) (string, error), log *slog.Logger) *nbdPart {
+	p := &nbdPart{uri: u, index: index, timeout: timeout, redial: redial, resolve: resolve, log: log,
+		size: c.Size(), flags: c.Flags(), meta: c.CanExtents()}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.cur.Store(c)
 	return p
@@ -116,7 +119,12 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 	start := time.Now()
 	wait := redialFirstWait
 	for attempt := 1; ; attempt++ {
-		c, err := nbd.Dial(ctx, p.uri.Network, p.uri.Address, p.uri.Export, nbd.WithRequestTimeout(p.timeout))
+		if attempt > 1 {
+			p.follow(ctx)
+		}
+		actx, acancel := context.WithTimeout(ctx, dialAttemptLimit)
+		c, err := nbd.Dial(actx, p.uri.Network, p.uri.Address, p.uri.Export, nbd.WithRequestTimeout(p.timeout))
+		acancel()
 		if err == nil && c.Size() != p.size {
 			c.Close()
 			p.dead.Store(true)
@@ -142,6 +150,37 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 		case <-t.C:
 		}
 		wait = min(2*wait, redialMaxWait)
+	}
+}
+
+// dialAttemptLimit bounds one redial attempt, so that an address where
+// something else now listens (and never answers the NBD greeting) does not
+// take the whole redial budget.
+const dialAttemptLimit = 2 * time.Second
+
+// follow asks resolve (if set) for the part's current URI and moves to it
+// when it changed and parses; p.mu is held. Failures keep the old URI: the
+// next attempt asks again.
+func (p *nbdPart) follow(ctx context.Context) {
+	if p.resolve == nil {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, dialAttemptLimit)
+	defer cancel()
+	s, err := p.resolve(rctx, p.index)
+	if err != nil {
+		p.log.Warn("stripe: could not resolve part's URI", "part", p.index, "err", err)
+		return
+	}
+	u, err := nbd.ParseURI(s)
+	if err != nil {
+		// The URI holds the credential: never quote it.
+		p.log.Warn("stripe: resolved a malformed URI for part", "part", p.index)
+		return
+	}
+	if u != p.uri {
+		p.log.Info("stripe: part moved", "part", p.index, "from", p.uri.Address, "to", u.Address)
+		p.uri = u
 	}
 }
 
