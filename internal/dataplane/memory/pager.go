@@ -275,5 +275,3 @@ func (p *pager) reply(hdr []byte, seq uint32, op uint8, buf []byte) error {
 	}
 	return nil
 }
-
-func (p *pager) read(buf []byte, off int64) error { return p.do(OpRead, buf, off) }
