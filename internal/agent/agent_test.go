@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -526,5 +527,48 @@ func TestLinksReported(t *testing.T) {
 	}
 	if got["gone"].Up {
 		t.Error("unreachable peer reported up")
+	}
+}
+
+// TestRestoreReportsUnacknowledgedMove: an export whose new address the
+// control plane had not acknowledged when the agent stopped (the state
+// file's moved) is reported again after the restart, at the address it is
+// served at now — even when that is its old address again — since the
+// control plane may have recorded the move without the agent learning it.
+func TestRestoreReportsUnacknowledgedMove(t *testing.T) {
+	f, srv := newFakeCP(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "disk0.img"), make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	req := api.PrepareRequest{LeaseID: "lease-b", Kind: api.KindBlock, DeviceID: "dev-1", DeviceName: "disk0", Offset: 8192, Length: 65536, Export: "x_b"}
+	if err := writeJSON(filepath.Join(dir, exportsFile), []api.PrepareRequest{req}); err != nil {
+		t.Fatal(err)
+	}
+	r := start(t, testConfig(srv.URL, dir))
+	var saved []persistedExport
+	if err := readJSON(filepath.Join(dir, exportsFile), &saved); err != nil || len(saved) != 1 || saved[0].URI == "" {
+		t.Fatalf("exports file %+v: %v", saved, err)
+	}
+	served := saved[0].URI
+	if err := r.a.Heartbeat(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if m := f.lastBeat().Moved; len(m) != 0 {
+		t.Fatalf("an export at its address reported as moved: %d entries", len(m))
+	}
+	r.halt(t)
+
+	saved[0].Moved = "nbd://127.0.0.1:1/x_b" // reported, never acknowledged
+	if err := writeJSON(filepath.Join(dir, exportsFile), saved); err != nil {
+		t.Fatal(err)
+	}
+	r2 := start(t, testConfig(srv.URL, dir))
+	if err := r2.a.Heartbeat(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	want := []api.MovedExport{{LeaseID: "lease-b", DeviceID: "dev-1", Offset: 8192, URI: served}}
+	if got := f.lastBeat().Moved; !slices.Equal(got, want) {
+		t.Fatalf("heartbeat moved %+v, want the export's current address", got)
 	}
 }

@@ -46,13 +46,13 @@ func (a *Agent) overlapping(req api.PrepareRequest) string {
 // asks the kind's driver to serve the export and remembers it. Preparing
 // an export again for the same lease returns the same answer.
 func (a *Agent) Prepare(ctx context.Context, req api.PrepareRequest) (api.PrepareResponse, error) {
-	return a.prepare(ctx, req, "")
+	return a.prepare(ctx, req, "", false)
 }
 
 // prepare is Prepare; prevURI, if set, is the URI the control plane was
 // given for an export a previous run served (restoreExports), which the
 // driver tries to serve it at again.
-func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, prevURI string) (api.PrepareResponse, error) {
+func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, prevURI string, report bool) (api.PrepareResponse, error) {
 	if req.LeaseID == "" || req.Export == "" {
 		return api.PrepareResponse{}, fmt.Errorf("%w: lease_id and export are required", ErrBadRequest)
 	}
@@ -107,7 +107,7 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, prevURI str
 	case prevURI == "":
 		// The control plane keeps this answer as the lease's URI.
 		e.URI = resp.URI
-	case resp.URI != prevURI:
+	case resp.URI != prevURI || report:
 		// A restored export served elsewhere keeps the URI the control
 		// plane has until heartbeats have told it the new one (see
 		// Heartbeat), so that a restart before then tries it again.
@@ -195,7 +195,7 @@ func (a *Agent) restoreExports(ctx context.Context) {
 		return
 	}
 	for _, p := range saved {
-		resp, err := a.prepare(ctx, p.PrepareRequest, p.URI)
+		resp, err := a.prepare(ctx, p.PrepareRequest, p.URI, p.Moved != "")
 		switch {
 		case err != nil:
 			a.mRestored.With("failed").Inc()

@@ -81,6 +81,11 @@ func writeJSON(path string, v any) error {
 type persistedExport struct {
 	api.PrepareRequest
 	URI string `json:"uri,omitempty"`
+	// Moved is a new address not yet acknowledged by the control plane
+	// (Export.Moved). A restart reports the restored export's address
+	// whatever it is, since the control plane may have recorded Moved
+	// without the agent learning it.
+	Moved string `json:"moved,omitempty"`
 }
 
 // sortedExports returns the exports ordered by export name, for stable
@@ -88,7 +93,7 @@ type persistedExport struct {
 func sortedExports(m map[string]Export) []persistedExport {
 	out := make([]persistedExport, 0, len(m))
 	for _, e := range m {
-		out = append(out, persistedExport{PrepareRequest: e.Request, URI: e.URI})
+		out = append(out, persistedExport{PrepareRequest: e.Request, URI: e.URI, Moved: e.Moved})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Export < out[j].Export })
 	return out

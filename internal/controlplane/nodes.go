@@ -249,17 +249,27 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 // api.Heartbeat.Moved) those of its parts of the active leases in ls, and
 // returns the IDs of the leases whose every reported part now carries the
 // reported URI. A report may only move a part of this node to another
-// address of the same export: same scheme, same export name (the URI's
-// path, the lease's secret).
+// address of the same export: same scheme, export name (the URI's path, the
+// lease's secret) and query keys, and for an accel gateway the same role.
+//
+// The lease is read again under movedMu, so that two lenders of one lease
+// reporting at once each change only their own part: after activation,
+// nothing else changes a lease's part URIs.
 func (s *Server) recordMoved(ctx context.Context, nodeID string, ls []api.Lease, moved []api.MovedExport) []string {
 	byLease := map[string][]api.MovedExport{}
 	for _, m := range moved {
 		byLease[m.LeaseID] = append(byLease[m.LeaseID], m)
 	}
+	s.movedMu.Lock()
+	defer s.movedMu.Unlock()
 	var acked []string
 	for _, l := range ls {
 		ms := byLease[l.ID]
 		if len(ms) == 0 || l.State != api.LeaseActive {
+			continue
+		}
+		l, err := s.st.Lease(ctx, l.ID)
+		if err != nil || l.State != api.LeaseActive {
 			continue
 		}
 		uris := make([]string, len(l.Parts))
@@ -284,11 +294,14 @@ func (s *Server) recordMoved(ctx context.Context, nodeID string, ls []api.Lease,
 			continue
 		}
 		if changed {
-			ch := store.LeaseChange{URIs: uris}
+			now := s.now()
+			ch := store.LeaseChange{URIs: uris, From: []api.LeaseState{api.LeaseActive}, To: api.LeaseActive, At: now}
 			if len(uris) == 1 {
 				ch.URI = uris[0]
 			}
-			if _, err := s.transition(ctx, l.ID, api.LeaseActive, ch, "lender "+nodeID+" serves the lease at a new address after a restart", api.LeaseActive); err != nil {
+			ev := api.Event{At: now, Type: "lease.moved", Subject: l.ID, State: string(api.LeaseActive),
+				Message: "lender " + nodeID + " serves the lease at a new address after a restart"}
+			if _, err := s.leases.do(ctx, s.st, store.LeaseOp{Transition: store.Transition{ID: l.ID, Change: ch, Event: ev}}); err != nil {
 				s.log.Warn("recording a moved export", "node", nodeID, "lease", l.ID, "err", err)
 				continue
 			}
@@ -310,5 +323,18 @@ func sameExport(prev, next string) bool {
 	}
 	p, err1 := url.Parse(prev)
 	n, err2 := url.Parse(next)
-	return err1 == nil && err2 == nil && n.Host != "" && n.Scheme == p.Scheme && n.Path == p.Path && n.User == nil
+	if err1 != nil || err2 != nil || n.Host == "" || n.User != nil || n.Fragment != "" ||
+		n.Scheme != p.Scheme || n.EscapedPath() != p.EscapedPath() {
+		return false
+	}
+	pq, nq := p.Query(), n.Query()
+	if len(pq) != len(nq) || pq.Get("gateway") != nq.Get("gateway") {
+		return false
+	}
+	for k := range pq {
+		if _, ok := nq[k]; !ok {
+			return false
+		}
+	}
+	return true
 }

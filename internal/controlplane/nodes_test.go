@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
 )
 
 func TestLivenessAndRejoin(t *testing.T) {
@@ -416,6 +418,7 @@ func TestHeartbeatMovedExports(t *testing.T) {
 		{"other export name", owner, ownerID, with(func(m *api.MovedExport) { m.URI = "nbd://127.0.0.1:7000/guessed" }), false},
 		{"other scheme", owner, ownerID, with(func(m *api.MovedExport) { v := *u; v.Scheme = "rialto-mem"; m.URI = v.String() }), false},
 		{"no host", owner, ownerID, with(func(m *api.MovedExport) { m.URI = moveTo("") }), false},
+		{"added query", owner, ownerID, with(func(m *api.MovedExport) { m.URI = moveTo("127.0.0.1:7000") + "?gateway=x" }), false},
 		{"other device", owner, ownerID, with(func(m *api.MovedExport) { m.URI, m.DeviceID = moveTo("127.0.0.1:7000"), "nope" }), false},
 		{"not this node's part", other, otherID, with(func(m *api.MovedExport) { m.URI = moveTo("127.0.0.1:7000") }), false},
 		{"new address", owner, ownerID, with(func(m *api.MovedExport) { m.URI = moveTo("127.0.0.1:7001") }), true},
@@ -438,5 +441,41 @@ func TestHeartbeatMovedExports(t *testing.T) {
 				t.Fatalf("ack %v, lease %s URI updated: %v, part: %v", resp.Moved, got.State, got.URI == tc.m.URI, got.Parts[0].URI == tc.m.URI)
 			}
 		})
+	}
+}
+
+// TestRecordMovedTwoLenders: two lenders of one composed lease whose
+// heartbeats were read from the same state each move their own part; both
+// moves stay (the second does not write back the first part's old URI).
+func TestRecordMovedTwoLenders(t *testing.T) {
+	e := newEnv(t)
+	e.join("n1", 1<<30)
+	e.join("n2", 1<<30)
+	l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeComposed, Count: 2, Size: 2 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Parts) != 2 || l.Parts[0].NodeID == l.Parts[1].NodeID {
+		t.Fatalf("want two parts on two nodes: %+v", l.Parts)
+	}
+	stale, err := e.srv.st.Leases(e.ctx, store.LeaseFilter{IDs: []string{l.ID}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([]string, 2)
+	for i, p := range l.Parts {
+		u, _ := url.Parse(p.URI)
+		u.Host = fmt.Sprintf("127.0.0.1:%d", 7100+i)
+		want[i] = u.String()
+		m := api.MovedExport{LeaseID: l.ID, DeviceID: p.DeviceID, Offset: p.Offset, URI: want[i]}
+		if acked := e.srv.recordMoved(e.ctx, p.NodeID, stale, []api.MovedExport{m}); !slices.Equal(acked, []string{l.ID}) {
+			t.Fatalf("part %d: acked %v", i, acked)
+		}
+	}
+	got, _ := e.alice.Lease(e.ctx, l.ID)
+	for i := range want {
+		if got.Parts[i].URI != want[i] {
+			t.Errorf("part %d kept its old URI", i)
+		}
 	}
 }

@@ -73,6 +73,7 @@ type Server struct {
 
 	openapi []byte
 	placeMu sync.Mutex // serializes placement + reservation; guards inv
+	movedMu sync.Mutex // serializes recordMoved's read-modify-write of part URIs
 	inv     invCache
 	nodes   nodeCache
 	started time.Time // silence before this does not count (restarts)

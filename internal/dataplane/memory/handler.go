@@ -410,6 +410,10 @@ func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
 		// dropping a page needs no TLB shootdown (evicting while the
 		// program runs interrupts it for one).
 		h.evictClean(h.nres + n - h.cfg.CapPages)
+		if h.err != nil { // the eviction failed the mapping
+			h.refuse(i)
+			return
+		}
 		err = h.pg.reply(h.pg.hdr[:], h.pg.seq, OpRead, buf)
 	}
 	if err != nil {

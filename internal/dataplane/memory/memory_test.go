@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 const testCred = "lease-cred-0123456789abcdef"
@@ -415,11 +417,11 @@ func TestSyncNoAllocs(t *testing.T) {
 	}
 }
 
-// TestRawDescriptorsOffNetpoller: the descriptors the sync and bulk
-// connections are driven on at both ends with raw
-// syscalls are registered with no epoll instance of the process (the Go
-// netpoller's among them), whose idle thread every arriving segment would
-// otherwise wake (docs/memory-protocol.md).
+// TestRawDescriptorsOffNetpoller: the sockets the sync and bulk connections
+// are driven on at both ends with raw syscalls are registered with no epoll
+// instance of the process (the Go netpoller's among them) under any
+// descriptor, since every segment arriving would otherwise wake its idle
+// thread (docs/memory-protocol.md).
 func TestRawDescriptorsOffNetpoller(t *testing.T) {
 	td := startDonor(t, 1<<20, 0)
 	c := dial(t, td.addr, Options{})
@@ -430,15 +432,34 @@ func TestRawDescriptorsOffNetpoller(t *testing.T) {
 	for i, s := range c.streams {
 		fds[s.pg.fd] = fmt.Sprintf("client bulk stream %d", i)
 	}
-	td.d.mu.Lock()
-	for conn := range td.d.conns {
-		if dc, ok := conn.(detachedConn); ok {
-			fds[dc.p.fd] = "donor sync or bulk connection"
+	// The donor detaches each connection when its serving thread starts,
+	// which may follow the client's first request: wait for all of them.
+	want := 2 * (1 + len(c.streams))
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		td.d.mu.Lock()
+		for conn := range td.d.conns {
+			if dc, ok := conn.(detachedConn); ok {
+				fds[dc.p.fd] = "donor sync or bulk connection"
+			}
 		}
+		td.d.mu.Unlock()
+		if len(fds) >= want || time.Now().After(deadline) {
+			break
+		}
+		runtime.Gosched()
 	}
-	td.d.mu.Unlock()
-	if want := 2 * (1 + len(c.streams)); len(fds) != want {
+	if len(fds) != want {
 		t.Fatalf("%d raw descriptors, want %d (sync and each bulk stream, at both ends)", len(fds), want)
+	}
+	// Sockets by inode: a registration under another descriptor of the
+	// same socket counts too.
+	socks := map[uint64]string{}
+	for fd, what := range fds {
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		socks[st.Ino] = what
 	}
 	ents, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
@@ -455,9 +476,13 @@ func TestRawDescriptorsOffNetpoller(t *testing.T) {
 			continue // closed meanwhile
 		}
 		for _, line := range strings.Split(string(info), "\n") {
-			var tfd int
-			if _, err := fmt.Sscanf(line, "tfd: %d", &tfd); err == nil && fds[tfd] != "" {
-				t.Errorf("%s (descriptor %d) is registered with epoll instance %s", fds[tfd], tfd, e.Name())
+			_, rest, ok := strings.Cut(line, " ino:")
+			if !strings.HasPrefix(line, "tfd:") || !ok {
+				continue
+			}
+			ino, err := strconv.ParseUint(strings.Fields(rest)[0], 16, 64)
+			if err == nil && socks[ino] != "" {
+				t.Errorf("%s is registered with epoll instance %s: %s", socks[ino], e.Name(), line)
 			}
 		}
 	}
