@@ -98,10 +98,17 @@ type faultHandler struct {
 
 	resident []bool
 	dirty    []bool
-	// probed marks pages installed write-protected by a read fault and not
-	// yet written: their fate (written or evicted clean) feeds writeRate,
-	// the moving estimate of how often a faulted page gets written.
-	probed    []bool
+	// probedAt marks pages installed write-protected by a read fault and
+	// not yet written (the faultSeq of that fault; 0: not probed). Their
+	// fate feeds writeRate, the moving estimate of how often a faulted
+	// page gets written: a write-protect fault counts as written; eviction,
+	// or probeHorizon later probes without a write, as not. The horizon
+	// keeps the estimate about recent faults: judged only at eviction, a
+	// full cache would make it lag a change of access pattern by a whole
+	// cache's worth of faults.
+	probedAt  []uint64
+	probes    [probeHorizon]probe // ring of the latest probes
+	nprobes   uint64
 	writeRate float64
 	faultSeq  uint64
 	prev      []int32 // LRU links; index pages is the sentinel
@@ -132,7 +139,7 @@ func runFaultHandler(cfgText string) error {
 	runtime.LockOSThread()
 	h := &faultHandler{cfg: cfg, u: uffd.FromFd(handlerFdUffd, cfg.Features), memfd: handlerFdMem,
 		ctrl: handlerFdCtrl, base: uintptr(cfg.Base), ps: cfg.PageSize, pages: cfg.Pages,
-		resident: make([]bool, cfg.Pages), dirty: make([]bool, cfg.Pages), probed: make([]bool, cfg.Pages),
+		resident: make([]bool, cfg.Pages), dirty: make([]bool, cfg.Pages), probedAt: make([]uint64, cfg.Pages),
 		prev: make([]int32, cfg.Pages+1), next: make([]int32, cfg.Pages+1), raWin: 1, seqNext: -1,
 		svc: make([]time.Duration, 0, 1<<16)}
 	h.prev[h.pages], h.next[h.pages] = int32(h.pages), int32(h.pages)
@@ -374,8 +381,8 @@ func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
 			return
 		}
 		h.stats.WPFaults++
-		if h.probed[i] {
-			h.probed[i] = false
+		if h.probedAt[i] != 0 {
+			h.probedAt[i] = 0
 			h.writeRate = 0.9*h.writeRate + 0.1
 		}
 		h.dirty[i] = true
@@ -404,17 +411,21 @@ func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
 	t1 := time.Now()
 	buf := h.stage[:n*h.ps]
 	err := h.pg.send(OpRead, buf, int64(i*h.ps))
+	readSeq := h.pg.seq
+	var pending []int // dirty victims whose write-back follows the READ
 	if err == nil {
 		// While the page travels, make room for it: the faulting thread
 		// is blocked, so no CPU runs the program's page tables and
 		// dropping a page needs no TLB shootdown (evicting while the
 		// program runs interrupts it for one).
-		h.evictClean(h.nres + n - h.cfg.CapPages)
-		if h.err != nil { // the eviction failed the mapping
+		pending, err = h.evictDuringFault(h.nres + n - h.cfg.CapPages)
+		if err == nil && h.err != nil { // a punch failed the mapping
 			h.refuse(i)
 			return
 		}
-		err = h.pg.reply(h.pg.hdr[:], h.pg.seq, OpRead, buf)
+	}
+	if err == nil {
+		err = h.pg.reply(h.pg.hdr[:], readSeq, OpRead, buf)
 	}
 	if err != nil {
 		_ = h.fail(err)
@@ -433,7 +444,7 @@ func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
 		write = true
 		h.stats.PreDirtied++
 	} else if !write {
-		h.probed[i] = true
+		h.probe(i)
 	}
 	src := uintptr(unsafe.Pointer(&h.stage[0]))
 	if err := h.install(i, src, 1, !write); err != nil {
@@ -456,6 +467,14 @@ func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
 		h.lruPush(j)
 	}
 	h.nres += n
+	if len(pending) > 0 {
+		// The faulting thread runs again; the acknowledgements of the
+		// write-backs sent behind the READ come next on the connection.
+		if err := h.finishWriteBacks(pending, readSeq+1); err != nil {
+			_ = h.fail(err)
+			return
+		}
+	}
 	h.seqNext = i + n
 	h.stats.Faults++
 	h.stats.PagesIn += int64(n)
@@ -475,34 +494,105 @@ func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
 	}
 }
 
-// evictClean evicts up to want least recently used pages while they are
-// clean (a dirty one needs a write-back, which waits for evict); pages are
-// dropped one punch each, as the LRU order gives them.
-func (h *faultHandler) evictClean(want int) {
+// probeHorizon is how many later probes a probed page has to be written
+// before it counts as not written.
+const probeHorizon = 256
+
+type probe struct {
+	page int32
+	seq  uint64
+}
+
+// probe records that page i was installed write-protected by read fault
+// h.faultSeq, judging the probe that leaves the ring as not written if its
+// page still is.
+func (h *faultHandler) probe(i int) {
+	slot := &h.probes[h.nprobes%probeHorizon]
+	if h.nprobes >= probeHorizon && h.probedAt[slot.page] == slot.seq {
+		h.unwritten(int(slot.page))
+	}
+	h.nprobes++
+	*slot = probe{page: int32(i), seq: h.faultSeq}
+	h.probedAt[i] = h.faultSeq
+}
+
+// unwritten ends page v's probe, if any, as not written.
+func (h *faultHandler) unwritten(v int) {
+	if h.probedAt[v] != 0 {
+		h.probedAt[v] = 0
+		h.writeRate *= 0.9
+	}
+}
+
+// maxPendingWriteBacks bounds the dirty victims written back behind one
+// fault's READ.
+const maxPendingWriteBacks = 4
+
+// evictDuringFault makes room for want pages while a fault's READ is in
+// flight: it takes the least recently used pages in order, punching clean
+// ones out at once and, for dirty ones (at most maxPendingWriteBacks),
+// write-protecting them and sending their write-backs behind the READ; it
+// returns those, which finishWriteBacks drops once the donor acknowledged
+// them. A dirty page is never dropped before its acknowledgement. An error
+// is the connection's; a failed punch fails the mapping (h.err).
+func (h *faultHandler) evictDuringFault(want int) ([]int, error) {
 	if want <= 0 || h.err != nil {
-		return
+		return nil, nil
 	}
 	t0 := time.Now()
+	defer func() { h.stats.EvictTime += time.Since(t0) }()
+	var pending []int
 	s := int32(h.pages)
 	for ; want > 0 && h.prev[s] != s; want-- {
 		v := int(h.prev[s])
 		if h.dirty[v] {
-			break
+			if len(pending) == maxPendingWriteBacks {
+				break
+			}
+			if err := h.u.WriteProtect(h.addr(v), uintptr(h.ps), true, false); err != nil {
+				_ = h.fail(fmt.Errorf("write-protect for write-back: %w", err))
+				return pending, nil
+			}
+			h.lruRemove(v)
+			pending = append(pending, v)
+			if err := h.pg.send(OpWrite, h.mem[v*h.ps:(v+1)*h.ps], int64(v*h.ps)); err != nil {
+				return pending, err
+			}
+			continue
 		}
 		if err := h.punch(v, v+1); err != nil {
 			_ = h.fail(err)
-			return
+			return pending, nil
 		}
 		h.lruRemove(v)
-		if h.probed[v] { // faulted by a read and never written
-			h.probed[v] = false
-			h.writeRate *= 0.9
-		}
+		h.unwritten(v)
 		h.resident[v] = false
 		h.nres--
 		h.stats.Evictions++
 	}
-	h.stats.EvictTime += time.Since(t0)
+	return pending, nil
+}
+
+// finishWriteBacks reads the acknowledgements of the write-backs
+// evictDuringFault sent (sequence numbers from first on) and drops those
+// pages. A write to one of them meanwhile raised a write-protect fault,
+// which finds it gone and is answered by a fresh fetch.
+func (h *faultHandler) finishWriteBacks(pages []int, first uint32) error {
+	var ack [HeaderSize]byte
+	for k, v := range pages {
+		if err := h.pg.reply(ack[:], first+uint32(k), OpWrite, nil); err != nil {
+			return err
+		}
+		if err := h.punch(v, v+1); err != nil {
+			return err
+		}
+		h.dirty[v], h.resident[v] = false, false
+		h.nres--
+		h.stats.WriteBacks++
+		h.stats.FaultWriteBacks++
+		h.stats.Evictions++
+	}
+	return nil
 }
 
 // idleEvict is how many pages the handler evicts between two looks at the
@@ -560,10 +650,7 @@ func (h *faultHandler) evict(want int) error {
 		if h.dirty[v] {
 			dirty = append(dirty, v)
 		}
-		if h.probed[v] { // faulted by a read and never written
-			h.probed[v] = false
-			h.writeRate *= 0.9
-		}
+		h.unwritten(v)
 	}
 	h.dirtyBuf = dirty
 	if err := h.writeBack(dirty); err != nil {

@@ -62,19 +62,22 @@ const DefaultMapSpin = 50 * time.Microsecond
 
 // MappingStats counts what a Mapping did.
 type MappingStats struct {
-	Faults      int64         // missing-page faults served
-	WPFaults    int64         // first writes to clean pages
-	PreDirtied  int64         // read faults installed writable because writes were likely
-	PagesIn     int64         // pages fetched (including readahead)
-	Evictions   int64         // pages evicted
-	WriteBacks  int64         // dirty pages written back
-	FetchTime   time.Duration // total time waiting for the donor's pages
-	InstallTime time.Duration // total time in UFFDIO_COPY
-	EvictTime   time.Duration // total time evicting (write-back included)
-	HandlerCPU  time.Duration // CPU time (user+system) the handler process used so far
-	Resident    int           // pages in the cache now
-	CachePages  int
-	ServiceTime []time.Duration // per missing fault, handler side (last 64Ki)
+	Faults     int64 // missing-page faults served
+	WPFaults   int64 // first writes to clean pages
+	PreDirtied int64 // read faults installed writable because writes were likely
+	PagesIn    int64 // pages fetched (including readahead)
+	Evictions  int64 // pages evicted
+	WriteBacks int64 // dirty pages written back
+	// FaultWriteBacks counts the write-backs sent behind a fault's READ
+	// (evicting while the page travels) among WriteBacks.
+	FaultWriteBacks int64
+	FetchTime       time.Duration // total time waiting for the donor's pages
+	InstallTime     time.Duration // total time in UFFDIO_COPY
+	EvictTime       time.Duration // total time evicting (write-back included)
+	HandlerCPU      time.Duration // CPU time (user+system) the handler process used so far
+	Resident        int           // pages in the cache now
+	CachePages      int
+	ServiceTime     []time.Duration // per missing fault, handler side (last 64Ki)
 }
 
 // Mapping is a transparent view of a remote region: Bytes returns ordinary

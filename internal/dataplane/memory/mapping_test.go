@@ -66,7 +66,7 @@ func TestMappingEvictionAndWriteBack(t *testing.T) {
 		}
 	}
 	st := m.Stats()
-	if st.Evictions == 0 || st.WriteBacks == 0 || st.Resident > st.CachePages || st.CachePages != size/10/4096 {
+	if st.Evictions == 0 || st.WriteBacks == 0 || st.FaultWriteBacks == 0 || st.Resident > st.CachePages || st.CachePages != size/10/4096 {
 		t.Fatalf("stats %+v", st)
 	}
 	if st.PagesIn <= st.Faults {
@@ -261,6 +261,40 @@ func TestMapHandlerNotHooked(t *testing.T) {
 		t.Fatalf("Map with an unhooked handler binary: %v", err)
 	}
 	if err := c.Write(context.Background(), ChannelSync, []byte("still works"), 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMappingWriteEstimateFollowsPattern: after a read-only pass has filled
+// a cache much larger than probeHorizon, a read-modify-write pass gets its
+// pages installed writable (one fault each instead of two) within about
+// probeHorizon faults, not after a whole cache's worth of evictions of the
+// read pass's pages.
+func TestMappingWriteEstimateFollowsPattern(t *testing.T) {
+	const size = 64 << 20
+	_, addr := startChildDonor(t, size)
+	c := dial(t, addr, Options{})
+	m := mapOrSkip(t, c, MapOptions{Readahead: 1})
+	b := m.Bytes()
+	rng := rand.New(rand.NewPCG(21, 22))
+	pages := len(b) / 4096
+	st := m.Stats()
+	for range st.CachePages * 3 / 2 {
+		sinkByte += b[rng.IntN(pages)*4096]
+	}
+	if st.CachePages < 4*probeHorizon {
+		t.Fatalf("cache of %d pages: the test needs one much larger than the horizon (%d)", st.CachePages, probeHorizon)
+	}
+	m.ResetStats()
+	const n = 2000
+	for range n {
+		b[rng.IntN(pages)*4096+1]++
+	}
+	st = m.Stats()
+	if st.PreDirtied < n/2 {
+		t.Fatalf("read-modify-write pass: %d of %d faults installed writable (%d write-protect faults)", st.PreDirtied, st.Faults, st.WPFaults)
+	}
+	if err := m.Close(); err != nil {
 		t.Fatal(err)
 	}
 }
