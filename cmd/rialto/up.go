@@ -70,9 +70,15 @@ func runUp(ctx context.Context, e *env, args []string) error {
 	memSize := fs.String("memory", "256MiB", "memory budget each node lends (0 for none)")
 	slots := fs.Int("accel", 2, "accelerator slots each node lends (0 for none)")
 	level := fs.String("log-level", "warn", "debug, info, warn or error (logs go to stderr)")
+	var quotaSpecs listFlag
+	fs.Var(&quotaSpecs, "quota", "tenant quota [TENANT:]leases=N,bytes=SIZE,slots=N,bandwidth=RATE, as for rialto server (the up cluster's token is tenant admin; repeatable)")
 	var tm timings
 	tm.register(fs)
 	if _, err := parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	quotas, err := parseQuotas(quotaSpecs)
+	if err != nil {
 		return err
 	}
 	if *agents < 0 || *disks < 0 {
@@ -124,7 +130,7 @@ func runUp(ctx context.Context, e *env, args []string) error {
 		Logger: log.With("component", "controlplane"), BootstrapToken: st.BootstrapToken,
 		Tokens:            []controlplane.Token{{Token: st.AdminToken, Tenant: "admin", Admin: true}},
 		HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down,
-		PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl,
+		PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas,
 	})
 	if err != nil {
 		ln.Close()

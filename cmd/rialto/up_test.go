@@ -68,9 +68,9 @@ type upProc struct {
 	done        chan error
 }
 
-func startUp(t *testing.T, bin, dir string) *upProc {
+func startUp(t *testing.T, bin, dir string, extra ...string) *upProc {
 	t.Helper()
-	cmd := exec.Command(bin, "up", "--state-dir", dir, "--disk-size", "512MiB", "--memory", "0", "--accel", "1", "--heartbeat", "250ms")
+	cmd := exec.Command(bin, append([]string{"up", "--state-dir", dir, "--disk-size", "512MiB", "--memory", "0", "--accel", "1", "--heartbeat", "250ms"}, extra...)...)
 	cmd.Stderr = os.Stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -252,4 +252,26 @@ func TestUpREADMEFlow(t *testing.T) {
 	}
 	c.Close()
 	up2.stop(t)
+}
+
+// TestUpQuota: `rialto up --quota` limits the cluster's tenant like
+// `rialto server --quota`: with leases=1, the second lease is refused with
+// the quota error and the first is untouched.
+func TestUpQuota(t *testing.T) {
+	bin := buildBinary(t)
+	up := startUp(t, bin, t.TempDir(), "--quota", "leases=1")
+	var l api.Lease
+	up.cli(t, bin, &l, "lease", "create", "--kind", "block", "--size", "16MiB")
+	cmd := exec.Command(bin, "lease", "create", "--kind", "block", "--size", "16MiB")
+	cmd.Env = append(os.Environ(), "RIALTO_ADDR="+up.addr, "RIALTO_TOKEN="+up.token)
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), api.CodeQuota) {
+		t.Fatalf("second lease under leases=1: %v\n%s", err, out)
+	}
+	var got api.Lease
+	up.cli(t, bin, &got, "lease", "show", l.ID)
+	if got.State != api.LeaseActive {
+		t.Fatalf("first lease is %s", got.State)
+	}
+	up.stop(t)
 }
