@@ -560,17 +560,25 @@ func (h *faultHandler) evictDuringFault(want int) ([]int, error) {
 			}
 			continue
 		}
-		if err := h.punch(v, v+1); err != nil {
+		h.lruRemove(v)
+		h.unwritten(v)
+		if err := h.drop(v); err != nil {
 			_ = h.fail(err)
 			return pending, nil
 		}
-		h.lruRemove(v)
-		h.unwritten(v)
-		h.resident[v] = false
-		h.nres--
-		h.stats.Evictions++
 	}
 	return pending, nil
+}
+
+// drop punches page v, out of the LRU already, out of the cache.
+func (h *faultHandler) drop(v int) error {
+	if err := h.punch(v, v+1); err != nil {
+		return err
+	}
+	h.dirty[v], h.resident[v] = false, false
+	h.nres--
+	h.stats.Evictions++
+	return nil
 }
 
 // finishWriteBacks reads the acknowledgements of the write-backs
@@ -583,14 +591,11 @@ func (h *faultHandler) finishWriteBacks(pages []int, first uint32) error {
 		if err := h.pg.reply(ack[:], first+uint32(k), OpWrite, nil); err != nil {
 			return err
 		}
-		if err := h.punch(v, v+1); err != nil {
+		if err := h.drop(v); err != nil {
 			return err
 		}
-		h.dirty[v], h.resident[v] = false, false
-		h.nres--
 		h.stats.WriteBacks++
 		h.stats.FaultWriteBacks++
-		h.stats.Evictions++
 	}
 	return nil
 }

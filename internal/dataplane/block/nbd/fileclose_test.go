@@ -169,20 +169,30 @@ func TestFileBackendClosed(t *testing.T) {
 	}
 }
 
-// TestFileCloseDuringSendfile closes a backend while a large read reply is
-// being sent with sendfile and a reused descriptor number points at another
-// file: the reply must carry the export's bytes only, and later requests
-// must fail with ESHUTDOWN rather than reach the other file.
-func TestFileCloseDuringSendfile(t *testing.T) {
-	const size = 32 << 20
+// servePatternFile serves a pattern file of size bytes as the test export
+// and makes another file of the same size for reused descriptors to point
+// at; it returns the pattern, the other file's path, the backend and the
+// server's address.
+func servePatternFile(t *testing.T, size int) ([]byte, string, *FileBackend, string) {
+	t.Helper()
 	p, data := patternFile(t, size)
 	other := leakFile(t, size)
 	b, err := OpenFile(p, FileOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	oldFD := b.fd
 	_, addr := startServer(t, Export{Name: testName, Backend: b})
+	return data, other, b, addr
+}
+
+// TestFileCloseDuringSendfile closes a backend while a large read reply is
+// being sent with sendfile and a reused descriptor number points at another
+// file: the reply must carry the export's bytes only, and later requests
+// must fail with ESHUTDOWN rather than reach the other file.
+func TestFileCloseDuringSendfile(t *testing.T) {
+	const size = 32 << 20
+	data, other, b, addr := servePatternFile(t, size)
+	oldFD := b.fd
 
 	rc := rawDial(t, addr, 3)
 	// A small receive buffer keeps most of the reply in the server's
@@ -270,14 +280,8 @@ func TestFileCloseUnderLoad(t *testing.T) {
 		clients = 4
 		perStep = 16 // reads each client completes per phase
 	)
-	p, data := patternFile(t, size)
-	other := leakFile(t, size)
-	b, err := OpenFile(p, FileOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	data, other, b, addr := servePatternFile(t, size)
 	oldFD := b.fd
-	_, addr := startServer(t, Export{Name: testName, Backend: b})
 
 	var (
 		closed atomic.Bool
