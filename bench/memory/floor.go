@@ -161,3 +161,105 @@ func sendAll(fd int, bufs [][]byte) error {
 	}
 	return nil
 }
+
+// serveFloorUDP answers floor probes sent as datagrams to addr (a
+// 16-byte request; a 16-byte header and 4 KiB back in one datagram) from a
+// polling thread that lives as long as the process.
+func serveFloorUDP(addr string) error {
+	pc, err := net.ListenPacket("udp", addr)
+	if err != nil {
+		return err
+	}
+	fd, err := rawUDP(pc.(*net.UDPConn))
+	if err != nil {
+		return err
+	}
+	mem := make([]byte, floorRegion)
+	for i := range mem {
+		mem[i] = byte(i)
+	}
+	go func() {
+		runtime.LockOSThread()
+		var req [16]byte
+		rep := make([]byte, 16+4096)
+		for {
+			n, from, err := unix.Recvfrom(fd, req[:], 0)
+			if err == unix.EAGAIN || err == unix.EINTR {
+				_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+				continue
+			}
+			if err != nil || n != len(req) {
+				continue
+			}
+			off := binary.BigEndian.Uint64(req[:]) % (floorRegion / 4096) * 4096
+			copy(rep[16:], mem[off:off+4096])
+			_ = unix.Sendto(fd, rep, 0, from)
+		}
+	}()
+	return nil
+}
+
+// floorUDP times n datagram probes against addr (a connected socket,
+// polled like the TCP probe).
+func floorUDP(addr string, n int) ([]time.Duration, error) {
+	c, err := net.Dial("udp", addr)
+	if err != nil {
+		return nil, err
+	}
+	fd, err := rawUDP(c.(*net.UDPConn))
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var req [16]byte
+	rep := make([]byte, 16+4096)
+	rng := rand.New(rand.NewPCG(3, 3))
+	lat := make([]time.Duration, 0, n)
+	for range n {
+		binary.BigEndian.PutUint64(req[:], rng.Uint64())
+		t := time.Now()
+		if _, err := unix.Write(fd, req[:]); err != nil {
+			return nil, err
+		}
+		for {
+			k, err := unix.Read(fd, rep)
+			if err == unix.EAGAIN || err == unix.EINTR {
+				_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			if k != len(rep) {
+				return nil, fmt.Errorf("floor: datagram of %d bytes", k)
+			}
+			break
+		}
+		lat = append(lat, time.Since(t))
+	}
+	return lat, nil
+}
+
+// rawUDP returns a non-blocking duplicate of c's descriptor that Go's
+// netpoller does not know, and closes c (see rawFd).
+func rawUDP(c *net.UDPConn) (int, error) {
+	defer c.Close()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	fd, derr := -1, error(nil)
+	if err := rc.Control(func(s uintptr) { fd, derr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return 0, err
+	}
+	if derr != nil {
+		return 0, derr
+	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return 0, err
+	}
+	return fd, nil
+}

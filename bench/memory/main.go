@@ -87,6 +87,10 @@ func serve(args []string) {
 		}
 		defer ln.Close()
 		go serveFloor(ln)
+		// The datagram floor listens on the same port number, over UDP.
+		if err := serveFloorUDP(ln.Addr().String()); err != nil {
+			fmt.Fprintln(os.Stderr, "udp floor:", err)
+		}
 		addrs = append(addrs, ln.Addr().String())
 	}
 	fmt.Println(strings.Join(addrs, " "))
@@ -261,6 +265,11 @@ func run(args []string) {
 				}
 				res.add("floor p50", pct(lat, 50))
 				res.add("floor p99", pct(lat, 99))
+				if lat, err := floorUDP(c.addrFloor, 20000); err != nil {
+					logf("udp floor unavailable: %v", err)
+				} else {
+					res.add("udp floor p50", pct(lat, 50))
+				}
 			}
 			if lat, err := uffdFloor(20000); err != nil {
 				logf("userfaultfd floor unavailable: %v", err)
@@ -678,6 +687,10 @@ func report(c cfg, r *results, steal []float64) {
 		if len(r.v["floor p50"]) > 0 {
 			p("The two floors add up to %.1f µs p50: what a mapped remote fault would cost here with\n", r.med("floor p50")+r.med("uffd floor p50"))
 			p("nothing but one loopback round trip and one userfaultfd hand-off.\n")
+		}
+		if len(r.v["udp floor p50"]) > 0 {
+			p("The same round trip over UDP datagrams (connected sockets, both ends polling; per run: %s) has\n", r.all("udp floor p50"))
+			p("a p50 of %.1f µs; with the userfaultfd floor, %.1f µs.\n", r.med("udp floor p50"), r.med("udp floor p50")+r.med("uffd floor p50"))
 		}
 	}
 	p("Sequential scan of 256 MiB through the mapping (readahead up to 64 pages): %.0f MiB/s.\n\n", r.med("mapped seq MiB/s"))
