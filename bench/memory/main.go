@@ -157,7 +157,7 @@ func run(args []string) {
 	fs.IntVar(&c.ops, "ops", 5000, "operations per small-op measurement")
 	fs.Int64Var(&c.bulkBytes, "bulk", 1<<30, "bulk transfer bytes")
 	fs.DurationVar(&c.spin, "spin", 0, "client busy-poll budget (memory.Options.Spin)")
-	fs.StringVar(&c.parts, "parts", "", "comma-separated subset of small,bulk,mapping,mixed (default all)")
+	fs.StringVar(&c.parts, "parts", "", "comma-separated subset of small,bulk,mapping,link,mixed (default all)")
 	fs.StringVar(&c.addrBlock, "addr-block", "", "donor (same region size) whose fault connections never spin: the mapping is also measured without polling")
 	fs.StringVar(&c.addrFloor, "addr-floor", "", "platform-floor probe of memory-bench serve -pair: loopback round trip with both ends polling")
 	fs.IntVar(&c.donorPid, "donor-pid", 0, "donor process id (CPU time of fault service)")
@@ -196,6 +196,14 @@ func run(args []string) {
 	}
 	bulkBuf := make([]byte, c.bulkBytes)
 	_, _ = rand.NewChaCha8([32]byte{1}).Read(bulkBuf)
+	var lk *link
+	if c.want("link") {
+		if lk, err = startLink(ctx, &c); err != nil {
+			logf("donor across a link unavailable: %v", err)
+		} else {
+			defer lk.close()
+		}
+	}
 	var steal []float64
 	for r := range c.runs {
 		s0 := readSteal()
@@ -280,6 +288,10 @@ func run(args []string) {
 			if clBlock != nil && r%2 == 0 {
 				mapReads(ctx, clBlock, "block", memory.MapOptions{Spin: -1}, c.donorPid, res)
 			}
+		}
+		if lk != nil {
+			logf("run %d: link", r+1)
+			lk.measure(ctx, &c, res)
 		}
 		if c.want("mixed") {
 			logf("run %d: adaptive", r+1)
@@ -397,8 +409,6 @@ func mapReads(ctx context.Context, cl *memory.Client, mode string, opts memory.M
 	}
 }
 
-// readFaults times 20,000 first touches of random pages and the CPU time
-// the handler and the donor spent serving them.
 // fullCacheFaults times random read faults once the cache is full, so that
 // each one also evicts a (clean) page: the steady state of a mapping larger
 // than its cache.
@@ -430,6 +440,8 @@ func fullCacheFaults(m *memory.Mapping, res *results) {
 	}
 }
 
+// readFaults times 20,000 first touches of random pages and the CPU time
+// the handler and the donor spent serving them.
 func readFaults(m *memory.Mapping, mode string, donorPid int, res *results) {
 	b := m.Bytes()
 	pages := len(b) / 4096
@@ -713,6 +725,16 @@ func report(c cfg, r *results, steal []float64) {
 		p("\nPer-run read-fault p50 without polling: %s. Mean per fault, polling / blocking: waiting\n", r.all("fault read p50 block"))
 		p("for the donor %.1f / %.1f µs; UFFDIO_COPY (which includes waking the faulting thread, and its\n", r.med("fault fetch poll"), r.med("fault fetch block"))
 		p("run until it faults again when it preempts the handler on the same CPU) %.1f / %.1f µs.\n\n", r.med("fault install poll"), r.med("fault install block"))
+	}
+	if len(r.v["fault read p50 link"]) > 0 {
+		p("Across a link: the same read faults (a fresh mapping, 20,000 first touches) with the donor in\n")
+		p("a network namespace joined to the borrower's by a veth pair and a bridge (unshaped, same\n")
+		p("machine), alternating with the loopback measurements above in every run, and the two floors\n")
+		p("against a probe in that namespace.\n\n")
+		p("| | read fault p50 µs | read fault p99 µs | handler p50 µs | TCP floor p50 µs | UDP floor p50 µs |\n|---|---|---|---|---|---|\n")
+		p("| loopback | %.1f | %.1f | %.1f | %.1f | %.1f |\n", r.med("fault read p50 poll"), r.med("fault read p99 poll"), r.med("fault handler p50 poll"), r.med("floor p50"), r.med("udp floor p50"))
+		p("| veth + bridge | %.1f | %.1f | %.1f | %.1f | %.1f |\n", r.med("fault read p50 link"), r.med("fault read p99 link"), r.med("fault handler p50 link"), r.med("link floor p50"), r.med("link udp floor p50"))
+		p("\nPer-run read-fault p50 across the link: %s.\n\n", r.all("fault read p50 link"))
 	}
 	p("### Adaptive chooser vs each fixed channel (operations per second, 3/4 reads)\n\n")
 	p("Random offsets over the region; within each run the four channels alternate in 10 rounds\n")

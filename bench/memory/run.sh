@@ -3,7 +3,8 @@
 # chooser against redis-server (GET/SET) and the iperf3 loopback ceiling, all
 # measured interleaved in one run. Writes docs/bench/memory.md.
 #   RUNS=5 OPS=10000 BULK=1073741824 bench/memory/run.sh   (defaults; ~3 min)
-# Knobs for experiments: PARTS=small,bulk,mapping,mixed (subset), SPIN and
+# Knobs for experiments: PARTS=small,bulk,mapping,link,mixed (a subset; link
+# puts a second donor in a network namespace, so it needs root and ip), SPIN and
 # DONOR_SPIN (busy-poll budgets of the sync channel, e.g. 30us; default off),
 # MAP_SPIN and FAULT_SPIN (the mapping's handler and the donor's fault
 # connections; default 50us each).

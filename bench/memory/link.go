@@ -1,0 +1,94 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/memory"
+	"github.com/rialto-project/rialto/internal/netns"
+)
+
+// A donor across a real link: memory-bench serve runs inside a network
+// namespace joined to this one by a veth pair and a bridge (internal/netns,
+// unshaped), so a fault's round trip crosses two network devices instead of
+// loopback. The same read faults and floors as on loopback are measured
+// against it, interleaved with them.
+
+type link struct {
+	lab   *netns.Lab
+	donor *exec.Cmd
+	cl    *memory.Client
+	floor string
+}
+
+// startLink builds the lab and starts the donor in it, or says why not.
+func startLink(ctx context.Context, c *cfg) (*link, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	lab, err := netns.New(ctx, netns.Config{Hosts: 1, Prefix: "rialto-membench"})
+	if err != nil {
+		return nil, err
+	}
+	l := &link{lab: lab}
+	host := lab.Host(0).Addr.String()
+	l.donor = lab.Command(ctx, 0, exe, "serve", "-addr", net.JoinHostPort(host, "0"),
+		"-size", strconv.FormatInt(c.bulkBytes, 10), "-pair")
+	l.donor.Env = append(os.Environ(), "RIALTO_BENCH_CRED="+c.cred)
+	l.donor.Stderr = os.Stderr
+	out, err := l.donor.StdoutPipe()
+	if err != nil {
+		l.close()
+		return nil, err
+	}
+	if err := l.donor.Start(); err != nil {
+		l.close()
+		return nil, err
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	addrs := strings.Fields(line)
+	if err != nil || len(addrs) != 3 {
+		l.close()
+		return nil, fmt.Errorf("link donor: addresses %q: %v", line, err)
+	}
+	l.floor = addrs[2]
+	if l.cl, err = memory.Dial(ctx, addrs[0], c.cred, memory.Options{Timeout: 30 * time.Second}); err != nil {
+		l.close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// measure runs one round of the link's measurements.
+func (l *link) measure(ctx context.Context, c *cfg, res *results) {
+	mapReads(ctx, l.cl, "link", memory.MapOptions{Spin: c.mapSpin}, l.donor.Process.Pid, res)
+	lat, err := floorRTT(l.floor, 20000)
+	if err != nil {
+		fail(err)
+	}
+	res.add("link floor p50", pct(lat, 50))
+	if lat, err = floorUDP(l.floor, 20000); err == nil {
+		res.add("link udp floor p50", pct(lat, 50))
+	}
+}
+
+func (l *link) close() {
+	if l.cl != nil {
+		_ = l.cl.Close()
+	}
+	if l.donor != nil && l.donor.Process != nil {
+		_ = l.donor.Process.Kill()
+		_ = l.donor.Wait()
+	}
+	if err := l.lab.Close(); err != nil {
+		logf("link: %v", err)
+	}
+}
