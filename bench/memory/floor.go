@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -64,6 +65,17 @@ func floorRTT(addr string, n int) ([]time.Duration, error) {
 		return nil, err
 	}
 	defer f.Close()
+	return timeProbes(n, func(req, rep []byte) error {
+		if err := sendAll(fd, [][]byte{req}); err != nil {
+			return err
+		}
+		return spinRecv(fd, rep)
+	})
+}
+
+// timeProbes times n round trips (a 16-byte request naming a random
+// offset, a 16-byte header and 4 KiB back) on a locked thread.
+func timeProbes(n int, roundTrip func(req, rep []byte) error) ([]time.Duration, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	var req [16]byte
@@ -73,10 +85,7 @@ func floorRTT(addr string, n int) ([]time.Duration, error) {
 	for range n {
 		binary.BigEndian.PutUint64(req[:], rng.Uint64())
 		t := time.Now()
-		if err := sendAll(fd, [][]byte{req[:]}); err != nil {
-			return nil, err
-		}
-		if err := spinRecv(fd, rep); err != nil {
+		if err := roundTrip(req[:], rep); err != nil {
 			return nil, err
 		}
 		lat = append(lat, time.Since(t))
@@ -90,15 +99,17 @@ func floorRTT(addr string, n int) ([]time.Duration, error) {
 // arrival, which this VM measurably pays in each round trip. The file owns
 // the duplicate.
 func rawFd(c net.Conn) (int, *os.File, error) {
-	tc, ok := c.(*net.TCPConn)
-	if !ok {
-		return 0, nil, fmt.Errorf("floor: not TCP")
-	}
 	defer c.Close()
-	if err := tc.SetNoDelay(true); err != nil {
-		return 0, nil, err
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return 0, nil, fmt.Errorf("floor: %T has no descriptor", c)
 	}
-	rc, err := tc.SyscallConn()
+	if tc, ok := c.(*net.TCPConn); ok {
+		if err := tc.SetNoDelay(true); err != nil {
+			return 0, nil, err
+		}
+	}
+	rc, err := sc.SyscallConn()
 	if err != nil {
 		return 0, nil, err
 	}
@@ -170,7 +181,7 @@ func serveFloorUDP(addr string) error {
 	if err != nil {
 		return err
 	}
-	fd, err := rawUDP(pc.(*net.UDPConn))
+	fd, f, err := rawFd(pc.(*net.UDPConn))
 	if err != nil {
 		return err
 	}
@@ -180,6 +191,7 @@ func serveFloorUDP(addr string) error {
 	}
 	go func() {
 		runtime.LockOSThread()
+		defer f.Close() // never: the thread serves until the process ends
 		var req [16]byte
 		rep := make([]byte, 16+4096)
 		for {
@@ -206,60 +218,27 @@ func floorUDP(addr string, n int) ([]time.Duration, error) {
 	if err != nil {
 		return nil, err
 	}
-	fd, err := rawUDP(c.(*net.UDPConn))
+	fd, f, err := rawFd(c)
 	if err != nil {
 		return nil, err
 	}
-	defer unix.Close(fd)
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	var req [16]byte
-	rep := make([]byte, 16+4096)
-	rng := rand.New(rand.NewPCG(3, 3))
-	lat := make([]time.Duration, 0, n)
-	for range n {
-		binary.BigEndian.PutUint64(req[:], rng.Uint64())
-		t := time.Now()
-		if _, err := unix.Write(fd, req[:]); err != nil {
-			return nil, err
+	defer f.Close()
+	return timeProbes(n, func(req, rep []byte) error {
+		if _, err := unix.Write(fd, req); err != nil {
+			return err
 		}
 		for {
 			k, err := unix.Read(fd, rep)
-			if err == unix.EAGAIN || err == unix.EINTR {
+			switch {
+			case err == unix.EAGAIN || err == unix.EINTR:
 				_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
-				continue
+			case err != nil:
+				return err
+			case k != len(rep):
+				return fmt.Errorf("floor: datagram of %d bytes", k)
+			default:
+				return nil
 			}
-			if err != nil {
-				return nil, err
-			}
-			if k != len(rep) {
-				return nil, fmt.Errorf("floor: datagram of %d bytes", k)
-			}
-			break
 		}
-		lat = append(lat, time.Since(t))
-	}
-	return lat, nil
-}
-
-// rawUDP returns a non-blocking duplicate of c's descriptor that Go's
-// netpoller does not know, and closes c (see rawFd).
-func rawUDP(c *net.UDPConn) (int, error) {
-	defer c.Close()
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return 0, err
-	}
-	fd, derr := -1, error(nil)
-	if err := rc.Control(func(s uintptr) { fd, derr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
-		return 0, err
-	}
-	if derr != nil {
-		return 0, derr
-	}
-	if err := unix.SetNonblock(fd, true); err != nil {
-		unix.Close(fd)
-		return 0, err
-	}
-	return fd, nil
+	})
 }
