@@ -542,6 +542,8 @@ func (h *faultHandler) evictDuringFault(want int) ([]int, error) {
 	t0 := time.Now()
 	defer func() { h.stats.EvictTime += time.Since(t0) }()
 	var pending []int
+	clean := h.victims[:0]
+	defer func() { h.victims = clean }()
 	s := int32(h.pages)
 	for ; want > 0 && h.prev[s] != s; want-- {
 		v := int(h.prev[s])
@@ -562,22 +564,38 @@ func (h *faultHandler) evictDuringFault(want int) ([]int, error) {
 		}
 		h.lruRemove(v)
 		h.unwritten(v)
-		if err := h.drop(v); err != nil {
-			_ = h.fail(err)
-			return pending, nil
-		}
+		clean = append(clean, v)
+	}
+	// Least recently used pages of a sequential scan are contiguous: one
+	// punch per run (a punch costs several µs, a readahead window evicts
+	// up to 64 pages).
+	slices.Sort(clean)
+	if err := h.drop(clean); err != nil {
+		_ = h.fail(err)
 	}
 	return pending, nil
 }
 
-// drop punches page v, out of the LRU already, out of the cache.
-func (h *faultHandler) drop(v int) error {
-	if err := h.punch(v, v+1); err != nil {
-		return err
+// drop punches the sorted pages, out of the LRU already, out of the cache:
+// one fallocate per run of contiguous pages.
+func (h *faultHandler) drop(pages []int) error {
+	for k := 0; k < len(pages); {
+		j := k + 1
+		for j < len(pages) && pages[j] == pages[j-1]+1 {
+			j++
+		}
+		lo, hi := pages[k], pages[j-1]+1
+		if err := h.punch(lo, hi); err != nil {
+			return err
+		}
+		for v := lo; v < hi; v++ {
+			h.dirty[v], h.resident[v] = false, false
+		}
+		h.nres -= hi - lo
+		h.stats.Evictions += int64(hi - lo)
+		h.stats.Punches++
+		k = j
 	}
-	h.dirty[v], h.resident[v] = false, false
-	h.nres--
-	h.stats.Evictions++
 	return nil
 }
 
@@ -591,7 +609,7 @@ func (h *faultHandler) finishWriteBacks(pages []int, first uint32) error {
 		if err := h.pg.reply(ack[:], first+uint32(k), OpWrite, nil); err != nil {
 			return err
 		}
-		if err := h.drop(v); err != nil {
+		if err := h.drop([]int{v}); err != nil {
 			return err
 		}
 		h.stats.WriteBacks++
@@ -661,23 +679,7 @@ func (h *faultHandler) evict(want int) error {
 	if err := h.writeBack(dirty); err != nil {
 		return err
 	}
-	for k := 0; k < len(victims); {
-		j := k + 1
-		for j < len(victims) && victims[j] == victims[j-1]+1 {
-			j++
-		}
-		lo, hi := victims[k], victims[j-1]+1
-		if err := h.punch(lo, hi); err != nil {
-			return err
-		}
-		for v := lo; v < hi; v++ {
-			h.resident[v] = false
-		}
-		k = j
-	}
-	h.nres -= len(victims)
-	h.stats.Evictions += int64(len(victims))
-	return nil
+	return h.drop(victims)
 }
 
 // punch drops pages [lo, hi) from the region: the memfd's pages are freed

@@ -67,6 +67,7 @@ type MappingStats struct {
 	PreDirtied int64 // read faults installed writable because writes were likely
 	PagesIn    int64 // pages fetched (including readahead)
 	Evictions  int64 // pages evicted
+	Punches    int64 // holes punched to evict them (one per run of contiguous pages)
 	WriteBacks int64 // dirty pages written back
 	// FaultWriteBacks counts the write-backs sent behind a fault's READ
 	// (evicting while the page travels) among WriteBacks.

@@ -52,6 +52,11 @@ func TestMappingEvictionAndWriteBack(t *testing.T) {
 	if !bytes.Equal(b, shadow) {
 		t.Fatal("sequential read differs")
 	}
+	// A sequential scan evicts runs of contiguous pages, each with one
+	// punch (a readahead window evicts up to a window of pages).
+	if st := m.Stats(); st.Evictions == 0 || st.Evictions < 8*st.Punches {
+		t.Fatalf("sequential scan: %d pages evicted with %d punches", st.Evictions, st.Punches)
+	}
 	rng := rand.New(rand.NewPCG(4, 5))
 	for range 4000 {
 		off := rng.IntN(size - 8)
