@@ -424,8 +424,16 @@ func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
 			return
 		}
 	}
+	// Only the faulting page is waited for: the rest of a readahead
+	// window is installed below as it arrives.
+	have := 0 // bytes of buf received
 	if err == nil {
-		err = h.pg.reply(h.pg.hdr[:], readSeq, OpRead, buf)
+		have, err = h.pg.replyHead(h.pg.hdr[:], readSeq, OpRead, buf)
+	}
+	if err == nil && have < h.ps {
+		var k int
+		k, err = h.pg.recvAtLeast([][]byte{buf[have:]}, h.ps-have)
+		have += k
 	}
 	if err != nil {
 		_ = h.fail(err)
@@ -452,21 +460,39 @@ func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
 		h.refuse(i)
 		return
 	}
-	if n > 1 {
-		// The faulting thread is awake already; the rest of the window
-		// follows.
-		if err := h.install(i+1, src+uintptr(h.ps), n-1, true); err != nil {
+	h.stats.InstallTime += time.Since(t2)
+	h.dirty[i] = write
+	h.resident[i] = true
+	h.lruPush(i)
+	h.nres++
+	// The faulting thread is awake already. The rest of the window is
+	// installed in pieces as its bytes arrive, so that copying pages in
+	// overlaps the donor sending the next ones.
+	for done := 1; done < n; {
+		if have < (done+1)*h.ps {
+			t := time.Now()
+			k, err := h.pg.recvAtLeast([][]byte{buf[have:]}, (done+1)*h.ps-have)
+			h.stats.FetchTime += time.Since(t)
+			if err != nil {
+				_ = h.fail(err)
+				return
+			}
+			have += k
+		}
+		t := time.Now()
+		upto := have / h.ps
+		if err := h.install(i+done, src+uintptr(done*h.ps), upto-done, true); err != nil {
 			_ = h.fail(err)
 			return
 		}
+		h.stats.InstallTime += time.Since(t)
+		for j := i + done; j < i+upto; j++ {
+			h.resident[j] = true
+			h.lruPush(j)
+		}
+		h.nres += upto - done
+		done = upto
 	}
-	h.stats.InstallTime += time.Since(t2)
-	h.dirty[i] = write
-	for j := i; j < i+n; j++ {
-		h.resident[j] = true
-		h.lruPush(j)
-	}
-	h.nres += n
 	if len(pending) > 0 {
 		// The faulting thread runs again; the acknowledgements of the
 		// write-backs sent behind the READ come next on the connection.

@@ -241,6 +241,17 @@ func (p *pager) send(op uint8, buf []byte, off int64) error {
 // reply receives the reply to request seq: one readv for the header and, for
 // reads, the data behind it (into buf, whose length is the request's).
 func (p *pager) reply(hdr []byte, seq uint32, op uint8, buf []byte) error {
+	extra, err := p.replyHead(hdr, seq, op, buf)
+	if err != nil || op != OpRead {
+		return err
+	}
+	return p.recvv([][]byte{buf[extra:]})
+}
+
+// replyHead receives the header of the reply to request seq and, for a read,
+// whatever of the data arrived with it (into buf), and returns how many
+// bytes of buf it filled; the rest of the data follows on the connection.
+func (p *pager) replyHead(hdr []byte, seq uint32, op uint8, buf []byte) (int, error) {
 	var in [][]byte
 	if op == OpRead {
 		in = [][]byte{hdr[:HeaderSize], buf}
@@ -249,29 +260,26 @@ func (p *pager) reply(hdr []byte, seq uint32, op uint8, buf []byte) error {
 	}
 	got, err := p.recvAtLeast(in, HeaderSize)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	rh, err := DecodeHeader(hdr[:HeaderSize])
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if rh.Seq != seq || rh.Op != op || !rh.IsResponse() {
-		return fmt.Errorf("%w: reply seq %d op %d for seq %d op %d", ErrBadFrame, rh.Seq, rh.Op, seq, op)
+		return 0, fmt.Errorf("%w: reply seq %d op %d for seq %d op %d", ErrBadFrame, rh.Seq, rh.Op, seq, op)
 	}
 	extra := got - HeaderSize // payload bytes already in buf
 	if rh.Status != StatusOK {
 		msg := make([]byte, rh.Payload)
 		k := copy(msg, buf[:min(extra, len(buf))])
 		if err := p.recvv([][]byte{msg[k:]}); err != nil {
-			return err
+			return 0, err
 		}
-		return statusError(rh.Status, msg)
+		return 0, statusError(rh.Status, msg)
 	}
-	if op == OpRead {
-		if int(rh.Length) != len(buf) {
-			return fmt.Errorf("%w: read reply of %d bytes for %d", ErrBadFrame, rh.Length, len(buf))
-		}
-		return p.recvv([][]byte{buf[extra:]})
+	if op == OpRead && int(rh.Length) != len(buf) {
+		return 0, fmt.Errorf("%w: read reply of %d bytes for %d", ErrBadFrame, rh.Length, len(buf))
 	}
-	return nil
+	return extra, nil
 }
