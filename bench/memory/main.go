@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -266,6 +267,7 @@ func run(args []string) {
 				mapReads(ctx, clBlock, "block", memory.MapOptions{Spin: -1}, c.donorPid, res)
 			}
 			mapping(ctx, cl, memory.MapOptions{Spin: c.mapSpin}, c.donorPid, res)
+			concurrentFaults(ctx, cl, memory.MapOptions{Spin: c.mapSpin}, res)
 			if c.addrFloor != "" {
 				lat, err := floorRTT(c.addrFloor, 20000)
 				if err != nil {
@@ -476,6 +478,47 @@ func readFaults(m *memory.Mapping, mode string, donorPid int, res *results) {
 	}
 	if sink == 1 {
 		logf("")
+	}
+}
+
+// concurrentFaults times first touches of random pages of a fresh mapping
+// by one thread, then by four threads at once (whose faults the handler
+// batches), as faults per second.
+func concurrentFaults(ctx context.Context, cl *memory.Client, opts memory.MapOptions, res *results) {
+	m, err := memory.Map(ctx, cl, opts)
+	if err != nil {
+		logf("mapping unavailable: %v", err)
+		return
+	}
+	b := m.Bytes()
+	perm := rand.New(rand.NewPCG(11, 11)).Perm(len(b) / 4096)
+	const n = 20000
+	// A thread waiting on a fault keeps its P.
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(max(runtime.GOMAXPROCS(0), 6)))
+	for _, threads := range []int{1, 4} {
+		pages := perm[:n]
+		perm = perm[n:]
+		sinks := make([]byte, threads*64)
+		m.ResetStats()
+		var wg sync.WaitGroup
+		t0 := time.Now()
+		for k := range threads {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for j := k; j < n; j += threads {
+					sinks[k*64] += b[pages[j]*4096]
+				}
+			}()
+		}
+		wg.Wait()
+		res.add(fmt.Sprintf("fault conc %d/s", threads), n/time.Since(t0).Seconds())
+		if st := m.Stats(); st.Faults > 0 {
+			res.add(fmt.Sprintf("fault conc %d batched", threads), float64(st.Batched)/float64(st.Faults))
+		}
+	}
+	if err := m.Close(); err != nil {
+		fail(err)
 	}
 }
 
@@ -734,6 +777,12 @@ func report(c cfg, r *results, steal []float64) {
 		p("\nPer-run read-fault p50 without polling: %s. Mean per fault, polling / blocking: waiting\n", r.all("fault read p50 block"))
 		p("for the donor %.1f / %.1f µs; UFFDIO_COPY (which includes waking the faulting thread, and its\n", r.med("fault fetch poll"), r.med("fault fetch block"))
 		p("run until it faults again when it preempts the handler on the same CPU) %.1f / %.1f µs.\n\n", r.med("fault install poll"), r.med("fault install block"))
+	}
+	if len(r.v["fault conc 4/s"]) > 0 {
+		p("Threads faulting at once: random first touches of a fresh mapping, 20,000 by one thread, then\n")
+		p("20,000 by four threads together. The handler fetches the faults that arrive together with\n")
+		p("their READs in one write (%.0f%% of the four threads' faults were batched): %.0f faults/s with one\n", 100*r.med("fault conc 4 batched"), r.med("fault conc 1/s"))
+		p("thread, %.0f with four (per run: %s and %s).\n\n", r.med("fault conc 4/s"), r.all("fault conc 1/s"), r.all("fault conc 4/s"))
 	}
 	if len(r.v["fault read p50 link"]) > 0 {
 		p("Across a link: the same read faults (a fresh mapping, 20,000 first touches) with the donor in\n")

@@ -106,22 +106,25 @@ type faultHandler struct {
 	// keeps the estimate about recent faults: judged only at eviction, a
 	// full cache would make it lag a change of access pattern by a whole
 	// cache's worth of faults.
-	probedAt  []uint64
-	probes    [probeHorizon]probe // ring of the latest probes
-	nprobes   uint64
-	writeRate float64
-	faultSeq  uint64
-	prev      []int32 // LRU links; index pages is the sentinel
-	next      []int32
-	nres      int
-	raWin     int
-	seqNext   int
-	victims   []int
-	dirtyBuf  []int
-	stats     MappingStats
-	svc       []time.Duration
-	svcN      int
-	err       error
+	probedAt   []uint64
+	probes     [probeHorizon]probe // ring of the latest probes
+	nprobes    uint64
+	writeRate  float64
+	faultSeq   uint64
+	prev       []int32 // LRU links; index pages is the sentinel
+	next       []int32
+	nres       int
+	raWin      int
+	seqNext    int
+	victims    []int
+	dirtyBuf   []int
+	batch      []uffd.Msg // faults served together by faultBatch
+	batchPages []int
+	batchHdrs  [maxBatch * HeaderSize]byte
+	stats      MappingStats
+	svc        []time.Duration
+	svcN       int
+	err        error
 
 	in, out []byte // control socket buffers
 	closing bool
@@ -152,7 +155,7 @@ func runFaultHandler(cfgText string) error {
 	if h.mem, err = unix.Mmap(h.memfd, 0, h.pages*h.ps, unix.PROT_READ, unix.MAP_SHARED); err != nil {
 		return fmt.Errorf("map region: %w", err)
 	}
-	if h.stage, err = unix.Mmap(-1, 0, max(cfg.MaxRA, 1)*h.ps, unix.PROT_READ|unix.PROT_WRITE,
+	if h.stage, err = unix.Mmap(-1, 0, max(cfg.MaxRA, maxBatch)*h.ps, unix.PROT_READ|unix.PROT_WRITE,
 		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE); err != nil {
 		return fmt.Errorf("map staging buffer: %w", err)
 	}
@@ -180,11 +183,7 @@ func (h *faultHandler) loop() error {
 			return fmt.Errorf("read userfaultfd: %w", err)
 		}
 		if len(msgs) > 0 {
-			for _, msg := range msgs {
-				if msg.Event == uffd.EventPagefault {
-					h.fault(msg, time.Now())
-				}
-			}
+			h.serve(msgs)
 			idle, spins = time.Time{}, 0
 			continue
 		}
@@ -365,6 +364,39 @@ func (h *faultHandler) lruPush(i int) {
 	h.next[s] = int32(i)
 }
 
+// maxBatch is the most faults faultBatch fetches together.
+const maxBatch = 16
+
+// serve serves the fault messages read together. Missing-page faults on
+// several distinct pages (threads faulting concurrently) are fetched
+// together by faultBatch; every other fault is served by fault.
+func (h *faultHandler) serve(msgs []uffd.Msg) {
+	t0 := time.Now()
+	batch, pages := h.batch[:0], h.batchPages[:0]
+	room := min(len(h.stage)/h.ps, maxBatch)
+	for _, msg := range msgs {
+		if msg.Event != uffd.EventPagefault {
+			continue
+		}
+		i := int((uintptr(msg.Address) - h.base) / uintptr(h.ps))
+		switch {
+		case uintptr(msg.Address) < h.base || i >= h.pages || h.err != nil || msg.Flags&uffd.FlagWP != 0 ||
+			h.resident[i] || len(pages) == room:
+			h.fault(msg, t0)
+		case !slices.Contains(pages, i): // one copy wakes every thread waiting on the page
+			batch, pages = append(batch, msg), append(pages, i)
+		}
+	}
+	h.batch, h.batchPages = batch, pages
+	switch len(batch) {
+	case 0:
+	case 1:
+		h.fault(batch[0], t0)
+	default:
+		h.faultBatch(batch, pages, t0)
+	}
+}
+
 // fault serves one page-fault message.
 func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
 	i := int((uintptr(msg.Address) - h.base) / uintptr(h.ps))
@@ -442,29 +474,13 @@ func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
 	}
 	t2 := time.Now()
 	h.stats.FetchTime += t2.Sub(t1)
-	write := msg.Flags&uffd.FlagWrite != 0
-	// When most faulted pages end up written (read-modify-write patterns),
-	// install the faulting page writable and dirty at once, saving the
-	// write-protect fault that would follow; every 8th such fault still
-	// installs protected so the estimate keeps learning.
-	h.faultSeq++
-	if !write && h.writeRate > 0.5 && h.faultSeq%8 != 0 {
-		write = true
-		h.stats.PreDirtied++
-	} else if !write {
-		h.probe(i)
-	}
 	src := uintptr(unsafe.Pointer(&h.stage[0]))
-	if err := h.install(i, src, 1, !write); err != nil {
+	if err := h.installFault(i, src, msg.Flags&uffd.FlagWrite != 0); err != nil {
 		_ = h.fail(err)
 		h.refuse(i)
 		return
 	}
 	h.stats.InstallTime += time.Since(t2)
-	h.dirty[i] = write
-	h.resident[i] = true
-	h.lruPush(i)
-	h.nres++
 	// The faulting thread is awake already. The rest of the window is
 	// installed in pieces as its bytes arrive, so that copying pages in
 	// overlaps the donor sending the next ones.
@@ -502,22 +518,105 @@ func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
 		}
 	}
 	h.seqNext = i + n
-	h.stats.Faults++
-	h.stats.PagesIn += int64(n)
-	d := time.Since(t0)
-	if len(h.svc) < cap(h.svc) {
-		h.svc = append(h.svc, d)
-	} else {
-		h.svc[h.svcN%len(h.svc)] = d
-		h.svcN++
+	h.stats.PagesIn += int64(n - 1)
+	h.served(t0, 1)
+}
+
+// installFault installs page i from src for a missing-page fault (a write
+// fault if write) and makes it resident. When most faulted pages end up
+// written (read-modify-write patterns), a read-faulted page is installed
+// writable and dirty at once, saving the write-protect fault that would
+// follow; every 8th such fault still installs it protected so the estimate
+// keeps learning.
+func (h *faultHandler) installFault(i int, src uintptr, write bool) error {
+	h.faultSeq++
+	if !write && h.writeRate > 0.5 && h.faultSeq%8 != 0 {
+		write = true
+		h.stats.PreDirtied++
+	} else if !write {
+		h.probe(i)
 	}
-	// Eviction normally runs while no fault is waiting (see loop); only
-	// when faults come back to back does the cache outgrow its size by a
-	// batch, and then it is evicted here, after the faulting thread was
-	// woken.
+	if err := h.install(i, src, 1, !write); err != nil {
+		return err
+	}
+	h.dirty[i] = write
+	h.resident[i] = true
+	h.lruPush(i)
+	h.nres++
+	h.stats.Faults++
+	h.stats.PagesIn++
+	return nil
+}
+
+// served records the service time of k faults that arrived at t0, and
+// evicts if faults came back to back: eviction normally runs while no
+// fault is waiting (see loop); only when faults come back to back does the
+// cache outgrow its size by a batch, and then it is evicted here, after the
+// faulting threads were woken.
+func (h *faultHandler) served(t0 time.Time, k int) {
+	d := time.Since(t0)
+	for range k {
+		if len(h.svc) < cap(h.svc) {
+			h.svc = append(h.svc, d)
+		} else {
+			h.svc[h.svcN%len(h.svc)] = d
+			h.svcN++
+		}
+	}
 	if h.nres > h.cfg.CapPages+h.cfg.Batch {
 		h.evictNow(max(h.nres-h.cfg.CapPages, h.cfg.Batch))
 	}
+}
+
+// faultBatch serves missing-page faults on several distinct pages, none
+// resident, that arrived together (threads faulting concurrently): their
+// READs go out in one writev before the first reply is read, so the donor
+// serves them in one pass, and each faulting thread is woken as its page
+// is installed. No readahead: concurrent faults are not one sequential
+// stream. len(pages) ≤ the staging buffer's pages.
+func (h *faultHandler) faultBatch(msgs []uffd.Msg, pages []int, t0 time.Time) {
+	t1 := time.Now()
+	first := h.pg.seq + 1
+	err := h.pg.sendPageReads(pages, h.ps, h.batchHdrs[:])
+	var pending []int
+	if err == nil {
+		pending, err = h.evictDuringFault(h.nres + len(pages) - h.cfg.CapPages)
+		if err == nil && h.err != nil {
+			for _, i := range pages {
+				h.refuse(i)
+			}
+			return
+		}
+	}
+	h.raWin = 1
+	src := uintptr(unsafe.Pointer(&h.stage[0]))
+	for k, i := range pages {
+		if err == nil {
+			err = h.pg.reply(h.pg.hdr[:], first+uint32(k), OpRead, h.stage[k*h.ps:(k+1)*h.ps])
+		}
+		t2 := time.Now()
+		h.stats.FetchTime += t2.Sub(t1)
+		if err == nil {
+			err = h.installFault(i, src+uintptr(k*h.ps), msgs[k].Flags&uffd.FlagWrite != 0)
+		}
+		if err != nil {
+			_ = h.fail(err)
+			for _, j := range pages[k:] {
+				h.refuse(j)
+			}
+			return
+		}
+		t1 = time.Now()
+		h.stats.InstallTime += t1.Sub(t2)
+	}
+	if len(pending) > 0 {
+		if err := h.finishWriteBacks(pending, first+uint32(len(pages))); err != nil {
+			_ = h.fail(err)
+			return
+		}
+	}
+	h.stats.Batched += int64(len(pages))
+	h.served(t0, len(pages))
 }
 
 // probeHorizon is how many later probes a probed page has to be written

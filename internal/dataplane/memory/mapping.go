@@ -66,6 +66,10 @@ type MappingStats struct {
 	WPFaults   int64 // first writes to clean pages
 	PreDirtied int64 // read faults installed writable because writes were likely
 	PagesIn    int64 // pages fetched (including readahead)
+	// Batched counts the missing-page faults, among Faults, that arrived
+	// together from threads faulting concurrently and were fetched with
+	// their READs sent together.
+	Batched    int64
 	Evictions  int64 // pages evicted
 	Punches    int64 // holes punched to evict them (one per run of contiguous pages)
 	WriteBacks int64 // dirty pages written back

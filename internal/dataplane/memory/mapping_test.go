@@ -7,10 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"runtime"
 	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -302,4 +305,82 @@ func TestMappingWriteEstimateFollowsPattern(t *testing.T) {
 	if err := m.Close(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// Threads that fault at the same time have their pages fetched together:
+// with the handler process stopped, four threads fault on four pages; once
+// it resumes it reads the four messages at once and sends their READs back
+// to back (faultBatch).
+func TestMappingBatchesConcurrentFaults(t *testing.T) {
+	const size, threads = 1 << 20, 4
+	_, addr := startChildDonor(t, size)
+	c := dial(t, addr, Options{})
+	want := make([]byte, size)
+	_, _ = rand.NewChaCha8([32]byte{7}).Read(want)
+	if err := c.Write(context.Background(), ChannelBulk, want, 0); err != nil {
+		t.Fatal(err)
+	}
+	m := mapOrSkip(t, c, MapOptions{})
+	defer m.Close()
+	b := m.Bytes()
+	// A thread waiting on a fault keeps its P, and a collection would wait
+	// for it while the handler is stopped.
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(threads + 2))
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	if err := m.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			if err := m.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	defer resume()
+	page := func(k int) int { return (k*37 + 5) * 4096 } // distinct, not neighbours
+	got := make([]byte, threads)
+	var wg sync.WaitGroup
+	for k := range threads {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[k] = b[page(k)]
+		}()
+	}
+	for deadline := time.Now().Add(10 * time.Second); faultWaiters(t) < threads; {
+		if time.Now().After(deadline) {
+			resume()
+			t.Fatalf("%d of %d threads wait on a fault", faultWaiters(t), threads)
+		}
+		runtime.Gosched()
+	}
+	resume()
+	wg.Wait()
+	for k := range threads {
+		if got[k] != want[page(k)] {
+			t.Errorf("thread %d read %#x, want %#x", k, got[k], want[page(k)])
+		}
+	}
+	if st := m.Stats(); st.Faults != threads || st.Batched != threads {
+		t.Fatalf("%d faults, %d of them batched; want %d in one batch", st.Faults, st.Batched, threads)
+	}
+}
+
+// faultWaiters counts this process's threads blocked on a userfaultfd fault.
+func faultWaiters(t *testing.T) int {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, task := range tasks {
+		w, _ := os.ReadFile("/proc/self/task/" + task.Name() + "/wchan")
+		if string(w) == "handle_userfault" {
+			n++
+		}
+	}
+	return n
 }

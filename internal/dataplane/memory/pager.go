@@ -238,6 +238,18 @@ func (p *pager) send(op uint8, buf []byte, off int64) error {
 	return p.sendv(bufs)
 }
 
+// sendPageReads sends a READ of one page (ps bytes) for each of pages,
+// requests p.seq+1 onwards, in one writev (hdrs holds the headers: at least
+// len(pages)*HeaderSize bytes).
+func (p *pager) sendPageReads(pages []int, ps int, hdrs []byte) error {
+	for k, i := range pages {
+		p.seq++
+		h := Header{Op: OpRead, Seq: p.seq, Offset: uint64(i * ps), Length: uint32(ps)}
+		h.Encode(hdrs[k*HeaderSize:])
+	}
+	return p.sendv(append(p.iov[:0], hdrs[:len(pages)*HeaderSize]))
+}
+
 // reply receives the reply to request seq: one readv for the header and, for
 // reads, the data behind it (into buf, whose length is the request's).
 func (p *pager) reply(hdr []byte, seq uint32, op uint8, buf []byte) error {
