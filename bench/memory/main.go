@@ -757,7 +757,8 @@ func report(c cfg, r *results, steal []float64) {
 		}
 	}
 	p("Sequential scan of 256 MiB through the mapping (readahead up to 64 pages; the cache full of clean\n")
-	p("pages, so every window evicts as many, %.0f pages per punch): %.0f MiB/s (per run: %s).\n\n", r.med("mapped seq evictions/punch"), r.med("mapped seq MiB/s"), r.all("mapped seq MiB/s"))
+	p("pages, so every window evicts as many — %.1f pages per punch, since the first 100 MiB evict the\n", r.med("mapped seq evictions/punch"))
+	p("random pages cached before): %.0f MiB/s (per run: %s).\n\n", r.med("mapped seq MiB/s"), r.all("mapped seq MiB/s"))
 	if len(r.v["fault read p50 block"]) > 0 {
 		p("What polling costs: the same read faults served with polling (defaults) and without (handler\n")
 		p("and donor sleep in poll(2) whenever idle), alternating within each run against two donors in\n")
