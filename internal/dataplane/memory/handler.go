@@ -381,13 +381,25 @@ func (h *faultHandler) serve(msgs []uffd.Msg) {
 		i := int((uintptr(msg.Address) - h.base) / uintptr(h.ps))
 		switch {
 		case uintptr(msg.Address) < h.base || i >= h.pages || h.err != nil || msg.Flags&uffd.FlagWP != 0 ||
-			h.resident[i] || len(pages) == room:
-			h.fault(msg, t0)
-		case !slices.Contains(pages, i): // one copy wakes every thread waiting on the page
+			h.resident[i]:
+			h.fault(msg, t0) // installs nothing: cannot race the batch
+		case slices.Contains(pages, i): // one copy wakes every thread waiting on the page
+		default:
+			if len(pages) == room {
+				// Serve the full batch first: fault() on a page of
+				// the batch (or a window over one) would install it
+				// before faultBatch copies it again (EEXIST).
+				h.serveBatch(batch, pages, t0)
+				batch, pages = batch[:0], pages[:0]
+			}
 			batch, pages = append(batch, msg), append(pages, i)
 		}
 	}
 	h.batch, h.batchPages = batch, pages
+	h.serveBatch(batch, pages, t0)
+}
+
+func (h *faultHandler) serveBatch(batch []uffd.Msg, pages []int, t0 time.Time) {
 	switch len(batch) {
 	case 0:
 	case 1:
@@ -481,6 +493,7 @@ func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
 		return
 	}
 	h.stats.InstallTime += time.Since(t2)
+	h.record(t0)
 	// The faulting thread is awake already. The rest of the window is
 	// installed in pieces as its bytes arrive, so that copying pages in
 	// overlaps the donor sending the next ones.
@@ -519,7 +532,7 @@ func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
 	}
 	h.seqNext = i + n
 	h.stats.PagesIn += int64(n - 1)
-	h.served(t0, 1)
+	h.evictIfBehind()
 }
 
 // installFault installs page i from src for a missing-page fault (a write
@@ -548,21 +561,24 @@ func (h *faultHandler) installFault(i int, src uintptr, write bool) error {
 	return nil
 }
 
-// served records the service time of k faults that arrived at t0, and
-// evicts if faults came back to back: eviction normally runs while no
-// fault is waiting (see loop); only when faults come back to back does the
-// cache outgrow its size by a batch, and then it is evicted here, after the
-// faulting threads were woken.
-func (h *faultHandler) served(t0 time.Time, k int) {
+// record records the service time of a fault that arrived at t0 and whose
+// thread was just woken.
+func (h *faultHandler) record(t0 time.Time) {
 	d := time.Since(t0)
-	for range k {
-		if len(h.svc) < cap(h.svc) {
-			h.svc = append(h.svc, d)
-		} else {
-			h.svc[h.svcN%len(h.svc)] = d
-			h.svcN++
-		}
+	if len(h.svc) < cap(h.svc) {
+		h.svc = append(h.svc, d)
+	} else {
+		h.svc[h.svcN%len(h.svc)] = d
+		h.svcN++
 	}
+}
+
+// evictIfBehind evicts after serving faults if the cache has outgrown its
+// size by a batch: eviction normally runs while no fault is waiting (see
+// loop); only when faults come back to back does the cache outgrow its
+// size that much, and then it is evicted here, after the faulting threads
+// were woken.
+func (h *faultHandler) evictIfBehind() {
 	if h.nres > h.cfg.CapPages+h.cfg.Batch {
 		h.evictNow(max(h.nres-h.cfg.CapPages, h.cfg.Batch))
 	}
@@ -575,6 +591,12 @@ func (h *faultHandler) served(t0 time.Time, k int) {
 // is installed. No readahead: concurrent faults are not one sequential
 // stream. len(pages) ≤ the staging buffer's pages.
 func (h *faultHandler) faultBatch(msgs []uffd.Msg, pages []int, t0 time.Time) {
+	if h.err != nil { // a batch served just before failed the mapping
+		for _, i := range pages {
+			h.refuse(i)
+		}
+		return
+	}
 	t1 := time.Now()
 	first := h.pg.seq + 1
 	err := h.pg.sendPageReads(pages, h.ps, h.batchHdrs[:])
@@ -606,6 +628,7 @@ func (h *faultHandler) faultBatch(msgs []uffd.Msg, pages []int, t0 time.Time) {
 			}
 			return
 		}
+		h.record(t0)
 		t1 = time.Now()
 		h.stats.InstallTime += t1.Sub(t2)
 	}
@@ -616,7 +639,7 @@ func (h *faultHandler) faultBatch(msgs []uffd.Msg, pages []int, t0 time.Time) {
 		}
 	}
 	h.stats.Batched += int64(len(pages))
-	h.served(t0, len(pages))
+	h.evictIfBehind()
 }
 
 // probeHorizon is how many later probes a probed page has to be written
@@ -757,16 +780,19 @@ func (h *faultHandler) evictNow(want int) {
 }
 
 func (h *faultHandler) install(i int, src uintptr, n int, wp bool) error {
-	for {
-		_, err := h.u.Copy(h.addr(i), src, uintptr(n*h.ps), wp)
+	for done := uintptr(0); done < uintptr(n*h.ps); {
+		c, err := h.u.Copy(h.addr(i)+done, src+done, uintptr(n*h.ps)-done, wp)
+		if c > 0 {
+			done += uintptr(c) // EAGAIN may follow a partial copy
+		}
 		if err == unix.EAGAIN {
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("UFFDIO_COPY page %d: %w", i, err)
+			return fmt.Errorf("UFFDIO_COPY page %d: %w", i+int(done)/h.ps, err)
 		}
-		return nil
 	}
+	return nil
 }
 
 // refuse answers a fault on a failed mapping: the page gets a poison

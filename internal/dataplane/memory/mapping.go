@@ -82,7 +82,7 @@ type MappingStats struct {
 	HandlerCPU      time.Duration // CPU time (user+system) the handler process used so far
 	Resident        int           // pages in the cache now
 	CachePages      int
-	ServiceTime     []time.Duration // per missing fault, handler side (last 64Ki)
+	ServiceTime     []time.Duration // per missing fault, from the handler reading it to waking its thread (last 64Ki)
 }
 
 // Mapping is a transparent view of a remote region: Bytes returns ordinary
