@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"sync"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -242,9 +243,14 @@ func Map(ctx context.Context, c *Client, opts MapOptions) (*Mapping, error) {
 	}
 	passed = append(passed, mfile)
 	// The order of ExtraFiles gives the handler's descriptors 3, 4, 5, 6.
+	// The handler gets a process group of its own: an interrupt from the
+	// terminal (Ctrl-C goes to the foreground group) is the program's to
+	// handle, and a program that shuts down gracefully still needs its
+	// mapping meanwhile. The handler exits when the program goes.
 	m.cmd = &exec.Cmd{Path: exe, Args: []string{HandlerArg}, Stderr: os.Stderr,
-		Env:        append(os.Environ(), HandlerEnv+"="+string(cfg)),
-		ExtraFiles: []*os.File{ufile, mfile, donor, theirs}}
+		Env:         append(os.Environ(), HandlerEnv+"="+string(cfg)),
+		ExtraFiles:  []*os.File{ufile, mfile, donor, theirs},
+		SysProcAttr: &syscall.SysProcAttr{Setpgid: true}}
 	if err := m.cmd.Start(); err != nil {
 		m.cmd = nil
 		return nil, fmt.Errorf("memory: start fault handler %s: %w", exe, err)

@@ -307,6 +307,22 @@ func TestMappingWriteEstimateFollowsPattern(t *testing.T) {
 	}
 }
 
+// The fault handler process is outside the program's process group, so an
+// interrupt from the terminal (sent to the foreground group) leaves the
+// mapping working while the program handles it.
+func TestMappingHandlerOutsideProcessGroup(t *testing.T) {
+	_, addr := startChildDonor(t, 1<<20)
+	m := mapOrSkip(t, dial(t, addr, Options{}), MapOptions{})
+	defer m.Close()
+	pg, err := syscall.Getpgid(m.cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pg == syscall.Getpgrp() {
+		t.Fatalf("handler in the program's process group %d", pg)
+	}
+}
+
 // Threads that fault at the same time have their pages fetched together:
 // with the handler process stopped, four threads fault on four pages; once
 // it resumes it reads the four messages at once and sends their READs in
