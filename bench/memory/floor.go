@@ -194,12 +194,21 @@ func serveFloorUDP(addr string) error {
 		defer f.Close() // never: the thread serves until the process ends
 		var req [16]byte
 		rep := make([]byte, 16+4096)
+		last := time.Now()
 		for {
 			n, from, err := unix.Recvfrom(fd, req[:], 0)
 			if err == unix.EAGAIN || err == unix.EINTR {
-				_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+				// Poll while probes come (as the TCP probe's server does
+				// for its connection's life); sleep between probe runs.
+				if time.Since(last) < 10*time.Millisecond {
+					_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+				} else {
+					_, _ = unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, -1)
+					last = time.Now()
+				}
 				continue
 			}
+			last = time.Now()
 			if err != nil || n != len(req) {
 				continue
 			}
@@ -227,11 +236,21 @@ func floorUDP(addr string, n int) ([]time.Duration, error) {
 		if _, err := unix.Write(fd, req); err != nil {
 			return err
 		}
-		for {
+		for spins := 0; ; spins++ {
 			k, err := unix.Read(fd, rep)
 			switch {
 			case err == unix.EAGAIN || err == unix.EINTR:
 				_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+				// A lost datagram (none are lost on loopback or an
+				// unshaped veth) ends the probe rather than spinning on.
+				if spins%1024 == 1023 {
+					if pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}; func() bool {
+						k, _ := unix.Poll(pfd, 1000)
+						return k == 0
+					}() {
+						return fmt.Errorf("floor: no reply datagram within 1s")
+					}
+				}
 			case err != nil:
 				return err
 			case k != len(rep):

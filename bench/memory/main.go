@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -197,18 +198,30 @@ func run(args []string) {
 	}
 	bulkBuf := make([]byte, c.bulkBytes)
 	_, _ = rand.NewChaCha8([32]byte{1}).Read(bulkBuf)
+	// A signal ends the run at the next part, through exit, so that the
+	// link's namespace is removed (and no mapping is in use as its donor
+	// goes); a second one ends it at once.
+	sig := make(chan os.Signal, 2)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sig
+		logf("interrupted: stopping after this part (again to stop now)")
+		interrupted.Store(true)
+		<-sig
+		exit(130)
+	}()
 	var lk *link
 	if c.want("link") {
 		if lk, err = startLink(ctx, &c); err != nil {
 			logf("donor across a link unavailable: %v", err)
 		} else {
-			defer lk.close()
+			atExit(lk.close) // also on fail and on a signal: the lab is machine state
 		}
 	}
 	var steal []float64
 	for r := range c.runs {
 		s0 := readSteal()
-		logf("run %d: small ops", r+1)
+		part(r, "small ops")
 		for _, conc := range []int{1, 16} {
 			if !c.want("small") {
 				break
@@ -237,7 +250,7 @@ func run(args []string) {
 				}
 			}
 		}
-		logf("run %d: bulk", r+1)
+		part(r, "bulk")
 		if c.want("bulk") {
 			// bulk read, iperf3 -P1, bulk write, iperf3 -P2, bulk read, bulk write
 			bulk := func(op string) {
@@ -261,7 +274,7 @@ func run(args []string) {
 			bulk("write")
 		}
 		if c.want("mapping") {
-			logf("run %d: mapping", r+1)
+			part(r, "mapping")
 			// Polling and blocking fault service alternate in order.
 			if clBlock != nil && r%2 == 1 {
 				mapReads(ctx, clBlock, "block", memory.MapOptions{Spin: -1}, c.donorPid, res)
@@ -292,23 +305,68 @@ func run(args []string) {
 			}
 		}
 		if lk != nil {
-			logf("run %d: link", r+1)
+			part(r, "link")
 			lk.measure(ctx, &c, res)
 		}
 		if c.want("mixed") {
-			logf("run %d: adaptive", r+1)
+			part(r, "adaptive")
 			mixed(ctx, cl, res)
 		}
 		steal = append(steal, readSteal().since(s0))
 	}
 	report(c, res, steal)
+	runAtExit()
 }
 
 func logf(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) }
 
+// interrupted is set by the first SIGINT or SIGTERM.
+var interrupted atomic.Bool
+
+// part announces part name of run r, or exits if the run was interrupted.
+func part(r int, name string) {
+	if interrupted.Load() {
+		exit(130)
+	}
+	logf("run %d: %s", r+1, name)
+}
+
+// atExit registers f to run before the process exits through fail or a
+// signal (what a deferred call in run would not get to do).
+func atExit(f func()) {
+	exitMu.Lock()
+	defer exitMu.Unlock()
+	exitFuncs = append(exitFuncs, f)
+}
+
+var (
+	exitMu    sync.Mutex
+	exitFuncs []func()
+	exitOnce  sync.Once
+)
+
+// runAtExit runs the atExit functions, last registered first, once; a
+// concurrent caller (fail while a signal's exit is cleaning up) waits for
+// them to finish.
+func runAtExit() {
+	exitOnce.Do(func() {
+		exitMu.Lock()
+		fs := exitFuncs
+		exitMu.Unlock()
+		for i := len(fs) - 1; i >= 0; i-- {
+			fs[i]()
+		}
+	})
+}
+
+func exit(code int) {
+	runAtExit()
+	os.Exit(code)
+}
+
 func fail(err error) {
 	fmt.Fprintln(os.Stderr, "memory-bench:", err)
-	os.Exit(1)
+	exit(1)
 }
 
 func pct(d []time.Duration, p int) float64 {
@@ -481,25 +539,22 @@ func readFaults(m *memory.Mapping, mode string, donorPid int, res *results) {
 	}
 }
 
-// concurrentFaults times first touches of random pages of a fresh mapping
-// by one thread, then by four threads at once (whose faults the handler
-// batches), as faults per second.
+// concurrentFaults times first touches of random pages by one thread, then
+// by four threads at once (whose faults the handler batches), each on a
+// fresh mapping and within its cache, as faults per second.
 func concurrentFaults(ctx context.Context, cl *memory.Client, opts memory.MapOptions, res *results) {
-	m, err := memory.Map(ctx, cl, opts)
-	if err != nil {
-		logf("mapping unavailable: %v", err)
-		return
-	}
-	b := m.Bytes()
-	perm := rand.New(rand.NewPCG(11, 11)).Perm(len(b) / 4096)
-	const n = 20000
 	// A thread waiting on a fault keeps its P.
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(max(runtime.GOMAXPROCS(0), 6)))
 	for _, threads := range []int{1, 4} {
-		pages := perm[:n]
-		perm = perm[n:]
+		m, err := memory.Map(ctx, cl, opts) // fresh for each: no eviction in either
+		if err != nil {
+			logf("mapping unavailable: %v", err)
+			return
+		}
+		b := m.Bytes()
+		n := min(20000, m.Stats().CachePages)
+		pages := rand.New(rand.NewPCG(11, 11)).Perm(len(b) / 4096)[:n]
 		sinks := make([]byte, threads*64)
-		m.ResetStats()
 		var wg sync.WaitGroup
 		t0 := time.Now()
 		for k := range threads {
@@ -512,13 +567,13 @@ func concurrentFaults(ctx context.Context, cl *memory.Client, opts memory.MapOpt
 			}()
 		}
 		wg.Wait()
-		res.add(fmt.Sprintf("fault conc %d/s", threads), n/time.Since(t0).Seconds())
+		res.add(fmt.Sprintf("fault conc %d/s", threads), float64(n)/time.Since(t0).Seconds())
 		if st := m.Stats(); st.Faults > 0 {
 			res.add(fmt.Sprintf("fault conc %d batched", threads), float64(st.Batched)/float64(st.Faults))
 		}
-	}
-	if err := m.Close(); err != nil {
-		fail(err)
+		if err := m.Close(); err != nil {
+			fail(err)
+		}
 	}
 }
 
@@ -780,10 +835,11 @@ func report(c cfg, r *results, steal []float64) {
 		p("run until it faults again when it preempts the handler on the same CPU) %.1f / %.1f µs.\n\n", r.med("fault install poll"), r.med("fault install block"))
 	}
 	if len(r.v["fault conc 4/s"]) > 0 {
-		p("Threads faulting at once: random first touches of a fresh mapping, 20,000 by one thread, then\n")
-		p("20,000 by four threads together. The handler fetches the faults that arrive together with\n")
-		p("their READs in one write (%.0f%% of the four threads' faults were batched): %.0f faults/s with one\n", 100*r.med("fault conc 4 batched"), r.med("fault conc 1/s"))
-		p("thread, %.0f with four (per run: %s and %s).\n\n", r.med("fault conc 4/s"), r.all("fault conc 1/s"), r.all("fault conc 4/s"))
+		p("Threads faulting at once: 20,000 random first touches of a fresh mapping (within its cache) by\n")
+		p("one thread, then as many on another fresh mapping by four threads together. The handler\n")
+		p("fetches the faults that arrive together with their READs in one write (%.0f%% of the four\n", 100*r.med("fault conc 4 batched"))
+		p("threads' faults were batched): %.0f faults/s with one thread, %.0f with four (per run: %s\n", r.med("fault conc 1/s"), r.med("fault conc 4/s"), r.all("fault conc 1/s"))
+		p("and %s).\n\n", r.all("fault conc 4/s"))
 	}
 	if len(r.v["fault read p50 link"]) > 0 {
 		p("Across a link: the same read faults (a fresh mapping, 20,000 first touches) with the donor in\n")

@@ -63,6 +63,12 @@ func uffdFloor(n int) ([]time.Duration, error) {
 	}
 	var stop atomic.Bool
 	done := make(chan error, 1)
+	// unblock lets the measuring thread go on without this handler (its
+	// touches become plain memory faults) and returns err.
+	unblock := func(err error) error {
+		_ = u.Unregister(base, uintptr(size))
+		return err
+	}
 	go func() {
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
@@ -73,7 +79,7 @@ func uffdFloor(n int) ([]time.Duration, error) {
 			var err error
 			msgs, err = u.Read(buf, msgs[:0])
 			if err != nil {
-				done <- err
+				done <- unblock(err)
 				return
 			}
 			if len(msgs) == 0 {
@@ -83,7 +89,7 @@ func uffdFloor(n int) ([]time.Duration, error) {
 			for _, m := range msgs {
 				addr := uintptr(m.Address) &^ 4095
 				if _, err := u.Copy(addr, src, 4096, true); err != nil && err != unix.EEXIST {
-					done <- fmt.Errorf("UFFDIO_COPY: %w", err)
+					done <- unblock(fmt.Errorf("UFFDIO_COPY: %w", err))
 					return
 				}
 			}
@@ -117,6 +123,7 @@ func uffdFloor(n int) ([]time.Duration, error) {
 		lat = append(lat, time.Since(t))
 	}
 	stop.Store(true)
+	runtime.KeepAlive(page)
 	if err := <-done; err != nil {
 		return nil, err
 	}
