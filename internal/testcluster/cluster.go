@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -132,10 +133,7 @@ func Start(t testing.TB, opts Options) *Cluster {
 		HeartbeatInterval: opts.HeartbeatInterval, SuspectAfter: opts.SuspectAfter, DownAfter: opts.DownAfter,
 		PrepareTimeout: opts.PrepareTimeout, DefaultTTL: opts.DefaultTTL,
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("testcluster: %v", err)
-	}
+	host, ln := listenLoopback(t)
 	t.Cleanup(c.stopControlPlane)
 	c.startControlPlane(ln)
 	c.URL = c.hs.URL
@@ -145,7 +143,7 @@ func Start(t testing.TB, opts Options) *Cluster {
 		n := &Node{Name: name, StateDir: filepath.Join(dir, name), c: c}
 		n.cfg = agent.Config{
 			ControlPlane: c.URL, BootstrapToken: BootstrapToken, Name: name, StateDir: n.StateDir,
-			Devices: append([]agent.DeviceConfig(nil), opts.Devices...), HeartbeatInterval: opts.HeartbeatInterval,
+			Listen: host, Devices: append([]agent.DeviceConfig(nil), opts.Devices...), HeartbeatInterval: opts.HeartbeatInterval,
 			Logger: log.With("component", "agent"),
 		}
 		if opts.Configure != nil {
@@ -164,6 +162,31 @@ func Start(t testing.TB, opts Options) *Cluster {
 		n.Restart()
 	}
 	return c
+}
+
+// listenLoopback returns the host the cluster's control plane and agents
+// listen on, and a listener for the control plane there: an address of
+// its own in 127.0.0.0/8 where the system routes that block to loopback
+// (Linux), else 127.0.0.1.
+//
+// The kernel hands out the same ephemeral ports to every socket of the
+// machine that binds port 0 or connects. A port a killed agent frees on
+// 127.0.0.1 may be taken by any other test's (or process's) listener or
+// connection before the agent restarts and binds it again, and the
+// restarted agent then rightly serves its exports at new addresses, which
+// fails tests that restart a node and expect its URIs to hold. On an
+// address no one else uses, a freed port stays free for the node.
+func listenLoopback(t testing.TB) (string, net.Listener) {
+	t.Helper()
+	host := fmt.Sprintf("127.%d.%d.%d", 1+rand.IntN(254), rand.IntN(256), 1+rand.IntN(254))
+	if ln, err := net.Listen("tcp", net.JoinHostPort(host, "0")); err == nil {
+		return host, ln
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("testcluster: %v", err)
+	}
+	return "127.0.0.1", ln
 }
 
 // startControlPlane opens the store and serves a new control plane on ln.
