@@ -187,7 +187,9 @@ func TestLenderRefusesPlacedElsewhere(t *testing.T) {
 
 func TestLenderIgnoresSkippedAfterTimeout(t *testing.T) {
 	t.Parallel()
-	c := Start(t, Options{})
+	// Short, as every silent lender is waited out; the good one prepares
+	// a block lease, which takes microseconds.
+	c := Start(t, Options{PrepareTimeout: 2 * time.Second})
 	good := c.Nodes[1]
 	c.Nodes[0].Faults().IgnorePrepare.Store(true)
 	c.Nodes[2].Faults().IgnorePrepare.Store(true)
