@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/memory"
@@ -44,9 +43,8 @@ func startLink(ctx context.Context, c *cfg) (*link, error) {
 	l.donor = lab.Command(ctx, 0, exe, "serve", "-addr", net.JoinHostPort(host, "0"),
 		"-size", strconv.FormatInt(c.bulkBytes, 10), "-pair")
 	l.donor.Env = append(os.Environ(), "RIALTO_BENCH_CRED="+c.cred)
-	// Not in the terminal's process group: an interrupt must not take the
-	// donor away under a mapping in use (run stops between parts).
-	l.donor.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// It ignores SIGINT (see serve): an interrupt must not take the donor
+	// away under a mapping in use (run stops between parts).
 	l.donor.Stderr = os.Stderr
 	out, err := l.donor.StdoutPipe()
 	if err != nil {

@@ -57,7 +57,11 @@ func serve(args []string) {
 	if *cred == "" {
 		*cred = os.Getenv("RIALTO_BENCH_CRED")
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	// Only SIGTERM (run.sh's cleanup) ends a donor: an interrupt from the
+	// terminal reaches memory-bench run too, which stops between parts,
+	// and the donor must not go away under a mapping in use meanwhile.
+	signal.Ignore(syscall.SIGINT)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	start := func(faultSpin time.Duration) string {
 		d := memory.NewDonor(slog.New(slog.NewTextHandler(os.Stderr, nil)))

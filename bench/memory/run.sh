@@ -37,9 +37,7 @@ pids+=($!)
 iport=$(freeport)
 iperf3 -s -B 127.0.0.1 -p "$iport" >"$tmp/iperf.log" 2>&1 &
 pids+=($!)
-# setsid: an interrupt reaches memory-bench run, which stops between parts;
-# the donor must not go away under a mapping in use meanwhile.
-setsid "$tmp/memory-bench" serve -addr 127.0.0.1:0 -size "$BULK" -spin "${DONOR_SPIN:-0s}" \
+"$tmp/memory-bench" serve -addr 127.0.0.1:0 -size "$BULK" -spin "${DONOR_SPIN:-0s}" \
   -fault-spin "${FAULT_SPIN:-0s}" -pair >"$tmp/donor.addr" 2>"$tmp/donor.log" &
 donorpid=$!
 pids+=($donorpid)
