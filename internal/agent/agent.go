@@ -38,6 +38,8 @@ type Agent struct {
 
 	opMu sync.Mutex // serializes prepare, teardown and export persistence
 
+	reserved portReservations // remembered ports, held while devices open
+
 	mu         sync.Mutex // guards the fields below
 	id         identity
 	devices    map[string]DeviceConfig
@@ -238,6 +240,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.loadIdentity(); err != nil {
 		return err
 	}
+	// Hold the ports the last run served at while devices open (fresh
+	// accelerator slot ports could take one); each is released right
+	// before its owner binds it again, the rest after the restore.
+	a.reserved.reserve(a.cfg.Listen, a.rememberedPorts())
+	defer a.reserved.releaseAll()
 	if err := a.openDevices(ctx); err != nil {
 		return err
 	}
@@ -336,6 +343,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	a.restoreExports(ctx)
+	a.reserved.releaseAll()
 
 	if err := a.join(ctx); err != nil {
 		if ctx.Err() != nil {
@@ -357,6 +365,7 @@ func (a *Agent) listen(configured, remembered int) (net.Listener, error) {
 		return net.Listen("tcp", net.JoinHostPort(a.cfg.Listen, strconv.Itoa(configured)))
 	}
 	if remembered != 0 {
+		a.reserved.release(remembered)
 		if ln, err := net.Listen("tcp", net.JoinHostPort(a.cfg.Listen, strconv.Itoa(remembered))); err == nil {
 			return ln, nil
 		}

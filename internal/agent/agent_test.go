@@ -6,11 +6,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -570,5 +574,75 @@ func TestRestoreReportsUnacknowledgedMove(t *testing.T) {
 	want := []api.MovedExport{{LeaseID: "lease-b", DeviceID: "dev-1", Offset: 8192, URI: served}}
 	if got := f.lastBeat().Moved; !slices.Equal(got, want) {
 		t.Fatalf("heartbeat moved %+v, want the export's current address", got)
+	}
+}
+
+// probingAccel is the accelerator driver, checking when a device opens
+// (its slots taking fresh ports) which of ports it could bind.
+type probingAccel struct {
+	*AccelDriver
+	host  string
+	ports []int
+	mu    sync.Mutex
+	free  []int // ports that were free while a device opened
+}
+
+func (p *probingAccel) Open(ctx context.Context, dev DeviceConfig) (DeviceConfig, error) {
+	for _, port := range p.ports {
+		if ln, err := net.Listen("tcp", net.JoinHostPort(p.host, strconv.Itoa(port))); err == nil {
+			ln.Close()
+			p.mu.Lock()
+			p.free = append(p.free, port)
+			p.mu.Unlock()
+		}
+	}
+	return p.AccelDriver.Open(ctx, dev)
+}
+
+// TestRestartHoldsRememberedPorts: while a restarted agent opens its
+// devices (accelerator slots listen on fresh ports), the ports its last
+// run served at — API, data plane, each slot of a restored lease — are
+// held, so no fresh slot can take one; then each owner binds its own again.
+func TestRestartHoldsRememberedPorts(t *testing.T) {
+	_, srv := newFakeCP(t)
+	dir := t.TempDir()
+	r := start(t, testConfig(srv.URL, dir))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-b", Kind: api.KindBlock, DeviceName: "disk0", Length: 4096, Export: "x_b"}); err != nil {
+		t.Fatal(err)
+	}
+	acc, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-g", Kind: api.KindAccel, DeviceName: "gpu", Length: 2, Role: "sha256", Export: "x_g"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiURL := r.a.AgentURL()
+	ports := append(uriPorts(acc.URI), uriPorts("x://"+r.a.Endpoint(api.KindBlock))...)
+	if u, err := url.Parse(apiURL); err == nil {
+		ports = append(ports, uriPorts("x://"+u.Host)...)
+	}
+	if len(ports) != 4 {
+		t.Fatalf("ports %v", ports)
+	}
+	r.halt(t)
+
+	cfg := testConfig(srv.URL, dir)
+	probe := &probingAccel{AccelDriver: NewAccelDriver(slog.New(slog.DiscardHandler), "127.0.0.1"), host: "127.0.0.1", ports: ports}
+	cfg.Drivers = map[api.Kind]Driver{api.KindAccel: probe}
+	r2 := start(t, cfg)
+	if len(probe.free) > 0 {
+		t.Errorf("ports %v of %v were free while a device opened", probe.free, ports)
+	}
+	if r2.a.AgentURL() != apiURL {
+		t.Errorf("agent API at %s, was %s", r2.a.AgentURL(), apiURL)
+	}
+	var saved []persistedExport
+	if err := readJSON(filepath.Join(dir, exportsFile), &saved); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range saved {
+		if p.LeaseID == "lease-g" && p.URI != acc.URI {
+			t.Errorf("accel lease moved from %s to %s", uriAddress(acc.URI), uriAddress(p.URI))
+		}
 	}
 }

@@ -195,6 +195,7 @@ func (a *Agent) restoreExports(ctx context.Context) {
 		return
 	}
 	for _, p := range saved {
+		a.reserved.release(append(uriPorts(p.URI), uriPorts(p.Moved)...)...)
 		resp, err := a.prepare(ctx, p.PrepareRequest, p.URI, p.Moved != "")
 		switch {
 		case err != nil:

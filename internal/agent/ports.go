@@ -1,0 +1,114 @@
+package agent
+
+import (
+	"net"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// portReservations holds the ports a previous run of the agent served at
+// (its API, its data planes, the addresses of its exports) from before the
+// devices open until each owner binds its port again. Opening an
+// accelerator device listens on fresh ports, which the kernel picks among
+// all free ones; without the reservations it could pick one a restored
+// export or a data plane is about to bind again, and that export would
+// move to a new address.
+//
+// The zero value holds nothing. Methods are safe for concurrent use.
+type portReservations struct {
+	mu  sync.Mutex
+	lns map[int]net.Listener
+}
+
+// reserve listens on host:port for each port, best effort: a port some
+// other process holds stays theirs.
+func (r *portReservations) reserve(host string, ports []int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, p := range ports {
+		if p <= 0 || r.lns[p] != nil {
+			continue
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(p)))
+		if err != nil {
+			continue
+		}
+		if r.lns == nil {
+			r.lns = map[int]net.Listener{}
+		}
+		r.lns[p] = ln
+	}
+}
+
+// release hands the ports back to whoever binds them next (their owner,
+// right after).
+func (r *portReservations) release(ports ...int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, p := range ports {
+		if ln := r.lns[p]; ln != nil {
+			_ = ln.Close()
+			delete(r.lns, p)
+		}
+	}
+}
+
+// releaseAll releases every port still held.
+func (r *portReservations) releaseAll() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for p, ln := range r.lns {
+		_ = ln.Close()
+		delete(r.lns, p)
+	}
+}
+
+// rememberedPorts lists the ports the previous run served at: its API and
+// data-plane ports (unless configured) and those in its exports' URIs.
+func (a *Agent) rememberedPorts() []int {
+	a.mu.Lock()
+	id := a.id
+	a.mu.Unlock()
+	var ports []int
+	if a.cfg.APIPort == 0 {
+		ports = append(ports, id.APIPort)
+	}
+	for k, p := range id.DataPorts {
+		if a.cfg.DataPorts[k] == 0 {
+			ports = append(ports, p)
+		}
+	}
+	var saved []persistedExport
+	if err := readJSON(filepath.Join(a.cfg.StateDir, exportsFile), &saved); err == nil {
+		for _, e := range saved {
+			ports = append(ports, uriPorts(e.URI)...)
+			ports = append(ports, uriPorts(e.Moved)...)
+		}
+	}
+	return ports
+}
+
+// uriPorts returns the ports an export URI names: its host's and, for a
+// lease of several accelerator slots, those of the further slots.
+func uriPorts(uri string) []int {
+	u, err := url.Parse(uri)
+	if uri == "" || err != nil {
+		return nil
+	}
+	hosts := []string{u.Host}
+	if more := u.Query().Get("slots"); more != "" {
+		hosts = append(hosts, strings.Split(more, ",")...)
+	}
+	var ports []int
+	for _, h := range hosts {
+		if _, p, err := net.SplitHostPort(h); err == nil {
+			if n, err := strconv.Atoi(p); err == nil {
+				ports = append(ports, n)
+			}
+		}
+	}
+	return ports
+}
