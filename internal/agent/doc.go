@@ -20,8 +20,11 @@
 // are persisted in [Config.StateDir] with mode 0600, so a restarted agent
 // rejoins with the same identity and serves the same exports, at the same
 // addresses when it can bind them again ([Export].URI), until the control
-// plane tells it to tear them down. An export that must move is served at a
-// new address with a warning: the control plane keeps its old URI.
+// plane tells it to tear them down. The ports it remembers are held from
+// before its devices open until their owners bind them again, so that no
+// fresh accelerator slot port takes one. An export that must move anyway is
+// served at a new address with a warning, and the heartbeats report it
+// ([Export].Moved) until the control plane has recorded it.
 //
 // Zero values: a zero Config is not usable (ControlPlane, BootstrapToken,
 // Name and StateDir are required); use [New]. [Faults] is ready at its zero

@@ -17,7 +17,11 @@
 // flushed on Close. The handler is a separate process — the program's own
 // binary re-executed — so a garbage collection in the program can never
 // wait on a fault that only the program could serve; every binary that
-// calls Map must call RunFaultHandlerIfChild first in main or TestMain.
+// calls Map must call RunFaultHandlerIfChild first in main or TestMain. It
+// runs in a process group of its own (a terminal's Ctrl-C is the program's
+// to handle), fetches faults that arrive together with one write of
+// requests, and wakes a sequential fault as soon as its own page of the
+// readahead window has arrived.
 // Backend adapts a Client to the NBD server's Backend interface so a memory
 // lease can be exported as a swap-style block device.
 //
