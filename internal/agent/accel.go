@@ -301,23 +301,10 @@ func (d *AccelDriver) Prepare(ctx context.Context, e Export) (api.PrepareRespons
 // (e.URI) named for its slots, in slot order, or nil if there is none
 // (or it is a gateway's).
 func previousPorts(e Export) []string {
-	u, err := url.Parse(e.URI)
-	if e.URI == "" || err != nil || u.Host == "" || u.Query().Has("gateway") {
+	if isGatewayURI(e.URI) {
 		return nil
 	}
-	hosts := []string{u.Host}
-	if more := u.Query().Get("slots"); more != "" {
-		hosts = append(hosts, strings.Split(more, ",")...)
-	}
-	ports := make([]string, 0, len(hosts))
-	for _, h := range hosts {
-		_, port, err := net.SplitHostPort(h)
-		if err != nil {
-			return nil
-		}
-		ports = append(ports, port)
-	}
-	return ports
+	return uriPorts(e.URI)
 }
 
 // restoreSlotPorts moves the slots of a dedicated export being restored
@@ -346,15 +333,16 @@ func (d *AccelDriver) restoreSlotPorts(app *appliance.Appliance, e Export) {
 // gatewayPort returns the port a shared export's previous URI (e.URI)
 // names for its gateway, or "".
 func gatewayPort(e Export) string {
-	u, err := url.Parse(e.URI)
-	if e.URI == "" || err != nil || !u.Query().Has("gateway") {
-		return ""
+	if p := uriPorts(e.URI); len(p) > 0 && isGatewayURI(e.URI) {
+		return p[0]
 	}
-	_, port, err := net.SplitHostPort(u.Host)
-	if err != nil {
-		return ""
-	}
-	return port
+	return ""
+}
+
+// isGatewayURI reports whether uri is a shared lease's (its gateway's).
+func isGatewayURI(uri string) bool {
+	u, err := url.Parse(uri)
+	return err == nil && u.Query().Has("gateway")
 }
 
 // load loads the lease's role into its slots and sets their credential;

@@ -243,7 +243,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	// Hold the ports the last run served at while devices open (fresh
 	// accelerator slot ports could take one); each is released right
 	// before its owner binds it again, the rest after the restore.
-	a.reserved.reserve(a.cfg.Listen, a.rememberedPorts())
+	saved, readable := a.savedExports()
+	a.reserved.reserve(a.cfg.Listen, a.rememberedPorts(saved))
 	defer a.reserved.releaseAll()
 	if err := a.openDevices(ctx); err != nil {
 		return err
@@ -342,7 +343,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.saveIdentity(); err != nil {
 		return err
 	}
-	a.restoreExports(ctx)
+	if readable {
+		a.restoreExports(ctx, saved)
+	}
 	a.reserved.releaseAll()
 
 	if err := a.join(ctx); err != nil {
@@ -365,7 +368,7 @@ func (a *Agent) listen(configured, remembered int) (net.Listener, error) {
 		return net.Listen("tcp", net.JoinHostPort(a.cfg.Listen, strconv.Itoa(configured)))
 	}
 	if remembered != 0 {
-		a.reserved.release(remembered)
+		a.reserved.release(strconv.Itoa(remembered))
 		if ln, err := net.Listen("tcp", net.JoinHostPort(a.cfg.Listen, strconv.Itoa(remembered))); err == nil {
 			return ln, nil
 		}

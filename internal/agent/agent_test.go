@@ -14,7 +14,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -582,14 +581,14 @@ func TestRestoreReportsUnacknowledgedMove(t *testing.T) {
 type probingAccel struct {
 	*AccelDriver
 	host  string
-	ports []int
+	ports []string
 	mu    sync.Mutex
-	free  []int // ports that were free while a device opened
+	free  []string // ports that were free while a device opened
 }
 
 func (p *probingAccel) Open(ctx context.Context, dev DeviceConfig) (DeviceConfig, error) {
 	for _, port := range p.ports {
-		if ln, err := net.Listen("tcp", net.JoinHostPort(p.host, strconv.Itoa(port))); err == nil {
+		if ln, err := net.Listen("tcp", net.JoinHostPort(p.host, port)); err == nil {
 			ln.Close()
 			p.mu.Lock()
 			p.free = append(p.free, port)

@@ -188,12 +188,7 @@ func (a *Agent) saveExportsLocked() error {
 // file keeps the old URI, so a restart tries that address again. Entries
 // persisted without a URI (state files of agents that did not keep them)
 // are restored wherever the data planes are now.
-func (a *Agent) restoreExports(ctx context.Context) {
-	var saved []persistedExport
-	if err := readJSON(filepath.Join(a.cfg.StateDir, exportsFile), &saved); err != nil {
-		a.log.Warn("reading persisted exports", "err", err)
-		return
-	}
+func (a *Agent) restoreExports(ctx context.Context, saved []persistedExport) {
 	for _, p := range saved {
 		a.reserved.release(append(uriPorts(p.URI), uriPorts(p.Moved)...)...)
 		resp, err := a.prepare(ctx, p.PrepareRequest, p.URI, p.Moved != "")

@@ -20,24 +20,24 @@ import (
 // The zero value holds nothing. Methods are safe for concurrent use.
 type portReservations struct {
 	mu  sync.Mutex
-	lns map[int]net.Listener
+	lns map[string]net.Listener // by port
 }
 
 // reserve listens on host:port for each port, best effort: a port some
 // other process holds stays theirs.
-func (r *portReservations) reserve(host string, ports []int) {
+func (r *portReservations) reserve(host string, ports []string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, p := range ports {
-		if p <= 0 || r.lns[p] != nil {
+		if p == "" || p == "0" || r.lns[p] != nil {
 			continue
 		}
-		ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(p)))
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, p))
 		if err != nil {
 			continue
 		}
 		if r.lns == nil {
-			r.lns = map[int]net.Listener{}
+			r.lns = map[string]net.Listener{}
 		}
 		r.lns[p] = ln
 	}
@@ -45,7 +45,7 @@ func (r *portReservations) reserve(host string, ports []int) {
 
 // release hands the ports back to whoever binds them next (their owner,
 // right after).
-func (r *portReservations) release(ports ...int) {
+func (r *portReservations) release(ports ...string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, p := range ports {
@@ -66,49 +66,58 @@ func (r *portReservations) releaseAll() {
 	}
 }
 
+// savedExports reads the exports a previous run persisted (none on a first
+// start). ok is false if the file cannot be read, which it logs: then
+// nothing is restored, and the file is left as it is.
+func (a *Agent) savedExports() (saved []persistedExport, ok bool) {
+	if err := readJSON(filepath.Join(a.cfg.StateDir, exportsFile), &saved); err != nil {
+		a.log.Warn("reading persisted exports", "err", err)
+		return nil, false
+	}
+	return saved, true
+}
+
 // rememberedPorts lists the ports the previous run served at: its API and
 // data-plane ports (unless configured) and those in its exports' URIs.
-func (a *Agent) rememberedPorts() []int {
+func (a *Agent) rememberedPorts(saved []persistedExport) []string {
 	a.mu.Lock()
 	id := a.id
 	a.mu.Unlock()
-	var ports []int
+	var ports []string
 	if a.cfg.APIPort == 0 {
-		ports = append(ports, id.APIPort)
+		ports = append(ports, strconv.Itoa(id.APIPort))
 	}
 	for k, p := range id.DataPorts {
 		if a.cfg.DataPorts[k] == 0 {
-			ports = append(ports, p)
+			ports = append(ports, strconv.Itoa(p))
 		}
 	}
-	var saved []persistedExport
-	if err := readJSON(filepath.Join(a.cfg.StateDir, exportsFile), &saved); err == nil {
-		for _, e := range saved {
-			ports = append(ports, uriPorts(e.URI)...)
-			ports = append(ports, uriPorts(e.Moved)...)
-		}
+	for _, e := range saved {
+		ports = append(ports, uriPorts(e.URI)...)
+		ports = append(ports, uriPorts(e.Moved)...)
 	}
 	return ports
 }
 
 // uriPorts returns the ports an export URI names: its host's and, for a
-// lease of several accelerator slots, those of the further slots.
-func uriPorts(uri string) []int {
+// lease of several accelerator slots, those of the further slots, in slot
+// order; nil if the URI has no port or a malformed one.
+func uriPorts(uri string) []string {
 	u, err := url.Parse(uri)
-	if uri == "" || err != nil {
+	if uri == "" || err != nil || u.Host == "" {
 		return nil
 	}
 	hosts := []string{u.Host}
 	if more := u.Query().Get("slots"); more != "" {
 		hosts = append(hosts, strings.Split(more, ",")...)
 	}
-	var ports []int
+	ports := make([]string, 0, len(hosts))
 	for _, h := range hosts {
-		if _, p, err := net.SplitHostPort(h); err == nil {
-			if n, err := strconv.Atoi(p); err == nil {
-				ports = append(ports, n)
-			}
+		_, port, err := net.SplitHostPort(h)
+		if err != nil {
+			return nil
 		}
+		ports = append(ports, port)
 	}
 	return ports
 }
