@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"syscall"
 	"time"
 
@@ -71,6 +72,21 @@ func floorRTT(addr string, n int) ([]time.Duration, error) {
 		}
 		return spinRecv(fd, rep)
 	})
+}
+
+// syscallCost returns the median cost in nanoseconds of a system call
+// (getpid, which does nothing) over 21 batches of 10,000.
+func syscallCost() float64 {
+	var per []float64
+	for range 21 {
+		t := time.Now()
+		for range 10000 {
+			_, _, _ = unix.RawSyscall(unix.SYS_GETPID, 0, 0, 0)
+		}
+		per = append(per, float64(time.Since(t).Nanoseconds())/10000)
+	}
+	slices.Sort(per)
+	return per[len(per)/2]
 }
 
 // timeProbes times n round trips (a 16-byte request naming a random

@@ -39,6 +39,8 @@ func main() {
 		serve(os.Args[2:])
 	case "run":
 		run(os.Args[2:])
+	case chainHandlerArg:
+		chainHandler(os.Args[2:])
 	default:
 		fmt.Fprintln(os.Stderr, "usage: memory-bench serve|run [flags]")
 		os.Exit(2)
@@ -290,11 +292,20 @@ func run(args []string) {
 					res.add("udp floor p50", pct(lat, 50))
 				}
 			}
-			if lat, err := uffdFloor(20000); err != nil {
+			if lat, err := uffdFloor(20000, ""); err != nil {
 				logf("userfaultfd floor unavailable: %v", err)
 			} else {
 				res.add("uffd floor p50", pct(lat, 50))
 				res.add("uffd floor p99", pct(lat, 99))
+			}
+			res.add("syscall ns", syscallCost())
+			if c.addrFloor != "" {
+				if lat, err := uffdFloor(20000, c.addrFloor); err != nil {
+					logf("chain floor unavailable: %v", err)
+				} else {
+					res.add("chain floor p50", pct(lat, 50))
+					res.add("chain floor p99", pct(lat, 99))
+				}
 			}
 			if clBlock != nil && r%2 == 0 {
 				mapReads(ctx, clBlock, "block", memory.MapOptions{Spin: -1}, c.donorPid, res)
@@ -820,6 +831,26 @@ func report(c cfg, r *results, steal []float64) {
 			p("The same round trip over UDP datagrams (connected sockets, both ends polling; per run: %s) has\n", r.all("udp floor p50"))
 			p("a p50 of %.1f µs; with the userfaultfd floor, %.1f µs.\n", r.med("udp floor p50"), r.med("udp floor p50")+r.med("uffd floor p50"))
 		}
+	}
+	if len(r.v["chain floor p50"]) > 0 {
+		p("The whole path, measured end to end in the same run (the chain floor): the same probe, its\n")
+		p("faults served by a process of its own (as a mapping's are) that fetches each page over a\n")
+		p("loopback connection from the round-trip probe's server, both ends polling, before installing\n")
+		p("it. That is a mapped remote fault with nothing but its system calls (no framing, no cache,\n")
+		p("no eviction): p50 %.1f µs, p99 %.1f µs (per run: %s).\n",
+			r.med("chain floor p50"), r.med("chain floor p99"), r.all("chain floor p50"))
+		var gap []float64
+		for i, x := range r.v["fault read p50 poll"] {
+			if i < len(r.v["chain floor p50"]) {
+				gap = append(gap, x-r.v["chain floor p50"][i])
+			}
+		}
+		p("Rialto's read fault p50 minus the chain floor's, per run: %s µs.\n", fmtList(gap))
+	}
+	if len(r.v["syscall ns"]) > 0 {
+		p("A system call (getpid) costs %.0f ns on this machine (per run: %s ns): each round trip and\n",
+			r.med("syscall ns"), r.all("syscall ns"))
+		p("hand-off above is a few of them.\n")
 	}
 	p("Sequential scan of 256 MiB through the mapping (readahead up to 64 pages; the cache full of clean\n")
 	p("pages, so every window evicts as many — %.1f pages per punch, since the first 100 MiB evict the\n", r.med("mapped seq evictions/punch"))
