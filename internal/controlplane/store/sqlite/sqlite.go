@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/url"
+	"os"
 	"runtime"
 	"sort"
 	"strconv"
@@ -71,6 +72,9 @@ func open(ctx context.Context, path string, max int) (*Store, error) {
 		// it never lets the WAL start over; the writer still checkpoints
 		// when the WAL passes walAutocheckpoint pages (little is left to
 		// copy by then), which bounds the file.
+		if err := ownerOnly(path); err != nil {
+			return nil, err
+		}
 		pragmas = append(pragmas, "journal_mode(WAL)", fmt.Sprintf("wal_autocheckpoint(%d)", walAutocheckpoint))
 		wdsn = "file:" + path + "?_txlock=immediate" + pragmaQuery(pragmas)
 		rdsn = "file:" + path + "?_pragma=query_only(1)" + pragmaQuery([]string{"busy_timeout(10000)"})
@@ -113,6 +117,31 @@ func open(ctx context.Context, path string, max int) (*Store, error) {
 		go s.checkpoints(checkpointEvery)
 	}
 	return s, nil
+}
+
+// ownerOnly creates the database file at path readable by its owner only,
+// or takes group and other access away from it and its WAL files if they
+// exist: it holds lease credentials and agent keys. SQLite creates the WAL
+// files with the database file's mode.
+func ownerOnly(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("sqlite: create %s: %w", path, err)
+	}
+	f.Close()
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		st, err := os.Stat(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err == nil && st.Mode().Perm()&0o077 != 0 {
+			err = os.Chmod(p, st.Mode().Perm()&^0o077)
+		}
+		if err != nil {
+			return fmt.Errorf("sqlite: restrict %s to its owner: %w", p, err)
+		}
+	}
+	return nil
 }
 
 // checkpointEvery is how often the WAL is checkpointed into the database
