@@ -80,11 +80,13 @@ func (b *budget) release(n int64) {
 }
 
 type conn struct {
-	s    *Server
-	nc   net.Conn
-	r    *bufio.Reader
-	sess *session
-	e    *export
+	s      *Server
+	nc     net.Conn
+	cancel context.CancelFunc // ends the connection (RemoveExport)
+	done   chan struct{}      // closed when the connection has stopped
+	r      *bufio.Reader
+	sess   *session
+	e      *export
 
 	be    Backend
 	trim  Trimmer
@@ -575,6 +577,13 @@ func errnoOf(err error) uint32 {
 // execute performs o against the backend and encodes its reply.
 func (c *conn) execute(ctx context.Context, o *op) {
 	r := o.req
+	if ctx.Err() != nil {
+		// The connection is ending (its export removed): requests still
+		// queued must not reach the backend.
+		o.errno = ESHUTDOWN
+		c.encodeError(o)
+		return
+	}
 	if c.limit != nil && (r.Type == CmdRead || r.Type == CmdWrite || r.Type == CmdWriteZeroes || r.Type == CmdTrim) {
 		n := int64(0)
 		if r.Type == CmdRead || r.Type == CmdWrite {

@@ -167,8 +167,10 @@ func (s *Server) AddExport(e Export) error {
 	return nil
 }
 
-// RemoveExport unregisters an export and closes its connections. It does not
-// wait for their goroutines; Serve does.
+// RemoveExport unregisters an export, closes its connections and waits
+// until they have stopped: once it returns, no request of theirs (even one
+// already read, waiting on the rate limit or for a worker) reaches the
+// backend, which may then serve another lease.
 func (s *Server) RemoveExport(name string) error {
 	s.mu.Lock()
 	e, ok := s.exports[name]
@@ -183,7 +185,11 @@ func (s *Server) RemoveExport(name string) error {
 	}
 	s.mu.Unlock()
 	for _, c := range conns {
+		c.cancel()
 		c.nc.Close()
+	}
+	for _, c := range conns {
+		<-c.done
 	}
 	s.logger().Info("nbd: export removed", "export", NameTag(name), "connections", len(conns))
 	return nil
@@ -259,6 +265,8 @@ func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
 
 func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 	defer nc.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	stop := context.AfterFunc(ctx, func() { nc.Close() })
 	defer stop()
 	log := s.logger().With("remote", nc.RemoteAddr().String())
@@ -282,6 +290,8 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 	nc.SetDeadline(time.Time{})
 	c := newConn(s, nc, r, sess)
 	c.fr, _ = sr.(*fastReader)
+	c.cancel, c.done = cancel, make(chan struct{})
+	defer close(c.done)
 	e := s.attach(sess.name, c)
 	if e != sess.exp {
 		if e != nil {
