@@ -54,7 +54,7 @@ func (s *Server) routeTable() []route {
 			Response: api.Lease{}, Query: explainParam, Errors: []int{400, 401, 403, 404, 409, 500}}, accessTenant, s.hRelease},
 		{httpapi.Route{Method: "POST", Path: "/v1/explain", Summary: "Dry run: the plan a lease request would get; reserves nothing.",
 			Request: api.LeaseRequest{}, Response: api.Plan{}, Errors: []int{400, 401, 403, 500}}, accessTenant, s.hExplain},
-		{httpapi.Route{Method: "GET", Path: "/v1/events", Summary: "Audit events after an ID, oldest first.", Response: []api.Event{},
+		{httpapi.Route{Method: "GET", Path: "/v1/events", Summary: "Audit events after an ID, oldest first (a tenant sees its own leases' and the cluster's; an admin all).", Response: []api.Event{},
 			Query: []httpapi.Param{{Name: "since", Type: "integer", Description: "return events with a greater ID"},
 				{Name: "limit", Type: "integer", Description: "at most this many (default and maximum 1000)"}}, Errors: []int{400, 401, 403, 500}}, accessReader, s.hEvents},
 		{httpapi.Route{Method: "GET", Path: "/v1/profiles", Summary: "List device profiles.", Response: []api.Profile{}, Errors: readErrors}, accessReader, s.hProfiles},
@@ -349,7 +349,11 @@ func (s *Server) hEvents(ctx context.Context, p principal, r *http.Request, w ht
 		}
 		limit = n
 	}
-	out, err := s.st.Events(ctx, since, limit)
+	tenant := "" // nodes and the admin see every event
+	if p.role == roleTenant && !p.admin {
+		tenant = p.tenant
+	}
+	out, err := s.st.Events(ctx, since, limit, tenant)
 	return http.StatusOK, out, err
 }
 

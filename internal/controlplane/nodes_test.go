@@ -258,7 +258,7 @@ func stateDump(t *testing.T, e *env) string {
 	ls, _ := e.srv.st.Leases(e.ctx, storeAll)
 	nodes, _ := e.srv.st.Nodes(e.ctx)
 	devs, _ := e.srv.st.Devices(e.ctx)
-	evs, _ := e.srv.st.Events(e.ctx, 0, 1000)
+	evs, _ := e.srv.st.Events(e.ctx, 0, 1000, "")
 	b, _ := json.Marshal([]any{ls, nodes, devs, len(evs)})
 	return string(b)
 }

@@ -176,7 +176,9 @@ type Store interface {
 
 	AppendEvent(ctx context.Context, ev api.Event) (api.Event, error)
 	// Events returns up to limit events with ID > since, oldest first.
-	Events(ctx context.Context, since int64, limit int) ([]api.Event, error)
+	// A tenant, if given, sees only the events of its own leases and those
+	// of no lease (nodes, profiles).
+	Events(ctx context.Context, since int64, limit int, tenant string) ([]api.Event, error)
 
 	Counts(ctx context.Context) (Counts, error)
 }

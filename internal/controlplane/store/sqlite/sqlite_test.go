@@ -112,14 +112,14 @@ func TestMigrationsOnExistingDB(t *testing.T) {
 		t.Fatal("events could be deleted")
 	}
 	// Migration 5: events keep their ids, and new ones still only grow.
-	evs, err := s.Events(ctx, 0, 1000)
+	evs, err := s.Events(ctx, 0, 1000, "")
 	if err != nil || len(evs) < 1 {
 		t.Fatalf("events after migration: %v %+v", err, evs)
 	}
 	if err := appendEvents(ctx, s.w, []api.Event{{At: now, Type: "test.after"}}); err != nil {
 		t.Fatal(err)
 	}
-	all, err := s.Events(ctx, 0, 1000)
+	all, err := s.Events(ctx, 0, 1000, "")
 	if err != nil || len(all) != len(evs)+1 || all[0].ID != evs[0].ID {
 		t.Fatalf("events after an append: %v %+v", err, all)
 	}
@@ -321,7 +321,7 @@ func TestLeaseOpsReadBack(t *testing.T) {
 	if devs, _ := s.Devices(ctx); devs[0].Allocated != 0 || devs[1].Allocated != 0 {
 		t.Fatalf("allocated after release: %+v", devs)
 	}
-	evs, _ := s.Events(ctx, 0, 100)
+	evs, _ := s.Events(ctx, 0, 100, "")
 	var types []string
 	for _, e := range evs {
 		if e.Subject == "l1" {

@@ -118,11 +118,16 @@ func (s *Store) AppendEvent(ctx context.Context, ev api.Event) (api.Event, error
 }
 
 // Events returns events with ID > since.
-func (s *Store) Events(ctx context.Context, since int64, limit int) ([]api.Event, error) {
+func (s *Store) Events(ctx context.Context, since int64, limit int, tenant string) ([]api.Event, error) {
 	if limit <= 0 {
 		limit = 1000
 	}
-	rows, err := s.rd().QueryContext(ctx, `SELECT id, at, type, subject, message, state FROM events WHERE id > ? ORDER BY id LIMIT ?`, since, limit)
+	q, args := `SELECT id, at, type, subject, message, state FROM events WHERE id > ?`, []any{since}
+	if tenant != "" {
+		q += ` AND (type NOT LIKE 'lease.%' OR EXISTS (SELECT 1 FROM leases WHERE leases.id = events.subject AND leases.tenant = ?))`
+		args = append(args, tenant)
+	}
+	rows, err := s.rd().QueryContext(ctx, q+` ORDER BY id LIMIT ?`, append(args, limit)...)
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: events: %w", err)
 	}
