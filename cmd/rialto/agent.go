@@ -74,7 +74,7 @@ func joinFlags(fs *flag.FlagSet, e *env) (controlPlane, bootstrapToken *string) 
 		addr = defaultAddr
 	}
 	controlPlane = fs.String("control-plane", addr, "control plane URL (env RIALTO_ADDR)")
-	bootstrapToken = fs.String("bootstrap-token", e.getenv("RIALTO_BOOTSTRAP_TOKEN"), "bootstrap token (env RIALTO_BOOTSTRAP_TOKEN)")
+	bootstrapToken = secretString(fs, "bootstrap-token", e.getenv("RIALTO_BOOTSTRAP_TOKEN"), "bootstrap `token` (env RIALTO_BOOTSTRAP_TOKEN)")
 	return controlPlane, bootstrapToken
 }
 

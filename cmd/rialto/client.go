@@ -27,7 +27,8 @@ func (cf *clientFlags) register(fs *flag.FlagSet, e *env) {
 		addr = defaultAddr
 	}
 	fs.StringVar(&cf.addr, "addr", addr, "control plane URL (env RIALTO_ADDR)")
-	fs.StringVar(&cf.token, "token", e.getenv("RIALTO_TOKEN"), "API token (env RIALTO_TOKEN)")
+	cf.token = e.getenv("RIALTO_TOKEN")
+	fs.Var(secretFlag{&cf.token}, "token", "API `token` (env RIALTO_TOKEN)")
 	fs.StringVar(&cf.output, "o", "table", "output format: table or json")
 }
 

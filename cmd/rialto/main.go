@@ -167,6 +167,22 @@ func newFlags(e *env, c string, args string) *flag.FlagSet {
 	return fs
 }
 
+// secretFlag is a string flag holding a secret: help and usage output
+// (stderr, hence service logs) never show its value, although its default
+// may come from the environment.
+type secretFlag struct{ p *string }
+
+func (f secretFlag) String() string     { return "" }
+func (f secretFlag) Set(v string) error { *f.p = v; return nil }
+
+// secretString defines a secretFlag with a default and returns its value.
+func secretString(fs *flag.FlagSet, name, value, usage string) *string {
+	p := new(string)
+	*p = value
+	fs.Var(secretFlag{p}, name, usage)
+	return p
+}
+
 // parse parses flags that may appear before, between or after positional
 // arguments, and checks the number of positionals.
 func parse(fs *flag.FlagSet, args []string, minPos, maxPos int) ([]string, error) {

@@ -116,8 +116,8 @@ func runServer(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "server", "")
 	listen := fs.String("listen", "127.0.0.1:7070", "address to serve the API on")
 	db := fs.String("db", "rialto.db", "SQLite database file (env RIALTO_DB)")
-	boot := fs.String("bootstrap-token", e.getenv("RIALTO_BOOTSTRAP_TOKEN"), "token agents join with (env RIALTO_BOOTSTRAP_TOKEN)")
-	admin := fs.String("admin-token", e.getenv("RIALTO_ADMIN_TOKEN"), "API token of the admin tenant (env RIALTO_ADMIN_TOKEN)")
+	boot := secretString(fs, "bootstrap-token", e.getenv("RIALTO_BOOTSTRAP_TOKEN"), "`token` agents join with (env RIALTO_BOOTSTRAP_TOKEN)")
+	admin := secretString(fs, "admin-token", e.getenv("RIALTO_ADMIN_TOKEN"), "API `token` of the admin tenant (env RIALTO_ADMIN_TOKEN)")
 	var specs listFlag
 	fs.Var(&specs, "token", "tenant API token TOKEN:TENANT[:admin] (repeatable; env RIALTO_TOKENS, comma-separated)")
 	var quotaSpecs listFlag
