@@ -529,16 +529,40 @@ func (q *queue) remove(reqs []*request) {
 	q.reqs = kept
 }
 
+// itemError reports whether err is one that a single item can cause (bad
+// input, a role that fails on it): in a batch, the caller of that item's
+// failure, not the others'.
+func itemError(err error) bool {
+	return errors.Is(err, roles.ErrBadInput) || errors.Is(err, roles.ErrWasmTrap) || errors.Is(err, accel.ErrRoleFailed)
+}
+
 // execute runs one batch on the next instance and answers its requests.
+// If one item makes the execution fail, the requests are run again one by
+// one, so that only that item's caller gets the error: a shared gateway
+// batches several leases' requests together.
 func (g *Gateway) execute(ctx context.Context, b batch) {
-	ins := make([][]byte, 0, b.n)
 	for _, r := range b.reqs {
-		ins = append(ins, r.items...)
 		qd := b.at.Sub(r.enq)
 		g.queueNs.Add(int64(qd))
 		if g.mQueue != nil {
 			g.mQueue.Observe(qd.Seconds())
 		}
+	}
+	if outs, err := g.run(ctx, b.entry, b.reqs, b.n); err != nil && len(b.reqs) > 1 && itemError(err) {
+		for _, r := range b.reqs {
+			o, err := g.run(ctx, b.entry, []*request{r}, len(r.items))
+			g.answer([]*request{r}, o, err)
+		}
+	} else {
+		g.answer(b.reqs, outs, err)
+	}
+}
+
+// run executes the items of reqs (n in all) on the next instance.
+func (g *Gateway) run(ctx context.Context, entry string, reqs []*request, n int) ([][]byte, error) {
+	ins := make([][]byte, 0, n)
+	for _, r := range reqs {
+		ins = append(ins, r.items...)
 	}
 	insts := *g.instances.Load()
 	t0 := time.Now()
@@ -547,7 +571,7 @@ func (g *Gateway) execute(ctx context.Context, b batch) {
 	if len(insts) == 0 {
 		err = fmt.Errorf("%w: gateway %s has no instances", accel.ErrUnavailable, g.cfg.Name)
 	} else {
-		outs, err = insts[g.next.Add(1)%uint64(len(insts))].CallBatch(ctx, b.entry, ins)
+		outs, err = insts[g.next.Add(1)%uint64(len(insts))].CallBatch(ctx, entry, ins)
 	}
 	d := time.Since(t0)
 	g.computeNs.Add(int64(d))
@@ -562,8 +586,13 @@ func (g *Gateway) execute(ctx context.Context, b batch) {
 	if err == nil && len(outs) != len(ins) {
 		err = fmt.Errorf("%w: %d outputs for %d inputs", accel.ErrRoleFailed, len(outs), len(ins))
 	}
+	return outs, err
+}
+
+// answer answers reqs with their outputs, in order, or with err.
+func (g *Gateway) answer(reqs []*request, outs [][]byte, err error) {
 	off := 0
-	for _, r := range b.reqs {
+	for _, r := range reqs {
 		if err != nil {
 			g.failed.Add(1)
 			g.finish(r, result{err: err}, "error")
