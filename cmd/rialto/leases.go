@@ -428,6 +428,9 @@ func explain(ctx context.Context, e *env, c *api.Client, cf *clientFlags, req ap
 		tw := newTable(e.stdout)
 		fmt.Fprintln(tw, "SLOWS LEASE\tBANDWIDTH BEFORE\tAFTER\tCOMPLETION BEFORE\tAFTER")
 		for _, im := range p.Impacts {
+			if im.LeaseID == "" {
+				im.LeaseID = "(another tenant's)"
+			}
 			fmt.Fprintf(tw, "%s\t%s/s\t%s/s\t%.1fs\t%.1fs\n", im.LeaseID, resource.FormatSize(int64(im.BandwidthBefore)),
 				resource.FormatSize(int64(im.BandwidthAfter)), im.CompletionBefore, im.CompletionAfter)
 		}

@@ -1,10 +1,12 @@
 package controlplane
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/placement"
 )
 
 // The audit log is one tenant's business: a tenant sees the events of its
@@ -61,5 +63,56 @@ func TestEventsTenantIsolation(t *testing.T) {
 				t.Error("does not see the node.joined event")
 			}
 		})
+	}
+}
+
+// A plan tells its tenant how it would slow the running leases, but names
+// only the tenant's own: another tenant's lease IDs stay hidden, as GET
+// /v1/leases/{id} hides them.
+func TestPlanHidesOtherTenantsLeases(t *testing.T) {
+	e := newEnv(t)
+	e.joinModel("n1", placement.Seed000Model, 64<<30)
+	if _, err := e.admin.PutProfile(e.ctx, seed000APIProfile()); err != nil {
+		t.Fatal(err)
+	}
+	writer := api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 1 << 30, Bandwidth: placement.Seed000WriterDemand, Work: 150e9}
+	la, err := e.alice.CreateLease(e.ctx, writer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, err := e.bob.CreateLease(e.ctx, writer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := e.bob.Explain(e.ctx, writer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(plan.Impacts) != 2 {
+		t.Fatalf("want the impact on both running leases: %+v", plan.Impacts)
+	}
+	own := false
+	for _, im := range plan.Impacts {
+		own = own || im.LeaseID == lb.ID
+	}
+	if !own {
+		t.Errorf("bob's own lease %s is not named: %+v", lb.ID, plan.Impacts)
+	}
+	if s := fmt.Sprintf("%+v", plan); strings.Contains(s, la.ID) || strings.Contains(s, "alice") {
+		t.Errorf("bob's plan names alice's lease %s:\n%s", la.ID, s)
+	}
+	// The plan a created lease keeps (placed with the cached index).
+	lc, err := e.bob.CreateLease(e.ctx, writer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lc, err = e.bob.Lease(e.ctx, lc.ID); err != nil {
+		t.Fatal(err)
+	}
+	if lc.Plan == nil || len(lc.Plan.Impacts) == 0 {
+		t.Fatalf("created lease has no impacts: %+v", lc.Plan)
+	}
+	if s := fmt.Sprintf("%+v", *lc.Plan); strings.Contains(s, la.ID) {
+		t.Errorf("bob's lease's plan names alice's lease %s:\n%s", la.ID, s)
 	}
 }

@@ -69,9 +69,98 @@ type indexSource func(inv store.Inventory, now time.Time) *placement.Index
 // that did not confirm. The index comes from src (nil: none) when the
 // request skips no nodes (skipped nodes change the snapshot).
 func policyPlace(inv store.Inventory, req api.LeaseRequest, tenant string, quotas Quotas, skip map[string]string, now time.Time, src indexSource) (api.Plan, error) {
+	plan, x, err := placeRequest(inv, req, tenant, quotas, skip, now, src)
+	if x == nil {
+		return plan, err
+	}
+	return hideOtherLeases(x.LeaseTenant, tenant, plan, err)
+}
+
+// otherLease stands for another tenant's lease in a plan's texts.
+const otherLease = "(another tenant's lease)"
+
+// hideOtherLeases takes the IDs of other tenants' leases out of a tenant's
+// plan and placement error (placement names the running leases a plan
+// would slow or make miss their deadline): GET /v1/leases/{id} does not
+// reveal them either. Their impacts stay, without an ID.
+func hideOtherLeases(owner func(id string) (string, bool), tenant string, plan api.Plan, err error) (api.Plan, error) {
+	named := map[string]bool{}
+	for _, im := range plan.Impacts {
+		named[im.LeaseID] = true
+	}
+	for _, s := range plan.Explanation {
+		leaseIDs(s, named)
+	}
+	if err != nil {
+		leaseIDs(err.Error(), named)
+	}
+	if len(named) == 0 {
+		return plan, err
+	}
+	var pairs []string
+	for id := range named {
+		if t, ok := owner(id); ok && t != tenant {
+			pairs = append(pairs, id, otherLease)
+		}
+	}
+	if len(pairs) == 0 {
+		return plan, err
+	}
+	r := strings.NewReplacer(pairs...)
+	impacts := make([]api.Impact, len(plan.Impacts))
+	for i, im := range plan.Impacts {
+		if r.Replace(im.LeaseID) != im.LeaseID {
+			im.LeaseID = ""
+		}
+		impacts[i] = im
+	}
+	plan.Impacts = impacts
+	expl := make([]string, len(plan.Explanation))
+	for i, s := range plan.Explanation {
+		expl[i] = r.Replace(s)
+	}
+	plan.Explanation = expl
+	if err != nil {
+		if msg := r.Replace(err.Error()); msg != err.Error() {
+			err = hiddenError{err, msg}
+		}
+	}
+	return plan, err
+}
+
+// leaseIDs adds the lease IDs ("lease-" and its random part) s names to
+// ids.
+func leaseIDs(s string, ids map[string]bool) {
+	for {
+		i := strings.Index(s, "lease-")
+		if i < 0 {
+			return
+		}
+		j := i + len("lease-")
+		for j < len(s) && (s[j] >= '0' && s[j] <= '9' || s[j] >= 'a' && s[j] <= 'z') {
+			j++
+		}
+		ids[s[i:j]] = true
+		s = s[j:]
+	}
+}
+
+// hiddenError is an error with another message: errors.Is still finds
+// what it wraps.
+type hiddenError struct {
+	err error
+	msg string
+}
+
+func (e hiddenError) Error() string { return e.msg }
+func (e hiddenError) Unwrap() error { return e.err }
+
+// placeRequest is policyPlace before hideOtherLeases; it also returns the
+// index it placed with (nil if it did not get that far).
+func placeRequest(inv store.Inventory, req api.LeaseRequest, tenant string, quotas Quotas, skip map[string]string, now time.Time, src indexSource) (api.Plan, *placement.Index, error) {
 	pins, err := devicePins(inv, req)
 	if err != nil {
-		return api.Plan{At: now, State: "infeasible", Explanation: []string{err.Error()}}, err
+		return api.Plan{At: now, State: "infeasible", Explanation: []string{err.Error()}}, nil, err
 	}
 	var x *placement.Index
 	if src != nil && len(skip) == 0 {
@@ -88,7 +177,8 @@ func policyPlace(inv store.Inventory, req api.LeaseRequest, tenant string, quota
 	}
 	pp, err := x.Place(preq)
 	if err != nil {
-		return infeasiblePlan(inv, pins, head, now, err)
+		plan, err := infeasiblePlan(inv, pins, head, now, err)
+		return plan, x, err
 	}
 	plan := api.Plan{Mode: leaseMode(req, pp.Mode), At: now, State: "feasible", Explanation: append(head, pp.Explanation...)}
 	if req.Kind == api.KindAccel {
@@ -105,7 +195,7 @@ func policyPlace(inv store.Inventory, req api.LeaseRequest, tenant string, quota
 		plan.Impacts = append(plan.Impacts, api.Impact{LeaseID: im.LeaseID, BandwidthBefore: im.BandwidthBefore, BandwidthAfter: im.BandwidthAfter,
 			CompletionBefore: im.CompletionBefore.Seconds(), CompletionAfter: im.CompletionAfter.Seconds()})
 	}
-	return plan, nil
+	return plan, x, nil
 }
 
 // placementRequest converts an API request to placement's. Size 0 (block,

@@ -476,6 +476,15 @@ func demandOf(d float64) float64 {
 
 // insertLease records a lease without solving rates, in a freed slot when
 // there is one.
+// LeaseTenant returns the tenant of a lease in the index.
+func (x *Index) LeaseTenant(id string) (string, bool) {
+	li, ok := x.leaseByID[id]
+	if !ok {
+		return "", false
+	}
+	return x.leases[li].l.Tenant, true
+}
+
 func (x *Index) insertLease(l Lease) int {
 	var li int
 	var uses []fabric.Use
