@@ -74,13 +74,15 @@ type region struct {
 	locked bool
 	sess   *session
 	gone   bool
+	// users counts the handlers of the region's connections, of every
+	// session: those of an ended session may still be draining.
+	users sync.WaitGroup
 }
 
 type session struct {
 	id     uint64
 	reg    *region
 	conns  map[net.Conn]struct{}
-	wg     sync.WaitGroup // handlers of this session
 	nextQ  uint32
 	ctrl   net.Conn
 	ctrlMu sync.Mutex // serialises writes on ctrl
@@ -196,8 +198,9 @@ func (d *Donor) AddRegion(credential string, size int64) error {
 	return nil
 }
 
-// RemoveRegion ends the region's session (closing its connections and
-// waiting for their handlers), wipes the memory, then frees it.
+// RemoveRegion ends the region's session (closing its connections) and
+// waits for the handlers of its connections, including those of sessions
+// that ended before, then wipes the memory and frees it.
 func (d *Donor) RemoveRegion(credential string) error {
 	key := credKey(credential)
 	d.mu.Lock()
@@ -212,8 +215,8 @@ func (d *Donor) RemoveRegion(credential string) error {
 	d.mu.Unlock()
 	if s != nil {
 		d.endSession(s)
-		s.wg.Wait()
 	}
+	r.users.Wait()
 	clear(r.mem)
 	if r.locked {
 		_ = unix.Munlock(r.mem)
@@ -340,7 +343,7 @@ func (d *Donor) handle(c net.Conn) {
 		_ = writeErr(c, OpHello, f.Seq, st, msg)
 		return
 	}
-	defer s.wg.Done()
+	defer s.reg.users.Done()
 	defer d.detach(s, c)
 	// HELLO reply: offset = region size, length = max payload, credits =
 	// initial window (queue connections), payload = session id, queue id.
@@ -409,7 +412,7 @@ func (d *Donor) attach(c net.Conn, hello Hello) (*session, uint32, uint16, strin
 		s.credMu.Unlock()
 	}
 	s.conns[c] = struct{}{}
-	s.wg.Add(1)
+	r.users.Add(1)
 	return s, qid, StatusOK, ""
 }
 

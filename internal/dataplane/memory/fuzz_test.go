@@ -123,13 +123,13 @@ func FuzzSyncStream(f *testing.F) {
 			t.Fatal(st)
 		}
 		done := make(chan struct{})
-		go func() { defer close(done); defer s2.wg.Done(); d.serveData(s2, srv, KindQueue, qid) }()
+		go func() { defer close(done); defer s2.reg.users.Done(); d.serveData(s2, srv, KindQueue, qid) }()
 		go func() { _, _ = io.Copy(io.Discard, cli) }()
 		_, _ = cli.Write(in)
 		_ = cli.Close()
 		<-done
 		_ = ctrlC.Close()
-		s.wg.Done()
+		s.reg.users.Done()
 		d.endSession(s)
 	})
 }
