@@ -432,7 +432,7 @@ func (d *AccelDriver) prepareShared(ctx context.Context, app *appliance.Applianc
 	}
 	g.add(r.Export, backs)
 	if err := g.creds.Add([]byte(r.Export)); err != nil {
-		g.remove(r.Export)
+		g.remove(r.Export, nil)
 		d.clear(app, r.Offset, r.Offset+r.Length)
 		return api.PrepareResponse{}, err
 	}
@@ -452,7 +452,11 @@ func (d *AccelDriver) startGateway(ctx context.Context, app *appliance.Appliance
 	cfg := gc.Config
 	cfg.Name, cfg.Role, cfg.Entries, cfg.Metrics = name, e.Request.Role, entries, d.reg
 	cfg.Logger = d.log.With("gateway", name)
-	sg := &sharedGateway{name: name, device: e.Device.Name, role: e.Request.Role, slots: map[string][]*slotBackend{}}
+	sg := &sharedGateway{name: name, device: e.Device.Name, role: e.Request.Role, slots: map[string][]*slotBackend{},
+		drain: cfg.QueueTimeout}
+	if sg.drain <= 0 {
+		sg.drain = DefaultGatewayQueueTimeout
+	}
 	sg.creds.Limit = gc.leaseLimit
 	// The gateway has no slot yet: executions pick from sg's current slots.
 	g, err := gateway.New(cfg, []gateway.Backend{sg})
@@ -509,8 +513,9 @@ func (d *AccelDriver) clear(app *appliance.Appliance, from, to int64) error {
 // Teardown ends the lease: a dedicated lease's slots close their
 // connections, wipe their memory and unload their role; a shared lease's
 // credential is revoked at the gateway (its connections closed), its slots
-// leave the gateway once their running executions finish, and the gateway
-// stops with its last lease.
+// leave the gateway once their running executions finish (interrupted
+// after the gateway's queue timeout: the borrower's role may never
+// return), and the gateway stops with its last lease.
 func (d *AccelDriver) Teardown(_ context.Context, e Export) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -524,7 +529,11 @@ func (d *AccelDriver) Teardown(_ context.Context, e Export) error {
 		key := gatewayKey(old.Request, e.Device.Name)
 		if g := d.gws[key]; g != nil {
 			g.creds.Revoke([]byte(old.Request.Export))
-			g.remove(old.Request.Export)
+			g.remove(old.Request.Export, func() {
+				if app != nil {
+					d.clear(app, old.Request.Offset, old.Request.Offset+old.Request.Length)
+				}
+			})
 			if g.leases() == 0 {
 				delete(d.gws, key)
 				g.stop()
@@ -582,6 +591,7 @@ type sharedGateway struct {
 	g                  *gateway.Gateway
 	ln                 net.Listener
 	creds              gateway.Credentials
+	drain              time.Duration // how long remove waits for running executions
 	cancel             context.CancelFunc
 	wg                 sync.WaitGroup
 
@@ -615,8 +625,9 @@ func (sg *sharedGateway) add(export string, bs []*slotBackend) {
 }
 
 // remove takes the lease's slots out of rotation and waits for the
-// executions running on them.
-func (sg *sharedGateway) remove(export string) {
+// executions running on them; if some still run after sg.drain, it calls
+// interrupt (if not nil), which must make them fail, and waits on.
+func (sg *sharedGateway) remove(export string, interrupt func()) {
 	sg.mu.Lock()
 	bs := sg.slots[export]
 	delete(sg.slots, export)
@@ -633,10 +644,26 @@ func (sg *sharedGateway) remove(export string) {
 	clear(sg.order[len(kept):])
 	sg.order = kept
 	sg.mu.Unlock()
+	drained := make(chan struct{})
+	go func() {
+		for _, b := range bs {
+			b.mu.Lock()
+			b.removed = true
+			b.mu.Unlock()
+		}
+		close(drained)
+	}()
+	if interrupt != nil {
+		t := time.NewTimer(sg.drain)
+		select {
+		case <-drained:
+		case <-t.C:
+			interrupt()
+		}
+		t.Stop()
+	}
+	<-drained
 	for _, b := range bs {
-		b.mu.Lock()
-		b.removed = true
-		b.mu.Unlock()
 		b.r.Close()
 	}
 }
