@@ -645,3 +645,22 @@ func TestRestartHoldsRememberedPorts(t *testing.T) {
 		}
 	}
 }
+
+// A prepare whose range overlaps another lease's is refused, and the reason
+// (which reaches the requesting tenant) does not name the other lease.
+func TestPrepareOverlapHidesOtherLease(t *testing.T) {
+	_, srv := newFakeCP(t)
+	r := start(t, testConfig(srv.URL, t.TempDir()))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-owner", Kind: api.KindBlock, DeviceName: "disk0", Length: 8192, Export: "x_owner"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-other", Kind: api.KindBlock, DeviceName: "disk0", Offset: 4096, Length: 8192, Export: "x_other"})
+	if !errors.Is(err, ErrOverlap) {
+		t.Fatalf("overlapping prepare: %v, want ErrOverlap", err)
+	}
+	if strings.Contains(err.Error(), "lease-owner") {
+		t.Fatalf("the refusal names the other lease: %v", err)
+	}
+}

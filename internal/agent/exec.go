@@ -91,7 +91,10 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, prevURI str
 	}
 	if !exists {
 		if other := a.overlapping(req); other != "" {
-			return api.PrepareResponse{}, fmt.Errorf("%w: range overlaps lease %s, which this agent still serves", ErrOverlap, other)
+			// The reason reaches the requesting tenant: the other
+			// lease's ID stays in this agent's log.
+			a.log.Warn("refused an overlapping range", "lease", req.LeaseID, "device", dev.Name, "served_for", other)
+			return api.PrepareResponse{}, fmt.Errorf("%w: the range overlaps one this agent still serves for another lease", ErrOverlap)
 		}
 	}
 	e := Export{Request: req, Device: dev, Endpoint: endpoint, Host: host, URI: prevURI}
