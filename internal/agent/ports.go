@@ -101,7 +101,9 @@ func (a *Agent) rememberedPorts(saved []persistedExport) []string {
 
 // uriPorts returns the ports an export URI names: its host's and, for a
 // lease of several accelerator slots, those of the further slots, in slot
-// order; nil if the URI has no port or a malformed one.
+// order; nil if the URI has no port or a malformed one (anything but a
+// number from 1 to 65535: the URI comes from a state file, and a port
+// such as "http" would be looked up as a service name).
 func uriPorts(uri string) []string {
 	u, err := url.Parse(uri)
 	if uri == "" || err != nil || u.Host == "" {
@@ -115,6 +117,9 @@ func uriPorts(uri string) []string {
 	for _, h := range hosts {
 		_, port, err := net.SplitHostPort(h)
 		if err != nil {
+			return nil
+		}
+		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
 			return nil
 		}
 		ports = append(ports, port)

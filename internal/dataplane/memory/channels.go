@@ -401,10 +401,22 @@ func (q *QueuePair) reader() {
 		}
 		q.mu.Unlock()
 		var res error
+		want := OpRead
+		if o != nil && o.op.Write {
+			want = OpWrite
+		}
 		if h.Status != StatusOK {
 			res = readStatus(q.br, h)
+		} else if o != nil && (h.Op != want || (want == OpRead && int(h.Payload) != len(o.op.Buf))) {
+			// Completing o would report a read that filled nothing, or
+			// write a read's data into the source of a write.
+			err := fmt.Errorf("%w: reply op %d of %d bytes for seq %d op %d of %d bytes",
+				ErrBadFrame, h.Op, h.Payload, h.Seq, want, len(o.op.Buf))
+			q.finish(o, err)
+			q.fail(err)
+			return
 		} else if h.Payload > 0 {
-			if o == nil || int(h.Payload) != len(o.op.Buf) {
+			if o == nil {
 				_, err = q.br.Discard(int(h.Payload))
 			} else {
 				_, err = io.ReadFull(q.br, o.op.Buf)

@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/binary"
 	"errors"
@@ -190,4 +191,69 @@ func helloRaw(t *testing.T, c net.Conn, m Hello) uint64 {
 		t.Fatalf("hello: %v %d %s", err, fr.Status, fr.Data)
 	}
 	return binary.BigEndian.Uint64(fr.Data)
+}
+
+// FuzzQueueReplies feeds arbitrary donor bytes to a queue pair's reply
+// reader with a 64-byte read (seq 1) and a 64-byte write (seq 2) pending.
+// The write's source is never written to, and an operation succeeds only
+// when the first reply for its sequence number is the right one: an OK
+// response of its opcode carrying, for the read, exactly the bytes asked
+// for, which land in its buffer.
+func FuzzQueueReplies(f *testing.F) {
+	reply := func(h Header, payload []byte) []byte {
+		h.Flags, h.Payload = FlagResponse, uint32(len(payload))
+		b := make([]byte, HeaderSize, HeaderSize+len(payload))
+		h.Encode(b)
+		return append(b, payload...)
+	}
+	data := bytes.Repeat([]byte{0x5a}, 64)
+	f.Add(append(reply(Header{Op: OpWrite, Seq: 2, Length: 64}, nil), reply(Header{Op: OpRead, Seq: 1, Length: 64}, data)...))
+	f.Add(reply(Header{Op: OpRead, Seq: 1, Status: StatusRange}, []byte("memory: out of range")))
+	f.Add(append(reply(Header{Op: OpRead, Seq: 9, Length: 3}, []byte("abc")), reply(Header{Op: OpWrite, Seq: 2, Length: 64}, nil)...))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		srv, cli := net.Pipe()
+		go func() {
+			_, _ = srv.Write(in)
+			_ = srv.Close()
+		}()
+		src := bytes.Repeat([]byte{0xc3}, 64)
+		rd := &qop{op: Op{Buf: make([]byte, 64)}, seq: 1, done: make(chan error, 1)}
+		wr := &qop{op: Op{Write: true, Buf: append([]byte(nil), src...)}, seq: 2, done: make(chan error, 1)}
+		q := &QueuePair{c: &Client{opts: Options{Timeout: 10 * time.Second}}, conn: cli, br: bufio.NewReader(cli),
+			wake: make(chan struct{}), pending: map[uint32]*qop{1: rd, 2: wr}, done: make(chan struct{})}
+		q.reader()
+		rerr, werr := <-rd.done, <-wr.done
+
+		if !bytes.Equal(wr.op.Buf, src) {
+			t.Fatal("a reply was written into the source of a write")
+		}
+		// The first complete reply for each sequence number, as long as
+		// the frames before it are well formed.
+		first := map[uint32][]byte{}
+		for off := 0; off+HeaderSize <= len(in); {
+			h, err := DecodeHeader(in[off : off+HeaderSize])
+			end := off + HeaderSize + int(h.Payload)
+			if err != nil || !h.IsResponse() || end > len(in) {
+				break
+			}
+			if _, seen := first[h.Seq]; !seen {
+				first[h.Seq] = in[off:end]
+			}
+			off = end
+		}
+		ok := func(seq uint32, op uint8, payload int) bool {
+			fr := first[seq]
+			if fr == nil {
+				return false
+			}
+			h, _ := DecodeHeader(fr)
+			return h.Op == op && h.Status == StatusOK && int(h.Payload) == payload
+		}
+		if rerr == nil && (!ok(1, OpRead, 64) || !bytes.Equal(rd.op.Buf, first[1][HeaderSize:])) {
+			t.Fatalf("read succeeded without its reply: %x", first[1])
+		}
+		if werr == nil && !ok(2, OpWrite, 0) {
+			t.Fatalf("write succeeded without its reply: %x", first[2])
+		}
+	})
 }

@@ -209,7 +209,11 @@ func (c *Client) handshake(r *bufio.Reader, export string, structured bool) erro
 				if len(data) != 12 {
 					return fmt.Errorf("%w: bad NBD_INFO_EXPORT", ErrProtocol)
 				}
-				c.size = int64(binary.BigEndian.Uint64(data[2:]))
+				size := binary.BigEndian.Uint64(data[2:])
+				if size > math.MaxInt64 {
+					return fmt.Errorf("%w: export size %d too large", ErrProtocol, size)
+				}
+				c.size = int64(size)
 				c.flags = binary.BigEndian.Uint16(data[10:])
 				gotExport = true
 			case infoBlockSize:
@@ -299,7 +303,11 @@ func (c *Client) exportName(r *bufio.Reader, export string, noZeroes bool) error
 	if _, err := io.ReadFull(r, b); err != nil {
 		return fmt.Errorf("nbd: handshake: export refused: %w", err)
 	}
-	c.size = int64(binary.BigEndian.Uint64(b))
+	size := binary.BigEndian.Uint64(b)
+	if size > math.MaxInt64 {
+		return fmt.Errorf("%w: export size %d too large", ErrProtocol, size)
+	}
+	c.size = int64(size)
 	c.flags = binary.BigEndian.Uint16(b[8:])
 	c.fixBlockSizes()
 	return nil

@@ -125,3 +125,50 @@ func FuzzClientReply(f *testing.F) {
 		}
 	})
 }
+
+func optReplyBytes(opt, typ uint32, data []byte) []byte {
+	b := binary.BigEndian.AppendUint64(nil, optReplyMagic)
+	b = binary.BigEndian.AppendUint32(b, opt)
+	b = binary.BigEndian.AppendUint32(b, typ)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(data)))
+	return append(b, data...)
+}
+
+// FuzzClientHandshake feeds arbitrary server bytes to the client's side of
+// the handshake: it must fail or end with a usable export — a size that is
+// not negative and block sizes the client can split requests by.
+func FuzzClientHandshake(f *testing.F) {
+	hello := binary.BigEndian.AppendUint64(nil, nbdMagic)
+	hello = binary.BigEndian.AppendUint64(hello, optMagic)
+	hello = binary.BigEndian.AppendUint16(hello, flagFixedNewstyle|flagNoZeroes)
+	info := binary.BigEndian.AppendUint16(nil, infoExport)
+	info = binary.BigEndian.AppendUint64(info, 1<<20)
+	info = binary.BigEndian.AppendUint16(info, FlagHasFlags|FlagSendFlush)
+	bs := binary.BigEndian.AppendUint16(nil, infoBlockSize)
+	bs = binary.BigEndian.AppendUint32(bs, 512)
+	bs = binary.BigEndian.AppendUint32(bs, 4096)
+	bs = binary.BigEndian.AppendUint32(bs, 1<<20)
+	meta := append(binary.BigEndian.AppendUint32(nil, metaContextID), MetaContextBaseAllocation...)
+	goReplies := bytes.Join([][]byte{optReplyBytes(optGo, repInfo, info), optReplyBytes(optGo, repInfo, bs),
+		optReplyBytes(optGo, repAck, nil)}, nil)
+	f.Add(true, bytes.Join([][]byte{hello, optReplyBytes(optStructuredReply, repAck, nil),
+		optReplyBytes(optSetMetaContext, repMetaContext, meta), optReplyBytes(optSetMetaContext, repAck, nil), goReplies}, nil))
+	f.Add(false, append(append([]byte(nil), hello...), goReplies...))
+	export := binary.BigEndian.AppendUint64(nil, 1<<30)
+	export = binary.BigEndian.AppendUint16(export, FlagHasFlags)
+	f.Add(false, bytes.Join([][]byte{hello, optReplyBytes(optGo, repErrUnsup, nil), export}, nil))
+	f.Add(false, bytes.Join([][]byte{hello, optReplyBytes(optGo, repErrPolicy, []byte("no"))}, nil))
+	f.Fuzz(func(t *testing.T, structured bool, in []byte) {
+		c := &Client{nc: &fakeConn{r: bytes.NewReader(nil)}, pending: map[uint64]*call{}, readerDone: make(chan struct{})}
+		if err := c.handshake(newConnReader(bytes.NewReader(in)), testName, structured); err != nil {
+			return
+		}
+		mn, _, mx := c.BlockSizes()
+		if c.Size() < 0 {
+			t.Fatalf("export size %d", c.Size())
+		}
+		if !isPow2(mn) || mx < mn || mx%mn != 0 {
+			t.Fatalf("block sizes min %d max %d", mn, mx)
+		}
+	})
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -152,6 +153,9 @@ func New(devs []Device, cfg Config) (*Volume, error) {
 			return nil, fmt.Errorf("%w: device %d is nil", ErrConfig, i)
 		}
 		s := d.Size()
+		if s < 0 {
+			return nil, fmt.Errorf("%w: device %d has a negative size (%d)", ErrConfig, i, s)
+		}
 		if v.perDev < 0 || s < v.perDev {
 			v.perDev = s
 		}
@@ -169,6 +173,9 @@ func New(devs []Device, cfg Config) (*Volume, error) {
 	v.perDev = v.perDev / unit * unit
 	if v.perDev == 0 {
 		return nil, fmt.Errorf("%w: smallest device is smaller than one stripe unit (%d bytes)", ErrConfig, unit)
+	}
+	if v.perDev > math.MaxInt64/int64(len(devs)) {
+		return nil, fmt.Errorf("%w: %d devices of %d bytes make a volume larger than 2^63-1 bytes", ErrConfig, len(devs), v.perDev)
 	}
 	v.size = v.perDev * int64(len(devs))
 	return v, nil

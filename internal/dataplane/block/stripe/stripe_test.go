@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -97,6 +98,33 @@ func devices(ms ...*memDev) []Device {
 		ds[i] = m
 	}
 	return ds
+}
+
+// sizedDev is a memDev that reports a size of its own, as a remote device
+// says what it likes.
+type sizedDev struct {
+	*memDev
+	size int64
+}
+
+func (d sizedDev) Size() int64 { return d.size }
+
+func TestNewRefusesDeviceSizes(t *testing.T) {
+	for _, sizes := range [][]int64{{-1 << 20, 1 << 20}, {math.MinInt64}, {1 << 62, 1 << 62}, {math.MaxInt64, math.MaxInt64, 1 << 62}} {
+		devs := make([]Device, len(sizes))
+		for i, s := range sizes {
+			devs[i] = sizedDev{newMem(0), s}
+		}
+		if v, err := New(devs, Config{}); err == nil {
+			t.Errorf("devices of %v bytes make a volume of %d", sizes, v.Size())
+		} else if !errors.Is(err, ErrConfig) {
+			t.Errorf("devices of %v bytes: New = %v, want ErrConfig", sizes, err)
+		}
+	}
+	v, err := New([]Device{sizedDev{newMem(0), 1 << 61}, sizedDev{newMem(0), 1 << 61}}, Config{})
+	if err != nil || v.Size() != 1<<62 {
+		t.Fatalf("two devices of 2^61 bytes: %v", err)
+	}
 }
 
 func TestNewConfig(t *testing.T) {
