@@ -307,6 +307,10 @@ func dupFile(fd int, name string) (*os.File, error) {
 	return os.NewFile(uintptr(d), name), nil
 }
 
+// maxCtlPayload bounds a control frame from the handler (the largest, a
+// stats reply with 65,536 service times as JSON, is about 1.3 MB).
+const maxCtlPayload = 16 << 20
+
 // watch reads the handler's frames: replies go to the waiting command, an
 // unasked failure report (or the handler's end) makes the region
 // inaccessible and wakes every waiting thread, so that touches fault
@@ -325,7 +329,15 @@ func (m *Mapping) watch() {
 			m.mu.Unlock()
 			return
 		}
-		f := ctlFrame{op: hdr[0], payload: make([]byte, binary.BigEndian.Uint32(hdr[1:]))}
+		n := binary.BigEndian.Uint32(hdr[1:])
+		if n > maxCtlPayload { // not our handler's frame: stop listening to it
+			m.mu.Lock()
+			m.failLocked(fmt.Errorf("%w: fault handler sent a %d-byte control frame", ErrBadFrame, n))
+			m.mu.Unlock()
+			_ = m.ctrl.Close()
+			return
+		}
+		f := ctlFrame{op: hdr[0], payload: make([]byte, n)}
 		if _, err := io.ReadFull(r, f.payload); err != nil {
 			continue // the next read reports the end
 		}
