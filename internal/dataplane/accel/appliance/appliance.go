@@ -805,7 +805,11 @@ func (s *slot) execute(ctx context.Context, entry string, ins [][]byte) ([][]byt
 	s.inflight.Add(1)
 	defer s.inflight.Add(-1)
 	t0 := time.Now()
-	outs, err := roles.RunBatch(ctx, l.role, entry, ins)
+	maxOut := int(s.a.cfg.MaxPayload)
+	if maxOut == 0 {
+		maxOut = accel.DefaultMaxPayload
+	}
+	outs, err := roles.RunBatch(ctx, l.role, entry, ins, maxOut)
 	d := time.Since(t0)
 	s.busyNs.Add(uint64(d))
 	if s.a.mBusy != nil {

@@ -37,7 +37,7 @@ func Local(r roles.Role) Backend { return localBackend{r} }
 type localBackend struct{ r roles.Role }
 
 func (l localBackend) CallBatch(ctx context.Context, entry string, ins [][]byte) ([][]byte, error) {
-	return roles.RunBatch(ctx, l.r, entry, ins)
+	return roles.RunBatch(ctx, l.r, entry, ins, accel.DefaultMaxPayload)
 }
 
 // Config tunes a gateway. Zero fields take the defaults noted.

@@ -31,7 +31,7 @@ func TestBadItemFailsOnlyItsRequest(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer r.Close(ctx)
-			want, err := roles.RunBatch(ctx, r, tc.entry, [][]byte{tc.good})
+			want, err := roles.RunBatch(ctx, r, tc.entry, [][]byte{tc.good}, 0)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -33,16 +33,34 @@ type Batcher interface {
 }
 
 // RunBatch runs ins through r as one invocation when r is a Batcher and one
-// by one otherwise. The result has one output per input.
-func RunBatch(ctx context.Context, r Role, entry string, ins [][]byte) ([][]byte, error) {
+// by one otherwise. The result has one output per input. With maxOut > 0,
+// outputs adding up to more than maxOut bytes fail the batch with
+// ErrBadInput (the reply could not carry them); run one by one, it stops at
+// the item that passes the budget, so a few bytes of input asking for large
+// outputs (a matmul with k = 0) cannot make it hold many of them.
+func RunBatch(ctx context.Context, r Role, entry string, ins [][]byte, maxOut int) ([][]byte, error) {
 	if b, ok := r.(Batcher); ok {
-		return b.RunBatch(ctx, entry, ins)
+		outs, err := b.RunBatch(ctx, entry, ins)
+		if err == nil && maxOut > 0 {
+			total := 0
+			for _, o := range outs {
+				total += len(o)
+			}
+			if total > maxOut {
+				return nil, fmt.Errorf("%w: outputs of %d bytes, above the %d a reply carries", ErrBadInput, total, maxOut)
+			}
+		}
+		return outs, err
 	}
 	outs := make([][]byte, len(ins))
+	total := 0
 	for i, in := range ins {
 		out, err := r.Run(ctx, entry, in)
 		if err != nil {
 			return nil, fmt.Errorf("item %d: %w", i, err)
+		}
+		if total += len(out); maxOut > 0 && total > maxOut {
+			return nil, fmt.Errorf("%w: outputs of items 0–%d add up to %d bytes, above the %d a reply carries", ErrBadInput, i, total, maxOut)
 		}
 		outs[i] = out
 	}

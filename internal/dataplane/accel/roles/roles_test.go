@@ -12,6 +12,7 @@ import (
 	"math"
 	"math/cmplx"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -168,6 +169,39 @@ func TestMatmulAgainstNaive(t *testing.T) {
 	}
 }
 
+// A batch of tiny matmul items asking for large outputs (k = 0: 12 bytes in,
+// m×n×4 bytes out) fails once its outputs pass the reply's budget, having
+// computed no more than one item beyond it; within the budget it runs.
+func TestRunBatchOutputBudget(t *testing.T) {
+	ctx := context.Background()
+	r := mustNew(t, Spec{Name: "matmul"})
+	item := encMatmul(1024, 0, 1024, nil, nil) // 4 MiB of zeros out
+	ins := make([][]byte, 64)                  // 256 MiB in all
+	for i := range ins {
+		ins[i] = item
+	}
+	if _, err := RunBatch(ctx, r, "mul", ins, 10<<20); !errors.Is(err, ErrBadInput) || !strings.Contains(err.Error(), "items 0–2") {
+		t.Fatalf("64 items of 4 MiB with a 10 MiB budget: %v, want ErrBadInput at item 2", err)
+	}
+	outs, err := RunBatch(ctx, r, "mul", ins[:2], 10<<20)
+	if err != nil || len(outs) != 2 || len(outs[1]) != 4<<20 {
+		t.Fatalf("2 items within the budget: %d outputs, %v", len(outs), err)
+	}
+	// The MCT role batches: its outputs are checked as a whole.
+	rng := rand.New(rand.NewPCG(7, 8))
+	rs := mct.Generate(rng, 10)
+	cfg, _ := json.Marshal(rs)
+	e, _ := mct.Compile(rs)
+	qs, _ := e.EncodeAll(mct.GenerateQueries(rng, 2))
+	b := mustNew(t, Spec{Name: "mct", Config: cfg})
+	if _, err := RunBatch(ctx, b, "match", [][]byte{qs}, 1); !errors.Is(err, ErrBadInput) {
+		t.Fatalf("MCT outputs above a 1-byte budget: %v", err)
+	}
+	if _, err := RunBatch(ctx, b, "match", [][]byte{qs}, 1<<20); err != nil {
+		t.Fatalf("MCT outputs within the budget: %v", err)
+	}
+}
+
 func TestBadInputs(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -212,7 +246,7 @@ func TestMCTRole(t *testing.T) {
 		ins = append(ins, qs[off:off+n])
 		off += n
 	}
-	outs, err := RunBatch(context.Background(), r, "match", ins)
+	outs, err := RunBatch(context.Background(), r, "match", ins, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +275,7 @@ func TestWasmRole(t *testing.T) {
 			t.Fatalf("echo %d: %v", i, err)
 		}
 	}
-	out, err := RunBatch(ctx, r, "upper", [][]byte{[]byte("hello, Wasm!"), []byte("abc")})
+	out, err := RunBatch(ctx, r, "upper", [][]byte{[]byte("hello, Wasm!"), []byte("abc")}, 0)
 	if err != nil || string(out[0]) != "HELLO, WASM!" || string(out[1]) != "ABC" {
 		t.Fatalf("upper: %q %v", out, err)
 	}
