@@ -552,6 +552,10 @@ func (g *Gateway) execute(ctx context.Context, b batch) {
 	}
 	if outs, err := g.run(ctx, b.entry, b.reqs, b.n); err != nil && len(b.reqs) > 1 && itemError(err) {
 		for _, r := range b.reqs {
+			if err := r.ctx.Err(); err != nil { // its caller has gone
+				g.finish(r, result{err: err}, "cancelled")
+				continue
+			}
 			o, err := g.run(ctx, b.entry, []*request{r}, len(r.items))
 			g.answer([]*request{r}, o, err)
 		}
