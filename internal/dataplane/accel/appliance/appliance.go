@@ -805,10 +805,13 @@ func (s *slot) execute(ctx context.Context, entry string, ins [][]byte) ([][]byt
 	s.inflight.Add(1)
 	defer s.inflight.Add(-1)
 	t0 := time.Now()
+	// Outputs come back in a reply (up to MaxPayload) or go to the slot's
+	// memory (a mailbox task): either must fit.
 	maxOut := int(s.a.cfg.MaxPayload)
 	if maxOut == 0 {
 		maxOut = accel.DefaultMaxPayload
 	}
+	maxOut = max(maxOut, len(s.mem))
 	outs, err := roles.RunBatch(ctx, l.role, entry, ins, maxOut)
 	d := time.Since(t0)
 	s.busyNs.Add(uint64(d))

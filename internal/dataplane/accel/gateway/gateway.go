@@ -530,10 +530,12 @@ func (q *queue) remove(reqs []*request) {
 }
 
 // itemError reports whether err is one that a single item can cause (bad
-// input, a role that fails on it): in a batch, the caller of that item's
-// failure, not the others'.
+// input, a role that fails on it) or the batch as a whole (inputs or
+// outputs above what a slot's frame carries): in a batch, the caller of
+// that item's failure, or nobody's, not the others'.
 func itemError(err error) bool {
-	return errors.Is(err, roles.ErrBadInput) || errors.Is(err, roles.ErrWasmTrap) || errors.Is(err, accel.ErrRoleFailed)
+	return errors.Is(err, roles.ErrBadInput) || errors.Is(err, roles.ErrWasmTrap) || errors.Is(err, accel.ErrRoleFailed) ||
+		errors.Is(err, accel.ErrTooLarge)
 }
 
 // execute runs one batch on the next instance and answers its requests.
@@ -550,6 +552,10 @@ func (g *Gateway) execute(ctx context.Context, b batch) {
 	}
 	if outs, err := g.run(ctx, b.entry, b.reqs, b.n); err != nil && len(b.reqs) > 1 && itemError(err) {
 		for _, r := range b.reqs {
+			if err := r.ctx.Err(); err != nil { // its caller has gone
+				g.finish(r, result{err: err}, "cancelled")
+				continue
+			}
 			o, err := g.run(ctx, b.entry, []*request{r}, len(r.items))
 			g.answer([]*request{r}, o, err)
 		}

@@ -3,6 +3,8 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -64,5 +66,63 @@ func TestBadItemFailsOnlyItsRequest(t *testing.T) {
 				t.Errorf("bad request: %v, want %v", got.err, roles.ErrBadInput)
 			}
 		})
+	}
+}
+
+// poisonBackend records every batch, holds each until gate is closed, and
+// fails a batch holding the input "bad" with ErrBadInput.
+type poisonBackend struct {
+	batches chan []string
+	gate    chan struct{}
+}
+
+func (p poisonBackend) CallBatch(ctx context.Context, _ string, ins [][]byte) ([][]byte, error) {
+	var names []string
+	for _, in := range ins {
+		names = append(names, string(in))
+	}
+	p.batches <- names
+	<-p.gate
+	for _, n := range names {
+		if n == "bad" {
+			return nil, fmt.Errorf("%w: %s", roles.ErrBadInput, n)
+		}
+	}
+	return ins, nil
+}
+
+// A request whose caller has gone (its context cancelled: the caller gave
+// up, or its lease was revoked and its connection closed) is not run again
+// when its batch fails on another caller's item.
+func TestBadItemRetrySkipsCancelledRequests(t *testing.T) {
+	p := poisonBackend{batches: make(chan []string, 16), gate: make(chan struct{})}
+	g := run(t, Config{MaxBatch: 2, MaxQueueDelay: time.Hour, Clock: newFakeClock()}, p)
+	gctx, gone := context.WithCancel(context.Background())
+	goodDone := make(chan error, 1)
+	go func() {
+		_, err := g.Call(gctx, "e", []byte("good"))
+		goodDone <- err
+	}()
+	waitFor(t, func() bool { return g.received.Load() == 1 })
+	badDone := make(chan error, 1)
+	go func() {
+		_, err := g.Call(context.Background(), "e", []byte("bad"))
+		badDone <- err
+	}()
+	if got := <-p.batches; len(got) != 2 {
+		t.Fatalf("first batch %v", got)
+	}
+	gone()
+	if err := <-goodDone; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled call: %v", err)
+	}
+	close(p.gate)
+	if err := <-badDone; !errors.Is(err, roles.ErrBadInput) {
+		t.Fatalf("bad request: %v", err)
+	}
+	for len(p.batches) > 0 {
+		if got := <-p.batches; slices.Contains(got, "good") {
+			t.Fatalf("the cancelled request ran again: %v", got)
+		}
 	}
 }
