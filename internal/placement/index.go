@@ -474,8 +474,6 @@ func demandOf(d float64) float64 {
 	return d
 }
 
-// insertLease records a lease without solving rates, in a freed slot when
-// there is one.
 // LeaseTenant returns the tenant of a lease in the index.
 func (x *Index) LeaseTenant(id string) (string, bool) {
 	li, ok := x.leaseByID[id]
@@ -485,6 +483,8 @@ func (x *Index) LeaseTenant(id string) (string, bool) {
 	return x.leases[li].l.Tenant, true
 }
 
+// insertLease records a lease without solving rates, in a freed slot when
+// there is one.
 func (x *Index) insertLease(l Lease) int {
 	var li int
 	var uses []fabric.Use
