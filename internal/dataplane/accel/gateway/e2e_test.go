@@ -30,14 +30,7 @@ func TestMCTThroughAppliance(t *testing.T) {
 	}
 	qs, _ := engine.EncodeAll(mct.GenerateQueries(rng, 640))
 
-	app, err := appliance.New(appliance.Config{Slots: 2, SlotMemory: 1 << 16, Workers: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	actx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- app.Run(actx) }()
-	defer func() { stop(); <-done }()
+	app := startAppliance(t, appliance.Config{Slots: 2, SlotMemory: 1 << 16, Workers: 2})
 	var backends []Backend
 	for i := 0; i < 2; i++ {
 		if err := app.Load(ctx, i, roles.Spec{Name: "mct", Config: cfg}); err != nil {
@@ -86,14 +79,7 @@ func TestMCTThroughAppliance(t *testing.T) {
 
 func TestRedialerSurvivesLeaseRenewal(t *testing.T) {
 	ctx := context.Background()
-	app, err := appliance.New(appliance.Config{Slots: 1, SlotMemory: 4096})
-	if err != nil {
-		t.Fatal(err)
-	}
-	actx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- app.Run(actx) }()
-	defer func() { stop(); <-done }()
+	app := startAppliance(t, appliance.Config{Slots: 1, SlotMemory: 4096})
 	_ = app.Load(ctx, 0, roles.Spec{Name: "echo"})
 	_ = app.SetCredential(0, []byte("k"))
 	addr, _ := app.Addr(0)
@@ -106,6 +92,7 @@ func TestRedialerSurvivesLeaseRenewal(t *testing.T) {
 	// Renewing the lease cuts the connection; the next calls redial.
 	_ = app.SetCredential(0, []byte("k"))
 	var out []byte
+	var err error
 	for i := 0; i < 3; i++ {
 		if out, err = g.Call(ctx, "echo", []byte("two")); err == nil {
 			break
@@ -117,4 +104,18 @@ func TestRedialerSurvivesLeaseRenewal(t *testing.T) {
 	if err != nil || string(out) != "two" {
 		t.Fatalf("after redial: %q %v", out, err)
 	}
+}
+
+// startAppliance runs an appliance until the test ends.
+func startAppliance(t *testing.T, cfg appliance.Config) *appliance.Appliance {
+	t.Helper()
+	app, err := appliance.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- app.Run(ctx) }()
+	t.Cleanup(func() { stop(); <-done })
+	return app
 }

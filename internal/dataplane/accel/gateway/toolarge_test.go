@@ -16,14 +16,7 @@ import (
 // are run again one by one: the batch, not any request, was too large.
 func TestBatchRepliesAboveFrameLimitRunOneByOne(t *testing.T) {
 	ctx := context.Background()
-	app, err := appliance.New(appliance.Config{Slots: 1, SlotMemory: 1 << 20, MaxPayload: 1 << 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	actx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- app.Run(actx) }()
-	defer func() { stop(); <-done }()
+	app := startAppliance(t, appliance.Config{Slots: 1, SlotMemory: 1 << 20, MaxPayload: 1 << 16})
 	if err := app.Load(ctx, 0, roles.Spec{Name: "matmul"}); err != nil {
 		t.Fatal(err)
 	}
