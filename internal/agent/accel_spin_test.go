@@ -35,15 +35,15 @@ func TestAccelSharedTeardownInterruptsRunaway(t *testing.T) {
 	defer c.Close()
 	go func() { _, _ = c.Call(ctx, "spin", []byte("x")) }()
 	app := r.a.drivers[api.KindAccel].(*AccelDriver).Appliance("gpu")
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if st, _ := app.Slot(0); st.InFlight > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
+	deadline := time.After(10 * time.Second)
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for st, _ := app.Slot(0); st.InFlight == 0; st, _ = app.Slot(0) {
+		select {
+		case <-deadline:
 			t.Fatal("the spinning call never reached the slot")
+		case <-tick.C:
 		}
-		time.Sleep(time.Millisecond)
 	}
 	done := make(chan error, 1)
 	go func() { done <- r.a.Teardown(ctx, "spin-1") }()

@@ -1,21 +1,24 @@
 package nbd
 
 import (
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 )
 
-// watchBackend counts the writes that reach it once gone is set.
+// watchBackend reports on late the first write that reaches it once gone
+// is set.
 type watchBackend struct {
 	*MemBackend
 	gone atomic.Bool
-	late atomic.Int64
+	late chan struct{} // closed by the first late write
+	once sync.Once
 }
 
 func (w *watchBackend) WriteAt(p []byte, off int64) (int, error) {
 	if w.gone.Load() {
-		w.late.Add(1)
+		w.once.Do(func() { close(w.late) })
 	}
 	return w.MemBackend.WriteAt(p, off)
 }
@@ -27,14 +30,15 @@ func (w *watchBackend) WriteAt(p []byte, off int64) (int, error) {
 // executed afterwards.
 func TestRemoveExportStopsQueuedRequests(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		limit *RateLimit
+		name   string
+		limit  *RateLimit
+		window time.Duration
 	}{
-		{"rate limited", &RateLimit{BytesPerSec: 256 << 10}},
-		{"unlimited", nil},
+		{"rate limited", &RateLimit{BytesPerSec: 256 << 10}, 3 * time.Second},
+		{"unlimited", nil, 200 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			be := &watchBackend{MemBackend: NewMemBackend(8 << 20)}
+			be := &watchBackend{MemBackend: NewMemBackend(8 << 20), late: make(chan struct{})}
 			s, addr := startServer(t, Export{Name: testName, Backend: be, Limit: tc.limit})
 			rc := rawDial(t, addr, clientFlagFixedNewstyle|clientFlagNoZeroes)
 			rc.goTransmission(testName, false, false)
@@ -54,17 +58,13 @@ func TestRemoveExportStopsQueuedRequests(t *testing.T) {
 				t.Fatal(err)
 			}
 			be.gone.Store(true)
-			// At 256 KiB/s the queued writes would all have gone through
-			// within 2 s.
-			deadline := time.Now().Add(3 * time.Second)
-			for time.Now().Before(deadline) {
-				if k := be.late.Load(); k > 0 {
-					t.Fatalf("%d write(s) reached the backend after RemoveExport returned", k)
-				}
-				if tc.limit == nil {
-					break
-				}
-				time.Sleep(10 * time.Millisecond)
+			// Queued writes that outlived the removal would reach the
+			// backend within window: at 256 KiB/s all of them within 2 s,
+			// unlimited at once.
+			select {
+			case <-be.late:
+				t.Fatal("a write reached the backend after RemoveExport returned")
+			case <-time.After(tc.window):
 			}
 		})
 	}
