@@ -57,8 +57,7 @@ func uffdFloor(n int, donor string) ([]time.Duration, error) {
 	}
 	defer unix.Munmap(mem)
 	base := uintptr(unsafe.Pointer(&mem[0]))
-	features := uint64(uffd.FeaturePagefaultFlagWP | uffd.FeatureMissingShmem | uffd.FeatureWPShmem)
-	u, err := uffd.Open(features)
+	u, err := uffd.Open(uffd.FeaturePagefaultFlagWP | uffd.FeatureMissingShmem | uffd.FeatureWPShmem)
 	if err != nil {
 		return nil, err
 	}
@@ -177,8 +176,8 @@ func serveFaults(u *uffd.FD, page []byte, fetch func(addr uintptr) error, stop f
 }
 
 // chainHandlerArg is the argument that makes memory-bench the chain floor's
-// handler process: memory-bench chain-handler DONOR BASE, with the
-// userfaultfd as descriptor 3.
+// handler process: memory-bench chain-handler DONOR BASE FEATURES, with the
+// userfaultfd (negotiated FEATURES) as descriptor 3.
 const chainHandlerArg = "chain-handler"
 
 // startChainHandler starts the chain floor's handler process and waits
@@ -257,7 +256,7 @@ func chainHandler(args []string) {
 		spins++
 		return spins%1024 == 0 && os.Getppid() != parent
 	})
-	if err != nil && !errors.Is(err, unix.EBADF) {
+	if err != nil {
 		fail(err)
 	}
 }

@@ -171,6 +171,9 @@ func New(cfg Config) (*Appliance, error) {
 	if cfg.HeartbeatInterval <= 0 {
 		cfg.HeartbeatInterval = 5 * time.Second
 	}
+	if cfg.MaxPayload == 0 {
+		cfg.MaxPayload = accel.DefaultMaxPayload
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -807,12 +810,7 @@ func (s *slot) execute(ctx context.Context, entry string, ins [][]byte) ([][]byt
 	t0 := time.Now()
 	// Outputs come back in a reply (up to MaxPayload) or go to the slot's
 	// memory (a mailbox task): either must fit.
-	maxOut := int(s.a.cfg.MaxPayload)
-	if maxOut == 0 {
-		maxOut = accel.DefaultMaxPayload
-	}
-	maxOut = max(maxOut, len(s.mem))
-	outs, err := roles.RunBatch(ctx, l.role, entry, ins, maxOut)
+	outs, err := roles.RunBatch(ctx, l.role, entry, ins, max(int(s.a.cfg.MaxPayload), len(s.mem)))
 	d := time.Since(t0)
 	s.busyNs.Add(uint64(d))
 	if s.a.mBusy != nil {
