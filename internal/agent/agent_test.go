@@ -511,6 +511,9 @@ func TestLinksReported(t *testing.T) {
 	cp, srv := newFakeCP(t)
 	r := start(t, testConfig(srv.URL, t.TempDir()))
 	peer := start(t, Config{ControlPlane: srv.URL, BootstrapToken: "boot", Name: "n2", StateDir: t.TempDir()})
+	// Only r's heartbeats reach the fake control plane from here on: the
+	// peer's own would otherwise be the last one read below.
+	peer.a.PauseHeartbeats(true)
 	r.a.mu.Lock()
 	r.a.peers = []api.Node{{ID: peer.a.NodeID(), AgentURL: peer.a.AgentURL()}, {ID: "gone", AgentURL: "http://127.0.0.1:1"}}
 	r.a.mu.Unlock()
