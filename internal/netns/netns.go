@@ -571,7 +571,7 @@ func lockFile(ctx context.Context, path string) (func(), error) {
 
 // ParseRate converts a tc rate ("400mbit", "1gbit", "10mbps", "125000bps",
 // "1000000") to bits per second. As in tc, "bps" means bytes per second and a
-// bare number means bits per second.
+// bare number means bits per second. Rates below 8 bit/s are refused.
 func ParseRate(s string) (int64, error) {
 	t := strings.ToLower(strings.TrimSpace(s))
 	i := 0
@@ -590,6 +590,11 @@ func ParseRate(s string) (int64, error) {
 	}[unit]
 	if mult == 0 {
 		return 0, fmt.Errorf("%w: rate %q: unknown unit %q", ErrBadConfig, s, unit)
+	}
+	if v*mult < 8 {
+		// tc rounds the rate down to bytes per second: below one it
+		// would refuse the qdisc.
+		return 0, fmt.Errorf("%w: rate %q is below 8bit (one byte per second)", ErrBadConfig, s)
 	}
 	return int64(v * mult), nil
 }

@@ -156,11 +156,11 @@ type proc struct {
 // wrapping ErrUnavailable that says why not in a way a user can act on.
 func Available() error {
 	if os.Geteuid() != 0 {
-		return fmt.Errorf("%w: needs root (it creates network namespaces, veth pairs and a bridge, and shapes links with tc)", ErrUnavailable)
+		return fmt.Errorf("%w: needs root: it creates network namespaces, veth pairs and a bridge, and shapes links with tc", ErrUnavailable)
 	}
 	for _, t := range []string{"ip", "tc"} {
 		if _, err := exec.LookPath(t); err != nil {
-			return fmt.Errorf("%w: %s(8) not found on PATH (install iproute2)", ErrUnavailable, t)
+			return fmt.Errorf("%w: needs %s(8), not found on PATH (install iproute2)", ErrUnavailable, t)
 		}
 	}
 	return nil
