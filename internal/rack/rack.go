@@ -565,7 +565,10 @@ func (r *Rack) start(n Node, args, secrets []string) (*proc, error) {
 		return nil, fmt.Errorf("rack: %w", err)
 	}
 	defer logf.Close()
-	fmt.Fprintf(logf, "--- rack: starting %s at %s\n", n.Name, time.Now().Format(time.RFC3339Nano))
+	// The command line carries no secret; with it a user can start the
+	// process again by hand (the tokens are in the state dir's env file).
+	fmt.Fprintf(logf, "--- rack: %s: starting %s: ip netns exec %s rialto %s\n", time.Now().Format(time.RFC3339Nano),
+		n.Name, n.Namespace, strings.Join(args, " "))
 	// ip netns exec enters the namespace and execs the binary under the
 	// same pid, so signals to the pid reach rialto itself.
 	cmd := exec.Command("ip", append([]string{"netns", "exec", n.Namespace, r.cfg.Binary}, args...)...)
@@ -589,7 +592,7 @@ func (r *Rack) start(n Node, args, secrets []string) (*proc, error) {
 		r.mu.Unlock()
 		close(p.done)
 		if report {
-			r.log.Warn("process exited", "node", n.Name, "err", err)
+			r.log.Info("process exited", "node", n.Name, "err", err)
 			select {
 			case r.exits <- Exit{Node: n.Name, Err: err}:
 			default:
