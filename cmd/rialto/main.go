@@ -17,6 +17,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/memory"
+	"github.com/rialto-project/rialto/internal/rack"
 )
 
 // command is one verb. A verb lives in its own file and registers itself
@@ -54,6 +55,9 @@ func main() {
 	// A memory mapping's fault handler is this binary re-executed with the
 	// hidden argument memory-fault-handler (docs/memory-protocol.md).
 	memory.RunFaultHandlerIfChild()
+	// An emulated rack's reaper (`rialto up --netns`) is this binary with
+	// the hidden argument rack-reaper (internal/rack).
+	rack.RunReaperIfChild()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], &env{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv})
 	stop()

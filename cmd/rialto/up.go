@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -21,7 +22,7 @@ import (
 )
 
 func init() {
-	register(&command{Name: "up", Summary: "Run a local cluster in one process: a control plane and 3 agents lending file-backed disks.", Run: runUp})
+	register(&command{Name: "up", Summary: "Run a local cluster: a control plane and 3 agents lending file-backed disks, in one process (--netns: an emulated rack, each in its own network namespace).", Run: runUp})
 }
 
 // upState is what `rialto up` keeps in its state dir (cluster.json, 0600).
@@ -72,10 +73,15 @@ func runUp(ctx context.Context, e *env, args []string) error {
 	level := fs.String("log-level", "warn", "debug, info, warn or error (logs go to stderr)")
 	var quotaSpecs listFlag
 	fs.Var(&quotaSpecs, "quota", "tenant quota [TENANT:]leases=N,bytes=SIZE,slots=N,bandwidth=RATE, as for rialto server (the up cluster's token is tenant admin; repeatable)")
+	netnsMode := fs.Bool("netns", false, "run an emulated rack instead: the control plane and each agent as separate processes in their own network namespaces, joined by veth pairs and a bridge (root only; docs/rack.md)")
+	linkRate := fs.String("link-rate", "", "with --netns: shape every link with tc tbf to this rate, e.g. 1gbit, 400mbit (bandwidth only: no delay or loss)")
 	var tm timings
 	tm.register(fs)
 	if _, err := parse(fs, args, 0, 0); err != nil {
 		return err
+	}
+	if *linkRate != "" && !*netnsMode {
+		return fmt.Errorf("--link-rate needs --netns")
 	}
 	quotas, err := parseQuotas(quotaSpecs)
 	if err != nil {
@@ -97,6 +103,15 @@ func runUp(ctx context.Context, e *env, args []string) error {
 	log, err := newLogger(e, *level)
 	if err != nil {
 		return err
+	}
+	if *netnsMode {
+		// The processes log to files in the state dir, not this terminal:
+		// info unless asked otherwise.
+		if !flagSet(fs, "log-level") {
+			*level = "info"
+		}
+		return runUpNetns(ctx, e, upNetns{dir: *dir, port: *port, agents: *agents, disks: *disks, diskSize: dsize,
+			memory: msize, slots: *slots, linkRate: *linkRate, level: *level, quotas: quotaSpecs, tm: tm, log: log})
 	}
 	if err := os.MkdirAll(*dir, 0o700); err != nil {
 		return err
@@ -197,7 +212,8 @@ func runUp(ctx context.Context, e *env, args []string) error {
 	// take the downtime for node failures.
 	cp.startSweeping(ctx)
 
-	if err := printUp(ctx, e, cp.URL, st, *dir, *agents); err != nil {
+	where := fmt.Sprintf("a control plane and %d agents on loopback", *agents)
+	if err := printUp(ctx, e, cp.URL, st, *dir, where, nil); err != nil {
 		shutdown()
 		return err
 	}
@@ -239,7 +255,10 @@ func listenUp(port, remembered int) (net.Listener, error) {
 	return net.Listen("tcp", "127.0.0.1:0")
 }
 
-func printUp(ctx context.Context, e *env, url string, st upState, dir string, agents int) error {
+// printUp prints the banner: what runs (where), the API, the nodes and
+// devices, and how to talk to the cluster; extra, if set, adds a section
+// after the devices. It writes the env file.
+func printUp(ctx context.Context, e *env, url string, st upState, dir, where string, extra func(io.Writer)) error {
 	token := st.AdminToken
 	c := api.NewClient(url, token, nil)
 	nodes, err := c.Nodes(ctx)
@@ -252,7 +271,7 @@ func printUp(ctx context.Context, e *env, url string, st upState, dir string, ag
 	}
 	w := e.stdout
 	abs, _ := filepath.Abs(dir)
-	fmt.Fprintf(w, "Rialto is up: a control plane and %d agents on loopback.\n\n", agents)
+	fmt.Fprintf(w, "Rialto is up: %s.\n\n", where)
 	fmt.Fprintf(w, "API:        %s\n", url)
 	fmt.Fprintf(w, "State dir:  %s\n\n", abs)
 	printNodes(w, nodes)
@@ -263,6 +282,10 @@ func printUp(ctx context.Context, e *env, url string, st upState, dir string, ag
 	}
 	printDevices(w, devs, names)
 	fmt.Fprintln(w)
+	if extra != nil {
+		extra(w)
+		fmt.Fprintln(w)
+	}
 	fmt.Fprintln(w, "To talk to this cluster, run in your shell:")
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "export RIALTO_ADDR=%s\n", url)

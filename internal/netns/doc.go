@@ -7,8 +7,18 @@
 // Addresses come from 10.213.L.0/24, where L is a /24 not already in use in
 // the root namespace: the bridge gets 10.213.L.1 and host i gets 10.213.L.(i+2).
 // Only interfaces the lab creates carry these addresses, and Close removes them
-// together with the namespaces. Names carry a random lab ID, so labs in
-// concurrent tests and processes do not collide.
+// together with the namespaces. Names carry a lab ID (random, or chosen by
+// the caller with Config.ID), so labs in concurrent tests and processes do
+// not collide; Config.Subnet asks for a particular /24 (a previous run's),
+// used if free.
+//
+// A process that builds a lab and is killed before it calls Close leaves the
+// lab behind. Purge removes it from its ID alone (namespaces, the processes
+// inside them, veth pairs and bridge, found by name), and Leftovers lists
+// what is left of it; internal/rack records the ID before building the lab
+// so that a reaper process or the next run can do so.
+//
+// Counters reads the kernel's byte counters of a host's link.
 //
 // New needs root and the ip(8) and tc(8) tools; Available reports whether the
 // machine can build a lab, which tests use to decide whether to skip.

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -58,6 +59,15 @@ type Config struct {
 	CongestionControl string
 	// Prefix starts every namespace name; empty means "rialto-lab".
 	Prefix string
+	// ID, when set, is the lab's identifier (NewID's form: 6 lowercase hex
+	// digits) instead of a random one. A caller that must be able to
+	// remove the lab after a crash (Purge) records the ID before New
+	// creates anything.
+	ID string
+	// Subnet, when set, is the 10.213.x.0/24 the lab would like (for
+	// example the one a previous run used, so addresses stay the same);
+	// if it is in use another is chosen.
+	Subnet netip.Prefix
 	// Logger receives the commands the lab runs at debug level; nil discards.
 	Logger *slog.Logger
 }
@@ -125,11 +135,18 @@ func New(ctx context.Context, cfg Config) (_ *Lab, err error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	var rnd [3]byte
-	if _, err := rand.Read(rnd[:]); err != nil {
-		return nil, fmt.Errorf("netns: lab id: %w", err)
+	id := cfg.ID
+	if id == "" {
+		if id, err = NewID(); err != nil {
+			return nil, err
+		}
+	} else if !validID(id) {
+		return nil, fmt.Errorf("%w: ID %q is not 6 lowercase hex digits", ErrBadConfig, id)
 	}
-	l := &Lab{id: hex.EncodeToString(rnd[:]), log: log}
+	if cfg.Subnet.IsValid() && !subnetOK(cfg.Subnet) {
+		return nil, fmt.Errorf("%w: Subnet %v is not a 10.213.x.0/24", ErrBadConfig, cfg.Subnet)
+	}
+	l := &Lab{id: id, log: log}
 	l.bridge = "rl" + l.id + "b"
 
 	// Subnet choice and bridge creation are serialised across processes so
@@ -143,7 +160,7 @@ func New(ctx context.Context, cfg Config) (_ *Lab, err error) {
 			_ = l.Close()
 		}
 	}()
-	err = l.createBridge(ctx, cfg.CongestionControl)
+	err = l.createBridge(ctx, cfg.Subnet, cfg.CongestionControl)
 	unlock()
 	if err != nil {
 		return nil, err
@@ -160,7 +177,33 @@ func New(ctx context.Context, cfg Config) (_ *Lab, err error) {
 	return l, nil
 }
 
-func (l *Lab) createBridge(ctx context.Context, cc string) error {
+// NewID returns a random lab ID.
+func NewID() (string, error) {
+	var rnd [3]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return "", fmt.Errorf("netns: lab id: %w", err)
+	}
+	return hex.EncodeToString(rnd[:]), nil
+}
+
+func validID(id string) bool {
+	if len(id) != 6 {
+		return false
+	}
+	for _, c := range id {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+func subnetOK(p netip.Prefix) bool {
+	a := p.Addr().As4()
+	return p.Addr().Is4() && p.Bits() == 24 && a[0] == 10 && a[1] == 213 && a[2] >= 1 && a[2] <= 254 && a[3] == 0
+}
+
+func (l *Lab) createBridge(ctx context.Context, want netip.Prefix, cc string) error {
 	out, err := l.run(ctx, "ip", "-o", "-4", "addr", "show")
 	if err != nil {
 		return err
@@ -176,10 +219,13 @@ func (l *Lab) createBridge(ctx context.Context, cc string) error {
 		}
 	}
 	third := -1
+	if want.IsValid() && !used[int(want.Addr().As4()[2])] {
+		third = int(want.Addr().As4()[2])
+	}
 	// Start at a random place so that concurrent labs rarely even contend.
 	var b [1]byte
 	_, _ = rand.Read(b[:])
-	for k := 0; k < 254; k++ {
+	for k := 0; third < 0 && k < 254; k++ {
 		c := 1 + (int(b[0])+k)%254
 		if !used[c] {
 			third = c
@@ -340,26 +386,143 @@ func (l *Lab) Close() error {
 	defer cancel()
 	var errs []error
 	for _, h := range l.hosts {
-		if out, err := l.run(ctx, "ip", "netns", "pids", h.Namespace); err == nil {
-			for _, f := range strings.Fields(string(out)) {
-				if pid, err := strconv.Atoi(f); err == nil && pid != os.Getpid() {
-					_ = syscall.Kill(pid, syscall.SIGKILL)
-				}
-			}
-		}
-		if _, err := l.run(ctx, "ip", "netns", "del", h.Namespace); err != nil {
+		if err := deleteNamespace(ctx, l.log, h.Namespace); err != nil {
 			errs = append(errs, err)
 		}
 		// Deleting the namespace destroys the pair; this is for the case
 		// where the namespace was never created.
-		_, _ = l.run(ctx, "ip", "link", "del", h.RootIface)
+		_, _ = run(ctx, l.log, "ip", "link", "del", h.RootIface)
 	}
 	if l.bridge != "" {
-		if _, err := l.run(ctx, "ip", "link", "del", l.bridge); err != nil && !linkGone(err) {
+		if _, err := run(ctx, l.log, "ip", "link", "del", l.bridge); err != nil && !linkGone(err) {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// deleteNamespace kills the processes inside namespace ns and deletes it.
+func deleteNamespace(ctx context.Context, log *slog.Logger, ns string) error {
+	if out, err := run(ctx, log, "ip", "netns", "pids", ns); err == nil {
+		for _, f := range strings.Fields(string(out)) {
+			if pid, err := strconv.Atoi(f); err == nil && pid != os.Getpid() {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}
+	_, err := run(ctx, log, "ip", "netns", "del", ns)
+	return err
+}
+
+// Purge removes whatever the lab with the given ID left behind, for
+// example when the process that built it was killed before it could call
+// Close: it kills the processes inside the lab's namespaces, deletes the
+// namespaces, and deletes the lab's links (veth pairs and bridge), finding
+// them by name. A lab of which nothing is left is not an error. It needs
+// what New needs (Available).
+func Purge(ctx context.Context, id string, log *slog.Logger) error {
+	if !validID(id) {
+		return fmt.Errorf("%w: ID %q is not 6 lowercase hex digits", ErrBadConfig, id)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	nss, links, err := Leftovers(ctx, id)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, ns := range nss {
+		if err := deleteNamespace(ctx, log, ns); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// Veth ends first (the root end of a pair whose namespace is gone has
+	// gone with it), then the bridge.
+	slices.SortFunc(links, func(a, b string) int { return strings.Compare(b, a) })
+	for _, ln := range links {
+		if _, err := run(ctx, log, "ip", "link", "del", ln); err != nil && !linkGone(err) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Leftovers lists the namespaces and root-namespace links that exist now
+// and belong to the lab with the given ID.
+func Leftovers(ctx context.Context, id string) (namespaces, links []string, err error) {
+	if !validID(id) {
+		return nil, nil, fmt.Errorf("%w: ID %q is not 6 lowercase hex digits", ErrBadConfig, id)
+	}
+	log := slog.New(slog.DiscardHandler)
+	out, err := run(ctx, log, "ip", "netns", "list")
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		// Names are PREFIX-ID-hN.
+		if i := strings.LastIndex(f[0], "-"+id+"-h"); i >= 0 && allDigits(f[0][i+len(id)+3:]) {
+			namespaces = append(namespaces, f[0])
+		}
+	}
+	out, err = run(ctx, log, "ip", "-o", "link", "show")
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		name, _, _ := strings.Cut(strings.TrimSuffix(f[1], ":"), "@")
+		if rest, ok := strings.CutPrefix(name, "rl"+id); ok && (rest == "b" || len(rest) > 1 && rest[0] == 'v' && allDigits(rest[1:])) {
+			links = append(links, name)
+		}
+	}
+	return namespaces, links, nil
+}
+
+func allDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// Counters are the bytes that crossed a host's link, counted by the kernel
+// at the root-namespace end of its veth pair (every packet: the borrower's,
+// other hosts', ARP).
+type Counters struct {
+	ToHost   int64 // bytes sent into the host's namespace
+	FromHost int64 // bytes the host sent out
+}
+
+// Counters reads host i's link counters.
+func (l *Lab) Counters(i int) (Counters, error) {
+	dir := filepath.Join("/sys/class/net", l.hosts[i].RootIface, "statistics")
+	var c Counters
+	for _, f := range []struct {
+		name string
+		p    *int64
+	}{{"tx_bytes", &c.ToHost}, {"rx_bytes", &c.FromHost}} {
+		b, err := os.ReadFile(filepath.Join(dir, f.name))
+		if err != nil {
+			return Counters{}, fmt.Errorf("netns: counters of %s: %w", l.hosts[i].RootIface, err)
+		}
+		if *f.p, err = strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err != nil {
+			return Counters{}, fmt.Errorf("netns: counters of %s: %w", l.hosts[i].RootIface, err)
+		}
+	}
+	return c, nil
 }
 
 func linkGone(err error) bool {
@@ -367,7 +530,11 @@ func linkGone(err error) bool {
 }
 
 func (l *Lab) run(ctx context.Context, args ...string) ([]byte, error) {
-	l.log.Debug("netns", "cmd", strings.Join(args, " "))
+	return run(ctx, l.log, args...)
+}
+
+func run(ctx context.Context, log *slog.Logger, args ...string) ([]byte, error) {
+	log.Debug("netns", "cmd", strings.Join(args, " "))
 	var stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
 	cmd.Stderr = &stderr
@@ -404,7 +571,7 @@ func lockFile(ctx context.Context, path string) (func(), error) {
 
 // ParseRate converts a tc rate ("400mbit", "1gbit", "10mbps", "125000bps",
 // "1000000") to bits per second. As in tc, "bps" means bytes per second and a
-// bare number means bits per second.
+// bare number means bits per second. Rates below 8 bit/s are refused.
 func ParseRate(s string) (int64, error) {
 	t := strings.ToLower(strings.TrimSpace(s))
 	i := 0
@@ -423,6 +590,11 @@ func ParseRate(s string) (int64, error) {
 	}[unit]
 	if mult == 0 {
 		return 0, fmt.Errorf("%w: rate %q: unknown unit %q", ErrBadConfig, s, unit)
+	}
+	if v*mult < 8 {
+		// tc rounds the rate down to bytes per second: below one it
+		// would refuse the qdisc.
+		return 0, fmt.Errorf("%w: rate %q is below 8bit (one byte per second)", ErrBadConfig, s)
 	}
 	return int64(v * mult), nil
 }

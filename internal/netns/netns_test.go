@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/netip"
 	"os/exec"
 	"runtime"
 	"slices"
@@ -64,6 +65,9 @@ func TestParseRate(t *testing.T) {
 		{"1.5Mbit", 1.5e6, false},
 		{"10mbps", 80e6, false},
 		{"1000", 1000, false},
+		{"8", 8, false},
+		{"1", 0, true},
+		{"0.5kbit", 500, false},
 		{"", 0, true},
 		{"fast", 0, true},
 		{"10furlongs", 0, true},
@@ -227,3 +231,170 @@ func TestCloseKillsProcesses(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// TestPurge builds a lab with a chosen ID and subnet, starts a process in
+// it, and then, as if the builder had crashed, removes it with Purge alone:
+// the process dies and no namespace or link of the lab is left.
+func TestPurge(t *testing.T) {
+	if err := Available(); err != nil {
+		t.Skip(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	id, err := NewID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Find a free subnet by building a lab, then ask for that one.
+	probe, err := New(ctx, Config{Hosts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := probe.Prefix()
+	if err := probe.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l, err := New(ctx, Config{Hosts: 2, ID: id, Subnet: want, Prefix: "rialto-purge"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	crashed := true
+	defer func() {
+		if crashed {
+			l.Close()
+		}
+	}()
+	if l.ID() != id || l.Prefix() != want {
+		t.Errorf("lab %s on %v, want %s on %v", l.ID(), l.Prefix(), id, want)
+	}
+	nss, links, err := Leftovers(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(nss) != 2 || len(links) != 3 {
+		t.Fatalf("Leftovers of a live lab: %v %v (want 2 namespaces, 2 veths and a bridge)", nss, links)
+	}
+	cmd := l.Command(context.Background(), 1, "sleep", "600")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	waitInNamespace(t, l.Host(1).Namespace, cmd.Process.Pid)
+
+	if err := Purge(ctx, id, nil); err != nil {
+		t.Fatalf("Purge: %v", err)
+	}
+	crashed = false
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatal("process in a purged namespace survived")
+	}
+	assertGone(t, l)
+	if nss, links, err := Leftovers(ctx, id); err != nil || len(nss)+len(links) != 0 {
+		t.Fatalf("after Purge: %v %v %v", nss, links, err)
+	}
+	// Purging again finds nothing and is not an error.
+	if err := Purge(ctx, id, nil); err != nil {
+		t.Fatalf("second Purge: %v", err)
+	}
+	for _, bad := range []string{"", "ABCDEF", "abc", "abcdefg", "../x12"} {
+		if err := Purge(ctx, bad, nil); !errors.Is(err, ErrBadConfig) {
+			t.Errorf("Purge(%q) = %v, want ErrBadConfig", bad, err)
+		}
+	}
+}
+
+func TestBadIDAndSubnet(t *testing.T) {
+	if err := Available(); err != nil {
+		t.Skip(err)
+	}
+	for _, cfg := range []Config{
+		{Hosts: 1, ID: "XYZ123"},
+		{Hosts: 1, ID: "12345"},
+		{Hosts: 1, Subnet: netip.MustParsePrefix("192.168.1.0/24")},
+		{Hosts: 1, Subnet: netip.MustParsePrefix("10.213.0.0/16")},
+	} {
+		if _, err := New(context.Background(), cfg); !errors.Is(err, ErrBadConfig) {
+			t.Errorf("New(%+v) = %v, want ErrBadConfig", cfg, err)
+		}
+	}
+}
+
+// TestCounters sends a known number of bytes from the root namespace to a
+// host and back and reads them in the link's counters.
+func TestCounters(t *testing.T) {
+	l := newLab(t, Config{Hosts: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ln, err := l.Listen(ctx, 0, "tcp", ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	const up, down = 3 << 20, 1 << 20
+	served := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			served <- err
+			return
+		}
+		defer c.Close()
+		if _, err := io.CopyN(io.Discard, c, up); err != nil {
+			served <- err
+			return
+		}
+		_, err = c.Write(make([]byte, down))
+		served <- err
+	}()
+	before, err := l.Counters(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := (&net.Dialer{}).DialContext(ctx, "tcp", net.JoinHostPort(l.Host(0).Addr.String(), itoa(ln.Addr().(*net.TCPAddr).Port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(make([]byte, up)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := io.CopyN(io.Discard, c, down); err != nil || n != down {
+		t.Fatalf("read back %d: %v", n, err)
+	}
+	if err := <-served; err != nil {
+		t.Fatal(err)
+	}
+	after, err := l.Counters(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Payload plus headers: at least the payload, and not more than
+	// double (TCP/IP/Ethernet overhead and ACKs are a few percent).
+	if d := after.ToHost - before.ToHost; d < up || d > 2*up {
+		t.Errorf("ToHost grew by %d for %d bytes sent", d, up)
+	}
+	if d := after.FromHost - before.FromHost; d < down || d > 2*down {
+		t.Errorf("FromHost grew by %d for %d bytes received", d, down)
+	}
+}
+
+// waitInNamespace waits until ip netns pids lists pid in ns.
+func waitInNamespace(t *testing.T, ns string, pid int) {
+	t.Helper()
+	want := strconv.Itoa(pid)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out, _ := exec.Command("ip", "netns", "pids", ns).Output()
+		if slices.Contains(strings.Fields(string(out)), want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d never appeared in %s", pid, ns)
+		}
+		runtime.Gosched()
+	}
+}
