@@ -17,7 +17,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/block/stripe"
-	"github.com/rialto-project/rialto/internal/dataplane/memory"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -122,11 +122,11 @@ func leaseParts(l api.Lease) ([]string, error) {
 	return uris, nil
 }
 
-// memDevice is a memory lease seen as a block device (seed 001's remote
+// memDevice is a memory lease seen as a block device (Venice's remote
 // memory as swap); closing it closes the memory client.
 type memDevice struct {
-	*memory.Backend
-	c *memory.Client
+	*client.Backend
+	c *client.Client
 }
 
 func (d memDevice) Close() error { return d.c.Close() }
@@ -148,11 +148,11 @@ func attachMemory(ctx context.Context, l api.Lease, listen string, timeout time.
 	if err != nil {
 		return nil, fmt.Errorf("lease %s: %w", l.ID, err)
 	}
-	mc, err := memory.Dial(ctx, addr, cred, memory.Options{Timeout: timeout})
+	mc, err := client.Dial(ctx, addr, cred, client.Options{Timeout: timeout})
 	if err != nil {
 		return nil, err
 	}
-	vol, err := stripe.New([]stripe.Device{memDevice{memory.NewBackend(mc), mc}}, stripe.Config{RequestTimeout: timeout, Logger: log})
+	vol, err := stripe.New([]stripe.Device{memDevice{client.NewBackend(mc), mc}}, stripe.Config{RequestTimeout: timeout, Logger: log})
 	if err != nil {
 		mc.Close()
 		return nil, err

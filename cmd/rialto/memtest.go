@@ -8,7 +8,8 @@ import (
 	"strings"
 
 	"github.com/rialto-project/rialto/api"
-	"github.com/rialto-project/rialto/internal/dataplane/memory"
+	"github.com/rialto-project/rialto/internal/borrower"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -94,11 +95,11 @@ func runMemtest(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return fmt.Errorf("lease %s part %d: %w", l.ID, i, err)
 		}
-		mc, err := memory.Dial(ctx, addr, cred, memory.Options{Timeout: *timeout})
+		mc, err := client.Dial(ctx, addr, cred, client.Options{Timeout: *timeout})
 		if err != nil {
 			return fmt.Errorf("lease %s part %d: %w", l.ID, i, err)
 		}
-		steps, err := memory.Memtest(ctx, mc, span)
+		steps, err := borrower.Memtest(ctx, mc, span)
 		mc.Close()
 		if err != nil && failed == nil {
 			failed = fmt.Errorf("lease %s part %d: %w", l.ID, i, err)
@@ -112,7 +113,7 @@ func runMemtest(ctx context.Context, e *env, args []string) error {
 			case s.Skipped != "":
 				row.State, row.Detail = "skipped", s.Skipped
 				uffdNote = s.Skipped
-			case errors.Is(s.Err, memory.ErrVerify):
+			case errors.Is(s.Err, borrower.ErrVerify):
 				row.State, row.Detail = "mismatch", s.Err.Error()
 			case s.Err != nil:
 				row.State, row.Detail = "error", s.Err.Error()

@@ -7,7 +7,7 @@ import (
 	"sync"
 
 	"github.com/rialto-project/rialto/api"
-	"github.com/rialto-project/rialto/internal/dataplane/memory"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/donor"
 )
 
 func init() {
@@ -17,7 +17,7 @@ func init() {
 // MemoryDriver lends memory through a donor: a lease reserves an anonymous
 // region reachable with the lease's export name as its credential.
 type MemoryDriver struct {
-	donor *memory.Donor
+	donor *donor.Donor
 
 	mu   sync.Mutex
 	live map[string]bool
@@ -25,7 +25,7 @@ type MemoryDriver struct {
 
 // NewMemoryDriver returns a memory driver logging to log.
 func NewMemoryDriver(log *slog.Logger) *MemoryDriver {
-	return &MemoryDriver{donor: memory.NewDonor(log), live: map[string]bool{}}
+	return &MemoryDriver{donor: donor.New(log), live: map[string]bool{}}
 }
 
 // Prepare reserves the region.

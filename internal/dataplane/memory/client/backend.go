@@ -1,16 +1,18 @@
-package memory
+package client
 
 import (
 	"context"
 	"fmt"
 	"io"
 	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 )
 
 // Backend serves a memory lease as a block device: it satisfies the NBD
 // server's Backend interface (io.ReaderAt, io.WriterAt, Size, Flush), so a
 // lease can be exported over NBD and used as swap or scratch space by any
-// NBD client (seed 001's remote memory as swap). Requests take the adaptive
+// NBD client (Venice's remote memory as swap). Requests take the adaptive
 // channel: the NBD server's concurrent requests are pipelined on the queue
 // pair and large ones use the bulk streams.
 //
@@ -29,7 +31,7 @@ func (b *Backend) Size() int64 { return b.c.Size() }
 
 func (b *Backend) clip(n int, off int64) (int, error) {
 	if off < 0 {
-		return 0, fmt.Errorf("%w: negative offset", ErrOutOfRange)
+		return 0, fmt.Errorf("%w: negative offset", protocol.ErrOutOfRange)
 	}
 	if off >= b.c.size {
 		if n == 0 {
@@ -60,7 +62,7 @@ func (b *Backend) ReadAt(p []byte, off int64) (int, error) {
 // WriteAt writes to the region; writes past the end fail.
 func (b *Backend) WriteAt(p []byte, off int64) (int, error) {
 	if off < 0 || off > b.c.size-int64(len(p)) {
-		return 0, fmt.Errorf("%w: write [%d,+%d)", ErrOutOfRange, off, len(p))
+		return 0, fmt.Errorf("%w: write [%d,+%d)", protocol.ErrOutOfRange, off, len(p))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()

@@ -1,13 +1,20 @@
-package memory
+package borrower
 
 import (
 	"context"
 	"testing"
+
+	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/memorytest"
 )
 
 func TestMemtest(t *testing.T) {
-	_, addr := startChildDonor(t, 4<<20)
-	c := dial(t, addr, Options{})
+	_, addr := memorytest.StartChild(t, 4<<20)
+	c, err := client.Dial(context.Background(), addr, memorytest.Credential, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
 	steps, err := Memtest(context.Background(), c, 1<<20)
 	for _, s := range steps {
 		t.Logf("%s: %d bytes in %v %s", s.Name, s.Bytes, s.Duration, s.Skipped)

@@ -1,4 +1,4 @@
-package memory
+package mapping
 
 import (
 	"bytes"
@@ -14,6 +14,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/memorytest"
 )
 
 const gcChildEnv = "RIALTO_MEMTEST_GC_CHILD"
@@ -33,13 +36,13 @@ func gcPattern(page []byte, i int) {
 // under a deadline, which a hung process would miss.
 func TestMappingUnderGC(t *testing.T) {
 	const size = 8 << 20
-	_, addr := startChildDonor(t, size)
-	c := dial(t, addr, Options{})
+	_, addr := memorytest.StartChild(t, size)
+	c := dial(t, addr, client.Options{})
 	seed := make([]byte, size)
 	for i := range size / 4096 {
 		gcPattern(seed[i*4096:(i+1)*4096], i)
 	}
-	if err := c.Write(context.Background(), ChannelBulk, seed, 0); err != nil {
+	if err := c.Write(context.Background(), client.ChannelBulk, seed, 0); err != nil {
 		t.Fatal(err)
 	}
 	_ = c.Close() // single subscriber: the child opens its own session
@@ -62,12 +65,12 @@ func TestMappingUnderGC(t *testing.T) {
 // gcChild is the child's side of TestMappingUnderGC.
 func gcChild(addr string) error {
 	ctx := context.Background()
-	c, err := Dial(ctx, addr, testCred, Options{})
+	c, err := client.Dial(ctx, addr, memorytest.Credential, client.Options{})
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	m, err := Map(ctx, c, MapOptions{})
+	m, err := Map(ctx, c, Options{})
 	if errors.Is(err, ErrUffdUnavailable) {
 		fmt.Println("skipped:", err)
 		return nil

@@ -1,4 +1,4 @@
-package memory
+package donor
 
 import (
 	"bufio"
@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rialto-project/rialto/internal/dataplane/memory/internal/rawconn"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 	"golang.org/x/sys/unix"
 )
 
@@ -38,10 +40,10 @@ const DefaultCredits = 64
 // Donor lends anonymous memory regions, one per lease credential, and serves
 // them over the Rialto memory protocol.
 //
-// Single subscriber (seed 001): a region belongs to at most one client
+// Single subscriber (as in Venice): a region belongs to at most one client
 // session at a time. A session starts with a control connection (HELLO with
 // session 0); the client's other connections join it by its session id. A
-// second client is refused with ErrBusy while the session's control
+// second client is refused with protocol.ErrBusy while the session's control
 // connection is open; when it closes, every connection of the session is
 // closed and the region can be subscribed again (its contents are kept until
 // RemoveRegion).
@@ -98,8 +100,8 @@ type queueCredit struct {
 	reported uint32 // value last sent to the client
 }
 
-// NewDonor returns a donor that logs to logger (nil: discard).
-func NewDonor(logger *slog.Logger) *Donor {
+// New returns a donor that logs to logger (nil: discard).
+func New(logger *slog.Logger) *Donor {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -151,8 +153,8 @@ func (d *Donor) AddRegion(credential string, size int64) error {
 	if size <= 0 {
 		return ErrBadSize
 	}
-	if credential == "" || len(credential) > MaxCredential {
-		return fmt.Errorf("memory: credential must be 1..%d bytes", MaxCredential)
+	if credential == "" || len(credential) > protocol.MaxCredential {
+		return fmt.Errorf("memory: credential must be 1..%d bytes", protocol.MaxCredential)
 	}
 	page := int64(os.Getpagesize())
 	size = (size + page - 1) / page * page
@@ -299,13 +301,13 @@ func (d *Donor) dropConn(c net.Conn) {
 
 // writeErr sends an error response.
 func writeErr(w io.Writer, op uint8, seq uint32, status uint16, msg string) error {
-	if len(msg) > MaxMessage {
-		msg = msg[:MaxMessage]
+	if len(msg) > protocol.MaxMessage {
+		msg = msg[:protocol.MaxMessage]
 	}
-	b := make([]byte, HeaderSize+len(msg))
-	h := Header{Op: op, Flags: FlagResponse, Status: status, Seq: seq, Payload: uint32(len(msg))}
+	b := make([]byte, protocol.HeaderSize+len(msg))
+	h := protocol.Header{Op: op, Flags: protocol.FlagResponse, Status: status, Seq: seq, Payload: uint32(len(msg))}
 	h.Encode(b)
-	copy(b[HeaderSize:], msg)
+	copy(b[protocol.HeaderSize:], msg)
 	_, err := w.Write(b)
 	return err
 }
@@ -316,61 +318,61 @@ func (d *Donor) handle(c net.Conn) {
 		_ = tc.SetNoDelay(true)
 	}
 	_ = c.SetDeadline(time.Now().Add(errHandshakeLimit))
-	var hdr [HeaderSize]byte
-	f, err := ReadFrame(c, hdr[:], nil)
+	var hdr [protocol.HeaderSize]byte
+	f, err := protocol.ReadFrame(c, hdr[:], nil)
 	if err != nil {
 		if f.Op != 0 || !errors.Is(err, io.EOF) {
-			st := StatusProto
-			if errors.Is(err, ErrVersion) {
-				st = StatusVersion
+			st := protocol.StatusProto
+			if errors.Is(err, protocol.ErrVersion) {
+				st = protocol.StatusVersion
 			}
-			_ = writeErr(c, OpHello, f.Seq, st, err.Error())
+			_ = writeErr(c, protocol.OpHello, f.Seq, st, err.Error())
 		}
 		return
 	}
-	if f.Op != OpHello || f.IsResponse() {
-		_ = writeErr(c, f.Op, f.Seq, StatusProto, "memory: first frame must be HELLO")
+	if f.Op != protocol.OpHello || f.IsResponse() {
+		_ = writeErr(c, f.Op, f.Seq, protocol.StatusProto, "memory: first frame must be HELLO")
 		return
 	}
-	hello, err := DecodeHello(f.Data)
+	hello, err := protocol.DecodeHello(f.Data)
 	if err != nil {
-		_ = writeErr(c, OpHello, f.Seq, StatusProto, err.Error())
+		_ = writeErr(c, protocol.OpHello, f.Seq, protocol.StatusProto, err.Error())
 		return
 	}
 	s, qid, st, msg := d.attach(c, hello)
-	if st != StatusOK {
+	if st != protocol.StatusOK {
 		d.log.Info("memory connection refused", "remote", c.RemoteAddr().String(), "reason", msg)
-		_ = writeErr(c, OpHello, f.Seq, st, msg)
+		_ = writeErr(c, protocol.OpHello, f.Seq, st, msg)
 		return
 	}
 	defer s.reg.users.Done()
 	defer d.detach(s, c)
 	// HELLO reply: offset = region size, length = max payload, credits =
 	// initial window (queue connections), payload = session id, queue id.
-	var rep [HeaderSize + 12]byte
+	var rep [protocol.HeaderSize + 12]byte
 	credits := uint32(0)
-	if hello.Kind == KindQueue {
+	if hello.Kind == protocol.KindQueue {
 		credits = uint32(d.credits())
 	}
-	h := Header{Op: OpHello, Flags: FlagResponse, Seq: f.Seq, Payload: 12,
-		Offset: uint64(len(s.reg.mem)), Length: MaxPayload, Credits: credits}
+	h := protocol.Header{Op: protocol.OpHello, Flags: protocol.FlagResponse, Seq: f.Seq, Payload: 12,
+		Offset: uint64(len(s.reg.mem)), Length: protocol.MaxPayload, Credits: credits}
 	h.Encode(rep[:])
-	binary.BigEndian.PutUint64(rep[HeaderSize:], s.id)
-	binary.BigEndian.PutUint32(rep[HeaderSize+8:], qid)
+	binary.BigEndian.PutUint64(rep[protocol.HeaderSize:], s.id)
+	binary.BigEndian.PutUint32(rep[protocol.HeaderSize+8:], qid)
 	if _, err := c.Write(rep[:]); err != nil {
 		return
 	}
 	_ = c.SetDeadline(time.Time{})
 	switch hello.Kind {
-	case KindControl:
+	case protocol.KindControl:
 		d.serveControl(s, c)
-	case KindBulk, KindSync:
+	case protocol.KindBulk, protocol.KindSync:
 		// Raw syscalls on a detached descriptor, one thread per
 		// connection: bulk streams moved more data, and small sync
 		// requests were answered sooner than from the netpoller (4 KiB
 		// read p50 33–40 µs vs 44–45 µs, docs/memory-protocol.md).
 		d.serveSync(s, c, hello.Kind, d.spin())
-	case KindFault:
+	case protocol.KindFault:
 		// A mapping's faults: one request at a time, answered from a
 		// thread that spins for the next one before sleeping.
 		d.serveSync(s, c, hello.Kind, d.faultSpin())
@@ -380,17 +382,17 @@ func (d *Donor) handle(c net.Conn) {
 }
 
 // attach authenticates hello and adds c to the region's session.
-func (d *Donor) attach(c net.Conn, hello Hello) (*session, uint32, uint16, string) {
+func (d *Donor) attach(c net.Conn, hello protocol.Hello) (*session, uint32, uint16, string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	r, ok := d.regions[credKey(hello.Credential)]
 	if !ok || r.gone {
-		return nil, 0, StatusAuth, "memory: credential refused"
+		return nil, 0, protocol.StatusAuth, "memory: credential refused"
 	}
 	var s *session
-	if hello.Kind == KindControl {
+	if hello.Kind == protocol.KindControl {
 		if r.sess != nil {
-			return nil, 0, StatusBusy, "memory: region has another subscriber"
+			return nil, 0, protocol.StatusBusy, "memory: region has another subscriber"
 		}
 		var id [8]byte
 		_, _ = rand.Read(id[:])
@@ -400,11 +402,11 @@ func (d *Donor) attach(c net.Conn, hello Hello) (*session, uint32, uint16, strin
 	} else {
 		s = r.sess
 		if s == nil || s.id != hello.Session || s.closed {
-			return nil, 0, StatusBusy, "memory: not the region's current session"
+			return nil, 0, protocol.StatusBusy, "memory: not the region's current session"
 		}
 	}
 	var qid uint32
-	if hello.Kind == KindQueue {
+	if hello.Kind == protocol.KindQueue {
 		s.nextQ++
 		qid = s.nextQ
 		s.credMu.Lock()
@@ -413,7 +415,7 @@ func (d *Donor) attach(c net.Conn, hello Hello) (*session, uint32, uint16, strin
 	}
 	s.conns[c] = struct{}{}
 	r.users.Add(1)
-	return s, qid, StatusOK, ""
+	return s, qid, protocol.StatusOK, ""
 }
 
 func (d *Donor) detach(s *session, c net.Conn) {
@@ -431,7 +433,7 @@ func (d *Donor) serveControl(s *session, c net.Conn) {
 	wg.Add(1)
 	go func() { // credit sender: coalesces updates (overwriteable, cumulative)
 		defer wg.Done()
-		var b [HeaderSize]byte
+		var b [protocol.HeaderSize]byte
 		for {
 			select {
 			case <-done:
@@ -449,7 +451,7 @@ func (d *Donor) serveControl(s *session, c net.Conn) {
 			}
 			s.credMu.Unlock()
 			for _, u := range ups {
-				h := Header{Op: OpCredit, Flags: FlagResponse, Offset: uint64(u.q), Credits: u.v}
+				h := protocol.Header{Op: protocol.OpCredit, Flags: protocol.FlagResponse, Offset: uint64(u.q), Credits: u.v}
 				h.Encode(b[:])
 				s.ctrlMu.Lock()
 				_, err := c.Write(b[:])
@@ -461,20 +463,20 @@ func (d *Donor) serveControl(s *session, c net.Conn) {
 		}
 	}()
 	defer func() { close(done); wg.Wait() }()
-	var hdr [HeaderSize]byte
+	var hdr [protocol.HeaderSize]byte
 	for {
-		f, err := ReadFrame(c, hdr[:], nil)
+		f, err := protocol.ReadFrame(c, hdr[:], nil)
 		if err != nil {
 			return
 		}
-		if f.Op != OpPing || f.IsResponse() {
+		if f.Op != protocol.OpPing || f.IsResponse() {
 			s.ctrlMu.Lock()
-			_ = writeErr(c, f.Op, f.Seq, StatusProto, "memory: only PING on the control connection")
+			_ = writeErr(c, f.Op, f.Seq, protocol.StatusProto, "memory: only PING on the control connection")
 			s.ctrlMu.Unlock()
 			return
 		}
-		h := Header{Op: OpPing, Flags: FlagResponse, Seq: f.Seq}
-		var b [HeaderSize]byte
+		h := protocol.Header{Op: protocol.OpPing, Flags: protocol.FlagResponse, Seq: f.Seq}
+		var b [protocol.HeaderSize]byte
 		h.Encode(b[:])
 		s.ctrlMu.Lock()
 		_, err = c.Write(b[:])
@@ -509,7 +511,7 @@ func (d *Donor) serveData(s *session, c net.Conn, kind uint8, qid uint32) {
 	size := uint64(len(mem))
 	br := bufio.NewReaderSize(c, 64<<10)
 	bw := bufio.NewWriterSize(c, 64<<10)
-	var hdr, out [HeaderSize]byte
+	var hdr, out [protocol.HeaderSize]byte
 	var received uint32 // queue requests received
 	var completed uint32
 	window := uint32(d.credits())
@@ -522,33 +524,33 @@ func (d *Donor) serveData(s *session, c net.Conn, kind uint8, qid uint32) {
 		if _, err := io.ReadFull(br, hdr[:]); err != nil {
 			return
 		}
-		h, err := DecodeHeader(hdr[:])
-		if err != nil || h.IsResponse() || h.Op == OpHello || h.Op == OpCredit {
+		h, err := protocol.DecodeHeader(hdr[:])
+		if err != nil || h.IsResponse() || h.Op == protocol.OpHello || h.Op == protocol.OpCredit {
 			msg := "memory: unexpected frame"
 			if err != nil {
 				msg = err.Error()
 			}
-			_ = writeErr(bw, h.Op, h.Seq, StatusProto, msg)
+			_ = writeErr(bw, h.Op, h.Seq, protocol.StatusProto, msg)
 			_ = bw.Flush()
 			return
 		}
-		if kind == KindQueue && h.Op != OpPing {
+		if kind == protocol.KindQueue && h.Op != protocol.OpPing {
 			received++
 			if int32(received-completed) > int32(window) {
-				_ = writeErr(bw, h.Op, h.Seq, StatusCredit, "memory: request beyond granted credits")
+				_ = writeErr(bw, h.Op, h.Seq, protocol.StatusCredit, "memory: request beyond granted credits")
 				_ = bw.Flush()
 				return
 			}
 		}
-		rh := Header{Op: h.Op, Flags: FlagResponse, Seq: h.Seq, Offset: h.Offset, Length: h.Length}
+		rh := protocol.Header{Op: h.Op, Flags: protocol.FlagResponse, Seq: h.Seq, Offset: h.Offset, Length: h.Length}
 		inRange := h.Offset <= size && uint64(h.Length) <= size-h.Offset
 		switch h.Op {
-		case OpPing:
+		case protocol.OpPing:
 			rh.Encode(out[:])
 			_, err = bw.Write(out[:])
-		case OpRead:
+		case protocol.OpRead:
 			if !inRange {
-				err = writeErr(bw, h.Op, h.Seq, StatusRange, fmt.Sprintf("memory: read [%d,+%d) outside region of %d bytes", h.Offset, h.Length, size))
+				err = writeErr(bw, h.Op, h.Seq, protocol.StatusRange, fmt.Sprintf("memory: read [%d,+%d) outside region of %d bytes", h.Offset, h.Length, size))
 				break
 			}
 			rh.Payload = h.Length
@@ -563,10 +565,10 @@ func (d *Donor) serveData(s *session, c net.Conn, kind uint8, qid uint32) {
 					_, err = bw.Write(data)
 				}
 			}
-		case OpWrite:
+		case protocol.OpWrite:
 			if !inRange {
 				if err = discard(h.Length); err == nil {
-					err = writeErr(bw, h.Op, h.Seq, StatusRange, fmt.Sprintf("memory: write [%d,+%d) outside region of %d bytes", h.Offset, h.Length, size))
+					err = writeErr(bw, h.Op, h.Seq, protocol.StatusRange, fmt.Sprintf("memory: write [%d,+%d) outside region of %d bytes", h.Offset, h.Length, size))
 				}
 				break
 			}
@@ -579,7 +581,7 @@ func (d *Donor) serveData(s *session, c net.Conn, kind uint8, qid uint32) {
 		if err != nil {
 			return
 		}
-		if kind == KindQueue && h.Op != OpPing {
+		if kind == protocol.KindQueue && h.Op != protocol.OpPing {
 			completed++
 			s.complete(qid, br.Buffered() == 0, batch)
 		}
@@ -614,11 +616,11 @@ func kill(c net.Conn) {
 // which ends the thread serving it.
 type detachedConn struct {
 	net.Conn // the original, closed: for its addresses
-	p        *pager
+	p        *rawconn.Conn
 }
 
 func (c detachedConn) Close() error {
-	c.p.shutdown()
+	c.p.Shutdown()
 	return nil
 }
 
@@ -647,16 +649,16 @@ func (d *Donor) swapConn(s *session, old, nu net.Conn, back bool) bool {
 // answered in order, data going straight between the region and the socket.
 // Non-TCP connections use serveData.
 func (d *Donor) serveSync(s *session, c net.Conn, kind uint8, spin time.Duration) {
-	fd, err := detachFd(c)
+	fd, err := rawconn.Detach(c)
 	if err != nil {
 		d.serveData(s, c, kind, 0)
 		return
 	}
-	p := &pager{fd: fd, spin: spin}
-	defer p.close()
+	p := rawconn.New(fd, spin, 0)
+	defer p.Close()
 	// The connection sets name the connection by a stand-in whose Close
 	// shuts the socket down; c itself is closed, taking it off the
-	// netpoller (see pager).
+	// netpoller (see rawconn).
 	dc := detachedConn{Conn: c, p: p}
 	if !d.swapConn(s, c, dc, false) {
 		return // the session ended meanwhile
@@ -665,57 +667,57 @@ func (d *Donor) serveSync(s *session, c net.Conn, kind uint8, spin time.Duration
 	_ = c.Close()
 	mem := s.reg.mem
 	size := uint64(len(mem))
-	var in, out [HeaderSize]byte
-	fail := func(h Header, st uint16, msg string) error {
-		if len(msg) > MaxMessage {
-			msg = msg[:MaxMessage]
+	var in, out [protocol.HeaderSize]byte
+	fail := func(h protocol.Header, st uint16, msg string) error {
+		if len(msg) > protocol.MaxMessage {
+			msg = msg[:protocol.MaxMessage]
 		}
-		rh := Header{Op: h.Op, Flags: FlagResponse, Status: st, Seq: h.Seq, Payload: uint32(len(msg))}
+		rh := protocol.Header{Op: h.Op, Flags: protocol.FlagResponse, Status: st, Seq: h.Seq, Payload: uint32(len(msg))}
 		rh.Encode(out[:])
-		return p.sendv([][]byte{out[:], []byte(msg)})
+		return p.SendV([][]byte{out[:], []byte(msg)})
 	}
 	var scratch []byte
 	for {
-		if err := p.recvv([][]byte{in[:]}); err != nil {
+		if err := p.RecvV([][]byte{in[:]}); err != nil {
 			return
 		}
-		h, err := DecodeHeader(in[:])
-		if err != nil || h.IsResponse() || h.Op == OpHello || h.Op == OpCredit {
+		h, err := protocol.DecodeHeader(in[:])
+		if err != nil || h.IsResponse() || h.Op == protocol.OpHello || h.Op == protocol.OpCredit {
 			msg := "memory: unexpected frame"
 			if err != nil {
 				msg = err.Error()
 			}
-			_ = fail(h, StatusProto, msg)
+			_ = fail(h, protocol.StatusProto, msg)
 			return
 		}
-		rh := Header{Op: h.Op, Flags: FlagResponse, Seq: h.Seq, Offset: h.Offset, Length: h.Length}
+		rh := protocol.Header{Op: h.Op, Flags: protocol.FlagResponse, Seq: h.Seq, Offset: h.Offset, Length: h.Length}
 		inRange := h.Offset <= size && uint64(h.Length) <= size-h.Offset
 		switch {
-		case h.Op == OpPing:
+		case h.Op == protocol.OpPing:
 			rh.Encode(out[:])
-			err = p.sendv([][]byte{out[:]})
+			err = p.SendV([][]byte{out[:]})
 		case !inRange:
-			if h.Op == OpWrite {
+			if h.Op == protocol.OpWrite {
 				if cap(scratch) < int(h.Length) {
 					scratch = make([]byte, h.Length)
 				}
-				if err = p.recvv([][]byte{scratch[:h.Length]}); err != nil {
+				if err = p.RecvV([][]byte{scratch[:h.Length]}); err != nil {
 					return
 				}
 			}
-			err = fail(h, StatusRange, fmt.Sprintf("memory: [%d,+%d) outside region of %d bytes", h.Offset, h.Length, size))
-		case h.Op == OpRead:
+			err = fail(h, protocol.StatusRange, fmt.Sprintf("memory: [%d,+%d) outside region of %d bytes", h.Offset, h.Length, size))
+		case h.Op == protocol.OpRead:
 			rh.Payload = h.Length
 			rh.Encode(out[:])
-			err = p.sendv([][]byte{out[:], mem[h.Offset : h.Offset+uint64(h.Length)]})
-		case h.Op == OpWrite:
+			err = p.SendV([][]byte{out[:], mem[h.Offset : h.Offset+uint64(h.Length)]})
+		case h.Op == protocol.OpWrite:
 			if h.Length > 0 {
-				if err = p.recvv([][]byte{mem[h.Offset : h.Offset+uint64(h.Length)]}); err != nil {
+				if err = p.RecvV([][]byte{mem[h.Offset : h.Offset+uint64(h.Length)]}); err != nil {
 					return
 				}
 			}
 			rh.Encode(out[:])
-			err = p.sendv([][]byte{out[:]})
+			err = p.SendV([][]byte{out[:]})
 		}
 		if err != nil {
 			return

@@ -1,4 +1,4 @@
-package memory
+package mapping
 
 import (
 	"bytes"
@@ -18,10 +18,13 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/memorytest"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/uffd"
 )
 
-func mapOrSkip(t *testing.T, c *Client, opts MapOptions) *Mapping {
+func mapOrSkip(t *testing.T, c *client.Client, opts Options) *Mapping {
 	t.Helper()
 	m, err := Map(context.Background(), c, opts)
 	if errors.Is(err, ErrUffdUnavailable) {
@@ -37,16 +40,16 @@ func TestMappingEvictionAndWriteBack(t *testing.T) {
 	const size = 4 << 20
 	// The donor runs in another process, as in production: an in-process
 	// donor would need a scheduler P that the faulting goroutine holds.
-	_, addr := startChildDonor(t, size)
-	c := dial(t, addr, Options{})
+	_, addr := memorytest.StartChild(t, size)
+	c := dial(t, addr, client.Options{})
 	ctx := context.Background()
 	// Seed the region through an explicit channel.
 	shadow := make([]byte, size)
 	_, _ = rand.NewChaCha8([32]byte{3}).Read(shadow)
-	if err := c.Write(ctx, ChannelBulk, shadow, 0); err != nil {
+	if err := c.Write(ctx, client.ChannelBulk, shadow, 0); err != nil {
 		t.Fatal(err)
 	}
-	m := mapOrSkip(t, c, MapOptions{}) // cache: 10% of the region
+	m := mapOrSkip(t, c, Options{}) // cache: 10% of the region
 	b := m.Bytes()
 	if len(b) != size {
 		t.Fatalf("mapping of %d bytes", len(b))
@@ -84,7 +87,7 @@ func TestMappingEvictionAndWriteBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := make([]byte, size)
-	if err := c.Read(ctx, ChannelBulk, got, 0); err != nil {
+	if err := c.Read(ctx, client.ChannelBulk, got, 0); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(got, shadow) {
@@ -96,9 +99,9 @@ func TestMappingEvictionAndWriteBack(t *testing.T) {
 // living in remote memory with a local cache of 10%.
 func TestMappingSortProgram(t *testing.T) {
 	const n = 1 << 18
-	_, addr := startChildDonor(t, n*4)
-	c := dial(t, addr, Options{})
-	m := mapOrSkip(t, c, MapOptions{})
+	_, addr := memorytest.StartChild(t, n*4)
+	c := dial(t, addr, client.Options{})
+	m := mapOrSkip(t, c, Options{})
 	xs := unsafe.Slice((*uint32)(unsafe.Pointer(&m.Bytes()[0])), n)
 	rng := rand.New(rand.NewPCG(6, 7))
 	var sum uint64
@@ -121,7 +124,7 @@ func TestMappingSortProgram(t *testing.T) {
 		t.Fatal(err)
 	}
 	raw := make([]byte, n*4)
-	if err := c.Read(context.Background(), ChannelBulk, raw, 0); err != nil {
+	if err := c.Read(context.Background(), client.ChannelBulk, raw, 0); err != nil {
 		t.Fatal(err)
 	}
 	for i := 1; i < n; i++ {
@@ -140,12 +143,12 @@ func TestMapUnavailable(t *testing.T) {
 	old := openUffd
 	openUffd = func(uint64) (*uffd.FD, error) { return nil, uffd.ErrUnavailable }
 	defer func() { openUffd = old }()
-	td := startDonor(t, 1<<20, 0)
-	c := dial(t, td.addr, Options{})
-	if _, err := Map(context.Background(), c, MapOptions{}); !errors.Is(err, ErrUffdUnavailable) {
+	td := memorytest.Start(t, 1<<20, 0)
+	c := dial(t, td.Addr, client.Options{})
+	if _, err := Map(context.Background(), c, Options{}); !errors.Is(err, ErrUffdUnavailable) {
 		t.Fatalf("Map: %v", err)
 	}
-	if err := c.Write(context.Background(), ChannelSync, []byte("still works"), 0); err != nil {
+	if err := c.Write(context.Background(), client.ChannelSync, []byte("still works"), 0); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -154,9 +157,9 @@ func TestMapUnavailable(t *testing.T) {
 // the cache is far smaller than the data.
 func TestMappingConcurrentUsers(t *testing.T) {
 	const size, users = 4 << 20, 4
-	_, addr := startChildDonor(t, size)
-	c := dial(t, addr, Options{})
-	m := mapOrSkip(t, c, MapOptions{})
+	_, addr := memorytest.StartChild(t, size)
+	c := dial(t, addr, client.Options{})
+	m := mapOrSkip(t, c, Options{})
 	b := m.Bytes()
 	part := size / users
 	var wg sync.WaitGroup
@@ -196,9 +199,9 @@ func TestMappingConcurrentUsers(t *testing.T) {
 // A donor killed while the mapping is in use: the next fault neither hangs
 // nor returns made-up data; it faults, and Err says why.
 func TestMappingDonorKilled(t *testing.T) {
-	cmd, addr := startChildDonor(t, 4<<20)
-	c := dial(t, addr, Options{Timeout: time.Second})
-	m := mapOrSkip(t, c, MapOptions{})
+	cmd, addr := memorytest.StartChild(t, 4<<20)
+	c := dial(t, addr, client.Options{Timeout: time.Second})
+	m := mapOrSkip(t, c, Options{})
 	b := m.Bytes()
 	sinkByte = b[0]
 	if err := cmd.Process.Kill(); err != nil {
@@ -217,7 +220,7 @@ func TestMappingDonorKilled(t *testing.T) {
 		sinkByte = b[2<<20]
 		t.Error("read of an unfetched page succeeded after the donor died")
 	}()
-	if err := m.Err(); !errors.Is(err, ErrMappingFailed) || !errors.Is(err, ErrDonorLost) {
+	if err := m.Err(); !errors.Is(err, ErrMappingFailed) || !errors.Is(err, protocol.ErrDonorLost) {
 		t.Fatalf("Err: %v", err)
 	}
 	if err := m.Close(); err == nil {
@@ -230,9 +233,9 @@ var sinkByte byte
 // Reading never writes anything back, and read-modify-write patterns switch
 // the mapping to installing pages writable (one fault per page, not two).
 func TestMappingCleanPagesStayClean(t *testing.T) {
-	_, addr := startChildDonor(t, 4<<20)
-	c := dial(t, addr, Options{})
-	m := mapOrSkip(t, c, MapOptions{Readahead: 1})
+	_, addr := memorytest.StartChild(t, 4<<20)
+	c := dial(t, addr, client.Options{})
+	m := mapOrSkip(t, c, Options{Readahead: 1})
 	b := m.Bytes()
 	rng := rand.New(rand.NewPCG(12, 13))
 	pages := len(b) / 4096
@@ -259,16 +262,16 @@ func TestMappingCleanPagesStayClean(t *testing.T) {
 // A handler binary that does not call RunFaultHandlerIfChild is reported,
 // and the client keeps working.
 func TestMapHandlerNotHooked(t *testing.T) {
-	td := startDonor(t, 1<<20, 0)
-	c := dial(t, td.addr, Options{})
-	_, err := Map(context.Background(), c, MapOptions{HandlerPath: "/bin/true"})
+	td := memorytest.Start(t, 1<<20, 0)
+	c := dial(t, td.Addr, client.Options{})
+	_, err := Map(context.Background(), c, Options{HandlerPath: "/bin/true"})
 	if errors.Is(err, ErrUffdUnavailable) {
 		t.Skip(err)
 	}
 	if err == nil || !strings.Contains(err.Error(), "RunFaultHandlerIfChild") {
 		t.Fatalf("Map with an unhooked handler binary: %v", err)
 	}
-	if err := c.Write(context.Background(), ChannelSync, []byte("still works"), 0); err != nil {
+	if err := c.Write(context.Background(), client.ChannelSync, []byte("still works"), 0); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -280,9 +283,9 @@ func TestMapHandlerNotHooked(t *testing.T) {
 // read pass's pages.
 func TestMappingWriteEstimateFollowsPattern(t *testing.T) {
 	const size = 64 << 20
-	_, addr := startChildDonor(t, size)
-	c := dial(t, addr, Options{})
-	m := mapOrSkip(t, c, MapOptions{Readahead: 1})
+	_, addr := memorytest.StartChild(t, size)
+	c := dial(t, addr, client.Options{})
+	m := mapOrSkip(t, c, Options{Readahead: 1})
 	b := m.Bytes()
 	rng := rand.New(rand.NewPCG(21, 22))
 	pages := len(b) / 4096
@@ -311,8 +314,8 @@ func TestMappingWriteEstimateFollowsPattern(t *testing.T) {
 // interrupt from the terminal (sent to the foreground group) leaves the
 // mapping working while the program handles it.
 func TestMappingHandlerOutsideProcessGroup(t *testing.T) {
-	_, addr := startChildDonor(t, 1<<20)
-	m := mapOrSkip(t, dial(t, addr, Options{}), MapOptions{})
+	_, addr := memorytest.StartChild(t, 1<<20)
+	m := mapOrSkip(t, dial(t, addr, client.Options{}), Options{})
 	defer m.Close()
 	pg, err := syscall.Getpgid(m.cmd.Process.Pid)
 	if err != nil {
@@ -374,14 +377,14 @@ func TestMappingBatchOverflow(t *testing.T) {
 // process. resume continues it (once; also at cleanup).
 func stoppedMapping(t *testing.T, threads int) (*Mapping, []byte, func()) {
 	const size = 1 << 20
-	_, addr := startChildDonor(t, size)
-	c := dial(t, addr, Options{})
+	_, addr := memorytest.StartChild(t, size)
+	c := dial(t, addr, client.Options{})
 	want := make([]byte, size)
 	_, _ = rand.NewChaCha8([32]byte{7}).Read(want)
-	if err := c.Write(context.Background(), ChannelBulk, want, 0); err != nil {
+	if err := c.Write(context.Background(), client.ChannelBulk, want, 0); err != nil {
 		t.Fatal(err)
 	}
-	m := mapOrSkip(t, c, MapOptions{})
+	m := mapOrSkip(t, c, Options{})
 	t.Cleanup(func() { _ = m.Close() })
 	// A thread waiting on a fault keeps its P, and a collection would wait
 	// for it while the handler is stopped.

@@ -1,4 +1,4 @@
-package memory
+package client
 
 import (
 	"bytes"
@@ -11,12 +11,13 @@ import (
 	"testing"
 
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/memorytest"
 )
 
 func TestBackendOverNBD(t *testing.T) {
 	const size = 8 << 20
-	td := startDonor(t, size, 0)
-	c := dial(t, td.addr, Options{})
+	td := memorytest.Start(t, size, 0)
+	c := dial(t, td.Addr, Options{})
 	be := NewBackend(c)
 	srv := &nbd.Server{}
 	if err := srv.AddExport(nbd.Export{Name: "swap-" + testCred, Backend: be}); err != nil {

@@ -1,4 +1,4 @@
-package memory
+package mapping
 
 import (
 	"bufio"
@@ -16,6 +16,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/uffd"
 	"golang.org/x/sys/unix"
 )
@@ -31,9 +33,9 @@ var ErrMappingFailed = errors.New("memory: mapping failed")
 // openUffd is replaced by tests to simulate a kernel that refuses.
 var openUffd = uffd.Open
 
-// MapOptions tune a Mapping. The zero value maps the whole region with a
+// Options tune a Mapping. The zero value maps the whole region with a
 // cache of 10% of it.
-type MapOptions struct {
+type Options struct {
 	// CacheBytes is the local cache size. Default: 10% of the mapped
 	// length, at least 16 pages.
 	CacheBytes int64
@@ -50,7 +52,7 @@ type MapOptions struct {
 	// Spin is how long the fault handler busy-polls, between faults, for
 	// the next fault and, during a fault, for the donor's reply before
 	// sleeping (it costs the handler process up to one CPU while faults
-	// keep coming). Zero means DefaultMapSpin; negative disables it.
+	// keep coming). Zero means DefaultSpin; negative disables it.
 	Spin time.Duration
 	// HandlerPath is the binary run as the fault handler process; empty
 	// means this program's own (/proc/self/exe), which must call
@@ -58,11 +60,11 @@ type MapOptions struct {
 	HandlerPath string
 }
 
-// DefaultMapSpin is the fault handler's default busy-poll budget.
-const DefaultMapSpin = 50 * time.Microsecond
+// DefaultSpin is the fault handler's default busy-poll budget.
+const DefaultSpin = 50 * time.Microsecond
 
-// MappingStats counts what a Mapping did.
-type MappingStats struct {
+// Stats counts what a Mapping did.
+type Stats struct {
 	Faults     int64 // missing-page faults served
 	WPFaults   int64 // first writes to clean pages
 	PreDirtied int64 // read faults installed writable because writes were likely
@@ -141,7 +143,7 @@ var errHandlerGone = errors.New("memory: fault handler process ended")
 // connection of the client's session, served by a fault handler process.
 // It returns an error wrapping ErrUffdUnavailable when userfaultfd is
 // refused. Close the Mapping before the Client.
-func Map(ctx context.Context, c *Client, opts MapOptions) (*Mapping, error) {
+func Map(ctx context.Context, c *client.Client, opts Options) (*Mapping, error) {
 	ps := os.Getpagesize()
 	size := c.Size() / int64(ps) * int64(ps)
 	if size == 0 {
@@ -158,12 +160,12 @@ func Map(ctx context.Context, c *Client, opts MapOptions) (*Mapping, error) {
 	if opts.Readahead <= 0 {
 		opts.Readahead = 64
 	}
-	opts.Readahead = min(opts.Readahead, MaxPayload/ps, capPages/2)
+	opts.Readahead = min(opts.Readahead, protocol.MaxPayload/ps, capPages/2)
 	if opts.EvictBatch <= 0 {
 		opts.EvictBatch = 32
 	}
 	if opts.Spin == 0 {
-		opts.Spin = DefaultMapSpin
+		opts.Spin = DefaultSpin
 	}
 	exe := opts.HandlerPath
 	if exe == "" {
@@ -202,11 +204,11 @@ func Map(ctx context.Context, c *Client, opts MapOptions) (*Mapping, error) {
 	}
 	cfg, err := json.Marshal(handlerConfig{Base: uint64(m.base), Pages: pages, PageSize: ps, CapPages: capPages,
 		MaxRA: max(opts.Readahead, 1), Batch: min(opts.EvictBatch, capPages/2), Spin: opts.Spin,
-		Timeout: c.opts.Timeout, Features: u.Features})
+		Timeout: c.Timeout(), Features: u.Features})
 	if err != nil {
 		return nil, err
 	}
-	conn, _, err := c.handshake(ctx, KindFault)
+	conn, err := c.Join(ctx, protocol.KindFault)
 	if err != nil {
 		return nil, err
 	}
@@ -270,10 +272,10 @@ func Map(ctx context.Context, c *Client, opts MapOptions) (*Mapping, error) {
 			return nil, fmt.Errorf("memory: fault handler %s: unexpected first frame %d", exe, f.op)
 		}
 	case <-m.exited:
-		return nil, fmt.Errorf("memory: fault handler %s ended before serving (does its main call memory.RunFaultHandlerIfChild?)", exe)
+		return nil, fmt.Errorf("memory: fault handler %s ended before serving (does its main call mapping.RunFaultHandlerIfChild?)", exe)
 	case <-t.C:
 		_ = m.cmd.Process.Kill()
-		return nil, fmt.Errorf("memory: fault handler %s not ready within %v (does its main call memory.RunFaultHandlerIfChild?)", exe, handlerStartLimit)
+		return nil, fmt.Errorf("memory: fault handler %s not ready within %v (does its main call mapping.RunFaultHandlerIfChild?)", exe, handlerStartLimit)
 	case <-ctx.Done():
 		_ = m.cmd.Process.Kill()
 		return nil, ctx.Err()
@@ -332,7 +334,7 @@ func (m *Mapping) watch() {
 		n := binary.BigEndian.Uint32(hdr[1:])
 		if n > maxCtlPayload { // not our handler's frame: stop listening to it
 			m.mu.Lock()
-			m.failLocked(fmt.Errorf("%w: fault handler sent a %d-byte control frame", ErrBadFrame, n))
+			m.failLocked(fmt.Errorf("%w: fault handler sent a %d-byte control frame", protocol.ErrBadFrame, n))
 			m.mu.Unlock()
 			_ = m.ctrl.Close()
 			return
@@ -372,7 +374,7 @@ type remoteError struct {
 func (e *remoteError) Error() string { return e.msg }
 
 func (e *remoteError) Is(target error) bool {
-	return target == ErrMappingFailed || (e.lost && target == ErrDonorLost)
+	return target == ErrMappingFailed || (e.lost && target == protocol.ErrDonorLost)
 }
 
 func decodeErr(p []byte) error {
@@ -429,8 +431,8 @@ func (m *Mapping) Err() error {
 }
 
 // Stats returns counters and the recent fault service times.
-func (m *Mapping) Stats() MappingStats {
-	var s MappingStats
+func (m *Mapping) Stats() Stats {
+	var s Stats
 	if p, err := m.call(ctlStats); err == nil {
 		_ = json.Unmarshal(p, &s)
 	}

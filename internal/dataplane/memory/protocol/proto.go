@@ -1,4 +1,4 @@
-package memory
+package protocol
 
 import (
 	"encoding/binary"
@@ -23,7 +23,12 @@ const (
 	// MaxMessage bounds an error message carried by an error response.
 	MaxMessage = 512
 
-	helloFixed = 12 // kind u8, reserved u8, credential length u16, session u64
+	// HelloFixed is the size of a HELLO payload before the credential: kind
+	// u8, reserved u8, credential length u16, session u64.
+	HelloFixed = 12
+	// HelloReplySize is the size of a HELLO reply's payload: session u64,
+	// queue id u32.
+	HelloReplySize = 12
 )
 
 // Opcodes.
@@ -178,10 +183,10 @@ func DecodeHeader(b []byte) (Header, error) {
 	}
 	switch h.Op {
 	case OpHello:
-		if !resp && (h.Payload < helloFixed || h.Payload > helloFixed+MaxCredential) {
+		if !resp && (h.Payload < HelloFixed || h.Payload > HelloFixed+MaxCredential) {
 			return h, fmt.Errorf("%w: hello payload of %d bytes", ErrBadFrame, h.Payload)
 		}
-		if resp && h.Payload != 12 {
+		if resp && h.Payload != HelloReplySize {
 			return h, fmt.Errorf("%w: hello reply payload of %d bytes", ErrBadFrame, h.Payload)
 		}
 	case OpRead:
@@ -226,7 +231,7 @@ type Hello struct {
 
 // Encode appends the HELLO payload to b.
 func (m *Hello) Encode(b []byte) []byte {
-	var f [helloFixed]byte
+	var f [HelloFixed]byte
 	f[0] = m.Kind
 	binary.BigEndian.PutUint16(f[2:], uint16(len(m.Credential)))
 	binary.BigEndian.PutUint64(f[4:], m.Session)
@@ -237,7 +242,7 @@ func (m *Hello) Encode(b []byte) []byte {
 // DecodeHello parses a HELLO payload.
 func DecodeHello(p []byte) (Hello, error) {
 	var m Hello
-	if len(p) < helloFixed {
+	if len(p) < HelloFixed {
 		return m, fmt.Errorf("%w: short hello", ErrBadFrame)
 	}
 	m.Kind = p[0]
@@ -249,13 +254,13 @@ func DecodeHello(p []byte) (Hello, error) {
 	}
 	n := int(binary.BigEndian.Uint16(p[2:]))
 	m.Session = binary.BigEndian.Uint64(p[4:])
-	if n == 0 || n > MaxCredential || len(p) != helloFixed+n {
+	if n == 0 || n > MaxCredential || len(p) != HelloFixed+n {
 		return m, fmt.Errorf("%w: credential length %d in %d-byte hello", ErrBadFrame, n, len(p))
 	}
 	if (m.Kind == KindControl) != (m.Session == 0) {
 		return m, fmt.Errorf("%w: session %d on a kind %d connection", ErrBadFrame, m.Session, m.Kind)
 	}
-	m.Credential = string(p[helloFixed:])
+	m.Credential = string(p[HelloFixed:])
 	return m, nil
 }
 
@@ -288,9 +293,9 @@ func ReadFrame(r io.Reader, hdr []byte, buf []byte) (Frame, error) {
 	return f, nil
 }
 
-// statusError is the error for an error response: the status's sentinel,
+// StatusError is the error for an error response: the status's sentinel,
 // with the donor's message when it says more.
-func statusError(s uint16, msg []byte) error {
+func StatusError(s uint16, msg []byte) error {
 	e := statusErr(s)
 	m := string(msg)
 	if m == "" || m == e.Error() {

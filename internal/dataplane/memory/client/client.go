@@ -1,4 +1,4 @@
-package memory
+package client
 
 import (
 	"context"
@@ -10,6 +10,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/memory/internal/rawconn"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 )
 
 // Channel selects how a request travels.
@@ -40,11 +43,11 @@ func (ch Channel) String() string {
 // Options tune a Client. The zero value is valid.
 type Options struct {
 	// Timeout bounds every request (and the handshake): a donor that does not
-	// answer in time makes the request fail with ErrDonorLost. Default 5 s.
+	// answer in time makes the request fail with protocol.ErrDonorLost. Default 5 s.
 	Timeout time.Duration
 	// Streams is the number of parallel bulk connections. Default 2.
 	Streams int
-	// ChunkSize is the bulk chunk size. Default 512 KiB, at most MaxPayload.
+	// ChunkSize is the bulk chunk size. Default 512 KiB, at most protocol.MaxPayload.
 	ChunkSize int
 	// QueueChunk is the largest request the queue channel sends in one frame.
 	// Default 64 KiB.
@@ -67,10 +70,10 @@ func (o *Options) fill() {
 	if o.Streams <= 0 {
 		o.Streams = 2
 	}
-	if o.ChunkSize <= 0 || o.ChunkSize > MaxPayload {
+	if o.ChunkSize <= 0 || o.ChunkSize > protocol.MaxPayload {
 		o.ChunkSize = 512 << 10
 	}
-	if o.QueueChunk <= 0 || o.QueueChunk > MaxPayload {
+	if o.QueueChunk <= 0 || o.QueueChunk > protocol.MaxPayload {
 		o.QueueChunk = 64 << 10
 	}
 	if o.BulkThreshold <= 0 {
@@ -116,7 +119,7 @@ type Client struct {
 func Dial(ctx context.Context, addr, credential string, opts Options) (*Client, error) {
 	opts.fill()
 	c := &Client{addr: addr, cred: credential, opts: opts, queues: map[uint32]*QueuePair{}, ctrlDone: make(chan struct{})}
-	ctrl, rep, err := c.handshake(ctx, KindControl)
+	ctrl, rep, err := c.handshake(ctx, protocol.KindControl)
 	if err != nil {
 		return nil, err
 	}
@@ -130,11 +133,11 @@ func Dial(ctx context.Context, addr, credential string, opts Options) (*Client, 
 			_ = c.Close()
 		}
 	}()
-	if c.sync.pg, err = c.newPager(ctx); err != nil {
+	if c.sync.pg, err = c.newRaw(ctx, protocol.KindSync); err != nil {
 		return nil, err
 	}
 	for range opts.Streams {
-		pg, err := c.newPagerKind(ctx, KindBulk)
+		pg, err := c.newRaw(ctx, protocol.KindBulk)
 		if err != nil {
 			return nil, err
 		}
@@ -147,8 +150,41 @@ func Dial(ctx context.Context, addr, credential string, opts Options) (*Client, 
 	return c, nil
 }
 
+// newRaw opens a connection of the session driven with raw syscalls (see
+// rawconn).
+func (c *Client) newRaw(ctx context.Context, kind uint8) (*rawconn.Conn, error) {
+	conn, _, err := c.handshake(ctx, kind)
+	if err != nil {
+		return nil, err
+	}
+	fd, err := rawconn.Detach(conn)
+	_ = conn.Close()
+	if err != nil {
+		return nil, err
+	}
+	return rawconn.New(fd, c.opts.Spin, c.opts.Timeout), nil
+}
+
+// Join opens one more connection of the session, of the given kind (any
+// but protocol.KindControl), and performs its HELLO; the caller owns the
+// connection. A mapping's fault handler takes one of kind
+// protocol.KindFault.
+func (c *Client) Join(ctx context.Context, kind uint8) (net.Conn, error) {
+	if kind == protocol.KindControl {
+		return nil, fmt.Errorf("memory: a session has one control connection")
+	}
+	if err := c.err(); err != nil {
+		return nil, err
+	}
+	conn, _, err := c.handshake(ctx, kind)
+	return conn, err
+}
+
+// Timeout is the client's request timeout (Options.Timeout, filled).
+func (c *Client) Timeout() time.Duration { return c.opts.Timeout }
+
 type helloReply struct {
-	Header
+	protocol.Header
 	session uint64
 	queue   uint32
 }
@@ -160,41 +196,41 @@ func (c *Client) handshake(ctx context.Context, kind uint8) (net.Conn, helloRepl
 	defer cancel()
 	conn, err := c.opts.Dialer(ctx, c.addr)
 	if err != nil {
-		return nil, rep, fmt.Errorf("%w: dial %s: %v", ErrDonorLost, c.addr, err)
+		return nil, rep, fmt.Errorf("%w: dial %s: %v", protocol.ErrDonorLost, c.addr, err)
 	}
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
 	dl, _ := ctx.Deadline()
 	_ = conn.SetDeadline(dl)
-	m := Hello{Kind: kind, Session: c.session, Credential: c.cred}
-	if kind == KindControl {
+	m := protocol.Hello{Kind: kind, Session: c.session, Credential: c.cred}
+	if kind == protocol.KindControl {
 		m.Session = 0
 	}
-	b := make([]byte, HeaderSize, HeaderSize+helloFixed+len(c.cred))
+	b := make([]byte, protocol.HeaderSize, protocol.HeaderSize+protocol.HelloFixed+len(c.cred))
 	b = m.Encode(b)
-	h := Header{Op: OpHello, Payload: uint32(len(b) - HeaderSize)}
+	h := protocol.Header{Op: protocol.OpHello, Payload: uint32(len(b) - protocol.HeaderSize)}
 	h.Encode(b)
 	if _, err := conn.Write(b); err != nil {
 		_ = conn.Close()
-		return nil, rep, fmt.Errorf("%w: hello: %v", ErrDonorLost, err)
+		return nil, rep, fmt.Errorf("%w: hello: %v", protocol.ErrDonorLost, err)
 	}
-	var hdr [HeaderSize]byte
-	f, err := ReadFrame(conn, hdr[:], nil)
+	var hdr [protocol.HeaderSize]byte
+	f, err := protocol.ReadFrame(conn, hdr[:], nil)
 	if err != nil {
 		_ = conn.Close()
-		if errors.Is(err, ErrBadFrame) || errors.Is(err, ErrVersion) {
+		if errors.Is(err, protocol.ErrBadFrame) || errors.Is(err, protocol.ErrVersion) {
 			return nil, rep, err
 		}
-		return nil, rep, fmt.Errorf("%w: hello: %v", ErrDonorLost, err)
+		return nil, rep, fmt.Errorf("%w: hello: %v", protocol.ErrDonorLost, err)
 	}
-	if f.Status != StatusOK {
+	if f.Status != protocol.StatusOK {
 		_ = conn.Close()
-		return nil, rep, statusError(f.Status, f.Data)
+		return nil, rep, protocol.StatusError(f.Status, f.Data)
 	}
-	if f.Op != OpHello || len(f.Data) != 12 {
+	if f.Op != protocol.OpHello || len(f.Data) != protocol.HelloReplySize {
 		_ = conn.Close()
-		return nil, rep, fmt.Errorf("%w: unexpected hello reply", ErrBadFrame)
+		return nil, rep, fmt.Errorf("%w: unexpected hello reply", protocol.ErrBadFrame)
 	}
 	rep.Header = f.Header
 	rep.session = binary.BigEndian.Uint64(f.Data)
@@ -206,14 +242,14 @@ func (c *Client) handshake(ctx context.Context, kind uint8) (net.Conn, helloRepl
 // readControl applies credit updates until the control connection ends.
 func (c *Client) readControl() {
 	defer close(c.ctrlDone)
-	var hdr [HeaderSize]byte
+	var hdr [protocol.HeaderSize]byte
 	for {
-		f, err := ReadFrame(c.ctrl, hdr[:], nil)
+		f, err := protocol.ReadFrame(c.ctrl, hdr[:], nil)
 		if err != nil {
-			c.lost(fmt.Errorf("%w: control connection: %v", ErrDonorLost, err))
+			c.lost(fmt.Errorf("%w: control connection: %v", protocol.ErrDonorLost, err))
 			return
 		}
-		if f.Op != OpCredit {
+		if f.Op != protocol.OpCredit {
 			continue
 		}
 		c.qmu.Lock()
@@ -229,7 +265,7 @@ func (c *Client) readControl() {
 func (c *Client) lost(err error) {
 	c.errOnce.Do(func() {
 		if c.closed.Load() {
-			err = ErrClosed
+			err = protocol.ErrClosed
 		}
 		c.lostErr.Store(&err)
 		c.qmu.Lock()
@@ -249,7 +285,7 @@ func (c *Client) err() error {
 		return *p
 	}
 	if c.closed.Load() {
-		return ErrClosed
+		return protocol.ErrClosed
 	}
 	return nil
 }
@@ -284,19 +320,19 @@ func (c *Client) Close() error {
 
 func (c *Client) check(n int, off int64) error {
 	if off < 0 || int64(n) > c.size || off > c.size-int64(n) {
-		return fmt.Errorf("%w: [%d,+%d) in region of %d bytes", ErrOutOfRange, off, n, c.size)
+		return fmt.Errorf("%w: [%d,+%d) in region of %d bytes", protocol.ErrOutOfRange, off, n, c.size)
 	}
 	return c.err()
 }
 
 // Read fills p from the region at off over channel ch.
 func (c *Client) Read(ctx context.Context, ch Channel, p []byte, off int64) error {
-	return c.do(ctx, ch, OpRead, p, off)
+	return c.do(ctx, ch, protocol.OpRead, p, off)
 }
 
 // Write stores p in the region at off over channel ch.
 func (c *Client) Write(ctx context.Context, ch Channel, p []byte, off int64) error {
-	return c.do(ctx, ch, OpWrite, p, off)
+	return c.do(ctx, ch, protocol.OpWrite, p, off)
 }
 
 func (c *Client) do(ctx context.Context, ch Channel, op uint8, p []byte, off int64) error {
@@ -394,19 +430,19 @@ func (c *Client) deadline(ctx context.Context) time.Time {
 // respErr turns a response with a non-OK status (message already read) or a
 // transport error into the error returned to callers.
 func transportErr(err error) error {
-	if errors.Is(err, ErrBadFrame) {
+	if errors.Is(err, protocol.ErrBadFrame) {
 		return err
 	}
-	return fmt.Errorf("%w: %v", ErrDonorLost, err)
+	return fmt.Errorf("%w: %v", protocol.ErrDonorLost, err)
 }
 
 // syncConn is the fine-grained synchronous channel: one connection, one
 // request at a time, no allocation per request. It drives the socket with
-// raw syscalls and poll(2) from the calling goroutine (see pager), which saves the
-// netpoller's wake-up on every round trip.
+// raw syscalls and poll(2) from the calling goroutine (see rawconn), which
+// saves the netpoller's wake-up on every round trip.
 type syncConn struct {
 	mu  sync.Mutex
-	pg  *pager
+	pg  *rawconn.Conn
 	bad error
 }
 
@@ -420,18 +456,18 @@ func (s *syncConn) do(ctx context.Context, c *Client, op uint8, p []byte, off in
 		return err
 	}
 	if ctx.Done() != nil {
-		stop := context.AfterFunc(ctx, s.pg.shutdown)
+		stop := context.AfterFunc(ctx, s.pg.Shutdown)
 		defer stop()
 	}
 	for len(p) > 0 {
-		n := min(len(p), MaxPayload)
-		if err := s.pg.do(op, p[:n], off); err != nil {
-			if !errors.Is(err, ErrOutOfRange) {
+		n := min(len(p), protocol.MaxPayload)
+		if err := s.pg.Do(op, p[:n], off); err != nil {
+			if !errors.Is(err, protocol.ErrOutOfRange) {
 				if ctx.Err() != nil {
-					err = fmt.Errorf("%w: %w", ErrDonorLost, ctx.Err())
+					err = fmt.Errorf("%w: %w", protocol.ErrDonorLost, ctx.Err())
 				}
 				s.bad = err
-				s.pg.shutdown()
+				s.pg.Shutdown()
 			}
 			return err
 		}
@@ -444,27 +480,27 @@ func (s *syncConn) close() {
 	if s.pg == nil {
 		return
 	}
-	s.pg.shutdown()
+	s.pg.Shutdown()
 	s.mu.Lock()
-	s.pg.close()
+	s.pg.Close()
 	if s.bad == nil {
-		s.bad = ErrClosed
+		s.bad = protocol.ErrClosed
 	}
 	s.mu.Unlock()
 }
 
-func readHeader(r io.Reader, b []byte) (Header, error) {
-	if _, err := io.ReadFull(r, b[:HeaderSize]); err != nil {
-		return Header{}, transportErr(err)
+func readHeader(r io.Reader, b []byte) (protocol.Header, error) {
+	if _, err := io.ReadFull(r, b[:protocol.HeaderSize]); err != nil {
+		return protocol.Header{}, transportErr(err)
 	}
-	return DecodeHeader(b[:HeaderSize])
+	return protocol.DecodeHeader(b[:protocol.HeaderSize])
 }
 
 // readStatus consumes an error response's message and returns its error.
-func readStatus(r io.Reader, h Header) error {
+func readStatus(r io.Reader, h protocol.Header) error {
 	msg := make([]byte, h.Payload)
 	if _, err := io.ReadFull(r, msg); err != nil {
 		return transportErr(err)
 	}
-	return statusError(h.Status, msg)
+	return protocol.StatusError(h.Status, msg)
 }

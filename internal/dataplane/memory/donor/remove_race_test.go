@@ -1,4 +1,4 @@
-package memory
+package donor
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 )
 
 // dialHello sends HELLO on a new connection to addr and returns it with
@@ -18,21 +20,21 @@ func dialHello(t *testing.T, addr string, kind uint8, session uint64, cred strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := Hello{Kind: kind, Session: session, Credential: cred}
+	h := protocol.Hello{Kind: kind, Session: session, Credential: cred}
 	p := h.Encode(nil)
-	b := make([]byte, HeaderSize, HeaderSize+len(p))
-	(&Header{Op: OpHello, Payload: uint32(len(p))}).Encode(b)
+	b := make([]byte, protocol.HeaderSize, protocol.HeaderSize+len(p))
+	(&protocol.Header{Op: protocol.OpHello, Payload: uint32(len(p))}).Encode(b)
 	if _, err := c.Write(append(b, p...)); err != nil {
 		t.Fatal(err)
 	}
-	rep := make([]byte, HeaderSize+12)
+	rep := make([]byte, protocol.HeaderSize+12)
 	if _, err := io.ReadFull(c, rep); err != nil {
 		t.Fatal(err)
 	}
-	if st := binary.BigEndian.Uint16(rep[6:]); st != StatusOK {
+	if st := binary.BigEndian.Uint16(rep[6:]); st != protocol.StatusOK {
 		t.Fatalf("hello status %d", st)
 	}
-	return c, binary.BigEndian.Uint64(rep[HeaderSize:])
+	return c, binary.BigEndian.Uint64(rep[protocol.HeaderSize:])
 }
 
 // RemoveRegion must not free a region while handlers of a session that
@@ -40,7 +42,7 @@ func dialHello(t *testing.T, addr string, kind uint8, session uint64, cred strin
 // would write into unmapped memory (crashing the donor) or into the next
 // region mapped there.
 func TestRemoveRegionWaitsForEndedSessions(t *testing.T) {
-	d := NewDonor(nil)
+	d := New(nil)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -56,19 +58,19 @@ func TestRemoveRegionWaitsForEndedSessions(t *testing.T) {
 		if err := d.AddRegion(cred, 4096); err != nil {
 			t.Fatal(err)
 		}
-		ctrl, sess := dialHello(t, addr, KindControl, 0, cred)
-		q, _ := dialHello(t, addr, KindQueue, sess, cred)
+		ctrl, sess := dialHello(t, addr, protocol.KindControl, 0, cred)
+		q, _ := dialHello(t, addr, protocol.KindQueue, sess, cred)
 		// Keep the queue busy with writes until the donor hangs up.
 		stop := make(chan struct{})
 		go func() {
 			defer close(stop)
-			req := make([]byte, 0, batch*(HeaderSize+size))
+			req := make([]byte, 0, batch*(protocol.HeaderSize+size))
 			for j := 0; j < batch; j++ {
-				var h [HeaderSize]byte
-				(&Header{Op: OpWrite, Seq: uint32(j), Payload: size, Length: size}).Encode(h[:])
+				var h [protocol.HeaderSize]byte
+				(&protocol.Header{Op: protocol.OpWrite, Seq: uint32(j), Payload: size, Length: size}).Encode(h[:])
 				req = append(append(req, h[:]...), make([]byte, size)...)
 			}
-			rep := make([]byte, batch*HeaderSize)
+			rep := make([]byte, batch*protocol.HeaderSize)
 			for {
 				if _, err := q.Write(req); err != nil {
 					return

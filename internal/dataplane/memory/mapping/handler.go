@@ -1,4 +1,4 @@
-package memory
+package mapping
 
 import (
 	"encoding/binary"
@@ -11,6 +11,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/rialto-project/rialto/internal/dataplane/memory/internal/rawconn"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/uffd"
 	"golang.org/x/sys/unix"
 )
@@ -68,7 +70,7 @@ type handlerConfig struct {
 // error payloads are [donor-lost flag u8][message].
 const (
 	ctlFlush uint8 = 1 + iota // write back dirty pages; reply: error
-	ctlStats                  // reply: MappingStats as JSON
+	ctlStats                  // reply: Stats as JSON
 	ctlReset                  // clear counters; reply: empty
 	ctlErr                    // reply: error
 	ctlClose                  // flush and exit; reply: error
@@ -89,8 +91,9 @@ type faultHandler struct {
 	memfd int
 	mem   []byte // the region, mapped shared here (read for write-back)
 	ctrl  int
-	pg    *pager
-	stage []byte // staging buffer for UFFDIO_COPY
+	pg    *rawconn.Conn
+	rhdr  [protocol.HeaderSize]byte // reply headers of fault READs
+	stage []byte                    // staging buffer for UFFDIO_COPY
 
 	base  uintptr
 	ps    int
@@ -120,8 +123,8 @@ type faultHandler struct {
 	dirtyBuf   []int
 	batch      []uffd.Msg // faults served together by faultBatch
 	batchPages []int
-	batchHdrs  [maxBatch * HeaderSize]byte
-	stats      MappingStats
+	batchHdrs  [maxBatch * protocol.HeaderSize]byte
+	stats      Stats
 	svc        []time.Duration
 	svcN       int
 	err        error
@@ -160,8 +163,8 @@ func runFaultHandler(cfgText string) error {
 		return fmt.Errorf("map staging buffer: %w", err)
 	}
 	// The donor connection stays a bare descriptor: an os.File of a
-	// non-blocking socket would register it with the netpoller (see pager).
-	h.pg = &pager{fd: handlerFdDonor, spin: max(cfg.Spin, 0), timeout: cfg.Timeout}
+	// non-blocking socket would register it with the netpoller (see rawconn).
+	h.pg = rawconn.New(handlerFdDonor, max(cfg.Spin, 0), cfg.Timeout)
 	h.reply(ctlReady, nil)
 	return h.loop()
 }
@@ -200,7 +203,7 @@ func (h *faultHandler) loop() error {
 			spins++
 			if time.Since(idle) < h.cfg.Spin {
 				if spins%32 != 0 {
-					schedYield()
+					rawconn.Yield()
 					continue
 				}
 				timeout = 0
@@ -276,7 +279,7 @@ func (h *faultHandler) command(op uint8) {
 		b, _ := json.Marshal(s)
 		h.reply(op, b)
 	case ctlReset:
-		h.stats = MappingStats{}
+		h.stats = Stats{}
 		h.svc, h.svcN = h.svc[:0], 0
 		h.reply(op, nil)
 	case ctlErr:
@@ -294,7 +297,7 @@ func (h *faultHandler) errPayload(err error) []byte {
 		return nil
 	}
 	lost := byte(0)
-	if errors.Is(err, ErrDonorLost) {
+	if errors.Is(err, protocol.ErrDonorLost) {
 		lost = 1
 	}
 	return append([]byte{lost}, err.Error()...)
@@ -454,8 +457,8 @@ func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
 	}
 	t1 := time.Now()
 	buf := h.stage[:n*h.ps]
-	err := h.pg.send(OpRead, buf, int64(i*h.ps))
-	readSeq := h.pg.seq
+	err := h.pg.Send(protocol.OpRead, buf, int64(i*h.ps))
+	readSeq := h.pg.Seq
 	var pending []int // dirty victims whose write-back follows the READ
 	if err == nil {
 		// While the page travels, make room for it: the faulting thread
@@ -472,11 +475,11 @@ func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
 	// window is installed below as it arrives.
 	have := 0 // bytes of buf received
 	if err == nil {
-		have, err = h.pg.replyHead(h.pg.hdr[:], readSeq, OpRead, buf)
+		have, err = h.pg.ReplyHead(h.rhdr[:], readSeq, protocol.OpRead, buf)
 	}
 	if err == nil && have < h.ps {
 		var k int
-		k, err = h.pg.recvAtLeast([][]byte{buf[have:]}, h.ps-have)
+		k, err = h.pg.RecvAtLeast([][]byte{buf[have:]}, h.ps-have)
 		have += k
 	}
 	if err != nil {
@@ -500,7 +503,7 @@ func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
 	for done := 1; done < n; {
 		if have < (done+1)*h.ps {
 			t := time.Now()
-			k, err := h.pg.recvAtLeast([][]byte{buf[have:]}, (done+1)*h.ps-have)
+			k, err := h.pg.RecvAtLeast([][]byte{buf[have:]}, (done+1)*h.ps-have)
 			h.stats.FetchTime += time.Since(t)
 			if err != nil {
 				_ = h.fail(err)
@@ -598,8 +601,8 @@ func (h *faultHandler) faultBatch(msgs []uffd.Msg, pages []int, t0 time.Time) {
 		return
 	}
 	t1 := time.Now()
-	first := h.pg.seq + 1
-	err := h.pg.sendPageReads(pages, h.ps, h.batchHdrs[:])
+	first := h.pg.Seq + 1
+	err := h.pg.SendPageReads(pages, h.ps, h.batchHdrs[:])
 	var pending []int
 	if err == nil {
 		pending, err = h.evictDuringFault(h.nres + len(pages) - h.cfg.CapPages)
@@ -614,7 +617,7 @@ func (h *faultHandler) faultBatch(msgs []uffd.Msg, pages []int, t0 time.Time) {
 	src := uintptr(unsafe.Pointer(&h.stage[0]))
 	for k, i := range pages {
 		if err == nil {
-			err = h.pg.reply(h.pg.hdr[:], first+uint32(k), OpRead, h.stage[k*h.ps:(k+1)*h.ps])
+			err = h.pg.Reply(h.rhdr[:], first+uint32(k), protocol.OpRead, h.stage[k*h.ps:(k+1)*h.ps])
 		}
 		t2 := time.Now()
 		h.stats.FetchTime += t2.Sub(t1)
@@ -705,7 +708,7 @@ func (h *faultHandler) evictDuringFault(want int) ([]int, error) {
 			}
 			h.lruRemove(v)
 			pending = append(pending, v)
-			if err := h.pg.send(OpWrite, h.mem[v*h.ps:(v+1)*h.ps], int64(v*h.ps)); err != nil {
+			if err := h.pg.Send(protocol.OpWrite, h.mem[v*h.ps:(v+1)*h.ps], int64(v*h.ps)); err != nil {
 				return pending, err
 			}
 			continue
@@ -752,9 +755,9 @@ func (h *faultHandler) drop(pages []int) error {
 // pages. A write to one of them meanwhile raised a write-protect fault,
 // which finds it gone and is answered by a fresh fetch.
 func (h *faultHandler) finishWriteBacks(pages []int, first uint32) error {
-	var ack [HeaderSize]byte
+	var ack [protocol.HeaderSize]byte
 	for k, v := range pages {
-		if err := h.pg.reply(ack[:], first+uint32(k), OpWrite, nil); err != nil {
+		if err := h.pg.Reply(ack[:], first+uint32(k), protocol.OpWrite, nil); err != nil {
 			return err
 		}
 		if err := h.drop([]int{v}); err != nil {
@@ -847,7 +850,7 @@ func (h *faultHandler) punch(lo, hi int) error {
 // in runs of contiguous pages — pipelined, up to writeBackWindow requests
 // before their acknowledgements are read — and marks them clean.
 func (h *faultHandler) writeBack(pages []int) error {
-	maxRun := MaxPayload / h.ps
+	maxRun := protocol.MaxPayload / h.ps
 	type run struct{ lo, hi int }
 	var runs []run
 	for k := 0; k < len(pages); {
@@ -861,26 +864,26 @@ func (h *faultHandler) writeBack(pages []int) error {
 	for len(runs) > 0 {
 		batch := runs[:min(len(runs), writeBackWindow)]
 		runs = runs[len(batch):]
-		hdrs := make([]byte, len(batch)*HeaderSize)
+		hdrs := make([]byte, len(batch)*protocol.HeaderSize)
 		bufs := make([][]byte, 0, 2*len(batch))
-		first := h.pg.seq + 1
+		first := h.pg.Seq + 1
 		for i, r := range batch {
 			if err := h.u.WriteProtect(h.addr(r.lo), uintptr((r.hi-r.lo)*h.ps), true, false); err != nil {
 				return fmt.Errorf("write-protect for write-back: %w", err)
 			}
 			data := h.mem[r.lo*h.ps : r.hi*h.ps]
-			hd := Header{Op: OpWrite, Seq: first + uint32(i), Offset: uint64(r.lo * h.ps), Length: uint32(len(data)), Payload: uint32(len(data))}
-			hb := hdrs[i*HeaderSize : (i+1)*HeaderSize]
+			hd := protocol.Header{Op: protocol.OpWrite, Seq: first + uint32(i), Offset: uint64(r.lo * h.ps), Length: uint32(len(data)), Payload: uint32(len(data))}
+			hb := hdrs[i*protocol.HeaderSize : (i+1)*protocol.HeaderSize]
 			hd.Encode(hb)
 			bufs = append(bufs, hb, data)
 		}
-		h.pg.seq += uint32(len(batch))
-		if err := h.pg.sendv(bufs); err != nil {
+		h.pg.Seq += uint32(len(batch))
+		if err := h.pg.SendV(bufs); err != nil {
 			return err
 		}
-		var ack [HeaderSize]byte
+		var ack [protocol.HeaderSize]byte
 		for i, r := range batch {
-			if err := h.pg.reply(ack[:], first+uint32(i), OpWrite, nil); err != nil {
+			if err := h.pg.Reply(ack[:], first+uint32(i), protocol.OpWrite, nil); err != nil {
 				return err
 			}
 			for v := r.lo; v < r.hi; v++ {

@@ -1,4 +1,4 @@
-package memory
+package client
 
 import (
 	"bufio"
@@ -8,25 +8,28 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/memory/internal/rawconn"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 )
 
 // bulkStream is one connection of the bulk channel, driven with raw
-// syscalls like the synchronous channel (see pager).
+// syscalls like the synchronous channel (see rawconn).
 type bulkStream struct {
 	mu   sync.Mutex
-	pg   *pager
+	pg   *rawconn.Conn
 	seq  uint32
 	bad  error
-	hdrs [bulkReadWindow * HeaderSize]byte
+	hdrs [bulkReadWindow * protocol.HeaderSize]byte
 	iov  [][]byte
 }
 
 func (s *bulkStream) close() {
-	s.pg.shutdown()
+	s.pg.Shutdown()
 	s.mu.Lock()
-	s.pg.close()
+	s.pg.Close()
 	if s.bad == nil {
-		s.bad = ErrClosed
+		s.bad = protocol.ErrClosed
 	}
 	s.mu.Unlock()
 }
@@ -86,23 +89,23 @@ func (s *bulkStream) run(ctx context.Context, op uint8, p []byte, off int64, chu
 		return err
 	}
 	if ctx.Done() != nil {
-		stop := context.AfterFunc(ctx, s.pg.shutdown)
+		stop := context.AfterFunc(ctx, s.pg.Shutdown)
 		defer stop()
 	}
 	defer func() {
 		if err != nil {
 			if ctx.Err() != nil {
-				err = fmt.Errorf("%w: %w", ErrDonorLost, ctx.Err())
+				err = fmt.Errorf("%w: %w", protocol.ErrDonorLost, ctx.Err())
 			}
 			s.bad = err
-			s.pg.shutdown()
+			s.pg.Shutdown()
 		}
 	}()
 	first := s.seq + 1
 	n := (len(p) + chunk - 1) / chunk
 	s.seq += uint32(n)
 	window := bulkReadWindow
-	if op == OpWrite {
+	if op == protocol.OpWrite {
 		window = bulkWriteWindow
 	}
 	window = min(window, n)
@@ -111,37 +114,37 @@ func (s *bulkStream) run(ctx context.Context, op uint8, p []byte, off int64, chu
 	bufs := s.iov[:0]
 	add := func(i int) {
 		lo, hi := i*chunk, min((i+1)*chunk, len(p))
-		h := Header{Op: op, Seq: first + uint32(i), Offset: uint64(off) + uint64(lo), Length: uint32(hi - lo)}
-		slot := s.hdrs[(i%window)*HeaderSize : (i%window+1)*HeaderSize]
-		if op == OpWrite {
+		h := protocol.Header{Op: op, Seq: first + uint32(i), Offset: uint64(off) + uint64(lo), Length: uint32(hi - lo)}
+		slot := s.hdrs[(i%window)*protocol.HeaderSize : (i%window+1)*protocol.HeaderSize]
+		if op == protocol.OpWrite {
 			h.Payload = h.Length
 		}
 		h.Encode(slot)
 		bufs = append(bufs, slot)
-		if op == OpWrite {
+		if op == protocol.OpWrite {
 			bufs = append(bufs, p[lo:hi])
 		}
 	}
 	for i := range window {
 		add(i)
 	}
-	if err := s.pg.sendv(bufs); err != nil {
+	if err := s.pg.SendV(bufs); err != nil {
 		return err
 	}
-	var hdr [HeaderSize]byte
+	var hdr [protocol.HeaderSize]byte
 	for i := range n {
 		lo, hi := i*chunk, min((i+1)*chunk, len(p))
 		var buf []byte
-		if op == OpRead {
+		if op == protocol.OpRead {
 			buf = p[lo:hi]
 		}
-		if err := s.pg.reply(hdr[:], first+uint32(i), op, buf); err != nil {
+		if err := s.pg.Reply(hdr[:], first+uint32(i), op, buf); err != nil {
 			return err
 		}
 		if next := i + window; next < n {
 			bufs = bufs[:0]
 			add(next)
-			if err := s.pg.sendv(bufs); err != nil {
+			if err := s.pg.SendV(bufs); err != nil {
 				return err
 			}
 		}
@@ -151,7 +154,7 @@ func (s *bulkStream) run(ctx context.Context, op uint8, p []byte, off int64, chu
 
 // Op is one asynchronous request posted on a queue pair. Buf is the
 // destination of a read or the source of a write and must stay untouched
-// until its completion; it is at most MaxPayload bytes.
+// until its completion; it is at most protocol.MaxPayload bytes.
 type Op struct {
 	Write bool
 	Off   int64
@@ -203,7 +206,7 @@ func (c *Client) NewQueuePair(ctx context.Context) (*QueuePair, error) {
 	if err := c.err(); err != nil {
 		return nil, err
 	}
-	conn, rep, err := c.handshake(ctx, KindQueue)
+	conn, rep, err := c.handshake(ctx, protocol.KindQueue)
 	if err != nil {
 		return nil, err
 	}
@@ -275,8 +278,8 @@ func (q *QueuePair) finish(o *qop, err error) {
 
 func (q *QueuePair) post(ctx context.Context, o *qop) (uint32, error) {
 	n := len(o.op.Buf)
-	if n > MaxPayload {
-		return 0, fmt.Errorf("memory: queue op of %d bytes exceeds %d", n, MaxPayload)
+	if n > protocol.MaxPayload {
+		return 0, fmt.Errorf("memory: queue op of %d bytes exceeds %d", n, protocol.MaxPayload)
 	}
 	if err := q.c.check(n, o.op.Off); err != nil {
 		return 0, err
@@ -296,7 +299,7 @@ func (q *QueuePair) post(ctx context.Context, o *qop) (uint32, error) {
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		case <-timer:
-			q.fail(fmt.Errorf("%w: no credit granted within %v", ErrDonorLost, q.c.opts.Timeout))
+			q.fail(fmt.Errorf("%w: no credit granted within %v", protocol.ErrDonorLost, q.c.opts.Timeout))
 		}
 		q.mu.Lock()
 	}
@@ -312,11 +315,11 @@ func (q *QueuePair) post(ctx context.Context, o *qop) (uint32, error) {
 	_ = q.conn.SetReadDeadline(q.c.deadline(ctx))
 	q.mu.Unlock()
 
-	h := Header{Op: OpRead, Seq: o.seq, Offset: uint64(o.op.Off), Length: uint32(n)}
-	var hdr [HeaderSize]byte
+	h := protocol.Header{Op: protocol.OpRead, Seq: o.seq, Offset: uint64(o.op.Off), Length: uint32(n)}
+	var hdr [protocol.HeaderSize]byte
 	bufs := net.Buffers{hdr[:]}
 	if o.op.Write {
-		h.Op, h.Payload = OpWrite, uint32(n)
+		h.Op, h.Payload = protocol.OpWrite, uint32(n)
 		bufs = append(bufs, o.op.Buf)
 	}
 	h.Encode(hdr[:])
@@ -340,7 +343,7 @@ func (q *QueuePair) do(ctx context.Context, op uint8, p []byte, off int64, chunk
 	var err error
 	for i := 0; i < len(p); i += chunk {
 		o := qopPool.Get().(*qop)
-		o.op = Op{Write: op == OpWrite, Off: off + int64(i), Buf: p[i:min(i+chunk, len(p))]}
+		o.op = Op{Write: op == protocol.OpWrite, Off: off + int64(i), Buf: p[i:min(i+chunk, len(p))]}
 		o.abandoned = false
 		if _, err = q.post(ctx, o); err != nil {
 			qopPool.Put(o)
@@ -378,15 +381,15 @@ func (q *QueuePair) do(ctx context.Context, op uint8, p []byte, off int64, chunk
 
 func (q *QueuePair) reader() {
 	defer close(q.done)
-	var hdr [HeaderSize]byte
+	var hdr [protocol.HeaderSize]byte
 	for {
 		h, err := readHeader(q.br, hdr[:])
-		if err == nil && (!h.IsResponse() || (h.Op != OpRead && h.Op != OpWrite)) {
-			err = fmt.Errorf("%w: unexpected frame op %d on a queue pair", ErrBadFrame, h.Op)
+		if err == nil && (!h.IsResponse() || (h.Op != protocol.OpRead && h.Op != protocol.OpWrite)) {
+			err = fmt.Errorf("%w: unexpected frame op %d on a queue pair", protocol.ErrBadFrame, h.Op)
 		}
 		if err != nil {
 			if q.c.closed.Load() || q.isClosed() {
-				err = ErrClosed
+				err = protocol.ErrClosed
 			}
 			q.fail(err)
 			return
@@ -401,17 +404,17 @@ func (q *QueuePair) reader() {
 		}
 		q.mu.Unlock()
 		var res error
-		want := OpRead
+		want := protocol.OpRead
 		if o != nil && o.op.Write {
-			want = OpWrite
+			want = protocol.OpWrite
 		}
-		if h.Status != StatusOK {
+		if h.Status != protocol.StatusOK {
 			res = readStatus(q.br, h)
-		} else if o != nil && (h.Op != want || (want == OpRead && int(h.Payload) != len(o.op.Buf))) {
+		} else if o != nil && (h.Op != want || (want == protocol.OpRead && int(h.Payload) != len(o.op.Buf))) {
 			// Completing o would report a read that filled nothing, or
 			// write a read's data into the source of a write.
 			err := fmt.Errorf("%w: reply op %d of %d bytes for seq %d op %d of %d bytes",
-				ErrBadFrame, h.Op, h.Payload, h.Seq, want, len(o.op.Buf))
+				protocol.ErrBadFrame, h.Op, h.Payload, h.Seq, want, len(o.op.Buf))
 			q.finish(o, err)
 			q.fail(err)
 			return
@@ -442,7 +445,7 @@ func (q *QueuePair) isClosed() bool {
 	return q.closed
 }
 
-// Close closes the queue pair; outstanding operations fail with ErrClosed.
+// Close closes the queue pair; outstanding operations fail with protocol.ErrClosed.
 func (q *QueuePair) Close() error {
 	q.mu.Lock()
 	q.closed = true

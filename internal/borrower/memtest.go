@@ -1,4 +1,4 @@
-package memory
+package borrower
 
 import (
 	"bytes"
@@ -8,9 +8,14 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/mapping"
 )
 
 // ErrVerify reports that data read back differs from what was written.
+// (Its text names the memory data plane, as `rialto memtest` always showed
+// it.)
 var ErrVerify = errors.New("memory: verification failed")
 
 // MemtestStep is the outcome of one step of Memtest.
@@ -41,8 +46,9 @@ func pattern(p []byte, off int64, seed uint64) {
 // writes on the queue pair read back on the bulk channel, adaptive writes of
 // mixed sizes, and writes through the transparent mapping (cache 10%)
 // flushed and read back on the bulk channel. It is what `rialto memtest`
-// runs. It overwrites the span.
-func Memtest(ctx context.Context, c *Client, span int64) ([]MemtestStep, error) {
+// runs on each part of a lease. It overwrites the span. A
+// mapping step where userfaultfd is refused is skipped, not failed.
+func Memtest(ctx context.Context, c *client.Client, span int64) ([]MemtestStep, error) {
 	if span <= 0 || span > c.Size() {
 		span = c.Size()
 	}
@@ -52,12 +58,12 @@ func Memtest(ctx context.Context, c *Client, span int64) ([]MemtestStep, error) 
 		t0 := time.Now()
 		n, err := f()
 		st := MemtestStep{Name: name, Bytes: n, Duration: time.Since(t0), Err: err}
-		if errors.Is(err, ErrUffdUnavailable) {
+		if errors.Is(err, mapping.ErrUffdUnavailable) {
 			st.Skipped, st.Err = err.Error(), nil
 		}
 		steps = append(steps, st)
 	}
-	small := func(wch, rch Channel, count int, sizes []int) (int64, error) {
+	small := func(wch, rch client.Channel, count int, sizes []int) (int64, error) {
 		seed := rng.Uint64()
 		var total int64
 		for range count {
@@ -79,7 +85,7 @@ func Memtest(ctx context.Context, c *Client, span int64) ([]MemtestStep, error) 
 		}
 		return total, nil
 	}
-	whole := func(wch, rch Channel) (int64, error) {
+	whole := func(wch, rch client.Channel) (int64, error) {
 		seed := rng.Uint64()
 		p := make([]byte, span)
 		pattern(p, 0, seed)
@@ -96,15 +102,15 @@ func Memtest(ctx context.Context, c *Client, span int64) ([]MemtestStep, error) 
 		return span, nil
 	}
 	step("sync: random 64 B–4 KiB, read back on queue", func() (int64, error) {
-		return small(ChannelSync, ChannelQueue, 1000, []int{64, 100, 512, 4096})
+		return small(client.ChannelSync, client.ChannelQueue, 1000, []int{64, 100, 512, 4096})
 	})
-	step("bulk: whole span, read back on sync", func() (int64, error) { return whole(ChannelBulk, ChannelSync) })
-	step("queue: whole span, read back on bulk", func() (int64, error) { return whole(ChannelQueue, ChannelBulk) })
+	step("bulk: whole span, read back on sync", func() (int64, error) { return whole(client.ChannelBulk, client.ChannelSync) })
+	step("queue: whole span, read back on bulk", func() (int64, error) { return whole(client.ChannelQueue, client.ChannelBulk) })
 	step("adaptive: random 1 B–1 MiB, read back on adaptive", func() (int64, error) {
-		return small(ChannelAdaptive, ChannelAdaptive, 100, []int{1, 64, 4096, 65536, 1 << 20})
+		return small(client.ChannelAdaptive, client.ChannelAdaptive, 100, []int{1, 64, 4096, 65536, 1 << 20})
 	})
 	step("mapping: write through the slice (cache 10%), flush, read back on bulk", func() (int64, error) {
-		m, err := Map(ctx, c, MapOptions{})
+		m, err := mapping.Map(ctx, c, mapping.Options{})
 		if err != nil {
 			return 0, err
 		}
@@ -117,7 +123,7 @@ func Memtest(ctx context.Context, c *Client, span int64) ([]MemtestStep, error) 
 		want := make([]byte, n)
 		pattern(want, 0, seed)
 		got := make([]byte, n)
-		if err := c.Read(ctx, ChannelBulk, got, 0); err != nil {
+		if err := c.Read(ctx, client.ChannelBulk, got, 0); err != nil {
 			return 0, err
 		}
 		if i := firstDiff(got, want); i >= 0 {

@@ -1,58 +1,23 @@
-package memory
+package client
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
-	"os/exec"
 	"runtime"
-	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/memorytest"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 )
 
-const testCred = "lease-cred-0123456789abcdef"
-
-type testDonor struct {
-	d      *Donor
-	addr   string
-	cancel context.CancelFunc
-	done   chan error
-}
-
-func startDonor(t testing.TB, size int64, credits int) *testDonor {
-	t.Helper()
-	d := NewDonor(nil)
-	d.Credits = credits
-	if err := d.AddRegion(testCred, size); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	td := &testDonor{d: d, addr: ln.Addr().String(), cancel: cancel, done: make(chan error, 1)}
-	go func() { td.done <- d.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-td.done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-		_ = d.RemoveRegion(testCred)
-	})
-	return td
-}
+const testCred = memorytest.Credential
 
 func dial(t testing.TB, addr string, opts Options) *Client {
 	t.Helper()
@@ -68,8 +33,8 @@ var channels = []Channel{ChannelSync, ChannelBulk, ChannelQueue, ChannelAdaptive
 
 func TestChannelsIntegrity(t *testing.T) {
 	const size = 8 << 20
-	td := startDonor(t, size, 0)
-	c := dial(t, td.addr, Options{ChunkSize: 256 << 10, QueueChunk: 48 << 10, BulkThreshold: 128 << 10})
+	td := memorytest.Start(t, size, 0)
+	c := dial(t, td.Addr, Options{ChunkSize: 256 << 10, QueueChunk: 48 << 10, BulkThreshold: 128 << 10})
 	if c.Size() != size {
 		t.Fatalf("size %d", c.Size())
 	}
@@ -117,8 +82,8 @@ func TestChannelsIntegrity(t *testing.T) {
 }
 
 func TestBoundsAndErrors(t *testing.T) {
-	td := startDonor(t, 1<<20, 0)
-	c := dial(t, td.addr, Options{})
+	td := memorytest.Start(t, 1<<20, 0)
+	c := dial(t, td.Addr, Options{})
 	ctx := context.Background()
 	for _, ch := range channels {
 		for _, tc := range []struct {
@@ -126,7 +91,7 @@ func TestBoundsAndErrors(t *testing.T) {
 			n   int
 		}{{-1, 1}, {1 << 20, 1}, {1<<20 - 1, 2}, {0, 1<<20 + 1}} {
 			err := c.Read(ctx, ch, make([]byte, tc.n), tc.off)
-			if !errors.Is(err, ErrOutOfRange) {
+			if !errors.Is(err, protocol.ErrOutOfRange) {
 				t.Errorf("%v read %d@%d: %v", ch, tc.n, tc.off, err)
 			}
 		}
@@ -144,16 +109,16 @@ func TestBoundsAndErrors(t *testing.T) {
 }
 
 func TestWrongCredentialAndSingleSubscriber(t *testing.T) {
-	td := startDonor(t, 1<<20, 0)
-	_, err := Dial(context.Background(), td.addr, "not-the-credential", Options{})
-	if !errors.Is(err, ErrAuth) {
+	td := memorytest.Start(t, 1<<20, 0)
+	_, err := Dial(context.Background(), td.Addr, "not-the-credential", Options{})
+	if !errors.Is(err, protocol.ErrAuth) {
 		t.Fatalf("wrong credential: %v", err)
 	}
-	c := dial(t, td.addr, Options{})
+	c := dial(t, td.Addr, Options{})
 	if err := c.Write(context.Background(), ChannelSync, []byte("keep"), 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Dial(context.Background(), td.addr, testCred, Options{}); !errors.Is(err, ErrBusy) {
+	if _, err := Dial(context.Background(), td.Addr, testCred, Options{}); !errors.Is(err, protocol.ErrBusy) {
 		t.Fatalf("second subscriber: %v", err)
 	}
 	_ = c.Close()
@@ -161,8 +126,8 @@ func TestWrongCredentialAndSingleSubscriber(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	var c2 *Client
 	for {
-		c2, err = Dial(context.Background(), td.addr, testCred, Options{})
-		if err == nil || !errors.Is(err, ErrBusy) || time.Now().After(deadline) {
+		c2, err = Dial(context.Background(), td.Addr, testCred, Options{})
+		if err == nil || !errors.Is(err, protocol.ErrBusy) || time.Now().After(deadline) {
 			break
 		}
 		runtime.Gosched()
@@ -177,47 +142,10 @@ func TestWrongCredentialAndSingleSubscriber(t *testing.T) {
 	}
 }
 
-func TestRemoveRegionEndsSession(t *testing.T) {
-	td := startDonor(t, 1<<20, 0)
-	c := dial(t, td.addr, Options{Timeout: 2 * time.Second})
-	if err := c.Write(context.Background(), ChannelSync, bytes.Repeat([]byte{7}, 4096), 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := td.d.RemoveRegion(testCred); err != nil {
-		t.Fatal(err)
-	}
-	for _, ch := range channels {
-		if err := c.Read(context.Background(), ch, make([]byte, 64), 0); err == nil {
-			t.Fatalf("%v read after removal succeeded", ch)
-		}
-	}
-	if _, err := Dial(context.Background(), td.addr, testCred, Options{}); !errors.Is(err, ErrAuth) {
-		t.Fatalf("dial after removal: %v", err)
-	}
-	// Re-adding gives a zeroed region.
-	if err := td.d.AddRegion(testCred, 1<<20); err != nil {
-		t.Fatal(err)
-	}
-	c2 := dial(t, td.addr, Options{})
-	b := make([]byte, 4096)
-	if err := c2.Read(context.Background(), ChannelSync, b, 0); err != nil || !bytes.Equal(b, make([]byte, 4096)) {
-		t.Fatalf("re-added region not zero: %v", err)
-	}
-	if err := td.d.AddRegion(testCred, 1); !errors.Is(err, ErrRegionExists) {
-		t.Fatalf("duplicate AddRegion: %v", err)
-	}
-	if err := td.d.RemoveRegion("nope"); !errors.Is(err, ErrNoRegion) {
-		t.Fatalf("RemoveRegion unknown: %v", err)
-	}
-	if err := td.d.AddRegion("huge", 1<<50); !errors.Is(err, ErrInsufficient) {
-		t.Fatalf("AddRegion huge: %v", err)
-	}
-}
-
 func TestConcurrentUsers(t *testing.T) {
 	const size, users = 4 << 20, 8
-	td := startDonor(t, size, 8)
-	c := dial(t, td.addr, Options{ChunkSize: 64 << 10})
+	td := memorytest.Start(t, size, 8)
+	c := dial(t, td.Addr, Options{ChunkSize: 64 << 10})
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	errs := make(chan error, users)
@@ -259,8 +187,8 @@ func TestConcurrentUsers(t *testing.T) {
 }
 
 func TestQueuePairCredits(t *testing.T) {
-	td := startDonor(t, 1<<20, 4)
-	c := dial(t, td.addr, Options{})
+	td := memorytest.Start(t, 1<<20, 4)
+	c := dial(t, td.Addr, Options{})
 	ctx := context.Background()
 	q, err := c.NewQueuePair(ctx)
 	if err != nil {
@@ -303,69 +231,18 @@ func TestQueuePairCredits(t *testing.T) {
 	}
 }
 
-// Donor in a child process, so the test can stop and kill it; a mapping's
-// fault handler is this test binary re-executed.
+// A donor in a child process (memorytest.StartChild) is this test binary
+// re-executed.
 func TestMain(m *testing.M) {
-	RunFaultHandlerIfChild()
-	if addr := os.Getenv(gcChildEnv); addr != "" {
-		if err := gcChild(addr); err != nil {
-			fmt.Println("ERR", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	if os.Getenv("RIALTO_MEMTEST_DONOR") == "1" {
-		d := NewDonor(nil)
-		if v, err := time.ParseDuration(os.Getenv("RIALTO_MEMTEST_SPIN")); err == nil {
-			d.Spin = v
-		}
-		size := int64(64 << 20)
-		if v, err := strconv.ParseInt(os.Getenv("RIALTO_MEMTEST_SIZE"), 10, 64); err == nil {
-			size = v
-		}
-		if err := d.AddRegion(testCred, size); err != nil {
-			fmt.Println("ERR", err)
-			os.Exit(1)
-		}
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			os.Exit(1)
-		}
-		fmt.Println(ln.Addr().String())
-		_ = d.Serve(context.Background(), ln)
-		os.Exit(0)
-	}
+	memorytest.RunChildIfAsked()
 	os.Exit(m.Run())
-}
-
-// startChildDonor runs a donor with a 64 MiB region (or size bytes) in a
-// child process.
-func startChildDonor(t *testing.T, size ...int64) (*exec.Cmd, string) {
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "RIALTO_MEMTEST_DONOR=1")
-	if len(size) > 0 {
-		cmd.Env = append(cmd.Env, "RIALTO_MEMTEST_SIZE="+strconv.FormatInt(size[0], 10))
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cmd, line[:len(line)-1]
 }
 
 func TestDonorKilledMidRequest(t *testing.T) {
 	for _, sig := range []syscall.Signal{syscall.SIGSTOP, syscall.SIGKILL} {
 		for _, ch := range []Channel{ChannelSync, ChannelBulk, ChannelQueue} {
 			t.Run(fmt.Sprintf("%v-%v", sig, ch), func(t *testing.T) {
-				cmd, addr := startChildDonor(t)
+				cmd, addr := memorytest.StartChild(t)
 				c := dial(t, addr, Options{Timeout: 700 * time.Millisecond})
 				ctx := context.Background()
 				buf := make([]byte, 32<<20)
@@ -388,8 +265,8 @@ func TestDonorKilledMidRequest(t *testing.T) {
 				}
 				select {
 				case err := <-res:
-					if !errors.Is(err, ErrDonorLost) {
-						t.Fatalf("error %v, want ErrDonorLost", err)
+					if !errors.Is(err, protocol.ErrDonorLost) {
+						t.Fatalf("error %v, want protocol.ErrDonorLost", err)
 					}
 				case <-time.After(10 * time.Second):
 					t.Fatal("request hung after the donor died")
@@ -404,8 +281,8 @@ func TestDonorKilledMidRequest(t *testing.T) {
 
 // The fine-grained channel allocates nothing per request.
 func TestSyncNoAllocs(t *testing.T) {
-	td := startDonor(t, 1<<20, 0)
-	c := dial(t, td.addr, Options{})
+	td := memorytest.Start(t, 1<<20, 0)
+	c := dial(t, td.Addr, Options{})
 	buf := make([]byte, 4096)
 	ctx := context.Background()
 	for _, ch := range []Channel{ChannelSync, ChannelAdaptive} {
@@ -417,76 +294,24 @@ func TestSyncNoAllocs(t *testing.T) {
 	}
 }
 
-// TestRawDescriptorsOffNetpoller: the sockets the sync and bulk connections
-// are driven on at both ends with raw syscalls are registered with no epoll
+// TestRawDescriptorsOffNetpoller: the sockets the sync and bulk
+// connections are driven on with raw syscalls are registered with no epoll
 // instance of the process (the Go netpoller's among them) under any
 // descriptor, since every segment arriving would otherwise wake its idle
-// thread (docs/memory-protocol.md).
+// thread (docs/memory-protocol.md). The donor's end is checked by the
+// donor's test of the same name.
 func TestRawDescriptorsOffNetpoller(t *testing.T) {
-	td := startDonor(t, 1<<20, 0)
-	c := dial(t, td.addr, Options{})
+	td := memorytest.Start(t, 1<<20, 0)
+	c := dial(t, td.Addr, Options{})
 	if err := c.Read(context.Background(), ChannelBulk, make([]byte, 1<<20), 0); err != nil {
 		t.Fatal(err)
 	}
-	fds := map[int]string{c.sync.pg.fd: "client sync"}
+	fds := map[int]string{c.sync.pg.Fd(): "client sync"}
 	for i, s := range c.streams {
-		fds[s.pg.fd] = fmt.Sprintf("client bulk stream %d", i)
+		fds[s.pg.Fd()] = fmt.Sprintf("client bulk stream %d", i)
 	}
-	// The donor detaches each connection when its serving thread starts,
-	// which may follow the client's first request: wait for all of them.
-	want := 2 * (1 + len(c.streams))
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		td.d.mu.Lock()
-		for conn := range td.d.conns {
-			if dc, ok := conn.(detachedConn); ok {
-				fds[dc.p.fd] = "donor sync or bulk connection"
-			}
-		}
-		td.d.mu.Unlock()
-		if len(fds) >= want || time.Now().After(deadline) {
-			break
-		}
-		runtime.Gosched()
+	if want := 1 + len(c.streams); len(fds) != want {
+		t.Fatalf("%d raw descriptors, want %d (sync and each bulk stream)", len(fds), want)
 	}
-	if len(fds) != want {
-		t.Fatalf("%d raw descriptors, want %d (sync and each bulk stream, at both ends)", len(fds), want)
-	}
-	// Sockets by inode: a registration under another descriptor of the
-	// same socket counts too.
-	socks := map[uint64]string{}
-	for fd, what := range fds {
-		var st unix.Stat_t
-		if err := unix.Fstat(fd, &st); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		socks[st.Ino] = what
-	}
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	polls := 0
-	for _, e := range ents {
-		if target, _ := os.Readlink("/proc/self/fd/" + e.Name()); target != "anon_inode:[eventpoll]" {
-			continue
-		}
-		polls++
-		info, err := os.ReadFile("/proc/self/fdinfo/" + e.Name())
-		if err != nil {
-			continue // closed meanwhile
-		}
-		for _, line := range strings.Split(string(info), "\n") {
-			_, rest, ok := strings.Cut(line, " ino:")
-			if !strings.HasPrefix(line, "tfd:") || !ok {
-				continue
-			}
-			ino, err := strconv.ParseUint(strings.Fields(rest)[0], 16, 64)
-			if err == nil && socks[ino] != "" {
-				t.Errorf("%s is registered with epoll instance %s: %s", socks[ino], e.Name(), line)
-			}
-		}
-	}
-	if polls == 0 {
-		t.Fatal("no epoll instance found: the Go netpoller should have one")
-	}
+	memorytest.CheckOffNetpoller(t, fds)
 }
