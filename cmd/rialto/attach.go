@@ -18,6 +18,7 @@ import (
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/block/stripe"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -144,11 +145,11 @@ func attachMemory(ctx context.Context, l api.Lease, listen string, timeout time.
 	if len(l.Parts) > 1 || uri == "" {
 		return nil, fmt.Errorf("lease %s: attach serves memory leases of one part with a URI", l.ID)
 	}
-	addr, cred, err := parseMemURI(uri)
+	u, err := protocol.ParseURI(uri)
 	if err != nil {
 		return nil, fmt.Errorf("lease %s: %w", l.ID, err)
 	}
-	mc, err := client.Dial(ctx, addr, cred, client.Options{Timeout: timeout})
+	mc, err := client.Dial(ctx, u.Address, u.Credential, client.Options{Timeout: timeout})
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/rialto-project/rialto/internal/agent"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 	"github.com/rialto-project/rialto/internal/testcluster"
 )
 
@@ -61,13 +62,13 @@ func TestAttachMemoryLease(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("attach did not end after detach")
 	}
-	addr, cred, err := parseMemURI(l.URI)
+	u, err := protocol.ParseURI(l.URI)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := make([]byte, len(want))
 	testcluster.Eventually(t, 30*time.Second, "donor holds the bytes written over NBD", func() bool {
-		mc, err := client.Dial(ctx, addr, cred, client.Options{Timeout: 5 * time.Second})
+		mc, err := client.Dial(ctx, u.Address, u.Credential, client.Options{Timeout: 5 * time.Second})
 		if err != nil {
 			return false
 		}

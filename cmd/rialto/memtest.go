@@ -4,30 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/borrower"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
 func init() {
 	register(&command{Name: "memtest", Args: "LEASE", Summary: "Verify a memory lease: a pattern over the sync, bulk and queue channels and the mapping.", Run: runMemtest})
-}
-
-// parseMemURI splits rialto-mem://HOST:PORT/CREDENTIAL.
-func parseMemURI(s string) (addr, credential string, err error) {
-	u, err := url.Parse(s)
-	if err != nil || u.Scheme != "rialto-mem" || u.Host == "" {
-		return "", "", fmt.Errorf("not a memory URI (want rialto-mem://HOST:PORT/CREDENTIAL)")
-	}
-	cred := strings.TrimPrefix(u.Path, "/")
-	if cred == "" {
-		return "", "", fmt.Errorf("memory URI without a credential")
-	}
-	return u.Host, cred, nil
 }
 
 // memtestStep is one row of memtest's output.
@@ -91,11 +78,11 @@ func runMemtest(ctx context.Context, e *env, args []string) error {
 	var failed error
 	var uffdNote string
 	for i, uri := range uris {
-		addr, cred, err := parseMemURI(uri)
+		u, err := protocol.ParseURI(uri)
 		if err != nil {
 			return fmt.Errorf("lease %s part %d: %w", l.ID, i, err)
 		}
-		mc, err := client.Dial(ctx, addr, cred, client.Options{Timeout: *timeout})
+		mc, err := client.Dial(ctx, u.Address, u.Credential, client.Options{Timeout: *timeout})
 		if err != nil {
 			return fmt.Errorf("lease %s part %d: %w", l.ID, i, err)
 		}

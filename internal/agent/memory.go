@@ -8,6 +8,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/donor"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 )
 
 func init() {
@@ -30,7 +31,7 @@ func NewMemoryDriver(log *slog.Logger) *MemoryDriver {
 
 // Prepare reserves the region.
 func (m *MemoryDriver) Prepare(_ context.Context, e Export) (api.PrepareResponse, error) {
-	uri := "rialto-mem://" + e.Endpoint + "/" + e.Request.Export
+	uri := protocol.URI{Address: e.Endpoint, Credential: e.Request.Export}.String()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.live[e.Request.Export] {

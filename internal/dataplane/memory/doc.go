@@ -2,7 +2,8 @@
 // "Venice: Exploring Server Architectures for Effective Resource Sharing".
 // It holds no code; its subpackages do:
 //
-//   - protocol: the wire format (docs/memory-protocol.md);
+//   - protocol: the wire format (docs/memory-protocol.md) and the
+//     rialto-mem:// URI of a memory lease;
 //   - donor: the lender's side, which reserves one anonymous region per
 //     lease and serves it;
 //   - client: the borrower's session with a region, over Venice's three
