@@ -8,8 +8,6 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/borrower"
-	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
-	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -61,33 +59,16 @@ func runMemtest(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	var uris []string
-	for _, p := range l.Parts {
-		if p.URI != "" {
-			uris = append(uris, p.URI)
-		}
-	}
-	if len(uris) == 0 && l.URI != "" {
-		uris = []string{l.URI}
-	}
-	if len(uris) == 0 {
-		return fmt.Errorf("lease %s has no URI", l.ID)
+	parts, err := borrower.MemtestLease(ctx, l, span, *timeout)
+	if err != nil {
+		return err
 	}
 
 	out := memtestOut{ID: l.ID, State: "ok", Size: l.Size, Span: span}
 	var failed error
 	var uffdNote string
-	for i, uri := range uris {
-		u, err := protocol.ParseURI(uri)
-		if err != nil {
-			return fmt.Errorf("lease %s part %d: %w", l.ID, i, err)
-		}
-		mc, err := client.Dial(ctx, u.Address, u.Credential, client.Options{Timeout: *timeout})
-		if err != nil {
-			return fmt.Errorf("lease %s part %d: %w", l.ID, i, err)
-		}
-		steps, err := borrower.Memtest(ctx, mc, span)
-		mc.Close()
+	for _, p := range parts {
+		i, steps, err := p.Part, p.Steps, p.Err
 		if err != nil && failed == nil {
 			failed = fmt.Errorf("lease %s part %d: %w", l.ID, i, err)
 		}
@@ -121,12 +102,12 @@ func runMemtest(ctx context.Context, e *env, args []string) error {
 	} else {
 		tw := newTable(e.stdout)
 		hdr := "CHANNEL\tBYTES\tRESULT\tMB/S\tPATTERN"
-		if len(uris) > 1 {
+		if len(parts) > 1 {
 			hdr = "PART\t" + hdr
 		}
 		fmt.Fprintln(tw, hdr)
 		for _, s := range out.Steps {
-			if len(uris) > 1 {
+			if len(parts) > 1 {
 				fmt.Fprintf(tw, "%d\t", s.Part)
 			}
 			rate := "-"

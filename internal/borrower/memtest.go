@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/mapping"
 )
@@ -46,7 +47,7 @@ func pattern(p []byte, off int64, seed uint64) {
 // writes on the queue pair read back on the bulk channel, adaptive writes of
 // mixed sizes, and writes through the transparent mapping (cache 10%)
 // flushed and read back on the bulk channel. It is what `rialto memtest`
-// runs on each part of a lease. It overwrites the span. A
+// runs on each part of a lease (MemtestLease). It overwrites the span. A
 // mapping step where userfaultfd is refused is skipped, not failed.
 func Memtest(ctx context.Context, c *client.Client, span int64) ([]MemtestStep, error) {
 	if span <= 0 || span > c.Size() {
@@ -151,4 +152,34 @@ func firstDiff(a, b []byte) int {
 		}
 	}
 	return -1
+}
+
+// MemtestPart is the outcome of Memtest on one part of a memory lease.
+type MemtestPart struct {
+	Part  int
+	Steps []MemtestStep
+	Err   error // the first failed step's, or Memtest's
+}
+
+// MemtestLease runs Memtest over the first span bytes (0: all) of every
+// part of memory lease l in turn, each over a session of its own with the
+// given request timeout (0: the client's default). A failed part does not
+// stop the others; its MemtestPart says why. A lease whose URIs do not
+// parse, or a donor that refuses the session, stops it with an error.
+func MemtestLease(ctx context.Context, l api.Lease, span int64, timeout time.Duration) ([]MemtestPart, error) {
+	uris, err := MemoryURIs(l)
+	if err != nil {
+		return nil, err
+	}
+	parts := make([]MemtestPart, 0, len(uris))
+	for i, u := range uris {
+		c, err := client.Dial(ctx, u.Address, u.Credential, client.Options{Timeout: timeout})
+		if err != nil {
+			return parts, fmt.Errorf("lease %s part %d: %w", l.ID, i, err)
+		}
+		steps, err := Memtest(ctx, c, span)
+		c.Close()
+		parts = append(parts, MemtestPart{Part: i, Steps: steps, Err: err})
+	}
+	return parts, nil
 }

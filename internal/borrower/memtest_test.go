@@ -9,6 +9,7 @@ import (
 )
 
 func TestMemtest(t *testing.T) {
+	t.Parallel()
 	_, addr := memorytest.StartChild(t, 4<<20)
 	c, err := client.Dial(context.Background(), addr, memorytest.Credential, client.Options{})
 	if err != nil {
