@@ -17,6 +17,7 @@ import (
 
 	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/memorytest"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 )
 
 const gcChildEnv = "RIALTO_MEMTEST_GC_CHILD"
@@ -65,7 +66,18 @@ func TestMappingUnderGC(t *testing.T) {
 // gcChild is the child's side of TestMappingUnderGC.
 func gcChild(addr string) error {
 	ctx := context.Background()
-	c, err := client.Dial(ctx, addr, memorytest.Credential, client.Options{})
+	// The parent's session ends when the donor sees its control
+	// connection close, which may follow this dial: a busy region is
+	// asked again until a deadline.
+	var c *client.Client
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		c, err = client.Dial(ctx, addr, memorytest.Credential, client.Options{})
+		if err == nil || !errors.Is(err, protocol.ErrBusy) || time.Now().After(deadline) {
+			break
+		}
+		runtime.Gosched()
+	}
 	if err != nil {
 		return err
 	}
