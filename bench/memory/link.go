@@ -12,7 +12,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/rialto-project/rialto/internal/dataplane/memory"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
+	memmap "github.com/rialto-project/rialto/internal/dataplane/memory/mapping"
 	"github.com/rialto-project/rialto/internal/netns"
 )
 
@@ -25,7 +26,7 @@ import (
 type link struct {
 	lab   *netns.Lab
 	donor *exec.Cmd
-	cl    *memory.Client
+	cl    *client.Client
 	floor string
 	once  sync.Once
 }
@@ -66,7 +67,7 @@ func startLink(ctx context.Context, c *cfg) (*link, error) {
 		return nil, fmt.Errorf("link donor: addresses %q: %v", line, err)
 	}
 	l.floor = addrs[2]
-	if l.cl, err = memory.Dial(ctx, addrs[0], c.cred, memory.Options{Timeout: 30 * time.Second}); err != nil {
+	if l.cl, err = client.Dial(ctx, addrs[0], c.cred, client.Options{Timeout: 30 * time.Second}); err != nil {
 		l.close()
 		return nil, err
 	}
@@ -78,13 +79,13 @@ const linkRegion = 256 << 20
 
 // measure runs one round of the link pass: read faults and floors against
 // the loopback donor (cl, c.addrFloor), then the same across the link.
-func (l *link) measure(ctx context.Context, cl *memory.Client, c *cfg, res *results) {
+func (l *link) measure(ctx context.Context, cl *client.Client, c *cfg, res *results) {
 	// The same cache for both, which the 20,000 faults do not fill: no
 	// fault evicts.
-	opts := memory.MapOptions{Spin: c.mapSpin, CacheBytes: linkRegion * 4 / 10}
+	opts := memmap.Options{Spin: c.mapSpin, CacheBytes: linkRegion * 4 / 10}
 	for _, w := range []struct {
 		key, prefix, floor string
-		cl                 *memory.Client
+		cl                 *client.Client
 		pid                int
 	}{{"loop", "", c.addrFloor, cl, c.donorPid}, {"link", "link ", l.floor, l.cl, l.donor.Process.Pid}} {
 		mapReads(ctx, w.cl, w.key, opts, w.pid, res)

@@ -25,11 +25,13 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/rialto-project/rialto/internal/dataplane/memory"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/donor"
+	memmap "github.com/rialto-project/rialto/internal/dataplane/memory/mapping"
 )
 
 func main() {
-	memory.RunFaultHandlerIfChild() // a mapping's fault handler is this binary
+	memmap.RunFaultHandlerIfChild() // a mapping's fault handler is this binary
 	if len(os.Args) < 2 {
 		fmt.Fprintln(os.Stderr, "usage: memory-bench serve|run [flags]")
 		os.Exit(2)
@@ -52,8 +54,8 @@ func serve(args []string) {
 	addr := fs.String("addr", "127.0.0.1:0", "listen address")
 	size := fs.Int64("size", 1<<30, "region bytes")
 	cred := fs.String("cred", "", "lease credential (or $RIALTO_BENCH_CRED)")
-	spin := fs.Duration("spin", 0, "busy-poll budget of synchronous connections (memory.Donor.Spin)")
-	faultSpin := fs.Duration("fault-spin", 0, "busy-poll budget of fault connections (memory.Donor.FaultSpin; 0 = default)")
+	spin := fs.Duration("spin", 0, "busy-poll budget of synchronous connections (donor.Donor.Spin)")
+	faultSpin := fs.Duration("fault-spin", 0, "busy-poll budget of fault connections (donor.Donor.FaultSpin; 0 = default)")
 	pair := fs.Bool("pair", false, "also serve a second region from a donor that never spins on fault connections, and the platform-floor probe (floor.go); print the three addresses")
 	_ = fs.Parse(args)
 	if *cred == "" {
@@ -66,7 +68,7 @@ func serve(args []string) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	start := func(faultSpin time.Duration) string {
-		d := memory.NewDonor(slog.New(slog.NewTextHandler(os.Stderr, nil)))
+		d := donor.New(slog.New(slog.NewTextHandler(os.Stderr, nil)))
 		d.Spin, d.FaultSpin = *spin, faultSpin
 		if err := d.AddRegion(*cred, *size); err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -115,7 +117,7 @@ type cfg struct {
 	addrBlock         string        // donor whose fault connections never spin
 	addrFloor         string        // platform-floor probe (floor.go)
 	donorPid          int           // donor process, for its CPU time
-	mapSpin           time.Duration // memory.MapOptions.Spin of the polling mapping
+	mapSpin           time.Duration // mapping.Options.Spin of the polling mapping
 }
 
 func (c *cfg) want(part string) bool {
@@ -164,25 +166,25 @@ func run(args []string) {
 	fs.IntVar(&c.runs, "runs", 3, "interleaved runs")
 	fs.IntVar(&c.ops, "ops", 5000, "operations per small-op measurement")
 	fs.Int64Var(&c.bulkBytes, "bulk", 1<<30, "bulk transfer bytes")
-	fs.DurationVar(&c.spin, "spin", 0, "client busy-poll budget (memory.Options.Spin)")
+	fs.DurationVar(&c.spin, "spin", 0, "client busy-poll budget (client.Options.Spin)")
 	fs.StringVar(&c.parts, "parts", "", "comma-separated subset of small,bulk,mapping,link,mixed (default all)")
 	fs.StringVar(&c.addrBlock, "addr-block", "", "donor (same region size) whose fault connections never spin: the mapping is also measured without polling")
 	fs.StringVar(&c.addrFloor, "addr-floor", "", "platform-floor probe of memory-bench serve -pair: loopback round trip with both ends polling")
 	fs.IntVar(&c.donorPid, "donor-pid", 0, "donor process id (CPU time of fault service)")
-	fs.DurationVar(&c.mapSpin, "map-spin", 0, "fault handler busy-poll budget (memory.MapOptions.Spin; 0 = default)")
+	fs.DurationVar(&c.mapSpin, "map-spin", 0, "fault handler busy-poll budget (mapping.Options.Spin; 0 = default)")
 	_ = fs.Parse(args)
 	if c.cred == "" {
 		c.cred = os.Getenv("RIALTO_BENCH_CRED")
 	}
 	ctx := context.Background()
-	cl, err := memory.Dial(ctx, c.addr, c.cred, memory.Options{Timeout: 30 * time.Second, Spin: c.spin})
+	cl, err := client.Dial(ctx, c.addr, c.cred, client.Options{Timeout: 30 * time.Second, Spin: c.spin})
 	if err != nil {
 		fail(err)
 	}
 	defer cl.Close()
-	var clBlock *memory.Client
+	var clBlock *client.Client
 	if c.addrBlock != "" && c.want("mapping") {
-		if clBlock, err = memory.Dial(ctx, c.addrBlock, c.cred, memory.Options{Timeout: 30 * time.Second}); err != nil {
+		if clBlock, err = client.Dial(ctx, c.addrBlock, c.cred, client.Options{Timeout: 30 * time.Second}); err != nil {
 			fail(err)
 		}
 		defer clBlock.Close()
@@ -226,9 +228,9 @@ func run(args []string) {
 			}
 			for _, n := range []int{64, 4096} {
 				for _, op := range []string{"read", "write"} {
-					ch := memory.ChannelSync
+					ch := client.ChannelSync
 					if conc > 1 {
-						ch = memory.ChannelAdaptive
+						ch = client.ChannelAdaptive
 					}
 					var rl, dl []time.Duration
 					var rt, dt time.Duration
@@ -255,9 +257,9 @@ func run(args []string) {
 				t0 := time.Now()
 				var err error
 				if op == "read" {
-					err = cl.Read(ctx, memory.ChannelBulk, bulkBuf, 0)
+					err = cl.Read(ctx, client.ChannelBulk, bulkBuf, 0)
 				} else {
-					err = cl.Write(ctx, memory.ChannelBulk, bulkBuf, 0)
+					err = cl.Write(ctx, client.ChannelBulk, bulkBuf, 0)
 				}
 				if err != nil {
 					fail(err)
@@ -275,10 +277,10 @@ func run(args []string) {
 			part(r, "mapping")
 			// Polling and blocking fault service alternate in order.
 			if clBlock != nil && r%2 == 1 {
-				mapReads(ctx, clBlock, "block", memory.MapOptions{Spin: -1}, c.donorPid, res)
+				mapReads(ctx, clBlock, "block", memmap.Options{Spin: -1}, c.donorPid, res)
 			}
-			mapping(ctx, cl, memory.MapOptions{Spin: c.mapSpin}, c.donorPid, res)
-			concurrentFaults(ctx, cl, memory.MapOptions{Spin: c.mapSpin}, res)
+			mapping(ctx, cl, memmap.Options{Spin: c.mapSpin}, c.donorPid, res)
+			concurrentFaults(ctx, cl, memmap.Options{Spin: c.mapSpin}, res)
 			if c.addrFloor != "" {
 				lat, err := floorRTT(c.addrFloor, 20000)
 				if err != nil {
@@ -308,7 +310,7 @@ func run(args []string) {
 				}
 			}
 			if clBlock != nil && r%2 == 0 {
-				mapReads(ctx, clBlock, "block", memory.MapOptions{Spin: -1}, c.donorPid, res)
+				mapReads(ctx, clBlock, "block", memmap.Options{Spin: -1}, c.donorPid, res)
 			}
 		}
 		if c.want("mixed") {
@@ -396,7 +398,7 @@ func pct(d []time.Duration, p int) float64 {
 }
 
 // smallRialto returns the latencies and the elapsed time.
-func smallRialto(ctx context.Context, cl *memory.Client, ch memory.Channel, op string, n, conc, ops, round int) ([]time.Duration, time.Duration) {
+func smallRialto(ctx context.Context, cl *client.Client, ch client.Channel, op string, n, conc, ops, round int) ([]time.Duration, time.Duration) {
 	lat := make([][]time.Duration, conc)
 	var wg sync.WaitGroup
 	t0 := time.Now()
@@ -478,8 +480,8 @@ func iperf(port, streams int) float64 {
 }
 
 // mapReads maps the region of cl and measures read faults only.
-func mapReads(ctx context.Context, cl *memory.Client, mode string, opts memory.MapOptions, donorPid int, res *results) {
-	m, err := memory.Map(ctx, cl, opts)
+func mapReads(ctx context.Context, cl *client.Client, mode string, opts memmap.Options, donorPid int, res *results) {
+	m, err := memmap.Map(ctx, cl, opts)
 	if err != nil {
 		logf("mapping unavailable: %v", err)
 		return
@@ -493,7 +495,7 @@ func mapReads(ctx context.Context, cl *memory.Client, mode string, opts memory.M
 // fullCacheFaults times random read faults once the cache is full, so that
 // each one also evicts a (clean) page: the steady state of a mapping larger
 // than its cache.
-func fullCacheFaults(m *memory.Mapping, res *results) {
+func fullCacheFaults(m *memmap.Mapping, res *results) {
 	b := m.Bytes()
 	pages := len(b) / 4096
 	rng := rand.New(rand.NewPCG(9, 9))
@@ -523,7 +525,7 @@ func fullCacheFaults(m *memory.Mapping, res *results) {
 
 // readFaults times 20,000 first touches of random pages and the CPU time
 // the handler and the donor spent serving them.
-func readFaults(m *memory.Mapping, mode string, donorPid int, res *results) {
+func readFaults(m *memmap.Mapping, mode string, donorPid int, res *results) {
 	b := m.Bytes()
 	pages := len(b) / 4096
 	rng := rand.New(rand.NewPCG(7, 7))
@@ -563,11 +565,11 @@ func readFaults(m *memory.Mapping, mode string, donorPid int, res *results) {
 // concurrentFaults times first touches of random pages by one thread, then
 // by four threads at once (whose faults the handler batches), each on a
 // fresh mapping and within its cache, as faults per second.
-func concurrentFaults(ctx context.Context, cl *memory.Client, opts memory.MapOptions, res *results) {
+func concurrentFaults(ctx context.Context, cl *client.Client, opts memmap.Options, res *results) {
 	// A thread waiting on a fault keeps its P.
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(max(runtime.GOMAXPROCS(0), 6)))
 	for _, threads := range []int{1, 4} {
-		m, err := memory.Map(ctx, cl, opts) // fresh for each: no eviction in either
+		m, err := memmap.Map(ctx, cl, opts) // fresh for each: no eviction in either
 		if err != nil {
 			logf("mapping unavailable: %v", err)
 			return
@@ -619,8 +621,8 @@ func procCPU(pid int) time.Duration {
 
 // mapping measures the app-visible time of first touches of random pages
 // through the userfaultfd mapping (cache: 10% of the region).
-func mapping(ctx context.Context, cl *memory.Client, opts memory.MapOptions, donorPid int, res *results) {
-	m, err := memory.Map(ctx, cl, opts)
+func mapping(ctx context.Context, cl *client.Client, opts memmap.Options, donorPid int, res *results) {
+	m, err := memmap.Map(ctx, cl, opts)
 	if err != nil {
 		logf("mapping unavailable: %v", err)
 		return
@@ -675,7 +677,7 @@ func mapping(ctx context.Context, cl *memory.Client, opts memory.MapOptions, don
 }
 
 // mixed compares the adaptive chooser with each fixed channel on workloads.
-func mixed(ctx context.Context, cl *memory.Client, res *results) {
+func mixed(ctx context.Context, cl *client.Client, res *results) {
 	type wl struct {
 		name  string
 		conc  int
@@ -688,7 +690,7 @@ func mixed(ctx context.Context, cl *memory.Client, res *results) {
 		{"4 MiB transfers, 1 thread", 1, 40, []int{4 << 20}},
 		{"mixed 64 B–4 MiB, 8 threads", 8, 4000, []int{64, 64, 64, 512, 4096, 4096, 4096, 65536, 1 << 20}},
 	}
-	chans := []memory.Channel{memory.ChannelSync, memory.ChannelBulk, memory.ChannelQueue, memory.ChannelAdaptive}
+	chans := []client.Channel{client.ChannelSync, client.ChannelBulk, client.ChannelQueue, client.ChannelAdaptive}
 	const rounds = 10
 	for _, w := range wls {
 		var el [4]time.Duration
@@ -863,7 +865,7 @@ func report(c cfg, r *results, steal []float64) {
 		p("| fault service | read p50 µs | read p99 µs | handler p50 µs | handler CPU µs/fault | donor CPU µs/fault | handler cores | donor cores |\n|---|---|---|---|---|---|---|---|\n")
 		spin := c.mapSpin
 		if spin == 0 {
-			spin = memory.DefaultMapSpin
+			spin = memmap.DefaultSpin
 		}
 		polling := fmt.Sprintf("polling (handler spins %v)", spin)
 		for _, m := range []struct{ name, key string }{{polling, "poll"}, {"blocking (no spin)", "block"}} {

@@ -21,7 +21,7 @@ import (
 	"github.com/rialto-project/rialto/internal/dataplane/memory/uffd"
 )
 
-// The userfaultfd floor: the same kind of mapping as memory.Map (a memfd
+// The userfaultfd floor: the same kind of mapping as mapping.Map (a memfd
 // mapped shared, registered in missing and write-protect modes) with its
 // faults served by a thread of this process that busy-polls the
 // userfaultfd and installs a page that is already in memory (UFFDIO_COPY in

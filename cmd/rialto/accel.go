@@ -5,46 +5,17 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"slices"
 	"strings"
 
 	"github.com/rialto-project/rialto/api"
-	"github.com/rialto-project/rialto/internal/dataplane/accel"
+	"github.com/rialto-project/rialto/internal/borrower"
 )
 
 func init() {
 	register(&command{Name: "accel run", Args: "LEASE ROLE[:ENTRY] INPUT",
 		Summary: "Run an accelerator lease's role on INPUT (a file, - for stdin, or @text) and print the output.", Run: runAccelRun})
-}
-
-// accelTarget is a parsed rialto-accel://HOST:PORT/CREDENTIAL[?slots=…]
-// URI (a dedicated lease's slots) or rialto-accel://HOST:PORT/CREDENTIAL?gateway=ROLE
-// (a shared lease: the lender's batching gateway for ROLE).
-type accelTarget struct {
-	slots      []string // slot addresses, the URI's host first; for a gateway, its address
-	credential string
-	gateway    string // the gateway's role, for a shared lease
-}
-
-func parseAccelURI(s string) (accelTarget, error) {
-	u, err := url.Parse(s)
-	if err != nil || u.Scheme != "rialto-accel" || u.Host == "" {
-		return accelTarget{}, fmt.Errorf("not an accelerator URI (want rialto-accel://HOST:PORT/CREDENTIAL)")
-	}
-	t := accelTarget{slots: []string{u.Host}, credential: strings.TrimPrefix(u.Path, "/"), gateway: u.Query().Get("gateway")}
-	if t.credential == "" {
-		return accelTarget{}, fmt.Errorf("accelerator URI without a credential")
-	}
-	if more := u.Query().Get("slots"); more != "" {
-		for _, a := range strings.Split(more, ",") {
-			if a != "" {
-				t.slots = append(t.slots, a)
-			}
-		}
-	}
-	return t, nil
 }
 
 // readInput reads INPUT: "-" is stdin, "@text" the text itself, anything
@@ -111,37 +82,18 @@ func runAccelRun(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	var targets []accelTarget
-	for _, p := range l.Parts {
-		if p.URI != "" {
-			t, err := parseAccelURI(p.URI)
-			if err != nil {
-				return fmt.Errorf("lease %s: %w", l.ID, err)
-			}
-			targets = append(targets, t)
-		}
-	}
-	if len(targets) == 0 {
-		t, err := parseAccelURI(l.URI)
-		if err != nil {
-			return fmt.Errorf("lease %s: %w", l.ID, err)
-		}
-		targets = append(targets, t)
-	}
-	var slots []accelTarget // one per slot
-	for _, t := range targets {
-		for _, a := range t.slots {
-			slots = append(slots, accelTarget{slots: []string{a}, credential: t.credential, gateway: t.gateway})
-		}
+	slots, err := borrower.AccelSlots(l) // one per slot; a shared lease: its gateway
+	if err != nil {
+		return err
 	}
 	if *slot < 0 || *slot >= len(slots) {
-		if len(slots) == 1 && slots[0].gateway != "" {
+		if len(slots) == 1 && slots[0].Shared() {
 			return fmt.Errorf("--slot %d: lease %s is shared: its lender's gateway chooses the slot", *slot, l.ID)
 		}
 		return fmt.Errorf("--slot %d: lease %s has %d slot(s)", *slot, l.ID, len(slots))
 	}
 	tgt := slots[*slot]
-	conn, err := accel.Dial(ctx, tgt.slots[0], []byte(tgt.credential))
+	conn, err := borrower.DialAccel(ctx, tgt)
 	if err != nil {
 		return fmt.Errorf("lease %s: %w", l.ID, err)
 	}
@@ -168,8 +120,8 @@ func runAccelRun(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%s:%s: %w", role, entry, err)
 	}
-	res := accelRunOut{ID: l.ID, State: "ok", Role: role, Entry: entry, Slot: tgt.slots[0], Via: "slot", Input: len(in), Bytes: len(out)}
-	if tgt.gateway != "" {
+	res := accelRunOut{ID: l.ID, State: "ok", Role: role, Entry: entry, Slot: tgt.Address, Via: "slot", Input: len(in), Bytes: len(out)}
+	if tgt.Shared() {
 		res.Via = "gateway"
 	}
 	if *outPath != "" {

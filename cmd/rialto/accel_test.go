@@ -193,18 +193,6 @@ func TestApplianceFlags(t *testing.T) {
 	}
 }
 
-func TestParseAccelURI(t *testing.T) {
-	tg, err := parseAccelURI("rialto-accel://127.0.0.1:5/cred?slots=127.0.0.1:6,127.0.0.1:7")
-	if err != nil || tg.credential != "cred" || strings.Join(tg.slots, " ") != "127.0.0.1:5 127.0.0.1:6 127.0.0.1:7" {
-		t.Errorf("parseAccelURI: %+v %v", tg, err)
-	}
-	for _, bad := range []string{"rialto-accel://127.0.0.1:5/", "nbd://127.0.0.1:5/x", "rialto-accel:///x"} {
-		if _, err := parseAccelURI(bad); err == nil {
-			t.Errorf("parseAccelURI(%q) accepted", bad)
-		}
-	}
-}
-
 // managementOf reads the management URL and token file `rialto appliance`
 // printed.
 func managementOf(t *testing.T, out *syncBuffer) (base, token string) {

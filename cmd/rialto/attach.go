@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -16,8 +15,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
-	"github.com/rialto-project/rialto/internal/dataplane/block/stripe"
-	"github.com/rialto-project/rialto/internal/dataplane/memory"
+	"github.com/rialto-project/rialto/internal/borrower"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -95,76 +93,6 @@ func processAlive(pid int) bool {
 	return true
 }
 
-// leaseParts returns the nbd URIs of a block lease's parts in layout order.
-func leaseParts(l api.Lease) ([]string, error) {
-	if l.Kind != api.KindBlock {
-		return nil, fmt.Errorf("lease %s is a %s lease; attach serves block and memory leases", l.ID, l.Kind)
-	}
-	if l.State != api.LeaseActive {
-		return nil, fmt.Errorf("lease %s is %s, not active", l.ID, l.State)
-	}
-	var uris []string
-	for i, p := range l.Parts {
-		if p.URI == "" {
-			if len(l.Parts) == 1 && l.URI != "" {
-				break
-			}
-			return nil, fmt.Errorf("lease %s: part %d has no URI", l.ID, i)
-		}
-		uris = append(uris, p.URI)
-	}
-	if len(uris) == 0 && l.URI != "" {
-		uris = []string{l.URI}
-	}
-	if len(uris) == 0 {
-		return nil, fmt.Errorf("lease %s has no URI", l.ID)
-	}
-	return uris, nil
-}
-
-// memDevice is a memory lease seen as a block device (seed 001's remote
-// memory as swap); closing it closes the memory client.
-type memDevice struct {
-	*memory.Backend
-	c *memory.Client
-}
-
-func (d memDevice) Close() error { return d.c.Close() }
-
-// attachMemory serves a memory lease as a local NBD export backed by the
-// donor's memory: a swap-style block device any NBD client can use.
-func attachMemory(ctx context.Context, l api.Lease, listen string, timeout time.Duration, log *slog.Logger) (*stripe.Attachment, error) {
-	if l.State != api.LeaseActive {
-		return nil, fmt.Errorf("lease %s is %s, not active", l.ID, l.State)
-	}
-	uri := l.URI
-	if uri == "" && len(l.Parts) == 1 {
-		uri = l.Parts[0].URI
-	}
-	if len(l.Parts) > 1 || uri == "" {
-		return nil, fmt.Errorf("lease %s: attach serves memory leases of one part with a URI", l.ID)
-	}
-	addr, cred, err := parseMemURI(uri)
-	if err != nil {
-		return nil, fmt.Errorf("lease %s: %w", l.ID, err)
-	}
-	mc, err := memory.Dial(ctx, addr, cred, memory.Options{Timeout: timeout})
-	if err != nil {
-		return nil, err
-	}
-	vol, err := stripe.New([]stripe.Device{memDevice{memory.NewBackend(mc), mc}}, stripe.Config{RequestTimeout: timeout, Logger: log})
-	if err != nil {
-		mc.Close()
-		return nil, err
-	}
-	att, err := stripe.Serve(ctx, vol, stripe.ServeConfig{Listen: listen, Logger: log})
-	if err != nil {
-		vol.Close()
-		return nil, err
-	}
-	return att, nil
-}
-
 func runAttach(ctx context.Context, e *env, args []string) error {
 	var cf clientFlags
 	fs := newFlags(e, "attach", "LEASE")
@@ -192,10 +120,8 @@ func runAttach(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	var uris []string
-	if l.Kind == api.KindMemory {
-		uris = []string{""} // one part, reached over the memory protocol
-	} else if uris, err = leaseParts(l); err != nil {
+	parts, err := borrower.AttachParts(l)
+	if err != nil {
 		return err
 	}
 	su := l.StripeUnit
@@ -203,7 +129,7 @@ func runAttach(ctx context.Context, e *env, args []string) error {
 		if su, err = resource.ParseSize(*unit); err != nil {
 			return fmt.Errorf("bad --stripe-unit: %w", err)
 		}
-		if l.StripeUnit > 0 && su != l.StripeUnit && len(uris) > 1 {
+		if l.StripeUnit > 0 && su != l.StripeUnit && parts > 1 {
 			fmt.Fprintf(e.stderr, "rialto attach: warning: stripe unit %s differs from the lease's %s; data written with one is scrambled under the other\n",
 				resource.FormatSize(su), resource.FormatSize(l.StripeUnit))
 		}
@@ -240,35 +166,16 @@ func runAttach(ctx context.Context, e *env, args []string) error {
 	defer ctl.Close()
 	os.Chmod(ctlPath, 0o600)
 
-	var att *stripe.Attachment
-	if l.Kind == api.KindMemory {
-		att, err = attachMemory(ctx, l, where, *timeout, log)
-	} else {
-		// A part whose lender restarted at another address is redialled
-		// at the URI the control plane has for it now.
-		resolve := func(ctx context.Context, part int) (string, error) {
-			cur, err := c.Lease(ctx, l.ID)
-			if err != nil {
-				return "", err
-			}
-			us, err := leaseParts(cur)
-			if err != nil {
-				return "", err
-			}
-			if part >= len(us) {
-				return "", fmt.Errorf("lease %s has %d parts now", l.ID, len(us))
-			}
-			return us[part], nil
-		}
-		att, err = stripe.Attach(ctx, stripe.AttachConfig{URIs: uris, StripeUnit: su, Listen: where,
-			ConnsPerPart: *conns, RequestTimeout: *timeout, Resolve: resolve, Logger: log})
-	}
+	// A part whose lender restarted at another address is redialled at
+	// the URI the control plane has for it now.
+	att, err := borrower.Attach(ctx, c, l, borrower.AttachConfig{Listen: where, StripeUnit: su,
+		ConnsPerPart: *conns, RequestTimeout: *timeout, Logger: log})
 	if err != nil {
 		os.Remove(ctlPath)
 		return fmt.Errorf("attach %s: %w", l.ID, err)
 	}
 	st := attachState{ID: l.ID, State: "attached", PID: os.Getpid(), URI: att.URI(), Size: att.Volume().Size(),
-		Parts: len(uris), Control: ctlPath, Started: time.Now().UTC()}
+		Parts: parts, Control: ctlPath, Started: time.Now().UTC()}
 	b, _ := json.MarshalIndent(st, "", "  ")
 	if err := writeFile0600(file, append(b, '\n')); err != nil {
 		att.Close()
@@ -280,7 +187,7 @@ func runAttach(ctx context.Context, e *env, args []string) error {
 	} else {
 		fmt.Fprintln(e.stdout, att.URI())
 		fmt.Fprintf(e.stderr, "rialto attach: lease %s (%d part(s), %s) served at the URI above; Ctrl-C or `rialto detach %s` ends it\n",
-			l.ID, len(uris), resource.FormatSize(st.Size), l.ID)
+			l.ID, parts, resource.FormatSize(st.Size), l.ID)
 	}
 
 	// Serve until the context ends or detach asks on the control socket.

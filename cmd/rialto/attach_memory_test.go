@@ -10,7 +10,8 @@ import (
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/agent"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
-	"github.com/rialto-project/rialto/internal/dataplane/memory"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 	"github.com/rialto-project/rialto/internal/testcluster"
 )
 
@@ -61,17 +62,17 @@ func TestAttachMemoryLease(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("attach did not end after detach")
 	}
-	addr, cred, err := parseMemURI(l.URI)
+	u, err := protocol.ParseURI(l.URI)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := make([]byte, len(want))
 	testcluster.Eventually(t, 30*time.Second, "donor holds the bytes written over NBD", func() bool {
-		mc, err := memory.Dial(ctx, addr, cred, memory.Options{Timeout: 5 * time.Second})
+		mc, err := client.Dial(ctx, u.Address, u.Credential, client.Options{Timeout: 5 * time.Second})
 		if err != nil {
 			return false
 		}
 		defer mc.Close()
-		return mc.Read(ctx, memory.ChannelSync, got, off) == nil && bytes.Equal(got, want)
+		return mc.Read(ctx, client.ChannelSync, got, off) == nil && bytes.Equal(got, want)
 	})
 }

@@ -16,7 +16,7 @@ import (
 	"syscall"
 
 	"github.com/rialto-project/rialto/api"
-	"github.com/rialto-project/rialto/internal/dataplane/memory"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/mapping"
 	"github.com/rialto-project/rialto/internal/rack"
 )
 
@@ -54,7 +54,7 @@ var errUsage = errors.New("usage")
 func main() {
 	// A memory mapping's fault handler is this binary re-executed with the
 	// hidden argument memory-fault-handler (docs/memory-protocol.md).
-	memory.RunFaultHandlerIfChild()
+	mapping.RunFaultHandlerIfChild()
 	// An emulated rack's reaper (`rialto up --netns`) is this binary with
 	// the hidden argument rack-reaper (internal/rack).
 	rack.RunReaperIfChild()

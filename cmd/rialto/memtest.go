@@ -4,29 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 
 	"github.com/rialto-project/rialto/api"
-	"github.com/rialto-project/rialto/internal/dataplane/memory"
+	"github.com/rialto-project/rialto/internal/borrower"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
 func init() {
 	register(&command{Name: "memtest", Args: "LEASE", Summary: "Verify a memory lease: a pattern over the sync, bulk and queue channels and the mapping.", Run: runMemtest})
-}
-
-// parseMemURI splits rialto-mem://HOST:PORT/CREDENTIAL.
-func parseMemURI(s string) (addr, credential string, err error) {
-	u, err := url.Parse(s)
-	if err != nil || u.Scheme != "rialto-mem" || u.Host == "" {
-		return "", "", fmt.Errorf("not a memory URI (want rialto-mem://HOST:PORT/CREDENTIAL)")
-	}
-	cred := strings.TrimPrefix(u.Path, "/")
-	if cred == "" {
-		return "", "", fmt.Errorf("memory URI without a credential")
-	}
-	return u.Host, cred, nil
 }
 
 // memtestStep is one row of memtest's output.
@@ -73,33 +59,16 @@ func runMemtest(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	var uris []string
-	for _, p := range l.Parts {
-		if p.URI != "" {
-			uris = append(uris, p.URI)
-		}
-	}
-	if len(uris) == 0 && l.URI != "" {
-		uris = []string{l.URI}
-	}
-	if len(uris) == 0 {
-		return fmt.Errorf("lease %s has no URI", l.ID)
+	parts, err := borrower.MemtestLease(ctx, l, span, *timeout)
+	if err != nil {
+		return err
 	}
 
 	out := memtestOut{ID: l.ID, State: "ok", Size: l.Size, Span: span}
 	var failed error
 	var uffdNote string
-	for i, uri := range uris {
-		addr, cred, err := parseMemURI(uri)
-		if err != nil {
-			return fmt.Errorf("lease %s part %d: %w", l.ID, i, err)
-		}
-		mc, err := memory.Dial(ctx, addr, cred, memory.Options{Timeout: *timeout})
-		if err != nil {
-			return fmt.Errorf("lease %s part %d: %w", l.ID, i, err)
-		}
-		steps, err := memory.Memtest(ctx, mc, span)
-		mc.Close()
+	for _, p := range parts {
+		i, steps, err := p.Part, p.Steps, p.Err
 		if err != nil && failed == nil {
 			failed = fmt.Errorf("lease %s part %d: %w", l.ID, i, err)
 		}
@@ -112,7 +81,7 @@ func runMemtest(ctx context.Context, e *env, args []string) error {
 			case s.Skipped != "":
 				row.State, row.Detail = "skipped", s.Skipped
 				uffdNote = s.Skipped
-			case errors.Is(s.Err, memory.ErrVerify):
+			case errors.Is(s.Err, borrower.ErrVerify):
 				row.State, row.Detail = "mismatch", s.Err.Error()
 			case s.Err != nil:
 				row.State, row.Detail = "error", s.Err.Error()
@@ -133,12 +102,12 @@ func runMemtest(ctx context.Context, e *env, args []string) error {
 	} else {
 		tw := newTable(e.stdout)
 		hdr := "CHANNEL\tBYTES\tRESULT\tMB/S\tPATTERN"
-		if len(uris) > 1 {
+		if len(parts) > 1 {
 			hdr = "PART\t" + hdr
 		}
 		fmt.Fprintln(tw, hdr)
 		for _, s := range out.Steps {
-			if len(uris) > 1 {
+			if len(parts) > 1 {
 				fmt.Fprintf(tw, "%d\t", s.Part)
 			}
 			rate := "-"

@@ -112,20 +112,3 @@ func TestMemtestMemoryLease(t *testing.T) {
 		t.Errorf("memtest of a released lease: exit %d, %s", code, errs)
 	}
 }
-
-func TestParseMemURI(t *testing.T) {
-	for _, tc := range []struct {
-		in, addr, cred string
-		bad            bool
-	}{
-		{"rialto-mem://127.0.0.1:9000/abc", "127.0.0.1:9000", "abc", false},
-		{"rialto-mem://127.0.0.1:9000/", "", "", true},
-		{"nbd://127.0.0.1:9000/abc", "", "", true},
-		{"rialto-mem:///abc", "", "", true},
-	} {
-		a, c, err := parseMemURI(tc.in)
-		if (err != nil) != tc.bad || a != tc.addr || c != tc.cred {
-			t.Errorf("parseMemURI(%q) = %q, %q, %v", tc.in, a, c, err)
-		}
-	}
-}

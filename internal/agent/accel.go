@@ -283,10 +283,7 @@ func (d *AccelDriver) Prepare(ctx context.Context, e Export) (api.PrepareRespons
 	if err != nil {
 		return api.PrepareResponse{}, err
 	}
-	uri := "rialto-accel://" + addrs[0] + "/" + e.Request.Export
-	if len(addrs) > 1 {
-		uri += "?slots=" + strings.Join(addrs[1:], ",")
-	}
+	uri := accel.URI{Slots: addrs, Credential: e.Request.Export}.String()
 	if _, ok := d.live[e.Request.Export]; ok {
 		return api.PrepareResponse{URI: uri}, nil
 	}
@@ -614,7 +611,7 @@ func (sg *sharedGateway) uri(host string, r api.PrepareRequest) string {
 	if _, port, err := net.SplitHostPort(a); err == nil && host != "" {
 		a = net.JoinHostPort(host, port)
 	}
-	return "rialto-accel://" + a + "/" + r.Export + "?gateway=" + r.Role
+	return accel.URI{Slots: []string{a}, Credential: r.Export, Gateway: r.Role}.String()
 }
 
 func (sg *sharedGateway) add(export string, bs []*slotBackend) {

@@ -7,7 +7,8 @@ import (
 	"sync"
 
 	"github.com/rialto-project/rialto/api"
-	"github.com/rialto-project/rialto/internal/dataplane/memory"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/donor"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 )
 
 func init() {
@@ -17,7 +18,7 @@ func init() {
 // MemoryDriver lends memory through a donor: a lease reserves an anonymous
 // region reachable with the lease's export name as its credential.
 type MemoryDriver struct {
-	donor *memory.Donor
+	donor *donor.Donor
 
 	mu   sync.Mutex
 	live map[string]bool
@@ -25,12 +26,12 @@ type MemoryDriver struct {
 
 // NewMemoryDriver returns a memory driver logging to log.
 func NewMemoryDriver(log *slog.Logger) *MemoryDriver {
-	return &MemoryDriver{donor: memory.NewDonor(log), live: map[string]bool{}}
+	return &MemoryDriver{donor: donor.New(log), live: map[string]bool{}}
 }
 
 // Prepare reserves the region.
 func (m *MemoryDriver) Prepare(_ context.Context, e Export) (api.PrepareResponse, error) {
-	uri := "rialto-mem://" + e.Endpoint + "/" + e.Request.Export
+	uri := protocol.URI{Address: e.Endpoint, Credential: e.Request.Export}.String()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.live[e.Request.Export] {

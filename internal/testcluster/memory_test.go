@@ -7,7 +7,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/agent"
-	"github.com/rialto-project/rialto/internal/dataplane/memory"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
 )
 
 func TestMemoryLease(t *testing.T) {
@@ -27,20 +27,20 @@ func TestMemoryLease(t *testing.T) {
 	lender := c.NodeByID(l.NodeID)
 	addr := lender.Agent().Endpoint(api.KindMemory)
 	export := l.URI[strings.LastIndex(l.URI, "/")+1:]
-	mc, err := memory.Dial(ctx, addr, export, memory.Options{})
+	mc, err := client.Dial(ctx, addr, export, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := bytes.Repeat([]byte{0xab}, 4096)
-	if err := mc.Write(ctx, memory.ChannelSync, want, 8192); err != nil {
+	if err := mc.Write(ctx, client.ChannelSync, want, 8192); err != nil {
 		t.Fatal(err)
 	}
 	got := make([]byte, len(want))
-	if err := mc.Read(ctx, memory.ChannelSync, got, 8192); err != nil || !bytes.Equal(got, want) {
+	if err := mc.Read(ctx, client.ChannelSync, got, 8192); err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("read back: %v", err)
 	}
 	mc.Close()
-	if bad, err := memory.Dial(ctx, addr, "not-a-credential", memory.Options{}); err == nil {
+	if bad, err := client.Dial(ctx, addr, "not-a-credential", client.Options{}); err == nil {
 		bad.Close()
 		t.Fatal("a wrong credential reached a region")
 	}

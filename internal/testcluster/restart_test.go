@@ -19,7 +19,7 @@ import (
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 	"github.com/rialto-project/rialto/internal/dataplane/block/stripe"
-	"github.com/rialto-project/rialto/internal/dataplane/memory"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
 )
 
 // restartDevices is a block device, a memory budget and an appliance
@@ -159,7 +159,7 @@ func TestRestartedLenderKeepsURIs(t *testing.T) {
 		t.Fatalf("block lease after the restart: %v (bytes equal: %v)", err, bytes.Equal(got, want))
 	}
 	u, _ := url.Parse(mem.URI)
-	mc, err := memory.Dial(ctx, u.Host, strings.TrimPrefix(u.Path, "/"), memory.Options{})
+	mc, err := client.Dial(ctx, u.Host, strings.TrimPrefix(u.Path, "/"), client.Options{})
 	if err != nil {
 		t.Fatalf("memory lease after the restart: %v", err)
 	}

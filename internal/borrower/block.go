@@ -1,0 +1,122 @@
+package borrower
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/dataplane/block/stripe"
+)
+
+// LeaseSource gives the current record of a lease: *api.Client is one.
+type LeaseSource interface {
+	Lease(ctx context.Context, id string) (api.Lease, error)
+}
+
+// AttachConfig says how Attach serves a lease.
+type AttachConfig struct {
+	// Listen is where the volume is served: a loopback TCP address
+	// ("127.0.0.1:0" when empty) or "unix:/path/to/socket".
+	Listen string
+	// StripeUnit overrides a composed block lease's stripe unit; 0 means
+	// the lease's.
+	StripeUnit int64
+	// ConnsPerPart is the number of NBD connections to each part of a
+	// block lease; 0 means stripe.DefaultConnsPerPart.
+	ConnsPerPart int
+	// RequestTimeout bounds every request to a part (a part that misses it
+	// is declared failed) and, for a memory lease, every request to the
+	// donor; 0 means the data plane's default.
+	RequestTimeout time.Duration
+	// Logger receives attachment events; nil discards them.
+	Logger *slog.Logger
+}
+
+// AttachParts checks what Attach can check of lease l without dialling and
+// returns the number of parts Attach serves it from. A memory lease is one
+// part (Attach checks it).
+func AttachParts(l api.Lease) (int, error) {
+	if l.Kind == api.KindMemory {
+		return 1, nil
+	}
+	uris, err := BlockURIs(l)
+	return len(uris), err
+}
+
+// BlockURIs returns the nbd:// URIs of active block lease l's parts in
+// layout order (a lease of one part may carry its URI on the lease only).
+func BlockURIs(l api.Lease) ([]string, error) {
+	if l.Kind != api.KindBlock {
+		return nil, fmt.Errorf("lease %s is a %s lease; attach serves block and memory leases", l.ID, l.Kind)
+	}
+	if l.State != api.LeaseActive {
+		return nil, fmt.Errorf("lease %s is %s, not active", l.ID, l.State)
+	}
+	var uris []string
+	for i, p := range l.Parts {
+		if p.URI == "" {
+			if len(l.Parts) == 1 && l.URI != "" {
+				break
+			}
+			return nil, fmt.Errorf("lease %s: part %d has no URI", l.ID, i)
+		}
+		uris = append(uris, p.URI)
+	}
+	if len(uris) == 0 && l.URI != "" {
+		uris = []string{l.URI}
+	}
+	if len(uris) == 0 {
+		return nil, fmt.Errorf("lease %s has no URI", l.ID)
+	}
+	return uris, nil
+}
+
+// Attach serves active lease l locally as one NBD export until the
+// Attachment is closed: a block lease's parts (one, or a composed lease's
+// stripes) dialled over NBD, or a memory lease's region over the memory
+// protocol (see AttachMemory). ctx bounds the dialling only.
+//
+// A block part whose lender restarted at another address is followed: while
+// redialling it fails, Attach asks src for the lease's current record and
+// dials the URI the control plane has for the part now. A nil src redials
+// the URI the part was attached with.
+func Attach(ctx context.Context, src LeaseSource, l api.Lease, cfg AttachConfig) (*stripe.Attachment, error) {
+	if l.Kind == api.KindMemory {
+		return AttachMemory(ctx, l, cfg)
+	}
+	uris, err := BlockURIs(l)
+	if err != nil {
+		return nil, err
+	}
+	su := cfg.StripeUnit
+	if su == 0 {
+		su = l.StripeUnit
+	}
+	var resolve func(ctx context.Context, part int) (string, error)
+	if src != nil {
+		resolve = func(ctx context.Context, part int) (string, error) {
+			return movedPart(ctx, src, l.ID, part)
+		}
+	}
+	return stripe.Attach(ctx, stripe.AttachConfig{URIs: uris, StripeUnit: su, Listen: cfg.Listen,
+		ConnsPerPart: cfg.ConnsPerPart, RequestTimeout: cfg.RequestTimeout, Resolve: resolve, Logger: cfg.Logger})
+}
+
+// movedPart returns the URI the control plane has now for part of block
+// lease id.
+func movedPart(ctx context.Context, src LeaseSource, id string, part int) (string, error) {
+	cur, err := src.Lease(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	us, err := BlockURIs(cur)
+	if err != nil {
+		return "", err
+	}
+	if part >= len(us) {
+		return "", fmt.Errorf("lease %s has %d parts now", id, len(us))
+	}
+	return us[part], nil
+}

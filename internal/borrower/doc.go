@@ -1,0 +1,20 @@
+// Package borrower is what a borrower does with a lease the control plane
+// granted: attach a block lease (one part or composed) and serve it locally
+// as one NBD export, following a part whose lender moved; attach a memory
+// lease as a swap-style NBD export, dial its donor or map it into memory,
+// and verify it (Memtest); dial an accelerator lease's slot or its lender's
+// batching gateway. `rialto attach`, `rialto memtest` and `rialto accel run`
+// are thin command-line wrappers over it; other programs can use it the
+// same way.
+//
+// It takes leases as api.Lease values and asks the control plane for
+// nothing but, through a LeaseSource (an *api.Client is one), the current
+// record of a lease whose part moved. Lease URIs are parsed with the data
+// planes' URI types (nbd.ParseURI, protocol.ParseURI, accel.ParseURI);
+// their credentials never reach an error message or a log line.
+//
+// The package holds no state: its functions may be called concurrently.
+// What they return (a *stripe.Attachment, a *client.Client, a
+// *MemoryMapping, an *accel.Conn) owns its connections and goroutines until
+// its Close, and is safe for concurrent use as documented by its type.
+package borrower

@@ -1,0 +1,132 @@
+package borrower
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/dataplane/block/stripe"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/mapping"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
+)
+
+// memDevice is a memory lease seen as a block device (Venice's remote
+// memory as swap); closing it closes the memory client.
+type memDevice struct {
+	*client.Backend
+	c *client.Client
+}
+
+func (d memDevice) Close() error { return d.c.Close() }
+
+// AttachMemory serves active memory lease l, of one part, as a local NBD
+// export backed by the donor's memory: a swap-style block device any NBD
+// client can use. Attach calls it for memory leases. The donor admits one
+// subscriber at a time: while the attachment lives, nothing else can dial
+// the lease.
+func AttachMemory(ctx context.Context, l api.Lease, cfg AttachConfig) (*stripe.Attachment, error) {
+	if l.State != api.LeaseActive {
+		return nil, fmt.Errorf("lease %s is %s, not active", l.ID, l.State)
+	}
+	uri := l.URI
+	if uri == "" && len(l.Parts) == 1 {
+		uri = l.Parts[0].URI
+	}
+	if len(l.Parts) > 1 || uri == "" {
+		return nil, fmt.Errorf("lease %s: attach serves memory leases of one part with a URI", l.ID)
+	}
+	u, err := protocol.ParseURI(uri)
+	if err != nil {
+		return nil, fmt.Errorf("lease %s: %w", l.ID, err)
+	}
+	mc, err := client.Dial(ctx, u.Address, u.Credential, client.Options{Timeout: cfg.RequestTimeout})
+	if err != nil {
+		return nil, err
+	}
+	vol, err := stripe.New([]stripe.Device{memDevice{client.NewBackend(mc), mc}}, stripe.Config{RequestTimeout: cfg.RequestTimeout, Logger: cfg.Logger})
+	if err != nil {
+		mc.Close()
+		return nil, err
+	}
+	att, err := stripe.Serve(ctx, vol, stripe.ServeConfig{Listen: cfg.Listen, Logger: cfg.Logger})
+	if err != nil {
+		vol.Close()
+		return nil, err
+	}
+	return att, nil
+}
+
+// MemoryURIs returns the URIs of memory lease l's parts, in order (the
+// lease's own URI when its parts carry none).
+func MemoryURIs(l api.Lease) ([]protocol.URI, error) {
+	var raw []string
+	for _, p := range l.Parts {
+		if p.URI != "" {
+			raw = append(raw, p.URI)
+		}
+	}
+	if len(raw) == 0 && l.URI != "" {
+		raw = []string{l.URI}
+	}
+	if len(raw) == 0 {
+		return nil, fmt.Errorf("lease %s has no URI", l.ID)
+	}
+	uris := make([]protocol.URI, len(raw))
+	for i, s := range raw {
+		u, err := protocol.ParseURI(s)
+		if err != nil {
+			return nil, fmt.Errorf("lease %s part %d: %w", l.ID, i, err)
+		}
+		uris[i] = u
+	}
+	return uris, nil
+}
+
+// DialMemory opens a session with the donor region of part of memory lease
+// l (see MemoryURIs). The donor admits one session per region at a time.
+func DialMemory(ctx context.Context, l api.Lease, part int, opts client.Options) (*client.Client, error) {
+	uris, err := MemoryURIs(l)
+	if err != nil {
+		return nil, err
+	}
+	if part < 0 || part >= len(uris) {
+		return nil, fmt.Errorf("lease %s has %d part(s), not a part %d", l.ID, len(uris), part)
+	}
+	c, err := client.Dial(ctx, uris[part].Address, uris[part].Credential, opts)
+	if err != nil {
+		return nil, fmt.Errorf("lease %s part %d: %w", l.ID, part, err)
+	}
+	return c, nil
+}
+
+// MemoryMapping is a part of a memory lease mapped into this process: its
+// Mapping's Bytes are ordinary memory backed by the donor's region.
+type MemoryMapping struct {
+	*mapping.Mapping
+	Client *client.Client // the session the mapping rides on
+}
+
+// MapMemory dials part of memory lease l and maps its region (see
+// mapping.Map: the program's main must call mapping.RunFaultHandlerIfChild
+// first). It fails with an error wrapping mapping.ErrUffdUnavailable where
+// userfaultfd is refused; DialMemory's explicit channels work there.
+func MapMemory(ctx context.Context, l api.Lease, part int, copts client.Options, mopts mapping.Options) (*MemoryMapping, error) {
+	c, err := DialMemory(ctx, l, part, copts)
+	if err != nil {
+		return nil, err
+	}
+	m, err := mapping.Map(ctx, c, mopts)
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("lease %s part %d: %w", l.ID, part, err)
+	}
+	return &MemoryMapping{Mapping: m, Client: c}, nil
+}
+
+// Close flushes the mapping's dirty pages, unmaps it and ends the session
+// (the mapping first, as its lifetime requires).
+func (m *MemoryMapping) Close() error {
+	return errors.Join(m.Mapping.Close(), m.Client.Close())
+}

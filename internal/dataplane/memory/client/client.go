@@ -1,0 +1,506 @@
+package client
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/memory/internal/rawconn"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
+)
+
+// Channel selects how a request travels.
+type Channel int
+
+// Channels.
+const (
+	ChannelAdaptive Channel = iota // chosen per request (see Client.choose)
+	ChannelSync                    // fine-grained synchronous, one connection
+	ChannelBulk                    // chunks over parallel streams
+	ChannelQueue                   // pipelined on the client's queue pair
+)
+
+func (ch Channel) String() string {
+	switch ch {
+	case ChannelAdaptive:
+		return "adaptive"
+	case ChannelSync:
+		return "sync"
+	case ChannelBulk:
+		return "bulk"
+	case ChannelQueue:
+		return "queue"
+	}
+	return fmt.Sprintf("channel(%d)", int(ch))
+}
+
+// Options tune a Client. The zero value is valid.
+type Options struct {
+	// Timeout bounds every request (and the handshake): a donor that does not
+	// answer in time makes the request fail with protocol.ErrDonorLost. Default 5 s.
+	Timeout time.Duration
+	// Streams is the number of parallel bulk connections. Default 2.
+	Streams int
+	// ChunkSize is the bulk chunk size. Default 512 KiB, at most protocol.MaxPayload.
+	ChunkSize int
+	// QueueChunk is the largest request the queue channel sends in one frame.
+	// Default 64 KiB.
+	QueueChunk int
+	// BulkThreshold: adaptive requests at least this large always use the
+	// bulk channel. Default 2 MiB: above it the parallel bulk streams beat
+	// one synchronous round trip per MaxPayload on an idle machine.
+	BulkThreshold int
+	// Spin is how long the synchronous channel and the mapping's fault
+	// handler busy-poll for a reply before sleeping. Zero disables it.
+	Spin time.Duration
+	// Dialer dials the donor; nil uses a net.Dialer.
+	Dialer func(ctx context.Context, addr string) (net.Conn, error)
+}
+
+func (o *Options) fill() {
+	if o.Timeout <= 0 {
+		o.Timeout = 5 * time.Second
+	}
+	if o.Streams <= 0 {
+		o.Streams = 2
+	}
+	if o.ChunkSize <= 0 || o.ChunkSize > protocol.MaxPayload {
+		o.ChunkSize = 512 << 10
+	}
+	if o.QueueChunk <= 0 || o.QueueChunk > protocol.MaxPayload {
+		o.QueueChunk = 64 << 10
+	}
+	if o.BulkThreshold <= 0 {
+		o.BulkThreshold = 2 << 20
+	}
+	o.Spin = max(o.Spin, 0)
+	if o.Dialer == nil {
+		var d net.Dialer
+		o.Dialer = func(ctx context.Context, addr string) (net.Conn, error) {
+			return d.DialContext(ctx, "tcp", addr)
+		}
+	}
+}
+
+// Client is a borrower's session with one donor region.
+type Client struct {
+	addr, cred string
+	opts       Options
+	size       int64
+	session    uint64
+
+	ctrl     net.Conn
+	ctrlDone chan struct{}
+
+	sync    syncConn
+	streams []*bulkStream
+	qp      *QueuePair
+
+	qmu    sync.Mutex
+	queues map[uint32]*QueuePair
+
+	syncBusy    atomic.Int32 // callers inside the sync channel
+	inflight    atomic.Int32 // adaptive requests in progress
+	lastOverlap atomic.Int64 // unix ns when adaptive requests last overlapped
+	closed      atomic.Bool
+	errOnce     sync.Once
+	lostErr     atomic.Pointer[error]
+}
+
+// Dial opens a session on the region identified by credential at addr: a
+// control connection (which carries credit updates), the synchronous
+// connection, the client's queue pair and the bulk streams.
+func Dial(ctx context.Context, addr, credential string, opts Options) (*Client, error) {
+	opts.fill()
+	c := &Client{addr: addr, cred: credential, opts: opts, queues: map[uint32]*QueuePair{}, ctrlDone: make(chan struct{})}
+	ctrl, rep, err := c.handshake(ctx, protocol.KindControl)
+	if err != nil {
+		return nil, err
+	}
+	c.ctrl = ctrl
+	c.size = int64(rep.Offset)
+	c.session = rep.session
+	go c.readControl()
+	ok := false
+	defer func() {
+		if !ok {
+			_ = c.Close()
+		}
+	}()
+	if c.sync.pg, err = c.newRaw(ctx, protocol.KindSync); err != nil {
+		return nil, err
+	}
+	for range opts.Streams {
+		pg, err := c.newRaw(ctx, protocol.KindBulk)
+		if err != nil {
+			return nil, err
+		}
+		c.streams = append(c.streams, &bulkStream{pg: pg})
+	}
+	if c.qp, err = c.NewQueuePair(ctx); err != nil {
+		return nil, err
+	}
+	ok = true
+	return c, nil
+}
+
+// newRaw opens a connection of the session driven with raw syscalls (see
+// rawconn).
+func (c *Client) newRaw(ctx context.Context, kind uint8) (*rawconn.Conn, error) {
+	conn, _, err := c.handshake(ctx, kind)
+	if err != nil {
+		return nil, err
+	}
+	fd, err := rawconn.Detach(conn)
+	_ = conn.Close()
+	if err != nil {
+		return nil, err
+	}
+	return rawconn.New(fd, c.opts.Spin, c.opts.Timeout), nil
+}
+
+// Join opens one more connection of the session, of the given kind (any
+// but protocol.KindControl), and performs its HELLO; the caller owns the
+// connection. A mapping's fault handler takes one of kind
+// protocol.KindFault.
+func (c *Client) Join(ctx context.Context, kind uint8) (net.Conn, error) {
+	if kind == protocol.KindControl {
+		return nil, fmt.Errorf("memory: a session has one control connection")
+	}
+	if err := c.err(); err != nil {
+		return nil, err
+	}
+	conn, _, err := c.handshake(ctx, kind)
+	return conn, err
+}
+
+// Timeout is the client's request timeout (Options.Timeout, filled).
+func (c *Client) Timeout() time.Duration { return c.opts.Timeout }
+
+type helloReply struct {
+	protocol.Header
+	session uint64
+	queue   uint32
+}
+
+// handshake dials one connection and performs HELLO.
+func (c *Client) handshake(ctx context.Context, kind uint8) (net.Conn, helloReply, error) {
+	var rep helloReply
+	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
+	defer cancel()
+	conn, err := c.opts.Dialer(ctx, c.addr)
+	if err != nil {
+		return nil, rep, fmt.Errorf("%w: dial %s: %v", protocol.ErrDonorLost, c.addr, err)
+	}
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+	}
+	dl, _ := ctx.Deadline()
+	_ = conn.SetDeadline(dl)
+	m := protocol.Hello{Kind: kind, Session: c.session, Credential: c.cred}
+	if kind == protocol.KindControl {
+		m.Session = 0
+	}
+	b := make([]byte, protocol.HeaderSize, protocol.HeaderSize+protocol.HelloFixed+len(c.cred))
+	b = m.Encode(b)
+	h := protocol.Header{Op: protocol.OpHello, Payload: uint32(len(b) - protocol.HeaderSize)}
+	h.Encode(b)
+	if _, err := conn.Write(b); err != nil {
+		_ = conn.Close()
+		return nil, rep, fmt.Errorf("%w: hello: %v", protocol.ErrDonorLost, err)
+	}
+	var hdr [protocol.HeaderSize]byte
+	f, err := protocol.ReadFrame(conn, hdr[:], nil)
+	if err != nil {
+		_ = conn.Close()
+		if errors.Is(err, protocol.ErrBadFrame) || errors.Is(err, protocol.ErrVersion) {
+			return nil, rep, err
+		}
+		return nil, rep, fmt.Errorf("%w: hello: %v", protocol.ErrDonorLost, err)
+	}
+	if f.Status != protocol.StatusOK {
+		_ = conn.Close()
+		return nil, rep, protocol.StatusError(f.Status, f.Data)
+	}
+	if f.Op != protocol.OpHello || len(f.Data) != protocol.HelloReplySize {
+		_ = conn.Close()
+		return nil, rep, fmt.Errorf("%w: unexpected hello reply", protocol.ErrBadFrame)
+	}
+	rep.Header = f.Header
+	rep.session = binary.BigEndian.Uint64(f.Data)
+	rep.queue = binary.BigEndian.Uint32(f.Data[8:])
+	_ = conn.SetDeadline(time.Time{})
+	return conn, rep, nil
+}
+
+// readControl applies credit updates until the control connection ends.
+func (c *Client) readControl() {
+	defer close(c.ctrlDone)
+	var hdr [protocol.HeaderSize]byte
+	for {
+		f, err := protocol.ReadFrame(c.ctrl, hdr[:], nil)
+		if err != nil {
+			c.lost(fmt.Errorf("%w: control connection: %v", protocol.ErrDonorLost, err))
+			return
+		}
+		if f.Op != protocol.OpCredit {
+			continue
+		}
+		c.qmu.Lock()
+		q := c.queues[uint32(f.Offset)]
+		c.qmu.Unlock()
+		if q != nil {
+			q.grant(f.Credits)
+		}
+	}
+}
+
+// lost records the first fatal session error and fails queue waiters.
+func (c *Client) lost(err error) {
+	c.errOnce.Do(func() {
+		if c.closed.Load() {
+			err = protocol.ErrClosed
+		}
+		c.lostErr.Store(&err)
+		c.qmu.Lock()
+		qs := make([]*QueuePair, 0, len(c.queues))
+		for _, q := range c.queues {
+			qs = append(qs, q)
+		}
+		c.qmu.Unlock()
+		for _, q := range qs {
+			q.fail(err)
+		}
+	})
+}
+
+func (c *Client) err() error {
+	if p := c.lostErr.Load(); p != nil {
+		return *p
+	}
+	if c.closed.Load() {
+		return protocol.ErrClosed
+	}
+	return nil
+}
+
+// Size is the region size in bytes.
+func (c *Client) Size() int64 { return c.size }
+
+// Close ends the session: every connection is closed.
+func (c *Client) Close() error {
+	if c.closed.Swap(true) {
+		return nil
+	}
+	c.qmu.Lock()
+	qs := make([]*QueuePair, 0, len(c.queues))
+	for _, q := range c.queues {
+		qs = append(qs, q)
+	}
+	c.qmu.Unlock()
+	for _, q := range qs {
+		_ = q.Close()
+	}
+	c.sync.close()
+	for _, s := range c.streams {
+		s.close()
+	}
+	if c.ctrl != nil {
+		_ = c.ctrl.Close()
+		<-c.ctrlDone
+	}
+	return nil
+}
+
+func (c *Client) check(n int, off int64) error {
+	if off < 0 || int64(n) > c.size || off > c.size-int64(n) {
+		return fmt.Errorf("%w: [%d,+%d) in region of %d bytes", protocol.ErrOutOfRange, off, n, c.size)
+	}
+	return c.err()
+}
+
+// Read fills p from the region at off over channel ch.
+func (c *Client) Read(ctx context.Context, ch Channel, p []byte, off int64) error {
+	return c.do(ctx, ch, protocol.OpRead, p, off)
+}
+
+// Write stores p in the region at off over channel ch.
+func (c *Client) Write(ctx context.Context, ch Channel, p []byte, off int64) error {
+	return c.do(ctx, ch, protocol.OpWrite, p, off)
+}
+
+func (c *Client) do(ctx context.Context, ch Channel, op uint8, p []byte, off int64) error {
+	if err := c.check(len(p), off); err != nil {
+		return err
+	}
+	if len(p) == 0 {
+		return nil
+	}
+	if ch == ChannelAdaptive {
+		c.inflight.Add(1)
+		defer c.inflight.Add(-1)
+		ch = c.choose(len(p))
+	}
+	switch ch {
+	case ChannelSync:
+		c.syncBusy.Add(1)
+		defer c.syncBusy.Add(-1)
+		return c.sync.do(ctx, c, op, p, off)
+	case ChannelBulk:
+		return c.bulk(ctx, op, p, off)
+	case ChannelQueue:
+		return c.qp.do(ctx, op, p, off, c.opts.QueueChunk)
+	}
+	return fmt.Errorf("memory: unknown channel %d", ch)
+}
+
+// choose is the adaptive policy, from the request size and the recent access
+// pattern. Requests of at least BulkThreshold take the bulk channel. While
+// requests do not overlap, the rest take the synchronous channel (one round
+// trip per MaxPayload, no goroutine hand-offs). Once requests overlap — a
+// concurrent pattern, remembered for concurrencyMemory — small requests are
+// pipelined on the queue pair instead of queueing for the synchronous
+// connection, and larger ones take the bulk streams.
+func (c *Client) choose(n int) Channel {
+	if n >= c.opts.BulkThreshold {
+		return ChannelBulk
+	}
+	now := time.Now().UnixNano()
+	overlap := c.inflight.Load() > 1 || c.syncBusy.Load() > 0
+	if overlap {
+		c.lastOverlap.Store(now)
+	} else {
+		overlap = now-c.lastOverlap.Load() < int64(concurrencyMemory)
+	}
+	switch {
+	case !overlap:
+		return ChannelSync
+	case n <= c.opts.QueueChunk:
+		return ChannelQueue
+	default:
+		return ChannelBulk
+	}
+}
+
+// concurrencyMemory is how long the adaptive chooser remembers overlapping
+// requests.
+const concurrencyMemory = 2 * time.Millisecond
+
+// ReadAt implements io.ReaderAt over the adaptive channel with the client's
+// request timeout. Reads past the end return io.EOF.
+func (c *Client) ReadAt(p []byte, off int64) (int, error) {
+	n := len(p)
+	var eof error
+	if off >= 0 && off+int64(n) > c.size {
+		if off >= c.size {
+			return 0, io.EOF
+		}
+		n = int(c.size - off)
+		eof = io.EOF
+	}
+	if err := c.Read(context.Background(), ChannelAdaptive, p[:n], off); err != nil {
+		return 0, err
+	}
+	return n, eof
+}
+
+// WriteAt implements io.WriterAt over the adaptive channel.
+func (c *Client) WriteAt(p []byte, off int64) (int, error) {
+	if err := c.Write(context.Background(), ChannelAdaptive, p, off); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// deadline is the earlier of ctx's deadline and now+timeout.
+func (c *Client) deadline(ctx context.Context) time.Time {
+	dl := time.Now().Add(c.opts.Timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
+		return d
+	}
+	return dl
+}
+
+// respErr turns a response with a non-OK status (message already read) or a
+// transport error into the error returned to callers.
+func transportErr(err error) error {
+	if errors.Is(err, protocol.ErrBadFrame) {
+		return err
+	}
+	return fmt.Errorf("%w: %v", protocol.ErrDonorLost, err)
+}
+
+// syncConn is the fine-grained synchronous channel: one connection, one
+// request at a time, no allocation per request. It drives the socket with
+// raw syscalls and poll(2) from the calling goroutine (see rawconn), which
+// saves the netpoller's wake-up on every round trip.
+type syncConn struct {
+	mu  sync.Mutex
+	pg  *rawconn.Conn
+	bad error
+}
+
+func (s *syncConn) do(ctx context.Context, c *Client, op uint8, p []byte, off int64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.bad != nil {
+		return s.bad
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, s.pg.Shutdown)
+		defer stop()
+	}
+	for len(p) > 0 {
+		n := min(len(p), protocol.MaxPayload)
+		if err := s.pg.Do(op, p[:n], off); err != nil {
+			if !errors.Is(err, protocol.ErrOutOfRange) {
+				if ctx.Err() != nil {
+					err = fmt.Errorf("%w: %w", protocol.ErrDonorLost, ctx.Err())
+				}
+				s.bad = err
+				s.pg.Shutdown()
+			}
+			return err
+		}
+		p, off = p[n:], off+int64(n)
+	}
+	return nil
+}
+
+func (s *syncConn) close() {
+	if s.pg == nil {
+		return
+	}
+	s.pg.Shutdown()
+	s.mu.Lock()
+	s.pg.Close()
+	if s.bad == nil {
+		s.bad = protocol.ErrClosed
+	}
+	s.mu.Unlock()
+}
+
+func readHeader(r io.Reader, b []byte) (protocol.Header, error) {
+	if _, err := io.ReadFull(r, b[:protocol.HeaderSize]); err != nil {
+		return protocol.Header{}, transportErr(err)
+	}
+	return protocol.DecodeHeader(b[:protocol.HeaderSize])
+}
+
+// readStatus consumes an error response's message and returns its error.
+func readStatus(r io.Reader, h protocol.Header) error {
+	msg := make([]byte, h.Payload)
+	if _, err := io.ReadFull(r, msg); err != nil {
+		return transportErr(err)
+	}
+	return protocol.StatusError(h.Status, msg)
+}

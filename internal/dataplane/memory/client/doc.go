@@ -1,0 +1,34 @@
+// Package client is the borrower's side of Rialto's remote-memory data
+// plane (Venice, Dong et al.): a Client is a session with one donor region,
+// reached over the memory protocol (package protocol,
+// docs/memory-protocol.md).
+//
+// A Client reaches its region through three channels that mirror Venice's:
+// a fine-grained synchronous channel (ChannelSync, ≈ CRMA), a bulk channel
+// that splits large ranges into chunks over parallel streams (ChannelBulk,
+// ≈ RDMA), and asynchronous queue pairs with sequence numbers, a completion
+// queue and credit-based flow control whose credits travel on the session's
+// low-latency control connection (ChannelQueue, ≈ QPair). ChannelAdaptive
+// picks one per request from its size and the recent access pattern.
+// Backend adapts a Client to the NBD server's Backend interface so a memory
+// lease can be exported as a swap-style block device. Package mapping
+// builds a transparent mapping on a Client (Join hands it a connection of
+// the session).
+//
+// Errors wrap the sentinel errors of package protocol (ErrOutOfRange,
+// ErrAuth, ErrBusy, ErrDonorLost, ErrClosed, …).
+//
+// Zero values: the zero Client and QueuePair are not usable; build them
+// with Dial and Client.NewQueuePair. The zero Options is valid.
+//
+// Threads: the sync and bulk channels drive their sockets with raw
+// non-blocking syscalls and poll(2) from the calling goroutine (no
+// netpoller hop on the round trip; see internal/rawconn), the control
+// connection and queue pairs use the Go netpoller, each with one reader
+// goroutine that Close stops and waits for.
+//
+// Concurrency: Client methods are safe for concurrent use. A QueuePair may
+// be used by several goroutines; its completions are delivered on one
+// channel. Close a mapping built on a Client before the Client: closing the
+// Client ends the session at the donor.
+package client

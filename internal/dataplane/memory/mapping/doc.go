@@ -1,0 +1,28 @@
+// Package mapping is the transparent view of a remote-memory region (Venice,
+// Dong et al.): Map builds, on a client.Client, a []byte whose pages are
+// fetched on first touch by a userfaultfd handler, cached locally (LRU,
+// write-back of dirty pages tracked with userfaultfd write-protection) and
+// flushed on Close.
+//
+// The fault handler is a separate process — the program's own binary
+// re-executed — so a garbage collection in the program can never wait on a
+// fault that only the program could serve; every binary that calls Map
+// must call RunFaultHandlerIfChild first in main or TestMain. It runs in a
+// process group of its own (a terminal's Ctrl-C is the program's to
+// handle), fetches faults that arrive together with one write of requests,
+// and wakes a sequential fault as soon as its own page of the readahead
+// window has arrived. The handler drives its connection to the donor with
+// raw syscalls on its main thread (internal/rawconn).
+//
+// Zero values: the zero Mapping is not usable; build it with Map. The zero
+// Options maps the whole region with a cache of 10% of it.
+//
+// Lifetimes: close a Mapping before its Client. Closing the Client ends the
+// session at the donor, which closes the mapping's connection; the mapping
+// then fails (see Mapping.Err) and touching it faults.
+//
+// Concurrency: a Mapping's Bytes may be read and written by any number of
+// goroutines as ordinary memory; Flush, Stats and Err may be called from
+// any goroutine, and Close from any goroutine that is not touching the
+// mapping at the same time.
+package mapping
