@@ -78,6 +78,7 @@ func (s *Server) routes() http.Handler {
 		httpapi.Route{Method: "GET", Path: "/v1/openapi.json", Summary: "This document.", Response: "application/json"},
 		httpapi.Route{Method: "GET", Path: "/metrics", Summary: "Prometheus metrics.", Response: "text/plain"},
 		httpapi.Route{Method: "GET", Path: "/healthz", Summary: "Liveness of the control plane and its store.", Response: "text/plain", Errors: []int{503}},
+		httpapi.Route{Method: "GET", Path: "/redfish/v1", Summary: "DMTF Redfish service root: the CompositionService facade (docs/redfish.md).", Response: "application/json"},
 	)
 	doc, err := httpapi.OpenAPI("Rialto control plane", "v1", docRoutes, api.ErrorBody{})
 	if err != nil {
@@ -96,6 +97,10 @@ func (s *Server) routes() http.Handler {
 		}
 		w.Write([]byte("ok\n"))
 	})))
+	// The Redfish facade calls the /v1 routes above in process (redfish.go).
+	rf := s.redfishService(mux)
+	mux.Handle("/redfish", s.instrument("redfish", rf))
+	mux.Handle("/redfish/", s.instrument("redfish", rf))
 	mux.Handle("/", s.instrument("other", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, api.ErrorInfo{Code: api.CodeNotFound, Message: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)})
 	})))

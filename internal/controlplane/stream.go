@@ -319,6 +319,9 @@ func (h *eventHub) read(ctx context.Context, st store.Store, cursor int64, tenan
 	return evs, next, nil, nil
 }
 
+// sinceEnd (since=end) starts a stream with the next event appended.
+const sinceEnd = -1
+
 // streamFormat is how a follower gets its events.
 type streamFormat int
 
@@ -346,6 +349,10 @@ func followParams(r *http.Request) (streamFormat, int64, error) {
 	var since int64
 	for _, v := range []string{q.Get("since"), r.Header.Get("Last-Event-ID")} {
 		if v == "" {
+			continue
+		}
+		if v == "end" {
+			since = sinceEnd
 			continue
 		}
 		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
@@ -439,6 +446,9 @@ func (s *Server) follow(ctx context.Context, tenant string, since int64, w http.
 	defer unsub()
 	s.events.mu.Lock()
 	closing := s.events.closing
+	if since == sinceEnd {
+		since = s.events.last
+	}
 	s.events.mu.Unlock()
 	sw := &streamWriter{w: w, rc: http.NewResponseController(w), f: format}
 	h := w.Header()
