@@ -3,6 +3,7 @@ package redfish
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"sync"
@@ -28,6 +29,11 @@ func (t inproc) RoundTrip(req *http.Request) (*http.Response, error) {
 	go func() {
 		defer close(done)
 		defer func() {
+			if v := recover(); v != nil { // as net/http would: the request fails, the process lives
+				w.sendHeader(http.StatusInternalServerError)
+				pw.CloseWithError(fmt.Errorf("redfish: handler panicked: %v", v))
+				return
+			}
 			w.sendHeader(http.StatusOK)
 			pw.Close()
 		}()
