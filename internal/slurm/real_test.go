@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -48,9 +49,16 @@ func daemon(t *testing.T, logFile string, name string, args ...string) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	waited := make(chan struct{})
+	go func() { cmd.Wait(); close(waited) }()
 	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-waited:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-waited
+		}
 		out.Close()
 	})
 }
@@ -163,6 +171,18 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
 	daemon(t, filepath.Join(dir, "log", "slurmctld.out"), "/usr/sbin/slurmctld", "-D", "-i", "-f", conf)
 	daemon(t, filepath.Join(dir, "log", "slurmd.out"), "/usr/sbin/slurmd", "-D", "-f", conf)
 	c := &cluster{t: t, dir: dir, conf: conf}
+	// Before the daemons stop (cleanups run last first): end every job,
+	// so that no job process outlives the test, also when it fails.
+	t.Cleanup(func() {
+		c.run("scancel", "--partition=debug")
+		deadline := time.Now().Add(20 * time.Second)
+		for time.Now().Before(deadline) {
+			if out, err := c.run("squeue", "-h", "-t", "PD,R,CG,CF", "-o", "%i"); err != nil || strings.TrimSpace(out) == "" {
+				return
+			}
+			<-time.After(200 * time.Millisecond)
+		}
+	})
 	waitFor(t, 30*time.Second, "the node to be idle", func() bool {
 		out, _ := c.run("sinfo", "-h", "-o", "%T")
 		return strings.TrimSpace(out) == "idle"
