@@ -2,12 +2,17 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"text/tabwriter"
 	"time"
+
+	"github.com/rialto-project/rialto/api"
 )
 
 func init() {
-	register(&command{Name: "events", Summary: "Show the audit log (--since ID, --follow).", Run: runEvents})
+	register(&command{Name: "events", Summary: "Show the audit log (--since ID; --follow streams new events as they happen).", Run: runEvents})
 }
 
 func runEvents(ctx context.Context, e *env, args []string) error {
@@ -15,45 +20,54 @@ func runEvents(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "events", "")
 	cf.register(fs, e)
 	since := fs.Int64("since", 0, "show events after this ID")
-	follow := fs.Bool("follow", false, "keep polling for new events until interrupted")
-	every := fs.Duration("interval", time.Second, "polling interval with --follow")
+	follow := fs.Bool("follow", false, "stay connected and show each new event as it is appended (resumes after a dropped connection with no gap) until interrupted")
+	fs.BoolVar(follow, "f", false, "short for --follow")
 	_, c, err := cf.parse(fs, args, 0, 0)
 	if err != nil {
 		return err
 	}
-	first := true
-	for {
+	if !*follow {
 		evs, err := c.Events(ctx, *since)
 		if err != nil {
-			if ctx.Err() != nil && !first {
-				return nil
-			}
 			return err
 		}
-		if cf.json() && !*follow {
+		if cf.json() {
 			return printJSON(e.stdout, nonNil(evs))
 		}
 		tw := newTable(e.stdout)
-		if first && !cf.json() {
-			fmt.Fprintln(tw, "ID\tAT\tTYPE\tSUBJECT\tSTATE\tMESSAGE")
-		}
+		eventHeader(tw)
 		for _, ev := range evs {
-			if cf.json() {
-				printJSON(e.stdout, ev)
-			} else {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", ev.ID, ev.At.Local().Format(time.DateTime), ev.Type, ev.Subject, dash(ev.State), ev.Message)
-			}
-			*since = max(*since, ev.ID)
+			eventRow(tw, ev)
 		}
-		tw.Flush()
-		first = false
-		if !*follow {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(*every):
-		}
+		return tw.Flush()
 	}
+	// Following: one JSON object per line with -o json (jq-friendly),
+	// else a table row per event, flushed as it comes.
+	tw := newTable(e.stdout)
+	if !cf.json() {
+		eventHeader(tw)
+		tw.Flush()
+	}
+	return c.FollowEvents(ctx, *since, api.FollowOptions{
+		Reconnected: func(err error) { fmt.Fprintf(e.stderr, "rialto events: reconnected after: %v\n", err) },
+	}, func(ev api.Event) error {
+		if cf.json() {
+			return printJSONLine(e.stdout, ev)
+		}
+		eventRow(tw, ev)
+		return tw.Flush()
+	})
+}
+
+func eventHeader(tw *tabwriter.Writer) {
+	fmt.Fprintln(tw, "ID\tAT\tTYPE\tSUBJECT\tSTATE\tMESSAGE")
+}
+
+func eventRow(tw *tabwriter.Writer, ev api.Event) {
+	fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", ev.ID, ev.At.Local().Format(time.DateTime), ev.Type, ev.Subject, dash(ev.State), ev.Message)
+}
+
+// printJSONLine writes v as one line of JSON.
+func printJSONLine(w io.Writer, v any) error {
+	return json.NewEncoder(w).Encode(v)
 }

@@ -80,6 +80,7 @@ func startControlPlane(ctx context.Context, ln net.Listener, db string, cfg cont
 		hs: &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second,
 			ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug)},
 	}
+	cp.hs.RegisterOnShutdown(srv.CloseStreams) // event streams never go idle
 	go func() { cp.done <- cp.hs.Serve(ln) }()
 	return cp, nil
 }

@@ -2,7 +2,8 @@
 // and devices, the lease lifecycle (place → reserve → lender prepares →
 // active → release, with TTL expiry and node liveness), authentication of
 // agents and tenants, and the REST/JSON API under /v1/ (with its OpenAPI
-// document and Prometheus metrics).
+// document, Prometheus metrics and the event stream, stream.go), with the
+// Redfish facade of package redfish under /redfish/v1.
 //
 // A Server is built by New from a Config whose Store is required; every
 // other field has a default. A Server is safe for concurrent use: handlers

@@ -54,9 +54,11 @@ func (s *Server) routeTable() []route {
 			Response: api.Lease{}, Query: explainParam, Errors: []int{400, 401, 403, 404, 409, 500}}, accessTenant, s.hRelease},
 		{httpapi.Route{Method: "POST", Path: "/v1/explain", Summary: "Dry run: the plan a lease request would get; reserves nothing.",
 			Request: api.LeaseRequest{}, Response: api.Plan{}, Errors: []int{400, 401, 403, 500}}, accessTenant, s.hExplain},
-		{httpapi.Route{Method: "GET", Path: "/v1/events", Summary: "Audit events after an ID, oldest first (a tenant sees its own leases' and the cluster's; an admin all).", Response: []api.Event{},
+		{httpapi.Route{Method: "GET", Path: "/v1/events", Summary: "Audit events after an ID, oldest first (a tenant sees its own leases' and the cluster's; an admin all); with follow=1, a stream of them that stays open (docs/api.md).", Response: []api.Event{},
 			Query: []httpapi.Param{{Name: "since", Type: "integer", Description: "return events with a greater ID"},
-				{Name: "limit", Type: "integer", Description: "at most this many (default and maximum 1000)"}}, Errors: []int{400, 401, 403, 500}}, accessReader, s.hEvents},
+				{Name: "limit", Type: "integer", Description: "at most this many (default and maximum 1000)"},
+				{Name: "follow", Type: "boolean", Description: "stream the events after since, then each new one as it is appended (SSE with Accept: text/event-stream or format=sse, else newline-delimited JSON); Last-Event-ID resumes"},
+				{Name: "format", Type: "string", Description: "with follow: sse or ndjson"}}, Errors: []int{400, 401, 403, 500, 503}}, accessReader, s.hEvents},
 		{httpapi.Route{Method: "GET", Path: "/v1/profiles", Summary: "List device profiles.", Response: []api.Profile{}, Errors: readErrors}, accessReader, s.hProfiles},
 		{httpapi.Route{Method: "PUT", Path: "/v1/profiles/{model}", Summary: "Store a measured or declared device profile.",
 			Request: api.Profile{}, Response: api.Profile{}, Errors: []int{400, 401, 403, 500}}, accessWriter, s.hPutProfile},
@@ -76,6 +78,7 @@ func (s *Server) routes() http.Handler {
 		httpapi.Route{Method: "GET", Path: "/v1/openapi.json", Summary: "This document.", Response: "application/json"},
 		httpapi.Route{Method: "GET", Path: "/metrics", Summary: "Prometheus metrics.", Response: "text/plain"},
 		httpapi.Route{Method: "GET", Path: "/healthz", Summary: "Liveness of the control plane and its store.", Response: "text/plain", Errors: []int{503}},
+		httpapi.Route{Method: "GET", Path: "/redfish/v1", Summary: "DMTF Redfish service root: the CompositionService facade (docs/redfish.md).", Response: "application/json"},
 	)
 	doc, err := httpapi.OpenAPI("Rialto control plane", "v1", docRoutes, api.ErrorBody{})
 	if err != nil {
@@ -94,6 +97,10 @@ func (s *Server) routes() http.Handler {
 		}
 		w.Write([]byte("ok\n"))
 	})))
+	// The Redfish facade calls the /v1 routes above in process (redfish.go).
+	rf := s.redfishService(mux)
+	mux.Handle("/redfish", s.instrument("redfish", rf))
+	mux.Handle("/redfish/", s.instrument("redfish", rf))
 	mux.Handle("/", s.instrument("other", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, api.ErrorInfo{Code: api.CodeNotFound, Message: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)})
 	})))
@@ -170,6 +177,9 @@ func (s *Server) wrap(rt route) http.Handler {
 			}
 			writeError(w, code, info)
 			return
+		}
+		if _, ok := out.(streamed); ok {
+			return // the handler wrote its answer (stream.go)
 		}
 		httpapi.WriteJSON(w, status, out)
 	}))
@@ -333,6 +343,13 @@ func (s *Server) hExplain(ctx context.Context, p principal, r *http.Request, w h
 
 func (s *Server) hEvents(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
 	q := r.URL.Query()
+	if v := q.Get("follow"); v != "" {
+		if follow, err := strconv.ParseBool(v); err != nil {
+			return 0, nil, fmt.Errorf("%w: follow=%q is not a boolean", ErrInvalid, v)
+		} else if follow {
+			return s.hFollow(ctx, p, r, w)
+		}
+	}
 	var since int64
 	limit := 1000
 	if v := q.Get("since"); v != "" {

@@ -80,6 +80,7 @@ type Server struct {
 	auth    authCache
 	beats   beatBatcher
 	leases  leaseBatcher
+	events  eventHub // the event stream's tail of the store (stream.go)
 }
 
 // New returns a Server; it stores the configured tokens (hashed).

@@ -1,0 +1,356 @@
+package slurm_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/uptest"
+)
+
+func TestMain(m *testing.M) { uptest.Main(m) }
+
+// cluster is a real Slurm (slurmctld, slurmd, munged) on localhost, in a
+// temporary directory, with rialto's prolog, task prolog and epilogs.
+type cluster struct {
+	t    *testing.T
+	dir  string
+	conf string
+}
+
+func freePort(t *testing.T) int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// daemon starts a foreground daemon, killed and waited for when the test
+// ends (also when it fails).
+func daemon(t *testing.T, logFile string, name string, args ...string) {
+	t.Helper()
+	out, err := os.Create(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(name, args...)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan struct{})
+	go func() { cmd.Wait(); close(waited) }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-waited:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-waited
+		}
+		out.Close()
+	})
+}
+
+func startSlurm(t *testing.T, bin string, up *uptest.Up) *cluster {
+	t.Helper()
+	for _, tool := range []string{"munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol", "sinfo", "nbdinfo"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if _, err := exec.LookPath("/usr/sbin/" + tool); err != nil {
+				t.Skipf("%s is not installed (.ci/run installs slurm-wlm, munge, libnbd-bin)", tool)
+			}
+		}
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("slurmd runs jobs as root here: the test needs root")
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, _, _ = strings.Cut(host, ".")
+	dir, err := os.MkdirTemp("", "rialto-slurm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, f := range []string{"slurmctld.log", "slurmd.log"} {
+				b, _ := os.ReadFile(filepath.Join(dir, "log", f))
+				t.Logf("%s (tail):\n%s", f, tail(b, 3000))
+			}
+		}
+		os.RemoveAll(dir)
+	})
+	for _, d := range []string{"munge", "state", "spool", "log", "jobs", "out"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	key := make([]byte, 1024)
+	for i := range key {
+		key[i] = byte(i*7 + 3)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "munge", "key"), key, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "munge", "sock")
+	daemon(t, filepath.Join(dir, "log", "munged.out"), "/usr/sbin/munged", "-F", "-f", "--socket="+sock,
+		"--key-file="+filepath.Join(dir, "munge", "key"), "--log-file="+filepath.Join(dir, "log", "munged.log"),
+		"--pid-file="+filepath.Join(dir, "munge", "pid"), "--seed-file="+filepath.Join(dir, "munge", "seed"))
+	waitFor(t, 10*time.Second, "munged's socket", func() bool { _, err := os.Stat(sock); return err == nil })
+
+	// The glue: env file (root's only) and the scripts slurm.conf names.
+	envFile := filepath.Join(dir, "slurm.env")
+	if err := os.WriteFile(envFile, []byte("export RIALTO_ADDR="+up.Addr+"\nexport RIALTO_TOKEN="+up.Token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	jobs := filepath.Join(dir, "jobs")
+	scripts := map[string]string{
+		"prolog":      fmt.Sprintf("exec %s slurm prolog --env-file %s --state-dir %s", bin, envFile, jobs),
+		"task-prolog": fmt.Sprintf("exec %s slurm task-prolog --state-dir %s", bin, jobs),
+		"epilog":      fmt.Sprintf("exec %s slurm epilog --env-file %s --state-dir %s", bin, envFile, jobs),
+	}
+	for name, body := range scripts {
+		if err := os.WriteFile(filepath.Join(dir, name+".sh"), []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conf := filepath.Join(dir, "slurm.conf")
+	text := fmt.Sprintf(`ClusterName=rialtotest
+SlurmctldHost=%[1]s(127.0.0.1)
+SlurmctldPort=%[2]d
+SlurmdPort=%[3]d
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket=%[4]s
+CredType=cred/munge
+StateSaveLocation=%[5]s/state
+SlurmdSpoolDir=%[5]s/spool
+SlurmctldPidFile=%[5]s/slurmctld.pid
+SlurmdPidFile=%[5]s/slurmd.pid
+SlurmctldLogFile=%[5]s/log/slurmctld.log
+SlurmdLogFile=%[5]s/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+ReturnToService=2
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+KillWait=2
+MinJobAge=600
+OverTimeLimit=0
+MessageTimeout=5
+Prolog=%[5]s/prolog.sh
+TaskProlog=%[5]s/task-prolog.sh
+Epilog=%[5]s/epilog.sh
+EpilogSlurmctld=%[5]s/epilog.sh
+PrologFlags=Alloc
+NodeName=%[1]s NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000 State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+`, host, freePort(t), freePort(t), sock, dir)
+	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	daemon(t, filepath.Join(dir, "log", "slurmctld.out"), "/usr/sbin/slurmctld", "-D", "-i", "-f", conf)
+	daemon(t, filepath.Join(dir, "log", "slurmd.out"), "/usr/sbin/slurmd", "-D", "-f", conf)
+	c := &cluster{t: t, dir: dir, conf: conf}
+	// Before the daemons stop (cleanups run last first): end every job,
+	// so that no job process outlives the test, also when it fails.
+	t.Cleanup(func() {
+		c.run("scancel", "--partition=debug")
+		deadline := time.Now().Add(20 * time.Second)
+		for time.Now().Before(deadline) {
+			if out, err := c.run("squeue", "-h", "-t", "PD,R,CG,CF", "-o", "%i"); err != nil || strings.TrimSpace(out) == "" {
+				return
+			}
+			<-time.After(200 * time.Millisecond)
+		}
+	})
+	waitFor(t, 30*time.Second, "the node to be idle", func() bool {
+		out, _ := c.run("sinfo", "-h", "-o", "%T")
+		return strings.TrimSpace(out) == "idle"
+	})
+	return c
+}
+
+func tail(b []byte, n int) string {
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %v for %s", within, what)
+		}
+		<-tick.C
+	}
+}
+
+// run runs a Slurm client command against the test's cluster.
+func (c *cluster) run(name string, args ...string) (string, error) {
+	cmd := exec.Command(name, args...)
+	cmd.Env = append(os.Environ(), "SLURM_CONF="+c.conf)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return out.String(), err
+}
+
+// submit sbatches script with a comment and extra flags; it returns the
+// job ID.
+func (c *cluster) submit(comment, script string, extra ...string) string {
+	c.t.Helper()
+	args := append([]string{"--parsable", "-o", filepath.Join(c.dir, "out", "%j.out"), "--comment", comment}, extra...)
+	args = append(args, "--wrap", script)
+	out, err := c.run("sbatch", args...)
+	if err != nil {
+		c.t.Fatalf("sbatch: %v\n%s", err, out)
+	}
+	return strings.TrimSpace(out)
+}
+
+func (c *cluster) state(job string) string {
+	out, _ := c.run("scontrol", "show", "job", job)
+	for _, f := range strings.Fields(out) {
+		if v, ok := strings.CutPrefix(f, "JobState="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+func (c *cluster) output(job string) string {
+	b, _ := os.ReadFile(filepath.Join(c.dir, "out", job+".out"))
+	return string(b)
+}
+
+// jobLeases are every lease of a job of the test's cluster.
+func jobLeases(t *testing.T, cl *api.Client, job string) []api.Lease {
+	t.Helper()
+	ls, err := cl.AllLeases(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []api.Lease
+	for _, l := range ls {
+		if strings.HasPrefix(l.IdempotencyKey, "slurm-rialtotest-"+job+"-") {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func allReleased(ls []api.Lease) bool {
+	for _, l := range ls {
+		if l.State != api.LeaseReleased {
+			return false
+		}
+	}
+	return len(ls) > 0
+}
+
+// A real Slurm against `rialto up`: jobs get their leases before they
+// start, find them in their environment, and give them back when they
+// end: after completion, scancel and the time limit. A job whose request
+// cannot be placed fails with placement's reason in its output. A retried
+// prolog finds the same lease.
+func TestRealSlurm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Slurm and rialto up")
+	}
+	bin := uptest.Binary(t)
+	up := uptest.StartUp(t, bin, filepath.Join(t.TempDir(), "state"))
+	c := startSlurm(t, bin, up)
+	cl := api.NewClient(up.Addr, up.Token, nil)
+
+	// The time limit takes longest (Slurm counts limits in minutes and
+	// checks them every half minute or so): submit that job first.
+	timeout := c.submit("rialto: block 32MiB", `echo lease=$RIALTO_LEASE_ID; sleep 600`, "--time=1")
+	done := c.submit("rialto: block 96MiB composed 3",
+		`echo lease=$RIALTO_LEASE_ID mode=$RIALTO_LEASE_0_MODE; for u in $RIALTO_LEASE_PART_URIS; do echo part=$(nbdinfo --size "$u"); done`)
+	cancel := c.submit("rialto: memory 8MiB; block 16MiB", `echo leases=$RIALTO_LEASES; sleep 600`)
+	refused := c.submit("rialto: block 100GiB composed 3", `echo should not run`)
+	plain := c.submit("", `echo no devices: [$RIALTO_LEASES]`)
+
+	// Completion: the composed lease was there, nbdinfo read each part,
+	// and the lease is released.
+	waitFor(t, 60*time.Second, "job "+done+" to complete", func() bool { return c.state(done) == "COMPLETED" })
+	out := c.output(done)
+	ls := jobLeases(t, cl, done)
+	if len(ls) != 1 || ls[0].Mode != api.ModeComposed || len(ls[0].Parts) != 3 {
+		t.Fatalf("job %s's leases: %+v\noutput:\n%s", done, ls, out)
+	}
+	if !strings.Contains(out, "lease="+ls[0].ID+" mode=composed") || strings.Count(out, "part=33554432") != 3 {
+		t.Fatalf("job %s's output:\n%s", done, out)
+	}
+	waitFor(t, 30*time.Second, "job "+done+"'s lease to be released", func() bool { return allReleased(jobLeases(t, cl, done)) })
+
+	// A request that cannot be placed fails the job, with the reason.
+	waitFor(t, 60*time.Second, "job "+refused+" to fail", func() bool { return c.state(refused) == "FAILED" })
+	out = c.output(refused)
+	if !strings.Contains(out, "could not be placed") || !strings.Contains(out, "infeasible") || strings.Contains(out, "should not run") {
+		t.Fatalf("refused job %s's output:\n%s", refused, out)
+	}
+	if ls := jobLeases(t, cl, refused); len(ls) != 0 {
+		t.Fatalf("refused job %s holds leases %+v", refused, ls)
+	}
+	waitFor(t, 30*time.Second, "job "+plain+" to complete", func() bool { return c.state(plain) == "COMPLETED" })
+	if out := c.output(plain); !strings.Contains(out, "no devices: []") {
+		t.Errorf("job without a request: %q", out)
+	}
+
+	// scancel: two leases, both released. First, a retried prolog (same
+	// job, same environment) finds the same leases and makes none.
+	waitFor(t, 60*time.Second, "job "+cancel+" to run with its leases", func() bool {
+		return c.state(cancel) == "RUNNING" && strings.Contains(c.output(cancel), "leases=")
+	})
+	before := jobLeases(t, cl, cancel)
+	if len(before) != 2 {
+		t.Fatalf("job %s's leases: %+v", cancel, before)
+	}
+	prolog := exec.Command(filepath.Join(c.dir, "prolog.sh"))
+	prolog.Env = append(os.Environ(), "SLURM_CLUSTER_NAME=rialtotest", "SLURM_JOB_ID="+cancel, "SLURM_JOB_RESTART_COUNT=0",
+		"SLURM_JOB_COMMENT=rialto: memory 8MiB; block 16MiB")
+	if out, err := prolog.CombinedOutput(); err != nil {
+		t.Fatalf("prolog again: %v\n%s", err, out)
+	}
+	if after := jobLeases(t, cl, cancel); len(after) != 2 || after[0].ID != before[0].ID || after[1].ID != before[1].ID {
+		t.Fatalf("a retried prolog changed the leases: %+v → %+v", before, after)
+	}
+	if out, err := c.run("scancel", cancel); err != nil {
+		t.Fatalf("scancel: %v %s", err, out)
+	}
+	waitFor(t, 30*time.Second, "job "+cancel+"'s leases to be released after scancel", func() bool { return allReleased(jobLeases(t, cl, cancel)) })
+
+	// The time limit.
+	waitFor(t, 150*time.Second, "job "+timeout+" to time out", func() bool { return c.state(timeout) == "TIMEOUT" })
+	waitFor(t, 30*time.Second, "job "+timeout+"'s lease to be released after its time limit", func() bool { return allReleased(jobLeases(t, cl, timeout)) })
+	if ls := jobLeases(t, cl, timeout); !strings.Contains(c.output(timeout), "lease="+ls[0].ID) {
+		t.Errorf("timed-out job's output: %q", c.output(timeout))
+	}
+}

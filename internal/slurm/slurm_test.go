@@ -1,0 +1,131 @@
+package slurm_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/slurm"
+)
+
+func TestParseComment(t *testing.T) {
+	for _, tc := range []struct {
+		comment string
+		want    []api.LeaseRequest
+		err     string
+	}{
+		{"", nil, ""},
+		{"genomics run 7", nil, ""},
+		{"rialto: block 100GiB composed 3", []api.LeaseRequest{{Kind: api.KindBlock, Size: 100 << 30, Mode: api.ModeComposed, Count: 3}}, ""},
+		{"  Rialto:  memory 1GiB ttl=2h ; accel 2 role=sha256", []api.LeaseRequest{
+			{Kind: api.KindMemory, Size: 1 << 30, TTLSeconds: 7200}, {Kind: api.KindAccel, Count: 2, Role: "sha256"}}, ""},
+		{"rialto: block whole", []api.LeaseRequest{{Kind: api.KindBlock, Whole: true}}, ""},
+		{"rialto: block 1GiB shared bandwidth=100MiB stripe=128KiB strategy=spread", []api.LeaseRequest{
+			{Kind: api.KindBlock, Size: 1 << 30, Mode: api.ModeShared, Bandwidth: 100 << 20, StripeUnit: 128 << 10, Strategy: "spread"}}, ""},
+		{"rialto:", nil, "asks for nothing"},
+		{"rialto: gpu 1", nil, "unknown kind"},
+		{"rialto: block", nil, "a size is required"},
+		{"rialto: block 1GiB colour=red", nil, "unknown option"},
+		{"rialto: block 1GiB 0", nil, "between 1 and 64"},
+		{"rialto: block lots", nil, "not a size"},
+		{"rialto: block 1GiB ttl=soon", nil, "ttl"},
+		{"rialto: " + strings.Repeat("memory 1MiB;", 9), nil, "at most 8"},
+	} {
+		got, err := slurm.ParseComment(tc.comment)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%q: error %v, want %q", tc.comment, err, tc.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%q: %v", tc.comment, err)
+			continue
+		}
+		if len(got) != len(tc.want) {
+			t.Errorf("%q: %+v, want %+v", tc.comment, got, tc.want)
+			continue
+		}
+		for i := range got {
+			if got[i].Kind != tc.want[i].Kind || got[i].Size != tc.want[i].Size || got[i].Mode != tc.want[i].Mode || got[i].Count != tc.want[i].Count ||
+				got[i].TTLSeconds != tc.want[i].TTLSeconds || got[i].Role != tc.want[i].Role || got[i].Whole != tc.want[i].Whole ||
+				got[i].Bandwidth != tc.want[i].Bandwidth || got[i].StripeUnit != tc.want[i].StripeUnit || got[i].Strategy != tc.want[i].Strategy {
+				t.Errorf("%q: request %d is %+v, want %+v", tc.comment, i, got[i], tc.want[i])
+			}
+		}
+	}
+}
+
+func TestJobFromEnv(t *testing.T) {
+	env := map[string]string{"SLURM_CLUSTER_NAME": "c1", "SLURM_JOB_ID": "42", "SLURM_JOB_RESTART_COUNT": "2", "SLURM_JOB_UID": "1000", "SLURM_JOB_GID": "100"}
+	j, err := slurm.JobFromEnv(func(k string) string { return env[k] })
+	if err != nil || j.Key(1) != "slurm-c1-42-2-1" || j.UID != 1000 || j.GID != 100 {
+		t.Fatalf("%+v %v %s", j, err, j.Key(1))
+	}
+	for _, bad := range []string{"", "../42", "4 2"} {
+		env["SLURM_JOB_ID"] = bad
+		if _, err := slurm.JobFromEnv(func(k string) string { return env[k] }); err == nil {
+			t.Errorf("job ID %q accepted", bad)
+		}
+	}
+}
+
+// The job file: export lines for the task prolog, or the failure as a
+// print line that fails the job; no file, nothing. The file is 0600.
+func TestJobFile(t *testing.T) {
+	dir := t.TempDir()
+	j := slurm.Job{Cluster: "c", ID: "7", UID: -1, GID: -1}
+	if lines, failed, err := slurm.TaskPrologLines(dir, j); err != nil || failed || lines != nil {
+		t.Fatalf("no file: %v %v %v", lines, failed, err)
+	}
+	ls := []api.Lease{{ID: "lease-a", Kind: api.KindBlock, Mode: api.ModeComposed, Size: 3 << 20,
+		Parts: []api.Part{{URI: "nbd://h:1/x"}, {URI: "nbd://h:2/y"}, {URI: "nbd://h:3/z"}}}}
+	if err := slurm.WriteFile(dir, j, slurm.Env(ls), nil); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(filepath.Join(dir, "c-7.env")); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("job file: %v %v", st, err)
+	}
+	lines, failed, err := slurm.TaskPrologLines(dir, j)
+	got := strings.Join(lines, "\n")
+	for _, want := range []string{"export RIALTO_LEASE_ID=lease-a", "export RIALTO_LEASE_0_MODE=composed", "export RIALTO_LEASE_0_SIZE=3145728",
+		"export RIALTO_LEASE_PART_URIS=nbd://h:1/x nbd://h:2/y nbd://h:3/z", "export RIALTO_LEASES=lease-a"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("lacks %q:\n%s", want, got)
+		}
+	}
+	if failed || err != nil {
+		t.Fatal(failed, err)
+	}
+	if err := slurm.WriteFile(dir, j, nil, os.ErrDeadlineExceeded); err != nil {
+		t.Fatal(err)
+	}
+	lines, failed, _ = slurm.TaskPrologLines(dir, j)
+	if !failed || len(lines) != 1 || !strings.HasPrefix(lines[0], "print rialto: the job's devices could not be leased: ") {
+		t.Fatalf("failure lines %q %v", lines, failed)
+	}
+}
+
+// FuzzParseComment: any comment parses or is refused with an error,
+// never a crash, and what parses is a request of a known kind.
+func FuzzParseComment(f *testing.F) {
+	for _, s := range []string{"rialto: block 100GiB composed 3", "rialto: memory 1GiB ttl=2h; accel 2 role=x", "rialto: block whole", "rialto:;;", "rialto: block 1e9 9999999999999999999", "x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, c string) {
+		rs, err := slurm.ParseComment(c)
+		if err != nil {
+			return
+		}
+		if len(rs) > slurm.MaxLeases {
+			t.Fatalf("%d requests", len(rs))
+		}
+		for _, r := range rs {
+			if r.Kind != api.KindBlock && r.Kind != api.KindMemory && r.Kind != api.KindAccel || r.Size < 0 || r.Count < 0 {
+				t.Fatalf("%q: %+v", c, r)
+			}
+		}
+	})
+}

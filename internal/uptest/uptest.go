@@ -1,0 +1,171 @@
+package uptest
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	buildOnce sync.Once
+	built     string
+	buildErr  error
+)
+
+// ModuleRoot returns the directory of go.mod above the working directory.
+func ModuleRoot(t testing.TB) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("uptest: no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// Main runs a test binary's tests (call it from TestMain) and removes
+// the rialto binary Binary built.
+func Main(m *testing.M) {
+	code := m.Run()
+	if built != "" {
+		os.RemoveAll(filepath.Dir(built))
+	}
+	os.Exit(code)
+}
+
+// Binary builds ./cmd/rialto once per test process; Main removes it.
+func Binary(t testing.TB) string {
+	t.Helper()
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go tool to build the rialto binary")
+	}
+	root := ModuleRoot(t)
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "rialto-uptest-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		built = filepath.Join(dir, "rialto")
+		cmd := exec.Command(gobin, "build", "-o", built, "./cmd/rialto")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return built
+}
+
+// Up is a running `rialto up`.
+type Up struct {
+	Addr, Token, Dir string
+	cmd              *exec.Cmd
+	mu               sync.Mutex
+	out              strings.Builder
+	done             chan error
+}
+
+// StartUp starts `rialto up --state-dir dir` with small disks and extra
+// flags, and waits until it prints its address and token. The cluster is
+// stopped when the test ends.
+func StartUp(t testing.TB, bin, dir string, extra ...string) *Up {
+	t.Helper()
+	args := append([]string{"up", "--state-dir", dir, "--disk-size", "256MiB", "--memory", "64MiB", "--accel", "1", "--heartbeat", "250ms"}, extra...)
+	cmd := exec.Command(bin, args...)
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	u := &Up{cmd: cmd, Dir: dir, done: make(chan error, 1)}
+	ready := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		closed := false
+		for sc.Scan() {
+			line := sc.Text()
+			u.mu.Lock()
+			u.out.WriteString(line + "\n")
+			if v, ok := strings.CutPrefix(line, "export RIALTO_ADDR="); ok {
+				u.Addr = v
+			}
+			if v, ok := strings.CutPrefix(line, "export RIALTO_TOKEN="); ok {
+				u.Token = v
+				if !closed {
+					close(ready)
+					closed = true
+				}
+			}
+			u.mu.Unlock()
+		}
+		io.Copy(io.Discard, stdout)
+		u.done <- cmd.Wait()
+	}()
+	t.Cleanup(func() { u.Stop(t) })
+	select {
+	case <-ready:
+	case err := <-u.done:
+		u.done <- err
+		t.Fatalf("rialto up exited early: %v\n%s", err, u.Output())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("rialto up not ready:\n%s", u.Output())
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u
+}
+
+// Output is what rialto up printed so far.
+func (u *Up) Output() string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.out.String()
+}
+
+// Env is the environment for CLI verbs against this cluster.
+func (u *Up) Env() []string {
+	return append(os.Environ(), "RIALTO_ADDR="+u.Addr, "RIALTO_TOKEN="+u.Token)
+}
+
+// Stop stops the cluster (SIGTERM, then kill after 20s); it may be called
+// more than once.
+func (u *Up) Stop(t testing.TB) {
+	u.mu.Lock()
+	cmd := u.cmd
+	u.cmd = nil
+	u.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-u.done:
+	case <-time.After(20 * time.Second):
+		cmd.Process.Kill()
+		<-u.done
+		t.Errorf("rialto up did not stop on SIGTERM")
+	}
+}
