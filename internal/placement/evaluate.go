@@ -1,13 +1,20 @@
 package placement
 
+// The evaluation stage of Index.Place: each option's predicted bandwidth,
+// completion and impact on running leases.
+
 import (
 	"fmt"
 	"math"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/rialto-project/rialto/internal/fabric"
 )
 
+// result is an option's predicted outcome and ranking figures (less), or
+// its rejection.
 type result struct {
 	opt       option
 	offStart  int32 // parts' offsets: x.offArena[offStart:][:len(opt.devs)]
@@ -80,15 +87,63 @@ func (x *Index) finish(res *result) {
 	}
 }
 
-// eval predicts the outcome of one option.
-func (x *Index) eval(q req, bv int32, o option, cands []cand) result {
+// evalAll is the evaluation stage of Place: each option's predicted
+// outcome, in option order, and the rejection of each option that breaks
+// a constraint. The results live in x.resBuf until release.
+func (x *Index) evalAll(q *req, bv int32, opts []option, cands []cand) ([]result, []Rejection) {
+	x.offArena, x.impArena = x.offArena[:0], x.impArena[:0]
+	results := x.resBuf[:0]
+	var rejected []Rejection
+	for _, o := range opts {
+		res := x.eval(q, bv, o, cands)
+		if res.rejection != nil {
+			rejected = append(rejected, *res.rejection)
+			continue
+		}
+		results = append(results, res)
+	}
+	return results, rejected
+}
+
+// release hands evalAll's results back to x.resBuf for the next Place,
+// cleared so that they keep nothing alive.
+func (x *Index) release(results []result) {
+	clear(results)
+	x.resBuf = results[:0]
+}
+
+// eval predicts the outcome of one option: where its parts go, whether the
+// tenant's quota holds it, the rates it and the running leases it slows
+// would get, and the figures that rank it.
+func (x *Index) eval(q *req, bv int32, o option, cands []cand) result {
 	res := result{opt: o, offStart: int32(len(x.offArena))}
 	reject := func(c, reason string) result {
 		res.rejection = &Rejection{Candidate: x.name(&res), Constraint: c, Reason: reason}
 		return res
 	}
-	// Parts: offsets in x.offArena (finish builds the chosen plan's).
-	var ch usage
+	ch, c, why := x.evalParts(&res, q, cands)
+	if c != "" {
+		return reject(c, why)
+	}
+	if c, why := x.overQuota(q, &ch); c != "" {
+		return reject(c, why)
+	}
+	uses := x.usesFor(bv, o.devs, x.evalUses[:0])
+	x.evalUses = uses
+	sol := x.localSolve(uses, q.demand, -1)
+	if c, why := x.evalRates(&res, q, &sol); c != "" {
+		return reject(c, why)
+	}
+	x.evalFigures(&res, q, uses, &sol)
+	return res
+}
+
+// evalParts finds each part's offset (kept in x.offArena: finish builds
+// the chosen plan's parts), the option's hops and latency (its farthest
+// part's) and what it would charge the tenant. A part with no room is a
+// capacity rejection.
+func (x *Index) evalParts(res *result, q *req, cands []cand) (ch usage, constraint, reason string) {
+	o := &res.opt
 	for _, di := range o.devs {
 		ds := &x.devs[di]
 		off, length := int64(0), o.partLen
@@ -96,7 +151,7 @@ func (x *Index) eval(q req, bv int32, o option, cands []cand) result {
 			var ok bool
 			off, ok = x.hole(di, o.partLen, q.align)
 			if !ok {
-				return reject(ConstraintCapacity, fmt.Sprintf("%s has %d free but no contiguous %d", ds.dev.ID, ds.free, o.partLen))
+				return ch, ConstraintCapacity, fmt.Sprintf("%s has %d free but no contiguous %d", ds.dev.ID, ds.free, o.partLen)
 			}
 		}
 		x.offArena = append(x.offArena, off)
@@ -114,28 +169,41 @@ func (x *Index) eval(q req, bv int32, o option, cands []cand) result {
 		}
 	}
 	ch.bandwidth = q.Bandwidth
-	if qt, ok := x.quota(q.Tenant); ok {
-		u := x.tenants[q.Tenant]
-		if u == nil {
-			u = &usage{}
-		}
-		switch {
-		case qt.Bytes > 0 && u.bytes+ch.bytes > qt.Bytes:
-			return reject(ConstraintQuota, fmt.Sprintf("tenant %s would hold %d of %d bytes", q.Tenant, u.bytes+ch.bytes, qt.Bytes))
-		case qt.Slots > 0 && u.slots+ch.slots > qt.Slots:
-			return reject(ConstraintQuota, fmt.Sprintf("tenant %s would hold %d of %d slots", q.Tenant, u.slots+ch.slots, qt.Slots))
-		case qt.Bandwidth > 0 && u.bandwidth+ch.bandwidth > qt.Bandwidth:
-			return reject(ConstraintQuota, fmt.Sprintf("tenant %s would use %s of %s", q.Tenant, fmtBW(u.bandwidth+ch.bandwidth), fmtBW(qt.Bandwidth)))
-		}
+	return ch, "", ""
+}
+
+// overQuota names the tenant quota (bytes, slots, bandwidth) that charging
+// ch would break, if any.
+func (x *Index) overQuota(q *req, ch *usage) (constraint, reason string) {
+	qt, ok := x.quota(q.Tenant)
+	if !ok {
+		return "", ""
 	}
-	uses := x.usesFor(bv, o.devs, x.evalUses[:0])
-	x.evalUses = uses
-	sol := x.localSolve(uses, q.demand, -1)
+	u := x.tenants[q.Tenant]
+	if u == nil {
+		u = &usage{}
+	}
+	switch {
+	case qt.Bytes > 0 && u.bytes+ch.bytes > qt.Bytes:
+		return ConstraintQuota, fmt.Sprintf("tenant %s would hold %d of %d bytes", q.Tenant, u.bytes+ch.bytes, qt.Bytes)
+	case qt.Slots > 0 && u.slots+ch.slots > qt.Slots:
+		return ConstraintQuota, fmt.Sprintf("tenant %s would hold %d of %d slots", q.Tenant, u.slots+ch.slots, qt.Slots)
+	case qt.Bandwidth > 0 && u.bandwidth+ch.bandwidth > qt.Bandwidth:
+		return ConstraintQuota, fmt.Sprintf("tenant %s would use %s of %s", q.Tenant, fmtBW(u.bandwidth+ch.bandwidth), fmtBW(qt.Bandwidth))
+	}
+	return "", ""
+}
+
+// evalRates takes the new lease's rate and completion from sol, counts the
+// requirements the option leaves unmet and the slowdown it causes, and
+// keeps the running leases it slows in x.impArena. A deadline the new
+// lease would miss, or one a running lease would newly miss, rejects it.
+func (x *Index) evalRates(res *result, q *req, sol *localSol) (constraint, reason string) {
 	res.impStart = int32(len(x.impArena))
 	res.rate = sol.newRate
 	res.compl = completion(q.Work, res.rate)
 	if q.hard && res.rate < q.need*(1-1e-9) {
-		return reject(ConstraintDeadline, fmt.Sprintf("predicted %s, completion %v > deadline %v", fmtBW(res.rate), res.compl.Round(time.Second), q.Deadline))
+		return ConstraintDeadline, fmt.Sprintf("predicted %s, completion %v > deadline %v", fmtBW(res.rate), res.compl.Round(time.Second), q.Deadline)
 	}
 	if !q.hard && q.need > 0 && res.rate < q.need*(1-SlowdownTolerance) {
 		res.unmet++
@@ -152,8 +220,8 @@ func (x *Index) eval(q req, bv int32, o option, cands []cand) result {
 		if ls.l.Deadline > 0 && ls.l.Remaining > 0 {
 			cb, ca := completion(ls.l.Remaining, before), completion(ls.l.Remaining, after)
 			if x.now+ca > ls.l.Deadline && !(x.now+cb > ls.l.Deadline) {
-				return reject(ConstraintDeadline, fmt.Sprintf("running lease %s would miss its deadline (completion %v → %v)",
-					ls.l.ID, cb.Round(time.Second), ca.Round(time.Second)))
+				return ConstraintDeadline, fmt.Sprintf("running lease %s would miss its deadline (completion %v → %v)",
+					ls.l.ID, cb.Round(time.Second), ca.Round(time.Second))
 			}
 		}
 		if after < before*(1-SlowdownTolerance) {
@@ -171,28 +239,16 @@ func (x *Index) eval(q req, bv int32, o option, cands []cand) result {
 		x.impArena = append(x.impArena, impRef{li, after})
 	}
 	res.impEnd = int32(len(x.impArena))
+	return "", ""
+}
 
-	// Ranking figures.
-	switch {
-	case q.tight:
-		switch o.mode {
-		case ModeComposed:
-			res.modeRank = 1
-		case ModeShared:
-			res.modeRank = 2
-		}
-	case q.strategy == Spread:
-		if o.mode == ModeDedicated {
-			res.modeRank = 1
-		}
-	default:
-		switch o.mode {
-		case ModeComposed:
-			res.modeRank = 1
-		case ModeDedicated:
-			res.modeRank = 2
-		}
-	}
+// evalFigures sets the ranking figures less compares beyond the unmet
+// requirements and the slowdown: the mode's rank, the worst link
+// utilisation once the option runs (uses are its resources, sol the
+// rates), and the strategy's packing.
+func (x *Index) evalFigures(res *result, q *req, uses []fabric.Use, sol *localSol) {
+	o := &res.opt
+	res.modeRank = modeRank(q, o.mode)
 	k := float64(len(o.devs))
 	add := res.rate
 	if math.IsInf(add, 1) {
@@ -240,5 +296,32 @@ func (x *Index) eval(q req, bv int32, o option, cands []cand) result {
 	} else {
 		res.pack1, res.pack2 = -leasesOn/k, float64(minFree)
 	}
-	return res
+}
+
+// modeRank is the preference for mode (lower first): with a tight
+// deadline dedicated, composed, shared (isolation from later arrivals);
+// with spread shared and composed alike, then dedicated; with binpack shared,
+// composed, dedicated.
+func modeRank(q *req, mode string) int {
+	switch {
+	case q.tight:
+		switch mode {
+		case ModeComposed:
+			return 1
+		case ModeShared:
+			return 2
+		}
+	case q.strategy == Spread:
+		if mode == ModeDedicated {
+			return 1
+		}
+	default:
+		switch mode {
+		case ModeComposed:
+			return 1
+		case ModeDedicated:
+			return 2
+		}
+	}
+	return 0
 }

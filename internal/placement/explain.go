@@ -1,14 +1,71 @@
 package placement
 
+// The last stage of Index.Place: the plan and its explanation, and the
+// explanations of infeasible requests.
+
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 )
 
+// plan builds the Plan of the best result, top[0], and explains the
+// choice.
+func (x *Index) plan(q *req, sc *scope, top []*result, nresults int, rejected []Rejection, cands []cand, examined int) Plan {
+	best := top[0]
+	x.finish(best)
+	p := Plan{
+		Mode:                best.opt.mode,
+		Parts:               best.parts,
+		Hops:                best.hops,
+		Latency:             best.latency,
+		PredictedBandwidth:  best.rate,
+		PredictedCompletion: best.compl,
+		Impacts:             best.impacts,
+	}
+	p.Explanation = x.explain(q, top, nresults, rejected, len(cands), examined)
+	if sc.share || sc.compose {
+		nx := 0
+		for i := range cands {
+			if x.devs[cands[i].dev].exclusive {
+				nx++
+			}
+		}
+		if nx > 0 {
+			p.Explanation = append(p.Explanation, fmt.Sprintf("exclusive: %d of %d candidate devices are lent whole only (never shared or composed)", nx, len(cands)))
+		}
+	}
+	return p
+}
+
+// noCandidate explains why no device is usable for q: it walks the
+// devices again, recording each rejection.
+func (x *Index) noCandidate(q *req, bv int32, sc *scope) *InfeasibleError {
+	_, rej, examined := x.candidates(q, bv, sc, true)
+	detail := fmt.Sprintf("no %s device for %s among %d examined", q.Kind, q.Borrower, examined)
+	if len(q.Devices) > 0 {
+		detail = fmt.Sprintf("no %s device for %s among the %d pinned", q.Kind, q.Borrower, examined)
+	}
+	return newInfeasible(detail, rej.list, rej.top())
+}
+
+// noOption explains why no candidate holds any option in q's scope: each
+// candidate, in candidate order, with its free capacity.
+func (x *Index) noOption(q *req, sc *scope, cands []cand) *InfeasibleError {
+	sorted := slices.Clone(cands)
+	slices.SortFunc(sorted, func(a, b cand) int { return x.cmpCand(&a, &b) })
+	what := fmt.Sprintf("a %s lease of %d", modeList(sc.dedicate, sc.share, sc.compose), q.Size)
+	if q.Whole {
+		what = fmt.Sprintf("a whole-device lease of at least %d", q.Size)
+	}
+	return newInfeasible("no device can hold "+what, x.modeRejections(sorted), ConstraintMode)
+}
+
+// modeList names the modes d(edicated), s(hared) and c(omposed) allowed.
 func modeList(d, s, c bool) string {
 	var m []string
 	if d {
@@ -23,6 +80,8 @@ func modeList(d, s, c bool) string {
 	return strings.Join(m, " or ")
 }
 
+// modeRejections is a rejection per candidate: its free capacity, or that
+// it is lent whole only.
 func (x *Index) modeRejections(cands []cand) []Rejection {
 	var out []Rejection
 	for _, c := range cands {
@@ -67,7 +126,7 @@ func whyLost(a, b *result, strategy string) string {
 
 // explain describes the choice: top is the best and the runners-up in
 // ranking order, nresults how many options were predicted and kept.
-func (x *Index) explain(q req, top []*result, nresults int, rejected []Rejection, ncand, examined int) []string {
+func (x *Index) explain(q *req, top []*result, nresults int, rejected []Rejection, ncand, examined int) []string {
 	best := top[0]
 	e := make([]string, 0, 6+min(len(best.impacts), 9)+len(top)+min(len(rejected), 5))
 	need := "no bandwidth requirement"
@@ -154,6 +213,7 @@ func (x *Index) explain(q req, top []*result, nresults int, rejected []Rejection
 	return e
 }
 
+// fmtBW formats a rate in bytes/s as MB/s.
 func fmtBW(b float64) string {
 	if math.IsInf(b, 1) {
 		return "unbounded"
@@ -161,6 +221,7 @@ func fmtBW(b float64) string {
 	return fmtF(b/1e6, 1) + " MB/s"
 }
 
+// fmtBytes formats a byte count in GB.
 func fmtBytes(n int64) string {
 	return fmtF(float64(n)/1e9, 1) + " GB"
 }

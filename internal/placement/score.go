@@ -1,7 +1,13 @@
 package placement
 
+// The ranking stage of Index.Place.
+
 import "strings"
 
+// less is the ranking order of results: fewest unmet requirements, the
+// preferred mode, (with spread, the least slowdown,) fewest hops, lowest
+// latency, least loaded links in 10% bands, the strategy's packing, least
+// slowdown, least link load, and ties end on the option's name.
 func (x *Index) less(a, b *result, strategy string) bool {
 	if a.unmet != b.unmet {
 		return a.unmet < b.unmet
@@ -61,4 +67,30 @@ func (x *Index) name(res *result) string {
 	}
 	res.name = nb.String()
 	return res.name
+}
+
+// rank is the ranking stage of Place: it appends to top (of capacity n)
+// the best n results and returns it, best first, in the order a stable
+// sort by less would give (the first of equals stays first): selection
+// instead of sorting every option.
+func (x *Index) rank(top []*result, results []result, strategy string) []*result {
+	n := cap(top)
+	for i := range results {
+		c := &results[i]
+		if len(top) == n && !x.less(c, top[len(top)-1], strategy) {
+			continue
+		}
+		j := len(top)
+		if j < n {
+			top = append(top, nil)
+		} else {
+			j--
+		}
+		for j > 0 && x.less(c, top[j-1], strategy) {
+			top[j] = top[j-1]
+			j--
+		}
+		top[j] = c
+	}
+	return top
 }
