@@ -1,5 +1,8 @@
 package placement
 
+// The tests that rule a device in or out for a request: dedicable,
+// partitionable, labels, affinity.
+
 import (
 	"fmt"
 	"strings"

@@ -1,5 +1,8 @@
 package placement
 
+// The candidate order (cmpCand) and the selections that take the first k
+// candidates in it without sorting them all.
+
 import "math"
 
 // cmpCand is the candidate order, a total order: nearest, lowest latency,

@@ -1,5 +1,8 @@
 package placement
 
+// How loaded links and devices are, as the candidates and evaluation
+// stages of Index.Place see them.
+
 import (
 	"math"
 
