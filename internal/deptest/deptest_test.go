@@ -208,7 +208,7 @@ func TestRepository(t *testing.T) {
 // expects the check to name each.
 func TestRepositoryCatchesAddedImport(t *testing.T) {
 	pkgs := goList(t, map[string]string{
-		"internal/placement/zz_forbidden.go":      "package placement\n\nimport _ \"net/http\"\n",
+		"internal/placement/zz_forbidden.go":       "package placement\n\nimport _ \"net/http\"\n",
 		"internal/dataplane/accel/zz_forbidden.go": "package accel\n\nimport _ \"github.com/rialto-project/rialto/api\"\n",
 		"internal/sim/zz_forbidden.go":             "package sim\n\nimport _ \"github.com/rialto-project/rialto/internal/controlplane\"\n",
 		"api/zz_forbidden.go":                      "package api\n\nimport _ \"github.com/rialto-project/rialto/internal/resource\"\n",
