@@ -144,9 +144,9 @@ func TestCharacterizeMeasuresStoresAndReleases(t *testing.T) {
 		t.Errorf("stored profiles %+v", stored)
 	}
 	assertNoLiveLeases(t, c)
-	ls, _ := c.Client().AllLeases(ctx)
-	if len(ls) != 1 || ls[0].DeviceID != dev || ls[0].Mode != api.ModeDedicated {
-		t.Errorf("want one dedicated lease on %s, got %+v", dev, ls)
+	ls, err := c.Client().AllLeases(ctx)
+	if err != nil || len(ls) != 1 || ls[0].DeviceID != dev || ls[0].Mode != api.ModeDedicated {
+		t.Errorf("want one dedicated lease on %s, got %d (%v)", dev, len(ls), err)
 	}
 
 	// The table, by device ID, under another model name.
@@ -196,8 +196,8 @@ func TestCharacterizeRefuses(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertNoLiveLeases(t, c)
-	if ps, _ := c.Client().Profiles(ctx); len(ps) != 0 {
-		t.Errorf("profiles stored by refused runs: %+v", ps)
+	if ps, err := c.Client().Profiles(ctx); err != nil || len(ps) != 0 {
+		t.Errorf("profiles stored by refused runs: %+v (%v)", ps, err)
 	}
 }
 
@@ -215,8 +215,8 @@ func TestCharacterizeInterruptedReleasesLease(t *testing.T) {
 		t.Errorf("release failed: %s", errs)
 	}
 	assertNoLiveLeases(t, c)
-	if ps, _ := c.Client().Profiles(context.Background()); len(ps) != 0 {
-		t.Errorf("interrupted run stored %+v", ps)
+	if ps, err := c.Client().Profiles(context.Background()); err != nil || len(ps) != 0 {
+		t.Errorf("interrupted run stored %+v (%v)", ps, err)
 	}
 }
 
