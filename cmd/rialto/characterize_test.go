@@ -231,18 +231,19 @@ func TestCharacterizeProfileDeclare(t *testing.T) {
 		}
 		return path
 	}
-	// Seed 000's NVMe: aggregate bandwidth falls with more writers.
-	good := write("seed000.json", `{"model": "seed000-nvme",
+	// The NVMe of the NVMe-oF genomics paper (Call et al.): aggregate
+	// bandwidth falls with more writers.
+	good := write("smufin.json", `{"model": "smufin-nvme",
 		"write_bps": [2.0e9, 1.7e9, 1.25e9, 0.94e9, 0.935e9, 0.93e9, 0.925e9, 0.92e9], "latency_4k_us": 90}`)
 	out, errs, code := runVerb(ctx, c, nil, "profile", "declare", good, "-o", "json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
 	var p api.Profile
-	if err := json.Unmarshal([]byte(out), &p); err != nil || p.ID != "seed000-nvme" || p.State == "" || p.Source != "declared" || len(p.WriteBps) != 8 {
+	if err := json.Unmarshal([]byte(out), &p); err != nil || p.ID != "smufin-nvme" || p.State == "" || p.Source != "declared" || len(p.WriteBps) != 8 {
 		t.Fatalf("declared profile %+v (%v)", p, err)
 	}
-	out, _, code = runVerb(ctx, c, nil, "profile", "show", "seed000-nvme")
+	out, _, code = runVerb(ctx, c, nil, "profile", "show", "smufin-nvme")
 	if code != 0 || !strings.Contains(out, "\n8 ") || !strings.Contains(out, "2000") || !strings.Contains(out, "declared") {
 		t.Errorf("profile show (exit %d):\n%s", code, out)
 	}
