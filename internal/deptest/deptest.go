@@ -70,7 +70,7 @@ var Rules = []Rule{
 		Except:   lab,
 		NoDep: []string{
 			"./internal/controlplane/...", "./internal/agent/...", "./internal/dataplane/...",
-			"./internal/netns/...", "./internal/lab/...", "./internal/sim/validate/...",
+			"./internal/netns/...", "./internal/rack/...", "./internal/lab/...", "./internal/sim/validate/...",
 			"./internal/testcluster/...", "./internal/httpx/...", "./api/...", "./cmd/...",
 		},
 	},
