@@ -329,7 +329,8 @@ const profMinBps = 100e3
 // with a model and at least one write_bps point, every bandwidth finite and
 // at least 100 kB/s (bytes/s, not MB/s), a non-negative latency, at most
 // 1024 points per curve. Curves may rise, saturate or fall with concurrency:
-// seed 000's NVMe delivers less in aggregate with more writers, and
+// the NVMe device of the NVMe-oF genomics paper (Call et al.) delivers
+// less in aggregate with more writers, and
 // placement relies on that fall to predict saturation.
 func parseDeclared(data []byte) (api.Profile, error) {
 	var p api.Profile

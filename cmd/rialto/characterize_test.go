@@ -144,9 +144,9 @@ func TestCharacterizeMeasuresStoresAndReleases(t *testing.T) {
 		t.Errorf("stored profiles %+v", stored)
 	}
 	assertNoLiveLeases(t, c)
-	ls, _ := c.Client().AllLeases(ctx)
-	if len(ls) != 1 || ls[0].DeviceID != dev || ls[0].Mode != api.ModeDedicated {
-		t.Errorf("want one dedicated lease on %s, got %+v", dev, ls)
+	ls, err := c.Client().AllLeases(ctx)
+	if err != nil || len(ls) != 1 || ls[0].DeviceID != dev || ls[0].Mode != api.ModeDedicated {
+		t.Errorf("want one dedicated lease on %s, got %d (%v)", dev, len(ls), err)
 	}
 
 	// The table, by device ID, under another model name.
@@ -196,8 +196,8 @@ func TestCharacterizeRefuses(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertNoLiveLeases(t, c)
-	if ps, _ := c.Client().Profiles(ctx); len(ps) != 0 {
-		t.Errorf("profiles stored by refused runs: %+v", ps)
+	if ps, err := c.Client().Profiles(ctx); err != nil || len(ps) != 0 {
+		t.Errorf("profiles stored by refused runs: %+v (%v)", ps, err)
 	}
 }
 
@@ -215,8 +215,8 @@ func TestCharacterizeInterruptedReleasesLease(t *testing.T) {
 		t.Errorf("release failed: %s", errs)
 	}
 	assertNoLiveLeases(t, c)
-	if ps, _ := c.Client().Profiles(context.Background()); len(ps) != 0 {
-		t.Errorf("interrupted run stored %+v", ps)
+	if ps, err := c.Client().Profiles(context.Background()); err != nil || len(ps) != 0 {
+		t.Errorf("interrupted run stored %+v (%v)", ps, err)
 	}
 }
 
@@ -231,18 +231,19 @@ func TestCharacterizeProfileDeclare(t *testing.T) {
 		}
 		return path
 	}
-	// Seed 000's NVMe: aggregate bandwidth falls with more writers.
-	good := write("seed000.json", `{"model": "seed000-nvme",
+	// The NVMe of the NVMe-oF genomics paper (Call et al.): aggregate
+	// bandwidth falls with more writers.
+	good := write("smufin.json", `{"model": "smufin-nvme",
 		"write_bps": [2.0e9, 1.7e9, 1.25e9, 0.94e9, 0.935e9, 0.93e9, 0.925e9, 0.92e9], "latency_4k_us": 90}`)
 	out, errs, code := runVerb(ctx, c, nil, "profile", "declare", good, "-o", "json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
 	var p api.Profile
-	if err := json.Unmarshal([]byte(out), &p); err != nil || p.ID != "seed000-nvme" || p.State == "" || p.Source != "declared" || len(p.WriteBps) != 8 {
+	if err := json.Unmarshal([]byte(out), &p); err != nil || p.ID != "smufin-nvme" || p.State == "" || p.Source != "declared" || len(p.WriteBps) != 8 {
 		t.Fatalf("declared profile %+v (%v)", p, err)
 	}
-	out, _, code = runVerb(ctx, c, nil, "profile", "show", "seed000-nvme")
+	out, _, code = runVerb(ctx, c, nil, "profile", "show", "smufin-nvme")
 	if code != 0 || !strings.Contains(out, "\n8 ") || !strings.Contains(out, "2000") || !strings.Contains(out, "declared") {
 		t.Errorf("profile show (exit %d):\n%s", code, out)
 	}

@@ -10,7 +10,7 @@ import (
 )
 
 func init() {
-	register(&command{Name: "plan", Summary: "Price accelerator deployments (seed 002's calculator): servers and cost of each.", Run: runPlan})
+	register(&command{Name: "plan", Summary: "Price accelerator deployments (the ERBIUM paper's calculator, Maschi and Alonso): servers and cost of each.", Run: runPlan})
 }
 
 // planDeployment is one row of plan's JSON output.
@@ -41,7 +41,7 @@ type planOutput struct {
 
 func runPlan(_ context.Context, e *env, args []string) error {
 	fs := newFlags(e, "plan", "")
-	inputs := fs.String("inputs", "", "inputs as JSON (default: seed 002's Table 1 inputs; see --print-inputs)")
+	inputs := fs.String("inputs", "", "inputs as JSON (default: the inputs of Table 1 of the ERBIUM paper; see --print-inputs)")
 	printInputs := fs.Bool("print-inputs", false, "print the inputs as JSON (a template for --inputs) and exit")
 	output := fs.String("o", "table", "output format: table or json")
 	if _, err := parse(fs, args, 0, 0); err != nil {
@@ -71,7 +71,7 @@ func runPlan(_ context.Context, e *env, args []string) error {
 	}
 	if *output == "table" {
 		if *inputs == "" {
-			fmt.Fprintln(e.stdout, "Inputs: seed 002's Table 1 (rialto plan --print-inputs shows them; edit and pass --inputs).")
+			fmt.Fprintln(e.stdout, "Inputs: Table 1 of the ERBIUM paper (Maschi and Alonso, \"The Difficult Balance Between Modern Hardware and Conventional CPUs\"); rialto plan --print-inputs shows them; edit and pass --inputs.")
 			fmt.Fprintln(e.stdout)
 		}
 		return costplan.Format(e.stdout, res)

@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-// TestPlanTable1 checks that `rialto plan` reproduces seed 002's Table 1:
+// TestPlanTable1 checks that `rialto plan` reproduces Table 1 of the ERBIUM paper:
 // servers and costs of each deployment, as the paper prints them.
 func TestPlanTable1(t *testing.T) {
 	out, errs, code := runCLI(t, "", "plan")

@@ -211,7 +211,7 @@ func ParseInputs(r io.Reader) (Inputs, error) {
 	return in, in.Validate()
 }
 
-// PaperInputs are seed 002's Table 1 inputs: 400 servers (c5.12xlarge-
+// PaperInputs are the inputs of Table 1 of the ERBIUM paper: 400 servers (c5.12xlarge-
 // sized, 48 vCPUs), MCT at 40 % of CPU time; 244 servers remain after the
 // offload, i.e. a residual host share of 1 % (400 × (1 − 0.40 + 0.01));
 // prices as in the table (one-year savings plans for cloud instances).
@@ -242,7 +242,8 @@ func Money(v float64) string {
 	return fmt.Sprintf("%.4g", v)
 }
 
-// Format writes the result as a table in the layout of seed 002's Table 1.
+// Format writes the result as a table in the layout of Table 1 of the
+// ERBIUM paper.
 func Format(w io.Writer, r Result) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "Site\tDeployment\tElement\tUnits\tUnit cost (USD)\tTotal (USD)\tNote\n")

@@ -2,13 +2,22 @@ package fabric
 
 import "time"
 
+// The rules below come from two papers: the Device Lending paper (Markussen
+// et al., "Flexible device compositions and dynamic resource sharing in PCIe
+// interconnected clusters using Device Lending") for PCIe, and the
+// network-attached FPGA paper (Weerasinghe et al., "Disaggregated FPGAs:
+// Network Performance Comparison against Bare-Metal Servers, Virtual
+// Machines and Linux Containers") for UDP over Ethernet.
+
 // NTBCrossingLatency is the one-way latency a PCIe non-transparent bridge
-// adds to a transaction that crosses it (seed 003 measured 350–370 ns).
+// adds to a transaction that crosses it (the Device Lending paper measured
+// 350–370 ns).
 const NTBCrossingLatency = 350 * time.Nanosecond
 
-// PCIe transaction sizes for DMA reads (seed 003): a device may request up to
-// MaxReadRequest bytes per read, but a read routed through a CPU root complex
-// is re-emitted as requests of RootReadCompletion bytes each.
+// PCIe transaction sizes for DMA reads (the Device Lending paper): a device
+// may request up to MaxReadRequest bytes per read, but a read routed through
+// a CPU root complex is re-emitted as requests of RootReadCompletion bytes
+// each.
 const (
 	MaxReadRequest     = 256
 	RootReadCompletion = 64
@@ -56,22 +65,25 @@ func DirectReadBandwidth(linkBW float64, tags int, rtt time.Duration) float64 {
 // RootReadBandwidth is ReadBandwidth for reads routed through a CPU root
 // (for example because an IOMMU must translate them): every 256 B request is
 // split into 64 B requests, so each outstanding tag moves a quarter of the
-// data per round trip (seed 003, Fig. 10: reads "lose most bandwidth").
+// data per round trip (the Device Lending paper, Fig. 10: reads "lose most
+// bandwidth").
 func RootReadBandwidth(linkBW float64, tags int, rtt time.Duration) float64 {
 	return ReadBandwidth(linkBW, RootReadCompletion, tags, rtt)
 }
 
 // UDPOverhead is the per-datagram overhead on Ethernet in bytes: UDP header
 // (8), IPv4 header (20), Ethernet header (14), FCS (4), preamble (7), start
-// frame delimiter (1) and inter-frame gap (12) — seed 004's formula.
+// frame delimiter (1) and inter-frame gap (12) — the network-attached FPGA
+// paper's formula.
 const UDPOverhead = 8 + 20 + 14 + 4 + 7 + 1 + 12
 
 // MinEthernetPayload is the smallest UDP payload that fills a minimum-size
 // (64 B) Ethernet frame; smaller payloads are padded to it on the wire.
 const MinEthernetPayload = 64 - 14 - 4 - 20 - 8
 
-// UDPThroughput returns seed 004's maximum UDP goodput in bytes/s for a
-// payload of payload bytes on a link of lineRate bits/s:
+// UDPThroughput returns the network-attached FPGA paper's maximum UDP
+// goodput in bytes/s for a payload of payload bytes on a link of lineRate
+// bits/s:
 // lineRate/8 × payload / (payload + 66).
 func UDPThroughput(lineRate float64, payload int) float64 {
 	if payload <= 0 {
@@ -83,7 +95,7 @@ func UDPThroughput(lineRate float64, payload int) float64 {
 // UDPMessageRate returns the maximum number of UDP datagrams per second of
 // payload bytes on a link of lineRate bits/s. Payloads below
 // MinEthernetPayload are padded to the minimum frame, which is how 1-byte
-// messages reach 14.88 M msg/s on 10 GbE (seed 004).
+// messages reach 14.88 M msg/s on 10 GbE (the network-attached FPGA paper).
 func UDPMessageRate(lineRate float64, payload int) float64 {
 	if payload < 0 {
 		return 0

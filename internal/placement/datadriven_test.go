@@ -32,7 +32,8 @@ var rewrite = flag.Bool("rewrite", false, "rewrite testdata expectations with ac
 // the snapshot), lease (input: lease lines), now DURATION, place (args: the
 // request — whole, exact, labels=K=V,K=V and pin=DEV,DEV among them; id=NAME
 // records the plan as a running lease; brief prints only the plan),
-// predict, remove ID, holds (seed-000 calibration table).
+// predict, remove ID, holds (the calibration table against the NVMe-oF
+// genomics paper).
 func TestScenarios(t *testing.T) {
 	files, err := filepath.Glob("testdata/*.txt")
 	if err != nil || len(files) == 0 {
@@ -359,8 +360,8 @@ func (sc *scenario) topologyLine(l string) error {
 			sc.s.Devices = append(sc.s.Devices, Device{ID: fmt.Sprintf("%s%d", f[1], i), Node: kv["node"], Kind: kv["kind"], Model: kv["model"],
 				Capacity: int64(getF("cap")), Bandwidth: getF("bw"), Exclusive: excl})
 		}
-	case "profile": // profile seed000 | profile MODEL max=B [curve=b1,b2,...]
-		if f[1] == "seed000" {
+	case "profile": // profile smufin | profile MODEL max=B [curve=b1,b2,...]
+		if f[1] == "smufin" { // Seed000Profile
 			sc.s.Profiles[Seed000Model] = Seed000Profile()
 			break
 		}

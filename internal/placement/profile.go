@@ -2,13 +2,15 @@ package placement
 
 import "math"
 
-// Seed-000 calibration (docs/placement.md): an NVMe device that writes
-// 2 GB/s sequentially, SMUFIN-like writers that each want 477 MB/s, and a
+// Calibration against the NVMe-oF genomics paper (Call et al.,
+// "Disaggregating Non-Volatile Memory for Throughput-Oriented Genomics
+// Workloads"; docs/placement.md): an NVMe device that writes 2 GB/s
+// sequentially, SMUFIN-like writers that each want 477 MB/s, and a
 // delivered-bandwidth curve that falls under concurrency so that one device
 // holds 2 writers but not 3, a 2-device composition 3 but not 4, and a
 // 3-device composition 5, with the 6th slowing writers by about 2.5%.
 const (
-	Seed000Model         = "seed000-nvme"
+	Seed000Model         = "smufin-nvme"
 	Seed000MaxBandwidth  = 2.0e9
 	Seed000WriterDemand  = 477e6
 	Seed000WriterWork    = 150e9
@@ -18,7 +20,8 @@ const (
 	defaultCandidateGoal = 16
 )
 
-// Seed000Profile returns the seed-000-calibrated NVMe profile.
+// Seed000Profile returns the NVMe profile calibrated against the NVMe-oF
+// genomics paper.
 func Seed000Profile() Profile {
 	return Profile{
 		Model:        Seed000Model,

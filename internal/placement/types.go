@@ -116,7 +116,8 @@ type Lease struct {
 // aggregate bandwidth in bytes/s the device delivers with i+1 concurrent
 // streams (leases); beyond the table the last entry holds. With no table the
 // device delivers MaxBandwidth at any concurrency. Seed000Profile is the
-// calibration of seed 000's NVMe device.
+// calibration of the NVMe device of the NVMe-oF genomics paper (Call et
+// al.).
 type Profile struct {
 	Model        string
 	MaxBandwidth float64

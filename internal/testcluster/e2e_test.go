@@ -153,9 +153,13 @@ func TestUnauthenticated(t *testing.T) {
 			t.Errorf("token %q: %v", tok, err)
 		}
 	}
-	ls, _ := c.Client().Leases(ctx)
+	// Not even a failed lease on record (Leases lists only live ones).
+	ls, err := c.Client().AllLeases(ctx)
+	if err != nil {
+		t.Fatalf("list leases: %v", err)
+	}
 	if len(ls) != 0 {
-		t.Fatalf("rejected requests created leases: %v", ls)
+		t.Fatalf("rejected requests created leases: %v", leaseStates(ls))
 	}
 	// Agents answer only the control plane.
 	a := c.Nodes[0].Agent()
@@ -169,6 +173,16 @@ func TestUnauthenticated(t *testing.T) {
 	if resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("agent accepted a tenant token: %d", resp.StatusCode)
 	}
+}
+
+// leaseStates is "ID state" per lease: what a failure message may show
+// of leases (never their credentials).
+func leaseStates(ls []api.Lease) []string {
+	out := make([]string, len(ls))
+	for i, l := range ls {
+		out[i] = l.ID + " " + string(l.State)
+	}
+	return out
 }
 
 func TestLenderRefusesPlacedElsewhere(t *testing.T) {
@@ -214,17 +228,23 @@ func TestAllLendersRefuseFailsCleanly(t *testing.T) {
 		t.Fatalf("create with no willing lender: %v", err)
 	}
 	t.Logf("error: %v", err)
-	devs, _ := c.Client().Devices(ctx)
+	devs, err := c.Client().Devices(ctx)
+	if err != nil || len(devs) != 4 { // 2 nodes, 2 disks each
+		t.Fatalf("devices: %d, %v", len(devs), err)
+	}
 	for _, d := range devs {
 		if d.Allocated != 0 {
 			t.Errorf("device %s left with %d allocated", d.Name, d.Allocated)
 		}
 	}
-	ls, _ := c.Client().Leases(ctx)
-	for _, l := range ls {
-		if !l.State.Terminal() {
-			t.Errorf("lease %s left %s", l.ID, l.State)
-		}
+	// The refused request's lease is on record, and over (Leases would
+	// list only live leases: use the whole history).
+	ls, err := c.Client().AllLeases(ctx)
+	if err != nil || len(ls) != 1 {
+		t.Fatalf("leases: %v, %v", leaseStates(ls), err)
+	}
+	if !ls[0].State.Terminal() {
+		t.Errorf("lease %s left %s", ls[0].ID, ls[0].State)
 	}
 	// Once a lender is willing again, the same request succeeds.
 	c.Nodes[0].Faults().RefusePrepare.Store(false)

@@ -480,8 +480,8 @@ func TestLeaseEndStopsTasks(t *testing.T) {
 	if err := a.SetCredential(0, nil); err != nil {
 		t.Fatal(err)
 	}
-	if st, _ := a.Slot(0); st.InFlight != 0 {
-		t.Fatalf("%d tasks still running after the lease ended", st.InFlight)
+	if st, err := a.Slot(0); err != nil || st.InFlight != 0 {
+		t.Fatalf("%d tasks still running after the lease ended (%v)", st.InFlight, err)
 	}
 	if _, err := task.Wait(ctx); err == nil {
 		t.Fatal("spinning task reported success")

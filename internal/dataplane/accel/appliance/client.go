@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
+	"github.com/rialto-project/rialto/internal/httpx"
 )
 
 // Client calls an appliance's management API (what the control plane uses
@@ -44,12 +45,7 @@ func (e *APIError) Error() string {
 
 // Unwrap returns the sentinel of the code.
 func (e *APIError) Unwrap() error {
-	for _, he := range httpErrors {
-		if he.Code == e.Code {
-			return he.Err
-		}
-	}
-	return nil
+	return httpErrors.Sentinel(e.Code)
 }
 
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
@@ -77,14 +73,8 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 300 {
-		var e struct {
-			Error struct {
-				Code    string `json:"code"`
-				Message string `json:"message"`
-			} `json:"error"`
-		}
-		_ = json.NewDecoder(io.LimitReader(resp.Body, 1<<16)).Decode(&e)
-		return &APIError{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message}
+		e := httpx.ReadError(resp.Body)
+		return &APIError{Status: resp.StatusCode, Code: e.Code, Message: e.Message}
 	}
 	if out == nil {
 		return nil

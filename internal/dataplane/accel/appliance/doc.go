@@ -1,11 +1,13 @@
-// Package appliance is the accelerator shell of seed 004 in software: a
-// persistent process that registers with a control plane and heartbeats,
-// exposes a management API (list slots, load a role into a slot, unload,
-// reset, lease credentials, stats, health), and virtualises its memory into
-// per-slot chunks through an offset table, so a slot can never address
-// another slot's memory. Each slot listens on its own port and speaks the
-// accel mailbox protocol; a role can be loaded, reloaded or unloaded in one
-// slot while the others keep serving.
+// Package appliance is, in software, the accelerator shell of the
+// network-attached FPGA paper (Weerasinghe et al., "Disaggregated FPGAs:
+// Network Performance Comparison against Bare-Metal Servers, Virtual
+// Machines and Linux Containers"): a persistent process that registers with
+// a control plane and heartbeats, exposes a management API (list slots, load
+// a role into a slot, unload, reset, lease credentials, stats, health), and
+// virtualises its memory into per-slot chunks through an offset table, so a
+// slot can never address another slot's memory. Each slot listens on its own
+// port and speaks the accel mailbox protocol; a role can be loaded, reloaded
+// or unloaded in one slot while the others keep serving.
 //
 // Build an Appliance with New (which binds the slot listeners) and serve it
 // with Run; Close releases the listeners of an appliance that never ran.

@@ -3,7 +3,6 @@ package appliance
 import (
 	"context"
 	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
+	"github.com/rialto-project/rialto/internal/httpx"
 )
 
 // MaxRoleBody bounds a role-load request (the Wasm module travels in it).
@@ -49,7 +49,7 @@ func (a *Appliance) Handler() http.Handler {
 	}))
 	mux.HandleFunc("PUT /v1/slots/{id}/role", a.withSlot(func(w http.ResponseWriter, r *http.Request, id int) error {
 		var spec roles.Spec
-		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxRoleBody)).Decode(&spec); err != nil {
+		if err := httpx.DecodeJSON(w, r, MaxRoleBody, &spec); err != nil {
 			return fmt.Errorf("%w: role spec: %v", errBadRequest, err)
 		}
 		if err := a.Load(r.Context(), id, spec); err != nil {
@@ -80,7 +80,7 @@ func (a *Appliance) Handler() http.Handler {
 		var body struct {
 			Credential string `json:"credential"`
 		}
-		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16)).Decode(&body); err != nil || body.Credential == "" {
+		if err := httpx.DecodeJSON(w, r, 1<<16, &body); err != nil || body.Credential == "" {
 			return fmt.Errorf("%w: want {\"credential\": \"...\"}", errBadRequest)
 		}
 		if err := a.SetCredential(id, []byte(body.Credential)); err != nil {
@@ -186,7 +186,7 @@ func (a *Appliance) withSlot(h func(http.ResponseWriter, *http.Request, int) err
 
 // httpErrors maps errors to HTTP statuses and stable API codes: the one
 // place where that happens.
-var httpErrors = []accel.HTTPError{
+var httpErrors = httpx.ErrorMap{
 	{Err: ErrNoSlot, Status: http.StatusNotFound, Code: "no_such_slot"},
 	{Err: errUnauthorized, Status: http.StatusUnauthorized, Code: "unauthorized"},
 	{Err: errBadRequest, Status: http.StatusBadRequest, Code: "bad_request"},
@@ -204,11 +204,9 @@ var httpErrors = []accel.HTTPError{
 }
 
 func writeError(w http.ResponseWriter, err error) {
-	accel.WriteHTTPError(w, httpErrors, err)
+	httpErrors.Write(w, err)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	httpx.WriteJSON(w, status, v)
 }

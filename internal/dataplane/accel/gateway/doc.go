@@ -2,7 +2,8 @@
 // that many clients call, which gathers their requests into executions
 // (dynamic batching with a maximum batch size, preferred batch sizes and a
 // maximum queue delay, as NVIDIA Triton does), runs them on a number of
-// workers against a number of slot instances (seed 002's p/w/k/e knobs),
+// workers against a number of slot instances (the p/w/k/e knobs of the
+// ERBIUM paper, Maschi and Alonso),
 // bounds its queue with clear rejections, and exports Prometheus metrics:
 // requests, executions (hence average batch size), queue time and compute
 // time. Items a caller submits together (CallGroup) always run in the same

@@ -1,13 +1,13 @@
 package gateway
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
+	"github.com/rialto-project/rialto/internal/httpx"
 )
 
 // MaxCallBody bounds the input of an HTTP call.
@@ -23,8 +23,7 @@ const MaxCallBody = 16 << 20
 func (g *Gateway) Handler(auth func(credential []byte) error) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/stats", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(g.Stats())
+		httpx.WriteJSON(w, http.StatusOK, g.Stats())
 	})
 	mux.HandleFunc("POST /v1/call/{entry}", func(w http.ResponseWriter, r *http.Request) {
 		if err := auth([]byte(r.Header.Get("Rialto-Lease-Credential"))); err != nil {
@@ -48,7 +47,7 @@ func (g *Gateway) Handler(auth func(credential []byte) error) http.Handler {
 }
 
 // httpErrors maps errors to statuses and stable codes, in one place.
-var httpErrors = []accel.HTTPError{
+var httpErrors = httpx.ErrorMap{
 	{Err: accel.ErrAuth, Status: http.StatusForbidden, Code: "credential_rejected"},
 	{Err: ErrQueueFull, Status: http.StatusTooManyRequests, Code: "queue_full"},
 	{Err: ErrLeaseQueueFull, Status: http.StatusTooManyRequests, Code: "lease_queue_full"},
@@ -61,5 +60,5 @@ var httpErrors = []accel.HTTPError{
 }
 
 func httpError(w http.ResponseWriter, err error) {
-	accel.WriteHTTPError(w, httpErrors, err)
+	httpErrors.Write(w, err)
 }

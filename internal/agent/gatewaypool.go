@@ -1,0 +1,422 @@
+package agent
+
+// The agent's gateway pool: the batching gateways that serve shared
+// accelerator leases (AccelDriver keeps the appliances and their slots).
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/dataplane/accel"
+	"github.com/rialto-project/rialto/internal/dataplane/accel/gateway"
+	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
+	"github.com/rialto-project/rialto/internal/metrics"
+	"github.com/rialto-project/rialto/internal/resource"
+)
+
+// Defaults of a shared gateway's knobs (device attributes gateway_max_batch,
+// gateway_max_delay, gateway_workers, gateway_queue_limit,
+// gateway_lease_queue_limit, gateway_queue_timeout override them). A lease
+// may hold at most half the queue unless gateway_lease_queue_limit says
+// otherwise.
+const (
+	DefaultGatewayMaxBatch     = 64
+	DefaultGatewayMaxDelay     = 200 * time.Microsecond
+	DefaultGatewayQueueTimeout = 10 * time.Second
+)
+
+// gwConfig is a device's gateway knobs.
+type gwConfig struct {
+	gateway.Config
+	leaseLimit int // items one lease may have in the gateway
+}
+
+// gatewayConfig reads a device's gateway knobs from its attributes.
+func gatewayConfig(dev DeviceConfig) (gwConfig, error) {
+	var g gwConfig
+	c := &g.Config
+	*c = gateway.Config{MaxBatch: DefaultGatewayMaxBatch, MaxQueueDelay: DefaultGatewayMaxDelay,
+		Workers: max(int(dev.Size), 1), QueueTimeout: DefaultGatewayQueueTimeout}
+	num := func(k string, p *int) error {
+		if s := dev.Attributes[k]; s != "" {
+			n, err := strconv.Atoi(s)
+			if err != nil || n <= 0 {
+				return fmt.Errorf("bad %s %q: want a positive integer", k, s)
+			}
+			*p = n
+		}
+		return nil
+	}
+	dur := func(k string, p *time.Duration) error {
+		if s := dev.Attributes[k]; s != "" {
+			v, err := time.ParseDuration(s)
+			if err != nil || v < 0 {
+				return fmt.Errorf("bad %s %q: want a duration", k, s)
+			}
+			*p = v
+		}
+		return nil
+	}
+	for _, err := range []error{num("gateway_max_batch", &c.MaxBatch), num("gateway_workers", &c.Workers),
+		num("gateway_queue_limit", &c.QueueLimit), num("gateway_lease_queue_limit", &g.leaseLimit),
+		dur("gateway_max_delay", &c.MaxQueueDelay), dur("gateway_queue_timeout", &c.QueueTimeout)} {
+		if err != nil {
+			return g, err
+		}
+	}
+	if c.QueueLimit == 0 {
+		c.QueueLimit = 64 * c.MaxBatch
+	}
+	if g.leaseLimit == 0 {
+		g.leaseLimit = max(c.QueueLimit/2, 1)
+	}
+	return g, nil
+}
+
+// gatewayPool is the shared gateways of an agent, one per device, role and
+// role config (gatewayKey). Each runs a batching gateway in front of the
+// slots of every shared lease that joined it, lets those leases' export
+// names in as credentials, and stops when its last lease leaves.
+//
+// Its methods are not safe for concurrent use: AccelDriver's mu guards the
+// pool. A gateway returned by takeAll is stopped outside that lock.
+type gatewayPool struct {
+	log    *slog.Logger
+	host   string        // gateways listen on it
+	secret func() string // a new credential for a lease's slots
+	gws    map[string]*sharedGateway
+	seq    int // gateways named so far with a role config
+}
+
+func newGatewayPool(log *slog.Logger, host string) *gatewayPool {
+	return &gatewayPool{log: log, host: host, gws: map[string]*sharedGateway{},
+		secret: func() string { return resource.NewSecret("rgw") }}
+}
+
+// slotSecret returns a new credential for a lease's slots, which only the
+// gateway presents: borrowers reach the slots through the gateway alone.
+func (p *gatewayPool) slotSecret() string { return p.secret() }
+
+// uri returns the URI of the gateway e joins, if it runs.
+func (p *gatewayPool) uri(e Export) (string, bool) {
+	g := p.gws[gatewayKey(e.Request, e.Device.Name)]
+	if g == nil {
+		return "", false
+	}
+	return g.uri(e.Host, e.Request), true
+}
+
+// join puts lease e's slots (at addrs, taking secret) behind the gateway
+// for its role, starting that gateway with the device's knobs gc if it
+// does not run, and lets e's export name in. It returns the lease's URI.
+// On error the lease is not in the pool (a gateway it started stays).
+func (p *gatewayPool) join(ctx context.Context, e Export, addrs []string, secret []byte, gc gwConfig, reg *metrics.Registry) (string, error) {
+	r := e.Request
+	key := gatewayKey(r, e.Device.Name)
+	var backs []*slotBackend
+	for _, a := range addrs {
+		backs = append(backs, &slotBackend{r: gateway.NewRedialer(a, secret)})
+	}
+	g := p.gws[key]
+	if g == nil {
+		var err error
+		g, err = p.start(ctx, e, gc, reg, p.gatewayName(r, e.Device.Name))
+		if err != nil {
+			for _, b := range backs {
+				b.r.Close()
+			}
+			return "", err
+		}
+		p.gws[key] = g
+	}
+	g.add(r.Export, backs)
+	if err := g.creds.Add([]byte(r.Export)); err != nil {
+		g.remove(r.Export, nil)
+		return "", err
+	}
+	return g.uri(e.Host, r), nil
+}
+
+// leave revokes the lease's export name at its gateway (closing its
+// connections), takes its slots out of rotation once their running
+// executions finish (calling interrupt, which must make them fail, if they
+// outlast the gateway's queue timeout), and stops the gateway if it was
+// the last lease.
+func (p *gatewayPool) leave(r api.PrepareRequest, device string, interrupt func()) {
+	key := gatewayKey(r, device)
+	g := p.gws[key]
+	if g == nil {
+		return
+	}
+	g.creds.Revoke([]byte(r.Export))
+	g.remove(r.Export, interrupt)
+	if g.leases() == 0 {
+		delete(p.gws, key)
+		g.stop()
+	}
+}
+
+// takeAll empties the pool and returns its gateways, for the caller to
+// stop.
+func (p *gatewayPool) takeAll() []*sharedGateway {
+	out := make([]*sharedGateway, 0, len(p.gws))
+	for _, g := range p.gws {
+		out = append(out, g)
+	}
+	p.gws = map[string]*sharedGateway{}
+	return out
+}
+
+// status lists the gateways, by name.
+func (p *gatewayPool) status() []GatewayStatus {
+	out := make([]GatewayStatus, 0, len(p.gws))
+	for _, g := range p.gws {
+		out = append(out, GatewayStatus{Name: g.name, Device: g.device, Role: g.role, Addr: g.ln.Addr().String(),
+			Leases: g.creds.Len(), Slots: len(g.backends()), Stats: g.g.Stats()})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// GatewayStatus describes a shared gateway.
+type GatewayStatus struct {
+	Name   string        `json:"name"`
+	Device string        `json:"device"`
+	Role   string        `json:"role"`
+	Addr   string        `json:"addr"`
+	Leases int           `json:"leases"`
+	Slots  int           `json:"slots"`
+	Stats  gateway.Stats `json:"stats"`
+}
+
+// gatewayKey is the gateway a shared lease joins: same device, role and
+// role config (by digest; the config itself may be a key).
+func gatewayKey(r api.PrepareRequest, device string) string {
+	h := sha256.New()
+	h.Write([]byte(r.Role))
+	if c := r.RoleConfig; c != nil {
+		var n [8]byte
+		binary.LittleEndian.PutUint64(n[:], uint64(len(c.Config)))
+		h.Write(n[:])
+		h.Write(c.Config)
+		h.Write(c.Module)
+		binary.LittleEndian.PutUint64(n[:], uint64(c.WasmMemoryPages))
+		h.Write(n[:])
+	}
+	return device + "\x00" + hex.EncodeToString(h.Sum(nil))
+}
+
+// gatewayName names a new gateway in metrics and listings: device and
+// role, and a sequence number when the role has a config (never anything
+// derived from the config, which may be a key).
+func (p *gatewayPool) gatewayName(r api.PrepareRequest, device string) string {
+	name := device + "/" + r.Role
+	if r.RoleConfig != nil {
+		p.seq++
+		name += "/" + strconv.Itoa(p.seq)
+	}
+	return name
+}
+
+// start starts the gateway for e's role on e's device, with the device's
+// knobs gc; it listens where e's previous URI says if it can.
+func (p *gatewayPool) start(ctx context.Context, e Export, gc gwConfig, reg *metrics.Registry, name string) (*sharedGateway, error) {
+	r, err := roles.New(ctx, spec(e.Request))
+	if err != nil {
+		return nil, roleError(err)
+	}
+	entries := r.Entries()
+	_ = r.Close(ctx)
+	cfg := gc.Config
+	cfg.Name, cfg.Role, cfg.Entries, cfg.Metrics = name, e.Request.Role, entries, reg
+	cfg.Logger = p.log.With("gateway", name)
+	sg := &sharedGateway{name: name, device: e.Device.Name, role: e.Request.Role, slots: map[string][]*slotBackend{},
+		drain: cfg.QueueTimeout}
+	if sg.drain <= 0 {
+		sg.drain = DefaultGatewayQueueTimeout
+	}
+	sg.creds.Limit = gc.leaseLimit
+	// The gateway has no slot yet: executions pick from sg's current slots.
+	g, err := gateway.New(cfg, []gateway.Backend{sg})
+	if err != nil {
+		return nil, err
+	}
+	// A gateway started for a restored lease listens where it did before,
+	// if it can.
+	var ln net.Listener
+	if port := gatewayPort(e); port != "" {
+		if ln, err = net.Listen("tcp", net.JoinHostPort(p.host, port)); err != nil {
+			p.log.Warn("cannot serve a restored gateway at its previous port", "gateway", name, "port", port, "err", err)
+			ln = nil
+		}
+	}
+	if ln == nil {
+		if ln, err = net.Listen("tcp", net.JoinHostPort(p.host, "0")); err != nil {
+			return nil, fmt.Errorf("accel: gateway listen: %w", err)
+		}
+	}
+	sg.g, sg.ln = g, ln
+	gctx, cancel := context.WithCancel(context.Background())
+	sg.cancel = cancel
+	sg.wg.Add(2)
+	go func() {
+		defer sg.wg.Done()
+		_ = g.Run(gctx)
+	}()
+	go func() {
+		defer sg.wg.Done()
+		srv := &accel.Server{Target: g.SharedTarget(&sg.creds), Logger: cfg.Logger}
+		if err := srv.Serve(gctx, ln); err != nil {
+			p.log.Error("gateway stopped", "gateway", name, "err", err)
+		}
+	}()
+	p.log.Info("gateway started", "gateway", name, "addr", ln.Addr().String())
+	return sg, nil
+}
+
+// gatewayPort returns the port a shared export's previous URI (e.URI)
+// names for its gateway, or "".
+func gatewayPort(e Export) string {
+	if p := uriPorts(e.URI); len(p) > 0 && isGatewayURI(e.URI) {
+		return p[0]
+	}
+	return ""
+}
+
+// sharedGateway is a gateway shared by the leases of one role on one
+// device. It is the gateway's only Backend: each execution goes to the next
+// of the leases' slots, so that a slot leaves without failing a batch.
+type sharedGateway struct {
+	name, device, role string
+	g                  *gateway.Gateway
+	ln                 net.Listener
+	creds              gateway.Credentials
+	drain              time.Duration // how long remove waits for running executions
+	cancel             context.CancelFunc
+	wg                 sync.WaitGroup
+
+	mu    sync.Mutex
+	slots map[string][]*slotBackend // by export name
+	order []*slotBackend
+	next  int
+}
+
+// slotBackend is one slot behind the gateway. Its lock is held for reading
+// by running executions, so that removing it waits for them.
+type slotBackend struct {
+	r       *gateway.Redialer
+	mu      sync.RWMutex
+	removed bool
+}
+
+func (sg *sharedGateway) uri(host string, r api.PrepareRequest) string {
+	a := sg.ln.Addr().String()
+	if _, port, err := net.SplitHostPort(a); err == nil && host != "" {
+		a = net.JoinHostPort(host, port)
+	}
+	return accel.URI{Slots: []string{a}, Credential: r.Export, Gateway: r.Role}.String()
+}
+
+func (sg *sharedGateway) add(export string, bs []*slotBackend) {
+	sg.mu.Lock()
+	defer sg.mu.Unlock()
+	sg.slots[export] = bs
+	sg.order = append(sg.order, bs...)
+}
+
+// remove takes the lease's slots out of rotation and waits for the
+// executions running on them; if some still run after sg.drain, it calls
+// interrupt (if not nil), which must make them fail, and waits on.
+func (sg *sharedGateway) remove(export string, interrupt func()) {
+	sg.mu.Lock()
+	bs := sg.slots[export]
+	delete(sg.slots, export)
+	kept := sg.order[:0]
+	for _, b := range sg.order {
+		gone := false
+		for _, x := range bs {
+			gone = gone || x == b
+		}
+		if !gone {
+			kept = append(kept, b)
+		}
+	}
+	clear(sg.order[len(kept):])
+	sg.order = kept
+	sg.mu.Unlock()
+	drained := make(chan struct{})
+	go func() {
+		for _, b := range bs {
+			b.mu.Lock()
+			b.removed = true
+			b.mu.Unlock()
+		}
+		close(drained)
+	}()
+	if interrupt != nil {
+		t := time.NewTimer(sg.drain)
+		select {
+		case <-drained:
+		case <-t.C:
+			interrupt()
+		}
+		t.Stop()
+	}
+	<-drained
+	for _, b := range bs {
+		b.r.Close()
+	}
+}
+
+func (sg *sharedGateway) leases() int {
+	sg.mu.Lock()
+	defer sg.mu.Unlock()
+	return len(sg.slots)
+}
+
+func (sg *sharedGateway) backends() []*slotBackend {
+	sg.mu.Lock()
+	defer sg.mu.Unlock()
+	return append([]*slotBackend(nil), sg.order...)
+}
+
+// CallBatch implements gateway.Backend: the next slot runs the batch.
+func (sg *sharedGateway) CallBatch(ctx context.Context, entry string, ins [][]byte) ([][]byte, error) {
+	for {
+		sg.mu.Lock()
+		if len(sg.order) == 0 {
+			sg.mu.Unlock()
+			return nil, fmt.Errorf("%w: gateway %s has no slots", accel.ErrUnavailable, sg.name)
+		}
+		b := sg.order[sg.next%len(sg.order)]
+		sg.next++
+		b.mu.RLock()
+		sg.mu.Unlock()
+		if b.removed { // taken out between the two locks; pick again
+			b.mu.RUnlock()
+			continue
+		}
+		outs, err := b.r.CallBatch(ctx, entry, ins)
+		b.mu.RUnlock()
+		return outs, err
+	}
+}
+
+// stop stops the gateway and closes its listener and slot connections.
+func (sg *sharedGateway) stop() {
+	sg.cancel()
+	sg.wg.Wait()
+	for _, b := range sg.backends() {
+		b.r.Close()
+	}
+}

@@ -1,0 +1,16 @@
+// Package deptest holds the repository's dependency rules (Rules) and the
+// check that applies them to packages and their dependencies as `go list`
+// reports them (Check). Its test runs the check over the whole module, so
+// `make test` fails when a package imports what its layer must not: the
+// pure policies (placement, fabric, resource, the simulator's core) reach
+// no network, process, database or system-call package and nothing of the
+// control plane, agent or data planes; the simulator never reaches the
+// control plane; api reaches nothing under internal/; the data planes
+// reach neither api nor the control plane. See docs/CONTRIBUTING.md.
+//
+// The model is tailscale's tstest/deptest. Only the packages' own (non-test)
+// dependencies count: a test may import what its package may not.
+//
+// Everything here is pure and safe for concurrent use; the zero Rule
+// applies to no package.
+package deptest

@@ -1,0 +1,14 @@
+// Package httpx is the HTTP plumbing Rialto's servers share: JSON answers
+// (WriteJSON), the error body {"error": {"code": ..., "message": ...}} with
+// its stable codes (WriteError, ErrorMap: errors mapped to statuses and
+// codes in one table per server), strict JSON request bodies with a size
+// limit (DecodeJSON), and reading an error body back (ReadError).
+//
+// It imports nothing from Rialto, so the data planes (internal/dataplane/...)
+// answer in the API's error shape without importing api; api.ErrorBody has
+// the same JSON shape and api's Code constants the same values, which a test
+// keeps so.
+//
+// There is no state: the zero ErrorMap maps every error to 500 "internal",
+// and every function is safe for concurrent use.
+package httpx

@@ -1,0 +1,233 @@
+package placement
+
+// The last stage of Index.Place: the plan and its explanation, and the
+// explanations of infeasible requests.
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// plan builds the Plan of the best result, top[0], and explains the
+// choice.
+func (x *Index) plan(q *req, sc *scope, top []*result, nresults int, rejected []Rejection, cands []cand, examined int) Plan {
+	best := top[0]
+	x.finish(best)
+	p := Plan{
+		Mode:                best.opt.mode,
+		Parts:               best.parts,
+		Hops:                best.hops,
+		Latency:             best.latency,
+		PredictedBandwidth:  best.rate,
+		PredictedCompletion: best.compl,
+		Impacts:             best.impacts,
+	}
+	p.Explanation = x.explain(q, top, nresults, rejected, len(cands), examined)
+	if sc.share || sc.compose {
+		nx := 0
+		for i := range cands {
+			if x.devs[cands[i].dev].exclusive {
+				nx++
+			}
+		}
+		if nx > 0 {
+			p.Explanation = append(p.Explanation, fmt.Sprintf("exclusive: %d of %d candidate devices are lent whole only (never shared or composed)", nx, len(cands)))
+		}
+	}
+	return p
+}
+
+// noCandidate explains why no device is usable for q: it walks the
+// devices again, recording each rejection.
+func (x *Index) noCandidate(q *req, bv int32, sc *scope) *InfeasibleError {
+	_, rej, examined := x.candidates(q, bv, sc, true)
+	detail := fmt.Sprintf("no %s device for %s among %d examined", q.Kind, q.Borrower, examined)
+	if len(q.Devices) > 0 {
+		detail = fmt.Sprintf("no %s device for %s among the %d pinned", q.Kind, q.Borrower, examined)
+	}
+	return newInfeasible(detail, rej.list, rej.top())
+}
+
+// noOption explains why no candidate holds any option in q's scope: each
+// candidate, in candidate order, with its free capacity.
+func (x *Index) noOption(q *req, sc *scope, cands []cand) *InfeasibleError {
+	sorted := slices.Clone(cands)
+	slices.SortFunc(sorted, func(a, b cand) int { return x.cmpCand(&a, &b) })
+	what := fmt.Sprintf("a %s lease of %d", modeList(sc.dedicate, sc.share, sc.compose), q.Size)
+	if q.Whole {
+		what = fmt.Sprintf("a whole-device lease of at least %d", q.Size)
+	}
+	return newInfeasible("no device can hold "+what, x.modeRejections(sorted), ConstraintMode)
+}
+
+// modeList names the modes d(edicated), s(hared) and c(omposed) allowed.
+func modeList(d, s, c bool) string {
+	var m []string
+	if d {
+		m = append(m, ModeDedicated)
+	}
+	if s {
+		m = append(m, ModeShared)
+	}
+	if c {
+		m = append(m, ModeComposed)
+	}
+	return strings.Join(m, " or ")
+}
+
+// modeRejections is a rejection per candidate: its free capacity, or that
+// it is lent whole only.
+func (x *Index) modeRejections(cands []cand) []Rejection {
+	var out []Rejection
+	for _, c := range cands {
+		ds := &x.devs[c.dev]
+		r := Rejection{Candidate: ds.dev.ID, Constraint: ConstraintCapacity,
+			Reason: fmt.Sprintf("%d free of %d, %d leases", ds.free, ds.dev.Capacity, len(ds.leases))}
+		if ds.exclusive {
+			r.Constraint, r.Reason = ConstraintExclusive, "exclusive (lent whole only): "+r.Reason
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// whyLost names the first ranking figure on which b lost to a.
+func whyLost(a, b *result, strategy string) string {
+	switch {
+	case a.unmet != b.unmet:
+		return "it leaves " + strconv.Itoa(b.unmet) + " requirement(s) unmet, the choice " + strconv.Itoa(a.unmet)
+	case a.modeRank != b.modeRank:
+		return "mode preference"
+	case strategy == Spread && a.slowdown != b.slowdown:
+		return "more slowdown (" + fmtF(100*b.slowdown, 1) + "% vs " + fmtF(100*a.slowdown, 1) + "%)"
+	case a.hops != b.hops:
+		return strconv.Itoa(b.hops) + " hops vs " + strconv.Itoa(a.hops)
+	case a.latency != b.latency:
+		return "latency " + b.latency.String() + " vs " + a.latency.String()
+	case a.linkBand != b.linkBand:
+		return "link load " + fmtF(100*b.linkUtil, 0) + "% vs " + fmtF(100*a.linkUtil, 0) + "%"
+	case a.pack1 != b.pack1 || a.pack2 != b.pack2:
+		if strategy == Spread {
+			return "device utilisation " + fmtF(100*b.pack1, 0) + "% vs " + fmtF(100*a.pack1, 0) + "%"
+		}
+		return "packing (binpack prefers devices already in use, then the tightest fit)"
+	case a.slowdown != b.slowdown:
+		return "more slowdown (" + fmtF(100*b.slowdown, 1) + "% vs " + fmtF(100*a.slowdown, 1) + "%)"
+	case a.linkUtil != b.linkUtil:
+		return "link load " + fmtF(100*b.linkUtil, 1) + "% vs " + fmtF(100*a.linkUtil, 1) + "%"
+	}
+	return "name order"
+}
+
+// explain describes the choice: top is the best and the runners-up in
+// ranking order, nresults how many options were predicted and kept.
+func (x *Index) explain(q *req, top []*result, nresults int, rejected []Rejection, ncand, examined int) []string {
+	best := top[0]
+	e := make([]string, 0, 6+min(len(best.impacts), 9)+len(top)+min(len(rejected), 5))
+	need := "no bandwidth requirement"
+	switch {
+	case q.hard:
+		kind := "relaxed"
+		if q.tight {
+			kind = "tight"
+		}
+		need = "deadline " + q.Deadline.String() + " for " + fmtBytes(q.Work) + " needs " + fmtBW(q.need) + " (" + kind + ")"
+	case q.need > 0:
+		need = "wants " + fmtBW(q.need) + " without slowdown"
+	}
+	size := strconv.FormatInt(q.Size, 10)
+	if q.Whole {
+		size = "whole device"
+		if q.Size > 0 {
+			size += " of at least " + strconv.FormatInt(q.Size, 10)
+		}
+	}
+	e = append(e, "request: "+q.Kind+" "+size+" for "+q.Borrower+", "+need+", strategy "+q.strategy)
+	if len(q.Labels) > 0 || len(q.Devices) > 0 {
+		var sel []string
+		for k, v := range q.Labels {
+			sel = append(sel, k+"="+v)
+		}
+		sort.Strings(sel)
+		c := "selector:"
+		if len(sel) > 0 {
+			c += " labels " + strings.Join(sel, ",")
+		}
+		if len(q.Devices) > 0 {
+			c += " pinned to " + strings.Join(q.Devices, ",")
+		}
+		e = append(e, c)
+	}
+	e = append(e, "candidates: "+strconv.Itoa(ncand)+" usable devices of "+strconv.Itoa(examined)+" examined; "+
+		strconv.Itoa(nresults+len(rejected))+" options predicted, "+strconv.Itoa(len(rejected))+" rejected")
+	compl := ""
+	if q.Work > 0 {
+		compl = ", completion " + best.compl.Round(time.Millisecond).String()
+	}
+	e = append(e, "chose "+x.name(best)+": "+strconv.Itoa(best.hops)+" hops, "+best.latency.String()+", predicted "+
+		fmtBW(best.rate)+compl+", link load "+fmtF(100*best.linkUtil, 0)+"%")
+	switch {
+	case q.Whole:
+		e = append(e, "mode: a whole device was asked for, so dedicated")
+	case q.Mode != "":
+		e = append(e, "mode: "+q.Mode+" was asked for")
+	case q.tight:
+		e = append(e, "mode: tight deadline, so dedicated is preferred, then composed, then shared (isolation from later arrivals)")
+	case q.strategy == Spread:
+		e = append(e, "mode: spread, so the least slowdown, then the nearest, then the least utilised devices win")
+	default:
+		e = append(e, "mode: binpack, so shared is preferred, then composed, then dedicated, while every requirement holds")
+	}
+	if len(best.impacts) == 0 {
+		e = append(e, "impact: no running lease slowed")
+	}
+	for i, im := range best.impacts {
+		if i == 8 {
+			e = append(e, fmt.Sprintf("impact: … %d more", len(best.impacts)-8))
+			break
+		}
+		s := "impact: " + im.LeaseID + " " + fmtBW(im.BandwidthBefore) + " → " + fmtBW(im.BandwidthAfter)
+		if im.CompletionAfter > 0 {
+			s += ", completion " + im.CompletionBefore.Round(time.Millisecond).String() + " → " + im.CompletionAfter.Round(time.Millisecond).String()
+		}
+		if im.MissesDeadline {
+			s += " (misses its deadline)"
+		}
+		e = append(e, s)
+	}
+	for _, ru := range top[1:] {
+		e = append(e, "runner-up "+x.name(ru)+": predicted "+fmtBW(ru.rate)+", lost on "+whyLost(best, ru, q.strategy))
+	}
+	for i, r := range rejected {
+		if i == 4 {
+			e = append(e, fmt.Sprintf("rejected: … %d more", len(rejected)-4))
+			break
+		}
+		e = append(e, "rejected "+r.Candidate+": "+r.Reason)
+	}
+	return e
+}
+
+// fmtBW formats a rate in bytes/s as MB/s.
+func fmtBW(b float64) string {
+	if math.IsInf(b, 1) {
+		return "unbounded"
+	}
+	return fmtF(b/1e6, 1) + " MB/s"
+}
+
+// fmtBytes formats a byte count in GB.
+func fmtBytes(n int64) string {
+	return fmtF(float64(n)/1e9, 1) + " GB"
+}
+
+// fmtF is fmt's %.<prec>f (strconv formats floats the same way, Inf and
+// NaN included).
+func fmtF(v float64, prec int) string {
+	return strconv.FormatFloat(v, 'f', prec, 64)
+}
