@@ -331,6 +331,11 @@ type HeartbeatResponse struct {
 	// lease now carries the reported URI.
 	Moved []string `json:"moved,omitempty"`
 	Peers []Node   `json:"peers,omitempty"`
+	// Leases lists the heartbeat's leases that are still reserved or
+	// active on this node, with their expiry: the lender serves an export
+	// it restored after a restart only once its lease is listed here, and
+	// learns renewals from it.
+	Leases []LeaseExpiry `json:"leases,omitempty"`
 }
 
 // PrepareRequest is sent by the control plane to a lender agent during the
@@ -353,6 +358,17 @@ type PrepareRequest struct {
 	// Caps for shared partitions (0 = none).
 	BandwidthCap int64 `json:"bandwidth_cap,omitempty"`
 	IOPSCap      int64 `json:"iops_cap,omitempty"`
+	// ExpiresAt is when the lease expires unless renewed; heartbeat
+	// answers bring renewals (HeartbeatResponse.Leases). A lender that
+	// cannot reach the control plane stops serving the export then.
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
+}
+
+// LeaseExpiry is a lease a lender serves that the control plane still
+// wants served, with when it expires unless renewed.
+type LeaseExpiry struct {
+	ID        string    `json:"id"`
+	ExpiresAt time.Time `json:"expires_at"`
 }
 
 // PrepareResponse is the lender's confirmation.

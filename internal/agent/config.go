@@ -138,4 +138,9 @@ type Faults struct {
 	// IgnorePrepare never answers a prepare: the handler waits until the
 	// caller gives up or the agent stops.
 	IgnorePrepare atomic.Bool
+	// CrashMidWipe stops every wipe half-way, as a crash of the agent in
+	// the middle of it would: half the range is zeroed, the journal entry
+	// stays and the range stays unlendable (until a restart without the
+	// fault finishes it).
+	CrashMidWipe atomic.Bool
 }
