@@ -112,7 +112,7 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a.mHeartbeats = a.reg.Counter("rialto_agent_heartbeats_total", "Heartbeats sent, by result.", "result")
 	a.mPrepares = a.reg.Counter("rialto_agent_prepares_total", "Prepare requests, by result.", "result")
-	a.mExports = a.reg.Gauge("rialto_agent_exports", "Exports being served.").With()
+	a.mExports = a.reg.Gauge("rialto_agent_exports", "Exports kept: served, held or suspended (see rialto_agent_exports_withheld).").With()
 	a.mWithheld = a.reg.Gauge("rialto_agent_exports_withheld",
 		"Exports kept but not served, by state: held (restored, awaiting the control plane's confirmation) or suspended (their lease's known expiry passed).", "state")
 	a.mRestored = a.reg.Counter("rialto_agent_restored_exports_total",
@@ -155,7 +155,9 @@ func (a *Agent) Endpoint(k api.Kind) string {
 	return a.endpoints[k]
 }
 
-// Leases lists the IDs of the leases whose exports the agent serves.
+// Leases lists the IDs of the leases the agent keeps exports of: served,
+// held (restored, awaiting the control plane's confirmation) or suspended
+// (past their known expiry). Heartbeats report them all.
 func (a *Agent) Leases() []string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
