@@ -376,7 +376,8 @@ func (n *Node) PauseHeartbeats(pause bool) {
 	}
 }
 
-// Serves reports whether the node's agent serves an export for the lease.
+// Serves reports whether the node's agent keeps an export for the lease
+// (served, or held or suspended: see agent.Agent.Leases).
 func (n *Node) Serves(leaseID string) bool {
 	a := n.Agent()
 	if a == nil {
