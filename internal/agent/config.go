@@ -131,7 +131,9 @@ func (c *Config) validate() error {
 // Faults injects failures for tests. Every flag is safe to flip while the
 // agent runs.
 type Faults struct {
-	// PauseHeartbeats stops heartbeats (the agent keeps serving).
+	// PauseHeartbeats stops heartbeats, as a partition from the control
+	// plane would: the agent keeps serving the leases whose known expiry
+	// has not passed.
 	PauseHeartbeats atomic.Bool
 	// RefusePrepare answers every prepare with 503.
 	RefusePrepare atomic.Bool
