@@ -336,6 +336,10 @@ type HeartbeatResponse struct {
 	// it restored after a restart only once its lease is listed here, and
 	// learns renewals from it.
 	Leases []LeaseExpiry `json:"leases,omitempty"`
+	// Now is the control plane's clock when it answered: the lender counts
+	// the time left of each lease (ExpiresAt - Now) from when it sent the
+	// heartbeat, on its own clock.
+	Now time.Time `json:"now,omitzero"`
 }
 
 // PrepareRequest is sent by the control plane to a lender agent during the
@@ -362,6 +366,10 @@ type PrepareRequest struct {
 	// answers bring renewals (HeartbeatResponse.Leases). A lender that
 	// cannot reach the control plane stops serving the export then.
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
+	// Now is the control plane's clock when it sent the request: the
+	// lender counts the time left (ExpiresAt - Now) on its own clock, so
+	// the two clocks need not agree.
+	Now time.Time `json:"now,omitzero"`
 }
 
 // LeaseExpiry is a lease a lender serves that the control plane still

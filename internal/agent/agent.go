@@ -625,6 +625,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 		hb.Links = append(hb.Links, api.LinkReport{To: "controlplane", RTTMicros: cpRTT, Up: cpUp})
 	}
 	cl := api.NewClient(a.cfg.ControlPlane, cred, a.hc)
+	sent := a.clock.Now()
 	start := time.Now()
 	resp, err := cl.Heartbeat(ctx, nodeID, hb)
 	rtt := float64(time.Since(start).Nanoseconds()) / 1e3
@@ -656,7 +657,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 			a.log.Warn("teardown requested by the control plane failed", "lease", id, "err", err)
 		}
 	}
-	a.reconcile(ctx, resp.Leases)
+	a.reconcile(ctx, resp.Leases, resp.Now, sent)
 	a.enforceExpiry(ctx, true)
 	return nil
 }

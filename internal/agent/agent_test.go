@@ -33,6 +33,7 @@ type fakeCP struct {
 	teardown  []string
 	expires   map[string]time.Time // leases' expiries; a reported lease not torn down is confirmed
 	down      bool                 // answer heartbeats with 503
+	now       time.Time            // the control plane's clock, sent in answers if set
 	agentKey  string
 	cred      string
 	forgetful bool // answer heartbeats with 401 once
@@ -73,7 +74,7 @@ func newFakeCP(t *testing.T) (*fakeCP, *httptest.Server) {
 		var hb api.Heartbeat
 		json.NewDecoder(r.Body).Decode(&hb)
 		f.beats = append(f.beats, hb)
-		resp := api.HeartbeatResponse{Teardown: f.teardown}
+		resp := api.HeartbeatResponse{Teardown: f.teardown, Now: f.now}
 		for _, id := range hb.Leases {
 			if !slices.Contains(f.teardown, id) {
 				resp.Leases = append(resp.Leases, api.LeaseExpiry{ID: id, ExpiresAt: f.expires[id]})

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/resource"
@@ -77,6 +78,7 @@ func (a *Agent) validate(req api.PrepareRequest) (api.PrepareRequest, DeviceConf
 // an export again for the same lease returns the same answer (and serves
 // it again if it was held or suspended: the control plane wants it).
 func (a *Agent) Prepare(ctx context.Context, req api.PrepareRequest) (api.PrepareResponse, error) {
+	req.ExpiresAt, req.Now = localExpiry(req.ExpiresAt, req.Now, a.clock.Now()), time.Time{}
 	return a.prepare(ctx, req, false, "", false)
 }
 

@@ -15,7 +15,11 @@ import (
 //     or active (api.HeartbeatResponse.Leases); a lease the answer says to
 //     tear down is torn down and its range wiped without ever being served.
 //   - Each export knows its lease's expiry (api.PrepareRequest.ExpiresAt,
-//     then every heartbeat answer). When it passes, by the agent's clock,
+//     then every heartbeat answer), as the time left by the control
+//     plane's clock (ExpiresAt - Now) counted on the agent's own clock
+//     from when the request arrived or the heartbeat left: the clocks need
+//     not agree, and a slow answer only makes the agent stop earlier.
+//     When it passes,
 //     without an answer showing a renewal, the agent stops serving the
 //     export: a Suspender driver keeps its data (block ranges stay as they
 //     are), other drivers tear it down. An answer that shows the lease
@@ -24,30 +28,42 @@ import (
 //   - Nothing is wiped because the control plane is unreachable: only a
 //     teardown the control plane asks for wipes.
 
-// reconcile applies a heartbeat answer's leases: their expiries, and the
-// confirmation of held or suspended exports whose lease has not expired.
-func (a *Agent) reconcile(ctx context.Context, leases []api.LeaseExpiry) {
+// localExpiry is the control plane's expiry exp, stamped cpNow by the
+// control plane's clock, on the agent's clock counted from since: the time
+// left is measured, not the clocks compared. Without cpNow (an older
+// control plane), exp is taken as it is.
+func localExpiry(exp, cpNow, since time.Time) time.Time {
+	if exp.IsZero() || cpNow.IsZero() {
+		return exp
+	}
+	return since.Add(exp.Sub(cpNow))
+}
+
+// reconcile applies a heartbeat answer's leases: their expiries (cpNow is
+// the control plane's clock in the answer, sent the agent's clock when
+// the heartbeat left), and the confirmation of held or suspended exports
+// whose lease has not expired. Expiries are kept in memory only: a restart
+// holds every export until the next answer brings them again.
+func (a *Agent) reconcile(ctx context.Context, leases []api.LeaseExpiry, cpNow, sent time.Time) {
 	if len(leases) == 0 {
 		return
 	}
 	wanted := make(map[string]time.Time, len(leases))
 	for _, l := range leases {
-		wanted[l.ID] = l.ExpiresAt
+		wanted[l.ID] = localExpiry(l.ExpiresAt, cpNow, sent)
 	}
 	now := a.clock.Now()
 	a.opMu.Lock()
 	a.mu.Lock()
-	changed := false
 	var resume, confirm []Export
 	for name, e := range a.exports {
 		exp, ok := wanted[e.Request.LeaseID]
 		if !ok {
 			continue
 		}
-		if !exp.IsZero() && !exp.Equal(e.Request.ExpiresAt) {
+		if !exp.IsZero() {
 			e.Request.ExpiresAt = exp
 			a.exports[name] = e
-			changed = true
 		}
 		if !e.Request.ExpiresAt.IsZero() && !now.Before(e.Request.ExpiresAt) {
 			continue
@@ -73,11 +89,6 @@ func (a *Agent) reconcile(ctx context.Context, leases []api.LeaseExpiry) {
 		}
 		a.mu.Unlock()
 		a.log.Info("lease renewed; serving it again", "lease", e.Request.LeaseID)
-	}
-	if changed {
-		if err := a.saveExportsLocked(); err != nil {
-			a.log.Warn("persisting exports", "err", err)
-		}
 	}
 	a.opMu.Unlock()
 	for _, e := range confirm {

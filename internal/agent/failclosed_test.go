@@ -255,3 +255,49 @@ func memoryTarget(t *testing.T, uri string) (string, string) {
 	}
 	return u.Host, strings.TrimPrefix(u.Path, "/")
 }
+
+// TestExpiryCountsTimeLeft: the agent counts a lease's time left on its
+// own clock, whatever the control plane's clock says: with the control
+// plane's clock a year behind, a lease with a minute left is served for a
+// minute (not stopped at once), and a renewal read from a heartbeat
+// answer extends it from when the heartbeat left.
+func TestExpiryCountsTimeLeft(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	clock := &fakeClock{now: time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)}
+	cpNow := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	cfg := testConfig(srv.URL, t.TempDir())
+	cfg.Clock = clock
+	a := start(t, cfg).a
+	ctx := ctxFor(t)
+	resp, err := a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindBlock, DeviceName: "disk0",
+		Length: leaseSize, Export: "x_lease-a", ExpiresAt: cpNow.Add(time.Minute), Now: cpNow})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp.set(func(f *fakeCP) { f.down = true })
+	clock.Advance(59 * time.Second)
+	a.Heartbeat(ctx)
+	if !served(t, resp.URI) {
+		t.Fatal("a lease with time left stopped: the clocks were compared")
+	}
+	// The control plane answers at its 00:00:59 that the lease runs to
+	// 00:02:00: 61 s left, counted from when the heartbeat left.
+	cp.set(func(f *fakeCP) {
+		f.down, f.now = false, cpNow.Add(59*time.Second)
+		f.expires = map[string]time.Time{"lease-a": cpNow.Add(2 * time.Minute)}
+	})
+	if err := a.Heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cp.set(func(f *fakeCP) { f.down = true })
+	clock.Advance(60 * time.Second)
+	a.Heartbeat(ctx)
+	if !served(t, resp.URI) {
+		t.Fatal("the renewal was not counted")
+	}
+	clock.Advance(time.Second)
+	a.Heartbeat(ctx)
+	if served(t, resp.URI) {
+		t.Fatal("served past the renewed expiry without the control plane")
+	}
+}

@@ -8,7 +8,7 @@ import (
 )
 
 // TestLendersLearnExpiries: a lender's prepare request carries the lease's
-// expiry, and each heartbeat answer lists the reported leases that are
+// expiry (and the control plane's clock), and each heartbeat answer lists the reported leases that are
 // still wanted with their current expiry (a renewal shows up there);
 // leases no longer wanted are torn down instead of listed.
 func TestLendersLearnExpiries(t *testing.T) {
@@ -26,8 +26,8 @@ func TestLendersLearnExpiries(t *testing.T) {
 		}
 	}
 	e.lender.mu.Unlock()
-	if !prepared.ExpiresAt.Equal(l.ExpiresAt) || prepared.ExpiresAt.IsZero() {
-		t.Fatalf("prepare request expiry %v, lease expiry %v", prepared.ExpiresAt, l.ExpiresAt)
+	if !prepared.ExpiresAt.Equal(l.ExpiresAt) || prepared.ExpiresAt.IsZero() || !prepared.Now.Equal(e.clock.Now()) {
+		t.Fatalf("prepare request expiry %v at %v, lease expiry %v at %v", prepared.ExpiresAt, prepared.Now, l.ExpiresAt, e.clock.Now())
 	}
 	gone, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
 	if err != nil {
@@ -46,6 +46,9 @@ func TestLendersLearnExpiries(t *testing.T) {
 		return resp
 	}
 	resp := beat()
+	if !resp.Now.Equal(e.clock.Now()) {
+		t.Fatalf("heartbeat answer stamped %v, clock %v", resp.Now, e.clock.Now())
+	}
 	if len(resp.Leases) != 1 || resp.Leases[0].ID != l.ID || !resp.Leases[0].ExpiresAt.Equal(l.ExpiresAt) {
 		t.Fatalf("heartbeat leases %+v, want %s until %v", resp.Leases, l.ID, l.ExpiresAt)
 	}

@@ -399,7 +399,7 @@ func (s *Server) prepareParts(ctx context.Context, l api.Lease, req api.LeaseReq
 			LeaseID: l.ID, Kind: l.Kind, Mode: l.Mode, DeviceID: p.DeviceID, DeviceName: devNames[p.DeviceID],
 			Offset: p.Offset, Length: p.Length, Export: partExport(l.Credential, i), Role: req.Role,
 			RoleConfig: req.RoleConfig, Gateway: req.Kind == api.KindAccel && req.Mode == api.ModeShared,
-			BandwidthCap: req.BandwidthCap, IOPSCap: req.IOPSCap, ExpiresAt: l.ExpiresAt,
+			BandwidthCap: req.BandwidthCap, IOPSCap: req.IOPSCap, ExpiresAt: l.ExpiresAt, Now: s.now(),
 		})
 		s.m.lenderLatency.With("prepare").Observe(time.Since(start).Seconds())
 		if err == nil && resp.URI == "" {

@@ -213,7 +213,7 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 		}
 		s.invalidate()
 	}
-	var resp api.HeartbeatResponse
+	resp := api.HeartbeatResponse{Now: now}
 	if len(h.Leases) > 0 {
 		ls, err := s.st.Leases(ctx, store.LeaseFilter{IDs: h.Leases})
 		if err != nil {
