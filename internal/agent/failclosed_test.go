@@ -10,7 +10,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
-	"github.com/rialto-project/rialto/internal/dataplane/memory"
+	memclient "github.com/rialto-project/rialto/internal/dataplane/memory/client"
 )
 
 // fakeClock is a clock tests move by hand.
@@ -213,11 +213,11 @@ func TestExpiredMemoryLeaseKeepsItsBytes(t *testing.T) {
 	}
 	addr, cred := memoryTarget(t, resp.URI)
 	want := bytes.Repeat([]byte("memory kept "), 400)
-	mc, err := memory.Dial(ctx, addr, cred, memory.Options{})
+	mc, err := memclient.Dial(ctx, addr, cred, memclient.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := mc.Write(ctx, memory.ChannelSync, want, 4096); err != nil {
+	if err := mc.Write(ctx, memclient.ChannelSync, want, 4096); err != nil {
 		t.Fatal(err)
 	}
 	mc.Close()
@@ -225,7 +225,7 @@ func TestExpiredMemoryLeaseKeepsItsBytes(t *testing.T) {
 	cp.set(func(f *fakeCP) { f.down = true })
 	clock.Advance(time.Minute)
 	a.Heartbeat(ctx)
-	if c, err := memory.Dial(ctx, addr, cred, memory.Options{}); err == nil {
+	if c, err := memclient.Dial(ctx, addr, cred, memclient.Options{}); err == nil {
 		c.Close()
 		t.Fatal("an expired memory lease is served without the control plane")
 	}
@@ -235,13 +235,13 @@ func TestExpiredMemoryLeaseKeepsItsBytes(t *testing.T) {
 	if err := a.Heartbeat(ctx); err != nil {
 		t.Fatal(err)
 	}
-	mc, err = memory.Dial(ctx, addr, cred, memory.Options{})
+	mc, err = memclient.Dial(ctx, addr, cred, memclient.Options{})
 	if err != nil {
 		t.Fatalf("the renewed memory lease: %v", err)
 	}
 	defer mc.Close()
 	got := make([]byte, len(want))
-	if err := mc.Read(ctx, memory.ChannelSync, got, 4096); err != nil || !bytes.Equal(got, want) {
+	if err := mc.Read(ctx, memclient.ChannelSync, got, 4096); err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("the renewed memory lease's bytes: %v (equal: %v)", err, bytes.Equal(got, want))
 	}
 }

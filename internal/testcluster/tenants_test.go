@@ -17,7 +17,7 @@ import (
 	"github.com/rialto-project/rialto/internal/agent"
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
-	"github.com/rialto-project/rialto/internal/dataplane/memory"
+	memclient "github.com/rialto-project/rialto/internal/dataplane/memory/client"
 )
 
 // partURIs are a lease's data-plane URIs, one per part.
@@ -199,19 +199,19 @@ func TestNextTenantMemoryAndSlotsZero(t *testing.T) {
 	alice, bob := c.ClientWithToken(TenantToken("alice")), c.ClientWithToken(TenantToken("bob"))
 	secret := bytes.Repeat([]byte("alice secret "), 5000)
 
-	memLease := func(cl *api.Client) (api.Lease, *memory.Client) {
+	memLease := func(cl *api.Client) (api.Lease, *memclient.Client) {
 		l, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindMemory, Size: 1 << 20})
 		if err != nil {
 			t.Fatal(err)
 		}
-		mc, err := memory.Dial(ctx, mustURL(t, l.URI).Host, strings.TrimPrefix(mustURL(t, l.URI).Path, "/"), memory.Options{})
+		mc, err := memclient.Dial(ctx, mustURL(t, l.URI).Host, strings.TrimPrefix(mustURL(t, l.URI).Path, "/"), memclient.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return l, mc
 	}
 	la, mc := memLease(alice)
-	if err := mc.Write(ctx, memory.ChannelBulk, secret, 0); err != nil {
+	if err := mc.Write(ctx, memclient.ChannelBulk, secret, 0); err != nil {
 		t.Fatal(err)
 	}
 	mc.Close()
@@ -220,7 +220,7 @@ func TestNextTenantMemoryAndSlotsZero(t *testing.T) {
 	}
 	_, mc = memLease(bob)
 	got := make([]byte, len(secret))
-	if err := mc.Read(ctx, memory.ChannelBulk, got, 0); err != nil {
+	if err := mc.Read(ctx, memclient.ChannelBulk, got, 0); err != nil {
 		t.Fatal(err)
 	}
 	mc.Close()
