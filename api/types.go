@@ -331,6 +331,15 @@ type HeartbeatResponse struct {
 	// lease now carries the reported URI.
 	Moved []string `json:"moved,omitempty"`
 	Peers []Node   `json:"peers,omitempty"`
+	// Leases lists the heartbeat's leases that are still reserved or
+	// active on this node, with their expiry: the lender serves an export
+	// it restored after a restart only once its lease is listed here, and
+	// learns renewals from it.
+	Leases []LeaseExpiry `json:"leases,omitempty"`
+	// Now is the control plane's clock when it answered: the lender counts
+	// the time left of each lease (ExpiresAt - Now) from when it sent the
+	// heartbeat, on its own clock.
+	Now time.Time `json:"now,omitzero"`
 }
 
 // PrepareRequest is sent by the control plane to a lender agent during the
@@ -353,6 +362,21 @@ type PrepareRequest struct {
 	// Caps for shared partitions (0 = none).
 	BandwidthCap int64 `json:"bandwidth_cap,omitempty"`
 	IOPSCap      int64 `json:"iops_cap,omitempty"`
+	// ExpiresAt is when the lease expires unless renewed; heartbeat
+	// answers bring renewals (HeartbeatResponse.Leases). A lender that
+	// cannot reach the control plane stops serving the export then.
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
+	// Now is the control plane's clock when it sent the request: the
+	// lender counts the time left (ExpiresAt - Now) on its own clock, so
+	// the two clocks need not agree.
+	Now time.Time `json:"now,omitzero"`
+}
+
+// LeaseExpiry is a lease a lender serves that the control plane still
+// wants served, with when it expires unless renewed.
+type LeaseExpiry struct {
+	ID        string    `json:"id"`
+	ExpiresAt time.Time `json:"expires_at"`
 }
 
 // PrepareResponse is the lender's confirmation.

@@ -54,12 +54,19 @@ type Agent struct {
 	lastBeatAt time.Time
 	probeNext  int // rotation cursor over peers
 
-	hbMu sync.Mutex // serializes heartbeat rounds
+	wipes []*pendingWipe // the wipe journal (a.mu)
 
-	mHeartbeats *metrics.CounterVec
-	mPrepares   *metrics.CounterVec
-	mExports    *metrics.Gauge
-	mRestored   *metrics.CounterVec
+	hbMu   sync.Mutex // serializes heartbeat rounds
+	wipeMu sync.Mutex // serializes writes of the wipe journal
+
+	mHeartbeats   *metrics.CounterVec
+	mPrepares     *metrics.CounterVec
+	mExports      *metrics.Gauge
+	mWithheld     *metrics.GaugeVec
+	mRestored     *metrics.CounterVec
+	mWipes        *metrics.CounterVec
+	mPendingWipes *metrics.Gauge
+	mSuspends     *metrics.CounterVec
 }
 
 // New checks cfg and returns an agent ready to Run.
@@ -105,9 +112,15 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a.mHeartbeats = a.reg.Counter("rialto_agent_heartbeats_total", "Heartbeats sent, by result.", "result")
 	a.mPrepares = a.reg.Counter("rialto_agent_prepares_total", "Prepare requests, by result.", "result")
-	a.mExports = a.reg.Gauge("rialto_agent_exports", "Exports being served.").With()
+	a.mExports = a.reg.Gauge("rialto_agent_exports", "Exports kept: served, held or suspended (see rialto_agent_exports_withheld).").With()
+	a.mWithheld = a.reg.Gauge("rialto_agent_exports_withheld",
+		"Exports kept but not served, by state: held (restored, awaiting the control plane's confirmation) or suspended (their lease's known expiry passed).", "state")
 	a.mRestored = a.reg.Counter("rialto_agent_restored_exports_total",
-		"Exports restored after a restart, by result: same_address, new_address (the lease's URI is stale), unknown_address (none persisted) or failed.", "result")
+		"Exports restored after a restart, by result once the control plane answered: same_address, new_address (the lease's URI is stale), unknown_address (none persisted), failed, or dropped (the control plane no longer wanted the lease).", "result")
+	a.mWipes = a.reg.Counter("rialto_agent_wipes_total", "Block ranges wiped before returning to the pool, by result (ok, failed).", "result")
+	a.mPendingWipes = a.reg.Gauge("rialto_agent_pending_wipes", "Block ranges in the wipe journal: lent to no one until wiped.").With()
+	a.mSuspends = a.reg.Counter("rialto_agent_expiry_suspensions_total",
+		"Exports the agent stopped serving because their lease's known expiry passed without a renewal it could confirm.", "kind")
 	return a, nil
 }
 
@@ -142,7 +155,9 @@ func (a *Agent) Endpoint(k api.Kind) string {
 	return a.endpoints[k]
 }
 
-// Leases lists the IDs of the leases whose exports the agent serves.
+// Leases lists the IDs of the leases the agent keeps exports of: served,
+// held (restored, awaiting the control plane's confirmation) or suspended
+// (past their known expiry). Heartbeats report them all.
 func (a *Agent) Leases() []string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -167,7 +182,7 @@ func (a *Agent) leasesLocked() []string {
 func (a *Agent) movedLocked() []api.MovedExport {
 	var out []api.MovedExport
 	for _, e := range a.exports {
-		if e.Moved != "" {
+		if e.Moved != "" && !e.held {
 			out = append(out, api.MovedExport{LeaseID: e.Request.LeaseID, DeviceID: e.Request.DeviceID,
 				Offset: e.Request.Offset, URI: e.Moved})
 		}
@@ -250,6 +265,16 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	defer a.closeDrivers()
+	// Wipes a previous run left unfinished complete before anything is
+	// served; a range whose wipe fails again stays refused, and the wipe
+	// is retried with every heartbeat round.
+	if err := a.loadWipes(); err != nil {
+		return err
+	}
+	saved = a.withoutWiped(saved)
+	if err := a.retryWipes(ctx); err != nil {
+		a.log.Warn("unfinished wipes failed again; their ranges stay unlendable", "err", err)
+	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -346,7 +371,6 @@ func (a *Agent) Run(ctx context.Context) error {
 	if readable {
 		a.restoreExports(ctx, saved)
 	}
-	a.reserved.releaseAll()
 
 	if err := a.join(ctx); err != nil {
 		if ctx.Err() != nil {
@@ -354,6 +378,12 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	// The first round confirms (serves) or tears down the restored
+	// exports; the ports of those it did not serve are let go after it.
+	if err := a.Heartbeat(ctx); err != nil && ctx.Err() == nil {
+		a.log.Warn("heartbeat failed", "err", err)
+	}
+	a.reserved.releaseAll()
 	close(a.ready)
 	a.log.Info("agent ready", "node", a.NodeID(), "url", a.AgentURL())
 
@@ -502,6 +532,7 @@ func (a *Agent) join(ctx context.Context) error {
 			return fmt.Errorf("agent: join rejected: %w", err)
 		}
 		a.log.Warn("join failed; retrying", "err", err, "in", backoff)
+		a.enforceExpiry(ctx, false)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -521,35 +552,61 @@ func (a *Agent) otherPeers(nodes []api.Node, self string) []api.Node {
 	return out
 }
 
+// expiryRoundTimeout bounds a heartbeat round run because a lease's known
+// expiry is due: if the control plane does not answer within it, the
+// export stops being served.
+const expiryRoundTimeout = 2 * time.Second
+
 func (a *Agent) heartbeatLoop(ctx context.Context) {
 	for {
-		if err := a.Heartbeat(ctx); err != nil && ctx.Err() == nil {
-			a.log.Warn("heartbeat failed", "err", err)
-		}
 		a.mu.Lock()
 		iv := a.interval
 		a.mu.Unlock()
 		if iv <= 0 {
 			iv = 5 * time.Second
 		}
-		t := time.NewTimer(iv)
+		wait, due := iv, false
+		if next, ok := a.nextExpiry(); ok {
+			if d := next.Sub(a.clock.Now()); d < wait {
+				wait, due = max(d, 50*time.Millisecond), true
+			}
+		}
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return
 		case <-t.C:
 		}
+		rctx, cancel := ctx, context.CancelFunc(func() {})
+		if due {
+			rctx, cancel = context.WithTimeout(ctx, expiryRoundTimeout)
+		}
+		if err := a.Heartbeat(rctx); err != nil && ctx.Err() == nil {
+			a.log.Warn("heartbeat failed", "err", err)
+		}
+		cancel()
 	}
 }
 
 // Heartbeat runs one heartbeat round now: it probes peers, reports health,
-// links and served leases, and tears down what the answer lists. It does
-// nothing while Faults.PauseHeartbeats is set. A node credential the
+// links and the leases it holds exports of, tears down what the answer
+// lists, serves the held exports the answer confirms, records the leases'
+// expiries, stops serving any export whose lease's known expiry has passed
+// (and serves it again once an answer shows it renewed), and retries
+// unfinished wipes. While Faults.PauseHeartbeats is set it sends nothing
+// and acts as if the control plane were unreachable. A node credential the
 // control plane no longer knows makes the agent join again.
 func (a *Agent) Heartbeat(ctx context.Context) error {
 	a.hbMu.Lock()
 	defer a.hbMu.Unlock()
+	defer func() {
+		if err := a.retryWipes(ctx); err != nil && ctx.Err() == nil {
+			a.log.Warn("unfinished wipes failed again; their ranges stay unlendable", "err", err)
+		}
+	}()
 	if a.Faults.PauseHeartbeats.Load() {
+		a.enforceExpiry(ctx, false)
 		return nil
 	}
 	a.mu.Lock()
@@ -568,6 +625,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 		hb.Links = append(hb.Links, api.LinkReport{To: "controlplane", RTTMicros: cpRTT, Up: cpUp})
 	}
 	cl := api.NewClient(a.cfg.ControlPlane, cred, a.hc)
+	sent := a.clock.Now()
 	start := time.Now()
 	resp, err := cl.Heartbeat(ctx, nodeID, hb)
 	rtt := float64(time.Since(start).Nanoseconds()) / 1e3
@@ -577,6 +635,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	a.mu.Unlock()
 	if err != nil {
 		a.mHeartbeats.With("error").Inc()
+		a.enforceExpiry(ctx, false)
 		var ae *api.Error
 		if errors.As(err, &ae) && (ae.Code == api.CodeUnauthorized || ae.Code == api.CodeNotFound) {
 			a.log.Warn("control plane does not know this node; joining again", "code", ae.Code)
@@ -598,6 +657,8 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 			a.log.Warn("teardown requested by the control plane failed", "lease", id, "err", err)
 		}
 	}
+	a.reconcile(ctx, resp.Leases, resp.Now, sent)
+	a.enforceExpiry(ctx, true)
 	return nil
 }
 

@@ -31,6 +31,9 @@ type fakeCP struct {
 	nodes     map[string]string // machine ID -> node ID
 	beats     []api.Heartbeat
 	teardown  []string
+	expires   map[string]time.Time // leases' expiries; a reported lease not torn down is confirmed
+	down      bool                 // answer heartbeats with 503
+	now       time.Time            // the control plane's clock, sent in answers if set
 	agentKey  string
 	cred      string
 	forgetful bool // answer heartbeats with 401 once
@@ -64,10 +67,20 @@ func newFakeCP(t *testing.T) (*fakeCP, *httptest.Server) {
 			writeError(w, 401, api.CodeUnauthorized, "unknown node credential")
 			return
 		}
+		if f.down {
+			writeError(w, 503, api.CodeUnavailable, "control plane down")
+			return
+		}
 		var hb api.Heartbeat
 		json.NewDecoder(r.Body).Decode(&hb)
 		f.beats = append(f.beats, hb)
-		writeJSON200(w, api.HeartbeatResponse{Teardown: f.teardown})
+		resp := api.HeartbeatResponse{Teardown: f.teardown, Now: f.now}
+		for _, id := range hb.Leases {
+			if !slices.Contains(f.teardown, id) {
+				resp.Leases = append(resp.Leases, api.LeaseExpiry{ID: id, ExpiresAt: f.expires[id]})
+			}
+		}
+		writeJSON200(w, resp)
 	})
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)

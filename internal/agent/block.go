@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -22,22 +23,39 @@ func init() {
 	builtinDrivers[api.KindBlock] = func(l *slog.Logger, _ string) Driver { return NewBlockDriver(l) }
 }
 
-// BlockDriver lends file-backed block devices (whole or by partition) as
-// NBD exports named by the lease's export name.
+// BlockDriver lends block devices (regular files, created sparse if
+// absent, or block devices), whole or by partition, as NBD exports named by
+// the lease's export name. Each export is an [nbd.FileBackend] over its
+// lease's range, with a descriptor of its own: zero-copy reads, FUA,
+// FLUSH, TRIM (hole punching, or BLKDISCARD on a block device),
+// WRITE_ZEROES (hole punching or zero range, or BLKZEROOUT) and block
+// status of the lease's own range, never of its neighbours'. A lease's
+// range must be a multiple of 512 bytes (the control plane aligns block
+// leases to 4 KiB); a remainder is not served.
+//
+// BlockDriver implements [Wiper] (the agent zeroes a range before it
+// returns to the pool) and [Suspender].
 type BlockDriver struct {
 	srv nbd.Server
 
 	mu    sync.Mutex
-	files map[string]*os.File   // backing files by path, opened once
-	live  map[string]*partition // exports by name
+	paths map[string]bool         // backing paths opened (created and sized)
+	live  map[string]*blockExport // exports by name
+}
+
+// blockExport is one served (or suspended) export.
+type blockExport struct {
+	ex        nbd.Export
+	be        *nbd.FileBackend
+	suspended bool // removed from the server, backend kept
 }
 
 // NewBlockDriver returns a block driver logging to log.
 func NewBlockDriver(log *slog.Logger) *BlockDriver {
 	return &BlockDriver{
 		srv:   nbd.Server{Logger: log},
-		files: map[string]*os.File{},
-		live:  map[string]*partition{},
+		paths: map[string]bool{},
+		live:  map[string]*blockExport{},
 	}
 }
 
@@ -51,15 +69,14 @@ func (b *BlockDriver) Open(_ context.Context, dev DeviceConfig) (DeviceConfig, e
 	if err != nil {
 		return dev, err
 	}
+	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		f.Close()
 		return dev, err
 	}
 	have := st.Size()
 	if !st.Mode().IsRegular() { // a block device: its size is where it ends
 		if have, err = f.Seek(0, io.SeekEnd); err != nil {
-			f.Close()
 			return dev, err
 		}
 	}
@@ -67,23 +84,17 @@ func (b *BlockDriver) Open(_ context.Context, dev DeviceConfig) (DeviceConfig, e
 	case dev.Size == 0:
 		dev.Size = have
 	case !st.Mode().IsRegular() && have < dev.Size:
-		f.Close()
 		return dev, fmt.Errorf("block device %s has %d bytes, fewer than the %d configured", dev.Name, have, dev.Size)
 	case st.Mode().IsRegular() && st.Size() < dev.Size:
 		if err := f.Truncate(dev.Size); err != nil {
-			f.Close()
 			return dev, err
 		}
 	}
 	if dev.Size <= 0 {
-		f.Close()
 		return dev, fmt.Errorf("block device %s has no size", dev.Name)
 	}
 	b.mu.Lock()
-	if old := b.files[dev.Path]; old != nil {
-		old.Close()
-	}
-	b.files[dev.Path] = f
+	b.paths[dev.Path] = true
 	b.mu.Unlock()
 	return dev, nil
 }
@@ -96,31 +107,130 @@ func (b *BlockDriver) Prepare(_ context.Context, e Export) (api.PrepareResponse,
 	if _, ok := b.live[e.Request.Export]; ok {
 		return api.PrepareResponse{URI: uri}, nil
 	}
-	f := b.files[e.Device.Path]
-	if f == nil {
+	if !b.paths[e.Device.Path] {
 		return api.PrepareResponse{}, fmt.Errorf("%w: %s is not open", ErrNoDevice, e.Device.Name)
 	}
-	p := &partition{f: f, off: e.Request.Offset, size: e.Request.Length}
-	ex := nbd.Export{Name: e.Request.Export, Backend: p, Description: "rialto lease " + e.Request.LeaseID}
+	be, err := nbd.OpenFile(e.Device.Path, nbd.FileOptions{Offset: e.Request.Offset, Length: e.Request.Length})
+	if err != nil {
+		return api.PrepareResponse{}, err
+	}
+	ex := nbd.Export{Name: e.Request.Export, Backend: be, Description: "rialto lease " + e.Request.LeaseID}
 	if e.Request.BandwidthCap > 0 || e.Request.IOPSCap > 0 {
 		ex.Limit = &nbd.RateLimit{BytesPerSec: float64(e.Request.BandwidthCap), IOPS: float64(e.Request.IOPSCap)}
 	}
 	if err := b.srv.AddExport(ex); err != nil {
+		be.Close()
 		return api.PrepareResponse{}, err
 	}
-	b.live[e.Request.Export] = p
+	b.live[e.Request.Export] = &blockExport{ex: ex, be: be}
 	return api.PrepareResponse{URI: uri}, nil
 }
 
-// Teardown removes the export, closing its connections.
+// Teardown removes the export, closing its connections; once it returns
+// no request of the lease reaches the device.
 func (b *BlockDriver) Teardown(_ context.Context, e Export) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if _, ok := b.live[e.Request.Export]; !ok {
+	x, ok := b.live[e.Request.Export]
+	if !ok {
 		return nil
 	}
 	delete(b.live, e.Request.Export)
+	var err error
+	if !x.suspended {
+		err = b.srv.RemoveExport(e.Request.Export)
+	}
+	if cerr := x.be.Close(); err == nil && !errors.Is(cerr, nbd.ErrBackendClosed) {
+		err = cerr
+	}
+	return err
+}
+
+// Suspend stops serving the export (closing its connections) and keeps
+// its data; Resume serves it again.
+func (b *BlockDriver) Suspend(_ context.Context, e Export) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	x, ok := b.live[e.Request.Export]
+	if !ok || x.suspended {
+		return nil
+	}
+	x.suspended = true
 	return b.srv.RemoveExport(e.Request.Export)
+}
+
+// Resume serves a suspended export again.
+func (b *BlockDriver) Resume(_ context.Context, e Export) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	x, ok := b.live[e.Request.Export]
+	if !ok {
+		return fmt.Errorf("%w: export not prepared", ErrNoDevice)
+	}
+	if !x.suspended {
+		return nil
+	}
+	if err := b.srv.AddExport(x.ex); err != nil {
+		return err
+	}
+	x.suspended = false
+	return nil
+}
+
+// wipeChunk bounds one zeroing call, so that a long wipe (writing zeroes
+// where the device cannot zero cheaply) notices cancellation.
+const wipeChunk = 1 << 30
+
+// Wipe makes the export's range read as zeroes and durable: holes punched
+// in a file, the device's write-zeroes (or BLKZEROOUT) on a block device,
+// zeroes written where neither works, then fdatasync. It does not touch a
+// byte outside the range.
+func (b *BlockDriver) Wipe(ctx context.Context, e Export) error {
+	off, n := e.Request.Offset, e.Request.Length
+	if n <= 0 {
+		return nil
+	}
+	aligned := n &^ 511
+	if aligned > 0 {
+		be, err := nbd.OpenFile(e.Device.Path, nbd.FileOptions{Offset: off, Length: aligned})
+		if err != nil {
+			return fmt.Errorf("agent: wipe: %w", err)
+		}
+		for pos := int64(0); pos < aligned; pos += wipeChunk {
+			if err := ctx.Err(); err != nil {
+				be.Close()
+				return fmt.Errorf("agent: wipe interrupted: %w", err)
+			}
+			if err := be.WriteZeroes(pos, min(wipeChunk, aligned-pos), false); err != nil {
+				be.Close()
+				return fmt.Errorf("agent: wipe: %w", err)
+			}
+		}
+		err = be.Flush()
+		if cerr := be.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("agent: wipe: %w", err)
+		}
+	}
+	if rest := n - aligned; rest > 0 {
+		f, err := os.OpenFile(e.Device.Path, os.O_RDWR, 0)
+		if err != nil {
+			return fmt.Errorf("agent: wipe: %w", err)
+		}
+		_, err = f.WriteAt(make([]byte, rest), off+aligned)
+		if err == nil {
+			err = f.Sync()
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("agent: wipe: %w", err)
+		}
+	}
+	return nil
 }
 
 // Serve runs the NBD server.
@@ -128,48 +238,19 @@ func (b *BlockDriver) Serve(ctx context.Context, ln net.Listener) error {
 	return b.srv.Serve(ctx, ln)
 }
 
-// Close closes the backing files.
+// Close stops serving every export and closes their backends.
 func (b *BlockDriver) Close() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for name := range b.live {
-		b.srv.RemoveExport(name)
-	}
-	b.live = map[string]*partition{}
 	var first error
-	for p, f := range b.files {
-		if err := f.Close(); err != nil && first == nil {
+	for name, x := range b.live {
+		if !x.suspended {
+			b.srv.RemoveExport(name)
+		}
+		if err := x.be.Close(); err != nil && first == nil && !errors.Is(err, nbd.ErrBackendClosed) {
 			first = err
 		}
-		delete(b.files, p)
+		delete(b.live, name)
 	}
 	return first
 }
-
-// partition is an nbd.Backend over a byte range of a file.
-type partition struct {
-	f         *os.File
-	off, size int64
-}
-
-func (p *partition) Size() int64 { return p.size }
-
-func (p *partition) ReadAt(b []byte, off int64) (int, error) {
-	if off < 0 || off+int64(len(b)) > p.size {
-		return 0, fmt.Errorf("agent: read beyond partition")
-	}
-	n, err := p.f.ReadAt(b, p.off+off)
-	if n == len(b) {
-		err = nil
-	}
-	return n, err
-}
-
-func (p *partition) WriteAt(b []byte, off int64) (int, error) {
-	if off < 0 || off+int64(len(b)) > p.size {
-		return 0, fmt.Errorf("agent: write beyond partition")
-	}
-	return p.f.WriteAt(b, p.off+off)
-}
-
-func (p *partition) Flush() error { return p.f.Sync() }

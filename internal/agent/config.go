@@ -131,11 +131,18 @@ func (c *Config) validate() error {
 // Faults injects failures for tests. Every flag is safe to flip while the
 // agent runs.
 type Faults struct {
-	// PauseHeartbeats stops heartbeats (the agent keeps serving).
+	// PauseHeartbeats stops heartbeats, as a partition from the control
+	// plane would: the agent keeps serving the leases whose known expiry
+	// has not passed.
 	PauseHeartbeats atomic.Bool
 	// RefusePrepare answers every prepare with 503.
 	RefusePrepare atomic.Bool
 	// IgnorePrepare never answers a prepare: the handler waits until the
 	// caller gives up or the agent stops.
 	IgnorePrepare atomic.Bool
+	// CrashMidWipe stops every wipe half-way, as a crash of the agent in
+	// the middle of it would: half the range is zeroed, the journal entry
+	// stays and the range stays unlendable (until a restart without the
+	// fault finishes it).
+	CrashMidWipe atomic.Bool
 }

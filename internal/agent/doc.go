@@ -8,7 +8,8 @@
 // Each resource kind is served by a [Driver]; a driver that also implements
 // [Server] gets a listener of its own, whose address is the kind's endpoint,
 // and one that implements [Runner] is run for as long as the agent runs.
-// Built-in drivers serve file-backed block devices over NBD ([BlockDriver]),
+// Built-in drivers serve block devices (files or devices) over NBD, one
+// nbd.FileBackend per export ([BlockDriver]),
 // memory regions through the memory donor ([MemoryDriver]) and accelerator
 // slots through an appliance per accel device ([AccelDriver]: a slot of its
 // own per dedicated lease, a batching gateway per role shared by shared
@@ -19,8 +20,14 @@
 // exports the agent serves, each with the URI the control plane was given,
 // are persisted in [Config.StateDir] with mode 0600, so a restarted agent
 // rejoins with the same identity and serves the same exports, at the same
-// addresses when it can bind them again ([Export].URI), until the control
-// plane tells it to tear them down. The ports it remembers are held from
+// addresses when it can bind them again ([Export].URI). It fails closed: a
+// restored export is held, not served, until the control plane's first
+// heartbeat answer confirms its lease (a lease it no longer wants is torn
+// down unserved), and an export whose lease's known expiry passes without a
+// renewal the agent could confirm stops being served (suspended, its data
+// kept) until one shows up. Block ranges are wiped before they return to
+// the pool, through a durable journal ([Wiper]): a range whose wipe has not
+// finished is lent to no one, and a restart finishes it first. The ports it remembers are held from
 // before its devices open until their owners bind them again, so that no
 // fresh accelerator slot port takes one. An export that must move anyway is
 // served at a new address with a warning, and the heartbeats report it

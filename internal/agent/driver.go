@@ -30,7 +30,18 @@ type Export struct {
 	// records it as the lease's URI, which then becomes URI. Drivers ignore
 	// it.
 	Moved string
+
+	// held: restored after a restart and not yet confirmed by the control
+	// plane, or torn down (by a driver without Suspender) when its lease's
+	// known expiry passed. The driver does not serve it.
+	held bool
+	// suspended: its lease's known expiry passed; the driver (a
+	// Suspender) keeps its data and does not serve it.
+	suspended bool
 }
+
+// serving reports whether the export's driver serves it.
+func (e Export) serving() bool { return !e.held && !e.suspended }
 
 // Driver prepares and tears down exports of one resource kind. Prepare must
 // be idempotent for the same export name; Teardown of an unknown export is
@@ -69,4 +80,25 @@ type Closer interface {
 // hands them its registry (served at /metrics) before it runs.
 type MetricsUser interface {
 	UseMetrics(reg *metrics.Registry)
+}
+
+// Wiper is implemented by drivers whose devices keep a lease's bytes after
+// its export is torn down (block): Wipe makes the export's range read as
+// zeroes, durably, without touching any byte outside it. The agent records
+// each wipe in its journal before the teardown and drops the entry only
+// once Wipe has returned nil; a range with an entry is lent to no one.
+// Drivers whose Teardown already destroys the data (memory, accelerator
+// slots) do not implement it.
+type Wiper interface {
+	Wipe(ctx context.Context, e Export) error
+}
+
+// Suspender is implemented by drivers that can stop serving an export and
+// keep its data (Suspend) and serve it again (Resume). The agent suspends
+// the exports of leases whose known expiry passes while the control plane
+// cannot confirm a renewal. A driver without it is torn down instead (its
+// data lost) and prepared again on renewal.
+type Suspender interface {
+	Suspend(ctx context.Context, e Export) error
+	Resume(ctx context.Context, e Export) error
 }

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/resource"
@@ -25,81 +26,114 @@ var (
 	ErrOverlap = errors.New("agent: range in use")
 )
 
-// overlapping returns the lease of a live export of another lease that
-// overlaps req's range on the same device, or "".
-func (a *Agent) overlapping(req api.PrepareRequest) string {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+// rangeBusyLocked reports whether req's range overlaps the range of an
+// export of another lease on the same device (returning that lease), or a
+// range whose wipe has not finished; a.mu is held.
+func (a *Agent) rangeBusyLocked(req api.PrepareRequest) (other string, wiping bool) {
 	for _, e := range a.exports {
 		r := e.Request
 		if r.LeaseID == req.LeaseID || r.DeviceName != req.DeviceName {
 			continue
 		}
 		if r.Offset < req.Offset+req.Length && req.Offset < r.Offset+r.Length {
-			return r.LeaseID
+			return r.LeaseID, false
 		}
 	}
-	return ""
+	return "", a.wipeOverlapLocked(req)
 }
 
-// Prepare executes a prepare request: it checks the device and range,
-// asks the kind's driver to serve the export and remembers it. Preparing
-// an export again for the same lease returns the same answer.
-func (a *Agent) Prepare(ctx context.Context, req api.PrepareRequest) (api.PrepareResponse, error) {
-	return a.prepare(ctx, req, "", false)
-}
-
-// prepare is Prepare; prevURI, if set, is the URI the control plane was
-// given for an export a previous run served (restoreExports), which the
-// driver tries to serve it at again.
-func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, prevURI string, report bool) (api.PrepareResponse, error) {
+// validate checks req against the agent's devices and drivers and fills
+// in its defaults (the kind, a zero length meaning the rest of the device).
+func (a *Agent) validate(req api.PrepareRequest) (api.PrepareRequest, DeviceConfig, Driver, error) {
 	if req.LeaseID == "" || req.Export == "" {
-		return api.PrepareResponse{}, fmt.Errorf("%w: lease_id and export are required", ErrBadRequest)
+		return req, DeviceConfig{}, nil, fmt.Errorf("%w: lease_id and export are required", ErrBadRequest)
 	}
 	a.mu.Lock()
 	dev, ok := a.devices[req.DeviceName]
-	endpoint := a.endpoints[req.Kind]
-	host := a.host
 	a.mu.Unlock()
 	if !ok {
-		return api.PrepareResponse{}, fmt.Errorf("%w: %q", ErrNoDevice, req.DeviceName)
+		return req, dev, nil, fmt.Errorf("%w: %q", ErrNoDevice, req.DeviceName)
 	}
 	if req.Kind == "" {
 		req.Kind = dev.Kind
 	}
 	if req.Kind != dev.Kind {
-		return api.PrepareResponse{}, fmt.Errorf("%w: device %s is %s, not %s", ErrNoDevice, dev.Name, dev.Kind, req.Kind)
+		return req, dev, nil, fmt.Errorf("%w: device %s is %s, not %s", ErrNoDevice, dev.Name, dev.Kind, req.Kind)
 	}
 	if req.Offset < 0 || req.Length < 0 || req.Offset > dev.Size || req.Length > dev.Size-req.Offset {
-		return api.PrepareResponse{}, fmt.Errorf("%w: offset %d length %d on %s of %d", ErrOutOfRange, req.Offset, req.Length, dev.Name, dev.Size)
+		return req, dev, nil, fmt.Errorf("%w: offset %d length %d on %s of %d", ErrOutOfRange, req.Offset, req.Length, dev.Name, dev.Size)
 	}
 	if req.Length == 0 {
 		req.Length = dev.Size - req.Offset
 	}
 	drv, ok := a.drivers[dev.Kind]
 	if !ok {
-		return api.PrepareResponse{}, fmt.Errorf("%w: %s", ErrNoDriver, dev.Kind)
+		return req, dev, nil, fmt.Errorf("%w: %s", ErrNoDriver, dev.Kind)
 	}
+	return req, dev, drv, nil
+}
 
+// Prepare executes a prepare request: it checks the device and range,
+// asks the kind's driver to serve the export and remembers it. Preparing
+// an export again for the same lease returns the same answer (and serves
+// it again if it was held or suspended: the control plane wants it).
+func (a *Agent) Prepare(ctx context.Context, req api.PrepareRequest) (api.PrepareResponse, error) {
+	req.ExpiresAt, req.Now = localExpiry(req.ExpiresAt, req.Now, a.clock.Now()), time.Time{}
+	return a.prepare(ctx, req, false, "", false)
+}
+
+// prepare is Prepare. restoring is set when a held export is confirmed:
+// prevURI is then the URI the control plane was given for it by a
+// previous run (which the driver tries to serve it at again), and report
+// says the heartbeats must report where it is served whatever that is.
+func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring bool, prevURI string, report bool) (api.PrepareResponse, error) {
+	req, dev, drv, err := a.validate(req)
+	if err != nil {
+		return api.PrepareResponse{}, err
+	}
 	a.opMu.Lock()
 	defer a.opMu.Unlock()
 	a.mu.Lock()
+	endpoint, host := a.endpoints[req.Kind], a.host
 	old, exists := a.exports[req.Export]
+	var other string
+	var wiping bool
+	if !exists {
+		other, wiping = a.rangeBusyLocked(req)
+	}
 	a.mu.Unlock()
 	if exists && old.Request.LeaseID != req.LeaseID {
 		return api.PrepareResponse{}, ErrConflict
 	}
-	if !exists {
-		if other := a.overlapping(req); other != "" {
-			// The reason reaches the requesting tenant: the other
-			// lease's ID stays in this agent's log.
-			a.log.Warn("refused an overlapping range", "lease", req.LeaseID, "device", dev.Name, "served_for", other)
-			return api.PrepareResponse{}, fmt.Errorf("%w: the range overlaps one this agent still serves for another lease", ErrOverlap)
+	switch {
+	case other != "":
+		// The reason reaches the requesting tenant: the other lease's ID
+		// stays in this agent's log.
+		a.log.Warn("refused an overlapping range", "lease", req.LeaseID, "device", dev.Name, "served_for", other)
+		return api.PrepareResponse{}, fmt.Errorf("%w: the range overlaps one this agent still serves for another lease", ErrOverlap)
+	case wiping:
+		a.log.Warn("refused a range whose wipe has not finished", "lease", req.LeaseID, "device", dev.Name)
+		return api.PrepareResponse{}, fmt.Errorf("%w: the range is being wiped", ErrOverlap)
+	}
+	if exists {
+		if req.ExpiresAt.IsZero() {
+			req.ExpiresAt = old.Request.ExpiresAt
+		}
+		if old.suspended {
+			// Suspended by a Suspender: serve it again, same URI.
+			if err := drv.(Suspender).Resume(ctx, old); err != nil {
+				a.mPrepares.With("error").Inc()
+				return api.PrepareResponse{}, fmt.Errorf("agent: resume %s on %s: %w", req.LeaseID, dev.Name, err)
+			}
+			old.Request, old.suspended = req, false
+			a.storeLocked(old)
+			a.mPrepares.With("ok").Inc()
+			return api.PrepareResponse{URI: old.servedURI()}, nil
 		}
 	}
 	e := Export{Request: req, Device: dev, Endpoint: endpoint, Host: host, URI: prevURI}
-	if exists && prevURI == "" {
-		e.URI = old.URI
+	if exists && !restoring {
+		e.URI = old.URI // where the driver tries to serve it again
 	}
 	resp, err := drv.Prepare(ctx, e)
 	if err != nil {
@@ -107,8 +141,10 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, prevURI str
 		return api.PrepareResponse{}, fmt.Errorf("agent: prepare %s on %s: %w", req.LeaseID, dev.Name, err)
 	}
 	switch {
-	case prevURI == "":
-		// The control plane keeps this answer as the lease's URI.
+	case !restoring || prevURI == "":
+		// The control plane keeps this answer as the lease's URI (or,
+		// for an export persisted without its URI, it is served
+		// wherever the data plane is now).
 		e.URI = resp.URI
 	case resp.URI != prevURI || report:
 		// A restored export served elsewhere keeps the URI the control
@@ -116,28 +152,60 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, prevURI str
 		// Heartbeat), so that a restart before then tries it again.
 		e.Moved = resp.URI
 	}
-	a.mu.Lock()
-	a.exports[req.Export] = e
-	a.mExports.Set(float64(len(a.exports)))
-	a.mu.Unlock()
-	if err := a.saveExportsLocked(); err != nil {
-		a.log.Warn("persisting exports", "err", err)
-	}
+	a.storeLocked(e)
 	a.mPrepares.With("ok").Inc()
 	a.log.Info("prepared", "lease", req.LeaseID, "device", dev.Name, "kind", dev.Kind,
 		"offset", req.Offset, "length", req.Length, "export", resource.Fingerprint(req.Export))
 	return resp, nil
 }
 
-// Teardown stops serving every export of a lease. An unknown lease is not
-// an error.
+// servedURI is where the export is served now.
+func (e Export) servedURI() string {
+	if e.Moved != "" {
+		return e.Moved
+	}
+	return e.URI
+}
+
+// storeLocked records e and persists the exports; opMu is held.
+func (a *Agent) storeLocked(e Export) {
+	a.mu.Lock()
+	a.exports[e.Request.Export] = e
+	a.countExportsLocked()
+	a.mu.Unlock()
+	if err := a.saveExportsLocked(); err != nil {
+		a.log.Warn("persisting exports", "err", err)
+	}
+}
+
+// countExportsLocked updates the export gauges; a.mu is held.
+func (a *Agent) countExportsLocked() {
+	var held, suspended float64
+	for _, e := range a.exports {
+		switch {
+		case e.held:
+			held++
+		case e.suspended:
+			suspended++
+		}
+	}
+	a.mExports.Set(float64(len(a.exports)))
+	a.mWithheld.With("held").Set(held)
+	a.mWithheld.With("suspended").Set(suspended)
+}
+
+// Teardown stops serving every export of a lease and wipes the block
+// ranges they used (see [Wiper]). An unknown lease is not an error.
 func (a *Agent) Teardown(ctx context.Context, leaseID string) error {
 	return a.teardownLease(ctx, leaseID)
 }
 
+// teardownLease tears a lease's exports down. Each block range is entered
+// in the wipe journal before its export stops, and wiped once no request
+// of the lease can reach it any more; a wipe that fails stays in the
+// journal (its range refused) and is retried with every heartbeat round.
 func (a *Agent) teardownLease(ctx context.Context, leaseID string) error {
 	a.opMu.Lock()
-	defer a.opMu.Unlock()
 	a.mu.Lock()
 	var victims []Export
 	for _, e := range a.exports {
@@ -147,29 +215,59 @@ func (a *Agent) teardownLease(ctx context.Context, leaseID string) error {
 	}
 	a.mu.Unlock()
 	if len(victims) == 0 {
+		a.opMu.Unlock()
 		return nil
 	}
 	var errs []error
+	var wipes []*pendingWipe
 	for _, e := range victims {
-		if drv, ok := a.drivers[e.Device.Kind]; ok {
+		var w *pendingWipe
+		if a.needsWipe(e) {
+			var err error
+			if w, err = a.journalWipe(e); err != nil {
+				// The entry is in memory: the range stays refused until
+				// wiped, and the journal is written again then.
+				errs = append(errs, err)
+			}
+		}
+		if drv, ok := a.drivers[e.Device.Kind]; ok && !e.held {
 			if err := drv.Teardown(ctx, e); err != nil {
 				errs = append(errs, err)
+				if w != nil {
+					// Still served: no wipe under a live export. The
+					// control plane asks again (heartbeats).
+					if err := a.persistWipes(w); err != nil {
+						errs = append(errs, err)
+					}
+				}
 				continue
 			}
 		}
+		if e.held {
+			a.mRestored.With("dropped").Inc()
+		}
 		a.mu.Lock()
 		delete(a.exports, e.Request.Export)
-		a.mExports.Set(float64(len(a.exports)))
+		a.countExportsLocked()
 		a.mu.Unlock()
+		if w != nil {
+			wipes = append(wipes, w)
+		}
 	}
 	if err := a.saveExportsLocked(); err != nil {
 		errs = append(errs, err)
 	}
+	a.opMu.Unlock()
 	a.log.Info("torn down", "lease", leaseID, "exports", len(victims))
+	for _, w := range wipes {
+		if err := a.runWipe(ctx, w); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
 }
 
-// saveExportsLocked persists the served exports; opMu must be held.
+// saveExportsLocked persists the exports; opMu must be held.
 func (a *Agent) saveExportsLocked() error {
 	a.mu.Lock()
 	out := sortedExports(a.exports)
@@ -177,10 +275,49 @@ func (a *Agent) saveExportsLocked() error {
 	return writeJSON(filepath.Join(a.cfg.StateDir, exportsFile), out)
 }
 
-// restoreExports serves again the exports persisted by a previous run, at
-// the addresses they were served at when those can be bound again; the
-// next heartbeat tells the control plane, which tears down those it no
-// longer wants.
+// restoreExports takes back the exports persisted by a previous run, held:
+// the driver serves none of them until the control plane confirms its
+// lease is still reserved or active (see confirmHeld), so that a lease the
+// control plane declared lost while the agent was away is never served
+// again, not even for a first request, and not while the control plane
+// is unreachable. Entries Prepare would refuse are dropped, and so are
+// those whose teardown was under way (their range is in the wipe journal).
+func (a *Agent) restoreExports(_ context.Context, saved []persistedExport) {
+	a.opMu.Lock()
+	defer a.opMu.Unlock()
+	for _, p := range saved {
+		req, dev, _, err := a.validate(p.PrepareRequest)
+		a.mu.Lock()
+		if err == nil {
+			if _, dup := a.exports[req.Export]; dup {
+				err = fmt.Errorf("%w: export listed twice", ErrConflict)
+			} else if other, wiping := a.rangeBusyLocked(req); other != "" {
+				err = fmt.Errorf("%w: the range overlaps another restored lease's", ErrOverlap)
+			} else if wiping {
+				a.mu.Unlock()
+				a.mRestored.With("dropped").Inc()
+				a.log.Info("a restored export was being torn down; its range is wiped instead", "lease", p.LeaseID)
+				continue
+			}
+		}
+		if err != nil {
+			a.mu.Unlock()
+			a.mRestored.With("failed").Inc()
+			a.log.Warn("restoring an export failed; dropping it", "lease", p.LeaseID, "err", err)
+			continue
+		}
+		a.exports[req.Export] = Export{Request: req, Device: dev, Endpoint: a.endpoints[dev.Kind], Host: a.host,
+			URI: p.URI, Moved: p.Moved, held: true}
+		a.countExportsLocked()
+		a.mu.Unlock()
+	}
+	if err := a.saveExportsLocked(); err != nil {
+		a.log.Warn("persisting exports", "err", err)
+	}
+}
+
+// confirmHeld serves a held export the control plane confirmed, at the
+// address it was served at when that can be bound again.
 //
 // An export that comes back at another address (its port taken by another
 // process, a changed data port or advertised host) is served there; the
@@ -190,29 +327,23 @@ func (a *Agent) saveExportsLocked() error {
 // the lease's (borrowers then get it from the lease). Until then the state
 // file keeps the old URI, so a restart tries that address again. Entries
 // persisted without a URI (state files of agents that did not keep them)
-// are restored wherever the data planes are now.
-func (a *Agent) restoreExports(ctx context.Context, saved []persistedExport) {
-	for _, p := range saved {
-		a.reserved.release(append(uriPorts(p.URI), uriPorts(p.Moved)...)...)
-		resp, err := a.prepare(ctx, p.PrepareRequest, p.URI, p.Moved != "")
-		switch {
-		case err != nil:
-			a.mRestored.With("failed").Inc()
-			a.log.Warn("restoring an export failed; dropping it", "lease", p.LeaseID, "err", err)
-		case p.URI == "":
-			a.mRestored.With("unknown_address").Inc()
-		case resp.URI == p.URI:
-			a.mRestored.With("same_address").Inc()
-		default:
-			a.mRestored.With("new_address").Inc()
-			a.log.Warn("restored export is served at a new address; the next heartbeat reports it to the control plane, and borrowers must fetch the lease again to reach it",
-				"lease", p.LeaseID, "kind", p.Kind, "old", uriAddress(p.URI), "new", uriAddress(resp.URI))
-		}
-	}
-	a.opMu.Lock()
-	defer a.opMu.Unlock()
-	if err := a.saveExportsLocked(); err != nil {
-		a.log.Warn("persisting exports", "err", err)
+// are served wherever the data planes are now. One that cannot be served
+// stays held, and is tried again at the next confirmation.
+func (a *Agent) confirmHeld(ctx context.Context, e Export) {
+	a.reserved.release(append(uriPorts(e.URI), uriPorts(e.Moved)...)...)
+	resp, err := a.prepare(ctx, e.Request, true, e.URI, e.Moved != "")
+	switch {
+	case err != nil:
+		a.mRestored.With("failed").Inc()
+		a.log.Warn("serving a restored export failed; it stays held", "lease", e.Request.LeaseID, "err", err)
+	case e.URI == "":
+		a.mRestored.With("unknown_address").Inc()
+	case resp.URI == e.URI:
+		a.mRestored.With("same_address").Inc()
+	default:
+		a.mRestored.With("new_address").Inc()
+		a.log.Warn("restored export is served at a new address; the next heartbeat reports it to the control plane, and borrowers must fetch the lease again to reach it",
+			"lease", e.Request.LeaseID, "kind", e.Request.Kind, "old", uriAddress(e.URI), "new", uriAddress(resp.URI))
 	}
 }
 

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"sync"
@@ -53,6 +54,27 @@ func (m *MemoryDriver) Teardown(_ context.Context, e Export) error {
 	}
 	delete(m.live, e.Request.Export)
 	return m.donor.RemoveRegion(e.Request.Export)
+}
+
+// Suspend closes the region's connections and refuses new ones, keeping
+// its memory; Resume accepts them again.
+func (m *MemoryDriver) Suspend(_ context.Context, e Export) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.live[e.Request.Export] {
+		return nil
+	}
+	return m.donor.SuspendRegion(e.Request.Export)
+}
+
+// Resume serves a suspended region again.
+func (m *MemoryDriver) Resume(_ context.Context, e Export) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.live[e.Request.Export] {
+		return fmt.Errorf("%w: region not prepared", ErrNoDevice)
+	}
+	return m.donor.ResumeRegion(e.Request.Export)
 }
 
 // Serve runs the donor.

@@ -42,7 +42,8 @@ func readJSON(path string, v any) error {
 	return nil
 }
 
-// writeJSON replaces path atomically with v, readable by the owner only.
+// writeJSON replaces path atomically and durably with v, readable by the
+// owner only.
 func writeJSON(path string, v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
@@ -69,6 +70,16 @@ func writeJSON(path string, v any) error {
 		return fmt.Errorf("agent: write state: %w", err)
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("agent: write state: %w", err)
+	}
+	// The rename is durable once the directory is.
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return fmt.Errorf("agent: write state: %w", err)
+	}
+	err = d.Sync()
+	d.Close()
+	if err != nil {
 		return fmt.Errorf("agent: write state: %w", err)
 	}
 	return nil

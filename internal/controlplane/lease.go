@@ -2,7 +2,9 @@ package controlplane
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -395,9 +397,9 @@ func (s *Server) prepareParts(ctx context.Context, l api.Lease, req api.LeaseReq
 		start := time.Now()
 		resp, err := s.lender.Prepare(pctx, n.Node, n.AgentKey, api.PrepareRequest{
 			LeaseID: l.ID, Kind: l.Kind, Mode: l.Mode, DeviceID: p.DeviceID, DeviceName: devNames[p.DeviceID],
-			Offset: p.Offset, Length: p.Length, Export: l.Credential + "." + strconv.Itoa(i), Role: req.Role,
+			Offset: p.Offset, Length: p.Length, Export: partExport(l.Credential, i), Role: req.Role,
 			RoleConfig: req.RoleConfig, Gateway: req.Kind == api.KindAccel && req.Mode == api.ModeShared,
-			BandwidthCap: req.BandwidthCap, IOPSCap: req.IOPSCap,
+			BandwidthCap: req.BandwidthCap, IOPSCap: req.IOPSCap, ExpiresAt: l.ExpiresAt, Now: s.now(),
 		})
 		s.m.lenderLatency.With("prepare").Observe(time.Since(start).Seconds())
 		if err == nil && resp.URI == "" {
@@ -430,4 +432,15 @@ func (s *Server) prepareParts(ctx context.Context, l api.Lease, req api.LeaseReq
 		return nil, failed
 	}
 	return uris, nil
+}
+
+// partExport is the export name (the data-plane secret) of part i of the
+// lease whose credential is given: HMAC-SHA256(credential, "part/"+i),
+// base64url. The lender of one part learns nothing from it about the
+// names of the other parts; the borrower gets every part's name in its
+// URI.
+func partExport(credential string, i int) string {
+	m := hmac.New(sha256.New, []byte(credential))
+	m.Write([]byte("part/" + strconv.Itoa(i)))
+	return "rlp_" + base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }

@@ -133,8 +133,8 @@ func TestModesAndPartitions(t *testing.T) {
 		t.Fatalf("composed %+v", c)
 	}
 	for i, p := range c.Parts {
-		if !strings.HasSuffix(p.URI, c.Credential+"."+string(rune('0'+i))) {
-			t.Fatalf("part %d URI %q does not carry export %s.%d", i, p.URI, c.Credential, i)
+		if !strings.HasSuffix(p.URI, "/"+partExport(c.Credential, i)) {
+			t.Fatalf("part %d URI does not carry the part's export name", i)
 		}
 	}
 }

@@ -213,7 +213,7 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 		}
 		s.invalidate()
 	}
-	var resp api.HeartbeatResponse
+	resp := api.HeartbeatResponse{Now: now}
 	if len(h.Leases) > 0 {
 		ls, err := s.st.Leases(ctx, store.LeaseFilter{IDs: h.Leases})
 		if err != nil {
@@ -225,8 +225,11 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 				continue
 			}
 			for _, p := range l.Parts {
-				if p.NodeID == nodeID {
+				if p.NodeID == nodeID && !keep[l.ID] {
 					keep[l.ID] = true
+					// The lender serves what it restored only once listed
+					// here, and learns renewals from it.
+					resp.Leases = append(resp.Leases, api.LeaseExpiry{ID: l.ID, ExpiresAt: l.ExpiresAt})
 				}
 			}
 		}

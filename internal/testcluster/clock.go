@@ -5,8 +5,8 @@ import (
 	"time"
 )
 
-// Clock is a fake clock for the control plane. The zero value is not
-// usable; use NewClock.
+// Clock is a fake clock for the control plane and the agents. The zero
+// value is not usable; use NewClock.
 type Clock struct {
 	mu  sync.Mutex
 	now time.Time

@@ -69,6 +69,7 @@ type Cluster struct {
 
 	dbPath string
 	cpCfg  controlplane.Config
+	addr   string // the control plane's address while stopped
 }
 
 // Node is one agent of the cluster, which may be killed and restarted.
@@ -147,7 +148,7 @@ func Start(t testing.TB, opts Options) *Cluster {
 		n.cfg = agent.Config{
 			ControlPlane: c.URL, BootstrapToken: BootstrapToken, Name: name, StateDir: n.StateDir,
 			Listen: host, Devices: append([]agent.DeviceConfig(nil), opts.Devices...), HeartbeatInterval: opts.HeartbeatInterval,
-			Logger: log.With("component", "agent"),
+			Logger: log.With("component", "agent"), Clock: c.Clock,
 		}
 		if opts.Configure != nil {
 			opts.Configure(i, &n.cfg)
@@ -229,8 +230,24 @@ func (c *Cluster) stopControlPlane() {
 // Cluster methods.
 func (c *Cluster) RestartControlPlane() {
 	c.t.Helper()
-	addr := c.hs.Listener.Addr().String()
+	c.StopControlPlane()
+	c.StartControlPlane()
+}
+
+// StopControlPlane stops the control plane: agents' heartbeats and joins
+// fail until StartControlPlane. Not safe concurrently with other Cluster
+// methods.
+func (c *Cluster) StopControlPlane() {
+	c.t.Helper()
+	c.addr = c.hs.Listener.Addr().String()
 	c.stopControlPlane()
+}
+
+// StartControlPlane starts a control plane stopped by StopControlPlane on
+// the same database and address.
+func (c *Cluster) StartControlPlane() {
+	c.t.Helper()
+	addr := c.addr
 	var ln net.Listener
 	Eventually(c.t, 10*time.Second, "the control plane's address to be free", func() bool {
 		var err error
@@ -359,7 +376,8 @@ func (n *Node) PauseHeartbeats(pause bool) {
 	}
 }
 
-// Serves reports whether the node's agent serves an export for the lease.
+// Serves reports whether the node's agent keeps an export for the lease
+// (served, or held or suspended: see agent.Agent.Leases).
 func (n *Node) Serves(leaseID string) bool {
 	a := n.Agent()
 	if a == nil {
@@ -396,10 +414,19 @@ func (n *Node) Kill() {
 }
 
 // Restart starts a new agent on the node's state dir (killing the running
-// one first) and waits until it has joined.
+// one first) and waits until it has joined and applied the control plane's
+// first answer.
 func (n *Node) Restart() {
 	n.c.t.Helper()
 	n.Kill()
+	n.Launch()
+	n.WaitReady()
+}
+
+// Launch starts a new agent on the node's state dir (which must not be
+// running) and returns at once; WaitReady waits for it.
+func (n *Node) Launch() {
+	n.c.t.Helper()
 	a, err := agent.New(n.cfg)
 	if err != nil {
 		n.c.t.Fatalf("testcluster: agent %s: %v", n.Name, err)
@@ -409,6 +436,15 @@ func (n *Node) Restart() {
 	go func() { done <- a.Run(ctx) }()
 	n.mu.Lock()
 	n.agent, n.cancel, n.done = a, cancel, done
+	n.mu.Unlock()
+}
+
+// WaitReady waits until the launched agent has joined and applied the
+// control plane's first answer.
+func (n *Node) WaitReady() {
+	n.c.t.Helper()
+	n.mu.Lock()
+	a, done := n.agent, n.done
 	n.mu.Unlock()
 	select {
 	case <-a.Ready():

@@ -4,11 +4,13 @@
 // real agents lending file-backed block devices from t.TempDir(), with
 // fault injection: kill or restart an agent (same state directory, so the
 // same identity), pause its heartbeats, make it refuse or ignore
-// reservations, restart the control plane on the same database and address.
+// reservations or stop a wipe half-way, stop, start or restart the control
+// plane on the same database and address.
 //
 // The control plane's background duties do not run on their own: tests
 // advance the fake clock with [Cluster.Advance] and run [Cluster.Sweep]
-// (liveness, expiry). Agents heartbeat on a short real interval; a test
+// (liveness, expiry). The agents tell time by the same fake clock (leases'
+// expiries). Agents heartbeat on a short real interval; a test
 // that needs a heartbeat to have happened calls [Cluster.Heartbeat].
 //
 // Zero values: use [Start]; a zero Cluster or Node is not usable.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -25,11 +26,20 @@ type FileOptions struct {
 // FileBackend serves a file or block device, or a partition of one.
 // Flush is fdatasync, which covers every write through any descriptor, so
 // the export advertises NBD_FLAG_CAN_MULTI_CONN. FUA writes use
-// pwritev2(RWF_DSYNC). Trim punches holes; WriteZeroes punches holes or uses
-// FALLOC_FL_ZERO_RANGE. Extents (base:allocation) come from an allocation
+// pwritev2(RWF_DSYNC). On a regular file, Trim punches holes and
+// WriteZeroes punches holes or uses FALLOC_FL_ZERO_RANGE. On a block device,
+// Trim is BLKDISCARD and WriteZeroes is fallocate (which the kernel turns
+// into the device's write-zeroes command), else BLKZEROOUT; either falls
+// back to writing zeroes. Every operation stays within the partition: a hole
+// punched, a range discarded or zeroed never reaches a byte outside
+// [Offset, Offset+Length), so partitions of one file or device can be lent
+// to different tenants. Extents (base:allocation) come from an allocation
 // bitmap built once with SEEK_DATA/SEEK_HOLE and updated by every write, so
 // block-status queries cost no system calls; writes by other processes are
-// not seen by it.
+// not seen by it, and a range trimmed through the backend is still
+// reported as data until the backend is opened again (the bitmap only ever
+// grows, so that data is never reported as a hole). A block device reports
+// its whole range as data.
 //
 // Close may run while requests are in flight. Every use of the file
 // descriptor holds a reference, so the descriptor is closed only once the
@@ -50,7 +60,14 @@ type FileBackend struct {
 	end      atomic.Int64 // file size last seen (for sendfile)
 	noNowait atomic.Bool  // preadv2(RWF_NOWAIT) unsupported
 	inMemory bool         // file on tmpfs or ramfs
-	mm       *fileMap     // read-only mapping when inMemory (nil if mmap failed)
+
+	// A block device: trim is BLKDISCARD and zeroing falls back to
+	// BLKZEROOUT, both on whole logical blocks of sector bytes.
+	blockDev  bool
+	sector    int64
+	noDiscard atomic.Bool // BLKDISCARD unsupported
+	noZeroOut atomic.Bool // BLKZEROOUT unsupported
+	mm        *fileMap    // read-only mapping when inMemory (nil if mmap failed)
 
 	alloc allocMap
 
@@ -129,6 +146,13 @@ func NewFileBackend(f *os.File, o FileOptions) (*FileBackend, error) {
 		return nil, fmt.Errorf("%w: backend smaller than 512 bytes", ErrInvalidExport)
 	}
 	b := &FileBackend{f: f, fd: int(f.Fd()), base: o.Offset, size: length, ro: o.ReadOnly}
+	var st unix.Stat_t
+	if unix.Fstat(b.fd, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFBLK {
+		b.blockDev, b.sector = true, 512
+		if ss, err := unix.IoctlGetInt(b.fd, unix.BLKSSZGET); err == nil && ss >= 512 && ss&(ss-1) == 0 {
+			b.sector = int64(ss)
+		}
+	}
 	var sfs unix.Statfs_t
 	if unix.Fstatfs(b.fd, &sfs) == nil && (sfs.Type == unix.TMPFS_MAGIC || sfs.Type == unix.RAMFS_MAGIC) {
 		b.inMemory = true
@@ -392,14 +416,30 @@ func (b *FileBackend) fallocate(mode uint32, off, n int64) error {
 	}
 }
 
-// Trim implements Trimmer by punching a hole (a no-op where unsupported:
-// trim is advisory).
+// Trim implements Trimmer by punching a hole in a file or discarding the
+// whole logical blocks of the range on a block device (a no-op where
+// unsupported: trim is advisory).
 func (b *FileBackend) Trim(off, n int64) error {
 	if b.ro {
 		return fmt.Errorf("nbd: trim: %w", unix.EROFS)
 	}
 	if err := b.check(off, n); err != nil || n == 0 {
 		return err
+	}
+	if b.blockDev {
+		s, e := b.sectors(off, n)
+		if e <= s || b.noDiscard.Load() {
+			return nil
+		}
+		err := b.blkRange(unix.BLKDISCARD, s, e-s)
+		if unsupportedIoctl(err) {
+			b.noDiscard.Store(true)
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("nbd: discard: %w", err)
+		}
+		return nil
 	}
 	if b.noPunch.Load() {
 		return nil
@@ -416,14 +456,29 @@ func (b *FileBackend) Trim(off, n int64) error {
 }
 
 // WriteZeroes implements Zeroer. Without noHole it punches a hole; with it,
-// or where punching is unsupported, it uses FALLOC_FL_ZERO_RANGE and falls
-// back to writing zeroes.
+// or where punching is unsupported, it uses FALLOC_FL_ZERO_RANGE, then (on
+// a block device) BLKZEROOUT, and falls back to writing zeroes. On a block
+// device the parts of the range that do not fill a logical block are
+// written as zeroes.
 func (b *FileBackend) WriteZeroes(off, n int64, noHole bool) error {
 	if b.ro {
 		return fmt.Errorf("nbd: write zeroes: %w", unix.EROFS)
 	}
 	if err := b.check(off, n); err != nil || n == 0 {
 		return err
+	}
+	if b.blockDev {
+		s, e := b.sectors(off, n)
+		if e <= s {
+			return b.writeZeroBufs(off, n)
+		}
+		if err := b.writeZeroBufs(off, s-off); err != nil {
+			return err
+		}
+		if err := b.writeZeroBufs(e, off+n-e); err != nil {
+			return err
+		}
+		off, n = s, e-s
 	}
 	if !noHole && !b.noPunch.Load() {
 		err := b.fallocate(unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
@@ -446,6 +501,21 @@ func (b *FileBackend) WriteZeroes(off, n int64, noHole bool) error {
 		}
 		b.noZero.Store(true)
 	}
+	if b.blockDev && !b.noZeroOut.Load() {
+		err := b.blkRange(unix.BLKZEROOUT, off, n)
+		if err == nil {
+			return nil
+		}
+		if !unsupportedIoctl(err) {
+			return fmt.Errorf("nbd: zero out: %w", err)
+		}
+		b.noZeroOut.Store(true)
+	}
+	return b.writeZeroBufs(off, n)
+}
+
+// writeZeroBufs writes zeroes over [off, off+n).
+func (b *FileBackend) writeZeroBufs(off, n int64) error {
 	for n > 0 {
 		k := min(n, int64(len(zeroes)))
 		if _, err := b.write(zeroes[:k], off, false); err != nil {
@@ -455,6 +525,39 @@ func (b *FileBackend) WriteZeroes(off, n int64, noHole bool) error {
 		n -= k
 	}
 	return nil
+}
+
+// sectors returns the whole logical blocks of the device within [off,
+// off+n) of the partition, as partition offsets [s, e) (e <= s if none).
+func (b *FileBackend) sectors(off, n int64) (s, e int64) {
+	abs, end := b.base+off, b.base+off+n
+	as := (abs + b.sector - 1) &^ (b.sector - 1)
+	ae := end &^ (b.sector - 1)
+	return as - b.base, ae - b.base
+}
+
+// blkRange runs a block-device range ioctl (BLKDISCARD, BLKZEROOUT) on
+// [off, off+n) of the partition.
+func (b *FileBackend) blkRange(req uint, off, n int64) error {
+	if !b.acquire() {
+		return ErrBackendClosed
+	}
+	defer b.release()
+	r := [2]uint64{uint64(b.base + off), uint64(n)}
+	for {
+		_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(b.fd), uintptr(req), uintptr(unsafe.Pointer(&r[0])))
+		if e == unix.EINTR {
+			continue
+		}
+		if e != 0 {
+			return e
+		}
+		return nil
+	}
+}
+
+func unsupportedIoctl(err error) bool {
+	return unsupported(err) || errors.Is(err, unix.ENOTTY) || errors.Is(err, unix.EINVAL)
 }
 
 // Extents implements Extenter from the allocation bitmap.

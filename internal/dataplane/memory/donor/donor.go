@@ -72,10 +72,11 @@ type Donor struct {
 }
 
 type region struct {
-	mem    []byte
-	locked bool
-	sess   *session
-	gone   bool
+	mem       []byte
+	locked    bool
+	sess      *session
+	gone      bool
+	suspended bool // refuses connections, keeps its memory (SuspendRegion)
 	// users counts the handlers of the region's connections, of every
 	// session: those of an ended session may still be draining.
 	users sync.WaitGroup
@@ -227,6 +228,38 @@ func (d *Donor) RemoveRegion(credential string) error {
 		return fmt.Errorf("memory: munmap: %w", err)
 	}
 	d.log.Info("memory region wiped and released", "size", len(r.mem))
+	return nil
+}
+
+// SuspendRegion ends the region's session (closing its connections), waits
+// for their handlers and refuses new connections until ResumeRegion; the
+// memory is kept as it is.
+func (d *Donor) SuspendRegion(credential string) error {
+	d.mu.Lock()
+	r, ok := d.regions[credKey(credential)]
+	if !ok {
+		d.mu.Unlock()
+		return ErrNoRegion
+	}
+	r.suspended = true
+	s := r.sess
+	d.mu.Unlock()
+	if s != nil {
+		d.endSession(s)
+	}
+	r.users.Wait()
+	return nil
+}
+
+// ResumeRegion accepts connections to a suspended region again.
+func (d *Donor) ResumeRegion(credential string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r, ok := d.regions[credKey(credential)]
+	if !ok {
+		return ErrNoRegion
+	}
+	r.suspended = false
 	return nil
 }
 
@@ -386,7 +419,7 @@ func (d *Donor) attach(c net.Conn, hello protocol.Hello) (*session, uint32, uint
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	r, ok := d.regions[credKey(hello.Credential)]
-	if !ok || r.gone {
+	if !ok || r.gone || r.suspended {
 		return nil, 0, protocol.StatusAuth, "memory: credential refused"
 	}
 	var s *session

@@ -1,0 +1,155 @@
+package agent
+
+import (
+	"context"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+)
+
+// Fail closed. The agent serves an export only while the control plane
+// vouches for its lease:
+//
+//   - An export restored after a restart is held (the driver does not
+//     serve it) until a heartbeat answer lists its lease as still reserved
+//     or active (api.HeartbeatResponse.Leases); a lease the answer says to
+//     tear down is torn down and its range wiped without ever being served.
+//   - Each export knows its lease's expiry (api.PrepareRequest.ExpiresAt,
+//     then every heartbeat answer), as the time left by the control
+//     plane's clock (ExpiresAt - Now) counted on the agent's own clock
+//     from when the request arrived or the heartbeat left: the clocks need
+//     not agree, and a slow answer only makes the agent stop earlier.
+//     When it passes,
+//     without an answer showing a renewal, the agent stops serving the
+//     export: a Suspender driver keeps its data (block ranges stay as they
+//     are), other drivers tear it down. An answer that shows the lease
+//     renewed serves it again. While the control plane is unreachable an
+//     export whose expiry the agent does not know is not served.
+//   - Nothing is wiped because the control plane is unreachable: only a
+//     teardown the control plane asks for wipes.
+
+// localExpiry is the control plane's expiry exp, stamped cpNow by the
+// control plane's clock, on the agent's clock counted from since: the time
+// left is measured, not the clocks compared. Without cpNow (an older
+// control plane), exp is taken as it is.
+func localExpiry(exp, cpNow, since time.Time) time.Time {
+	if exp.IsZero() || cpNow.IsZero() {
+		return exp
+	}
+	return since.Add(exp.Sub(cpNow))
+}
+
+// reconcile applies a heartbeat answer's leases: their expiries (cpNow is
+// the control plane's clock in the answer, sent the agent's clock when
+// the heartbeat left), and the confirmation of held or suspended exports
+// whose lease has not expired. Expiries are kept in memory only: a restart
+// holds every export until the next answer brings them again.
+func (a *Agent) reconcile(ctx context.Context, leases []api.LeaseExpiry, cpNow, sent time.Time) {
+	if len(leases) == 0 {
+		return
+	}
+	wanted := make(map[string]time.Time, len(leases))
+	for _, l := range leases {
+		wanted[l.ID] = localExpiry(l.ExpiresAt, cpNow, sent)
+	}
+	now := a.clock.Now()
+	a.opMu.Lock()
+	a.mu.Lock()
+	var resume, confirm []Export
+	for name, e := range a.exports {
+		exp, ok := wanted[e.Request.LeaseID]
+		if !ok {
+			continue
+		}
+		if !exp.IsZero() {
+			e.Request.ExpiresAt = exp
+			a.exports[name] = e
+		}
+		if !e.Request.ExpiresAt.IsZero() && !now.Before(e.Request.ExpiresAt) {
+			continue
+		}
+		switch {
+		case e.held:
+			confirm = append(confirm, e)
+		case e.suspended:
+			resume = append(resume, e)
+		}
+	}
+	a.mu.Unlock()
+	for _, e := range resume {
+		if err := a.drivers[e.Device.Kind].(Suspender).Resume(ctx, e); err != nil {
+			a.log.Warn("serving a renewed lease again failed", "lease", e.Request.LeaseID, "err", err)
+			continue
+		}
+		a.mu.Lock()
+		if cur, ok := a.exports[e.Request.Export]; ok {
+			cur.suspended = false
+			a.exports[e.Request.Export] = cur
+			a.countExportsLocked()
+		}
+		a.mu.Unlock()
+		a.log.Info("lease renewed; serving it again", "lease", e.Request.LeaseID)
+	}
+	a.opMu.Unlock()
+	for _, e := range confirm {
+		a.confirmHeld(ctx, e)
+	}
+}
+
+// enforceExpiry stops serving the exports whose lease's known expiry has
+// passed; with reachable false (no answer from the control plane) also
+// those whose expiry the agent does not know.
+func (a *Agent) enforceExpiry(ctx context.Context, reachable bool) {
+	now := a.clock.Now()
+	a.opMu.Lock()
+	defer a.opMu.Unlock()
+	a.mu.Lock()
+	var due []Export
+	for _, e := range a.exports {
+		if !e.serving() {
+			continue
+		}
+		exp := e.Request.ExpiresAt
+		if (exp.IsZero() && !reachable) || (!exp.IsZero() && !now.Before(exp)) {
+			due = append(due, e)
+		}
+	}
+	a.mu.Unlock()
+	for _, e := range due {
+		drv := a.drivers[e.Device.Kind]
+		var err error
+		if s, ok := drv.(Suspender); ok {
+			if err = s.Suspend(ctx, e); err == nil {
+				e.suspended = true
+			}
+		} else if err = drv.Teardown(ctx, e); err == nil {
+			e.held = true
+		}
+		if err != nil {
+			a.log.Warn("stopping an expired lease's export failed", "lease", e.Request.LeaseID, "err", err)
+			continue
+		}
+		a.mu.Lock()
+		if _, ok := a.exports[e.Request.Export]; ok {
+			a.exports[e.Request.Export] = e
+			a.countExportsLocked()
+		}
+		a.mu.Unlock()
+		a.mSuspends.With(string(e.Device.Kind)).Inc()
+		a.log.Warn("stopped serving a lease whose expiry passed without a renewal the control plane confirmed",
+			"lease", e.Request.LeaseID, "kind", e.Device.Kind, "expired", !e.Request.ExpiresAt.IsZero(), "control_plane_reachable", reachable)
+	}
+}
+
+// nextExpiry is the earliest known expiry of a served export.
+func (a *Agent) nextExpiry() (time.Time, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var next time.Time
+	for _, e := range a.exports {
+		if exp := e.Request.ExpiresAt; e.serving() && !exp.IsZero() && (next.IsZero() || exp.Before(next)) {
+			next = exp
+		}
+	}
+	return next, !next.IsZero()
+}

@@ -1,0 +1,303 @@
+package agent
+
+import (
+	"bytes"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	memclient "github.com/rialto-project/rialto/internal/dataplane/memory/client"
+)
+
+// fakeClock is a clock tests move by hand.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func (f *fakeCP) set(fn func(f *fakeCP)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fn(f)
+}
+
+// served reports whether the export answers a handshake at uri.
+func served(t *testing.T, uri string) bool {
+	t.Helper()
+	c, err := nbd.DialURI(ctxFor(t), uri)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+// TestRestoredExportHeldUntilConfirmed: a restarted agent restores its
+// exports held: while the control plane does not answer its heartbeats
+// not even a first request reaches one; the answer that lists the lease
+// serves it, bytes intact.
+func TestRestoredExportHeldUntilConfirmed(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	dir := t.TempDir()
+	cfg := testConfig(srv.URL, dir)
+	r := start(t, cfg)
+	ua := prepareBlock(t, r.a, "lease-a", 0, leaseSize)
+	data := bytes.Repeat([]byte("kept "), leaseSize/5+1)[:leaseSize]
+	nbdWrite(t, ua, data, 0)
+	r.halt(t)
+
+	cp.set(func(f *fakeCP) { f.down = true })
+	a := start(t, cfg).a
+	if got := a.Leases(); len(got) != 1 || got[0] != "lease-a" {
+		t.Fatalf("leases after the restart: %v", got)
+	}
+	if served(t, ua) {
+		t.Fatal("a restored export is served before the control plane confirmed it")
+	}
+	if n := a.mWithheld.With("held").Value(); n != 1 {
+		t.Errorf("%v exports held, want 1", n)
+	}
+	if err := a.Heartbeat(ctxFor(t)); err == nil {
+		t.Fatal("heartbeat to a control plane that is down succeeded")
+	}
+	if served(t, ua) {
+		t.Fatal("a restored export is served while the control plane is down")
+	}
+
+	cp.set(func(f *fakeCP) { f.down = false })
+	if err := a.Heartbeat(ctxFor(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got := nbdRead(t, ua, leaseSize, 0); !bytes.Equal(got, data) {
+		t.Fatal("the confirmed export lost its bytes")
+	}
+	if n := a.mWithheld.With("held").Value(); n != 0 {
+		t.Errorf("%v exports still held", n)
+	}
+}
+
+// TestRestoredLostLeaseWipedUnserved: the control plane's first answer to
+// a restarted agent tears down a lease it declared lost: the export is
+// never served and its range is wiped.
+func TestRestoredLostLeaseWipedUnserved(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	dir := t.TempDir()
+	cfg := testConfig(srv.URL, dir)
+	r := start(t, cfg)
+	ua := prepareBlock(t, r.a, "lease-a", 0, leaseSize)
+	nbdWrite(t, ua, bytes.Repeat([]byte{9}, leaseSize), 0)
+	r.halt(t)
+
+	cp.set(func(f *fakeCP) { f.teardown = []string{"lease-a"} })
+	a := start(t, cfg).a // ready once the first answer is applied
+	if got := a.Leases(); len(got) != 0 {
+		t.Fatalf("leases after the restart: %v", got)
+	}
+	if served(t, ua) {
+		t.Fatal("a lost lease's export is served")
+	}
+	if !bytes.Equal(diskBytes(t, dir, 0, leaseSize), make([]byte, leaseSize)) {
+		t.Fatal("the lost lease's range was not wiped")
+	}
+	if n := a.mRestored.With("dropped").Value(); n != 1 {
+		t.Errorf("%v restored exports dropped, want 1", n)
+	}
+}
+
+// TestExpiryWithoutControlPlane: while the control plane is unreachable
+// the agent serves a lease until its known expiry, then stops (closing open
+// connections) and keeps the bytes; an answer that shows the lease renewed
+// serves it again; an answer with the old expiry keeps it stopped; a
+// lease whose expiry the agent does not know stops at the first
+// unanswered heartbeat.
+func TestExpiryWithoutControlPlane(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	dir := t.TempDir()
+	clock := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	cfg := testConfig(srv.URL, dir)
+	cfg.Clock = clock
+	a := start(t, cfg).a
+	ctx := ctxFor(t)
+	exp := clock.Now().Add(time.Minute)
+	resp, err := a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindBlock, DeviceName: "disk0",
+		Length: leaseSize, Export: "x_lease-a", ExpiresAt: exp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ua := resp.URI
+	uz := prepareBlock(t, a, "lease-z", leaseSize, 4096) // no expiry known
+	data := bytes.Repeat([]byte("until expiry "), leaseSize/13+1)[:leaseSize]
+	nbdWrite(t, ua, data, 0)
+
+	cp.set(func(f *fakeCP) { f.down = true })
+	open, err := nbd.DialURI(ctx, ua)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close()
+	clock.Advance(59 * time.Second)
+	if err := a.Heartbeat(ctx); err == nil {
+		t.Fatal("heartbeat to a control plane that is down succeeded")
+	}
+	if !served(t, ua) {
+		t.Fatal("a lease before its expiry stopped with the control plane")
+	}
+	if served(t, uz) {
+		t.Fatal("a lease of unknown expiry is served without the control plane")
+	}
+
+	clock.Advance(time.Second)
+	a.Heartbeat(ctx)
+	if served(t, ua) {
+		t.Fatal("an expired lease is served without the control plane")
+	}
+	if _, err := open.ReadAtContext(ctx, make([]byte, 4096), 0); err == nil {
+		t.Fatal("a connection opened before the expiry still reads")
+	}
+	if !bytes.Equal(diskBytes(t, dir, 0, leaseSize), data) {
+		t.Fatal("the expired lease's bytes were not kept")
+	}
+
+	// The control plane answers again with the old expiry: still stopped.
+	cp.set(func(f *fakeCP) { f.down, f.expires = false, map[string]time.Time{"lease-a": exp} })
+	if err := a.Heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if served(t, ua) {
+		t.Fatal("served again without a renewal")
+	}
+	// Renewed: served again, bytes intact.
+	cp.set(func(f *fakeCP) { f.expires["lease-a"] = clock.Now().Add(time.Hour) })
+	if err := a.Heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := nbdRead(t, ua, leaseSize, 0); !bytes.Equal(got, data) {
+		t.Fatal("the renewed lease lost its bytes")
+	}
+	if n := a.mSuspends.With("block").Value(); n != 2 {
+		t.Errorf("%v suspensions counted, want 2", n)
+	}
+}
+
+// TestExpiredMemoryLeaseKeepsItsBytes: a memory lease whose expiry passes
+// without the control plane is suspended, not wiped: its region refuses
+// connections until a renewal shows up, and then holds the same bytes.
+func TestExpiredMemoryLeaseKeepsItsBytes(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	clock := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	cfg := testConfig(srv.URL, t.TempDir())
+	cfg.Devices = append(cfg.Devices, DeviceConfig{Name: "mem0", Kind: api.KindMemory, Size: 4 << 20})
+	cfg.Clock = clock
+	a := start(t, cfg).a
+	ctx := ctxFor(t)
+	resp, err := a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-m", Kind: api.KindMemory, DeviceName: "mem0",
+		Length: 1 << 20, Export: "x_lease-m", ExpiresAt: clock.Now().Add(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, cred := memoryTarget(t, resp.URI)
+	want := bytes.Repeat([]byte("memory kept "), 400)
+	mc, err := memclient.Dial(ctx, addr, cred, memclient.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mc.Write(ctx, memclient.ChannelSync, want, 4096); err != nil {
+		t.Fatal(err)
+	}
+	mc.Close()
+
+	cp.set(func(f *fakeCP) { f.down = true })
+	clock.Advance(time.Minute)
+	a.Heartbeat(ctx)
+	if c, err := memclient.Dial(ctx, addr, cred, memclient.Options{}); err == nil {
+		c.Close()
+		t.Fatal("an expired memory lease is served without the control plane")
+	}
+	cp.set(func(f *fakeCP) {
+		f.down, f.expires = false, map[string]time.Time{"lease-m": clock.Now().Add(time.Hour)}
+	})
+	if err := a.Heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mc, err = memclient.Dial(ctx, addr, cred, memclient.Options{})
+	if err != nil {
+		t.Fatalf("the renewed memory lease: %v", err)
+	}
+	defer mc.Close()
+	got := make([]byte, len(want))
+	if err := mc.Read(ctx, memclient.ChannelSync, got, 4096); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("the renewed memory lease's bytes: %v (equal: %v)", err, bytes.Equal(got, want))
+	}
+}
+
+// memoryTarget splits a rialto-mem:// URI into address and credential.
+func memoryTarget(t *testing.T, uri string) (string, string) {
+	t.Helper()
+	u, err := url.Parse(uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u.Host, strings.TrimPrefix(u.Path, "/")
+}
+
+// TestExpiryCountsTimeLeft: the agent counts a lease's time left on its
+// own clock, whatever the control plane's clock says: with the control
+// plane's clock a year behind, a lease with a minute left is served for a
+// minute (not stopped at once), and a renewal read from a heartbeat
+// answer extends it from when the heartbeat left.
+func TestExpiryCountsTimeLeft(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	clock := &fakeClock{now: time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)}
+	cpNow := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	cfg := testConfig(srv.URL, t.TempDir())
+	cfg.Clock = clock
+	a := start(t, cfg).a
+	ctx := ctxFor(t)
+	resp, err := a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindBlock, DeviceName: "disk0",
+		Length: leaseSize, Export: "x_lease-a", ExpiresAt: cpNow.Add(time.Minute), Now: cpNow})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp.set(func(f *fakeCP) { f.down = true })
+	clock.Advance(59 * time.Second)
+	a.Heartbeat(ctx)
+	if !served(t, resp.URI) {
+		t.Fatal("a lease with time left stopped: the clocks were compared")
+	}
+	// The control plane answers at its 00:00:59 that the lease runs to
+	// 00:02:00: 61 s left, counted from when the heartbeat left.
+	cp.set(func(f *fakeCP) {
+		f.down, f.now = false, cpNow.Add(59*time.Second)
+		f.expires = map[string]time.Time{"lease-a": cpNow.Add(2 * time.Minute)}
+	})
+	if err := a.Heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cp.set(func(f *fakeCP) { f.down = true })
+	clock.Advance(60 * time.Second)
+	a.Heartbeat(ctx)
+	if !served(t, resp.URI) {
+		t.Fatal("the renewal was not counted")
+	}
+	clock.Advance(time.Second)
+	a.Heartbeat(ctx)
+	if served(t, resp.URI) {
+		t.Fatal("served past the renewed expiry without the control plane")
+	}
+}

@@ -1,0 +1,210 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sort"
+
+	"github.com/rialto-project/rialto/api"
+)
+
+// The wipe journal (wipes.json in the state dir, 0600) lists the ranges
+// being zeroed before they return to the pool. An entry is written and
+// fsynced before the lease's export is torn down, and removed only after
+// the zeroes are durable; a range with an entry is refused to every
+// prepare (ErrOverlap, so the control plane places elsewhere). A restarted
+// agent finishes the journal's wipes before it serves anything, so a crash
+// in the middle of a wipe leaves the range unlendable until it is wiped.
+const wipesFile = "wipes.json"
+
+// errCrashInjected ends a wipe stopped by Faults.CrashMidWipe.
+var errCrashInjected = errors.New("agent: wipe stopped half-way (fault injected)")
+
+// wipeEntry is one journal entry: a lease's range of a device.
+type wipeEntry struct {
+	LeaseID    string   `json:"lease_id"`
+	Kind       api.Kind `json:"kind"`
+	DeviceName string   `json:"device_name"`
+	Offset     int64    `json:"offset"`
+	Length     int64    `json:"length"`
+}
+
+// pendingWipe is a journal entry in memory; running is set while a wipe of
+// it is under way (a.mu).
+type pendingWipe struct {
+	wipeEntry
+	running bool
+}
+
+func (w wipeEntry) overlaps(req api.PrepareRequest) bool {
+	return w.DeviceName == req.DeviceName && w.Offset < req.Offset+req.Length && req.Offset < w.Offset+w.Length
+}
+
+// wipeOverlapLocked reports whether req's range overlaps a pending wipe;
+// a.mu is held.
+func (a *Agent) wipeOverlapLocked(req api.PrepareRequest) bool {
+	for _, w := range a.wipes {
+		if w.overlaps(req) {
+			return true
+		}
+	}
+	return false
+}
+
+// needsWipe reports whether tearing e down must wipe its range.
+func (a *Agent) needsWipe(e Export) bool {
+	_, ok := a.drivers[e.Device.Kind].(Wiper)
+	return ok && e.Request.Length > 0
+}
+
+// journalWipe adds e's range to the journal and persists it. The entry
+// stays in memory (and the range refused) even if persisting fails.
+func (a *Agent) journalWipe(e Export) (*pendingWipe, error) {
+	w := &pendingWipe{wipeEntry: wipeEntry{LeaseID: e.Request.LeaseID, Kind: e.Device.Kind, DeviceName: e.Device.Name,
+		Offset: e.Request.Offset, Length: e.Request.Length}}
+	a.mu.Lock()
+	a.wipes = append(a.wipes, w)
+	a.mPendingWipes.Set(float64(len(a.wipes)))
+	a.mu.Unlock()
+	return w, a.saveWipes()
+}
+
+// saveWipes persists the journal.
+func (a *Agent) saveWipes() error {
+	return a.persistWipes(nil)
+}
+
+// persistWipes writes the journal without drop, then (if that worked)
+// forgets drop: a wiped range becomes lendable only once no journal entry
+// can make a restart wipe it again, over the next tenant's bytes.
+func (a *Agent) persistWipes(drop *pendingWipe) error {
+	a.wipeMu.Lock()
+	defer a.wipeMu.Unlock()
+	a.mu.Lock()
+	out := make([]wipeEntry, 0, len(a.wipes))
+	for _, w := range a.wipes {
+		if w != drop {
+			out = append(out, w.wipeEntry)
+		}
+	}
+	a.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].DeviceName != out[j].DeviceName {
+			return out[i].DeviceName < out[j].DeviceName
+		}
+		return out[i].Offset < out[j].Offset
+	})
+	if err := writeJSON(filepath.Join(a.cfg.StateDir, wipesFile), out); err != nil {
+		return fmt.Errorf("agent: wipe journal: %w", err)
+	}
+	if drop != nil {
+		a.mu.Lock()
+		for i, x := range a.wipes {
+			if x == drop {
+				a.wipes = append(a.wipes[:i], a.wipes[i+1:]...)
+				break
+			}
+		}
+		a.mPendingWipes.Set(float64(len(a.wipes)))
+		a.mu.Unlock()
+	}
+	return nil
+}
+
+// loadWipes reads the journal a previous run left. Entries naming devices
+// the agent no longer lends are kept in the file but cannot be wiped, and
+// their ranges stay refused.
+func (a *Agent) loadWipes() error {
+	var saved []wipeEntry
+	if err := readJSON(filepath.Join(a.cfg.StateDir, wipesFile), &saved); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, w := range saved {
+		a.wipes = append(a.wipes, &pendingWipe{wipeEntry: w})
+	}
+	a.mPendingWipes.Set(float64(len(a.wipes)))
+	return nil
+}
+
+// runWipe zeroes w's range and, once the zeroes are durable, removes its
+// journal entry. A wipe already under way elsewhere is left to finish
+// there.
+func (a *Agent) runWipe(ctx context.Context, w *pendingWipe) error {
+	a.mu.Lock()
+	if w.running {
+		a.mu.Unlock()
+		return nil
+	}
+	w.running = true
+	dev, ok := a.devices[w.DeviceName]
+	a.mu.Unlock()
+	err := a.wipe(ctx, w, dev, ok)
+	if err == nil {
+		err = a.persistWipes(w)
+	}
+	a.mu.Lock()
+	w.running = false
+	a.mu.Unlock()
+	if err != nil {
+		a.mWipes.With("failed").Inc()
+		return fmt.Errorf("agent: wipe of lease %s on %s: %w", w.LeaseID, w.DeviceName, err)
+	}
+	a.mWipes.With("ok").Inc()
+	a.log.Info("wiped", "lease", w.LeaseID, "device", w.DeviceName, "offset", w.Offset, "length", w.Length)
+	return nil
+}
+
+func (a *Agent) wipe(ctx context.Context, w *pendingWipe, dev DeviceConfig, ok bool) error {
+	if !ok {
+		return fmt.Errorf("%w: %q", ErrNoDevice, w.DeviceName)
+	}
+	wp, ok := a.drivers[dev.Kind].(Wiper)
+	if !ok {
+		return fmt.Errorf("%w: %s cannot wipe", ErrNoDriver, dev.Kind)
+	}
+	e := Export{Request: api.PrepareRequest{LeaseID: w.LeaseID, Kind: dev.Kind, DeviceName: dev.Name,
+		Offset: w.Offset, Length: w.Length}, Device: dev}
+	if a.Faults.CrashMidWipe.Load() {
+		e.Request.Length = (w.Length / 2) &^ 4095
+		if err := wp.Wipe(ctx, e); err != nil {
+			return err
+		}
+		return errCrashInjected
+	}
+	return wp.Wipe(ctx, e)
+}
+
+// retryWipes runs every pending wipe not under way, returning their errors.
+func (a *Agent) retryWipes(ctx context.Context) error {
+	a.mu.Lock()
+	ws := append([]*pendingWipe(nil), a.wipes...)
+	a.mu.Unlock()
+	var errs []error
+	for _, w := range ws {
+		if err := a.runWipe(ctx, w); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// withoutWiped drops the persisted exports whose range is in the wipe
+// journal: their teardown was under way when the previous run stopped.
+func (a *Agent) withoutWiped(saved []persistedExport) []persistedExport {
+	out := saved[:0:0]
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, p := range saved {
+		if a.wipeOverlapLocked(p.PrepareRequest) {
+			a.mRestored.With("dropped").Inc()
+			a.log.Info("a restored export was being torn down; its range is wiped instead", "lease", p.LeaseID)
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}

@@ -1,0 +1,217 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+)
+
+func ctxFor(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// prepareBlock prepares a block lease of disk0 and returns its URI.
+func prepareBlock(t *testing.T, a *Agent, lease string, off, n int64) string {
+	t.Helper()
+	resp, err := a.Prepare(ctxFor(t), api.PrepareRequest{LeaseID: lease, Kind: api.KindBlock, DeviceName: "disk0",
+		Offset: off, Length: n, Export: "x_" + lease})
+	if err != nil {
+		t.Fatalf("prepare %s: %v", lease, err)
+	}
+	return resp.URI
+}
+
+// nbdWrite writes data at off through uri and flushes.
+func nbdWrite(t *testing.T, uri string, data []byte, off int64) {
+	t.Helper()
+	c, err := nbd.DialURI(ctxFor(t), uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.WriteAtContext(ctxFor(t), data, off, true); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// nbdRead reads n bytes at off through uri.
+func nbdRead(t *testing.T, uri string, n int, off int64) []byte {
+	t.Helper()
+	c, err := nbd.DialURI(ctxFor(t), uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	b := make([]byte, n)
+	if _, err := c.ReadAtContext(ctxFor(t), b, off); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// diskBytes reads [off, off+n) of the agent's disk0 file.
+func diskBytes(t *testing.T, dir string, off, n int64) []byte {
+	t.Helper()
+	f, err := os.Open(filepath.Join(dir, "disk0.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, n)
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// journal reads the wipe journal.
+func journal(t *testing.T, dir string) []wipeEntry {
+	t.Helper()
+	var w []wipeEntry
+	if err := readJSON(filepath.Join(dir, wipesFile), &w); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+const leaseSize = 256 << 10
+
+// TestTeardownWipes: after a lease's teardown its range of the shared
+// backing file is zero (on disk, and to the next lease of it, whose block
+// status shows one hole), the neighbouring lease's bytes are intact, and
+// the wipe journal is empty again.
+func TestTeardownWipes(t *testing.T) {
+	_, srv := newFakeCP(t)
+	dir := t.TempDir()
+	a := start(t, testConfig(srv.URL, dir)).a
+	ua := prepareBlock(t, a, "lease-a", 0, leaseSize)
+	un := prepareBlock(t, a, "lease-n", leaseSize, leaseSize)
+	secret := bytes.Repeat([]byte("tenant A secret "), leaseSize/16)
+	neighbour := bytes.Repeat([]byte("neighbour "), leaseSize/10+1)[:leaseSize]
+	nbdWrite(t, ua, secret, 0)
+	nbdWrite(t, un, neighbour, 0)
+
+	if err := a.Teardown(ctxFor(t), "lease-a"); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(diskBytes(t, dir, 0, leaseSize), make([]byte, leaseSize)) {
+		t.Fatal("the torn-down lease's range is not zero on disk")
+	}
+	if !bytes.Equal(diskBytes(t, dir, leaseSize, leaseSize), neighbour) {
+		t.Fatal("the wipe touched the neighbouring lease")
+	}
+	if w := journal(t, dir); len(w) != 0 {
+		t.Fatalf("journal after the wipe: %+v", w)
+	}
+	if n := a.mWipes.With("ok").Value(); n != 1 {
+		t.Errorf("%v wipes counted, want 1", n)
+	}
+
+	ub := prepareBlock(t, a, "lease-b", 0, leaseSize)
+	if got := nbdRead(t, ub, leaseSize, 0); !bytes.Equal(got, make([]byte, leaseSize)) {
+		t.Fatal("the next lease reads the previous tenant's bytes")
+	}
+	c, err := nbd.DialURI(ctxFor(t), ub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ext, err := c.Extents(0, leaseSize)
+	if err != nil || len(ext) != 1 || ext[0] != (nbd.Extent{Length: leaseSize, Flags: nbd.StateHole | nbd.StateZero}) {
+		t.Fatalf("block status of the next lease: %v %v, want one hole", ext, err)
+	}
+}
+
+// TestCrashMidWipeKeepsRangeUnlendable: a wipe stopped half-way (as by a
+// crash) leaves its journal entry; the range is refused to every prepare,
+// also after heartbeats retry it under the fault; a restart finishes the
+// wipe before anything is served, after which the range is lent again and
+// reads as zeroes.
+func TestCrashMidWipeKeepsRangeUnlendable(t *testing.T) {
+	_, srv := newFakeCP(t)
+	dir := t.TempDir()
+	cfg := testConfig(srv.URL, dir)
+	r := start(t, cfg)
+	a := r.a
+	secret := bytes.Repeat([]byte{0x5a}, leaseSize)
+	nbdWrite(t, prepareBlock(t, a, "lease-a", 0, leaseSize), secret, 0)
+
+	a.Faults.CrashMidWipe.Store(true)
+	if err := a.Teardown(ctxFor(t), "lease-a"); !errors.Is(err, errCrashInjected) {
+		t.Fatalf("teardown under the fault: %v", err)
+	}
+	// Half-way: the first half zero, the second still the tenant's.
+	if !bytes.Equal(diskBytes(t, dir, 0, leaseSize/2), make([]byte, leaseSize/2)) ||
+		!bytes.Equal(diskBytes(t, dir, leaseSize/2, leaseSize/2), secret[:leaseSize/2]) {
+		t.Fatal("the injected crash did not stop the wipe half-way")
+	}
+	if w := journal(t, dir); len(w) != 1 || w[0].LeaseID != "lease-a" || w[0].Offset != 0 || w[0].Length != leaseSize {
+		t.Fatalf("journal after the crash: %+v", w)
+	}
+	refused := func(a *Agent) {
+		t.Helper()
+		_, err := a.Prepare(ctxFor(t), api.PrepareRequest{LeaseID: "lease-b", Kind: api.KindBlock, DeviceName: "disk0",
+			Offset: leaseSize / 2, Length: 4096, Export: "x_lease-b"})
+		if !errors.Is(err, ErrOverlap) {
+			t.Fatalf("prepare of a range being wiped: %v, want ErrOverlap", err)
+		}
+	}
+	refused(a)
+	if err := a.Heartbeat(ctxFor(t)); err != nil { // retries the wipe, which stops again
+		t.Fatal(err)
+	}
+	refused(a)
+	prepareBlock(t, a, "lease-c", leaseSize, 4096) // the rest of the device lends
+	r.halt(t)
+	if w := journal(t, dir); len(w) != 1 {
+		t.Fatalf("journal after the agent stopped: %+v", w)
+	}
+
+	a2 := start(t, cfg).a
+	if w := journal(t, dir); len(w) != 0 {
+		t.Fatalf("journal after the restart: %+v", w)
+	}
+	if !bytes.Equal(diskBytes(t, dir, 0, leaseSize), make([]byte, leaseSize)) {
+		t.Fatal("the restart did not finish the wipe")
+	}
+	ub := prepareBlock(t, a2, "lease-b", 0, leaseSize)
+	if !bytes.Equal(nbdRead(t, ub, leaseSize, 0), make([]byte, leaseSize)) {
+		t.Fatal("the next lease reads the previous tenant's bytes")
+	}
+}
+
+// TestRestartFinishesInterruptedTeardown: an agent that stopped between
+// journalling a wipe and forgetting the export (both files name the lease)
+// does not serve the export again: it wipes the range.
+func TestRestartFinishesInterruptedTeardown(t *testing.T) {
+	_, srv := newFakeCP(t)
+	dir := t.TempDir()
+	cfg := testConfig(srv.URL, dir)
+	r := start(t, cfg)
+	ua := prepareBlock(t, r.a, "lease-a", 8192, leaseSize)
+	nbdWrite(t, ua, bytes.Repeat([]byte{7}, leaseSize), 0)
+	r.halt(t)
+	if err := writeJSON(filepath.Join(dir, wipesFile), []wipeEntry{{LeaseID: "lease-a", Kind: api.KindBlock,
+		DeviceName: "disk0", Offset: 8192, Length: leaseSize}}); err != nil {
+		t.Fatal(err)
+	}
+	a := start(t, cfg).a
+	if got := a.Leases(); len(got) != 0 {
+		t.Fatalf("leases after the restart: %v", got)
+	}
+	if _, err := nbd.DialURI(ctxFor(t), ua); err == nil {
+		t.Fatal("the export being torn down is served again")
+	}
+	if !bytes.Equal(diskBytes(t, dir, 8192, leaseSize), make([]byte, leaseSize)) {
+		t.Fatal("the range was not wiped")
+	}
+}

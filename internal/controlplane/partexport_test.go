@@ -1,0 +1,43 @@
+package controlplane
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestPartExportNames: each part of a lease gets an export name of its own,
+// derived from the lease credential; no name contains the credential, an
+// index or a prefix of another part's name, so the lender of one part
+// cannot derive the name of another. The same credential and index give
+// the same name (a restarted lender and the borrower agree).
+func TestPartExportNames(t *testing.T) {
+	creds := []string{"rlc_aaaa", "rlc_aaab"}
+	seen := map[string]string{}
+	for _, cred := range creds {
+		for i := range 8 {
+			name := partExport(cred, i)
+			if name != partExport(cred, i) {
+				t.Fatalf("%s part %d: not deterministic", cred, i)
+			}
+			if strings.Contains(name, cred) || strings.Contains(name, strings.TrimPrefix(cred, "rlc_")) {
+				t.Fatalf("part %d's name contains the credential", i)
+			}
+			if len(name) != len("rlp_")+43 || !strings.HasPrefix(name, "rlp_") {
+				t.Fatalf("name %q: want rlp_ and 43 base64url characters", name)
+			}
+			if strings.ContainsAny(name[4:], "+/=.") {
+				t.Fatalf("name %q is not base64url", name)
+			}
+			key := cred + "/" + string(rune('0'+i))
+			for other, k := range seen {
+				if other == name {
+					t.Fatalf("%s and %s share a name", k, key)
+				}
+				if other[:12] == name[:12] {
+					t.Fatalf("%s and %s share a 12-character prefix", k, key)
+				}
+			}
+			seen[name] = key
+		}
+	}
+}
