@@ -27,7 +27,7 @@ type OpenConfig struct {
 	// Check, if set, is called for each part before it is dialled and may
 	// refuse it or rewrite its address (say, to the IP address it checked).
 	// Its error should name the part by index and address only.
-	Check func(ctx context.Context, part int, u nbd.URI) (nbd.URI, error)
+	Check  func(ctx context.Context, part int, u nbd.URI) (nbd.URI, error)
 	Logger *slog.Logger
 }
 
