@@ -25,7 +25,7 @@ func TestParseQMP(t *testing.T) {
 		{`{"id": 2, "error": {"class": "GenericError", "desc": "Requested export not available"}}`, "error"},
 		{`{"timestamp": {"seconds": 1, "microseconds": 2}, "event": "STOP"}`, "event"},
 		{`{"event": "SHUTDOWN", "data": {"guest": true, "reason": "guest-shutdown"}}`, "event"},
-		{`{"return": {}}`, ""},                     // a reply without an id
+		{`{"return": {}}`, ""},                       // a reply without an id
 		{`{"return": {}, "error": {}, "id": 1}`, ""}, // both
 		{`{}`, ""},
 		{`[1]`, ""},

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -147,6 +148,26 @@ func Alive(pid int) bool {
 		}
 	}
 	return true
+}
+
+// Supervising reports whether r's supervisor (a `rialto vm run`) runs:
+// its pid is alive and names such a process (not a reused pid).
+func (r Record) Supervising() bool {
+	return r.PID > 0 && Alive(r.PID) && cmdlineHas(r.PID, "\x00vm\x00run\x00")
+}
+
+// QEMURunning reports whether r's qemu runs (its pid is alive and is this
+// VM's qemu).
+func (r Record) QEMURunning() bool {
+	return r.QEMUPID > 0 && Alive(r.QEMUPID) && cmdlineHas(r.QEMUPID, "\x00guest="+r.Name+"\x00")
+}
+
+// Running reports whether anything of r runs.
+func (r Record) Running() bool { return r.Supervising() || r.QEMURunning() }
+
+func cmdlineHas(pid int, s string) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return err == nil && strings.Contains("\x00"+string(b), s)
 }
 
 // HostName names where this process runs, for a Record: "netns:NAME" when
