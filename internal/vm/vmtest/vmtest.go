@@ -9,7 +9,8 @@
 //
 // Find skips the test, with the reason, when the kernel, its modules or a
 // static busybox are missing. Functions are safe for concurrent use; the
-// uncompressed kernel is cached in the system's temp dir across runs.
+// uncompressed kernel and the initramfs are kept in the system's temp dir
+// (one file each per kernel and user), the kernel reused across runs.
 package vmtest
 
 import (
@@ -94,12 +95,18 @@ func build() (Guest, string) {
 	if err != nil {
 		return Guest{}, err.Error()
 	}
-	dir, err := os.MkdirTemp("", "rialto-vmtest-")
-	if err != nil {
-		return Guest{}, err.Error()
+	// One file per kernel and user in the temp dir, rebuilt by every test
+	// process (written aside, then renamed: a concurrent reader sees a
+	// whole archive).
+	g := Guest{Kernel: pvh(bz, release), Release: release,
+		Initrd: filepath.Join(os.TempDir(), fmt.Sprintf("rialto-vmtest-initramfs-%s-%d.cpio", release, os.Getuid()))}
+	tmp := fmt.Sprintf("%s.%d.tmp", g.Initrd, time.Now().UnixNano())
+	if err := initramfs(tmp, busybox, mods); err != nil {
+		os.Remove(tmp)
+		return Guest{}, "initramfs: " + err.Error()
 	}
-	g := Guest{Kernel: pvh(bz, release), Initrd: filepath.Join(dir, "initramfs.cpio"), Release: release}
-	if err := initramfs(g.Initrd, busybox, mods); err != nil {
+	if err := os.Rename(tmp, g.Initrd); err != nil {
+		os.Remove(tmp)
 		return Guest{}, "initramfs: " + err.Error()
 	}
 	return g, ""
