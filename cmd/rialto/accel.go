@@ -14,8 +14,8 @@ import (
 )
 
 func init() {
-	register(&command{Name: "accel run", Args: "LEASE ROLE[:ENTRY] INPUT",
-		Summary: "Run an accelerator lease's role on INPUT (a file, - for stdin, or @text) and print the output.", Run: runAccelRun})
+	register(&command{Name: "accel run", Args: "LEASE ROLE[:ENTRY] INPUT|--input-lease L:OFF:LEN",
+		Summary: "Run an accelerator lease's role on INPUT (a file, - for stdin, or @text) or on a range of a block lease the slot reads itself; print the output or store it in a block lease.", Run: runAccelRun})
 }
 
 // readInput reads INPUT: "-" is stdin, "@text" the text itself, anything
@@ -46,6 +46,13 @@ type accelRunOut struct {
 	Bytes  int    `json:"output_bytes"`
 	Output []byte `json:"output,omitempty"`
 	File   string `json:"file,omitempty"`
+	// Set when a block lease is the input or the output (accel_lease.go).
+	InputLease   string  `json:"input_lease,omitempty"`
+	InputOffset  int64   `json:"input_offset,omitempty"`
+	OutputLease  string  `json:"output_lease,omitempty"`
+	OutputOffset int64   `json:"output_offset,omitempty"`
+	Path         string  `json:"path,omitempty"` // "direct": the slot reads and writes the block leases; "relay": through this borrower
+	Seconds      float64 `json:"seconds,omitempty"`
 }
 
 // stdinOf lets tests give accel run an input on stdin.
@@ -53,15 +60,24 @@ var stdinOf = func(*env) io.Reader { return os.Stdin }
 
 func runAccelRun(ctx context.Context, e *env, args []string) error {
 	var cf clientFlags
-	fs := newFlags(e, "accel run", "LEASE ROLE[:ENTRY] INPUT")
+	fs := newFlags(e, "accel run", "LEASE ROLE[:ENTRY] INPUT|--input-lease L:OFF:LEN")
 	cf.register(fs, e)
+	lf := registerLeaseIOFlags(fs)
 	outPath := fs.String("out", "", "write the output to this file instead of stdout")
 	entryFlag := fs.String("entry", "", "the role's entry to call (default: its first, e.g. sha256's sum)")
 	asHex := fs.Bool("hex", false, "print the output in hexadecimal")
 	slot := fs.Int("slot", 0, "which of the lease's slots to use")
-	pos, err := parse(fs, args, 3, 3)
+	pos, err := parse(fs, args, 2, 3)
 	if err != nil {
 		return err
+	}
+	if (len(pos) == 3) == (lf.input != "") {
+		fmt.Fprintln(e.stderr, "rialto accel run: wrong number of arguments: give either INPUT or --input-lease")
+		fs.Usage()
+		return errUsage
+	}
+	if lf.output != "" && (*outPath != "" || *asHex) {
+		return fmt.Errorf("--output-lease stores the output in a block lease: --out and --hex do not apply")
 	}
 	role, entry, _ := strings.Cut(pos[1], ":")
 	if *entryFlag != "" {
@@ -70,9 +86,11 @@ func runAccelRun(ctx context.Context, e *env, args []string) error {
 		}
 		entry = *entryFlag
 	}
-	in, err := readInput(pos[2], stdinOf(e))
-	if err != nil {
-		return fmt.Errorf("input: %w", err)
+	var in []byte
+	if len(pos) == 3 {
+		if in, err = readInput(pos[2], stdinOf(e)); err != nil {
+			return fmt.Errorf("input: %w", err)
+		}
 	}
 	c, err := cf.client()
 	if err != nil {
@@ -113,17 +131,27 @@ func runAccelRun(ctx context.Context, e *env, args []string) error {
 	} else if len(info.Entries) > 0 && !slices.Contains(info.Entries, entry) {
 		return fmt.Errorf("role %s has no entry %q (entries: %s)", role, entry, strings.Join(info.Entries, ", "))
 	}
-	if info.MaxPayload > 0 && uint64(len(in)) > uint64(info.MaxPayload) {
-		return fmt.Errorf("input of %d bytes exceeds the slot's limit of %d", len(in), info.MaxPayload)
-	}
-	out, err := conn.Call(ctx, entry, in)
-	if err != nil {
-		return fmt.Errorf("%s:%s: %w", role, entry, err)
-	}
-	res := accelRunOut{ID: l.ID, State: "ok", Role: role, Entry: entry, Slot: tgt.Address, Via: "slot", Input: len(in), Bytes: len(out)}
+	res := accelRunOut{ID: l.ID, State: "ok", Role: role, Entry: entry, Slot: tgt.Address, Via: "slot", Input: len(in)}
 	if tgt.Shared() {
 		res.Via = "gateway"
 	}
+	var out []byte
+	if lf.any() {
+		if out, err = runAccelLeaseIO(ctx, c, lf, &res, tgt, conn, in); err != nil {
+			return err
+		}
+		if lf.output != "" {
+			return printAccelStored(e, cf.json(), res)
+		}
+	} else {
+		if info.MaxPayload > 0 && uint64(len(in)) > uint64(info.MaxPayload) {
+			return fmt.Errorf("input of %d bytes exceeds the slot's limit of %d", len(in), info.MaxPayload)
+		}
+		if out, err = conn.Call(ctx, entry, in); err != nil {
+			return fmt.Errorf("%s:%s: %w", role, entry, err)
+		}
+	}
+	res.Bytes = len(out)
 	if *outPath != "" {
 		if err := os.WriteFile(*outPath, out, 0o644); err != nil {
 			return err

@@ -3,7 +3,9 @@
 // as one NBD export, following a part whose lender moved; attach a memory
 // lease as a swap-style NBD export, dial its donor or map it into memory,
 // and verify it (Memtest); dial an accelerator lease's slot or its lender's
-// batching gateway. `rialto attach`, `rialto memtest` and `rialto accel run`
+// batching gateway, and have a slot read and write ranges of block leases
+// itself (BlockRange), or relay them through the borrower for comparison
+// (RelayLoad, RelayStore). `rialto attach`, `rialto memtest` and `rialto accel run`
 // are thin command-line wrappers over it; other programs can use it the
 // same way.
 //

@@ -41,6 +41,8 @@ const (
 	CodeRoleFailed     Code = 12
 	CodeUnavailable    Code = 13
 	CodeCanceled       Code = 14
+	CodeUnsupported    Code = 15
+	CodeBlockIO        Code = 16
 )
 
 var codeErrs = []struct {
@@ -59,6 +61,8 @@ var codeErrs = []struct {
 	{CodeUnknownTask, ErrUnknownTask},
 	{CodeRoleFailed, ErrRoleFailed},
 	{CodeUnavailable, ErrUnavailable},
+	{CodeUnsupported, ErrUnsupported},
+	{CodeBlockIO, ErrBlockIO},
 	{CodeCanceled, context.Canceled},
 	{CodeCanceled, context.DeadlineExceeded},
 }

@@ -313,6 +313,8 @@ func (c *conn) handle(ctx context.Context, wg *sync.WaitGroup, f Frame) {
 			}
 			c.mu.Unlock()
 		}()
+	case OpLoad, OpStore:
+		c.handleBlock(ctx, f)
 	case OpPoll:
 		if len(f.Payload) != 4 {
 			c.send(errFrame(f.Tag, fmt.Errorf("%w: poll payload is 4 bytes", ErrFrame)))

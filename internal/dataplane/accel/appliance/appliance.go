@@ -116,6 +116,8 @@ type SlotStatus struct {
 	Items      uint64    `json:"items"`
 	BytesIn    uint64    `json:"bytes_in"`  // written into slot memory (by borrowers and roles)
 	BytesOut   uint64    `json:"bytes_out"` // read from slot memory
+	BlockIn    uint64    `json:"block_in"`  // of BytesIn, loaded from block leases (LOAD)
+	BlockOut   uint64    `json:"block_out"` // of BytesOut, stored to block leases (STORE)
 	BusySec    float64   `json:"busy_seconds"`
 	InFlight   int64     `json:"in_flight"`
 }
@@ -606,6 +608,7 @@ type slot struct {
 	lease   *lease
 
 	tasks, failed, items, bytesIn, bytesOut, busyNs atomic.Uint64
+	blockIn, blockOut                               atomic.Uint64
 	inflight                                        atomic.Int64
 }
 
@@ -633,6 +636,7 @@ func (s *slot) closeListener() {
 func (s *slot) status() SlotStatus {
 	st := SlotStatus{SlotInfo: s.info(), Generation: s.gen.Load(), Tasks: s.tasks.Load(),
 		Failed: s.failed.Load(), Items: s.items.Load(), BytesIn: s.bytesIn.Load(), BytesOut: s.bytesOut.Load(),
+		BlockIn: s.blockIn.Load(), BlockOut: s.blockOut.Load(),
 		BusySec: float64(s.busyNs.Load()) / 1e9, InFlight: s.inflight.Load()}
 	if l := s.role.Load(); l != nil {
 		st.Role, st.Entries, st.LoadedAt = l.spec.Name, l.role.Entries(), l.at

@@ -1,0 +1,383 @@
+// Command devread measures devices reading devices: an accelerator slot
+// hashing a range of a block lease that lives on another lender, reading
+// it from the lender itself (`rialto accel run --input-lease`), against the
+// same task fed through the borrower (`--relay`: the borrower reads the
+// range, then writes it into the slot), in one run over an emulated rack
+// whose links are shaped with tc tbf. It is driven by bench/devread/run.sh.
+//
+// The rack (internal/rack) runs `rialto server` and three `rialto agent`
+// processes, each in its own network namespace: node1 lends the block
+// lease, node2 the accelerator slot (role sha256), node3 is the borrower
+// that runs the CLI. Each run reads the byte counters of the three links
+// before and after, so the report says where the bytes went, beside the
+// time. Variants run interleaved in every repetition; figures are medians.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/netns"
+	"github.com/rialto-project/rialto/internal/rack"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "devread:", err)
+		os.Exit(1)
+	}
+}
+
+// variant is one way of feeding the slot.
+type variant struct {
+	Name string
+	Args []string // added to accel run's
+	What string
+}
+
+var variants = []variant{
+	{"direct", nil, "the slot reads the range from the block lender itself (`--input-lease`)"},
+	{"relay, pipelined", []string{"--relay"}, "the borrower reads the range and writes it into the slot, 4 MiB chunks, 4 in flight (`--relay`)"},
+	{"relay, store and forward", []string{"--relay", "--relay-chunk", "RANGE"}, "the borrower reads the whole range, then writes it (`--relay --relay-chunk` = the range)"},
+}
+
+type result struct {
+	Variant string
+	Rep     int
+	Seconds float64
+	CPU     float64 // the borrower process's CPU seconds
+	Steal   float64 // % of all CPU time stolen during the run
+	Load    float64 // 1-minute load average at the start
+	// MiB over each link: out of the lender, into the appliance, into and
+	// out of the borrower.
+	LenderOut, ApplIn, BorrowerIn, BorrowerOut float64
+}
+
+func run() error {
+	bin := flag.String("bin", "bin/rialto", "the rialto binary")
+	rate := flag.String("rate", "200mbit", "tc tbf rate of every agent's link")
+	sizeMiB := flag.Int64("size-mib", 64, "the range the slot hashes (MiB)")
+	reps := flag.Int("reps", 5, "repetitions (variants interleaved within each)")
+	out := flag.String("out", "docs/bench/devread.md", "Markdown fragment to write")
+	iperfSecs := flag.Int("iperf-secs", 3, "seconds of the iperf3 link ceiling measurement (0: skip)")
+	flag.Parse()
+	if *sizeMiB < 1 || *reps < 1 {
+		return fmt.Errorf("-size-mib and -reps must be positive")
+	}
+	abs, err := filepath.Abs(*bin)
+	if err != nil {
+		return err
+	}
+	*bin = abs
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	work, err := os.MkdirTemp("/dev/shm", "rialto-bench-devread.")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	size := *sizeMiB << 20
+	slotMem := fmt.Sprintf("%dMiB", *sizeMiB+8)
+	r, err := rack.Start(ctx, rack.Config{Binary: *bin, StateDir: filepath.Join(work, "rack"), Agents: 3, Disks: 1,
+		DiskSize: size + 32<<20, AccelSlots: 1, LinkRate: *rate, AgentArgs: []string{"--slot-memory", slotMem}, LogLevel: "warn"})
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	lender, appl, borrower := r.Agent(0), r.Agent(1), r.Agent(2)
+	cl := r.Client()
+	blk, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: size + 16<<20, Affinity: []string{lender.Name}})
+	if err != nil {
+		return err
+	}
+	acc, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindAccel, Role: "sha256", Affinity: []string{appl.Name}})
+	if err != nil {
+		return err
+	}
+	// The range: random bytes at 16 MiB into the lease.
+	data := make([]byte, size)
+	rand.Read(data)
+	sum := sha256.Sum256(data)
+	want := hex.EncodeToString(sum[:])
+	nc, err := nbd.DialURI(ctx, blk.URI)
+	if err != nil {
+		return err
+	}
+	if _, err := nc.WriteAtContext(ctx, data, 16<<20, true); err != nil {
+		nc.Close()
+		return err
+	}
+	nc.Close()
+	data = nil
+
+	rng := fmt.Sprintf("%s:16MiB:%dMiB", blk.ID, *sizeMiB)
+	base := []string{"accel", "run", acc.ID, "sha256", "--input-lease", rng, "--hex"}
+	cmds := map[string]string{}
+	var res []result
+	for rep := 1; rep <= *reps; rep++ {
+		// Rotate the order so that no variant always runs first.
+		for k := range variants {
+			v := variants[(k+rep-1)%len(variants)]
+			args := append(append([]string(nil), base...), v.Args...)
+			for i, a := range args {
+				if a == "RANGE" {
+					args[i] = fmt.Sprintf("%dMiB", *sizeMiB)
+				}
+			}
+			cmds[v.Name] = "ip netns exec NODE3 rialto " + strings.Join(args, " ")
+			x, err := measure(ctx, r, []rack.Node{lender, appl, borrower}, *bin, args, want)
+			if err != nil {
+				return fmt.Errorf("%s: %w", v.Name, err)
+			}
+			x.Variant, x.Rep = v.Name, rep
+			fmt.Fprintf(os.Stderr, "rep %d %s: %.2f s, %.1f MiB/s; lender out %.1f MiB, appliance in %.1f MiB, borrower in %.1f / out %.1f MiB (steal %.1f%%)\n",
+				rep, v.Name, x.Seconds, float64(*sizeMiB)/x.Seconds, x.LenderOut, x.ApplIn, x.BorrowerIn, x.BorrowerOut, x.Steal)
+			res = append(res, x)
+		}
+	}
+	var ceiling float64
+	if *iperfSecs > 0 {
+		if ceiling, err = iperf(ctx, r, lender, appl, *iperfSecs); err != nil {
+			fmt.Fprintln(os.Stderr, "devread: iperf3 ceiling not measured:", err)
+		}
+	}
+	return report(*out, *rate, *sizeMiB, slotMem, *reps, ceiling, res, cmds)
+}
+
+// measure runs accel run once in the borrower's namespace.
+func measure(ctx context.Context, r *rack.Rack, nodes []rack.Node, bin string, args []string, want string) (result, error) {
+	var before []netns.Counters
+	for _, n := range nodes {
+		c, err := r.Counters(n)
+		if err != nil {
+			return result{}, err
+		}
+		before = append(before, c)
+	}
+	s0 := readStat()
+	load := loadavg()
+	cmd := r.Command(ctx, nodes[2], bin, args...)
+	cmd.Env = append(os.Environ(), r.Env()...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	t0 := time.Now()
+	out, err := cmd.Output()
+	secs := time.Since(t0).Seconds()
+	if err != nil {
+		return result{}, fmt.Errorf("%v: %s", err, stderr.String())
+	}
+	if got := strings.TrimSpace(string(out)); got != want {
+		return result{}, fmt.Errorf("digest %s, want %s", got, want)
+	}
+	s1 := readStat()
+	var after []netns.Counters
+	for _, n := range nodes {
+		c, err := r.Counters(n)
+		if err != nil {
+			return result{}, err
+		}
+		after = append(after, c)
+	}
+	mib := func(d int64) float64 { return float64(d) / (1 << 20) }
+	x := result{Seconds: secs, Load: load, Steal: s1.stealPct(s0),
+		CPU:        (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds(),
+		LenderOut:  mib(after[0].FromHost - before[0].FromHost),
+		ApplIn:     mib(after[1].ToHost - before[1].ToHost),
+		BorrowerIn: mib(after[2].ToHost - before[2].ToHost), BorrowerOut: mib(after[2].FromHost - before[2].FromHost)}
+	return x, nil
+}
+
+// iperf measures the lender→appliance link ceiling with iperf3 (MiB/s).
+func iperf(ctx context.Context, r *rack.Rack, from, to rack.Node, secs int) (float64, error) {
+	if _, err := exec.LookPath("iperf3"); err != nil {
+		return 0, err
+	}
+	srv := r.Command(ctx, to, "iperf3", "-s", "-B", to.Addr.String(), "-p", "5299")
+	if err := srv.Start(); err != nil {
+		return 0, err
+	}
+	defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
+	// Wait until the server listens (the bridge reaches every namespace).
+	addr := net.JoinHostPort(to.Addr.String(), "5299")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("iperf3 server: %w", err)
+		}
+		tm := time.NewTimer(50 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			tm.Stop()
+			return 0, ctx.Err()
+		case <-tm.C:
+		}
+	}
+	out, err := r.Command(ctx, from, "iperf3", "-c", to.Addr.String(), "-p", "5299", "-t", strconv.Itoa(secs), "-J").Output()
+	if err != nil {
+		return 0, err
+	}
+	var j struct {
+		Error string `json:"error"`
+		End   struct {
+			SumReceived struct {
+				BitsPerSecond float64 `json:"bits_per_second"`
+			} `json:"sum_received"`
+		} `json:"end"`
+	}
+	if err := json.Unmarshal(out, &j); err != nil {
+		return 0, err
+	}
+	if j.End.SumReceived.BitsPerSecond <= 0 {
+		return 0, fmt.Errorf("iperf3 measured nothing: %s", j.Error)
+	}
+	return j.End.SumReceived.BitsPerSecond / 8 / (1 << 20), nil
+}
+
+type cpuStat struct{ total, steal float64 }
+
+func readStat() cpuStat {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return cpuStat{}
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	var s cpuStat
+	for i, f := range strings.Fields(line)[1:] {
+		v, _ := strconv.ParseFloat(f, 64)
+		s.total += v
+		if i == 7 {
+			s.steal = v
+		}
+	}
+	return s
+}
+
+func (s cpuStat) stealPct(prev cpuStat) float64 {
+	if d := s.total - prev.total; d > 0 {
+		return 100 * (s.steal - prev.steal) / d
+	}
+	return 0
+}
+
+func loadavg() float64 {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func join(xs []float64, prec int) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = strconv.FormatFloat(x, 'f', prec, 64)
+	}
+	return strings.Join(parts, ", ")
+}
+
+func report(path, rate string, sizeMiB int64, slotMem string, reps int, ceiling float64, res []result, cmds map[string]string) error {
+	by := map[string][]result{}
+	for _, x := range res {
+		by[x.Variant] = append(by[x.Variant], x)
+	}
+	col := func(v string, f func(result) float64) []float64 {
+		var out []float64
+		for _, x := range by[v] {
+			out = append(out, f(x))
+		}
+		return out
+	}
+	med := func(v string, f func(result) float64) float64 { return median(col(v, f)) }
+	secs := func(x result) float64 { return x.Seconds }
+	direct := med("direct", secs)
+
+	var b strings.Builder
+	fmt.Fprintf(&b, "## Devices reading devices (an accelerator reading a block lease directly vs through the borrower)\n\n")
+	fmt.Fprintf(&b, "Measured %s by `bench/devread/run.sh`. An emulated rack (internal/rack): `rialto server` and three\n", time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	fmt.Fprintf(&b, "`rialto agent` processes, each in its own network namespace, every agent's link shaped in both directions with\n")
+	fmt.Fprintf(&b, "tc tbf at %s; state and disk images on tmpfs. node1 lends a block lease (created through the API, served by its agent),\n", rate)
+	fmt.Fprintf(&b, "node2 an accelerator slot (%s of slot memory, role sha256), node3 is the borrower running `rialto accel run`.\n", slotMem)
+	fmt.Fprintf(&b, "The task hashes %d MiB of random bytes of the block lease; every run's digest was checked against Go's\n", sizeMiB)
+	fmt.Fprintf(&b, "sha256 of the bytes written. The variants run interleaved (order rotated) in each of %d repetitions; figures are medians.\n", reps)
+	fmt.Fprintf(&b, "Link bytes are the veth counters of each agent's link (payload plus TCP/IP and protocol overhead), read before and after each run.\n")
+	fmt.Fprintf(&b, "This is the Device Lending paper's (Markussen et al.) peer-to-peer case — a GPU reading an NVMe drive of\n")
+	fmt.Fprintf(&b, "another host without the borrower relaying — over TCP instead of PCIe NTBs.\n\n")
+	fmt.Fprintf(&b, "| path | seconds | MiB/s | time ÷ direct | lender link out MiB | appliance link in MiB | borrower link in / out MiB | borrower CPU s |\n")
+	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|\n")
+	for _, v := range variants {
+		s := med(v.Name, secs)
+		fmt.Fprintf(&b, "| %s | %.2f | %.1f | %.2f× | %.1f | %.1f | %.1f / %.1f | %.2f |\n", v.Name, s, float64(sizeMiB)/s, s/direct,
+			med(v.Name, func(x result) float64 { return x.LenderOut }), med(v.Name, func(x result) float64 { return x.ApplIn }),
+			med(v.Name, func(x result) float64 { return x.BorrowerIn }), med(v.Name, func(x result) float64 { return x.BorrowerOut }),
+			med(v.Name, func(x result) float64 { return x.CPU }))
+	}
+	fmt.Fprintln(&b)
+	for _, v := range variants {
+		fmt.Fprintf(&b, "- **%s**: %s.\n", v.Name, v.What)
+	}
+	fmt.Fprintln(&b)
+	if ceiling > 0 {
+		fmt.Fprintf(&b, "Link ceiling in the same run (iperf3, one stream node1 → node2): %.1f MiB/s; the direct path moved the range at %.0f%% of it.\n\n",
+			ceiling, 100*float64(sizeMiB)/direct/ceiling)
+	}
+	sf, pl := med("relay, store and forward", secs), med("relay, pipelined", secs)
+	fmt.Fprintf(&b, "Goal (issue: devices reading devices): the direct path moves the bytes across one link instead of two and is faster\n")
+	fmt.Fprintf(&b, "accordingly. Measured: directly, the range crossed the lender's and the appliance's links and %.1f MiB crossed the\n",
+		med("direct", func(x result) float64 { return x.BorrowerIn + x.BorrowerOut }))
+	fmt.Fprintf(&b, "borrower's; relayed, it crossed the borrower's link twice, in and out. The relay took %.2f× the direct path's time\n", sf/direct)
+	fmt.Fprintf(&b, "store and forward (two transfers one after the other: the expected 2× of \"one link instead of two\") and %.2f× pipelined:\n", pl/direct)
+	fmt.Fprintf(&b, "on these full-duplex links a pipelined relay overlaps its two transfers, so what it adds is the relay's latency and\n")
+	fmt.Fprintf(&b, "the borrower's CPU rather than a second transfer's time. Either way the direct path leaves the borrower's link and\n")
+	fmt.Fprintf(&b, "CPU free (table).\n\n")
+	fmt.Fprintf(&b, "All runs, in run order:\n\n| path | runs s | steal %% | load | borrower CPU s |\n|---|---|---|---|---|\n")
+	for _, v := range variants {
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", v.Name, join(col(v.Name, secs), 2), join(col(v.Name, func(x result) float64 { return x.Steal }), 1),
+			join(col(v.Name, func(x result) float64 { return x.Load }), 1), join(col(v.Name, func(x result) float64 { return x.CPU }), 2))
+	}
+	fmt.Fprintf(&b, "\nCommands (NODE3 is the borrower's namespace; LEASE IDs are the run's):\n\n```\n")
+	fmt.Fprintf(&b, "bench/devread/run.sh   # RATE=%s SIZE_MIB=%d REPS=%d\n", rate, sizeMiB, reps)
+	for _, v := range variants {
+		fmt.Fprintf(&b, "%s\n", cmds[v.Name])
+	}
+	fmt.Fprintf(&b, "```\n")
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}

@@ -1,0 +1,169 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/agent"
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/testcluster"
+)
+
+func TestParseLeaseRange(t *testing.T) {
+	for _, tc := range []struct {
+		s       string
+		withLen bool
+		id      string
+		off, n  int64
+		err     string
+	}{
+		{"lease-a:0:64MiB", true, "lease-a", 0, 64 << 20, ""},
+		{"lease-a:4KiB:1", true, "lease-a", 4096, 1, ""},
+		{"lease-b:1MiB", false, "lease-b", 1 << 20, 0, ""},
+		{"lease-a:0", true, "", 0, 0, "want LEASE:OFF:LEN"},
+		{"lease-a:0:0", true, "", 0, 0, `bad length "0"`},
+		{"lease-a:-1:5", true, "", 0, 0, `bad offset "-1"`},
+		{":0:5", true, "", 0, 0, "want LEASE:OFF:LEN"},
+		{"lease-b:1:2", false, "", 0, 0, "want LEASE:OFF"},
+		{"lease-b:x", false, "", 0, 0, `bad offset "x"`},
+	} {
+		id, off, n, err := parseLeaseRange(tc.s, tc.withLen)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%q: %v, want %q", tc.s, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || id != tc.id || off != tc.off || n != tc.n {
+			t.Errorf("%q: %s %d %d %v", tc.s, id, off, n, err)
+		}
+	}
+}
+
+// accel run with block leases as input and output, in process: the slot
+// reads and writes them itself (path "direct"), or the borrower relays;
+// mistakes are refused before anything moves.
+func TestAccelRunLeaseIO(t *testing.T) {
+	c := testcluster.Start(t, testcluster.Options{Nodes: 2, Devices: []agent.DeviceConfig{
+		{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 8 << 20},
+		{Name: "accel0", Kind: api.KindAccel, Size: 2, Attributes: map[string]string{"slot_memory": "2MiB"}},
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cl := c.Client()
+	blk, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeComposed, Count: 2, Size: 4 << 20, StripeUnit: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sha, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindAccel, Role: "sha256"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindAccel, Mode: api.ModeShared, Role: "sha256"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtime := t.TempDir()
+	// Fill the composed lease through `rialto attach`.
+	uri, done := attached(t, c, runtime, blk.ID)
+	data := make([]byte, 4<<20)
+	for i := range data {
+		data[i] = byte(i*7 + i>>12)
+	}
+	nc, err := nbd.DialURI(ctx, uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nc.WriteAtContext(ctx, data, 0, true); err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	if _, errs, code := runIn(t, c, runtime, "detach", blk.ID); code != 0 {
+		t.Fatalf("detach: %s", errs)
+	}
+	<-done
+
+	const off, n = 65536 + 100, 1<<20 + 5
+	want := sha256.Sum256(data[off : off+n])
+	rng := blk.ID + ":" + "65636:1048581"
+	for _, extra := range [][]string{nil, {"--relay"}, {"--relay", "--relay-chunk", "2MiB"}} {
+		o, errs, code := runIn(t, c, runtime, append([]string{"accel", "run", sha.ID, "sha256", "--input-lease", rng, "--hex"}, extra...)...)
+		if code != 0 || strings.TrimSpace(o) != hex.EncodeToString(want[:]) {
+			t.Fatalf("%v: exit %d, %q, %s; want %x", extra, code, o, errs, want)
+		}
+	}
+	for i, extra := range [][]string{nil, {"--relay"}} {
+		at := int64(4096 * (i + 1))
+		o, errs, code := runIn(t, c, runtime, append([]string{"accel", "run", sha.ID, "sha256", "--input-lease", rng,
+			"--output-lease", out.ID + ":" + itoa(at), "-o", "json"}, extra...)...)
+		var res accelRunOut
+		if code != 0 || json.Unmarshal([]byte(o), &res) != nil {
+			t.Fatalf("%v: exit %d, %s %s", extra, code, o, errs)
+		}
+		wantPath := "direct"
+		if extra != nil {
+			wantPath = "relay"
+		}
+		if res.Path != wantPath || res.InputLease != blk.ID || res.InputOffset != off || res.Input != n ||
+			res.OutputLease != out.ID || res.OutputOffset != at || res.Bytes != 32 || len(res.Output) != 0 {
+			t.Errorf("%v: %+v", extra, res)
+		}
+		got := make([]byte, 32)
+		nc, err := nbd.DialURI(ctx, out.URI)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = nc.ReadAtContext(ctx, got, at)
+		nc.Close()
+		if err != nil || !bytes.Equal(got, want[:]) {
+			t.Fatalf("%v: the output lease holds %x (%v), want %x", extra, got, err, want)
+		}
+	}
+	// INPUT bytes in, output to a lease.
+	if o, errs, code := runIn(t, c, runtime, "accel", "run", sha.ID, "sha256", "@abc", "--output-lease", out.ID+":0"); code != 0 ||
+		!strings.Contains(o, "32 bytes of sha256:sum output stored in lease "+out.ID+" at offset 0 (direct path") {
+		t.Fatalf("literal in, lease out: %d %q %s", code, o, errs)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{sha.ID, "sha256", "@x", "--input-lease", rng}, 2, "give either INPUT or --input-lease"},
+		{[]string{sha.ID, "sha256", "--input-lease", blk.ID + ":0"}, 1, "want LEASE:OFF:LEN"},
+		{[]string{sha.ID, "sha256", "--input-lease", blk.ID + ":4MiB:1"}, 1, "outside lease " + blk.ID},
+		{[]string{sha.ID, "sha256", "--input-lease", sha.ID + ":0:1"}, 1, "--input-lease needs a block lease"},
+		{[]string{sha.ID, "sha256", "--input-lease", blk.ID + ":0:3MiB"}, 1, "leaves no room for the output in the slot's 2MiB of memory"},
+		{[]string{sha.ID, "sha256", "--input-lease", rng, "--output-lease", out.ID + ":1MiB"}, 1, "is the end of lease"},
+		{[]string{sha.ID, "sha256", "--input-lease", rng, "--output-lease", out.ID + ":0", "--hex"}, 1, "--out and --hex do not apply"},
+		{[]string{sha.ID, "sha256", "--input-lease", rng, "--relay-chunk", "1MiB"}, 1, "--relay-chunk needs --relay"},
+		{[]string{shared.ID, "sha256", "--input-lease", rng}, 1, "is shared: --input-lease and --output-lease need a dedicated lease's slot"},
+		// The output buffer ends where the output lease does.
+		{[]string{sha.ID, "sha256", "--input-lease", rng, "--output-lease", out.ID + ":" + itoa(1<<20-16)}, 1, "output buffer too small"},
+	} {
+		_, errs, code := runIn(t, c, runtime, append([]string{"accel", "run"}, tc.args...)...)
+		if code != tc.code || !strings.Contains(errs, tc.want) {
+			t.Errorf("%v: exit %d, %q; want %d and %q", tc.args, code, errs, tc.code, tc.want)
+		}
+		for _, p := range blk.Parts {
+			if strings.Contains(errs, p.URI[strings.LastIndex(p.URI, "/")+1:]) {
+				t.Errorf("%v: the error shows a part's export name", tc.args)
+			}
+		}
+	}
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }

@@ -1,0 +1,191 @@
+package appliance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/accel"
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/dataplane/block/stripe"
+)
+
+// The block data mover: a slot fills its memory from a range of a block
+// lease (LOAD), or stores a range of its memory to one (STORE), dialling
+// the block lenders itself — devices reading devices, as the Device Lending
+// paper (Markussen et al.) has a GPU read an NVMe drive of another host
+// without the borrower relaying. The borrower passes the block lease's part
+// URIs (their export names are the parts' credentials) with each LOAD or
+// STORE; the slot uses them for that request only: it dials the parts,
+// moves exactly [offset, offset+len) of the lease's volume, and closes the
+// connections. The URIs never reach slot memory (a role cannot see them),
+// a log line or an error message. docs/accelerators.md, "Devices reading
+// devices", has the security model.
+
+// Block mover tuning: each request moves blockWindow bytes, blockWindows
+// of them in flight, under blockTimeout each.
+const (
+	blockWindow  = 4 << 20
+	blockWindows = 4
+	blockTimeout = 30 * time.Second
+)
+
+// errBlockRefused is a part the appliance will not dial.
+var errBlockRefused = errors.New("part refused")
+
+// LoadBlock implements accel.BlockMover.
+func (t *slotTarget) LoadBlock(ctx context.Context, addr uint64, n uint32, r accel.BlockRange) error {
+	s := (*slot)(t)
+	if err := s.bounds(addr, uint64(n)); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	err := s.a.moveBlock(ctx, r, uint64(n), false, func(vol *stripe.Volume, off uint64, buf []byte) error {
+		k, err := vol.ReadAt(buf, int64(r.Offset+off))
+		if err != nil || k != len(buf) {
+			return fmt.Errorf("read %d bytes at %d: %d read: %w", len(buf), r.Offset+off, k, err)
+		}
+		s.memMu.Lock()
+		copy(s.mem[addr+off:], buf)
+		s.memMu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	s.bytesIn.Add(uint64(n))
+	s.blockIn.Add(uint64(n))
+	s.a.log.Debug("appliance: loaded from a block lease", "slot", s.id, "bytes", n, "range", r, "seconds", time.Since(t0).Seconds())
+	return nil
+}
+
+// StoreBlock implements accel.BlockMover.
+func (t *slotTarget) StoreBlock(ctx context.Context, addr uint64, n uint32, r accel.BlockRange) error {
+	s := (*slot)(t)
+	if err := s.bounds(addr, uint64(n)); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	err := s.a.moveBlock(ctx, r, uint64(n), true, func(vol *stripe.Volume, off uint64, buf []byte) error {
+		s.memMu.RLock()
+		copy(buf, s.mem[addr+off:])
+		s.memMu.RUnlock()
+		if _, err := vol.WriteAt(buf, int64(r.Offset+off)); err != nil {
+			return fmt.Errorf("write %d bytes at %d: %w", len(buf), r.Offset+off, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	s.bytesOut.Add(uint64(n))
+	s.blockOut.Add(uint64(n))
+	s.a.log.Debug("appliance: stored to a block lease", "slot", s.id, "bytes", n, "range", r, "seconds", time.Since(t0).Seconds())
+	return nil
+}
+
+// moveBlock opens the range's volume and runs move on every window of
+// [0, n) (relative to r.Offset), blockWindows at a time; a store then
+// flushes. Lease end (ctx) closes the volume, which interrupts the moves.
+func (a *Appliance) moveBlock(ctx context.Context, r accel.BlockRange, n uint64, store bool,
+	move func(vol *stripe.Volume, off uint64, buf []byte) error) error {
+	vol, err := stripe.Open(ctx, stripe.OpenConfig{URIs: r.Parts, StripeUnit: int64(r.StripeUnit),
+		RequestTimeout: blockTimeout, Check: partPolicy(a.cfg.Host)})
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w: interrupted: %w", accel.ErrBlockIO, ctx.Err())
+		}
+		return fmt.Errorf("%w: %w", accel.ErrBlockIO, err)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = vol.Close() })
+	defer func() {
+		if stop() {
+			_ = vol.Close()
+		}
+	}()
+	if size := uint64(vol.Size()); r.Offset > size || n > size-r.Offset {
+		return fmt.Errorf("%w: %w: [%d, +%d) outside the block lease's %d-byte volume", accel.ErrBlockIO, accel.ErrOutOfRange, r.Offset, n, size)
+	}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+		sem   = make(chan struct{}, blockWindows)
+	)
+	fail := func(err error) {
+		mu.Lock()
+		if first == nil {
+			first = err
+		}
+		mu.Unlock()
+	}
+	failed := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return first != nil
+	}
+	for off := uint64(0); off < n && !failed(); off += blockWindow {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			buf := make([]byte, min(blockWindow, n-off))
+			if err := move(vol, off, buf); err != nil {
+				fail(err)
+			}
+		})
+	}
+	wg.Wait()
+	if first == nil && store {
+		if err := vol.Flush(); err != nil {
+			first = fmt.Errorf("flush: %w", err)
+		}
+	}
+	if first != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w: interrupted: %w", accel.ErrBlockIO, ctx.Err())
+		}
+		return fmt.Errorf("%w: %w", accel.ErrBlockIO, first)
+	}
+	return nil
+}
+
+// partPolicy is the appliance's dialling policy for block parts, for an
+// appliance serving on host: TCP only (a Unix socket would reach files of
+// the appliance's host), and loopback or unspecified addresses only when
+// the appliance itself serves on loopback (a one-machine cluster, `rialto
+// up`), so that a borrower cannot use the appliance to reach services bound
+// to its host's loopback. The part is dialled at the address checked (no
+// second name lookup).
+func partPolicy(host string) func(ctx context.Context, i int, u nbd.URI) (nbd.URI, error) {
+	local := host == "localhost"
+	if ip, err := netip.ParseAddr(host); err == nil && ip.Unmap().IsLoopback() {
+		local = true
+	}
+	return func(ctx context.Context, i int, u nbd.URI) (nbd.URI, error) {
+		if u.Network != "tcp" {
+			return u, fmt.Errorf("%w: part %d: only nbd:// parts (TCP) are reachable from an appliance", errBlockRefused, i)
+		}
+		h, port, err := net.SplitHostPort(u.Address)
+		if err != nil {
+			return u, fmt.Errorf("%w: part %d: bad address", errBlockRefused, i)
+		}
+		ip, err := netip.ParseAddr(h)
+		if err != nil {
+			ips, lerr := net.DefaultResolver.LookupNetIP(ctx, "ip", h)
+			if lerr != nil || len(ips) == 0 {
+				return u, fmt.Errorf("%w: part %d: cannot resolve %s", errBlockRefused, i, h)
+			}
+			ip = ips[0]
+		}
+		ip = ip.Unmap()
+		if (ip.IsLoopback() || ip.IsUnspecified()) && !local {
+			return u, fmt.Errorf("%w: part %d: %s is a loopback address of the appliance's host", errBlockRefused, i, ip)
+		}
+		u.Address = net.JoinHostPort(ip.String(), port)
+		return u, nil
+	}
+}
