@@ -48,6 +48,10 @@ type Config struct {
 	// management API then refuses to set or clear them.
 	ManagedLeases bool
 	Workers       int    // concurrent invocations per slot; 0: GOMAXPROCS
+	// UDPQueues, if positive, also serves each slot's UDP message path
+	// (udp.go) on its mailbox's host and port, with that many sockets
+	// (SO_REUSEPORT queues), each with a worker of its own.
+	UDPQueues int
 	MaxPayload    uint32 // frame payload limit; 0: accel.DefaultMaxPayload
 	Logger        *slog.Logger
 	Metrics       *metrics.Registry // optional
@@ -202,6 +206,12 @@ func New(cfg Config) (*Appliance, error) {
 		s.lnSet = make(chan struct{})
 		s.lease = newLease(nil)
 		a.slots = append(a.slots, s)
+		if cfg.UDPQueues > 0 {
+			if s.udp, err = s.bindUDP(context.Background(), cfg.UDPQueues); err != nil {
+				a.closeListeners()
+				return nil, err
+			}
+		}
 	}
 	if cfg.ManagementAddr != "" {
 		ln, err := net.Listen("tcp", cfg.ManagementAddr)
@@ -217,6 +227,9 @@ func New(cfg Config) (*Appliance, error) {
 func (a *Appliance) closeListeners() {
 	for _, s := range a.slots {
 		s.closeListener()
+		for _, c := range s.udpConns() {
+			_ = c.Close()
+		}
 	}
 	if a.mgmt != nil {
 		_ = a.mgmt.Close()
@@ -276,6 +289,20 @@ func (a *Appliance) Rebind(id int, addr string) error {
 		_ = ln.Close()
 		return fmt.Errorf("%w: slot %d rebind after close", ErrNotReady, id)
 	}
+	if s.udp != nil && !a.running.Load() {
+		// The UDP message path follows the mailbox (before Run only: a
+		// running appliance keeps serving UDP where it started).
+		udp, err := s.bindUDPAt(context.Background(), ln.Addr().String(), len(s.udp))
+		if err != nil {
+			s.lnMu.Unlock()
+			_ = ln.Close()
+			return err
+		}
+		for _, c := range s.udp {
+			_ = c.Close()
+		}
+		s.udp = udp
+	}
 	old := s.ln
 	s.ln = ln
 	close(s.lnSet) // serve's Accept on old fails: it takes the new one
@@ -328,6 +355,13 @@ func (a *Appliance) Run(ctx context.Context) error {
 				cancel()
 			}
 		}()
+		if udp := s.udpConns(); udp != nil {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s.serveUDP(ctx, udp)
+			}()
+		}
 	}
 	if a.mgmt != nil {
 		hs := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second}
@@ -597,6 +631,7 @@ type slot struct {
 	ln       net.Listener  // replaced by Rebind
 	lnSet    chan struct{} // closed (and replaced) when ln is replaced
 	lnClosed bool          // ln is closed for good: Rebind refuses
+	udp      []net.PacketConn // the UDP message path's sockets (Config.UDPQueues), guarded by lnMu
 
 	mem   []byte // a.mem[base:base+size:base+size]: the only memory it can reach
 	memMu sync.RWMutex
