@@ -147,11 +147,18 @@ type Appliance struct {
 	running atomic.Bool
 	closed  atomic.Bool
 
+	udpNew chan udpSet // sockets Rebind bound while Run runs
+
 	mTasks *metrics.CounterVec
 	mBusy  *metrics.CounterVec
 }
 
 type chunk struct{ base, size uint64 }
+
+type udpSet struct {
+	s     *slot
+	conns []net.PacketConn
+}
 
 // New validates cfg, carves the memory into slot chunks and binds every
 // slot's listener (and the management listener when configured).
@@ -184,7 +191,7 @@ func New(cfg Config) (*Appliance, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	a := &Appliance{cfg: cfg, log: log, mem: make([]byte, uint64(cfg.Slots)*cfg.SlotMemory)}
+	a := &Appliance{cfg: cfg, log: log, mem: make([]byte, uint64(cfg.Slots)*cfg.SlotMemory), udpNew: make(chan udpSet, 256)}
 	if cfg.Metrics != nil {
 		a.mTasks = cfg.Metrics.Counter("rialto_accel_slot_tasks_total", "Tasks run by appliance slots.", "slot", "outcome")
 		a.mBusy = cfg.Metrics.Counter("rialto_accel_slot_busy_seconds_total", "Time slots spent running roles.", "slot")
@@ -289,9 +296,8 @@ func (a *Appliance) Rebind(id int, addr string) error {
 		_ = ln.Close()
 		return fmt.Errorf("%w: slot %d rebind after close", ErrNotReady, id)
 	}
-	if s.udp != nil && !a.running.Load() {
-		// The UDP message path follows the mailbox (before Run only: a
-		// running appliance keeps serving UDP where it started).
+	if s.udp != nil {
+		// The UDP message path follows the mailbox.
 		udp, err := s.bindUDPAt(context.Background(), ln.Addr().String(), len(s.udp))
 		if err != nil {
 			s.lnMu.Unlock()
@@ -299,9 +305,12 @@ func (a *Appliance) Rebind(id int, addr string) error {
 			return err
 		}
 		for _, c := range s.udp {
-			_ = c.Close()
+			_ = c.Close() // a running worker ends with its socket
 		}
 		s.udp = udp
+		if a.running.Load() {
+			a.udpNew <- udpSet{s, udp} // Run serves them (buffered: Run may be busy)
+		}
 	}
 	old := s.ln
 	s.ln = ln
@@ -346,6 +355,26 @@ func (a *Appliance) Run(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	errc := make(chan error, len(a.slots)+2)
+	if a.cfg.UDPQueues > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var uwg sync.WaitGroup
+			defer uwg.Wait()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case u := <-a.udpNew:
+					uwg.Add(1)
+					go func() {
+						defer uwg.Done()
+						u.s.serveUDP(ctx, u.conns)
+					}()
+				}
+			}
+		}()
+	}
 	for _, s := range a.slots {
 		wg.Add(1)
 		go func() {

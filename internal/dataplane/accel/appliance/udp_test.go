@@ -169,3 +169,26 @@ func FuzzDecodeUDP(f *testing.F) {
 		}
 	})
 }
+
+// TestUDPFollowsRebind: a running slot moved by Rebind serves UDP at its
+// new address.
+func TestUDPFollowsRebind(t *testing.T) {
+	a, _, cred := udpAppliance(t, roles.Spec{Name: "echo"})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	if err := a.Rebind(1, addr); err != nil {
+		t.Skipf("port taken meanwhile: %v", err)
+	}
+	c, err := DialUDP(context.Background(), addr, cred, "echo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if out, err := c.Call(context.Background(), []byte("moved"), 2*time.Second); err != nil || string(out) != "moved" {
+		t.Fatalf("after Rebind: %q, %v", out, err)
+	}
+}
