@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -332,6 +333,48 @@ func (l *Lender) Close() error {
 // Serve accepts borrower connections on ln until ctx ends (then it closes
 // ln) or ln fails, and waits for the connections it served.
 func (l *Lender) Serve(ctx context.Context, ln net.Listener) error {
+	return serve(ctx, ln, func(cred string) *lease {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.byCred[credKey(cred)]
+	})
+}
+
+// Mux serves the leases of several Lenders (one per lent interface) on one
+// listener: a connection goes to the lender holding its credential. The
+// zero Mux is ready to use; its methods are safe for concurrent use.
+type Mux struct {
+	mu      sync.Mutex
+	lenders []*Lender
+}
+
+// Add serves l's leases too.
+func (m *Mux) Add(l *Lender) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.lenders = append(m.lenders, l)
+}
+
+// Serve is Lender.Serve over every added lender.
+func (m *Mux) Serve(ctx context.Context, ln net.Listener) error {
+	return serve(ctx, ln, func(cred string) *lease {
+		k := credKey(cred)
+		m.mu.Lock()
+		ls := slices.Clone(m.lenders)
+		m.mu.Unlock()
+		for _, l := range ls {
+			l.mu.Lock()
+			x := l.byCred[k]
+			l.mu.Unlock()
+			if x != nil {
+				return x
+			}
+		}
+		return nil
+	})
+}
+
+func serve(ctx context.Context, ln net.Listener, lookup func(cred string) *lease) error {
 	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
 	defer stop()
 	var wg sync.WaitGroup
@@ -359,7 +402,7 @@ func (l *Lender) Serve(ctx context.Context, ln net.Listener) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			l.serveConn(c)
+			serveConn(c, lookup)
 			cmu.Lock()
 			delete(conns, c)
 			cmu.Unlock()
@@ -368,14 +411,14 @@ func (l *Lender) Serve(ctx context.Context, ln net.Listener) error {
 	}
 }
 
-func (l *Lender) refuse(c net.Conn, err error) {
+func refuse(c net.Conn, err error) {
 	w := Welcome{Status: statusOf(err), Message: err.Error()}
 	_, _ = c.Write(w.Encode(nil))
 }
 
 // serveConn authenticates one connection and joins it to its lease's
 // session; it returns when the connection ends.
-func (l *Lender) serveConn(c net.Conn) {
+func serveConn(c net.Conn, lookup func(cred string) *lease) {
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
@@ -383,27 +426,26 @@ func (l *Lender) serveConn(c net.Conn) {
 	h, err := ReadHello(c)
 	if err != nil {
 		if errors.Is(err, ErrBadFrame) || errors.Is(err, ErrVersion) {
-			l.refuse(c, err)
+			refuse(c, err)
 		}
 		return
 	}
-	l.mu.Lock()
-	ls := l.byCred[credKey(h.Credential)]
-	l.mu.Unlock()
+	ls := lookup(h.Credential)
 	if ls == nil {
-		l.refuse(c, fmt.Errorf("%w: no NIC lease has this credential", ErrAuth))
+		refuse(c, fmt.Errorf("%w: no NIC lease has this credential", ErrAuth))
 		return
 	}
+	l := ls.l
 	s, addr, err := ls.join(h)
 	if err != nil {
-		l.refuse(c, err)
+		refuse(c, err)
 		return
 	}
 	mtu := min(int(h.MTU), l.mtu)
 	w := Welcome{Status: StatusOK, MTU: uint16(mtu), Window: l.cfg.Window, Addr: addr, Rate: ls.rate, Routes: l.host.routes}
 	q := newQP(c, h.Window, l.cfg.Window, l.cfg.Keepalive)
 	if !s.join(int(h.Index), q) {
-		l.refuse(c, fmt.Errorf("%w: connection %d of session joined twice", ErrBusy, h.Index))
+		refuse(c, fmt.Errorf("%w: connection %d of session joined twice", ErrBusy, h.Index))
 		return
 	}
 	if _, err := c.Write(w.Encode(nil)); err != nil {
