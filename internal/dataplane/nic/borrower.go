@@ -574,4 +574,3 @@ func netlinkByName(name string) (netlink.Link, error) {
 	}
 	return l, nil
 }
-

@@ -47,14 +47,14 @@ type Config struct {
 	// (the agent, on the control plane's behalf) through SetCredential: the
 	// management API then refuses to set or clear them.
 	ManagedLeases bool
-	Workers       int    // concurrent invocations per slot; 0: GOMAXPROCS
+	Workers       int // concurrent invocations per slot; 0: GOMAXPROCS
 	// UDPQueues, if positive, also serves each slot's UDP message path
 	// (udp.go) on its mailbox's host and port, with that many sockets
 	// (SO_REUSEPORT queues), each with a worker of its own.
-	UDPQueues int
-	MaxPayload    uint32 // frame payload limit; 0: accel.DefaultMaxPayload
-	Logger        *slog.Logger
-	Metrics       *metrics.Registry // optional
+	UDPQueues  int
+	MaxPayload uint32 // frame payload limit; 0: accel.DefaultMaxPayload
+	Logger     *slog.Logger
+	Metrics    *metrics.Registry // optional
 	// Registrar, if set, is told about the appliance when Run starts and
 	// receives a heartbeat every HeartbeatInterval (default 5 s).
 	Registrar         Registrar
@@ -657,9 +657,9 @@ type slot struct {
 	id int
 
 	lnMu     sync.Mutex
-	ln       net.Listener  // replaced by Rebind
-	lnSet    chan struct{} // closed (and replaced) when ln is replaced
-	lnClosed bool          // ln is closed for good: Rebind refuses
+	ln       net.Listener     // replaced by Rebind
+	lnSet    chan struct{}    // closed (and replaced) when ln is replaced
+	lnClosed bool             // ln is closed for good: Rebind refuses
 	udp      []net.PacketConn // the UDP message path's sockets (Config.UDPQueues), guarded by lnMu
 
 	mem   []byte // a.mem[base:base+size:base+size]: the only memory it can reach
