@@ -93,7 +93,7 @@ func (s *slot) serveUDP(ctx context.Context, conns []net.PacketConn) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			u.worker(ctx, ipv4.NewPacketConn(pc))
+			u.worker(ctx, pc)
 		}()
 	}
 	wg.Wait()
@@ -109,84 +109,158 @@ func (a *Appliance) UDPAddr(id int) (string, error) {
 }
 
 type pendingReq struct {
-	msg int // index into the received batch
+	in  int // index into the received datagrams
 	seq uint32
 	ses uint64
 }
 
-func (u *udpSlot) worker(ctx context.Context, pc *ipv4.PacketConn) {
+type inMsg struct {
+	d    []byte
+	addr net.Addr
+}
+
+type outMsg struct {
+	off, end int // in the reply arena
+	addr     net.Addr
+}
+
+func (u *udpSlot) worker(ctx context.Context, pc net.PacketConn) {
+	bc := ipv4.NewPacketConn(pc)
+	var gro bool
+	if sc, ok := pc.(syscall.Conn); ok {
+		gro = EnableGRO(sc)
+	}
+	gso := true
 	rx := make([]ipv4.Message, udpBatch)
 	for i := range rx {
 		rx[i].Buffers = [][]byte{make([]byte, 65536)}
+		rx[i].OOB = make([]byte, 64)
 	}
-	tx := make([]ipv4.Message, 0, udpBatch)
-	out := make([][]byte, udpBatch)
-	byEntry := map[string][]pendingReq{}
-	var items [][]byte
+	var (
+		ins     []inMsg
+		outs    []outMsg
+		arena   []byte
+		tx      []ipv4.Message
+		items   [][]byte
+		byEntry = map[string][]pendingReq{}
+	)
+	reply := func(addr net.Addr, h UDPHeader, p []byte) {
+		off := len(arena)
+		arena = AppendUDP(arena, h, p)
+		outs = append(outs, outMsg{off, len(arena), addr})
+	}
 	for {
-		n, err := pc.ReadBatch(rx, 0)
+		n, err := bc.ReadBatch(rx, 0)
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
 			}
 			continue
 		}
-		tx = tx[:0]
+		ins, outs, arena = ins[:0], outs[:0], arena[:0]
 		clear(byEntry)
-		reply := func(i int, h UDPHeader, p []byte) {
-			out[len(tx)] = AppendUDP(out[len(tx)][:0], h, p)
-			tx = append(tx, ipv4.Message{Buffers: [][]byte{out[len(tx)]}, Addr: rx[i].Addr})
-		}
 		for i := range n {
-			d := rx[i].Buffers[0][:rx[i].N]
-			h, p, err := DecodeUDP(d)
+			size := 0
+			if gro {
+				size = GROSize(rx[i].OOB[:rx[i].NN])
+			}
+			SplitGRO(rx[i].Buffers[0][:rx[i].N], size, func(d []byte) { ins = append(ins, inMsg{d, rx[i].Addr}) })
+		}
+		for i, m := range ins {
+			h, p, err := DecodeUDP(m.d)
 			if err != nil {
 				continue // not ours: no answer to a stray datagram
 			}
-			from := addrOf(rx[i].Addr)
 			switch h.Op {
 			case UDPHello:
-				id, err := u.hello(p, from)
+				id, err := u.hello(p, addrOf(m.addr))
 				if err != nil {
-					reply(i, UDPHeader{Op: UDPError, Seq: h.Seq}, []byte(err.Error()))
+					reply(m.addr, UDPHeader{Op: UDPError, Seq: h.Seq}, []byte(err.Error()))
 					continue
 				}
-				reply(i, UDPHeader{Op: UDPWelcome, Seq: h.Seq, Session: id}, nil)
+				reply(m.addr, UDPHeader{Op: UDPWelcome, Seq: h.Seq, Session: id}, nil)
 			case UDPReq:
-				ses, err := u.session(h.Session, from)
+				ses, err := u.session(h.Session, addrOf(m.addr))
 				if err != nil {
-					reply(i, UDPHeader{Op: UDPError, Seq: h.Seq, Session: h.Session}, []byte(err.Error()))
+					reply(m.addr, UDPHeader{Op: UDPError, Seq: h.Seq, Session: h.Session}, []byte(err.Error()))
 					continue
 				}
-				byEntry[ses.entry] = append(byEntry[ses.entry], pendingReq{msg: i, seq: h.Seq, ses: h.Session})
+				byEntry[ses.entry] = append(byEntry[ses.entry], pendingReq{in: i, seq: h.Seq, ses: h.Session})
 			}
 		}
 		for entry, reqs := range byEntry {
 			items = items[:0]
 			for _, r := range reqs {
-				_, p, _ := DecodeUDP(rx[r.msg].Buffers[0][:rx[r.msg].N])
-				items = append(items, p)
+				items = append(items, ins[r.in].d[UDPHeaderSize:])
 			}
-			outs, err := u.s.executeCounted(ctx, entry, items)
+			results, err := u.s.executeCounted(ctx, entry, items)
 			for k, r := range reqs {
+				addr := ins[r.in].addr
 				switch {
 				case err != nil:
-					reply(r.msg, UDPHeader{Op: UDPError, Seq: r.seq, Session: r.ses}, []byte(err.Error()))
-				case len(outs[k]) > MaxUDPPayload:
-					reply(r.msg, UDPHeader{Op: UDPError, Seq: r.seq, Session: r.ses}, []byte("appliance: output does not fit a datagram"))
+					reply(addr, UDPHeader{Op: UDPError, Seq: r.seq, Session: r.ses}, []byte(err.Error()))
+				case len(results[k]) > MaxUDPPayload:
+					reply(addr, UDPHeader{Op: UDPError, Seq: r.seq, Session: r.ses}, []byte("appliance: output does not fit a datagram"))
 				default:
-					reply(r.msg, UDPHeader{Op: UDPResp, Seq: r.seq, Session: r.ses}, outs[k])
+					reply(addr, UDPHeader{Op: UDPResp, Seq: r.seq, Session: r.ses}, results[k])
 				}
 			}
 		}
+		// Replies to one peer of one size leave as one segmented send.
+		tx = tx[:0]
+		for i := 0; i < len(outs); {
+			j := i + 1
+			size := outs[i].end - outs[i].off
+			if gso {
+				for j < len(outs) && j-i < MaxGSOSegments && outs[j].end-outs[i].off <= 65000 &&
+					sameAddr(outs[j].addr, outs[i].addr) && outs[j].end-outs[j].off <= size &&
+					outs[j-1].end-outs[j-1].off == size {
+					j++
+				}
+			}
+			m := ipv4.Message{Buffers: [][]byte{arena[outs[i].off:outs[j-1].end]}, Addr: outs[i].addr}
+			if j-i > 1 {
+				m.OOB = SegmentOOB(nil, size)
+			}
+			tx = append(tx, m)
+			i = j
+		}
 		for sent := 0; sent < len(tx); {
-			k, err := pc.WriteBatch(tx[sent:], 0)
+			k, err := bc.WriteBatch(tx[sent:], 0)
 			if err != nil {
+				if gso && len(tx[sent].OOB) > 0 && !errors.Is(err, net.ErrClosed) {
+					// No segmentation offload here: send one by one from now on.
+					gso = false
+					u.s.a.log.Info("appliance: UDP segmentation offload unavailable", "slot", u.s.id, "err", err)
+					tx = splitSegmented(tx[sent:], outs, arena)
+					sent = 0
+					continue
+				}
 				break // a full socket buffer or a gone peer: the datagrams are lost, as on a wire
 			}
 			sent += k
 		}
 	}
+}
+
+// splitSegmented turns segmented sends back into one message per datagram.
+func splitSegmented(tx []ipv4.Message, outs []outMsg, arena []byte) []ipv4.Message {
+	var res []ipv4.Message
+	for _, m := range tx {
+		if len(m.OOB) == 0 {
+			res = append(res, m)
+			continue
+		}
+		b := m.Buffers[0]
+		// The arena offset of b tells which replies it holds.
+		start := cap(arena) - cap(b)
+		for _, o := range outs {
+			if o.off >= start && o.end <= start+len(b) {
+				res = append(res, ipv4.Message{Buffers: [][]byte{arena[o.off:o.end]}, Addr: o.addr})
+			}
+		}
+	}
+	return res
 }
 
 // executeCounted runs a batch as the TCP path's Execute does, with the

@@ -192,3 +192,49 @@ func TestUDPFollowsRebind(t *testing.T) {
 		t.Fatalf("after Rebind: %q, %v", out, err)
 	}
 }
+
+// TestUDPSegmented: a burst sent as one segmented send (UDP_SEGMENT) is
+// answered message by message; the replies, coalesced or not, carry each
+// request's seq and payload.
+func TestUDPSegmented(t *testing.T) {
+	_, addr, cred := udpAppliance(t, roles.Spec{Name: "echo"})
+	ctx := context.Background()
+	c, err := DialUDP(ctx, addr, cred, "echo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	gro := EnableGRO(c.c)
+	const n, size = 32, 64
+	var burst []byte
+	for i := range n {
+		burst = AppendUDP(burst, UDPHeader{Op: UDPReq, Seq: uint32(100 + i), Session: c.session}, bytes.Repeat([]byte{byte(i)}, size))
+	}
+	oob := SegmentOOB(nil, UDPHeaderSize+size)
+	if _, _, err := c.c.WriteMsgUDP(burst, oob, nil); err != nil {
+		t.Skipf("no UDP segmentation offload here: %v", err)
+	}
+	got := map[uint32]bool{}
+	buf, ob := make([]byte, 65536), make([]byte, 64)
+	_ = c.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for len(got) < n {
+		k, nn, _, _, err := c.c.ReadMsgUDP(buf, ob)
+		if err != nil {
+			t.Fatalf("%d of %d answered: %v", len(got), n, err)
+		}
+		seg := 0
+		if gro {
+			seg = GROSize(ob[:nn])
+		}
+		SplitGRO(buf[:k], seg, func(d []byte) {
+			h, p, err := DecodeUDP(d)
+			if err != nil || h.Op != UDPResp || h.Seq < 100 || h.Seq >= 100+n {
+				t.Fatalf("reply %+v: %v", h, err)
+			}
+			if !bytes.Equal(p, bytes.Repeat([]byte{byte(h.Seq - 100)}, size)) {
+				t.Fatalf("reply %d carries %x", h.Seq, p)
+			}
+			got[h.Seq] = true
+		})
+	}
+}
