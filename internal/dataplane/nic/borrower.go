@@ -23,9 +23,10 @@ type Mode string
 
 // Bond modes (docs/nic.md, "Bonding").
 const (
-	// ModeFlow hashes each flow (addresses, protocol, ports) to one lender
-	// (weighted rendezvous hashing): a connection keeps the address its
-	// lender translates it to, and the bond's bandwidth adds over flows.
+	// ModeFlow pins each flow (addresses, protocol, ports) to one lender,
+	// a new flow going to the lender with the fewest flows for its rate: a
+	// connection keeps the address its lender translates it to, and the
+	// bond's bandwidth adds over flows.
 	ModeFlow Mode = "flow"
 	// ModePacket stripes packets round robin over several connections to
 	// each lender, the receiving end restoring their order; flows are
@@ -360,7 +361,9 @@ func (i *Interface) Close() error {
 // upLoop carries packets the kernel routes into the interface to a lender.
 func (i *Interface) upLoop() {
 	buf := make([]byte, MaxPacket)
-	ms := make([]*member, 0, len(i.members))
+	eligible := make([]int, 0, len(i.members))
+	flows := newFlowTable(len(i.members))
+	weight := func(k int) float64 { return i.members[k].weight() }
 	for {
 		n, err := i.tun.Read(buf)
 		if err != nil {
@@ -372,24 +375,20 @@ func (i *Interface) upLoop() {
 			i.ctr.filter.Add(1)
 			continue
 		}
-		ms = ms[:0]
-		for _, m := range i.members {
+		eligible = eligible[:0]
+		for k, m := range i.members {
 			if m.up.Load() && m.reaches(dst) {
-				ms = append(ms, m)
+				eligible = append(eligible, k)
 			}
 		}
-		if len(ms) == 0 {
+		if len(eligible) == 0 {
 			i.ctr.nopath.Add(1)
 			continue
 		}
 		h := flowHash(pkt)
-		best, bestScore := ms[0], -1.0
-		if len(ms) > 1 {
-			for _, m := range ms {
-				if sc := rendezvous(h, m.idx, m.weight()); sc > bestScore {
-					best, bestScore = m, sc
-				}
-			}
+		best := i.members[eligible[0]]
+		if len(i.members) > 1 {
+			best = i.members[flows.pick(h, eligible, weight, time.Now())]
 		}
 		best.mu.Lock()
 		s := best.sess

@@ -12,9 +12,9 @@
 // bucket). Attach (on the borrower) creates a TUN interface in the
 // caller's network namespace, gives it the address the lender assigned
 // and routes what the lent interface reaches through it. Several lenders
-// attached together form a bond: flows are hashed over the lenders that
-// are up (weighted rendezvous hashing), so bandwidth adds over flows and
-// losing a lender moves only its flows; ModePacket also stripes packets
+// attached together form a bond: each flow is pinned to one of the lenders
+// that are up (a new flow to the one with the fewest flows for its rate),
+// so bandwidth adds over flows and losing a lender moves only its flows; ModePacket also stripes packets
 // over several connections to each lender, the receiver restoring order.
 //
 // The tunnel (proto.go) is a HELLO/WELCOME handshake that presents the

@@ -2,7 +2,6 @@ package nic
 
 import (
 	"encoding/binary"
-	"math"
 	"net/netip"
 )
 
@@ -45,18 +44,4 @@ func flowHash(pkt []byte) uint32 {
 		}
 	}
 	return uint32(h ^ h>>32)
-}
-
-// rendezvous returns the score of member m for a flow hash: the member
-// with the highest score carries the flow (weighted rendezvous hashing:
-// when a member leaves only its flows move, and weights set the shares).
-func rendezvous(hash uint32, m int, weight float64) float64 {
-	x := uint64(hash)<<32 | uint64(uint32(m))*0x9E3779B9
-	x ^= x >> 33
-	x *= 0xff51afd7ed558ccd
-	x ^= x >> 33
-	x *= 0xc4ceb9fe1a85ec53
-	x ^= x >> 33
-	u := (float64(x>>11) + 0.5) / (1 << 53) // in (0, 1)
-	return -weight / math.Log(u)
 }

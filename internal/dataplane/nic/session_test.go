@@ -146,33 +146,41 @@ func TestCreditEnforced(t *testing.T) {
 	}
 }
 
-func TestRendezvousMovesOnlyLostFlows(t *testing.T) {
-	pick := func(h uint32, members []int) int {
-		best, bs := -1, -1.0
-		for _, m := range members {
-			if s := rendezvous(h, m, 1); s > bs {
-				best, bs = m, s
-			}
-		}
-		return best
+// TestFlowTable: few flows spread evenly over the members (by weight);
+// a flow stays on its member; when a member is lost only its flows move,
+// and idle flows are forgotten.
+func TestFlowTable(t *testing.T) {
+	ft := newFlowTable(3)
+	w := func(m int) float64 { return []float64{1, 1, 2}[m] }
+	now := time.Unix(1000, 0)
+	all := []int{0, 1, 2}
+	first := map[uint32]int{}
+	count := [3]int{}
+	for h := range uint32(8) {
+		m := ft.pick(h*7919, all, w, now)
+		first[h*7919] = m
+		count[m]++
 	}
-	counts := map[int]int{}
-	moved := 0
-	for h := range uint32(30000) {
-		x := h * 2654435761
-		before := pick(x, []int{0, 1, 2})
-		counts[before]++
-		after := pick(x, []int{0, 2})
-		if before != 1 && after != before {
-			moved++
+	if count != [3]int{2, 2, 4} {
+		t.Errorf("8 flows over weights 1, 1, 2: %v", count)
+	}
+	for h, m := range first {
+		if got := ft.pick(h, all, w, now.Add(time.Second)); got != m {
+			t.Fatalf("flow %d moved from %d to %d", h, m, got)
 		}
 	}
-	if moved != 0 {
-		t.Errorf("%d flows of surviving members moved", moved)
-	}
-	for m, c := range counts {
-		if c < 9000 || c > 11000 {
-			t.Errorf("member %d got %d of 30000 flows", m, c)
+	survivors := []int{0, 2}
+	for h, m := range first {
+		got := ft.pick(h, survivors, w, now.Add(2*time.Second))
+		if m != 1 && got != m {
+			t.Errorf("flow %d of surviving member %d moved to %d", h, m, got)
 		}
+		if got == 1 {
+			t.Errorf("flow %d stays on the lost member", h)
+		}
+	}
+	ft.pick(1, all, w, now.Add(flowIdle+time.Hour)) // sweeps
+	if len(ft.flows) != 1 || ft.load[0]+ft.load[1]+ft.load[2] != 1 {
+		t.Errorf("after the idle sweep: %d flows, load %v", len(ft.flows), ft.load)
 	}
 }
