@@ -30,6 +30,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -201,7 +202,6 @@ func run(args []string) error {
 	var md strings.Builder
 	fmt.Fprintf(&md, "## Lent NICs and UDP messages\n\nWritten by bench/nic/run.sh on %s; %d interleaved runs per figure (medians), %v each; links shaped with tc tbf as each section says.\n\n",
 		time.Now().UTC().Format("2006-01-02"), c.runs, c.dur)
-	fmt.Fprintf(&md, "Steal time during the run: %s.\n\n", stealNote())
 	if strings.Contains(c.parts, "nic") {
 		if err := benchNIC(c, &md); err != nil {
 			return fmt.Errorf("nic part: %w", err)
@@ -212,6 +212,7 @@ func run(args []string) error {
 			return fmt.Errorf("udp part: %w", err)
 		}
 	}
+	fmt.Fprintf(&md, "Steal time during the run: %s; load average at the end: %s.\n", stealNote(), loadAvg())
 	if err := os.MkdirAll(filepath.Dir(c.out), 0o755); err != nil {
 		return err
 	}
@@ -232,6 +233,15 @@ func readSteal() [2]uint64 {
 		}
 	}
 	return [2]uint64{steal, total}
+}
+
+func loadAvg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ") + fmt.Sprintf(" (%d vCPUs, shared with other work)", runtime.NumCPU())
 }
 
 func stealNote() string {

@@ -521,7 +521,7 @@ func (m *member) run(ctx context.Context, s *session) {
 			m.setUp(s, w)
 		}
 		backoff = 50 * time.Millisecond
-		err := m.serve(s)
+		err := m.serve(ctx, s)
 		m.setDown(err)
 		if ctx.Err() == nil {
 			m.i.log.Warn("nic: lender lost", "lender", m.m.Addr, "err", err)
@@ -547,8 +547,10 @@ func (m *member) setDown(err error) {
 	m.mu.Unlock()
 }
 
-// serve runs the session's connections until one ends.
-func (m *member) serve(s *session) error {
+// serve runs the session's connections until one ends or ctx does.
+func (m *member) serve(ctx context.Context, s *session) error {
+	stop := context.AfterFunc(ctx, func() { s.close(ErrClosed) })
+	defer stop()
 	qs := s.conns()
 	errc := make(chan error, len(qs))
 	for _, q := range qs {

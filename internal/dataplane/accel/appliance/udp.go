@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"syscall"
 
@@ -114,6 +115,25 @@ type pendingReq struct {
 	ses uint64
 }
 
+type reqGroup struct {
+	entry string
+	reqs  []pendingReq
+}
+
+// addToGroup appends r to entry's group (there are few entry points).
+func addToGroup(gs []reqGroup, entry string, r pendingReq) []reqGroup {
+	for i := range gs {
+		if gs[i].entry == entry {
+			gs[i].reqs = append(gs[i].reqs, r)
+			return gs
+		}
+	}
+	if len(gs) >= 16 { // forget idle groups rather than grow without bound
+		gs = slices.DeleteFunc(gs, func(g reqGroup) bool { return len(g.reqs) == 0 })
+	}
+	return append(gs, reqGroup{entry: entry, reqs: []pendingReq{r}})
+}
+
 type inMsg struct {
 	d    []byte
 	addr net.Addr
@@ -142,7 +162,7 @@ func (u *udpSlot) worker(ctx context.Context, pc net.PacketConn) {
 		arena   []byte
 		tx      []ipv4.Message
 		items   [][]byte
-		byEntry = map[string][]pendingReq{}
+		groups  []reqGroup // requests by entry point, reused across batches
 	)
 	reply := func(addr net.Addr, h UDPHeader, p []byte) {
 		off := len(arena)
@@ -158,7 +178,14 @@ func (u *udpSlot) worker(ctx context.Context, pc net.PacketConn) {
 			continue
 		}
 		ins, outs, arena = ins[:0], outs[:0], arena[:0]
-		clear(byEntry)
+		for g := range groups {
+			groups[g].reqs = groups[g].reqs[:0]
+		}
+		var (
+			lastSes  *udpSession
+			lastID   uint64
+			lastFrom netip.Addr
+		)
 		for i := range n {
 			size := 0
 			if gro {
@@ -180,15 +207,25 @@ func (u *udpSlot) worker(ctx context.Context, pc net.PacketConn) {
 				}
 				reply(m.addr, UDPHeader{Op: UDPWelcome, Seq: h.Seq, Session: id}, nil)
 			case UDPReq:
-				ses, err := u.session(h.Session, addrOf(m.addr))
-				if err != nil {
+				from := addrOf(m.addr)
+				ses := lastSes
+				if ses == nil || h.Session != lastID || from != lastFrom {
+					// A batch is mostly one session's burst: look it up once.
+					ses, err = u.session(h.Session, from)
+					lastSes, lastID, lastFrom = ses, h.Session, from
+				}
+				if ses == nil {
 					reply(m.addr, UDPHeader{Op: UDPError, Seq: h.Seq, Session: h.Session}, []byte(err.Error()))
 					continue
 				}
-				byEntry[ses.entry] = append(byEntry[ses.entry], pendingReq{in: i, seq: h.Seq, ses: h.Session})
+				groups = addToGroup(groups, ses.entry, pendingReq{in: i, seq: h.Seq, ses: h.Session})
 			}
 		}
-		for entry, reqs := range byEntry {
+		for _, g := range groups {
+			entry, reqs := g.entry, g.reqs
+			if len(reqs) == 0 {
+				continue
+			}
 			items = items[:0]
 			for _, r := range reqs {
 				items = append(items, ins[r.in].d[UDPHeaderSize:])
