@@ -451,12 +451,11 @@ func median(v []float64) float64 {
 // ---- the UDP part ----
 
 type udpResult struct {
-	rate          float64 // answered messages per second
-	p50, p99      time.Duration
-	sent, lost    int
-	reordered     int
-	answered      int
-	serverCPUNote string
+	rate       float64 // answered messages per second
+	p50, p99   time.Duration
+	sent, lost int
+	reordered  int
+	answered   int
 }
 
 func benchUDP(c config, md *strings.Builder) error {

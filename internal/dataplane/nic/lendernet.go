@@ -20,13 +20,12 @@ import (
 // TUNs, and refuses it any local delivery; a policy-routing rule sends
 // marked packets to a table holding only the lent interface's routes.
 type hostNet struct {
-	iface   string
-	link    netlink.Link
-	mark    uint32 // fwmark and routing table id
-	table   string // nftables table name
-	oldFwd  string // the lent interface's forwarding sysctl before
-	routes  []netip.Prefix
-	nftPath string
+	iface  string
+	link   netlink.Link
+	mark   uint32 // fwmark and routing table id
+	table  string // nftables table name
+	oldFwd string // the lent interface's forwarding sysctl before
+	routes []netip.Prefix
 }
 
 // Available returns nil if this machine can lend NICs: root (CAP_NET_ADMIN),

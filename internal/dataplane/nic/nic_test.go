@@ -2,6 +2,7 @@ package nic
 
 import (
 	"bufio"
+	"encoding/binary"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -239,7 +240,17 @@ func TestLentNIC(t *testing.T) {
 	if after := pb.report(t).Stats.RxPackets; after != before {
 		t.Errorf("borrower b received %d packets while only a and the lender used the NIC", after-before)
 	}
-	_ = pa
+	// b forges a's address: the lender drops it, so no answer reaches a.
+	aBefore := pa.report(t).Stats.RxPackets
+	if err := r.lab.Do(1, func() error { return sendForgedPings(repA.Addr, r.out.Server, 20) }); err != nil {
+		t.Fatal(err)
+	}
+	if !r.ping(1, server) { // b's own traffic still flows (and the forged pings had time to be answered)
+		t.Error("borrower b lost the outside after forging")
+	}
+	if got := pa.report(t).Stats.RxPackets - aBefore; got != 0 {
+		t.Errorf("borrower a received %d packets after b forged its address", got)
+	}
 
 	// The rate cap: lease c is capped at 24 Mbit/s.
 	// (Its routes replace b's on host 1: the same prefixes, a newer interface.)
@@ -302,6 +313,13 @@ func TestBond(t *testing.T) {
 			if udp.lost > 20 {
 				t.Errorf("UDP after a lender's SIGKILL: %.1f%% lost", udp.lost)
 			}
+			// The lender comes back (its lease restored, as a restarted
+			// agent restores it): the bond takes it in again.
+			r.startLender(t, 1, testLease("bond1", 0))
+			waitMembers(t, pb, 3)
+			if _, err := r.iperf(t, 0, 5304, "-t", "1", "-P", "6"); err != nil {
+				t.Fatalf("TCP after the lender's return: %v", err)
+			}
 		})
 	}
 }
@@ -330,4 +348,43 @@ func waitMembers(t *testing.T, p *proc, n int) {
 	}
 }
 
-var _ = netip.Addr{}
+// sendForgedPings sends ICMP echo requests from src (an address this
+// namespace does not have) to dst through the routing table, with a raw
+// socket that writes its own IPv4 header.
+func sendForgedPings(src, dst netip.Addr, n int) error {
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_RAW, syscall.IPPROTO_RAW)
+	if err != nil {
+		return err
+	}
+	defer syscall.Close(fd)
+	for i := range n {
+		p := make([]byte, 28)
+		p[0], p[1] = 0x45, 0
+		binary.BigEndian.PutUint16(p[2:], 28)
+		binary.BigEndian.PutUint16(p[4:], uint16(i))
+		p[8], p[9] = 64, 1 // TTL, ICMP
+		s4, d4 := src.As4(), dst.As4()
+		copy(p[12:16], s4[:])
+		copy(p[16:20], d4[:])
+		binary.BigEndian.PutUint16(p[10:], checksum(p[:20]))
+		p[20] = 8 // echo request
+		binary.BigEndian.PutUint16(p[24:], 0x5249)
+		binary.BigEndian.PutUint16(p[26:], uint16(i))
+		binary.BigEndian.PutUint16(p[22:], checksum(p[20:]))
+		if err := syscall.Sendto(fd, p, 0, &syscall.SockaddrInet4{Addr: d4}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checksum(b []byte) uint16 {
+	var sum uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		sum += uint32(b[i])<<8 | uint32(b[i+1])
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	return ^uint16(sum)
+}

@@ -86,13 +86,6 @@ func (q *qp) Err() error {
 	}
 }
 
-// credit reports the send credit left in bytes.
-func (q *qp) credit() uint64 {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.granted - q.sent
-}
-
 // trySend queues a DATA frame if the peer's credit allows it, and reports
 // whether it did. seq is called, under the lock, only once the frame is
 // sure to be queued, so sequence numbers have no gaps.
