@@ -190,14 +190,14 @@ func TestLentNIC(t *testing.T) {
 	if !r.ping(0, server) {
 		t.Fatal("no ping through the lent NIC")
 	}
-	tcp, err := r.iperf(t, 0, 5201, "-t", "2")
+	tcp, err := r.iperf(t, 0, 5201, "-t", "1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if tcp.bps < 1e6 {
 		t.Fatalf("TCP through the lent NIC: %.0f bit/s", tcp.bps)
 	}
-	udp, err := r.iperf(t, 0, 5202, "-u", "-b", "20M", "-t", "2")
+	udp, err := r.iperf(t, 0, 5202, "-u", "-b", "20M", "-t", "1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +255,7 @@ func TestLentNIC(t *testing.T) {
 	// The rate cap: lease c is capped at 24 Mbit/s.
 	// (Its routes replace b's on host 1: the same prefixes, a newer interface.)
 	_, repC := r.attach(t, 1, borrowerSpec{Members: []Member{testMember(r, 0, lc)}, Name: "rnic1"})
-	capped, err := r.iperf(t, 1, 5204, "-t", "3", "-B", repC.Addr.String())
+	capped, err := r.iperf(t, 1, 5204, "-t", "2", "-B", repC.Addr.String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +283,7 @@ func TestBond(t *testing.T) {
 			if !rep.Addr.IsValid() {
 				t.Fatal("no address")
 			}
-			if _, err := r.iperf(t, 0, 5301, "-t", "2", "-P", "6"); err != nil {
+			if _, err := r.iperf(t, 0, 5301, "-t", "1", "-P", "6"); err != nil {
 				t.Fatal(err)
 			}
 			st := pb.report(t)
@@ -303,10 +303,10 @@ func TestBond(t *testing.T) {
 			_ = lenders[1].cmd.Process.Signal(syscall.SIGKILL)
 			<-lenders[1].done
 			waitMembers(t, pb, 2)
-			if _, err := r.iperf(t, 0, 5302, "-t", "2", "-P", "4"); err != nil {
+			if _, err := r.iperf(t, 0, 5302, "-t", "1", "-P", "4"); err != nil {
 				t.Fatalf("TCP after a lender's SIGKILL: %v", err)
 			}
-			udp, err := r.iperf(t, 0, 5303, "-u", "-b", "20M", "-t", "2")
+			udp, err := r.iperf(t, 0, 5303, "-u", "-b", "20M", "-t", "1")
 			if err != nil {
 				t.Fatalf("UDP after a lender's SIGKILL: %v", err)
 			}
