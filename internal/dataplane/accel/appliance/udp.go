@@ -157,12 +157,12 @@ func (u *udpSlot) worker(ctx context.Context, pc net.PacketConn) {
 		rx[i].OOB = make([]byte, 64)
 	}
 	var (
-		ins     []inMsg
-		outs    []outMsg
-		arena   []byte
-		tx      []ipv4.Message
-		items   [][]byte
-		groups  []reqGroup // requests by entry point, reused across batches
+		ins    []inMsg
+		outs   []outMsg
+		arena  []byte
+		tx     []ipv4.Message
+		items  [][]byte
+		groups []reqGroup // requests by entry point, reused across batches
 	)
 	reply := func(addr net.Addr, h UDPHeader, p []byte) {
 		off := len(arena)
