@@ -31,3 +31,14 @@ func TestParseNIC(t *testing.T) {
 		}
 	}
 }
+
+func TestNICCapacity(t *testing.T) {
+	for _, tc := range []struct {
+		bytesPerSec int64
+		want        string
+	}{{62_500_000, "500Mbit/s"}, {1_250_000_000, "10Gbit/s"}, {12_500, "100kbit/s"}, {1, "8bit/s"}, {156_250_000, "1.25Gbit/s"}} {
+		if got := capacity(api.KindNIC, tc.bytesPerSec); got != tc.want {
+			t.Errorf("capacity(nic, %d) = %q, want %q", tc.bytesPerSec, got, tc.want)
+		}
+	}
+}
