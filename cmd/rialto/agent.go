@@ -10,6 +10,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/agent"
+	"github.com/rialto-project/rialto/internal/dataplane/nic"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -22,6 +23,27 @@ type listFlag []string
 
 func (l *listFlag) String() string     { return strings.Join(*l, ",") }
 func (l *listFlag) Set(s string) error { *l = append(*l, s); return nil }
+
+// parseNIC parses --nic NAME=IFACE[:RATE]; the device's size is the rate
+// in bytes/s.
+func parseNIC(s string) (agent.DeviceConfig, error) {
+	name, rest, ok := strings.Cut(s, "=")
+	if !ok || name == "" || rest == "" {
+		return agent.DeviceConfig{}, fmt.Errorf("bad --nic %q: want NAME=IFACE[:RATE]", s)
+	}
+	iface, r, hasRate := strings.Cut(rest, ":")
+	bps := nic.LinkSpeed(iface)
+	if hasRate {
+		var err error
+		if bps, err = nic.ParseRate(r); err != nil {
+			return agent.DeviceConfig{}, fmt.Errorf("bad --nic %q: %w", s, err)
+		}
+	}
+	if bps == 0 {
+		bps = 1e9
+	}
+	return agent.DeviceConfig{Name: name, Kind: api.KindNIC, Path: iface, Size: int64(bps / 8), Model: "lent-nic"}, nil
+}
 
 // parseBlock parses --block [NAME=]PATH[:SIZE].
 func parseBlock(s string, i int) (agent.DeviceConfig, error) {
@@ -87,8 +109,9 @@ func runAgent(ctx context.Context, e *env, args []string) error {
 	listen := fs.String("listen", "127.0.0.1", "host the agent API and data planes bind to (0.0.0.0 needs --advertise)")
 	advertise := fs.String("advertise", "", "host put into URLs (default: --listen)")
 	port := fs.Int("port", 0, "agent API port (0: as before, or free)")
-	var blocks, labels listFlag
+	var blocks, labels, nics listFlag
 	fs.Var(&blocks, "block", "lend a file-backed block device: [NAME=]PATH[:SIZE] (repeatable; created sparse)")
+	fs.Var(&nics, "nic", "lend a network interface: NAME=IFACE[:RATE], RATE what it may lend in tc's syntax (200mbit, 1gbit; default: the interface's speed, else 1gbit) (repeatable; needs root and nft)")
 	mem := fs.String("memory", "", "memory budget to lend, e.g. 512MiB")
 	accel := fs.Int("accel", 0, "accelerator slots to lend (an appliance; each slot gets --slot-memory)")
 	slotMem := fs.String("slot-memory", "16MiB", "memory of each accelerator slot")
@@ -127,6 +150,13 @@ func runAgent(ctx context.Context, e *env, args []string) error {
 			return fmt.Errorf("bad --memory: %w", err)
 		}
 		cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: "mem0", Kind: api.KindMemory, Size: n})
+	}
+	for _, n := range nics {
+		d, err := parseNIC(n)
+		if err != nil {
+			return err
+		}
+		cfg.Devices = append(cfg.Devices, d)
 	}
 	if *accel > 0 {
 		cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: "accel0", Kind: api.KindAccel, Size: int64(*accel),

@@ -81,7 +81,23 @@ func capacity(k api.Kind, n int64) string {
 		}
 		return strconv.FormatInt(n, 10) + " slots"
 	}
+	if k == api.KindNIC { // bytes/s, shown as a link rate
+		return formatBitRate(n * 8)
+	}
 	return resource.FormatSize(n)
+}
+
+// formatBitRate shows bits/s as a link rate ("500Mbit/s", "10Gbit/s").
+func formatBitRate(bps int64) string {
+	for _, u := range []struct {
+		div  float64
+		name string
+	}{{1e12, "Tbit/s"}, {1e9, "Gbit/s"}, {1e6, "Mbit/s"}, {1e3, "kbit/s"}} {
+		if float64(bps) >= u.div {
+			return strconv.FormatFloat(float64(bps)/u.div, 'f', -1, 64) + u.name
+		}
+	}
+	return strconv.FormatInt(bps, 10) + "bit/s"
 }
 
 func printDevices(w io.Writer, devs []api.Device, nodeNames map[string]string) {

@@ -75,6 +75,8 @@ func runUp(ctx context.Context, e *env, args []string) error {
 	fs.Var(&quotaSpecs, "quota", "tenant quota [TENANT:]leases=N,bytes=SIZE,slots=N,bandwidth=RATE, as for rialto server (the up cluster's token is tenant admin; repeatable)")
 	netnsMode := fs.Bool("netns", false, "run an emulated rack instead: the control plane and each agent as separate processes in their own network namespaces, joined by veth pairs and a bridge (root only; docs/rack.md)")
 	linkRate := fs.String("link-rate", "", "with --netns: shape every link with tc tbf to this rate, e.g. 1gbit, 400mbit (bandwidth only: no delay or loss)")
+	uplinks := fs.Bool("uplinks", false, "with --netns: give every agent an uplink (wan0) to an outside network that only the agents reach, lent as NIC \"wan\" (docs/nic.md; needs nft)")
+	uplinkRate := fs.String("uplink-rate", "", "with --uplinks: shape the uplinks with tc tbf to this rate, e.g. 100mbit")
 	var tm timings
 	tm.register(fs)
 	if _, err := parse(fs, args, 0, 0); err != nil {
@@ -82,6 +84,12 @@ func runUp(ctx context.Context, e *env, args []string) error {
 	}
 	if *linkRate != "" && !*netnsMode {
 		return fmt.Errorf("--link-rate needs --netns")
+	}
+	if *uplinks && !*netnsMode {
+		return fmt.Errorf("--uplinks needs --netns")
+	}
+	if *uplinkRate != "" && !*uplinks {
+		return fmt.Errorf("--uplink-rate needs --uplinks")
 	}
 	quotas, err := parseQuotas(quotaSpecs)
 	if err != nil {
@@ -111,7 +119,8 @@ func runUp(ctx context.Context, e *env, args []string) error {
 			*level = "info"
 		}
 		return runUpNetns(ctx, e, upNetns{dir: *dir, port: *port, agents: *agents, disks: *disks, diskSize: dsize,
-			memory: msize, slots: *slots, linkRate: *linkRate, level: *level, quotas: quotaSpecs, tm: tm, log: log})
+			memory: msize, slots: *slots, linkRate: *linkRate, uplinks: *uplinks, uplinkRate: *uplinkRate,
+			level: *level, quotas: quotaSpecs, tm: tm, log: log})
 	}
 	if err := os.MkdirAll(*dir, 0o700); err != nil {
 		return err

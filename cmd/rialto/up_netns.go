@@ -22,6 +22,8 @@ type upNetns struct {
 	agents, disks, slots int
 	diskSize, memory     int64
 	linkRate, level      string
+	uplinks              bool
+	uplinkRate           string
 	quotas               []string
 	tm                   timings
 	log                  *slog.Logger
@@ -67,7 +69,7 @@ func runUpNetns(ctx context.Context, e *env, o upNetns) error {
 	}
 	r, err := rack.Start(ctx, rack.Config{
 		Binary: self, StateDir: o.dir, Agents: o.agents, Disks: o.disks, DiskSize: o.diskSize,
-		Memory: o.memory, AccelSlots: o.slots, LinkRate: o.linkRate,
+		Memory: o.memory, AccelSlots: o.slots, LinkRate: o.linkRate, Uplinks: o.uplinks, UplinkRate: o.uplinkRate,
 		Heartbeat: o.tm.heartbeat, SuspectAfter: o.tm.suspect, DownAfter: o.tm.down,
 		PrepareTimeout: o.tm.prepare, DefaultTTL: o.tm.ttl,
 		BootstrapToken: st.BootstrapToken, AdminToken: st.AdminToken, APIPort: o.port,
@@ -111,6 +113,9 @@ func runUpNetns(ctx context.Context, e *env, o upNetns) error {
 func printRack(w io.Writer, r *rack.Rack) {
 	nodes := append([]rack.Node{r.ControlPlane()}, r.Agents()...)
 	printRackNodes(w, nodes, r.Gateway().String(), filepath.Join(r.StateDir(), "logs"))
+	if o := r.Outside(); o != nil {
+		fmt.Fprintf(w, "Outside: %s (namespace %s), reached only through each agent's wan0, which it lends as NIC wan.\n", o.Server, o.Namespace)
+	}
 }
 
 func printRackNodes(w io.Writer, nodes []rack.Node, gateway, logs string) {

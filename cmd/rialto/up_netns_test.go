@@ -20,7 +20,8 @@ import (
 )
 
 // TestUpNetnsRefused: without root, or without ip/tc, `rialto up --netns`
-// says so in one line and creates nothing; --link-rate alone is refused.
+// says so in one line and creates nothing; --link-rate, --uplinks and
+// --uplink-rate alone are refused.
 func TestUpNetnsRefused(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
@@ -43,6 +44,8 @@ func TestUpNetnsRefused(t *testing.T) {
 
 	run(exec.Command(bin, "up", "--link-rate", "1gbit", "--state-dir", dir), "--link-rate needs --netns")
 	run(exec.Command(bin, "up", "--netns", "--link-rate", "fast", "--state-dir", dir), `bad --link-rate "fast"`)
+	run(exec.Command(bin, "up", "--uplinks", "--state-dir", dir), "--uplinks needs --netns")
+	run(exec.Command(bin, "up", "--netns", "--uplink-rate", "1gbit", "--state-dir", dir), "--uplink-rate needs --uplinks")
 
 	cmd := exec.Command(bin, "up", "--netns", "--state-dir", dir)
 	if os.Geteuid() == 0 {

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net"
 	"net/url"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -96,8 +97,10 @@ func (d *AccelDriver) Open(_ context.Context, dev DeviceConfig) (DeviceConfig, e
 	d.mu.Lock()
 	reg := d.reg
 	d.mu.Unlock()
+	// Every slot also serves its requests as UDP datagrams on its
+	// mailbox's port, one socket (queue) per worker.
 	app, err := appliance.New(appliance.Config{ID: dev.Name, Slots: int(dev.Size), SlotMemory: mem, Host: d.host, Logger: d.log,
-		Metrics: reg, ManagementToken: d.ManagementToken, ManagedLeases: true})
+		Metrics: reg, ManagementToken: d.ManagementToken, ManagedLeases: true, UDPQueues: runtime.GOMAXPROCS(0)})
 	if err != nil {
 		return dev, err
 	}

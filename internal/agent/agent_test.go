@@ -145,7 +145,6 @@ func testConfig(url, dir string) Config {
 		Devices: []DeviceConfig{
 			{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 1 << 20},
 			{Name: "gpu", Kind: api.KindAccel, Size: 2, Attributes: map[string]string{"slot_memory": "1MiB"}},
-			{Name: "uplink", Kind: api.KindNIC, Size: 1},
 		},
 	}
 }
@@ -182,7 +181,7 @@ func TestJoinPersistsIdentity(t *testing.T) {
 		t.Fatalf("backing file: %v %v", st, err)
 	}
 	j := cp.joins[0]
-	if j.AgentURL == "" || j.Endpoints[api.KindBlock] == "" || len(j.Devices) != 3 || j.Fingerprint.Cores == 0 || j.Fingerprint.MemoryBytes == 0 {
+	if j.AgentURL == "" || j.Endpoints[api.KindBlock] == "" || len(j.Devices) != 2 || j.Fingerprint.Cores == 0 || j.Fingerprint.MemoryBytes == 0 {
 		t.Fatalf("join request %+v", j)
 	}
 	url := r.a.AgentURL()
@@ -262,7 +261,6 @@ func TestPrepareServeTeardown(t *testing.T) {
 		{"wrong kind", "key-1", api.PrepareRequest{LeaseID: "l", Export: "e", DeviceName: "disk0", Kind: api.KindMemory}, 404},
 		{"out of range", "key-1", api.PrepareRequest{LeaseID: "l", Export: "e", DeviceName: "disk0", Offset: 1 << 20, Length: 1}, 400},
 		{"no export", "key-1", api.PrepareRequest{LeaseID: "l", DeviceName: "disk0"}, 400},
-		{"no driver", "key-1", api.PrepareRequest{LeaseID: "l", Export: "e", DeviceName: "uplink", Kind: api.KindNIC}, 503},
 	} {
 		resp, body := call(t, a, tc.key, "/agent/v1/prepare", tc.body)
 		if resp.StatusCode != tc.status {

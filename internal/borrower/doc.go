@@ -5,18 +5,22 @@
 // and verify it (Memtest); dial an accelerator lease's slot or its lender's
 // batching gateway, and have a slot read and write ranges of block leases
 // itself (BlockRange), or relay them through the borrower for comparison
-// (RelayLoad, RelayStore). `rialto attach`, `rialto memtest` and `rialto accel run`
+// (RelayLoad, RelayStore); attach a NIC lease as a TUN interface, bonded
+// over its lenders (AttachNIC; `rialto attach` does not offer it yet, as the
+// control plane does not place NIC leases yet). `rialto attach`, `rialto
+// memtest` and `rialto accel run`
 // are thin command-line wrappers over it; other programs can use it the
 // same way.
 //
 // It takes leases as api.Lease values and asks the control plane for
 // nothing but, through a LeaseSource (an *api.Client is one), the current
 // record of a lease whose part moved. Lease URIs are parsed with the data
-// planes' URI types (nbd.ParseURI, protocol.ParseURI, accel.ParseURI);
+// planes' URI types (nbd.ParseURI, protocol.ParseURI, accel.ParseURI,
+// nic.ParseURI);
 // their credentials never reach an error message or a log line.
 //
 // The package holds no state: its functions may be called concurrently.
 // What they return (a *stripe.Attachment, a *client.Client, a
-// *MemoryMapping, an *accel.Conn) owns its connections and goroutines until
+// *MemoryMapping, an *accel.Conn, a *nic.Interface) owns its connections and goroutines until
 // its Close, and is safe for concurrent use as documented by its type.
 package borrower

@@ -131,3 +131,35 @@ func TestAccelSlots(t *testing.T) {
 		}
 	}
 }
+
+func TestNICURIs(t *testing.T) {
+	const a, b = "rialto-nic://10.0.0.1:7300/" + secret + ".0", "rialto-nic://10.0.0.2:7300/" + secret + ".1"
+	for _, tc := range []struct {
+		name  string
+		l     api.Lease
+		addrs []string
+		err   string
+	}{
+		{"one lender", lease(api.KindNIC, api.LeaseActive, a, ""), []string{"10.0.0.1:7300"}, ""},
+		{"a bond", lease(api.KindNIC, api.LeaseActive, "", a, b), []string{"10.0.0.1:7300", "10.0.0.2:7300"}, ""},
+		{"a part without URI", lease(api.KindNIC, api.LeaseActive, "", a, ""), nil, "lease lease-1: part 1 has no URI"},
+		{"not a NIC URI", lease(api.KindNIC, api.LeaseActive, "nbd://10.0.0.1:10809/"+secret), nil, "lease lease-1 part 0: nic: not a NIC URI"},
+		{"expired", lease(api.KindNIC, api.LeaseExpired, a), nil, "lease lease-1 is expired, not active"},
+		{"block", lease(api.KindBlock, api.LeaseActive, a), nil, "lease lease-1 is a block lease, not a nic lease"},
+	} {
+		got, err := NICURIs(tc.l)
+		if !checkErr(t, tc.name, err, tc.err) {
+			continue
+		}
+		var addrs []string
+		for _, u := range got {
+			addrs = append(addrs, u.Address)
+			if !strings.HasPrefix(u.Credential, secret) {
+				t.Errorf("%s: credential %q", tc.name, u.Credential)
+			}
+		}
+		if !reflect.DeepEqual(addrs, tc.addrs) {
+			t.Errorf("%s: %v, want %v", tc.name, addrs, tc.addrs)
+		}
+	}
+}

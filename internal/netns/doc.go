@@ -18,6 +18,12 @@
 // what is left of it; internal/rack records the ID before building the lab
 // so that a reaper process or the next run can do so.
 //
+// AddOutside adds a network beyond chosen hosts: a namespace joined to each
+// of them by a veth pair of its own (the host's "wan0"), shaped like the
+// lab's links, with a Server address that only those hosts route to; it is
+// what a lent NIC leads to (internal/dataplane/nic). Close and Purge
+// remove it with the lab.
+//
 // Counters reads the kernel's byte counters of a host's link.
 //
 // New needs root and the ip(8) and tc(8) tools; Available reports whether the

@@ -90,6 +90,8 @@ type Lab struct {
 	prefix  netip.Prefix
 	hosts   []Host
 	log     *slog.Logger
+	prefix0 string   // Config.Prefix
+	outside *Outside // AddOutside's, or nil
 }
 
 // Available returns nil if New can work on this machine, or an error wrapping
@@ -146,7 +148,7 @@ func New(ctx context.Context, cfg Config) (_ *Lab, err error) {
 	if cfg.Subnet.IsValid() && !subnetOK(cfg.Subnet) {
 		return nil, fmt.Errorf("%w: Subnet %v is not a 10.213.x.0/24", ErrBadConfig, cfg.Subnet)
 	}
-	l := &Lab{id: id, log: log}
+	l := &Lab{id: id, log: log, prefix0: cfg.Prefix}
 	l.bridge = "rl" + l.id + "b"
 
 	// Subnet choice and bridge creation are serialised across processes so
@@ -302,6 +304,8 @@ func (l *Lab) addHost(ctx context.Context, i int, rate string, cfg Config) error
 	return nil
 }
 
+func (l *Lab) prefixName() string { return l.prefix0 }
+
 // ID is the lab's random identifier, part of every name it creates.
 func (l *Lab) ID() string { return l.id }
 
@@ -385,6 +389,11 @@ func (l *Lab) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var errs []error
+	if l.outside != nil {
+		if err := deleteNamespace(ctx, l.log, l.outside.Namespace); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for _, h := range l.hosts {
 		if err := deleteNamespace(ctx, l.log, h.Namespace); err != nil {
 			errs = append(errs, err)
@@ -464,8 +473,10 @@ func Leftovers(ctx context.Context, id string) (namespaces, links []string, err 
 		if len(f) == 0 {
 			continue
 		}
-		// Names are PREFIX-ID-hN.
-		if i := strings.LastIndex(f[0], "-"+id+"-h"); i >= 0 && allDigits(f[0][i+len(id)+3:]) {
+		// Names are PREFIX-ID-hN, and PREFIX-ID-out (AddOutside).
+		if strings.HasSuffix(f[0], "-"+id+"-out") {
+			namespaces = append(namespaces, f[0])
+		} else if i := strings.LastIndex(f[0], "-"+id+"-h"); i >= 0 && allDigits(f[0][i+len(id)+3:]) {
 			namespaces = append(namespaces, f[0])
 		}
 	}

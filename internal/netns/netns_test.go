@@ -398,3 +398,36 @@ func waitInNamespace(t *testing.T, ns string, pid int) {
 		runtime.Gosched()
 	}
 }
+
+// TestOutside: uplinked hosts reach the outside's Server, others and the
+// root namespace do not; Close removes the outside with the lab.
+func TestOutside(t *testing.T) {
+	if _, err := exec.LookPath("busybox"); err != nil {
+		t.Skip("busybox not installed")
+	}
+	l := newLab(t, Config{Hosts: 2})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	o, err := l.AddOutside(ctx, OutsideConfig{Hosts: []int{1}, Rate: "50mbit"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.AddOutside(ctx, OutsideConfig{Hosts: []int{0}}); !errors.Is(err, ErrBadConfig) {
+		t.Errorf("a second outside: %v", err)
+	}
+	ping := func(cmd *exec.Cmd) bool { return cmd.Run() == nil }
+	srv := o.Server.String()
+	if !ping(l.Command(ctx, 1, "busybox", "ping", "-c", "1", "-W", "2", srv)) {
+		t.Error("the uplinked host does not reach the outside")
+	}
+	if ping(l.Command(ctx, 0, "busybox", "ping", "-c", "1", "-W", "1", srv)) {
+		t.Error("a host without an uplink reaches the outside")
+	}
+	if ping(exec.CommandContext(ctx, "busybox", "ping", "-c", "1", "-W", "1", srv)) {
+		t.Error("the root namespace reaches the outside")
+	}
+	nss, _, err := Leftovers(ctx, l.ID())
+	if err != nil || !slices.Contains(nss, o.Namespace) {
+		t.Errorf("Leftovers does not list the outside %s: %v, %v", o.Namespace, nss, err)
+	}
+}

@@ -19,6 +19,11 @@
 //	r.Counters(r.Agent(0))                     // bytes over node1's link
 //	r.Command(ctx, r.Agent(1), "iperf3", "-s") // a process inside node2's namespace
 //
+// With Config.Uplinks every agent also has wan0, a link to an outside
+// network (netns.AddOutside) whose Server address only the agents reach,
+// and lends it as NIC "wan" (--nic): what a borrower of a NIC lease reaches
+// through it.
+//
 // Layout: host 0 of the lab is the control plane ("controlplane", API on
 // port 7070 of its address), host i is agent "nodei" with state dir
 // StateDir/nodei; the root namespace has the bridge's first address

@@ -74,6 +74,14 @@ type Config struct {
 	// AgentRates, when set, overrides LinkRate for agent i (empty entries
 	// keep LinkRate).
 	AgentRates []string
+	// Uplinks gives every agent a second interface, wan0, to an outside
+	// network (netns.AddOutside) whose Server address only the agents
+	// reach, and has each agent lend it as NIC "wan" (--nic
+	// wan=wan0[:NICRate]). UplinkRate shapes the uplinks with tc tbf
+	// (empty: unshaped); NICRate is what each agent may lend (empty: the
+	// interface's speed).
+	Uplinks             bool
+	UplinkRate, NICRate string
 	// The control plane's timings (rialto server's --heartbeat,
 	// --suspect-after, --down-after, --prepare-timeout, --default-ttl);
 	// zero keeps the server's defaults.
@@ -132,6 +140,7 @@ type Rack struct {
 	client *api.Client
 	lock   *os.File
 	reaper *reaper
+	out    *netns.Outside
 
 	closeOnce sync.Once
 	closeErr  error
@@ -181,7 +190,7 @@ func (c *Config) check() error {
 	case c.APIPort < 0 || c.APIPort > 65535:
 		return fmt.Errorf("%w: APIPort %d", ErrBadConfig, c.APIPort)
 	}
-	for _, r := range append([]string{c.LinkRate}, c.AgentRates...) {
+	for _, r := range append([]string{c.LinkRate, c.UplinkRate, c.NICRate}, c.AgentRates...) {
 		if r == "" {
 			continue
 		}
@@ -293,6 +302,15 @@ func Start(ctx context.Context, cfg Config) (_ *Rack, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("rack: %w", err)
 	}
+	if cfg.Uplinks && cfg.Agents > 0 {
+		hosts := make([]int, cfg.Agents)
+		for i := range hosts {
+			hosts[i] = i + 1
+		}
+		if r.out, err = r.lab.AddOutside(ctx, netns.OutsideConfig{Hosts: hosts, Rate: cfg.UplinkRate}); err != nil {
+			return nil, fmt.Errorf("rack: %w", err)
+		}
+	}
 	rec.Subnet = r.lab.Prefix().String()
 	if err := writeRecord(dir, rec); err != nil {
 		return nil, err
@@ -358,6 +376,10 @@ func (r *Rack) Agents() []Node { return append([]Node(nil), r.agents...) }
 
 // Agent returns agent i (node i+1). It panics if i is out of range.
 func (r *Rack) Agent(i int) Node { return r.agents[i] }
+
+// Outside is the network beyond the agents' uplinks (Config.Uplinks), or
+// nil: its Server address is reachable only through an agent's wan0.
+func (r *Rack) Outside() *netns.Outside { return r.out }
 
 // Gateway is the root namespace's address on the rack's bridge: what the
 // nodes see a borrower in the root namespace as.
@@ -439,6 +461,13 @@ func (r *Rack) agentArgs(n Node) []string {
 	}
 	if c.AccelSlots > 0 {
 		args = append(args, "--accel", strconv.Itoa(c.AccelSlots))
+	}
+	if c.Uplinks {
+		nicArg := "wan=wan0"
+		if c.NICRate != "" {
+			nicArg += ":" + c.NICRate
+		}
+		args = append(args, "--nic", nicArg)
 	}
 	return append(args, c.AgentArgs...)
 }

@@ -47,10 +47,14 @@ type Config struct {
 	// (the agent, on the control plane's behalf) through SetCredential: the
 	// management API then refuses to set or clear them.
 	ManagedLeases bool
-	Workers       int    // concurrent invocations per slot; 0: GOMAXPROCS
-	MaxPayload    uint32 // frame payload limit; 0: accel.DefaultMaxPayload
-	Logger        *slog.Logger
-	Metrics       *metrics.Registry // optional
+	Workers       int // concurrent invocations per slot; 0: GOMAXPROCS
+	// UDPQueues, if positive, also serves each slot's UDP message path
+	// (udp.go) on its mailbox's host and port, with that many sockets
+	// (SO_REUSEPORT queues), each with a worker of its own.
+	UDPQueues  int
+	MaxPayload uint32 // frame payload limit; 0: accel.DefaultMaxPayload
+	Logger     *slog.Logger
+	Metrics    *metrics.Registry // optional
 	// Registrar, if set, is told about the appliance when Run starts and
 	// receives a heartbeat every HeartbeatInterval (default 5 s).
 	Registrar         Registrar
@@ -143,11 +147,18 @@ type Appliance struct {
 	running atomic.Bool
 	closed  atomic.Bool
 
+	udpNew chan udpSet // sockets Rebind bound while Run runs
+
 	mTasks *metrics.CounterVec
 	mBusy  *metrics.CounterVec
 }
 
 type chunk struct{ base, size uint64 }
+
+type udpSet struct {
+	s     *slot
+	conns []net.PacketConn
+}
 
 // New validates cfg, carves the memory into slot chunks and binds every
 // slot's listener (and the management listener when configured).
@@ -180,7 +191,7 @@ func New(cfg Config) (*Appliance, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	a := &Appliance{cfg: cfg, log: log, mem: make([]byte, uint64(cfg.Slots)*cfg.SlotMemory)}
+	a := &Appliance{cfg: cfg, log: log, mem: make([]byte, uint64(cfg.Slots)*cfg.SlotMemory), udpNew: make(chan udpSet, 256)}
 	if cfg.Metrics != nil {
 		a.mTasks = cfg.Metrics.Counter("rialto_accel_slot_tasks_total", "Tasks run by appliance slots.", "slot", "outcome")
 		a.mBusy = cfg.Metrics.Counter("rialto_accel_slot_busy_seconds_total", "Time slots spent running roles.", "slot")
@@ -202,6 +213,12 @@ func New(cfg Config) (*Appliance, error) {
 		s.lnSet = make(chan struct{})
 		s.lease = newLease(nil)
 		a.slots = append(a.slots, s)
+		if cfg.UDPQueues > 0 {
+			if s.udp, err = s.bindUDP(context.Background(), cfg.UDPQueues); err != nil {
+				a.closeListeners()
+				return nil, err
+			}
+		}
 	}
 	if cfg.ManagementAddr != "" {
 		ln, err := net.Listen("tcp", cfg.ManagementAddr)
@@ -217,6 +234,9 @@ func New(cfg Config) (*Appliance, error) {
 func (a *Appliance) closeListeners() {
 	for _, s := range a.slots {
 		s.closeListener()
+		for _, c := range s.udpConns() {
+			_ = c.Close()
+		}
 	}
 	if a.mgmt != nil {
 		_ = a.mgmt.Close()
@@ -276,6 +296,22 @@ func (a *Appliance) Rebind(id int, addr string) error {
 		_ = ln.Close()
 		return fmt.Errorf("%w: slot %d rebind after close", ErrNotReady, id)
 	}
+	if s.udp != nil {
+		// The UDP message path follows the mailbox.
+		udp, err := s.bindUDPAt(context.Background(), ln.Addr().String(), len(s.udp))
+		if err != nil {
+			s.lnMu.Unlock()
+			_ = ln.Close()
+			return err
+		}
+		for _, c := range s.udp {
+			_ = c.Close() // a running worker ends with its socket
+		}
+		s.udp = udp
+		if a.running.Load() {
+			a.udpNew <- udpSet{s, udp} // Run serves them (buffered: Run may be busy)
+		}
+	}
 	old := s.ln
 	s.ln = ln
 	close(s.lnSet) // serve's Accept on old fails: it takes the new one
@@ -319,6 +355,26 @@ func (a *Appliance) Run(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	errc := make(chan error, len(a.slots)+2)
+	if a.cfg.UDPQueues > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var uwg sync.WaitGroup
+			defer uwg.Wait()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case u := <-a.udpNew:
+					uwg.Add(1)
+					go func() {
+						defer uwg.Done()
+						u.s.serveUDP(ctx, u.conns)
+					}()
+				}
+			}
+		}()
+	}
 	for _, s := range a.slots {
 		wg.Add(1)
 		go func() {
@@ -328,6 +384,13 @@ func (a *Appliance) Run(ctx context.Context) error {
 				cancel()
 			}
 		}()
+		if udp := s.udpConns(); udp != nil {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s.serveUDP(ctx, udp)
+			}()
+		}
 	}
 	if a.mgmt != nil {
 		hs := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second}
@@ -594,9 +657,10 @@ type slot struct {
 	id int
 
 	lnMu     sync.Mutex
-	ln       net.Listener  // replaced by Rebind
-	lnSet    chan struct{} // closed (and replaced) when ln is replaced
-	lnClosed bool          // ln is closed for good: Rebind refuses
+	ln       net.Listener     // replaced by Rebind
+	lnSet    chan struct{}    // closed (and replaced) when ln is replaced
+	lnClosed bool             // ln is closed for good: Rebind refuses
+	udp      []net.PacketConn // the UDP message path's sockets (Config.UDPQueues), guarded by lnMu
 
 	mem   []byte // a.mem[base:base+size:base+size]: the only memory it can reach
 	memMu sync.RWMutex

@@ -24,6 +24,24 @@ func (echoRole) Run(_ context.Context, entry string, in []byte) ([]byte, error) 
 	return append([]byte(nil), in...), nil
 }
 
+// RunBatch copies every input into one allocation.
+func (echoRole) RunBatch(_ context.Context, entry string, ins [][]byte) ([][]byte, error) {
+	if entry != "echo" {
+		return nil, fmt.Errorf("%w %q for echo", ErrUnknownEntry, entry)
+	}
+	n := 0
+	for _, in := range ins {
+		n += len(in)
+	}
+	buf := make([]byte, 0, n)
+	outs := make([][]byte, len(ins))
+	for i, in := range ins {
+		buf = append(buf, in...)
+		outs[i] = buf[len(buf)-len(in) : len(buf) : len(buf)]
+	}
+	return outs, nil
+}
+
 // shaRole hashes its input with SHA-256 (entry "sum", 32-byte output).
 type shaRole struct{}
 

@@ -1,0 +1,111 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/dataplane/nic"
+	"github.com/rialto-project/rialto/internal/netns"
+)
+
+// TestNICDriver: the driver lends host 1's uplink; a borrower on host 0
+// attaches the lease's URI and reaches the outside through it until the
+// lease is torn down.
+func TestNICDriver(t *testing.T) {
+	if err := netns.Available(); err != nil {
+		t.Skip(err)
+	}
+	if err := nic.Available(); err != nil {
+		t.Skip(err)
+	}
+	if _, err := exec.LookPath("busybox"); err != nil {
+		t.Skip("busybox not installed")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	lab, err := netns.New(ctx, netns.Config{Hosts: 2, Prefix: "rialto-agnic"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lab.Close()
+	out, err := lab.AddOutside(ctx, netns.OutsideConfig{Hosts: []int{1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ping := func() bool {
+		return lab.Command(ctx, 0, "busybox", "ping", "-c", "1", "-W", "1", out.Server.String()).Run() == nil
+	}
+	d := NewNICDriver(slog.New(slog.DiscardHandler))
+	defer d.Close()
+	var dev DeviceConfig
+	var resp api.PrepareResponse
+	e := Export{Request: api.PrepareRequest{LeaseID: "lease-1", Kind: api.KindNIC, DeviceName: "wan", Length: 2_000_000,
+		Export: "secret-export-name-0123456789"}}
+	// The lender's kernel work happens on a thread inside host 1.
+	ln, err := lab.Listen(ctx, 1, "tcp", net.JoinHostPort(lab.Host(1).Addr.String(), "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Endpoint = ln.Addr().String()
+	if err := lab.Do(1, func() error {
+		var err error
+		if dev, err = d.Open(ctx, DeviceConfig{Name: "wan", Kind: api.KindNIC, Path: "wan0", Size: 125_000_000}); err != nil {
+			return err
+		}
+		e.Device = dev
+		resp, err = d.Prepare(ctx, e)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if dev.Attributes["iface"] != "wan0" || dev.Attributes["routes"] == "" {
+		t.Errorf("attributes %v", dev.Attributes)
+	}
+	sctx, scancel := context.WithCancel(ctx)
+	served := make(chan error, 1)
+	go func() { served <- d.Serve(sctx, ln) }()
+	defer func() { scancel(); <-served }()
+
+	u, err := nic.ParseURI(resp.URI)
+	if err != nil {
+		t.Fatalf("URI: %v", err)
+	}
+	if ping() {
+		t.Fatal("the outside answers before the attach")
+	}
+	var ifc *nic.Interface
+	if err := lab.Do(0, func() error {
+		var err error
+		ifc, err = nic.Attach(ctx, nic.Config{Members: []nic.Member{u.Member()}})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ifc.Close()
+	if m := ifc.Members(); m[0].Rate != 16_000_000 {
+		t.Errorf("lease rate %d bit/s, want the 2 MB/s placement gave it", m[0].Rate)
+	}
+	if !ping() {
+		t.Fatal("no ping through the lent NIC")
+	}
+	if err := lab.Do(1, func() error { return d.Teardown(ctx, e) }); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for ifc.Members()[0].Up {
+		if time.Now().After(deadline) {
+			t.Fatal("the borrower is still connected after the teardown")
+		}
+		<-tick.C
+	}
+	if ping() {
+		t.Error("the outside still answers after the teardown")
+	}
+}

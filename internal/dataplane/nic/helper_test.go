@@ -1,0 +1,229 @@
+package nic
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/netns"
+)
+
+// The tests run lenders and borrowers as processes of this test binary
+// inside the lab's namespaces (as rialto agent and rialto attach run):
+// TestMain becomes one when NIC_HELPER is set.
+func TestMain(m *testing.M) {
+	switch os.Getenv("NIC_HELPER") {
+	case "lender":
+		os.Exit(helperLender())
+	case "borrower":
+		os.Exit(helperBorrower())
+	}
+	os.Exit(m.Run())
+}
+
+type lenderSpec struct {
+	Iface  string      `json:"iface"`
+	Listen string      `json:"listen"`
+	Rate   uint64      `json:"rate"`
+	Leases []LeaseSpec `json:"leases"`
+}
+
+func helperLender() int {
+	var spec lenderSpec
+	if err := json.Unmarshal([]byte(os.Getenv("NIC_SPEC")), &spec); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	l, err := NewLender(ctx, LenderConfig{Iface: spec.Iface, Rate: spec.Rate, Logger: log})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer l.Close()
+	for _, ls := range spec.Leases {
+		if err := l.AddLease(ctx, ls); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	ln, err := net.Listen("tcp", spec.Listen)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Println("ready")
+	go func() { // stdin closing (the test ending) stops the lender too
+		_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
+		stop()
+	}()
+	if err := l.Serve(ctx, ln); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+type borrowerSpec struct {
+	Members []Member `json:"members"`
+	Mode    Mode     `json:"mode"`
+	Conns   int      `json:"conns"`
+	Name    string   `json:"name"`
+}
+
+type borrowerReport struct {
+	Addr    netip.Addr     `json:"addr"`
+	Routes  []netip.Prefix `json:"routes"`
+	Stats   Stats          `json:"stats"`
+	Members []MemberStatus `json:"members"`
+}
+
+func helperBorrower() int {
+	var spec borrowerSpec
+	if err := json.Unmarshal([]byte(os.Getenv("NIC_SPEC")), &spec); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	i, err := Attach(ctx, Config{Members: spec.Members, Mode: spec.Mode, Conns: spec.Conns, Name: spec.Name, Logger: log})
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer i.Close()
+	report := func() {
+		b, _ := json.Marshal(borrowerReport{Addr: i.Addr(), Routes: i.Routes(), Stats: i.Stats(), Members: i.Members()})
+		fmt.Println(string(b))
+	}
+	report()
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		report()
+	}
+	return 0
+}
+
+// proc is a helper process.
+type proc struct {
+	cmd  *exec.Cmd
+	in   *os.File
+	out  *bufio.Reader
+	mu   sync.Mutex
+	done chan struct{}
+}
+
+func startHelper(t *testing.T, lab *netns.Lab, host int, role string, spec any) (*proc, string) {
+	t.Helper()
+	b, err := json.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := lab.Command(context.Background(), host, os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "NIC_HELPER="+role, "NIC_SPEC="+string(b))
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr := &syncWriter{w: &strings.Builder{}}
+	cmd.Stderr = stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, out: bufio.NewReader(stdout), done: make(chan struct{})}
+	p.in = stdin.(*os.File)
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		_ = p.in.Close()
+		select {
+		case <-p.done:
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("%s on host %d:\n%s", role, host, stderr.String())
+		}
+	})
+	line, err := readLine(p.out, 30*time.Second)
+	if err != nil {
+		_ = cmd.Process.Kill()
+		<-p.done
+		t.Fatalf("%s on host %d did not start: %v\n%s", role, host, err, stderr.String())
+	}
+	return p, line
+}
+
+type syncWriter struct {
+	mu sync.Mutex
+	w  *strings.Builder
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
+
+func (s *syncWriter) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.String()
+}
+
+func readLine(r *bufio.Reader, timeout time.Duration) (string, error) {
+	type res struct {
+		s   string
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		s, err := r.ReadString('\n')
+		ch <- res{strings.TrimSpace(s), err}
+	}()
+	select {
+	case x := <-ch:
+		return x.s, x.err
+	case <-time.After(timeout):
+		return "", fmt.Errorf("no line within %v", timeout)
+	}
+}
+
+// report asks a borrower helper for its state.
+func (p *proc) report(t *testing.T) borrowerReport {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, err := p.in.Write([]byte("stats\n")); err != nil {
+		t.Fatal(err)
+	}
+	line, err := readLine(p.out, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r borrowerReport
+	if err := json.Unmarshal([]byte(line), &r); err != nil {
+		t.Fatalf("%v: %q", err, line)
+	}
+	return r
+}

@@ -1,0 +1,559 @@
+package nic
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// Defaults.
+const (
+	// DefaultWindow is the credit window of each connection, both ways.
+	DefaultWindow = 512 << 10
+	// DefaultKeepalive is the interval of PINGs; a connection silent for
+	// three intervals is dead.
+	DefaultKeepalive = time.Second
+	// helloTimeout bounds the handshake.
+	helloTimeout = 10 * time.Second
+)
+
+// DefaultPool is the prefix borrower addresses come from (RFC 6598 shared
+// address space, meant for addresses behind a carrier's NAT).
+var DefaultPool = netip.MustParsePrefix("100.64.0.0/10")
+
+// LenderConfig configures a Lender.
+type LenderConfig struct {
+	// Iface is the lent interface (required). Borrowers' traffic leaves
+	// through it, translated to its address.
+	Iface string
+	// Rate is what the lender lends in total, in bits/s; a lease's rate is
+	// capped at it. 0: no cap.
+	Rate uint64
+	// Pool is where borrower addresses come from (default DefaultPool).
+	Pool netip.Prefix
+	// Window is each connection's upload credit (default DefaultWindow).
+	Window uint32
+	// Keepalive is the PING interval (default DefaultKeepalive).
+	Keepalive time.Duration
+	Logger    *slog.Logger
+}
+
+// LeaseSpec is one NIC lease at a lender.
+type LeaseSpec struct {
+	ID         string
+	Credential string // what borrowers present (secret)
+	// Rate caps the lease in bits/s, each direction (0: the lender's Rate).
+	Rate uint64
+	// Addr fixes the borrower's address (a bond's members share one). If
+	// unset, the first session may ask for one in the pool, or the lender
+	// picks one.
+	Addr netip.Addr
+}
+
+// LeaseInfo is a lease's state.
+type LeaseInfo struct {
+	ID     string
+	Iface  string // its TUN interface at the lender
+	Addr   netip.Addr
+	Rate   uint64
+	Active bool // a borrower session is connected
+	Stats  Stats
+}
+
+// Lender lends one network interface to borrowers (docs/nic.md).
+type Lender struct {
+	cfg  LenderConfig
+	log  *slog.Logger
+	host *hostNet
+	mtu  int
+
+	mu     sync.Mutex
+	leases map[string]*lease   // by ID
+	byCred map[[32]byte]*lease // by credential hash
+	closed bool
+	wg     sync.WaitGroup
+}
+
+type lease struct {
+	l       *Lender
+	spec    LeaseSpec
+	fixed   bool // the address may not change
+	used    bool // a session has run: the address is settled
+	addr    netip.Addr
+	tunName string
+	tun     *os.File
+	rate    uint64
+	up      *rate.Limiter
+	down    *rate.Limiter
+	ctr     counters
+	ctx     context.Context
+	cancel  context.CancelFunc
+
+	mu   sync.Mutex
+	sess *session
+}
+
+// NewLender configures the kernel for lending cfg.Iface. Close undoes it.
+func NewLender(ctx context.Context, cfg LenderConfig) (*Lender, error) {
+	if cfg.Iface == "" {
+		return nil, errors.New("nic: LenderConfig.Iface is required")
+	}
+	if !cfg.Pool.IsValid() {
+		cfg.Pool = DefaultPool
+	}
+	if !cfg.Pool.Addr().Is4() || cfg.Pool.Bits() > 30 {
+		return nil, fmt.Errorf("nic: address pool %v (want an IPv4 prefix of at most /30)", cfg.Pool)
+	}
+	if cfg.Window == 0 {
+		cfg.Window = DefaultWindow
+	}
+	if cfg.Keepalive == 0 {
+		cfg.Keepalive = DefaultKeepalive
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	h, err := setupHostNet(ctx, cfg.Iface)
+	if err != nil {
+		return nil, err
+	}
+	mtu := h.link.Attrs().MTU
+	if mtu < MinMTU {
+		h.close(ctx)
+		return nil, fmt.Errorf("nic: %s has mtu %d, below %d", cfg.Iface, mtu, MinMTU)
+	}
+	if cfg.Window < uint32(4*min(mtu, MaxMTU)) {
+		h.close(ctx)
+		return nil, fmt.Errorf("nic: window %d below four mtus", cfg.Window)
+	}
+	return &Lender{cfg: cfg, log: cfg.Logger, host: h, mtu: min(mtu, MaxMTU),
+		leases: map[string]*lease{}, byCred: map[[32]byte]*lease{}}, nil
+}
+
+// Iface is the lent interface.
+func (l *Lender) Iface() string { return l.cfg.Iface }
+
+// Routes are the prefixes the lent interface reaches.
+func (l *Lender) Routes() []netip.Prefix { return append([]netip.Prefix(nil), l.host.routes...) }
+
+func credKey(c string) [32]byte { return sha256.Sum256([]byte(c)) }
+
+// tunName names a lease's TUN interface: "rn" and 10 hex digits of a hash
+// of the lease and the lent interface.
+func tunName(iface, id string) string {
+	s := sha256.Sum256([]byte(iface + "\x00" + id))
+	return "rn" + hex.EncodeToString(s[:5])
+}
+
+// AddLease creates the lease's TUN interface and admits its credential.
+// Adding a lease that exists with the same spec is not an error.
+func (l *Lender) AddLease(ctx context.Context, spec LeaseSpec) error {
+	if spec.ID == "" || spec.Credential == "" || len(spec.Credential) > MaxCredential {
+		return fmt.Errorf("nic: a lease needs an ID and a credential of 1..%d bytes", MaxCredential)
+	}
+	if spec.Addr.IsValid() && !l.cfg.Pool.Contains(spec.Addr) {
+		return fmt.Errorf("%w: %v is outside the pool %v", ErrAddr, spec.Addr, l.cfg.Pool)
+	}
+	r := spec.Rate
+	if l.cfg.Rate > 0 && (r == 0 || r > l.cfg.Rate) {
+		r = l.cfg.Rate
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrClosed
+	}
+	if old, ok := l.leases[spec.ID]; ok {
+		if old.spec == spec {
+			return nil
+		}
+		return fmt.Errorf("nic: lease %s exists with another spec", spec.ID)
+	}
+	if _, ok := l.byCred[credKey(spec.Credential)]; ok {
+		return fmt.Errorf("nic: credential of lease %s already in use", spec.ID)
+	}
+	addr := spec.Addr
+	if addr.IsValid() {
+		if l.addrInUse(addr) {
+			return fmt.Errorf("%w: %v is another lease's", ErrAddr, addr)
+		}
+	} else {
+		var err error
+		if addr, err = l.freeAddr(); err != nil {
+			return err
+		}
+	}
+	ls := &lease{l: l, spec: spec, fixed: spec.Addr.IsValid(), addr: addr, tunName: tunName(l.cfg.Iface, spec.ID), rate: r}
+	if r > 0 {
+		bps := float64(r) / 8
+		burst := max(int(bps*0.005), 128<<10)
+		ls.up, ls.down = rate.NewLimiter(rate.Limit(bps), burst), rate.NewLimiter(rate.Limit(bps), burst)
+	}
+	tun, err := openTUN(ls.tunName)
+	if err != nil {
+		return err
+	}
+	ls.tun = tun
+	if _, err := linkUp(ls.tunName, l.mtu, 256); err != nil {
+		tun.Close()
+		return err
+	}
+	if err := l.host.syncRoutes(); err != nil {
+		tun.Close()
+		return err
+	}
+	if err := l.host.addTUN(ctx, ls.tunName, addr); err != nil {
+		tun.Close()
+		return err
+	}
+	ls.ctx, ls.cancel = context.WithCancel(context.Background())
+	l.leases[spec.ID] = ls
+	l.byCred[credKey(spec.Credential)] = ls
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		ls.downLoop()
+	}()
+	l.log.Info("nic: lease added", "lease", spec.ID, "tun", ls.tunName, "addr", addr, "rate_bps", r)
+	return nil
+}
+
+func (l *Lender) addrInUse(a netip.Addr) bool {
+	for _, o := range l.leases {
+		if o.addr == a {
+			return true
+		}
+	}
+	return false
+}
+
+// freeAddr picks a random unused address of the pool (not its first or
+// last, nor one ending in .0 or .255).
+func (l *Lender) freeAddr() (netip.Addr, error) {
+	base := binary.BigEndian.Uint32(l.cfg.Pool.Addr().AsSlice())
+	size := uint32(1) << (32 - l.cfg.Pool.Bits())
+	for range 1000 {
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		off := binary.BigEndian.Uint32(b[:]) % size
+		var a [4]byte
+		binary.BigEndian.PutUint32(a[:], base+off)
+		addr := netip.AddrFrom4(a)
+		if off == 0 || off == size-1 || a[3] == 0 || a[3] == 255 || l.addrInUse(addr) {
+			continue
+		}
+		return addr, nil
+	}
+	return netip.Addr{}, fmt.Errorf("%w: no free address in %v", ErrAddr, l.cfg.Pool)
+}
+
+// RemoveLease ends the lease's session and deletes its TUN interface.
+// Removing an unknown lease is not an error.
+func (l *Lender) RemoveLease(ctx context.Context, id string) error {
+	l.mu.Lock()
+	ls, ok := l.leases[id]
+	if ok {
+		delete(l.leases, id)
+		delete(l.byCred, credKey(ls.spec.Credential))
+	}
+	l.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	ls.end(ctx)
+	l.log.Info("nic: lease removed", "lease", id)
+	return nil
+}
+
+func (ls *lease) end(ctx context.Context) {
+	ls.cancel()
+	ls.mu.Lock()
+	s := ls.sess
+	ls.sess = nil
+	ls.mu.Unlock()
+	if s != nil {
+		s.close(fmt.Errorf("%w: lease %s ended", ErrGone, ls.spec.ID))
+	}
+	ls.l.host.removeTUN(ctx, ls.tunName)
+	_ = ls.tun.Close() // deletes the interface and its routes
+}
+
+// Lease returns a lease's state.
+func (l *Lender) Lease(id string) (LeaseInfo, bool) {
+	l.mu.Lock()
+	ls, ok := l.leases[id]
+	var info LeaseInfo
+	if ok {
+		info = LeaseInfo{ID: id, Iface: ls.tunName, Addr: ls.addr, Rate: ls.rate, Stats: ls.ctr.snapshot()}
+	}
+	l.mu.Unlock()
+	if ok {
+		ls.mu.Lock()
+		info.Active = ls.sess != nil
+		ls.mu.Unlock()
+	}
+	return info, ok
+}
+
+// Close ends every lease and undoes the kernel configuration. Serve
+// returns once its listener is closed by its caller or its ctx ends.
+func (l *Lender) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	leases := l.leases
+	l.leases, l.byCred = map[string]*lease{}, map[[32]byte]*lease{}
+	l.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, ls := range leases {
+		ls.end(ctx)
+	}
+	l.wg.Wait()
+	l.host.close(ctx)
+	return nil
+}
+
+// Serve accepts borrower connections on ln until ctx ends (then it closes
+// ln) or ln fails, and waits for the connections it served.
+func (l *Lender) Serve(ctx context.Context, ln net.Listener) error {
+	return serve(ctx, ln, func(cred string) *lease {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.byCred[credKey(cred)]
+	})
+}
+
+// Mux serves the leases of several Lenders (one per lent interface) on one
+// listener: a connection goes to the lender holding its credential. The
+// zero Mux is ready to use; its methods are safe for concurrent use.
+type Mux struct {
+	mu      sync.Mutex
+	lenders []*Lender
+}
+
+// Add serves l's leases too.
+func (m *Mux) Add(l *Lender) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.lenders = append(m.lenders, l)
+}
+
+// Serve is Lender.Serve over every added lender.
+func (m *Mux) Serve(ctx context.Context, ln net.Listener) error {
+	return serve(ctx, ln, func(cred string) *lease {
+		k := credKey(cred)
+		m.mu.Lock()
+		ls := slices.Clone(m.lenders)
+		m.mu.Unlock()
+		for _, l := range ls {
+			l.mu.Lock()
+			x := l.byCred[k]
+			l.mu.Unlock()
+			if x != nil {
+				return x
+			}
+		}
+		return nil
+	})
+}
+
+func serve(ctx context.Context, ln net.Listener, lookup func(cred string) *lease) error {
+	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
+	defer stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	conns := map[net.Conn]struct{}{}
+	var cmu sync.Mutex
+	defer func() {
+		cmu.Lock()
+		for c := range conns {
+			_ = c.Close()
+		}
+		cmu.Unlock()
+	}()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("nic: accept: %w", err)
+		}
+		cmu.Lock()
+		conns[c] = struct{}{}
+		cmu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			serveConn(c, lookup)
+			cmu.Lock()
+			delete(conns, c)
+			cmu.Unlock()
+			_ = c.Close()
+		}()
+	}
+}
+
+func refuse(c net.Conn, err error) {
+	w := Welcome{Status: statusOf(err), Message: err.Error()}
+	_, _ = c.Write(w.Encode(nil))
+}
+
+// serveConn authenticates one connection and joins it to its lease's
+// session; it returns when the connection ends.
+func serveConn(c net.Conn, lookup func(cred string) *lease) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+	}
+	_ = c.SetDeadline(time.Now().Add(helloTimeout))
+	h, err := ReadHello(c)
+	if err != nil {
+		if errors.Is(err, ErrBadFrame) || errors.Is(err, ErrVersion) {
+			refuse(c, err)
+		}
+		return
+	}
+	ls := lookup(h.Credential)
+	if ls == nil {
+		refuse(c, fmt.Errorf("%w: no NIC lease has this credential", ErrAuth))
+		return
+	}
+	l := ls.l
+	s, addr, err := ls.join(h)
+	if err != nil {
+		refuse(c, err)
+		return
+	}
+	mtu := min(int(h.MTU), l.mtu)
+	w := Welcome{Status: StatusOK, MTU: uint16(mtu), Window: l.cfg.Window, Addr: addr, Rate: ls.rate, Routes: l.host.routes}
+	q := newQP(c, h.Window, l.cfg.Window, l.cfg.Keepalive)
+	if !s.join(int(h.Index), q) {
+		refuse(c, fmt.Errorf("%w: connection %d of session joined twice", ErrBusy, h.Index))
+		return
+	}
+	if _, err := c.Write(w.Encode(nil)); err != nil {
+		s.close(ErrLost)
+		return
+	}
+	_ = c.SetDeadline(time.Time{})
+	err = q.run(func(seq uint32, pkt []byte) error { return s.recv(q, seq, pkt) })
+	l.log.Debug("nic: connection ended", "lease", ls.spec.ID, "err", err)
+	// The session's packets are numbered across its connections: without
+	// this one it cannot go on. The borrower opens a new one.
+	s.close(err)
+	ls.mu.Lock()
+	if ls.sess == s {
+		ls.sess = nil
+	}
+	ls.mu.Unlock()
+}
+
+// join returns the lease's session h belongs to, starting it (and ending
+// the previous one) if h names a new one.
+func (ls *lease) join(h Hello) (*session, netip.Addr, error) {
+	l := ls.l
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if ls.ctx.Err() != nil {
+		return nil, netip.Addr{}, fmt.Errorf("%w: lease %s ended", ErrGone, ls.spec.ID)
+	}
+	if h.Addr.IsValid() && h.Addr != ls.addr {
+		if ls.fixed || ls.used || !l.cfg.Pool.Contains(h.Addr) || l.addrInUse(h.Addr) {
+			return nil, netip.Addr{}, fmt.Errorf("%w: %v (this lease's borrower is %v)", ErrAddr, h.Addr, ls.addr)
+		}
+		if err := ls.readdress(h.Addr); err != nil {
+			return nil, netip.Addr{}, err
+		}
+	}
+	ls.used = true
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.sess != nil && ls.sess.id == h.Session {
+		if len(ls.sess.qps) != int(h.Conns) {
+			return nil, netip.Addr{}, fmt.Errorf("%w: session has %d connections, not %d", ErrBadFrame, len(ls.sess.qps), h.Conns)
+		}
+		return ls.sess, ls.addr, nil
+	}
+	if old := ls.sess; old != nil {
+		old.close(fmt.Errorf("%w: replaced by a new session", ErrBusy))
+	}
+	ls.sess = newSession(h.Session, int(h.Conns), h.Conns > 1, &ls.ctr, ls.deliverUp)
+	return ls.sess, ls.addr, nil
+}
+
+// readdress moves the lease to borrower address a (before its first session).
+func (ls *lease) readdress(a netip.Addr) error {
+	link, err := netlinkByName(ls.tunName)
+	if err != nil {
+		return err
+	}
+	_ = ls.l.host.route(link, ls.addr, false)
+	if err := ls.l.host.route(link, a, true); err != nil {
+		return err
+	}
+	ls.addr = a
+	return nil
+}
+
+// deliverUp writes a packet from the borrower into the lender's kernel: it
+// must be IPv4 from the lease's address, and waits for the lease's rate.
+func (ls *lease) deliverUp(pkt []byte) {
+	src, _, ok := ipv4(pkt)
+	if !ok || src != ls.addr {
+		ls.ctr.filter.Add(1)
+		return
+	}
+	if ls.up != nil && ls.up.WaitN(ls.ctx, len(pkt)) != nil {
+		return
+	}
+	if _, err := ls.tun.Write(pkt); err != nil {
+		ls.ctr.filter.Add(1)
+		return
+	}
+	ls.ctr.rxP.Add(1)
+	ls.ctr.rxB.Add(uint64(len(pkt)))
+}
+
+// downLoop carries what the kernel routes into the lease's TUN interface
+// (replies to the borrower) to the borrower, at the lease's rate.
+func (ls *lease) downLoop() {
+	buf := make([]byte, MaxPacket)
+	for {
+		n, err := ls.tun.Read(buf)
+		if err != nil {
+			return
+		}
+		pkt := buf[:n]
+		if ls.down != nil && ls.down.WaitN(ls.ctx, n) != nil {
+			return
+		}
+		ls.mu.Lock()
+		s := ls.sess
+		ls.mu.Unlock()
+		if s == nil {
+			ls.ctr.nopath.Add(1)
+			continue
+		}
+		if s.send(pkt, flowHash(pkt)) {
+			ls.ctr.txP.Add(1)
+			ls.ctr.txB.Add(uint64(n))
+		}
+	}
+}
