@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 var rewrite = flag.Bool("rewrite", false, "rewrite the golden files under testdata/")
@@ -27,6 +28,7 @@ type goldenStep struct {
 	path   string
 	body   string
 	hdr    []string
+	wait   time.Duration // advance the clock by this first
 }
 
 // TestAPIGolden runs a scenario through every /v1 route, success and
@@ -39,47 +41,58 @@ func TestAPIGolden(t *testing.T) {
 	hc := &http.Client{Transport: e.schema}
 	vals := map[string]string{}
 	steps := []goldenStep{
-		{"an empty cluster: lists are [], never null", "alice", "GET", "/v1/nodes", "", nil},
-		{"", "alice", "GET", "/v1/devices", "", nil},
-		{"", "alice", "GET", "/v1/leases", "", nil},
-		{"", "alice", "GET", "/v1/topology", "", nil},
-		{"", "alice", "GET", "/v1/profiles", "", nil},
-		{"", "alice", "GET", "/v1/events", "", nil},
-		{"no token", "", "GET", "/v1/nodes", "", nil},
-		{"a tenant token cannot join", "alice", "POST", "/v1/join", `{"name":"n1"}`, nil},
+		{"an empty cluster: lists are [], never null", "alice", "GET", "/v1/nodes", "", nil, 0},
+		{"", "alice", "GET", "/v1/devices", "", nil, 0},
+		{"", "alice", "GET", "/v1/leases", "", nil, 0},
+		{"", "alice", "GET", "/v1/topology", "", nil, 0},
+		{"", "alice", "GET", "/v1/profiles", "", nil, 0},
+		{"", "alice", "GET", "/v1/events", "", nil, 0},
+		{"no token", "", "GET", "/v1/nodes", "", nil, 0},
+		{"a tenant token cannot join", "alice", "POST", "/v1/join", `{"name":"n1"}`, nil, 0},
 		{"an agent joins", "boot", "POST", "/v1/join", `{"name":"n1","address":"127.0.0.1","agent_url":"http://127.0.0.1:1",` +
 			`"fingerprint":{"machine_id":"mid-n1","hostname":"n1","cores":2,"memory_bytes":1073741824},` +
-			`"devices":[{"name":"disk0","kind":"block","capacity":1073741824,"model":"m1","sharing":"partitionable"}]}`, nil},
-		{"its heartbeat", "node", "POST", "/v1/nodes/{node}/heartbeat", `{"health":"ok","leases":[],"links":[{"to":"controlplane","rtt_us":12.5,"up":true}]}`, nil},
-		{"another node's heartbeat", "node", "POST", "/v1/nodes/node-x/heartbeat", `{"health":"ok","leases":[]}`, nil},
-		{"", "alice", "GET", "/v1/nodes", "", nil},
-		{"", "node", "GET", "/v1/nodes/{node}", "", nil},
-		{"", "alice", "GET", "/v1/nodes/node-unknown", "", nil},
-		{"", "alice", "GET", "/v1/devices", "", nil},
-		{"", "alice", "GET", "/v1/topology", "", nil},
-		{"a feasible dry run", "alice", "POST", "/v1/explain", `{"kind":"block","size":268435456}`, nil},
-		{"an infeasible dry run: parts is []", "alice", "POST", "/v1/explain", `{"kind":"block","size":1099511627776}`, nil},
-		{"a body that is not a request", "alice", "POST", "/v1/explain", `{"kind":"block","size":"big"}`, nil},
-		{"a lease", "alice", "POST", "/v1/leases", `{"kind":"block","size":268435456,"ttl_seconds":600}`, []string{"Idempotency-Key", "k1"}},
-		{"the same request again: 200, the same lease", "alice", "POST", "/v1/leases", `{"kind":"block","size":268435456,"ttl_seconds":600}`, []string{"Idempotency-Key", "k1"}},
-		{"an infeasible lease", "alice", "POST", "/v1/leases", `{"kind":"block","size":1099511627776}`, nil},
-		{"a null body", "alice", "POST", "/v1/leases", `null`, nil},
-		{"", "alice", "GET", "/v1/leases/{lease}", "", nil},
-		{"another tenant's lease is not found", "bob", "GET", "/v1/leases/{lease}", "", nil},
-		{"the admin sees it without its secrets", "admin", "GET", "/v1/leases?state=active", "", nil},
-		{"", "alice", "GET", "/v1/leases?live=maybe", "", nil},
-		{"", "alice", "POST", "/v1/leases/{lease}/renew", `{"ttl_seconds":900}`, nil},
-		{"", "alice", "POST", "/v1/leases/{lease}/release?explain=1", "", nil},
-		{"", "alice", "POST", "/v1/leases/{lease}/renew", "", nil},
-		{"", "alice", "GET", "/v1/leases?live=1", "", nil},
-		{"", "alice", "GET", "/v1/events?since=1&limit=3", "", nil},
-		{"", "alice", "GET", "/v1/events?limit=0", "", nil},
-		{"a profile", "admin", "PUT", "/v1/profiles/m1", `{"model":"m1","write_bps":[1e9,1.8e9],"latency_4k_us":80,"source":"declared"}`, nil},
-		{"a null profile is refused", "admin", "PUT", "/v1/profiles/m1", `null`, nil},
-		{"an empty profile is refused", "admin", "PUT", "/v1/profiles/m1", ``, nil},
-		{"a profile with no curve is refused", "admin", "PUT", "/v1/profiles/m1", `{}`, nil},
-		{"only the admin stores profiles", "alice", "PUT", "/v1/profiles/m1", `{"write_bps":[1e9]}`, nil},
-		{"the stored profile, read_bps [] not null", "alice", "GET", "/v1/profiles", "", nil},
+			`"devices":[{"name":"disk0","kind":"block","capacity":1073741824,"model":"m1","sharing":"partitionable"}]}`, nil, 0},
+		{"its heartbeat", "node", "POST", "/v1/nodes/{node}/heartbeat", `{"health":"ok","leases":[],"links":[{"to":"controlplane","rtt_us":12.5,"up":true}]}`, nil, 0},
+		{"another node's heartbeat", "node", "POST", "/v1/nodes/node-x/heartbeat", `{"health":"ok","leases":[]}`, nil, 0},
+		{"", "alice", "GET", "/v1/nodes", "", nil, 0},
+		{"", "node", "GET", "/v1/nodes/{node}", "", nil, 0},
+		{"", "alice", "GET", "/v1/nodes/node-unknown", "", nil, 0},
+		{"", "alice", "GET", "/v1/devices", "", nil, 0},
+		{"", "alice", "GET", "/v1/topology", "", nil, 0},
+		{"a feasible dry run", "alice", "POST", "/v1/explain", `{"kind":"block","size":268435456}`, nil, 0},
+		{"an infeasible dry run: parts is []", "alice", "POST", "/v1/explain", `{"kind":"block","size":1099511627776}`, nil, 0},
+		{"a body that is not a request", "alice", "POST", "/v1/explain", `{"kind":"block","size":"big"}`, nil, 0},
+		{"a lease", "alice", "POST", "/v1/leases", `{"kind":"block","size":268435456,"ttl_seconds":600}`, []string{"Idempotency-Key", "k1"}, 0},
+		{"the same request again: 200, the same lease", "alice", "POST", "/v1/leases", `{"kind":"block","size":268435456,"ttl_seconds":600}`, []string{"Idempotency-Key", "k1"}, 0},
+		{"an infeasible lease", "alice", "POST", "/v1/leases", `{"kind":"block","size":1099511627776}`, nil, 0},
+		{"a null body", "alice", "POST", "/v1/leases", `null`, nil, 0},
+		{"", "alice", "GET", "/v1/leases/{lease}", "", nil, 0},
+		{"another tenant's lease is not found", "bob", "GET", "/v1/leases/{lease}", "", nil, 0},
+		{"the admin sees it without its secrets", "admin", "GET", "/v1/leases?state=active", "", nil, 0},
+		{"", "alice", "GET", "/v1/leases?live=maybe", "", nil, 0},
+		{"", "alice", "POST", "/v1/leases/{lease}/renew", `{"ttl_seconds":900}`, nil, 0},
+		{"", "alice", "POST", "/v1/leases/{lease}/release?explain=1", "", nil, 0},
+		{"", "alice", "POST", "/v1/leases/{lease}/renew", "", nil, 0},
+		{"", "alice", "GET", "/v1/leases?live=1", "", nil, 0},
+		{"", "alice", "GET", "/v1/events?since=1&limit=3", "", nil, 0},
+		{"", "alice", "GET", "/v1/events?limit=0", "", nil, 0},
+		{"a heartbeat with the devices' traffic counters", "node", "POST", "/v1/nodes/{node}/heartbeat", `{"health":"ok","leases":[],"links":[{"to":"controlplane","rtt_us":20,"up":true}],` +
+			`"usage":[{"name":"disk0","read_bytes":0,"written_bytes":0,"used_bytes":4096}]}`, nil, 0},
+		{"two seconds later", "node", "POST", "/v1/nodes/{node}/heartbeat", `{"health":"ok","leases":[],"links":[{"to":"controlplane","rtt_us":20,"up":true}],` +
+			`"usage":[{"name":"disk0","read_bytes":1000000,"written_bytes":4000000,"used_bytes":4198400}]}`, nil, 2 * time.Second},
+		{"negative counters are refused", "node", "POST", "/v1/nodes/{node}/heartbeat", `{"health":"ok","leases":[],"usage":[{"name":"disk0","read_bytes":-1,"written_bytes":0}]}`, nil, 0},
+		{"bandwidth over time", "alice", "GET", "/v1/usage", "", nil, 0},
+		{"the uplink's load", "alice", "GET", "/v1/topology", "", nil, 0},
+		{"", "alice", "GET", "/v1/whoami", "", nil, 0},
+		{"", "node", "GET", "/v1/whoami", "", nil, 0},
+		{"a dashboard login link", "alice", "POST", "/v1/login-links", "", nil, 0},
+		{"only for tenant tokens", "node", "POST", "/v1/login-links", "", nil, 0},
+		{"a profile", "admin", "PUT", "/v1/profiles/m1", `{"model":"m1","write_bps":[1e9,1.8e9],"latency_4k_us":80,"source":"declared"}`, nil, 0},
+		{"a null profile is refused", "admin", "PUT", "/v1/profiles/m1", `null`, nil, 0},
+		{"an empty profile is refused", "admin", "PUT", "/v1/profiles/m1", ``, nil, 0},
+		{"a profile with no curve is refused", "admin", "PUT", "/v1/profiles/m1", `{}`, nil, 0},
+		{"only the admin stores profiles", "alice", "PUT", "/v1/profiles/m1", `{"write_bps":[1e9]}`, nil, 0},
+		{"the stored profile, read_bps [] not null", "alice", "GET", "/v1/profiles", "", nil, 0},
 	}
 	tokens := map[string]string{"alice": aliceTok, "bob": bobTok, "admin": adminTok, "boot": bootTok}
 	subst := func(s string) string {
@@ -94,6 +107,7 @@ func TestAPIGolden(t *testing.T) {
 		if st.who == "node" {
 			tok = vals["cred"]
 		}
+		e.clock.Advance(st.wait)
 		path := subst(st.path)
 		var body io.Reader
 		if st.body != "" || st.method != "GET" {
@@ -180,6 +194,7 @@ func cmp(c bool, a, b string) string {
 var (
 	goldenIDs     = regexp.MustCompile(`\b(node|dev|lease)-[0-9a-z]{12}\b`)
 	goldenSecrets = regexp.MustCompile(`\b(r[a-z]{2})_[0-9a-z]{40,}\b`)
+	goldenCodes   = regexp.MustCompile(`code=[0-9A-Za-z_-]{20,}`)
 )
 
 // normalizeGolden names random IDs by their order of appearance
@@ -196,5 +211,6 @@ func normalizeGolden(s string) string {
 		seen[id] = kind + "-" + strconv.Itoa(n[kind])
 		return seen[id]
 	})
+	s = goldenCodes.ReplaceAllString(s, "code=<login code>")
 	return goldenSecrets.ReplaceAllString(s, "<$1 secret>")
 }

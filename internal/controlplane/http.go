@@ -65,6 +65,11 @@ func (s *Server) routeTable() []route {
 		{httpapi.Route{Method: "GET", Path: "/v1/profiles", Summary: "List device profiles.", Response: []api.Profile{}, Errors: readErrors}, accessReader, s.hProfiles},
 		{httpapi.Route{Method: "PUT", Path: "/v1/profiles/{model}", Summary: "Store a measured or declared device profile.",
 			Request: api.Profile{}, Response: api.Profile{}, Errors: []int{400, 401, 403, 500}}, accessWriter, s.hPutProfile},
+		{httpapi.Route{Method: "GET", Path: "/v1/usage", Summary: "Devices' measured use: what they hold and their data-plane bandwidth over the last minutes (from heartbeats; in memory).",
+			Response: []api.DeviceUsage{}, Errors: readErrors}, accessReader, s.hUsage},
+		{httpapi.Route{Method: "GET", Path: "/v1/whoami", Summary: "Who the token is.", Response: api.Whoami{}, Errors: readErrors}, accessReader, s.hWhoami},
+		{httpapi.Route{Method: "POST", Path: "/v1/login-links", Summary: "A one-time link that signs a browser in to the dashboard (/ui/) as this token (docs/ui.md).",
+			Response: api.LoginLink{}, Status: http.StatusCreated, Errors: []int{401, 403, 500}}, accessTenant, s.hLoginLink},
 	}
 }
 
@@ -81,6 +86,7 @@ func (s *Server) routes() http.Handler {
 		httpapi.Route{Method: "GET", Path: "/v1/openapi.json", Summary: "This document.", Response: httpapi.Content{Type: "application/json", Schema: map[string]any{"type": "object"}}},
 		httpapi.Route{Method: "GET", Path: "/metrics", Summary: "Prometheus metrics.", Response: "text/plain"},
 		httpapi.Route{Method: "GET", Path: "/healthz", Summary: "Liveness of the control plane and its store.", Response: "text/plain", Errors: []int{503}},
+		httpapi.Route{Method: "GET", Path: "/ui/", Summary: "The web dashboard (docs/ui.md); sign in with a login link or a token.", Response: "text/html"},
 		httpapi.Route{Method: "GET", Path: "/redfish/v1", Summary: "DMTF Redfish service root: the CompositionService facade (docs/redfish.md).", Response: httpapi.Content{Type: "application/json", Schema: map[string]any{"type": "object"}}},
 	)
 	doc, err := httpapi.OpenAPI("Rialto control plane", "v1", docRoutes, api.ErrorBody{})
@@ -104,6 +110,10 @@ func (s *Server) routes() http.Handler {
 	rf := s.redfishService(mux)
 	mux.Handle("/redfish", s.instrument("redfish", rf))
 	mux.Handle("/redfish/", s.instrument("redfish", rf))
+	// The dashboard, too (ui.go).
+	s.ui = s.uiService(mux)
+	mux.Handle("/ui", s.instrument("ui", s.ui))
+	mux.Handle("/ui/", s.instrument("ui", s.ui))
 	mux.Handle("/", s.instrument("other", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, api.ErrorInfo{Code: api.CodeNotFound, Message: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)})
 	})))
@@ -210,7 +220,13 @@ func (s *Server) hHeartbeat(ctx context.Context, p principal, r *http.Request, w
 	if err := decode(w, r, true, &h); err != nil {
 		return 0, nil, err
 	}
+	if err := checkUsage(h.Usage); err != nil {
+		return 0, nil, err
+	}
 	out, err := s.heartbeat(ctx, id, h)
+	if err == nil {
+		s.usage.record(id, h.Usage, s.now()) // usage.go
+	}
 	return http.StatusOK, out, err
 }
 
@@ -235,7 +251,7 @@ func (s *Server) hTopology(ctx context.Context, p principal, r *http.Request, w 
 		return 0, nil, err
 	}
 	links, err := s.st.Links(ctx)
-	return http.StatusOK, api.Topology{Nodes: nodes, Links: links}, err
+	return http.StatusOK, api.Topology{Nodes: nodes, Links: s.usage.withLoad(links, s.now())}, err
 }
 
 func (s *Server) hLeases(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {

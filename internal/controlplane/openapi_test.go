@@ -113,7 +113,6 @@ func (c *schemaChecker) summary() []string {
 	return out
 }
 
-
 func TestOpenAPIValid(t *testing.T) {
 	e := newEnv(t)
 	specFor(t, e.srv)
