@@ -326,6 +326,8 @@ func topologyGraph(id, title, desc string, nodes []graphNode, edges []graphEdge)
 			fill = "#777"
 		}
 		fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="%.0f" fill="%s" stroke="#111"/>`, p[0], p[1], nodeR, fill)
+		lw := math.Max(textWidth(n.Label, fs), textWidth(n.State, fs)) + 6
+		fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="30" rx="3" fill="#fff" fill-opacity="0.92"/>`, p[0]-lw/2, p[1]+nodeR+3, lw)
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" fill="#111" font-weight="bold">%s</text>`, p[0], p[1]+nodeR+15, esc(n.Label))
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" fill="#222">%s</text>`, p[0], p[1]+nodeR+29, esc(n.State))
 	}
