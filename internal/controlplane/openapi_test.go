@@ -17,10 +17,23 @@ import (
 	"github.com/getkin/kin-openapi/routers/legacy"
 )
 
+// specs caches loaded documents by their text: every test server has the
+// same one, and loading it is most of a small test's time under -race.
+var specs sync.Map // string → *loadedSpec
+
+type loadedSpec struct {
+	doc    *openapi3.T
+	router routers.Router
+}
+
 // specFor loads a server's OpenAPI document and validates it with
 // kin-openapi.
 func specFor(t testing.TB, s *Server) (*openapi3.T, routers.Router) {
 	t.Helper()
+	if v, ok := specs.Load(string(s.openapi)); ok {
+		ls := v.(*loadedSpec)
+		return ls.doc, ls.router
+	}
 	loader := openapi3.NewLoader()
 	doc, err := loader.LoadFromData(s.openapi)
 	if err != nil {
@@ -33,6 +46,7 @@ func specFor(t testing.TB, s *Server) (*openapi3.T, routers.Router) {
 	if err != nil {
 		t.Fatalf("openapi: router: %v", err)
 	}
+	specs.Store(string(s.openapi), &loadedSpec{doc, r})
 	return doc, r
 }
 

@@ -21,6 +21,7 @@ const (
 	loginCookie   = "rialto_login" // the login form's CSRF token, before a session exists
 	maxCodes      = 1024
 	maxSessions   = 10000
+	maxForm       = 64 << 10 // bytes of a posted form
 )
 
 // session is a signed-in browser. token is the API token it acts with: a
@@ -214,6 +215,7 @@ func (u *UI) signedIn(h func(http.ResponseWriter, *http.Request, *session)) http
 			return
 		}
 		if r.Method == http.MethodPost {
+			r.Body = http.MaxBytesReader(w, r.Body, maxForm)
 			if !sameOrigin(r) || !equalSecret(r.PostFormValue("csrf"), s.csrf) {
 				u.renderError(w, r, s, http.StatusForbidden, "This form is stale or was sent from another site; reload the page and try again.")
 				return
@@ -268,6 +270,7 @@ func (u *UI) showLogin(w http.ResponseWriter, r *http.Request, status int, msg s
 
 // postLogin signs in with a token typed into the form.
 func (u *UI) postLogin(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, maxForm)
 	c, err := r.Cookie(loginCookie)
 	if !sameOrigin(r) || err != nil || !equalSecret(r.PostFormValue("csrf"), c.Value) {
 		u.showLogin(w, r, http.StatusForbidden, "The login form is stale or was sent from another site; try again.", loginData{})

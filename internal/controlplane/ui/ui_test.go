@@ -285,6 +285,9 @@ func TestLeaseForms(t *testing.T) {
 	if resp, _ := v.post("/ui/leases", form("size", "8MiB", "d"), "Sec-Fetch-Site", "", "Origin", "http://evil.example"); resp.StatusCode != http.StatusForbidden {
 		t.Errorf("post from another origin: %d", resp.StatusCode)
 	}
+	if resp, _ := v.post("/ui/leases", form("size", "8MiB", "borrower", strings.Repeat("x", 100<<10), "d2")); resp.StatusCode == http.StatusSeeOther {
+		t.Errorf("an oversized form was taken")
+	}
 	// Bad input.
 	if resp, body := v.post("/ui/leases", form("size", "lots", "e")); resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "size:") {
 		t.Errorf("bad size: %d", resp.StatusCode)
