@@ -193,7 +193,7 @@ func cmp(c bool, a, b string) string {
 
 var (
 	goldenIDs     = regexp.MustCompile(`\b(node|dev|lease)-[0-9a-z]{12}\b`)
-	goldenSecrets = regexp.MustCompile(`\b(r[a-z]{2})_[0-9a-z]{40,}\b`)
+	goldenSecrets = regexp.MustCompile(`\b(r[a-z]{2})_[0-9A-Za-z_-]{40,}`)
 	goldenCodes   = regexp.MustCompile(`code=[0-9A-Za-z_-]{20,}`)
 )
 
