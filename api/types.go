@@ -318,8 +318,8 @@ type DeviceCounters struct {
 	ReadBytes    int64  `json:"read_bytes"`    // bytes borrowers read
 	WrittenBytes int64  `json:"written_bytes"` // bytes borrowers wrote
 	// UsedBytes is what the device holds (block: the allocated blocks of
-	// its backing file, which grow as borrowers write); 0 if unknown.
-	UsedBytes int64 `json:"used_bytes,omitempty"`
+	// its backing file, which grow as borrowers write); absent if unknown.
+	UsedBytes *int64 `json:"used_bytes,omitempty"`
 }
 
 // DeviceUsage is a device's measured use (GET /v1/usage): what it holds
@@ -328,7 +328,7 @@ type DeviceCounters struct {
 type DeviceUsage struct {
 	DeviceID  string  `json:"device_id"`
 	NodeID    string  `json:"node_id"`
-	UsedBytes int64   `json:"used_bytes,omitempty"` // latest report; 0 if unknown
+	UsedBytes *int64  `json:"used_bytes,omitempty"` // latest report; absent if unknown
 	ReadBps   float64 `json:"read_bps"`             // bytes/s read over the latest interval
 	WriteBps  float64 `json:"write_bps"`            // bytes/s written over the latest interval
 	// Samples are bytes/s over the interval ending at each sample's At,

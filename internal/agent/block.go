@@ -283,7 +283,8 @@ func (b *BlockDriver) Usage() []api.DeviceCounters {
 		c := api.DeviceCounters{Name: name, ReadBytes: d.io.Read.Load(), WrittenBytes: d.io.Written.Load()}
 		if st, err := os.Stat(d.path); err == nil && st.Mode().IsRegular() {
 			if sys, ok := st.Sys().(*syscall.Stat_t); ok {
-				c.UsedBytes = min(sys.Blocks*512, d.size)
+				used := min(sys.Blocks*512, d.size)
+				c.UsedBytes = &used
 			}
 		}
 		out = append(out, c)

@@ -33,7 +33,7 @@ type usageKey struct{ node, name string }
 
 type usagePoint struct {
 	at                  time.Time
-	read, written, used int64
+	read, written, used int64 // used < 0: unknown
 }
 
 // usageRing is one device's history, oldest first once full (start is
@@ -111,7 +111,7 @@ func checkUsage(cs []api.DeviceCounters) error {
 		return fmt.Errorf("%w: heartbeat usage lists more than 4096 devices", ErrInvalid)
 	}
 	for _, c := range cs {
-		if c.Name == "" || len(c.Name) > 256 || c.ReadBytes < 0 || c.WrittenBytes < 0 || c.UsedBytes < 0 {
+		if c.Name == "" || len(c.Name) > 256 || c.ReadBytes < 0 || c.WrittenBytes < 0 || (c.UsedBytes != nil && *c.UsedBytes < 0) {
 			return fmt.Errorf("%w: usage needs a device name and non-negative counters", ErrInvalid)
 		}
 	}
@@ -135,7 +135,11 @@ func (u *usageTracker) record(node string, cs []api.DeviceCounters, now time.Tim
 			r = &usageRing{}
 			u.rings[k] = r
 		}
-		r.add(usagePoint{at: now, read: c.ReadBytes, written: c.WrittenBytes, used: c.UsedBytes})
+		used := int64(-1)
+		if c.UsedBytes != nil {
+			used = *c.UsedBytes
+		}
+		r.add(usagePoint{at: now, read: c.ReadBytes, written: c.WrittenBytes, used: used})
 	}
 }
 
@@ -149,7 +153,10 @@ func (u *usageTracker) usage(devs []api.Device) []api.DeviceUsage {
 		if r == nil || r.len() == 0 {
 			continue
 		}
-		du := api.DeviceUsage{DeviceID: d.ID, NodeID: d.NodeID, UsedBytes: r.at(r.len() - 1).used, Samples: r.rates()}
+		du := api.DeviceUsage{DeviceID: d.ID, NodeID: d.NodeID, Samples: r.rates()}
+		if used := r.at(r.len() - 1).used; used >= 0 {
+			du.UsedBytes = &used
+		}
 		if n := len(du.Samples); n > 0 {
 			du.ReadBps, du.WriteBps = du.Samples[n-1].ReadBps, du.Samples[n-1].WriteBps
 		}

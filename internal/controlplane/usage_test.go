@@ -12,7 +12,7 @@ func TestUsageRing(t *testing.T) {
 	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
 	var u usageTracker
 	beat := func(s float64, read, written int64) {
-		u.record("n1", []api.DeviceCounters{{Name: "disk0", ReadBytes: read, WrittenBytes: written, UsedBytes: written}}, at(s))
+		u.record("n1", []api.DeviceCounters{{Name: "disk0", ReadBytes: read, WrittenBytes: written, UsedBytes: &written}}, at(s))
 	}
 	dev := []api.Device{{ID: "d0", NodeID: "n1", Name: "disk0"}, {ID: "d1", NodeID: "n1", Name: "disk1"}}
 
@@ -46,8 +46,8 @@ func TestUsageRing(t *testing.T) {
 			prev = s.At
 		}
 	}
-	if sum < 7.99e6 || sum > 8.01e6 || got.UsedBytes != 8e6 {
-		t.Errorf("bytes written by the samples %v, used %d; want 8e6", sum, got.UsedBytes)
+	if sum < 7.99e6 || sum > 8.01e6 || got.UsedBytes == nil || *got.UsedBytes != 8e6 {
+		t.Errorf("bytes written by the samples %v, used %v; want 8e6", sum, got.UsedBytes)
 	}
 	// A restarted agent's counters start again from zero: no negative rate.
 	beat(13, 0, 1e6)
@@ -90,14 +90,29 @@ func TestCheckUsage(t *testing.T) {
 		ok bool
 	}{
 		{nil, true},
-		{[]api.DeviceCounters{{Name: "d", ReadBytes: 1, WrittenBytes: 2, UsedBytes: 3}}, true},
+		{[]api.DeviceCounters{{Name: "d", ReadBytes: 1, WrittenBytes: 2, UsedBytes: ptr(int64(3))}}, true},
+		{[]api.DeviceCounters{{Name: "d", ReadBytes: 1, WrittenBytes: 2}}, true},
 		{[]api.DeviceCounters{{Name: ""}}, false},
 		{[]api.DeviceCounters{{Name: "d", ReadBytes: -1}}, false},
-		{[]api.DeviceCounters{{Name: "d", UsedBytes: -1}}, false},
+		{[]api.DeviceCounters{{Name: "d", UsedBytes: ptr(int64(-1))}}, false},
 		{make([]api.DeviceCounters, 4097), false},
 	} {
 		if err := checkUsage(c.cs); (err == nil) != c.ok {
 			t.Errorf("%d counters: %v", len(c.cs), err)
 		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// A device whose agent does not know what it holds has no used_bytes.
+func TestUsageUnknownUsed(t *testing.T) {
+	var u usageTracker
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	u.record("n1", []api.DeviceCounters{{Name: "nvme0", ReadBytes: 1}}, t0)
+	u.record("n1", []api.DeviceCounters{{Name: "nvme0", ReadBytes: 2e6}}, t0.Add(2*time.Second))
+	us := u.usage([]api.Device{{ID: "d0", NodeID: "n1", Name: "nvme0"}})
+	if len(us) != 1 || us[0].UsedBytes != nil || us[0].ReadBps < 0.99e6 {
+		t.Fatalf("%+v", us)
 	}
 }

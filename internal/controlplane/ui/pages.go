@@ -112,7 +112,9 @@ func (u *UI) inventory(ctx context.Context, c *api.Client) ([]api.Node, []device
 			row.NodeName = d.NodeID
 		}
 		if du, ok := byDev[d.ID]; ok {
-			row.Used, row.HasUsed = du.UsedBytes, du.UsedBytes > 0 || d.Kind == api.KindBlock
+			if du.UsedBytes != nil {
+				row.Used, row.HasUsed = *du.UsedBytes, true
+			}
 			row.ReadBps, row.WriteBps, row.HasRate = du.ReadBps, du.WriteBps, len(du.Samples) > 0
 		}
 		rows = append(rows, row)
