@@ -223,3 +223,26 @@ func (c *Client) PutProfile(ctx context.Context, p Profile) (Profile, error) {
 	var out Profile
 	return out, c.Do(ctx, http.MethodPut, "/v1/profiles/"+url.PathEscape(p.Model), p, &out)
 }
+
+// Usage returns the devices' measured use: what they hold and their
+// bandwidth over the last minutes.
+func (c *Client) Usage(ctx context.Context) ([]DeviceUsage, error) {
+	var out []DeviceUsage
+	return out, c.Do(ctx, http.MethodGet, "/v1/usage", nil, &out)
+}
+
+// LoginLink asks for a one-time dashboard login link for c's token (a
+// tenant token); the browser URL is the base URL followed by its Path.
+func (c *Client) LoginLink(ctx context.Context) (LoginLink, error) {
+	var out LoginLink
+	return out, c.Do(ctx, http.MethodPost, "/v1/login-links", nil, &out)
+}
+
+// BaseURL is the control plane's base URL, as given to NewClient.
+func (c *Client) BaseURL() string { return c.base }
+
+// Whoami tells who c's token is.
+func (c *Client) Whoami(ctx context.Context) (Whoami, error) {
+	var out Whoami
+	return out, c.Do(ctx, http.MethodGet, "/v1/whoami", nil, &out)
+}

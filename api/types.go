@@ -306,6 +306,57 @@ type Heartbeat struct {
 	// whose port was taken). The control plane records the new URIs of
 	// its active leases and acknowledges them in HeartbeatResponse.Moved.
 	Moved []MovedExport `json:"moved,omitempty"`
+	// Usage counts each device's data-plane traffic, for the devices
+	// whose driver counts it (GET /v1/usage turns it into bandwidth).
+	Usage []DeviceCounters `json:"usage,omitempty"`
+}
+
+// DeviceCounters is an agent's running count of one device's data-plane
+// traffic, since the agent started, and what the device actually holds.
+type DeviceCounters struct {
+	Name         string `json:"name"`          // the device's name on its node
+	ReadBytes    int64  `json:"read_bytes"`    // bytes borrowers read
+	WrittenBytes int64  `json:"written_bytes"` // bytes borrowers wrote
+	// UsedBytes is what the device holds (block: the allocated blocks of
+	// its backing file, which grow as borrowers write); absent if unknown.
+	UsedBytes *int64 `json:"used_bytes,omitempty"`
+}
+
+// DeviceUsage is a device's measured use (GET /v1/usage): what it holds
+// and its data-plane bandwidth over the last minutes, from its agent's
+// heartbeats. The control plane keeps it in memory only.
+type DeviceUsage struct {
+	DeviceID  string  `json:"device_id"`
+	NodeID    string  `json:"node_id"`
+	UsedBytes *int64  `json:"used_bytes,omitempty"` // latest report; absent if unknown
+	ReadBps   float64 `json:"read_bps"`             // bytes/s read over the latest interval
+	WriteBps  float64 `json:"write_bps"`            // bytes/s written over the latest interval
+	// Samples are bytes/s over the interval ending at each sample's At,
+	// oldest first.
+	Samples []UsageSample `json:"samples"`
+}
+
+// UsageSample is a device's bandwidth over the interval ending at At.
+type UsageSample struct {
+	At       time.Time `json:"at"`
+	ReadBps  float64   `json:"read_bps"`
+	WriteBps float64   `json:"write_bps"`
+}
+
+// LoginLink is a one-time link that signs a browser in to the dashboard
+// (/ui/) as the token that asked for it (POST /v1/login-links). It works
+// once, until ExpiresAt.
+type LoginLink struct {
+	Path      string    `json:"path"` // "/ui/login?code=…": append it to the API's base URL
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// Whoami is who a token is (GET /v1/whoami).
+type Whoami struct {
+	Role   string `json:"role"` // "tenant" or "node"
+	Tenant string `json:"tenant,omitempty"`
+	Admin  bool   `json:"admin,omitempty"`
+	NodeID string `json:"node_id,omitempty"`
 }
 
 // MovedExport is a lease part served at a new URI. The URI embeds the

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"html"
 	"math"
 	"sort"
 	"strings"
@@ -16,10 +17,35 @@ type svgPoint struct {
 	pareto bool
 }
 
+// textWidth estimates the width in pixels of s in a sans-serif font of the
+// given size, erring wide.
+func textWidth(s string, size float64) float64 {
+	w := 0.0
+	for _, r := range s {
+		switch {
+		case strings.ContainsRune("il.,:;'|!()[]", r):
+			w += 0.30
+		case strings.ContainsRune("fjrt -/", r):
+			w += 0.40
+		case strings.ContainsRune("mwMW%@", r):
+			w += 0.90
+		case r >= 'A' && r <= 'Z':
+			w += 0.70
+		default:
+			w += 0.58
+		}
+	}
+	return w * size
+}
+
+const paretoTitle = "Gateway sweep: p99 latency vs throughput (MCT, 64 clients)"
+
 // paretoSVG draws p99 latency (log scale) against throughput, with the
-// Pareto front joined by a line. Hand-written SVG, no dependencies.
+// Pareto front joined by a line and a legend for the two colours. Labels of
+// front points near the right edge go to the point's left, so every label
+// stays on the canvas. Hand-written SVG, no dependencies.
 func paretoSVG(pts []svgPoint) string {
-	const W, H, L, R, T, B = 760.0, 480.0, 80.0, 30.0, 40.0, 60.0
+	const W, H, L, R, T, B = 760.0, 480.0, 80.0, 30.0, 60.0, 60.0
 	maxX, minY, maxY := 0.0, math.Inf(1), 0.0
 	for _, p := range pts {
 		maxX = math.Max(maxX, p.x)
@@ -38,9 +64,15 @@ func paretoSVG(pts []svgPoint) string {
 	px := func(x float64) float64 { return L + (W-L-R)*x/maxX }
 	py := func(y float64) float64 { return H - B - (H-T-B)*(math.Log10(y)-ly0)/(ly1-ly0) }
 	var s strings.Builder
-	fmt.Fprintf(&s, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" font-family="sans-serif" font-size="12">`+"\n", W, H)
+	fmt.Fprintf(&s, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" font-family="sans-serif" font-size="12" role="img">`+"\n", W, H, W, H)
+	fmt.Fprintf(&s, "<title>%s</title>\n", paretoTitle)
 	fmt.Fprintf(&s, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
-	fmt.Fprintf(&s, `<text x="%.0f" y="24" font-size="15" text-anchor="middle">Gateway sweep: p99 latency vs throughput (MCT, 64 clients)</text>`+"\n", W/2)
+	fmt.Fprintf(&s, `<text x="%.0f" y="24" font-size="15" text-anchor="middle">%s</text>`+"\n", W/2, paretoTitle)
+	// Legend, above the plot area on the right.
+	lx := W - R - textWidth("Pareto front", 12) - 18 - textWidth("other configurations", 12) - 36
+	fmt.Fprintf(&s, `<rect x="%.0f" y="39" width="10" height="10" fill="#d62728"/><text x="%.0f" y="48">Pareto front</text>`+"\n", lx-5, lx+10)
+	lx += 10 + textWidth("Pareto front", 12) + 26
+	fmt.Fprintf(&s, `<rect x="%.0f" y="39" width="10" height="10" fill="#1f77b4"/><text x="%.0f" y="48">other configurations</text>`+"\n", lx-5, lx+10)
 	// Axes and grid.
 	fmt.Fprintf(&s, `<line x1="%.0f" y1="%.0f" x2="%.0f" y2="%.0f" stroke="black"/>`+"\n", L, H-B, W-R, H-B)
 	fmt.Fprintf(&s, `<line x1="%.0f" y1="%.0f" x2="%.0f" y2="%.0f" stroke="black"/>`+"\n", L, T, L, H-B)
@@ -55,7 +87,7 @@ func paretoSVG(pts []svgPoint) string {
 		fmt.Fprintf(&s, `<text x="%.0f" y="%.1f" text-anchor="end">%s</text>`+"\n", L-6, py(y)+4, kfmt(y))
 	}
 	fmt.Fprintf(&s, `<text x="%.0f" y="%.0f" text-anchor="middle">throughput (queries/s)</text>`+"\n", (L+W-R)/2, H-18)
-	fmt.Fprintf(&s, `<text transform="translate(18 %.0f) rotate(-90)" text-anchor="middle">p99 latency (µs, log)</text>`+"\n", (T+H-B)/2)
+	fmt.Fprintf(&s, `<text transform="translate(18 %.0f) rotate(-90)" text-anchor="middle">p99 latency (µs, log scale)</text>`+"\n", (T+H-B)/2)
 	var front []svgPoint
 	for _, p := range pts {
 		if p.pareto {
@@ -78,10 +110,15 @@ func paretoSVG(pts []svgPoint) string {
 		if p.pareto {
 			color = "#d62728"
 		}
-		fmt.Fprintf(&s, `<circle cx="%.1f" cy="%.1f" r="4" fill="%s"><title>%s: %.0f q/s, p99 %.0f µs</title></circle>`+"\n",
-			px(p.x), py(p.y), color, p.label, p.x, p.y)
+		label := html.EscapeString(p.label)
+		fmt.Fprintf(&s, `<circle cx="%.1f" cy="%.1f" r="4" fill="%s"><title>%s: %.0f queries/s, p99 %.0f µs</title></circle>`+"\n",
+			px(p.x), py(p.y), color, label, p.x, p.y)
 		if p.pareto {
-			fmt.Fprintf(&s, `<text x="%.1f" y="%.1f" font-size="10">%s</text>`+"\n", px(p.x)+6, py(p.y)-6, p.label)
+			x, anchor := px(p.x)+6, "start"
+			if x+textWidth(p.label, 10) > W-4 {
+				x, anchor = px(p.x)-6, "end"
+			}
+			fmt.Fprintf(&s, `<text x="%.1f" y="%.1f" font-size="10" text-anchor="%s">%s</text>`+"\n", x, py(p.y)-6, anchor, label)
 		}
 	}
 	s.WriteString("</svg>\n")

@@ -282,6 +282,10 @@ func printUp(ctx context.Context, e *env, url string, st upState, dir, where str
 	abs, _ := filepath.Abs(dir)
 	fmt.Fprintf(w, "Rialto is up: %s.\n\n", where)
 	fmt.Fprintf(w, "API:        %s\n", url)
+	if link, err := c.LoginLink(ctx); err == nil {
+		fmt.Fprintf(w, "Dashboard:  %s%s\n            (a one-time sign-in link, until %s; `rialto ui` prints a new one)\n",
+			url, link.Path, link.ExpiresAt.Local().Format(time.Kitchen))
+	}
 	fmt.Fprintf(w, "State dir:  %s\n\n", abs)
 	printNodes(w, nodes)
 	fmt.Fprintln(w)

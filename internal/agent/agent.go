@@ -620,7 +620,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	if nodeID == "" {
 		return ErrNotJoined
 	}
-	hb := api.Heartbeat{Health: a.health(), Leases: leases, Moved: moved, Links: a.probePeers(ctx, a.probeRound(peers))}
+	hb := api.Heartbeat{Health: a.health(), Leases: leases, Moved: moved, Links: a.probePeers(ctx, a.probeRound(peers)), Usage: a.usage()}
 	if measured {
 		hb.Links = append(hb.Links, api.LinkReport{To: "controlplane", RTTMicros: cpRTT, Up: cpUp})
 	}

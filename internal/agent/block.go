@@ -9,7 +9,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sort"
 	"sync"
+	"syscall"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
@@ -41,6 +43,14 @@ type BlockDriver struct {
 	mu    sync.Mutex
 	paths map[string]bool         // backing paths opened (created and sized)
 	live  map[string]*blockExport // exports by name
+	devs  map[string]*blockDev    // opened devices by name, with their traffic
+}
+
+// blockDev counts one device's data-plane traffic: all its exports'.
+type blockDev struct {
+	path string
+	size int64
+	io   nbd.IOCounters
 }
 
 // blockExport is one served (or suspended) export.
@@ -56,6 +66,7 @@ func NewBlockDriver(log *slog.Logger) *BlockDriver {
 		srv:   nbd.Server{Logger: log},
 		paths: map[string]bool{},
 		live:  map[string]*blockExport{},
+		devs:  map[string]*blockDev{},
 	}
 }
 
@@ -95,6 +106,9 @@ func (b *BlockDriver) Open(_ context.Context, dev DeviceConfig) (DeviceConfig, e
 	}
 	b.mu.Lock()
 	b.paths[dev.Path] = true
+	if d := b.devs[dev.Name]; d == nil || d.path != dev.Path {
+		b.devs[dev.Name] = &blockDev{path: dev.Path, size: dev.Size}
+	}
 	b.mu.Unlock()
 	return dev, nil
 }
@@ -115,6 +129,9 @@ func (b *BlockDriver) Prepare(_ context.Context, e Export) (api.PrepareResponse,
 		return api.PrepareResponse{}, err
 	}
 	ex := nbd.Export{Name: e.Request.Export, Backend: be, Description: "rialto lease " + e.Request.LeaseID}
+	if d := b.devs[e.Device.Name]; d != nil && d.path == e.Device.Path {
+		ex.Counters = &d.io
+	}
 	if e.Request.BandwidthCap > 0 || e.Request.IOPSCap > 0 {
 		ex.Limit = &nbd.RateLimit{BytesPerSec: float64(e.Request.BandwidthCap), IOPS: float64(e.Request.IOPSCap)}
 	}
@@ -253,4 +270,25 @@ func (b *BlockDriver) Close() error {
 		delete(b.live, name)
 	}
 	return first
+}
+
+// Usage implements UsageReporter: each opened device's traffic, and what
+// its backing file holds (its allocated blocks; a block device's is
+// unknown).
+func (b *BlockDriver) Usage() []api.DeviceCounters {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]api.DeviceCounters, 0, len(b.devs))
+	for name, d := range b.devs {
+		c := api.DeviceCounters{Name: name, ReadBytes: d.io.Read.Load(), WrittenBytes: d.io.Written.Load()}
+		if st, err := os.Stat(d.path); err == nil && st.Mode().IsRegular() {
+			if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+				used := min(sys.Blocks*512, d.size)
+				c.UsedBytes = &used
+			}
+		}
+		out = append(out, c)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
 }

@@ -102,3 +102,21 @@ type Suspender interface {
 	Suspend(ctx context.Context, e Export) error
 	Resume(ctx context.Context, e Export) error
 }
+
+// UsageReporter is implemented by drivers that count their devices'
+// data-plane traffic: the agent reports the counters with every heartbeat
+// (the control plane turns them into bandwidth per device, GET /v1/usage).
+type UsageReporter interface {
+	Usage() []api.DeviceCounters
+}
+
+// usage collects the counters of every driver that keeps them.
+func (a *Agent) usage() []api.DeviceCounters {
+	var out []api.DeviceCounters
+	for _, d := range a.drivers {
+		if u, ok := d.(UsageReporter); ok {
+			out = append(out, u.Usage()...)
+		}
+	}
+	return out
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strconv"
@@ -105,6 +106,7 @@ type env struct {
 	clock  *fakeClock
 	lender *fakeLender
 	ts     *httptest.Server
+	schema *schemaChecker
 	dbPath string
 	alice  *api.Client
 	bob    *api.Client
@@ -136,7 +138,9 @@ func newEnv(t *testing.T, mod ...func(*Config)) *env {
 	}
 	e.ts = httptest.NewServer(e.srv.Handler())
 	t.Cleanup(e.ts.Close)
-	c := api.NewClient(e.ts.URL, "", e.ts.Client())
+	// Every answer the clients get is checked against the OpenAPI document.
+	e.schema = newSchemaChecker(t, e.srv, e.ts.Client().Transport)
+	c := api.NewClient(e.ts.URL, "", &http.Client{Transport: e.schema})
 	e.alice, e.bob, e.admin, e.boot = c.WithToken(aliceTok), c.WithToken(bobTok), c.WithToken(adminTok), c.WithToken(bootTok)
 	return e
 }

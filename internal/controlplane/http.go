@@ -27,6 +27,8 @@ type route struct {
 
 var (
 	readErrors = []int{401, 403, 500}
+	// listErrors are readErrors with 400, for lists that take a query.
+	listErrors = []int{400, 401, 403, 500}
 	// explainParam is the lease actions' ?explain (see brief).
 	explainParam = []httpapi.Param{{Name: "explain", Type: "boolean", Description: "include the plan's explanation (GET /v1/leases/{id} always has it)"}}
 	createErrors = []int{400, 401, 403, 409, 422, 429, 503, 500}
@@ -44,9 +46,9 @@ func (s *Server) routeTable() []route {
 		{httpapi.Route{Method: "GET", Path: "/v1/topology", Summary: "Nodes and measured links (the Topology Status Table).", Response: api.Topology{}, Errors: readErrors}, accessReader, s.hTopology},
 		{httpapi.Route{Method: "GET", Path: "/v1/leases", Summary: "List the caller's leases (an admin token sees all).", Response: []api.Lease{},
 			Query: []httpapi.Param{{Name: "state", Type: "string", Description: "only leases in this state"},
-				{Name: "live", Type: "boolean", Description: "only leases that hold or are taking devices (reserved, active, releasing)"}}, Errors: readErrors}, accessTenant, s.hLeases},
+				{Name: "live", Type: "boolean", Description: "only leases that hold or are taking devices (reserved, active, releasing)"}}, Errors: listErrors}, accessTenant, s.hLeases},
 		{httpapi.Route{Method: "POST", Path: "/v1/leases", Summary: "Place, reserve and activate a lease (two-phase with the lenders).",
-			Request: api.LeaseRequest{}, Response: api.Lease{}, Status: http.StatusCreated, Query: explainParam, Errors: createErrors}, accessTenant, s.hCreateLease},
+			Request: api.LeaseRequest{}, Response: api.Lease{}, Status: http.StatusCreated, Also: []int{http.StatusOK}, Query: explainParam, Errors: createErrors}, accessTenant, s.hCreateLease},
 		{httpapi.Route{Method: "GET", Path: "/v1/leases/{id}", Summary: "Show a lease.", Response: api.Lease{}, Errors: []int{401, 403, 404, 500}}, accessTenant, s.hLease},
 		{httpapi.Route{Method: "POST", Path: "/v1/leases/{id}/renew", Summary: "Extend a lease's TTL from now.",
 			Request: api.RenewRequest{}, Response: api.Lease{}, Query: explainParam, Errors: []int{400, 401, 403, 404, 409, 500}}, accessTenant, s.hRenew},
@@ -58,10 +60,16 @@ func (s *Server) routeTable() []route {
 			Query: []httpapi.Param{{Name: "since", Type: "integer", Description: "return events with a greater ID"},
 				{Name: "limit", Type: "integer", Description: "at most this many (default and maximum 1000)"},
 				{Name: "follow", Type: "boolean", Description: "stream the events after since, then each new one as it is appended (SSE with Accept: text/event-stream or format=sse, else newline-delimited JSON); Last-Event-ID resumes"},
-				{Name: "format", Type: "string", Description: "with follow: sse or ndjson"}}, Errors: []int{400, 401, 403, 500, 503}}, accessReader, s.hEvents},
+				{Name: "format", Type: "string", Description: "with follow: sse or ndjson"}}, Streams: []string{"text/event-stream", "application/x-ndjson"},
+			Errors: []int{400, 401, 403, 500, 503}}, accessReader, s.hEvents},
 		{httpapi.Route{Method: "GET", Path: "/v1/profiles", Summary: "List device profiles.", Response: []api.Profile{}, Errors: readErrors}, accessReader, s.hProfiles},
 		{httpapi.Route{Method: "PUT", Path: "/v1/profiles/{model}", Summary: "Store a measured or declared device profile.",
 			Request: api.Profile{}, Response: api.Profile{}, Errors: []int{400, 401, 403, 500}}, accessWriter, s.hPutProfile},
+		{httpapi.Route{Method: "GET", Path: "/v1/usage", Summary: "Devices' measured use: what they hold and their data-plane bandwidth over the last minutes (from heartbeats; in memory).",
+			Response: []api.DeviceUsage{}, Errors: readErrors}, accessReader, s.hUsage},
+		{httpapi.Route{Method: "GET", Path: "/v1/whoami", Summary: "Who the token is.", Response: api.Whoami{}, Errors: readErrors}, accessReader, s.hWhoami},
+		{httpapi.Route{Method: "POST", Path: "/v1/login-links", Summary: "A one-time link that signs a browser in to the dashboard (/ui/) as this token (docs/ui.md).",
+			Response: api.LoginLink{}, Status: http.StatusCreated, Errors: []int{401, 403, 500}}, accessTenant, s.hLoginLink},
 	}
 }
 
@@ -75,10 +83,11 @@ func (s *Server) routes() http.Handler {
 		mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
 	}
 	docRoutes = append(docRoutes,
-		httpapi.Route{Method: "GET", Path: "/v1/openapi.json", Summary: "This document.", Response: "application/json"},
+		httpapi.Route{Method: "GET", Path: "/v1/openapi.json", Summary: "This document.", Response: httpapi.Content{Type: "application/json", Schema: map[string]any{"type": "object"}}},
 		httpapi.Route{Method: "GET", Path: "/metrics", Summary: "Prometheus metrics.", Response: "text/plain"},
 		httpapi.Route{Method: "GET", Path: "/healthz", Summary: "Liveness of the control plane and its store.", Response: "text/plain", Errors: []int{503}},
-		httpapi.Route{Method: "GET", Path: "/redfish/v1", Summary: "DMTF Redfish service root: the CompositionService facade (docs/redfish.md).", Response: "application/json"},
+		httpapi.Route{Method: "GET", Path: "/ui/", Summary: "The web dashboard (docs/ui.md); sign in with a login link or a token.", Response: "text/html"},
+		httpapi.Route{Method: "GET", Path: "/redfish/v1", Summary: "DMTF Redfish service root: the CompositionService facade (docs/redfish.md).", Response: httpapi.Content{Type: "application/json", Schema: map[string]any{"type": "object"}}},
 	)
 	doc, err := httpapi.OpenAPI("Rialto control plane", "v1", docRoutes, api.ErrorBody{})
 	if err != nil {
@@ -101,6 +110,10 @@ func (s *Server) routes() http.Handler {
 	rf := s.redfishService(mux)
 	mux.Handle("/redfish", s.instrument("redfish", rf))
 	mux.Handle("/redfish/", s.instrument("redfish", rf))
+	// The dashboard, too (ui.go).
+	s.ui = s.uiService(mux)
+	mux.Handle("/ui", s.instrument("ui", s.ui))
+	mux.Handle("/ui/", s.instrument("ui", s.ui))
 	mux.Handle("/", s.instrument("other", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, api.ErrorInfo{Code: api.CodeNotFound, Message: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)})
 	})))
@@ -181,7 +194,7 @@ func (s *Server) wrap(rt route) http.Handler {
 		if _, ok := out.(streamed); ok {
 			return // the handler wrote its answer (stream.go)
 		}
-		httpapi.WriteJSON(w, status, out)
+		httpapi.WriteJSON(w, status, wireForm(out))
 	}))
 }
 
@@ -207,7 +220,13 @@ func (s *Server) hHeartbeat(ctx context.Context, p principal, r *http.Request, w
 	if err := decode(w, r, true, &h); err != nil {
 		return 0, nil, err
 	}
+	if err := checkUsage(h.Usage); err != nil {
+		return 0, nil, err
+	}
 	out, err := s.heartbeat(ctx, id, h)
+	if err == nil {
+		s.usage.record(id, h.Usage, s.now()) // usage.go
+	}
 	return http.StatusOK, out, err
 }
 
@@ -232,7 +251,7 @@ func (s *Server) hTopology(ctx context.Context, p principal, r *http.Request, w 
 		return 0, nil, err
 	}
 	links, err := s.st.Links(ctx)
-	return http.StatusOK, api.Topology{Nodes: nodes, Links: links}, err
+	return http.StatusOK, api.Topology{Nodes: nodes, Links: s.usage.withLoad(links, s.now())}, err
 }
 
 func (s *Server) hLeases(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
@@ -393,6 +412,9 @@ func (s *Server) hPutProfile(ctx context.Context, p principal, r *http.Request, 
 	}
 	if prof.Source != "" && prof.Source != "measured" && prof.Source != "declared" {
 		return 0, nil, fmt.Errorf("%w: source must be measured or declared", ErrInvalid)
+	}
+	if len(prof.WriteBps) == 0 && len(prof.ReadBps) == 0 {
+		return 0, nil, fmt.Errorf("%w: a profile needs write_bps or read_bps points (bytes/s with 1, 2, … concurrent streams)", ErrInvalid)
 	}
 	if len(prof.WriteBps) > 1024 || len(prof.ReadBps) > 1024 {
 		return 0, nil, fmt.Errorf("%w: at most 1024 points per curve", ErrInvalid)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/controlplane/ui"
 	"github.com/rialto-project/rialto/internal/metrics"
 	"github.com/rialto-project/rialto/internal/resource"
 )
@@ -81,6 +82,8 @@ type Server struct {
 	beats   beatBatcher
 	leases  leaseBatcher
 	events  eventHub // the event stream's tail of the store (stream.go)
+	usage   usageTracker
+	ui      *ui.UI // the dashboard (ui.go)
 }
 
 // New returns a Server; it stores the configured tokens (hashed).

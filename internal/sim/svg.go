@@ -16,9 +16,13 @@ type Series struct {
 // grouped bars when Categories is set (then X holds category indices).
 type Plot struct {
 	Title, XLabel, YLabel string
-	LogX, LogY            bool
-	Categories            []string
-	Series                []Series
+	// XUnit and YUnit name the axes' units; an axis title reads
+	// "label (unit)". A label that already ends in a parenthesised unit
+	// needs none; a ratio label ("a / b") without one is marked "ratio".
+	XUnit, YUnit string
+	LogX, LogY   bool
+	Categories   []string
+	Series       []Series
 	// HLines draws horizontal reference lines (e.g. a threshold).
 	HLines []float64
 }
@@ -30,11 +34,59 @@ func esc(s string) string {
 	return r.Replace(s)
 }
 
-// SVG renders the plot as a standalone SVG document.
+// textWidth estimates the width in pixels of s set in a sans-serif font of
+// the given size, erring wide: the layout reserves room for labels with it.
+func textWidth(s string, size float64) float64 {
+	w := 0.0
+	for _, r := range s {
+		switch {
+		case strings.ContainsRune("il.,:;'|!()[]", r):
+			w += 0.30
+		case strings.ContainsRune("fjrt -/", r):
+			w += 0.40
+		case strings.ContainsRune("mwMW%@", r):
+			w += 0.90
+		case r >= 'A' && r <= 'Z':
+			w += 0.70
+		default:
+			w += 0.58
+		}
+	}
+	return w * size
+}
+
+// axisTitle is an axis label with its unit and scale: "label (unit, log
+// scale)".
+func axisTitle(label, unit string, log bool) string {
+	if label == "" {
+		return ""
+	}
+	var notes []string
+	if unit != "" {
+		notes = append(notes, unit)
+	} else if !strings.HasSuffix(label, ")") && strings.Contains(label, " / ") {
+		notes = append(notes, "ratio")
+	}
+	if log {
+		notes = append(notes, "log scale")
+	}
+	if len(notes) == 0 {
+		return label
+	}
+	if unit == "" && strings.HasSuffix(label, ")") { // "time (µs)" + log → "time (µs, log scale)"
+		return strings.TrimSuffix(label, ")") + ", " + strings.Join(notes, ", ") + ")"
+	}
+	return label + " (" + strings.Join(notes, ", ") + ")"
+}
+
+// SVG renders the plot as a standalone SVG document. The canvas grows to
+// fit its labels: the y-axis margin fits the tick labels, the legend on
+// the right fits the longest series name, category labels that would
+// overlap are slanted, and the title fits the width.
 func (p Plot) SVG() []byte {
-	const W, H = 720.0, 440.0
-	const L, R, T, B = 80.0, 170.0, 40.0, 60.0
-	pw, ph := W-L-R, H-T-B
+	const fs, titleFS = 12.0, 15.0
+	const pw, ph = 470.0, 340.0 // plot area
+	const T = 40.0
 	tx := func(v float64) float64 {
 		if p.LogX {
 			return math.Log10(math.Max(v, 1e-300))
@@ -85,42 +137,120 @@ func (p Plot) SVG() []byte {
 		ymin -= pad
 	}
 	ymax += pad
-	px := func(x float64) float64 { return L + (x-xmin)/(xmax-xmin)*pw }
-	py := func(y float64) float64 { return T + ph - (y-ymin)/(ymax-ymin)*ph }
-	var b strings.Builder
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%g" height="%g" viewBox="0 0 %g %g" font-family="sans-serif" font-size="12">`+"\n", W, H, W, H)
-	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
-	fmt.Fprintf(&b, `<text x="%g" y="22" font-size="15" text-anchor="middle">%s</text>`+"\n", L+pw/2, esc(p.Title))
-	fmt.Fprintf(&b, `<rect x="%g" y="%g" width="%g" height="%g" fill="none" stroke="#333"/>`+"\n", L, T, pw, ph)
-	// Y ticks.
+
+	// Layout: measure the labels, then size the margins and the canvas.
+	type tick struct {
+		at    float64
+		label string
+	}
+	var yticks, xticks []tick
+	maxYTick := 0.0
 	for _, v := range ticks(ymin, ymax, p.LogY) {
-		y := py(v)
 		label := v
 		if p.LogY {
 			label = math.Pow(10, v)
 		}
-		fmt.Fprintf(&b, `<line x1="%g" x2="%g" y1="%.1f" y2="%.1f" stroke="#ddd"/><text x="%g" y="%.1f" text-anchor="end">%s</text>`+"\n", L, L+pw, y, y, L-6, y+4, fmtNum(label))
+		t := tick{v, fmtNum(label)}
+		yticks = append(yticks, t)
+		maxYTick = math.Max(maxYTick, textWidth(t.label, fs))
 	}
-	if bars {
-		for i, c := range p.Categories {
-			fmt.Fprintf(&b, `<text x="%.1f" y="%g" text-anchor="middle">%s</text>`+"\n", px(float64(i)), T+ph+18, esc(c))
-		}
-	} else {
+	if !bars {
 		for _, v := range ticks(xmin, xmax, p.LogX) {
-			x := px(v)
 			label := v
 			if p.LogX {
 				label = math.Pow(10, v)
 			}
-			fmt.Fprintf(&b, `<line x1="%.1f" x2="%.1f" y1="%g" y2="%g" stroke="#ddd"/><text x="%.1f" y="%g" text-anchor="middle">%s</text>`+"\n", x, x, T, T+ph, x, T+ph+18, fmtNum(label))
+			xticks = append(xticks, tick{v, fmtNum(label)})
+		}
+	}
+	xTitle, yTitle := axisTitle(p.XLabel, p.XUnit, p.LogX), axisTitle(p.YLabel, p.YUnit, p.LogY)
+	L := math.Max(60, 30+maxYTick+8) // rotated y title, gap, tick labels
+	// Category labels slant when they would overlap their neighbours.
+	slant, maxCat := false, 0.0
+	for _, c := range p.Categories {
+		w := textWidth(c, fs)
+		maxCat = math.Max(maxCat, w)
+		if w > pw/float64(len(p.Categories))-6 {
+			slant = true
+		}
+	}
+	B := 60.0
+	if slant {
+		B = 44 + maxCat*0.5 + 14 // sin(30°) of the longest label, then the x title
+	}
+	legendW := 0.0
+	for _, s := range p.Series {
+		legendW = math.Max(legendW, 12+6+textWidth(s.Name, fs))
+	}
+	if legendW > 0 {
+		legendW += 24 // gap before the legend and margin after it
+	} else {
+		legendW = 20
+	}
+	W := L + pw + legendW
+	H := T + ph + B
+	if lh := T + 10 + 18*float64(len(p.Series)) + 10; lh > H {
+		H = lh
+	}
+	if slant {
+		// A slanted label reaches left of its category by cos(30°) of its width.
+		if need := maxCat*0.87 + 10 - (L + pw/float64(2*len(p.Categories))); need > 0 {
+			L += need
+			W += need
+		}
+	}
+	titleX := L + pw/2
+	if tw := textWidth(p.Title, titleFS); tw+20 > W {
+		W = tw + 20
+		titleX = W / 2
+	} else if titleX-tw/2 < 10 || titleX+tw/2 > W-10 {
+		titleX = W / 2
+	}
+	if tw := textWidth(xTitle, fs); tw+20 > W {
+		W = tw + 20
+	}
+
+	px := func(x float64) float64 { return L + (x-xmin)/(xmax-xmin)*pw }
+	py := func(y float64) float64 { return T + ph - (y-ymin)/(ymax-ymin)*ph }
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%g" height="%g" viewBox="0 0 %g %g" font-family="sans-serif" font-size="%g" role="img">`+"\n", W, H, W, H, fs)
+	fmt.Fprintf(&b, "<title>%s</title>\n", esc(p.Title))
+	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	fmt.Fprintf(&b, `<text x="%g" y="22" font-size="%g" text-anchor="middle">%s</text>`+"\n", titleX, titleFS, esc(p.Title))
+	fmt.Fprintf(&b, `<rect x="%g" y="%g" width="%g" height="%g" fill="none" stroke="#333"/>`+"\n", L, T, pw, ph)
+	for _, t := range yticks {
+		y := py(t.at)
+		fmt.Fprintf(&b, `<line x1="%g" x2="%g" y1="%.1f" y2="%.1f" stroke="#ddd"/><text x="%g" y="%.1f" text-anchor="end">%s</text>`+"\n", L, L+pw, y, y, L-6, y+4, t.label)
+	}
+	if bars {
+		for i, c := range p.Categories {
+			x, y := px(float64(i)), T+ph+18
+			if slant {
+				fmt.Fprintf(&b, `<text x="%.1f" y="%g" text-anchor="end" transform="rotate(-30 %.1f %g)">%s</text>`+"\n", x, y, x, y, esc(c))
+			} else {
+				fmt.Fprintf(&b, `<text x="%.1f" y="%g" text-anchor="middle">%s</text>`+"\n", x, y, esc(c))
+			}
+		}
+	} else {
+		for _, t := range xticks {
+			x := px(t.at)
+			fmt.Fprintf(&b, `<line x1="%.1f" x2="%.1f" y1="%g" y2="%g" stroke="#ddd"/><text x="%.1f" y="%g" text-anchor="middle">%s</text>`+"\n", x, x, T, T+ph, x, T+ph+18, t.label)
 		}
 	}
 	for _, h := range p.HLines {
 		y := py(ty(h))
 		fmt.Fprintf(&b, `<line x1="%g" x2="%g" y1="%.1f" y2="%.1f" stroke="#888" stroke-dasharray="5,4"/>`+"\n", L, L+pw, y, y)
 	}
-	fmt.Fprintf(&b, `<text x="%g" y="%g" text-anchor="middle">%s</text>`+"\n", L+pw/2, H-18, esc(p.XLabel))
-	fmt.Fprintf(&b, `<text transform="translate(20,%g) rotate(-90)" text-anchor="middle">%s</text>`+"\n", T+ph/2, esc(p.YLabel))
+	if xTitle != "" {
+		x := L + pw/2
+		if tw := textWidth(xTitle, fs); x+tw/2 > W-10 || x-tw/2 < 10 {
+			x = W / 2
+		}
+		fmt.Fprintf(&b, `<text x="%g" y="%g" text-anchor="middle">%s</text>`+"\n", x, H-18, esc(xTitle))
+	}
+	if yTitle != "" {
+		fmt.Fprintf(&b, `<text transform="translate(20,%g) rotate(-90)" text-anchor="middle">%s</text>`+"\n", T+ph/2, esc(yTitle))
+	}
 	ns := len(p.Series)
 	for si, s := range p.Series {
 		col := palette[si%len(palette)]
@@ -155,7 +285,7 @@ func (p Plot) SVG() []byte {
 			}
 		}
 		ly := T + 10 + 18*float64(si)
-		fmt.Fprintf(&b, `<rect x="%g" y="%g" width="12" height="12" fill="%s"/><text x="%g" y="%g">%s</text>`+"\n", L+pw+10, ly, col, L+pw+28, ly+10, esc(s.Name))
+		fmt.Fprintf(&b, `<rect x="%g" y="%g" width="12" height="12" fill="%s"/><text x="%g" y="%g">%s</text>`+"\n", L+pw+12, ly, col, L+pw+30, ly+10, esc(s.Name))
 	}
 	b.WriteString("</svg>\n")
 	return []byte(b.String())

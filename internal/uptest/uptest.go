@@ -76,13 +76,14 @@ func Binary(t testing.TB) string {
 	return built
 }
 
-// Up is a running `rialto up`.
+// Up is a running `rialto up`. LoginURL is the one-time dashboard
+// sign-in link it printed.
 type Up struct {
-	Addr, Token, Dir string
-	cmd              *exec.Cmd
-	mu               sync.Mutex
-	out              strings.Builder
-	done             chan error
+	Addr, Token, Dir, LoginURL string
+	cmd                        *exec.Cmd
+	mu                         sync.Mutex
+	out                        strings.Builder
+	done                       chan error
 }
 
 // StartUp starts `rialto up --state-dir dir` with small disks and extra
@@ -109,6 +110,9 @@ func StartUp(t testing.TB, bin, dir string, extra ...string) *Up {
 			line := sc.Text()
 			u.mu.Lock()
 			u.out.WriteString(line + "\n")
+			if v, ok := strings.CutPrefix(line, "Dashboard:"); ok {
+				u.LoginURL = strings.TrimSpace(v)
+			}
 			if v, ok := strings.CutPrefix(line, "export RIALTO_ADDR="); ok {
 				u.Addr = v
 			}

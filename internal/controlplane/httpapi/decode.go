@@ -18,8 +18,8 @@ var ErrBadBody = errors.New("httpapi: bad request body")
 const MaxBody = 1 << 20
 
 // Decode reads exactly one JSON value from r into v, refusing unknown
-// fields, trailing data and bodies over limit bytes. An empty body is an
-// error unless allowEmpty.
+// fields, trailing data and bodies over limit bytes. An empty body, or a
+// bare JSON null, is an error unless allowEmpty (then v is left as is).
 func Decode(r io.Reader, limit int64, allowEmpty bool, v any) error {
 	data, err := io.ReadAll(io.LimitReader(r, limit+1))
 	if err != nil {
@@ -32,11 +32,19 @@ func Decode(r io.Reader, limit int64, allowEmpty bool, v any) error {
 	if int64(len(data)) > limit {
 		return fmt.Errorf("%w: larger than %d bytes", ErrBadBody, limit)
 	}
-	if len(bytes.TrimSpace(data)) == 0 {
+	switch trimmed := bytes.TrimSpace(data); {
+	case len(trimmed) == 0:
 		if allowEmpty {
 			return nil
 		}
 		return fmt.Errorf("%w: empty; a JSON object is required", ErrBadBody)
+	case string(trimmed) == "null":
+		// Decoding null into a struct leaves it untouched: it is an empty
+		// body under another name, and must not pass for a value.
+		if allowEmpty {
+			return nil
+		}
+		return fmt.Errorf("%w: null; a JSON object is required", ErrBadBody)
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()

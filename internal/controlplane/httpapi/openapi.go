@@ -17,10 +17,21 @@ type Route struct {
 	Summary  string
 	Auth     string // who may call it; "" means no token
 	Request  any    // zero value of the body type, or nil
-	Response any    // zero value of the answer type, or nil
+	Response any    // zero value of the answer type, a Content, a content type (string: a text answer), or nil
 	Query    []Param
 	Status   int   // success status (default 200)
-	Errors   []int // error statuses the route may answer
+	Also     []int // other success statuses with the same answer (e.g. 200 for an idempotent replay of a 201)
+	Errors   []int // error statuses the route may answer (JSON error bodies; text for a text answer)
+	// Streams lists other content types the success answer may take (as
+	// text), e.g. text/event-stream for a route that can stream.
+	Streams []string
+}
+
+// Content is an answer given by content type and JSON schema, for answers
+// that are not one of the api types (e.g. the OpenAPI document itself).
+type Content struct {
+	Type   string
+	Schema map[string]any
 }
 
 // Param is a query parameter.
@@ -141,21 +152,37 @@ func OpenAPI(title, version string, routes []Route, errBody any) ([]byte, error)
 			status = http.StatusOK
 		}
 		resps := map[string]any{}
-		ok := map[string]any{"description": http.StatusText(status)}
+		textual := false // a text answer: errors are text too
+		var content map[string]any
 		if r.Response != nil {
 			ct := "application/json"
 			var sch map[string]any
-			if s, isStr := r.Response.(string); isStr {
-				ct, sch = s, map[string]any{"type": "string"}
-			} else {
+			switch v := r.Response.(type) {
+			case string:
+				ct, sch, textual = v, map[string]any{"type": "string"}, true
+			case Content:
+				ct, sch = v.Type, v.Schema
+			default:
 				sch = g.schema(reflect.TypeOf(r.Response))
 			}
-			ok["content"] = map[string]any{ct: map[string]any{"schema": sch}}
+			content = map[string]any{ct: map[string]any{"schema": sch}}
+			for _, st := range r.Streams {
+				content[st] = map[string]any{"schema": map[string]any{"type": "string"}}
+			}
 		}
-		resps[itoa(status)] = ok
+		for _, st := range append([]int{status}, r.Also...) {
+			ok := map[string]any{"description": http.StatusText(st)}
+			if content != nil {
+				ok["content"] = content
+			}
+			resps[itoa(st)] = ok
+		}
 		for _, e := range r.Errors {
-			resps[itoa(e)] = map[string]any{"description": http.StatusText(e), "content": map[string]any{
-				"application/json": map[string]any{"schema": errRef}}}
+			errContent := map[string]any{"application/json": map[string]any{"schema": errRef}}
+			if textual {
+				errContent = map[string]any{"text/plain": map[string]any{"schema": map[string]any{"type": "string"}}}
+			}
+			resps[itoa(e)] = map[string]any{"description": http.StatusText(e), "content": errContent}
 		}
 		op["responses"] = resps
 		if paths[r.Path] == nil {

@@ -728,6 +728,9 @@ func (c *conn) blockStatus(o *op) error {
 }
 
 func (c *conn) encodeRead(o *op) {
+	if ct := c.e.Counters; ct != nil {
+		ct.Read.Add(int64(o.req.Length))
+	}
 	if c.sess.structured {
 		if o.req.Length == 0 {
 			putChunkHeader(o.hdr[:], replyFlagDone, replyTypeNone, o.req.Handle, 0)
@@ -747,6 +750,9 @@ func (c *conn) encodeRead(o *op) {
 }
 
 func (c *conn) encodeOK(o *op) {
+	if ct := c.e.Counters; ct != nil && o.req.Type == CmdWrite {
+		ct.Written.Add(int64(o.req.Length))
+	}
 	putSimpleReply(o.hdr[:], 0, o.req.Handle)
 	o.hlen = simpleReplyLen
 	o.out = nil

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -71,6 +72,15 @@ type Export struct {
 	MinBlock, PrefBlock, MaxBlock uint32
 	// Limit optionally caps bandwidth and IOPS over all connections.
 	Limit *RateLimit
+	// Counters, if set, counts the bytes of the reads and writes the
+	// export served, over all connections (the agent reports them).
+	Counters *IOCounters
+}
+
+// IOCounters counts the bytes an export's successful reads and writes
+// moved. The zero value is ready; it is safe for concurrent use.
+type IOCounters struct {
+	Read, Written atomic.Int64
 }
 
 // NameTag returns a short non-reversible tag of an export name for logs.

@@ -1,0 +1,134 @@
+package ui
+
+import (
+	"fmt"
+	"html/template"
+	"math"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/resource"
+)
+
+var funcs = template.FuncMap{
+	"size":      resource.FormatSize,
+	"amount":    amount,
+	"rate":      rate,
+	"pct":       pct,
+	"seconds":   seconds,
+	"ago":       ago,
+	"clock":     func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
+	"redacted":  redactURI,
+	"lower":     strings.ToLower,
+	"hasPrefix": strings.HasPrefix,
+	"list":      func(xs ...string) []string { return xs },
+	"float":     func(n int64) float64 { return float64(n) },
+	"rtt":       rtt,
+	"svg":       func(s string) template.HTML { return template.HTML(s) }, // only for SVG this package built and escaped
+	"stateClass": func(s string) string {
+		switch s {
+		case "ready", "active", "up", "available", "feasible":
+			return "ok"
+		case "suspect", "reserved", "releasing", "requested":
+			return "warn"
+		case "down", "failed", "lost", "infeasible", "unavailable":
+			return "bad"
+		}
+		return "idle"
+	},
+}
+
+// amount formats a device quantity: bytes, or slots for accelerators.
+func amount(kind api.Kind, n int64) string {
+	if kind == api.KindAccel {
+		if n == 1 {
+			return "1 slot"
+		}
+		return fmt.Sprintf("%d slots", n)
+	}
+	return resource.FormatSize(n)
+}
+
+// rate formats bytes per second in decimal units, as network rates are.
+func rate(bps float64) string {
+	switch a := math.Abs(bps); {
+	case a >= 1e9:
+		return fmt.Sprintf("%.2f GB/s", bps/1e9)
+	case a >= 1e6:
+		return fmt.Sprintf("%.1f MB/s", bps/1e6)
+	case a >= 1e3:
+		return fmt.Sprintf("%.1f kB/s", bps/1e3)
+	case a == 0:
+		return "0 B/s"
+	}
+	return fmt.Sprintf("%.0f B/s", bps)
+}
+
+// pct is part of whole in percent, "0%" for an empty whole.
+func pct(part, whole int64) string {
+	if whole <= 0 {
+		return "0%"
+	}
+	return fmt.Sprintf("%.0f%%", 100*float64(part)/float64(whole))
+}
+
+// seconds formats a duration given in seconds.
+func seconds(s float64) string {
+	if s <= 0 || math.IsInf(s, 0) || math.IsNaN(s) {
+		return "—"
+	}
+	d := time.Duration(s * float64(time.Second))
+	switch {
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+// ago is how long before now t was, coarsely.
+func ago(now, t time.Time) string {
+	if t.IsZero() {
+		return "never"
+	}
+	d := now.Sub(t)
+	switch {
+	case d < 0:
+		return "in " + (-d).Round(time.Second).String()
+	case d < time.Second:
+		return "just now"
+	case d < time.Minute:
+		return fmt.Sprintf("%ds ago", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm ago", int(d.Minutes()))
+	}
+	return d.Round(time.Minute).String() + " ago"
+}
+
+// redactURI shows where a data-plane URI points without its secret: the
+// scheme and the address, never the path (the export name, bound to the
+// lease credential) nor the query.
+func redactURI(s string) string {
+	if s == "" {
+		return ""
+	}
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme == "" || u.Host == "" {
+		return "(hidden)"
+	}
+	return u.Scheme + "://" + u.Host + "/…"
+}
+
+// rtt formats a round trip given in microseconds.
+func rtt(us float64) string {
+	switch {
+	case us >= 1e6:
+		return fmt.Sprintf("%.2f s", us/1e6)
+	case us >= 1000:
+		return fmt.Sprintf("%.1f ms", us/1000)
+	}
+	return fmt.Sprintf("%.0f µs", us)
+}

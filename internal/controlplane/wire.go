@@ -1,0 +1,81 @@
+package controlplane
+
+import (
+	"reflect"
+
+	"github.com/rialto-project/rialto/api"
+)
+
+// wireForm puts an answer in the shape the OpenAPI document promises: an
+// array field without omitempty is required and not nullable there, so a
+// nil slice (which encoding/json writes as null) becomes an empty one, and
+// so does a nil list answer. It copies what it changes and never writes
+// to v's backing arrays, which the store may share with other requests.
+func wireForm(v any) any {
+	switch x := v.(type) {
+	case api.Lease:
+		return wireLease(x)
+	case []api.Lease:
+		if x == nil {
+			return []api.Lease{}
+		}
+		out := make([]api.Lease, len(x))
+		for i, l := range x {
+			out[i] = wireLease(l)
+		}
+		return out
+	case api.Plan:
+		return wirePlan(x)
+	case api.Profile:
+		return wireProfile(x)
+	case []api.Profile:
+		if x == nil {
+			return []api.Profile{}
+		}
+		out := make([]api.Profile, len(x))
+		for i, p := range x {
+			out[i] = wireProfile(p)
+		}
+		return out
+	case api.Topology:
+		if x.Nodes == nil {
+			x.Nodes = []api.Node{}
+		}
+		if x.Links == nil {
+			x.Links = []api.Link{}
+		}
+		return x
+	}
+	if rv := reflect.ValueOf(v); rv.Kind() == reflect.Slice && rv.IsNil() {
+		return reflect.MakeSlice(rv.Type(), 0, 0).Interface()
+	}
+	return v
+}
+
+func wireLease(l api.Lease) api.Lease {
+	if l.Parts == nil {
+		l.Parts = []api.Part{}
+	}
+	if l.Plan != nil && l.Plan.Parts == nil {
+		pl := wirePlan(*l.Plan)
+		l.Plan = &pl
+	}
+	return l
+}
+
+func wirePlan(p api.Plan) api.Plan {
+	if p.Parts == nil {
+		p.Parts = []api.Part{}
+	}
+	return p
+}
+
+func wireProfile(p api.Profile) api.Profile {
+	if p.WriteBps == nil {
+		p.WriteBps = []float64{}
+	}
+	if p.ReadBps == nil {
+		p.ReadBps = []float64{}
+	}
+	return p
+}
