@@ -132,7 +132,7 @@ func newEnv(t *testing.T, mod ...func(*Config)) *env {
 	for _, m := range mod {
 		m(&cfg)
 	}
-	e.srv, err = New(cfg)
+	e.srv, err = New(e.ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -362,7 +362,7 @@ func TestRestartGrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.clock.Advance(time.Hour) // the control plane was down for an hour
-	srv2, err := New(Config{Store: e.srv.st, Clock: e.clock, Lender: e.lender, BootstrapToken: bootTok})
+	srv2, err := New(e.ctx, Config{Store: e.srv.st, Clock: e.clock, Lender: e.lender, BootstrapToken: bootTok})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -86,8 +86,9 @@ type Server struct {
 	ui      *ui.UI // the dashboard (ui.go)
 }
 
-// New returns a Server; it stores the configured tokens (hashed).
-func New(cfg Config) (*Server, error) {
+// New returns a Server; it stores the configured tokens (hashed) within
+// ctx.
+func New(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("controlplane: Config.Store is required")
 	}
@@ -125,7 +126,6 @@ func New(cfg Config) (*Server, error) {
 		cfg.Lender = NewHTTPLender(nil)
 	}
 	s := &Server{st: cfg.Store, log: cfg.Logger, clock: cfg.Clock, lender: cfg.Lender, cfg: cfg, reg: metrics.NewRegistry()}
-	ctx := context.Background()
 	if cfg.BootstrapToken != "" {
 		if err := s.st.PutToken(ctx, store.Token{Hash: resource.HashSecret(cfg.BootstrapToken), Kind: store.TokenBootstrap, CreatedAt: s.now()}); err != nil {
 			return nil, fmt.Errorf("controlplane: store bootstrap token: %w", err)

@@ -60,7 +60,7 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	srv, err := controlplane.New(controlplane.Config{Store: st, Lender: lender{}, BootstrapToken: boot,
+	srv, err := controlplane.New(context.Background(), controlplane.Config{Store: st, Lender: lender{}, BootstrapToken: boot,
 		Tokens: []controlplane.Token{{Token: alice, Tenant: "alice"}, {Token: bob, Tenant: "bob"}, {Token: admin, Tenant: "ops", Admin: true}}})
 	if err != nil {
 		t.Fatal(err)
