@@ -444,3 +444,19 @@ func partExport(credential string, i int) string {
 	m.Write([]byte("part/" + strconv.Itoa(i)))
 	return "rlp_" + base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
+
+func sizeText(req api.LeaseRequest) string {
+	if req.Kind == api.KindAccel {
+		if req.Whole {
+			return "a whole device"
+		}
+		if req.Count > 1 {
+			return strconv.Itoa(req.Count) + " slots"
+		}
+		return "1 slot"
+	}
+	if req.Size == 0 || req.Whole {
+		return "a whole device"
+	}
+	return resource.FormatSize(req.Size)
+}
