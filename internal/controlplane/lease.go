@@ -76,7 +76,7 @@ func (s *Server) transition(ctx context.Context, id string, to api.LeaseState, c
 	if err == nil {
 		s.m.leaseTransitions.With(string(to)).Inc()
 		if to.Terminal() {
-			s.uncacheLease(id)
+			s.res.Release(id)
 		}
 	}
 	return l, err
@@ -186,13 +186,7 @@ func (s *Server) explainLease(ctx context.Context, tenant string, req api.LeaseR
 	if err := s.validateLeaseRequest(&req); err != nil {
 		return api.Plan{}, err
 	}
-	s.placeMu.Lock()
-	inv, err := s.inventory(ctx)
-	s.placeMu.Unlock()
-	if err != nil {
-		return api.Plan{}, err
-	}
-	plan, err := policyPlace(inv, req, tenant, s.cfg.Quotas, nil, s.now(), nil)
+	plan, err := s.res.Preview(ctx, req, tenant, s.now())
 	if errors.Is(err, ErrInfeasible) || errors.Is(err, ErrQuota) {
 		return plan, nil // a dry run reports infeasibility in the plan
 	}
@@ -229,22 +223,21 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 	skip := map[string]string{}
 	var plan api.Plan
 	var lease api.Lease
-	// Placement is serialized in this process, and a placed reservation
-	// is entered in the in-memory placement view before the lock is let
-	// go, so that concurrent requests place around it instead of racing
-	// for the same free range. It is then written with other requests'
-	// writes in one transaction (group commit); the store re-checks every
-	// part atomically, so a stale view costs a retry, never an
-	// over-commit. A refused write is taken out of the view again.
+	// The reserver places the request and holds the plan's parts in its
+	// view, so that concurrent requests place around them instead of
+	// racing for the same free range. The reservation is then written
+	// with other requests' writes in one transaction (group commit); the
+	// store re-checks every part atomically, so a stale view costs a
+	// retry, never an over-commit. A refused write is taken out of the
+	// view again.
 	for attempt := 0; ; attempt++ {
-		s.placeMu.Lock()
-		plan, err = s.placeNew(ctx, req, p.tenant, skip, now)
+		id := resource.NewID("lease")
+		plan, err = s.res.Place(ctx, hold{id: id, tenant: p.tenant, kind: req.Kind, demand: demand}, req, nil, now)
 		if err != nil {
-			s.placeMu.Unlock()
 			return l, false, err
 		}
 		lease = api.Lease{
-			ID: resource.NewID("lease"), State: api.LeaseReserved, Kind: req.Kind, Mode: plan.Mode, Tenant: p.tenant,
+			ID: id, State: api.LeaseReserved, Kind: req.Kind, Mode: plan.Mode, Tenant: p.tenant,
 			Borrower: req.Borrower, Size: req.Size, Count: count, StripeUnit: req.StripeUnit, Parts: plan.Parts,
 			Credential: resource.NewSecret("rlc"), TTLSeconds: int64(ttl / time.Second), ExpiresAt: now.Add(ttl),
 			CreatedAt: now, UpdatedAt: now, IdempotencyKey: req.IdempotencyKey,
@@ -252,27 +245,23 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 		if lease.Mode == api.ModeComposed && lease.StripeUnit == 0 && req.Kind != api.KindAccel {
 			lease.StripeUnit = defaultStripeUnit
 		}
-		plan.ID = lease.ID
 		lease.Plan = &plan
-		s.cacheLease(lease, demand)
-		s.placeMu.Unlock()
 		created, err := s.leases.do(ctx, s.st, store.LeaseOp{Create: &store.NewLease{Lease: lease, Demand: demand, Idem: idem,
 			Event: api.Event{At: now, Type: "lease.reserved", Subject: lease.ID, State: string(api.LeaseReserved),
 				Message: "tenant " + p.tenant + ": " + string(lease.Mode) + " " + string(req.Kind) + " " + sizeText(req) + " on " + strconv.Itoa(len(plan.Parts)) + " part(s)"}}})
 		if err == nil {
+			s.res.Commit(lease.ID)
 			lease = created
 			break
 		}
-		s.uncacheLease(lease.ID)
+		s.res.Release(lease.ID)
 		switch {
 		case errors.Is(err, store.ErrDuplicate):
 			l, err := s.replay(ctx, idem)
 			return l, false, err
 		case errors.Is(err, store.ErrCapacity) && attempt < maxPlaceAttempts:
 			s.m.placeRetries.Inc()
-			s.placeMu.Lock()
-			s.inv.valid = false // lost a race for the device; place again on fresh data
-			s.placeMu.Unlock()
+			s.res.Invalidate() // lost a race for the device; place again on fresh data
 			continue
 		case errors.Is(err, store.ErrCapacity):
 			return l, false, fmt.Errorf("%w: devices kept being taken by concurrent leases; try again", ErrUnavailable)
@@ -312,28 +301,22 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 			s.log.Warn("lender did not confirm; skipping it", "lease", lease.ID, "node", nodeID, "err", why)
 		}
 		var why string
-		s.placeMu.Lock()
-		inv, err := s.inventory(ctx)
-		if err == nil {
-			if round+1 >= maxPrepareRounds {
-				err = fmt.Errorf("%w: gave up after %d rounds", ErrUnavailable, round+1)
-			} else {
-				plan, err = s.placeLocked(withoutLease(inv, lease.ID), req, p.tenant, skip, s.now())
-			}
+		if round+1 >= maxPrepareRounds {
+			err = fmt.Errorf("%w: gave up after %d rounds", ErrUnavailable, round+1)
+		} else {
+			plan, err = s.res.Place(ctx, hold{id: lease.ID, tenant: p.tenant, kind: req.Kind, demand: demand}, req, skip, s.now())
 		}
 		if err == nil {
-			plan.ID = lease.ID
 			var nl api.Lease
 			nl, err = s.st.ReplaceParts(ctx, lease.ID, plan.Parts, &plan, s.now(), api.Event{At: s.now(), Type: "lease.replaced", Subject: lease.ID,
 				Message: fmt.Sprintf("re-placed after %d lender(s) did not confirm", len(failed)), State: string(api.LeaseReserved)})
 			if err == nil {
+				s.res.Commit(lease.ID)
 				lease = nl
-				s.cacheLease(lease, demand)
-				s.placeMu.Unlock()
 				continue
 			}
+			s.res.Release(lease.ID)
 		}
-		s.placeMu.Unlock()
 		why = fmt.Sprintf("lenders did not confirm (%s) and no other placement: %v", joinReasons(failed), err)
 		fl, ferr := s.transition(ctx, lease.ID, api.LeaseFailed, store.LeaseChange{Reason: why, Plan: &plan}, "", api.LeaseReserved)
 		if ferr != nil && !errors.Is(ferr, store.ErrConflict) {
@@ -389,7 +372,7 @@ func (s *Server) prepareParts(ctx context.Context, l api.Lease, req api.LeaseReq
 	if len(failed) > 0 {
 		return nil, failed
 	}
-	devNames := s.deviceNames(ctx)
+	devNames := s.res.DeviceNames(ctx)
 	prepare := func(i int, p api.Part) {
 		pctx, cancel := context.WithTimeout(ctx, s.cfg.PrepareTimeout)
 		defer cancel()

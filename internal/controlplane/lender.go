@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
 )
 
 // HTTPLender is the default Lender: it calls the agent's lease-execution API
@@ -104,4 +105,39 @@ func (h *HTTPLender) post(ctx context.Context, node api.Node, agentKey, path str
 		}
 	}
 	return nil
+}
+
+// nodeCache keeps the node records lender calls need (address, agent key,
+// state), so that a lease cycle does not read and decode its lenders'
+// rows every time. It is dropped by invalidate, which every join, rejoin
+// and liveness change calls.
+type nodeCache struct {
+	mu  sync.Mutex
+	gen uint64
+	m   map[string]store.NodeRecord
+}
+
+// nodeRecord returns a node's record, from the cache when it has it.
+func (s *Server) nodeRecord(ctx context.Context, id string) (store.NodeRecord, error) {
+	c := &s.nodes
+	c.mu.Lock()
+	n, ok := c.m[id]
+	gen := c.gen
+	c.mu.Unlock()
+	if ok {
+		return n, nil
+	}
+	n, err := s.st.Node(ctx, id)
+	if err != nil {
+		return n, err
+	}
+	c.mu.Lock()
+	if c.gen == gen {
+		if c.m == nil {
+			c.m = map[string]store.NodeRecord{}
+		}
+		c.m[id] = n
+	}
+	c.mu.Unlock()
+	return n, nil
 }

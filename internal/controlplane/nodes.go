@@ -341,3 +341,13 @@ func sameExport(prev, next string) bool {
 	}
 	return true
 }
+
+// invalidate makes the next placement reload the inventory, and the next
+// lender call re-read its node.
+func (s *Server) invalidate() {
+	s.res.Invalidate()
+	s.nodes.mu.Lock()
+	s.nodes.gen++
+	s.nodes.m = nil
+	s.nodes.mu.Unlock()
+}

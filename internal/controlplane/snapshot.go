@@ -31,12 +31,6 @@ const lanVertex = "lan"
 // request names none.
 const defaultStripeUnit = 1 << 20
 
-// placeLocked places a request of tenant's with the cached placement
-// index; placeMu must be held and inv must come from inventory.
-func (s *Server) placeLocked(inv store.Inventory, req api.LeaseRequest, tenant string, skip map[string]string, now time.Time) (api.Plan, error) {
-	return policyPlace(inv, req, tenant, s.cfg.Quotas, skip, now, s.placeIndex)
-}
-
 // withoutLease is inv without a lease's parts: a lease being re-placed
 // neither holds its old parts (torn down) nor counts against its tenant's
 // quota while it is placed again.
