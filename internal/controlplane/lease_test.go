@@ -10,67 +10,52 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/lifecycle"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 )
 
-var allStates = []api.LeaseState{api.LeaseRequested, api.LeaseReserved, api.LeaseActive, api.LeaseReleasing,
-	api.LeaseReleased, api.LeaseFailed, api.LeaseLost, api.LeaseExpired}
-
-func TestStateMachine(t *testing.T) {
-	allowed := map[[2]api.LeaseState]bool{}
-	for _, tr := range [][2]api.LeaseState{
-		{api.LeaseRequested, api.LeaseReserved}, {api.LeaseRequested, api.LeaseFailed},
-		{api.LeaseReserved, api.LeaseReserved}, {api.LeaseReserved, api.LeaseActive}, {api.LeaseReserved, api.LeaseReleasing},
-		{api.LeaseReserved, api.LeaseFailed}, {api.LeaseReserved, api.LeaseLost}, {api.LeaseReserved, api.LeaseExpired},
-		{api.LeaseActive, api.LeaseActive}, {api.LeaseActive, api.LeaseReleasing}, {api.LeaseActive, api.LeaseLost}, {api.LeaseActive, api.LeaseExpired},
-		{api.LeaseReleasing, api.LeaseReleased}, {api.LeaseReleasing, api.LeaseLost},
-	} {
-		allowed[tr] = true
-	}
-	for _, from := range allStates {
-		for _, to := range allStates {
-			want := allowed[[2]api.LeaseState{from, to}]
-			if got := canTransition(from, to); got != want {
-				t.Errorf("%s → %s: got %v, want %v", from, to, got, want)
-			}
-			if from.Terminal() && canTransition(from, to) {
-				t.Errorf("terminal %s has a way out to %s", from, to)
-			}
-		}
-	}
-}
-
-// TestStateMachineStore drives each state into each target through the
-// server's transition (the CAS in the store) and checks that exactly the
-// table's transitions happen.
+// TestStateMachineStore drives leases into each state and checks that the
+// store's compare-and-set allows exactly the lifecycle's transitions out
+// of it (lifecycle.Allowed).
 func TestStateMachineStore(t *testing.T) {
 	e := newEnv(t)
 	e.join("n1", 64<<30)
 	alice := principal{role: roleTenant, tenant: "alice"}
-	// reach returns a fresh lease in state st.
+	// reach returns a fresh lease in state st, driven there by the
+	// lifecycle's events.
 	reach := func(t *testing.T, st api.LeaseState) string {
 		t.Helper()
 		l, _, err := e.srv.createLease(e.ctx, alice, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
 		if err != nil {
 			t.Fatal(err)
 		}
-		path := map[api.LeaseState][]api.LeaseState{
-			api.LeaseActive: nil, api.LeaseReleasing: {api.LeaseReleasing}, api.LeaseReleased: {api.LeaseReleasing, api.LeaseReleased},
-			api.LeaseLost: {api.LeaseLost}, api.LeaseExpired: {api.LeaseExpired},
+		path := map[api.LeaseState][]lifecycle.Event{
+			api.LeaseActive: nil, api.LeaseReleasing: {lifecycle.Release{By: "alice"}},
+			api.LeaseReleased: {lifecycle.Release{By: "alice"}, lifecycle.TornDown{}},
+			api.LeaseLost:     {lifecycle.NodeDown{NodeID: l.NodeID, Name: "n1"}},
 		}
-		for _, s := range path[st] {
-			if _, err := e.srv.transition(e.ctx, l.ID, s, store.LeaseChange{}, "test"); err != nil {
+		for _, ev := range path[st] {
+			if l, _, err = e.srv.apply(e.ctx, l, ev); err != nil {
 				t.Fatal(err)
 			}
+		}
+		if st == api.LeaseExpired {
+			e.clock.Advance(2 * time.Hour)
+			if l, _, err = e.srv.apply(e.ctx, l, lifecycle.Expire{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if l.State != st {
+			t.Fatalf("reached %s, not %s", l.State, st)
 		}
 		return l.ID
 	}
 	for _, from := range []api.LeaseState{api.LeaseActive, api.LeaseReleasing, api.LeaseReleased, api.LeaseLost, api.LeaseExpired} {
-		for _, to := range allStates {
+		for _, to := range lifecycle.States {
 			t.Run(string(from)+"→"+string(to), func(t *testing.T) {
 				id := reach(t, from)
-				_, err := e.srv.st.TransitionLease(e.ctx, id, store.LeaseChange{From: sources(to), To: to, At: e.clock.Now()}, api.Event{})
-				want := canTransition(from, to)
+				_, err := e.srv.st.TransitionLease(e.ctx, id, store.LeaseChange{From: lifecycle.Sources(to), To: to, At: e.clock.Now()}, api.Event{})
+				want := lifecycle.Allowed(from, to)
 				if want && err != nil {
 					t.Fatalf("refused: %v", err)
 				}
