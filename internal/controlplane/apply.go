@@ -42,10 +42,10 @@ func (s *Server) apply(ctx context.Context, l api.Lease, ev lifecycle.Event) (ap
 			out, werr = s.leases.do(ctx, s.st, store.LeaseOp{Transition: store.Transition{ID: l.ID, Change: a.Change, Event: a.Event}})
 			s.wrote(ctx, l, out, a.Event, werr)
 			if werr != nil {
-				s.effects(ctx, l, a.Undo)
+				s.effects(ctx, l, a.Undo...)
 			}
 		default:
-			rest = append(rest, s.effects(ctx, next, []lifecycle.Action{a})...)
+			rest = append(rest, s.effects(ctx, next, a)...)
 			continue
 		}
 		if werr != nil {
@@ -58,7 +58,7 @@ func (s *Server) apply(ctx context.Context, l api.Lease, ev lifecycle.Event) (ap
 
 // effects performs the actions that are not writes (Teardown, Free) for
 // lease l, and returns the others.
-func (s *Server) effects(ctx context.Context, l api.Lease, acts []lifecycle.Action) []lifecycle.Action {
+func (s *Server) effects(ctx context.Context, l api.Lease, acts ...lifecycle.Action) []lifecycle.Action {
 	var rest []lifecycle.Action
 	for _, a := range acts {
 		switch a := a.(type) {

@@ -235,7 +235,7 @@ func reconcile(l api.Lease, e Reconcile) (api.Lease, []Action, error) {
 	if (l.State == api.LeaseReserved || l.State == api.LeaseActive) && onNode(l, e.NodeID) {
 		return l, nil, nil
 	}
-	return l, []Action{TeardownOn{NodeID: e.NodeID}}, nil
+	return l, []Action{TeardownOn(e)}, nil // the reporting node stops serving it
 }
 
 func moved(l api.Lease, e Moved, now time.Time) (api.Lease, []Action, error) {
