@@ -16,7 +16,7 @@ func TestReserverHolds(t *testing.T) {
 	r := e.srv.res
 	req := api.LeaseRequest{Kind: api.KindBlock, Size: 512 << 20, Mode: api.ModeShared}
 	place := func(id string) (api.Plan, error) {
-		return r.Place(e.ctx, hold{id: id, tenant: "alice", kind: api.KindBlock}, req, nil, e.clock.Now())
+		return r.Place(e.ctx(), hold{id: id, tenant: "alice", kind: api.KindBlock}, req, nil, e.clock.Now())
 	}
 	a, err := place("lease-a")
 	if err != nil {
@@ -51,7 +51,7 @@ func TestReserverHolds(t *testing.T) {
 		t.Fatalf("committed part not reloaded from the store: %v %+v, want %+v", err, d.Parts, b.Parts)
 	}
 	// Nothing was written: the store knows of no lease.
-	if ls, err := e.srv.st.Leases(e.ctx, storeAll); err != nil || len(ls) != 0 {
+	if ls, err := e.srv.st.Leases(e.ctx(), storeAll); err != nil || len(ls) != 0 {
 		t.Fatalf("%v %+v", err, ls)
 	}
 }
