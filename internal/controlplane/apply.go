@@ -17,7 +17,7 @@ import (
 // placement a write holds or a lease's end frees. It returns the lease as
 // stored after the step, and the actions it leaves to its caller: Prepare
 // and Place, which the reservation pipeline answers with the next event,
-// and TeardownOn, which a heartbeat answers.
+// and TeardownOn and KeepOn, which a heartbeat answers.
 //
 // A refused or failed write ends the step: apply performs the write's
 // Undo, and returns the lease as it was and the store's error. An event

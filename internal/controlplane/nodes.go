@@ -233,18 +233,16 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 				l = api.Lease{ID: id} // unknown here: not live
 			}
 			_, todo, _ := s.apply(ctx, l, lifecycle.Reconcile{NodeID: nodeID})
-			torn := false
 			for _, a := range todo {
-				if _, ok := a.(lifecycle.TeardownOn); ok {
+				switch a := a.(type) {
+				case lifecycle.TeardownOn:
 					resp.Teardown = append(resp.Teardown, id)
-					torn = true
+				case lifecycle.KeepOn:
+					if !listed[id] {
+						listed[id] = true
+						resp.Leases = append(resp.Leases, api.LeaseExpiry{ID: id, ExpiresAt: a.ExpiresAt})
+					}
 				}
-			}
-			if !torn && !listed[id] {
-				// The lender serves what it restored only once listed
-				// here, and learns renewals from it.
-				listed[id] = true
-				resp.Leases = append(resp.Leases, api.LeaseExpiry{ID: l.ID, ExpiresAt: l.ExpiresAt})
 			}
 		}
 		if len(h.Moved) > 0 {

@@ -1,6 +1,8 @@
 package lifecycle
 
 import (
+	"time"
+
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 )
@@ -51,6 +53,14 @@ type Teardown struct{ Except string }
 // TeardownOn answers node NodeID's heartbeat: stop serving the lease.
 type TeardownOn struct{ NodeID string }
 
+// KeepOn answers node NodeID's heartbeat: keep serving the lease, which
+// expires at ExpiresAt unless renewed. A lender serves an export it
+// restored after a restart only once told so, and learns renewals from it.
+type KeepOn struct {
+	NodeID    string
+	ExpiresAt time.Time
+}
+
 // Free takes the lease's parts out of the placement view: the lease ended
 // and the store freed them with the write before.
 type Free struct{}
@@ -62,4 +72,5 @@ func (Prepare) action()    {}
 func (Place) action()      {}
 func (Teardown) action()   {}
 func (TeardownOn) action() {}
+func (KeepOn) action()     {}
 func (Free) action()       {}

@@ -5,11 +5,11 @@
 // Step takes a lease, an event and the time, and returns the lease after
 // the event and the actions that bring the world in line with it: writes
 // to the store (Create, Replace, Persist), calls to the lenders (Prepare,
-// Teardown), a new placement (Place), an answer to a lender's heartbeat
-// (TeardownOn) and the release of the lease's capacity in the placement
-// view (Free). Like raft's RawNode it does no I/O: the caller performs the
-// actions, in order, and feeds their outcomes back as events — a Prepare
-// comes back as Confirm or PrepareFailed, a Place as Placed or
+// Teardown), a new placement (Place), the release of the lease's capacity
+// in the placement view (Free), and the answers to a lender's heartbeat
+// (TeardownOn, KeepOn). Like raft's RawNode it does no I/O: the caller
+// performs the actions, in order, and feeds their outcomes back as events
+// — a Prepare comes back as Confirm or PrepareFailed, a Place as Placed or
 // Unplaceable. Every path that changes a lease goes through Step:
 // creation, renewal, release, the expiry sweep, node loss, interrupted
 // work and heartbeat reconciliation.

@@ -233,7 +233,7 @@ func interrupted(l api.Lease, e Interrupted, now time.Time) (api.Lease, []Action
 
 func reconcile(l api.Lease, e Reconcile) (api.Lease, []Action, error) {
 	if (l.State == api.LeaseReserved || l.State == api.LeaseActive) && onNode(l, e.NodeID) {
-		return l, nil, nil
+		return l, []Action{KeepOn{NodeID: e.NodeID, ExpiresAt: l.ExpiresAt}}, nil
 	}
 	return l, []Action{TeardownOn(e)}, nil // the reporting node stops serving it
 }

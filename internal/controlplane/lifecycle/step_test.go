@@ -221,6 +221,8 @@ func action(a Action) string {
 		return "Teardown"
 	case TeardownOn:
 		return "TeardownOn " + a.NodeID
+	case KeepOn:
+		return "KeepOn " + a.NodeID + " until " + a.ExpiresAt.Format(time.RFC3339)
 	case Free:
 		return "Free"
 	}
