@@ -156,7 +156,7 @@ func start(ctx context.Context, path string) (*cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv, err := controlplane.New(controlplane.Config{
+	srv, err := controlplane.New(ctx, controlplane.Config{
 		Store: st, BootstrapToken: bootTok, Tokens: []controlplane.Token{{Token: tenantTok, Tenant: "bench"}},
 		// Heartbeats are once a second; liveness thresholds are generous so
 		// that scheduling noise on a loaded machine does not mark agents down.

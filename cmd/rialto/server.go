@@ -70,7 +70,7 @@ func startControlPlane(ctx context.Context, ln net.Listener, db string, cfg cont
 		return nil, fmt.Errorf("open database %s: %w", db, err)
 	}
 	cfg.Store = st
-	srv, err := controlplane.New(cfg)
+	srv, err := controlplane.New(ctx, cfg)
 	if err != nil {
 		st.Close()
 		return nil, err

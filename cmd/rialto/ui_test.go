@@ -24,7 +24,7 @@ func TestUILink(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	srv, err := controlplane.New(controlplane.Config{Store: st, Tokens: []controlplane.Token{{Token: "tok", Tenant: "ops", Admin: true}}})
+	srv, err := controlplane.New(t.Context(), controlplane.Config{Store: st, Tokens: []controlplane.Token{{Token: "tok", Tenant: "ops", Admin: true}}})
 	if err != nil {
 		t.Fatal(err)
 	}

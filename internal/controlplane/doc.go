@@ -5,10 +5,23 @@
 // document, Prometheus metrics and the event stream, stream.go), with the
 // Redfish facade of package redfish under /redfish/v1.
 //
+// A lease changes only through the lease state machine
+// (internal/controlplane/lifecycle, pure): apply steps it and performs
+// the actions it hands back. The reservation pipeline (reservation.go) is
+// plan → apply: the reserver (reserver.go) places a request against its
+// cached view of the inventory (snapshot.go adapts that view to
+// internal/placement) and holds the plan's parts; the state machine's
+// Create writes the reservation through the group commit (batch.go), and
+// the store re-checks every part atomically, so a stale view costs a
+// retry, never an over-commit. Renewal and release (lease.go), the
+// background sweep (sweep.go: liveness, expiry, interrupted work) and
+// heartbeat reconciliation (nodes.go) drive the same machine; lender.go
+// reaches the agents.
+//
 // A Server is built by New from a Config whose Store is required; every
 // other field has a default. A Server is safe for concurrent use: handlers
-// run in many goroutines and the store serializes the reservations so that
-// a device is never over-committed. Run (or, in tests, Sweep with a fake
-// Clock) drives the background duties; Run's caller owns its goroutine and
-// stops it by cancelling the context.
+// run in many goroutines, the reserver serializes placements and the
+// store serializes the writes. Run (or, in tests, Sweep with a fake Clock)
+// drives the background duties; Run's caller owns its goroutine and stops
+// it by cancelling the context.
 package controlplane

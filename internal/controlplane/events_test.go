@@ -15,15 +15,15 @@ import (
 func TestEventsTenantIsolation(t *testing.T) {
 	e := newEnv(t)
 	e.join("n1", 1<<30)
-	la, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+	la, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
-	lb, err := e.bob.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+	lb, err := e.bob.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.alice.ReleaseLease(e.ctx, la.ID); err != nil {
+	if _, err := e.alice.ReleaseLease(e.ctx(), la.ID); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
@@ -36,7 +36,7 @@ func TestEventsTenantIsolation(t *testing.T) {
 		{"admin", e.admin, []string{la.ID, lb.ID}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			evs, err := tc.c.Events(e.ctx, 0)
+			evs, err := tc.c.Events(e.ctx(), 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -72,19 +72,19 @@ func TestEventsTenantIsolation(t *testing.T) {
 func TestPlanHidesOtherTenantsLeases(t *testing.T) {
 	e := newEnv(t)
 	e.joinModel("n1", placement.Seed000Model, 64<<30)
-	if _, err := e.admin.PutProfile(e.ctx, seed000APIProfile()); err != nil {
+	if _, err := e.admin.PutProfile(e.ctx(), seed000APIProfile()); err != nil {
 		t.Fatal(err)
 	}
 	writer := api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 1 << 30, Bandwidth: placement.Seed000WriterDemand, Work: 150e9}
-	la, err := e.alice.CreateLease(e.ctx, writer)
+	la, err := e.alice.CreateLease(e.ctx(), writer)
 	if err != nil {
 		t.Fatal(err)
 	}
-	lb, err := e.bob.CreateLease(e.ctx, writer)
+	lb, err := e.bob.CreateLease(e.ctx(), writer)
 	if err != nil {
 		t.Fatal(err)
 	}
-	plan, err := e.bob.Explain(e.ctx, writer)
+	plan, err := e.bob.Explain(e.ctx(), writer)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,11 +102,11 @@ func TestPlanHidesOtherTenantsLeases(t *testing.T) {
 		t.Errorf("bob's plan names alice's lease %s:\n%s", la.ID, s)
 	}
 	// The plan a created lease keeps (placed with the cached index).
-	lc, err := e.bob.CreateLease(e.ctx, writer)
+	lc, err := e.bob.CreateLease(e.ctx(), writer)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if lc, err = e.bob.Lease(e.ctx, lc.ID); err != nil {
+	if lc, err = e.bob.Lease(e.ctx(), lc.ID); err != nil {
 		t.Fatal(err)
 	}
 	if lc.Plan == nil || len(lc.Plan.Impacts) == 0 {

@@ -14,7 +14,7 @@ import (
 func TestLendersLearnExpiries(t *testing.T) {
 	e := newEnv(t)
 	j, node := e.join("n1", 1<<30)
-	l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, TTLSeconds: 60})
+	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, TTLSeconds: 60})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,17 +29,17 @@ func TestLendersLearnExpiries(t *testing.T) {
 	if !prepared.ExpiresAt.Equal(l.ExpiresAt) || prepared.ExpiresAt.IsZero() || !prepared.Now.Equal(e.clock.Now()) {
 		t.Fatalf("prepare request expiry %v at %v, lease expiry %v at %v", prepared.ExpiresAt, prepared.Now, l.ExpiresAt, e.clock.Now())
 	}
-	gone, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+	gone, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.alice.ReleaseLease(e.ctx, gone.ID); err != nil {
+	if _, err := e.alice.ReleaseLease(e.ctx(), gone.ID); err != nil {
 		t.Fatal(err)
 	}
 
 	beat := func() api.HeartbeatResponse {
 		t.Helper()
-		resp, err := node.Heartbeat(e.ctx, j.NodeID, api.Heartbeat{Health: "ok", Leases: []string{l.ID, gone.ID}})
+		resp, err := node.Heartbeat(e.ctx(), j.NodeID, api.Heartbeat{Health: "ok", Leases: []string{l.ID, gone.ID}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -57,7 +57,7 @@ func TestLendersLearnExpiries(t *testing.T) {
 	}
 
 	e.clock.Advance(30 * time.Second)
-	r, err := e.alice.RenewLease(e.ctx, l.ID, 120)
+	r, err := e.alice.RenewLease(e.ctx(), l.ID, 120)
 	if err != nil {
 		t.Fatal(err)
 	}

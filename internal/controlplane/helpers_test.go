@@ -112,7 +112,6 @@ type env struct {
 	bob    *api.Client
 	admin  *api.Client
 	boot   *api.Client
-	ctx    context.Context
 }
 
 func newEnv(t *testing.T, mod ...func(*Config)) *env {
@@ -124,7 +123,7 @@ func newEnv(t *testing.T, mod ...func(*Config)) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	e := &env{t: t, clock: newFakeClock(), lender: newFakeLender(), dbPath: path, ctx: context.Background()}
+	e := &env{t: t, clock: newFakeClock(), lender: newFakeLender(), dbPath: path}
 	cfg := Config{
 		Store: st, Clock: e.clock, Lender: e.lender, BootstrapToken: bootTok, PrepareTimeout: 200 * time.Millisecond,
 		Tokens: []Token{{Token: aliceTok, Tenant: "alice"}, {Token: bobTok, Tenant: "bob"}, {Token: adminTok, Tenant: "ops", Admin: true}},
@@ -132,7 +131,7 @@ func newEnv(t *testing.T, mod ...func(*Config)) *env {
 	for _, m := range mod {
 		m(&cfg)
 	}
-	e.srv, err = New(cfg)
+	e.srv, err = New(e.ctx(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,6 +144,9 @@ func newEnv(t *testing.T, mod ...func(*Config)) *env {
 	return e
 }
 
+// ctx is the test's context, cancelled when the test ends.
+func (e *env) ctx() context.Context { return e.t.Context() }
+
 // join registers a node named name with block devices of the given sizes.
 func (e *env) join(name string, sizes ...int64) (api.JoinResponse, *api.Client) {
 	e.t.Helper()
@@ -153,7 +155,7 @@ func (e *env) join(name string, sizes ...int64) (api.JoinResponse, *api.Client) 
 	for i, sz := range sizes {
 		req.Devices = append(req.Devices, api.DeviceSpec{Name: fmt.Sprintf("disk%d", i), Kind: api.KindBlock, Capacity: sz, Sharing: "partitionable"})
 	}
-	jr, err := e.boot.Join(e.ctx, req)
+	jr, err := e.boot.Join(e.ctx(), req)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -10,67 +10,52 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/lifecycle"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 )
 
-var allStates = []api.LeaseState{api.LeaseRequested, api.LeaseReserved, api.LeaseActive, api.LeaseReleasing,
-	api.LeaseReleased, api.LeaseFailed, api.LeaseLost, api.LeaseExpired}
-
-func TestStateMachine(t *testing.T) {
-	allowed := map[[2]api.LeaseState]bool{}
-	for _, tr := range [][2]api.LeaseState{
-		{api.LeaseRequested, api.LeaseReserved}, {api.LeaseRequested, api.LeaseFailed},
-		{api.LeaseReserved, api.LeaseReserved}, {api.LeaseReserved, api.LeaseActive}, {api.LeaseReserved, api.LeaseReleasing},
-		{api.LeaseReserved, api.LeaseFailed}, {api.LeaseReserved, api.LeaseLost}, {api.LeaseReserved, api.LeaseExpired},
-		{api.LeaseActive, api.LeaseActive}, {api.LeaseActive, api.LeaseReleasing}, {api.LeaseActive, api.LeaseLost}, {api.LeaseActive, api.LeaseExpired},
-		{api.LeaseReleasing, api.LeaseReleased}, {api.LeaseReleasing, api.LeaseLost},
-	} {
-		allowed[tr] = true
-	}
-	for _, from := range allStates {
-		for _, to := range allStates {
-			want := allowed[[2]api.LeaseState{from, to}]
-			if got := canTransition(from, to); got != want {
-				t.Errorf("%s → %s: got %v, want %v", from, to, got, want)
-			}
-			if from.Terminal() && canTransition(from, to) {
-				t.Errorf("terminal %s has a way out to %s", from, to)
-			}
-		}
-	}
-}
-
-// TestStateMachineStore drives each state into each target through the
-// server's transition (the CAS in the store) and checks that exactly the
-// table's transitions happen.
+// TestStateMachineStore drives leases into each state and checks that the
+// store's compare-and-set allows exactly the lifecycle's transitions out
+// of it (lifecycle.Allowed).
 func TestStateMachineStore(t *testing.T) {
 	e := newEnv(t)
 	e.join("n1", 64<<30)
 	alice := principal{role: roleTenant, tenant: "alice"}
-	// reach returns a fresh lease in state st.
+	// reach returns a fresh lease in state st, driven there by the
+	// lifecycle's events.
 	reach := func(t *testing.T, st api.LeaseState) string {
 		t.Helper()
-		l, _, err := e.srv.createLease(e.ctx, alice, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+		l, _, err := e.srv.createLease(e.ctx(), alice, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
 		if err != nil {
 			t.Fatal(err)
 		}
-		path := map[api.LeaseState][]api.LeaseState{
-			api.LeaseActive: nil, api.LeaseReleasing: {api.LeaseReleasing}, api.LeaseReleased: {api.LeaseReleasing, api.LeaseReleased},
-			api.LeaseLost: {api.LeaseLost}, api.LeaseExpired: {api.LeaseExpired},
+		path := map[api.LeaseState][]lifecycle.Event{
+			api.LeaseActive: nil, api.LeaseReleasing: {lifecycle.Release{By: "alice"}},
+			api.LeaseReleased: {lifecycle.Release{By: "alice"}, lifecycle.TornDown{}},
+			api.LeaseLost:     {lifecycle.NodeDown{NodeID: l.NodeID, Name: "n1"}},
 		}
-		for _, s := range path[st] {
-			if _, err := e.srv.transition(e.ctx, l.ID, s, store.LeaseChange{}, "test"); err != nil {
+		for _, ev := range path[st] {
+			if l, _, err = e.srv.apply(e.ctx(), l, ev); err != nil {
 				t.Fatal(err)
 			}
+		}
+		if st == api.LeaseExpired {
+			e.clock.Advance(2 * time.Hour)
+			if l, _, err = e.srv.apply(e.ctx(), l, lifecycle.Expire{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if l.State != st {
+			t.Fatalf("reached %s, not %s", l.State, st)
 		}
 		return l.ID
 	}
 	for _, from := range []api.LeaseState{api.LeaseActive, api.LeaseReleasing, api.LeaseReleased, api.LeaseLost, api.LeaseExpired} {
-		for _, to := range allStates {
+		for _, to := range lifecycle.States {
 			t.Run(string(from)+"→"+string(to), func(t *testing.T) {
 				id := reach(t, from)
-				_, err := e.srv.st.TransitionLease(e.ctx, id, store.LeaseChange{From: sources(to), To: to, At: e.clock.Now()}, api.Event{})
-				want := canTransition(from, to)
+				_, err := e.srv.st.TransitionLease(e.ctx(), id, store.LeaseChange{From: lifecycle.Sources(to), To: to, At: e.clock.Now()}, api.Event{})
+				want := lifecycle.Allowed(from, to)
 				if want && err != nil {
 					t.Fatalf("refused: %v", err)
 				}
@@ -89,7 +74,7 @@ func TestModesAndPartitions(t *testing.T) {
 	// Shared partitions on one device never overlap.
 	var ls []api.Lease
 	for i := 0; i < 4; i++ {
-		l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 256 << 20, Mode: api.ModeShared})
+		l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 256 << 20, Mode: api.ModeShared})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -103,7 +88,7 @@ func TestModesAndPartitions(t *testing.T) {
 		seen[l.Parts[0].Offset] = true
 	}
 	// The first device is full; dedicated takes the other one whole.
-	d, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeDedicated})
+	d, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeDedicated})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +96,7 @@ func TestModesAndPartitions(t *testing.T) {
 		t.Fatalf("dedicated %+v", d.Parts)
 	}
 	// Nothing left.
-	_, err = e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 4096})
+	_, err = e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 4096})
 	if !api.IsCode(err, api.CodeInfeasible) {
 		t.Fatalf("want infeasible, got %v", err)
 	}
@@ -121,11 +106,11 @@ func TestModesAndPartitions(t *testing.T) {
 	}
 	// Free everything, then a composed lease spans both nodes.
 	for _, l := range append(ls, d) {
-		if _, err := e.alice.ReleaseLease(e.ctx, l.ID); err != nil {
+		if _, err := e.alice.ReleaseLease(e.ctx(), l.ID); err != nil {
 			t.Fatal(err)
 		}
 	}
-	c, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 512 << 20, Count: 2})
+	c, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 512 << 20, Count: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,16 +127,16 @@ func TestModesAndPartitions(t *testing.T) {
 func TestExplainReservesNothing(t *testing.T) {
 	e := newEnv(t)
 	e.join("n1", 1<<30)
-	p, err := e.alice.Explain(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 256 << 20})
+	p, err := e.alice.Explain(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 256 << 20})
 	if err != nil || p.State != "feasible" || len(p.Parts) != 1 || p.ID != "" || len(p.Explanation) == 0 {
 		t.Fatalf("%v %+v", err, p)
 	}
-	p, err = e.alice.Explain(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 2 << 30})
+	p, err = e.alice.Explain(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 2 << 30})
 	if err != nil || p.State != "infeasible" || len(p.Explanation) == 0 {
 		t.Fatalf("%v %+v", err, p)
 	}
-	ls, _ := e.admin.Leases(e.ctx)
-	devs, _ := e.admin.Devices(e.ctx)
+	ls, _ := e.admin.Leases(e.ctx())
+	devs, _ := e.admin.Devices(e.ctx())
 	if len(ls) != 0 || devs[0].Allocated != 0 {
 		t.Fatalf("explain reserved something: %v %v", ls, devs)
 	}
@@ -162,18 +147,18 @@ func TestLenderSkipped(t *testing.T) {
 	e.join("n1", 1<<30)
 	e.join("n2", 1<<30)
 	req := api.LeaseRequest{Kind: api.KindBlock, Size: 256 << 20}
-	p, err := e.alice.Explain(e.ctx, req)
+	p, err := e.alice.Explain(e.ctx(), req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	first := p.Parts[0].NodeID // placement's choice; make it refuse
-	devs, _ := e.admin.Devices(e.ctx)
+	devs, _ := e.admin.Devices(e.ctx())
 	other := devs[0].NodeID
 	if other == first {
 		other = devs[1].NodeID
 	}
 	e.lender.set(e.lender.refuse, first, true)
-	l, err := e.alice.CreateLease(e.ctx, req)
+	l, err := e.alice.CreateLease(e.ctx(), req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +170,7 @@ func TestLenderSkipped(t *testing.T) {
 	if l.Plan == nil || len(l.Plan.Explanation) != 0 || len(l.Plan.Parts) == 0 {
 		t.Fatalf("create answered with the explanation: %+v", l.Plan)
 	}
-	if l, err = e.alice.Lease(e.ctx, l.ID); err != nil || l.Plan == nil || !strings.Contains(strings.Join(l.Plan.Explanation, "\n"), "skipped node "+first) {
+	if l, err = e.alice.Lease(e.ctx(), l.ID); err != nil || l.Plan == nil || !strings.Contains(strings.Join(l.Plan.Explanation, "\n"), "skipped node "+first) {
 		t.Fatalf("plan does not explain the skip: %v %+v", err, l.Plan)
 	}
 	// A lender that never answers is skipped after PrepareTimeout (binpack
@@ -193,7 +178,7 @@ func TestLenderSkipped(t *testing.T) {
 	e.lender.set(e.lender.refuse, first, false)
 	e.lender.set(e.lender.hang, other, true)
 	var l2 api.Lease
-	err = e.alice.Do(e.ctx, http.MethodPost, "/v1/leases?explain=1", req, &l2)
+	err = e.alice.Do(e.ctx(), http.MethodPost, "/v1/leases?explain=1", req, &l2)
 	if err != nil || l2.NodeID != first || l2.Plan == nil {
 		t.Fatalf("%v %+v", err, l2)
 	}
@@ -202,11 +187,11 @@ func TestLenderSkipped(t *testing.T) {
 	}
 	// Nobody confirms: the lease fails with the reasons, capacity is freed.
 	e.lender.set(e.lender.refuse, first, true)
-	_, err = e.alice.CreateLease(e.ctx, req)
+	_, err = e.alice.CreateLease(e.ctx(), req)
 	if !api.IsCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "did not confirm") {
 		t.Fatalf("want unavailable, got %v", err)
 	}
-	ls, _ := e.alice.AllLeases(e.ctx)
+	ls, _ := e.alice.AllLeases(e.ctx())
 	var failed int
 	for _, x := range ls {
 		if x.State == api.LeaseFailed {
@@ -216,7 +201,7 @@ func TestLenderSkipped(t *testing.T) {
 			}
 		}
 	}
-	devs, _ = e.admin.Devices(e.ctx)
+	devs, _ = e.admin.Devices(e.ctx())
 	var alloc int64
 	for _, d := range devs {
 		alloc += d.Allocated
@@ -229,52 +214,52 @@ func TestLenderSkipped(t *testing.T) {
 func TestRenewAndExpire(t *testing.T) {
 	e := newEnv(t)
 	j, _ := e.join("n1", 1<<30)
-	l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, TTLSeconds: 10})
+	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, TTLSeconds: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
-	keep, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, TTLSeconds: 10})
+	keep, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, TTLSeconds: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.clock.Advance(8 * time.Second)
-	r, err := e.alice.RenewLease(e.ctx, keep.ID, 30)
+	r, err := e.alice.RenewLease(e.ctx(), keep.ID, 30)
 	if err != nil || !r.ExpiresAt.Equal(e.clock.Now().Add(30*time.Second)) || r.State != api.LeaseActive {
 		t.Fatalf("renew: %v %+v", err, r)
 	}
 	e.clock.Advance(3 * time.Second)
 	// Keep the node alive across the jump.
-	if _, err := e.boot.WithToken(j.Credential).Heartbeat(e.ctx, j.NodeID, api.Heartbeat{Health: "ok"}); err != nil {
+	if _, err := e.boot.WithToken(j.Credential).Heartbeat(e.ctx(), j.NodeID, api.Heartbeat{Health: "ok"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.srv.Sweep(e.ctx); err != nil {
+	if err := e.srv.Sweep(e.ctx()); err != nil {
 		t.Fatal(err)
 	}
-	got, _ := e.alice.Lease(e.ctx, l.ID)
+	got, _ := e.alice.Lease(e.ctx(), l.ID)
 	if got.State != api.LeaseExpired || !strings.Contains(got.Reason, "TTL") {
 		t.Fatalf("not expired: %+v", got)
 	}
 	if !strings.Contains(strings.Join(e.lender.tornDown(), " "), l.ID) {
 		t.Fatalf("expired lease not torn down: %v", e.lender.tornDown())
 	}
-	got, _ = e.alice.Lease(e.ctx, keep.ID)
+	got, _ = e.alice.Lease(e.ctx(), keep.ID)
 	if got.State != api.LeaseActive {
 		t.Fatalf("renewed lease: %+v", got)
 	}
-	if _, err := e.alice.RenewLease(e.ctx, l.ID, 10); !api.IsCode(err, api.CodeConflict) {
+	if _, err := e.alice.RenewLease(e.ctx(), l.ID, 10); !api.IsCode(err, api.CodeConflict) {
 		t.Fatalf("renewing an expired lease: %v", err)
 	}
-	if _, err := e.alice.ReleaseLease(e.ctx, l.ID); !api.IsCode(err, api.CodeConflict) {
+	if _, err := e.alice.ReleaseLease(e.ctx(), l.ID); !api.IsCode(err, api.CodeConflict) {
 		t.Fatalf("releasing an expired lease: %v", err)
 	}
-	if _, err := e.alice.RenewLease(e.ctx, keep.ID, 1<<40); !api.IsCode(err, api.CodeInvalid) {
+	if _, err := e.alice.RenewLease(e.ctx(), keep.ID, 1<<40); !api.IsCode(err, api.CodeInvalid) {
 		t.Fatalf("huge ttl: %v", err)
 	}
-	r1, err := e.alice.ReleaseLease(e.ctx, keep.ID)
+	r1, err := e.alice.ReleaseLease(e.ctx(), keep.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r2, err := e.alice.ReleaseLease(e.ctx, keep.ID)
+	r2, err := e.alice.ReleaseLease(e.ctx(), keep.ID)
 	if err != nil || r1.State != api.LeaseReleased || r2.State != api.LeaseReleased {
 		t.Fatalf("release twice: %v %+v %+v", err, r1, r2)
 	}
@@ -295,7 +280,7 @@ func TestNoOverCommit(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < per; i++ {
-				l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 256 << 20, Mode: api.ModeShared})
+				l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 256 << 20, Mode: api.ModeShared})
 				switch {
 				case err == nil:
 					mu.Lock()
@@ -328,7 +313,7 @@ func TestNoOverCommit(t *testing.T) {
 			byDev[p.DeviceID] = append(byDev[p.DeviceID], rng{p.Offset, p.Offset + p.Length})
 		}
 	}
-	devs, _ := e.admin.Devices(e.ctx)
+	devs, _ := e.admin.Devices(e.ctx())
 	for _, d := range devs {
 		if d.Allocated != d.Capacity {
 			t.Fatalf("device %s allocated %d of %d", d.Name, d.Allocated, d.Capacity)
@@ -340,17 +325,17 @@ func TestNoOverCommit(t *testing.T) {
 		wg2.Add(2)
 		go func() {
 			defer wg2.Done()
-			if _, err := e.alice.ReleaseLease(e.ctx, l.ID); err != nil {
+			if _, err := e.alice.ReleaseLease(e.ctx(), l.ID); err != nil {
 				t.Error(err)
 			}
 		}()
 		go func() {
 			defer wg2.Done()
-			e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 512 << 20, Mode: api.ModeShared})
+			e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 512 << 20, Mode: api.ModeShared})
 		}()
 	}
 	wg2.Wait()
-	devs, _ = e.admin.Devices(e.ctx)
+	devs, _ = e.admin.Devices(e.ctx())
 	for _, d := range devs {
 		if d.Allocated > d.Capacity || d.Allocated < 0 {
 			t.Fatalf("device %s allocated %d of %d", d.Name, d.Allocated, d.Capacity)
@@ -362,11 +347,11 @@ func TestIdempotency(t *testing.T) {
 	e := newEnv(t)
 	e.join("n1", 1<<30)
 	req := api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, IdempotencyKey: "job-42"}
-	a, err := e.alice.CreateLease(e.ctx, req)
+	a, err := e.alice.CreateLease(e.ctx(), req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := e.alice.CreateLease(e.ctx, req)
+	b, err := e.alice.CreateLease(e.ctx(), req)
 	if err != nil || b.ID != a.ID || b.Credential != a.Credential {
 		t.Fatalf("replay: %v %s %s", err, a.ID, b.ID)
 	}
@@ -377,7 +362,7 @@ func TestIdempotency(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 2 << 20, IdempotencyKey: "job-43"})
+			l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 2 << 20, IdempotencyKey: "job-43"})
 			if err != nil {
 				t.Error(err)
 			}
@@ -391,22 +376,22 @@ func TestIdempotency(t *testing.T) {
 		}
 	}
 	req.Size = 2 << 20
-	if _, err := e.alice.CreateLease(e.ctx, req); !api.IsCode(err, api.CodeConflict) {
+	if _, err := e.alice.CreateLease(e.ctx(), req); !api.IsCode(err, api.CodeConflict) {
 		t.Fatalf("different body, same key: %v", err)
 	}
 	// Another tenant's key space is separate.
 	req.Size = 1 << 20
-	c, err := e.bob.CreateLease(e.ctx, req)
+	c, err := e.bob.CreateLease(e.ctx(), req)
 	if err != nil || c.ID == a.ID {
 		t.Fatalf("bob: %v %s", err, c.ID)
 	}
 	// Header and body keys must agree.
 	var out api.Lease
-	err = e.alice.Do(e.ctx, "POST", "/v1/leases", api.LeaseRequest{Kind: api.KindBlock, Size: 1, IdempotencyKey: "x"}, &out, "Idempotency-Key", "y")
+	err = e.alice.Do(e.ctx(), "POST", "/v1/leases", api.LeaseRequest{Kind: api.KindBlock, Size: 1, IdempotencyKey: "x"}, &out, "Idempotency-Key", "y")
 	if !api.IsCode(err, api.CodeInvalid) {
 		t.Fatalf("mismatched keys: %v", err)
 	}
-	ls, _ := e.admin.Leases(e.ctx)
+	ls, _ := e.admin.Leases(e.ctx())
 	if len(ls) != 3 {
 		t.Fatalf("%d leases, want 3", len(ls))
 	}
@@ -418,15 +403,15 @@ func TestLeasesLive(t *testing.T) {
 	e := newEnv(t)
 	e.join("n1", 1<<30)
 	req := api.LeaseRequest{Kind: api.KindBlock, Size: 64 << 20}
-	a, err := e.alice.CreateLease(e.ctx, req)
+	a, err := e.alice.CreateLease(e.ctx(), req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := e.alice.CreateLease(e.ctx, req)
+	b, err := e.alice.CreateLease(e.ctx(), req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.alice.ReleaseLease(e.ctx, a.ID); err != nil {
+	if _, err := e.alice.ReleaseLease(e.ctx(), a.ID); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
@@ -441,7 +426,7 @@ func TestLeasesLive(t *testing.T) {
 		{"?state=released", []string{a.ID}},
 	} {
 		var ls []api.Lease
-		if err := e.alice.Do(e.ctx, "GET", "/v1/leases"+c.query, nil, &ls); err != nil {
+		if err := e.alice.Do(e.ctx(), "GET", "/v1/leases"+c.query, nil, &ls); err != nil {
 			t.Fatalf("%s: %v", c.query, err)
 		}
 		var got []string
@@ -455,7 +440,7 @@ func TestLeasesLive(t *testing.T) {
 		}
 	}
 	var ls []api.Lease
-	if err := e.alice.Do(e.ctx, "GET", "/v1/leases?live=maybe", nil, &ls); !api.IsCode(err, api.CodeInvalid) {
+	if err := e.alice.Do(e.ctx(), "GET", "/v1/leases?live=maybe", nil, &ls); !api.IsCode(err, api.CodeInvalid) {
 		t.Fatalf("live=maybe: %v", err)
 	}
 }

@@ -3,16 +3,22 @@ package controlplane
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
 )
 
 // HTTPLender is the default Lender: it calls the agent's lease-execution API
@@ -104,4 +110,166 @@ func (h *HTTPLender) post(ctx context.Context, node api.Node, agentKey, path str
 		}
 	}
 	return nil
+}
+
+// nodeCache keeps the node records lender calls need (address, agent key,
+// state), so that a lease cycle does not read and decode its lenders'
+// rows every time. It is dropped by invalidate, which every join, rejoin
+// and liveness change calls.
+type nodeCache struct {
+	mu  sync.Mutex
+	gen uint64
+	m   map[string]store.NodeRecord
+}
+
+// nodeRecord returns a node's record, from the cache when it has it.
+func (s *Server) nodeRecord(ctx context.Context, id string) (store.NodeRecord, error) {
+	c := &s.nodes
+	c.mu.Lock()
+	n, ok := c.m[id]
+	gen := c.gen
+	c.mu.Unlock()
+	if ok {
+		return n, nil
+	}
+	n, err := s.st.Node(ctx, id)
+	if err != nil {
+		return n, err
+	}
+	c.mu.Lock()
+	if c.gen == gen {
+		if c.m == nil {
+			c.m = map[string]store.NodeRecord{}
+		}
+		c.m[id] = n
+	}
+	c.mu.Unlock()
+	return n, nil
+}
+
+// prepareParts asks every part's lender to prepare its export, in parallel,
+// each within PrepareTimeout. It returns the URIs, or the nodes that failed.
+// req supplies what the lease record does not keep: the role and the caps.
+func (s *Server) prepareParts(ctx context.Context, l api.Lease, req api.LeaseRequest) ([]string, map[string]string) {
+	uris := make([]string, len(l.Parts))
+	errs := make([]error, len(l.Parts))
+	nodes := map[string]store.NodeRecord{}
+	failed := map[string]string{}
+	for _, p := range l.Parts {
+		if _, ok := nodes[p.NodeID]; ok {
+			continue
+		}
+		n, err := s.nodeRecord(ctx, p.NodeID)
+		if err != nil {
+			failed[p.NodeID] = err.Error()
+			continue
+		}
+		nodes[p.NodeID] = n
+	}
+	if len(failed) > 0 {
+		return nil, failed
+	}
+	devNames := s.res.DeviceNames(ctx)
+	prepare := func(i int, p api.Part) {
+		pctx, cancel := context.WithTimeout(ctx, s.cfg.PrepareTimeout)
+		defer cancel()
+		n := nodes[p.NodeID]
+		start := time.Now()
+		resp, err := s.lender.Prepare(pctx, n.Node, n.AgentKey, api.PrepareRequest{
+			LeaseID: l.ID, Kind: l.Kind, Mode: l.Mode, DeviceID: p.DeviceID, DeviceName: devNames[p.DeviceID],
+			Offset: p.Offset, Length: p.Length, Export: partExport(l.Credential, i), Role: req.Role,
+			RoleConfig: req.RoleConfig, Gateway: req.Kind == api.KindAccel && req.Mode == api.ModeShared,
+			BandwidthCap: req.BandwidthCap, IOPSCap: req.IOPSCap, ExpiresAt: l.ExpiresAt, Now: s.now(),
+		})
+		s.m.lenderLatency.With("prepare").Observe(time.Since(start).Seconds())
+		if err == nil && resp.URI == "" {
+			err = errors.New("confirmed without a URI")
+		}
+		uris[i], errs[i] = resp.URI, err
+	}
+	if len(l.Parts) == 1 {
+		prepare(0, l.Parts[0]) // the usual case needs no goroutine
+	} else {
+		var wg sync.WaitGroup
+		for i, p := range l.Parts {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				prepare(i, p)
+			}()
+		}
+		wg.Wait()
+	}
+	for i, err := range errs {
+		if err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				err = fmt.Errorf("no confirmation within %v", s.cfg.PrepareTimeout)
+			}
+			failed[l.Parts[i].NodeID] = err.Error()
+		}
+	}
+	if len(failed) > 0 {
+		return nil, failed
+	}
+	return uris, nil
+}
+
+// partExport is the export name (the data-plane secret) of part i of the
+// lease whose credential is given: HMAC-SHA256(credential, "part/"+i),
+// base64url. The lender of one part learns nothing from it about the
+// names of the other parts; the borrower gets every part's name in its
+// URI.
+func partExport(credential string, i int) string {
+	m := hmac.New(sha256.New, []byte(credential))
+	m.Write([]byte("part/" + strconv.Itoa(i)))
+	return "rlp_" + base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// teardownParts asks each lender of l (once per node) to stop serving it,
+// in parallel, each within PrepareTimeout. Failures are logged: a lender
+// that missed it is told again by its next heartbeat response.
+func (s *Server) teardownParts(ctx context.Context, l api.Lease, skipNodes ...string) {
+	seen := map[string]bool{}
+	for _, n := range skipNodes {
+		seen[n] = true
+	}
+	var lenders []store.NodeRecord
+	for _, p := range l.Parts {
+		if seen[p.NodeID] {
+			continue
+		}
+		seen[p.NodeID] = true
+		n, err := s.nodeRecord(ctx, p.NodeID)
+		if err != nil {
+			s.log.Warn("teardown: node", "lease", l.ID, "node", p.NodeID, "err", err)
+			continue
+		}
+		if n.State == api.NodeDown {
+			continue
+		}
+		lenders = append(lenders, n)
+	}
+	teardown := func(n store.NodeRecord) {
+		tctx, cancel := context.WithTimeout(ctx, s.cfg.PrepareTimeout)
+		defer cancel()
+		start := time.Now()
+		err := s.lender.Teardown(tctx, n.Node, n.AgentKey, l.ID)
+		s.m.lenderLatency.With("teardown").Observe(time.Since(start).Seconds())
+		if err != nil {
+			s.log.Warn("teardown failed; the lender's heartbeat will reconcile", "lease", l.ID, "node", n.ID, "err", err)
+		}
+	}
+	if len(lenders) == 1 {
+		teardown(lenders[0]) // the usual case needs no goroutine
+		return
+	}
+	var wg sync.WaitGroup
+	for _, n := range lenders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			teardown(n)
+		}()
+	}
+	wg.Wait()
 }

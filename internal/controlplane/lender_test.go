@@ -69,7 +69,7 @@ func TestHTTPLender(t *testing.T) {
 
 	e := newEnv(t, func(c *Config) { c.Lender = nil; c.PrepareTimeout = 300 * time.Millisecond })
 	join := func(name, url string) api.JoinResponse {
-		jr, err := e.boot.Join(e.ctx, api.JoinRequest{Name: name, Address: "127.0.0.1", AgentURL: url,
+		jr, err := e.boot.Join(e.ctx(), api.JoinRequest{Name: name, Address: "127.0.0.1", AgentURL: url,
 			Fingerprint: api.Fingerprint{MachineID: "mid-" + name},
 			Devices:     []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30}}})
 		if err != nil {
@@ -85,14 +85,14 @@ func TestHTTPLender(t *testing.T) {
 	// Whichever node placement tries first, the lease ends on the good
 	// one: the slow agent never confirms and is skipped after the timeout.
 	req := api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20}
-	l, err := e.alice.CreateLease(e.ctx, req)
+	l, err := e.alice.CreateLease(e.ctx(), req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if l.NodeID != jg.NodeID || l.State != api.LeaseActive || !strings.HasPrefix(l.URI, "nbd://") || !strings.HasSuffix(l.URI, "/"+partExport(l.Credential, 0)) {
 		t.Fatalf("lease %+v", l)
 	}
-	if _, err := e.alice.ReleaseLease(e.ctx, l.ID); err != nil {
+	if _, err := e.alice.ReleaseLease(e.ctx(), l.ID); err != nil {
 		t.Fatal(err)
 	}
 	mu.Lock()

@@ -2,13 +2,14 @@ package controlplane
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
-	"slices"
 	"sort"
 	"sync"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/lifecycle"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 	"github.com/rialto-project/rialto/internal/resource"
 )
@@ -177,7 +178,9 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 	}, nil
 }
 
-// heartbeat records an agent's report and answers what to tear down.
+// heartbeat records an agent's report and answers what to tear down: each
+// lease the agent serves is reconciled by the lease state machine
+// (Reconcile), and the exports it moved are recorded (Moved).
 func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) (api.HeartbeatResponse, error) {
 	if len(h.Links) > 4096 || len(h.Leases) > 65536 || len(h.Moved) > 65536 || len(h.Health) > 1024 {
 		return api.HeartbeatResponse{}, fmt.Errorf("%w: heartbeat too large", ErrInvalid)
@@ -219,23 +222,27 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 		if err != nil {
 			return resp, err
 		}
-		keep := map[string]bool{}
+		byID := make(map[string]api.Lease, len(ls))
+		listed := map[string]bool{}
 		for _, l := range ls {
-			if l.State != api.LeaseReserved && l.State != api.LeaseActive {
-				continue
-			}
-			for _, p := range l.Parts {
-				if p.NodeID == nodeID && !keep[l.ID] {
-					keep[l.ID] = true
-					// The lender serves what it restored only once listed
-					// here, and learns renewals from it.
-					resp.Leases = append(resp.Leases, api.LeaseExpiry{ID: l.ID, ExpiresAt: l.ExpiresAt})
-				}
-			}
+			byID[l.ID] = l
 		}
 		for _, id := range h.Leases {
-			if !keep[id] {
-				resp.Teardown = append(resp.Teardown, id)
+			l, ok := byID[id]
+			if !ok {
+				l = api.Lease{ID: id} // unknown here: not live
+			}
+			_, todo, _ := s.apply(ctx, l, lifecycle.Reconcile{NodeID: nodeID})
+			for _, a := range todo {
+				switch a := a.(type) {
+				case lifecycle.TeardownOn:
+					resp.Teardown = append(resp.Teardown, id)
+				case lifecycle.KeepOn:
+					if !listed[id] {
+						listed[id] = true
+						resp.Leases = append(resp.Leases, api.LeaseExpiry{ID: id, ExpiresAt: a.ExpiresAt})
+					}
+				}
 			}
 		}
 		if len(h.Moved) > 0 {
@@ -251,9 +258,8 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 // recordMoved makes the URIs a lender reports for restored exports (see
 // api.Heartbeat.Moved) those of its parts of the active leases in ls, and
 // returns the IDs of the leases whose every reported part now carries the
-// reported URI. A report may only move a part of this node to another
-// address of the same export: same scheme, export name (the URI's path, the
-// lease's secret) and query keys, and for an accel gateway the same role.
+// reported URI. The lease state machine checks each report (Moved): it may
+// only move a part of this node to another address of the same export.
 //
 // The lease is read again under movedMu, so that two lenders of one lease
 // reporting at once each change only their own part: after activation,
@@ -272,72 +278,31 @@ func (s *Server) recordMoved(ctx context.Context, nodeID string, ls []api.Lease,
 			continue
 		}
 		l, err := s.st.Lease(ctx, l.ID)
-		if err != nil || l.State != api.LeaseActive {
+		if err != nil {
 			continue
 		}
-		uris := make([]string, len(l.Parts))
-		for i, p := range l.Parts {
-			uris[i] = p.URI
-		}
-		ok, changed := true, false
-		for _, m := range ms {
-			i := slices.IndexFunc(l.Parts, func(p api.Part) bool {
-				return p.NodeID == nodeID && p.DeviceID == m.DeviceID && p.Offset == m.Offset
-			})
-			if i < 0 || !sameExport(uris[i], m.URI) {
-				s.log.Warn("lender reported a moved export that does not match its lease part; ignored", "node", nodeID, "lease", l.ID)
-				ok = false
-				break
-			}
-			if uris[i] != m.URI {
-				uris[i], changed = m.URI, true
-			}
-		}
-		if !ok {
+		_, _, err = s.apply(ctx, l, lifecycle.Moved{NodeID: nodeID, Exports: ms})
+		switch {
+		case errors.Is(err, lifecycle.ErrRefused):
+			continue // no longer active
+		case errors.Is(err, lifecycle.ErrBadReport):
+			s.log.Warn("lender reported a moved export that does not match its lease part; ignored", "node", nodeID, "lease", l.ID)
 			continue
-		}
-		if changed {
-			now := s.now()
-			ch := store.LeaseChange{URIs: uris, From: []api.LeaseState{api.LeaseActive}, To: api.LeaseActive, At: now}
-			if len(uris) == 1 {
-				ch.URI = uris[0]
-			}
-			ev := api.Event{At: now, Type: "lease.moved", Subject: l.ID, State: string(api.LeaseActive),
-				Message: "lender " + nodeID + " serves the lease at a new address after a restart"}
-			if _, err := s.leases.do(ctx, s.st, store.LeaseOp{Transition: store.Transition{ID: l.ID, Change: ch, Event: ev}}); err != nil {
-				s.log.Warn("recording a moved export", "node", nodeID, "lease", l.ID, "err", err)
-				continue
-			}
-			s.log.Info("lease URI moved", "lease", l.ID, "node", nodeID)
+		case err != nil:
+			s.log.Warn("recording a moved export", "node", nodeID, "lease", l.ID, "err", err)
+			continue
 		}
 		acked = append(acked, l.ID)
 	}
 	return acked
 }
 
-// maxURI bounds a reported URI.
-const maxURI = 4096
-
-// sameExport reports whether next names the same export as prev (same
-// scheme and path) at some address.
-func sameExport(prev, next string) bool {
-	if len(next) > maxURI || prev == "" {
-		return false
-	}
-	p, err1 := url.Parse(prev)
-	n, err2 := url.Parse(next)
-	if err1 != nil || err2 != nil || n.Host == "" || n.User != nil || n.Fragment != "" ||
-		n.Scheme != p.Scheme || n.EscapedPath() != p.EscapedPath() {
-		return false
-	}
-	pq, nq := p.Query(), n.Query()
-	if len(pq) != len(nq) || pq.Get("gateway") != nq.Get("gateway") {
-		return false
-	}
-	for k := range pq {
-		if _, ok := nq[k]; !ok {
-			return false
-		}
-	}
-	return true
+// invalidate makes the next placement reload the inventory, and the next
+// lender call re-read its node.
+func (s *Server) invalidate() {
+	s.res.Invalidate()
+	s.nodes.mu.Lock()
+	s.nodes.gen++
+	s.nodes.m = nil
+	s.nodes.mu.Unlock()
 }

@@ -20,27 +20,27 @@ func TestLivenessAndRejoin(t *testing.T) {
 	e := newEnv(t)
 	j1, n1 := e.join("n1", 1<<30)
 	j2, n2 := e.join("n2", 1<<30)
-	on1, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{j1.NodeID}})
+	on1, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{j1.NodeID}})
 	if err != nil || on1.NodeID != j1.NodeID {
 		t.Fatalf("%v %+v", err, on1)
 	}
-	comp, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 2 << 20, Count: 2})
+	comp, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 2 << 20, Count: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
-	on2, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{j2.NodeID}})
+	on2, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{j2.NodeID}})
 	if err != nil || on2.NodeID != j2.NodeID {
 		t.Fatalf("%v %+v", err, on2)
 	}
 	state := func(id string) api.NodeState {
-		n, err := e.alice.Node(e.ctx, id)
+		n, err := e.alice.Node(e.ctx(), id)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return n.State
 	}
 	beat := func(c *api.Client, id string, leases ...string) api.HeartbeatResponse {
-		r, err := c.Heartbeat(e.ctx, id, api.Heartbeat{Health: "ok", Leases: leases, Links: []api.LinkReport{{To: "controlplane", RTTMicros: 50, Up: true}}})
+		r, err := c.Heartbeat(e.ctx(), id, api.Heartbeat{Health: "ok", Leases: leases, Links: []api.LinkReport{{To: "controlplane", RTTMicros: 50, Up: true}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -49,36 +49,36 @@ func TestLivenessAndRejoin(t *testing.T) {
 	// Silence shorter than SuspectAfter changes nothing.
 	e.clock.Advance(2 * time.Second)
 	beat(n2, j2.NodeID)
-	e.srv.Sweep(e.ctx)
+	e.srv.Sweep(e.ctx())
 	if state(j1.NodeID) != api.NodeReady {
 		t.Fatal("suspect too early")
 	}
 	e.clock.Advance(2 * time.Second) // n1 silent 4s, n2 2s
-	if err := e.srv.Sweep(e.ctx); err != nil {
+	if err := e.srv.Sweep(e.ctx()); err != nil {
 		t.Fatal(err)
 	}
 	if state(j1.NodeID) != api.NodeSuspect || state(j2.NodeID) != api.NodeReady {
 		t.Fatalf("states %s %s", state(j1.NodeID), state(j2.NodeID))
 	}
-	got, _ := e.alice.Lease(e.ctx, on1.ID)
+	got, _ := e.alice.Lease(e.ctx(), on1.ID)
 	if got.State != api.LeaseActive {
 		t.Fatal("suspect node's lease changed")
 	}
 	e.clock.Advance(7 * time.Second) // n1 silent 11s > DownAfter
 	beat(n2, j2.NodeID)
-	if err := e.srv.Sweep(e.ctx); err != nil {
+	if err := e.srv.Sweep(e.ctx()); err != nil {
 		t.Fatal(err)
 	}
 	if state(j1.NodeID) != api.NodeDown || state(j2.NodeID) != api.NodeReady {
 		t.Fatalf("states %s %s", state(j1.NodeID), state(j2.NodeID))
 	}
 	for _, id := range []string{on1.ID, comp.ID} {
-		got, _ := e.alice.Lease(e.ctx, id)
+		got, _ := e.alice.Lease(e.ctx(), id)
 		if got.State != api.LeaseLost || !strings.Contains(got.Reason, "down") {
 			t.Fatalf("lease %s: %+v", id, got)
 		}
 	}
-	if got, _ := e.alice.Lease(e.ctx, on2.ID); got.State != api.LeaseActive {
+	if got, _ := e.alice.Lease(e.ctx(), on2.ID); got.State != api.LeaseActive {
 		t.Fatalf("healthy node's lease: %+v", got)
 	}
 	// The composed lease's surviving lender was told to tear down.
@@ -86,18 +86,18 @@ func TestLivenessAndRejoin(t *testing.T) {
 		t.Fatalf("surviving part not torn down: %v", e.lender.tornDown())
 	}
 	// Lost leases freed their capacity.
-	devs, _ := e.admin.Devices(e.ctx)
+	devs, _ := e.admin.Devices(e.ctx())
 	for _, d := range devs {
 		if d.NodeID == j1.NodeID && d.Allocated != 0 {
 			t.Fatalf("down node still allocated: %+v", d)
 		}
 	}
 	// New leases avoid the down node; affinity to it alone is infeasible.
-	l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
 	if err != nil || l.NodeID != j2.NodeID {
 		t.Fatalf("%v %+v", err, l)
 	}
-	if _, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{j1.NodeID}}); !api.IsCode(err, api.CodeInfeasible) {
+	if _, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{j1.NodeID}}); !api.IsCode(err, api.CodeInfeasible) {
 		t.Fatalf("affinity to a down node: %v", err)
 	}
 	// Rejoin: same machine ID keeps its node ID and devices; the old
@@ -111,11 +111,11 @@ func TestLivenessAndRejoin(t *testing.T) {
 			oldDevs[d.Name] = d.ID
 		}
 	}
-	rj, err := e.boot.Join(e.ctx, req)
+	rj, err := e.boot.Join(e.ctx(), req)
 	if err != nil || rj.NodeID != j1.NodeID || rj.Credential == j1.Credential {
 		t.Fatalf("rejoin: %v %+v", err, rj)
 	}
-	if _, err := n1.Heartbeat(e.ctx, j1.NodeID, api.Heartbeat{}); !api.IsCode(err, api.CodeUnauthorized) {
+	if _, err := n1.Heartbeat(e.ctx(), j1.NodeID, api.Heartbeat{}); !api.IsCode(err, api.CodeUnauthorized) {
 		t.Fatalf("old credential: %v", err)
 	}
 	n1 = e.boot.WithToken(rj.Credential)
@@ -129,7 +129,7 @@ func TestLivenessAndRejoin(t *testing.T) {
 	if r2 := beat(n2, j2.NodeID, on2.ID); len(r2.Teardown) != 0 || len(r2.Peers) != 1 || r2.Peers[0].ID != j1.NodeID {
 		t.Fatalf("healthy node told %+v", r2)
 	}
-	devs, _ = e.admin.Devices(e.ctx)
+	devs, _ = e.admin.Devices(e.ctx())
 	states := map[string]string{}
 	for _, d := range devs {
 		if d.NodeID == j1.NodeID {
@@ -148,11 +148,11 @@ func TestLivenessAndRejoin(t *testing.T) {
 	if state(j1.NodeID) != api.NodeReady {
 		t.Fatal("rejoined node not ready")
 	}
-	topo, err := e.alice.Topology(e.ctx)
+	topo, err := e.alice.Topology(e.ctx())
 	if err != nil || len(topo.Links) != 2 || topo.Links[0].To != "controlplane" || topo.Links[0].State != "up" {
 		t.Fatalf("topology %v %+v", err, topo.Links)
 	}
-	evs, err := e.admin.Events(e.ctx, 0)
+	evs, err := e.admin.Events(e.ctx(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +172,7 @@ func TestAuth(t *testing.T) {
 	e := newEnv(t)
 	j1, n1 := e.join("n1", 1<<30)
 	j2, _ := e.join("n2", 1<<30)
-	mine, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+	mine, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +220,7 @@ func TestAuth(t *testing.T) {
 		{"unknown route", e.alice, "GET", "/v1/nope", nil, api.CodeNotFound},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			err := c.client.Do(e.ctx, c.method, c.path, c.body, nil)
+			err := c.client.Do(e.ctx(), c.method, c.path, c.body, nil)
 			if !api.IsCode(err, c.code) {
 				t.Fatalf("got %v, want %s", err, c.code)
 			}
@@ -233,11 +233,11 @@ func TestAuth(t *testing.T) {
 		t.Fatalf("refused requests changed state:\n%s\n%s", before, after)
 	}
 	// Tenants see only their own leases; admin sees all, without secrets.
-	if _, err := e.bob.CreateLease(e.ctx, leaseReq); err != nil {
+	if _, err := e.bob.CreateLease(e.ctx(), leaseReq); err != nil {
 		t.Fatal(err)
 	}
-	bl, _ := e.bob.Leases(e.ctx)
-	al, _ := e.admin.Leases(e.ctx)
+	bl, _ := e.bob.Leases(e.ctx())
+	al, _ := e.admin.Leases(e.ctx())
 	if len(bl) != 1 || bl[0].Tenant != "bob" || len(al) != 2 {
 		t.Fatalf("bob sees %d, admin %d", len(bl), len(al))
 	}
@@ -247,7 +247,7 @@ func TestAuth(t *testing.T) {
 		}
 	}
 	// The admin can release anyone's lease.
-	if _, err := e.admin.ReleaseLease(e.ctx, mine.ID); err != nil {
+	if _, err := e.admin.ReleaseLease(e.ctx(), mine.ID); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -255,10 +255,10 @@ func TestAuth(t *testing.T) {
 // stateDump summarises the whole state that a refused request must not change.
 func stateDump(t *testing.T, e *env) string {
 	t.Helper()
-	ls, _ := e.srv.st.Leases(e.ctx, storeAll)
-	nodes, _ := e.srv.st.Nodes(e.ctx)
-	devs, _ := e.srv.st.Devices(e.ctx)
-	evs, _ := e.srv.st.Events(e.ctx, 0, 1000, "")
+	ls, _ := e.srv.st.Leases(e.ctx(), storeAll)
+	nodes, _ := e.srv.st.Nodes(e.ctx())
+	devs, _ := e.srv.st.Devices(e.ctx())
+	evs, _ := e.srv.st.Events(e.ctx(), 0, 1000, "")
 	b, _ := json.Marshal([]any{ls, nodes, devs, len(evs)})
 	return string(b)
 }
@@ -266,7 +266,7 @@ func stateDump(t *testing.T, e *env) string {
 func TestOpenAPIAndMetrics(t *testing.T) {
 	e := newEnv(t)
 	e.join("n1", 1<<30)
-	if _, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20}); err != nil {
+	if _, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20}); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := http.Get(e.ts.URL + "/v1/openapi.json")
@@ -335,19 +335,19 @@ func TestHeartbeatBatching(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if _, err := a.c.Heartbeat(e.ctx, a.id, api.Heartbeat{Health: "ok"}); err != nil {
+			if _, err := a.c.Heartbeat(e.ctx(), a.id, api.Heartbeat{Health: "ok"}); err != nil {
 				t.Error(err)
 			}
 		}()
 	}
 	wg.Wait()
-	nodes, _ := e.alice.Nodes(e.ctx)
+	nodes, _ := e.alice.Nodes(e.ctx())
 	for _, n := range nodes {
 		if !n.LastHeartbeat.Equal(e.clock.Now()) {
 			t.Fatalf("node %s last heartbeat %v, want %v", n.Name, n.LastHeartbeat, e.clock.Now())
 		}
 	}
-	if _, err := agents[0].c.Heartbeat(e.ctx, "node-nope", api.Heartbeat{}); !api.IsCode(err, api.CodeForbidden) {
+	if _, err := agents[0].c.Heartbeat(e.ctx(), "node-nope", api.Heartbeat{}); !api.IsCode(err, api.CodeForbidden) {
 		t.Fatalf("heartbeat for an unknown node: %v", err)
 	}
 }
@@ -357,29 +357,29 @@ func TestHeartbeatBatching(t *testing.T) {
 func TestRestartGrace(t *testing.T) {
 	e := newEnv(t)
 	j, _ := e.join("n1", 1<<30)
-	l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.clock.Advance(time.Hour) // the control plane was down for an hour
-	srv2, err := New(Config{Store: e.srv.st, Clock: e.clock, Lender: e.lender, BootstrapToken: bootTok})
+	srv2, err := New(e.ctx(), Config{Store: e.srv.st, Clock: e.clock, Lender: e.lender, BootstrapToken: bootTok})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := srv2.Sweep(e.ctx); err != nil {
+	if err := srv2.Sweep(e.ctx()); err != nil {
 		t.Fatal(err)
 	}
-	n, _ := e.srv.st.Node(e.ctx, j.NodeID)
-	got, _ := e.srv.st.Lease(e.ctx, l.ID)
+	n, _ := e.srv.st.Node(e.ctx(), j.NodeID)
+	got, _ := e.srv.st.Lease(e.ctx(), l.ID)
 	if n.State != api.NodeReady || got.State != api.LeaseActive {
 		t.Fatalf("after restart: node %s, lease %s", n.State, got.State)
 	}
 	e.clock.Advance(11 * time.Second)
-	if err := srv2.Sweep(e.ctx); err != nil {
+	if err := srv2.Sweep(e.ctx()); err != nil {
 		t.Fatal(err)
 	}
-	n, _ = e.srv.st.Node(e.ctx, j.NodeID)
-	got, _ = e.srv.st.Lease(e.ctx, l.ID)
+	n, _ = e.srv.st.Node(e.ctx(), j.NodeID)
+	got, _ = e.srv.st.Lease(e.ctx(), l.ID)
 	if n.State != api.NodeDown || got.State != api.LeaseLost {
 		t.Fatalf("silent after restart: node %s, lease %s", n.State, got.State)
 	}
@@ -393,7 +393,7 @@ func TestHeartbeatMovedExports(t *testing.T) {
 	e := newEnv(t)
 	j1, n1 := e.join("n1", 1<<30)
 	j2, n2 := e.join("n2", 1<<30)
-	l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -425,12 +425,12 @@ func TestHeartbeatMovedExports(t *testing.T) {
 		{"same again", owner, ownerID, with(func(m *api.MovedExport) { m.URI = moveTo("127.0.0.1:7001") }), true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			before, _ := e.alice.Lease(e.ctx, l.ID)
-			resp, err := tc.cl.Heartbeat(e.ctx, tc.node, api.Heartbeat{Health: "ok", Leases: []string{l.ID}, Moved: []api.MovedExport{tc.m}})
+			before, _ := e.alice.Lease(e.ctx(), l.ID)
+			resp, err := tc.cl.Heartbeat(e.ctx(), tc.node, api.Heartbeat{Health: "ok", Leases: []string{l.ID}, Moved: []api.MovedExport{tc.m}})
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, _ := e.alice.Lease(e.ctx, l.ID)
+			got, _ := e.alice.Lease(e.ctx(), l.ID)
 			if !tc.wantOK {
 				if len(resp.Moved) != 0 || got.URI != before.URI || got.Parts[0].URI != before.Parts[0].URI {
 					t.Fatalf("refused report acknowledged %v or applied (URI changed: %v)", resp.Moved, got.URI != before.URI)
@@ -451,14 +451,14 @@ func TestRecordMovedTwoLenders(t *testing.T) {
 	e := newEnv(t)
 	e.join("n1", 1<<30)
 	e.join("n2", 1<<30)
-	l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeComposed, Count: 2, Size: 2 << 20})
+	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeComposed, Count: 2, Size: 2 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(l.Parts) != 2 || l.Parts[0].NodeID == l.Parts[1].NodeID {
 		t.Fatalf("want two parts on two nodes: %+v", l.Parts)
 	}
-	stale, err := e.srv.st.Leases(e.ctx, store.LeaseFilter{IDs: []string{l.ID}})
+	stale, err := e.srv.st.Leases(e.ctx(), store.LeaseFilter{IDs: []string{l.ID}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -468,11 +468,11 @@ func TestRecordMovedTwoLenders(t *testing.T) {
 		u.Host = fmt.Sprintf("127.0.0.1:%d", 7100+i)
 		want[i] = u.String()
 		m := api.MovedExport{LeaseID: l.ID, DeviceID: p.DeviceID, Offset: p.Offset, URI: want[i]}
-		if acked := e.srv.recordMoved(e.ctx, p.NodeID, stale, []api.MovedExport{m}); !slices.Equal(acked, []string{l.ID}) {
+		if acked := e.srv.recordMoved(e.ctx(), p.NodeID, stale, []api.MovedExport{m}); !slices.Equal(acked, []string{l.ID}) {
 			t.Fatalf("part %d: acked %v", i, acked)
 		}
 	}
-	got, _ := e.alice.Lease(e.ctx, l.ID)
+	got, _ := e.alice.Lease(e.ctx(), l.ID)
 	for i := range want {
 		if got.Parts[i].URI != want[i] {
 			t.Errorf("part %d kept its old URI", i)

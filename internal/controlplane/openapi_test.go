@@ -150,7 +150,7 @@ func TestPutProfileRefusesEmptyBodies(t *testing.T) {
 			t.Errorf("PUT %q: %d, want 400", body, resp.StatusCode)
 		}
 	}
-	if ps, err := e.admin.Profiles(e.ctx); err != nil || len(ps) != 0 {
+	if ps, err := e.admin.Profiles(e.ctx()); err != nil || len(ps) != 0 {
 		t.Fatalf("profiles after refused PUTs: %v %+v", err, ps)
 	}
 	if after := stateDump(t, e); after != before {

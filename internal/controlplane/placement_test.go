@@ -18,11 +18,11 @@ func (e *env) joinModel(name, model string, sizes ...int64) []api.Device {
 	for i, sz := range sizes {
 		req.Devices = append(req.Devices, api.DeviceSpec{Name: "disk" + string(rune('0'+i)), Kind: api.KindBlock, Capacity: sz, Model: model, Sharing: "partitionable"})
 	}
-	jr, err := e.boot.Join(e.ctx, req)
+	jr, err := e.boot.Join(e.ctx(), req)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	devs, err := e.admin.Devices(e.ctx)
+	devs, err := e.admin.Devices(e.ctx())
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -46,12 +46,12 @@ func seed000APIProfile() api.Profile {
 func TestProfilesAndDemandReachPlacement(t *testing.T) {
 	e := newEnv(t)
 	devs := e.joinModel("n1", placement.Seed000Model, 64<<30)
-	if _, err := e.admin.PutProfile(e.ctx, seed000APIProfile()); err != nil {
+	if _, err := e.admin.PutProfile(e.ctx(), seed000APIProfile()); err != nil {
 		t.Fatal(err)
 	}
 	writer := api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 1 << 30, Bandwidth: placement.Seed000WriterDemand, Work: 150e9}
 	for i := 0; i < 2; i++ {
-		l, err := e.alice.CreateLease(e.ctx, writer)
+		l, err := e.alice.CreateLease(e.ctx(), writer)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -59,7 +59,7 @@ func TestProfilesAndDemandReachPlacement(t *testing.T) {
 			t.Fatalf("lease on %s", l.DeviceID)
 		}
 	}
-	plan, err := e.alice.Explain(e.ctx, writer)
+	plan, err := e.alice.Explain(e.ctx(), writer)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,10 +75,10 @@ func TestProfilesAndDemandReachPlacement(t *testing.T) {
 	// A profile stored later reaches placement too (the cache is dropped).
 	p := seed000APIProfile()
 	p.WriteBps = []float64{4e9}
-	if _, err := e.admin.PutProfile(e.ctx, p); err != nil {
+	if _, err := e.admin.PutProfile(e.ctx(), p); err != nil {
 		t.Fatal(err)
 	}
-	plan2, err := e.alice.Explain(e.ctx, writer)
+	plan2, err := e.alice.Explain(e.ctx(), writer)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,19 +97,19 @@ func TestDevicePinning(t *testing.T) {
 		{Kind: api.KindBlock, Mode: api.ModeDedicated},
 	} {
 		req.Affinity = []string{b[0].ID}
-		l, err := e.alice.CreateLease(e.ctx, req)
+		l, err := e.alice.CreateLease(e.ctx(), req)
 		if err != nil {
 			t.Fatalf("%+v: %v", req, err)
 		}
 		if l.DeviceID != b[0].ID {
 			t.Fatalf("%+v placed on %s, pinned to %s", req, l.DeviceID, b[0].ID)
 		}
-		if _, err := e.alice.ReleaseLease(e.ctx, l.ID); err != nil {
+		if _, err := e.alice.ReleaseLease(e.ctx(), l.ID); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// Held whole, the pinned device refuses, though another is free.
-	held, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeDedicated, Affinity: []string{b[0].ID}})
+	held, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeDedicated, Affinity: []string{b[0].ID}})
 	if err != nil || held.DeviceID != b[0].ID {
 		t.Fatalf("%v %+v", err, held)
 	}
@@ -119,18 +119,18 @@ func TestDevicePinning(t *testing.T) {
 		{Kind: api.KindBlock, Size: 1 << 20},
 	} {
 		req.Affinity = []string{b[0].ID}
-		_, err = e.alice.CreateLease(e.ctx, req)
+		_, err = e.alice.CreateLease(e.ctx(), req)
 		var ae *api.Error
 		if !errors.As(err, &ae) || ae.Status != http.StatusUnprocessableEntity || !strings.Contains(ae.Message, "pinned device "+b[0].ID) {
 			t.Fatalf("%+v on a held pinned device: %v", req, err)
 		}
 	}
 	// The other device is still usable without a pin.
-	if l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeDedicated}); err != nil || l.DeviceID != a[0].ID {
+	if l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeDedicated}); err != nil || l.DeviceID != a[0].ID {
 		t.Fatalf("%v %+v", err, l)
 	}
 	// A pin to a device of another kind is refused.
-	if _, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindMemory, Size: 1 << 20, Affinity: []string{a[0].ID}}); !api.IsCode(err, api.CodeInfeasible) {
+	if _, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindMemory, Size: 1 << 20, Affinity: []string{a[0].ID}}); !api.IsCode(err, api.CodeInfeasible) {
 		t.Fatalf("memory pinned to a block device: %v", err)
 	}
 }
@@ -138,7 +138,7 @@ func TestDevicePinning(t *testing.T) {
 func TestProfileValidation(t *testing.T) {
 	e := newEnv(t)
 	good := api.Profile{Model: "m", WriteBps: []float64{1e9, 9e8}, ReadBps: []float64{2e9}, Latency4KUs: 80}
-	if _, err := e.admin.PutProfile(e.ctx, good); err != nil {
+	if _, err := e.admin.PutProfile(e.ctx(), good); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
@@ -152,7 +152,7 @@ func TestProfileValidation(t *testing.T) {
 	} {
 		p := good
 		c.mod(&p)
-		_, err := e.admin.PutProfile(e.ctx, p)
+		_, err := e.admin.PutProfile(e.ctx(), p)
 		var ae *api.Error
 		if !errors.As(err, &ae) || ae.Status != http.StatusBadRequest || !strings.Contains(ae.Message, c.want) {
 			t.Errorf("%s: %v", c.name, err)
@@ -167,7 +167,7 @@ func TestNoModeMayCompose(t *testing.T) {
 	e := newEnv(t)
 	e.joinModel("n1", "", 1<<30)
 	e.joinModel("n2", "", 1<<30)
-	l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 3 << 29})
+	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 3 << 29})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +181,7 @@ func TestNoModeMayCompose(t *testing.T) {
 	if total < 3<<29 {
 		t.Fatalf("parts hold %d bytes, want ≥ %d", total, int64(3<<29))
 	}
-	_, err = e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 3 << 29})
+	_, err = e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 3 << 29})
 	var ae *api.Error
 	if !errors.As(err, &ae) || ae.Status != http.StatusUnprocessableEntity {
 		t.Fatalf("shared 1.5 GiB: %v, want 422", err)
@@ -193,7 +193,7 @@ func TestNoModeMayCompose(t *testing.T) {
 func TestCapsReachLenders(t *testing.T) {
 	e := newEnv(t)
 	e.joinModel("n1", "", 1<<30)
-	l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 1 << 20,
+	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 1 << 20,
 		BandwidthCap: 50 << 20, IOPSCap: 500})
 	if err != nil {
 		t.Fatal(err)
@@ -217,7 +217,7 @@ func TestCapsReachLenders(t *testing.T) {
 		{Kind: api.KindBlock, Size: 1 << 20, BandwidthCap: -1},
 		{Kind: api.KindMemory, Size: 1 << 20, IOPSCap: 10},
 	} {
-		_, err := e.alice.CreateLease(e.ctx, bad)
+		_, err := e.alice.CreateLease(e.ctx(), bad)
 		var ae *api.Error
 		if !errors.As(err, &ae) || ae.Status != http.StatusBadRequest {
 			t.Errorf("%+v: %v, want 400", bad, err)
@@ -230,7 +230,7 @@ func (e *env) joinSpecs(name string, labels map[string]string, specs ...api.Devi
 	e.t.Helper()
 	req := api.JoinRequest{Name: name, Address: "127.0.0.1", AgentURL: "http://127.0.0.1:1", Labels: labels,
 		Fingerprint: api.Fingerprint{MachineID: "mid-" + name, Hostname: name, Cores: 2, MemoryBytes: 1 << 30}, Devices: specs}
-	jr, err := e.boot.Join(e.ctx, req)
+	jr, err := e.boot.Join(e.ctx(), req)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -279,7 +279,7 @@ func TestEveryKindPlacedByPolicy(t *testing.T) {
 		{Kind: api.KindAccel, Whole: true},
 		{Kind: api.KindAccel, Mode: api.ModeShared, Role: "echo"},
 	} {
-		plan, err := e.alice.Explain(e.ctx, req)
+		plan, err := e.alice.Explain(e.ctx(), req)
 		if err != nil || plan.State != "feasible" || len(plan.Parts) == 0 {
 			t.Fatalf("%+v: %v %+v", req, err, plan)
 		}
@@ -300,25 +300,25 @@ func TestWholeDeviceLease(t *testing.T) {
 		api.DeviceSpec{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"},
 		api.DeviceSpec{Name: "mem0", Kind: api.KindMemory, Capacity: 2 << 30, Sharing: "partitionable"})
 	for _, kind := range []api.Kind{api.KindBlock, api.KindMemory} {
-		plan, err := e.alice.Explain(e.ctx, api.LeaseRequest{Kind: kind})
+		plan, err := e.alice.Explain(e.ctx(), api.LeaseRequest{Kind: kind})
 		if err != nil || plan.State != "feasible" || !strings.Contains(strings.Join(plan.Explanation, "\n"), "whole device") {
 			t.Fatalf("%s explain: %v %+v", kind, err, plan)
 		}
-		l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: kind})
+		l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: kind})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if l.Mode != api.ModeDedicated || len(l.Parts) != 1 || l.Parts[0].Offset != 0 || l.Parts[0].Length < 1<<30 {
 			t.Fatalf("%s whole: %+v", kind, l)
 		}
-		_, err = e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: kind})
+		_, err = e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: kind})
 		wantCode(t, err, http.StatusUnprocessableEntity, "dedicated to another lease")
 		// A part of a device held whole is refused too.
-		_, err = e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: kind, Size: 1 << 20})
+		_, err = e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: kind, Size: 1 << 20})
 		wantCode(t, err, http.StatusUnprocessableEntity, "dedicated to another lease")
 	}
 	// A whole device is dedicated: shared needs a size.
-	_, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared})
+	_, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared})
 	wantCode(t, err, http.StatusBadRequest, "whole device")
 }
 
@@ -338,7 +338,7 @@ func TestLabelSelector(t *testing.T) {
 		{Kind: api.KindBlock, Labels: map[string]string{"disk": "nvme"}},
 		{Kind: api.KindMemory, Size: 1 << 20, Labels: map[string]string{"disk": "nvme"}},
 	} {
-		l, err := e.alice.CreateLease(e.ctx, req)
+		l, err := e.alice.CreateLease(e.ctx(), req)
 		if err != nil {
 			t.Fatalf("%+v: %v", req, err)
 		}
@@ -347,9 +347,9 @@ func TestLabelSelector(t *testing.T) {
 		}
 	}
 	bad := api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Labels: map[string]string{"disk": "optane"}}
-	_, err := e.alice.CreateLease(e.ctx, bad)
+	_, err := e.alice.CreateLease(e.ctx(), bad)
 	wantCode(t, err, http.StatusUnprocessableEntity, "labels", "lacks label disk=optane")
-	plan, err := e.alice.Explain(e.ctx, bad)
+	plan, err := e.alice.Explain(e.ctx(), bad)
 	if err != nil || plan.State != "infeasible" {
 		t.Fatalf("explain: %v %+v", err, plan)
 	}
@@ -358,7 +358,7 @@ func TestLabelSelector(t *testing.T) {
 		t.Fatalf("explanation does not name the constraint and both candidates:\n%s", text)
 	}
 	// Affinity may name a node by name.
-	l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{"hdd"}})
+	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{"hdd"}})
 	if err != nil || l.Parts[0].NodeID == nvme {
 		t.Fatalf("affinity by node name: %v %+v", err, l)
 	}
@@ -370,23 +370,23 @@ func TestLabelSelector(t *testing.T) {
 func TestExclusiveDevice(t *testing.T) {
 	e := newEnv(t)
 	excl := e.joinSpecs("x", nil, api.DeviceSpec{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "exclusive"})
-	_, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 1 << 20})
+	_, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 1 << 20})
 	wantCode(t, err, http.StatusUnprocessableEntity, "exclusive", "lent whole only")
-	_, err = e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeComposed, Count: 2, Size: 2 << 20})
+	_, err = e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeComposed, Count: 2, Size: 2 << 20})
 	wantCode(t, err, http.StatusUnprocessableEntity, "lent whole only")
 
 	part := e.joinSpecs("p", nil, api.DeviceSpec{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"})
-	l, err := e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
 	if err != nil || l.Mode != api.ModeShared || l.Parts[0].NodeID != part {
 		t.Fatalf("shared next to an exclusive device: %v %+v", err, l)
 	}
 	// No mode and the partitionable device pinned away: the exclusive
 	// device is dedicated whole.
-	l, err = e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, AntiAffinity: []string{part}})
+	l, err = e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, AntiAffinity: []string{part}})
 	if err != nil || l.Mode != api.ModeDedicated || l.Parts[0].NodeID != excl || l.Parts[0].Length != 1<<30 {
 		t.Fatalf("exclusive device with no mode: %v %+v", err, l)
 	}
-	_, err = e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeDedicated, AntiAffinity: []string{part}})
+	_, err = e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeDedicated, AntiAffinity: []string{part}})
 	wantCode(t, err, http.StatusUnprocessableEntity, "held whole")
 }
 
@@ -413,42 +413,42 @@ func TestQuota(t *testing.T) {
 	small := api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20}
 	var ids []string
 	for i := 0; i < 2; i++ {
-		l, err := e.alice.CreateLease(e.ctx, small)
+		l, err := e.alice.CreateLease(e.ctx(), small)
 		if err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, l.ID)
 	}
-	_, err := e.alice.CreateLease(e.ctx, small)
+	_, err := e.alice.CreateLease(e.ctx(), small)
 	wantQuota(t, err, "tenant alice holds 2 of 2 leases")
-	plan, err := e.alice.Explain(e.ctx, small)
+	plan, err := e.alice.Explain(e.ctx(), small)
 	if err != nil || plan.State != "infeasible" || !strings.Contains(strings.Join(plan.Explanation, "\n"), "(quota)") {
 		t.Fatalf("explain over quota: %v %+v", err, plan)
 	}
 	// bob's own quota replaces the default: no lease count, but bytes,
 	// slots and bandwidth.
-	_, err = e.bob.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Bandwidth: 200e6})
+	_, err = e.bob.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Bandwidth: 200e6})
 	wantQuota(t, err, "would use 200.0 MB/s of 100.0 MB/s")
 	for i := 0; i < 3; i++ {
-		if _, err := e.bob.CreateLease(e.ctx, small); err != nil {
+		if _, err := e.bob.CreateLease(e.ctx(), small); err != nil {
 			t.Fatalf("bob lease %d: %v", i, err)
 		}
 	}
-	_, err = e.bob.CreateLease(e.ctx, small)
+	_, err = e.bob.CreateLease(e.ctx(), small)
 	wantQuota(t, err, "would hold 4194304 of 3145728 bytes")
-	if _, err := e.bob.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindAccel}); err != nil {
+	if _, err := e.bob.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindAccel}); err != nil {
 		t.Fatal(err)
 	}
-	_, err = e.bob.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindAccel})
+	_, err = e.bob.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindAccel})
 	wantQuota(t, err, "would hold 2 of 1 slots")
-	if _, err := e.alice.ReleaseLease(e.ctx, ids[0]); err != nil {
+	if _, err := e.alice.ReleaseLease(e.ctx(), ids[0]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.alice.CreateLease(e.ctx, small); err != nil {
+	if _, err := e.alice.CreateLease(e.ctx(), small); err != nil {
 		t.Fatalf("after a release: %v", err)
 	}
 	// The admin tenant has the default quota too.
-	if _, err := e.admin.CreateLease(e.ctx, small); err != nil {
+	if _, err := e.admin.CreateLease(e.ctx(), small); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -500,7 +500,7 @@ func TestAccelModes(t *testing.T) {
 	}
 	create := func(req api.LeaseRequest, mode api.Mode, n int64) api.Lease {
 		t.Helper()
-		l, err := e.alice.CreateLease(e.ctx, req)
+		l, err := e.alice.CreateLease(e.ctx(), req)
 		if err != nil {
 			t.Fatalf("%+v: %v", req, err)
 		}
@@ -518,21 +518,21 @@ func TestAccelModes(t *testing.T) {
 	if whole.Parts[0].DeviceID == one.Parts[0].DeviceID {
 		t.Fatalf("whole device %s is the one the slot leases use", whole.Parts[0].DeviceID)
 	}
-	plan, err := e.alice.Explain(e.ctx, api.LeaseRequest{Kind: api.KindAccel, Whole: true})
+	plan, err := e.alice.Explain(e.ctx(), api.LeaseRequest{Kind: api.KindAccel, Whole: true})
 	if err != nil || plan.State != "infeasible" {
 		t.Fatalf("second whole device: %v %+v", err, plan)
 	}
-	plan, err = e.alice.Explain(e.ctx, api.LeaseRequest{Kind: api.KindAccel})
+	plan, err = e.alice.Explain(e.ctx(), api.LeaseRequest{Kind: api.KindAccel})
 	if err != nil || plan.State != "feasible" || plan.Mode != api.ModeDedicated || !strings.Contains(strings.Join(plan.Explanation, "\n"), "accel: dedicated, 1 slot(s)") {
 		t.Fatalf("slot beside the others (fresh snapshot): %v %+v", err, plan)
 	}
-	_, err = e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindAccel, Count: 2})
+	_, err = e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindAccel, Count: 2})
 	wantCode(t, err, http.StatusUnprocessableEntity)
-	e.alice.ReleaseLease(e.ctx, whole.ID)
+	e.alice.ReleaseLease(e.ctx(), whole.ID)
 	create(api.LeaseRequest{Kind: api.KindAccel, Count: 2}, api.ModeDedicated, 2)
 	create(api.LeaseRequest{Kind: api.KindAccel, Count: 2}, api.ModeDedicated, 2)
 	create(api.LeaseRequest{Kind: api.KindAccel}, api.ModeDedicated, 1)
-	_, err = e.alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindAccel})
+	_, err = e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindAccel})
 	wantCode(t, err, http.StatusUnprocessableEntity)
 	// The lender is asked for a gateway for shared leases only.
 	for k, pr := range e.lender.exports {
@@ -550,7 +550,7 @@ func TestAccelModes(t *testing.T) {
 		{api.LeaseRequest{Kind: api.KindAccel, Mode: api.ModeComposed, Count: 2}, "not composed"},
 		{api.LeaseRequest{Kind: api.KindAccel, Mode: api.ModeShared, Role: "echo", Whole: true}, "whole device is dedicated"},
 	} {
-		_, err := e.alice.CreateLease(e.ctx, c.req)
+		_, err := e.alice.CreateLease(e.ctx(), c.req)
 		wantCode(t, err, http.StatusBadRequest, c.want)
 	}
 }
@@ -562,15 +562,15 @@ func TestQuotaReplacement(t *testing.T) {
 	e.join("n1", 1<<30)
 	e.join("n2", 1<<30)
 	req := api.LeaseRequest{Kind: api.KindBlock, Size: 256 << 20}
-	p, err := e.alice.Explain(e.ctx, req)
+	p, err := e.alice.Explain(e.ctx(), req)
 	if err != nil || len(p.Parts) != 1 {
 		t.Fatal(err, p)
 	}
 	e.lender.set(e.lender.refuse, p.Parts[0].NodeID, true)
-	l, err := e.alice.CreateLease(e.ctx, req)
+	l, err := e.alice.CreateLease(e.ctx(), req)
 	if err != nil || l.State != api.LeaseActive || l.NodeID == p.Parts[0].NodeID {
 		t.Fatalf("not re-placed within the quota: %v %+v", err, l)
 	}
-	_, err = e.alice.CreateLease(e.ctx, req)
+	_, err = e.alice.CreateLease(e.ctx(), req)
 	wantQuota(t, err, "holds 1 of 1 leases")
 }

@@ -73,9 +73,8 @@ type Server struct {
 	peers  peerCache
 
 	openapi []byte
-	placeMu sync.Mutex // serializes placement + reservation; guards inv
+	res     *reserver  // placement's view, its index and its lock
 	movedMu sync.Mutex // serializes recordMoved's read-modify-write of part URIs
-	inv     invCache
 	nodes   nodeCache
 	started time.Time // silence before this does not count (restarts)
 	auth    authCache
@@ -86,8 +85,9 @@ type Server struct {
 	ui      *ui.UI // the dashboard (ui.go)
 }
 
-// New returns a Server; it stores the configured tokens (hashed).
-func New(cfg Config) (*Server, error) {
+// New returns a Server; it stores the configured tokens (hashed) within
+// ctx.
+func New(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("controlplane: Config.Store is required")
 	}
@@ -124,8 +124,8 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Lender == nil {
 		cfg.Lender = NewHTTPLender(nil)
 	}
-	s := &Server{st: cfg.Store, log: cfg.Logger, clock: cfg.Clock, lender: cfg.Lender, cfg: cfg, reg: metrics.NewRegistry()}
-	ctx := context.Background()
+	s := &Server{st: cfg.Store, log: cfg.Logger, clock: cfg.Clock, lender: cfg.Lender, cfg: cfg, reg: metrics.NewRegistry(),
+		res: newReserver(cfg.Store, cfg.Quotas)}
 	if cfg.BootstrapToken != "" {
 		if err := s.st.PutToken(ctx, store.Token{Hash: resource.HashSecret(cfg.BootstrapToken), Kind: store.TokenBootstrap, CreatedAt: s.now()}); err != nil {
 			return nil, fmt.Errorf("controlplane: store bootstrap token: %w", err)

@@ -22,7 +22,7 @@ func (e *env) appendEvents(n int, typ string) []api.Event {
 	e.t.Helper()
 	out := make([]api.Event, 0, n)
 	for i := range n {
-		ev, err := e.srv.st.AppendEvent(e.ctx, api.Event{At: time.Now(), Type: typ, Subject: "test", Message: strconv.Itoa(i), State: "ok"})
+		ev, err := e.srv.st.AppendEvent(e.ctx(), api.Event{At: time.Now(), Type: typ, Subject: "test", Message: strconv.Itoa(i), State: "ok"})
 		if err != nil {
 			e.t.Fatal(err)
 		}
@@ -147,7 +147,7 @@ func TestStreamLatency(t *testing.T) {
 	if worst > 2*time.Second {
 		t.Errorf("worst delivery latency %v is over the 2s bound", worst)
 	}
-	sameEvents(t, "admin", col.got(), allEvents(t, e.ctx, e.admin))
+	sameEvents(t, "admin", col.got(), allEvents(t, e.ctx(), e.admin))
 }
 
 // cutProxy forwards TCP to a server and can cut every connection open
@@ -231,7 +231,7 @@ func TestStreamResumeAfterDrop(t *testing.T) {
 		evs := e.appendEvents(7, "test.during")
 		col.waitFor(t, evs[len(evs)-1].ID, 10*time.Second)
 	}
-	all := allEvents(t, e.ctx, e.admin)
+	all := allEvents(t, e.ctx(), e.admin)
 	var want []api.Event
 	for _, ev := range all {
 		if ev.ID > before[1].ID {
@@ -305,7 +305,7 @@ func TestStreamSSELastEventID(t *testing.T) {
 	e := newEnv(t)
 	e.srv.events.interval = 20 * time.Millisecond
 	evs := e.appendEvents(6, "test.sse")
-	ctx, cancel := context.WithCancel(e.ctx)
+	ctx, cancel := context.WithCancel(e.ctx())
 	resp := openStream(t, ctx, e.ts.URL+"/v1/events?follow=1&since=0", adminTok, "Accept", "text/event-stream")
 	if ct := resp.Header.Get("Content-Type"); resp.StatusCode != 200 || ct != "text/event-stream" {
 		t.Fatalf("status %d, content type %q", resp.StatusCode, ct)
@@ -322,7 +322,7 @@ func TestStreamSSELastEventID(t *testing.T) {
 			t.Fatalf("SSE event %d: id %q data %s, want %d", i, ev.id, ev.data, evs[i].ID)
 		}
 	}
-	ctx, cancel = context.WithCancel(e.ctx)
+	ctx, cancel = context.WithCancel(e.ctx())
 	defer cancel()
 	resp = openStream(t, ctx, e.ts.URL+"/v1/events?follow=1&since=0&format=sse", adminTok, "Last-Event-ID", got[2].id)
 	defer resp.Body.Close()
@@ -357,11 +357,11 @@ func TestStreamManyFollowers(t *testing.T) {
 	var last int64
 	for i := range 6 {
 		c := []*api.Client{e.alice, e.bob}[i%2]
-		l, err := c.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+		l, err := c.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := c.ReleaseLease(e.ctx, l.ID); err != nil {
+		if _, err := c.ReleaseLease(e.ctx(), l.ID); err != nil {
 			t.Fatal(err)
 		}
 		evs := e.appendEvents(10, "test.many")
@@ -375,7 +375,7 @@ func TestStreamManyFollowers(t *testing.T) {
 	for _, f := range fs {
 		kind := strings.Split(f.name, "#")[0]
 		if want[kind] == nil {
-			want[kind] = allEvents(t, e.ctx, f.c)
+			want[kind] = allEvents(t, e.ctx(), f.c)
 		}
 		sameEvents(t, f.name, f.col.got(), want[kind])
 	}
@@ -398,7 +398,7 @@ func TestStreamRefusals(t *testing.T) {
 		{"/v1/events?follow=1", "", 401},
 		{"/v1/events?follow=1", bootTok, 403},
 	} {
-		resp := openStream(t, e.ctx, e.ts.URL+tc.url, tc.token)
+		resp := openStream(t, e.ctx(), e.ts.URL+tc.url, tc.token)
 		resp.Body.Close()
 		if resp.StatusCode != tc.status {
 			t.Errorf("%s: status %d, want %d", tc.url, resp.StatusCode, tc.status)
@@ -410,7 +410,7 @@ func TestStreamRefusals(t *testing.T) {
 // last follower's end stops the hub's tailer.
 func TestStreamCloseStreams(t *testing.T) {
 	e := newEnv(t)
-	resp := openStream(t, e.ctx, e.ts.URL+"/v1/events?follow=1", adminTok)
+	resp := openStream(t, e.ctx(), e.ts.URL+"/v1/events?follow=1", adminTok)
 	defer resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
@@ -434,7 +434,7 @@ func TestStreamCloseStreams(t *testing.T) {
 		}
 		<-tick.C
 	}
-	resp2 := openStream(t, e.ctx, e.ts.URL+"/v1/events?follow=1", adminTok)
+	resp2 := openStream(t, e.ctx(), e.ts.URL+"/v1/events?follow=1", adminTok)
 	resp2.Body.Close()
 	if resp2.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("follow after CloseStreams: %d", resp2.StatusCode)

@@ -196,14 +196,15 @@ func listenLoopback(t testing.TB) (string, net.Listener) {
 // startControlPlane opens the store and serves a new control plane on ln.
 func (c *Cluster) startControlPlane(ln net.Listener) {
 	c.t.Helper()
-	st, err := sqlite.Open(context.Background(), c.dbPath)
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, c.dbPath)
 	if err != nil {
 		ln.Close()
 		c.t.Fatalf("testcluster: open store: %v", err)
 	}
 	cfg := c.cpCfg
 	cfg.Store = st
-	srv, err := controlplane.New(cfg)
+	srv, err := controlplane.New(ctx, cfg)
 	if err != nil {
 		st.Close()
 		ln.Close()

@@ -41,7 +41,6 @@ const (
 type env struct {
 	t   *testing.T
 	url string
-	ctx context.Context
 	v1  map[string]*api.Client // by token
 	dev map[string]api.Device  // by node/name
 }
@@ -60,7 +59,7 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	srv, err := controlplane.New(controlplane.Config{Store: st, Lender: lender{}, BootstrapToken: boot,
+	srv, err := controlplane.New(context.Background(), controlplane.Config{Store: st, Lender: lender{}, BootstrapToken: boot,
 		Tokens: []controlplane.Token{{Token: alice, Tenant: "alice"}, {Token: bob, Tenant: "bob"}, {Token: admin, Tenant: "ops", Admin: true}}})
 	if err != nil {
 		t.Fatal(err)
@@ -68,12 +67,12 @@ func newEnv(t *testing.T) *env {
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
 	t.Cleanup(srv.CloseStreams)
-	e := &env{t: t, url: ts.URL, ctx: context.Background(), v1: map[string]*api.Client{}, dev: map[string]api.Device{}}
+	e := &env{t: t, url: ts.URL, v1: map[string]*api.Client{}, dev: map[string]api.Device{}}
 	for _, tok := range []string{boot, alice, bob, admin} {
 		e.v1[tok] = api.NewClient(ts.URL, tok, nil)
 	}
 	for _, n := range []string{"n1", "n2"} {
-		_, err := e.v1[boot].Join(e.ctx, api.JoinRequest{Name: n, Address: "127.0.0.1", AgentURL: "http://127.0.0.1:1",
+		_, err := e.v1[boot].Join(e.ctx(), api.JoinRequest{Name: n, Address: "127.0.0.1", AgentURL: "http://127.0.0.1:1",
 			Fingerprint: api.Fingerprint{MachineID: "m-" + n, Hostname: n, Cores: 4, MemoryBytes: 8 << 30},
 			Devices: []api.DeviceSpec{
 				{Name: "disk0", Kind: api.KindBlock, Capacity: 256 << 20, Sharing: "partitionable"},
@@ -85,11 +84,11 @@ func newEnv(t *testing.T) *env {
 			t.Fatal(err)
 		}
 	}
-	devs, err := e.v1[admin].Devices(e.ctx)
+	devs, err := e.v1[admin].Devices(e.ctx())
 	if err != nil {
 		t.Fatal(err)
 	}
-	nodes, _ := e.v1[admin].Nodes(e.ctx)
+	nodes, _ := e.v1[admin].Nodes(e.ctx())
 	names := map[string]string{}
 	for _, n := range nodes {
 		names[n.ID] = n.Name
@@ -102,6 +101,9 @@ func newEnv(t *testing.T) *env {
 
 // do sends a Redfish request with Basic auth (password: token) unless
 // hdr sets other credentials; it returns the status, headers and body.
+// ctx is the test's context, cancelled when the test ends.
+func (e *env) ctx() context.Context { return e.t.Context() }
+
 func (e *env) do(method, path, token string, body any, hdr ...string) (int, http.Header, map[string]any) {
 	e.t.Helper()
 	var rd io.Reader
@@ -243,7 +245,7 @@ func TestComposeDecompose(t *testing.T) {
 				t.Fatalf("compose: %d %v %v", st, h, sys)
 			}
 			id := sys["Id"].(string)
-			l, err := e.v1[alice].Lease(e.ctx, id)
+			l, err := e.v1[alice].Lease(e.ctx(), id)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -296,7 +298,7 @@ func TestComposeDecompose(t *testing.T) {
 			if st, _, _ := e.do("DELETE", "/redfish/v1/Systems/"+id, alice, nil, "If-Match", h.Get("ETag")); st != 204 {
 				t.Fatalf("decompose: %d", st)
 			}
-			if l, _ := e.v1[alice].Lease(e.ctx, id); l.State != api.LeaseReleased {
+			if l, _ := e.v1[alice].Lease(e.ctx(), id); l.State != api.LeaseReleased {
 				t.Errorf("lease after DELETE is %s", l.State)
 			}
 			if st, _, _ := e.do("GET", "/redfish/v1/Systems/"+id, alice, nil); st != 404 {
@@ -363,7 +365,7 @@ func TestConstrained(t *testing.T) {
 				t.Fatalf("status %d, want %d: %v", resp.StatusCode, tc.status, out)
 			}
 			if tc.check != nil {
-				l, err := e.v1[alice].Lease(e.ctx, out["Id"].(string))
+				l, err := e.v1[alice].Lease(e.ctx(), out["Id"].(string))
 				if err != nil || !tc.check(l) {
 					t.Fatalf("lease %+v (%v)", l, err)
 				}
@@ -392,7 +394,7 @@ func TestComposeAction(t *testing.T) {
 	if st != 200 {
 		t.Fatalf("preview: %d %v", st, out)
 	}
-	if ls, _ := e.v1[alice].Leases(e.ctx); len(ls) != 0 {
+	if ls, _ := e.v1[alice].Leases(e.ctx()); len(ls) != 0 {
 		t.Fatalf("preview made leases: %+v", ls)
 	}
 	resp := out["Manifest"].(map[string]any)["Stanzas"].([]any)[0].(map[string]any)["Response"].(map[string]any)
@@ -405,7 +407,7 @@ func TestComposeAction(t *testing.T) {
 	if st != 200 || rid == "" {
 		t.Fatalf("reserve: %d %v", st, out)
 	}
-	l, err := e.v1[alice].Lease(e.ctx, rid)
+	l, err := e.v1[alice].Lease(e.ctx(), rid)
 	if err != nil || l.State != api.LeaseActive || l.TTLSeconds != 300 {
 		t.Fatalf("reserved lease %+v %v", l, err)
 	}
@@ -429,7 +431,7 @@ func TestComposeAction(t *testing.T) {
 	if st != 200 {
 		t.Fatalf("apply: %d %v", st, out)
 	}
-	if l, _ := e.v1[alice].Lease(e.ctx, rid); l.TTLSeconds != 3600 {
+	if l, _ := e.v1[alice].Lease(e.ctx(), rid); l.TTLSeconds != 3600 {
 		t.Errorf("applied lease's TTL %d, want the system TTL", l.TTLSeconds)
 	}
 	_, _, systems = e.do("GET", "/redfish/v1/Systems", alice, nil)
@@ -447,7 +449,7 @@ func TestComposeAction(t *testing.T) {
 	if st, _, _ := e.do("DELETE", "/redfish/v1/CompositionService/CompositionReservations/"+rid2, alice, nil); st != 204 {
 		t.Fatalf("delete reservation: %d", st)
 	}
-	if l, _ := e.v1[alice].Lease(e.ctx, rid2); l.State != api.LeaseReleased {
+	if l, _ := e.v1[alice].Lease(e.ctx(), rid2); l.State != api.LeaseReleased {
 		t.Errorf("deleted reservation's lease is %s", l.State)
 	}
 	for _, bad := range []map[string]any{
@@ -470,7 +472,7 @@ func TestProtocol(t *testing.T) {
 	if st, _, _ := e.do("GET", "/redfish/v1/CompositionService", alice, nil, "If-None-Match", h.Get("ETag")); st != 304 {
 		t.Errorf("If-None-Match: %d", st)
 	}
-	nodes, _ := e.v1[admin].Nodes(e.ctx)
+	nodes, _ := e.v1[admin].Nodes(e.ctx())
 	st, h, body := e.do("DELETE", "/redfish/v1/Systems/"+nodes[0].ID, alice, nil)
 	if st != 405 || h.Get("Allow") == "" || redfishError(t, body) != "Base.1.18.ResourceCannotBeDeleted" {
 		t.Errorf("DELETE a node's system: %d %v", st, body)
@@ -543,7 +545,7 @@ func csdlDir(t *testing.T) string {
 func TestEventServiceSSE(t *testing.T) {
 	e := newEnv(t)
 	open := func(token string, hdr ...string) (*bufio.Reader, func()) {
-		ctx, cancel := context.WithCancel(e.ctx)
+		ctx, cancel := context.WithCancel(e.ctx())
 		req, _ := http.NewRequestWithContext(ctx, "GET", e.url+"/redfish/v1/EventService/SSE", nil)
 		req.SetBasicAuth("u", token)
 		for i := 0; i+1 < len(hdr); i += 2 {
@@ -599,11 +601,11 @@ func TestEventServiceSSE(t *testing.T) {
 	aliceSSE, closeAlice := open(alice)
 	defer closeAlice()
 	// Wait until the stream is live: an event appended now is delivered.
-	lb, err := e.v1[bob].CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindMemory, Size: 1 << 20})
+	lb, err := e.v1[bob].CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindMemory, Size: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
-	la, err := e.v1[alice].CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindMemory, Size: 1 << 20})
+	la, err := e.v1[alice].CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindMemory, Size: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -621,7 +623,7 @@ func TestEventServiceSSE(t *testing.T) {
 	}
 	// Resume: a new connection with Last-Event-ID gets what came after.
 	closeAlice()
-	if _, err := e.v1[alice].ReleaseLease(e.ctx, la.ID); err != nil {
+	if _, err := e.v1[alice].ReleaseLease(e.ctx(), la.ID); err != nil {
 		t.Fatal(err)
 	}
 	again, closeAgain := open(alice, "Last-Event-ID", first.id)
@@ -664,7 +666,7 @@ func FuzzSystemRequest(f *testing.F) {
 		}
 		switch {
 		case resp.StatusCode == 201:
-			if _, err := e.v1[admin].ReleaseLease(e.ctx, out["Id"].(string)); err != nil {
+			if _, err := e.v1[admin].ReleaseLease(e.ctx(), out["Id"].(string)); err != nil {
 				t.Fatal(err)
 			}
 		case resp.StatusCode >= 500:

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
@@ -25,23 +24,7 @@ const leaseCols = `id, state, kind, mode, tenant, borrower, size, count, stripe_
 // leaseInsertCols are the columns createTx writes.
 const leaseInsertCols = `id, state, kind, mode, tenant, borrower, size, count, stripe_unit, uri, credential, ttl_seconds, expires_at, created_at, updated_at, reason, idempotency_key, parts`
 
-// putPlan stores a new lease's plan (text from planJSON).
-func putPlan(ctx context.Context, tx execer, created time.Time, id, plan string) error {
-	if _, err := tx.ExecContext(ctx, `INSERT INTO lease_plans (created_at, lease_id, plan) VALUES (?, ?, ?)`, ns(created), id, plan); err != nil {
-		return fmt.Errorf("sqlite: lease plan: %w", err)
-	}
-	return nil
-}
-
-// replacePlan replaces a stored lease's plan.
-func replacePlan(ctx context.Context, tx execer, id, plan string) error {
-	if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO lease_plans (created_at, lease_id, plan) SELECT created_at, id, ? FROM leases WHERE id = ?`, plan, id); err != nil {
-		return fmt.Errorf("sqlite: lease plan: %w", err)
-	}
-	return nil
-}
-
-func scanLease(sc interface{ Scan(...any) error }) (api.Lease, error) {
+func (s *Store) scanLease(sc interface{ Scan(...any) error }) (api.Lease, error) {
 	var l api.Lease
 	var exp, created, updated int64
 	var plan, parts string
@@ -51,13 +34,13 @@ func scanLease(sc interface{ Scan(...any) error }) (api.Lease, error) {
 	}
 	l.ExpiresAt, l.CreatedAt, l.UpdatedAt = tm(exp), tm(created), tm(updated)
 	if plan != "" {
-		p, err := decodePlan(plan)
+		p, err := s.decodePlan(plan)
 		if err != nil {
 			return l, err
 		}
 		l.Plan = p
 	}
-	ps, err := decodeParts(parts)
+	ps, err := s.decodeParts(parts)
 	if err != nil {
 		return l, err
 	}
@@ -66,181 +49,8 @@ func scanLease(sc interface{ Scan(...any) error }) (api.Lease, error) {
 	return l, nil
 }
 
-// A lease's plan is read back many times over its life (after every
-// transition, on every get), and decoding its JSON was the largest single
-// cost of a read. Decoded plans are kept by their JSON text (so the cache
-// cannot go stale), bounded, and every read gets its own copy.
-const maxCachedPlans = 4096
-
-var plans struct {
-	sync.Mutex
-	m map[string]*api.Plan
-}
-
-func decodePlan(text string) (*api.Plan, error) {
-	plans.Lock()
-	p, ok := plans.m[text]
-	plans.Unlock()
-	if !ok {
-		p = new(api.Plan)
-		if err := unjs(text, p); err != nil {
-			return nil, err
-		}
-		rememberPlan(text, p)
-	}
-	return clonePlan(p), nil
-}
-
-func rememberPlan(text string, p *api.Plan) {
-	plans.Lock()
-	if plans.m == nil || len(plans.m) >= maxCachedPlans {
-		plans.m = make(map[string]*api.Plan, 256)
-	}
-	plans.m[text] = p
-	plans.Unlock()
-}
-
-func clonePlan(p *api.Plan) *api.Plan {
-	c := *p
-	c.Parts = slices.Clone(p.Parts)
-	c.Impacts = slices.Clone(p.Impacts)
-	c.Explanation = slices.Clone(p.Explanation)
-	return &c
-}
-
-// planJSON encodes a plan to store; the text is remembered so that reading
-// the lease back does not decode it.
-func planJSON(p *api.Plan) string {
-	if p == nil {
-		return ""
-	}
-	text := js(p)
-	rememberPlan(text, clonePlan(p))
-	return text
-}
-
-// Parts are read back as often as plans, and cached the same way.
-var partsCache struct {
-	sync.Mutex
-	m map[string][]api.Part
-}
-
-func decodeParts(text string) ([]api.Part, error) {
-	if text == "" || text == "[]" {
-		return []api.Part{}, nil
-	}
-	partsCache.Lock()
-	ps, ok := partsCache.m[text]
-	partsCache.Unlock()
-	if !ok {
-		if err := unjs(text, &ps); err != nil {
-			return nil, err
-		}
-		rememberParts(text, ps)
-	}
-	return slices.Clone(ps), nil
-}
-
-func rememberParts(text string, ps []api.Part) {
-	partsCache.Lock()
-	if partsCache.m == nil || len(partsCache.m) >= maxCachedPlans {
-		partsCache.m = make(map[string][]api.Part, 256)
-	}
-	partsCache.m[text] = ps
-	partsCache.Unlock()
-}
-
-// partsJSON encodes parts to store (and remembers the text).
-func partsJSON(ps []api.Part) string {
-	if ps == nil {
-		ps = []api.Part{}
-	}
-	text := js(ps)
-	rememberParts(text, slices.Clone(ps))
-	return text
-}
-
-// late marks an error that happened after an op of a batch wrote: the
-// batch must be rolled back, or the op rolled back to its savepoint. An
-// op's refusals (ErrConflict, ErrCapacity, ...) come before it writes.
-type late struct{ err error }
-
-func (l late) Error() string { return l.err.Error() }
-func (l late) Unwrap() error { return l.err }
-
-// reserve checks the parts of a lease inside tx (device available on a
-// ready node, range inside the capacity, no overlap with a live part or
-// another part of the lease), then inserts them. A refusal
-// (ErrCapacity) comes before anything is written.
-func reserve(ctx context.Context, tx execer, leaseID string, kind api.Kind, parts []api.Part) error {
-	if err := checkParts(ctx, tx, kind, parts); err != nil {
-		return err
-	}
-	return insertParts(ctx, tx, leaseID, parts)
-}
-
-// checkParts is reserve's checks; it writes nothing.
-func checkParts(ctx context.Context, tx execer, kind api.Kind, parts []api.Part) error {
-	for i, p := range parts {
-		var dstate, nstate, dkind, nodeID string
-		var capacity int64
-		var taken bool
-		err := tx.QueryRowContext(ctx, `SELECT d.state, d.kind, d.capacity, d.node_id, n.state,
-			EXISTS (SELECT 1 FROM lease_parts p WHERE p.device_id = d.id AND p.live = 1 AND p.off < ? AND p.off + p.length > ?)
-			FROM devices d JOIN nodes n ON n.id = d.node_id WHERE d.id = ?`, p.Offset+p.Length, p.Offset, p.DeviceID).
-			Scan(&dstate, &dkind, &capacity, &nodeID, &nstate, &taken)
-		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("device %s: %w", p.DeviceID, store.ErrCapacity)
-		}
-		if err != nil {
-			return fmt.Errorf("sqlite: reserve: %w", err)
-		}
-		switch {
-		case nodeID != p.NodeID:
-			return fmt.Errorf("device %s is not on node %s: %w", p.DeviceID, p.NodeID, store.ErrCapacity)
-		case dstate != "available" || nstate != string(api.NodeReady):
-			return fmt.Errorf("device %s is %s on a %s node: %w", p.DeviceID, dstate, nstate, store.ErrCapacity)
-		case api.Kind(dkind) != kind:
-			return fmt.Errorf("device %s is %s, not %s: %w", p.DeviceID, dkind, kind, store.ErrCapacity)
-		case p.Offset < 0 || p.Length <= 0 || p.Offset > capacity-p.Length:
-			return fmt.Errorf("device %s: range %d+%d outside capacity %d: %w", p.DeviceID, p.Offset, p.Length, capacity, store.ErrCapacity)
-		case taken:
-			return fmt.Errorf("device %s: range %d+%d is taken: %w", p.DeviceID, p.Offset, p.Length, store.ErrCapacity)
-		}
-		for _, q := range parts[:i] {
-			if q.DeviceID == p.DeviceID && q.Offset < p.Offset+p.Length && q.Offset+q.Length > p.Offset {
-				return fmt.Errorf("device %s: parts of one lease overlap: %w", p.DeviceID, store.ErrCapacity)
-			}
-		}
-	}
-	return nil
-}
-
-// insertParts inserts the parts of a lease, live.
-func insertParts(ctx context.Context, tx execer, leaseID string, parts []api.Part) error {
-	for i, p := range parts {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO lease_parts (lease_id, idx, node_id, device_id, off, length, uri, live) VALUES (?, ?, ?, ?, ?, ?, '', 1)`,
-			leaseID, i, p.NodeID, p.DeviceID, p.Offset, p.Length); err != nil {
-			return late{fmt.Errorf("sqlite: reserve: %w", err)}
-		}
-	}
-	return nil
-}
-
-// free releases the live parts of a lease; del also deletes their rows.
-func free(ctx context.Context, tx execer, leaseID string, del bool) error {
-	q := `UPDATE lease_parts SET live = 0 WHERE lease_id = ? AND live = 1`
-	if del {
-		q = `DELETE FROM lease_parts WHERE lease_id = ?`
-	}
-	if _, err := tx.ExecContext(ctx, q, leaseID); err != nil {
-		return fmt.Errorf("sqlite: free parts: %w", err)
-	}
-	return nil
-}
-
-func getLease(ctx context.Context, q execer, id string) (api.Lease, error) {
-	l, err := scanLease(q.QueryRowContext(ctx, `SELECT `+leaseCols+` FROM leases WHERE id = ?`, id))
+func (s *Store) getLease(ctx context.Context, q execer, id string) (api.Lease, error) {
+	l, err := s.scanLease(q.QueryRowContext(ctx, `SELECT `+leaseCols+` FROM leases WHERE id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return l, fmt.Errorf("lease %s: %w", id, store.ErrNotFound)
 	}
@@ -279,18 +89,21 @@ func (s *Store) one(ctx context.Context, op store.LeaseOp) (api.Lease, error) {
 // the writer is serial.
 type opText struct{ plan, parts string }
 
+// late marks an error that happened after an op of a batch wrote: the
+// batch must be rolled back, or the op rolled back to its savepoint. An
+// op's refusals (ErrConflict, ErrCapacity, ...) come before it writes.
+type late struct{ err error }
+
+func (l late) Error() string { return l.err.Error() }
+func (l late) Unwrap() error { return l.err }
+
 // createTx is CreateLease's work inside a transaction. Refusals
 // (ErrDuplicate, ErrCapacity) come before anything is written.
-func createTx(ctx context.Context, tx execer, n store.NewLease, text opText) (api.Lease, error) {
+func (s *Store) createTx(ctx context.Context, tx execer, n store.NewLease, text opText) (api.Lease, error) {
 	l, d, idem := n.Lease, n.Demand, n.Idem
 	if idem != nil {
-		var leaseID string
-		err := tx.QueryRowContext(ctx, `SELECT lease_id FROM idempotency_keys WHERE tenant = ? AND key = ?`, idem.Tenant, idem.Key).Scan(&leaseID)
-		if err == nil {
-			return api.Lease{}, fmt.Errorf("key used by lease %s: %w", leaseID, store.ErrDuplicate)
-		}
-		if !errors.Is(err, sql.ErrNoRows) {
-			return api.Lease{}, fmt.Errorf("sqlite: idempotency: %w", err)
+		if err := checkIdempotencyKey(ctx, tx, *idem); err != nil {
+			return api.Lease{}, err
 		}
 	}
 	if err := checkParts(ctx, tx, l.Kind, l.Parts); err != nil {
@@ -311,9 +124,8 @@ func createTx(ctx context.Context, tx execer, n store.NewLease, text opText) (ap
 		return api.Lease{}, err
 	}
 	if idem != nil {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO idempotency_keys (tenant, key, request_hash, lease_id, created_at) VALUES (?, ?, ?, ?, ?)`,
-			idem.Tenant, idem.Key, idem.RequestHash, l.ID, ns(l.CreatedAt)); err != nil {
-			return api.Lease{}, late{fmt.Errorf("sqlite: idempotency: %w", err)}
+		if err := putIdempotencyKey(ctx, tx, *idem, l.ID, l.CreatedAt); err != nil {
+			return api.Lease{}, late{err}
 		}
 	}
 	return createdLease(l), nil
@@ -335,22 +147,13 @@ func createdLease(l api.Lease) api.Lease {
 	return l
 }
 
-// storedParts are a new lease's parts as stored: without URIs.
-func storedParts(ps []api.Part) []api.Part {
-	out := make([]api.Part, len(ps))
-	for i, p := range ps {
-		out[i] = api.Part{NodeID: p.NodeID, DeviceID: p.DeviceID, Offset: p.Offset, Length: p.Length}
-	}
-	return out
-}
-
 // ReplaceParts swaps a non-terminal lease's parts for new ones.
 func (s *Store) ReplaceParts(ctx context.Context, id string, parts []api.Part, plan *api.Plan, at time.Time, ev api.Event) (api.Lease, error) {
 	s.leaseMu.Lock()
 	defer s.leaseMu.Unlock()
 	defer s.live.drop(id) // read back from the row next time
 	var out api.Lease
-	partsText := partsJSON(storedParts(parts))
+	partsText := s.partsJSON(storedParts(parts))
 	err := s.tx(ctx, func(tx execer) error {
 		var state api.LeaseState
 		var kind api.Kind
@@ -379,15 +182,15 @@ func (s *Store) ReplaceParts(ctx context.Context, id string, parts []api.Part, p
 			return fmt.Errorf("sqlite: replace parts: %w", err)
 		}
 		if plan != nil {
-			if err := replacePlan(ctx, tx, id, planJSON(plan)); err != nil {
+			if err := replacePlan(ctx, tx, id, s.planJSON(plan)); err != nil {
 				return err
 			}
 		}
-		if err := appendEvents(ctx, tx, []api.Event{ev}); err != nil {
+		if err := s.appendEvents(ctx, tx, []api.Event{ev}); err != nil {
 			return err
 		}
 		var err error
-		out, err = getLease(ctx, tx, id)
+		out, err = s.getLease(ctx, tx, id)
 		return err
 	})
 	return out, err
@@ -421,9 +224,9 @@ func (s *Store) LeaseOps(ctx context.Context, ops []store.LeaseOp) (out []api.Le
 	for i, op := range ops {
 		switch {
 		case op.Create != nil:
-			texts[i] = opText{plan: planJSON(op.Create.Lease.Plan), parts: partsJSON(storedParts(op.Create.Lease.Parts))}
+			texts[i] = opText{plan: s.planJSON(op.Create.Lease.Plan), parts: s.partsJSON(storedParts(op.Create.Lease.Parts))}
 		case op.Transition.Change.Plan != nil:
-			texts[i].plan = planJSON(op.Transition.Change.Plan)
+			texts[i].plan = s.planJSON(op.Transition.Change.Plan)
 		}
 	}
 	s.leaseMu.Lock()
@@ -442,11 +245,11 @@ func (s *Store) LeaseOps(ctx context.Context, ops []store.LeaseOp) (out []api.Le
 				}
 				ev := op.Transition.Event
 				if op.Create != nil {
-					out[i], errs[i] = createTx(ctx, tx, *op.Create, texts[i])
+					out[i], errs[i] = s.createTx(ctx, tx, *op.Create, texts[i])
 					ev = op.Create.Event
 				} else {
 					t := op.Transition
-					out[i], errs[i] = transitionTx(ctx, tx, t.ID, t.Change, texts[i].plan, s.live.lookup(t.ID, staged))
+					out[i], errs[i] = s.transitionTx(ctx, tx, t.ID, t.Change, texts[i].plan, s.live.lookup(t.ID, staged))
 				}
 				var lt late
 				if errors.As(errs[i], &lt) {
@@ -472,7 +275,7 @@ func (s *Store) LeaseOps(ctx context.Context, ops []store.LeaseOp) (out []api.Le
 					}
 				}
 			}
-			return appendEvents(ctx, tx, evs)
+			return s.appendEvents(ctx, tx, evs)
 		})
 		if !errors.Is(err, errSavepoints) {
 			break
@@ -488,71 +291,9 @@ func (s *Store) LeaseOps(ctx context.Context, ops []store.LeaseOp) (out []api.Le
 	return out, errs, nil
 }
 
-// liveCache keeps the committed value of live leases, so that a
-// transition need not read its lease back: it updates the row and applies
-// the same change to the cached value. Only lease writes (under
-// Store.leaseMu, after their transaction committed) change it; a lease
-// not in it is read back from the row.
-type liveCache struct {
-	mu sync.Mutex
-	m  map[string]api.Lease
-}
-
-const maxLiveCached = 1 << 16
-
-// lookup returns the value of lease id as a batch sees it: its last write
-// in the batch (staged), else the cache.
-func (c *liveCache) lookup(id string, staged []api.Lease) *api.Lease {
-	for i := len(staged) - 1; i >= 0; i-- {
-		if staged[i].ID == id {
-			return &staged[i]
-		}
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if l, ok := c.m[id]; ok {
-		return &l
-	}
-	return nil
-}
-
-// update records committed values; ended leases leave the cache.
-func (c *liveCache) update(ls []api.Lease) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.m == nil {
-		c.m = map[string]api.Lease{}
-	}
-	for _, l := range ls {
-		if l.State.Terminal() {
-			delete(c.m, l.ID)
-		} else if _, ok := c.m[l.ID]; ok || len(c.m) < maxLiveCached {
-			c.m[l.ID] = l
-		}
-	}
-}
-
-func (c *liveCache) drop(id string) {
-	c.mu.Lock()
-	delete(c.m, id)
-	c.mu.Unlock()
-}
-
-// copyLease copies what a caller could change in place.
-func copyLease(l api.Lease) api.Lease {
-	l.Parts = slices.Clone(l.Parts)
-	if l.Parts == nil {
-		l.Parts = []api.Part{}
-	}
-	if l.Plan != nil {
-		l.Plan = clonePlan(l.Plan)
-	}
-	return l
-}
-
 // applyChange is what a transition's UPDATE does to the row, applied to
 // its value; false if it cannot tell (more URIs than parts).
-func applyChange(l api.Lease, ch store.LeaseChange, plan string) (api.Lease, bool) {
+func (s *Store) applyChange(l api.Lease, ch store.LeaseChange, plan string) (api.Lease, bool) {
 	if len(ch.URIs) > len(l.Parts) {
 		return l, false
 	}
@@ -570,7 +311,7 @@ func applyChange(l api.Lease, ch store.LeaseChange, plan string) (api.Lease, boo
 		l.TTLSeconds = ch.TTL
 	}
 	if ch.Plan != nil {
-		p, err := decodePlan(plan)
+		p, err := s.decodePlan(plan)
 		if err != nil {
 			return l, false
 		}
@@ -591,7 +332,7 @@ func applyChange(l api.Lease, ch store.LeaseChange, plan string) (api.Lease, boo
 //
 // prev, when known, is the lease's committed value: the row is then
 // updated without being read back, and the change applied to prev.
-func transitionTx(ctx context.Context, tx execer, id string, ch store.LeaseChange, plan string, prev *api.Lease) (api.Lease, error) {
+func (s *Store) transitionTx(ctx context.Context, tx execer, id string, ch store.LeaseChange, plan string, prev *api.Lease) (api.Lease, error) {
 	if len(ch.From) == 0 {
 		return api.Lease{}, fmt.Errorf("lease %s: no source state: %w", id, store.ErrConflict)
 	}
@@ -599,10 +340,10 @@ func transitionTx(ctx context.Context, tx execer, id string, ch store.LeaseChang
 	var partsText string
 	if prev != nil {
 		var ok bool
-		if next, ok = applyChange(*prev, ch, plan); !ok {
+		if next, ok = s.applyChange(*prev, ch, plan); !ok {
 			prev = nil
 		} else if len(ch.URIs) > 0 {
-			partsText = partsJSON(next.Parts)
+			partsText = s.partsJSON(next.Parts)
 		}
 	}
 	// One statement does the compare-and-set, records the parts' URIs and
@@ -657,7 +398,7 @@ func transitionTx(ctx context.Context, tx execer, id string, ch store.LeaseChang
 		}
 		l = next
 	} else {
-		l, err = scanLease(tx.QueryRowContext(ctx, q+` RETURNING `+leaseCols, args...))
+		l, err = s.scanLease(tx.QueryRowContext(ctx, q+` RETURNING `+leaseCols, args...))
 	}
 	if errors.Is(err, sql.ErrNoRows) {
 		var state api.LeaseState
@@ -681,7 +422,7 @@ func transitionTx(ctx context.Context, tx execer, id string, ch store.LeaseChang
 			return api.Lease{}, late{err}
 		}
 		if prev == nil { // read back before the plan was written
-			p, err := decodePlan(plan)
+			p, err := s.decodePlan(plan)
 			if err != nil {
 				return api.Lease{}, late{err}
 			}
@@ -700,7 +441,7 @@ func transitionTx(ctx context.Context, tx execer, id string, ch store.LeaseChang
 
 // Lease returns one lease.
 func (s *Store) Lease(ctx context.Context, id string) (api.Lease, error) {
-	return getLease(ctx, s.rd(), id)
+	return s.getLease(ctx, s.rd(), id)
 }
 
 // Leases lists leases matching f, oldest first.
@@ -749,7 +490,7 @@ func (s *Store) Leases(ctx context.Context, f store.LeaseFilter) ([]api.Lease, e
 	defer rows.Close()
 	out := []api.Lease{}
 	for rows.Next() {
-		l, err := scanLease(rows)
+		l, err := s.scanLease(rows)
 		if err != nil {
 			return nil, fmt.Errorf("sqlite: leases: %w", err)
 		}
@@ -759,18 +500,4 @@ func (s *Store) Leases(ctx context.Context, f store.LeaseFilter) ([]api.Lease, e
 		return nil, fmt.Errorf("sqlite: leases: %w", err)
 	}
 	return out, nil
-}
-
-// LeaseByIdempotencyKey returns the lease recorded for (tenant, key).
-func (s *Store) LeaseByIdempotencyKey(ctx context.Context, tenant, key string) (api.Lease, string, error) {
-	var leaseID, hash string
-	err := s.rd().QueryRowContext(ctx, `SELECT lease_id, request_hash FROM idempotency_keys WHERE tenant = ? AND key = ?`, tenant, key).Scan(&leaseID, &hash)
-	if errors.Is(err, sql.ErrNoRows) {
-		return api.Lease{}, "", fmt.Errorf("idempotency key: %w", store.ErrNotFound)
-	}
-	if err != nil {
-		return api.Lease{}, "", fmt.Errorf("sqlite: idempotency: %w", err)
-	}
-	l, err := getLease(ctx, s.rd(), leaseID)
-	return l, hash, err
 }

@@ -19,6 +19,7 @@ import (
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
+	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 )
 
@@ -34,6 +35,12 @@ type Store struct {
 
 	leaseMu sync.Mutex // serializes lease writes with their updates of live
 	live    liveCache
+
+	// Decoded JSON of lease plans and parts, by text (see textCache),
+	// and the multi-row event INSERTs by row count.
+	plans    textCache[*api.Plan]
+	parts    textCache[[]api.Part]
+	eventSQL sync.Map // rows → statement text
 
 	ck             *sql.DB // checkpoints (file databases only)
 	ckStop, ckDone chan struct{}

@@ -68,6 +68,14 @@ func (c *stmtCache) close() {
 	})
 }
 
+// execer runs statements: a transaction or a database handle, with cached
+// statements.
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
 // Wrappers implementing execer with cached statements.
 
 type cachedTx struct {

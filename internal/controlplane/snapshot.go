@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
+	"sort"
 	"strings"
 	"time"
 
@@ -12,8 +12,12 @@ import (
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 	"github.com/rialto-project/rialto/internal/fabric"
 	"github.com/rialto-project/rialto/internal/placement"
-	"github.com/rialto-project/rialto/internal/resource"
 )
+
+// This file is the adapter between the control plane's inventory and
+// internal/placement: it turns the stored inventory into placement's
+// snapshot and an API lease request into placement's request, and
+// placement's plan (or refusal) back into the API's plan.
 
 // cpVertex is the control plane in the fabric graph, and the borrower of
 // leases whose borrower is not a known node.
@@ -23,24 +27,9 @@ const cpVertex = "controlplane"
 // reported links: the control plane sees a flat LAN.
 const lanVertex = "lan"
 
-// Quota bounds a tenant's reserved and active leases: their number, the
-// block and memory bytes they hold (a whole device counts whole), the
-// accel slots, and the sum of their declared bandwidths (bytes/s). Zero
-// fields are unlimited. Placement enforces it (internal/placement).
-type Quota = placement.Quota
-
-// Quotas are the per-tenant quotas: Tenants[t] for a tenant listed there,
-// else Default (the zero Quota: unlimited).
-type Quotas struct {
-	Default Quota
-	Tenants map[string]Quota
-}
-
-// placeLocked places a request of tenant's with the cached placement
-// index; placeMu must be held and inv must come from inventory.
-func (s *Server) placeLocked(inv store.Inventory, req api.LeaseRequest, tenant string, skip map[string]string, now time.Time) (api.Plan, error) {
-	return policyPlace(inv, req, tenant, s.cfg.Quotas, skip, now, s.placeIndex)
-}
+// defaultStripeUnit is a composed block lease's stripe unit when the
+// request names none.
+const defaultStripeUnit = 1 << 20
 
 // withoutLease is inv without a lease's parts: a lease being re-placed
 // neither holds its old parts (torn down) nor counts against its tenant's
@@ -75,85 +64,6 @@ func policyPlace(inv store.Inventory, req api.LeaseRequest, tenant string, quota
 	}
 	return hideOtherLeases(x.LeaseTenant, tenant, plan, err)
 }
-
-// otherLease stands for another tenant's lease in a plan's texts.
-const otherLease = "(another tenant's lease)"
-
-// hideOtherLeases takes the IDs of other tenants' leases out of a tenant's
-// plan and placement error (placement names the running leases a plan
-// would slow or make miss their deadline): GET /v1/leases/{id} does not
-// reveal them either. Their impacts stay, without an ID.
-func hideOtherLeases(owner func(id string) (string, bool), tenant string, plan api.Plan, err error) (api.Plan, error) {
-	named := map[string]bool{}
-	for _, im := range plan.Impacts {
-		named[im.LeaseID] = true
-	}
-	for _, s := range plan.Explanation {
-		leaseIDs(s, named)
-	}
-	if err != nil {
-		leaseIDs(err.Error(), named)
-	}
-	if len(named) == 0 {
-		return plan, err
-	}
-	var pairs []string
-	for id := range named {
-		if t, ok := owner(id); ok && t != tenant {
-			pairs = append(pairs, id, otherLease)
-		}
-	}
-	if len(pairs) == 0 {
-		return plan, err
-	}
-	r := strings.NewReplacer(pairs...)
-	impacts := make([]api.Impact, len(plan.Impacts))
-	for i, im := range plan.Impacts {
-		if r.Replace(im.LeaseID) != im.LeaseID {
-			im.LeaseID = ""
-		}
-		impacts[i] = im
-	}
-	plan.Impacts = impacts
-	expl := make([]string, len(plan.Explanation))
-	for i, s := range plan.Explanation {
-		expl[i] = r.Replace(s)
-	}
-	plan.Explanation = expl
-	if err != nil {
-		if msg := r.Replace(err.Error()); msg != err.Error() {
-			err = hiddenError{err, msg}
-		}
-	}
-	return plan, err
-}
-
-// leaseIDs adds the lease IDs ("lease-" and its random part) s names to
-// ids.
-func leaseIDs(s string, ids map[string]bool) {
-	for {
-		i := strings.Index(s, "lease-")
-		if i < 0 {
-			return
-		}
-		j := i + len("lease-")
-		for j < len(s) && (s[j] >= '0' && s[j] <= '9' || s[j] >= 'a' && s[j] <= 'z') {
-			j++
-		}
-		ids[s[i:j]] = true
-		s = s[j:]
-	}
-}
-
-// hiddenError is an error with another message: errors.Is still finds
-// what it wraps.
-type hiddenError struct {
-	err error
-	msg string
-}
-
-func (e hiddenError) Error() string { return e.msg }
-func (e hiddenError) Unwrap() error { return e.err }
 
 // placeRequest is policyPlace before hideOtherLeases; it also returns the
 // index it placed with (nil if it did not get that far).
@@ -222,7 +132,9 @@ func placementRequest(inv store.Inventory, req api.LeaseRequest, pins map[string
 		MaxLatency: time.Duration(req.MaxLatencyUs * float64(time.Microsecond)), Work: req.Work,
 		Mode: string(req.Mode), AllowShare: req.Mode == "" || req.Mode == api.ModeShared,
 		// With no mode given, placement weighs composing block devices
-		// against sharing or dedicating one (seed 000, Fig. 8).
+		// against sharing or dedicating one (Fig. 8 of Call et al.,
+		// "Disaggregating Non-Volatile Memory for Throughput-Oriented
+		// Genomics Workloads").
 		AllowCompose: req.Mode == api.ModeComposed || count > 1 || (req.Mode == "" && req.Kind == api.KindBlock),
 		Affinity:     nodeTerms(inv, req.Affinity, pins), AntiAffinity: nodeTerms(inv, req.AntiAffinity, nil),
 		Labels: req.Labels, Strategy: req.Strategy,
@@ -328,6 +240,50 @@ func nodeTerms(inv store.Inventory, terms []string, pins map[string]api.Device) 
 		out = append(out, t)
 	}
 	return out
+}
+
+// devicePins returns the devices a request is pinned to: affinity terms
+// that name a device ID (nil when none do). A pinned request is placed
+// only on those devices. A term that names no device is left to node and
+// label matching; a request pinned to a device of another kind is invalid.
+func devicePins(inv store.Inventory, req api.LeaseRequest) (map[string]api.Device, error) {
+	if len(req.Affinity) == 0 {
+		return nil, nil
+	}
+	var pins map[string]api.Device
+	for _, t := range req.Affinity {
+		for _, d := range inv.Devices {
+			if d.ID != t {
+				continue
+			}
+			if d.Kind != req.Kind {
+				return nil, fmt.Errorf("%w: affinity pins device %s, which is %s, not %s", ErrInfeasible, d.ID, d.Kind, req.Kind)
+			}
+			if pins == nil {
+				pins = map[string]api.Device{}
+			}
+			pins[d.ID] = d
+		}
+	}
+	return pins, nil
+}
+
+func pinKeys(pins map[string]api.Device) map[string]string {
+	m := make(map[string]string, len(pins))
+	for k := range pins {
+		m[k] = k
+	}
+	return m
+}
+
+// sortedKeys returns m's keys in order.
+func sortedKeys(m map[string]string) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
 }
 
 // infeasiblePlan turns placement's error into a plan and the control
@@ -455,87 +411,81 @@ func placementProfile(p api.Profile) placement.Profile {
 	return pp
 }
 
-// devicePins returns the devices a request is pinned to: affinity terms
-// that name a device ID (nil when none do). A pinned request is placed
-// only on those devices. A term that names no device is left to node and
-// label matching; a request pinned to a device of another kind is invalid.
-func devicePins(inv store.Inventory, req api.LeaseRequest) (map[string]api.Device, error) {
-	if len(req.Affinity) == 0 {
-		return nil, nil
+// otherLease stands for another tenant's lease in a plan's texts.
+const otherLease = "(another tenant's lease)"
+
+// hideOtherLeases takes the IDs of other tenants' leases out of a tenant's
+// plan and placement error (placement names the running leases a plan
+// would slow or make miss their deadline): GET /v1/leases/{id} does not
+// reveal them either. Their impacts stay, without an ID.
+func hideOtherLeases(owner func(id string) (string, bool), tenant string, plan api.Plan, err error) (api.Plan, error) {
+	named := map[string]bool{}
+	for _, im := range plan.Impacts {
+		named[im.LeaseID] = true
 	}
-	var pins map[string]api.Device
-	for _, t := range req.Affinity {
-		for _, d := range inv.Devices {
-			if d.ID != t {
-				continue
-			}
-			if d.Kind != req.Kind {
-				return nil, fmt.Errorf("%w: affinity pins device %s, which is %s, not %s", ErrInfeasible, d.ID, d.Kind, req.Kind)
-			}
-			if pins == nil {
-				pins = map[string]api.Device{}
-			}
-			pins[d.ID] = d
+	for _, s := range plan.Explanation {
+		leaseIDs(s, named)
+	}
+	if err != nil {
+		leaseIDs(err.Error(), named)
+	}
+	if len(named) == 0 {
+		return plan, err
+	}
+	var pairs []string
+	for id := range named {
+		if t, ok := owner(id); ok && t != tenant {
+			pairs = append(pairs, id, otherLease)
 		}
 	}
-	return pins, nil
+	if len(pairs) == 0 {
+		return plan, err
+	}
+	r := strings.NewReplacer(pairs...)
+	impacts := make([]api.Impact, len(plan.Impacts))
+	for i, im := range plan.Impacts {
+		if r.Replace(im.LeaseID) != im.LeaseID {
+			im.LeaseID = ""
+		}
+		impacts[i] = im
+	}
+	plan.Impacts = impacts
+	expl := make([]string, len(plan.Explanation))
+	for i, s := range plan.Explanation {
+		expl[i] = r.Replace(s)
+	}
+	plan.Explanation = expl
+	if err != nil {
+		if msg := r.Replace(err.Error()); msg != err.Error() {
+			err = hiddenError{err, msg}
+		}
+	}
+	return plan, err
 }
 
-func pinKeys(pins map[string]api.Device) map[string]string {
-	m := make(map[string]string, len(pins))
-	for k := range pins {
-		m[k] = k
+// leaseIDs adds the lease IDs ("lease-" and its random part) s names to
+// ids.
+func leaseIDs(s string, ids map[string]bool) {
+	for {
+		i := strings.Index(s, "lease-")
+		if i < 0 {
+			return
+		}
+		j := i + len("lease-")
+		for j < len(s) && (s[j] >= '0' && s[j] <= '9' || s[j] >= 'a' && s[j] <= 'z') {
+			j++
+		}
+		ids[s[i:j]] = true
+		s = s[j:]
 	}
-	return m
 }
 
-// ParseQuota parses a quota spec, "[TENANT:]KEY=VALUE,…" with keys leases
-// (a count), bytes (a size such as 100GiB), slots (a count) and bandwidth
-// (bytes/s, a size such as 1GB). Without a tenant, or with "*", it is the
-// default quota (tenant "").
-func ParseQuota(spec string) (tenant string, q Quota, err error) {
-	body := spec
-	if i := strings.IndexByte(spec, ':'); i >= 0 {
-		tenant, body = spec[:i], spec[i+1:]
-		if tenant == "*" {
-			tenant = ""
-		} else if tenant == "" {
-			return "", q, fmt.Errorf("quota %q: empty tenant (use * or no prefix for the default)", spec)
-		}
-	}
-	if strings.TrimSpace(body) == "" {
-		return "", q, fmt.Errorf("quota %q: no limits (leases=N,bytes=SIZE,slots=N,bandwidth=RATE)", spec)
-	}
-	for _, kv := range strings.Split(body, ",") {
-		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
-		if !ok {
-			return "", q, fmt.Errorf("quota %q: %q is not KEY=VALUE", spec, kv)
-		}
-		var n int64
-		switch k {
-		case "leases", "slots":
-			n, err = strconv.ParseInt(v, 10, 64)
-			if err == nil && (n < 0 || n > math.MaxInt32) {
-				err = errors.New("out of range")
-			}
-		case "bytes", "bandwidth":
-			n, err = resource.ParseSize(v)
-		default:
-			return "", q, fmt.Errorf("quota %q: unknown limit %q (leases, bytes, slots, bandwidth)", spec, k)
-		}
-		if err != nil {
-			return "", q, fmt.Errorf("quota %q: bad %s: %w", spec, k, err)
-		}
-		switch k {
-		case "leases":
-			q.Leases = int(n)
-		case "slots":
-			q.Slots = n
-		case "bytes":
-			q.Bytes = n
-		case "bandwidth":
-			q.Bandwidth = float64(n)
-		}
-	}
-	return tenant, q, nil
+// hiddenError is an error with another message: errors.Is still finds
+// what it wraps.
+type hiddenError struct {
+	err error
+	msg string
 }
+
+func (e hiddenError) Error() string { return e.msg }
+func (e hiddenError) Unwrap() error { return e.err }

@@ -1,0 +1,76 @@
+package lifecycle
+
+import (
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
+)
+
+// Action is what the caller of Step performs, in order.
+type Action interface{ action() }
+
+// Create writes the new lease (Step's answer), reserved, with its parts.
+// The store re-checks every part's capacity atomically (store.ErrCapacity)
+// and the idempotency key (store.ErrDuplicate); the placement holding the
+// parts is committed or released with the write's outcome.
+type Create struct {
+	Demand store.Demand
+	Idem   *store.Idempotency
+	Event  api.Event
+}
+
+// Replace writes Plan's parts in place of the reserved lease's, with the
+// same checks as Create.
+type Replace struct {
+	Plan  api.Plan
+	Event api.Event
+}
+
+// Persist is a compare-and-set write of the lease, from one of
+// Change.From to Change.To, with its audit event. If the store refuses it
+// (store.ErrConflict: the lease moved on; store.ErrNotFound) or fails, the
+// caller performs Undo instead of the actions after it.
+type Persist struct {
+	Change store.LeaseChange
+	Event  api.Event
+	Undo   []Action
+}
+
+// Prepare asks each part's lender to prepare its export and mint its
+// address. The outcome is the next event: Confirm or PrepareFailed.
+type Prepare struct{}
+
+// Place places the lease again, also avoiding the nodes in Skip (node ID
+// → why). The outcome is the next event: Placed or Unplaceable.
+type Place struct{ Skip map[string]string }
+
+// Teardown asks the lease's lenders (each node once, all but Except) to
+// stop serving it. A lender that misses it is told again in the answer to
+// its next heartbeat (Reconcile).
+type Teardown struct{ Except string }
+
+// TeardownOn answers node NodeID's heartbeat: stop serving the lease.
+type TeardownOn struct{ NodeID string }
+
+// KeepOn answers node NodeID's heartbeat: keep serving the lease, which
+// expires at ExpiresAt unless renewed. A lender serves an export it
+// restored after a restart only once told so, and learns renewals from it.
+type KeepOn struct {
+	NodeID    string
+	ExpiresAt time.Time
+}
+
+// Free takes the lease's parts out of the placement view: the lease ended
+// and the store freed them with the write before.
+type Free struct{}
+
+func (Create) action()     {}
+func (Replace) action()    {}
+func (Persist) action()    {}
+func (Prepare) action()    {}
+func (Place) action()      {}
+func (Teardown) action()   {}
+func (TeardownOn) action() {}
+func (KeepOn) action()     {}
+func (Free) action()       {}

@@ -1,0 +1,90 @@
+package lifecycle
+
+import (
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
+)
+
+// Event is something that happens to a lease: Step's input.
+type Event interface{ event() }
+
+// Reserve: placement chose the requested lease's parts (the lease carries
+// them and its plan); write it reserved, then prepare it.
+type Reserve struct {
+	Demand store.Demand       // the request's demand, kept for placement
+	Idem   *store.Idempotency // the request's idempotency key, if any
+	Size   string             // the request's size in words ("1 GiB", "2 slots"), for the audit event
+}
+
+// Confirm: every lender prepared its part; URIs are the parts' addresses,
+// in part order.
+type Confirm struct{ URIs []string }
+
+// PrepareFailed: in prepare round Round (from 0), the lenders in Failed
+// (node ID → why) did not confirm.
+type PrepareFailed struct {
+	Failed map[string]string
+	Round  int
+}
+
+// Placed: a new placement (Place) found parts for the lease.
+type Placed struct {
+	Plan    api.Plan
+	Skipped int // lenders that did not confirm, for the audit event
+}
+
+// Unplaceable: a new placement found no parts for the lease, or writing
+// them was refused.
+type Unplaceable struct {
+	Failed map[string]string // the lenders that did not confirm (node ID → why)
+	Err    error             // why there is no other placement
+	Plan   *api.Plan         // the plan that could not be used, recorded with the failure
+}
+
+// Renew extends the lease's TTL from now; TTLSeconds 0 keeps the lease's.
+type Renew struct{ TTLSeconds int64 }
+
+// Release: tenant By releases the lease. Tenant, when set, is a condition
+// of the write: the lease must be that tenant's (else the store answers
+// not found).
+type Release struct{ By, Tenant string }
+
+// TornDown: the lenders of a releasing lease were told to stop serving it.
+type TornDown struct{}
+
+// Expire: the lease's TTL ran out without renewal.
+type Expire struct{}
+
+// NodeDown: a lender of the lease (NodeID, named Name) missed its
+// heartbeats past the grace period.
+type NodeDown struct{ NodeID, Name string }
+
+// Interrupted: a reservation or a release has not moved since before
+// Before: the control plane was restarted while it ran.
+type Interrupted struct{ Before time.Time }
+
+// Reconcile: node NodeID reports in its heartbeat that it serves the lease.
+type Reconcile struct{ NodeID string }
+
+// Moved: lender NodeID serves exports of the lease at new addresses after
+// a restart.
+type Moved struct {
+	NodeID  string
+	Exports []api.MovedExport
+}
+
+func (Reserve) event()       {}
+func (Confirm) event()       {}
+func (PrepareFailed) event() {}
+func (Placed) event()        {}
+func (Unplaceable) event()   {}
+func (Renew) event()         {}
+func (Release) event()       {}
+func (TornDown) event()      {}
+func (Expire) event()        {}
+func (NodeDown) event()      {}
+func (Interrupted) event()   {}
+func (Reconcile) event()     {}
+func (Moved) event()         {}

@@ -1,0 +1,315 @@
+package controlplane
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"strconv"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/lifecycle"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/resource"
+)
+
+// This file is the reservation pipeline: the path of POST /v1/leases
+// from a validated request to an active lease (docs/ARCHITECTURE.md,
+// "The path of a lease request").
+
+const (
+	maxPlaceAttempts  = 16 // reservation races lost before giving up
+	maxParts          = 64
+	maxIdempotencyKey = 200
+	idempotencyHeader = "Idempotency-Key"
+)
+
+// reservation is what a lease request's pipeline keeps between its steps.
+type reservation struct {
+	tenant string
+	req    api.LeaseRequest
+	demand store.Demand
+	ttl    time.Duration
+	now    time.Time
+	rounds int               // prepare rounds so far
+	failed map[string]string // the lenders that did not confirm in the last round (node ID → why)
+	skip   map[string]string // ... and in every round
+}
+
+// hold names lease id to the reserver.
+func (r *reservation) hold(id string) hold {
+	return hold{id: id, tenant: r.tenant, kind: r.req.Kind, demand: r.demand}
+}
+
+// lease is the requested lease, placed by plan: the lease state machine
+// reserves it.
+func (r *reservation) lease(id string, plan api.Plan) api.Lease {
+	req := r.req
+	count := req.Count
+	if count == 0 {
+		count = 1
+	}
+	l := api.Lease{
+		ID: id, State: api.LeaseRequested, Kind: req.Kind, Mode: plan.Mode, Tenant: r.tenant,
+		Borrower: req.Borrower, Size: req.Size, Count: count, StripeUnit: req.StripeUnit, Parts: plan.Parts,
+		Credential: resource.NewSecret("rlc"), TTLSeconds: int64(r.ttl / time.Second), ExpiresAt: r.now.Add(r.ttl),
+		CreatedAt: r.now, UpdatedAt: r.now, IdempotencyKey: req.IdempotencyKey, Plan: &plan,
+	}
+	if l.Mode == api.ModeComposed && l.StripeUnit == 0 && req.Kind != api.KindAccel {
+		l.StripeUnit = defaultStripeUnit
+	}
+	return l
+}
+
+// createLease runs the reservation pipeline: place the request and write
+// the reservation (reserve), prepare the exports on the lenders, activate
+// on their confirmation; lenders that do not confirm are skipped and the
+// lease placed again without them. Each step is the lease state machine's
+// (lifecycle.Step, performed by apply); the pipeline performs the actions
+// the machine leaves to it (outcome) and feeds their outcomes back, until
+// the machine asks for nothing more: the lease is active, or failed.
+// created is false for an idempotent replay.
+func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequest) (l api.Lease, created bool, err error) {
+	if err := s.validateLeaseRequest(&req); err != nil {
+		return l, false, err
+	}
+	var idem *store.Idempotency
+	if req.IdempotencyKey != "" {
+		idem = &store.Idempotency{Tenant: p.tenant, Key: req.IdempotencyKey, RequestHash: requestHash(req)}
+		if l, err := s.replay(ctx, idem); !errors.Is(err, store.ErrNotFound) {
+			return l, false, err
+		}
+	}
+	r := &reservation{tenant: p.tenant, req: req, now: s.now(), skip: map[string]string{},
+		ttl: time.Duration(req.TTLSeconds) * time.Second, demand: store.Demand{Bandwidth: req.Bandwidth, Work: req.Work}}
+	if r.ttl == 0 {
+		r.ttl = s.cfg.DefaultTTL
+	}
+	if req.DeadlineSecond > 0 {
+		r.demand.Deadline = r.now.Add(time.Duration(req.DeadlineSecond * float64(time.Second)))
+	}
+	l, todo, err := s.reserve(ctx, r, idem)
+	if errors.Is(err, store.ErrDuplicate) {
+		l, err := s.replay(ctx, idem)
+		return l, false, err
+	}
+	if err != nil {
+		return l, false, err
+	}
+	for ev := s.outcome(ctx, r, l, todo); ev != nil; ev = s.outcome(ctx, r, l, todo) {
+		prev := l
+		l, todo, err = s.apply(ctx, prev, ev)
+		if pl, ok := ev.(lifecycle.Placed); ok && err != nil {
+			// The store refused the new parts: there is no other placement.
+			l, todo, err = s.apply(ctx, prev, lifecycle.Unplaceable{Failed: r.failed, Err: err, Plan: &pl.Plan})
+		}
+		if err != nil {
+			// Released, expired or lost while its lenders prepared it
+			// (the exports were undone), or the store failed.
+			if errors.Is(err, store.ErrConflict) {
+				if cur, gerr := s.st.Lease(ctx, l.ID); gerr == nil {
+					return cur, true, fmt.Errorf("%w: lease %s became %s while its lenders prepared it", ErrConflict, l.ID, cur.State)
+				}
+			}
+			return api.Lease{}, false, err
+		}
+	}
+	if l.State != api.LeaseActive {
+		return l, true, fmt.Errorf("%w: lease %s failed: %s", ErrUnavailable, l.ID, l.Reason)
+	}
+	return l, true, nil
+}
+
+// outcome performs the actions the state machine left to the pipeline —
+// prepare the lease on its lenders, or place it again without the lenders
+// that did not confirm — and returns their outcome as the next event; nil
+// when there is nothing to perform.
+func (s *Server) outcome(ctx context.Context, r *reservation, l api.Lease, todo []lifecycle.Action) lifecycle.Event {
+	for _, a := range todo {
+		switch a := a.(type) {
+		case lifecycle.Prepare:
+			uris, failed := s.prepareParts(ctx, l, r.req)
+			round := r.rounds
+			r.rounds++
+			if len(failed) == 0 {
+				return lifecycle.Confirm{URIs: uris}
+			}
+			for nodeID, why := range failed {
+				s.log.Warn("lender did not confirm; skipping it", "lease", l.ID, "node", nodeID, "err", why)
+			}
+			r.failed = failed
+			return lifecycle.PrepareFailed{Failed: failed, Round: round}
+		case lifecycle.Place:
+			maps.Copy(r.skip, a.Skip)
+			plan, err := s.res.Place(ctx, r.hold(l.ID), r.req, r.skip, s.now())
+			if err != nil {
+				return lifecycle.Unplaceable{Failed: a.Skip, Err: err, Plan: &plan}
+			}
+			return lifecycle.Placed{Plan: plan, Skipped: len(a.Skip)}
+		}
+	}
+	return nil
+}
+
+// reserve places the request and writes the reservation: plan → apply.
+// The reserver holds the placed parts in its view until the write's
+// outcome is known, so concurrent requests place around them; the write
+// is group-committed with other requests' writes, and the store re-checks
+// every part atomically, so a stale view costs another placement on fresh
+// data, never an over-commit. It returns the reserved lease and what the
+// state machine asks for next.
+func (s *Server) reserve(ctx context.Context, r *reservation, idem *store.Idempotency) (api.Lease, []lifecycle.Action, error) {
+	for attempt := 0; ; attempt++ {
+		id := resource.NewID("lease")
+		plan, err := s.res.Place(ctx, r.hold(id), r.req, nil, r.now)
+		if err != nil {
+			return api.Lease{}, nil, err
+		}
+		l, todo, err := s.apply(ctx, r.lease(id, plan), lifecycle.Reserve{Demand: r.demand, Idem: idem, Size: sizeText(r.req)})
+		switch {
+		case err == nil:
+			return l, todo, nil
+		case errors.Is(err, store.ErrCapacity) && attempt < maxPlaceAttempts:
+			s.m.placeRetries.Inc()
+			s.res.Invalidate() // lost a race for a device: place again on fresh data
+		case errors.Is(err, store.ErrCapacity):
+			return api.Lease{}, nil, fmt.Errorf("%w: devices kept being taken by concurrent leases; try again", ErrUnavailable)
+		default:
+			return api.Lease{}, nil, err
+		}
+	}
+}
+
+// explainLease places a tenant's request without reserving anything.
+func (s *Server) explainLease(ctx context.Context, tenant string, req api.LeaseRequest) (api.Plan, error) {
+	if err := s.validateLeaseRequest(&req); err != nil {
+		return api.Plan{}, err
+	}
+	plan, err := s.res.Preview(ctx, req, tenant, s.now())
+	if errors.Is(err, ErrInfeasible) || errors.Is(err, ErrQuota) {
+		return plan, nil // a dry run reports infeasibility in the plan
+	}
+	return plan, err
+}
+
+// validateLeaseRequest checks a request and fills defaults.
+func (s *Server) validateLeaseRequest(r *api.LeaseRequest) error {
+	switch r.Kind {
+	case api.KindBlock, api.KindMemory, api.KindAccel:
+	case "":
+		return fmt.Errorf("%w: kind is required (block, memory or accel)", ErrInvalid)
+	default:
+		return fmt.Errorf("%w: unknown kind %q (block, memory or accel)", ErrInvalid, r.Kind)
+	}
+	switch r.Mode {
+	case "", api.ModeDedicated, api.ModeShared, api.ModeComposed:
+	default:
+		return fmt.Errorf("%w: unknown mode %q (dedicated, shared or composed)", ErrInvalid, r.Mode)
+	}
+	switch r.Strategy {
+	case "", "binpack", "spread":
+	default:
+		return fmt.Errorf("%w: unknown strategy %q (binpack or spread)", ErrInvalid, r.Strategy)
+	}
+	if r.Size < 0 || r.Count < 0 || r.StripeUnit < 0 || r.TTLSeconds < 0 || r.Bandwidth < 0 || r.MaxLatencyUs < 0 || r.Work < 0 || r.DeadlineSecond < 0 ||
+		r.BandwidthCap < 0 || r.IOPSCap < 0 {
+		return fmt.Errorf("%w: sizes, counts, durations and rates must not be negative", ErrInvalid)
+	}
+	if (r.BandwidthCap > 0 || r.IOPSCap > 0) && r.Kind != api.KindBlock {
+		return fmt.Errorf("%w: bandwidth_cap and iops_cap apply to block leases only", ErrInvalid)
+	}
+	if r.Count > maxParts {
+		return fmt.Errorf("%w: count %d is more than %d", ErrInvalid, r.Count, maxParts)
+	}
+	if r.Mode == api.ModeComposed && r.Count == 1 {
+		return fmt.Errorf("%w: a composed lease needs count ≥ 2", ErrInvalid)
+	}
+	if r.StripeUnit > 0 && r.StripeUnit&(r.StripeUnit-1) != 0 {
+		return fmt.Errorf("%w: stripe_unit must be a power of two", ErrInvalid)
+	}
+	if max := int64(s.cfg.MaxTTL / time.Second); r.TTLSeconds > max {
+		return fmt.Errorf("%w: ttl_seconds %d is more than the maximum %d", ErrInvalid, r.TTLSeconds, max)
+	}
+	if len(r.IdempotencyKey) > maxIdempotencyKey {
+		return fmt.Errorf("%w: idempotency key longer than %d bytes", ErrInvalid, maxIdempotencyKey)
+	}
+	if len(r.Borrower) > 256 || len(r.Role) > 256 || len(r.Affinity) > 64 || len(r.AntiAffinity) > 64 || len(r.Labels) > 64 {
+		return fmt.Errorf("%w: borrower, role, affinities or labels too long", ErrInvalid)
+	}
+	return validateAccelRequest(r)
+}
+
+// validateAccelRequest checks the accelerator fields: a role (and its
+// config) only for accel leases, and shared use — through the lender's
+// batching gateway — only with a role to share. The role config is a
+// secret: messages never quote it.
+func validateAccelRequest(r *api.LeaseRequest) error {
+	if r.Kind != api.KindAccel {
+		if r.Role != "" || r.RoleConfig != nil {
+			return fmt.Errorf("%w: role and role_config apply to accel leases only", ErrInvalid)
+		}
+		return nil
+	}
+	if r.RoleConfig != nil {
+		if r.Role == "" {
+			return fmt.Errorf("%w: role_config needs a role", ErrInvalid)
+		}
+		if n := len(r.RoleConfig.Config) + len(r.RoleConfig.Module); n > api.MaxRoleConfig {
+			return fmt.Errorf("%w: role_config of %d bytes is more than %d; load large roles through the appliance's management API", ErrInvalid, n, api.MaxRoleConfig)
+		}
+	}
+	if r.Mode == api.ModeComposed {
+		return fmt.Errorf("%w: an accel lease is dedicated (slots of its own; --count N for several) or shared (through the lender's gateway), not composed", ErrInvalid)
+	}
+	if r.Whole && r.Mode == api.ModeShared {
+		return fmt.Errorf("%w: a whole device is dedicated, not shared", ErrInvalid)
+	}
+	if r.Mode == api.ModeShared {
+		if r.Role == "" {
+			return fmt.Errorf("%w: a shared accel lease is served by the lender's batching gateway for a role: give a role", ErrInvalid)
+		}
+		if r.Count > 1 {
+			return fmt.Errorf("%w: a shared accel lease takes count 1 (the gateway spreads work over its slots)", ErrInvalid)
+		}
+	}
+	return nil
+}
+
+func requestHash(r api.LeaseRequest) string {
+	r.IdempotencyKey = ""
+	b, _ := json.Marshal(r)
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:])
+}
+
+// replay answers a repeated idempotency key.
+func (s *Server) replay(ctx context.Context, idem *store.Idempotency) (api.Lease, error) {
+	l, hash, err := s.st.LeaseByIdempotencyKey(ctx, idem.Tenant, idem.Key)
+	if err != nil {
+		return l, err
+	}
+	if hash != idem.RequestHash {
+		return api.Lease{}, fmt.Errorf("%w: idempotency key %q was used by lease %s with a different request", ErrConflict, idem.Key, l.ID)
+	}
+	return l, nil
+}
+
+func sizeText(req api.LeaseRequest) string {
+	if req.Kind == api.KindAccel {
+		if req.Whole {
+			return "a whole device"
+		}
+		if req.Count > 1 {
+			return strconv.Itoa(req.Count) + " slots"
+		}
+		return "1 slot"
+	}
+	if req.Size == 0 || req.Whole {
+		return "a whole device"
+	}
+	return resource.FormatSize(req.Size)
+}

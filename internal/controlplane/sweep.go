@@ -1,0 +1,115 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/lifecycle"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
+)
+
+// prepareStaleFactor × PrepareTimeout is how long a reservation or a
+// release may stand still before the sweep takes it for interrupted: a
+// reservation prepares its lenders (within PrepareTimeout each) at most
+// lifecycle.MaxPrepareRounds times.
+const prepareStaleFactor = lifecycle.MaxPrepareRounds + 2
+
+// Sweep runs one pass of the background duties: node liveness (ready →
+// suspect → down; a down node's leases become lost), TTL expiry, and
+// clean-up of reservations or releases interrupted by a restart. The
+// leases' changes are steps of the lease state machine (NodeDown, Expire,
+// Interrupted), performed by apply; a lease that moved on meanwhile is
+// left alone (the machine refuses the event, or the store the write).
+func (s *Server) Sweep(ctx context.Context) error {
+	now := s.now()
+	nodes, err := s.st.Nodes(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	changed := false
+	for i := range nodes {
+		n := &nodes[i]
+		// A control-plane restart gives every agent a full grace period
+		// again: silence while the control plane was away does not count.
+		last := n.LastHeartbeat
+		if last.Before(s.started) {
+			last = s.started
+		}
+		silent := now.Sub(last)
+		switch {
+		case n.State != api.NodeDown && silent > s.cfg.DownAfter:
+			err := s.st.SetNodeState(ctx, n.ID, n.State, api.NodeDown, api.Event{At: now, Type: "node.down", Subject: n.ID,
+				Message: fmt.Sprintf("no heartbeat for %v (grace period %v)", silent.Round(time.Millisecond), s.cfg.DownAfter), State: string(api.NodeDown)})
+			if err != nil {
+				if !errors.Is(err, store.ErrConflict) {
+					errs = append(errs, err)
+				}
+				continue
+			}
+			s.log.Warn("node down", "node", n.ID, "name", n.Name, "silent", silent)
+			n.State = api.NodeDown
+			changed = true
+		case n.State == api.NodeReady && silent > s.cfg.SuspectAfter:
+			err := s.st.SetNodeState(ctx, n.ID, n.State, api.NodeSuspect, api.Event{At: now, Type: "node.suspect", Subject: n.ID,
+				Message: fmt.Sprintf("no heartbeat for %v", silent.Round(time.Millisecond)), State: string(api.NodeSuspect)})
+			if err != nil && !errors.Is(err, store.ErrConflict) {
+				errs = append(errs, err)
+			}
+			changed = true
+			s.log.Info("node suspect", "node", n.ID, "name", n.Name, "silent", silent)
+		}
+		if n.State == api.NodeDown {
+			// Its leases (also ones reserved in a race with the sweep) are lost.
+			ls, err := s.st.Leases(ctx, store.LeaseFilter{NodeID: n.ID, States: []api.LeaseState{api.LeaseReserved, api.LeaseActive, api.LeaseReleasing}})
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			for _, l := range ls {
+				if _, _, err := s.apply(ctx, l, lifecycle.NodeDown{NodeID: n.ID, Name: n.Name}); !movedOn(err) {
+					errs = append(errs, err)
+				}
+			}
+		}
+	}
+	s.peers.set(nodes)
+	if changed {
+		s.invalidate() // placement must see the new node states
+	}
+
+	// TTL expiry.
+	ls, err := s.st.Leases(ctx, store.LeaseFilter{States: []api.LeaseState{api.LeaseReserved, api.LeaseActive}, ExpiresBefore: now})
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, l := range ls {
+		if _, _, err := s.apply(ctx, l, lifecycle.Expire{}); !movedOn(err) {
+			errs = append(errs, err)
+		}
+	}
+
+	// Work interrupted by a control-plane restart: releases finish,
+	// reservations that were never confirmed fail.
+	stale := now.Add(-time.Duration(prepareStaleFactor) * s.cfg.PrepareTimeout)
+	ls, err = s.st.Leases(ctx, store.LeaseFilter{States: []api.LeaseState{api.LeaseReleasing, api.LeaseReserved}})
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, l := range ls {
+		if _, _, err := s.apply(ctx, l, lifecycle.Interrupted{Before: stale}); !movedOn(err) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// movedOn reports whether err is nil, or says that the lease was not in
+// the state the sweep read (refused by the state machine or by the
+// store's compare-and-set): nothing to report.
+func movedOn(err error) bool {
+	return err == nil || errors.Is(err, lifecycle.ErrRefused) || errors.Is(err, store.ErrConflict)
+}
