@@ -46,12 +46,12 @@ cd ../..
 VAL=""
 VALCC=""
 if [ "$(id -u)" = 0 ] && command -v tc >/dev/null; then
-  RIALTO_VALIDATE_OUT=$PWD/docs/bench RIALTO_VALIDATE_FULL=1 go test -count=1 -run 'TestRealVsSimulated$' -v -timeout 20m ./internal/sim/validate > "$WORK/validate.txt" 2>&1 || true
-  VAL=$(grep -E 'lenders, .* writers:|load average|summary:|FAIL|SKIP' "$WORK/validate.txt" | sed 's/^ *validate_test.go:[0-9]*: /- /')
+  RIALTO_VALIDATE_OUT=$PWD/docs/bench RIALTO_VALIDATE_FULL=1 go test -count=1 -run 'TestRealVsSimulated$' -v -timeout 20m ./internal/lab > "$WORK/validate.txt" 2>&1 || true
+  VAL=$(grep -E 'lenders, .* writers:|load average|summary:|FAIL|SKIP' "$WORK/validate.txt" | sed 's/^ *writers_test.go:[0-9]*: /- /')
   hostcc=$(sysctl -n net.ipv4.tcp_congestion_control 2>/dev/null || echo "")
   if [ -n "$hostcc" ] && [ "$hostcc" != reno ]; then
-    RIALTO_VALIDATE_CC=$hostcc go test -count=1 -run 'TestRealVsSimulated$' -v -timeout 10m ./internal/sim/validate > "$WORK/validate-cc.txt" 2>&1 || true
-    VALCC=$(grep -E 'lenders, .* writers: real|load average|summary:' "$WORK/validate-cc.txt" | sed 's/^ *validate_test.go:[0-9]*: /- /')
+    RIALTO_VALIDATE_CC=$hostcc go test -count=1 -run 'TestRealVsSimulated$' -v -timeout 10m ./internal/lab > "$WORK/validate-cc.txt" 2>&1 || true
+    VALCC=$(grep -E 'lenders, .* writers: real|load average|summary:' "$WORK/validate-cc.txt" | sed 's/^ *writers_test.go:[0-9]*: /- /')
   fi
 fi
 s1=$(steal); t1=$(date +%s)
@@ -106,7 +106,7 @@ about 66% of the CPU time, the fabric solver 9%, \`Cluster.Path\` 9% (nearly all
 building one shortest-path tree per rack switch, once; before paths started from the
 switch's tree it was one tree per server, 43% of the time and most of the memory).
 
-Real vs simulated (\`internal/sim/validate\`: 1–6 sequential writers, 8 MiB per writer and
+Real vs simulated (\`internal/lab\`: 1–6 sequential writers, 8 MiB per writer and
 lender, striping over 1–3 NBD lenders in network namespaces whose links are shaped with tc
 tbf at 40 Mbit/s with a 1.25 MB queue, TCP Reno; the simulator runs the same scenario;
 per-writer bandwidth is bytes over the writer's own elapsed time; "links busy" is what the
