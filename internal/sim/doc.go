@@ -9,9 +9,9 @@
 // cluster traces, and named experiments that reproduce the seeds' figures.
 //
 // The simulator is pure: no goroutines, no wall-clock reads, no I/O in the
-// engine and the models. Runs are deterministic for a seed. Only the
-// experiment layer (Run) writes files: a CSV and a hand-written SVG plot per
-// experiment, into Options.OutDir.
+// engine, the models and the experiments. Runs are deterministic for a
+// seed. Run returns a Result (table, plot, tagged metrics) and writes
+// nothing: package sim/report writes its CSV, SVG and text files.
 //
 // Zero values: the zero Engine is ready to use at virtual time 0. A Net must
 // be built with NewNet. Experiments are looked up by name with Experiments

@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"encoding/xml"
+	"errors"
 	"flag"
 	"os"
 	"path/filepath"
@@ -85,13 +86,22 @@ func TestRunDeterministic(t *testing.T) {
 			t.Errorf("bad experiment %+v", e)
 		}
 	}
-	a, _ := Run(context.Background(), "smufin-fig8", Options{Seed: 3})
-	b, _ := Run(context.Background(), "smufin-fig8", Options{Seed: 3})
+	a, err := Run(context.Background(), "smufin-fig8", Options{Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Run(context.Background(), "smufin-fig8", Options{Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a.Rows) == 0 {
+		t.Fatal("no rows")
+	}
 	if string(a.CSV()) != string(b.CSV()) || string(a.Plot.SVG()) != string(b.Plot.SVG()) {
 		t.Fatal("same seed, different output")
 	}
-	if _, err := Run(context.Background(), "nope", Options{}); err == nil {
-		t.Fatal("unknown experiment accepted")
+	if _, err := Run(context.Background(), "nope", Options{}); !errors.Is(err, ErrUnknownExperiment) {
+		t.Fatalf("unknown experiment: %v", err)
 	}
 }
 
