@@ -13,8 +13,11 @@ import (
 
 var rewrite = flag.Bool("rewrite", false, "rewrite the golden files under testdata/")
 
-// runExp runs an experiment, checks its metrics against the seed's figures
-// and its summary and CSV against testdata/NAME.golden (-rewrite updates it).
+// runExp runs an experiment, checks its predictions against the papers'
+// figures and its summary and CSV against testdata/NAME.golden (-rewrite
+// updates it). Only predictions are asserted: a fit reproduces its figure
+// by construction. A prediction with an explained miss must still miss (an
+// explanation may not outlive its miss); any other must hit.
 func runExp(t *testing.T, name string, o Options) Result {
 	t.Helper()
 	r, err := Run(context.Background(), name, o)
@@ -37,8 +40,14 @@ func runExp(t *testing.T, name string, o Options) Result {
 		t.Errorf("%s: output differs from %s (run with -rewrite if intended)", name, golden)
 	}
 	for _, m := range r.Metrics {
-		if !m.Within() {
-			t.Errorf("%s: %s = %v, paper %v ±%g%%", name, m.Name, m.Value, m.Paper, m.Tolerance*100)
+		if m.Kind != Prediction || m.Figure == "" {
+			continue
+		}
+		switch {
+		case m.Miss == "" && !m.Hit():
+			t.Errorf("%s: prediction %s = %v misses the paper's %v ±%g%%", name, m.Name, m.Value, m.Paper, m.Tolerance*100)
+		case m.Miss != "" && m.Hit():
+			t.Errorf("%s: %s = %v now hits the paper's %v: remove its miss explanation", name, m.Name, m.Value, m.Paper)
 		}
 	}
 	if len(r.Rows) == 0 || len(r.Plot.SVG()) == 0 || len(r.CSV()) == 0 {
@@ -61,7 +70,13 @@ func metric(t *testing.T, r Result, name string) float64 {
 }
 
 func TestSmufinSharing(t *testing.T) {
-	runExp(t, "smufin-sharing", Options{})
+	r := runExp(t, "smufin-sharing", Options{})
+	// The one-device threshold is the only figure the device model was
+	// fitted to; it must come out as the paper's (a fit that does not
+	// reproduce its figure is a broken fit).
+	if m, _ := r.Metric("degradation threshold, 1 device"); m.Kind != Fit || !m.Hit() {
+		t.Errorf("one-device threshold: %+v", m)
+	}
 }
 
 func TestSmufinFig8(t *testing.T) {
@@ -74,6 +89,11 @@ func TestSmufinFig8(t *testing.T) {
 	}
 	if rl := metric(t, r, "mean slowdown Rialto placement, no deadline"); rl > b {
 		t.Errorf("Rialto's placement (%v) should do at least as well as (b) %v", rl, b)
+	}
+	// The paper's "dedicated gains nothing" is a tracked miss: the model
+	// gives the dedicated instance its full rate.
+	if d := metric(t, r, "dedicated instance of (c) vs (b) mean"); d > 0.9 {
+		t.Errorf("dedicated instance %v: the miss is gone, update the explanation", d)
 	}
 	if mb, mc := metric(t, r, "makespan slowdown (b) 2-device composition"), metric(t, r, "makespan slowdown (c) 1 dedicated + 4 shared"); mb >= mc {
 		t.Errorf("(b) makespan %v should beat (c) %v", mb, mc)
@@ -111,13 +131,8 @@ func TestRedisMemory(t *testing.T) {
 
 func TestErbiumPareto(t *testing.T) {
 	r := runExp(t, "erbium-pareto", Options{})
-	var fast, busy bool
-	for _, m := range r.Metrics {
-		fast = fast || m.Name == "lowest latency at >=20 Mq/s: 4p4w1k4e"
-		busy = busy || m.Name == "highest throughput at <=500 us: 2p2w1k4e"
-	}
-	if !fast || !busy {
-		t.Errorf("Pareto choices differ from seed 002: %v", r.Notes)
+	if metric(t, r, "lowest latency at >=20 Mq/s is 4p4w1k4e (1 = yes)") != 1 || metric(t, r, "highest throughput at <=500 us is 2p2w1k4e (1 = yes)") != 1 {
+		t.Errorf("Pareto choices differ from the paper's: %v", r.Notes)
 	}
 }
 
@@ -160,9 +175,11 @@ func TestGPUTraining(t *testing.T) {
 
 func TestSmufinLocalRemote(t *testing.T) {
 	r := runExp(t, "smufin-local-remote", Options{})
-	for _, n := range []string{"1", "2"} {
-		if g := metric(t, r, "NVMe-oF vs DAS, "+n+" instance"+map[string]string{"1": "", "2": "s"}[n]); g > 0.01 {
-			t.Errorf("%s instance(s): NVMe-oF %v slower, paper: no degradation", n, g)
+	// Every figure here is a fit: they must be reproduced, and none may be
+	// counted as a prediction.
+	for _, m := range r.Metrics {
+		if m.Kind != Fit || !m.Hit() {
+			t.Errorf("%s: %+v", m.Name, m)
 		}
 	}
 }
