@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/xml"
 	"errors"
+	"math"
 	"flag"
 	"os"
 	"path/filepath"
@@ -181,5 +182,25 @@ func TestSmufinLocalRemote(t *testing.T) {
 		if m.Kind != Fit || !m.Hit() {
 			t.Errorf("%s: %+v", m.Name, m)
 		}
+	}
+}
+
+func TestHopRelayExperiment(t *testing.T) {
+	r := runExp(t, "hop-relay", Options{})
+	if v := metric(t, r, "round trip added per relay hop"); v != 2*float64(DefaultHopRelay.Delay.Microseconds()) {
+		t.Errorf("per hop %v µs, want twice the relay's delay", v)
+	}
+}
+
+func TestQPairCreditsExperiment(t *testing.T) {
+	r := runExp(t, "qpair-credits", Options{Sensitivity: true})
+	fast, slow := metric(t, r, "utilisation, credits on the fast path"), metric(t, r, "utilisation, credits delayed")
+	if !(fast > slow && fast <= 1 && slow > 0) {
+		t.Errorf("fast %v slow %v", fast, slow)
+	}
+	// One credit, no delays: a write per serialisation time.
+	u, _ := QPairUtilisation(QPairSpec{OpBytes: 1000, Window: 1, Rate: 1e6, Ops: 50})
+	if math.Abs(u-1) > 1e-9 {
+		t.Errorf("utilisation without delays %v", u)
 	}
 }

@@ -173,7 +173,10 @@ func (r Result) Summary() string {
 		if m.Kind == Pending {
 			val = "—"
 		}
-		fmt.Fprintf(&b, "  [%s] %-44s %12s %s", m.Kind, m.Name, val, m.Unit)
+		fmt.Fprintf(&b, "  [%s] %-44s %12s", m.Kind, m.Name, val)
+		if m.Unit != "" {
+			fmt.Fprintf(&b, " %s", m.Unit)
+		}
 		if f, ok := figureIndex[m.Figure]; ok {
 			fmt.Fprintf(&b, "   (paper: %s, %s %s", f3(m.Paper), Papers[f.Paper].Short, f.Where)
 			if m.Tolerance > 0 {
@@ -185,8 +188,15 @@ func (r Result) Summary() string {
 		if m.Miss != "" {
 			fmt.Fprintf(&b, ": %s", m.Miss)
 		}
-		if m.Real != nil && m.Real.Note != "" {
-			fmt.Fprintf(&b, " (real: %s %s, %s)", f3(m.Real.Value), m.Unit, m.Real.Note)
+		if m.Real != nil {
+			fmt.Fprintf(&b, " (real: %s %s", f3(m.Real.Value), m.Unit)
+			if m.Real.Sim != 0 {
+				fmt.Fprintf(&b, "; simulated with the lab's measured links: %s", f3(m.Real.Sim))
+			}
+			if m.Real.Note != "" {
+				fmt.Fprintf(&b, "; %s", m.Real.Note)
+			}
+			b.WriteString(")")
 		}
 		if m.Note != "" {
 			fmt.Fprintf(&b, " — %s", m.Note)

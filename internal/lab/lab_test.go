@@ -1,0 +1,117 @@
+package lab
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/sim"
+)
+
+// within reports whether real is within tol of the simulator's value.
+func within(sim, real, tol float64) bool { return math.Abs(sim-real) <= tol*math.Abs(real) }
+
+// TestHopRelay: each relay in front of a block (NBD) export adds to a read's
+// round trip what the simulator predicts for the hop as a TCP ping measures
+// it (the relay's delay both ways, plus what this machine's timers add),
+// within 10%: Rialto's block data plane adds nothing per hop of its own. A
+// miss is measured once more: a loaded machine's scheduling delays can
+// stretch one run's median, a model error repeats.
+func TestHopRelay(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	spec := sim.DefaultHopRelay
+	for try := 0; ; try++ {
+		m, err := RunHopRelay(ctx, spec, 40)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := float64(m.Hop)
+		t.Logf("medians %v; per hop %v (simulated %v for the hop a ping measured; nominal %v)", m.Median, m.PerHop(), m.Hop, sim.HopRelayAdded(spec, 1))
+		for h := 1; h < len(m.Median); h++ {
+			if m.Median[h] <= m.Median[h-1] {
+				t.Fatalf("round trip does not grow with relays: %v", m.Median)
+			}
+		}
+		if within(want, float64(m.PerHop()), 0.1) {
+			return
+		}
+		if try == 1 {
+			t.Fatalf("per-hop round trip %v, simulated %v: more than 10%% apart twice", m.PerHop(), time.Duration(want))
+		}
+	}
+}
+
+// TestQPairCredits: Rialto's memory queue pair, its credits returned over
+// a fast or a slow control path, uses the share of its link the simulator
+// predicts (within 10%), and the fast path raises it.
+func TestQPairCredits(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	spec := sim.DefaultQPair
+	spec.Ops = 200
+	slowSpec := spec
+	slowSpec.CreditDelay += sim.SlowCredits
+	for try := 0; ; try++ {
+		m, err := MeasureQPair(ctx, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fast, slow, sf, ss := m.Fast, m.Slow, m.SimFast, m.SimSlow
+		nf, _ := sim.QPairUtilisation(spec)
+		ns, _ := sim.QPairUtilisation(slowSpec)
+		t.Logf("utilisation: fast credits %.3f (simulated %.3f with the relays as measured, %.3f nominal), slow %.3f (%.3f, %.3f)", fast, sf, nf, slow, ss, ns)
+		if fast <= 1.1*slow {
+			t.Fatalf("fast credits %.3f do not raise utilisation over slow %.3f", fast, slow)
+		}
+		if within(sf, fast, 0.1) && within(ss, slow, 0.1) {
+			return
+		}
+		if try == 1 {
+			t.Fatalf("utilisation more than 10%% from the simulator's twice")
+		}
+	}
+}
+
+// TestCounterpart fills the real figures of an experiment's result and
+// refuses an experiment without a counterpart.
+func TestCounterpart(t *testing.T) {
+	res, err := sim.Run(context.Background(), "hop-relay", sim.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Counterpart(context.Background(), &res); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range res.Metrics {
+		if m.Real == nil || m.Real.Value <= 0 {
+			t.Errorf("%s: no real figure", m.Name)
+		}
+	}
+	if !containsReal(res.Summary()) {
+		t.Errorf("summary lacks the real figure:\n%s", res.Summary())
+	}
+	r2, _ := sim.Run(context.Background(), "udp-throughput", sim.Options{})
+	if err := Counterpart(context.Background(), &r2); err == nil {
+		t.Error("a counterpart for an experiment without one")
+	}
+}
+
+func containsReal(s string) bool {
+	for _, w := range []string{"; real within", "; real off by"} {
+		if len(s) > 0 && contains(s, w) {
+			return true
+		}
+	}
+	return false
+}
+
+func contains(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return true
+		}
+	}
+	return false
+}
