@@ -160,49 +160,14 @@ func maxErr(real, sim []float64) float64 {
 	return m
 }
 
-// WireEfficiency is the share of a shaped link's rate left for NBD payload:
-// tbf counts whole Ethernet frames (1,514 bytes for a full 1,500-byte MTU
-// segment) of which 1,448 are TCP payload (IPv4 20 B, TCP 20 B + 12 B of
-// timestamps); NBD's 28-byte request header per 1 MiB is negligible.
-const WireEfficiency = 1448.0 / 1514.0
+// WireEfficiency is the share of a shaped link's rate left for NBD payload
+// (sim.WireEfficiency).
+const WireEfficiency = sim.WireEfficiency
 
-// SimulateWriters predicts the per-writer bandwidth of w writers striping evenly
-// over k lenders whose links carry rate bytes/s each: one flow per writer
-// and lender, sharing the lender links max-min fairly, each writer done when
-// its last stripe is. It returns each writer's rate while all are active and
-// its bytes over its own elapsed time.
+// SimulateWriters is sim.SimulateWriters: the simulator's prediction for a
+// scenario.
 func SimulateWriters(k, w int, rate float64, bytes int64) (steady, whole []float64) {
-	var e sim.Engine
-	n := sim.NewNet(&e)
-	links := make([]*sim.Resource, k)
-	for i := range links {
-		links[i] = &sim.Resource{Name: fmt.Sprintf("lender%d", i), Capacity: rate * WireEfficiency}
-	}
-	whole = make([]float64, w)
-	steady = make([]float64, w)
-	flows := make([][]*sim.Flow, w)
-	for j := 0; j < w; j++ {
-		left := k
-		for i := 0; i < k; i++ {
-			f := n.Start(float64(bytes)/float64(k), []*sim.Resource{links[i]}, 0, func(*sim.Flow) {
-				left--
-				if left == 0 {
-					whole[j] = float64(bytes) / e.Now()
-				}
-			})
-			flows[j] = append(flows[j], f)
-		}
-	}
-	// Rates are set at time 0 once the simultaneous starts are solved.
-	e.At(0, func() {
-		for j := range flows {
-			for _, f := range flows[j] {
-				steady[j] += f.Rate()
-			}
-		}
-	})
-	e.Run(0)
-	return steady, whole
+	return sim.SimulateWriters(k, w, rate, bytes)
 }
 
 // RunWriters runs every scenario of cfg on the real data plane and in the

@@ -204,3 +204,21 @@ func TestQPairCreditsExperiment(t *testing.T) {
 		t.Errorf("utilisation without delays %v", u)
 	}
 }
+
+func TestRackFig8Experiment(t *testing.T) {
+	r := runExp(t, "rack-fig8", Options{})
+	// On devices that deliver the same whatever the concurrency, the
+	// dedicated writer of (c) gets the whole device and the composition of
+	// (b) doubles what (a) gives.
+	a, b := metric(t, r, "(a) writer sharing 1 device"), metric(t, r, "(b) writer on the 2-device composition")
+	if math.Abs(b/a-2) > 1e-9 || metric(t, r, "(c) dedicated writer") <= b {
+		t.Errorf("a %v b %v", a, b)
+	}
+}
+
+func TestLinkSharingExperiment(t *testing.T) {
+	r := runExp(t, "link-sharing", Options{})
+	if one, six := metric(t, r, LinkSharingMetric(1, 1)), metric(t, r, LinkSharingMetric(1, 6)); math.Abs(one/six-6) > 1e-9 {
+		t.Errorf("1 writer %v, 6 writers %v each", one, six)
+	}
+}
