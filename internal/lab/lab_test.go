@@ -191,3 +191,32 @@ func mbps(xs []float64) []float64 {
 	}
 	return out
 }
+
+// TestRelated: the crossover of related-query batching on Rialto's MCT
+// role — from how many queries per request one CallBatch to a lent slot
+// beats the local rule scan — is where the simulator's model, fed with the
+// measured costs of a query and of a call, puts it, within 25% or one query
+// (a crossover is the ratio of two small differences: loopback round trips
+// on a loaded machine move it, and under -race it falls to a few queries).
+// A miss is measured once more.
+func TestRelated(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for try := 0; ; try++ {
+		m, err := RunRelated(ctx, RelatedConfig{Reps: 21})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("scan %.2f µs/query + %.1f µs, role %.2f µs/query, call %.0f µs: predicted crossover %.0f queries, measured %.0f (grid up to %d)",
+			m.CPU*1e6, m.CPUFixed*1e6, m.PerQuery*1e6, m.Fixed*1e6, m.Predicted, m.Measured, m.Max)
+		if m.Predicted <= 0 {
+			t.Fatalf("the role is not faster per query than the scan: %+v", m)
+		}
+		if m.Measured > 0 && (within(m.Predicted, m.Measured, 0.25) || math.Abs(m.Predicted-m.Measured) <= 1) {
+			return
+		}
+		if try == 1 {
+			t.Fatalf("measured crossover %.0f, predicted %.0f: apart by more than 25%% and one query, twice", m.Measured, m.Predicted)
+		}
+	}
+}

@@ -222,3 +222,18 @@ func TestLinkSharingExperiment(t *testing.T) {
 		t.Errorf("1 writer %v, 6 writers %v each", one, six)
 	}
 }
+
+func TestErbiumRelatedExperiment(t *testing.T) {
+	r := runExp(t, "erbium-related", Options{Sensitivity: true})
+	if v := metric(t, r, "batched call faster from (queries per request)"); v < 1 || v > 100 {
+		t.Errorf("crossover %v", v)
+	}
+	// The closed form agrees with the search for a linear call.
+	m := RelatedModel{CPU: 10e-6, Extra: 0.23, Call: LinearCall(150e-6, 1e-6)}
+	if got, want := m.Crossover(6000), RelatedCrossoverLinear(10e-6, 0.23, 150e-6, 1e-6); math.Abs(float64(got)-math.Floor(want)-1) > 1 {
+		t.Errorf("crossover %d, closed form %v", got, want)
+	}
+	if RelatedCrossoverLinear(1e-6, 0.23, 150e-6, 1e-6) != 0 || (RelatedModel{CPU: 1e-6, Extra: 0.23, Call: LinearCall(150e-6, 1e-6)}).Crossover(6000) != 0 {
+		t.Error("an accelerator no faster per query than the CPU has a crossover")
+	}
+}
