@@ -157,7 +157,7 @@ func characterizeDisk(ctx context.Context, c *api.Client, d api.Device) (api.Pro
 	if model == "" {
 		model = "rack-disk"
 	}
-	prof, err := characterize.Measure(ctx, nc, characterize.Options{MaxStreams: 5, BytesPerStep: 5 << 20, RequestSize: 256 << 10, LatencyOps: 20, Model: model})
+	prof, err := characterize.Measure(ctx, nc, characterize.Options{MaxStreams: 5, BytesPerStep: 3 << 20, RequestSize: 128 << 10, LatencyOps: 20, Model: model})
 	if err != nil {
 		return prof, err
 	}

@@ -36,9 +36,10 @@ func TestRealVsSimulated(t *testing.T) {
 	if err := netns.Available(); err != nil {
 		t.Skip(err)
 	}
-	// Every lender count, with one writer alone and with several writers
-	// per link (where TCP's unfairness showed).
-	cfg := WritersConfig{Lenders: []int{1, 2, 3}, Writers: []int{1, 3, 6}, Bytes: 4 << 20}
+	// One and three lenders, with one writer alone and with six per link
+	// (where TCP's unfairness showed); the full matrix is bench/sim/run.sh's
+	// (RIALTO_VALIDATE_FULL), the package's other tests share its minute.
+	cfg := WritersConfig{Lenders: []int{1, 3}, Writers: []int{1, 6}, Bytes: 4 << 20}
 	timeout := 3 * time.Minute
 	if os.Getenv("RIALTO_VALIDATE_FULL") != "" {
 		cfg.Writers, cfg.Bytes = []int{1, 2, 3, 4, 5, 6}, 8<<20
