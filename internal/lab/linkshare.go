@@ -12,7 +12,8 @@ import (
 func init() {
 	counterparts["link-sharing"] = func(ctx context.Context, res *sim.Result) error {
 		if err := netns.Available(); err != nil {
-			return err
+			res.Notes = append(res.Notes, "real counterpart not run: "+err.Error())
+			return nil
 		}
 		rows, err := RunWriters(ctx, WritersConfig{Lenders: []int{1, 3}, Writers: []int{1, 6}, Bytes: sim.LinkSharingBytes})
 		if err != nil {
