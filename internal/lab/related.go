@@ -23,8 +23,8 @@ import (
 // (mct.Engine.BruteForce, the conventional engine the paper's CPU side
 // stands for) and stops when it has enough; the lent accelerator is an
 // appliance slot running the MCT role (the compiled automaton), called with
-// CallBatch, one item per query, for the request's queries plus the
-// paper's 23% the early exit saves the CPU. Reps is how many times each
+// CallBatch, the request's related queries batched into one item: its
+// queries plus the paper's 23% the early exit saves the CPU. Reps is how many times each
 // timing is repeated (medians are kept).
 type RelatedConfig struct {
 	Rules, Reps int
@@ -34,7 +34,8 @@ type RelatedConfig struct {
 // model needs (seconds per query in the scan, a call's fixed and per-query
 // cost), the crossover the model predicts from it, and the crossover
 // measured end to end (both: the fewest queries per request for which the
-// call is faster; 0: none up to Max).
+// call is faster, the measured one on a grid of request sizes; 0: none up
+// to Max).
 type RelatedResult struct {
 	CPUFixed, CPU, Fixed, PerQuery float64
 	Predicted, Measured            float64
@@ -109,93 +110,63 @@ func RunRelated(ctx context.Context, cfg RelatedConfig) (RelatedResult, error) {
 		return time.Since(t0).Seconds()
 	}
 	callTime := func(b int) (float64, error) {
-		ins := make([][]byte, b)
-		for i := range ins {
-			ins[i] = query(next)
+		in := make([]byte, 0, b*mct.QuerySize)
+		for i := 0; i < b; i++ {
+			in = append(in, query(next)...)
 			next++
 		}
 		t0 := time.Now()
-		if _, err := conn.CallBatch(ctx, "match", ins); err != nil {
+		if _, err := conn.CallBatch(ctx, "match", [][]byte{in}); err != nil {
 			return 0, err
 		}
 		return time.Since(t0).Seconds(), nil
 	}
 	extra := sim.RelatedExtra
 	batch := func(n int) int { return int(math.Ceil(float64(n) * (1 + extra))) }
-	// One round of timings at n queries: the scan of n and the call of
-	// batch(n), interleaved so that the machine's load touches both alike.
-	measure := func(n int) (cpu, call float64, err error) {
-		var cs, as []float64
-		for k := 0; k < cfg.Reps; k++ {
-			cs = append(cs, cpuTime(n))
-			t, err := callTime(batch(n))
+	// Every request size of the grid is timed once per round, both ways,
+	// round after round, so that the machine's load, which moves in
+	// seconds, touches every size alike; medians over the rounds.
+	grid := []int{1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 64, 96, 128}
+	cpu := make([][]float64, len(grid))
+	call := make([][]float64, len(grid))
+	for round := -2; round < cfg.Reps; round++ { // two rounds to warm up
+		for i, n := range grid {
+			c := cpuTime(n)
+			a, err := callTime(batch(n))
 			if err != nil {
-				return 0, 0, err
+				return res, err
 			}
-			as = append(as, t)
+			if round >= 0 {
+				cpu[i], call[i] = append(cpu[i], c), append(call[i], a)
+			}
 		}
-		return median(cs), median(as), nil
 	}
-	// Warm up both paths.
-	if _, _, err := measure(64); err != nil {
-		return res, err
+	at := func(xs [][]float64, n int) float64 {
+		for i, g := range grid {
+			if g == n {
+				return median(xs[i])
+			}
+		}
+		panic("lab: not on the grid")
 	}
-	// Characterize, under the same interleaving as the measurement: the
-	// scan's and the call's cost as fixed plus per query, from requests of
-	// 8 and 128 queries.
-	c8, a8, err := measure(8)
-	if err != nil {
-		return res, err
-	}
-	c128, a128, err := measure(128)
-	if err != nil {
-		return res, err
-	}
-	res.CPU = (c128 - c8) / 120
-	res.CPUFixed = math.Max(0, c8-8*res.CPU)
-	res.PerQuery = (a128 - a8) / float64(batch(128)-batch(8))
-	res.Fixed = a8 - float64(batch(8))*res.PerQuery
-	// The model's crossover: the first n at which the call is faster.
-	res.Max = 4096
-	if p := sim.RelatedCrossoverLinear(res.CPU, extra, res.Fixed, res.PerQuery); p > 0 {
-		res.Max = max(64, int(4*p))
-	}
+	// Characterize from the large requests (costs per query: 32 and 128
+	// queries) and the smallest (what a request costs beyond them); a scan
+	// right after a call finds colder caches, a call right after a scan a
+	// sleeping slot, and both are in these figures.
+	res.CPU = (at(cpu, 128) - at(cpu, 32)) / 96
+	res.CPUFixed = math.Max(0, at(cpu, 1)-res.CPU)
+	res.PerQuery = (at(call, 128) - at(call, 32)) / float64(batch(128)-batch(32))
+	res.Fixed = math.Max(0, at(call, 1)-float64(batch(1))*res.PerQuery)
+	res.Max = grid[len(grid)-1]
 	res.Predicted = float64(sim.RelatedModel{CPUFixed: res.CPUFixed, CPU: res.CPU, Extra: extra, Call: sim.LinearCall(res.Fixed, res.PerQuery)}.Crossover(res.Max))
-
-	// Measure: walk n up a grid until the call wins, then bisect between
-	// the last n where the scan won and the first where the call did.
-	wins := func(n int) (bool, error) {
-		c, a, err := measure(n)
-		return a < c, err
-	}
-	lo, hi := 0, 0
-	for n := 1; n <= res.Max; n = max(n+1, n*5/4) {
-		w, err := wins(n)
-		if err != nil {
-			return res, err
-		}
-		if w {
-			hi = n
+	// Measured: the smallest request size of the grid from which the call
+	// is faster at every larger size too.
+	for i := len(grid) - 1; i >= 0; i-- {
+		if median(call[i]) >= median(cpu[i]) {
 			break
 		}
-		lo = n
+		res.Measured = float64(grid[i])
 	}
-	if hi == 0 {
-		return res, nil // no crossover up to Max
-	}
-	for hi-lo > 1 {
-		mid := (lo + hi) / 2
-		w, err := wins(mid)
-		if err != nil {
-			return res, err
-		}
-		if w {
-			hi = mid
-		} else {
-			lo = mid
-		}
-	}
-	res.Measured = float64(hi)
 	return res, nil
 }
 
@@ -216,7 +187,7 @@ func init() {
 			res.Metrics[i].Unit = "queries"
 			res.Metrics[i].Value = m.Predicted
 			res.Metrics[i].Note = fmt.Sprintf("predicted from %.2f µs per query in the scan (+%.1f µs per request), %.2f µs in the role and %.0f µs per call (all measured); the call checks 23%% more queries", m.CPU*1e6, m.CPUFixed*1e6, m.PerQuery*1e6, m.Fixed*1e6)
-			res.Metrics[i].Real = &sim.Real{Value: m.Measured, Tolerance: math.Max(0.25, 1/m.Measured), Note: fmt.Sprintf("measured end to end, medians of %d; tolerance 25%% or one query", defaultRelatedReps)}
+			res.Metrics[i].Real = &sim.Real{Value: m.Measured, Tolerance: math.Max(0.25, 1/m.Measured), Note: fmt.Sprintf("measured end to end on a grid of request sizes, medians of %d rounds", defaultRelatedReps)}
 			return nil
 		}
 		return errors.New("lab: erbium-related: the experiment's metrics changed")

@@ -198,9 +198,10 @@ func Tightest(ss []Sensitivity) (Sensitivity, bool) {
 // (package lab). Tolerance is the relative difference from the simulator's
 // value the comparison allows. Sim, when not zero, is the simulator's value
 // for the scenario as it ran: the same model fed with what the lab
-// characterized of its emulated parts (a relay's actual latency, say,
-// which a loaded machine's timers stretch beyond the nominal one); the
-// comparison is then with it rather than with the metric's nominal Value.
+// characterized of its parts (a relay's actual latency, which a loaded
+// machine's timers stretch beyond the nominal one; a device's profile as
+// `rialto characterize` measures it); the comparison is then with it rather
+// than with the metric's nominal Value.
 type Real struct {
 	Value     float64
 	Sim       float64
@@ -267,7 +268,7 @@ func (m Metric) Verdict() string {
 		}
 		v += fmt.Sprintf("; real %s %.1f%%", w, 100*e)
 		if m.Real.Sim != 0 {
-			v += " of the model with the lab's measured links"
+			v += " of the model fed the lab's characterization"
 		}
 	}
 	return v
@@ -375,9 +376,9 @@ func Markdown(rows []Row) string {
 		}
 		real := "—"
 		if m.Real != nil {
-			real = f3(m.Real.Value) + " " + m.Unit
+			real = strings.TrimSpace(f3(m.Real.Value) + " " + m.Unit)
 			if m.Real.Sim != 0 {
-				real += "; simulated with the measured links " + f3(m.Real.Sim)
+				real += "; the model fed the lab's characterization: " + f3(m.Real.Sim)
 			}
 			if m.Real.Note != "" {
 				real += " (" + m.Real.Note + ")"

@@ -189,9 +189,9 @@ func (r Result) Summary() string {
 			fmt.Fprintf(&b, ": %s", m.Miss)
 		}
 		if m.Real != nil {
-			fmt.Fprintf(&b, " (real: %s %s", f3(m.Real.Value), m.Unit)
+			fmt.Fprintf(&b, " (real: %s", strings.TrimSpace(f3(m.Real.Value)+" "+m.Unit))
 			if m.Real.Sim != 0 {
-				fmt.Fprintf(&b, "; simulated with the lab's measured links: %s", f3(m.Real.Sim))
+				fmt.Fprintf(&b, "; the model fed the lab's characterization: %s", f3(m.Real.Sim))
 			}
 			if m.Real.Note != "" {
 				fmt.Fprintf(&b, "; %s", m.Real.Note)
