@@ -15,6 +15,28 @@
 // its links were busy (the tbf counters) so that a caller can tell a model
 // error from a machine too loaded to fill the links.
 //
+// The other counterparts, each keyed by the experiment it measures and run
+// by Counterpart (`rialto sim run NAME --real`):
+//
+//   - rack-fig8 (RunRackFig8): the layouts of Fig. 8 of the NVMe-oF genomics
+//     paper (Call et al.) on an emulated rack (internal/rack: a control
+//     plane and `rialto agent` processes in namespaces), devices behind tbf
+//     links characterized through the data plane, leases created through
+//     the API, five writers in the root namespace;
+//   - hop-relay (RunHopRelay): 4 KiB reads on an NBD export through relays
+//     that delay every byte (Relay, Chain: a stand-in for fabric hops, as
+//     this kernel has no netem);
+//   - qpair-credits (RunQPair, MeasureQPair): a memory queue pair whose data
+//     connection a relay paces and delays and whose control connection,
+//     which carries the credits, it delays;
+//   - erbium-related (RunRelated): the local MCT rule scan against one
+//     CallBatch to an appliance slot running the MCT role.
+//
+// Where an emulated part does not deliver its nominal figure on a loaded
+// machine (a relay's timers, a shaped link), the counterpart characterizes
+// it and reports the simulator's value for the part as measured
+// (sim.Real.Sim) beside the real figure.
+//
 // Unlike package sim this package does I/O and starts goroutines: every Run
 // function owns every goroutine, server and namespace it starts, and stops
 // and waits for them before returning. Scenarios in namespaces need root and
