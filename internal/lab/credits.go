@@ -7,7 +7,9 @@ import (
 	"net"
 	"time"
 
-	"github.com/rialto-project/rialto/internal/dataplane/memory"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/donor"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 	"github.com/rialto-project/rialto/internal/sim"
 )
 
@@ -22,7 +24,7 @@ import (
 // With spec.Rate 0 there is no relay (the client dials the donor) and it
 // returns the seconds per write instead.
 func RunQPair(ctx context.Context, spec sim.QPairSpec) (float64, error) {
-	d := memory.NewDonor(nil)
+	d := donor.New(nil)
 	d.Credits = spec.Window
 	cred := randomName()
 	size := int64(spec.OpBytes) * 64
@@ -42,10 +44,10 @@ func RunQPair(ctx context.Context, spec sim.QPairSpec) (float64, error) {
 	// The first frame of every connection is a HELLO whose payload starts
 	// with the connection's kind: the control connection gets the credit
 	// path, every other one the shaped data link.
-	relay, err := StartRelay(ctx, RelayConfig{Target: ln.Addr().String(), Peek: memory.HeaderSize + 1,
+	relay, err := StartRelay(ctx, RelayConfig{Target: ln.Addr().String(), Peek: protocol.HeaderSize + 1,
 		Hop: Hop{Delay: spec.Delay, Rate: spec.Rate},
 		Classify: func(first []byte) Hop {
-			if first[memory.HeaderSize] == memory.KindControl {
+			if first[protocol.HeaderSize] == protocol.KindControl {
 				return Hop{Delay: spec.CreditDelay}
 			}
 			return Hop{Delay: spec.Delay, Rate: spec.Rate}
@@ -58,7 +60,7 @@ func RunQPair(ctx context.Context, spec sim.QPairSpec) (float64, error) {
 	if spec.Rate == 0 {
 		addr = ln.Addr().String()
 	}
-	c, err := memory.Dial(ctx, addr, cred, memory.Options{Timeout: 30 * time.Second, Streams: 1})
+	c, err := client.Dial(ctx, addr, cred, client.Options{Timeout: 30 * time.Second, Streams: 1})
 	if err != nil {
 		return 0, fmt.Errorf("lab: dial the donor: %w", err)
 	}
@@ -92,7 +94,7 @@ func RunQPair(ctx context.Context, spec sim.QPairSpec) (float64, error) {
 	}()
 	for i := 0; i < spec.Ops; i++ {
 		off := int64(i%64) * int64(spec.OpBytes)
-		if _, err := q.Post(ctx, memory.Op{Write: true, Off: off, Buf: buf, Tag: uint64(i)}); err != nil {
+		if _, err := q.Post(ctx, client.Op{Write: true, Off: off, Buf: buf, Tag: uint64(i)}); err != nil {
 			return 0, fmt.Errorf("lab: post: %w", err)
 		}
 	}
