@@ -24,9 +24,12 @@ mkdir -p "$(dirname "$OUT")"
 
 go test -c -o "$WORK/sim.test" ./internal/sim
 go build -o "$WORK/rialto" ./cmd/rialto
-# The openb trace: $RIALTO_TRACES, else ../shared/data/traces next to the checkout.
-if [ -z "${RIALTO_TRACES:-}" ] && [ -d ../shared/data/traces ]; then
-  RIALTO_TRACES=$(cd ../shared/data/traces && pwd)
+# The openb trace: $RIALTO_TRACES, else ../shared/data/traces next to the
+# checkout (for a git worktree: next to the main checkout).
+if [ -z "${RIALTO_TRACES:-}" ]; then
+  for d in ../shared/data/traces "$(git rev-parse --git-common-dir)/../../shared/data/traces"; do
+    if [ -d "$d" ]; then RIALTO_TRACES=$(cd "$d" && pwd); break; fi
+  done
 fi
 export RIALTO_TRACES=${RIALTO_TRACES:-}
 steal() { awk '/^cpu /{print $9}' /proc/stat; }
