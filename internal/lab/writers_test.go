@@ -42,7 +42,7 @@ func TestRealVsSimulated(t *testing.T) {
 	cfg := WritersConfig{Lenders: []int{1, 3}, Writers: []int{1, 6}, Bytes: 4 << 20}
 	timeout := 3 * time.Minute
 	if os.Getenv("RIALTO_VALIDATE_FULL") != "" {
-		cfg.Writers, cfg.Bytes = []int{1, 2, 3, 4, 5, 6}, 8<<20
+		cfg.Lenders, cfg.Writers, cfg.Bytes = []int{1, 2, 3}, []int{1, 2, 3, 4, 5, 6}, 8<<20
 		timeout = 15 * time.Minute
 	}
 	if testing.Short() {
