@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sort"
 	"time"
@@ -14,8 +15,9 @@ import (
 
 // HopRelayResult is the hop-relay scenario measured on Rialto's block data
 // plane: the median 4 KiB read round trip through 0..MaxHops relays, and
-// what one relay adds to a plain TCP ping (the hop itself, characterized
-// apart from the data plane).
+// what a relay adds to a plain TCP ping through the same number of relays
+// (the hop itself, characterized apart from the data plane; the slope of
+// the pings' medians over the number of relays).
 type HopRelayResult struct {
 	Median []time.Duration // by number of relays
 	Hop    time.Duration
@@ -38,8 +40,9 @@ func (r HopRelayResult) PerHop() time.Duration {
 
 // RunHopRelay serves an NBD export (the data plane of a block lease) on
 // loopback and reads 4 KiB at queue depth 1 through 0..spec.MaxHops relays
-// in series, each delaying every byte by spec.Delay each way; reads per
-// relay count (default 60).
+// in series, each delaying every byte by spec.Delay each way, and pings an
+// echo server through as many relays, in rounds; reads is the number of
+// rounds (default 60).
 func RunHopRelay(ctx context.Context, spec sim.HopRelaySpec, reads int) (HopRelayResult, error) {
 	if reads <= 0 {
 		reads = 60
@@ -61,41 +64,85 @@ func RunHopRelay(ctx context.Context, spec sim.HopRelaySpec, reads int) (HopRela
 	go func() { defer close(served); _ = srv.Serve(sctx, ln) }()
 	defer func() { stop(); ln.Close(); <-served }()
 
-	var res HopRelayResult
-	if res.Hop, err = hopRoundTrip(ctx, Hop{Delay: spec.Delay}, reads); err != nil {
-		return res, err
+	e, err := startEcho(ctx)
+	if err != nil {
+		return HopRelayResult{}, err
+	}
+	defer e.Close()
+	// One chain of h relays to the export and one to an echo server for
+	// each h, open for the whole run; every round times one 4 KiB read and
+	// one 32-byte ping through each, so that the machine's load, which
+	// moves in seconds, touches the reads and the pings alike.
+	hop := Hop{Delay: spec.Delay}
+	var closers []func()
+	defer func() {
+		for _, c := range closers {
+			c()
+		}
+	}()
+	type path struct {
+		nc   *nbd.Client
+		ping net.Conn
+	}
+	paths := make([]path, spec.MaxHops+1)
+	for h := range paths {
+		addr, closeChain, err := Chain(ctx, ln.Addr().String(), h, hop)
+		if err != nil {
+			return HopRelayResult{}, err
+		}
+		closers = append(closers, closeChain)
+		if paths[h].nc, err = nbd.Dial(ctx, "tcp", addr, name); err != nil {
+			return HopRelayResult{}, fmt.Errorf("lab: %d relays: %w", h, err)
+		}
+		closers = append(closers, func() { paths[h].nc.Close() })
+		paddr, closePing, err := Chain(ctx, e.Addr(), h, hop)
+		if err != nil {
+			return HopRelayResult{}, err
+		}
+		closers = append(closers, closePing)
+		var d net.Dialer
+		if paths[h].ping, err = d.DialContext(ctx, "tcp", paddr); err != nil {
+			return HopRelayResult{}, fmt.Errorf("lab: ping: %w", err)
+		}
+		closers = append(closers, func() { paths[h].ping.Close() })
 	}
 	buf := make([]byte, 4096)
-	for h := 0; h <= spec.MaxHops; h++ {
-		addr, closeChain, err := Chain(ctx, ln.Addr().String(), h, Hop{Delay: spec.Delay})
-		if err != nil {
-			return res, err
-		}
-		rtts, err := func() ([]time.Duration, error) {
-			defer closeChain()
-			c, err := nbd.Dial(ctx, "tcp", addr, name)
-			if err != nil {
-				return nil, err
+	msg, back := make([]byte, 32), make([]byte, 32)
+	reads2 := make([][]time.Duration, len(paths))
+	pings := make([][]time.Duration, len(paths))
+	for i := -3; i < reads; i++ { // three rounds warm the connections up
+		for h, p := range paths {
+			t0 := time.Now()
+			if _, err := p.nc.ReadAtContext(ctx, buf, int64((i+3)%(size/4096))*4096); err != nil {
+				return HopRelayResult{}, fmt.Errorf("lab: %d relays: %w", h, err)
 			}
-			defer c.Close()
-			var out []time.Duration
-			for i := 0; i < reads+5; i++ {
-				t0 := time.Now()
-				if _, err := c.ReadAtContext(ctx, buf, int64(i%(size/4096))*4096); err != nil {
-					return nil, err
-				}
-				if i >= 5 { // the first reads warm the connection up
-					out = append(out, time.Since(t0))
-				}
+			rt := time.Since(t0)
+			if dl, ok := ctx.Deadline(); ok {
+				_ = p.ping.SetDeadline(dl)
 			}
-			return out, nil
-		}()
-		if err != nil {
-			return res, fmt.Errorf("lab: %d relays: %w", h, err)
+			t0 = time.Now()
+			if _, err := p.ping.Write(msg); err != nil {
+				return HopRelayResult{}, fmt.Errorf("lab: ping: %w", err)
+			}
+			if _, err := io.ReadFull(p.ping, back); err != nil {
+				return HopRelayResult{}, fmt.Errorf("lab: ping: %w", err)
+			}
+			pt := time.Since(t0)
+			if i >= 0 {
+				reads2[h], pings[h] = append(reads2[h], rt), append(pings[h], pt)
+			}
 		}
-		sort.Slice(rtts, func(i, j int) bool { return rtts[i] < rtts[j] })
-		res.Median = append(res.Median, rtts[len(rtts)/2])
 	}
+	med := func(xs []time.Duration) time.Duration {
+		sort.Slice(xs, func(i, j int) bool { return xs[i] < xs[j] })
+		return xs[len(xs)/2]
+	}
+	var res, ping HopRelayResult
+	for h := range paths {
+		res.Median = append(res.Median, med(reads2[h]))
+		ping.Median = append(ping.Median, med(pings[h]))
+	}
+	res.Hop = ping.PerHop()
 	return res, nil
 }
 
@@ -109,7 +156,7 @@ func init() {
 		// The model, fed with the hop as a ping measured it, predicts what
 		// the block data plane's round trip gains per relay.
 		hop := float64(m.Hop.Microseconds())
-		note := fmt.Sprintf("a relay adds %v to a TCP ping; median 4 KiB NBD read %v with no relay", m.Hop.Round(time.Microsecond), m.Median[0].Round(time.Microsecond))
+		note := fmt.Sprintf("a relay adds %v to a TCP ping timed in the same rounds; median 4 KiB NBD read %v with no relay", m.Hop.Round(time.Microsecond), m.Median[0].Round(time.Microsecond))
 		ok := setReal(res, "round trip added per relay hop", sim.Real{Value: float64(m.PerHop().Microseconds()), Sim: hop, Tolerance: 0.1, Note: note})
 		ok = setReal(res, fmt.Sprintf("round trip added by %d relay hops", spec.MaxHops), sim.Real{Value: float64(m.Added(spec.MaxHops).Microseconds()), Sim: float64(spec.MaxHops) * hop, Tolerance: 0.1}) && ok
 		if !ok {
