@@ -4,8 +4,11 @@
 #    container/heap (the usual peer in Go DES code), 3 interleaved rounds;
 #  - the full Alibaba openb trace (1,523 nodes, 8,152 pods) replayed under
 #    whole-device allocation and under Rialto placement, 3 rounds;
-#  - the synthetic 10,000-node, 1,000,000-lease run (one run; SCALE_LEASES
-#    and SCALE_NODES override), with heap in use and max RSS.
+#  - the data-centre run through the product's CLI, `rialto sim run scale`
+#    (10,000 nodes, 1,000,000 leases, 80% borrowing another node's devices,
+#    25% composed; one run; SCALE_LEASES and SCALE_NODES override): placement
+#    decisions/s and events/s per CPU and wall second, shares, slowdowns,
+#    max RSS.
 #
 #   bench/sim/run.sh                 # full size
 #   SCALE_LEASES=100000 bench/sim/run.sh
@@ -20,9 +23,13 @@ trap 'rm -rf "$WORK"' EXIT
 mkdir -p "$(dirname "$OUT")"
 
 go test -c -o "$WORK/sim.test" ./internal/sim
-# The openb trace: $RIALTO_TRACES, else ../shared/data/traces next to the checkout.
-if [ -z "${RIALTO_TRACES:-}" ] && [ -d ../shared/data/traces ]; then
-  RIALTO_TRACES=$(cd ../shared/data/traces && pwd)
+go build -o "$WORK/rialto" ./cmd/rialto
+# The openb trace: $RIALTO_TRACES, else ../shared/data/traces next to the
+# checkout (for a git worktree: next to the main checkout).
+if [ -z "${RIALTO_TRACES:-}" ]; then
+  for d in ../shared/data/traces "$(git rev-parse --git-common-dir)/../../shared/data/traces"; do
+    if [ -d "$d" ]; then RIALTO_TRACES=$(cd "$d" && pwd); break; fi
+  done
 fi
 export RIALTO_TRACES=${RIALTO_TRACES:-}
 steal() { awk '/^cpu /{print $9}' /proc/stat; }
@@ -37,21 +44,22 @@ done
 for r in $(seq 1 "$ROUNDS"); do
   "$WORK/sim.test" -test.run '^$' -test.bench '^BenchmarkOpenbReplay$' -test.benchtime 1x | tee -a "$WORK/openb.txt"
 done
-RIALTO_SIM_LEASES=$SCALE_LEASES RIALTO_SIM_NODES=$SCALE_NODES \
-  "$WORK/sim.test" -test.run '^$' -test.bench '^BenchmarkScale$' -test.benchtime 1x -test.timeout 90m -test.v | tee "$WORK/scale.txt"
 cd ../..
+/usr/bin/time -v "$WORK/rialto" sim run scale --nodes "$SCALE_NODES" --leases "$SCALE_LEASES" --out "$WORK/scale" -o json \
+  > "$WORK/scale.json" 2> "$WORK/scale.time"
+cat "$WORK/scale.json"
 # Real vs simulated writers (needs root for the namespaces; skipped otherwise):
 # the full 1–6 × 1–3 matrix with the lab's Reno, then the test's 1/3/6-writer
 # subset with the machine's own congestion control, for comparison.
 VAL=""
 VALCC=""
 if [ "$(id -u)" = 0 ] && command -v tc >/dev/null; then
-  RIALTO_VALIDATE_OUT=$PWD/docs/bench RIALTO_VALIDATE_FULL=1 go test -count=1 -run 'TestRealVsSimulated$' -v -timeout 20m ./internal/sim/validate > "$WORK/validate.txt" 2>&1 || true
-  VAL=$(grep -E 'lenders, .* writers:|load average|summary:|FAIL|SKIP' "$WORK/validate.txt" | sed 's/^ *validate_test.go:[0-9]*: /- /')
+  RIALTO_VALIDATE_OUT=$PWD/docs/bench RIALTO_VALIDATE_FULL=1 go test -count=1 -run 'TestRealVsSimulated$' -v -timeout 20m ./internal/lab > "$WORK/validate.txt" 2>&1 || true
+  VAL=$(grep -E 'lenders, .* writers:|load average|summary:|FAIL|SKIP' "$WORK/validate.txt" | sed 's/^ *writers_test.go:[0-9]*: /- /')
   hostcc=$(sysctl -n net.ipv4.tcp_congestion_control 2>/dev/null || echo "")
   if [ -n "$hostcc" ] && [ "$hostcc" != reno ]; then
-    RIALTO_VALIDATE_CC=$hostcc go test -count=1 -run 'TestRealVsSimulated$' -v -timeout 10m ./internal/sim/validate > "$WORK/validate-cc.txt" 2>&1 || true
-    VALCC=$(grep -E 'lenders, .* writers: real|load average|summary:' "$WORK/validate-cc.txt" | sed 's/^ *validate_test.go:[0-9]*: /- /')
+    RIALTO_VALIDATE_CC=$hostcc go test -count=1 -run 'TestRealVsSimulated$' -v -timeout 10m ./internal/lab > "$WORK/validate-cc.txt" 2>&1 || true
+    VALCC=$(grep -E 'lenders, .* writers: real|load average|summary:' "$WORK/validate-cc.txt" | sed 's/^ *writers_test.go:[0-9]*: /- /')
   fi
 fi
 s1=$(steal); t1=$(date +%s)
@@ -68,13 +76,23 @@ wd=$(metric s/replay "$WORK/openb.txt" BenchmarkOpenbReplay/whole-device)
 ri=$(metric s/replay "$WORK/openb.txt" BenchmarkOpenbReplay/rialto)
 wdc=$(metric cpu-s/replay "$WORK/openb.txt" BenchmarkOpenbReplay/whole-device)
 ric=$(metric cpu-s/replay "$WORK/openb.txt" BenchmarkOpenbReplay/rialto)
-sc=$(metric s/run "$WORK/scale.txt" BenchmarkScale)
-scc=$(metric cpu-s/run "$WORK/scale.txt" BenchmarkScale)
-lps=$(metric leases/s "$WORK/scale.txt" BenchmarkScale)
-heap=$(metric peak-heap-MiB "$WORK/scale.txt" BenchmarkScale)
-rss=$(metric maxrss-MiB "$WORK/scale.txt" BenchmarkScale)
-act=$(metric max-active "$WORK/scale.txt" BenchmarkScale)
-slow=$(metric mean-slowdown "$WORK/scale.txt" BenchmarkScale)
+# scale: figures from `rialto sim run scale -o json` and /usr/bin/time.
+sj() { jq -r "$1" "$WORK/scale.json"; }
+srow() { awk -F, -v k="$1" '$1==k {print $2}' "$WORK/scale/scale.csv"; }
+sc=$(sj '.wall_seconds | . * 100 | round / 100')
+scc=$(sj '.cpu_seconds | . * 100 | round / 100')
+ev=$(sj '.events')
+calls=$(srow place_calls)
+dps=$(awk -v a="$calls" -v c="$scc" 'BEGIN{ if (c>0) printf "%.0f", a/c; else print "n/a" }')
+dpsw=$(awk -v a="$calls" -v c="$sc" 'BEGIN{ if (c>0) printf "%.0f", a/c; else print "n/a" }')
+eps=$(awk -v a="$ev" -v c="$scc" 'BEGIN{ if (c>0) printf "%.0f", a/c; else print "n/a" }')
+epsw=$(awk -v a="$ev" -v c="$sc" 'BEGIN{ if (c>0) printf "%.0f", a/c; else print "n/a" }')
+remote=$(sj '.metrics[] | select(.name=="leases on another node'"'"'s devices") | .value * 1000 | round / 10')
+comp=$(sj '.metrics[] | select(.name=="leases composed") | .value * 1000 | round / 10')
+refused=$(srow rejected)
+act=$(srow max_active)
+p50=$(srow slowdown_p50); p90=$(srow slowdown_p90); p99=$(srow slowdown_p99); smax=$(srow slowdown_max); slow=$(srow slowdown_mean)
+rss=$(awk -F: '/Maximum resident set size/ {printf "%.0f", $2/1024}' "$WORK/scale.time")
 ratio=$(awk -v a="$eng" -v b="$std" 'BEGIN{ if (b>0) printf "%.2f", a/b; else print "n/a" }')
 ratioc=$(awk -v a="$engc" -v b="$stdc" 'BEGIN{ if (b>0) printf "%.2f", a/b; else print "n/a" }')
 stealpct=$(awk -v s="$((s1-s0))" -v t="$((t1-t0))" -v hz="$ticks" -v n="$(nproc)" 'BEGIN{ if (t>0) printf "%.1f", 100*s/hz/t/n; else print "n/a" }')
@@ -95,18 +113,18 @@ figures (user + system time of the benchmark process) do not.
 | engine events per CPU second (10,000 pending events, each schedules one) | $engc | $stdc (container/heap calendar) | $ratioc× | ≥ 1,000,000/s |
 | engine events per wall second | $eng | $std | $ratio× | |
 | full openb trace, 1,523 nodes / 8,152 pods, Rialto placement: wall s (CPU s) | $ri ($ric) | $wd ($wdc) whole-device policy, same replay | | < 10 s |
-| synthetic $SCALE_NODES nodes, $SCALE_LEASES leases: wall s (CPU s) | $sc ($scc) | — | | < 300 s |
+| \`rialto sim run scale\`: $SCALE_NODES nodes, $SCALE_LEASES leases: wall s (CPU s) | $sc ($scc) | — | | < 300 s |
+| placement decisions per CPU second (per wall second) | $dps ($dpsw) | — | | |
+| simulation events per CPU second (per wall second) | $eps ($epsw) | — | | |
 
-Scale run: $lps leases/s placed and completed, at most $act leases running at once,
-mean SMUFIN slowdown $slow; peak heap in use $heap MiB, max RSS $rss MiB.
+Scale run (\`rialto sim run scale --nodes $SCALE_NODES --leases $SCALE_LEASES\`): $remote% of the
+leases on another node's devices, $comp% composed, $refused refused; at most $act leases running
+at once; slowdown mean $slow, p50 $p50, p90 $p90, p99 $p99, max $smax; max RSS $rss MiB.
 Each lease is placed by \`internal/placement\` (Index.Place/Add/Remove), its bytes move
 through the fabric model with max-min sharing (\`fabric.Solver\`), recomputed when
-flows start or finish. Profiled by hand (not by this script) at 200,000 leases: \`Index.Place\`
-about 66% of the CPU time, the fabric solver 9%, \`Cluster.Path\` 9% (nearly all of it
-building one shortest-path tree per rack switch, once; before paths started from the
-switch's tree it was one tree per server, 43% of the time and most of the memory).
+flows start or finish. The rates are the CLI's: the simulator reads no clock.
 
-Real vs simulated (\`internal/sim/validate\`: 1–6 sequential writers, 8 MiB per writer and
+Real vs simulated (\`internal/lab\`: 1–6 sequential writers, 8 MiB per writer and
 lender, striping over 1–3 NBD lenders in network namespaces whose links are shaped with tc
 tbf at 40 Mbit/s with a 1.25 MB queue, TCP Reno; the simulator runs the same scenario;
 per-writer bandwidth is bytes over the writer's own elapsed time; "links busy" is what the
@@ -118,13 +136,13 @@ table and plot in \`docs/bench/validate-writers.csv\` / \`.svg\`):
 ${VAL:-not run (needs root and tc)}
 
 With the machine's own congestion control (\`${hostcc:-}\`) instead of Reno, the test's
-subset (1, 3, 6 writers, 4 MiB per writer and lender):
+subset (1 and 6 writers on 1 and 3 lenders, 4 MiB per writer and lender):
 
 ${VALCC:-not run (needs root and tc, or the machine already uses Reno)}
 
 Commands: \`go test -c ./internal/sim\`, then in \`internal/sim\`:
 \`sim.test -test.bench '^BenchmarkEngine\$|^BenchmarkEngineStdHeap\$' -test.benchtime 3000000x\`,
-\`sim.test -test.bench '^BenchmarkOpenbReplay\$' -test.benchtime 1x\`,
-\`RIALTO_SIM_LEASES=$SCALE_LEASES RIALTO_SIM_NODES=$SCALE_NODES sim.test -test.bench '^BenchmarkScale\$' -test.benchtime 1x\`.
+\`sim.test -test.bench '^BenchmarkOpenbReplay\$' -test.benchtime 1x\`;
+\`/usr/bin/time -v rialto sim run scale --nodes $SCALE_NODES --leases $SCALE_LEASES -o json\`.
 MD
 echo "wrote $OUT"

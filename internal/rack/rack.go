@@ -82,6 +82,10 @@ type Config struct {
 	// interface's speed).
 	Uplinks             bool
 	UplinkRate, NICRate string
+	// Queue is the links' tbf queue limit as time and CongestionControl
+	// their TCP congestion control (netns.Config's Latency and
+	// CongestionControl; empty: netns's defaults).
+	Queue, CongestionControl string
 	// The control plane's timings (rialto server's --heartbeat,
 	// --suspect-after, --down-after, --prepare-timeout, --default-ttl);
 	// zero keeps the server's defaults.
@@ -298,6 +302,7 @@ func Start(ctx context.Context, cfg Config) (_ *Rack, err error) {
 	hostRates := make([]string, cfg.Agents+1)
 	copy(hostRates[1:], cfg.AgentRates)
 	r.lab, err = netns.New(ctx, netns.Config{Hosts: cfg.Agents + 1, Rate: cfg.LinkRate, HostRates: hostRates,
+		Latency: cfg.Queue, CongestionControl: cfg.CongestionControl,
 		ID: id, Subnet: subnet, Prefix: "rialto-rack", Logger: r.log})
 	if err != nil {
 		return nil, fmt.Errorf("rack: %w", err)

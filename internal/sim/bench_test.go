@@ -114,14 +114,18 @@ func BenchmarkScale(b *testing.B) {
 		start := time.Now()
 		c0 := cpuSeconds()
 		var peakHeap uint64
-		res := RunScale(sp, func(done int) {
+		res, err := RunScale(sp, func(done int) error {
 			var ms runtime.MemStats
 			runtime.ReadMemStats(&ms)
 			if ms.HeapInuse > peakHeap {
 				peakHeap = ms.HeapInuse
 			}
 			b.Logf("%d leases after %v, heap in use %d MiB", done, time.Since(start).Round(time.Second), ms.HeapInuse>>20)
+			return nil
 		})
+		if err != nil {
+			b.Fatal(err)
+		}
 		var ms runtime.MemStats
 		runtime.ReadMemStats(&ms)
 		if ms.HeapInuse > peakHeap {
@@ -133,6 +137,10 @@ func BenchmarkScale(b *testing.B) {
 		b.ReportMetric(el, "s/run")
 		b.ReportMetric(cpuSeconds()-c0, "cpu-s/run")
 		b.ReportMetric(float64(res.Placed)/el, "leases/s")
+		b.ReportMetric(float64(res.PlaceCalls)/(cpuSeconds()-c0), "decisions/cpu-s")
+		b.ReportMetric(res.RemoteShare(), "remote-share")
+		b.ReportMetric(res.ComposedShare(), "composed-share")
+		b.ReportMetric(res.P99Slowdown, "p99-slowdown")
 		b.ReportMetric(float64(res.Events)/el, "events/s")
 		b.ReportMetric(float64(peakHeap>>20), "peak-heap-MiB")
 		b.ReportMetric(float64(ru.Maxrss>>10), "maxrss-MiB")

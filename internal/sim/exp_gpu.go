@@ -8,7 +8,7 @@ import (
 )
 
 func init() {
-	register("gpu-openb", "Alibaba openb GPU trace (1,523 nodes, 8,152 pods): whole-device allocation (Nomad, Slurm GRES) vs Rialto share/compose/dedicate — utilisation, stranded capacity, deadline misses, slowdown", runGPUOpenb)
+	register("gpu-openb", "Rialto's own policy comparison on the Alibaba openb GPU trace (1,523 nodes, 8,152 pods): whole-device allocation (Nomad, Slurm GRES) vs Rialto share/compose/dedicate — utilisation, stranded capacity, deadline misses, slowdown", runGPUOpenb)
 }
 
 const openbDir = "alibaba-gpu-v2023"
@@ -85,12 +85,12 @@ func runGPUOpenb(ctx context.Context, o Options) (Result, error) {
 	for _, pol := range []string{PolicyWholeDevice, PolicyRialto} {
 		res := out[pol]
 		r.Metrics = append(r.Metrics,
-			Metric{Name: pol + ": GPU utilisation", Value: res.Utilisation},
-			Metric{Name: pol + ": GPU allocated", Value: res.Allocated},
-			Metric{Name: pol + ": GPU stranded", Value: res.Stranded},
-			Metric{Name: pol + ": deadline misses", Value: float64(res.Missed) / float64(res.Pods)},
-			Metric{Name: pol + ": mean completion slowdown", Value: res.MeanSlowdown, Unit: "x"},
-			Metric{Name: pol + ": p95 completion slowdown", Value: res.P95Slowdown, Unit: "x"})
+			Metric{Name: pol + ": GPU utilisation", Value: res.Utilisation, Kind: Prediction},
+			Metric{Name: pol + ": GPU allocated", Value: res.Allocated, Kind: Prediction},
+			Metric{Name: pol + ": GPU stranded", Value: res.Stranded, Kind: Prediction},
+			Metric{Name: pol + ": deadline misses", Value: float64(res.Missed) / float64(res.Pods), Kind: Prediction},
+			Metric{Name: pol + ": mean completion slowdown", Value: res.MeanSlowdown, Unit: "x", Kind: Prediction},
+			Metric{Name: pol + ": p95 completion slowdown", Value: res.P95Slowdown, Unit: "x", Kind: Prediction})
 	}
 	c := DefaultGPUReplay
 	r.Notes = append(r.Notes,

@@ -36,6 +36,12 @@ type Options struct {
 	PodList string
 	// Sample > 1 replays every Sample-th node and pod of the trace (tests).
 	Sample int
+	// Sensitivity makes every genuine prediction report how far its inputs
+	// may move before its conclusion changes (it reruns the model many
+	// times).
+	Sensitivity bool
+	// ScaleSpec sizes the scale experiment (zero fields: DefaultScale's).
+	ScaleSpec ScaleSpec
 }
 
 func (o Options) scale() float64 {
@@ -45,24 +51,27 @@ func (o Options) scale() float64 {
 	return o.Scale
 }
 
-// Metric is one headline number of an experiment, with the seed's figure it
-// reproduces (Paper, 0 when the seed gives none) and the tolerance the tests
-// hold it to (relative, e.g. 0.1 for ±10%).
+// Metric is one figure an experiment reports, tagged Fit or Prediction
+// (see Kind). Figure names the paper figure it is compared with (an ID of
+// Figures; "" when the paper gives none); Run fills Paper and Tolerance from
+// it. Miss explains a prediction known to miss its figure: the miss is
+// reported, not tuned away, and the tests require it to keep missing (so an
+// explanation cannot outlive its miss). Sensitivity says, for a prediction,
+// how far each input may move before its conclusion changes (filled when
+// Options.Sensitivity is set). Real is the same figure measured on Rialto's
+// own code (package lab), nil when not measured.
 type Metric struct {
-	Name      string
-	Value     float64
-	Unit      string
-	Paper     float64
-	Tolerance float64
-}
-
-// Within reports whether the value is within the tolerance of the paper's
-// figure (true when there is no figure to compare with).
-func (m Metric) Within() bool {
-	if m.Paper == 0 || m.Tolerance == 0 {
-		return true
-	}
-	return math.Abs(m.Value-m.Paper) <= m.Tolerance*math.Abs(m.Paper)
+	Name        string
+	Value       float64
+	Unit        string
+	Kind        Kind
+	Figure      string
+	Paper       float64
+	Tolerance   float64
+	Miss        string
+	Note        string
+	Sensitivity []Sensitivity
+	Real        *Real
 }
 
 // Result is what one experiment produced: a table (written as CSV), a plot
@@ -70,11 +79,16 @@ func (m Metric) Within() bool {
 type Result struct {
 	Name        string
 	Description string
-	Header      []string
-	Rows        [][]string
-	Plot        Plot
-	Metrics     []Metric
-	Notes       []string
+	// Paper is the key (of Papers) of the paper the experiment follows, ""
+	// for Rialto's own findings.
+	Paper string
+	// Calibrations names the calibrated constants the run used.
+	Calibrations []string
+	Header       []string
+	Rows         [][]string
+	Plot         Plot
+	Metrics      []Metric
+	Notes        []string
 	// Events is the number of simulation events the run executed.
 	Events uint64
 }
@@ -119,6 +133,9 @@ func Run(ctx context.Context, name string, o Options) (Result, error) {
 				return Result{}, fmt.Errorf("sim: experiment %s: %w", name, err)
 			}
 			r.Name, r.Description = e.Name, e.Description
+			if err := check(&r); err != nil {
+				return Result{}, err
+			}
 			return r, nil
 		}
 	}
@@ -147,20 +164,50 @@ func (r Result) CSV() []byte {
 	return []byte(b.String())
 }
 
-// Summary renders the headline metrics and notes as text.
+// Summary renders the metrics, each with its tag, and the notes as text.
 func (r Result) Summary() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s: %s\n", r.Name, r.Description)
 	for _, m := range r.Metrics {
-		fmt.Fprintf(&b, "  %-44s %12s %s", m.Name, f3(m.Value), m.Unit)
-		if m.Paper != 0 {
-			ok := "ok"
-			if !m.Within() {
-				ok = "OUT OF TOLERANCE"
+		val := f3(m.Value)
+		if m.Kind == Pending {
+			val = "—"
+		}
+		fmt.Fprintf(&b, "  [%s] %-44s %12s", m.Kind, m.Name, val)
+		if m.Unit != "" {
+			fmt.Fprintf(&b, " %s", m.Unit)
+		}
+		if f, ok := figureIndex[m.Figure]; ok {
+			fmt.Fprintf(&b, "   (paper: %s, %s %s", f3(m.Paper), Papers[f.Paper].Short, f.Where)
+			if m.Tolerance > 0 {
+				fmt.Fprintf(&b, ", ±%g%%", m.Tolerance*100)
 			}
-			fmt.Fprintf(&b, "   (paper %s, tolerance ±%g%%: %s)", f3(m.Paper), m.Tolerance*100, ok)
+			b.WriteString(")")
+		}
+		fmt.Fprintf(&b, ": %s", m.Verdict())
+		if m.Miss != "" {
+			fmt.Fprintf(&b, ": %s", m.Miss)
+		}
+		if m.Real != nil {
+			fmt.Fprintf(&b, " (real: %s", strings.TrimSpace(f3(m.Real.Value)+" "+m.Unit))
+			if m.Real.Sim != 0 {
+				fmt.Fprintf(&b, "; the model fed the lab's characterization: %s", f3(m.Real.Sim))
+			}
+			if m.Real.Note != "" {
+				fmt.Fprintf(&b, "; %s", m.Real.Note)
+			}
+			b.WriteString(")")
+		}
+		if m.Note != "" {
+			fmt.Fprintf(&b, " — %s", m.Note)
 		}
 		b.WriteByte('\n')
+		for _, s := range m.Sensitivity {
+			fmt.Fprintf(&b, "      holds while %s\n", s)
+		}
+	}
+	if len(r.Calibrations) > 0 {
+		fmt.Fprintf(&b, "  calibrated constants: %s\n", strings.Join(r.Calibrations, ", "))
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(&b, "  note: %s\n", n)

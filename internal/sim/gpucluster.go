@@ -44,8 +44,9 @@ type GPUReplay struct {
 	// RackSize groups nodes (in trace order) into racks sharing a PCIe NTB
 	// switch; GPUs are lent within a rack.
 	RackSize int
-	// RemoteSlowdown stretches a pod whose GPUs are not all local (seed 003:
-	// direct peer-to-peer paths run as fast as local, so close to 1).
+	// RemoteSlowdown stretches a pod whose GPUs are not all local (the
+	// Device Lending paper: direct peer-to-peer paths run as fast as local,
+	// so close to 1).
 	RemoteSlowdown float64
 	// Backfill is how many queued pods behind the head a departure may start.
 	Backfill int

@@ -16,7 +16,7 @@ func TestReplayLeases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, events := ReplayLeases(seed000Snapshot(2, 3), recs)
+	out, events := ReplayLeases(callSnapshot(CallNVMe, 2, 3), recs)
 	if events == 0 || len(out) != 4 {
 		t.Fatalf("events %d outcomes %d", events, len(out))
 	}

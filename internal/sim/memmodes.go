@@ -1,6 +1,6 @@
 package sim
 
-// MemoryModel is seed 001's remote-memory access model: a share Remote of an
+// MemoryModel is the remote-memory access model of Venice (Dong et al.): a share Remote of an
 // application's memory is borrowed; a cache miss to local memory costs
 // Local; to borrowed memory it costs CRMA in direct mode (a cache-line fill
 // over the fabric, ~the 1.4 µs P2P latency) or, in swap mode, a page fault
@@ -25,11 +25,11 @@ type MemoryApp struct {
 	Stall, Reuse float64
 }
 
-// Seed001Apps are profiles for the applications of seed 001's Table 2; they
-// are assumptions (the paper gives no per-application miss rates) chosen to
-// span random fine-grained access (graph analytics, OLTP) to streaming
-// (grep, FFT).
-var Seed001Apps = []MemoryApp{
+// VeniceApps are profiles for the applications of Venice's Table 2; they
+// are assumptions (the paper gives no per-application miss rates) chosen so
+// that the slowdowns span the paper's extremes, from random fine-grained
+// access (graph analytics, OLTP) to streaming (grep, FFT).
+var VeniceApps = []MemoryApp{
 	{"Hadoop Grep", 0.02, 64},
 	{"Spark CC", 0.10, 16},
 	{"Graph500", 0.12, 1},

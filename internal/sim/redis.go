@@ -96,7 +96,8 @@ func (c *LRU) Get(key int) bool {
 	return false
 }
 
-// RedisSpec is a Redis-like cache in front of a database (seed 001, Fig. 14):
+// RedisSpec is a Redis-like cache in front of a database (Fig. 14 of
+// Venice, Dong et al.):
 // queries pick keys with Zipf popularity; a hit is served from the cache's
 // memory (local or borrowed), a miss goes to the database and fills the
 // cache. Memory beyond BaseBytes holds items.
@@ -112,7 +113,7 @@ type RedisSpec struct {
 	Warmup    int     // queries before measuring
 }
 
-// DefaultRedis is calibrated on seed 001's Venice testbed: 10,000 queries
+// DefaultRedis is tuned to Venice's testbed: 10,000 queries
 // take 11,900 s with 70 MB and 758 s with 350 MB (about 5% misses), and all
 // local memory is 7% faster than borrowed memory at 350 MB.
 var DefaultRedis = RedisSpec{

@@ -1,7 +1,5 @@
 package sim
 
-import "github.com/rialto-project/rialto/internal/placement"
-
 // Volume is what a block lease gives a workload: one path per stripe member
 // (a dedicated or shared device is one member; a composition of k devices is
 // k members, written evenly, RAID0-like).
@@ -9,8 +7,8 @@ type Volume struct {
 	Members [][]*Resource
 }
 
-// SmufinSpec describes a SMUFIN-like sequential writer (seed 000, merge
-// stage). Its writes interleave with compute so finely that, at the time
+// SmufinSpec describes a SMUFIN-like sequential writer (the merge stage of
+// the NVMe-oF genomics paper, Call et al.). Its writes interleave with compute so finely that, at the time
 // scale of a run, it is a stream that never asks for more than Rate (the
 // average it reaches alone on one device): it is slowed only when its share
 // of the device or the fabric falls below Rate.
@@ -22,9 +20,9 @@ type SmufinSpec struct {
 	Chunks int
 }
 
-// DefaultSmufin is seed 000's instance scaled down 100× in bytes (1.5 GB)
+// DefaultSmufin is the paper's instance scaled down 100× in bytes (1.5 GB)
 // with the paper's rate, so every ratio is preserved.
-var DefaultSmufin = SmufinSpec{Bytes: placement.Seed000WriterWork / 100, Rate: placement.Seed000WriterDemand, Chunks: 1}
+var DefaultSmufin = SmufinSpec{Bytes: fig("call/instance-bytes") / 100, Rate: fig("call/instance-rate"), Chunks: 1}
 
 // AloneTime is the run time alone on one device.
 func (s SmufinSpec) AloneTime() Time { return s.Bytes / s.Rate }

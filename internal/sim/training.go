@@ -6,8 +6,8 @@ import (
 	"github.com/rialto-project/rialto/internal/fabric"
 )
 
-// TrainingSpec is a data-parallel training job on GPUs (seed 003's Keras
-// VGG19 transfer learning): every step each GPU reads a batch from an NVMe
+// TrainingSpec is a data-parallel training job on GPUs (the Device Lending
+// paper's Keras VGG19 transfer learning): every step each GPU reads a batch from an NVMe
 // drive, computes, and then the GPUs exchange gradients peer to peer (each
 // reads the other's buffer).
 type TrainingSpec struct {

@@ -1,4 +1,4 @@
-package validate
+package lab
 
 import (
 	"context"
@@ -23,8 +23,8 @@ import (
 	"github.com/rialto-project/rialto/internal/sim"
 )
 
-// Config describes the validation scenario.
-type Config struct {
+// WritersConfig describes the writers scenario.
+type WritersConfig struct {
 	Lenders []int  // lender counts to run (default 1, 2, 3)
 	Writers []int  // writer counts to run (default 1..6)
 	Rate    string // tbf rate of every lender link (default DefaultRate)
@@ -41,7 +41,7 @@ type Config struct {
 	Request int // bytes per write request (default 1 MiB)
 	Depth   int // requests in flight per writer (default 8)
 	// Probe is how long the headroom probe writes before each scenario
-	// (default 300 ms; see Row.Headroom).
+	// (default 300 ms; see WriterRow.Headroom).
 	Probe  time.Duration
 	Logger *slog.Logger
 }
@@ -49,11 +49,11 @@ type Config struct {
 // DefaultRate is the default tbf rate of a lender link. The real side must
 // not depend on the CPU: at 40 Mbit/s the busiest scenario (3 lenders) moves
 // 14 MB/s, which the data plane delivers with room to spare even under -race
-// on a loaded 2-vCPU machine (Row.Headroom measures it).
+// on a loaded 2-vCPU machine (WriterRow.Headroom measures it).
 const DefaultRate = "40mbit"
 
 // DefaultQueueBytes is the depth of a lender link's tbf queue when
-// Config.Queue is empty. Six writers' TCP flows through one tbf FIFO shared
+// WritersConfig.Queue is empty. Six writers' TCP flows through one tbf FIFO shared
 // it evenly (within 0.6–5.5% per writer) with 1–1.25 MB queues (about 860
 // full-size frames; 100 ms at 100 Mbit/s) at 20–100 Mbit/s; with 50–750 kB
 // one writer of six got 12–73% more than the others, whatever the rate and
@@ -71,7 +71,7 @@ const DefaultQueueBytes = 1_250_000
 // lab only.
 const DefaultCongestionControl = "reno"
 
-func (c *Config) defaults() {
+func (c *WritersConfig) defaults() {
 	if len(c.Lenders) == 0 {
 		c.Lenders = []int{1, 2, 3}
 	}
@@ -101,7 +101,7 @@ func (c *Config) defaults() {
 	}
 }
 
-// Row is one scenario: per-writer delivered bandwidth measured on the real
+// WriterRow is one scenario: per-writer delivered bandwidth measured on the real
 // data plane and predicted by the simulator, in bytes/s.
 //
 // Real and Sim are measured while every writer is active (from 20% of the
@@ -114,7 +114,7 @@ func (c *Config) defaults() {
 //
 // Headroom is what the real data plane could deliver at the time, measured
 // just before the scenario (the same writers striping over the same number
-// of exports through an unshaped link for Config.Probe), over what the
+// of exports through an unshaped link for WritersConfig.Probe), over what the
 // scenario needs (the lenders' shaped payload rate): near or below 1 the
 // CPU, not the links, is likely to bound the real side. It is a forecast;
 // LinkBusy is the check.
@@ -124,7 +124,7 @@ func (c *Config) defaults() {
 // the link can send in the scenario's makespan: about 1 when the links were
 // the bottleneck throughout, as the simulator assumes; well below 1 when the
 // writers could not keep them busy (a starved CPU, a stalled connection).
-type Row struct {
+type WriterRow struct {
 	Lenders, Writers    int
 	Real, Sim           []float64
 	RealWhole, SimWhole []float64
@@ -132,14 +132,14 @@ type Row struct {
 }
 
 // MaxError is the largest relative error |real−sim|/sim over the writers.
-func (r Row) MaxError() float64 { return maxErr(r.Real, r.Sim) }
+func (r WriterRow) MaxError() float64 { return maxErr(r.Real, r.Sim) }
 
 // MaxWholeError is MaxError for the whole-run figures.
-func (r Row) MaxWholeError() float64 { return maxErr(r.RealWhole, r.SimWhole) }
+func (r WriterRow) MaxWholeError() float64 { return maxErr(r.RealWhole, r.SimWhole) }
 
 // AggregateError is the relative error of the writers' mean whole-run
 // bandwidth (total bytes over the time to the last completion, per writer).
-func (r Row) AggregateError() float64 {
+func (r WriterRow) AggregateError() float64 {
 	// Real: the writers' mean of bytes/elapsed is not total/makespan; use the
 	// slowest writer's elapsed time for the makespan.
 	minR, minS := math.Inf(1), math.Inf(1)
@@ -160,54 +160,19 @@ func maxErr(real, sim []float64) float64 {
 	return m
 }
 
-// WireEfficiency is the share of a shaped link's rate left for NBD payload:
-// tbf counts whole Ethernet frames (1,514 bytes for a full 1,500-byte MTU
-// segment) of which 1,448 are TCP payload (IPv4 20 B, TCP 20 B + 12 B of
-// timestamps); NBD's 28-byte request header per 1 MiB is negligible.
-const WireEfficiency = 1448.0 / 1514.0
+// WireEfficiency is the share of a shaped link's rate left for NBD payload
+// (sim.WireEfficiency).
+const WireEfficiency = sim.WireEfficiency
 
-// Simulate predicts the per-writer bandwidth of w writers striping evenly
-// over k lenders whose links carry rate bytes/s each: one flow per writer
-// and lender, sharing the lender links max-min fairly, each writer done when
-// its last stripe is. It returns each writer's rate while all are active and
-// its bytes over its own elapsed time.
-func Simulate(k, w int, rate float64, bytes int64) (steady, whole []float64) {
-	var e sim.Engine
-	n := sim.NewNet(&e)
-	links := make([]*sim.Resource, k)
-	for i := range links {
-		links[i] = &sim.Resource{Name: fmt.Sprintf("lender%d", i), Capacity: rate * WireEfficiency}
-	}
-	whole = make([]float64, w)
-	steady = make([]float64, w)
-	flows := make([][]*sim.Flow, w)
-	for j := 0; j < w; j++ {
-		left := k
-		for i := 0; i < k; i++ {
-			f := n.Start(float64(bytes)/float64(k), []*sim.Resource{links[i]}, 0, func(*sim.Flow) {
-				left--
-				if left == 0 {
-					whole[j] = float64(bytes) / e.Now()
-				}
-			})
-			flows[j] = append(flows[j], f)
-		}
-	}
-	// Rates are set at time 0 once the simultaneous starts are solved.
-	e.At(0, func() {
-		for j := range flows {
-			for _, f := range flows[j] {
-				steady[j] += f.Rate()
-			}
-		}
-	})
-	e.Run(0)
-	return steady, whole
+// SimulateWriters is sim.SimulateWriters: the simulator's prediction for a
+// scenario.
+func SimulateWriters(k, w int, rate float64, bytes int64) (steady, whole []float64) {
+	return sim.SimulateWriters(k, w, rate, bytes)
 }
 
-// Run runs every scenario of cfg on the real data plane and in the
+// RunWriters runs every scenario of cfg on the real data plane and in the
 // simulator.
-func Run(ctx context.Context, cfg Config) ([]Row, error) {
+func RunWriters(ctx context.Context, cfg WritersConfig) ([]WriterRow, error) {
 	cfg.defaults()
 	if err := netns.Available(); err != nil {
 		return nil, err
@@ -223,7 +188,7 @@ func Run(ctx context.Context, cfg Config) ([]Row, error) {
 	for _, w := range cfg.Writers {
 		maxW = max(maxW, w)
 	}
-	var rows []Row
+	var rows []WriterRow
 	for _, k := range cfg.Lenders {
 		rs, err := runLenders(ctx, cfg, k, maxW, float64(rate)/8) // tc rates are bits/s
 		if err != nil {
@@ -248,14 +213,14 @@ func randomName() string {
 	return hex.EncodeToString(b)
 }
 
-func runLenders(ctx context.Context, cfg Config, k, maxW int, rate float64) (rows []Row, err error) {
+func runLenders(ctx context.Context, cfg WritersConfig, k, maxW int, rate float64) (rows []WriterRow, err error) {
 	// Hosts 0..k-1 are the shaped lenders; host k is the headroom probe's
 	// lender, shaped far above what the machine can move.
 	rates := make([]string, k+1)
 	rates[k] = "100gbit"
 	lab, err := netns.New(ctx, netns.Config{Hosts: k + 1, Rate: cfg.Rate, HostRates: rates, Latency: cfg.Queue, CongestionControl: cfg.CongestionControl, Logger: cfg.Logger})
 	if err != nil {
-		return nil, fmt.Errorf("validate: lab: %w", err)
+		return nil, fmt.Errorf("lab: netns: %w", err)
 	}
 	defer func() {
 		if cerr := lab.Close(); cerr != nil && err == nil {
@@ -282,7 +247,7 @@ func runLenders(ctx context.Context, cfg Config, k, maxW int, rate float64) (row
 		h := lab.Host(i)
 		ln, err := lab.Listen(ctx, i, "tcp", netip.AddrPortFrom(h.Addr, 0).String())
 		if err != nil {
-			return nil, fmt.Errorf("validate: listen in %s: %w", h.Namespace, err)
+			return nil, fmt.Errorf("lab: listen in %s: %w", h.Namespace, err)
 		}
 		l := &lender{ln: ln, srv: &nbd.Server{Logger: cfg.Logger}, done: make(chan struct{}), addr: ln.Addr().String()}
 		for w := 0; w < maxW && i < k; w++ {
@@ -315,15 +280,15 @@ func runLenders(ctx context.Context, cfg Config, k, maxW int, rate float64) (row
 	for _, w := range cfg.Writers {
 		avail, err := probeRate(ctx, cfg, lenders[k], probe[:w], pattern)
 		if err != nil {
-			return rows, fmt.Errorf("validate: %d lenders: headroom probe: %w", k, err)
+			return rows, fmt.Errorf("lab: %d lenders: headroom probe: %w", k, err)
 		}
 		sent0, err := linkSent(ctx, lab, k)
 		if err != nil {
 			return rows, err
 		}
-		steady, whole, err := runWriters(ctx, cfg, lenders[:k], names[:w], pattern)
+		steady, whole, err := measureWriters(ctx, cfg, lenders[:k], names[:w], pattern)
 		if err != nil {
-			return rows, fmt.Errorf("validate: %d lenders, %d writers: %w", k, w, err)
+			return rows, fmt.Errorf("lab: %d lenders, %d writers: %w", k, w, err)
 		}
 		sent1, err := linkSent(ctx, lab, k)
 		if err != nil {
@@ -337,17 +302,17 @@ func runLenders(ctx context.Context, cfg Config, k, maxW int, rate float64) (row
 		for i := range sent0 {
 			busy = math.Min(busy, float64(sent1[i]-sent0[i])/(rate*makespan))
 		}
-		ss, sw := Simulate(k, w, rate, cfg.Bytes*int64(k))
-		rows = append(rows, Row{Lenders: k, Writers: w, Real: steady, Sim: ss, RealWhole: whole, SimWhole: sw,
+		ss, sw := SimulateWriters(k, w, rate, cfg.Bytes*int64(k))
+		rows = append(rows, WriterRow{Lenders: k, Writers: w, Real: steady, Sim: ss, RealWhole: whole, SimWhole: sw,
 			Headroom: avail / (float64(k) * rate * WireEfficiency), LinkBusy: busy})
 	}
 	return rows, nil
 }
 
 // runWriters starts one writer per names entry at once and returns each
-// writer's delivered bandwidth while all are active (see Row) and over its
+// writer's delivered bandwidth while all are active (see WriterRow) and over its
 // own elapsed time.
-func runWriters(ctx context.Context, cfg Config, lenders []*lender, names [][]string, pattern []byte) (steady, whole []float64, err error) {
+func measureWriters(ctx context.Context, cfg WritersConfig, lenders []*lender, names [][]string, pattern []byte) (steady, whole []float64, err error) {
 	vols := make([]*stripe.Volume, len(names))
 	var clients []*nbd.Client
 	defer func() {
@@ -456,7 +421,7 @@ func linkSent(ctx context.Context, lab *netns.Lab, k int) ([]int64, error) {
 		dev := lab.Host(i).RootIface
 		b, err := exec.CommandContext(ctx, "tc", "-s", "qdisc", "show", "dev", dev).Output()
 		if err != nil {
-			return nil, fmt.Errorf("validate: tc -s qdisc show dev %s: %w", dev, err)
+			return nil, fmt.Errorf("lab: tc -s qdisc show dev %s: %w", dev, err)
 		}
 		f := strings.Fields(string(b))
 		for j := 0; j+2 < len(f); j++ {
@@ -466,7 +431,7 @@ func linkSent(ctx context.Context, lab *netns.Lab, k int) ([]int64, error) {
 			}
 		}
 		if err != nil || out[i] == 0 && !strings.Contains(string(b), "tbf") {
-			return nil, fmt.Errorf("validate: no tbf counters on %s: %q", dev, b)
+			return nil, fmt.Errorf("lab: no tbf counters on %s: %q", dev, b)
 		}
 	}
 	return out, nil
@@ -477,7 +442,7 @@ func linkSent(ctx context.Context, lab *netns.Lab, k int) ([]int64, error) {
 // cfg.Probe: the rate the machine can move through the data plane right now
 // for the scenario's workload (NBD, stripe, TCP, veth and bridge: the same
 // code and kernel path, without the shaping).
-func probeRate(ctx context.Context, cfg Config, l *lender, names [][]string, pattern []byte) (float64, error) {
+func probeRate(ctx context.Context, cfg WritersConfig, l *lender, names [][]string, pattern []byte) (float64, error) {
 	vols := make([]*stripe.Volume, len(names))
 	for w := range names {
 		var devs []stripe.Device
@@ -526,7 +491,7 @@ func probeRate(ctx context.Context, cfg Config, l *lender, names [][]string, pat
 // writeSeq writes bytes sequentially with cfg.Depth requests in flight, from
 // pattern (cfg.Request bytes, filled once by the caller: the writers only
 // read it, and filling it per writer would cost CPU inside the measurement).
-func writeSeq(ctx context.Context, v *stripe.Volume, bytes int64, pattern []byte, cfg Config, done *atomic.Int64) error {
+func writeSeq(ctx context.Context, v *stripe.Volume, bytes int64, pattern []byte, cfg WritersConfig, done *atomic.Int64) error {
 	n := (bytes + int64(cfg.Request) - 1) / int64(cfg.Request)
 	next := make(chan int64)
 	errs := make([]error, cfg.Depth)
@@ -568,9 +533,9 @@ func newPattern(n int) []byte {
 	return b
 }
 
-// Result turns rows into a sim.Result (CSV and SVG through package
+// WritersResult turns rows into a sim.Result (CSV and SVG through package
 // sim/report).
-func Result(rows []Row, cfg Config) sim.Result {
+func WritersResult(rows []WriterRow, cfg WritersConfig) sim.Result {
 	cfg.defaults()
 	r := sim.Result{Name: "validate-writers", Description: "real data plane (netns + tc tbf + NBD + stripe) vs simulator: per-writer bandwidth, 1–6 writers on 1–3 lenders",
 		Header: []string{"lenders", "writers", "writer", "real_MBps", "sim_MBps", "error_pct", "real_all_active_MBps", "sim_all_active_MBps", "headroom", "link_busy"}}

@@ -1,0 +1,141 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+)
+
+// TestTagging: a figure a calibration was fitted to cannot be reported as a
+// prediction, an untuned figure cannot hide as a fit, every metric carries
+// a kind, and an explained miss must be a miss.
+func TestTagging(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		m    Metric
+		err  error // nil: accepted
+	}{
+		{"tuned figure as prediction", Metric{Name: "t70", Value: 11900, Kind: Prediction, Figure: "venice/fig14-70"}, ErrFitAsPrediction},
+		{"tuned figure as fit", Metric{Name: "t70", Value: 11900, Kind: Fit, Figure: "venice/fig14-70"}, nil},
+		{"input echo as prediction", Metric{Name: "ntb", Value: 350, Kind: Prediction, Figure: "lending/ntb"}, ErrFitAsPrediction},
+		{"untuned figure as fit", Metric{Name: "2 devices", Value: 4, Kind: Fit, Figure: "call/fig6-2dev"}, ErrFitAsPrediction},
+		{"untuned figure as prediction", Metric{Name: "2 devices", Value: 4, Kind: Prediction, Figure: "call/fig6-2dev"}, nil},
+		{"fit without a figure", Metric{Name: "x", Value: 1, Kind: Fit}, ErrFitAsPrediction},
+		{"prediction without a figure", Metric{Name: "x", Value: 1, Kind: Prediction}, nil},
+		{"no kind", Metric{Name: "x", Value: 1, Figure: "call/fig6-2dev"}, errAny},
+		{"unknown figure", Metric{Name: "x", Value: 1, Kind: Prediction, Figure: "call/nope"}, errAny},
+		{"explained miss that hits", Metric{Name: "x", Value: 4, Kind: Prediction, Figure: "call/fig6-2dev", Miss: "stale"}, errAny},
+		{"explained miss that misses", Metric{Name: "x", Value: 5, Kind: Prediction, Figure: "call/fig6-2dev", Miss: "why"}, nil},
+		{"explained miss on a fit", Metric{Name: "x", Value: 2, Kind: Fit, Figure: "call/fig6-1dev", Miss: "why"}, errAny},
+	} {
+		r := Result{Name: "test", Metrics: []Metric{tc.m}}
+		err := check(&r)
+		switch {
+		case tc.err == nil && err != nil:
+			t.Errorf("%s: refused: %v", tc.name, err)
+		case tc.err == errAny && err == nil, tc.err != nil && tc.err != errAny && !errors.Is(err, tc.err):
+			t.Errorf("%s: got %v, want %v", tc.name, err, tc.err)
+		}
+		if err == nil && tc.m.Figure != "" && r.Metrics[0].Paper != fig(tc.m.Figure) {
+			t.Errorf("%s: paper value not filled: %+v", tc.name, r.Metrics[0])
+		}
+	}
+	if err := check(&Result{Name: "test", Calibrations: []string{"NoSuchConstants"}}); err == nil {
+		t.Error("unknown calibration accepted")
+	}
+}
+
+var errAny = errors.New("any error")
+
+// TestRegistry: every calibration names existing figures, every figure an
+// existing paper, and every experiment's metrics pass the tagging rules
+// (Run would refuse them otherwise).
+func TestRegistry(t *testing.T) {
+	for _, f := range Figures {
+		if _, ok := Papers[f.Paper]; !ok || f.Claim == "" || f.Where == "" {
+			t.Errorf("figure %+v", f)
+		}
+	}
+	for _, c := range Calibrations {
+		if c.What == "" || len(c.Figures) == 0 {
+			t.Errorf("calibration %+v", c)
+		}
+		for _, id := range c.Figures {
+			if _, ok := FigureByID(id); !ok {
+				t.Errorf("calibration %s names unknown figure %s", c.Name, id)
+			}
+		}
+	}
+	for _, p := range Papers {
+		if strings.Contains(strings.ToLower(p.Cite+p.Short), "seed") {
+			t.Errorf("paper %q cited by number", p.Key)
+		}
+	}
+}
+
+// TestSensitivity: the search finds the analytic bounds of the two-device
+// threshold (α may move inside the interval that keeps it at 4), and an
+// outcome that never changes is open at both ends.
+func TestSensitivity(t *testing.T) {
+	spec := DefaultSmufin
+	dev := CallNVMe
+	got := sensitize("α", dev.Alpha, func(f float64) string {
+		d := dev
+		d.Alpha *= f
+		return itoa(sharingThreshold(d, spec, 2, 7))
+	})
+	lo, hi := alphaFor(dev, spec.Rate, 2, 4)
+	if math.Abs(got.Lo*dev.Alpha/lo-1) > 0.03 || math.Abs(got.Hi*dev.Alpha/hi-1) > 0.03 || got.LoOpen || got.HiOpen {
+		t.Errorf("sensitivity %+v (%s); analytic α interval (%.4f, %.4f] around %.4f", got, got, lo, hi, dev.Alpha)
+	}
+	flat := sensitize("x", 1, func(float64) string { return "same" })
+	if !flat.LoOpen || !flat.HiOpen || flat.Span() < SensitivityRange*0.99 {
+		t.Errorf("flat outcome: %+v", flat)
+	}
+	// Sensitivities are reported on the experiment's predictions only when
+	// asked for, and every prediction with a figure of smufin-sharing gets
+	// one per input.
+	r, err := Run(context.Background(), "smufin-sharing", Options{Sensitivity: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range r.Metrics {
+		if m.Kind == Prediction && m.Figure != "" && len(m.Sensitivity) != len(smufinInputs) {
+			t.Errorf("%s: %d sensitivities", m.Name, len(m.Sensitivity))
+		}
+		if m.Kind == Fit && len(m.Sensitivity) > 0 {
+			t.Errorf("%s: a fit has sensitivities", m.Name)
+		}
+	}
+	if s, ok := Tightest(r.Metrics[2].Sensitivity); !ok || !strings.Contains(r.Summary(), "holds while "+s.String()) {
+		t.Errorf("summary lacks the sensitivity:\n%s", r.Summary())
+	}
+}
+
+// TestTable: the table lists every metric with its kind and verdict and
+// names papers, never their internal numbers.
+func TestTable(t *testing.T) {
+	var rows []Row
+	for _, name := range []string{"smufin-sharing", "smufin-fig8", "hop-latency", "udp-throughput"} {
+		r, err := Run(context.Background(), name, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows = append(rows, TableRows(r)...)
+	}
+	md := Markdown(rows)
+	for _, want := range []string{"| smufin-sharing | Call et al. (NVMe-oF genomics) | Fig. 6(b): degradation threshold, 2 devices |", "| prediction |", "| fit |", "| pending |", "miss (-43%), explained"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("table lacks %q:\n%s", want, md)
+		}
+	}
+	if strings.Contains(strings.ToLower(md), "seed 00") {
+		t.Errorf("table names a paper by number:\n%s", md)
+	}
+	c := Counts(rows)
+	if c["fit"] == 0 || c["prediction"] == 0 || c["hit"] == 0 || c["miss"] < 2 || c["pending"] != 2 {
+		t.Errorf("counts %v", c)
+	}
+}
