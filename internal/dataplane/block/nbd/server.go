@@ -300,7 +300,8 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 	nc.SetDeadline(time.Now().Add(ht))
 	sr := newSocketReader(nc)
 	r := newConnReader(sr)
-	sess, err := s.negotiate(nc, r)
+	// TLS, if the client starts it, reads the socket through sr too.
+	sess, err := s.negotiate(&readerConn{Conn: nc, r: sr}, r)
 	if err != nil {
 		if !errors.Is(err, errAbort) {
 			log.Debug("nbd: handshake ended", "err", err)
@@ -311,14 +312,15 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 	var c *conn
 	if sess.tls != nil {
 		// Over TLS the bytes pass through crypto/tls: no raw-socket
-		// paths (sendfile, splice, mapped writev, the polling reader).
+		// paths (sendfile, splice, mapped writev), but crypto/tls reads
+		// the socket through the polling reader.
 		tc := newTLSConn(sess.tls, nc)
 		defer tc.closeNotify(time.Second)
 		c = newConn(s, tc, sess.r, sess)
 	} else {
 		c = newConn(s, nc, r, sess)
-		c.fr, _ = sr.(*fastReader)
 	}
+	c.fr, _ = sr.(*fastReader)
 	c.cancel, c.done = cancel, make(chan struct{})
 	defer close(c.done)
 	e := s.attach(sess.name, c)

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -47,6 +48,16 @@ func (t *tlsConn) closeNotify(d time.Duration) {
 	t.Conn.CloseWrite()
 	t.raw.Close()
 }
+
+// readerConn is a connection whose reads go through r: the server hands
+// crypto/tls the socket's fastReader this way, so that TLS connections wait
+// for requests as plaintext ones do.
+type readerConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *readerConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
 // writeBuffers writes v to w, consuming it: with one writev on a plain
 // socket, and on a TLS connection in as few records (and so system calls)
