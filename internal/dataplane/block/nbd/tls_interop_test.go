@@ -63,6 +63,10 @@ func TestInteropTLSNbdinfo(t *testing.T) {
 	run(t, "nbdinfo", "--size", caOnly)
 
 	plain := URI{Network: "tcp", Address: addr, Export: testName}.String()
+	// The server has no pre-shared keys (crypto/tls implements none).
+	psk := filepath.Join(t.TempDir(), "keys.psk")
+	os.WriteFile(psk, []byte("alice:0123456789abcdef0123456789abcdef\n"), 0o600)
+	pskURI := "nbds://alice@" + addr + "/" + testName + "?tls-psk-file=" + psk
 	wrongCA := URI{Network: "tcp", Address: addr, Export: testName, TLS: true, TLSCertificates: newTestPKI(t).clientDir}.String()
 	for _, tc := range []struct{ name, uri, want string }{
 		// libnbd sends its options in clear and is told
@@ -70,6 +74,7 @@ func TestInteropTLSNbdinfo(t *testing.T) {
 		// output).
 		{"plaintext", plain, "TLS is required"},
 		{"wrong CA", wrongCA, "certificate verification"},
+		{"pre-shared key", pskURI, "gnutls_handshake"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := exec.Command("nbdinfo", tc.uri)
