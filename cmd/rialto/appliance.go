@@ -33,7 +33,7 @@ func init() {
 func runAppliance(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "appliance", "")
 	host, _ := os.Hostname()
-	cp, boot := joinFlags(fs, e)
+	cp, boot, caCert := joinFlags(fs, e)
 	name := fs.String("name", host+"-appliance", "node name, unique in the cluster")
 	stateDir := fs.String("state-dir", "rialto-appliance", "identity and export state")
 	slots := fs.Int("slots", 4, "accelerator slots (each listens on its own port)")
@@ -86,6 +86,9 @@ func runAppliance(ctx context.Context, e *env, args []string) error {
 			Attributes: map[string]string{"slot_memory": *slotMem}}},
 	}
 	if cfg.Labels, err = parseLabels(labels); err != nil {
+		return err
+	}
+	if cfg.HTTPClient, err = joinClient(*caCert); err != nil {
 		return err
 	}
 	if cfg.Labels == nil {
