@@ -109,6 +109,27 @@ func TestServerHTTPS(t *testing.T) {
 	if again, _ := pki.Load(tlsDir, pki.Options{}); again.Certificate().SerialNumber.Cmp(serial) != 0 {
 		t.Fatal("a restart made a new CA")
 	}
+
+	// Rotation: a server started after `rialto ca rotate` has a certificate
+	// from the new CA; the new ca-cert.pem (both CAs) verifies it, a copy
+	// of the old one does not.
+	oldCA := filepath.Join(dir, "old-ca-cert.pem")
+	b, _ := os.ReadFile(caFile)
+	os.WriteFile(oldCA, b, 0o644)
+	if out, err := exec.Command(bin, "ca", "rotate", "--tls-dir", tlsDir).CombinedOutput(); err != nil {
+		t.Fatalf("rialto ca rotate: %v\n%s", err, out)
+	}
+	_, url3 := startProc(t, bin, secrets, "rialto server: serving ",
+		"server", "--listen", "127.0.0.1:0", "--db", filepath.Join(dir, "cp3.db"), "--tls-dir", tlsDir, "--log-level", "warn")
+	if out, err := cli("RIALTO_ADDR="+url3, "RIALTO_CACERT="+caFile); err != nil {
+		t.Fatalf("after rotation, with the new ca-cert.pem: %v\n%s", err, out)
+	}
+	if out, err := cli("RIALTO_ADDR="+url2, "RIALTO_CACERT="+caFile); err != nil {
+		t.Fatalf("a server still on the old CA, with the new ca-cert.pem: %v\n%s", err, out)
+	}
+	if out, err := cli("RIALTO_ADDR="+url3, "RIALTO_CACERT="+oldCA); err == nil || !strings.Contains(out, "not trusted") {
+		t.Fatalf("after rotation, with the old ca-cert.pem: %v\n%s", err, out)
+	}
 }
 
 // TestServerInsecureHTTP: plain HTTP only behind the explicit flag, which
