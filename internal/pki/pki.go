@@ -489,8 +489,21 @@ func (ca *CA) Issue(r Request) (*Issued, error) {
 // SignCSR signs a PEM certificate signing request. The identity comes from
 // r, which the caller has authenticated, not from the CSR: the CSR proves
 // possession of the key, and the names it asks for (if any) must be among
-// r's, or the request is refused.
+// r's, or the request is refused (see CheckCSR).
 func (ca *CA) SignCSR(csrPEM []byte, r Request) (*Issued, error) {
+	csr, err := CheckCSR(csrPEM, r)
+	if err != nil {
+		return nil, err
+	}
+	return ca.sign(csr.PublicKey, r)
+}
+
+// CheckCSR parses a PEM certificate signing request and checks what
+// SignCSR would: a valid request r, the CSR's own signature (possession of
+// the key), an acceptable key (ECDSA P-256 or P-384, Ed25519, RSA of at
+// least 2048 bits), and names within r's (a common name that is empty or
+// r.CommonName, hosts among r.Hosts, no URI or e-mail names).
+func CheckCSR(csrPEM []byte, r Request) (*x509.CertificateRequest, error) {
 	if err := r.check(); err != nil {
 		return nil, err
 	}
@@ -538,7 +551,7 @@ func (ca *CA) SignCSR(csrPEM []byte, r Request) (*Issued, error) {
 	if len(csr.URIs) > 0 || len(csr.EmailAddresses) > 0 {
 		return nil, fmt.Errorf("%w: CSR asks for URI or e-mail names", ErrBadRequest)
 	}
-	return ca.sign(csr.PublicKey, r)
+	return csr, nil
 }
 
 func canonHost(h string) string {

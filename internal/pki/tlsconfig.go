@@ -15,14 +15,14 @@ import (
 // asked for certificates as clientAuth says; those they present must chain
 // to the CA and not be revoked. TLS 1.2 is the minimum.
 func (ca *CA) ServerConfig(commonName string, hosts []string, clientAuth tls.ClientAuthType, lifetime time.Duration) (*tls.Config, error) {
-	rn := &renewer{ca: ca, req: Request{CommonName: commonName, Hosts: hosts, Usage: ServerAuth, Lifetime: lifetime}}
-	if _, err := rn.get(); err != nil {
+	get, err := ca.Renewing(Request{CommonName: commonName, Hosts: hosts, Usage: ServerAuth, Lifetime: lifetime})
+	if err != nil {
 		return nil, err
 	}
 	return &tls.Config{
 		MinVersion:       tls.VersionTLS12,
 		Time:             ca.now,
-		GetCertificate:   func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return rn.get() },
+		GetCertificate:   func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return get() },
 		ClientAuth:       clientAuth,
 		ClientCAs:        ca.Pool(),
 		VerifyConnection: ca.VerifyPeer,
@@ -43,6 +43,19 @@ func (ca *CA) ClientConfig(cert *tls.Certificate) *tls.Config {
 		c.Certificates = []tls.Certificate{*cert}
 	}
 	return c
+}
+
+// Renewing returns a function that returns a certificate (with its key)
+// the CA issues for r, issued again in memory when a third of its lifetime
+// is left or after a Rotate; if issuing again fails, the current one is
+// returned while it is valid. The key never leaves memory. It fails at
+// once if the first certificate cannot be issued.
+func (ca *CA) Renewing(r Request) (func() (*tls.Certificate, error), error) {
+	rn := &renewer{ca: ca, req: r}
+	if _, err := rn.get(); err != nil {
+		return nil, err
+	}
+	return rn.get, nil
 }
 
 // renewer holds a certificate the CA issues and renews.
