@@ -167,6 +167,15 @@ func (c *Client) Join(ctx context.Context, r JoinRequest) (JoinResponse, error) 
 	return out, err
 }
 
+// NodeCertificate asks for a new certificate of a node, before its
+// current one expires (c must carry the node credential; a control plane
+// with a cluster CA also wants the current certificate presented over TLS).
+func (c *Client) NodeCertificate(ctx context.Context, nodeID string, r NodeCertificateRequest) (NodeCertificateResponse, error) {
+	var out NodeCertificateResponse
+	err := c.Do(ctx, http.MethodPost, "/v1/nodes/"+url.PathEscape(nodeID)+"/certificate", r, &out)
+	return out, err
+}
+
 // Heartbeat reports an agent's health (c must carry the node credential).
 func (c *Client) Heartbeat(ctx context.Context, nodeID string, h Heartbeat) (HeartbeatResponse, error) {
 	var out HeartbeatResponse

@@ -5,10 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/agent"
@@ -104,14 +102,6 @@ func joinFlags(fs *flag.FlagSet, e *env) (controlPlane, bootstrapToken, caCert *
 	return controlPlane, bootstrapToken, caCert
 }
 
-// joinClient is the HTTP client an agent reaches the control plane with:
-// nil (the agent's default) unless caCert names the cluster's CA.
-func joinClient(caCert string) (*http.Client, error) {
-	if caCert == "" {
-		return nil, nil
-	}
-	return api.HTTPClient(caCert, 10*time.Second)
-}
 
 func runAgent(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "agent", "")
@@ -150,9 +140,8 @@ func runAgent(ctx context.Context, e *env, args []string) error {
 	if cfg.Labels, err = parseLabels(labels); err != nil {
 		return err
 	}
-	if cfg.HTTPClient, err = joinClient(*caCert); err != nil {
-		return err
-	}
+	// With the CA the agent enrolls: a node certificate for mutual TLS.
+	cfg.CAFile = *caCert
 	for i, b := range blocks {
 		d, err := parseBlock(b, i)
 		if err != nil {

@@ -88,9 +88,7 @@ func runAppliance(ctx context.Context, e *env, args []string) error {
 	if cfg.Labels, err = parseLabels(labels); err != nil {
 		return err
 	}
-	if cfg.HTTPClient, err = joinClient(*caCert); err != nil {
-		return err
-	}
+	cfg.CAFile = *caCert
 	if cfg.Labels == nil {
 		cfg.Labels = map[string]string{}
 	}

@@ -104,7 +104,9 @@ func apiTLS(dir, listen string, ln net.Listener, extra []string) (*pki.CA, *tls.
 	if err != nil {
 		return nil, nil, err
 	}
-	cfg, err := ca.ServerConfig("rialto control plane", apiHosts(listen, ln.Addr(), extra), tls.NoClientCert, 0)
+	// Client certificates are asked for, not required: agents present
+	// their node certificates, people and their tools need none.
+	cfg, err := ca.ServerConfig("rialto control plane", apiHosts(listen, ln.Addr(), extra), tls.VerifyClientCertIfGiven, 0)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -253,7 +255,7 @@ func runServer(ctx context.Context, e *env, args []string) error {
 	cp, err := startControlPlane(ctx, ln, *db, controlplane.Config{
 		Logger: log, BootstrapToken: *boot, Tokens: tokens,
 		HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down,
-		PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas,
+		PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas, CA: ca,
 	}, tlsCfg)
 	if err != nil {
 		ln.Close()

@@ -162,16 +162,11 @@ func runUp(ctx context.Context, e *env, args []string) error {
 		ln.Close()
 		return err
 	}
-	hc, err := api.HTTPClient(caFile, 10*time.Second)
-	if err != nil {
-		ln.Close()
-		return err
-	}
 	cp, err := startControlPlane(ctx, ln, filepath.Join(*dir, "rialto.db"), controlplane.Config{
 		Logger: log.With("component", "controlplane"), BootstrapToken: st.BootstrapToken,
 		Tokens:            []controlplane.Token{{Token: st.AdminToken, Tenant: "admin", Admin: true}},
 		HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down,
-		PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas,
+		PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas, CA: ca,
 	}, tlsCfg)
 	if err != nil {
 		ln.Close()
@@ -188,7 +183,7 @@ func runUp(ctx context.Context, e *env, args []string) error {
 		cfg := agent.Config{
 			ControlPlane: cp.URL, BootstrapToken: st.BootstrapToken, Name: name,
 			StateDir: filepath.Join(*dir, name), Logger: log.With("component", "agent", "node", name),
-			Labels: map[string]string{"cluster": "local"}, HTTPClient: hc,
+			Labels: map[string]string{"cluster": "local"}, CAFile: caFile,
 		}
 		for d := range *disks {
 			cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: fmt.Sprintf("disk%d", d), Kind: api.KindBlock,

@@ -367,6 +367,10 @@ func (a *Agent) Handler() http.Handler {
 
 func (a *Agent) auth(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		if err := a.requireCP(r); err != nil {
+			writeError(w, http.StatusForbidden, api.CodeForbidden, err.Error())
+			return
+		}
 		a.mu.Lock()
 		key := a.id.AgentKey
 		a.mu.Unlock()

@@ -40,6 +40,8 @@ func (s *Server) routeTable() []route {
 			Request: api.JoinRequest{}, Response: api.JoinResponse{}, Errors: []int{400, 401, 403, 500}}, accessBootstrap, s.hJoin},
 		{httpapi.Route{Method: "POST", Path: "/v1/nodes/{id}/heartbeat", Summary: "Report an agent's health, links and served leases; answers what to tear down.",
 			Request: api.Heartbeat{}, Response: api.HeartbeatResponse{}, Errors: []int{400, 401, 403, 404, 500}}, accessNode, s.hHeartbeat},
+		{httpapi.Route{Method: "POST", Path: "/v1/nodes/{id}/certificate", Summary: "Renew a node's certificate from a CSR (a control plane with a cluster CA; the call presents the current certificate).",
+			Request: api.NodeCertificateRequest{}, Response: api.NodeCertificateResponse{}, Errors: []int{400, 401, 403, 404, 500}}, accessNode, s.hNodeCertificate},
 		{httpapi.Route{Method: "GET", Path: "/v1/nodes", Summary: "List nodes.", Response: []api.Node{}, Errors: readErrors}, accessReader, s.hNodes},
 		{httpapi.Route{Method: "GET", Path: "/v1/nodes/{id}", Summary: "Show a node.", Response: api.Node{}, Errors: []int{401, 403, 404, 500}}, accessReader, s.hNode},
 		{httpapi.Route{Method: "GET", Path: "/v1/devices", Summary: "List devices (the Resource Registration Table).", Response: []api.Device{}, Errors: readErrors}, accessReader, s.hDevices},
@@ -215,6 +217,9 @@ func (s *Server) hHeartbeat(ctx context.Context, p principal, r *http.Request, w
 	id := r.PathValue("id")
 	if id != p.nodeID {
 		return 0, nil, fmt.Errorf("%w: this node credential belongs to node %s, not %s", ErrForbidden, p.nodeID, id)
+	}
+	if err := s.checkNodeTLS(r, id); err != nil {
+		return 0, nil, err
 	}
 	var h api.Heartbeat
 	if err := decode(w, r, true, &h); err != nil {

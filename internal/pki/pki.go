@@ -51,7 +51,8 @@ const (
 	// re-signed at every change and when half of it has passed at Open.
 	crlLifetime = 90 * 24 * time.Hour
 	// backdate is subtracted from NotBefore so that a peer whose clock is
-	// slightly behind still accepts a fresh certificate.
+	// slightly behind still accepts a fresh certificate (a tenth of a
+	// shorter lifetime).
 	backdate = 5 * time.Minute
 )
 
@@ -630,7 +631,7 @@ func (ca *CA) sign(pub crypto.PublicKey, r Request) (*Issued, error) {
 	tmpl := &x509.Certificate{
 		SerialNumber: newSerial(),
 		Subject:      pkix.Name{Organization: []string{"Rialto"}, CommonName: r.CommonName},
-		NotBefore:    now.Add(-backdate),
+		NotBefore:    now.Add(-min(backdate, life/10)),
 		NotAfter:     notAfter,
 		// qemu's tls-creds-x509 insists on key encipherment when the key
 		// usage extension is critical, as Go makes it; GnuTLS and Go
@@ -865,13 +866,37 @@ func parseKey(b []byte) (crypto.Signer, error) {
 	return nil, fmt.Errorf("unexpected PEM block %q", blk.Type)
 }
 
-// NewCSR makes a P-256 key and a CSR for commonName and hosts, for a holder
-// that keeps its key and asks the CA (through the control plane) to sign.
-func NewCSR(commonName string, hosts []string) (csrPEM, keyPEM []byte, err error) {
+// ControlPlaneCN is the common name of the client certificate the control
+// plane presents to agents; agents take lease-execution calls only from a
+// certificate of the cluster CA with this name. Node certificates are
+// named by node IDs, which never take this form.
+const ControlPlaneCN = "rialto-controlplane"
+
+// NewKey makes a P-256 key and returns it with its PEM encoding.
+func NewKey() (*ecdsa.PrivateKey, []byte, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, fmt.Errorf("pki: %w", err)
 	}
+	der, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("pki: %w", err)
+	}
+	return key, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), nil
+}
+
+// ParseKey parses a PEM private key (SEC 1 or PKCS #8).
+func ParseKey(keyPEM []byte) (crypto.Signer, error) {
+	k, err := parseKey(keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("pki: key: %w", err)
+	}
+	return k, nil
+}
+
+// CSR makes a PEM certificate signing request for key, naming commonName
+// (may be empty: the CA names the holder) and hosts.
+func CSR(key crypto.Signer, commonName string, hosts []string) ([]byte, error) {
 	tmpl := &x509.CertificateRequest{Subject: pkix.Name{Organization: []string{"Rialto"}, CommonName: commonName}}
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {
@@ -882,14 +907,23 @@ func NewCSR(commonName string, hosts []string) (csrPEM, keyPEM []byte, err error
 	}
 	der, err := x509.CreateCertificateRequest(rand.Reader, tmpl, key)
 	if err != nil {
-		return nil, nil, fmt.Errorf("pki: %w", err)
+		return nil, fmt.Errorf("pki: %w", err)
 	}
-	kder, err := x509.MarshalECPrivateKey(key)
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), nil
+}
+
+// NewCSR makes a P-256 key and a CSR for commonName and hosts, for a holder
+// that keeps its key and asks the CA (through the control plane) to sign.
+func NewCSR(commonName string, hosts []string) (csrPEM, keyPEM []byte, err error) {
+	key, keyPEM, err := NewKey()
 	if err != nil {
-		return nil, nil, fmt.Errorf("pki: %w", err)
+		return nil, nil, err
 	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}),
-		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), nil
+	csrPEM, err = CSR(key, commonName, hosts)
+	if err != nil {
+		return nil, nil, err
+	}
+	return csrPEM, keyPEM, nil
 }
 
 // WriteFiles writes a certificate directory in the layout libnbd
