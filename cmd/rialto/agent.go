@@ -102,7 +102,6 @@ func joinFlags(fs *flag.FlagSet, e *env) (controlPlane, bootstrapToken, caCert *
 	return controlPlane, bootstrapToken, caCert
 }
 
-
 func runAgent(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "agent", "")
 	host, _ := os.Hostname()

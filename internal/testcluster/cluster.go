@@ -65,7 +65,7 @@ type Options struct {
 
 // Cluster is a running control plane with its agents.
 type Cluster struct {
-	URL    string // the control plane's base URL
+	URL    string  // the control plane's base URL
 	CA     *pki.CA // with Options.TLS
 	Clock  *Clock
 	Server *controlplane.Server

@@ -289,4 +289,3 @@ func readIdentity(t *testing.T, n *Node) struct{ Credential, AgentKey string } {
 	}
 	return struct{ Credential, AgentKey string }{id.Credential, id.AgentKey}
 }
-
