@@ -32,6 +32,7 @@ type nodeTLS struct {
 	pool   *x509.CertPool
 	key    crypto.Signer
 	cert   atomic.Pointer[tls.Certificate] // nil until the first join
+	tr     *http.Transport                 // the agent's client transport
 }
 
 // setupTLS loads the CA and the node's key (making one the first time)
@@ -92,6 +93,11 @@ func (t *nodeTLS) setCert(certPEM []byte) error {
 		c.Certificate = append(c.Certificate, x.Raw)
 	}
 	t.cert.Store(c)
+	// Pooled connections carry the certificate (or none) they were made
+	// with: the next calls must present this one.
+	if t.tr != nil {
+		t.tr.CloseIdleConnections()
+	}
 	return nil
 }
 
@@ -149,6 +155,7 @@ func (t *nodeTLS) clientTLS() *tls.Config {
 func (t *nodeTLS) httpClient(timeout time.Duration) *http.Client {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = t.clientTLS()
+	t.tr = tr
 	return &http.Client{Timeout: timeout, Transport: tr}
 }
 
