@@ -209,6 +209,13 @@ func TestUpREADMEFlow(t *testing.T) {
 		if n.State != api.NodeReady {
 			t.Errorf("node %s is %s", n.Name, n.State)
 		}
+		// Enrolled: the agents serve their API over mutual TLS.
+		if !strings.HasPrefix(n.AgentURL, "https://") {
+			t.Errorf("node %s agent URL %s", n.Name, n.AgentURL)
+		}
+		if _, err := os.Stat(filepath.Join(dir, n.Name, "node-cert.pem")); err != nil {
+			t.Errorf("node %s: %v", n.Name, err)
+		}
 	}
 	var l api.Lease
 	up.cli(t, bin, &l, "lease", "create", "--kind", "block", "--size", "256MiB")

@@ -541,10 +541,12 @@ func (a *Agent) join(ctx context.Context) error {
 		}
 		resp, err := cl.Join(ctx, req)
 		if err == nil && a.tls != nil {
+			// In memory first: the control plane may call as soon as it
+			// has answered; the file is written below.
 			if resp.Certificate == "" {
 				return fmt.Errorf("agent: the control plane issued no node certificate (it runs without a cluster CA, and this agent was given one)")
 			}
-			if err := a.storeCert(resp.Certificate); err != nil {
+			if err := a.useCert(resp.Certificate); err != nil {
 				return err
 			}
 		}
@@ -559,6 +561,11 @@ func (a *Agent) join(ctx context.Context) error {
 			a.peers = a.otherPeers(resp.ControlPlaneNodes, resp.NodeID)
 			a.mu.Unlock()
 			a.log.Info("joined", "node", resp.NodeID, "credential", resource.Fingerprint(resp.Credential))
+			if a.tls != nil {
+				if err := a.saveCert(resp.Certificate); err != nil {
+					return err
+				}
+			}
 			return a.saveIdentity()
 		}
 		var ae *api.Error

@@ -101,14 +101,23 @@ func (t *nodeTLS) setCert(certPEM []byte) error {
 	return nil
 }
 
-// storeCert checks, saves and uses a certificate the control plane sent.
-func (a *Agent) storeCert(certPEM string) error {
+// useCert checks a certificate the control plane sent and uses it.
+func (a *Agent) useCert(certPEM string) error {
+	certs, err := pki.ParseCerts([]byte(certPEM))
+	if err != nil {
+		return fmt.Errorf("agent: node certificate from the control plane: %w", err)
+	}
+	if _, err := certs[0].Verify(x509.VerifyOptions{Roots: a.tls.pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+		return fmt.Errorf("agent: the node certificate does not verify against %s: %w", a.tls.caFile, err)
+	}
 	if err := a.tls.setCert([]byte(certPEM)); err != nil {
 		return fmt.Errorf("agent: node certificate from the control plane: %w", err)
 	}
-	if _, err := a.tls.cert.Load().Leaf.Verify(x509.VerifyOptions{Roots: a.tls.pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
-		return fmt.Errorf("agent: the node certificate does not verify against %s: %w", a.tls.caFile, err)
-	}
+	return nil
+}
+
+// saveCert writes the certificate in use to the state dir.
+func (a *Agent) saveCert(certPEM string) error {
 	return writeFile(filepath.Join(a.cfg.StateDir, nodeCertFile), []byte(certPEM))
 }
 
@@ -199,7 +208,10 @@ func (a *Agent) renewCert(ctx context.Context, nodeID, cred string) error {
 	if err != nil {
 		return fmt.Errorf("agent: renew the node certificate: %w", err)
 	}
-	if err := a.storeCert(resp.Certificate); err != nil {
+	if err := a.useCert(resp.Certificate); err != nil {
+		return err
+	}
+	if err := a.saveCert(resp.Certificate); err != nil {
 		return err
 	}
 	a.log.Info("node certificate renewed", "expires", a.tls.cert.Load().Leaf.NotAfter)
