@@ -2,6 +2,9 @@ package uptest
 
 import (
 	"bufio"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"net/http"
@@ -170,6 +173,24 @@ func (u *Up) HTTPClient(t testing.TB) *http.Client {
 		t.Fatal(err)
 	}
 	return hc
+}
+
+// ServerSPKIHash is the base64 SHA-256 of the API certificate's public key
+// (what chromium's --ignore-certificate-errors-spki-list takes), read from
+// a TLS connection verified against the cluster CA.
+func (u *Up) ServerSPKIHash(t testing.TB) string {
+	t.Helper()
+	cfg, err := api.TLSConfig(u.CACert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := tls.Dial("tcp", strings.TrimPrefix(u.Addr, "https://"), cfg)
+	if err != nil {
+		t.Fatalf("uptest: %v", err)
+	}
+	defer c.Close()
+	sum := sha256.Sum256(c.ConnectionState().PeerCertificates[0].RawSubjectPublicKeyInfo)
+	return base64.StdEncoding.EncodeToString(sum[:])
 }
 
 // Client is an API client with the cluster's admin token.
