@@ -35,13 +35,11 @@ var (
 )
 
 func (s *Server) routeTable() []route {
-	return []route{
+	rts := []route{
 		{httpapi.Route{Method: "POST", Path: "/v1/join", Summary: "Register an agent's node and devices; returns the node credential.",
 			Request: api.JoinRequest{}, Response: api.JoinResponse{}, Errors: []int{400, 401, 403, 500}}, accessBootstrap, s.hJoin},
 		{httpapi.Route{Method: "POST", Path: "/v1/nodes/{id}/heartbeat", Summary: "Report an agent's health, links and served leases; answers what to tear down.",
 			Request: api.Heartbeat{}, Response: api.HeartbeatResponse{}, Errors: []int{400, 401, 403, 404, 500}}, accessNode, s.hHeartbeat},
-		{httpapi.Route{Method: "POST", Path: "/v1/nodes/{id}/certificate", Summary: "Renew a node's certificate from a CSR (a control plane with a cluster CA; the call presents the current certificate).",
-			Request: api.NodeCertificateRequest{}, Response: api.NodeCertificateResponse{}, Errors: []int{400, 401, 403, 404, 500}}, accessNode, s.hNodeCertificate},
 		{httpapi.Route{Method: "GET", Path: "/v1/nodes", Summary: "List nodes.", Response: []api.Node{}, Errors: readErrors}, accessReader, s.hNodes},
 		{httpapi.Route{Method: "GET", Path: "/v1/nodes/{id}", Summary: "Show a node.", Response: api.Node{}, Errors: []int{401, 403, 404, 500}}, accessReader, s.hNode},
 		{httpapi.Route{Method: "GET", Path: "/v1/devices", Summary: "List devices (the Resource Registration Table).", Response: []api.Device{}, Errors: readErrors}, accessReader, s.hDevices},
@@ -73,6 +71,13 @@ func (s *Server) routeTable() []route {
 		{httpapi.Route{Method: "POST", Path: "/v1/login-links", Summary: "A one-time link that signs a browser in to the dashboard (/ui/) as this token (docs/ui.md).",
 			Response: api.LoginLink{}, Status: http.StatusCreated, Errors: []int{401, 403, 500}}, accessTenant, s.hLoginLink},
 	}
+	if s.cfg.CA != nil {
+		// Only a control plane with a cluster CA issues node certificates.
+		rts = append(rts, route{httpapi.Route{Method: "POST", Path: "/v1/nodes/{id}/certificate",
+			Summary: "Renew a node's certificate from a CSR (the call presents the current certificate over mutual TLS).",
+			Request: api.NodeCertificateRequest{}, Response: api.NodeCertificateResponse{}, Errors: []int{400, 401, 403, 404, 500}}, accessNode, s.hNodeCertificate})
+	}
+	return rts
 }
 
 func (s *Server) routes() http.Handler {
