@@ -3,12 +3,15 @@ package api
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -31,6 +34,41 @@ func IsCode(err error, code string) bool {
 	return errors.As(err, &e) && e.Code == code
 }
 
+// ErrUntrustedServer means the control plane's TLS certificate did not
+// verify against the CAs the client trusts: most often the client was not
+// given the cluster's CA certificate (RIALTO_CACERT, --cacert), or was given
+// another cluster's.
+var ErrUntrustedServer = errors.New("the control plane's certificate is not trusted (is RIALTO_CACERT the cluster's ca-cert.pem?)")
+
+// TLSConfig returns a client TLS configuration that trusts the CA
+// certificates in the PEM file caFile, and only those.
+func TLSConfig(caFile string) (*tls.Config, error) {
+	b, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("rialto api: CA certificate: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("rialto api: CA certificate: no PEM certificate in %s", caFile)
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}, nil
+}
+
+// HTTPClient returns an HTTP client with the given timeout that verifies
+// HTTPS servers against the CA certificates in caFile ("" trusts the
+// system's CAs).
+func HTTPClient(caFile string, timeout time.Duration) (*http.Client, error) {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if caFile != "" {
+		cfg, err := TLSConfig(caFile)
+		if err != nil {
+			return nil, err
+		}
+		tr.TLSClientConfig = cfg
+	}
+	return &http.Client{Timeout: timeout, Transport: tr}, nil
+}
+
 // Client talks to a control plane.
 type Client struct {
 	base  string
@@ -39,8 +77,10 @@ type Client struct {
 }
 
 // NewClient returns a client for the control plane at base (e.g.
-// "http://127.0.0.1:7070") authenticating with token (tenant API token,
-// node credential or bootstrap token, depending on the call). hc may be nil.
+// "https://127.0.0.1:7070") authenticating with token (tenant API token,
+// node credential or bootstrap token, depending on the call). hc may be nil
+// (a 30 s timeout, the system's CAs); HTTPClient makes one that trusts the
+// cluster's CA.
 func NewClient(base, token string, hc *http.Client) *Client {
 	if hc == nil {
 		hc = &http.Client{Timeout: 30 * time.Second}
@@ -81,6 +121,10 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any, hdr
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
+		var cv *tls.CertificateVerificationError
+		if errors.As(err, &cv) {
+			return fmt.Errorf("rialto api: %s %s: %w: %v", method, path, ErrUntrustedServer, cv.Err)
+		}
 		return fmt.Errorf("rialto api: %s %s: %w", method, path, err)
 	}
 	defer resp.Body.Close()
@@ -120,6 +164,15 @@ var bodyBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 func (c *Client) Join(ctx context.Context, r JoinRequest) (JoinResponse, error) {
 	var out JoinResponse
 	err := c.Do(ctx, http.MethodPost, "/v1/join", r, &out)
+	return out, err
+}
+
+// NodeCertificate asks for a new certificate of a node, before its
+// current one expires (c must carry the node credential; a control plane
+// with a cluster CA also wants the current certificate presented over TLS).
+func (c *Client) NodeCertificate(ctx context.Context, nodeID string, r NodeCertificateRequest) (NodeCertificateResponse, error) {
+	var out NodeCertificateResponse
+	err := c.Do(ctx, http.MethodPost, "/v1/nodes/"+url.PathEscape(nodeID)+"/certificate", r, &out)
 	return out, err
 }
 

@@ -282,6 +282,13 @@ type JoinRequest struct {
 	Labels      map[string]string `json:"labels,omitempty"`
 	Fingerprint Fingerprint       `json:"fingerprint"`
 	Devices     []DeviceSpec      `json:"devices"`
+	// CSR is a PEM certificate signing request for the node's TLS key. A
+	// control plane with a cluster CA requires it and answers with the
+	// node's certificate: the agent then serves its API over mutual TLS
+	// and presents the certificate on every call to the control plane.
+	// Its subject is left empty (the control plane names the node) and
+	// it may ask only for the hosts of Address, AgentURL and Endpoints.
+	CSR string `json:"csr,omitempty"`
 }
 
 // JoinResponse carries the node's credential; the agent uses it as its
@@ -294,6 +301,24 @@ type JoinResponse struct {
 	// it calls the agent's lease-execution API.
 	AgentKey          string `json:"agent_key"`
 	ControlPlaneNodes []Node `json:"peers,omitempty"` // peers to probe for links
+	// Certificate is the node's certificate (PEM), signed by the cluster
+	// CA from the join's CSR: common name the node ID, subject
+	// alternative names the node's hosts, valid for a short time (the
+	// agent renews it with POST /v1/nodes/{id}/certificate).
+	// CACertificate is the cluster CA's certificate (PEM).
+	Certificate   string `json:"certificate,omitempty"`
+	CACertificate string `json:"ca_certificate,omitempty"`
+}
+
+// NodeCertificateRequest asks for a new certificate of a node (renewal).
+type NodeCertificateRequest struct {
+	CSR string `json:"csr"`
+}
+
+// NodeCertificateResponse carries a node's new certificate.
+type NodeCertificateResponse struct {
+	Certificate   string `json:"certificate"`
+	CACertificate string `json:"ca_certificate"`
 }
 
 // Heartbeat is an agent's periodic report.

@@ -89,21 +89,23 @@ func newLogger(e *env, level string) (*slog.Logger, error) {
 }
 
 // joinFlags registers the flags an agent or appliance joins the cluster
-// with: the control plane's URL and the bootstrap token.
-func joinFlags(fs *flag.FlagSet, e *env) (controlPlane, bootstrapToken *string) {
+// with: the control plane's URL, the bootstrap token and the CA
+// certificate the control plane's HTTPS certificate verifies against.
+func joinFlags(fs *flag.FlagSet, e *env) (controlPlane, bootstrapToken, caCert *string) {
 	addr := e.getenv("RIALTO_ADDR")
 	if addr == "" {
 		addr = defaultAddr
 	}
 	controlPlane = fs.String("control-plane", addr, "control plane URL (env RIALTO_ADDR)")
 	bootstrapToken = secretString(fs, "bootstrap-token", e.getenv("RIALTO_BOOTSTRAP_TOKEN"), "bootstrap `token` (env RIALTO_BOOTSTRAP_TOKEN)")
-	return controlPlane, bootstrapToken
+	caCert = fs.String("cacert", e.getenv("RIALTO_CACERT"), "the cluster CA's certificate `file` (ca-cert.pem) to verify the control plane against (env RIALTO_CACERT; default: the system's CAs)")
+	return controlPlane, bootstrapToken, caCert
 }
 
 func runAgent(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "agent", "")
 	host, _ := os.Hostname()
-	cp, boot := joinFlags(fs, e)
+	cp, boot, caCert := joinFlags(fs, e)
 	name := fs.String("name", host, "node name, unique in the cluster")
 	stateDir := fs.String("state-dir", "rialto-agent", "identity, exports and relative backing files")
 	listen := fs.String("listen", "127.0.0.1", "host the agent API and data planes bind to (0.0.0.0 needs --advertise)")
@@ -137,6 +139,8 @@ func runAgent(ctx context.Context, e *env, args []string) error {
 	if cfg.Labels, err = parseLabels(labels); err != nil {
 		return err
 	}
+	// With the CA the agent enrolls: a node certificate for mutual TLS.
+	cfg.CAFile = *caCert
 	for i, b := range blocks {
 		d, err := parseBlock(b, i)
 		if err != nil {

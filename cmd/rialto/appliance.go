@@ -33,7 +33,7 @@ func init() {
 func runAppliance(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "appliance", "")
 	host, _ := os.Hostname()
-	cp, boot := joinFlags(fs, e)
+	cp, boot, caCert := joinFlags(fs, e)
 	name := fs.String("name", host+"-appliance", "node name, unique in the cluster")
 	stateDir := fs.String("state-dir", "rialto-appliance", "identity and export state")
 	slots := fs.Int("slots", 4, "accelerator slots (each listens on its own port)")
@@ -88,6 +88,7 @@ func runAppliance(ctx context.Context, e *env, args []string) error {
 	if cfg.Labels, err = parseLabels(labels); err != nil {
 		return err
 	}
+	cfg.CAFile = *caCert
 	if cfg.Labels == nil {
 		cfg.Labels = map[string]string{}
 	}

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -14,11 +13,11 @@ import (
 	"github.com/rialto-project/rialto/api"
 )
 
-const defaultAddr = "http://127.0.0.1:7070"
+const defaultAddr = "https://127.0.0.1:7070"
 
 // clientFlags are the flags every CLI verb shares.
 type clientFlags struct {
-	addr, token, output string
+	addr, token, output, caCert string
 }
 
 func (cf *clientFlags) register(fs *flag.FlagSet, e *env) {
@@ -27,6 +26,7 @@ func (cf *clientFlags) register(fs *flag.FlagSet, e *env) {
 		addr = defaultAddr
 	}
 	fs.StringVar(&cf.addr, "addr", addr, "control plane URL (env RIALTO_ADDR)")
+	fs.StringVar(&cf.caCert, "cacert", e.getenv("RIALTO_CACERT"), "the cluster CA's certificate `file` (ca-cert.pem) to verify the control plane against (env RIALTO_CACERT; default: the system's CAs)")
 	cf.token = e.getenv("RIALTO_TOKEN")
 	fs.Var(secretFlag{&cf.token}, "token", "API `token` (env RIALTO_TOKEN)")
 	fs.StringVar(&cf.output, "o", "table", "output format: table or json")
@@ -40,9 +40,13 @@ func (cf *clientFlags) client() (*api.Client, error) {
 	}
 	addr := cf.addr
 	if !strings.Contains(addr, "://") {
-		addr = "http://" + addr
+		addr = "https://" + addr
 	}
-	return api.NewClient(addr, cf.token, &http.Client{Timeout: 2 * time.Minute}), nil
+	hc, err := api.HTTPClient(cf.caCert, 2*time.Minute)
+	if err != nil {
+		return nil, fmt.Errorf("%w (--cacert, RIALTO_CACERT)", err)
+	}
+	return api.NewClient(addr, cf.token, hc), nil
 }
 
 func (cf *clientFlags) json() bool { return cf.output == "json" }

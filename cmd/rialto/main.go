@@ -151,8 +151,9 @@ func usage(w io.Writer) {
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "CLI verbs talk to --addr (or RIALTO_ADDR) with --token (or RIALTO_TOKEN);")
-	fmt.Fprintln(w, "every verb takes -o json. Run `rialto COMMAND -h` for its flags.")
+	fmt.Fprintln(w, "CLI verbs talk to --addr (or RIALTO_ADDR) with --token (or RIALTO_TOKEN), verifying its")
+	fmt.Fprintln(w, "HTTPS certificate against --cacert (or RIALTO_CACERT); every verb takes -o json.")
+	fmt.Fprintln(w, "Run `rialto COMMAND -h` for its flags.")
 }
 
 // newFlags returns a flag set for a verb that prints its usage to env's

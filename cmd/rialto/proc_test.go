@@ -93,17 +93,22 @@ func TestServerAndAgentProcesses(t *testing.T) {
 	dir := t.TempDir()
 	secrets := []string{"RIALTO_BOOTSTRAP_TOKEN=boot-secret", "RIALTO_ADMIN_TOKEN=admin-secret"}
 	_, url := startProc(t, bin, secrets, "rialto server: serving ",
-		"server", "--listen", "127.0.0.1:0", "--db", filepath.Join(dir, "cp.db"),
+		"server", "--listen", "127.0.0.1:0", "--db", filepath.Join(dir, "cp.db"), "--tls-dir", filepath.Join(dir, "tls"),
 		"--heartbeat", "200ms", "--suspect-after", "2s", "--down-after", "4s", "--log-level", "warn")
+	caFile := filepath.Join(dir, "tls", "ca-cert.pem")
 	startAgent := func(name string) *proc {
-		p, _ := startProc(t, bin, append(secrets, "RIALTO_ADDR="+url), "",
+		p, _ := startProc(t, bin, append(secrets, "RIALTO_ADDR="+url, "RIALTO_CACERT="+caFile), "",
 			"agent", "--name", name, "--state-dir", filepath.Join(dir, name),
 			"--block", "disk0=disk0.img:64MiB", "--log-level", "warn")
 		return p
 	}
 	agents := map[string]*proc{"a1": startAgent("a1"), "a2": startAgent("a2")}
 
-	cl := api.NewClient(url, "admin-secret", nil)
+	hc, err := api.HTTPClient(caFile, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := api.NewClient(url, "admin-secret", hc)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	waitFor := func(what string, within time.Duration, cond func() bool) {

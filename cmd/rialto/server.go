@@ -2,17 +2,21 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/rialto-project/rialto/internal/controlplane"
 	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 func init() {
@@ -63,8 +67,9 @@ type controlPlane struct {
 }
 
 // startControlPlane opens the store, builds the server and serves it on
-// ln. Sweeping starts with startSweeping.
-func startControlPlane(ctx context.Context, ln net.Listener, db string, cfg controlplane.Config) (*controlPlane, error) {
+// ln, over HTTPS when tlsCfg is set (else plain HTTP). Sweeping starts with
+// startSweeping.
+func startControlPlane(ctx context.Context, ln net.Listener, db string, cfg controlplane.Config, tlsCfg *tls.Config) (*controlPlane, error) {
 	st, err := sqlite.Open(ctx, db)
 	if err != nil {
 		return nil, fmt.Errorf("open database %s: %w", db, err)
@@ -78,11 +83,75 @@ func startControlPlane(ctx context.Context, ln net.Listener, db string, cfg cont
 	cp := &controlPlane{
 		URL: "http://" + ln.Addr().String(), srv: srv, st: st, done: make(chan error, 1),
 		hs: &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second,
-			ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug)},
+			ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug), TLSConfig: tlsCfg},
 	}
 	cp.hs.RegisterOnShutdown(srv.CloseStreams) // event streams never go idle
-	go func() { cp.done <- cp.hs.Serve(ln) }()
+	if tlsCfg != nil {
+		cp.URL = "https://" + ln.Addr().String()
+		go func() { cp.done <- cp.hs.ServeTLS(ln, "", "") }()
+	} else {
+		go func() { cp.done <- cp.hs.Serve(ln) }()
+	}
 	return cp, nil
+}
+
+// apiTLS opens the cluster CA in dir, creating it if absent, and returns it
+// with the API's server TLS configuration: a certificate for the hosts
+// clients may reach ln by (see apiHosts), issued from the CA and renewed
+// before it expires.
+func apiTLS(dir, listen string, ln net.Listener, extra []string) (*pki.CA, *tls.Config, error) {
+	ca, err := pki.Open(dir, pki.Options{})
+	if err != nil {
+		return nil, nil, err
+	}
+	// Client certificates are asked for, not required: agents present
+	// their node certificates, people and their tools need none.
+	cfg, err := ca.ServerConfig("rialto control plane", apiHosts(listen, ln.Addr(), extra), tls.VerifyClientCertIfGiven, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	return ca, cfg, nil
+}
+
+// apiHosts are the names the API's certificate carries: the address it
+// listens on (every local address, the host name and localhost when that
+// is a wildcard; localhost too on loopback), the host name given to
+// --listen, and extra.
+func apiHosts(listen string, addr net.Addr, extra []string) []string {
+	var hosts []string
+	if h, _, err := net.SplitHostPort(listen); err == nil && h != "" && net.ParseIP(h) == nil {
+		hosts = append(hosts, h)
+	}
+	if ta, ok := addr.(*net.TCPAddr); ok {
+		switch {
+		case ta.IP.IsUnspecified():
+			if as, err := net.InterfaceAddrs(); err == nil {
+				for _, a := range as {
+					if ipn, ok := a.(*net.IPNet); ok {
+						hosts = append(hosts, ipn.IP.String())
+					}
+				}
+			}
+			if hn, err := os.Hostname(); err == nil && hn != "" {
+				hosts = append(hosts, hn)
+			}
+			hosts = append(hosts, "localhost")
+		case ta.IP.IsLoopback():
+			hosts = append(hosts, ta.IP.String(), "localhost")
+		default:
+			hosts = append(hosts, ta.IP.String())
+		}
+	}
+	hosts = append(hosts, extra...)
+	seen := map[string]bool{}
+	out := hosts[:0]
+	for _, h := range hosts {
+		if !seen[h] {
+			seen[h] = true
+			out = append(out, h)
+		}
+	}
+	return out
 }
 
 // startSweeping runs the background duties (liveness, expiry).
@@ -117,6 +186,10 @@ func runServer(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "server", "")
 	listen := fs.String("listen", "127.0.0.1:7070", "address to serve the API on")
 	db := fs.String("db", "rialto.db", "SQLite database file (env RIALTO_DB)")
+	tlsDir := fs.String("tls-dir", "", "the cluster CA's `directory` (created if absent: ca-cert.pem, ca-key.pem, ca-crl.pem); the API is served over HTTPS with a certificate from it (env RIALTO_TLS_DIR; default: rialto-tls beside --db)")
+	var tlsHosts listFlag
+	fs.Var(&tlsHosts, "tls-host", "a further host name or address clients reach the API by, put in its certificate (repeatable)")
+	insecureHTTP := fs.Bool("insecure-http", false, "serve the API over plain HTTP, without TLS: API tokens and lease credentials then cross the network in clear (a trusted network or a test only)")
 	boot := secretString(fs, "bootstrap-token", e.getenv("RIALTO_BOOTSTRAP_TOKEN"), "`token` agents join with (env RIALTO_BOOTSTRAP_TOKEN)")
 	admin := secretString(fs, "admin-token", e.getenv("RIALTO_ADMIN_TOKEN"), "API `token` of the admin tenant (env RIALTO_ADMIN_TOKEN)")
 	var specs listFlag
@@ -131,6 +204,15 @@ func runServer(ctx context.Context, e *env, args []string) error {
 	}
 	if v := e.getenv("RIALTO_DB"); v != "" && !flagSet(fs, "db") {
 		*db = v
+	}
+	if v := e.getenv("RIALTO_TLS_DIR"); v != "" && *tlsDir == "" {
+		*tlsDir = v
+	}
+	if *insecureHTTP && (*tlsDir != "" || len(tlsHosts) > 0) {
+		return fmt.Errorf("--insecure-http serves no TLS: it does not go with --tls-dir, RIALTO_TLS_DIR or --tls-host")
+	}
+	if *tlsDir == "" {
+		*tlsDir = filepath.Join(filepath.Dir(*db), "rialto-tls")
 	}
 	if v := e.getenv("RIALTO_TOKENS"); v != "" {
 		specs = append(specs, v)
@@ -160,11 +242,21 @@ func runServer(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	var (
+		ca     *pki.CA
+		tlsCfg *tls.Config
+	)
+	if !*insecureHTTP {
+		if ca, tlsCfg, err = apiTLS(*tlsDir, *listen, ln, tlsHosts); err != nil {
+			ln.Close()
+			return err
+		}
+	}
 	cp, err := startControlPlane(ctx, ln, *db, controlplane.Config{
 		Logger: log, BootstrapToken: *boot, Tokens: tokens,
 		HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down,
-		PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas,
-	})
+		PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas, CA: ca,
+	}, tlsCfg)
 	if err != nil {
 		ln.Close()
 		return err
@@ -172,6 +264,12 @@ func runServer(ctx context.Context, e *env, args []string) error {
 	cp.startSweeping(ctx)
 	log.Info("control plane serving", "url", cp.URL, "db", *db)
 	fmt.Fprintf(e.stdout, "rialto server: serving %s\n", cp.URL)
+	if ca != nil {
+		caFile, _ := filepath.Abs(ca.CertFile())
+		fmt.Fprintf(e.stdout, "rialto server: CA certificate %s (give it to clients: RIALTO_CACERT, --cacert)\n", caFile)
+	} else {
+		fmt.Fprintln(e.stderr, "rialto server: --insecure-http: the API is served without TLS; tokens cross the network in clear")
+	}
 	select {
 	case <-ctx.Done():
 	case err := <-cp.done:

@@ -34,14 +34,14 @@ type slurmFlags struct {
 
 func (sf *slurmFlags) register(fs *flag.FlagSet, client bool) {
 	if client {
-		fs.StringVar(&sf.envFile, "env-file", defaultSlurmEnvFile, "file with RIALTO_ADDR= and RIALTO_TOKEN= lines (the `rialto up` env file format; keep it root's only)")
+		fs.StringVar(&sf.envFile, "env-file", defaultSlurmEnvFile, "file with RIALTO_ADDR=, RIALTO_CACERT= and RIALTO_TOKEN= lines (the `rialto up` env file format; keep it root's only)")
 		fs.DurationVar(&sf.timeout, "timeout", time.Minute, "give up on the control plane after this long")
 	}
 	fs.StringVar(&sf.stateDir, "state-dir", defaultSlurmStateDir, "where the prolog leaves each job's lease environment for the task prolog")
 }
 
-// slurmClient builds a client from the env file; RIALTO_ADDR and
-// RIALTO_TOKEN in the environment win (Slurm runs prologs with a bare
+// slurmClient builds a client from the env file; RIALTO_ADDR, RIALTO_CACERT
+// and RIALTO_TOKEN in the environment win (Slurm runs prologs with a bare
 // environment, so the file is the usual way).
 func (sf *slurmFlags) slurmClient(e *env) (*api.Client, error) {
 	vals := map[string]string{}
@@ -57,7 +57,7 @@ func (sf *slurmFlags) slurmClient(e *env) (*api.Client, error) {
 	} else if !errors.Is(err, fs.ErrNotExist) || sf.envFile != defaultSlurmEnvFile {
 		return nil, fmt.Errorf("env file: %w", err)
 	}
-	for _, k := range []string{"RIALTO_ADDR", "RIALTO_TOKEN"} {
+	for _, k := range []string{"RIALTO_ADDR", "RIALTO_CACERT", "RIALTO_TOKEN"} {
 		if v := e.getenv(k); v != "" {
 			vals[k] = v
 		}
@@ -65,7 +65,7 @@ func (sf *slurmFlags) slurmClient(e *env) (*api.Client, error) {
 	if vals["RIALTO_ADDR"] == "" || vals["RIALTO_TOKEN"] == "" {
 		return nil, fmt.Errorf("no RIALTO_ADDR and RIALTO_TOKEN (in %s or the environment)", sf.envFile)
 	}
-	cf := clientFlags{addr: vals["RIALTO_ADDR"], token: vals["RIALTO_TOKEN"], output: "table"}
+	cf := clientFlags{addr: vals["RIALTO_ADDR"], caCert: vals["RIALTO_CACERT"], token: vals["RIALTO_TOKEN"], output: "table"}
 	return cf.client()
 }
 

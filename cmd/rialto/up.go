@@ -150,12 +150,24 @@ func runUp(ctx context.Context, e *env, args []string) error {
 		ln.Close()
 		return err
 	}
+	// The cluster CA lives in the state dir; the API is served over HTTPS
+	// with a certificate from it.
+	ca, tlsCfg, err := apiTLS(upTLSDir(*dir), ln.Addr().String(), ln, nil)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	caFile, err := filepath.Abs(ca.CertFile())
+	if err != nil {
+		ln.Close()
+		return err
+	}
 	cp, err := startControlPlane(ctx, ln, filepath.Join(*dir, "rialto.db"), controlplane.Config{
 		Logger: log.With("component", "controlplane"), BootstrapToken: st.BootstrapToken,
 		Tokens:            []controlplane.Token{{Token: st.AdminToken, Tenant: "admin", Admin: true}},
 		HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down,
-		PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas,
-	})
+		PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas, CA: ca,
+	}, tlsCfg)
 	if err != nil {
 		ln.Close()
 		return err
@@ -171,7 +183,7 @@ func runUp(ctx context.Context, e *env, args []string) error {
 		cfg := agent.Config{
 			ControlPlane: cp.URL, BootstrapToken: st.BootstrapToken, Name: name,
 			StateDir: filepath.Join(*dir, name), Logger: log.With("component", "agent", "node", name),
-			Labels: map[string]string{"cluster": "local"},
+			Labels: map[string]string{"cluster": "local"}, CAFile: caFile,
 		}
 		for d := range *disks {
 			cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: fmt.Sprintf("disk%d", d), Kind: api.KindBlock,
@@ -222,7 +234,7 @@ func runUp(ctx context.Context, e *env, args []string) error {
 	cp.startSweeping(ctx)
 
 	where := fmt.Sprintf("a control plane and %d agents on loopback", *agents)
-	if err := printUp(ctx, e, cp.URL, st, *dir, where, nil); err != nil {
+	if err := printUp(ctx, e, cp.URL, caFile, st, *dir, where, nil); err != nil {
 		shutdown()
 		return err
 	}
@@ -264,12 +276,20 @@ func listenUp(port, remembered int) (net.Listener, error) {
 	return net.Listen("tcp", "127.0.0.1:0")
 }
 
+// upTLSDir is where `rialto up` keeps the cluster CA.
+func upTLSDir(stateDir string) string { return filepath.Join(stateDir, "tls") }
+
 // printUp prints the banner: what runs (where), the API, the nodes and
 // devices, and how to talk to the cluster; extra, if set, adds a section
-// after the devices. It writes the env file.
-func printUp(ctx context.Context, e *env, url string, st upState, dir, where string, extra func(io.Writer)) error {
+// after the devices. It writes the env file. caFile is the cluster's CA
+// certificate (absolute), which clients verify the API against.
+func printUp(ctx context.Context, e *env, url, caFile string, st upState, dir, where string, extra func(io.Writer)) error {
 	token := st.AdminToken
-	c := api.NewClient(url, token, nil)
+	hc, err := api.HTTPClient(caFile, 30*time.Second)
+	if err != nil {
+		return err
+	}
+	c := api.NewClient(url, token, hc)
 	nodes, err := c.Nodes(ctx)
 	if err != nil {
 		return err
@@ -282,6 +302,7 @@ func printUp(ctx context.Context, e *env, url string, st upState, dir, where str
 	abs, _ := filepath.Abs(dir)
 	fmt.Fprintf(w, "Rialto is up: %s.\n\n", where)
 	fmt.Fprintf(w, "API:        %s\n", url)
+	fmt.Fprintf(w, "CA:         %s\n", caFile)
 	if link, err := c.LoginLink(ctx); err == nil {
 		fmt.Fprintf(w, "Dashboard:  %s%s\n            (a one-time sign-in link, until %s; `rialto ui` prints a new one)\n",
 			url, link.Path, link.ExpiresAt.Local().Format(time.Kitchen))
@@ -302,12 +323,14 @@ func printUp(ctx context.Context, e *env, url string, st upState, dir, where str
 	fmt.Fprintln(w, "To talk to this cluster, run in your shell:")
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "export RIALTO_ADDR=%s\n", url)
+	fmt.Fprintf(w, "export RIALTO_CACERT=%s\n", caFile)
 	fmt.Fprintf(w, "export RIALTO_TOKEN=%s\n", token)
 	fmt.Fprintln(w)
 	envFile := filepath.Join(dir, "env")
 	// The env file also carries the bootstrap token, so that agent
 	// processes can join this cluster (`rialto agent` reads it).
-	envText := fmt.Sprintf("export RIALTO_ADDR=%s\nexport RIALTO_TOKEN=%s\nexport RIALTO_BOOTSTRAP_TOKEN=%s\n", url, token, st.BootstrapToken)
+	envText := fmt.Sprintf("export RIALTO_ADDR=%s\nexport RIALTO_CACERT=%s\nexport RIALTO_TOKEN=%s\nexport RIALTO_BOOTSTRAP_TOKEN=%s\n",
+		url, caFile, token, st.BootstrapToken)
 	if err := os.WriteFile(envFile, []byte(envText), 0o600); err == nil {
 		fmt.Fprintf(w, "(also in %s: `. %s` in another shell)\n", envFile, envFile)
 	}

@@ -88,7 +88,11 @@ func runUpNetns(ctx context.Context, e *env, o upNetns) error {
 	if o.linkRate != "" {
 		where += ", links shaped to " + o.linkRate
 	}
-	if err := printUp(ctx, e, r.URL(), st, o.dir, where, func(w io.Writer) { printRack(w, r) }); err != nil {
+	caFile, err := filepath.Abs(r.CACert())
+	if err != nil {
+		return errors.Join(err, r.Close())
+	}
+	if err := printUp(ctx, e, r.URL(), caFile, st, o.dir, where, func(w io.Writer) { printRack(w, r) }); err != nil {
 		return errors.Join(err, r.Close())
 	}
 	for {

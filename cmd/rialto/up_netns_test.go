@@ -173,7 +173,7 @@ func TestUpNetns(t *testing.T) {
 		env, err := os.ReadFile(filepath.Join(dir, "env"))
 		return err == nil && strings.Contains(string(env), "export RIALTO_ADDR="+up.addr+"\n")
 	})
-	api0, err := netip.ParseAddrPort(strings.TrimPrefix(up.addr, "http://"))
+	api0, err := netip.ParseAddrPort(strings.TrimPrefix(up.addr, "https://"))
 	if err != nil {
 		t.Fatal(err)
 	}

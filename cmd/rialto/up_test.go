@@ -61,11 +61,11 @@ func buildBinary(t *testing.T) string {
 
 // upProc is a running `rialto up`.
 type upProc struct {
-	cmd         *exec.Cmd
-	addr, token string
-	mu          sync.Mutex
-	out         strings.Builder
-	done        chan error
+	cmd                 *exec.Cmd
+	addr, token, cacert string
+	mu                  sync.Mutex
+	out                 strings.Builder
+	done                chan error
 }
 
 func startUp(t *testing.T, bin, dir string, extra ...string) *upProc {
@@ -90,6 +90,9 @@ func startUp(t *testing.T, bin, dir string, extra ...string) *upProc {
 			p.out.WriteString(line + "\n")
 			if v, ok := strings.CutPrefix(line, "export RIALTO_ADDR="); ok {
 				p.addr = v
+			}
+			if v, ok := strings.CutPrefix(line, "export RIALTO_CACERT="); ok {
+				p.cacert = v
 			}
 			if v, ok := strings.CutPrefix(line, "export RIALTO_TOKEN="); ok {
 				p.token = v
@@ -137,11 +140,16 @@ func (p *upProc) stop(t *testing.T) {
 	}
 }
 
+// env is what a CLI process needs to talk to the cluster.
+func (p *upProc) env() []string {
+	return []string{"RIALTO_ADDR=" + p.addr, "RIALTO_CACERT=" + p.cacert, "RIALTO_TOKEN=" + p.token}
+}
+
 // cli runs a verb of the binary against the cluster and decodes -o json.
 func (p *upProc) cli(t *testing.T, bin string, out any, args ...string) {
 	t.Helper()
 	cmd := exec.Command(bin, append(args, "-o", "json")...)
-	cmd.Env = append(os.Environ(), "RIALTO_ADDR="+p.addr, "RIALTO_TOKEN="+p.token)
+	cmd.Env = append(os.Environ(), p.env()...)
 	b, err := cmd.Output()
 	if err != nil {
 		var stderr string
@@ -164,9 +172,25 @@ func TestUpREADMEFlow(t *testing.T) {
 	bin := buildBinary(t)
 	dir := filepath.Join(t.TempDir(), "state")
 	up := startUp(t, bin, dir)
-	for _, want := range []string{"API:", "node1", "disk0", "export RIALTO_ADDR=http://127.0.0.1:"} {
+	caFile := filepath.Join(dir, "tls", "ca-cert.pem")
+	for _, want := range []string{"API:", "node1", "disk0", "export RIALTO_ADDR=https://127.0.0.1:", "export RIALTO_CACERT=" + caFile + "\n"} {
 		if !strings.Contains(up.output(), want) {
 			t.Errorf("banner lacks %q:\n%s", want, up.output())
+		}
+	}
+	// The env file (written after the banner) points at the CA, and the
+	// API verifies against it with curl.
+	poll(t, "the env file", 10*time.Second, func() bool {
+		env, err := os.ReadFile(filepath.Join(dir, "env"))
+		return err == nil && strings.Contains(string(env), "export RIALTO_CACERT="+caFile+"\n")
+	})
+	if st, err := os.Stat(filepath.Join(dir, "tls", "ca-key.pem")); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("ca-key.pem: %v %v", st, err)
+	}
+	if _, err := exec.LookPath("curl"); err == nil {
+		out, err := exec.Command("curl", "-sS", "--fail", "--cacert", up.cacert, "-H", "Authorization: Bearer "+up.token, up.addr+"/v1/nodes").CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "node1") {
+			t.Fatalf("curl --cacert %s: %v\n%s", up.addr, err, out)
 		}
 	}
 
@@ -184,6 +208,13 @@ func TestUpREADMEFlow(t *testing.T) {
 	for _, n := range nodes {
 		if n.State != api.NodeReady {
 			t.Errorf("node %s is %s", n.Name, n.State)
+		}
+		// Enrolled: the agents serve their API over mutual TLS.
+		if !strings.HasPrefix(n.AgentURL, "https://") {
+			t.Errorf("node %s agent URL %s", n.Name, n.AgentURL)
+		}
+		if _, err := os.Stat(filepath.Join(dir, n.Name, "node-cert.pem")); err != nil {
+			t.Errorf("node %s: %v", n.Name, err)
 		}
 	}
 	var l api.Lease
@@ -263,7 +294,7 @@ func TestUpQuota(t *testing.T) {
 	var l api.Lease
 	up.cli(t, bin, &l, "lease", "create", "--kind", "block", "--size", "16MiB")
 	cmd := exec.Command(bin, "lease", "create", "--kind", "block", "--size", "16MiB")
-	cmd.Env = append(os.Environ(), "RIALTO_ADDR="+up.addr, "RIALTO_TOKEN="+up.token)
+	cmd.Env = append(os.Environ(), up.env()...)
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), api.CodeQuota) {
 		t.Fatalf("second lease under leases=1: %v\n%s", err, out)

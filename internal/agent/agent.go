@@ -30,6 +30,7 @@ type Agent struct {
 	log     *slog.Logger
 	clock   Clock
 	hc      *http.Client
+	tls     *nodeTLS // nil without Config.CAFile; set by Run before anything runs
 	drivers map[api.Kind]Driver
 	reg     *metrics.Registry
 
@@ -255,6 +256,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.loadIdentity(); err != nil {
 		return err
 	}
+	if err := a.setupTLS(); err != nil {
+		return err
+	}
+	if a.tls != nil {
+		a.hc = a.tls.httpClient(a.hc.Timeout)
+	}
 	// Hold the ports the last run served at while devices open (fresh
 	// accelerator slot ports could take one); each is released right
 	// before its owner binds it again, the rest after the restore.
@@ -294,7 +301,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.mu.Lock()
 	a.host = host
 	a.id.APIPort = apiPort
-	a.agentURL = "http://" + net.JoinHostPort(host, strconv.Itoa(apiPort))
+	scheme := "http"
+	if a.tls != nil {
+		scheme = "https"
+	}
+	a.agentURL = scheme + "://" + net.JoinHostPort(host, strconv.Itoa(apiPort))
 	a.endpoints = map[api.Kind]string{}
 	if a.id.DataPorts == nil {
 		a.id.DataPorts = map[api.Kind]int{}
@@ -310,7 +321,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		if err := srv.Serve(apiLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		var err error
+		if a.tls != nil {
+			srv.TLSConfig = a.tls.serverTLS()
+			err = srv.ServeTLS(apiLn, "", "")
+		} else {
+			err = srv.Serve(apiLn)
+		}
+		if err != nil && !errors.Is(err, http.ErrServerClosed) {
 			a.log.Error("agent API stopped", "err", err)
 		}
 	}()
@@ -513,7 +531,25 @@ func (a *Agent) join(ctx context.Context) error {
 	cl := api.NewClient(a.cfg.ControlPlane, a.cfg.BootstrapToken, a.hc)
 	backoff := 100 * time.Millisecond
 	for {
-		resp, err := cl.Join(ctx, a.joinRequest())
+		req := a.joinRequest()
+		if a.tls != nil {
+			csr, err := a.csr(req.Address)
+			if err != nil {
+				return err
+			}
+			req.CSR = csr
+		}
+		resp, err := cl.Join(ctx, req)
+		if err == nil && a.tls != nil {
+			// In memory first: the control plane may call as soon as it
+			// has answered; the file is written below.
+			if resp.Certificate == "" {
+				return fmt.Errorf("agent: the control plane issued no node certificate (it runs without a cluster CA, and this agent was given one)")
+			}
+			if err := a.useCert(resp.Certificate); err != nil {
+				return err
+			}
+		}
 		if err == nil {
 			a.mu.Lock()
 			a.id.NodeID = resp.NodeID
@@ -525,6 +561,11 @@ func (a *Agent) join(ctx context.Context) error {
 			a.peers = a.otherPeers(resp.ControlPlaneNodes, resp.NodeID)
 			a.mu.Unlock()
 			a.log.Info("joined", "node", resp.NodeID, "credential", resource.Fingerprint(resp.Credential))
+			if a.tls != nil {
+				if err := a.saveCert(resp.Certificate); err != nil {
+					return err
+				}
+			}
 			return a.saveIdentity()
 		}
 		var ae *api.Error
@@ -659,6 +700,9 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	}
 	a.reconcile(ctx, resp.Leases, resp.Now, sent)
 	a.enforceExpiry(ctx, true)
+	if err := a.renewCert(ctx, nodeID, cred); err != nil && ctx.Err() == nil {
+		a.log.Warn("node certificate not renewed; retrying with the next heartbeat", "err", err)
+	}
 	return nil
 }
 

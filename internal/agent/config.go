@@ -77,8 +77,17 @@ type Config struct {
 	// HeartbeatInterval overrides the interval the control plane asks for.
 	HeartbeatInterval time.Duration
 	// HTTPClient is used to reach the control plane and peers (default: a
-	// client with a 10 s timeout).
+	// client with a 10 s timeout). With CAFile the agent builds its own
+	// (keeping HTTPClient's timeout).
 	HTTPClient *http.Client
+	// CAFile is the cluster CA's certificate (PEM). With it the agent
+	// verifies the control plane and its peers against the CA, sends a CSR
+	// when it joins and keeps the node certificate it gets (node-key.pem,
+	// 0600, and node-cert.pem in StateDir), presents it on every call,
+	// renews it when a third of its lifetime is left, and serves its API
+	// over HTTPS, taking lease-execution calls only from the control
+	// plane's certificate.
+	CAFile string
 	// SysRoot is prefixed to /proc, /sys and /etc paths while
 	// fingerprinting (tests point it at a fake tree).
 	SysRoot string

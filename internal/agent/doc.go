@@ -33,6 +33,16 @@
 // served at a new address with a warning, and the heartbeats report it
 // ([Export].Moved) until the control plane has recorded it.
 //
+// TLS ([Config.CAFile]): the agent trusts the cluster CA, joins with a CSR
+// for its key (node-key.pem, 0600) and keeps the node certificate the
+// control plane signs (node-cert.pem: common name the node ID, the node's
+// host as subject alternative name, short-lived), renews it when a third
+// of its lifetime is left, and presents it on every call to the control
+// plane and its peers. Its API is then HTTPS: lease-execution calls need
+// the control plane's certificate (pki.ControlPlaneCN) besides the agent
+// key. A certificate the control plane no longer accepts (expired,
+// revoked) answers 401, and the agent joins again.
+//
 // Zero values: a zero Config is not usable (ControlPlane, BootstrapToken,
 // Name and StateDir are required); use [New]. [Faults] is ready at its zero
 // value (no faults).

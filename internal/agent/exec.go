@@ -350,6 +350,8 @@ func (a *Agent) confirmHeld(ctx context.Context, e Export) {
 // Handler is the agent's HTTP API: POST /agent/v1/prepare and
 // /agent/v1/teardown (bearer agent key), GET /agent/v1/status (bearer
 // agent key), GET /agent/v1/ping (open, for RTT probes) and GET /metrics.
+// An enrolled agent (Config.CAFile) serves it over TLS and takes the
+// bearer-key routes only from the control plane's certificate.
 func (a *Agent) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /agent/v1/ping", func(w http.ResponseWriter, r *http.Request) {
@@ -367,6 +369,10 @@ func (a *Agent) Handler() http.Handler {
 
 func (a *Agent) auth(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		if err := a.requireCP(r); err != nil {
+			writeError(w, http.StatusForbidden, api.CodeForbidden, err.Error())
+			return
+		}
 		a.mu.Lock()
 		key := a.id.AgentKey
 		a.mu.Unlock()

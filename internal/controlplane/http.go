@@ -35,7 +35,7 @@ var (
 )
 
 func (s *Server) routeTable() []route {
-	return []route{
+	rts := []route{
 		{httpapi.Route{Method: "POST", Path: "/v1/join", Summary: "Register an agent's node and devices; returns the node credential.",
 			Request: api.JoinRequest{}, Response: api.JoinResponse{}, Errors: []int{400, 401, 403, 500}}, accessBootstrap, s.hJoin},
 		{httpapi.Route{Method: "POST", Path: "/v1/nodes/{id}/heartbeat", Summary: "Report an agent's health, links and served leases; answers what to tear down.",
@@ -71,6 +71,13 @@ func (s *Server) routeTable() []route {
 		{httpapi.Route{Method: "POST", Path: "/v1/login-links", Summary: "A one-time link that signs a browser in to the dashboard (/ui/) as this token (docs/ui.md).",
 			Response: api.LoginLink{}, Status: http.StatusCreated, Errors: []int{401, 403, 500}}, accessTenant, s.hLoginLink},
 	}
+	if s.cfg.CA != nil {
+		// Only a control plane with a cluster CA issues node certificates.
+		rts = append(rts, route{httpapi.Route{Method: "POST", Path: "/v1/nodes/{id}/certificate",
+			Summary: "Renew a node's certificate from a CSR (the call presents the current certificate over mutual TLS).",
+			Request: api.NodeCertificateRequest{}, Response: api.NodeCertificateResponse{}, Errors: []int{400, 401, 403, 404, 500}}, accessNode, s.hNodeCertificate})
+	}
+	return rts
 }
 
 func (s *Server) routes() http.Handler {
@@ -215,6 +222,9 @@ func (s *Server) hHeartbeat(ctx context.Context, p principal, r *http.Request, w
 	id := r.PathValue("id")
 	if id != p.nodeID {
 		return 0, nil, fmt.Errorf("%w: this node credential belongs to node %s, not %s", ErrForbidden, p.nodeID, id)
+	}
+	if err := s.checkNodeTLS(r, id); err != nil {
+		return 0, nil, err
 	}
 	var h api.Heartbeat
 	if err := decode(w, r, true, &h); err != nil {

@@ -25,22 +25,51 @@ import (
 // at node.AgentURL with the node's agent key as bearer token.
 type HTTPLender struct {
 	hc *http.Client
+	// client, if set, picks the client for a node (TLSLender's, which
+	// checks the agent's identity); else hc serves every node.
+	client  func(api.Node) (*http.Client, error)
+	clients clientCache
+}
+
+// newLenderTransport is a transport with pooled keep-alive connections;
+// deadlines come from the caller's context.
+func newLenderTransport() *http.Transport {
+	return &http.Transport{
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        1024,
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+	}
 }
 
 // NewHTTPLender returns a Lender using hc (nil: a client with pooled
 // keep-alive connections; deadlines come from the caller's context).
 func NewHTTPLender(hc *http.Client) *HTTPLender {
 	if hc == nil {
-		tr := &http.Transport{
-			Proxy:               nil,
-			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-			MaxIdleConns:        1024,
-			MaxIdleConnsPerHost: 64,
-			IdleConnTimeout:     90 * time.Second,
-		}
-		hc = &http.Client{Transport: tr}
+		hc = &http.Client{Transport: newLenderTransport()}
 	}
 	return &HTTPLender{hc: hc}
+}
+
+// clientCache keeps one HTTP client per node.
+type clientCache struct {
+	mu sync.Mutex
+	m  map[string]*http.Client
+}
+
+func (c *clientCache) get(key string, mk func() *http.Client) *http.Client {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if hc, ok := c.m[key]; ok {
+		return hc
+	}
+	if c.m == nil {
+		c.m = map[string]*http.Client{}
+	}
+	hc := mk()
+	c.m[key] = hc
+	return hc
 }
 
 // lenderBufs holds the buffers lender answers are read into.
@@ -77,7 +106,13 @@ func (h *HTTPLender) post(ctx context.Context, node api.Node, agentKey, path str
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+agentKey)
-	resp, err := h.hc.Do(req)
+	hc := h.hc
+	if h.client != nil {
+		if hc, err = h.client(node); err != nil {
+			return err
+		}
+	}
+	resp, err := hc.Do(req)
 	if err != nil {
 		return fmt.Errorf("controlplane: agent %s %s: %w", node.ID, path, err)
 	}

@@ -155,6 +155,9 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 	if err := validateJoin(r); err != nil {
 		return api.JoinResponse{}, err
 	}
+	if err := s.checkJoinCSR(r); err != nil {
+		return api.JoinResponse{}, err
+	}
 	now := s.now()
 	cred := resource.NewSecret("rnc")
 	key := resource.NewSecret("rak")
@@ -172,10 +175,18 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 	s.log.Info("node joined", "node", n.ID, "name", n.Name, "rejoined", rejoined, "devices", len(r.Devices), "credential", resource.Fingerprint(cred))
 	s.peers.add(n)
 	s.invalidate()
-	return api.JoinResponse{
+	out := api.JoinResponse{
 		NodeID: n.ID, Credential: cred, AgentKey: key, HeartbeatSeconds: s.cfg.HeartbeatInterval.Seconds(),
 		ControlPlaneNodes: s.peers.peersOf(n.ID),
-	}, nil
+	}
+	if s.cfg.CA != nil {
+		c, err := s.signNodeCSR(n, r.CSR)
+		if err != nil {
+			return api.JoinResponse{}, err
+		}
+		out.Certificate, out.CACertificate = c.Certificate, c.CACertificate
+	}
+	return out, nil
 }
 
 // heartbeat records an agent's report and answers what to tear down: each

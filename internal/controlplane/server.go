@@ -13,6 +13,7 @@ import (
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 	"github.com/rialto-project/rialto/internal/controlplane/ui"
 	"github.com/rialto-project/rialto/internal/metrics"
+	"github.com/rialto-project/rialto/internal/pki"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -44,7 +45,16 @@ type Config struct {
 	Store  store.Store
 	Logger *slog.Logger // nil: discard
 	Clock  Clock        // nil: the real clock
-	Lender Lender       // nil: HTTP to the agents
+	Lender Lender       // nil: HTTP to the agents (TLSLender with a CA)
+
+	// CA, if set, is the cluster CA: joining agents must send a CSR and
+	// get a node certificate (NodeCertLifetime, default 24h), their own
+	// calls (heartbeats, renewals) must present it over mutual TLS, and
+	// the default Lender calls them over mutual TLS (TLSLender). The HTTP
+	// server must then ask clients for certificates
+	// (tls.VerifyClientCertIfGiven with the CA's pool).
+	CA               *pki.CA
+	NodeCertLifetime time.Duration
 
 	BootstrapToken string  // lets agents join; empty: joining is impossible
 	Tokens         []Token // tenant API tokens, stored hashed
@@ -120,6 +130,13 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.MaxTTL < cfg.DefaultTTL {
 		cfg.MaxTTL = cfg.DefaultTTL
+	}
+	if cfg.Lender == nil && cfg.CA != nil {
+		l, err := NewTLSLender(cfg.CA)
+		if err != nil {
+			return nil, fmt.Errorf("controlplane: %w", err)
+		}
+		cfg.Lender = l
 	}
 	if cfg.Lender == nil {
 		cfg.Lender = NewHTTPLender(nil)

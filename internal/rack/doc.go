@@ -33,6 +33,10 @@
 // in-process `rialto up`, so both share a state dir's layout. Each process's
 // stdout and stderr are appended to StateDir/logs/NAME.log.
 //
+// The control plane serves its API over HTTPS with a certificate from the
+// cluster CA in StateDir/tls (created at the first Start; CACert names its
+// certificate), which the agents and the Rack's client verify against.
+//
 // Secrets (the bootstrap and admin tokens) reach the processes through their
 // environment, never their command line. Every process is a child the Rack
 // owns, in its own process group (a terminal's Ctrl-C reaches only the

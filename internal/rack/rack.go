@@ -19,6 +19,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/netns"
+	"github.com/rialto-project/rialto/internal/pki"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -139,6 +140,8 @@ type Rack struct {
 	boot   string
 	admin  string
 	url    string
+	caFile string // the cluster CA's certificate (StateDir/tls/ca-cert.pem)
+	hc     *http.Client
 	cp     Node
 	agents []Node
 	client *api.Client
@@ -334,8 +337,19 @@ func Start(ctx context.Context, cfg Config) (_ *Rack, err error) {
 		n.Log = filepath.Join(dir, "logs", n.Name+".log")
 		r.agents = append(r.agents, n)
 	}
-	r.url = "http://" + net.JoinHostPort(r.cp.Addr.String(), strconv.Itoa(cfg.APIPort))
-	r.client = api.NewClient(r.url, r.admin, nil)
+	// The cluster CA, in the state dir's tls/ as for the in-process
+	// `rialto up`: the control plane serves HTTPS with a certificate from
+	// it, and the agents and the Rack's client verify against it.
+	ca, err := pki.Open(filepath.Join(dir, "tls"), pki.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("rack: %w", err)
+	}
+	r.caFile = ca.CertFile()
+	if r.hc, err = api.HTTPClient(r.caFile, 30*time.Second); err != nil {
+		return nil, fmt.Errorf("rack: %w", err)
+	}
+	r.url = "https://" + net.JoinHostPort(r.cp.Addr.String(), strconv.Itoa(cfg.APIPort))
+	r.client = api.NewClient(r.url, r.admin, r.hc)
 
 	if err := r.StartControlPlane(ctx); err != nil {
 		return nil, err
@@ -352,8 +366,12 @@ func Start(ctx context.Context, cfg Config) (_ *Rack, err error) {
 	return r, nil
 }
 
-// URL is the control plane's API address ("http://10.213.x.2:7070").
+// URL is the control plane's API address ("https://10.213.x.2:7070").
 func (r *Rack) URL() string { return r.url }
+
+// CACert is the cluster CA's certificate file, which the API's certificate
+// verifies against (RIALTO_CACERT).
+func (r *Rack) CACert() string { return r.caFile }
 
 // AdminToken is the API token of the admin tenant.
 func (r *Rack) AdminToken() string { return r.admin }
@@ -364,10 +382,10 @@ func (r *Rack) BootstrapToken() string { return r.boot }
 // Client is an API client with the admin token.
 func (r *Rack) Client() *api.Client { return r.client }
 
-// Env is RIALTO_ADDR and RIALTO_TOKEN (the admin token) for a CLI process:
-// cmd.Env = append(os.Environ(), r.Env()...).
+// Env is RIALTO_ADDR, RIALTO_CACERT and RIALTO_TOKEN (the admin token) for
+// a CLI process: cmd.Env = append(os.Environ(), r.Env()...).
 func (r *Rack) Env() []string {
-	return []string{"RIALTO_ADDR=" + r.url, "RIALTO_TOKEN=" + r.admin}
+	return []string{"RIALTO_ADDR=" + r.url, "RIALTO_CACERT=" + r.caFile, "RIALTO_TOKEN=" + r.admin}
 }
 
 // StateDir is the rack's state dir (absolute).
@@ -441,7 +459,7 @@ func (r *Rack) env(extra []string) []string {
 func (r *Rack) serverArgs() []string {
 	c := r.cfg
 	args := []string{"server", "--listen", net.JoinHostPort(r.cp.Addr.String(), strconv.Itoa(c.APIPort)),
-		"--db", filepath.Join(r.dir, "rialto.db"), "--log-level", c.LogLevel}
+		"--db", filepath.Join(r.dir, "rialto.db"), "--tls-dir", filepath.Dir(r.caFile), "--log-level", c.LogLevel}
 	for _, d := range []struct {
 		flag string
 		v    time.Duration
@@ -456,7 +474,7 @@ func (r *Rack) serverArgs() []string {
 
 func (r *Rack) agentArgs(n Node) []string {
 	c := r.cfg
-	args := []string{"agent", "--control-plane", r.url, "--name", n.Name, "--state-dir", n.StateDir,
+	args := []string{"agent", "--control-plane", r.url, "--cacert", r.caFile, "--name", n.Name, "--state-dir", n.StateDir,
 		"--listen", n.Addr.String(), "--label", "rack=emulated", "--log-level", c.LogLevel}
 	for d := range c.Disks {
 		args = append(args, "--block", fmt.Sprintf("disk%d=disk%d.img:%d", d, d, c.DiskSize))
@@ -486,7 +504,8 @@ func (r *Rack) StartControlPlane(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.ReadyTimeout)
 	defer cancel()
-	hc := &http.Client{Timeout: 2 * time.Second}
+	hc := *r.hc
+	hc.Timeout = 2 * time.Second
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {

@@ -183,8 +183,12 @@ func TestRack(t *testing.T) {
 	if err != nil || u.Hostname() != r.ControlPlane().Addr.String() || u.Port() != "7070" {
 		t.Fatalf("URL %s, control plane at %v", r.URL(), r.ControlPlane().Addr)
 	}
-	if got := r.Env(); got[0] != "RIALTO_ADDR="+r.URL() || got[1] != "RIALTO_TOKEN="+r.AdminToken() {
+	if got := r.Env(); len(got) != 3 || got[0] != "RIALTO_ADDR="+r.URL() || got[1] != "RIALTO_CACERT="+r.CACert() ||
+		got[2] != "RIALTO_TOKEN="+r.AdminToken() {
 		t.Errorf("Env = %v", got)
+	}
+	if u.Scheme != "https" || filepath.Dir(r.CACert()) != filepath.Join(r.StateDir(), "tls") {
+		t.Errorf("API %s, CA certificate %s: want HTTPS with the CA in the state dir", r.URL(), r.CACert())
 	}
 	nodes := nodesByName(t, ctx, c)
 	if len(nodes) != 3 {

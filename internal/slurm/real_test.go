@@ -113,7 +113,7 @@ func startSlurm(t *testing.T, bin string, up *uptest.Up) *cluster {
 
 	// The glue: env file (root's only) and the scripts slurm.conf names.
 	envFile := filepath.Join(dir, "slurm.env")
-	if err := os.WriteFile(envFile, []byte("export RIALTO_ADDR="+up.Addr+"\nexport RIALTO_TOKEN="+up.Token+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(envFile, []byte("export RIALTO_ADDR="+up.Addr+"\nexport RIALTO_CACERT="+up.CACert+"\nexport RIALTO_TOKEN="+up.Token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	jobs := filepath.Join(dir, "jobs")
@@ -286,7 +286,7 @@ func TestRealSlurm(t *testing.T) {
 	bin := uptest.Binary(t)
 	up := uptest.StartUp(t, bin, filepath.Join(t.TempDir(), "state"))
 	c := startSlurm(t, bin, up)
-	cl := api.NewClient(up.Addr, up.Token, nil)
+	cl := up.Client(t)
 
 	// The time limit takes longest (Slurm counts limits in minutes and
 	// checks them every half minute or so): submit that job first.

@@ -2,6 +2,7 @@ package testcluster
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
@@ -18,6 +19,7 @@ import (
 	"github.com/rialto-project/rialto/internal/agent"
 	"github.com/rialto-project/rialto/internal/controlplane"
 	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 // Tokens used by every cluster.
@@ -52,11 +54,19 @@ type Options struct {
 	// Lender wraps the control plane's default HTTP lender, if set.
 	Lender func(controlplane.Lender) controlplane.Lender
 	Logger *slog.Logger // discard
+
+	// TLS runs the cluster as rialto server does: a cluster CA
+	// (Cluster.CA), the API over HTTPS asking for client certificates,
+	// agents enrolled with node certificates (NodeCertLifetime, default
+	// 24h) and called over mutual TLS.
+	TLS              bool
+	NodeCertLifetime time.Duration
 }
 
 // Cluster is a running control plane with its agents.
 type Cluster struct {
-	URL    string // the control plane's base URL
+	URL    string  // the control plane's base URL
+	CA     *pki.CA // with Options.TLS
 	Clock  *Clock
 	Server *controlplane.Server
 	Nodes  []*Node
@@ -68,6 +78,7 @@ type Cluster struct {
 	st   *sqlite.Store
 
 	dbPath string
+	host   string
 	cpCfg  controlplane.Config
 	addr   string // the control plane's address while stopped
 }
@@ -128,7 +139,20 @@ func Start(t testing.TB, opts Options) *Cluster {
 		tokens = append(tokens, controlplane.Token{Token: TenantToken(tn), Tenant: tn})
 	}
 	var lender controlplane.Lender
-	if opts.Lender != nil {
+	if opts.TLS {
+		ca, err := pki.Open(filepath.Join(dir, "tls"), pki.Options{})
+		if err != nil {
+			t.Fatalf("testcluster: CA: %v", err)
+		}
+		c.CA = ca
+		if opts.Lender != nil {
+			l, err := controlplane.NewTLSLender(ca)
+			if err != nil {
+				t.Fatalf("testcluster: %v", err)
+			}
+			lender = opts.Lender(l)
+		}
+	} else if opts.Lender != nil {
 		lender = opts.Lender(controlplane.NewHTTPLender(nil))
 	}
 	c.cpCfg = controlplane.Config{
@@ -136,8 +160,10 @@ func Start(t testing.TB, opts Options) *Cluster {
 		BootstrapToken: BootstrapToken, Tokens: tokens,
 		HeartbeatInterval: opts.HeartbeatInterval, SuspectAfter: opts.SuspectAfter, DownAfter: opts.DownAfter,
 		PrepareTimeout: opts.PrepareTimeout, DefaultTTL: opts.DefaultTTL,
+		CA: c.CA, NodeCertLifetime: opts.NodeCertLifetime,
 	}
 	host, ln := listenLoopback(t)
+	c.host = host
 	t.Cleanup(c.stopControlPlane)
 	c.startControlPlane(ln)
 	c.URL = c.hs.URL
@@ -149,6 +175,9 @@ func Start(t testing.TB, opts Options) *Cluster {
 			ControlPlane: c.URL, BootstrapToken: BootstrapToken, Name: name, StateDir: n.StateDir,
 			Listen: host, Devices: append([]agent.DeviceConfig(nil), opts.Devices...), HeartbeatInterval: opts.HeartbeatInterval,
 			Logger: log.With("component", "agent"), Clock: c.Clock,
+		}
+		if c.CA != nil {
+			n.cfg.CAFile = c.CA.CertFile()
 		}
 		if opts.Configure != nil {
 			opts.Configure(i, &n.cfg)
@@ -213,7 +242,21 @@ func (c *Cluster) startControlPlane(ln net.Listener) {
 	hs := httptest.NewUnstartedServer(srv.Handler())
 	hs.Listener.Close()
 	hs.Listener = ln
-	hs.Start()
+	if c.CA != nil {
+		// A fixed certificate: httptest would put its own first.
+		iss, err := c.CA.Issue(pki.Request{CommonName: "rialto control plane", Hosts: []string{c.host}, Usage: pki.ServerAuth})
+		if err != nil {
+			c.t.Fatalf("testcluster: %v", err)
+		}
+		cert, err := iss.TLSCertificate()
+		if err != nil {
+			c.t.Fatalf("testcluster: %v", err)
+		}
+		hs.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, ClientAuth: tls.VerifyClientCertIfGiven, ClientCAs: c.CA.Pool()}
+		hs.StartTLS()
+	} else {
+		hs.Start()
+	}
 	c.st, c.Server, c.hs = st, srv, hs
 }
 
@@ -263,7 +306,20 @@ func (c *Cluster) Client() *api.Client { return c.ClientWithToken(AdminToken) }
 
 // ClientWithToken returns an API client with any token.
 func (c *Cluster) ClientWithToken(tok string) *api.Client {
-	return api.NewClient(c.URL, tok, &http.Client{Timeout: 30 * time.Second})
+	return api.NewClient(c.URL, tok, c.HTTPClient())
+}
+
+// HTTPClient is an HTTP client for the control plane (verifying it against
+// the cluster CA with Options.TLS).
+func (c *Cluster) HTTPClient() *http.Client {
+	if c.CA == nil {
+		return &http.Client{Timeout: 30 * time.Second}
+	}
+	hc, err := api.HTTPClient(c.CA.CertFile(), 30*time.Second)
+	if err != nil {
+		c.t.Fatalf("testcluster: %v", err)
+	}
+	return hc
 }
 
 // Advance moves the control plane's clock forward.

@@ -2,8 +2,12 @@ package uptest
 
 import (
 	"bufio"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/base64"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/rialto-project/rialto/api"
 )
 
 var (
@@ -76,14 +82,15 @@ func Binary(t testing.TB) string {
 	return built
 }
 
-// Up is a running `rialto up`. LoginURL is the one-time dashboard
+// Up is a running `rialto up`. Its API is HTTPS; CACert is the cluster CA's
+// certificate to verify it against. LoginURL is the one-time dashboard
 // sign-in link it printed.
 type Up struct {
-	Addr, Token, Dir, LoginURL string
-	cmd                        *exec.Cmd
-	mu                         sync.Mutex
-	out                        strings.Builder
-	done                       chan error
+	Addr, Token, Dir, CACert, LoginURL string
+	cmd                                *exec.Cmd
+	mu                                 sync.Mutex
+	out                                strings.Builder
+	done                               chan error
 }
 
 // StartUp starts `rialto up --state-dir dir` with small disks and extra
@@ -115,6 +122,9 @@ func StartUp(t testing.TB, bin, dir string, extra ...string) *Up {
 			}
 			if v, ok := strings.CutPrefix(line, "export RIALTO_ADDR="); ok {
 				u.Addr = v
+			}
+			if v, ok := strings.CutPrefix(line, "export RIALTO_CACERT="); ok {
+				u.CACert = v
 			}
 			if v, ok := strings.CutPrefix(line, "export RIALTO_TOKEN="); ok {
 				u.Token = v
@@ -151,7 +161,42 @@ func (u *Up) Output() string {
 
 // Env is the environment for CLI verbs against this cluster.
 func (u *Up) Env() []string {
-	return append(os.Environ(), "RIALTO_ADDR="+u.Addr, "RIALTO_TOKEN="+u.Token)
+	return append(os.Environ(), "RIALTO_ADDR="+u.Addr, "RIALTO_CACERT="+u.CACert, "RIALTO_TOKEN="+u.Token)
+}
+
+// HTTPClient is an HTTP client that verifies the cluster's API against its
+// CA.
+func (u *Up) HTTPClient(t testing.TB) *http.Client {
+	t.Helper()
+	hc, err := api.HTTPClient(u.CACert, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hc
+}
+
+// ServerSPKIHash is the base64 SHA-256 of the API certificate's public key
+// (what chromium's --ignore-certificate-errors-spki-list takes), read from
+// a TLS connection verified against the cluster CA.
+func (u *Up) ServerSPKIHash(t testing.TB) string {
+	t.Helper()
+	cfg, err := api.TLSConfig(u.CACert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := tls.Dial("tcp", strings.TrimPrefix(u.Addr, "https://"), cfg)
+	if err != nil {
+		t.Fatalf("uptest: %v", err)
+	}
+	defer c.Close()
+	sum := sha256.Sum256(c.ConnectionState().PeerCertificates[0].RawSubjectPublicKeyInfo)
+	return base64.StdEncoding.EncodeToString(sum[:])
+}
+
+// Client is an API client with the cluster's admin token.
+func (u *Up) Client(t testing.TB) *api.Client {
+	t.Helper()
+	return api.NewClient(u.Addr, u.Token, u.HTTPClient(t))
 }
 
 // Stop stops the cluster (SIGTERM, then kill after 20s); it may be called

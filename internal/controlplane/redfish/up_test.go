@@ -58,7 +58,7 @@ func composeUp(t *testing.T, up *uptest.Up, body string) map[string]any {
 	t.Helper()
 	req, _ := http.NewRequest("POST", up.Addr+"/redfish/v1/Systems", strings.NewReader(body))
 	req.SetBasicAuth("admin", up.Token)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := up.HTTPClient(t).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +134,7 @@ func TestRedfishtoolComposeDecompose(t *testing.T) {
 		t.Skip("nbdinfo is not installed")
 	}
 	up := uptest.StartUp(t, uptest.Binary(t), filepath.Join(t.TempDir(), "state"))
-	c := api.NewClient(up.Addr, up.Token, nil)
+	c := up.Client(t)
 	devs, err := c.Devices(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -151,12 +151,12 @@ func TestRedfishtoolComposeDecompose(t *testing.T) {
 	if err := os.WriteFile(cfg, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	host := strings.TrimPrefix(up.Addr, "http://")
+	host := strings.TrimPrefix(up.Addr, "https://")
 	run := func(args ...string) []byte {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		out, err := exec.CommandContext(ctx, rft, append([]string{"-r", host, "-S", "Never", "-c", cfg}, args...)...).CombinedOutput()
+		out, err := exec.CommandContext(ctx, rft, append([]string{"-r", host, "-S", "Always", "-c", cfg}, args...)...).CombinedOutput()
 		if err != nil {
 			t.Fatalf("redfishtool %v: %v\n%s", args, err, out)
 		}
@@ -238,7 +238,8 @@ func TestSushyComposeDecompose(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, py, append([]string{script, up.Addr}, args...)...)
-		cmd.Env = append(os.Environ(), "RIALTO_TOKEN="+up.Token)
+		// requests (under sushy) verifies the API against the cluster CA.
+		cmd.Env = append(os.Environ(), "RIALTO_TOKEN="+up.Token, "REQUESTS_CA_BUNDLE="+up.CACert)
 		out, err := cmd.Output()
 		var stderr []byte
 		if ee, ok := err.(*exec.ExitError); ok {
@@ -263,7 +264,7 @@ func TestSushyComposeDecompose(t *testing.T) {
 	}
 	run("decompose", res["path"].(string))
 	id := strings.TrimPrefix(res["path"].(string), "/redfish/v1/Systems/")
-	if l, err := api.NewClient(up.Addr, up.Token, nil).Lease(context.Background(), id); err != nil || l.State != api.LeaseReleased {
+	if l, err := up.Client(t).Lease(context.Background(), id); err != nil || l.State != api.LeaseReleased {
 		t.Fatalf("lease after sushy's delete: %s %v", l.State, err)
 	}
 }

@@ -35,12 +35,15 @@ func chromium(t *testing.T) string {
 }
 
 // browser starts a headless chromium of its own (a fresh profile) for
-// the test and returns a context for its first tab.
-func browser(t *testing.T) context.Context {
+// the test and returns a context for its first tab. The cluster's API is
+// HTTPS with a certificate from its own CA, which chromium does not know:
+// it is told to accept exactly that server's key (spkiPin).
+func browser(t *testing.T, spkiPin string) context.Context {
 	exe := chromium(t)
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.DisableGPU, chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-component-update", true), chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 900))
+		chromedp.Flag("disable-component-update", true), chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 900),
+		chromedp.Flag("ignore-certificate-errors-spki-list", spkiPin))
 	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancelB := chromedp.NewContext(actx)
 	t.Cleanup(func() {
@@ -99,13 +102,14 @@ func shot(t *testing.T, ctx context.Context, name string) {
 // and back in with the token form. No page shows a lease's credential or
 // export name.
 func TestBrowser(t *testing.T) {
-	ctx := browser(t)
+	chromium(t)
 	up := uptest.StartUp(t, uptest.Binary(t), t.TempDir())
 	if up.LoginURL == "" {
 		t.Fatalf("rialto up printed no dashboard link:\n%s", up.Output())
 	}
+	ctx := browser(t, up.ServerSPKIHash(t))
 	base := strings.TrimSuffix(up.Addr, "/")
-	admin := api.NewClient(up.Addr, up.Token, nil)
+	admin := up.Client(t)
 	const wait = 30 * time.Second
 
 	// Sign in with the one-time link: it lands on the cluster page.
@@ -276,7 +280,9 @@ func TestBrowser(t *testing.T) {
 	noSecrets("the cluster page after a token sign-in")
 
 	// Without the session cookie the pages are closed.
-	resp, err := (&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Get(base + "/ui/leases")
+	hc := up.HTTPClient(t)
+	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	resp, err := hc.Get(base + "/ui/leases")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package nbd
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -21,6 +22,7 @@ const DefaultRequestTimeout = 30 * time.Second
 type dialOptions struct {
 	timeout      time.Duration
 	noStructured bool
+	tls          *tls.Config
 }
 
 // DialOption configures Dial.
@@ -36,6 +38,14 @@ const minHandshakeTimeout = 5 * time.Second
 // request fails with ErrTimeout. d <= 0 disables the bound (not recommended).
 func WithRequestTimeout(d time.Duration) DialOption {
 	return func(o *dialOptions) { o.timeout = d }
+}
+
+// WithTLS makes the client send NBD_OPT_STARTTLS before any other option
+// and run TLS with cfg; a server that refuses is not used in plaintext (no
+// downgrade). An empty cfg.ServerName is taken from the host dialled
+// ("localhost" for a Unix socket).
+func WithTLS(cfg *tls.Config) DialOption {
+	return func(o *dialOptions) { o.tls = cfg }
 }
 
 // WithoutStructuredReplies makes the client use simple replies only.
@@ -91,19 +101,43 @@ type URI struct {
 	Network string // "tcp" or "unix"
 	Address string // host:port or socket path
 	Export  string
+	// TLS is set by the nbds and nbds+unix schemes.
+	TLS bool
+	// TLSCertificates is the tls-certificates query parameter of an nbds
+	// URI: a directory in libnbd's layout (see LoadTLSDir).
+	TLSCertificates string
 }
 
-// ParseURI parses nbd://host[:port]/export and nbd+unix:///export?socket=PATH.
-// TLS schemes (nbds) are not supported.
+// ParseURI parses nbd://host[:port]/export, nbd+unix:///export?socket=PATH
+// and their TLS forms nbds:// and nbds+unix:// (with the libnbd query
+// parameter tls-certificates=DIR).
 func ParseURI(s string) (URI, error) {
 	return parseURI(s)
 }
 
-// DialURI dials the export a URI names.
+// DialURI dials the export a URI names. An nbds URI uses TLS: with the
+// configuration of WithTLS if given, else with the certificates of its
+// tls-certificates directory (see LoadTLSDir), else trusting the system's
+// CAs.
 func DialURI(ctx context.Context, uri string, opts ...DialOption) (*Client, error) {
 	u, err := ParseURI(uri)
 	if err != nil {
 		return nil, err
+	}
+	if u.TLS {
+		var o dialOptions
+		for _, f := range opts {
+			f(&o)
+		}
+		if o.tls == nil {
+			cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+			if u.TLSCertificates != "" {
+				if cfg, err = LoadTLSDir(u.TLSCertificates); err != nil {
+					return nil, err
+				}
+			}
+			opts = append(opts, WithTLS(cfg))
+		}
 	}
 	return Dial(ctx, u.Network, u.Address, u.Export, opts...)
 }
@@ -130,9 +164,16 @@ func Dial(ctx context.Context, network, addr, export string, opts ...DialOption)
 		dl = time.Now().Add(hs)
 	}
 	nc.SetDeadline(dl)
+	tcfg := o.tls
+	if tcfg != nil && tcfg.ServerName == "" {
+		tcfg = tcfg.Clone()
+		tcfg.ServerName = "localhost"
+		if host, _, err := net.SplitHostPort(addr); err == nil && network != "unix" {
+			tcfg.ServerName = host
+		}
+	}
 	c := &Client{nc: nc, timeout: o.timeout, pending: make(map[uint64]*call), readerDone: make(chan struct{})}
-	br := bufio.NewReaderSize(nc, 64<<10)
-	err = c.handshake(br, export, !o.noStructured)
+	br, err := c.handshake(bufio.NewReaderSize(nc, 64<<10), export, !o.noStructured, tcfg)
 	if !stop() && err == nil {
 		err = ctx.Err()
 	}
@@ -148,17 +189,19 @@ func Dial(ctx context.Context, network, addr, export string, opts ...DialOption)
 	return c, nil
 }
 
-func (c *Client) handshake(r *bufio.Reader, export string, structured bool) error {
+// handshake runs the client side of the option phase, upgrading to TLS
+// first when tcfg is set; it returns the reader to continue with.
+func (c *Client) handshake(r *bufio.Reader, export string, structured bool, tcfg *tls.Config) (*bufio.Reader, error) {
 	var b [18]byte
 	if _, err := io.ReadFull(r, b[:]); err != nil {
-		return fmt.Errorf("nbd: handshake: %w", err)
+		return nil, fmt.Errorf("nbd: handshake: %w", err)
 	}
 	if binary.BigEndian.Uint64(b[0:]) != nbdMagic || binary.BigEndian.Uint64(b[8:]) != optMagic {
-		return fmt.Errorf("%w: not a newstyle NBD server", ErrProtocol)
+		return nil, fmt.Errorf("%w: not a newstyle NBD server", ErrProtocol)
 	}
 	sflags := binary.BigEndian.Uint16(b[16:])
 	if sflags&flagFixedNewstyle == 0 {
-		return fmt.Errorf("%w: server lacks fixed newstyle", ErrProtocol)
+		return nil, fmt.Errorf("%w: server lacks fixed newstyle", ErrProtocol)
 	}
 	cflags := clientFlagFixedNewstyle
 	noZeroes := sflags&flagNoZeroes != 0
@@ -168,21 +211,30 @@ func (c *Client) handshake(r *bufio.Reader, export string, structured bool) erro
 	var cf [4]byte
 	binary.BigEndian.PutUint32(cf[:], cflags)
 	if _, err := c.nc.Write(cf[:]); err != nil {
-		return fmt.Errorf("nbd: handshake: %w", err)
+		return nil, fmt.Errorf("nbd: handshake: %w", err)
+	}
+	if tcfg != nil {
+		var err error
+		if r, err = c.startTLS(r, tcfg); err != nil {
+			return nil, err
+		}
 	}
 	if structured {
 		if err := c.sendOpt(optStructuredReply, nil); err != nil {
-			return err
+			return nil, err
 		}
 		typ, _, err := c.readOptReply(r, optStructuredReply)
 		if err != nil {
-			return err
+			return nil, err
+		}
+		if typ == repErrTLSReqd {
+			return nil, ErrTLSRequired
 		}
 		c.structured = typ == repAck
 	}
 	if c.structured {
 		if err := c.setMetaContext(r, export); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	req := make([]byte, 0, 8+len(export))
@@ -191,34 +243,34 @@ func (c *Client) handshake(r *bufio.Reader, export string, structured bool) erro
 	req = binary.BigEndian.AppendUint16(req, 1)
 	req = binary.BigEndian.AppendUint16(req, infoBlockSize)
 	if err := c.sendOpt(optGo, req); err != nil {
-		return err
+		return nil, err
 	}
 	gotExport := false
 	for {
 		typ, data, err := c.readOptReply(r, optGo)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		switch {
 		case typ == repInfo:
 			if len(data) < 2 {
-				return fmt.Errorf("%w: short NBD_REP_INFO", ErrProtocol)
+				return nil, fmt.Errorf("%w: short NBD_REP_INFO", ErrProtocol)
 			}
 			switch binary.BigEndian.Uint16(data) {
 			case infoExport:
 				if len(data) != 12 {
-					return fmt.Errorf("%w: bad NBD_INFO_EXPORT", ErrProtocol)
+					return nil, fmt.Errorf("%w: bad NBD_INFO_EXPORT", ErrProtocol)
 				}
 				size := binary.BigEndian.Uint64(data[2:])
 				if size > math.MaxInt64 {
-					return fmt.Errorf("%w: export size %d too large", ErrProtocol, size)
+					return nil, fmt.Errorf("%w: export size %d too large", ErrProtocol, size)
 				}
 				c.size = int64(size)
 				c.flags = binary.BigEndian.Uint16(data[10:])
 				gotExport = true
 			case infoBlockSize:
 				if len(data) != 14 {
-					return fmt.Errorf("%w: bad NBD_INFO_BLOCK_SIZE", ErrProtocol)
+					return nil, fmt.Errorf("%w: bad NBD_INFO_BLOCK_SIZE", ErrProtocol)
 				}
 				c.minBlock = binary.BigEndian.Uint32(data[2:])
 				c.prefBlock = binary.BigEndian.Uint32(data[6:])
@@ -226,20 +278,48 @@ func (c *Client) handshake(r *bufio.Reader, export string, structured bool) erro
 			}
 		case typ == repAck:
 			if !gotExport {
-				return fmt.Errorf("%w: NBD_OPT_GO without NBD_INFO_EXPORT", ErrProtocol)
+				return nil, fmt.Errorf("%w: NBD_OPT_GO without NBD_INFO_EXPORT", ErrProtocol)
 			}
 			c.fixBlockSizes()
-			return nil
+			return r, nil
 		case typ == repErrUnknown:
-			return ErrExportNotFound
+			return nil, ErrExportNotFound
+		case typ == repErrTLSReqd:
+			return nil, ErrTLSRequired
 		case typ == repErrUnsup:
-			return c.exportName(r, export, noZeroes)
+			return r, c.exportName(r, export, noZeroes)
 		case typ&repErrBit != 0:
-			return fmt.Errorf("nbd: server refused the export: %s", optErrName(typ, data))
+			return nil, fmt.Errorf("nbd: server refused the export: %s", optErrName(typ, data))
 		default:
-			return fmt.Errorf("%w: unexpected option reply %#x", ErrProtocol, typ)
+			return nil, fmt.Errorf("%w: unexpected option reply %#x", ErrProtocol, typ)
 		}
 	}
+}
+
+// startTLS upgrades the connection with NBD_OPT_STARTTLS, the first option
+// sent, and returns a reader over the TLS connection.
+func (c *Client) startTLS(r *bufio.Reader, cfg *tls.Config) (*bufio.Reader, error) {
+	if err := c.sendOpt(optStartTLS, nil); err != nil {
+		return nil, err
+	}
+	typ, data, err := c.readOptReply(r, optStartTLS)
+	if err != nil {
+		return nil, err
+	}
+	if typ != repAck {
+		return nil, fmt.Errorf("nbd: the server refused TLS (%s): not continuing in plaintext", optErrName(typ, data))
+	}
+	if r.Buffered() > 0 {
+		// The server speaks TLS only after our ClientHello: bytes before
+		// it were not sent by a TLS peer.
+		return nil, fmt.Errorf("%w: data after the STARTTLS reply", ErrProtocol)
+	}
+	tc := tls.Client(c.nc, cfg)
+	if err := tc.Handshake(); err != nil {
+		return nil, fmt.Errorf("nbd: TLS handshake: %w", err)
+	}
+	c.nc = newTLSConn(tc, c.nc)
+	return bufio.NewReaderSize(tc, 64<<10), nil
 }
 
 // setMetaContext asks for base:allocation; a server that refuses leaves
@@ -587,7 +667,7 @@ func (c *Client) doCall(ctx context.Context, typ, flags uint16, off uint64, leng
 	var err error
 	if len(payload) > 0 {
 		bufs := net.Buffers{c.hdr[:], payload}
-		_, err = bufs.WriteTo(c.nc)
+		_, err = writeBuffers(c.nc, &bufs)
 	} else {
 		_, err = c.nc.Write(c.hdr[:])
 	}
@@ -834,7 +914,12 @@ func (c *Client) Close() error {
 		c.nc.Write(c.hdr[:])
 		c.wmu.Unlock()
 	}
-	err := c.nc.Close()
+	var err error
+	if t, ok := c.nc.(*tlsConn); ok && alive {
+		t.closeNotify(time.Second)
+	} else {
+		err = c.nc.Close()
+	}
 	<-c.readerDone
 	if errors.Is(err, net.ErrClosed) {
 		err = nil

@@ -424,7 +424,7 @@ func (c *conn) send(ops []*op) error {
 			c.cork(true)
 			corked = true
 		}
-		if _, err := bufs.WriteTo(c.nc); err != nil {
+		if _, err := writeBuffers(c.nc, bufs); err != nil {
 			return err
 		}
 		*bufs = c.iov[:0]
@@ -433,7 +433,7 @@ func (c *conn) send(ops []*op) error {
 		}
 	}
 	if len(*bufs) > 0 {
-		if _, err := bufs.WriteTo(c.nc); err != nil {
+		if _, err := writeBuffers(c.nc, bufs); err != nil {
 			return err
 		}
 	}

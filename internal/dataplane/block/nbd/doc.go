@@ -14,6 +14,14 @@
 // with NBD_REP_ERR_UNKNOWN and nothing else, and never logs a name: log lines
 // carry at most [NameTag], a short hash prefix.
 //
+// TLS: a Server with a TLSConfig offers NBD_OPT_STARTTLS with X.509
+// certificates and, unless TLSOptional, requires it (the protocol's
+// FORCEDTLS mode: NBD_REP_ERR_TLS_REQD before the upgrade). [WithTLS] and
+// nbds:// URIs make the Client upgrade first and refuse a server that will
+// not. Over TLS the bytes pass through crypto/tls, so the zero-copy paths
+// (sendfile, splice, mapped writes) are not used. TLS with pre-shared keys
+// (nbdkit's --tls-psk) is not offered: crypto/tls has no external PSKs.
+//
 // Zero values: a zero Server is ready to use (no exports, logging discarded).
 // A zero Client is not usable; use Dial. A zero RateLimit imposes no limit.
 //

@@ -45,7 +45,7 @@ func FuzzHandshake(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in []byte) {
 		s := &Server{}
 		s.AddExport(Export{Name: testName, Description: "d", Backend: NewMemBackend(1 << 16)})
-		sess, err := s.negotiate(newConnReader(bytes.NewReader(in)), io.Discard)
+		sess, err := s.negotiate(&fakeConn{r: bytes.NewReader(nil)}, newConnReader(bytes.NewReader(in)))
 		if err == nil && (sess == nil || sess.exp == nil || sess.name != testName) {
 			t.Fatalf("success without a valid session: %+v", sess)
 		}
@@ -160,7 +160,7 @@ func FuzzClientHandshake(f *testing.F) {
 	f.Add(false, bytes.Join([][]byte{hello, optReplyBytes(optGo, repErrPolicy, []byte("no"))}, nil))
 	f.Fuzz(func(t *testing.T, structured bool, in []byte) {
 		c := &Client{nc: &fakeConn{r: bytes.NewReader(nil)}, pending: map[uint64]*call{}, readerDone: make(chan struct{})}
-		if err := c.handshake(newConnReader(bytes.NewReader(in)), testName, structured); err != nil {
+		if _, err := c.handshake(newConnReader(bytes.NewReader(in)), testName, structured, nil); err != nil {
 			return
 		}
 		mn, _, mx := c.BlockSizes()

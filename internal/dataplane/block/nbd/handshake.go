@@ -2,10 +2,12 @@ package nbd
 
 import (
 	"bufio"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 )
 
 var errAbort = errors.New("nbd: client aborted the handshake")
@@ -17,6 +19,10 @@ type session struct {
 	structured bool
 	meta       bool // base:allocation selected for this export
 	flags      uint16
+	// After NBD_OPT_STARTTLS: the TLS connection and the reader over it,
+	// which the transmission phase uses instead of the socket's.
+	tls *tls.Conn
+	r   *bufio.Reader
 }
 
 func newConnReader(r io.Reader) *bufio.Reader { return bufio.NewReaderSize(r, 64<<10) }
@@ -46,8 +52,16 @@ func (o *optWriter) reply(opt, typ uint32, data ...[]byte) error {
 }
 
 // negotiate runs the server side of the fixed newstyle handshake up to the
-// transmission phase. Any error means the connection must be closed.
-func (s *Server) negotiate(r *bufio.Reader, w io.Writer) (*session, error) {
+// transmission phase, reading from r (which reads nc) and writing to nc; it
+// upgrades to TLS on NBD_OPT_STARTTLS. Any error means the connection must
+// be closed.
+func (s *Server) negotiate(nc net.Conn, r *bufio.Reader) (*session, error) {
+	var w io.Writer = nc
+	var tc *tls.Conn // set once TLS is initiated
+	// Without TLS configured the server is in the spec's NOTLS mode; with
+	// it, FORCEDTLS unless TLSOptional (then SELECTIVETLS with no TLS-only
+	// export).
+	forced := s.TLSConfig != nil && !s.TLSOptional
 	var hello [18]byte
 	binary.BigEndian.PutUint64(hello[0:], nbdMagic)
 	binary.BigEndian.PutUint64(hello[8:], optMagic)
@@ -96,13 +110,53 @@ func (s *Server) negotiate(r *bufio.Reader, w io.Writer) (*session, error) {
 			return nil, fmt.Errorf("%w: option %d without fixed newstyle", ErrProtocol, opt)
 		}
 		var err error
+		if forced && tc == nil {
+			switch opt {
+			case optStartTLS, optAbort:
+			case optExportName:
+				// It has no error reply: all the server can do is hang up.
+				return nil, errTLSPlaintextExportName
+			default:
+				if err := ow.reply(opt, repErrTLSReqd, []byte("TLS is required: send NBD_OPT_STARTTLS")); err != nil {
+					return nil, err
+				}
+				continue
+			}
+		}
 		switch opt {
+		case optStartTLS:
+			switch {
+			case s.TLSConfig == nil:
+				err = ow.reply(opt, repErrPolicy, []byte("TLS is not configured on this server"))
+			case tc != nil:
+				err = ow.reply(opt, repErrInvalid, []byte("TLS is already active"))
+			case n != 0:
+				err = ow.reply(opt, repErrInvalid)
+			case r.Buffered() > 0:
+				// The client must wait for the reply before it starts TLS:
+				// bytes already here were sent in clear after STARTTLS and
+				// must not be taken as if they had come over TLS.
+				return nil, fmt.Errorf("%w: data after NBD_OPT_STARTTLS", ErrProtocol)
+			default:
+				if err := ow.reply(opt, repAck); err != nil {
+					return nil, err
+				}
+				tc = tls.Server(nc, s.TLSConfig)
+				if err := tc.Handshake(); err != nil {
+					return nil, fmt.Errorf("nbd: TLS handshake: %w", err)
+				}
+				// Nothing negotiated before STARTTLS survives it.
+				r, w = newConnReader(tc), tc
+				ow.w = w
+				structured, metaSet, metaName = false, false, ""
+			}
+
 		case optExportName:
 			e := s.lookup(string(data))
 			if e == nil {
 				return nil, ErrExportNotFound
 			}
-			sess := &session{name: e.Name, exp: e, structured: structured, meta: metaSet && metaName == e.Name}
+			sess := &session{name: e.Name, exp: e, structured: structured, meta: metaSet && metaName == e.Name, tls: tc, r: r}
 			sess.flags = e.transmissionFlags(structured)
 			b := make([]byte, 10, 10+124)
 			binary.BigEndian.PutUint64(b, uint64(e.size))
@@ -174,7 +228,7 @@ func (s *Server) negotiate(r *bufio.Reader, w io.Writer) (*session, error) {
 			}
 			if opt == optGo {
 				return &session{name: e.Name, exp: e, structured: structured,
-					meta: metaSet && metaName == e.Name, flags: flags}, nil
+					meta: metaSet && metaName == e.Name, flags: flags, tls: tc, r: r}, nil
 			}
 
 		case optListMetaContext, optSetMetaContext:
@@ -215,7 +269,7 @@ func (s *Server) negotiate(r *bufio.Reader, w io.Writer) (*session, error) {
 			}
 			err = ow.reply(opt, repAck)
 
-		default: // STARTTLS, EXTENDED_HEADERS and anything unknown
+		default: // EXTENDED_HEADERS and anything unknown
 			err = ow.reply(opt, repErrUnsup)
 		}
 		if err != nil {

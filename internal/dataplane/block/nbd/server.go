@@ -3,6 +3,7 @@ package nbd
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -123,8 +124,17 @@ type Server struct {
 	// Workers bounds the requests served concurrently per connection
 	// (default 16).
 	Workers int
-	// HandshakeTimeout bounds the option phase (default 30s).
+	// HandshakeTimeout bounds the option phase (default 30s), TLS
+	// handshake included.
 	HandshakeTimeout time.Duration
+	// TLSConfig enables NBD_OPT_STARTTLS (it needs a certificate). nil
+	// serves plaintext only: STARTTLS is refused with NBD_REP_ERR_POLICY.
+	TLSConfig *tls.Config
+	// TLSOptional lets clients that do not send STARTTLS use the exports
+	// in plaintext. By default a server with a TLSConfig requires TLS:
+	// before STARTTLS every option but STARTTLS and ABORT is answered
+	// NBD_REP_ERR_TLS_REQD and NBD_OPT_EXPORT_NAME ends the connection.
+	TLSOptional bool
 
 	mu      sync.Mutex
 	exports map[string]*export
@@ -290,7 +300,8 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 	nc.SetDeadline(time.Now().Add(ht))
 	sr := newSocketReader(nc)
 	r := newConnReader(sr)
-	sess, err := s.negotiate(r, nc)
+	// TLS, if the client starts it, reads the socket through sr too.
+	sess, err := s.negotiate(&readerConn{Conn: nc, r: sr}, r)
 	if err != nil {
 		if !errors.Is(err, errAbort) {
 			log.Debug("nbd: handshake ended", "err", err)
@@ -298,7 +309,17 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 		return
 	}
 	nc.SetDeadline(time.Time{})
-	c := newConn(s, nc, r, sess)
+	var c *conn
+	if sess.tls != nil {
+		// Over TLS the bytes pass through crypto/tls: no raw-socket
+		// paths (sendfile, splice, mapped writev), but crypto/tls reads
+		// the socket through the polling reader.
+		tc := newTLSConn(sess.tls, nc)
+		defer tc.closeNotify(time.Second)
+		c = newConn(s, tc, sess.r, sess)
+	} else {
+		c = newConn(s, nc, r, sess)
+	}
 	c.fr, _ = sr.(*fastReader)
 	c.cancel, c.done = cancel, make(chan struct{})
 	defer close(c.done)
@@ -310,7 +331,7 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 		return // removed (or replaced) during the handshake
 	}
 	defer s.detach(e, c)
-	log.Debug("nbd: transmission", "export", NameTag(sess.name), "structured", sess.structured)
+	log.Debug("nbd: transmission", "export", NameTag(sess.name), "structured", sess.structured, "tls", sess.tls != nil)
 	if err := c.serve(ctx); err != nil {
 		log.Debug("nbd: connection ended", "export", NameTag(sess.name), "err", err)
 	}

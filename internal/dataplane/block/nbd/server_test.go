@@ -42,7 +42,7 @@ func TestHandshakeOptions(t *testing.T) {
 		{"set meta unknown namespace", optSetMetaContext, metaData(testName, "qemu:dirty-bitmap:x"), []uint32{optStructuredReply}, []uint32{repAck}},
 		{"list meta all", optListMetaContext, metaData(testName), []uint32{optStructuredReply}, []uint32{repMetaContext, repAck}},
 		{"list meta base:", optListMetaContext, metaData(testName, "base:"), []uint32{optStructuredReply}, []uint32{repMetaContext, repAck}},
-		{"starttls unsupported", optStartTLS, nil, nil, []uint32{repErrUnsup}},
+		{"starttls without TLS configured", optStartTLS, nil, nil, []uint32{repErrPolicy}},
 		{"unknown option", 999, []byte("x"), nil, []uint32{repErrUnsup}},
 		{"abort", optAbort, nil, nil, []uint32{repAck}},
 	}
@@ -391,7 +391,7 @@ func stallServer(t *testing.T, closeAfter bool) string {
 		}
 		defer nc.Close()
 		r := newConnReader(nc)
-		if _, err := s.negotiate(r, nc); err != nil {
+		if _, err := s.negotiate(nc, r); err != nil {
 			return
 		}
 		var b [requestHeaderLen]byte
@@ -549,13 +549,20 @@ func TestURI(t *testing.T) {
 		want URI
 		err  bool
 	}{
-		{"nbd://127.0.0.1:1234/exp", URI{"tcp", "127.0.0.1:1234", "exp"}, false},
-		{"nbd://localhost/exp", URI{"tcp", "localhost:10809", "exp"}, false},
-		{"nbd://[::1]:99/", URI{"tcp", "[::1]:99", ""}, false},
-		{"nbd://h:1/a%2Fb", URI{"tcp", "h:1", "a/b"}, false},
-		{"nbd+unix:///exp?socket=/tmp/s.sock", URI{"unix", "/tmp/s.sock", "exp"}, false},
+		{"nbd://127.0.0.1:1234/exp", URI{Network: "tcp", Address: "127.0.0.1:1234", Export: "exp"}, false},
+		{"nbd://localhost/exp", URI{Network: "tcp", Address: "localhost:10809", Export: "exp"}, false},
+		{"nbd://[::1]:99/", URI{Network: "tcp", Address: "[::1]:99"}, false},
+		{"nbd://h:1/a%2Fb", URI{Network: "tcp", Address: "h:1", Export: "a/b"}, false},
+		{"nbd+unix:///exp?socket=/tmp/s.sock", URI{Network: "unix", Address: "/tmp/s.sock", Export: "exp"}, false},
 		{"nbd+unix:///exp", URI{}, true},
-		{"nbds://h/exp", URI{}, true},
+		{"nbds://h/exp", URI{Network: "tcp", Address: "h:10809", Export: "exp", TLS: true}, false},
+		{"nbds://h:7/exp?tls-certificates=/etc/rialto/my%20certs", URI{Network: "tcp", Address: "h:7", Export: "exp", TLS: true,
+			TLSCertificates: "/etc/rialto/my certs"}, false},
+		{"nbds+unix:///e?socket=/run/s&tls-certificates=/d", URI{Network: "unix", Address: "/run/s", Export: "e", TLS: true,
+			TLSCertificates: "/d"}, false},
+		// tls-certificates means nothing without TLS (libnbd ignores it too).
+		{"nbd://h:7/exp?tls-certificates=/d", URI{Network: "tcp", Address: "h:7", Export: "exp"}, false},
+		{"nbds://h/exp?tls-psk-file=/k", URI{}, true},
 		{"http://h/exp", URI{}, true},
 		{"nbd:///exp", URI{}, true},
 	}

@@ -11,6 +11,10 @@ import (
 // DefaultPort is the IANA port for NBD.
 const DefaultPort = "10809"
 
+// errPSK refuses TLS-PSK: Go's crypto/tls implements no external
+// pre-shared keys (neither TLS 1.2 PSK suites nor TLS 1.3 external PSKs).
+var errPSK = fmt.Errorf("%w: TLS with a pre-shared key (tls-psk-file): use X.509 certificates (tls-certificates=DIR)", ErrUnsupported)
+
 func parseURI(s string) (URI, error) {
 	u, err := url.Parse(s)
 	if err != nil {
@@ -23,38 +27,80 @@ func parseURI(s string) (URI, error) {
 		return URI{}, fmt.Errorf("nbd: bad URI: %v", err)
 	}
 	export := strings.TrimPrefix(u.Path, "/")
+	q := u.Query()
+	var out URI
 	switch u.Scheme {
-	case "nbd":
+	case "nbd", "nbds":
 		if u.Host == "" {
 			return URI{}, fmt.Errorf("nbd: bad URI: no host")
 		}
 		host, port := u.Hostname(), u.Port()
+		if host == "" || strings.Contains(host, ":") && net.ParseIP(host) == nil {
+			return URI{}, fmt.Errorf("nbd: bad URI: bad host")
+		}
 		if port == "" {
 			port = DefaultPort
 		}
-		return URI{Network: "tcp", Address: net.JoinHostPort(host, port), Export: export}, nil
-	case "nbd+unix":
+		out = URI{Network: "tcp", Address: net.JoinHostPort(host, port), Export: export}
+	case "nbd+unix", "nbds+unix":
 		if u.Host != "" {
-			return URI{}, fmt.Errorf("nbd: bad URI: nbd+unix takes no host")
+			return URI{}, fmt.Errorf("nbd: bad URI: %s takes no host", u.Scheme)
 		}
-		sock := u.Query().Get("socket")
+		sock := q.Get("socket")
 		if sock == "" {
-			return URI{}, fmt.Errorf("nbd: bad URI: nbd+unix needs ?socket=PATH")
+			return URI{}, fmt.Errorf("nbd: bad URI: %s needs ?socket=PATH", u.Scheme)
 		}
-		return URI{Network: "unix", Address: sock, Export: export}, nil
-	case "nbds", "nbds+unix":
-		return URI{}, fmt.Errorf("%w: TLS (%s)", ErrUnsupported, u.Scheme)
+		out = URI{Network: "unix", Address: sock, Export: export}
+	default:
+		return URI{}, fmt.Errorf("nbd: bad URI scheme %q", u.Scheme)
 	}
-	return URI{}, fmt.Errorf("nbd: bad URI scheme %q", u.Scheme)
+	out.TLS = strings.HasPrefix(u.Scheme, "nbds")
+	if q.Has("tls-psk-file") {
+		return URI{}, errPSK
+	}
+	if out.TLS {
+		out.TLSCertificates = q.Get("tls-certificates")
+	}
+	return out, nil
 }
 
-// String formats the URI in the nbd:// or nbd+unix:// form, escaping the
-// export name.
+// String formats the URI in the nbd://, nbds://, nbd+unix:// or
+// nbds+unix:// form, escaping the export name.
 func (u URI) String() string {
+	scheme, q := "nbd", ""
+	if u.TLS {
+		scheme = "nbds"
+		if u.TLSCertificates != "" {
+			q = "tls-certificates=" + queryEscape(u.TLSCertificates)
+		}
+	}
 	if u.Network == "unix" {
-		v := url.URL{Scheme: "nbd+unix", Path: "/" + u.Export, RawQuery: url.Values{"socket": {u.Address}}.Encode()}
+		sq := "socket=" + queryEscape(u.Address)
+		if q != "" {
+			sq += "&" + q
+		}
+		v := url.URL{Scheme: scheme + "+unix", Path: "/" + u.Export, RawQuery: sq}
 		return v.String()
 	}
-	v := url.URL{Scheme: "nbd", Host: u.Address, Path: "/" + u.Export}
+	v := url.URL{Scheme: scheme, Host: u.Address, Path: "/" + u.Export, RawQuery: q}
 	return v.String()
+}
+
+// queryEscape escapes a query value: everything but unreserved characters
+// and slashes is percent-encoded (spaces too, as %20: libnbd does not read
+// "+" as a space).
+func queryEscape(s string) string {
+	const hexDigits = "0123456789ABCDEF"
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("-._~/", c) >= 0 {
+			b.WriteByte(c)
+			continue
+		}
+		b.WriteByte('%')
+		b.WriteByte(hexDigits[c>>4])
+		b.WriteByte(hexDigits[c&15])
+	}
+	return b.String()
 }

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/pki"
+)
+
+func init() {
+	register(&command{Name: "ca show", Summary: "Show the cluster CA of a TLS directory: its certificates, their expiry and fingerprints, and the revocation list.", Run: runCAShow})
+	register(&command{Name: "ca rotate", Summary: "Make a new CA key and certificate; the old certificate stays trusted until `rialto ca drop-old` (docs/operations.md, rotating the CA).", Run: runCARotate})
+	register(&command{Name: "ca drop-old", Summary: "Stop trusting the CA certificates a rotation kept.", Run: runCADropOld})
+}
+
+// caDirFlag registers --tls-dir for the ca verbs.
+func caDirFlag(fs *flag.FlagSet, e *env) *string {
+	def := e.getenv("RIALTO_TLS_DIR")
+	if def == "" {
+		def = "rialto-tls"
+	}
+	return fs.String("tls-dir", def, "the cluster CA's `directory` (rialto server --tls-dir; rialto up's STATE-DIR/tls) (env RIALTO_TLS_DIR)")
+}
+
+func loadCA(e *env, verb string, args []string) (*pki.CA, error) {
+	fs := newFlags(e, verb, "")
+	dir := caDirFlag(fs, e)
+	if _, err := parse(fs, args, 0, 0); err != nil {
+		return nil, err
+	}
+	return pki.Load(*dir, pki.Options{})
+}
+
+func runCAShow(_ context.Context, e *env, args []string) error {
+	ca, err := loadCA(e, "ca show", args)
+	if err != nil {
+		return err
+	}
+	certs, err := pki.ParseCerts(ca.CertPEM())
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	tw := newTable(e.stdout)
+	fmt.Fprintln(tw, "ROLE\tSUBJECT\tEXPIRES\tSHA-256 FINGERPRINT")
+	for i, c := range certs {
+		role := "signing"
+		if i > 0 {
+			role = "kept by a rotation"
+		}
+		sum := sha256.Sum256(c.Raw)
+		fmt.Fprintf(tw, "%s\t%s\t%s (%s)\t%s\n", role, c.Subject.CommonName, c.NotAfter.UTC().Format(time.DateOnly),
+			until(now, c.NotAfter), hex.EncodeToString(sum[:]))
+	}
+	tw.Flush()
+	fmt.Fprintf(e.stdout, "\nCertificate for clients: %s\n", ca.CertFile())
+	return nil
+}
+
+func runCARotate(_ context.Context, e *env, args []string) error {
+	ca, err := loadCA(e, "ca rotate", args)
+	if err != nil {
+		return err
+	}
+	if err := ca.Rotate(); err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "New signing CA: %s. %s now holds it and the old one.\n", ca.Certificate().Subject.CommonName, ca.CertFile())
+	fmt.Fprintln(e.stdout, "Next: give clients the new ca-cert.pem (it holds both), then restart the control plane so that it issues from the new CA; once every certificate the old CA issued has expired or been renewed, run `rialto ca drop-old` and restart again.")
+	return nil
+}
+
+func runCADropOld(_ context.Context, e *env, args []string) error {
+	ca, err := loadCA(e, "ca drop-old", args)
+	if err != nil {
+		return err
+	}
+	if err := ca.DropOld(); err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "%s now trusts only %s. Restart the control plane and give clients the new file.\n", ca.CertFile(), ca.Certificate().Subject.CommonName)
+	return nil
+}

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/rialto-project/rialto/internal/pki"
+)
+
+// TestCAVerbs: show, rotate and drop-old on a CA directory, in process.
+func TestCAVerbs(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "tls")
+	if _, err := pki.Open(dir, pki.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	ca := func(args ...string) string {
+		t.Helper()
+		var out, errb bytes.Buffer
+		e := &env{stdout: &out, stderr: &errb, getenv: func(k string) string {
+			if k == "RIALTO_TLS_DIR" {
+				return dir
+			}
+			return ""
+		}}
+		if code := run(context.Background(), append([]string{"ca"}, args...), e); code != 0 {
+			t.Fatalf("rialto ca %v: exit %d\n%s%s", args, code, out.String(), errb.String())
+		}
+		return out.String()
+	}
+	rows := func(show string) int { return strings.Count(show, "Rialto cluster CA ") }
+	if s := ca("show"); rows(s) != 1 || !strings.Contains(s, "signing") || !strings.Contains(s, filepath.Join(dir, "ca-cert.pem")) {
+		t.Fatalf("show:\n%s", s)
+	}
+	ca("rotate")
+	if s := ca("show"); rows(s) != 2 || !strings.Contains(s, "kept by a rotation") {
+		t.Fatalf("show after rotate:\n%s", s)
+	}
+	ca("drop-old")
+	if s := ca("show"); rows(s) != 1 || strings.Contains(s, "kept by a rotation") {
+		t.Fatalf("show after drop-old:\n%s", s)
+	}
+	var out, errb bytes.Buffer
+	e := &env{stdout: &out, stderr: &errb, getenv: func(string) string { return "" }}
+	if code := run(context.Background(), []string{"ca", "show", "--tls-dir", t.TempDir()}, e); code == 0 || !strings.Contains(errb.String(), "no CA") {
+		t.Fatalf("show of an empty dir: exit %d\n%s", code, errb.String())
+	}
+}

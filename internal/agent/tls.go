@@ -1,0 +1,245 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/pki"
+)
+
+// The node's TLS key and certificate, in the state dir.
+const (
+	nodeKeyFile  = "node-key.pem"  // 0600
+	nodeCertFile = "node-cert.pem" // the certificate the control plane issued
+)
+
+// nodeTLS is the agent's side of the cluster's TLS (Config.CAFile): the CA
+// it trusts, its key, and the certificate the control plane signed for it.
+type nodeTLS struct {
+	caFile string
+	pool   *x509.CertPool
+	key    crypto.Signer
+	cert   atomic.Pointer[tls.Certificate] // nil until the first join
+	tr     *http.Transport                 // the agent's client transport
+}
+
+// setupTLS loads the CA and the node's key (making one the first time)
+// and certificate, if any.
+func (a *Agent) setupTLS() error {
+	if a.cfg.CAFile == "" {
+		return nil
+	}
+	pool, err := pki.LoadPool(a.cfg.CAFile)
+	if err != nil {
+		return fmt.Errorf("agent: CA certificate: %w", err)
+	}
+	t := &nodeTLS{caFile: a.cfg.CAFile, pool: pool}
+	keyPath := filepath.Join(a.cfg.StateDir, nodeKeyFile)
+	b, err := os.ReadFile(keyPath)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		key, keyPEM, err := pki.NewKey()
+		if err != nil {
+			return err
+		}
+		if err := writeFile(keyPath, keyPEM); err != nil {
+			return err
+		}
+		t.key = key
+	case err != nil:
+		return fmt.Errorf("agent: node key: %w", err)
+	default:
+		if t.key, err = pki.ParseKey(b); err != nil {
+			return fmt.Errorf("agent: %s: %w", nodeKeyFile, err)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(a.cfg.StateDir, nodeCertFile)); err == nil {
+		if err := t.setCert(b); err != nil {
+			a.log.Warn("the stored node certificate is unusable; the next join replaces it", "err", err)
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("agent: node certificate: %w", err)
+	}
+	a.tls = t
+	return nil
+}
+
+// setCert makes certPEM, which must be for the node's key, the current
+// certificate.
+func (t *nodeTLS) setCert(certPEM []byte) error {
+	certs, err := pki.ParseCerts(certPEM)
+	if err != nil {
+		return err
+	}
+	leaf := certs[0]
+	pub, ok := leaf.PublicKey.(interface{ Equal(crypto.PublicKey) bool })
+	if !ok || !pub.Equal(t.key.Public()) {
+		return errors.New("the certificate is not for the node's key")
+	}
+	c := &tls.Certificate{PrivateKey: t.key, Leaf: leaf}
+	for _, x := range certs {
+		c.Certificate = append(c.Certificate, x.Raw)
+	}
+	t.cert.Store(c)
+	// Pooled connections carry the certificate (or none) they were made
+	// with: the next calls must present this one.
+	if t.tr != nil {
+		t.tr.CloseIdleConnections()
+	}
+	return nil
+}
+
+// useCert checks a certificate the control plane sent and uses it.
+func (a *Agent) useCert(certPEM string) error {
+	certs, err := pki.ParseCerts([]byte(certPEM))
+	if err != nil {
+		return fmt.Errorf("agent: node certificate from the control plane: %w", err)
+	}
+	if _, err := certs[0].Verify(x509.VerifyOptions{Roots: a.tls.pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+		return fmt.Errorf("agent: the node certificate does not verify against %s: %w", a.tls.caFile, err)
+	}
+	if err := a.tls.setCert([]byte(certPEM)); err != nil {
+		return fmt.Errorf("agent: node certificate from the control plane: %w", err)
+	}
+	return nil
+}
+
+// saveCert writes the certificate in use to the state dir.
+func (a *Agent) saveCert(certPEM string) error {
+	return writeFile(filepath.Join(a.cfg.StateDir, nodeCertFile), []byte(certPEM))
+}
+
+// csr is a CSR for the node's key naming host; the control plane names
+// the node.
+func (a *Agent) csr(host string) (string, error) {
+	b, err := pki.CSR(a.tls.key, "", []string{host})
+	return string(b), err
+}
+
+// serverTLS is the agent API's TLS configuration: the node certificate,
+// and client certificates of the cluster CA asked for (the control
+// plane's is required by the lease-execution routes, see requireCP).
+func (t *nodeTLS) serverTLS() *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			if c := t.cert.Load(); c != nil {
+				return c, nil
+			}
+			return nil, errors.New("agent: no node certificate yet (not joined)")
+		},
+		ClientAuth: tls.VerifyClientCertIfGiven,
+		ClientCAs:  t.pool,
+	}
+}
+
+// clientTLS verifies servers against the CA and presents the node
+// certificate (once there is one).
+func (t *nodeTLS) clientTLS() *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		RootCAs:    t.pool,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			if c := t.cert.Load(); c != nil {
+				return c, nil
+			}
+			return &tls.Certificate{}, nil // none yet: the join needs none
+		},
+	}
+}
+
+// httpClient is the agent's client for the control plane and its peers.
+func (t *nodeTLS) httpClient(timeout time.Duration) *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = t.clientTLS()
+	t.tr = tr
+	return &http.Client{Timeout: timeout, Transport: tr}
+}
+
+// requireCP refuses a lease-execution call that did not come over TLS
+// from the control plane's certificate.
+func (a *Agent) requireCP(r *http.Request) error {
+	if a.tls == nil {
+		return nil
+	}
+	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
+		return errors.New("lease-execution calls need the control plane's certificate (mutual TLS)")
+	}
+	if cn := r.TLS.PeerCertificates[0].Subject.CommonName; cn != pki.ControlPlaneCN {
+		return fmt.Errorf("the certificate of %q may not call the lease-execution API", cn)
+	}
+	return nil
+}
+
+// renewCert asks the control plane for a new certificate once a third of
+// the current one's lifetime is left.
+func (a *Agent) renewCert(ctx context.Context, nodeID, cred string) error {
+	if a.tls == nil {
+		return nil
+	}
+	c := a.tls.cert.Load()
+	if c == nil {
+		return nil
+	}
+	life := c.Leaf.NotAfter.Sub(c.Leaf.NotBefore)
+	if time.Until(c.Leaf.NotAfter) > life/3 {
+		return nil
+	}
+	a.mu.Lock()
+	host := a.host
+	a.mu.Unlock()
+	csr, err := a.csr(host)
+	if err != nil {
+		return err
+	}
+	resp, err := api.NewClient(a.cfg.ControlPlane, cred, a.hc).NodeCertificate(ctx, nodeID, api.NodeCertificateRequest{CSR: csr})
+	if err != nil {
+		return fmt.Errorf("agent: renew the node certificate: %w", err)
+	}
+	if err := a.useCert(resp.Certificate); err != nil {
+		return err
+	}
+	if err := a.saveCert(resp.Certificate); err != nil {
+		return err
+	}
+	a.log.Info("node certificate renewed", "expires", a.tls.cert.Load().Leaf.NotAfter)
+	return nil
+}
+
+// writeFile replaces path atomically with data, readable by the owner only.
+func writeFile(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return fmt.Errorf("agent: write %s: %w", filepath.Base(path), err)
+	}
+	defer os.Remove(tmp.Name())
+	err = tmp.Chmod(0o600)
+	if err == nil {
+		_, err = bytes.NewReader(data).WriteTo(tmp)
+	}
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		return fmt.Errorf("agent: write %s: %w", filepath.Base(path), err)
+	}
+	return nil
+}

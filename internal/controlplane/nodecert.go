@@ -1,0 +1,168 @@
+package controlplane
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/pki"
+)
+
+// nodeHosts are the hosts a node's certificate may name: those of its
+// address, agent URL and data-plane endpoints.
+func nodeHosts(address, agentURL string, endpoints map[api.Kind]string) []string {
+	seen := map[string]bool{}
+	var out []string
+	add := func(h string) {
+		if h != "" && !seen[h] {
+			seen[h] = true
+			out = append(out, h)
+		}
+	}
+	add(address)
+	if u, err := url.Parse(agentURL); err == nil {
+		add(u.Hostname())
+	}
+	for _, ep := range endpoints {
+		if h, _, err := net.SplitHostPort(ep); err == nil {
+			add(h)
+		}
+	}
+	return out
+}
+
+// nodeCertRequest is what a node's certificate names.
+func (s *Server) nodeCertRequest(nodeID string, hosts []string) pki.Request {
+	return pki.Request{CommonName: nodeID, Hosts: hosts, Usage: pki.ServerAuth | pki.ClientAuth, Lifetime: s.cfg.NodeCertLifetime}
+}
+
+// checkJoinCSR checks a join's CSR before the node is registered: a
+// control plane with a CA requires one, within the node's hosts.
+func (s *Server) checkJoinCSR(r api.JoinRequest) error {
+	if s.cfg.CA == nil {
+		return nil
+	}
+	if r.CSR == "" {
+		return fmt.Errorf("%w: this control plane issues node certificates: the join needs a CSR (csr); give the agent the cluster's CA certificate (--cacert, RIALTO_CACERT)", ErrInvalid)
+	}
+	hosts := nodeHosts(r.Address, r.AgentURL, r.Endpoints)
+	if len(hosts) == 0 {
+		return fmt.Errorf("%w: a node certificate needs the node's address", ErrInvalid)
+	}
+	// The node ID is not known yet; the CSR leaves the name to us.
+	if _, err := pki.CheckCSR([]byte(r.CSR), s.nodeCertRequest("pending", hosts)); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	return nil
+}
+
+// signNodeCSR issues node n's certificate from a CSR.
+func (s *Server) signNodeCSR(n api.Node, csr string) (api.NodeCertificateResponse, error) {
+	iss, err := s.cfg.CA.SignCSR([]byte(csr), s.nodeCertRequest(n.ID, nodeHosts(n.Address, n.AgentURL, n.Endpoints)))
+	if err != nil {
+		if errors.Is(err, pki.ErrBadRequest) {
+			return api.NodeCertificateResponse{}, fmt.Errorf("%w: %v", ErrInvalid, err)
+		}
+		return api.NodeCertificateResponse{}, fmt.Errorf("controlplane: sign node certificate: %w", err)
+	}
+	s.log.Info("node certificate issued", "node", n.ID, "serial", iss.Cert.SerialNumber.Text(16), "expires", iss.Cert.NotAfter)
+	return api.NodeCertificateResponse{Certificate: string(iss.CertPEM), CACertificate: string(s.cfg.CA.CertPEM())}, nil
+}
+
+// checkNodeTLS holds a node's own calls (heartbeats, renewals) to mutual
+// TLS when the control plane has a CA: the connection must present a
+// certificate of the cluster CA naming the node, not revoked. Its answer
+// is 401, so that an agent whose certificate expired joins again.
+func (s *Server) checkNodeTLS(r *http.Request, nodeID string) error {
+	if s.cfg.CA == nil {
+		return nil
+	}
+	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
+		return fmt.Errorf("%w: node calls need the node's certificate (mutual TLS)", ErrUnauthorized)
+	}
+	leaf := r.TLS.PeerCertificates[0]
+	if err := s.cfg.CA.Verify(leaf, pki.ClientAuth); err != nil {
+		return fmt.Errorf("%w: node certificate: %v", ErrUnauthorized, err)
+	}
+	if leaf.Subject.CommonName != nodeID {
+		return fmt.Errorf("%w: the certificate presented belongs to node %q, not %s", ErrForbidden, leaf.Subject.CommonName, nodeID)
+	}
+	return nil
+}
+
+func (s *Server) hNodeCertificate(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
+	id := r.PathValue("id")
+	if id != p.nodeID {
+		return 0, nil, fmt.Errorf("%w: this node credential belongs to node %s, not %s", ErrForbidden, p.nodeID, id)
+	}
+	if err := s.checkNodeTLS(r, id); err != nil {
+		return 0, nil, err
+	}
+	var req api.NodeCertificateRequest
+	if err := decode(w, r, false, &req); err != nil {
+		return 0, nil, err
+	}
+	n, err := s.st.Node(ctx, id)
+	if err != nil {
+		return 0, nil, err
+	}
+	out, err := s.signNodeCSR(n.Node, req.CSR)
+	return http.StatusOK, out, err
+}
+
+// TLSLender is the Lender of a control plane with a cluster CA: it calls
+// agents over mutual TLS, presenting a certificate named pki.ControlPlaneCN and
+// accepting only the certificate of the node it means to reach (common
+// name its node ID, not revoked), before any byte of the request (and its
+// agent key) is sent.
+type TLSLender struct {
+	HTTPLender
+	ca   *pki.CA
+	cert func() (*tls.Certificate, error)
+}
+
+// NewTLSLender returns a TLSLender with a client certificate from ca.
+func NewTLSLender(ca *pki.CA) (*TLSLender, error) {
+	cert, err := ca.Renewing(pki.Request{CommonName: pki.ControlPlaneCN, Usage: pki.ClientAuth})
+	if err != nil {
+		return nil, err
+	}
+	l := &TLSLender{ca: ca, cert: cert}
+	l.HTTPLender.client = l.clientFor
+	return l, nil
+}
+
+// clientFor is an HTTP client whose connections verify that the agent at
+// the other end is node.
+func (l *TLSLender) clientFor(node api.Node) (*http.Client, error) {
+	u, err := url.Parse(node.AgentURL)
+	if err != nil {
+		return nil, fmt.Errorf("controlplane: agent %s: bad agent URL: %w", node.ID, err)
+	}
+	if u.Scheme != "https" {
+		return nil, fmt.Errorf("controlplane: agent %s serves its API without TLS (%s); this control plane calls agents over mutual TLS only", node.ID, u.Redacted())
+	}
+	return l.clients.get(node.ID, func() *http.Client {
+		tr := newLenderTransport()
+		tr.TLSClientConfig = &tls.Config{
+			MinVersion:           tls.VersionTLS12,
+			RootCAs:              l.ca.Pool(),
+			GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return l.cert() },
+			VerifyConnection: func(cs tls.ConnectionState) error {
+				if err := l.ca.VerifyPeer(cs); err != nil {
+					return err
+				}
+				if cn := cs.PeerCertificates[0].Subject.CommonName; cn != node.ID {
+					return fmt.Errorf("controlplane: the agent at %s presented the certificate of node %q, not %s", u.Host, cn, node.ID)
+				}
+				return nil
+			},
+		}
+		return &http.Client{Transport: tr}
+	}), nil
+}

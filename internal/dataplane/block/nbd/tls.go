@@ -1,0 +1,145 @@
+package nbd
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// ErrTLSRequired is returned by Dial when the server requires TLS
+// (NBD_REP_ERR_TLS_REQD) and the client was not given a TLS configuration.
+var ErrTLSRequired = errors.New("nbd: the server requires TLS (use an nbds:// URI or WithTLS)")
+
+// errTLSPlaintextExportName ends a handshake in which a client asked for an
+// export with NBD_OPT_EXPORT_NAME before TLS on a server that requires it;
+// that option has no error reply, so the server can only hang up.
+var errTLSPlaintextExportName = errors.New("nbd: NBD_OPT_EXPORT_NAME before STARTTLS on a server that requires TLS")
+
+// tlsRecord is the largest TLS record payload; crypto/tls sends one record
+// per system call.
+const tlsRecord = 16 << 10
+
+// tlsConn is an NBD connection upgraded with NBD_OPT_STARTTLS. Its Close
+// closes the socket at once (crypto/tls would first try to send
+// close_notify, which waits for a peer that no longer reads); closeNotify
+// ends the session in order. Writes must be serialised by the caller, as
+// they are by the server's and the client's write locks.
+type tlsConn struct {
+	*tls.Conn
+	raw  net.Conn
+	wbuf []byte
+}
+
+func newTLSConn(tc *tls.Conn, raw net.Conn) *tlsConn { return &tlsConn{Conn: tc, raw: raw} }
+
+func (t *tlsConn) Close() error { return t.raw.Close() }
+
+// closeNotify sends close_notify (waiting at most d for the peer to take
+// it) and closes the socket.
+func (t *tlsConn) closeNotify(d time.Duration) {
+	t.raw.SetWriteDeadline(time.Now().Add(d))
+	t.Conn.CloseWrite()
+	t.raw.Close()
+}
+
+// readerConn is a connection whose reads go through r: the server hands
+// crypto/tls the socket's fastReader this way, so that TLS connections wait
+// for requests as plaintext ones do.
+type readerConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *readerConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// writeBuffers writes v to w, consuming it: with one writev on a plain
+// socket, and on a TLS connection in as few records (and so system calls)
+// as the bytes allow: crypto/tls makes at least one record per Write, so
+// writing a reply header and its payload separately would cost two records
+// and two system calls where one does.
+func writeBuffers(w net.Conn, v *net.Buffers) (int64, error) {
+	t, ok := w.(*tlsConn)
+	if !ok {
+		return v.WriteTo(w)
+	}
+	var total int64
+	buf := t.wbuf[:0]
+	if cap(buf) < tlsRecord {
+		buf = make([]byte, 0, tlsRecord)
+	}
+	defer func() { t.wbuf = buf[:0] }()
+	flush := func() error {
+		if len(buf) == 0 {
+			return nil
+		}
+		n, err := t.Conn.Write(buf)
+		total += int64(n)
+		buf = buf[:0]
+		return err
+	}
+	for _, b := range *v {
+		for len(b) > 0 {
+			if len(buf) == 0 && len(b) >= tlsRecord {
+				// Whole records straight from b, without copying.
+				k := len(b) - len(b)%tlsRecord
+				n, err := t.Conn.Write(b[:k])
+				total += int64(n)
+				if err != nil {
+					return total, err
+				}
+				b = b[k:]
+				continue
+			}
+			k := min(len(b), tlsRecord-len(buf))
+			buf = append(buf, b[:k]...)
+			b = b[k:]
+			if len(buf) == tlsRecord {
+				if err := flush(); err != nil {
+					return total, err
+				}
+			}
+		}
+	}
+	*v = (*v)[len(*v):]
+	return total, flush()
+}
+
+// LoadTLSDir builds a client TLS configuration from a directory in the
+// layout libnbd's tls-certificates=DIR and qemu's tls-creds-x509 use:
+// ca-cert.pem (required: the CAs the server's certificate must chain to)
+// and, optionally, client-cert.pem with client-key.pem (a client
+// certificate, for servers that ask for one). A ca-crl.pem, if present, is
+// not read: revocation of server certificates is the server side's matter.
+func LoadTLSDir(dir string) (*tls.Config, error) {
+	ca, err := os.ReadFile(filepath.Join(dir, "ca-cert.pem"))
+	if err != nil {
+		return nil, fmt.Errorf("nbd: TLS certificates: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(ca) {
+		return nil, fmt.Errorf("nbd: TLS certificates: no certificate in %s", filepath.Join(dir, "ca-cert.pem"))
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
+	certFile, keyFile := filepath.Join(dir, "client-cert.pem"), filepath.Join(dir, "client-key.pem")
+	_, cerr := os.Stat(certFile)
+	_, kerr := os.Stat(keyFile)
+	switch {
+	case cerr == nil && kerr == nil:
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("nbd: TLS certificates: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	case errors.Is(cerr, fs.ErrNotExist) && errors.Is(kerr, fs.ErrNotExist):
+	default:
+		return nil, fmt.Errorf("nbd: TLS certificates: %s needs both client-cert.pem and client-key.pem, or neither", dir)
+	}
+	return cfg, nil
+}

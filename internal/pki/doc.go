@@ -1,0 +1,41 @@
+// Package pki is Rialto's cluster certificate authority: it creates a CA in
+// a state directory, issues server and client certificates from it, signs
+// certificate signing requests with short lifetimes, keeps a persisted
+// revocation list, and builds the crypto/tls configurations that verify
+// against it.
+//
+// Keys are ECDSA P-256: Go's crypto/tls, GnuTLS (libnbd's nbdinfo and
+// nbdcopy, nbdkit, qemu's tls-creds-x509) and OpenSSL (curl) all accept
+// them. Ed25519 would be shorter, but browsers (Chromium among them) do not
+// accept Ed25519 certificates, and the API may be opened in one.
+//
+// A CA directory holds, in the file names libnbd, nbdkit and qemu expect:
+//
+//	ca-cert.pem   the trusted CA certificates (the signing CA first; after a
+//	              rotation, older CA certificates follow until dropped)
+//	ca-key.pem    the signing CA's private key (0600)
+//	ca-crl.pem    the revocation list, an X.509 CRL signed by the CA
+//
+// The directory is 0700. Issued private keys are returned to the caller
+// (and written 0600 by [WriteFiles]); the CA never stores them.
+//
+// Revocation: [CA.Revoke] adds a serial number to the list and re-signs
+// ca-crl.pem; [CA.VerifyPeer] (installed by the tls.Config helpers) refuses a
+// revoked certificate, and third-party tools can load ca-crl.pem. Serial
+// numbers are 128 random bits, so one list covers certificates of every CA
+// generation.
+//
+// Rotation: [CA.Rotate] makes a new signing key and certificate and keeps
+// the old CA certificate in ca-cert.pem, so that certificates issued before
+// still verify while they are renewed from the new CA; once every holder has
+// a new certificate (at most one leaf lifetime later), [CA.DropOld] removes
+// the old CA certificates. Clients that pinned ca-cert.pem must fetch it
+// again after a rotation.
+//
+// Zero value: a zero CA is not usable; use [Open] or [Load].
+//
+// Concurrency: CA methods are safe for concurrent use. Methods that change
+// the directory (Open creating it, Revoke, Rotate, DropOld) also take an
+// advisory lock on it (dir/.lock), so that two processes sharing a CA
+// directory do not overwrite each other's changes.
+package pki

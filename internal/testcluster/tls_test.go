@@ -1,0 +1,291 @@
+package testcluster
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane"
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/pki"
+)
+
+// nodeCert reads a node's certificate and key from its state dir.
+func nodeCert(t *testing.T, n *Node) tls.Certificate {
+	t.Helper()
+	c, err := tls.LoadX509KeyPair(filepath.Join(n.StateDir, "node-cert.pem"), filepath.Join(n.StateDir, "node-key.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Leaf, err = x509.ParseCertificate(c.Certificate[0]); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// tlsClient trusts the cluster CA and presents cert (if not nil).
+func tlsClient(c *Cluster, cert *tls.Certificate) *http.Client {
+	cfg := c.CA.ClientConfig(cert)
+	if cert != nil {
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil }
+	}
+	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg}}
+}
+
+// TestTLSEnrollment: in a cluster with a CA, agents join with a CSR and
+// get a certificate naming their node; the control plane calls them over
+// mutual TLS (a lease works end to end), and node calls without the
+// node's own certificate are refused.
+func TestTLSEnrollment(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{TLS: true, Nodes: 2})
+	ctx := ctxT(t)
+	if !strings.HasPrefix(c.URL, "https://") {
+		t.Fatalf("control plane at %s", c.URL)
+	}
+	nodes, err := c.Client().Nodes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range nodes {
+		n := c.NodeByID(nd.ID)
+		if !strings.HasPrefix(nd.AgentURL, "https://") {
+			t.Errorf("node %s agent URL %s", nd.Name, nd.AgentURL)
+		}
+		cert := nodeCert(t, n)
+		u, _ := url.Parse(nd.AgentURL)
+		if cert.Leaf.Subject.CommonName != nd.ID || len(cert.Leaf.IPAddresses) != 1 || cert.Leaf.IPAddresses[0].String() != u.Hostname() {
+			t.Errorf("node %s certificate: CN %q, IPs %v", nd.ID, cert.Leaf.Subject.CommonName, cert.Leaf.IPAddresses)
+		}
+		if err := c.CA.Verify(cert.Leaf, pki.ServerAuth|pki.ClientAuth); err != nil {
+			t.Errorf("node %s certificate: %v", nd.ID, err)
+		}
+		if st, err := os.Stat(filepath.Join(n.StateDir, "node-key.pem")); err != nil || st.Mode().Perm() != 0o600 {
+			t.Errorf("node key: %v %v", st, err)
+		}
+	}
+
+	// A lease: prepared over mutual TLS, then served.
+	l := createBlock(t, c.Client(), 8<<20, api.ModeShared)
+	nc, err := nbd.DialURI(ctx, l.URI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+
+	n1, n2 := c.NodeByID(nodes[0].ID), c.NodeByID(nodes[1].ID)
+	cert1, cert2 := nodeCert(t, n1), nodeCert(t, n2)
+	cred1 := readIdentity(t, n1).Credential
+	beat := func(hc *http.Client) error {
+		_, err := api.NewClient(c.URL, cred1, hc).Heartbeat(ctx, n1.ID(), api.Heartbeat{Health: "ok"})
+		return err
+	}
+	if err := beat(tlsClient(c, &cert1)); err != nil {
+		t.Fatalf("heartbeat with the node's own certificate: %v", err)
+	}
+	for _, tc := range []struct {
+		name string
+		hc   *http.Client
+		code string
+	}{
+		{"no certificate", tlsClient(c, nil), api.CodeUnauthorized},
+		{"another node's certificate", tlsClient(c, &cert2), api.CodeForbidden},
+	} {
+		if err := beat(tc.hc); !api.IsCode(err, tc.code) {
+			t.Errorf("heartbeat with %s: %v, want %s", tc.name, err, tc.code)
+		}
+	}
+
+	// The agent's lease-execution API takes calls from the control plane's
+	// certificate only, whatever the bearer key.
+	key := readIdentity(t, n1).AgentKey
+	for _, tc := range []struct {
+		name string
+		hc   *http.Client
+	}{{"no certificate", tlsClient(c, nil)}, {"a node's certificate", tlsClient(c, &cert2)}} {
+		req, _ := http.NewRequestWithContext(ctx, "GET", nodes[0].AgentURL+"/agent/v1/status", nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := tc.hc.Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden {
+			t.Errorf("agent status with %s: %s", tc.name, resp.Status)
+		}
+	}
+	// And a client that does not trust the cluster CA is refused at the
+	// handshake.
+	if _, err := http.Get(nodes[0].AgentURL + "/agent/v1/ping"); err == nil {
+		t.Error("the agent API verified against the system's CAs")
+	}
+}
+
+// TestTLSRevokedNodeCertificate: a revoked node certificate is refused on
+// the node's next call; the agent joins again with the bootstrap token and
+// gets a new one.
+func TestTLSRevokedNodeCertificate(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{TLS: true, Nodes: 1})
+	n := c.Nodes[0]
+	old := nodeCert(t, n)
+	if err := c.CA.Revoke(old.Leaf.SerialNumber); err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	_, err := api.NewClient(c.URL, readIdentity(t, n).Credential, tlsClient(c, &old)).Heartbeat(ctx, n.ID(), api.Heartbeat{Health: "ok"})
+	if err == nil {
+		t.Fatal("heartbeat with a revoked certificate accepted")
+	}
+	c.Eventually("a new node certificate", func() bool {
+		b, err := os.ReadFile(filepath.Join(n.StateDir, "node-cert.pem"))
+		if err != nil {
+			return false
+		}
+		certs, err := pki.ParseCerts(b)
+		return err == nil && certs[0].SerialNumber.Cmp(old.Leaf.SerialNumber) != 0
+	})
+	c.Eventually("the node ready with its new certificate", func() bool { return c.NodeState(n.ID()) == api.NodeReady })
+	l := createBlock(t, c.Client(), 4<<20, api.ModeShared)
+	if l.NodeID != n.ID() {
+		t.Fatalf("lease on %s", l.NodeID)
+	}
+}
+
+// TestTLSRenewal: with a short certificate lifetime the agent renews its
+// certificate before it expires and stays usable.
+func TestTLSRenewal(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{TLS: true, Nodes: 1, NodeCertLifetime: 3 * time.Second})
+	n := c.Nodes[0]
+	first := nodeCert(t, n)
+	c.Eventually("a renewed certificate", func() bool {
+		b, err := os.ReadFile(filepath.Join(n.StateDir, "node-cert.pem"))
+		if err != nil {
+			return false
+		}
+		certs, err := pki.ParseCerts(b)
+		return err == nil && certs[0].NotAfter.After(first.Leaf.NotAfter)
+	})
+	// Well past the first certificate's expiry, leases still go through.
+	Eventually(t, 20*time.Second, "the first certificate to expire", func() bool { return time.Now().After(first.Leaf.NotAfter.Add(time.Second)) })
+	l := createBlock(t, c.Client(), 4<<20, api.ModeShared)
+	c.Eventually("the node ready", func() bool { return c.NodeState(n.ID()) == api.NodeReady })
+	if _, err := c.Client().ReleaseLease(ctxT(t), l.ID); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestTLSLenderChecksTheNode: the control plane's lender refuses an agent
+// URL whose server presents another node's certificate, an expired or a
+// revoked one, or no TLS, before sending anything.
+func TestTLSLenderChecksTheNode(t *testing.T) {
+	t.Parallel()
+	ca, err := pki.Open(t.TempDir(), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lender, err := controlplane.NewTLSLender(ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reached := make(chan string, 16)
+	serve := func(cert tls.Certificate, useTLS bool) string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			reached <- r.URL.Path
+			w.Write([]byte(`{"uri":"nbd://x/y"}`))
+		}), ErrorLog: log.New(io.Discard, "", 0)}
+		scheme := "http"
+		if useTLS {
+			scheme = "https"
+			srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca.Pool()}
+			go srv.ServeTLS(ln, "", "")
+		} else {
+			go srv.Serve(ln)
+		}
+		t.Cleanup(func() { srv.Close() })
+		return scheme + "://" + ln.Addr().String()
+	}
+	issue := func(cn string, now func() time.Time, life time.Duration) tls.Certificate {
+		from := ca
+		if now != nil {
+			if from, err = pki.Load(ca.Dir(), pki.Options{Now: now}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		iss, err := from.Issue(pki.Request{CommonName: cn, Hosts: []string{"127.0.0.1"}, Usage: pki.ServerAuth | pki.ClientAuth, Lifetime: life})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := iss.TLSCertificate()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	revoked := issue("node-a", nil, 0)
+	if err := ca.Revoke(revoked.Leaf.SerialNumber); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	prepare := func(url string) error {
+		_, err := lender.Prepare(ctx, api.Node{ID: "node-a", AgentURL: url}, "rak_secret", api.PrepareRequest{LeaseID: "l1"})
+		return err
+	}
+	if err := prepare(serve(issue("node-a", nil, 0), true)); err != nil {
+		t.Fatalf("the right node: %v", err)
+	}
+	<-reached
+	for _, tc := range []struct {
+		name, url, want string
+	}{
+		{"another node's certificate", serve(issue("node-b", nil, 0), true), `node "node-b"`},
+		{"an expired certificate", serve(issue("node-a", func() time.Time { return time.Now().Add(-2 * time.Hour) }, time.Hour), true), "expired"},
+		{"a revoked certificate", serve(revoked, true), "revoked"},
+		{"no TLS", serve(tls.Certificate{}, false), "without TLS"},
+	} {
+		err := prepare(tc.url)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
+	}
+	select {
+	case p := <-reached:
+		t.Fatalf("a refused agent received %s", p)
+	default:
+	}
+}
+
+// readIdentity reads the secrets a node keeps in its state dir.
+func readIdentity(t *testing.T, n *Node) struct{ Credential, AgentKey string } {
+	t.Helper()
+	var id struct {
+		Credential string `json:"credential"`
+		AgentKey   string `json:"agent_key"`
+	}
+	b, err := os.ReadFile(filepath.Join(n.StateDir, "identity.json"))
+	if err == nil {
+		err = json.Unmarshal(b, &id)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return struct{ Credential, AgentKey string }{id.Credential, id.AgentKey}
+}
