@@ -228,6 +228,10 @@ func amount(kind string, n int64) string {
 	return strconv.FormatInt(n, 10)
 }
 
+// FormatRate formats a rate in bytes/s as a link rate in bits/s ("500
+// Mbit/s"), as explanations show nic capacities and sizes.
+func FormatRate(bytesPerSec int64) string { return fmtBits(float64(bytesPerSec) * 8) }
+
 // fmtBits formats bits/s as a link rate ("500 Mbit/s", "1.2 Gbit/s").
 func fmtBits(b float64) string {
 	for _, u := range [...]struct {
