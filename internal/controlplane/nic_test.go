@@ -92,7 +92,7 @@ func TestNICLeases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if whole.Mode != api.ModeDedicated || whole.Parts[0].Length != link || whole.NodeID == share.NodeID || whole.NodeID == l.NodeID {
+	if whole.Mode != api.ModeDedicated || whole.Parts[0].Length != link || whole.Size != link || whole.NodeID == share.NodeID || whole.NodeID == l.NodeID {
 		t.Fatalf("whole: %+v (share on %s, 70 Mbit/s on %s)", whole, share.NodeID, l.NodeID)
 	}
 	leases, err := e.alice.Leases(e.ctx())

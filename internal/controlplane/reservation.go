@@ -64,6 +64,14 @@ func (r *reservation) lease(id string, plan api.Plan) api.Lease {
 	if l.Mode == api.ModeComposed && l.StripeUnit == 0 && (req.Kind == api.KindBlock || req.Kind == api.KindMemory) {
 		l.StripeUnit = defaultStripeUnit
 	}
+	if req.Kind == api.KindNIC {
+		// A nic lease's size is the rate its parts hold (a whole
+		// interface's is its rate).
+		l.Size = 0
+		for _, p := range plan.Parts {
+			l.Size += p.Length
+		}
+	}
 	return l
 }
 
