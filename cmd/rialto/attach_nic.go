@@ -50,6 +50,7 @@ func attachNIC(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l ap
 		os.Remove(ctlPath)
 		return fmt.Errorf("attach %s: %w", l.ID, err)
 	}
+	waitMembers(ctx, e, ifc, 10*time.Second)
 	st := attachState{ID: l.ID, State: "attached", PID: os.Getpid(), Size: l.Size, Parts: len(l.Parts), Control: ctlPath,
 		Started: time.Now().UTC(), Iface: ifc.Name(), Addr: ifc.Addr().String()}
 	for _, r := range ifc.Routes() {
@@ -73,4 +74,35 @@ func attachNIC(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l ap
 			l.ID, what, capacity(api.KindNIC, l.Size), st.Iface, st.Addr, dash(strings.Join(st.Routes, ",")), l.ID)
 	}
 	return holdAttachment(ctx, c, l, ctl, file, ctlPath, watch, ifc.Close)
+}
+
+// waitMembers waits (at most max) until every lender of the interface is
+// connected, so that the interface carries the whole bond when attach
+// says it is there; lenders still down then are named on stderr (they are
+// redialled in the background, and take flows once they answer).
+func waitMembers(ctx context.Context, e *env, ifc *nic.Interface, max time.Duration) {
+	deadline := time.Now().Add(max)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var down []nic.MemberStatus
+		for _, m := range ifc.Members() {
+			if !m.Up {
+				down = append(down, m)
+			}
+		}
+		if len(down) == 0 {
+			return
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			for _, m := range down {
+				fmt.Fprintf(e.stderr, "rialto attach: warning: lender %s not connected yet (%s); it takes flows once it answers\n", m.Addr, dash(m.Err))
+			}
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+		}
+	}
 }
