@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/dirty"
 )
 
 // Moving an export while it is served. A lender moving a lease's range to
@@ -14,7 +16,7 @@ import (
 // while the borrower keeps writing, so the server lets it
 //
 //   - record which parts of the export completed writes changed
-//     ([Server.TrackWrites] with a [DirtyMap]): the copier re-copies them
+//     ([Server.TrackWrites] with a [dirty.Map]): the copier re-copies them
 //     in passes until few remain;
 //   - hold the writes that have not started while the last of them is
 //     copied ([Server.PauseWrites], [Server.ResumeWrites]);
@@ -41,7 +43,7 @@ var errRetired = errors.New("nbd: export retired")
 // exportMove is an export's move state (export.mv), from the first
 // TrackWrites, PauseWrites or Retire until EndMove.
 type exportMove struct {
-	dirty atomic.Pointer[DirtyMap]
+	dirty atomic.Pointer[dirty.Map]
 
 	mu      sync.Mutex
 	paused  bool
@@ -208,13 +210,13 @@ func waitUntracked(ctx context.Context, e *export) error {
 // missed d is still executing, so that everything written after it
 // returns, or still under way then, is either in the copy a caller makes
 // next or marked in d.
-func (s *Server) TrackWrites(ctx context.Context, name string, d *DirtyMap) error {
-	if d != nil && d.size != 0 {
+func (s *Server) TrackWrites(ctx context.Context, name string, d *dirty.Map) error {
+	if d != nil {
 		s.mu.Lock()
 		e, ok := s.exports[name]
 		s.mu.Unlock()
-		if ok && d.size != e.size {
-			return fmt.Errorf("%w: dirty map of %d bytes for an export of %d", ErrInvalidExport, d.size, e.size)
+		if ok && d.Size() != e.size {
+			return fmt.Errorf("%w: dirty map of %d bytes for an export of %d", ErrInvalidExport, d.Size(), e.size)
 		}
 	}
 	e, mv, err := s.move(name)

@@ -5,105 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"os/exec"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/dirty"
 )
-
-func TestDirtyMap(t *testing.T) {
-	for _, tc := range []struct {
-		name        string
-		size, chunk int64
-		marks       [][2]int64
-		want        []Range
-		wantBytes   int64
-	}{
-		{"empty", 1 << 20, 4096, nil, nil, 0},
-		{"one byte marks its chunk", 1 << 20, 4096, [][2]int64{{5000, 1}}, []Range{{4096, 4096}}, 4096},
-		{"adjacent chunks merge", 1 << 20, 4096, [][2]int64{{0, 4096}, {4096, 100}}, []Range{{0, 8192}}, 8192},
-		{"gaps stay apart", 1 << 20, 4096, [][2]int64{{0, 1}, {3 * 4096, 1}}, []Range{{0, 4096}, {3 * 4096, 4096}}, 8192},
-		{"across a word", 1 << 20, 4096, [][2]int64{{62 * 4096, 4 * 4096}}, []Range{{62 * 4096, 4 * 4096}}, 4 * 4096},
-		{"clipped at the end", 10000, 4096, [][2]int64{{9000, 5000}}, []Range{{8192, 10000 - 8192}}, 4096}, // Bytes counts whole chunks
-		{"outside ignored", 1 << 20, 4096, [][2]int64{{-10, 5}, {1 << 20, 10}, {2 << 20, 1}}, nil, 0},
-		{"chunk rounds up to a power of two", 1 << 20, 3000, [][2]int64{{4095, 2}}, []Range{{0, 8192}}, 8192},
-		{"remarking counts once", 1 << 20, 4096, [][2]int64{{0, 10}, {0, 10}, {1, 1}}, []Range{{0, 4096}}, 4096},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			d := NewDirtyMap(tc.size, tc.chunk)
-			for _, m := range tc.marks {
-				d.Mark(m[0], m[1])
-			}
-			if got := d.Bytes(); got != tc.wantBytes {
-				t.Errorf("Bytes = %d, want %d", got, tc.wantBytes)
-			}
-			got := d.Take()
-			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
-				t.Errorf("Take = %v, want %v", got, tc.want)
-			}
-			if again := d.Take(); len(again) != 0 || d.Bytes() != 0 {
-				t.Errorf("after Take: %v, %d bytes", again, d.Bytes())
-			}
-		})
-	}
-	if d := NewDirtyMap(1<<40, 4096); d.Chunk() <= 4096 || int64(len(d.words))*64 > maxDirtyBits+64 {
-		t.Errorf("a 1 TiB map has chunks of %d and %d words", d.Chunk(), len(d.words))
-	}
-}
-
-// TestDirtyMapConcurrent: marks racing with Take are never lost.
-func TestDirtyMapConcurrent(t *testing.T) {
-	const size = 1 << 24
-	d := NewDirtyMap(size, 4096)
-	seen := make([]atomic.Bool, size/4096)
-	var marked []int64
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	stop := make(chan struct{})
-	for w := range 4 {
-		wg.Go(func() {
-			r := rand.New(rand.NewPCG(uint64(w), 1))
-			for range 20000 {
-				c := r.Int64N(size / 4096)
-				d.Mark(c*4096, 1)
-				mu.Lock()
-				marked = append(marked, c)
-				mu.Unlock()
-			}
-		})
-	}
-	var takerWG sync.WaitGroup
-	takerWG.Go(func() {
-		for {
-			for _, r := range d.Take() {
-				for o := r.Off; o < r.Off+r.Len; o += 4096 {
-					seen[o/4096].Store(true)
-				}
-			}
-			select {
-			case <-stop:
-				return
-			default:
-			}
-		}
-	})
-	wg.Wait()
-	close(stop)
-	takerWG.Wait()
-	for _, r := range d.Take() {
-		for o := r.Off; o < r.Off+r.Len; o += 4096 {
-			seen[o/4096].Store(true)
-		}
-	}
-	for _, c := range marked {
-		if !seen[c].Load() {
-			t.Fatalf("chunk %d was marked and never taken", c)
-		}
-	}
-}
 
 // blockingBackend makes every write wait for a token on gate while hold
 // is set, counting the writes that wait.
@@ -173,11 +82,11 @@ func TestTrackWritesFile(t *testing.T) {
 	s, addr := startServer(t, Export{Name: "x", Backend: be})
 	c := dial(t, addr, "x")
 	ctx := context.Background()
-	d := NewDirtyMap(size, 4096)
+	d := dirty.New(size, 4096)
 	if err := s.TrackWrites(ctx, "nope", d); !errors.Is(err, ErrExportNotFound) {
 		t.Errorf("TrackWrites of an unknown export: %v", err)
 	}
-	if err := s.TrackWrites(ctx, "x", NewDirtyMap(size/2, 4096)); err == nil {
+	if err := s.TrackWrites(ctx, "x", dirty.New(size/2, 4096)); err == nil {
 		t.Error("a dirty map of the wrong size was accepted")
 	}
 	if _, err := c.WriteAt(make([]byte, 4096), 0); err != nil { // before: not marked
@@ -199,7 +108,7 @@ func TestTrackWritesFile(t *testing.T) {
 	if _, err := c.ReadAt(make([]byte, 4096), 5*4096); err != nil { // reads are not marked
 		t.Fatal(err)
 	}
-	want := []Range{{1 << 20, 256 << 10}, {2 << 20, 8192}, {3 << 20, 4096}}
+	want := []dirty.Range{{1 << 20, 256 << 10}, {2 << 20, 8192}, {3 << 20, 4096}}
 	if got := d.Take(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("dirty = %v, want %v", got, want)
 	}
@@ -241,7 +150,7 @@ func TestPauseWrites(t *testing.T) {
 	be.hold.Store(true)
 	w1 := write(1, 0)
 	waitFor(t, "the first write to reach the backend", func() bool { return be.waiting.Load() == 1 })
-	d := NewDirtyMap(1<<20, 4096)
+	d := dirty.New(1<<20, 4096)
 	if err := s.TrackWrites(short(), "x", d); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("TrackWrites with an untracked write under way: %v, want the deadline", err)
 	}
@@ -265,7 +174,7 @@ func TestPauseWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	be.hold.Store(false)
-	if got := d.Take(); fmt.Sprint(got) != fmt.Sprint([]Range{{4096, 4096}}) {
+	if got := d.Take(); fmt.Sprint(got) != fmt.Sprint([]dirty.Range{{4096, 4096}}) {
 		t.Errorf("dirty after the second write: %v", got)
 	}
 
@@ -289,7 +198,7 @@ func TestPauseWrites(t *testing.T) {
 	if err := <-w3; err != nil {
 		t.Fatal(err)
 	}
-	if be.at(8192, 1)[0] != 3 || fmt.Sprint(d.Take()) != fmt.Sprint([]Range{{8192, 4096}}) {
+	if be.at(8192, 1)[0] != 3 || fmt.Sprint(d.Take()) != fmt.Sprint([]dirty.Range{{8192, 4096}}) {
 		t.Error("the resumed write did not land or was not marked")
 	}
 }
@@ -300,7 +209,7 @@ func TestRetire(t *testing.T) {
 	busy := dial(t, addr, "x")
 	held := dial(t, addr, "x")
 	ctx := context.Background()
-	if err := s.TrackWrites(ctx, "x", NewDirtyMap(1<<20, 4096)); err != nil {
+	if err := s.TrackWrites(ctx, "x", dirty.New(1<<20, 4096)); err != nil {
 		t.Fatal(err)
 	}
 	// A write under way on one connection...

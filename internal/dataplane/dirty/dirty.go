@@ -1,51 +1,51 @@
-package nbd
+package dirty
 
 import (
 	"math/bits"
 	"sync/atomic"
 )
 
-// DirtyMap records which chunks of a byte range were changed, for a copier
-// that copies the range while it is written (see [Server.TrackWrites]).
+// Map records which chunks of a byte range were changed, for a copier
+// that copies the range while it is written.
 // Mark may run concurrently with itself and with Take: Take clears each
 // word of the bitmap atomically as it reads it, so a chunk marked while it
 // runs is either in its answer or still marked after it.
 //
-// The zero DirtyMap is not usable; use NewDirtyMap.
-type DirtyMap struct {
+// The zero Map is not usable; use New.
+type Map struct {
 	shift uint
 	size  int64
 	words []atomic.Uint64
 	count atomic.Int64 // chunks marked (approximate while Mark and Take race)
 }
 
-// maxDirtyBits bounds a DirtyMap's bitmap (1 MiB of words).
-const maxDirtyBits = 8 << 20
+// maxBits bounds a Map's bitmap (1 MiB of words).
+const maxBits = 8 << 20
 
-// NewDirtyMap returns an empty map of size bytes in chunks of chunk bytes
+// New returns an empty map of size bytes in chunks of chunk bytes
 // (rounded up to a power of two, at least 512), or larger chunks if the
 // bitmap would exceed 8 Mi chunks.
-func NewDirtyMap(size, chunk int64) *DirtyMap {
+func New(size, chunk int64) *Map {
 	shift := uint(9)
 	for int64(1)<<shift < chunk {
 		shift++
 	}
-	for (size>>shift)+1 > maxDirtyBits {
+	for (size>>shift)+1 > maxBits {
 		shift++
 	}
 	nbits := (size + 1<<shift - 1) >> shift
-	return &DirtyMap{shift: shift, size: size, words: make([]atomic.Uint64, (nbits+63)/64)}
+	return &Map{shift: shift, size: size, words: make([]atomic.Uint64, (nbits+63)/64)}
 }
 
 // Size is the range's size in bytes.
-func (d *DirtyMap) Size() int64 { return d.size }
+func (d *Map) Size() int64 { return d.size }
 
 // Chunk is the map's granularity in bytes.
-func (d *DirtyMap) Chunk() int64 { return 1 << d.shift }
+func (d *Map) Chunk() int64 { return 1 << d.shift }
 
 // Mark records that [off, off+n) changed; parts outside the range are
 // ignored.
-func (d *DirtyMap) Mark(off, n int64) {
+func (d *Map) Mark(off, n int64) {
 	if off < 0 {
 		n += off
 		off = 0
@@ -65,11 +65,11 @@ func (d *DirtyMap) Mark(off, n int64) {
 }
 
 // MarkAll marks the whole range.
-func (d *DirtyMap) MarkAll() { d.Mark(0, d.size) }
+func (d *Map) MarkAll() { d.Mark(0, d.size) }
 
 // Bytes is (about) how many bytes are marked: whole chunks, so up to a
 // chunk more than was written at each end.
-func (d *DirtyMap) Bytes() int64 {
+func (d *Map) Bytes() int64 {
 	return min(max(d.count.Load(), 0)<<d.shift, d.size)
 }
 
@@ -77,7 +77,7 @@ func (d *DirtyMap) Bytes() int64 {
 type Range struct{ Off, Len int64 }
 
 // Take returns the marked ranges, in order, merged, and clears them.
-func (d *DirtyMap) Take() []Range {
+func (d *Map) Take() []Range {
 	var out []Range
 	for wi := range d.words {
 		w := d.words[wi].Swap(0)
