@@ -108,7 +108,7 @@ func TestTrackWritesFile(t *testing.T) {
 	if _, err := c.ReadAt(make([]byte, 4096), 5*4096); err != nil { // reads are not marked
 		t.Fatal(err)
 	}
-	want := []dirty.Range{{1 << 20, 256 << 10}, {2 << 20, 8192}, {3 << 20, 4096}}
+	want := []dirty.Range{{Off: 1 << 20, Len: 256 << 10}, {Off: 2 << 20, Len: 8192}, {Off: 3 << 20, Len: 4096}}
 	if got := d.Take(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("dirty = %v, want %v", got, want)
 	}
@@ -174,7 +174,7 @@ func TestPauseWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	be.hold.Store(false)
-	if got := d.Take(); fmt.Sprint(got) != fmt.Sprint([]dirty.Range{{4096, 4096}}) {
+	if got := d.Take(); fmt.Sprint(got) != fmt.Sprint([]dirty.Range{{Off: 4096, Len: 4096}}) {
 		t.Errorf("dirty after the second write: %v", got)
 	}
 
@@ -198,7 +198,7 @@ func TestPauseWrites(t *testing.T) {
 	if err := <-w3; err != nil {
 		t.Fatal(err)
 	}
-	if be.at(8192, 1)[0] != 3 || fmt.Sprint(d.Take()) != fmt.Sprint([]dirty.Range{{8192, 4096}}) {
+	if be.at(8192, 1)[0] != 3 || fmt.Sprint(d.Take()) != fmt.Sprint([]dirty.Range{{Off: 8192, Len: 4096}}) {
 		t.Error("the resumed write did not land or was not marked")
 	}
 }
