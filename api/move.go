@@ -1,0 +1,102 @@
+package api
+
+import "time"
+
+// Transfers move a part of a lease from one lender to another while the
+// borrower uses it (docs/operations.md, "Moving leases"). The control
+// plane drives them through the agents' API; the bytes go from lender to
+// lender, never through the borrower or the control plane. The source
+// pushes: it knows which parts of the range its borrower writes while it
+// copies, and it can hold those writes for the last pass.
+
+// TransferInRequest asks the destination lender to receive a part:
+// POST /agent/v1/transfers/in.
+type TransferInRequest struct {
+	ID string `json:"id"` // the transfer's ID, chosen by the control plane
+	// Token is the transfer's credential (a secret): the destination
+	// serves the received range to whoever presents it, for this
+	// transfer only, until it is committed or ExpiresAt passes.
+	Token string `json:"token"`
+	// Part is the part as the destination will serve it once the
+	// transfer is committed: lease, device, range and its (new) export
+	// name. Its ExpiresAt and Now are the lease's.
+	Part PrepareRequest `json:"part"`
+	// ExpiresAt (with Now, the control plane's clock) is when the
+	// destination gives the transfer up unless it was committed: it stops
+	// serving the received range and wipes it.
+	ExpiresAt time.Time `json:"expires_at"`
+	Now       time.Time `json:"now,omitzero"`
+}
+
+// TransferInResponse is where the source writes the part: the URI of the
+// received range, whose export name is the transfer's token (a secret).
+type TransferInResponse struct {
+	URI string `json:"uri"`
+}
+
+// TransferOutRequest asks the source lender to copy a part it serves to
+// the destination: POST /agent/v1/transfers/out. It answers at once; the
+// copy runs in the background (GET /agent/v1/transfers/ID).
+type TransferOutRequest struct {
+	ID      string `json:"id"`
+	LeaseID string `json:"lease_id"`
+	Export  string `json:"export"`   // the part's export name on the source (secret)
+	DestURI string `json:"dest_uri"` // TransferInResponse.URI (secret)
+	// MaxPasses bounds the copy passes over what was written during the
+	// previous one (0: 8); ConvergeBytes is what may be left for the
+	// last pass, copied with the borrower's writes held (0: 8 MiB).
+	MaxPasses     int   `json:"max_passes,omitempty"`
+	ConvergeBytes int64 `json:"converge_bytes,omitempty"`
+	// HoldSeconds bounds how long the source holds the borrower's writes
+	// once the copy is complete, waiting for the control plane to seal
+	// the transfer (0: 30 s); then it serves them again and the transfer
+	// fails.
+	HoldSeconds float64 `json:"hold_seconds,omitempty"`
+}
+
+// Transfer states.
+const (
+	TransferCopying   = "copying"   // source: copying, pass after pass
+	TransferReady     = "ready"     // source: complete and durable at the destination, writes held
+	TransferSealed    = "sealed"    // source: writes held until commit or abort, whatever the time
+	TransferReceiving = "receiving" // destination: receiving
+	TransferCommitted = "committed" // source: the part retired, torn down and wiped; destination: the part served
+	TransferAborted   = "aborted"   // given up: the source serves the part, the destination wiped its copy
+	TransferFailed    = "failed"    // as aborted, after an error (Error says which)
+)
+
+// Transfer is a transfer's state on one lender: GET /agent/v1/transfers/ID.
+type Transfer struct {
+	ID      string `json:"id"`
+	LeaseID string `json:"lease_id"`
+	Kind    Kind   `json:"kind"`
+	Role    string `json:"role"` // "out" (the source) or "in" (the destination)
+	State   string `json:"state"`
+	// Size is the part's size; Copied the bytes sent (or received) so
+	// far, over every pass; Skipped the bytes not sent because they read
+	// as zeroes; Dirty what the borrower wrote since the pass under way
+	// started (the next pass's work).
+	Size    int64 `json:"size"`
+	Copied  int64 `json:"copied"`
+	Skipped int64 `json:"skipped,omitempty"`
+	Dirty   int64 `json:"dirty,omitempty"`
+	Pass    int   `json:"pass,omitempty"`
+	// HeldMillis is how long the borrower's writes were held for the
+	// last pass and the switch (so far, while they are).
+	HeldMillis float64   `json:"held_ms,omitempty"`
+	Error      string    `json:"error,omitempty"`
+	StartedAt  time.Time `json:"started_at"`
+	UpdatedAt  time.Time `json:"updated_at"`
+}
+
+// Done reports whether the transfer has ended (committed, aborted or
+// failed).
+func (t Transfer) Done() bool {
+	return t.State == TransferCommitted || t.State == TransferAborted || t.State == TransferFailed
+}
+
+// TransferCommitResponse answers POST /agent/v1/transfers/ID/commit: on
+// the destination, the URI the part is served at now (a secret).
+type TransferCommitResponse struct {
+	URI string `json:"uri,omitempty"`
+}
