@@ -7,12 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -53,7 +51,7 @@ func newMoveRig(t *testing.T) *moveRig {
 	r.cur.Store(prepareBlock(t, r.src, "lease-m", 0, movePart))
 	resolve := func(context.Context, int) (string, error) { return r.cur.Load().(string), nil }
 	att, err := stripe.Attach(ctxFor(t), stripe.AttachConfig{URIs: []string{r.cur.Load().(string)}, Resolve: resolve,
-		RequestTimeout: 20 * time.Second, Logger: testLogger(t)})
+		RequestTimeout: 20 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -482,16 +480,4 @@ func TestTransferAPI(t *testing.T) {
 		t.Error("the old export is still served")
 	}
 	_ = fmt.Sprint
-}
-
-// testLogger logs to the test's log.
-func testLogger(t *testing.T) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tlogWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type tlogWriter struct{ t *testing.T }
-
-func (w tlogWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
 }

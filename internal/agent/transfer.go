@@ -103,7 +103,9 @@ type MoveSource interface {
 }
 
 // MoveDest is the destination side of a transfer, as the source reaches
-// it.
+// it. A MoveDest with a method FreshZero() bool that answers true reads
+// as zeroes wherever it was not written: the first pass sends nothing for
+// ranges of zeroes.
 type MoveDest interface {
 	WriteAt(ctx context.Context, p []byte, off int64) error
 	// Zero makes [off, off+n) read as zeroes.
@@ -122,6 +124,8 @@ const (
 	// many it keeps in flight.
 	copyChunk = 1 << 20
 	copyDepth = 8
+	// zeroGrain is the granularity at which the copier looks for zeroes.
+	zeroGrain = 4 << 10
 	// keepDone is how long a finished transfer's state stays readable.
 	keepDone = 10 * time.Minute
 )
@@ -477,7 +481,7 @@ func (a *Agent) runOut(ctx context.Context, t *transfer, req api.TransferOutRequ
 		t.mu.Lock()
 		t.st.Pass = 1
 		t.mu.Unlock()
-		if err := a.copySpans(ctx, t, spans); err != nil {
+		if err := a.copySpans(ctx, t, spans, true); err != nil {
 			return err
 		}
 		// Passes over what was written meanwhile, while they shrink.
@@ -491,7 +495,7 @@ func (a *Agent) runOut(ctx context.Context, t *transfer, req api.TransferOutRequ
 			t.mu.Lock()
 			t.st.Pass = pass
 			t.mu.Unlock()
-			if err := a.copySpans(ctx, t, rangeSpans(t.src.Take())); err != nil {
+			if err := a.copySpans(ctx, t, rangeSpans(t.src.Take()), false); err != nil {
 				return err
 			}
 		}
@@ -503,7 +507,7 @@ func (a *Agent) runOut(ctx context.Context, t *transfer, req api.TransferOutRequ
 		t.heldAt = time.Now()
 		t.st.Pass++
 		t.mu.Unlock()
-		if err := a.copySpans(ctx, t, rangeSpans(t.src.Take())); err != nil {
+		if err := a.copySpans(ctx, t, rangeSpans(t.src.Take()), false); err != nil {
 			return err
 		}
 		if err := t.dst.Flush(ctx); err != nil {
@@ -590,9 +594,12 @@ func rangeSpans(rs []dirty.Range) []Span {
 
 // copySpans copies spans from t's source to its destination, copyDepth
 // requests of up to copyChunk in flight. A chunk that reads as zeroes is
-// sent as a zeroing request.
-func (a *Agent) copySpans(ctx context.Context, t *transfer, spans []Span) error {
+// sent as a zeroing request, or not at all on the first pass (first) to a
+// destination that is zero where it was not written.
+func (a *Agent) copySpans(ctx context.Context, t *transfer, spans []Span, first bool) error {
 	kind := string(t.e.Device.Kind)
+	fz, _ := t.dst.(interface{ FreshZero() bool })
+	skipZero := first && fz != nil && fz.FreshZero()
 	type chunk struct {
 		off, n int64
 		zero   bool
@@ -607,20 +614,38 @@ func (a *Agent) copySpans(ctx context.Context, t *transfer, spans []Span) error 
 			buf := make([]byte, copyChunk)
 			for c := range work {
 				var err error
-				sent := c.n
-				if !c.zero {
-					p := buf[:c.n]
-					if _, err = t.src.ReadAt(p, c.off); err == nil {
-						if allZero(p) {
-							c.zero = true
-						} else {
-							err = t.dst.WriteAt(ctx, p, c.off)
-						}
+				var sent int64
+				// zero sends a run of zeroes: a zeroing request, or
+				// nothing on a first pass to a fresh destination.
+				zero := func(off, n int64) error {
+					if skipZero {
+						return nil
 					}
+					if fz != nil {
+						sent += n // the destination takes zeroes as bytes
+					}
+					return t.dst.Zero(ctx, off, n)
 				}
-				if err == nil && c.zero {
-					sent = 0
-					err = t.dst.Zero(ctx, c.off, c.n)
+				if c.zero {
+					err = zero(c.off, c.n)
+				} else if _, err = t.src.ReadAt(buf[:c.n], c.off); err == nil {
+					// Runs of zero pages and of data, sent apart.
+					p := buf[:c.n]
+					for i := int64(0); i < c.n && err == nil; {
+						z := allZero(p[i:min(i+zeroGrain, c.n)])
+						j := i + zeroGrain
+						for j < c.n && allZero(p[j:min(j+zeroGrain, c.n)]) == z {
+							j += zeroGrain
+						}
+						j = min(j, c.n)
+						if z {
+							err = zero(c.off+i, j-i)
+						} else {
+							err = t.dst.WriteAt(ctx, p[i:j], c.off+i)
+							sent += j - i
+						}
+						i = j
+					}
 				}
 				if err != nil {
 					errc <- err
