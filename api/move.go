@@ -100,3 +100,107 @@ func (t Transfer) Done() bool {
 type TransferCommitResponse struct {
 	URI string `json:"uri,omitempty"`
 }
+
+// MoveRequest asks the control plane to move a lease while its borrower
+// uses it: POST /v1/leases/ID/move. Each part moves on its own (a
+// composed lease's parts one after the other). The destination is a node
+// (by ID or name) or a device (by ID); without either, placement chooses,
+// away from the part's current node.
+type MoveRequest struct {
+	// Part moves only that part (in layout order, from 0); nil moves
+	// every part.
+	Part     *int   `json:"part,omitempty"`
+	ToNode   string `json:"to_node,omitempty"`
+	ToDevice string `json:"to_device,omitempty"`
+}
+
+// Move states.
+const (
+	MovePending   = "pending"   // waiting for the lease's earlier moves
+	MoveCopying   = "copying"   // the source copies the part to the destination
+	MoveSwitching = "switching" // writes held; the destination takes over
+	MoveDone      = "done"      // the part is served at its new place
+	MoveFailed    = "failed"    // given up; the part is served where it was
+)
+
+// Move is one part of a lease moving to another lender: GET /v1/moves.
+type Move struct {
+	ID      string `json:"id"`
+	LeaseID string `json:"lease_id"`
+	Part    int    `json:"part"`
+	Kind    Kind   `json:"kind"`
+	State   string `json:"state"`
+	// From and To are the part's old and new place (without URIs).
+	From Part `json:"from"`
+	To   Part `json:"to"`
+	// Copied, Skipped, Dirty, Pass and HeldMillis are the source's
+	// Transfer counters (see Transfer).
+	Size       int64   `json:"size"`
+	Copied     int64   `json:"copied"`
+	Skipped    int64   `json:"skipped,omitempty"`
+	Dirty      int64   `json:"dirty,omitempty"`
+	Pass       int     `json:"pass,omitempty"`
+	HeldMillis float64 `json:"held_ms,omitempty"`
+	// Reason says who asked: a tenant's move, a node's drain.
+	Reason    string    `json:"reason,omitempty"`
+	Error     string    `json:"error,omitempty"`
+	StartedAt time.Time `json:"started_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// Done reports whether the move has ended (done or failed).
+func (m Move) Done() bool { return m.State == MoveDone || m.State == MoveFailed }
+
+// DrainRequest asks the control plane to move every lease off a node:
+// POST /v1/nodes/ID/drain. The node is cordoned first.
+type DrainRequest struct {
+	// DeadlineSeconds bounds the drain (0: 10 minutes); what has not
+	// moved by then is left in place and reported, its borrower told.
+	DeadlineSeconds float64 `json:"deadline_seconds,omitempty"`
+}
+
+// Drain states.
+const (
+	DrainRunning    = "draining"
+	DrainDone       = "drained"    // the node holds nothing
+	DrainIncomplete = "incomplete" // leases left in place (Leases says which and why)
+)
+
+// Drain actions for a lease.
+const (
+	DrainMove    = "move"    // block and memory: moved part by part while used
+	DrainReplace = "replace" // accelerator slots of a stateless role: a new slot elsewhere, its role loaded
+	DrainLeave   = "leave"   // cannot move: left in place
+)
+
+// Drain is a node's drain: GET /v1/nodes/ID/drain.
+type Drain struct {
+	NodeID     string       `json:"node_id"`
+	NodeName   string       `json:"node_name,omitempty"`
+	State      string       `json:"state"`
+	Deadline   time.Time    `json:"deadline"`
+	StartedAt  time.Time    `json:"started_at"`
+	FinishedAt time.Time    `json:"finished_at,omitzero"`
+	Leases     []DrainLease `json:"leases"`
+}
+
+// DrainLease is what a drain does with one lease on the node.
+type DrainLease struct {
+	LeaseID string `json:"lease_id"`
+	Kind    Kind   `json:"kind"`
+	Tenant  string `json:"tenant,omitempty"`
+	Action  string `json:"action"`
+	// State is pending, moving, done or left.
+	State string   `json:"state"`
+	Moves []string `json:"moves,omitempty"` // the moves' IDs
+	// Reason says why a lease was left (or what failed).
+	Reason string `json:"reason,omitempty"`
+}
+
+// Drain lease states.
+const (
+	DrainLeasePending = "pending"
+	DrainLeaseMoving  = "moving"
+	DrainLeaseDone    = "done"
+	DrainLeaseLeft    = "left"
+)
