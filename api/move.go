@@ -204,3 +204,20 @@ const (
 	DrainLeaseDone    = "done"
 	DrainLeaseLeft    = "left"
 )
+
+// RoleConfigRequest asks a lender for the role (and its config) an
+// accelerator export serves: POST /agent/v1/role-config, with the agent
+// key. The control plane asks it when it re-places a lease's slot on
+// another lender (a drain) and hands the answer to the new lender's
+// prepare; it never stores, logs or returns it.
+type RoleConfigRequest struct {
+	LeaseID string `json:"lease_id"`
+	Export  string `json:"export"` // the slot's export name (secret)
+}
+
+// RoleConfigResponse is the role an accelerator export serves.
+type RoleConfigResponse struct {
+	Role       string      `json:"role,omitempty"`
+	RoleConfig *RoleConfig `json:"role_config,omitempty"`
+	Gateway    bool        `json:"gateway,omitempty"`
+}

@@ -358,7 +358,9 @@ func (a *Agent) confirmHeld(ctx context.Context, e Export) {
 // Handler is the agent's HTTP API: POST /agent/v1/prepare and
 // /agent/v1/teardown (bearer agent key), GET /agent/v1/status (bearer
 // agent key), the transfers of moving parts under /agent/v1/transfers
-// (bearer agent key; transfer.go), GET /agent/v1/ping (open, for RTT
+// (bearer agent key; transfer.go), POST /agent/v1/role-config (bearer
+// agent key: an accelerator export's role, for a re-placement), GET
+// /agent/v1/ping (open, for RTT
 // probes) and GET /metrics.
 // An enrolled agent (Config.CAFile) serves it over TLS and takes the
 // bearer-key routes only from the control plane's certificate.
@@ -375,6 +377,7 @@ func (a *Agent) Handler() http.Handler {
 		writeJSON200(w, map[string]any{"id": a.NodeID(), "state": "ready", "leases": a.Leases()})
 	}))
 	a.transferRoutes(mux)
+	a.roleConfigRoute(mux)
 	return mux
 }
 
