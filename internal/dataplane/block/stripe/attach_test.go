@@ -661,7 +661,9 @@ func TestPartMoved(t *testing.T) {
 		_, err := c.WriteAt(data[:1<<20], 4<<20)
 		w <- err
 	}()
-	copy(dst.mem.Bytes(), l0.mem.Bytes())
+	img := make([]byte, part)
+	l0.mem.ReadAt(img, 0)
+	dst.mem.WriteAt(img, 0)
 	cur.Store(dst.uri)
 	if err := l0.srv.Retire(ctx, l0.name); err != nil {
 		t.Fatal(err)

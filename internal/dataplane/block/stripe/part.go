@@ -84,7 +84,7 @@ func (p *nbdPart) call(write bool, f func(*nbd.Client) error) error {
 	err := f(c)
 	if err != nil && errors.Is(err, nbd.ErrClosed) && !p.closed.Load() {
 		var rerr error
-		if c, rerr = p.reconnect(c, errors.Is(err, nbd.ErrShutdown)); rerr != nil {
+		if c, rerr = p.reconnect(c); rerr != nil {
 			return rerr
 		}
 		err = f(c)
@@ -99,12 +99,12 @@ func (p *nbdPart) call(write bool, f func(*nbd.Client) error) error {
 }
 
 // reconnect replaces the broken connection old, unless another call already
-// has, and returns the connection to use. shutdown says the lender ended
-// the connection cleanly (ESHUTDOWN): if the part then turns out to have
-// moved (Resolve gives another URI), its writes were copied where it is
-// now (a lender retires an export only once its copy is served and
-// durable), so none counts as lost.
-func (p *nbdPart) reconnect(old *nbd.Client, shutdown bool) (*nbd.Client, error) {
+// has, and returns the connection to use. A part that turns out to have
+// moved — Resolve gives another export name: a lender restarting serves
+// the same one, a move a new one — had its writes copied where it is now
+// (a lender retires an export only once its copy is served and durable),
+// so none counts as lost.
+func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if c := p.cur.Load(); c != old {
@@ -134,7 +134,7 @@ func (p *nbdPart) reconnect(old *nbd.Client, shutdown bool) (*nbd.Client, error)
 			return nil, fmt.Errorf("%w: part %d: export size changed from %d to %d after reconnecting", ErrDeviceFailed, p.index, p.size, c.Size())
 		}
 		if err == nil {
-			if unflushed && !(shutdown && p.uri != from) {
+			if unflushed && p.uri.Export == from.Export {
 				p.lost.Store(true)
 			}
 			p.cur.Store(c)
