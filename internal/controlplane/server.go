@@ -93,6 +93,10 @@ type Server struct {
 	events  eventHub // the event stream's tail of the store (stream.go)
 	usage   usageTracker
 	ui      *ui.UI // the dashboard (ui.go)
+
+	xfer   *HTTPLender // the agents' transfer API, when Lender has none (lender_move.go)
+	mv     movers      // lease part moves (move.go)
+	drains drains      // node drains (drain.go)
 }
 
 // New returns a Server; it stores the configured tokens (hashed) within
@@ -161,6 +165,8 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s.started = s.now()
 	s.m = newServerMetrics(s.reg)
+	s.xfer = NewHTTPLender(nil)
+	s.mv.init(s.reg)
 	s.leases.size, s.beats.size = s.m.batchSize.With("lease"), s.m.batchSize.With("heartbeat")
 	s.h = s.routes()
 	return s, nil
