@@ -367,7 +367,9 @@ func (a *Agent) ReceiveTransfer(ctx context.Context, req api.TransferInRequest) 
 		a.dropWipe(w)
 		return fail(fmt.Errorf("agent: receive %s on %s: %w", part.LeaseID, dev.Name, err))
 	}
+	t.mu.Lock()
 	t.e, t.wipe = e, w
+	t.mu.Unlock()
 	a.mu.Lock()
 	a.exports[part.Export] = e
 	a.countExportsLocked()
@@ -431,9 +433,10 @@ func (a *Agent) SendTransfer(ctx context.Context, req api.TransferOutRequest) (a
 		dst.Close()
 		return fail(fmt.Errorf("agent: start the move: %w", err))
 	}
-	t.src, t.dst = src, dst
 	cctx, cancel := context.WithCancel(context.Background())
-	t.cancel = cancel
+	t.mu.Lock()
+	t.src, t.dst, t.cancel = src, dst, cancel
+	t.mu.Unlock()
 	a.xfers.wg.Add(1)
 	go func() {
 		defer a.xfers.wg.Done()
@@ -566,13 +569,16 @@ func (a *Agent) failOut(t *transfer, err error) {
 // endOut releases an outgoing transfer's resources (not after a commit:
 // the part is retired then).
 func (a *Agent) endOut(t *transfer) {
-	if t.src != nil {
-		if err := t.src.Close(); err != nil {
+	t.mu.Lock()
+	src, dst := t.src, t.dst
+	t.mu.Unlock()
+	if src != nil {
+		if err := src.Close(); err != nil {
 			a.log.Debug("ending the move", "err", err)
 		}
 	}
-	if t.dst != nil {
-		t.dst.Close()
+	if dst != nil {
+		dst.Close()
 	}
 	t.mu.Lock()
 	if !t.heldAt.IsZero() {
@@ -746,6 +752,10 @@ func (a *Agent) commitIn(ctx context.Context, t *transfer) (api.TransferCommitRe
 	defer a.opMu.Unlock()
 	t.mu.Lock()
 	st := t.st.State
+	if st == api.TransferReceiving {
+		// Claimed: an abort now finds it committing.
+		t.setLocked(transferCommitting)
+	}
 	t.mu.Unlock()
 	switch st {
 	case api.TransferCommitted:
@@ -757,6 +767,16 @@ func (a *Agent) commitIn(ctx context.Context, t *transfer) (api.TransferCommitRe
 	default:
 		return api.TransferCommitResponse{}, fmt.Errorf("%w: it is %s", ErrTransferState, st)
 	}
+	resp, err := a.activate(ctx, t)
+	if err != nil {
+		t.setState(api.TransferReceiving) // not served: the abort or the expiry wipes it
+	}
+	return resp, err
+}
+
+// activate serves a received part as the lease's (commitIn's work); opMu
+// is held.
+func (a *Agent) activate(ctx context.Context, t *transfer) (api.TransferCommitResponse, error) {
 	mv, err := a.mover(t.e.Device.Kind)
 	if err != nil {
 		return api.TransferCommitResponse{}, err
@@ -853,7 +873,12 @@ func (a *Agent) abortTransfer(ctx context.Context, t *transfer, why string) erro
 	t.setLocked(api.TransferAborted)
 	t.mu.Unlock()
 	if t.role == "out" {
-		t.cancel()
+		t.mu.Lock()
+		cancel := t.cancel
+		t.mu.Unlock()
+		if cancel != nil {
+			cancel()
+		}
 		close(t.finish)
 		<-t.done
 		a.endOut(t)
@@ -868,12 +893,15 @@ func (a *Agent) abortTransfer(ctx context.Context, t *transfer, why string) erro
 
 // dropIncoming stops receiving t's range and wipes it.
 func (a *Agent) dropIncoming(ctx context.Context, t *transfer) error {
+	t.mu.Lock()
+	e, w := t.e, t.wipe
+	t.mu.Unlock()
 	a.opMu.Lock()
-	drv := a.drivers[t.e.Device.Kind]
-	err := drv.Teardown(ctx, t.e)
+	drv := a.drivers[e.Device.Kind]
+	err := drv.Teardown(ctx, e)
 	a.mu.Lock()
-	if cur, ok := a.exports[t.e.Request.Export]; ok && cur.incoming {
-		delete(a.exports, t.e.Request.Export)
+	if cur, ok := a.exports[e.Request.Export]; ok && cur.incoming {
+		delete(a.exports, e.Request.Export)
 		a.countExportsLocked()
 	}
 	a.mu.Unlock()
@@ -881,7 +909,7 @@ func (a *Agent) dropIncoming(ctx context.Context, t *transfer) error {
 	if err != nil {
 		return fmt.Errorf("agent: stop receiving: %w", err)
 	}
-	if w := t.wipe; w != nil {
+	if w != nil {
 		a.mu.Lock()
 		w.live = false
 		a.mu.Unlock()
