@@ -213,12 +213,18 @@ func (s *Server) runDrain(ctx context.Context, dr *drainRun, n api.Node) {
 	t := time.NewTicker(drainPoll)
 	defer t.Stop()
 	for {
-		left, err := s.drainRound(ctx, dr, n)
+		left, stuck, err := s.drainRound(ctx, dr, n)
 		if err != nil {
 			s.log.Warn("drain round", "node", n.ID, "err", err)
 		}
 		if err == nil && left == 0 {
 			s.finishDrain(ctx, dr, n, "")
+			return
+		}
+		if err == nil && stuck {
+			// Only leases that cannot move are left: waiting for the
+			// deadline changes nothing.
+			s.finishDrain(ctx, dr, n, "they cannot move")
 			return
 		}
 		if !s.now().Before(dr.get().Deadline) {
@@ -235,14 +241,14 @@ func (s *Server) runDrain(ctx context.Context, dr *drainRun, n api.Node) {
 }
 
 // drainRound looks at the leases still on the node and gets each one
-// moving; it returns how many are left on the node.
-func (s *Server) drainRound(ctx context.Context, dr *drainRun, n api.Node) (int, error) {
+// moving; it returns how many are left on the node, and stuck when every
+// one of them is left for good (it cannot move).
+func (s *Server) drainRound(ctx context.Context, dr *drainRun, n api.Node) (left int, stuck bool, err error) {
 	ls, err := s.st.Leases(ctx, store.LeaseFilter{NodeID: n.ID, States: []api.LeaseState{api.LeaseReserved, api.LeaseActive, api.LeaseReleasing}})
 	if err != nil {
-		return -1, err
+		return -1, false, err
 	}
 	still := map[string]bool{}
-	left := 0
 	for _, l := range ls {
 		parts := onNodeParts(l, n.ID)
 		if len(parts) == 0 {
@@ -270,14 +276,18 @@ func (s *Server) drainRound(ctx context.Context, dr *drainRun, n api.Node) (int,
 	}
 	// Leases no longer on the node: moved, or ended meanwhile.
 	dr.mu.Lock()
+	stuck = left > 0
 	for i := range dr.d.Leases {
 		e := &dr.d.Leases[i]
 		if !still[e.LeaseID] && e.State != api.DrainLeaseDone && e.State != api.DrainLeaseLeft {
 			e.State, e.Reason = api.DrainLeaseDone, ""
 		}
+		if still[e.LeaseID] && e.State != api.DrainLeaseLeft {
+			stuck = false
+		}
 	}
 	dr.mu.Unlock()
-	return left, nil
+	return left, stuck, nil
 }
 
 func (s *Server) setDrainLease(dr *drainRun, id, state, reason string) {
@@ -495,6 +505,8 @@ func (s *Server) finishDrain(ctx context.Context, dr *drainRun, n api.Node, why 
 				reason += " (" + e.Reason + ")"
 			}
 			e.Reason = reason
+		case e.Reason == "":
+			e.Reason = why
 		}
 		if e.State == api.DrainLeaseLeft {
 			left = append(left, *e)
