@@ -88,7 +88,13 @@ func (h *HTTPLender) TransferStatus(ctx context.Context, node api.Node, agentKey
 		return out, fmt.Errorf("controlplane: agent %s: %w", node.ID, err)
 	}
 	req.Header.Set("Authorization", "Bearer "+agentKey)
-	resp, err := h.hc.Do(req)
+	hc := h.hc
+	if h.client != nil {
+		if hc, err = h.client(node); err != nil {
+			return out, err
+		}
+	}
+	resp, err := hc.Do(req)
 	if err != nil {
 		return out, fmt.Errorf("controlplane: agent %s transfer status: %w", node.ID, err)
 	}

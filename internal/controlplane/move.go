@@ -205,12 +205,7 @@ func (s *Server) mover() (store.Mover, error) {
 	return m, nil
 }
 
-func (s *Server) xlender() transferLender {
-	if x, ok := s.lender.(transferLender); ok {
-		return x
-	}
-	return s.xfer
-}
+func (s *Server) xlender() transferLender { return s.xfer }
 
 // beginMove performs lifecycle.BeginMove.
 func (s *Server) beginMove(ctx context.Context, a lifecycle.BeginMove) error {

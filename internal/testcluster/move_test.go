@@ -431,3 +431,41 @@ func TestDrainDeadline(t *testing.T) {
 		return err == nil && d.State == api.DrainDone
 	})
 }
+
+// TestMoveLeaseTLS: with a cluster CA, the control plane drives the
+// lenders' transfers over mutual TLS like every other agent call.
+func TestMoveLeaseTLS(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{Nodes: 2, Devices: moveDevices(), TLS: true})
+	ctx := ctxT(t)
+	cl := c.Client()
+	l, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nbd.DialURI(ctx, l.URI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := bytes.Repeat([]byte("moved over mTLS "), 4096)
+	if _, err := nc.WriteAtContext(ctx, want, 4096, true); err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	if _, err := cl.MoveLease(ctx, l.ID, api.MoveRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if ms := waitMoves(t, c, l.ID, 1); ms[0].State != api.MoveDone {
+		t.Fatalf("move %+v", ms[0])
+	}
+	got, _ := cl.Lease(ctx, l.ID)
+	nc, err = nbd.DialURI(ctx, got.URI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	p := make([]byte, len(want))
+	if _, err := nc.ReadAt(p, 4096); err != nil || !bytes.Equal(p, want) || got.NodeID == l.NodeID {
+		t.Fatalf("the moved lease: %v (on %s, was %s)", err, got.NodeID, l.NodeID)
+	}
+}
