@@ -95,8 +95,8 @@ type Server struct {
 	ui      *ui.UI // the dashboard (ui.go)
 
 	xfer   transferLender // the agents' transfer API, when Lender has none (lender_move.go)
-	mv     movers      // lease part moves (move.go)
-	drains drains      // node drains (drain.go)
+	mv     movers         // lease part moves (move.go)
+	drains drains         // node drains (drain.go)
 }
 
 // New returns a Server; it stores the configured tokens (hashed) within
