@@ -808,7 +808,7 @@ func (a *Agent) activate(ctx context.Context, t *transfer) (api.TransferCommitRe
 	t.mu.Unlock()
 	a.mTransfers.With("in", "committed").Inc()
 	a.log.Info("serving a moved part", "transfer", t.id, "lease", e.Request.LeaseID, "device", e.Device.Name)
-	return api.TransferCommitResponse{URI: resp.URI}, nil
+	return api.TransferCommitResponse(resp), nil
 }
 
 func (a *Agent) commitOut(ctx context.Context, t *transfer) error {

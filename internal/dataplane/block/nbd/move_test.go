@@ -299,7 +299,7 @@ h = nbd.NBD()
 h.connect_uri(sys.argv[1])
 print("connected", flush=True)
 try:
-    h.pwrite(b"" * 4096, 0)
+    h.pwrite(b"\x05" * 4096, 0)
     print("write ok")
 except nbd.Error as e:
     print("write failed errno", e.errno)

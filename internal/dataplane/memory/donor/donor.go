@@ -620,8 +620,8 @@ func (d *Donor) serveData(s *session, c net.Conn, kind uint8, qid uint32) {
 			if !ok {
 				// Moved (RetireRegion): the write is refused, the
 				// session ends.
-				if err = discard(h.Length); err == nil {
-					err = writeErr(bw, h.Op, h.Seq, protocol.StatusGone, errRetired.Error())
+				if discard(h.Length) == nil {
+					_ = writeErr(bw, h.Op, h.Seq, protocol.StatusGone, errRetired.Error())
 				}
 				_ = bw.Flush()
 				return
