@@ -38,7 +38,8 @@ func TestMoveMemoryUnderWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer mc.Close()
-	// The first quarter holds data, the rest zeroes.
+	// The first quarter holds data, the rest zeroes; the borrower writes
+	// the first half.
 	const pages = size / 4096
 	for p := int64(0); p < pages/4; p++ {
 		if err := mc.Write(ctx, memclient.ChannelBulk, stamp(p, 0), p*4096); err != nil {
@@ -61,7 +62,7 @@ func TestMoveMemoryUnderWrites(t *testing.T) {
 				return
 			default:
 			}
-			p := int64(gen*7919) % pages
+			p := int64(gen*7919) % (pages / 2) // the second half stays zero
 			if err := mc.Write(ctx, memclient.ChannelSync, stamp(p, gen), p*4096); err != nil {
 				mu.Lock()
 				werr = err
@@ -102,7 +103,7 @@ func TestMoveMemoryUnderWrites(t *testing.T) {
 	}
 	t.Logf("%d writes, the last one: %v", writes, werr)
 	st, _ := src.Transfer("m1")
-	if st.State != api.TransferCommitted || st.Skipped == 0 || st.Copied < size/4 {
+	if st.State != api.TransferCommitted || st.Skipped < size/2 || st.Copied < size/4 {
 		t.Errorf("source's transfer: %+v", st)
 	}
 
