@@ -216,7 +216,7 @@ func TestMoveAndDrainOnRack(t *testing.T) {
 	if w, _ := cl.Lease(ctx, wasm.ID); w.NodeID != wasm.NodeID || w.State != api.LeaseActive {
 		t.Errorf("the wasm lease: %+v", w)
 	}
-	evs, _ := cl.Events(ctx, 0)
+	evs := allEvents(ctx, t, cl)
 	told := false
 	for _, e := range evs {
 		told = told || (e.Subject == wasm.ID && e.Type == "lease.drain.left")
@@ -279,5 +279,23 @@ func TestMoveAndDrainOnRack(t *testing.T) {
 	defer mm.Close()
 	if !bytes.Equal(mm.Bytes(), want) {
 		t.Fatal("the moved memory lease's mapping reads other bytes")
+	}
+}
+
+// allEvents reads the whole event log, page after page.
+func allEvents(ctx context.Context, t *testing.T, cl *api.Client) []api.Event {
+	t.Helper()
+	var all []api.Event
+	var since int64
+	for {
+		evs, err := cl.Events(ctx, since)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(evs) == 0 {
+			return all
+		}
+		all = append(all, evs...)
+		since = evs[len(evs)-1].ID
 	}
 }

@@ -199,7 +199,7 @@ func TestMoveComposedLease(t *testing.T) {
 			t.Errorf("old lender %s still serves the lease", n.Name)
 		}
 	}
-	evs, _ := cl.Events(ctx, 0)
+	evs := allEvents(ctx, t, cl)
 	var types []string
 	for _, e := range evs {
 		if e.Subject == l.ID {
@@ -355,7 +355,7 @@ func TestDrainNode(t *testing.T) {
 		t.Errorf("the block lease is still on the drained node")
 	}
 	// Events: the replaced slot, the lease left, the incomplete drain.
-	evs, _ := cl.Events(ctx, 0)
+	evs := allEvents(ctx, t, cl)
 	seen := map[string]bool{}
 	for _, e := range evs {
 		seen[e.Subject+" "+e.Type] = true
@@ -467,5 +467,23 @@ func TestMoveLeaseTLS(t *testing.T) {
 	p := make([]byte, len(want))
 	if _, err := nc.ReadAt(p, 4096); err != nil || !bytes.Equal(p, want) || got.NodeID == l.NodeID {
 		t.Fatalf("the moved lease: %v (on %s, was %s)", err, got.NodeID, l.NodeID)
+	}
+}
+
+// allEvents reads the whole event log, page after page.
+func allEvents(ctx context.Context, t *testing.T, cl *api.Client) []api.Event {
+	t.Helper()
+	var all []api.Event
+	var since int64
+	for {
+		evs, err := cl.Events(ctx, since)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(evs) == 0 {
+			return all
+		}
+		all = append(all, evs...)
+		since = evs[len(evs)-1].ID
 	}
 }
