@@ -206,7 +206,7 @@ func (a *Agent) Teardown(ctx context.Context, leaseID string) error {
 // journal (its range refused) and is retried with every heartbeat round.
 func (a *Agent) teardownLease(ctx context.Context, leaseID string) error {
 	// A part of the lease moving to or from here is given up first.
-	a.abortLeaseTransfers(ctx, leaseID, "the lease is being torn down")
+	a.abortLeaseTransfers(ctx, leaseID, "the lease is being torn down", true)
 	return a.teardownExports(ctx, leaseID, func(e Export) bool { return !e.incoming })
 }
 

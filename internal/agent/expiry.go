@@ -115,7 +115,7 @@ func (a *Agent) enforceExpiry(ctx context.Context, reachable bool) {
 	}
 	a.mu.Unlock()
 	for id := range stopping {
-		a.abortLeaseTransfers(ctx, id, "the lease's known expiry passed")
+		a.abortLeaseTransfers(ctx, id, "the lease's known expiry passed", false)
 	}
 	a.opMu.Lock()
 	defer a.opMu.Unlock()

@@ -481,3 +481,45 @@ func TestTransferAPI(t *testing.T) {
 	}
 	_ = fmt.Sprint
 }
+
+// TestTeardownOfSealedMove: a lease torn down while its part's move is
+// sealed (the lease may already point at the destination) does not serve
+// the held writes here: the move is committed, its export retired
+// (ESHUTDOWN), torn down and wiped.
+func TestTeardownOfSealedMove(t *testing.T) {
+	r := newMoveRig(t)
+	plain, err := nbd.DialURI(ctxFor(t), r.cur.Load().(string))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	if _, err := plain.WriteAt(bytes.Repeat([]byte{9}, 4096), 0); err != nil {
+		t.Fatal(err)
+	}
+	r.start(t, "t7", 0, api.TransferOutRequest{})
+	waitTransfer(t, r.src, "t7", api.TransferReady)
+	if _, err := r.src.SealTransfer(ctxFor(t), "t7"); err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan error, 1)
+	go func() {
+		_, err := plain.WriteAt(bytes.Repeat([]byte{7}, 4096), 0)
+		held <- err
+	}()
+	if err := r.src.Teardown(ctxFor(t), "lease-m"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-held; !errors.Is(err, nbd.ErrShutdown) {
+		t.Errorf("a write held by the sealed move: %v, want ESHUTDOWN", err)
+	}
+	if st, _ := r.src.Transfer("t7"); st.State != api.TransferCommitted {
+		t.Errorf("the sealed transfer after the teardown: %+v", st)
+	}
+	old := make([]byte, 4096)
+	f, _ := os.Open(filepath.Join(r.srcDir, "disk0.img"))
+	f.ReadAt(old, 0)
+	f.Close()
+	if !bytes.Equal(old, make([]byte, 4096)) {
+		t.Error("the torn-down range was not wiped")
+	}
+}

@@ -287,7 +287,14 @@ func (a *Agent) stopTransfers(ctx context.Context) {
 	a.xfers.closed = true
 	a.xfers.mu.Unlock()
 	for _, t := range a.xfers.list() {
-		if st := t.status(); !st.Done() {
+		if st := t.status(); st.State == api.TransferSealed {
+			// Its writes stay held: the lease may point at the
+			// destination already. The process ends them.
+			t.mu.Lock()
+			cancel := t.cancel
+			t.mu.Unlock()
+			cancel()
+		} else if !st.Done() {
 			if err := a.abortTransfer(ctx, t, "the agent stopped"); err != nil {
 				a.log.Warn("aborting a transfer", "transfer", t.id, "err", err)
 			}
@@ -919,10 +926,23 @@ func (a *Agent) dropIncoming(ctx context.Context, t *transfer) error {
 }
 
 // abortLeaseTransfers aborts the transfers of a lease (it is being torn
-// down or stops being served here).
-func (a *Agent) abortLeaseTransfers(ctx context.Context, leaseID, why string) {
+// down, or stops being served here). A sealed outgoing transfer is not
+// aborted (that would serve the held writes here, while the lease may
+// already point at the destination): torn down, it is committed — the
+// export retired, torn down and wiped, as the teardown would anyway;
+// stopped at expiry (teardown false), it is left to the control plane.
+func (a *Agent) abortLeaseTransfers(ctx context.Context, leaseID, why string, teardown bool) {
 	for _, t := range a.xfers.list() {
-		if t.st.LeaseID != leaseID || t.status().Done() {
+		st := t.status()
+		if st.LeaseID != leaseID || st.Done() {
+			continue
+		}
+		if t.role == "out" && st.State == api.TransferSealed {
+			if teardown {
+				if err := a.commitOut(ctx, t); err != nil {
+					a.log.Warn("committing a sealed transfer of a lease torn down", "transfer", t.id, "err", err)
+				}
+			}
 			continue
 		}
 		if err := a.abortTransfer(ctx, t, why); err != nil {
