@@ -126,6 +126,9 @@ const (
 	copyDepth = 8
 	// zeroGrain is the granularity at which the copier looks for zeroes.
 	zeroGrain = 4 << 10
+	// statusWait bounds a GET of a transfer's status ?while it is in a
+	// state.
+	statusWait = time.Second
 	// keepDone is how long a finished transfer's state stays readable.
 	keepDone = 10 * time.Minute
 )
@@ -987,7 +990,7 @@ func (a *Agent) nextTransferExpiry() (time.Time, bool) {
 //	POST /agent/v1/transfers/in          TransferInRequest → TransferInResponse
 //	POST /agent/v1/transfers/out         TransferOutRequest → Transfer (202)
 //	GET  /agent/v1/transfers             [Transfer]
-//	GET  /agent/v1/transfers/{id}        Transfer (?while=STATE: once it is no longer in STATE)
+//	GET  /agent/v1/transfers/{id}        Transfer (?while=STATE: once it is no longer in STATE, or after a second)
 //	POST /agent/v1/transfers/{id}/seal   Transfer (source)
 //	POST /agent/v1/transfers/{id}/commit TransferCommitResponse
 //	POST /agent/v1/transfers/{id}/abort  Transfer
@@ -1012,14 +1015,16 @@ func (a *Agent) transferRoutes(mux *http.ServeMux) {
 		answer(w, http.StatusOK, a.Transfers(), nil)
 	}))
 	mux.HandleFunc("GET /agent/v1/transfers/{id}", a.auth(func(w http.ResponseWriter, r *http.Request) {
-		// ?while=STATE waits (up to 25 s) until the transfer leaves STATE.
+		// ?while=STATE waits until the transfer leaves STATE, or a
+		// second (the counters move meanwhile: a caller following the
+		// copy sees them at least that often).
 		if from := r.URL.Query().Get("while"); from != "" {
 			t, err := a.xfers.get(r.PathValue("id"))
 			if err != nil {
 				answer(w, 0, nil, err)
 				return
 			}
-			ctx, cancel := context.WithTimeout(r.Context(), 25*time.Second)
+			ctx, cancel := context.WithTimeout(r.Context(), statusWait)
 			defer cancel()
 			answer(w, http.StatusOK, t.waitChange(ctx, from), nil)
 			return

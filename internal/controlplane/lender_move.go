@@ -21,7 +21,7 @@ type transferLender interface {
 	TransferIn(ctx context.Context, node api.Node, agentKey string, req api.TransferInRequest) (api.TransferInResponse, error)
 	TransferOut(ctx context.Context, node api.Node, agentKey string, req api.TransferOutRequest) (api.Transfer, error)
 	// TransferStatus returns the transfer's state; with while set, once it
-	// is no longer in that state (or after the agent's wait of 25 s).
+	// is no longer in that state (or after the agent's wait of a second).
 	TransferStatus(ctx context.Context, node api.Node, agentKey, id, while string) (api.Transfer, error)
 	TransferSeal(ctx context.Context, node api.Node, agentKey, id string) (api.Transfer, error)
 	TransferCommit(ctx context.Context, node api.Node, agentKey, id string) (api.TransferCommitResponse, error)
