@@ -84,6 +84,9 @@ type Node struct {
 	Health        string            `json:"health,omitempty"`
 	LastHeartbeat time.Time         `json:"last_heartbeat"`
 	JoinedAt      time.Time         `json:"joined_at"`
+	// Cordoned: placement puts no new part on the node (rialto node
+	// cordon, or a drain); its leases stay.
+	Cordoned bool `json:"cordoned,omitempty"`
 }
 
 // Device is a lendable resource on a node (Resource Registration Table).

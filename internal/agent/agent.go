@@ -57,6 +57,8 @@ type Agent struct {
 
 	wipes []*pendingWipe // the wipe journal (a.mu)
 
+	xfers transfers // parts moving to or from here (transfer.go)
+
 	hbMu   sync.Mutex // serializes heartbeat rounds
 	wipeMu sync.Mutex // serializes writes of the wipe journal
 
@@ -68,6 +70,10 @@ type Agent struct {
 	mWipes        *metrics.CounterVec
 	mPendingWipes *metrics.Gauge
 	mSuspends     *metrics.CounterVec
+	mTransfers    *metrics.CounterVec
+	mMoved        *metrics.CounterVec
+	mSkipped      *metrics.CounterVec
+	mHeld         *metrics.HistogramVec
 }
 
 // New checks cfg and returns an agent ready to Run.
@@ -122,6 +128,15 @@ func New(cfg Config) (*Agent, error) {
 	a.mPendingWipes = a.reg.Gauge("rialto_agent_pending_wipes", "Block ranges in the wipe journal: lent to no one until wiped.").With()
 	a.mSuspends = a.reg.Counter("rialto_agent_expiry_suspensions_total",
 		"Exports the agent stopped serving because their lease's known expiry passed without a renewal it could confirm.", "kind")
+	a.mTransfers = a.reg.Counter("rialto_agent_transfers_total",
+		"Parts of leases moved to or from this lender while served, by role (out: the source, in: the destination) and event (started, committed, aborted, failed).", "role", "event")
+	a.mMoved = a.reg.Counter("rialto_agent_moved_bytes_total",
+		"Bytes this lender sent to other lenders moving parts of leases (every pass), by kind.", "kind")
+	a.mSkipped = a.reg.Counter("rialto_agent_move_zero_bytes_total",
+		"Bytes of moved parts that read as zeroes and were sent as zeroing requests instead, by kind.", "kind")
+	a.mHeld = a.reg.Histogram("rialto_agent_move_hold_seconds",
+		"How long a moving part's writes were held for its last pass and the switch, by kind.",
+		[]float64{0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}, "kind")
 	return a, nil
 }
 
@@ -168,7 +183,9 @@ func (a *Agent) Leases() []string {
 func (a *Agent) leasesLocked() []string {
 	set := map[string]bool{}
 	for _, e := range a.exports {
-		set[e.Request.LeaseID] = true
+		if !e.incoming {
+			set[e.Request.LeaseID] = true
+		}
 	}
 	out := make([]string, 0, len(set))
 	for id := range set {
@@ -288,6 +305,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel() // runs before wg.Wait
+	defer func() {
+		// Before the data planes stop: a move under way is given up, its
+		// part served here as before (until the process ends).
+		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer scancel()
+		a.stopTransfers(sctx)
+	}()
 
 	apiLn, err := a.listen(a.cfg.APIPort, a.id.APIPort)
 	if err != nil {
@@ -612,6 +636,9 @@ func (a *Agent) heartbeatLoop(ctx context.Context) {
 				wait, due = max(d, 50*time.Millisecond), true
 			}
 		}
+		if next, ok := a.nextTransferExpiry(); ok {
+			wait = min(wait, max(next.Sub(a.clock.Now()), 50*time.Millisecond))
+		}
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -642,6 +669,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	a.hbMu.Lock()
 	defer a.hbMu.Unlock()
 	defer func() {
+		a.expireTransfers(ctx)
 		if err := a.retryWipes(ctx); err != nil && ctx.Err() == nil {
 			a.log.Warn("unfinished wipes failed again; their ranges stay unlendable", "err", err)
 		}

@@ -38,10 +38,14 @@ type Export struct {
 	// suspended: its lease's known expiry passed; the driver (a
 	// Suspender) keeps its data and does not serve it.
 	suspended bool
+	// incoming: a part moving here (transfer.go), received under the
+	// transfer's token and not served as the lease's export until the
+	// transfer is committed. Not persisted, not reported in heartbeats.
+	incoming bool
 }
 
 // serving reports whether the export's driver serves it.
-func (e Export) serving() bool { return !e.held && !e.suspended }
+func (e Export) serving() bool { return !e.held && !e.suspended && !e.incoming }
 
 // Driver prepares and tears down exports of one resource kind. Prepare must
 // be idempotent for the same export name; Teardown of an unknown export is

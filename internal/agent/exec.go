@@ -205,11 +205,19 @@ func (a *Agent) Teardown(ctx context.Context, leaseID string) error {
 // of the lease can reach it any more; a wipe that fails stays in the
 // journal (its range refused) and is retried with every heartbeat round.
 func (a *Agent) teardownLease(ctx context.Context, leaseID string) error {
+	// A part of the lease moving to or from here is given up first.
+	a.abortLeaseTransfers(ctx, leaseID, "the lease is being torn down", true)
+	return a.teardownExports(ctx, leaseID, func(e Export) bool { return !e.incoming })
+}
+
+// teardownExports tears down the exports of lease leaseID that pick
+// selects (teardownLease's work; also a moved part's old export).
+func (a *Agent) teardownExports(ctx context.Context, leaseID string, pick func(Export) bool) error {
 	a.opMu.Lock()
 	a.mu.Lock()
 	var victims []Export
 	for _, e := range a.exports {
-		if e.Request.LeaseID == leaseID {
+		if e.Request.LeaseID == leaseID && pick(e) {
 			victims = append(victims, e)
 		}
 	}
@@ -224,7 +232,7 @@ func (a *Agent) teardownLease(ctx context.Context, leaseID string) error {
 		var w *pendingWipe
 		if a.needsWipe(e) {
 			var err error
-			if w, err = a.journalWipe(e); err != nil {
+			if w, err = a.journalWipe(e, false); err != nil {
 				// The entry is in memory: the range stays refused until
 				// wiped, and the journal is written again then.
 				errs = append(errs, err)
@@ -349,7 +357,11 @@ func (a *Agent) confirmHeld(ctx context.Context, e Export) {
 
 // Handler is the agent's HTTP API: POST /agent/v1/prepare and
 // /agent/v1/teardown (bearer agent key), GET /agent/v1/status (bearer
-// agent key), GET /agent/v1/ping (open, for RTT probes) and GET /metrics.
+// agent key), the transfers of moving parts under /agent/v1/transfers
+// (bearer agent key; transfer.go), POST /agent/v1/role-config (bearer
+// agent key: an accelerator export's role, for a re-placement), GET
+// /agent/v1/ping (open, for RTT
+// probes) and GET /metrics.
 // An enrolled agent (Config.CAFile) serves it over TLS and takes the
 // bearer-key routes only from the control plane's certificate.
 func (a *Agent) Handler() http.Handler {
@@ -364,6 +376,8 @@ func (a *Agent) Handler() http.Handler {
 	mux.HandleFunc("GET /agent/v1/status", a.auth(func(w http.ResponseWriter, r *http.Request) {
 		writeJSON200(w, map[string]any{"id": a.NodeID(), "state": "ready", "leases": a.Leases()})
 	}))
+	a.transferRoutes(mux)
+	a.roleConfigRoute(mux)
 	return mux
 }
 

@@ -82,7 +82,7 @@ func (s *Server) routeTable() []route {
 
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
-	table := s.routeTable()
+	table := append(s.routeTable(), s.moveRoutes()...)
 	docRoutes := make([]httpapi.Route, 0, len(table)+3)
 	for _, rt := range table {
 		rt.Auth = rt.access.String()

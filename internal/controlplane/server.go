@@ -93,6 +93,10 @@ type Server struct {
 	events  eventHub // the event stream's tail of the store (stream.go)
 	usage   usageTracker
 	ui      *ui.UI // the dashboard (ui.go)
+
+	xfer   transferLender // the agents' transfer API, when Lender has none (lender_move.go)
+	mv     movers         // lease part moves (move.go)
+	drains drains         // node drains (drain.go)
 }
 
 // New returns a Server; it stores the configured tokens (hashed) within
@@ -161,6 +165,21 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s.started = s.now()
 	s.m = newServerMetrics(s.reg)
+	switch x, ok := cfg.Lender.(transferLender); {
+	case ok:
+		s.xfer = x
+	case cfg.CA != nil:
+		// A Lender without the transfer API (a test's wrapper): moves
+		// still call agents over mutual TLS.
+		l, err := NewTLSLender(cfg.CA)
+		if err != nil {
+			return nil, fmt.Errorf("controlplane: %w", err)
+		}
+		s.xfer = l
+	default:
+		s.xfer = NewHTTPLender(nil)
+	}
+	s.mv.init(s.reg)
 	s.leases.size, s.beats.size = s.m.batchSize.With("lease"), s.m.batchSize.With("heartbeat")
 	s.h = s.routes()
 	return s, nil
