@@ -147,7 +147,7 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 }
 
 func (s *Server) instrument(name string, h http.Handler) http.Handler {
-	hist := s.m.latency.With(name)
+	hist := s.m.latency.WithLabelValues(name)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w}
@@ -156,7 +156,7 @@ func (s *Server) instrument(name string, h http.Handler) http.Handler {
 			sw.code = http.StatusOK
 		}
 		hist.Observe(time.Since(start).Seconds())
-		s.m.requests.With(name, strconv.Itoa(sw.code)).Inc()
+		s.m.requests.WithLabelValues(name, strconv.Itoa(sw.code)).Inc()
 	})
 }
 
