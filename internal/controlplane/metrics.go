@@ -3,6 +3,8 @@ package controlplane
 import (
 	"context"
 	"net/http"
+	"net/url"
+	"path"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -76,4 +78,30 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 		s.log.Warn("metrics: counts", "err", err)
 	}
 	promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}).ServeHTTP(w, r)
+}
+
+// hMetricsTargets lists the Prometheus scrape targets, for Prometheus's
+// HTTP service discovery: this control plane, at the address the request
+// reached it by (the one Prometheus uses), and every node's agent API, in
+// every state (a node that is down shows as a target that is down).
+func (s *Server) hMetricsTargets(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
+	nodes, err := s.st.Nodes(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	out := []api.MetricsTargetGroup{{Targets: []string{r.Host},
+		Labels: map[string]string{"__scheme__": scheme, "__metrics_path__": "/metrics", "component": "controlplane"}}}
+	for _, n := range nodes {
+		u, err := url.Parse(n.AgentURL)
+		if err != nil || u.Host == "" {
+			continue
+		}
+		out = append(out, api.MetricsTargetGroup{Targets: []string{u.Host}, Labels: map[string]string{
+			"__scheme__": u.Scheme, "__metrics_path__": path.Join("/", u.Path, "metrics"), "component": "agent", "node": n.Name}})
+	}
+	return http.StatusOK, out, nil
 }
