@@ -133,6 +133,21 @@ func TestPrometheusScrapesUp(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Prometheus gets a token of its own, readable by its owner only,
+	// that is not an admin's.
+	tokFile := filepath.Join(dir, "state", "prometheus.token")
+	if st, err := os.Stat(tokFile); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("prometheus.token: %v %v", st, err)
+	}
+	tok, err := os.ReadFile(tokFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	who, err := api.NewClient(u.Addr, strings.TrimSpace(string(tok)), u.HTTPClient(t)).Whoami(ctx)
+	if err != nil || who.Tenant != "prometheus" || who.Admin {
+		t.Fatalf("prometheus.token is %+v (%v), want the non-admin tenant prometheus", who, err)
+	}
+
 	// The configuration rialto up wrote, scraping every second.
 	cfg, err := os.ReadFile(filepath.Join(dir, "state", "prometheus.yml"))
 	if err != nil {
