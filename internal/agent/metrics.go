@@ -58,6 +58,7 @@ func (a *Agent) registerMetrics(r prometheus.Registerer) {
 		if _, ok := d.(Mover); ok {
 			a.mMoved.WithLabelValues(string(k))
 			a.mSkipped.WithLabelValues(string(k))
+			a.mHeld.WithLabelValues(string(k))
 		}
 	}
 	a.mWithheld.WithLabelValues("held")

@@ -223,8 +223,9 @@ func TestPrometheusScrapesUp(t *testing.T) {
 		}
 	}
 
-	// Move the counters: a block lease written and read through NBD, then
-	// released (and so wiped); a shared accelerator lease run once.
+	// Move the counters: a block lease written and read through NBD, moved
+	// to another lender, then released (and so wiped); a shared
+	// accelerator lease run once.
 	bl, err := c.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 64 << 20})
 	if err != nil {
 		t.Fatal(err)
@@ -241,6 +242,20 @@ func TestPrometheusScrapesUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	nc.Close()
+	// Moved to another lender (the Moves row), then released.
+	if _, err := c.MoveLease(ctx, bl.ID, api.MoveRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, 60*time.Second, func() error {
+		ms, err := c.Moves(ctx, bl.ID)
+		if err != nil {
+			return err
+		}
+		if len(ms) != 1 || ms[0].State != api.MoveDone {
+			return fmt.Errorf("moves %+v", ms)
+		}
+		return nil
+	}, prom.log)
 	if _, err := c.ReleaseLease(ctx, bl.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -268,6 +283,9 @@ func TestPrometheusScrapesUp(t *testing.T) {
 		`sum(rialto_gateway_inferences_total) >= 1`,
 		`sum(rialto_accel_slot_tasks_total{outcome="ok"}) >= 1`,
 		`sum(rialto_lender_call_duration_seconds_count{op="prepare"}) >= 2`,
+		`sum(rialto_moves_total{result="done"}) >= 1`,
+		`sum(rialto_agent_transfers_total{role="out",event="committed"}) >= 1`,
+		`sum(rialto_agent_move_hold_seconds_count) >= 1`,
 	} {
 		poll(t, 30*time.Second, func() error { return prom.nonEmpty(q) }, prom.log)
 	}
