@@ -2,11 +2,12 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"math"
 	"strings"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/borrower"
@@ -24,7 +25,7 @@ type leaseIOFlags struct {
 	relayChunk    string
 }
 
-func registerLeaseIOFlags(fs *flag.FlagSet) *leaseIOFlags {
+func registerLeaseIOFlags(fs *pflag.FlagSet) *leaseIOFlags {
 	var f leaseIOFlags
 	fs.StringVar(&f.input, "input-lease", "", "`LEASE:OFF:LEN`: the input is this range of a block lease, which the slot reads from the block lenders itself (e.g. lease-x:0:64MiB)")
 	fs.StringVar(&f.output, "output-lease", "", "`LEASE:OFF`: store the output in this block lease at OFF, written by the slot itself")
@@ -189,9 +190,9 @@ func writeSlot(ctx context.Context, conn *accel.Conn, in []byte) error {
 }
 
 // printAccelStored reports an output stored in a block lease.
-func printAccelStored(e *env, asJSON bool, res accelRunOut) error {
-	if asJSON {
-		return printJSON(e.stdout, res)
+func printAccelStored(e *env, cf *clientFlags, res accelRunOut) error {
+	if cf.json() {
+		return cf.print(e.stdout, res)
 	}
 	_, err := fmt.Fprintf(e.stdout, "%d bytes of %s:%s output stored in lease %s at offset %d (%s path, %.3f s)\n",
 		res.Bytes, res.Role, res.Entry, res.OutputLease, res.OutputOffset, res.Path, res.Seconds)

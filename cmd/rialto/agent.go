@@ -2,11 +2,12 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"strings"
+
+	"github.com/spf13/pflag"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/agent"
@@ -15,14 +16,8 @@ import (
 )
 
 func init() {
-	register(&command{Name: "agent", Summary: "Run a node agent: join a control plane and lend this host's devices.", Run: runAgent})
+	register(&command{Name: "agent", Summary: "Run a node agent: join a control plane and lend this host's devices.", Flags: runAgent})
 }
-
-// listFlag is a repeatable string flag.
-type listFlag []string
-
-func (l *listFlag) String() string     { return strings.Join(*l, ",") }
-func (l *listFlag) Set(s string) error { *l = append(*l, s); return nil }
 
 // parseNIC parses --nic NAME=IFACE[:RATE]; the device's size is the rate
 // in bytes/s.
@@ -91,19 +86,18 @@ func newLogger(e *env, level string) (*slog.Logger, error) {
 // joinFlags registers the flags an agent or appliance joins the cluster
 // with: the control plane's URL, the bootstrap token and the CA
 // certificate the control plane's HTTPS certificate verifies against.
-func joinFlags(fs *flag.FlagSet, e *env) (controlPlane, bootstrapToken, caCert *string) {
-	addr := e.getenv("RIALTO_ADDR")
-	if addr == "" {
-		addr = defaultAddr
-	}
-	controlPlane = fs.String("control-plane", addr, "control plane URL (env RIALTO_ADDR)")
+func joinFlags(fs *pflag.FlagSet, e *env) (controlPlane, bootstrapToken, caCert *string) {
+	controlPlane = new(string)
+	addrFlag(fs, e, controlPlane)
+	// --control-plane was the agent's and appliance's name for --addr.
+	fs.StringVar(controlPlane, "control-plane", *controlPlane, "")
+	fs.MarkDeprecated("control-plane", "use --addr")
 	bootstrapToken = secretString(fs, "bootstrap-token", e.getenv("RIALTO_BOOTSTRAP_TOKEN"), "bootstrap `token` (env RIALTO_BOOTSTRAP_TOKEN)")
 	caCert = fs.String("cacert", e.getenv("RIALTO_CACERT"), "the cluster CA's certificate `file` (ca-cert.pem) to verify the control plane against (env RIALTO_CACERT; default: the system's CAs)")
 	return controlPlane, bootstrapToken, caCert
 }
 
-func runAgent(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "agent", "")
+func runAgent(e *env, fs *pflag.FlagSet) runFunc {
 	host, _ := os.Hostname()
 	cp, boot, caCert := joinFlags(fs, e)
 	name := fs.String("name", host, "node name, unique in the cluster")
@@ -121,54 +115,53 @@ func runAgent(ctx context.Context, e *env, args []string) error {
 	hb := fs.Duration("heartbeat", 0, "heartbeat interval (default: the control plane's)")
 	machine := fs.String("machine-id", "", "override the hardware identity")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
-	if _, err := parse(fs, args, 0, 0); err != nil {
-		return err
-	}
-	if *boot == "" {
-		return fmt.Errorf("a bootstrap token is required (--bootstrap-token or RIALTO_BOOTSTRAP_TOKEN)")
-	}
-	log, err := newLogger(e, *level)
-	if err != nil {
-		return err
-	}
-	cfg := agent.Config{
-		ControlPlane: *cp, BootstrapToken: *boot, Name: *name, StateDir: *stateDir,
-		Listen: *listen, Advertise: *advertise, APIPort: *port, HeartbeatInterval: *hb,
-		MachineID: *machine, Logger: log,
-	}
-	if cfg.Labels, err = parseLabels(labels); err != nil {
-		return err
-	}
-	// With the CA the agent enrolls: a node certificate for mutual TLS.
-	cfg.CAFile = *caCert
-	for i, b := range blocks {
-		d, err := parseBlock(b, i)
+	return func(ctx context.Context, _ []string) error {
+		if *boot == "" {
+			return fmt.Errorf("a bootstrap token is required (--bootstrap-token or RIALTO_BOOTSTRAP_TOKEN)")
+		}
+		log, err := newLogger(e, *level)
 		if err != nil {
 			return err
 		}
-		cfg.Devices = append(cfg.Devices, d)
-	}
-	if *mem != "" {
-		n, err := resource.ParseSize(*mem)
-		if err != nil {
-			return fmt.Errorf("bad --memory: %w", err)
+		cfg := agent.Config{
+			ControlPlane: *cp, BootstrapToken: *boot, Name: *name, StateDir: *stateDir,
+			Listen: *listen, Advertise: *advertise, APIPort: *port, HeartbeatInterval: *hb,
+			MachineID: *machine, Logger: log,
 		}
-		cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: "mem0", Kind: api.KindMemory, Size: n})
-	}
-	for _, n := range nics {
-		d, err := parseNIC(n)
+		if cfg.Labels, err = parseLabels(labels); err != nil {
+			return err
+		}
+		// With the CA the agent enrolls: a node certificate for mutual TLS.
+		cfg.CAFile = *caCert
+		for i, b := range blocks {
+			d, err := parseBlock(b, i)
+			if err != nil {
+				return err
+			}
+			cfg.Devices = append(cfg.Devices, d)
+		}
+		if *mem != "" {
+			n, err := resource.ParseSize(*mem)
+			if err != nil {
+				return fmt.Errorf("bad --memory: %w", err)
+			}
+			cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: "mem0", Kind: api.KindMemory, Size: n})
+		}
+		for _, n := range nics {
+			d, err := parseNIC(n)
+			if err != nil {
+				return err
+			}
+			cfg.Devices = append(cfg.Devices, d)
+		}
+		if *accel > 0 {
+			cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: "accel0", Kind: api.KindAccel, Size: int64(*accel),
+				Attributes: map[string]string{"slot_memory": *slotMem}})
+		}
+		a, err := agent.New(cfg)
 		if err != nil {
 			return err
 		}
-		cfg.Devices = append(cfg.Devices, d)
+		return a.Run(ctx)
 	}
-	if *accel > 0 {
-		cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: "accel0", Kind: api.KindAccel, Size: int64(*accel),
-			Attributes: map[string]string{"slot_memory": *slotMem}})
-	}
-	a, err := agent.New(cfg)
-	if err != nil {
-		return err
-	}
-	return a.Run(ctx)
 }

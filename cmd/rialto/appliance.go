@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/agent"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/appliance"
@@ -21,7 +23,7 @@ import (
 )
 
 func init() {
-	register(&command{Name: "appliance", Summary: "Run a standalone accelerator appliance: join a control plane and lend its slots.", Run: runAppliance})
+	register(&command{Name: "appliance", Summary: "Run a standalone accelerator appliance: join a control plane and lend its slots.", Flags: runAppliance})
 }
 
 // runAppliance is an agent that lends only accelerator slots: it joins
@@ -30,8 +32,7 @@ func init() {
 // also serves the appliance's management API (list slots, load, unload,
 // reset, stats; and its shared gateways) on --management, loopback by
 // default, behind a bearer token kept in --management-token-file.
-func runAppliance(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "appliance", "")
+func runAppliance(e *env, fs *pflag.FlagSet) runFunc {
 	host, _ := os.Hostname()
 	cp, boot, caCert := joinFlags(fs, e)
 	name := fs.String("name", host+"-appliance", "node name, unique in the cluster")
@@ -48,83 +49,82 @@ func runAppliance(ctx context.Context, e *env, args []string) error {
 	hb := fs.Duration("heartbeat", 0, "heartbeat interval (default: the control plane's)")
 	machine := fs.String("machine-id", "", "override the hardware identity")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
-	if _, err := parse(fs, args, 0, 0); err != nil {
-		return err
-	}
-	if *boot == "" {
-		return fmt.Errorf("a bootstrap token is required (--bootstrap-token or RIALTO_BOOTSTRAP_TOKEN)")
-	}
-	if *slots < 1 {
-		return fmt.Errorf("--slots must be at least 1")
-	}
-	if n, err := resource.ParseSize(*slotMem); err != nil || n <= 0 {
-		return fmt.Errorf("bad --slot-memory %q", *slotMem)
-	}
-	log, err := newLogger(e, *level)
-	if err != nil {
-		return err
-	}
-	drv := agent.NewAccelDriver(log.With("appliance", *name), *listen)
-	var mln net.Listener
-	if *mgmt != "off" && *mgmt != "" {
-		tok, where, err := managementToken(e, *stateDir, *tokFile)
+	return func(ctx context.Context, _ []string) error {
+		if *boot == "" {
+			return fmt.Errorf("a bootstrap token is required (--bootstrap-token or RIALTO_BOOTSTRAP_TOKEN)")
+		}
+		if *slots < 1 {
+			return fmt.Errorf("--slots must be at least 1")
+		}
+		if n, err := resource.ParseSize(*slotMem); err != nil || n <= 0 {
+			return fmt.Errorf("bad --slot-memory %q", *slotMem)
+		}
+		log, err := newLogger(e, *level)
 		if err != nil {
 			return err
 		}
-		drv.ManagementToken = tok
-		if mln, err = net.Listen("tcp", *mgmt); err != nil {
-			return fmt.Errorf("--management: %w", err)
+		drv := agent.NewAccelDriver(log.With("appliance", *name), *listen)
+		var mln net.Listener
+		if *mgmt != "off" && *mgmt != "" {
+			tok, where, err := managementToken(e, *stateDir, *tokFile)
+			if err != nil {
+				return err
+			}
+			drv.ManagementToken = tok
+			if mln, err = net.Listen("tcp", *mgmt); err != nil {
+				return fmt.Errorf("--management: %w", err)
+			}
+			defer mln.Close()
+			fmt.Fprintf(e.stdout, "rialto appliance: management API on http://%s (bearer token in %s)\n", mln.Addr(), where)
 		}
-		defer mln.Close()
-		fmt.Fprintf(e.stdout, "rialto appliance: management API on http://%s (bearer token in %s)\n", mln.Addr(), where)
-	}
-	cfg := agent.Config{
-		ControlPlane: *cp, BootstrapToken: *boot, Name: *name, StateDir: *stateDir,
-		Listen: *listen, Advertise: *advertise, APIPort: *port, HeartbeatInterval: *hb,
-		MachineID: *machine, Logger: log.With("appliance", *name),
-		Devices: []agent.DeviceConfig{{Name: "accel0", Kind: api.KindAccel, Size: int64(*slots), Model: "rialto-appliance", Sharing: "partitionable",
-			Attributes: map[string]string{"slot_memory": *slotMem}}},
-	}
-	if cfg.Labels, err = parseLabels(labels); err != nil {
+		cfg := agent.Config{
+			ControlPlane: *cp, BootstrapToken: *boot, Name: *name, StateDir: *stateDir,
+			Listen: *listen, Advertise: *advertise, APIPort: *port, HeartbeatInterval: *hb,
+			MachineID: *machine, Logger: log.With("appliance", *name),
+			Devices: []agent.DeviceConfig{{Name: "accel0", Kind: api.KindAccel, Size: int64(*slots), Model: "rialto-appliance", Sharing: "partitionable",
+				Attributes: map[string]string{"slot_memory": *slotMem}}},
+		}
+		if cfg.Labels, err = parseLabels(labels); err != nil {
+			return err
+		}
+		cfg.CAFile = *caCert
+		if cfg.Labels == nil {
+			cfg.Labels = map[string]string{}
+		}
+		if _, ok := cfg.Labels["role"]; !ok {
+			cfg.Labels["role"] = "appliance"
+		}
+		cfg.Drivers = map[api.Kind]agent.Driver{api.KindAccel: drv}
+		a, err := agent.New(cfg)
+		if err != nil {
+			return err
+		}
+		if mln == nil {
+			return a.Run(ctx)
+		}
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		hs := &http.Server{Handler: managementHandler(drv, "accel0", drv.ManagementToken), ReadHeaderTimeout: 10 * time.Second}
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			if err := hs.Serve(mln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("management API stopped", "err", err)
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			<-ctx.Done()
+			sctx, c := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer c()
+			_ = hs.Shutdown(sctx)
+		}()
+		err = a.Run(ctx)
+		cancel()
+		wg.Wait()
 		return err
 	}
-	cfg.CAFile = *caCert
-	if cfg.Labels == nil {
-		cfg.Labels = map[string]string{}
-	}
-	if _, ok := cfg.Labels["role"]; !ok {
-		cfg.Labels["role"] = "appliance"
-	}
-	cfg.Drivers = map[api.Kind]agent.Driver{api.KindAccel: drv}
-	a, err := agent.New(cfg)
-	if err != nil {
-		return err
-	}
-	if mln == nil {
-		return a.Run(ctx)
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	hs := &http.Server{Handler: managementHandler(drv, "accel0", drv.ManagementToken), ReadHeaderTimeout: 10 * time.Second}
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		if err := hs.Serve(mln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("management API stopped", "err", err)
-		}
-	}()
-	go func() {
-		defer wg.Done()
-		<-ctx.Done()
-		sctx, c := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer c()
-		_ = hs.Shutdown(sctx)
-	}()
-	err = a.Run(ctx)
-	cancel()
-	wg.Wait()
-	return err
 }
 
 // managementToken returns the management API's bearer token: the
