@@ -30,7 +30,8 @@ func registerLeaseIOFlags(fs *pflag.FlagSet) *leaseIOFlags {
 	fs.StringVar(&f.input, "input-lease", "", "`LEASE:OFF:LEN`: the input is this range of a block lease, which the slot reads from the block lenders itself (e.g. lease-x:0:64MiB)")
 	fs.StringVar(&f.output, "output-lease", "", "`LEASE:OFF`: store the output in this block lease at OFF, written by the slot itself")
 	fs.BoolVar(&f.relay, "relay", false, "move the lease ranges through this borrower instead (read here, then write to the slot): the path the bytes take without direct device reads")
-	fs.StringVar(&f.relayChunk, "relay-chunk", "4MiB", "with --relay, bytes per relayed request (at least the range's length: read it all, then send it)")
+	f.relayChunk = "4MiB"
+	fs.Var(sizeText{&f.relayChunk}, "relay-chunk", "with --relay, bytes per relayed request (at least the range's length: read it all, then send it)")
 	return &f
 }
 

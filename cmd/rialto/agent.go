@@ -108,9 +108,9 @@ func runAgent(e *env, fs *pflag.FlagSet) runFunc {
 	var blocks, labels, nics listFlag
 	fs.Var(&blocks, "block", "lend a file-backed block device: [NAME=]PATH[:SIZE] (repeatable; created sparse)")
 	fs.Var(&nics, "nic", "lend a network interface: NAME=IFACE[:RATE], RATE what it may lend in tc's syntax (200mbit, 1gbit; default: the interface's speed, else 1gbit) (repeatable; needs root and nft)")
-	mem := fs.String("memory", "", "memory budget to lend, e.g. 512MiB")
+	mem := sizeString(fs, "memory", "", "memory budget to lend, e.g. 512MiB")
 	accel := fs.Int("accel", 0, "accelerator slots to lend (an appliance; each slot gets --slot-memory)")
-	slotMem := fs.String("slot-memory", "16MiB", "memory of each accelerator slot")
+	slotMem := sizeString(fs, "slot-memory", "16MiB", "memory of each accelerator slot")
 	fs.Var(&labels, "label", "node label KEY=VALUE (repeatable)")
 	hb := fs.Duration("heartbeat", 0, "heartbeat interval (default: the control plane's)")
 	machine := fs.String("machine-id", "", "override the hardware identity")

@@ -38,7 +38,7 @@ func runAppliance(e *env, fs *pflag.FlagSet) runFunc {
 	name := fs.String("name", host+"-appliance", "node name, unique in the cluster")
 	stateDir := fs.String("state-dir", "rialto-appliance", "identity and export state")
 	slots := fs.Int("slots", 4, "accelerator slots (each listens on its own port)")
-	slotMem := fs.String("slot-memory", "16MiB", "memory of each slot (an offset table keeps slots apart)")
+	slotMem := sizeString(fs, "slot-memory", "16MiB", "memory of each slot (an offset table keeps slots apart)")
 	listen := fs.String("listen", "127.0.0.1", "host the management API and slots bind to (0.0.0.0 needs --advertise)")
 	advertise := fs.String("advertise", "", "host put into URLs (default: --listen)")
 	port := fs.Int("port", 0, "agent API port, used by the control plane (0: as before, or free)")

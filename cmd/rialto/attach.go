@@ -104,7 +104,7 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 	cf.register(fs, e)
 	listen := fs.String("listen", "127.0.0.1:0", "loopback TCP address to serve the volume on")
 	socket := fs.String("socket", "", "serve on this Unix socket instead of TCP")
-	unit := fs.String("stripe-unit", "", "stripe unit, e.g. 128KiB (default: the lease's)")
+	unit := sizeString(fs, "stripe-unit", "", "stripe unit, e.g. 128KiB (default: the lease's)")
 	conns := fs.Int("conns", 0, "NBD connections to each part (default 2); nic: tunnel connections to each lender (default 1, 2 with --bond-mode packet)")
 	var nf nicAttachFlags
 	nf.register(fs)
@@ -158,8 +158,10 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 
 		// A part whose lender restarted at another address is redialled at
 		// the URI the control plane has for it now.
+		bar := newProgress(e, -1, fmt.Sprintf("attach: connecting to %d part(s) of lease %s", parts, l.ID))
 		att, err := borrower.Attach(ctx, c, l, borrower.AttachConfig{Listen: where, StripeUnit: su,
 			ConnsPerPart: *conns, RequestTimeout: *timeout, Logger: log})
+		bar.done()
 		if err != nil {
 			os.Remove(ctlPath)
 			return fmt.Errorf("attach %s: %w", l.ID, err)

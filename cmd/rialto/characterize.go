@@ -43,8 +43,8 @@ func runCharacterize(e *env, fs *pflag.FlagSet) runFunc {
 	var cf clientFlags
 	cf.register(fs, e)
 	streams := fs.Int("max-streams", 8, "measure 1..N concurrent sequential writers and readers")
-	bytesFlag := fs.String("bytes", "256MiB", "bytes moved by all streams together per step")
-	reqFlag := fs.String("request-size", "1MiB", "size of each sequential request")
+	bytesFlag := sizeString(fs, "bytes", "256MiB", "bytes moved by all streams together per step")
+	reqFlag := sizeString(fs, "request-size", "1MiB", "size of each sequential request")
 	ops := fs.Int("latency-ops", 2000, "4 KiB random reads for the latency figure (median)")
 	model := fs.String("model", "", "store the profile under this model (default: the device's model)")
 	ttl := durationVar(fs, "ttl", 0, time.Second, "lifetime of the measuring lease, e.g. 30m (default: the server's)")
@@ -135,12 +135,27 @@ func runCharacterize(e *env, fs *pflag.FlagSet) runFunc {
 		stop := context.AfterFunc(ctx, func() { nc.Close() })
 		defer stop()
 		opts := characterize.Options{MaxStreams: *streams, BytesPerStep: perStep, RequestSize: int(reqSize), LatencyOps: *ops, Model: name}
-		if !cf.json() {
+		// On a terminal, a bar: one step per stream count and direction,
+		// then the latency run; elsewhere, a line per step.
+		bar := newProgress(e, 2**streams+1, "characterize: 1 writer")
+		if bar != nil {
+			opts.Progress = func(op string, n int, bps float64) {
+				next := fmt.Sprintf("characterize: %d %s (%s MB/s)", n, profPlural(n, "reader"), profMBps(bps))
+				if op == "read" {
+					next = "characterize: 4 KiB latency"
+					if n < *streams {
+						next = fmt.Sprintf("characterize: %d %s", n+1, profPlural(n+1, "writer"))
+					}
+				}
+				bar.step(next)
+			}
+		} else if !cf.json() {
 			opts.Progress = func(op string, n int, bps float64) {
 				fmt.Fprintf(e.stderr, "characterize: %d %s: %s MB/s\n", n, profPlural(n, strings.TrimSuffix(op, "e")+"er"), profMBps(bps))
 			}
 		}
 		p, err := characterize.Measure(ctx, nc, opts)
+		bar.done()
 		if err != nil {
 			if ctx.Err() != nil {
 				return fmt.Errorf("characterize %s: interrupted: %w", dev.ID, ctx.Err())

@@ -15,6 +15,7 @@ import (
 	"go.yaml.in/yaml/v4"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/netns"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -314,4 +315,52 @@ func (o *output) print(w io.Writer, v any) error {
 		return nil
 	}
 	return printJSON(w, v)
+}
+
+// sizeText is a string flag whose value must be a size (checked when
+// parsed, so a bad one is a usage mistake); the verb parses it again.
+type sizeText struct{ p *string }
+
+func (f sizeText) String() string { return *f.p }
+func (f sizeText) Type() string   { return "size" }
+func (f sizeText) Set(s string) error {
+	if _, err := resource.ParseSize(s); err != nil {
+		return fmt.Errorf("want a size such as 256MiB, 10GiB or 1TB")
+	}
+	*f.p = s
+	return nil
+}
+
+// sizeString defines a sizeText flag.
+func sizeString(fs *pflag.FlagSet, name, def, usage string) *string {
+	p := new(string)
+	*p = def
+	fs.Var(sizeText{p}, name, usage)
+	return p
+}
+
+// tcRate is a link rate for tc: tc's syntax (1gbit, 400mbit, 100mbps) or
+// the CLI's (500MB/s, 1Gbit/s); kept in tc's syntax (bits/s).
+type tcRate struct{ p *string }
+
+func (f tcRate) String() string { return *f.p }
+func (f tcRate) Type() string   { return "rate" }
+func (f tcRate) Set(s string) error {
+	if _, err := netns.ParseRate(s); err == nil {
+		*f.p = s
+		return nil
+	}
+	v, err := parseRate(s)
+	if err != nil || v < 1 {
+		return fmt.Errorf("want a rate such as 1gbit, 400mbit, 500Mbit/s or 100MB/s")
+	}
+	*f.p = strconv.FormatInt(int64(v*8), 10) + "bit"
+	return nil
+}
+
+// tcRateString defines a tcRate flag.
+func tcRateString(fs *pflag.FlagSet, name, usage string) *string {
+	p := new(string)
+	fs.Var(tcRate{p}, name, usage)
+	return p
 }

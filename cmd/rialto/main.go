@@ -261,6 +261,15 @@ func verbCommand(e *env, c *command, word string) *cobra.Command {
 	fs := cc.Flags()
 	fs.SortFlags = false
 	run := c.Flags(e, fs)
+	// Flags with a fixed set of values (--kind, --mode, -o) complete them.
+	fs.VisitAll(func(f *pflag.Flag) {
+		if v, ok := f.Value.(interface{ completions() []string }); ok {
+			words := v.completions()
+			cc.RegisterFlagCompletionFunc(f.Name, func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+				return words, cobra.ShellCompDirectiveNoFileComp
+			})
+		}
+	})
 	cc.RunE = func(cmd *cobra.Command, args []string) error {
 		if c.Deprecated != "" && cmd.CalledAs() != word {
 			fmt.Fprintf(e.stderr, "rialto: %q is deprecated: %s\n", cmd.CalledAs(), c.Deprecated)

@@ -144,7 +144,9 @@ func runSimRun(e *env, fs *pflag.FlagSet) runFunc {
 		if pos[0] == "all" {
 			return runSimAll(ctx, e, o, *doc, output)
 		}
+		bar := newProgress(e, -1, "sim: "+pos[0])
 		res, files, err := report.Run(ctx, pos[0], o)
+		bar.done()
 		if errors.Is(err, sim.ErrUnknownExperiment) {
 			names := make([]string, 0)
 			for _, x := range sim.Experiments() {
@@ -192,9 +194,15 @@ func printScaleRates(e *env, res sim.Result, files report.Files) {
 }
 
 func runSimAll(ctx context.Context, e *env, o report.Options, doc string, output *output) error {
+	bar := newProgress(e, len(sim.Experiments()), "sim")
 	outs, table, err := report.All(ctx, o, func(name string) {
+		if bar != nil {
+			bar.step("sim: " + name)
+			return
+		}
 		fmt.Fprintf(e.stderr, "running %s\n", name)
 	})
+	bar.done()
 	if err != nil {
 		return err
 	}

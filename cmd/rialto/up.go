@@ -73,16 +73,16 @@ func runUp(e *env, fs *pflag.FlagSet) runFunc {
 	port := fs.Int("port", 0, "API port (default: the one used last time, else a free one)")
 	agents := fs.Int("agents", 3, "number of agents (nodes)")
 	disks := fs.Int("disks", 2, "block devices per node")
-	diskSize := fs.String("disk-size", "1GiB", "size of each block device (sparse files)")
-	memSize := fs.String("memory", "256MiB", "memory budget each node lends (0 for none)")
+	diskSize := sizeString(fs, "disk-size", "1GiB", "size of each block device (sparse files)")
+	memSize := sizeString(fs, "memory", "256MiB", "memory budget each node lends (0 for none)")
 	slots := fs.Int("accel", 2, "accelerator slots each node lends (0 for none)")
 	level := fs.String("log-level", "warn", "debug, info, warn or error (logs go to stderr)")
 	var quotaSpecs listFlag
 	fs.Var(&quotaSpecs, "quota", "tenant quota [TENANT:]leases=N,bytes=SIZE,slots=N,bandwidth=RATE, as for rialto server (the up cluster's token is tenant admin; repeatable)")
 	netnsMode := fs.Bool("netns", false, "run an emulated rack instead: the control plane and each agent as separate processes in their own network namespaces, joined by veth pairs and a bridge (root only; docs/rack.md)")
-	linkRate := fs.String("link-rate", "", "with --netns: shape every link with tc tbf to this rate, e.g. 1gbit, 400mbit (bandwidth only: no delay or loss)")
+	linkRate := tcRateString(fs, "link-rate", "with --netns: shape every link with tc tbf to this rate, e.g. 1gbit, 400mbit (bandwidth only: no delay or loss)")
 	uplinks := fs.Bool("uplinks", false, "with --netns: give every agent an uplink (wan0) to an outside network that only the agents reach, lent as NIC \"wan\" (docs/nic.md; needs nft)")
-	uplinkRate := fs.String("uplink-rate", "", "with --uplinks: shape the uplinks with tc tbf to this rate, e.g. 100mbit; the agents lend them at that rate")
+	uplinkRate := tcRateString(fs, "uplink-rate", "with --uplinks: shape the uplinks with tc tbf to this rate, e.g. 100mbit; the agents lend them at that rate")
 	var tm timings
 	tm.register(fs)
 	return func(ctx context.Context, _ []string) error {

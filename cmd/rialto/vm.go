@@ -88,7 +88,8 @@ func runVMRun(e *env, fs *pflag.FlagSet) runFunc {
 	fs.StringVar(&f.kernel, "kernel", "", "the guest's kernel (qemu -kernel)")
 	fs.StringVar(&f.initrd, "initrd", "", "the guest's initramfs (qemu -initrd)")
 	fs.StringVar(&f.appendArgs, "append", "console=ttyS0", "the guest kernel's command line")
-	fs.StringVar(&f.memory, "memory", "256MiB", "the guest's memory")
+	f.memory = "256MiB"
+	fs.Var(sizeText{&f.memory}, "memory", "the guest's memory")
 	fs.IntVar(&f.cpus, "cpus", 1, "the guest's vCPUs")
 	fs.StringVar(&f.accel, "accel", vm.AccelAuto, "tcg, kvm, or auto: KVM if a probe guest runs under it here within 5 s (the verdict is cached in the state dir), else TCG")
 	fs.StringVar(&f.name, "name", "", "the VM's name (default: the lease's ID)")
