@@ -81,7 +81,7 @@ func runAccelRun(e *env, fs *pflag.FlagSet) runFunc {
 			return usagef("give one of INPUT, --data and --input-lease")
 		}
 		if lf.output != "" && (*outPath != "" || *asHex) {
-			return fmt.Errorf("--output-lease stores the output in a block lease: --out and --hex do not apply")
+			return usagef("--output-lease stores the output in a block lease: --out and --hex do not apply")
 		}
 		role, entry, _ := strings.Cut(pos[1], ":")
 		if *entryFlag != "" {

@@ -72,11 +72,11 @@ func runAccelLeaseIO(ctx context.Context, c *api.Client, lf *leaseIOFlags, res *
 	if lf.relay {
 		n, err := resource.ParseSize(lf.relayChunk)
 		if err != nil || n <= 0 || n > math.MaxInt32 {
-			return nil, fmt.Errorf("bad --relay-chunk %q", lf.relayChunk)
+			return nil, usagef("bad --relay-chunk %q", lf.relayChunk)
 		}
 		chunk = int(n)
 	} else if lf.relayChunk != "4MiB" {
-		return nil, fmt.Errorf("--relay-chunk needs --relay")
+		return nil, usagef("--relay-chunk needs --relay")
 	}
 	info := conn.Info()
 	mem := int64(info.MemSize)

@@ -24,14 +24,14 @@ func init() {
 func parseNIC(s string) (agent.DeviceConfig, error) {
 	name, rest, ok := strings.Cut(s, "=")
 	if !ok || name == "" || rest == "" {
-		return agent.DeviceConfig{}, fmt.Errorf("bad --nic %q: want NAME=IFACE[:RATE]", s)
+		return agent.DeviceConfig{}, usagef("bad --nic %q: want NAME=IFACE[:RATE]", s)
 	}
 	iface, r, hasRate := strings.Cut(rest, ":")
 	bps := nic.LinkSpeed(iface)
 	if hasRate {
 		var err error
 		if bps, err = nic.ParseRate(r); err != nil {
-			return agent.DeviceConfig{}, fmt.Errorf("bad --nic %q: %w", s, err)
+			return agent.DeviceConfig{}, usagef("bad --nic %q: %w", s, err)
 		}
 	}
 	if bps == 0 {
@@ -49,12 +49,12 @@ func parseBlock(s string, i int) (agent.DeviceConfig, error) {
 	if i := strings.LastIndex(s, ":"); i >= 0 {
 		n, err := resource.ParseSize(s[i+1:])
 		if err != nil {
-			return d, fmt.Errorf("bad --block %q: %w", s, err)
+			return d, usagef("bad --block %q: %w", s, err)
 		}
 		d.Size, s = n, s[:i]
 	}
 	if s == "" || d.Name == "" {
-		return d, fmt.Errorf("bad --block: want [NAME=]PATH[:SIZE]")
+		return d, usagef("bad --block: want [NAME=]PATH[:SIZE]")
 	}
 	d.Path = s
 	return d, nil
@@ -68,7 +68,7 @@ func parseLabels(ls []string) (map[string]string, error) {
 	for _, l := range ls {
 		k, v, ok := strings.Cut(l, "=")
 		if !ok || k == "" {
-			return nil, fmt.Errorf("bad --label %q: want KEY=VALUE", l)
+			return nil, usagef("bad --label %q: want KEY=VALUE", l)
 		}
 		m[k] = v
 	}
@@ -78,7 +78,7 @@ func parseLabels(ls []string) (map[string]string, error) {
 func newLogger(e *env, level string) (*slog.Logger, error) {
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("bad --log-level %q (debug, info, warn, error)", level)
+		return nil, usagef("bad --log-level %q (debug, info, warn, error)", level)
 	}
 	return slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: lv})), nil
 }

@@ -54,10 +54,10 @@ func runAppliance(e *env, fs *pflag.FlagSet) runFunc {
 			return fmt.Errorf("a bootstrap token is required (--bootstrap-token or RIALTO_BOOTSTRAP_TOKEN)")
 		}
 		if *slots < 1 {
-			return fmt.Errorf("--slots must be at least 1")
+			return usagef("--slots must be at least 1")
 		}
 		if n, err := resource.ParseSize(*slotMem); err != nil || n <= 0 {
-			return fmt.Errorf("bad --slot-memory %q", *slotMem)
+			return usagef("bad --slot-memory %q", *slotMem)
 		}
 		log, err := newLogger(e, *level)
 		if err != nil {

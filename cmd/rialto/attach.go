@@ -134,7 +134,7 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 		su := l.StripeUnit
 		if *unit != "" {
 			if su, err = resource.ParseSize(*unit); err != nil {
-				return fmt.Errorf("bad --stripe-unit: %w", err)
+				return usagef("bad --stripe-unit: %w", err)
 			}
 			if l.StripeUnit > 0 && su != l.StripeUnit && parts > 1 {
 				fmt.Fprintf(e.stderr, "rialto attach: warning: stripe unit %s differs from the lease's %s; data written with one is scrambled under the other\n",

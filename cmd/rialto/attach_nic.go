@@ -36,7 +36,7 @@ func (f *nicAttachFlags) register(fs *pflag.FlagSet) {
 func attachNIC(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l api.Lease, nf nicAttachFlags, conns int, watch time.Duration, log *slog.Logger) error {
 	mode, err := nic.ParseMode(nf.mode)
 	if err != nil {
-		return fmt.Errorf("bad --bond-mode: %w", err)
+		return usagef("bad --bond-mode: %w", err)
 	}
 	if _, err := borrower.NICURIs(l); err != nil {
 		return err

@@ -50,18 +50,18 @@ func runCharacterize(e *env, fs *pflag.FlagSet) runFunc {
 	ttl := durationVar(fs, "ttl", 0, time.Second, "lifetime of the measuring lease, e.g. 30m (default: the server's)")
 	return func(ctx context.Context, pos []string) error {
 		if *streams < 1 || *streams > 1024 {
-			return fmt.Errorf("--max-streams must be 1..1024, not %d", *streams)
+			return usagef("--max-streams must be 1..1024, not %d", *streams)
 		}
 		if *ops < 1 {
-			return fmt.Errorf("--latency-ops must be positive, not %d", *ops)
+			return usagef("--latency-ops must be positive, not %d", *ops)
 		}
 		perStep, err := resource.ParseSize(*bytesFlag)
 		if err != nil || perStep <= 0 {
-			return fmt.Errorf("bad --bytes %q: use a size such as 256MiB", *bytesFlag)
+			return usagef("bad --bytes %q: use a size such as 256MiB", *bytesFlag)
 		}
 		reqSize, err := resource.ParseSize(*reqFlag)
 		if err != nil || reqSize < 4096 || reqSize > 32<<20 || reqSize%4096 != 0 {
-			return fmt.Errorf("bad --request-size %q: use a multiple of 4KiB up to 32MiB", *reqFlag)
+			return usagef("bad --request-size %q: use a multiple of 4KiB up to 32MiB", *reqFlag)
 		}
 		ttlSecs := int64(ttl.d / time.Second)
 		c, err := cf.client()

@@ -43,6 +43,7 @@ func runEvents(e *env, fs *pflag.FlagSet) runFunc {
 			return tw.Flush()
 		}
 		// Following: one JSON object per line with -o json (jq-friendly),
+		// a YAML document per event with -o yaml, the template per event,
 		// else a table row per event, flushed as it comes.
 		tw := newTable(e.stdout)
 		if !cf.json() {
@@ -52,8 +53,16 @@ func runEvents(e *env, fs *pflag.FlagSet) runFunc {
 		return c.FollowEvents(ctx, *since, api.FollowOptions{
 			Reconnected: func(err error) { fmt.Fprintf(e.stderr, "rialto events: reconnected after: %v\n", err) },
 		}, func(ev api.Event) error {
-			if cf.json() {
+			switch cf.out.format {
+			case "json":
 				return printJSONLine(e.stdout, ev)
+			case "yaml":
+				if _, err := io.WriteString(e.stdout, "---\n"); err != nil {
+					return err
+				}
+				return cf.print(e.stdout, ev)
+			case "template":
+				return cf.print(e.stdout, ev)
 			}
 			eventRow(tw, ev)
 			return tw.Flush()

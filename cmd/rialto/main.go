@@ -96,10 +96,6 @@ type env struct {
 	getenv         func(string) string
 }
 
-// errUsage marks an error in the command line already explained on
-// stderr.
-var errUsage = errors.New("usage")
-
 // usageError is a mistake in the command line: rialto prints it on one
 // line that ends with where to read the verb's help, and exits 2.
 type usageError struct{ err error }
@@ -131,9 +127,6 @@ func run(ctx context.Context, args []string, e *env) int {
 	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
 		return 0
-	}
-	if errors.Is(err, errUsage) {
-		return 2
 	}
 	var ue usageError
 	if errors.As(err, &ue) || isCobraUsage(err) {

@@ -51,17 +51,14 @@ func runNodeCordon(cordon bool) func(*env, *pflag.FlagSet) runFunc {
 func runNodeDrain(e *env, fs *pflag.FlagSet) runFunc {
 	var cf clientFlags
 	cf.register(fs, e)
-	deadline := fs.Duration("deadline", 10*time.Minute, "what has not moved by then is left in place and reported (its borrower told)")
+	deadline := durationVar(fs, "deadline", 10*time.Minute, time.Millisecond, "what has not moved by then is left in place and reported (its borrower told), e.g. 10m, 90s")
 	noWait := fs.Bool("no-wait", false, "return once the drain has started")
 	return func(ctx context.Context, pos []string) error {
 		c, err := cf.client()
 		if err != nil {
 			return err
 		}
-		if *deadline <= 0 {
-			return fmt.Errorf("--deadline must be positive")
-		}
-		d, err := c.DrainNode(ctx, pos[0], api.DrainRequest{DeadlineSeconds: deadline.Seconds()})
+		d, err := c.DrainNode(ctx, pos[0], api.DrainRequest{DeadlineSeconds: deadline.d.Seconds()})
 		if err != nil {
 			return err
 		}

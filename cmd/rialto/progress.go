@@ -41,8 +41,8 @@ func (p *progress) step(desc string) {
 	if p == nil {
 		return
 	}
-	p.bar.Describe(desc)
 	p.bar.Add(1)
+	p.bar.Describe(desc)
 }
 
 // describe changes the bar's text.

@@ -208,7 +208,7 @@ func runServer(e *env, fs *pflag.FlagSet) runFunc {
 			*tlsDir = v
 		}
 		if *insecureHTTP && (*tlsDir != "" || len(tlsHosts) > 0) {
-			return fmt.Errorf("--insecure-http serves no TLS: it does not go with --tls-dir, RIALTO_TLS_DIR or --tls-host")
+			return usagef("--insecure-http serves no TLS: it does not go with --tls-dir, RIALTO_TLS_DIR or --tls-host")
 		}
 		if *tlsDir == "" {
 			*tlsDir = filepath.Join(filepath.Dir(*db), "rialto-tls")

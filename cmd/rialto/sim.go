@@ -125,13 +125,13 @@ func runSimRun(e *env, fs *pflag.FlagSet) runFunc {
 	output := outputVar(fs)
 	return func(ctx context.Context, pos []string) error {
 		if *scale <= 0 {
-			return fmt.Errorf("--scale must be positive")
+			return usagef("--scale must be positive")
 		}
 		if *nodes <= 0 || *leases <= 0 || *conc <= 0 || *remote < 0 || *remote > 1 || *compose < 0 || *compose > 1 {
-			return fmt.Errorf("--nodes, --leases and --concurrency must be positive and --remote-share, --compose-share within [0, 1]")
+			return usagef("--nodes, --leases and --concurrency must be positive and --remote-share, --compose-share within [0, 1]")
 		}
 		if *doc != "" && pos[0] != "all" {
-			return fmt.Errorf("--doc goes with `rialto sim run all`")
+			return usagef("--doc goes with `rialto sim run all`")
 		}
 		o := report.Options{
 			Options: sim.Options{Seed: *seed, OutDir: *outDir, Scale: *scale, PodList: *podList, Sample: *sample, Sensitivity: *sens,

@@ -87,29 +87,29 @@ func runUp(e *env, fs *pflag.FlagSet) runFunc {
 	tm.register(fs)
 	return func(ctx context.Context, _ []string) error {
 		if *linkRate != "" && !*netnsMode {
-			return fmt.Errorf("--link-rate needs --netns")
+			return usagef("--link-rate needs --netns")
 		}
 		if *uplinks && !*netnsMode {
-			return fmt.Errorf("--uplinks needs --netns")
+			return usagef("--uplinks needs --netns")
 		}
 		if *uplinkRate != "" && !*uplinks {
-			return fmt.Errorf("--uplink-rate needs --uplinks")
+			return usagef("--uplink-rate needs --uplinks")
 		}
 		quotas, err := parseQuotas(quotaSpecs)
 		if err != nil {
 			return err
 		}
 		if *agents < 0 || *disks < 0 {
-			return fmt.Errorf("--agents and --disks must not be negative")
+			return usagef("--agents and --disks must not be negative")
 		}
 		dsize, err := resource.ParseSize(*diskSize)
 		if err != nil || dsize < 1<<20 {
-			return fmt.Errorf("bad --disk-size %q (at least 1MiB)", *diskSize)
+			return usagef("bad --disk-size %q (at least 1MiB)", *diskSize)
 		}
 		var msize int64
 		if *memSize != "0" && *memSize != "" {
 			if msize, err = resource.ParseSize(*memSize); err != nil {
-				return fmt.Errorf("bad --memory: %w", err)
+				return usagef("bad --memory: %w", err)
 			}
 		}
 		log, err := newLogger(e, *level)

@@ -247,7 +247,7 @@ func TestUpREADMEFlow(t *testing.T) {
 		t.Fatalf("shared accel lease %+v", acc)
 	}
 	var ran accelRunOut
-	up.cli(t, bin, &ran, "accel", "run", acc.ID, "sha256", "@hello")
+	up.cli(t, bin, &ran, "accel", "run", acc.ID, "sha256", "--data", "hello")
 	if sum := sha256.Sum256([]byte("hello")); ran.Via != "gateway" || !bytes.Equal(ran.Output, sum[:]) {
 		t.Fatalf("accel run through the gateway: %+v", ran)
 	}

@@ -106,7 +106,7 @@ func runVMRun(e *env, fs *pflag.FlagSet) runFunc {
 		}
 		mem, err := resource.ParseSize(f.memory)
 		if err != nil || mem < 16<<20 || mem%(1<<20) != 0 {
-			return fmt.Errorf("bad --memory %q: a whole number of MiB, at least 16MiB", f.memory)
+			return usagef("bad --memory %q: a whole number of MiB, at least 16MiB", f.memory)
 		}
 		for _, p := range []*string{&f.kernel, &f.initrd, &f.stateDir} {
 			if *p != "" {
