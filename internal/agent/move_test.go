@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -508,6 +509,15 @@ func TestTeardownOfSealedMove(t *testing.T) {
 		_, err := plain.WriteAt(bytes.Repeat([]byte{7}, 4096), 0)
 		held <- err
 	}()
+	// The write must be held by the sealed move before the teardown, or
+	// it would meet a closed export instead.
+	srv := &r.src.drivers[api.KindBlock].(*BlockDriver).srv
+	for deadline := time.Now().Add(30 * time.Second); srv.HeldWrites("x_lease-m") == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the write was never held by the sealed move")
+		}
+		runtime.Gosched()
+	}
 	if err := r.src.Teardown(ctxFor(t), "lease-m"); err != nil {
 		t.Fatal(err)
 	}
