@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/metrics"
 	"github.com/rialto-project/rialto/internal/resource"
 )
@@ -30,7 +31,7 @@ type Agent struct {
 
 	cfg     Config
 	log     *slog.Logger
-	clock   Clock
+	clock   clock.Clock
 	hc      *http.Client
 	tls     *nodeTLS // nil without Config.CAFile; set by Run before anything runs
 	drivers map[api.Kind]Driver
@@ -89,9 +90,7 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = realClock{}
-	}
+	cfg.Clock = clock.Or(cfg.Clock)
 	hc := cfg.HTTPClient
 	if hc == nil {
 		hc = &http.Client{Timeout: 10 * time.Second}
@@ -584,10 +583,12 @@ func (a *Agent) join(ctx context.Context) error {
 		}
 		a.log.Warn("join failed; retrying", "err", err, "in", backoff)
 		a.enforceExpiry(ctx, false)
+		t := a.clock.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return ctx.Err()
-		case <-time.After(backoff):
+		case <-t.C():
 		}
 		backoff = min(backoff*2, 5*time.Second)
 	}
@@ -625,12 +626,12 @@ func (a *Agent) heartbeatLoop(ctx context.Context) {
 		if next, ok := a.nextTransferExpiry(); ok {
 			wait = min(wait, max(next.Sub(a.clock.Now()), 50*time.Millisecond))
 		}
-		t := time.NewTimer(wait)
+		t := a.clock.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return
-		case <-t.C:
+		case <-t.C():
 		}
 		rctx, cancel := ctx, context.CancelFunc(func() {})
 		if due {
