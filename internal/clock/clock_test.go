@@ -281,3 +281,28 @@ func TestReal(t *testing.T) {
 		t.Fatal("Stop of a fired timer = true")
 	}
 }
+
+// FakeNow's time moves only with Advance; its timers are real.
+func TestFakeNow(t *testing.T) {
+	c := NewFakeNow(t0)
+	if !c.Now().Equal(t0) {
+		t.Fatalf("Now %v", c.Now())
+	}
+	tm := c.NewTimer(time.Hour)
+	c.Advance(2 * time.Hour)
+	if v := got(tm.C()); !v.IsZero() || c.Since(t0) != 2*time.Hour {
+		t.Fatalf("Advance fired a real timer (%v) or did not move the time (%v)", v, c.Since(t0))
+	}
+	tm.Stop()
+	select {
+	case <-c.NewTimer(time.Millisecond).C():
+	case <-time.After(30 * time.Second):
+		t.Fatal("a real timer of FakeNow did not fire")
+	}
+	tk := c.NewTicker(time.Millisecond)
+	defer tk.Stop()
+	<-tk.C()
+	done := make(chan struct{})
+	c.AfterFunc(time.Millisecond, func() { close(done) })
+	<-done
+}

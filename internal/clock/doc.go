@@ -16,6 +16,10 @@
 // test advances the clock only once the code waits on it. Its zero value
 // is a clock at the zero time; NewFake starts it at a given time.
 //
+// FakeNow tells a Fake's time but runs its timers in real time: for tests
+// of a whole cluster that judge by a time the test moves while their loops
+// keep their real cadence.
+//
 // Every Clock, Timer and Ticker here is safe for concurrent use.
 //
 // What is measured rather than scheduled (a round-trip time, a request's

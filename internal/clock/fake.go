@@ -238,3 +238,32 @@ func (t fakeTicker) Reset(d time.Duration) {
 	t.w.f.mu.Unlock()
 	t.w.Reset(d)
 }
+
+// FakeNow is a clock whose time is a Fake's, which tests move with
+// Advance, and whose timers, tickers and AfterFuncs run in real time. It
+// is for tests of a whole system (a control plane with its agents) that
+// judge by the time the test moves (liveness, expiries, TTLs) while their
+// loops (heartbeats, polls) keep their real cadence between Advances:
+// Advance fires no timer. The zero value is not usable; use NewFakeNow.
+type FakeNow struct{ f *Fake }
+
+// NewFakeNow returns a FakeNow set to t.
+func NewFakeNow(t time.Time) *FakeNow { return &FakeNow{f: NewFake(t)} }
+
+// Now is the fake time.
+func (c *FakeNow) Now() time.Time { return c.f.Now() }
+
+// Since is Now().Sub(t), in fake time.
+func (c *FakeNow) Since(t time.Time) time.Duration { return c.f.Since(t) }
+
+// Advance moves the fake time forward by d.
+func (c *FakeNow) Advance(d time.Duration) { c.f.Advance(d) }
+
+// NewTimer is a real timer.
+func (c *FakeNow) NewTimer(d time.Duration) Timer { return Real{}.NewTimer(d) }
+
+// NewTicker is a real ticker.
+func (c *FakeNow) NewTicker(d time.Duration) Ticker { return Real{}.NewTicker(d) }
+
+// AfterFunc calls f after d of real time.
+func (c *FakeNow) AfterFunc(d time.Duration, f func()) Timer { return Real{}.AfterFunc(d, f) }
