@@ -244,7 +244,10 @@ func (t fakeTicker) Reset(d time.Duration) {
 // is for tests of a whole system (a control plane with its agents) that
 // judge by the time the test moves (liveness, expiries, TTLs) while their
 // loops (heartbeats, polls) keep their real cadence between Advances:
-// Advance fires no timer. The zero value is not usable; use NewFakeNow.
+// Advance fires no timer. It does not suit code that arms a timer for a
+// deadline computed from Now and then checks Now against it (a gateway's
+// queue delay): Now stands still while the timer runs, so the deadline is
+// never reached. The zero value is not usable; use NewFakeNow.
 type FakeNow struct{ f *Fake }
 
 // NewFakeNow returns a FakeNow set to t.

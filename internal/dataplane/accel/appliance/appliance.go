@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
 	"github.com/rialto-project/rialto/internal/metrics"
@@ -65,6 +66,9 @@ type Config struct {
 	// receives a heartbeat every HeartbeatInterval (default 5 s).
 	Registrar         Registrar
 	HeartbeatInterval time.Duration
+	// Clock times the registration's retries and the heartbeats, and
+	// stamps health and loaded roles (nil: the real clock).
+	Clock clock.Clock
 }
 
 // Registrar connects the shell to a control plane (boot, register,
@@ -190,6 +194,7 @@ func New(cfg Config) (*Appliance, error) {
 	if cfg.HeartbeatInterval <= 0 {
 		cfg.HeartbeatInterval = 5 * time.Second
 	}
+	cfg.Clock = clock.Or(cfg.Clock)
 	if cfg.MaxPayload == 0 {
 		cfg.MaxPayload = accel.DefaultMaxPayload
 	}
@@ -364,7 +369,7 @@ func (a *Appliance) Run(ctx context.Context) error {
 	}
 	defer a.running.Store(false)
 	defer a.closed.Store(true)
-	a.started.Store(time.Now().UnixNano())
+	a.started.Store(a.cfg.Clock.Now().UnixNano())
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -456,16 +461,16 @@ func (a *Appliance) register(ctx context.Context) {
 			break
 		}
 		a.log.Warn("appliance: register failed", "err", err)
-		t := time.NewTimer(backoff)
+		t := a.cfg.Clock.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return
-		case <-t.C:
+		case <-t.C():
 		}
 		backoff = min(2*backoff, 10*time.Second)
 	}
-	tick := time.NewTicker(a.cfg.HeartbeatInterval)
+	tick := a.cfg.Clock.NewTicker(a.cfg.HeartbeatInterval)
 	defer tick.Stop()
 	for {
 		if err := r.Heartbeat(ctx, a.Health()); err != nil && ctx.Err() == nil {
@@ -474,7 +479,7 @@ func (a *Appliance) register(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-tick.C():
 		}
 	}
 }
@@ -499,9 +504,9 @@ func (a *Appliance) Slot(id int) (SlotStatus, error) {
 
 // Health reports the shell's health and every slot's status.
 func (a *Appliance) Health() Health {
-	h := Health{ID: a.cfg.ID, Time: time.Now().UTC(), Healthy: a.running.Load(), Slots: a.Slots()}
+	h := Health{ID: a.cfg.ID, Time: a.cfg.Clock.Now().UTC(), Healthy: a.running.Load(), Slots: a.Slots()}
 	if t := a.started.Load(); t != 0 {
-		h.Uptime = time.Since(time.Unix(0, t)).Seconds()
+		h.Uptime = a.cfg.Clock.Since(time.Unix(0, t)).Seconds()
 	}
 	return h
 }
@@ -728,7 +733,7 @@ func (s *slot) status() SlotStatus {
 func (s *slot) setRole(r roles.Role, spec roles.Spec) {
 	var nl *loaded
 	if r != nil {
-		nl = &loaded{role: r, spec: spec, at: time.Now().UTC()}
+		nl = &loaded{role: r, spec: spec, at: s.a.cfg.Clock.Now().UTC()}
 	}
 	old := s.role.Swap(nl)
 	s.gen.Add(1)

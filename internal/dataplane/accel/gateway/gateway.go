@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
 	"github.com/rialto-project/rialto/internal/metrics"
@@ -53,7 +54,7 @@ type Config struct {
 	Workers        int                   // concurrent executions; default 1
 	QueueLimit     int                   // items accepted and not yet answered before ErrQueueFull; default 64×MaxBatch
 	QueueTimeout   time.Duration         // a request queued longer fails with ErrQueueTimeout; 0: none
-	Clock          Clock                 // default RealClock
+	Clock          clock.Clock           // nil: the real clock
 	Metrics        prometheus.Registerer // optional; gateways sharing one tell their series apart by Name
 	Logger         *slog.Logger
 }
@@ -148,9 +149,7 @@ func New(cfg Config, instances []Backend) (*Gateway, error) {
 		}
 	}
 	cfg.PreferredBatch = pref
-	if cfg.Clock == nil {
-		cfg.Clock = RealClock{}
-	}
+	cfg.Clock = clock.Or(cfg.Clock)
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -336,7 +335,7 @@ func (g *Gateway) finish(r *request, res result, outcome string) {
 func (g *Gateway) schedule(ctx context.Context, work chan<- batch) {
 	queues := map[string]*queue{}
 	var order []string // entries in arrival order of their queue
-	var timer Timer
+	var timer clock.Timer
 	var timerAt time.Time
 	defer func() {
 		if timer != nil {
