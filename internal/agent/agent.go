@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/backoff"
 	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/metrics"
 	"github.com/rialto-project/rialto/internal/resource"
@@ -538,7 +539,7 @@ func (a *Agent) joinRequest() api.JoinRequest {
 // until ctx ends. A rejected bootstrap token is returned as an error.
 func (a *Agent) join(ctx context.Context) error {
 	cl := api.NewClient(a.cfg.ControlPlane, a.cfg.BootstrapToken, a.hc)
-	backoff := 100 * time.Millisecond
+	retry := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second, Clock: a.clock}
 	for {
 		req := a.joinRequest()
 		if a.tls != nil {
@@ -581,16 +582,12 @@ func (a *Agent) join(ctx context.Context) error {
 		if errors.As(err, &ae) && (ae.Code == api.CodeUnauthorized || ae.Code == api.CodeForbidden || ae.Code == api.CodeInvalid) {
 			return fmt.Errorf("agent: join rejected: %w", err)
 		}
-		a.log.Warn("join failed; retrying", "err", err, "in", backoff)
+		wait := retry.Next()
+		a.log.Warn("join failed; retrying", "err", err, "in", wait)
 		a.enforceExpiry(ctx, false)
-		t := a.clock.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C():
+		if err := retry.Sleep(ctx, wait); err != nil {
+			return err
 		}
-		backoff = min(backoff*2, 5*time.Second)
 	}
 }
 

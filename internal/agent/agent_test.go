@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 	"github.com/rialto-project/rialto/internal/metrics"
 )
@@ -38,6 +39,7 @@ type fakeCP struct {
 	agentKey  string
 	cred      string
 	forgetful bool // answer heartbeats with 401 once
+	joinDown  int  // answer this many joins with 503
 }
 
 func newFakeCP(t *testing.T) (*fakeCP, *httptest.Server) {
@@ -53,6 +55,11 @@ func newFakeCP(t *testing.T) (*fakeCP, *httptest.Server) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		f.joins = append(f.joins, req)
+		if f.joinDown > 0 {
+			f.joinDown--
+			writeError(w, 503, api.CodeUnavailable, "control plane starting")
+			return
+		}
 		id, ok := f.nodes[req.Fingerprint.MachineID]
 		if !ok {
 			id = "node-" + req.Name
@@ -195,6 +202,57 @@ func TestJoinPersistsIdentity(t *testing.T) {
 	}
 	if cp.joins[1].Fingerprint.MachineID != j.Fingerprint.MachineID {
 		t.Fatal("machine ID changed across restarts")
+	}
+}
+
+// A join the control plane cannot take yet is retried after a backoff
+// timed by the agent's clock: nothing is sent again until it moves.
+func TestJoinRetriesOnItsClock(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	cp.set(func(f *fakeCP) { f.joinDown = 2 })
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	cfg := testConfig(srv.URL, t.TempDir())
+	cfg.Clock = clk
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(ctxFor(t))
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	joins := func() int {
+		cp.mu.Lock()
+		defer cp.mu.Unlock()
+		return len(cp.joins)
+	}
+	for attempt := 1; attempt <= 2; attempt++ {
+		// The agent waits for its retry: one timer on the clock, the
+		// join attempts so far made.
+		if err := clk.BlockUntil(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		if n := joins(); n != attempt {
+			t.Fatalf("%d joins sent while waiting for retry %d", n, attempt)
+		}
+		next, _ := clk.Next()
+		if wait := next.Sub(clk.Now()); wait < 100*time.Millisecond || wait > time.Duration(attempt)*200*time.Millisecond {
+			t.Fatalf("retry %d after %v, want within [100ms, %v]", attempt, wait, time.Duration(attempt)*200*time.Millisecond)
+		}
+		clk.Advance(next.Sub(clk.Now()))
+	}
+	select {
+	case <-a.Ready():
+	case <-ctx.Done():
+		t.Fatal("not ready")
+	}
+	if n := joins(); n != 3 || a.NodeID() != "node-n1" {
+		t.Fatalf("%d joins, node %q", n, a.NodeID())
 	}
 }
 

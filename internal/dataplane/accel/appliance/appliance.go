@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/rialto-project/rialto/internal/backoff"
 	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
@@ -454,21 +455,16 @@ func (a *Appliance) Run(ctx context.Context) error {
 // backoff) then a Heartbeat every interval.
 func (a *Appliance) register(ctx context.Context) {
 	r := a.cfg.Registrar
-	backoff := 100 * time.Millisecond
+	retry := backoff.Backoff{Min: 100 * time.Millisecond, Max: 10 * time.Second, Clock: a.cfg.Clock}
 	for {
 		err := r.Register(ctx, a.Info())
 		if err == nil {
 			break
 		}
 		a.log.Warn("appliance: register failed", "err", err)
-		t := a.cfg.Clock.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if retry.Wait(ctx) != nil {
 			return
-		case <-t.C():
 		}
-		backoff = min(2*backoff, 10*time.Second)
 	}
 	tick := a.cfg.Clock.NewTicker(a.cfg.HeartbeatInterval)
 	defer tick.Stop()

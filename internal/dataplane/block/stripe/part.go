@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rialto-project/rialto/internal/backoff"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 )
 
@@ -120,7 +121,7 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 	ctx, cancel := context.WithTimeout(p.ctx, p.redial)
 	defer cancel()
 	start := time.Now()
-	wait := redialFirstWait
+	retry := backoff.Backoff{Min: redialFirstWait, Max: redialMaxWait}
 	for attempt := 1; ; attempt++ {
 		if attempt > 1 {
 			p.follow(ctx)
@@ -145,10 +146,7 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 			p.log.Info("stripe: reconnected to part", "part", p.index, "addr", p.uri.Address, "attempts", attempt, "after", time.Since(start))
 			return c, nil
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if retry.Wait(ctx) != nil {
 			if unflushed {
 				p.lost.Store(true)
 			}
@@ -156,9 +154,7 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 			p.log.Error("stripe: gave up reconnecting to part", "part", p.index, "addr", p.uri.Address, "attempts", attempt, "after", time.Since(start), "err", err)
 			// Dial errors do not quote the export name.
 			return nil, fmt.Errorf("stripe: part %d: reconnecting for %v: %w (last attempt: %w)", p.index, p.redial, nbd.ErrClosed, err)
-		case <-t.C:
 		}
-		wait = min(2*wait, redialMaxWait)
 	}
 }
 
