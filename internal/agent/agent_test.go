@@ -22,6 +22,7 @@ import (
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/httpx"
 	"github.com/rialto-project/rialto/internal/metrics"
 )
 
@@ -47,7 +48,7 @@ func newFakeCP(t *testing.T) (*fakeCP, *httptest.Server) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/join", func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer boot" {
-			writeError(w, 401, api.CodeUnauthorized, "bad bootstrap token")
+			httpx.WriteError(w, 401, api.CodeUnauthorized, "bad bootstrap token")
 			return
 		}
 		var req api.JoinRequest
@@ -57,7 +58,7 @@ func newFakeCP(t *testing.T) (*fakeCP, *httptest.Server) {
 		f.joins = append(f.joins, req)
 		if f.joinDown > 0 {
 			f.joinDown--
-			writeError(w, 503, api.CodeUnavailable, "control plane starting")
+			httpx.WriteError(w, 503, api.CodeUnavailable, "control plane starting")
 			return
 		}
 		id, ok := f.nodes[req.Fingerprint.MachineID]
@@ -65,18 +66,18 @@ func newFakeCP(t *testing.T) (*fakeCP, *httptest.Server) {
 			id = "node-" + req.Name
 			f.nodes[req.Fingerprint.MachineID] = id
 		}
-		writeJSON200(w, api.JoinResponse{NodeID: id, Credential: f.cred, AgentKey: f.agentKey, HeartbeatSeconds: 3600})
+		httpx.WriteJSON(w, http.StatusOK, api.JoinResponse{NodeID: id, Credential: f.cred, AgentKey: f.agentKey, HeartbeatSeconds: 3600})
 	})
 	mux.HandleFunc("POST /v1/nodes/{id}/heartbeat", func(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		if f.forgetful || r.Header.Get("Authorization") != "Bearer "+f.cred {
 			f.forgetful = false
-			writeError(w, 401, api.CodeUnauthorized, "unknown node credential")
+			httpx.WriteError(w, 401, api.CodeUnauthorized, "unknown node credential")
 			return
 		}
 		if f.down {
-			writeError(w, 503, api.CodeUnavailable, "control plane down")
+			httpx.WriteError(w, 503, api.CodeUnavailable, "control plane down")
 			return
 		}
 		var hb api.Heartbeat
@@ -88,7 +89,7 @@ func newFakeCP(t *testing.T) (*fakeCP, *httptest.Server) {
 				resp.Leases = append(resp.Leases, api.LeaseExpiry{ID: id, ExpiresAt: f.expires[id]})
 			}
 		}
-		writeJSON200(w, resp)
+		httpx.WriteJSON(w, http.StatusOK, resp)
 	})
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
