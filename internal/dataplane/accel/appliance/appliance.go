@@ -582,40 +582,56 @@ func (a *Appliance) SetCredential(id int, credential []byte) error {
 
 // lease is one credential and the lifetime of its connections.
 type lease struct {
-	cred   []byte
-	ctx    context.Context
-	cancel context.CancelFunc
+	cred []byte
 
-	mu    sync.Mutex
-	ended bool
-	users sync.WaitGroup // connections and HTTP calls under this lease
+	mu      sync.Mutex
+	ended   bool
+	cancels map[int]context.CancelFunc // the users' (guarded by mu)
+	nextID  int
+	users   sync.WaitGroup // connections and HTTP calls under this lease
 }
 
-// enter registers a user of the lease; it fails once the lease has ended.
-func (l *lease) enter() bool {
+// enter registers a user of the lease, whose work cancel stops when the
+// lease ends; the user calls exit when done. It fails once the lease has
+// ended.
+func (l *lease) enter(cancel context.CancelFunc) (exit func(), ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.ended {
-		return false
+		return nil, false
 	}
+	id := l.nextID
+	l.nextID++
+	l.cancels[id] = cancel
 	l.users.Add(1)
-	return true
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			l.mu.Lock()
+			delete(l.cancels, id)
+			l.mu.Unlock()
+			l.users.Done()
+		})
+	}, true
 }
-
-func (l *lease) exit() { l.users.Done() }
 
 // end cancels the lease's users and waits for them.
 func (l *lease) end() {
 	l.mu.Lock()
 	l.ended = true
+	cancels := make([]context.CancelFunc, 0, len(l.cancels))
+	for _, c := range l.cancels {
+		cancels = append(cancels, c)
+	}
 	l.mu.Unlock()
-	l.cancel()
+	for _, c := range cancels {
+		c()
+	}
 	l.users.Wait()
 }
 
 func newLease(cred []byte) *lease {
-	ctx, cancel := context.WithCancel(context.Background())
-	return &lease{cred: append([]byte(nil), cred...), ctx: ctx, cancel: cancel}
+	return &lease{cred: append([]byte(nil), cred...), cancels: map[int]context.CancelFunc{}}
 }
 
 // loaded is a role in a slot with a count of the tasks using it; a
@@ -776,22 +792,20 @@ func (s *slot) serve(ctx context.Context) error {
 			}
 			return fmt.Errorf("appliance: slot %d accept: %w", s.id, err)
 		}
-		l := s.currentLease()
-		if !l.enter() { // ended between the two calls: the new one is current
-			l = s.currentLease()
-			if !l.enter() {
+		cctx, cancel := context.WithCancel(ctx)
+		exit, ok := s.currentLease().enter(cancel)
+		if !ok { // ended between the two calls: the new one is current
+			if exit, ok = s.currentLease().enter(cancel); !ok {
+				cancel()
 				_ = nc.Close()
 				continue
 			}
 		}
-		cctx, cancel := context.WithCancel(ctx)
-		stopLease := context.AfterFunc(l.ctx, cancel)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer l.exit()
+			defer exit()
 			defer cancel()
-			defer stopLease()
 			srv.ServeConn(cctx, nc)
 		}()
 	}

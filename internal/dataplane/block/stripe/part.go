@@ -44,8 +44,8 @@ type nbdPart struct {
 	flags   uint16 // of the first connection
 	meta    bool   // the first connection negotiated base:allocation
 
-	ctx    context.Context // cancelled by Close; bounds redials
-	cancel context.CancelFunc
+	redialMu     sync.Mutex
+	redialCancel context.CancelFunc // the redial under way's; Close calls it
 
 	mu     sync.Mutex // serialises redials
 	cur    atomic.Pointer[nbd.Client]
@@ -63,7 +63,6 @@ func newPart(c *nbd.Client, u nbd.URI, index int, timeout, redial time.Duration,
 	resolve func(context.Context, int) (string, error), log *slog.Logger) *nbdPart {
 	p := &nbdPart{uri: u, index: index, timeout: timeout, redial: redial, resolve: resolve, log: log,
 		size: c.Size(), flags: c.Flags(), meta: c.CanExtents()}
-	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.cur.Store(c)
 	return p
 }
@@ -118,8 +117,13 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 	old.Close()
 	unflushed := p.wseq.Load() > p.flushed.Load()
 	from := p.uri
-	ctx, cancel := context.WithTimeout(p.ctx, p.redial)
+	ctx, cancel := context.WithTimeout(context.Background(), p.redial)
 	defer cancel()
+	if !p.setRedial(cancel) {
+		p.dead.Store(true)
+		return nil, fmt.Errorf("stripe: part %d: %w", p.index, nbd.ErrClosed)
+	}
+	defer p.setRedial(nil)
 	start := time.Now()
 	retry := backoff.Backoff{Min: redialFirstWait, Max: redialMaxWait}
 	for attempt := 1; ; attempt++ {
@@ -248,6 +252,22 @@ func (p *nbdPart) Flush() error {
 // return.
 func (p *nbdPart) Close() error {
 	p.closed.Store(true)
-	p.cancel()
+	p.redialMu.Lock()
+	if p.redialCancel != nil {
+		p.redialCancel()
+	}
+	p.redialMu.Unlock()
 	return p.cur.Load().Close()
+}
+
+// setRedial records the cancel function of the redial under way (nil:
+// none), which Close calls; it refuses one once Close has been called.
+func (p *nbdPart) setRedial(cancel context.CancelFunc) bool {
+	p.redialMu.Lock()
+	defer p.redialMu.Unlock()
+	if cancel != nil && p.closed.Load() {
+		return false
+	}
+	p.redialCancel = cancel
+	return true
 }
