@@ -299,6 +299,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.stopTransfers(sctx)
 	}()
 
+	// Every listener is bound, and the exports the last run kept are
+	// held, before anything is served: no prepare on the API and no client
+	// of a data plane is taken before the restored exports are known.
 	apiLn, err := a.listen(a.cfg.APIPort, a.id.APIPort)
 	if err != nil {
 		return fmt.Errorf("agent: listen for the agent API: %w", err)
@@ -321,6 +324,42 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.id.DataPorts = map[api.Kind]int{}
 	}
 	a.mu.Unlock()
+
+	// Data planes: one listener per kind whose driver serves one.
+	kinds := map[api.Kind]bool{}
+	for _, d := range a.Devices() {
+		kinds[d.Kind] = true
+	}
+	dataLns := map[api.Kind]net.Listener{}
+	closeAll := func() {
+		apiLn.Close()
+		for _, ln := range dataLns {
+			ln.Close()
+		}
+	}
+	for k := range kinds {
+		if _, ok := a.drivers[k].(Server); !ok {
+			continue
+		}
+		ln, err := a.listen(a.cfg.DataPorts[k], a.id.DataPorts[k])
+		if err != nil {
+			closeAll()
+			return fmt.Errorf("agent: listen for the %s data plane: %w", k, err)
+		}
+		dataLns[k] = ln
+		port := ln.Addr().(*net.TCPAddr).Port
+		a.mu.Lock()
+		a.id.DataPorts[k] = port
+		a.endpoints[k] = net.JoinHostPort(host, strconv.Itoa(port))
+		a.mu.Unlock()
+	}
+	if err := a.saveIdentity(); err != nil {
+		closeAll()
+		return err
+	}
+	if readable {
+		a.restoreExports(ctx, saved)
+	}
 
 	srv := &http.Server{
 		Handler:           a.Handler(),
@@ -352,33 +391,14 @@ func (a *Agent) Run(ctx context.Context) error {
 			srv.Close()
 		}
 	}()
-
-	// Data planes: one listener per kind whose driver serves one.
-	kinds := map[api.Kind]bool{}
-	for _, d := range a.Devices() {
-		kinds[d.Kind] = true
-	}
-	for k := range kinds {
-		s, ok := a.drivers[k].(Server)
-		if !ok {
-			continue
-		}
-		ln, err := a.listen(a.cfg.DataPorts[k], a.id.DataPorts[k])
-		if err != nil {
-			return fmt.Errorf("agent: listen for the %s data plane: %w", k, err)
-		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		a.mu.Lock()
-		a.id.DataPorts[k] = port
-		a.endpoints[k] = net.JoinHostPort(host, strconv.Itoa(port))
-		a.mu.Unlock()
+	for k, ln := range dataLns {
 		wg.Add(1)
 		go func(k api.Kind, s Server, ln net.Listener) {
 			defer wg.Done()
 			if err := s.Serve(ctx, ln); err != nil && ctx.Err() == nil {
 				a.log.Error("data plane stopped", "kind", k, "err", err)
 			}
-		}(k, s, ln)
+		}(k, a.drivers[k].(Server), ln)
 	}
 	for k := range kinds {
 		r, ok := a.drivers[k].(Runner)
@@ -392,12 +412,6 @@ func (a *Agent) Run(ctx context.Context) error {
 				a.log.Error("data plane stopped", "kind", k, "err", err)
 			}
 		}()
-	}
-	if err := a.saveIdentity(); err != nil {
-		return err
-	}
-	if readable {
-		a.restoreExports(ctx, saved)
 	}
 
 	if err := a.join(ctx); err != nil {
