@@ -19,7 +19,7 @@ import (
 // so writes made after the reconnection are durable once it succeeds.
 var ErrLostWrites = errors.New("stripe: connection to a part broke with unflushed writes; they may be lost")
 
-// Redial backoff between dial attempts.
+// The floor and ceiling of the backoff between redial attempts (internal/backoff).
 const (
 	redialFirstWait = 20 * time.Millisecond
 	redialMaxWait   = 500 * time.Millisecond
