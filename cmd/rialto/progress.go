@@ -45,14 +45,6 @@ func (p *progress) step(desc string) {
 	p.bar.Describe(desc)
 }
 
-// describe changes the bar's text.
-func (p *progress) describe(desc string) {
-	if p == nil {
-		return
-	}
-	p.bar.Describe(desc)
-}
-
 // done clears the bar.
 func (p *progress) done() {
 	if p == nil {
