@@ -74,7 +74,7 @@ func runLeaseMove(e *env, fs *pflag.FlagSet) runFunc {
 
 // waitMoves follows moves until they have all ended, printing progress
 // to stderr when progress is set.
-func waitMoves(ctx context.Context, e *env, c *api.Client, leaseID string, moves []api.Move, progress bool) ([]api.Move, error) {
+func waitMoves(ctx context.Context, e *env, c *api.Client, leaseID string, moves []api.Move, lines bool) ([]api.Move, error) {
 	ids := map[string]bool{}
 	for _, m := range moves {
 		ids[m.ID] = true
@@ -82,6 +82,14 @@ func waitMoves(ctx context.Context, e *env, c *api.Client, leaseID string, moves
 	last := map[string]string{}
 	t := time.NewTicker(movePoll)
 	defer t.Stop()
+	// On a terminal a bar of the bytes copied; elsewhere a line per change.
+	var bar *progress
+	if lines {
+		if bar = newProgress(e, 1, "moving lease "+leaseID); bar != nil {
+			lines = false
+			defer bar.done()
+		}
+	}
 	for {
 		all, err := c.Moves(ctx, leaseID)
 		if err != nil {
@@ -95,13 +103,21 @@ func waitMoves(ctx context.Context, e *env, c *api.Client, leaseID string, moves
 			}
 			cur = append(cur, m)
 			done = done && m.Done()
-			if line := moveProgress(m); progress && line != last[m.ID] {
+			if line := moveProgress(m); lines && line != last[m.ID] {
 				fmt.Fprintln(e.stderr, line)
 				last[m.ID] = line
 			}
 		}
 		if len(cur) > 0 {
 			moves = cur
+		}
+		if bar != nil && len(cur) > 0 {
+			var n, total int64
+			for _, m := range cur {
+				n += min(m.Copied+m.Skipped, m.Size)
+				total += m.Size
+			}
+			bar.set(n, total, moveProgress(cur[len(cur)-1]))
 		}
 		if done && len(cur) == len(ids) {
 			return moves, nil

@@ -8,7 +8,7 @@ import (
 )
 
 // progress is a progress bar on stderr for long work (characterize,
-// attach's first connection, sim runs), drawn only when stderr is a
+// attach's first connection, sim runs, lease moves), drawn only when stderr is a
 // terminal: logs and pipes get the verb's usual lines instead. A nil
 // *progress is off; its methods do nothing.
 type progress struct{ bar *progressbar.ProgressBar }
@@ -43,6 +43,18 @@ func (p *progress) step(desc string) {
 	}
 	p.bar.Add(1)
 	p.bar.Describe(desc)
+}
+
+// set shows n of total (bytes) and describes the work.
+func (p *progress) set(n, total int64, desc string) {
+	if p == nil {
+		return
+	}
+	if total > 0 && total != p.bar.GetMax64() {
+		p.bar.ChangeMax64(total)
+	}
+	p.bar.Describe(desc)
+	p.bar.Set64(min(n, max(total, 0)))
 }
 
 // done clears the bar.
