@@ -31,7 +31,12 @@ func parseNIC(s string) (agent.DeviceConfig, error) {
 	if hasRate {
 		var err error
 		if bps, err = nic.ParseRate(r); err != nil {
-			return agent.DeviceConfig{}, usagef("bad --nic %q: %w", s, err)
+			// The CLI's rates too: 500MB/s, 1Gbit/s.
+			v, rerr := parseRate(r)
+			if rerr != nil || v <= 0 {
+				return agent.DeviceConfig{}, usagef("bad --nic %q: %w", s, err)
+			}
+			bps = uint64(v * 8)
 		}
 	}
 	if bps == 0 {

@@ -505,3 +505,26 @@ func TestProgressOnlyOnTerminals(t *testing.T) {
 	p.step("x")
 	p.done()
 }
+
+// TestUnitsAgentNIC: an agent's lent NIC rate takes tc's syntax and the
+// CLI's rates alike.
+func TestUnitsAgentNIC(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int64 // bytes/s; < 0: refused
+	}{
+		{"n=lo:1gbit", 125e6},
+		{"n=lo:400mbit", 50e6},
+		{"n=lo:500MB/s", 500e6},
+		{"n=lo:1Gbit/s", 125e6},
+		{"n=lo:fast", -1},
+	} {
+		d, err := parseNIC(tc.in)
+		switch {
+		case tc.want < 0 && err == nil:
+			t.Errorf("%q accepted: %d", tc.in, d.Size)
+		case tc.want >= 0 && (err != nil || d.Size != tc.want):
+			t.Errorf("%q: %d, %v; want %d", tc.in, d.Size, err, tc.want)
+		}
+	}
+}
