@@ -18,6 +18,7 @@ import (
 	"go.yaml.in/yaml/v4"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 // The CLI's conventions (docs/user-guide.md, "Command-line conventions"),
@@ -186,6 +187,10 @@ func TestUnits(t *testing.T) {
 // objects, the same fields in each.
 func TestOutputFormats(t *testing.T) {
 	srv := fakeAPI(t)
+	caDir := filepath.Join(t.TempDir(), "tls")
+	if _, err := pki.Open(caDir, pki.Options{}); err != nil {
+		t.Fatal(err)
+	}
 	tmpl := filepath.Join(t.TempDir(), "t.tmpl")
 	if err := os.WriteFile(tmpl, []byte("{{.id}}={{.state}}"), 0o600); err != nil {
 		t.Fatal(err)
@@ -205,6 +210,7 @@ func TestOutputFormats(t *testing.T) {
 		{[]string{"version"}, "rialto"},
 		{[]string{"cost"}, "plan"},
 		{[]string{"sim", "list"}, ""},
+		{[]string{"ca", "show", "--tls-dir", caDir}, ""},
 	} {
 		verb := strings.Join(tc.verb, " ")
 		jout, errs, code := runCLI(t, srv.URL, append(tc.verb, "-o", "json")...)
