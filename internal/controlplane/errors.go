@@ -26,6 +26,9 @@ var (
 // apiError is the one place where errors become HTTP statuses and codes.
 // Internal errors keep their detail out of the answer.
 func apiError(err error) (int, api.ErrorInfo) {
+	if errors.Is(err, store.ErrUnavailable) {
+		return http.StatusServiceUnavailable, api.ErrorInfo{Code: api.CodeUnavailable, Message: unavailableMessage(err)}
+	}
 	for _, m := range []struct {
 		err    error
 		status int

@@ -174,9 +174,12 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 	}
 	s.log.Info("node joined", "node", n.ID, "name", n.Name, "rejoined", rejoined, "devices", len(r.Devices), "credential", resource.Fingerprint(cred))
 	s.peers.add(n)
+	if !rejoined {
+		s.rep.nodeCount.Add(1)
+	}
 	s.invalidate()
 	out := api.JoinResponse{
-		NodeID: n.ID, Credential: cred, AgentKey: key, HeartbeatSeconds: s.cfg.HeartbeatInterval.Seconds(),
+		NodeID: n.ID, Credential: cred, AgentKey: key, HeartbeatSeconds: s.heartbeatInterval().Seconds(),
 		ControlPlaneNodes: s.peers.peersOf(n.ID),
 	}
 	if s.cfg.CA != nil {
@@ -227,7 +230,7 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 		}
 		s.invalidate()
 	}
-	resp := api.HeartbeatResponse{Now: now}
+	resp := api.HeartbeatResponse{Now: now, HeartbeatSeconds: s.heartbeatInterval().Seconds()}
 	if len(h.Leases) > 0 {
 		ls, err := s.st.Leases(ctx, store.LeaseFilter{IDs: h.Leases})
 		if err != nil {

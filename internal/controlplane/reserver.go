@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -31,6 +32,10 @@ import (
 type reserver struct {
 	st     store.Store
 	quotas Quotas
+	// shared: other replicas write the store too, so a refusal on the
+	// view (no capacity, over quota) may be stale: the view is reloaded
+	// and the request placed once more before it is refused.
+	shared bool
 
 	mu       sync.Mutex // serializes placements; guards the fields below
 	valid    bool
@@ -76,10 +81,18 @@ func newReserver(st store.Store, quotas Quotas) *reserver {
 func (r *reserver) Place(ctx context.Context, h hold, req api.LeaseRequest, skip map[string]string, now time.Time) (api.Plan, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	fresh := !r.valid
 	if err := r.load(ctx); err != nil {
 		return api.Plan{}, err
 	}
 	plan, err := r.place(h, req, skip, now)
+	if err != nil && r.shared && !fresh && (errors.Is(err, ErrInfeasible) || errors.Is(err, ErrQuota)) {
+		r.valid = false
+		if err := r.load(ctx); err != nil {
+			return api.Plan{}, err
+		}
+		plan, err = r.place(h, req, skip, now)
+	}
 	if err != nil {
 		return plan, err
 	}

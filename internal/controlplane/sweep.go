@@ -29,6 +29,17 @@ func (s *Server) Sweep(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	s.setNodeCount(len(nodes))
+	// Heartbeat spreading (replica.go): with many nodes each agent beats
+	// less often, and silence is judged on the same stretched scale.
+	f := s.heartbeatStretch()
+	suspectAfter, downAfter := stretch(s.cfg.SuspectAfter, f), stretch(s.cfg.DownAfter, f)
+	// Silence before the control plane started, or before this replica
+	// was elected to sweep, does not count.
+	since := s.started
+	if ls := s.rep.leadSince.Load(); ls != 0 && time.Unix(0, ls).After(since) {
+		since = time.Unix(0, ls).UTC()
+	}
 	var errs []error
 	changed := false
 	for i := range nodes {
@@ -36,14 +47,14 @@ func (s *Server) Sweep(ctx context.Context) error {
 		// A control-plane restart gives every agent a full grace period
 		// again: silence while the control plane was away does not count.
 		last := n.LastHeartbeat
-		if last.Before(s.started) {
-			last = s.started
+		if last.Before(since) {
+			last = since
 		}
 		silent := now.Sub(last)
 		switch {
-		case n.State != api.NodeDown && silent > s.cfg.DownAfter:
+		case n.State != api.NodeDown && silent > downAfter:
 			err := s.st.SetNodeState(ctx, n.ID, n.State, api.NodeDown, api.Event{At: now, Type: "node.down", Subject: n.ID,
-				Message: fmt.Sprintf("no heartbeat for %v (grace period %v)", silent.Round(time.Millisecond), s.cfg.DownAfter), State: string(api.NodeDown)})
+				Message: fmt.Sprintf("no heartbeat for %v (grace period %v)", silent.Round(time.Millisecond), downAfter), State: string(api.NodeDown)})
 			if err != nil {
 				if !errors.Is(err, store.ErrConflict) {
 					errs = append(errs, err)
@@ -53,7 +64,7 @@ func (s *Server) Sweep(ctx context.Context) error {
 			s.log.Warn("node down", "node", n.ID, "name", n.Name, "silent", silent)
 			n.State = api.NodeDown
 			changed = true
-		case n.State == api.NodeReady && silent > s.cfg.SuspectAfter:
+		case n.State == api.NodeReady && silent > suspectAfter:
 			err := s.st.SetNodeState(ctx, n.ID, n.State, api.NodeSuspect, api.Event{At: now, Type: "node.suspect", Subject: n.ID,
 				Message: fmt.Sprintf("no heartbeat for %v", silent.Round(time.Millisecond)), State: string(api.NodeSuspect)})
 			if err != nil && !errors.Is(err, store.ErrConflict) {
