@@ -76,11 +76,18 @@ func runUp(ctx context.Context, e *env, args []string) error {
 	netnsMode := fs.Bool("netns", false, "run an emulated rack instead: the control plane and each agent as separate processes in their own network namespaces, joined by veth pairs and a bridge (root only; docs/rack.md)")
 	linkRate := fs.String("link-rate", "", "with --netns: shape every link with tc tbf to this rate, e.g. 1gbit, 400mbit (bandwidth only: no delay or loss)")
 	uplinks := fs.Bool("uplinks", false, "with --netns: give every agent an uplink (wan0) to an outside network that only the agents reach, lent as NIC \"wan\" (docs/nic.md; needs nft)")
-	uplinkRate := fs.String("uplink-rate", "", "with --uplinks: shape the uplinks with tc tbf to this rate, e.g. 100mbit")
+	uplinkRate := fs.String("uplink-rate", "", "with --uplinks: shape the uplinks with tc tbf to this rate, e.g. 100mbit; the agents lend them at that rate")
+	replicas := fs.Int("replicas", 1, "control-plane replicas; more than 1 runs a throwaway PostgreSQL in the state dir (needs the machine's PostgreSQL) and that many `rialto server` processes sharing it (docs/operations.md)")
 	var tm timings
 	tm.register(fs)
 	if _, err := parse(fs, args, 0, 0); err != nil {
 		return err
+	}
+	if *replicas < 1 || *replicas > 16 {
+		return fmt.Errorf("--replicas must be 1 to 16")
+	}
+	if *replicas > 1 && *netnsMode {
+		return fmt.Errorf("--replicas does not combine with --netns yet")
 	}
 	if *linkRate != "" && !*netnsMode {
 		return fmt.Errorf("--link-rate needs --netns")
@@ -162,12 +169,24 @@ func runUp(ctx context.Context, e *env, args []string) error {
 		ln.Close()
 		return err
 	}
-	cp, err := startControlPlane(ctx, ln, filepath.Join(*dir, "rialto.db"), controlplane.Config{
-		Logger: log.With("component", "controlplane"), BootstrapToken: st.BootstrapToken,
-		Tokens:            []controlplane.Token{{Token: st.AdminToken, Tenant: "admin", Admin: true}},
-		HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down,
-		PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas, CA: ca,
-	}, tlsCfg)
+	var cp interface {
+		url() string
+		stop() error
+		startSweeping(context.Context)
+	}
+	if *replicas > 1 {
+		// The replicas are `rialto server` processes sharing the state
+		// dir's CA (replicas.go).
+		ln.Close()
+		cp, err = startReplicas(ctx, *dir, *replicas, st, caFile, replicaArgs(tm, quotaSpecs, *level, upTLSDir(*dir)))
+	} else {
+		cp, err = startControlPlane(ctx, ln, filepath.Join(*dir, "rialto.db"), controlplane.Config{
+			Logger: log.With("component", "controlplane"), BootstrapToken: st.BootstrapToken,
+			Tokens:            []controlplane.Token{{Token: st.AdminToken, Tenant: "admin", Admin: true}},
+			HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down,
+			PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas, CA: ca,
+		}, tlsCfg)
+	}
 	if err != nil {
 		ln.Close()
 		return err
@@ -181,7 +200,7 @@ func runUp(ctx context.Context, e *env, args []string) error {
 	for i := range *agents {
 		name := fmt.Sprintf("node%d", i+1)
 		cfg := agent.Config{
-			ControlPlane: cp.URL, BootstrapToken: st.BootstrapToken, Name: name,
+			ControlPlane: cp.url(), BootstrapToken: st.BootstrapToken, Name: name,
 			StateDir: filepath.Join(*dir, name), Logger: log.With("component", "agent", "node", name),
 			Labels: map[string]string{"cluster": "local"}, CAFile: caFile,
 		}
@@ -234,7 +253,10 @@ func runUp(ctx context.Context, e *env, args []string) error {
 	cp.startSweeping(ctx)
 
 	where := fmt.Sprintf("a control plane and %d agents on loopback", *agents)
-	if err := printUp(ctx, e, cp.URL, caFile, st, *dir, where, nil); err != nil {
+	if *replicas > 1 {
+		where = fmt.Sprintf("%d control-plane replicas sharing a PostgreSQL in the state dir, and %d agents on loopback", *replicas, *agents)
+	}
+	if err := printUp(ctx, e, cp.url(), caFile, st, *dir, where, nil); err != nil {
 		shutdown()
 		return err
 	}
@@ -305,7 +327,7 @@ func printUp(ctx context.Context, e *env, url, caFile string, st upState, dir, w
 	fmt.Fprintf(w, "CA:         %s\n", caFile)
 	if link, err := c.LoginLink(ctx); err == nil {
 		fmt.Fprintf(w, "Dashboard:  %s%s\n            (a one-time sign-in link, until %s; `rialto ui` prints a new one)\n",
-			url, link.Path, link.ExpiresAt.Local().Format(time.Kitchen))
+			c.BaseURL(), link.Path, link.ExpiresAt.Local().Format(time.Kitchen))
 	}
 	fmt.Fprintf(w, "State dir:  %s\n\n", abs)
 	printNodes(w, nodes)
