@@ -68,9 +68,9 @@ type Config struct {
 	// a longer interval, and SuspectAfter and DownAfter stretch by the
 	// same factor (replica.go, docs/operations.md).
 	MaxHeartbeatsPerSecond float64
-	PrepareTimeout    time.Duration // default 2s
-	DefaultTTL        time.Duration // default 1h
-	MaxTTL            time.Duration // default 30 days
+	PrepareTimeout         time.Duration // default 2s
+	DefaultTTL             time.Duration // default 1h
+	MaxTTL                 time.Duration // default 30 days
 	// Quotas bound each tenant's reserved and active leases (placement
 	// enforces them); beyond them lease creation answers 429.
 	Quotas Quotas
