@@ -15,8 +15,8 @@ import (
 )
 
 // duration is how long the clients run: RIALTO_ROBUSTNESS_DURATION (a Go
-// duration; `make soak` sets minutes), else 20 s.
-func duration(t *testing.T) time.Duration {
+// duration), else def.
+func duration(t *testing.T, def time.Duration) time.Duration {
 	if v := os.Getenv("RIALTO_ROBUSTNESS_DURATION"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil {
@@ -24,7 +24,7 @@ func duration(t *testing.T) time.Duration {
 		}
 		return d
 	}
-	return 20 * time.Second
+	return def
 }
 
 // TestRobustness: six clients of two tenants create, read, renew and
@@ -39,6 +39,19 @@ func TestRobustness(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short")
 	}
+	robustness(t, duration(t, 20*time.Second))
+}
+
+// TestSoakRobustness is TestRobustness for 5 minutes (or
+// RIALTO_ROBUSTNESS_DURATION), under `make soak` (RIALTO_SOAK=1).
+func TestSoakRobustness(t *testing.T) {
+	if os.Getenv("RIALTO_SOAK") == "" {
+		t.Skip("a soak test: make soak")
+	}
+	robustness(t, duration(t, 5*time.Minute))
+}
+
+func robustness(t *testing.T, run time.Duration) {
 	_, rs := startReplicas(t, 3)
 	pg := pgtest.Server(t)
 	addrs := addrList(rs)
@@ -46,7 +59,6 @@ func TestRobustness(t *testing.T) {
 	defer cancel()
 	lenders(t, ctx, addrs)
 
-	run := duration(t)
 	wctx, wcancel := context.WithTimeout(ctx, run)
 	defer wcancel()
 	faultsDone := make(chan struct{})
