@@ -17,6 +17,8 @@ type serverMetrics struct {
 	lenderLatency    *metrics.HistogramVec
 	placeRetries     *metrics.Counter
 	batchSize        *metrics.HistogramVec
+	leader           *metrics.Gauge
+	hbInterval       *metrics.Gauge
 }
 
 func newServerMetrics(r *metrics.Registry) serverMetrics {
@@ -30,6 +32,8 @@ func newServerMetrics(r *metrics.Registry) serverMetrics {
 		placeRetries:     r.Counter("rialto_placement_retries_total", "Reservations retried after losing a race for a device.").With(),
 		batchSize: r.Histogram("rialto_store_batch_size", "Writes group-committed in one store transaction, by kind (lease: creations and transitions; heartbeat).",
 			[]float64{1, 2, 4, 8, 16, 32, 64, 128, 256}, "kind"),
+		leader:     r.Gauge("rialto_controlplane_leader", "1 when this replica runs the background duties (the elected one of replicas sharing a store).").With(),
+		hbInterval: r.Gauge("rialto_heartbeat_interval_seconds", "The heartbeat interval agents are told (stretched with the number of nodes: docs/operations.md).").With(),
 	}
 }
 
@@ -49,5 +53,11 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	} else {
 		s.log.Warn("metrics: counts", "err", err)
 	}
+	leader := 0.0
+	if s.Leading() {
+		leader = 1
+	}
+	s.m.leader.Set(leader)
+	s.m.hbInterval.Set(s.heartbeatInterval().Seconds())
 	s.reg.ServeHTTP(w, r)
 }
