@@ -2,46 +2,34 @@ package postgres
 
 import (
 	"context"
-	"strings"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
 )
 
-// appendEvents appends events with as few statements as it can: rows are
-// inserted in chunks of a power of two (at most maxEventRows), so that a
-// handful of prepared statements serve every batch size.
+// appendEvents appends events in one statement that first takes the
+// event log's lock (see doc.go: events become visible in ID order); the
+// rows get their IDs in the order given.
 func (s *Store) appendEvents(ctx context.Context, q execer, evs []api.Event) error {
-	const maxEventRows = 64
-	var args []any
-	for len(evs) > 0 {
-		n := maxEventRows
-		for n > len(evs) {
-			n /= 2
+	if len(evs) == 0 {
+		return nil
+	}
+	at := make([]int64, len(evs))
+	typ, subj, msg, st := make([]string, len(evs)), make([]string, len(evs)), make([]string, len(evs)), make([]string, len(evs))
+	for i, ev := range evs {
+		if ev.At.IsZero() {
+			ev.At = time.Now().UTC()
 		}
-		args = args[:0]
-		for _, ev := range evs[:n] {
-			if ev.At.IsZero() {
-				ev.At = time.Now().UTC()
-			}
-			args = append(args, ns(ev.At), ev.Type, ev.Subject, ev.Message, ev.State)
-		}
-		if _, err := q.ExecContext(ctx, s.eventInsert(n), args...); err != nil {
-			return wrap("append events", err)
-		}
-		evs = evs[n:]
+		at[i], typ[i], subj[i], msg[i], st[i] = ns(ev.At), ev.Type, ev.Subject, ev.Message, ev.State
+	}
+	if _, err := q.ExecContext(ctx, `WITH lk AS (SELECT pg_advisory_xact_lock(?, ?))
+		INSERT INTO events (at, type, subject, message, state)
+		SELECT t.at, t.type, t.subject, t.message, t.state
+		FROM lk, unnest(?::bigint[], ?::text[], ?::text[], ?::text[], ?::text[]) WITH ORDINALITY AS t(at, type, subject, message, state, i)
+		ORDER BY t.i`, lockClass, lockEvents, at, typ, subj, msg, st); err != nil {
+		return wrap("append events", err)
 	}
 	return nil
-}
-
-// eventInsert is the statement inserting n events.
-func (s *Store) eventInsert(n int) string {
-	if v, ok := s.eventSQL.Load(n); ok {
-		return v.(string)
-	}
-	q := `INSERT INTO events (at, type, subject, message, state) VALUES (?, ?, ?, ?, ?)` + strings.Repeat(`, (?, ?, ?, ?, ?)`, n-1)
-	s.eventSQL.Store(n, q)
-	return q
 }
 
 func appendEvent(ctx context.Context, q execer, ev api.Event) (api.Event, error) {

@@ -61,9 +61,11 @@ func checkParts(ctx context.Context, tx execer, kind api.Kind, parts []api.Part)
 
 // lockParts locks, in the order doc.go gives, what creations and
 // re-placements re-check: the tenants whose limits they check (a
-// transaction-scoped advisory lock each), the parts' nodes (FOR SHARE: a
-// node's state cannot change under a reservation) and devices (FOR
+// transaction-scoped advisory lock each) and the parts' devices (FOR
 // UPDATE: one reservation on a device at a time), each in ID order.
+// Nodes are not locked: a reservation that races a node's move to
+// suspect or down may commit on it, and the sweep, which looks for the
+// leases of a down node on every pass, marks it lost like the others.
 // checkParts and checkLimit then read what the previous holders
 // committed.
 func lockParts(ctx context.Context, tx execer, tenants []string, parts []api.Part) error {
@@ -76,16 +78,11 @@ func lockParts(ctx context.Context, tx execer, tenants []string, parts []api.Par
 	if len(parts) == 0 {
 		return nil
 	}
-	nodes := make([]string, 0, len(parts))
 	devs := make([]string, 0, len(parts))
 	for _, p := range parts {
-		nodes, devs = append(nodes, p.NodeID), append(devs, p.DeviceID)
+		devs = append(devs, p.DeviceID)
 	}
-	slices.Sort(nodes)
 	slices.Sort(devs)
-	if _, err := tx.ExecContext(ctx, `SELECT id FROM nodes WHERE id = ANY(?) ORDER BY id FOR SHARE`, slices.Compact(nodes)); err != nil {
-		return wrap("lock nodes", err)
-	}
 	if _, err := tx.ExecContext(ctx, `SELECT id FROM devices WHERE id = ANY(?) ORDER BY id FOR UPDATE`, slices.Compact(devs)); err != nil {
 		return wrap("lock devices", err)
 	}

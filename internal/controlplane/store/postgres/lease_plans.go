@@ -3,18 +3,9 @@ package postgres
 import (
 	"context"
 	"slices"
-	"time"
 
 	"github.com/rialto-project/rialto/api"
 )
-
-// putPlan stores a new lease's plan (text from planJSON).
-func putPlan(ctx context.Context, tx execer, created time.Time, id, plan string) error {
-	if _, err := tx.ExecContext(ctx, `INSERT INTO lease_plans (created_at, lease_id, plan) VALUES (?, ?, ?)`, ns(created), id, plan); err != nil {
-		return wrap("lease plan", err)
-	}
-	return nil
-}
 
 // replacePlan replaces a stored lease's plan.
 func replacePlan(ctx context.Context, tx execer, id, plan string) error {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -113,19 +114,26 @@ func (s *Store) createTx(ctx context.Context, tx execer, n store.NewLease, text 
 			return api.Lease{}, err
 		}
 	}
-	_, err := tx.ExecContext(ctx, `INSERT INTO leases (`+leaseInsertCols+`, demand_bps, work_bytes, deadline_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+	// One statement writes the lease, its plan and its parts (a round
+	// trip each would be most of a creation's cost).
+	nodes, devs := make([]string, len(l.Parts)), make([]string, len(l.Parts))
+	offs, lens := make([]int64, len(l.Parts)), make([]int64, len(l.Parts))
+	for i, p := range l.Parts {
+		nodes[i], devs[i], offs[i], lens[i] = p.NodeID, p.DeviceID, p.Offset, p.Length
+	}
+	_, err := tx.ExecContext(ctx, `WITH l AS (INSERT INTO leases (`+leaseInsertCols+`, demand_bps, work_bytes, deadline_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)),
+		p AS (INSERT INTO lease_plans (created_at, lease_id, plan) SELECT ?, ?, ? WHERE ? <> ''),
+		x AS (INSERT INTO lease_parts (lease_id, idx, node_id, device_id, off, length, uri, live)
+			SELECT ?, t.i - 1, t.node, t.dev, t.off, t.len, '', 1
+			FROM unnest(?::text[], ?::text[], ?::bigint[], ?::bigint[]) WITH ORDINALITY AS t(node, dev, off, len, i))
+		SELECT 1`,
 		l.ID, l.State, l.Kind, l.Mode, l.Tenant, l.Borrower, l.Size, l.Count, l.StripeUnit, l.URI, l.Credential, l.TTLSeconds,
-		ns(l.ExpiresAt), ns(l.CreatedAt), ns(l.UpdatedAt), l.Reason, l.IdempotencyKey, text.parts, d.Bandwidth, d.Work, ns(d.Deadline))
+		ns(l.ExpiresAt), ns(l.CreatedAt), ns(l.UpdatedAt), l.Reason, l.IdempotencyKey, text.parts, d.Bandwidth, d.Work, ns(d.Deadline),
+		ns(l.CreatedAt), l.ID, text.plan, text.plan,
+		l.ID, nodes, devs, offs, lens)
 	if err != nil {
 		return api.Lease{}, late{wrap("create lease", err)}
-	}
-	if text.plan != "" {
-		if err := putPlan(ctx, tx, l.CreatedAt, l.ID, text.plan); err != nil {
-			return api.Lease{}, late{err}
-		}
-	}
-	if err := insertParts(ctx, tx, l.ID, l.Parts); err != nil {
-		return api.Lease{}, err
 	}
 	if idem != nil {
 		if err := putIdempotencyKey(ctx, tx, *idem, l.ID, l.CreatedAt); err != nil {
@@ -313,85 +321,86 @@ func copyLease(l api.Lease) api.Lease {
 	return l
 }
 
-// applyChange is what a transition's UPDATE does to the row, applied to
-// its value; false if it cannot tell (more URIs than parts).
-func (s *Store) applyChange(l api.Lease, ch store.LeaseChange, plan string) (api.Lease, bool) {
-	if len(ch.URIs) > len(l.Parts) {
-		return l, false
-	}
-	l.State, l.UpdatedAt = ch.To, tm(ns(ch.At))
-	if ch.Reason != "" {
-		l.Reason = ch.Reason
-	}
-	if ch.URI != "" {
-		l.URI = ch.URI
-	}
-	if !ch.ExpiresAt.IsZero() {
-		l.ExpiresAt = tm(ns(ch.ExpiresAt))
-	}
-	if ch.TTL != 0 {
-		l.TTLSeconds = ch.TTL
-	}
-	if ch.Plan != nil {
-		p, err := s.decodePlan(plan)
-		if err != nil {
-			return l, false
-		}
-		l.Plan = p
-	}
-	if len(ch.URIs) > 0 {
-		l.Parts = slices.Clone(l.Parts)
-		for i, u := range ch.URIs {
-			l.Parts[i].URI = u
-		}
-	}
-	return l, true
-}
-
 // transitionTx is TransitionLease's work inside a transaction, but for
-// the event. It locks the lease's row, checks the change against it and
-// applies it; a refusal (ErrConflict, ErrNotFound) comes before anything
-// is written.
+// the event: one statement does the compare-and-set, records the parts'
+// URIs, frees the parts of a lease that ends, and reads the row back. A
+// refusal (ErrConflict, ErrNotFound) comes before anything is written.
 func (s *Store) transitionTx(ctx context.Context, tx execer, id string, ch store.LeaseChange, plan string) (api.Lease, error) {
 	if len(ch.From) == 0 {
 		return api.Lease{}, fmt.Errorf("lease %s: no source state: %w", id, store.ErrConflict)
 	}
-	l, err := s.scanLease(tx.QueryRowContext(ctx, `SELECT `+leaseCols+` FROM leases WHERE id = ? FOR UPDATE`, id))
-	if errors.Is(err, sql.ErrNoRows) || err == nil && ch.Tenant != "" && l.Tenant != ch.Tenant {
-		return api.Lease{}, fmt.Errorf("lease %s: %w", id, store.ErrNotFound)
+	set := `state = ?, updated_at = ?`
+	args := make([]any, 0, 12+len(ch.From)+2*len(ch.URIs))
+	args = append(args, ch.To, ns(ch.At))
+	if ch.Reason != "" {
+		set += `, reason = ?`
+		args = append(args, ch.Reason)
+	}
+	if ch.URI != "" {
+		set += `, uri = ?`
+		args = append(args, ch.URI)
+	}
+	if !ch.ExpiresAt.IsZero() {
+		set += `, expires_at = ?`
+		args = append(args, ns(ch.ExpiresAt))
+	}
+	if ch.TTL != 0 {
+		set += `, ttl_seconds = ?`
+		args = append(args, ch.TTL)
+	}
+	if len(ch.URIs) > 0 {
+		expr := `parts::jsonb`
+		for i, u := range ch.URIs {
+			expr = `jsonb_set(` + expr + `, ?::text[], to_jsonb(?::text))`
+			args = append(args, []string{strconv.Itoa(i), "uri"}, u)
+		}
+		set += `, parts = CASE WHEN jsonb_array_length(parts::jsonb) >= ` + strconv.Itoa(len(ch.URIs)) + ` THEN (` + expr + `)::text ELSE NULL END`
+	}
+	where := ` WHERE id = ? AND state IN (` + placeholders(len(ch.From)) + `)`
+	args = append(args, id)
+	for _, f := range ch.From {
+		args = append(args, f)
+	}
+	if ch.Tenant != "" {
+		where += ` AND tenant = ?`
+		args = append(args, ch.Tenant)
+	}
+	q := `WITH u AS (UPDATE leases SET ` + set + where + ` RETURNING ` + leaseCols + `)`
+	if ch.To.Terminal() {
+		// Free only touches live parts: a no-op if the lease had ended.
+		q += `, f AS (UPDATE lease_parts SET live = 0 WHERE lease_id = ? AND live = 1 AND EXISTS (SELECT 1 FROM u))`
+		args = append(args, id)
+	}
+	l, err := s.scanLease(tx.QueryRowContext(ctx, q+` SELECT * FROM u`, args...))
+	if errors.Is(err, sql.ErrNoRows) {
+		var state api.LeaseState
+		var tenant string
+		if err := tx.QueryRowContext(ctx, `SELECT state, tenant FROM leases WHERE id = ?`, id).Scan(&state, &tenant); err != nil {
+			if errors.Is(err, sql.ErrNoRows) {
+				return api.Lease{}, fmt.Errorf("lease %s: %w", id, store.ErrNotFound)
+			}
+			return api.Lease{}, late{wrap("transition", err)}
+		}
+		if ch.Tenant != "" && tenant != ch.Tenant {
+			return api.Lease{}, fmt.Errorf("lease %s: %w", id, store.ErrNotFound)
+		}
+		return api.Lease{}, fmt.Errorf("lease %s is %s, not %v: %w", id, state, ch.From, store.ErrConflict)
 	}
 	if err != nil {
-		return api.Lease{}, late{wrap("transition", err)}
-	}
-	if !slices.Contains(ch.From, l.State) {
-		return api.Lease{}, fmt.Errorf("lease %s is %s, not %v: %w", id, l.State, ch.From, store.ErrConflict)
-	}
-	next, ok := s.applyChange(l, ch, plan)
-	if !ok {
-		return api.Lease{}, fmt.Errorf("lease %s: %d URIs for %d parts: %w", id, len(ch.URIs), len(l.Parts), store.ErrConflict)
-	}
-	q := `UPDATE leases SET state = ?, updated_at = ?, reason = ?, uri = ?, expires_at = ?, ttl_seconds = ?`
-	args := []any{next.State, ns(next.UpdatedAt), next.Reason, next.URI, ns(next.ExpiresAt), next.TTLSeconds}
-	if len(ch.URIs) > 0 {
-		q += `, parts = ?`
-		args = append(args, s.partsJSON(next.Parts))
-	}
-	if _, err := tx.ExecContext(ctx, q+` WHERE id = ?`, append(args, id)...); err != nil {
+		// A NOT NULL violation: more URIs than parts.
 		return api.Lease{}, late{wrap("transition", err)}
 	}
 	if ch.Plan != nil {
 		if err := replacePlan(ctx, tx, id, plan); err != nil {
 			return api.Lease{}, late{err}
 		}
-	}
-	if ch.To.Terminal() {
-		// free only touches live parts: a no-op if the lease had already
-		// ended.
-		if err := free(ctx, tx, id, false); err != nil {
+		p, err := s.decodePlan(plan)
+		if err != nil {
 			return api.Lease{}, late{err}
 		}
+		l.Plan = p
 	}
-	return next, nil
+	return l, nil
 }
 
 // Lease returns one lease.

@@ -30,9 +30,8 @@ type Store struct {
 	db  *sql.DB
 	url string
 
-	plans    textCache[*api.Plan]
-	parts    textCache[[]api.Part]
-	eventSQL sync.Map // rows → statement text
+	plans textCache[*api.Plan]
+	parts textCache[[]api.Part]
 }
 
 var (
