@@ -70,7 +70,7 @@ func runFailover(ctx context.Context, bin, logDir string, pg *pgserver.Server, s
 		if err != nil {
 			return failoverResult{}, err
 		}
-		cmd := exec.Command(bin, "server", "--listen", addr, "--heartbeat", "500ms", "--suspect-after", "30s", "--down-after", "60s", "--log-level", "info")
+		cmd := exec.Command(bin, "server", "--listen", addr, "--insecure-http", "--heartbeat", "500ms", "--suspect-after", "30s", "--down-after", "60s", "--log-level", "info")
 		cmd.Env = append(os.Environ(), "RIALTO_DB="+pg.URL(db), "RIALTO_BOOTSTRAP_TOKEN="+bootTok, "RIALTO_TOKENS="+tenantTok+":bench")
 		cmd.Stdout, cmd.Stderr = logf, logf
 		if err := cmd.Start(); err != nil {

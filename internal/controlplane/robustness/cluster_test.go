@@ -67,7 +67,7 @@ func (r *replica) start() {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	args := []string{"server", "--listen", r.addr, "--heartbeat", "500ms", "--suspect-after", "60s", "--down-after", "120s",
+	args := []string{"server", "--listen", r.addr, "--insecure-http", "--heartbeat", "500ms", "--suspect-after", "60s", "--down-after", "120s",
 		"--prepare-timeout", "1s", "--log-level", "info"}
 	for tenant := range tokens {
 		args = append(args, "--quota", fmt.Sprintf("%s:leases=%d", tenant, quota))
