@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -151,7 +152,8 @@ func (r *replicaSet) stop() error {
 // replicaArgs are the `rialto server` flags of a replica of `rialto up`.
 func replicaArgs(tm timings, quotas []string, level, tlsDir string) []string {
 	args := []string{"--tls-dir", tlsDir, "--heartbeat", tm.heartbeat.String(), "--suspect-after", tm.suspect.String(), "--down-after", tm.down.String(),
-		"--prepare-timeout", tm.prepare.String(), "--default-ttl", tm.ttl.String(), "--log-level", level}
+		"--prepare-timeout", tm.prepare.String(), "--default-ttl", tm.ttl.String(), "--log-level", level,
+		"--max-heartbeats-per-second", strconv.FormatFloat(tm.maxBeats, 'g', -1, 64)}
 	for _, q := range quotas {
 		args = append(args, "--quota", q)
 	}

@@ -26,6 +26,7 @@ func init() {
 // timings are the control plane's liveness and lease durations.
 type timings struct {
 	heartbeat, suspect, down, prepare, ttl time.Duration
+	maxBeats                               float64
 }
 
 func (tm *timings) register(fs *flag.FlagSet) {
@@ -34,6 +35,7 @@ func (tm *timings) register(fs *flag.FlagSet) {
 	fs.DurationVar(&tm.down, "down-after", 10*time.Second, "silence after which a node is down and its leases lost (grace period)")
 	fs.DurationVar(&tm.prepare, "prepare-timeout", 2*time.Second, "how long a lender may take to confirm a reservation")
 	fs.DurationVar(&tm.ttl, "default-ttl", time.Hour, "lease TTL when the request names none")
+	fs.Float64Var(&tm.maxBeats, "max-heartbeats-per-second", 1000, "cap on all agents' heartbeats: past it each agent is told a longer interval, and --suspect-after and --down-after stretch alike (docs/operations.md; negative: no cap)")
 }
 
 // parseTokens parses TOKEN:TENANT[:admin] specs.
@@ -258,7 +260,7 @@ func runServer(ctx context.Context, e *env, args []string) error {
 	}
 	cp, err := startControlPlane(ctx, ln, *db, controlplane.Config{
 		Logger: log, BootstrapToken: *boot, Tokens: tokens,
-		HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down,
+		HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down, MaxHeartbeatsPerSecond: tm.maxBeats,
 		PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas, CA: ca,
 	}, tlsCfg)
 	if err != nil {

@@ -183,7 +183,7 @@ func runUp(ctx context.Context, e *env, args []string) error {
 		cp, err = startControlPlane(ctx, ln, filepath.Join(*dir, "rialto.db"), controlplane.Config{
 			Logger: log.With("component", "controlplane"), BootstrapToken: st.BootstrapToken,
 			Tokens:            []controlplane.Token{{Token: st.AdminToken, Tenant: "admin", Admin: true}},
-			HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down,
+			HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down, MaxHeartbeatsPerSecond: tm.maxBeats,
 			PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas, CA: ca,
 		}, tlsCfg)
 	}

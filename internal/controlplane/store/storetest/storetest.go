@@ -1,9 +1,3 @@
-// Package storetest is a conformance suite for store.Store
-// implementations: the same tests run against SQLite (store/sqlite) and
-// PostgreSQL (store/postgres), so that the control plane sees one
-// behaviour whichever it is given.
-//
-// Run calls Open for each test; a Store it returns is closed by the test.
 package storetest
 
 import (
