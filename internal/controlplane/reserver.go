@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"errors"
+	"hash/fnv"
 	"sync"
 	"time"
 
@@ -36,6 +37,12 @@ type reserver struct {
 	// view (no capacity, over quota) may be stale: the view is reloaded
 	// and the request placed once more before it is refused.
 	shared bool
+	// seed picks this replica's share of the nodes (shared stores): a
+	// new lease is placed on the share first, so that replicas placing
+	// from similar views seldom choose the same range (each choice they
+	// share is a lost race and a retry).
+	seed  uint64
+	share []string // node IDs, from the view
 
 	mu       sync.Mutex // serializes placements; guards the fields below
 	valid    bool
@@ -115,6 +122,17 @@ func (r *reserver) Place(ctx context.Context, h hold, req api.LeaseRequest, skip
 // view (every live part, every device's allocation). r.mu is held.
 func (r *reserver) place(h hold, req api.LeaseRequest, skip map[string]string, now time.Time) (api.Plan, error) {
 	_, replacing := r.parts[h.id]
+	if !replacing && len(skip) == 0 && len(req.Affinity) == 0 && len(r.share) > 0 {
+		if x := r.index(store.Inventory{}, now); x != nil {
+			nodes := store.Inventory{Nodes: r.nodes, Links: r.links, Profiles: r.profiles}
+			mine := req
+			mine.Affinity = r.share
+			plan, err := policyPlace(nodes, mine, h.tenant, r.quotas, nil, now, func(store.Inventory, time.Time) *placement.Index { return x })
+			if err == nil {
+				return plan, nil
+			}
+		}
+	}
 	if !replacing && len(skip) == 0 && len(req.Affinity) == 0 {
 		if x := r.index(store.Inventory{}, now); x != nil {
 			nodes := store.Inventory{Nodes: r.nodes, Links: r.links, Profiles: r.profiles}
@@ -215,6 +233,19 @@ func (r *reserver) load(ctx context.Context) error {
 		delete(r.timed, id)
 		if len(ps) > 0 && timedDemand(ps[0].Demand) {
 			r.timed[id] = true
+		}
+	}
+	r.share = nil
+	if r.shared && len(inv.Nodes) > 1 {
+		for _, n := range inv.Nodes {
+			h := fnv.New64a()
+			h.Write([]byte(n.ID))
+			if (h.Sum64()^r.seed)&1 == 0 {
+				r.share = append(r.share, n.ID)
+			}
+		}
+		if len(r.share) == len(inv.Nodes) {
+			r.share = nil
 		}
 	}
 	r.devName = make(map[string]string, len(inv.Devices))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"sync"
 	"time"
@@ -170,7 +171,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		}
 	}
 	s.started = s.now()
-	s.res.shared = s.shared()
+	s.res.shared, s.res.seed = s.shared(), rand.Uint64()
 	s.m = newServerMetrics(s.reg)
 	s.leases.size, s.beats.size = s.m.batchSize.With("lease"), s.m.batchSize.With("heartbeat")
 	s.h = s.routes()

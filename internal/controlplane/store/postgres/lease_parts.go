@@ -25,35 +25,56 @@ func reserve(ctx context.Context, tx execer, leaseID string, kind api.Kind, part
 // checkParts is reserve's checks; it writes nothing.
 func checkParts(ctx context.Context, tx execer, kind api.Kind, parts []api.Part) error {
 	for i, p := range parts {
-		var dstate, nstate, dkind, nodeID string
-		var capacity int64
-		var taken bool
-		err := tx.QueryRowContext(ctx, `SELECT d.state, d.kind, d.capacity, d.node_id, n.state,
-			EXISTS (SELECT 1 FROM lease_parts p WHERE p.device_id = d.id AND p.live = 1 AND p.off < ? AND p.off + p.length > ?)
-			FROM devices d JOIN nodes n ON n.id = d.node_id WHERE d.id = ?`, p.Offset+p.Length, p.Offset, p.DeviceID).
-			Scan(&dstate, &dkind, &capacity, &nodeID, &nstate, &taken)
+		var r partRow
+		err := tx.QueryRowContext(ctx, partCheckSQL, p.Offset+p.Length, p.Offset, p.DeviceID).
+			Scan(&r.dstate, &r.dkind, &r.capacity, &r.nodeID, &r.nstate, &r.taken)
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("device %s: %w", p.DeviceID, store.ErrCapacity)
 		}
 		if err != nil {
 			return wrap("reserve", err)
 		}
-		switch {
-		case nodeID != p.NodeID:
-			return fmt.Errorf("device %s is not on node %s: %w", p.DeviceID, p.NodeID, store.ErrCapacity)
-		case dstate != "available" || nstate != string(api.NodeReady):
-			return fmt.Errorf("device %s is %s on a %s node: %w", p.DeviceID, dstate, nstate, store.ErrCapacity)
-		case api.Kind(dkind) != kind:
-			return fmt.Errorf("device %s is %s, not %s: %w", p.DeviceID, dkind, kind, store.ErrCapacity)
-		case p.Offset < 0 || p.Length <= 0 || p.Offset > capacity-p.Length:
-			return fmt.Errorf("device %s: range %d+%d outside capacity %d: %w", p.DeviceID, p.Offset, p.Length, capacity, store.ErrCapacity)
-		case taken:
-			return fmt.Errorf("device %s: range %d+%d is taken: %w", p.DeviceID, p.Offset, p.Length, store.ErrCapacity)
+		if err := judgePart(kind, parts, i, r); err != nil {
+			return err
 		}
-		for _, q := range parts[:i] {
-			if q.DeviceID == p.DeviceID && q.Offset < p.Offset+p.Length && q.Offset+q.Length > p.Offset {
-				return fmt.Errorf("device %s: parts of one lease overlap: %w", p.DeviceID, store.ErrCapacity)
-			}
+	}
+	return nil
+}
+
+// partCheckSQL reads what a part's check needs: its device's state, kind,
+// capacity and node, the node's state, and whether a live part overlaps
+// the range (arguments: range end, range start, device ID).
+const partCheckSQL = `SELECT d.state, d.kind, d.capacity, d.node_id, n.state,
+	EXISTS (SELECT 1 FROM lease_parts p WHERE p.device_id = d.id AND p.live = 1 AND p.off < ? AND p.off + p.length > ?)
+	FROM devices d JOIN nodes n ON n.id = d.node_id WHERE d.id = ?`
+
+// partRow is partCheckSQL's answer.
+type partRow struct {
+	dstate, dkind, nodeID, nstate string
+	capacity                      int64
+	taken                         bool
+}
+
+// judgePart refuses part i of parts (ErrCapacity) unless r shows it
+// fits: device available on a ready node, of the lease's kind, the range
+// inside the capacity, not taken, and not overlapping an earlier part.
+func judgePart(kind api.Kind, parts []api.Part, i int, r partRow) error {
+	p := parts[i]
+	switch {
+	case r.nodeID != p.NodeID:
+		return fmt.Errorf("device %s is not on node %s: %w", p.DeviceID, p.NodeID, store.ErrCapacity)
+	case r.dstate != "available" || r.nstate != string(api.NodeReady):
+		return fmt.Errorf("device %s is %s on a %s node: %w", p.DeviceID, r.dstate, r.nstate, store.ErrCapacity)
+	case api.Kind(r.dkind) != kind:
+		return fmt.Errorf("device %s is %s, not %s: %w", p.DeviceID, r.dkind, kind, store.ErrCapacity)
+	case p.Offset < 0 || p.Length <= 0 || p.Offset > r.capacity-p.Length:
+		return fmt.Errorf("device %s: range %d+%d outside capacity %d: %w", p.DeviceID, p.Offset, p.Length, r.capacity, store.ErrCapacity)
+	case r.taken:
+		return fmt.Errorf("device %s: range %d+%d is taken: %w", p.DeviceID, p.Offset, p.Length, store.ErrCapacity)
+	}
+	for _, q := range parts[:i] {
+		if q.DeviceID == p.DeviceID && q.Offset < p.Offset+p.Length && q.Offset+q.Length > p.Offset {
+			return fmt.Errorf("device %s: parts of one lease overlap: %w", p.DeviceID, store.ErrCapacity)
 		}
 	}
 	return nil
@@ -92,36 +113,57 @@ func lockParts(ctx context.Context, tx execer, tenants []string, parts []api.Par
 // checkLimit refuses a new lease l (not yet written) that would take its
 // tenant past lim (store.ErrQuota); the tenant is locked (lockParts).
 func checkLimit(ctx context.Context, tx execer, l api.Lease, d store.Demand, lim store.Limit) error {
-	var leases int
-	var bytes, slots int64
-	var bw float64
-	err := tx.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(SUM(l.demand_bps), 0), COALESCE(SUM(c.bytes), 0), COALESCE(SUM(c.slots), 0)
-		FROM leases l JOIN (
-			SELECT p.lease_id,
-				SUM(CASE WHEN d.kind = 'accel' THEN 0 WHEN l2.mode = 'dedicated' THEN d.capacity ELSE p.length END) AS bytes,
-				SUM(CASE WHEN d.kind = 'accel' THEN p.length ELSE 0 END) AS slots
-			FROM lease_parts p JOIN devices d ON d.id = p.device_id JOIN leases l2 ON l2.id = p.lease_id
-			WHERE p.live = 1 AND l2.tenant = ? GROUP BY p.lease_id) c ON c.lease_id = l.id`, l.Tenant).Scan(&leases, &bw, &bytes, &slots)
-	if err != nil {
+	var u usage
+	if err := tx.QueryRowContext(ctx, limitSQL, l.Tenant).Scan(&u.leases, &u.bw, &u.bytes, &u.slots); err != nil {
 		return wrap("quota", err)
 	}
-	leases++
-	bw += d.Bandwidth
-	for _, p := range l.Parts {
-		var kind string
-		var capacity int64
-		if err := tx.QueryRowContext(ctx, `SELECT kind, capacity FROM devices WHERE id = ?`, p.DeviceID).Scan(&kind, &capacity); err != nil {
+	kinds := make([]partRow, len(l.Parts))
+	for i, p := range l.Parts {
+		if err := tx.QueryRowContext(ctx, `SELECT kind, capacity FROM devices WHERE id = ?`, p.DeviceID).Scan(&kinds[i].dkind, &kinds[i].capacity); err != nil {
 			return wrap("quota", err)
 		}
+	}
+	return judgeLimit(l, d, lim, u, kinds)
+}
+
+// limitSQL is a tenant's usage: its leases with live parts, their
+// declared bandwidths, and the bytes and slots their parts charge.
+const limitSQL = `SELECT COUNT(*), COALESCE(SUM(l.demand_bps), 0), COALESCE(SUM(c.bytes), 0), COALESCE(SUM(c.slots), 0)
+	FROM leases l JOIN (
+		SELECT p.lease_id,
+			SUM(CASE WHEN d.kind = 'accel' THEN 0 WHEN l2.mode = 'dedicated' THEN d.capacity ELSE p.length END) AS bytes,
+			SUM(CASE WHEN d.kind = 'accel' THEN p.length ELSE 0 END) AS slots
+		FROM lease_parts p JOIN devices d ON d.id = p.device_id JOIN leases l2 ON l2.id = p.lease_id
+		WHERE p.live = 1 AND l2.tenant = ? GROUP BY p.lease_id) c ON c.lease_id = l.id`
+
+// usage is a tenant's charge against its limit.
+type usage struct {
+	leases       int
+	bw           float64
+	bytes, slots int64
+}
+
+// charge is what lease l (parts on devices of the given kinds and
+// capacities) adds to its tenant's usage.
+func charge(l api.Lease, d store.Demand, devs []partRow) usage {
+	u := usage{leases: 1, bw: d.Bandwidth}
+	for i, p := range l.Parts {
 		switch {
-		case kind == string(api.KindAccel):
-			slots += p.Length
+		case devs[i].dkind == string(api.KindAccel):
+			u.slots += p.Length
 		case l.Mode == api.ModeDedicated:
-			bytes += capacity
+			u.bytes += devs[i].capacity
 		default:
-			bytes += p.Length
+			u.bytes += p.Length
 		}
 	}
+	return u
+}
+
+// judgeLimit refuses l if the tenant's usage u plus l's charge breaks lim.
+func judgeLimit(l api.Lease, d store.Demand, lim store.Limit, u usage, devs []partRow) error {
+	c := charge(l, d, devs)
+	leases, bw, bytes, slots := u.leases+c.leases, u.bw+c.bw, u.bytes+c.bytes, u.slots+c.slots
 	switch {
 	case lim.Leases > 0 && leases > lim.Leases:
 		return fmt.Errorf("tenant %s would hold %d of %d leases: %w", l.Tenant, leases, lim.Leases, store.ErrQuota)

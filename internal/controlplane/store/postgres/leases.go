@@ -235,6 +235,7 @@ var errSavepoints = errors.New("postgres: an op failed after writing")
 // written again with a savepoint around each op.
 func (s *Store) LeaseOps(ctx context.Context, ops []store.LeaseOp) (out []api.Lease, errs []error, err error) {
 	texts := make([]opText, len(ops))
+	var devs []string
 	var tenants []string
 	var parts []api.Part
 	for i, op := range ops {
@@ -242,12 +243,34 @@ func (s *Store) LeaseOps(ctx context.Context, ops []store.LeaseOp) (out []api.Le
 		case op.Create != nil:
 			texts[i] = opText{plan: s.planJSON(op.Create.Lease.Plan), parts: s.partsJSON(storedParts(op.Create.Lease.Parts))}
 			parts = append(parts, op.Create.Lease.Parts...)
+			for _, p := range op.Create.Lease.Parts {
+				devs = append(devs, p.DeviceID)
+			}
 			if op.Create.Limit != nil {
 				tenants = append(tenants, op.Create.Lease.Tenant)
 			}
 		case op.Transition.Change.Plan != nil:
 			texts[i].plan = s.planJSON(op.Transition.Change.Plan)
 		}
+	}
+	slices.Sort(tenants)
+	tenants = slices.Compact(tenants)
+	slices.Sort(devs)
+	devs = slices.Compact(devs)
+	for attempt := 0; attempt < maxTxAttempts; attempt++ {
+		out, errs, err = s.pipelined(ctx, ops, texts, tenants, devs)
+		if err == nil {
+			for i := range out {
+				out[i] = copyLease(out[i])
+			}
+			return out, errs, nil
+		}
+		if errors.Is(err, errSequential) || !retryable(err) {
+			break
+		}
+	}
+	if !errors.Is(err, errSequential) {
+		return nil, nil, err
 	}
 	for _, savepoints := range []bool{false, true} {
 		err = s.tx(ctx, func(tx execer) error {

@@ -37,6 +37,7 @@ func Run(t *testing.T, o Options) {
 		{"Heartbeats", testHeartbeats},
 		{"Limits", testLimits},
 		{"ConcurrentWriters", testConcurrentWriters},
+		{"ConcurrentIdempotencyKey", testConcurrentKey},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.f(t, o) })
 	}
@@ -366,6 +367,53 @@ func testConcurrentWriters(t *testing.T, o Options) {
 	for i := 1; i < len(evs); i++ {
 		if evs[i].ID <= evs[i-1].ID {
 			t.Fatalf("event ids out of order at %d", i)
+		}
+	}
+}
+
+// testConcurrentKey: creations with one idempotency key on several Stores
+// of one database at once: exactly one lease is created, the others are
+// told the key was used (ErrDuplicate), and the key names the winner.
+func testConcurrentKey(t *testing.T, o Options) {
+	ctx := context.Background()
+	s := open(t, o)
+	node, dev := oneNode(t, s, 64)
+	stores := []store.Store{s}
+	if o.Reopen != nil {
+		for i := 0; i < 3; i++ {
+			r := o.Reopen(t, s)
+			t.Cleanup(func() { r.Close() })
+			stores = append(stores, r)
+		}
+	}
+	for round := 0; round < 5; round++ {
+		key := fmt.Sprintf("k%d", round)
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var won []string
+		for w := 0; w < 4; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				id := fmt.Sprintf("r%d-w%d", round, w)
+				l := lease(id, "t", node, dev, int64(round*8+w*2), 2)
+				_, err := stores[w%len(stores)].CreateLease(ctx, l, store.Demand{}, &store.Idempotency{Tenant: "t", Key: key, RequestHash: "h"}, api.Event{Type: "lease.reserved", Subject: id})
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case err == nil:
+					won = append(won, id)
+				case !errors.Is(err, store.ErrDuplicate):
+					t.Errorf("%s: %v", id, err)
+				}
+			}()
+		}
+		wg.Wait()
+		if len(won) != 1 {
+			t.Fatalf("round %d: created %v", round, won)
+		}
+		if l, _, err := s.LeaseByIdempotencyKey(ctx, "t", key); err != nil || l.ID != won[0] {
+			t.Fatalf("round %d: key names %s (%v), created %s", round, l.ID, err, won[0])
 		}
 	}
 }
