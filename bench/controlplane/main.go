@@ -127,16 +127,6 @@ type cycleResult struct {
 	retries    float64 // placement retries (lost races for a device), all replicas
 }
 
-// meanBatch reads the control plane's metrics: the mean number of writes
-// of a kind group-committed per store transaction (0 if unknown).
-func meanBatch(ctx context.Context, c *cluster, kind string) float64 {
-	sum, count, _ := scrape(ctx, c, kind)
-	if count == 0 {
-		return 0
-	}
-	return sum / count
-}
-
 // scrape reads every replica's metrics: the sum and count of the
 // writes group-committed per store transaction (of a kind), and the
 // placement retries (reservations that lost a race for a device).

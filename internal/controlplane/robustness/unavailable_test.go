@@ -38,7 +38,10 @@ func TestReplicaWithoutDatabase(t *testing.T) {
 		}
 	}()
 	for _, call := range []func() error{
-		func() error { _, err := c.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: leaseSz}); return err },
+		func() error {
+			_, err := c.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: leaseSz})
+			return err
+		},
 		func() error { _, err := c.Lease(ctx, l.ID); return err },
 		func() error { _, err := c.ReleaseLease(ctx, l.ID); return err },
 	} {
