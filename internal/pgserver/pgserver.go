@@ -37,7 +37,7 @@ type Options struct {
 // Server is a PostgreSQL server running in Dir.
 type Server struct {
 	Dir      string // the server's directory: the password file, the port, the data directory's location
-	data     string // the data directory (and the socket's)
+	data     string // the data directory
 	Port     int
 	User     string // the database superuser's name
 	bin      string // directory of initdb, pg_ctl and postgres
@@ -130,7 +130,7 @@ func Start(ctx context.Context, dir string, o Options) (*Server, error) {
 	conf := []string{
 		"listen_addresses = '127.0.0.1'",
 		"port = " + strconv.Itoa(s.Port),
-		"unix_socket_directories = '" + s.data + "'",
+		"unix_socket_directories = ''", // TCP on loopback only (a long state-dir path would not fit a socket's)
 		"max_connections = 200",
 		"shared_buffers = '128MB'",
 		"deadlock_timeout = '100ms'",
