@@ -144,8 +144,12 @@ func runHeartbeats(ctx context.Context, b backend, agents int, dur time.Duration
 		go func() {
 			defer wg.Done()
 			cl := api.NewClient(c.urlFor(i), joined[i].Credential, c.client)
-			iv := time.Duration(joined[i].HeartbeatSeconds * float64(time.Second))
-			// Spread the agents evenly over their interval.
+			// The agents joined within seconds, so those that joined early
+			// were told a shorter interval than the cluster now has; their
+			// first heartbeat answer tells them the current one. Start
+			// them spread evenly over the current interval (that of the
+			// last to join), as agents that joined over time would be.
+			iv := time.Duration(joined[agents-1].HeartbeatSeconds * float64(time.Second))
 			next := start.Add(time.Duration(i) * iv / time.Duration(agents))
 			hb := api.Heartbeat{Health: "ok", Links: []api.LinkReport{{To: "controlplane", RTTMicros: 80, Up: true}}}
 			for next.Before(end) {

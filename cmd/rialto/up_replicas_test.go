@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,6 +42,16 @@ func TestUpReplicas(t *testing.T) {
 	}
 	bin := buildBinary(t)
 	dir := t.TempDir()
+	t.Cleanup(func() {
+		// Also when rialto up was killed: its PostgreSQL must not outlive
+		// the test, nor its data directory (under /tmp when run as root).
+		if pg, err := pgserver.Attach(filepath.Join(dir, "pg")); err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			pg.Stop(ctx, "immediate")
+			pg.Remove()
+		}
+	})
 	up := startUp(t, bin, dir, "--replicas", "3", "--agents", "2", "--quota", "leases=2")
 	addrs := strings.Split(up.addr, ",")
 	if len(addrs) != 3 || !strings.HasPrefix(addrs[0], "https://") {

@@ -60,7 +60,10 @@ func (s *Server) authenticate(ctx context.Context, r *http.Request) (principal, 
 	}
 	p, err := s.lookupPrincipal(ctx, hash, resource.Fingerprint(tok))
 	if err == nil {
-		s.auth.put(hash, p, s.now())
+		// An entry outlives a heartbeat interval (stretched with the
+		// cluster's size: replica.go), so that an agent's next heartbeat
+		// finds it.
+		s.auth.put(hash, p, s.now().Add(max(authCacheTTL, 2*s.heartbeatInterval())))
 	}
 	return p, err
 }
@@ -181,6 +184,7 @@ type authEntry struct {
 	exp time.Time
 }
 
+// authCacheTTL is the least time an entry is kept.
 const authCacheTTL = 10 * time.Second
 
 func (c *authCache) get(hash string, now time.Time) (principal, bool) {
@@ -193,13 +197,13 @@ func (c *authCache) get(hash string, now time.Time) (principal, bool) {
 	return e.p, true
 }
 
-func (c *authCache) put(hash string, p principal, now time.Time) {
+func (c *authCache) put(hash string, p principal, exp time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil || len(c.m) > 100000 {
 		c.m = map[string]authEntry{}
 	}
-	c.m[hash] = authEntry{p, now.Add(authCacheTTL)}
+	c.m[hash] = authEntry{p, exp}
 }
 
 func (c *authCache) clear() {

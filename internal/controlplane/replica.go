@@ -23,6 +23,8 @@ type replicaState struct {
 	leadSince  atomic.Int64 // Unix ns of the current leadership (0: since start)
 	nodeCount  atomic.Int64 // nodes known (any state), for heartbeat spreading
 	leaderWins atomic.Int64 // leaderships won, for tests and metrics
+	// lastLiveness is when the sweep last checked node liveness (Unix ns).
+	lastLiveness atomic.Int64
 }
 
 // shared reports whether the store is shared with other replicas: it

@@ -25,6 +25,49 @@ const prepareStaleFactor = lifecycle.MaxPrepareRounds + 2
 // left alone (the machine refuses the event, or the store the write).
 func (s *Server) Sweep(ctx context.Context) error {
 	now := s.now()
+	var errs []error
+	if s.livenessDue(now) {
+		if err := s.sweepNodes(ctx, now); err != nil {
+			errs = append(errs, err)
+		}
+	}
+
+	// TTL expiry.
+	ls, err := s.st.Leases(ctx, store.LeaseFilter{States: []api.LeaseState{api.LeaseReserved, api.LeaseActive}, ExpiresBefore: now})
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, l := range ls {
+		if _, _, err := s.apply(ctx, l, lifecycle.Expire{}); !movedOn(err) {
+			errs = append(errs, err)
+		}
+	}
+
+	// Work interrupted by a control-plane restart: releases finish,
+	// reservations that were never confirmed fail.
+	stale := now.Add(-time.Duration(prepareStaleFactor) * s.cfg.PrepareTimeout)
+	ls, err = s.st.Leases(ctx, store.LeaseFilter{States: []api.LeaseState{api.LeaseReleasing, api.LeaseReserved}})
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, l := range ls {
+		if _, _, err := s.apply(ctx, l, lifecycle.Interrupted{Before: stale}); !movedOn(err) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// movedOn reports whether err is nil, or says that the lease was not in
+// the state the sweep read (refused by the state machine or by the
+// store's compare-and-set): nothing to report.
+func movedOn(err error) bool {
+	return err == nil || errors.Is(err, lifecycle.ErrRefused) || errors.Is(err, store.ErrConflict)
+}
+
+// sweepNodes is the sweep's node liveness: ready → suspect → down, and
+// the leases of down nodes lost.
+func (s *Server) sweepNodes(ctx context.Context, now time.Time) error {
 	nodes, err := s.st.Nodes(ctx)
 	if err != nil {
 		return err
@@ -91,36 +134,22 @@ func (s *Server) Sweep(ctx context.Context) error {
 	if changed {
 		s.invalidate() // placement must see the new node states
 	}
-
-	// TTL expiry.
-	ls, err := s.st.Leases(ctx, store.LeaseFilter{States: []api.LeaseState{api.LeaseReserved, api.LeaseActive}, ExpiresBefore: now})
-	if err != nil {
-		errs = append(errs, err)
-	}
-	for _, l := range ls {
-		if _, _, err := s.apply(ctx, l, lifecycle.Expire{}); !movedOn(err) {
-			errs = append(errs, err)
-		}
-	}
-
-	// Work interrupted by a control-plane restart: releases finish,
-	// reservations that were never confirmed fail.
-	stale := now.Add(-time.Duration(prepareStaleFactor) * s.cfg.PrepareTimeout)
-	ls, err = s.st.Leases(ctx, store.LeaseFilter{States: []api.LeaseState{api.LeaseReleasing, api.LeaseReserved}})
-	if err != nil {
-		errs = append(errs, err)
-	}
-	for _, l := range ls {
-		if _, _, err := s.apply(ctx, l, lifecycle.Interrupted{Before: stale}); !movedOn(err) {
-			errs = append(errs, err)
-		}
-	}
 	return errors.Join(errs...)
 }
 
-// movedOn reports whether err is nil, or says that the lease was not in
-// the state the sweep read (refused by the state machine or by the
-// store's compare-and-set): nothing to report.
-func movedOn(err error) bool {
-	return err == nil || errors.Is(err, lifecycle.ErrRefused) || errors.Is(err, store.ErrConflict)
+// livenessDue reports whether the sweep's node liveness is due: on every
+// sweep in a cluster of up to MaxHeartbeatsPerSecond × HeartbeatInterval
+// nodes, else once per (stretched) heartbeat interval, which is as fine
+// as the stretched thresholds need, and spares reading every node every
+// HeartbeatInterval.
+func (s *Server) livenessDue(now time.Time) bool {
+	if s.heartbeatStretch() <= 1 {
+		return true
+	}
+	last := s.rep.lastLiveness.Load()
+	if last != 0 && now.Sub(time.Unix(0, last)) < s.heartbeatInterval() {
+		return false
+	}
+	s.rep.lastLiveness.Store(now.UnixNano())
+	return true
 }

@@ -159,6 +159,34 @@ func Start(ctx context.Context, dir string, o Options) (*Server, error) {
 
 func (s *Server) dataDir() string { return s.data }
 
+// Attach returns the server a Start made in dir, without starting it: to
+// stop it (Stop) and remove it (Remove) after its owner went away.
+func Attach(dir string) (*Server, error) {
+	bin, err := FindBin()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{Dir: dir, User: "rialto", bin: bin}
+	if os.Geteuid() == 0 {
+		if s.runAs, err = user.Lookup("postgres"); err != nil {
+			return nil, fmt.Errorf("pgserver: %w", err)
+		}
+	}
+	s.data = filepath.Join(dir, "data")
+	if b, err := os.ReadFile(filepath.Join(dir, "datadir")); err == nil {
+		s.data = strings.TrimSpace(string(b))
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "port"))
+	if err != nil {
+		return nil, fmt.Errorf("pgserver: no server in %s: %w", dir, err)
+	}
+	s.Port, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+	if b, err := os.ReadFile(filepath.Join(dir, "password")); err == nil {
+		s.password = strings.TrimSpace(string(b))
+	}
+	return s, nil
+}
+
 // placeData chooses the data directory: Dir/data, or, when the server's
 // user cannot reach Dir (a root-only state directory), a directory of its
 // own under the system's temporary directory, whose path is kept in
@@ -250,8 +278,17 @@ func (s *Server) initdb(ctx context.Context, pwFile string) error {
 }
 
 // Restart starts the server (after Stop or Kill) and waits until it
-// accepts connections.
+// accepts connections. A server already running in the directory (one
+// whose owner was killed) is used as it is.
 func (s *Server) Restart(ctx context.Context) error {
+	if s.Port != 0 && s.run(ctx, "pg_ctl", "-D", s.dataDir(), "status") == nil {
+		// Running, or the process of a killed one not reaped yet: only
+		// a server that answers counts.
+		if c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port)), time.Second); err == nil {
+			c.Close()
+			return nil
+		}
+	}
 	logFile := filepath.Join(filepath.Dir(s.data), "server.log")
 	if f, err := os.OpenFile(logFile, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600); err == nil {
 		f.Close()

@@ -56,6 +56,15 @@ func TestStartRestartKill(t *testing.T) {
 	if err := c.QueryRow(ctx, `SELECT v FROM x`).Scan(&v); err != nil || v != 42 {
 		t.Fatalf("after kill and restart: %v %v", v, err)
 	}
+	// A second Start on the directory of a running server uses it.
+	again, err := Start(ctx, s.Dir, Options{})
+	if err != nil || again.Port != s.Port {
+		t.Fatalf("start again: %v (port %d, was %d)", err, again.Port, s.Port)
+	}
+	att, err := Attach(s.Dir)
+	if err != nil || att.URL("t1") != s.URL("t1") {
+		t.Fatalf("attach: %v", err)
+	}
 	bad := *s
 	bad.password = "wrong"
 	if c, err := pgx.Connect(ctx, bad.URL("t1")); err == nil {
