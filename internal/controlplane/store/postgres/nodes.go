@@ -88,53 +88,118 @@ func (s *Store) Heartbeat(ctx context.Context, nodeID string, at time.Time, heal
 	return prev[0], errs[0]
 }
 
-// Heartbeats records many heartbeats in one transaction.
+// Heartbeats records many heartbeats in one transaction: the usual case,
+// ready nodes, in one statement for the whole batch, their links in
+// another; a node that was not ready (or is unknown) is read and moved to
+// ready on its own. Several beats of one node in a batch: the last one's
+// health and time are kept, and the answers are those of beats written one
+// by one (the first gets the state before, the others ready).
 func (s *Store) Heartbeats(ctx context.Context, beats []store.Beat) ([]api.NodeState, []error, error) {
 	prev := make([]api.NodeState, len(beats))
 	errs := make([]error, len(beats))
-	// Rows are locked in node ID order (see doc.go), the events appended
-	// last.
-	order := make([]int, len(beats))
-	for i := range order {
-		order[i] = i
+	last := map[string]int{} // node → its last beat in the batch
+	for i, b := range beats {
+		last[b.NodeID] = i
 	}
-	sort.SliceStable(order, func(a, b int) bool { return beats[order[a]].NodeID < beats[order[b]].NodeID })
+	ids := make([]string, 0, len(last))
+	for id := range last {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids) // rows are locked in node ID order (doc.go)
+	health, at := make([]string, len(ids)), make([]int64, len(ids))
+	for k, id := range ids {
+		b := beats[last[id]]
+		health[k], at[k] = b.Health, ns(b.At)
+	}
 	err := s.tx(ctx, func(tx execer) error {
-		var evs []api.Event
-		for _, i := range order {
-			b := beats[i]
-			errs[i] = nil
-			// The usual case, a ready node, is one statement; a node that
-			// was not ready (or is unknown) is read first.
-			res, err := tx.ExecContext(ctx, `UPDATE nodes SET health = ?, last_heartbeat = ? WHERE id = ? AND state = 'ready'`, b.Health, ns(b.At), b.NodeID)
-			var n int64
-			if err == nil {
-				n, err = res.RowsAffected()
-			}
-			if err != nil {
+		before := map[string]api.NodeState{}
+		rows, err := tx.QueryContext(ctx, `UPDATE nodes n SET health = v.h, last_heartbeat = v.at
+			FROM (SELECT * FROM unnest(?::text[], ?::text[], ?::bigint[]) AS t(id, h, at) ORDER BY id) v
+			WHERE n.id = v.id AND n.state = 'ready' RETURNING n.id`, ids, health, at)
+		if err != nil {
+			return wrap("heartbeat", err)
+		}
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
 				return wrap("heartbeat", err)
 			}
-			prev[i] = api.NodeReady
-			if n == 0 {
-				if err := tx.QueryRowContext(ctx, `SELECT state FROM nodes WHERE id = ?`, b.NodeID).Scan(&prev[i]); err != nil {
-					if errors.Is(err, sql.ErrNoRows) {
-						errs[i] = fmt.Errorf("node %s: %w", b.NodeID, store.ErrNotFound)
-						continue
-					}
-					return wrap("heartbeat", err)
+			before[id] = api.NodeReady
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return wrap("heartbeat", err)
+		}
+		var evs []api.Event
+		for k, id := range ids {
+			if _, ok := before[id]; ok {
+				continue
+			}
+			var st api.NodeState
+			if err := tx.QueryRowContext(ctx, `SELECT state FROM nodes WHERE id = ? FOR UPDATE`, id).Scan(&st); err != nil {
+				if errors.Is(err, sql.ErrNoRows) {
+					continue // unknown: not in before
 				}
-				if _, err := tx.ExecContext(ctx, `UPDATE nodes SET state = 'ready', health = ?, last_heartbeat = ? WHERE id = ?`, b.Health, ns(b.At), b.NodeID); err != nil {
-					return wrap("heartbeat", err)
-				}
+				return wrap("heartbeat", err)
+			}
+			if _, err := tx.ExecContext(ctx, `UPDATE nodes SET state = 'ready', health = ?, last_heartbeat = ? WHERE id = ?`, health[k], at[k], id); err != nil {
+				return wrap("heartbeat", err)
+			}
+			before[id] = st
+			if st != api.NodeReady {
+				b := beats[last[id]]
+				evs = append(evs, api.Event{At: b.At, Type: "node.ready", Subject: id, Message: "heartbeat after " + string(st), State: string(api.NodeReady)})
+			}
+		}
+		// Links of the known nodes, the last report of each pair.
+		linkAt := map[[2]string]api.Link{}
+		var pairs [][2]string
+		for _, b := range beats {
+			if _, ok := before[b.NodeID]; !ok {
+				continue
 			}
 			for _, l := range b.Links {
-				if err := putLink(ctx, tx, l); err != nil {
-					return err
+				k := [2]string{l.From, l.To}
+				if _, ok := linkAt[k]; !ok {
+					pairs = append(pairs, k)
 				}
+				linkAt[k] = l
 			}
-			if prev[i] != api.NodeReady {
-				evs = append(evs, api.Event{At: b.At, Type: "node.ready", Subject: b.NodeID, Message: "heartbeat after " + string(prev[i]), State: string(api.NodeReady)})
+		}
+		if len(pairs) > 0 {
+			sort.Slice(pairs, func(i, j int) bool { return pairs[i][0] < pairs[j][0] || pairs[i][0] == pairs[j][0] && pairs[i][1] < pairs[j][1] })
+			var lid, from, to, kind, status []string
+			var bw, load, measured []int64
+			var rtt []float64
+			for _, k := range pairs {
+				l := linkAt[k]
+				if l.ID == "" {
+					l.ID = l.From + ">" + l.To
+				}
+				lid, from, to, kind, status = append(lid, l.ID), append(from, l.From), append(to, l.To), append(kind, l.Kind), append(status, l.Status)
+				bw, load, measured, rtt = append(bw, l.BandwidthBps), append(load, l.LoadBps), append(measured, ns(l.MeasuredAt)), append(rtt, l.RTTMicros)
 			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO links (id, from_node, to_node, kind, bandwidth_bps, rtt_us, status, load_bps, measured_at)
+				SELECT * FROM unnest(?::text[], ?::text[], ?::text[], ?::text[], ?::bigint[], ?::float8[], ?::text[], ?::bigint[], ?::bigint[])
+				ON CONFLICT (from_node, to_node) DO UPDATE SET kind = excluded.kind, bandwidth_bps = excluded.bandwidth_bps,
+				rtt_us = excluded.rtt_us, status = excluded.status, load_bps = excluded.load_bps, measured_at = excluded.measured_at`,
+				lid, from, to, kind, bw, rtt, status, load, measured); err != nil {
+				return wrap("links", err)
+			}
+		}
+		seen := map[string]bool{}
+		for i, b := range beats {
+			st, ok := before[b.NodeID]
+			if !ok {
+				errs[i] = fmt.Errorf("node %s: %w", b.NodeID, store.ErrNotFound)
+				continue
+			}
+			if seen[b.NodeID] {
+				st = api.NodeReady // as if written one by one: the first made it ready
+			}
+			seen[b.NodeID] = true
+			prev[i], errs[i] = st, nil
 		}
 		return s.appendEvents(ctx, tx, evs)
 	})

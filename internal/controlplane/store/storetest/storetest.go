@@ -238,7 +238,11 @@ func testHeartbeats(t *testing.T, o Options) {
 		t.Fatalf("stale set: %v", err)
 	}
 	at := time.Now().UTC().Truncate(time.Microsecond)
-	prev, errs, err := s.Heartbeats(ctx, []store.Beat{{NodeID: node, At: at, Health: "ok"}, {NodeID: "nope", At: at}, {NodeID: node, At: at, Health: "ok2"}})
+	link := func(rtt float64) []api.Link {
+		return []api.Link{{From: node, To: "controlplane", Kind: "ethernet", RTTMicros: rtt, Status: "up", MeasuredAt: at}}
+	}
+	prev, errs, err := s.Heartbeats(ctx, []store.Beat{{NodeID: node, At: at, Health: "ok", Links: link(5)}, {NodeID: "nope", At: at, Links: link(7)},
+		{NodeID: node, At: at, Health: "ok2", Links: link(9)}})
 	if err != nil || errs[0] != nil || !errors.Is(errs[1], store.ErrNotFound) || errs[2] != nil {
 		t.Fatalf("heartbeats: %v %v", errs, err)
 	}
@@ -248,6 +252,10 @@ func testHeartbeats(t *testing.T, o Options) {
 	n, err := s.Node(ctx, node)
 	if err != nil || n.State != api.NodeReady || n.Health != "ok2" || !n.LastHeartbeat.Equal(at) || n.AgentKey != "k1" {
 		t.Fatalf("node %+v %v", n, err)
+	}
+	ls, err := s.Links(ctx)
+	if err != nil || len(ls) != 1 || ls[0].RTTMicros != 9 || ls[0].From != node {
+		t.Fatalf("links %+v %v", ls, err)
 	}
 	evs, _ := s.Events(ctx, 0, 100, "")
 	if last := evs[len(evs)-1]; last.Type != "node.ready" {
