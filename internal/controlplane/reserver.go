@@ -3,7 +3,10 @@ package controlplane
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/fnv"
+	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -67,6 +70,9 @@ type reserver struct {
 	timed map[string]bool // lease IDs with work or a deadline
 }
 
+// maxShare bounds a replica's share of the nodes (reserver.share).
+const maxShare = 8
+
 // hold names the lease a placement is for: the view records its parts
 // under id, for tenant, with the request's demand.
 type hold struct {
@@ -129,6 +135,15 @@ func (r *reserver) place(h hold, req api.LeaseRequest, skip map[string]string, n
 			mine.Affinity = r.share
 			plan, err := policyPlace(nodes, mine, h.tenant, r.quotas, nil, now, func(store.Inventory, time.Time) *placement.Index { return x })
 			if err == nil {
+				// The share is this replica's, not the request's: its
+				// rejections are not the request's either.
+				ex := plan.Explanation[:0:0]
+				for _, e := range plan.Explanation {
+					if !strings.HasSuffix(e, " fails affinity") {
+						ex = append(ex, e)
+					}
+				}
+				plan.Explanation = append(ex, fmt.Sprintf("replicas: placed on this control-plane replica's share of the nodes (%d of %d), so that replicas seldom choose the same range", len(r.share), len(r.nodes)))
 				return plan, nil
 			}
 		}
@@ -237,15 +252,21 @@ func (r *reserver) load(ctx context.Context) error {
 	}
 	r.share = nil
 	if r.shared && len(inv.Nodes) > 1 {
-		for _, n := range inv.Nodes {
+		// Half the nodes, at most maxShare (the affinity terms cost a
+		// pass over the nodes each), ranked by a hash of this replica's.
+		type ranked struct {
+			id string
+			h  uint64
+		}
+		rs := make([]ranked, len(inv.Nodes))
+		for i, n := range inv.Nodes {
 			h := fnv.New64a()
 			h.Write([]byte(n.ID))
-			if (h.Sum64()^r.seed)&1 == 0 {
-				r.share = append(r.share, n.ID)
-			}
+			rs[i] = ranked{n.ID, h.Sum64() ^ r.seed}
 		}
-		if len(r.share) == len(inv.Nodes) {
-			r.share = nil
+		sort.Slice(rs, func(i, j int) bool { return rs[i].h < rs[j].h })
+		for _, x := range rs[:min(maxShare, len(rs)/2)] {
+			r.share = append(r.share, x.id)
 		}
 	}
 	r.devName = make(map[string]string, len(inv.Devices))
