@@ -108,7 +108,10 @@ func start(ctx context.Context, b backend, cfgMod func(*controlplane.Config)) (*
 			srv.Run(rctx)
 		}()
 	}
-	tr := &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 2048, IdleConnTimeout: time.Minute}
+	// At most 1,500 connections to each server: 10,000 agents in one
+	// process would otherwise open a connection each (and the server
+	// another) when answers slow down, and run out of file descriptors.
+	tr := &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 1500, MaxConnsPerHost: 1500, IdleConnTimeout: time.Minute}
 	c.client = &http.Client{Transport: tr, Timeout: 30 * time.Second}
 	c.stop = func() {
 		cancel()

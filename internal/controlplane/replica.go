@@ -93,24 +93,39 @@ func (s *Server) sweepLoop(ctx context.Context) error {
 	}
 }
 
-// followRefresh is how often a replica re-reads the nodes (their count
-// and the peer lists) when another replica sweeps.
-const followRefresh = 5 * time.Second
+// followRefresh is how often a replica that does not sweep counts the
+// nodes (heartbeat spreading); it re-reads them all (the peer lists) when
+// the count changed, and every followReread anyway.
+const (
+	followRefresh = 5 * time.Second
+	followReread  = 30 * time.Second
+)
 
 // followLoop keeps the node count and the peer lists of a replica that
-// does not sweep.
+// does not sweep. Its placement view is not reloaded on a timer: a view
+// that missed another replica's writes costs a retry on fresh data (a
+// write the store refuses, or a refusal placement gives: reserver.Place),
+// and reloading the whole inventory of a big cluster is not free.
 func (s *Server) followLoop(ctx context.Context) {
 	t := time.NewTicker(followRefresh)
 	defer t.Stop()
+	var last time.Time
+	count := -1
 	for {
 		if !s.Leading() {
-			if nodes, err := s.st.Nodes(ctx); err == nil {
-				s.peers.set(nodes)
-				s.setNodeCount(len(nodes))
+			if c, err := s.st.Counts(ctx); err == nil {
+				n := 0
+				for _, k := range c.Nodes {
+					n += k
+				}
+				if n != count || time.Since(last) >= followReread {
+					if nodes, err := s.st.Nodes(ctx); err == nil {
+						s.peers.set(nodes)
+						s.setNodeCount(len(nodes))
+						count, last = n, time.Now()
+					}
+				}
 			}
-			// Another replica may have changed the inventory: the view
-			// is a cache, refreshed now and then as well as on refusals.
-			s.res.Invalidate()
 		}
 		select {
 		case <-ctx.Done():
