@@ -172,8 +172,8 @@ func (p principal) redact(l api.Lease) api.Lease {
 
 // authCache remembers resolved principals by token hash for a few seconds,
 // so that heartbeats do not cost two lookups each. Unknown tokens are not
-// cached. A join clears it, so a replaced node credential stops working at
-// once.
+// cached. A rejoin drops the node's entries, so a replaced node
+// credential stops working at once.
 type authCache struct {
 	mu sync.Mutex
 	m  map[string]authEntry
@@ -206,8 +206,13 @@ func (c *authCache) put(hash string, p principal, exp time.Time) {
 	c.m[hash] = authEntry{p, exp}
 }
 
-func (c *authCache) clear() {
+// dropNode forgets the entries of node id.
+func (c *authCache) dropNode(id string) {
 	c.mu.Lock()
-	c.m = nil
-	c.mu.Unlock()
+	defer c.mu.Unlock()
+	for h, e := range c.m {
+		if e.p.role == roleNode && e.p.nodeID == id {
+			delete(c.m, h)
+		}
+	}
 }

@@ -165,14 +165,19 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 		ID: resource.NewID("node"), Name: r.Name, State: api.NodeReady, Address: r.Address, AgentURL: r.AgentURL,
 		Endpoints: r.Endpoints, Labels: r.Labels, Fingerprint: r.Fingerprint, Health: "ok", LastHeartbeat: now, JoinedAt: now,
 	}
-	s.auth.clear() // before and after: a rejoin replaces the node credential
-	defer s.auth.clear()
 	n, rejoined, err := s.st.JoinNode(ctx, store.JoinNode{Node: n, CredentialHash: resource.HashSecret(cred), AgentKey: key, Devices: r.Devices},
 		api.Event{At: now, Type: "node.joined", Message: fmt.Sprintf("%s joined with %d device(s)", r.Name, len(r.Devices)), State: string(api.NodeReady)})
 	if err != nil {
 		return api.JoinResponse{}, err
 	}
 	s.log.Info("node joined", "node", n.ID, "name", n.Name, "rejoined", rejoined, "devices", len(r.Devices), "credential", resource.Fingerprint(cred))
+	if rejoined {
+		// The node's old credential stops working here at once (other
+		// replicas forget it within their cache's lifetime). Only this
+		// node's entries go: with thousands of agents, emptying the cache
+		// on every join would cost each of them a lookup.
+		s.auth.dropNode(n.ID)
+	}
 	s.peers.add(n)
 	if !rejoined {
 		s.rep.nodeCount.Add(1)
