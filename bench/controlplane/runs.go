@@ -113,12 +113,13 @@ func runHeartbeats(ctx context.Context, b backend, agents int, dur time.Duration
 		jwg.Add(1)
 		go func() {
 			defer jwg.Done()
-			boot := api.NewClient(c.urlFor(g), bootTok, c.client)
 			for {
 				i := int(next.Add(1) - 1)
 				if i >= agents {
 					return
 				}
+				// An agent joins through the replica it will heartbeat to.
+				boot := api.NewClient(c.urlFor(i), bootTok, c.client)
 				jr, err := join(ctx, boot, fmt.Sprintf("agent%05d", i), agentURL, 2)
 				if err != nil {
 					jerr.Store(err)

@@ -159,7 +159,7 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 		return api.JoinResponse{}, err
 	}
 	now := s.now()
-	cred := resource.NewSecret("rnc")
+	cred := resource.NewSecret(nodeCredentialPrefix)
 	key := resource.NewSecret("rak")
 	n := api.Node{
 		ID: resource.NewID("node"), Name: r.Name, State: api.NodeReady, Address: r.Address, AgentURL: r.AgentURL,
@@ -171,6 +171,8 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 		return api.JoinResponse{}, err
 	}
 	s.log.Info("node joined", "node", n.ID, "name", n.Name, "rejoined", rejoined, "devices", len(r.Devices), "credential", resource.Fingerprint(cred))
+	// The agent's heartbeats to this replica find its credential.
+	defer s.cachePrincipal(resource.HashSecret(cred), principal{role: roleNode, nodeID: n.ID, fp: resource.Fingerprint(cred)})
 	if rejoined {
 		// The node's old credential stops working here at once (other
 		// replicas forget it within their cache's lifetime). Only this
