@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"syscall"
@@ -78,6 +79,41 @@ func join(ctx context.Context, c *api.Client, name, agentURL string, devices int
 	return c.Join(ctx, req)
 }
 
+// pgCPU is the CPU time (user + system, seconds) of the PostgreSQL
+// server whose data directory is dataDir: its postmaster and every
+// process it started, living now (a backend that exited is not counted).
+func pgCPU(dataDir string) float64 {
+	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
+	if err != nil {
+		return 0
+	}
+	pm := strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0])
+	ents, _ := os.ReadDir("/proc")
+	tick := 100.0 // USER_HZ
+	var total float64
+	for _, e := range ents {
+		st, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ... utime(14) stime(15)
+		s := string(st)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) < 13 || (e.Name() != pm && f[1] != pm) {
+			continue
+		}
+		var ut, stt float64
+		fmt.Sscan(f[11], &ut)
+		fmt.Sscan(f[12], &stt)
+		total += (ut + stt) / tick
+	}
+	return total
+}
+
 func cpuSeconds() float64 {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
@@ -125,6 +161,7 @@ type cycleResult struct {
 	errors     int64
 	batch      float64 // mean lease writes per store transaction
 	retries    float64 // placement retries (lost races for a device), all replicas
+	pgCPU      float64 // CPU seconds of the PostgreSQL server during the run
 }
 
 // scrape reads every replica's metrics: the sum and count of the

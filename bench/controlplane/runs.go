@@ -34,6 +34,10 @@ func runCycles(ctx context.Context, b backend, workers int, dur time.Duration) (
 	deadline := time.Now().Add(dur)
 	t0 := time.Now()
 	cpu0 := cpuSeconds()
+	var pg0 float64
+	if b.pg != nil {
+		pg0 = pgCPU(b.pg.DataDir())
+	}
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func() {
@@ -59,6 +63,10 @@ func runCycles(ctx context.Context, b backend, workers int, dur time.Duration) (
 	wg.Wait()
 	el := time.Since(t0).Seconds()
 	cpu := cpuSeconds() - cpu0
+	var pgc float64
+	if b.pg != nil {
+		pgc = pgCPU(b.pg.DataDir()) - pg0
+	}
 	bsum, bcount, retries := scrape(ctx, c, "lease")
 	batch := 0.0
 	if bcount > 0 {
@@ -73,7 +81,7 @@ func runCycles(ctx context.Context, b backend, workers int, dur time.Duration) (
 		}
 	}
 	return cycleResult{cpu: cpu, wall: el, cycles: len(cr), perSec: float64(len(cr)) / el, createP50: pct(cr, 50), createP99: pct(cr, 99),
-		releaseP99: pct(rr, 99), cycleP99: pct(all, 99), errors: errs.Load(), batch: batch, retries: retries}, nil
+		releaseP99: pct(rr, 99), cycleP99: pct(all, 99), errors: errs.Load(), batch: batch, retries: retries, pgCPU: pgc}, nil
 }
 
 type hbResult struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"runtime"
 	"sync"
+	"time"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
@@ -20,7 +21,15 @@ type groupCommit[In, Out any] struct {
 	mu      sync.Mutex
 	busy    bool
 	pending []*groupReq[In, Out]
+	// linger, when set, is how long the leader waits for more writes to
+	// join a batch of fewer than lingerBelow (set once, before use): with
+	// a store over the network a transaction's round trips cost more than
+	// a millisecond's wait.
+	linger time.Duration
 }
+
+// lingerBelow is the batch size under which a leader lingers.
+const lingerBelow = 8
 
 type groupReq[In, Out any] struct {
 	in   In
@@ -62,6 +71,12 @@ func (g *groupCommit[In, Out]) do(ctx context.Context, in In, limit int, abandon
 		g.mu.Unlock()
 		runtime.Gosched()
 		g.mu.Lock()
+		if g.linger > 0 && len(g.pending) < lingerBelow {
+			g.mu.Unlock()
+			t := time.NewTimer(g.linger)
+			<-t.C
+			g.mu.Lock()
+		}
 		batch := g.pending
 		if len(batch) > limit {
 			batch = batch[:limit]

@@ -93,6 +93,11 @@ func (s *Server) sweepLoop(ctx context.Context) error {
 	}
 }
 
+// sharedLinger is how long a group commit of a shared store waits for
+// more writes to join a small batch: one more write per transaction saves
+// a transaction's round trips (begin, lock, commit) and commit.
+const sharedLinger = time.Millisecond
+
 // followRefresh is how often a replica that does not sweep counts the
 // nodes (heartbeat spreading); it re-reads them all (the peer lists) when
 // the count changed, and every followReread anyway.

@@ -172,6 +172,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s.started = s.now()
 	s.res.shared, s.res.seed = s.shared(), rand.Uint64()
+	if s.res.shared {
+		// A store over the network: writes wait a little to share
+		// transactions (batch.go).
+		s.leases.g.linger, s.beats.g.linger = sharedLinger, sharedLinger
+	}
 	s.m = newServerMetrics(s.reg)
 	s.leases.size, s.beats.size = s.m.batchSize.With("lease"), s.m.batchSize.With("heartbeat")
 	s.h = s.routes()

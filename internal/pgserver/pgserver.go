@@ -159,6 +159,9 @@ func Start(ctx context.Context, dir string, o Options) (*Server, error) {
 
 func (s *Server) dataDir() string { return s.data }
 
+// DataDir is the server's data directory.
+func (s *Server) DataDir() string { return s.data }
+
 // Attach returns the server a Start made in dir, without starting it: to
 // stop it (Stop) and remove it (Remove) after its owner went away.
 func Attach(dir string) (*Server, error) {
