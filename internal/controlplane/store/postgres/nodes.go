@@ -168,7 +168,9 @@ func (s *Store) Heartbeats(ctx context.Context, beats []store.Beat) ([]api.NodeS
 			}
 		}
 		if len(pairs) > 0 {
-			sort.Slice(pairs, func(i, j int) bool { return pairs[i][0] < pairs[j][0] || pairs[i][0] == pairs[j][0] && pairs[i][1] < pairs[j][1] })
+			sort.Slice(pairs, func(i, j int) bool {
+				return pairs[i][0] < pairs[j][0] || pairs[i][0] == pairs[j][0] && pairs[i][1] < pairs[j][1]
+			})
 			var lid, from, to, kind, status []string
 			var bw, load, measured []int64
 			var rtt []float64
