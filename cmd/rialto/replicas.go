@@ -79,7 +79,7 @@ func startReplicas(ctx context.Context, dir string, n int, st upState, caFile st
 		cmd := exec.Command(exe, append([]string{"server", "--listen", addr}, args...)...)
 		// Secrets go through the environment, not the command line (ps).
 		cmd.Env = append(os.Environ(), "RIALTO_DB="+pg.URL("rialto"), "RIALTO_BOOTSTRAP_TOKEN="+st.BootstrapToken,
-			"RIALTO_ADMIN_TOKEN="+st.AdminToken, "RIALTO_TOKENS=")
+			"RIALTO_ADMIN_TOKEN="+st.AdminToken, "RIALTO_TOKENS="+st.MetricsToken+":prometheus")
 		cmd.Stdout, cmd.Stderr = logf, logf
 		if err := cmd.Start(); err != nil {
 			logf.Close()
