@@ -38,6 +38,9 @@ func Run(t *testing.T, o Options) {
 		{"Limits", testLimits},
 		{"ConcurrentWriters", testConcurrentWriters},
 		{"ConcurrentIdempotencyKey", testConcurrentKey},
+		{"Moves", testMoves},
+		{"Cordon", testCordon},
+		{"ConcurrentMoves", testConcurrentMoves},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.f(t, o) })
 	}
