@@ -107,7 +107,8 @@ const (
 )
 
 // followLoop keeps the node count and the peer lists of a replica that
-// does not sweep. Its placement view is not reloaded on a timer: a view
+// does not sweep, and (on every replica) touches the moves it runs
+// (touchMoves). Its placement view is not reloaded on a timer: a view
 // that missed another replica's writes costs a retry on fresh data (a
 // write the store refuses, or a refusal placement gives: reserver.Place),
 // and reloading the whole inventory of a big cluster is not free.
@@ -132,6 +133,7 @@ func (s *Server) followLoop(ctx context.Context) {
 				}
 			}
 		}
+		s.touchMoves(ctx) // every followRefresh: moveTouch
 		select {
 		case <-ctx.Done():
 			return

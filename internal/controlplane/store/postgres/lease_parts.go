@@ -27,7 +27,7 @@ func checkParts(ctx context.Context, tx execer, kind api.Kind, parts []api.Part)
 	for i, p := range parts {
 		var r partRow
 		err := tx.QueryRowContext(ctx, partCheckSQL, p.Offset+p.Length, p.Offset, p.DeviceID).
-			Scan(&r.dstate, &r.dkind, &r.capacity, &r.nodeID, &r.nstate, &r.taken)
+			Scan(&r.dstate, &r.dkind, &r.capacity, &r.nodeID, &r.nstate, &r.cordoned, &r.taken)
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("device %s: %w", p.DeviceID, store.ErrCapacity)
 		}
@@ -42,9 +42,9 @@ func checkParts(ctx context.Context, tx execer, kind api.Kind, parts []api.Part)
 }
 
 // partCheckSQL reads what a part's check needs: its device's state, kind,
-// capacity and node, the node's state, and whether a live part overlaps
+// capacity and node, the node's state and cordon, and whether a live part overlaps
 // the range (arguments: range end, range start, device ID).
-const partCheckSQL = `SELECT d.state, d.kind, d.capacity, d.node_id, n.state,
+const partCheckSQL = `SELECT d.state, d.kind, d.capacity, d.node_id, n.state, n.cordoned <> 0,
 	EXISTS (SELECT 1 FROM lease_parts p WHERE p.device_id = d.id AND p.live = 1 AND p.off < ? AND p.off + p.length > ?)
 	FROM devices d JOIN nodes n ON n.id = d.node_id WHERE d.id = ?`
 
@@ -52,11 +52,11 @@ const partCheckSQL = `SELECT d.state, d.kind, d.capacity, d.node_id, n.state,
 type partRow struct {
 	dstate, dkind, nodeID, nstate string
 	capacity                      int64
-	taken                         bool
+	cordoned, taken               bool
 }
 
 // judgePart refuses part i of parts (ErrCapacity) unless r shows it
-// fits: device available on a ready node, of the lease's kind, the range
+// fits: device available on a ready node that is not cordoned, of the lease's kind, the range
 // inside the capacity, not taken, and not overlapping an earlier part.
 func judgePart(kind api.Kind, parts []api.Part, i int, r partRow) error {
 	p := parts[i]
@@ -65,6 +65,8 @@ func judgePart(kind api.Kind, parts []api.Part, i int, r partRow) error {
 		return fmt.Errorf("device %s is not on node %s: %w", p.DeviceID, p.NodeID, store.ErrCapacity)
 	case r.dstate != "available" || r.nstate != string(api.NodeReady):
 		return fmt.Errorf("device %s is %s on a %s node: %w", p.DeviceID, r.dstate, r.nstate, store.ErrCapacity)
+	case r.cordoned:
+		return fmt.Errorf("device %s is on a cordoned node: %w", p.DeviceID, store.ErrCapacity)
 	case api.Kind(r.dkind) != kind:
 		return fmt.Errorf("device %s is %s, not %s: %w", p.DeviceID, r.dkind, kind, store.ErrCapacity)
 	case p.Offset < 0 || p.Length <= 0 || p.Offset > r.capacity-p.Length:

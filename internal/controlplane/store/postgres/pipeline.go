@@ -132,7 +132,7 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 		rows := make([]partRow, len(l.Parts))
 		for j, p := range l.Parts {
 			r := &rows[j]
-			err := br.QueryRow().Scan(&r.dstate, &r.dkind, &r.capacity, &r.nodeID, &r.nstate, &r.taken)
+			err := br.QueryRow().Scan(&r.dstate, &r.dkind, &r.capacity, &r.nodeID, &r.nstate, &r.cordoned, &r.taken)
 			switch {
 			case errors.Is(err, pgx.ErrNoRows):
 				if refusal == nil {

@@ -241,7 +241,8 @@ func testMoves(t *testing.T, o Options) {
 }
 
 // testCordon: a node cordoned stays so across a rejoin and shows in
-// Nodes, Node and the inventory; unknown nodes are not found.
+// Nodes, Node and the inventory, and gets no new part; unknown nodes are
+// not found.
 func testCordon(t *testing.T, o Options) {
 	ctx := context.Background()
 	s := open(t, o)
@@ -249,7 +250,8 @@ func testCordon(t *testing.T, o Options) {
 	now := time.Now()
 	join := func() api.Node {
 		n, _, err := s.JoinNode(ctx, store.JoinNode{Node: api.Node{ID: "node-1", Name: "n1", State: api.NodeReady,
-			Fingerprint: api.Fingerprint{MachineID: "m1"}, LastHeartbeat: now, JoinedAt: now}, CredentialHash: "h1", AgentKey: "k1"}, api.Event{})
+			Fingerprint: api.Fingerprint{MachineID: "m1"}, LastHeartbeat: now, JoinedAt: now}, CredentialHash: "h1", AgentKey: "k1",
+			Devices: []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 100}}}, api.Event{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -276,8 +278,26 @@ func testCordon(t *testing.T, o Options) {
 	if inv, _ := s.Inventory(ctx); !inv.Nodes[0].Cordoned {
 		t.Fatal("the inventory does not say the node is cordoned")
 	}
+	// The store refuses new parts on a cordoned node (a replica whose
+	// placement view missed the cordon places again).
+	devs, _ := s.Devices(ctx)
+	if len(devs) != 1 {
+		t.Fatalf("devices: %+v", devs)
+	}
+	if _, err := s.CreateLease(ctx, lease("c1", "t", n.ID, devs[0].ID, 0, 10), store.Demand{}, nil, api.Event{}); !errors.Is(err, store.ErrCapacity) {
+		t.Fatalf("a lease on a cordoned node: %v", err)
+	}
+	if lb, ok := s.(store.LeaseBatcher); ok {
+		_, errs, err := lb.LeaseOps(ctx, []store.LeaseOp{{Create: &store.NewLease{Lease: lease("c2", "t", n.ID, devs[0].ID, 0, 10)}}})
+		if err != nil || !errors.Is(errs[0], store.ErrCapacity) {
+			t.Fatalf("a batched lease on a cordoned node: %v %v", err, errs)
+		}
+	}
 	if got, err := mv.SetNodeCordon(ctx, n.ID, false, api.Event{At: now, Type: "node.uncordoned"}); err != nil || got.Cordoned {
 		t.Fatalf("uncordon: %v %+v", err, got)
+	}
+	if _, err := s.CreateLease(ctx, lease("c3", "t", n.ID, devs[0].ID, 0, 10), store.Demand{}, nil, api.Event{}); err != nil {
+		t.Fatalf("a lease on an uncordoned node: %v", err)
 	}
 	if rn, _ := s.Node(ctx, n.ID); rn.Cordoned {
 		t.Error("the node is still cordoned")
