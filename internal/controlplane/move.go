@@ -830,8 +830,12 @@ func (s *Server) recoverMoves(ctx context.Context) error {
 			s.endMove(ctx, lifecycle.MoveEnded(l, rec.Move, api.MoveDone, "moved; the old lender was not reachable after a control-plane restart", s.now()))
 			continue
 		}
+		why := "the control plane restarted while the part moved"
+		if shared {
+			why = "the control-plane replica that ran the move stopped"
+		}
 		s.abortMove(rec.Move)
-		if _, todo, _ := s.apply(ctx, l, lifecycle.MoveFailed{Move: rec.Move, Why: "the control plane restarted while the part moved"}); len(todo) > 0 {
+		if _, todo, _ := s.apply(ctx, l, lifecycle.MoveFailed{Move: rec.Move, Why: why}); len(todo) > 0 {
 			s.moveActions(todo)
 		}
 	}

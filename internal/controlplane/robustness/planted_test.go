@@ -58,7 +58,11 @@ func (s *lossyStore) Lease(ctx context.Context, id string) (api.Lease, error) {
 // inProcess runs two control-plane replicas in this process on one new
 // database, each store wrapped by wrap, and returns their addresses.
 func inProcess(t *testing.T, ctx context.Context, wrap func(*postgres.Store) store.Store) string {
-	url := pgtest.DB(t)
+	return inProcessOn(t, ctx, pgtest.DB(t), wrap)
+}
+
+// inProcessOn is inProcess on the database at url.
+func inProcessOn(t *testing.T, ctx context.Context, url string, wrap func(*postgres.Store) store.Store) string {
 	var addrs []string
 	var wg sync.WaitGroup
 	t.Cleanup(wg.Wait)
