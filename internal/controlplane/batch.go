@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"github.com/rialto-project/rialto/internal/clock"
 	"runtime"
 	"sync"
 	"time"
@@ -25,8 +26,9 @@ type groupCommit[In, Out any] struct {
 	// linger, when set, is how long the leader waits for more writes to
 	// join a batch of fewer than lingerBelow (set once, before use): with
 	// a store over the network a transaction's round trips cost more than
-	// a millisecond's wait.
+	// a millisecond's wait. clock times it (set with linger).
 	linger time.Duration
+	clock  clock.Clock
 }
 
 // lingerBelow is the batch size under which a leader lingers.
@@ -74,8 +76,8 @@ func (g *groupCommit[In, Out]) do(ctx context.Context, in In, limit int, abandon
 		g.mu.Lock()
 		if g.linger > 0 && len(g.pending) < lingerBelow {
 			g.mu.Unlock()
-			t := time.NewTimer(g.linger)
-			<-t.C
+			t := g.clock.NewTimer(g.linger)
+			<-t.C()
 			g.mu.Lock()
 		}
 		batch := g.pending

@@ -79,13 +79,13 @@ func (s *Server) runReplica(ctx context.Context, el store.Leader) error {
 
 // sweepLoop sweeps every HeartbeatInterval until ctx ends.
 func (s *Server) sweepLoop(ctx context.Context) error {
-	t := time.NewTicker(s.cfg.HeartbeatInterval)
+	t := s.clock.NewTicker(s.cfg.HeartbeatInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-t.C:
+		case <-t.C():
 			if err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
 				s.log.Warn("sweep", "err", err)
 			}
@@ -113,7 +113,7 @@ const (
 // write the store refuses, or a refusal placement gives: reserver.Place),
 // and reloading the whole inventory of a big cluster is not free.
 func (s *Server) followLoop(ctx context.Context) {
-	t := time.NewTicker(followRefresh)
+	t := s.clock.NewTicker(followRefresh)
 	defer t.Stop()
 	var last time.Time
 	count := -1
@@ -124,11 +124,11 @@ func (s *Server) followLoop(ctx context.Context) {
 				for _, k := range c.Nodes {
 					n += k
 				}
-				if n != count || time.Since(last) >= followReread {
+				if n != count || s.clock.Since(last) >= followReread {
 					if nodes, err := s.st.Nodes(ctx); err == nil {
 						s.peers.set(nodes)
 						s.setNodeCount(len(nodes))
-						count, last = n, time.Now()
+						count, last = n, s.clock.Now()
 					}
 				}
 			}
@@ -137,7 +137,7 @@ func (s *Server) followLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 		}
 	}
 }
