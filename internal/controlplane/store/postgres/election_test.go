@@ -36,7 +36,7 @@ func TestElection(t *testing.T) {
 	}
 	defer resignA()
 	type won struct {
-		lead   context.Context
+		lost   <-chan struct{} // the leadership's Done
 		resign func()
 		at     time.Time
 	}
@@ -44,7 +44,7 @@ func TestElection(t *testing.T) {
 	go func() {
 		lead, resign, err := b.Campaign(ctx)
 		if err == nil {
-			bWon <- won{lead, resign, time.Now()}
+			bWon <- won{lead.Done(), resign, time.Now()}
 		}
 	}()
 	select {
