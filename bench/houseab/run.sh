@@ -18,8 +18,9 @@
 #    (16 workers creating and releasing 4 MiB block leases over the HTTP
 #    API for DUR, default 10s). The cluster is started fresh for each run.
 # Every run's output goes to OUTDIR/raw.txt with a header line
-#   ### ROUND SIDE NAME steal=PCT wall=S
-# (steal: % of all CPU time during the run, from /proc/stat).
+#   ### ROUND SIDE NAME steal=PCT wall=S load1=L
+# (steal: % of all CPU time during the run, from /proc/stat; load1: the
+# 1-minute load average when the run started).
 set -euo pipefail
 BEFORE=$(realpath "$1"); AFTER=$(realpath "$2"); OUT=$(realpath -m "$3")
 ROUNDS=${ROUNDS:-5}; DUR=${DUR:-10s}
@@ -42,14 +43,14 @@ cpu() { awk '/^cpu /{t=0; for(i=2;i<=NF;i++) t+=$i; print $9, t}' /proc/stat; }
 # run ROUND SIDE NAME CMD...: run CMD, append its output with a header.
 run() {
   local r=$1 side=$2 name=$3; shift 3
-  local a b t0 t1 o
-  a=$(cpu); t0=$(date +%s.%N)
+  local a b t0 t1 o load
+  load=$(cut -d' ' -f1 /proc/loadavg); a=$(cpu); t0=$(date +%s.%N)
   o=$("$@" 2>&1) || o="$o
 FAILED: exit $?"
   t1=$(date +%s.%N); b=$(cpu)
   local steal
   steal=$(echo "$a $b" | awk '{ d=$4-$2; if (d>0) printf "%.1f", 100*($3-$1)/d; else print "n/a" }')
-  { echo "### $r $side $name steal=$steal wall=$(echo "$t0 $t1" | awk '{printf "%.1f", $2-$1}')"; echo "$o"; } >> "$RAW"
+  { echo "### $r $side $name steal=$steal wall=$(echo "$t0 $t1" | awk '{printf "%.1f", $2-$1}') load1=$load"; echo "$o"; } >> "$RAW"
   echo "### $r $side $name steal=$steal"
 }
 
@@ -60,7 +61,9 @@ cluster() {
   mkdir -p "$dir"
   # The restructured build serves HTTPS by default; both sides get plain
   # HTTP so that the API costs the same.
-  "$bin" server --help 2>&1 | grep -q -- -insecure-http && extra=(--insecure-http)
+  local help
+  help=$("$bin" server --help 2>&1 || true)
+  [[ $help == *-insecure-http* ]] && extra=(--insecure-http)
   local port
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   URL=http://127.0.0.1:$port
