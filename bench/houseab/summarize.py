@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""Summarise bench/houseab/run.sh's raw.txt: per metric, the median and
+"""Summarise bench/houseab/compare.sh's raw.txt: per metric, the median and
 min–max of each side, the ratio of medians (after / before), the min–max of
 the per-round paired ratios, and whether the difference is within noise.
 
     bench/houseab/summarize.py OUTDIR/raw.txt > table.md
 
-"Within noise": the paired per-round ratios straddle 1.0 (some rounds
-faster, some slower), or each side's median lies inside the other side's
-min–max range."""
+Two verdicts per metric: "within spread" when each side's median lies
+inside the other side's min–max range; "same side every round" when the
+per-round paired ratios (after / before, measured back to back) are all
+above or all below 1.0 -- a consistent difference even when the spreads
+overlap (with 6 rounds, chance alone gives that 1 time in 32)."""
 import json
 import re
 import statistics
@@ -125,8 +127,8 @@ def fmt(v):
 
 def main():
     vals, steal = parse(sys.argv[1])
-    print("| measurement | before: median (min–max) | after: median (min–max) | ratio after/before | per-round ratios min–max | n | within noise? |")
-    print("|---|---|---|---|---|---|---|")
+    print("| measurement | before: median (min–max) | after: median (min–max) | ratio after/before | per-round ratios min–max | runs | within spread? | same side every round? |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, metric, label, _ in WANT:
         d = vals.get((name, metric))
         if not d:
@@ -140,13 +142,19 @@ def main():
         pr = [a[r] / b[r] for r in rounds if b[r]]
         ratio = am / bm if bm else float("nan")
         if bm == am:
-            noise = "identical"
+            within, side = "identical", "—"
         else:
-            straddle = pr and min(pr) <= 1 <= max(pr)
             overlap = min(bv) <= am <= max(bv) and min(av) <= bm <= max(av)
-            noise = "yes" if (straddle or overlap) else "**no**"
+            within = "yes" if overlap else "**no**"
+            if pr and min(pr) > 1:
+                side = "**yes, higher**"
+            elif pr and max(pr) < 1:
+                side = "**yes, lower**"
+            else:
+                side = "no"
         prs = f"{min(pr):.2f}–{max(pr):.2f}" if pr else "n/a"
-        print(f"| {label} | {fmt(bm)} ({fmt(min(bv))}–{fmt(max(bv))}) | {fmt(am)} ({fmt(min(av))}–{fmt(max(av))}) | {ratio:.2f} | {prs} | {len(bv)}+{len(av)} | {noise} |")
+        rs = f"{ratio:.2f}" if bm else "—"
+        print(f"| {label} | {fmt(bm)} ({fmt(min(bv))}–{fmt(max(bv))}) | {fmt(am)} ({fmt(min(av))}–{fmt(max(av))}) | {rs} | {prs} | {len(bv)}+{len(av)} | {within} | {side} |")
     print()
     print("Steal (% of all CPU time during each run, from /proc/stat), by run and side:")
     print()

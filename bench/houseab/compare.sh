@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
+# (Not named run.sh: bench/run.sh runs every bench/*/run.sh, and this one needs two worktrees.)
 # Before/after benchmark of a restructuring (issue 16): the same commands
 # on two builds, interleaved A B / B A in rotating order, ROUNDS rounds.
 #
-#   bench/houseab/run.sh BEFORE_WORKTREE AFTER_WORKTREE OUTDIR
+#   bench/houseab/compare.sh BEFORE_WORKTREE AFTER_WORKTREE OUTDIR
 #
 # Builds at each worktree: internal/placement's test binary, the sqlite
 # store's test binary, bench/controlplane and cmd/rialto; builds this
