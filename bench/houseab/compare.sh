@@ -21,7 +21,8 @@
 # Every run's output goes to OUTDIR/raw.txt with a header line
 #   ### ROUND SIDE NAME steal=PCT wall=S load1=L
 # (steal: % of all CPU time during the run, from /proc/stat; load1: the
-# 1-minute load average when the run started).
+# 1-minute load average when the run started). At the end,
+# bench/houseab/summarize writes the tables to OUTDIR/table.md.
 set -euo pipefail
 BEFORE=$(realpath "$1"); AFTER=$(realpath "$2"); OUT=$(realpath -m "$3")
 ROUNDS=${ROUNDS:-5}; DUR=${DUR:-10s}
@@ -37,7 +38,7 @@ for side in before after; do
     go build -o "$OUT/$side/cpbench" ./bench/controlplane &&
     go build -o "$OUT/$side/rialto" ./cmd/rialto)
 done
-(cd "$HERE" && go build -o "$OUT/houseab" ./bench/houseab)
+(cd "$HERE" && go build -o "$OUT/houseab" ./bench/houseab && go build -o "$OUT/summarize" ./bench/houseab/summarize)
 
 cpu() { awk '/^cpu /{t=0; for(i=2;i<=NF;i++) t+=$i; print $9, t}' /proc/stat; }
 
@@ -66,7 +67,7 @@ cluster() {
   help=$("$bin" server --help 2>&1 || true)
   [[ $help == *-insecure-http* ]] && extra=(--insecure-http)
   local port
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  port=$("$OUT/houseab" -free-port)
   URL=http://127.0.0.1:$port
   RIALTO_BOOTSTRAP_TOKEN=$BOOT RIALTO_ADMIN_TOKEN=$ADMIN "$bin" server --listen "127.0.0.1:$port" \
     --db "$dir/rialto.db" --log-level warn "${extra[@]}" 2> "$dir/server.log" &
@@ -120,4 +121,5 @@ for r in $(seq 1 "$ROUNDS"); do
   done
 done
 { echo "end $(date -u +%FT%TZ) load $(cut -d' ' -f1-3 /proc/loadavg)"; } >> "$OUT/meta.txt"
-echo "done: $RAW"
+"$OUT/summarize" "$RAW" > "$OUT/table.md"
+echo "done: $RAW, tables in $OUT/table.md"

@@ -10,6 +10,10 @@
 // server process's CPU seconds during the run when -server-pid is given.
 //
 //	RIALTO_ADMIN_TOKEN=... go run ./bench/houseab -url http://127.0.0.1:7070 -workers 16 -duration 10s
+//
+// With -free-port it only prints a free loopback TCP port, which
+// compare.sh and pathsteps.sh give `rialto server --listen`. The tables of
+// docs/bench/house.md come from the raw runs through ./summarize.
 package main
 
 import (
@@ -20,6 +24,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"os"
 	"sort"
@@ -89,8 +94,18 @@ func main() {
 		nodes    = flag.Int("nodes", 3, "wait until this many nodes are ready")
 		wait     = flag.Duration("wait", 60*time.Second, "how long to wait for the nodes")
 		serverPd = flag.Int("server-pid", 0, "report this process's CPU seconds during the run")
+		freePort = flag.Bool("free-port", false, "print a free TCP port on 127.0.0.1 and exit (for the scripts' `rialto server --listen`)")
 	)
 	flag.Parse()
+	if *freePort {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(ln.Addr().(*net.TCPAddr).Port)
+		ln.Close()
+		return
+	}
 	tok := os.Getenv("RIALTO_ADMIN_TOKEN")
 	if tok == "" {
 		log.Fatal("RIALTO_ADMIN_TOKEN is not set")

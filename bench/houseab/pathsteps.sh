@@ -5,7 +5,8 @@
 # 2 file-backed 1 GiB disks each on /dev/shm, and run the bench/houseab
 # driver (16 workers creating and releasing 4 MiB block leases over the
 # HTTP API for DUR). ROUNDS rounds, the order of the binaries rotated each
-# round. Raw lines go to OUTDIR/pathsteps.txt; a table is printed.
+# round. Raw lines go to OUTDIR/pathsteps.txt; a table is printed (by
+# bench/houseab/summarize).
 #
 #   for c in C1 C2 ...; do (cd WORKTREE_AT_C && go build -o BIN/rialto-$c ./cmd/rialto); done
 #   go build -o BIN/houseab ./bench/houseab
@@ -13,7 +14,9 @@
 set -euo pipefail
 OUT=$(realpath -m "$1"); DRIVER=$(realpath "$2"); shift 2
 ROUNDS=${ROUNDS:-4}; DUR=${DUR:-10s}
+HERE=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$OUT"; RAW=$OUT/pathsteps.txt; : > "$RAW"
+(cd "$HERE" && go build -o "$OUT/summarize" ./bench/houseab/summarize)
 cpu() { awk '/^cpu /{t=0; for(i=2;i<=NF;i++) t+=$i; print $9, t}' /proc/stat; }
 BOOT=rbt_bench$RANDOM$RANDOM; ADMIN=rat_bench$RANDOM$RANDOM
 export RIALTO_ADMIN_TOKEN=$ADMIN
@@ -30,7 +33,7 @@ cluster() { # BIN DIR
   mkdir -p "$dir"
   help=$("$bin" server --help 2>&1 || true)
   [[ $help == *-insecure-http* ]] && extra=(--insecure-http)
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  port=$("$DRIVER" -free-port)
   URL=http://127.0.0.1:$port
   RIALTO_BOOTSTRAP_TOKEN=$BOOT RIALTO_ADMIN_TOKEN=$ADMIN "$bin" server --listen "127.0.0.1:$port" \
     --db "$dir/rialto.db" --log-level warn "${extra[@]}" 2> "$dir/server.log" &
@@ -59,26 +62,4 @@ for r in $(seq 1 "$ROUNDS"); do
     echo "### $r $label steal=$steal"
   done
 done
-python3 - "$RAW" "${bins[@]}" <<'PY'
-import json, re, statistics, sys
-raw, bins = sys.argv[1], [b.split("rialto-")[-1] for b in sys.argv[2:]]
-v = {b: {"cps": [], "cpc": [], "c50": [], "r50": [], "err": 0, "steal": []} for b in bins}
-cur = None
-for line in open(raw):
-    m = re.match(r"### \d+ (\S+) productpath steal=(\S+)", line)
-    if m:
-        cur = m[1]; v[cur]["steal"].append(m[2]); continue
-    if line.startswith("{") and cur:
-        j = json.loads(line)
-        v[cur]["cps"].append(j["cycles_per_s"]); v[cur]["c50"].append(j["create_p50_ms"]); v[cur]["r50"].append(j["release_p50_ms"])
-        v[cur]["err"] += j["errors"]
-        if j.get("server_cpu_s"):
-            v[cur]["cpc"].append(j["cycles"] / j["server_cpu_s"])
-def f(x, p=0):
-    return f"{statistics.median(x):.{p}f} ({min(x):.{p}f}–{max(x):.{p}f})" if x else "n/a"
-print("| commit | lease cycles/s | lease cycles per server CPU-second | create p50 ms | release p50 ms | runs | errors | steal % |")
-print("|---|---|---|---|---|---|---|---|")
-for b in bins:
-    x = v[b]
-    print(f"| {b} | {f(x['cps'])} | {f(x['cpc'])} | {f(x['c50'], 2)} | {f(x['r50'], 2)} | {len(x['cps'])} | {x['err']} | {', '.join(x['steal'])} |")
-PY
+"$OUT/summarize" -pathsteps "$RAW" "${bins[@]##*rialto-}"

@@ -2,14 +2,17 @@
 # Attribute a control-plane difference to merges: run bench/controlplane
 # as built at several commits, ROUNDS rounds, the order of the commits
 # rotated each round, and print per commit the median (min–max) of lease
-# cycles per CPU-second of the process and of lease cycles/s.
+# cycles per CPU-second of the process and of lease cycles/s (the table
+# comes from bench/houseab/summarize).
 #
 #   for c in C1 C2 ...; do (cd WORKTREE_AT_C && go build -o BIN/cpbench-$c ./bench/controlplane); done
 #   bench/houseab/steps.sh OUTDIR BIN/cpbench-C1 BIN/cpbench-C2 ...
 set -euo pipefail
 OUT=$(realpath -m "$1"); shift
 ROUNDS=${ROUNDS:-4}
+HERE=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$OUT"; RAW=$OUT/steps.txt; : > "$RAW"
+(cd "$HERE" && go build -o "$OUT/summarize" ./bench/houseab/summarize)
 SHM=$(mktemp -d /dev/shm/rialto-houseab-steps.XXXXXX)
 trap 'rm -rf "$SHM"' EXIT
 cpu() { awk '/^cpu /{t=0; for(i=2;i<=NF;i++) t+=$i; print $9, t}' /proc/stat; }
@@ -26,23 +29,4 @@ for r in $(seq 1 "$ROUNDS"); do
     echo "### $r $label steal=$steal"
   done
 done
-python3 - "$RAW" "${bins[@]}" <<'PY'
-import re, statistics, sys
-raw, bins = sys.argv[1], [b.split("cpbench-")[-1] for b in sys.argv[2:]]
-v = {b: {"cpu": [], "wall": [], "steal": []} for b in bins}
-cur = None
-for line in open(raw):
-    m = re.match(r"### \d+ (\S+) controlplane steal=(\S+)", line)
-    if m:
-        cur = m[1]; v[cur]["steal"].append(m[2]); continue
-    m = re.search(r"run 1: (\d+) lease cycles/s .*?, (\d+) cycles per CPU-second", line)
-    if m and cur:
-        v[cur]["wall"].append(float(m[1])); v[cur]["cpu"].append(float(m[2]))
-print("| commit | lease cycles per CPU-second: median (min–max) | lease cycles/s: median (min–max) | runs | steal % |")
-print("|---|---|---|---|---|")
-for b in bins:
-    c, w = v[b]["cpu"], v[b]["wall"]
-    if not c:
-        print(f"| {b} | n/a | n/a | 0 | |"); continue
-    print(f"| {b} | {statistics.median(c):.0f} ({min(c):.0f}–{max(c):.0f}) | {statistics.median(w):.0f} ({min(w):.0f}–{max(w):.0f}) | {len(c)} | {', '.join(v[b]['steal'])} |")
-PY
+"$OUT/summarize" -steps "$RAW" "${bins[@]##*cpbench-}"
