@@ -7,5 +7,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p bin docs/bench
-go build -o bin/accel-bench ./bench/accel
+(cd bench && go build -o ../bin/accel-bench ./accel)
 exec bin/accel-bench -out docs/bench/accel.md -svg docs/bench/accel-pareto.svg -rev "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" "$@"

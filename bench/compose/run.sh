@@ -21,6 +21,6 @@ if [ "$(id -u)" != 0 ]; then echo "bench/compose: needs root (network namespaces
 
 BIN=$(mktemp -d)
 trap 'rm -rf "$BIN"' EXIT
-go build -o "$BIN/compose" ./bench/compose
+(cd bench && go build -o "$BIN/compose" ./compose)
 "$BIN/compose" run -rate "$RATE" -size-mib "$SIZE_MIB" -reps "$REPS" -unit "$UNIT" -conns "$CONNS" -out "$OUT"
 echo "wrote $OUT"

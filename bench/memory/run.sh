@@ -27,7 +27,7 @@ cleanup() {
 trap cleanup EXIT
 freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-go build -o "$tmp/memory-bench" ./bench/memory
+(cd bench && go build -o "$tmp/memory-bench" ./memory)
 export RIALTO_BENCH_CRED=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 
 rport=$(freeport)
