@@ -73,13 +73,19 @@ var metrics = []metric{
 	{Key: "rr1", Name: "4K randread QD1", Unit: "IOPS", Goal: "best", Cmd: "fio --rw=randread --bs=4k --iodepth=1",
 		run: func(b *bench, t *targets.Target) (sample, error) { return b.fio(t, "randread", "4k", 1, false, "iops") }},
 	{Key: "rr32", Name: "4K randread QD32", Unit: "IOPS", Goal: "best", Cmd: "fio --rw=randread --bs=4k --iodepth=32",
-		run: func(b *bench, t *targets.Target) (sample, error) { return b.fio(t, "randread", "4k", 32, false, "iops") }},
+		run: func(b *bench, t *targets.Target) (sample, error) {
+			return b.fio(t, "randread", "4k", 32, false, "iops")
+		}},
 	{Key: "rw32", Name: "4K randwrite QD32", Unit: "IOPS", Goal: "best", Cmd: "fio --rw=randwrite --bs=4k --iodepth=32",
-		run: func(b *bench, t *targets.Target) (sample, error) { return b.fio(t, "randwrite", "4k", 32, false, "iops") }},
+		run: func(b *bench, t *targets.Target) (sample, error) {
+			return b.fio(t, "randwrite", "4k", 32, false, "iops")
+		}},
 	{Key: "sw32", Name: "1M seq write QD32", Unit: "MiB/s", Goal: "best", Cmd: "fio --rw=write --bs=1M --iodepth=32",
 		run: func(b *bench, t *targets.Target) (sample, error) { return b.fio(t, "write", "1M", 32, false, "bw") }},
 	{Key: "w1", Name: "8K randwrite QD1 write p50", Unit: "µs", Lower: true, Goal: "nbdkit", Cmd: "fio --rw=randwrite --bs=8k --iodepth=1", Note: "clat p50",
-		run: func(b *bench, t *targets.Target) (sample, error) { return b.fio(t, "randwrite", "8k", 1, false, "clat") }},
+		run: func(b *bench, t *targets.Target) (sample, error) {
+			return b.fio(t, "randwrite", "8k", 1, false, "clat")
+		}},
 	{Key: "flush", Name: "8K randwrite QD1 + fsync FLUSH p50", Unit: "µs", Lower: true, Goal: "nbdkit", Cmd: "fio --rw=randwrite --bs=8k --iodepth=1 --fsync=1", Note: "sync p50",
 		run: func(b *bench, t *targets.Target) (sample, error) { return b.fio(t, "randwrite", "8k", 1, true, "sync") }},
 }
