@@ -283,7 +283,7 @@ func (c *Cluster) StartAgent(ctx context.Context, a Agent) (*Proc, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.record(prefix + "RIALTO_BOOTSTRAP_TOKEN=… rialto " + strings.Join(shown, " "))
+	c.record("RIALTO_BOOTSTRAP_TOKEN=… " + prefix + "rialto " + strings.Join(shown, " "))
 	want := len(a.Blocks)
 	if a.Memory != "" {
 		want++
