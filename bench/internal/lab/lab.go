@@ -28,6 +28,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -362,7 +363,13 @@ func (c *Cluster) CreateLease(ctx context.Context, args ...string) (api.Lease, e
 	if l.State != api.LeaseActive {
 		return l, fmt.Errorf("lease %s is %s: %s", l.ID, l.State, l.Reason)
 	}
-	c.record("RIALTO_ADDR=URL RIALTO_TOKEN=… rialto " + strings.Join(full, " "))
+	shown := slices.Clone(full)
+	for i, a := range shown {
+		if filepath.IsAbs(a) { // a file the benchmark wrote (--role-config): its name says enough
+			shown[i] = filepath.Base(a)
+		}
+	}
+	c.record("RIALTO_ADDR=URL RIALTO_TOKEN=… rialto " + strings.Join(shown, " "))
 	fmt.Fprintf(c.cfg.Progress, "lab: lease %s (%s, %d part(s))\n", l.ID, l.Mode, len(l.Parts))
 	return l, nil
 }
