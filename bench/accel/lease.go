@@ -59,7 +59,7 @@ func startCluster(ctx context.Context, bin, work string, rules []byte) (*cluster
 		c.close()
 		return nil, err
 	}
-	ag, err := c.lab.StartAgent(ctx, lab.Agent{Name: "accel", Host: -1, Accel: 7, Args: []string{"--slot-memory", "1MiB"}})
+	ag, err := c.lab.StartAgent(ctx, lab.Agent{Name: "accel", Accel: 7, Args: []string{"--slot-memory", "1MiB"}})
 	if err != nil {
 		c.close()
 		return nil, err

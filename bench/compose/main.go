@@ -2,10 +2,9 @@
 // with the number of lenders, through the product: it is driven by
 // bench/compose/run.sh.
 //
-// It builds a lab of 3 hosts (network namespaces, internal/netns) whose
-// links are shaped with tc tbf to -rate, runs `rialto server` in the root
-// namespace and one `rialto agent` per host (through ip netns exec), each
-// lending a block device on tmpfs. For k = 1, 2, 3 lenders it makes a lease
+// It starts an emulated rack (internal/rack): a `rialto server` and 3
+// `rialto agent` processes, each in its own network namespace whose link is
+// shaped with tc tbf to -rate, each agent lending a block device on tmpfs. For k = 1, 2, 3 lenders it makes a lease
 // with `rialto lease create` (k = 1: a shared lease on one lender; k = 2, 3:
 // `--mode composed --count k`), serves it in the root namespace (the
 // borrower) with `rialto attach`, and times nbdcopy writing and reading it.
@@ -37,7 +36,7 @@ import (
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/bench/internal/lab"
 	"github.com/rialto-project/rialto/bench/internal/stats"
-	"github.com/rialto-project/rialto/internal/netns"
+	"github.com/rialto-project/rialto/internal/rack"
 )
 
 func main() {
@@ -71,9 +70,8 @@ type config struct {
 
 type bench struct {
 	work    string
-	lab     *netns.Lab
+	rack    *rack.Rack
 	c       *lab.Cluster
-	agents  map[string]*lab.Proc // by node ID
 	sizeMiB int64
 	unit    int64
 	conns   int
@@ -118,13 +116,7 @@ func run(args []string) error {
 		return err
 	}
 	defer os.RemoveAll(work)
-	nl, err := netns.New(ctx, netns.Config{Hosts: 3, Rate: *rate, Prefix: "rialto-bench"})
-	if err != nil {
-		return err
-	}
-	defer nl.Close()
-	b := &bench{work: work, lab: nl, sizeMiB: *sizeMiB, unit: *unit, conns: *conns, log: log, cmds: map[string]string{},
-		agents: map[string]*lab.Proc{}}
+	b := &bench{work: work, sizeMiB: *sizeMiB, unit: *unit, conns: *conns, log: log, cmds: map[string]string{}}
 
 	// Source data, all on tmpfs.
 	b.src = filepath.Join(work, "src.img")
@@ -137,24 +129,24 @@ func run(args []string) error {
 		}
 	}
 
-	// The control plane in the root namespace, one agent per host, each
-	// lending a device that holds every configuration's part at once.
-	c, err := lab.Start(ctx, lab.Config{Bin: rialtoBin, Dir: filepath.Join(work, "lab"), Net: nl, Progress: os.Stderr})
+	// The rack: the control plane and one agent per lender, each in its
+	// namespace; every agent lends a device that holds every
+	// configuration's part at once.
+	devMiB := *sizeMiB + *sizeMiB/2 + *sizeMiB/3
+	r, err := rack.Start(ctx, rack.Config{Binary: rialtoBin, StateDir: filepath.Join(work, "rack"), Agents: 3,
+		Disks: 1, DiskSize: devMiB << 20, LinkRate: *rate, LogLevel: "warn",
+		Logger: log})
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	b.rack = r
+	c, err := lab.OnRack(r, rialtoBin, filepath.Join(work, "borrower"), os.Stderr)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	b.c = c
-	devMiB := *sizeMiB + *sizeMiB/2 + *sizeMiB/3
-	for i := range nl.Len() {
-		name := fmt.Sprintf("lender%d", i)
-		p, err := c.StartAgent(ctx, lab.Agent{Name: name, Host: i, Labels: []string{"pool=lenders"},
-			Blocks: []string{fmt.Sprintf("disk0=%s:%dMiB", filepath.Join(work, name+".img"), devMiB)}})
-		if err != nil {
-			return err
-		}
-		b.agents[name] = p
-	}
 	cfgs := map[int]*config{}
 	for _, k := range ks {
 		cf, err := b.lease(ctx, k)
@@ -165,13 +157,13 @@ func run(args []string) error {
 	}
 
 	// One iperf3 server per host for the whole run.
-	for i := range nl.Len() {
-		s := nl.Command(ctx, i, "iperf3", "-s", "-B", nl.Host(i).Addr.String(), "-p", iperfPort)
+	for _, n := range r.Agents() {
+		s := r.Command(ctx, n, "iperf3", "-s", "-B", n.Addr.String(), "-p", iperfPort)
 		if err := s.Start(); err != nil {
 			return err
 		}
 		defer func() { s.Process.Kill(); s.Wait() }()
-		if err := waitTCP(ctx, net.JoinHostPort(nl.Host(i).Addr.String(), iperfPort)); err != nil {
+		if err := waitTCP(ctx, net.JoinHostPort(n.Addr.String(), iperfPort)); err != nil {
 			return err
 		}
 	}
@@ -207,10 +199,10 @@ func (b *bench) lease(ctx context.Context, k int) (*config, error) {
 	size := fmt.Sprintf("%dMiB", b.sizeMiB)
 	var args []string
 	if k == 1 {
-		args = []string{"--kind", "block", "--mode", "shared", "--size", size, "--affinity", "lender0"}
+		args = []string{"--kind", "block", "--mode", "shared", "--size", size, "--affinity", b.rack.Agent(0).Name}
 	} else {
 		args = []string{"--kind", "block", "--mode", "composed", "--count", strconv.Itoa(k), "--size", size,
-			"--stripe-unit", fmt.Sprintf("%dKiB", b.unit>>10), "--label", "pool=lenders"}
+			"--stripe-unit", fmt.Sprintf("%dKiB", b.unit>>10), "--label", "rack=emulated"}
 	}
 	l, err := b.c.CreateLease(ctx, args...)
 	if err != nil {
@@ -231,9 +223,9 @@ func (b *bench) lease(ctx context.Context, k int) (*config, error) {
 	// The agents serving the parts: each part's URI names its host's
 	// address, which says which agent it is.
 	for _, p := range l.Parts {
-		for i := range b.lab.Len() {
-			if strings.Contains(p.URI, "//"+b.lab.Host(i).Addr.String()+":") {
-				cf.agents = append(cf.agents, b.agents[fmt.Sprintf("lender%d", i)].PID())
+		for _, n := range b.rack.Agents() {
+			if strings.Contains(p.URI, "//"+n.Addr.String()+":") {
+				cf.agents = append(cf.agents, b.rack.Pid(n))
 			}
 		}
 	}
@@ -373,7 +365,7 @@ func (b *bench) iperf(ctx context.Context, k int, reverse bool, secs int) (resul
 	ch := make(chan out, k)
 	for i := range k {
 		go func() {
-			bps, err := iperfOnce(ctx, b.lab.Host(i).Addr.String(), port, secs, reverse)
+			bps, err := iperfOnce(ctx, b.rack.Agent(i).Addr.String(), port, secs, reverse)
 			ch <- out{bps, err}
 		}()
 	}
@@ -496,10 +488,10 @@ func (b *bench) report(path, rate string, reps int, res []result) error {
 	w := func(format string, a ...any) { fmt.Fprintf(&sb, format, a...) }
 	w("## Composition scaling through `rialto agent` lenders (a lease over 1, 2, 3 lenders)\n\n")
 	w("Measured %s by `bench/compose/run.sh` (bench/compose) at commit %s on %s.\n", stats.Stamp(), stats.Commit("."), stats.Machine())
-	w("Three lender hosts are network namespaces joined to the borrower (the root namespace) by veth pairs on a bridge; every\n")
-	w("link is shaped in both directions with `tc qdisc add dev IF root tbf rate %s burst B latency 25ms` (B = max(32 KiB,\n", rate)
-	w("2 ms at the rate); internal/netns). A `rialto server` runs in the root namespace and one `rialto agent` in each host,\n")
-	w("lending a block device on tmpfs. For k lenders the borrower holds a lease made by `rialto lease create` (k = 1: a shared\n")
+	w("An emulated rack (internal/rack): a `rialto server` process and three `rialto agent` processes, each in its own network\n")
+	w("namespace joined to the borrower (the root namespace) by a veth pair on a bridge; every link is shaped in both directions\n")
+	w("with `tc qdisc add dev IF root tbf rate %s burst B latency 25ms` (B = max(32 KiB, 2 ms at the rate); internal/netns).\n", rate)
+	w("Each agent lends a block device on tmpfs. For k lenders the borrower holds a lease made by `rialto lease create` (k = 1: a shared\n")
 	w("lease on one lender; k = 2, 3: `--mode composed --count k`, stripe unit %d KiB) served in the root namespace by\n", b.unit>>10)
 	w("`rialto attach` (its default connections per part), and copies %d MiB with nbdcopy %s to and from it, so every\n", b.sizeMiB, nbdcopyVersion())
 	w("configuration moves the same bytes. Configurations run interleaved in each of %d repetitions; figures are medians.\n", reps)

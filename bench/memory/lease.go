@@ -30,7 +30,7 @@ func startCluster(ctx context.Context, c *cfg) (*lab.Cluster, error) {
 		return nil, err
 	}
 	size := fmt.Sprintf("%dMiB", c.bulkBytes>>20)
-	ag, err := cl.StartAgent(ctx, lab.Agent{Name: "donor", Host: -1, Memory: size})
+	ag, err := cl.StartAgent(ctx, lab.Agent{Name: "donor", Memory: size})
 	if err != nil {
 		cl.Close()
 		return nil, err

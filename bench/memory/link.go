@@ -15,21 +15,21 @@ import (
 	"github.com/rialto-project/rialto/bench/internal/lab"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
 	memmap "github.com/rialto-project/rialto/internal/dataplane/memory/mapping"
-	"github.com/rialto-project/rialto/internal/netns"
+	"github.com/rialto-project/rialto/internal/rack"
 )
 
-// A donor across a real link: a `rialto agent` runs inside a network
-// namespace joined to this one by a veth pair and a bridge (internal/netns,
-// unshaped), with a `rialto server` on the bridge's root-namespace address,
-// so a fault's round trip to the lease's donor crosses two network devices
-// instead of loopback. The floor probe (memory-bench serve -floor-only)
-// runs in the same namespace. The same read faults and floors as on
+// A donor across a real link: an emulated rack (internal/rack, unshaped)
+// runs a `rialto server` and a `rialto agent` each in a network namespace
+// joined to this one by a veth pair and a bridge, so a fault's round trip
+// to the lease's donor crosses two network devices instead of loopback.
+// The floor probe (memory-bench serve -floor-only) runs in the same
+// namespace. The same read faults and floors as on
 // loopback are measured against it, interleaved with them.
 
 type link struct {
-	lab     *netns.Lab
+	rack    *rack.Rack
 	cluster *lab.Cluster
-	agent   *lab.Proc
+	agent   int // its pid
 	floorP  *exec.Cmd
 	cl      *client.Client
 	floor   string
@@ -48,27 +48,25 @@ func startLink(ctx context.Context, c *cfg) (*link, error) {
 	if err != nil {
 		return nil, err
 	}
-	nl, err := netns.New(ctx, netns.Config{Hosts: 1, Prefix: "rialto-membench"})
-	if err != nil {
-		return nil, err
-	}
-	l := &link{lab: nl}
+	l := &link{}
 	if l.dir, err = os.MkdirTemp(c.work, "rialto-bench-memlink."); err != nil {
-		l.close()
-		return nil, err
-	}
-	if l.cluster, err = lab.Start(ctx, lab.Config{Bin: bin, Dir: l.dir, Net: nl, Progress: os.Stderr}); err != nil {
-		l.close()
 		return nil, err
 	}
 	// A small region: memory another process holds makes this VM's page
 	// allocations, hence UFFDIO_COPY, measurably slower.
-	size := fmt.Sprintf("%dMiB", linkRegion>>20)
-	if l.agent, err = l.cluster.StartAgent(ctx, lab.Agent{Name: "linkdonor", Host: 0, Memory: size}); err != nil {
+	if l.rack, err = rack.Start(ctx, rack.Config{Binary: bin, StateDir: filepath.Join(l.dir, "rack"), Agents: 1,
+		Memory: linkRegion, LogLevel: "warn"}); err != nil {
 		l.close()
 		return nil, err
 	}
-	ls, err := l.cluster.CreateLease(ctx, "--kind", "memory", "--size", size, "--affinity", "linkdonor")
+	node := l.rack.Agent(0)
+	l.agent = l.rack.Pid(node)
+	if l.cluster, err = lab.OnRack(l.rack, bin, filepath.Join(l.dir, "borrower"), os.Stderr); err != nil {
+		l.close()
+		return nil, err
+	}
+	size := fmt.Sprintf("%dMiB", linkRegion>>20)
+	ls, err := l.cluster.CreateLease(ctx, "--kind", "memory", "--size", size, "--affinity", node.Name)
 	if err != nil {
 		l.close()
 		return nil, err
@@ -78,8 +76,7 @@ func startLink(ctx context.Context, c *cfg) (*link, error) {
 		l.close()
 		return nil, err
 	}
-	host := nl.Host(0).Addr.String()
-	l.floorP = nl.Command(ctx, 0, exe, "serve", "-addr", net.JoinHostPort(host, "0"), "-floor-only")
+	l.floorP = l.rack.Command(ctx, node, exe, "serve", "-addr", net.JoinHostPort(node.Addr.String(), "0"), "-floor-only")
 	// It ignores SIGINT (see serve).
 	l.floorP.Stderr = os.Stderr
 	out, err := l.floorP.StdoutPipe()
@@ -118,7 +115,7 @@ func (l *link) measure(ctx context.Context, cl *client.Client, c *cfg, res *resu
 		key, prefix, floor string
 		cl                 *client.Client
 		pid                int
-	}{{"loop", "", c.addrFloor, cl, c.donorPid}, {"link", "link ", l.floor, l.cl, l.agent.PID()}} {
+	}{{"loop", "", c.addrFloor, cl, c.donorPid}, {"link", "link ", l.floor, l.cl, l.agent}} {
 		mapReads(ctx, w.cl, w.key, opts, w.pid, res)
 		if w.floor == "" {
 			continue
@@ -150,10 +147,12 @@ func (l *link) stop() {
 			logf("link: %v", err)
 		}
 	}
+	if l.rack != nil {
+		if err := l.rack.Close(); err != nil {
+			logf("link: %v", err)
+		}
+	}
 	if l.dir != "" {
 		os.RemoveAll(l.dir)
-	}
-	if err := l.lab.Close(); err != nil {
-		logf("link: %v", err)
 	}
 }

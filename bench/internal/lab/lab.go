@@ -1,8 +1,9 @@
 // Package lab runs a Rialto cluster for the benchmarks the way users deploy
-// one: a `rialto server` process, `rialto agent` processes (in the root
-// network namespace, or each in a host of an internal/netns lab), leases
-// made with `rialto lease create`, and `rialto attach` processes serving
-// composed leases locally. Every figure of bench/ that carries a goal is
+// one: a `rialto server` process and `rialto agent` processes on 127.0.0.1
+// (Start, StartAgent), or those of an emulated rack whose processes each
+// run in a network namespace behind a shaped link (internal/rack; OnRack);
+// leases made with `rialto lease create`; and `rialto attach` processes
+// serving leases locally. Every figure of bench/ that carries a goal is
 // measured through these processes, so it measures the product.
 //
 // Secrets (the bootstrap and admin tokens) reach the processes through
@@ -35,7 +36,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
-	"github.com/rialto-project/rialto/internal/netns"
+	"github.com/rialto-project/rialto/internal/rack"
 )
 
 // Config says where a cluster runs.
@@ -45,10 +46,6 @@ type Config struct {
 	// Dir holds the database, agents' state, logs and attach state; put it
 	// on a tmpfs.
 	Dir string
-	// Net, if set, is the lab whose hosts agents may run in; the server
-	// then listens on the lab's gateway (the root namespace's bridge
-	// address) so that they reach it.
-	Net *netns.Lab
 	// ServerArgs are extra `rialto server` flags.
 	ServerArgs []string
 	// Progress receives one line per step; nil discards.
@@ -125,9 +122,6 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	}
 	c := &Cluster{cfg: cfg, admin: token("bench-admin-"), boot: token("bench-boot-")}
 	host := "127.0.0.1"
-	if cfg.Net != nil {
-		host = cfg.Net.Gateway().String()
-	}
 	args := append([]string{"server", "--listen", host + ":0", "--db", filepath.Join(cfg.Dir, "rialto.db"), "--log-level", "warn"}, cfg.ServerArgs...)
 	cmd := exec.Command(cfg.Bin, args...)
 	cmd.Env = append(os.Environ(), "RIALTO_BOOTSTRAP_TOKEN="+c.boot, "RIALTO_ADMIN_TOKEN="+c.admin)
@@ -153,6 +147,35 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	go io.Copy(io.Discard, out)
 	c.client = api.NewClient(c.URL, c.admin, &http.Client{Timeout: time.Minute})
 	fmt.Fprintf(cfg.Progress, "lab: rialto server at %s (pid %d)\n", c.URL, p.PID())
+	return c, nil
+}
+
+// OnRack returns a Cluster whose leases and attachments go to rack r's
+// control plane (as its admin); dir holds the attach processes' logs and
+// state. The rack's own processes stay the rack's: Close stops only what
+// this Cluster started. Commands begins with the rack's command lines.
+func OnRack(r *rack.Rack, bin, dir string, progress io.Writer) (*Cluster, error) {
+	if progress == nil {
+		progress = io.Discard
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	c := &Cluster{cfg: Config{Bin: bin, Dir: dir, Progress: progress}, URL: r.URL(), admin: r.AdminToken(), boot: r.BootstrapToken(),
+		client: r.Client()}
+	for _, n := range append([]rack.Node{r.ControlPlane()}, r.Agents()...) {
+		b, err := os.ReadFile(n.Log)
+		if err != nil {
+			return nil, err
+		}
+		// "--- rack: TIME: starting NAME: ip netns exec NS rialto ARGS"
+		for _, line := range strings.Split(string(b), "\n") {
+			if _, cmd, ok := strings.Cut(line, ": starting "+n.Name+": "); ok && strings.HasPrefix(line, "--- rack: ") {
+				c.record("RIALTO_BOOTSTRAP_TOKEN=… " + strings.ReplaceAll(cmd, r.StateDir(), "DIR"))
+				break
+			}
+		}
+	}
 	return c, nil
 }
 
@@ -230,7 +253,6 @@ func (c *Cluster) record(s string) {
 // Agent describes one `rialto agent` process.
 type Agent struct {
 	Name   string   // node name (also its state directory under Dir)
-	Host   int      // index of the netns host it runs in; -1: the root namespace on 127.0.0.1
 	Blocks []string // --block specs, NAME=PATH:SIZE
 	Memory string   // --memory, e.g. 1GiB
 	Accel  int      // --accel slots
@@ -241,13 +263,10 @@ type Agent struct {
 // StartAgent runs a `rialto agent` and waits until its node is ready with
 // every device it lends registered.
 func (c *Cluster) StartAgent(ctx context.Context, a Agent) (*Proc, error) {
-	listen := "127.0.0.1"
-	if a.Host >= 0 {
-		if c.cfg.Net == nil {
-			return nil, fmt.Errorf("agent %s: host %d without a netns lab", a.Name, a.Host)
-		}
-		listen = c.cfg.Net.Host(a.Host).Addr.String()
+	if c.Server == nil {
+		return nil, errors.New("lab: agents of a rack are the rack's")
 	}
+	listen := "127.0.0.1"
 	args := []string{"agent", "--control-plane", c.URL, "--name", a.Name,
 		"--state-dir", filepath.Join(c.cfg.Dir, "agent-"+a.Name), "--listen", listen, "--log-level", "warn"}
 	shown := []string{"agent", "--control-plane", "URL", "--name", a.Name, "--state-dir", "DIR/agent-" + a.Name, "--listen", listen, "--log-level", "warn"}
@@ -271,20 +290,13 @@ func (c *Cluster) StartAgent(ctx context.Context, a Agent) (*Proc, error) {
 	}
 	args = append(args, a.Args...)
 	shown = append(shown, a.Args...)
-	var cmd *exec.Cmd
-	prefix := ""
-	if a.Host >= 0 {
-		cmd = c.cfg.Net.Command(context.Background(), a.Host, c.cfg.Bin, args...)
-		prefix = "ip netns exec HOST "
-	} else {
-		cmd = exec.Command(c.cfg.Bin, args...)
-	}
+	cmd := exec.Command(c.cfg.Bin, args...)
 	cmd.Env = append(os.Environ(), "RIALTO_BOOTSTRAP_TOKEN="+c.boot)
 	p, _, err := c.start(cmd, "agent-"+a.Name, false)
 	if err != nil {
 		return nil, err
 	}
-	c.record("RIALTO_BOOTSTRAP_TOKEN=… " + prefix + "rialto " + strings.Join(shown, " "))
+	c.record("RIALTO_BOOTSTRAP_TOKEN=… rialto " + strings.Join(shown, " "))
 	want := len(a.Blocks)
 	if a.Memory != "" {
 		want++

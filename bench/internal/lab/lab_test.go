@@ -46,12 +46,12 @@ func TestLeasesOfAgentProcesses(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	ded, err := c.StartAgent(ctx, Agent{Name: "ded", Host: -1, Blocks: []string{"disk0=" + filepath.Join(dir, "ded.img") + ":6MiB"}})
+	ded, err := c.StartAgent(ctx, Agent{Name: "ded", Blocks: []string{"disk0=" + filepath.Join(dir, "ded.img") + ":6MiB"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := 1; i <= 3; i++ {
-		if _, err := c.StartAgent(ctx, Agent{Name: "c" + string(rune('0'+i)), Host: -1, Labels: []string{"pool=c"},
+		if _, err := c.StartAgent(ctx, Agent{Name: "c" + string(rune('0'+i)), Labels: []string{"pool=c"},
 			Blocks: []string{"disk0=" + filepath.Join(dir, "c"+string(rune('0'+i))+".img") + ":2MiB"}}); err != nil {
 			t.Fatal(err)
 		}

@@ -240,7 +240,7 @@ func StartRialto(ctx context.Context, c *lab.Cluster, dir string, sizeMiB int64,
 	size := fmt.Sprintf("%dMiB", sizeMiB)
 	pid := func(p *lab.Proc) func() []int { return func() []int { return []int{p.PID()} } }
 	if want["dedicated"] || want["attach"] {
-		ag, err := c.StartAgent(ctx, lab.Agent{Name: "ded", Host: -1, Blocks: []string{"disk0=" + filepath.Join(dir, "ded.img") + ":" + size}})
+		ag, err := c.StartAgent(ctx, lab.Agent{Name: "ded", Blocks: []string{"disk0=" + filepath.Join(dir, "ded.img") + ":" + size}})
 		if err != nil {
 			return nil, err
 		}
@@ -266,7 +266,7 @@ func StartRialto(ctx context.Context, c *lab.Cluster, dir string, sizeMiB int64,
 		}
 	}
 	if want["shared"] {
-		ag, err := c.StartAgent(ctx, lab.Agent{Name: "shr", Host: -1, Blocks: []string{"disk0=" + filepath.Join(dir, "shr.img") + ":" + fmt.Sprintf("%dMiB", 2*sizeMiB)}})
+		ag, err := c.StartAgent(ctx, lab.Agent{Name: "shr", Blocks: []string{"disk0=" + filepath.Join(dir, "shr.img") + ":" + fmt.Sprintf("%dMiB", 2*sizeMiB)}})
 		if err != nil {
 			return nil, err
 		}
@@ -291,7 +291,7 @@ func StartRialto(ctx context.Context, c *lab.Cluster, dir string, sizeMiB int64,
 		}
 		var ags []*lab.Proc
 		for i := 1; i <= 3; i++ {
-			ag, err := c.StartAgent(ctx, lab.Agent{Name: fmt.Sprintf("c%d", i), Host: -1, Labels: []string{"pool=compose"},
+			ag, err := c.StartAgent(ctx, lab.Agent{Name: fmt.Sprintf("c%d", i), Labels: []string{"pool=compose"},
 				Blocks: []string{"disk0=" + filepath.Join(dir, fmt.Sprintf("c%d.img", i)) + ":" + fmt.Sprintf("%dMiB", sizeMiB/3)}})
 			if err != nil {
 				return nil, err
