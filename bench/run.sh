@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Runs every benchmark area (bench/*/run.sh) and assembles docs/BENCHMARKS.md.
 # Each area script writes its own fragment docs/bench/AREA.md with the peer's
-# figures measured in the same run, the exact commands and medians.
+# figures measured in the same run, the exact commands and medians, the
+# commit and the machine. Rialto's data-plane figures (block, pgbench,
+# compose, memory, accel) are measured through leases created by the API and
+# served by `rialto agent` processes built from this tree (bin/rialto).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/bin:$PATH"
@@ -23,6 +26,10 @@ done
   echo "CPU: $(awk -F': ' '/model name/{print $2; exit}' /proc/cpuinfo), $(go version | cut -d' ' -f3)."
   echo "Figures are medians of interleaved runs unless a section says otherwise; where a"
   echo "section compares with a peer, the peer was measured in the same run as Rialto."
+  echo "Rialto's data-plane figures (block, PostgreSQL, composition, memory, accelerators) are"
+  echo "measured through leases made with \`rialto lease create\` and served by separate \`rialto agent\`"
+  echo "processes (the product path); a side server appears at most as an extra, labelled row."
+  echo "Each section names the process that served each row and the commit it was measured at."
   echo
   for f in docs/bench/*.md; do
     [ -f "$f" ] || continue
