@@ -48,6 +48,7 @@ type bench struct {
 	secs    int
 	port    int
 	sock    string
+	seq     int
 }
 
 type result struct {
@@ -243,7 +244,8 @@ type mount struct {
 // mountTarget runs nbdfuse on t's URI and mounts the file it exposes
 // through a loop device (mkfs first if fresh).
 func (b *bench) mountTarget(t *targets.Target, mkfs bool) (*mount, error) {
-	m := &mount{dir: filepath.Join(b.work, "fs-"+t.Name)}
+	b.seq++ // a fresh directory per mount: a stale one cannot get in the way
+	m := &mount{dir: filepath.Join(b.work, fmt.Sprintf("fs-%s-%d", t.Name, b.seq))}
 	m.fuseDir, m.mnt = filepath.Join(m.dir, "fuse"), filepath.Join(m.dir, "mnt")
 	for _, d := range []string{m.fuseDir, m.mnt} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -319,6 +321,9 @@ func (m *mount) unmount(b *bench) {
 		m.fuse.Process.Kill()
 		<-m.fuseDone
 	}
+	// Whatever is still mounted (a busy loop device) goes lazily.
+	exec.Command("umount", "-l", m.mnt).Run()
+	exec.Command("fusermount3", "-u", "-z", m.fuseDir).Run()
 }
 
 // cleanupMounts unmounts whatever a failed run left behind.
@@ -329,8 +334,8 @@ func (b *bench) cleanupMounts() {
 		if _, err := os.Stat(filepath.Join(pgdata, "postmaster.pid")); err == nil {
 			exec.Command("runuser", "-u", "postgres", "--", filepath.Join(b.pgbin, "pg_ctl"), "-D", pgdata, "-m", "immediate", "stop").Run()
 		}
-		exec.Command("umount", filepath.Join(d, "mnt")).Run()
-		exec.Command("fusermount3", "-u", filepath.Join(d, "fuse")).Run()
+		exec.Command("umount", "-l", filepath.Join(d, "mnt")).Run()
+		exec.Command("fusermount3", "-u", "-z", filepath.Join(d, "fuse")).Run()
 	}
 }
 
