@@ -463,6 +463,8 @@ func (c *Client) fail(err error) {
 // readLoop receives replies until the connection ends.
 func (c *Client) readLoop(r *bufio.Reader) {
 	defer close(c.readerDone)
+	transmitting.Add(1)
+	defer transmitting.Add(-1)
 	err := c.receive(r)
 	c.mu.Lock()
 	if c.err == nil {

@@ -13,9 +13,10 @@ import (
 // in a blocking poll(2) before handing the wait to Go's netpoller.
 const pollWaitMillis = 2
 
-// transmitting counts the connections of this process in the transmission
-// phase (every Server's): a reader may block in poll(2) only while it is
-// the only one.
+// transmitting counts the NBD connections of this process in the
+// transmission phase, served (every Server's) and dialled (every Client's):
+// a server's reader may block in poll(2) only while its connection is the
+// only one.
 var transmitting atomic.Int32
 
 // polls counts the waits that began in poll(2) (for tests).
@@ -27,15 +28,18 @@ var polls atomic.Int64
 // extra EAGAIN read, epoll wait and goroutine hand-offs per request. Idle
 // connections still park in the netpoller, and deadlines still apply.
 //
-// Only the process's sole transmitting connection polls. A thread asleep in
-// poll(2) holds its P (Go's right to run code) in the system call, and with
-// several busy connections (nbdfuse opens four; a database behind it
-// spreads writes and flushes over them) the readers held every P between
-// them, until sysmon took them back, milliseconds later: PostgreSQL on a
-// lease ran at half of nbdkit's TPS (docs/bench/pgbench.md). Letting one
-// connection of several poll did not help either (its 2 ms sleeps held one
-// of the two Ps and kept sysmon busy), so with more than one connection
-// every reader waits in the netpoller.
+// Only the process's sole NBD connection polls. A thread asleep in poll(2)
+// holds its P (Go's right to run code) in the system call, and with several
+// busy connections (nbdfuse opens four; a database behind it spreads writes
+// and flushes over them) the readers held every P between them, until
+// sysmon took them back, milliseconds later: PostgreSQL on a lease ran at
+// half of nbdkit's TPS (docs/bench/pgbench.md). Letting one connection of
+// several poll did not help either (its 2 ms sleeps held one of the two Ps
+// and kept sysmon busy), so with more than one connection every reader
+// waits in the netpoller. Client connections count too: a process that
+// re-exports remote parts (rialto attach) serves each request by waiting
+// on a Client's reply, which the Client's reader goroutine must get a P to
+// deliver.
 type fastReader struct {
 	rc      syscall.RawConn
 	drained bool
