@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // DefaultRequestTimeout bounds every Client request unless WithRequestTimeout
@@ -586,12 +588,50 @@ func (c *Client) complete(h uint64, cl *call) {
 // receiveInto reads n bytes for cl at dst, unless cl was abandoned.
 func (c *Client) receiveInto(r *bufio.Reader, cl *call, dst []byte) error {
 	if cl.state.CompareAndSwap(callLive, callReceiving) {
-		_, err := io.ReadFull(r, dst)
+		err := c.readPayload(r, dst)
 		cl.state.Store(callLive)
 		return err
 	}
 	_, err := r.Discard(len(dst))
 	return err
+}
+
+// readPayload fills dst from r. A large payload that has not arrived yet
+// is awaited with the socket's SO_RCVLOWAT raised (never above what the
+// payload still owes), so that over a slow link the reader wakes up once
+// per many segments instead of once per segment (as the server's splice
+// path does; see maxRcvLowat).
+func (c *Client) readPayload(r *bufio.Reader, dst []byte) error {
+	if c.rawc == nil || len(dst)-r.Buffered() < spliceMin {
+		_, err := io.ReadFull(r, dst)
+		return err
+	}
+	lowat := 1
+	set := func(n int) {
+		if n != lowat {
+			c.rawc.Control(func(fd uintptr) {
+				unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVLOWAT, n)
+			})
+			lowat = n
+		}
+	}
+	defer set(1)
+	for got := 0; got < len(dst); {
+		if rem := len(dst) - got - r.Buffered(); rem >= spliceMin {
+			set(min(rem, maxRcvLowat))
+		} else {
+			set(1)
+		}
+		n, err := r.Read(dst[got:])
+		got += n
+		if err != nil && got < len(dst) {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
+		}
+	}
+	return nil
 }
 
 // receiveOne reads one reply (a simple reply, or one chunk of a structured
