@@ -52,7 +52,6 @@ var (
 // counted with this process's.
 var agentPID int
 
-const slots = 4 // slot 0: echo; slots 1..3: MCT
 
 type sample struct {
 	qps      float64
