@@ -52,7 +52,6 @@ var (
 // counted with this process's.
 var agentPID int
 
-
 type sample struct {
 	qps      float64
 	p50, p99 time.Duration

@@ -20,6 +20,8 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -97,6 +99,7 @@ func (p *Proc) Stop() error {
 type Cluster struct {
 	cfg      Config
 	URL      string // the control plane's URL
+	CACert   string // the cluster CA's certificate (RIALTO_CACERT), "" over plain HTTP
 	admin    string
 	boot     string
 	Server   *Proc
@@ -132,20 +135,45 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	c.Server = p
 	shown := append([]string{"server", "--listen", host + ":0", "--db", "DIR/rialto.db", "--log-level", "warn"}, cfg.ServerArgs...)
 	c.record("RIALTO_BOOTSTRAP_TOKEN=… RIALTO_ADMIN_TOKEN=… rialto " + strings.Join(shown, " "))
-	// "rialto server: serving http://HOST:PORT"
-	line, err := readLine(ctx, out, p, 15*time.Second)
+	// "rialto server: serving https://HOST:PORT", then (over HTTPS)
+	// "rialto server: CA certificate FILE (give it to clients: ...)".
+	br := bufio.NewReader(out)
+	line, err := readLine(ctx, br, p, 15*time.Second)
 	if err != nil {
 		c.Close()
 		return nil, fmt.Errorf("rialto server: %w (log %s)", err, p.Log)
 	}
-	i := strings.Index(line, "http://")
+	i := strings.Index(line, "://")
 	if i < 0 {
 		c.Close()
 		return nil, fmt.Errorf("rialto server said %q", line)
 	}
+	i = strings.LastIndex(line[:i], " ") + 1
 	c.URL = strings.TrimSpace(line[i:])
-	go io.Copy(io.Discard, out)
-	c.client = api.NewClient(c.URL, c.admin, &http.Client{Timeout: time.Minute})
+	hc := &http.Client{Timeout: time.Minute}
+	if strings.HasPrefix(c.URL, "https://") {
+		line, err := readLine(ctx, br, p, 15*time.Second)
+		const key = "CA certificate "
+		j := strings.Index(line, key)
+		if err != nil || j < 0 {
+			c.Close()
+			return nil, fmt.Errorf("rialto server did not name its CA certificate: %q %v", line, err)
+		}
+		c.CACert, _, _ = strings.Cut(line[j+len(key):], " ")
+		pem, err := os.ReadFile(c.CACert)
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			c.Close()
+			return nil, fmt.Errorf("no certificate in %s", c.CACert)
+		}
+		hc.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}
+	}
+	go io.Copy(io.Discard, br)
+	c.client = api.NewClient(c.URL, c.admin, hc)
 	fmt.Fprintf(cfg.Progress, "lab: rialto server at %s (pid %d)\n", c.URL, p.PID())
 	return c, nil
 }
@@ -161,8 +189,8 @@ func OnRack(r *rack.Rack, bin, dir string, progress io.Writer) (*Cluster, error)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	c := &Cluster{cfg: Config{Bin: bin, Dir: dir, Progress: progress}, URL: r.URL(), admin: r.AdminToken(), boot: r.BootstrapToken(),
-		client: r.Client()}
+	c := &Cluster{cfg: Config{Bin: bin, Dir: dir, Progress: progress}, URL: r.URL(), CACert: r.CACert(), admin: r.AdminToken(),
+		boot: r.BootstrapToken(), client: r.Client()}
 	for _, n := range append([]rack.Node{r.ControlPlane()}, r.Agents()...) {
 		b, err := os.ReadFile(n.Log)
 		if err != nil {
@@ -180,14 +208,14 @@ func OnRack(r *rack.Rack, bin, dir string, progress io.Writer) (*Cluster, error)
 }
 
 // readLine reads one line of out, failing if p exits or the time runs out.
-func readLine(ctx context.Context, out io.Reader, p *Proc, within time.Duration) (string, error) {
+func readLine(ctx context.Context, br *bufio.Reader, p *Proc, within time.Duration) (string, error) {
 	type res struct {
 		s   string
 		err error
 	}
 	ch := make(chan res, 1)
 	go func() {
-		s, err := bufio.NewReader(out).ReadString('\n')
+		s, err := br.ReadString('\n')
 		ch <- res{s, err}
 	}()
 	t := time.NewTimer(within)
@@ -291,12 +319,12 @@ func (c *Cluster) StartAgent(ctx context.Context, a Agent) (*Proc, error) {
 	args = append(args, a.Args...)
 	shown = append(shown, a.Args...)
 	cmd := exec.Command(c.cfg.Bin, args...)
-	cmd.Env = append(os.Environ(), "RIALTO_BOOTSTRAP_TOKEN="+c.boot)
+	cmd.Env = append(os.Environ(), "RIALTO_BOOTSTRAP_TOKEN="+c.boot, "RIALTO_CACERT="+c.CACert)
 	p, _, err := c.start(cmd, "agent-"+a.Name, false)
 	if err != nil {
 		return nil, err
 	}
-	c.record("RIALTO_BOOTSTRAP_TOKEN=… rialto " + strings.Join(shown, " "))
+	c.record("RIALTO_BOOTSTRAP_TOKEN=… RIALTO_CACERT=CA rialto " + strings.Join(shown, " "))
 	want := len(a.Blocks)
 	if a.Memory != "" {
 		want++
@@ -352,7 +380,7 @@ func (c *Cluster) nodeReady(ctx context.Context, name string, devices int) (bool
 // env is the environment of CLI verbs: the control plane and the admin
 // token (never on the command line).
 func (c *Cluster) env() []string {
-	return append(os.Environ(), "RIALTO_ADDR="+c.URL, "RIALTO_TOKEN="+c.admin,
+	return append(os.Environ(), "RIALTO_ADDR="+c.URL, "RIALTO_TOKEN="+c.admin, "RIALTO_CACERT="+c.CACert,
 		"XDG_RUNTIME_DIR="+filepath.Join(c.cfg.Dir, "run"))
 }
 
@@ -381,7 +409,7 @@ func (c *Cluster) CreateLease(ctx context.Context, args ...string) (api.Lease, e
 			shown[i] = filepath.Base(a)
 		}
 	}
-	c.record("RIALTO_ADDR=URL RIALTO_TOKEN=… rialto " + strings.Join(shown, " "))
+	c.record("RIALTO_ADDR=URL RIALTO_TOKEN=… RIALTO_CACERT=CA rialto " + strings.Join(shown, " "))
 	fmt.Fprintf(c.cfg.Progress, "lab: lease %s (%s, %d part(s))\n", l.ID, l.Mode, len(l.Parts))
 	return l, nil
 }
@@ -413,7 +441,7 @@ func (c *Cluster) Attach(ctx context.Context, lease string, args ...string) (*At
 	if err != nil {
 		return nil, err
 	}
-	c.record("RIALTO_ADDR=URL RIALTO_TOKEN=… rialto attach LEASE " + strings.Join(append(args, "-o", "json"), " "))
+	c.record("RIALTO_ADDR=URL RIALTO_TOKEN=… RIALTO_CACERT=CA rialto attach LEASE " + strings.Join(append(args, "-o", "json"), " "))
 	// The state is printed as indented JSON: read up to the closing brace.
 	type res struct {
 		uri string
