@@ -5,7 +5,7 @@ GO      ?= go
 PKGS    ?= ./...
 BIN     ?= bin/rialto
 
-.PHONY: build test check bench bench-test soak fuzz clean
+.PHONY: build test check bench bench-quick bench-test soak fuzz clean
 
 build:
 	$(GO) build -o $(BIN) ./cmd/rialto
@@ -28,8 +28,13 @@ bench-test:
 # Benchmarks against peers, side by side, Rialto through leases of
 # `rialto agent` processes (bin/rialto); writes docs/BENCHMARKS.md.
 # BENCH_AREAS="block pgbench" limits the areas; REPS etc. per area script.
+# `make bench-quick` (bench/run.sh --quick): 3 rounds, shorter runs; the
+# generated file says which mode made it.
 bench: build
 	bash bench/run.sh
+
+bench-quick: build
+	bash bench/run.sh --quick
 
 # Long-running soak tests (not part of make test).
 soak:

@@ -135,7 +135,7 @@ func run(args []string) error {
 	devMiB := *sizeMiB + *sizeMiB/2 + *sizeMiB/3
 	r, err := rack.Start(ctx, rack.Config{Binary: rialtoBin, StateDir: filepath.Join(work, "rack"), Agents: 3,
 		Disks: 1, DiskSize: devMiB << 20, LinkRate: *rate, LogLevel: "warn",
-		Logger: log})
+		AgentArgs: lab.InsecureDataplaneArgs(rialtoBin), Logger: log})
 	if err != nil {
 		return err
 	}

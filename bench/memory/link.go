@@ -55,7 +55,7 @@ func startLink(ctx context.Context, c *cfg) (*link, error) {
 	// A small region: memory another process holds makes this VM's page
 	// allocations, hence UFFDIO_COPY, measurably slower.
 	if l.rack, err = rack.Start(ctx, rack.Config{Binary: bin, StateDir: filepath.Join(l.dir, "rack"), Agents: 1,
-		Memory: linkRegion, LogLevel: "warn"}); err != nil {
+		Memory: linkRegion, LogLevel: "warn", AgentArgs: lab.InsecureDataplaneArgs(bin)}); err != nil {
 		l.close()
 		return nil, err
 	}

@@ -278,6 +278,29 @@ func (c *Cluster) record(s string) {
 	c.Commands = append(c.Commands, s)
 }
 
+var insecureArgs sync.Map // binary path → []string
+
+// InsecureDataplaneArgs is ["--insecure-dataplane"] when bin's agent has
+// that flag, nil otherwise. An agent given the cluster CA serves its data
+// planes over TLS by default; the benchmarks compare Rialto with plaintext
+// peers (nbdkit, nbd-server, qemu-nbd, Redis, iperf3, ZeroMQ), so their
+// agents serve plaintext too, and the flag shows in the recorded commands.
+// TLS has its own comparison (bench/tls). The answer is cached per binary.
+func InsecureDataplaneArgs(bin string) []string {
+	if v, ok := insecureArgs.Load(bin); ok {
+		return v.([]string)
+	}
+	// `rialto agent --help` prints the flags and exits non-zero: only the
+	// text matters.
+	out, _ := exec.Command(bin, "agent", "--help").CombinedOutput()
+	var args []string
+	if strings.Contains(string(out), "-insecure-dataplane") {
+		args = []string{"--insecure-dataplane"}
+	}
+	insecureArgs.Store(bin, args)
+	return args
+}
+
 // Agent describes one `rialto agent` process.
 type Agent struct {
 	Name   string   // node name (also its state directory under Dir)
@@ -316,8 +339,9 @@ func (c *Cluster) StartAgent(ctx context.Context, a Agent) (*Proc, error) {
 	for _, l := range a.Labels {
 		add("--label", l)
 	}
-	args = append(args, a.Args...)
-	shown = append(shown, a.Args...)
+	insecure := InsecureDataplaneArgs(c.cfg.Bin)
+	args = append(append(args, insecure...), a.Args...)
+	shown = append(append(shown, insecure...), a.Args...)
 	cmd := exec.Command(c.cfg.Bin, args...)
 	cmd.Env = append(os.Environ(), "RIALTO_BOOTSTRAP_TOKEN="+c.boot, "RIALTO_CACERT="+c.CACert)
 	p, _, err := c.start(cmd, "agent-"+a.Name, false)
