@@ -58,7 +58,7 @@ done
 {
   echo "# Benchmarks"
   echo
-  echo "Assembled by \`make bench\` (bench/run.sh) on $(date -u +%Y-%m-%d) from the fragments in"
+  echo "Assembled by bench/run.sh (\`make bench\`; \`make bench-quick\` for the quick mode) on $(date -u +%Y-%m-%d) from the fragments in"
   echo "docs/bench/, each written by bench/AREA/run.sh with its own date and conditions. Machine: $(nproc) vCPU,"
   echo "$(awk '/MemTotal/{printf "%.1f GiB", $2/1048576}' /proc/meminfo) RAM, kernel $(uname -r),"
   echo "CPU: $(awk -F': ' '/model name/{print $2; exit}' /proc/cpuinfo), $(go version | cut -d' ' -f3)."
