@@ -9,7 +9,7 @@
 #   bench/run.sh              # full mode (each area's defaults; well over an hour)
 #   bench/run.sh --quick      # quick mode (BENCH_MODE=quick): 3 rounds everywhere,
 #                             # shorter measurements, a smaller scale run, no
-#                             # real-vs-simulated validation (about 45 minutes)
+#                             # real-vs-simulated validation (33 minutes here)
 #   bench/run.sh --assemble   # rebuild docs/BENCHMARKS.md from the fragments
 # Knobs set in the environment win over the quick mode's (REPS, RUNS, ...).
 set -euo pipefail

@@ -105,3 +105,29 @@ func TestLeasesOfAgentProcesses(t *testing.T) {
 		t.Errorf("attach: %v", err)
 	}
 }
+
+// TestInsecureDataplaneArgs: the agents get --insecure-dataplane only
+// from a binary whose `agent --help` lists it (before data-plane TLS the
+// flag does not exist and the agent would refuse it).
+func TestInsecureDataplaneArgs(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name, help string
+		want       []string
+	}{
+		{"tls-by-default", "Flags:\n  -insecure-dataplane\n    \tserve the data planes without TLS\n", []string{"--insecure-dataplane"}},
+		{"plaintext-only", "Flags:\n  -listen string\n    \taddress to serve on\n", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bin := filepath.Join(dir, tc.name)
+			script := "#!/bin/sh\n[ \"$1 $2\" = \"agent --help\" ] || exit 3\nprintf '%s' '" + tc.help + "' >&2\nexit 2\n"
+			if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			got := InsecureDataplaneArgs(bin)
+			if strings.Join(got, " ") != strings.Join(tc.want, " ") {
+				t.Fatalf("InsecureDataplaneArgs = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
