@@ -49,7 +49,7 @@ type metric struct {
 	Goal string
 	Cmd  string // the client command, for the fragment
 	Note string // which figure of its output
-	run  func(b *bench, t *targets.Target) (sample, error)
+	run  func(ctx context.Context, b *bench, t *targets.Target) (sample, error)
 }
 
 // sample is what one client run measured.
@@ -63,31 +63,37 @@ type sample struct {
 
 var metrics = []metric{
 	{Key: "copyread", Name: "nbdcopy read", Unit: "MiB/s", Goal: "best", Cmd: "nbdcopy URI null:",
-		run: func(b *bench, t *targets.Target) (sample, error) {
-			return b.nbdcopy(t.URI, "null:")
+		run: func(ctx context.Context, b *bench, t *targets.Target) (sample, error) {
+			return b.nbdcopy(ctx, t.URI, "null:")
 		}},
 	{Key: "copywrite", Name: "nbdcopy write", Unit: "MiB/s", Goal: "best", Cmd: "nbdcopy SRC URI",
-		run: func(b *bench, t *targets.Target) (sample, error) {
-			return b.nbdcopy(b.src, t.URI)
+		run: func(ctx context.Context, b *bench, t *targets.Target) (sample, error) {
+			return b.nbdcopy(ctx, b.src, t.URI)
 		}},
 	{Key: "rr1", Name: "4K randread QD1", Unit: "IOPS", Goal: "best", Cmd: "fio --rw=randread --bs=4k --iodepth=1",
-		run: func(b *bench, t *targets.Target) (sample, error) { return b.fio(t, "randread", "4k", 1, false, "iops") }},
+		run: func(ctx context.Context, b *bench, t *targets.Target) (sample, error) {
+			return b.fio(ctx, t, "randread", "4k", 1, false, "iops")
+		}},
 	{Key: "rr32", Name: "4K randread QD32", Unit: "IOPS", Goal: "best", Cmd: "fio --rw=randread --bs=4k --iodepth=32",
-		run: func(b *bench, t *targets.Target) (sample, error) {
-			return b.fio(t, "randread", "4k", 32, false, "iops")
+		run: func(ctx context.Context, b *bench, t *targets.Target) (sample, error) {
+			return b.fio(ctx, t, "randread", "4k", 32, false, "iops")
 		}},
 	{Key: "rw32", Name: "4K randwrite QD32", Unit: "IOPS", Goal: "best", Cmd: "fio --rw=randwrite --bs=4k --iodepth=32",
-		run: func(b *bench, t *targets.Target) (sample, error) {
-			return b.fio(t, "randwrite", "4k", 32, false, "iops")
+		run: func(ctx context.Context, b *bench, t *targets.Target) (sample, error) {
+			return b.fio(ctx, t, "randwrite", "4k", 32, false, "iops")
 		}},
 	{Key: "sw32", Name: "1M seq write QD32", Unit: "MiB/s", Goal: "best", Cmd: "fio --rw=write --bs=1M --iodepth=32",
-		run: func(b *bench, t *targets.Target) (sample, error) { return b.fio(t, "write", "1M", 32, false, "bw") }},
+		run: func(ctx context.Context, b *bench, t *targets.Target) (sample, error) {
+			return b.fio(ctx, t, "write", "1M", 32, false, "bw")
+		}},
 	{Key: "w1", Name: "8K randwrite QD1 write p50", Unit: "µs", Lower: true, Goal: "nbdkit", Cmd: "fio --rw=randwrite --bs=8k --iodepth=1", Note: "clat p50",
-		run: func(b *bench, t *targets.Target) (sample, error) {
-			return b.fio(t, "randwrite", "8k", 1, false, "clat")
+		run: func(ctx context.Context, b *bench, t *targets.Target) (sample, error) {
+			return b.fio(ctx, t, "randwrite", "8k", 1, false, "clat")
 		}},
 	{Key: "flush", Name: "8K randwrite QD1 + fsync FLUSH p50", Unit: "µs", Lower: true, Goal: "nbdkit", Cmd: "fio --rw=randwrite --bs=8k --iodepth=1 --fsync=1", Note: "sync p50",
-		run: func(b *bench, t *targets.Target) (sample, error) { return b.fio(t, "randwrite", "8k", 1, true, "sync") }},
+		run: func(ctx context.Context, b *bench, t *targets.Target) (sample, error) {
+			return b.fio(ctx, t, "randwrite", "8k", 1, true, "sync")
+		}},
 }
 
 type bench struct {
@@ -96,7 +102,6 @@ type bench struct {
 	sizeMiB    int64
 	fioRuntime int
 	fioRamp    int
-	ctx        context.Context
 }
 
 // result is one measurement.
@@ -154,7 +159,7 @@ func run() error {
 		return err
 	}
 	defer os.RemoveAll(work)
-	b := &bench{work: work, sizeMiB: *sizeMiB, fioRuntime: *fioRuntime, fioRamp: *fioRamp, ctx: ctx}
+	b := &bench{work: work, sizeMiB: *sizeMiB, fioRuntime: *fioRuntime, fioRamp: *fioRamp}
 	b.src = filepath.Join(work, "src.img")
 	if err := randomFile(b.src, *sizeMiB<<20); err != nil {
 		return err
@@ -191,7 +196,7 @@ func run() error {
 	for _, t := range all {
 		if t.Rialto {
 			fmt.Fprintf(os.Stderr, "filling %s\n", t.Name)
-			if _, err := b.nbdcopy(b.src, t.URI); err != nil {
+			if _, err := b.nbdcopy(ctx, b.src, t.URI); err != nil {
 				return fmt.Errorf("fill %s: %w", t.Name, err)
 			}
 		}
@@ -209,7 +214,7 @@ func run() error {
 				if err := ctx.Err(); err != nil {
 					return err
 				}
-				r := b.measure(t, m, rep)
+				r := b.measure(ctx, t, m, rep)
 				res = append(res, r)
 				if r.err != nil {
 					fmt.Fprintf(os.Stderr, "rep %d %-34s %-10s ERROR %v\n", rep, m.Name, t.Name, r.err)
@@ -253,12 +258,12 @@ func randomFile(path string, size int64) error {
 
 // measure runs one client command against t, with steal and the serving
 // processes' CPU around it.
-func (b *bench) measure(t *targets.Target, m metric, rep int) result {
+func (b *bench) measure(ctx context.Context, t *targets.Target, m metric, rep int) result {
 	load := stats.Load()
 	cs := stats.SampleCPU()
 	c0 := t.CPU()
 	start := time.Now()
-	s, err := m.run(b, t)
+	s, err := m.run(ctx, b, t)
 	wall := time.Since(start).Seconds()
 	// A server that forks per connection (nbd-server) charges the child's
 	// CPU to the parent when it reaps it: give it a moment.
@@ -270,9 +275,9 @@ func (b *bench) measure(t *targets.Target, m metric, rep int) result {
 }
 
 // nbdcopy copies src to dst and returns MiB/s.
-func (b *bench) nbdcopy(src, dst string) (sample, error) {
+func (b *bench) nbdcopy(ctx context.Context, src, dst string) (sample, error) {
 	start := time.Now()
-	cmd := exec.CommandContext(b.ctx, "nbdcopy", src, dst)
+	cmd := exec.CommandContext(ctx, "nbdcopy", src, dst)
 	out, err := cmd.CombinedOutput()
 	el := time.Since(start).Seconds()
 	if err != nil {
@@ -316,7 +321,7 @@ func (l fioLat) p50us() float64 {
 // fio runs fio's nbd engine against t (the URI goes in a job file, not on
 // the command line) and returns the figure named by want: iops, bw
 // (MiB/s), clat (p50 µs of the data direction) or sync (FLUSH p50 µs).
-func (b *bench) fio(t *targets.Target, rw, bs string, qd int, fsync bool, want string) (sample, error) {
+func (b *bench) fio(ctx context.Context, t *targets.Target, rw, bs string, qd int, fsync bool, want string) (sample, error) {
 	job := filepath.Join(b.work, "job.fio")
 	out := filepath.Join(b.work, "fio.json")
 	text := fmt.Sprintf("[j]\nioengine=nbd\nuri=%s\nrw=%s\nbs=%s\niodepth=%d\nruntime=%d\nramp_time=%d\ntime_based=1\nlat_percentiles=1\nclat_percentiles=1\n",
@@ -328,7 +333,7 @@ func (b *bench) fio(t *targets.Target, rw, bs string, qd int, fsync bool, want s
 		return sample{}, err
 	}
 	os.Remove(out)
-	cmd := exec.CommandContext(b.ctx, "fio", "--output-format=json", "--output="+out, job)
+	cmd := exec.CommandContext(ctx, "fio", "--output-format=json", "--output="+out, job)
 	msg, err := cmd.CombinedOutput()
 	if err != nil {
 		return sample{}, fmt.Errorf("fio: %w: %s", err, msg)

@@ -40,7 +40,6 @@ func main() {
 }
 
 type bench struct {
-	ctx     context.Context
 	work    string
 	pgbin   string
 	scale   int
@@ -102,7 +101,7 @@ func run() error {
 	if err := os.Chmod(work, 0o755); err != nil { // postgres walks into it
 		return err
 	}
-	b := &bench{ctx: ctx, work: work, pgbin: *pgbin, scale: *scale, clients: *clients, secs: *secs,
+	b := &bench{work: work, pgbin: *pgbin, scale: *scale, clients: *clients, secs: *secs,
 		sock: filepath.Join(work, "sock")}
 	if err := os.Mkdir(b.sock, 0o755); err != nil {
 		return err
@@ -158,7 +157,7 @@ func run() error {
 			continue
 		}
 		fmt.Fprintf(os.Stderr, "mkfs and initdb on %s\n", t.Name)
-		if err := b.prepare(t); err != nil {
+		if err := b.prepare(ctx, t); err != nil {
 			return fmt.Errorf("prepare %s: %w", t.Name, err)
 		}
 		made[fs] = true
@@ -172,7 +171,7 @@ func run() error {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			r := b.measure(t, rep)
+			r := b.measure(ctx, t, rep)
 			res = append(res, r)
 			if r.err != nil {
 				fmt.Fprintf(os.Stderr, "rep %d %-10s ERROR %v\n", rep, t.Name, r.err)
@@ -220,8 +219,8 @@ func chownPostgres(path string) error {
 }
 
 // sh runs a command, returning its output and an error that carries it.
-func (b *bench) sh(name string, args ...string) (string, error) {
-	cmd := exec.CommandContext(b.ctx, name, args...)
+func (b *bench) sh(ctx context.Context, name string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, out)
@@ -230,8 +229,8 @@ func (b *bench) sh(name string, args ...string) (string, error) {
 }
 
 // pg runs a PostgreSQL program as the postgres user.
-func (b *bench) pg(prog string, args ...string) (string, error) {
-	return b.sh("runuser", append([]string{"-u", "postgres", "--", filepath.Join(b.pgbin, prog)}, args...)...)
+func (b *bench) pg(ctx context.Context, prog string, args ...string) (string, error) {
+	return b.sh(ctx, "runuser", append([]string{"-u", "postgres", "--", filepath.Join(b.pgbin, prog)}, args...)...)
 }
 
 // mount is one target's file system in use: nbdfuse, the loop mount.
@@ -243,7 +242,7 @@ type mount struct {
 
 // mountTarget runs nbdfuse on t's URI and mounts the file it exposes
 // through a loop device (mkfs first if fresh).
-func (b *bench) mountTarget(t *targets.Target, mkfs bool) (*mount, error) {
+func (b *bench) mountTarget(ctx context.Context, t *targets.Target, mkfs bool) (*mount, error) {
 	b.seq++ // a fresh directory per mount: a stale one cannot get in the way
 	m := &mount{dir: filepath.Join(b.work, fmt.Sprintf("fs-%s-%d", t.Name, b.seq))}
 	m.fuseDir, m.mnt = filepath.Join(m.dir, "fuse"), filepath.Join(m.dir, "mnt")
@@ -284,12 +283,12 @@ func (b *bench) mountTarget(t *targets.Target, mkfs bool) (*mount, error) {
 	}
 	disk := filepath.Join(m.fuseDir, "disk")
 	if mkfs {
-		if _, err := b.sh("mkfs.ext4", "-q", "-F", disk); err != nil {
+		if _, err := b.sh(ctx, "mkfs.ext4", "-q", "-F", disk); err != nil {
 			m.unmount(b)
 			return nil, err
 		}
 	}
-	if _, err := b.sh("mount", "-o", "loop", disk, m.mnt); err != nil {
+	if _, err := b.sh(ctx, "mount", "-o", "loop", disk, m.mnt); err != nil {
 		m.unmount(b)
 		return nil, err
 	}
@@ -340,8 +339,8 @@ func (b *bench) cleanupMounts() {
 }
 
 // prepare makes the file system and the database cluster on t.
-func (b *bench) prepare(t *targets.Target) error {
-	m, err := b.mountTarget(t, true)
+func (b *bench) prepare(ctx context.Context, t *targets.Target) error {
+	m, err := b.mountTarget(ctx, t, true)
 	if err != nil {
 		return err
 	}
@@ -353,18 +352,18 @@ func (b *bench) prepare(t *targets.Target) error {
 	if err := chownPostgres(pgdata); err != nil {
 		return err
 	}
-	if _, err := b.pg("initdb", "-D", pgdata, "-A", "trust", "-U", "postgres"); err != nil {
+	if _, err := b.pg(ctx, "initdb", "-D", pgdata, "-A", "trust", "-U", "postgres"); err != nil {
 		return err
 	}
-	if err := b.start(pgdata, filepath.Join(m.dir, "pg.log")); err != nil {
+	if err := b.start(ctx, pgdata, filepath.Join(m.dir, "pg.log")); err != nil {
 		return err
 	}
-	defer b.stop(pgdata)
-	_, err = b.pg("createdb", "-h", b.sock, "-p", strconv.Itoa(b.port), "bench")
+	defer b.stop(ctx, pgdata)
+	_, err = b.pg(ctx, "createdb", "-h", b.sock, "-p", strconv.Itoa(b.port), "bench")
 	return err
 }
 
-func (b *bench) start(pgdata, log string) error {
+func (b *bench) start(ctx context.Context, pgdata, log string) error {
 	f, err := os.Create(log)
 	if err != nil {
 		return err
@@ -373,13 +372,13 @@ func (b *bench) start(pgdata, log string) error {
 	if err := chownPostgres(log); err != nil {
 		return err
 	}
-	_, err = b.pg("pg_ctl", "-D", pgdata, "-l", log, "-w", "-t", "60", "-o",
+	_, err = b.pg(ctx, "pg_ctl", "-D", pgdata, "-l", log, "-w", "-t", "60", "-o",
 		fmt.Sprintf("-p %d -k %s -c listen_addresses=''", b.port, b.sock), "start")
 	return err
 }
 
-func (b *bench) stop(pgdata string) error {
-	_, err := b.pg("pg_ctl", "-D", pgdata, "-m", "fast", "-w", "-t", "60", "stop")
+func (b *bench) stop(ctx context.Context, pgdata string) error {
+	_, err := b.pg(ctx, "pg_ctl", "-D", pgdata, "-m", "fast", "-w", "-t", "60", "stop")
 	return err
 }
 
@@ -390,33 +389,33 @@ var (
 
 // measure mounts t, starts PostgreSQL, runs pgbench -i and the timed run,
 // and takes everything down.
-func (b *bench) measure(t *targets.Target, rep int) (r result) {
+func (b *bench) measure(ctx context.Context, t *targets.Target, rep int) (r result) {
 	r = result{target: t.Name, rep: rep}
-	m, err := b.mountTarget(t, false)
+	m, err := b.mountTarget(ctx, t, false)
 	if err != nil {
 		r.err = err
 		return r
 	}
 	defer m.unmount(b)
 	pgdata := filepath.Join(m.mnt, "pgdata")
-	if r.err = b.start(pgdata, filepath.Join(m.dir, "pg.log")); r.err != nil {
+	if r.err = b.start(ctx, pgdata, filepath.Join(m.dir, "pg.log")); r.err != nil {
 		return r
 	}
 	defer func() {
-		if err := b.stop(pgdata); err != nil && r.err == nil {
+		if err := b.stop(ctx, pgdata); err != nil && r.err == nil {
 			r.err = err
 		}
 	}()
 	port := strconv.Itoa(b.port)
 	start := time.Now()
-	if _, r.err = b.pg("pgbench", "-h", b.sock, "-p", port, "-i", "-q", "-s", strconv.Itoa(b.scale), "bench"); r.err != nil {
+	if _, r.err = b.pg(ctx, "pgbench", "-h", b.sock, "-p", port, "-i", "-q", "-s", strconv.Itoa(b.scale), "bench"); r.err != nil {
 		return r
 	}
 	r.initSecs = time.Since(start).Seconds()
 	r.load = stats.Load()
 	cs := stats.SampleCPU()
 	c0 := t.CPU()
-	out, err := b.pg("pgbench", "-h", b.sock, "-p", port, "-c", strconv.Itoa(b.clients), "-j", strconv.Itoa(b.clients),
+	out, err := b.pg(ctx, "pgbench", "-h", b.sock, "-p", port, "-c", strconv.Itoa(b.clients), "-j", strconv.Itoa(b.clients),
 		"-T", strconv.Itoa(b.secs), "bench")
 	r.serverCPU = t.CPU() - c0
 	r.steal = cs.StealSince()
