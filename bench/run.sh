@@ -44,7 +44,6 @@ areas=${BENCH_AREAS:-$(ls -d bench/*/ | xargs -n1 basename)}
 [ -n "$assemble" ] && areas=""
 [ -n "$assemble" ] && mode=$(sed -n 's/^Mode: \*\*\([a-z]*\)\*\*.*/\1/p' docs/BENCHMARKS.md 2>/dev/null | head -1)
 failed=()
-started=$(date -u +%Y-%m-%dT%H:%MZ)
 for a in $areas; do
   [ -x "bench/$a/run.sh" ] || continue
   echo "== bench $a ($mode mode, $(date -u +%H:%M:%SZ))"
@@ -73,11 +72,11 @@ done
   echo "bench/tls compares the TLS data planes."
   echo
   case ${mode:-full} in
-    quick) echo "Mode: **quick** (\`bench/run.sh --quick\`, started ${started:-?}): every area ran with 3 rounds and"
+    quick) echo "Mode: **quick** (\`bench/run.sh --quick\`): every area ran with 3 rounds and"
            echo "shorter measurements than the full mode (\`make bench\`, each area's defaults), the simulator's scale"
            echo "run with ${SCALE_LEASES:-100000} leases and without the real-vs-simulated validation; each section states"
            echo "its own rounds and durations." ;;
-    *) echo "Mode: **full** (\`make bench\`: each area's defaults${started:+, started $started})." ;;
+    *) echo "Mode: **full** (\`make bench\`: each area's defaults)." ;;
   esac
   if [ ${#failed[@]} -gt 0 ] 2>/dev/null; then
     echo
