@@ -35,10 +35,12 @@ for side in before after; do
   (cd "$src" && git rev-parse HEAD > "$OUT/$side/commit" &&
     go test -c -o "$OUT/$side/placement.test" ./internal/placement &&
     go test -c -o "$OUT/$side/sqlite.test" ./internal/controlplane/store/sqlite &&
-    go build -o "$OUT/$side/cpbench" ./bench/controlplane &&
+    # bench/ became a module of its own (bench/go.mod): build it there.
+    if [ -f bench/go.mod ]; then (cd bench && go build -o "$OUT/$side/cpbench" ./controlplane)
+    else go build -o "$OUT/$side/cpbench" ./bench/controlplane; fi &&
     go build -o "$OUT/$side/rialto" ./cmd/rialto)
 done
-(cd "$HERE" && go build -o "$OUT/houseab" ./bench/houseab && go build -o "$OUT/summarize" ./bench/houseab/summarize)
+(cd "$HERE/bench" && go build -o "$OUT/houseab" ./houseab && go build -o "$OUT/summarize" ./houseab/summarize)
 
 cpu() { awk '/^cpu /{t=0; for(i=2;i<=NF;i++) t+=$i; print $9, t}' /proc/stat; }
 

@@ -9,7 +9,7 @@
 // JSON: cycles, cycles/s, create and release p50/p99 (ms), errors, and the
 // server process's CPU seconds during the run when -server-pid is given.
 //
-//	RIALTO_ADMIN_TOKEN=... go run ./bench/houseab -url http://127.0.0.1:7070 -workers 16 -duration 10s
+//	(cd bench && RIALTO_ADMIN_TOKEN=... go run ./houseab -url http://127.0.0.1:7070 -workers 16 -duration 10s)
 //
 // With -free-port it only prints a free loopback TCP port, which
 // compare.sh and pathsteps.sh give `rialto server --listen`. The tables of

@@ -9,14 +9,14 @@
 # bench/houseab/summarize).
 #
 #   for c in C1 C2 ...; do (cd WORKTREE_AT_C && go build -o BIN/rialto-$c ./cmd/rialto); done
-#   go build -o BIN/houseab ./bench/houseab
+#   (cd bench && go build -o BIN/houseab ./houseab)
 #   bench/houseab/pathsteps.sh OUTDIR BIN/houseab BIN/rialto-C1 BIN/rialto-C2 ...
 set -euo pipefail
 OUT=$(realpath -m "$1"); DRIVER=$(realpath "$2"); shift 2
 ROUNDS=${ROUNDS:-4}; DUR=${DUR:-10s}
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$OUT"; RAW=$OUT/pathsteps.txt; : > "$RAW"
-(cd "$HERE" && go build -o "$OUT/summarize" ./bench/houseab/summarize)
+(cd "$HERE/bench" && go build -o "$OUT/summarize" ./houseab/summarize)
 cpu() { awk '/^cpu /{t=0; for(i=2;i<=NF;i++) t+=$i; print $9, t}' /proc/stat; }
 BOOT=rbt_bench$RANDOM$RANDOM; ADMIN=rat_bench$RANDOM$RANDOM
 export RIALTO_ADMIN_TOKEN=$ADMIN

@@ -6,13 +6,14 @@
 # comes from bench/houseab/summarize).
 #
 #   for c in C1 C2 ...; do (cd WORKTREE_AT_C && go build -o BIN/cpbench-$c ./bench/controlplane); done
+#   (at commits where bench/ is a module of its own: cd WORKTREE_AT_C/bench && go build ./controlplane)
 #   bench/houseab/steps.sh OUTDIR BIN/cpbench-C1 BIN/cpbench-C2 ...
 set -euo pipefail
 OUT=$(realpath -m "$1"); shift
 ROUNDS=${ROUNDS:-4}
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$OUT"; RAW=$OUT/steps.txt; : > "$RAW"
-(cd "$HERE" && go build -o "$OUT/summarize" ./bench/houseab/summarize)
+(cd "$HERE/bench" && go build -o "$OUT/summarize" ./houseab/summarize)
 SHM=$(mktemp -d /dev/shm/rialto-houseab-steps.XXXXXX)
 trap 'rm -rf "$SHM"' EXIT
 cpu() { awk '/^cpu /{t=0; for(i=2;i<=NF;i++) t+=$i; print $9, t}' /proc/stat; }
