@@ -125,6 +125,8 @@ func TestTable(t *testing.T) {
 		}
 		rows = append(rows, TableRows(r)...)
 	}
+	// No experiment has a pending figure now; one still renders as such.
+	rows = append(rows, TableRows(Result{Name: "example", Paper: "venice", Metrics: []Metric{{Name: "a figure not produced yet", Kind: Pending, Figure: "venice/fig16-nic-256B"}}})...)
 	md := Markdown(rows)
 	for _, want := range []string{"| smufin-sharing | Call et al. (NVMe-oF genomics) | Fig. 6(b): degradation threshold, 2 devices |", "| prediction |", "| fit |", "| pending |", "miss (-43%), explained"} {
 		if !strings.Contains(md, want) {
@@ -135,7 +137,7 @@ func TestTable(t *testing.T) {
 		t.Errorf("table names a paper by number:\n%s", md)
 	}
 	c := Counts(rows)
-	if c["fit"] == 0 || c["prediction"] == 0 || c["hit"] == 0 || c["miss"] < 2 || c["pending"] != 2 {
+	if c["fit"] == 0 || c["prediction"] == 0 || c["hit"] == 0 || c["miss"] < 2 || c["pending"] != 1 {
 		t.Errorf("counts %v", c)
 	}
 }

@@ -118,3 +118,36 @@ func TestNetRatesFromFabricMaxMin(t *testing.T) {
 		t.Fatalf("rates %v %v %v, want 4 6 3", a.Rate(), b.Rate(), c.Rate())
 	}
 }
+
+// TestNetCoef: a flow that takes two bytes of a link per byte it moves
+// (a header per packet, a tunnel's framing) gets half the link alone; with
+// a plain flow beside it max-min equalises their rates, capacity/(2+1)
+// each; the link counts the bytes both put on it.
+func TestNetCoef(t *testing.T) {
+	var e Engine
+	n := NewNet(&e)
+	link := &Resource{Capacity: 90}
+	a := n.StartCoef(1e9, []*Resource{link}, []float64{2}, 0, nil)
+	e.Run(1)
+	if math.Abs(a.Rate()-45) > 1e-9 {
+		t.Fatalf("alone: %v, want 45", a.Rate())
+	}
+	b := n.Start(1e9, []*Resource{link}, 0, nil)
+	e.Run(2)
+	if math.Abs(a.Rate()-30) > 1e-9 || math.Abs(b.Rate()-30) > 1e-9 {
+		t.Fatalf("shared: %v %v, want 30 30", a.Rate(), b.Rate())
+	}
+	// 1 s alone at 45 (90 B/s of link) and 1 s at 30+30 (90 B/s), settled
+	// when the flows leave.
+	n.Cancel(a)
+	n.Cancel(b)
+	if math.Abs(link.Bytes-180) > 1e-6 {
+		t.Fatalf("link bytes %v, want 180", link.Bytes)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("coefficients of another length accepted")
+		}
+	}()
+	n.StartCoef(1, []*Resource{link}, []float64{1, 2}, 0, nil)
+}

@@ -63,9 +63,12 @@ func (r *Resource) Delivered() float64 {
 
 // Flow moves Size bytes across every resource of Path at one rate, set by
 // max-min fair sharing among the flows active on those resources and by the
-// flow's own Cap (0: uncapped).
+// flow's own Cap (0: uncapped). Coef, when set, says how many bytes of
+// Path[i] each byte of the flow takes (a tunnel's framing on the links it
+// crosses, a header per packet); nil means 1 everywhere.
 type Flow struct {
 	Path []*Resource
+	Coef []float64
 	Cap  float64
 	Size float64
 
@@ -122,7 +125,16 @@ func NewNet(eng *Engine) *Net { return &Net{eng: eng} }
 // is delivered. A flow with an empty path runs at cap (which must then be
 // positive) and otherwise completes at once.
 func (n *Net) Start(size float64, path []*Resource, cap float64, done func(*Flow)) *Flow {
-	f := &Flow{Path: path, Cap: cap, Size: size, remaining: size, last: n.eng.now, started: n.eng.now, done: done, live: true}
+	return n.StartCoef(size, path, nil, cap, done)
+}
+
+// StartCoef is Start for a flow that takes coef[i] bytes of path[i] per
+// byte it moves (nil: 1 everywhere; otherwise as long as path, each > 0).
+func (n *Net) StartCoef(size float64, path []*Resource, coef []float64, cap float64, done func(*Flow)) *Flow {
+	if coef != nil && len(coef) != len(path) {
+		panic("sim: StartCoef: coef and path differ in length")
+	}
+	f := &Flow{Path: path, Coef: coef, Cap: cap, Size: size, remaining: size, last: n.eng.now, started: n.eng.now, done: done, live: true}
 	n.Started++
 	if len(path) == 0 {
 		d := 0.0
@@ -189,11 +201,24 @@ func (r *Resource) settle(now Time) {
 		r.Busy += dt
 		s := 0.0
 		for _, f := range r.flows {
-			s += f.rate
+			s += f.rate * f.coefOn(r)
 		}
 		r.Bytes += s * dt
 	}
 	r.lastSet = now
+}
+
+// coefOn is the flow's coefficient on resource r (1 without Coef).
+func (f *Flow) coefOn(r *Resource) float64 {
+	if f.Coef == nil {
+		return 1
+	}
+	for i, pr := range f.Path {
+		if pr == r {
+			return f.Coef[i]
+		}
+	}
+	return 1
 }
 
 func (n *Net) markDirty(path []*Resource) {
@@ -296,8 +321,12 @@ func (n *Net) solve(rs []*Resource, fs []*Flow) {
 	n.fflows = n.fflows[:len(fs)]
 	n.uses = n.uses[:0]
 	for _, f := range fs {
-		for _, r := range f.Path {
-			n.uses = append(n.uses, fabric.Use{Resource: r.idx, Coef: 1})
+		for i, r := range f.Path {
+			c := 1.0
+			if f.Coef != nil {
+				c = f.Coef[i]
+			}
+			n.uses = append(n.uses, fabric.Use{Resource: r.idx, Coef: c})
 		}
 	}
 	off := 0
