@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/mapping"
 	"io"
 	"os"
 	"os/exec"
@@ -29,6 +30,8 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	// A memory mapping's fault handler is the test binary re-executed.
+	mapping.RunFaultHandlerIfChild()
 	code := m.Run()
 	if buildDir != "" {
 		os.RemoveAll(buildDir)

@@ -58,6 +58,22 @@ type blockExport struct {
 	ex        nbd.Export
 	be        *nbd.FileBackend
 	suspended bool // removed from the server, backend kept
+	// A part moving (move_block.go): incoming is the token its range is
+	// served under until the move's commit serves ex; retired means ex
+	// was retired from the server (moved away).
+	incoming string
+	retired  bool
+}
+
+// served is the name the server knows the export by ("" for none).
+func (x *blockExport) served() string {
+	switch {
+	case x.incoming != "":
+		return x.incoming
+	case x.suspended || x.retired:
+		return ""
+	}
+	return x.ex.Name
 }
 
 // NewBlockDriver returns a block driver logging to log.
@@ -154,8 +170,8 @@ func (b *BlockDriver) Teardown(_ context.Context, e Export) error {
 	}
 	delete(b.live, e.Request.Export)
 	var err error
-	if !x.suspended {
-		err = b.srv.RemoveExport(e.Request.Export)
+	if name := x.served(); name != "" {
+		err = b.srv.RemoveExport(name)
 	}
 	if cerr := x.be.Close(); err == nil && !errors.Is(cerr, nbd.ErrBackendClosed) {
 		err = cerr
@@ -169,7 +185,7 @@ func (b *BlockDriver) Suspend(_ context.Context, e Export) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	x, ok := b.live[e.Request.Export]
-	if !ok || x.suspended {
+	if !ok || x.served() != e.Request.Export {
 		return nil
 	}
 	x.suspended = true
@@ -184,7 +200,7 @@ func (b *BlockDriver) Resume(_ context.Context, e Export) error {
 	if !ok {
 		return fmt.Errorf("%w: export not prepared", ErrNoDevice)
 	}
-	if !x.suspended {
+	if !x.suspended || x.incoming != "" || x.retired {
 		return nil
 	}
 	if err := b.srv.AddExport(x.ex); err != nil {
@@ -261,8 +277,8 @@ func (b *BlockDriver) Close() error {
 	defer b.mu.Unlock()
 	var first error
 	for name, x := range b.live {
-		if !x.suspended {
-			b.srv.RemoveExport(name)
+		if s := x.served(); s != "" {
+			b.srv.RemoveExport(s)
 		}
 		if err := x.be.Close(); err != nil && first == nil && !errors.Is(err, nbd.ErrBackendClosed) {
 			first = err

@@ -23,11 +23,15 @@ type MemoryDriver struct {
 
 	mu   sync.Mutex
 	live map[string]bool
+	// incoming: the parts being received (move_memory.go), by export
+	// name: the transfer token their region is reached with until
+	// ActivateMove.
+	incoming map[string]string
 }
 
 // NewMemoryDriver returns a memory driver logging to log.
 func NewMemoryDriver(log *slog.Logger) *MemoryDriver {
-	return &MemoryDriver{donor: donor.New(log), live: map[string]bool{}}
+	return &MemoryDriver{donor: donor.New(log), live: map[string]bool{}, incoming: map[string]string{}}
 }
 
 // Prepare reserves the region.
@@ -53,7 +57,12 @@ func (m *MemoryDriver) Teardown(_ context.Context, e Export) error {
 		return nil
 	}
 	delete(m.live, e.Request.Export)
-	return m.donor.RemoveRegion(e.Request.Export)
+	cred := e.Request.Export
+	if tok, ok := m.incoming[cred]; ok {
+		delete(m.incoming, cred)
+		cred = tok
+	}
+	return m.donor.RemoveRegion(cred)
 }
 
 // Suspend closes the region's connections and refuses new ones, keeping
@@ -87,8 +96,12 @@ func (m *MemoryDriver) Close() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for name := range m.live {
+		if tok, ok := m.incoming[name]; ok {
+			name = tok
+		}
 		m.donor.RemoveRegion(name)
 	}
+	m.incoming = map[string]string{}
 	m.live = map[string]bool{}
 	return nil
 }

@@ -372,7 +372,7 @@ func snapshot(inv store.Inventory, skip map[string]string, now time.Time, q Quot
 		if why := skip[n.ID]; why != "" {
 			st = "skipped: " + why
 		}
-		s.Nodes = append(s.Nodes, placement.Node{ID: n.ID, State: st, Labels: n.Labels})
+		s.Nodes = append(s.Nodes, placement.Node{ID: n.ID, State: st, Labels: n.Labels, Cordoned: n.Cordoned})
 		if !hasLink[n.ID] {
 			s.Links = append(s.Links, fabric.Link{ID: n.ID + ">lan", A: n.ID, B: lanVertex, Kind: fabric.Ethernet})
 		}

@@ -279,6 +279,9 @@ func (x *Index) unusableReason(ds *devState) string {
 	if ds.node < 0 {
 		return "node " + ds.dev.Node + " unknown"
 	}
+	if ds.usable == ConstraintCordon {
+		return "node " + ds.dev.Node + " is cordoned"
+	}
 	return "node " + ds.dev.Node + " is " + x.nodes[ds.node].State
 }
 

@@ -203,6 +203,8 @@ func NewIndex(s *Snapshot) *Index {
 			ds.usable = ConstraintNode
 		case s.Nodes[ni].State != "" && s.Nodes[ni].State != NodeReady:
 			ds.usable = ConstraintNode
+		case s.Nodes[ni].Cordoned:
+			ds.usable = ConstraintCordon
 		case d.State != "" && d.State != "healthy":
 			ds.usable = ConstraintHealth
 		}

@@ -62,11 +62,14 @@ type Snapshot struct {
 }
 
 // Node is a server that lends or borrows. Only ready nodes ("" or "ready")
-// donate; a suspect or down node is never chosen.
+// donate; a suspect or down node is never chosen. A Cordoned node
+// (`rialto node cordon`, or being drained) gets no new part either, though
+// its running leases stay and it may still borrow.
 type Node struct {
-	ID     string
-	State  string
-	Labels map[string]string
+	ID       string
+	State    string
+	Labels   map[string]string
+	Cordoned bool
 }
 
 // Device is a lendable resource on a node. Capacity is in bytes for block
@@ -248,6 +251,7 @@ const (
 	ConstraintBorrower  = "borrower"  // borrower unknown or not ready
 	ConstraintKind      = "kind"      // no device of that kind
 	ConstraintNode      = "node"      // donor node suspect or down
+	ConstraintCordon    = "cordon"    // donor node cordoned (or being drained)
 	ConstraintHealth    = "health"    // device unhealthy
 	ConstraintCapacity  = "capacity"  // not enough free space / slots
 	ConstraintLatency   = "latency"   // path + device latency above MaxLatency
