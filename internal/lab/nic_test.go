@@ -82,29 +82,39 @@ func checkNICRack(t *testing.T, spec sim.NICRackSpec, m NICRackResult) (compared
 
 func itoaLab(v int) string { return strconv.Itoa(v) }
 
-// runNICRackChecked runs cfg, and once more if a figure missed; it fails
-// if the second run misses too, or if nothing could be compared twice.
+// runNICRackChecked runs cfg until a run compares something and misses
+// nothing, at most three times: it fails when two runs that compared
+// something missed (a model error repeats; a loaded machine's outlier
+// rarely does), or when no run could be compared (the machine's CPU
+// bounded every run).
 func runNICRackChecked(t *testing.T, cfg NICRackConfig) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	for try := 0; ; try++ {
+	missed := 0
+	var last []string
+	for try := 0; try < 3; try++ {
 		cfg.StateDir = t.TempDir()
 		m, err := RunNICRack(ctx, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		compared, misses := checkNICRack(t, cfg.Spec, m)
-		if compared > 0 && len(misses) == 0 {
+		switch {
+		case compared > 0 && len(misses) == 0:
 			return
-		}
-		if try == 1 {
-			if compared == 0 {
-				t.Fatal("no run kept a link busy, twice: the machine's CPU bounded every run")
+		case compared > 0:
+			missed++
+			last = misses
+			if missed == 2 {
+				t.Fatalf("more than 3%% from the simulator in two runs: %v", misses)
 			}
-			t.Fatalf("more than 3%% from the simulator, twice: %v", misses)
 		}
 	}
+	if missed == 0 {
+		t.Fatal("no run kept a link busy, three times: the machine's CPU bounded every run")
+	}
+	t.Fatalf("one run more than 3%% from the simulator (%v) and none other compared anything", last)
 }
 
 // TestNICEfficiency: through a lent NIC — a lease of a whole interface
