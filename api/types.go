@@ -156,6 +156,11 @@ type Lease struct {
 	Size       int64      `json:"size"`
 	Count      int        `json:"count"`
 	StripeUnit int64      `json:"stripe_unit,omitempty"`
+	// BandwidthCap (bytes/s) and IOPSCap are the caps of the request
+	// (block leases): every lender of the lease enforces them, a part
+	// moved to another lender included.
+	BandwidthCap int64 `json:"bandwidth_cap,omitempty"`
+	IOPSCap      int64 `json:"iops_cap,omitempty"`
 	// NodeID and DeviceID name the first part's lender and device.
 	NodeID   string `json:"node_id,omitempty"`
 	DeviceID string `json:"device_id,omitempty"`

@@ -487,3 +487,47 @@ func allEvents(ctx context.Context, t *testing.T, cl *api.Client) []api.Event {
 		since = evs[len(evs)-1].ID
 	}
 }
+
+// TestMovedPartKeepsCaps moves a capped block lease: the lease record
+// keeps its request's caps, and the destination enforces them (an IOPS
+// cap of 20: 30 reads of its new URI take over a second; uncapped they
+// take milliseconds).
+func TestMovedPartKeepsCaps(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{Nodes: 2, Devices: moveDevices()})
+	ctx := ctxT(t)
+	cl := c.Client()
+	l, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20, IOPSCap: 20, BandwidthCap: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := cl.Lease(ctx, l.ID); got.IOPSCap != 20 || got.BandwidthCap != 64<<20 {
+		t.Fatalf("the lease record lost its caps: %+v", got)
+	}
+	if _, err := cl.MoveLease(ctx, l.ID, api.MoveRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if ms := waitMoves(t, c, l.ID, 1); ms[0].State != api.MoveDone {
+		t.Fatalf("move %+v", ms[0])
+	}
+	moved, err := cl.Lease(ctx, l.ID)
+	if err != nil || moved.NodeID == l.NodeID || moved.IOPSCap != 20 {
+		t.Fatalf("after the move: %v %+v", err, moved)
+	}
+	vol, err := nbd.DialURI(ctx, moved.URI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vol.Close()
+	p := make([]byte, 4096)
+	start := time.Now()
+	for i := range 30 {
+		if _, err := vol.ReadAt(p, int64(i)*4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 30 requests at 20/s with a burst of 100 ms: at least 1.4 s.
+	if d := time.Since(start); d < time.Second {
+		t.Errorf("30 reads of the moved part took %v: its IOPS cap of 20 is gone", d)
+	}
+}
