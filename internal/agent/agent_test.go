@@ -37,6 +37,9 @@ type fakeCP struct {
 	agentKey  string
 	cred      string
 	forgetful bool // answer heartbeats with 401 once
+	// parts, if set for a lease, are the ranges of it the answer wants
+	// served here (api.LeaseExpiry.Parts).
+	parts map[string][]api.PartRef
 }
 
 func newFakeCP(t *testing.T) (*fakeCP, *httptest.Server) {
@@ -77,7 +80,7 @@ func newFakeCP(t *testing.T) (*fakeCP, *httptest.Server) {
 		resp := api.HeartbeatResponse{Teardown: f.teardown, Now: f.now}
 		for _, id := range hb.Leases {
 			if !slices.Contains(f.teardown, id) {
-				resp.Leases = append(resp.Leases, api.LeaseExpiry{ID: id, ExpiresAt: f.expires[id]})
+				resp.Leases = append(resp.Leases, api.LeaseExpiry{ID: id, ExpiresAt: f.expires[id], Parts: f.parts[id]})
 			}
 		}
 		writeJSON200(w, resp)

@@ -271,8 +271,8 @@ func (s *Server) teardownParts(ctx context.Context, l api.Lease, skipNodes ...st
 	}
 	var lenders []store.NodeRecord
 	for _, p := range l.Parts {
-		if seen[p.NodeID] {
-			continue
+		if seen[p.NodeID] || p.Lost() {
+			continue // a lost part's lender is told by its heartbeat answer
 		}
 		seen[p.NodeID] = true
 		n, err := s.nodeRecord(ctx, p.NodeID)

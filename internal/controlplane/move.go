@@ -175,18 +175,22 @@ func (ms *movers) run(id string) *moveRun {
 	return ms.runs[id]
 }
 
-// incoming reports whether node is the destination of a move of lease
-// under way: its heartbeat may list the lease before the lease points at
-// it.
-func (ms *movers) incoming(leaseID, nodeID string) bool {
+// incomingParts returns, by lease, the destinations on node of the moves
+// under way: its heartbeat may list a lease before the lease points at
+// the part it received, which it must keep serving.
+func (ms *movers) incomingParts(nodeID string) map[string][]api.PartRef {
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
+	var out map[string][]api.PartRef
 	for _, r := range ms.runs {
-		if m := r.get(); m.LeaseID == leaseID && m.To.NodeID == nodeID && !m.Done() {
-			return true
+		if m := r.get(); m.To.NodeID == nodeID && !m.Done() {
+			if out == nil {
+				out = map[string][]api.PartRef{}
+			}
+			out[m.LeaseID] = append(out[m.LeaseID], api.PartRef{DeviceID: m.To.DeviceID, Offset: m.To.Offset, Length: m.To.Length})
 		}
 	}
-	return false
+	return out
 }
 
 // Close stops the moves and drains under way (their lenders are told to
@@ -618,8 +622,8 @@ func (s *Server) transfer(ctx context.Context, r *moveRun) error {
 // export, tears it down and wipes it) and ends the move: the lease already
 // points at the destination, so the move is done whatever the source says;
 // a source that does not answer is told again by recoverMoves after a
-// restart, and drops the lease's exports at its next heartbeat if the
-// lease has no part left there.
+// restart, and drops the old export at its next heartbeat, whose answer
+// lists the lease's parts it is to serve (none, or others: KeepOn.Parts).
 func (s *Server) releaseSource(ctx context.Context, r *moveRun, src store.NodeRecord) {
 	x := s.xlender()
 	m := r.get()

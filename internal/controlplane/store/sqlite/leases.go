@@ -317,10 +317,16 @@ func (s *Store) applyChange(l api.Lease, ch store.LeaseChange, plan string) (api
 		}
 		l.Plan = p
 	}
-	if len(ch.URIs) > 0 {
+	if len(ch.URIs) > 0 || len(ch.LostParts) > 0 {
 		l.Parts = slices.Clone(l.Parts)
 		for i, u := range ch.URIs {
 			l.Parts[i].URI = u
+		}
+		for _, i := range ch.LostParts {
+			if i < 0 || i >= len(l.Parts) {
+				return l, false
+			}
+			l.Parts[i].State = api.PartLost
 		}
 	}
 	return l, true
@@ -342,7 +348,7 @@ func (s *Store) transitionTx(ctx context.Context, tx execer, id string, ch store
 		var ok bool
 		if next, ok = s.applyChange(*prev, ch, plan); !ok {
 			prev = nil
-		} else if len(ch.URIs) > 0 {
+		} else if len(ch.URIs) > 0 || len(ch.LostParts) > 0 {
 			partsText = s.partsJSON(next.Parts)
 		}
 	}
@@ -368,13 +374,16 @@ func (s *Store) transitionTx(ctx context.Context, tx execer, id string, ch store
 		args = append(args, ch.TTL)
 	}
 	switch {
-	case len(ch.URIs) > 0 && prev != nil:
+	case (len(ch.URIs) > 0 || len(ch.LostParts) > 0) && prev != nil:
 		q += `, parts = ?`
 		args = append(args, partsText)
-	case len(ch.URIs) > 0:
-		q += `, parts = json_set(parts` + strings.Repeat(`, ?, ?`, len(ch.URIs)) + `)`
+	case len(ch.URIs) > 0 || len(ch.LostParts) > 0:
+		q += `, parts = json_set(parts` + strings.Repeat(`, ?, ?`, len(ch.URIs)+len(ch.LostParts)) + `)`
 		for i, u := range ch.URIs {
 			args = append(args, "$["+strconv.Itoa(i)+"].uri", u)
+		}
+		for _, i := range ch.LostParts {
+			args = append(args, "$["+strconv.Itoa(i)+"].state", string(api.PartLost))
 		}
 	}
 	q += ` WHERE id = ? AND state IN (` + placeholders(len(ch.From)) + `)`
@@ -433,6 +442,10 @@ func (s *Store) transitionTx(ctx context.Context, tx execer, id string, ch store
 		// free only touches live parts: a no-op if the lease had already
 		// ended.
 		if err := free(ctx, tx, id, false); err != nil {
+			return api.Lease{}, late{err}
+		}
+	} else if len(ch.LostParts) > 0 {
+		if err := freeParts(ctx, tx, id, ch.LostParts); err != nil {
 			return api.Lease{}, late{err}
 		}
 	}
