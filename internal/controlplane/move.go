@@ -278,8 +278,18 @@ func exportOf(uri string) (string, error) {
 }
 
 // moveTarget is where a move may go: a node or a device (else placement
-// chooses, away from the part's node).
-type moveTarget struct{ node, device string }
+// chooses, away from the part's node). exclusive: the device is lent
+// whole only.
+type moveTarget struct {
+	node, device string
+	exclusive    bool
+}
+
+// wholePart reports whether l's parts are whole devices: a dedicated
+// block or memory lease, whose part may move onto a whole device.
+func wholePart(l api.Lease) bool {
+	return l.Mode == api.ModeDedicated && (l.Kind == api.KindBlock || l.Kind == api.KindMemory)
+}
 
 // moveLease starts moving parts of lease id (POST /v1/leases/{id}/move).
 func (s *Server) moveLease(ctx context.Context, p principal, id string, req api.MoveRequest) ([]api.Move, error) {
@@ -307,7 +317,7 @@ func (s *Server) moveLease(ctx context.Context, p principal, id string, req api.
 			parts = append(parts, i)
 		}
 	}
-	t, err := s.resolveTarget(ctx, l.Kind, req)
+	t, err := s.resolveTarget(ctx, l, parts, req)
 	if err != nil {
 		return nil, err
 	}
@@ -315,9 +325,10 @@ func (s *Server) moveLease(ctx context.Context, p principal, id string, req api.
 	return s.startMoves(ctx, l, parts, t, who)
 }
 
-// resolveTarget checks a move request's destination.
-func (s *Server) resolveTarget(ctx context.Context, kind api.Kind, req api.MoveRequest) (moveTarget, error) {
+// resolveTarget checks a move request's destination for parts of l.
+func (s *Server) resolveTarget(ctx context.Context, l api.Lease, parts []int, req api.MoveRequest) (moveTarget, error) {
 	var t moveTarget
+	kind := l.Kind
 	if req.ToDevice != "" {
 		devs, err := s.st.Devices(ctx)
 		if err != nil {
@@ -331,7 +342,16 @@ func (s *Server) resolveTarget(ctx context.Context, kind api.Kind, req api.MoveR
 				if req.ToNode != "" && req.ToNode != d.NodeID {
 					return t, fmt.Errorf("%w: device %s is not on node %s", ErrInvalid, d.ID, req.ToNode)
 				}
-				t.device = d.ID
+				if d.Sharing == "exclusive" && !wholePart(l) {
+					// An exclusive device is lent whole only: a part of a
+					// shared or composed lease would hold it whole.
+					return t, fmt.Errorf("%w: device %s is exclusive (lent whole only): only the part of a whole-device (dedicated) lease moves onto it; lease %s is %s",
+						ErrInvalid, d.ID, l.ID, l.Mode)
+				}
+				if d.Sharing == "exclusive" && len(parts) > 1 {
+					return t, fmt.Errorf("%w: device %s is exclusive: move one part onto it (--part)", ErrInvalid, d.ID)
+				}
+				t.device, t.exclusive = d.ID, d.Sharing == "exclusive"
 				return t, nil
 			}
 		}
@@ -429,7 +449,11 @@ func stripURI(p api.Part) api.Part { p.URI = ""; return p }
 
 // placeMove finds a destination for part i of l: a range of the same
 // length on a device of the same kind, where t says, else anywhere but
-// the part's node (placement skips cordoned nodes).
+// the part's node (placement skips cordoned nodes). The part of a
+// whole-device lease may also go to a whole unused device at least as
+// large, exclusive ones included (named by t, or when no range fits):
+// it then takes that device whole, its first Length bytes holding the
+// part, so the lease keeps its size.
 func (s *Server) placeMove(ctx context.Context, l api.Lease, i int, t moveTarget) (api.Part, error) {
 	p := l.Parts[i]
 	req := api.LeaseRequest{Kind: l.Kind, Mode: api.ModeShared, Size: p.Length, Count: 1, Borrower: l.Borrower}
@@ -445,9 +469,24 @@ func (s *Server) placeMove(ctx context.Context, l api.Lease, i int, t moveTarget
 	if l.Kind == api.KindAccel {
 		req.Mode, req.Size, req.Count = "", 0, int(p.Length)
 	}
-	id := resource.NewID("place")
-	plan, err := s.res.Place(ctx, hold{id: id, tenant: moveTenant, kind: l.Kind}, req, skip, s.now())
-	s.res.Release(id) // the move's write holds the destination (BeginMove)
+	var plan api.Plan
+	var err error
+	if !t.exclusive {
+		plan, err = s.placeDestination(ctx, l.Kind, req, skip)
+	}
+	if wholePart(l) && (t.exclusive || err != nil) {
+		whole := req
+		whole.Mode, whole.Whole = api.ModeDedicated, true
+		wplan, werr := s.placeDestination(ctx, l.Kind, whole, skip)
+		if werr == nil && len(wplan.Parts) == 1 && wplan.Parts[0].Length >= p.Length {
+			to := wplan.Parts[0]
+			to.Offset, to.Length = 0, p.Length
+			return to, nil
+		}
+		if t.exclusive {
+			plan, err = wplan, werr
+		}
+	}
 	if err != nil {
 		why := err.Error()
 		if len(plan.Explanation) > 0 {
@@ -459,6 +498,15 @@ func (s *Server) placeMove(ctx context.Context, l api.Lease, i int, t moveTarget
 		return api.Part{}, fmt.Errorf("%w: no destination of %d for part %d of lease %s (placement offered %d part(s))", ErrInfeasible, p.Length, i, l.ID, len(plan.Parts))
 	}
 	return plan.Parts[0], nil
+}
+
+// placeDestination places a move's destination, holding nothing (the
+// move's write holds it: BeginMove).
+func (s *Server) placeDestination(ctx context.Context, kind api.Kind, req api.LeaseRequest, skip map[string]string) (api.Plan, error) {
+	id := resource.NewID("place")
+	plan, err := s.res.Place(ctx, hold{id: id, tenant: moveTenant, kind: kind}, req, skip, s.now())
+	s.res.Release(id)
+	return plan, err
 }
 
 // runMove runs one move to its end.

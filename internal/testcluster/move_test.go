@@ -531,3 +531,88 @@ func TestMovedPartKeepsCaps(t *testing.T) {
 		t.Errorf("30 reads of the moved part took %v: its IOPS cap of 20 is gone", d)
 	}
 }
+
+// TestMoveWholeLeaseToExclusiveDevice: the part of a whole-device lease
+// moves onto an exclusive device named by --to (larger than it: the lease
+// keeps its size), its bytes kept; a shared lease's part may not go there,
+// and the refusal says why.
+func TestMoveWholeLeaseToExclusiveDevice(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{Nodes: 2, Devices: []agent.DeviceConfig{{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 16 << 20}},
+		Configure: func(i int, cfg *agent.Config) {
+			if i == 1 {
+				cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: "ex0", Kind: api.KindBlock, Path: "ex0.img", Size: 24 << 20, Sharing: "exclusive"})
+			}
+		}})
+	ctx := ctxT(t)
+	cl := c.Client()
+	devs, err := cl.Devices(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ex, disk0 api.Device
+	for _, d := range devs {
+		switch {
+		case d.Name == "ex0":
+			ex = d
+		case d.Name == "disk0" && d.NodeID == c.Nodes[0].ID():
+			disk0 = d
+		}
+	}
+	whole, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Whole: true, Affinity: []string{disk0.ID}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if whole.Mode != api.ModeDedicated || whole.Parts[0].Length != 16<<20 {
+		t.Fatalf("whole lease: %+v", whole)
+	}
+	shared, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{c.Nodes[1].ID()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = cl.MoveLease(ctx, shared.ID, api.MoveRequest{ToDevice: ex.ID})
+	if !api.IsCode(err, api.CodeInvalid) || !strings.Contains(err.Error(), "exclusive (lent whole only)") {
+		t.Fatalf("moving a shared lease onto an exclusive device: %v", err)
+	}
+	data := bytes.Repeat([]byte("whole device "), 4096)
+	vol, err := nbd.DialURI(ctx, whole.URI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := vol.WriteAt(data, 5<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := vol.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	vol.Close()
+	if _, err := cl.MoveLease(ctx, whole.ID, api.MoveRequest{ToDevice: ex.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if ms := waitMoves(t, c, whole.ID, 1); ms[0].State != api.MoveDone {
+		t.Fatalf("move %+v", ms[0])
+	}
+	got, err := cl.Lease(ctx, whole.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := got.Parts[0]; p.DeviceID != ex.ID || p.Offset != 0 || p.Length != 16<<20 || got.Size != whole.Size {
+		t.Fatalf("after the move: %+v", got)
+	}
+	vol, err = nbd.DialURI(ctx, got.URI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vol.Close()
+	if vol.Size() != 16<<20 {
+		t.Errorf("the moved lease serves %d bytes", vol.Size())
+	}
+	back := make([]byte, len(data))
+	if _, err := vol.ReadAt(back, 5<<20); err != nil || !bytes.Equal(back, data) {
+		t.Fatalf("the moved lease's bytes: %v", err)
+	}
+	// The exclusive device is held whole: nothing else gets a part of it.
+	if _, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Whole: true, Affinity: []string{ex.ID}}); !api.IsCode(err, api.CodeInfeasible) {
+		t.Fatalf("a lease of the exclusive device a moved part holds: %v", err)
+	}
+}
