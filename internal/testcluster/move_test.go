@@ -19,6 +19,8 @@ import (
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles/wasmtest"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/mapping"
 )
 
 func moveDevices() []agent.DeviceConfig {
@@ -259,6 +261,68 @@ func TestMoveMemoryLease(t *testing.T) {
 	w.check(t)
 	if got, _ := cl.Lease(ctx, l.ID); got.NodeID == l.NodeID || got.URI == l.URI {
 		t.Errorf("the lease after its move: %+v", got)
+	}
+}
+
+// TestMoveMemoryLeaseMapping: a memory lease mapped into the borrower
+// (borrower.MapMemory) stays mapped across its move: what the program
+// wrote before reads the same after, without the mapping being opened
+// again, and writes after the move reach the new place. The mapping's
+// bytes are touched with plain loops: the donors run in this process.
+func TestMoveMemoryLeaseMapping(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{Nodes: 2, Devices: moveDevices()})
+	ctx := ctxT(t)
+	cl := c.Client()
+	l, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindMemory, Size: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mm, err := borrower.MapMemory(ctx, cl, l, 0, client.Options{Timeout: 10 * time.Second}, mapping.Options{CacheBytes: 256 << 10})
+	if errors.Is(err, mapping.ErrUffdUnavailable) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mm.Close()
+	b := mm.Bytes()
+	pattern := func(i int, gen byte) byte { return byte(i*7+i/4096) ^ gen }
+	for i := range b {
+		b[i] = pattern(i, 0)
+	}
+	if _, err := cl.MoveLease(ctx, l.ID, api.MoveRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if ms := waitMoves(t, c, l.ID, 1); ms[0].State != api.MoveDone {
+		t.Fatalf("move %+v", ms[0])
+	}
+	for i := range b {
+		if b[i] != pattern(i, 0) {
+			t.Fatalf("byte %d reads %d after the move, want %d (%v)", i, b[i], pattern(i, 0), mm.Err())
+		}
+	}
+	for i := range b {
+		b[i] = pattern(i, 0x5a)
+	}
+	if err := mm.Flush(); err != nil {
+		t.Fatalf("flush after the move: %v", err)
+	}
+	if st := mm.Stats(); st.Follows == 0 || mm.Session.Moves() != 1 {
+		t.Fatalf("the mapping did not follow: %d new connections, %d session moves", st.Follows, mm.Session.Moves())
+	}
+	got := make([]byte, len(b))
+	if err := mm.Session.Read(ctx, client.ChannelBulk, got, 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := range got {
+		if got[i] != pattern(i, 0x5a) {
+			t.Fatalf("the new place's byte %d is %d, want %d", i, got[i], pattern(i, 0x5a))
+		}
+	}
+	moved, _ := cl.Lease(ctx, l.ID)
+	if moved.NodeID == l.NodeID {
+		t.Fatalf("the lease did not move: %+v", moved)
 	}
 }
 
