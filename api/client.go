@@ -189,6 +189,13 @@ func (c *Client) Nodes(ctx context.Context) ([]Node, error) {
 	return out, c.Do(ctx, http.MethodGet, "/v1/nodes", nil, &out)
 }
 
+// MetricsTargets returns the Prometheus scrape targets: the control plane
+// and every node's agent.
+func (c *Client) MetricsTargets(ctx context.Context) ([]MetricsTargetGroup, error) {
+	var out []MetricsTargetGroup
+	return out, c.Do(ctx, http.MethodGet, "/v1/metrics-targets", nil, &out)
+}
+
 // Node returns one node.
 func (c *Client) Node(ctx context.Context, id string) (Node, error) {
 	var out Node

@@ -379,6 +379,16 @@ type DeviceCounters struct {
 	UsedBytes *int64 `json:"used_bytes,omitempty"`
 }
 
+// MetricsTargetGroup is a group of Prometheus scrape targets (GET
+// /v1/metrics-targets), in the format of Prometheus's HTTP service
+// discovery (http_sd_configs): host:port targets and the labels Prometheus
+// gives them: __scheme__ and __metrics_path__ (how to scrape), component
+// (controlplane or agent) and, for an agent, node (its name).
+type MetricsTargetGroup struct {
+	Targets []string          `json:"targets"`
+	Labels  map[string]string `json:"labels"`
+}
+
 // DeviceUsage is a device's measured use (GET /v1/usage): what it holds
 // and its data-plane bandwidth over the last minutes, from its agent's
 // heartbeats. The control plane keeps it in memory only.

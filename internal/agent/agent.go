@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/metrics"
 	"github.com/rialto-project/rialto/internal/resource"
@@ -32,7 +34,7 @@ type Agent struct {
 	hc      *http.Client
 	tls     *nodeTLS // nil without Config.CAFile; set by Run before anything runs
 	drivers map[api.Kind]Driver
-	reg     *metrics.Registry
+	reg     *prometheus.Registry // this agent's own (GET /metrics): several agents may share a process
 
 	ran   atomic.Bool
 	ready chan struct{}
@@ -62,18 +64,18 @@ type Agent struct {
 	hbMu   sync.Mutex // serializes heartbeat rounds
 	wipeMu sync.Mutex // serializes writes of the wipe journal
 
-	mHeartbeats   *metrics.CounterVec
-	mPrepares     *metrics.CounterVec
-	mExports      *metrics.Gauge
-	mWithheld     *metrics.GaugeVec
-	mRestored     *metrics.CounterVec
-	mWipes        *metrics.CounterVec
-	mPendingWipes *metrics.Gauge
-	mSuspends     *metrics.CounterVec
-	mTransfers    *metrics.CounterVec
-	mMoved        *metrics.CounterVec
-	mSkipped      *metrics.CounterVec
-	mHeld         *metrics.HistogramVec
+	mHeartbeats   *prometheus.CounterVec
+	mPrepares     *prometheus.CounterVec
+	mExports      prometheus.Gauge
+	mWithheld     *prometheus.GaugeVec
+	mRestored     *prometheus.CounterVec
+	mWipes        *prometheus.CounterVec
+	mPendingWipes prometheus.Gauge
+	mSuspends     *prometheus.CounterVec
+	mTransfers    *prometheus.CounterVec
+	mMoved        *prometheus.CounterVec
+	mSkipped      *prometheus.CounterVec
+	mHeld         *prometheus.HistogramVec
 }
 
 // New checks cfg and returns an agent ready to Run.
@@ -100,7 +102,7 @@ func New(cfg Config) (*Agent, error) {
 		clock:    cfg.Clock,
 		hc:       hc,
 		drivers:  map[api.Kind]Driver{},
-		reg:      metrics.NewRegistry(),
+		reg:      prometheus.NewRegistry(),
 		ready:    make(chan struct{}),
 		devices:  map[string]DeviceConfig{},
 		exports:  map[string]Export{},
@@ -117,26 +119,10 @@ func New(cfg Config) (*Agent, error) {
 			m.UseMetrics(a.reg)
 		}
 	}
-	a.mHeartbeats = a.reg.Counter("rialto_agent_heartbeats_total", "Heartbeats sent, by result.", "result")
-	a.mPrepares = a.reg.Counter("rialto_agent_prepares_total", "Prepare requests, by result.", "result")
-	a.mExports = a.reg.Gauge("rialto_agent_exports", "Exports kept: served, held or suspended (see rialto_agent_exports_withheld).").With()
-	a.mWithheld = a.reg.Gauge("rialto_agent_exports_withheld",
-		"Exports kept but not served, by state: held (restored, awaiting the control plane's confirmation) or suspended (their lease's known expiry passed).", "state")
-	a.mRestored = a.reg.Counter("rialto_agent_restored_exports_total",
-		"Exports restored after a restart, by result once the control plane answered: same_address, new_address (the lease's URI is stale), unknown_address (none persisted), failed, or dropped (the control plane no longer wanted the lease).", "result")
-	a.mWipes = a.reg.Counter("rialto_agent_wipes_total", "Block ranges wiped before returning to the pool, by result (ok, failed).", "result")
-	a.mPendingWipes = a.reg.Gauge("rialto_agent_pending_wipes", "Block ranges in the wipe journal: lent to no one until wiped.").With()
-	a.mSuspends = a.reg.Counter("rialto_agent_expiry_suspensions_total",
-		"Exports the agent stopped serving because their lease's known expiry passed without a renewal it could confirm.", "kind")
-	a.mTransfers = a.reg.Counter("rialto_agent_transfers_total",
-		"Parts of leases moved to or from this lender while served, by role (out: the source, in: the destination) and event (started, committed, aborted, failed).", "role", "event")
-	a.mMoved = a.reg.Counter("rialto_agent_moved_bytes_total",
-		"Bytes this lender sent to other lenders moving parts of leases (every pass), by kind.", "kind")
-	a.mSkipped = a.reg.Counter("rialto_agent_move_zero_bytes_total",
-		"Bytes of moved parts that read as zeroes and were sent as zeroing requests instead, by kind.", "kind")
-	a.mHeld = a.reg.Histogram("rialto_agent_move_hold_seconds",
-		"How long a moving part's writes were held for its last pass and the switch, by kind.",
-		[]float64{0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}, "kind")
+	if !cfg.OmitRuntimeMetrics {
+		metrics.RegisterRuntime(a.reg)
+	}
+	a.registerMetrics(a.reg)
 	return a, nil
 }
 
@@ -257,7 +243,7 @@ func (a *Agent) Devices() []DeviceConfig {
 }
 
 // Metrics is the agent's metrics registry (also served at /metrics).
-func (a *Agent) Metrics() *metrics.Registry { return a.reg }
+func (a *Agent) Metrics() *prometheus.Registry { return a.reg }
 
 // Run joins the control plane, serves the agent API and the data planes
 // and heartbeats until ctx is cancelled or the join is rejected. It
@@ -703,7 +689,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	a.cpRTT, a.cpUp = rtt, err == nil
 	a.mu.Unlock()
 	if err != nil {
-		a.mHeartbeats.With("error").Inc()
+		a.mHeartbeats.WithLabelValues("error").Inc()
 		a.enforceExpiry(ctx, false)
 		var ae *api.Error
 		if errors.As(err, &ae) && (ae.Code == api.CodeUnauthorized || ae.Code == api.CodeNotFound) {
@@ -712,7 +698,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 		}
 		return err
 	}
-	a.mHeartbeats.With("ok").Inc()
+	a.mHeartbeats.WithLabelValues("ok").Inc()
 	a.mu.Lock()
 	if resp.Peers != nil {
 		a.peers = a.otherPeers(resp.Peers, nodeID)

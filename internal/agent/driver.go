@@ -4,8 +4,9 @@ import (
 	"context"
 	"net"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/rialto-project/rialto/api"
-	"github.com/rialto-project/rialto/internal/metrics"
 )
 
 // Export is one prepared export: the control plane's request, the local
@@ -83,7 +84,7 @@ type Closer interface {
 // MetricsUser is implemented by drivers that publish metrics: the agent
 // hands them its registry (served at /metrics) before it runs.
 type MetricsUser interface {
-	UseMetrics(reg *metrics.Registry)
+	UseMetrics(reg *prometheus.Registry)
 }
 
 // Wiper is implemented by drivers whose devices keep a lease's bytes after

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/resource"
 )
@@ -122,12 +124,12 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 		if old.suspended {
 			// Suspended by a Suspender: serve it again, same URI.
 			if err := drv.(Suspender).Resume(ctx, old); err != nil {
-				a.mPrepares.With("error").Inc()
+				a.mPrepares.WithLabelValues("error").Inc()
 				return api.PrepareResponse{}, fmt.Errorf("agent: resume %s on %s: %w", req.LeaseID, dev.Name, err)
 			}
 			old.Request, old.suspended = req, false
 			a.storeLocked(old)
-			a.mPrepares.With("ok").Inc()
+			a.mPrepares.WithLabelValues("ok").Inc()
 			return api.PrepareResponse{URI: old.servedURI()}, nil
 		}
 	}
@@ -137,7 +139,7 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 	}
 	resp, err := drv.Prepare(ctx, e)
 	if err != nil {
-		a.mPrepares.With("error").Inc()
+		a.mPrepares.WithLabelValues("error").Inc()
 		return api.PrepareResponse{}, fmt.Errorf("agent: prepare %s on %s: %w", req.LeaseID, dev.Name, err)
 	}
 	switch {
@@ -153,7 +155,7 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 		e.Moved = resp.URI
 	}
 	a.storeLocked(e)
-	a.mPrepares.With("ok").Inc()
+	a.mPrepares.WithLabelValues("ok").Inc()
 	a.log.Info("prepared", "lease", req.LeaseID, "device", dev.Name, "kind", dev.Kind,
 		"offset", req.Offset, "length", req.Length, "export", resource.Fingerprint(req.Export))
 	return resp, nil
@@ -190,8 +192,8 @@ func (a *Agent) countExportsLocked() {
 		}
 	}
 	a.mExports.Set(float64(len(a.exports)))
-	a.mWithheld.With("held").Set(held)
-	a.mWithheld.With("suspended").Set(suspended)
+	a.mWithheld.WithLabelValues("held").Set(held)
+	a.mWithheld.WithLabelValues("suspended").Set(suspended)
 }
 
 // Teardown stops serving every export of a lease and wipes the block
@@ -252,7 +254,7 @@ func (a *Agent) teardownExports(ctx context.Context, leaseID string, pick func(E
 			}
 		}
 		if e.held {
-			a.mRestored.With("dropped").Inc()
+			a.mRestored.WithLabelValues("dropped").Inc()
 		}
 		a.mu.Lock()
 		delete(a.exports, e.Request.Export)
@@ -303,14 +305,14 @@ func (a *Agent) restoreExports(_ context.Context, saved []persistedExport) {
 				err = fmt.Errorf("%w: the range overlaps another restored lease's", ErrOverlap)
 			} else if wiping {
 				a.mu.Unlock()
-				a.mRestored.With("dropped").Inc()
+				a.mRestored.WithLabelValues("dropped").Inc()
 				a.log.Info("a restored export was being torn down; its range is wiped instead", "lease", p.LeaseID)
 				continue
 			}
 		}
 		if err != nil {
 			a.mu.Unlock()
-			a.mRestored.With("failed").Inc()
+			a.mRestored.WithLabelValues("failed").Inc()
 			a.log.Warn("restoring an export failed; dropping it", "lease", p.LeaseID, "err", err)
 			continue
 		}
@@ -342,14 +344,14 @@ func (a *Agent) confirmHeld(ctx context.Context, e Export) {
 	resp, err := a.prepare(ctx, e.Request, true, e.URI, e.Moved != "")
 	switch {
 	case err != nil:
-		a.mRestored.With("failed").Inc()
+		a.mRestored.WithLabelValues("failed").Inc()
 		a.log.Warn("serving a restored export failed; it stays held", "lease", e.Request.LeaseID, "err", err)
 	case e.URI == "":
-		a.mRestored.With("unknown_address").Inc()
+		a.mRestored.WithLabelValues("unknown_address").Inc()
 	case resp.URI == e.URI:
-		a.mRestored.With("same_address").Inc()
+		a.mRestored.WithLabelValues("same_address").Inc()
 	default:
-		a.mRestored.With("new_address").Inc()
+		a.mRestored.WithLabelValues("new_address").Inc()
 		a.log.Warn("restored export is served at a new address; the next heartbeat reports it to the control plane, and borrowers must fetch the lease again to reach it",
 			"lease", e.Request.LeaseID, "kind", e.Request.Kind, "old", uriAddress(e.URI), "new", uriAddress(resp.URI))
 	}
@@ -370,7 +372,7 @@ func (a *Agent) Handler() http.Handler {
 		w.Header().Set("Content-Type", "text/plain")
 		w.Write([]byte("ok\n"))
 	})
-	mux.Handle("GET /metrics", a.reg)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("POST /agent/v1/prepare", a.auth(a.handlePrepare))
 	mux.HandleFunc("POST /agent/v1/teardown", a.auth(a.handleTeardown))
 	mux.HandleFunc("GET /agent/v1/status", a.auth(func(w http.ResponseWriter, r *http.Request) {
@@ -409,12 +411,12 @@ func (a *Agent) auth(h http.HandlerFunc) http.HandlerFunc {
 
 func (a *Agent) handlePrepare(w http.ResponseWriter, r *http.Request) {
 	if a.Faults.IgnorePrepare.Load() {
-		a.mPrepares.With("ignored").Inc()
+		a.mPrepares.WithLabelValues("ignored").Inc()
 		<-r.Context().Done()
 		return
 	}
 	if a.Faults.RefusePrepare.Load() {
-		a.mPrepares.With("refused").Inc()
+		a.mPrepares.WithLabelValues("refused").Inc()
 		writeError(w, http.StatusServiceUnavailable, api.CodeUnavailable, ErrRefused.Error()+" (fault injected)")
 		return
 	}

@@ -202,7 +202,7 @@ func (a *Agent) enforceExpiry(ctx context.Context, reachable bool) {
 			a.countExportsLocked()
 		}
 		a.mu.Unlock()
-		a.mSuspends.With(string(e.Device.Kind)).Inc()
+		a.mSuspends.WithLabelValues(string(e.Device.Kind)).Inc()
 		a.log.Warn("stopped serving a lease whose expiry passed without a renewal the control plane confirmed",
 			"lease", e.Request.LeaseID, "kind", e.Device.Kind, "expired", !e.Request.ExpiresAt.IsZero(), "control_plane_reachable", reachable)
 	}

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 	"github.com/rialto-project/rialto/internal/dataplane/block/stripe"
@@ -251,7 +253,7 @@ func TestMoveBlockUnderWrites(t *testing.T) {
 		t.Errorf("source's transfer: %+v", st)
 	}
 	t.Logf("source's transfer: %d passes, %d bytes copied, %d zero, writes held %.1f ms", st.Pass, st.Copied, st.Skipped, st.HeldMillis)
-	if v := r.src.mMoved.With("block").Value(); v != float64(st.Copied) {
+	if v := testutil.ToFloat64(r.src.mMoved.WithLabelValues("block")); v != float64(st.Copied) {
 		t.Errorf("rialto_agent_moved_bytes_total = %v, want %d", v, st.Copied)
 	}
 	if got := r.src.Leases(); len(got) != 0 {
@@ -276,7 +278,7 @@ func TestMoveBlockUnderWrites(t *testing.T) {
 		t.Errorf("the destination persisted %+v (%v)", saved, err)
 	}
 	for _, a := range []*Agent{r.src, r.dst} {
-		if n := a.mPendingWipes.Value(); n != 0 {
+		if n := testutil.ToFloat64(a.mPendingWipes); n != 0 {
 			t.Errorf("%d wipes pending", int(n))
 		}
 	}
@@ -307,7 +309,7 @@ func TestMoveAborted(t *testing.T) {
 	if _, err := r.src.CommitTransfer(ctxFor(t), "t2"); !errors.Is(err, ErrTransferState) {
 		t.Errorf("commit after abort: %v", err)
 	}
-	if n := r.dst.mPendingWipes.Value(); n != 0 {
+	if n := testutil.ToFloat64(r.dst.mPendingWipes); n != 0 {
 		t.Errorf("%d wipes pending on the destination", int(n))
 	}
 	got := nbdRead(t, prepareBlock(t, r.dst, "lease-next", 0, movePart), movePart, 0)

@@ -384,7 +384,7 @@ func (a *Agent) ReceiveTransfer(ctx context.Context, req api.TransferInRequest) 
 	a.exports[part.Export] = e
 	a.countExportsLocked()
 	a.mu.Unlock()
-	a.mTransfers.With("in", "started").Inc()
+	a.mTransfers.WithLabelValues("in", "started").Inc()
 	a.log.Info("receiving a moved part", "transfer", req.ID, "lease", part.LeaseID, "device", dev.Name,
 		"offset", part.Offset, "length", part.Length, "token", resource.Fingerprint(req.Token))
 	return api.TransferInResponse{URI: uri}, nil
@@ -453,7 +453,7 @@ func (a *Agent) SendTransfer(ctx context.Context, req api.TransferOutRequest) (a
 		defer close(t.done)
 		a.runOut(cctx, t, req)
 	}()
-	a.mTransfers.With("out", "started").Inc()
+	a.mTransfers.WithLabelValues("out", "started").Inc()
 	a.log.Info("moving a part", "transfer", req.ID, "lease", e.Request.LeaseID, "device", e.Device.Name,
 		"length", e.Request.Length, "to", uriAddress(req.DestURI))
 	return t.status(), nil
@@ -572,7 +572,7 @@ func (a *Agent) failOut(t *transfer, err error) {
 	t.setLocked(api.TransferFailed)
 	t.mu.Unlock()
 	a.endOut(t)
-	a.mTransfers.With("out", "failed").Inc()
+	a.mTransfers.WithLabelValues("out", "failed").Inc()
 	a.log.Warn("moving a part failed; it is served here as before", "transfer", t.id, "lease", t.e.Request.LeaseID, "err", err)
 }
 
@@ -592,7 +592,7 @@ func (a *Agent) endOut(t *transfer) {
 	}
 	t.mu.Lock()
 	if !t.heldAt.IsZero() {
-		a.mHeld.With(string(t.e.Device.Kind)).Observe(time.Since(t.heldAt).Seconds())
+		a.mHeld.WithLabelValues(string(t.e.Device.Kind)).Observe(time.Since(t.heldAt).Seconds())
 		t.st.HeldMillis = float64(time.Since(t.heldAt).Microseconds()) / 1e3
 		t.heldAt = time.Time{}
 	}
@@ -675,8 +675,8 @@ func (a *Agent) copySpans(ctx context.Context, t *transfer, spans []Span, first 
 				t.st.Skipped += c.n - sent
 				t.st.UpdatedAt = time.Now()
 				t.mu.Unlock()
-				a.mMoved.With(kind).Add(float64(sent))
-				a.mSkipped.With(kind).Add(float64(c.n - sent))
+				a.mMoved.WithLabelValues(kind).Add(float64(sent))
+				a.mSkipped.WithLabelValues(kind).Add(float64(c.n - sent))
 			}
 		})
 	}
@@ -816,7 +816,7 @@ func (a *Agent) activate(ctx context.Context, t *transfer) (api.TransferCommitRe
 	t.e = e
 	t.setLocked(api.TransferCommitted)
 	t.mu.Unlock()
-	a.mTransfers.With("in", "committed").Inc()
+	a.mTransfers.WithLabelValues("in", "committed").Inc()
 	a.log.Info("serving a moved part", "transfer", t.id, "lease", e.Request.LeaseID, "device", e.Device.Name)
 	return api.TransferCommitResponse(resp), nil
 }
@@ -850,7 +850,7 @@ func (a *Agent) commitOut(ctx context.Context, t *transfer) error {
 		a.log.Warn("tearing down a moved part", "transfer", t.id, "err", err)
 	}
 	t.setState(api.TransferCommitted)
-	a.mTransfers.With("out", "committed").Inc()
+	a.mTransfers.WithLabelValues("out", "committed").Inc()
 	a.log.Info("moved part switched over; old range torn down", "transfer", t.id, "lease", t.e.Request.LeaseID)
 	return nil
 }
@@ -892,11 +892,11 @@ func (a *Agent) abortTransfer(ctx context.Context, t *transfer, why string) erro
 		close(t.finish)
 		<-t.done
 		a.endOut(t)
-		a.mTransfers.With("out", "aborted").Inc()
+		a.mTransfers.WithLabelValues("out", "aborted").Inc()
 		a.log.Info("move aborted; the part is served here as before", "transfer", t.id, "lease", t.e.Request.LeaseID, "why", why)
 		return nil
 	}
-	a.mTransfers.With("in", "aborted").Inc()
+	a.mTransfers.WithLabelValues("in", "aborted").Inc()
 	a.log.Info("move aborted; wiping the received range", "transfer", t.id, "lease", t.e.Request.LeaseID, "why", why)
 	return a.dropIncoming(ctx, t)
 }

@@ -154,10 +154,10 @@ func (a *Agent) runWipe(ctx context.Context, w *pendingWipe) error {
 	w.running = false
 	a.mu.Unlock()
 	if err != nil {
-		a.mWipes.With("failed").Inc()
+		a.mWipes.WithLabelValues("failed").Inc()
 		return fmt.Errorf("agent: wipe of lease %s on %s: %w", w.LeaseID, w.DeviceName, err)
 	}
-	a.mWipes.With("ok").Inc()
+	a.mWipes.WithLabelValues("ok").Inc()
 	a.log.Info("wiped", "lease", w.LeaseID, "device", w.DeviceName, "offset", w.Offset, "length", w.Length)
 	return nil
 }
@@ -204,7 +204,7 @@ func (a *Agent) withoutWiped(saved []persistedExport) []persistedExport {
 	defer a.mu.Unlock()
 	for _, p := range saved {
 		if a.wipeOverlapLocked(p.PrepareRequest) {
-			a.mRestored.With("dropped").Inc()
+			a.mRestored.WithLabelValues("dropped").Inc()
 			a.log.Info("a restored export was being torn down; its range is wiped instead", "lease", p.LeaseID)
 			continue
 		}

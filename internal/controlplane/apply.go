@@ -108,7 +108,7 @@ func (s *Server) wrote(ctx context.Context, prev, l api.Lease, ev api.Event, err
 	}
 	transition := ev.Type == "lease."+string(l.State)
 	if transition {
-		s.m.leaseTransitions.With(string(l.State)).Inc()
+		s.m.leaseTransitions.WithLabelValues(string(l.State)).Inc()
 	}
 	if transition && prev.State == l.State {
 		return // a renewal

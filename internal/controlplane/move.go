@@ -14,10 +14,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/lifecycle"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
-	"github.com/rialto-project/rialto/internal/metrics"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -120,9 +121,9 @@ type movers struct {
 	runs      map[string]*moveRun
 	recovered bool
 
-	moves  *metrics.CounterVec
-	bytes  *metrics.Counter
-	active *metrics.Gauge
+	moves  *prometheus.CounterVec
+	bytes  prometheus.Counter
+	active prometheus.Gauge
 }
 
 // moveRun is one move: its record and live progress.
@@ -148,10 +149,16 @@ func (r *moveRun) update(f func(m *api.Move)) api.Move {
 	return r.m
 }
 
-func (ms *movers) init(reg *metrics.Registry) {
-	ms.moves = reg.Counter("rialto_moves_total", "Lease part moves by result (done, failed).", "result")
-	ms.bytes = reg.Counter("rialto_moved_bytes_total", "Bytes the lenders sent moving lease parts (every pass), as they reported them.").With()
-	ms.active = reg.Gauge("rialto_moves_active", "Lease part moves under way.").With()
+func (ms *movers) init(reg prometheus.Registerer) {
+	ms.moves = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rialto_moves_total",
+		Help: "Lease part moves by result (done, failed)."}, []string{"result"})
+	ms.bytes = prometheus.NewCounter(prometheus.CounterOpts{Name: "rialto_moved_bytes_total",
+		Help: "Bytes the lenders sent moving lease parts (every pass), as they reported them."})
+	ms.active = prometheus.NewGauge(prometheus.GaugeOpts{Name: "rialto_moves_active", Help: "Lease part moves under way."})
+	reg.MustRegister(ms.moves, ms.bytes, ms.active)
+	for _, r := range []string{"done", "failed"} {
+		ms.moves.WithLabelValues(r)
+	}
 }
 
 func (ms *movers) add(r *moveRun) {
@@ -255,7 +262,7 @@ func (s *Server) endMove(ctx context.Context, a lifecycle.EndMove) {
 		})
 	}
 	if s.mv.moves != nil {
-		s.mv.moves.With(a.State).Inc()
+		s.mv.moves.WithLabelValues(a.State).Inc()
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 	"github.com/rialto-project/rialto/internal/controlplane/ui"
@@ -77,7 +79,7 @@ type Server struct {
 	clock  Clock
 	lender Lender
 	cfg    Config
-	reg    *metrics.Registry
+	reg    *prometheus.Registry // this server's own: several servers may share a process
 	m      serverMetrics
 	h      http.Handler
 	peers  peerCache
@@ -145,7 +147,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Lender == nil {
 		cfg.Lender = NewHTTPLender(nil)
 	}
-	s := &Server{st: cfg.Store, log: cfg.Logger, clock: cfg.Clock, lender: cfg.Lender, cfg: cfg, reg: metrics.NewRegistry(),
+	s := &Server{st: cfg.Store, log: cfg.Logger, clock: cfg.Clock, lender: cfg.Lender, cfg: cfg, reg: prometheus.NewRegistry(),
 		res: newReserver(cfg.Store, cfg.Quotas)}
 	if cfg.BootstrapToken != "" {
 		if err := s.st.PutToken(ctx, store.Token{Hash: resource.HashSecret(cfg.BootstrapToken), Kind: store.TokenBootstrap, CreatedAt: s.now()}); err != nil {
@@ -164,6 +166,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		}
 	}
 	s.started = s.now()
+	metrics.RegisterRuntime(s.reg)
 	s.m = newServerMetrics(s.reg)
 	switch x, ok := cfg.Lender.(transferLender); {
 	case ok:
@@ -180,7 +183,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		s.xfer = NewHTTPLender(nil)
 	}
 	s.mv.init(s.reg)
-	s.leases.size, s.beats.size = s.m.batchSize.With("lease"), s.m.batchSize.With("heartbeat")
+	s.leases.size, s.beats.size = s.m.batchSize.WithLabelValues("lease"), s.m.batchSize.WithLabelValues("heartbeat")
 	s.h = s.routes()
 	return s, nil
 }

@@ -616,7 +616,7 @@ func (d *Donor) serveData(s *session, c net.Conn, kind uint8, qid uint32) {
 				}
 				break
 			}
-			done, ok := s.reg.writeGate(h.Offset, uint64(h.Length))
+			mv, ok := s.reg.writeGate()
 			if !ok {
 				// Moved (RetireRegion): the write is refused, the
 				// session ends.
@@ -627,7 +627,7 @@ func (d *Donor) serveData(s *session, c net.Conn, kind uint8, qid uint32) {
 				return
 			}
 			_, err = io.ReadFull(br, mem[h.Offset:h.Offset+uint64(h.Length)])
-			done()
+			s.reg.writeDone(mv, h.Offset, uint64(h.Length))
 			if err != nil {
 				return
 			}
@@ -767,7 +767,7 @@ func (d *Donor) serveSync(s *session, c net.Conn, kind uint8, spin time.Duration
 			rh.Encode(out[:])
 			err = p.SendV([][]byte{out[:], mem[h.Offset : h.Offset+uint64(h.Length)]})
 		case h.Op == protocol.OpWrite:
-			done, ok := s.reg.writeGate(h.Offset, uint64(h.Length))
+			mv, ok := s.reg.writeGate()
 			if !ok {
 				// Moved (RetireRegion): the write is refused, the
 				// session ends.
@@ -782,7 +782,7 @@ func (d *Donor) serveSync(s *session, c net.Conn, kind uint8, spin time.Duration
 			if h.Length > 0 {
 				err = p.RecvV([][]byte{mem[h.Offset : h.Offset+uint64(h.Length)]})
 			}
-			done()
+			s.reg.writeDone(mv, h.Offset, uint64(h.Length))
 			if err != nil {
 				return
 			}

@@ -111,17 +111,28 @@ func (r *region) beginWrite() *regionMove {
 func (r *region) endUntracked() { r.untracked.Add(-1) }
 
 // writeGate is the data handlers' hook before a WRITE's payload is
-// received: ok=false refuses it (the region moved); otherwise done is
-// called once the payload is in the region.
-func (r *region) writeGate(off, n uint64) (done func(), ok bool) {
-	mv := r.beginWrite()
+// received: ok=false refuses it (the region moved); otherwise the caller
+// passes the returned state (nil when no move is in progress) to
+// writeDone once the payload is in the region. Neither allocates: the
+// sync channel's WRITE path stays allocation-free.
+func (r *region) writeGate() (mv *regionMove, ok bool) {
+	mv = r.beginWrite()
 	if mv == nil {
-		return r.endUntracked, true
+		return nil, true
 	}
 	if mv.enter() != nil {
 		return nil, false
 	}
-	return func() { mv.leave(int64(off), int64(n)) }, true
+	return mv, true
+}
+
+// writeDone ends a write writeGate admitted.
+func (r *region) writeDone(mv *regionMove, off, n uint64) {
+	if mv == nil {
+		r.endUntracked()
+		return
+	}
+	mv.leave(int64(off), int64(n))
 }
 
 // moving returns the region of credential and its move state, created if
