@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rialto-project/rialto/internal/backoff"
+	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 )
 
@@ -42,8 +44,18 @@ type FollowConfig struct {
 	// Timeout bounds one follow: how long a request waits for the region's
 	// new place and a session there (default 10 s).
 	Timeout time.Duration
-	Logger  *slog.Logger
+	// Clock times the waits between attempts (internal/backoff); nil:
+	// the real clock.
+	Clock  clock.Clock
+	Logger *slog.Logger
 }
+
+// The floor and ceiling of the backoff between attempts to find and open
+// the region's new place (internal/backoff).
+const (
+	followFirstWait = 20 * time.Millisecond
+	followMaxWait   = 500 * time.Millisecond
+)
 
 // maxFollows bounds the follows one request may cause.
 const maxFollows = 3
@@ -218,7 +230,7 @@ func (f *Following) follow(ctx context.Context, gen uint64, force bool) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
 	defer cancel()
-	wait := 20 * time.Millisecond
+	retry := backoff.Backoff{Min: followFirstWait, Max: followMaxWait, Clock: f.cfg.Clock}
 	for {
 		addr, cred, err := f.cfg.Relocate(ctx)
 		if errors.Is(err, ErrEnded) {
@@ -250,13 +262,8 @@ func (f *Following) follow(ctx context.Context, gen uint64, force bool) error {
 				return nil
 			}
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if retry.Wait(ctx) != nil {
 			return fmt.Errorf("memory: following the region: %w", err)
-		case <-t.C:
 		}
-		wait = min(2*wait, 500*time.Millisecond)
 	}
 }
