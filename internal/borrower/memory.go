@@ -15,8 +15,9 @@ import (
 // AttachMemory serves active memory lease l, of one part, as a local NBD
 // export backed by the donor's memory: a swap-style block device any NBD
 // client can use. Attach calls it for memory leases, and then follows the
-// lease when it moves (memfollow.go); AttachMemory does not. The donor admits one subscriber at
-// a time: while the attachment lives, nothing else can dial the lease.
+// lease when it moves (memfollow.go); AttachMemory does not. The donor
+// admits one subscriber at a time: while the attachment lives, nothing
+// else can dial the lease.
 func AttachMemory(ctx context.Context, l api.Lease, cfg AttachConfig) (*stripe.Attachment, error) {
 	return attachMemory(ctx, nil, l, cfg)
 }
