@@ -324,6 +324,19 @@ func TestMoveMemoryLeaseMapping(t *testing.T) {
 	if moved.NodeID == l.NodeID {
 		t.Fatalf("the lease did not move: %+v", moved)
 	}
+	// Released, the lease is followed no more: once its region is gone a
+	// request fails saying the lease ended, without waiting for a place
+	// that will not come.
+	if err := mm.Mapping.Close(); err != nil { // the session stays open
+		t.Fatal(err)
+	}
+	if _, err := cl.ReleaseLease(ctx, l.ID); err != nil {
+		t.Fatal(err)
+	}
+	Eventually(t, 30*time.Second, "a request on the released lease's session fails as ended", func() bool {
+		err := mm.Session.Read(ctx, client.ChannelSync, got[:4096], 0)
+		return errors.Is(err, client.ErrEnded)
+	})
 }
 
 // TestDrainNode drains a node lending a block lease, a stateless
