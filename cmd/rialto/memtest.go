@@ -55,7 +55,7 @@ func runMemtest(e *env, fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		parts, err := borrower.MemtestLease(ctx, l, span, *timeout)
+		parts, err := borrower.MemtestLease(ctx, c, l, span, *timeout)
 		if err != nil {
 			return err
 		}
