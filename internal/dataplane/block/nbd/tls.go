@@ -11,6 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 // ErrTLSRequired is returned by Dial when the server requires TLS
@@ -113,20 +115,29 @@ func writeBuffers(w net.Conn, v *net.Buffers) (int64, error) {
 
 // LoadTLSDir builds a client TLS configuration from a directory in the
 // layout libnbd's tls-certificates=DIR and qemu's tls-creds-x509 use:
-// ca-cert.pem (required: the CAs the server's certificate must chain to)
-// and, optionally, client-cert.pem with client-key.pem (a client
-// certificate, for servers that ask for one). A ca-crl.pem, if present, is
-// not read: revocation of server certificates is the server side's matter.
+// ca-cert.pem (required: the CAs the server's certificate must chain to),
+// ca-crl.pem (optional: server certificates it revokes are refused, as
+// libnbd and qemu refuse them; it is read again when it changes) and,
+// optionally, client-cert.pem with client-key.pem (a client certificate,
+// for servers that ask for one).
 func LoadTLSDir(dir string) (*tls.Config, error) {
 	ca, err := os.ReadFile(filepath.Join(dir, "ca-cert.pem"))
 	if err != nil {
 		return nil, fmt.Errorf("nbd: TLS certificates: %w", err)
 	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(ca) {
-		return nil, fmt.Errorf("nbd: TLS certificates: no certificate in %s", filepath.Join(dir, "ca-cert.pem"))
+	roots, err := pki.ParseCerts(ca)
+	if err != nil {
+		return nil, fmt.Errorf("nbd: TLS certificates: %s: %w", filepath.Join(dir, "ca-cert.pem"), err)
 	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
+	pool := x509.NewCertPool()
+	for _, c := range roots {
+		pool.AddCert(c)
+	}
+	crl := pki.NewCRL(roots)
+	if err := crl.Watch(filepath.Join(dir, pki.CRLFile)); err != nil {
+		return nil, fmt.Errorf("nbd: TLS certificates: %w", err)
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, VerifyConnection: crl.VerifyPeer}
 	certFile, keyFile := filepath.Join(dir, "client-cert.pem"), filepath.Join(dir, "client-key.pem")
 	_, cerr := os.Stat(certFile)
 	_, kerr := os.Stat(keyFile)
