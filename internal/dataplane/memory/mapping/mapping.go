@@ -204,12 +204,25 @@ func Map(ctx context.Context, c *client.Client, opts Options) (*Mapping, error) 
 	}
 	cfg, err := json.Marshal(handlerConfig{Base: uint64(m.base), Pages: pages, PageSize: ps, CapPages: capPages,
 		MaxRA: max(opts.Readahead, 1), Batch: min(opts.EvictBatch, capPages/2), Spin: opts.Spin,
-		Timeout: c.Timeout(), Features: u.Features})
+		Timeout: c.Timeout(), Features: u.Features, TLS: c.TLS()})
 	if err != nil {
 		return nil, err
 	}
-	conn, err := c.Join(ctx, protocol.KindFault)
-	if err != nil {
+	// Over TLS the handler runs the session's connection itself (a TLS
+	// session cannot cross processes): it gets the bare TCP connection and,
+	// on the control socket, the handoff.
+	var conn net.Conn
+	var handoff []byte
+	if c.TLS() {
+		var h client.Handoff
+		if conn, h, err = c.DialHandoff(ctx, protocol.KindFault); err != nil {
+			return nil, err
+		}
+		if handoff, err = json.Marshal(h); err != nil {
+			conn.Close()
+			return nil, err
+		}
+	} else if conn, err = c.Join(ctx, protocol.KindFault); err != nil {
 		return nil, err
 	}
 	donor, err := connFile(conn)
@@ -233,6 +246,15 @@ func Map(ctx context.Context, c *client.Client, opts Options) (*Mapping, error) 
 	_ = mine.Close()
 	if err != nil {
 		return nil, fmt.Errorf("memory: control socket: %w", err)
+	}
+	if handoff != nil {
+		// The socket buffer holds it until the handler reads it.
+		var hdr [ctlHeader]byte
+		hdr[0] = ctlHandoff
+		binary.BigEndian.PutUint32(hdr[1:], uint32(len(handoff)))
+		if _, err := m.ctrl.Write(append(hdr[:], handoff...)); err != nil {
+			return nil, fmt.Errorf("memory: control socket: %w", err)
+		}
 	}
 	ufile, err := dupFile(u.Fd(), "userfaultfd")
 	if err != nil {
@@ -268,6 +290,9 @@ func Map(ctx context.Context, c *client.Client, opts Options) (*Mapping, error) 
 	defer t.Stop()
 	select {
 	case f := <-m.replies:
+		if f.op == ctlStartFailed {
+			return nil, fmt.Errorf("memory: fault handler: %s", f.payload)
+		}
 		if f.op != ctlReady {
 			return nil, fmt.Errorf("memory: fault handler %s: unexpected first frame %d", exe, f.op)
 		}
