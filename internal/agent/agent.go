@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -261,6 +262,16 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if a.tls != nil {
 		a.hc = a.tls.httpClient(a.hc.Timeout)
+		var srv *tls.Config
+		if !a.cfg.InsecureDataplane {
+			srv = a.tls.dataServerTLS()
+		}
+		cli := a.tls.dataClientTLS()
+		for _, d := range a.drivers {
+			if u, ok := d.(TLSUser); ok {
+				u.UseTLS(srv, cli)
+			}
+		}
 	}
 	// Hold the ports the last run served at while devices open (fresh
 	// accelerator slot ports could take one); each is released right

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -38,7 +39,8 @@ func init() {
 // BlockDriver implements [Wiper] (the agent zeroes a range before it
 // returns to the pool) and [Suspender].
 type BlockDriver struct {
-	srv nbd.Server
+	srv    nbd.Server
+	scheme string // of the URIs: nbd, or nbds once UseTLS is called
 
 	mu    sync.Mutex
 	paths map[string]bool         // backing paths opened (created and sized)
@@ -63,11 +65,25 @@ type blockExport struct {
 // NewBlockDriver returns a block driver logging to log.
 func NewBlockDriver(log *slog.Logger) *BlockDriver {
 	return &BlockDriver{
-		srv:   nbd.Server{Logger: log},
-		paths: map[string]bool{},
-		live:  map[string]*blockExport{},
-		devs:  map[string]*blockDev{},
+		srv:    nbd.Server{Logger: log},
+		scheme: "nbd",
+		paths:  map[string]bool{},
+		live:   map[string]*blockExport{},
+		devs:   map[string]*blockDev{},
 	}
+}
+
+// UseTLS implements TLSUser: the NBD server requires TLS
+// (NBD_OPT_STARTTLS, the protocol's FORCEDTLS mode) with the node
+// certificate, and URIs are nbds://. Call it before Serve.
+func (b *BlockDriver) UseTLS(server, _ *tls.Config) {
+	if server == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.srv.TLSConfig = server
+	b.scheme = "nbds"
 }
 
 // Open creates dev's backing file if absent (sparse) and extends it to
@@ -115,8 +131,8 @@ func (b *BlockDriver) Open(_ context.Context, dev DeviceConfig) (DeviceConfig, e
 
 // Prepare adds an NBD export of the requested range.
 func (b *BlockDriver) Prepare(_ context.Context, e Export) (api.PrepareResponse, error) {
-	uri := "nbd://" + e.Endpoint + "/" + e.Request.Export
 	b.mu.Lock()
+	uri := b.scheme + "://" + e.Endpoint + "/" + e.Request.Export
 	defer b.mu.Unlock()
 	if _, ok := b.live[e.Request.Export]; ok {
 		return api.PrepareResponse{URI: uri}, nil

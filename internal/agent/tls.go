@@ -30,6 +30,7 @@ const (
 type nodeTLS struct {
 	caFile string
 	pool   *x509.CertPool
+	crl    *pki.CRL // the revocation list, as the control plane hands it out
 	key    crypto.Signer
 	cert   atomic.Pointer[tls.Certificate] // nil until the first join
 	tr     *http.Transport                 // the agent's client transport
@@ -41,11 +42,20 @@ func (a *Agent) setupTLS() error {
 	if a.cfg.CAFile == "" {
 		return nil
 	}
-	pool, err := pki.LoadPool(a.cfg.CAFile)
+	roots, err := pki.ReadCerts(a.cfg.CAFile)
 	if err != nil {
 		return fmt.Errorf("agent: CA certificate: %w", err)
 	}
-	t := &nodeTLS{caFile: a.cfg.CAFile, pool: pool}
+	pool := x509.NewCertPool()
+	for _, c := range roots {
+		pool.AddCert(c)
+	}
+	t := &nodeTLS{caFile: a.cfg.CAFile, pool: pool, crl: pki.NewCRL(roots)}
+	if b, err := os.ReadFile(filepath.Join(a.cfg.StateDir, pki.CRLFile)); err == nil {
+		if _, err := t.crl.Update(b); err != nil {
+			a.log.Warn("the stored revocation list is unusable; the next heartbeat replaces it", "err", err)
+		}
+	}
 	keyPath := filepath.Join(a.cfg.StateDir, nodeKeyFile)
 	b, err := os.ReadFile(keyPath)
 	switch {
@@ -143,6 +153,31 @@ func (t *nodeTLS) serverTLS() *tls.Config {
 		ClientAuth: tls.VerifyClientCertIfGiven,
 		ClientCAs:  t.pool,
 	}
+}
+
+// dataServerTLS is the data planes' server configuration: the node
+// certificate (it names the node's address and data-plane hosts), and no
+// client certificate asked for: the lease credential, sent inside the
+// session, authenticates the borrower.
+func (t *nodeTLS) dataServerTLS() *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			if c := t.cert.Load(); c != nil {
+				return c, nil
+			}
+			return nil, errors.New("agent: no node certificate yet (not joined)")
+		},
+		ClientAuth: tls.NoClientCert,
+	}
+}
+
+// dataClientTLS is the configuration for dialling data planes (a slot
+// reading a block lease of another lender, a gateway dialling its slots):
+// servers verify against the CA and are refused when the revocation list
+// names them. The dialler sets ServerName.
+func (t *nodeTLS) dataClientTLS() *tls.Config {
+	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: t.pool, VerifyConnection: t.crl.VerifyPeer}
 }
 
 // clientTLS verifies servers against the CA and presents the node
