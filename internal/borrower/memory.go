@@ -2,6 +2,7 @@ package borrower
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 
@@ -41,7 +42,7 @@ func AttachMemory(ctx context.Context, l api.Lease, cfg AttachConfig) (*stripe.A
 	if err != nil {
 		return nil, fmt.Errorf("lease %s: %w", l.ID, err)
 	}
-	mc, err := client.Dial(ctx, u.Address, u.Credential, client.Options{Timeout: cfg.RequestTimeout})
+	mc, err := client.Dial(ctx, u.Address, u.Credential, client.Options{Timeout: cfg.RequestTimeout, TLS: memoryTLS(u, cfg.TLS)})
 	if err != nil {
 		return nil, err
 	}
@@ -84,8 +85,22 @@ func MemoryURIs(l api.Lease) ([]protocol.URI, error) {
 	return uris, nil
 }
 
+// memoryTLS is the client configuration for memory URI u: cfg (or the
+// system's CAs) if u asks for TLS, none otherwise.
+func memoryTLS(u protocol.URI, cfg *tls.Config) *tls.Config {
+	if !u.TLS {
+		return nil
+	}
+	if cfg == nil {
+		return &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	return cfg
+}
+
 // DialMemory opens a session with the donor region of part of memory lease
 // l (see MemoryURIs). The donor admits one session per region at a time.
+// opts.TLS is used if the part's URI asks for TLS (rialto-mems://; nil
+// then trusts the system's CAs) and ignored otherwise.
 func DialMemory(ctx context.Context, l api.Lease, part int, opts client.Options) (*client.Client, error) {
 	uris, err := MemoryURIs(l)
 	if err != nil {
@@ -94,6 +109,7 @@ func DialMemory(ctx context.Context, l api.Lease, part int, opts client.Options)
 	if part < 0 || part >= len(uris) {
 		return nil, fmt.Errorf("lease %s has %d part(s), not a part %d", l.ID, len(uris), part)
 	}
+	opts.TLS = memoryTLS(uris[part], opts.TLS)
 	c, err := client.Dial(ctx, uris[part].Address, uris[part].Credential, opts)
 	if err != nil {
 		return nil, fmt.Errorf("lease %s part %d: %w", l.ID, part, err)

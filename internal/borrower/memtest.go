@@ -3,6 +3,7 @@ package borrower
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -166,14 +167,16 @@ type MemtestPart struct {
 // given request timeout (0: the client's default). A failed part does not
 // stop the others; its MemtestPart says why. A lease whose URIs do not
 // parse, or a donor that refuses the session, stops it with an error.
-func MemtestLease(ctx context.Context, l api.Lease, span int64, timeout time.Duration) ([]MemtestPart, error) {
+// tlsCfg is the client configuration for parts whose URI asks for TLS (as
+// AttachConfig.TLS).
+func MemtestLease(ctx context.Context, l api.Lease, span int64, timeout time.Duration, tlsCfg *tls.Config) ([]MemtestPart, error) {
 	uris, err := MemoryURIs(l)
 	if err != nil {
 		return nil, err
 	}
 	parts := make([]MemtestPart, 0, len(uris))
 	for i, u := range uris {
-		c, err := client.Dial(ctx, u.Address, u.Credential, client.Options{Timeout: timeout})
+		c, err := client.Dial(ctx, u.Address, u.Credential, client.Options{Timeout: timeout, TLS: memoryTLS(u, tlsCfg)})
 		if err != nil {
 			return parts, fmt.Errorf("lease %s part %d: %w", l.ID, i, err)
 		}
