@@ -102,6 +102,22 @@ func joinFlags(fs *flag.FlagSet, e *env) (controlPlane, bootstrapToken, caCert *
 	return controlPlane, bootstrapToken, caCert
 }
 
+// insecureDataplaneFlag registers --insecure-dataplane, the opt-out from
+// TLS on the data planes for a fabric the operator trusts.
+func insecureDataplaneFlag(fs *flag.FlagSet) *bool {
+	return fs.Bool("insecure-dataplane", false, "serve the data planes (NBD, memory, accelerators) without TLS, on a fabric you trust: lease credentials are still checked, but they and the data cross the network in clear (docs/operations.md)")
+}
+
+// checkDataplaneTLS refuses an agent that could serve its data planes
+// only in plaintext without being told to: TLS needs the node certificate,
+// which needs the cluster CA.
+func checkDataplaneTLS(caCert string, insecure bool) error {
+	if caCert == "" && !insecure {
+		return fmt.Errorf("the data planes are served over TLS with a node certificate from the cluster CA: give the CA's certificate (--cacert or RIALTO_CACERT; `rialto up` writes it to STATE/tls/ca-cert.pem), or --insecure-dataplane on a fabric you trust")
+	}
+	return nil
+}
+
 func runAgent(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "agent", "")
 	host, _ := os.Hostname()
@@ -121,11 +137,15 @@ func runAgent(ctx context.Context, e *env, args []string) error {
 	hb := fs.Duration("heartbeat", 0, "heartbeat interval (default: the control plane's)")
 	machine := fs.String("machine-id", "", "override the hardware identity")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
+	insecure := insecureDataplaneFlag(fs)
 	if _, err := parse(fs, args, 0, 0); err != nil {
 		return err
 	}
 	if *boot == "" {
 		return fmt.Errorf("a bootstrap token is required (--bootstrap-token or RIALTO_BOOTSTRAP_TOKEN)")
+	}
+	if err := checkDataplaneTLS(*caCert, *insecure); err != nil {
+		return err
 	}
 	log, err := newLogger(e, *level)
 	if err != nil {
@@ -139,8 +159,12 @@ func runAgent(ctx context.Context, e *env, args []string) error {
 	if cfg.Labels, err = parseLabels(labels); err != nil {
 		return err
 	}
-	// With the CA the agent enrolls: a node certificate for mutual TLS.
-	cfg.CAFile = *caCert
+	// With the CA the agent enrolls: a node certificate for mutual TLS
+	// and the data planes' TLS.
+	cfg.CAFile, cfg.InsecureDataplane = *caCert, *insecure
+	if *insecure {
+		fmt.Fprintln(e.stderr, "rialto agent: --insecure-dataplane: leases are served without TLS; their credentials and data cross the network in clear")
+	}
 	for i, b := range blocks {
 		d, err := parseBlock(b, i)
 		if err != nil {

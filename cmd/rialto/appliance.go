@@ -48,11 +48,15 @@ func runAppliance(ctx context.Context, e *env, args []string) error {
 	hb := fs.Duration("heartbeat", 0, "heartbeat interval (default: the control plane's)")
 	machine := fs.String("machine-id", "", "override the hardware identity")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
+	insecure := insecureDataplaneFlag(fs)
 	if _, err := parse(fs, args, 0, 0); err != nil {
 		return err
 	}
 	if *boot == "" {
 		return fmt.Errorf("a bootstrap token is required (--bootstrap-token or RIALTO_BOOTSTRAP_TOKEN)")
+	}
+	if err := checkDataplaneTLS(*caCert, *insecure); err != nil {
+		return err
 	}
 	if *slots < 1 {
 		return fmt.Errorf("--slots must be at least 1")
@@ -88,7 +92,7 @@ func runAppliance(ctx context.Context, e *env, args []string) error {
 	if cfg.Labels, err = parseLabels(labels); err != nil {
 		return err
 	}
-	cfg.CAFile = *caCert
+	cfg.CAFile, cfg.InsecureDataplane = *caCert, *insecure
 	if cfg.Labels == nil {
 		cfg.Labels = map[string]string{}
 	}

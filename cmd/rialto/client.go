@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 const defaultAddr = "https://127.0.0.1:7070"
@@ -50,6 +52,21 @@ func (cf *clientFlags) client() (*api.Client, error) {
 }
 
 func (cf *clientFlags) json() bool { return cf.output == "json" }
+
+// dataTLS is the client configuration for the data planes of leases that
+// require TLS (nbds://, rialto-mems://, rialto-accels://): the cluster CA
+// of --cacert (RIALTO_CACERT), and the revocation list beside it
+// (ca-crl.pem) if there is one; without --cacert, the system's CAs.
+func (cf *clientFlags) dataTLS() (*tls.Config, error) {
+	if cf.caCert == "" {
+		return nil, nil
+	}
+	cfg, err := pki.LoadClientTLS(cf.caCert)
+	if err != nil {
+		return nil, fmt.Errorf("%w (--cacert, RIALTO_CACERT)", err)
+	}
+	return cfg, nil
+}
 
 // parse parses a verb's flags (fs carries cf's) and returns its positional
 // arguments, between minPos and maxPos of them, and a client for the

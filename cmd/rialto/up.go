@@ -77,6 +77,7 @@ func runUp(ctx context.Context, e *env, args []string) error {
 	linkRate := fs.String("link-rate", "", "with --netns: shape every link with tc tbf to this rate, e.g. 1gbit, 400mbit (bandwidth only: no delay or loss)")
 	uplinks := fs.Bool("uplinks", false, "with --netns: give every agent an uplink (wan0) to an outside network that only the agents reach, lent as NIC \"wan\" (docs/nic.md; needs nft)")
 	uplinkRate := fs.String("uplink-rate", "", "with --uplinks: shape the uplinks with tc tbf to this rate, e.g. 100mbit")
+	insecure := insecureDataplaneFlag(fs)
 	var tm timings
 	tm.register(fs)
 	if _, err := parse(fs, args, 0, 0); err != nil {
@@ -120,7 +121,7 @@ func runUp(ctx context.Context, e *env, args []string) error {
 		}
 		return runUpNetns(ctx, e, upNetns{dir: *dir, port: *port, agents: *agents, disks: *disks, diskSize: dsize,
 			memory: msize, slots: *slots, linkRate: *linkRate, uplinks: *uplinks, uplinkRate: *uplinkRate,
-			level: *level, quotas: quotaSpecs, tm: tm, log: log})
+			level: *level, quotas: quotaSpecs, tm: tm, log: log, insecureDataplane: *insecure})
 	}
 	if err := os.MkdirAll(*dir, 0o700); err != nil {
 		return err
@@ -183,7 +184,7 @@ func runUp(ctx context.Context, e *env, args []string) error {
 		cfg := agent.Config{
 			ControlPlane: cp.URL, BootstrapToken: st.BootstrapToken, Name: name,
 			StateDir: filepath.Join(*dir, name), Logger: log.With("component", "agent", "node", name),
-			Labels: map[string]string{"cluster": "local"}, CAFile: caFile,
+			Labels: map[string]string{"cluster": "local"}, CAFile: caFile, InsecureDataplane: *insecure,
 		}
 		for d := range *disks {
 			cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: fmt.Sprintf("disk%d", d), Kind: api.KindBlock,

@@ -27,6 +27,7 @@ type upNetns struct {
 	quotas               []string
 	tm                   timings
 	log                  *slog.Logger
+	insecureDataplane    bool
 }
 
 // runUpNetns runs an emulated rack (internal/rack): the control plane and
@@ -74,6 +75,7 @@ func runUpNetns(ctx context.Context, e *env, o upNetns) error {
 		PrepareTimeout: o.tm.prepare, DefaultTTL: o.tm.ttl,
 		BootstrapToken: st.BootstrapToken, AdminToken: st.AdminToken, APIPort: o.port,
 		ServerArgs: serverArgs, LogLevel: o.level, Logger: o.log.With("component", "rack"),
+		InsecureDataplane: o.insecureDataplane,
 	})
 	if err != nil {
 		if errors.Is(err, rack.ErrBadConfig) {

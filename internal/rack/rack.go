@@ -100,6 +100,9 @@ type Config struct {
 	// lines (for example "--quota", "leases=4"). Never put secrets there:
 	// command lines are visible to every user of the machine.
 	ServerArgs, AgentArgs []string
+	// InsecureDataplane runs the agents with --insecure-dataplane: their
+	// data planes serve plaintext (lease credentials still checked).
+	InsecureDataplane bool
 	// LogLevel is the processes' --log-level (empty: info).
 	LogLevel string
 	// ReadyTimeout bounds how long Start and StartAgent wait for the
@@ -484,6 +487,9 @@ func (r *Rack) agentArgs(n Node) []string {
 	}
 	if c.AccelSlots > 0 {
 		args = append(args, "--accel", strconv.Itoa(c.AccelSlots))
+	}
+	if c.InsecureDataplane {
+		args = append(args, "--insecure-dataplane")
 	}
 	if c.Uplinks {
 		nicArg := "wan=wan0"
