@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -71,7 +72,7 @@ func Dial(ctx context.Context, addr string, credential []byte, opts ...DialOptio
 		if err != nil {
 			_ = nc.Close()
 			var rh tls.RecordHeaderError
-			if errors.As(err, &rh) {
+			if errors.As(err, &rh) || errors.Is(err, io.EOF) {
 				return nil, fmt.Errorf("accel: TLS handshake with %s: the target does not speak TLS (its URI is rialto-accel://, not rialto-accels://): %w", addr, err)
 			}
 			return nil, fmt.Errorf("accel: TLS handshake with %s: %w", addr, err)
