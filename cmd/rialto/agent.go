@@ -91,15 +91,28 @@ func newLogger(e *env, level string) (*slog.Logger, error) {
 // joinFlags registers the flags an agent or appliance joins the cluster
 // with: the control plane's URL, the bootstrap token and the CA
 // certificate the control plane's HTTPS certificate verifies against.
-func joinFlags(fs *flag.FlagSet, e *env) (controlPlane, bootstrapToken, caCert *string) {
+func joinFlags(fs *flag.FlagSet, e *env) (controlPlane *string, bootstrapToken *secret, caCert *string) {
 	addr := e.getenv("RIALTO_ADDR")
 	if addr == "" {
 		addr = defaultAddr
 	}
 	controlPlane = fs.String("control-plane", addr, "control plane URL (env RIALTO_ADDR)")
-	bootstrapToken = secretString(fs, "bootstrap-token", e.getenv("RIALTO_BOOTSTRAP_TOKEN"), "bootstrap `token` (env RIALTO_BOOTSTRAP_TOKEN)")
+	bootstrapToken = secretFile(fs, e, "bootstrap-token", "RIALTO_BOOTSTRAP_TOKEN", "the bootstrap token")
 	caCert = fs.String("cacert", e.getenv("RIALTO_CACERT"), "the cluster CA's certificate `file` (ca-cert.pem) to verify the control plane against (env RIALTO_CACERT; default: the system's CAs)")
 	return controlPlane, bootstrapToken, caCert
+}
+
+// bootstrapToken returns the bootstrap token an agent or appliance joins
+// with.
+func bootstrapToken(s *secret) (string, error) {
+	tok, err := s.get()
+	if err != nil {
+		return "", err
+	}
+	if tok == "" {
+		return "", fmt.Errorf("a bootstrap token is required (--bootstrap-token-file FILE or RIALTO_BOOTSTRAP_TOKEN)")
+	}
+	return tok, nil
 }
 
 // insecureDataplaneFlag registers --insecure-dataplane, the opt-out from
@@ -121,7 +134,7 @@ func checkDataplaneTLS(caCert string, insecure bool) error {
 func runAgent(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "agent", "")
 	host, _ := os.Hostname()
-	cp, boot, caCert := joinFlags(fs, e)
+	cp, bootS, caCert := joinFlags(fs, e)
 	name := fs.String("name", host, "node name, unique in the cluster")
 	stateDir := fs.String("state-dir", "rialto-agent", "identity, exports and relative backing files")
 	listen := fs.String("listen", "127.0.0.1", "host the agent API and data planes bind to (0.0.0.0 needs --advertise)")
@@ -141,8 +154,9 @@ func runAgent(ctx context.Context, e *env, args []string) error {
 	if _, err := parse(fs, args, 0, 0); err != nil {
 		return err
 	}
-	if *boot == "" {
-		return fmt.Errorf("a bootstrap token is required (--bootstrap-token or RIALTO_BOOTSTRAP_TOKEN)")
+	boot, err := bootstrapToken(bootS)
+	if err != nil {
+		return err
 	}
 	if err := checkDataplaneTLS(*caCert, *insecure); err != nil {
 		return err
@@ -152,7 +166,7 @@ func runAgent(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	cfg := agent.Config{
-		ControlPlane: *cp, BootstrapToken: *boot, Name: *name, StateDir: *stateDir,
+		ControlPlane: *cp, BootstrapToken: boot, Name: *name, StateDir: *stateDir,
 		Listen: *listen, Advertise: *advertise, APIPort: *port, HeartbeatInterval: *hb,
 		MachineID: *machine, Logger: log,
 	}

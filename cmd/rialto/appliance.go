@@ -33,7 +33,7 @@ func init() {
 func runAppliance(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "appliance", "")
 	host, _ := os.Hostname()
-	cp, boot, caCert := joinFlags(fs, e)
+	cp, bootS, caCert := joinFlags(fs, e)
 	name := fs.String("name", host+"-appliance", "node name, unique in the cluster")
 	stateDir := fs.String("state-dir", "rialto-appliance", "identity and export state")
 	slots := fs.Int("slots", 4, "accelerator slots (each listens on its own port)")
@@ -52,8 +52,9 @@ func runAppliance(ctx context.Context, e *env, args []string) error {
 	if _, err := parse(fs, args, 0, 0); err != nil {
 		return err
 	}
-	if *boot == "" {
-		return fmt.Errorf("a bootstrap token is required (--bootstrap-token or RIALTO_BOOTSTRAP_TOKEN)")
+	boot, err := bootstrapToken(bootS)
+	if err != nil {
+		return err
 	}
 	if err := checkDataplaneTLS(*caCert, *insecure); err != nil {
 		return err
@@ -83,7 +84,7 @@ func runAppliance(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintf(e.stdout, "rialto appliance: management API on http://%s (bearer token in %s)\n", mln.Addr(), where)
 	}
 	cfg := agent.Config{
-		ControlPlane: *cp, BootstrapToken: *boot, Name: *name, StateDir: *stateDir,
+		ControlPlane: *cp, BootstrapToken: boot, Name: *name, StateDir: *stateDir,
 		Listen: *listen, Advertise: *advertise, APIPort: *port, HeartbeatInterval: *hb,
 		MachineID: *machine, Logger: log.With("appliance", *name),
 		Devices: []agent.DeviceConfig{{Name: "accel0", Kind: api.KindAccel, Size: int64(*slots), Model: "rialto-appliance", Sharing: "partitionable",

@@ -342,6 +342,9 @@ func detachVMRun(ctx context.Context, e *env, cf *clientFlags, f vmRunFlags, dir
 		return err
 	}
 	defer logf.Close()
+	if err := cf.resolveToken(); err != nil {
+		return err
+	}
 	r, w, err := os.Pipe()
 	if err != nil {
 		return err
@@ -602,6 +605,9 @@ func runVMMove(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintln(e.stderr, "rialto vm move: --to is required")
 		fs.Usage()
 		return errUsage
+	}
+	if err := cf.resolveToken(); err != nil {
+		return err
 	}
 	rec, err := vm.LoadRecord(*sd, pos[0])
 	if err != nil {
