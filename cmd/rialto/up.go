@@ -113,6 +113,9 @@ func runUp(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if *insecure {
+		fmt.Fprintln(e.stderr, "rialto up: --insecure-dataplane: leases are served without TLS; their credentials and data cross the network in clear")
+	}
 	if *netnsMode {
 		// The processes log to files in the state dir, not this terminal:
 		// info unless asked otherwise.
@@ -235,7 +238,7 @@ func runUp(ctx context.Context, e *env, args []string) error {
 	cp.startSweeping(ctx)
 
 	where := fmt.Sprintf("a control plane and %d agents on loopback", *agents)
-	if err := printUp(ctx, e, cp.URL, caFile, st, *dir, where, nil); err != nil {
+	if err := printUp(ctx, e, cp.URL, caFile, st, *dir, where, *insecure, nil); err != nil {
 		shutdown()
 		return err
 	}
@@ -284,7 +287,7 @@ func upTLSDir(stateDir string) string { return filepath.Join(stateDir, "tls") }
 // devices, and how to talk to the cluster; extra, if set, adds a section
 // after the devices. It writes the env file. caFile is the cluster's CA
 // certificate (absolute), which clients verify the API against.
-func printUp(ctx context.Context, e *env, url, caFile string, st upState, dir, where string, extra func(io.Writer)) error {
+func printUp(ctx context.Context, e *env, url, caFile string, st upState, dir, where string, insecure bool, extra func(io.Writer)) error {
 	token := st.AdminToken
 	hc, err := api.HTTPClient(caFile, 30*time.Second)
 	if err != nil {
@@ -336,6 +339,12 @@ func printUp(ctx context.Context, e *env, url, caFile string, st upState, dir, w
 		fmt.Fprintf(w, "(also in %s: `. %s` in another shell)\n", envFile, envFile)
 	}
 	fmt.Fprintln(w, "then: rialto nodes; rialto lease create --kind block --size 256MiB; Ctrl-C stops the cluster.")
+	if insecure {
+		fmt.Fprintln(w, "data planes: plaintext (--insecure-dataplane): lease credentials and data cross the network in clear.")
+	} else {
+		fmt.Fprintln(w, "data planes: TLS with certificates from the cluster CA (nbds://, rialto-mems://, rialto-accels://);")
+		fmt.Fprintf(w, "             third-party NBD clients add the CA's directory: nbdinfo 'nbds://…?tls-certificates=%s'\n", filepath.Dir(caFile))
+	}
 	for _, d := range devs {
 		if d.Kind == api.KindAccel {
 			fmt.Fprintln(w, "accelerators: rialto lease create --kind accel --mode shared --role sha256   (note its ID, then)")

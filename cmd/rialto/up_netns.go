@@ -94,7 +94,7 @@ func runUpNetns(ctx context.Context, e *env, o upNetns) error {
 	if err != nil {
 		return errors.Join(err, r.Close())
 	}
-	if err := printUp(ctx, e, r.URL(), caFile, st, o.dir, where, func(w io.Writer) { printRack(w, r) }); err != nil {
+	if err := printUp(ctx, e, r.URL(), caFile, st, o.dir, where, o.insecureDataplane, func(w io.Writer) { printRack(w, r) }); err != nil {
 		return errors.Join(err, r.Close())
 	}
 	for {

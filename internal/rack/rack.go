@@ -2,6 +2,7 @@ package rack
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -375,6 +376,20 @@ func (r *Rack) URL() string { return r.url }
 // CACert is the cluster CA's certificate file, which the API's certificate
 // verifies against (RIALTO_CACERT).
 func (r *Rack) CACert() string { return r.caFile }
+
+// DataTLS is a borrower's TLS configuration for the agents' data planes
+// (unless Config.InsecureDataplane): it trusts the cluster CA.
+func (r *Rack) DataTLS() (*tls.Config, error) { return pki.LoadClientTLS(r.caFile) }
+
+// LibnbdURI is an nbds:// lease URI as libnbd's tools (nbdinfo, nbdcopy)
+// take it: with ?tls-certificates= the CA's directory. Other URIs are
+// returned as they are.
+func (r *Rack) LibnbdURI(uri string) string {
+	if !strings.HasPrefix(uri, "nbds://") {
+		return uri
+	}
+	return uri + "?tls-certificates=" + filepath.Dir(r.caFile)
+}
 
 // AdminToken is the API token of the admin tenant.
 func (r *Rack) AdminToken() string { return r.admin }

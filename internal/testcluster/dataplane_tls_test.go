@@ -189,8 +189,9 @@ func TestTLSDataPlaneThirdParty(t *testing.T) {
 		t.Fatalf("plaintext nbdinfo was served: %s", out)
 	}
 
-	// An impostor at 127.0.0.2 with the node's certificate, which names
-	// 127.0.0.1 only: refused by libnbd and the Go client.
+	// An impostor at another address with the node's certificate, which
+	// names the node's own address only: refused by libnbd and the Go
+	// client.
 	n := c.Nodes[0]
 	cert := nodeCert(t, n)
 	srv := &nbd.Server{TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}
@@ -201,6 +202,9 @@ func TestTLSDataPlaneThirdParty(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.2:0")
 	if err != nil {
 		t.Skipf("no 127.0.0.2: %v", err)
+	}
+	if strings.HasPrefix(u.Address, "127.0.0.2:") {
+		t.Fatal("the node listens on 127.0.0.2: pick another impostor address")
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -214,15 +218,32 @@ func TestTLSDataPlaneThirdParty(t *testing.T) {
 	if _, err := fu.Dial(ctx, dataTLS(t, c)); err == nil || !strings.Contains(err.Error(), "127.0.0.2") {
 		t.Fatalf("Go client and a certificate for another address: %v", err)
 	}
-	// Revoked: the node's certificate on the CRL beside ca-cert.pem is
-	// refused by libnbd and by a borrower watching that file.
+	// Revoked: a server presenting the node's certificate once it is on
+	// the CRL beside ca-cert.pem is refused by libnbd and by a borrower
+	// watching that file. (The agent itself joins again when the control
+	// plane refuses its revoked certificate, and serves a new one: the
+	// server here keeps presenting the revoked one.)
 	if err := c.CA.Revoke(cert.Leaf.SerialNumber); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.CommandContext(ctx, nbdinfo, "--size", l.URI+"?tls-certificates="+dir).CombinedOutput(); err == nil {
+	rsrv := &nbd.Server{TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}
+	if err := rsrv.AddExport(nbd.Export{Name: u.Export, Backend: nbd.NewMemBackend(4 << 20)}); err != nil {
+		t.Fatal(err)
+	}
+	host, _, _ := net.SplitHostPort(u.Address)
+	rln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdone := make(chan error, 1)
+	go func() { rdone <- rsrv.Serve(sctx, rln) }()
+	defer func() { cancel(); <-rdone }()
+	revoked := "nbds://" + rln.Addr().String() + "/" + u.Export
+	if out, err := exec.CommandContext(ctx, nbdinfo, "--size", revoked+"?tls-certificates="+dir).CombinedOutput(); err == nil {
 		t.Fatalf("nbdinfo accepted a revoked node certificate: %s", out)
 	}
-	if _, err := u.Dial(ctx, dataTLS(t, c)); err == nil || !strings.Contains(err.Error(), "revoked") {
+	ru, _ := nbd.ParseURI(revoked)
+	if _, err := ru.Dial(ctx, dataTLS(t, c)); err == nil || !strings.Contains(err.Error(), "revoked") {
 		t.Fatalf("Go client and a revoked node certificate: %v", err)
 	}
 }
