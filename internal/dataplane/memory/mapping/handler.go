@@ -76,12 +76,12 @@ type handlerConfig struct {
 // sends one command at a time and waits for the reply with the same op;
 // error payloads are [donor-lost flag u8][message].
 const (
-	ctlFlush uint8 = 1 + iota // write back dirty pages; reply: error
-	ctlStats                  // reply: Stats as JSON
-	ctlReset                  // clear counters; reply: empty
-	ctlErr                    // reply: error
-	ctlClose                  // flush and exit; reply: error
-	ctlHandoff                // parent → handler, before it starts: client.Handoff as JSON (TLS sessions)
+	ctlFlush   uint8 = 1 + iota // write back dirty pages; reply: error
+	ctlStats                    // reply: Stats as JSON
+	ctlReset                    // clear counters; reply: empty
+	ctlErr                      // reply: error
+	ctlClose                    // flush and exit; reply: error
+	ctlHandoff                  // parent → handler, before it starts: client.Handoff as JSON (TLS sessions)
 
 	ctlFailed      uint8 = 0x80 // handler → parent, unasked: the mapping failed
 	ctlReady       uint8 = 0x81 // handler → parent, first frame: serving faults
