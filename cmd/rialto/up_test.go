@@ -329,7 +329,7 @@ func TestUpQuota(t *testing.T) {
 // rialto-accel://), their credentials still checked, and it says so.
 func TestUpInsecureDataplane(t *testing.T) {
 	bin := buildBinary(t)
-	up := startUp(t, bin, t.TempDir(), "--insecure-dataplane", "--agents", "1")
+	up := startUp(t, bin, t.TempDir(), "--insecure-dataplane", "--agents", "1", "--memory", "16MiB")
 	var l api.Lease
 	up.cli(t, bin, &l, "lease", "create", "--kind", "block", "--size", "16MiB")
 	if !strings.HasPrefix(l.URI, "nbd://") {

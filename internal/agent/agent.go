@@ -560,6 +560,7 @@ func (a *Agent) join(ctx context.Context) error {
 			if err := a.useCert(resp.Certificate); err != nil {
 				return err
 			}
+			a.useCRL(resp.CRL)
 		}
 		if err == nil {
 			a.mu.Lock()
@@ -672,7 +673,8 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	if nodeID == "" {
 		return ErrNotJoined
 	}
-	hb := api.Heartbeat{Health: a.health(), Leases: leases, Moved: moved, Links: a.probePeers(ctx, a.probeRound(peers)), Usage: a.usage()}
+	hb := api.Heartbeat{Health: a.health(), Leases: leases, Moved: moved, Links: a.probePeers(ctx, a.probeRound(peers)), Usage: a.usage(),
+		CRLNumber: a.crlNumber()}
 	if measured {
 		hb.Links = append(hb.Links, api.LinkReport{To: "controlplane", RTTMicros: cpRTT, Up: cpUp})
 	}
@@ -696,6 +698,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 		return err
 	}
 	a.mHeartbeats.With("ok").Inc()
+	a.useCRL(resp.CRL)
 	a.mu.Lock()
 	if resp.Peers != nil {
 		a.peers = a.otherPeers(resp.Peers, nodeID)

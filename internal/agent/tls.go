@@ -131,6 +131,38 @@ func (a *Agent) saveCert(certPEM string) error {
 	return writeFile(filepath.Join(a.cfg.StateDir, nodeCertFile), []byte(certPEM))
 }
 
+// useCRL takes a revocation list the control plane sent, if it verifies
+// against the CA and is newer than the one held, and keeps it in the
+// state dir (ca-crl.pem) for the next start.
+func (a *Agent) useCRL(crlPEM string) {
+	if a.tls == nil || crlPEM == "" {
+		return
+	}
+	changed, err := a.tls.crl.Update([]byte(crlPEM))
+	if err != nil {
+		a.log.Warn("the control plane's revocation list is unusable", "err", err)
+		return
+	}
+	if !changed {
+		return
+	}
+	if err := writeFile(filepath.Join(a.cfg.StateDir, pki.CRLFile), []byte(crlPEM)); err != nil {
+		a.log.Warn("keeping the revocation list", "err", err)
+	}
+	a.log.Info("revocation list updated", "crl_number", a.tls.crl.Number().String())
+}
+
+// crlNumber is the number of the revocation list held (0: none).
+func (a *Agent) crlNumber() int64 {
+	if a.tls == nil {
+		return 0
+	}
+	if n := a.tls.crl.Number(); n != nil && n.IsInt64() {
+		return n.Int64()
+	}
+	return 0
+}
+
 // csr is a CSR for the node's key naming host; the control plane names
 // the node.
 func (a *Agent) csr(host string) (string, error) {
@@ -150,8 +182,9 @@ func (t *nodeTLS) serverTLS() *tls.Config {
 			}
 			return nil, errors.New("agent: no node certificate yet (not joined)")
 		},
-		ClientAuth: tls.VerifyClientCertIfGiven,
-		ClientCAs:  t.pool,
+		ClientAuth:       tls.VerifyClientCertIfGiven,
+		ClientCAs:        t.pool,
+		VerifyConnection: t.crl.VerifyPeer,
 	}
 }
 
@@ -184,8 +217,9 @@ func (t *nodeTLS) dataClientTLS() *tls.Config {
 // certificate (once there is one).
 func (t *nodeTLS) clientTLS() *tls.Config {
 	return &tls.Config{
-		MinVersion: tls.VersionTLS12,
-		RootCAs:    t.pool,
+		MinVersion:       tls.VersionTLS12,
+		RootCAs:          t.pool,
+		VerifyConnection: t.crl.VerifyPeer,
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			if c := t.cert.Load(); c != nil {
 				return c, nil

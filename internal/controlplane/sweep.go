@@ -25,6 +25,15 @@ const prepareStaleFactor = lifecycle.MaxPrepareRounds + 2
 // left alone (the machine refuses the event, or the store the write).
 func (s *Server) Sweep(ctx context.Context) error {
 	now := s.now()
+	if s.cfg.CA != nil {
+		// Revocations made by another process sharing the CA directory
+		// (another replica, `rialto node remove` through it).
+		if changed, err := s.cfg.CA.ReloadIfChanged(); err != nil {
+			s.log.Warn("reading the revocation list", "err", err)
+		} else if changed {
+			s.log.Info("revocation list reloaded", "crl_number", s.cfg.CA.CRLNumber().String())
+		}
+	}
 	nodes, err := s.st.Nodes(ctx)
 	if err != nil {
 		return err
@@ -33,6 +42,9 @@ func (s *Server) Sweep(ctx context.Context) error {
 	changed := false
 	for i := range nodes {
 		n := &nodes[i]
+		if n.State == api.NodeRemoved {
+			continue // its leases were lost when it was removed
+		}
 		// A control-plane restart gives every agent a full grace period
 		// again: silence while the control plane was away does not count.
 		last := n.LastHeartbeat
