@@ -72,7 +72,7 @@ func (s *Server) routeTable() []route {
 			Response: api.LoginLink{}, Status: http.StatusCreated, Errors: []int{401, 403, 500}}, accessTenant, s.hLoginLink},
 	}
 	rts = append(rts, route{httpapi.Route{Method: "DELETE", Path: "/v1/nodes/{id}",
-		Summary: "Remove a node (admin): its leases become lost, its certificates are revoked, its credential is forgotten; a node still heartbeating needs force.",
+		Summary:  "Remove a node (admin): its leases become lost, its certificates are revoked, its credential is forgotten; a node still heartbeating needs force.",
 		Response: api.NodeRemoval{}, Query: []httpapi.Param{{Name: "force", Type: "boolean", Description: "remove a node that still heartbeats"}},
 		Errors: []int{400, 401, 403, 404, 409, 500, 503}}, accessTenant, s.hRemoveNode})
 	if s.cfg.CA != nil {
