@@ -2,6 +2,7 @@ package pki
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"os"
 	"path/filepath"
@@ -164,4 +165,29 @@ func TestCRL(t *testing.T) {
 	if _, cerr := handshake(t, server(good), client); cerr != nil {
 		t.Fatalf("list fixed: %v", cerr)
 	}
+}
+
+// FuzzParseCRL: arbitrary bytes (a CRL comes from the control plane in
+// join and heartbeat answers) never panic the parser, and nothing but a
+// list the CA signed is accepted.
+func FuzzParseCRL(f *testing.F) {
+	ca, err := Open(f.TempDir(), Options{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	roots := []*x509.Certificate{ca.Certificate()}
+	f.Add(ca.CRLPEM())
+	f.Add([]byte("-----BEGIN X509 CRL-----\nMAA=\n-----END X509 CRL-----\n"))
+	f.Add([]byte("junk"))
+	good := string(ca.CRLPEM())
+	f.Fuzz(func(t *testing.T, b []byte) {
+		crl, err := ParseCRL(b, roots)
+		if err == nil && crl == nil {
+			t.Fatal("no list and no error")
+		}
+		if err == nil && string(b) != good && crl.CheckSignatureFrom(roots[0]) != nil {
+			t.Fatal("accepted a list the CA did not sign")
+		}
+		_, _ = NewCRL(roots).Update(b)
+	})
 }
