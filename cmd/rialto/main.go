@@ -172,14 +172,6 @@ func newFlags(e *env, c string, args string) *flag.FlagSet {
 	return fs
 }
 
-// secretFlag is a string flag holding a secret: help and usage output
-// (stderr, hence service logs) never show its value, although its default
-// may come from the environment.
-type secretFlag struct{ p *string }
-
-func (f secretFlag) String() string     { return "" }
-func (f secretFlag) Set(v string) error { *f.p = v; return nil }
-
 // secret is a secret a verb is given through --NAME-file (a file holding
 // it) or an environment variable, never on the command line: a command
 // line is visible to every user of the machine (ps, /proc/PID/cmdline).
