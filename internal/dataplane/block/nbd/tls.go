@@ -3,6 +3,7 @@ package nbd
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -60,6 +61,104 @@ type readerConn struct {
 }
 
 func (c *readerConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// tlsRecordHeader is a TLS record's header: type, version, u16 length.
+const tlsRecordHeader = 5
+
+// recordReader hands crypto/tls the socket's bytes one TLS record at a
+// time, so that the server knows whether a whole record (normally the next
+// request) is already here: crypto/tls reads ahead into a buffer of its own
+// and has no way to ask. It reads as much as the socket has in one system
+// call into its own buffer, as crypto/tls would, and passes the rest of a
+// record straight into crypto/tls's buffer when it holds nothing (large
+// writes' payloads are not copied twice).
+//
+// Before it goes to the socket it calls wait, if set: the connection's
+// reader sends the replies it holds there, so that a record that turns out
+// not to be a request (a key update, an empty record) cannot leave it
+// waiting for a client that waits for those replies. Only the goroutine
+// reading the TLS session uses it.
+type recordReader struct {
+	src      io.Reader
+	buf      []byte
+	off, end int // buf[off:end] read, not yet handed out
+	left     int // bytes of the current record still to hand out
+	wait     func() error
+}
+
+func newRecordReader(src io.Reader) *recordReader {
+	return &recordReader{src: src, buf: make([]byte, 64<<10)}
+}
+
+func (r *recordReader) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if r.left == 0 {
+		if err := r.fill(tlsRecordHeader); err != nil {
+			return 0, err
+		}
+		r.left = tlsRecordHeader + int(binary.BigEndian.Uint16(r.buf[r.off+3:]))
+	}
+	want := min(len(p), r.left)
+	if r.end > r.off {
+		n := copy(p[:want], r.buf[r.off:r.end])
+		r.off += n
+		r.left -= n
+		return n, nil
+	}
+	if err := r.waiting(); err != nil {
+		return 0, err
+	}
+	n, err := r.src.Read(p[:want])
+	r.left -= n
+	return n, err
+}
+
+func (r *recordReader) waiting() error {
+	if r.wait == nil {
+		return nil
+	}
+	return r.wait()
+}
+
+// fill reads until at least k (at most tlsRecordHeader) bytes are
+// buffered.
+func (r *recordReader) fill(k int) error {
+	for r.end-r.off < k {
+		if r.off == r.end {
+			r.off, r.end = 0, 0
+		} else if len(r.buf)-r.end < k {
+			r.end = copy(r.buf, r.buf[r.off:r.end])
+			r.off = 0
+		}
+		if err := r.waiting(); err != nil {
+			return err
+		}
+		n, err := r.src.Read(r.buf[r.end:])
+		r.end += n
+		if err != nil {
+			if r.end-r.off >= k {
+				return nil // the error comes again on the next read
+			}
+			if errors.Is(err, io.EOF) && r.end > r.off {
+				return io.ErrUnexpectedEOF
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// recordBuffered reports whether a whole record is here, beyond what
+// crypto/tls has taken: the next read of the session needs no wait.
+func (r *recordReader) recordBuffered() bool {
+	have := r.end - r.off
+	if r.left > 0 {
+		return have >= r.left
+	}
+	return have >= tlsRecordHeader && have >= tlsRecordHeader+int(binary.BigEndian.Uint16(r.buf[r.off+3:]))
+}
 
 // writeBuffers writes v to w, consuming it: with one writev on a plain
 // socket, and on a TLS connection in as few records (and so system calls)
