@@ -202,6 +202,13 @@ func (c *Client) Nodes(ctx context.Context) ([]Node, error) {
 	return out, c.Do(ctx, http.MethodGet, "/v1/nodes", nil, &out)
 }
 
+// MetricsTargets returns the Prometheus scrape targets: the control plane
+// and every node's agent.
+func (c *Client) MetricsTargets(ctx context.Context) ([]MetricsTargetGroup, error) {
+	var out []MetricsTargetGroup
+	return out, c.Do(ctx, http.MethodGet, "/v1/metrics-targets", nil, &out)
+}
+
 // Node returns one node.
 func (c *Client) Node(ctx context.Context, id string) (Node, error) {
 	var out Node
@@ -311,4 +318,53 @@ func (c *Client) BaseURL() string { return c.base }
 func (c *Client) Whoami(ctx context.Context) (Whoami, error) {
 	var out Whoami
 	return out, c.Do(ctx, http.MethodGet, "/v1/whoami", nil, &out)
+}
+
+// MoveLease moves a lease (or one of its parts) to another lender while
+// it is used; the answer lists the moves started (GET them to follow).
+func (c *Client) MoveLease(ctx context.Context, id string, r MoveRequest) ([]Move, error) {
+	var out []Move
+	return out, c.Do(ctx, http.MethodPost, "/v1/leases/"+url.PathEscape(id)+"/move", r, &out)
+}
+
+// Moves lists the moves under way and those that ended recently, of one
+// lease when leaseID is not empty.
+func (c *Client) Moves(ctx context.Context, leaseID string) ([]Move, error) {
+	var out []Move
+	path := "/v1/moves"
+	if leaseID != "" {
+		path += "?lease=" + url.QueryEscape(leaseID)
+	}
+	return out, c.Do(ctx, http.MethodGet, path, nil, &out)
+}
+
+// Move returns one move.
+func (c *Client) Move(ctx context.Context, id string) (Move, error) {
+	var out Move
+	return out, c.Do(ctx, http.MethodGet, "/v1/moves/"+url.PathEscape(id), nil, &out)
+}
+
+// CordonNode stops placing new parts on a node (by ID or name); its
+// leases stay. UncordonNode undoes it.
+func (c *Client) CordonNode(ctx context.Context, id string) (Node, error) {
+	var out Node
+	return out, c.Do(ctx, http.MethodPost, "/v1/nodes/"+url.PathEscape(id)+"/cordon", nil, &out)
+}
+
+// UncordonNode lets placement use a cordoned node again.
+func (c *Client) UncordonNode(ctx context.Context, id string) (Node, error) {
+	var out Node
+	return out, c.Do(ctx, http.MethodPost, "/v1/nodes/"+url.PathEscape(id)+"/uncordon", nil, &out)
+}
+
+// DrainNode cordons a node and moves every lease off it.
+func (c *Client) DrainNode(ctx context.Context, id string, r DrainRequest) (Drain, error) {
+	var out Drain
+	return out, c.Do(ctx, http.MethodPost, "/v1/nodes/"+url.PathEscape(id)+"/drain", r, &out)
+}
+
+// NodeDrain returns a node's latest drain.
+func (c *Client) NodeDrain(ctx context.Context, id string) (Drain, error) {
+	var out Drain
+	return out, c.Do(ctx, http.MethodGet, "/v1/nodes/"+url.PathEscape(id)+"/drain", nil, &out)
 }

@@ -89,6 +89,9 @@ type Node struct {
 	Health        string            `json:"health,omitempty"`
 	LastHeartbeat time.Time         `json:"last_heartbeat"`
 	JoinedAt      time.Time         `json:"joined_at"`
+	// Cordoned: placement puts no new part on the node (rialto node
+	// cordon, or a drain); its leases stay.
+	Cordoned bool `json:"cordoned,omitempty"`
 }
 
 // Device is a lendable resource on a node (Resource Registration Table).
@@ -358,6 +361,16 @@ type DeviceCounters struct {
 	// UsedBytes is what the device holds (block: the allocated blocks of
 	// its backing file, which grow as borrowers write); absent if unknown.
 	UsedBytes *int64 `json:"used_bytes,omitempty"`
+}
+
+// MetricsTargetGroup is a group of Prometheus scrape targets (GET
+// /v1/metrics-targets), in the format of Prometheus's HTTP service
+// discovery (http_sd_configs): host:port targets and the labels Prometheus
+// gives them: __scheme__ and __metrics_path__ (how to scrape), component
+// (controlplane or agent) and, for an agent, node (its name).
+type MetricsTargetGroup struct {
+	Targets []string          `json:"targets"`
+	Labels  map[string]string `json:"labels"`
 }
 
 // DeviceUsage is a device's measured use (GET /v1/usage): what it holds

@@ -4,10 +4,10 @@
 //
 //   - "nic": one lent NIC against the same link used directly, and bonds of
 //     2 and 3 lenders against one lent NIC, with iperf3 over tbf-shaped
-//     uplinks (internal/netns). The lenders and the borrower are this
-//     binary's "lend" and "attach" (internal/dataplane/nic) in network
-//     namespaces: the data plane alone, since the control plane does not
-//     place NIC leases yet.
+//     uplinks, through the product path: an emulated rack (internal/rack,
+//     Uplinks) whose `rialto agent` processes lend their uplinks, leases
+//     made by the control plane's API, and `rialto attach` in a borrower's
+//     network namespace.
 //   - "udp": 64-byte messages per second and round trips through a slot's
 //     UDP path (an accelerator lease made by the API of an emulated rack,
 //     internal/rack, served by a rialto agent) against "udp-echo", a UDP
@@ -28,7 +28,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -36,7 +35,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"golang.org/x/net/ipv4"
@@ -45,24 +43,19 @@ import (
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/appliance"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles/mct"
-	"github.com/rialto-project/rialto/internal/dataplane/nic"
 	"github.com/rialto-project/rialto/internal/netns"
 	"github.com/rialto-project/rialto/internal/rack"
 )
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: nic-bench run|lend|attach|udp-echo [flags]")
+		fmt.Fprintln(os.Stderr, "usage: nic-bench run|udp-echo [flags]")
 		os.Exit(2)
 	}
 	var err error
 	switch os.Args[1] {
 	case "run":
 		err = run(os.Args[2:])
-	case "lend":
-		err = lend(os.Args[2:])
-	case "attach":
-		err = attach(os.Args[2:])
 	case "udp-echo":
 		err = udpEcho(os.Args[2:])
 	default:
@@ -72,72 +65,6 @@ func main() {
 		fmt.Fprintln(os.Stderr, "nic-bench:", err)
 		os.Exit(1)
 	}
-}
-
-// lend serves one lease of -iface on -listen; the credential comes from
-// RIALTO_BENCH_CRED (never the command line). It stops when stdin closes.
-func lend(args []string) error {
-	fs := flag.NewFlagSet("lend", flag.ExitOnError)
-	iface := fs.String("iface", "wan0", "interface to lend")
-	listen := fs.String("listen", "", "tunnel address")
-	id := fs.String("lease", "bench", "lease id")
-	_ = fs.Parse(args)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	l, err := nic.NewLender(ctx, nic.LenderConfig{Iface: *iface})
-	if err != nil {
-		return err
-	}
-	defer l.Close()
-	if err := l.AddLease(ctx, nic.LeaseSpec{ID: *id, Credential: os.Getenv("RIALTO_BENCH_CRED")}); err != nil {
-		return err
-	}
-	ln, err := net.Listen("tcp", *listen)
-	if err != nil {
-		return err
-	}
-	fmt.Println("ready")
-	go func() { _, _ = io.Copy(io.Discard, os.Stdin); stop() }()
-	return l.Serve(ctx, ln)
-}
-
-// attach attaches the lenders' leases (-lenders a,b,c) as one interface.
-func attach(args []string) error {
-	fs := flag.NewFlagSet("attach", flag.ExitOnError)
-	lenders := fs.String("lenders", "", "tunnel addresses, comma-separated")
-	mode := fs.String("mode", "flow", "flow or packet")
-	name := fs.String("name", "rnic0", "interface")
-	_ = fs.Parse(args)
-	var ms []nic.Member
-	for _, a := range strings.Split(*lenders, ",") {
-		ms = append(ms, nic.Member{Addr: a, Credential: os.Getenv("RIALTO_BENCH_CRED")})
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	i, err := nic.Attach(ctx, nic.Config{Members: ms, Mode: nic.Mode(*mode), Name: *name})
-	cancel()
-	if err != nil {
-		return err
-	}
-	defer i.Close()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		up := 0
-		for _, m := range i.Members() {
-			if m.Up {
-				up++
-			}
-		}
-		if up == len(ms) {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%d of %d lenders up", up, len(ms))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	fmt.Println("ready")
-	_, _ = io.Copy(io.Discard, os.Stdin)
-	return nil
 }
 
 // udpEcho is the baseline: one recvfrom and one sendto per message.
@@ -252,7 +179,7 @@ func stealNote() string {
 	return fmt.Sprintf("%.1f%% of CPU time since the bench started", 100*float64(now[0]-stealStart[0])/float64(now[1]-stealStart[1]))
 }
 
-// ---- the NIC part ----
+// ---- processes and iperf3 ----
 
 type child struct {
 	cmd *exec.Cmd
@@ -271,8 +198,7 @@ func (ch *child) stop() {
 	}
 }
 
-func startChild(cmd *exec.Cmd, cred string) (*child, error) {
-	cmd.Env = append(os.Environ(), "RIALTO_BENCH_CRED="+cred)
+func startChild(cmd *exec.Cmd) (*child, error) {
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
@@ -334,9 +260,9 @@ func iperfServer(ctx context.Context, out *netns.Outside, port int) (func(), err
 	return stop, nil
 }
 
-func iperf(ctx context.Context, lab *netns.Lab, out *netns.Outside, host, port int, dur time.Duration, extra ...string) (float64, error) {
+func iperf(ctx context.Context, cmd func(args ...string) *exec.Cmd, out *netns.Outside, port int, dur time.Duration, extra ...string) (float64, error) {
 	args := append([]string{"-c", out.Server.String(), "-p", strconv.Itoa(port), "-J", "-t", strconv.Itoa(int(dur.Seconds()))}, extra...)
-	res, err := lab.Command(ctx, host, "iperf3", args...).Output()
+	res, err := cmd(args...).Output()
 	var j struct {
 		Error string `json:"error"`
 		End   struct {
@@ -351,42 +277,41 @@ func iperf(ctx context.Context, lab *netns.Lab, out *netns.Outside, host, port i
 	return j.End.SumReceived.BPS, nil
 }
 
+// nicRow is one configuration of the NIC part: the direct path, or a
+// lease of lenders parts (a bond when more than one) attached in mode.
+type nicRow struct {
+	name    string
+	lenders int
+	mode    string
+	streams int
+}
+
 func benchNIC(c config, md *strings.Builder) error {
 	ctx := context.Background()
-	lab, err := netns.New(ctx, netns.Config{Hosts: 4, Prefix: "rialto-bnic"})
+	dir, err := os.MkdirTemp("", "nic-bench-rack")
 	if err != nil {
 		return err
 	}
-	defer lab.Close()
-	out, err := lab.AddOutside(ctx, netns.OutsideConfig{Hosts: []int{1, 2, 3}, Rate: c.rate})
+	defer os.RemoveAll(dir)
+	// Three lenders whose uplinks (wan0) are shaped to c.rate and lent at
+	// that rate; one borrower namespace; the rack's own links unshaped.
+	r, err := rack.Start(ctx, rack.Config{Binary: c.rialto, StateDir: dir, Agents: 3, Borrowers: 1,
+		Uplinks: true, UplinkRate: c.rate, NICRate: c.rate, LogLevel: "warn", Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return err
 	}
-	cred := "bench-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	var lenders []*child
-	defer func() {
-		for _, l := range lenders {
-			l.stop()
-		}
-	}()
-	addrs := make([]string, 3)
-	for k := range 3 {
-		addrs[k] = net.JoinHostPort(lab.Host(k+1).Addr.String(), "7300")
-		l, err := startChild(lab.Command(ctx, k+1, c.bin, "lend", "-iface", "wan0", "-listen", addrs[k], "-lease", "bench"+strconv.Itoa(k)), cred)
-		if err != nil {
-			return err
-		}
-		lenders = append(lenders, l)
+	defer r.Close()
+	out, borrower := r.Outside(), r.Borrower(0)
+	linkBps, err := netns.ParseRate(c.rate)
+	if err != nil {
+		return err
 	}
-	// Three borrower interfaces in host 0, routed by source address... a
-	// simpler layout: attach one interface at a time, each measured alone.
-	type cfgRow struct {
-		name    string
-		lenders int
-		mode    string
-		streams int
+	xdg, err := os.MkdirTemp("", "nic-bench-attach")
+	if err != nil {
+		return err
 	}
-	rows := []cfgRow{{"direct (iperf3 on lender 1 over its uplink)", 0, "", 4},
+	defer os.RemoveAll(xdg)
+	rows := []nicRow{{"direct (iperf3 on lender 1 over its uplink)", 0, "", 4},
 		{"1 lent NIC", 1, "flow", 4}, {"bond of 2, per-flow", 2, "flow", 8}, {"bond of 3, per-flow", 3, "flow", 12},
 		{"bond of 3, per-packet (2 connections per lender)", 3, "packet", 12}}
 	res := make([][]float64, len(rows))
@@ -396,29 +321,27 @@ func benchNIC(c config, md *strings.Builder) error {
 		return err
 	}
 	defer stopServer()
-	for r := 0; r < c.runs; r++ {
+	inBorrower := func(args ...string) *exec.Cmd { return r.Command(ctx, borrower, "iperf3", args...) }
+	onLender := func(args ...string) *exec.Cmd { return r.Command(ctx, r.Agent(0), "iperf3", args...) }
+	for run := 0; run < c.runs; run++ {
 		for i, row := range rows {
 			var bps float64
 			if row.lenders == 0 {
-				bps, err = iperf(ctx, lab, out, 1, port, c.dur, "-P", strconv.Itoa(row.streams))
+				bps, err = iperf(ctx, onLender, out, port, c.dur, "-P", strconv.Itoa(row.streams))
 			} else {
-				var b *child
-				b, err = startChild(lab.Command(ctx, 0, c.bin, "attach", "-lenders", strings.Join(addrs[:row.lenders], ","), "-mode", row.mode), cred)
-				if err != nil {
-					return err
-				}
-				bps, err = iperf(ctx, lab, out, 0, port, c.dur, "-P", strconv.Itoa(row.streams))
-				b.stop()
+				bps, err = leaseIperf(ctx, c, r, xdg, row, linkBps, func() (float64, error) {
+					return iperf(ctx, inBorrower, out, port, c.dur, "-P", strconv.Itoa(row.streams))
+				})
 			}
 			if err != nil {
 				return err
 			}
 			res[i] = append(res[i], bps)
-			fmt.Fprintf(os.Stderr, "nic run %d %s: %.1f Mbit/s\n", r, row.name, bps/1e6)
+			fmt.Fprintf(os.Stderr, "nic run %d %s: %.1f Mbit/s\n", run, row.name, bps/1e6)
 		}
 	}
 	direct, one := median(res[0]), median(res[1])
-	fmt.Fprintf(md, "### Lent NICs (data plane only)\n\nEach lender's uplink (its lent interface, wan0) and the outside's end of it are shaped to %s; the borrower's and lenders' rack links are not shaped. iperf3 TCP to the outside server, which only the lenders reach; the borrower reaches it through its lent interface (internal/dataplane/nic: TUN at both ends, NAT at the lender). Lenders and borrower are nic-bench's `lend` and `attach`, not `rialto agent` and `rialto attach`: the control plane does not place NIC leases yet, so these are data-plane figures, not product-path ones.\n\n", c.rate)
+	fmt.Fprintf(md, "### Lent NICs\n\nAn emulated rack (internal/rack): three `rialto agent` processes, each lending its uplink wan0 (`--nic wan=wan0:%s`), shaped with tc tbf to %s at both ends; the rack's own links (the tunnels') are not shaped. Each lent-NIC row is a lease made through the control plane's API (`kind: nic`; one lender: a whole interface; a bond of N: `count` N, `bandwidth` N × %s, so N different lenders) and attached by `rialto attach` in a borrower's own network namespace; iperf3 TCP goes to the outside server, which only the lenders reach. The direct row runs iperf3 on lender 1 itself, over its uplink. Rows are interleaved in each run; every lent-NIC row makes, attaches, detaches and releases its lease.\n\n", c.rate, c.rate, c.rate)
 	md.WriteString("| path | streams | Mbit/s (median) | runs | vs direct | vs 1 lent NIC | goal |\n|---|---|---|---|---|---|---|\n")
 	goals := []string{"", "≥ 90% of direct", "≥ 1.8×", "≥ 2.6×", ""}
 	for i, row := range rows {
@@ -426,9 +349,73 @@ func benchNIC(c config, md *strings.Builder) error {
 		fmt.Fprintf(md, "| %s | %d | %.1f | %s | %.0f%% | %.2f× | %s |\n", row.name, row.streams, m/1e6, mbits(res[i]), 100*m/direct, m/one, goals[i])
 	}
 	md.WriteString("\nThe per-packet bond stripes each lender's share over two connections and restores the order at the receiving end; flows are still hashed to lenders, since each lender translates to its own address (docs/nic.md).\n\n")
-	fmt.Fprintf(md, "Commands: `ip netns exec LENDERk nic-bench lend -iface wan0 -listen ADDR:7300` (k = 1..3), `ip netns exec BORROWER nic-bench attach -lenders A1[,A2[,A3]] -mode flow|packet`, `ip netns exec OUTSIDE iperf3 -s -B %s`, `ip netns exec BORROWER|LENDER1 iperf3 -c %s -t %d -P STREAMS -J`.\n\n",
-		out.Server, out.Server, int(c.dur.Seconds()))
+	fmt.Fprintf(md, "Commands: `rialto up --netns --agents 3 --uplinks --uplink-rate %s` is the same rack by hand; `rialto lease create --kind nic [--count N --bandwidth N×%s]` (here through the API), `ip netns exec BORROWER rialto attach LEASE --iface rnic0 --bond-mode flow|packet`, `ip netns exec OUTSIDE iperf3 -s -B %s`, `ip netns exec BORROWER|NODE1 iperf3 -c %s -t %d -P STREAMS -J`, `rialto detach LEASE`, `rialto lease release LEASE`.\n\n",
+		c.rate, c.rate, out.Server, out.Server, int(c.dur.Seconds()))
 	return nil
+}
+
+// leaseIperf makes row's lease through the API, attaches it with `rialto
+// attach` in the borrower's namespace, measures with measure, and detaches
+// and releases it.
+func leaseIperf(ctx context.Context, c config, r *rack.Rack, xdg string, row nicRow, linkBps int64, measure func() (float64, error)) (float64, error) {
+	req := api.LeaseRequest{Kind: api.KindNIC, Affinity: []string{r.Agent(0).Name}}
+	if row.lenders > 1 {
+		req = api.LeaseRequest{Kind: api.KindNIC, Count: row.lenders, Bandwidth: float64(row.lenders) * float64(linkBps) / 8}
+	}
+	l, err := r.Client().CreateLease(ctx, req)
+	if err != nil {
+		return 0, fmt.Errorf("lease for %s: %w", row.name, err)
+	}
+	defer func() { _, _ = r.Client().ReleaseLease(context.Background(), l.ID) }()
+	env := append(os.Environ(), append(r.Env(), "XDG_RUNTIME_DIR="+xdg)...)
+	att := r.Command(ctx, r.Borrower(0), c.rialto, "attach", l.ID, "--iface", "rnic0", "--bond-mode", row.mode, "--log-level", "warn")
+	att.Env = env
+	var stderr strings.Builder
+	att.Stderr = &stderr
+	stdout, err := att.StdoutPipe()
+	if err != nil {
+		return 0, err
+	}
+	if err := att.Start(); err != nil {
+		return 0, err
+	}
+	done := make(chan struct{})
+	lines := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			select {
+			case lines <- sc.Text():
+			default:
+			}
+		}
+		_ = att.Wait()
+		close(done)
+	}()
+	stop := func() {
+		det := exec.Command(c.rialto, "detach", l.ID)
+		det.Env = env
+		if out, err := det.CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "nic-bench: detach %s: %v: %s\n", l.ID, err, out)
+			_ = att.Process.Kill()
+		}
+		<-done
+	}
+	select {
+	case <-lines:
+	case <-done:
+		return 0, fmt.Errorf("rialto attach %s: %s", l.ID, stderr.String())
+	case <-time.After(30 * time.Second):
+		_ = att.Process.Kill()
+		<-done
+		return 0, fmt.Errorf("rialto attach %s: no interface after 30 s: %s", l.ID, stderr.String())
+	}
+	bps, err := measure()
+	stop()
+	if err != nil {
+		return 0, fmt.Errorf("%w\nrialto attach: %s", err, stderr.String())
+	}
+	return bps, nil
 }
 
 func mbits(v []float64) string {
@@ -483,7 +470,7 @@ func benchUDP(c config, md *strings.Builder) error {
 	slotAddr := u.Slots[0]
 	node := r.Agent(0)
 	echoAddr := net.JoinHostPort(node.Addr.String(), "7499")
-	echo, err := startChild(r.Command(ctx, node, c.bin, "udp-echo", "-listen", echoAddr), "")
+	echo, err := startChild(r.Command(ctx, node, c.bin, "udp-echo", "-listen", echoAddr))
 	if err != nil {
 		return err
 	}

@@ -20,7 +20,7 @@ import (
 )
 
 func init() {
-	register(&command{Name: "attach", Args: "LEASE", Summary: "Serve a block lease (composed or not) as a local NBD export until Ctrl-C or detach.", Run: runAttach})
+	register(&command{Name: "attach", Args: "LEASE", Summary: "Serve a block lease (composed or not) as a local NBD export, or attach a nic lease (a bond or not) as a network interface, until Ctrl-C or detach.", Run: runAttach})
 	register(&command{Name: "detach", Args: "LEASE", Summary: "Stop the `rialto attach` of a lease and wait until it is gone.", Run: runDetach})
 }
 
@@ -31,11 +31,15 @@ type attachState struct {
 	ID      string    `json:"id"`
 	State   string    `json:"state"`
 	PID     int       `json:"pid"`
-	URI     string    `json:"uri"`
-	Size    int64     `json:"size"`
+	URI     string    `json:"uri,omitempty"`
+	Size    int64     `json:"size"` // bytes (block); bytes/s (nic: the lease's rate)
 	Parts   int       `json:"parts"`
 	Control string    `json:"control"`
 	Started time.Time `json:"started"`
+	// A nic lease's interface, its address and what it routes.
+	Iface  string   `json:"iface,omitempty"`
+	Addr   string   `json:"addr,omitempty"`
+	Routes []string `json:"routes,omitempty"`
 }
 
 // attachDir is where attachments are recorded: $XDG_RUNTIME_DIR/rialto, or
@@ -100,7 +104,9 @@ func runAttach(ctx context.Context, e *env, args []string) error {
 	listen := fs.String("listen", "127.0.0.1:0", "loopback TCP address to serve the volume on")
 	socket := fs.String("socket", "", "serve on this Unix socket instead of TCP")
 	unit := fs.String("stripe-unit", "", "stripe unit, e.g. 128KiB (default: the lease's)")
-	conns := fs.Int("conns", 0, "NBD connections to each part (default 2)")
+	conns := fs.Int("conns", 0, "NBD connections to each part (default 2); nic: tunnel connections to each lender (default 1, 2 with --bond-mode packet)")
+	var nf nicAttachFlags
+	nf.register(fs)
 	timeout := fs.Duration("timeout", 0, "declare a part failed when a request takes longer (default 30s)")
 	watch := fs.Duration("watch", 5*time.Second, "how often to check that the lease is still active (0: never)")
 	level := fs.String("log-level", "warn", "debug, info, warn or error")
@@ -123,6 +129,9 @@ func runAttach(ctx context.Context, e *env, args []string) error {
 	l, err := c.Lease(ctx, pos[0])
 	if err != nil {
 		return err
+	}
+	if l.Kind == api.KindNIC {
+		return attachNIC(ctx, e, c, &cf, l, nf, *conns, *watch, log)
 	}
 	parts, err := borrower.AttachParts(l)
 	if err != nil {
@@ -147,28 +156,11 @@ func runAttach(ctx context.Context, e *env, args []string) error {
 		where = "unix:" + abs
 	}
 
-	dir, err := attachDir(e)
+	file, ctlPath, ctl, err := openAttachment(ctx, e, l.ID)
 	if err != nil {
 		return err
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("attach state: %w", err)
-	}
-	file, ctlPath, err := statePaths(dir, l.ID)
-	if err != nil {
-		return err
-	}
-	if old, err := readAttachState(file); err == nil && processAlive(old.PID) && controlAnswers(ctx, old.Control) {
-		return fmt.Errorf("lease %s is already attached at %s by process %d (run `rialto detach %s` first)", l.ID, old.URI, old.PID, l.ID)
-	}
-	os.Remove(ctlPath)
-
-	ctl, err := net.Listen("unix", ctlPath)
-	if err != nil {
-		return fmt.Errorf("attach control socket: %w", err)
 	}
 	defer ctl.Close()
-	os.Chmod(ctlPath, 0o600)
 
 	// A part whose lender restarted at another address is redialled at
 	// the URI the control plane has for it now.
@@ -193,7 +185,15 @@ func runAttach(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintf(e.stderr, "rialto attach: lease %s (%d part(s), %s) served at the URI above; Ctrl-C or `rialto detach %s` ends it\n",
 			l.ID, parts, resource.FormatSize(st.Size), l.ID)
 	}
+	return holdAttachment(ctx, c, l, ctl, file, ctlPath, *watch, att.Close)
+}
 
+// holdAttachment keeps an attachment (its state in file, its control
+// socket ctl at ctlPath) until ctx ends, `rialto detach` asks on the
+// control socket, or the lease ends (checked every watch; 0: never); then
+// it closes the attachment with closeFn, removes its state and answers
+// detach. It returns why the lease ended, if it did.
+func holdAttachment(ctx context.Context, c *api.Client, l api.Lease, ctl net.Listener, file, ctlPath string, watch time.Duration, closeFn func() error) error {
 	// Serve until the context ends or detach asks on the control socket.
 	detach := make(chan net.Conn, 1)
 	acceptDone := make(chan struct{})
@@ -219,8 +219,8 @@ func runAttach(ctx context.Context, e *env, args []string) error {
 	// Serve until Ctrl-C, detach, or the lease ends (then the lenders have
 	// torn the parts down and every request would fail).
 	var tick <-chan time.Time
-	if *watch > 0 {
-		t := time.NewTicker(*watch)
+	if watch > 0 {
+		t := time.NewTicker(watch)
 		defer t.Stop()
 		tick = t.C
 	}
@@ -246,7 +246,7 @@ wait:
 			}
 		}
 	}
-	cerr := att.Close()
+	cerr := closeFn()
 	ctl.Close()
 	<-acceptDone
 	os.Remove(file)
@@ -263,6 +263,37 @@ wait:
 		return fmt.Errorf("detach %s: %w", l.ID, cerr)
 	}
 	return ended
+}
+
+// openAttachment claims lease id's attach state: its state file's path
+// and its control socket, listening. A lease attached by a live process
+// is refused.
+func openAttachment(ctx context.Context, e *env, id string) (file, ctlPath string, ctl net.Listener, err error) {
+	dir, err := attachDir(e)
+	if err != nil {
+		return "", "", nil, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", "", nil, fmt.Errorf("attach state: %w", err)
+	}
+	file, ctlPath, err = statePaths(dir, id)
+	if err != nil {
+		return "", "", nil, err
+	}
+	if old, err := readAttachState(file); err == nil && processAlive(old.PID) && controlAnswers(ctx, old.Control) {
+		where := old.URI
+		if old.Iface != "" {
+			where = "interface " + old.Iface
+		}
+		return "", "", nil, fmt.Errorf("lease %s is already attached at %s by process %d (run `rialto detach %s` first)", id, where, old.PID, id)
+	}
+	os.Remove(ctlPath)
+	ctl, err = net.Listen("unix", ctlPath)
+	if err != nil {
+		return "", "", nil, fmt.Errorf("attach control socket: %w", err)
+	}
+	os.Chmod(ctlPath, 0o600)
+	return file, ctlPath, ctl, nil
 }
 
 func writeFile0600(path string, b []byte) error {

@@ -43,7 +43,11 @@ func printNodes(w io.Writer, nodes []api.Node) {
 	tw := newTable(w)
 	fmt.Fprintln(tw, "ID\tNAME\tSTATE\tADDRESS\tCORES\tMEMORY\tHEALTH\tLAST HEARTBEAT")
 	for _, n := range nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", n.ID, n.Name, n.State, dash(n.Address),
+		state := string(n.State)
+		if n.Cordoned {
+			state += ",cordoned"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", n.ID, n.Name, state, dash(n.Address),
 			n.Fingerprint.Cores, resource.FormatSize(n.Fingerprint.MemoryBytes), dash(n.Health), ago(now, n.LastHeartbeat))
 	}
 	tw.Flush()

@@ -53,3 +53,42 @@ func TestRequestFlagsWhole(t *testing.T) {
 		t.Fatalf("%+v %v", r, err)
 	}
 }
+
+// TestRequestFlagsBandwidth: --bandwidth takes link rates (bits) and
+// sizes per second (bytes), and a bare number of bytes/s; nic requests
+// carry it as their rate, bonds their count.
+func TestRequestFlagsBandwidth(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want float64 // bytes/s; < 0: refused
+	}{
+		{"500Mbit/s", 62.5e6},
+		{"500mbit", 62.5e6},
+		{"1Gbit/s", 125e6},
+		{"1.5 gbit/s", 187.5e6},
+		{"100kbit/s", 12.5e3},
+		{"800bit/s", 100},
+		{"200MB/s", 200e6},
+		{"64MiB/s", 64 << 20},
+		{"2e9", 2e9},
+		{"477000000", 477e6},
+		{"fast", -1},
+		{"-5Mbit/s", -1},
+		{"Mbit/s", -1},
+	} {
+		var rf requestFlags
+		fs := flag.NewFlagSet("create", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		rf.register(fs)
+		if err := fs.Parse([]string{"--kind", "nic", "--count", "2", "--bandwidth", c.in}); err != nil {
+			t.Fatal(err)
+		}
+		r, err := rf.request()
+		switch {
+		case c.want < 0 && err == nil:
+			t.Errorf("%q: accepted as %g", c.in, r.Bandwidth)
+		case c.want >= 0 && (err != nil || r.Bandwidth != c.want || r.Kind != "nic" || r.Count != 2):
+			t.Errorf("%q: %+v %v, want %g bytes/s", c.in, r, err, c.want)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"sort"
 	"strconv"
@@ -158,19 +159,19 @@ func printParts(w io.Writer, k api.Kind, parts []api.Part, uri bool, names map[s
 // requestFlags are lease create's and explain's flags.
 type requestFlags struct {
 	kind, mode, size, ttl, stripe, key, borrower, strategy, role, bwCap, work string
-	roleConfig, roleModule                                                    string
+	roleConfig, roleModule, bandwidth                                         string
 	count, iopsCap                                                            int
 	whole                                                                     bool
-	bandwidth, deadline                                                       float64
+	deadline                                                                  float64
 	labels, affinity, anti                                                    listFlag
 }
 
 func (rf *requestFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&rf.kind, "kind", "block", "resource kind: block, memory, accel")
-	fs.StringVar(&rf.mode, "mode", "", "dedicated, shared or composed (default: placement chooses; accel: dedicated slots, or shared through the lender's gateway)")
+	fs.StringVar(&rf.kind, "kind", "block", "resource kind: block, memory, accel, nic")
+	fs.StringVar(&rf.mode, "mode", "", "dedicated, shared or composed (default: placement chooses; accel: dedicated slots, or shared through the lender's gateway; nic: dedicated is a whole interface)")
 	fs.StringVar(&rf.size, "size", "", "size, e.g. 256MiB, 2GiB (block, memory)")
-	fs.IntVar(&rf.count, "count", 0, "devices to compose, or accelerator slots (with --whole: the least slots)")
-	fs.BoolVar(&rf.whole, "whole", false, "an entire unused device, dedicated (block, memory: also no --size; accel: every slot)")
+	fs.IntVar(&rf.count, "count", 0, "devices to compose, accelerator slots (with --whole: the least slots), or lent NICs of different lenders to bond (nic)")
+	fs.BoolVar(&rf.whole, "whole", false, "an entire unused device, dedicated (block, memory, nic: also no --size or --bandwidth; accel: every slot)")
 	fs.StringVar(&rf.ttl, "ttl", "", "lease lifetime, e.g. 30m, 2h, or seconds (default: the server's)")
 	fs.StringVar(&rf.stripe, "stripe-unit", "", "stripe unit of a composed lease, e.g. 64KiB")
 	fs.StringVar(&rf.key, "idempotency-key", "", "retries with the same key return the same lease")
@@ -179,7 +180,7 @@ func (rf *requestFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&rf.role, "role", "", "accelerator role to load (with --mode shared: the role of the lender's batching gateway)")
 	fs.StringVar(&rf.roleConfig, "role-config", "", "file holding the role's config: the AES-GCM key (raw 16, 24 or 32 bytes), the MCT rule set (JSON)")
 	fs.StringVar(&rf.roleModule, "role-module", "", "file holding a wasm role's WebAssembly module")
-	fs.Float64Var(&rf.bandwidth, "bandwidth", 0, "bandwidth wanted, bytes/s")
+	fs.StringVar(&rf.bandwidth, "bandwidth", "", "bandwidth wanted, e.g. 500Mbit/s, 1Gbit/s, 200MB/s, or bytes/s (nic: the share of a lent interface to reserve, a bond's total; its lenders cap the lease there)")
 	fs.Float64Var(&rf.deadline, "deadline", 0, "completion deadline, seconds")
 	fs.StringVar(&rf.bwCap, "bandwidth-cap", "", "cap the lease's exports at this many bytes/s, e.g. 100MiB (block)")
 	fs.IntVar(&rf.iopsCap, "iops-cap", 0, "cap the lease's exports at this many requests/s (block)")
@@ -207,7 +208,14 @@ func (rf *requestFlags) request() (api.LeaseRequest, error) {
 	r := api.LeaseRequest{
 		Kind: api.Kind(strings.ToLower(rf.kind)), Mode: api.Mode(strings.ToLower(rf.mode)), Count: rf.count, Whole: rf.whole,
 		IdempotencyKey: rf.key, Borrower: rf.borrower, Strategy: rf.strategy, Role: rf.role,
-		Bandwidth: rf.bandwidth, DeadlineSecond: rf.deadline, IOPSCap: int64(rf.iopsCap),
+		DeadlineSecond: rf.deadline, IOPSCap: int64(rf.iopsCap),
+	}
+	if rf.bandwidth != "" {
+		v, err := parseRate(rf.bandwidth)
+		if err != nil {
+			return r, fmt.Errorf("bad --bandwidth: %w", err)
+		}
+		r.Bandwidth = v
 	}
 	if rf.bwCap != "" {
 		v, err := resource.ParseSize(rf.bwCap)
@@ -277,6 +285,44 @@ func (rf *requestFlags) request() (api.LeaseRequest, error) {
 	}
 	r.Affinity, r.AntiAffinity = []string(rf.affinity), []string(rf.anti)
 	return r, nil
+}
+
+// parseRate parses a rate into bytes/s: bits with a unit ending in "bit"
+// ("500Mbit/s", "1gbit", "100 kbit/s"; decimal prefixes), else bytes as
+// sizes are written ("200MB/s", "64MiB/s", "2e9": a bare number is bytes/s).
+func parseRate(s string) (float64, error) {
+	t := strings.TrimSpace(s)
+	lt := strings.ToLower(t)
+	if u, ok := strings.CutSuffix(lt, "/s"); ok {
+		lt, t = u, t[:len(u)]
+	} else if u, ok := strings.CutSuffix(lt, "ps"); ok && strings.HasSuffix(u, "bit") {
+		lt, t = u, t[:len(u)] // "500mbitps"
+	}
+	if num, ok := strings.CutSuffix(lt, "bit"); ok {
+		mult := 1.0
+		if n := len(num); n > 0 {
+			switch num[n-1] {
+			case 'k':
+				mult, num = 1e3, num[:n-1]
+			case 'm':
+				mult, num = 1e6, num[:n-1]
+			case 'g':
+				mult, num = 1e9, num[:n-1]
+			case 't':
+				mult, num = 1e12, num[:n-1]
+			}
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(num), 64)
+		if err != nil || v < 0 || math.IsInf(v, 0) || math.IsNaN(v) {
+			return 0, fmt.Errorf("%q: want a rate such as 500Mbit/s, 1Gbit/s or 200MB/s", s)
+		}
+		return v * mult / 8, nil
+	}
+	n, err := resource.ParseSize(t)
+	if err != nil {
+		return 0, fmt.Errorf("%q: want a rate such as 500Mbit/s, 1Gbit/s or 200MB/s", s)
+	}
+	return float64(n), nil
 }
 
 // readLimited reads a file of at most limit bytes (without quoting it in

@@ -170,6 +170,7 @@ func (cp *controlPlane) stop() error {
 		cp.sweep()
 		<-cp.swept
 	}
+	cp.srv.Close() // moves and drains under way are given up
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := cp.hs.Shutdown(sctx); err != nil {

@@ -30,6 +30,11 @@ type upState struct {
 	BootstrapToken string `json:"bootstrap_token"`
 	AdminToken     string `json:"admin_token"`
 	Port           int    `json:"port"`
+
+	// MetricsToken is the token of tenant "prometheus" (not an admin),
+	// which the Prometheus configuration written beside it uses to find
+	// the scrape targets (GET /v1/metrics-targets).
+	MetricsToken string `json:"metrics_token,omitempty"`
 }
 
 func loadUpState(dir string) (upState, error) {
@@ -76,7 +81,7 @@ func runUp(ctx context.Context, e *env, args []string) error {
 	netnsMode := fs.Bool("netns", false, "run an emulated rack instead: the control plane and each agent as separate processes in their own network namespaces, joined by veth pairs and a bridge (root only; docs/rack.md)")
 	linkRate := fs.String("link-rate", "", "with --netns: shape every link with tc tbf to this rate, e.g. 1gbit, 400mbit (bandwidth only: no delay or loss)")
 	uplinks := fs.Bool("uplinks", false, "with --netns: give every agent an uplink (wan0) to an outside network that only the agents reach, lent as NIC \"wan\" (docs/nic.md; needs nft)")
-	uplinkRate := fs.String("uplink-rate", "", "with --uplinks: shape the uplinks with tc tbf to this rate, e.g. 100mbit")
+	uplinkRate := fs.String("uplink-rate", "", "with --uplinks: shape the uplinks with tc tbf to this rate, e.g. 100mbit; the agents lend them at that rate")
 	insecure := insecureDataplaneFlag(fs)
 	var tm timings
 	tm.register(fs)
@@ -144,6 +149,9 @@ func runUp(ctx context.Context, e *env, args []string) error {
 	if st.AdminToken == "" {
 		st.AdminToken = resource.NewSecret("rat")
 	}
+	if st.MetricsToken == "" {
+		st.MetricsToken = resource.NewSecret("rat")
+	}
 
 	ln, err := listenUp(*port, st.Port)
 	if err != nil {
@@ -168,7 +176,8 @@ func runUp(ctx context.Context, e *env, args []string) error {
 	}
 	cp, err := startControlPlane(ctx, ln, filepath.Join(*dir, "rialto.db"), controlplane.Config{
 		Logger: log.With("component", "controlplane"), BootstrapToken: st.BootstrapToken,
-		Tokens:            []controlplane.Token{{Token: st.AdminToken, Tenant: "admin", Admin: true}},
+		Tokens: []controlplane.Token{{Token: st.AdminToken, Tenant: "admin", Admin: true},
+			{Token: st.MetricsToken, Tenant: "prometheus"}},
 		HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down,
 		PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas, CA: ca,
 	}, tlsCfg)
@@ -188,6 +197,8 @@ func runUp(ctx context.Context, e *env, args []string) error {
 			ControlPlane: cp.URL, BootstrapToken: st.BootstrapToken, Name: name,
 			StateDir: filepath.Join(*dir, name), Logger: log.With("component", "agent", "node", name),
 			Labels: map[string]string{"cluster": "local"}, CAFile: caFile, InsecureDataplane: *insecure,
+			// The control plane's /metrics reports this process's runtime.
+			OmitRuntimeMetrics: true,
 		}
 		for d := range *disks {
 			cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: fmt.Sprintf("disk%d", d), Kind: api.KindBlock,
@@ -238,7 +249,16 @@ func runUp(ctx context.Context, e *env, args []string) error {
 	cp.startSweeping(ctx)
 
 	where := fmt.Sprintf("a control plane and %d agents on loopback", *agents)
-	if err := printUp(ctx, e, cp.URL, caFile, st, *dir, where, *insecure, nil); err != nil {
+	promCfg, err := writePrometheusConfig(*dir, cp.URL, caFile, st.MetricsToken)
+	if err != nil {
+		shutdown()
+		return err
+	}
+	printProm := func(w io.Writer) {
+		fmt.Fprintf(w, "Prometheus: prometheus --config.file=%s\n", promCfg)
+		fmt.Fprintln(w, "            (scrapes the control plane and every agent; Grafana dashboard: docs/grafana/rialto.json)")
+	}
+	if err := printUp(ctx, e, cp.URL, caFile, st, *dir, where, *insecure, printProm); err != nil {
 		shutdown()
 		return err
 	}
@@ -356,4 +376,44 @@ func printUp(ctx context.Context, e *env, url, caFile string, st upState, dir, w
 		f.Sync()
 	}
 	return nil
+}
+
+// writePrometheusConfig writes dir/prometheus.yml, a Prometheus
+// configuration that scrapes the cluster: it finds the control plane and
+// every agent through the control plane's GET /v1/metrics-targets (HTTP
+// service discovery) with the token it writes to dir/prometheus.token
+// (0600), and verifies every target against the cluster CA. It returns
+// the configuration's absolute path.
+func writePrometheusConfig(dir, url, caFile, token string) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	tokFile := filepath.Join(abs, "prometheus.token")
+	if err := os.WriteFile(tokFile, []byte(token+"\n"), 0o600); err != nil {
+		return "", err
+	}
+	cfg := fmt.Sprintf(`# Prometheus configuration for this cluster, written by rialto up
+# (docs/operations.md): prometheus --config.file=%[1]s
+scrape_configs:
+  - job_name: rialto
+    scrape_interval: 15s
+    # The control plane lists itself and every agent (GET /v1/metrics-targets).
+    http_sd_configs:
+      - url: %[2]q
+        refresh_interval: 30s
+        authorization: # type Bearer said: Prometheus 2.42's HTTP discovery sends the bare token otherwise
+          type: Bearer
+          credentials_file: %[3]q
+        tls_config:
+          ca_file: %[4]q
+    # /metrics is open; the targets are HTTPS with certificates of the cluster CA.
+    tls_config:
+      ca_file: %[4]q
+`, filepath.Join(abs, "prometheus.yml"), url+"/v1/metrics-targets", tokFile, caFile)
+	p := filepath.Join(abs, "prometheus.yml")
+	if err := os.WriteFile(p, []byte(cfg), 0o644); err != nil {
+		return "", err
+	}
+	return p, nil
 }

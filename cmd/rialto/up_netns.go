@@ -71,6 +71,7 @@ func runUpNetns(ctx context.Context, e *env, o upNetns) error {
 	r, err := rack.Start(ctx, rack.Config{
 		Binary: self, StateDir: o.dir, Agents: o.agents, Disks: o.disks, DiskSize: o.diskSize,
 		Memory: o.memory, AccelSlots: o.slots, LinkRate: o.linkRate, Uplinks: o.uplinks, UplinkRate: o.uplinkRate,
+		NICRate:   o.uplinkRate, // the agents lend their uplinks at the rate they are shaped to
 		Heartbeat: o.tm.heartbeat, SuspectAfter: o.tm.suspect, DownAfter: o.tm.down,
 		PrepareTimeout: o.tm.prepare, DefaultTTL: o.tm.ttl,
 		BootstrapToken: st.BootstrapToken, AdminToken: st.AdminToken, APIPort: o.port,

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/mapping"
 	"io"
 	"os"
 	"os/exec"
@@ -31,6 +32,8 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	// A memory mapping's fault handler is the test binary re-executed.
+	mapping.RunFaultHandlerIfChild()
 	code := m.Run()
 	if buildDir != "" {
 		os.RemoveAll(buildDir)

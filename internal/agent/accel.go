@@ -14,11 +14,12 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/appliance"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
-	"github.com/rialto-project/rialto/internal/metrics"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -57,7 +58,7 @@ type AccelDriver struct {
 	gwCfg  map[string]gwConfig             // by device name
 	live   map[string]Export               // by export name
 	gws    *gatewayPool                    // the shared leases' gateways
-	reg    *metrics.Registry
+	reg    *prometheus.Registry
 }
 
 // NewAccelDriver returns an accelerator driver whose slots bind host.
@@ -70,7 +71,7 @@ func NewAccelDriver(log *slog.Logger, host string) *AccelDriver {
 }
 
 // UseMetrics implements MetricsUser: slot and gateway metrics go to reg.
-func (d *AccelDriver) UseMetrics(reg *metrics.Registry) {
+func (d *AccelDriver) UseMetrics(reg *prometheus.Registry) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.reg = reg
@@ -123,7 +124,7 @@ func (d *AccelDriver) Open(_ context.Context, dev DeviceConfig) (DeviceConfig, e
 		udp = 0
 	}
 	app, err := appliance.New(appliance.Config{ID: dev.Name, Slots: int(dev.Size), SlotMemory: mem, Host: d.host, Logger: d.log,
-		Metrics: reg, ManagementToken: d.ManagementToken, ManagedLeases: true, UDPQueues: udp, TLS: srvTLS, BlockTLS: cliTLS})
+		Metrics: registerer(reg), ManagementToken: d.ManagementToken, ManagedLeases: true, UDPQueues: udp, TLS: srvTLS, BlockTLS: cliTLS})
 	if err != nil {
 		return dev, err
 	}

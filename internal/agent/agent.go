@@ -17,6 +17,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/metrics"
 	"github.com/rialto-project/rialto/internal/resource"
@@ -33,7 +35,7 @@ type Agent struct {
 	hc      *http.Client
 	tls     *nodeTLS // nil without Config.CAFile; set by Run before anything runs
 	drivers map[api.Kind]Driver
-	reg     *metrics.Registry
+	reg     *prometheus.Registry // this agent's own (GET /metrics): several agents may share a process
 
 	ran   atomic.Bool
 	ready chan struct{}
@@ -58,17 +60,23 @@ type Agent struct {
 
 	wipes []*pendingWipe // the wipe journal (a.mu)
 
+	xfers transfers // parts moving to or from here (transfer.go)
+
 	hbMu   sync.Mutex // serializes heartbeat rounds
 	wipeMu sync.Mutex // serializes writes of the wipe journal
 
-	mHeartbeats   *metrics.CounterVec
-	mPrepares     *metrics.CounterVec
-	mExports      *metrics.Gauge
-	mWithheld     *metrics.GaugeVec
-	mRestored     *metrics.CounterVec
-	mWipes        *metrics.CounterVec
-	mPendingWipes *metrics.Gauge
-	mSuspends     *metrics.CounterVec
+	mHeartbeats   *prometheus.CounterVec
+	mPrepares     *prometheus.CounterVec
+	mExports      prometheus.Gauge
+	mWithheld     *prometheus.GaugeVec
+	mRestored     *prometheus.CounterVec
+	mWipes        *prometheus.CounterVec
+	mPendingWipes prometheus.Gauge
+	mSuspends     *prometheus.CounterVec
+	mTransfers    *prometheus.CounterVec
+	mMoved        *prometheus.CounterVec
+	mSkipped      *prometheus.CounterVec
+	mHeld         *prometheus.HistogramVec
 }
 
 // New checks cfg and returns an agent ready to Run.
@@ -95,7 +103,7 @@ func New(cfg Config) (*Agent, error) {
 		clock:    cfg.Clock,
 		hc:       hc,
 		drivers:  map[api.Kind]Driver{},
-		reg:      metrics.NewRegistry(),
+		reg:      prometheus.NewRegistry(),
 		ready:    make(chan struct{}),
 		devices:  map[string]DeviceConfig{},
 		exports:  map[string]Export{},
@@ -112,17 +120,10 @@ func New(cfg Config) (*Agent, error) {
 			m.UseMetrics(a.reg)
 		}
 	}
-	a.mHeartbeats = a.reg.Counter("rialto_agent_heartbeats_total", "Heartbeats sent, by result.", "result")
-	a.mPrepares = a.reg.Counter("rialto_agent_prepares_total", "Prepare requests, by result.", "result")
-	a.mExports = a.reg.Gauge("rialto_agent_exports", "Exports kept: served, held or suspended (see rialto_agent_exports_withheld).").With()
-	a.mWithheld = a.reg.Gauge("rialto_agent_exports_withheld",
-		"Exports kept but not served, by state: held (restored, awaiting the control plane's confirmation) or suspended (their lease's known expiry passed).", "state")
-	a.mRestored = a.reg.Counter("rialto_agent_restored_exports_total",
-		"Exports restored after a restart, by result once the control plane answered: same_address, new_address (the lease's URI is stale), unknown_address (none persisted), failed, or dropped (the control plane no longer wanted the lease).", "result")
-	a.mWipes = a.reg.Counter("rialto_agent_wipes_total", "Block ranges wiped before returning to the pool, by result (ok, failed).", "result")
-	a.mPendingWipes = a.reg.Gauge("rialto_agent_pending_wipes", "Block ranges in the wipe journal: lent to no one until wiped.").With()
-	a.mSuspends = a.reg.Counter("rialto_agent_expiry_suspensions_total",
-		"Exports the agent stopped serving because their lease's known expiry passed without a renewal it could confirm.", "kind")
+	if !cfg.OmitRuntimeMetrics {
+		metrics.RegisterRuntime(a.reg)
+	}
+	a.registerMetrics(a.reg)
 	return a, nil
 }
 
@@ -169,7 +170,9 @@ func (a *Agent) Leases() []string {
 func (a *Agent) leasesLocked() []string {
 	set := map[string]bool{}
 	for _, e := range a.exports {
-		set[e.Request.LeaseID] = true
+		if !e.incoming {
+			set[e.Request.LeaseID] = true
+		}
 	}
 	out := make([]string, 0, len(set))
 	for id := range set {
@@ -241,7 +244,7 @@ func (a *Agent) Devices() []DeviceConfig {
 }
 
 // Metrics is the agent's metrics registry (also served at /metrics).
-func (a *Agent) Metrics() *metrics.Registry { return a.reg }
+func (a *Agent) Metrics() *prometheus.Registry { return a.reg }
 
 // Run joins the control plane, serves the agent API and the data planes
 // and heartbeats until ctx is cancelled or the join is rejected. It
@@ -299,6 +302,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel() // runs before wg.Wait
+	defer func() {
+		// Before the data planes stop: a move under way is given up, its
+		// part served here as before (until the process ends).
+		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer scancel()
+		a.stopTransfers(sctx)
+	}()
 
 	apiLn, err := a.listen(a.cfg.APIPort, a.id.APIPort)
 	if err != nil {
@@ -624,6 +634,9 @@ func (a *Agent) heartbeatLoop(ctx context.Context) {
 				wait, due = max(d, 50*time.Millisecond), true
 			}
 		}
+		if next, ok := a.nextTransferExpiry(); ok {
+			wait = min(wait, max(next.Sub(a.clock.Now()), 50*time.Millisecond))
+		}
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -654,6 +667,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	a.hbMu.Lock()
 	defer a.hbMu.Unlock()
 	defer func() {
+		a.expireTransfers(ctx)
 		if err := a.retryWipes(ctx); err != nil && ctx.Err() == nil {
 			a.log.Warn("unfinished wipes failed again; their ranges stay unlendable", "err", err)
 		}
@@ -688,7 +702,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	a.cpRTT, a.cpUp = rtt, err == nil
 	a.mu.Unlock()
 	if err != nil {
-		a.mHeartbeats.With("error").Inc()
+		a.mHeartbeats.WithLabelValues("error").Inc()
 		a.enforceExpiry(ctx, false)
 		var ae *api.Error
 		if errors.As(err, &ae) && (ae.Code == api.CodeUnauthorized || ae.Code == api.CodeNotFound) {
@@ -697,7 +711,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 		}
 		return err
 	}
-	a.mHeartbeats.With("ok").Inc()
+	a.mHeartbeats.WithLabelValues("ok").Inc()
 	a.useCRL(resp.CRL)
 	a.mu.Lock()
 	if resp.Peers != nil {

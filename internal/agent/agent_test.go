@@ -21,6 +21,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/metrics"
 )
 
 // fakeCP is a minimal control plane: it accepts joins with the bootstrap
@@ -397,7 +398,8 @@ func TestRestoreOldFormatExports(t *testing.T) {
 		t.Fatalf("restored leases %v", got)
 	}
 	restored := func(a *Agent, result string) float64 {
-		return a.Metrics().Counter("rialto_agent_restored_exports_total", "", "result").With(result).Value()
+		v, _ := metrics.Value(a.Metrics(), "rialto_agent_restored_exports_total", "result", result)
+		return v
 	}
 	if n := restored(r.a, "unknown_address"); n != 2 {
 		t.Errorf("%v exports restored without a known address, want 2", n)

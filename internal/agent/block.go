@@ -40,7 +40,8 @@ func init() {
 // returns to the pool) and [Suspender].
 type BlockDriver struct {
 	srv    nbd.Server
-	scheme string // of the URIs: nbd, or nbds once UseTLS is called
+	scheme string      // of the URIs: nbd, or nbds once UseTLS is called
+	cliTLS *tls.Config // for dialling a move's nbds:// destination (UseTLS)
 
 	mu    sync.Mutex
 	paths map[string]bool         // backing paths opened (created and sized)
@@ -60,6 +61,22 @@ type blockExport struct {
 	ex        nbd.Export
 	be        *nbd.FileBackend
 	suspended bool // removed from the server, backend kept
+	// A part moving (move_block.go): incoming is the token its range is
+	// served under until the move's commit serves ex; retired means ex
+	// was retired from the server (moved away).
+	incoming string
+	retired  bool
+}
+
+// served is the name the server knows the export by ("" for none).
+func (x *blockExport) served() string {
+	switch {
+	case x.incoming != "":
+		return x.incoming
+	case x.suspended || x.retired:
+		return ""
+	}
+	return x.ex.Name
 }
 
 // NewBlockDriver returns a block driver logging to log.
@@ -75,13 +92,15 @@ func NewBlockDriver(log *slog.Logger) *BlockDriver {
 
 // UseTLS implements TLSUser: the NBD server requires TLS
 // (NBD_OPT_STARTTLS, the protocol's FORCEDTLS mode) with the node
-// certificate, and URIs are nbds://. Call it before Serve.
-func (b *BlockDriver) UseTLS(server, _ *tls.Config) {
+// certificate, and URIs are nbds://; client verifies the destinations of
+// moves that serve nbds://. Call it before Serve.
+func (b *BlockDriver) UseTLS(server, client *tls.Config) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.cliTLS = client
 	if server == nil {
 		return
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	b.srv.TLSConfig = server
 	b.scheme = "nbds"
 }
@@ -170,8 +189,8 @@ func (b *BlockDriver) Teardown(_ context.Context, e Export) error {
 	}
 	delete(b.live, e.Request.Export)
 	var err error
-	if !x.suspended {
-		err = b.srv.RemoveExport(e.Request.Export)
+	if name := x.served(); name != "" {
+		err = b.srv.RemoveExport(name)
 	}
 	if cerr := x.be.Close(); err == nil && !errors.Is(cerr, nbd.ErrBackendClosed) {
 		err = cerr
@@ -185,7 +204,7 @@ func (b *BlockDriver) Suspend(_ context.Context, e Export) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	x, ok := b.live[e.Request.Export]
-	if !ok || x.suspended {
+	if !ok || x.served() != e.Request.Export {
 		return nil
 	}
 	x.suspended = true
@@ -200,7 +219,7 @@ func (b *BlockDriver) Resume(_ context.Context, e Export) error {
 	if !ok {
 		return fmt.Errorf("%w: export not prepared", ErrNoDevice)
 	}
-	if !x.suspended {
+	if !x.suspended || x.incoming != "" || x.retired {
 		return nil
 	}
 	if err := b.srv.AddExport(x.ex); err != nil {
@@ -277,8 +296,8 @@ func (b *BlockDriver) Close() error {
 	defer b.mu.Unlock()
 	var first error
 	for name, x := range b.live {
-		if !x.suspended {
-			b.srv.RemoveExport(name)
+		if s := x.served(); s != "" {
+			b.srv.RemoveExport(s)
 		}
 		if err := x.be.Close(); err != nil && first == nil && !errors.Is(err, nbd.ErrBackendClosed) {
 			first = err

@@ -100,6 +100,11 @@ type Config struct {
 	SysRoot string
 	Logger  *slog.Logger
 	Clock   Clock
+	// OmitRuntimeMetrics leaves the Go runtime and process collectors
+	// (go_*, process_*) out of /metrics: for an agent that shares its
+	// process with a component that reports them (`rialto up`), so that
+	// the process is counted once.
+	OmitRuntimeMetrics bool
 }
 
 func (c *Config) validate() error {

@@ -49,6 +49,17 @@
 // rialto-accels:// URIs, no client certificate asked for, accelerator
 // slots without their UDP path) unless [Config.InsecureDataplane].
 //
+// A part of a lease can move to another lender while it is served
+// ([Mover], transfer.go): the control plane has the destination receive
+// the range under a transfer-only token, the source push it in passes over
+// what the borrower writes meanwhile (holding the writes for the last
+// pass), then seals, commits the destination (which serves the part) and
+// commits the source (which retires the old export cleanly, tears it down
+// and wipes it). Block parts move over NBD, memory parts page by page over
+// the memory protocol. Transfers are not persisted: a restart forgets
+// them, and the destination's received range, journaled for a wipe from
+// the start, is wiped.
+//
 // Zero values: a zero Config is not usable (ControlPlane, BootstrapToken,
 // Name and StateDir are required); use [New]. [Faults] is ready at its zero
 // value (no faults).

@@ -5,8 +5,9 @@ import (
 	"crypto/tls"
 	"net"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/rialto-project/rialto/api"
-	"github.com/rialto-project/rialto/internal/metrics"
 )
 
 // Export is one prepared export: the control plane's request, the local
@@ -39,10 +40,14 @@ type Export struct {
 	// suspended: its lease's known expiry passed; the driver (a
 	// Suspender) keeps its data and does not serve it.
 	suspended bool
+	// incoming: a part moving here (transfer.go), received under the
+	// transfer's token and not served as the lease's export until the
+	// transfer is committed. Not persisted, not reported in heartbeats.
+	incoming bool
 }
 
 // serving reports whether the export's driver serves it.
-func (e Export) serving() bool { return !e.held && !e.suspended }
+func (e Export) serving() bool { return !e.held && !e.suspended && !e.incoming }
 
 // Driver prepares and tears down exports of one resource kind. Prepare must
 // be idempotent for the same export name; Teardown of an unknown export is
@@ -94,7 +99,7 @@ type Closer interface {
 // MetricsUser is implemented by drivers that publish metrics: the agent
 // hands them its registry (served at /metrics) before it runs.
 type MetricsUser interface {
-	UseMetrics(reg *metrics.Registry)
+	UseMetrics(reg *prometheus.Registry)
 }
 
 // Wiper is implemented by drivers whose devices keep a lease's bytes after

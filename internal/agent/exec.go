@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/resource"
 )
@@ -122,12 +124,12 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 		if old.suspended {
 			// Suspended by a Suspender: serve it again, same URI.
 			if err := drv.(Suspender).Resume(ctx, old); err != nil {
-				a.mPrepares.With("error").Inc()
+				a.mPrepares.WithLabelValues("error").Inc()
 				return api.PrepareResponse{}, fmt.Errorf("agent: resume %s on %s: %w", req.LeaseID, dev.Name, err)
 			}
 			old.Request, old.suspended = req, false
 			a.storeLocked(old)
-			a.mPrepares.With("ok").Inc()
+			a.mPrepares.WithLabelValues("ok").Inc()
 			return api.PrepareResponse{URI: old.servedURI()}, nil
 		}
 	}
@@ -137,7 +139,7 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 	}
 	resp, err := drv.Prepare(ctx, e)
 	if err != nil {
-		a.mPrepares.With("error").Inc()
+		a.mPrepares.WithLabelValues("error").Inc()
 		return api.PrepareResponse{}, fmt.Errorf("agent: prepare %s on %s: %w", req.LeaseID, dev.Name, err)
 	}
 	switch {
@@ -153,7 +155,7 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 		e.Moved = resp.URI
 	}
 	a.storeLocked(e)
-	a.mPrepares.With("ok").Inc()
+	a.mPrepares.WithLabelValues("ok").Inc()
 	a.log.Info("prepared", "lease", req.LeaseID, "device", dev.Name, "kind", dev.Kind,
 		"offset", req.Offset, "length", req.Length, "export", resource.Fingerprint(req.Export))
 	return resp, nil
@@ -190,8 +192,8 @@ func (a *Agent) countExportsLocked() {
 		}
 	}
 	a.mExports.Set(float64(len(a.exports)))
-	a.mWithheld.With("held").Set(held)
-	a.mWithheld.With("suspended").Set(suspended)
+	a.mWithheld.WithLabelValues("held").Set(held)
+	a.mWithheld.WithLabelValues("suspended").Set(suspended)
 }
 
 // Teardown stops serving every export of a lease and wipes the block
@@ -205,11 +207,19 @@ func (a *Agent) Teardown(ctx context.Context, leaseID string) error {
 // of the lease can reach it any more; a wipe that fails stays in the
 // journal (its range refused) and is retried with every heartbeat round.
 func (a *Agent) teardownLease(ctx context.Context, leaseID string) error {
+	// A part of the lease moving to or from here is given up first.
+	a.abortLeaseTransfers(ctx, leaseID, "the lease is being torn down", true)
+	return a.teardownExports(ctx, leaseID, func(e Export) bool { return !e.incoming })
+}
+
+// teardownExports tears down the exports of lease leaseID that pick
+// selects (teardownLease's work; also a moved part's old export).
+func (a *Agent) teardownExports(ctx context.Context, leaseID string, pick func(Export) bool) error {
 	a.opMu.Lock()
 	a.mu.Lock()
 	var victims []Export
 	for _, e := range a.exports {
-		if e.Request.LeaseID == leaseID {
+		if e.Request.LeaseID == leaseID && pick(e) {
 			victims = append(victims, e)
 		}
 	}
@@ -224,7 +234,7 @@ func (a *Agent) teardownLease(ctx context.Context, leaseID string) error {
 		var w *pendingWipe
 		if a.needsWipe(e) {
 			var err error
-			if w, err = a.journalWipe(e); err != nil {
+			if w, err = a.journalWipe(e, false); err != nil {
 				// The entry is in memory: the range stays refused until
 				// wiped, and the journal is written again then.
 				errs = append(errs, err)
@@ -244,7 +254,7 @@ func (a *Agent) teardownLease(ctx context.Context, leaseID string) error {
 			}
 		}
 		if e.held {
-			a.mRestored.With("dropped").Inc()
+			a.mRestored.WithLabelValues("dropped").Inc()
 		}
 		a.mu.Lock()
 		delete(a.exports, e.Request.Export)
@@ -295,14 +305,14 @@ func (a *Agent) restoreExports(_ context.Context, saved []persistedExport) {
 				err = fmt.Errorf("%w: the range overlaps another restored lease's", ErrOverlap)
 			} else if wiping {
 				a.mu.Unlock()
-				a.mRestored.With("dropped").Inc()
+				a.mRestored.WithLabelValues("dropped").Inc()
 				a.log.Info("a restored export was being torn down; its range is wiped instead", "lease", p.LeaseID)
 				continue
 			}
 		}
 		if err != nil {
 			a.mu.Unlock()
-			a.mRestored.With("failed").Inc()
+			a.mRestored.WithLabelValues("failed").Inc()
 			a.log.Warn("restoring an export failed; dropping it", "lease", p.LeaseID, "err", err)
 			continue
 		}
@@ -334,14 +344,14 @@ func (a *Agent) confirmHeld(ctx context.Context, e Export) {
 	resp, err := a.prepare(ctx, e.Request, true, e.URI, e.Moved != "")
 	switch {
 	case err != nil:
-		a.mRestored.With("failed").Inc()
+		a.mRestored.WithLabelValues("failed").Inc()
 		a.log.Warn("serving a restored export failed; it stays held", "lease", e.Request.LeaseID, "err", err)
 	case e.URI == "":
-		a.mRestored.With("unknown_address").Inc()
+		a.mRestored.WithLabelValues("unknown_address").Inc()
 	case resp.URI == e.URI:
-		a.mRestored.With("same_address").Inc()
+		a.mRestored.WithLabelValues("same_address").Inc()
 	default:
-		a.mRestored.With("new_address").Inc()
+		a.mRestored.WithLabelValues("new_address").Inc()
 		a.log.Warn("restored export is served at a new address; the next heartbeat reports it to the control plane, and borrowers must fetch the lease again to reach it",
 			"lease", e.Request.LeaseID, "kind", e.Request.Kind, "old", uriAddress(e.URI), "new", uriAddress(resp.URI))
 	}
@@ -349,7 +359,11 @@ func (a *Agent) confirmHeld(ctx context.Context, e Export) {
 
 // Handler is the agent's HTTP API: POST /agent/v1/prepare and
 // /agent/v1/teardown (bearer agent key), GET /agent/v1/status (bearer
-// agent key), GET /agent/v1/ping (open, for RTT probes) and GET /metrics.
+// agent key), the transfers of moving parts under /agent/v1/transfers
+// (bearer agent key; transfer.go), POST /agent/v1/role-config (bearer
+// agent key: an accelerator export's role, for a re-placement), GET
+// /agent/v1/ping (open, for RTT
+// probes) and GET /metrics.
 // An enrolled agent (Config.CAFile) serves it over TLS and takes the
 // bearer-key routes only from the control plane's certificate.
 func (a *Agent) Handler() http.Handler {
@@ -358,12 +372,14 @@ func (a *Agent) Handler() http.Handler {
 		w.Header().Set("Content-Type", "text/plain")
 		w.Write([]byte("ok\n"))
 	})
-	mux.Handle("GET /metrics", a.reg)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("POST /agent/v1/prepare", a.auth(a.handlePrepare))
 	mux.HandleFunc("POST /agent/v1/teardown", a.auth(a.handleTeardown))
 	mux.HandleFunc("GET /agent/v1/status", a.auth(func(w http.ResponseWriter, r *http.Request) {
 		writeJSON200(w, map[string]any{"id": a.NodeID(), "state": "ready", "leases": a.Leases()})
 	}))
+	a.transferRoutes(mux)
+	a.roleConfigRoute(mux)
 	return mux
 }
 
@@ -395,12 +411,12 @@ func (a *Agent) auth(h http.HandlerFunc) http.HandlerFunc {
 
 func (a *Agent) handlePrepare(w http.ResponseWriter, r *http.Request) {
 	if a.Faults.IgnorePrepare.Load() {
-		a.mPrepares.With("ignored").Inc()
+		a.mPrepares.WithLabelValues("ignored").Inc()
 		<-r.Context().Done()
 		return
 	}
 	if a.Faults.RefusePrepare.Load() {
-		a.mPrepares.With("refused").Inc()
+		a.mPrepares.WithLabelValues("refused").Inc()
 		writeError(w, http.StatusServiceUnavailable, api.CodeUnavailable, ErrRefused.Error()+" (fault injected)")
 		return
 	}

@@ -101,16 +101,28 @@ func (a *Agent) reconcile(ctx context.Context, leases []api.LeaseExpiry, cpNow, 
 // those whose expiry the agent does not know.
 func (a *Agent) enforceExpiry(ctx context.Context, reachable bool) {
 	now := a.clock.Now()
+	isDue := func(e Export) bool {
+		exp := e.Request.ExpiresAt
+		return e.serving() && ((exp.IsZero() && !reachable) || (!exp.IsZero() && !now.Before(exp)))
+	}
+	// A part moving from here stops moving first.
+	a.mu.Lock()
+	stopping := map[string]bool{}
+	for _, e := range a.exports {
+		if isDue(e) {
+			stopping[e.Request.LeaseID] = true
+		}
+	}
+	a.mu.Unlock()
+	for id := range stopping {
+		a.abortLeaseTransfers(ctx, id, "the lease's known expiry passed", false)
+	}
 	a.opMu.Lock()
 	defer a.opMu.Unlock()
 	a.mu.Lock()
 	var due []Export
 	for _, e := range a.exports {
-		if !e.serving() {
-			continue
-		}
-		exp := e.Request.ExpiresAt
-		if (exp.IsZero() && !reachable) || (!exp.IsZero() && !now.Before(exp)) {
+		if isDue(e) {
 			due = append(due, e)
 		}
 	}
@@ -135,7 +147,7 @@ func (a *Agent) enforceExpiry(ctx context.Context, reachable bool) {
 			a.countExportsLocked()
 		}
 		a.mu.Unlock()
-		a.mSuspends.With(string(e.Device.Kind)).Inc()
+		a.mSuspends.WithLabelValues(string(e.Device.Kind)).Inc()
 		a.log.Warn("stopped serving a lease whose expiry passed without a renewal the control plane confirmed",
 			"lease", e.Request.LeaseID, "kind", e.Device.Kind, "expired", !e.Request.ExpiresAt.IsZero(), "control_plane_reachable", reachable)
 	}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 	memclient "github.com/rialto-project/rialto/internal/dataplane/memory/client"
@@ -70,7 +72,7 @@ func TestRestoredExportHeldUntilConfirmed(t *testing.T) {
 	if served(t, ua) {
 		t.Fatal("a restored export is served before the control plane confirmed it")
 	}
-	if n := a.mWithheld.With("held").Value(); n != 1 {
+	if n := testutil.ToFloat64(a.mWithheld.WithLabelValues("held")); n != 1 {
 		t.Errorf("%v exports held, want 1", n)
 	}
 	if err := a.Heartbeat(ctxFor(t)); err == nil {
@@ -87,7 +89,7 @@ func TestRestoredExportHeldUntilConfirmed(t *testing.T) {
 	if got := nbdRead(t, ua, leaseSize, 0); !bytes.Equal(got, data) {
 		t.Fatal("the confirmed export lost its bytes")
 	}
-	if n := a.mWithheld.With("held").Value(); n != 0 {
+	if n := testutil.ToFloat64(a.mWithheld.WithLabelValues("held")); n != 0 {
 		t.Errorf("%v exports still held", n)
 	}
 }
@@ -115,7 +117,7 @@ func TestRestoredLostLeaseWipedUnserved(t *testing.T) {
 	if !bytes.Equal(diskBytes(t, dir, 0, leaseSize), make([]byte, leaseSize)) {
 		t.Fatal("the lost lease's range was not wiped")
 	}
-	if n := a.mRestored.With("dropped").Value(); n != 1 {
+	if n := testutil.ToFloat64(a.mRestored.WithLabelValues("dropped")); n != 1 {
 		t.Errorf("%v restored exports dropped, want 1", n)
 	}
 }
@@ -190,7 +192,7 @@ func TestExpiryWithoutControlPlane(t *testing.T) {
 	if got := nbdRead(t, ua, leaseSize, 0); !bytes.Equal(got, data) {
 		t.Fatal("the renewed lease lost its bytes")
 	}
-	if n := a.mSuspends.With("block").Value(); n != 2 {
+	if n := testutil.ToFloat64(a.mSuspends.WithLabelValues("block")); n != 2 {
 		t.Errorf("%v suspensions counted, want 2", n)
 	}
 }

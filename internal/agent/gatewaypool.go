@@ -17,11 +17,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/gateway"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
-	"github.com/rialto-project/rialto/internal/metrics"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -123,7 +124,7 @@ func (p *gatewayPool) uri(e Export) (string, bool) {
 // for its role, starting that gateway with the device's knobs gc if it
 // does not run, and lets e's export name in. It returns the lease's URI.
 // On error the lease is not in the pool (a gateway it started stays).
-func (p *gatewayPool) join(ctx context.Context, e Export, addrs []string, secret []byte, gc gwConfig, reg *metrics.Registry) (string, error) {
+func (p *gatewayPool) join(ctx context.Context, e Export, addrs []string, secret []byte, gc gwConfig, reg *prometheus.Registry) (string, error) {
 	r := e.Request
 	key := gatewayKey(r, e.Device.Name)
 	var backs []*slotBackend
@@ -235,7 +236,7 @@ func (p *gatewayPool) gatewayName(r api.PrepareRequest, device string) string {
 
 // start starts the gateway for e's role on e's device, with the device's
 // knobs gc; it listens where e's previous URI says if it can.
-func (p *gatewayPool) start(ctx context.Context, e Export, gc gwConfig, reg *metrics.Registry, name string) (*sharedGateway, error) {
+func (p *gatewayPool) start(ctx context.Context, e Export, gc gwConfig, reg *prometheus.Registry, name string) (*sharedGateway, error) {
 	r, err := roles.New(ctx, spec(e.Request))
 	if err != nil {
 		return nil, roleError(err)
@@ -243,7 +244,7 @@ func (p *gatewayPool) start(ctx context.Context, e Export, gc gwConfig, reg *met
 	entries := r.Entries()
 	_ = r.Close(ctx)
 	cfg := gc.Config
-	cfg.Name, cfg.Role, cfg.Entries, cfg.Metrics = name, e.Request.Role, entries, reg
+	cfg.Name, cfg.Role, cfg.Entries, cfg.Metrics = name, e.Request.Role, entries, registerer(reg)
 	cfg.Logger = p.log.With("gateway", name)
 	sg := &sharedGateway{name: name, device: e.Device.Name, role: e.Request.Role, slots: map[string][]*slotBackend{},
 		drain: cfg.QueueTimeout, tls: p.srvTLS != nil}

@@ -21,25 +21,32 @@ func init() {
 // region reachable with the lease's export name as its credential.
 type MemoryDriver struct {
 	donor *donor.Donor
-	tls   bool // the donor requires TLS: URIs are rialto-mems://
+	tls   bool        // the donor requires TLS: URIs are rialto-mems://
+	cli   *tls.Config // for dialling a move's rialto-mems:// destination
 
 	mu   sync.Mutex
 	live map[string]bool
+	// incoming: the parts being received (move_memory.go), by export
+	// name: the transfer token their region is reached with until
+	// ActivateMove.
+	incoming map[string]string
 }
 
 // NewMemoryDriver returns a memory driver logging to log.
 func NewMemoryDriver(log *slog.Logger) *MemoryDriver {
-	return &MemoryDriver{donor: donor.New(log), live: map[string]bool{}}
+	return &MemoryDriver{donor: donor.New(log), live: map[string]bool{}, incoming: map[string]string{}}
 }
 
 // UseTLS implements TLSUser: the donor requires TLS with the node
-// certificate, and URIs are rialto-mems://. Call it before Serve.
-func (m *MemoryDriver) UseTLS(server, _ *tls.Config) {
+// certificate, and URIs are rialto-mems://; client verifies the
+// destinations of moves that serve rialto-mems://. Call it before Serve.
+func (m *MemoryDriver) UseTLS(server, client *tls.Config) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.cli = client
 	if server == nil {
 		return
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	m.donor.TLS = server
 	m.tls = true
 }
@@ -67,7 +74,12 @@ func (m *MemoryDriver) Teardown(_ context.Context, e Export) error {
 		return nil
 	}
 	delete(m.live, e.Request.Export)
-	return m.donor.RemoveRegion(e.Request.Export)
+	cred := e.Request.Export
+	if tok, ok := m.incoming[cred]; ok {
+		delete(m.incoming, cred)
+		cred = tok
+	}
+	return m.donor.RemoveRegion(cred)
 }
 
 // Suspend closes the region's connections and refuses new ones, keeping
@@ -101,8 +113,12 @@ func (m *MemoryDriver) Close() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for name := range m.live {
+		if tok, ok := m.incoming[name]; ok {
+			name = tok
+		}
 		m.donor.RemoveRegion(name)
 	}
+	m.incoming = map[string]string{}
 	m.live = map[string]bool{}
 	return nil
 }

@@ -104,6 +104,9 @@ type persistedExport struct {
 func sortedExports(m map[string]Export) []persistedExport {
 	out := make([]persistedExport, 0, len(m))
 	for _, e := range m {
+		if e.incoming {
+			continue // in the wipe journal until committed
+		}
 		out = append(out, persistedExport{PrepareRequest: e.Request, URI: e.URI, Moved: e.Moved})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Export < out[j].Export })

@@ -36,6 +36,10 @@ type wipeEntry struct {
 type pendingWipe struct {
 	wipeEntry
 	running bool
+	// live: the range of a part being received (transfer.go), whose
+	// transfer decides: its commit drops the entry, its abort wipes. Not
+	// retried meanwhile; a restart (which forgets transfers) wipes it.
+	live bool
 }
 
 func (w wipeEntry) overlaps(req api.PrepareRequest) bool {
@@ -61,9 +65,9 @@ func (a *Agent) needsWipe(e Export) bool {
 
 // journalWipe adds e's range to the journal and persists it. The entry
 // stays in memory (and the range refused) even if persisting fails.
-func (a *Agent) journalWipe(e Export) (*pendingWipe, error) {
+func (a *Agent) journalWipe(e Export, live bool) (*pendingWipe, error) {
 	w := &pendingWipe{wipeEntry: wipeEntry{LeaseID: e.Request.LeaseID, Kind: e.Device.Kind, DeviceName: e.Device.Name,
-		Offset: e.Request.Offset, Length: e.Request.Length}}
+		Offset: e.Request.Offset, Length: e.Request.Length}, live: live}
 	a.mu.Lock()
 	a.wipes = append(a.wipes, w)
 	a.mPendingWipes.Set(float64(len(a.wipes)))
@@ -135,7 +139,7 @@ func (a *Agent) loadWipes() error {
 // there.
 func (a *Agent) runWipe(ctx context.Context, w *pendingWipe) error {
 	a.mu.Lock()
-	if w.running {
+	if w.running || w.live {
 		a.mu.Unlock()
 		return nil
 	}
@@ -150,10 +154,10 @@ func (a *Agent) runWipe(ctx context.Context, w *pendingWipe) error {
 	w.running = false
 	a.mu.Unlock()
 	if err != nil {
-		a.mWipes.With("failed").Inc()
+		a.mWipes.WithLabelValues("failed").Inc()
 		return fmt.Errorf("agent: wipe of lease %s on %s: %w", w.LeaseID, w.DeviceName, err)
 	}
-	a.mWipes.With("ok").Inc()
+	a.mWipes.WithLabelValues("ok").Inc()
 	a.log.Info("wiped", "lease", w.LeaseID, "device", w.DeviceName, "offset", w.Offset, "length", w.Length)
 	return nil
 }
@@ -200,7 +204,7 @@ func (a *Agent) withoutWiped(saved []persistedExport) []persistedExport {
 	defer a.mu.Unlock()
 	for _, p := range saved {
 		if a.wipeOverlapLocked(p.PrepareRequest) {
-			a.mRestored.With("dropped").Inc()
+			a.mRestored.WithLabelValues("dropped").Inc()
 			a.log.Info("a restored export was being torn down; its range is wiped instead", "lease", p.LeaseID)
 			continue
 		}

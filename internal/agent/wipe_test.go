@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 )
@@ -112,7 +114,7 @@ func TestTeardownWipes(t *testing.T) {
 	if w := journal(t, dir); len(w) != 0 {
 		t.Fatalf("journal after the wipe: %+v", w)
 	}
-	if n := a.mWipes.With("ok").Value(); n != 1 {
+	if n := testutil.ToFloat64(a.mWipes.WithLabelValues("ok")); n != 1 {
 		t.Errorf("%v wipes counted, want 1", n)
 	}
 

@@ -85,13 +85,16 @@ func BlockURIs(l api.Lease) ([]string, error) {
 // stripes) dialled over NBD, or a memory lease's region over the memory
 // protocol (see AttachMemory). ctx bounds the dialling only.
 //
-// A block part whose lender restarted at another address is followed: while
+// A block part whose lender restarted at another address, or that moved
+// to another lender (rialto lease move, a drain), is followed: while
 // redialling it fails, Attach asks src for the lease's current record and
 // dials the URI the control plane has for the part now. A nil src redials
-// the URI the part was attached with.
+// the URI the part was attached with. A memory lease that moved is
+// followed the same way: its session at the old donor ends, and Attach
+// opens one where the lease now is and retries the request.
 func Attach(ctx context.Context, src LeaseSource, l api.Lease, cfg AttachConfig) (*stripe.Attachment, error) {
 	if l.Kind == api.KindMemory {
-		return AttachMemory(ctx, l, cfg)
+		return attachMemory(ctx, src, l, cfg)
 	}
 	uris, err := BlockURIs(l)
 	if err != nil {

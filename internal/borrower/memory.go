@@ -13,21 +13,16 @@ import (
 	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 )
 
-// memDevice is a memory lease seen as a block device (Venice's remote
-// memory as swap); closing it closes the memory client.
-type memDevice struct {
-	*client.Backend
-	c *client.Client
-}
-
-func (d memDevice) Close() error { return d.c.Close() }
-
 // AttachMemory serves active memory lease l, of one part, as a local NBD
 // export backed by the donor's memory: a swap-style block device any NBD
-// client can use. Attach calls it for memory leases. The donor admits one
-// subscriber at a time: while the attachment lives, nothing else can dial
-// the lease.
+// client can use. Attach calls it for memory leases (and then follows the
+// lease when it moves: see memDevice). The donor admits one subscriber at
+// a time: while the attachment lives, nothing else can dial the lease.
 func AttachMemory(ctx context.Context, l api.Lease, cfg AttachConfig) (*stripe.Attachment, error) {
+	return attachMemory(ctx, nil, l, cfg)
+}
+
+func attachMemory(ctx context.Context, src LeaseSource, l api.Lease, cfg AttachConfig) (*stripe.Attachment, error) {
 	if l.State != api.LeaseActive {
 		return nil, fmt.Errorf("lease %s is %s, not active", l.ID, l.State)
 	}
@@ -42,13 +37,17 @@ func AttachMemory(ctx context.Context, l api.Lease, cfg AttachConfig) (*stripe.A
 	if err != nil {
 		return nil, fmt.Errorf("lease %s: %w", l.ID, err)
 	}
-	mc, err := client.Dial(ctx, u.Address, u.Credential, client.Options{Timeout: cfg.RequestTimeout, TLS: memoryTLS(u, cfg.TLS)})
+	// opts.TLS is the configuration for TLS URIs; each dial (this one,
+	// and the one following a move) uses it if its URI asks for TLS.
+	opts := client.Options{Timeout: cfg.RequestTimeout, TLS: cfg.TLS}
+	mc, err := client.Dial(ctx, u.Address, u.Credential, dialOptions(u, opts))
 	if err != nil {
 		return nil, err
 	}
-	vol, err := stripe.New([]stripe.Device{memDevice{client.NewBackend(mc), mc}}, stripe.Config{RequestTimeout: cfg.RequestTimeout, Logger: cfg.Logger})
+	dev := newMemDevice(mc, u, opts, src, l.ID, cfg.Logger)
+	vol, err := stripe.New([]stripe.Device{dev}, stripe.Config{RequestTimeout: cfg.RequestTimeout, Logger: cfg.Logger})
 	if err != nil {
-		mc.Close()
+		dev.Close()
 		return nil, err
 	}
 	att, err := stripe.Serve(ctx, vol, stripe.ServeConfig{Listen: cfg.Listen, Logger: cfg.Logger})
@@ -83,6 +82,13 @@ func MemoryURIs(l api.Lease) ([]protocol.URI, error) {
 		uris[i] = u
 	}
 	return uris, nil
+}
+
+// dialOptions is opts for dialling u: its TLS configuration applies only
+// if u asks for TLS (see memoryTLS).
+func dialOptions(u protocol.URI, opts client.Options) client.Options {
+	opts.TLS = memoryTLS(u, opts.TLS)
+	return opts
 }
 
 // memoryTLS is the client configuration for memory URI u: cfg (or the

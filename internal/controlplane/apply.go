@@ -44,6 +44,18 @@ func (s *Server) apply(ctx context.Context, l api.Lease, ev lifecycle.Event) (ap
 			if werr != nil {
 				s.effects(ctx, l, a.Undo...)
 			}
+		case lifecycle.BeginMove:
+			werr = s.beginMove(ctx, a)
+			out = next
+		case lifecycle.FinishMove:
+			out, werr = s.finishMove(ctx, l, a)
+			if werr != nil {
+				rest = append(rest, s.effects(ctx, l, a.Undo...)...)
+				return l, rest, werr
+			}
+		case lifecycle.EndMove:
+			s.endMove(ctx, a)
+			continue
 		default:
 			rest = append(rest, s.effects(ctx, next, a)...)
 			continue
@@ -66,6 +78,8 @@ func (s *Server) effects(ctx context.Context, l api.Lease, acts ...lifecycle.Act
 			s.teardownParts(ctx, l, a.Except)
 		case lifecycle.Free:
 			s.res.Release(l.ID)
+		case lifecycle.EndMove:
+			s.endMove(ctx, a)
 		default:
 			rest = append(rest, a)
 		}
@@ -92,7 +106,7 @@ func (s *Server) wrote(ctx context.Context, prev, l api.Lease, ev api.Event, err
 	}
 	transition := ev.Type == "lease."+string(l.State)
 	if transition {
-		s.m.leaseTransitions.With(string(l.State)).Inc()
+		s.m.leaseTransitions.WithLabelValues(string(l.State)).Inc()
 	}
 	if transition && prev.State == l.State {
 		return // a renewal

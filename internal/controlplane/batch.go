@@ -5,9 +5,10 @@ import (
 	"runtime"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
-	"github.com/rialto-project/rialto/internal/metrics"
 )
 
 // groupCommit batches writes: the first caller to find no batch in flight
@@ -95,7 +96,7 @@ func (g *groupCommit[In, Out]) do(ctx context.Context, in In, limit int, abandon
 // need not be waited for.
 type beatBatcher struct {
 	g    groupCommit[store.Beat, api.NodeState]
-	size *metrics.Histogram // heartbeats per write
+	size prometheus.Observer // heartbeats per write
 }
 
 const maxBeatBatch = 256
@@ -119,7 +120,7 @@ func (b *beatBatcher) do(ctx context.Context, st store.Store, beat store.Beat) (
 // lease's devices in it).
 type leaseBatcher struct {
 	g    groupCommit[store.LeaseOp, api.Lease]
-	size *metrics.Histogram // lease writes per transaction
+	size prometheus.Observer // lease writes per transaction
 }
 
 const maxLeaseBatch = 128

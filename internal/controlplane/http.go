@@ -67,6 +67,8 @@ func (s *Server) routeTable() []route {
 			Request: api.Profile{}, Response: api.Profile{}, Errors: []int{400, 401, 403, 500}}, accessWriter, s.hPutProfile},
 		{httpapi.Route{Method: "GET", Path: "/v1/usage", Summary: "Devices' measured use: what they hold and their data-plane bandwidth over the last minutes (from heartbeats; in memory).",
 			Response: []api.DeviceUsage{}, Errors: readErrors}, accessReader, s.hUsage},
+		{httpapi.Route{Method: "GET", Path: "/v1/metrics-targets", Summary: "Prometheus scrape targets, in the format of Prometheus's HTTP service discovery (http_sd_configs): this control plane and every node's agent, each serving GET /metrics (docs/operations.md).",
+			Response: []api.MetricsTargetGroup{}, Errors: readErrors}, accessReader, s.hMetricsTargets},
 		{httpapi.Route{Method: "GET", Path: "/v1/whoami", Summary: "Who the token is.", Response: api.Whoami{}, Errors: readErrors}, accessReader, s.hWhoami},
 		{httpapi.Route{Method: "POST", Path: "/v1/login-links", Summary: "A one-time link that signs a browser in to the dashboard (/ui/) as this token (docs/ui.md).",
 			Response: api.LoginLink{}, Status: http.StatusCreated, Errors: []int{401, 403, 500}}, accessTenant, s.hLoginLink},
@@ -86,7 +88,7 @@ func (s *Server) routeTable() []route {
 
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
-	table := s.routeTable()
+	table := append(s.routeTable(), s.moveRoutes()...)
 	docRoutes := make([]httpapi.Route, 0, len(table)+3)
 	for _, rt := range table {
 		rt.Auth = rt.access.String()
@@ -151,7 +153,7 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 }
 
 func (s *Server) instrument(name string, h http.Handler) http.Handler {
-	hist := s.m.latency.With(name)
+	hist := s.m.latency.WithLabelValues(name)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w}
@@ -160,7 +162,7 @@ func (s *Server) instrument(name string, h http.Handler) http.Handler {
 			sw.code = http.StatusOK
 		}
 		hist.Observe(time.Since(start).Seconds())
-		s.m.requests.With(name, strconv.Itoa(sw.code)).Inc()
+		s.m.requests.WithLabelValues(name, strconv.Itoa(sw.code)).Inc()
 	})
 }
 

@@ -216,7 +216,7 @@ func (s *Server) prepareParts(ctx context.Context, l api.Lease, req api.LeaseReq
 			RoleConfig: req.RoleConfig, Gateway: req.Kind == api.KindAccel && req.Mode == api.ModeShared,
 			BandwidthCap: req.BandwidthCap, IOPSCap: req.IOPSCap, ExpiresAt: l.ExpiresAt, Now: s.now(),
 		})
-		s.m.lenderLatency.With("prepare").Observe(time.Since(start).Seconds())
+		s.m.lenderLatency.WithLabelValues("prepare").Observe(time.Since(start).Seconds())
 		if err == nil && resp.URI == "" {
 			err = errors.New("confirmed without a URI")
 		}
@@ -289,7 +289,7 @@ func (s *Server) teardownParts(ctx context.Context, l api.Lease, skipNodes ...st
 		defer cancel()
 		start := time.Now()
 		err := s.lender.Teardown(tctx, n.Node, n.AgentKey, l.ID)
-		s.m.lenderLatency.With("teardown").Observe(time.Since(start).Seconds())
+		s.m.lenderLatency.WithLabelValues("teardown").Observe(time.Since(start).Seconds())
 		if err != nil {
 			s.log.Warn("teardown failed; the lender's heartbeat will reconcile", "lease", l.ID, "node", n.ID, "err", err)
 		}

@@ -245,7 +245,7 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 			if !ok {
 				l = api.Lease{ID: id} // unknown here: not live
 			}
-			_, todo, _ := s.apply(ctx, l, lifecycle.Reconcile{NodeID: nodeID})
+			_, todo, _ := s.apply(ctx, l, lifecycle.Reconcile{NodeID: nodeID, Incoming: s.mv.incoming(id, nodeID)})
 			for _, a := range todo {
 				switch a := a.(type) {
 				case lifecycle.TeardownOn:

@@ -304,7 +304,7 @@ func TestOpenAPIAndMetrics(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	for _, want := range []string{`rialto_leases{state="active"} 1`, `rialto_nodes{state="ready"} 1`,
-		`rialto_api_requests_total{route="POST /v1/leases",code="201"} 1`, `rialto_api_request_duration_seconds_bucket{route="POST /v1/join"`} {
+		`rialto_api_requests_total{code="201",route="POST /v1/leases"} 1`, `rialto_api_request_duration_seconds_bucket{route="POST /v1/join"`} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %s", want)
 		}

@@ -8,12 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"strconv"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/lifecycle"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/placement"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -59,8 +61,16 @@ func (r *reservation) lease(id string, plan api.Plan) api.Lease {
 		Credential: resource.NewSecret("rlc"), TTLSeconds: int64(r.ttl / time.Second), ExpiresAt: r.now.Add(r.ttl),
 		CreatedAt: r.now, UpdatedAt: r.now, IdempotencyKey: req.IdempotencyKey, Plan: &plan,
 	}
-	if l.Mode == api.ModeComposed && l.StripeUnit == 0 && req.Kind != api.KindAccel {
+	if l.Mode == api.ModeComposed && l.StripeUnit == 0 && (req.Kind == api.KindBlock || req.Kind == api.KindMemory) {
 		l.StripeUnit = defaultStripeUnit
+	}
+	if req.Kind == api.KindNIC {
+		// A nic lease's size is the rate its parts hold (a whole
+		// interface's is its rate).
+		l.Size = 0
+		for _, p := range plan.Parts {
+			l.Size += p.Length
+		}
 	}
 	return l
 }
@@ -199,11 +209,11 @@ func (s *Server) explainLease(ctx context.Context, tenant string, req api.LeaseR
 // validateLeaseRequest checks a request and fills defaults.
 func (s *Server) validateLeaseRequest(r *api.LeaseRequest) error {
 	switch r.Kind {
-	case api.KindBlock, api.KindMemory, api.KindAccel:
+	case api.KindBlock, api.KindMemory, api.KindAccel, api.KindNIC:
 	case "":
-		return fmt.Errorf("%w: kind is required (block, memory or accel)", ErrInvalid)
+		return fmt.Errorf("%w: kind is required (block, memory, accel or nic)", ErrInvalid)
 	default:
-		return fmt.Errorf("%w: unknown kind %q (block, memory or accel)", ErrInvalid, r.Kind)
+		return fmt.Errorf("%w: unknown kind %q (block, memory, accel or nic)", ErrInvalid, r.Kind)
 	}
 	switch r.Mode {
 	case "", api.ModeDedicated, api.ModeShared, api.ModeComposed:
@@ -240,7 +250,51 @@ func (s *Server) validateLeaseRequest(r *api.LeaseRequest) error {
 	if len(r.Borrower) > 256 || len(r.Role) > 256 || len(r.Affinity) > 64 || len(r.AntiAffinity) > 64 || len(r.Labels) > 64 {
 		return fmt.Errorf("%w: borrower, role, affinities or labels too long", ErrInvalid)
 	}
+	if err := validateNICRequest(r); err != nil {
+		return err
+	}
 	return validateAccelRequest(r)
+}
+
+// validateNICRequest checks a lent-NIC request (docs/nic.md) and gives it
+// its size: a nic lease is sized by its bandwidth, the rate in bytes/s its
+// lenders cap it at (the lease's size is that rate). Without a bandwidth
+// it is a whole interface, dedicated; dedicated means a whole interface
+// (of at least the bandwidth); count ≥ 2 bonds that many lenders, the
+// bandwidth split evenly over them.
+func validateNICRequest(r *api.LeaseRequest) error {
+	if r.Kind != api.KindNIC {
+		return nil
+	}
+	const maxRate = 1 << 50 // bytes/s: 9 Pbit/s, far above any interface
+	switch {
+	case r.Size != 0:
+		return fmt.Errorf("%w: a nic lease is sized by bandwidth (bytes/s; --bandwidth 500Mbit/s), not size", ErrInvalid)
+	case r.StripeUnit != 0:
+		return fmt.Errorf("%w: stripe_unit applies to composed block and memory leases, not nic (a bond spreads flows)", ErrInvalid)
+	case r.Bandwidth > maxRate || math.IsNaN(r.Bandwidth):
+		return fmt.Errorf("%w: bandwidth %g bytes/s is more than any interface carries", ErrInvalid, r.Bandwidth)
+	case r.Bandwidth > 0 && r.Bandwidth < 1:
+		return fmt.Errorf("%w: bandwidth below 1 byte/s", ErrInvalid)
+	}
+	if r.Mode == api.ModeDedicated {
+		r.Whole = true
+	}
+	if r.Count > 1 {
+		switch {
+		case r.Whole:
+			return fmt.Errorf("%w: a bond (count %d) takes a share of each lender's interface: give its total bandwidth, not whole or dedicated", ErrInvalid, r.Count)
+		case r.Bandwidth == 0:
+			return fmt.Errorf("%w: a bond (count %d) needs a bandwidth, the bond's total (split evenly over its lenders)", ErrInvalid, r.Count)
+		case r.Mode == api.ModeShared:
+			return fmt.Errorf("%w: count %d bonds lenders: mode composed (or none), not shared", ErrInvalid, r.Count)
+		}
+	}
+	if r.Whole && r.Mode == api.ModeShared {
+		return fmt.Errorf("%w: a whole interface is dedicated, not shared", ErrInvalid)
+	}
+	r.Size = int64(math.Round(r.Bandwidth))
+	return nil
 }
 
 // validateAccelRequest checks the accelerator fields: a role (and its
@@ -299,6 +353,12 @@ func (s *Server) replay(ctx context.Context, idem *store.Idempotency) (api.Lease
 }
 
 func sizeText(req api.LeaseRequest) string {
+	if req.Kind == api.KindNIC {
+		if req.Size == 0 {
+			return "a whole interface"
+		}
+		return placement.FormatRate(req.Size)
+	}
 	if req.Kind == api.KindAccel {
 		if req.Whole {
 			return "a whole device"

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 	"github.com/rialto-project/rialto/internal/controlplane/ui"
@@ -77,7 +79,7 @@ type Server struct {
 	clock  Clock
 	lender Lender
 	cfg    Config
-	reg    *metrics.Registry
+	reg    *prometheus.Registry // this server's own: several servers may share a process
 	m      serverMetrics
 	h      http.Handler
 	peers  peerCache
@@ -93,6 +95,10 @@ type Server struct {
 	events  eventHub // the event stream's tail of the store (stream.go)
 	usage   usageTracker
 	ui      *ui.UI // the dashboard (ui.go)
+
+	xfer   transferLender // the agents' transfer API, when Lender has none (lender_move.go)
+	mv     movers         // lease part moves (move.go)
+	drains drains         // node drains (drain.go)
 }
 
 // New returns a Server; it stores the configured tokens (hashed) within
@@ -141,7 +147,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Lender == nil {
 		cfg.Lender = NewHTTPLender(nil)
 	}
-	s := &Server{st: cfg.Store, log: cfg.Logger, clock: cfg.Clock, lender: cfg.Lender, cfg: cfg, reg: metrics.NewRegistry(),
+	s := &Server{st: cfg.Store, log: cfg.Logger, clock: cfg.Clock, lender: cfg.Lender, cfg: cfg, reg: prometheus.NewRegistry(),
 		res: newReserver(cfg.Store, cfg.Quotas)}
 	if cfg.BootstrapToken != "" {
 		if err := s.st.PutToken(ctx, store.Token{Hash: resource.HashSecret(cfg.BootstrapToken), Kind: store.TokenBootstrap, CreatedAt: s.now()}); err != nil {
@@ -160,8 +166,24 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		}
 	}
 	s.started = s.now()
+	metrics.RegisterRuntime(s.reg)
 	s.m = newServerMetrics(s.reg)
-	s.leases.size, s.beats.size = s.m.batchSize.With("lease"), s.m.batchSize.With("heartbeat")
+	switch x, ok := cfg.Lender.(transferLender); {
+	case ok:
+		s.xfer = x
+	case cfg.CA != nil:
+		// A Lender without the transfer API (a test's wrapper): moves
+		// still call agents over mutual TLS.
+		l, err := NewTLSLender(cfg.CA)
+		if err != nil {
+			return nil, fmt.Errorf("controlplane: %w", err)
+		}
+		s.xfer = l
+	default:
+		s.xfer = NewHTTPLender(nil)
+	}
+	s.mv.init(s.reg)
+	s.leases.size, s.beats.size = s.m.batchSize.WithLabelValues("lease"), s.m.batchSize.WithLabelValues("heartbeat")
 	s.h = s.routes()
 	return s, nil
 }

@@ -91,8 +91,11 @@ func placeRequest(inv store.Inventory, req api.LeaseRequest, tenant string, quot
 		return plan, x, err
 	}
 	plan := api.Plan{Mode: leaseMode(req, pp.Mode), At: now, State: "feasible", Explanation: append(head, pp.Explanation...)}
-	if req.Kind == api.KindAccel {
+	switch req.Kind {
+	case api.KindAccel:
 		plan.Explanation = append(plan.Explanation, accelNote(req, pp))
+	case api.KindNIC:
+		plan.Explanation = append(plan.Explanation, nicNote(pp))
 	}
 	for _, p := range pp.Parts {
 		plan.Parts = append(plan.Parts, api.Part{NodeID: p.NodeID, DeviceID: p.DeviceID, Offset: p.Offset, Length: p.Length})
@@ -109,7 +112,8 @@ func placeRequest(inv store.Inventory, req api.LeaseRequest, tenant string, quot
 }
 
 // placementRequest converts an API request to placement's. Size 0 (block,
-// memory) or whole asks for a whole device; accel counts slots: an accel
+// memory, nic) or whole asks for a whole device; a nic request's size is
+// its bandwidth (validateNICRequest), with no stripe unit; accel counts slots: an accel
 // lease is dedicated (count slots of its own, Exact: never more — a
 // one-slot partition in placement's terms) or shared (one slot serving
 // the lender's gateway). Affinity terms that name devices become pins,
@@ -163,7 +167,7 @@ func placementRequest(inv store.Inventory, req api.LeaseRequest, pins map[string
 	if preq.Mode == string(api.ModeComposed) && count > 1 && req.Kind != api.KindAccel {
 		preq.Width = count
 	}
-	if preq.AllowCompose && req.Kind != api.KindAccel {
+	if preq.AllowCompose && (req.Kind == api.KindBlock || req.Kind == api.KindMemory) {
 		// A composed volume uses whole stripes only: parts of a multiple of
 		// the stripe unit make it hold the lease's size.
 		preq.StripeUnit = req.StripeUnit
@@ -201,6 +205,21 @@ func accelNote(req api.LeaseRequest, pp placement.Plan) string {
 		return fmt.Sprintf("accel: dedicated, a whole device (%d slots)", n)
 	}
 	return fmt.Sprintf("accel: dedicated, %d slot(s) of its own on %d device(s) (placement's %s is the slots it takes)", n, len(pp.Parts), pp.Mode)
+}
+
+// nicNote explains a nic plan in the lease's terms (docs/nic.md).
+func nicNote(pp placement.Plan) string {
+	if len(pp.Parts) == 1 {
+		p := pp.Parts[0]
+		return fmt.Sprintf("nic: %s of %s's lent interface %s; the lender caps the lease there, in both directions, and translates its traffic to the interface's address",
+			placement.FormatRate(p.Length), p.NodeID, p.DeviceID)
+	}
+	var total int64
+	for _, p := range pp.Parts {
+		total += p.Length
+	}
+	return fmt.Sprintf("nic: a bond of %d lenders, %s each (%s in all): each flow is pinned to one lender, so bandwidth adds over flows, and losing a lender moves only its flows",
+		len(pp.Parts), placement.FormatRate(pp.Parts[0].Length), placement.FormatRate(total))
 }
 
 // placementMode is the mode placement knows a running lease by: an accel
@@ -353,7 +372,7 @@ func snapshot(inv store.Inventory, skip map[string]string, now time.Time, q Quot
 		if why := skip[n.ID]; why != "" {
 			st = "skipped: " + why
 		}
-		s.Nodes = append(s.Nodes, placement.Node{ID: n.ID, State: st, Labels: n.Labels})
+		s.Nodes = append(s.Nodes, placement.Node{ID: n.ID, State: st, Labels: n.Labels, Cordoned: n.Cordoned})
 		if !hasLink[n.ID] {
 			s.Links = append(s.Links, fabric.Link{ID: n.ID + ">lan", A: n.ID, B: lanVertex, Kind: fabric.Ethernet})
 		}

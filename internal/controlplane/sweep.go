@@ -24,6 +24,9 @@ const prepareStaleFactor = lifecycle.MaxPrepareRounds + 2
 // Interrupted), performed by apply; a lease that moved on meanwhile is
 // left alone (the machine refuses the event, or the store the write).
 func (s *Server) Sweep(ctx context.Context) error {
+	if err := s.recoverMoves(ctx); err != nil {
+		s.log.Warn("ending the moves a previous run left open", "err", err)
+	}
 	now := s.now()
 	if s.cfg.CA != nil {
 		// Revocations made by another process sharing the CA directory

@@ -232,7 +232,7 @@ func (w *candWalk) check(di int32) {
 	}
 	if !((ds.free >= sc.minNeed && !ds.exclusive) || (sc.dedicate && x.dedicable(ds, q))) {
 		if w.detail {
-			constraint, reason := ConstraintCapacity, fmt.Sprintf("%d free, needs %d", ds.free, sc.minNeed)
+			constraint, reason := ConstraintCapacity, fmt.Sprintf("%s free, needs %s", amount(q.Kind, ds.free), amount(q.Kind, sc.minNeed))
 			switch {
 			case ds.exclusive && !sc.dedicate:
 				constraint, reason = ConstraintExclusive, "lent whole only, and a "+modeList(false, true, true)+" lease takes a part"
@@ -269,7 +269,7 @@ func (w *candWalk) check(di int32) {
 		}
 		return
 	}
-	w.out = append(w.out, cand{dev: di, dist: d, latency: lat, linkUtil: x.routeUtil(w.bt, w.bv, ds.vertex), nLeases: len(ds.leases)})
+	w.out = append(w.out, cand{dev: di, dist: d, latency: lat, linkUtil: max(x.routeUtil(w.bt, w.bv, ds.vertex), x.uplinkUtil(di)), nLeases: len(ds.leases)})
 }
 
 func (x *Index) unusableReason(ds *devState) string {
@@ -278,6 +278,9 @@ func (x *Index) unusableReason(ds *devState) string {
 	}
 	if ds.node < 0 {
 		return "node " + ds.dev.Node + " unknown"
+	}
+	if ds.usable == ConstraintCordon {
+		return "node " + ds.dev.Node + " is cordoned"
 	}
 	return "node " + ds.dev.Node + " is " + x.nodes[ds.node].State
 }

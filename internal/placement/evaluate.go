@@ -151,13 +151,16 @@ func (x *Index) evalParts(res *result, q *req, cands []cand) (ch usage, constrai
 			var ok bool
 			off, ok = x.hole(di, o.partLen, q.align)
 			if !ok {
-				return ch, ConstraintCapacity, fmt.Sprintf("%s has %d free but no contiguous %d", ds.dev.ID, ds.free, o.partLen)
+				return ch, ConstraintCapacity, fmt.Sprintf("%s has %s free but no contiguous %s", ds.dev.ID, amount(q.Kind, ds.free), amount(q.Kind, o.partLen))
 			}
 		}
 		x.offArena = append(x.offArena, off)
-		if q.Kind == KindAccel {
+		switch q.Kind {
+		case KindAccel:
 			ch.slots += length
-		} else {
+		case KindNIC:
+			ch.rate += length
+		default:
 			ch.bytes += length
 		}
 		c := &cands[x.candPos[di]]
@@ -169,6 +172,14 @@ func (x *Index) evalParts(res *result, q *req, cands []cand) (ch usage, constrai
 		}
 	}
 	ch.bandwidth = q.Bandwidth
+	if q.Kind == KindNIC {
+		// The rate the parts hold, or the lower bandwidth asked for: what
+		// the lease's Demand becomes once it runs (nicDemand).
+		ch.bandwidth = float64(ch.rate)
+		if q.Bandwidth > 0 && q.Bandwidth < ch.bandwidth {
+			ch.bandwidth = q.Bandwidth
+		}
+	}
 	return ch, "", ""
 }
 
@@ -255,12 +266,8 @@ func (x *Index) evalFigures(res *result, q *req, uses []fabric.Use, sol *localSo
 		add = 0
 	}
 	for _, u := range uses {
-		if u.Resource < len(x.devs) {
-			continue
-		}
-		li := u.Resource - len(x.devs)
-		l := &x.links[li]
-		if l.Bandwidth <= 0 {
+		capa, base, ok := x.loadedCap(u.Resource)
+		if !ok {
 			continue
 		}
 		load := x.res[u.Resource].load + u.Coef*add
@@ -275,7 +282,7 @@ func (x *Index) evalFigures(res *result, q *req, uses []fabric.Use, sol *localSo
 				}
 			}
 		}
-		if v := (l.Load + load) / l.Bandwidth; v > res.linkUtil {
+		if v := (base + load) / capa; v > res.linkUtil {
 			res.linkUtil = v
 		}
 	}

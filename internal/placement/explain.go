@@ -58,9 +58,12 @@ func (x *Index) noCandidate(q *req, bv int32, sc *scope) *InfeasibleError {
 func (x *Index) noOption(q *req, sc *scope, cands []cand) *InfeasibleError {
 	sorted := slices.Clone(cands)
 	slices.SortFunc(sorted, func(a, b cand) int { return x.cmpCand(&a, &b) })
-	what := fmt.Sprintf("a %s lease of %d", modeList(sc.dedicate, sc.share, sc.compose), q.Size)
+	what := fmt.Sprintf("a %s lease of %s", modeList(sc.dedicate, sc.share, sc.compose), amount(q.Kind, q.Size))
 	if q.Whole {
-		what = fmt.Sprintf("a whole-device lease of at least %d", q.Size)
+		what = fmt.Sprintf("a whole-device lease of at least %s", amount(q.Kind, q.Size))
+	}
+	if q.Kind == KindNIC && sc.compose && !sc.share && !sc.dedicate {
+		what += fmt.Sprintf(" (a bond of %d needs as many different lenders with room)", sc.minW)
 	}
 	return newInfeasible("no device can hold "+what, x.modeRejections(sorted), ConstraintMode)
 }
@@ -87,7 +90,10 @@ func (x *Index) modeRejections(cands []cand) []Rejection {
 	for _, c := range cands {
 		ds := &x.devs[c.dev]
 		r := Rejection{Candidate: ds.dev.ID, Constraint: ConstraintCapacity,
-			Reason: fmt.Sprintf("%d free of %d, %d leases", ds.free, ds.dev.Capacity, len(ds.leases))}
+			Reason: fmt.Sprintf("%s free of %s, %d leases", amount(ds.dev.Kind, ds.free), amount(ds.dev.Kind, ds.dev.Capacity), len(ds.leases))}
+		if ds.dev.Kind == KindNIC {
+			r.Reason += " (on " + ds.dev.Node + ")"
+		}
 		if ds.exclusive {
 			r.Constraint, r.Reason = ConstraintExclusive, "exclusive (lent whole only): "+r.Reason
 		}
@@ -140,11 +146,11 @@ func (x *Index) explain(q *req, top []*result, nresults int, rejected []Rejectio
 	case q.need > 0:
 		need = "wants " + fmtBW(q.need) + " without slowdown"
 	}
-	size := strconv.FormatInt(q.Size, 10)
+	size := amount(q.Kind, q.Size)
 	if q.Whole {
 		size = "whole device"
 		if q.Size > 0 {
-			size += " of at least " + strconv.FormatInt(q.Size, 10)
+			size += " of at least " + amount(q.Kind, q.Size)
 		}
 	}
 	e = append(e, "request: "+q.Kind+" "+size+" for "+q.Borrower+", "+need+", strategy "+q.strategy)
@@ -211,6 +217,32 @@ func (x *Index) explain(q *req, top []*result, nresults int, rejected []Rejectio
 		e = append(e, "rejected "+r.Candidate+": "+r.Reason)
 	}
 	return e
+}
+
+// amount formats n units of a device of kind: a count (bytes, slots), or
+// for a nic a rate in bytes/s shown as a link rate.
+func amount(kind string, n int64) string {
+	if kind == KindNIC {
+		return fmtBits(float64(n) * 8)
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+// FormatRate formats a rate in bytes/s as a link rate in bits/s ("500
+// Mbit/s"), as explanations show nic capacities and sizes.
+func FormatRate(bytesPerSec int64) string { return fmtBits(float64(bytesPerSec) * 8) }
+
+// fmtBits formats bits/s as a link rate ("500 Mbit/s", "1.2 Gbit/s").
+func fmtBits(b float64) string {
+	for _, u := range [...]struct {
+		div  float64
+		name string
+	}{{1e12, " Tbit/s"}, {1e9, " Gbit/s"}, {1e6, " Mbit/s"}, {1e3, " kbit/s"}} {
+		if b >= u.div {
+			return strings.TrimSuffix(fmtF(b/u.div, 1), ".0") + u.name
+		}
+	}
+	return fmtF(b, 0) + " bit/s"
 }
 
 // fmtBW formats a rate in bytes/s as MB/s.

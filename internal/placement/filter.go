@@ -25,10 +25,11 @@ func (x *Index) notWholeReason(ds *devState, n int64) string {
 	if len(ds.leases) > 0 {
 		return fmt.Sprintf("in use by %d lease(s): dedicated needs an unused device", len(ds.leases))
 	}
+	k := ds.dev.Kind
 	if ds.dev.Capacity > n && n > 0 {
-		return fmt.Sprintf("capacity %d: only a device of exactly %d is dedicated to this request", ds.dev.Capacity, n)
+		return fmt.Sprintf("capacity %s: only a device of exactly %s is dedicated to this request", amount(k, ds.dev.Capacity), amount(k, n))
 	}
-	return fmt.Sprintf("capacity %d: dedicated needs at least %d", ds.dev.Capacity, n)
+	return fmt.Sprintf("capacity %s: dedicated needs at least %s", amount(k, ds.dev.Capacity), amount(k, n))
 }
 
 // partitionable is the candidates that may hold a part: not exclusive.

@@ -118,6 +118,7 @@ type usage struct {
 	leases    int
 	bytes     int64
 	slots     int64
+	rate      int64 // nic: bytes/s held (an option's parts; quotas count bandwidth)
 	bandwidth float64
 }
 
@@ -178,6 +179,9 @@ func NewIndex(s *Snapshot) *Index {
 		ds.dev = d
 		ds.free = d.Capacity
 		ds.exclusive = d.Exclusive
+		if d.Kind == KindNIC && d.Bandwidth <= 0 {
+			ds.dev.Bandwidth = float64(d.Capacity) // a lent interface carries its rate
+		}
 		x.devByID[d.ID] = i
 		ni, ok := x.nodeByID[d.Node]
 		ds.node = -1
@@ -199,6 +203,8 @@ func NewIndex(s *Snapshot) *Index {
 			ds.usable = ConstraintNode
 		case s.Nodes[ni].State != "" && s.Nodes[ni].State != NodeReady:
 			ds.usable = ConstraintNode
+		case s.Nodes[ni].Cordoned:
+			ds.usable = ConstraintCordon
 		case d.State != "" && d.State != "healthy":
 			ds.usable = ConstraintHealth
 		}
@@ -497,6 +503,7 @@ func (x *Index) insertLease(l Lease) int {
 		li = len(x.leases)
 		x.leases = append(x.leases, leaseState{})
 	}
+	x.nicDemand(&l)
 	ls := leaseState{l: l, live: true, seq: x.leaseSeq}
 	x.leaseSeq++
 	ls.uses = x.leaseUses(l.Borrower, l.Parts, uses)
@@ -530,6 +537,28 @@ func (x *Index) insertLease(l Lease) int {
 	return li
 }
 
+// nicDemand sets a nic lease's Demand to the rate its parts hold when it
+// has none or a higher one: its lenders cap it there.
+func (x *Index) nicDemand(l *Lease) {
+	if len(l.Parts) == 0 {
+		return
+	}
+	kind := l.Kind
+	if di, ok := x.devByID[l.Parts[0].DeviceID]; ok {
+		kind = x.devs[di].dev.Kind
+	}
+	if kind != KindNIC {
+		return
+	}
+	var held int64
+	for _, p := range l.Parts {
+		held += p.Length
+	}
+	if held > 0 && (l.Demand <= 0 || l.Demand > float64(held)) {
+		l.Demand = float64(held)
+	}
+}
+
 func cmpSpan(a, b span) int {
 	if c := cmp.Compare(a.off, b.off); c != 0 {
 		return c
@@ -558,9 +587,11 @@ func (x *Index) leaseCharge(l Lease) usage {
 		if ok {
 			kind = x.devs[di].dev.Kind
 		}
-		if kind == KindAccel {
+		switch kind {
+		case KindAccel:
 			u.slots += n
-		} else {
+		case KindNIC: // a rate: counted as bandwidth (Demand)
+		default:
 			u.bytes += n
 		}
 	}

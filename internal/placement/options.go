@@ -104,13 +104,16 @@ func (x *Index) shareOptions(s *optionSet, sc *scope, byLoad []cand) {
 //
 // A block volume's parts go to w different lenders whenever w lenders have
 // room, so that their traffic shares no lender's link or disks; only with
-// fewer lenders may one hold several parts. The lenders are picked from
-// the best few candidates that could hold the smallest part. Accelerator
-// slots keep to candidate order, which favours slots close together.
+// fewer lenders may one hold several parts. A bond of lent network
+// interfaces (nic) always has its parts on w different lenders: its
+// bandwidth adds over lenders, and losing one degrades it instead of
+// breaking it. The lenders are picked from the best few candidates that
+// could hold the smallest part. Accelerator slots keep to candidate
+// order, which favours slots close together.
 func (x *Index) composeOptions(s *optionSet, q *req, sc *scope, byLoad []cand) {
 	var poolBuf [4 * MaxWidth]int32
 	var pool []int32
-	if q.Kind == KindBlock {
+	if q.Kind == KindBlock || q.Kind == KindNIC {
 		least := sc.partLen(q.Size, sc.maxW)
 		pool = x.topK(poolBuf[:0], s.cands, len(poolBuf), func(c *cand) bool {
 			ds := &x.devs[c.dev]
@@ -126,6 +129,9 @@ func (x *Index) composeOptions(s *optionSet, q *req, sc *scope, byLoad []cand) {
 				s.add(option{mode: ModeComposed, devs: devs, partLen: pl})
 			}
 			continue
+		}
+		if q.Kind == KindNIC {
+			continue // fewer than w lenders have room: no bond of w
 		}
 		s.sel = x.firstK(s.sel, s.prefix, s.cands, w, fits)
 		if len(s.sel) == w {

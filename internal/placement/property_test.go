@@ -39,13 +39,15 @@ func randomSnapshot(rng *rand.Rand) *Snapshot {
 			Bandwidth: []float64{1.25e9, 12.5e9}[rng.Intn(2)], Latency: time.Duration(1+rng.Intn(3)) * time.Microsecond})
 		for d := rng.Intn(4); d > 0; d-- {
 			dev := Device{ID: fmt.Sprintf("%s-d%d", id, d), Node: id, Capacity: int64(1+rng.Intn(8)) << 30}
-			switch rng.Intn(3) {
+			switch rng.Intn(4) {
 			case 0:
 				dev.Kind, dev.Model = KindBlock, Seed000Model
 			case 1:
 				dev.Kind, dev.Bandwidth = KindMemory, 10e9
 			case 2:
 				dev.Kind, dev.Capacity = KindAccel, int64(1+rng.Intn(4))
+			case 3:
+				dev.Kind, dev.Capacity = KindNIC, int64(1+rng.Intn(4))*125e6 // 1..4 Gbit/s
 			}
 			if rng.Intn(10) == 0 {
 				dev.State = "failed"
@@ -62,7 +64,15 @@ func randomSnapshot(rng *rand.Rand) *Snapshot {
 func randomRequest(rng *rand.Rand, s *Snapshot) Request {
 	r := Request{Borrower: s.Nodes[rng.Intn(len(s.Nodes))].ID, Tenant: fmt.Sprintf("t%d", rng.Intn(2)),
 		AllowShare: rng.Intn(3) > 0, AllowCompose: rng.Intn(2) == 0}
-	switch rng.Intn(3) {
+	switch rng.Intn(4) {
+	case 3:
+		r.Kind, r.Size = KindNIC, int64(1+rng.Intn(8))*62.5e6 // 500 Mbit/s .. 4 Gbit/s
+		if rng.Intn(3) == 0 {
+			r.Bandwidth = float64(r.Size) / 2
+		}
+		if rng.Intn(3) == 0 {
+			r.Mode, r.Width = ModeComposed, 2+rng.Intn(2)
+		}
 	case 0:
 		r.Kind, r.Size = KindBlock, int64(1+rng.Intn(3))<<30
 		r.Bandwidth = float64(rng.Intn(3)) * Seed000WriterDemand
@@ -101,7 +111,12 @@ func randomRequest(rng *rand.Rand, s *Snapshot) Request {
 			}
 		}
 	case 3:
-		r.Mode = []string{ModeDedicated, ModeShared, ModeComposed}[rng.Intn(3)]
+		if r.Mode == "" {
+			r.Mode = []string{ModeDedicated, ModeShared, ModeComposed}[rng.Intn(3)]
+		}
+	}
+	if r.Whole || r.Mode != ModeComposed {
+		r.Width = 0
 	}
 	return r
 }
@@ -123,8 +138,17 @@ func checkPlan(t *testing.T, s *Snapshot, r Request, p Plan) {
 	for _, pt := range p.Parts {
 		held += pt.Length
 	}
-	if r.Exact && !r.Whole && p.Mode != ModeComposed && held != r.Size {
+	if (r.Exact || r.Kind == KindNIC) && !r.Whole && p.Mode != ModeComposed && held != r.Size {
 		t.Fatalf("exact request %+v holds %d: %v", r, held, p)
+	}
+	if r.Kind == KindNIC && p.Mode == ModeComposed {
+		lenders := map[string]bool{}
+		for _, pt := range p.Parts {
+			if lenders[pt.NodeID] {
+				t.Fatalf("bond %v has two parts on lender %s", p, pt.NodeID)
+			}
+			lenders[pt.NodeID] = true
+		}
 	}
 	for _, pt := range p.Parts {
 		d := dev[pt.DeviceID]
@@ -170,19 +194,28 @@ func checkInvariants(t *testing.T, s *Snapshot, downParts map[string]bool) {
 		}
 		u.leases++
 		u.bandwidth += l.Demand
+		var rate int64
 		for _, p := range l.Parts {
 			d := dev[p.DeviceID]
+			if d.Kind == KindNIC { // a rate: it counts as the lease's bandwidth
+				rate += p.Length
+			}
 			used[p.DeviceID] = append(used[p.DeviceID], rng{p.Offset, p.Offset + p.Length})
 			holders[p.DeviceID]++
 			if l.Mode == ModeDedicated {
 				dedicated[p.DeviceID] = true
 			}
 			n := p.Length
-			if d.Kind == KindAccel {
+			switch d.Kind {
+			case KindAccel:
 				u.slots += n
-			} else {
+			case KindNIC:
+			default:
 				u.bytes += n
 			}
+		}
+		if rate > 0 && (l.Demand <= 0 || l.Demand > float64(rate)) {
+			u.bandwidth += float64(rate) - l.Demand
 		}
 	}
 	for id, rs := range used {

@@ -28,6 +28,15 @@ func (x *Index) validate(r Request) (req, error) {
 	case KindBlock, KindMemory:
 	case KindAccel:
 		q.align = 1
+	case KindNIC:
+		// A rate in bytes/s: any amount, held exactly (the lenders cap
+		// the lease at it), and wanted in full unless a lower bandwidth
+		// is asked for.
+		q.align = 1
+		if !r.Whole {
+			q.Exact = true
+			q.demand = min(q.demand, float64(r.Size))
+		}
 	default:
 		return q, fmt.Errorf("%w: unknown kind %q", ErrInvalid, r.Kind)
 	}

@@ -258,6 +258,7 @@ func (x *Index) Add(l Lease) error {
 	if _, ok := x.leaseByID[l.ID]; ok {
 		return fmt.Errorf("%w: lease %q already in the index", ErrInvalid, l.ID)
 	}
+	x.nicDemand(&l)
 	uses := x.leaseUses(l.Borrower, l.Parts, nil)
 	sol := x.localSolve(uses, demandOf(l.Demand), -1)
 	x.noteDevs(l.Parts)

@@ -15,6 +15,9 @@ const (
 	KindBlock  = "block"
 	KindMemory = "memory"
 	KindAccel  = "accel"
+	// KindNIC is a lent network interface: capacity, a lease's size and
+	// its parts' lengths are rates in bytes/s (docs/nic.md).
+	KindNIC = "nic"
 )
 
 // Lease modes (the API's lease modes).
@@ -59,16 +62,20 @@ type Snapshot struct {
 }
 
 // Node is a server that lends or borrows. Only ready nodes ("" or "ready")
-// donate; a suspect or down node is never chosen.
+// donate; a suspect or down node is never chosen. A Cordoned node
+// (`rialto node cordon`, or being drained) gets no new part either, though
+// its running leases stay and it may still borrow.
 type Node struct {
-	ID     string
-	State  string
-	Labels map[string]string
+	ID       string
+	State    string
+	Labels   map[string]string
+	Cordoned bool
 }
 
 // Device is a lendable resource on a node. Capacity is in bytes for block
-// and memory and in slots for accel. Bandwidth is the device's maximum in
-// bytes/s when no Profile exists for Model (0: unconstrained). Latency is the
+// and memory, in slots for accel and in bytes/s for nic (the rate the
+// lender lends). Bandwidth is the device's maximum in bytes/s when no
+// Profile exists for Model (0: unconstrained; a nic's is its Capacity). Latency is the
 // device's own access latency, added to the path latency. Attach is the
 // fabric vertex the device hangs off (a PCIe root or switch), default Node.
 // A device whose State is neither "" nor "healthy" is never chosen.
@@ -96,7 +103,8 @@ type Part struct {
 }
 
 // Lease is a running lease. Demand is the rate in bytes/s it would run at
-// alone (0: as fast as it can, with no requirement). Remaining is the work
+// alone (0: as fast as it can, with no requirement; a nic lease's is then
+// the rate its parts hold, which its lenders cap it at). Remaining is the work
 // in bytes still to move (0: open-ended). Deadline is absolute on the
 // snapshot clock (0: none). A composed lease's rate is striped evenly over
 // its parts.
@@ -127,7 +135,8 @@ type Profile struct {
 
 // Quota bounds a tenant's running leases; zero fields are unlimited. Bytes
 // counts block and memory capacity held (a dedicated device counts whole),
-// Slots counts accel slots, Bandwidth sums lease demands in bytes/s.
+// Slots counts accel slots, Bandwidth sums lease demands in bytes/s (a nic
+// lease's is the rate it holds).
 type Quota struct {
 	Leases    int
 	Bytes     int64
@@ -137,8 +146,8 @@ type Quota struct {
 
 // Request asks for one lease.
 type Request struct {
-	Kind     string // block, memory or accel
-	Size     int64  // bytes (block, memory) or slots (accel); > 0 unless Whole
+	Kind     string // block, memory, accel or nic
+	Size     int64  // bytes (block, memory), slots (accel) or bytes/s (nic); > 0 unless Whole
 	Borrower string // node ID of the borrower
 
 	// Whole asks for an entire unused device, dedicated: Size is then the
@@ -147,7 +156,8 @@ type Request struct {
 	// Exact keeps a sized request from holding more than Size: it is
 	// dedicated a whole device only when the device's capacity is exactly
 	// Size (the control plane's accel slot leases, which must not take a
-	// four-slot device for one slot).
+	// four-slot device for one slot). A sized nic request is always exact:
+	// a lease holds the rate it asks for, which its lenders cap it at.
 	Exact bool
 
 	// Bandwidth is the rate in bytes/s the workload would run at alone
@@ -163,7 +173,8 @@ type Request struct {
 
 	// Mode forces a mode ("": choose among dedicated and, when allowed,
 	// shared and composed). Width forces the number of devices of a
-	// composed lease (0: choose, up to MaxWidth).
+	// composed lease (0: choose, up to MaxWidth). A composed nic lease (a
+	// bond) has its parts on as many different lenders, never two on one.
 	Mode         string
 	Width        int
 	AllowShare   bool
@@ -240,6 +251,7 @@ const (
 	ConstraintBorrower  = "borrower"  // borrower unknown or not ready
 	ConstraintKind      = "kind"      // no device of that kind
 	ConstraintNode      = "node"      // donor node suspect or down
+	ConstraintCordon    = "cordon"    // donor node cordoned (or being drained)
 	ConstraintHealth    = "health"    // device unhealthy
 	ConstraintCapacity  = "capacity"  // not enough free space / slots
 	ConstraintLatency   = "latency"   // path + device latency above MaxLatency

@@ -95,3 +95,30 @@ func (x *Index) devUtil(di int32, add float64) float64 {
 	}
 	return sum / c
 }
+
+// loadedCap is what link load counts of resource r: a link's bandwidth and
+// background load, or a lent network interface's rate (a nic device is
+// the lender's link to the network beyond it); ok is false for a link of
+// unknown bandwidth and for other devices.
+func (x *Index) loadedCap(r int) (capa, base float64, ok bool) {
+	if r < len(x.devs) {
+		ds := &x.devs[r]
+		if ds.dev.Kind != KindNIC {
+			return 0, 0, false
+		}
+		c := x.devCap(r, len(ds.leases)+1)
+		return c, 0, c > 0 && !math.IsInf(c, 1)
+	}
+	l := &x.links[r-len(x.devs)]
+	return l.Bandwidth, l.Load, l.Bandwidth > 0
+}
+
+// uplinkUtil is a nic device's current utilisation (0 for other kinds):
+// the lent interface counts as a link on the lease's path.
+func (x *Index) uplinkUtil(di int32) float64 {
+	capa, _, ok := x.loadedCap(int(di))
+	if !ok {
+		return 0
+	}
+	return x.res[di].load / capa
+}

@@ -2,6 +2,7 @@ package rack
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -21,7 +22,7 @@ func TestUplinks(t *testing.T) {
 	if _, err := exec.LookPath("busybox"); err != nil {
 		t.Skip("busybox not installed")
 	}
-	r := startRack(t, Config{Binary: b, StateDir: t.TempDir(), Agents: 2, Uplinks: true, UplinkRate: "100mbit", NICRate: "80mbit"})
+	r := startRack(t, Config{Binary: b, StateDir: t.TempDir(), Agents: 2, Borrowers: 1, Uplinks: true, UplinkRate: "100mbit", NICRate: "80mbit"})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	srv := r.Outside().Server.String()
@@ -32,6 +33,22 @@ func TestUplinks(t *testing.T) {
 	}
 	if exec.CommandContext(ctx, "busybox", "ping", "-c", "1", "-W", "1", srv).Run() == nil {
 		t.Error("the root namespace reaches the outside without a lent NIC")
+	}
+	// A borrower's namespace reaches the agents, not the outside.
+	bn := r.Borrower(0)
+	if bn.Name != "borrower1" || r.Command(ctx, bn, "busybox", "ping", "-c", "1", "-W", "2", r.Agent(0).Addr.String()).Run() != nil {
+		t.Errorf("borrower %+v does not reach node1", bn)
+	}
+	if r.Command(ctx, bn, "busybox", "ping", "-c", "1", "-W", "1", srv).Run() == nil {
+		t.Error("a borrower's namespace reaches the outside without a lent NIC")
+	}
+	var hosts []byte
+	if err := r.Do(bn, func() error {
+		var err error
+		hosts, err = os.ReadFile("/proc/thread-self/net/dev") // this thread's namespace's interfaces
+		return err
+	}); err != nil || !strings.Contains(string(hosts), bn.Iface) {
+		t.Errorf("Do did not run in %s (%v): %s", bn.Namespace, err, hosts)
 	}
 	devs, err := r.Client().Devices(ctx)
 	if err != nil {

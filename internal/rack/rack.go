@@ -88,6 +88,12 @@ type Config struct {
 	// their TCP congestion control (netns.Config's Latency and
 	// CongestionControl; empty: netns's defaults).
 	Queue, CongestionControl string
+	// Borrowers adds namespaces "borrower1", "borrower2", … on the
+	// bridge (their links shaped as LinkRate) in which no process runs:
+	// a borrower's own network namespace, for what must not run in the
+	// root namespace (a nic lease's interface, docs/nic.md). Rack.Command
+	// and Rack.Do run there.
+	Borrowers int
 	// The control plane's timings (rialto server's --heartbeat,
 	// --suspect-after, --down-after, --prepare-timeout, --default-ttl);
 	// zero keeps the server's defaults.
@@ -153,6 +159,8 @@ type Rack struct {
 	reaper *reaper
 	out    *netns.Outside
 
+	borrowers []Node // Config.Borrowers' namespaces
+
 	closeOnce sync.Once
 	closeErr  error
 
@@ -194,6 +202,8 @@ func (c *Config) check() error {
 		return fmt.Errorf("%w: StateDir is required", ErrBadConfig)
 	case c.Agents < 0 || c.Agents > MaxAgents:
 		return fmt.Errorf("%w: Agents must be 0..%d, got %d", ErrBadConfig, MaxAgents, c.Agents)
+	case c.Borrowers < 0 || c.Agents+c.Borrowers > MaxAgents:
+		return fmt.Errorf("%w: Borrowers must be 0..%d (with the agents), got %d", ErrBadConfig, MaxAgents-c.Agents, c.Borrowers)
 	case c.Disks < 0 || c.DiskSize < 0 || c.Memory < 0 || c.AccelSlots < 0:
 		return fmt.Errorf("%w: negative Disks, DiskSize, Memory or AccelSlots", ErrBadConfig)
 	case len(c.AgentRates) > c.Agents:
@@ -306,9 +316,9 @@ func Start(ctx context.Context, cfg Config) (_ *Rack, err error) {
 	if rec.Subnet != "" {
 		subnet, _ = netip.ParsePrefix(rec.Subnet) // only a wish; New checks it
 	}
-	hostRates := make([]string, cfg.Agents+1)
+	hostRates := make([]string, cfg.Agents+1+cfg.Borrowers)
 	copy(hostRates[1:], cfg.AgentRates)
-	r.lab, err = netns.New(ctx, netns.Config{Hosts: cfg.Agents + 1, Rate: cfg.LinkRate, HostRates: hostRates,
+	r.lab, err = netns.New(ctx, netns.Config{Hosts: cfg.Agents + 1 + cfg.Borrowers, Rate: cfg.LinkRate, HostRates: hostRates,
 		Latency: cfg.Queue, CongestionControl: cfg.CongestionControl,
 		ID: id, Subnet: subnet, Prefix: "rialto-rack", Logger: r.log})
 	if err != nil {
@@ -340,6 +350,12 @@ func Start(ctx context.Context, cfg Config) (_ *Rack, err error) {
 		n.StateDir = filepath.Join(dir, n.Name)
 		n.Log = filepath.Join(dir, "logs", n.Name+".log")
 		r.agents = append(r.agents, n)
+	}
+	for i := range cfg.Borrowers {
+		k := cfg.Agents + 1 + i
+		h := r.lab.Host(k)
+		r.borrowers = append(r.borrowers, Node{Name: fmt.Sprintf("borrower%d", i+1), Namespace: h.Namespace, Addr: h.Addr,
+			Iface: h.Iface, RootIface: h.RootIface, Rate: h.Rate, host: k})
 	}
 	// The cluster CA, in the state dir's tls/ as for the in-process
 	// `rialto up`: the control plane serves HTTPS with a certificate from
@@ -418,6 +434,13 @@ func (r *Rack) Agents() []Node { return append([]Node(nil), r.agents...) }
 // Agent returns agent i (node i+1). It panics if i is out of range.
 func (r *Rack) Agent(i int) Node { return r.agents[i] }
 
+// Borrower is borrower namespace i (Config.Borrowers), from 0.
+func (r *Rack) Borrower(i int) Node { return r.borrowers[i] }
+
+// Do runs f on a goroutine locked into n's network namespace (for Go code
+// that must create interfaces or sockets there) and returns its error.
+func (r *Rack) Do(n Node, f func() error) error { return r.lab.Do(r.host(n), f) }
+
 // Outside is the network beyond the agents' uplinks (Config.Uplinks), or
 // nil: its Server address is reachable only through an agent's wan0.
 func (r *Rack) Outside() *netns.Outside { return r.out }
@@ -449,7 +472,7 @@ func (r *Rack) host(n Node) int {
 	if n.Namespace == r.cp.Namespace {
 		return 0
 	}
-	for _, a := range r.agents {
+	for _, a := range append(r.agents[:len(r.agents):len(r.agents)], r.borrowers...) {
 		if a.Namespace == n.Namespace {
 			return a.host
 		}

@@ -262,6 +262,7 @@ func (c *Cluster) startControlPlane(ln net.Listener) {
 
 func (c *Cluster) stopControlPlane() {
 	if c.hs != nil {
+		c.Server.Close() // its moves and drains
 		c.hs.Close()
 		c.st.Close()
 		c.hs = nil

@@ -20,6 +20,7 @@ import (
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 	"github.com/rialto-project/rialto/internal/dataplane/block/stripe"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
+	"github.com/rialto-project/rialto/internal/metrics"
 )
 
 // restartDevices is a block device, a memory budget and an appliance
@@ -101,7 +102,8 @@ func redact(uri string) string {
 // restartCounter is how many restored exports of the node's running
 // agent ended up at the same or a new address.
 func restartCounter(n *Node, result string) float64 {
-	return n.Agent().Metrics().Counter("rialto_agent_restored_exports_total", "", "result").With(result).Value()
+	v, _ := metrics.Value(n.Agent().Metrics(), "rialto_agent_restored_exports_total", "result", result)
+	return v
 }
 
 // TestRestartedLenderKeepsURIs: after a lender restarts on its state dir,

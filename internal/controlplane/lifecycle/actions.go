@@ -74,3 +74,38 @@ func (Teardown) action()   {}
 func (TeardownOn) action() {}
 func (KeepOn) action()     {}
 func (Free) action()       {}
+
+// BeginMove writes an open move of a part (store.Mover.BeginMove), which
+// holds its destination. If the store refuses it, nothing moves.
+type BeginMove struct {
+	Move  api.Move
+	Event api.Event
+}
+
+// FinishMove makes a move's destination the lease's part
+// (store.Mover.FinishMove): the commit point of a move. If the store
+// refuses it (the lease is no longer active), the caller performs Undo.
+type FinishMove struct {
+	Move  api.Move
+	URI   string
+	Event api.Event
+	Undo  []Action
+}
+
+// EndMove records a move's end (store.Mover.EndMove); a failed move that
+// had not committed frees its destination.
+type EndMove struct {
+	Move  api.Move
+	State string // api.MoveDone or api.MoveFailed
+	Error string
+	Event api.Event
+}
+
+// AbortMove asks both lenders of a move to give it up: the source serves
+// the part as before, the destination wipes what it received.
+type AbortMove struct{ Move api.Move }
+
+func (BeginMove) action()  {}
+func (FinishMove) action() {}
+func (EndMove) action()    {}
+func (AbortMove) action()  {}

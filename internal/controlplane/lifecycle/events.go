@@ -65,8 +65,13 @@ type NodeDown struct{ NodeID, Name string }
 // Before: the control plane was restarted while it ran.
 type Interrupted struct{ Before time.Time }
 
-// Reconcile: node NodeID reports in its heartbeat that it serves the lease.
-type Reconcile struct{ NodeID string }
+// Reconcile: node NodeID reports in its heartbeat that it serves the
+// lease. Incoming says the node is the destination of an open move of the
+// lease (it serves the part before the lease points at it).
+type Reconcile struct {
+	NodeID   string
+	Incoming bool
+}
 
 // Moved: lender NodeID serves exports of the lease at new addresses after
 // a restart.
@@ -88,3 +93,27 @@ func (NodeDown) event()      {}
 func (Interrupted) event()   {}
 func (Reconcile) event()     {}
 func (Moved) event()         {}
+
+// MoveStarted: part Move.Part of the lease is to move from Move.From to
+// Move.To (rialto lease move, a drain): write the open move, which holds
+// the destination, then copy.
+type MoveStarted struct{ Move api.Move }
+
+// MoveDone: the destination serves the moving part at URI (the source
+// holds its writes): the lease's part is the destination from now on.
+type MoveDone struct {
+	Move api.Move
+	URI  string
+}
+
+// MoveFailed: a move ended without the lease pointing at its destination
+// (or, Committed, after it did, when the source failed to let go); Why
+// says what happened.
+type MoveFailed struct {
+	Move api.Move
+	Why  string
+}
+
+func (MoveStarted) event() {}
+func (MoveDone) event()    {}
+func (MoveFailed) event()  {}

@@ -84,6 +84,12 @@ func Step(l api.Lease, ev Event, now time.Time) (api.Lease, []Action, error) {
 		return reconcile(l, ev)
 	case Moved:
 		return moved(l, ev, now)
+	case MoveStarted:
+		return moveStarted(l, ev, now)
+	case MoveDone:
+		return moveDone(l, ev, now)
+	case MoveFailed:
+		return moveFailed(l, ev, now)
 	}
 	return l, nil, fmt.Errorf("lifecycle: unknown event %T", ev)
 }
@@ -232,10 +238,10 @@ func interrupted(l api.Lease, e Interrupted, now time.Time) (api.Lease, []Action
 }
 
 func reconcile(l api.Lease, e Reconcile) (api.Lease, []Action, error) {
-	if (l.State == api.LeaseReserved || l.State == api.LeaseActive) && onNode(l, e.NodeID) {
+	if (l.State == api.LeaseReserved || l.State == api.LeaseActive) && (onNode(l, e.NodeID) || (e.Incoming && l.State == api.LeaseActive)) {
 		return l, []Action{KeepOn{NodeID: e.NodeID, ExpiresAt: l.ExpiresAt}}, nil
 	}
-	return l, []Action{TeardownOn(e)}, nil // the reporting node stops serving it
+	return l, []Action{TeardownOn{NodeID: e.NodeID}}, nil // the reporting node stops serving it
 }
 
 func moved(l api.Lease, e Moved, now time.Time) (api.Lease, []Action, error) {

@@ -63,7 +63,19 @@ var events = []struct {
 	{"moved n2", Moved{NodeID: "n2", Exports: []api.MovedExport{{LeaseID: "lease-1", DeviceID: "d2", URI: "nbd://10.0.0.9:10809/rlc_x.1"}}}, t0.Add(time.Minute)},
 	{"moved n2 (same address)", Moved{NodeID: "n2", Exports: []api.MovedExport{{LeaseID: "lease-1", DeviceID: "d2", URI: "nbd://10.0.0.2:10809/rlc_x.1"}}}, t0.Add(time.Minute)},
 	{"moved n2 (other export)", Moved{NodeID: "n2", Exports: []api.MovedExport{{LeaseID: "lease-1", DeviceID: "d2", URI: "nbd://10.0.0.9:10809/rlc_y.1"}}}, t0.Add(time.Minute)},
+	{"reconcile n3 (incoming)", Reconcile{NodeID: "n3", Incoming: true}, t0.Add(time.Minute)},
+	{"move started part 1", MoveStarted{Move: move1}, t0.Add(time.Minute)},
+	{"move started (stale part)", MoveStarted{Move: func() api.Move { m := move1; m.From.DeviceID = "d9"; return m }()}, t0.Add(time.Minute)},
+	{"move started (no part 5)", MoveStarted{Move: func() api.Move { m := move1; m.Part = 5; return m }()}, t0.Add(time.Minute)},
+	{"move started (onto itself)", MoveStarted{Move: func() api.Move { m := move1; m.To = m.From; return m }()}, t0.Add(time.Minute)},
+	{"move done part 1", MoveDone{Move: move1, URI: "nbd://10.0.0.3:10809/rlm_z"}, t0.Add(time.Minute)},
+	{"move failed part 1", MoveFailed{Move: move1, Why: "the destination did not answer"}, t0.Add(time.Minute)},
 }
+
+// move1 moves part 1 of lease() from n2 to n3.
+var move1 = api.Move{ID: "move-1", LeaseID: "lease-1", Part: 1, Kind: api.KindBlock,
+	From: api.Part{NodeID: "n2", DeviceID: "d2", Offset: 0, Length: 1 << 20}, To: api.Part{NodeID: "n3", DeviceID: "d3", Offset: 4096, Length: 1 << 20},
+	Reason: "drain of node n2"}
 
 // TestStep runs every event on a lease in every state (and one not read,
 // state "") and compares what Step does with testdata/step.golden
@@ -117,6 +129,15 @@ func checkRules(t *testing.T, st api.LeaseState, name string, l, next api.Lease,
 	writes := 0
 	for i, a := range acts {
 		switch a := a.(type) {
+		case FinishMove:
+			writes++
+			if l.State != api.LeaseActive || next.State != api.LeaseActive || a.Event.Subject != l.ID {
+				t.Errorf("%s: FinishMove of a %s lease", at, l.State)
+			}
+		case BeginMove:
+			if l.State != api.LeaseActive {
+				t.Errorf("%s: BeginMove of a %s lease", at, l.State)
+			}
 		case Create:
 			writes++
 			if l.State != api.LeaseRequested || next.State != api.LeaseReserved {
@@ -225,6 +246,18 @@ func action(a Action) string {
 		return "KeepOn " + a.NodeID + " until " + a.ExpiresAt.Format(time.RFC3339)
 	case Free:
 		return "Free"
+	case BeginMove:
+		return fmt.Sprintf("BeginMove %s part %d → %s/%s %s %q", a.Move.ID, a.Move.Part, a.Move.To.NodeID, a.Move.To.DeviceID, a.Event.Type, a.Event.Message)
+	case FinishMove:
+		return fmt.Sprintf("FinishMove %s uri=%s %s %q%s", a.Move.ID, a.URI, a.Event.Type, a.Event.Message, undo(a.Undo))
+	case EndMove:
+		s := fmt.Sprintf("EndMove %s %s", a.Move.ID, a.State)
+		if a.Error != "" {
+			s += fmt.Sprintf(" (%s)", a.Error)
+		}
+		return s + fmt.Sprintf(" %s %q", a.Event.Type, a.Event.Message)
+	case AbortMove:
+		return "AbortMove " + a.Move.ID
 	}
 	return fmt.Sprintf("%T", a)
 }

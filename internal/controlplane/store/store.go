@@ -183,6 +183,47 @@ type Store interface {
 	Counts(ctx context.Context) (Counts, error)
 }
 
+// MoveRecord is a lease part moving to another lender, as stored:
+// Committed once the lease points at the destination (the source may
+// not have let go yet).
+type MoveRecord struct {
+	api.Move
+	Committed bool
+}
+
+// MoveFilter selects moves; zero fields do not filter.
+type MoveFilter struct {
+	LeaseID string
+	Open    bool // only moves not done or failed
+	// Since keeps the moves that started or changed at or after it.
+	Since time.Time
+}
+
+// Mover is the store's part in moving leases and draining nodes
+// (docs/operations.md, "Moving leases and draining nodes"). Every method
+// that writes takes the event to append in the same transaction.
+type Mover interface {
+	// SetNodeCordon marks a node cordoned (placement gives it no new
+	// part) or not.
+	SetNodeCordon(ctx context.Context, id string, cordoned bool, ev api.Event) (api.Node, error)
+	// BeginMove records an open move of part m.Part of an active lease
+	// whose part is still m.From (ErrConflict otherwise, and if the part
+	// already moves) and reserves its destination m.To with CreateLease's
+	// checks (ErrCapacity).
+	BeginMove(ctx context.Context, m api.Move, ev api.Event) error
+	// FinishMove makes an open move's destination the part, with uri, if
+	// the lease is still active (ErrConflict otherwise): the source range
+	// is freed, the move committed. It returns the lease.
+	FinishMove(ctx context.Context, id, uri string, at time.Time, ev api.Event) (api.Lease, error)
+	// EndMove records the end of a move: state done or failed (with
+	// errMsg), copied bytes. A failed move that did not commit frees its
+	// destination. ev may be nil.
+	EndMove(ctx context.Context, id, state, errMsg string, copied int64, at time.Time, ev *api.Event) error
+	// SetMoveState records an open move's state and progress.
+	SetMoveState(ctx context.Context, id, state string, copied int64, at time.Time) error
+	Moves(ctx context.Context, f MoveFilter) ([]MoveRecord, error)
+}
+
 // Transition is one lease transition of a batch (see LeaseBatcher).
 type Transition struct {
 	ID     string

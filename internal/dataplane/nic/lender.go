@@ -192,7 +192,7 @@ func (l *Lender) AddLease(ctx context.Context, spec LeaseSpec) error {
 		}
 	} else {
 		var err error
-		if addr, err = l.freeAddr(); err != nil {
+		if addr, err = l.freeAddr(spec.ID); err != nil {
 			return err
 		}
 	}
@@ -240,15 +240,23 @@ func (l *Lender) addrInUse(a netip.Addr) bool {
 	return false
 }
 
-// freeAddr picks a random unused address of the pool (not its first or
-// last, nor one ending in .0 or .255).
-func (l *Lender) freeAddr() (netip.Addr, error) {
+// freeAddr picks an unused address of the pool (not its first or last,
+// nor one ending in .0 or .255): first the lease's own (LeaseAddr), so
+// that every lender of a bond gives it the same address without asking
+// one another, else a random one (the borrower's first session may then
+// ask for the bond's, see join).
+func (l *Lender) freeAddr(id string) (netip.Addr, error) {
 	base := binary.BigEndian.Uint32(l.cfg.Pool.Addr().AsSlice())
 	size := uint32(1) << (32 - l.cfg.Pool.Bits())
-	for range 1000 {
-		var b [4]byte
-		_, _ = rand.Read(b[:])
-		off := binary.BigEndian.Uint32(b[:]) % size
+	for try := range 1000 {
+		var off uint32
+		if try == 0 {
+			off = leaseOffset(id, size)
+		} else {
+			var b [4]byte
+			_, _ = rand.Read(b[:])
+			off = binary.BigEndian.Uint32(b[:]) % size
+		}
 		var a [4]byte
 		binary.BigEndian.PutUint32(a[:], base+off)
 		addr := netip.AddrFrom4(a)
@@ -258,6 +266,25 @@ func (l *Lender) freeAddr() (netip.Addr, error) {
 		return addr, nil
 	}
 	return netip.Addr{}, fmt.Errorf("%w: no free address in %v", ErrAddr, l.cfg.Pool)
+}
+
+// LeaseAddr is the address in pool that lease id's borrower gets when it
+// is free: derived from the lease ID, the same at every lender (0.0.0.0
+// for a pool that is not IPv4).
+func LeaseAddr(pool netip.Prefix, id string) netip.Addr {
+	if !pool.Addr().Is4() {
+		return netip.IPv4Unspecified()
+	}
+	var a [4]byte
+	off := leaseOffset(id, uint32(1)<<(32-pool.Bits()))
+	binary.BigEndian.PutUint32(a[:], binary.BigEndian.Uint32(pool.Addr().AsSlice())+off)
+	return netip.AddrFrom4(a)
+}
+
+// leaseOffset is lease id's address offset in a pool of size addresses.
+func leaseOffset(id string, size uint32) uint32 {
+	h := sha256.Sum256([]byte("rialto-nic-addr\x00" + id))
+	return uint32(binary.BigEndian.Uint64(h[:8]) % uint64(size))
 }
 
 // RemoveLease ends the lease's session and deletes its TUN interface.

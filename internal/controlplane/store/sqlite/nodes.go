@@ -13,11 +13,15 @@ import (
 
 const nodeCols = `id, machine_id, name, state, address, agent_url, endpoints, labels, fingerprint, health, last_heartbeat, joined_at, agent_key`
 
+// nodeReadCols are nodeCols and what only reads have (cordoned, migration
+// 8: a join keeps it).
+const nodeReadCols = nodeCols + `, cordoned`
+
 func scanNode(sc interface{ Scan(...any) error }) (store.NodeRecord, error) {
 	var n store.NodeRecord
 	var machine, endpoints, labels, fp string
 	var hb, joined int64
-	if err := sc.Scan(&n.ID, &machine, &n.Name, &n.State, &n.Address, &n.AgentURL, &endpoints, &labels, &fp, &n.Health, &hb, &joined, &n.AgentKey); err != nil {
+	if err := sc.Scan(&n.ID, &machine, &n.Name, &n.State, &n.Address, &n.AgentURL, &endpoints, &labels, &fp, &n.Health, &hb, &joined, &n.AgentKey, &n.Cordoned); err != nil {
 		return n, err
 	}
 	n.LastHeartbeat, n.JoinedAt = tm(hb), tm(joined)
@@ -68,7 +72,7 @@ func (s *Store) JoinNode(ctx context.Context, j store.JoinNode, ev api.Event) (a
 
 // NodeByCredential finds a node by its credential hash.
 func (s *Store) NodeByCredential(ctx context.Context, credHash string) (api.Node, error) {
-	n, err := scanNode(s.rd().QueryRowContext(ctx, `SELECT `+nodeCols+` FROM nodes WHERE credential_hash = ?`, credHash))
+	n, err := scanNode(s.rd().QueryRowContext(ctx, `SELECT `+nodeReadCols+` FROM nodes WHERE credential_hash = ?`, credHash))
 	if errors.Is(err, sql.ErrNoRows) {
 		return api.Node{}, fmt.Errorf("node credential: %w", store.ErrNotFound)
 	}
@@ -149,7 +153,7 @@ func (s *Store) SetNodeState(ctx context.Context, id string, from, to api.NodeSt
 
 // Node returns one node with its agent key.
 func (s *Store) Node(ctx context.Context, id string) (store.NodeRecord, error) {
-	n, err := scanNode(s.rd().QueryRowContext(ctx, `SELECT `+nodeCols+` FROM nodes WHERE id = ?`, id))
+	n, err := scanNode(s.rd().QueryRowContext(ctx, `SELECT `+nodeReadCols+` FROM nodes WHERE id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return n, fmt.Errorf("node %s: %w", id, store.ErrNotFound)
 	}
@@ -160,7 +164,7 @@ func (s *Store) Node(ctx context.Context, id string) (store.NodeRecord, error) {
 }
 
 func nodes(ctx context.Context, q execer) ([]api.Node, error) {
-	rows, err := q.QueryContext(ctx, `SELECT `+nodeCols+` FROM nodes ORDER BY name, id`)
+	rows, err := q.QueryContext(ctx, `SELECT `+nodeReadCols+` FROM nodes ORDER BY name, id`)
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: nodes: %w", err)
 	}

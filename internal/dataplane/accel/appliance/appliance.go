@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
 	"github.com/rialto-project/rialto/internal/metrics"
@@ -63,7 +65,11 @@ type Config struct {
 	BlockTLS   *tls.Config
 	MaxPayload uint32 // frame payload limit; 0: accel.DefaultMaxPayload
 	Logger     *slog.Logger
-	Metrics    *metrics.Registry // optional
+	// Metrics, if set, gets the slots' metrics (appliances sharing one
+	// registry share its families); the management API serves it at
+	// /metrics when it is also a prometheus.Gatherer (a
+	// *prometheus.Registry).
+	Metrics prometheus.Registerer
 	// Registrar, if set, is told about the appliance when Run starts and
 	// receives a heartbeat every HeartbeatInterval (default 5 s).
 	Registrar         Registrar
@@ -158,8 +164,8 @@ type Appliance struct {
 
 	udpNew chan udpSet // sockets Rebind bound while Run runs
 
-	mTasks *metrics.CounterVec
-	mBusy  *metrics.CounterVec
+	mTasks *prometheus.CounterVec
+	mBusy  *prometheus.CounterVec
 }
 
 type chunk struct{ base, size uint64 }
@@ -202,8 +208,16 @@ func New(cfg Config) (*Appliance, error) {
 	}
 	a := &Appliance{cfg: cfg, log: log, mem: make([]byte, uint64(cfg.Slots)*cfg.SlotMemory), udpNew: make(chan udpSet, 256)}
 	if cfg.Metrics != nil {
-		a.mTasks = cfg.Metrics.Counter("rialto_accel_slot_tasks_total", "Tasks run by appliance slots.", "slot", "outcome")
-		a.mBusy = cfg.Metrics.Counter("rialto_accel_slot_busy_seconds_total", "Time slots spent running roles.", "slot")
+		a.mTasks = metrics.Register(cfg.Metrics, prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rialto_accel_slot_tasks_total",
+			Help: "Tasks run by appliance slots."}, []string{"slot", "outcome"}))
+		a.mBusy = metrics.Register(cfg.Metrics, prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rialto_accel_slot_busy_seconds_total",
+			Help: "Time slots spent running roles."}, []string{"slot"}))
+		for i := range cfg.Slots {
+			id := strconv.Itoa(i)
+			a.mTasks.WithLabelValues(id, "ok")
+			a.mTasks.WithLabelValues(id, "error")
+			a.mBusy.WithLabelValues(id)
+		}
 	}
 	for i := 0; i < cfg.Slots; i++ {
 		c := chunk{base: uint64(i) * cfg.SlotMemory, size: cfg.SlotMemory}
@@ -859,7 +873,7 @@ func (t *slotTarget) Execute(ctx context.Context, entry string, ins [][]byte) ([
 		s.failed.Add(1)
 	}
 	if s.a.mTasks != nil {
-		s.a.mTasks.With(strconv.Itoa(s.id), outcome).Inc()
+		s.a.mTasks.WithLabelValues(strconv.Itoa(s.id), outcome).Inc()
 	}
 	return outs, err
 }
@@ -891,7 +905,7 @@ func (s *slot) execute(ctx context.Context, entry string, ins [][]byte) ([][]byt
 	d := time.Since(t0)
 	s.busyNs.Add(uint64(d))
 	if s.a.mBusy != nil {
-		s.a.mBusy.With(strconv.Itoa(s.id)).Add(d.Seconds())
+		s.a.mBusy.WithLabelValues(strconv.Itoa(s.id)).Add(d.Seconds())
 	}
 	s.items.Add(uint64(len(ins)))
 	if err != nil {

@@ -10,6 +10,9 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
 	"github.com/rialto-project/rialto/internal/httpx"
@@ -29,7 +32,7 @@ const MaxRoleBody = 64 << 20
 //	POST   /v1/slots/{id}/reset        zero memory, reload role
 //	PUT    /v1/slots/{id}/credential   {"credential": "..."}: start a lease
 //	DELETE /v1/slots/{id}/credential   end the lease
-//	GET    /v1/metrics, /metrics       Prometheus text, when Config.Metrics is set
+//	GET    /v1/metrics, /metrics       Prometheus text, when Config.Metrics is a prometheus.Gatherer
 //	POST   /v1/slots/{id}/call/{entry} run entry on the body, answer the output
 //
 // The call endpoint is HTTP for convenience (curl, scripts): it takes the
@@ -99,9 +102,10 @@ func (a *Appliance) Handler() http.Handler {
 		w.WriteHeader(http.StatusNoContent)
 		return nil
 	}))
-	if a.cfg.Metrics != nil {
-		mux.Handle("GET /metrics", a.cfg.Metrics)
-		mux.Handle("GET /v1/metrics", a.cfg.Metrics)
+	if g, ok := a.cfg.Metrics.(prometheus.Gatherer); ok {
+		h := promhttp.HandlerFor(g, promhttp.HandlerOpts{})
+		mux.Handle("GET /metrics", h)
+		mux.Handle("GET /v1/metrics", h)
 	}
 	call := a.withSlot(a.httpCall)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

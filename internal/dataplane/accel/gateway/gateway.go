@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
 	"github.com/rialto-project/rialto/internal/metrics"
@@ -42,17 +44,17 @@ func (l localBackend) CallBatch(ctx context.Context, entry string, ins [][]byte)
 
 // Config tunes a gateway. Zero fields take the defaults noted.
 type Config struct {
-	Name           string        // metrics label; default "default"
-	Role           string        // the role behind it, reported to clients (default "gateway:"+Name)
-	Entries        []string      // the role's entries, reported to clients
-	MaxBatch       int           // items per execution; default 64
-	PreferredBatch []int         // dispatch as soon as one of these sizes can be formed
-	MaxQueueDelay  time.Duration // how long a batch may wait to grow; 0: dispatch at once
-	Workers        int           // concurrent executions; default 1
-	QueueLimit     int           // items accepted and not yet answered before ErrQueueFull; default 64×MaxBatch
-	QueueTimeout   time.Duration // a request queued longer fails with ErrQueueTimeout; 0: none
-	Clock          Clock         // default RealClock
-	Metrics        *metrics.Registry
+	Name           string                // metrics label; default "default"
+	Role           string                // the role behind it, reported to clients (default "gateway:"+Name)
+	Entries        []string              // the role's entries, reported to clients
+	MaxBatch       int                   // items per execution; default 64
+	PreferredBatch []int                 // dispatch as soon as one of these sizes can be formed
+	MaxQueueDelay  time.Duration         // how long a batch may wait to grow; 0: dispatch at once
+	Workers        int                   // concurrent executions; default 1
+	QueueLimit     int                   // items accepted and not yet answered before ErrQueueFull; default 64×MaxBatch
+	QueueTimeout   time.Duration         // a request queued longer fails with ErrQueueTimeout; 0: none
+	Clock          Clock                 // default RealClock
+	Metrics        prometheus.Registerer // optional; gateways sharing one tell their series apart by Name
 	Logger         *slog.Logger
 }
 
@@ -109,13 +111,13 @@ type Gateway struct {
 	requests, rejected, failed, items, executions atomic.Uint64
 	queueNs, computeNs                            atomic.Int64
 
-	mReq      *metrics.CounterVec
-	mItems    *metrics.Counter
-	mExec     *metrics.Counter
-	mQueue    *metrics.Histogram
-	mCompute  *metrics.Histogram
-	mPending  *metrics.Gauge
-	mBatchLen *metrics.Histogram
+	mReq      *prometheus.CounterVec
+	mItems    prometheus.Counter
+	mExec     prometheus.Counter
+	mQueue    prometheus.Observer
+	mCompute  prometheus.Observer
+	mPending  prometheus.Gauge
+	mBatchLen prometheus.Observer
 }
 
 // New validates cfg and returns a gateway over instances.
@@ -158,20 +160,30 @@ func New(cfg Config, instances []Backend) (*Gateway, error) {
 	g.SetInstances(instances)
 	if r := cfg.Metrics; r != nil {
 		n := cfg.Name
-		g.mReq = r.Counter("rialto_gateway_requests_total", "Requests by outcome (ok, error, rejected, cancelled).", "gateway", "outcome")
-		g.mItems = r.Counter("rialto_gateway_inferences_total", "Items executed.", "gateway").With(n)
-		g.mExec = r.Counter("rialto_gateway_executions_total", "Backend executions (batches); items/executions is the average batch size.", "gateway").With(n)
-		g.mQueue = r.Histogram("rialto_gateway_queue_seconds", "Time requests wait in the queue.", metrics.DefBuckets, "gateway").With(n)
-		g.mCompute = r.Histogram("rialto_gateway_compute_seconds", "Time of each execution on a backend.", metrics.DefBuckets, "gateway").With(n)
-		g.mPending = r.Gauge("rialto_gateway_pending_items", "Items queued and not yet dispatched.", "gateway").With(n)
-		g.mBatchLen = r.Histogram("rialto_gateway_batch_items", "Items per execution.", []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}, "gateway").With(n)
+		g.mReq = metrics.Register(r, prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rialto_gateway_requests_total",
+			Help: "Requests by outcome (ok, error, rejected, cancelled)."}, []string{"gateway", "outcome"}))
+		for _, o := range []string{"ok", "error", "rejected", "cancelled"} {
+			g.mReq.WithLabelValues(n, o)
+		}
+		g.mItems = metrics.Register(r, prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rialto_gateway_inferences_total",
+			Help: "Items executed."}, []string{"gateway"})).WithLabelValues(n)
+		g.mExec = metrics.Register(r, prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rialto_gateway_executions_total",
+			Help: "Backend executions (batches); items/executions is the average batch size."}, []string{"gateway"})).WithLabelValues(n)
+		g.mQueue = metrics.Register(r, prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "rialto_gateway_queue_seconds",
+			Help: "Time requests wait in the queue.", Buckets: metrics.LatencyBuckets}, []string{"gateway"})).WithLabelValues(n)
+		g.mCompute = metrics.Register(r, prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "rialto_gateway_compute_seconds",
+			Help: "Time of each execution on a backend.", Buckets: metrics.LatencyBuckets}, []string{"gateway"})).WithLabelValues(n)
+		g.mPending = metrics.Register(r, prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "rialto_gateway_pending_items",
+			Help: "Items queued and not yet dispatched."}, []string{"gateway"})).WithLabelValues(n)
+		g.mBatchLen = metrics.Register(r, prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "rialto_gateway_batch_items",
+			Help: "Items per execution.", Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}}, []string{"gateway"})).WithLabelValues(n)
 	}
 	return g, nil
 }
 
 func (g *Gateway) count(outcome string) {
 	if g.mReq != nil {
-		g.mReq.With(g.cfg.Name, outcome).Inc()
+		g.mReq.WithLabelValues(g.cfg.Name, outcome).Inc()
 	}
 }
 

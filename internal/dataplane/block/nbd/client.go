@@ -75,6 +75,7 @@ type Client struct {
 	pending map[uint64]*call
 	handle  uint64
 	err     error // terminal error, set once
+	shut    bool  // the server answered ESHUTDOWN: disconnect softly
 
 	readerDone chan struct{}
 }
@@ -545,7 +546,7 @@ func (c *Client) receive(r *bufio.Reader) error {
 				return fmt.Errorf("%w: reply for unknown handle", ErrProtocol)
 			}
 			if errno != 0 {
-				cl.err = &Error{Errno: errno}
+				cl.err = c.replyError(errno, "")
 			} else if cl.typ == CmdRead {
 				if err := receiveInto(r, cl, cl.buf); err != nil {
 					return err
@@ -655,7 +656,7 @@ func (c *Client) chunk(r *bufio.Reader, cl *call, typ uint16, n uint32) error {
 			msg = string(b[6 : 6+ml])
 		}
 		if cl.err == nil {
-			cl.err = &Error{Errno: binary.BigEndian.Uint32(b), Message: msg}
+			cl.err = c.replyError(binary.BigEndian.Uint32(b), msg)
 		}
 		return nil
 	}
@@ -928,10 +929,11 @@ func (c *Client) WriteZeroes(off, n int64, noHole bool) error {
 // with ErrClosed.
 func (c *Client) Close() error {
 	c.mu.Lock()
-	alive := c.err == nil
-	if alive {
+	alive := c.err == nil || c.shut
+	if c.err == nil {
 		c.err = ErrClosed
 	}
+	c.shut = false
 	c.mu.Unlock()
 	if alive && c.wmu.TryLock() {
 		putRequest(c.hdr[:], Request{Type: CmdDisc})
@@ -950,4 +952,20 @@ func (c *Client) Close() error {
 		err = nil
 	}
 	return err
+}
+
+// replyError is the error of a request the server answered with errno
+// (and msg). ESHUTDOWN (the server is stopping the connection) fails
+// every later request too, with ErrShutdown.
+func (c *Client) replyError(errno uint32, msg string) error {
+	e := &Error{Errno: errno, Message: msg}
+	if errno != ESHUTDOWN {
+		return e
+	}
+	c.mu.Lock()
+	if c.err == nil {
+		c.err, c.shut = ErrShutdown, true
+	}
+	c.mu.Unlock()
+	return fmt.Errorf("%w: %w", ErrShutdown, e)
 }

@@ -313,7 +313,7 @@ func (c *conn) reader(ctx context.Context) error {
 				}
 			}
 			if o.errno == 0 && c.canSplice(req) {
-				handled, err := c.spliceWrite(o)
+				handled, err := c.spliceCounted(o)
 				if err != nil {
 					c.freeOp(o)
 					return err
@@ -350,7 +350,7 @@ func (c *conn) reader(ctx context.Context) error {
 			c.encodeError(o)
 		} else if spliced {
 			c.encodeOK(o)
-		} else if c.inflight.Load() == 0 && c.r.Buffered() == 0 && !c.recordQueued() {
+		} else if c.inflight.Load() == 0 && c.r.Buffered() == 0 && !c.recordQueued() && c.inline(o) {
 			// Nothing else in flight and no request queued behind this
 			// one (typical at queue depth 1): serve it here, sparing two
 			// goroutine hand-offs.
@@ -596,6 +596,11 @@ func (c *conn) execute(ctx context.Context, o *op) {
 		o.errno = ESHUTDOWN
 		c.encodeError(o)
 		return
+	}
+	if done, ok := c.gate(ctx, o); !ok {
+		return // refused by the export's move (move.go)
+	} else if done != nil {
+		defer done()
 	}
 	if c.limit != nil && (r.Type == CmdRead || r.Type == CmdWrite || r.Type == CmdWriteZeroes || r.Type == CmdTrim) {
 		n := int64(0)

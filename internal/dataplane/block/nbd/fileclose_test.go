@@ -2,6 +2,7 @@ package nbd
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -304,6 +305,7 @@ func TestFileCloseUnderLoad(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer func() { c.Close() }()
 			buf := make([]byte, 1<<20)
 			for k := 0; !stop.Load(); k++ {
 				n := (64 << 10) * (1 + (k+i)%16) // 64 KiB .. 1 MiB
@@ -317,12 +319,23 @@ func TestFileCloseUnderLoad(t *testing.T) {
 				} else if err == nil && !bytes.Equal(p, data[off:off+int64(n)]) {
 					report("client %d: read [%d,+%d) wrong", i, off, n)
 				} else if err != nil {
-					var ne *Error
+					// The first ESHUTDOWN reply ends the client's use of
+					// the connection: later reads fail with ErrShutdown.
 					switch {
 					case !wasClosed:
 						report("client %d: read failed before Close: %v", i, err)
-					case !errors.As(err, &ne) || ne.Errno != ESHUTDOWN:
+					case !errors.Is(err, ErrShutdown):
 						report("client %d: read after Close: %v, want ESHUTDOWN", i, err)
+					default:
+						// Dial again, so that every read still reaches
+						// the server.
+						c.Close()
+						nc, derr := Dial(context.Background(), "tcp", addr, testName)
+						if derr != nil {
+							report("client %d: dial after ESHUTDOWN: %v", i, derr)
+							return
+						}
+						c = nc
 					}
 					fails[i].Add(1)
 				}

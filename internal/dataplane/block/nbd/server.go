@@ -94,6 +94,11 @@ type export struct {
 	Export
 	size  int64
 	conns map[*conn]struct{}
+
+	// A move of the export (move.go): its state, and the writes under
+	// way that started without seeing one.
+	mv        atomic.Pointer[exportMove]
+	untracked atomic.Int64
 }
 
 func (e *export) transmissionFlags(structured bool) uint16 {

@@ -3,6 +3,7 @@ package nbd
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 )
 
 // Handshake magics and flags (fixed newstyle).
@@ -163,6 +164,11 @@ var (
 	// ErrBackendClosed is wrapped by the errors of a FileBackend used
 	// after Close; the server answers such requests with ESHUTDOWN.
 	ErrBackendClosed = errors.New("nbd: backend closed")
+	// ErrShutdown is the error of a request the server answered with
+	// ESHUTDOWN (it is stopping the connection: Server.Retire). It
+	// matches ErrClosed: the Client fails every later request at once,
+	// and Close disconnects softly.
+	ErrShutdown = fmt.Errorf("nbd: the server is shutting the connection down: %w", ErrClosed)
 )
 
 // Request is a transmission-phase request header.

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,6 +26,7 @@ import (
 type lender struct {
 	mem    *nbd.MemBackend // nil unless started by startLender
 	be     nbd.Backend
+	srv    *nbd.Server
 	name   string
 	uri    string
 	ln     net.Listener
@@ -66,7 +68,7 @@ func (l *lender) serve(t *testing.T, ln net.Listener) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	l.ln, l.cancel, l.done = ln, cancel, done
+	l.ln, l.cancel, l.done, l.srv = ln, cancel, done, srv
 	go func() {
 		defer close(done)
 		srv.Serve(ctx, ln)
@@ -617,5 +619,69 @@ func TestLenderRestart(t *testing.T) {
 	}
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPartMoved moves a part while the volume is attached, the way a
+// lender moves a lease: writes paused, the bytes copied to another
+// lender, the old export retired (its requests answered ESHUTDOWN) once
+// Resolve gives the new URI. Requests go on without an error, and the
+// writes no flush had covered before the move are not reported lost.
+func TestPartMoved(t *testing.T) {
+	const part = 8 << 20
+	l0, l1, dst := startLender(t, part), startLender(t, part), startLender(t, part)
+	var cur atomic.Value
+	cur.Store(l0.uri)
+	resolve := func(_ context.Context, i int) (string, error) {
+		if i == 0 {
+			return cur.Load().(string), nil
+		}
+		return l1.uri, nil
+	}
+	a := attach(t, AttachConfig{URIs: []string{l0.uri, l1.uri}, StripeUnit: 64 << 10, Resolve: resolve, RequestTimeout: 10 * time.Second})
+	u, _ := nbd.ParseURI(a.URI())
+	c, err := nbd.Dial(context.Background(), u.Network, u.Address, u.Export)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	data := make([]byte, 2<<20)
+	mrand.NewChaCha8([32]byte{3}).Read(data)
+	if _, err := c.WriteAt(data, 0); err != nil { // not flushed
+		t.Fatal(err)
+	}
+
+	ctx := context.Background()
+	if err := l0.srv.PauseWrites(ctx, l0.name); err != nil {
+		t.Fatal(err)
+	}
+	// A write issued now is held at the old lender until the switch.
+	w := make(chan error, 1)
+	go func() {
+		_, err := c.WriteAt(data[:1<<20], 4<<20)
+		w <- err
+	}()
+	img := make([]byte, part)
+	l0.mem.ReadAt(img, 0)
+	dst.mem.WriteAt(img, 0)
+	cur.Store(dst.uri)
+	if err := l0.srv.Retire(ctx, l0.name); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-w; err != nil {
+		t.Fatalf("write across the move: %v", err)
+	}
+	got := make([]byte, len(data))
+	if _, err := c.ReadAt(got, 0); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read after the move: %v", err)
+	}
+	if _, err := c.ReadAt(got[:1<<20], 4<<20); err != nil || !bytes.Equal(got[:1<<20], data[:1<<20]) {
+		t.Fatalf("the write held across the move: %v", err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatalf("flush after the move: %v", err)
+	}
+	if f := a.Volume().Failed(); len(f) != 0 {
+		t.Fatalf("Failed() = %v after a move", f)
 	}
 }

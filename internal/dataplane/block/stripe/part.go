@@ -101,7 +101,11 @@ func (p *nbdPart) call(write bool, f func(*nbd.Client) error) error {
 }
 
 // reconnect replaces the broken connection old, unless another call already
-// has, and returns the connection to use.
+// has, and returns the connection to use. A part that turns out to have
+// moved — Resolve gives another export name: a lender restarting serves
+// the same one, a move a new one — had its writes copied where it is now
+// (a lender retires an export only once its copy is served and durable),
+// so none counts as lost.
 func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -113,9 +117,8 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 		return nil, fmt.Errorf("stripe: part %d: %w", p.index, nbd.ErrClosed)
 	}
 	old.Close()
-	if p.wseq.Load() > p.flushed.Load() {
-		p.lost.Store(true)
-	}
+	unflushed := p.wseq.Load() > p.flushed.Load()
+	from := p.uri
 	ctx, cancel := context.WithTimeout(p.ctx, p.redial)
 	defer cancel()
 	start := time.Now()
@@ -133,6 +136,9 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 			return nil, fmt.Errorf("%w: part %d: export size changed from %d to %d after reconnecting", ErrDeviceFailed, p.index, p.size, c.Size())
 		}
 		if err == nil {
+			if unflushed && p.uri.Export == from.Export {
+				p.lost.Store(true)
+			}
 			p.cur.Store(c)
 			if p.closed.Load() {
 				c.Close()
@@ -145,6 +151,9 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			if unflushed {
+				p.lost.Store(true)
+			}
 			p.dead.Store(true)
 			p.log.Error("stripe: gave up reconnecting to part", "part", p.index, "addr", p.uri.Address, "attempts", attempt, "after", time.Since(start), "err", err)
 			// Dial errors do not quote the export name.

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -87,6 +88,11 @@ type region struct {
 	// users counts the handlers of the region's connections, of every
 	// session: those of an ended session may still be draining.
 	users sync.WaitGroup
+
+	// A move of the region (move.go): its state, and the writes under
+	// way that started without seeing one.
+	mv        atomic.Pointer[regionMove]
+	untracked atomic.Int64
 }
 
 type session struct {
@@ -223,6 +229,7 @@ func (d *Donor) RemoveRegion(credential string) error {
 	r.gone = true
 	s := r.sess
 	d.mu.Unlock()
+	r.abandonMove()
 	if s != nil {
 		d.endSession(s)
 	}
@@ -251,6 +258,7 @@ func (d *Donor) SuspendRegion(credential string) error {
 	r.suspended = true
 	s := r.sess
 	d.mu.Unlock()
+	r.abandonMove()
 	if s != nil {
 		d.endSession(s)
 	}
@@ -330,6 +338,9 @@ func (d *Donor) Serve(ctx context.Context, ln net.Listener) error {
 	d.stopping = true
 	for c := range d.conns {
 		kill(c)
+	}
+	for _, r := range d.regions {
+		r.abandonMove() // writes held by a move end too
 	}
 	d.mu.Unlock()
 	d.wg.Wait()
@@ -737,7 +748,19 @@ func (d *Donor) serveData(s *session, c net.Conn, kind uint8, qid uint32) {
 				}
 				break
 			}
-			if _, err = io.ReadFull(br, mem[h.Offset:h.Offset+uint64(h.Length)]); err != nil {
+			mv, ok := s.reg.writeGate()
+			if !ok {
+				// Moved (RetireRegion): the write is refused, the
+				// session ends.
+				if discard(h.Length) == nil {
+					_ = writeErr(bw, h.Op, h.Seq, protocol.StatusGone, errRetired.Error())
+				}
+				_ = bw.Flush()
+				return
+			}
+			_, err = io.ReadFull(br, mem[h.Offset:h.Offset+uint64(h.Length)])
+			s.reg.writeDone(mv, h.Offset, uint64(h.Length))
+			if err != nil {
 				return
 			}
 			rh.Encode(out[:])
@@ -883,10 +906,24 @@ func (d *Donor) serveRaw(s *session, p *rawconn.Conn) {
 			rh.Encode(out[:])
 			err = p.SendV([][]byte{out[:], mem[h.Offset : h.Offset+uint64(h.Length)]})
 		case h.Op == protocol.OpWrite:
-			if h.Length > 0 {
-				if err = p.RecvV([][]byte{mem[h.Offset : h.Offset+uint64(h.Length)]}); err != nil {
-					return
+			mv, ok := s.reg.writeGate()
+			if !ok {
+				// Moved (RetireRegion): the write is refused, the
+				// session ends.
+				if cap(scratch) < int(h.Length) {
+					scratch = make([]byte, h.Length)
 				}
+				if p.RecvV([][]byte{scratch[:h.Length]}) == nil {
+					_ = fail(h, protocol.StatusGone, errRetired.Error())
+				}
+				return
+			}
+			if h.Length > 0 {
+				err = p.RecvV([][]byte{mem[h.Offset : h.Offset+uint64(h.Length)]})
+			}
+			s.reg.writeDone(mv, h.Offset, uint64(h.Length))
+			if err != nil {
+				return
 			}
 			rh.Encode(out[:])
 			err = p.SendV([][]byte{out[:]})

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/borrower"
+	"github.com/rialto-project/rialto/internal/dataplane/nic"
+)
+
+// nicAttachFlags are rialto attach's flags for nic leases.
+type nicAttachFlags struct {
+	iface, mode  string
+	defaultRoute bool
+}
+
+func (f *nicAttachFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.iface, "iface", "rnic0", "nic: the network interface to create in this network namespace")
+	fs.StringVar(&f.mode, "bond-mode", "flow", "nic, a bond of several lenders: flow (each flow pinned to one lender) or packet (also striped over several connections to each lender)")
+	fs.BoolVar(&f.defaultRoute, "default-route", false, "nic: also route everything else through the interface, if its lenders reach a default route")
+}
+
+// attachNIC attaches nic lease l in this network namespace (needs root):
+// a TUN interface whose traffic leaves through the lease's lenders (a bond
+// when the lease has several parts, docs/nic.md), with the address they
+// give and routes to what they reach; it holds it until Ctrl-C, detach or
+// the lease's end, then removes it.
+func attachNIC(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l api.Lease, nf nicAttachFlags, conns int, watch time.Duration, log *slog.Logger) error {
+	mode, err := nic.ParseMode(nf.mode)
+	if err != nil {
+		return fmt.Errorf("bad --bond-mode: %w", err)
+	}
+	if _, err := borrower.NICURIs(l); err != nil {
+		return err
+	}
+	file, ctlPath, ctl, err := openAttachment(ctx, e, l.ID)
+	if err != nil {
+		return err
+	}
+	defer ctl.Close()
+	ifc, err := borrower.AttachNIC(ctx, l, borrower.NICConfig{Name: nf.iface, Mode: mode, Conns: conns, DefaultRoute: nf.defaultRoute, Logger: log})
+	if err != nil {
+		os.Remove(ctlPath)
+		return fmt.Errorf("attach %s: %w", l.ID, err)
+	}
+	waitMembers(ctx, e, ifc, 10*time.Second)
+	st := attachState{ID: l.ID, State: "attached", PID: os.Getpid(), Size: l.Size, Parts: len(l.Parts), Control: ctlPath,
+		Started: time.Now().UTC(), Iface: ifc.Name(), Addr: ifc.Addr().String()}
+	for _, r := range ifc.Routes() {
+		st.Routes = append(st.Routes, r.String())
+	}
+	b, _ := json.MarshalIndent(st, "", "  ")
+	if err := writeFile0600(file, append(b, '\n')); err != nil {
+		ifc.Close()
+		os.Remove(ctlPath)
+		return fmt.Errorf("attach state: %w", err)
+	}
+	if cf.json() {
+		printJSON(e.stdout, st)
+	} else {
+		fmt.Fprintf(e.stdout, "%s %s\n", st.Iface, st.Addr)
+		what := "1 lender"
+		if n := len(l.Parts); n > 1 {
+			what = fmt.Sprintf("a bond of %d lenders", n)
+		}
+		fmt.Fprintf(e.stderr, "rialto attach: lease %s (%s, %s) attached as %s, address %s, routes %s; Ctrl-C or `rialto detach %s` ends it\n",
+			l.ID, what, capacity(api.KindNIC, l.Size), st.Iface, st.Addr, dash(strings.Join(st.Routes, ",")), l.ID)
+	}
+	return holdAttachment(ctx, c, l, ctl, file, ctlPath, watch, ifc.Close)
+}
+
+// waitMembers waits (at most max) until every lender of the interface is
+// connected, so that the interface carries the whole bond when attach
+// says it is there; lenders still down then are named on stderr (they are
+// redialled in the background, and take flows once they answer).
+func waitMembers(ctx context.Context, e *env, ifc *nic.Interface, max time.Duration) {
+	deadline := time.Now().Add(max)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var down []nic.MemberStatus
+		for _, m := range ifc.Members() {
+			if !m.Up {
+				down = append(down, m)
+			}
+		}
+		if len(down) == 0 {
+			return
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			for _, m := range down {
+				fmt.Fprintf(e.stderr, "rialto attach: warning: lender %s not connected yet (%s); it takes flows once it answers\n", m.Addr, dash(m.Err))
+			}
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+		}
+	}
+}

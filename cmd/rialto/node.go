@@ -1,0 +1,145 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+)
+
+func init() {
+	register(&command{Name: "node cordon", Args: "NODE", Summary: "Place no new part on a node (its leases stay).", Run: runNodeCordon(true)})
+	register(&command{Name: "node uncordon", Args: "NODE", Summary: "Let placement use a cordoned node again.", Run: runNodeCordon(false)})
+	register(&command{Name: "node drain", Args: "NODE", Summary: "Cordon a node and move every lease off it while used (--deadline 10m).", Run: runNodeDrain})
+}
+
+func runNodeCordon(cordon bool) func(context.Context, *env, []string) error {
+	verb := "node uncordon"
+	if cordon {
+		verb = "node cordon"
+	}
+	return func(ctx context.Context, e *env, args []string) error {
+		var cf clientFlags
+		fs := newFlags(e, verb, "NODE")
+		cf.register(fs, e)
+		pos, c, err := cf.parse(fs, args, 1, 1)
+		if err != nil {
+			return err
+		}
+		var n api.Node
+		if cordon {
+			n, err = c.CordonNode(ctx, pos[0])
+		} else {
+			n, err = c.UncordonNode(ctx, pos[0])
+		}
+		if err != nil {
+			return err
+		}
+		if cf.json() {
+			return printJSON(e.stdout, n)
+		}
+		state := "uncordoned: placement may use it"
+		if n.Cordoned {
+			state = "cordoned: no new part is placed on it; its leases stay"
+		}
+		fmt.Fprintf(e.stdout, "node %s (%s) %s\n", n.Name, n.ID, state)
+		return nil
+	}
+}
+
+func runNodeDrain(ctx context.Context, e *env, args []string) error {
+	var cf clientFlags
+	fs := newFlags(e, "node drain", "NODE")
+	cf.register(fs, e)
+	deadline := fs.Duration("deadline", 10*time.Minute, "what has not moved by then is left in place and reported (its borrower told)")
+	noWait := fs.Bool("no-wait", false, "return once the drain has started")
+	pos, c, err := cf.parse(fs, args, 1, 1)
+	if err != nil {
+		return err
+	}
+	if *deadline <= 0 {
+		return fmt.Errorf("--deadline must be positive")
+	}
+	d, err := c.DrainNode(ctx, pos[0], api.DrainRequest{DeadlineSeconds: deadline.Seconds()})
+	if err != nil {
+		return err
+	}
+	if !*noWait {
+		d, err = waitDrain(ctx, e, c, pos[0], d, !cf.json())
+		if err != nil {
+			return err
+		}
+	}
+	if cf.json() {
+		if err := printJSON(e.stdout, d); err != nil {
+			return err
+		}
+	} else {
+		printDrain(e.stdout, d)
+	}
+	if d.State == api.DrainIncomplete {
+		left := 0
+		for _, l := range d.Leases {
+			if l.State == api.DrainLeaseLeft {
+				left++
+			}
+		}
+		return fmt.Errorf("drain of %s incomplete: %d lease(s) left in place, their borrowers told", dash(d.NodeName), left)
+	}
+	return nil
+}
+
+// waitDrain follows a drain until it ends, printing each lease's
+// progress to stderr when progress is set.
+func waitDrain(ctx context.Context, e *env, c *api.Client, node string, d api.Drain, progress bool) (api.Drain, error) {
+	last := map[string]string{}
+	t := time.NewTicker(movePoll)
+	defer t.Stop()
+	for {
+		if progress {
+			for _, l := range d.Leases {
+				line := fmt.Sprintf("lease %s (%s): %s %s", l.LeaseID, l.Kind, l.Action, l.State)
+				if l.Reason != "" {
+					line += ": " + l.Reason
+				}
+				if line != last[l.LeaseID] {
+					fmt.Fprintln(e.stderr, line)
+					last[l.LeaseID] = line
+				}
+			}
+		}
+		if d.State != api.DrainRunning {
+			return d, nil
+		}
+		select {
+		case <-ctx.Done():
+			return d, fmt.Errorf("waiting for the drain: %w (it goes on until its deadline)", ctx.Err())
+		case <-t.C:
+		}
+		nd, err := c.NodeDrain(ctx, node)
+		if err != nil {
+			return d, err
+		}
+		d = nd
+	}
+}
+
+func printDrain(w io.Writer, d api.Drain) {
+	took := "-"
+	if !d.FinishedAt.IsZero() {
+		took = d.FinishedAt.Sub(d.StartedAt).Round(time.Millisecond).String()
+	}
+	fmt.Fprintf(w, "drain of node %s (%s): %s in %s\n", dash(d.NodeName), d.NodeID, d.State, took)
+	if len(d.Leases) == 0 {
+		fmt.Fprintln(w, "no leases were on the node")
+		return
+	}
+	tw := newTable(w)
+	fmt.Fprintln(tw, "LEASE\tKIND\tTENANT\tACTION\tSTATE\tREASON")
+	for _, l := range d.Leases {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", l.LeaseID, l.Kind, dash(l.Tenant), l.Action, l.State, dash(l.Reason))
+	}
+	tw.Flush()
+}

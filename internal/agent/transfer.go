@@ -1,0 +1,1081 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/dataplane/dirty"
+	"github.com/rialto-project/rialto/internal/resource"
+)
+
+// Moving a part of a lease to another lender while its borrower uses it
+// (the control plane's `rialto lease move` and node drain). The control
+// plane drives a transfer through both agents' APIs:
+//
+//  1. POST /agent/v1/transfers/in on the destination: it reserves the new
+//     range (in the wipe journal first, so that a crash wipes it) and
+//     serves it as a writable export named by the transfer's token, a
+//     credential for this transfer only that expires with it.
+//  2. POST /agent/v1/transfers/out on the source, naming the destination's
+//     URI: the source pushes. It marks the writes the borrower makes from
+//     then on (a dirty map kept by the data plane), copies the part once
+//     (ranges that read as zeroes are sent as zeroing requests, not
+//     bytes), then what was written meanwhile, pass after pass, until
+//     little is left or the passes stop shrinking; then it holds the
+//     borrower's writes (reads go on), copies the rest, makes the copy
+//     durable at the destination and is "ready".
+//  3. The control plane seals the source (writes stay held whatever the
+//     time, until commit or abort: without a seal the source gives up
+//     after HoldSeconds and serves the writes again), commits the
+//     destination (it serves the part under its new export name), records
+//     the part's new place in the lease, and commits the source: it
+//     retires the old export (the held writes and any request after that
+//     point are answered ESHUTDOWN, requests under way complete, the
+//     connections close: a borrower's `rialto attach` redials where the
+//     lease now says), tears it down and wipes the old range.
+//  4. Anything else aborts both sides: the source serves the part as
+//     before, the destination wipes what it received.
+//
+// Why push: the source is where the writes land, so the dirty map, the
+// hold and the last pass are all local to it, and the only thing the
+// destination has to offer is a range to write into. The bytes go from
+// lender to lender over the data plane (NBD for block, the memory protocol
+// for memory), never through the borrower or the control plane.
+//
+// Transfers live in memory: an agent restart forgets them. The source's
+// part is an ordinary export (served again once the control plane
+// confirms it); the destination's range is in the wipe journal until
+// committed, so a restart wipes it.
+
+// Mover is implemented by drivers whose exports can move to another
+// lender while they are served.
+type Mover interface {
+	// ReceiveMove serves e's range on the destination as a writable
+	// export named token (not as e's export yet) and returns its URI.
+	ReceiveMove(ctx context.Context, e Export, token string) (string, error)
+	// ActivateMove serves a range received by ReceiveMove as e's export
+	// (the token's export stops being served).
+	ActivateMove(ctx context.Context, e Export) (api.PrepareResponse, error)
+	// SendMove starts marking the writes to e (served here) and returns
+	// its side of the copy.
+	SendMove(ctx context.Context, e Export) (MoveSource, error)
+	// DialMove connects to a destination's ReceiveMove URI.
+	DialMove(ctx context.Context, uri string) (MoveDest, error)
+}
+
+// Span is a range of a part to copy; Zero says it reads as zeroes (the
+// destination is told to zero it instead of being sent bytes).
+type Span struct {
+	Off, Len int64
+	Zero     bool
+}
+
+// MoveSource is the source side of a transfer: the part as it is served
+// here, with the writes to it marked since SendMove.
+type MoveSource interface {
+	Size() int64
+	// Layout covers the whole part in order, saying which ranges read as
+	// zeroes (for the first pass).
+	Layout() ([]Span, error)
+	ReadAt(p []byte, off int64) (int, error)
+	// Take returns the ranges written since the last Take and clears
+	// them; Dirty is about how many bytes that is.
+	Take() []dirty.Range
+	Dirty() int64
+	// PauseWrites holds the writes that have not started and returns once
+	// the ones under way are done (and marked); ResumeWrites lets them go.
+	PauseWrites(ctx context.Context) error
+	ResumeWrites() error
+	// Retire stops serving the part cleanly: held writes and later
+	// requests are refused with the data plane's "moved" answer, requests
+	// under way complete, connections close.
+	Retire(ctx context.Context) error
+	// Close stops marking writes and lets held ones go (unless retired).
+	Close() error
+}
+
+// MoveDest is the destination side of a transfer, as the source reaches
+// it. A MoveDest with a method FreshZero() bool that answers true reads
+// as zeroes wherever it was not written: the first pass sends nothing for
+// ranges of zeroes.
+type MoveDest interface {
+	WriteAt(ctx context.Context, p []byte, off int64) error
+	// Zero makes [off, off+n) read as zeroes.
+	Zero(ctx context.Context, off, n int64) error
+	// Flush makes what was written durable.
+	Flush(ctx context.Context) error
+	Close() error
+}
+
+// Transfer defaults.
+const (
+	defaultMaxPasses     = 8
+	defaultConvergeBytes = 8 << 20
+	defaultHold          = 30 * time.Second
+	// copyChunk is the largest request the copier sends; copyDepth how
+	// many it keeps in flight.
+	copyChunk = 1 << 20
+	copyDepth = 8
+	// zeroGrain is the granularity at which the copier looks for zeroes.
+	zeroGrain = 4 << 10
+	// statusWait bounds a GET of a transfer's status ?while it is in a
+	// state.
+	statusWait = time.Second
+	// keepDone is how long a finished transfer's state stays readable.
+	keepDone = 10 * time.Minute
+)
+
+// transferCommitting is a source's state while its commit runs.
+const transferCommitting = "committing"
+
+// Transfer errors.
+var (
+	ErrNoTransfer    = errors.New("agent: no such transfer")
+	ErrTransferState = errors.New("agent: the transfer is not in a state that allows this")
+	ErrCannotMove    = errors.New("agent: this kind of export cannot move")
+)
+
+// transfer is one transfer on this agent, either side.
+type transfer struct {
+	id   string
+	role string // "out" or "in"
+
+	mu sync.Mutex
+	st api.Transfer
+	e  Export // out: the part served here; in: the part as it will be served
+
+	// out
+	src    MoveSource
+	dst    MoveDest
+	cancel context.CancelFunc // stops the copier
+	sealed chan struct{}      // closed by seal
+	finish chan struct{}      // closed by commit or abort: the copier returns
+	done   chan struct{}      // closed when the copier has returned
+	heldAt time.Time
+
+	changed chan struct{} // closed at every state change (t.mu)
+
+	// in
+	wipe    *pendingWipe
+	expires time.Time // agent clock
+}
+
+func (t *transfer) status() api.Transfer {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	st := t.st
+	if !t.heldAt.IsZero() && (st.State == api.TransferCopying || st.State == api.TransferReady || st.State == api.TransferSealed) {
+		st.HeldMillis = float64(time.Since(t.heldAt).Microseconds()) / 1e3
+	}
+	if t.src != nil && !st.Done() {
+		st.Dirty = t.src.Dirty()
+	}
+	return st
+}
+
+func (t *transfer) setState(s string) {
+	t.mu.Lock()
+	t.setLocked(s)
+	t.mu.Unlock()
+}
+
+// setLocked moves t to state s and wakes the status waiters; t.mu is held.
+func (t *transfer) setLocked(s string) {
+	t.st.State, t.st.UpdatedAt = s, time.Now()
+	if t.changed != nil {
+		close(t.changed)
+	}
+	t.changed = make(chan struct{})
+}
+
+// waitChange returns t's state once it is no longer from (or ctx ends).
+func (t *transfer) waitChange(ctx context.Context, from string) api.Transfer {
+	for {
+		t.mu.Lock()
+		if t.st.State != from {
+			t.mu.Unlock()
+			return t.status()
+		}
+		if t.changed == nil {
+			t.changed = make(chan struct{})
+		}
+		ch := t.changed
+		t.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return t.status()
+		}
+	}
+}
+
+// transfers is the agent's table of transfers and the owner of their
+// copiers.
+type transfers struct {
+	mu     sync.Mutex
+	m      map[string]*transfer
+	closed bool
+	wg     sync.WaitGroup
+}
+
+func (ts *transfers) get(id string) (*transfer, error) {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	t, ok := ts.m[id]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrNoTransfer, id)
+	}
+	return t, nil
+}
+
+// add records t, refusing a duplicate ID or a closed table.
+func (ts *transfers) add(t *transfer) error {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	if ts.closed {
+		return fmt.Errorf("%w: the agent is stopping", ErrTransferState)
+	}
+	if ts.m == nil {
+		ts.m = map[string]*transfer{}
+	}
+	if _, dup := ts.m[t.id]; dup {
+		return fmt.Errorf("%w: transfer %q exists", ErrConflict, t.id)
+	}
+	ts.m[t.id] = t
+	return nil
+}
+
+func (ts *transfers) list() []*transfer {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	out := make([]*transfer, 0, len(ts.m))
+	for _, t := range ts.m {
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].id < out[j].id })
+	return out
+}
+
+// Transfers lists the transfers the agent knows (under way, and finished
+// in the last ten minutes).
+func (a *Agent) Transfers() []api.Transfer {
+	var out []api.Transfer
+	for _, t := range a.xfers.list() {
+		out = append(out, t.status())
+	}
+	return out
+}
+
+// Transfer returns one transfer's state.
+func (a *Agent) Transfer(id string) (api.Transfer, error) {
+	t, err := a.xfers.get(id)
+	if err != nil {
+		return api.Transfer{}, err
+	}
+	return t.status(), nil
+}
+
+// stopTransfers aborts every transfer under way and waits for the copiers
+// (Run's end).
+func (a *Agent) stopTransfers(ctx context.Context) {
+	a.xfers.mu.Lock()
+	a.xfers.closed = true
+	a.xfers.mu.Unlock()
+	for _, t := range a.xfers.list() {
+		if st := t.status(); st.State == api.TransferSealed {
+			// Its writes stay held: the lease may point at the
+			// destination already. The process ends them.
+			t.mu.Lock()
+			cancel := t.cancel
+			t.mu.Unlock()
+			cancel()
+		} else if !st.Done() {
+			if err := a.abortTransfer(ctx, t, "the agent stopped"); err != nil {
+				a.log.Warn("aborting a transfer", "transfer", t.id, "err", err)
+			}
+		}
+	}
+	a.xfers.wg.Wait()
+}
+
+func (a *Agent) mover(k api.Kind) (Mover, error) {
+	m, ok := a.drivers[k].(Mover)
+	if !ok {
+		return nil, fmt.Errorf("%w: %s", ErrCannotMove, k)
+	}
+	return m, nil
+}
+
+// ReceiveTransfer executes a TransferInRequest on the destination.
+func (a *Agent) ReceiveTransfer(ctx context.Context, req api.TransferInRequest) (api.TransferInResponse, error) {
+	if req.ID == "" || req.Token == "" {
+		return api.TransferInResponse{}, fmt.Errorf("%w: id and token are required", ErrBadRequest)
+	}
+	now := a.clock.Now()
+	part := req.Part
+	part.ExpiresAt, part.Now = localExpiry(part.ExpiresAt, part.Now, now), time.Time{}
+	exp := localExpiry(req.ExpiresAt, req.Now, now)
+	if exp.IsZero() {
+		exp = now.Add(time.Hour)
+	}
+	part, dev, _, err := a.validate(part)
+	if err != nil {
+		return api.TransferInResponse{}, err
+	}
+	mv, err := a.mover(dev.Kind)
+	if err != nil {
+		return api.TransferInResponse{}, err
+	}
+	t := &transfer{id: req.ID, role: "in", expires: exp,
+		st: api.Transfer{ID: req.ID, LeaseID: part.LeaseID, Kind: dev.Kind, Role: "in", State: api.TransferReceiving,
+			Size: part.Length, StartedAt: time.Now(), UpdatedAt: time.Now()}}
+	if err := a.xfers.add(t); err != nil {
+		return api.TransferInResponse{}, err
+	}
+	fail := func(err error) (api.TransferInResponse, error) {
+		a.xfers.mu.Lock()
+		delete(a.xfers.m, req.ID)
+		a.xfers.mu.Unlock()
+		return api.TransferInResponse{}, err
+	}
+	a.opMu.Lock()
+	defer a.opMu.Unlock()
+	a.mu.Lock()
+	_, exists := a.exports[part.Export]
+	other, wiping := a.rangeBusyLocked(part)
+	endpoint, host := a.endpoints[dev.Kind], a.host
+	a.mu.Unlock()
+	switch {
+	case exists:
+		return fail(fmt.Errorf("%w: the part's export is already served here", ErrConflict))
+	case other != "":
+		a.log.Warn("refused a transfer into a range in use", "lease", part.LeaseID, "device", dev.Name, "served_for", other)
+		return fail(fmt.Errorf("%w: the range overlaps one this agent serves for another lease", ErrOverlap))
+	case wiping:
+		return fail(fmt.Errorf("%w: the range is being wiped", ErrOverlap))
+	}
+	e := Export{Request: part, Device: dev, Endpoint: endpoint, Host: host, incoming: true}
+	// The received bytes are a tenant's: journal the range before the
+	// first one can arrive, so that a crash wipes it.
+	var w *pendingWipe
+	if a.needsWipe(e) {
+		if w, err = a.journalWipe(e, true); err != nil {
+			a.dropWipe(w)
+			return fail(err)
+		}
+	}
+	uri, err := mv.ReceiveMove(ctx, e, req.Token)
+	if err != nil {
+		a.dropWipe(w)
+		return fail(fmt.Errorf("agent: receive %s on %s: %w", part.LeaseID, dev.Name, err))
+	}
+	t.mu.Lock()
+	t.e, t.wipe = e, w
+	t.mu.Unlock()
+	a.mu.Lock()
+	a.exports[part.Export] = e
+	a.countExportsLocked()
+	a.mu.Unlock()
+	a.mTransfers.WithLabelValues("in", "started").Inc()
+	a.log.Info("receiving a moved part", "transfer", req.ID, "lease", part.LeaseID, "device", dev.Name,
+		"offset", part.Offset, "length", part.Length, "token", resource.Fingerprint(req.Token))
+	return api.TransferInResponse{URI: uri}, nil
+}
+
+// dropWipe forgets a journal entry whose range was never written.
+func (a *Agent) dropWipe(w *pendingWipe) {
+	if w == nil {
+		return
+	}
+	if err := a.persistWipes(w); err != nil {
+		a.log.Warn("wipe journal", "err", err)
+	}
+}
+
+// SendTransfer executes a TransferOutRequest on the source: it starts the
+// copy and returns at once.
+func (a *Agent) SendTransfer(ctx context.Context, req api.TransferOutRequest) (api.Transfer, error) {
+	if req.ID == "" || req.Export == "" || req.DestURI == "" {
+		return api.Transfer{}, fmt.Errorf("%w: id, export and dest_uri are required", ErrBadRequest)
+	}
+	a.mu.Lock()
+	e, ok := a.exports[req.Export]
+	a.mu.Unlock()
+	switch {
+	case !ok || (req.LeaseID != "" && e.Request.LeaseID != req.LeaseID):
+		return api.Transfer{}, fmt.Errorf("%w: no such export", ErrNoDevice)
+	case !e.serving():
+		return api.Transfer{}, fmt.Errorf("%w: the export is not being served", ErrTransferState)
+	}
+	mv, err := a.mover(e.Device.Kind)
+	if err != nil {
+		return api.Transfer{}, err
+	}
+	if a.movingExport(req.Export) {
+		return api.Transfer{}, fmt.Errorf("%w: the export is already moving", ErrConflict)
+	}
+	t := &transfer{id: req.ID, role: "out", e: e, sealed: make(chan struct{}), finish: make(chan struct{}), done: make(chan struct{}),
+		st: api.Transfer{ID: req.ID, LeaseID: e.Request.LeaseID, Kind: e.Device.Kind, Role: "out", State: api.TransferCopying,
+			Size: e.Request.Length, StartedAt: time.Now(), UpdatedAt: time.Now()}}
+	if err := a.xfers.add(t); err != nil {
+		return api.Transfer{}, err
+	}
+	fail := func(err error) (api.Transfer, error) {
+		a.xfers.mu.Lock()
+		delete(a.xfers.m, req.ID)
+		a.xfers.mu.Unlock()
+		return api.Transfer{}, err
+	}
+	dst, err := mv.DialMove(ctx, req.DestURI)
+	if err != nil {
+		return fail(fmt.Errorf("agent: reach the destination: %w", err))
+	}
+	src, err := mv.SendMove(ctx, e)
+	if err != nil {
+		dst.Close()
+		return fail(fmt.Errorf("agent: start the move: %w", err))
+	}
+	cctx, cancel := context.WithCancel(context.Background())
+	t.mu.Lock()
+	t.src, t.dst, t.cancel = src, dst, cancel
+	t.mu.Unlock()
+	a.xfers.wg.Add(1)
+	go func() {
+		defer a.xfers.wg.Done()
+		defer close(t.done)
+		a.runOut(cctx, t, req)
+	}()
+	a.mTransfers.WithLabelValues("out", "started").Inc()
+	a.log.Info("moving a part", "transfer", req.ID, "lease", e.Request.LeaseID, "device", e.Device.Name,
+		"length", e.Request.Length, "to", uriAddress(req.DestURI))
+	return t.status(), nil
+}
+
+// movingExport reports whether a transfer under way moves export name
+// from here.
+func (a *Agent) movingExport(name string) bool {
+	for _, t := range a.xfers.list() {
+		if t.role == "out" && t.e.Request.Export == name && !t.status().Done() {
+			return true
+		}
+	}
+	return false
+}
+
+// runOut is the source's copier: the passes, the hold, then waiting for
+// the control plane's seal, commit or abort.
+func (a *Agent) runOut(ctx context.Context, t *transfer, req api.TransferOutRequest) {
+	maxPasses := req.MaxPasses
+	if maxPasses <= 0 {
+		maxPasses = defaultMaxPasses
+	}
+	converge := req.ConvergeBytes
+	if converge <= 0 {
+		converge = defaultConvergeBytes
+	}
+	hold := time.Duration(req.HoldSeconds * float64(time.Second))
+	if hold <= 0 {
+		hold = defaultHold
+	}
+	kind := string(t.e.Device.Kind)
+	err := func() error {
+		spans, err := t.src.Layout()
+		if err != nil {
+			return err
+		}
+		t.mu.Lock()
+		t.st.Pass = 1
+		t.mu.Unlock()
+		if err := a.copySpans(ctx, t, spans, true); err != nil {
+			return err
+		}
+		// Passes over what was written meanwhile, while they shrink.
+		prev := t.src.Size()
+		for pass := 2; pass <= maxPasses; pass++ {
+			d := t.src.Dirty()
+			if d <= converge || (pass > 2 && d >= prev) {
+				break
+			}
+			prev = d
+			t.mu.Lock()
+			t.st.Pass = pass
+			t.mu.Unlock()
+			if err := a.copySpans(ctx, t, rangeSpans(t.src.Take()), false); err != nil {
+				return err
+			}
+		}
+		// The last pass, with the borrower's writes held.
+		if err := t.src.PauseWrites(ctx); err != nil {
+			return fmt.Errorf("agent: hold the writes: %w", err)
+		}
+		t.mu.Lock()
+		t.heldAt = time.Now()
+		t.st.Pass++
+		t.mu.Unlock()
+		if err := a.copySpans(ctx, t, rangeSpans(t.src.Take()), false); err != nil {
+			return err
+		}
+		if err := t.dst.Flush(ctx); err != nil {
+			return fmt.Errorf("agent: flush the destination: %w", err)
+		}
+		return nil
+	}()
+	if err != nil {
+		if ctx.Err() == nil {
+			a.failOut(t, err)
+		}
+		return
+	}
+	// The copy is complete and durable where it goes: close the
+	// connection to the destination (its commit stops serving the token's
+	// export) and wait for the control plane.
+	if err := t.dst.Close(); err != nil {
+		a.log.Debug("closing the transfer's connection", "err", err)
+	}
+	t.setState(api.TransferReady)
+	a.log.Info("moved part ready to switch", "transfer", t.id, "lease", t.e.Request.LeaseID, "kind", kind)
+	timer := time.NewTimer(hold)
+	defer timer.Stop()
+	select {
+	case <-t.sealed:
+	case <-timer.C:
+		a.failOut(t, fmt.Errorf("agent: not sealed within %v of the copy's end; the part is served here again", hold))
+		return
+	case <-t.finish:
+		return
+	case <-ctx.Done():
+		return
+	}
+	select {
+	case <-t.finish:
+	case <-ctx.Done():
+	}
+}
+
+// failOut gives an outgoing transfer up after err: the part is served
+// here as before.
+func (a *Agent) failOut(t *transfer, err error) {
+	t.mu.Lock()
+	if t.st.Done() || t.st.State == api.TransferSealed {
+		t.mu.Unlock()
+		return
+	}
+	t.st.Error = err.Error()
+	t.setLocked(api.TransferFailed)
+	t.mu.Unlock()
+	a.endOut(t)
+	a.mTransfers.WithLabelValues("out", "failed").Inc()
+	a.log.Warn("moving a part failed; it is served here as before", "transfer", t.id, "lease", t.e.Request.LeaseID, "err", err)
+}
+
+// endOut releases an outgoing transfer's resources (not after a commit:
+// the part is retired then).
+func (a *Agent) endOut(t *transfer) {
+	t.mu.Lock()
+	src, dst := t.src, t.dst
+	t.mu.Unlock()
+	if src != nil {
+		if err := src.Close(); err != nil {
+			a.log.Debug("ending the move", "err", err)
+		}
+	}
+	if dst != nil {
+		dst.Close()
+	}
+	t.mu.Lock()
+	if !t.heldAt.IsZero() {
+		a.mHeld.WithLabelValues(string(t.e.Device.Kind)).Observe(time.Since(t.heldAt).Seconds())
+		t.st.HeldMillis = float64(time.Since(t.heldAt).Microseconds()) / 1e3
+		t.heldAt = time.Time{}
+	}
+	t.mu.Unlock()
+}
+
+// rangeSpans turns dirty ranges into spans to copy.
+func rangeSpans(rs []dirty.Range) []Span {
+	out := make([]Span, len(rs))
+	for i, r := range rs {
+		out[i] = Span{Off: r.Off, Len: r.Len}
+	}
+	return out
+}
+
+// copySpans copies spans from t's source to its destination, copyDepth
+// requests of up to copyChunk in flight. A chunk that reads as zeroes is
+// sent as a zeroing request, or not at all on the first pass (first) to a
+// destination that is zero where it was not written.
+func (a *Agent) copySpans(ctx context.Context, t *transfer, spans []Span, first bool) error {
+	kind := string(t.e.Device.Kind)
+	fz, _ := t.dst.(interface{ FreshZero() bool })
+	skipZero := first && fz != nil && fz.FreshZero()
+	type chunk struct {
+		off, n int64
+		zero   bool
+	}
+	work := make(chan chunk)
+	errc := make(chan error, copyDepth)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	for range copyDepth {
+		wg.Go(func() {
+			buf := make([]byte, copyChunk)
+			for c := range work {
+				var err error
+				var sent int64
+				// zero sends a run of zeroes: a zeroing request, or
+				// nothing on a first pass to a fresh destination.
+				zero := func(off, n int64) error {
+					if skipZero {
+						return nil
+					}
+					if fz != nil {
+						sent += n // the destination takes zeroes as bytes
+					}
+					return t.dst.Zero(ctx, off, n)
+				}
+				if c.zero {
+					err = zero(c.off, c.n)
+				} else if _, err = t.src.ReadAt(buf[:c.n], c.off); err == nil {
+					// Runs of zero pages and of data, sent apart.
+					p := buf[:c.n]
+					for i := int64(0); i < c.n && err == nil; {
+						z := allZero(p[i:min(i+zeroGrain, c.n)])
+						j := i + zeroGrain
+						for j < c.n && allZero(p[j:min(j+zeroGrain, c.n)]) == z {
+							j += zeroGrain
+						}
+						j = min(j, c.n)
+						if z {
+							err = zero(c.off+i, j-i)
+						} else {
+							err = t.dst.WriteAt(ctx, p[i:j], c.off+i)
+							sent += j - i
+						}
+						i = j
+					}
+				}
+				if err != nil {
+					errc <- err
+					cancel()
+					for range work {
+					}
+					return
+				}
+				t.mu.Lock()
+				t.st.Copied += sent
+				t.st.Skipped += c.n - sent
+				t.st.UpdatedAt = time.Now()
+				t.mu.Unlock()
+				a.mMoved.WithLabelValues(kind).Add(float64(sent))
+				a.mSkipped.WithLabelValues(kind).Add(float64(c.n - sent))
+			}
+		})
+	}
+	func() {
+		defer close(work)
+		for _, s := range spans {
+			step := int64(copyChunk)
+			if s.Zero {
+				step = 1 << 30 // zeroing requests carry no payload
+			}
+			for off := s.Off; off < s.Off+s.Len; off += step {
+				select {
+				case work <- chunk{off: off, n: min(step, s.Off+s.Len-off), zero: s.Zero}:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+	wg.Wait()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("agent: copy: %w", err)
+	default:
+	}
+	return ctx.Err()
+}
+
+var zeroChunk = make([]byte, copyChunk)
+
+func allZero(p []byte) bool {
+	for len(p) > 0 {
+		n := min(len(p), len(zeroChunk))
+		if !bytes.Equal(p[:n], zeroChunk[:n]) {
+			return false
+		}
+		p = p[n:]
+	}
+	return true
+}
+
+// SealTransfer seals a ready outgoing transfer: the writes stay held
+// until commit or abort.
+func (a *Agent) SealTransfer(_ context.Context, id string) (api.Transfer, error) {
+	t, err := a.xfers.get(id)
+	if err != nil {
+		return api.Transfer{}, err
+	}
+	t.mu.Lock()
+	switch {
+	case t.role != "out":
+		t.mu.Unlock()
+		return api.Transfer{}, fmt.Errorf("%w: only the source seals", ErrTransferState)
+	case t.st.State == api.TransferSealed:
+	case t.st.State != api.TransferReady:
+		st := t.st.State
+		t.mu.Unlock()
+		return api.Transfer{}, fmt.Errorf("%w: it is %s, not ready", ErrTransferState, st)
+	default:
+		t.setLocked(api.TransferSealed)
+		close(t.sealed)
+	}
+	t.mu.Unlock()
+	return t.status(), nil
+}
+
+// CommitTransfer commits a transfer: on the destination the part is
+// served under its export name; on the source (sealed) the old export is
+// retired, torn down and its range wiped.
+func (a *Agent) CommitTransfer(ctx context.Context, id string) (api.TransferCommitResponse, error) {
+	t, err := a.xfers.get(id)
+	if err != nil {
+		return api.TransferCommitResponse{}, err
+	}
+	if t.role == "in" {
+		return a.commitIn(ctx, t)
+	}
+	return api.TransferCommitResponse{}, a.commitOut(ctx, t)
+}
+
+func (a *Agent) commitIn(ctx context.Context, t *transfer) (api.TransferCommitResponse, error) {
+	a.opMu.Lock()
+	defer a.opMu.Unlock()
+	t.mu.Lock()
+	st := t.st.State
+	if st == api.TransferReceiving {
+		// Claimed: an abort now finds it committing.
+		t.setLocked(transferCommitting)
+	}
+	t.mu.Unlock()
+	switch st {
+	case api.TransferCommitted:
+		a.mu.Lock()
+		e := a.exports[t.e.Request.Export]
+		a.mu.Unlock()
+		return api.TransferCommitResponse{URI: e.URI}, nil
+	case api.TransferReceiving:
+	default:
+		return api.TransferCommitResponse{}, fmt.Errorf("%w: it is %s", ErrTransferState, st)
+	}
+	resp, err := a.activate(ctx, t)
+	if err != nil {
+		t.setState(api.TransferReceiving) // not served: the abort or the expiry wipes it
+	}
+	return resp, err
+}
+
+// activate serves a received part as the lease's (commitIn's work); opMu
+// is held.
+func (a *Agent) activate(ctx context.Context, t *transfer) (api.TransferCommitResponse, error) {
+	mv, err := a.mover(t.e.Device.Kind)
+	if err != nil {
+		return api.TransferCommitResponse{}, err
+	}
+	resp, err := mv.ActivateMove(ctx, t.e)
+	if err != nil {
+		return api.TransferCommitResponse{}, fmt.Errorf("agent: serve the moved part: %w", err)
+	}
+	e := t.e
+	e.incoming, e.URI = false, resp.URI
+	a.mu.Lock()
+	a.exports[e.Request.Export] = e
+	a.countExportsLocked()
+	a.mu.Unlock()
+	// Persist the export before the range leaves the wipe journal: a
+	// crash in between restores nothing and wipes the range (the source
+	// still holds the part: it commits only after this returns).
+	if err := a.saveExportsLocked(); err != nil {
+		return api.TransferCommitResponse{}, fmt.Errorf("agent: persist the moved part: %w", err)
+	}
+	if t.wipe != nil {
+		if err := a.persistWipes(t.wipe); err != nil {
+			return api.TransferCommitResponse{}, err
+		}
+	}
+	t.mu.Lock()
+	t.e = e
+	t.setLocked(api.TransferCommitted)
+	t.mu.Unlock()
+	a.mTransfers.WithLabelValues("in", "committed").Inc()
+	a.log.Info("serving a moved part", "transfer", t.id, "lease", e.Request.LeaseID, "device", e.Device.Name)
+	return api.TransferCommitResponse(resp), nil
+}
+
+func (a *Agent) commitOut(ctx context.Context, t *transfer) error {
+	t.mu.Lock()
+	st := t.st.State
+	if st == api.TransferSealed {
+		// Claimed: an abort now finds it committing.
+		t.setLocked(transferCommitting)
+	}
+	t.mu.Unlock()
+	switch st {
+	case api.TransferCommitted:
+		return nil
+	case api.TransferSealed:
+	default:
+		return fmt.Errorf("%w: it is %s, not sealed", ErrTransferState, st)
+	}
+	// From here on the part lives at the destination: the old export
+	// never serves a write again.
+	if err := t.src.Retire(ctx); err != nil {
+		a.log.Warn("retiring a moved part's export did not end cleanly", "transfer", t.id, "err", err)
+	}
+	close(t.finish)
+	<-t.done
+	a.endOut(t)
+	name := t.e.Request.Export
+	if err := a.teardownExports(ctx, t.e.Request.LeaseID, func(e Export) bool { return e.Request.Export == name }); err != nil {
+		// The range stays in the wipe journal, retried every heartbeat.
+		a.log.Warn("tearing down a moved part", "transfer", t.id, "err", err)
+	}
+	t.setState(api.TransferCommitted)
+	a.mTransfers.WithLabelValues("out", "committed").Inc()
+	a.log.Info("moved part switched over; old range torn down", "transfer", t.id, "lease", t.e.Request.LeaseID)
+	return nil
+}
+
+// AbortTransfer gives a transfer up: the source serves the part as
+// before, the destination stops receiving and wipes the range.
+func (a *Agent) AbortTransfer(ctx context.Context, id string) (api.Transfer, error) {
+	t, err := a.xfers.get(id)
+	if err != nil {
+		return api.Transfer{}, err
+	}
+	if err := a.abortTransfer(ctx, t, "aborted by the control plane"); err != nil {
+		return api.Transfer{}, err
+	}
+	return t.status(), nil
+}
+
+func (a *Agent) abortTransfer(ctx context.Context, t *transfer, why string) error {
+	t.mu.Lock()
+	st := t.st.State
+	switch st {
+	case api.TransferAborted, api.TransferFailed:
+		t.mu.Unlock()
+		return nil
+	case api.TransferCommitted, transferCommitting:
+		t.mu.Unlock()
+		return fmt.Errorf("%w: it is %s", ErrTransferState, st)
+	}
+	t.st.Error = why
+	t.setLocked(api.TransferAborted)
+	t.mu.Unlock()
+	if t.role == "out" {
+		t.mu.Lock()
+		cancel := t.cancel
+		t.mu.Unlock()
+		if cancel != nil {
+			cancel()
+		}
+		close(t.finish)
+		<-t.done
+		a.endOut(t)
+		a.mTransfers.WithLabelValues("out", "aborted").Inc()
+		a.log.Info("move aborted; the part is served here as before", "transfer", t.id, "lease", t.e.Request.LeaseID, "why", why)
+		return nil
+	}
+	a.mTransfers.WithLabelValues("in", "aborted").Inc()
+	a.log.Info("move aborted; wiping the received range", "transfer", t.id, "lease", t.e.Request.LeaseID, "why", why)
+	return a.dropIncoming(ctx, t)
+}
+
+// dropIncoming stops receiving t's range and wipes it.
+func (a *Agent) dropIncoming(ctx context.Context, t *transfer) error {
+	t.mu.Lock()
+	e, w := t.e, t.wipe
+	t.mu.Unlock()
+	a.opMu.Lock()
+	drv := a.drivers[e.Device.Kind]
+	err := drv.Teardown(ctx, e)
+	a.mu.Lock()
+	if cur, ok := a.exports[e.Request.Export]; ok && cur.incoming {
+		delete(a.exports, e.Request.Export)
+		a.countExportsLocked()
+	}
+	a.mu.Unlock()
+	a.opMu.Unlock()
+	if err != nil {
+		return fmt.Errorf("agent: stop receiving: %w", err)
+	}
+	if w != nil {
+		a.mu.Lock()
+		w.live = false
+		a.mu.Unlock()
+		return a.runWipe(ctx, w)
+	}
+	return nil
+}
+
+// abortLeaseTransfers aborts the transfers of a lease (it is being torn
+// down, or stops being served here). A sealed outgoing transfer is not
+// aborted (that would serve the held writes here, while the lease may
+// already point at the destination): torn down, it is committed — the
+// export retired, torn down and wiped, as the teardown would anyway;
+// stopped at expiry (teardown false), it is left to the control plane.
+func (a *Agent) abortLeaseTransfers(ctx context.Context, leaseID, why string, teardown bool) {
+	for _, t := range a.xfers.list() {
+		st := t.status()
+		if st.LeaseID != leaseID || st.Done() {
+			continue
+		}
+		if t.role == "out" && st.State == api.TransferSealed {
+			if teardown {
+				if err := a.commitOut(ctx, t); err != nil {
+					a.log.Warn("committing a sealed transfer of a lease torn down", "transfer", t.id, "err", err)
+				}
+			}
+			continue
+		}
+		if err := a.abortTransfer(ctx, t, why); err != nil {
+			a.log.Warn("aborting a transfer", "transfer", t.id, "err", err)
+		}
+	}
+}
+
+// expireTransfers gives up the incoming transfers past their expiry and
+// forgets transfers finished long ago (every heartbeat round).
+func (a *Agent) expireTransfers(ctx context.Context) {
+	now := a.clock.Now()
+	for _, t := range a.xfers.list() {
+		st := t.status()
+		if t.role == "in" && st.State == api.TransferReceiving && !now.Before(t.expires) {
+			if err := a.abortTransfer(ctx, t, "expired before it was committed"); err != nil {
+				a.log.Warn("expiring a transfer", "transfer", t.id, "err", err)
+			}
+			continue
+		}
+		if st.Done() && time.Since(st.UpdatedAt) > keepDone {
+			a.xfers.mu.Lock()
+			delete(a.xfers.m, t.id)
+			a.xfers.mu.Unlock()
+		}
+	}
+}
+
+// nextTransferExpiry is the earliest expiry of an incoming transfer.
+func (a *Agent) nextTransferExpiry() (time.Time, bool) {
+	var next time.Time
+	for _, t := range a.xfers.list() {
+		if t.role == "in" && t.status().State == api.TransferReceiving && (next.IsZero() || t.expires.Before(next)) {
+			next = t.expires
+		}
+	}
+	return next, !next.IsZero()
+}
+
+// transferRoutes adds the transfer API to mux (bearer agent key):
+//
+//	POST /agent/v1/transfers/in          TransferInRequest → TransferInResponse
+//	POST /agent/v1/transfers/out         TransferOutRequest → Transfer (202)
+//	GET  /agent/v1/transfers             [Transfer]
+//	GET  /agent/v1/transfers/{id}        Transfer (?while=STATE: once it is no longer in STATE, or after a second)
+//	POST /agent/v1/transfers/{id}/seal   Transfer (source)
+//	POST /agent/v1/transfers/{id}/commit TransferCommitResponse
+//	POST /agent/v1/transfers/{id}/abort  Transfer
+func (a *Agent) transferRoutes(mux *http.ServeMux) {
+	mux.HandleFunc("POST /agent/v1/transfers/in", a.auth(func(w http.ResponseWriter, r *http.Request) {
+		var req api.TransferInRequest
+		if !decodeBody(w, r, &req) {
+			return
+		}
+		resp, err := a.ReceiveTransfer(r.Context(), req)
+		answer(w, http.StatusOK, resp, err)
+	}))
+	mux.HandleFunc("POST /agent/v1/transfers/out", a.auth(func(w http.ResponseWriter, r *http.Request) {
+		var req api.TransferOutRequest
+		if !decodeBody(w, r, &req) {
+			return
+		}
+		resp, err := a.SendTransfer(r.Context(), req)
+		answer(w, http.StatusAccepted, resp, err)
+	}))
+	mux.HandleFunc("GET /agent/v1/transfers", a.auth(func(w http.ResponseWriter, r *http.Request) {
+		answer(w, http.StatusOK, a.Transfers(), nil)
+	}))
+	mux.HandleFunc("GET /agent/v1/transfers/{id}", a.auth(func(w http.ResponseWriter, r *http.Request) {
+		// ?while=STATE waits until the transfer leaves STATE, or a
+		// second (the counters move meanwhile: a caller following the
+		// copy sees them at least that often).
+		if from := r.URL.Query().Get("while"); from != "" {
+			t, err := a.xfers.get(r.PathValue("id"))
+			if err != nil {
+				answer(w, 0, nil, err)
+				return
+			}
+			ctx, cancel := context.WithTimeout(r.Context(), statusWait)
+			defer cancel()
+			answer(w, http.StatusOK, t.waitChange(ctx, from), nil)
+			return
+		}
+		resp, err := a.Transfer(r.PathValue("id"))
+		answer(w, http.StatusOK, resp, err)
+	}))
+	mux.HandleFunc("POST /agent/v1/transfers/{id}/seal", a.auth(func(w http.ResponseWriter, r *http.Request) {
+		resp, err := a.SealTransfer(r.Context(), r.PathValue("id"))
+		answer(w, http.StatusOK, resp, err)
+	}))
+	mux.HandleFunc("POST /agent/v1/transfers/{id}/commit", a.auth(func(w http.ResponseWriter, r *http.Request) {
+		resp, err := a.CommitTransfer(r.Context(), r.PathValue("id"))
+		answer(w, http.StatusOK, resp, err)
+	}))
+	mux.HandleFunc("POST /agent/v1/transfers/{id}/abort", a.auth(func(w http.ResponseWriter, r *http.Request) {
+		resp, err := a.AbortTransfer(r.Context(), r.PathValue("id"))
+		answer(w, http.StatusOK, resp, err)
+	}))
+}
+
+// decodeBody decodes a JSON request body into v, answering 400 if it
+// cannot.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		writeError(w, http.StatusBadRequest, api.CodeInvalid, "bad request body: "+err.Error())
+		return false
+	}
+	return true
+}
+
+// answer writes v with status, or err mapped to its status and code.
+func answer(w http.ResponseWriter, status int, v any, err error) {
+	if err == nil {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		json.NewEncoder(w).Encode(v)
+		return
+	}
+	status, code := http.StatusInternalServerError, api.CodeInternal
+	switch {
+	case errors.Is(err, ErrBadRequest), errors.Is(err, ErrOutOfRange), errors.Is(err, ErrCannotMove):
+		status, code = http.StatusBadRequest, api.CodeInvalid
+	case errors.Is(err, ErrNoDevice), errors.Is(err, ErrNoTransfer):
+		status, code = http.StatusNotFound, api.CodeNotFound
+	case errors.Is(err, ErrConflict), errors.Is(err, ErrOverlap), errors.Is(err, ErrTransferState):
+		status, code = http.StatusConflict, api.CodeConflict
+	case errors.Is(err, ErrNoDriver):
+		status, code = http.StatusServiceUnavailable, api.CodeUnavailable
+	}
+	writeError(w, status, code, err.Error())
+}

@@ -1,0 +1,819 @@
+package controlplane
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/lifecycle"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/resource"
+)
+
+// Moving a lease's part to another lender while its borrower uses it
+// (docs/operations.md, "Moving leases and draining nodes"). A move is
+// placed and written open at once (lifecycle.MoveStarted: the destination
+// is held in the store), then run in the background by the control plane:
+//
+//  1. the destination receives (POST /agent/v1/transfers/in: a range
+//     served under a token for this transfer only);
+//  2. the source copies to it (POST /agent/v1/transfers/out) in passes,
+//     holds the borrower's writes for the last one and reports "ready";
+//  3. the control plane seals the source (no lapse any more), commits the
+//     destination (it serves the part under a new export name), points
+//     the lease at it (lifecycle.MoveDone: the commit point) and commits
+//     the source (it retires the old export cleanly, tears it down and
+//     wipes it);
+//  4. anything going wrong before the commit point aborts both lenders
+//     (lifecycle.MoveFailed): the part is served where it was.
+//
+// The moves of one request run one part after the other. Moves are
+// recorded in the store (lease_moves), their progress in memory; a
+// control-plane restart aborts the moves that had not committed and
+// finishes those that had (recoverMoves).
+
+// Move timing.
+const (
+	// moveMaxTime bounds a move: the destination gives it up (and wipes)
+	// after it.
+	moveMaxTime = 6 * time.Hour
+	// moveHold is how long a source holds the borrower's writes, once
+	// ready, for the control plane to seal (api.TransferOutRequest).
+	moveHold = 30 * time.Second
+	// moveCallTimeout bounds one call to a lender during a move.
+	moveCallTimeout = 30 * time.Second
+	// keepMoves is how long an ended move stays in memory (its progress).
+	keepMoves = time.Hour
+	// moveTenant is the tenant moves place under: a move's destination
+	// is the lease's part again, not a new lease of its tenant's quota.
+	moveTenant = "rialto/move"
+)
+
+// runner owns background goroutines: it cancels them and waits for them
+// at close.
+type runner struct {
+	mu      sync.Mutex
+	cancels map[*struct{}]context.CancelCauseFunc
+	closed  bool
+	wg      sync.WaitGroup
+}
+
+// errStopped is why the work of a control plane that stops is given up.
+var errStopped = errors.New("the control plane stopped")
+
+// start runs f in a goroutine the runner owns; stop ends it early, with
+// a cause (context.Cause of f's ctx). ok is false once the runner is
+// closed.
+func (rn *runner) start(f func(ctx context.Context)) (stop context.CancelCauseFunc, ok bool) {
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	if rn.closed {
+		return func(error) {}, false
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	key := new(struct{})
+	if rn.cancels == nil {
+		rn.cancels = map[*struct{}]context.CancelCauseFunc{}
+	}
+	rn.cancels[key] = cancel
+	rn.wg.Add(1)
+	go func() {
+		defer rn.wg.Done()
+		defer func() {
+			rn.mu.Lock()
+			delete(rn.cancels, key)
+			rn.mu.Unlock()
+			cancel(nil)
+		}()
+		f(ctx)
+	}()
+	return cancel, true
+}
+
+// close stops the goroutines and waits for them.
+func (rn *runner) close() {
+	rn.mu.Lock()
+	rn.closed = true
+	for _, c := range rn.cancels {
+		c(errStopped)
+	}
+	rn.mu.Unlock()
+	rn.wg.Wait()
+}
+
+// movers is the server's moves under way (and ended recently) and the
+// goroutines that run them.
+type movers struct {
+	runner
+	mu        sync.Mutex
+	runs      map[string]*moveRun
+	recovered bool
+
+	moves  *prometheus.CounterVec
+	bytes  prometheus.Counter
+	active prometheus.Gauge
+}
+
+// moveRun is one move: its record and live progress.
+type moveRun struct {
+	mu sync.Mutex
+	m  api.Move
+	// lastEvent: the progress last reported in the event stream.
+	lastPass    int
+	lastPercent int
+}
+
+func (r *moveRun) get() api.Move {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.m
+}
+
+func (r *moveRun) update(f func(m *api.Move)) api.Move {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	f(&r.m)
+	r.m.UpdatedAt = time.Now().UTC()
+	return r.m
+}
+
+func (ms *movers) init(reg prometheus.Registerer) {
+	ms.moves = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rialto_moves_total",
+		Help: "Lease part moves by result (done, failed)."}, []string{"result"})
+	ms.bytes = prometheus.NewCounter(prometheus.CounterOpts{Name: "rialto_moved_bytes_total",
+		Help: "Bytes the lenders sent moving lease parts (every pass), as they reported them."})
+	ms.active = prometheus.NewGauge(prometheus.GaugeOpts{Name: "rialto_moves_active", Help: "Lease part moves under way."})
+	reg.MustRegister(ms.moves, ms.bytes, ms.active)
+	for _, r := range []string{"done", "failed"} {
+		ms.moves.WithLabelValues(r)
+	}
+}
+
+func (ms *movers) add(r *moveRun) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	if ms.runs == nil {
+		ms.runs = map[string]*moveRun{}
+	}
+	ms.runs[r.m.ID] = r
+	// Forget moves ended long ago.
+	for id, o := range ms.runs {
+		if m := o.get(); m.Done() && time.Since(m.UpdatedAt) > keepMoves {
+			delete(ms.runs, id)
+		}
+	}
+}
+
+func (ms *movers) run(id string) *moveRun {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	return ms.runs[id]
+}
+
+// incoming reports whether node is the destination of a move of lease
+// under way: its heartbeat may list the lease before the lease points at
+// it.
+func (ms *movers) incoming(leaseID, nodeID string) bool {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	for _, r := range ms.runs {
+		if m := r.get(); m.LeaseID == leaseID && m.To.NodeID == nodeID && !m.Done() {
+			return true
+		}
+	}
+	return false
+}
+
+// Close stops the moves and drains under way (their lenders are told to
+// give them up) and waits for them. The server still answers requests.
+func (s *Server) Close() error {
+	s.drains.close()
+	s.mv.close()
+	return nil
+}
+
+func (s *Server) mover() (store.Mover, error) {
+	m, ok := s.st.(store.Mover)
+	if !ok {
+		return nil, fmt.Errorf("%w: this control plane's store cannot record moves", ErrUnavailable)
+	}
+	return m, nil
+}
+
+func (s *Server) xlender() transferLender { return s.xfer }
+
+// beginMove performs lifecycle.BeginMove.
+func (s *Server) beginMove(ctx context.Context, a lifecycle.BeginMove) error {
+	mv, err := s.mover()
+	if err == nil {
+		err = mv.BeginMove(ctx, a.Move, a.Event)
+	}
+	s.res.Invalidate() // the destination is held in the store now
+	return err
+}
+
+// finishMove performs lifecycle.FinishMove.
+func (s *Server) finishMove(ctx context.Context, l api.Lease, a lifecycle.FinishMove) (api.Lease, error) {
+	mv, err := s.mover()
+	if err != nil {
+		return l, err
+	}
+	out, err := mv.FinishMove(ctx, a.Move.ID, a.URI, a.Event.At, a.Event)
+	s.res.Invalidate()
+	if err == nil {
+		s.log.Info("lease part moved", "lease", l.ID, "part", a.Move.Part, "from", a.Move.From.NodeID, "to", a.Move.To.NodeID)
+	}
+	return out, err
+}
+
+// endMove performs lifecycle.EndMove (failures are logged: the move's
+// record stays open and the next restart's recovery ends it).
+func (s *Server) endMove(ctx context.Context, a lifecycle.EndMove) {
+	mv, err := s.mover()
+	if err == nil {
+		ev := a.Event
+		err = mv.EndMove(ctx, a.Move.ID, a.State, a.Error, a.Move.Copied, s.now(), &ev)
+	}
+	if err != nil {
+		s.log.Warn("recording the end of a move", "move", a.Move.ID, "err", err)
+	}
+	s.res.Invalidate()
+	if r := s.mv.run(a.Move.ID); r != nil {
+		r.update(func(m *api.Move) {
+			if !m.Done() {
+				m.State, m.Error = a.State, a.Error
+			}
+		})
+	}
+	if s.mv.moves != nil {
+		s.mv.moves.WithLabelValues(a.State).Inc()
+	}
+}
+
+// movedExport is the export name of part i of a lease after move id: a
+// new name, so that the old URI stops working and a borrower can tell the
+// part moved (stripe's attachments count no write lost then).
+func movedExport(credential string, i int, id string) string {
+	m := hmac.New(sha256.New, []byte(credential))
+	m.Write([]byte("part/" + strconv.Itoa(i) + "/move/" + id))
+	return "rlp_" + base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// exportOf is the export name (the credential) in a part's URI.
+func exportOf(uri string) (string, error) {
+	u, err := url.Parse(uri)
+	if err != nil || u.Path == "" || u.Path == "/" {
+		return "", errors.New("the part has no usable URI")
+	}
+	return strings.TrimPrefix(u.Path, "/"), nil
+}
+
+// moveTarget is where a move may go: a node or a device (else placement
+// chooses, away from the part's node).
+type moveTarget struct{ node, device string }
+
+// moveLease starts moving parts of lease id (POST /v1/leases/{id}/move).
+func (s *Server) moveLease(ctx context.Context, p principal, id string, req api.MoveRequest) ([]api.Move, error) {
+	if _, err := s.mover(); err != nil {
+		return nil, err
+	}
+	l, err := s.getLease(ctx, p, id)
+	if err != nil {
+		return nil, err
+	}
+	if l.State != api.LeaseActive {
+		return nil, fmt.Errorf("%w: lease %s is %s; only an active lease moves", ErrConflict, id, l.State)
+	}
+	if l.Kind != api.KindBlock && l.Kind != api.KindMemory {
+		return nil, fmt.Errorf("%w: lease %s is a %s lease; block and memory leases move (an accelerator lease's slot is placed again by a node's drain)", ErrInvalid, id, l.Kind)
+	}
+	var parts []int
+	if req.Part != nil {
+		if *req.Part < 0 || *req.Part >= len(l.Parts) {
+			return nil, fmt.Errorf("%w: lease %s has %d part(s), not a part %d", ErrInvalid, id, len(l.Parts), *req.Part)
+		}
+		parts = []int{*req.Part}
+	} else {
+		for i := range l.Parts {
+			parts = append(parts, i)
+		}
+	}
+	t, err := s.resolveTarget(ctx, l.Kind, req)
+	if err != nil {
+		return nil, err
+	}
+	who := "moved by tenant " + p.tenant
+	return s.startMoves(ctx, l, parts, t, who)
+}
+
+// resolveTarget checks a move request's destination.
+func (s *Server) resolveTarget(ctx context.Context, kind api.Kind, req api.MoveRequest) (moveTarget, error) {
+	var t moveTarget
+	if req.ToDevice != "" {
+		devs, err := s.st.Devices(ctx)
+		if err != nil {
+			return t, err
+		}
+		for _, d := range devs {
+			if d.ID == req.ToDevice {
+				if d.Kind != kind {
+					return t, fmt.Errorf("%w: device %s is %s, not %s", ErrInvalid, d.ID, d.Kind, kind)
+				}
+				if req.ToNode != "" && req.ToNode != d.NodeID {
+					return t, fmt.Errorf("%w: device %s is not on node %s", ErrInvalid, d.ID, req.ToNode)
+				}
+				t.device = d.ID
+				return t, nil
+			}
+		}
+		return t, fmt.Errorf("%w: device %s", ErrNotFound, req.ToDevice)
+	}
+	if req.ToNode != "" {
+		n, err := s.findNode(ctx, req.ToNode)
+		if err != nil {
+			return t, err
+		}
+		t.node = n.ID
+	}
+	return t, nil
+}
+
+// findNode finds a node by ID or name.
+func (s *Server) findNode(ctx context.Context, ref string) (api.Node, error) {
+	nodes, err := s.st.Nodes(ctx)
+	if err != nil {
+		return api.Node{}, err
+	}
+	for _, n := range nodes {
+		if n.ID == ref {
+			return n, nil
+		}
+	}
+	for _, n := range nodes {
+		if n.Name == ref {
+			return n, nil
+		}
+	}
+	return api.Node{}, fmt.Errorf("%w: node %s", ErrNotFound, ref)
+}
+
+// startMoves places and opens a move for each of l's parts listed (all or
+// none: a part that cannot be placed ends the moves already opened) and
+// runs them in the background, one after the other.
+func (s *Server) startMoves(ctx context.Context, l api.Lease, parts []int, t moveTarget, reason string) ([]api.Move, error) {
+	ms, _, err := s.startMovesStop(ctx, l, parts, t, reason)
+	return ms, err
+}
+
+// startMovesStop is startMoves; stop gives the moves up (those not yet
+// committed fail, the parts staying where they are).
+func (s *Server) startMovesStop(ctx context.Context, l api.Lease, parts []int, t moveTarget, reason string) ([]api.Move, context.CancelCauseFunc, error) {
+	var runs []*moveRun
+	undo := func(why string) {
+		for _, r := range runs {
+			m := r.get()
+			s.endMove(ctx, lifecycle.MoveEnded(l, m, api.MoveFailed, why, s.now()))
+		}
+	}
+	for _, i := range parts {
+		to, err := s.placeMove(ctx, l, i, t)
+		if err != nil {
+			undo("another part of the request could not be placed")
+			return nil, nil, err
+		}
+		now := s.now()
+		m := api.Move{ID: resource.NewID("move"), LeaseID: l.ID, Part: i, Kind: l.Kind, State: api.MovePending,
+			From: stripURI(l.Parts[i]), To: to, Size: l.Parts[i].Length, Reason: reason, StartedAt: now, UpdatedAt: now}
+		if _, _, err := s.apply(ctx, l, lifecycle.MoveStarted{Move: m}); err != nil {
+			undo("another part of the request could not start")
+			if errors.Is(err, store.ErrConflict) || errors.Is(err, lifecycle.ErrRefused) {
+				return nil, nil, fmt.Errorf("%w: %v", ErrConflict, refused(err))
+			}
+			if errors.Is(err, store.ErrCapacity) {
+				return nil, nil, fmt.Errorf("%w: the destination was taken meanwhile; try again", ErrUnavailable)
+			}
+			return nil, nil, err
+		}
+		r := &moveRun{m: m}
+		s.mv.add(r)
+		runs = append(runs, r)
+	}
+	s.mv.active.Add(float64(len(runs)))
+	stop, ok := s.mv.start(func(ctx context.Context) {
+		for _, r := range runs {
+			s.runMove(ctx, r)
+		}
+	})
+	if !ok {
+		s.mv.active.Add(-float64(len(runs)))
+		undo("the control plane is stopping")
+		return nil, nil, fmt.Errorf("%w: the control plane is stopping", ErrUnavailable)
+	}
+	out := make([]api.Move, len(runs))
+	for i, r := range runs {
+		out[i] = r.get()
+	}
+	return out, stop, nil
+}
+
+func stripURI(p api.Part) api.Part { p.URI = ""; return p }
+
+// placeMove finds a destination for part i of l: a range of the same
+// length on a device of the same kind, where t says, else anywhere but
+// the part's node (placement skips cordoned nodes).
+func (s *Server) placeMove(ctx context.Context, l api.Lease, i int, t moveTarget) (api.Part, error) {
+	p := l.Parts[i]
+	req := api.LeaseRequest{Kind: l.Kind, Mode: api.ModeShared, Size: p.Length, Count: 1, Borrower: l.Borrower}
+	var skip map[string]string
+	switch {
+	case t.device != "":
+		req.Affinity = []string{t.device}
+	case t.node != "":
+		req.Affinity = []string{t.node}
+	default:
+		skip = map[string]string{p.NodeID: "the part's lender"}
+	}
+	if l.Kind == api.KindAccel {
+		req.Mode, req.Size, req.Count = "", 0, int(p.Length)
+	}
+	id := resource.NewID("place")
+	plan, err := s.res.Place(ctx, hold{id: id, tenant: moveTenant, kind: l.Kind}, req, skip, s.now())
+	s.res.Release(id) // the move's write holds the destination (BeginMove)
+	if err != nil {
+		why := err.Error()
+		if len(plan.Explanation) > 0 {
+			why = strings.Join(plan.Explanation, "; ")
+		}
+		return api.Part{}, fmt.Errorf("%w: no destination for part %d of lease %s: %s", ErrInfeasible, i, l.ID, why)
+	}
+	if len(plan.Parts) != 1 || plan.Parts[0].Length != p.Length {
+		return api.Part{}, fmt.Errorf("%w: no destination of %d for part %d of lease %s (placement offered %d part(s))", ErrInfeasible, p.Length, i, l.ID, len(plan.Parts))
+	}
+	return plan.Parts[0], nil
+}
+
+// runMove runs one move to its end.
+func (s *Server) runMove(ctx context.Context, r *moveRun) {
+	defer s.mv.active.Add(-1)
+	m := r.get()
+	if err := s.transfer(ctx, r); err != nil {
+		m = r.get()
+		if ctx.Err() != nil {
+			err = fmt.Errorf("given up: %w", context.Cause(ctx))
+		}
+		s.log.Warn("lease part move failed; the part stays where it was", "move", m.ID, "lease", m.LeaseID, "part", m.Part, "err", err)
+		s.abortMove(m)
+		actx, cancel := context.WithTimeout(context.Background(), moveCallTimeout)
+		defer cancel()
+		l, lerr := s.st.Lease(actx, m.LeaseID)
+		if lerr != nil {
+			l = api.Lease{ID: m.LeaseID}
+		}
+		if _, todo, _ := s.apply(actx, l, lifecycle.MoveFailed{Move: m, Why: err.Error()}); len(todo) > 0 {
+			s.moveActions(todo)
+		}
+	}
+}
+
+// moveActions performs the actions a move step leaves to its caller.
+func (s *Server) moveActions(todo []lifecycle.Action) {
+	for _, a := range todo {
+		if a, ok := a.(lifecycle.AbortMove); ok {
+			s.abortMove(a.Move)
+		}
+	}
+}
+
+// abortMove tells both lenders to give move m up (best effort: a lender
+// that misses it gives up on its own, the destination at the transfer's
+// expiry, the source when its hold lapses or its export's teardown).
+func (s *Server) abortMove(m api.Move) {
+	ctx, cancel := context.WithTimeout(context.Background(), moveCallTimeout)
+	defer cancel()
+	x := s.xlender()
+	for _, nodeID := range []string{m.From.NodeID, m.To.NodeID} {
+		n, err := s.nodeRecord(ctx, nodeID)
+		if err != nil {
+			continue
+		}
+		if _, err := x.TransferAbort(ctx, n.Node, n.AgentKey, m.ID); err != nil {
+			s.log.Debug("aborting a transfer", "move", m.ID, "node", nodeID, "err", err)
+		}
+	}
+}
+
+// transfer drives one move on its two lenders (see the file's comment);
+// an error means the lease does not point at the destination.
+func (s *Server) transfer(ctx context.Context, r *moveRun) error {
+	x := s.xlender()
+	m := r.get()
+	call := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, moveCallTimeout) }
+	l, err := s.st.Lease(ctx, m.LeaseID)
+	if err != nil {
+		return err
+	}
+	if l.State != api.LeaseActive || m.Part >= len(l.Parts) {
+		return fmt.Errorf("the lease is %s", l.State)
+	}
+	src, err := s.nodeRecord(ctx, m.From.NodeID)
+	if err != nil {
+		return err
+	}
+	dst, err := s.nodeRecord(ctx, m.To.NodeID)
+	if err != nil {
+		return err
+	}
+	oldExport, err := exportOf(l.Parts[m.Part].URI)
+	if err != nil {
+		return err
+	}
+	s.setMoveState(ctx, r, api.MoveCopying)
+	now := s.now()
+	part := api.PrepareRequest{LeaseID: l.ID, Kind: l.Kind, Mode: l.Mode, DeviceID: m.To.DeviceID, DeviceName: s.res.DeviceNames(ctx)[m.To.DeviceID],
+		Offset: m.To.Offset, Length: m.To.Length, Export: movedExport(l.Credential, m.Part, m.ID), ExpiresAt: l.ExpiresAt, Now: now}
+	cctx, cancel := call()
+	in, err := x.TransferIn(cctx, dst.Node, dst.AgentKey, api.TransferInRequest{ID: m.ID, Token: resource.NewSecret("rmt"), Part: part,
+		ExpiresAt: now.Add(moveMaxTime), Now: now})
+	cancel()
+	if err != nil {
+		return fmt.Errorf("the destination did not receive: %w", err)
+	}
+	cctx, cancel = call()
+	_, err = x.TransferOut(cctx, src.Node, src.AgentKey, api.TransferOutRequest{ID: m.ID, LeaseID: l.ID, Export: oldExport, DestURI: in.URI,
+		HoldSeconds: moveHold.Seconds()})
+	cancel()
+	if err != nil {
+		return fmt.Errorf("the source did not start copying: %w", err)
+	}
+	// Follow the copy until the source is ready (writes held, copy
+	// durable at the destination).
+	state := api.TransferCopying
+	failures := 0
+	for state != api.TransferReady {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		wctx, cancel := context.WithTimeout(ctx, moveCallTimeout+time.Minute)
+		st, err := x.TransferStatus(wctx, src.Node, src.AgentKey, m.ID, state)
+		cancel()
+		if err != nil {
+			if failures++; failures > 5 {
+				return fmt.Errorf("the source stopped answering: %w", err)
+			}
+			t := time.NewTimer(time.Duration(failures) * 200 * time.Millisecond)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			case <-t.C:
+			}
+			continue
+		}
+		failures = 0
+		s.progress(ctx, r, st)
+		switch st.State {
+		case api.TransferCopying, api.TransferReady:
+			state = st.State
+		default:
+			why := st.Error
+			if why == "" {
+				why = "the source gave the copy up (" + st.State + ")"
+			}
+			return errors.New(why)
+		}
+	}
+	s.setMoveState(ctx, r, api.MoveSwitching)
+	cctx, cancel = call()
+	_, err = x.TransferSeal(cctx, src.Node, src.AgentKey, m.ID)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("sealing the source: %w", err)
+	}
+	cctx, cancel = call()
+	cr, err := x.TransferCommit(cctx, dst.Node, dst.AgentKey, m.ID)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("the destination did not take the part over: %w", err)
+	}
+	// The commit point: the lease points at the destination.
+	if l, err = s.st.Lease(ctx, m.LeaseID); err != nil {
+		return err
+	}
+	m = r.get()
+	if _, todo, err := s.apply(ctx, l, lifecycle.MoveDone{Move: m, URI: cr.URI}); err != nil {
+		s.moveActions(todo)
+		return fmt.Errorf("pointing the lease at the destination: %w", err)
+	}
+	s.releaseSource(ctx, r, src)
+	return nil
+}
+
+// releaseSource commits a move on its source (which retires the old
+// export, tears it down and wipes it) and ends the move: the lease already
+// points at the destination, so the move is done whatever the source says;
+// a source that does not answer is told again by recoverMoves after a
+// restart, and drops the lease's exports at its next heartbeat if the
+// lease has no part left there.
+func (s *Server) releaseSource(ctx context.Context, r *moveRun, src store.NodeRecord) {
+	x := s.xlender()
+	m := r.get()
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		cctx, cancel := context.WithTimeout(ctx, moveCallTimeout)
+		_, err = x.TransferCommit(cctx, src.Node, src.AgentKey, m.ID)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+		t := time.NewTimer(time.Duration(attempt+1) * 200 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	why := ""
+	if err != nil {
+		why = "moved; the old lender did not confirm it let go of the part: " + err.Error()
+		s.log.Warn("the old lender of a moved part did not confirm", "move", m.ID, "node", src.ID, "err", err)
+	}
+	l, lerr := s.st.Lease(ctx, m.LeaseID)
+	if lerr != nil {
+		l = api.Lease{ID: m.LeaseID}
+	}
+	end := lifecycle.MoveEnded(l, m, api.MoveDone, "", s.now())
+	if why != "" {
+		end.Error = why
+	}
+	s.endMove(ctx, end)
+}
+
+// setMoveState records a move's state (in memory and in the store).
+func (s *Server) setMoveState(ctx context.Context, r *moveRun, state string) {
+	m := r.update(func(m *api.Move) { m.State = state })
+	if mv, err := s.mover(); err == nil {
+		if err := mv.SetMoveState(ctx, m.ID, state, m.Copied, s.now()); err != nil {
+			s.log.Debug("recording a move's state", "move", m.ID, "err", err)
+		}
+	}
+}
+
+// progress records the source's counters and reports progress in the
+// event stream at each pass and every quarter of the first.
+func (s *Server) progress(ctx context.Context, r *moveRun, st api.Transfer) {
+	var sent int64
+	m := r.update(func(m *api.Move) {
+		sent = st.Copied - m.Copied
+		m.Copied, m.Skipped, m.Dirty, m.Pass, m.HeldMillis = st.Copied, st.Skipped, st.Dirty, st.Pass, st.HeldMillis
+	})
+	if sent > 0 {
+		s.mv.bytes.Add(float64(sent))
+	}
+	pct := 0
+	if m.Size > 0 {
+		pct = int(100 * min(m.Copied+m.Skipped, m.Size) / m.Size)
+	}
+	r.mu.Lock()
+	report := m.Pass != r.lastPass || pct/25 > r.lastPercent/25
+	if report {
+		r.lastPass, r.lastPercent = m.Pass, pct
+	}
+	r.mu.Unlock()
+	if !report {
+		return
+	}
+	msg := fmt.Sprintf("part %d: pass %d, %d%% of %s copied (%s sent, %s written meanwhile)", m.Part, max(m.Pass, 1), min(pct, 100),
+		resource.FormatSize(m.Size), resource.FormatSize(m.Copied), resource.FormatSize(m.Dirty))
+	if st.State == api.TransferReady {
+		msg = fmt.Sprintf("part %d: copied in %d pass(es), %s sent; writes held for the switch", m.Part, m.Pass, resource.FormatSize(m.Copied))
+	}
+	if _, err := s.st.AppendEvent(ctx, api.Event{At: s.now(), Type: "lease.move.progress", Subject: m.LeaseID, Message: msg, State: string(api.LeaseActive)}); err != nil {
+		s.log.Debug("move progress event", "err", err)
+	}
+}
+
+// listMoves answers GET /v1/moves: the store's moves of the last hour (or
+// of one lease, all of them) with the progress of those under way, that
+// p may see.
+func (s *Server) listMoves(ctx context.Context, p principal, leaseID string) ([]api.Move, error) {
+	mv, err := s.mover()
+	if err != nil {
+		return nil, err
+	}
+	f := store.MoveFilter{LeaseID: leaseID}
+	if leaseID != "" {
+		if _, err := s.getLease(ctx, p, leaseID); err != nil {
+			return nil, err
+		}
+	} else {
+		f.Since = s.now().Add(-keepMoves)
+	}
+	recs, err := mv.Moves(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]api.Move, 0, len(recs))
+	owner := map[string]bool{}
+	for _, rec := range recs {
+		m := rec.Move
+		if r := s.mv.run(m.ID); r != nil {
+			m = r.get()
+		}
+		if !p.admin && leaseID == "" {
+			ok, done := owner[m.LeaseID]
+			if !done {
+				l, err := s.st.Lease(ctx, m.LeaseID)
+				ok = err == nil && p.canSee(l)
+				owner[m.LeaseID] = ok
+			}
+			if !ok {
+				continue
+			}
+		}
+		out = append(out, m)
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].StartedAt.Before(out[j].StartedAt) })
+	return out, nil
+}
+
+// getMove answers GET /v1/moves/{id}.
+func (s *Server) getMove(ctx context.Context, p principal, id string) (api.Move, error) {
+	mv, err := s.mover()
+	if err != nil {
+		return api.Move{}, err
+	}
+	if r := s.mv.run(id); r != nil {
+		m := r.get()
+		if _, err := s.getLease(ctx, p, m.LeaseID); err != nil {
+			return api.Move{}, fmt.Errorf("%w: move %s", ErrNotFound, id)
+		}
+		return m, nil
+	}
+	recs, err := mv.Moves(ctx, store.MoveFilter{})
+	if err != nil {
+		return api.Move{}, err
+	}
+	for _, rec := range recs {
+		if rec.ID == id {
+			if _, err := s.getLease(ctx, p, rec.LeaseID); err != nil {
+				break
+			}
+			return rec.Move, nil
+		}
+	}
+	return api.Move{}, fmt.Errorf("%w: move %s", ErrNotFound, id)
+}
+
+// recoverMoves ends the moves a previous run of the control plane left
+// open (the first sweep): one that committed is finished (its source told
+// again to let go), the others are aborted on both lenders.
+func (s *Server) recoverMoves(ctx context.Context) error {
+	s.mv.mu.Lock()
+	done := s.mv.recovered
+	s.mv.recovered = true
+	s.mv.mu.Unlock()
+	mv, ok := s.st.(store.Mover)
+	if done || !ok {
+		return nil
+	}
+	open, err := mv.Moves(ctx, store.MoveFilter{Open: true})
+	if err != nil {
+		return err
+	}
+	for _, rec := range open {
+		if s.mv.run(rec.ID) != nil {
+			continue // started by this run
+		}
+		l, err := s.st.Lease(ctx, rec.LeaseID)
+		if err != nil {
+			l = api.Lease{ID: rec.LeaseID}
+		}
+		if rec.Committed {
+			if src, err := s.nodeRecord(ctx, rec.From.NodeID); err == nil {
+				r := &moveRun{m: rec.Move}
+				s.mv.add(r)
+				s.releaseSource(ctx, r, src)
+				continue
+			}
+			s.endMove(ctx, lifecycle.MoveEnded(l, rec.Move, api.MoveDone, "moved; the old lender was not reachable after a control-plane restart", s.now()))
+			continue
+		}
+		s.abortMove(rec.Move)
+		if _, todo, _ := s.apply(ctx, l, lifecycle.MoveFailed{Move: rec.Move, Why: "the control plane restarted while the part moved"}); len(todo) > 0 {
+			s.moveActions(todo)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,151 @@
+package donor_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/dirty"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/memorytest"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
+)
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestMoveRegion: the donor side of a memory lease moving while it is
+// written, over every channel: writes are marked in the dirty map once
+// they are in the region, held while paused (reads go on), refused with
+// StatusGone once the region is retired, whose session then ends.
+func TestMoveRegion(t *testing.T) {
+	const size = 1 << 20
+	for _, ch := range []client.Channel{client.ChannelSync, client.ChannelBulk, client.ChannelQueue} {
+		t.Run(ch.String(), func(t *testing.T) {
+			td := memorytest.Start(t, size, 0)
+			c := dial(t, td.Addr, client.Options{Timeout: 10 * time.Second})
+			ctx := context.Background()
+			if n, err := td.D.RegionSize(testCred); err != nil || n != size {
+				t.Fatalf("RegionSize = %d, %v", n, err)
+			}
+			if err := c.Write(ctx, ch, bytes.Repeat([]byte{1}, 4096), 0); err != nil {
+				t.Fatal(err)
+			}
+			m := dirty.New(size, 4096)
+			if err := td.D.TrackWrites(ctx, testCred, dirty.New(size/2, 4096)); err == nil {
+				t.Error("a dirty map of the wrong size was accepted")
+			}
+			if err := td.D.TrackWrites(ctx, testCred, m); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Write(ctx, ch, bytes.Repeat([]byte{2}, 8192), 3*4096); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Read(ctx, ch, make([]byte, 4096), 0); err != nil {
+				t.Fatal(err)
+			}
+			if got := m.Take(); fmt.Sprint(got) != fmt.Sprint([]dirty.Range{{Off: 3 * 4096, Len: 8192}}) {
+				t.Errorf("dirty = %v", got)
+			}
+			got := make([]byte, 8192)
+			if _, err := td.D.ReadRegion(testCred, got, 3*4096); err != nil || !bytes.Equal(got, bytes.Repeat([]byte{2}, 8192)) {
+				t.Errorf("ReadRegion: %v", err)
+			}
+
+			if err := td.D.PauseWrites(ctx, testCred); err != nil {
+				t.Fatal(err)
+			}
+			w := make(chan error, 1)
+			go func() { w <- c.Write(ctx, ch, bytes.Repeat([]byte{3}, 4096), 8*4096) }()
+			waitFor(t, "the write to be held", func() bool { return td.D.Waiting(testCred) == 1 })
+			// A read on another connection than the held write's.
+			other := client.ChannelSync
+			if ch == client.ChannelSync {
+				other = client.ChannelBulk
+			}
+			if err := c.Read(ctx, other, make([]byte, 4096), 0); err != nil {
+				t.Errorf("read while writes are held: %v", err)
+			}
+			if _, err := td.D.ReadRegion(testCred, got[:4096], 8*4096); err != nil || !bytes.Equal(got[:4096], make([]byte, 4096)) {
+				t.Error("a held write reached the region")
+			}
+			if err := td.D.ResumeWrites(testCred); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-w; err != nil {
+				t.Fatal(err)
+			}
+			if got := m.Take(); fmt.Sprint(got) != fmt.Sprint([]dirty.Range{{Off: 8 * 4096, Len: 4096}}) {
+				t.Errorf("dirty after the resumed write = %v", got)
+			}
+
+			// Retired with a write held: it is refused, the session ends.
+			if err := td.D.PauseWrites(ctx, testCred); err != nil {
+				t.Fatal(err)
+			}
+			go func() { w <- c.Write(ctx, ch, bytes.Repeat([]byte{4}, 4096), 9*4096) }()
+			waitFor(t, "the second write to be held", func() bool { return td.D.Waiting(testCred) == 1 })
+			if err := td.D.RetireRegion(ctx, testCred); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-w; !errors.Is(err, protocol.ErrGone) && !errors.Is(err, protocol.ErrDonorLost) {
+				t.Errorf("held write at the retire: %v", err)
+			}
+			if _, err := td.D.ReadRegion(testCred, got[:4096], 9*4096); err != nil || !bytes.Equal(got[:4096], make([]byte, 4096)) {
+				t.Error("the refused write reached the region")
+			}
+			if _, err := client.Dial(ctx, td.Addr, testCred, client.Options{}); err == nil {
+				t.Error("a retired region admitted a new session")
+			}
+			if err := td.D.RemoveRegion(testCred); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestActivateRegion: a region received under a transfer's credential
+// is served under the lease's once activated, with its contents.
+func TestActivateRegion(t *testing.T) {
+	td := memorytest.Start(t, 1<<20, 0)
+	c, err := client.Dial(context.Background(), td.Addr, testCred, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Write(context.Background(), client.ChannelBulk, bytes.Repeat([]byte("moved"), 1000), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := td.D.ActivateRegion(testCred, "lease-cred"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Read(context.Background(), client.ChannelSync, make([]byte, 10), 0); err == nil {
+		t.Error("the transfer's session survived the activation")
+	}
+	c.Close()
+	if _, err := client.Dial(context.Background(), td.Addr, testCred, client.Options{}); !errors.Is(err, protocol.ErrAuth) {
+		t.Errorf("the transfer's credential after the activation: %v", err)
+	}
+	c2, err := client.Dial(context.Background(), td.Addr, "lease-cred", client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	got := make([]byte, 5000)
+	if err := c2.Read(context.Background(), client.ChannelBulk, got, 0); err != nil || !bytes.Equal(got, bytes.Repeat([]byte("moved"), 1000)) {
+		t.Errorf("contents after the activation: %v", err)
+	}
+	if err := td.D.ActivateRegion("nope", "x"); err == nil {
+		t.Error("activated an unknown region")
+	}
+}
