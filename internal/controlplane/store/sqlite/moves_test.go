@@ -168,4 +168,11 @@ func TestCordon(t *testing.T) {
 	if got, err := s.SetNodeCordon(ctx, n.ID, false, api.Event{At: now, Type: "node.uncordoned"}); err != nil || got.Cordoned {
 		t.Fatalf("uncordon: %v %+v", err, got)
 	}
+	// A removed node (rialto node remove) reads back with its cordon.
+	if _, err := s.SetNodeCordon(ctx, n.ID, true, api.Event{At: now, Type: "node.cordoned"}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.RemoveNode(ctx, n.ID, api.Event{At: now, Type: "node.removed"}); err != nil || got.State != api.NodeRemoved || !got.Cordoned {
+		t.Fatalf("remove: %v %+v", err, got)
+	}
 }

@@ -202,7 +202,7 @@ func (s *Store) RemoveNode(ctx context.Context, id string, ev api.Event) (api.No
 		if _, err := tx.ExecContext(ctx, `DELETE FROM links WHERE from_node = ? OR to_node = ?`, id, id); err != nil {
 			return fmt.Errorf("sqlite: remove node: %w", err)
 		}
-		n, err := scanNode(tx.QueryRowContext(ctx, `SELECT `+nodeCols+` FROM nodes WHERE id = ?`, id))
+		n, err := scanNode(tx.QueryRowContext(ctx, `SELECT `+nodeReadCols+` FROM nodes WHERE id = ?`, id))
 		if err != nil {
 			return fmt.Errorf("sqlite: remove node: %w", err)
 		}
