@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 	"github.com/rialto-project/rialto/internal/dataplane/block/stripe"
 )
@@ -375,11 +376,11 @@ func TestMoveReceivedRangeWipedOnRestart(t *testing.T) {
 // committed by its expiry is wiped.
 func TestMoveReceiveExpires(t *testing.T) {
 	_, srv := newFakeCP(t)
-	clock := &fakeClock{now: time.Now()}
+	clk := clock.NewFake(time.Now())
 	cfg := moveConfig(srv.URL, t.TempDir(), "dst")
-	cfg.Clock = clock
+	cfg.Clock = clk
 	a := start(t, cfg).a
-	in, err := a.ReceiveTransfer(ctxFor(t), api.TransferInRequest{ID: "t5", Token: "tok5", ExpiresAt: clock.Now().Add(time.Minute),
+	in, err := a.ReceiveTransfer(ctxFor(t), api.TransferInRequest{ID: "t5", Token: "tok5", ExpiresAt: clk.Now().Add(time.Minute),
 		Part: api.PrepareRequest{LeaseID: "lease-m", DeviceName: "disk0", Offset: 0, Length: movePart, Export: "x_new"}})
 	if err != nil {
 		t.Fatal(err)
@@ -388,7 +389,7 @@ func TestMoveReceiveExpires(t *testing.T) {
 	if _, err := a.Prepare(ctxFor(t), api.PrepareRequest{LeaseID: "other", DeviceName: "disk0", Offset: 0, Length: 4096, Export: "x_o"}); !errors.Is(err, ErrOverlap) {
 		t.Errorf("prepare over a range being received: %v", err)
 	}
-	clock.Advance(2 * time.Minute)
+	clk.Advance(2 * time.Minute)
 	if err := a.Heartbeat(ctxFor(t)); err != nil {
 		t.Fatal(err)
 	}
