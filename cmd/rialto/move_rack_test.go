@@ -87,12 +87,22 @@ func TestMoveAndDrainOnRack(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The rack's data planes serve TLS (nbds://, rialto-mems://): Go
+	// clients trust its CA.
+	dataTLS, err := r.DataTLS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(l.Parts[0].URI, "nbds://") {
+		t.Fatalf("part URI %q is not nbds://", l.Parts[0].URI)
+	}
+
 	// Both parts full of random bytes: the move has data to copy (holes
 	// are sent as zeroing requests, not bytes).
 	noise := make([]byte, part)
 	for _, p := range l.Parts {
 		rand.Read(noise)
-		nc, err := nbd.DialURI(ctx, p.URI)
+		nc, err := nbd.DialURI(ctx, p.URI, nbd.WithTLS(dataTLS))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -246,7 +256,7 @@ func TestMoveAndDrainOnRack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mm, err := borrower.MapMemory(ctx, mem, 0, client.Options{Timeout: 10 * time.Second}, mapping.Options{})
+	mm, err := borrower.MapMemory(ctx, mem, 0, client.Options{Timeout: 10 * time.Second, TLS: dataTLS}, mapping.Options{})
 	if errors.Is(err, mapping.ErrUffdUnavailable) {
 		t.Skip(err)
 	}
@@ -272,7 +282,7 @@ func TestMoveAndDrainOnRack(t *testing.T) {
 	if err != nil || moved.NodeID == mem.NodeID {
 		t.Fatalf("the memory lease after its move: %+v %v", moved, err)
 	}
-	mm, err = borrower.MapMemory(ctx, moved, 0, client.Options{Timeout: 10 * time.Second}, mapping.Options{})
+	mm, err = borrower.MapMemory(ctx, moved, 0, client.Options{Timeout: 10 * time.Second, TLS: dataTLS}, mapping.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
