@@ -445,6 +445,11 @@ type HeartbeatResponse struct {
 	// CRL is the cluster CA's revocation list (PEM) when it is newer than
 	// the heartbeat's CRLNumber.
 	CRL string `json:"crl,omitempty"`
+	// HeartbeatSeconds is the interval the agent is to beat at from now
+	// on: the control plane stretches it as the cluster grows, so that
+	// the heartbeats of all agents stay under its cap
+	// (docs/operations.md, "Heartbeat spreading").
+	HeartbeatSeconds float64 `json:"heartbeat_seconds,omitempty"`
 }
 
 // NodeRemoval is the answer to DELETE /v1/nodes/{id}.

@@ -43,7 +43,7 @@ cleanup() {
 trap cleanup EXIT
 
 go build -o "$WORK/rialto" ./cmd/rialto
-go build -o "$WORK/tls-bench" ./bench/tls
+(cd bench && go build -o "$WORK/tls-bench" ./tls)
 COMMIT=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo "+dirty")
 R=$WORK/rialto
 
@@ -307,7 +307,7 @@ L.append("nbdcopy 'URI?tls-certificates=CT' null:       # read")
 L.append("nbdcopy SRC 'URI?tls-certificates=CT'        # write")
 L.append("HOME=H fio --name=randread --ioengine=nbd --uri=URI --rw=randread --bs=4k --iodepth={1,32} \\\\")
 L.append("    --runtime=$FIO_RUNTIME --ramp_time=$FIO_RAMP --time_based   # H/.pki/libnbd/ca-cert.pem")
-L.append("tls-bench mem -lease ID -addr URL [-cacert CA] -token-file F     # go build ./bench/tls")
+L.append("tls-bench mem -lease ID -addr URL [-cacert CA] -token-file F     # (cd bench && go build ./tls)")
 L.append("tls-bench cycles -addr URL [-cacert CA] -token-file F -duration ${CYCLE_SECONDS}s")
 L.append("\`\`\`")
 open(out, "w").write("\n".join(L) + "\n")
