@@ -63,7 +63,7 @@ func runMemtest(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	parts, err := borrower.MemtestLease(ctx, l, span, *timeout, dataTLS)
+	parts, err := borrower.MemtestLease(ctx, c, l, span, *timeout, dataTLS)
 	if err != nil {
 		return err
 	}
