@@ -68,8 +68,8 @@ type handlerConfig struct {
 	// TCP connection the handler completes itself (TLS, then HELLO) from
 	// the handoff the parent writes first on the control socket: the
 	// credential never goes in the environment.
-	TLS bool
-	Follow   bool          // the session follows its region: ask for a new connection when it ends
+	TLS    bool
+	Follow bool // the session follows its region: ask for a new connection when it ends
 }
 
 // Control protocol between a Mapping and its handler over a unix stream
@@ -77,11 +77,11 @@ type handlerConfig struct {
 // sends one command at a time and waits for the reply with the same op;
 // error payloads are [donor-lost flag u8][message].
 const (
-	ctlFlush   uint8 = 1 + iota // write back dirty pages; reply: error
-	ctlStats                    // reply: Stats as JSON
-	ctlReset                    // clear counters; reply: empty
-	ctlErr                      // reply: error
-	ctlClose                    // flush and exit; reply: error
+	ctlFlush uint8 = 1 + iota // write back dirty pages; reply: error
+	ctlStats                  // reply: Stats as JSON
+	ctlReset                  // clear counters; reply: empty
+	ctlErr                    // reply: error
+	ctlClose                  // flush and exit; reply: error
 	// ctlConn (parent → handler, unasked, the answer to ctlReopen): a new
 	// donor connection, its descriptor passed with the frame (SCM_RIGHTS);
 	// with a payload instead, why there is none.
