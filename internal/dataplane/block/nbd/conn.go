@@ -221,12 +221,25 @@ func (c *conn) serve(ctx context.Context) error {
 	return err
 }
 
+// requestBuffered reports whether the next request header is already
+// here: in the reader's buffer or, over TLS, in a whole record crypto/tls
+// has not taken yet.
+func (c *conn) requestBuffered() bool {
+	return c.r.Buffered() >= requestHeaderLen || c.recordQueued()
+}
+
+// recordQueued reports whether, over TLS, a whole record (normally a
+// request) waits behind what the reader has taken.
+func (c *conn) recordQueued() bool {
+	return c.sess != nil && c.sess.rec != nil && c.sess.rec.recordBuffered()
+}
+
 // reader parses requests until DISC, EOF or a protocol violation.
 func (c *conn) reader(ctx context.Context) error {
 	defer c.dropBatch()
 	var hb [requestHeaderLen]byte
 	for {
-		if c.r.Buffered() < requestHeaderLen {
+		if !c.requestBuffered() {
 			// About to wait for the client: send what is ready first.
 			if err := c.flushBatch(); err != nil {
 				return err
@@ -308,7 +321,7 @@ func (c *conn) reader(ctx context.Context) error {
 			c.encodeError(o)
 		} else if spliced {
 			c.encodeOK(o)
-		} else if c.inflight.Load() == 0 && c.r.Buffered() == 0 && c.inline(o) {
+		} else if c.inflight.Load() == 0 && c.r.Buffered() == 0 && !c.recordQueued() && c.inline(o) {
 			// Nothing else in flight and no request queued behind this
 			// one (typical at queue depth 1): serve it here, sparing two
 			// goroutine hand-offs.
