@@ -120,7 +120,11 @@ func runAccelRun(e *env, fs *pflag.FlagSet) runFunc {
 			return fmt.Errorf("--slot %d: lease %s has %d slot(s)", *slot, l.ID, len(slots))
 		}
 		tgt := slots[*slot]
-		conn, err := borrower.DialAccel(ctx, tgt)
+		dataTLS, err := cf.dataTLS()
+		if err != nil {
+			return err
+		}
+		conn, err := borrower.DialAccel(ctx, tgt, dataTLS)
 		if err != nil {
 			return fmt.Errorf("lease %s: %w", l.ID, err)
 		}
@@ -146,7 +150,7 @@ func runAccelRun(e *env, fs *pflag.FlagSet) runFunc {
 		}
 		var out []byte
 		if lf.any() {
-			if out, err = runAccelLeaseIO(ctx, c, lf, &res, tgt, conn, in); err != nil {
+			if out, err = runAccelLeaseIO(ctx, c, lf, &res, tgt, conn, in, dataTLS); err != nil {
 				return err
 			}
 			if lf.output != "" {

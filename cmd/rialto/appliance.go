@@ -34,7 +34,7 @@ func init() {
 // default, behind a bearer token kept in --management-token-file.
 func runAppliance(e *env, fs *pflag.FlagSet) runFunc {
 	host, _ := os.Hostname()
-	cp, boot, caCert := joinFlags(fs, e)
+	cp, bootS, caCert := joinFlags(fs, e)
 	name := fs.String("name", host+"-appliance", "node name, unique in the cluster")
 	stateDir := fs.String("state-dir", "rialto-appliance", "identity and export state")
 	slots := fs.Int("slots", 4, "accelerator slots (each listens on its own port)")
@@ -49,9 +49,14 @@ func runAppliance(e *env, fs *pflag.FlagSet) runFunc {
 	hb := fs.Duration("heartbeat", 0, "heartbeat interval (default: the control plane's)")
 	machine := fs.String("machine-id", "", "override the hardware identity")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
+	insecure := insecureDataplaneFlag(fs)
 	return func(ctx context.Context, _ []string) error {
-		if *boot == "" {
-			return fmt.Errorf("a bootstrap token is required (--bootstrap-token or RIALTO_BOOTSTRAP_TOKEN)")
+		boot, err := bootstrapToken(bootS)
+		if err != nil {
+			return err
+		}
+		if err := checkDataplaneTLS(*caCert, *insecure); err != nil {
+			return err
 		}
 		if *slots < 1 {
 			return usagef("--slots must be at least 1")
@@ -78,7 +83,7 @@ func runAppliance(e *env, fs *pflag.FlagSet) runFunc {
 			fmt.Fprintf(e.stdout, "rialto appliance: management API on http://%s (bearer token in %s)\n", mln.Addr(), where)
 		}
 		cfg := agent.Config{
-			ControlPlane: *cp, BootstrapToken: *boot, Name: *name, StateDir: *stateDir,
+			ControlPlane: *cp, BootstrapToken: boot, Name: *name, StateDir: *stateDir,
 			Listen: *listen, Advertise: *advertise, APIPort: *port, HeartbeatInterval: *hb,
 			MachineID: *machine, Logger: log.With("appliance", *name),
 			Devices: []agent.DeviceConfig{{Name: "accel0", Kind: api.KindAccel, Size: int64(*slots), Model: "rialto-appliance", Sharing: "partitionable",
@@ -87,7 +92,7 @@ func runAppliance(e *env, fs *pflag.FlagSet) runFunc {
 		if cfg.Labels, err = parseLabels(labels); err != nil {
 			return err
 		}
-		cfg.CAFile = *caCert
+		cfg.CAFile, cfg.InsecureDataplane = *caCert, *insecure
 		if cfg.Labels == nil {
 			cfg.Labels = map[string]string{}
 		}

@@ -120,6 +120,10 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
+		dataTLS, err := cf.dataTLS()
+		if err != nil {
+			return err
+		}
 		l, err := c.Lease(ctx, pos[0])
 		if err != nil {
 			return err
@@ -160,7 +164,7 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 		// the URI the control plane has for it now.
 		bar := newProgress(e, -1, fmt.Sprintf("attach: connecting to %d part(s) of lease %s", parts, l.ID))
 		att, err := borrower.Attach(ctx, c, l, borrower.AttachConfig{Listen: where, StripeUnit: su,
-			ConnsPerPart: *conns, RequestTimeout: *timeout, Logger: log})
+			ConnsPerPart: *conns, RequestTimeout: *timeout, TLS: dataTLS, Logger: log})
 		bar.done()
 		if err != nil {
 			os.Remove(ctlPath)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 const defaultAddr = "https://127.0.0.1:7070"
@@ -19,6 +21,7 @@ const defaultAddr = "https://127.0.0.1:7070"
 // clientFlags are the flags every CLI verb shares.
 type clientFlags struct {
 	addr, token, caCert string
+	tokenS              *secret // --token-file, --token @FILE, RIALTO_TOKEN
 	out                 *output
 }
 
@@ -35,8 +38,7 @@ func addrFlag(fs *pflag.FlagSet, e *env, p *string) {
 func (cf *clientFlags) register(fs *pflag.FlagSet, e *env) {
 	addrFlag(fs, e, &cf.addr)
 	fs.StringVar(&cf.caCert, "cacert", e.getenv("RIALTO_CACERT"), "the cluster CA's certificate `file` (ca-cert.pem) to verify the control plane against (env RIALTO_CACERT; default: the system's CAs)")
-	cf.token = e.getenv("RIALTO_TOKEN")
-	fs.Var(secretFlag{&cf.token}, "token", "API `token` (env RIALTO_TOKEN); @FILE reads it from FILE")
+	cf.tokenS = secretFile(fs, e, "token", "RIALTO_TOKEN", "the API token")
 	cf.out = outputVar(fs)
 }
 
@@ -44,6 +46,9 @@ func (cf *clientFlags) client() (*api.Client, error) {
 	addr := cf.addr
 	if !strings.Contains(addr, "://") {
 		addr = "https://" + addr
+	}
+	if err := cf.resolveToken(); err != nil {
+		return nil, err
 	}
 	hc, err := api.HTTPClient(cf.caCert, 2*time.Minute)
 	if err != nil {
@@ -58,6 +63,35 @@ func (cf *clientFlags) json() bool { return cf.out.structured() }
 
 // print writes v as -o asks (json, yaml, template).
 func (cf *clientFlags) print(w io.Writer, v any) error { return cf.out.print(w, v) }
+
+// resolveToken sets cf.token from --token-file or RIALTO_TOKEN (after the
+// flags are parsed); --token is refused.
+func (cf *clientFlags) resolveToken() error {
+	if cf.tokenS == nil {
+		return nil
+	}
+	tok, err := cf.tokenS.get()
+	if err != nil {
+		return err
+	}
+	cf.token, cf.tokenS = tok, nil
+	return nil
+}
+
+// dataTLS is the client configuration for the data planes of leases that
+// require TLS (nbds://, rialto-mems://, rialto-accels://): the cluster CA
+// of --cacert (RIALTO_CACERT), and the revocation list beside it
+// (ca-crl.pem) if there is one; without --cacert, the system's CAs.
+func (cf *clientFlags) dataTLS() (*tls.Config, error) {
+	if cf.caCert == "" {
+		return nil, nil
+	}
+	cfg, err := pki.LoadClientTLS(cf.caCert)
+	if err != nil {
+		return nil, fmt.Errorf("%w (--cacert, RIALTO_CACERT)", err)
+	}
+	return cfg, nil
+}
 
 func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)

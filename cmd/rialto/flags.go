@@ -48,29 +48,62 @@ func inline(s string, stdin io.Reader) ([]byte, error) {
 	return []byte(s), nil
 }
 
-// secretFlag is a string flag holding a secret: help and usage output
-// (stderr, hence service logs) never show its value, although its default
-// may come from the environment. "@FILE" reads the secret from FILE (its
-// surrounding white space dropped), which keeps it out of ps.
-type secretFlag struct{ p *string }
+// secret is a secret a verb is given through a file (--NAME-file FILE,
+// or --NAME @FILE as in curl) or an environment variable, never on the
+// command line: a command line is visible to every user of the machine
+// (ps, /proc/PID/cmdline). A literal --NAME VALUE is still accepted by
+// the parser, so that its value never reaches a usage error, and refused
+// by get with a message that says what to use instead.
+type secret struct {
+	name, env string
+	file      string
+	envValue  string
+	refused   bool
+}
 
-func (f secretFlag) String() string { return "" }
-func (f secretFlag) Type() string   { return "token" }
-func (f secretFlag) Set(v string) error {
-	b, err := inline(v, nil)
-	if err != nil {
-		return err
+// refusedFlag is --NAME of a secret: @FILE names the file holding it;
+// anything else is a secret on the command line, recorded as refused and
+// forgotten.
+type refusedFlag struct{ s *secret }
+
+func (f refusedFlag) String() string { return "" }
+func (f refusedFlag) Type() string   { return "@FILE" }
+func (f refusedFlag) Set(v string) error {
+	if len(v) > 1 && v[0] == '@' && v[1] != '@' {
+		f.s.file = v[1:]
+		return nil
 	}
-	*f.p = strings.TrimSpace(string(b))
+	f.s.refused = true
 	return nil
 }
 
-// secretString defines a secretFlag with a default and returns its value.
-func secretString(fs *pflag.FlagSet, name, value, usage string) *string {
-	p := new(string)
-	*p = value
-	fs.Var(secretFlag{p}, name, usage+"; @FILE reads it from FILE")
-	return p
+// secretFile registers --NAME-file and --NAME (@FILE only) for a secret
+// whose environment variable is env; what says what it is.
+func secretFile(fs *pflag.FlagSet, e *env, name, env, what string) *secret {
+	s := &secret{name: name, env: env, envValue: e.getenv(env)}
+	fs.StringVar(&s.file, name+"-file", "", fmt.Sprintf("`file` holding %s (env %s; never on the command line)", what, env))
+	fs.Var(refusedFlag{s}, name, fmt.Sprintf("@FILE: the same as --%s-file FILE (the secret itself on the command line is refused: every user sees it; use --%s-file or %s)", name, name, env))
+	return s
+}
+
+// get returns the secret: the file's content (trimmed), else the
+// environment's value ("" if neither).
+func (s *secret) get() (string, error) {
+	if s.refused {
+		return "", fmt.Errorf("--%s puts a secret on the command line, where every user of the machine sees it (ps, /proc/PID/cmdline): use --%s-file FILE or the environment variable %s (or --%s @FILE)", s.name, s.name, s.env, s.name)
+	}
+	if s.file == "" {
+		return strings.TrimSpace(s.envValue), nil
+	}
+	b, err := os.ReadFile(s.file)
+	if err != nil {
+		return "", fmt.Errorf("--%s-file: %w", s.name, err)
+	}
+	v := strings.TrimSpace(string(b))
+	if v == "" {
+		return "", fmt.Errorf("--%s-file: %s is empty", s.name, s.file)
+	}
+	return v, nil
 }
 
 // listFlag is a repeatable string flag.

@@ -55,7 +55,11 @@ func runMemtest(e *env, fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		parts, err := borrower.MemtestLease(ctx, c, l, span, *timeout)
+		dataTLS, err := cf.dataTLS()
+		if err != nil {
+			return err
+		}
+		parts, err := borrower.MemtestLease(ctx, c, l, span, *timeout, dataTLS)
 		if err != nil {
 			return err
 		}

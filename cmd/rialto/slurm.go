@@ -31,6 +31,7 @@ const (
 type slurmFlags struct {
 	envFile, stateDir string
 	timeout           time.Duration
+	caCert            string // the cluster CA's certificate, from the env file (slurmClient)
 }
 
 func (sf *slurmFlags) register(fs *pflag.FlagSet, client bool) {
@@ -67,6 +68,7 @@ func (sf *slurmFlags) slurmClient(e *env) (*api.Client, error) {
 		return nil, fmt.Errorf("no RIALTO_ADDR and RIALTO_TOKEN (in %s or the environment)", sf.envFile)
 	}
 	cf := clientFlags{addr: vals["RIALTO_ADDR"], caCert: vals["RIALTO_CACERT"], token: vals["RIALTO_TOKEN"], out: &output{}}
+	sf.caCert = cf.caCert
 	return cf.client()
 }
 
@@ -98,7 +100,7 @@ func runSlurmProlog(e *env, fs *pflag.FlagSet) runFunc {
 				if err != nil {
 					failure = err
 				} else {
-					lines = slurm.Env(ls)
+					lines = slurm.Env(ls, sf.caCert)
 					ids := make([]string, len(ls))
 					for i, l := range ls {
 						ids[i] = l.ID
