@@ -46,6 +46,12 @@ type Agent struct {
 
 	reserved portReservations // remembered ports, held while devices open
 
+	// joined is closed once the agent holds the key the control plane
+	// calls it with (the first join's answer): calls that arrive between
+	// the control plane's answer and the agent's taking it wait for it.
+	joined     chan struct{}
+	joinedOnce sync.Once
+
 	mu         sync.Mutex // guards the fields below
 	id         identity
 	devices    map[string]DeviceConfig
@@ -98,6 +104,7 @@ func New(cfg Config) (*Agent, error) {
 		hc = &http.Client{Timeout: 10 * time.Second}
 	}
 	a := &Agent{
+		joined: make(chan struct{}),
 		cfg:      cfg,
 		log:      cfg.Logger.With("agent", cfg.Name),
 		clock:    cfg.Clock,
@@ -596,6 +603,7 @@ func (a *Agent) join(ctx context.Context) error {
 			}
 			a.peers = a.otherPeers(resp.ControlPlaneNodes, resp.NodeID)
 			a.mu.Unlock()
+			a.joinedOnce.Do(func() { close(a.joined) })
 			a.log.Info("joined", "node", resp.NodeID, "credential", resource.Fingerprint(resp.Credential))
 			if a.tls != nil {
 				if err := a.saveCert(resp.Certificate); err != nil {
