@@ -121,7 +121,11 @@ func runAgent(ctx context.Context, e *env, args []string) error {
 	hb := fs.Duration("heartbeat", 0, "heartbeat interval (default: the control plane's)")
 	machine := fs.String("machine-id", "", "override the hardware identity")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
+	cfgFile := configFlag(fs, e)
 	if _, err := parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	if err := cfgFile.apply(); err != nil {
 		return err
 	}
 	if *boot == "" {

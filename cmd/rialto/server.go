@@ -200,7 +200,11 @@ func runServer(ctx context.Context, e *env, args []string) error {
 	var tm timings
 	tm.register(fs)
 	level := fs.String("log-level", "info", "debug, info, warn or error")
+	cfgFile := configFlag(fs, e)
 	if _, err := parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	if err := cfgFile.apply(); err != nil {
 		return err
 	}
 	if v := e.getenv("RIALTO_DB"); v != "" && !flagSet(fs, "db") {
@@ -263,6 +267,7 @@ func runServer(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	cp.startSweeping(ctx)
+	defer cfgFile.reloadOnHUP(ctx, log, cp.srv)() // SIGHUP: tokens and quotas anew
 	log.Info("control plane serving", "url", cp.URL, "db", *db)
 	fmt.Fprintf(e.stdout, "rialto server: serving %s\n", cp.URL)
 	if ca != nil {

@@ -49,6 +49,9 @@ func (e *Error) Error() string {
 	if e.Key == "" {
 		return fmt.Sprintf("%s: %v", loc, e.Err)
 	}
+	if errors.Is(e.Err, ErrUnknownKey) {
+		return fmt.Sprintf("%s: unknown key %q: no flag --%s", loc, e.Key, e.Key)
+	}
 	return fmt.Sprintf("%s: %s: %v", loc, e.Key, e.Err)
 }
 
@@ -171,7 +174,7 @@ func (f *File) Lookup(key string) (Entry, bool) {
 func (f *File) Check(known func(name string) bool) error {
 	for _, e := range f.Entries {
 		if !known(e.Key) {
-			return &Error{Path: f.Path, Line: e.Line, Key: e.Key, Err: fmt.Errorf("%w: no flag --%s", ErrUnknownKey, e.Key)}
+			return &Error{Path: f.Path, Line: e.Line, Key: e.Key, Err: ErrUnknownKey}
 		}
 	}
 	return nil

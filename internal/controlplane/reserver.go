@@ -29,10 +29,10 @@ import (
 //
 // Build it with newReserver. Its methods are safe for concurrent use.
 type reserver struct {
-	st     store.Store
-	quotas Quotas
+	st store.Store
 
 	mu       sync.Mutex // serializes placements; guards the fields below
+	quotas   Quotas
 	valid    bool
 	nodes    []api.Node
 	devices  []api.Device
@@ -127,11 +127,12 @@ func (r *reserver) Preview(ctx context.Context, req api.LeaseRequest, tenant str
 	if err == nil {
 		inv = r.view()
 	}
+	quotas := r.quotas
 	r.mu.Unlock()
 	if err != nil {
 		return api.Plan{}, err
 	}
-	return policyPlace(inv, req, tenant, r.quotas, nil, now, nil)
+	return policyPlace(inv, req, tenant, quotas, nil, now, nil)
 }
 
 // Commit records that the write of lease id's held parts committed: they
@@ -156,6 +157,15 @@ func (r *reserver) Release(id string) {
 		delete(r.parts, id)
 		delete(r.timed, id)
 	}
+	r.mu.Unlock()
+}
+
+// SetQuotas replaces the quotas placement enforces from the next
+// placement on; the leases in the view keep their parts.
+func (r *reserver) SetQuotas(q Quotas) {
+	r.mu.Lock()
+	r.quotas = q
+	r.idx = nil // it was built with the old quotas
 	r.mu.Unlock()
 }
 
