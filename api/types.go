@@ -292,6 +292,10 @@ type JoinRequest struct {
 	// Its subject is left empty (the control plane names the node) and
 	// it may ask only for the hosts of Address, AgentURL and Endpoints.
 	CSR string `json:"csr,omitempty"`
+	// Version is the agent's release version (rialto version), which
+	// the control plane checks: it accepts agents of its own and the
+	// previous minor version. Agents that predate the field send none.
+	Version string `json:"version,omitempty"`
 }
 
 // JoinResponse carries the node's credential; the agent uses it as its
@@ -337,6 +341,8 @@ type Heartbeat struct {
 	// Usage counts each device's data-plane traffic, for the devices
 	// whose driver counts it (GET /v1/usage turns it into bandwidth).
 	Usage []DeviceCounters `json:"usage,omitempty"`
+	// Version is the agent's release version, checked as at join.
+	Version string `json:"version,omitempty"`
 }
 
 // DeviceCounters is an agent's running count of one device's data-plane

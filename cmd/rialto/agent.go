@@ -138,7 +138,7 @@ func runAgent(ctx context.Context, e *env, args []string) error {
 	cfg := agent.Config{
 		ControlPlane: *cp, BootstrapToken: *boot, Name: *name, StateDir: *stateDir,
 		Listen: *listen, Advertise: *advertise, APIPort: *port, HeartbeatInterval: *hb,
-		MachineID: *machine, Logger: log,
+		MachineID: *machine, Logger: log, Version: versionString(),
 	}
 	if cfg.Labels, err = parseLabels(labels); err != nil {
 		return err

@@ -260,7 +260,7 @@ func runServer(ctx context.Context, e *env, args []string) error {
 	cp, err := startControlPlane(ctx, ln, *db, controlplane.Config{
 		Logger: log, BootstrapToken: *boot, Tokens: tokens,
 		HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down,
-		PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas, CA: ca,
+		PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas, CA: ca, Version: versionString(),
 	}, tlsCfg)
 	if err != nil {
 		ln.Close()

@@ -513,6 +513,7 @@ func (a *Agent) fingerprint() api.Fingerprint {
 func (a *Agent) joinRequest() api.JoinRequest {
 	req := api.JoinRequest{
 		Name:        a.cfg.Name,
+		Version:     a.cfg.Version,
 		Labels:      a.cfg.Labels,
 		Fingerprint: a.fingerprint(),
 	}
@@ -675,7 +676,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	if nodeID == "" {
 		return ErrNotJoined
 	}
-	hb := api.Heartbeat{Health: a.health(), Leases: leases, Moved: moved, Links: a.probePeers(ctx, a.probeRound(peers)), Usage: a.usage()}
+	hb := api.Heartbeat{Health: a.health(), Leases: leases, Moved: moved, Links: a.probePeers(ctx, a.probeRound(peers)), Usage: a.usage(), Version: a.cfg.Version}
 	if measured {
 		hb.Links = append(hb.Links, api.LinkReport{To: "controlplane", RTTMicros: cpRTT, Up: cpUp})
 	}

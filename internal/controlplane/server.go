@@ -69,6 +69,12 @@ type Config struct {
 	// Quotas bound each tenant's reserved and active leases (placement
 	// enforces them); beyond them lease creation answers 429.
 	Quotas Quotas
+
+	// Version is the control plane's release version (rialto version):
+	// agents of another major version, an older minor than the previous
+	// one or a newer minor are refused at join and heartbeat
+	// (CheckAgentVersion). "" or "devel": every agent is accepted.
+	Version string
 }
 
 // Server is a control plane.
