@@ -143,7 +143,6 @@ func steal() (stealTicks, total uint64) {
 }
 
 type env struct {
-	ctx     context.Context
 	app     *appliance.Appliance
 	engine  *mct.Engine
 	queries [][]byte // encoded 64-byte queries
@@ -153,9 +152,9 @@ type env struct {
 
 func (e *env) query() []byte { return e.queries[e.qi.Add(1)%uint64(len(e.queries))] }
 
-func (e *env) dial(slot int) *accel.Conn {
+func (e *env) dial(ctx context.Context, slot int) *accel.Conn {
 	addr, _ := e.app.Addr(slot)
-	c, err := accel.Dial(e.ctx, addr, e.creds[slot])
+	c, err := accel.Dial(ctx, addr, e.creds[slot])
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -164,11 +163,11 @@ func (e *env) dial(slot int) *accel.Conn {
 
 // newGateway builds a gateway over `instances` connections to the MCT
 // slots (round-robin over slots 1..3).
-func (e *env) newGateway(maxBatch int, delay time.Duration, workers, instances int) (*gateway.Gateway, func()) {
+func (e *env) newGateway(parent context.Context, maxBatch int, delay time.Duration, workers, instances int) (*gateway.Gateway, func()) {
 	var bs []gateway.Backend
 	var conns []*accel.Conn
 	for i := 0; i < instances; i++ {
-		c := e.dial(1 + i%3)
+		c := e.dial(parent, 1+i%3)
 		conns = append(conns, c)
 		bs = append(bs, c)
 	}
@@ -176,7 +175,7 @@ func (e *env) newGateway(maxBatch int, delay time.Duration, workers, instances i
 	if err != nil {
 		log.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(e.ctx)
+	ctx, cancel := context.WithCancel(parent)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = g.Run(ctx) }()
 	for !g.Running() {
@@ -439,7 +438,7 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	e := &env{ctx: ctx, engine: engine}
+	e := &env{engine: engine}
 	for i := 0; i < 4096; i++ {
 		e.queries = append(e.queries, enc[i*mct.QuerySize:(i+1)*mct.QuerySize])
 	}
@@ -469,19 +468,19 @@ func main() {
 	log.Printf("MCT: %d rules, %d NFA states (%d before suffix merging)", *nRules, merged, trie)
 
 	// Fixed setups reused by every run.
-	echoConn := e.dial(0)
+	echoConn := e.dial(ctx, 0)
 	echoLocal, _ := roles.New(ctx, roles.Spec{Name: "echo"})
 	payload := make([]byte, 64)
 
 	n := *clients
 	unbatchedConns := make([]*accel.Conn, n)
 	for i := range unbatchedConns {
-		unbatchedConns[i] = e.dial(1 + i%3)
+		unbatchedConns[i] = e.dial(ctx, 1+i%3)
 	}
 	const groupSize = 16
 	gwBatch, gwDelay, gwWorkers, gwInstances := *gwBatch, *gwDelay, *gwWork, *gwInst
-	gIn, stopIn := e.newGateway(gwBatch, gwDelay, gwWorkers, gwInstances)
-	gTCP, stopTCP := e.newGateway(gwBatch, gwDelay, gwWorkers, gwInstances)
+	gIn, stopIn := e.newGateway(ctx, gwBatch, gwDelay, gwWorkers, gwInstances)
+	gTCP, stopTCP := e.newGateway(ctx, gwBatch, gwDelay, gwWorkers, gwInstances)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		log.Fatal(err)
@@ -644,7 +643,7 @@ func main() {
 	samples := make([]series, len(pts))
 	for pass := 0; pass < *sweepRuns && len(pts) > 0; pass++ {
 		for i, p := range pts {
-			g, stop := e.newGateway(p.batch, p.delay, p.workers, p.instances)
+			g, stop := e.newGateway(ctx, p.batch, p.delay, p.workers, p.instances)
 			s := measure(*sweepDur, n, func(int) error { _, err := g.Call(ctx, "match", e.query()); return err })
 			stop()
 			samples[i].add(s)

@@ -23,7 +23,7 @@ func TestZMQPipeline(t *testing.T) {
 		t.Fatal(err)
 	}
 	enc, _ := engine.EncodeAll(mct.GenerateQueries(rng, 64))
-	e := &env{ctx: ctx, engine: engine}
+	e := &env{engine: engine}
 	for _, batch := range []bool{false, true} {
 		checkZMQ(t, newZMQ(ctx, e, 2, 4, batch), engine, enc)
 	}

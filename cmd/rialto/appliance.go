@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -17,6 +16,7 @@ import (
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/agent"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/appliance"
+	"github.com/rialto-project/rialto/internal/httpx"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -176,16 +176,15 @@ func managementHandler(drv *agent.AccelDriver, device, token string) http.Handle
 		if r.Method == http.MethodGet && r.URL.Path == "/v1/gateways" {
 			tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 			if !ok || subtle.ConstantTimeCompare([]byte(tok), []byte(token)) != 1 {
-				writeMgmtError(w, http.StatusUnauthorized, "unauthorized", "appliance: management token required")
+				httpx.WriteError(w, http.StatusUnauthorized, httpx.CodeUnauthorized, "appliance: management token required")
 				return
 			}
-			w.Header().Set("Content-Type", "application/json")
-			_ = json.NewEncoder(w).Encode(drv.Gateways())
+			httpx.WriteJSON(w, http.StatusOK, drv.Gateways())
 			return
 		}
 		a := drv.Appliance(device)
 		if a == nil {
-			writeMgmtError(w, http.StatusServiceUnavailable, "starting", "appliance: not started yet")
+			httpx.WriteError(w, http.StatusServiceUnavailable, "starting", "appliance: not started yet")
 			return
 		}
 		mu.Lock()
@@ -196,10 +195,4 @@ func managementHandler(drv *agent.AccelDriver, device, token string) http.Handle
 		mu.Unlock()
 		hh.ServeHTTP(w, r)
 	})
-}
-
-func writeMgmtError(w http.ResponseWriter, status int, code, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(api.ErrorBody{Error: api.ErrorInfo{Code: code, Message: msg}})
 }

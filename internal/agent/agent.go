@@ -19,6 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/backoff"
+	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/metrics"
 	"github.com/rialto-project/rialto/internal/resource"
 )
@@ -30,7 +32,7 @@ type Agent struct {
 
 	cfg     Config
 	log     *slog.Logger
-	clock   Clock
+	clock   clock.Clock
 	hc      *http.Client
 	tls     *nodeTLS // nil without Config.CAFile; set by Run before anything runs
 	drivers map[api.Kind]Driver
@@ -89,9 +91,7 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = realClock{}
-	}
+	cfg.Clock = clock.Or(cfg.Clock)
 	hc := cfg.HTTPClient
 	if hc == nil {
 		hc = &http.Client{Timeout: 10 * time.Second}
@@ -299,6 +299,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.stopTransfers(sctx)
 	}()
 
+	// Every listener is bound, and the exports the last run kept are
+	// held, before anything is served: no prepare on the API and no client
+	// of a data plane is taken before the restored exports are known.
 	apiLn, err := a.listen(a.cfg.APIPort, a.id.APIPort)
 	if err != nil {
 		return fmt.Errorf("agent: listen for the agent API: %w", err)
@@ -321,6 +324,42 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.id.DataPorts = map[api.Kind]int{}
 	}
 	a.mu.Unlock()
+
+	// Data planes: one listener per kind whose driver serves one.
+	kinds := map[api.Kind]bool{}
+	for _, d := range a.Devices() {
+		kinds[d.Kind] = true
+	}
+	dataLns := map[api.Kind]net.Listener{}
+	closeAll := func() {
+		apiLn.Close()
+		for _, ln := range dataLns {
+			ln.Close()
+		}
+	}
+	for k := range kinds {
+		if _, ok := a.drivers[k].(Server); !ok {
+			continue
+		}
+		ln, err := a.listen(a.cfg.DataPorts[k], a.id.DataPorts[k])
+		if err != nil {
+			closeAll()
+			return fmt.Errorf("agent: listen for the %s data plane: %w", k, err)
+		}
+		dataLns[k] = ln
+		port := ln.Addr().(*net.TCPAddr).Port
+		a.mu.Lock()
+		a.id.DataPorts[k] = port
+		a.endpoints[k] = net.JoinHostPort(host, strconv.Itoa(port))
+		a.mu.Unlock()
+	}
+	if err := a.saveIdentity(); err != nil {
+		closeAll()
+		return err
+	}
+	if readable {
+		a.restoreExports(ctx, saved)
+	}
 
 	srv := &http.Server{
 		Handler:           a.Handler(),
@@ -352,33 +391,14 @@ func (a *Agent) Run(ctx context.Context) error {
 			srv.Close()
 		}
 	}()
-
-	// Data planes: one listener per kind whose driver serves one.
-	kinds := map[api.Kind]bool{}
-	for _, d := range a.Devices() {
-		kinds[d.Kind] = true
-	}
-	for k := range kinds {
-		s, ok := a.drivers[k].(Server)
-		if !ok {
-			continue
-		}
-		ln, err := a.listen(a.cfg.DataPorts[k], a.id.DataPorts[k])
-		if err != nil {
-			return fmt.Errorf("agent: listen for the %s data plane: %w", k, err)
-		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		a.mu.Lock()
-		a.id.DataPorts[k] = port
-		a.endpoints[k] = net.JoinHostPort(host, strconv.Itoa(port))
-		a.mu.Unlock()
+	for k, ln := range dataLns {
 		wg.Add(1)
 		go func(k api.Kind, s Server, ln net.Listener) {
 			defer wg.Done()
 			if err := s.Serve(ctx, ln); err != nil && ctx.Err() == nil {
 				a.log.Error("data plane stopped", "kind", k, "err", err)
 			}
-		}(k, s, ln)
+		}(k, a.drivers[k].(Server), ln)
 	}
 	for k := range kinds {
 		r, ok := a.drivers[k].(Runner)
@@ -392,12 +412,6 @@ func (a *Agent) Run(ctx context.Context) error {
 				a.log.Error("data plane stopped", "kind", k, "err", err)
 			}
 		}()
-	}
-	if err := a.saveIdentity(); err != nil {
-		return err
-	}
-	if readable {
-		a.restoreExports(ctx, saved)
 	}
 
 	if err := a.join(ctx); err != nil {
@@ -540,7 +554,7 @@ func (a *Agent) joinRequest() api.JoinRequest {
 // until ctx ends. A rejected bootstrap token is returned as an error.
 func (a *Agent) join(ctx context.Context) error {
 	cl := api.NewClient(a.cfg.ControlPlane, a.cfg.BootstrapToken, a.hc)
-	backoff := 100 * time.Millisecond
+	retry := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second, Clock: a.clock}
 	for {
 		req := a.joinRequest()
 		if a.tls != nil {
@@ -583,14 +597,12 @@ func (a *Agent) join(ctx context.Context) error {
 		if errors.As(err, &ae) && (ae.Code == api.CodeUnauthorized || ae.Code == api.CodeForbidden || ae.Code == api.CodeInvalid) {
 			return fmt.Errorf("agent: join rejected: %w", err)
 		}
-		a.log.Warn("join failed; retrying", "err", err, "in", backoff)
+		wait := retry.Next()
+		a.log.Warn("join failed; retrying", "err", err, "in", wait)
 		a.enforceExpiry(ctx, false)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(backoff):
+		if err := retry.Sleep(ctx, wait); err != nil {
+			return err
 		}
-		backoff = min(backoff*2, 5*time.Second)
 	}
 }
 
@@ -626,12 +638,12 @@ func (a *Agent) heartbeatLoop(ctx context.Context) {
 		if next, ok := a.nextTransferExpiry(); ok {
 			wait = min(wait, max(next.Sub(a.clock.Now()), 50*time.Millisecond))
 		}
-		t := time.NewTimer(wait)
+		t := a.clock.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return
-		case <-t.C:
+		case <-t.C():
 		}
 		rctx, cancel := ctx, context.CancelFunc(func() {})
 		if due {

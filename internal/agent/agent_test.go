@@ -20,7 +20,9 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/httpx"
 	"github.com/rialto-project/rialto/internal/metrics"
 )
 
@@ -38,6 +40,7 @@ type fakeCP struct {
 	agentKey  string
 	cred      string
 	forgetful bool // answer heartbeats with 401 once
+	joinDown  int  // answer this many joins with 503
 }
 
 func newFakeCP(t *testing.T) (*fakeCP, *httptest.Server) {
@@ -45,7 +48,7 @@ func newFakeCP(t *testing.T) (*fakeCP, *httptest.Server) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/join", func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer boot" {
-			writeError(w, 401, api.CodeUnauthorized, "bad bootstrap token")
+			httpx.WriteError(w, 401, api.CodeUnauthorized, "bad bootstrap token")
 			return
 		}
 		var req api.JoinRequest
@@ -53,23 +56,28 @@ func newFakeCP(t *testing.T) (*fakeCP, *httptest.Server) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		f.joins = append(f.joins, req)
+		if f.joinDown > 0 {
+			f.joinDown--
+			httpx.WriteError(w, 503, api.CodeUnavailable, "control plane starting")
+			return
+		}
 		id, ok := f.nodes[req.Fingerprint.MachineID]
 		if !ok {
 			id = "node-" + req.Name
 			f.nodes[req.Fingerprint.MachineID] = id
 		}
-		writeJSON200(w, api.JoinResponse{NodeID: id, Credential: f.cred, AgentKey: f.agentKey, HeartbeatSeconds: 3600})
+		httpx.WriteJSON(w, http.StatusOK, api.JoinResponse{NodeID: id, Credential: f.cred, AgentKey: f.agentKey, HeartbeatSeconds: 3600})
 	})
 	mux.HandleFunc("POST /v1/nodes/{id}/heartbeat", func(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		if f.forgetful || r.Header.Get("Authorization") != "Bearer "+f.cred {
 			f.forgetful = false
-			writeError(w, 401, api.CodeUnauthorized, "unknown node credential")
+			httpx.WriteError(w, 401, api.CodeUnauthorized, "unknown node credential")
 			return
 		}
 		if f.down {
-			writeError(w, 503, api.CodeUnavailable, "control plane down")
+			httpx.WriteError(w, 503, api.CodeUnavailable, "control plane down")
 			return
 		}
 		var hb api.Heartbeat
@@ -81,7 +89,7 @@ func newFakeCP(t *testing.T) (*fakeCP, *httptest.Server) {
 				resp.Leases = append(resp.Leases, api.LeaseExpiry{ID: id, ExpiresAt: f.expires[id]})
 			}
 		}
-		writeJSON200(w, resp)
+		httpx.WriteJSON(w, http.StatusOK, resp)
 	})
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
@@ -195,6 +203,57 @@ func TestJoinPersistsIdentity(t *testing.T) {
 	}
 	if cp.joins[1].Fingerprint.MachineID != j.Fingerprint.MachineID {
 		t.Fatal("machine ID changed across restarts")
+	}
+}
+
+// A join the control plane cannot take yet is retried after a backoff
+// timed by the agent's clock: nothing is sent again until it moves.
+func TestJoinRetriesOnItsClock(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	cp.set(func(f *fakeCP) { f.joinDown = 2 })
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	cfg := testConfig(srv.URL, t.TempDir())
+	cfg.Clock = clk
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(ctxFor(t))
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	joins := func() int {
+		cp.mu.Lock()
+		defer cp.mu.Unlock()
+		return len(cp.joins)
+	}
+	for attempt := 1; attempt <= 2; attempt++ {
+		// The agent waits for its retry: one timer on the clock, the
+		// join attempts so far made.
+		if err := clk.BlockUntil(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		if n := joins(); n != attempt {
+			t.Fatalf("%d joins sent while waiting for retry %d", n, attempt)
+		}
+		next, _ := clk.Next()
+		if wait := next.Sub(clk.Now()); wait < 100*time.Millisecond || wait > time.Duration(attempt)*200*time.Millisecond {
+			t.Fatalf("retry %d after %v, want within [100ms, %v]", attempt, wait, time.Duration(attempt)*200*time.Millisecond)
+		}
+		clk.Advance(next.Sub(clk.Now()))
+	}
+	select {
+	case <-a.Ready():
+	case <-ctx.Done():
+		t.Fatal("not ready")
+	}
+	if n := joins(); n != 3 || a.NodeID() != "node-n1" {
+		t.Fatalf("%d joins, node %q", n, a.NodeID())
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/clock"
 )
 
 // Sentinel errors.
@@ -23,13 +24,6 @@ var (
 	ErrNotJoined    = errors.New("agent: not joined yet")
 	ErrUnauthorized = errors.New("agent: unauthorized")
 )
-
-// Clock tells the time; tests inject a fake one.
-type Clock interface{ Now() time.Time }
-
-type realClock struct{}
-
-func (realClock) Now() time.Time { return time.Now() }
 
 // DeviceConfig is a resource the agent is told to lend.
 type DeviceConfig struct {
@@ -96,7 +90,10 @@ type Config struct {
 	// fingerprinting (tests point it at a fake tree).
 	SysRoot string
 	Logger  *slog.Logger
-	Clock   Clock
+	// Clock tells the time and times the heartbeat rounds, the join's
+	// retries and the leases' known expiries (nil: the real clock; tests
+	// inject a clock.Fake).
+	Clock clock.Clock
 	// OmitRuntimeMetrics leaves the Go runtime and process collectors
 	// (go_*, process_*) out of /metrics: for an agent that shares its
 	// process with a component that reports them (`rialto up`), so that

@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -15,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/httpx"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -376,7 +376,7 @@ func (a *Agent) Handler() http.Handler {
 	mux.HandleFunc("POST /agent/v1/prepare", a.auth(a.handlePrepare))
 	mux.HandleFunc("POST /agent/v1/teardown", a.auth(a.handleTeardown))
 	mux.HandleFunc("GET /agent/v1/status", a.auth(func(w http.ResponseWriter, r *http.Request) {
-		writeJSON200(w, map[string]any{"id": a.NodeID(), "state": "ready", "leases": a.Leases()})
+		httpx.WriteJSON(w, http.StatusOK, map[string]any{"id": a.NodeID(), "state": "ready", "leases": a.Leases()})
 	}))
 	a.transferRoutes(mux)
 	a.roleConfigRoute(mux)
@@ -386,23 +386,23 @@ func (a *Agent) Handler() http.Handler {
 func (a *Agent) auth(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if err := a.requireCP(r); err != nil {
-			writeError(w, http.StatusForbidden, api.CodeForbidden, err.Error())
+			httpx.WriteError(w, http.StatusForbidden, api.CodeForbidden, err.Error())
 			return
 		}
 		a.mu.Lock()
 		key := a.id.AgentKey
 		a.mu.Unlock()
 		if key == "" {
-			writeError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "agent has not joined a control plane yet")
+			httpx.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "agent has not joined a control plane yet")
 			return
 		}
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || got == "" {
-			writeError(w, http.StatusUnauthorized, api.CodeUnauthorized, "missing bearer agent key")
+			httpx.WriteError(w, http.StatusUnauthorized, api.CodeUnauthorized, "missing bearer agent key")
 			return
 		}
 		if subtle.ConstantTimeCompare([]byte(got), []byte(key)) != 1 {
-			writeError(w, http.StatusUnauthorized, api.CodeUnauthorized, "wrong agent key")
+			httpx.WriteError(w, http.StatusUnauthorized, api.CodeUnauthorized, "wrong agent key")
 			return
 		}
 		h(w, r)
@@ -417,44 +417,50 @@ func (a *Agent) handlePrepare(w http.ResponseWriter, r *http.Request) {
 	}
 	if a.Faults.RefusePrepare.Load() {
 		a.mPrepares.WithLabelValues("refused").Inc()
-		writeError(w, http.StatusServiceUnavailable, api.CodeUnavailable, ErrRefused.Error()+" (fault injected)")
+		httpx.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, ErrRefused.Error()+" (fault injected)")
 		return
 	}
 	var req api.PrepareRequest
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil {
-		writeError(w, http.StatusBadRequest, api.CodeInvalid, "bad prepare request: "+err.Error())
+	if err := httpx.DecodeJSONTolerant(w, r, maxBody, &req); err != nil {
+		httpx.WriteError(w, http.StatusBadRequest, api.CodeInvalid, "bad prepare request: "+err.Error())
 		return
 	}
 	resp, err := a.Prepare(r.Context(), req)
 	if err != nil {
-		status, code := http.StatusInternalServerError, api.CodeInternal
-		switch {
-		case errors.Is(err, ErrBadRequest), errors.Is(err, ErrOutOfRange):
-			status, code = http.StatusBadRequest, api.CodeInvalid
-		case errors.Is(err, ErrNoDevice):
-			status, code = http.StatusNotFound, api.CodeNotFound
-		case errors.Is(err, ErrConflict), errors.Is(err, ErrOverlap):
-			status, code = http.StatusConflict, api.CodeConflict
-		case errors.Is(err, ErrNoDriver):
-			status, code = http.StatusServiceUnavailable, api.CodeUnavailable
-		}
-		writeError(w, status, code, err.Error())
+		errorMap.Write(w, err)
 		return
 	}
-	writeJSON200(w, resp)
+	httpx.WriteJSON(w, http.StatusOK, resp)
+}
+
+// maxBody bounds the agent API's request bodies.
+const maxBody = 1 << 20
+
+// errorMap maps the agent API's errors to statuses and codes (anything
+// else is 500 internal).
+var errorMap = httpx.ErrorMap{
+	{Err: ErrBadRequest, Status: http.StatusBadRequest, Code: api.CodeInvalid},
+	{Err: ErrOutOfRange, Status: http.StatusBadRequest, Code: api.CodeInvalid},
+	{Err: ErrCannotMove, Status: http.StatusBadRequest, Code: api.CodeInvalid},
+	{Err: ErrNoDevice, Status: http.StatusNotFound, Code: api.CodeNotFound},
+	{Err: ErrNoTransfer, Status: http.StatusNotFound, Code: api.CodeNotFound},
+	{Err: ErrConflict, Status: http.StatusConflict, Code: api.CodeConflict},
+	{Err: ErrOverlap, Status: http.StatusConflict, Code: api.CodeConflict},
+	{Err: ErrTransferState, Status: http.StatusConflict, Code: api.CodeConflict},
+	{Err: ErrNoDriver, Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable},
 }
 
 func (a *Agent) handleTeardown(w http.ResponseWriter, r *http.Request) {
 	var req api.TeardownRequest
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil || req.LeaseID == "" {
-		writeError(w, http.StatusBadRequest, api.CodeInvalid, "bad teardown request: lease_id is required")
+	if err := httpx.DecodeJSONTolerant(w, r, maxBody, &req); err != nil || req.LeaseID == "" {
+		httpx.WriteError(w, http.StatusBadRequest, api.CodeInvalid, "bad teardown request: lease_id is required")
 		return
 	}
 	if err := a.Teardown(r.Context(), req.LeaseID); err != nil {
-		writeError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
+		httpx.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
 		return
 	}
-	writeJSON200(w, map[string]string{"id": req.LeaseID, "state": "released"})
+	httpx.WriteJSON(w, http.StatusOK, map[string]string{"id": req.LeaseID, "state": "released"})
 }
 
 // uriAddress is a data-plane URI without its path, which holds the export
@@ -466,15 +472,4 @@ func uriAddress(uri string) string {
 	}
 	u.User, u.Path, u.RawPath, u.Fragment = nil, "", "", ""
 	return u.String()
-}
-
-func writeJSON200(w http.ResponseWriter, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(v)
-}
-
-func writeError(w http.ResponseWriter, status int, code, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(api.ErrorBody{Error: api.ErrorInfo{Code: code, Message: msg}})
 }

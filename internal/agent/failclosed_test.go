@@ -4,34 +4,16 @@ import (
 	"bytes"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 	memclient "github.com/rialto-project/rialto/internal/dataplane/memory/client"
 )
-
-// fakeClock is a clock tests move by hand.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
 
 func (f *fakeCP) set(fn func(f *fakeCP)) {
 	f.mu.Lock()
@@ -131,12 +113,12 @@ func TestRestoredLostLeaseWipedUnserved(t *testing.T) {
 func TestExpiryWithoutControlPlane(t *testing.T) {
 	cp, srv := newFakeCP(t)
 	dir := t.TempDir()
-	clock := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	cfg := testConfig(srv.URL, dir)
-	cfg.Clock = clock
+	cfg.Clock = clk
 	a := start(t, cfg).a
 	ctx := ctxFor(t)
-	exp := clock.Now().Add(time.Minute)
+	exp := clk.Now().Add(time.Minute)
 	resp, err := a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindBlock, DeviceName: "disk0",
 		Length: leaseSize, Export: "x_lease-a", ExpiresAt: exp})
 	if err != nil {
@@ -153,7 +135,7 @@ func TestExpiryWithoutControlPlane(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer open.Close()
-	clock.Advance(59 * time.Second)
+	clk.Advance(59 * time.Second)
 	if err := a.Heartbeat(ctx); err == nil {
 		t.Fatal("heartbeat to a control plane that is down succeeded")
 	}
@@ -164,7 +146,7 @@ func TestExpiryWithoutControlPlane(t *testing.T) {
 		t.Fatal("a lease of unknown expiry is served without the control plane")
 	}
 
-	clock.Advance(time.Second)
+	clk.Advance(time.Second)
 	a.Heartbeat(ctx)
 	if served(t, ua) {
 		t.Fatal("an expired lease is served without the control plane")
@@ -185,7 +167,7 @@ func TestExpiryWithoutControlPlane(t *testing.T) {
 		t.Fatal("served again without a renewal")
 	}
 	// Renewed: served again, bytes intact.
-	cp.set(func(f *fakeCP) { f.expires["lease-a"] = clock.Now().Add(time.Hour) })
+	cp.set(func(f *fakeCP) { f.expires["lease-a"] = clk.Now().Add(time.Hour) })
 	if err := a.Heartbeat(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -202,14 +184,14 @@ func TestExpiryWithoutControlPlane(t *testing.T) {
 // connections until a renewal shows up, and then holds the same bytes.
 func TestExpiredMemoryLeaseKeepsItsBytes(t *testing.T) {
 	cp, srv := newFakeCP(t)
-	clock := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	cfg := testConfig(srv.URL, t.TempDir())
 	cfg.Devices = append(cfg.Devices, DeviceConfig{Name: "mem0", Kind: api.KindMemory, Size: 4 << 20})
-	cfg.Clock = clock
+	cfg.Clock = clk
 	a := start(t, cfg).a
 	ctx := ctxFor(t)
 	resp, err := a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-m", Kind: api.KindMemory, DeviceName: "mem0",
-		Length: 1 << 20, Export: "x_lease-m", ExpiresAt: clock.Now().Add(time.Minute)})
+		Length: 1 << 20, Export: "x_lease-m", ExpiresAt: clk.Now().Add(time.Minute)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,14 +207,14 @@ func TestExpiredMemoryLeaseKeepsItsBytes(t *testing.T) {
 	mc.Close()
 
 	cp.set(func(f *fakeCP) { f.down = true })
-	clock.Advance(time.Minute)
+	clk.Advance(time.Minute)
 	a.Heartbeat(ctx)
 	if c, err := memclient.Dial(ctx, addr, cred, memclient.Options{}); err == nil {
 		c.Close()
 		t.Fatal("an expired memory lease is served without the control plane")
 	}
 	cp.set(func(f *fakeCP) {
-		f.down, f.expires = false, map[string]time.Time{"lease-m": clock.Now().Add(time.Hour)}
+		f.down, f.expires = false, map[string]time.Time{"lease-m": clk.Now().Add(time.Hour)}
 	})
 	if err := a.Heartbeat(ctx); err != nil {
 		t.Fatal(err)
@@ -265,10 +247,10 @@ func memoryTarget(t *testing.T, uri string) (string, string) {
 // answer extends it from when the heartbeat left.
 func TestExpiryCountsTimeLeft(t *testing.T) {
 	cp, srv := newFakeCP(t)
-	clock := &fakeClock{now: time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)}
+	clk := clock.NewFake(time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC))
 	cpNow := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	cfg := testConfig(srv.URL, t.TempDir())
-	cfg.Clock = clock
+	cfg.Clock = clk
 	a := start(t, cfg).a
 	ctx := ctxFor(t)
 	resp, err := a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindBlock, DeviceName: "disk0",
@@ -277,7 +259,7 @@ func TestExpiryCountsTimeLeft(t *testing.T) {
 		t.Fatal(err)
 	}
 	cp.set(func(f *fakeCP) { f.down = true })
-	clock.Advance(59 * time.Second)
+	clk.Advance(59 * time.Second)
 	a.Heartbeat(ctx)
 	if !served(t, resp.URI) {
 		t.Fatal("a lease with time left stopped: the clocks were compared")
@@ -292,12 +274,12 @@ func TestExpiryCountsTimeLeft(t *testing.T) {
 		t.Fatal(err)
 	}
 	cp.set(func(f *fakeCP) { f.down = true })
-	clock.Advance(60 * time.Second)
+	clk.Advance(60 * time.Second)
 	a.Heartbeat(ctx)
 	if !served(t, resp.URI) {
 		t.Fatal("the renewal was not counted")
 	}
-	clock.Advance(time.Second)
+	clk.Advance(time.Second)
 	a.Heartbeat(ctx)
 	if served(t, resp.URI) {
 		t.Fatal("served past the renewed expiry without the control plane")

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 	"github.com/rialto-project/rialto/internal/dataplane/block/stripe"
 )
@@ -374,11 +376,11 @@ func TestMoveReceivedRangeWipedOnRestart(t *testing.T) {
 // committed by its expiry is wiped.
 func TestMoveReceiveExpires(t *testing.T) {
 	_, srv := newFakeCP(t)
-	clock := &fakeClock{now: time.Now()}
+	clk := clock.NewFake(time.Now())
 	cfg := moveConfig(srv.URL, t.TempDir(), "dst")
-	cfg.Clock = clock
+	cfg.Clock = clk
 	a := start(t, cfg).a
-	in, err := a.ReceiveTransfer(ctxFor(t), api.TransferInRequest{ID: "t5", Token: "tok5", ExpiresAt: clock.Now().Add(time.Minute),
+	in, err := a.ReceiveTransfer(ctxFor(t), api.TransferInRequest{ID: "t5", Token: "tok5", ExpiresAt: clk.Now().Add(time.Minute),
 		Part: api.PrepareRequest{LeaseID: "lease-m", DeviceName: "disk0", Offset: 0, Length: movePart, Export: "x_new"}})
 	if err != nil {
 		t.Fatal(err)
@@ -387,7 +389,7 @@ func TestMoveReceiveExpires(t *testing.T) {
 	if _, err := a.Prepare(ctxFor(t), api.PrepareRequest{LeaseID: "other", DeviceName: "disk0", Offset: 0, Length: 4096, Export: "x_o"}); !errors.Is(err, ErrOverlap) {
 		t.Errorf("prepare over a range being received: %v", err)
 	}
-	clock.Advance(2 * time.Minute)
+	clk.Advance(2 * time.Minute)
 	if err := a.Heartbeat(ctxFor(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -508,6 +510,15 @@ func TestTeardownOfSealedMove(t *testing.T) {
 		_, err := plain.WriteAt(bytes.Repeat([]byte{7}, 4096), 0)
 		held <- err
 	}()
+	// The write must be held by the sealed move before the teardown, or
+	// it would meet a closed export instead.
+	srv := &r.src.drivers[api.KindBlock].(*BlockDriver).srv
+	for deadline := time.Now().Add(30 * time.Second); srv.HeldWrites("x_lease-m") == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the write was never held by the sealed move")
+		}
+		runtime.Gosched()
+	}
 	if err := r.src.Teardown(ctxFor(t), "lease-m"); err != nil {
 		t.Fatal(err)
 	}

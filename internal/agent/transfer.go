@@ -3,7 +3,6 @@ package agent
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/dirty"
+	"github.com/rialto-project/rialto/internal/httpx"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -1046,36 +1046,21 @@ func (a *Agent) transferRoutes(mux *http.ServeMux) {
 	}))
 }
 
-// decodeBody decodes a JSON request body into v, answering 400 if it
-// cannot.
+// decodeBody decodes a JSON request body into v strictly
+// (httpx.DecodeJSON), answering 400 if it cannot.
 func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		writeError(w, http.StatusBadRequest, api.CodeInvalid, "bad request body: "+err.Error())
+	if err := httpx.DecodeJSON(w, r, maxBody, v); err != nil {
+		httpx.WriteError(w, http.StatusBadRequest, api.CodeInvalid, err.Error())
 		return false
 	}
 	return true
 }
 
-// answer writes v with status, or err mapped to its status and code.
+// answer writes v with status, or err mapped by errorMap.
 func answer(w http.ResponseWriter, status int, v any, err error) {
-	if err == nil {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(status)
-		json.NewEncoder(w).Encode(v)
+	if err != nil {
+		errorMap.Write(w, err)
 		return
 	}
-	status, code := http.StatusInternalServerError, api.CodeInternal
-	switch {
-	case errors.Is(err, ErrBadRequest), errors.Is(err, ErrOutOfRange), errors.Is(err, ErrCannotMove):
-		status, code = http.StatusBadRequest, api.CodeInvalid
-	case errors.Is(err, ErrNoDevice), errors.Is(err, ErrNoTransfer):
-		status, code = http.StatusNotFound, api.CodeNotFound
-	case errors.Is(err, ErrConflict), errors.Is(err, ErrOverlap), errors.Is(err, ErrTransferState):
-		status, code = http.StatusConflict, api.CodeConflict
-	case errors.Is(err, ErrNoDriver):
-		status, code = http.StatusServiceUnavailable, api.CodeUnavailable
-	}
-	writeError(w, status, code, err.Error())
+	httpx.WriteJSON(w, status, v)
 }

@@ -23,5 +23,7 @@
 // run in many goroutines, the reserver serializes placements and the
 // store serializes the writes. Run (or, in tests, Sweep with a fake Clock)
 // drives the background duties; Run's caller owns its goroutine and stops
-// it by cancelling the context.
+// it by cancelling the context. Config.Clock (internal/clock; nil: the
+// real clock) is the one source of time: liveness, TTLs, Run's sweeps and
+// the event stream's polls and keep-alives.
 package controlplane

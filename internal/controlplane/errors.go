@@ -7,6 +7,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/httpx"
 )
 
 // Sentinel errors of the control plane. Every error a handler returns is
@@ -23,31 +24,29 @@ var (
 	ErrUnavailable  = errors.New("controlplane: unavailable")
 )
 
-// apiError is the one place where errors become HTTP statuses and codes.
-// Internal errors keep their detail out of the answer.
+// errorMap is the one place where errors become HTTP statuses and codes.
+var errorMap = httpx.ErrorMap{
+	{Err: ErrInvalid, Status: http.StatusBadRequest, Code: api.CodeInvalid},
+	{Err: ErrUnauthorized, Status: http.StatusUnauthorized, Code: api.CodeUnauthorized},
+	{Err: ErrForbidden, Status: http.StatusForbidden, Code: api.CodeForbidden},
+	{Err: ErrNotFound, Status: http.StatusNotFound, Code: api.CodeNotFound},
+	{Err: store.ErrNotFound, Status: http.StatusNotFound, Code: api.CodeNotFound},
+	{Err: ErrConflict, Status: http.StatusConflict, Code: api.CodeConflict},
+	{Err: store.ErrConflict, Status: http.StatusConflict, Code: api.CodeConflict},
+	{Err: store.ErrDuplicate, Status: http.StatusConflict, Code: api.CodeConflict},
+	{Err: ErrInfeasible, Status: http.StatusUnprocessableEntity, Code: api.CodeInfeasible},
+	{Err: store.ErrCapacity, Status: http.StatusUnprocessableEntity, Code: api.CodeInfeasible},
+	{Err: ErrQuota, Status: http.StatusTooManyRequests, Code: api.CodeQuota},
+	{Err: ErrUnavailable, Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable},
+	{Err: context.DeadlineExceeded, Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable},
+}
+
+// apiError maps err with errorMap. Internal errors (those it does not
+// map) keep their detail out of the answer.
 func apiError(err error) (int, api.ErrorInfo) {
-	for _, m := range []struct {
-		err    error
-		status int
-		code   string
-	}{
-		{ErrInvalid, http.StatusBadRequest, api.CodeInvalid},
-		{ErrUnauthorized, http.StatusUnauthorized, api.CodeUnauthorized},
-		{ErrForbidden, http.StatusForbidden, api.CodeForbidden},
-		{ErrNotFound, http.StatusNotFound, api.CodeNotFound},
-		{store.ErrNotFound, http.StatusNotFound, api.CodeNotFound},
-		{ErrConflict, http.StatusConflict, api.CodeConflict},
-		{store.ErrConflict, http.StatusConflict, api.CodeConflict},
-		{store.ErrDuplicate, http.StatusConflict, api.CodeConflict},
-		{ErrInfeasible, http.StatusUnprocessableEntity, api.CodeInfeasible},
-		{store.ErrCapacity, http.StatusUnprocessableEntity, api.CodeInfeasible},
-		{ErrQuota, http.StatusTooManyRequests, api.CodeQuota},
-		{ErrUnavailable, http.StatusServiceUnavailable, api.CodeUnavailable},
-		{context.DeadlineExceeded, http.StatusServiceUnavailable, api.CodeUnavailable},
-	} {
-		if errors.Is(err, m.err) {
-			return m.status, api.ErrorInfo{Code: m.code, Message: err.Error()}
-		}
+	m := errorMap.Lookup(err)
+	if m.Code == api.CodeInternal {
+		return m.Status, api.ErrorInfo{Code: api.CodeInternal, Message: "internal error; see the control plane log"}
 	}
-	return http.StatusInternalServerError, api.ErrorInfo{Code: api.CodeInternal, Message: "internal error; see the control plane log"}
+	return m.Status, api.ErrorInfo{Code: m.Code, Message: err.Error()}
 }

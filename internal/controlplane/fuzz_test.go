@@ -2,11 +2,13 @@ package controlplane
 
 import (
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/rialto-project/rialto/api"
-	"github.com/rialto-project/rialto/internal/controlplane/httpapi"
+	"github.com/rialto-project/rialto/internal/httpx"
 )
 
 // FuzzLeaseRequest decodes and validates arbitrary lease requests: no
@@ -19,7 +21,7 @@ func FuzzLeaseRequest(f *testing.F) {
 	s := &Server{cfg: Config{MaxTTL: 24 * 3600 * 1e9}}
 	f.Fuzz(func(t *testing.T, in string) {
 		var r api.LeaseRequest
-		if err := httpapi.Decode(strings.NewReader(in), httpapi.MaxBody, false, &r); err != nil {
+		if err := httpx.Decode(strings.NewReader(in), maxBody, &r); err != nil {
 			return
 		}
 		if err := s.validateLeaseRequest(&r); err != nil && !errors.Is(err, ErrInvalid) {
@@ -35,11 +37,60 @@ func FuzzJoinRequest(f *testing.F) {
 	f.Add(`{"name":"n","fingerprint":{"machine_id":"m"},"agent_url":"::bad"}`)
 	f.Fuzz(func(t *testing.T, in string) {
 		var r api.JoinRequest
-		if err := httpapi.Decode(strings.NewReader(in), httpapi.MaxBody, false, &r); err != nil {
+		if err := httpx.Decode(strings.NewReader(in), maxBody, &r); err != nil {
 			return
 		}
 		if err := validateJoin(r); err != nil && !errors.Is(err, ErrInvalid) {
 			t.Fatalf("validation error is not ErrInvalid: %v", err)
+		}
+	})
+}
+
+// TestDecodeEmpty: a body a route may omit (allowEmpty) may be empty or
+// null, leaving the value as it was; any other route refuses both, and
+// every route refuses what is not one strict JSON object.
+func TestDecodeEmpty(t *testing.T) {
+	for _, c := range []struct {
+		in         string
+		allowEmpty bool
+		ok         bool
+	}{
+		{`{"kind":"block","size":1}`, false, true},
+		{`  `, true, true},
+		{``, false, false},
+		{`null`, false, false},
+		{` null `, true, true},
+		{`{}`, false, true},
+		{`{"kind":"block"} {}`, true, false},
+		{`{"kind":"block","extra":1}`, true, false},
+		{`{"kind":"block","size":"x"}`, false, false},
+		{`{"kind":`, false, false},
+		{`[]`, true, false},
+		{`{"size":1e400}`, false, false},
+		{`{"kind":"` + strings.Repeat("a", maxBody) + `"}`, true, false},
+	} {
+		r := httptest.NewRequest(http.MethodPost, "/v1/leases", strings.NewReader(c.in))
+		req := api.LeaseRequest{Kind: "keep"}
+		err := decode(httptest.NewRecorder(), r, c.allowEmpty, &req)
+		if (err == nil) != c.ok || (err != nil && !errors.Is(err, httpx.ErrBadBody)) {
+			t.Errorf("%.40q (allowEmpty %v): %v", c.in, c.allowEmpty, err)
+		}
+		if in := strings.TrimSpace(c.in); err == nil && (in == "" || in == "null") && req.Kind != "keep" {
+			t.Errorf("%q overwrote the value: %+v", c.in, req)
+		}
+	}
+}
+
+// FuzzDecodeHeartbeat decodes arbitrary heartbeats: every refusal wraps
+// httpx.ErrBadBody.
+func FuzzDecodeHeartbeat(f *testing.F) {
+	for _, s := range []string{`{"health":"ok","leases":["lease-1"],"links":[{"to":"controlplane","rtt_us":12.5,"up":true}]}`, `{"leases":null}`, `null`, ``} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		var h api.Heartbeat
+		if err := httpx.Decode(strings.NewReader(in), maxBody, &h); err != nil && !errors.Is(err, httpx.ErrBadBody) {
+			t.Fatalf("error not wrapped: %v", err)
 		}
 	})
 }

@@ -13,29 +13,10 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
 )
-
-// fakeClock is a settable clock.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
 
 // fakeLender is an in-package test double of the agents' lease-execution
 // API: it records exports and can refuse or hang per node.
@@ -103,7 +84,7 @@ const (
 type env struct {
 	t      *testing.T
 	srv    *Server
-	clock  *fakeClock
+	clock  *clock.FakeNow // what the server judges by; its stream polls in real time
 	lender *fakeLender
 	ts     *httptest.Server
 	schema *schemaChecker
@@ -123,7 +104,7 @@ func newEnv(t *testing.T, mod ...func(*Config)) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	e := &env{t: t, clock: newFakeClock(), lender: newFakeLender(), dbPath: path}
+	e := &env{t: t, clock: clock.NewFakeNow(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)), lender: newFakeLender(), dbPath: path}
 	cfg := Config{
 		Store: st, Clock: e.clock, Lender: e.lender, BootstrapToken: bootTok, PrepareTimeout: 200 * time.Millisecond,
 		Tokens: []Token{{Token: aliceTok, Tenant: "alice"}, {Token: bobTok, Tenant: "bob"}, {Token: adminTok, Tenant: "ops", Admin: true}},

@@ -13,6 +13,7 @@ import (
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/httpapi"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/httpx"
 )
 
 // handlerFunc is an API handler: it returns the status and value to answer
@@ -166,7 +167,7 @@ func writeError(w http.ResponseWriter, status int, info api.ErrorInfo) {
 	if status == http.StatusUnauthorized {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="rialto"`)
 	}
-	httpapi.WriteJSON(w, status, api.ErrorBody{Error: info})
+	httpx.WriteError(w, status, info.Code, info.Message)
 }
 
 // wrap authenticates, authorizes, runs the handler and maps its error.
@@ -188,7 +189,7 @@ func (s *Server) wrap(rt route) http.Handler {
 			status, out, err = rt.h(ctx, p, r, w)
 		}
 		if err != nil {
-			if errors.Is(err, httpapi.ErrBadBody) {
+			if errors.Is(err, httpx.ErrBadBody) {
 				err = fmt.Errorf("%w: %v", ErrInvalid, err)
 			}
 			code, info := apiError(err)
@@ -203,12 +204,21 @@ func (s *Server) wrap(rt route) http.Handler {
 		if _, ok := out.(streamed); ok {
 			return // the handler wrote its answer (stream.go)
 		}
-		httpapi.WriteJSON(w, status, wireForm(out))
+		httpx.WriteJSON(w, status, wireForm(out))
 	}))
 }
 
+// maxBody is the request-body limit.
+const maxBody = 1 << 20
+
+// decode reads a request body strictly (httpx.DecodeJSON); with allowEmpty
+// an empty or null body is no error and leaves v as it is.
 func decode(w http.ResponseWriter, r *http.Request, allowEmpty bool, v any) error {
-	return httpapi.DecodeRequest(w, r, httpapi.MaxBody, allowEmpty, v)
+	err := httpx.DecodeJSON(w, r, maxBody, v)
+	if allowEmpty && errors.Is(err, httpx.ErrEmptyBody) {
+		return nil
+	}
+	return err
 }
 
 func (s *Server) hJoin(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {

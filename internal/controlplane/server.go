@@ -12,18 +12,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 	"github.com/rialto-project/rialto/internal/controlplane/ui"
 	"github.com/rialto-project/rialto/internal/metrics"
 	"github.com/rialto-project/rialto/internal/pki"
 )
-
-// Clock tells the time; injected so tests can drive liveness and expiry.
-type Clock interface{ Now() time.Time }
-
-type realClock struct{}
-
-func (realClock) Now() time.Time { return time.Now() }
 
 // Lender is how the control plane reaches lender agents. The default
 // (nil in Config) speaks HTTP to node.AgentURL + "/agent/v1/prepare" and
@@ -45,7 +39,7 @@ type Token struct {
 type Config struct {
 	Store  store.Store
 	Logger *slog.Logger // nil: discard
-	Clock  Clock        // nil: the real clock
+	Clock  clock.Clock  // nil: the real clock; times liveness, expiry, the sweep and the event stream
 	Lender Lender       // nil: HTTP to the agents (TLSLender with a CA)
 
 	// CA, if set, is the cluster CA: joining agents must send a CSR and
@@ -81,7 +75,7 @@ type Config struct {
 type Server struct {
 	st     store.Store
 	log    *slog.Logger
-	clock  Clock
+	clock  clock.Clock
 	lender Lender
 	cfg    Config
 	reg    *prometheus.Registry // this server's own: several servers may share a process
@@ -117,9 +111,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = realClock{}
-	}
+	cfg.Clock = clock.Or(cfg.Clock)
 	if cfg.HeartbeatInterval <= 0 {
 		cfg.HeartbeatInterval = time.Second
 	}
@@ -194,13 +186,13 @@ func (s *Server) Handler() http.Handler { return s.h }
 // Run calls Sweep every HeartbeatInterval until ctx is done; it returns
 // ctx's error. Sweep errors are logged, not fatal.
 func (s *Server) Run(ctx context.Context) error {
-	t := time.NewTicker(s.cfg.HeartbeatInterval)
+	t := s.clock.NewTicker(s.cfg.HeartbeatInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-t.C:
+		case <-t.C():
 			if err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
 				s.log.Warn("sweep", "err", err)
 			}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 )
 
@@ -118,7 +119,7 @@ func lastEventID(ctx context.Context, st store.Store) (int64, error) {
 
 // subscribe registers a follower, starting the tailer for the first one;
 // the follower calls the returned function when it ends.
-func (h *eventHub) subscribe(ctx context.Context, st store.Store, log *slog.Logger) (func(), error) {
+func (h *eventHub) subscribe(ctx context.Context, st store.Store, clk clock.Clock, log *slog.Logger) (func(), error) {
 	h.startMu.Lock()
 	defer h.startMu.Unlock()
 	h.mu.Lock()
@@ -147,7 +148,7 @@ func (h *eventHub) subscribe(ctx context.Context, st store.Store, log *slog.Logg
 		h.mu.Unlock()
 		tctx, cancel := context.WithCancel(context.Background())
 		h.cancel, h.done = cancel, make(chan struct{})
-		go h.tail(tctx, st, log, h.done)
+		go h.tail(tctx, st, clk, log, h.done)
 	}
 	return h.unsubscribe, nil
 }
@@ -177,16 +178,17 @@ func (h *eventHub) closeAll() {
 	}
 }
 
-// tail polls the store until ctx ends. It owns nothing but its ticker.
-func (h *eventHub) tail(ctx context.Context, st store.Store, log *slog.Logger, done chan struct{}) {
+// tail polls the store every poll interval of clk until ctx ends. It owns
+// nothing but its ticker.
+func (h *eventHub) tail(ctx context.Context, st store.Store, clk clock.Clock, log *slog.Logger, done chan struct{}) {
 	defer close(done)
-	t := time.NewTicker(h.pollInterval())
+	t := clk.NewTicker(h.pollInterval())
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 		}
 		for {
 			n, err := h.poll(ctx, st)
@@ -439,7 +441,7 @@ func (s *Server) hFollow(ctx context.Context, p principal, r *http.Request, w ht
 // the first byte is written are returned (the caller answers them); later
 // ones end the stream.
 func (s *Server) follow(ctx context.Context, tenant string, since int64, w http.ResponseWriter, format streamFormat) error {
-	unsub, err := s.events.subscribe(ctx, s.st, s.log)
+	unsub, err := s.events.subscribe(ctx, s.st, s.clock, s.log)
 	if err != nil {
 		return err
 	}
@@ -470,7 +472,7 @@ func (s *Server) follow(ctx context.Context, tenant string, since int64, w http.
 	} else if sw.rc.Flush() != nil {
 		return nil
 	}
-	idle := time.NewTimer(s.events.keepaliveInterval())
+	idle := s.clock.NewTimer(s.events.keepaliveInterval())
 	defer idle.Stop()
 	cursor := since
 	for {
@@ -500,7 +502,7 @@ func (s *Server) follow(ctx context.Context, tenant string, since int64, w http.
 		case <-closing:
 			return nil
 		case <-wait:
-		case <-idle.C:
+		case <-idle.C():
 			if sw.keepalive() != nil {
 				return nil
 			}

@@ -8,6 +8,10 @@
 // control plane; api reaches nothing under internal/; the data planes
 // reach neither api nor the control plane. See docs/CONTRIBUTING.md.
 //
+// StoredContexts finds struct fields of type context.Context in a source
+// file; its test runs it over every Go file of the module, tests included,
+// so that ctx is passed to what blocks and never kept in a struct.
+//
 // The model is tailscale's tstest/deptest. Only the packages' own (non-test)
 // dependencies count: a test may import what its package may not.
 //

@@ -2,7 +2,11 @@
 // (WriteJSON), the error body {"error": {"code": ..., "message": ...}} with
 // its stable codes (WriteError, ErrorMap: errors mapped to statuses and
 // codes in one table per server), strict JSON request bodies with a size
-// limit (DecodeJSON), and reading an error body back (ReadError).
+// limit (DecodeJSON; DecodeJSONTolerant ignores unknown fields, for
+// requests from peers that may be newer), and reading an error body back
+// (ReadError). The control plane, the agent, the accelerator appliance
+// and the gateway answer through it; the Redfish facade keeps Redfish's
+// own error format.
 //
 // It imports nothing from Rialto, so the data planes (internal/dataplane/...)
 // answer in the API's error shape without importing api; api.ErrorBody has

@@ -25,8 +25,11 @@ func TestDecode(t *testing.T) {
 	}{
 		{`{"kind":"block","size":1}`, nil, ""},
 		{` {"kind":"block"}` + "\n", nil, ""},
-		{``, ErrEmptyBody, "empty"},
+		{``, ErrEmptyBody, "empty; a JSON object is required"},
 		{" \n\t", ErrEmptyBody, "empty"},
+		{`null`, ErrEmptyBody, "null; a JSON object is required"},
+		{" null\n", ErrEmptyBody, "null"},
+		{`{}`, nil, ""},
 		{`{"kind":"block"} {}`, ErrBadBody, "trailing data"},
 		{`{"kind":"block"},`, ErrBadBody, "trailing data"},
 		{`{"kind":"block","extra":1}`, ErrBadBody, `unknown field "extra"`},
@@ -49,6 +52,14 @@ func TestDecode(t *testing.T) {
 	var v body
 	if err := Decode(strings.NewReader(`{"kind":"block","size":7}`), 128, &v); err != nil || v != (body{"block", 7}) {
 		t.Errorf("decoded %+v, %v", v, err)
+	}
+	// What is required follows v's type.
+	var n int
+	if err := Decode(strings.NewReader(""), 128, &n); !errors.Is(err, ErrEmptyBody) || !strings.Contains(err.Error(), "empty; a JSON value is required") {
+		t.Errorf("empty body into an int: %v", err)
+	}
+	if err := Decode(strings.NewReader("null"), 128, &map[string]int{}); !strings.Contains(fmt.Sprint(err), "null; a JSON object is required") {
+		t.Errorf("null body into a map: %v", err)
 	}
 }
 
@@ -101,6 +112,14 @@ func server(t *testing.T) *httptest.Server {
 		}
 		WriteJSON(w, http.StatusOK, v)
 	})
+	mux.HandleFunc("POST /tolerant", func(w http.ResponseWriter, r *http.Request) {
+		var v body
+		if err := DecodeJSONTolerant(w, r, int64(testBody), &v); err != nil {
+			WriteError(w, http.StatusBadRequest, CodeInvalid, err.Error())
+			return
+		}
+		WriteJSON(w, http.StatusOK, v)
+	})
 	s := httptest.NewServer(mux)
 	t.Cleanup(s.Close)
 	return s
@@ -122,6 +141,10 @@ func TestAnswers(t *testing.T) {
 		{"POST", "/decode", `{"kind":"block","size":9}`, 200, `{"kind":"block","size":9}` + "\n", "", ""},
 		{"POST", "/decode", `{"kind":"block","sise":9}`, 400, "", CodeInvalid, `unknown field "sise"`},
 		{"POST", "/decode", ``, 400, "", CodeInvalid, "empty"},
+		{"POST", "/tolerant", `{"kind":"block","sise":9,"size":3}`, 200, `{"kind":"block","size":3}` + "\n", "", ""},
+		{"POST", "/tolerant", `{"kind":"block"} {}`, 400, "", CodeInvalid, "trailing data"},
+		{"POST", "/tolerant", `null`, 400, "", CodeInvalid, "null; a JSON object is required"},
+		{"POST", "/tolerant", `{"kind":"` + strings.Repeat("b", 2*testBody) + `"}`, 400, "", CodeInvalid, "larger than 64 bytes"},
 		{"POST", "/decode", `{"kind":"` + strings.Repeat("b", 2*testBody) + `"}`, 400, "", CodeInvalid, "larger than 64 bytes"},
 	} {
 		req, err := http.NewRequest(c.method, s.URL+c.path, strings.NewReader(c.in))

@@ -35,10 +35,10 @@ type RelayConfig struct {
 type Relay struct {
 	cfg    RelayConfig
 	ln     net.Listener
-	ctx    context.Context
-	cancel context.CancelFunc
+	cancel context.CancelFunc // ends the forwarding goroutines' context
 	wg     sync.WaitGroup
 	mu     sync.Mutex
+	closed bool
 	conns  map[net.Conn]struct{}
 }
 
@@ -50,9 +50,10 @@ func StartRelay(ctx context.Context, cfg RelayConfig) (*Relay, error) {
 		return nil, fmt.Errorf("lab: relay: %w", err)
 	}
 	r := &Relay{cfg: cfg, ln: ln, conns: map[net.Conn]struct{}{}}
-	r.ctx, r.cancel = context.WithCancel(context.Background())
+	rctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
 	r.wg.Add(1)
-	go r.accept()
+	go r.accept(rctx)
 	return r, nil
 }
 
@@ -61,6 +62,9 @@ func (r *Relay) Addr() string { return r.ln.Addr().String() }
 
 // Close stops accepting, closes every forwarded connection and waits.
 func (r *Relay) Close() error {
+	r.mu.Lock()
+	r.closed = true
+	r.mu.Unlock()
 	r.cancel()
 	err := r.ln.Close()
 	r.mu.Lock()
@@ -75,14 +79,14 @@ func (r *Relay) Close() error {
 func (r *Relay) track(c net.Conn) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.ctx.Err() != nil {
+	if r.closed {
 		return false
 	}
 	r.conns[c] = struct{}{}
 	return true
 }
 
-func (r *Relay) accept() {
+func (r *Relay) accept(ctx context.Context) {
 	defer r.wg.Done()
 	for {
 		c, err := r.ln.Accept()
@@ -94,15 +98,15 @@ func (r *Relay) accept() {
 			return
 		}
 		r.wg.Add(1)
-		go r.serve(c)
+		go r.serve(ctx, c)
 	}
 }
 
-func (r *Relay) serve(c net.Conn) {
+func (r *Relay) serve(ctx context.Context, c net.Conn) {
 	defer r.wg.Done()
 	defer c.Close()
 	var d net.Dialer
-	up, err := d.DialContext(r.ctx, "tcp", r.cfg.Target)
+	up, err := d.DialContext(ctx, "tcp", r.cfg.Target)
 	if err != nil {
 		return
 	}
@@ -121,8 +125,8 @@ func (r *Relay) serve(c net.Conn) {
 	}
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); delayLine(r.ctx, up, c, hop, first); closeWrite(up) }()
-	go func() { defer wg.Done(); delayLine(r.ctx, c, up, hop, nil); closeWrite(c) }()
+	go func() { defer wg.Done(); delayLine(ctx, up, c, hop, first); closeWrite(up) }()
+	go func() { defer wg.Done(); delayLine(ctx, c, up, hop, nil); closeWrite(c) }()
 	wg.Wait()
 }
 

@@ -1,30 +1,17 @@
 package testcluster
 
 import (
-	"sync"
 	"time"
+
+	"github.com/rialto-project/rialto/internal/clock"
 )
 
-// Clock is a fake clock for the control plane and the agents. The zero
-// value is not usable; use NewClock.
-type Clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
+// Clock is the cluster's clock: what the control plane and the agents
+// judge by (liveness, leases' expiries and TTLs) is fake time that tests
+// move with Advance; what paces their loops (the agents' heartbeats every
+// HeartbeatInterval) is real time, so that the cluster runs by itself
+// between Advances (see clock.FakeNow).
+type Clock = clock.FakeNow
 
 // NewClock returns a clock set to t.
-func NewClock(t time.Time) *Clock { return &Clock{now: t} }
-
-// Now returns the fake time.
-func (c *Clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-// Advance moves the clock forward by d.
-func (c *Clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
+func NewClock(t time.Time) *Clock { return clock.NewFakeNow(t) }

@@ -10,8 +10,9 @@
 // The control plane's background duties do not run on their own: tests
 // advance the fake clock with [Cluster.Advance] and run [Cluster.Sweep]
 // (liveness, expiry). The agents tell time by the same fake clock (leases'
-// expiries). Agents heartbeat on a short real interval; a test
-// that needs a heartbeat to have happened calls [Cluster.Heartbeat].
+// expiries). Agents heartbeat on a short real interval ([Clock]: fake Now,
+// real timers); a test that needs a heartbeat to have happened calls
+// [Cluster.Heartbeat].
 //
 // Zero values: use [Start]; a zero Cluster or Node is not usable.
 // Concurrency: Cluster and Node methods may be called from the test's

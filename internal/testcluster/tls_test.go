@@ -158,6 +158,19 @@ func TestTLSRevokedNodeCertificate(t *testing.T) {
 		return err == nil && certs[0].SerialNumber.Cmp(old.Leaf.SerialNumber) != 0
 	})
 	c.Eventually("the node ready with its new certificate", func() bool { return c.NodeState(n.ID()) == api.NodeReady })
+	// A rejoin registers the node before its devices: wait for them.
+	c.Eventually("the node's block device available again", func() bool {
+		devs, err := c.Client().Devices(ctx)
+		if err != nil {
+			return false
+		}
+		for _, d := range devs {
+			if d.NodeID == n.ID() && d.Kind == api.KindBlock && d.State == "available" {
+				return true
+			}
+		}
+		return false
+	})
 	l := createBlock(t, c.Client(), 4<<20, api.ModeShared)
 	if l.NodeID != n.ID() {
 		t.Fatalf("lease on %s", l.NodeID)

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rialto-project/rialto/internal/backoff"
 	"github.com/vishvananda/netlink"
 )
 
@@ -495,7 +496,7 @@ func (m *member) dial(ctx context.Context, want netip.Addr) (*session, Welcome, 
 // run keeps the member connected until ctx ends: it serves the session s
 // (if given, else dials one), and after a loss dials again with backoff.
 func (m *member) run(ctx context.Context, s *session) {
-	backoff := 50 * time.Millisecond
+	retry := backoff.Backoff{Min: 50 * time.Millisecond, Max: 2 * time.Second}
 	for ctx.Err() == nil {
 		if s == nil {
 			var w Welcome
@@ -503,14 +504,9 @@ func (m *member) run(ctx context.Context, s *session) {
 			s, w, err = m.dial(ctx, m.i.addr)
 			if err != nil {
 				m.setDown(err)
-				t := time.NewTimer(backoff)
-				select {
-				case <-ctx.Done():
-					t.Stop()
+				if retry.Wait(ctx) != nil {
 					return
-				case <-t.C:
 				}
-				backoff = min(2*backoff, 2*time.Second)
 				continue
 			}
 			if m.i.cfg.Routes == nil {
@@ -520,7 +516,7 @@ func (m *member) run(ctx context.Context, s *session) {
 			}
 			m.setUp(s, w)
 		}
-		backoff = 50 * time.Millisecond
+		retry.Reset()
 		err := m.serve(ctx, s)
 		m.setDown(err)
 		if ctx.Err() == nil {

@@ -99,8 +99,7 @@ type lease struct {
 	up      *rate.Limiter
 	down    *rate.Limiter
 	ctr     counters
-	ctx     context.Context
-	cancel  context.CancelFunc
+	done    chan struct{} // closed when the lease ends
 
 	mu   sync.Mutex
 	sess *session
@@ -219,7 +218,7 @@ func (l *Lender) AddLease(ctx context.Context, spec LeaseSpec) error {
 		tun.Close()
 		return err
 	}
-	ls.ctx, ls.cancel = context.WithCancel(context.Background())
+	ls.done = make(chan struct{})
 	l.leases[spec.ID] = ls
 	l.byCred[credKey(spec.Credential)] = ls
 	l.wg.Add(1)
@@ -306,7 +305,7 @@ func (l *Lender) RemoveLease(ctx context.Context, id string) error {
 }
 
 func (ls *lease) end(ctx context.Context) {
-	ls.cancel()
+	close(ls.done)
 	ls.mu.Lock()
 	s := ls.sess
 	ls.sess = nil
@@ -498,7 +497,7 @@ func (ls *lease) join(h Hello) (*session, netip.Addr, error) {
 	l := ls.l
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if ls.ctx.Err() != nil {
+	if ls.ended() {
 		return nil, netip.Addr{}, fmt.Errorf("%w: lease %s ended", ErrGone, ls.spec.ID)
 	}
 	if h.Addr.IsValid() && h.Addr != ls.addr {
@@ -539,6 +538,45 @@ func (ls *lease) readdress(a netip.Addr) error {
 	return nil
 }
 
+// ended reports whether the lease has ended.
+func (ls *lease) ended() bool {
+	select {
+	case <-ls.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// wait waits until lim (nil: no limit) lets n bytes through, as
+// rate.Limiter.WaitN does; it reports false if the lease ends first or n
+// exceeds the limiter's burst.
+func (ls *lease) wait(lim *rate.Limiter, n int) bool {
+	if lim == nil {
+		return true
+	}
+	if ls.ended() {
+		return false
+	}
+	r := lim.ReserveN(time.Now(), n)
+	if !r.OK() {
+		return false
+	}
+	d := r.Delay()
+	if d == 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ls.done:
+		r.Cancel()
+		return false
+	}
+}
+
 // deliverUp writes a packet from the borrower into the lender's kernel: it
 // must be IPv4 from the lease's address, and waits for the lease's rate.
 func (ls *lease) deliverUp(pkt []byte) {
@@ -547,7 +585,7 @@ func (ls *lease) deliverUp(pkt []byte) {
 		ls.ctr.filter.Add(1)
 		return
 	}
-	if ls.up != nil && ls.up.WaitN(ls.ctx, len(pkt)) != nil {
+	if !ls.wait(ls.up, len(pkt)) {
 		return
 	}
 	if _, err := ls.tun.Write(pkt); err != nil {
@@ -568,7 +606,7 @@ func (ls *lease) downLoop() {
 			return
 		}
 		pkt := buf[:n]
-		if ls.down != nil && ls.down.WaitN(ls.ctx, n) != nil {
+		if !ls.wait(ls.down, n) {
 			return
 		}
 		ls.mu.Lock()

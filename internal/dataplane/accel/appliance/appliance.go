@@ -16,6 +16,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/rialto-project/rialto/internal/backoff"
+	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
 	"github.com/rialto-project/rialto/internal/metrics"
@@ -65,6 +67,9 @@ type Config struct {
 	// receives a heartbeat every HeartbeatInterval (default 5 s).
 	Registrar         Registrar
 	HeartbeatInterval time.Duration
+	// Clock times the registration's retries and the heartbeats, and
+	// stamps health and loaded roles (nil: the real clock).
+	Clock clock.Clock
 }
 
 // Registrar connects the shell to a control plane (boot, register,
@@ -190,6 +195,7 @@ func New(cfg Config) (*Appliance, error) {
 	if cfg.HeartbeatInterval <= 0 {
 		cfg.HeartbeatInterval = 5 * time.Second
 	}
+	cfg.Clock = clock.Or(cfg.Clock)
 	if cfg.MaxPayload == 0 {
 		cfg.MaxPayload = accel.DefaultMaxPayload
 	}
@@ -364,7 +370,7 @@ func (a *Appliance) Run(ctx context.Context) error {
 	}
 	defer a.running.Store(false)
 	defer a.closed.Store(true)
-	a.started.Store(time.Now().UnixNano())
+	a.started.Store(a.cfg.Clock.Now().UnixNano())
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -449,23 +455,18 @@ func (a *Appliance) Run(ctx context.Context) error {
 // backoff) then a Heartbeat every interval.
 func (a *Appliance) register(ctx context.Context) {
 	r := a.cfg.Registrar
-	backoff := 100 * time.Millisecond
+	retry := backoff.Backoff{Min: 100 * time.Millisecond, Max: 10 * time.Second, Clock: a.cfg.Clock}
 	for {
 		err := r.Register(ctx, a.Info())
 		if err == nil {
 			break
 		}
 		a.log.Warn("appliance: register failed", "err", err)
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if retry.Wait(ctx) != nil {
 			return
-		case <-t.C:
 		}
-		backoff = min(2*backoff, 10*time.Second)
 	}
-	tick := time.NewTicker(a.cfg.HeartbeatInterval)
+	tick := a.cfg.Clock.NewTicker(a.cfg.HeartbeatInterval)
 	defer tick.Stop()
 	for {
 		if err := r.Heartbeat(ctx, a.Health()); err != nil && ctx.Err() == nil {
@@ -474,7 +475,7 @@ func (a *Appliance) register(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-tick.C():
 		}
 	}
 }
@@ -499,9 +500,9 @@ func (a *Appliance) Slot(id int) (SlotStatus, error) {
 
 // Health reports the shell's health and every slot's status.
 func (a *Appliance) Health() Health {
-	h := Health{ID: a.cfg.ID, Time: time.Now().UTC(), Healthy: a.running.Load(), Slots: a.Slots()}
+	h := Health{ID: a.cfg.ID, Time: a.cfg.Clock.Now().UTC(), Healthy: a.running.Load(), Slots: a.Slots()}
 	if t := a.started.Load(); t != 0 {
-		h.Uptime = time.Since(time.Unix(0, t)).Seconds()
+		h.Uptime = a.cfg.Clock.Since(time.Unix(0, t)).Seconds()
 	}
 	return h
 }
@@ -581,40 +582,56 @@ func (a *Appliance) SetCredential(id int, credential []byte) error {
 
 // lease is one credential and the lifetime of its connections.
 type lease struct {
-	cred   []byte
-	ctx    context.Context
-	cancel context.CancelFunc
+	cred []byte
 
-	mu    sync.Mutex
-	ended bool
-	users sync.WaitGroup // connections and HTTP calls under this lease
+	mu      sync.Mutex
+	ended   bool
+	cancels map[int]context.CancelFunc // the users' (guarded by mu)
+	nextID  int
+	users   sync.WaitGroup // connections and HTTP calls under this lease
 }
 
-// enter registers a user of the lease; it fails once the lease has ended.
-func (l *lease) enter() bool {
+// enter registers a user of the lease, whose work cancel stops when the
+// lease ends; the user calls exit when done. It fails once the lease has
+// ended.
+func (l *lease) enter(cancel context.CancelFunc) (exit func(), ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.ended {
-		return false
+		return nil, false
 	}
+	id := l.nextID
+	l.nextID++
+	l.cancels[id] = cancel
 	l.users.Add(1)
-	return true
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			l.mu.Lock()
+			delete(l.cancels, id)
+			l.mu.Unlock()
+			l.users.Done()
+		})
+	}, true
 }
-
-func (l *lease) exit() { l.users.Done() }
 
 // end cancels the lease's users and waits for them.
 func (l *lease) end() {
 	l.mu.Lock()
 	l.ended = true
+	cancels := make([]context.CancelFunc, 0, len(l.cancels))
+	for _, c := range l.cancels {
+		cancels = append(cancels, c)
+	}
 	l.mu.Unlock()
-	l.cancel()
+	for _, c := range cancels {
+		c()
+	}
 	l.users.Wait()
 }
 
 func newLease(cred []byte) *lease {
-	ctx, cancel := context.WithCancel(context.Background())
-	return &lease{cred: append([]byte(nil), cred...), ctx: ctx, cancel: cancel}
+	return &lease{cred: append([]byte(nil), cred...), cancels: map[int]context.CancelFunc{}}
 }
 
 // loaded is a role in a slot with a count of the tasks using it; a
@@ -728,7 +745,7 @@ func (s *slot) status() SlotStatus {
 func (s *slot) setRole(r roles.Role, spec roles.Spec) {
 	var nl *loaded
 	if r != nil {
-		nl = &loaded{role: r, spec: spec, at: time.Now().UTC()}
+		nl = &loaded{role: r, spec: spec, at: s.a.cfg.Clock.Now().UTC()}
 	}
 	old := s.role.Swap(nl)
 	s.gen.Add(1)
@@ -775,22 +792,20 @@ func (s *slot) serve(ctx context.Context) error {
 			}
 			return fmt.Errorf("appliance: slot %d accept: %w", s.id, err)
 		}
-		l := s.currentLease()
-		if !l.enter() { // ended between the two calls: the new one is current
-			l = s.currentLease()
-			if !l.enter() {
+		cctx, cancel := context.WithCancel(ctx)
+		exit, ok := s.currentLease().enter(cancel)
+		if !ok { // ended between the two calls: the new one is current
+			if exit, ok = s.currentLease().enter(cancel); !ok {
+				cancel()
 				_ = nc.Close()
 				continue
 			}
 		}
-		cctx, cancel := context.WithCancel(ctx)
-		stopLease := context.AfterFunc(l.ctx, cancel)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer l.exit()
+			defer exit()
 			defer cancel()
-			defer stopLease()
 			srv.ServeConn(cctx, nc)
 		}()
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles/wasmtest"
@@ -356,28 +357,51 @@ func (f *fakeRegistrar) Heartbeat(ctx context.Context, h Health) error {
 	return nil
 }
 
+// The appliance registers (retrying a failure after a backoff of its
+// clock) and then heartbeats every HeartbeatInterval of its clock, its
+// health stamped by that clock.
 func TestRegisterAndHeartbeat(t *testing.T) {
 	fr := &fakeRegistrar{registered: make(chan Info, 1), beats: make(chan Health)}
 	fr.fails.Store(1)
-	a := start(t, Config{ID: "app-1", Slots: 2, SlotMemory: 1024, Registrar: fr, HeartbeatInterval: time.Millisecond,
-		ManagementAddr: "127.0.0.1:0"})
-	deadline := time.After(20 * time.Second)
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := clock.NewFake(t0)
+	a := start(t, Config{ID: "app-1", Slots: 2, SlotMemory: 1024, Registrar: fr, HeartbeatInterval: time.Minute,
+		ManagementAddr: "127.0.0.1:0", Clock: clk})
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	// The failed registration waits for its retry on the clock.
+	if err := clk.BlockUntil(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
 	select {
-	case info := <-fr.registered:
-		if info.ID != "app-1" || len(info.Slots) != 2 || info.Management != a.ManagementAddr() {
-			t.Fatalf("registered %+v", info)
-		}
-	case <-deadline:
+	case <-fr.registered:
+		t.Fatal("registered again before the retry's time")
+	default:
+	}
+	next, _ := clk.Next()
+	clk.Advance(next.Sub(clk.Now()))
+	var info Info
+	select {
+	case info = <-fr.registered:
+	case <-ctx.Done():
 		t.Fatal("no registration")
 	}
-	for i := 0; i < 3; i++ {
+	if info.ID != "app-1" || len(info.Slots) != 2 || info.Management != a.ManagementAddr() {
+		t.Fatalf("registered %+v", info)
+	}
+	registered := clk.Now()
+	for i := range 3 {
+		if i > 0 {
+			clk.Advance(time.Minute)
+		}
 		select {
 		case h := <-fr.beats:
-			if !h.Healthy || len(h.Slots) != 2 {
-				t.Fatalf("heartbeat %+v", h)
+			if !h.Healthy || len(h.Slots) != 2 || !h.Time.Equal(registered.Add(time.Duration(i)*time.Minute)) ||
+				h.Uptime != clk.Since(t0).Seconds() {
+				t.Fatalf("heartbeat %d: %+v (clock %v)", i, h, clk.Now())
 			}
-		case <-deadline:
-			t.Fatal("no heartbeat")
+		case <-ctx.Done():
+			t.Fatalf("no heartbeat %d", i)
 		}
 	}
 	resp, err := http.Get("http://" + a.ManagementAddr() + "/v1/health")

@@ -144,18 +144,16 @@ func (a *Appliance) httpCall(w http.ResponseWriter, r *http.Request, id int) err
 		return err
 	}
 	t := (*slotTarget)(s)
-	l := s.currentLease()
-	if !l.enter() {
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	exit, ok := s.currentLease().enter(cancel)
+	if !ok {
 		return fmt.Errorf("%w: lease ended", accel.ErrAuth)
 	}
-	defer l.exit()
+	defer exit()
 	if err := t.Authenticate([]byte(r.Header.Get("Rialto-Lease-Credential"))); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	stop := context.AfterFunc(l.ctx, cancel)
-	defer stop()
 	in, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxCallBody))
 	if err != nil {
 		return fmt.Errorf("%w: body above %d bytes", accel.ErrTooLarge, MaxCallBody)

@@ -31,10 +31,12 @@ type Credentials struct {
 var ErrLeaseQueueFull = fmt.Errorf("gateway: this lease's share of the queue is full: %w", accel.ErrBusy)
 
 type credential struct {
-	ctx     context.Context
-	cancel  context.CancelFunc
-	users   sync.WaitGroup
-	pending atomic.Int64
+	// sessions cancels the contexts of the sessions open under the
+	// credential (guarded by Credentials.mu); Revoke calls them all.
+	sessions map[int]context.CancelFunc
+	nextID   int
+	users    sync.WaitGroup
+	pending  atomic.Int64
 }
 
 type credKey struct{}
@@ -56,10 +58,7 @@ func (cs *Credentials) Add(cred []byte) error {
 	}
 	k := key(cred)
 	if _, ok := cs.m[k]; !ok {
-		c := &credential{}
-		c.ctx, c.cancel = context.WithCancel(context.Background())
-		c.ctx = context.WithValue(c.ctx, credKey{}, c)
-		cs.m[k] = c
+		cs.m[k] = &credential{sessions: map[int]context.CancelFunc{}}
 	}
 	return nil
 }
@@ -71,11 +70,19 @@ func (cs *Credentials) Revoke(cred []byte) bool {
 	k := key(cred)
 	c, ok := cs.m[k]
 	delete(cs.m, k)
+	var cancels []context.CancelFunc
+	if ok {
+		for _, cancel := range c.sessions {
+			cancels = append(cancels, cancel)
+		}
+	}
 	cs.mu.Unlock()
 	if !ok {
 		return false
 	}
-	c.cancel()
+	for _, cancel := range cancels {
+		cancel()
+	}
 	c.users.Wait()
 	return true
 }
@@ -107,8 +114,20 @@ func (cs *Credentials) Session(cred []byte) (context.Context, func(), error) {
 		return nil, nil, accel.ErrAuth
 	}
 	c.users.Add(1)
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), credKey{}, c))
+	id := c.nextID
+	c.nextID++
+	c.sessions[id] = cancel
 	var once sync.Once
-	return c.ctx, func() { once.Do(c.users.Done) }, nil
+	return ctx, func() {
+		once.Do(func() {
+			cs.mu.Lock()
+			delete(c.sessions, id)
+			cs.mu.Unlock()
+			cancel()
+			c.users.Done()
+		})
+	}, nil
 }
 
 // SharedTarget exposes the gateway over the accel protocol to every holder

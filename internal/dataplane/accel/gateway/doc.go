@@ -12,8 +12,8 @@
 //
 // Build a Gateway with New and run its scheduler and workers with Run; Call
 // and CallGroup may be used from any goroutine while Run runs. The zero
-// value is not usable. Time comes from Config.Clock so tests drive the
-// queue-delay logic without sleeping.
+// value is not usable. Time comes from Config.Clock (internal/clock) so
+// tests drive the queue-delay logic with a clock.Fake, without sleeping.
 //
 // A gateway shared by several leases is served with SharedTarget over a
 // Credentials set (zero value: empty, no per-credential limit; safe for

@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
 	"github.com/rialto-project/rialto/internal/metrics"
@@ -53,7 +54,7 @@ type Config struct {
 	Workers        int                   // concurrent executions; default 1
 	QueueLimit     int                   // items accepted and not yet answered before ErrQueueFull; default 64×MaxBatch
 	QueueTimeout   time.Duration         // a request queued longer fails with ErrQueueTimeout; 0: none
-	Clock          Clock                 // default RealClock
+	Clock          clock.Clock           // nil: the real clock
 	Metrics        prometheus.Registerer // optional; gateways sharing one tell their series apart by Name
 	Logger         *slog.Logger
 }
@@ -77,7 +78,7 @@ type result struct {
 }
 
 type request struct {
-	ctx   context.Context
+	gone  <-chan struct{} // the caller's ctx.Done(): closed once it gave up
 	entry string
 	key   string
 	items [][]byte
@@ -148,9 +149,7 @@ func New(cfg Config, instances []Backend) (*Gateway, error) {
 		}
 	}
 	cfg.PreferredBatch = pref
-	if cfg.Clock == nil {
-		cfg.Clock = RealClock{}
-	}
+	cfg.Clock = clock.Or(cfg.Clock)
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -252,7 +251,7 @@ func (g *Gateway) CallKeyed(ctx context.Context, key, entry string, items [][]by
 		g.queued.Add(-int64(len(items)))
 		return reject(fmt.Errorf("%w (%d items queued, limit %d)", ErrQueueFull, n-int64(len(items)), g.cfg.QueueLimit))
 	}
-	r := &request{ctx: ctx, entry: entry, key: key, items: items, enq: g.cfg.Clock.Now(), done: make(chan result, 1)}
+	r := &request{gone: ctx.Done(), entry: entry, key: key, items: items, enq: g.cfg.Clock.Now(), done: make(chan result, 1)}
 	select {
 	case g.in <- r:
 	case <-g.stopped:
@@ -266,17 +265,39 @@ func (g *Gateway) CallKeyed(ctx context.Context, key, entry string, items [][]by
 	g.requests.Add(1)
 	select {
 	case res := <-r.done:
-		return res.outs, res.err
+		return r.outcome(ctx, res)
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	case <-g.finished:
 		select {
 		case res := <-r.done:
-			return res.outs, res.err
+			return r.outcome(ctx, res)
 		default: // slipped into the queue after the final drain
 			return nil, ErrStopped
 		}
 	}
+}
+
+// errCallerGone is the result of a request whose caller gave up; the
+// caller returns its ctx's error instead.
+var errCallerGone = errors.New("gateway: the caller gave up")
+
+// callerGone reports whether r's caller gave up.
+func (r *request) callerGone() bool {
+	select {
+	case <-r.gone:
+		return true
+	default:
+		return false
+	}
+}
+
+// outcome is what the caller of r, whose context is ctx, returns for res.
+func (r *request) outcome(ctx context.Context, res result) ([][]byte, error) {
+	if res.err == errCallerGone {
+		return nil, ctx.Err()
+	}
+	return res.outs, res.err
 }
 
 // queue is the FIFO of one entry.
@@ -336,7 +357,7 @@ func (g *Gateway) finish(r *request, res result, outcome string) {
 func (g *Gateway) schedule(ctx context.Context, work chan<- batch) {
 	queues := map[string]*queue{}
 	var order []string // entries in arrival order of their queue
-	var timer Timer
+	var timer clock.Timer
 	var timerAt time.Time
 	defer func() {
 		if timer != nil {
@@ -426,8 +447,8 @@ func (g *Gateway) expire(q *queue, now time.Time) {
 	for _, r := range q.reqs {
 		var res result
 		outcome := ""
-		if err := r.ctx.Err(); err != nil {
-			res, outcome = result{err: err}, "cancelled"
+		if r.callerGone() {
+			res, outcome = result{err: errCallerGone}, "cancelled"
 		} else if g.cfg.QueueTimeout > 0 && now.Sub(r.enq) >= g.cfg.QueueTimeout {
 			g.rejected.Add(1)
 			res, outcome = result{err: fmt.Errorf("%w (%v)", ErrQueueTimeout, g.cfg.QueueTimeout)}, "rejected"
@@ -564,8 +585,8 @@ func (g *Gateway) execute(ctx context.Context, b batch) {
 	}
 	if outs, err := g.run(ctx, b.entry, b.reqs, b.n); err != nil && len(b.reqs) > 1 && itemError(err) {
 		for _, r := range b.reqs {
-			if err := r.ctx.Err(); err != nil { // its caller has gone
-				g.finish(r, result{err: err}, "cancelled")
+			if r.callerGone() {
+				g.finish(r, result{err: errCallerGone}, "cancelled")
 				continue
 			}
 			o, err := g.run(ctx, b.entry, []*request{r}, len(r.items))

@@ -14,63 +14,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
 	"github.com/rialto-project/rialto/internal/metrics"
 )
 
-type fakeClock struct {
-	mu     sync.Mutex
-	now    time.Time
-	timers []*fakeTimer
-}
-
-type fakeTimer struct {
-	at      time.Time
-	ch      chan time.Time
-	stopped bool
-}
-
-func (t *fakeTimer) C() <-chan time.Time { return t.ch }
-func (t *fakeTimer) Stop() bool          { t.stopped = true; return true }
-
-func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1000, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) NewTimer(d time.Duration) Timer {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	t := &fakeTimer{at: c.now.Add(d), ch: make(chan time.Time, 1)}
-	if d <= 0 {
-		t.ch <- c.now
-		return t
-	}
-	c.timers = append(c.timers, t)
-	return t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-	kept := c.timers[:0]
-	for _, t := range c.timers {
-		if !t.at.After(c.now) {
-			select {
-			case t.ch <- c.now:
-			default:
-			}
-			continue
-		}
-		kept = append(kept, t)
-	}
-	c.timers = kept
-}
+func newFakeClock() *clock.Fake { return clock.NewFake(time.Unix(1000, 0)) }
 
 // recorder is a backend that reports every batch and can be gated.
 type recorder struct {
@@ -153,6 +103,9 @@ func TestQueueDelay(t *testing.T) {
 		errs = append(errs, callAsync(g, "e", fmt.Sprint(i)))
 	}
 	waitFor(t, func() bool { return g.received.Load() == 3 })
+	if err := clk.BlockUntil(t.Context(), 1); err != nil { // the queue-delay timer
+		t.Fatal(err)
+	}
 	noBatch(t, rec)
 	clk.Advance(9 * time.Millisecond)
 	noBatch(t, rec)

@@ -262,6 +262,24 @@ func (s *Server) PauseWrites(ctx context.Context, name string) error {
 	return nil
 }
 
+// HeldWrites reports how many writes to export name are held by
+// PauseWrites (or a sealed move) right now: tests and metrics wait on it.
+func (s *Server) HeldWrites(name string) int {
+	s.mu.Lock()
+	e, ok := s.exports[name]
+	s.mu.Unlock()
+	if !ok {
+		return 0
+	}
+	mv := e.mv.Load()
+	if mv == nil {
+		return 0
+	}
+	mv.mu.Lock()
+	defer mv.mu.Unlock()
+	return mv.waiting
+}
+
 // ResumeWrites lets the writes held by PauseWrites proceed.
 func (s *Server) ResumeWrites(name string) error {
 	s.mu.Lock()

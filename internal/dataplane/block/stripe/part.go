@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rialto-project/rialto/internal/backoff"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 )
 
@@ -18,7 +19,7 @@ import (
 // so writes made after the reconnection are durable once it succeeds.
 var ErrLostWrites = errors.New("stripe: connection to a part broke with unflushed writes; they may be lost")
 
-// Redial backoff between dial attempts.
+// The floor and ceiling of the backoff between redial attempts (internal/backoff).
 const (
 	redialFirstWait = 20 * time.Millisecond
 	redialMaxWait   = 500 * time.Millisecond
@@ -43,8 +44,8 @@ type nbdPart struct {
 	flags   uint16 // of the first connection
 	meta    bool   // the first connection negotiated base:allocation
 
-	ctx    context.Context // cancelled by Close; bounds redials
-	cancel context.CancelFunc
+	redialMu     sync.Mutex
+	redialCancel context.CancelFunc // the redial under way's; Close calls it
 
 	mu     sync.Mutex // serialises redials
 	cur    atomic.Pointer[nbd.Client]
@@ -62,7 +63,6 @@ func newPart(c *nbd.Client, u nbd.URI, index int, timeout, redial time.Duration,
 	resolve func(context.Context, int) (string, error), log *slog.Logger) *nbdPart {
 	p := &nbdPart{uri: u, index: index, timeout: timeout, redial: redial, resolve: resolve, log: log,
 		size: c.Size(), flags: c.Flags(), meta: c.CanExtents()}
-	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.cur.Store(c)
 	return p
 }
@@ -117,10 +117,15 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 	old.Close()
 	unflushed := p.wseq.Load() > p.flushed.Load()
 	from := p.uri
-	ctx, cancel := context.WithTimeout(p.ctx, p.redial)
+	ctx, cancel := context.WithTimeout(context.Background(), p.redial)
 	defer cancel()
+	if !p.setRedial(cancel) {
+		p.dead.Store(true)
+		return nil, fmt.Errorf("stripe: part %d: %w", p.index, nbd.ErrClosed)
+	}
+	defer p.setRedial(nil)
 	start := time.Now()
-	wait := redialFirstWait
+	retry := backoff.Backoff{Min: redialFirstWait, Max: redialMaxWait}
 	for attempt := 1; ; attempt++ {
 		if attempt > 1 {
 			p.follow(ctx)
@@ -145,10 +150,7 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 			p.log.Info("stripe: reconnected to part", "part", p.index, "addr", p.uri.Address, "attempts", attempt, "after", time.Since(start))
 			return c, nil
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if retry.Wait(ctx) != nil {
 			if unflushed {
 				p.lost.Store(true)
 			}
@@ -156,9 +158,7 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 			p.log.Error("stripe: gave up reconnecting to part", "part", p.index, "addr", p.uri.Address, "attempts", attempt, "after", time.Since(start), "err", err)
 			// Dial errors do not quote the export name.
 			return nil, fmt.Errorf("stripe: part %d: reconnecting for %v: %w (last attempt: %w)", p.index, p.redial, nbd.ErrClosed, err)
-		case <-t.C:
 		}
-		wait = min(2*wait, redialMaxWait)
 	}
 }
 
@@ -252,6 +252,22 @@ func (p *nbdPart) Flush() error {
 // return.
 func (p *nbdPart) Close() error {
 	p.closed.Store(true)
-	p.cancel()
+	p.redialMu.Lock()
+	if p.redialCancel != nil {
+		p.redialCancel()
+	}
+	p.redialMu.Unlock()
 	return p.cur.Load().Close()
+}
+
+// setRedial records the cancel function of the redial under way (nil:
+// none), which Close calls; it refuses one once Close has been called.
+func (p *nbdPart) setRedial(cancel context.CancelFunc) bool {
+	p.redialMu.Lock()
+	defer p.redialMu.Unlock()
+	if cancel != nil && p.closed.Load() {
+		return false
+	}
+	p.redialCancel = cancel
+	return true
 }
