@@ -71,7 +71,7 @@ func HTTPClient(caFile string, timeout time.Duration) (*http.Client, error) {
 
 // Client talks to a control plane.
 type Client struct {
-	base  string
+	ep    *endpoints
 	token string
 	hc    *http.Client
 }
@@ -80,12 +80,13 @@ type Client struct {
 // "https://127.0.0.1:7070") authenticating with token (tenant API token,
 // node credential or bootstrap token, depending on the call). hc may be nil
 // (a 30 s timeout, the system's CAs); HTTPClient makes one that trusts the
-// cluster's CA.
+// cluster's CA. base may list several replicas' addresses separated by
+// commas: the client then fails over between them (failover.go).
 func NewClient(base, token string, hc *http.Client) *Client {
 	if hc == nil {
 		hc = &http.Client{Timeout: 30 * time.Second}
 	}
-	return &Client{base: strings.TrimRight(base, "/"), token: token, hc: hc}
+	return &Client{ep: newEndpoints(base), token: token, hc: hc}
 }
 
 // WithToken returns a copy of c that uses token.
@@ -98,28 +99,33 @@ func (c *Client) WithToken(token string) *Client {
 // Do sends a request with a JSON body (nil for none) and decodes a JSON
 // answer into out (nil to discard). Extra headers may be given.
 func (c *Client) Do(ctx context.Context, method, path string, body, out any, hdr ...string) error {
-	var rd io.Reader
+	var b []byte
 	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
+		var err error
+		if b, err = json.Marshal(body); err != nil {
 			return fmt.Errorf("rialto api: encode request: %w", err)
 		}
-		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
-	if err != nil {
-		return fmt.Errorf("rialto api: %w", err)
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	resp, err := c.hc.Do(req)
+	resp, err := c.roundTrip(ctx, func(base string) (*http.Request, error) {
+		var rd io.Reader
+		if body != nil {
+			rd = bytes.NewReader(b)
+		}
+		req, err := http.NewRequestWithContext(ctx, method, base+path, rd)
+		if err != nil {
+			return nil, fmt.Errorf("rialto api: %w", err)
+		}
+		if body != nil {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		if c.token != "" {
+			req.Header.Set("Authorization", "Bearer "+c.token)
+		}
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		return req, nil
+	})
 	if err != nil {
 		var cv *tls.CertificateVerificationError
 		if errors.As(err, &cv) {
@@ -242,6 +248,10 @@ func (c *Client) Lease(ctx context.Context, id string) (Lease, error) {
 func (c *Client) CreateLease(ctx context.Context, r LeaseRequest) (Lease, error) {
 	var out Lease
 	var hdr []string
+	if r.IdempotencyKey == "" && len(c.ep.bases) > 1 {
+		// It may be retried on another replica: make the retry safe.
+		r.IdempotencyKey = newIdempotencyKey()
+	}
 	if r.IdempotencyKey != "" {
 		hdr = []string{"Idempotency-Key", r.IdempotencyKey}
 	}
@@ -298,8 +308,12 @@ func (c *Client) LoginLink(ctx context.Context) (LoginLink, error) {
 	return out, c.Do(ctx, http.MethodPost, "/v1/login-links", nil, &out)
 }
 
-// BaseURL is the control plane's base URL, as given to NewClient.
-func (c *Client) BaseURL() string { return c.base }
+// BaseURL is the base URL of the control plane in use (of several, the
+// one that answered last).
+func (c *Client) BaseURL() string {
+	_, b := c.ep.current()
+	return b
+}
 
 // Whoami tells who c's token is.
 func (c *Client) Whoami(ctx context.Context) (Whoami, error) {

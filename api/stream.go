@@ -92,7 +92,8 @@ func (e callbackError) Unwrap() error { return e.err }
 func (c *Client) followOnce(ctx context.Context, hc *http.Client, since *int64, idle time.Duration, fn func(Event) error) (got bool, err error) {
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	req, err := http.NewRequestWithContext(rctx, http.MethodGet, fmt.Sprintf("%s/v1/events?follow=1&format=ndjson&since=%d", c.base, *since), nil)
+	i, base := c.ep.current()
+	req, err := http.NewRequestWithContext(rctx, http.MethodGet, fmt.Sprintf("%s/v1/events?follow=1&format=ndjson&since=%d", base, *since), nil)
 	if err != nil {
 		return false, fmt.Errorf("rialto api: %w", err)
 	}
@@ -101,6 +102,13 @@ func (c *Client) followOnce(ctx context.Context, hc *http.Client, since *int64, 
 	}
 	req.Header.Set("Accept", "application/x-ndjson")
 	resp, err := hc.Do(req)
+	status := 0
+	if err == nil {
+		status = resp.StatusCode
+	}
+	if len(c.ep.bases) > 1 && shouldFailOver(ctx, err, status) {
+		c.ep.failed(i) // the next connection goes to the next replica
+	}
 	if err != nil {
 		return false, fmt.Errorf("rialto api: follow events: %w", err)
 	}

@@ -435,6 +435,11 @@ type HeartbeatResponse struct {
 	// the time left of each lease (ExpiresAt - Now) from when it sent the
 	// heartbeat, on its own clock.
 	Now time.Time `json:"now,omitzero"`
+	// HeartbeatSeconds is the interval the agent is to beat at from now
+	// on: the control plane stretches it as the cluster grows, so that
+	// the heartbeats of all agents stay under its cap
+	// (docs/operations.md, "Heartbeat spreading").
+	HeartbeatSeconds float64 `json:"heartbeat_seconds,omitempty"`
 }
 
 // PrepareRequest is sent by the control plane to a lender agent during the

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# Control-plane benchmark: lease cycles/s against SQLite and API p99 while
-# 1,000 simulated agents heartbeat once a second. Writes docs/bench/controlplane.md.
-# There is no peer to compare against (see the fragment).
-# Takes about a minute with the defaults. To profile, run the program itself:
-#   go run ./bench/controlplane -runs 1 -cycles-cpuprofile /tmp/cycles.prof
-# (the first lease-cycle run only; -cpuprofile covers everything).
+# Control-plane benchmark, side by side in one run: lease cycles/s and p99 on
+# SQLite, PostgreSQL with 1 replica and with 3 replicas (interleaved runs);
+# failover time when the elected replica (a `rialto server` process) is
+# SIGKILLed; 10,000 simulated agents heartbeating at the interval the control
+# plane spreads them to, while a tenant runs lease cycles. Needs PostgreSQL
+# (initdb/pg_ctl; Debian: apt-get install postgresql). Writes
+# docs/bench/controlplane.md. Takes about five minutes with the defaults.
+# To profile, run the program itself, e.g.
+#   go run ./bench/controlplane -runs 1 -skip-failover -skip-heartbeats -cpuprofile /tmp/cp.prof
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p docs/bench
-# Databases go to tmpfs when there is one.
 dir=$(mktemp -d "${TMPDIR:-/tmp}/rialto-bench-cp.XXXXXX")
 trap 'rm -rf "$dir"' EXIT
-go run ./bench/controlplane -dir "$dir" -runs "${RUNS:-3}" -cycle-duration "${CYCLE_DURATION:-5s}" \
-  -workers "${WORKERS:-16}" -agents "${AGENTS:-1000}" -hb-duration "${HB_DURATION:-10s}" \
-  -out docs/bench/controlplane.md
+go build -o "$dir/rialto" ./cmd/rialto
+go run ./bench/controlplane -dir "$dir" -rialto "$dir/rialto" -runs "${RUNS:-3}" -cycle-duration "${CYCLE_DURATION:-5s}" \
+  -workers "${WORKERS:-16}" -replicas "${REPLICAS:-3}" -agents "${AGENTS:-10000}" -hb-duration "${HB_DURATION:-20s}" \
+  -failover-runs "${FAILOVER_RUNS:-3}" -out docs/bench/controlplane.md

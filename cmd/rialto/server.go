@@ -15,17 +15,18 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/internal/controlplane"
-	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
 	"github.com/rialto-project/rialto/internal/pki"
 )
 
 func init() {
-	register(&command{Name: "server", Summary: "Run the control plane (REST API under /v1/, SQLite state).", Run: runServer})
+	register(&command{Name: "server", Summary: "Run the control plane (REST API under /v1/; SQLite state, or PostgreSQL shared by several replicas).", Run: runServer})
 }
 
 // timings are the control plane's liveness and lease durations.
 type timings struct {
 	heartbeat, suspect, down, prepare, ttl time.Duration
+	maxBeats                               float64
 }
 
 func (tm *timings) register(fs *flag.FlagSet) {
@@ -34,6 +35,7 @@ func (tm *timings) register(fs *flag.FlagSet) {
 	fs.DurationVar(&tm.down, "down-after", 10*time.Second, "silence after which a node is down and its leases lost (grace period)")
 	fs.DurationVar(&tm.prepare, "prepare-timeout", 2*time.Second, "how long a lender may take to confirm a reservation")
 	fs.DurationVar(&tm.ttl, "default-ttl", time.Hour, "lease TTL when the request names none")
+	fs.Float64Var(&tm.maxBeats, "max-heartbeats-per-second", 1000, "cap on all agents' heartbeats: past it each agent is told a longer interval, and --suspect-after and --down-after stretch alike (docs/operations.md; negative: no cap)")
 }
 
 // parseTokens parses TOKEN:TENANT[:admin] specs.
@@ -59,7 +61,7 @@ func parseTokens(specs []string) ([]controlplane.Token, error) {
 type controlPlane struct {
 	URL   string
 	srv   *controlplane.Server
-	st    *sqlite.Store
+	st    store.Store
 	hs    *http.Server
 	done  chan error
 	sweep context.CancelFunc
@@ -70,9 +72,9 @@ type controlPlane struct {
 // ln, over HTTPS when tlsCfg is set (else plain HTTP). Sweeping starts with
 // startSweeping.
 func startControlPlane(ctx context.Context, ln net.Listener, db string, cfg controlplane.Config, tlsCfg *tls.Config) (*controlPlane, error) {
-	st, err := sqlite.Open(ctx, db)
+	st, err := openStore(ctx, db)
 	if err != nil {
-		return nil, fmt.Errorf("open database %s: %w", db, err)
+		return nil, err
 	}
 	cfg.Store = st
 	srv, err := controlplane.New(ctx, cfg)
@@ -154,6 +156,8 @@ func apiHosts(listen string, addr net.Addr, extra []string) []string {
 	return out
 }
 
+func (cp *controlPlane) url() string { return cp.URL }
+
 // startSweeping runs the background duties (liveness, expiry).
 func (cp *controlPlane) startSweeping(ctx context.Context) {
 	ctx, cp.sweep = context.WithCancel(ctx)
@@ -186,8 +190,8 @@ func (cp *controlPlane) stop() error {
 func runServer(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "server", "")
 	listen := fs.String("listen", "127.0.0.1:7070", "address to serve the API on")
-	db := fs.String("db", "rialto.db", "SQLite database file (env RIALTO_DB)")
-	tlsDir := fs.String("tls-dir", "", "the cluster CA's `directory` (created if absent: ca-cert.pem, ca-key.pem, ca-crl.pem); the API is served over HTTPS with a certificate from it (env RIALTO_TLS_DIR; default: rialto-tls beside --db)")
+	db := fs.String("db", "rialto.db", "SQLite database file, or a PostgreSQL URL postgres://USER:PASSWORD@HOST:PORT/DB shared by several replicas (env RIALTO_DB: keeps the password out of ps)")
+	tlsDir := fs.String("tls-dir", "", "the cluster CA's `directory` (created if absent: ca-cert.pem, ca-key.pem, ca-crl.pem); the API is served over HTTPS with a certificate from it (env RIALTO_TLS_DIR; default: rialto-tls beside --db, or in the working directory for PostgreSQL; replicas share one)")
 	var tlsHosts listFlag
 	fs.Var(&tlsHosts, "tls-host", "a further host name or address clients reach the API by, put in its certificate (repeatable)")
 	insecureHTTP := fs.Bool("insecure-http", false, "serve the API over plain HTTP, without TLS: API tokens and lease credentials then cross the network in clear (a trusted network or a test only)")
@@ -216,7 +220,9 @@ func runServer(ctx context.Context, e *env, args []string) error {
 	if *insecureHTTP && (*tlsDir != "" || len(tlsHosts) > 0) {
 		return fmt.Errorf("--insecure-http serves no TLS: it does not go with --tls-dir, RIALTO_TLS_DIR or --tls-host")
 	}
-	if *tlsDir == "" {
+	if *tlsDir == "" && isPostgresURL(*db) {
+		*tlsDir = "rialto-tls"
+	} else if *tlsDir == "" {
 		*tlsDir = filepath.Join(filepath.Dir(*db), "rialto-tls")
 	}
 	if v := e.getenv("RIALTO_TOKENS"); v != "" {
@@ -259,7 +265,7 @@ func runServer(ctx context.Context, e *env, args []string) error {
 	}
 	cp, err := startControlPlane(ctx, ln, *db, controlplane.Config{
 		Logger: log, BootstrapToken: *boot, Tokens: tokens,
-		HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down,
+		HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down, MaxHeartbeatsPerSecond: tm.maxBeats,
 		PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas, CA: ca, Version: versionString(),
 	}, tlsCfg)
 	if err != nil {
@@ -268,7 +274,7 @@ func runServer(ctx context.Context, e *env, args []string) error {
 	}
 	cp.startSweeping(ctx)
 	defer cfgFile.reloadOnHUP(ctx, log, cp.srv)() // SIGHUP: tokens and quotas anew
-	log.Info("control plane serving", "url", cp.URL, "db", *db)
+	log.Info("control plane serving", "url", cp.URL, "db", dbName(*db))
 	fmt.Fprintf(e.stdout, "rialto server: serving %s\n", cp.URL)
 	if ca != nil {
 		caFile, _ := filepath.Abs(ca.CertFile())

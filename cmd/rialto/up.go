@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -82,10 +83,17 @@ func runUp(ctx context.Context, e *env, args []string) error {
 	linkRate := fs.String("link-rate", "", "with --netns: shape every link with tc tbf to this rate, e.g. 1gbit, 400mbit (bandwidth only: no delay or loss)")
 	uplinks := fs.Bool("uplinks", false, "with --netns: give every agent an uplink (wan0) to an outside network that only the agents reach, lent as NIC \"wan\" (docs/nic.md; needs nft)")
 	uplinkRate := fs.String("uplink-rate", "", "with --uplinks: shape the uplinks with tc tbf to this rate, e.g. 100mbit; the agents lend them at that rate")
+	replicas := fs.Int("replicas", 1, "control-plane replicas; more than 1 runs a throwaway PostgreSQL in the state dir (needs the machine's PostgreSQL) and that many `rialto server` processes sharing it (docs/operations.md)")
 	var tm timings
 	tm.register(fs)
 	if _, err := parse(fs, args, 0, 0); err != nil {
 		return err
+	}
+	if *replicas < 1 || *replicas > 16 {
+		return fmt.Errorf("--replicas must be 1 to 16")
+	}
+	if *replicas > 1 && *netnsMode {
+		return fmt.Errorf("--replicas does not combine with --netns yet")
 	}
 	if *linkRate != "" && !*netnsMode {
 		return fmt.Errorf("--link-rate needs --netns")
@@ -170,13 +178,25 @@ func runUp(ctx context.Context, e *env, args []string) error {
 		ln.Close()
 		return err
 	}
-	cp, err := startControlPlane(ctx, ln, filepath.Join(*dir, "rialto.db"), controlplane.Config{
-		Logger: log.With("component", "controlplane"), BootstrapToken: st.BootstrapToken,
-		Tokens: []controlplane.Token{{Token: st.AdminToken, Tenant: "admin", Admin: true},
-			{Token: st.MetricsToken, Tenant: "prometheus"}},
-		HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down,
-		PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas, CA: ca,
-	}, tlsCfg)
+	var cp interface {
+		url() string
+		stop() error
+		startSweeping(context.Context)
+	}
+	if *replicas > 1 {
+		// The replicas are `rialto server` processes sharing the state
+		// dir's CA (replicas.go).
+		ln.Close()
+		cp, err = startReplicas(ctx, *dir, *replicas, st, caFile, replicaArgs(tm, quotaSpecs, *level, upTLSDir(*dir)))
+	} else {
+		cp, err = startControlPlane(ctx, ln, filepath.Join(*dir, "rialto.db"), controlplane.Config{
+			Logger: log.With("component", "controlplane"), BootstrapToken: st.BootstrapToken,
+			Tokens: []controlplane.Token{{Token: st.AdminToken, Tenant: "admin", Admin: true},
+				{Token: st.MetricsToken, Tenant: "prometheus"}},
+			HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down, MaxHeartbeatsPerSecond: tm.maxBeats,
+			PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas, CA: ca,
+		}, tlsCfg)
+	}
 	if err != nil {
 		ln.Close()
 		return err
@@ -190,11 +210,12 @@ func runUp(ctx context.Context, e *env, args []string) error {
 	for i := range *agents {
 		name := fmt.Sprintf("node%d", i+1)
 		cfg := agent.Config{
-			ControlPlane: cp.URL, BootstrapToken: st.BootstrapToken, Name: name,
+			ControlPlane: cp.url(), BootstrapToken: st.BootstrapToken, Name: name,
 			StateDir: filepath.Join(*dir, name), Logger: log.With("component", "agent", "node", name),
 			Labels: map[string]string{"cluster": "local"}, CAFile: caFile,
-			// The control plane's /metrics reports this process's runtime.
-			OmitRuntimeMetrics: true,
+			// The control plane's /metrics reports this process's runtime
+			// (replicas are processes of their own).
+			OmitRuntimeMetrics: *replicas <= 1,
 		}
 		for d := range *disks {
 			cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: fmt.Sprintf("disk%d", d), Kind: api.KindBlock,
@@ -245,7 +266,10 @@ func runUp(ctx context.Context, e *env, args []string) error {
 	cp.startSweeping(ctx)
 
 	where := fmt.Sprintf("a control plane and %d agents on loopback", *agents)
-	promCfg, err := writePrometheusConfig(*dir, cp.URL, caFile, st.MetricsToken)
+	if *replicas > 1 {
+		where = fmt.Sprintf("%d control-plane replicas sharing a PostgreSQL in the state dir, and %d agents on loopback", *replicas, *agents)
+	}
+	promCfg, err := writePrometheusConfig(*dir, cp.url(), caFile, st.MetricsToken)
 	if err != nil {
 		shutdown()
 		return err
@@ -254,7 +278,7 @@ func runUp(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintf(w, "Prometheus: prometheus --config.file=%s\n", promCfg)
 		fmt.Fprintln(w, "            (scrapes the control plane and every agent; Grafana dashboard: docs/grafana/rialto.json)")
 	}
-	if err := printUp(ctx, e, cp.URL, caFile, st, *dir, where, printProm); err != nil {
+	if err := printUp(ctx, e, cp.url(), caFile, st, *dir, where, printProm); err != nil {
 		shutdown()
 		return err
 	}
@@ -325,7 +349,7 @@ func printUp(ctx context.Context, e *env, url, caFile string, st upState, dir, w
 	fmt.Fprintf(w, "CA:         %s\n", caFile)
 	if link, err := c.LoginLink(ctx); err == nil {
 		fmt.Fprintf(w, "Dashboard:  %s%s\n            (a one-time sign-in link, until %s; `rialto ui` prints a new one)\n",
-			url, link.Path, link.ExpiresAt.Local().Format(time.Kitchen))
+			c.BaseURL(), link.Path, link.ExpiresAt.Local().Format(time.Kitchen))
 	}
 	fmt.Fprintf(w, "State dir:  %s\n\n", abs)
 	printNodes(w, nodes)
@@ -383,24 +407,30 @@ func writePrometheusConfig(dir, url, caFile, token string) (string, error) {
 	if err := os.WriteFile(tokFile, []byte(token+"\n"), 0o600); err != nil {
 		return "", err
 	}
+	// url may list several replicas, comma-separated: one discovery each.
+	var sd strings.Builder
+	for _, u := range strings.Split(url, ",") {
+		fmt.Fprintf(&sd, `      - url: %[1]q
+        refresh_interval: 30s
+        authorization: # type Bearer said: Prometheus 2.42's HTTP discovery sends the bare token otherwise
+          type: Bearer
+          credentials_file: %[2]q
+        tls_config:
+          ca_file: %[3]q
+`, u+"/v1/metrics-targets", tokFile, caFile)
+	}
 	cfg := fmt.Sprintf(`# Prometheus configuration for this cluster, written by rialto up
 # (docs/operations.md): prometheus --config.file=%[1]s
 scrape_configs:
   - job_name: rialto
     scrape_interval: 15s
-    # The control plane lists itself and every agent (GET /v1/metrics-targets).
+    # The control plane lists itself and every agent (GET /v1/metrics-targets);
+    # each replica lists itself, the agents they list alike are scraped once.
     http_sd_configs:
-      - url: %[2]q
-        refresh_interval: 30s
-        authorization: # type Bearer said: Prometheus 2.42's HTTP discovery sends the bare token otherwise
-          type: Bearer
-          credentials_file: %[3]q
-        tls_config:
-          ca_file: %[4]q
-    # /metrics is open; the targets are HTTPS with certificates of the cluster CA.
+%[2]s    # /metrics is open; the targets are HTTPS with certificates of the cluster CA.
     tls_config:
       ca_file: %[4]q
-`, filepath.Join(abs, "prometheus.yml"), url+"/v1/metrics-targets", tokFile, caFile)
+`, filepath.Join(abs, "prometheus.yml"), sd.String(), tokFile, caFile)
 	p := filepath.Join(abs, "prometheus.yml")
 	if err := os.WriteFile(p, []byte(cfg), 0o644); err != nil {
 		return "", err

@@ -716,6 +716,10 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	if resp.Peers != nil {
 		a.peers = a.otherPeers(resp.Peers, nodeID)
 	}
+	if a.cfg.HeartbeatInterval == 0 && resp.HeartbeatSeconds > 0 {
+		// The control plane spreads heartbeats as the cluster grows.
+		a.interval = time.Duration(resp.HeartbeatSeconds * float64(time.Second))
+	}
 	a.mu.Unlock()
 	if len(resp.Moved) > 0 {
 		a.recordMoved(resp.Moved, moved)

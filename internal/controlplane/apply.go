@@ -31,7 +31,7 @@ func (s *Server) apply(ctx context.Context, l api.Lease, ev lifecycle.Event) (ap
 		var werr error
 		switch a := a.(type) {
 		case lifecycle.Create:
-			out, werr = s.leases.do(ctx, s.st, store.LeaseOp{Create: &store.NewLease{Lease: next, Demand: a.Demand, Idem: a.Idem, Event: a.Event}})
+			out, werr = s.leases.do(ctx, s.st, store.LeaseOp{Create: &store.NewLease{Lease: next, Demand: a.Demand, Idem: a.Idem, Event: a.Event, Limit: s.limit(next.Tenant)}})
 			s.settle(next.ID, werr)
 			s.wrote(ctx, l, out, a.Event, werr)
 		case lifecycle.Replace:

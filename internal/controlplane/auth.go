@@ -58,14 +58,33 @@ func (s *Server) authenticate(ctx context.Context, r *http.Request) (principal, 
 	if p, ok := s.auth.get(hash, s.now()); ok {
 		return p, nil
 	}
-	p, err := s.lookupPrincipal(ctx, hash, resource.Fingerprint(tok))
+	p, err := s.lookupPrincipal(ctx, hash, resource.Fingerprint(tok), strings.HasPrefix(tok, nodeCredentialPrefix+"_"))
 	if err == nil {
-		s.auth.put(hash, p, s.now())
+		s.cachePrincipal(hash, p)
 	}
 	return p, err
 }
 
-func (s *Server) lookupPrincipal(ctx context.Context, hash, fp string) (principal, error) {
+// nodeCredentialPrefix starts the node credentials join makes: those are
+// looked up among the nodes first (one query instead of two for every
+// agent's first heartbeat to a replica).
+const nodeCredentialPrefix = "rnc"
+
+// cachePrincipal remembers p for the token of hash. An entry outlives a
+// heartbeat interval (stretched with the cluster's size: replica.go), so
+// that an agent's next heartbeat finds it.
+func (s *Server) cachePrincipal(hash string, p principal) {
+	s.auth.put(hash, p, s.now().Add(max(authCacheTTL, 2*s.heartbeatInterval())))
+}
+
+func (s *Server) lookupPrincipal(ctx context.Context, hash, fp string, nodeFirst bool) (principal, error) {
+	if nodeFirst {
+		if n, err := s.st.NodeByCredential(ctx, hash); err == nil {
+			return principal{role: roleNode, nodeID: n.ID, fp: fp}, nil
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return principal{}, err
+		}
+	}
 	t, err := s.st.LookupToken(ctx, hash)
 	switch {
 	case err == nil:
@@ -169,8 +188,8 @@ func (p principal) redact(l api.Lease) api.Lease {
 
 // authCache remembers resolved principals by token hash for a few seconds,
 // so that heartbeats do not cost two lookups each. Unknown tokens are not
-// cached. A join clears it, so a replaced node credential stops working at
-// once.
+// cached. A rejoin drops the node's entries, so a replaced node
+// credential stops working at once.
 type authCache struct {
 	mu sync.Mutex
 	m  map[string]authEntry
@@ -181,6 +200,7 @@ type authEntry struct {
 	exp time.Time
 }
 
+// authCacheTTL is the least time an entry is kept.
 const authCacheTTL = 10 * time.Second
 
 func (c *authCache) get(hash string, now time.Time) (principal, bool) {
@@ -193,17 +213,22 @@ func (c *authCache) get(hash string, now time.Time) (principal, bool) {
 	return e.p, true
 }
 
-func (c *authCache) put(hash string, p principal, now time.Time) {
+func (c *authCache) put(hash string, p principal, exp time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil || len(c.m) > 100000 {
 		c.m = map[string]authEntry{}
 	}
-	c.m[hash] = authEntry{p, now.Add(authCacheTTL)}
+	c.m[hash] = authEntry{p, exp}
 }
 
-func (c *authCache) clear() {
+// dropNode forgets the entries of node id.
+func (c *authCache) dropNode(id string) {
 	c.mu.Lock()
-	c.m = nil
-	c.mu.Unlock()
+	defer c.mu.Unlock()
+	for h, e := range c.m {
+		if e.p.role == roleNode && e.p.nodeID == id {
+			delete(c.m, h)
+		}
+	}
 }

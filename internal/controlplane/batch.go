@@ -2,8 +2,10 @@ package controlplane
 
 import (
 	"context"
+	"github.com/rialto-project/rialto/internal/clock"
 	"runtime"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -21,7 +23,16 @@ type groupCommit[In, Out any] struct {
 	mu      sync.Mutex
 	busy    bool
 	pending []*groupReq[In, Out]
+	// linger, when set, is how long the leader waits for more writes to
+	// join a batch of fewer than lingerBelow (set once, before use): with
+	// a store over the network a transaction's round trips cost more than
+	// a millisecond's wait. clock times it (set with linger).
+	linger time.Duration
+	clock  clock.Clock
 }
+
+// lingerBelow is the batch size under which a leader lingers.
+const lingerBelow = 8
 
 type groupReq[In, Out any] struct {
 	in   In
@@ -63,6 +74,12 @@ func (g *groupCommit[In, Out]) do(ctx context.Context, in In, limit int, abandon
 		g.mu.Unlock()
 		runtime.Gosched()
 		g.mu.Lock()
+		if g.linger > 0 && len(g.pending) < lingerBelow {
+			g.mu.Unlock()
+			t := g.clock.NewTimer(g.linger)
+			<-t.C()
+			g.mu.Lock()
+		}
 		batch := g.pending
 		if len(batch) > limit {
 			batch = batch[:limit]

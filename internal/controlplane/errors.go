@@ -44,6 +44,10 @@ var errorMap = httpx.ErrorMap{
 // apiError maps err with errorMap. Internal errors (those it does not
 // map) keep their detail out of the answer.
 func apiError(err error) (int, api.ErrorInfo) {
+	if errors.Is(err, store.ErrUnavailable) {
+		// A replica cut off from its database says so (clients fail over).
+		return http.StatusServiceUnavailable, api.ErrorInfo{Code: api.CodeUnavailable, Message: unavailableMessage(err)}
+	}
 	m := errorMap.Lookup(err)
 	if m.Code == api.CodeInternal {
 		return m.Status, api.ErrorInfo{Code: api.CodeInternal, Message: "internal error; see the control plane log"}

@@ -22,6 +22,8 @@ type serverMetrics struct {
 	lenderLatency    *prometheus.HistogramVec
 	placeRetries     prometheus.Counter
 	batchSize        *prometheus.HistogramVec
+	leader           prometheus.Gauge
+	hbInterval       prometheus.Gauge
 }
 
 // The states the gauges report, and the transitions start at zero for.
@@ -51,8 +53,13 @@ func newServerMetrics(r prometheus.Registerer) serverMetrics {
 		batchSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "rialto_store_batch_size",
 			Help:    "Writes group-committed in one store transaction, by kind (lease: creations and transitions; heartbeat).",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256}}, []string{"kind"}),
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "rialto_controlplane_leader",
+			Help: "1 when this replica runs the background duties (the elected one of replicas sharing a store)."}),
+		hbInterval: prometheus.NewGauge(prometheus.GaugeOpts{Name: "rialto_heartbeat_interval_seconds",
+			Help: "The heartbeat interval agents are told (stretched with the number of nodes: docs/operations.md)."}),
 	}
-	r.MustRegister(m.requests, m.latency, m.leases, m.nodes, m.leaseTransitions, m.lenderLatency, m.placeRetries, m.batchSize)
+	r.MustRegister(m.requests, m.latency, m.leases, m.nodes, m.leaseTransitions, m.lenderLatency, m.placeRetries, m.batchSize,
+		m.leader, m.hbInterval)
 	for _, st := range metricLeaseStates {
 		m.leaseTransitions.WithLabelValues(string(st))
 	}
@@ -77,6 +84,12 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	} else {
 		s.log.Warn("metrics: counts", "err", err)
 	}
+	leader := 0.0
+	if s.Leading() {
+		leader = 1
+	}
+	s.m.leader.Set(leader)
+	s.m.hbInterval.Set(s.heartbeatInterval().Seconds())
 	promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}).ServeHTTP(w, r)
 }
 

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -56,6 +57,12 @@ const (
 	moveCallTimeout = 30 * time.Second
 	// keepMoves is how long an ended move stays in memory (its progress).
 	keepMoves = time.Hour
+	// moveTouch is how often a replica of a shared store records that its
+	// open moves still run (touchMoves); moveOrphanAfter is how long an
+	// open move may go untouched before the elected replica takes it for
+	// abandoned and ends it (recoverMoves).
+	moveTouch       = followRefresh
+	moveOrphanAfter = 6 * moveTouch
 	// moveTenant is the tenant moves place under: a move's destination
 	// is the lease's part again, not a new lease of its tenant's quota.
 	moveTenant = "rialto/move"
@@ -130,6 +137,9 @@ type movers struct {
 type moveRun struct {
 	mu sync.Mutex
 	m  api.Move
+	// wmu orders the run's writes of its state to the store with the
+	// touches of a replica (touchMoves): the last written is the latest.
+	wmu sync.Mutex
 	// lastEvent: the progress last reported in the event stream.
 	lastPass    int
 	lastPercent int
@@ -662,6 +672,8 @@ func (s *Server) releaseSource(ctx context.Context, r *moveRun, src store.NodeRe
 
 // setMoveState records a move's state (in memory and in the store).
 func (s *Server) setMoveState(ctx context.Context, r *moveRun, state string) {
+	r.wmu.Lock()
+	defer r.wmu.Unlock()
 	m := r.update(func(m *api.Move) { m.State = state })
 	if mv, err := s.mover(); err == nil {
 		if err := mv.SetMoveState(ctx, m.ID, state, m.Copied, s.now()); err != nil {
@@ -778,10 +790,14 @@ func (s *Server) getMove(ctx context.Context, p principal, id string) (api.Move,
 
 // recoverMoves ends the moves a previous run of the control plane left
 // open (the first sweep): one that committed is finished (its source told
-// again to let go), the others are aborted on both lenders.
+// again to let go), the others are aborted on both lenders. Replicas of a
+// shared store run each other's moves: there, the elected replica ends at
+// every sweep the open moves that no replica touched for moveOrphanAfter
+// (touchMoves: the replica that ran them died or lost the database).
 func (s *Server) recoverMoves(ctx context.Context) error {
+	shared := s.shared()
 	s.mv.mu.Lock()
-	done := s.mv.recovered
+	done := s.mv.recovered && !shared
 	s.mv.recovered = true
 	s.mv.mu.Unlock()
 	mv, ok := s.st.(store.Mover)
@@ -796,6 +812,10 @@ func (s *Server) recoverMoves(ctx context.Context) error {
 		if s.mv.run(rec.ID) != nil {
 			continue // started by this run
 		}
+		if shared && s.now().Sub(rec.UpdatedAt) < moveOrphanAfter {
+			continue // another replica's, touched lately
+		}
+		s.log.Info("ending a move no control plane runs any more", "move", rec.ID, "lease", rec.LeaseID, "committed", rec.Committed)
 		l, err := s.st.Lease(ctx, rec.LeaseID)
 		if err != nil {
 			l = api.Lease{ID: rec.LeaseID}
@@ -810,10 +830,64 @@ func (s *Server) recoverMoves(ctx context.Context) error {
 			s.endMove(ctx, lifecycle.MoveEnded(l, rec.Move, api.MoveDone, "moved; the old lender was not reachable after a control-plane restart", s.now()))
 			continue
 		}
+		why := "the control plane restarted while the part moved"
+		if shared {
+			why = "the control-plane replica that ran the move stopped"
+		}
 		s.abortMove(rec.Move)
-		if _, todo, _ := s.apply(ctx, l, lifecycle.MoveFailed{Move: rec.Move, Why: "the control plane restarted while the part moved"}); len(todo) > 0 {
+		if _, todo, _ := s.apply(ctx, l, lifecycle.MoveFailed{Move: rec.Move, Why: why}); len(todo) > 0 {
 			s.moveActions(todo)
 		}
 	}
 	return nil
+}
+
+// touchMoves records in a shared store that this replica's open moves
+// still run (their state and progress, written again with the time), so
+// that the elected replica does not take them for abandoned.
+func (s *Server) touchMoves(ctx context.Context) {
+	mv, ok := s.st.(store.Mover)
+	if !ok {
+		return
+	}
+	s.mv.mu.Lock()
+	runs := make([]*moveRun, 0, len(s.mv.runs))
+	for _, r := range s.mv.runs {
+		runs = append(runs, r)
+	}
+	s.mv.mu.Unlock()
+	for _, r := range runs {
+		r.wmu.Lock()
+		if m := r.get(); !m.Done() {
+			if err := mv.SetMoveState(ctx, m.ID, m.State, m.Copied, s.now()); err != nil {
+				s.log.Debug("touching a move", "move", m.ID, "err", err)
+			}
+		}
+		r.wmu.Unlock()
+	}
+}
+
+// incoming reports whether node is the destination of an open move of
+// lease l: its heartbeat may list the lease before the lease points at
+// it. Replicas of a shared store also look at the moves other replicas
+// run (in the store), for an active lease that has no part on the node.
+func (s *Server) incoming(ctx context.Context, l api.Lease, nodeID string) bool {
+	if s.mv.incoming(l.ID, nodeID) {
+		return true
+	}
+	if !s.shared() || l.State != api.LeaseActive || slices.ContainsFunc(l.Parts, func(p api.Part) bool { return p.NodeID == nodeID }) {
+		return false
+	}
+	mv, ok := s.st.(store.Mover)
+	if !ok {
+		return false
+	}
+	open, err := mv.Moves(ctx, store.MoveFilter{LeaseID: l.ID, Open: true})
+	if err != nil {
+		// Keep the export rather than tear down what may be a move's
+		// destination; the next heartbeat asks again.
+		s.log.Debug("open moves of a lease", "lease", l.ID, "err", err)
+		return true
+	}
+	return slices.ContainsFunc(open, func(m store.MoveRecord) bool { return m.To.NodeID == nodeID })
 }

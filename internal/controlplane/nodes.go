@@ -163,24 +163,34 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 		return api.JoinResponse{}, err
 	}
 	now := s.now()
-	cred := resource.NewSecret("rnc")
+	cred := resource.NewSecret(nodeCredentialPrefix)
 	key := resource.NewSecret("rak")
 	n := api.Node{
 		ID: resource.NewID("node"), Name: r.Name, State: api.NodeReady, Address: r.Address, AgentURL: r.AgentURL,
 		Endpoints: r.Endpoints, Labels: r.Labels, Fingerprint: r.Fingerprint, Health: "ok", LastHeartbeat: now, JoinedAt: now,
 	}
-	s.auth.clear() // before and after: a rejoin replaces the node credential
-	defer s.auth.clear()
 	n, rejoined, err := s.st.JoinNode(ctx, store.JoinNode{Node: n, CredentialHash: resource.HashSecret(cred), AgentKey: key, Devices: r.Devices},
 		api.Event{At: now, Type: "node.joined", Message: fmt.Sprintf("%s joined with %d device(s)", r.Name, len(r.Devices)), State: string(api.NodeReady)})
 	if err != nil {
 		return api.JoinResponse{}, err
 	}
 	s.log.Info("node joined", "node", n.ID, "name", n.Name, "rejoined", rejoined, "devices", len(r.Devices), "credential", resource.Fingerprint(cred), "agent_version", r.Version)
+	// The agent's heartbeats to this replica find its credential.
+	defer s.cachePrincipal(resource.HashSecret(cred), principal{role: roleNode, nodeID: n.ID, fp: resource.Fingerprint(cred)})
+	if rejoined {
+		// The node's old credential stops working here at once (other
+		// replicas forget it within their cache's lifetime). Only this
+		// node's entries go: with thousands of agents, emptying the cache
+		// on every join would cost each of them a lookup.
+		s.auth.dropNode(n.ID)
+	}
 	s.peers.add(n)
+	if !rejoined {
+		s.rep.nodeCount.Add(1)
+	}
 	s.invalidate()
 	out := api.JoinResponse{
-		NodeID: n.ID, Credential: cred, AgentKey: key, HeartbeatSeconds: s.cfg.HeartbeatInterval.Seconds(),
+		NodeID: n.ID, Credential: cred, AgentKey: key, HeartbeatSeconds: s.heartbeatInterval().Seconds(),
 		ControlPlaneNodes: s.peers.peersOf(n.ID),
 	}
 	if s.cfg.CA != nil {
@@ -234,7 +244,7 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 		}
 		s.invalidate()
 	}
-	resp := api.HeartbeatResponse{Now: now}
+	resp := api.HeartbeatResponse{Now: now, HeartbeatSeconds: s.heartbeatInterval().Seconds()}
 	if len(h.Leases) > 0 {
 		ls, err := s.st.Leases(ctx, store.LeaseFilter{IDs: h.Leases})
 		if err != nil {
@@ -250,7 +260,7 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 			if !ok {
 				l = api.Lease{ID: id} // unknown here: not live
 			}
-			_, todo, _ := s.apply(ctx, l, lifecycle.Reconcile{NodeID: nodeID, Incoming: s.mv.incoming(id, nodeID)})
+			_, todo, _ := s.apply(ctx, l, lifecycle.Reconcile{NodeID: nodeID, Incoming: s.incoming(ctx, l, nodeID)})
 			for _, a := range todo {
 				switch a := a.(type) {
 				case lifecycle.TeardownOn:

@@ -88,7 +88,7 @@ func (s *Server) Reload(ctx context.Context, set Settings) error {
 		return fmt.Errorf("controlplane: reload refused: store tokens: %w", err)
 	}
 	s.res.SetQuotas(set.Quotas)
-	s.auth.clear() // a removed token must not live on in the cache
+	s.auth.dropTokens() // a removed token must not live on in the cache
 	tenants := map[string]bool{}
 	admins := 0
 	fps := make([]string, 0, len(set.Tokens))
@@ -109,4 +109,16 @@ func (s *Server) Reload(ctx context.Context, set Settings) error {
 		"token_fingerprints", fps, "bootstrap_token", set.BootstrapToken != "",
 		"default_quota", fmt.Sprintf("%+v", set.Quotas.Default), "quota_tenants", qt)
 	return nil
+}
+
+// dropTokens forgets the entries of tenant and bootstrap tokens (node
+// credentials stay: a reload does not change them).
+func (c *authCache) dropTokens() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for h, e := range c.m {
+		if e.p.role == roleTenant || e.p.role == roleBootstrap {
+			delete(c.m, h)
+		}
+	}
 }

@@ -8,11 +8,15 @@ import (
 	"testing"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store/postgres"
 	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
-var _ TokenReplacer = (*sqlite.Store)(nil)
+var (
+	_ TokenReplacer = (*sqlite.Store)(nil)
+	_ TokenReplacer = (*postgres.Store)(nil)
+)
 
 // TestReload: Reload swaps tokens and quotas in a running control plane.
 // A token taken out stops working at once (even one cached a moment

@@ -183,9 +183,13 @@ func (s *Server) reserve(ctx context.Context, r *reservation, idem *store.Idempo
 		switch {
 		case err == nil:
 			return l, todo, nil
-		case errors.Is(err, store.ErrCapacity) && attempt < maxPlaceAttempts:
+		case (errors.Is(err, store.ErrCapacity) || errors.Is(err, store.ErrQuota)) && attempt < maxPlaceAttempts:
+			// Lost a race for a device, or (replicas) another replica's
+			// lease of the tenant: place again on fresh data.
 			s.m.placeRetries.Inc()
-			s.res.Invalidate() // lost a race for a device: place again on fresh data
+			s.res.Invalidate()
+		case errors.Is(err, store.ErrQuota):
+			return api.Lease{}, nil, fmt.Errorf("%w: %w", ErrQuota, err)
 		case errors.Is(err, store.ErrCapacity):
 			return api.Lease{}, nil, fmt.Errorf("%w: devices kept being taken by concurrent leases; try again", ErrUnavailable)
 		default:

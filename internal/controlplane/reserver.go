@@ -2,6 +2,11 @@ package controlplane
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,6 +35,16 @@ import (
 // Build it with newReserver. Its methods are safe for concurrent use.
 type reserver struct {
 	st store.Store
+	// shared: other replicas write the store too, so a refusal on the
+	// view (no capacity, over quota) may be stale: the view is reloaded
+	// and the request placed once more before it is refused.
+	shared bool
+	// seed picks this replica's share of the nodes (shared stores): a
+	// new lease is placed on the share first, so that replicas placing
+	// from similar views seldom choose the same range (each choice they
+	// share is a lost race and a retry).
+	seed  uint64
+	share []string // node IDs, from the view
 
 	mu       sync.Mutex // serializes placements; guards the fields below
 	quotas   Quotas
@@ -55,6 +70,9 @@ type reserver struct {
 	timed map[string]bool // lease IDs with work or a deadline
 }
 
+// maxShare bounds a replica's share of the nodes (reserver.share).
+const maxShare = 8
+
 // hold names the lease a placement is for: the view records its parts
 // under id, for tenant, with the request's demand.
 type hold struct {
@@ -76,10 +94,18 @@ func newReserver(st store.Store, quotas Quotas) *reserver {
 func (r *reserver) Place(ctx context.Context, h hold, req api.LeaseRequest, skip map[string]string, now time.Time) (api.Plan, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	fresh := !r.valid
 	if err := r.load(ctx); err != nil {
 		return api.Plan{}, err
 	}
 	plan, err := r.place(h, req, skip, now)
+	if err != nil && r.shared && !fresh && (errors.Is(err, ErrInfeasible) || errors.Is(err, ErrQuota)) {
+		r.valid = false
+		if err := r.load(ctx); err != nil {
+			return api.Plan{}, err
+		}
+		plan, err = r.place(h, req, skip, now)
+	}
 	if err != nil {
 		return plan, err
 	}
@@ -102,6 +128,26 @@ func (r *reserver) Place(ctx context.Context, h hold, req api.LeaseRequest, skip
 // view (every live part, every device's allocation). r.mu is held.
 func (r *reserver) place(h hold, req api.LeaseRequest, skip map[string]string, now time.Time) (api.Plan, error) {
 	_, replacing := r.parts[h.id]
+	if !replacing && len(skip) == 0 && len(req.Affinity) == 0 && len(r.share) > 0 {
+		if x := r.index(store.Inventory{}, now); x != nil {
+			nodes := store.Inventory{Nodes: r.nodes, Links: r.links, Profiles: r.profiles}
+			mine := req
+			mine.Affinity = r.share
+			plan, err := policyPlace(nodes, mine, h.tenant, r.quotas, nil, now, func(store.Inventory, time.Time) *placement.Index { return x })
+			if err == nil {
+				// The share is this replica's, not the request's: its
+				// rejections are not the request's either.
+				ex := plan.Explanation[:0:0]
+				for _, e := range plan.Explanation {
+					if !strings.HasSuffix(e, " fails affinity") {
+						ex = append(ex, e)
+					}
+				}
+				plan.Explanation = append(ex, fmt.Sprintf("replicas: placed on this control-plane replica's share of the nodes (%d of %d), so that replicas seldom choose the same range", len(r.share), len(r.nodes)))
+				return plan, nil
+			}
+		}
+	}
 	if !replacing && len(skip) == 0 && len(req.Affinity) == 0 {
 		if x := r.index(store.Inventory{}, now); x != nil {
 			nodes := store.Inventory{Nodes: r.nodes, Links: r.links, Profiles: r.profiles}
@@ -212,6 +258,25 @@ func (r *reserver) load(ctx context.Context) error {
 		delete(r.timed, id)
 		if len(ps) > 0 && timedDemand(ps[0].Demand) {
 			r.timed[id] = true
+		}
+	}
+	r.share = nil
+	if r.shared && len(inv.Nodes) > 1 {
+		// Half the nodes, at most maxShare (the affinity terms cost a
+		// pass over the nodes each), ranked by a hash of this replica's.
+		type ranked struct {
+			id string
+			h  uint64
+		}
+		rs := make([]ranked, len(inv.Nodes))
+		for i, n := range inv.Nodes {
+			h := fnv.New64a()
+			h.Write([]byte(n.ID))
+			rs[i] = ranked{n.ID, h.Sum64() ^ r.seed}
+		}
+		sort.Slice(rs, func(i, j int) bool { return rs[i].h < rs[j].h })
+		for _, x := range rs[:min(maxShare, len(rs)/2)] {
+			r.share = append(r.share, x.id)
 		}
 	}
 	r.devName = make(map[string]string, len(inv.Devices))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"sync"
 	"time"
@@ -57,9 +58,15 @@ type Config struct {
 	HeartbeatInterval time.Duration // default 1s
 	SuspectAfter      time.Duration // default 3s of silence
 	DownAfter         time.Duration // default 10s of silence: the grace period
-	PrepareTimeout    time.Duration // default 2s
-	DefaultTTL        time.Duration // default 1h
-	MaxTTL            time.Duration // default 30 days
+	// MaxHeartbeatsPerSecond caps the heartbeats the agents send in all
+	// (default 1000; negative: no cap): with more than
+	// MaxHeartbeatsPerSecond × HeartbeatInterval nodes, each agent is told
+	// a longer interval, and SuspectAfter and DownAfter stretch by the
+	// same factor (replica.go, docs/operations.md).
+	MaxHeartbeatsPerSecond float64
+	PrepareTimeout         time.Duration // default 2s
+	DefaultTTL             time.Duration // default 1h
+	MaxTTL                 time.Duration // default 30 days
 	// Quotas bound each tenant's reserved and active leases (placement
 	// enforces them); beyond them lease creation answers 429.
 	Quotas Quotas
@@ -88,6 +95,7 @@ type Server struct {
 	movedMu sync.Mutex // serializes recordMoved's read-modify-write of part URIs
 	nodes   nodeCache
 	started time.Time // silence before this does not count (restarts)
+	rep     replicaState
 	auth    authCache
 	beats   beatBatcher
 	leases  leaseBatcher
@@ -124,6 +132,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.DownAfter < cfg.SuspectAfter {
 		return nil, fmt.Errorf("controlplane: DownAfter (%v) is shorter than SuspectAfter (%v)", cfg.DownAfter, cfg.SuspectAfter)
 	}
+	if cfg.MaxHeartbeatsPerSecond == 0 {
+		cfg.MaxHeartbeatsPerSecond = 1000
+	}
 	if cfg.PrepareTimeout <= 0 {
 		cfg.PrepareTimeout = 2 * time.Second
 	}
@@ -156,6 +167,13 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("controlplane: store tokens: %w", err)
 	}
 	s.started = s.now()
+	s.res.shared, s.res.seed = s.shared(), rand.Uint64()
+	if s.res.shared {
+		// A store over the network: writes wait a little to share
+		// transactions (batch.go).
+		s.leases.g.linger, s.beats.g.linger = sharedLinger, sharedLinger
+		s.leases.g.clock, s.beats.g.clock = s.clock, s.clock
+	}
 	metrics.RegisterRuntime(s.reg)
 	s.m = newServerMetrics(s.reg)
 	switch x, ok := cfg.Lender.(transferLender); {
@@ -184,8 +202,15 @@ func (s *Server) now() time.Time { return s.clock.Now().UTC() }
 func (s *Server) Handler() http.Handler { return s.h }
 
 // Run calls Sweep every HeartbeatInterval until ctx is done; it returns
-// ctx's error. Sweep errors are logged, not fatal.
+// ctx's error. Sweep errors are logged, not fatal. With a store shared by
+// several replicas (store.Leader), only the elected replica sweeps
+// (replica.go).
 func (s *Server) Run(ctx context.Context) error {
+	if el, ok := s.st.(store.Leader); ok {
+		return s.runReplica(ctx, el)
+	}
+	s.rep.leading.Store(true)
+	defer s.rep.leading.Store(false)
 	t := s.clock.NewTicker(s.cfg.HeartbeatInterval)
 	defer t.Stop()
 	for {

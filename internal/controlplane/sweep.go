@@ -28,60 +28,11 @@ func (s *Server) Sweep(ctx context.Context) error {
 		s.log.Warn("ending the moves a previous run left open", "err", err)
 	}
 	now := s.now()
-	nodes, err := s.st.Nodes(ctx)
-	if err != nil {
-		return err
-	}
 	var errs []error
-	changed := false
-	for i := range nodes {
-		n := &nodes[i]
-		// A control-plane restart gives every agent a full grace period
-		// again: silence while the control plane was away does not count.
-		last := n.LastHeartbeat
-		if last.Before(s.started) {
-			last = s.started
+	if s.livenessDue(now) {
+		if err := s.sweepNodes(ctx, now); err != nil {
+			errs = append(errs, err)
 		}
-		silent := now.Sub(last)
-		switch {
-		case n.State != api.NodeDown && silent > s.cfg.DownAfter:
-			err := s.st.SetNodeState(ctx, n.ID, n.State, api.NodeDown, api.Event{At: now, Type: "node.down", Subject: n.ID,
-				Message: fmt.Sprintf("no heartbeat for %v (grace period %v)", silent.Round(time.Millisecond), s.cfg.DownAfter), State: string(api.NodeDown)})
-			if err != nil {
-				if !errors.Is(err, store.ErrConflict) {
-					errs = append(errs, err)
-				}
-				continue
-			}
-			s.log.Warn("node down", "node", n.ID, "name", n.Name, "silent", silent)
-			n.State = api.NodeDown
-			changed = true
-		case n.State == api.NodeReady && silent > s.cfg.SuspectAfter:
-			err := s.st.SetNodeState(ctx, n.ID, n.State, api.NodeSuspect, api.Event{At: now, Type: "node.suspect", Subject: n.ID,
-				Message: fmt.Sprintf("no heartbeat for %v", silent.Round(time.Millisecond)), State: string(api.NodeSuspect)})
-			if err != nil && !errors.Is(err, store.ErrConflict) {
-				errs = append(errs, err)
-			}
-			changed = true
-			s.log.Info("node suspect", "node", n.ID, "name", n.Name, "silent", silent)
-		}
-		if n.State == api.NodeDown {
-			// Its leases (also ones reserved in a race with the sweep) are lost.
-			ls, err := s.st.Leases(ctx, store.LeaseFilter{NodeID: n.ID, States: []api.LeaseState{api.LeaseReserved, api.LeaseActive, api.LeaseReleasing}})
-			if err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			for _, l := range ls {
-				if _, _, err := s.apply(ctx, l, lifecycle.NodeDown{NodeID: n.ID, Name: n.Name}); !movedOn(err) {
-					errs = append(errs, err)
-				}
-			}
-		}
-	}
-	s.peers.set(nodes)
-	if changed {
-		s.invalidate() // placement must see the new node states
 	}
 
 	// TTL expiry.
@@ -115,4 +66,93 @@ func (s *Server) Sweep(ctx context.Context) error {
 // store's compare-and-set): nothing to report.
 func movedOn(err error) bool {
 	return err == nil || errors.Is(err, lifecycle.ErrRefused) || errors.Is(err, store.ErrConflict)
+}
+
+// sweepNodes is the sweep's node liveness: ready → suspect → down, and
+// the leases of down nodes lost.
+func (s *Server) sweepNodes(ctx context.Context, now time.Time) error {
+	nodes, err := s.st.Nodes(ctx)
+	if err != nil {
+		return err
+	}
+	s.setNodeCount(len(nodes))
+	// Heartbeat spreading (replica.go): with many nodes each agent beats
+	// less often, and silence is judged on the same stretched scale.
+	f := s.heartbeatStretch()
+	suspectAfter, downAfter := stretch(s.cfg.SuspectAfter, f), stretch(s.cfg.DownAfter, f)
+	// Silence before the control plane started, or before this replica
+	// was elected to sweep, does not count.
+	since := s.started
+	if ls := s.rep.leadSince.Load(); ls != 0 && time.Unix(0, ls).After(since) {
+		since = time.Unix(0, ls).UTC()
+	}
+	var errs []error
+	changed := false
+	for i := range nodes {
+		n := &nodes[i]
+		// A control-plane restart gives every agent a full grace period
+		// again: silence while the control plane was away does not count.
+		last := n.LastHeartbeat
+		if last.Before(since) {
+			last = since
+		}
+		silent := now.Sub(last)
+		switch {
+		case n.State != api.NodeDown && silent > downAfter:
+			err := s.st.SetNodeState(ctx, n.ID, n.State, api.NodeDown, api.Event{At: now, Type: "node.down", Subject: n.ID,
+				Message: fmt.Sprintf("no heartbeat for %v (grace period %v)", silent.Round(time.Millisecond), downAfter), State: string(api.NodeDown)})
+			if err != nil {
+				if !errors.Is(err, store.ErrConflict) {
+					errs = append(errs, err)
+				}
+				continue
+			}
+			s.log.Warn("node down", "node", n.ID, "name", n.Name, "silent", silent)
+			n.State = api.NodeDown
+			changed = true
+		case n.State == api.NodeReady && silent > suspectAfter:
+			err := s.st.SetNodeState(ctx, n.ID, n.State, api.NodeSuspect, api.Event{At: now, Type: "node.suspect", Subject: n.ID,
+				Message: fmt.Sprintf("no heartbeat for %v", silent.Round(time.Millisecond)), State: string(api.NodeSuspect)})
+			if err != nil && !errors.Is(err, store.ErrConflict) {
+				errs = append(errs, err)
+			}
+			changed = true
+			s.log.Info("node suspect", "node", n.ID, "name", n.Name, "silent", silent)
+		}
+		if n.State == api.NodeDown {
+			// Its leases (also ones reserved in a race with the sweep) are lost.
+			ls, err := s.st.Leases(ctx, store.LeaseFilter{NodeID: n.ID, States: []api.LeaseState{api.LeaseReserved, api.LeaseActive, api.LeaseReleasing}})
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			for _, l := range ls {
+				if _, _, err := s.apply(ctx, l, lifecycle.NodeDown{NodeID: n.ID, Name: n.Name}); !movedOn(err) {
+					errs = append(errs, err)
+				}
+			}
+		}
+	}
+	s.peers.set(nodes)
+	if changed {
+		s.invalidate() // placement must see the new node states
+	}
+	return errors.Join(errs...)
+}
+
+// livenessDue reports whether the sweep's node liveness is due: on every
+// sweep in a cluster of up to MaxHeartbeatsPerSecond × HeartbeatInterval
+// nodes, else once per (stretched) heartbeat interval, which is as fine
+// as the stretched thresholds need, and spares reading every node every
+// HeartbeatInterval.
+func (s *Server) livenessDue(now time.Time) bool {
+	if s.heartbeatStretch() <= 1 {
+		return true
+	}
+	last := s.rep.lastLiveness.Load()
+	if last != 0 && now.Sub(time.Unix(0, last)) < s.heartbeatInterval() {
+		return false
+	}
+	s.rep.lastLiveness.Store(now.UnixNano())
+	return true
 }

@@ -12,6 +12,12 @@
 // file; its test runs it over every Go file of the module, tests included,
 // so that ctx is passed to what blocks and never kept in a struct.
 //
+// Impurities (and ImpuritiesIn, over a directory) lists what makes a
+// source file impure: imports a package's own policy forbids, go
+// statements and wall-clock calls. The pure policies' packages (placement
+// and fabric, the simulator's core, the lease state machine) run it from
+// their TestPurity with their own import lists.
+//
 // The model is tailscale's tstest/deptest. Only the packages' own (non-test)
 // dependencies count: a test may import what its package may not.
 //

@@ -1,18 +1,16 @@
 package placement
 
 import (
-	"go/ast"
-	"go/parser"
-	"go/token"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/rialto-project/rialto/internal/deptest"
 )
 
 // TestPurity keeps placement and fabric pure: no I/O, network, database,
 // logging, concurrency or randomness packages, no goroutines, and no wall
-// clock (time.Duration is fine; time.Now and friends are not).
+// clock (time.Duration is fine; time.Now and friends are not). The import
+// rules between packages are internal/deptest's.
 func TestPurity(t *testing.T) {
 	banned := map[string]bool{
 		"os": true, "os/exec": true, "os/signal": true, "net": true, "net/http": true, "net/netip": true,
@@ -21,51 +19,17 @@ func TestPurity(t *testing.T) {
 		"math/rand": true, "math/rand/v2": true, "crypto/rand": true, "runtime": true, "context": true,
 		"embed": true, "plugin": true,
 	}
-	clock := map[string]bool{"Now": true, "Since": true, "Until": true, "Sleep": true, "After": true,
-		"AfterFunc": true, "Tick": true, "NewTimer": true, "NewTicker": true}
+	forbid := func(p string) bool {
+		return banned[p] || strings.HasPrefix(p, "net/") || strings.Contains(p, "controlplane") ||
+			strings.Contains(p, "dataplane") || strings.Contains(p, "agent")
+	}
 	for _, dir := range []string{".", "../fabric"} {
-		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+		bad, err := deptest.ImpuritiesIn(dir, forbid)
 		if err != nil {
 			t.Fatal(err)
 		}
-		n := 0
-		for _, f := range files {
-			if strings.HasSuffix(f, "_test.go") {
-				continue
-			}
-			n++
-			fs := token.NewFileSet()
-			af, err := parser.ParseFile(fs, f, nil, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			timeName := ""
-			for _, im := range af.Imports {
-				p, _ := strconv.Unquote(im.Path.Value)
-				if banned[p] || strings.HasPrefix(p, "net/") || strings.Contains(p, "controlplane") || strings.Contains(p, "dataplane") || strings.Contains(p, "agent") {
-					t.Errorf("%s imports %s", f, p)
-				}
-				if p == "time" {
-					timeName = "time"
-					if im.Name != nil {
-						timeName = im.Name.Name
-					}
-				}
-			}
-			ast.Inspect(af, func(n ast.Node) bool {
-				switch n := n.(type) {
-				case *ast.GoStmt:
-					t.Errorf("%s: go statement at %v", f, fs.Position(n.Pos()))
-				case *ast.SelectorExpr:
-					if id, ok := n.X.(*ast.Ident); ok && timeName != "" && id.Name == timeName && clock[n.Sel.Name] {
-						t.Errorf("%s: time.%s at %v", f, n.Sel.Name, fs.Position(n.Pos()))
-					}
-				}
-				return true
-			})
-		}
-		if n == 0 {
-			t.Fatalf("no source files in %s", dir)
+		for _, b := range bad {
+			t.Error(b)
 		}
 	}
 }

@@ -14,6 +14,13 @@ var (
 	ErrConflict  = errors.New("store: state changed concurrently")
 	ErrCapacity  = errors.New("store: device capacity exhausted")
 	ErrDuplicate = errors.New("store: idempotency key already used")
+	// ErrQuota: a lease creation would take its tenant past its Limit.
+	ErrQuota = errors.New("store: tenant quota exceeded")
+	// ErrUnavailable: the database cannot be reached (or refused the
+	// work for want of resources); nothing was written, or, for a write
+	// cut off at its commit, the caller cannot tell. The control plane
+	// answers 503, so that clients fail over to another replica.
+	ErrUnavailable = errors.New("store: database unavailable")
 )
 
 // Token kinds.
@@ -232,12 +239,45 @@ type Transition struct {
 }
 
 // NewLease is a lease creation of a batch (see LeaseBatcher): CreateLease's
-// arguments.
+// arguments, and the tenant's limit.
 type NewLease struct {
 	Lease  api.Lease
 	Demand Demand
 	Idem   *Idempotency
 	Event  api.Event
+	// Limit, when non-nil, is the tenant's quota, re-checked atomically
+	// with the insertion by a store that several control-plane replicas
+	// share (ErrQuota). A store with one writer process may leave it to
+	// placement, whose view is then exact.
+	Limit *Limit
+}
+
+// Limit bounds a tenant's non-terminal leases (placement's Quota, as the
+// store counts it: a part of a dedicated block or memory lease charges
+// its device's whole capacity, any other part its length; accel parts
+// count as slots, the others as bytes). Zero fields are unlimited.
+type Limit struct {
+	Leases    int
+	Bytes     int64
+	Slots     int64
+	Bandwidth float64
+}
+
+// Leader is an optional Store capability of a store that several
+// control-plane replicas share: an election, through the database, of the
+// one replica that runs the background duties (sweeps). Campaign blocks
+// until this replica leads, or ctx ends; it then returns a context that
+// is cancelled when the leadership is lost (the database session that
+// holds it ended), and a function that resigns. Only one replica leads at
+// a time.
+type Leader interface {
+	Campaign(ctx context.Context) (lead context.Context, resign func(), err error)
+}
+
+// Pinger is an optional Store capability: Ping reports whether the
+// database answers (ErrUnavailable otherwise).
+type Pinger interface {
+	Ping(ctx context.Context) error
 }
 
 // LeaseOp is one write of a batch: a creation when Create is non-nil,

@@ -27,11 +27,11 @@ func checkParts(ctx context.Context, tx execer, kind api.Kind, parts []api.Part)
 	for i, p := range parts {
 		var dstate, nstate, dkind, nodeID string
 		var capacity int64
-		var taken bool
-		err := tx.QueryRowContext(ctx, `SELECT d.state, d.kind, d.capacity, d.node_id, n.state,
+		var taken, cordoned bool
+		err := tx.QueryRowContext(ctx, `SELECT d.state, d.kind, d.capacity, d.node_id, n.state, n.cordoned,
 			EXISTS (SELECT 1 FROM lease_parts p WHERE p.device_id = d.id AND p.live = 1 AND p.off < ? AND p.off + p.length > ?)
 			FROM devices d JOIN nodes n ON n.id = d.node_id WHERE d.id = ?`, p.Offset+p.Length, p.Offset, p.DeviceID).
-			Scan(&dstate, &dkind, &capacity, &nodeID, &nstate, &taken)
+			Scan(&dstate, &dkind, &capacity, &nodeID, &nstate, &cordoned, &taken)
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("device %s: %w", p.DeviceID, store.ErrCapacity)
 		}
@@ -43,6 +43,8 @@ func checkParts(ctx context.Context, tx execer, kind api.Kind, parts []api.Part)
 			return fmt.Errorf("device %s is not on node %s: %w", p.DeviceID, p.NodeID, store.ErrCapacity)
 		case dstate != "available" || nstate != string(api.NodeReady):
 			return fmt.Errorf("device %s is %s on a %s node: %w", p.DeviceID, dstate, nstate, store.ErrCapacity)
+		case cordoned:
+			return fmt.Errorf("device %s is on a cordoned node: %w", p.DeviceID, store.ErrCapacity)
 		case api.Kind(dkind) != kind:
 			return fmt.Errorf("device %s is %s, not %s: %w", p.DeviceID, dkind, kind, store.ErrCapacity)
 		case p.Offset < 0 || p.Length <= 0 || p.Offset > capacity-p.Length:

@@ -1,0 +1,167 @@
+package api
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Failover: a Client given several control-plane addresses
+// ("http://a:7070,http://b:7070", as RIALTO_ADDR may hold) sends each
+// request to the address that answered last, and moves on to the next
+// when a request cannot be delivered or answered (connection refused,
+// reset or cut before the answer; a timeout) or is answered 503 (the
+// replica cannot reach its database, or is shutting down). It goes round
+// the list at most failoverRounds times, waiting failoverBackoff (growing)
+// between rounds, within the request's context. A retried request may
+// have been carried out by the replica that failed to answer: lease
+// creations therefore always carry an idempotency key when there are
+// several addresses (CreateLease makes one up), renewals are idempotent,
+// and a retried release that finds the lease released answers with it.
+// With one address a Client never retries.
+
+// failoverRounds is how many times a request goes round the address list.
+const failoverRounds = 3
+
+// failoverBackoff is the wait before the second round (doubled after).
+var failoverBackoff = 200 * time.Millisecond
+
+// endpoints is a list of control-plane base URLs and the one in use,
+// shared by the Clients made for the same list (so an agent that makes a
+// Client per heartbeat remembers where it failed over to).
+type endpoints struct {
+	bases []string
+	cur   atomic.Int32
+}
+
+var endpointSets sync.Map // the list as given → *endpoints
+
+func newEndpoints(list string) *endpoints {
+	if v, ok := endpointSets.Load(list); ok {
+		return v.(*endpoints)
+	}
+	e := &endpoints{}
+	for _, b := range strings.Split(list, ",") {
+		if b = strings.TrimRight(strings.TrimSpace(b), "/"); b != "" {
+			e.bases = append(e.bases, b)
+		}
+	}
+	if len(e.bases) == 0 {
+		e.bases = []string{""}
+	}
+	v, _ := endpointSets.LoadOrStore(list, e)
+	return v.(*endpoints)
+}
+
+func (e *endpoints) current() (int, string) {
+	i := int(e.cur.Load()) % len(e.bases)
+	return i, e.bases[i]
+}
+
+// failed moves past address i (unless another request already did).
+func (e *endpoints) failed(i int) {
+	e.cur.CompareAndSwap(int32(i), int32((i+1)%len(e.bases)))
+}
+
+// Addresses returns the control-plane addresses the Client uses.
+func (c *Client) Addresses() []string { return append([]string(nil), c.ep.bases...) }
+
+// shouldFailOver reports whether a request that got err (a transport
+// error) or status should go to the next address.
+func shouldFailOver(ctx context.Context, err error, status int) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	if err == nil {
+		return status == http.StatusServiceUnavailable || status == http.StatusBadGateway || status == http.StatusGatewayTimeout
+	}
+	var ne net.Error
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &ne) ||
+		strings.Contains(err.Error(), "server closed") || strings.Contains(err.Error(), "connection reset")
+}
+
+// roundTrip sends the request that mk builds for a base URL, failing over
+// as the package comment says.
+func (c *Client) roundTrip(ctx context.Context, mk func(base string) (*http.Request, error)) (*http.Response, error) {
+	n := len(c.ep.bases)
+	if n == 1 {
+		req, err := mk(c.ep.bases[0])
+		if err != nil {
+			return nil, err
+		}
+		return c.hc.Do(req)
+	}
+	backoff := failoverBackoff
+	var lastErr error
+	var last *http.Response
+	for round := 0; round < failoverRounds; round++ {
+		if round > 0 {
+			t := time.NewTimer(backoff)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				if last != nil {
+					return last, nil
+				}
+				return nil, lastErr
+			case <-t.C:
+			}
+			backoff *= 2
+		}
+		for k := 0; k < n; k++ {
+			i, base := c.ep.current()
+			req, err := mk(base)
+			if err != nil {
+				return nil, err
+			}
+			resp, err := c.hc.Do(req)
+			status := 0
+			if err == nil {
+				status = resp.StatusCode
+			}
+			if !shouldFailOver(ctx, err, status) {
+				if last != nil {
+					last.Body.Close()
+				}
+				return resp, err
+			}
+			c.ep.failed(i)
+			if last != nil {
+				last.Body.Close()
+				last = nil
+			}
+			if err == nil {
+				// Keep the 503 to return if every address fails; read it
+				// now so that its connection can be reused.
+				data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+				resp.Body.Close()
+				resp.Body = io.NopCloser(strings.NewReader(string(data)))
+				last, lastErr = resp, nil
+			} else {
+				last, lastErr = nil, err
+			}
+		}
+	}
+	if last != nil {
+		return last, nil
+	}
+	return nil, lastErr
+}
+
+// newIdempotencyKey makes up a key for a create that may be retried on
+// another replica.
+func newIdempotencyKey() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return "auto-" + hex.EncodeToString(b[:])
+}

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/controlplane"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/controlplane/store/postgres"
+	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
+	"github.com/rialto-project/rialto/internal/pgserver"
+)
+
+// backend is a store configuration to measure.
+type backend struct {
+	name     string
+	sqlite   string           // SQLite: directory of the database files
+	pg       *pgserver.Server // PostgreSQL: the server
+	replicas int              // PostgreSQL: control-plane replicas sharing it
+	seq      *int             // databases made so far (names)
+}
+
+// cluster is a running control plane: one server, or several replicas
+// sharing a PostgreSQL database, in this process.
+type cluster struct {
+	urls   []string
+	srvs   []*controlplane.Server
+	stop   func()
+	client *http.Client
+}
+
+// urlFor is the address list a client w uses: every replica, starting
+// with w's own share of them, so that clients spread over the replicas
+// and fail over to the others.
+func (c *cluster) urlFor(w int) string {
+	n := len(c.urls)
+	out := make([]string, n)
+	for i := range out {
+		out[i] = c.urls[(w+i)%n]
+	}
+	return strings.Join(out, ",")
+}
+
+func start(ctx context.Context, b backend, cfgMod func(*controlplane.Config)) (*cluster, error) {
+	*b.seq++
+	var stores []store.Store
+	closeAll := func() {
+		for _, st := range stores {
+			st.Close()
+		}
+	}
+	if b.pg == nil {
+		st, err := sqlite.Open(ctx, fmt.Sprintf("%s/bench-%d.db", b.sqlite, *b.seq))
+		if err != nil {
+			return nil, err
+		}
+		stores = append(stores, st)
+	} else {
+		db := fmt.Sprintf("bench_%d", *b.seq)
+		if err := b.pg.CreateDatabase(ctx, db); err != nil {
+			return nil, err
+		}
+		for range b.replicas {
+			st, err := postgres.Open(ctx, b.pg.URL(db), postgres.Options{})
+			if err != nil {
+				closeAll()
+				return nil, err
+			}
+			stores = append(stores, st)
+		}
+	}
+	c := &cluster{}
+	rctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	var stops []func()
+	for _, st := range stores {
+		cfg := controlplane.Config{
+			Store: st, BootstrapToken: bootTok, Tokens: []controlplane.Token{{Token: tenantTok, Tenant: "bench"}},
+			// Liveness thresholds are generous so that scheduling noise on a
+			// loaded machine does not mark agents down.
+			SuspectAfter: 30 * time.Second, DownAfter: 60 * time.Second,
+		}
+		if cfgMod != nil {
+			cfgMod(&cfg)
+		}
+		srv, err := controlplane.New(ctx, cfg)
+		if err != nil {
+			cancel()
+			closeAll()
+			return nil, err
+		}
+		url, stop, err := serve(srv.Handler())
+		if err != nil {
+			cancel()
+			closeAll()
+			return nil, err
+		}
+		stops = append(stops, stop)
+		c.urls = append(c.urls, url)
+		c.srvs = append(c.srvs, srv)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			srv.Run(rctx)
+		}()
+	}
+	// At most 1,500 connections to each server: 10,000 agents in one
+	// process would otherwise open a connection each (and the server
+	// another) when answers slow down, and run out of file descriptors.
+	tr := &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 1500, MaxConnsPerHost: 1500, IdleConnTimeout: time.Minute}
+	c.client = &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	c.stop = func() {
+		cancel()
+		wg.Wait()
+		for _, s := range stops {
+			s()
+		}
+		closeAll()
+		tr.CloseIdleConnections()
+	}
+	return c, nil
+}

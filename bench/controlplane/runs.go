@@ -1,0 +1,245 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+)
+
+func runCycles(ctx context.Context, b backend, workers int, dur time.Duration) (cycleResult, error) {
+	agentURL, stopAgent, err := fakeAgent()
+	if err != nil {
+		return cycleResult{}, err
+	}
+	defer stopAgent()
+	c, err := start(ctx, b, nil)
+	if err != nil {
+		return cycleResult{}, err
+	}
+	defer c.stop()
+	boot := api.NewClient(c.urlFor(0), bootTok, c.client)
+	for i := 0; i < 8; i++ {
+		if _, err := join(ctx, boot, fmt.Sprintf("lender%02d", i), agentURL, 4); err != nil {
+			return cycleResult{}, err
+		}
+	}
+	var wg sync.WaitGroup
+	var errs atomic.Int64
+	creates := make([][]float64, workers)
+	releases := make([][]float64, workers)
+	deadline := time.Now().Add(dur)
+	t0 := time.Now()
+	cpu0 := cpuSeconds()
+	var pg0 float64
+	if b.pg != nil {
+		pg0 = pgCPU(b.pg.DataDir())
+	}
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tenant := api.NewClient(c.urlFor(w), tenantTok, c.client)
+			for time.Now().Before(deadline) {
+				s := time.Now()
+				l, err := tenant.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 30})
+				if err != nil || l.State != api.LeaseActive {
+					errs.Add(1)
+					continue
+				}
+				m := time.Now()
+				if _, err := tenant.ReleaseLease(ctx, l.ID); err != nil {
+					errs.Add(1)
+					continue
+				}
+				creates[w] = append(creates[w], m.Sub(s).Seconds())
+				releases[w] = append(releases[w], time.Since(m).Seconds())
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(t0).Seconds()
+	cpu := cpuSeconds() - cpu0
+	var pgc float64
+	if b.pg != nil {
+		pgc = pgCPU(b.pg.DataDir()) - pg0
+	}
+	bsum, bcount, retries := scrape(ctx, c, "lease")
+	batch := 0.0
+	if bcount > 0 {
+		batch = bsum / bcount
+	}
+	var cr, rr, all []float64
+	for w := range creates {
+		cr = append(cr, creates[w]...)
+		rr = append(rr, releases[w]...)
+		for i := range creates[w] {
+			all = append(all, creates[w][i]+releases[w][i])
+		}
+	}
+	return cycleResult{cpu: cpu, wall: el, cycles: len(cr), perSec: float64(len(cr)) / el, createP50: pct(cr, 50), createP99: pct(cr, 99),
+		releaseP99: pct(rr, 99), cycleP99: pct(all, 99), errors: errs.Load(), batch: batch, retries: retries, pgCPU: pgc}, nil
+}
+
+type hbResult struct {
+	cpu      float64
+	wall     float64
+	beats    int
+	hbPerSec float64
+	hbP50    float64
+	hbP99    float64
+	apiP99   float64
+	cycles   int
+	interval float64 // seconds, as told to the agents at the end
+	missed   int64
+	errors   int64
+	downs    int
+}
+
+// runHeartbeats joins agents simulated agents (lightweight clients over
+// real HTTP, each at the interval the control plane tells it) and a
+// tenant running lease cycles and reads meanwhile.
+func runHeartbeats(ctx context.Context, b backend, agents int, dur time.Duration) (hbResult, error) {
+	agentURL, stopAgent, err := fakeAgent()
+	if err != nil {
+		return hbResult{}, err
+	}
+	defer stopAgent()
+	c, err := start(ctx, b, nil)
+	if err != nil {
+		return hbResult{}, err
+	}
+	defer c.stop()
+	joined := make([]api.JoinResponse, agents)
+	var jwg sync.WaitGroup
+	var jerr atomic.Value
+	next := atomic.Int64{}
+	for g := 0; g < 32; g++ {
+		jwg.Add(1)
+		go func() {
+			defer jwg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= agents {
+					return
+				}
+				// An agent joins through the replica it will heartbeat to.
+				boot := api.NewClient(c.urlFor(i), bootTok, c.client)
+				jr, err := join(ctx, boot, fmt.Sprintf("agent%05d", i), agentURL, 2)
+				if err != nil {
+					jerr.Store(err)
+					return
+				}
+				joined[i] = jr
+			}
+		}()
+	}
+	jwg.Wait()
+	if err, ok := jerr.Load().(error); ok {
+		return hbResult{}, err
+	}
+	var wg sync.WaitGroup
+	var errs, missed atomic.Int64
+	var lastInterval atomic.Int64
+	lat := make([][]float64, agents)
+	start := time.Now()
+	cpu0 := cpuSeconds()
+	end := start.Add(dur)
+	for i := 0; i < agents; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cl := api.NewClient(c.urlFor(i), joined[i].Credential, c.client)
+			// The agents joined within seconds, so those that joined early
+			// were told a shorter interval than the cluster now has; their
+			// first heartbeat answer tells them the current one. Start
+			// them spread evenly over the current interval (that of the
+			// last to join), as agents that joined over time would be.
+			iv := time.Duration(joined[agents-1].HeartbeatSeconds * float64(time.Second))
+			next := start.Add(time.Duration(i) * iv / time.Duration(agents))
+			hb := api.Heartbeat{Health: "ok", Links: []api.LinkReport{{To: "controlplane", RTTMicros: 80, Up: true}}}
+			for next.Before(end) {
+				time.Sleep(time.Until(next))
+				s := time.Now()
+				r, err := cl.Heartbeat(ctx, joined[i].NodeID, hb)
+				if err != nil {
+					errs.Add(1)
+				} else {
+					lat[i] = append(lat[i], time.Since(s).Seconds())
+					if r.HeartbeatSeconds > 0 {
+						iv = time.Duration(r.HeartbeatSeconds * float64(time.Second))
+						lastInterval.Store(int64(iv))
+					}
+				}
+				next = next.Add(iv)
+				if time.Now().After(next) {
+					missed.Add(1) // the agent fell behind its period
+				}
+			}
+		}()
+	}
+	// Meanwhile a tenant uses the API: lease cycles and reads.
+	apiLat := make([][]float64, 4)
+	var cycles atomic.Int64
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tenant := api.NewClient(c.urlFor(w), tenantTok, c.client)
+			for time.Now().Before(end) {
+				s := time.Now()
+				var err error
+				switch w {
+				case 0, 1:
+					var l api.Lease
+					l, err = tenant.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 30})
+					if err == nil {
+						apiLat[w] = append(apiLat[w], time.Since(s).Seconds())
+						s = time.Now()
+						_, err = tenant.ReleaseLease(ctx, l.ID)
+						if err == nil {
+							cycles.Add(1)
+						}
+					}
+				case 2:
+					var ls []api.Lease
+					err = tenant.Do(ctx, "GET", "/v1/leases?live=1", nil, &ls)
+				case 3:
+					_, err = tenant.Node(ctx, joined[len(joined)/2].NodeID)
+				}
+				if err != nil {
+					errs.Add(1)
+					continue
+				}
+				apiLat[w] = append(apiLat[w], time.Since(s).Seconds())
+				time.Sleep(20 * time.Millisecond)
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start).Seconds()
+	cpu := cpuSeconds() - cpu0
+	var hl, al []float64
+	for _, l := range lat {
+		hl = append(hl, l...)
+	}
+	for _, l := range apiLat {
+		al = append(al, l...)
+	}
+	all := append(append([]float64(nil), hl...), al...)
+	nodes, err := api.NewClient(c.urlFor(0), tenantTok, c.client).Nodes(ctx)
+	if err != nil {
+		return hbResult{}, err
+	}
+	downs := 0
+	for _, n := range nodes {
+		if n.State != api.NodeReady {
+			downs++
+		}
+	}
+	return hbResult{cpu: cpu, wall: el, beats: len(hl), hbPerSec: float64(len(hl)) / el, hbP50: pct(hl, 50), hbP99: pct(hl, 99), apiP99: pct(all, 99),
+		cycles: int(cycles.Load()), interval: time.Duration(lastInterval.Load()).Seconds(), missed: missed.Load(), errors: errs.Load(), downs: downs}, nil
+}

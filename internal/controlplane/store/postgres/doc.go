@@ -1,0 +1,38 @@
+// Package postgres is the control plane's store (store.Store) on
+// PostgreSQL, for several control-plane replicas sharing one database
+// (`rialto server --db postgres://…`). Its schema and migrations are the
+// SQLite store's (store/sqlite), version for version, written in
+// PostgreSQL's dialect where the two differ (migrations/); its statements
+// are the SQLite store's, with PostgreSQL's placeholders.
+//
+// Writes that must be serialized between replicas are serialized by
+// PostgreSQL itself, in each write transaction (READ COMMITTED):
+//   - a lease creation or re-placement locks its devices' rows (FOR
+//     UPDATE) and its nodes' rows (FOR SHARE), in ID order, before it
+//     re-checks every part (device available, node ready, inside the
+//     capacity, no overlap with a live part): the check runs after the
+//     locks, on what the previous holder committed, so two replicas
+//     placing on one device one after the other cannot both win;
+//   - a creation that carries its tenant's Limit takes the tenant's
+//     transaction-scoped advisory lock before it counts the tenant's
+//     leases, so quotas hold across replicas;
+//   - events are appended last, under one transaction-scoped advisory
+//     lock, so that event IDs (a sequence) become visible in order:
+//     followers of the event stream, which read "ID > last seen", never
+//     skip one committed late.
+//
+// Locks are taken in one order (tenants, nodes, devices, leases, events);
+// a deadlock or serialization failure that PostgreSQL reports anyway
+// retries the transaction.
+//
+// Background duties run on one replica elected with a session-level
+// advisory lock held on a dedicated connection (Campaign, election.go):
+// when that replica dies, its session ends, PostgreSQL releases the lock,
+// and another replica's next attempt takes it.
+//
+// A database that cannot be reached makes every call fail with
+// store.ErrUnavailable.
+//
+// There is no useful zero value: Open returns a Store. A Store is safe
+// for concurrent use.
+package postgres

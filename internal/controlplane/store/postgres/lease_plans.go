@@ -1,0 +1,50 @@
+package postgres
+
+import (
+	"context"
+	"slices"
+
+	"github.com/rialto-project/rialto/api"
+)
+
+// replacePlan replaces a stored lease's plan.
+func replacePlan(ctx context.Context, tx execer, id, plan string) error {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO lease_plans (created_at, lease_id, plan) SELECT created_at, id, ? FROM leases WHERE id = ?
+		ON CONFLICT (created_at, lease_id) DO UPDATE SET plan = excluded.plan`, plan, id); err != nil {
+		return wrap("lease plan", err)
+	}
+	return nil
+}
+
+// decodePlan decodes a stored plan, through the Store's cache of decoded
+// plans; every read gets its own copy.
+func (s *Store) decodePlan(text string) (*api.Plan, error) {
+	p, ok := s.plans.get(text)
+	if !ok {
+		p = new(api.Plan)
+		if err := unjs(text, p); err != nil {
+			return nil, err
+		}
+		s.plans.put(text, p)
+	}
+	return clonePlan(p), nil
+}
+
+func clonePlan(p *api.Plan) *api.Plan {
+	c := *p
+	c.Parts = slices.Clone(p.Parts)
+	c.Impacts = slices.Clone(p.Impacts)
+	c.Explanation = slices.Clone(p.Explanation)
+	return &c
+}
+
+// planJSON encodes a plan to store; the text is remembered so that reading
+// the lease back does not decode it.
+func (s *Store) planJSON(p *api.Plan) string {
+	if p == nil {
+		return ""
+	}
+	text := js(p)
+	s.plans.put(text, clonePlan(p))
+	return text
+}

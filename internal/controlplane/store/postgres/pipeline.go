@@ -1,0 +1,400 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
+)
+
+// A batch of lease writes (LeaseOps) in two round trips: most of a
+// PostgreSQL transaction's cost is its round trips, and a batch written
+// statement by statement makes one or two per op. The first round trip
+// begins the transaction, takes the locks (tenants, devices: doc.go) and
+// reads what the creations' checks need; the creations are judged here;
+// the second round trip writes every op in order, appends each successful
+// op's event under the event log's lock, and commits. A transition whose
+// compare-and-set fails writes nothing (its event is conditional on its
+// update); the few that fail are told apart (not found or conflict)
+// afterwards. Judging the creations before the writes is conservative
+// within a batch: a creation is checked against the parts the store held
+// before the batch and those of the batch's earlier creations, not the
+// parts freed by the batch's earlier transitions (the caller places it
+// again). Anything unexpected (an op failing with an error after writing)
+// rolls the batch back, which is then written statement by statement with
+// savepoints (leaseOpsSeq).
+
+// errSequential asks for the statement-by-statement path.
+var errSequential = errors.New("postgres: batch needs the sequential path")
+
+// pipelined writes ops in two round trips (see above).
+func (s *Store) pipelined(ctx context.Context, ops []store.LeaseOp, texts []opText, tenants []string, devs []string) (out []api.Lease, errs []error, err error) {
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return nil, nil, wrap("connection", err)
+	}
+	defer conn.Close()
+	err = conn.Raw(func(dc any) error {
+		c := dc.(*stdlib.Conn).Conn()
+		out, errs, err = s.pipeline(ctx, c, ops, texts, tenants, devs)
+		if err != nil && c.PgConn().TxStatus() != 'I' {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			_, rerr := c.Exec(rctx, "ROLLBACK")
+			cancel()
+			if rerr != nil {
+				c.PgConn().Close(rctx) // the pool drops it (IsClosed)
+			}
+		}
+		return err
+	})
+	return out, errs, err
+}
+
+func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, texts []opText, tenants []string, devs []string) ([]api.Lease, []error, error) {
+	out, errs := make([]api.Lease, len(ops)), make([]error, len(ops))
+
+	// Round trip 1: begin, lock, read for the creations' checks.
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	for _, t := range tenants {
+		b.Queue(`SELECT pg_advisory_xact_lock($1, hashtext($2))`, lockTenantNS, t)
+	}
+	if len(devs) > 0 {
+		b.Queue(`SELECT count(*) FROM (SELECT id FROM devices WHERE id = ANY($1) ORDER BY id FOR UPDATE) locked`, devs)
+	}
+	partSQL := rebind(partCheckSQL)
+	for _, op := range ops {
+		n := op.Create
+		if n == nil {
+			continue
+		}
+		if n.Idem != nil {
+			b.Queue(`SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND key = $2`, n.Idem.Tenant, n.Idem.Key)
+		}
+		for _, p := range n.Lease.Parts {
+			b.Queue(partSQL, p.Offset+p.Length, p.Offset, p.DeviceID)
+		}
+		if n.Limit != nil {
+			b.Queue(rebind(limitSQL), n.Lease.Tenant)
+		}
+	}
+	br := c.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil { // BEGIN
+		br.Close()
+		return nil, nil, wrap("begin", err)
+	}
+	for range tenants {
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return nil, nil, wrap("lock tenant", err)
+		}
+	}
+	if len(devs) > 0 {
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return nil, nil, wrap("lock devices", err)
+		}
+	}
+	type span struct {
+		dev      string
+		off, end int64
+	}
+	var taken []span             // parts of the batch's accepted creations
+	keys := map[[2]string]bool{} // their idempotency keys
+	added := map[string]usage{}  // their charge, by tenant
+	accepted := make([]bool, len(ops))
+	for i, op := range ops {
+		n := op.Create
+		if n == nil {
+			continue
+		}
+		l := n.Lease
+		var refusal error
+		if n.Idem != nil {
+			var used int
+			if err := br.QueryRow().Scan(&used); err != nil {
+				br.Close()
+				return nil, nil, wrap("idempotency", err)
+			}
+			if used > 0 || keys[[2]string{n.Idem.Tenant, n.Idem.Key}] {
+				refusal = fmt.Errorf("key %q used before: %w", n.Idem.Key, store.ErrDuplicate)
+			}
+		}
+		rows := make([]partRow, len(l.Parts))
+		for j, p := range l.Parts {
+			r := &rows[j]
+			err := br.QueryRow().Scan(&r.dstate, &r.dkind, &r.capacity, &r.nodeID, &r.nstate, &r.cordoned, &r.taken)
+			switch {
+			case errors.Is(err, pgx.ErrNoRows):
+				if refusal == nil {
+					refusal = fmt.Errorf("device %s: %w", p.DeviceID, store.ErrCapacity)
+				}
+				continue
+			case err != nil:
+				br.Close()
+				return nil, nil, wrap("reserve", err)
+			}
+			for _, t := range taken {
+				if t.dev == p.DeviceID && t.off < p.Offset+p.Length && p.Offset < t.end {
+					r.taken = true
+				}
+			}
+			if refusal == nil {
+				refusal = judgePart(l.Kind, l.Parts, j, *r)
+			}
+		}
+		if n.Limit != nil {
+			var u usage
+			if err := br.QueryRow().Scan(&u.leases, &u.bw, &u.bytes, &u.slots); err != nil {
+				br.Close()
+				return nil, nil, wrap("quota", err)
+			}
+			a := added[l.Tenant]
+			u.leases, u.bw, u.bytes, u.slots = u.leases+a.leases, u.bw+a.bw, u.bytes+a.bytes, u.slots+a.slots
+			if refusal == nil {
+				refusal = judgeLimit(l, n.Demand, *n.Limit, u, rows)
+			}
+		}
+		if refusal != nil {
+			errs[i] = refusal
+			continue
+		}
+		accepted[i] = true
+		for _, p := range l.Parts {
+			taken = append(taken, span{p.DeviceID, p.Offset, p.Offset + p.Length})
+		}
+		if n.Idem != nil {
+			keys[[2]string{n.Idem.Tenant, n.Idem.Key}] = true
+		}
+		if n.Limit != nil {
+			a, c := added[l.Tenant], charge(l, n.Demand, rows)
+			added[l.Tenant] = usage{leases: a.leases + c.leases, bw: a.bw + c.bw, bytes: a.bytes + c.bytes, slots: a.slots + c.slots}
+		}
+	}
+	if err := br.Close(); err != nil {
+		return nil, nil, wrap("read", err)
+	}
+
+	// Round trip 2: write every op in order, events under the log's
+	// lock, commit.
+	b = &pgx.Batch{}
+	b.Queue(`SELECT pg_advisory_xact_lock($1, $2)`, lockClass, lockEvents)
+	for i, op := range ops {
+		if op.Create != nil {
+			if accepted[i] {
+				q, args := createSQL(*op.Create, texts[i])
+				b.Queue(q, args...)
+			}
+			continue
+		}
+		q, args := transitionSQL(op.Transition, texts[i].plan)
+		b.Queue(q, args...)
+	}
+	b.Queue("COMMIT")
+	br = c.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return nil, nil, wrap("lock the event log", err)
+	}
+	var missed []int
+	for i, op := range ops {
+		if op.Create != nil {
+			if !accepted[i] {
+				continue
+			}
+			if _, err := br.Exec(); err != nil {
+				br.Close()
+				return nil, nil, lateError(err)
+			}
+			out[i] = createdLease(op.Create.Lease)
+			continue
+		}
+		l, err := s.scanLease(br.QueryRow())
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			missed = append(missed, i)
+		case err != nil:
+			br.Close()
+			return nil, nil, lateError(err)
+		default:
+			if op.Transition.Change.Plan != nil {
+				p, err := s.decodePlan(texts[i].plan)
+				if err != nil {
+					br.Close()
+					return nil, nil, err
+				}
+				l.Plan = p
+			}
+			out[i] = l
+		}
+	}
+	if _, err := br.Exec(); err != nil { // COMMIT
+		br.Close()
+		return nil, nil, wrap("commit", err)
+	}
+	if err := br.Close(); err != nil {
+		return nil, nil, wrap("commit", err)
+	}
+
+	// The transitions that found their lease in another state, or none.
+	if len(missed) > 0 {
+		ids := make([]string, len(missed))
+		for k, i := range missed {
+			ids[k] = ops[i].Transition.ID
+		}
+		rows, err := c.Query(ctx, `SELECT id, state, tenant FROM leases WHERE id = ANY($1)`, ids)
+		if err != nil {
+			return nil, nil, wrap("transition", err)
+		}
+		found := map[string][2]string{}
+		for rows.Next() {
+			var id, st, tenant string
+			if err := rows.Scan(&id, &st, &tenant); err != nil {
+				rows.Close()
+				return nil, nil, wrap("transition", err)
+			}
+			found[id] = [2]string{st, tenant}
+		}
+		rows.Close()
+		for _, i := range missed {
+			t := ops[i].Transition
+			f, ok := found[t.ID]
+			if !ok || t.Change.Tenant != "" && f[1] != t.Change.Tenant {
+				errs[i] = fmt.Errorf("lease %s: %w", t.ID, store.ErrNotFound)
+			} else if len(t.Change.From) == 0 {
+				errs[i] = fmt.Errorf("lease %s: no source state: %w", t.ID, store.ErrConflict)
+			} else {
+				errs[i] = fmt.Errorf("lease %s is %s, not %v: %w", t.ID, f[0], t.Change.From, store.ErrConflict)
+			}
+		}
+	}
+	return out, errs, nil
+}
+
+// lateError classifies an error of a write in the second round trip:
+// PostgreSQL's own retries and lost connections as they are, anything
+// else (a constraint: an idempotency key another replica's request used
+// meanwhile) makes the batch go the sequential way, where the op fails
+// alone.
+func lateError(err error) error {
+	if retryable(err) || unavailable(err) {
+		return wrap("write", err)
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return fmt.Errorf("%w: %w", errSequential, err)
+	}
+	return wrap("write", err)
+}
+
+// createSQL is one statement writing a new lease, its plan, its parts,
+// its idempotency key and its event.
+func createSQL(n store.NewLease, text opText) (string, []any) {
+	l, d := n.Lease, n.Demand
+	nodes, devs := make([]string, len(l.Parts)), make([]string, len(l.Parts))
+	offs, lens := make([]int64, len(l.Parts)), make([]int64, len(l.Parts))
+	for i, p := range l.Parts {
+		nodes[i], devs[i], offs[i], lens[i] = p.NodeID, p.DeviceID, p.Offset, p.Length
+	}
+	var idemTenant, idemKey, idemHash string
+	if n.Idem != nil {
+		idemTenant, idemKey, idemHash = n.Idem.Tenant, n.Idem.Key, n.Idem.RequestHash
+	}
+	ev := n.Event
+	if ev.At.IsZero() {
+		ev.At = time.Now().UTC()
+	}
+	q := rebind(`WITH l AS (INSERT INTO leases (` + leaseInsertCols + `, demand_bps, work_bytes, deadline_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)),
+		p AS (INSERT INTO lease_plans (created_at, lease_id, plan) SELECT ?, ?, ?::text WHERE ?::text <> ''),
+		x AS (INSERT INTO lease_parts (lease_id, idx, node_id, device_id, off, length, uri, live)
+			SELECT ?, t.i - 1, t.node, t.dev, t.off, t.len, '', 1
+			FROM unnest(?::text[], ?::text[], ?::bigint[], ?::bigint[]) WITH ORDINALITY AS t(node, dev, off, len, i)),
+		k AS (INSERT INTO idempotency_keys (tenant, key, request_hash, lease_id, created_at) SELECT ?::text, ?::text, ?, ?, ? WHERE ?::text <> ''),
+		e AS (INSERT INTO events (at, type, subject, message, state) SELECT ?, ?::text, ?, ?, ? WHERE ?::text <> '')
+		SELECT 1`)
+	args := []any{l.ID, string(l.State), string(l.Kind), string(l.Mode), l.Tenant, l.Borrower, l.Size, l.Count, l.StripeUnit, l.URI, l.Credential, l.TTLSeconds,
+		ns(l.ExpiresAt), ns(l.CreatedAt), ns(l.UpdatedAt), l.Reason, l.IdempotencyKey, text.parts, d.Bandwidth, d.Work, ns(d.Deadline),
+		ns(l.CreatedAt), l.ID, text.plan, text.plan,
+		l.ID, nodes, devs, offs, lens,
+		idemTenant, idemKey, idemHash, l.ID, ns(l.CreatedAt), idemKey,
+		ns(ev.At), ev.Type, ev.Subject, ev.Message, ev.State, ev.Type}
+	return q, args
+}
+
+// transitionSQL is one statement doing a transition's compare-and-set,
+// recording the parts' URIs, freeing the parts of a lease that ends,
+// replacing its plan and appending its event, all only if the
+// compare-and-set succeeded; it returns the lease's row (no row: it was
+// refused).
+func transitionSQL(t store.Transition, plan string) (string, []any) {
+	ch := t.Change
+	set := `state = ?, updated_at = ?`
+	args := make([]any, 0, 24+len(ch.From)+2*len(ch.URIs))
+	args = append(args, string(ch.To), ns(ch.At))
+	if ch.Reason != "" {
+		set += `, reason = ?`
+		args = append(args, ch.Reason)
+	}
+	if ch.URI != "" {
+		set += `, uri = ?`
+		args = append(args, ch.URI)
+	}
+	if !ch.ExpiresAt.IsZero() {
+		set += `, expires_at = ?`
+		args = append(args, ns(ch.ExpiresAt))
+	}
+	if ch.TTL != 0 {
+		set += `, ttl_seconds = ?`
+		args = append(args, ch.TTL)
+	}
+	if len(ch.URIs) > 0 {
+		expr := `parts::jsonb`
+		for i, u := range ch.URIs {
+			expr = `jsonb_set(` + expr + `, ?::text[], to_jsonb(?::text))`
+			args = append(args, []string{strconv.Itoa(i), "uri"}, u)
+		}
+		set += `, parts = CASE WHEN jsonb_array_length(parts::jsonb) >= ` + strconv.Itoa(len(ch.URIs)) + ` THEN (` + expr + `)::text ELSE NULL END`
+	}
+	// No source state: nothing matches (a conflict).
+	from := []string{""}
+	for _, f := range ch.From {
+		from = append(from, string(f))
+	}
+	where := ` WHERE id = ? AND state = ANY(?::text[])`
+	args = append(args, t.ID, from)
+	if ch.Tenant != "" {
+		where += ` AND tenant = ?`
+		args = append(args, ch.Tenant)
+	}
+	var q strings.Builder
+	q.WriteString(`WITH u AS (UPDATE leases SET ` + set + where + ` RETURNING ` + leaseCols + `)`)
+	if ch.To.Terminal() {
+		q.WriteString(`, f AS (UPDATE lease_parts SET live = 0 WHERE lease_id = ? AND live = 1 AND EXISTS (SELECT 1 FROM u))`)
+		args = append(args, t.ID)
+	}
+	if ch.Plan != nil {
+		q.WriteString(`, pl AS (INSERT INTO lease_plans (created_at, lease_id, plan) SELECT created_at, id, ?::text FROM leases WHERE id = ? AND EXISTS (SELECT 1 FROM u)
+			ON CONFLICT (created_at, lease_id) DO UPDATE SET plan = excluded.plan)`)
+		args = append(args, plan, t.ID)
+	}
+	ev := t.Event
+	if ev.At.IsZero() {
+		ev.At = time.Now().UTC()
+	}
+	if ev.Type != "" {
+		q.WriteString(`, e AS (INSERT INTO events (at, type, subject, message, state) SELECT ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM u))`)
+		args = append(args, ns(ev.At), ev.Type, ev.Subject, ev.Message, ev.State)
+	}
+	q.WriteString(` SELECT * FROM u`)
+	return rebind(q.String()), args
+}

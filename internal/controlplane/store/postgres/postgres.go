@@ -1,0 +1,335 @@
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
+)
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// Store is a store.Store on a PostgreSQL database.
+type Store struct {
+	db  *sql.DB
+	url string
+
+	plans textCache[*api.Plan]
+	parts textCache[[]api.Part]
+}
+
+var (
+	_ store.Store        = (*Store)(nil)
+	_ store.LeaseBatcher = (*Store)(nil)
+	_ store.Leader       = (*Store)(nil)
+	_ store.Pinger       = (*Store)(nil)
+)
+
+// Advisory lock keys (the first of pg_advisory_lock's two int4 keys
+// names the use; see doc.go).
+const (
+	lockClass    = 0x52_69_61 // "Ria"
+	lockEvents   = 1
+	lockLeader   = 2
+	lockMigrate  = 3
+	lockTenantNS = 0x52_69_62 // the class of tenant locks; the second key is hashtext(tenant)
+)
+
+// Options tune a Store.
+type Options struct {
+	// MaxConns bounds the connection pool (default 32).
+	MaxConns int
+}
+
+// Open connects to the database at url (postgres://…), applies pending
+// migrations and returns the store.
+func Open(ctx context.Context, url string, o Options) (*Store, error) {
+	cfg, err := pgxConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	db := stdlib.OpenDB(*cfg)
+	if o.MaxConns <= 0 {
+		o.MaxConns = 32
+	}
+	db.SetMaxOpenConns(o.MaxConns)
+	db.SetMaxIdleConns(o.MaxConns)
+	db.SetConnMaxIdleTime(5 * time.Minute)
+	s := &Store{db: db, url: url}
+	if err := s.migrate(ctx, -1); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close closes the connection pool.
+func (s *Store) Close() error { return s.db.Close() }
+
+// Ping reports whether the database answers.
+func (s *Store) Ping(ctx context.Context) error {
+	var one int
+	if err := s.db.QueryRowContext(ctx, `SELECT 1`).Scan(&one); err != nil {
+		return wrap("ping", err)
+	}
+	return nil
+}
+
+// unavailable reports whether err says the database could not be
+// reached or dropped the connection (rather than refusing the statement).
+func unavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		// Class 08: connection exception; 57P01-57P03: admin shutdown,
+		// crash shutdown, cannot connect now; 53: insufficient resources.
+		return strings.HasPrefix(pe.Code, "08") || pe.Code == "57P01" || pe.Code == "57P02" || pe.Code == "57P03" || strings.HasPrefix(pe.Code, "53")
+	}
+	var ne net.Error
+	var ce *pgconn.ConnectError
+	return errors.As(err, &ne) || errors.As(err, &ce) || errors.Is(err, sql.ErrConnDone) || errors.Is(err, sql.ErrTxDone) ||
+		errors.Is(err, driver.ErrBadConn) || pgconn.SafeToRetry(err) || strings.Contains(err.Error(), "conn closed") ||
+		strings.Contains(err.Error(), "unexpected EOF") || strings.Contains(err.Error(), "connection reset")
+}
+
+// retryable reports a serialization failure or a deadlock: the
+// transaction was rolled back and may run again.
+func retryable(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "40001" || pe.Code == "40P01")
+}
+
+// wrap wraps a database error: store.ErrUnavailable when the database
+// could not be reached.
+func wrap(what string, err error) error {
+	if unavailable(err) {
+		return fmt.Errorf("postgres: %s: %w: %w", what, store.ErrUnavailable, err)
+	}
+	return fmt.Errorf("postgres: %s: %w", what, err)
+}
+
+// execer runs statements written with SQLite's "?" placeholders: a
+// transaction or the pool. rebind turns them into PostgreSQL's "$n".
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+type rebound struct {
+	q interface {
+		ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+		QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+		QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	}
+}
+
+func (r rebound) ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	return r.q.ExecContext(ctx, rebind(q), args...)
+}
+
+func (r rebound) QueryContext(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
+	return r.q.QueryContext(ctx, rebind(q), args...)
+}
+
+func (r rebound) QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row {
+	return r.q.QueryRowContext(ctx, rebind(q), args...)
+}
+
+var rebinds sync.Map // query → rebound query
+
+// rebind replaces each "?" of q (none appears inside a literal in this
+// package's statements) with "$1", "$2", ...
+func rebind(q string) string {
+	if v, ok := rebinds.Load(q); ok {
+		return v.(string)
+	}
+	var b strings.Builder
+	n := 0
+	for i := 0; i < len(q); i++ {
+		if q[i] == '?' {
+			n++
+			b.WriteByte('$')
+			b.WriteString(strconv.Itoa(n))
+			continue
+		}
+		b.WriteByte(q[i])
+	}
+	out := b.String()
+	if len(q) < 4096 {
+		rebinds.Store(q, out)
+	}
+	return out
+}
+
+// rd is the read side.
+func (s *Store) rd() execer { return rebound{s.db} }
+
+// maxTxAttempts bounds the re-runs of a transaction that PostgreSQL
+// rolled back for a deadlock or a serialization failure.
+const maxTxAttempts = 8
+
+// tx runs f in a write transaction, again if PostgreSQL rolled it back
+// for a deadlock or a serialization failure.
+func (s *Store) tx(ctx context.Context, f func(tx execer) error) error {
+	var err error
+	for attempt := 0; attempt < maxTxAttempts; attempt++ {
+		if err = s.tx1(ctx, f); !retryable(err) {
+			return err
+		}
+	}
+	return err
+}
+
+func (s *Store) tx1(ctx context.Context, f func(tx execer) error) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return wrap("begin", err)
+	}
+	if err := f(rebound{tx}); err != nil {
+		tx.Rollback()
+		if retryable(err) || unavailable(err) && !errors.Is(err, store.ErrUnavailable) {
+			return wrap("transaction", err)
+		}
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return wrap("commit", err)
+	}
+	return nil
+}
+
+// lockEventLog takes the event log's transaction lock: events are
+// appended last in a transaction, under it, so that their IDs become
+// visible in order.
+func lockEventLog(ctx context.Context, tx execer) error {
+	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(?, ?)`, lockClass, lockEvents); err != nil {
+		return wrap("lock the event log", err)
+	}
+	return nil
+}
+
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+func migrations() ([]migration, error) {
+	ents, err := fs.ReadDir(migrationFS, "migrations")
+	if err != nil {
+		return nil, fmt.Errorf("postgres: migrations: %w", err)
+	}
+	var ms []migration
+	for _, e := range ents {
+		num, _, ok := strings.Cut(e.Name(), "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil || !strings.HasSuffix(e.Name(), ".sql") {
+			return nil, fmt.Errorf("postgres: migration %q: name must be NNNN_what.sql", e.Name())
+		}
+		b, err := migrationFS.ReadFile("migrations/" + e.Name())
+		if err != nil {
+			return nil, fmt.Errorf("postgres: migration %s: %w", e.Name(), err)
+		}
+		ms = append(ms, migration{v, e.Name(), string(b)})
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
+	for i, m := range ms {
+		if m.version != i+1 {
+			return nil, fmt.Errorf("postgres: migration %s: versions must be 1, 2, 3, ... without gaps", m.name)
+		}
+	}
+	return ms, nil
+}
+
+// MigrationNames returns the migrations' file names, in order.
+func MigrationNames() ([]string, error) {
+	ms, err := migrations()
+	var out []string
+	for _, m := range ms {
+		out = append(out, m.name)
+	}
+	return out, err
+}
+
+// SchemaVersion returns the highest applied migration.
+func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
+	var v sql.NullInt64
+	if err := s.db.QueryRowContext(ctx, `SELECT MAX(version) FROM schema_version`).Scan(&v); err != nil {
+		return 0, wrap("schema version", err)
+	}
+	return int(v.Int64), nil
+}
+
+// migrate applies the pending migrations up to version max (-1: all),
+// each in its own transaction, under an advisory lock: replicas starting
+// together migrate once.
+func (s *Store) migrate(ctx context.Context, max int) error {
+	ms, err := migrations()
+	if err != nil {
+		return err
+	}
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return wrap("migrate", err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock($1, $2)`, lockClass, lockMigrate); err != nil {
+		return wrap("migrate", err)
+	}
+	defer conn.ExecContext(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1, $2)`, lockClass, lockMigrate)
+	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_version (
+		version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT CURRENT_TIMESTAMP)`); err != nil {
+		return wrap("schema_version", err)
+	}
+	var cur sql.NullInt64
+	if err := conn.QueryRowContext(ctx, `SELECT MAX(version) FROM schema_version`).Scan(&cur); err != nil {
+		return wrap("schema version", err)
+	}
+	if int(cur.Int64) > len(ms) {
+		return fmt.Errorf("postgres: database schema version %d is newer than this binary (%d)", cur.Int64, len(ms))
+	}
+	for _, m := range ms {
+		if m.version <= int(cur.Int64) || (max >= 0 && m.version > max) {
+			continue
+		}
+		tx, err := conn.BeginTx(ctx, nil)
+		if err != nil {
+			return wrap("migration "+m.name, err)
+		}
+		if _, err := tx.ExecContext(ctx, m.sql); err != nil {
+			tx.Rollback()
+			return wrap("migration "+m.name, err)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO schema_version (version, name) VALUES ($1, $2)`, m.version, m.name); err != nil {
+			tx.Rollback()
+			return wrap("migration "+m.name, err)
+		}
+		if err := tx.Commit(); err != nil {
+			return wrap("migration "+m.name, err)
+		}
+	}
+	return nil
+}
+
+func placeholders(n int) string {
+	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
+}

@@ -1,0 +1,38 @@
+package postgres
+
+import (
+	"context"
+	"testing"
+
+	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/controlplane/store/storetest"
+	"github.com/rialto-project/rialto/internal/pgserver/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// TestConformance runs the store conformance suite shared with the SQLite
+// store, with three Stores (replicas) on one database for the concurrent
+// writers.
+func TestConformance(t *testing.T) {
+	urls := map[store.Store]string{}
+	storetest.Run(t, storetest.Options{
+		Limits: true,
+		Open: func(t *testing.T) store.Store {
+			url := pgtest.DB(t)
+			s, err := Open(context.Background(), url, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			urls[s] = url
+			return s
+		},
+		Reopen: func(t *testing.T, s store.Store) store.Store {
+			r, err := Open(context.Background(), urls[s], Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		},
+	})
+}
