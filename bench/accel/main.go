@@ -22,8 +22,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/rialto-project/rialto/bench/internal/stats"
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
-	"github.com/rialto-project/rialto/internal/dataplane/accel/appliance"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/gateway"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles/mct"
@@ -43,16 +43,25 @@ var (
 	gwWork    = flag.Int("gw-workers", 4, "gateway workers (headline figures)")
 	gwInst    = flag.Int("gw-instances", 3, "gateway slot instances (headline figures)")
 	doSweep   = flag.Bool("sweep", true, "run the knob sweep")
-	rev       = flag.String("rev", "", "source revision to record")
+	rev       = flag.String("rev", "", "source revision to record (default: git's)")
+	rialtoBin = flag.String("bin", "bin/rialto", "the rialto binary: the slots are leases of a `rialto agent` process")
+	workDir   = flag.String("work", "/dev/shm", "where the cluster keeps its state")
 )
 
-const slots = 4 // slot 0: echo; slots 1..3: MCT
+// agentPID is the `rialto agent` serving the leases: its CPU time is
+// counted with this process's.
+var agentPID int
 
 type sample struct {
 	qps      float64
 	p50, p99 time.Duration
 	errs     int64
 	cpuPerOp time.Duration // process CPU time (user+system) per call
+}
+
+// agentCPU is the agent's CPU time so far.
+func agentCPU() time.Duration {
+	return time.Duration(stats.ProcCPU(agentPID) * float64(time.Second))
 }
 
 func cpuTime() time.Duration {
@@ -81,7 +90,7 @@ func measure(d time.Duration, n int, fn func(g int) error) sample {
 	wg.Wait()
 	lat := make([][]time.Duration, n)
 	var errs atomic.Int64
-	cpu0 := cpuTime()
+	cpu0 := cpuTime() + agentCPU()
 	start := time.Now()
 	deadline := start.Add(d)
 	for g := 0; g < n; g++ {
@@ -105,7 +114,7 @@ func measure(d time.Duration, n int, fn func(g int) error) sample {
 	}
 	wg.Wait()
 	el := time.Since(start)
-	cpu := cpuTime() - cpu0
+	cpu := cpuTime() + agentCPU() - cpu0
 	var all []time.Duration
 	for _, l := range lat {
 		all = append(all, l...)
@@ -143,18 +152,21 @@ func steal() (stealTicks, total uint64) {
 }
 
 type env struct {
-	app     *appliance.Appliance
+	cl      *cluster
 	engine  *mct.Engine
 	queries [][]byte // encoded 64-byte queries
 	qi      atomic.Uint64
-	creds   [slots][]byte
 }
 
 func (e *env) query() []byte { return e.queries[e.qi.Add(1)%uint64(len(e.queries))] }
 
+// dial connects to slot 0 (the echo lease's) or 1..3 (the MCT lease's).
 func (e *env) dial(ctx context.Context, slot int) *accel.Conn {
-	addr, _ := e.app.Addr(slot)
-	c, err := accel.Dial(ctx, addr, e.creds[slot])
+	addr, cred := e.cl.echo.addrs[0], e.cl.echo.cred
+	if slot > 0 {
+		addr, cred = e.cl.mct.addrs[slot-1], e.cl.mct.cred
+	}
+	c, err := accel.Dial(ctx, addr, cred)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -197,7 +209,7 @@ func checkResult(out []byte) error {
 	return nil
 }
 
-// zmqPipeline is seed 002's integration: REQ clients → a ROUTER broker →
+// zmqPipeline is the ERBIUM paper's integration: REQ clients → a ROUTER broker →
 // one DEALER per worker (round robin) → REP workers that run the kernel.
 // (zmq4's DEALER sends every message to all its peers, so the broker keeps
 // one DEALER per worker instead of using zmq4.Proxy with a shared DEALER.)
@@ -221,7 +233,7 @@ func freePort() string {
 
 // newZMQ builds the pipeline. With batch, each worker is a DEALER that
 // drains whatever requests have arrived (up to 64) into one kernel call and
-// answers each with its envelope — seed 002's MCT wrapper batching.
+// answers each with its envelope — the ERBIUM paper's MCT wrapper batching.
 func newZMQ(parent context.Context, e *env, nWorkers, nClients int, batch bool) *zmqPipeline {
 	ctx, cancel := context.WithCancel(parent)
 	z := &zmqPipeline{cancel: cancel}
@@ -442,28 +454,14 @@ func main() {
 	for i := 0; i < 4096; i++ {
 		e.queries = append(e.queries, enc[i*mct.QuerySize:(i+1)*mct.QuerySize])
 	}
-	app, err := appliance.New(appliance.Config{Slots: slots, SlotMemory: 1 << 20, Workers: 2})
+	rsJSON, _ := jsonMarshal(rs)
+	cl, err := startCluster(ctx, *rialtoBin, *workDir, rsJSON)
 	if err != nil {
 		log.Fatal(err)
 	}
-	e.app = app
-	actx, stopApp := context.WithCancel(ctx)
-	appDone := make(chan error, 1)
-	go func() { appDone <- app.Run(actx) }()
-	rsJSON, _ := jsonMarshal(rs)
-	for i := 0; i < slots; i++ {
-		spec := roles.Spec{Name: "mct", Config: rsJSON}
-		if i == 0 {
-			spec = roles.Spec{Name: "echo"}
-		}
-		if err := app.Load(ctx, i, spec); err != nil {
-			log.Fatal(err)
-		}
-		e.creds[i] = []byte(fmt.Sprintf("bench-lease-%d-%x", i, rng.Uint64()))
-		if err := app.SetCredential(i, e.creds[i]); err != nil {
-			log.Fatal(err)
-		}
-	}
+	defer cl.close()
+	e.cl = cl
+	agentPID = cl.agentPID
 	merged, trie := engine.States()
 	log.Printf("MCT: %d rules, %d NFA states (%d before suffix merging)", *nRules, merged, trie)
 
@@ -480,21 +478,12 @@ func main() {
 	const groupSize = 16
 	gwBatch, gwDelay, gwWorkers, gwInstances := *gwBatch, *gwDelay, *gwWork, *gwInst
 	gIn, stopIn := e.newGateway(ctx, gwBatch, gwDelay, gwWorkers, gwInstances)
-	gTCP, stopTCP := e.newGateway(ctx, gwBatch, gwDelay, gwWorkers, gwInstances)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		log.Fatal(err)
-	}
-	gwCred := []byte("bench-gateway")
-	sctx, stopSrv := context.WithCancel(ctx)
-	srvDone := make(chan struct{})
-	go func() {
-		defer close(srvDone)
-		_ = (&accel.Server{Target: gTCP.Target(gwCred), MaxOutstanding: 4096}).Serve(sctx, ln)
-	}()
+	// The lender's batching gateway: three shared leases of the MCT role
+	// (each lends the gateway one slot), the clients spread over them.
 	gwConns := make([]*accel.Conn, n)
 	for i := range gwConns {
-		if gwConns[i], err = accel.Dial(ctx, ln.Addr().String(), gwCred); err != nil {
+		g := cl.gw[i%len(cl.gw)]
+		if gwConns[i], err = accel.Dial(ctx, g.addrs[0], g.cred); err != nil {
 			log.Fatal(err)
 		}
 	}
@@ -529,8 +518,8 @@ func main() {
 	bat := &series{name: "batched: in-process gateway → remote slots"}
 	zq := &series{name: "ZeroMQ REQ → ROUTER/DEALER → REP workers (MCT in worker)"}
 	zqb := &series{name: "ZeroMQ, workers batching what has arrived (DEALER workers, ≤64 per kernel call)"}
-	gwt := &series{name: "Rialto gateway over TCP (accel protocol) → remote slots"}
-	grp := &series{name: "Rialto gateway over TCP, 16 related queries per request (CallBatch)", items: groupSize}
+	gwt := &series{name: "the lender's gateway (3 shared leases of the agent, accel protocol) → its slots"}
+	grp := &series{name: "the lender's gateway, 16 related queries per request (CallBatch)", items: groupSize}
 	var steals []float64
 	for r := 0; r < *runs; r++ {
 		s0, t0 := steal()
@@ -669,9 +658,6 @@ func main() {
 	for _, c := range gwConns {
 		_ = c.Close()
 	}
-	stopSrv()
-	<-srvDone
-	stopTCP()
 	stopIn()
 	z.close()
 	zb.close()
@@ -679,38 +665,39 @@ func main() {
 		_ = c.Close()
 	}
 	_ = echoConn.Close()
-	stopApp()
-	if err := <-appDone; err != nil {
-		log.Printf("appliance: %v", err)
-	}
 
 	// Report.
 	var b strings.Builder
 	w := func(f string, a ...any) { fmt.Fprintf(&b, f, a...) }
-	w("## Accelerators (appliance, mailbox protocol, batching gateway)\n\n")
+	w("## Accelerators through accel leases of `rialto agent` (mailbox protocol, batching gateway)\n\n")
+	commit := stats.Commit(".")
 	if *rev != "" {
-		w("Source revision %s. ", *rev)
+		commit = *rev
 	}
-	w("Generated by `bench/accel/run.sh` on %s. One process on loopback: an appliance with %d slots "+
-		"(slot 0 echo, slots 1–3 the MCT role, %d rules compiled into %d NFA states — %d before suffix merging — "+
-		"2 workers per slot), %d concurrent clients, 64-byte MCT queries, one query per request. "+
+	w("Measured %s by `bench/accel/run.sh` (bench/accel) at commit %s on %s. ", stats.Stamp(), commit, stats.Machine())
+	w("The slots are leases of a `rialto agent` process (`--accel 7 --slot-memory 1MiB`; its appliance runs 2 workers per slot), "+
+		"made with `rialto lease create` against a `rialto server`: one dedicated slot with the echo role, a dedicated lease of "+
+		"3 slots with the MCT role (%d rules compiled into %d NFA states — %d before suffix merging — passed with --role-config), "+
+		"and 3 shared leases of the MCT role, served by the agent's batching gateway with its defaults. The clients "+
+		"(%d concurrent, 64-byte MCT queries, one query per request) and the ZeroMQ peer run in the benchmark's process, on loopback. "+
 		"Figures are medians of %d interleaved runs of %v each (A B C D … per run); steal time per run: %s%%. "+
 		"No images are involved (everything is in memory).\n\n",
-		time.Now().UTC().Format("2006-01-02 15:04 UTC"), slots, *nRules, merged, trie, *clients, *runs, *dur, fmtList(steals))
+		*nRules, merged, trie, *clients, *runs, *dur, fmtList(steals))
 	w("### Remote round trip vs in-process call (1 client, 64 B)\n\n| path | calls/s | p50 µs | p99 µs |\n|---|---|---|---|\n")
 	for _, s := range []*series{echoIn, echoRemote, echoMailbox, echoPipe} {
 		w("| %s | %.0f | %s | %s |\n", s.name, median(s.qps), us(medDur(s.p50)), us(medDur(s.p99)))
 	}
 	w("\nRemote/in-process latency ratio (p50): %.0f×.\n\n", float64(medDur(echoRemote.p50))/math.Max(1, float64(medDur(echoIn.p50))))
 	w("### MCT queries/s with %d concurrent clients\n\n"+
-		"p50/p99 are per request; CPU is the whole process's user+system time (clients, gateway, appliance, "+
-		"ZeroMQ sockets alike) per query, a figure less sensitive than throughput to the other tenants of this machine.\n\n"+
+		"p50/p99 are per request; CPU is the user+system time of the benchmark's process (clients, in-process gateway, "+
+		"ZeroMQ sockets and workers alike) plus the agent's (slots, the lender's gateway) per query, a figure less "+
+		"sensitive than throughput to the other tenants of this machine.\n\n"+
 		"Setups: *unbatched* — each client has its own connection to an MCT slot and sends one query per task; "+
-		"*batched* — the clients call a gateway in their own process (the gateway as a sidecar, like seed 002's MCT wrapper "+
-		"feeding its kernel), which ships batches to the slots; *ZeroMQ* — REQ clients, a ROUTER broker, one DEALER per "+
-		"worker, REP workers running the same MCT engine in-process (seed 002's pipeline); *gateway over TCP* — the same "+
-		"clients call a gateway over the accel protocol, which batches onto the slots (so each query crosses two hops, "+
-		"as in the ZeroMQ pipeline).\n\n"+
+		"*batched* — the clients call a gateway in their own process (the gateway package as a sidecar, like the ERBIUM "+
+		"paper's MCT wrapper feeding its kernel), which ships batches to the dedicated lease's slots; *ZeroMQ* — REQ "+
+		"clients, a ROUTER broker, one DEALER per worker, REP workers running the same MCT engine in-process (the ERBIUM "+
+		"paper's pipeline); *the lender's gateway* — the same clients hold shared leases and call the agent's gateway over "+
+		"the accel protocol, which batches onto its slots (so each query crosses two hops, as in the ZeroMQ pipeline).\n\n"+
 		"| setup | queries/s | p50 µs | p99 µs | CPU µs/query | errors |\n|---|---|---|---|---|---|\n", n)
 	for _, s := range []*series{unb, bat, zq, zqb, gwt, grp} {
 		k := max(s.items, 1)
@@ -724,8 +711,9 @@ func main() {
 		bRuns = append(bRuns, bat.qps[i]/unb.qps[i])
 		gRuns = append(gRuns, gwt.qps[i]/zq.qps[i])
 	}
-	w("\nGateway settings (picked from the Pareto front of earlier sweeps on this machine, as seed 002 picks p/w/k/e): "+
-		"max batch %d, max queue delay %v, %d workers, %d slot instances (connections to slots 1–3); "+
+	w("\nIn-process gateway settings (picked from the Pareto front of earlier sweeps on this machine, as the ERBIUM paper "+
+		"picks p/w/k/e): max batch %d, max queue delay %v, %d workers, %d slot instances (connections to the 3 slots); "+
+		"the lender's gateway runs the agent's defaults (docs/accelerators.md: max batch 64, max delay 200µs, a worker per slot); "+
 		"ZeroMQ: %d workers. The in-process gateway ran %d executions for %d queries over all runs "+
 		"(average batch %.1f).\n\n", gwBatch, gwDelay, gwWorkers, gwInstances, zmqWorkers, gStats.Executions, gStats.Items, gStats.AvgBatch)
 	w("| goal | measured (ratio of medians; per run) | met |\n|---|---|---|\n")
@@ -737,13 +725,13 @@ func main() {
 	gbRatio := median(gwt.qps) / median(zqb.qps)
 	w("| (same against the ZeroMQ pipeline whose workers batch) | %.2f× at p99 %s vs %s µs | %s |\n\n",
 		gbRatio, us(medDur(gwt.p99)), us(medDur(zqb.p99)), yes(gbRatio >= 1.5 && medDur(gwt.p99) <= medDur(zqb.p99)))
-	w("The ZeroMQ baseline uses github.com/go-zeromq/zmq4 (pure Go, already a dependency of the module), not libzmq; " +
+	w("The ZeroMQ baseline uses github.com/go-zeromq/zmq4 (pure Go, a dependency of the bench module only), not libzmq; " +
 		"its per-message cost is part of what is compared. Its broker keeps one DEALER per worker because zmq4's " +
 		"DEALER sends each message to every peer. The first variant's REP workers answer one query per message; the " +
-		"second variant's DEALER workers batch whatever queries have arrived (up to 64) into one kernel call, as seed " +
-		"002's MCT wrapper did, and answer each query with its own message.\n\n")
+		"second variant's DEALER workers batch whatever queries have arrived (up to 64) into one kernel call, as the " +
+		"ERBIUM paper's MCT wrapper did, and answer each query with its own message.\n\n")
 	w("### Gateway sweep: batch size, queue delay, workers, instances\n\n")
-	w("In-process gateway, %d clients, remote MCT slots; medians of %d interleaved passes of %v per point. "+
+	w("In-process gateway, %d clients, the dedicated lease's MCT slots; medians of %d interleaved passes of %v per point. "+
 		"Label `bB dD wW iI`: max batch B, max queue delay D, W workers, I slot instances. "+
 		"★ marks the Pareto front (no other point has both more throughput and a lower p99).\n\n", n, *sweepRuns, *sweepDur)
 	w("![latency–throughput](bench/accel-pareto.svg)\n\n| config | queries/s | p50 µs | p99 µs | Pareto |\n|---|---|---|---|---|\n")
@@ -754,9 +742,13 @@ func main() {
 		}
 		w("| %s | %.0f | %s | %s | %s |\n", p.label, p.s.qps, us(p.s.p50), us(p.s.p99), star)
 	}
-	w("\nCommand: `bench/accel/run.sh` (= `go run ./bench/accel -runs %d -dur %v -sweepruns %d -sweepdur %v -rules %d -clients %d "+
-		"-gw-batch %d -gw-delay %v -gw-workers %d -gw-instances %d`).\n",
+	w("\nCommand: `bench/accel/run.sh` (= `accel-bench -bin bin/rialto -runs %d -dur %v -sweepruns %d -sweepdur %v -rules %d -clients %d "+
+		"-gw-batch %d -gw-delay %v -gw-workers %d -gw-instances %d`, built from bench/accel). Rialto's processes:\n\n```\n",
 		*runs, *dur, *sweepRuns, *sweepDur, *nRules, *clients, gwBatch, gwDelay, gwWorkers, gwInstances)
+	for _, c := range cl.lab.Commands {
+		w("%s\n", c)
+	}
+	w("```\n")
 	if err := os.MkdirAll(filepath.Dir(*outPath), 0o755); err != nil {
 		log.Fatal(err)
 	}

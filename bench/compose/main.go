@@ -1,24 +1,22 @@
-// Command compose measures how a striped (composed) volume's throughput
-// scales with the number of lenders. It is driven by bench/compose/run.sh.
+// Command compose measures how a composed block lease's throughput scales
+// with the number of lenders, through the product: it is driven by
+// bench/compose/run.sh.
 //
-//	compose serve -listen ADDR -file PATH -name NAME   # one NBD lender
-//	compose run [flags]                                 # the whole benchmark
-//
-// "run" builds a lab of 3 hosts (network namespaces, internal/netns) whose
-// links are shaped with tc tbf to -rate, starts one lender process per host
-// (this binary's "serve", through ip netns exec) serving a file on tmpfs,
-// attaches a volume striped over 1, 2 and 3 of them (stripe.Attach, in this
-// process, on a Unix socket) and times nbdcopy writing and reading it.
+// It starts an emulated rack (internal/rack): a `rialto server` and 3
+// `rialto agent` processes, each in its own network namespace whose link is
+// shaped with tc tbf to -rate, each agent lending a block device on tmpfs. For k = 1, 2, 3 lenders it makes a lease
+// with `rialto lease create` (k = 1: a shared lease on one lender; k = 2, 3:
+// `--mode composed --count k`), serves it in the root namespace (the
+// borrower) with `rialto attach`, and times nbdcopy writing and reading it.
 // Configurations are interleaved within each repetition; it also measures
-// the links' ceiling with iperf3 (k parallel streams to k hosts) and a
-// uncomposed reference: k nbdcopy processes in parallel, each straight to one
-// lender. It writes a Markdown fragment.
+// the links' ceiling with iperf3 (k parallel streams to k hosts) and an
+// uncomposed reference: k nbdcopy processes in parallel, each straight to
+// one part's URI. It writes a Markdown fragment.
 package main
 
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -30,107 +28,84 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"runtime/pprof"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
-	"github.com/rialto-project/rialto/internal/dataplane/block/stripe"
-	"github.com/rialto-project/rialto/internal/netns"
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/bench/internal/lab"
+	"github.com/rialto-project/rialto/bench/internal/stats"
+	"github.com/rialto-project/rialto/internal/rack"
 )
 
 func main() {
-	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: compose serve|run [flags]")
-		os.Exit(2)
-	}
-	var err error
-	switch os.Args[1] {
-	case "serve":
-		err = serve(os.Args[2:])
-	case "run":
-		err = run(os.Args[2:])
-	default:
-		err = fmt.Errorf("unknown command %q", os.Args[1])
-	}
-	if err != nil {
+	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "compose:", err)
 		os.Exit(1)
 	}
 }
 
-// serve runs one NBD lender until SIGTERM.
-func serve(args []string) error {
-	fs := flag.NewFlagSet("serve", flag.ExitOnError)
-	listen := fs.String("listen", "", "address to listen on")
-	file := fs.String("file", "", "file to serve")
-	name := fs.String("name", "", "export name")
-	fs.Parse(args)
-	be, err := nbd.OpenFile(*file, nbd.FileOptions{})
-	if err != nil {
-		return err
-	}
-	defer be.Close()
-	srv := &nbd.Server{}
-	if err := srv.AddExport(nbd.Export{Name: *name, Backend: be}); err != nil {
-		return err
-	}
-	ln, err := net.Listen("tcp", *listen)
-	if err != nil {
-		return err
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	return srv.Serve(ctx, ln)
-}
-
 const iperfPort = "5201"
 
 type result struct {
-	Kind  string  // "write", "read", "iperf-write", "iperf-read", "direct-write", "direct-read"
-	K     int     // lenders
-	Rep   int     //
-	MiBps float64 //
-	Steal float64 // % of CPU time stolen during the run
-	CPU   float64 // CPU seconds per GiB: nbdcopy + this process (the borrower's stripe layer)
-	Load  float64 // 1-minute load average when the run started (other tenants of the machine)
+	Kind      string  // "write", "read", "iperf-write", "iperf-read", "direct-write", "direct-read"
+	K         int     // lenders
+	Rep       int     //
+	MiBps     float64 //
+	Steal     float64 // % of CPU time stolen during the run
+	CPU       float64 // borrower CPU seconds per GiB: nbdcopy + the attach process
+	LenderCPU float64 // lenders' CPU seconds per GiB: the agents serving the parts
+	Load      float64 // 1-minute load average when the run started (other tenants of the machine)
+}
+
+// config is one lender count: its lease, served in the root namespace by
+// `rialto attach`.
+type config struct {
+	k      int
+	lease  api.Lease
+	at     *lab.Attachment
+	agents []int // PIDs of the agents serving its parts
 }
 
 type bench struct {
-	self    string
 	work    string
-	lab     *netns.Lab
+	rack    *rack.Rack
+	c       *lab.Cluster
 	sizeMiB int64
 	unit    int64
 	conns   int
-	workers int
 	src     string
 	log     *slog.Logger
 	cmds    map[string]string // exact commands, for the report
 }
 
 func run(args []string) error {
-	fs := flag.NewFlagSet("run", flag.ExitOnError)
+	fs := flag.NewFlagSet("compose", flag.ExitOnError)
 	rate := fs.String("rate", "200mbit", "tc tbf rate of every lender link")
-	sizeMiB := fs.Int64("size-mib", 240, "bytes copied per run (MiB; divisible by 1, 2 and 3 MiB units)")
+	sizeMiB := fs.Int64("size-mib", 240, "bytes copied per run (MiB; a multiple of 6)")
 	reps := fs.Int("reps", 5, "repetitions (configurations interleaved within each)")
-	unit := fs.Int64("unit", stripe.DefaultStripeUnit, "stripe unit in bytes")
-	conns := fs.Int("conns", stripe.DefaultConnsPerPart, "connections per lender")
-	workers := fs.Int("workers", stripe.DefaultWorkers, "requests served concurrently per client connection of the attached volume")
+	unit := fs.Int64("unit", 128<<10, "stripe unit of the composed leases, bytes")
+	conns := fs.Int("conns", 0, "rialto attach --conns (0: its default)")
+	bin := fs.String("bin", "bin/rialto", "the rialto binary")
 	out := fs.String("out", "docs/bench/compose.md", "Markdown fragment to write")
 	iperfSecs := fs.Int("iperf-secs", 3, "seconds per iperf3 ceiling measurement")
-	cpuprofile := fs.String("cpuprofile", "", "write this process's CPU profile here (experiments)")
 	ksFlag := fs.String("k", "1,2,3", "lender counts to measure (experiments; the report needs 1,2,3)")
 	fs.Parse(args)
 	if *sizeMiB%6 != 0 {
 		return fmt.Errorf("-size-mib must be a multiple of 6")
 	}
-	self, err := os.Executable()
+	rialtoBin, err := filepath.Abs(*bin)
 	if err != nil {
 		return err
+	}
+	var ks []int
+	for _, f := range strings.Split(*ksFlag, ",") {
+		k, err := strconv.Atoi(f)
+		if err != nil || k < 1 || k > 3 {
+			return fmt.Errorf("bad -k %q", *ksFlag)
+		}
+		ks = append(ks, k)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -141,14 +116,9 @@ func run(args []string) error {
 		return err
 	}
 	defer os.RemoveAll(work)
-	lab, err := netns.New(ctx, netns.Config{Hosts: 3, Rate: *rate, Prefix: "rialto-bench"})
-	if err != nil {
-		return err
-	}
-	defer lab.Close()
-	b := &bench{self: self, work: work, lab: lab, sizeMiB: *sizeMiB, unit: *unit, conns: *conns, workers: *workers, log: log, cmds: map[string]string{}}
+	b := &bench{work: work, sizeMiB: *sizeMiB, unit: *unit, conns: *conns, log: log, cmds: map[string]string{}}
 
-	// Source data and lender files, all on tmpfs and fully allocated.
+	// Source data, all on tmpfs.
 	b.src = filepath.Join(work, "src.img")
 	if err := randomFile(b.src, *sizeMiB<<20); err != nil {
 		return err
@@ -157,43 +127,47 @@ func run(args []string) error {
 		if err := randomFile(b.srcPart(k), (*sizeMiB<<20)/int64(k)); err != nil {
 			return err
 		}
-		for i := range k {
-			if err := randomFile(b.part(k, i), (*sizeMiB<<20)/int64(k)); err != nil {
-				return err
-			}
+	}
+
+	// The rack: the control plane and one agent per lender, each in its
+	// namespace; every agent lends a device that holds every
+	// configuration's part at once.
+	devMiB := *sizeMiB + *sizeMiB/2 + *sizeMiB/3
+	r, err := rack.Start(ctx, rack.Config{Binary: rialtoBin, StateDir: filepath.Join(work, "rack"), Agents: 3,
+		Disks: 1, DiskSize: devMiB << 20, LinkRate: *rate, LogLevel: "warn",
+		AgentArgs: lab.InsecureDataplaneArgs(rialtoBin), Logger: log})
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	b.rack = r
+	c, err := lab.OnRack(r, rialtoBin, filepath.Join(work, "borrower"), os.Stderr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	b.c = c
+	cfgs := map[int]*config{}
+	for _, k := range ks {
+		cf, err := b.lease(ctx, k)
+		if err != nil {
+			return fmt.Errorf("k=%d: %w", k, err)
 		}
+		cfgs[k] = cf
 	}
 
 	// One iperf3 server per host for the whole run.
-	for i := range lab.Len() {
-		s := lab.Command(ctx, i, "iperf3", "-s", "-B", lab.Host(i).Addr.String(), "-p", iperfPort)
+	for _, n := range r.Agents() {
+		s := r.Command(ctx, n, "iperf3", "-s", "-B", n.Addr.String(), "-p", iperfPort)
 		if err := s.Start(); err != nil {
 			return err
 		}
 		defer func() { s.Process.Kill(); s.Wait() }()
-		if err := waitTCP(ctx, net.JoinHostPort(lab.Host(i).Addr.String(), iperfPort)); err != nil {
+		if err := waitTCP(ctx, net.JoinHostPort(n.Addr.String(), iperfPort)); err != nil {
 			return err
 		}
 	}
 
-	if *cpuprofile != "" {
-		f, err := os.Create(*cpuprofile)
-		if err != nil {
-			return err
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
-	}
-	var ks []int
-	for _, f := range strings.Split(*ksFlag, ",") {
-		k, err := strconv.Atoi(f)
-		if err != nil || k < 1 || k > 3 {
-			return fmt.Errorf("bad -k %q", *ksFlag)
-		}
-		ks = append(ks, k)
-	}
 	var res []result
 	for rep := 1; rep <= *reps; rep++ {
 		for _, k := range ks {
@@ -206,26 +180,63 @@ func run(args []string) error {
 				res = append(res, r)
 				fmt.Fprintf(os.Stderr, "rep %d k=%d iperf3 %s: %.1f MiB/s (steal %.1f%%)\n", rep, k, dir, r.MiBps, r.Steal)
 			}
-			rs, err := b.volume(ctx, k)
+			rs, err := b.volume(ctx, cfgs[k])
 			if err != nil {
 				return fmt.Errorf("volume k=%d: %w", k, err)
 			}
 			for _, r := range rs {
 				r.Rep = rep
 				res = append(res, r)
-				fmt.Fprintf(os.Stderr, "rep %d k=%d %s: %.1f MiB/s (steal %.1f%%, borrower CPU %.2f s/GiB)\n", rep, r.K, r.Kind, r.MiBps, r.Steal, r.CPU)
+				fmt.Fprintf(os.Stderr, "rep %d k=%d %s: %.1f MiB/s (steal %.1f%%, borrower CPU %.2f s/GiB, lenders %.2f s/GiB)\n", rep, r.K, r.Kind, r.MiBps, r.Steal, r.CPU, r.LenderCPU)
 			}
 		}
 	}
 	return b.report(*out, *rate, *reps, res)
 }
 
-func (b *bench) srcPart(k int) string {
-	return filepath.Join(b.work, fmt.Sprintf("src-k%d.img", k))
+// lease makes the lease of k lenders and attaches it in the root namespace.
+func (b *bench) lease(ctx context.Context, k int) (*config, error) {
+	size := fmt.Sprintf("%dMiB", b.sizeMiB)
+	var args []string
+	if k == 1 {
+		args = []string{"--kind", "block", "--mode", "shared", "--size", size, "--affinity", b.rack.Agent(0).Name}
+	} else {
+		args = []string{"--kind", "block", "--mode", "composed", "--count", strconv.Itoa(k), "--size", size,
+			"--stripe-unit", fmt.Sprintf("%dKiB", b.unit>>10), "--label", "rack=emulated"}
+	}
+	l, err := b.c.CreateLease(ctx, args...)
+	if err != nil {
+		return nil, err
+	}
+	if len(l.Parts) != k {
+		return nil, fmt.Errorf("lease has %d parts, want %d", len(l.Parts), k)
+	}
+	var attachArgs []string
+	if b.conns > 0 {
+		attachArgs = append(attachArgs, "--conns", strconv.Itoa(b.conns))
+	}
+	at, err := b.c.Attach(ctx, l.ID, attachArgs...)
+	if err != nil {
+		return nil, err
+	}
+	cf := &config{k: k, lease: l, at: at}
+	// The agents serving the parts: each part's URI names its host's
+	// address, which says which agent it is.
+	for _, p := range l.Parts {
+		for _, n := range b.rack.Agents() {
+			if strings.Contains(p.URI, "//"+n.Addr.String()+":") {
+				cf.agents = append(cf.agents, b.rack.Pid(n))
+			}
+		}
+	}
+	if len(cf.agents) != k {
+		return nil, fmt.Errorf("lease parts on %d distinct lenders' addresses, want %d", len(cf.agents), k)
+	}
+	return cf, nil
 }
 
-func (b *bench) part(k, i int) string {
-	return filepath.Join(b.work, fmt.Sprintf("lender-k%d-%d.img", k, i))
+func (b *bench) srcPart(k int) string {
+	return filepath.Join(b.work, fmt.Sprintf("src-k%d.img", k))
 }
 
 func randomFile(path string, size int64) error {
@@ -240,57 +251,19 @@ func randomFile(path string, size int64) error {
 	return f.Close()
 }
 
-// volume starts k lenders, attaches a volume striped over them, and times an
-// nbdcopy write and read of it, then k parallel nbdcopy runs straight to the
-// lenders
-// against the lender.
-func (b *bench) volume(ctx context.Context, k int) ([]result, error) {
-	var uris []string
-	var procs []*exec.Cmd
-	defer func() {
-		for _, p := range procs {
-			p.Process.Signal(syscall.SIGTERM)
-			p.Wait()
-		}
-	}()
-	for i := range k {
-		var nb [16]byte
-		rand.Read(nb[:])
-		name := hex.EncodeToString(nb[:])
-		addr := net.JoinHostPort(b.lab.Host(i).Addr.String(), nbd.DefaultPort)
-		cmd := b.lab.Command(ctx, i, b.self, "serve", "-listen", addr, "-file", b.part(k, i), "-name", name)
-		cmd.Stderr = os.Stderr
-		b.cmds["lender"] = fmt.Sprintf("ip netns exec HOST compose serve -listen ADDR:%s -file LENDER.img -name CREDENTIAL", nbd.DefaultPort)
-		if err := cmd.Start(); err != nil {
-			return nil, err
-		}
-		procs = append(procs, cmd)
-		uri := nbd.URI{Network: "tcp", Address: addr, Export: name}.String()
-		if err := waitNBD(ctx, addr, name); err != nil {
-			return nil, err
-		}
-		uris = append(uris, uri)
-	}
-	a, err := stripe.Attach(ctx, stripe.AttachConfig{
-		URIs: uris, StripeUnit: b.unit, ConnsPerPart: b.conns, Workers: b.workers,
-		Listen: "unix:" + filepath.Join(b.work, "vol.sock"), Logger: b.log,
-	})
-	if err != nil {
-		return nil, err
-	}
-	defer a.Close()
-	if got, want := a.Volume().Size(), b.sizeMiB<<20; got != want {
-		return nil, fmt.Errorf("volume size %d, want %d", got, want)
-	}
-	b.cmds["write"] = "nbdcopy --flush SRC.img 'nbd+unix:///VOLUME?socket=vol.sock'"
-	b.cmds["read"] = "nbdcopy 'nbd+unix:///VOLUME?socket=vol.sock' null:"
+// volume times an nbdcopy write and read of the attached lease, then k
+// parallel nbdcopy runs straight to its parts' URIs.
+func (b *bench) volume(ctx context.Context, cf *config) ([]result, error) {
+	k := cf.k
+	b.cmds["write"] = "nbdcopy --flush SRC.img ATTACH-URI     # rialto attach's local URI"
+	b.cmds["read"] = "nbdcopy ATTACH-URI null:"
 	var res []result
 	for _, dir := range []string{"write", "read"} {
-		args := []string{"--flush", b.src, a.URI()}
+		args := []string{"--flush", b.src, cf.at.URI}
 		if dir == "read" {
-			args = []string{a.URI(), "null:"}
+			args = []string{cf.at.URI, "null:"}
 		}
-		r, err := b.timed(ctx, b.sizeMiB, dir, args...)
+		r, err := b.timedAll(ctx, b.sizeMiB, dir, [][]string{append([]string{"nbdcopy"}, args...)}, cf.at.PID(), cf.agents)
 		if err != nil {
 			return nil, err
 		}
@@ -298,19 +271,19 @@ func (b *bench) volume(ctx context.Context, k int) ([]result, error) {
 		res = append(res, r)
 	}
 	// The uncomposed reference: k independent nbdcopy processes, one per
-	// lender, each moving size/k directly.
-	b.cmds["direct-write"] = "nbdcopy --flush SRC-k.img nbd://ADDR/CREDENTIAL   (k in parallel, SRC-k.img = size/k)"
-	b.cmds["direct-read"] = "nbdcopy nbd://ADDR/CREDENTIAL null:   (k in parallel)"
+	// part, each moving size/k straight to the lender.
+	b.cmds["direct-write"] = "nbdcopy --flush SRC-k.img PART-URI   (k in parallel, one per part of the lease; SRC-k.img = size/k)"
+	b.cmds["direct-read"] = "nbdcopy PART-URI null:   (k in parallel)"
 	for _, dir := range []string{"write", "read"} {
 		var cmds [][]string
-		for _, u := range uris {
+		for _, p := range cf.lease.Parts {
 			if dir == "write" {
-				cmds = append(cmds, []string{"nbdcopy", "--flush", b.srcPart(k), u})
+				cmds = append(cmds, []string{"nbdcopy", "--flush", b.srcPart(k), p.URI})
 			} else {
-				cmds = append(cmds, []string{"nbdcopy", u, "null:"})
+				cmds = append(cmds, []string{"nbdcopy", p.URI, "null:"})
 			}
 		}
-		r, err := b.timedAll(ctx, b.sizeMiB, dir, cmds)
+		r, err := b.timedAll(ctx, b.sizeMiB, dir, cmds, 0, cf.agents)
 		if err != nil {
 			return nil, err
 		}
@@ -320,38 +293,18 @@ func (b *bench) volume(ctx context.Context, k int) ([]result, error) {
 	return res, nil
 }
 
-// waitNBD polls until an NBD server answers the handshake (bench code: a
-// lender in another process, with a deadline).
-func waitNBD(ctx context.Context, addr, name string) error {
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		c, err := nbd.Dial(ctx, "tcp", addr, name)
-		if err == nil {
-			return c.Close()
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("lender at %s did not start: %w", addr, err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
-
-// timed runs a command and returns its throughput for sizeMiB MiB.
-func (b *bench) timed(ctx context.Context, sizeMiB int64, label string, args ...string) (result, error) {
-	return b.timedAll(ctx, sizeMiB, label, [][]string{append([]string{"nbdcopy"}, args...)})
-}
-
-// timedAll runs commands in parallel and returns their joint throughput for
-// sizeMiB MiB in all.
-func (b *bench) timedAll(ctx context.Context, sizeMiB int64, label string, cmds [][]string) (result, error) {
-	load := loadAvg()
+// timedAll runs commands in parallel and returns their joint throughput
+// for sizeMiB MiB in all, with the CPU of the borrower (the commands and
+// the attach process borrower, if any) and of the lenders.
+func (b *bench) timedAll(ctx context.Context, sizeMiB int64, label string, cmds [][]string, borrower int, lenders []int) (result, error) {
+	load := stats.Load()
 	rt0 := retrans()
-	s0, t0 := cpuStat()
-	c0 := selfCPU()
+	cs := stats.SampleCPU()
+	c0 := stats.ProcCPU(borrower)
+	var l0 float64
+	for _, p := range lenders {
+		l0 += stats.ProcCPU(p)
+	}
 	start := time.Now()
 	type done struct {
 		cpu float64
@@ -380,26 +333,31 @@ func (b *bench) timedAll(ctx context.Context, sizeMiB int64, label string, cmds 
 		}
 	}
 	el := time.Since(start)
-	s1, t1 := cpuStat()
+	steal := cs.StealSince()
 	if err := errors.Join(errs...); err != nil {
 		return result{}, err
 	}
-	cpu += selfCPU() - c0
+	cpu += stats.ProcCPU(borrower) - c0
+	var l1 float64
+	for _, p := range lenders {
+		l1 += stats.ProcCPU(p)
+	}
+	gib := float64(sizeMiB) / 1024
 	fmt.Fprintf(os.Stderr, "  (%s: %d TCP segments retransmitted from the borrower)\n", label, retrans()-rt0)
-	return result{MiBps: float64(sizeMiB) / el.Seconds(), Steal: pct(s1-s0, t1-t0), CPU: cpu / (float64(sizeMiB) / 1024), Load: load}, nil
+	return result{MiBps: float64(sizeMiB) / el.Seconds(), Steal: steal, CPU: cpu / gib, LenderCPU: (l1 - l0) / gib, Load: load}, nil
 }
 
 // iperf measures k parallel TCP streams, one to each of k hosts, from the
 // root namespace (write) or to it (read, iperf3 -R).
 func (b *bench) iperf(ctx context.Context, k int, reverse bool, secs int) (result, error) {
 	const port = iperfPort
-	load := loadAvg()
+	load := stats.Load()
 	rt0 := retrans()
 	defer func() {
 		fmt.Fprintf(os.Stderr, "  (iperf3: %d TCP segments retransmitted from the borrower)\n", retrans()-rt0)
 	}()
 	b.cmds["iperf3"] = fmt.Sprintf("ip netns exec HOST iperf3 -s -B ADDR -p %s; iperf3 -c ADDR -p %s -t %d -J [-R]  (k in parallel)", port, port, secs)
-	s0, t0 := cpuStat()
+	cs := stats.SampleCPU()
 	type out struct {
 		bps float64
 		err error
@@ -407,7 +365,7 @@ func (b *bench) iperf(ctx context.Context, k int, reverse bool, secs int) (resul
 	ch := make(chan out, k)
 	for i := range k {
 		go func() {
-			bps, err := iperfOnce(ctx, b.lab.Host(i).Addr.String(), port, secs, reverse)
+			bps, err := iperfOnce(ctx, b.rack.Agent(i).Addr.String(), port, secs, reverse)
 			ch <- out{bps, err}
 		}()
 	}
@@ -419,12 +377,12 @@ func (b *bench) iperf(ctx context.Context, k int, reverse bool, secs int) (resul
 		}
 		total += o.bps
 	}
-	s1, t1 := cpuStat()
+	steal := cs.StealSince()
 	kind := "iperf-write"
 	if reverse {
 		kind = "iperf-read"
 	}
-	return result{Kind: kind, K: k, MiBps: total / 8 / (1 << 20), Steal: pct(s1-s0, t1-t0), Load: load}, nil
+	return result{Kind: kind, K: k, MiBps: total / 8 / (1 << 20), Steal: steal, Load: load}, nil
 }
 
 // iperfOnce runs one iperf3 client; a server still recovering from the
@@ -506,67 +464,6 @@ func retrans() int64 {
 	return 0
 }
 
-func loadAvg() float64 {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return 0
-	}
-	v, _ := strconv.ParseFloat(f[0], 64)
-	return v
-}
-
-// selfCPU returns this process's user+system CPU seconds.
-func selfCPU() float64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
-}
-
-// cpuStat returns steal and total jiffies from /proc/stat.
-func cpuStat() (steal, total float64) {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0, 0
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line)
-	for i, v := range f[1:] {
-		x, _ := strconv.ParseFloat(v, 64)
-		if i < 8 { // user nice system idle iowait irq softirq steal
-			total += x
-		}
-		if i == 7 {
-			steal = x
-		}
-	}
-	return steal, total
-}
-
-func pct(a, b float64) float64 {
-	if b <= 0 {
-		return 0
-	}
-	return 100 * a / b
-}
-
-func median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
 func (b *bench) report(path, rate string, reps int, res []result) error {
 	get := func(kind string, k int) (vals, steal []float64) {
 		for _, r := range res {
@@ -577,10 +474,11 @@ func (b *bench) report(path, rate string, reps int, res []result) error {
 		}
 		return
 	}
-	extra := func(kind string, k int) (cpu, load []float64) {
+	extra := func(kind string, k int) (cpu, lcpu, load []float64) {
 		for _, r := range res {
 			if r.Kind == kind && r.K == k {
 				cpu = append(cpu, r.CPU)
+				lcpu = append(lcpu, r.LenderCPU)
 				load = append(load, r.Load)
 			}
 		}
@@ -588,16 +486,16 @@ func (b *bench) report(path, rate string, reps int, res []result) error {
 	}
 	var sb strings.Builder
 	w := func(format string, a ...any) { fmt.Fprintf(&sb, format, a...) }
-	w("## Composition scaling (striped volume over 1, 2, 3 lenders)\n\n")
-	w("Measured %s by `bench/compose/run.sh`. Three lender hosts are network namespaces\n", time.Now().UTC().Format("2006-01-02 15:04 UTC"))
-	w("joined to the borrower (the root namespace) by veth pairs on a bridge; every link is\n")
-	w("shaped in both directions with `tc qdisc add dev IF root tbf rate %s burst B latency 25ms`\n(B = max(32 KiB, 2 ms at the rate); internal/netns).\n", rate)
-	w("Each lender is a Rialto NBD server process (`compose serve`, internal/dataplane/block/nbd)\n")
-	w("serving a random-data file on tmpfs; the borrower attaches a volume striped over k of them\n")
-	w("(`stripe.Attach`: stripe unit %d KiB, %d connections per lender, served on a Unix socket)\n", b.unit>>10, b.conns)
-	w("and copies %d MiB with nbdcopy %s. The lenders' files hold %d/k MiB each, so every\n", b.sizeMiB, nbdcopyVersion(), b.sizeMiB)
-	w("configuration moves the same bytes. Configurations run interleaved in each of %d repetitions;\n", reps)
-	w("figures are medians. The link ceiling is iperf3 with k parallel streams to the k hosts, in the same run.\n\n")
+	w("## Composition scaling through `rialto agent` lenders (a lease over 1, 2, 3 lenders)\n\n")
+	w("Measured %s by `bench/compose/run.sh` (bench/compose) at commit %s on %s.\n", stats.Stamp(), stats.Commit("."), stats.Machine())
+	w("An emulated rack (internal/rack): a `rialto server` process and three `rialto agent` processes, each in its own network\n")
+	w("namespace joined to the borrower (the root namespace) by a veth pair on a bridge; every link is shaped in both directions\n")
+	w("with `tc qdisc add dev IF root tbf rate %s burst B latency 25ms` (B = max(32 KiB, 2 ms at the rate); internal/netns).\n", rate)
+	w("Each agent lends a block device on tmpfs. For k lenders the borrower holds a lease made by `rialto lease create` (k = 1: a shared\n")
+	w("lease on one lender; k = 2, 3: `--mode composed --count k`, stripe unit %d KiB) served in the root namespace by\n", b.unit>>10)
+	w("`rialto attach` (its default connections per part), and copies %d MiB with nbdcopy %s to and from it, so every\n", b.sizeMiB, nbdcopyVersion())
+	w("configuration moves the same bytes. Configurations run interleaved in each of %d repetitions; figures are medians.\n", reps)
+	w("The link ceiling is iperf3 with k parallel streams to the k hosts, over the same links, in the same run.\n\n")
 	w("| lenders | link ceiling w / r (iperf3, MiB/s) | k direct copies w / r (no composition, MiB/s) | volume write MiB/s | write scaling | volume read MiB/s | read scaling | volume ÷ direct (w / r) | volume ÷ ceiling (w / r) |\n")
 	w("|---|---|---|---|---|---|---|---|---|\n")
 	w1, _ := get("write", 1)
@@ -610,45 +508,68 @@ func (b *bench) report(path, rate string, reps int, res []result) error {
 		dr, _ := get("direct-read", k)
 		wv, _ := get("write", k)
 		rv, _ := get("read", k)
-		ws, rs := median(wv)/median(w1), median(rv)/median(r1)
+		ws, rs := stats.Median(wv)/stats.Median(w1), stats.Median(rv)/stats.Median(r1)
 		scaling[k] = [2]float64{ws, rs}
 		w("| %d | %.1f / %.1f | %.1f / %.1f | %.1f | %.2f× | %.1f | %.2f× | %.0f%% / %.0f%% | %.0f%% / %.0f%% |\n", k,
-			median(iw), median(ir), median(dw), median(dr), median(wv), ws, median(rv), rs,
-			100*median(wv)/median(dw), 100*median(rv)/median(dr), 100*median(wv)/median(iw), 100*median(rv)/median(ir))
+			stats.Median(iw), stats.Median(ir), stats.Median(dw), stats.Median(dr), stats.Median(wv), ws, stats.Median(rv), rs,
+			100*stats.Median(wv)/stats.Median(dw), 100*stats.Median(rv)/stats.Median(dr), 100*stats.Median(wv)/stats.Median(iw), 100*stats.Median(rv)/stats.Median(ir))
 	}
 	w("\n")
-	w("Goal (issue 3): ≥ 1.9× at 2 lenders and ≥ 2.7× at 3. Measured: write %.2f× / %.2f×, read %.2f× / %.2f× — %s.\n",
+	w("Goals (the issue \"The product path is the proven path\"): ≥ 1.9× at 2 lenders and ≥ 2.7× at 3, and ≥ 95%% of the iperf3\n")
+	w("ceiling of the same links. Measured: scaling write %.2f× / %.2f×, read %.2f× / %.2f× — %s; of the ceiling (k = 1, 2, 3)\n",
 		scaling[2][0], scaling[3][0], scaling[2][1], scaling[3][1], verdict(scaling))
+	ceilOK := true
+	var ceil []string
+	for k := 1; k <= 3; k++ {
+		iw, _ := get("iperf-write", k)
+		ir, _ := get("iperf-read", k)
+		wv, _ := get("write", k)
+		rv, _ := get("read", k)
+		fw, fr := stats.Median(wv)/stats.Median(iw), stats.Median(rv)/stats.Median(ir)
+		if !(fw >= 0.95 && fr >= 0.95) {
+			ceilOK = false
+		}
+		ceil = append(ceil, fmt.Sprintf("%.0f%% / %.0f%%", 100*fw, 100*fr))
+	}
+	mark := "goal met"
+	if !ceilOK {
+		mark = "goal NOT met"
+	}
+	w("write / read %s — %s.\n", strings.Join(ceil, ", "), mark)
 	dw1, _ := get("direct-write", 1)
 	dr1, _ := get("direct-read", 1)
 	var ds [4][2]float64
 	for k := 2; k <= 3; k++ {
 		dw, _ := get("direct-write", k)
 		dr, _ := get("direct-read", k)
-		ds[k] = [2]float64{median(dw) / median(dw1), median(dr) / median(dr1)}
+		ds[k] = [2]float64{stats.Median(dw) / stats.Median(dw1), stats.Median(dr) / stats.Median(dr1)}
 	}
 	w("For reference, k independent direct copies (no composition) scaled write %.2f× / %.2f×, read %.2f× / %.2f×\n", ds[2][0], ds[3][0], ds[2][1], ds[3][1])
 	w("in the same run: what the links and this shared machine allowed.\n\n")
 	w("All runs, in run order: MiB/s; steal %% of all CPU time during the run (/proc/stat); the 1-minute\n")
 	w("load average when the run started (the machine's 2 vCPUs are shared with other work, which steal\n")
-	w("does not show); borrower CPU seconds per GiB (nbdcopy plus the attaching process):\n\n")
-	w("| measurement | lenders | runs MiB/s | steal %% | load | borrower CPU s/GiB |\n|---|---|---|---|---|---|\n")
+	w("does not show); borrower CPU seconds per GiB (nbdcopy plus the attach process); lender CPU seconds per GiB (the\n")
+	w("`rialto agent` processes serving the parts, utime+stime from /proc/PID/stat):\n\n")
+	w("| measurement | lenders | runs MiB/s | steal %% | load | borrower CPU s/GiB | lender CPU s/GiB |\n|---|---|---|---|---|---|---|\n")
 	for _, kind := range []string{"iperf-write", "iperf-read", "write", "read", "direct-write", "direct-read"} {
 		for k := 1; k <= 3; k++ {
 			v, s := get(kind, k)
 			if len(v) == 0 {
 				continue
 			}
-			c, l := extra(kind, k)
-			cpu := join(c)
+			c, lc, l := extra(kind, k)
+			cpu, lcpu := join(c), join(lc)
 			if strings.HasPrefix(kind, "iperf") {
-				cpu = ""
+				cpu, lcpu = "", ""
 			}
-			w("| %s | %d | %s | %s | %s | %s |\n", kind, k, join(v), join(s), join(l), cpu)
+			w("| %s | %d | %s | %s | %s | %s | %s |\n", kind, k, join(v), join(s), join(l), cpu, lcpu)
 		}
 	}
-	w("\nCommands (HOST, ADDR, CREDENTIAL and VOLUME stand for the generated names):\n\n```\n")
-	for _, key := range []string{"lender", "write", "read", "direct-write", "direct-read", "iperf3"} {
+	w("\nCommands (HOST, ADDR, URL, LEASE stand for the generated names; a part's URI names a secret export):\n\n```\n")
+	for _, c := range b.c.Commands {
+		w("%s\n", c)
+	}
+	for _, key := range []string{"write", "read", "direct-write", "direct-read", "iperf3"} {
 		w("%s\n", b.cmds[key])
 	}
 	w("```\n")

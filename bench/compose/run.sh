@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Composition scaling benchmark: a volume striped over 1, 2 and 3 lenders, each
-# behind its own tc-tbf-shaped link (network namespaces), measured with nbdcopy
-# against iperf3's ceiling for the same links in the same run. Needs root, ip,
-# tc, nbdcopy and iperf3. Writes docs/bench/compose.md.
+# Composition scaling benchmark: a lease over 1, 2 and 3 `rialto agent`
+# lenders, each agent in its own network namespace behind a tc-tbf-shaped
+# link, served to the borrower (the root namespace) by `rialto attach`,
+# measured with nbdcopy against iperf3's ceiling for the same links in the
+# same run. Needs root, ip, tc, nbdcopy, iperf3. Writes docs/bench/compose.md.
 #
 #   bench/compose/run.sh                     # RATE=200mbit SIZE_MIB=240 REPS=5
 set -euo pipefail
@@ -11,7 +12,7 @@ RATE=${RATE:-200mbit}
 SIZE_MIB=${SIZE_MIB:-240}
 REPS=${REPS:-5}
 UNIT=${UNIT:-131072}
-CONNS=${CONNS:-2}
+CONNS=${CONNS:-0}
 OUT=${OUT:-docs/bench/compose.md}
 
 for tool in ip tc nbdcopy iperf3 go; do
@@ -19,8 +20,9 @@ for tool in ip tc nbdcopy iperf3 go; do
 done
 if [ "$(id -u)" != 0 ]; then echo "bench/compose: needs root (network namespaces)" >&2; exit 1; fi
 
+go build -o bin/rialto ./cmd/rialto   # the agents run this tree
 BIN=$(mktemp -d)
 trap 'rm -rf "$BIN"' EXIT
-go build -o "$BIN/compose" ./bench/compose
-"$BIN/compose" run -rate "$RATE" -size-mib "$SIZE_MIB" -reps "$REPS" -unit "$UNIT" -conns "$CONNS" -out "$OUT"
+(cd bench && go build -o "$BIN/compose" ./compose)
+"$BIN/compose" -bin bin/rialto -rate "$RATE" -size-mib "$SIZE_MIB" -reps "$REPS" -unit "$UNIT" -conns "$CONNS" -out "$OUT"
 echo "wrote $OUT"

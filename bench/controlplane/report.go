@@ -214,7 +214,7 @@ func main() {
 	}
 	fmt.Fprintf(&b, "**No peer.** There is no comparable open-source lease-based device-lending control plane to run side by\n")
 	fmt.Fprintf(&b, "side here; SQLite (the embedded default) is the reference the replicated configurations are measured against.\n\n")
-	fmt.Fprintf(&b, "Command: `bench/controlplane/run.sh` (= `go run ./bench/controlplane -runs %d -cycle-duration %v -workers %d -replicas %d -agents %d -hb-duration %v -failover-runs %d -out docs/bench/controlplane.md`).\n",
+	fmt.Fprintf(&b, "Command: `bench/controlplane/run.sh` (= the program in bench/controlplane, built in the bench module, run from the repository's root with `-rialto RIALTO -runs %d -cycle-duration %v -workers %d -replicas %d -agents %d -hb-duration %v -failover-runs %d -out docs/bench/controlplane.md`, RIALTO built from ./cmd/rialto).\n",
 		*runs, *cycleDur, *workers, *replicas, *agents, *hbDur, *foRuns)
 	md := b.String()
 	fmt.Print(md)

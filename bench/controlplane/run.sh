@@ -7,13 +7,14 @@
 # (initdb/pg_ctl; Debian: apt-get install postgresql). Writes
 # docs/bench/controlplane.md. Takes about five minutes with the defaults.
 # To profile, run the program itself, e.g.
-#   go run ./bench/controlplane -runs 1 -skip-failover -skip-heartbeats -cpuprofile /tmp/cp.prof
+#   (cd bench && go run ./controlplane -runs 1 -skip-failover -skip-heartbeats -cpuprofile /tmp/cp.prof)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p docs/bench
 dir=$(mktemp -d "${TMPDIR:-/tmp}/rialto-bench-cp.XXXXXX")
 trap 'rm -rf "$dir"' EXIT
 go build -o "$dir/rialto" ./cmd/rialto
-go run ./bench/controlplane -dir "$dir" -rialto "$dir/rialto" -runs "${RUNS:-3}" -cycle-duration "${CYCLE_DURATION:-5s}" \
+(cd bench && go build -o "$dir/controlplane-bench" ./controlplane)
+"$dir/controlplane-bench" -dir "$dir" -rialto "$dir/rialto" -runs "${RUNS:-3}" -cycle-duration "${CYCLE_DURATION:-5s}" \
   -workers "${WORKERS:-16}" -replicas "${REPLICAS:-3}" -agents "${AGENTS:-10000}" -hb-duration "${HB_DURATION:-20s}" \
   -failover-runs "${FAILOVER_RUNS:-3}" -out docs/bench/controlplane.md

@@ -21,6 +21,6 @@ if [ "$(id -u)" != 0 ]; then echo "bench/devread: needs root (network namespaces
 BIN=$(mktemp -d)
 trap 'rm -rf "$BIN"' EXIT
 go build -o "$BIN/rialto" ./cmd/rialto
-go build -o "$BIN/devread" ./bench/devread
+(cd bench && go build -o "$BIN/devread" ./devread)
 "$BIN/devread" -bin "$BIN/rialto" -rate "$RATE" -size-mib "$SIZE_MIB" -reps "$REPS" -out "$OUT"
 echo "wrote $OUT"

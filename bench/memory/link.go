@@ -7,67 +7,95 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"strconv"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/rialto-project/rialto/bench/internal/lab"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
 	memmap "github.com/rialto-project/rialto/internal/dataplane/memory/mapping"
-	"github.com/rialto-project/rialto/internal/netns"
+	"github.com/rialto-project/rialto/internal/rack"
 )
 
-// A donor across a real link: memory-bench serve runs inside a network
-// namespace joined to this one by a veth pair and a bridge (internal/netns,
-// unshaped), so a fault's round trip crosses two network devices instead of
-// loopback. The same read faults and floors as on loopback are measured
-// against it, interleaved with them.
+// A donor across a real link: an emulated rack (internal/rack, unshaped)
+// runs a `rialto server` and a `rialto agent` each in a network namespace
+// joined to this one by a veth pair and a bridge, so a fault's round trip
+// to the lease's donor crosses two network devices instead of loopback.
+// The floor probe (memory-bench serve -floor-only) runs in the same
+// namespace. The same read faults and floors as on
+// loopback are measured against it, interleaved with them.
 
 type link struct {
-	lab   *netns.Lab
-	donor *exec.Cmd
-	cl    *client.Client
-	floor string
-	once  sync.Once
+	rack    *rack.Rack
+	cluster *lab.Cluster
+	agent   int // its pid
+	floorP  *exec.Cmd
+	cl      *client.Client
+	floor   string
+	dir     string
+	once    sync.Once
 }
 
-// startLink builds the lab and starts the donor in it, or says why not.
+// startLink builds the lab and starts the agent and the floor probe in
+// it, or says why not.
 func startLink(ctx context.Context, c *cfg) (*link, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	lab, err := netns.New(ctx, netns.Config{Hosts: 1, Prefix: "rialto-membench"})
+	bin, err := filepath.Abs(c.bin)
 	if err != nil {
 		return nil, err
 	}
-	l := &link{lab: lab}
-	host := lab.Host(0).Addr.String()
+	l := &link{}
+	if l.dir, err = os.MkdirTemp(c.work, "rialto-bench-memlink."); err != nil {
+		return nil, err
+	}
 	// A small region: memory another process holds makes this VM's page
 	// allocations, hence UFFDIO_COPY, measurably slower.
-	l.donor = lab.Command(ctx, 0, exe, "serve", "-addr", net.JoinHostPort(host, "0"),
-		"-size", strconv.FormatInt(linkRegion, 10), "-pair")
-	l.donor.Env = append(os.Environ(), "RIALTO_BENCH_CRED="+c.cred)
-	// It ignores SIGINT (see serve): an interrupt must not take the donor
-	// away under a mapping in use (run stops between parts).
-	l.donor.Stderr = os.Stderr
-	out, err := l.donor.StdoutPipe()
+	if l.rack, err = rack.Start(ctx, rack.Config{Binary: bin, StateDir: filepath.Join(l.dir, "rack"), Agents: 1,
+		Memory: linkRegion, LogLevel: "warn", AgentArgs: lab.InsecureDataplaneArgs(bin)}); err != nil {
+		l.close()
+		return nil, err
+	}
+	node := l.rack.Agent(0)
+	l.agent = l.rack.Pid(node)
+	if l.cluster, err = lab.OnRack(l.rack, bin, filepath.Join(l.dir, "borrower"), os.Stderr); err != nil {
+		l.close()
+		return nil, err
+	}
+	size := fmt.Sprintf("%dMiB", linkRegion>>20)
+	ls, err := l.cluster.CreateLease(ctx, "--kind", "memory", "--size", size, "--affinity", node.Name)
 	if err != nil {
 		l.close()
 		return nil, err
 	}
-	if err := l.donor.Start(); err != nil {
+	addr, cred, err := memURI(ls.URI)
+	if err != nil {
+		l.close()
+		return nil, err
+	}
+	l.floorP = l.rack.Command(ctx, node, exe, "serve", "-addr", net.JoinHostPort(node.Addr.String(), "0"), "-floor-only")
+	// It ignores SIGINT (see serve).
+	l.floorP.Stderr = os.Stderr
+	out, err := l.floorP.StdoutPipe()
+	if err != nil {
+		l.close()
+		return nil, err
+	}
+	if err := l.floorP.Start(); err != nil {
 		l.close()
 		return nil, err
 	}
 	line, err := bufio.NewReader(out).ReadString('\n')
 	addrs := strings.Fields(line)
-	if err != nil || len(addrs) != 3 {
+	if err != nil || len(addrs) != 1 {
 		l.close()
-		return nil, fmt.Errorf("link donor: addresses %q: %v", line, err)
+		return nil, fmt.Errorf("link floor probe: addresses %q: %v", line, err)
 	}
-	l.floor = addrs[2]
-	if l.cl, err = client.Dial(ctx, addrs[0], c.cred, client.Options{Timeout: 30 * time.Second}); err != nil {
+	l.floor = addrs[0]
+	if l.cl, err = client.Dial(ctx, addr, cred, client.Options{Timeout: 30 * time.Second}); err != nil {
 		l.close()
 		return nil, err
 	}
@@ -87,7 +115,7 @@ func (l *link) measure(ctx context.Context, cl *client.Client, c *cfg, res *resu
 		key, prefix, floor string
 		cl                 *client.Client
 		pid                int
-	}{{"loop", "", c.addrFloor, cl, c.donorPid}, {"link", "link ", l.floor, l.cl, l.donor.Process.Pid}} {
+	}{{"loop", "", c.addrFloor, cl, c.donorPid}, {"link", "link ", l.floor, l.cl, l.agent}} {
 		mapReads(ctx, w.cl, w.key, opts, w.pid, res)
 		if w.floor == "" {
 			continue
@@ -110,11 +138,21 @@ func (l *link) stop() {
 	if l.cl != nil {
 		_ = l.cl.Close()
 	}
-	if l.donor != nil && l.donor.Process != nil {
-		_ = l.donor.Process.Kill()
-		_ = l.donor.Wait()
+	if l.floorP != nil && l.floorP.Process != nil {
+		_ = l.floorP.Process.Kill()
+		_ = l.floorP.Wait()
 	}
-	if err := l.lab.Close(); err != nil {
-		logf("link: %v", err)
+	if l.cluster != nil {
+		if err := l.cluster.Close(); err != nil {
+			logf("link: %v", err)
+		}
+	}
+	if l.rack != nil {
+		if err := l.rack.Close(); err != nil {
+			logf("link: %v", err)
+		}
+	}
+	if l.dir != "" {
+		os.RemoveAll(l.dir)
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rialto-project/rialto/bench/internal/stats"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/donor"
 	memmap "github.com/rialto-project/rialto/internal/dataplane/memory/mapping"
@@ -57,6 +58,8 @@ func serve(args []string) {
 	spin := fs.Duration("spin", 0, "busy-poll budget of synchronous connections (donor.Donor.Spin)")
 	faultSpin := fs.Duration("fault-spin", 0, "busy-poll budget of fault connections (donor.Donor.FaultSpin; 0 = default)")
 	pair := fs.Bool("pair", false, "also serve a second region from a donor that never spins on fault connections, and the platform-floor probe (floor.go); print the three addresses")
+	side := fs.Bool("side", false, "serve only what a lease of `rialto agent` cannot: the donor that never spins on fault connections and the floor probe; print their two addresses")
+	floorOnly := fs.Bool("floor-only", false, "serve only the platform-floor probe; print its address")
 	_ = fs.Parse(args)
 	if *cred == "" {
 		*cred = os.Getenv("RIALTO_BENCH_CRED")
@@ -87,9 +90,14 @@ func serve(args []string) {
 		}()
 		return ln.Addr().String()
 	}
-	addrs := []string{start(*faultSpin)}
-	if *pair {
-		addrs = append(addrs, start(-1))
+	var addrs []string
+	if !*side && !*floorOnly {
+		addrs = append(addrs, start(*faultSpin))
+	}
+	if *pair || *side || *floorOnly {
+		if !*floorOnly {
+			addrs = append(addrs, start(-1))
+		}
 		ln, err := net.Listen("tcp", *addr)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -117,6 +125,11 @@ type cfg struct {
 	addrBlock         string        // donor whose fault connections never spin
 	addrFloor         string        // platform-floor probe (floor.go)
 	donorPid          int           // donor process, for its CPU time
+	blockPid          int           // the side donor of addrBlock, for its CPU time
+	bin               string        // the rialto binary: the donor is a lease of a rialto agent
+	work              string        // state of the cluster (tmpfs)
+	donorDesc         string        // which process served the donor, for the report
+	commands          []string      // the cluster's commands, for the report
 	mapSpin           time.Duration // mapping.Options.Spin of the polling mapping
 }
 
@@ -159,8 +172,10 @@ func (r *results) all(name string) string {
 func run(args []string) {
 	fs := flag.NewFlagSet("run", flag.ExitOnError)
 	var c cfg
-	fs.StringVar(&c.addr, "addr", "", "donor address")
-	fs.StringVar(&c.cred, "cred", "", "credential (or $RIALTO_BENCH_CRED)")
+	fs.StringVar(&c.addr, "addr", "", "donor address (experiments; default: a memory lease of a `rialto agent` started here)")
+	fs.StringVar(&c.cred, "cred", "", "credential of -addr (or $RIALTO_BENCH_CRED)")
+	fs.StringVar(&c.bin, "bin", "bin/rialto", "the rialto binary (rialto server and rialto agent processes)")
+	fs.StringVar(&c.work, "work", "/dev/shm", "where the cluster keeps its state")
 	fs.StringVar(&c.redis, "redis", "", "redis-server address")
 	fs.IntVar(&c.iperfPort, "iperf-port", 0, "iperf3 server port")
 	fs.IntVar(&c.runs, "runs", 3, "interleaved runs")
@@ -169,14 +184,26 @@ func run(args []string) {
 	fs.DurationVar(&c.spin, "spin", 0, "client busy-poll budget (client.Options.Spin)")
 	fs.StringVar(&c.parts, "parts", "", "comma-separated subset of small,bulk,mapping,link,mixed (default all)")
 	fs.StringVar(&c.addrBlock, "addr-block", "", "donor (same region size) whose fault connections never spin: the mapping is also measured without polling")
-	fs.StringVar(&c.addrFloor, "addr-floor", "", "platform-floor probe of memory-bench serve -pair: loopback round trip with both ends polling")
-	fs.IntVar(&c.donorPid, "donor-pid", 0, "donor process id (CPU time of fault service)")
+	fs.StringVar(&c.addrFloor, "addr-floor", "", "platform-floor probe of memory-bench serve -side: loopback round trip with both ends polling")
+	fs.IntVar(&c.donorPid, "donor-pid", 0, "process id of -addr's donor (CPU time of fault service)")
+	fs.IntVar(&c.blockPid, "block-pid", 0, "process id of -addr-block's donor")
 	fs.DurationVar(&c.mapSpin, "map-spin", 0, "fault handler busy-poll budget (mapping.Options.Spin; 0 = default)")
 	_ = fs.Parse(args)
+	// The side processes' credential (the side donor's region).
+	sideCred := os.Getenv("RIALTO_BENCH_CRED")
 	if c.cred == "" {
-		c.cred = os.Getenv("RIALTO_BENCH_CRED")
+		c.cred = sideCred
 	}
 	ctx := context.Background()
+	if c.addr == "" {
+		cl, err := startCluster(ctx, &c)
+		if err != nil {
+			fail(err)
+		}
+		atExit(func() { _ = cl.Close() })
+	} else {
+		c.donorDesc = "a donor at " + c.addr + " (-addr)"
+	}
 	cl, err := client.Dial(ctx, c.addr, c.cred, client.Options{Timeout: 30 * time.Second, Spin: c.spin})
 	if err != nil {
 		fail(err)
@@ -184,7 +211,7 @@ func run(args []string) {
 	defer cl.Close()
 	var clBlock *client.Client
 	if c.addrBlock != "" && c.want("mapping") {
-		if clBlock, err = client.Dial(ctx, c.addrBlock, c.cred, client.Options{Timeout: 30 * time.Second}); err != nil {
+		if clBlock, err = client.Dial(ctx, c.addrBlock, sideCred, client.Options{Timeout: 30 * time.Second}); err != nil {
 			fail(err)
 		}
 		defer clBlock.Close()
@@ -277,7 +304,7 @@ func run(args []string) {
 			part(r, "mapping")
 			// Polling and blocking fault service alternate in order.
 			if clBlock != nil && r%2 == 1 {
-				mapReads(ctx, clBlock, "block", memmap.Options{Spin: -1}, c.donorPid, res)
+				mapReads(ctx, clBlock, "block", memmap.Options{Spin: -1}, c.blockPid, res)
 			}
 			mapping(ctx, cl, memmap.Options{Spin: c.mapSpin}, c.donorPid, res)
 			concurrentFaults(ctx, cl, memmap.Options{Spin: c.mapSpin}, res)
@@ -310,7 +337,7 @@ func run(args []string) {
 				}
 			}
 			if clBlock != nil && r%2 == 0 {
-				mapReads(ctx, clBlock, "block", memmap.Options{Spin: -1}, c.donorPid, res)
+				mapReads(ctx, clBlock, "block", memmap.Options{Spin: -1}, c.blockPid, res)
 			}
 		}
 		if c.want("mixed") {
@@ -763,11 +790,12 @@ func report(c cfg, r *results, steal []float64) {
 	w := bufio.NewWriter(os.Stdout)
 	defer w.Flush()
 	p := func(f string, a ...any) { fmt.Fprintf(w, f, a...) }
-	p("## Remote memory (dataplane/memory)\n\n")
-	p("Generated by `bench/memory/run.sh` on %s. Medians of %d interleaved runs\n", time.Now().UTC().Format("2006-01-02 15:04 UTC"), c.runs)
-	p("(Rialto and each peer alternate inside every run). Donor, redis-server and iperf3\n")
-	p("are separate processes on 127.0.0.1; everything is in RAM (anonymous memory, Redis\n")
-	p("without persistence). Steal time per run: %s %%. Load average at the end: %s.\n\n", fmtList(steal), loadavg())
+	p("## Remote memory through a memory lease of `rialto agent`\n\n")
+	p("Measured %s by `bench/memory/run.sh` (bench/memory) at commit %s on %s.\n", stats.Stamp(), stats.Commit("."), stats.Machine())
+	p("Medians of %d interleaved runs (Rialto and each peer alternate inside every run). The donor is %s;\n", c.runs, c.donorDesc)
+	p("the client (memory-bench run) reaches it with the lease's URI. redis-server and iperf3 are separate processes on\n")
+	p("127.0.0.1; everything is in RAM (anonymous memory, Redis without persistence). Steal time per run: %s %%.\n", fmtList(steal))
+	p("Load average at the end: %s.\n\n", loadavg())
 	p("### Small random reads and writes vs Redis GET/SET (same value sizes, same concurrency)\n\n")
 	p("Rialto at concurrency 1 uses the synchronous channel; at 16 the adaptive chooser (which\n")
 	p("pipelines on the queue pair). Redis: one connection per client goroutine, GET/SET of\n")
@@ -859,8 +887,10 @@ func report(c cfg, r *results, steal []float64) {
 	p("random pages cached before): %.0f MiB/s (per run: %s).\n\n", r.med("mapped seq MiB/s"), r.all("mapped seq MiB/s"))
 	if len(r.v["fault read p50 block"]) > 0 {
 		p("What polling costs: the same read faults served with polling (defaults) and without (handler\n")
-		p("and donor sleep in poll(2) whenever idle), alternating within each run against two donors in\n")
-		p("one process. CPU is the handler process's and the donor process's user+system time during\n")
+		p("and donor sleep in poll(2) whenever idle), alternating within each run. The polling row's donor is the\n")
+		p("lease's (`rialto agent`, defaults); the blocking row's is an extra, side donor process (`memory-bench serve -side`,\n")
+		p("a donor.Donor whose fault connections never spin: the agent has no such setting), shown only to price\n")
+		p("the polling. CPU is the handler process's and the donor process's user+system time during\n")
 		p("the 20,000 faults, per fault and as cores busy (the faulting thread sleeps in the kernel).\n\n")
 		p("| fault service | read p50 µs | read p99 µs | handler p50 µs | handler CPU µs/fault | donor CPU µs/fault | handler cores | donor cores |\n|---|---|---|---|---|---|---|---|\n")
 		spin := c.mapSpin
@@ -868,7 +898,7 @@ func report(c cfg, r *results, steal []float64) {
 			spin = memmap.DefaultSpin
 		}
 		polling := fmt.Sprintf("polling (handler spins %v)", spin)
-		for _, m := range []struct{ name, key string }{{polling, "poll"}, {"blocking (no spin)", "block"}} {
+		for _, m := range []struct{ name, key string }{{polling, "poll"}, {"blocking (no spin; side donor, extra row)", "block"}} {
 			p("| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f |\n", m.name, r.med("fault read p50 "+m.key), r.med("fault read p99 "+m.key),
 				r.med("fault handler p50 "+m.key), r.med("fault handler cpu/fault "+m.key), r.med("fault donor cpu/fault "+m.key),
 				r.med("fault handler cores "+m.key), r.med("fault donor cores "+m.key))
@@ -906,6 +936,13 @@ func report(c cfg, r *results, steal []float64) {
 		s, b, q, a := r.med("mixed "+w+" sync"), r.med("mixed "+w+" bulk"), r.med("mixed "+w+" queue"), r.med("mixed "+w+" adaptive")
 		p("| %s | %.0f | %.0f | %.0f | %.0f | %.2f | %s |\n", w, s, b, q, a, a/max(s, b, q), r.all("mixed "+w+" adaptive"))
 	}
+	defer func() {
+		p("\nRialto's processes (the donor of every Rialto row; the link pass has its own server and agent in a namespace):\n\n```\n")
+		for _, cmd := range c.commands {
+			p("%s\n", cmd)
+		}
+		p("```\n")
+	}()
 	p("\nGoal: adaptive ≥ 0.90 of the best fixed channel on every workload. With one thread and\n")
 	p("requests below 8 MiB the adaptive chooser runs exactly the sync channel's code, so the spread\n")
 	p("between those two columns shows the noise of this shared machine.\n")

@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/bench/internal/lab"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 	"github.com/rialto-project/rialto/internal/netns"
 	"github.com/rialto-project/rialto/internal/rack"
@@ -117,7 +118,7 @@ func run() error {
 	defer os.RemoveAll(work)
 	size := *sizeMiB << 20
 	r, err := rack.Start(ctx, rack.Config{Binary: abs, StateDir: filepath.Join(work, "rack"), Agents: 3, Disks: 1,
-		DiskSize: 2*size + 64<<20, LinkRate: *rate, LogLevel: "warn"})
+		DiskSize: 2*size + 64<<20, LinkRate: *rate, LogLevel: "warn", AgentArgs: lab.InsecureDataplaneArgs(abs)})
 	if err != nil {
 		return err
 	}

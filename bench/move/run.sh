@@ -23,6 +23,6 @@ if [ "$(id -u)" != 0 ]; then echo "bench/move: needs root (network namespaces)" 
 BIN=$(mktemp -d)
 trap 'rm -rf "$BIN"' EXIT
 go build -o "$BIN/rialto" ./cmd/rialto
-go build -o "$BIN/move" ./bench/move
+(cd bench && go build -o "$BIN/move" ./move)
 "$BIN/move" -bin "$BIN/rialto" -rate "$RATE" -size-mib "$SIZE_MIB" -reps "$REPS" -fio-secs "$FIO_SECS" -out "$OUT"
 echo "wrote $OUT"

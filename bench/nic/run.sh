@@ -15,6 +15,6 @@ done
 [ "$(id -u)" = 0 ] || { echo "bench/nic: needs root (network namespaces)" >&2; exit 1; }
 mkdir -p bin docs/bench
 go build -o bin/rialto ./cmd/rialto
-go build -o bin/nic-bench ./bench/nic
+(cd bench && go build -o ../bin/nic-bench ./nic)
 bin/nic-bench run -rialto bin/rialto -out docs/bench/nic.md "$@"
 echo "wrote docs/bench/nic.md"

@@ -53,7 +53,8 @@ cat "$WORK/scale.json"
 # subset with the machine's own congestion control, for comparison.
 VAL=""
 VALCC=""
-if [ "$(id -u)" = 0 ] && command -v tc >/dev/null; then
+# SIM_VALIDATE=0 (bench/run.sh --quick) skips it.
+if [ "${SIM_VALIDATE:-1}" != 0 ] && [ "$(id -u)" = 0 ] && command -v tc >/dev/null; then
   RIALTO_VALIDATE_OUT=$PWD/docs/bench RIALTO_VALIDATE_FULL=1 go test -count=1 -run 'TestRealVsSimulated$' -v -timeout 20m ./internal/lab > "$WORK/validate.txt" 2>&1 || true
   VAL=$(grep -E 'lenders, .* writers:|load average|summary:|FAIL|SKIP' "$WORK/validate.txt" | sed 's/^ *writers_test.go:[0-9]*: /- /')
   hostcc=$(sysctl -n net.ipv4.tcp_congestion_control 2>/dev/null || echo "")
@@ -133,12 +134,12 @@ where it is at least 95% (the links, not the CPU, bound the writers); headroom i
 machine moved through the same path unshaped just before, over what the scenario needs;
 table and plot in \`docs/bench/validate-writers.csv\` / \`.svg\`):
 
-${VAL:-not run (needs root and tc)}
+${VAL:-not run ($([ "${SIM_VALIDATE:-1}" = 0 ] && echo "SIM_VALIDATE=0, the quick mode of bench/run.sh; the figures in docs/bench/validate-writers.* are from an earlier full run" || echo "needs root and tc"))}
 
 With the machine's own congestion control (\`${hostcc:-}\`) instead of Reno, the test's
 subset (1 and 6 writers on 1 and 3 lenders, 4 MiB per writer and lender):
 
-${VALCC:-not run (needs root and tc, or the machine already uses Reno)}
+${VALCC:-not run ($([ "${SIM_VALIDATE:-1}" = 0 ] && echo "SIM_VALIDATE=0, quick mode" || echo "needs root and tc, or the machine already uses Reno"))}
 
 Commands: \`go test -c ./internal/sim\`, then in \`internal/sim\`:
 \`sim.test -test.bench '^BenchmarkEngine\$|^BenchmarkEngineStdHeap\$' -test.benchtime 3000000x\`,

@@ -12,7 +12,10 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // DefaultRequestTimeout bounds every Client request unless WithRequestTimeout
@@ -76,8 +79,19 @@ type Client struct {
 	handle  uint64
 	err     error // terminal error, set once
 	shut    bool  // the server answered ESHUTDOWN: disconnect softly
+	// reading says that someone owns br: a caller waiting for its own
+	// reply, or the background reader (see doCall).
+	reading bool
+	// closing says that the socket has been closed (fail, Close): nobody
+	// may start reading, and whoever reads fails the pending calls.
+	closing bool
 
-	readerDone chan struct{}
+	br         *bufio.Reader   // replies; read only by whoever owns reading
+	rawc       syscall.RawConn // the TCP socket, nil with TLS or Unix sockets
+	wake       chan struct{}   // hands reading to the background reader
+	dead       chan struct{}   // closed once the connection has failed
+	deadOnce   sync.Once
+	readerDone chan struct{} // closed when the background reader has stopped
 }
 
 type call struct {
@@ -89,6 +103,8 @@ type call struct {
 	state atomic.Int32 // callLive, callReceiving, callAbandoned
 	err   error
 	done  chan struct{}
+	// completed is set (under Client.mu) when the reply is complete.
+	completed bool
 }
 
 const (
@@ -173,7 +189,7 @@ func Dial(ctx context.Context, network, addr, export string, opts ...DialOption)
 			tcfg.ServerName = host
 		}
 	}
-	c := &Client{nc: nc, timeout: o.timeout, pending: make(map[uint64]*call), readerDone: make(chan struct{})}
+	c := newClient(nc, o.timeout)
 	br, err := c.handshake(bufio.NewReaderSize(nc, 64<<10), export, !o.noStructured, tcfg)
 	if !stop() && err == nil {
 		err = ctx.Err()
@@ -186,8 +202,17 @@ func Dial(ctx context.Context, network, addr, export string, opts ...DialOption)
 		return nil, err
 	}
 	nc.SetDeadline(time.Time{})
-	go c.readLoop(br)
+	c.br = br
+	if tc, ok := c.nc.(*net.TCPConn); ok { // not TLS
+		c.rawc, _ = tc.SyscallConn()
+	}
+	go c.background()
 	return c, nil
+}
+
+func newClient(nc net.Conn, timeout time.Duration) *Client {
+	return &Client{nc: nc, timeout: timeout, pending: make(map[uint64]*call),
+		wake: make(chan struct{}, 1), dead: make(chan struct{}), readerDone: make(chan struct{})}
 }
 
 // handshake runs the client side of the option phase, upgrading to TLS
@@ -449,21 +474,25 @@ func (c *Client) BlockSizes() (minimum, preferred, maximum uint32) {
 	return c.minBlock, c.prefBlock, c.maxBlock
 }
 
-// fail makes err the terminal error, closes the connection and lets the
-// reader complete every pending call.
+// fail makes err the terminal error and closes the connection. Whoever
+// owns the reader then fails the pending calls; if nobody does, fail does.
 func (c *Client) fail(err error) {
 	c.mu.Lock()
 	if c.err == nil {
 		c.err = err
 	}
+	c.closing = true
+	idle := !c.reading
 	c.mu.Unlock()
 	c.nc.Close()
+	if idle {
+		c.failPending(err)
+	}
 }
 
-// readLoop receives replies until the connection ends.
-func (c *Client) readLoop(r *bufio.Reader) {
-	defer close(c.readerDone)
-	err := c.receive(r)
+// failPending marks the connection dead and fails every pending call with
+// the connection's error (err if none was set).
+func (c *Client) failPending(err error) {
 	c.mu.Lock()
 	if c.err == nil {
 		c.err = fmt.Errorf("%w: %w", ErrClosed, err)
@@ -471,11 +500,74 @@ func (c *Client) readLoop(r *bufio.Reader) {
 	failErr := c.err
 	pend := c.pending
 	c.pending = nil
+	c.reading = false
+	c.closing = true
 	c.mu.Unlock()
 	c.nc.Close()
+	c.deadOnce.Do(func() { close(c.dead) })
 	for _, cl := range pend {
 		cl.err = failErr
 		close(cl.done)
+	}
+}
+
+// background reads replies whenever a caller hands it the reader: when
+// requests are pending that no caller waits for by reading (several in
+// flight, or callers that may give up), until none is pending.
+func (c *Client) background() {
+	defer close(c.readerDone)
+	transmitting.Add(1)
+	defer transmitting.Add(-1)
+	for {
+		select {
+		case <-c.wake:
+		case <-c.dead:
+			return
+		}
+		if err := c.readReplies(nil); err != nil {
+			c.failPending(err)
+			return
+		}
+	}
+}
+
+// readReplies reads replies while the caller owns the reader: until mine
+// is done (a caller reading for itself), or until nothing is pending (the
+// background reader, mine == nil). A caller whose reply has come hands the
+// reader to the background reader if other requests are pending.
+func (c *Client) readReplies(mine *call) error {
+	for {
+		c.mu.Lock()
+		switch {
+		case c.pending == nil: // failed meanwhile
+			c.mu.Unlock()
+			return nil
+		case c.closing:
+			// Closed (Close, a timeout) while we owned the reader: that
+			// left the pending calls to us.
+			err := c.err
+			c.mu.Unlock()
+			return err
+		case mine != nil && mine.completed:
+			if len(c.pending) == 0 {
+				c.reading = false
+			} else {
+				select {
+				case c.wake <- struct{}{}:
+				default:
+				}
+			}
+			c.mu.Unlock()
+			return nil
+		case mine == nil && len(c.pending) == 0:
+			c.reading = false
+			c.mu.Unlock()
+			return nil
+		}
+		c.mu.Unlock()
+		if err := c.receiveOne(c.br); err != nil {
+			return err
+		}
 	}
 }
 
@@ -488,14 +580,15 @@ func (c *Client) lookup(h uint64) *call {
 func (c *Client) complete(h uint64, cl *call) {
 	c.mu.Lock()
 	delete(c.pending, h)
+	cl.completed = true
 	c.mu.Unlock()
 	close(cl.done)
 }
 
 // receiveInto reads n bytes for cl at dst, unless cl was abandoned.
-func receiveInto(r *bufio.Reader, cl *call, dst []byte) error {
+func (c *Client) receiveInto(r *bufio.Reader, cl *call, dst []byte) error {
 	if cl.state.CompareAndSwap(callLive, callReceiving) {
-		_, err := io.ReadFull(r, dst)
+		err := c.readPayload(r, dst)
 		cl.state.Store(callLive)
 		return err
 	}
@@ -503,9 +596,49 @@ func receiveInto(r *bufio.Reader, cl *call, dst []byte) error {
 	return err
 }
 
-func (c *Client) receive(r *bufio.Reader) error {
+// readPayload fills dst from r. A large payload that has not arrived yet
+// is awaited with the socket's SO_RCVLOWAT raised (never above what the
+// payload still owes), so that over a slow link the reader wakes up once
+// per many segments instead of once per segment (as the server's splice
+// path does; see maxRcvLowat).
+func (c *Client) readPayload(r *bufio.Reader, dst []byte) error {
+	if c.rawc == nil || len(dst)-r.Buffered() < spliceMin {
+		_, err := io.ReadFull(r, dst)
+		return err
+	}
+	lowat := 1
+	set := func(n int) {
+		if n != lowat {
+			c.rawc.Control(func(fd uintptr) {
+				unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVLOWAT, n)
+			})
+			lowat = n
+		}
+	}
+	defer set(1)
+	for got := 0; got < len(dst); {
+		if rem := len(dst) - got - r.Buffered(); rem >= spliceMin {
+			set(min(rem, maxRcvLowat))
+		} else {
+			set(1)
+		}
+		n, err := r.Read(dst[got:])
+		got += n
+		if err != nil && got < len(dst) {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// receiveOne reads one reply (a simple reply, or one chunk of a structured
+// one) and completes its call when it is the last.
+func (c *Client) receiveOne(r *bufio.Reader) error {
 	var h [structuredHeaderLen]byte
-	for {
+	{
 		if _, err := io.ReadFull(r, h[:4]); err != nil {
 			return err
 		}
@@ -523,7 +656,7 @@ func (c *Client) receive(r *bufio.Reader) error {
 			if errno != 0 {
 				cl.err = c.replyError(errno, "")
 			} else if cl.typ == CmdRead {
-				if err := receiveInto(r, cl, cl.buf); err != nil {
+				if err := c.receiveInto(r, cl, cl.buf); err != nil {
 					return err
 				}
 				cl.got = len(cl.buf)
@@ -555,6 +688,7 @@ func (c *Client) receive(r *bufio.Reader) error {
 			return fmt.Errorf("%w: bad reply magic", ErrProtocol)
 		}
 	}
+	return nil
 }
 
 func (c *Client) chunk(r *bufio.Reader, cl *call, typ uint16, n uint32) error {
@@ -586,7 +720,7 @@ func (c *Client) chunk(r *bufio.Reader, cl *call, typ uint16, n uint32) error {
 		}
 		dst := cl.buf[off-cl.off : off-cl.off+ln]
 		if typ == replyTypeOffsetData {
-			if err := receiveInto(r, cl, dst); err != nil {
+			if err := c.receiveInto(r, cl, dst); err != nil {
 				return err
 			}
 		} else if cl.state.CompareAndSwap(callLive, callReceiving) {
@@ -677,6 +811,41 @@ func (c *Client) doCall(ctx context.Context, typ, flags uint16, off uint64, leng
 		c.fail(fmt.Errorf("%w: %w", ErrClosed, err))
 		<-cl.done
 		return nil, cl.err
+	}
+
+	// Someone must read the reply. If nobody is reading, a caller that
+	// cannot give up early (no cancellable context) reads for itself:
+	// at queue depth 1 its reply then reaches it without a hand-off
+	// between goroutines. Otherwise the background reader reads. Once
+	// the socket is closed nobody may start reading: whoever closed it
+	// fails the pending calls (fail, Close).
+	c.mu.Lock()
+	lead := false
+	if !c.reading && c.pending != nil && !c.closing {
+		c.reading = true
+		if ctx.Done() == nil {
+			lead = true
+		} else {
+			select {
+			case c.wake <- struct{}{}:
+			default:
+			}
+		}
+	}
+	c.mu.Unlock()
+	if lead {
+		var t *time.Timer
+		if c.timeout > 0 {
+			t = time.AfterFunc(c.timeout, func() { c.fail(ErrTimeout) })
+		}
+		if err := c.readReplies(cl); err != nil {
+			c.failPending(err)
+		}
+		if t != nil {
+			t.Stop()
+		}
+		<-cl.done
+		return cl, cl.err
 	}
 
 	var timeout <-chan time.Time
@@ -921,6 +1090,16 @@ func (c *Client) Close() error {
 		t.closeNotify(time.Second)
 	} else {
 		err = c.nc.Close()
+	}
+	c.mu.Lock()
+	c.closing = true
+	idle := !c.reading
+	c.mu.Unlock()
+	if idle {
+		// Nobody reads, so nobody else notices: fail what is pending
+		// and stop the background reader. (A reader gets an error from
+		// the closed socket, or notices closing, and does it.)
+		c.failPending(ErrClosed)
 	}
 	<-c.readerDone
 	if errors.Is(err, net.ErrClosed) {

@@ -217,6 +217,8 @@ func newConn(s *Server, nc net.Conn, r *bufio.Reader, sess *session) *conn {
 // serve runs the transmission phase: this goroutine reads requests, a
 // bounded set of workers executes them, one writer sends replies.
 func (c *conn) serve(ctx context.Context) error {
+	transmitting.Add(1)
+	defer transmitting.Add(-1)
 	nw := c.s.Workers
 	if nw <= 0 {
 		nw = defaultWorkers

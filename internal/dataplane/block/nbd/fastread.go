@@ -3,6 +3,7 @@ package nbd
 import (
 	"io"
 	"net"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -12,11 +13,33 @@ import (
 // in a blocking poll(2) before handing the wait to Go's netpoller.
 const pollWaitMillis = 2
 
+// transmitting counts the NBD connections of this process in the
+// transmission phase, served (every Server's) and dialled (every Client's):
+// a server's reader may block in poll(2) only while its connection is the
+// only one.
+var transmitting atomic.Int32
+
+// polls counts the waits that began in poll(2) (for tests).
+var polls atomic.Int64
+
 // fastReader reads a socket with raw system calls. When the socket is
 // drained it first waits in a short blocking poll(2), like a thread-per-
 // connection C server would: at queue depth 1 this saves the netpoller's
 // extra EAGAIN read, epoll wait and goroutine hand-offs per request. Idle
 // connections still park in the netpoller, and deadlines still apply.
+//
+// Only the process's sole NBD connection polls. A thread asleep in poll(2)
+// holds its P (Go's right to run code) in the system call, and with several
+// busy connections (nbdfuse opens four; a database behind it spreads writes
+// and flushes over them) the readers held every P between them, until
+// sysmon took them back, milliseconds later: PostgreSQL on a lease ran at
+// half of nbdkit's TPS (docs/bench/pgbench.md). Letting one connection of
+// several poll did not help either (its 2 ms sleeps held one of the two Ps
+// and kept sysmon busy), so with more than one connection every reader
+// waits in the netpoller. Client connections count too: a process that
+// re-exports remote parts (rialto attach) serves each request by waiting
+// on a Client's reply, which the Client's reader goroutine must get a P to
+// deliver.
 type fastReader struct {
 	rc      syscall.RawConn
 	drained bool
@@ -57,8 +80,9 @@ func (f *fastReader) Read(p []byte) (int, error) {
 	polled := false
 	err := f.rc.Read(func(fd uintptr) bool {
 		for {
-			if f.drained && !polled && !f.noPoll {
+			if f.drained && !polled && !f.noPoll && transmitting.Load() == 1 {
 				polled = true
+				polls.Add(1)
 				fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 				k, perr := unix.Poll(fds[:], pollWaitMillis)
 				if perr == unix.EINTR {

@@ -120,8 +120,14 @@ func FuzzClientReply(f *testing.F) {
 		c.pending[1] = &call{typ: CmdRead, buf: make([]byte, 4096), done: make(chan struct{})}
 		c.pending[2] = &call{typ: CmdBlockStatus, done: make(chan struct{})}
 		c.pending[3] = &call{typ: CmdWrite, done: make(chan struct{})}
-		if err := c.receive(newConnReader(bytes.NewReader(in))); err == nil {
-			t.Fatal("receive returned without an error at the end of input")
+		r := newConnReader(bytes.NewReader(in))
+		for n := 0; ; n++ {
+			if err := c.receiveOne(r); err != nil {
+				break
+			}
+			if n > len(in) {
+				t.Fatal("receiveOne kept returning without consuming input")
+			}
 		}
 	})
 }
@@ -159,7 +165,7 @@ func FuzzClientHandshake(f *testing.F) {
 	f.Add(false, bytes.Join([][]byte{hello, optReplyBytes(optGo, repErrUnsup, nil), export}, nil))
 	f.Add(false, bytes.Join([][]byte{hello, optReplyBytes(optGo, repErrPolicy, []byte("no"))}, nil))
 	f.Fuzz(func(t *testing.T, structured bool, in []byte) {
-		c := &Client{nc: &fakeConn{r: bytes.NewReader(nil)}, pending: map[uint64]*call{}, readerDone: make(chan struct{})}
+		c := newClient(&fakeConn{r: bytes.NewReader(nil)}, 0)
 		if _, err := c.handshake(newConnReader(bytes.NewReader(in)), testName, structured, nil); err != nil {
 			return
 		}

@@ -57,6 +57,7 @@ type nbdPart struct {
 	wseq    atomic.Uint64
 	flushed atomic.Uint64
 	lost    atomic.Bool
+	epoch   atomic.Uint64 // counts reconnections
 }
 
 func newPart(c *nbd.Client, u nbd.URI, index int, timeout, redial time.Duration,
@@ -142,6 +143,7 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 			if unflushed && p.uri.Export == from.Export {
 				p.lost.Store(true)
 			}
+			p.epoch.Add(1)
 			p.cur.Store(c)
 			if p.closed.Load() {
 				c.Close()
@@ -236,16 +238,29 @@ func (p *nbdPart) Flush() error {
 	if err := p.call(false, (*nbd.Client).Flush); err != nil {
 		return err
 	}
-	for {
-		f := p.flushed.Load()
-		if f >= seq || p.flushed.CompareAndSwap(f, seq) {
-			break
-		}
-	}
+	p.flushedUpTo(seq)
 	if p.lost.Swap(false) {
 		return fmt.Errorf("part %d: %w", p.index, ErrLostWrites)
 	}
 	return nil
+}
+
+// flushSnapshot implements sharedFlusher.
+func (p *nbdPart) flushSnapshot() (seq, epoch uint64, export string, ok bool) {
+	p.mu.Lock() // p.uri moves with a reconnection
+	export = p.uri.String()
+	p.mu.Unlock()
+	return p.wseq.Load(), p.epoch.Load(), export, p.Alive() && !p.lost.Load()
+}
+
+// flushedUpTo implements sharedFlusher: the first seq writes are durable.
+func (p *nbdPart) flushedUpTo(seq uint64) {
+	for {
+		f := p.flushed.Load()
+		if f >= seq || p.flushed.CompareAndSwap(f, seq) {
+			return
+		}
+	}
 }
 
 // Close closes the connection and stops any redial; calls in progress

@@ -9,13 +9,14 @@ import (
 )
 
 // Pool spreads one part over several connections to the same export: each
-// call goes to the connection with the fewest calls in flight. Flush flushes
-// every connection, so a flush on the pool makes every completed write
-// durable even if the server does not advertise multi-conn consistency.
+// call goes to the connection with the fewest calls in flight. A flush on
+// the pool makes every completed write durable: with one flush when the
+// server advertises multi-conn consistency, else with one per connection.
 // Close closes every connection that is an io.Closer.
 type Pool struct {
 	conns    []Device
 	inflight []atomic.Int64
+	clean    atomic.Uint64 // the connections' reconnections when they last all flushed
 }
 
 // NewPool returns a pool over conns, which must all reach the same export.
@@ -43,6 +44,13 @@ func alive(d Device) bool {
 }
 
 func (p *Pool) pick() (Device, func()) {
+	i, done := p.pickIndex()
+	return p.conns[i], done
+}
+
+// pickIndex chooses the least busy live connection and counts a call on
+// it until done.
+func (p *Pool) pickIndex() (int, func()) {
 	best := -1
 	for i, c := range p.conns {
 		if !alive(c) {
@@ -56,7 +64,7 @@ func (p *Pool) pick() (Device, func()) {
 		best = 0 // all broken: let the call report the error
 	}
 	p.inflight[best].Add(1)
-	return p.conns[best], func() { p.inflight[best].Add(-1) }
+	return best, func() { p.inflight[best].Add(-1) }
 }
 
 // ReadAt reads from the least busy connection.
@@ -86,12 +94,49 @@ func (p *Pool) Alive() bool {
 	return false
 }
 
-// Flush flushes every live connection, in turn. Writes completed on a
-// connection that has since broken are covered only if the server makes a
-// flush on one connection cover all of them (NBD_FLAG_CAN_MULTI_CONN, which
-// connections report with MultiConnSafe); otherwise, or if no connection is
-// alive, Flush fails.
+// sharedFlusher is a connection whose server makes a flush on any
+// connection cover the writes completed on all of them (NBD multi-conn),
+// and which can be told that a flush sent elsewhere covered its writes.
+type sharedFlusher interface {
+	MultiConnSafe() bool
+	// flushSnapshot returns the count of writes completed so far (what a
+	// flush sent now covers), the connection's epoch (which changes when
+	// it reconnects) and the export it reaches (which changes when its
+	// part moves to another lender), or ok=false if the connection must
+	// flush itself: it is dead, or it broke with writes it has to report
+	// lost.
+	flushSnapshot() (seq, epoch uint64, export string, ok bool)
+	// flushedUpTo records that a flush covered the first seq writes.
+	flushedUpTo(seq uint64)
+}
+
+// Flush makes every write completed on the pool durable. When every
+// connection is alive and its server covers all connections' writes with a
+// flush on any one (multi-conn, which FileBackend exports advertise), one
+// flush on the least busy connection does it: a composed lease's FLUSH
+// then costs one round trip per part instead of one per connection, in
+// turn. Otherwise it flushes every live connection, in turn. Writes
+// completed on a connection that has since broken are covered only if the
+// server makes a flush on one connection cover all of them
+// (NBD_FLAG_CAN_MULTI_CONN, which connections report with MultiConnSafe);
+// otherwise, or if no connection is alive, Flush fails.
 func (p *Pool) Flush() error {
+	if seqs, epoch, ok := p.sharedFlush(); ok {
+		c, done := p.pick()
+		err := c.Flush()
+		done()
+		// A connection that reconnected meanwhile may have reached a
+		// restarted lender, whose flush does not cover what the others
+		// wrote before: then every connection flushes (and reports) for
+		// itself.
+		if err == nil && p.epochs() == epoch {
+			for i, c := range p.conns {
+				c.(sharedFlusher).flushedUpTo(seqs[i])
+			}
+			return nil
+		}
+	}
+	epoch := p.epochs()
 	var errs []error
 	live, lost, covered := 0, false, false
 	for _, c := range p.conns {
@@ -116,7 +161,56 @@ func (p *Pool) Flush() error {
 	case lost && !covered:
 		errs = append(errs, fmt.Errorf("%w: a broken connection's writes cannot be flushed", ErrDeviceFailed))
 	}
+	if len(errs) == 0 {
+		// Every connection flushed (and reported) for itself: from here
+		// one flush serves them all again, until one reconnects.
+		p.clean.Store(epoch)
+	}
 	return errors.Join(errs...)
+}
+
+// sharedFlush returns every connection's flush snapshot and the pool's
+// epoch (the sum of the connections' reconnections) if one flush can serve
+// them all: every connection is alive with nothing to report, reaches the
+// same export (while a part moves, some may still reach the old lender),
+// its server advertises multi-conn, and none has reconnected since every
+// connection last flushed for itself (until then they may have written to
+// different instances of the lender).
+func (p *Pool) sharedFlush() (seqs []uint64, epoch uint64, ok bool) {
+	seqs = make([]uint64, len(p.conns))
+	first := ""
+	for i, c := range p.conns {
+		f, isShared := c.(sharedFlusher)
+		if !isShared || !f.MultiConnSafe() {
+			return nil, 0, false
+		}
+		var (
+			e      uint64
+			export string
+		)
+		if seqs[i], e, export, ok = f.flushSnapshot(); !ok {
+			return nil, 0, false
+		}
+		if i == 0 {
+			first = export
+		} else if export != first {
+			return nil, 0, false
+		}
+		epoch += e
+	}
+	return seqs, epoch, epoch == p.clean.Load()
+}
+
+// epochs is the sum of the connections' reconnections.
+func (p *Pool) epochs() uint64 {
+	var sum uint64
+	for _, c := range p.conns {
+		if f, ok := c.(sharedFlusher); ok {
+			_, e, _, _ := f.flushSnapshot()
+			sum += e
+		}
+	}
+	return sum
 }
 
 func multiConnSafe(d Device) bool {

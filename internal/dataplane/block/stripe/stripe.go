@@ -99,6 +99,10 @@ type member struct {
 	failed    atomic.Bool
 	cause     atomic.Pointer[error] // why it failed; set before failed
 	closeOnce sync.Once
+	// Writes (trims, zeroings) completed on the device, and how many of
+	// them a successful flush covered: a flush skips a device that has
+	// nothing new to make durable.
+	wseq, fseq atomic.Uint64
 }
 
 func (m *member) err(i int) error {
@@ -282,7 +286,7 @@ func (v *Volume) WriteAt(p []byte, off int64) (int, error) {
 	if err := v.check(off, int64(len(p))); err != nil {
 		return 0, err
 	}
-	err := v.do(v.split(off, int64(len(p))), func(d Device, c chunk) error {
+	err := v.doWrite(v.split(off, int64(len(p))), func(d Device, c chunk) error {
 		b := p[c.volOff-off : c.volOff-off+c.len]
 		k, err := d.WriteAt(b, c.devOff)
 		if err == nil && k != len(b) {
@@ -296,13 +300,32 @@ func (v *Volume) WriteAt(p []byte, off int64) (int, error) {
 	return len(p), nil
 }
 
-// Flush flushes every device in parallel.
+// Flush makes every write completed on the volume durable: it flushes, in
+// parallel, every device with writes (trims, zeroings) completed since its
+// last successful flush began, and every failed device (which fails the
+// flush). A database's commit writes a few KiB to one device and flushes:
+// that is then one FLUSH, to that device, instead of one per device.
 func (v *Volume) Flush() error {
-	cs := make([]chunk, len(v.parts))
-	for i := range cs {
-		cs[i].dev = i
+	var cs []chunk
+	seqs := make([]uint64, len(v.parts))
+	for i, m := range v.parts {
+		seqs[i] = m.wseq.Load()
+		if seqs[i] != m.fseq.Load() || m.failed.Load() {
+			cs = append(cs, chunk{dev: i})
+		}
 	}
-	return v.do(cs, func(d Device, _ chunk) error { return d.Flush() })
+	return v.do(cs, func(d Device, c chunk) error {
+		if err := d.Flush(); err != nil {
+			return err
+		}
+		m := v.parts[c.dev]
+		for {
+			f := m.fseq.Load()
+			if f >= seqs[c.dev] || m.fseq.CompareAndSwap(f, seqs[c.dev]) {
+				return nil
+			}
+		}
+	})
 }
 
 // Trim discards [off, off+length) on every device it spans. It returns an
@@ -314,7 +337,7 @@ func (v *Volume) Trim(off, length int64) error {
 	if err := v.check(off, length); err != nil {
 		return err
 	}
-	return v.do(v.perDevice(off, length), func(d Device, c chunk) error {
+	return v.doWrite(v.perDevice(off, length), func(d Device, c chunk) error {
 		return d.(Trimmer).Trim(c.devOff, c.len)
 	})
 }
@@ -326,7 +349,7 @@ func (v *Volume) WriteZeroes(off, length int64, noHole bool) error {
 		return err
 	}
 	if !v.canZero {
-		return v.do(v.split(off, length), func(d Device, c chunk) error {
+		return v.doWrite(v.split(off, length), func(d Device, c chunk) error {
 			z := make([]byte, min(c.len, 1<<20))
 			for done := int64(0); done < c.len; {
 				k := min(c.len-done, int64(len(z)))
@@ -338,7 +361,7 @@ func (v *Volume) WriteZeroes(off, length int64, noHole bool) error {
 			return nil
 		})
 	}
-	return v.do(v.perDevice(off, length), func(d Device, c chunk) error {
+	return v.doWrite(v.perDevice(off, length), func(d Device, c chunk) error {
 		return d.(Zeroer).WriteZeroes(c.devOff, c.len, noHole)
 	})
 }
@@ -405,6 +428,18 @@ func (v *Volume) do(cs []chunk, op func(Device, chunk) error) error {
 		}
 	}
 	return nil
+}
+
+// doWrite is do for an operation that changes the devices: each chunk done
+// counts as a write its device's next flush must cover.
+func (v *Volume) doWrite(cs []chunk, op func(Device, chunk) error) error {
+	return v.do(cs, func(d Device, c chunk) error {
+		err := op(d, c)
+		if err == nil {
+			v.parts[c.dev].wseq.Add(1)
+		}
+		return err
+	})
 }
 
 // one runs op on one chunk. If it misses the deadline the device is marked

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -350,21 +351,56 @@ func TestTrimAndZeroes(t *testing.T) {
 func TestFlushAndErrors(t *testing.T) {
 	ms := []*memDev{newMem(1 << 20), newMem(1 << 20), newMem(1 << 20)}
 	v, _ := New(devices(ms...), Config{StripeUnit: 64 << 10})
+	flushes := func() []int64 {
+		var n []int64
+		for _, m := range ms {
+			n = append(n, m.flushes.Load())
+		}
+		return n
+	}
+	// Nothing written: nothing to make durable.
 	if err := v.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	for i, m := range ms {
-		if m.flushes.Load() != 1 {
-			t.Errorf("device %d flushed %d times", i, m.flushes.Load())
+	if got := flushes(); !slices.Equal(got, []int64{0, 0, 0}) {
+		t.Errorf("flushes after a flush of a clean volume = %v, want none", got)
+	}
+	// A write over every device: each is flushed once, then never again
+	// until it is written to.
+	if _, err := v.WriteAt(make([]byte, 3*64<<10), 0); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := v.Flush(); err != nil {
+			t.Fatal(err)
 		}
 	}
+	if got := flushes(); !slices.Equal(got, []int64{1, 1, 1}) {
+		t.Errorf("flushes after writing every device = %v, want [1 1 1]", got)
+	}
+	// A write (or trim, or zeroing) of one unit: only its device.
+	if _, err := v.WriteAt(make([]byte, 4096), 64<<10); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.WriteZeroes(2*64<<10, 4096, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if got := flushes(); !slices.Equal(got, []int64{1, 2, 2}) {
+		t.Errorf("flushes after writing devices 1 and 2 = %v, want [1 2 2]", got)
+	}
 	boom := errors.New("boom")
+	if _, err := v.WriteAt(make([]byte, 4096), 64<<10); err != nil {
+		t.Fatal(err)
+	}
 	ms[1].fail = boom
 	if _, err := v.ReadAt(make([]byte, 1<<20), 0); !errors.Is(err, boom) {
 		t.Errorf("ReadAt with a failing device = %v", err)
 	}
 	if err := v.Flush(); !errors.Is(err, boom) {
-		t.Errorf("Flush with a failing device = %v", err)
+		t.Errorf("Flush with a failing device that has unflushed writes = %v", err)
 	}
 	// A request that does not touch device 1 still works.
 	if _, err := v.ReadAt(make([]byte, 100), 0); err != nil {

@@ -1,0 +1,118 @@
+package stripe
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+)
+
+// countingBackend counts the FLUSHes a lender serves; multiConn says
+// whether it lets the server advertise multi-conn consistency.
+type countingBackend struct {
+	*nbd.MemBackend
+	flushes   atomic.Int64
+	multiConn bool
+}
+
+func (c *countingBackend) Flush() error        { c.flushes.Add(1); return c.MemBackend.Flush() }
+func (c *countingBackend) MultiConnSafe() bool { return c.multiConn }
+
+// poolOf dials n connections to l and pools them as Attach does.
+func poolOf(t *testing.T, l *lender, n int) (*Pool, []*nbdPart) {
+	t.Helper()
+	u, err := nbd.ParseURI(l.uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parts []*nbdPart
+	var devs []Device
+	for range n {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c, err := nbd.Dial(ctx, u.Network, u.Address, u.Export)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := newPart(c, u, 0, 10*time.Second, 5*time.Second, nil, slog.New(slog.DiscardHandler))
+		t.Cleanup(func() { p.Close() })
+		parts = append(parts, p)
+		devs = append(devs, p)
+	}
+	pool, err := NewPool(devs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pool, parts
+}
+
+// TestPoolFlushOnceWithMultiConn: against a lender that advertises
+// multi-conn, a pool's flush is one FLUSH on one connection; without it,
+// one per connection.
+func TestPoolFlushOnceWithMultiConn(t *testing.T) {
+	for _, tc := range []struct {
+		multiConn bool
+		want      int64
+	}{{true, 1}, {false, 3}} {
+		be := &countingBackend{MemBackend: nbd.NewMemBackend(1 << 20), multiConn: tc.multiConn}
+		l := startLenderWith(t, be)
+		pool, parts := poolOf(t, l, 3)
+		for i, p := range parts { // a write completed on every connection
+			if _, err := p.WriteAt([]byte{byte(i + 1)}, int64(i)*4096); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for round := int64(1); round <= 2; round++ {
+			if err := pool.Flush(); err != nil {
+				t.Fatalf("multiconn=%v: Flush: %v", tc.multiConn, err)
+			}
+			if got := be.flushes.Load(); got != round*tc.want {
+				t.Errorf("multiconn=%v: after %d pool flushes the lender served %d FLUSHes, want %d", tc.multiConn, round, got, round*tc.want)
+			}
+		}
+		for i, p := range parts {
+			if f, w := p.flushed.Load(), p.wseq.Load(); f != w {
+				t.Errorf("multiconn=%v: connection %d: %d writes, %d flushed", tc.multiConn, i, w, f)
+			}
+		}
+	}
+}
+
+// TestPoolFlushAfterLenderRestart: writes completed on one connection
+// before the lender restarted are reported lost even when another
+// connection has already reconnected to the new lender (a flush there does
+// not cover them), and only then does one flush serve the pool again.
+func TestPoolFlushAfterLenderRestart(t *testing.T) {
+	be := &countingBackend{MemBackend: nbd.NewMemBackend(1 << 20), multiConn: true}
+	l := startLenderWith(t, be)
+	pool, parts := poolOf(t, l, 2)
+	a, b := parts[0], parts[1]
+	if _, err := b.WriteAt([]byte("unflushed"), 0); err != nil {
+		t.Fatal(err)
+	}
+	l.kill()
+	l.restart(t)
+	if _, err := a.ReadAt(make([]byte, 9), 0); err != nil { // a reconnects; b does not know yet
+		t.Fatalf("read after the restart: %v", err)
+	}
+	if err := pool.Flush(); !errors.Is(err, ErrLostWrites) {
+		t.Fatalf("flush after losing b's unflushed write = %v, want ErrLostWrites", err)
+	}
+	if err := pool.Flush(); err != nil {
+		t.Fatalf("second flush: %v", err)
+	}
+	if _, err := a.WriteAt([]byte("again"), 4096); err != nil {
+		t.Fatal(err)
+	}
+	n := be.flushes.Load()
+	if err := pool.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if got := be.flushes.Load() - n; got != 1 {
+		t.Errorf("pool flush after recovering served %d FLUSHes, want 1", got)
+	}
+}
