@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -104,6 +105,43 @@ func TestDeploySystemdUnits(t *testing.T) {
 		out, err := exec.Command(sa, "security", "--offline=yes", "--threshold="+threshold, path).CombinedOutput()
 		if err != nil {
 			t.Errorf("systemd-analyze security %s: exposure above %s: %v\n%s", unit, threshold, err, out)
+		}
+	}
+}
+
+// TestOperationsListsConfigKeys: docs/operations.md lists every key of
+// both daemons' configuration files, that is every flag of `rialto server
+// -h` and `rialto agent -h` (but --config).
+func TestOperationsListsConfigKeys(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(strings.Fields(string(doc)), " ")
+	flagLine := regexp.MustCompile(`(?m)^\s+--?([a-z][a-z0-9-]*)`)
+	for _, verb := range []string{"server", "agent"} {
+		var out, errb bytes.Buffer
+		run(context.Background(), []string{verb, "-h"}, &env{stdout: &out, stderr: &errb, getenv: func(string) string { return "" }})
+		start := strings.Index(text, "The keys of `rialto "+verb+"`:")
+		if start < 0 {
+			t.Fatalf("docs/operations.md has no list of the keys of rialto %s", verb)
+		}
+		list := text[start:]
+		if end := strings.Index(list, "."); end >= 0 {
+			list = list[:end]
+		}
+		n := 0
+		for _, m := range flagLine.FindAllStringSubmatch(out.String()+errb.String(), -1) {
+			if m[1] == "config" || m[1] == "h" || m[1] == "help" {
+				continue
+			}
+			n++
+			if !strings.Contains(list, "`"+m[1]+"`") {
+				t.Errorf("docs/operations.md does not list the key %s of rialto %s", m[1], verb)
+			}
+		}
+		if n < 10 {
+			t.Fatalf("rialto %s -h: %d flags found:\n%s", verb, n, errb.String())
 		}
 	}
 }
