@@ -143,6 +143,30 @@ type Part struct {
 	// URI reaches this part's data plane; it embeds the export name bound to
 	// the lease credential, so it is a secret.
 	URI string `json:"uri,omitempty"`
+	// State is empty while the part is served, PartLost once its lender
+	// went down and the lease went on without it (a NIC bond degrades
+	// instead of breaking: docs/nic.md). A lost part holds no capacity,
+	// is served by no lender and does not come back.
+	State PartState `json:"state,omitempty"`
+}
+
+// PartState is the state of one part of an active lease.
+type PartState string
+
+// Part states ("" is a part being served).
+const (
+	PartLost PartState = "lost"
+)
+
+// Lost reports whether the part was lost (see Part.State).
+func (p Part) Lost() bool { return p.State == PartLost }
+
+// PartRef names a range a lender serves for a lease: a part's device,
+// offset and length (never its URI, which is a secret).
+type PartRef struct {
+	DeviceID string `json:"device_id"`
+	Offset   int64  `json:"offset"`
+	Length   int64  `json:"length"`
 }
 
 // Lease is an allocation of devices to a borrower (Resource Allocation Table).
@@ -156,6 +180,11 @@ type Lease struct {
 	Size       int64      `json:"size"`
 	Count      int        `json:"count"`
 	StripeUnit int64      `json:"stripe_unit,omitempty"`
+	// BandwidthCap (bytes/s) and IOPSCap are the caps of the request
+	// (block leases): every lender of the lease enforces them, a part
+	// moved to another lender included.
+	BandwidthCap int64 `json:"bandwidth_cap,omitempty"`
+	IOPSCap      int64 `json:"iops_cap,omitempty"`
 	// NodeID and DeviceID name the first part's lender and device.
 	NodeID   string `json:"node_id,omitempty"`
 	DeviceID string `json:"device_id,omitempty"`
@@ -477,6 +506,14 @@ type PrepareRequest struct {
 type LeaseExpiry struct {
 	ID        string    `json:"id"`
 	ExpiresAt time.Time `json:"expires_at"`
+	// Parts are the ranges of the lease the lender is to serve: its parts
+	// there that are not lost, and the destinations there of the lease's
+	// moves under way. An export of the lease that is none of them (a
+	// part that moved away or was lost, a stale copy restored after a
+	// restart) is torn down and its range wiped, never served. Absent
+	// (a control plane older than this field): every export of the lease
+	// is wanted.
+	Parts []PartRef `json:"parts,omitempty"`
 }
 
 // PrepareResponse is the lender's confirmation.

@@ -181,15 +181,16 @@ func runAttach(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintf(e.stderr, "rialto attach: lease %s (%d part(s), %s) served at the URI above; Ctrl-C or `rialto detach %s` ends it\n",
 			l.ID, parts, resource.FormatSize(st.Size), l.ID)
 	}
-	return holdAttachment(ctx, c, l, ctl, file, ctlPath, *watch, att.Close)
+	return holdAttachment(ctx, c, l, ctl, file, ctlPath, *watch, nil, att.Close)
 }
 
 // holdAttachment keeps an attachment (its state in file, its control
 // socket ctl at ctlPath) until ctx ends, `rialto detach` asks on the
-// control socket, or the lease ends (checked every watch; 0: never); then
-// it closes the attachment with closeFn, removes its state and answers
-// detach. It returns why the lease ended, if it did.
-func holdAttachment(ctx context.Context, c *api.Client, l api.Lease, ctl net.Listener, file, ctlPath string, watch time.Duration, closeFn func() error) error {
+// control socket, or the lease ends (checked every watch; 0: never; each
+// record read is handed to follow, if set); then it closes the attachment
+// with closeFn, removes its state and answers detach. It returns why the
+// lease ended, if it did.
+func holdAttachment(ctx context.Context, c *api.Client, l api.Lease, ctl net.Listener, file, ctlPath string, watch time.Duration, follow func(api.Lease), closeFn func() error) error {
 	// Serve until the context ends or detach asks on the control socket.
 	detach := make(chan net.Conn, 1)
 	acceptDone := make(chan struct{})
@@ -234,6 +235,9 @@ wait:
 			if err == nil && cur.State.Terminal() {
 				ended = fmt.Errorf("lease %s is %s; detached", l.ID, cur.State)
 				break wait
+			}
+			if err == nil && follow != nil {
+				follow(cur)
 			}
 			var ae *api.Error
 			if errors.As(err, &ae) && ae.Code == api.CodeNotFound {

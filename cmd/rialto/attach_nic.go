@@ -73,14 +73,22 @@ func attachNIC(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l ap
 		fmt.Fprintf(e.stderr, "rialto attach: lease %s (%s, %s) attached as %s, address %s, routes %s; Ctrl-C or `rialto detach %s` ends it\n",
 			l.ID, what, capacity(api.KindNIC, l.Size), st.Iface, st.Addr, dash(strings.Join(st.Routes, ",")), l.ID)
 	}
-	return holdAttachment(ctx, c, l, ctl, file, ctlPath, watch, ifc.Close)
+	// A lender whose part the control plane declared lost (its node down
+	// past the grace period) is dropped: the bond goes on without it.
+	follow := func(cur api.Lease) {
+		for _, i := range ifc.DropLost(cur) {
+			fmt.Fprintf(e.stderr, "rialto attach: part %d of lease %s lost (its lender's node is down); the bond goes on with %d lender(s)\n",
+				i, l.ID, ifc.Lenders())
+		}
+	}
+	return holdAttachment(ctx, c, l, ctl, file, ctlPath, watch, follow, ifc.Close)
 }
 
 // waitMembers waits (at most max) until every lender of the interface is
 // connected, so that the interface carries the whole bond when attach
 // says it is there; lenders still down then are named on stderr (they are
 // redialled in the background, and take flows once they answer).
-func waitMembers(ctx context.Context, e *env, ifc *nic.Interface, max time.Duration) {
+func waitMembers(ctx context.Context, e *env, ifc *borrower.NICAttachment, max time.Duration) {
 	deadline := time.Now().Add(max)
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()

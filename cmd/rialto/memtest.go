@@ -59,7 +59,7 @@ func runMemtest(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	parts, err := borrower.MemtestLease(ctx, l, span, *timeout)
+	parts, err := borrower.MemtestLease(ctx, c, l, span, *timeout)
 	if err != nil {
 		return err
 	}

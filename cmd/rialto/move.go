@@ -24,7 +24,7 @@ func runLeaseMove(ctx context.Context, e *env, args []string) error {
 	var cf clientFlags
 	fs := newFlags(e, "lease move", "ID")
 	cf.register(fs, e)
-	to := fs.String("to", "", "destination: a node (ID or name) or a device ID (default: placement chooses, away from the part's node)")
+	to := fs.String("to", "", "destination: a node (ID or name) or a device ID (default: placement chooses, away from the part's node); an exclusive device takes only a whole-device lease's part")
 	part := fs.Int("part", -1, "move only this part (from 0, in layout order; default: every part, one after the other)")
 	noWait := fs.Bool("no-wait", false, "return once the moves have started")
 	timeout := fs.Duration("timeout", time.Hour, "how long to wait for the moves")

@@ -40,7 +40,10 @@ type fakeCP struct {
 	agentKey  string
 	cred      string
 	forgetful bool // answer heartbeats with 401 once
-	joinDown  int  // answer this many joins with 503
+	// parts, if set for a lease, are the ranges of it the answer wants
+	// served here (api.LeaseExpiry.Parts).
+	parts    map[string][]api.PartRef
+	joinDown int // answer this many joins with 503
 }
 
 func newFakeCP(t *testing.T) (*fakeCP, *httptest.Server) {
@@ -86,7 +89,7 @@ func newFakeCP(t *testing.T) (*fakeCP, *httptest.Server) {
 		resp := api.HeartbeatResponse{Teardown: f.teardown, Now: f.now}
 		for _, id := range hb.Leases {
 			if !slices.Contains(f.teardown, id) {
-				resp.Leases = append(resp.Leases, api.LeaseExpiry{ID: id, ExpiresAt: f.expires[id]})
+				resp.Leases = append(resp.Leases, api.LeaseExpiry{ID: id, ExpiresAt: f.expires[id], Parts: f.parts[id]})
 			}
 		}
 		httpx.WriteJSON(w, http.StatusOK, resp)

@@ -49,16 +49,31 @@ func (a *Agent) reconcile(ctx context.Context, leases []api.LeaseExpiry, cpNow, 
 		return
 	}
 	wanted := make(map[string]time.Time, len(leases))
+	ranges := map[string]map[api.PartRef]bool{} // lease → the ranges wanted here (absent: all)
 	for _, l := range leases {
 		wanted[l.ID] = localExpiry(l.ExpiresAt, cpNow, sent)
+		if l.Parts != nil {
+			set := make(map[api.PartRef]bool, len(l.Parts))
+			for _, p := range l.Parts {
+				set[p] = true
+			}
+			ranges[l.ID] = set
+		}
 	}
 	now := a.clock.Now()
 	a.opMu.Lock()
 	a.mu.Lock()
 	var resume, confirm []Export
+	unwanted := map[string][]string{} // lease → export names
 	for name, e := range a.exports {
 		exp, ok := wanted[e.Request.LeaseID]
 		if !ok {
+			continue
+		}
+		if set, ok := ranges[e.Request.LeaseID]; ok && !e.incoming && !set[partRef(e.Request)] {
+			// A part that moved away or was lost, or a stale copy
+			// restored after a restart: never served again.
+			unwanted[e.Request.LeaseID] = append(unwanted[e.Request.LeaseID], name)
 			continue
 		}
 		if !exp.IsZero() {
@@ -94,6 +109,46 @@ func (a *Agent) reconcile(ctx context.Context, leases []api.LeaseExpiry, cpNow, 
 	for _, e := range confirm {
 		a.confirmHeld(ctx, e)
 	}
+	for id, names := range unwanted {
+		if err := a.dropExports(ctx, id, names); err != nil {
+			a.log.Warn("tearing down exports the control plane no longer wants", "lease", id, "err", err)
+		}
+	}
+}
+
+// partRef is the range an export serves.
+func partRef(r api.PrepareRequest) api.PartRef {
+	return api.PartRef{DeviceID: r.DeviceID, Offset: r.Offset, Length: r.Length}
+}
+
+// dropExports tears down (and wipes) the exports names of lease leaseID
+// that the control plane no longer wants while it keeps the lease's other
+// parts here. A move of one of them that is sealed is committed (the lease
+// already points at its destination); any other transfer of it is given
+// up first.
+func (a *Agent) dropExports(ctx context.Context, leaseID string, names []string) error {
+	drop := make(map[string]bool, len(names))
+	for _, n := range names {
+		drop[n] = true
+	}
+	for _, t := range a.xfers.list() {
+		st := t.status()
+		if t.role != "out" || st.LeaseID != leaseID || st.Done() || !drop[t.e.Request.Export] {
+			continue
+		}
+		var err error
+		if st.State == api.TransferSealed {
+			err = a.commitOut(ctx, t)
+		} else {
+			err = a.abortTransfer(ctx, t, "the control plane no longer wants the part here")
+		}
+		if err != nil {
+			a.log.Warn("ending the transfer of a part no longer wanted", "transfer", t.id, "err", err)
+		}
+	}
+	a.log.Warn("tearing down exports of a lease whose parts here the control plane no longer lists (moved away or lost)",
+		"lease", leaseID, "exports", len(names))
+	return a.teardownExports(ctx, leaseID, func(e Export) bool { return drop[e.Request.Export] && !e.incoming })
 }
 
 // enforceExpiry stops serving the exports whose lease's known expiry has

@@ -285,3 +285,70 @@ func TestExpiryCountsTimeLeft(t *testing.T) {
 		t.Fatal("served past the renewed expiry without the control plane")
 	}
 }
+
+// TestUnwantedPartOfKeptLeaseWiped: the control plane's answer lists the
+// parts of a lease a lender is to serve. A restarted agent holding two
+// exports of one lease, of which the answer wants one (the other moved
+// away before the restart, and this is a stale copy of it), never serves
+// the stale one and wipes its range, and serves the other, bytes intact;
+// a running agent drops a served part the answer stops listing (lost, or
+// moved away) the same way.
+func TestUnwantedPartOfKeptLeaseWiped(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	dir := t.TempDir()
+	cfg := testConfig(srv.URL, dir)
+	r := start(t, cfg)
+	prep := func(a *Agent, export string, off int64) string {
+		t.Helper()
+		resp, err := a.Prepare(ctxFor(t), api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindBlock, DeviceName: "disk0",
+			Offset: off, Length: leaseSize, Export: export})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.URI
+	}
+	stale := prep(r.a, "x_part0", 0)
+	kept := prep(r.a, "x_part1", leaseSize)
+	nbdWrite(t, stale, bytes.Repeat([]byte{7}, leaseSize), 0)
+	data := bytes.Repeat([]byte("kept "), leaseSize/5+1)[:leaseSize]
+	nbdWrite(t, kept, data, 0)
+	r.halt(t)
+
+	// The prepares named the device by name only: the ranges' device ID
+	// is empty.
+	cp.set(func(f *fakeCP) {
+		f.parts = map[string][]api.PartRef{"lease-a": {{Offset: leaseSize, Length: leaseSize}}}
+	})
+	a0 := start(t, cfg).a // ready once the first answer is applied
+	if served(t, stale) {
+		t.Fatal("a stale part of a lease kept here is served")
+	}
+	if !bytes.Equal(diskBytes(t, dir, 0, leaseSize), make([]byte, leaseSize)) {
+		t.Fatal("the stale part's range was not wiped")
+	}
+	if got := nbdRead(t, kept, leaseSize, 0); !bytes.Equal(got, data) {
+		t.Fatal("the wanted part lost its bytes")
+	}
+	if got := a0.Leases(); len(got) != 1 || got[0] != "lease-a" {
+		t.Fatalf("leases: %v", got)
+	}
+
+	// Running: the answer stops listing the served part; another range
+	// is listed instead (the lease keeps a part here).
+	other := prep(a0, "x_part2", 2*leaseSize)
+	cp.set(func(f *fakeCP) {
+		f.parts = map[string][]api.PartRef{"lease-a": {{Offset: 2 * leaseSize, Length: leaseSize}}}
+	})
+	if err := a0.Heartbeat(ctxFor(t)); err != nil {
+		t.Fatal(err)
+	}
+	if served(t, kept) {
+		t.Fatal("a part no longer listed is still served")
+	}
+	if !bytes.Equal(diskBytes(t, dir, leaseSize, leaseSize), make([]byte, leaseSize)) {
+		t.Fatal("the dropped part's range was not wiped")
+	}
+	if !served(t, other) {
+		t.Fatal("the listed part stopped")
+	}
+}

@@ -226,7 +226,7 @@ func TestMapMemory(t *testing.T) {
 	t.Parallel()
 	l := memLease(t, 1)
 	ctx := ctxT(t)
-	m, err := MapMemory(ctx, l, 0, client.Options{}, mapping.Options{})
+	m, err := MapMemory(ctx, nil, l, 0, client.Options{}, mapping.Options{})
 	if errors.Is(err, mapping.ErrUffdUnavailable) {
 		t.Skip(err)
 	}
@@ -247,7 +247,7 @@ func TestMapMemory(t *testing.T) {
 		defer c.Close()
 		return c.Read(ctx, client.ChannelBulk, got, 0) == nil && bytes.Equal(got, want)
 	})
-	if _, err := MapMemory(ctx, l, 1, client.Options{}, mapping.Options{}); err == nil || !strings.Contains(err.Error(), "has 1 part(s)") {
+	if _, err := MapMemory(ctx, nil, l, 1, client.Options{}, mapping.Options{}); err == nil || !strings.Contains(err.Error(), "has 1 part(s)") {
 		t.Errorf("MapMemory of a part the lease lacks: %v", err)
 	}
 }
@@ -258,7 +258,7 @@ func TestMemtestLease(t *testing.T) {
 	t.Parallel()
 	l := memLease(t, 2)
 	ctx := ctxT(t)
-	parts, err := MemtestLease(ctx, l, 256<<10, 0)
+	parts, err := MemtestLease(ctx, nil, l, 256<<10, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +273,7 @@ func TestMemtestLease(t *testing.T) {
 	u, _ := protocol.ParseURI(l.Parts[1].URI)
 	u.Credential = "rlc_not-the-credential.1"
 	l.Parts[1].URI = u.String()
-	parts, err = MemtestLease(ctx, l, 64<<10, 0)
+	parts, err = MemtestLease(ctx, nil, l, 64<<10, 0)
 	if !errors.Is(err, protocol.ErrAuth) || !strings.HasPrefix(err.Error(), "lease lease-mem part 1: ") || len(parts) != 1 {
 		t.Fatalf("a refused part 1: %d parts, %v", len(parts), err)
 	}

@@ -1,7 +1,8 @@
 // Package borrower is what a borrower does with a lease the control plane
 // granted: attach a block lease (one part or composed) and serve it locally
 // as one NBD export, following a part whose lender moved; attach a memory
-// lease as a swap-style NBD export, dial its donor or map it into memory,
+// lease as a swap-style NBD export, dial its donor or map it into memory
+// (the export, the mapping and Memtest following the lease when it moves),
 // and verify it (Memtest); dial an accelerator lease's slot or its lender's
 // batching gateway, and have a slot read and write ranges of block leases
 // itself (BlockRange), or relay them through the borrower for comparison

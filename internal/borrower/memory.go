@@ -14,9 +14,10 @@ import (
 
 // AttachMemory serves active memory lease l, of one part, as a local NBD
 // export backed by the donor's memory: a swap-style block device any NBD
-// client can use. Attach calls it for memory leases (and then follows the
-// lease when it moves: see memDevice). The donor admits one subscriber at
-// a time: while the attachment lives, nothing else can dial the lease.
+// client can use. Attach calls it for memory leases, and then follows the
+// lease when it moves (memfollow.go); AttachMemory does not. The donor
+// admits one subscriber at a time: while the attachment lives, nothing
+// else can dial the lease.
 func AttachMemory(ctx context.Context, l api.Lease, cfg AttachConfig) (*stripe.Attachment, error) {
 	return attachMemory(ctx, nil, l, cfg)
 }
@@ -32,16 +33,14 @@ func attachMemory(ctx context.Context, src LeaseSource, l api.Lease, cfg AttachC
 	if len(l.Parts) > 1 || uri == "" {
 		return nil, fmt.Errorf("lease %s: attach serves memory leases of one part with a URI", l.ID)
 	}
-	u, err := protocol.ParseURI(uri)
-	if err != nil {
+	if _, err := protocol.ParseURI(uri); err != nil {
 		return nil, fmt.Errorf("lease %s: %w", l.ID, err)
 	}
-	opts := client.Options{Timeout: cfg.RequestTimeout}
-	mc, err := client.Dial(ctx, u.Address, u.Credential, opts)
+	f, err := FollowMemory(ctx, src, l, 0, client.Options{Timeout: cfg.RequestTimeout}, cfg.Logger)
 	if err != nil {
 		return nil, err
 	}
-	dev := newMemDevice(mc, u, opts, src, l.ID, cfg.Logger)
+	dev := &memDevice{f: f}
 	vol, err := stripe.New([]stripe.Device{dev}, stripe.Config{RequestTimeout: cfg.RequestTimeout, Logger: cfg.Logger})
 	if err != nil {
 		dev.Close()
@@ -102,28 +101,33 @@ func DialMemory(ctx context.Context, l api.Lease, part int, opts client.Options)
 // Mapping's Bytes are ordinary memory backed by the donor's region.
 type MemoryMapping struct {
 	*mapping.Mapping
-	Client *client.Client // the session the mapping rides on
+	// Session is the session the mapping rides on: it follows the lease
+	// when it moves, and the mapping with it.
+	Session *client.Following
 }
 
 // MapMemory dials part of memory lease l and maps its region (see
 // mapping.Map: the program's main must call mapping.RunFaultHandlerIfChild
-// first). It fails with an error wrapping mapping.ErrUffdUnavailable where
-// userfaultfd is refused; DialMemory's explicit channels work there.
-func MapMemory(ctx context.Context, l api.Lease, part int, copts client.Options, mopts mapping.Options) (*MemoryMapping, error) {
-	c, err := DialMemory(ctx, l, part, copts)
+// first). The mapping follows the lease when it moves to another donor:
+// it asks src where the lease is then (nil src: it ends with the old
+// region, as a plain session does), and a touch of its memory never sees
+// the switch. It fails with an error wrapping mapping.ErrUffdUnavailable
+// where userfaultfd is refused; DialMemory's explicit channels work there.
+func MapMemory(ctx context.Context, src LeaseSource, l api.Lease, part int, copts client.Options, mopts mapping.Options) (*MemoryMapping, error) {
+	f, err := FollowMemory(ctx, src, l, part, copts, nil)
 	if err != nil {
 		return nil, err
 	}
-	m, err := mapping.Map(ctx, c, mopts)
+	m, err := mapping.Map(ctx, f, mopts)
 	if err != nil {
-		c.Close()
+		f.Close()
 		return nil, fmt.Errorf("lease %s part %d: %w", l.ID, part, err)
 	}
-	return &MemoryMapping{Mapping: m, Client: c}, nil
+	return &MemoryMapping{Mapping: m, Session: f}, nil
 }
 
 // Close flushes the mapping's dirty pages, unmaps it and ends the session
 // (the mapping first, as its lifetime requires).
 func (m *MemoryMapping) Close() error {
-	return errors.Join(m.Mapping.Close(), m.Client.Close())
+	return errors.Join(m.Mapping.Close(), m.Session.Close())
 }

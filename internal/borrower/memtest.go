@@ -40,6 +40,15 @@ func pattern(p []byte, off int64, seed uint64) {
 	}
 }
 
+// MemorySession is a session with a memory lease's region that Memtest
+// runs on: a *client.Client, or a *client.Following (FollowMemory), which
+// follows the region when the lease moves.
+type MemorySession interface {
+	mapping.Session
+	Read(ctx context.Context, ch client.Channel, p []byte, off int64) error
+	Write(ctx context.Context, ch client.Channel, p []byte, off int64) error
+}
+
 // Memtest runs a verification pattern over every channel and the mapping,
 // within the first span bytes of the region (0: all of it): random small
 // writes on the synchronous channel read back on the queue pair, a full
@@ -49,7 +58,7 @@ func pattern(p []byte, off int64, seed uint64) {
 // flushed and read back on the bulk channel. It is what `rialto memtest`
 // runs on each part of a lease (MemtestLease). It overwrites the span. A
 // mapping step where userfaultfd is refused is skipped, not failed.
-func Memtest(ctx context.Context, c *client.Client, span int64) ([]MemtestStep, error) {
+func Memtest(ctx context.Context, c MemorySession, span int64) ([]MemtestStep, error) {
 	if span <= 0 || span > c.Size() {
 		span = c.Size()
 	}
@@ -163,19 +172,21 @@ type MemtestPart struct {
 
 // MemtestLease runs Memtest over the first span bytes (0: all) of every
 // part of memory lease l in turn, each over a session of its own with the
-// given request timeout (0: the client's default). A failed part does not
-// stop the others; its MemtestPart says why. A lease whose URIs do not
-// parse, or a donor that refuses the session, stops it with an error.
-func MemtestLease(ctx context.Context, l api.Lease, span int64, timeout time.Duration) ([]MemtestPart, error) {
+// given request timeout (0: the client's default), which follows the part
+// if the lease moves meanwhile, asking src where it is (nil: it does not
+// follow). A failed part does not stop the others; its MemtestPart says
+// why. A lease whose URIs do not parse, or a donor that refuses the
+// session, stops it with an error.
+func MemtestLease(ctx context.Context, src LeaseSource, l api.Lease, span int64, timeout time.Duration) ([]MemtestPart, error) {
 	uris, err := MemoryURIs(l)
 	if err != nil {
 		return nil, err
 	}
 	parts := make([]MemtestPart, 0, len(uris))
-	for i, u := range uris {
-		c, err := client.Dial(ctx, u.Address, u.Credential, client.Options{Timeout: timeout})
+	for i := range uris {
+		c, err := FollowMemory(ctx, src, l, i, client.Options{Timeout: timeout}, nil)
 		if err != nil {
-			return parts, fmt.Errorf("lease %s part %d: %w", l.ID, i, err)
+			return parts, err
 		}
 		steps, err := Memtest(ctx, c, span)
 		c.Close()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/nic"
@@ -18,49 +19,99 @@ type NICConfig struct {
 	Logger       *slog.Logger
 }
 
-// NICURIs returns the lenders of active NIC lease l, one per part (a lease
-// of one part may carry its URI on the lease only).
+// NICURIs returns the lenders of active NIC lease l, one per part that is
+// not lost (a lease of one part may carry its URI on the lease only).
 func NICURIs(l api.Lease) ([]nic.URI, error) {
+	_, uris, err := nicLenders(l)
+	return uris, err
+}
+
+// nicLenders returns the parts of l that are not lost and their lenders.
+func nicLenders(l api.Lease) ([]int, []nic.URI, error) {
 	if l.Kind != api.KindNIC {
-		return nil, fmt.Errorf("lease %s is a %s lease, not a nic lease", l.ID, l.Kind)
+		return nil, nil, fmt.Errorf("lease %s is a %s lease, not a nic lease", l.ID, l.Kind)
 	}
 	if l.State != api.LeaseActive {
-		return nil, fmt.Errorf("lease %s is %s, not active", l.ID, l.State)
+		return nil, nil, fmt.Errorf("lease %s is %s, not active", l.ID, l.State)
 	}
+	var parts []int
 	var raw []string
 	for i, p := range l.Parts {
+		if p.Lost() {
+			continue
+		}
 		if p.URI == "" {
 			if len(l.Parts) == 1 && l.URI != "" {
 				break
 			}
-			return nil, fmt.Errorf("lease %s: part %d has no URI", l.ID, i)
+			return nil, nil, fmt.Errorf("lease %s: part %d has no URI", l.ID, i)
 		}
-		raw = append(raw, p.URI)
+		parts, raw = append(parts, i), append(raw, p.URI)
 	}
-	if len(raw) == 0 && l.URI != "" {
-		raw = []string{l.URI}
+	if len(raw) == 0 && l.URI != "" && len(l.Parts) <= 1 {
+		parts, raw = []int{0}, []string{l.URI}
 	}
 	if len(raw) == 0 {
-		return nil, fmt.Errorf("lease %s has no URI", l.ID)
+		return nil, nil, fmt.Errorf("lease %s has no URI", l.ID)
 	}
 	uris := make([]nic.URI, len(raw))
-	for i, s := range raw {
+	for k, s := range raw {
 		u, err := nic.ParseURI(s)
 		if err != nil {
-			return nil, fmt.Errorf("lease %s part %d: %w", l.ID, i, err)
+			return nil, nil, fmt.Errorf("lease %s part %d: %w", l.ID, parts[k], err)
 		}
-		uris[i] = u
+		uris[k] = u
 	}
-	return uris, nil
+	return parts, uris, nil
+}
+
+// NICAttachment is an attached NIC lease: its interface (a bond when the
+// lease has several lenders), and which part of the lease each of its
+// lenders serves.
+type NICAttachment struct {
+	*nic.Interface
+	parts []int // member k serves part parts[k]
+	mu    sync.Mutex
+	gone  map[int]bool // parts dropped
+}
+
+// DropLost drops from the bond the lenders of the parts that l, the
+// attached lease's current record, marks lost (api.PartLost: the control
+// plane declared their node down and the lease went on without them), so
+// that they are no longer redialled; the bond goes on with the others. It
+// returns the parts it dropped now.
+func (a *NICAttachment) DropLost(l api.Lease) []int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []int
+	for k, i := range a.parts {
+		if i < len(l.Parts) && l.Parts[i].Lost() && !a.gone[i] {
+			if a.gone == nil {
+				a.gone = map[int]bool{}
+			}
+			a.gone[i] = true
+			_ = a.Drop(k)
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// Lenders is how many lenders of the attachment are not dropped.
+func (a *NICAttachment) Lenders() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.parts) - len(a.gone)
 }
 
 // AttachNIC attaches NIC lease l in the caller's network namespace: a TUN
 // interface whose traffic leaves through the lease's lenders (a bond when
-// the lease has several parts), with the address they give and routes to
-// what they reach (docs/nic.md). It needs root. The Interface owns its
-// connections until Close.
-func AttachNIC(ctx context.Context, l api.Lease, cfg NICConfig) (*nic.Interface, error) {
-	uris, err := NICURIs(l)
+// the lease has several parts; parts already lost are left out), with the
+// address they give and routes to what they reach (docs/nic.md). It needs
+// root. The attachment owns its connections until Close; DropLost drops
+// the lenders of parts lost since.
+func AttachNIC(ctx context.Context, l api.Lease, cfg NICConfig) (*NICAttachment, error) {
+	parts, uris, err := nicLenders(l)
 	if err != nil {
 		return nil, err
 	}
@@ -73,5 +124,5 @@ func AttachNIC(ctx context.Context, l api.Lease, cfg NICConfig) (*nic.Interface,
 	if err != nil {
 		return nil, fmt.Errorf("lease %s: %w", l.ID, err)
 	}
-	return i, nil
+	return &NICAttachment{Interface: i, parts: parts}, nil
 }

@@ -56,9 +56,9 @@ func TestAttachNIC(t *testing.T) {
 	go func() { served <- lender.Serve(sctx, ln) }()
 	defer func() { scancel(); <-served }()
 
-	l := api.Lease{ID: "lease-nic", Kind: api.KindNIC, State: api.LeaseActive,
-		URI: nic.URI{Address: ln.Addr().String(), Credential: cred}.String()}
-	var ifc *nic.Interface
+	uri := nic.URI{Address: ln.Addr().String(), Credential: cred}.String()
+	l := api.Lease{ID: "lease-nic", Kind: api.KindNIC, State: api.LeaseActive, URI: uri, Parts: []api.Part{{URI: uri}}}
+	var ifc *NICAttachment
 	if err := lab.Do(0, func() error {
 		var err error
 		ifc, err = AttachNIC(ctx, l, NICConfig{Name: "rnic7"})
@@ -72,5 +72,20 @@ func TestAttachNIC(t *testing.T) {
 	}
 	if err := lab.Command(ctx, 0, "busybox", "ping", "-c", "1", "-W", "2", out.Server.String()).Run(); err != nil {
 		t.Fatalf("no ping through the attached lease: %v", err)
+	}
+	// The record says the part is lost: its lender is dropped, for good.
+	if got := ifc.DropLost(l); len(got) != 0 {
+		t.Fatalf("dropped %v while nothing is lost", got)
+	}
+	lost := l
+	lost.Parts = []api.Part{{URI: uri, State: api.PartLost}}
+	if got := ifc.DropLost(lost); len(got) != 1 || got[0] != 0 || !ifc.Members()[0].Dropped || ifc.Lenders() != 0 {
+		t.Fatalf("DropLost: %v, members %+v", got, ifc.Members())
+	}
+	if got := ifc.DropLost(lost); len(got) != 0 {
+		t.Fatalf("dropped again: %v", got)
+	}
+	if err := lab.Command(ctx, 0, "busybox", "ping", "-c", "1", "-W", "1", out.Server.String()).Run(); err == nil {
+		t.Fatal("a ping went through a dropped lender")
 	}
 }

@@ -78,6 +78,8 @@ func (s *Server) effects(ctx context.Context, l api.Lease, acts ...lifecycle.Act
 			s.teardownParts(ctx, l, a.Except)
 		case lifecycle.Free:
 			s.res.Release(l.ID)
+		case lifecycle.FreeParts:
+			s.res.Invalidate() // the store freed them: the view reloads without them
 		case lifecycle.EndMove:
 			s.endMove(ctx, a)
 		default:
@@ -112,14 +114,17 @@ func (s *Server) wrote(ctx context.Context, prev, l api.Lease, ev api.Event, err
 		return // a renewal
 	}
 	level := slog.LevelInfo
-	if l.State == api.LeaseFailed || l.State == api.LeaseLost {
+	if l.State == api.LeaseFailed || l.State == api.LeaseLost || ev.Type == "lease.part.lost" {
 		level = slog.LevelWarn
 	}
 	if !s.log.Enabled(ctx, level) {
 		return
 	}
 	args := []any{"lease", l.ID, "tenant", l.Tenant}
-	if level == slog.LevelWarn {
+	switch {
+	case ev.Type == "lease.part.lost":
+		args = append(args, "what", ev.Message)
+	case level == slog.LevelWarn:
 		args = append(args, "reason", l.Reason)
 	}
 	s.log.Log(ctx, level, strings.ReplaceAll(ev.Type, ".", " "), args...)

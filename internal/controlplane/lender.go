@@ -184,7 +184,8 @@ func (s *Server) nodeRecord(ctx context.Context, id string) (store.NodeRecord, e
 
 // prepareParts asks every part's lender to prepare its export, in parallel,
 // each within PrepareTimeout. It returns the URIs, or the nodes that failed.
-// req supplies what the lease record does not keep: the role and the caps.
+// req supplies what the lease record does not keep: the role and its
+// config (the caps are the lease's).
 func (s *Server) prepareParts(ctx context.Context, l api.Lease, req api.LeaseRequest) ([]string, map[string]string) {
 	uris := make([]string, len(l.Parts))
 	errs := make([]error, len(l.Parts))
@@ -214,7 +215,7 @@ func (s *Server) prepareParts(ctx context.Context, l api.Lease, req api.LeaseReq
 			LeaseID: l.ID, Kind: l.Kind, Mode: l.Mode, DeviceID: p.DeviceID, DeviceName: devNames[p.DeviceID],
 			Offset: p.Offset, Length: p.Length, Export: partExport(l.Credential, i), Role: req.Role,
 			RoleConfig: req.RoleConfig, Gateway: req.Kind == api.KindAccel && req.Mode == api.ModeShared,
-			BandwidthCap: req.BandwidthCap, IOPSCap: req.IOPSCap, ExpiresAt: l.ExpiresAt, Now: s.now(),
+			BandwidthCap: l.BandwidthCap, IOPSCap: l.IOPSCap, ExpiresAt: l.ExpiresAt, Now: s.now(),
 		})
 		s.m.lenderLatency.WithLabelValues("prepare").Observe(time.Since(start).Seconds())
 		if err == nil && resp.URI == "" {
@@ -270,8 +271,8 @@ func (s *Server) teardownParts(ctx context.Context, l api.Lease, skipNodes ...st
 	}
 	var lenders []store.NodeRecord
 	for _, p := range l.Parts {
-		if seen[p.NodeID] {
-			continue
+		if seen[p.NodeID] || p.Lost() {
+			continue // a lost part's lender is told by its heartbeat answer
 		}
 		seen[p.NodeID] = true
 		n, err := s.nodeRecord(ctx, p.NodeID)

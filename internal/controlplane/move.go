@@ -192,18 +192,22 @@ func (ms *movers) run(id string) *moveRun {
 	return ms.runs[id]
 }
 
-// incoming reports whether node is the destination of a move of lease
-// under way: its heartbeat may list the lease before the lease points at
-// it.
-func (ms *movers) incoming(leaseID, nodeID string) bool {
+// incomingParts returns, by lease, the destinations on node of the moves
+// under way: its heartbeat may list a lease before the lease points at
+// the part it received, which it must keep serving.
+func (ms *movers) incomingParts(nodeID string) map[string][]api.PartRef {
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
+	var out map[string][]api.PartRef
 	for _, r := range ms.runs {
-		if m := r.get(); m.LeaseID == leaseID && m.To.NodeID == nodeID && !m.Done() {
-			return true
+		if m := r.get(); m.To.NodeID == nodeID && !m.Done() {
+			if out == nil {
+				out = map[string][]api.PartRef{}
+			}
+			out[m.LeaseID] = append(out[m.LeaseID], api.PartRef{DeviceID: m.To.DeviceID, Offset: m.To.Offset, Length: m.To.Length})
 		}
 	}
-	return false
+	return out
 }
 
 // Close stops the moves and drains under way (their lenders are told to
@@ -291,8 +295,18 @@ func exportOf(uri string) (string, error) {
 }
 
 // moveTarget is where a move may go: a node or a device (else placement
-// chooses, away from the part's node).
-type moveTarget struct{ node, device string }
+// chooses, away from the part's node). exclusive: the device is lent
+// whole only.
+type moveTarget struct {
+	node, device string
+	exclusive    bool
+}
+
+// wholePart reports whether l's parts are whole devices: a dedicated
+// block or memory lease, whose part may move onto a whole device.
+func wholePart(l api.Lease) bool {
+	return l.Mode == api.ModeDedicated && (l.Kind == api.KindBlock || l.Kind == api.KindMemory)
+}
 
 // moveLease starts moving parts of lease id (POST /v1/leases/{id}/move).
 func (s *Server) moveLease(ctx context.Context, p principal, id string, req api.MoveRequest) ([]api.Move, error) {
@@ -320,7 +334,7 @@ func (s *Server) moveLease(ctx context.Context, p principal, id string, req api.
 			parts = append(parts, i)
 		}
 	}
-	t, err := s.resolveTarget(ctx, l.Kind, req)
+	t, err := s.resolveTarget(ctx, l, parts, req)
 	if err != nil {
 		return nil, err
 	}
@@ -328,9 +342,10 @@ func (s *Server) moveLease(ctx context.Context, p principal, id string, req api.
 	return s.startMoves(ctx, l, parts, t, who)
 }
 
-// resolveTarget checks a move request's destination.
-func (s *Server) resolveTarget(ctx context.Context, kind api.Kind, req api.MoveRequest) (moveTarget, error) {
+// resolveTarget checks a move request's destination for parts of l.
+func (s *Server) resolveTarget(ctx context.Context, l api.Lease, parts []int, req api.MoveRequest) (moveTarget, error) {
 	var t moveTarget
+	kind := l.Kind
 	if req.ToDevice != "" {
 		devs, err := s.st.Devices(ctx)
 		if err != nil {
@@ -344,7 +359,16 @@ func (s *Server) resolveTarget(ctx context.Context, kind api.Kind, req api.MoveR
 				if req.ToNode != "" && req.ToNode != d.NodeID {
 					return t, fmt.Errorf("%w: device %s is not on node %s", ErrInvalid, d.ID, req.ToNode)
 				}
-				t.device = d.ID
+				if d.Sharing == "exclusive" && !wholePart(l) {
+					// An exclusive device is lent whole only: a part of a
+					// shared or composed lease would hold it whole.
+					return t, fmt.Errorf("%w: device %s is exclusive (lent whole only): only the part of a whole-device (dedicated) lease moves onto it; lease %s is %s",
+						ErrInvalid, d.ID, l.ID, l.Mode)
+				}
+				if d.Sharing == "exclusive" && len(parts) > 1 {
+					return t, fmt.Errorf("%w: device %s is exclusive: move one part onto it (--part)", ErrInvalid, d.ID)
+				}
+				t.device, t.exclusive = d.ID, d.Sharing == "exclusive"
 				return t, nil
 			}
 		}
@@ -442,7 +466,11 @@ func stripURI(p api.Part) api.Part { p.URI = ""; return p }
 
 // placeMove finds a destination for part i of l: a range of the same
 // length on a device of the same kind, where t says, else anywhere but
-// the part's node (placement skips cordoned nodes).
+// the part's node (placement skips cordoned nodes). The part of a
+// whole-device lease may also go to a whole unused device at least as
+// large, exclusive ones included (named by t, or when no range fits):
+// it then takes that device whole, its first Length bytes holding the
+// part, so the lease keeps its size.
 func (s *Server) placeMove(ctx context.Context, l api.Lease, i int, t moveTarget) (api.Part, error) {
 	p := l.Parts[i]
 	req := api.LeaseRequest{Kind: l.Kind, Mode: api.ModeShared, Size: p.Length, Count: 1, Borrower: l.Borrower}
@@ -458,9 +486,24 @@ func (s *Server) placeMove(ctx context.Context, l api.Lease, i int, t moveTarget
 	if l.Kind == api.KindAccel {
 		req.Mode, req.Size, req.Count = "", 0, int(p.Length)
 	}
-	id := resource.NewID("place")
-	plan, err := s.res.Place(ctx, hold{id: id, tenant: moveTenant, kind: l.Kind}, req, skip, s.now())
-	s.res.Release(id) // the move's write holds the destination (BeginMove)
+	var plan api.Plan
+	var err error
+	if !t.exclusive {
+		plan, err = s.placeDestination(ctx, l.Kind, req, skip)
+	}
+	if wholePart(l) && (t.exclusive || err != nil) {
+		whole := req
+		whole.Mode, whole.Whole = api.ModeDedicated, true
+		wplan, werr := s.placeDestination(ctx, l.Kind, whole, skip)
+		if werr == nil && len(wplan.Parts) == 1 && wplan.Parts[0].Length >= p.Length {
+			to := wplan.Parts[0]
+			to.Offset, to.Length = 0, p.Length
+			return to, nil
+		}
+		if t.exclusive {
+			plan, err = wplan, werr
+		}
+	}
 	if err != nil {
 		why := err.Error()
 		if len(plan.Explanation) > 0 {
@@ -472,6 +515,15 @@ func (s *Server) placeMove(ctx context.Context, l api.Lease, i int, t moveTarget
 		return api.Part{}, fmt.Errorf("%w: no destination of %d for part %d of lease %s (placement offered %d part(s))", ErrInfeasible, p.Length, i, l.ID, len(plan.Parts))
 	}
 	return plan.Parts[0], nil
+}
+
+// placeDestination places a move's destination, holding nothing (the
+// move's write holds it: BeginMove).
+func (s *Server) placeDestination(ctx context.Context, kind api.Kind, req api.LeaseRequest, skip map[string]string) (api.Plan, error) {
+	id := resource.NewID("place")
+	plan, err := s.res.Place(ctx, hold{id: id, tenant: moveTenant, kind: kind}, req, skip, s.now())
+	s.res.Release(id)
+	return plan, err
 }
 
 // runMove runs one move to its end.
@@ -552,7 +604,8 @@ func (s *Server) transfer(ctx context.Context, r *moveRun) error {
 	s.setMoveState(ctx, r, api.MoveCopying)
 	now := s.now()
 	part := api.PrepareRequest{LeaseID: l.ID, Kind: l.Kind, Mode: l.Mode, DeviceID: m.To.DeviceID, DeviceName: s.res.DeviceNames(ctx)[m.To.DeviceID],
-		Offset: m.To.Offset, Length: m.To.Length, Export: movedExport(l.Credential, m.Part, m.ID), ExpiresAt: l.ExpiresAt, Now: now}
+		Offset: m.To.Offset, Length: m.To.Length, Export: movedExport(l.Credential, m.Part, m.ID), ExpiresAt: l.ExpiresAt, Now: now,
+		BandwidthCap: l.BandwidthCap, IOPSCap: l.IOPSCap}
 	cctx, cancel := call()
 	in, err := x.TransferIn(cctx, dst.Node, dst.AgentKey, api.TransferInRequest{ID: m.ID, Token: resource.NewSecret("rmt"), Part: part,
 		ExpiresAt: now.Add(moveMaxTime), Now: now})
@@ -634,8 +687,8 @@ func (s *Server) transfer(ctx context.Context, r *moveRun) error {
 // export, tears it down and wipes it) and ends the move: the lease already
 // points at the destination, so the move is done whatever the source says;
 // a source that does not answer is told again by recoverMoves after a
-// restart, and drops the lease's exports at its next heartbeat if the
-// lease has no part left there.
+// restart, and drops the old export at its next heartbeat, whose answer
+// lists the lease's parts it is to serve (none, or others: KeepOn.Parts).
 func (s *Server) releaseSource(ctx context.Context, r *moveRun, src store.NodeRecord) {
 	x := s.xlender()
 	m := r.get()
@@ -867,27 +920,35 @@ func (s *Server) touchMoves(ctx context.Context) {
 	}
 }
 
-// incoming reports whether node is the destination of an open move of
-// lease l: its heartbeat may list the lease before the lease points at
-// it. Replicas of a shared store also look at the moves other replicas
-// run (in the store), for an active lease that has no part on the node.
-func (s *Server) incoming(ctx context.Context, l api.Lease, nodeID string) bool {
-	if s.mv.incoming(l.ID, nodeID) {
-		return true
-	}
-	if !s.shared() || l.State != api.LeaseActive || slices.ContainsFunc(l.Parts, func(p api.Part) bool { return p.NodeID == nodeID }) {
-		return false
+// incomingParts returns, by lease, the destinations on node nodeID of the
+// moves under way (see movers.incomingParts). Replicas of a shared store
+// also look at the moves other replicas run (in the store). A store that
+// cannot say fails the heartbeat's answer, which tears down nothing; the
+// next heartbeat asks again.
+func (s *Server) incomingParts(ctx context.Context, nodeID string) (map[string][]api.PartRef, error) {
+	in := s.mv.incomingParts(nodeID)
+	if !s.shared() {
+		return in, nil
 	}
 	mv, ok := s.st.(store.Mover)
 	if !ok {
-		return false
+		return in, nil
 	}
-	open, err := mv.Moves(ctx, store.MoveFilter{LeaseID: l.ID, Open: true})
+	open, err := mv.Moves(ctx, store.MoveFilter{Open: true})
 	if err != nil {
-		// Keep the export rather than tear down what may be a move's
-		// destination; the next heartbeat asks again.
-		s.log.Debug("open moves of a lease", "lease", l.ID, "err", err)
-		return true
+		return nil, fmt.Errorf("open moves: %w", err)
 	}
-	return slices.ContainsFunc(open, func(m store.MoveRecord) bool { return m.To.NodeID == nodeID })
+	for _, m := range open {
+		if m.To.NodeID != nodeID {
+			continue
+		}
+		ref := api.PartRef{DeviceID: m.To.DeviceID, Offset: m.To.Offset, Length: m.To.Length}
+		if in == nil {
+			in = map[string][]api.PartRef{}
+		}
+		if !slices.Contains(in[m.LeaseID], ref) {
+			in[m.LeaseID] = append(in[m.LeaseID], ref)
+		}
+	}
+	return in, nil
 }

@@ -1,9 +1,12 @@
 package controlplane
 
 import (
+	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rialto-project/rialto/api"
 )
@@ -148,4 +151,118 @@ func (e *env) prepares(id string) []api.PrepareRequest {
 		}
 	}
 	return out
+}
+
+// TestNICBondLosesPart: a bond whose lender goes down past the grace
+// period loses that lender's part and goes on with the others: the lease
+// stays active, the part is marked lost, an event says so, the part's
+// rate is freed, the survivors are not told to tear down and keep their
+// parts in their heartbeat answers, the down lender is told to tear down
+// when it comes back; losing every lender ends the lease as lost.
+func TestNICBondLosesPart(t *testing.T) {
+	e := newEnv(t)
+	const link = 12_500_000
+	type lender struct {
+		id string
+		cl *api.Client
+	}
+	var ls []lender
+	for i := 1; i <= 3; i++ {
+		name := fmt.Sprintf("n%d", i)
+		jr, err := e.boot.Join(e.ctx(), api.JoinRequest{Name: name, Address: "127.0.0.1", AgentURL: "http://127.0.0.1:1",
+			Fingerprint: api.Fingerprint{MachineID: "mid-" + name, Hostname: name},
+			Devices:     []api.DeviceSpec{{Name: "wan0", Kind: api.KindNIC, Capacity: link, Model: "lent-nic", Sharing: "partitionable"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, lender{jr.NodeID, e.boot.WithToken(jr.Credential)})
+	}
+	bond, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindNIC, Bandwidth: 3e6, Count: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	partOn := func(l api.Lease, node string) (int, api.Part) {
+		for i, p := range l.Parts {
+			if p.NodeID == node {
+				return i, p
+			}
+		}
+		t.Fatalf("lease %s has no part on %s", l.ID, node)
+		return -1, api.Part{}
+	}
+	beat := func(l lender, leases ...string) api.HeartbeatResponse {
+		t.Helper()
+		r, err := l.cl.Heartbeat(e.ctx(), l.id, api.Heartbeat{Health: "ok", Leases: leases})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	// n3 goes silent past the grace period; n1 and n2 heartbeat.
+	e.clock.Advance(11 * time.Second)
+	beat(ls[0], bond.ID)
+	beat(ls[1], bond.ID)
+	if err := e.srv.Sweep(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	got, err := e.alice.Lease(e.ctx(), bond.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i, lost := partOn(got, ls[2].id)
+	if got.State != api.LeaseActive || !lost.Lost() || lost.URI == "" {
+		t.Fatalf("after n3's loss: %+v", got)
+	}
+	for _, p := range got.Parts {
+		if p.NodeID != ls[2].id && p.Lost() {
+			t.Fatalf("a surviving part is lost: %+v", got.Parts)
+		}
+	}
+	if torn := e.lender.tornDown(); len(torn) != 0 {
+		t.Fatalf("the survivors were told to tear down: %v", torn)
+	}
+	evs, err := e.alice.Events(e.ctx(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(evs, func(ev api.Event) bool {
+		return ev.Type == "lease.part.lost" && ev.Subject == bond.ID && strings.Contains(ev.Message, fmt.Sprintf("part(s) %d lost", i)) &&
+			strings.Contains(ev.Message, "goes on with 2 of 3")
+	}) {
+		t.Fatalf("no lease.part.lost event: %+v", evs)
+	}
+	devs, _ := e.admin.Devices(e.ctx())
+	for _, d := range devs {
+		if d.ID == lost.DeviceID && d.Allocated != 0 {
+			t.Fatalf("the lost part's rate is still held: %+v", d)
+		}
+	}
+	// The survivors keep their parts; n3, back, is told to tear down.
+	r := beat(ls[0], bond.ID)
+	_, p0 := partOn(got, ls[0].id)
+	if len(r.Teardown) != 0 || len(r.Leases) != 1 || !slices.Equal(r.Leases[0].Parts, []api.PartRef{{DeviceID: p0.DeviceID, Offset: p0.Offset, Length: p0.Length}}) {
+		t.Fatalf("a survivor's answer: %+v", r)
+	}
+	if r := beat(ls[2], bond.ID); !slices.Equal(r.Teardown, []string{bond.ID}) || len(r.Leases) != 0 {
+		t.Fatalf("the lost lender's answer: %+v", r)
+	}
+	// Losing the other two: one more degrades it, the last ends it.
+	e.clock.Advance(11 * time.Second)
+	beat(ls[0], bond.ID)
+	beat(ls[2])
+	if err := e.srv.Sweep(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := e.alice.Lease(e.ctx(), bond.ID); got.State != api.LeaseActive {
+		t.Fatalf("with one lender left: %+v", got)
+	}
+	e.clock.Advance(11 * time.Second)
+	beat(ls[1])
+	beat(ls[2])
+	if err := e.srv.Sweep(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := e.alice.Lease(e.ctx(), bond.ID); got.State != api.LeaseLost || !strings.Contains(got.Reason, "2 other part(s) were lost before") {
+		t.Fatalf("with every lender lost: %+v", got)
+	}
 }

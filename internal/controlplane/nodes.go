@@ -246,6 +246,13 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 	}
 	resp := api.HeartbeatResponse{Now: now, HeartbeatSeconds: s.heartbeatInterval().Seconds()}
 	if len(h.Leases) > 0 {
+		// The moves coming to this node, read before the leases: a move
+		// that ends after this read committed before it (or failed), so
+		// the leases read next point at a destination it committed.
+		incoming, err := s.incomingParts(ctx, nodeID)
+		if err != nil {
+			return resp, err
+		}
 		ls, err := s.st.Leases(ctx, store.LeaseFilter{IDs: h.Leases})
 		if err != nil {
 			return resp, err
@@ -260,7 +267,7 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 			if !ok {
 				l = api.Lease{ID: id} // unknown here: not live
 			}
-			_, todo, _ := s.apply(ctx, l, lifecycle.Reconcile{NodeID: nodeID, Incoming: s.incoming(ctx, l, nodeID)})
+			_, todo, _ := s.apply(ctx, l, lifecycle.Reconcile{NodeID: nodeID, Incoming: incoming[id]})
 			for _, a := range todo {
 				switch a := a.(type) {
 				case lifecycle.TeardownOn:
@@ -268,7 +275,7 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 				case lifecycle.KeepOn:
 					if !listed[id] {
 						listed[id] = true
-						resp.Leases = append(resp.Leases, api.LeaseExpiry{ID: id, ExpiresAt: a.ExpiresAt})
+						resp.Leases = append(resp.Leases, api.LeaseExpiry{ID: id, ExpiresAt: a.ExpiresAt, Parts: a.Parts})
 					}
 				}
 			}

@@ -58,6 +58,7 @@ func (r *reservation) lease(id string, plan api.Plan) api.Lease {
 	l := api.Lease{
 		ID: id, State: api.LeaseRequested, Kind: req.Kind, Mode: plan.Mode, Tenant: r.tenant,
 		Borrower: req.Borrower, Size: req.Size, Count: count, StripeUnit: req.StripeUnit, Parts: plan.Parts,
+		BandwidthCap: req.BandwidthCap, IOPSCap: req.IOPSCap,
 		Credential: resource.NewSecret("rlc"), TTLSeconds: int64(r.ttl / time.Second), ExpiresAt: r.now.Add(r.ttl),
 		CreatedAt: r.now, UpdatedAt: r.now, IdempotencyKey: req.IdempotencyKey, Plan: &plan,
 	}

@@ -30,7 +30,14 @@
 //     connection a relay paces and delays and whose control connection,
 //     which carries the credits, it delays;
 //   - erbium-related (RunRelated): the local MCT rule scan against one
-//     CallBatch to an appliance slot running the MCT role.
+//     CallBatch to an appliance slot running the MCT role;
+//   - nic-efficiency and nic-bond (RunNICRack): an emulated rack whose
+//     agents lend their tbf-shaped uplinks; leases of a whole interface
+//     and bonds made through the API and attached by `rialto attach` in a
+//     borrower's namespace; iperf3 UDP through them and from a lender
+//     itself, the payload counted on the uplinks, how busy each shaped
+//     link was and the tunnel's TCP segments per packet counted on the
+//     lenders' links (tc tbf's counters, over netlink).
 //
 // Where an emulated part does not deliver its nominal figure on a loaded
 // machine (a relay's timers, a shaped link), the counterpart characterizes

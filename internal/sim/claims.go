@@ -201,12 +201,16 @@ func Tightest(ss []Sensitivity) (Sensitivity, bool) {
 // characterized of its parts (a relay's actual latency, which a loaded
 // machine's timers stretch beyond the nominal one; a device's profile as
 // `rialto characterize` measures it); the comparison is then with it rather
-// than with the metric's nominal Value.
+// than with the metric's nominal Value. Void, when set, says why the run
+// compares nothing (the machine's CPU, not the link the scenario shapes,
+// bounded it): the figure is shown, but the verdict reports no agreement
+// or difference and the tally does not count it.
 type Real struct {
 	Value     float64
 	Sim       float64
 	Tolerance float64
 	Note      string
+	Void      string
 }
 
 // Hit reports whether the value is within the paper figure's tolerance.
@@ -259,6 +263,9 @@ func (m Metric) Verdict() string {
 		v = "miss (" + pct(m.Value, m.Paper) + "), explained"
 	default:
 		v = "miss (" + pct(m.Value, m.Paper) + ")"
+	}
+	if m.Real != nil && m.Real.Void != "" {
+		return v + "; real not compared: " + m.Real.Void
 	}
 	if m.Real != nil {
 		e := m.RealError()
@@ -417,7 +424,10 @@ func Counts(rows []Row) map[string]int {
 				c["miss"]++
 			}
 		}
-		if m.Real != nil {
+		switch {
+		case m.Real != nil && m.Real.Void != "":
+			c["real-void"]++
+		case m.Real != nil:
 			c["real"]++
 		}
 	}

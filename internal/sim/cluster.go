@@ -2,6 +2,7 @@ package sim
 
 import (
 	"math"
+	"time"
 
 	"github.com/rialto-project/rialto/internal/fabric"
 	"github.com/rialto-project/rialto/internal/placement"
@@ -61,6 +62,10 @@ func NewCluster(s *placement.Snapshot) *Cluster {
 	}
 	for _, d := range s.Devices {
 		r := &Resource{Name: d.ID, Capacity: d.Bandwidth}
+		if d.Kind == placement.KindNIC && d.Bandwidth <= 0 {
+			// A lent interface: its capacity is the rate it lends.
+			r.Capacity = float64(d.Capacity)
+		}
 		if p, ok := s.Profiles[d.Model]; ok {
 			r.Capacity, r.Profile = ProfileTable(p)
 		}
@@ -118,6 +123,11 @@ func (c *Cluster) Path(borrower, device string) []*Resource {
 		}
 	}
 	return append(out, c.Dev[device])
+}
+
+// fabricEthernet is an Ethernet link from a node to its switch.
+func fabricEthernet(node, sw string, bandwidth float64) fabric.Link {
+	return fabric.Link{ID: node, A: node, B: sw, Kind: fabric.Ethernet, Bandwidth: bandwidth, Latency: 10 * time.Microsecond}
 }
 
 // Volume is the block volume a lease's parts give borrower.

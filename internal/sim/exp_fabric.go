@@ -10,7 +10,7 @@ import (
 )
 
 func init() {
-	register("udp-throughput", "Fig. 6 of the network-attached FPGA paper (Weerasinghe et al.): UDP messages/s and goodput vs payload on 10 GbE, FPGA (line rate) vs native, container and VM software stacks; lent-NIC efficiency (Venice, Fig. 16) pending", runUDP)
+	register("udp-throughput", "Fig. 6 of the network-attached FPGA paper (Weerasinghe et al.): UDP messages/s and goodput vs payload on 10 GbE, FPGA (line rate) vs native, container and VM software stacks (lent-NIC efficiency by packet size is nic-efficiency)", runUDP)
 	register("hop-latency", "Table 1 and Fig. 14 of the Device Lending paper (Markussen et al.): GPU-to-GPU ping-pong latency per scenario from roots, hops and NTB crossings on the fabric model", runHopLatency)
 }
 
@@ -84,8 +84,6 @@ func runUDP(ctx context.Context, o Options) (Result, error) {
 		{Name: "FPGA messages/s at 1 B", Value: at1, Unit: "msg/s", Kind: Fit, Figure: "fpga/line-rate-1B"},
 		{Name: "FPGA goodput at 1472 B", Value: at1472, Unit: "bit/s", Kind: Fit, Figure: "fpga/formula-1472B"},
 		{Name: "FPGA vs native messages/s at 1 B", Value: at1 / native1, Unit: "x", Kind: Fit, Figure: "fpga/vs-native"},
-		{Name: "lent NIC: bandwidth used with 4 B packets, 3 remote NICs", Kind: Pending, Figure: "venice/fig16-nic-4B", Note: "the NIC data plane now exists (internal/dataplane/nic; docs/bench/nic.md measures it against a direct interface) but the control plane does not place NIC leases yet, and the simulator has no model of the tunnel's per-packet cost to predict it from"},
-		{Name: "lent NIC: bandwidth used with 256 B packets", Kind: Pending, Figure: "venice/fig16-nic-256B", Note: "as above"},
 	}
 	r.Notes = append(r.Notes, "software stacks are modelled by the paper's message rates (native 0.32 M, container 0.28 M, VM 0.2 M msg/s) and the FPGA by the paper's formula with its 84 B minimum frame: every figure here is the paper's own, reproduced")
 	return r, nil

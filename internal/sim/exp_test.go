@@ -237,3 +237,32 @@ func TestErbiumRelatedExperiment(t *testing.T) {
 		t.Error("an accelerator no faster per query than the CPU has a crossover")
 	}
 }
+
+func TestNICEfficiencyExperiment(t *testing.T) {
+	r := runExp(t, "nic-efficiency", Options{Sensitivity: true})
+	// The tunnel packs small packets into full segments (free) and adds its
+	// framing to large ones.
+	if small, large := metric(t, r, NICEffMetric(64)), metric(t, r, NICEffMetric(1472)); small != 1 || !(large < 0.97 && large > 0.95) {
+		t.Errorf("efficiency at 64 B %v, at 1472 B %v", small, large)
+	}
+	// A tunnel that sends a segment per packet costs more at every size.
+	sp := DefaultNICRack
+	sp.Tunnel.SegmentsPerPacket = 1
+	for _, p := range []int{64, 256, 1024} {
+		e, _, _, _, err := NICEfficiency(sp, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e >= metric(t, r, NICEffMetric(p)) {
+			t.Errorf("%d B: a segment per packet gives %v, full segments %v", p, e, metric(t, r, NICEffMetric(p)))
+		}
+	}
+}
+
+func TestNICBondExperiment(t *testing.T) {
+	r := runExp(t, "nic-bond", Options{})
+	// Two lenders add up; the third is capped by the borrower's own link.
+	if two, three := metric(t, r, NICBondMetric(2)), metric(t, r, NICBondMetric(3)); math.Abs(two-2) > 1e-9 || !(three > 2 && three < 3) {
+		t.Errorf("bond of 2 %v, of 3 %v", two, three)
+	}
+}

@@ -76,5 +76,6 @@ var Calibrations = []Calibration{
 	{Name: "fabric.NTBCrossingLatency", What: "350 ns per NTB crossing, copied; the paper itself derives the 700 ns round-trip difference from it", Figures: []string{"lending/ntb", "lending/2l-1l"}},
 	{Name: "hopScenarios", What: "roots, hops and NTB crossings per scenario, copied from Table 1 (equal paths explain the equal latencies)", Figures: []string{"lending/table1"}},
 	{Name: "fabric.UDPThroughput", What: "the paper's goodput formula and minimum frame, copied (they give the line rate at every payload)", Figures: []string{"fpga/min-frame", "fpga/formula-1472B", "fpga/line-rate-1B"}},
+	{Name: "VeniceVNIC", What: "the packet rate of Venice's front-end driver (IP over QPair), fitted to the 4 B figure with its three remote NICs; the wire bytes per packet are the network-attached FPGA paper's", Figures: []string{"venice/fig16-nic-4B"}},
 	{Name: "udpStacks", What: "software stacks' message rates, copied", Figures: []string{"fpga/native", "fpga/container", "fpga/vm", "fpga/vs-native"}},
 }

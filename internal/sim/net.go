@@ -63,9 +63,12 @@ func (r *Resource) Delivered() float64 {
 
 // Flow moves Size bytes across every resource of Path at one rate, set by
 // max-min fair sharing among the flows active on those resources and by the
-// flow's own Cap (0: uncapped).
+// flow's own Cap (0: uncapped). Coef, when set, says how many bytes of
+// Path[i] each byte of the flow takes (a tunnel's framing on the links it
+// crosses, a header per packet); nil means 1 everywhere.
 type Flow struct {
 	Path []*Resource
+	Coef []float64
 	Cap  float64
 	Size float64
 
@@ -110,6 +113,7 @@ type Net struct {
 	compF  []*Flow
 	solver fabric.Solver
 	caps   []float64
+	loads  []float64
 	fflows []fabric.Flow
 	uses   []fabric.Use
 	rates  []float64
@@ -122,7 +126,16 @@ func NewNet(eng *Engine) *Net { return &Net{eng: eng} }
 // is delivered. A flow with an empty path runs at cap (which must then be
 // positive) and otherwise completes at once.
 func (n *Net) Start(size float64, path []*Resource, cap float64, done func(*Flow)) *Flow {
-	f := &Flow{Path: path, Cap: cap, Size: size, remaining: size, last: n.eng.now, started: n.eng.now, done: done, live: true}
+	return n.StartCoef(size, path, nil, cap, done)
+}
+
+// StartCoef is Start for a flow that takes coef[i] bytes of path[i] per
+// byte it moves (nil: 1 everywhere; otherwise as long as path, each > 0).
+func (n *Net) StartCoef(size float64, path []*Resource, coef []float64, cap float64, done func(*Flow)) *Flow {
+	if coef != nil && len(coef) != len(path) {
+		panic("sim: StartCoef: coef and path differ in length")
+	}
+	f := &Flow{Path: path, Coef: coef, Cap: cap, Size: size, remaining: size, last: n.eng.now, started: n.eng.now, done: done, live: true}
 	n.Started++
 	if len(path) == 0 {
 		d := 0.0
@@ -189,11 +202,24 @@ func (r *Resource) settle(now Time) {
 		r.Busy += dt
 		s := 0.0
 		for _, f := range r.flows {
-			s += f.rate
+			s += f.rate * f.coefOn(r)
 		}
 		r.Bytes += s * dt
 	}
 	r.lastSet = now
+}
+
+// coefOn is the flow's coefficient on resource r (1 without Coef).
+func (f *Flow) coefOn(r *Resource) float64 {
+	if f.Coef == nil {
+		return 1
+	}
+	for i, pr := range f.Path {
+		if pr == r {
+			return f.Coef[i]
+		}
+	}
+	return 1
 }
 
 func (n *Net) markDirty(path []*Resource) {
@@ -280,6 +306,42 @@ func (n *Net) finish(f *Flow, ver uint64) {
 	}
 }
 
+// allAtCap sets every flow of the component to its cap and reports true
+// when that is the max-min allocation with room to spare: every flow is
+// capped and no resource would be full (with a margin far above rounding)
+// with every flow at its cap. Progressive filling then freezes each flow at
+// its demand before any resource fills, and gives it exactly its cap, so
+// the result is the solver's, bit for bit, without the solver (most
+// components of a large run have room: devices with one or two streams,
+// links far from full). n.caps holds the resources' delivered capacities.
+func (n *Net) allAtCap(fs []*Flow) bool {
+	n.loads = n.loads[:0]
+	for range n.caps {
+		n.loads = append(n.loads, 0)
+	}
+	for _, f := range fs {
+		if !(f.Cap > 0) || math.IsInf(f.Cap, 1) {
+			return false
+		}
+		for i, r := range f.Path {
+			c := 1.0
+			if f.Coef != nil {
+				c = f.Coef[i]
+			}
+			n.loads[r.idx] += c * f.Cap
+		}
+	}
+	for i, c := range n.caps {
+		if !math.IsInf(c, 1) && n.loads[i] > c*(1-1e-9) {
+			return false
+		}
+	}
+	for _, f := range fs {
+		f.rate = f.Cap
+	}
+	return true
+}
+
 // solve sets the rate of every flow of the component by fabric's weighted
 // max-min fair sharing (progressive filling): each resource offers its
 // delivered capacity at its current concurrency, each flow asks for its Cap
@@ -290,14 +352,21 @@ func (n *Net) solve(rs []*Resource, fs []*Flow) {
 		r.idx = i
 		n.caps = append(n.caps, r.Delivered())
 	}
+	if n.allAtCap(fs) {
+		return
+	}
 	if cap(n.fflows) < len(fs) {
 		n.fflows = make([]fabric.Flow, len(fs))
 	}
 	n.fflows = n.fflows[:len(fs)]
 	n.uses = n.uses[:0]
 	for _, f := range fs {
-		for _, r := range f.Path {
-			n.uses = append(n.uses, fabric.Use{Resource: r.idx, Coef: 1})
+		for i, r := range f.Path {
+			c := 1.0
+			if f.Coef != nil {
+				c = f.Coef[i]
+			}
+			n.uses = append(n.uses, fabric.Use{Resource: r.idx, Coef: c})
 		}
 	}
 	off := 0

@@ -10,7 +10,7 @@ import (
 // placements (the complaint was a "scale" run placing 98.5% of its
 // leases on the borrower's own node), and the run must be deterministic.
 func TestScaleRemoteShare(t *testing.T) {
-	sp := ScaleSpec{Nodes: 80, RackSize: 40, DevicesPerNode: 2, Leases: 1200, Concurrency: 60, Bytes: 2e9,
+	sp := ScaleSpec{Nodes: 80, RackSize: 40, DevicesPerNode: 2, Leases: 600, Concurrency: 60, Bytes: 2e9,
 		RemoteShare: 0.8, ComposeShare: 0.25, ComposeFactor: 1.5, Seed: 1}
 	r, err := RunScale(sp, nil)
 	if err != nil {

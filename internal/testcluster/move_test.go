@@ -19,6 +19,8 @@ import (
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles/wasmtest"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/mapping"
 )
 
 func moveDevices() []agent.DeviceConfig {
@@ -262,6 +264,81 @@ func TestMoveMemoryLease(t *testing.T) {
 	}
 }
 
+// TestMoveMemoryLeaseMapping: a memory lease mapped into the borrower
+// (borrower.MapMemory) stays mapped across its move: what the program
+// wrote before reads the same after, without the mapping being opened
+// again, and writes after the move reach the new place. The mapping's
+// bytes are touched with plain loops: the donors run in this process.
+func TestMoveMemoryLeaseMapping(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{Nodes: 2, Devices: moveDevices()})
+	ctx := ctxT(t)
+	cl := c.Client()
+	l, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindMemory, Size: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mm, err := borrower.MapMemory(ctx, cl, l, 0, client.Options{Timeout: 10 * time.Second}, mapping.Options{CacheBytes: 256 << 10})
+	if errors.Is(err, mapping.ErrUffdUnavailable) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mm.Close()
+	b := mm.Bytes()
+	pattern := func(i int, gen byte) byte { return byte(i*7+i/4096) ^ gen }
+	for i := range b {
+		b[i] = pattern(i, 0)
+	}
+	if _, err := cl.MoveLease(ctx, l.ID, api.MoveRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if ms := waitMoves(t, c, l.ID, 1); ms[0].State != api.MoveDone {
+		t.Fatalf("move %+v", ms[0])
+	}
+	for i := range b {
+		if b[i] != pattern(i, 0) {
+			t.Fatalf("byte %d reads %d after the move, want %d (%v)", i, b[i], pattern(i, 0), mm.Err())
+		}
+	}
+	for i := range b {
+		b[i] = pattern(i, 0x5a)
+	}
+	if err := mm.Flush(); err != nil {
+		t.Fatalf("flush after the move: %v", err)
+	}
+	if st := mm.Stats(); st.Follows == 0 || mm.Session.Moves() != 1 {
+		t.Fatalf("the mapping did not follow: %d new connections, %d session moves", st.Follows, mm.Session.Moves())
+	}
+	got := make([]byte, len(b))
+	if err := mm.Session.Read(ctx, client.ChannelBulk, got, 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := range got {
+		if got[i] != pattern(i, 0x5a) {
+			t.Fatalf("the new place's byte %d is %d, want %d", i, got[i], pattern(i, 0x5a))
+		}
+	}
+	moved, _ := cl.Lease(ctx, l.ID)
+	if moved.NodeID == l.NodeID {
+		t.Fatalf("the lease did not move: %+v", moved)
+	}
+	// Released, the lease is followed no more: once its region is gone a
+	// request fails saying the lease ended, without waiting for a place
+	// that will not come.
+	if err := mm.Mapping.Close(); err != nil { // the session stays open
+		t.Fatal(err)
+	}
+	if _, err := cl.ReleaseLease(ctx, l.ID); err != nil {
+		t.Fatal(err)
+	}
+	Eventually(t, 30*time.Second, "a request on the released lease's session fails as ended", func() bool {
+		err := mm.Session.Read(ctx, client.ChannelSync, got[:4096], 0)
+		return errors.Is(err, client.ErrEnded)
+	})
+}
+
 // TestDrainNode drains a node lending a block lease, a stateless
 // accelerator lease and a Wasm one: the block lease moves while written,
 // the sha256 slot is placed again (the borrower told: an event, a new
@@ -485,5 +562,134 @@ func allEvents(ctx context.Context, t *testing.T, cl *api.Client) []api.Event {
 		}
 		all = append(all, evs...)
 		since = evs[len(evs)-1].ID
+	}
+}
+
+// TestMovedPartKeepsCaps moves a capped block lease: the lease record
+// keeps its request's caps, and the destination enforces them (an IOPS
+// cap of 20: 30 reads of its new URI take over a second; uncapped they
+// take milliseconds).
+func TestMovedPartKeepsCaps(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{Nodes: 2, Devices: moveDevices()})
+	ctx := ctxT(t)
+	cl := c.Client()
+	l, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20, IOPSCap: 20, BandwidthCap: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := cl.Lease(ctx, l.ID); got.IOPSCap != 20 || got.BandwidthCap != 64<<20 {
+		t.Fatalf("the lease record lost its caps: %+v", got)
+	}
+	if _, err := cl.MoveLease(ctx, l.ID, api.MoveRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if ms := waitMoves(t, c, l.ID, 1); ms[0].State != api.MoveDone {
+		t.Fatalf("move %+v", ms[0])
+	}
+	moved, err := cl.Lease(ctx, l.ID)
+	if err != nil || moved.NodeID == l.NodeID || moved.IOPSCap != 20 {
+		t.Fatalf("after the move: %v %+v", err, moved)
+	}
+	vol, err := nbd.DialURI(ctx, moved.URI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vol.Close()
+	p := make([]byte, 4096)
+	start := time.Now()
+	for i := range 30 {
+		if _, err := vol.ReadAt(p, int64(i)*4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 30 requests at 20/s with a burst of 100 ms: at least 1.4 s.
+	if d := time.Since(start); d < time.Second {
+		t.Errorf("30 reads of the moved part took %v: its IOPS cap of 20 is gone", d)
+	}
+}
+
+// TestMoveWholeLeaseToExclusiveDevice: the part of a whole-device lease
+// moves onto an exclusive device named by --to (larger than it: the lease
+// keeps its size), its bytes kept; a shared lease's part may not go there,
+// and the refusal says why.
+func TestMoveWholeLeaseToExclusiveDevice(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{Nodes: 2, Devices: []agent.DeviceConfig{{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 16 << 20}},
+		Configure: func(i int, cfg *agent.Config) {
+			if i == 1 {
+				cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: "ex0", Kind: api.KindBlock, Path: "ex0.img", Size: 24 << 20, Sharing: "exclusive"})
+			}
+		}})
+	ctx := ctxT(t)
+	cl := c.Client()
+	devs, err := cl.Devices(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ex, disk0 api.Device
+	for _, d := range devs {
+		switch {
+		case d.Name == "ex0":
+			ex = d
+		case d.Name == "disk0" && d.NodeID == c.Nodes[0].ID():
+			disk0 = d
+		}
+	}
+	whole, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Whole: true, Affinity: []string{disk0.ID}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if whole.Mode != api.ModeDedicated || whole.Parts[0].Length != 16<<20 {
+		t.Fatalf("whole lease: %+v", whole)
+	}
+	shared, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{c.Nodes[1].ID()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = cl.MoveLease(ctx, shared.ID, api.MoveRequest{ToDevice: ex.ID})
+	if !api.IsCode(err, api.CodeInvalid) || !strings.Contains(err.Error(), "exclusive (lent whole only)") {
+		t.Fatalf("moving a shared lease onto an exclusive device: %v", err)
+	}
+	data := bytes.Repeat([]byte("whole device "), 4096)
+	vol, err := nbd.DialURI(ctx, whole.URI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := vol.WriteAt(data, 5<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := vol.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	vol.Close()
+	if _, err := cl.MoveLease(ctx, whole.ID, api.MoveRequest{ToDevice: ex.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if ms := waitMoves(t, c, whole.ID, 1); ms[0].State != api.MoveDone {
+		t.Fatalf("move %+v", ms[0])
+	}
+	got, err := cl.Lease(ctx, whole.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := got.Parts[0]; p.DeviceID != ex.ID || p.Offset != 0 || p.Length != 16<<20 || got.Size != whole.Size {
+		t.Fatalf("after the move: %+v", got)
+	}
+	vol, err = nbd.DialURI(ctx, got.URI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vol.Close()
+	if vol.Size() != 16<<20 {
+		t.Errorf("the moved lease serves %d bytes", vol.Size())
+	}
+	back := make([]byte, len(data))
+	if _, err := vol.ReadAt(back, 5<<20); err != nil || !bytes.Equal(back, data) {
+		t.Fatalf("the moved lease's bytes: %v", err)
+	}
+	// The exclusive device is held whole: nothing else gets a part of it.
+	if _, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Whole: true, Affinity: []string{ex.ID}}); !api.IsCode(err, api.CodeInfeasible) {
+		t.Fatalf("a lease of the exclusive device a moved part holds: %v", err)
 	}
 }

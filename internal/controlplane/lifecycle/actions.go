@@ -54,16 +54,25 @@ type Teardown struct{ Except string }
 type TeardownOn struct{ NodeID string }
 
 // KeepOn answers node NodeID's heartbeat: keep serving the lease, which
-// expires at ExpiresAt unless renewed. A lender serves an export it
-// restored after a restart only once told so, and learns renewals from it.
+// expires at ExpiresAt unless renewed, but only its ranges in Parts (the
+// lease's parts on that node that are not lost, and the destinations
+// there of its moves under way); the lender tears down and wipes the
+// lease's other exports. A lender serves an export it restored after a
+// restart only once told so, and learns renewals from it.
 type KeepOn struct {
 	NodeID    string
 	ExpiresAt time.Time
+	Parts     []api.PartRef
 }
 
 // Free takes the lease's parts out of the placement view: the lease ended
 // and the store freed them with the write before.
 type Free struct{}
+
+// FreeParts takes the lease's parts Parts (indexes) out of the placement
+// view: the lease goes on without them, and the store freed them with the
+// write before.
+type FreeParts struct{ Parts []int }
 
 func (Create) action()     {}
 func (Replace) action()    {}
@@ -74,6 +83,7 @@ func (Teardown) action()   {}
 func (TeardownOn) action() {}
 func (KeepOn) action()     {}
 func (Free) action()       {}
+func (FreeParts) action()  {}
 
 // BeginMove writes an open move of a part (store.Mover.BeginMove), which
 // holds its destination. If the store refuses it, nothing moves.

@@ -58,7 +58,9 @@ type TornDown struct{}
 type Expire struct{}
 
 // NodeDown: a lender of the lease (NodeID, named Name) missed its
-// heartbeats past the grace period.
+// heartbeats past the grace period. A lease whose kind may lose a part
+// (Degrades) goes on without the parts on that node while other parts
+// are left; any other lease is lost.
 type NodeDown struct{ NodeID, Name string }
 
 // Interrupted: a reservation or a release has not moved since before
@@ -66,11 +68,11 @@ type NodeDown struct{ NodeID, Name string }
 type Interrupted struct{ Before time.Time }
 
 // Reconcile: node NodeID reports in its heartbeat that it serves the
-// lease. Incoming says the node is the destination of an open move of the
-// lease (it serves the part before the lease points at it).
+// lease. Incoming are the destinations on that node of the lease's moves
+// under way (it serves such a part before the lease points at it).
 type Reconcile struct {
 	NodeID   string
-	Incoming bool
+	Incoming []api.PartRef
 }
 
 // Moved: lender NodeID serves exports of the lease at new addresses after

@@ -31,6 +31,9 @@ func moveStarted(l api.Lease, e MoveStarted, now time.Time) (api.Lease, []Action
 		return l, nil, refuse("lease %s is a %s lease; block, memory and accelerator leases move", l.ID, l.Kind)
 	}
 	p := l.Parts[m.Part]
+	if p.Lost() {
+		return l, nil, refuse("lease %s part %d was lost; it does not move", l.ID, m.Part)
+	}
 	if p.NodeID != m.From.NodeID || p.DeviceID != m.From.DeviceID || p.Offset != m.From.Offset || p.Length != m.From.Length {
 		return l, nil, refuse("lease %s part %d is not at %s", l.ID, m.Part, where(m.From))
 	}

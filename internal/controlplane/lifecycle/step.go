@@ -215,8 +215,50 @@ func nodeDown(l api.Lease, e NodeDown, now time.Time) (api.Lease, []Action, erro
 		return l, nil, refuse("lease %s has no part on node %s", l.ID, e.NodeID)
 	}
 	reason := fmt.Sprintf("lender node %s (%s) is down", e.Name, e.NodeID)
+	var lost []int
+	left, before := 0, 0
+	for i, p := range l.Parts {
+		switch {
+		case p.Lost():
+			before++
+		case p.NodeID == e.NodeID:
+			lost = append(lost, i)
+		default:
+			left++
+		}
+	}
+	if l.State == api.LeaseActive && Degrades(l) && left > 0 {
+		// The lease goes on without the node's parts: the other lenders
+		// keep serving theirs, the borrower drops the lost ones.
+		n, w := write(l, states(api.LeaseActive), api.LeaseActive, store.LeaseChange{LostParts: lost}, "", now)
+		w.Event.Type = "lease.part.lost"
+		w.Event.Message = fmt.Sprintf("part(s) %s lost: %s; the lease goes on with %d of %d part(s)", joinInts(lost), reason, left, len(l.Parts))
+		return n, []Action{w, FreeParts{Parts: lost}}, nil
+	}
+	if before > 0 {
+		reason += fmt.Sprintf("; %d other part(s) were lost before", before)
+	}
 	n, w := write(l, states(api.LeaseReserved, api.LeaseActive, api.LeaseReleasing), api.LeaseLost, store.LeaseChange{Reason: reason}, "", now)
 	return n, []Action{w, Free{}, Teardown{Except: e.NodeID}}, nil // the other lenders of a composed lease
+}
+
+// Degrades reports whether lease l may lose a part and go on with the
+// others: a NIC bond (a composed nic lease), whose bandwidth adds over its
+// lenders, and whose borrower drops a lost lender's share (docs/nic.md).
+// A composed block or memory volume stripes its data over every part, so
+// it cannot; nor a dedicated accelerator lease of several slots, whose
+// borrower addresses each slot by its index.
+func Degrades(l api.Lease) bool {
+	return l.Kind == api.KindNIC && l.Mode == api.ModeComposed && len(l.Parts) > 1
+}
+
+// joinInts is a list of part indexes in an event.
+func joinInts(is []int) string {
+	s := make([]string, len(is))
+	for k, i := range is {
+		s[k] = fmt.Sprint(i)
+	}
+	return strings.Join(s, ", ")
 }
 
 func interrupted(l api.Lease, e Interrupted, now time.Time) (api.Lease, []Action, error) {
@@ -238,8 +280,19 @@ func interrupted(l api.Lease, e Interrupted, now time.Time) (api.Lease, []Action
 }
 
 func reconcile(l api.Lease, e Reconcile) (api.Lease, []Action, error) {
-	if (l.State == api.LeaseReserved || l.State == api.LeaseActive) && (onNode(l, e.NodeID) || (e.Incoming && l.State == api.LeaseActive)) {
-		return l, []Action{KeepOn{NodeID: e.NodeID, ExpiresAt: l.ExpiresAt}}, nil
+	if l.State == api.LeaseReserved || l.State == api.LeaseActive {
+		var keep []api.PartRef
+		for _, p := range l.Parts {
+			if p.NodeID == e.NodeID && !p.Lost() {
+				keep = append(keep, api.PartRef{DeviceID: p.DeviceID, Offset: p.Offset, Length: p.Length})
+			}
+		}
+		if l.State == api.LeaseActive {
+			keep = append(keep, e.Incoming...)
+		}
+		if len(keep) > 0 {
+			return l, []Action{KeepOn{NodeID: e.NodeID, ExpiresAt: l.ExpiresAt, Parts: keep}}, nil
+		}
 	}
 	return l, []Action{TeardownOn{NodeID: e.NodeID}}, nil // the reporting node stops serving it
 }
@@ -255,7 +308,7 @@ func moved(l api.Lease, e Moved, now time.Time) (api.Lease, []Action, error) {
 	changed := false
 	for _, m := range e.Exports {
 		i := slices.IndexFunc(l.Parts, func(p api.Part) bool {
-			return p.NodeID == e.NodeID && p.DeviceID == m.DeviceID && p.Offset == m.Offset
+			return p.NodeID == e.NodeID && p.DeviceID == m.DeviceID && p.Offset == m.Offset && !p.Lost()
 		})
 		if (m.LeaseID != "" && m.LeaseID != l.ID) || i < 0 || !sameExport(uris[i], m.URI) {
 			return l, nil, fmt.Errorf("%w: lender %s moved an export that is not a part of lease %s it serves", ErrBadReport, e.NodeID, l.ID)
@@ -308,16 +361,22 @@ func write(l api.Lease, from []api.LeaseState, to api.LeaseState, ch store.Lease
 			n.Parts[i].URI = u
 		}
 	}
+	if len(ch.LostParts) > 0 {
+		n.Parts = slices.Clone(n.Parts)
+		for _, i := range ch.LostParts {
+			n.Parts[i].State = api.PartLost
+		}
+	}
 	return n, Persist{Change: ch, Event: api.Event{At: now, Type: "lease." + string(to), Subject: l.ID, Message: msg, State: string(to)}}
 }
 
 // states is its arguments, as a write's From.
 func states(s ...api.LeaseState) []api.LeaseState { return s }
 
-// onNode reports whether a part of l is on node id.
+// onNode reports whether a part of l that is not lost is on node id.
 func onNode(l api.Lease, id string) bool {
 	for _, p := range l.Parts {
-		if p.NodeID == id {
+		if p.NodeID == id && !p.Lost() {
 			return true
 		}
 	}

@@ -41,35 +41,57 @@ var events = []struct {
 	name string
 	ev   Event
 	at   time.Time
+	mod  func(api.Lease) api.Lease // the lease the event meets, if not lease()'s
 }{
-	{"reserve", Reserve{Size: "1 MiB"}, t0},
-	{"confirm", Confirm{URIs: []string{"nbd://10.0.0.1:10809/rlc_x.0", "nbd://10.0.0.2:10809/rlc_x.1"}}, t0.Add(time.Minute)},
-	{"prepare-failed round 0", PrepareFailed{Failed: map[string]string{"n2": "refused"}, Round: 0}, t0.Add(time.Minute)},
-	{"prepare-failed last round", PrepareFailed{Failed: map[string]string{"n2": "refused"}, Round: MaxPrepareRounds - 1}, t0.Add(time.Minute)},
-	{"placed", Placed{Plan: api.Plan{Mode: api.ModeComposed, Parts: []api.Part{{NodeID: "n1", DeviceID: "d1", Length: 1 << 20}, {NodeID: "n3", DeviceID: "d3", Length: 1 << 20}}}, Skipped: 1}, t0.Add(time.Minute)},
-	{"unplaceable", Unplaceable{Failed: map[string]string{"n2": "refused"}, Err: errors.New("placement: infeasible")}, t0.Add(time.Minute)},
-	{"renew", Renew{TTLSeconds: 60}, t0.Add(time.Minute)},
-	{"renew (own TTL)", Renew{}, t0.Add(time.Minute)},
-	{"release", Release{By: "alice", Tenant: "alice"}, t0.Add(time.Minute)},
-	{"torn down", TornDown{}, t0.Add(time.Minute)},
-	{"expire (before expiry)", Expire{}, t0.Add(time.Minute)},
-	{"expire", Expire{}, t0.Add(2 * time.Hour)},
-	{"node n2 down", NodeDown{NodeID: "n2", Name: "rack1-2"}, t0.Add(time.Minute)},
-	{"node n9 down", NodeDown{NodeID: "n9", Name: "rack9-9"}, t0.Add(time.Minute)},
-	{"interrupted (recent)", Interrupted{Before: t0}, t0.Add(time.Minute)},
-	{"interrupted", Interrupted{Before: t0.Add(time.Second)}, t0.Add(time.Minute)},
-	{"reconcile n1", Reconcile{NodeID: "n1"}, t0.Add(time.Minute)},
-	{"reconcile n9", Reconcile{NodeID: "n9"}, t0.Add(time.Minute)},
-	{"moved n2", Moved{NodeID: "n2", Exports: []api.MovedExport{{LeaseID: "lease-1", DeviceID: "d2", URI: "nbd://10.0.0.9:10809/rlc_x.1"}}}, t0.Add(time.Minute)},
-	{"moved n2 (same address)", Moved{NodeID: "n2", Exports: []api.MovedExport{{LeaseID: "lease-1", DeviceID: "d2", URI: "nbd://10.0.0.2:10809/rlc_x.1"}}}, t0.Add(time.Minute)},
-	{"moved n2 (other export)", Moved{NodeID: "n2", Exports: []api.MovedExport{{LeaseID: "lease-1", DeviceID: "d2", URI: "nbd://10.0.0.9:10809/rlc_y.1"}}}, t0.Add(time.Minute)},
-	{"reconcile n3 (incoming)", Reconcile{NodeID: "n3", Incoming: true}, t0.Add(time.Minute)},
-	{"move started part 1", MoveStarted{Move: move1}, t0.Add(time.Minute)},
-	{"move started (stale part)", MoveStarted{Move: func() api.Move { m := move1; m.From.DeviceID = "d9"; return m }()}, t0.Add(time.Minute)},
-	{"move started (no part 5)", MoveStarted{Move: func() api.Move { m := move1; m.Part = 5; return m }()}, t0.Add(time.Minute)},
-	{"move started (onto itself)", MoveStarted{Move: func() api.Move { m := move1; m.To = m.From; return m }()}, t0.Add(time.Minute)},
-	{"move done part 1", MoveDone{Move: move1, URI: "nbd://10.0.0.3:10809/rlm_z"}, t0.Add(time.Minute)},
-	{"move failed part 1", MoveFailed{Move: move1, Why: "the destination did not answer"}, t0.Add(time.Minute)},
+	{"reserve", Reserve{Size: "1 MiB"}, t0, nil},
+	{"confirm", Confirm{URIs: []string{"nbd://10.0.0.1:10809/rlc_x.0", "nbd://10.0.0.2:10809/rlc_x.1"}}, t0.Add(time.Minute), nil},
+	{"prepare-failed round 0", PrepareFailed{Failed: map[string]string{"n2": "refused"}, Round: 0}, t0.Add(time.Minute), nil},
+	{"prepare-failed last round", PrepareFailed{Failed: map[string]string{"n2": "refused"}, Round: MaxPrepareRounds - 1}, t0.Add(time.Minute), nil},
+	{"placed", Placed{Plan: api.Plan{Mode: api.ModeComposed, Parts: []api.Part{{NodeID: "n1", DeviceID: "d1", Length: 1 << 20}, {NodeID: "n3", DeviceID: "d3", Length: 1 << 20}}}, Skipped: 1}, t0.Add(time.Minute), nil},
+	{"unplaceable", Unplaceable{Failed: map[string]string{"n2": "refused"}, Err: errors.New("placement: infeasible")}, t0.Add(time.Minute), nil},
+	{"renew", Renew{TTLSeconds: 60}, t0.Add(time.Minute), nil},
+	{"renew (own TTL)", Renew{}, t0.Add(time.Minute), nil},
+	{"release", Release{By: "alice", Tenant: "alice"}, t0.Add(time.Minute), nil},
+	{"torn down", TornDown{}, t0.Add(time.Minute), nil},
+	{"expire (before expiry)", Expire{}, t0.Add(time.Minute), nil},
+	{"expire", Expire{}, t0.Add(2 * time.Hour), nil},
+	{"node n2 down", NodeDown{NodeID: "n2", Name: "rack1-2"}, t0.Add(time.Minute), nil},
+	{"node n9 down", NodeDown{NodeID: "n9", Name: "rack9-9"}, t0.Add(time.Minute), nil},
+	{"interrupted (recent)", Interrupted{Before: t0}, t0.Add(time.Minute), nil},
+	{"interrupted", Interrupted{Before: t0.Add(time.Second)}, t0.Add(time.Minute), nil},
+	{"reconcile n1", Reconcile{NodeID: "n1"}, t0.Add(time.Minute), nil},
+	{"reconcile n9", Reconcile{NodeID: "n9"}, t0.Add(time.Minute), nil},
+	{"moved n2", Moved{NodeID: "n2", Exports: []api.MovedExport{{LeaseID: "lease-1", DeviceID: "d2", URI: "nbd://10.0.0.9:10809/rlc_x.1"}}}, t0.Add(time.Minute), nil},
+	{"moved n2 (same address)", Moved{NodeID: "n2", Exports: []api.MovedExport{{LeaseID: "lease-1", DeviceID: "d2", URI: "nbd://10.0.0.2:10809/rlc_x.1"}}}, t0.Add(time.Minute), nil},
+	{"moved n2 (other export)", Moved{NodeID: "n2", Exports: []api.MovedExport{{LeaseID: "lease-1", DeviceID: "d2", URI: "nbd://10.0.0.9:10809/rlc_y.1"}}}, t0.Add(time.Minute), nil},
+	{"reconcile n3 (incoming)", Reconcile{NodeID: "n3", Incoming: []api.PartRef{{DeviceID: "d3", Offset: 4096, Length: 1 << 20}}}, t0.Add(time.Minute), nil},
+	{"node n2 down (a nic bond)", NodeDown{NodeID: "n2", Name: "rack1-2"}, t0.Add(time.Minute), nicBond},
+	{"node n1 down (a nic bond, part 1 lost)", NodeDown{NodeID: "n1", Name: "rack1-1"}, t0.Add(time.Minute), lostPart1},
+	{"node n2 down (a nic bond, part 1 lost)", NodeDown{NodeID: "n2", Name: "rack1-2"}, t0.Add(time.Minute), lostPart1},
+	{"reconcile n1 (a nic bond, part 1 lost)", Reconcile{NodeID: "n1"}, t0.Add(time.Minute), lostPart1},
+	{"reconcile n2 (a nic bond, part 1 lost)", Reconcile{NodeID: "n2"}, t0.Add(time.Minute), lostPart1},
+	{"move started part 1 (lost)", MoveStarted{Move: move1}, t0.Add(time.Minute), lostPart1},
+	{"moved n2 (part 1 lost)", Moved{NodeID: "n2", Exports: []api.MovedExport{{LeaseID: "lease-1", DeviceID: "d2", URI: "nbd://10.0.0.9:10809/rlc_x.1"}}}, t0.Add(time.Minute), lostPart1},
+	{"move started part 1", MoveStarted{Move: move1}, t0.Add(time.Minute), nil},
+	{"move started (stale part)", MoveStarted{Move: func() api.Move { m := move1; m.From.DeviceID = "d9"; return m }()}, t0.Add(time.Minute), nil},
+	{"move started (no part 5)", MoveStarted{Move: func() api.Move { m := move1; m.Part = 5; return m }()}, t0.Add(time.Minute), nil},
+	{"move started (onto itself)", MoveStarted{Move: func() api.Move { m := move1; m.To = m.From; return m }()}, t0.Add(time.Minute), nil},
+	{"move done part 1", MoveDone{Move: move1, URI: "nbd://10.0.0.3:10809/rlm_z"}, t0.Add(time.Minute), nil},
+	{"move failed part 1", MoveFailed{Move: move1, Why: "the destination did not answer"}, t0.Add(time.Minute), nil},
+}
+
+// nicBond is l as a bond of two lent NICs (parts on n1 and n2).
+func nicBond(l api.Lease) api.Lease {
+	l.Kind = api.KindNIC
+	l.Parts = slices.Clone(l.Parts)
+	return l
+}
+
+// lostPart1 is nicBond(l) whose part 1 (on n2) was lost.
+func lostPart1(l api.Lease) api.Lease {
+	l = nicBond(l)
+	l.Parts[1].State = api.PartLost
+	return l
 }
 
 // move1 moves part 1 of lease() from n2 to n3.
@@ -89,6 +111,9 @@ func TestStep(t *testing.T) {
 		fmt.Fprintf(&b, "\n## %s\n", stateName(st))
 		for _, e := range events {
 			l := lease(st)
+			if e.mod != nil {
+				l = e.mod(l)
+			}
 			next, acts, err := Step(l, e.ev, e.at)
 			fmt.Fprintf(&b, "%s: %s\n", e.name, outcome(l, next, acts, err))
 			checkRules(t, st, e.name, l, next, acts, err)
@@ -169,6 +194,16 @@ func checkRules(t *testing.T, st api.LeaseState, name string, l, next api.Lease,
 			if !next.State.Terminal() {
 				t.Errorf("%s: Free of a %s lease", at, next.State)
 			}
+		case FreeParts:
+			w, ok := acts[max(i-1, 0)].(Persist)
+			if !ok || !slices.Equal(w.Change.LostParts, a.Parts) || next.State != api.LeaseActive {
+				t.Errorf("%s: FreeParts %v not after the write that loses them", at, a.Parts)
+			}
+			for _, k := range a.Parts {
+				if !next.Parts[k].Lost() {
+					t.Errorf("%s: part %d freed but not lost", at, k)
+				}
+			}
 		}
 	}
 	if writes > 1 {
@@ -243,9 +278,15 @@ func action(a Action) string {
 	case TeardownOn:
 		return "TeardownOn " + a.NodeID
 	case KeepOn:
-		return "KeepOn " + a.NodeID + " until " + a.ExpiresAt.Format(time.RFC3339)
+		var ps []string
+		for _, p := range a.Parts {
+			ps = append(ps, fmt.Sprintf("%s[%d+%d]", p.DeviceID, p.Offset, p.Length))
+		}
+		return "KeepOn " + a.NodeID + " until " + a.ExpiresAt.Format(time.RFC3339) + " parts " + strings.Join(ps, " ")
 	case Free:
 		return "Free"
+	case FreeParts:
+		return fmt.Sprintf("FreeParts %v", a.Parts)
 	case BeginMove:
 		return fmt.Sprintf("BeginMove %s part %d → %s/%s %s %q", a.Move.ID, a.Move.Part, a.Move.To.NodeID, a.Move.To.DeviceID, a.Event.Type, a.Event.Message)
 	case FinishMove:
@@ -284,6 +325,9 @@ func change(ch store.LeaseChange) string {
 	}
 	if ch.Tenant != "" {
 		s = append(s, "if tenant="+ch.Tenant)
+	}
+	if len(ch.LostParts) > 0 {
+		s = append(s, fmt.Sprintf("lost parts %v", ch.LostParts))
 	}
 	if len(s) == 0 {
 		return ""

@@ -81,6 +81,10 @@ type LeaseChange struct {
 	ExpiresAt time.Time // replaces the expiry when non-zero
 	TTL       int64     // replaces ttl_seconds when non-zero
 	Plan      *api.Plan // replaces the plan when non-nil
+	// LostParts are parts (indexes) the lease goes on without: each is
+	// marked api.PartLost and its range freed (its lease_parts row no
+	// longer live), in the same write.
+	LostParts []int
 	At        time.Time // updated_at
 	// Tenant, when non-empty, is a further condition: a lease of another
 	// tenant is not found (ErrNotFound).

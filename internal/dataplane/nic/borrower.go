@@ -87,12 +87,15 @@ type Config struct {
 
 // MemberStatus is one lender's state.
 type MemberStatus struct {
-	Addr   string
-	Up     bool
-	Rate   uint64 // bits/s its lease is capped at (0: none)
-	Routes []netip.Prefix
-	Err    string // why it is down
-	Stats  Stats
+	Addr string
+	Up   bool
+	// Dropped: the member was dropped for good (Interface.Drop): it is
+	// neither used nor redialled.
+	Dropped bool
+	Rate    uint64 // bits/s its lease is capped at (0: none)
+	Routes  []netip.Prefix
+	Err     string // why it is down
+	Stats   Stats
 }
 
 // Interface is an attached NIC lease: a TUN interface in the caller's
@@ -117,13 +120,15 @@ type member struct {
 	idx int
 	m   Member
 
-	mu     sync.Mutex
-	sess   *session
-	rate   uint64
-	routes []netip.Prefix
-	err    error
-	ctr    counters
-	up     atomic.Bool
+	mu      sync.Mutex
+	sess    *session
+	rate    uint64
+	routes  []netip.Prefix
+	err     error
+	ctr     counters
+	up      atomic.Bool
+	cancel  context.CancelFunc // ends run (Drop, Close)
+	dropped atomic.Bool
 }
 
 // Attach connects to the lenders, creates the TUN interface, gives it the
@@ -214,10 +219,13 @@ func Attach(ctx context.Context, cfg Config) (_ *Interface, err error) {
 			s = first
 			m.setUp(s, w)
 		}
+		mctx, mcancel := context.WithCancel(rctx)
+		m.cancel = mcancel
 		i.wg.Add(1)
 		go func() {
 			defer i.wg.Done()
-			m.run(rctx, s)
+			defer mcancel()
+			m.run(mctx, s)
 		}()
 	}
 	i.wg.Add(1)
@@ -332,13 +340,50 @@ func (i *Interface) Members() []MemberStatus {
 	out := make([]MemberStatus, len(i.members))
 	for k, m := range i.members {
 		m.mu.Lock()
-		out[k] = MemberStatus{Addr: m.m.Addr, Up: m.up.Load(), Rate: m.rate, Routes: slices.Clone(m.routes), Stats: m.ctr.snapshot()}
+		out[k] = MemberStatus{Addr: m.m.Addr, Up: m.up.Load(), Dropped: m.dropped.Load(), Rate: m.rate, Routes: slices.Clone(m.routes), Stats: m.ctr.snapshot()}
 		if m.err != nil {
 			out[k].Err = m.err.Error()
 		}
 		m.mu.Unlock()
 	}
 	return out
+}
+
+// Drop drops member k (Config.Members' index) for good: its session ends,
+// it is not redialled, and the flows it carried move to the others — a
+// bond that lost a lender goes on degraded (the control plane declared
+// the lender's part lost). The interface keeps its address and routes.
+// Dropping the last member leaves an interface that carries nothing.
+func (i *Interface) Drop(k int) error {
+	if k < 0 || k >= len(i.members) {
+		return fmt.Errorf("nic: no member %d (of %d)", k, len(i.members))
+	}
+	m := i.members[k]
+	if m.dropped.Swap(true) {
+		return nil
+	}
+	if m.cancel != nil {
+		m.cancel() // run ends: its session is closed, no redial
+	}
+	m.mu.Lock()
+	s := m.sess
+	m.mu.Unlock()
+	if s != nil {
+		s.close(ErrClosed)
+	}
+	m.up.Store(false)
+	i.log.Warn("nic: lender dropped from the bond", "lender", m.m.Addr, "left", len(i.members)-i.droppedCount())
+	return nil
+}
+
+func (i *Interface) droppedCount() int {
+	n := 0
+	for _, m := range i.members {
+		if m.dropped.Load() {
+			n++
+		}
+	}
+	return n
 }
 
 // Close disconnects from the lenders and deletes the interface.
@@ -533,7 +578,7 @@ func (m *member) setUp(s *session, w Welcome) {
 		m.rate, m.routes = w.Rate, w.Routes
 	}
 	m.mu.Unlock()
-	m.up.Store(true)
+	m.up.Store(!m.dropped.Load())
 }
 
 func (m *member) setDown(err error) {

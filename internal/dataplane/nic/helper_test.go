@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -114,6 +115,13 @@ func helperBorrower() int {
 	report()
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
+		// "drop K" drops member K (its part declared lost), then reports.
+		if k, ok := strings.CutPrefix(sc.Text(), "drop "); ok {
+			n, _ := strconv.Atoi(k)
+			if err := i.Drop(n); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+			}
+		}
 		report()
 	}
 	return 0
@@ -212,9 +220,15 @@ func readLine(r *bufio.Reader, timeout time.Duration) (string, error) {
 // report asks a borrower helper for its state.
 func (p *proc) report(t *testing.T) borrowerReport {
 	t.Helper()
+	return p.command(t, "stats")
+}
+
+// command sends a borrower helper a command line and returns its report.
+func (p *proc) command(t *testing.T, line string) borrowerReport {
+	t.Helper()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if _, err := p.in.Write([]byte("stats\n")); err != nil {
+	if _, err := p.in.Write([]byte(line + "\n")); err != nil {
 		t.Fatal(err)
 	}
 	line, err := readLine(p.out, 10*time.Second)

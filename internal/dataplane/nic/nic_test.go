@@ -320,6 +320,21 @@ func TestBond(t *testing.T) {
 			if _, err := r.iperf(t, 0, 5304, "-t", "1", "-P", "6"); err != nil {
 				t.Fatalf("TCP after the lender's return: %v", err)
 			}
+			if mode != ModeFlow {
+				return
+			}
+			// Its part declared lost, the lender is dropped for good: the
+			// bond goes on with the others and does not redial it.
+			if rep := pb.command(t, "drop 1"); !rep.Members[1].Dropped || rep.Members[1].Up {
+				t.Fatalf("after Drop(1): %+v", rep.Members[1])
+			}
+			waitMembers(t, pb, 2)
+			if _, err := r.iperf(t, 0, 5305, "-t", "1", "-P", "4"); err != nil {
+				t.Fatalf("TCP after a lender was dropped: %v", err)
+			}
+			if rep := pb.report(t); rep.Members[1].Up || !rep.Members[1].Dropped {
+				t.Fatalf("a dropped lender came back: %+v", rep.Members[1])
+			}
 		})
 	}
 }

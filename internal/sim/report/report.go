@@ -159,8 +159,8 @@ func All(ctx context.Context, o Options, progress func(name string)) ([]Outcome,
 func Table(rows []sim.Row, out []Outcome) string {
 	var b strings.Builder
 	c := sim.Counts(rows)
-	fmt.Fprintf(&b, "%d figures: %d fits, %d predictions (%d compared with a paper figure: %d hits, %d misses), %d pending; %d with a real counterpart measured.\n\n",
-		len(rows), c["fit"], c["prediction"], c["hit"]+c["miss"], c["hit"], c["miss"], c["pending"], c["real"])
+	fmt.Fprintf(&b, "%d figures: %d fits, %d predictions (%d compared with a paper figure: %d hits, %d misses), %d pending; %d compared with a real counterpart%s.\n\n",
+		len(rows), c["fit"], c["prediction"], c["hit"]+c["miss"], c["hit"], c["miss"], c["pending"], c["real"], void(c["real-void"]))
 	b.WriteString(sim.Markdown(rows))
 	for _, o := range out {
 		if o.Skipped != "" {
@@ -168,6 +168,13 @@ func Table(rows []sim.Row, out []Outcome) string {
 		}
 	}
 	return b.String()
+}
+
+func void(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (%d more measured but not compared: see their verdicts)", n)
 }
 
 // Markers delimit the generated table in docs/simulator.md.

@@ -18,17 +18,17 @@ import (
 // lease_plans (migrations 6 and 7: keyed by creation time, so that new
 // plans are appended), so that the lease row, rewritten on every
 // transition, stays small.
-const leaseCols = `id, state, kind, mode, tenant, borrower, size, count, stripe_unit, uri, credential, ttl_seconds, expires_at, created_at, updated_at, reason, idempotency_key, ` +
+const leaseCols = `id, state, kind, mode, tenant, borrower, size, count, stripe_unit, bandwidth_cap, iops_cap, uri, credential, ttl_seconds, expires_at, created_at, updated_at, reason, idempotency_key, ` +
 	`COALESCE((SELECT plan FROM lease_plans WHERE lease_plans.created_at = leases.created_at AND lease_plans.lease_id = leases.id), ''), parts`
 
 // leaseInsertCols are the columns createTx writes.
-const leaseInsertCols = `id, state, kind, mode, tenant, borrower, size, count, stripe_unit, uri, credential, ttl_seconds, expires_at, created_at, updated_at, reason, idempotency_key, parts`
+const leaseInsertCols = `id, state, kind, mode, tenant, borrower, size, count, stripe_unit, bandwidth_cap, iops_cap, uri, credential, ttl_seconds, expires_at, created_at, updated_at, reason, idempotency_key, parts`
 
 func (s *Store) scanLease(sc interface{ Scan(...any) error }) (api.Lease, error) {
 	var l api.Lease
 	var exp, created, updated int64
 	var plan, parts string
-	if err := sc.Scan(&l.ID, &l.State, &l.Kind, &l.Mode, &l.Tenant, &l.Borrower, &l.Size, &l.Count, &l.StripeUnit, &l.URI,
+	if err := sc.Scan(&l.ID, &l.State, &l.Kind, &l.Mode, &l.Tenant, &l.Borrower, &l.Size, &l.Count, &l.StripeUnit, &l.BandwidthCap, &l.IOPSCap, &l.URI,
 		&l.Credential, &l.TTLSeconds, &exp, &created, &updated, &l.Reason, &l.IdempotencyKey, &plan, &parts); err != nil {
 		return l, err
 	}
@@ -122,13 +122,13 @@ func (s *Store) createTx(ctx context.Context, tx execer, n store.NewLease, text 
 		nodes[i], devs[i], offs[i], lens[i] = p.NodeID, p.DeviceID, p.Offset, p.Length
 	}
 	_, err := tx.ExecContext(ctx, `WITH l AS (INSERT INTO leases (`+leaseInsertCols+`, demand_bps, work_bytes, deadline_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)),
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)),
 		p AS (INSERT INTO lease_plans (created_at, lease_id, plan) SELECT ?, ?, ? WHERE ? <> ''),
 		x AS (INSERT INTO lease_parts (lease_id, idx, node_id, device_id, off, length, uri, live)
 			SELECT ?, t.i - 1, t.node, t.dev, t.off, t.len, '', 1
 			FROM unnest(?::text[], ?::text[], ?::bigint[], ?::bigint[]) WITH ORDINALITY AS t(node, dev, off, len, i))
 		SELECT 1`,
-		l.ID, l.State, l.Kind, l.Mode, l.Tenant, l.Borrower, l.Size, l.Count, l.StripeUnit, l.URI, l.Credential, l.TTLSeconds,
+		l.ID, l.State, l.Kind, l.Mode, l.Tenant, l.Borrower, l.Size, l.Count, l.StripeUnit, l.BandwidthCap, l.IOPSCap, l.URI, l.Credential, l.TTLSeconds,
 		ns(l.ExpiresAt), ns(l.CreatedAt), ns(l.UpdatedAt), l.Reason, l.IdempotencyKey, text.parts, d.Bandwidth, d.Work, ns(d.Deadline),
 		ns(l.CreatedAt), l.ID, text.plan, text.plan,
 		l.ID, nodes, devs, offs, lens)
@@ -344,6 +344,40 @@ func copyLease(l api.Lease) api.Lease {
 	return l
 }
 
+// partsSet is the SET clause's part for a change's parts (their URIs, the
+// parts lost), its arguments appended to args; "" if it changes none. The
+// parts become NULL — a NOT NULL violation — when the change names a part
+// the lease lacks.
+func partsSet(ch store.LeaseChange, args *[]any) string {
+	if len(ch.URIs) == 0 && len(ch.LostParts) == 0 {
+		return ""
+	}
+	expr := `parts::jsonb`
+	need := len(ch.URIs)
+	for i, u := range ch.URIs {
+		expr = `jsonb_set(` + expr + `, ?::text[], to_jsonb(?::text))`
+		*args = append(*args, []string{strconv.Itoa(i), "uri"}, u)
+	}
+	for _, i := range ch.LostParts {
+		if i < 0 {
+			return `, parts = NULL`
+		}
+		expr = `jsonb_set(` + expr + `, ?::text[], to_jsonb(?::text))`
+		*args = append(*args, []string{strconv.Itoa(i), "state"}, string(api.PartLost))
+		need = max(need, i+1)
+	}
+	return `, parts = CASE WHEN jsonb_array_length(parts::jsonb) >= ` + strconv.Itoa(need) + ` THEN (` + expr + `)::text ELSE NULL END`
+}
+
+// lostIdx are the indexes of lost parts as the statement takes them.
+func lostIdx(idx []int) []int64 {
+	out := make([]int64, len(idx))
+	for k, i := range idx {
+		out[k] = int64(i)
+	}
+	return out
+}
+
 // transitionTx is TransitionLease's work inside a transaction, but for
 // the event: one statement does the compare-and-set, records the parts'
 // URIs, frees the parts of a lease that ends, and reads the row back. A
@@ -371,14 +405,7 @@ func (s *Store) transitionTx(ctx context.Context, tx execer, id string, ch store
 		set += `, ttl_seconds = ?`
 		args = append(args, ch.TTL)
 	}
-	if len(ch.URIs) > 0 {
-		expr := `parts::jsonb`
-		for i, u := range ch.URIs {
-			expr = `jsonb_set(` + expr + `, ?::text[], to_jsonb(?::text))`
-			args = append(args, []string{strconv.Itoa(i), "uri"}, u)
-		}
-		set += `, parts = CASE WHEN jsonb_array_length(parts::jsonb) >= ` + strconv.Itoa(len(ch.URIs)) + ` THEN (` + expr + `)::text ELSE NULL END`
-	}
+	set += partsSet(ch, &args)
 	where := ` WHERE id = ? AND state IN (` + placeholders(len(ch.From)) + `)`
 	args = append(args, id)
 	for _, f := range ch.From {
@@ -393,6 +420,9 @@ func (s *Store) transitionTx(ctx context.Context, tx execer, id string, ch store
 		// Free only touches live parts: a no-op if the lease had ended.
 		q += `, f AS (UPDATE lease_parts SET live = 0 WHERE lease_id = ? AND live = 1 AND EXISTS (SELECT 1 FROM u))`
 		args = append(args, id)
+	} else if len(ch.LostParts) > 0 {
+		q += `, fl AS (UPDATE lease_parts SET live = 0 WHERE lease_id = ? AND live = 1 AND idx = ANY(?::bigint[]) AND EXISTS (SELECT 1 FROM u))`
+		args = append(args, id, lostIdx(ch.LostParts))
 	}
 	l, err := s.scanLease(tx.QueryRowContext(ctx, q+` SELECT * FROM u`, args...))
 	if errors.Is(err, sql.ErrNoRows) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -314,7 +313,7 @@ func createSQL(n store.NewLease, text opText) (string, []any) {
 		ev.At = time.Now().UTC()
 	}
 	q := rebind(`WITH l AS (INSERT INTO leases (` + leaseInsertCols + `, demand_bps, work_bytes, deadline_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)),
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)),
 		p AS (INSERT INTO lease_plans (created_at, lease_id, plan) SELECT ?, ?, ?::text WHERE ?::text <> ''),
 		x AS (INSERT INTO lease_parts (lease_id, idx, node_id, device_id, off, length, uri, live)
 			SELECT ?, t.i - 1, t.node, t.dev, t.off, t.len, '', 1
@@ -322,7 +321,7 @@ func createSQL(n store.NewLease, text opText) (string, []any) {
 		k AS (INSERT INTO idempotency_keys (tenant, key, request_hash, lease_id, created_at) SELECT ?::text, ?::text, ?, ?, ? WHERE ?::text <> ''),
 		e AS (INSERT INTO events (at, type, subject, message, state) SELECT ?, ?::text, ?, ?, ? WHERE ?::text <> '')
 		SELECT 1`)
-	args := []any{l.ID, string(l.State), string(l.Kind), string(l.Mode), l.Tenant, l.Borrower, l.Size, l.Count, l.StripeUnit, l.URI, l.Credential, l.TTLSeconds,
+	args := []any{l.ID, string(l.State), string(l.Kind), string(l.Mode), l.Tenant, l.Borrower, l.Size, l.Count, l.StripeUnit, l.BandwidthCap, l.IOPSCap, l.URI, l.Credential, l.TTLSeconds,
 		ns(l.ExpiresAt), ns(l.CreatedAt), ns(l.UpdatedAt), l.Reason, l.IdempotencyKey, text.parts, d.Bandwidth, d.Work, ns(d.Deadline),
 		ns(l.CreatedAt), l.ID, text.plan, text.plan,
 		l.ID, nodes, devs, offs, lens,
@@ -357,14 +356,7 @@ func transitionSQL(t store.Transition, plan string) (string, []any) {
 		set += `, ttl_seconds = ?`
 		args = append(args, ch.TTL)
 	}
-	if len(ch.URIs) > 0 {
-		expr := `parts::jsonb`
-		for i, u := range ch.URIs {
-			expr = `jsonb_set(` + expr + `, ?::text[], to_jsonb(?::text))`
-			args = append(args, []string{strconv.Itoa(i), "uri"}, u)
-		}
-		set += `, parts = CASE WHEN jsonb_array_length(parts::jsonb) >= ` + strconv.Itoa(len(ch.URIs)) + ` THEN (` + expr + `)::text ELSE NULL END`
-	}
+	set += partsSet(ch, &args)
 	// No source state: nothing matches (a conflict).
 	from := []string{""}
 	for _, f := range ch.From {
@@ -381,6 +373,9 @@ func transitionSQL(t store.Transition, plan string) (string, []any) {
 	if ch.To.Terminal() {
 		q.WriteString(`, f AS (UPDATE lease_parts SET live = 0 WHERE lease_id = ? AND live = 1 AND EXISTS (SELECT 1 FROM u))`)
 		args = append(args, t.ID)
+	} else if len(ch.LostParts) > 0 {
+		q.WriteString(`, fl AS (UPDATE lease_parts SET live = 0 WHERE lease_id = ? AND live = 1 AND idx = ANY(?::bigint[]) AND EXISTS (SELECT 1 FROM u))`)
+		args = append(args, t.ID, lostIdx(ch.LostParts))
 	}
 	if ch.Plan != nil {
 		q.WriteString(`, pl AS (INSERT INTO lease_plans (created_at, lease_id, plan) SELECT created_at, id, ?::text FROM leases WHERE id = ? AND EXISTS (SELECT 1 FROM u)

@@ -84,6 +84,20 @@ func free(ctx context.Context, tx execer, leaseID string, del bool) error {
 	return nil
 }
 
+// freeParts releases the live parts idx of a lease (parts it goes on
+// without).
+func freeParts(ctx context.Context, tx execer, leaseID string, idx []int) error {
+	args := make([]any, 0, len(idx)+1)
+	args = append(args, leaseID)
+	for _, i := range idx {
+		args = append(args, i)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE lease_parts SET live = 0 WHERE lease_id = ? AND live = 1 AND idx IN (`+placeholders(len(idx))+`)`, args...); err != nil {
+		return fmt.Errorf("sqlite: free parts: %w", err)
+	}
+	return nil
+}
+
 // storedParts are a new lease's parts as stored: without URIs.
 func storedParts(ps []api.Part) []api.Part {
 	out := make([]api.Part, len(ps))

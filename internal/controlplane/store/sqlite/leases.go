@@ -18,17 +18,17 @@ import (
 // lease_plans (migrations 6 and 7: keyed by creation time, so that new
 // plans are appended), so that the lease row, rewritten on every
 // transition, stays small.
-const leaseCols = `id, state, kind, mode, tenant, borrower, size, count, stripe_unit, uri, credential, ttl_seconds, expires_at, created_at, updated_at, reason, idempotency_key, ` +
+const leaseCols = `id, state, kind, mode, tenant, borrower, size, count, stripe_unit, bandwidth_cap, iops_cap, uri, credential, ttl_seconds, expires_at, created_at, updated_at, reason, idempotency_key, ` +
 	`COALESCE((SELECT plan FROM lease_plans WHERE lease_plans.created_at = leases.created_at AND lease_plans.lease_id = leases.id), ''), parts`
 
 // leaseInsertCols are the columns createTx writes.
-const leaseInsertCols = `id, state, kind, mode, tenant, borrower, size, count, stripe_unit, uri, credential, ttl_seconds, expires_at, created_at, updated_at, reason, idempotency_key, parts`
+const leaseInsertCols = `id, state, kind, mode, tenant, borrower, size, count, stripe_unit, bandwidth_cap, iops_cap, uri, credential, ttl_seconds, expires_at, created_at, updated_at, reason, idempotency_key, parts`
 
 func (s *Store) scanLease(sc interface{ Scan(...any) error }) (api.Lease, error) {
 	var l api.Lease
 	var exp, created, updated int64
 	var plan, parts string
-	if err := sc.Scan(&l.ID, &l.State, &l.Kind, &l.Mode, &l.Tenant, &l.Borrower, &l.Size, &l.Count, &l.StripeUnit, &l.URI,
+	if err := sc.Scan(&l.ID, &l.State, &l.Kind, &l.Mode, &l.Tenant, &l.Borrower, &l.Size, &l.Count, &l.StripeUnit, &l.BandwidthCap, &l.IOPSCap, &l.URI,
 		&l.Credential, &l.TTLSeconds, &exp, &created, &updated, &l.Reason, &l.IdempotencyKey, &plan, &parts); err != nil {
 		return l, err
 	}
@@ -109,8 +109,8 @@ func (s *Store) createTx(ctx context.Context, tx execer, n store.NewLease, text 
 	if err := checkParts(ctx, tx, l.Kind, l.Parts); err != nil {
 		return api.Lease{}, err
 	}
-	_, err := tx.ExecContext(ctx, `INSERT INTO leases (`+leaseInsertCols+`, demand_bps, work_bytes, deadline_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		l.ID, l.State, l.Kind, l.Mode, l.Tenant, l.Borrower, l.Size, l.Count, l.StripeUnit, l.URI, l.Credential, l.TTLSeconds,
+	_, err := tx.ExecContext(ctx, `INSERT INTO leases (`+leaseInsertCols+`, demand_bps, work_bytes, deadline_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		l.ID, l.State, l.Kind, l.Mode, l.Tenant, l.Borrower, l.Size, l.Count, l.StripeUnit, l.BandwidthCap, l.IOPSCap, l.URI, l.Credential, l.TTLSeconds,
 		ns(l.ExpiresAt), ns(l.CreatedAt), ns(l.UpdatedAt), l.Reason, l.IdempotencyKey, text.parts, d.Bandwidth, d.Work, ns(d.Deadline))
 	if err != nil {
 		return api.Lease{}, late{fmt.Errorf("sqlite: create lease: %w", err)}
@@ -317,10 +317,16 @@ func (s *Store) applyChange(l api.Lease, ch store.LeaseChange, plan string) (api
 		}
 		l.Plan = p
 	}
-	if len(ch.URIs) > 0 {
+	if len(ch.URIs) > 0 || len(ch.LostParts) > 0 {
 		l.Parts = slices.Clone(l.Parts)
 		for i, u := range ch.URIs {
 			l.Parts[i].URI = u
+		}
+		for _, i := range ch.LostParts {
+			if i < 0 || i >= len(l.Parts) {
+				return l, false
+			}
+			l.Parts[i].State = api.PartLost
 		}
 	}
 	return l, true
@@ -342,7 +348,7 @@ func (s *Store) transitionTx(ctx context.Context, tx execer, id string, ch store
 		var ok bool
 		if next, ok = s.applyChange(*prev, ch, plan); !ok {
 			prev = nil
-		} else if len(ch.URIs) > 0 {
+		} else if len(ch.URIs) > 0 || len(ch.LostParts) > 0 {
 			partsText = s.partsJSON(next.Parts)
 		}
 	}
@@ -368,13 +374,16 @@ func (s *Store) transitionTx(ctx context.Context, tx execer, id string, ch store
 		args = append(args, ch.TTL)
 	}
 	switch {
-	case len(ch.URIs) > 0 && prev != nil:
+	case (len(ch.URIs) > 0 || len(ch.LostParts) > 0) && prev != nil:
 		q += `, parts = ?`
 		args = append(args, partsText)
-	case len(ch.URIs) > 0:
-		q += `, parts = json_set(parts` + strings.Repeat(`, ?, ?`, len(ch.URIs)) + `)`
+	case len(ch.URIs) > 0 || len(ch.LostParts) > 0:
+		q += `, parts = json_set(parts` + strings.Repeat(`, ?, ?`, len(ch.URIs)+len(ch.LostParts)) + `)`
 		for i, u := range ch.URIs {
 			args = append(args, "$["+strconv.Itoa(i)+"].uri", u)
+		}
+		for _, i := range ch.LostParts {
+			args = append(args, "$["+strconv.Itoa(i)+"].state", string(api.PartLost))
 		}
 	}
 	q += ` WHERE id = ? AND state IN (` + placeholders(len(ch.From)) + `)`
@@ -433,6 +442,10 @@ func (s *Store) transitionTx(ctx context.Context, tx execer, id string, ch store
 		// free only touches live parts: a no-op if the lease had already
 		// ended.
 		if err := free(ctx, tx, id, false); err != nil {
+			return api.Lease{}, late{err}
+		}
+	} else if len(ch.LostParts) > 0 {
+		if err := freeParts(ctx, tx, id, ch.LostParts); err != nil {
 			return api.Lease{}, late{err}
 		}
 	}

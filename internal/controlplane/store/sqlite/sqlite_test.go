@@ -92,6 +92,18 @@ func TestMigrationsOnExistingDB(t *testing.T) {
 	if err != nil || len(inv.Parts) != 1 || inv.Parts[0].Demand.Bandwidth != 477e6 || inv.Parts[0].Demand.Work != 150e9 || !inv.Parts[0].Demand.Deadline.Equal(dl) {
 		t.Fatalf("demand after migration: %v %+v", err, inv.Parts)
 	}
+	// Migration 9: a lease keeps its request's caps; older leases have none.
+	if ol.BandwidthCap != 0 || ol.IOPSCap != 0 {
+		t.Fatalf("caps of a lease from before migration 9: %+v", ol)
+	}
+	if _, err := s.CreateLease(ctx, api.Lease{ID: "l2", State: api.LeaseReserved, Kind: api.KindBlock, Mode: api.ModeShared, Tenant: "t",
+		BandwidthCap: 50 << 20, IOPSCap: 2000, Parts: []api.Part{{NodeID: n.ID, DeviceID: devs[0].ID, Offset: 1 << 20, Length: 1 << 20}}},
+		store.Demand{}, nil, api.Event{At: now}); err != nil {
+		t.Fatal(err)
+	}
+	if l2, err := s.Lease(ctx, "l2"); err != nil || l2.BandwidthCap != 50<<20 || l2.IOPSCap != 2000 {
+		t.Fatalf("caps after migration 9: %v %+v", err, l2)
+	}
 	if _, err := s.PutProfile(ctx, api.Profile{Model: "m", WriteBps: []float64{1e9}}, api.Event{At: now}); err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +116,7 @@ func TestMigrationsOnExistingDB(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if devs, _ := s.Devices(ctx); len(devs) != 1 || devs[0].Allocated != 1<<20 {
+	if devs, _ := s.Devices(ctx); len(devs) != 1 || devs[0].Allocated != 2<<20 {
 		t.Fatalf("devices %+v", devs)
 	}
 	// The event log is append-only.

@@ -32,6 +32,7 @@ func Run(t *testing.T, o Options) {
 	}{
 		{"Capacity", testCapacity},
 		{"Transitions", testTransitions},
+		{"LostPartsAndCaps", testLostPartsAndCaps},
 		{"Idempotency", testIdempotency},
 		{"Events", testEvents},
 		{"Heartbeats", testHeartbeats},
@@ -169,6 +170,50 @@ func testTransitions(t *testing.T, o Options) {
 	}
 	if _, err := s.TransitionLease(ctx, "a", store.LeaseChange{From: []api.LeaseState{api.LeaseReleased}, To: api.LeaseReleased, Tenant: "other"}, api.Event{}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("another tenant's lease: %v", err)
+	}
+}
+
+// testLostPartsAndCaps: a lease keeps its caps; a transition that marks
+// a part lost keeps the others and frees that part's range, through
+// TransitionLease and through LeaseOps.
+func testLostPartsAndCaps(t *testing.T, o Options) {
+	ctx := context.Background()
+	s := open(t, o)
+	node, dev := oneNode(t, s, 100)
+	now := time.Now().UTC()
+	for i, id := range []string{"a", "b"} {
+		l := lease(id, "t", node, dev, int64(i)*50, 25)
+		l.Parts = append(l.Parts, api.Part{NodeID: node, DeviceID: dev, Offset: int64(i)*50 + 25, Length: 25})
+		l.Count, l.BandwidthCap, l.IOPSCap = 2, 50<<20, 2000
+		if _, err := s.CreateLease(ctx, l, store.Demand{}, nil, api.Event{}); err != nil {
+			t.Fatal(err)
+		}
+		act := store.LeaseChange{From: []api.LeaseState{api.LeaseReserved}, To: api.LeaseActive, At: now, URIs: []string{"nbd://x/" + id + "0", "nbd://x/" + id + "1"}}
+		if _, err := s.TransitionLease(ctx, id, act, api.Event{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lose := store.LeaseChange{From: []api.LeaseState{api.LeaseActive}, To: api.LeaseActive, At: now, LostParts: []int{1}}
+	if _, err := s.TransitionLease(ctx, "a", lose, api.Event{}); err != nil {
+		t.Fatal(err)
+	}
+	if lb, ok := s.(store.LeaseBatcher); ok {
+		_, errs, err := lb.LeaseOps(ctx, []store.LeaseOp{{Transition: store.Transition{ID: "b", Change: lose}}})
+		if err != nil || errs[0] != nil {
+			t.Fatalf("LeaseOps: %v %v", err, errs)
+		}
+	} else if _, err := s.TransitionLease(ctx, "b", lose, api.Event{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"a", "b"} {
+		l, err := s.Lease(ctx, id)
+		if err != nil || l.State != api.LeaseActive || l.BandwidthCap != 50<<20 || l.IOPSCap != 2000 || len(l.Parts) != 2 ||
+			l.Parts[0].Lost() || !l.Parts[1].Lost() || l.Parts[0].URI != "nbd://x/"+id+"0" {
+			t.Fatalf("lease %s after losing part 1: %+v %v", id, l, err)
+		}
+	}
+	if devs, _ := s.Devices(ctx); devs[0].Allocated != 50 {
+		t.Fatalf("allocated %d, want the two parts left (50)", devs[0].Allocated)
 	}
 }
 

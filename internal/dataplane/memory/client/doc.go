@@ -15,11 +15,16 @@
 // builds a transparent mapping on a Client (Join hands it a connection of
 // the session).
 //
+// A Following (DialFollowing) is a session that follows its region when
+// the lease moves to another donor: a request that finds the region gone
+// asks a Relocator (the control plane's record of the lease) where it is,
+// opens a session there and is retried (follow.go).
+//
 // Errors wrap the sentinel errors of package protocol (ErrOutOfRange,
 // ErrAuth, ErrBusy, ErrDonorLost, ErrClosed, …).
 //
-// Zero values: the zero Client and QueuePair are not usable; build them
-// with Dial and Client.NewQueuePair. The zero Options is valid.
+// Zero values: the zero Client, QueuePair and Following are not usable;
+// build them with Dial, Client.NewQueuePair and DialFollowing. The zero Options is valid.
 //
 // Threads: the sync and bulk channels drive their sockets with raw
 // non-blocking syscalls and poll(2) from the calling goroutine (no

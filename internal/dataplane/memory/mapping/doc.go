@@ -1,8 +1,9 @@
 // Package mapping is the transparent view of a remote-memory region (Venice,
-// Dong et al.): Map builds, on a client.Client, a []byte whose pages are
-// fetched on first touch by a userfaultfd handler, cached locally (LRU,
-// write-back of dirty pages tracked with userfaultfd write-protection) and
-// flushed on Close.
+// Dong et al.): Map builds, on a session (a client.Client, or a
+// client.Following that follows the region when its lease moves), a []byte
+// whose pages are fetched on first touch by a userfaultfd handler, cached
+// locally (LRU, write-back of dirty pages tracked with userfaultfd
+// write-protection) and flushed on Close.
 //
 // The fault handler is a separate process — the program's own binary
 // re-executed — so a garbage collection in the program can never wait on a
@@ -14,11 +15,19 @@
 // window has arrived. The handler drives its connection to the donor with
 // raw syscalls on its main thread (internal/rawconn).
 //
+// On a Follower (client.Following) the mapping follows its region to
+// another donor: when the fault connection ends (GONE, closed), the handler
+// asks the program for a new connection of the session at the region's new
+// place (over the control socket, the descriptor passed with SCM_RIGHTS)
+// and serves again what was under way; only then does a fault wait on the
+// program (see docs/memory-protocol.md, "A region that moved", for the one
+// limit this brings).
+//
 // Zero values: the zero Mapping is not usable; build it with Map. The zero
 // Options maps the whole region with a cache of 10% of it.
 //
-// Lifetimes: close a Mapping before its Client. Closing the Client ends the
-// session at the donor, which closes the mapping's connection; the mapping
+// Lifetimes: close a Mapping before its session. Closing the session ends
+// it at the donor, which closes the mapping's connection; the mapping
 // then fails (see Mapping.Err) and touching it faults.
 //
 // Concurrency: a Mapping's Bytes may be read and written by any number of

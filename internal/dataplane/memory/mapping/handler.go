@@ -62,6 +62,7 @@ type handlerConfig struct {
 	Spin     time.Duration // busy-poll budget on the userfaultfd and the donor
 	Timeout  time.Duration // donor reply timeout
 	Features uint64        // negotiated userfaultfd features
+	Follow   bool          // the session follows its region: ask for a new connection when it ends
 }
 
 // Control protocol between a Mapping and its handler over a unix stream
@@ -74,9 +75,16 @@ const (
 	ctlReset                  // clear counters; reply: empty
 	ctlErr                    // reply: error
 	ctlClose                  // flush and exit; reply: error
+	// ctlConn (parent → handler, unasked, the answer to ctlReopen): a new
+	// donor connection, its descriptor passed with the frame (SCM_RIGHTS);
+	// with a payload instead, why there is none.
+	ctlConn
 
 	ctlFailed uint8 = 0x80 // handler → parent, unasked: the mapping failed
 	ctlReady  uint8 = 0x81 // handler → parent, first frame: serving faults
+	// ctlReopen (handler → parent, unasked): the donor connection ended
+	// (payload: the error); the region may have moved: send a new one.
+	ctlReopen uint8 = 0x82
 )
 
 const ctlHeader = 5
@@ -130,6 +138,7 @@ type faultHandler struct {
 	err        error
 
 	in, out []byte // control socket buffers
+	fds     []int  // descriptors received on the control socket, not taken yet
 	closing bool
 }
 
@@ -190,6 +199,12 @@ func (h *faultHandler) loop() error {
 			idle, spins = time.Time{}, 0
 			continue
 		}
+		if len(h.in) >= ctlHeader {
+			// Commands read while following the region.
+			if done, err := h.commands(); err != nil || done {
+				return err
+			}
+		}
 		if h.nres > h.cfg.CapPages && h.err == nil {
 			// No fault waiting: evict a few pages, then look again.
 			h.evictNow(min(h.nres-h.cfg.CapPages, idleEvict))
@@ -232,20 +247,16 @@ func (h *faultHandler) loop() error {
 // control moves bytes on the control socket and runs complete commands. It
 // reports done when the handler should exit.
 func (h *faultHandler) control() (bool, error) {
-	var tmp [4096]byte
-	for {
-		n, err := unix.Read(h.ctrl, tmp[:])
-		if err == unix.EINTR {
-			continue
-		}
-		if err == unix.EAGAIN {
-			break
-		}
-		if err != nil || n == 0 {
-			return true, nil // the parent is gone: nothing left to serve
-		}
-		h.in = append(h.in, tmp[:n]...)
+	if h.readCtl() {
+		return true, nil // the parent is gone: nothing left to serve
 	}
+	return h.commands()
+}
+
+// commands runs the complete commands in h.in (some may have arrived
+// while the handler waited for a new connection) and writes the replies.
+// It reports done when the handler should exit.
+func (h *faultHandler) commands() (bool, error) {
 	for len(h.in) >= ctlHeader {
 		n := int(binary.BigEndian.Uint32(h.in[1:]))
 		if len(h.in) < ctlHeader+n {
@@ -261,8 +272,53 @@ func (h *faultHandler) control() (bool, error) {
 	return h.closing, nil
 }
 
+// readCtl reads what the control socket holds without blocking: bytes
+// into h.in, descriptors passed with them into h.fds. It reports the
+// parent's end.
+func (h *faultHandler) readCtl() (gone bool) {
+	var tmp [4096]byte
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	for {
+		n, oobn, _, _, err := unix.Recvmsg(h.ctrl, tmp[:], oob, unix.MSG_CMSG_CLOEXEC)
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			return false
+		}
+		if err != nil || n == 0 {
+			return true
+		}
+		if oobn > 0 {
+			if cms, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
+				for _, cm := range cms {
+					if fds, err := unix.ParseUnixRights(&cm); err == nil {
+						h.fds = append(h.fds, fds...)
+					}
+				}
+			}
+		}
+		h.in = append(h.in, tmp[:n]...)
+	}
+}
+
+// takeFd takes the next descriptor received (-1 if none).
+func (h *faultHandler) takeFd() int {
+	if len(h.fds) == 0 {
+		return -1
+	}
+	fd := h.fds[0]
+	h.fds = h.fds[1:]
+	return fd
+}
+
 func (h *faultHandler) command(op uint8) {
 	switch op {
+	case ctlConn:
+		// A connection that came after its follow gave up: unused.
+		if fd := h.takeFd(); fd >= 0 {
+			_ = unix.Close(fd)
+		}
 	case ctlFlush:
 		h.reply(op, h.errPayload(h.flush()))
 	case ctlStats:
@@ -335,20 +391,29 @@ func (h *faultHandler) flushOut(block bool) error {
 }
 
 func (h *faultHandler) flush() error {
-	if h.err != nil {
-		return h.err
-	}
-	run := h.dirtyBuf[:0]
-	for i := range h.pages {
-		if h.resident[i] && h.dirty[i] {
-			run = append(run, i)
+	tries := 0
+	for {
+		if h.err != nil {
+			return h.err
+		}
+		run := h.dirtyBuf[:0]
+		for i := range h.pages {
+			if h.resident[i] && h.dirty[i] {
+				run = append(run, i)
+			}
+		}
+		h.dirtyBuf = run
+		err := h.writeBack(run)
+		if err == nil {
+			return nil
+		}
+		if connLost(err) {
+			err = h.follow(err, &tries) // then what is still dirty, again
+		}
+		if err != nil {
+			return h.fail(err)
 		}
 	}
-	h.dirtyBuf = run
-	if err := h.writeBack(run); err != nil {
-		return h.fail(err)
-	}
-	return nil
 }
 
 func (h *faultHandler) addr(i int) uintptr { return h.base + uintptr(i*h.ps) }
@@ -370,11 +435,128 @@ func (h *faultHandler) lruPush(i int) {
 // maxBatch is the most faults faultBatch fetches together.
 const maxBatch = 16
 
+// Following a region that moved. When the donor connection ends (a READ
+// or a write-back answered GONE, the connection closed or silent) and the
+// mapping's session follows its region (handlerConfig.Follow), the
+// handler asks the parent for a new connection (ctlReopen; the parent's
+// session finds the region's new place) and waits for it (ctlConn), then
+// serves again what was under way: the faults not yet served (a page
+// already installed is only woken again), and the write-backs not yet
+// acknowledged (their pages stayed cached and dirty). Reads and writes of
+// whole pages are idempotent, so a write-back that reached the old donor
+// before it retired the region, and is sent again, changes nothing.
+
+// maxFollows bounds the new connections one operation may take.
+const maxFollows = 4
+
+// connLost reports whether err is the donor connection's end (not a local
+// failure, nor a malformed reply).
+func connLost(err error) bool {
+	return errors.Is(err, protocol.ErrDonorLost) || errors.Is(err, protocol.ErrGone)
+}
+
+// follow replaces the donor connection after it ended with cause, when
+// the mapping follows its region: it asks the parent for a new connection
+// and waits for it, at most followWait (serving nothing meanwhile: every
+// fault needs the donor). *tries counts the follows of one operation. It
+// returns cause when it cannot.
+func (h *faultHandler) follow(cause error, tries *int) error {
+	if !h.cfg.Follow || h.err != nil || !connLost(cause) || *tries >= maxFollows {
+		return cause
+	}
+	*tries++
+	h.pg.Close()
+	h.reply(ctlReopen, h.errPayload(cause))
+	deadline := time.Now().Add(followWait)
+	for {
+		_ = h.flushOut(false)
+		if fd, err, ok := h.connFrame(); ok {
+			if err != nil {
+				return fmt.Errorf("%w (and no new connection: %v)", cause, err)
+			}
+			if err := unix.SetNonblock(fd, true); err != nil {
+				_ = unix.Close(fd)
+				return fmt.Errorf("%w (new connection: %v)", cause, err)
+			}
+			h.pg = rawconn.New(fd, max(h.cfg.Spin, 0), h.cfg.Timeout)
+			h.stats.Follows++
+			return nil
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return fmt.Errorf("%w (no new connection within %v)", cause, followWait)
+		}
+		fds := [1]unix.PollFd{{Fd: int32(h.ctrl), Events: unix.POLLIN}}
+		if len(h.out) > 0 {
+			fds[0].Events |= unix.POLLOUT
+		}
+		if _, err := unix.Poll(fds[:], int(left/time.Millisecond)+1); err != nil && err != unix.EINTR {
+			return fmt.Errorf("%w (poll: %v)", cause, err)
+		}
+		if fds[0].Revents&unix.POLLIN != 0 && h.readCtl() {
+			return fmt.Errorf("%w (the program is gone)", cause)
+		}
+	}
+}
+
+// connFrame takes the first ctlConn frame out of h.in, leaving the
+// commands around it in order: the connection's descriptor, or why the
+// parent has none. ok is false while there is none.
+func (h *faultHandler) connFrame() (fd int, err error, ok bool) {
+	for k := 0; k+ctlHeader <= len(h.in); {
+		n := int(binary.BigEndian.Uint32(h.in[k+1:]))
+		if k+ctlHeader+n > len(h.in) {
+			return -1, nil, false
+		}
+		if h.in[k] != ctlConn {
+			k += ctlHeader + n
+			continue
+		}
+		msg := string(h.in[k+ctlHeader : k+ctlHeader+n])
+		h.in = append(h.in[:k], h.in[k+ctlHeader+n:]...)
+		if msg != "" {
+			return -1, errors.New(msg), true
+		}
+		if fd = h.takeFd(); fd < 0 {
+			return -1, errors.New("no descriptor came with it"), true
+		}
+		return fd, nil, true
+	}
+	return -1, nil, false
+}
+
+// restore puts dirty pages whose write-back was sent but not acknowledged
+// back in the cache's LRU: they stay resident and dirty (write-protected,
+// so a later store marks them dirty again), written back later.
+func (h *faultHandler) restore(pages []int) {
+	for _, v := range pages {
+		h.lruPush(v)
+	}
+}
+
 // serve serves the fault messages read together. Missing-page faults on
 // several distinct pages (threads faulting concurrently) are fetched
-// together by faultBatch; every other fault is served by fault.
+// together by faultBatch; every other fault is served by fault. When the
+// donor connection ends and the mapping follows its region, they are
+// served again over the new connection (see follow); otherwise, or when
+// there is none, the mapping fails and the faults not served are refused.
 func (h *faultHandler) serve(msgs []uffd.Msg) {
 	t0 := time.Now()
+	tries := 0
+	for {
+		err := h.serveOnce(msgs, t0)
+		if err == nil {
+			return
+		}
+		if err = h.follow(err, &tries); err != nil {
+			_ = h.fail(err) // serveOnce then refuses what is left
+		}
+	}
+}
+
+// serveOnce is serve's work over the current connection; it returns the
+// connection's error, the cache left consistent.
+func (h *faultHandler) serveOnce(msgs []uffd.Msg, t0 time.Time) error {
 	batch, pages := h.batch[:0], h.batchPages[:0]
 	room := min(len(h.stage)/h.ps, maxBatch)
 	for _, msg := range msgs {
@@ -385,47 +567,55 @@ func (h *faultHandler) serve(msgs []uffd.Msg) {
 		switch {
 		case uintptr(msg.Address) < h.base || i >= h.pages || h.err != nil || msg.Flags&uffd.FlagWP != 0 ||
 			h.resident[i]:
-			h.fault(msg, t0) // installs nothing: cannot race the batch
+			// installs nothing: cannot race the batch
+			if err := h.fault(msg, t0); err != nil {
+				return err
+			}
 		case slices.Contains(pages, i): // one copy wakes every thread waiting on the page
 		default:
 			if len(pages) == room {
 				// Serve the full batch first: fault() on a page of
 				// the batch (or a window over one) would install it
 				// before faultBatch copies it again (EEXIST).
-				h.serveBatch(batch, pages, t0)
+				if err := h.serveBatch(batch, pages, t0); err != nil {
+					return err
+				}
 				batch, pages = batch[:0], pages[:0]
 			}
 			batch, pages = append(batch, msg), append(pages, i)
 		}
 	}
 	h.batch, h.batchPages = batch, pages
-	h.serveBatch(batch, pages, t0)
+	return h.serveBatch(batch, pages, t0)
 }
 
-func (h *faultHandler) serveBatch(batch []uffd.Msg, pages []int, t0 time.Time) {
+func (h *faultHandler) serveBatch(batch []uffd.Msg, pages []int, t0 time.Time) error {
 	switch len(batch) {
 	case 0:
+		return nil
 	case 1:
-		h.fault(batch[0], t0)
+		return h.fault(batch[0], t0)
 	default:
-		h.faultBatch(batch, pages, t0)
+		return h.faultBatch(batch, pages, t0)
 	}
 }
 
-// fault serves one page-fault message.
-func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
+// fault serves one page-fault message. It returns the donor connection's
+// error (the fault not served, or served without all of its readahead;
+// the cache consistent); other failures fail the mapping here.
+func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) error {
 	i := int((uintptr(msg.Address) - h.base) / uintptr(h.ps))
 	if uintptr(msg.Address) < h.base || i >= h.pages {
-		return
+		return nil
 	}
 	if h.err != nil {
 		h.refuse(i)
-		return
+		return nil
 	}
 	if msg.Flags&uffd.FlagWP != 0 {
 		if !h.resident[i] {
 			_ = h.u.Wake(h.addr(i), uintptr(h.ps))
-			return
+			return nil
 		}
 		h.stats.WPFaults++
 		if h.probedAt[i] != 0 {
@@ -439,11 +629,11 @@ func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
 			_ = h.fail(fmt.Errorf("clear write protection: %w", err))
 			h.refuse(i)
 		}
-		return
+		return nil
 	}
 	if h.resident[i] {
 		_ = h.u.Wake(h.addr(i), uintptr(h.ps))
-		return
+		return nil
 	}
 	// Readahead: sequential faults double the window, others reset it.
 	if i == h.seqNext {
@@ -468,7 +658,7 @@ func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
 		pending, err = h.evictDuringFault(h.nres + n - h.cfg.CapPages)
 		if err == nil && h.err != nil { // a punch failed the mapping
 			h.refuse(i)
-			return
+			return nil
 		}
 	}
 	// Only the faulting page is waited for: the rest of a readahead
@@ -483,9 +673,8 @@ func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
 		have += k
 	}
 	if err != nil {
-		_ = h.fail(err)
-		h.refuse(i)
-		return
+		h.restore(pending)
+		return err
 	}
 	t2 := time.Now()
 	h.stats.FetchTime += t2.Sub(t1)
@@ -493,7 +682,7 @@ func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
 	if err := h.installFault(i, src, msg.Flags&uffd.FlagWrite != 0); err != nil {
 		_ = h.fail(err)
 		h.refuse(i)
-		return
+		return nil
 	}
 	h.stats.InstallTime += time.Since(t2)
 	h.record(t0)
@@ -506,8 +695,10 @@ func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
 			k, err := h.pg.RecvAtLeast([][]byte{buf[have:]}, (done+1)*h.ps-have)
 			h.stats.FetchTime += time.Since(t)
 			if err != nil {
-				_ = h.fail(err)
-				return
+				// The faulting page is in; the rest of the window
+				// faults again later.
+				h.restore(pending)
+				return err
 			}
 			have += k
 		}
@@ -515,7 +706,7 @@ func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
 		upto := have / h.ps
 		if err := h.install(i+done, src+uintptr(done*h.ps), upto-done, true); err != nil {
 			_ = h.fail(err)
-			return
+			return nil
 		}
 		h.stats.InstallTime += time.Since(t)
 		for j := i + done; j < i+upto; j++ {
@@ -529,13 +720,12 @@ func (h *faultHandler) fault(msg uffd.Msg, t0 time.Time) {
 		// The faulting thread runs again; the acknowledgements of the
 		// write-backs sent behind the READ come next on the connection.
 		if err := h.finishWriteBacks(pending, readSeq+1); err != nil {
-			_ = h.fail(err)
-			return
+			return err
 		}
 	}
 	h.seqNext = i + n
 	h.stats.PagesIn += int64(n - 1)
-	h.evictIfBehind()
+	return h.evictIfBehind()
 }
 
 // installFault installs page i from src for a missing-page fault (a write
@@ -580,11 +770,14 @@ func (h *faultHandler) record(t0 time.Time) {
 // size by a batch: eviction normally runs while no fault is waiting (see
 // loop); only when faults come back to back does the cache outgrow its
 // size that much, and then it is evicted here, after the faulting threads
-// were woken.
-func (h *faultHandler) evictIfBehind() {
-	if h.nres > h.cfg.CapPages+h.cfg.Batch {
-		h.evictNow(max(h.nres-h.cfg.CapPages, h.cfg.Batch))
+// were woken. It returns the donor connection's error.
+func (h *faultHandler) evictIfBehind() error {
+	if h.nres > h.cfg.CapPages+h.cfg.Batch && h.err == nil {
+		t0 := time.Now()
+		defer func() { h.stats.EvictTime += time.Since(t0) }()
+		return h.evictOr(max(h.nres-h.cfg.CapPages, h.cfg.Batch))
 	}
+	return nil
 }
 
 // faultBatch serves missing-page faults on several distinct pages, none
@@ -593,12 +786,12 @@ func (h *faultHandler) evictIfBehind() {
 // serves them in one pass, and each faulting thread is woken as its page
 // is installed. No readahead: concurrent faults are not one sequential
 // stream. len(pages) ≤ the staging buffer's pages.
-func (h *faultHandler) faultBatch(msgs []uffd.Msg, pages []int, t0 time.Time) {
+func (h *faultHandler) faultBatch(msgs []uffd.Msg, pages []int, t0 time.Time) error {
 	if h.err != nil { // a batch served just before failed the mapping
 		for _, i := range pages {
 			h.refuse(i)
 		}
-		return
+		return nil
 	}
 	t1 := time.Now()
 	first := h.pg.Seq + 1
@@ -610,7 +803,7 @@ func (h *faultHandler) faultBatch(msgs []uffd.Msg, pages []int, t0 time.Time) {
 			for _, i := range pages {
 				h.refuse(i)
 			}
-			return
+			return nil
 		}
 	}
 	h.raWin = 1
@@ -619,17 +812,19 @@ func (h *faultHandler) faultBatch(msgs []uffd.Msg, pages []int, t0 time.Time) {
 		if err == nil {
 			err = h.pg.Reply(h.rhdr[:], first+uint32(k), protocol.OpRead, h.stage[k*h.ps:(k+1)*h.ps])
 		}
+		if err != nil {
+			// pages[:k] are in; the others are served again.
+			h.restore(pending)
+			return err
+		}
 		t2 := time.Now()
 		h.stats.FetchTime += t2.Sub(t1)
-		if err == nil {
-			err = h.installFault(i, src+uintptr(k*h.ps), msgs[k].Flags&uffd.FlagWrite != 0)
-		}
-		if err != nil {
+		if err := h.installFault(i, src+uintptr(k*h.ps), msgs[k].Flags&uffd.FlagWrite != 0); err != nil {
 			_ = h.fail(err)
 			for _, j := range pages[k:] {
 				h.refuse(j)
 			}
-			return
+			return nil
 		}
 		h.record(t0)
 		t1 = time.Now()
@@ -637,12 +832,11 @@ func (h *faultHandler) faultBatch(msgs []uffd.Msg, pages []int, t0 time.Time) {
 	}
 	if len(pending) > 0 {
 		if err := h.finishWriteBacks(pending, first+uint32(len(pages))); err != nil {
-			_ = h.fail(err)
-			return
+			return err
 		}
 	}
 	h.stats.Batched += int64(len(pages))
-	h.evictIfBehind()
+	return h.evictIfBehind()
 }
 
 // probeHorizon is how many later probes a probed page has to be written
@@ -709,6 +903,10 @@ func (h *faultHandler) evictDuringFault(want int) ([]int, error) {
 			h.lruRemove(v)
 			pending = append(pending, v)
 			if err := h.pg.Send(protocol.OpWrite, h.mem[v*h.ps:(v+1)*h.ps], int64(v*h.ps)); err != nil {
+				slices.Sort(clean) // out of the LRU already: drop them
+				if derr := h.drop(clean); derr != nil {
+					_ = h.fail(derr)
+				}
 				return pending, err
 			}
 			continue
@@ -753,15 +951,19 @@ func (h *faultHandler) drop(pages []int) error {
 // finishWriteBacks reads the acknowledgements of the write-backs
 // evictDuringFault sent (sequence numbers from first on) and drops those
 // pages. A write to one of them meanwhile raised a write-protect fault,
-// which finds it gone and is answered by a fresh fetch.
+// which finds it gone and is answered by a fresh fetch. It returns the
+// donor connection's error, the pages not acknowledged back in the cache;
+// a failed drop fails the mapping.
 func (h *faultHandler) finishWriteBacks(pages []int, first uint32) error {
 	var ack [protocol.HeaderSize]byte
 	for k, v := range pages {
 		if err := h.pg.Reply(ack[:], first+uint32(k), protocol.OpWrite, nil); err != nil {
+			h.restore(pages[k:])
 			return err
 		}
 		if err := h.drop([]int{v}); err != nil {
-			return err
+			_ = h.fail(err)
+			return nil
 		}
 		h.stats.WriteBacks++
 		h.stats.FaultWriteBacks++
@@ -773,13 +975,33 @@ func (h *faultHandler) finishWriteBacks(pages []int, first uint32) error {
 // userfaultfd when it has nothing else to do.
 const idleEvict = 4
 
-// evictNow evicts the want least recently used pages, timing it.
+// evictNow evicts the want least recently used pages, timing it,
+// following the region if the donor connection ends meanwhile.
 func (h *faultHandler) evictNow(want int) {
 	t0 := time.Now()
-	if err := h.evict(want); err != nil {
+	if err := h.evictOr(want); err != nil {
 		_ = h.fail(err)
 	}
 	h.stats.EvictTime += time.Since(t0)
+}
+
+// evictOr is evict, following the region when the donor connection ends
+// (see follow): it returns the error that stands.
+func (h *faultHandler) evictOr(want int) error {
+	tries := 0
+	for {
+		err := h.evict(want)
+		if err == nil || !connLost(err) {
+			return err
+		}
+		if err = h.follow(err, &tries); err != nil {
+			return err
+		}
+		want = min(want, h.nres-h.cfg.CapPages)
+		if want <= 0 {
+			return nil
+		}
+	}
 }
 
 func (h *faultHandler) install(i int, src uintptr, n int, wp bool) error {
@@ -831,6 +1053,7 @@ func (h *faultHandler) evict(want int) error {
 	}
 	h.dirtyBuf = dirty
 	if err := h.writeBack(dirty); err != nil {
+		h.restore(victims) // still cached; those written back are clean
 		return err
 	}
 	return h.drop(victims)

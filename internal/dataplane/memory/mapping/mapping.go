@@ -16,7 +16,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/uffd"
 	"golang.org/x/sys/unix"
@@ -32,6 +31,32 @@ var ErrMappingFailed = errors.New("memory: mapping failed")
 
 // openUffd is replaced by tests to simulate a kernel that refuses.
 var openUffd = uffd.Open
+
+// Session is the memory session a mapping rides on: a *client.Client, or
+// a *client.Following, which follows its region when the lease moves.
+type Session interface {
+	Size() int64
+	Timeout() time.Duration
+	// Join opens one more connection of the session (the mapping's
+	// fault connection, of kind protocol.KindFault).
+	Join(ctx context.Context, kind uint8) (net.Conn, error)
+}
+
+// Follower is a Session that follows its region when the lease moves to
+// another donor (client.Following). A mapping on one follows too: when
+// its fault connection ends — the old donor retired the region, answering
+// GONE and closing the session's connections — the handler asks the
+// program for a new one (Rejoin: the session at the region's new place)
+// and serves the faults and write-backs that were under way there, so
+// that no touch of the mapping fails.
+type Follower interface {
+	Session
+	Rejoin(ctx context.Context, kind uint8) (net.Conn, error)
+}
+
+// followWait bounds how long a mapping's handler waits for a new fault
+// connection when its region moved.
+const followWait = 30 * time.Second
 
 // Options tune a Mapping. The zero value maps the whole region with a
 // cache of 10% of it.
@@ -79,13 +104,16 @@ type Stats struct {
 	// FaultWriteBacks counts the write-backs sent behind a fault's READ
 	// (evicting while the page travels) among WriteBacks.
 	FaultWriteBacks int64
-	FetchTime       time.Duration // total time waiting for the donor's pages
-	InstallTime     time.Duration // total time in UFFDIO_COPY
-	EvictTime       time.Duration // total time evicting (write-back included)
-	HandlerCPU      time.Duration // CPU time (user+system) the handler process used so far
-	Resident        int           // pages in the cache now
-	CachePages      int
-	ServiceTime     []time.Duration // per missing fault, from the handler reading it to waking its thread (last 64Ki)
+	// Follows counts the new donor connections the handler took after
+	// its connection ended (the region moved: see Follower).
+	Follows     int64
+	FetchTime   time.Duration // total time waiting for the donor's pages
+	InstallTime time.Duration // total time in UFFDIO_COPY
+	EvictTime   time.Duration // total time evicting (write-back included)
+	HandlerCPU  time.Duration // CPU time (user+system) the handler process used so far
+	Resident    int           // pages in the cache now
+	CachePages  int
+	ServiceTime []time.Duration // per missing fault, from the handler reading it to waking its thread (last 64Ki)
 }
 
 // Mapping is a transparent view of a remote region: Bytes returns ordinary
@@ -122,9 +150,14 @@ type Mapping struct {
 	cmd   *exec.Cmd
 	ctrl  net.Conn
 
+	s Session
+
 	cmdMu   sync.Mutex // one command at a time
+	wmu     sync.Mutex // one frame written to the control socket at a time
 	replies chan ctlFrame
 	exited  chan struct{} // closed when the control socket ends
+	follows sync.WaitGroup
+	closing chan struct{} // closed by release: follows under way give up
 
 	mu     sync.Mutex
 	err    error // the mapping's failure, once known here
@@ -139,11 +172,12 @@ type ctlFrame struct {
 // errHandlerGone reports that the handler process ended unexpectedly.
 var errHandlerGone = errors.New("memory: fault handler process ended")
 
-// Map maps the client's whole region (rounded down to pages) over its own
-// connection of the client's session, served by a fault handler process.
-// It returns an error wrapping ErrUffdUnavailable when userfaultfd is
-// refused. Close the Mapping before the Client.
-func Map(ctx context.Context, c *client.Client, opts Options) (*Mapping, error) {
+// Map maps the session's whole region (rounded down to pages) over its
+// own connection of the session, served by a fault handler process; on a
+// Follower (client.Following) the mapping follows the region when it
+// moves. It returns an error wrapping ErrUffdUnavailable when userfaultfd
+// is refused. Close the Mapping before the session.
+func Map(ctx context.Context, c Session, opts Options) (*Mapping, error) {
 	ps := os.Getpagesize()
 	size := c.Size() / int64(ps) * int64(ps)
 	if size == 0 {
@@ -182,7 +216,8 @@ func Map(ctx context.Context, c *client.Client, opts Options) (*Mapping, error) 
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUffdUnavailable, err)
 	}
-	m := &Mapping{u: u, memfd: -1, replies: make(chan ctlFrame, 1), exited: make(chan struct{})}
+	m := &Mapping{u: u, memfd: -1, s: c, replies: make(chan ctlFrame, 1), exited: make(chan struct{}), closing: make(chan struct{})}
+	_, follow := c.(Follower)
 	ok := false
 	defer func() {
 		if !ok {
@@ -204,7 +239,7 @@ func Map(ctx context.Context, c *client.Client, opts Options) (*Mapping, error) 
 	}
 	cfg, err := json.Marshal(handlerConfig{Base: uint64(m.base), Pages: pages, PageSize: ps, CapPages: capPages,
 		MaxRA: max(opts.Readahead, 1), Batch: min(opts.EvictBatch, capPages/2), Spin: opts.Spin,
-		Timeout: c.Timeout(), Features: u.Features})
+		Timeout: c.Timeout(), Features: u.Features, Follow: follow})
 	if err != nil {
 		return nil, err
 	}
@@ -349,6 +384,16 @@ func (m *Mapping) watch() {
 			m.mu.Unlock()
 			continue
 		}
+		if f.op == ctlReopen {
+			// The fault connection ended: the region may have moved. The
+			// handler waits for a new one (followWait).
+			m.follows.Add(1)
+			go func() {
+				defer m.follows.Done()
+				m.reopen()
+			}()
+			continue
+		}
 		m.replies <- f
 	}
 }
@@ -384,13 +429,58 @@ func decodeErr(p []byte) error {
 	return &remoteError{msg: string(p[1:]), lost: p[0] == 1}
 }
 
+// reopen answers the handler's ctlReopen: a new fault connection, of the
+// session where the region is now (Follower.Rejoin), passed with ctlConn;
+// or why there is none, which fails the mapping.
+func (m *Mapping) reopen() {
+	var file *os.File
+	err := errors.New("memory: the mapping's session does not follow its region")
+	if f, ok := m.s.(Follower); ok {
+		ctx, cancel := context.WithTimeout(context.Background(), followWait)
+		done := make(chan struct{})
+		go func() {
+			select {
+			case <-m.closing:
+				cancel()
+			case <-done:
+			}
+		}()
+		defer close(done)
+		var conn net.Conn
+		if conn, err = f.Rejoin(ctx, protocol.KindFault); err == nil {
+			file, err = connFile(conn)
+			_ = conn.Close()
+		}
+		cancel()
+	}
+	var hdr [ctlHeader]byte
+	hdr[0] = ctlConn
+	m.wmu.Lock()
+	defer m.wmu.Unlock()
+	if err != nil {
+		msg := []byte(err.Error())
+		binary.BigEndian.PutUint32(hdr[1:], uint32(len(msg)))
+		_, _ = m.ctrl.Write(append(hdr[:], msg...))
+		return
+	}
+	defer file.Close()
+	uc, ok := m.ctrl.(*net.UnixConn)
+	if !ok {
+		return
+	}
+	_, _, _ = uc.WriteMsgUnix(hdr[:], unix.UnixRights(int(file.Fd())), nil)
+}
+
 // call sends a command to the handler and returns its reply.
 func (m *Mapping) call(op uint8) ([]byte, error) {
 	m.cmdMu.Lock()
 	defer m.cmdMu.Unlock()
 	var hdr [ctlHeader]byte
 	hdr[0] = op
-	if _, err := m.ctrl.Write(hdr[:]); err != nil {
+	m.wmu.Lock()
+	_, err := m.ctrl.Write(hdr[:])
+	m.wmu.Unlock()
+	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrMappingFailed, errHandlerGone)
 	}
 	var f ctlFrame
@@ -475,6 +565,7 @@ func (m *Mapping) Close() error {
 }
 
 func (m *Mapping) release() {
+	close(m.closing)
 	if m.ctrl != nil {
 		_ = m.ctrl.Close()
 	}
@@ -483,6 +574,7 @@ func (m *Mapping) release() {
 		<-m.exited
 		m.cmd = nil
 	}
+	m.follows.Wait()
 	if m.mem != nil {
 		_ = m.u.Unregister(m.base, uintptr(len(m.mem)))
 		_ = unix.Munmap(m.mem)

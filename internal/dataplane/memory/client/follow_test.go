@@ -1,0 +1,150 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/memory/memorytest"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
+)
+
+// where is a Relocator whose answer the test changes (the control plane's
+// record of the lease).
+type where struct {
+	mu         sync.Mutex
+	addr, cred string
+	ended      bool
+	asked      atomic.Int64
+}
+
+func (w *where) set(addr, cred string) {
+	w.mu.Lock()
+	w.addr, w.cred = addr, cred
+	w.mu.Unlock()
+}
+
+func (w *where) relocate(context.Context) (string, string, error) {
+	w.asked.Add(1)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ended {
+		return "", "", ErrEnded
+	}
+	return w.addr, w.cred, nil
+}
+
+// TestFollowingFollowsMove: a session that follows its region keeps
+// working across a move on every channel while a writer runs: the writes
+// held at the switch are retried at the new place, nothing fails, and
+// every byte is what was last written. Once the lease ends, a request
+// fails with the region's error.
+func TestFollowingFollowsMove(t *testing.T) {
+	const size = 4 << 20
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	from := memorytest.Start(t, size, 0)
+	to := memorytest.Start(t, 4096, 0)
+	w := &where{addr: from.Addr, cred: testCred}
+	f, err := DialFollowing(ctx, from.Addr, testCred, Options{Timeout: 5 * time.Second}, FollowConfig{Relocate: w.relocate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	model := make([]byte, size)
+	for i, rng := 0, rand.New(rand.NewPCG(1, 2)); i < size; i += 8 {
+		binary.LittleEndian.PutUint64(model[i:], rng.Uint64())
+	}
+	if err := f.Write(ctx, ChannelBulk, model, 0); err != nil {
+		t.Fatal(err)
+	}
+	// A writer of 4 KiB blocks on every channel while the region moves;
+	// each block holds its own index and a generation.
+	var mu sync.Mutex
+	stop := make(chan struct{})
+	var writes atomic.Int64
+	errc := make(chan error, 1)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		rng := rand.New(rand.NewPCG(3, 4))
+		for gen := byte(1); ; gen++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			b := rng.IntN(size / 4096)
+			p := bytes.Repeat([]byte{gen}, 4096)
+			mu.Lock() // the model follows the order of completed writes
+			err := f.Write(ctx, channels[int(gen)%len(channels)], p, int64(b)*4096)
+			if err == nil {
+				copy(model[b*4096:], p)
+			}
+			mu.Unlock()
+			if err != nil {
+				select {
+				case errc <- err:
+				default:
+				}
+				return
+			}
+			writes.Add(1)
+		}
+	})
+	waitFor := func(n int64) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for base := writes.Load(); writes.Load() < base+n; {
+			select {
+			case err := <-errc:
+				t.Fatalf("a write failed: %v", err)
+			case <-time.After(time.Millisecond):
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the writer stalled")
+			}
+		}
+	}
+	waitFor(50)
+	if err := memorytest.Move(ctx, from, to, "moved-cred", func() { w.set(to.Addr, "moved-cred") }); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(50)
+	close(stop)
+	wg.Wait()
+	select {
+	case err := <-errc:
+		t.Fatalf("a write failed across the move: %v", err)
+	default:
+	}
+	if f.Moves() != 1 || f.Client() == nil {
+		t.Fatalf("moves %d", f.Moves())
+	}
+	for _, ch := range channels {
+		got := make([]byte, size)
+		if err := f.Read(ctx, ch, got, 0); err != nil {
+			t.Fatalf("%v read after the move: %v", ch, err)
+		}
+		if !bytes.Equal(got, model) {
+			t.Fatalf("%v read after the move: other bytes", ch)
+		}
+	}
+	// The lease ends: the region goes away, and the relocation says so.
+	w.mu.Lock()
+	w.ended = true
+	w.mu.Unlock()
+	asked := w.asked.Load()
+	if err := to.D.RemoveRegion("moved-cred"); err != nil {
+		t.Fatal(err)
+	}
+	err = f.Write(ctx, ChannelSync, make([]byte, 4096), 0)
+	if !errors.Is(err, ErrEnded) || !(errors.Is(err, protocol.ErrGone) || errors.Is(err, protocol.ErrDonorLost)) || w.asked.Load() != asked+1 {
+		t.Fatalf("a write once the lease ended: %v (asked %d times)", err, w.asked.Load()-asked)
+	}
+}

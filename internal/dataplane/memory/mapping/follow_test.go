@@ -1,0 +1,150 @@
+package mapping
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/memorytest"
+)
+
+// The mapping's bytes are touched with plain loops below, not copy or
+// bytes.Equal: a goroutine blocked on a fault inside runtime code cannot
+// be preempted, and these donors run in this process (Move needs them).
+
+// stamp writes page p of b with gen, word by word.
+func stamp(b []byte, p int, gen uint64) {
+	for i := p * 4096; i < (p+1)*4096; i += 8 {
+		binary.LittleEndian.PutUint64(b[i:], uint64(p)<<32|gen)
+	}
+}
+
+// stamped returns the generation page p of b holds (every word checked:
+// -1 if they differ).
+func stamped(b []byte, p int) int64 {
+	first := binary.LittleEndian.Uint64(b[p*4096:])
+	for i := p * 4096; i < (p+1)*4096; i += 8 {
+		if binary.LittleEndian.Uint64(b[i:]) != first || first>>32 != uint64(p) {
+			return -1
+		}
+	}
+	return int64(first & 0xffffffff)
+}
+
+// relocation is the control plane's record of where the region is.
+type relocation struct {
+	mu         sync.Mutex
+	addr, cred string
+}
+
+func (r *relocation) set(addr, cred string) {
+	r.mu.Lock()
+	r.addr, r.cred = addr, cred
+	r.mu.Unlock()
+}
+
+func (r *relocation) relocate(context.Context) (string, string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.addr, r.cred, nil
+}
+
+// TestMappingFollowsMove: a mapping on a following session stays open
+// across a move of its region: a program writing it while the region
+// moves (its write-backs held, then answered GONE) sees no fault fail,
+// every page reads what was last written, the dirty pages cached at the
+// switch are written back at the new place, and the handler took a new
+// connection without the mapping being opened again.
+func TestMappingFollowsMove(t *testing.T) {
+	const size, pages = 2 << 20, (2 << 20) / 4096
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	from := memorytest.Start(t, size, 0)
+	to := memorytest.Start(t, 4096, 0)
+	r := &relocation{addr: from.Addr, cred: memorytest.Credential}
+	f, err := client.DialFollowing(ctx, from.Addr, memorytest.Credential, client.Options{Timeout: 10 * time.Second},
+		client.FollowConfig{Relocate: r.relocate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m, err := Map(ctx, f, Options{CacheBytes: 64 * 4096})
+	if err != nil {
+		if errorsIsUffd(err) {
+			t.Skip(err)
+		}
+		t.Fatal(err)
+	}
+	b := m.Bytes()
+	model := make([]uint64, pages)
+	for p := range pages {
+		stamp(b, p, 1)
+		model[p] = 1
+	}
+	// A writer goes on stamping pages while the region moves.
+	var stop atomic.Bool
+	var written atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for gen := uint64(2); !stop.Load(); gen++ {
+			for p := 0; p < pages && !stop.Load(); p += 7 {
+				stamp(b, p, gen)
+				model[p] = gen
+				written.Add(1)
+			}
+		}
+	}()
+	for written.Load() < 200 {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the writer does not write")
+		case <-time.After(time.Millisecond):
+		}
+	}
+	if err := memorytest.Move(ctx, from, to, "moved-cred", func() { r.set(to.Addr, "moved-cred") }); err != nil {
+		t.Fatal(err)
+	}
+	for base := written.Load(); written.Load() < base+400; {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the writer stalled after the move: %v", m.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
+	stop.Store(true)
+	<-done
+	for p := range pages {
+		if got := stamped(b, p); got != int64(model[p]) {
+			t.Fatalf("page %d holds generation %d, want %d (%v)", p, got, model[p], m.Err())
+		}
+	}
+	if err := m.Flush(); err != nil {
+		t.Fatalf("flush after the move: %v", err)
+	}
+	st := m.Stats()
+	if st.Follows == 0 || f.Moves() != 1 || m.Err() != nil {
+		t.Fatalf("follows %d, session moves %d, err %v", st.Follows, f.Moves(), m.Err())
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The new place has every page, as the mapping left it.
+	got := make([]byte, size)
+	if err := f.Read(ctx, client.ChannelBulk, got, 0); err != nil {
+		t.Fatal(err)
+	}
+	for p := range pages {
+		if g := stamped(got, p); g != int64(model[p]) {
+			t.Fatalf("the new place's page %d holds generation %d, want %d", p, g, model[p])
+		}
+	}
+	t.Logf("%d pages written across the move; %d new connection(s), %d write-backs", written.Load(), st.Follows, st.WriteBacks)
+}
+
+func errorsIsUffd(err error) bool { return errors.Is(err, ErrUffdUnavailable) }
