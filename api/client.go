@@ -189,6 +189,19 @@ func (c *Client) Heartbeat(ctx context.Context, nodeID string, h Heartbeat) (Hea
 	return out, err
 }
 
+// RemoveNode removes a node (an admin token): its leases become lost, its
+// certificates are revoked and its credential forgotten. A node that
+// still heartbeats is refused (409) unless force.
+func (c *Client) RemoveNode(ctx context.Context, id string, force bool) (NodeRemoval, error) {
+	var out NodeRemoval
+	p := "/v1/nodes/" + url.PathEscape(id)
+	if force {
+		p += "?force=true"
+	}
+	err := c.Do(ctx, http.MethodDelete, p, nil, &out)
+	return out, err
+}
+
 // Nodes lists nodes.
 func (c *Client) Nodes(ctx context.Context) ([]Node, error) {
 	var out []Node

@@ -13,6 +13,11 @@ const (
 	NodeReady   NodeState = "ready"   // heartbeating
 	NodeSuspect NodeState = "suspect" // missed heartbeats, within the grace period
 	NodeDown    NodeState = "down"    // missed heartbeats past the grace period; its leases are lost
+	// NodeRemoved: an administrator removed the node (DELETE
+	// /v1/nodes/{id}): its leases are lost, its certificates revoked, its
+	// credential forgotten. Its machine may join again as the same node,
+	// with the bootstrap token.
+	NodeRemoved NodeState = "removed"
 )
 
 // Kind is a resource kind.
@@ -344,6 +349,11 @@ type JoinResponse struct {
 	// CACertificate is the cluster CA's certificate (PEM).
 	Certificate   string `json:"certificate,omitempty"`
 	CACertificate string `json:"ca_certificate,omitempty"`
+	// CRL is the cluster CA's current revocation list (PEM): the agent
+	// refuses the certificates it names where it accepts certificates
+	// (its API) and where it dials (other lenders' data planes); heartbeat
+	// answers bring newer ones.
+	CRL string `json:"crl,omitempty"`
 }
 
 // NodeCertificateRequest asks for a new certificate of a node (renewal).
@@ -372,6 +382,9 @@ type Heartbeat struct {
 	Usage []DeviceCounters `json:"usage,omitempty"`
 	// Version is the agent's release version, checked as at join.
 	Version string `json:"version,omitempty"`
+	// CRLNumber is the number of the revocation list the agent holds (0:
+	// none); the answer brings the current list when it is newer.
+	CRLNumber int64 `json:"crl_number,omitempty"`
 }
 
 // DeviceCounters is an agent's running count of one device's data-plane
@@ -464,11 +477,23 @@ type HeartbeatResponse struct {
 	// the time left of each lease (ExpiresAt - Now) from when it sent the
 	// heartbeat, on its own clock.
 	Now time.Time `json:"now,omitzero"`
+	// CRL is the cluster CA's revocation list (PEM) when it is newer than
+	// the heartbeat's CRLNumber.
+	CRL string `json:"crl,omitempty"`
 	// HeartbeatSeconds is the interval the agent is to beat at from now
 	// on: the control plane stretches it as the cluster grows, so that
 	// the heartbeats of all agents stay under its cap
 	// (docs/operations.md, "Heartbeat spreading").
 	HeartbeatSeconds float64 `json:"heartbeat_seconds,omitempty"`
+}
+
+// NodeRemoval is the answer to DELETE /v1/nodes/{id}.
+type NodeRemoval struct {
+	Node Node `json:"node"`
+	// Revoked counts the node's certificates put on the revocation list.
+	Revoked int `json:"revoked_certificates"`
+	// Lost lists the leases that had a part on the node, now lost.
+	Lost []string `json:"lost_leases"`
 }
 
 // PrepareRequest is sent by the control plane to a lender agent during the

@@ -96,7 +96,9 @@ func run() error {
 	size := *sizeMiB << 20
 	slotMem := fmt.Sprintf("%dMiB", *sizeMiB+8)
 	r, err := rack.Start(ctx, rack.Config{Binary: *bin, StateDir: filepath.Join(work, "rack"), Agents: 3, Disks: 1,
-		DiskSize: size + 32<<20, AccelSlots: 1, LinkRate: *rate, AgentArgs: []string{"--slot-memory", slotMem}, LogLevel: "warn"})
+		DiskSize: size + 32<<20, AccelSlots: 1, LinkRate: *rate, AgentArgs: []string{"--slot-memory", slotMem}, LogLevel: "warn",
+		// The paths compared are the plaintext ones (bench/tls measures TLS).
+		InsecureDataplane: true})
 	if err != nil {
 		return err
 	}

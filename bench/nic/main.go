@@ -453,7 +453,8 @@ func benchUDP(c config, md *strings.Builder) error {
 	}
 	defer os.RemoveAll(dir)
 	r, err := rack.Start(ctx, rack.Config{Binary: c.rialto, StateDir: dir, Agents: 1, AccelSlots: 2, LinkRate: c.udpRate,
-		Logger: slog.New(slog.DiscardHandler)})
+		// Slots serve their UDP message path only without TLS.
+		InsecureDataplane: true, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return err
 	}

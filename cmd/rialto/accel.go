@@ -111,7 +111,11 @@ func runAccelRun(ctx context.Context, e *env, args []string) error {
 		return fmt.Errorf("--slot %d: lease %s has %d slot(s)", *slot, l.ID, len(slots))
 	}
 	tgt := slots[*slot]
-	conn, err := borrower.DialAccel(ctx, tgt)
+	dataTLS, err := cf.dataTLS()
+	if err != nil {
+		return err
+	}
+	conn, err := borrower.DialAccel(ctx, tgt, dataTLS)
 	if err != nil {
 		return fmt.Errorf("lease %s: %w", l.ID, err)
 	}
@@ -137,7 +141,7 @@ func runAccelRun(ctx context.Context, e *env, args []string) error {
 	}
 	var out []byte
 	if lf.any() {
-		if out, err = runAccelLeaseIO(ctx, c, lf, &res, tgt, conn, in); err != nil {
+		if out, err = runAccelLeaseIO(ctx, c, lf, &res, tgt, conn, in, dataTLS); err != nil {
 			return err
 		}
 		if lf.output != "" {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"math"
@@ -62,7 +63,7 @@ func parseLeaseRange(s string, withLen bool) (id string, off, n int64, err error
 // the INPUT bytes), START, then STORE (or the relay) to the output lease or
 // a READ of the output, which it returns. It fills in res.
 func runAccelLeaseIO(ctx context.Context, c *api.Client, lf *leaseIOFlags, res *accelRunOut,
-	tgt borrower.AccelSlot, conn *accel.Conn, in []byte) ([]byte, error) {
+	tgt borrower.AccelSlot, conn *accel.Conn, in []byte, dataTLS *tls.Config) ([]byte, error) {
 	if tgt.Shared() {
 		return nil, fmt.Errorf("lease %s is shared: --input-lease and --output-lease need a dedicated lease's slot (a gateway has no slot memory)", res.ID)
 	}
@@ -142,7 +143,7 @@ func runAccelLeaseIO(ctx context.Context, c *api.Client, lf *leaseIOFlags, res *
 	}
 	switch {
 	case lf.input != "":
-		if err := borrower.RelayLoad(ctx, conn, 0, uint32(inLen), inRange, chunk); err != nil {
+		if err := borrower.RelayLoad(ctx, conn, 0, uint32(inLen), inRange, chunk, dataTLS); err != nil {
 			return nil, fmt.Errorf("relay the input: %w", err)
 		}
 	default:
@@ -163,7 +164,7 @@ func runAccelLeaseIO(ctx context.Context, c *api.Client, lf *leaseIOFlags, res *
 	case outRange == nil:
 		return conn.ReadMem(ctx, uint64(outAddr), n)
 	case lf.relay:
-		if err := borrower.RelayStore(ctx, conn, uint64(outAddr), n, *outRange, chunk); err != nil {
+		if err := borrower.RelayStore(ctx, conn, uint64(outAddr), n, *outRange, chunk, dataTLS); err != nil {
 			return nil, fmt.Errorf("relay the output: %w", err)
 		}
 	default:

@@ -67,7 +67,11 @@ func TestAccelReadsBlockLeaseOnAnotherLender(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := strings.Fields(string(sum))[0]
-	nc, err := nbd.DialURI(ctx, blk.URI)
+	dataTLS, err := r.DataTLS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nbd.DialURI(ctx, blk.URI, nbd.WithTLS(dataTLS))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,8 +33,12 @@ func startAppliance(t *testing.T, c *testcluster.Cluster, name string, args ...s
 	var out, errb syncBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	finished := make(chan int, 1)
-	args = append([]string{"appliance", "--control-plane", c.URL, "--bootstrap-token", testcluster.BootstrapToken,
-		"--name", name, "--state-dir", filepath.Join(t.TempDir(), name), "--heartbeat", "100ms", "--log-level", "warn"}, args...)
+	trust := []string{"--insecure-dataplane"}
+	if c.CA != nil {
+		trust = []string{"--cacert", c.CA.CertFile()}
+	}
+	args = append(append([]string{"appliance", "--control-plane", c.URL, "--bootstrap-token-file", secretFileOf(t, testcluster.BootstrapToken),
+		"--name", name, "--state-dir", filepath.Join(t.TempDir(), name), "--heartbeat", "100ms", "--log-level", "warn"}, trust...), args...)
 	go func() { finished <- run(ctx, args, clusterEnv(c, t.TempDir(), &out, &errb)) }()
 	t.Cleanup(func() {
 		cancel()
@@ -182,8 +186,10 @@ func TestApplianceFlags(t *testing.T) {
 		want string
 	}{
 		{[]string{"appliance"}, 1, "bootstrap token is required"},
-		{[]string{"appliance", "--bootstrap-token", "x", "--slots", "0"}, 1, "--slots"},
-		{[]string{"appliance", "--bootstrap-token", "x", "--slot-memory", "big"}, 1, "bad --slot-memory"},
+		{[]string{"appliance", "--bootstrap-token", "x"}, 1, "--bootstrap-token puts a secret on the command line"},
+		{[]string{"appliance", "--bootstrap-token-file", secretFileOf(t, "x")}, 1, "--cacert or RIALTO_CACERT"},
+		{[]string{"appliance", "--bootstrap-token-file", secretFileOf(t, "x"), "--insecure-dataplane", "--slots", "0"}, 1, "--slots"},
+		{[]string{"appliance", "--bootstrap-token-file", secretFileOf(t, "x"), "--insecure-dataplane", "--slot-memory", "big"}, 1, "bad --slot-memory"},
 		{[]string{"appliance", "--frob"}, 2, "flag provided but not defined"},
 	} {
 		_, errs, code := runCLI(t, "http://127.0.0.1:1", tc.args...)

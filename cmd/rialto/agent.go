@@ -91,21 +91,50 @@ func newLogger(e *env, level string) (*slog.Logger, error) {
 // joinFlags registers the flags an agent or appliance joins the cluster
 // with: the control plane's URL, the bootstrap token and the CA
 // certificate the control plane's HTTPS certificate verifies against.
-func joinFlags(fs *flag.FlagSet, e *env) (controlPlane, bootstrapToken, caCert *string) {
+func joinFlags(fs *flag.FlagSet, e *env) (controlPlane *string, bootstrapToken *secret, caCert *string) {
 	addr := e.getenv("RIALTO_ADDR")
 	if addr == "" {
 		addr = defaultAddr
 	}
 	controlPlane = fs.String("control-plane", addr, "control plane URL (env RIALTO_ADDR)")
-	bootstrapToken = secretString(fs, "bootstrap-token", e.getenv("RIALTO_BOOTSTRAP_TOKEN"), "bootstrap `token` (env RIALTO_BOOTSTRAP_TOKEN)")
+	bootstrapToken = secretFile(fs, e, "bootstrap-token", "RIALTO_BOOTSTRAP_TOKEN", "the bootstrap token")
 	caCert = fs.String("cacert", e.getenv("RIALTO_CACERT"), "the cluster CA's certificate `file` (ca-cert.pem) to verify the control plane against (env RIALTO_CACERT; default: the system's CAs)")
 	return controlPlane, bootstrapToken, caCert
+}
+
+// bootstrapToken returns the bootstrap token an agent or appliance joins
+// with.
+func bootstrapToken(s *secret) (string, error) {
+	tok, err := s.get()
+	if err != nil {
+		return "", err
+	}
+	if tok == "" {
+		return "", fmt.Errorf("a bootstrap token is required (--bootstrap-token-file FILE or RIALTO_BOOTSTRAP_TOKEN)")
+	}
+	return tok, nil
+}
+
+// insecureDataplaneFlag registers --insecure-dataplane, the opt-out from
+// TLS on the data planes for a fabric the operator trusts.
+func insecureDataplaneFlag(fs *flag.FlagSet) *bool {
+	return fs.Bool("insecure-dataplane", false, "serve the data planes (NBD, memory, accelerators) without TLS, on a fabric you trust: lease credentials are still checked, but they and the data cross the network in clear (docs/operations.md)")
+}
+
+// checkDataplaneTLS refuses an agent that could serve its data planes
+// only in plaintext without being told to: TLS needs the node certificate,
+// which needs the cluster CA.
+func checkDataplaneTLS(caCert string, insecure bool) error {
+	if caCert == "" && !insecure {
+		return fmt.Errorf("the data planes are served over TLS with a node certificate from the cluster CA: give the CA's certificate (--cacert or RIALTO_CACERT; `rialto up` writes it to STATE/tls/ca-cert.pem), or --insecure-dataplane on a fabric you trust")
+	}
+	return nil
 }
 
 func runAgent(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "agent", "")
 	host, _ := os.Hostname()
-	cp, boot, caCert := joinFlags(fs, e)
+	cp, bootS, caCert := joinFlags(fs, e)
 	name := fs.String("name", host, "node name, unique in the cluster")
 	stateDir := fs.String("state-dir", "rialto-agent", "identity, exports and relative backing files")
 	listen := fs.String("listen", "127.0.0.1", "host the agent API and data planes bind to (0.0.0.0 needs --advertise)")
@@ -121,6 +150,7 @@ func runAgent(ctx context.Context, e *env, args []string) error {
 	hb := fs.Duration("heartbeat", 0, "heartbeat interval (default: the control plane's)")
 	machine := fs.String("machine-id", "", "override the hardware identity")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
+	insecure := insecureDataplaneFlag(fs)
 	cfgFile := configFlag(fs, e)
 	if _, err := parse(fs, args, 0, 0); err != nil {
 		return err
@@ -128,23 +158,31 @@ func runAgent(ctx context.Context, e *env, args []string) error {
 	if err := cfgFile.apply(); err != nil {
 		return err
 	}
-	if *boot == "" {
-		return fmt.Errorf("a bootstrap token is required (--bootstrap-token or RIALTO_BOOTSTRAP_TOKEN)")
+	boot, err := bootstrapToken(bootS)
+	if err != nil {
+		return err
+	}
+	if err := checkDataplaneTLS(*caCert, *insecure); err != nil {
+		return err
 	}
 	log, err := newLogger(e, *level)
 	if err != nil {
 		return err
 	}
 	cfg := agent.Config{
-		ControlPlane: *cp, BootstrapToken: *boot, Name: *name, StateDir: *stateDir,
+		ControlPlane: *cp, BootstrapToken: boot, Name: *name, StateDir: *stateDir,
 		Listen: *listen, Advertise: *advertise, APIPort: *port, HeartbeatInterval: *hb,
 		MachineID: *machine, Logger: log, Version: versionString(),
 	}
 	if cfg.Labels, err = parseLabels(labels); err != nil {
 		return err
 	}
-	// With the CA the agent enrolls: a node certificate for mutual TLS.
-	cfg.CAFile = *caCert
+	// With the CA the agent enrolls: a node certificate for mutual TLS
+	// and the data planes' TLS.
+	cfg.CAFile, cfg.InsecureDataplane = *caCert, *insecure
+	if *insecure {
+		fmt.Fprintln(e.stderr, "rialto agent: --insecure-dataplane: leases are served without TLS; their credentials and data cross the network in clear")
+	}
 	for i, b := range blocks {
 		d, err := parseBlock(b, i)
 		if err != nil {

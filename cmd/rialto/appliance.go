@@ -33,7 +33,7 @@ func init() {
 func runAppliance(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "appliance", "")
 	host, _ := os.Hostname()
-	cp, boot, caCert := joinFlags(fs, e)
+	cp, bootS, caCert := joinFlags(fs, e)
 	name := fs.String("name", host+"-appliance", "node name, unique in the cluster")
 	stateDir := fs.String("state-dir", "rialto-appliance", "identity and export state")
 	slots := fs.Int("slots", 4, "accelerator slots (each listens on its own port)")
@@ -48,11 +48,16 @@ func runAppliance(ctx context.Context, e *env, args []string) error {
 	hb := fs.Duration("heartbeat", 0, "heartbeat interval (default: the control plane's)")
 	machine := fs.String("machine-id", "", "override the hardware identity")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
+	insecure := insecureDataplaneFlag(fs)
 	if _, err := parse(fs, args, 0, 0); err != nil {
 		return err
 	}
-	if *boot == "" {
-		return fmt.Errorf("a bootstrap token is required (--bootstrap-token or RIALTO_BOOTSTRAP_TOKEN)")
+	boot, err := bootstrapToken(bootS)
+	if err != nil {
+		return err
+	}
+	if err := checkDataplaneTLS(*caCert, *insecure); err != nil {
+		return err
 	}
 	if *slots < 1 {
 		return fmt.Errorf("--slots must be at least 1")
@@ -79,7 +84,7 @@ func runAppliance(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintf(e.stdout, "rialto appliance: management API on http://%s (bearer token in %s)\n", mln.Addr(), where)
 	}
 	cfg := agent.Config{
-		ControlPlane: *cp, BootstrapToken: *boot, Name: *name, StateDir: *stateDir,
+		ControlPlane: *cp, BootstrapToken: boot, Name: *name, StateDir: *stateDir,
 		Listen: *listen, Advertise: *advertise, APIPort: *port, HeartbeatInterval: *hb,
 		MachineID: *machine, Logger: log.With("appliance", *name),
 		Devices: []agent.DeviceConfig{{Name: "accel0", Kind: api.KindAccel, Size: int64(*slots), Model: "rialto-appliance", Sharing: "partitionable",
@@ -88,7 +93,7 @@ func runAppliance(ctx context.Context, e *env, args []string) error {
 	if cfg.Labels, err = parseLabels(labels); err != nil {
 		return err
 	}
-	cfg.CAFile = *caCert
+	cfg.CAFile, cfg.InsecureDataplane = *caCert, *insecure
 	if cfg.Labels == nil {
 		cfg.Labels = map[string]string{}
 	}

@@ -122,6 +122,10 @@ func runAttach(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	dataTLS, err := cf.dataTLS()
+	if err != nil {
+		return err
+	}
 	l, err := c.Lease(ctx, pos[0])
 	if err != nil {
 		return err
@@ -161,7 +165,7 @@ func runAttach(ctx context.Context, e *env, args []string) error {
 	// A part whose lender restarted at another address is redialled at
 	// the URI the control plane has for it now.
 	att, err := borrower.Attach(ctx, c, l, borrower.AttachConfig{Listen: where, StripeUnit: su,
-		ConnsPerPart: *conns, RequestTimeout: *timeout, Logger: log})
+		ConnsPerPart: *conns, RequestTimeout: *timeout, TLS: dataTLS, Logger: log})
 	if err != nil {
 		os.Remove(ctlPath)
 		return fmt.Errorf("attach %s: %w", l.ID, err)

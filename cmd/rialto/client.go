@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 const defaultAddr = "https://127.0.0.1:7070"
@@ -18,6 +20,7 @@ const defaultAddr = "https://127.0.0.1:7070"
 // clientFlags are the flags every CLI verb shares.
 type clientFlags struct {
 	addr, token, output, caCert string
+	tokenS                      *secret // --token-file, RIALTO_TOKEN
 }
 
 func (cf *clientFlags) register(fs *flag.FlagSet, e *env) {
@@ -27,8 +30,7 @@ func (cf *clientFlags) register(fs *flag.FlagSet, e *env) {
 	}
 	fs.StringVar(&cf.addr, "addr", addr, "control plane URL (env RIALTO_ADDR)")
 	fs.StringVar(&cf.caCert, "cacert", e.getenv("RIALTO_CACERT"), "the cluster CA's certificate `file` (ca-cert.pem) to verify the control plane against (env RIALTO_CACERT; default: the system's CAs)")
-	cf.token = e.getenv("RIALTO_TOKEN")
-	fs.Var(secretFlag{&cf.token}, "token", "API `token` (env RIALTO_TOKEN)")
+	cf.tokenS = secretFile(fs, e, "token", "RIALTO_TOKEN", "the API token")
 	fs.StringVar(&cf.output, "o", "table", "output format: table or json")
 }
 
@@ -42,6 +44,9 @@ func (cf *clientFlags) client() (*api.Client, error) {
 	if !strings.Contains(addr, "://") {
 		addr = "https://" + addr
 	}
+	if err := cf.resolveToken(); err != nil {
+		return nil, err
+	}
 	hc, err := api.HTTPClient(cf.caCert, 2*time.Minute)
 	if err != nil {
 		return nil, fmt.Errorf("%w (--cacert, RIALTO_CACERT)", err)
@@ -50,6 +55,35 @@ func (cf *clientFlags) client() (*api.Client, error) {
 }
 
 func (cf *clientFlags) json() bool { return cf.output == "json" }
+
+// resolveToken sets cf.token from --token-file or RIALTO_TOKEN (after the
+// flags are parsed); --token is refused.
+func (cf *clientFlags) resolveToken() error {
+	if cf.tokenS == nil {
+		return nil
+	}
+	tok, err := cf.tokenS.get()
+	if err != nil {
+		return err
+	}
+	cf.token, cf.tokenS = tok, nil
+	return nil
+}
+
+// dataTLS is the client configuration for the data planes of leases that
+// require TLS (nbds://, rialto-mems://, rialto-accels://): the cluster CA
+// of --cacert (RIALTO_CACERT), and the revocation list beside it
+// (ca-crl.pem) if there is one; without --cacert, the system's CAs.
+func (cf *clientFlags) dataTLS() (*tls.Config, error) {
+	if cf.caCert == "" {
+		return nil, nil
+	}
+	cfg, err := pki.LoadClientTLS(cf.caCert)
+	if err != nil {
+		return nil, fmt.Errorf("%w (--cacert, RIALTO_CACERT)", err)
+	}
+	return cfg, nil
+}
 
 // parse parses a verb's flags (fs carries cf's) and returns its positional
 // arguments, between minPos and maxPos of them, and a client for the

@@ -172,20 +172,53 @@ func newFlags(e *env, c string, args string) *flag.FlagSet {
 	return fs
 }
 
-// secretFlag is a string flag holding a secret: help and usage output
-// (stderr, hence service logs) never show its value, although its default
-// may come from the environment.
-type secretFlag struct{ p *string }
+// secret is a secret a verb is given through --NAME-file (a file holding
+// it) or an environment variable, never on the command line: a command
+// line is visible to every user of the machine (ps, /proc/PID/cmdline).
+// --NAME itself is still accepted by the parser, so that its value never
+// reaches a usage error, and refused by get with a message that says what
+// to use instead.
+type secret struct {
+	name, env string
+	file      string
+	envValue  string
+	refused   bool
+}
 
-func (f secretFlag) String() string     { return "" }
-func (f secretFlag) Set(v string) error { *f.p = v; return nil }
+// refusedFlag records that a secret was given on the command line and
+// forgets its value.
+type refusedFlag struct{ used *bool }
 
-// secretString defines a secretFlag with a default and returns its value.
-func secretString(fs *flag.FlagSet, name, value, usage string) *string {
-	p := new(string)
-	*p = value
-	fs.Var(secretFlag{p}, name, usage)
-	return p
+func (f refusedFlag) String() string     { return "" }
+func (f refusedFlag) Set(v string) error { *f.used = true; return nil }
+
+// secretFile registers --NAME-file and the refused --NAME for a secret
+// whose environment variable is env; what says what it is.
+func secretFile(fs *flag.FlagSet, e *env, name, env, what string) *secret {
+	s := &secret{name: name, env: env, envValue: e.getenv(env)}
+	fs.StringVar(&s.file, name+"-file", "", fmt.Sprintf("`file` holding %s (env %s; never on the command line)", what, env))
+	fs.Var(refusedFlag{&s.refused}, name, fmt.Sprintf("refused: a command line is visible to every user; use --%s-file or %s", name, env))
+	return s
+}
+
+// get returns the secret: --NAME-file's content (trimmed), else the
+// environment's value ("" if neither).
+func (s *secret) get() (string, error) {
+	if s.refused {
+		return "", fmt.Errorf("--%s puts a secret on the command line, where every user of the machine sees it (ps, /proc/PID/cmdline): use --%s-file FILE or the environment variable %s", s.name, s.name, s.env)
+	}
+	if s.file == "" {
+		return strings.TrimSpace(s.envValue), nil
+	}
+	b, err := os.ReadFile(s.file)
+	if err != nil {
+		return "", fmt.Errorf("--%s-file: %w", s.name, err)
+	}
+	v := strings.TrimSpace(string(b))
+	if v == "" {
+		return "", fmt.Errorf("--%s-file: %s is empty", s.name, s.file)
+	}
+	return v, nil
 }
 
 // parse parses flags that may appear before, between or after positional

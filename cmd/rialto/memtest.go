@@ -59,7 +59,11 @@ func runMemtest(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	parts, err := borrower.MemtestLease(ctx, c, l, span, *timeout)
+	dataTLS, err := cf.dataTLS()
+	if err != nil {
+		return err
+	}
+	parts, err := borrower.MemtestLease(ctx, c, l, span, *timeout, dataTLS)
 	if err != nil {
 		return err
 	}

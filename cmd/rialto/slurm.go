@@ -30,6 +30,7 @@ const (
 type slurmFlags struct {
 	envFile, stateDir string
 	timeout           time.Duration
+	caCert            string // the cluster CA's certificate, from the env file (slurmClient)
 }
 
 func (sf *slurmFlags) register(fs *flag.FlagSet, client bool) {
@@ -66,6 +67,7 @@ func (sf *slurmFlags) slurmClient(e *env) (*api.Client, error) {
 		return nil, fmt.Errorf("no RIALTO_ADDR and RIALTO_TOKEN (in %s or the environment)", sf.envFile)
 	}
 	cf := clientFlags{addr: vals["RIALTO_ADDR"], caCert: vals["RIALTO_CACERT"], token: vals["RIALTO_TOKEN"], output: "table"}
+	sf.caCert = cf.caCert
 	return cf.client()
 }
 
@@ -100,7 +102,7 @@ func runSlurmProlog(ctx context.Context, e *env, args []string) error {
 			if err != nil {
 				failure = err
 			} else {
-				lines = slurm.Env(ls)
+				lines = slurm.Env(ls, sf.caCert)
 				ids := make([]string, len(ls))
 				for i, l := range ls {
 					ids[i] = l.ID

@@ -83,6 +83,7 @@ func runUp(ctx context.Context, e *env, args []string) error {
 	linkRate := fs.String("link-rate", "", "with --netns: shape every link with tc tbf to this rate, e.g. 1gbit, 400mbit (bandwidth only: no delay or loss)")
 	uplinks := fs.Bool("uplinks", false, "with --netns: give every agent an uplink (wan0) to an outside network that only the agents reach, lent as NIC \"wan\" (docs/nic.md; needs nft)")
 	uplinkRate := fs.String("uplink-rate", "", "with --uplinks: shape the uplinks with tc tbf to this rate, e.g. 100mbit; the agents lend them at that rate")
+	insecure := insecureDataplaneFlag(fs)
 	replicas := fs.Int("replicas", 1, "control-plane replicas; more than 1 runs a throwaway PostgreSQL in the state dir (needs the machine's PostgreSQL) and that many `rialto server` processes sharing it (docs/operations.md)")
 	var tm timings
 	tm.register(fs)
@@ -125,6 +126,9 @@ func runUp(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if *insecure {
+		fmt.Fprintln(e.stderr, "rialto up: --insecure-dataplane: leases are served without TLS; their credentials and data cross the network in clear")
+	}
 	if *netnsMode {
 		// The processes log to files in the state dir, not this terminal:
 		// info unless asked otherwise.
@@ -133,7 +137,7 @@ func runUp(ctx context.Context, e *env, args []string) error {
 		}
 		return runUpNetns(ctx, e, upNetns{dir: *dir, port: *port, agents: *agents, disks: *disks, diskSize: dsize,
 			memory: msize, slots: *slots, linkRate: *linkRate, uplinks: *uplinks, uplinkRate: *uplinkRate,
-			level: *level, quotas: quotaSpecs, tm: tm, log: log})
+			level: *level, quotas: quotaSpecs, tm: tm, log: log, insecureDataplane: *insecure})
 	}
 	if err := os.MkdirAll(*dir, 0o700); err != nil {
 		return err
@@ -212,7 +216,7 @@ func runUp(ctx context.Context, e *env, args []string) error {
 		cfg := agent.Config{
 			ControlPlane: cp.url(), BootstrapToken: st.BootstrapToken, Name: name,
 			StateDir: filepath.Join(*dir, name), Logger: log.With("component", "agent", "node", name),
-			Labels: map[string]string{"cluster": "local"}, CAFile: caFile,
+			Labels: map[string]string{"cluster": "local"}, CAFile: caFile, InsecureDataplane: *insecure,
 			// The control plane's /metrics reports this process's runtime
 			// (replicas are processes of their own).
 			OmitRuntimeMetrics: *replicas <= 1,
@@ -278,7 +282,7 @@ func runUp(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintf(w, "Prometheus: prometheus --config.file=%s\n", promCfg)
 		fmt.Fprintln(w, "            (scrapes the control plane and every agent; Grafana dashboard: docs/grafana/rialto.json)")
 	}
-	if err := printUp(ctx, e, cp.url(), caFile, st, *dir, where, printProm); err != nil {
+	if err := printUp(ctx, e, cp.url(), caFile, st, *dir, where, *insecure, printProm); err != nil {
 		shutdown()
 		return err
 	}
@@ -327,7 +331,7 @@ func upTLSDir(stateDir string) string { return filepath.Join(stateDir, "tls") }
 // devices, and how to talk to the cluster; extra, if set, adds a section
 // after the devices. It writes the env file. caFile is the cluster's CA
 // certificate (absolute), which clients verify the API against.
-func printUp(ctx context.Context, e *env, url, caFile string, st upState, dir, where string, extra func(io.Writer)) error {
+func printUp(ctx context.Context, e *env, url, caFile string, st upState, dir, where string, insecure bool, extra func(io.Writer)) error {
 	token := st.AdminToken
 	hc, err := api.HTTPClient(caFile, 30*time.Second)
 	if err != nil {
@@ -379,6 +383,12 @@ func printUp(ctx context.Context, e *env, url, caFile string, st upState, dir, w
 		fmt.Fprintf(w, "(also in %s: `. %s` in another shell)\n", envFile, envFile)
 	}
 	fmt.Fprintln(w, "then: rialto nodes; rialto lease create --kind block --size 256MiB; Ctrl-C stops the cluster.")
+	if insecure {
+		fmt.Fprintln(w, "data planes: plaintext (--insecure-dataplane): lease credentials and data cross the network in clear.")
+	} else {
+		fmt.Fprintln(w, "data planes: TLS with certificates from the cluster CA (nbds://, rialto-mems://, rialto-accels://);")
+		fmt.Fprintf(w, "             third-party NBD clients add the CA's directory: nbdinfo 'nbds://…?tls-certificates=%s'\n", filepath.Dir(caFile))
+	}
 	for _, d := range devs {
 		if d.Kind == api.KindAccel {
 			fmt.Fprintln(w, "accelerators: rialto lease create --kind accel --mode shared --role sha256   (note its ID, then)")

@@ -27,6 +27,7 @@ type upNetns struct {
 	quotas               []string
 	tm                   timings
 	log                  *slog.Logger
+	insecureDataplane    bool
 }
 
 // runUpNetns runs an emulated rack (internal/rack): the control plane and
@@ -75,6 +76,7 @@ func runUpNetns(ctx context.Context, e *env, o upNetns) error {
 		PrepareTimeout: o.tm.prepare, DefaultTTL: o.tm.ttl,
 		BootstrapToken: st.BootstrapToken, AdminToken: st.AdminToken, APIPort: o.port,
 		ServerArgs: serverArgs, LogLevel: o.level, Logger: o.log.With("component", "rack"),
+		InsecureDataplane: o.insecureDataplane,
 	})
 	if err != nil {
 		if errors.Is(err, rack.ErrBadConfig) {
@@ -93,7 +95,7 @@ func runUpNetns(ctx context.Context, e *env, o upNetns) error {
 	if err != nil {
 		return errors.Join(err, r.Close())
 	}
-	if err := printUp(ctx, e, r.URL(), caFile, st, o.dir, where, func(w io.Writer) { printRack(w, r) }); err != nil {
+	if err := printUp(ctx, e, r.URL(), caFile, st, o.dir, where, o.insecureDataplane, func(w io.Writer) { printRack(w, r) }); err != nil {
 		return errors.Join(err, r.Close())
 	}
 	for {

@@ -198,8 +198,13 @@ func TestUpNetns(t *testing.T) {
 	}
 	var l api.Lease
 	up.cli(t, bin, &l, "lease", "create", "--kind", "block", "--size", "16MiB", "--ttl", "1h")
-	if out, err := exec.Command("nbdinfo", "--size", l.URI).CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "16777216" {
-		t.Fatalf("nbdinfo %s: %v %s", l.URI, err, out)
+	// The agents serve TLS (the rack's CA in STATE/tls, libnbd's layout).
+	tlsDir := filepath.Join(dir, "tls")
+	if !strings.HasPrefix(l.URI, "nbds://") {
+		t.Fatalf("block lease of the rack: %s", strings.SplitN(l.URI, "/", 4)[2])
+	}
+	if out, err := exec.Command("nbdinfo", "--size", l.URI+"?tls-certificates="+tlsDir).CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "16777216" {
+		t.Fatalf("nbdinfo over TLS: %v %s", err, out)
 	}
 
 	up.stop(t)
@@ -219,7 +224,7 @@ func TestUpNetns(t *testing.T) {
 	if again.State != api.LeaseActive || again.URI != l.URI {
 		t.Fatalf("lease after restart: %s at %s (was %s)", again.State, again.URI, l.URI)
 	}
-	if out, err := exec.Command("nbdinfo", "--size", l.URI).CombinedOutput(); err != nil {
+	if out, err := exec.Command("nbdinfo", "--size", l.URI+"?tls-certificates="+tlsDir).CombinedOutput(); err != nil {
 		t.Fatalf("nbdinfo after restart: %v %s", err, out)
 	}
 	up2.stop(t)

@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/mapping"
 	"io"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 var (
@@ -222,8 +224,19 @@ func TestUpREADMEFlow(t *testing.T) {
 	}
 	var l api.Lease
 	up.cli(t, bin, &l, "lease", "create", "--kind", "block", "--size", "256MiB")
-	if l.State != api.LeaseActive || l.NodeID == "" || l.DeviceID == "" || !strings.HasPrefix(l.URI, "nbd://") {
+	// The data planes require TLS by default: the lease is nbds://, and
+	// nbdinfo reaches it with the cluster CA's directory.
+	if l.State != api.LeaseActive || l.NodeID == "" || l.DeviceID == "" || !strings.HasPrefix(l.URI, "nbds://") {
 		t.Fatalf("lease %+v", l)
+	}
+	if nbdinfo, err := exec.LookPath("nbdinfo"); err == nil {
+		tlsDir := filepath.Join(dir, "tls")
+		if out, err := exec.Command(nbdinfo, "--size", l.URI+"?tls-certificates="+tlsDir).CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "268435456" {
+			t.Errorf("nbdinfo over TLS: %v %s", err, out)
+		}
+		if err := exec.Command(nbdinfo, "--size", "nbd://"+strings.TrimPrefix(l.URI, "nbds://")).Run(); err == nil {
+			t.Error("nbdinfo in plaintext was served")
+		}
 	}
 	var rel api.Lease
 	up.cli(t, bin, &rel, "lease", "release", l.ID)
@@ -233,7 +246,7 @@ func TestUpREADMEFlow(t *testing.T) {
 
 	var acc api.Lease
 	up.cli(t, bin, &acc, "lease", "create", "--kind", "accel", "--role", "echo")
-	if acc.State != api.LeaseActive || !strings.HasPrefix(acc.URI, "rialto-accel://") {
+	if acc.State != api.LeaseActive || !strings.HasPrefix(acc.URI, "rialto-accels://") {
 		t.Fatalf("accel lease %+v", acc)
 	}
 	up.cli(t, bin, &rel, "lease", "release", acc.ID)
@@ -280,7 +293,11 @@ func TestUpREADMEFlow(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := nbd.DialURI(ctx, again.URI)
+	dataTLS, err := pki.LoadClientTLS(up2.cacert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := nbd.DialURI(ctx, again.URI, nbd.WithTLS(dataTLS))
 	if err != nil {
 		t.Fatalf("kept lease's URI after restart: %v", err)
 	}
@@ -306,6 +323,39 @@ func TestUpQuota(t *testing.T) {
 	up.cli(t, bin, &got, "lease", "show", l.ID)
 	if got.State != api.LeaseActive {
 		t.Fatalf("first lease is %s", got.State)
+	}
+	up.stop(t)
+}
+
+// TestUpInsecureDataplane: `rialto up --insecure-dataplane` is the
+// trusted-fabric opt-out: its leases are plaintext (nbd://, rialto-mem://,
+// rialto-accel://), their credentials still checked, and it says so.
+func TestUpInsecureDataplane(t *testing.T) {
+	bin := buildBinary(t)
+	up := startUp(t, bin, t.TempDir(), "--insecure-dataplane", "--agents", "1", "--memory", "16MiB")
+	var l api.Lease
+	up.cli(t, bin, &l, "lease", "create", "--kind", "block", "--size", "16MiB")
+	if !strings.HasPrefix(l.URI, "nbd://") {
+		t.Fatalf("block lease with --insecure-dataplane: %s", strings.SplitN(l.URI, "/", 4)[2])
+	}
+	var m api.Lease
+	up.cli(t, bin, &m, "lease", "create", "--kind", "memory", "--size", "1MiB")
+	if !strings.HasPrefix(m.URI, "rialto-mem://") {
+		t.Fatalf("memory lease with --insecure-dataplane: %s", strings.SplitN(m.URI, ":", 2)[0])
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	u, err := nbd.ParseURI(l.URI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := nbd.Dial(ctx, u.Network, u.Address, u.Export)
+	if err != nil {
+		t.Fatalf("plaintext NBD: %v", err)
+	}
+	c.Close()
+	if _, err := nbd.Dial(ctx, u.Network, u.Address, u.Export+"x"); !errors.Is(err, nbd.ErrExportNotFound) {
+		t.Fatalf("a wrong export name: %v", err)
 	}
 	up.stop(t)
 }

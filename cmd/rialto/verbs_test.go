@@ -144,7 +144,8 @@ func TestVerbErrors(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"nodes", "--token", "bad"}, 1, "missing or unknown API token (code unauthorized, HTTP 401)"},
+		{[]string{"nodes", "--token-file", secretFileOf(t, "bad")}, 1, "missing or unknown API token (code unauthorized, HTTP 401)"},
+		{[]string{"nodes", "--token", "bad"}, 1, "--token puts a secret on the command line"},
 		{[]string{"lease", "create", "--size", "lots"}, 1, "bad --size"},
 		{[]string{"lease", "create", "--kind", "floppy"}, 1, "unknown --kind"},
 		{[]string{"lease", "create", "--ttl", "soon"}, 1, "bad --ttl"},

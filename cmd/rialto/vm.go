@@ -21,6 +21,7 @@ import (
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/borrower"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/pki"
 	"github.com/rialto-project/rialto/internal/resource"
 	"github.com/rialto-project/rialto/internal/vm"
 )
@@ -162,6 +163,32 @@ func runVMRun(ctx context.Context, e *env, args []string) error {
 // stops: it fetches the lease, attaches a composed one on a Unix socket,
 // runs qemu (vm.Run), keeps the record, renews the lease and stops the
 // guest when the lease ends.
+// vmTLSDir is the directory qemu's tls-creds-x509 reads for a disk that
+// requires TLS: that of the cluster CA's certificate when it is named
+// ca-cert.pem (with the ca-crl.pem beside it), else a copy in the VM's
+// directory.
+func vmTLSDir(caFile, vmDir string) (string, error) {
+	if caFile == "" {
+		return "", fmt.Errorf("its disk requires TLS: give the cluster CA's certificate (--cacert, RIALTO_CACERT)")
+	}
+	abs, err := filepath.Abs(caFile)
+	if err != nil {
+		return "", err
+	}
+	if filepath.Base(abs) == pki.CACertFile {
+		return filepath.Dir(abs), nil
+	}
+	b, err := os.ReadFile(abs)
+	if err != nil {
+		return "", fmt.Errorf("cluster CA certificate: %w", err)
+	}
+	d := filepath.Join(vmDir, "tls")
+	if err := pki.WriteFiles(d, "client", b, nil, nil); err != nil {
+		return "", err
+	}
+	return d, nil
+}
+
 func superviseVM(ctx context.Context, e *env, cf *clientFlags, f vmRunFlags, memMiB int64, dir string, ready func(vm.Record)) error {
 	log, err := newLogger(e, f.logLevel)
 	if err != nil {
@@ -190,15 +217,25 @@ func superviseVM(ctx context.Context, e *env, cf *clientFlags, f vmRunFlags, mem
 		return err
 	}
 	var disk nbd.URI
-	var diskDesc string
+	var diskDesc, tlsDir string
 	if len(uris) == 1 {
 		if disk, err = nbd.ParseURI(uris[0]); err != nil {
 			return fmt.Errorf("lease %s: malformed part URI", l.ID)
 		}
 		diskDesc = "qemu's NBD client to the lender at " + disk.Address
+		if disk.TLS {
+			if tlsDir, err = vmTLSDir(cf.caCert, dir); err != nil {
+				return fmt.Errorf("lease %s: %w", l.ID, err)
+			}
+			diskDesc += " over TLS"
+		}
 	} else {
+		dataTLS, err := cf.dataTLS()
+		if err != nil {
+			return err
+		}
 		sock := filepath.Join(dir, "disk.sock")
-		att, err := borrower.Attach(ctx, c, l, borrower.AttachConfig{Listen: "unix:" + sock, Logger: log})
+		att, err := borrower.Attach(ctx, c, l, borrower.AttachConfig{Listen: "unix:" + sock, TLS: dataTLS, Logger: log})
 		if err != nil {
 			return fmt.Errorf("attach %s: %w", l.ID, err)
 		}
@@ -212,7 +249,7 @@ func superviseVM(ctx context.Context, e *env, cf *clientFlags, f vmRunFlags, mem
 		Kernel: f.kernel, Initrd: f.initrd, Append: f.appendArgs, MemoryMiB: memMiB, CPUs: f.cpus, Accel: accel, AccelWant: f.accel,
 		Addr: cf.addr, QMP: filepath.Join(dir, vm.QMPSocket), Console: filepath.Join(dir, vm.ConsoleLog)}
 	cfg := vm.Config{Name: f.name, Dir: dir, Kernel: f.kernel, Initrd: f.initrd, Append: f.appendArgs, MemoryMiB: memMiB,
-		CPUs: f.cpus, Accel: accel, Disk: disk}
+		CPUs: f.cpus, Accel: accel, Disk: disk, TLSDir: tlsDir}
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -305,6 +342,9 @@ func detachVMRun(ctx context.Context, e *env, cf *clientFlags, f vmRunFlags, dir
 		return err
 	}
 	defer logf.Close()
+	if err := cf.resolveToken(); err != nil {
+		return err
+	}
 	r, w, err := os.Pipe()
 	if err != nil {
 		return err
@@ -312,7 +352,13 @@ func detachVMRun(ctx context.Context, e *env, cf *clientFlags, f vmRunFlags, dir
 	defer r.Close()
 	child := f
 	child.detach = false
-	cmd := exec.Command(exe, child.args(cf.addr)...)
+	args := child.args(cf.addr)
+	if cf.caCert != "" {
+		if abs, err := filepath.Abs(cf.caCert); err == nil {
+			args = append(args, "--cacert", abs)
+		}
+	}
+	cmd := exec.Command(exe, args...)
 	cmd.Env = append(os.Environ(), readyFDEnv+"=3", "RIALTO_TOKEN="+cf.token)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = []*os.File{w}
@@ -559,6 +605,9 @@ func runVMMove(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintln(e.stderr, "rialto vm move: --to is required")
 		fs.Usage()
 		return errUsage
+	}
+	if err := cf.resolveToken(); err != nil {
+		return err
 	}
 	rec, err := vm.LoadRecord(*sd, pos[0])
 	if err != nil {

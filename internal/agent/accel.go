@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -50,12 +51,14 @@ type AccelDriver struct {
 	// management API (Appliance(name).Handler()) requires.
 	ManagementToken string
 
-	mu    sync.Mutex
-	apps  map[string]*appliance.Appliance // by device name
-	gwCfg map[string]gwConfig             // by device name
-	live  map[string]Export               // by export name
-	gws   *gatewayPool                    // the shared leases' gateways
-	reg   *prometheus.Registry
+	mu     sync.Mutex
+	srvTLS *tls.Config                     // slots and gateways require TLS with it (UseTLS)
+	cliTLS *tls.Config                     // for dialling TLS data planes (UseTLS)
+	apps   map[string]*appliance.Appliance // by device name
+	gwCfg  map[string]gwConfig             // by device name
+	live   map[string]Export               // by export name
+	gws    *gatewayPool                    // the shared leases' gateways
+	reg    *prometheus.Registry
 }
 
 // NewAccelDriver returns an accelerator driver whose slots bind host.
@@ -81,6 +84,21 @@ func (d *AccelDriver) Appliance(device string) *appliance.Appliance {
 	return d.apps[device]
 }
 
+// UseTLS implements TLSUser: with a server configuration every slot's
+// mailbox and every gateway require TLS (URIs are rialto-accels://), the
+// gateways dial their slots over TLS, and slots serve no UDP message path
+// (datagrams are not encrypted); slots dial block leases with client.
+// Call it before Open.
+func (d *AccelDriver) UseTLS(server, client *tls.Config) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.srvTLS, d.cliTLS = server, client
+	d.gws.srvTLS = server
+	if server != nil {
+		d.gws.slotTLS = client
+	}
+}
+
 // Open builds the device's appliance with dev.Size slots.
 func (d *AccelDriver) Open(_ context.Context, dev DeviceConfig) (DeviceConfig, error) {
 	mem := uint64(DefaultSlotMemory)
@@ -96,12 +114,17 @@ func (d *AccelDriver) Open(_ context.Context, dev DeviceConfig) (DeviceConfig, e
 		return dev, err
 	}
 	d.mu.Lock()
-	reg := d.reg
+	reg, srvTLS, cliTLS := d.reg, d.srvTLS, d.cliTLS
 	d.mu.Unlock()
-	// Every slot also serves its requests as UDP datagrams on its
-	// mailbox's port, one socket (queue) per worker.
+	// Without TLS every slot also serves its requests as UDP datagrams on
+	// its mailbox's port, one socket (queue) per worker; datagrams carry
+	// no TLS, so slots that require it serve none.
+	udp := runtime.GOMAXPROCS(0)
+	if srvTLS != nil {
+		udp = 0
+	}
 	app, err := appliance.New(appliance.Config{ID: dev.Name, Slots: int(dev.Size), SlotMemory: mem, Host: d.host, Logger: d.log,
-		Metrics: registerer(reg), ManagementToken: d.ManagementToken, ManagedLeases: true, UDPQueues: runtime.GOMAXPROCS(0)})
+		Metrics: registerer(reg), ManagementToken: d.ManagementToken, ManagedLeases: true, UDPQueues: udp, TLS: srvTLS, BlockTLS: cliTLS})
 	if err != nil {
 		return dev, err
 	}
@@ -221,7 +244,7 @@ func (d *AccelDriver) Prepare(ctx context.Context, e Export) (api.PrepareRespons
 	if err != nil {
 		return api.PrepareResponse{}, err
 	}
-	uri := accel.URI{Slots: addrs, Credential: e.Request.Export}.String()
+	uri := accel.URI{Slots: addrs, Credential: e.Request.Export, TLS: d.srvTLS != nil}.String()
 	if _, ok := d.live[e.Request.Export]; ok {
 		return api.PrepareResponse{URI: uri}, nil
 	}

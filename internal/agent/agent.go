@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -264,6 +265,16 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if a.tls != nil {
 		a.hc = a.tls.httpClient(a.hc.Timeout)
+		var srv *tls.Config
+		if !a.cfg.InsecureDataplane {
+			srv = a.tls.dataServerTLS()
+		}
+		cli := a.tls.dataClientTLS()
+		for _, d := range a.drivers {
+			if u, ok := d.(TLSUser); ok {
+				u.UseTLS(srv, cli)
+			}
+		}
 	}
 	// Hold the ports the last run served at while devices open (fresh
 	// accelerator slot ports could take one); each is released right
@@ -574,6 +585,7 @@ func (a *Agent) join(ctx context.Context) error {
 			if err := a.useCert(resp.Certificate); err != nil {
 				return err
 			}
+			a.useCRL(resp.CRL)
 		}
 		if err == nil {
 			a.mu.Lock()
@@ -688,7 +700,8 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	if nodeID == "" {
 		return ErrNotJoined
 	}
-	hb := api.Heartbeat{Health: a.health(), Leases: leases, Moved: moved, Links: a.probePeers(ctx, a.probeRound(peers)), Usage: a.usage(), Version: a.cfg.Version}
+	hb := api.Heartbeat{Health: a.health(), Leases: leases, Moved: moved, Links: a.probePeers(ctx, a.probeRound(peers)), Usage: a.usage(),
+		CRLNumber: a.crlNumber(), Version: a.cfg.Version}
 	if measured {
 		hb.Links = append(hb.Links, api.LinkReport{To: "controlplane", RTTMicros: cpRTT, Up: cpUp})
 	}
@@ -712,6 +725,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 		return err
 	}
 	a.mHeartbeats.WithLabelValues("ok").Inc()
+	a.useCRL(resp.CRL)
 	a.mu.Lock()
 	if resp.Peers != nil {
 		a.peers = a.otherPeers(resp.Peers, nodeID)

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -38,7 +39,9 @@ func init() {
 // BlockDriver implements [Wiper] (the agent zeroes a range before it
 // returns to the pool) and [Suspender].
 type BlockDriver struct {
-	srv nbd.Server
+	srv    nbd.Server
+	scheme string      // of the URIs: nbd, or nbds once UseTLS is called
+	cliTLS *tls.Config // for dialling a move's nbds:// destination (UseTLS)
 
 	mu    sync.Mutex
 	paths map[string]bool         // backing paths opened (created and sized)
@@ -79,11 +82,27 @@ func (x *blockExport) served() string {
 // NewBlockDriver returns a block driver logging to log.
 func NewBlockDriver(log *slog.Logger) *BlockDriver {
 	return &BlockDriver{
-		srv:   nbd.Server{Logger: log},
-		paths: map[string]bool{},
-		live:  map[string]*blockExport{},
-		devs:  map[string]*blockDev{},
+		srv:    nbd.Server{Logger: log},
+		scheme: "nbd",
+		paths:  map[string]bool{},
+		live:   map[string]*blockExport{},
+		devs:   map[string]*blockDev{},
 	}
+}
+
+// UseTLS implements TLSUser: the NBD server requires TLS
+// (NBD_OPT_STARTTLS, the protocol's FORCEDTLS mode) with the node
+// certificate, and URIs are nbds://; client verifies the destinations of
+// moves that serve nbds://. Call it before Serve.
+func (b *BlockDriver) UseTLS(server, client *tls.Config) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.cliTLS = client
+	if server == nil {
+		return
+	}
+	b.srv.TLSConfig = server
+	b.scheme = "nbds"
 }
 
 // Open creates dev's backing file if absent (sparse) and extends it to
@@ -131,8 +150,8 @@ func (b *BlockDriver) Open(_ context.Context, dev DeviceConfig) (DeviceConfig, e
 
 // Prepare adds an NBD export of the requested range.
 func (b *BlockDriver) Prepare(_ context.Context, e Export) (api.PrepareResponse, error) {
-	uri := "nbd://" + e.Endpoint + "/" + e.Request.Export
 	b.mu.Lock()
+	uri := b.scheme + "://" + e.Endpoint + "/" + e.Request.Export
 	defer b.mu.Unlock()
 	if _, ok := b.live[e.Request.Export]; ok {
 		return api.PrepareResponse{URI: uri}, nil

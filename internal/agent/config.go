@@ -86,6 +86,13 @@ type Config struct {
 	// over HTTPS, taking lease-execution calls only from the control
 	// plane's certificate.
 	CAFile string
+	// InsecureDataplane serves the data planes (NBD, memory, accelerator
+	// slots and gateways) in plaintext although the agent enrolls with
+	// CAFile: the opt-out for a fabric the operator trusts. Lease
+	// credentials are still checked, but they and the data cross the
+	// network in clear. Without CAFile the data planes are always
+	// plaintext (there is no node certificate to serve).
+	InsecureDataplane bool
 	// SysRoot is prefixed to /proc, /sys and /etc paths while
 	// fingerprinting (tests point it at a fake tree).
 	SysRoot string

@@ -41,7 +41,13 @@
 // plane and its peers. Its API is then HTTPS: lease-execution calls need
 // the control plane's certificate (pki.ControlPlaneCN) besides the agent
 // key. A certificate the control plane no longer accepts (expired,
-// revoked) answers 401, and the agent joins again.
+// revoked) answers 401, and the agent joins again. The agent keeps the
+// CA's revocation list (ca-crl.pem) that the join and heartbeat answers
+// bring, and refuses the certificates it names at its API and when it
+// dials data planes. Its data planes require TLS with the node certificate
+// (drivers implementing [TLSUser]: nbds://, rialto-mems://,
+// rialto-accels:// URIs, no client certificate asked for, accelerator
+// slots without their UDP path) unless [Config.InsecureDataplane].
 //
 // A part of a lease can move to another lender while it is served
 // ([Mover], transfer.go): the control plane has the destination receive

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"net"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -74,6 +75,20 @@ type Runner interface {
 // lent (for instance creating a sparse backing file).
 type Opener interface {
 	Open(ctx context.Context, dev DeviceConfig) (DeviceConfig, error)
+}
+
+// TLSUser is implemented by drivers whose data planes speak TLS. An agent
+// enrolled with the cluster CA (Config.CAFile) calls UseTLS before it
+// opens devices. server is the data planes' server configuration (the node
+// certificate, renewed in place; no client certificates, as the lease
+// credential authenticates the borrower), nil when the data planes run in
+// plaintext (Config.InsecureDataplane). client is the configuration for
+// dialling data planes that require TLS (the cluster CA and the revocation
+// list the control plane hands out; the dialler sets ServerName). With a
+// server configuration, URIs name the kind's TLS scheme (nbds://,
+// rialto-mems://, rialto-accels://).
+type TLSUser interface {
+	UseTLS(server, client *tls.Config)
 }
 
 // Closer is implemented by drivers holding resources after Run ends.

@@ -6,6 +6,7 @@ package agent
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
@@ -92,11 +93,13 @@ func gatewayConfig(dev DeviceConfig) (gwConfig, error) {
 // Its methods are not safe for concurrent use: AccelDriver's mu guards the
 // pool. A gateway returned by takeAll is stopped outside that lock.
 type gatewayPool struct {
-	log    *slog.Logger
-	host   string        // gateways listen on it
-	secret func() string // a new credential for a lease's slots
-	gws    map[string]*sharedGateway
-	seq    int // gateways named so far with a role config
+	log     *slog.Logger
+	host    string        // gateways listen on it
+	srvTLS  *tls.Config   // gateways require TLS with it (nil: plaintext)
+	slotTLS *tls.Config   // gateways dial their slots with it (nil: plaintext)
+	secret  func() string // a new credential for a lease's slots
+	gws     map[string]*sharedGateway
+	seq     int // gateways named so far with a role config
 }
 
 func newGatewayPool(log *slog.Logger, host string) *gatewayPool {
@@ -126,7 +129,9 @@ func (p *gatewayPool) join(ctx context.Context, e Export, addrs []string, secret
 	key := gatewayKey(r, e.Device.Name)
 	var backs []*slotBackend
 	for _, a := range addrs {
-		backs = append(backs, &slotBackend{r: gateway.NewRedialer(a, secret)})
+		rd := gateway.NewRedialer(a, secret)
+		rd.TLS = p.slotTLS
+		backs = append(backs, &slotBackend{r: rd})
 	}
 	g := p.gws[key]
 	if g == nil {
@@ -242,7 +247,7 @@ func (p *gatewayPool) start(ctx context.Context, e Export, gc gwConfig, reg *pro
 	cfg.Name, cfg.Role, cfg.Entries, cfg.Metrics = name, e.Request.Role, entries, registerer(reg)
 	cfg.Logger = p.log.With("gateway", name)
 	sg := &sharedGateway{name: name, device: e.Device.Name, role: e.Request.Role, slots: map[string][]*slotBackend{},
-		drain: cfg.QueueTimeout}
+		drain: cfg.QueueTimeout, tls: p.srvTLS != nil}
 	if sg.drain <= 0 {
 		sg.drain = DefaultGatewayQueueTimeout
 	}
@@ -276,7 +281,7 @@ func (p *gatewayPool) start(ctx context.Context, e Export, gc gwConfig, reg *pro
 	}()
 	go func() {
 		defer sg.wg.Done()
-		srv := &accel.Server{Target: g.SharedTarget(&sg.creds), Logger: cfg.Logger}
+		srv := &accel.Server{Target: g.SharedTarget(&sg.creds), Logger: cfg.Logger, TLS: p.srvTLS}
 		if err := srv.Serve(gctx, ln); err != nil {
 			p.log.Error("gateway stopped", "gateway", name, "err", err)
 		}
@@ -303,6 +308,7 @@ type sharedGateway struct {
 	ln                 net.Listener
 	creds              gateway.Credentials
 	drain              time.Duration // how long remove waits for running executions
+	tls                bool          // requires TLS: its URIs are rialto-accels://
 	cancel             context.CancelFunc
 	wg                 sync.WaitGroup
 
@@ -325,7 +331,7 @@ func (sg *sharedGateway) uri(host string, r api.PrepareRequest) string {
 	if _, port, err := net.SplitHostPort(a); err == nil && host != "" {
 		a = net.JoinHostPort(host, port)
 	}
-	return accel.URI{Slots: []string{a}, Credential: r.Export, Gateway: r.Role}.String()
+	return accel.URI{Slots: []string{a}, Credential: r.Export, Gateway: r.Role, TLS: sg.tls}.String()
 }
 
 func (sg *sharedGateway) add(export string, bs []*slotBackend) {

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -20,6 +21,8 @@ func init() {
 // region reachable with the lease's export name as its credential.
 type MemoryDriver struct {
 	donor *donor.Donor
+	tls   bool        // the donor requires TLS: URIs are rialto-mems://
+	cli   *tls.Config // for dialling a move's rialto-mems:// destination
 
 	mu   sync.Mutex
 	live map[string]bool
@@ -34,11 +37,25 @@ func NewMemoryDriver(log *slog.Logger) *MemoryDriver {
 	return &MemoryDriver{donor: donor.New(log), live: map[string]bool{}, incoming: map[string]string{}}
 }
 
-// Prepare reserves the region.
-func (m *MemoryDriver) Prepare(_ context.Context, e Export) (api.PrepareResponse, error) {
-	uri := protocol.URI{Address: e.Endpoint, Credential: e.Request.Export}.String()
+// UseTLS implements TLSUser: the donor requires TLS with the node
+// certificate, and URIs are rialto-mems://; client verifies the
+// destinations of moves that serve rialto-mems://. Call it before Serve.
+func (m *MemoryDriver) UseTLS(server, client *tls.Config) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.cli = client
+	if server == nil {
+		return
+	}
+	m.donor.TLS = server
+	m.tls = true
+}
+
+// Prepare reserves the region.
+func (m *MemoryDriver) Prepare(_ context.Context, e Export) (api.PrepareResponse, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	uri := protocol.URI{Address: e.Endpoint, Credential: e.Request.Export, TLS: m.tls}.String()
 	if m.live[e.Request.Export] {
 		return api.PrepareResponse{URI: uri}, nil
 	}

@@ -50,14 +50,14 @@ func (b *BlockDriver) ReceiveMove(_ context.Context, e Export, token string) (st
 		ex.Limit = &nbd.RateLimit{BytesPerSec: float64(e.Request.BandwidthCap), IOPS: float64(e.Request.IOPSCap)}
 	}
 	b.live[e.Request.Export] = &blockExport{ex: ex, be: be, incoming: token}
-	return "nbd://" + e.Endpoint + "/" + token, nil
+	return b.scheme + "://" + e.Endpoint + "/" + token, nil
 }
 
 // ActivateMove stops serving the token's export and serves the part's.
 func (b *BlockDriver) ActivateMove(_ context.Context, e Export) (api.PrepareResponse, error) {
-	uri := "nbd://" + e.Endpoint + "/" + e.Request.Export
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	uri := b.scheme + "://" + e.Endpoint + "/" + e.Request.Export
 	x, ok := b.live[e.Request.Export]
 	if !ok {
 		return api.PrepareResponse{}, fmt.Errorf("%w: the part was not received", ErrNoDevice)
@@ -91,9 +91,25 @@ func (b *BlockDriver) SendMove(ctx context.Context, e Export) (MoveSource, error
 	return &blockSource{b: b, x: x, d: d}, nil
 }
 
-// DialMove connects to the destination's export.
+// DialMove connects to the destination's export: over TLS, verified
+// against the cluster CA (and its revocation list), if the destination
+// serves nbds://.
 func (b *BlockDriver) DialMove(ctx context.Context, uri string) (MoveDest, error) {
-	c, err := nbd.DialURI(ctx, uri, nbd.WithRequestTimeout(moveRequestTimeout))
+	opts := []nbd.DialOption{nbd.WithRequestTimeout(moveRequestTimeout)}
+	u, err := nbd.ParseURI(uri)
+	if err != nil {
+		return nil, fmt.Errorf("agent: destination: %w", err)
+	}
+	if u.TLS {
+		b.mu.Lock()
+		cfg := b.cliTLS
+		b.mu.Unlock()
+		if cfg == nil {
+			return nil, errors.New("agent: the destination serves TLS and this agent has no cluster CA (--cacert)")
+		}
+		opts = append(opts, nbd.WithTLS(cfg))
+	}
+	c, err := nbd.DialURI(ctx, uri, opts...)
 	if err != nil {
 		return nil, err
 	}

@@ -36,14 +36,14 @@ func (m *MemoryDriver) ReceiveMove(_ context.Context, e Export, token string) (s
 	}
 	m.live[e.Request.Export] = true
 	m.incoming[e.Request.Export] = token
-	return protocol.URI{Address: e.Endpoint, Credential: token}.String(), nil
+	return protocol.URI{Address: e.Endpoint, Credential: token, TLS: m.tls}.String(), nil
 }
 
 // ActivateMove serves the received region under the lease's credential.
 func (m *MemoryDriver) ActivateMove(_ context.Context, e Export) (api.PrepareResponse, error) {
-	uri := protocol.URI{Address: e.Endpoint, Credential: e.Request.Export}.String()
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	uri := protocol.URI{Address: e.Endpoint, Credential: e.Request.Export, TLS: m.tls}.String()
 	tok, ok := m.incoming[e.Request.Export]
 	if !ok {
 		if m.live[e.Request.Export] {
@@ -80,13 +80,24 @@ func (m *MemoryDriver) SendMove(ctx context.Context, e Export) (MoveSource, erro
 	return &memorySource{d: m.donor, cred: cred, size: size, dirty: d}, nil
 }
 
-// DialMove opens a session with the destination's region.
+// DialMove opens a session with the destination's region: over TLS,
+// verified against the cluster CA, if the destination serves
+// rialto-mems://.
 func (m *MemoryDriver) DialMove(ctx context.Context, uri string) (MoveDest, error) {
 	u, err := protocol.ParseURI(uri)
 	if err != nil {
 		return nil, fmt.Errorf("agent: destination: %w", err)
 	}
-	c, err := memclient.Dial(ctx, u.Address, u.Credential, memclient.Options{Timeout: moveRequestTimeout})
+	opts := memclient.Options{Timeout: moveRequestTimeout}
+	if u.TLS {
+		m.mu.Lock()
+		opts.TLS = m.cli
+		m.mu.Unlock()
+		if opts.TLS == nil {
+			return nil, errors.New("agent: the destination serves TLS and this agent has no cluster CA (--cacert)")
+		}
+	}
+	c, err := memclient.Dial(ctx, u.Address, u.Credential, opts)
 	if err != nil {
 		return nil, err
 	}

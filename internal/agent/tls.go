@@ -30,6 +30,7 @@ const (
 type nodeTLS struct {
 	caFile string
 	pool   *x509.CertPool
+	crl    *pki.CRL // the revocation list, as the control plane hands it out
 	key    crypto.Signer
 	cert   atomic.Pointer[tls.Certificate] // nil until the first join
 	tr     *http.Transport                 // the agent's client transport
@@ -41,11 +42,20 @@ func (a *Agent) setupTLS() error {
 	if a.cfg.CAFile == "" {
 		return nil
 	}
-	pool, err := pki.LoadPool(a.cfg.CAFile)
+	roots, err := pki.ReadCerts(a.cfg.CAFile)
 	if err != nil {
 		return fmt.Errorf("agent: CA certificate: %w", err)
 	}
-	t := &nodeTLS{caFile: a.cfg.CAFile, pool: pool}
+	pool := x509.NewCertPool()
+	for _, c := range roots {
+		pool.AddCert(c)
+	}
+	t := &nodeTLS{caFile: a.cfg.CAFile, pool: pool, crl: pki.NewCRL(roots)}
+	if b, err := os.ReadFile(filepath.Join(a.cfg.StateDir, pki.CRLFile)); err == nil {
+		if _, err := t.crl.Update(b); err != nil {
+			a.log.Warn("the stored revocation list is unusable; the next heartbeat replaces it", "err", err)
+		}
+	}
 	keyPath := filepath.Join(a.cfg.StateDir, nodeKeyFile)
 	b, err := os.ReadFile(keyPath)
 	switch {
@@ -121,6 +131,38 @@ func (a *Agent) saveCert(certPEM string) error {
 	return writeFile(filepath.Join(a.cfg.StateDir, nodeCertFile), []byte(certPEM))
 }
 
+// useCRL takes a revocation list the control plane sent, if it verifies
+// against the CA and is newer than the one held, and keeps it in the
+// state dir (ca-crl.pem) for the next start.
+func (a *Agent) useCRL(crlPEM string) {
+	if a.tls == nil || crlPEM == "" {
+		return
+	}
+	changed, err := a.tls.crl.Update([]byte(crlPEM))
+	if err != nil {
+		a.log.Warn("the control plane's revocation list is unusable", "err", err)
+		return
+	}
+	if !changed {
+		return
+	}
+	if err := writeFile(filepath.Join(a.cfg.StateDir, pki.CRLFile), []byte(crlPEM)); err != nil {
+		a.log.Warn("keeping the revocation list", "err", err)
+	}
+	a.log.Info("revocation list updated", "crl_number", a.tls.crl.Number().String())
+}
+
+// crlNumber is the number of the revocation list held (0: none).
+func (a *Agent) crlNumber() int64 {
+	if a.tls == nil {
+		return 0
+	}
+	if n := a.tls.crl.Number(); n != nil && n.IsInt64() {
+		return n.Int64()
+	}
+	return 0
+}
+
 // csr is a CSR for the node's key naming host; the control plane names
 // the node.
 func (a *Agent) csr(host string) (string, error) {
@@ -140,17 +182,44 @@ func (t *nodeTLS) serverTLS() *tls.Config {
 			}
 			return nil, errors.New("agent: no node certificate yet (not joined)")
 		},
-		ClientAuth: tls.VerifyClientCertIfGiven,
-		ClientCAs:  t.pool,
+		ClientAuth:       tls.VerifyClientCertIfGiven,
+		ClientCAs:        t.pool,
+		VerifyConnection: t.crl.VerifyPeer,
 	}
+}
+
+// dataServerTLS is the data planes' server configuration: the node
+// certificate (it names the node's address and data-plane hosts), and no
+// client certificate asked for: the lease credential, sent inside the
+// session, authenticates the borrower.
+func (t *nodeTLS) dataServerTLS() *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			if c := t.cert.Load(); c != nil {
+				return c, nil
+			}
+			return nil, errors.New("agent: no node certificate yet (not joined)")
+		},
+		ClientAuth: tls.NoClientCert,
+	}
+}
+
+// dataClientTLS is the configuration for dialling data planes (a slot
+// reading a block lease of another lender, a gateway dialling its slots):
+// servers verify against the CA and are refused when the revocation list
+// names them. The dialler sets ServerName.
+func (t *nodeTLS) dataClientTLS() *tls.Config {
+	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: t.pool, VerifyConnection: t.crl.VerifyPeer}
 }
 
 // clientTLS verifies servers against the CA and presents the node
 // certificate (once there is one).
 func (t *nodeTLS) clientTLS() *tls.Config {
 	return &tls.Config{
-		MinVersion: tls.VersionTLS12,
-		RootCAs:    t.pool,
+		MinVersion:       tls.VersionTLS12,
+		RootCAs:          t.pool,
+		VerifyConnection: t.crl.VerifyPeer,
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			if c := t.cert.Load(); c != nil {
 				return c, nil

@@ -2,6 +2,7 @@ package borrower
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 
 	"github.com/rialto-project/rialto/api"
@@ -15,6 +16,7 @@ type AccelSlot struct {
 	Address    string
 	Credential string // a secret: never log it
 	Gateway    string // the gateway's role for a shared lease; "" for a slot
+	TLS        bool   // the target requires TLS (a rialto-accels:// URI)
 }
 
 // Shared reports whether the target is a shared lease's gateway.
@@ -44,14 +46,22 @@ func AccelSlots(l api.Lease) ([]AccelSlot, error) {
 	var slots []AccelSlot
 	for _, u := range uris {
 		for _, a := range u.Slots {
-			slots = append(slots, AccelSlot{Address: a, Credential: u.Credential, Gateway: u.Gateway})
+			slots = append(slots, AccelSlot{Address: a, Credential: u.Credential, Gateway: u.Gateway, TLS: u.TLS})
 		}
 	}
 	return slots, nil
 }
 
 // DialAccel connects to target s and authenticates with its credential;
-// the returned connection's Info says which role the slot runs.
-func DialAccel(ctx context.Context, s AccelSlot) (*accel.Conn, error) {
-	return accel.Dial(ctx, s.Address, []byte(s.Credential))
+// the returned connection's Info says which role the slot runs. A target
+// that requires TLS is dialled with tlsCfg (as AttachConfig.TLS; nil
+// trusts the system's CAs).
+func DialAccel(ctx context.Context, s AccelSlot, tlsCfg *tls.Config) (*accel.Conn, error) {
+	if !s.TLS {
+		return accel.Dial(ctx, s.Address, []byte(s.Credential))
+	}
+	if tlsCfg == nil {
+		tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	return accel.Dial(ctx, s.Address, []byte(s.Credential), accel.WithTLS(tlsCfg))
 }

@@ -2,6 +2,7 @@ package borrower
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"time"
@@ -30,6 +31,12 @@ type AttachConfig struct {
 	// is declared failed) and, for a memory lease, every request to the
 	// donor; 0 means the data plane's default.
 	RequestTimeout time.Duration
+	// TLS is the client configuration for the lease's URIs that ask for
+	// TLS (nbds://, rialto-mems://): normally pki.LoadClientTLS of the
+	// cluster CA's certificate (RIALTO_CACERT). Nil trusts the system's
+	// CAs. URIs in plaintext ignore it: the lease, as the control plane
+	// handed it out, says how each part is reached.
+	TLS *tls.Config
 	// Logger receives attachment events; nil discards them.
 	Logger *slog.Logger
 }
@@ -45,7 +52,7 @@ func AttachParts(l api.Lease) (int, error) {
 	return len(uris), err
 }
 
-// BlockURIs returns the nbd:// URIs of active block lease l's parts in
+// BlockURIs returns the NBD URIs of active block lease l's parts in
 // layout order (a lease of one part may carry its URI on the lease only).
 func BlockURIs(l api.Lease) ([]string, error) {
 	if l.Kind != api.KindBlock {
@@ -103,7 +110,7 @@ func Attach(ctx context.Context, src LeaseSource, l api.Lease, cfg AttachConfig)
 			return movedPart(ctx, src, l.ID, part)
 		}
 	}
-	return stripe.Attach(ctx, stripe.AttachConfig{URIs: uris, StripeUnit: su, Listen: cfg.Listen,
+	return stripe.Attach(ctx, stripe.AttachConfig{URIs: uris, StripeUnit: su, Listen: cfg.Listen, TLS: cfg.TLS,
 		ConnsPerPart: cfg.ConnsPerPart, RequestTimeout: cfg.RequestTimeout, Resolve: resolve, Logger: cfg.Logger})
 }
 

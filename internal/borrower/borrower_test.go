@@ -258,7 +258,7 @@ func TestMemtestLease(t *testing.T) {
 	t.Parallel()
 	l := memLease(t, 2)
 	ctx := ctxT(t)
-	parts, err := MemtestLease(ctx, nil, l, 256<<10, 0)
+	parts, err := MemtestLease(ctx, nil, l, 256<<10, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +273,7 @@ func TestMemtestLease(t *testing.T) {
 	u, _ := protocol.ParseURI(l.Parts[1].URI)
 	u.Credential = "rlc_not-the-credential.1"
 	l.Parts[1].URI = u.String()
-	parts, err = MemtestLease(ctx, nil, l, 64<<10, 0)
+	parts, err = MemtestLease(ctx, nil, l, 64<<10, 0, nil)
 	if !errors.Is(err, protocol.ErrAuth) || !strings.HasPrefix(err.Error(), "lease lease-mem part 1: ") || len(parts) != 1 {
 		t.Fatalf("a refused part 1: %d parts, %v", len(parts), err)
 	}
@@ -310,7 +310,7 @@ func TestDialAccel(t *testing.T) {
 			if s.Shared() != tc.shared {
 				t.Errorf("lease %s slot %d: shared %v", tc.l.ID, i, s.Shared())
 			}
-			conn, err := DialAccel(ctx, s)
+			conn, err := DialAccel(ctx, s, nil)
 			if err != nil {
 				t.Fatalf("lease %s slot %d: %v", tc.l.ID, i, err)
 			}
@@ -323,7 +323,7 @@ func TestDialAccel(t *testing.T) {
 		}
 	}
 	s := AccelSlot{Address: "127.0.0.1:1", Credential: "rlc_wrong"}
-	if conn, err := DialAccel(ctx, s); err == nil {
+	if conn, err := DialAccel(ctx, s, nil); err == nil {
 		conn.Close()
 		t.Error("dialled a closed port")
 	}

@@ -2,6 +2,7 @@ package borrower
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"sync"
 
@@ -46,9 +47,10 @@ const relayDepth = 4
 // and writes them into the slot's memory at addr. Chunks of chunk bytes
 // (0: DefaultRelayChunk) are relayed relayDepth at a time, so reading one
 // overlaps writing another; a chunk of at least n reads everything before
-// writing anything (store and forward).
-func RelayLoad(ctx context.Context, c *accel.Conn, addr uint64, n uint32, r accel.BlockRange, chunk int) error {
-	return relay(ctx, c, n, r, chunk, false, func(vol *stripe.Volume, off uint64, buf []byte) error {
+// writing anything (store and forward). tlsCfg is the client
+// configuration for parts whose URI asks for TLS (as AttachConfig.TLS).
+func RelayLoad(ctx context.Context, c *accel.Conn, addr uint64, n uint32, r accel.BlockRange, chunk int, tlsCfg *tls.Config) error {
+	return relay(ctx, c, n, r, chunk, false, tlsCfg, func(vol *stripe.Volume, off uint64, buf []byte) error {
 		if k, err := vol.ReadAt(buf, int64(r.Offset+off)); err != nil || k != len(buf) {
 			return fmt.Errorf("read the block lease at %d: %d of %d bytes: %w", r.Offset+off, k, len(buf), err)
 		}
@@ -59,8 +61,8 @@ func RelayLoad(ctx context.Context, c *accel.Conn, addr uint64, n uint32, r acce
 // RelayStore is RelayLoad's other direction: it reads n bytes of the
 // slot's memory at addr and writes them to block range r from here, then
 // flushes the range's parts.
-func RelayStore(ctx context.Context, c *accel.Conn, addr uint64, n uint32, r accel.BlockRange, chunk int) error {
-	return relay(ctx, c, n, r, chunk, true, func(vol *stripe.Volume, off uint64, buf []byte) error {
+func RelayStore(ctx context.Context, c *accel.Conn, addr uint64, n uint32, r accel.BlockRange, chunk int, tlsCfg *tls.Config) error {
+	return relay(ctx, c, n, r, chunk, true, tlsCfg, func(vol *stripe.Volume, off uint64, buf []byte) error {
 		b, err := c.ReadMem(ctx, addr+off, uint32(len(buf)))
 		if err != nil {
 			return err
@@ -74,7 +76,7 @@ func RelayStore(ctx context.Context, c *accel.Conn, addr uint64, n uint32, r acc
 
 // relay runs move over the chunks of [0, n), relayDepth at a time, then
 // flushes the volume if asked.
-func relay(ctx context.Context, c *accel.Conn, n uint32, r accel.BlockRange, chunk int, flush bool,
+func relay(ctx context.Context, c *accel.Conn, n uint32, r accel.BlockRange, chunk int, flush bool, tlsCfg *tls.Config,
 	move func(vol *stripe.Volume, off uint64, buf []byte) error) error {
 	if chunk <= 0 {
 		chunk = DefaultRelayChunk
@@ -83,7 +85,7 @@ func relay(ctx context.Context, c *accel.Conn, n uint32, r accel.BlockRange, chu
 	if mp := c.Info().MaxPayload; mp > 4096 && uint64(chunk) > uint64(mp)-4096 {
 		chunk = int(mp - 4096)
 	}
-	vol, err := stripe.Open(ctx, stripe.OpenConfig{URIs: r.Parts, StripeUnit: int64(r.StripeUnit)})
+	vol, err := stripe.Open(ctx, stripe.OpenConfig{URIs: r.Parts, StripeUnit: int64(r.StripeUnit), TLS: tlsCfg})
 	if err != nil {
 		return err
 	}

@@ -74,7 +74,7 @@ func TestAcceleratorReadsBlockLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := DialAccel(ctx, slots[0])
+	conn, err := DialAccel(ctx, slots[0], nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +105,7 @@ func TestAcceleratorReadsBlockLease(t *testing.T) {
 		if err := conn.WriteMem(ctx, 0, make([]byte, n)); err != nil {
 			t.Fatal(err)
 		}
-		if err := RelayLoad(ctx, conn, 0, n, in, chunk); err != nil {
+		if err := RelayLoad(ctx, conn, 0, n, in, chunk, nil); err != nil {
 			t.Fatal(err)
 		}
 		task, err := conn.Start(ctx, accel.TaskSpec{Entry: "sum", InLen: n, Out: n, OutCap: 64})
@@ -117,14 +117,14 @@ func TestAcceleratorReadsBlockLease(t *testing.T) {
 		}
 		rdst := dst
 		rdst.Offset = 8192 + uint64(chunk)
-		if err := RelayStore(ctx, conn, n, 32, rdst, chunk); err != nil {
+		if err := RelayStore(ctx, conn, n, 32, rdst, chunk, nil); err != nil {
 			t.Fatal(err)
 		}
 		if b, err := readNBD(ctx, out.URI, 32, 8192+int64(chunk)); err != nil || !bytes.Equal(b, want[:]) {
 			t.Fatalf("chunk %d: relayed output %x (%v), want %x", chunk, b, err, want)
 		}
 	}
-	if err := RelayLoad(ctx, conn, 0, 4096, accel.BlockRange{Parts: in.Parts, StripeUnit: in.StripeUnit, Offset: 3<<20 - 100}, 0); err == nil {
+	if err := RelayLoad(ctx, conn, 0, 4096, accel.BlockRange{Parts: in.Parts, StripeUnit: in.StripeUnit, Offset: 3<<20 - 100}, 0, nil); err == nil {
 		t.Fatal("a relay past the volume's end succeeded")
 	}
 }

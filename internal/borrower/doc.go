@@ -18,7 +18,11 @@
 // record of a lease whose part moved. Lease URIs are parsed with the data
 // planes' URI types (nbd.ParseURI, protocol.ParseURI, accel.ParseURI,
 // nic.ParseURI);
-// their credentials never reach an error message or a log line.
+// their credentials never reach an error message or a log line. URIs that
+// ask for TLS (nbds://, rialto-mems://, rialto-accels://) are dialled with
+// the client configuration the caller passes (AttachConfig.TLS and the
+// like: normally pki.LoadClientTLS of the cluster CA's certificate); the
+// others in plaintext, as the lease says.
 //
 // The package holds no state: its functions may be called concurrently.
 // What they return (a *stripe.Attachment, a *client.Client, a

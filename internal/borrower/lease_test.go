@@ -81,7 +81,7 @@ func TestMemoryURIs(t *testing.T) {
 		{"parts", lease(api.KindMemory, api.LeaseActive, a, a, b), []string{"10.0.0.1:7400/" + secret + ".0", "[fd00::2]:7400/" + secret + ".1"}, ""},
 		{"no URI", lease(api.KindMemory, api.LeaseActive, ""), nil, "lease lease-1 has no URI"},
 		{"a bad part", lease(api.KindMemory, api.LeaseActive, "", a, "nbd://h:1/"+secret), nil,
-			"lease lease-1 part 1: not a memory URI (want rialto-mem://HOST:PORT/CREDENTIAL)"},
+			"lease lease-1 part 1: not a memory URI (want rialto-mem:// or rialto-mems://HOST:PORT/CREDENTIAL)"},
 		{"a part without credential", lease(api.KindMemory, api.LeaseActive, "", "rialto-mem://h:1/"), nil,
 			"lease lease-1 part 0: memory URI without a credential"},
 	} {
@@ -105,6 +105,7 @@ func TestAccelSlots(t *testing.T) {
 		three  = "rialto-accel://10.0.0.1:4100/" + secret + ".0?slots=10.0.0.1:4101,10.0.0.1:4102"
 		other  = "rialto-accel://10.0.0.2:4100/" + secret + ".1"
 		shared = "rialto-accel://10.0.0.3:4200/" + secret + ".0?gateway=mct"
+		secure = "rialto-accels://10.0.0.4:4300/" + secret + ".0?gateway=mct"
 	)
 	for _, tc := range []struct {
 		name string
@@ -112,14 +113,15 @@ func TestAccelSlots(t *testing.T) {
 		want []AccelSlot
 		err  string
 	}{
-		{"one slot", lease(api.KindAccel, api.LeaseActive, one), []AccelSlot{{"10.0.0.1:4100", secret + ".0", ""}}, ""},
+		{"one slot", lease(api.KindAccel, api.LeaseActive, one), []AccelSlot{{"10.0.0.1:4100", secret + ".0", "", false}}, ""},
 		{"slots in the query", lease(api.KindAccel, api.LeaseActive, three, three), []AccelSlot{
-			{"10.0.0.1:4100", secret + ".0", ""}, {"10.0.0.1:4101", secret + ".0", ""}, {"10.0.0.1:4102", secret + ".0", ""}}, ""},
+			{"10.0.0.1:4100", secret + ".0", "", false}, {"10.0.0.1:4101", secret + ".0", "", false}, {"10.0.0.1:4102", secret + ".0", "", false}}, ""},
 		{"parts on two lenders", lease(api.KindAccel, api.LeaseActive, one, one, other), []AccelSlot{
-			{"10.0.0.1:4100", secret + ".0", ""}, {"10.0.0.2:4100", secret + ".1", ""}}, ""},
-		{"shared", lease(api.KindAccel, api.LeaseActive, shared, shared), []AccelSlot{{"10.0.0.3:4200", secret + ".0", "mct"}}, ""},
+			{"10.0.0.1:4100", secret + ".0", "", false}, {"10.0.0.2:4100", secret + ".1", "", false}}, ""},
+		{"shared", lease(api.KindAccel, api.LeaseActive, shared, shared), []AccelSlot{{"10.0.0.3:4200", secret + ".0", "mct", false}}, ""},
+		{"shared over TLS", lease(api.KindAccel, api.LeaseActive, secure), []AccelSlot{{"10.0.0.4:4300", secret + ".0", "mct", true}}, ""},
 		{"no URI", lease(api.KindAccel, api.LeaseActive, ""), nil,
-			"lease lease-1: not an accelerator URI (want rialto-accel://HOST:PORT/CREDENTIAL)"},
+			"lease lease-1: not an accelerator URI (want rialto-accel:// or rialto-accels://HOST:PORT/CREDENTIAL)"},
 		{"a bad part", lease(api.KindAccel, api.LeaseActive, one, one, "rialto-accel://h:1/%zz"+secret), nil,
 			"lease lease-1: not an accelerator URI"},
 		{"no credential", lease(api.KindAccel, api.LeaseActive, "rialto-accel://h:1/"), nil,

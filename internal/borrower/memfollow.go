@@ -61,7 +61,9 @@ func FollowMemory(ctx context.Context, src LeaseSource, l api.Lease, part int, o
 	if part < 0 || part >= len(uris) {
 		return nil, fmt.Errorf("lease %s has %d part(s), not a part %d", l.ID, len(uris), part)
 	}
-	f, err := client.DialFollowing(ctx, uris[part].Address, uris[part].Credential, opts,
+	// opts.TLS applies if the part's URI asks for TLS (rialto-mems://); the
+	// follows dial the region's new place with the same options.
+	f, err := client.DialFollowing(ctx, uris[part].Address, uris[part].Credential, dialOptions(uris[part], opts),
 		client.FollowConfig{Relocate: relocator(src, l.ID, part), Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("lease %s part %d: %w", l.ID, part, err)

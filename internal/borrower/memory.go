@@ -2,6 +2,7 @@ package borrower
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 
@@ -36,7 +37,9 @@ func attachMemory(ctx context.Context, src LeaseSource, l api.Lease, cfg AttachC
 	if _, err := protocol.ParseURI(uri); err != nil {
 		return nil, fmt.Errorf("lease %s: %w", l.ID, err)
 	}
-	f, err := FollowMemory(ctx, src, l, 0, client.Options{Timeout: cfg.RequestTimeout}, cfg.Logger)
+	// cfg.TLS is the configuration for TLS URIs: the session uses it if
+	// the lease's URI asks for TLS, and so do its follows when it moves.
+	f, err := FollowMemory(ctx, src, l, 0, client.Options{Timeout: cfg.RequestTimeout, TLS: cfg.TLS}, cfg.Logger)
 	if err != nil {
 		return nil, err
 	}
@@ -80,8 +83,29 @@ func MemoryURIs(l api.Lease) ([]protocol.URI, error) {
 	return uris, nil
 }
 
+// dialOptions is opts for dialling u: its TLS configuration applies only
+// if u asks for TLS (see memoryTLS).
+func dialOptions(u protocol.URI, opts client.Options) client.Options {
+	opts.TLS = memoryTLS(u, opts.TLS)
+	return opts
+}
+
+// memoryTLS is the client configuration for memory URI u: cfg (or the
+// system's CAs) if u asks for TLS, none otherwise.
+func memoryTLS(u protocol.URI, cfg *tls.Config) *tls.Config {
+	if !u.TLS {
+		return nil
+	}
+	if cfg == nil {
+		return &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	return cfg
+}
+
 // DialMemory opens a session with the donor region of part of memory lease
 // l (see MemoryURIs). The donor admits one session per region at a time.
+// opts.TLS is used if the part's URI asks for TLS (rialto-mems://; nil
+// then trusts the system's CAs) and ignored otherwise.
 func DialMemory(ctx context.Context, l api.Lease, part int, opts client.Options) (*client.Client, error) {
 	uris, err := MemoryURIs(l)
 	if err != nil {
@@ -90,6 +114,7 @@ func DialMemory(ctx context.Context, l api.Lease, part int, opts client.Options)
 	if part < 0 || part >= len(uris) {
 		return nil, fmt.Errorf("lease %s has %d part(s), not a part %d", l.ID, len(uris), part)
 	}
+	opts.TLS = memoryTLS(uris[part], opts.TLS)
 	c, err := client.Dial(ctx, uris[part].Address, uris[part].Credential, opts)
 	if err != nil {
 		return nil, fmt.Errorf("lease %s part %d: %w", l.ID, part, err)

@@ -3,6 +3,7 @@ package borrower
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -176,15 +177,16 @@ type MemtestPart struct {
 // if the lease moves meanwhile, asking src where it is (nil: it does not
 // follow). A failed part does not stop the others; its MemtestPart says
 // why. A lease whose URIs do not parse, or a donor that refuses the
-// session, stops it with an error.
-func MemtestLease(ctx context.Context, src LeaseSource, l api.Lease, span int64, timeout time.Duration) ([]MemtestPart, error) {
+// session, stops it with an error. tlsCfg is the client configuration for
+// parts whose URI asks for TLS (as AttachConfig.TLS).
+func MemtestLease(ctx context.Context, src LeaseSource, l api.Lease, span int64, timeout time.Duration, tlsCfg *tls.Config) ([]MemtestPart, error) {
 	uris, err := MemoryURIs(l)
 	if err != nil {
 		return nil, err
 	}
 	parts := make([]MemtestPart, 0, len(uris))
 	for i := range uris {
-		c, err := FollowMemory(ctx, src, l, i, client.Options{Timeout: timeout}, nil)
+		c, err := FollowMemory(ctx, src, l, i, client.Options{Timeout: timeout, TLS: tlsCfg}, nil)
 		if err != nil {
 			return parts, err
 		}

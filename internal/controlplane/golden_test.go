@@ -95,6 +95,12 @@ func TestAPIGolden(t *testing.T) {
 		{"a profile with no curve is refused", "admin", "PUT", "/v1/profiles/m1", `{}`, nil, 0},
 		{"only the admin stores profiles", "alice", "PUT", "/v1/profiles/m1", `{"write_bps":[1e9]}`, nil, 0},
 		{"the stored profile, read_bps [] not null", "alice", "GET", "/v1/profiles", "", nil, 0},
+		{"removing a node takes an admin token", "alice", "DELETE", "/v1/nodes/{node}", "", nil, 0},
+		{"a node that heartbeats needs force", "admin", "DELETE", "/v1/nodes/{node}", "", nil, 0},
+		{"", "admin", "DELETE", "/v1/nodes/{node}?force=maybe", "", nil, 0},
+		{"", "admin", "DELETE", "/v1/nodes/node-unknown?force=true", "", nil, 0},
+		{"forced: its leases lost, its credential forgotten", "admin", "DELETE", "/v1/nodes/{node}?force=true", "", nil, 0},
+		{"", "alice", "GET", "/v1/nodes/{node}", "", nil, 0},
 	}
 	tokens := map[string]string{"alice": aliceTok, "bob": bobTok, "admin": adminTok, "boot": bootTok}
 	subst := func(s string) string {

@@ -74,6 +74,10 @@ func (s *Server) routeTable() []route {
 		{httpapi.Route{Method: "POST", Path: "/v1/login-links", Summary: "A one-time link that signs a browser in to the dashboard (/ui/) as this token (docs/ui.md).",
 			Response: api.LoginLink{}, Status: http.StatusCreated, Errors: []int{401, 403, 500}}, accessTenant, s.hLoginLink},
 	}
+	rts = append(rts, route{httpapi.Route{Method: "DELETE", Path: "/v1/nodes/{id}",
+		Summary:  "Remove a node (admin): its leases become lost, its certificates are revoked, its credential is forgotten; a node still heartbeating needs force.",
+		Response: api.NodeRemoval{}, Query: []httpapi.Param{{Name: "force", Type: "boolean", Description: "remove a node that still heartbeats"}},
+		Errors: []int{400, 401, 403, 404, 409, 500, 503}}, accessTenant, s.hRemoveNode})
 	if s.cfg.CA != nil {
 		// Only a control plane with a cluster CA issues node certificates.
 		rts = append(rts, route{httpapi.Route{Method: "POST", Path: "/v1/nodes/{id}/certificate",

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/big"
 	"net/url"
 	"sort"
 	"sync"
@@ -199,6 +200,7 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 			return api.JoinResponse{}, err
 		}
 		out.Certificate, out.CACertificate = c.Certificate, c.CACertificate
+		out.CRL = string(s.cfg.CA.CRLPEM())
 	}
 	return out, nil
 }
@@ -287,6 +289,10 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 	// Peers only when they changed since this node last heard them (an
 	// agent keeps its list when the field is absent).
 	resp.Peers = s.peers.changedFor(nodeID)
+	// The revocation list, when the agent's is older.
+	if s.cfg.CA != nil && s.cfg.CA.CRLNumber().Cmp(big.NewInt(h.CRLNumber)) > 0 {
+		resp.CRL = string(s.cfg.CA.CRLPEM())
+	}
 	return resp, nil
 }
 

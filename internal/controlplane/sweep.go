@@ -28,6 +28,15 @@ func (s *Server) Sweep(ctx context.Context) error {
 		s.log.Warn("ending the moves a previous run left open", "err", err)
 	}
 	now := s.now()
+	if s.cfg.CA != nil {
+		// Revocations made by another process sharing the CA directory
+		// (another replica, `rialto node remove` through it).
+		if changed, err := s.cfg.CA.ReloadIfChanged(); err != nil {
+			s.log.Warn("reading the revocation list", "err", err)
+		} else if changed {
+			s.log.Info("revocation list reloaded", "crl_number", s.cfg.CA.CRLNumber().String())
+		}
+	}
 	var errs []error
 	if s.livenessDue(now) {
 		if err := s.sweepNodes(ctx, now); err != nil {
@@ -90,6 +99,9 @@ func (s *Server) sweepNodes(ctx context.Context, now time.Time) error {
 	changed := false
 	for i := range nodes {
 		n := &nodes[i]
+		if n.State == api.NodeRemoved {
+			continue // its leases were lost when it was removed
+		}
 		// A control-plane restart gives every agent a full grace period
 		// again: silence while the control plane was away does not count.
 		last := n.LastHeartbeat

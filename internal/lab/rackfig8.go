@@ -84,7 +84,10 @@ func RunRackFig8(ctx context.Context, cfg RackFig8Config) (res RackFig8Result, e
 	spec := cfg.Spec
 	rate := strconv.FormatInt(int64(spec.LinkRate), 10) + "bit"
 	r, err := rack.Start(ctx, rack.Config{Binary: cfg.Binary, StateDir: cfg.StateDir, Agents: 2, Disks: 1, DiskSize: 256 << 20,
-		LinkRate: rate, Queue: rackQueue(spec.LinkRate), CongestionControl: DefaultCongestionControl, Logger: cfg.Logger})
+		LinkRate: rate, Queue: rackQueue(spec.LinkRate), CongestionControl: DefaultCongestionControl, Logger: cfg.Logger,
+		// The figure is about links shared by NBD streams, as measured
+		// before the data planes had TLS: keep them plaintext.
+		InsecureDataplane: true})
 	if err != nil {
 		return res, fmt.Errorf("lab: rack: %w", err)
 	}

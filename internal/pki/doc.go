@@ -15,6 +15,9 @@
 //	              rotation, older CA certificates follow until dropped)
 //	ca-key.pem    the signing CA's private key (0600)
 //	ca-crl.pem    the revocation list, an X.509 CRL signed by the CA
+//	issued.txt    the certificates issued and not yet expired (serial,
+//	              expiry, common name; 0600), so that [CA.RevokeIssuedTo]
+//	              revokes every certificate of a holder
 //
 // The directory is 0700. Issued private keys are returned to the caller
 // (and written 0600 by [WriteFiles]); the CA never stores them.
@@ -23,7 +26,9 @@
 // ca-crl.pem; [CA.VerifyPeer] (installed by the tls.Config helpers) refuses a
 // revoked certificate, and third-party tools can load ca-crl.pem. Serial
 // numbers are 128 random bits, so one list covers certificates of every CA
-// generation.
+// generation. Processes that hold only the CA's certificates check peers
+// with a [CRL]: [LoadClientTLS] (a borrower) watches the ca-crl.pem beside
+// ca-cert.pem, an agent keeps the list the control plane hands it.
 //
 // Rotation: [CA.Rotate] makes a new signing key and certificate and keeps
 // the old CA certificate in ca-cert.pem, so that certificates issued before

@@ -661,6 +661,9 @@ func (ca *CA) sign(pub crypto.PublicKey, r Request) (*Issued, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pki: %w", err)
 	}
+	if err := ca.record(cert); err != nil {
+		return nil, err
+	}
 	return &Issued{Cert: cert, CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, nil
 }
 

@@ -2,6 +2,7 @@ package rack
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -106,6 +107,9 @@ type Config struct {
 	// lines (for example "--quota", "leases=4"). Never put secrets there:
 	// command lines are visible to every user of the machine.
 	ServerArgs, AgentArgs []string
+	// InsecureDataplane runs the agents with --insecure-dataplane: their
+	// data planes serve plaintext (lease credentials still checked).
+	InsecureDataplane bool
 	// LogLevel is the processes' --log-level (empty: info).
 	LogLevel string
 	// ReadyTimeout bounds how long Start and StartAgent wait for the
@@ -389,6 +393,20 @@ func (r *Rack) URL() string { return r.url }
 // verifies against (RIALTO_CACERT).
 func (r *Rack) CACert() string { return r.caFile }
 
+// DataTLS is a borrower's TLS configuration for the agents' data planes
+// (unless Config.InsecureDataplane): it trusts the cluster CA.
+func (r *Rack) DataTLS() (*tls.Config, error) { return pki.LoadClientTLS(r.caFile) }
+
+// LibnbdURI is an nbds:// lease URI as libnbd's tools (nbdinfo, nbdcopy)
+// take it: with ?tls-certificates= the CA's directory. Other URIs are
+// returned as they are.
+func (r *Rack) LibnbdURI(uri string) string {
+	if !strings.HasPrefix(uri, "nbds://") {
+		return uri
+	}
+	return uri + "?tls-certificates=" + filepath.Dir(r.caFile)
+}
+
 // AdminToken is the API token of the admin tenant.
 func (r *Rack) AdminToken() string { return r.admin }
 
@@ -507,6 +525,9 @@ func (r *Rack) agentArgs(n Node) []string {
 	}
 	if c.AccelSlots > 0 {
 		args = append(args, "--accel", strconv.Itoa(c.AccelSlots))
+	}
+	if c.InsecureDataplane {
+		args = append(args, "--insecure-dataplane")
 	}
 	if c.Uplinks {
 		nicArg := "wan=wan0"

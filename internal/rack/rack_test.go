@@ -277,7 +277,10 @@ func TestRack(t *testing.T) {
 	if lender < 0 || !strings.Contains(l.URI, r.Agent(lender).Addr.String()) {
 		t.Fatalf("lease on %s at %s; agents %v", l.NodeID, l.URI, r.Agents())
 	}
-	out, err := exec.CommandContext(ctx, "nbdinfo", "--json", l.URI).Output()
+	if !strings.HasPrefix(l.URI, "nbds://") {
+		t.Fatalf("the rack's block lease is not nbds://: %s", strings.SplitN(l.URI, "/", 4)[2])
+	}
+	out, err := exec.CommandContext(ctx, "nbdinfo", "--json", r.LibnbdURI(l.URI)).Output()
 	if err != nil {
 		t.Fatalf("nbdinfo: %v", err)
 	}
@@ -299,10 +302,10 @@ func TestRack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.CommandContext(ctx, "nbdcopy", src, l.URI).CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, "nbdcopy", src, r.LibnbdURI(l.URI)).CombinedOutput(); err != nil {
 		t.Fatalf("nbdcopy in: %v\n%s", err, out)
 	}
-	if out, err := exec.CommandContext(ctx, "nbdcopy", l.URI, dst).CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, "nbdcopy", r.LibnbdURI(l.URI), dst).CombinedOutput(); err != nil {
 		t.Fatalf("nbdcopy out: %v\n%s", err, out)
 	}
 	got, err := os.ReadFile(dst)
@@ -371,7 +374,7 @@ func TestRack(t *testing.T) {
 		t.Fatalf("restarted agent: %+v (was node %s)", n, l.NodeID)
 	}
 	waitFor(t, "stale export gone", 30*time.Second, func() bool {
-		return exec.CommandContext(ctx, "nbdinfo", l.URI).Run() != nil
+		return exec.CommandContext(ctx, "nbdinfo", r.LibnbdURI(l.URI)).Run() != nil
 	})
 
 	// A process that dies without the rack asking is reported; the

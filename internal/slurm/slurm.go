@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -241,13 +242,32 @@ func Release(ctx context.Context, c *api.Client, j Job) ([]string, error) {
 // _MODE, _SIZE, _URI (a single part's NBD or accel URI) and _PART_URIS
 // (every part's, space-separated); RIALTO_LEASE_ID, RIALTO_LEASE_URI and
 // RIALTO_LEASE_PART_URIS repeat lease 0's; RIALTO_LEASES lists the IDs.
-func Env(ls []api.Lease) []string {
+// caFile, if set, is the cluster CA's certificate: the job gets it as
+// RIALTO_CACERT and, when it is named ca-cert.pem (libnbd's and qemu's
+// layout), nbds:// URIs carry ?tls-certificates= its directory, so that
+// nbdinfo, nbdcopy and fio's nbd engine reach them as they are.
+func Env(ls []api.Lease, caFile string) []string {
 	var out, ids []string
+	if caFile != "" {
+		out = append(out, "export RIALTO_CACERT="+caFile)
+	}
+	tlsDir := ""
+	if filepath.Base(caFile) == "ca-cert.pem" {
+		tlsDir = filepath.Dir(caFile)
+	}
+	withTLS := func(uri string) string {
+		u, err := nbd.ParseURI(uri)
+		if tlsDir == "" || err != nil || !u.TLS || u.TLSCertificates != "" {
+			return uri
+		}
+		u.TLSCertificates = tlsDir
+		return u.String()
+	}
 	for i, l := range ls {
 		var parts []string
 		for _, p := range l.Parts {
 			if p.URI != "" {
-				parts = append(parts, p.URI)
+				parts = append(parts, withTLS(p.URI))
 			}
 		}
 		size := l.Size
@@ -257,7 +277,7 @@ func Env(ls []api.Lease) []string {
 			}
 		}
 		vals := [][2]string{{"ID", l.ID}, {"KIND", string(l.Kind)}, {"MODE", string(l.Mode)}, {"SIZE", strconv.FormatInt(size, 10)},
-			{"URI", l.URI}, {"PART_URIS", strings.Join(parts, " ")}}
+			{"URI", withTLS(l.URI)}, {"PART_URIS", strings.Join(parts, " ")}}
 		for _, kv := range vals {
 			out = append(out, fmt.Sprintf("export RIALTO_LEASE_%d_%s=%s", i, kv[0], kv[1]))
 			if i == 0 && (kv[0] == "ID" || kv[0] == "URI" || kv[0] == "PART_URIS") {

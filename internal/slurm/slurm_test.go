@@ -82,7 +82,7 @@ func TestJobFile(t *testing.T) {
 	}
 	ls := []api.Lease{{ID: "lease-a", Kind: api.KindBlock, Mode: api.ModeComposed, Size: 3 << 20,
 		Parts: []api.Part{{URI: "nbd://h:1/x"}, {URI: "nbd://h:2/y"}, {URI: "nbd://h:3/z"}}}}
-	if err := slurm.WriteFile(dir, j, slurm.Env(ls), nil); err != nil {
+	if err := slurm.WriteFile(dir, j, slurm.Env(ls, ""), nil); err != nil {
 		t.Fatal(err)
 	}
 	if st, err := os.Stat(filepath.Join(dir, "c-7.env")); err != nil || st.Mode().Perm() != 0o600 {
@@ -98,6 +98,16 @@ func TestJobFile(t *testing.T) {
 	}
 	if failed || err != nil {
 		t.Fatal(failed, err)
+	}
+	// Over TLS: the CA for the job, and libnbd's tls-certificates on nbds
+	// URIs.
+	tlsLines := strings.Join(slurm.Env([]api.Lease{{ID: "lease-b", Kind: api.KindBlock, URI: "nbds://h:1/x",
+		Parts: []api.Part{{URI: "nbds://h:1/x"}}}}, "/etc/rialto/tls/ca-cert.pem"), "\n")
+	for _, want := range []string{"export RIALTO_CACERT=/etc/rialto/tls/ca-cert.pem",
+		"export RIALTO_LEASE_URI=nbds://h:1/x?tls-certificates=/etc/rialto/tls", "export RIALTO_LEASE_PART_URIS=nbds://h:1/x?tls-certificates=/etc/rialto/tls"} {
+		if !strings.Contains(tlsLines, want) {
+			t.Errorf("lacks %q:\n%s", want, tlsLines)
+		}
 	}
 	if err := slurm.WriteFile(dir, j, nil, os.ErrDeadlineExceeded); err != nil {
 		t.Fatal(err)

@@ -510,17 +510,25 @@ func TestDrainDeadline(t *testing.T) {
 }
 
 // TestMoveLeaseTLS: with a cluster CA, the control plane drives the
-// lenders' transfers over mutual TLS like every other agent call.
+// lenders' transfers over mutual TLS like every other agent call, and the
+// parts themselves cross over the data planes' TLS: a block lease's bytes
+// to the new lender's nbds:// transfer export, a memory lease's (written
+// by an attached borrower throughout, which follows it over TLS) to its
+// rialto-mems:// region; the moved leases keep their TLS schemes.
 func TestMoveLeaseTLS(t *testing.T) {
 	t.Parallel()
 	c := Start(t, Options{Nodes: 2, Devices: moveDevices(), TLS: true})
 	ctx := ctxT(t)
 	cl := c.Client()
+	cfg := dataTLS(t, c)
 	l, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
-	nc, err := nbd.DialURI(ctx, l.URI)
+	if !strings.HasPrefix(l.URI, "nbds://") {
+		t.Fatalf("block lease URI %q is not nbds://", l.URI)
+	}
+	nc, err := nbd.DialURI(ctx, l.URI, nbd.WithTLS(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -536,7 +544,10 @@ func TestMoveLeaseTLS(t *testing.T) {
 		t.Fatalf("move %+v", ms[0])
 	}
 	got, _ := cl.Lease(ctx, l.ID)
-	nc, err = nbd.DialURI(ctx, got.URI)
+	if !strings.HasPrefix(got.URI, "nbds://") {
+		t.Fatalf("moved block lease URI %q is not nbds://", got.URI)
+	}
+	nc, err = nbd.DialURI(ctx, got.URI, nbd.WithTLS(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -544,6 +555,42 @@ func TestMoveLeaseTLS(t *testing.T) {
 	p := make([]byte, len(want))
 	if _, err := nc.ReadAt(p, 4096); err != nil || !bytes.Equal(p, want) || got.NodeID == l.NodeID {
 		t.Fatalf("the moved lease: %v (on %s, was %s)", err, got.NodeID, l.NodeID)
+	}
+
+	ml, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindMemory, Size: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(ml.URI, "rialto-mems://") {
+		t.Fatalf("memory lease URI %q is not rialto-mems://", ml.URI)
+	}
+	att, err := borrower.Attach(ctx, cl, ml, borrower.AttachConfig{RequestTimeout: 20 * time.Second, TLS: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer att.Close()
+	vol, err := nbd.DialURI(ctx, att.URI())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vol.Close()
+	w := startBlockWriter(vol, (4<<20)/4096)
+	w.waitWrites(t, 100)
+	if _, err := cl.MoveLease(ctx, ml.ID, api.MoveRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	ms := waitMoves(t, c, ml.ID, 1)
+	w.waitWrites(t, 100)
+	w.halt()
+	if ms[0].State != api.MoveDone {
+		t.Fatalf("memory move %+v", ms[0])
+	}
+	if n := w.errs.Load(); n != 0 {
+		t.Fatalf("the borrower saw %d write errors (last: %v)", n, w.last.Load())
+	}
+	w.check(t)
+	if mg, _ := cl.Lease(ctx, ml.ID); mg.NodeID == ml.NodeID || !strings.HasPrefix(mg.URI, "rialto-mems://") {
+		t.Errorf("the memory lease after its move: %+v", mg)
 	}
 }
 

@@ -79,7 +79,7 @@ func TestTLSEnrollment(t *testing.T) {
 
 	// A lease: prepared over mutual TLS, then served.
 	l := createBlock(t, c.Client(), 8<<20, api.ModeShared)
-	nc, err := nbd.DialURI(ctx, l.URI)
+	nc, err := nbd.DialURI(ctx, l.URI, nbd.WithTLS(dataTLS(t, c)))
 	if err != nil {
 		t.Fatal(err)
 	}

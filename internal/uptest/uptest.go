@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 var (
@@ -191,6 +192,27 @@ func (u *Up) ServerSPKIHash(t testing.TB) string {
 	defer c.Close()
 	sum := sha256.Sum256(c.ConnectionState().PeerCertificates[0].RawSubjectPublicKeyInfo)
 	return base64.StdEncoding.EncodeToString(sum[:])
+}
+
+// DataTLS is a borrower's TLS configuration for the cluster's data planes
+// (nbds://, rialto-mems://, rialto-accels://): it trusts the cluster CA.
+func (u *Up) DataTLS(t testing.TB) *tls.Config {
+	t.Helper()
+	cfg, err := pki.LoadClientTLS(u.CACert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// LibnbdURI is an nbds:// lease URI as libnbd's tools (nbdinfo, nbdcopy)
+// take it: with ?tls-certificates= the directory of the cluster CA's
+// ca-cert.pem.
+func (u *Up) LibnbdURI(uri string) string {
+	if !strings.HasPrefix(uri, "nbds://") {
+		return uri
+	}
+	return uri + "?tls-certificates=" + filepath.Dir(u.CACert)
 }
 
 // Client is an API client with the cluster's admin token.

@@ -45,6 +45,10 @@ type Config struct {
 	// name is a secret: it is given to qemu over QMP, never on the command
 	// line, and redacted from qemu's error messages.
 	Disk nbd.URI
+	// TLSDir is, for a disk that requires TLS (an nbds:// lease), the
+	// directory qemu's tls-creds-x509 reads: ca-cert.pem (the cluster CA
+	// the lender's certificate must chain to) and, if present, ca-crl.pem.
+	TLSDir string
 	// QEMU is the qemu-system-x86_64 binary; empty: found on PATH.
 	QEMU string
 }
@@ -108,6 +112,14 @@ func (c *Config) check() error {
 	if c.Disk.Network != "tcp" && c.Disk.Network != "unix" {
 		return fmt.Errorf("%w: no disk", ErrConfig)
 	}
+	if c.Disk.TLS {
+		if c.TLSDir == "" {
+			return fmt.Errorf("%w: the disk requires TLS: give the directory of the cluster CA's ca-cert.pem", ErrConfig)
+		}
+		if _, err := os.Stat(filepath.Join(c.TLSDir, "ca-cert.pem")); err != nil {
+			return fmt.Errorf("%w: TLS directory %s: no ca-cert.pem", ErrConfig, c.TLSDir)
+		}
+	}
 	if strings.ContainsAny(c.Append, "\n") {
 		return fmt.Errorf("%w: the kernel command line has a newline", ErrConfig)
 	}
@@ -146,13 +158,27 @@ func (c *Config) Args() []string {
 func optEscape(s string) string { return strings.ReplaceAll(s, ",", ",,") }
 
 // blockdev is the QMP blockdev-add argument of the disk: qemu's NBD
-// client, TCP or Unix socket.
+// client, TCP or Unix socket; over TLS with the credentials tlsCreds adds.
 func (c *Config) blockdev() map[string]any {
 	server := map[string]any{"type": "unix", "path": c.Disk.Address}
 	if c.Disk.Network == "tcp" {
 		host, port, _ := net.SplitHostPort(c.Disk.Address)
 		server = map[string]any{"type": "inet", "host": host, "port": port}
 	}
-	return map[string]any{"driver": "nbd", "node-name": "disk0", "server": server, "export": c.Disk.Export,
+	b := map[string]any{"driver": "nbd", "node-name": "disk0", "server": server, "export": c.Disk.Export,
 		"discard": "unmap"}
+	if c.Disk.TLS {
+		b["tls-creds"] = tlsCredsID
+	}
+	return b
+}
+
+// tlsCredsID names the disk's TLS credentials object.
+const tlsCredsID = "disk0-tls"
+
+// tlsCreds is the QMP object-add argument of a TLS disk's credentials:
+// X.509, client side, the lender's certificate verified against TLSDir's
+// ca-cert.pem (and ca-crl.pem).
+func (c *Config) tlsCreds() map[string]any {
+	return map[string]any{"qom-type": "tls-creds-x509", "id": tlsCredsID, "endpoint": "client", "dir": c.TLSDir, "verify-peer": true}
 }

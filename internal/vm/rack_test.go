@@ -15,6 +15,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/pki"
 	"github.com/rialto-project/rialto/internal/rack"
 	"github.com/rialto-project/rialto/internal/uptest"
 	"github.com/rialto-project/rialto/internal/vm"
@@ -133,7 +134,11 @@ func TestMoveAcrossRack(t *testing.T) {
 		t.Errorf("the first qemu (%d) still runs", rec.QEMUPID)
 	}
 	// The flushed marker is on the lender.
-	nc, err := nbd.DialURI(ctx, blk.URI)
+	dataTLS, err := pki.LoadClientTLS(r.CACert())
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nbd.DialURI(ctx, blk.URI, nbd.WithTLS(dataTLS))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,6 +30,8 @@ func TestArgsGolden(t *testing.T) {
 			Accel: AccelTCG, Disk: nbd.URI{Network: "tcp", Address: "10.0.0.1:10809", Export: "rlc_secret"}},
 		{Name: "big", Dir: "/s,odd/big", Kernel: "/k", MemoryMiB: 4096, CPUs: 4, Accel: AccelKVM,
 			Disk: nbd.URI{Network: "unix", Address: "/s,odd/big/disk.sock", Export: "rlc_secret"}},
+		{Name: "tls", Dir: "/run/rialto/vm/tls", Kernel: "/boot/vmlinuz", Accel: AccelTCG, TLSDir: "/etc/rialto/tls",
+			Disk: nbd.URI{Network: "tcp", Address: "10.0.0.1:10809", Export: "rlc_secret", TLS: true}},
 	} {
 		if c.MemoryMiB == 0 {
 			c.MemoryMiB = 256
@@ -40,6 +42,9 @@ func TestArgsGolden(t *testing.T) {
 		fmt.Fprintf(&b, "== %s\n%s\n", c.Name, strings.Join(c.Args(), "\n"))
 		if strings.Contains(strings.Join(c.Args(), " "), "rlc_secret") {
 			t.Errorf("%s: the export name is on qemu's command line", c.Name)
+		}
+		if c.Disk.TLS {
+			fmt.Fprintf(&b, "-- object-add %v\n", c.tlsCreds())
 		}
 		fmt.Fprintf(&b, "-- blockdev-add %v\n", c.blockdev())
 	}

@@ -400,12 +400,25 @@ func joinReasons(m map[string]string) string {
 	return b.String()
 }
 
+// plainScheme is a data plane's plaintext scheme for its TLS one.
+func plainScheme(s string) string {
+	switch s {
+	case "nbds", "rialto-mems", "rialto-accels":
+		return strings.TrimSuffix(s, "s")
+	}
+	return s
+}
+
 // maxURI bounds a reported URI.
 const maxURI = 4096
 
 // sameExport reports whether next names the same export as prev (same
-// scheme, export name — the URI's path, the lease's secret — and query
-// keys, and for an accel gateway the same role) at some other address.
+// protocol, export name — the URI's path, the lease's secret — and query
+// keys, and for an accel gateway the same role) at some other address. A
+// protocol's plaintext and TLS schemes (nbd and nbds, rialto-mem and
+// rialto-mems, rialto-accel and rialto-accels) are the same protocol: a
+// lender restarted with or without --insecure-dataplane serves the export
+// under the other one.
 func sameExport(prev, next string) bool {
 	if len(next) > maxURI || prev == "" {
 		return false
@@ -413,7 +426,7 @@ func sameExport(prev, next string) bool {
 	p, err1 := url.Parse(prev)
 	n, err2 := url.Parse(next)
 	if err1 != nil || err2 != nil || n.Host == "" || n.User != nil || n.Fragment != "" ||
-		n.Scheme != p.Scheme || n.EscapedPath() != p.EscapedPath() {
+		plainScheme(n.Scheme) != plainScheme(p.Scheme) || n.EscapedPath() != p.EscapedPath() {
 		return false
 	}
 	pq, nq := p.Query(), n.Query()

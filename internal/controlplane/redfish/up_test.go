@@ -174,7 +174,7 @@ func TestRedfishtoolComposeDecompose(t *testing.T) {
 		t.Fatalf("volume: %v\n%s", err, out)
 	}
 	uri, _ := vol["Oem"].(map[string]any)["Rialto"].(map[string]any)["URI"].(string)
-	size, err := exec.Command(nbdinfo, "--size", uri).Output()
+	size, err := exec.Command(nbdinfo, "--size", up.LibnbdURI(uri)).Output()
 	if err != nil || strings.TrimSpace(string(size)) != strconv.FormatInt(int64(vol["CapacityBytes"].(float64)), 10) {
 		t.Fatalf("nbdinfo --size on the volume: %v %q, volume %v", err, size, vol)
 	}
@@ -183,7 +183,7 @@ func TestRedfishtoolComposeDecompose(t *testing.T) {
 	if err != nil || l.State != api.LeaseReleased {
 		t.Fatalf("lease after redfishtool DELETE: %s %v", l.State, err)
 	}
-	if err := exec.Command(nbdinfo, "--size", uri).Run(); err == nil {
+	if err := exec.Command(nbdinfo, "--size", up.LibnbdURI(uri)).Run(); err == nil {
 		t.Error("the released volume's URI still serves")
 	}
 }
@@ -259,7 +259,7 @@ func TestSushyComposeDecompose(t *testing.T) {
 	}
 	vol := res["volume"].(map[string]any)
 	uri := vol["Oem"].(map[string]any)["Rialto"].(map[string]any)["URI"].(string)
-	if size, err := exec.Command(nbdinfo, "--size", uri).Output(); err != nil || strings.TrimSpace(string(size)) != "33554432" {
+	if size, err := exec.Command(nbdinfo, "--size", up.LibnbdURI(uri)).Output(); err != nil || strings.TrimSpace(string(size)) != "33554432" {
 		t.Fatalf("nbdinfo --size: %v %q", err, size)
 	}
 	run("decompose", res["path"].(string))

@@ -301,3 +301,14 @@ type LeaseOp struct {
 type LeaseBatcher interface {
 	LeaseOps(ctx context.Context, ops []LeaseOp) (out []api.Lease, errs []error, err error)
 }
+
+// NodeRemover is implemented by stores that can retire a node (an
+// optional capability): RemoveNode moves it to api.NodeRemoved, replaces
+// its credential hash with one no token hashes to (so that its credential
+// stops working), makes its devices unavailable and forgets its links, in
+// one transaction with ev. ErrNotFound for an unknown node. The node's
+// leases are the caller's (they are lost through the lease state machine
+// first); a later join of the same machine brings it back.
+type NodeRemover interface {
+	RemoveNode(ctx context.Context, id string, ev api.Event) (api.Node, error)
+}

@@ -189,7 +189,7 @@ func TestBrowser(t *testing.T) {
 		`//table[@id="events"]/tbody/tr[contains(@class,"new")][td[3][text()="lease.active"]][td[4]/a[text()=%q]]`, id))))
 
 	// Traffic through the lease shows in the bandwidth plot.
-	nc, err := nbd.DialURI(context.Background(), lease.URI)
+	nc, err := nbd.DialURI(context.Background(), lease.URI, nbd.WithTLS(up.DataTLS(t)))
 	if err != nil {
 		t.Fatalf("nbd: %v", err)
 	}

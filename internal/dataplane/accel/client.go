@@ -3,9 +3,11 @@ package accel
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -29,12 +31,53 @@ type Conn struct {
 	wg   sync.WaitGroup
 }
 
+// DialOption configures Dial.
+type DialOption func(*dialOptions)
+
+type dialOptions struct{ tls *tls.Config }
+
+// WithTLS runs the connection inside a TLS session with cfg (a target that
+// requires TLS: a rialto-accels:// URI; normally pki.LoadClientTLS of the
+// cluster CA's certificate). An empty ServerName is the host dialled. A
+// nil cfg means plaintext.
+func WithTLS(cfg *tls.Config) DialOption { return func(o *dialOptions) { o.tls = cfg } }
+
 // Dial connects to addr and authenticates with the lease credential.
-func Dial(ctx context.Context, addr string, credential []byte) (*Conn, error) {
+func Dial(ctx context.Context, addr string, credential []byte, opts ...DialOption) (*Conn, error) {
+	var o dialOptions
+	for _, f := range opts {
+		f(&o)
+	}
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("accel: dial %s: %w", addr, err)
+	}
+	if o.tls != nil {
+		cfg := o.tls
+		if cfg.ServerName == "" {
+			cfg = cfg.Clone()
+			cfg.ServerName = addr
+			if host, _, err := net.SplitHostPort(addr); err == nil {
+				cfg.ServerName = host
+			}
+		}
+		hctx, cancel := ctx, context.CancelFunc(func() {})
+		if _, ok := ctx.Deadline(); !ok {
+			hctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+		}
+		tc := tls.Client(nc, cfg)
+		err := tc.HandshakeContext(hctx)
+		cancel()
+		if err != nil {
+			_ = nc.Close()
+			var rh tls.RecordHeaderError
+			if errors.As(err, &rh) || errors.Is(err, io.EOF) {
+				return nil, fmt.Errorf("accel: TLS handshake with %s: the target does not speak TLS (its URI is rialto-accel://, not rialto-accels://): %w", addr, err)
+			}
+			return nil, fmt.Errorf("accel: TLS handshake with %s: %w", addr, err)
+		}
+		nc = tc
 	}
 	c, err := NewConn(ctx, nc, credential)
 	if err != nil {

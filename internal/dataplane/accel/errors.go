@@ -20,6 +20,9 @@ var (
 	ErrRoleFailed     = errors.New("accel: role failed")
 	ErrClosed         = errors.New("accel: connection closed")
 	ErrUnavailable    = errors.New("accel: target unavailable")
+	// ErrTLSRequired: the target requires TLS and the client connected in
+	// plaintext (a rialto-accel:// URI, or no TLS configuration).
+	ErrTLSRequired = errors.New("accel: the target requires TLS (use its rialto-accels:// URI and the cluster CA)")
 )
 
 // Code is the u16 error code of an ERROR frame.
@@ -43,6 +46,7 @@ const (
 	CodeCanceled       Code = 14
 	CodeUnsupported    Code = 15
 	CodeBlockIO        Code = 16
+	CodeTLSRequired    Code = 17
 )
 
 var codeErrs = []struct {
@@ -63,6 +67,7 @@ var codeErrs = []struct {
 	{CodeUnavailable, ErrUnavailable},
 	{CodeUnsupported, ErrUnsupported},
 	{CodeBlockIO, ErrBlockIO},
+	{CodeTLSRequired, ErrTLSRequired},
 	{CodeCanceled, context.Canceled},
 	{CodeCanceled, context.DeadlineExceeded},
 }

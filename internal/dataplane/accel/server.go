@@ -3,6 +3,7 @@ package accel
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -48,6 +49,10 @@ type Server struct {
 	MaxPayload     uint32        // 0: DefaultMaxPayload
 	MaxOutstanding int           // tasks in flight per connection; 0: 1024
 	HelloTimeout   time.Duration // 0: 10 s
+	// TLS, if set, makes the server require TLS (set before Serve): a
+	// connection must start with a TLS handshake, and a plaintext HELLO is
+	// answered CodeTLSRequired without its credential being looked at.
+	TLS *tls.Config
 }
 
 func (s *Server) logger() *slog.Logger {
@@ -123,13 +128,34 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 	if ht == 0 {
 		ht = 10 * time.Second
 	}
-	_ = nc.SetReadDeadline(time.Now().Add(ht))
+	_ = nc.SetDeadline(time.Now().Add(ht))
+	if s.TLS != nil {
+		b, err := br.Peek(2)
+		if err != nil {
+			return
+		}
+		if b[0] != tlsHandshakeRecord || b[1] != 3 {
+			f, err := ReadFrame(br, 64<<10)
+			if err == nil {
+				_, _ = nc.Write(errFrame(f.Tag, ErrTLSRequired))
+			}
+			log.Info("accel: connection refused: plaintext on a target that requires TLS")
+			return
+		}
+		tc := tls.Server(&bufferedConn{Conn: nc, r: br}, s.TLS)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			log.Debug("accel: TLS handshake failed", "err", err)
+			return
+		}
+		nc = tc
+		br = bufio.NewReaderSize(tc, 64<<10)
+	}
 	f, err := ReadFrame(br, 64<<10)
 	if err != nil {
 		log.Debug("accel: no hello", "err", err)
 		return
 	}
-	_ = nc.SetReadDeadline(time.Time{})
+	_ = nc.SetDeadline(time.Time{})
 	if f.Op != OpHello {
 		_, _ = nc.Write(errFrame(f.Tag, fmt.Errorf("%w: first frame must be HELLO", ErrAuth)))
 		return
@@ -197,6 +223,20 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 	close(c.out)
 	wwg.Wait()
 }
+
+// tlsHandshakeRecord is the first byte of a TLS connection (a handshake
+// record, then the major version 3). A plaintext connection starts with
+// its HELLO frame's length, little-endian: such a length would have to be
+// over 770 bytes (a credential of hundreds of bytes) to look the same.
+const tlsHandshakeRecord = 0x16
+
+// bufferedConn reads through r, which has peeked at the connection.
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
 func errFrame(tag uint32, err error) []byte {
 	p := binary.LittleEndian.AppendUint16(nil, uint16(CodeOf(err)))

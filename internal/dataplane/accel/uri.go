@@ -7,14 +7,21 @@ import (
 	"strings"
 )
 
-// URIScheme is the URI scheme of an accelerator lease.
-const URIScheme = "rialto-accel"
+// URIScheme is the URI scheme of an accelerator lease; URISchemeTLS names
+// targets that require TLS (their certificate issued by the cluster CA for
+// the lender's host).
+const (
+	URIScheme    = "rialto-accel"
+	URISchemeTLS = "rialto-accels"
+)
 
 // URI names what an accelerator lease is reached at, and the credential
 // that opens it:
 //
 //	rialto-accel://HOST:PORT/CREDENTIAL[?slots=HOST:PORT,…]  a dedicated lease's slots
 //	rialto-accel://HOST:PORT/CREDENTIAL?gateway=ROLE          a shared lease: its lender's gateway for ROLE
+//
+// and the same with rialto-accels:// for targets that require TLS.
 //
 // The credential is a secret. String is the wire form (what the agent
 // answers the control plane and a lease record holds); log and report
@@ -27,11 +34,12 @@ type URI struct {
 	Slots      []string
 	Credential string // the lease's export name
 	Gateway    string // the gateway's role, for a shared lease; "" for a dedicated one
+	TLS        bool   // the rialto-accels scheme: connect over TLS
 }
 
 // Parse errors. They never quote the input, which carries the credential.
 var (
-	errNotAccelURI     = errors.New("not an accelerator URI (want rialto-accel://HOST:PORT/CREDENTIAL)")
+	errNotAccelURI     = errors.New("not an accelerator URI (want rialto-accel:// or rialto-accels://HOST:PORT/CREDENTIAL)")
 	errNoURICredential = errors.New("accelerator URI without a credential")
 )
 
@@ -40,11 +48,11 @@ var (
 // are skipped, and other query parameters and a fragment are ignored.
 func ParseURI(s string) (URI, error) {
 	u, err := url.Parse(s)
-	if err != nil || u.Scheme != URIScheme || u.Host == "" {
+	if err != nil || (u.Scheme != URIScheme && u.Scheme != URISchemeTLS) || u.Host == "" {
 		return URI{}, errNotAccelURI
 	}
 	q := u.Query()
-	t := URI{Slots: []string{u.Host}, Credential: strings.TrimPrefix(u.Path, "/"), Gateway: q.Get("gateway")}
+	t := URI{Slots: []string{u.Host}, Credential: strings.TrimPrefix(u.Path, "/"), Gateway: q.Get("gateway"), TLS: u.Scheme == URISchemeTLS}
 	if t.Credential == "" {
 		return URI{}, errNoURICredential
 	}
@@ -66,7 +74,7 @@ func (u URI) Shared() bool { return u.Gateway != "" }
 // further slots and the gateway's role as query values, escaping only what
 // would change their meaning: for the addresses and credentials the agent
 // hands out, the string is byte for byte the concatenation
-// "rialto-accel://" + Slots[0] + "/" + Credential, then "?slots=" + the
+// the scheme + "://" + Slots[0] + "/" + Credential, then "?slots=" + the
 // further slots joined by "," or "?gateway=" + Gateway.
 func (u URI) String() string {
 	host := ""
@@ -74,6 +82,9 @@ func (u URI) String() string {
 		host = u.Slots[0]
 	}
 	v := url.URL{Scheme: URIScheme, Host: host, Path: "/" + u.Credential}
+	if u.TLS {
+		v.Scheme = URISchemeTLS
+	}
 	var q []string
 	if len(u.Slots) > 1 {
 		more := make([]string, 0, len(u.Slots)-1)

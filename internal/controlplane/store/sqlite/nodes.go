@@ -182,3 +182,35 @@ func nodes(ctx context.Context, q execer) ([]api.Node, error) {
 
 // Nodes lists nodes.
 func (s *Store) Nodes(ctx context.Context) ([]api.Node, error) { return nodes(ctx, s.rd()) }
+
+// RemoveNode retires a node (store.NodeRemover): state removed, a
+// credential hash no token hashes to (hashes are hex; this one is not),
+// devices unavailable, links gone.
+func (s *Store) RemoveNode(ctx context.Context, id string, ev api.Event) (api.Node, error) {
+	var out api.Node
+	err := s.tx(ctx, func(tx execer) error {
+		res, err := tx.ExecContext(ctx, `UPDATE nodes SET state = ?, credential_hash = ? WHERE id = ?`, api.NodeRemoved, "removed:"+id, id)
+		if err != nil {
+			return fmt.Errorf("sqlite: remove node: %w", err)
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return fmt.Errorf("node %s: %w", id, store.ErrNotFound)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE devices SET state = 'unavailable' WHERE node_id = ?`, id); err != nil {
+			return fmt.Errorf("sqlite: remove node: %w", err)
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM links WHERE from_node = ? OR to_node = ?`, id, id); err != nil {
+			return fmt.Errorf("sqlite: remove node: %w", err)
+		}
+		n, err := scanNode(tx.QueryRowContext(ctx, `SELECT `+nodeReadCols+` FROM nodes WHERE id = ?`, id))
+		if err != nil {
+			return fmt.Errorf("sqlite: remove node: %w", err)
+		}
+		if _, err := appendEvent(ctx, tx, ev); err != nil {
+			return err
+		}
+		out = n.Node
+		return nil
+	})
+	return out, err
+}

@@ -43,6 +43,7 @@ func Run(t *testing.T, o Options) {
 		{"Cordon", testCordon},
 		{"ConcurrentMoves", testConcurrentMoves},
 		{"ReplaceTokens", testReplaceTokens},
+		{"RemoveNode", testRemoveNode},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.f(t, o) })
 	}

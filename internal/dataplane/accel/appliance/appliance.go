@@ -3,6 +3,7 @@ package appliance
 import (
 	"context"
 	"crypto/subtle"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -55,7 +56,15 @@ type Config struct {
 	// UDPQueues, if positive, also serves each slot's UDP message path
 	// (udp.go) on its mailbox's host and port, with that many sockets
 	// (SO_REUSEPORT queues), each with a worker of its own.
-	UDPQueues  int
+	UDPQueues int
+	// TLS, if set, makes every slot's mailbox require TLS with this server
+	// configuration (its certificate must name Host). The UDP message path
+	// carries no TLS (datagrams are not encrypted): leave UDPQueues 0 with
+	// it, as the agent does.
+	TLS *tls.Config
+	// BlockTLS is the client configuration a slot dials nbds:// block
+	// parts with (Load, Store, RunBlockTask); nil trusts the system's CAs.
+	BlockTLS   *tls.Config
 	MaxPayload uint32 // frame payload limit; 0: accel.DefaultMaxPayload
 	Logger     *slog.Logger
 	// Metrics, if set, gets the slots' metrics (appliances sharing one
@@ -771,7 +780,7 @@ func (s *slot) currentLease() *lease {
 // serve accepts mailbox connections; each lives at most as long as the lease
 // that was current when it was accepted (and must present its credential).
 func (s *slot) serve(ctx context.Context) error {
-	srv := &accel.Server{Target: (*slotTarget)(s), Logger: s.a.log.With("slot", s.id), MaxPayload: s.a.cfg.MaxPayload}
+	srv := &accel.Server{Target: (*slotTarget)(s), Logger: s.a.log.With("slot", s.id), MaxPayload: s.a.cfg.MaxPayload, TLS: s.a.cfg.TLS}
 	stop := context.AfterFunc(ctx, s.closeListener)
 	defer stop()
 	var wg sync.WaitGroup

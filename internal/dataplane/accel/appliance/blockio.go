@@ -94,7 +94,7 @@ func (t *slotTarget) StoreBlock(ctx context.Context, addr uint64, n uint32, r ac
 func (a *Appliance) moveBlock(ctx context.Context, r accel.BlockRange, n uint64, store bool,
 	move func(vol *stripe.Volume, off uint64, buf []byte) error) error {
 	vol, err := stripe.Open(ctx, stripe.OpenConfig{URIs: r.Parts, StripeUnit: int64(r.StripeUnit),
-		RequestTimeout: blockTimeout, Check: partPolicy(a.cfg.Host)})
+		RequestTimeout: blockTimeout, Check: partPolicy(a.cfg.Host), TLS: a.cfg.BlockTLS})
 	if err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("%w: interrupted: %w", accel.ErrBlockIO, ctx.Err())
@@ -159,7 +159,8 @@ func (a *Appliance) moveBlock(ctx context.Context, r accel.BlockRange, n uint64,
 // the appliance itself serves on loopback (a one-machine cluster, `rialto
 // up`), so that a borrower cannot use the appliance to reach services bound
 // to its host's loopback. The part is dialled at the address checked (no
-// second name lookup).
+// second name lookup); over TLS the certificate must still name the host
+// the URI gave.
 func partPolicy(host string) func(ctx context.Context, i int, u nbd.URI) (nbd.URI, error) {
 	local := host == "localhost"
 	if ip, err := netip.ParseAddr(host); err == nil && ip.Unmap().IsLoopback() {
@@ -184,6 +185,9 @@ func partPolicy(host string) func(ctx context.Context, i int, u nbd.URI) (nbd.UR
 		ip = ip.Unmap()
 		if (ip.IsLoopback() || ip.IsUnspecified()) && !local {
 			return u, fmt.Errorf("%w: part %d: %s is a loopback address of the appliance's host", errBlockRefused, i, ip)
+		}
+		if u.ServerName == "" {
+			u.ServerName = h
 		}
 		u.Address = net.JoinHostPort(ip.String(), port)
 		return u, nil

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"sync"
 
@@ -16,6 +17,9 @@ import (
 type Redialer struct {
 	Addr       string
 	Credential []byte
+	// TLS, if set, is the client configuration for a slot that requires
+	// TLS (see accel.WithTLS).
+	TLS *tls.Config
 
 	mu sync.Mutex
 	c  *accel.Conn
@@ -32,7 +36,7 @@ func (r *Redialer) conn(ctx context.Context) (*accel.Conn, error) {
 	if r.c != nil {
 		return r.c, nil
 	}
-	c, err := accel.Dial(ctx, r.Addr, r.Credential)
+	c, err := accel.Dial(ctx, r.Addr, r.Credential, accel.WithTLS(r.TLS))
 	if err != nil {
 		return nil, err
 	}

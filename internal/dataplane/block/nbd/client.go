@@ -123,6 +123,10 @@ type URI struct {
 	// TLSCertificates is the tls-certificates query parameter of an nbds
 	// URI: a directory in libnbd's layout (see LoadTLSDir).
 	TLSCertificates string
+	// ServerName, if set, is the name the server's certificate must carry
+	// when it is not the host dialled (a caller that resolved a host name
+	// to the address it dials). It is not part of the URI's text.
+	ServerName string
 }
 
 // ParseURI parses nbd://host[:port]/export, nbd+unix:///export?socket=PATH
@@ -141,22 +145,43 @@ func DialURI(ctx context.Context, uri string, opts ...DialOption) (*Client, erro
 	if err != nil {
 		return nil, err
 	}
-	if u.TLS {
-		var o dialOptions
-		for _, f := range opts {
-			f(&o)
-		}
-		if o.tls == nil {
-			cfg := &tls.Config{MinVersion: tls.VersionTLS12}
-			if u.TLSCertificates != "" {
-				if cfg, err = LoadTLSDir(u.TLSCertificates); err != nil {
-					return nil, err
-				}
+	if !u.TLS {
+		return Dial(ctx, u.Network, u.Address, u.Export, opts...)
+	}
+	var o dialOptions
+	for _, f := range opts {
+		f(&o)
+	}
+	return u.Dial(ctx, o.tls, opts...)
+}
+
+// Dial dials the export u names. An nbds URI uses TLS with tlsCfg if it is
+// not nil, else with the certificates of its tls-certificates directory
+// (see LoadTLSDir), else trusting the system's CAs; the server's
+// certificate must name u.ServerName if set, else the host dialled. A
+// plaintext URI ignores tlsCfg: whether a connection is encrypted is the
+// URI's to say (the lease's, as the control plane handed it out), so one
+// configuration serves every part of a volume. WithTLS among opts is
+// overridden.
+func (u URI) Dial(ctx context.Context, tlsCfg *tls.Config, opts ...DialOption) (*Client, error) {
+	if !u.TLS {
+		return Dial(ctx, u.Network, u.Address, u.Export, append(opts, WithTLS(nil))...)
+	}
+	cfg := tlsCfg
+	if cfg == nil {
+		cfg = &tls.Config{MinVersion: tls.VersionTLS12}
+		if u.TLSCertificates != "" {
+			var err error
+			if cfg, err = LoadTLSDir(u.TLSCertificates); err != nil {
+				return nil, err
 			}
-			opts = append(opts, WithTLS(cfg))
 		}
 	}
-	return Dial(ctx, u.Network, u.Address, u.Export, opts...)
+	if u.ServerName != "" && cfg.ServerName == "" {
+		cfg = cfg.Clone()
+		cfg.ServerName = u.ServerName
+	}
+	return Dial(ctx, u.Network, u.Address, u.Export, append(opts, WithTLS(cfg))...)
 }
 
 // Dial connects to export on an NBD server, negotiates fixed newstyle,

@@ -111,8 +111,7 @@ type conn struct {
 	fr      *fastReader          // nil unless nc is a TCP or Unix socket
 	burst   int                  // requests read since the reader last waited
 	spliced bool                 // the last request was a write whose payload was spliced
-	nw      nowaitReader
-	mp      mappedSource // nil unless the backend is mapped and nc is a socket
+	mp      mappedSource         // nil unless the backend is mapped and nc is a socket
 	sp      spliceTarget
 	// splice pipe for large writes (0 until first used)
 	pipeR, pipeW int
@@ -132,35 +131,6 @@ type conn struct {
 type sendfileSource interface {
 	sendfileRange(off, n int64) (fd int, foff int64, ok bool)
 	releaseFD()
-}
-
-// nowaitReader is implemented by backends that can read without blocking
-// when the data is cached (preadv2 RWF_NOWAIT), returning errWouldBlock
-// otherwise.
-type nowaitReader interface {
-	readAtNowait(p []byte, off int64) (int, error)
-}
-
-var errWouldBlock = errors.New("nbd: read would block")
-
-// readNowait serves a small read in the reader goroutine when the data is
-// cached: at high queue depth this spares the hand-off to a worker. It
-// reports whether o is now ready for its reply.
-func (c *conn) readNowait(o *op) bool {
-	if o.req.Type != CmdRead || c.nw == nil || c.limit != nil || o.req.Length >= sendfileMin {
-		return false
-	}
-	if c.mapRead(o) {
-		return true
-	}
-	n := int(o.req.Length)
-	o.buf = getBuf(n)
-	got, err := c.nw.readAtNowait(*o.buf, int64(o.req.Offset))
-	if err != nil || got != n {
-		return false // a worker will read it (into o.buf)
-	}
-	c.encodeRead(o)
-	return true
 }
 
 // mapRead points o's reply at the backend's mapping when it can; the
@@ -196,7 +166,6 @@ func newConn(s *Server, nc net.Conn, r *bufio.Reader, sess *session) *conn {
 	c.fua, _ = e.Backend.(FUAWriter)
 	c.bud.limit = maxInflightBytes
 	c.sf, _ = e.Backend.(sendfileSource)
-	c.nw, _ = e.Backend.(nowaitReader)
 	c.sp, _ = e.Backend.(spliceTarget)
 	switch t := nc.(type) {
 	case *net.TCPConn:
@@ -252,12 +221,25 @@ func (c *conn) serve(ctx context.Context) error {
 	return err
 }
 
+// requestBuffered reports whether the next request header is already
+// here: in the reader's buffer or, over TLS, in a whole record crypto/tls
+// has not taken yet.
+func (c *conn) requestBuffered() bool {
+	return c.r.Buffered() >= requestHeaderLen || c.recordQueued()
+}
+
+// recordQueued reports whether, over TLS, a whole record (normally a
+// request) waits behind what the reader has taken.
+func (c *conn) recordQueued() bool {
+	return c.sess != nil && c.sess.rec != nil && c.sess.rec.recordBuffered()
+}
+
 // reader parses requests until DISC, EOF or a protocol violation.
 func (c *conn) reader(ctx context.Context) error {
 	defer c.dropBatch()
 	var hb [requestHeaderLen]byte
 	for {
-		if c.r.Buffered() < requestHeaderLen {
+		if !c.requestBuffered() {
 			// About to wait for the client: send what is ready first.
 			if err := c.flushBatch(); err != nil {
 				return err
@@ -339,13 +321,20 @@ func (c *conn) reader(ctx context.Context) error {
 			c.encodeError(o)
 		} else if spliced {
 			c.encodeOK(o)
-		} else if c.inflight.Load() == 0 && c.r.Buffered() == 0 && c.inline(o) {
+		} else if c.inflight.Load() == 0 && c.r.Buffered() == 0 && !c.recordQueued() && c.inline(o) {
 			// Nothing else in flight and no request queued behind this
 			// one (typical at queue depth 1): serve it here, sparing two
 			// goroutine hand-offs.
 			c.execute(ctx, o)
-		} else if !c.readNowait(o) {
-			// Hand it to a worker; the channel send may block.
+		} else {
+			// At depth, hand it to a worker, even a read the reader
+			// could serve from memory: the reader only parses while
+			// the workers and the writer serve and send in parallel.
+			// Serving such reads here (as this reader once did) ran a
+			// whole queue depth of reads and their sends on one
+			// thread, which on a busy machine got one thread's share
+			// of the CPU (docs/bench/block.md, "Follow-up: queue depth
+			// 32"). The channel send may block.
 			if err := c.flushBatch(); err != nil {
 				c.freeOp(o)
 				return err

@@ -58,7 +58,6 @@ type FileBackend struct {
 	noZero   atomic.Bool  // FALLOC_FL_ZERO_RANGE unsupported
 	noPunch  atomic.Bool  // FALLOC_FL_PUNCH_HOLE unsupported
 	end      atomic.Int64 // file size last seen (for sendfile)
-	noNowait atomic.Bool  // preadv2(RWF_NOWAIT) unsupported
 	inMemory bool         // file on tmpfs or ramfs
 
 	// A block device: trim is BLKDISCARD and zeroing falls back to
@@ -208,32 +207,6 @@ func (b *FileBackend) longEnough(end int64) bool {
 
 // releaseFD implements sendfileSource and spliceTarget.
 func (b *FileBackend) releaseFD() { b.release() }
-
-func (b *FileBackend) readAtNowait(p []byte, off int64) (int, error) {
-	if off < 0 || off+int64(len(p)) > b.size {
-		return 0, errWouldBlock
-	}
-	if b.inMemory {
-		// tmpfs/ramfs: a read never waits for a device.
-		return b.ReadAt(p, off)
-	}
-	if b.noNowait.Load() {
-		return 0, errWouldBlock
-	}
-	if !b.acquire() {
-		return 0, b.closedErr("read")
-	}
-	iov := [][]byte{p}
-	n, err := unix.Preadv2(b.fd, iov, b.base+off, unix.RWF_NOWAIT)
-	b.release()
-	if err == unix.EOPNOTSUPP || err == unix.ENOSYS || err == unix.EINVAL {
-		b.noNowait.Store(true)
-	}
-	if err != nil || n != len(p) {
-		return 0, errWouldBlock
-	}
-	return n, nil
-}
 
 // spliceDest implements spliceTarget. After ok=true the descriptor is held
 // until releaseFD.

@@ -103,7 +103,6 @@ func TestFileBackendClosed(t *testing.T) {
 		do   func() error
 	}{
 		{"ReadAt", func() error { _, err := b.ReadAt(buf, 0); return err }},
-		{"readAtNowait", func() error { _, err := b.readAtNowait(buf, 0); return err }},
 		{"WriteAt", func() error { _, err := b.WriteAt(buf, 0); return err }},
 		{"WriteAtFUA", func() error { _, err := b.WriteAtFUA(buf, 0); return err }},
 		{"Flush", b.Flush},
@@ -115,9 +114,6 @@ func TestFileBackendClosed(t *testing.T) {
 	}
 	for _, op := range ops {
 		err := op.do()
-		if op.name == "readAtNowait" && errors.Is(err, errWouldBlock) {
-			continue // RWF_NOWAIT unsupported here: never touches the descriptor
-		}
 		if !errors.Is(err, ErrBackendClosed) {
 			t.Errorf("%s after Close: %v, want %v", op.name, err, ErrBackendClosed)
 		}

@@ -23,6 +23,7 @@ type session struct {
 	// which the transmission phase uses instead of the socket's.
 	tls *tls.Conn
 	r   *bufio.Reader
+	rec *recordReader // the socket's bytes as crypto/tls takes them
 }
 
 func newConnReader(r io.Reader) *bufio.Reader { return bufio.NewReaderSize(r, 64<<10) }
@@ -58,6 +59,7 @@ func (o *optWriter) reply(opt, typ uint32, data ...[]byte) error {
 func (s *Server) negotiate(nc net.Conn, r *bufio.Reader) (*session, error) {
 	var w io.Writer = nc
 	var tc *tls.Conn // set once TLS is initiated
+	var rec *recordReader
 	// Without TLS configured the server is in the spec's NOTLS mode; with
 	// it, FORCEDTLS unless TLSOptional (then SELECTIVETLS with no TLS-only
 	// export).
@@ -141,7 +143,8 @@ func (s *Server) negotiate(nc net.Conn, r *bufio.Reader) (*session, error) {
 				if err := ow.reply(opt, repAck); err != nil {
 					return nil, err
 				}
-				tc = tls.Server(nc, s.TLSConfig)
+				rec = newRecordReader(nc)
+				tc = tls.Server(&readerConn{Conn: nc, r: rec}, s.TLSConfig)
 				if err := tc.Handshake(); err != nil {
 					return nil, fmt.Errorf("nbd: TLS handshake: %w", err)
 				}
@@ -156,7 +159,7 @@ func (s *Server) negotiate(nc net.Conn, r *bufio.Reader) (*session, error) {
 			if e == nil {
 				return nil, ErrExportNotFound
 			}
-			sess := &session{name: e.Name, exp: e, structured: structured, meta: metaSet && metaName == e.Name, tls: tc, r: r}
+			sess := &session{name: e.Name, exp: e, structured: structured, meta: metaSet && metaName == e.Name, tls: tc, r: r, rec: rec}
 			sess.flags = e.transmissionFlags(structured)
 			b := make([]byte, 10, 10+124)
 			binary.BigEndian.PutUint64(b, uint64(e.size))
@@ -228,7 +231,7 @@ func (s *Server) negotiate(nc net.Conn, r *bufio.Reader) (*session, error) {
 			}
 			if opt == optGo {
 				return &session{name: e.Name, exp: e, structured: structured,
-					meta: metaSet && metaName == e.Name, flags: flags, tls: tc, r: r}, nil
+					meta: metaSet && metaName == e.Name, flags: flags, tls: tc, r: r, rec: rec}, nil
 			}
 
 		case optListMetaContext, optSetMetaContext:

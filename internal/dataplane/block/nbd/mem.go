@@ -69,5 +69,3 @@ func (m *MemBackend) WriteZeroes(off, n int64, _ bool) error {
 	m.mu.Unlock()
 	return nil
 }
-
-func (m *MemBackend) readAtNowait(p []byte, off int64) (int, error) { return m.ReadAt(p, off) }

@@ -322,6 +322,10 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 		tc := newTLSConn(sess.tls, nc)
 		defer tc.closeNotify(time.Second)
 		c = newConn(s, tc, sess.r, sess)
+		if sess.rec != nil {
+			// Replies the reader holds leave before it waits on the socket.
+			sess.rec.wait = c.flushBatch
+		}
 	} else {
 		c = newConn(s, nc, r, sess)
 	}

@@ -3,6 +3,7 @@ package nbd
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 // ErrTLSRequired is returned by Dial when the server requires TLS
@@ -58,6 +61,104 @@ type readerConn struct {
 }
 
 func (c *readerConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// tlsRecordHeader is a TLS record's header: type, version, u16 length.
+const tlsRecordHeader = 5
+
+// recordReader hands crypto/tls the socket's bytes one TLS record at a
+// time, so that the server knows whether a whole record (normally the next
+// request) is already here: crypto/tls reads ahead into a buffer of its own
+// and has no way to ask. It reads as much as the socket has in one system
+// call into its own buffer, as crypto/tls would, and passes the rest of a
+// record straight into crypto/tls's buffer when it holds nothing (large
+// writes' payloads are not copied twice).
+//
+// Before it goes to the socket it calls wait, if set: the connection's
+// reader sends the replies it holds there, so that a record that turns out
+// not to be a request (a key update, an empty record) cannot leave it
+// waiting for a client that waits for those replies. Only the goroutine
+// reading the TLS session uses it.
+type recordReader struct {
+	src      io.Reader
+	buf      []byte
+	off, end int // buf[off:end] read, not yet handed out
+	left     int // bytes of the current record still to hand out
+	wait     func() error
+}
+
+func newRecordReader(src io.Reader) *recordReader {
+	return &recordReader{src: src, buf: make([]byte, 64<<10)}
+}
+
+func (r *recordReader) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if r.left == 0 {
+		if err := r.fill(tlsRecordHeader); err != nil {
+			return 0, err
+		}
+		r.left = tlsRecordHeader + int(binary.BigEndian.Uint16(r.buf[r.off+3:]))
+	}
+	want := min(len(p), r.left)
+	if r.end > r.off {
+		n := copy(p[:want], r.buf[r.off:r.end])
+		r.off += n
+		r.left -= n
+		return n, nil
+	}
+	if err := r.waiting(); err != nil {
+		return 0, err
+	}
+	n, err := r.src.Read(p[:want])
+	r.left -= n
+	return n, err
+}
+
+func (r *recordReader) waiting() error {
+	if r.wait == nil {
+		return nil
+	}
+	return r.wait()
+}
+
+// fill reads until at least k (at most tlsRecordHeader) bytes are
+// buffered.
+func (r *recordReader) fill(k int) error {
+	for r.end-r.off < k {
+		if r.off == r.end {
+			r.off, r.end = 0, 0
+		} else if len(r.buf)-r.end < k {
+			r.end = copy(r.buf, r.buf[r.off:r.end])
+			r.off = 0
+		}
+		if err := r.waiting(); err != nil {
+			return err
+		}
+		n, err := r.src.Read(r.buf[r.end:])
+		r.end += n
+		if err != nil {
+			if r.end-r.off >= k {
+				return nil // the error comes again on the next read
+			}
+			if errors.Is(err, io.EOF) && r.end > r.off {
+				return io.ErrUnexpectedEOF
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// recordBuffered reports whether a whole record is here, beyond what
+// crypto/tls has taken: the next read of the session needs no wait.
+func (r *recordReader) recordBuffered() bool {
+	have := r.end - r.off
+	if r.left > 0 {
+		return have >= r.left
+	}
+	return have >= tlsRecordHeader && have >= tlsRecordHeader+int(binary.BigEndian.Uint16(r.buf[r.off+3:]))
+}
 
 // writeBuffers writes v to w, consuming it: with one writev on a plain
 // socket, and on a TLS connection in as few records (and so system calls)
@@ -113,20 +214,29 @@ func writeBuffers(w net.Conn, v *net.Buffers) (int64, error) {
 
 // LoadTLSDir builds a client TLS configuration from a directory in the
 // layout libnbd's tls-certificates=DIR and qemu's tls-creds-x509 use:
-// ca-cert.pem (required: the CAs the server's certificate must chain to)
-// and, optionally, client-cert.pem with client-key.pem (a client
-// certificate, for servers that ask for one). A ca-crl.pem, if present, is
-// not read: revocation of server certificates is the server side's matter.
+// ca-cert.pem (required: the CAs the server's certificate must chain to),
+// ca-crl.pem (optional: server certificates it revokes are refused, as
+// libnbd and qemu refuse them; it is read again when it changes) and,
+// optionally, client-cert.pem with client-key.pem (a client certificate,
+// for servers that ask for one).
 func LoadTLSDir(dir string) (*tls.Config, error) {
 	ca, err := os.ReadFile(filepath.Join(dir, "ca-cert.pem"))
 	if err != nil {
 		return nil, fmt.Errorf("nbd: TLS certificates: %w", err)
 	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(ca) {
-		return nil, fmt.Errorf("nbd: TLS certificates: no certificate in %s", filepath.Join(dir, "ca-cert.pem"))
+	roots, err := pki.ParseCerts(ca)
+	if err != nil {
+		return nil, fmt.Errorf("nbd: TLS certificates: %s: %w", filepath.Join(dir, "ca-cert.pem"), err)
 	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
+	pool := x509.NewCertPool()
+	for _, c := range roots {
+		pool.AddCert(c)
+	}
+	crl := pki.NewCRL(roots)
+	if err := crl.Watch(filepath.Join(dir, pki.CRLFile)); err != nil {
+		return nil, fmt.Errorf("nbd: TLS certificates: %w", err)
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, VerifyConnection: crl.VerifyPeer}
 	certFile, keyFile := filepath.Join(dir, "client-cert.pem"), filepath.Join(dir, "client-key.pem")
 	_, cerr := os.Stat(certFile)
 	_, kerr := os.Stat(keyFile)

@@ -3,6 +3,7 @@ package stripe
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -25,9 +26,15 @@ const DefaultConnsPerPart = 2
 
 // AttachConfig describes a composed volume to attach.
 type AttachConfig struct {
-	// URIs are the parts, in layout order, as nbd:// or nbd+unix:// URIs.
-	// The export name in each is the lease credential: it is never logged.
+	// URIs are the parts, in layout order, as nbd:// or nbd+unix:// URIs,
+	// or their TLS forms nbds:// and nbds+unix://. The export name in each
+	// is the lease credential: it is never logged.
 	URIs []string
+	// TLS is the client configuration for the parts whose URI asks for TLS
+	// (normally pki.LoadClientTLS of the cluster CA's certificate); nil
+	// uses each URI's tls-certificates directory, else the system's CAs.
+	// Parts with a plaintext URI ignore it.
+	TLS *tls.Config
 	// StripeUnit as in Config; 0 means DefaultStripeUnit.
 	StripeUnit int64
 	// Listen is where the composed volume is served: a TCP address
@@ -118,7 +125,7 @@ func Attach(ctx context.Context, cfg AttachConfig) (*Attachment, error) {
 	for i, u := range uris {
 		for j := range conns {
 			wg.Go(func() {
-				c, err := nbd.Dial(ctx, u.Network, u.Address, u.Export, nbd.WithRequestTimeout(timeout))
+				c, err := u.Dial(ctx, cfg.TLS, nbd.WithRequestTimeout(timeout))
 				if err != nil {
 					errs[i*conns+j] = fmt.Errorf("stripe: part %d (%s): %w", i, u.Address, err)
 					return
@@ -144,12 +151,12 @@ func Attach(ctx context.Context, cfg AttachConfig) (*Attachment, error) {
 	devs := make([]Device, len(uris))
 	for i, cs := range clients {
 		if len(cs) == 1 {
-			devs[i] = newPart(cs[0], uris[i], i, timeout, redial, cfg.Resolve, log)
+			devs[i] = newPart(cs[0], uris[i], cfg.TLS, i, timeout, redial, cfg.Resolve, log)
 			continue
 		}
 		ps := make([]Device, len(cs))
 		for j, c := range cs {
-			ps[j] = newPart(c, uris[i], i, timeout, redial, cfg.Resolve, log)
+			ps[j] = newPart(c, uris[i], cfg.TLS, i, timeout, redial, cfg.Resolve, log)
 		}
 		p, err := NewPool(ps...)
 		if err != nil {

@@ -2,6 +2,7 @@ package stripe
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,9 +14,12 @@ import (
 
 // OpenConfig describes a volume to open for direct use (not served).
 type OpenConfig struct {
-	// URIs are the parts in layout order (nbd:// or nbd+unix://); their
-	// export names are credentials, never logged or quoted in errors.
+	// URIs are the parts in layout order (nbd:// or nbd+unix://, or their
+	// TLS forms); their export names are credentials, never logged or
+	// quoted in errors.
 	URIs []string
+	// TLS is as in AttachConfig.
+	TLS *tls.Config
 	// StripeUnit as in Config; 0 means DefaultStripeUnit. Ignored for one
 	// part, where the layout is the identity (the volume is the part,
 	// rounded down to a multiple of MinStripeUnit).
@@ -64,7 +68,7 @@ func Open(ctx context.Context, cfg OpenConfig) (*Volume, error) {
 	for i, u := range uris {
 		for j := range conns {
 			wg.Go(func() {
-				c, err := nbd.Dial(ctx, u.Network, u.Address, u.Export, nbd.WithRequestTimeout(timeout))
+				c, err := u.Dial(ctx, cfg.TLS, nbd.WithRequestTimeout(timeout))
 				if err != nil {
 					errs[i*conns+j] = fmt.Errorf("stripe: part %d (%s): %w", i, u.Address, err)
 					return

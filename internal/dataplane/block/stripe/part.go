@@ -2,6 +2,7 @@ package stripe
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -35,6 +36,7 @@ const (
 // reports false, so a Pool stops choosing it, and calls fail at once.
 type nbdPart struct {
 	uri     nbd.URI                                             // guarded by mu once attached (reconnect may move it)
+	tls     *tls.Config                                         // for a TLS URI (see AttachConfig.TLS)
 	index   int                                                 // part index, for logs
 	timeout time.Duration                                       // per request, passed to nbd.Dial
 	redial  time.Duration                                       // 0: never redial
@@ -60,9 +62,9 @@ type nbdPart struct {
 	epoch   atomic.Uint64 // counts reconnections
 }
 
-func newPart(c *nbd.Client, u nbd.URI, index int, timeout, redial time.Duration,
+func newPart(c *nbd.Client, u nbd.URI, tlsCfg *tls.Config, index int, timeout, redial time.Duration,
 	resolve func(context.Context, int) (string, error), log *slog.Logger) *nbdPart {
-	p := &nbdPart{uri: u, index: index, timeout: timeout, redial: redial, resolve: resolve, log: log,
+	p := &nbdPart{uri: u, tls: tlsCfg, index: index, timeout: timeout, redial: redial, resolve: resolve, log: log,
 		size: c.Size(), flags: c.Flags(), meta: c.CanExtents()}
 	p.cur.Store(c)
 	return p
@@ -132,7 +134,7 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 			p.follow(ctx)
 		}
 		actx, acancel := context.WithTimeout(ctx, dialAttemptLimit)
-		c, err := nbd.Dial(actx, p.uri.Network, p.uri.Address, p.uri.Export, nbd.WithRequestTimeout(p.timeout))
+		c, err := p.uri.Dial(actx, p.tls, nbd.WithRequestTimeout(p.timeout))
 		acancel()
 		if err == nil && c.Size() != p.size {
 			c.Close()

@@ -2,6 +2,8 @@ package client
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -59,8 +61,15 @@ type Options struct {
 	// Spin is how long the synchronous channel and the mapping's fault
 	// handler busy-poll for a reply before sleeping. Zero disables it.
 	Spin time.Duration
-	// Dialer dials the donor; nil uses a net.Dialer.
+	// Dialer dials the donor; nil uses a net.Dialer. With TLS it must
+	// return TCP connections.
 	Dialer func(ctx context.Context, addr string) (net.Conn, error)
+	// TLS, if set, runs every connection inside a TLS session with this
+	// client configuration (a donor that requires TLS: a rialto-mems://
+	// URI; normally pki.LoadClientTLS of the cluster CA's certificate). An
+	// empty ServerName is the host of the donor's address. Nil speaks
+	// plaintext, which such a donor refuses (ErrTLSRequired).
+	TLS *tls.Config
 }
 
 func (o *Options) fill() {
@@ -80,6 +89,11 @@ func (o *Options) fill() {
 		o.BulkThreshold = 2 << 20
 	}
 	o.Spin = max(o.Spin, 0)
+	if o.TLS != nil {
+		o.TLS = o.TLS.Clone()
+		// Bulk transfers want full records from the first byte.
+		o.TLS.DynamicRecordSizingDisabled = true
+	}
 	if o.Dialer == nil {
 		var d net.Dialer
 		o.Dialer = func(ctx context.Context, addr string) (net.Conn, error) {
@@ -151,9 +165,22 @@ func Dial(ctx context.Context, addr, credential string, opts Options) (*Client, 
 }
 
 // newRaw opens a connection of the session driven with raw syscalls (see
-// rawconn).
+// rawconn). Over TLS the descriptor is detached before the handshake, so
+// that the session's records travel on the raw syscalls too.
 func (c *Client) newRaw(ctx context.Context, kind uint8) (*rawconn.Conn, error) {
-	conn, _, err := c.handshake(ctx, kind)
+	if c.opts.TLS == nil {
+		conn, _, err := c.handshake(ctx, kind)
+		if err != nil {
+			return nil, err
+		}
+		fd, err := rawconn.Detach(conn)
+		_ = conn.Close()
+		if err != nil {
+			return nil, err
+		}
+		return rawconn.New(fd, c.opts.Spin, c.opts.Timeout), nil
+	}
+	conn, err := c.dial(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -162,8 +189,44 @@ func (c *Client) newRaw(ctx context.Context, kind uint8) (*rawconn.Conn, error) 
 	if err != nil {
 		return nil, err
 	}
-	return rawconn.New(fd, c.opts.Spin, c.opts.Timeout), nil
+	p := rawconn.New(fd, c.opts.Spin, c.opts.Timeout)
+	if err := p.StartTLS(c.tlsConfig(), false); err != nil {
+		p.Close()
+		return nil, tlsDialErr(c.addr, err)
+	}
+	if _, err := c.hello(p, kind); err != nil {
+		p.Close()
+		return nil, err
+	}
+	return p, nil
 }
+
+// tlsConfig is Options.TLS with the donor's host as ServerName when it
+// names none.
+func (c *Client) tlsConfig() *tls.Config {
+	cfg := c.opts.TLS
+	if cfg.ServerName == "" {
+		cfg = cfg.Clone()
+		cfg.ServerName = c.addr
+		if host, _, err := net.SplitHostPort(c.addr); err == nil {
+			cfg.ServerName = host
+		}
+	}
+	return cfg
+}
+
+// tlsDialErr is a failed TLS handshake with the donor: a lost donor, and
+// a hint when it is most likely a plaintext one.
+func tlsDialErr(addr string, err error) error {
+	var rh tls.RecordHeaderError
+	if errors.As(err, &rh) {
+		return fmt.Errorf("%w: TLS handshake with %s: the donor does not speak TLS (its URI is rialto-mem://, not rialto-mems://): %v", protocol.ErrDonorLost, addr, err)
+	}
+	return fmt.Errorf("%w: TLS handshake with %s: %v", protocol.ErrDonorLost, addr, err)
+}
+
+// TLS reports whether the session runs over TLS (Options.TLS).
+func (c *Client) TLS() bool { return c.opts.TLS != nil }
 
 // Join opens one more connection of the session, of the given kind (any
 // but protocol.KindControl), and performs its HELLO; the caller owns the
@@ -180,6 +243,68 @@ func (c *Client) Join(ctx context.Context, kind uint8) (net.Conn, error) {
 	return conn, err
 }
 
+// Handoff lets another process open a connection of this session by
+// itself: a mapping's fault handler, when the session runs over TLS (a TLS
+// session's state cannot cross processes). The process runs TLS over the
+// connection DialHandoff returns with TLSConfig, which accepts only the
+// key this session verified against the CA, then Hello. It carries the
+// lease credential: hand it over a private channel, never in arguments or
+// the environment.
+type Handoff struct {
+	Hello      protocol.Hello
+	ServerName string
+	// PeerKey is the SHA-256 of the donor certificate's public key (its
+	// SubjectPublicKeyInfo), as the session's control connection saw it.
+	PeerKey [32]byte
+}
+
+// DialHandoff dials a connection to the donor for a connection of kind
+// that another process completes (see Handoff); nothing is sent on it.
+// The session must run over TLS: a plaintext one hands out connections
+// with Join.
+func (c *Client) DialHandoff(ctx context.Context, kind uint8) (net.Conn, Handoff, error) {
+	var h Handoff
+	if kind == protocol.KindControl {
+		return nil, h, fmt.Errorf("memory: a session has one control connection")
+	}
+	if err := c.err(); err != nil {
+		return nil, h, err
+	}
+	tc, ok := c.ctrl.(*tls.Conn)
+	if !ok {
+		return nil, h, fmt.Errorf("memory: the session does not run over TLS: use Join")
+	}
+	st := tc.ConnectionState()
+	if len(st.PeerCertificates) == 0 {
+		return nil, h, fmt.Errorf("memory: the donor presented no certificate")
+	}
+	h = Handoff{Hello: protocol.Hello{Kind: kind, Session: c.session, Credential: c.cred},
+		ServerName: c.tlsConfig().ServerName, PeerKey: sha256.Sum256(st.PeerCertificates[0].RawSubjectPublicKeyInfo)}
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return nil, Handoff{}, err
+	}
+	return conn, h, nil
+}
+
+// TLSConfig is the client configuration of a handed-off connection: the
+// donor must present a certificate for the key the session verified.
+func (h Handoff) TLSConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion:                  tls.VersionTLS12,
+		ServerName:                  h.ServerName,
+		DynamicRecordSizingDisabled: true,
+		// The chain was verified by the session; the key is pinned here.
+		InsecureSkipVerify: true,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 || sha256.Sum256(cs.PeerCertificates[0].RawSubjectPublicKeyInfo) != h.PeerKey {
+				return errors.New("memory: the donor's key is not the one the session verified")
+			}
+			return nil
+		},
+	}
+}
+
 // Timeout is the client's request timeout (Options.Timeout, filled).
 func (c *Client) Timeout() time.Duration { return c.opts.Timeout }
 
@@ -189,54 +314,94 @@ type helloReply struct {
 	queue   uint32
 }
 
-// handshake dials one connection and performs HELLO.
-func (c *Client) handshake(ctx context.Context, kind uint8) (net.Conn, helloReply, error) {
-	var rep helloReply
+// dial connects to the donor (TCP, nothing sent yet).
+func (c *Client) dial(ctx context.Context) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
 	defer cancel()
 	conn, err := c.opts.Dialer(ctx, c.addr)
 	if err != nil {
-		return nil, rep, fmt.Errorf("%w: dial %s: %v", protocol.ErrDonorLost, c.addr, err)
+		return nil, fmt.Errorf("%w: dial %s: %v", protocol.ErrDonorLost, c.addr, err)
 	}
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
+	return conn, nil
+}
+
+// handshake dials one connection, runs TLS over it with Options.TLS, and
+// performs HELLO.
+func (c *Client) handshake(ctx context.Context, kind uint8) (net.Conn, helloReply, error) {
+	var rep helloReply
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return nil, rep, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
+	defer cancel()
 	dl, _ := ctx.Deadline()
 	_ = conn.SetDeadline(dl)
+	if c.opts.TLS != nil {
+		tc := tls.Client(conn, c.tlsConfig())
+		if err := tc.HandshakeContext(ctx); err != nil {
+			_ = conn.Close()
+			return nil, rep, tlsDialErr(c.addr, err)
+		}
+		conn = tc
+	}
+	if rep, err = c.hello(conn, kind); err != nil {
+		_ = conn.Close()
+		return nil, rep, err
+	}
+	_ = conn.SetDeadline(time.Time{})
+	return conn, rep, nil
+}
+
+// hello sends HELLO for a connection of kind and reads the donor's reply.
+func (c *Client) hello(rw io.ReadWriter, kind uint8) (helloReply, error) {
 	m := protocol.Hello{Kind: kind, Session: c.session, Credential: c.cred}
 	if kind == protocol.KindControl {
 		m.Session = 0
 	}
-	b := make([]byte, protocol.HeaderSize, protocol.HeaderSize+protocol.HelloFixed+len(c.cred))
+	return sendHello(rw, m)
+}
+
+// Hello sends the HELLO m on rw (a connection to the donor, TLS already
+// running if it must) and reads the donor's reply; a refusal is returned
+// as its status's error (protocol.ErrAuth, ErrBusy, ErrTLSRequired, …). A
+// process that opens a connection of a session on its own (a mapping's
+// fault handler, see Handoff) uses it.
+func Hello(rw io.ReadWriter, m protocol.Hello) error {
+	_, err := sendHello(rw, m)
+	return err
+}
+
+func sendHello(rw io.ReadWriter, m protocol.Hello) (helloReply, error) {
+	var rep helloReply
+	b := make([]byte, protocol.HeaderSize, protocol.HeaderSize+protocol.HelloFixed+len(m.Credential))
 	b = m.Encode(b)
 	h := protocol.Header{Op: protocol.OpHello, Payload: uint32(len(b) - protocol.HeaderSize)}
 	h.Encode(b)
-	if _, err := conn.Write(b); err != nil {
-		_ = conn.Close()
-		return nil, rep, fmt.Errorf("%w: hello: %v", protocol.ErrDonorLost, err)
+	if _, err := rw.Write(b); err != nil {
+		return rep, fmt.Errorf("%w: hello: %v", protocol.ErrDonorLost, err)
 	}
 	var hdr [protocol.HeaderSize]byte
-	f, err := protocol.ReadFrame(conn, hdr[:], nil)
+	f, err := protocol.ReadFrame(rw, hdr[:], nil)
 	if err != nil {
-		_ = conn.Close()
-		if errors.Is(err, protocol.ErrBadFrame) || errors.Is(err, protocol.ErrVersion) {
-			return nil, rep, err
+		if errors.Is(err, protocol.ErrBadFrame) || errors.Is(err, protocol.ErrVersion) || errors.Is(err, protocol.ErrDonorLost) {
+			return rep, err
 		}
-		return nil, rep, fmt.Errorf("%w: hello: %v", protocol.ErrDonorLost, err)
+		return rep, fmt.Errorf("%w: hello: %v", protocol.ErrDonorLost, err)
 	}
 	if f.Status != protocol.StatusOK {
-		_ = conn.Close()
-		return nil, rep, protocol.StatusError(f.Status, f.Data)
+		return rep, protocol.StatusError(f.Status, f.Data)
 	}
 	if f.Op != protocol.OpHello || len(f.Data) != protocol.HelloReplySize {
-		_ = conn.Close()
-		return nil, rep, fmt.Errorf("%w: unexpected hello reply", protocol.ErrBadFrame)
+		return rep, fmt.Errorf("%w: unexpected hello reply", protocol.ErrBadFrame)
 	}
 	rep.Header = f.Header
 	rep.session = binary.BigEndian.Uint64(f.Data)
 	rep.queue = binary.BigEndian.Uint32(f.Data[8:])
-	_ = conn.SetDeadline(time.Time{})
-	return conn, rep, nil
+	return rep, nil
 }
 
 // readControl applies credit updates until the control connection ends.

@@ -202,6 +202,16 @@ func (f *Following) Join(ctx context.Context, kind uint8) (net.Conn, error) {
 	return f.cur.Load().c.Join(ctx, kind)
 }
 
+// TLS reports whether the session runs over TLS (Options.TLS).
+func (f *Following) TLS() bool { return f.opts.TLS != nil }
+
+// DialHandoff is Client.DialHandoff on the session at the region's
+// current place (a TLS mapping's fault connection; it does not follow a
+// move).
+func (f *Following) DialHandoff(ctx context.Context, kind uint8) (net.Conn, Handoff, error) {
+	return f.cur.Load().c.DialHandoff(ctx, kind)
+}
+
 // Rejoin is Join for a connection of the session that ended (its donor
 // answered GONE or went away): the region may have moved, so it asks
 // where it is first, and opens a session at its new place if it did. A

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -50,6 +51,11 @@ const DefaultCredits = 64
 // RemoveRegion).
 type Donor struct {
 	log *slog.Logger
+	// TLS, if set, makes the donor require TLS (set before Serve): a
+	// connection must start with a TLS handshake, and a plaintext HELLO is
+	// answered StatusTLSRequired without its credential being looked at.
+	// The server certificate must name the donor's host.
+	TLS *tls.Config
 	// Credits is the per-queue-pair credit window granted to clients; set
 	// before Serve. Zero means DefaultCredits.
 	Credits int
@@ -66,10 +72,11 @@ type Donor struct {
 	// DefaultFaultSpin; negative disables it.
 	FaultSpin time.Duration
 
-	mu      sync.Mutex
-	regions map[[32]byte]*region
-	conns   map[net.Conn]struct{}
-	wg      sync.WaitGroup
+	mu       sync.Mutex
+	regions  map[[32]byte]*region
+	conns    map[net.Conn]struct{}
+	stopping bool // Serve is closing every connection
+	wg       sync.WaitGroup
 }
 
 type region struct {
@@ -300,6 +307,9 @@ func (d *Donor) endSession(s *session) {
 // every connection and waits for their handlers. It returns nil after
 // cancellation, or the accept error that stopped it.
 func (d *Donor) Serve(ctx context.Context, ln net.Listener) error {
+	d.mu.Lock()
+	d.stopping = false
+	d.mu.Unlock()
 	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
 	defer stop()
 	var err error
@@ -325,6 +335,7 @@ func (d *Donor) Serve(ctx context.Context, ln net.Listener) error {
 		}()
 	}
 	d.mu.Lock()
+	d.stopping = true
 	for c := range d.conns {
 		kill(c)
 	}
@@ -362,50 +373,31 @@ func (d *Donor) handle(c net.Conn) {
 		_ = tc.SetNoDelay(true)
 	}
 	_ = c.SetDeadline(time.Now().Add(errHandshakeLimit))
-	var hdr [protocol.HeaderSize]byte
-	f, err := protocol.ReadFrame(c, hdr[:], nil)
-	if err != nil {
-		if f.Op != 0 || !errors.Is(err, io.EOF) {
-			st := protocol.StatusProto
-			if errors.Is(err, protocol.ErrVersion) {
-				st = protocol.StatusVersion
-			}
-			_ = writeErr(c, protocol.OpHello, f.Seq, st, err.Error())
+	if d.TLS != nil {
+		first, err := peekByte(c)
+		if err != nil {
+			return
 		}
+		if first == tlsHandshakeRecord {
+			d.handleTLS(c)
+			return
+		}
+		// A plaintext HELLO: refused without looking at its credential.
+		var hdr [protocol.HeaderSize]byte
+		f, err := protocol.ReadFrame(c, hdr[:], nil)
+		if err == nil || f.Op != 0 {
+			_ = writeErr(c, protocol.OpHello, f.Seq, protocol.StatusTLSRequired,
+				"memory: this donor requires TLS: connect with the lease's rialto-mems:// URI and the cluster CA")
+		}
+		d.log.Info("memory connection refused: plaintext on a donor that requires TLS", "remote", c.RemoteAddr().String())
 		return
 	}
-	if f.Op != protocol.OpHello || f.IsResponse() {
-		_ = writeErr(c, f.Op, f.Seq, protocol.StatusProto, "memory: first frame must be HELLO")
-		return
-	}
-	hello, err := protocol.DecodeHello(f.Data)
-	if err != nil {
-		_ = writeErr(c, protocol.OpHello, f.Seq, protocol.StatusProto, err.Error())
-		return
-	}
-	s, qid, st, msg := d.attach(c, hello)
-	if st != protocol.StatusOK {
-		d.log.Info("memory connection refused", "remote", c.RemoteAddr().String(), "reason", msg)
-		_ = writeErr(c, protocol.OpHello, f.Seq, st, msg)
+	s, hello, qid, ok := d.hello(c, c)
+	if !ok {
 		return
 	}
 	defer s.reg.users.Done()
 	defer d.detach(s, c)
-	// HELLO reply: offset = region size, length = max payload, credits =
-	// initial window (queue connections), payload = session id, queue id.
-	var rep [protocol.HeaderSize + 12]byte
-	credits := uint32(0)
-	if hello.Kind == protocol.KindQueue {
-		credits = uint32(d.credits())
-	}
-	h := protocol.Header{Op: protocol.OpHello, Flags: protocol.FlagResponse, Seq: f.Seq, Payload: 12,
-		Offset: uint64(len(s.reg.mem)), Length: protocol.MaxPayload, Credits: credits}
-	h.Encode(rep[:])
-	binary.BigEndian.PutUint64(rep[protocol.HeaderSize:], s.id)
-	binary.BigEndian.PutUint32(rep[protocol.HeaderSize+8:], qid)
-	if _, err := c.Write(rep[:]); err != nil {
-		return
-	}
 	_ = c.SetDeadline(time.Time{})
 	switch hello.Kind {
 	case protocol.KindControl:
@@ -423,6 +415,146 @@ func (d *Donor) handle(c net.Conn) {
 	default:
 		d.serveData(s, c, hello.Kind, qid)
 	}
+}
+
+// tlsHandshakeRecord is the first byte of a TLS connection (a handshake
+// record); a memory-protocol frame starts with the magic's 'R'.
+const tlsHandshakeRecord = 0x16
+
+// peekByte returns the first byte the peer sent without consuming it.
+func peekByte(c net.Conn) (byte, error) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return 0, errors.New("memory: TLS needs a socket")
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var b [1]byte
+	n, rerr := 0, error(nil)
+	if err := rc.Read(func(fd uintptr) bool {
+		n, _, rerr = unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK)
+		return rerr != unix.EAGAIN
+	}); err != nil {
+		return 0, err
+	}
+	if rerr != nil {
+		return 0, rerr
+	}
+	if n == 0 {
+		return 0, io.EOF
+	}
+	return b[0], nil
+}
+
+// handleTLS serves a connection that starts a TLS handshake: its
+// descriptor is detached at once (see rawconn) and the whole connection —
+// handshake, HELLO and requests — runs on raw syscalls inside the
+// session, from this goroutine's thread. Sync, bulk and fault connections
+// are then served as serveSync serves plaintext ones; control and queue
+// connections through the session as a net.Conn.
+func (d *Donor) handleTLS(c net.Conn) {
+	fd, err := rawconn.Detach(c)
+	if err != nil {
+		return
+	}
+	p := rawconn.New(fd, 0, errHandshakeLimit)
+	defer p.Close()
+	dc := detachedConn{Conn: c, p: p}
+	if !d.replaceConn(c, dc) {
+		return // the donor is stopping
+	}
+	defer d.replaceConn(dc, c) // dropConn names c
+	_ = c.Close()
+	if err := p.StartTLS(d.TLS, true); err != nil {
+		d.log.Debug("memory: TLS handshake failed", "remote", c.RemoteAddr().String(), "err", err)
+		return
+	}
+	s, hello, qid, ok := d.hello(dc, p)
+	if !ok {
+		return
+	}
+	defer s.reg.users.Done()
+	defer d.detach(s, dc)
+	p.SetTimeout(0)
+	switch hello.Kind {
+	case protocol.KindControl:
+		d.serveControl(s, p.NetConn())
+	case protocol.KindBulk, protocol.KindSync:
+		p.SetSpin(d.spin())
+		d.serveRaw(s, p)
+	case protocol.KindFault:
+		p.SetSpin(d.faultSpin())
+		d.serveRaw(s, p)
+	default:
+		d.serveData(s, p.NetConn(), hello.Kind, qid)
+	}
+}
+
+// replaceConn puts nu in old's place in the donor's connection set; false
+// (nothing changed) once the donor stops.
+func (d *Donor) replaceConn(old, nu net.Conn) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.stopping {
+		return false
+	}
+	delete(d.conns, old)
+	d.conns[nu] = struct{}{}
+	return true
+}
+
+// hello reads the HELLO frame from rw, authenticates it and adds c (which
+// names the connection in the session) to its region's session, and
+// answers it. On success the caller owns a users reference of the region
+// and must detach c.
+func (d *Donor) hello(c net.Conn, rw io.ReadWriter) (*session, protocol.Hello, uint32, bool) {
+	var hdr [protocol.HeaderSize]byte
+	f, err := protocol.ReadFrame(rw, hdr[:], nil)
+	if err != nil {
+		if f.Op != 0 || !errors.Is(err, io.EOF) {
+			st := protocol.StatusProto
+			if errors.Is(err, protocol.ErrVersion) {
+				st = protocol.StatusVersion
+			}
+			_ = writeErr(rw, protocol.OpHello, f.Seq, st, err.Error())
+		}
+		return nil, protocol.Hello{}, 0, false
+	}
+	if f.Op != protocol.OpHello || f.IsResponse() {
+		_ = writeErr(rw, f.Op, f.Seq, protocol.StatusProto, "memory: first frame must be HELLO")
+		return nil, protocol.Hello{}, 0, false
+	}
+	hello, err := protocol.DecodeHello(f.Data)
+	if err != nil {
+		_ = writeErr(rw, protocol.OpHello, f.Seq, protocol.StatusProto, err.Error())
+		return nil, protocol.Hello{}, 0, false
+	}
+	s, qid, st, msg := d.attach(c, hello)
+	if st != protocol.StatusOK {
+		d.log.Info("memory connection refused", "remote", c.RemoteAddr().String(), "reason", msg)
+		_ = writeErr(rw, protocol.OpHello, f.Seq, st, msg)
+		return nil, protocol.Hello{}, 0, false
+	}
+	// HELLO reply: offset = region size, length = max payload, credits =
+	// initial window (queue connections), payload = session id, queue id.
+	var rep [protocol.HeaderSize + 12]byte
+	credits := uint32(0)
+	if hello.Kind == protocol.KindQueue {
+		credits = uint32(d.credits())
+	}
+	h := protocol.Header{Op: protocol.OpHello, Flags: protocol.FlagResponse, Seq: f.Seq, Payload: 12,
+		Offset: uint64(len(s.reg.mem)), Length: protocol.MaxPayload, Credits: credits}
+	h.Encode(rep[:])
+	binary.BigEndian.PutUint64(rep[protocol.HeaderSize:], s.id)
+	binary.BigEndian.PutUint32(rep[protocol.HeaderSize+8:], qid)
+	if _, err := rw.Write(rep[:]); err != nil {
+		d.detach(s, c)
+		s.reg.users.Done()
+		return nil, protocol.Hello{}, 0, false
+	}
+	return s, hello, qid, true
 }
 
 // attach authenticates hello and adds c to the region's session.
@@ -721,6 +853,13 @@ func (d *Donor) serveSync(s *session, c net.Conn, kind uint8, spin time.Duration
 	}
 	defer d.swapConn(s, dc, c, true) // handle's cleanup names c
 	_ = c.Close()
+	d.serveRaw(s, p)
+}
+
+// serveRaw serves a sync, bulk or fault connection driven with raw
+// syscalls (in plaintext, or inside its TLS session), one request after
+// another.
+func (d *Donor) serveRaw(s *session, p *rawconn.Conn) {
 	mem := s.reg.mem
 	size := uint64(len(mem))
 	var in, out [protocol.HeaderSize]byte

@@ -96,3 +96,37 @@ func TestRawDescriptorsOffNetpoller(t *testing.T) {
 	}
 	memorytest.CheckOffNetpoller(t, named)
 }
+
+// TestTLSOffNetpoller: a donor that requires TLS detaches every connection
+// before its handshake, so that the TLS records of each (control, sync,
+// bulk, queue) travel on raw syscalls off the netpoller as plaintext sync
+// and bulk connections do.
+func TestTLSOffNetpoller(t *testing.T) {
+	ca := memorytest.NewCA(t)
+	td := memorytest.StartTLS(t, memorytest.ServerTLS(t, ca), 1<<20, 0)
+	c := dial(t, td.Addr, client.Options{TLS: memorytest.ClientTLS(t, ca)})
+	ctx := context.Background()
+	buf := make([]byte, 1<<20)
+	for _, ch := range []client.Channel{client.ChannelSync, client.ChannelBulk, client.ChannelQueue} {
+		if err := c.Read(ctx, ch, buf[:64<<10], 0); err != nil {
+			t.Fatalf("%v: %v", ch, err)
+		}
+	}
+	const want = 5 // control, sync, two bulk streams, the queue pair
+	var fds []int
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		fds = td.D.RawFds()
+		if len(fds) >= want || time.Now().After(deadline) {
+			break
+		}
+		runtime.Gosched()
+	}
+	if len(fds) != want {
+		t.Fatalf("%d raw descriptors at the donor, want %d", len(fds), want)
+	}
+	named := map[int]string{}
+	for _, fd := range fds {
+		named[fd] = "donor TLS connection"
+	}
+	memorytest.CheckOffNetpoller(t, named)
+}

@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"runtime"
 	"slices"
 	"time"
 	"unsafe"
 
+	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/internal/rawconn"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/uffd"
@@ -62,7 +64,12 @@ type handlerConfig struct {
 	Spin     time.Duration // busy-poll budget on the userfaultfd and the donor
 	Timeout  time.Duration // donor reply timeout
 	Features uint64        // negotiated userfaultfd features
-	Follow   bool          // the session follows its region: ask for a new connection when it ends
+	// TLS: the session runs over TLS, and the donor connection is a bare
+	// TCP connection the handler completes itself (TLS, then HELLO) from
+	// the handoff the parent writes first on the control socket: the
+	// credential never goes in the environment.
+	TLS    bool
+	Follow bool // the session follows its region: ask for a new connection when it ends
 }
 
 // Control protocol between a Mapping and its handler over a unix stream
@@ -79,12 +86,14 @@ const (
 	// donor connection, its descriptor passed with the frame (SCM_RIGHTS);
 	// with a payload instead, why there is none.
 	ctlConn
+	ctlHandoff // parent → handler, before it starts: client.Handoff as JSON (TLS sessions)
 
 	ctlFailed uint8 = 0x80 // handler → parent, unasked: the mapping failed
 	ctlReady  uint8 = 0x81 // handler → parent, first frame: serving faults
 	// ctlReopen (handler → parent, unasked): the donor connection ended
 	// (payload: the error); the region may have moved: send a new one.
-	ctlReopen uint8 = 0x82
+	ctlReopen      uint8 = 0x82
+	ctlStartFailed uint8 = 0x83 // handler → parent, first frame instead of ctlReady: why it cannot serve
 )
 
 const ctlHeader = 5
@@ -152,6 +161,13 @@ func runFaultHandler(cfgText string) error {
 	}
 	// The loop allocates little; a collection here pauses only this process.
 	runtime.LockOSThread()
+	var handoff *client.Handoff
+	if cfg.TLS {
+		var err error
+		if handoff, err = readHandoff(handlerFdCtrl); err != nil {
+			return startFailed(err)
+		}
+	}
 	h := &faultHandler{cfg: cfg, u: uffd.FromFd(handlerFdUffd, cfg.Features), memfd: handlerFdMem,
 		ctrl: handlerFdCtrl, base: uintptr(cfg.Base), ps: cfg.PageSize, pages: cfg.Pages,
 		resident: make([]bool, cfg.Pages), dirty: make([]bool, cfg.Pages), probedAt: make([]uint64, cfg.Pages),
@@ -174,8 +190,82 @@ func runFaultHandler(cfgText string) error {
 	// The donor connection stays a bare descriptor: an os.File of a
 	// non-blocking socket would register it with the netpoller (see rawconn).
 	h.pg = rawconn.New(handlerFdDonor, max(cfg.Spin, 0), cfg.Timeout)
+	if handoff != nil {
+		if err := h.pg.StartTLS(handoff.TLSConfig(), false); err != nil {
+			return startFailed(err)
+		}
+		if err := client.Hello(h.pg, handoff.Hello); err != nil {
+			return startFailed(err)
+		}
+	}
 	h.reply(ctlReady, nil)
 	return h.loop()
+}
+
+// readHandoff reads the parent's ctlHandoff frame from the control socket
+// (waiting for it: the handler serves nothing before it).
+func readHandoff(fd int) (*client.Handoff, error) {
+	read := func(b []byte) error {
+		for len(b) > 0 {
+			n, err := unix.Read(fd, b)
+			if err == unix.EINTR {
+				continue
+			}
+			if err == unix.EAGAIN {
+				fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+				_, _ = unix.Poll(fds[:], int(handlerStartLimit.Milliseconds()))
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("read the handoff: %w", err)
+			}
+			if n == 0 {
+				return fmt.Errorf("read the handoff: %w", io.ErrUnexpectedEOF)
+			}
+			b = b[n:]
+		}
+		return nil
+	}
+	var hdr [ctlHeader]byte
+	if err := read(hdr[:]); err != nil {
+		return nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[1:])
+	if hdr[0] != ctlHandoff || n > 64<<10 {
+		return nil, fmt.Errorf("expected the handoff, got frame %d of %d bytes", hdr[0], n)
+	}
+	b := make([]byte, n)
+	if err := read(b); err != nil {
+		return nil, err
+	}
+	var h client.Handoff
+	if err := json.Unmarshal(b, &h); err != nil {
+		return nil, fmt.Errorf("bad handoff: %w", err)
+	}
+	return &h, nil
+}
+
+// startFailed tells the parent why the handler cannot serve (its first
+// frame) and returns err.
+func startFailed(err error) error {
+	msg := err.Error()
+	var hdr [ctlHeader]byte
+	hdr[0] = ctlStartFailed
+	binary.BigEndian.PutUint32(hdr[1:], uint32(len(msg)))
+	b := append(hdr[:], msg...)
+	for len(b) > 0 {
+		n, werr := unix.Write(handlerFdCtrl, b)
+		if werr == unix.EINTR || werr == unix.EAGAIN {
+			fds := [1]unix.PollFd{{Fd: handlerFdCtrl, Events: unix.POLLOUT}}
+			_, _ = unix.Poll(fds[:], 1000)
+			continue
+		}
+		if werr != nil {
+			break
+		}
+		b = b[n:]
+	}
+	return err
 }
 
 // loop serves faults and commands until ctlClose or the parent's end.

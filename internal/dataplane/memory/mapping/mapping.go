@@ -16,6 +16,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/uffd"
 	"golang.org/x/sys/unix"
@@ -40,6 +41,14 @@ type Session interface {
 	// Join opens one more connection of the session (the mapping's
 	// fault connection, of kind protocol.KindFault).
 	Join(ctx context.Context, kind uint8) (net.Conn, error)
+}
+
+// tlsSession is a Session that may run over TLS (client.Client,
+// client.Following): its fault connection is then handed to the handler
+// as a bare connection and a handoff (DialHandoff), not joined.
+type tlsSession interface {
+	TLS() bool
+	DialHandoff(ctx context.Context, kind uint8) (net.Conn, client.Handoff, error)
 }
 
 // Follower is a Session that follows its region when the lease moves to
@@ -218,6 +227,8 @@ func Map(ctx context.Context, c Session, opts Options) (*Mapping, error) {
 	}
 	m := &Mapping{u: u, memfd: -1, s: c, replies: make(chan ctlFrame, 1), exited: make(chan struct{}), closing: make(chan struct{})}
 	_, follow := c.(Follower)
+	ts, overTLS := c.(tlsSession)
+	overTLS = overTLS && ts.TLS()
 	ok := false
 	defer func() {
 		if !ok {
@@ -239,12 +250,28 @@ func Map(ctx context.Context, c Session, opts Options) (*Mapping, error) {
 	}
 	cfg, err := json.Marshal(handlerConfig{Base: uint64(m.base), Pages: pages, PageSize: ps, CapPages: capPages,
 		MaxRA: max(opts.Readahead, 1), Batch: min(opts.EvictBatch, capPages/2), Spin: opts.Spin,
-		Timeout: c.Timeout(), Features: u.Features, Follow: follow})
+		// Over TLS the handler runs its session itself from a handoff: a
+		// new connection the parent opened could not continue it, so a
+		// TLS mapping does not follow its region (a move ends it).
+		Timeout: c.Timeout(), Features: u.Features, TLS: overTLS, Follow: follow && !overTLS})
 	if err != nil {
 		return nil, err
 	}
-	conn, err := c.Join(ctx, protocol.KindFault)
-	if err != nil {
+	// Over TLS the handler runs the session's connection itself (a TLS
+	// session cannot cross processes): it gets the bare TCP connection and,
+	// on the control socket, the handoff.
+	var conn net.Conn
+	var handoff []byte
+	if overTLS {
+		var h client.Handoff
+		if conn, h, err = ts.DialHandoff(ctx, protocol.KindFault); err != nil {
+			return nil, err
+		}
+		if handoff, err = json.Marshal(h); err != nil {
+			conn.Close()
+			return nil, err
+		}
+	} else if conn, err = c.Join(ctx, protocol.KindFault); err != nil {
 		return nil, err
 	}
 	donor, err := connFile(conn)
@@ -268,6 +295,15 @@ func Map(ctx context.Context, c Session, opts Options) (*Mapping, error) {
 	_ = mine.Close()
 	if err != nil {
 		return nil, fmt.Errorf("memory: control socket: %w", err)
+	}
+	if handoff != nil {
+		// The socket buffer holds it until the handler reads it.
+		var hdr [ctlHeader]byte
+		hdr[0] = ctlHandoff
+		binary.BigEndian.PutUint32(hdr[1:], uint32(len(handoff)))
+		if _, err := m.ctrl.Write(append(hdr[:], handoff...)); err != nil {
+			return nil, fmt.Errorf("memory: control socket: %w", err)
+		}
 	}
 	ufile, err := dupFile(u.Fd(), "userfaultfd")
 	if err != nil {
@@ -303,6 +339,9 @@ func Map(ctx context.Context, c Session, opts Options) (*Mapping, error) {
 	defer t.Stop()
 	select {
 	case f := <-m.replies:
+		if f.op == ctlStartFailed {
+			return nil, fmt.Errorf("memory: fault handler: %s", f.payload)
+		}
 		if f.op != ctlReady {
 			return nil, fmt.Errorf("memory: fault handler %s: unexpected first frame %d", exe, f.op)
 		}

@@ -5,6 +5,9 @@
 // mapping under test needs: an in-process donor would need a scheduler P
 // that a faulting goroutine holds. CheckOffNetpoller asserts that
 // descriptors driven with raw syscalls stay off every epoll instance.
+// StartTLS and StartChildTLS serve donors that require TLS, with a
+// certificate from a test CA (NewCA); ClientTLS is a borrower's
+// configuration trusting it.
 //
 // Every donor serves one region under Credential on a loopback port and is
 // stopped (its region wiped) by the test's cleanup. The helpers are safe

@@ -3,6 +3,7 @@ package memorytest
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/memory/donor"
+	"github.com/rialto-project/rialto/internal/pki"
 	"golang.org/x/sys/unix"
 )
 
@@ -29,7 +31,51 @@ type Donor struct {
 // the given queue credit window (0: the default), until the test ends.
 func Start(t testing.TB, size int64, credits int) *Donor {
 	t.Helper()
+	return start(t, size, credits, nil)
+}
+
+// StartTLS is Start with a donor that requires TLS with cfg (ServerTLS,
+// or a configuration of the test's own).
+func StartTLS(t testing.TB, cfg *tls.Config, size int64, credits int) *Donor {
+	t.Helper()
+	return start(t, size, credits, cfg)
+}
+
+// NewCA makes a cluster CA in a temporary directory.
+func NewCA(t testing.TB) *pki.CA {
+	t.Helper()
+	ca, err := pki.Open(t.TempDir(), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca
+}
+
+// ServerTLS is a donor's TLS configuration: a certificate from ca for
+// 127.0.0.1.
+func ServerTLS(t testing.TB, ca *pki.CA) *tls.Config {
+	t.Helper()
+	cfg, err := ca.ServerConfig("donor", []string{"127.0.0.1"}, tls.NoClientCert, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// ClientTLS trusts ca, as a borrower holding its ca-cert.pem does.
+func ClientTLS(t testing.TB, ca *pki.CA) *tls.Config {
+	t.Helper()
+	cfg, err := pki.LoadClientTLS(ca.CertFile())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func start(t testing.TB, size int64, credits int, tlsCfg *tls.Config) *Donor {
+	t.Helper()
 	d := donor.New(nil)
+	d.TLS = tlsCfg
 	d.Credits = credits
 	if err := d.AddRegion(Credential, size); err != nil {
 		t.Fatal(err)
@@ -56,6 +102,7 @@ const (
 	childEnv     = "RIALTO_MEMTEST_DONOR"
 	childSizeEnv = "RIALTO_MEMTEST_SIZE"
 	childSpinEnv = "RIALTO_MEMTEST_SPIN"
+	childTLSEnv  = "RIALTO_MEMTEST_TLS_DIR" // a CA directory: serve TLS with a certificate from it
 )
 
 // RunChildIfAsked turns the process into a child donor when StartChild
@@ -77,6 +124,16 @@ func RunChildIfAsked() {
 		fmt.Println("ERR", err)
 		os.Exit(1)
 	}
+	if dir := os.Getenv(childTLSEnv); dir != "" {
+		ca, err := pki.Load(dir, pki.Options{})
+		if err == nil {
+			d.TLS, err = ca.ServerConfig("donor", []string{"127.0.0.1"}, tls.NoClientCert, 0)
+		}
+		if err != nil {
+			fmt.Println("ERR", err)
+			os.Exit(1)
+		}
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		os.Exit(1)
@@ -91,8 +148,23 @@ func RunChildIfAsked() {
 // the process and the donor's address.
 func StartChild(t testing.TB, size ...int64) (*exec.Cmd, string) {
 	t.Helper()
+	return startChild(t, "", size...)
+}
+
+// StartChildTLS is StartChild with a donor that requires TLS, its
+// certificate from ca for 127.0.0.1.
+func StartChildTLS(t testing.TB, ca *pki.CA, size ...int64) (*exec.Cmd, string) {
+	t.Helper()
+	return startChild(t, ca.Dir(), size...)
+}
+
+func startChild(t testing.TB, tlsDir string, size ...int64) (*exec.Cmd, string) {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"=1")
+	if tlsDir != "" {
+		cmd.Env = append(cmd.Env, childTLSEnv+"="+tlsDir)
+	}
 	if len(size) > 0 {
 		cmd.Env = append(cmd.Env, childSizeEnv+"="+strconv.FormatInt(size[0], 10))
 	}

@@ -47,15 +47,18 @@ const (
 
 // Status codes carried by responses.
 const (
-	StatusOK       uint16 = 0
-	StatusAuth     uint16 = 1 // credential unknown
-	StatusBusy     uint16 = 2 // the region has another subscriber
-	StatusRange    uint16 = 3 // offset/length outside the region
-	StatusProto    uint16 = 4 // malformed or unexpected frame
-	StatusCredit   uint16 = 5 // queue request beyond granted credits
-	StatusGone     uint16 = 6 // region released or donor shutting down
-	StatusVersion  uint16 = 7 // unsupported protocol version
-	statusMaxKnown        = StatusVersion
+	StatusOK      uint16 = 0
+	StatusAuth    uint16 = 1 // credential unknown
+	StatusBusy    uint16 = 2 // the region has another subscriber
+	StatusRange   uint16 = 3 // offset/length outside the region
+	StatusProto   uint16 = 4 // malformed or unexpected frame
+	StatusCredit  uint16 = 5 // queue request beyond granted credits
+	StatusGone    uint16 = 6 // region released or donor shutting down
+	StatusVersion uint16 = 7 // unsupported protocol version
+	// StatusTLSRequired answers a plaintext HELLO on a donor that requires
+	// TLS (the credential is not looked at).
+	StatusTLSRequired uint16 = 8
+	statusMaxKnown           = StatusTLSRequired
 )
 
 // Connection kinds named in HELLO.
@@ -76,8 +79,11 @@ var (
 	ErrCredit     = errors.New("memory: queue credit violated")
 	ErrGone       = errors.New("memory: region released")
 	ErrVersion    = errors.New("memory: unsupported protocol version")
-	ErrDonorLost  = errors.New("memory: donor connection lost")
-	ErrClosed     = errors.New("memory: client closed")
+	// ErrTLSRequired: the donor requires TLS and the client connected in
+	// plaintext (a rialto-mem:// URI, or Options.TLS unset).
+	ErrTLSRequired = errors.New("memory: the donor requires TLS (use its rialto-mems:// URI and the cluster CA)")
+	ErrDonorLost   = errors.New("memory: donor connection lost")
+	ErrClosed      = errors.New("memory: client closed")
 )
 
 // statusErr maps a status code to its sentinel error.
@@ -95,6 +101,8 @@ func statusErr(s uint16) error {
 		return ErrGone
 	case StatusVersion:
 		return ErrVersion
+	case StatusTLSRequired:
+		return ErrTLSRequired
 	default:
 		return ErrBadFrame
 	}

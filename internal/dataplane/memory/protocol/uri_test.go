@@ -12,11 +12,13 @@ func TestParseURI(t *testing.T) {
 		want URI
 		err  string // a substring of the error; "" for none
 	}{
-		{"rialto-mem://127.0.0.1:9000/abc", URI{"127.0.0.1:9000", "abc"}, ""},
-		{"rialto-mem://[::1]:9000/rlc_0a1b.0", URI{"[::1]:9000", "rlc_0a1b.0"}, ""},
-		{"rialto-mem://node-3.rack:7/c?ignored=1#frag", URI{"node-3.rack:7", "c"}, ""},
-		{"RIALTO-MEM://h:1/c", URI{"h:1", "c"}, ""},
-		{"rialto-mem://h:1/a%2Fb%3Fc", URI{"h:1", "a/b?c"}, ""},
+		{"rialto-mem://127.0.0.1:9000/abc", URI{"127.0.0.1:9000", "abc", false}, ""},
+		{"rialto-mem://[::1]:9000/rlc_0a1b.0", URI{"[::1]:9000", "rlc_0a1b.0", false}, ""},
+		{"rialto-mem://node-3.rack:7/c?ignored=1#frag", URI{"node-3.rack:7", "c", false}, ""},
+		{"RIALTO-MEM://h:1/c", URI{"h:1", "c", false}, ""},
+		{"rialto-mem://h:1/a%2Fb%3Fc", URI{"h:1", "a/b?c", false}, ""},
+		{"rialto-mems://10.0.0.7:9000/rlc_x.0", URI{"10.0.0.7:9000", "rlc_x.0", true}, ""},
+		{"rialto-mems://10.0.0.7:9000/", URI{}, "memory URI without a credential"},
 		{"rialto-mem://127.0.0.1:9000/", URI{}, "memory URI without a credential"},
 		{"rialto-mem://127.0.0.1:9000", URI{}, "memory URI without a credential"},
 		{"nbd://127.0.0.1:9000/abc", URI{}, "not a memory URI"},
@@ -41,11 +43,16 @@ func TestParseURI(t *testing.T) {
 // byte: lease records in existing databases hold these strings.
 func TestURIStringIsTheWireForm(t *testing.T) {
 	for _, u := range []URI{
-		{"127.0.0.1:9000", "rlc_0123456789abcdefghjkmnpqrstvwxyz0123456789abcdefg.0"},
-		{"[fd00::2]:7400", "rlc_x.12"},
-		{"node-3.rack.example:7400", "abc-DEF_ghi.~9"},
+		{"127.0.0.1:9000", "rlc_0123456789abcdefghjkmnpqrstvwxyz0123456789abcdefg.0", false},
+		{"[fd00::2]:7400", "rlc_x.12", false},
+		{"node-3.rack.example:7400", "abc-DEF_ghi.~9", false},
+		{"10.0.0.7:7400", "rlc_x.0", true},
 	} {
-		if got, want := u.String(), "rialto-mem://"+u.Address+"/"+u.Credential; got != want {
+		scheme := "rialto-mem"
+		if u.TLS {
+			scheme = "rialto-mems"
+		}
+		if got, want := u.String(), scheme+"://"+u.Address+"/"+u.Credential; got != want {
 			t.Errorf("String() = %q, want %q", got, want)
 		}
 		back, err := ParseURI(u.String())
@@ -59,6 +66,9 @@ func TestURIRedacted(t *testing.T) {
 	const secret = "rlc_supersecretcredential.0"
 	u := URI{Address: "127.0.0.1:9000", Credential: secret}
 	if got := u.Redacted(); got != "rialto-mem://127.0.0.1:9000/xxxxx" {
+		t.Errorf("Redacted() = %q", got)
+	}
+	if got := (URI{Address: "h:1", Credential: secret, TLS: true}).Redacted(); got != "rialto-mems://h:1/xxxxx" {
 		t.Errorf("Redacted() = %q", got)
 	}
 	var b strings.Builder
@@ -80,6 +90,7 @@ func FuzzParseURI(f *testing.F) {
 	f.Add("rialto-mem://127.0.0.1:9000/rlc_abc.0")
 	f.Add("rialto-mem://[::1]:9000/a%2Fb")
 	f.Add("rialto-mem://h/c?x#y")
+	f.Add("rialto-mems://h:1/c")
 	f.Fuzz(func(t *testing.T, s string) {
 		u, err := ParseURI(s)
 		if err != nil {

@@ -1,6 +1,7 @@
 package rawconn
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -36,6 +37,11 @@ type Conn struct {
 
 	life   sync.Mutex // orders shutdown against close: fd is never reused under shutdown
 	closed bool
+
+	// tc, once StartTLS has run, carries every byte: records are read and
+	// written through fdConn, on the same raw syscalls.
+	tc   *tls.Conn
+	wbuf []byte // SendV's record buffer over TLS
 }
 
 // New returns a Conn on fd, a non-blocking socket descriptor the netpoller
@@ -135,8 +141,16 @@ func advance(bufs [][]byte, n int) [][]byte {
 }
 
 // SendV writes bufs completely (writev), waiting in poll(2) while the
-// socket buffer is full.
+// socket buffer is full. Over TLS the bytes leave in as few records as
+// their size allows (see sendTLS).
 func (p *Conn) SendV(bufs [][]byte) error {
+	if p.tc != nil {
+		return p.sendTLS(bufs)
+	}
+	return p.sendRaw(bufs)
+}
+
+func (p *Conn) sendRaw(bufs [][]byte) error {
 	for len(bufs) > 0 {
 		n, err := unix.Writev(p.fd, bufs[:min(len(bufs), 1024)]) // IOV_MAX
 		if err == unix.EINTR {
@@ -172,6 +186,13 @@ func (p *Conn) RecvAtLeast(bufs [][]byte, least int) (int, error) {
 	if least <= 0 {
 		return 0, nil
 	}
+	if p.tc != nil {
+		return p.recvTLS(bufs, least)
+	}
+	return p.recvRaw(bufs, least)
+}
+
+func (p *Conn) recvRaw(bufs [][]byte, least int) (int, error) {
 	var t0 time.Time
 	spins, got := 0, 0
 	if p.spin == 0 {

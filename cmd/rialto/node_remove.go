@@ -1,0 +1,58 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/rialto-project/rialto/api"
+)
+
+func init() {
+	register(&command{Name: "node remove", Args: "NODE", Summary: "Remove a node: its leases are lost, its certificates revoked, its credential forgotten (--force for a node that still heartbeats).", Run: runNodeRemove})
+}
+
+func runNodeRemove(ctx context.Context, e *env, args []string) error {
+	var cf clientFlags
+	fs := newFlags(e, "node remove", "NODE")
+	cf.register(fs, e)
+	force := fs.Bool("force", false, "remove a node whose agent still heartbeats (it joins again at once, as the same node, unless the bootstrap token changed)")
+	pos, c, err := cf.parse(fs, args, 1, 1)
+	if err != nil {
+		return err
+	}
+	id, err := nodeID(ctx, c, pos[0])
+	if err != nil {
+		return err
+	}
+	r, err := c.RemoveNode(ctx, id, *force)
+	if err != nil {
+		return err
+	}
+	if cf.json() {
+		return printJSON(e.stdout, r)
+	}
+	fmt.Fprintf(e.stdout, "node %s (%s) removed: %d certificate(s) revoked, %d lease(s) lost\n", r.Node.Name, r.Node.ID, r.Revoked, len(r.Lost))
+	for _, l := range r.Lost {
+		fmt.Fprintf(e.stdout, "  lost: %s\n", l)
+	}
+	return nil
+}
+
+// nodeID resolves a node given by ID or by name.
+func nodeID(ctx context.Context, c *api.Client, s string) (string, error) {
+	if _, err := c.Node(ctx, s); err == nil {
+		return s, nil
+	} else if !api.IsCode(err, api.CodeNotFound) {
+		return "", err
+	}
+	nodes, err := c.Nodes(ctx)
+	if err != nil {
+		return "", err
+	}
+	for _, n := range nodes {
+		if n.Name == s {
+			return n.ID, nil
+		}
+	}
+	return "", fmt.Errorf("no node %q (by ID or name)", s)
+}

@@ -1,0 +1,84 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/lifecycle"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
+)
+
+// hRemoveNode removes a node (DELETE /v1/nodes/{id}, an admin token): its
+// leases become lost, every certificate the cluster CA issued to it is
+// revoked, and the store retires it (its credential forgotten). A node
+// that still heartbeats is refused unless ?force=true: its agent would join
+// again at once, as the same node, with a new certificate.
+func (s *Server) hRemoveNode(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
+	if !p.admin {
+		return 0, nil, fmt.Errorf("%w: removing a node needs an admin token", ErrForbidden)
+	}
+	force := false
+	if v := r.URL.Query().Get("force"); v != "" {
+		var err error
+		if force, err = strconv.ParseBool(v); err != nil {
+			return 0, nil, fmt.Errorf("%w: force=%q: want true or false", ErrInvalid, v)
+		}
+	}
+	out, err := s.removeNode(ctx, r.PathValue("id"), force)
+	return http.StatusOK, out, err
+}
+
+func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.NodeRemoval, error) {
+	rm, ok := s.st.(store.NodeRemover)
+	if !ok {
+		return api.NodeRemoval{}, fmt.Errorf("%w: this control plane's store cannot remove nodes", ErrUnavailable)
+	}
+	rec, err := s.st.Node(ctx, id)
+	if err != nil {
+		return api.NodeRemoval{}, err
+	}
+	n := rec.Node
+	if (n.State == api.NodeReady || n.State == api.NodeSuspect) && !force {
+		return api.NodeRemoval{}, fmt.Errorf("%w: node %s (%s) is %s: stop its agent first, or force the removal (its leases are lost, and a running agent joins again as this node with the bootstrap token)",
+			ErrConflict, n.Name, n.ID, n.State)
+	}
+	// Its leases are lost, as when a node goes down.
+	var lost []string
+	ls, err := s.st.Leases(ctx, store.LeaseFilter{NodeID: n.ID, States: []api.LeaseState{api.LeaseReserved, api.LeaseActive, api.LeaseReleasing}})
+	if err != nil {
+		return api.NodeRemoval{}, err
+	}
+	for _, l := range ls {
+		if _, _, err := s.apply(ctx, l, lifecycle.NodeDown{NodeID: n.ID, Name: n.Name}); !movedOn(err) {
+			return api.NodeRemoval{}, err
+		}
+		lost = append(lost, l.ID)
+	}
+	// Its certificates go on the revocation list before its credential is
+	// forgotten: from here on neither opens anything.
+	revoked := 0
+	if s.cfg.CA != nil {
+		if revoked, err = s.cfg.CA.RevokeIssuedTo(n.ID); err != nil {
+			return api.NodeRemoval{}, fmt.Errorf("controlplane: revoke node %s's certificates: %w", n.ID, err)
+		}
+	}
+	removed, err := rm.RemoveNode(ctx, n.ID, api.Event{At: s.now(), Type: "node.removed", Subject: n.ID, State: string(api.NodeRemoved),
+		Message: fmt.Sprintf("%s removed; %d certificate(s) revoked, %d lease(s) lost", n.Name, revoked, len(lost))})
+	if err != nil {
+		return api.NodeRemoval{}, err
+	}
+	s.auth.dropNode(n.ID) // its credential stops working at once (on this replica; others forget it within the cache's lifetime)
+	s.invalidate()
+	nodes, err := s.st.Nodes(ctx)
+	if err == nil {
+		s.peers.set(nodes)
+	}
+	s.log.Warn("node removed", "node", n.ID, "name", n.Name, "revoked_certificates", revoked, "lost_leases", len(lost))
+	if lost == nil {
+		lost = []string{}
+	}
+	return api.NodeRemoval{Node: removed, Revoked: revoked, Lost: lost}, nil
+}

@@ -1,0 +1,181 @@
+package pki
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// IndexFile lists the certificates the CA issued that may still be valid,
+// one per line: serial (hex), expiry (Unix seconds), common name. It lets
+// RevokeIssuedTo revoke every certificate of a holder (a removed node)
+// without the caller keeping serials. Entries past their expiry are
+// dropped when the index is rewritten.
+const IndexFile = "issued.txt"
+
+// indexCompactAt is how many lines the index may grow to before a record
+// rewrites it without the expired entries.
+const indexCompactAt = 4096
+
+type indexEntry struct {
+	serial   *big.Int
+	notAfter time.Time
+	cn       string
+}
+
+// record appends an issued certificate to the index. Lines are written
+// with one O_APPEND write each, so that processes sharing the directory
+// do not interleave them.
+func (ca *CA) record(cert *x509.Certificate) error {
+	cn := strings.Map(func(r rune) rune {
+		if r == '\n' || r == '\r' {
+			return ' '
+		}
+		return r
+	}, cert.Subject.CommonName)
+	line := fmt.Sprintf("%s %d %s\n", cert.SerialNumber.Text(16), cert.NotAfter.Unix(), cn)
+	path := filepath.Join(ca.dir, IndexFile)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("pki: index: %w", err)
+	}
+	_, err = f.WriteString(line)
+	st, serr := f.Stat()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("pki: index: %w", err)
+	}
+	// Roughly 60 bytes a line: compact now and then.
+	if serr == nil && st.Size() > indexCompactAt*60 {
+		unlock, err := lockDir(ca.dir)
+		if err != nil {
+			return err
+		}
+		defer unlock()
+		entries, err := ca.readIndex()
+		if err != nil {
+			return err
+		}
+		return ca.writeIndex(entries)
+	}
+	return nil
+}
+
+// readIndex reads the index, without the entries already expired.
+func (ca *CA) readIndex() ([]indexEntry, error) {
+	b, err := os.ReadFile(filepath.Join(ca.dir, IndexFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pki: index: %w", err)
+	}
+	now := ca.now()
+	var out []indexEntry
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		f := strings.SplitN(sc.Text(), " ", 3)
+		if len(f) != 3 {
+			continue
+		}
+		serial, ok := new(big.Int).SetString(f[0], 16)
+		sec, err := strconv.ParseInt(f[1], 10, 64)
+		if !ok || err != nil {
+			continue
+		}
+		e := indexEntry{serial: serial, notAfter: time.Unix(sec, 0), cn: f[2]}
+		if e.notAfter.After(now) {
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
+func (ca *CA) writeIndex(entries []indexEntry) error {
+	var b bytes.Buffer
+	for _, e := range entries {
+		fmt.Fprintf(&b, "%s %d %s\n", e.serial.Text(16), e.notAfter.Unix(), e.cn)
+	}
+	return writeAtomic(filepath.Join(ca.dir, IndexFile), b.Bytes(), 0o600)
+}
+
+// RevokeIssuedTo revokes every certificate in the index, not yet expired,
+// whose common name is commonName (a node's ID: its certificates, current
+// and renewed), writes the CRL once, and returns how many it revoked that
+// were not revoked already.
+func (ca *CA) RevokeIssuedTo(commonName string) (int, error) {
+	if commonName == "" {
+		return 0, fmt.Errorf("%w: no common name", ErrBadRequest)
+	}
+	unlock, err := lockDir(ca.dir)
+	if err != nil {
+		return 0, err
+	}
+	defer unlock()
+	entries, err := ca.readIndex()
+	if err != nil {
+		return 0, err
+	}
+	ca.mu.Lock()
+	defer ca.mu.Unlock()
+	if err := ca.loadCRL(); err != nil {
+		return 0, err
+	}
+	at := ca.now().UTC().Truncate(time.Second)
+	n := 0
+	for _, e := range entries {
+		if e.cn != commonName {
+			continue
+		}
+		if _, ok := ca.revoked[e.serial.Text(16)]; ok {
+			continue
+		}
+		ca.revoked[e.serial.Text(16)] = at
+		n++
+	}
+	if n > 0 {
+		if err := ca.writeCRL(); err != nil {
+			return 0, err
+		}
+	}
+	return n, ca.writeIndex(entries)
+}
+
+// CRLNumber is the number of the current revocation list (it grows with
+// every change).
+func (ca *CA) CRLNumber() *big.Int {
+	ca.mu.RLock()
+	defer ca.mu.RUnlock()
+	return new(big.Int).Set(ca.crlNum)
+}
+
+// ReloadIfChanged re-reads the revocation list when another process
+// (sharing the directory: `rialto node remove` against another replica,
+// `rialto ca`) wrote a newer one, and reports whether it did.
+func (ca *CA) ReloadIfChanged() (bool, error) {
+	b, err := os.ReadFile(filepath.Join(ca.dir, CRLFile))
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return false, nil
+		}
+		return false, fmt.Errorf("pki: %w", err)
+	}
+	ca.mu.RLock()
+	same := bytes.Equal(b, ca.crlPEM)
+	ca.mu.RUnlock()
+	if same {
+		return false, nil
+	}
+	return true, ca.Reload()
+}
