@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/rialto-project/rialto/internal/config"
@@ -43,6 +44,14 @@ func (c *daemonConfig) load() (*config.File, error) {
 	if e, ok := file.Lookup("config"); ok {
 		return nil, &config.Error{Path: file.Path, Line: e.Line, Key: e.Key, Err: errConfigKey}
 	}
+	for _, e := range file.Entries {
+		if f := c.fs.Lookup(e.Key); f != nil {
+			if _, secret := f.Value.(refusedFlag); secret {
+				return nil, &config.Error{Path: file.Path, Line: e.Line, Key: e.Key,
+					Err: fmt.Errorf("a secret is not written in the configuration file (readable by more than the daemon, copied around): give %s-file, a file holding it", e.Key)}
+			}
+		}
+	}
 	if err := file.Check(c.known); err != nil {
 		return nil, err
 	}
@@ -70,28 +79,20 @@ func flagValues(v flag.Value) []string {
 	switch v := v.(type) {
 	case *listFlag:
 		return append([]string(nil), *v...)
-	case secretFlag:
-		return []string{*v.p}
 	}
 	return []string{v.String()}
 }
 
-// serverReloadable are the flags of rialto server that SIGHUP reloads,
-// with the environment variable each defaults to.
-var serverReloadable = []struct {
-	name, env string
-}{
-	{"quota", ""},
-	{"token", ""},
-	{"admin-token", "RIALTO_ADMIN_TOKEN"},
-	{"bootstrap-token", "RIALTO_BOOTSTRAP_TOKEN"},
-}
+// serverReloadable are the flags of rialto server that SIGHUP reloads.
+// The token files are read again; a secret without its file comes from
+// the environment, which a running process cannot be given anew.
+var serverReloadable = []string{"quota", "token-file", "admin-token-file", "bootstrap-token-file"}
 
 // serverSettings reads the file again and returns the settings the server
 // would start with now: each reloadable flag from the command line if it
-// was given there, else from the file, else its default. A key no flag
-// has is an error, as at start; keys that are not reloadable are checked
-// but take effect only at a restart.
+// was given there, else from the file, else its default; the token files
+// they name read again. A key no flag has is an error, as at start; keys
+// that are not reloadable are checked but take effect only at a restart.
 func (c *daemonConfig) serverSettings() (controlplane.Settings, error) {
 	var file *config.File
 	if *c.path != "" {
@@ -102,19 +103,12 @@ func (c *daemonConfig) serverSettings() (controlplane.Settings, error) {
 		file = f
 	}
 	vals := map[string][]string{}
-	for _, r := range serverReloadable {
-		switch given, ok := c.cmdline[r.name]; {
-		case ok:
-			vals[r.name] = given
-		case file != nil:
-			if e, ok := file.Lookup(r.name); ok {
-				vals[r.name] = e.Values
-				continue
-			}
-			fallthrough
-		default:
-			if r.env != "" {
-				vals[r.name] = []string{c.e.getenv(r.env)}
+	for _, name := range serverReloadable {
+		if given, ok := c.cmdline[name]; ok {
+			vals[name] = given
+		} else if file != nil {
+			if e, ok := file.Lookup(name); ok {
+				vals[name] = e.Values
 			}
 		}
 	}
@@ -128,23 +122,35 @@ func (c *daemonConfig) serverSettings() (controlplane.Settings, error) {
 		}
 		return err
 	}
-	tokens, err := parseTokens(vals["token"])
-	if err != nil {
-		return controlplane.Settings{}, at("token", err)
+	secretOf := func(name, env string) (string, error) {
+		s := &secret{name: name, env: env, envValue: c.e.getenv(env), file: last(vals[name+"-file"])}
+		return s.get()
 	}
-	env, err := parseTokens([]string{c.e.getenv("RIALTO_TOKENS")})
+	boot, err := secretOf("bootstrap-token", "RIALTO_BOOTSTRAP_TOKEN")
 	if err != nil {
-		return controlplane.Settings{}, fmt.Errorf("RIALTO_TOKENS: %w", err)
+		return controlplane.Settings{}, err
 	}
-	tokens = append(tokens, env...)
-	if admin := last(vals["admin-token"]); admin != "" {
+	admin, err := secretOf("admin-token", "RIALTO_ADMIN_TOKEN")
+	if err != nil {
+		return controlplane.Settings{}, err
+	}
+	specs, err := secretOf("token", "RIALTO_TOKENS")
+	if err != nil {
+		return controlplane.Settings{}, err
+	}
+	tokens, err := parseTokens(strings.FieldsFunc(specs, func(r rune) bool { return r == '\n' || r == ',' }))
+	if err != nil {
+		// Which line of the token file is not said: the line is a secret.
+		return controlplane.Settings{}, fmt.Errorf("tenant tokens (--token-file or RIALTO_TOKENS): %w", err)
+	}
+	if admin != "" {
 		tokens = append(tokens, controlplane.Token{Token: admin, Tenant: "admin", Admin: true})
 	}
 	quotas, err := parseQuotas(vals["quota"])
 	if err != nil {
 		return controlplane.Settings{}, at("quota", err)
 	}
-	return controlplane.Settings{BootstrapToken: last(vals["bootstrap-token"]), Tokens: tokens, Quotas: quotas}, nil
+	return controlplane.Settings{BootstrapToken: boot, Tokens: tokens, Quotas: quotas}, nil
 }
 
 func last(vs []string) string {

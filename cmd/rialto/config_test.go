@@ -81,7 +81,7 @@ func writeFile(t *testing.T, path, text string) {
 
 // TestConfigFileAndSIGHUP runs `rialto server` and `rialto agent` from
 // configuration files, the command line overriding them, and reloads the
-// server's tokens and quotas with a real SIGHUP: a new token works, a
+// server's quotas and token file with a real SIGHUP: a new token works, a
 // removed one stops, a raised quota admits more leases, the leases held
 // stay as they were; a malformed file or a bad value is refused with a log
 // line and changes nothing. No log line shows a token.
@@ -96,16 +96,17 @@ func TestConfigFileAndSIGHUP(t *testing.T) {
 		alice = "alice-secret-9d2e"
 		bob   = "bob-secret-77a0"
 	)
-	srvConf := filepath.Join(dir, "server.toml")
+	srvConf, tokens := filepath.Join(dir, "server.toml"), filepath.Join(dir, "tokens")
 	base := `# rialto server
 listen = "127.0.0.1:9"  # overridden on the command line
 db = "` + filepath.Join(dir, "cp.db") + `"
 tls-dir = "` + filepath.Join(dir, "tls") + `"
 heartbeat = "200ms"
 log-level = "info"
+token-file = "` + tokens + `"
 `
+	writeFile(t, tokens, alice+":alice\n")
 	writeFile(t, srvConf, base+`quota = ["leases=1"]
-token = ["`+alice+`:alice"]
 `)
 	srv := startServerDaemon(t, bin, []string{"RIALTO_BOOTSTRAP_TOKEN=" + boot, "RIALTO_CONFIG=" + srvConf}, "--listen", "127.0.0.1:0")
 	caFile := filepath.Join(dir, "tls", "ca-cert.pem")
@@ -157,8 +158,8 @@ cacert = "`+caFile+`"
 		}
 	}
 	// Bob added, the quota raised.
+	writeFile(t, tokens, alice+":alice\n"+bob+":bob\n")
 	writeFile(t, srvConf, base+`quota = ["leases=3"]
-token = ["`+alice+`:alice", "`+bob+`:bob"]
 `)
 	hup()
 	srv.waitLog(t, "settings reloaded", 1)
@@ -174,31 +175,39 @@ token = ["`+alice+`:alice", "`+bob+`:bob"]
 	}
 
 	// Malformed files and bad values are refused; bob keeps working.
-	for i, bad := range []string{
-		base + "quota = [\"leases=1\"\n",                  // TOML syntax
-		base + "quota = [\"alice:gpus=1\"]\n",             // a limit quotas do not have
-		base + "token = [\"" + bob + "\"]\n",              // no tenant
-		base + "quotas = [\"leases=1\"]\n",                // a key no flag has
-		base + "token = [\"" + alice + ":alice:root\"]\n", // not :admin
+	good := base + "quota = [\"leases=3\"]\n"
+	for i, bad := range []struct{ conf, tokens string }{
+		{base + "quota = [\"leases=1\"\n", ""},                               // TOML syntax
+		{base + "quota = [\"alice:gpus=1\"]\n", ""},                          // a limit quotas do not have
+		{good, alice + ":alice\n" + bob + "\n"},                              // a token without a tenant
+		{base + "quotas = [\"leases=1\"]\n", ""},                             // a key no flag has
+		{good, alice + ":alice:root\n"},                                      // not :admin
+		{base + "token = [\"" + bob + ":bob\"]\n", ""},                       // a secret in the configuration
+		{good, bob + ":bob\n" + bob + ":mallory\n"},                          // one secret, two tenants
+		{strings.Replace(good, tokens, filepath.Join(dir, "absent"), 1), ""}, // a token file that is not there
 	} {
-		writeFile(t, srvConf, bad)
+		if bad.tokens != "" {
+			writeFile(t, tokens, bad.tokens)
+		}
+		writeFile(t, srvConf, bad.conf)
 		hup()
 		srv.waitLog(t, "reload refused", i+1)
 		if _, err := cb.Leases(ctx); err != nil {
 			t.Fatalf("bob after refused reload %d: %v", i, err)
 		}
+		writeFile(t, tokens, alice+":alice\n"+bob+":bob\n")
 	}
-	for _, want := range []string{"server.toml:7: toml: array is incomplete", `server.toml:7: quota: quota \"alice:gpus=1\": unknown limit`,
-		"server.toml:7: token: bad token spec", `server.toml:7: unknown key \"quotas\"`} {
+	for _, want := range []string{"server.toml:8: toml: array is incomplete", `server.toml:8: quota: quota \"alice:gpus=1\": unknown limit`,
+		"tenant tokens (--token-file or RIALTO_TOKENS): bad token spec", `server.toml:8: unknown key \"quotas\"`,
+		"server.toml:8: token: a secret is not written in the configuration file", "is also tenant bob", "--token-file: open "} {
 		if !strings.Contains(srv.log.String(), want) {
 			t.Errorf("no refusal %q in the log:\n%s", want, srv.log.String())
 		}
 	}
 
 	// Bob removed: his token stops at once.
-	writeFile(t, srvConf, base+`quota = ["leases=3"]
-token = ["`+alice+`:alice"]
-`)
+	writeFile(t, tokens, alice+":alice\n")
+	writeFile(t, srvConf, good)
 	hup()
 	srv.waitLog(t, "settings reloaded", 2)
 	if _, err := cb.Leases(ctx); status(err) != http.StatusUnauthorized {
