@@ -151,7 +151,11 @@ func runAgent(ctx context.Context, e *env, args []string) error {
 	machine := fs.String("machine-id", "", "override the hardware identity")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	insecure := insecureDataplaneFlag(fs)
+	cfgFile := configFlag(fs, e)
 	if _, err := parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	if err := cfgFile.apply(); err != nil {
 		return err
 	}
 	boot, err := bootstrapToken(bootS)
@@ -168,7 +172,7 @@ func runAgent(ctx context.Context, e *env, args []string) error {
 	cfg := agent.Config{
 		ControlPlane: *cp, BootstrapToken: boot, Name: *name, StateDir: *stateDir,
 		Listen: *listen, Advertise: *advertise, APIPort: *port, HeartbeatInterval: *hb,
-		MachineID: *machine, Logger: log,
+		MachineID: *machine, Logger: log, Version: versionString(),
 	}
 	if cfg.Labels, err = parseLabels(labels); err != nil {
 		return err

@@ -545,6 +545,7 @@ func (a *Agent) fingerprint() api.Fingerprint {
 func (a *Agent) joinRequest() api.JoinRequest {
 	req := api.JoinRequest{
 		Name:        a.cfg.Name,
+		Version:     a.cfg.Version,
 		Labels:      a.cfg.Labels,
 		Fingerprint: a.fingerprint(),
 	}
@@ -708,7 +709,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 		return ErrNotJoined
 	}
 	hb := api.Heartbeat{Health: a.health(), Leases: leases, Moved: moved, Links: a.probePeers(ctx, a.probeRound(peers)), Usage: a.usage(),
-		CRLNumber: a.crlNumber()}
+		CRLNumber: a.crlNumber(), Version: a.cfg.Version}
 	if measured {
 		hb.Links = append(hb.Links, api.LinkReport{To: "controlplane", RTTMicros: cpRTT, Up: cpUp})
 	}
