@@ -104,7 +104,7 @@ func New(cfg Config) (*Agent, error) {
 		hc = &http.Client{Timeout: 10 * time.Second}
 	}
 	a := &Agent{
-		joined: make(chan struct{}),
+		joined:   make(chan struct{}),
 		cfg:      cfg,
 		log:      cfg.Logger.With("agent", cfg.Name),
 		clock:    cfg.Clock,
