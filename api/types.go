@@ -360,6 +360,10 @@ type JoinRequest struct {
 	// Its subject is left empty (the control plane names the node) and
 	// it may ask only for the hosts of Address, AgentURL and Endpoints.
 	CSR string `json:"csr,omitempty"`
+	// Version is the agent's release version (rialto version), which
+	// the control plane checks: it accepts agents of its own and the
+	// previous minor version. Agents that predate the field send none.
+	Version string `json:"version,omitempty"`
 }
 
 // JoinResponse carries the node's credential; the agent uses it as its
@@ -410,6 +414,8 @@ type Heartbeat struct {
 	// Usage counts each device's data-plane traffic, for the devices
 	// whose driver counts it (GET /v1/usage turns it into bandwidth).
 	Usage []DeviceCounters `json:"usage,omitempty"`
+	// Version is the agent's release version, checked as at join.
+	Version string `json:"version,omitempty"`
 	// CRLNumber is the number of the revocation list the agent holds (0:
 	// none); the answer brings the current list when it is newer.
 	CRLNumber int64 `json:"crl_number,omitempty"`

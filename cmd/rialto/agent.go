@@ -150,7 +150,11 @@ func runAgent(e *env, fs *pflag.FlagSet) runFunc {
 	machine := fs.String("machine-id", "", "override the hardware identity")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	insecure := insecureDataplaneFlag(fs)
+	cfgFile := configFlag(fs, e)
 	return func(ctx context.Context, _ []string) error {
+		if err := cfgFile.apply(); err != nil {
+			return err
+		}
 		boot, err := bootstrapToken(bootS)
 		if err != nil {
 			return err
@@ -165,7 +169,7 @@ func runAgent(e *env, fs *pflag.FlagSet) runFunc {
 		cfg := agent.Config{
 			ControlPlane: *cp, BootstrapToken: boot, Name: *name, StateDir: *stateDir,
 			Listen: *listen, Advertise: *advertise, APIPort: *port, HeartbeatInterval: *hb,
-			MachineID: *machine, Logger: log,
+			MachineID: *machine, Logger: log, Version: versionString(),
 		}
 		if cfg.Labels, err = parseLabels(labels); err != nil {
 			return err

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v4"
 
 	"github.com/rialto-project/rialto/api"
@@ -540,5 +541,18 @@ func TestUnitsAgentNIC(t *testing.T) {
 		case tc.want >= 0 && (err != nil || d.Size != tc.want):
 			t.Errorf("%q: %d, %v; want %d", tc.in, d.Size, err, tc.want)
 		}
+	}
+}
+
+// TestSecretAtFileIsTheFileFlag: --token @FILE is --token-file FILE, the
+// flag a server's SIGHUP reads again (config.go).
+func TestSecretAtFileIsTheFileFlag(t *testing.T) {
+	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+	s := secretFile(fs, &env{getenv: func(string) string { return "" }}, "token", "RIALTO_TOKEN", "the API token")
+	if err := fs.Parse([]string{"--token", "@/etc/rialto/token"}); err != nil {
+		t.Fatal(err)
+	}
+	if !fs.Changed("token-file") || fs.Lookup("token-file").Value.String() != "/etc/rialto/token" || s.file != "/etc/rialto/token" || s.refused {
+		t.Errorf("--token @FILE: token-file changed %v, %+v", fs.Changed("token-file"), s)
 	}
 }

@@ -64,14 +64,18 @@ type secret struct {
 // refusedFlag is --NAME of a secret: @FILE names the file holding it;
 // anything else is a secret on the command line, recorded as refused and
 // forgotten.
-type refusedFlag struct{ s *secret }
+type refusedFlag struct {
+	s *secret
+	// setFile sets --NAME-file, so that @FILE is recorded as the file
+	// flag given (a server's SIGHUP reads the files given again).
+	setFile func(path string) error
+}
 
 func (f refusedFlag) String() string { return "" }
 func (f refusedFlag) Type() string   { return "@FILE" }
 func (f refusedFlag) Set(v string) error {
 	if len(v) > 1 && v[0] == '@' && v[1] != '@' {
-		f.s.file = v[1:]
-		return nil
+		return f.setFile(v[1:])
 	}
 	f.s.refused = true
 	return nil
@@ -82,7 +86,8 @@ func (f refusedFlag) Set(v string) error {
 func secretFile(fs *pflag.FlagSet, e *env, name, env, what string) *secret {
 	s := &secret{name: name, env: env, envValue: e.getenv(env)}
 	fs.StringVar(&s.file, name+"-file", "", fmt.Sprintf("`file` holding %s (env %s; never on the command line)", what, env))
-	fs.Var(refusedFlag{s}, name, fmt.Sprintf("@FILE: the same as --%s-file FILE (the secret itself on the command line is refused: every user sees it; use --%s-file or %s)", name, name, env))
+	setFile := func(path string) error { return fs.Set(name+"-file", path) }
+	fs.Var(refusedFlag{s, setFile}, name, fmt.Sprintf("@FILE: the same as --%s-file FILE (the secret itself on the command line is refused: every user sees it; use --%s-file or %s)", name, name, env))
 	return s
 }
 

@@ -203,7 +203,11 @@ func runServer(e *env, fs *pflag.FlagSet) runFunc {
 	var tm timings
 	tm.register(fs)
 	level := fs.String("log-level", "info", "debug, info, warn or error")
+	cfgFile := configFlag(fs, e)
 	return func(ctx context.Context, _ []string) error {
+		if err := cfgFile.apply(); err != nil {
+			return err
+		}
 		if v := e.getenv("RIALTO_DB"); v != "" && !flagSet(fs, "db") {
 			*db = v
 		}
@@ -268,13 +272,14 @@ func runServer(e *env, fs *pflag.FlagSet) runFunc {
 		cp, err := startControlPlane(ctx, ln, *db, controlplane.Config{
 			Logger: log, BootstrapToken: boot, Tokens: tokens,
 			HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down, MaxHeartbeatsPerSecond: tm.maxBeats,
-			PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas, CA: ca,
+			PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas, CA: ca, Version: versionString(),
 		}, tlsCfg)
 		if err != nil {
 			ln.Close()
 			return err
 		}
 		cp.startSweeping(ctx)
+		defer cfgFile.reloadOnHUP(ctx, log, cp.srv)() // SIGHUP: tokens and quotas anew
 		log.Info("control plane serving", "url", cp.URL, "db", dbName(*db))
 		fmt.Fprintf(e.stdout, "rialto server: serving %s\n", cp.URL)
 		if ca != nil {

@@ -46,6 +46,12 @@ type Agent struct {
 
 	reserved portReservations // remembered ports, held while devices open
 
+	// joined is closed once the agent holds the key the control plane
+	// calls it with (the first join's answer): calls that arrive between
+	// the control plane's answer and the agent's taking it wait for it.
+	joined     chan struct{}
+	joinedOnce sync.Once
+
 	mu         sync.Mutex // guards the fields below
 	id         identity
 	devices    map[string]DeviceConfig
@@ -98,6 +104,7 @@ func New(cfg Config) (*Agent, error) {
 		hc = &http.Client{Timeout: 10 * time.Second}
 	}
 	a := &Agent{
+		joined:   make(chan struct{}),
 		cfg:      cfg,
 		log:      cfg.Logger.With("agent", cfg.Name),
 		clock:    cfg.Clock,
@@ -538,6 +545,7 @@ func (a *Agent) fingerprint() api.Fingerprint {
 func (a *Agent) joinRequest() api.JoinRequest {
 	req := api.JoinRequest{
 		Name:        a.cfg.Name,
+		Version:     a.cfg.Version,
 		Labels:      a.cfg.Labels,
 		Fingerprint: a.fingerprint(),
 	}
@@ -596,6 +604,7 @@ func (a *Agent) join(ctx context.Context) error {
 			}
 			a.peers = a.otherPeers(resp.ControlPlaneNodes, resp.NodeID)
 			a.mu.Unlock()
+			a.joinedOnce.Do(func() { close(a.joined) })
 			a.log.Info("joined", "node", resp.NodeID, "credential", resource.Fingerprint(resp.Credential))
 			if a.tls != nil {
 				if err := a.saveCert(resp.Certificate); err != nil {
@@ -700,7 +709,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 		return ErrNotJoined
 	}
 	hb := api.Heartbeat{Health: a.health(), Leases: leases, Moved: moved, Links: a.probePeers(ctx, a.probeRound(peers)), Usage: a.usage(),
-		CRLNumber: a.crlNumber()}
+		CRLNumber: a.crlNumber(), Version: a.cfg.Version}
 	if measured {
 		hb.Links = append(hb.Links, api.LinkReport{To: "controlplane", RTTMicros: cpRTT, Up: cpUp})
 	}

@@ -50,6 +50,10 @@ type Config struct {
 	BootstrapToken string
 	// Name is the node's name, unique within the cluster.
 	Name string
+	// Version is the agent's release version, sent at join and in every
+	// heartbeat: the control plane refuses agents it is not compatible
+	// with (controlplane.CheckAgentVersion). "": none sent.
+	Version string
 	// StateDir holds the agent's identity and export state.
 	StateDir string
 	// Listen is the host the agent API and the data planes bind to

@@ -383,6 +383,10 @@ func (a *Agent) Handler() http.Handler {
 	return mux
 }
 
+// joinWait bounds how long a control-plane call waits for the agent to
+// take the answer of its join.
+const joinWait = 10 * time.Second
+
 func (a *Agent) auth(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if err := a.requireCP(r); err != nil {
@@ -392,6 +396,21 @@ func (a *Agent) auth(h http.HandlerFunc) http.HandlerFunc {
 		a.mu.Lock()
 		key := a.id.AgentKey
 		a.mu.Unlock()
+		if key == "" {
+			// The control plane may call as soon as it has answered the
+			// join, before this agent has taken the answer: wait for it
+			// (briefly: a call from a control plane this agent never
+			// joined gets the error below).
+			ctx, cancel := context.WithTimeout(r.Context(), joinWait)
+			select {
+			case <-a.joined:
+			case <-ctx.Done():
+			}
+			cancel()
+			a.mu.Lock()
+			key = a.id.AgentKey
+			a.mu.Unlock()
+		}
 		if key == "" {
 			httpx.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "agent has not joined a control plane yet")
 			return

@@ -25,5 +25,8 @@
 // drives the background duties; Run's caller owns its goroutine and stops
 // it by cancelling the context. Config.Clock (internal/clock; nil: the
 // real clock) is the one source of time: liveness, TTLs, Run's sweeps and
-// the event stream's polls and keep-alives.
+// the event stream's polls and keep-alives. Reload (reload.go) swaps the
+// tokens and quotas of a running Server, all or nothing, concurrently
+// with requests; Config.Version decides which agent versions may join
+// (version.go).
 package controlplane

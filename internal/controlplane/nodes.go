@@ -159,6 +159,10 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 	if err := s.checkJoinCSR(r); err != nil {
 		return api.JoinResponse{}, err
 	}
+	if err := CheckAgentVersion(s.cfg.Version, r.Version); err != nil {
+		s.log.Warn("join refused: agent version", "name", r.Name, "agent_version", r.Version, "version", s.cfg.Version)
+		return api.JoinResponse{}, err
+	}
 	now := s.now()
 	cred := resource.NewSecret(nodeCredentialPrefix)
 	key := resource.NewSecret("rak")
@@ -171,7 +175,7 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 	if err != nil {
 		return api.JoinResponse{}, err
 	}
-	s.log.Info("node joined", "node", n.ID, "name", n.Name, "rejoined", rejoined, "devices", len(r.Devices), "credential", resource.Fingerprint(cred))
+	s.log.Info("node joined", "node", n.ID, "name", n.Name, "rejoined", rejoined, "devices", len(r.Devices), "credential", resource.Fingerprint(cred), "agent_version", r.Version)
 	// The agent's heartbeats to this replica find its credential.
 	defer s.cachePrincipal(resource.HashSecret(cred), principal{role: roleNode, nodeID: n.ID, fp: resource.Fingerprint(cred)})
 	if rejoined {
@@ -207,6 +211,9 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) (api.HeartbeatResponse, error) {
 	if len(h.Links) > 4096 || len(h.Leases) > 65536 || len(h.Moved) > 65536 || len(h.Health) > 1024 {
 		return api.HeartbeatResponse{}, fmt.Errorf("%w: heartbeat too large", ErrInvalid)
+	}
+	if err := CheckAgentVersion(s.cfg.Version, h.Version); err != nil {
+		return api.HeartbeatResponse{}, err
 	}
 	now := s.now()
 	links := make([]api.Link, 0, len(h.Links))

@@ -34,8 +34,7 @@ import (
 //
 // Build it with newReserver. Its methods are safe for concurrent use.
 type reserver struct {
-	st     store.Store
-	quotas Quotas
+	st store.Store
 	// shared: other replicas write the store too, so a refusal on the
 	// view (no capacity, over quota) may be stale: the view is reloaded
 	// and the request placed once more before it is refused.
@@ -48,6 +47,7 @@ type reserver struct {
 	share []string // node IDs, from the view
 
 	mu       sync.Mutex // serializes placements; guards the fields below
+	quotas   Quotas
 	valid    bool
 	nodes    []api.Node
 	devices  []api.Device
@@ -173,11 +173,12 @@ func (r *reserver) Preview(ctx context.Context, req api.LeaseRequest, tenant str
 	if err == nil {
 		inv = r.view()
 	}
+	quotas := r.quotas
 	r.mu.Unlock()
 	if err != nil {
 		return api.Plan{}, err
 	}
-	return policyPlace(inv, req, tenant, r.quotas, nil, now, nil)
+	return policyPlace(inv, req, tenant, quotas, nil, now, nil)
 }
 
 // Commit records that the write of lease id's held parts committed: they
@@ -202,6 +203,15 @@ func (r *reserver) Release(id string) {
 		delete(r.parts, id)
 		delete(r.timed, id)
 	}
+	r.mu.Unlock()
+}
+
+// SetQuotas replaces the quotas placement enforces from the next
+// placement on; the leases in the view keep their parts.
+func (r *reserver) SetQuotas(q Quotas) {
+	r.mu.Lock()
+	r.quotas = q
+	r.idx = nil // it was built with the old quotas
 	r.mu.Unlock()
 }
 

@@ -18,7 +18,6 @@ import (
 	"github.com/rialto-project/rialto/internal/controlplane/ui"
 	"github.com/rialto-project/rialto/internal/metrics"
 	"github.com/rialto-project/rialto/internal/pki"
-	"github.com/rialto-project/rialto/internal/resource"
 )
 
 // Lender is how the control plane reaches lender agents. The default
@@ -71,6 +70,12 @@ type Config struct {
 	// Quotas bound each tenant's reserved and active leases (placement
 	// enforces them); beyond them lease creation answers 429.
 	Quotas Quotas
+
+	// Version is the control plane's release version (rialto version):
+	// agents of another major version, an older minor than the previous
+	// one or a newer minor are refused at join and heartbeat
+	// (CheckAgentVersion). "" or "devel": every agent is accepted.
+	Version string
 }
 
 // Server is a control plane.
@@ -101,6 +106,8 @@ type Server struct {
 	xfer   transferLender // the agents' transfer API, when Lender has none (lender_move.go)
 	mv     movers         // lease part moves (move.go)
 	drains drains         // node drains (drain.go)
+
+	reloadMu sync.Mutex // serializes Reload (reload.go)
 }
 
 // New returns a Server; it stores the configured tokens (hashed) within
@@ -152,21 +159,12 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s := &Server{st: cfg.Store, log: cfg.Logger, clock: cfg.Clock, lender: cfg.Lender, cfg: cfg, reg: prometheus.NewRegistry(),
 		res: newReserver(cfg.Store, cfg.Quotas)}
-	if cfg.BootstrapToken != "" {
-		if err := s.st.PutToken(ctx, store.Token{Hash: resource.HashSecret(cfg.BootstrapToken), Kind: store.TokenBootstrap, CreatedAt: s.now()}); err != nil {
-			return nil, fmt.Errorf("controlplane: store bootstrap token: %w", err)
-		}
+	ts, err := s.storedTokens(Settings{BootstrapToken: cfg.BootstrapToken, Tokens: cfg.Tokens})
+	if err != nil {
+		return nil, err
 	}
-	for _, t := range cfg.Tokens {
-		if t.Token == "" || t.Tenant == "" {
-			return nil, errors.New("controlplane: a tenant token needs a token and a tenant")
-		}
-		if t.Token == cfg.BootstrapToken {
-			return nil, errors.New("controlplane: a tenant token must differ from the bootstrap token")
-		}
-		if err := s.st.PutToken(ctx, store.Token{Hash: resource.HashSecret(t.Token), Kind: store.TokenTenant, Tenant: t.Tenant, Admin: t.Admin, CreatedAt: s.now()}); err != nil {
-			return nil, fmt.Errorf("controlplane: store token for %s: %w", t.Tenant, err)
-		}
+	if err := s.putTokens(ctx, ts); err != nil {
+		return nil, fmt.Errorf("controlplane: store tokens: %w", err)
 	}
 	s.started = s.now()
 	s.res.shared, s.res.seed = s.shared(), rand.Uint64()

@@ -230,7 +230,7 @@ func TestPrometheusScrapesUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nc, err := nbd.DialURI(ctx, bl.URI)
+	nc, err := nbd.DialURI(ctx, bl.URI, nbd.WithTLS(u.DataTLS(t)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -40,4 +41,34 @@ func (s *Store) LookupToken(ctx context.Context, hash string) (store.Token, erro
 	}
 	t.CreatedAt = tm(created)
 	return t, nil
+}
+
+// ReplaceTokens makes ts the whole set of tokens, in one transaction: a
+// token not in ts stops working; one already stored keeps its creation
+// time. Replicas share the table: they must be configured alike.
+func (s *Store) ReplaceTokens(ctx context.Context, ts []store.Token) error {
+	hashes := make([]string, len(ts))
+	for i, t := range ts {
+		hashes[i] = t.Hash
+	}
+	keep, err := json.Marshal(hashes)
+	if err != nil {
+		return err
+	}
+	return s.tx(ctx, func(tx execer) error {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM tokens WHERE hash NOT IN (SELECT json_array_elements_text(?::json))`, string(keep)); err != nil {
+			return wrap("replace tokens", err)
+		}
+		for _, t := range ts {
+			if t.CreatedAt.IsZero() {
+				t.CreatedAt = time.Now()
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO tokens (hash, kind, tenant, admin, created_at) VALUES (?, ?, ?, ?, ?)
+				ON CONFLICT (hash) DO UPDATE SET kind = excluded.kind, tenant = excluded.tenant, admin = excluded.admin`,
+				t.Hash, t.Kind, t.Tenant, t.Admin, ns(t.CreatedAt)); err != nil {
+				return wrap("replace tokens", err)
+			}
+		}
+		return nil
+	})
 }

@@ -42,6 +42,7 @@ func Run(t *testing.T, o Options) {
 		{"Moves", testMoves},
 		{"Cordon", testCordon},
 		{"ConcurrentMoves", testConcurrentMoves},
+		{"ReplaceTokens", testReplaceTokens},
 		{"RemoveNode", testRemoveNode},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.f(t, o) })
