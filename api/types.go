@@ -2,6 +2,7 @@ package api
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -30,6 +31,36 @@ const (
 	KindAccel  Kind = "accel"
 	KindNIC    Kind = "nic"
 )
+
+// Kinds are the resource kinds the control plane accepts, in the order
+// messages list them: the one list the server's checks and the CLI's
+// messages use.
+var Kinds = []Kind{KindBlock, KindMemory, KindAccel, KindNIC}
+
+// KindNames lists Kinds for messages: "block, memory, accel or nic".
+func KindNames() string {
+	var b strings.Builder
+	for i, k := range Kinds {
+		switch {
+		case i == len(Kinds)-1 && i > 0:
+			b.WriteString(" or ")
+		case i > 0:
+			b.WriteString(", ")
+		}
+		b.WriteString(string(k))
+	}
+	return b.String()
+}
+
+// Valid reports whether k is one of Kinds.
+func (k Kind) Valid() bool {
+	for _, v := range Kinds {
+		if k == v {
+			return true
+		}
+	}
+	return false
+}
 
 // LeaseState is a lease's place in its lifecycle:
 // requested → reserved → active → releasing → released, or failed, lost, expired.
@@ -65,6 +96,9 @@ const (
 	ModeShared    Mode = "shared"    // a partition of a device others also use; accel: use through the lender's gateway
 	ModeComposed  Mode = "composed"  // N devices striped into one
 )
+
+// Modes are the lease modes a request may name (none: placement chooses).
+var Modes = []Mode{ModeDedicated, ModeShared, ModeComposed}
 
 // Fingerprint is what an agent found on its host.
 type Fingerprint struct {

@@ -9,26 +9,28 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/spf13/pflag"
+
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/borrower"
 )
 
 func init() {
 	register(&command{Name: "accel run", Args: "LEASE ROLE[:ENTRY] INPUT|--input-lease L:OFF:LEN",
-		Summary: "Run an accelerator lease's role on INPUT (a file, - for stdin, or @text) or on a range of a block lease the slot reads itself; print the output or store it in a block lease.", Run: runAccelRun})
+		Summary: "Run an accelerator lease's role on INPUT (a file, @FILE as in curl, - for stdin), on --data TEXT or on a range of a block lease the slot reads itself; print the output or store it in a block lease.", Flags: runAccelRun, MinArgs: 2, MaxArgs: 3})
 }
 
-// readInput reads INPUT: "-" is stdin, "@text" the text itself, anything
-// else a file.
+// readInput reads INPUT: "-" (or "@-") is stdin, anything else a file,
+// written FILE or, as in curl, @FILE. Literal text is --data TEXT.
 func readInput(arg string, stdin io.Reader) ([]byte, error) {
 	switch {
-	case arg == "-":
+	case arg == "-" || arg == "@-":
 		if stdin == nil {
 			stdin = os.Stdin
 		}
 		return io.ReadAll(stdin)
 	case strings.HasPrefix(arg, "@"):
-		return []byte(arg[1:]), nil
+		return os.ReadFile(arg[1:])
 	default:
 		return os.ReadFile(arg)
 	}
@@ -58,123 +60,131 @@ type accelRunOut struct {
 // stdinOf lets tests give accel run an input on stdin.
 var stdinOf = func(*env) io.Reader { return os.Stdin }
 
-func runAccelRun(ctx context.Context, e *env, args []string) error {
+func runAccelRun(e *env, fs *pflag.FlagSet) runFunc {
 	var cf clientFlags
-	fs := newFlags(e, "accel run", "LEASE ROLE[:ENTRY] INPUT|--input-lease L:OFF:LEN")
 	cf.register(fs, e)
 	lf := registerLeaseIOFlags(fs)
 	outPath := fs.String("out", "", "write the output to this file instead of stdout")
 	entryFlag := fs.String("entry", "", "the role's entry to call (default: its first, e.g. sha256's sum)")
 	asHex := fs.Bool("hex", false, "print the output in hexadecimal")
 	slot := fs.Int("slot", 0, "which of the lease's slots to use")
-	pos, err := parse(fs, args, 2, 3)
-	if err != nil {
-		return err
-	}
-	if (len(pos) == 3) == (lf.input != "") {
-		fmt.Fprintln(e.stderr, "rialto accel run: wrong number of arguments: give either INPUT or --input-lease")
-		fs.Usage()
-		return errUsage
-	}
-	if lf.output != "" && (*outPath != "" || *asHex) {
-		return fmt.Errorf("--output-lease stores the output in a block lease: --out and --hex do not apply")
-	}
-	role, entry, _ := strings.Cut(pos[1], ":")
-	if *entryFlag != "" {
-		if entry != "" && entry != *entryFlag {
-			return fmt.Errorf("entry given twice (%q and --entry %q)", entry, *entryFlag)
+	data := fs.String("data", "", "the input as literal `TEXT` (as in curl, @FILE reads FILE, @@TEXT is TEXT starting with @)")
+	return func(ctx context.Context, pos []string) error {
+		var err error
+		given := 0
+		for _, b := range []bool{len(pos) == 3, lf.input != "", fs.Changed("data")} {
+			if b {
+				given++
+			}
 		}
-		entry = *entryFlag
-	}
-	var in []byte
-	if len(pos) == 3 {
-		if in, err = readInput(pos[2], stdinOf(e)); err != nil {
-			return fmt.Errorf("input: %w", err)
+		if given != 1 {
+			return usagef("give one of INPUT, --data and --input-lease")
 		}
-	}
-	c, err := cf.client()
-	if err != nil {
-		return err
-	}
-	l, err := activeLease(ctx, c, pos[0], api.KindAccel, "accel run needs an accel lease")
-	if err != nil {
-		return err
-	}
-	slots, err := borrower.AccelSlots(l) // one per slot; a shared lease: its gateway
-	if err != nil {
-		return err
-	}
-	if *slot < 0 || *slot >= len(slots) {
-		if len(slots) == 1 && slots[0].Shared() {
-			return fmt.Errorf("--slot %d: lease %s is shared: its lender's gateway chooses the slot", *slot, l.ID)
+		if lf.output != "" && (*outPath != "" || *asHex) {
+			return usagef("--output-lease stores the output in a block lease: --out and --hex do not apply")
 		}
-		return fmt.Errorf("--slot %d: lease %s has %d slot(s)", *slot, l.ID, len(slots))
-	}
-	tgt := slots[*slot]
-	dataTLS, err := cf.dataTLS()
-	if err != nil {
-		return err
-	}
-	conn, err := borrower.DialAccel(ctx, tgt, dataTLS)
-	if err != nil {
-		return fmt.Errorf("lease %s: %w", l.ID, err)
-	}
-	defer conn.Close()
-	info := conn.Info()
-	if info.Role == "" {
-		return fmt.Errorf("lease %s's slot runs no role; create the lease with --role %s", l.ID, role)
-	}
-	if info.Role != role {
-		return fmt.Errorf("lease %s runs role %q, not %q", l.ID, info.Role, role)
-	}
-	if entry == "" {
-		if len(info.Entries) == 0 {
-			return fmt.Errorf("role %s lists no entries; name one with ROLE:ENTRY", role)
+		role, entry, _ := strings.Cut(pos[1], ":")
+		if *entryFlag != "" {
+			if entry != "" && entry != *entryFlag {
+				return fmt.Errorf("entry given twice (%q and --entry %q)", entry, *entryFlag)
+			}
+			entry = *entryFlag
 		}
-		entry = info.Entries[0]
-	} else if len(info.Entries) > 0 && !slices.Contains(info.Entries, entry) {
-		return fmt.Errorf("role %s has no entry %q (entries: %s)", role, entry, strings.Join(info.Entries, ", "))
-	}
-	res := accelRunOut{ID: l.ID, State: "ok", Role: role, Entry: entry, Slot: tgt.Address, Via: "slot", Input: len(in)}
-	if tgt.Shared() {
-		res.Via = "gateway"
-	}
-	var out []byte
-	if lf.any() {
-		if out, err = runAccelLeaseIO(ctx, c, lf, &res, tgt, conn, in, dataTLS); err != nil {
+		var in []byte
+		if fs.Changed("data") {
+			if in, err = inline(*data, stdinOf(e)); err != nil {
+				return fmt.Errorf("--data: %w", err)
+			}
+		}
+		if len(pos) == 3 {
+			if in, err = readInput(pos[2], stdinOf(e)); err != nil {
+				return fmt.Errorf("input: %w", err)
+			}
+		}
+		c, err := cf.client()
+		if err != nil {
 			return err
 		}
-		if lf.output != "" {
-			return printAccelStored(e, cf.json(), res)
-		}
-	} else {
-		if info.MaxPayload > 0 && uint64(len(in)) > uint64(info.MaxPayload) {
-			return fmt.Errorf("input of %d bytes exceeds the slot's limit of %d", len(in), info.MaxPayload)
-		}
-		if out, err = conn.Call(ctx, entry, in); err != nil {
-			return fmt.Errorf("%s:%s: %w", role, entry, err)
-		}
-	}
-	res.Bytes = len(out)
-	if *outPath != "" {
-		if err := os.WriteFile(*outPath, out, 0o644); err != nil {
+		l, err := activeLease(ctx, c, pos[0], api.KindAccel, "accel run needs an accel lease")
+		if err != nil {
 			return err
 		}
-		res.File = *outPath
+		slots, err := borrower.AccelSlots(l) // one per slot; a shared lease: its gateway
+		if err != nil {
+			return err
+		}
+		if *slot < 0 || *slot >= len(slots) {
+			if len(slots) == 1 && slots[0].Shared() {
+				return fmt.Errorf("--slot %d: lease %s is shared: its lender's gateway chooses the slot", *slot, l.ID)
+			}
+			return fmt.Errorf("--slot %d: lease %s has %d slot(s)", *slot, l.ID, len(slots))
+		}
+		tgt := slots[*slot]
+		dataTLS, err := cf.dataTLS()
+		if err != nil {
+			return err
+		}
+		conn, err := borrower.DialAccel(ctx, tgt, dataTLS)
+		if err != nil {
+			return fmt.Errorf("lease %s: %w", l.ID, err)
+		}
+		defer conn.Close()
+		info := conn.Info()
+		if info.Role == "" {
+			return fmt.Errorf("lease %s's slot runs no role; create the lease with --role %s", l.ID, role)
+		}
+		if info.Role != role {
+			return fmt.Errorf("lease %s runs role %q, not %q", l.ID, info.Role, role)
+		}
+		if entry == "" {
+			if len(info.Entries) == 0 {
+				return fmt.Errorf("role %s lists no entries; name one with ROLE:ENTRY", role)
+			}
+			entry = info.Entries[0]
+		} else if len(info.Entries) > 0 && !slices.Contains(info.Entries, entry) {
+			return fmt.Errorf("role %s has no entry %q (entries: %s)", role, entry, strings.Join(info.Entries, ", "))
+		}
+		res := accelRunOut{ID: l.ID, State: "ok", Role: role, Entry: entry, Slot: tgt.Address, Via: "slot", Input: len(in)}
+		if tgt.Shared() {
+			res.Via = "gateway"
+		}
+		var out []byte
+		if lf.any() {
+			if out, err = runAccelLeaseIO(ctx, c, lf, &res, tgt, conn, in, dataTLS); err != nil {
+				return err
+			}
+			if lf.output != "" {
+				return printAccelStored(e, &cf, res)
+			}
+		} else {
+			if info.MaxPayload > 0 && uint64(len(in)) > uint64(info.MaxPayload) {
+				return fmt.Errorf("input of %d bytes exceeds the slot's limit of %d", len(in), info.MaxPayload)
+			}
+			if out, err = conn.Call(ctx, entry, in); err != nil {
+				return fmt.Errorf("%s:%s: %w", role, entry, err)
+			}
+		}
+		res.Bytes = len(out)
+		if *outPath != "" {
+			if err := os.WriteFile(*outPath, out, 0o644); err != nil {
+				return err
+			}
+			res.File = *outPath
+			if cf.json() {
+				return cf.print(e.stdout, res)
+			}
+			fmt.Fprintf(e.stderr, "rialto accel run: %d bytes of %s:%s output written to %s\n", len(out), role, entry, *outPath)
+			return nil
+		}
 		if cf.json() {
-			return printJSON(e.stdout, res)
+			res.Output = out
+			return cf.print(e.stdout, res)
 		}
-		fmt.Fprintf(e.stderr, "rialto accel run: %d bytes of %s:%s output written to %s\n", len(out), role, entry, *outPath)
-		return nil
-	}
-	if cf.json() {
-		res.Output = out
-		return printJSON(e.stdout, res)
-	}
-	if *asHex {
-		_, err = fmt.Fprintln(e.stdout, hex.EncodeToString(out))
+		if *asHex {
+			_, err = fmt.Fprintln(e.stdout, hex.EncodeToString(out))
+			return err
+		}
+		_, err = e.stdout.Write(out)
 		return err
 	}
-	_, err = e.stdout.Write(out)
-	return err
 }

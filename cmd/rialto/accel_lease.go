@@ -3,11 +3,12 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"flag"
 	"fmt"
 	"math"
 	"strings"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/borrower"
@@ -25,12 +26,13 @@ type leaseIOFlags struct {
 	relayChunk    string
 }
 
-func registerLeaseIOFlags(fs *flag.FlagSet) *leaseIOFlags {
+func registerLeaseIOFlags(fs *pflag.FlagSet) *leaseIOFlags {
 	var f leaseIOFlags
 	fs.StringVar(&f.input, "input-lease", "", "`LEASE:OFF:LEN`: the input is this range of a block lease, which the slot reads from the block lenders itself (e.g. lease-x:0:64MiB)")
 	fs.StringVar(&f.output, "output-lease", "", "`LEASE:OFF`: store the output in this block lease at OFF, written by the slot itself")
 	fs.BoolVar(&f.relay, "relay", false, "move the lease ranges through this borrower instead (read here, then write to the slot): the path the bytes take without direct device reads")
-	fs.StringVar(&f.relayChunk, "relay-chunk", "4MiB", "with --relay, bytes per relayed request (at least the range's length: read it all, then send it)")
+	f.relayChunk = "4MiB"
+	fs.Var(sizeText{&f.relayChunk}, "relay-chunk", "with --relay, bytes per relayed request (at least the range's length: read it all, then send it)")
 	return &f
 }
 
@@ -71,11 +73,11 @@ func runAccelLeaseIO(ctx context.Context, c *api.Client, lf *leaseIOFlags, res *
 	if lf.relay {
 		n, err := resource.ParseSize(lf.relayChunk)
 		if err != nil || n <= 0 || n > math.MaxInt32 {
-			return nil, fmt.Errorf("bad --relay-chunk %q", lf.relayChunk)
+			return nil, usagef("bad --relay-chunk %q", lf.relayChunk)
 		}
 		chunk = int(n)
 	} else if lf.relayChunk != "4MiB" {
-		return nil, fmt.Errorf("--relay-chunk needs --relay")
+		return nil, usagef("--relay-chunk needs --relay")
 	}
 	info := conn.Info()
 	mem := int64(info.MemSize)
@@ -190,9 +192,9 @@ func writeSlot(ctx context.Context, conn *accel.Conn, in []byte) error {
 }
 
 // printAccelStored reports an output stored in a block lease.
-func printAccelStored(e *env, asJSON bool, res accelRunOut) error {
-	if asJSON {
-		return printJSON(e.stdout, res)
+func printAccelStored(e *env, cf *clientFlags, res accelRunOut) error {
+	if cf.json() {
+		return cf.print(e.stdout, res)
 	}
 	_, err := fmt.Fprintf(e.stdout, "%d bytes of %s:%s output stored in lease %s at offset %d (%s path, %.3f s)\n",
 		res.Bytes, res.Role, res.Entry, res.OutputLease, res.OutputOffset, res.Path, res.Seconds)

@@ -132,7 +132,7 @@ func TestAccelRunLeaseIO(t *testing.T) {
 		}
 	}
 	// INPUT bytes in, output to a lease.
-	if o, errs, code := runIn(t, c, runtime, "accel", "run", sha.ID, "sha256", "@abc", "--output-lease", out.ID+":0"); code != 0 ||
+	if o, errs, code := runIn(t, c, runtime, "accel", "run", sha.ID, "sha256", "--data", "abc", "--output-lease", out.ID+":0"); code != 0 ||
 		!strings.Contains(o, "32 bytes of sha256:sum output stored in lease "+out.ID+" at offset 0 (direct path") {
 		t.Fatalf("literal in, lease out: %d %q %s", code, o, errs)
 	}
@@ -142,14 +142,14 @@ func TestAccelRunLeaseIO(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{sha.ID, "sha256", "@x", "--input-lease", rng}, 2, "give either INPUT or --input-lease"},
+		{[]string{sha.ID, "sha256", "--data", "x", "--input-lease", rng}, 2, "give one of INPUT, --data and --input-lease"},
 		{[]string{sha.ID, "sha256", "--input-lease", blk.ID + ":0"}, 1, "want LEASE:OFF:LEN"},
 		{[]string{sha.ID, "sha256", "--input-lease", blk.ID + ":4MiB:1"}, 1, "outside lease " + blk.ID},
 		{[]string{sha.ID, "sha256", "--input-lease", sha.ID + ":0:1"}, 1, "--input-lease needs a block lease"},
 		{[]string{sha.ID, "sha256", "--input-lease", blk.ID + ":0:3MiB"}, 1, "leaves no room for the output in the slot's 2MiB of memory"},
 		{[]string{sha.ID, "sha256", "--input-lease", rng, "--output-lease", out.ID + ":1MiB"}, 1, "is the end of lease"},
-		{[]string{sha.ID, "sha256", "--input-lease", rng, "--output-lease", out.ID + ":0", "--hex"}, 1, "--out and --hex do not apply"},
-		{[]string{sha.ID, "sha256", "--input-lease", rng, "--relay-chunk", "1MiB"}, 1, "--relay-chunk needs --relay"},
+		{[]string{sha.ID, "sha256", "--input-lease", rng, "--output-lease", out.ID + ":0", "--hex"}, 2, "--out and --hex do not apply"},
+		{[]string{sha.ID, "sha256", "--input-lease", rng, "--relay-chunk", "1MiB"}, 2, "--relay-chunk needs --relay"},
 		{[]string{shared.ID, "sha256", "--input-lease", rng}, 1, "is shared: --input-lease and --output-lease need a dedicated lease's slot"},
 		// The output buffer ends where the output lease does.
 		{[]string{sha.ID, "sha256", "--input-lease", rng, "--output-lease", out.ID + ":" + itoa(1<<20-16)}, 1, "output buffer too small"},

@@ -37,7 +37,7 @@ func startAppliance(t *testing.T, c *testcluster.Cluster, name string, args ...s
 	if c.CA != nil {
 		trust = []string{"--cacert", c.CA.CertFile()}
 	}
-	args = append(append([]string{"appliance", "--control-plane", c.URL, "--bootstrap-token-file", secretFileOf(t, testcluster.BootstrapToken),
+	args = append(append([]string{"appliance", "--addr", c.URL, "--bootstrap-token-file", secretFileOf(t, testcluster.BootstrapToken),
 		"--name", name, "--state-dir", filepath.Join(t.TempDir(), name), "--heartbeat", "100ms", "--log-level", "warn"}, trust...), args...)
 	go func() { finished <- run(ctx, args, clusterEnv(c, t.TempDir(), &out, &errb)) }()
 	t.Cleanup(func() {
@@ -107,12 +107,12 @@ func TestApplianceAndAccelRun(t *testing.T) {
 	runtime := t.TempDir()
 
 	// sha256 of a literal, raw and hex.
-	out, errs, code := runIn(t, c, runtime, "accel", "run", sha.ID, "sha256", "@hello, rialto")
+	out, errs, code := runIn(t, c, runtime, "accel", "run", sha.ID, "sha256", "--data", "hello, rialto")
 	want := sha256.Sum256([]byte("hello, rialto"))
 	if code != 0 || out != string(want[:]) {
 		t.Fatalf("accel run sha256: exit %d, %x, %s", code, out, errs)
 	}
-	out, _, code = runIn(t, c, runtime, "accel", "run", sha.ID, "sha256:sum", "@hello, rialto", "--hex")
+	out, _, code = runIn(t, c, runtime, "accel", "run", sha.ID, "sha256:sum", "--data", "hello, rialto", "--hex")
 	if code != 0 || strings.TrimSpace(out) != hex.EncodeToString(want[:]) {
 		t.Errorf("accel run --hex: %d %q", code, out)
 	}
@@ -157,12 +157,12 @@ func TestApplianceAndAccelRun(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"accel", "run", sha.ID, "fft", "@x"}, 1, `runs role "sha256", not "fft"`},
-		{[]string{"accel", "run", sha.ID, "sha256:open", "@x"}, 1, `no entry "open"`},
-		{[]string{"accel", "run", blk.ID, "sha256", "@x"}, 1, "needs an accel lease"},
+		{[]string{"accel", "run", sha.ID, "fft", "--data", "x"}, 1, `runs role "sha256", not "fft"`},
+		{[]string{"accel", "run", sha.ID, "sha256:open", "--data", "x"}, 1, `no entry "open"`},
+		{[]string{"accel", "run", blk.ID, "sha256", "--data", "x"}, 1, "needs an accel lease"},
 		{[]string{"accel", "run", sha.ID, "sha256", filepath.Join(dir, "missing")}, 1, "input:"},
-		{[]string{"accel", "run", sha.ID, "sha256"}, 2, "wrong number of arguments"},
-		{[]string{"accel", "run", sha.ID, "sha256", "@x", "--slot", "3"}, 1, "has 1 slot"},
+		{[]string{"accel", "run", sha.ID, "sha256"}, 2, "give one of INPUT, --data and --input-lease"},
+		{[]string{"accel", "run", sha.ID, "sha256", "--data", "x", "--slot", "3"}, 1, "has 1 slot"},
 	} {
 		_, errs, code := runIn(t, c, runtime, tc.args...)
 		if code != tc.code || !strings.Contains(errs, tc.want) {
@@ -174,7 +174,7 @@ func TestApplianceAndAccelRun(t *testing.T) {
 	if _, err := c.Client().ReleaseLease(ctx, sha.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, errs, code := runIn(t, c, runtime, "accel", "run", sha.ID, "sha256", "@x"); code != 1 || !strings.Contains(errs, "not active") {
+	if _, errs, code := runIn(t, c, runtime, "accel", "run", sha.ID, "sha256", "--data", "x"); code != 1 || !strings.Contains(errs, "not active") {
 		t.Errorf("accel run on a released lease: %d %s", code, errs)
 	}
 }
@@ -188,9 +188,9 @@ func TestApplianceFlags(t *testing.T) {
 		{[]string{"appliance"}, 1, "bootstrap token is required"},
 		{[]string{"appliance", "--bootstrap-token", "x"}, 1, "--bootstrap-token puts a secret on the command line"},
 		{[]string{"appliance", "--bootstrap-token-file", secretFileOf(t, "x")}, 1, "--cacert or RIALTO_CACERT"},
-		{[]string{"appliance", "--bootstrap-token-file", secretFileOf(t, "x"), "--insecure-dataplane", "--slots", "0"}, 1, "--slots"},
-		{[]string{"appliance", "--bootstrap-token-file", secretFileOf(t, "x"), "--insecure-dataplane", "--slot-memory", "big"}, 1, "bad --slot-memory"},
-		{[]string{"appliance", "--frob"}, 2, "flag provided but not defined"},
+		{[]string{"appliance", "--bootstrap-token-file", secretFileOf(t, "x"), "--insecure-dataplane", "--slots", "0"}, 2, "--slots"},
+		{[]string{"appliance", "--bootstrap-token-file", secretFileOf(t, "x"), "--insecure-dataplane", "--slot-memory", "big"}, 2, `invalid argument "big" for "--slot-memory"`},
+		{[]string{"appliance", "--frob"}, 2, "unknown flag: --frob"},
 	} {
 		_, errs, code := runCLI(t, "http://127.0.0.1:1", tc.args...)
 		if code != tc.code || !strings.Contains(errs, tc.want) {
@@ -312,7 +312,7 @@ func TestApplianceManagementAPI(t *testing.T) {
 	}
 	// The lease still works, over the accel protocol and the HTTP call.
 	runtime := t.TempDir()
-	if o, errs, code := runIn(t, c, runtime, "accel", "run", l.ID, "sha256", "@abc", "--hex"); code != 0 || !strings.HasPrefix(o, "ba7816bf") {
+	if o, errs, code := runIn(t, c, runtime, "accel", "run", l.ID, "sha256", "--data", "abc", "--hex"); code != 0 || !strings.HasPrefix(o, "ba7816bf") {
 		t.Fatalf("accel run: %d %q %s", code, o, errs)
 	}
 	cred := l.URI[strings.LastIndex(l.URI, "/")+1:]
@@ -333,7 +333,7 @@ func TestApplianceManagementAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, errs, code := runIn(t, c, runtime, "accel", "run", sh.ID, "echo", "@hi"); code != 0 {
+	if _, errs, code := runIn(t, c, runtime, "accel", "run", sh.ID, "echo", "--data", "hi"); code != 0 {
 		t.Fatalf("accel run shared: %s", errs)
 	}
 	code, b := mgmtDo(t, "GET", base+"/v1/gateways", token, "")
@@ -377,7 +377,12 @@ func TestAccelLeaseRoleConfigCLI(t *testing.T) {
 		if got := strings.Contains(l.URI, "gateway=aesgcm"); got != (mode == "shared") {
 			t.Errorf("%s lease URI %s", mode, l.URI)
 		}
-		o, errs, code = runIn(t, c, runtime, "accel", "run", l.ID, "aesgcm:seal", "@"+nonce+"plain text", "-o", "json")
+		// The input is binary (a nonce, then the text): a file, @FILE.
+		in := filepath.Join(t.TempDir(), "in")
+		if err := os.WriteFile(in, []byte(nonce+"plain text"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		o, errs, code = runIn(t, c, runtime, "accel", "run", l.ID, "aesgcm:seal", "@"+in, "-o", "json")
 		var res accelRunOut
 		if code != 0 || json.Unmarshal([]byte(o), &res) != nil {
 			t.Fatalf("%s: accel run: %d %s %s", mode, code, o, errs)

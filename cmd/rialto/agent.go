@@ -2,11 +2,12 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"strings"
+
+	"github.com/spf13/pflag"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/agent"
@@ -15,28 +16,27 @@ import (
 )
 
 func init() {
-	register(&command{Name: "agent", Summary: "Run a node agent: join a control plane and lend this host's devices.", Run: runAgent})
+	register(&command{Name: "agent", Summary: "Run a node agent: join a control plane and lend this host's devices.", Flags: runAgent})
 }
-
-// listFlag is a repeatable string flag.
-type listFlag []string
-
-func (l *listFlag) String() string     { return strings.Join(*l, ",") }
-func (l *listFlag) Set(s string) error { *l = append(*l, s); return nil }
 
 // parseNIC parses --nic NAME=IFACE[:RATE]; the device's size is the rate
 // in bytes/s.
 func parseNIC(s string) (agent.DeviceConfig, error) {
 	name, rest, ok := strings.Cut(s, "=")
 	if !ok || name == "" || rest == "" {
-		return agent.DeviceConfig{}, fmt.Errorf("bad --nic %q: want NAME=IFACE[:RATE]", s)
+		return agent.DeviceConfig{}, usagef("bad --nic %q: want NAME=IFACE[:RATE]", s)
 	}
 	iface, r, hasRate := strings.Cut(rest, ":")
 	bps := nic.LinkSpeed(iface)
 	if hasRate {
 		var err error
 		if bps, err = nic.ParseRate(r); err != nil {
-			return agent.DeviceConfig{}, fmt.Errorf("bad --nic %q: %w", s, err)
+			// The CLI's rates too: 500MB/s, 1Gbit/s.
+			v, rerr := parseRate(r)
+			if rerr != nil || v <= 0 {
+				return agent.DeviceConfig{}, usagef("bad --nic %q: %w", s, err)
+			}
+			bps = uint64(v * 8)
 		}
 	}
 	if bps == 0 {
@@ -54,12 +54,12 @@ func parseBlock(s string, i int) (agent.DeviceConfig, error) {
 	if i := strings.LastIndex(s, ":"); i >= 0 {
 		n, err := resource.ParseSize(s[i+1:])
 		if err != nil {
-			return d, fmt.Errorf("bad --block %q: %w", s, err)
+			return d, usagef("bad --block %q: %w", s, err)
 		}
 		d.Size, s = n, s[:i]
 	}
 	if s == "" || d.Name == "" {
-		return d, fmt.Errorf("bad --block: want [NAME=]PATH[:SIZE]")
+		return d, usagef("bad --block: want [NAME=]PATH[:SIZE]")
 	}
 	d.Path = s
 	return d, nil
@@ -73,7 +73,7 @@ func parseLabels(ls []string) (map[string]string, error) {
 	for _, l := range ls {
 		k, v, ok := strings.Cut(l, "=")
 		if !ok || k == "" {
-			return nil, fmt.Errorf("bad --label %q: want KEY=VALUE", l)
+			return nil, usagef("bad --label %q: want KEY=VALUE", l)
 		}
 		m[k] = v
 	}
@@ -83,7 +83,7 @@ func parseLabels(ls []string) (map[string]string, error) {
 func newLogger(e *env, level string) (*slog.Logger, error) {
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("bad --log-level %q (debug, info, warn, error)", level)
+		return nil, usagef("bad --log-level %q (debug, info, warn, error)", level)
 	}
 	return slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: lv})), nil
 }
@@ -91,12 +91,12 @@ func newLogger(e *env, level string) (*slog.Logger, error) {
 // joinFlags registers the flags an agent or appliance joins the cluster
 // with: the control plane's URL, the bootstrap token and the CA
 // certificate the control plane's HTTPS certificate verifies against.
-func joinFlags(fs *flag.FlagSet, e *env) (controlPlane *string, bootstrapToken *secret, caCert *string) {
-	addr := e.getenv("RIALTO_ADDR")
-	if addr == "" {
-		addr = defaultAddr
-	}
-	controlPlane = fs.String("control-plane", addr, "control plane URL (env RIALTO_ADDR)")
+func joinFlags(fs *pflag.FlagSet, e *env) (controlPlane *string, bootstrapToken *secret, caCert *string) {
+	controlPlane = new(string)
+	addrFlag(fs, e, controlPlane)
+	// --control-plane was the agent's and appliance's name for --addr.
+	fs.StringVar(controlPlane, "control-plane", *controlPlane, "")
+	fs.MarkDeprecated("control-plane", "use --addr")
 	bootstrapToken = secretFile(fs, e, "bootstrap-token", "RIALTO_BOOTSTRAP_TOKEN", "the bootstrap token")
 	caCert = fs.String("cacert", e.getenv("RIALTO_CACERT"), "the cluster CA's certificate `file` (ca-cert.pem) to verify the control plane against (env RIALTO_CACERT; default: the system's CAs)")
 	return controlPlane, bootstrapToken, caCert
@@ -117,7 +117,7 @@ func bootstrapToken(s *secret) (string, error) {
 
 // insecureDataplaneFlag registers --insecure-dataplane, the opt-out from
 // TLS on the data planes for a fabric the operator trusts.
-func insecureDataplaneFlag(fs *flag.FlagSet) *bool {
+func insecureDataplaneFlag(fs *pflag.FlagSet) *bool {
 	return fs.Bool("insecure-dataplane", false, "serve the data planes (NBD, memory, accelerators) without TLS, on a fabric you trust: lease credentials are still checked, but they and the data cross the network in clear (docs/operations.md)")
 }
 
@@ -131,8 +131,7 @@ func checkDataplaneTLS(caCert string, insecure bool) error {
 	return nil
 }
 
-func runAgent(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "agent", "")
+func runAgent(e *env, fs *pflag.FlagSet) runFunc {
 	host, _ := os.Hostname()
 	cp, bootS, caCert := joinFlags(fs, e)
 	name := fs.String("name", host, "node name, unique in the cluster")
@@ -143,74 +142,73 @@ func runAgent(ctx context.Context, e *env, args []string) error {
 	var blocks, labels, nics listFlag
 	fs.Var(&blocks, "block", "lend a file-backed block device: [NAME=]PATH[:SIZE] (repeatable; created sparse)")
 	fs.Var(&nics, "nic", "lend a network interface: NAME=IFACE[:RATE], RATE what it may lend in tc's syntax (200mbit, 1gbit; default: the interface's speed, else 1gbit) (repeatable; needs root and nft)")
-	mem := fs.String("memory", "", "memory budget to lend, e.g. 512MiB")
+	mem := sizeString(fs, "memory", "", "memory budget to lend, e.g. 512MiB")
 	accel := fs.Int("accel", 0, "accelerator slots to lend (an appliance; each slot gets --slot-memory)")
-	slotMem := fs.String("slot-memory", "16MiB", "memory of each accelerator slot")
+	slotMem := sizeString(fs, "slot-memory", "16MiB", "memory of each accelerator slot")
 	fs.Var(&labels, "label", "node label KEY=VALUE (repeatable)")
 	hb := fs.Duration("heartbeat", 0, "heartbeat interval (default: the control plane's)")
 	machine := fs.String("machine-id", "", "override the hardware identity")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	insecure := insecureDataplaneFlag(fs)
 	cfgFile := configFlag(fs, e)
-	if _, err := parse(fs, args, 0, 0); err != nil {
-		return err
-	}
-	if err := cfgFile.apply(); err != nil {
-		return err
-	}
-	boot, err := bootstrapToken(bootS)
-	if err != nil {
-		return err
-	}
-	if err := checkDataplaneTLS(*caCert, *insecure); err != nil {
-		return err
-	}
-	log, err := newLogger(e, *level)
-	if err != nil {
-		return err
-	}
-	cfg := agent.Config{
-		ControlPlane: *cp, BootstrapToken: boot, Name: *name, StateDir: *stateDir,
-		Listen: *listen, Advertise: *advertise, APIPort: *port, HeartbeatInterval: *hb,
-		MachineID: *machine, Logger: log, Version: versionString(),
-	}
-	if cfg.Labels, err = parseLabels(labels); err != nil {
-		return err
-	}
-	// With the CA the agent enrolls: a node certificate for mutual TLS
-	// and the data planes' TLS.
-	cfg.CAFile, cfg.InsecureDataplane = *caCert, *insecure
-	if *insecure {
-		fmt.Fprintln(e.stderr, "rialto agent: --insecure-dataplane: leases are served without TLS; their credentials and data cross the network in clear")
-	}
-	for i, b := range blocks {
-		d, err := parseBlock(b, i)
+	return func(ctx context.Context, _ []string) error {
+		if err := cfgFile.apply(); err != nil {
+			return err
+		}
+		boot, err := bootstrapToken(bootS)
 		if err != nil {
 			return err
 		}
-		cfg.Devices = append(cfg.Devices, d)
-	}
-	if *mem != "" {
-		n, err := resource.ParseSize(*mem)
-		if err != nil {
-			return fmt.Errorf("bad --memory: %w", err)
+		if err := checkDataplaneTLS(*caCert, *insecure); err != nil {
+			return err
 		}
-		cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: "mem0", Kind: api.KindMemory, Size: n})
-	}
-	for _, n := range nics {
-		d, err := parseNIC(n)
+		log, err := newLogger(e, *level)
 		if err != nil {
 			return err
 		}
-		cfg.Devices = append(cfg.Devices, d)
+		cfg := agent.Config{
+			ControlPlane: *cp, BootstrapToken: boot, Name: *name, StateDir: *stateDir,
+			Listen: *listen, Advertise: *advertise, APIPort: *port, HeartbeatInterval: *hb,
+			MachineID: *machine, Logger: log, Version: versionString(),
+		}
+		if cfg.Labels, err = parseLabels(labels); err != nil {
+			return err
+		}
+		// With the CA the agent enrolls: a node certificate for mutual TLS
+		// and the data planes' TLS.
+		cfg.CAFile, cfg.InsecureDataplane = *caCert, *insecure
+		if *insecure {
+			fmt.Fprintln(e.stderr, "rialto agent: --insecure-dataplane: leases are served without TLS; their credentials and data cross the network in clear")
+		}
+		for i, b := range blocks {
+			d, err := parseBlock(b, i)
+			if err != nil {
+				return err
+			}
+			cfg.Devices = append(cfg.Devices, d)
+		}
+		if *mem != "" {
+			n, err := resource.ParseSize(*mem)
+			if err != nil {
+				return fmt.Errorf("bad --memory: %w", err)
+			}
+			cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: "mem0", Kind: api.KindMemory, Size: n})
+		}
+		for _, n := range nics {
+			d, err := parseNIC(n)
+			if err != nil {
+				return err
+			}
+			cfg.Devices = append(cfg.Devices, d)
+		}
+		if *accel > 0 {
+			cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: "accel0", Kind: api.KindAccel, Size: int64(*accel),
+				Attributes: map[string]string{"slot_memory": *slotMem}})
+		}
+		a, err := agent.New(cfg)
+		if err != nil {
+			return err
+		}
+		return a.Run(ctx)
 	}
-	if *accel > 0 {
-		cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: "accel0", Kind: api.KindAccel, Size: int64(*accel),
-			Attributes: map[string]string{"slot_memory": *slotMem}})
-	}
-	a, err := agent.New(cfg)
-	if err != nil {
-		return err
-	}
-	return a.Run(ctx)
 }

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/agent"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/appliance"
@@ -21,7 +23,7 @@ import (
 )
 
 func init() {
-	register(&command{Name: "appliance", Summary: "Run a standalone accelerator appliance: join a control plane and lend its slots.", Run: runAppliance})
+	register(&command{Name: "appliance", Summary: "Run a standalone accelerator appliance: join a control plane and lend its slots.", Flags: runAppliance})
 }
 
 // runAppliance is an agent that lends only accelerator slots: it joins
@@ -30,14 +32,13 @@ func init() {
 // also serves the appliance's management API (list slots, load, unload,
 // reset, stats; and its shared gateways) on --management, loopback by
 // default, behind a bearer token kept in --management-token-file.
-func runAppliance(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "appliance", "")
+func runAppliance(e *env, fs *pflag.FlagSet) runFunc {
 	host, _ := os.Hostname()
 	cp, bootS, caCert := joinFlags(fs, e)
 	name := fs.String("name", host+"-appliance", "node name, unique in the cluster")
 	stateDir := fs.String("state-dir", "rialto-appliance", "identity and export state")
 	slots := fs.Int("slots", 4, "accelerator slots (each listens on its own port)")
-	slotMem := fs.String("slot-memory", "16MiB", "memory of each slot (an offset table keeps slots apart)")
+	slotMem := sizeString(fs, "slot-memory", "16MiB", "memory of each slot (an offset table keeps slots apart)")
 	listen := fs.String("listen", "127.0.0.1", "host the management API and slots bind to (0.0.0.0 needs --advertise)")
 	advertise := fs.String("advertise", "", "host put into URLs (default: --listen)")
 	port := fs.Int("port", 0, "agent API port, used by the control plane (0: as before, or free)")
@@ -49,87 +50,86 @@ func runAppliance(ctx context.Context, e *env, args []string) error {
 	machine := fs.String("machine-id", "", "override the hardware identity")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	insecure := insecureDataplaneFlag(fs)
-	if _, err := parse(fs, args, 0, 0); err != nil {
-		return err
-	}
-	boot, err := bootstrapToken(bootS)
-	if err != nil {
-		return err
-	}
-	if err := checkDataplaneTLS(*caCert, *insecure); err != nil {
-		return err
-	}
-	if *slots < 1 {
-		return fmt.Errorf("--slots must be at least 1")
-	}
-	if n, err := resource.ParseSize(*slotMem); err != nil || n <= 0 {
-		return fmt.Errorf("bad --slot-memory %q", *slotMem)
-	}
-	log, err := newLogger(e, *level)
-	if err != nil {
-		return err
-	}
-	drv := agent.NewAccelDriver(log.With("appliance", *name), *listen)
-	var mln net.Listener
-	if *mgmt != "off" && *mgmt != "" {
-		tok, where, err := managementToken(e, *stateDir, *tokFile)
+	return func(ctx context.Context, _ []string) error {
+		boot, err := bootstrapToken(bootS)
 		if err != nil {
 			return err
 		}
-		drv.ManagementToken = tok
-		if mln, err = net.Listen("tcp", *mgmt); err != nil {
-			return fmt.Errorf("--management: %w", err)
+		if err := checkDataplaneTLS(*caCert, *insecure); err != nil {
+			return err
 		}
-		defer mln.Close()
-		fmt.Fprintf(e.stdout, "rialto appliance: management API on http://%s (bearer token in %s)\n", mln.Addr(), where)
-	}
-	cfg := agent.Config{
-		ControlPlane: *cp, BootstrapToken: boot, Name: *name, StateDir: *stateDir,
-		Listen: *listen, Advertise: *advertise, APIPort: *port, HeartbeatInterval: *hb,
-		MachineID: *machine, Logger: log.With("appliance", *name),
-		Devices: []agent.DeviceConfig{{Name: "accel0", Kind: api.KindAccel, Size: int64(*slots), Model: "rialto-appliance", Sharing: "partitionable",
-			Attributes: map[string]string{"slot_memory": *slotMem}}},
-	}
-	if cfg.Labels, err = parseLabels(labels); err != nil {
+		if *slots < 1 {
+			return usagef("--slots must be at least 1")
+		}
+		if n, err := resource.ParseSize(*slotMem); err != nil || n <= 0 {
+			return usagef("bad --slot-memory %q", *slotMem)
+		}
+		log, err := newLogger(e, *level)
+		if err != nil {
+			return err
+		}
+		drv := agent.NewAccelDriver(log.With("appliance", *name), *listen)
+		var mln net.Listener
+		if *mgmt != "off" && *mgmt != "" {
+			tok, where, err := managementToken(e, *stateDir, *tokFile)
+			if err != nil {
+				return err
+			}
+			drv.ManagementToken = tok
+			if mln, err = net.Listen("tcp", *mgmt); err != nil {
+				return fmt.Errorf("--management: %w", err)
+			}
+			defer mln.Close()
+			fmt.Fprintf(e.stdout, "rialto appliance: management API on http://%s (bearer token in %s)\n", mln.Addr(), where)
+		}
+		cfg := agent.Config{
+			ControlPlane: *cp, BootstrapToken: boot, Name: *name, StateDir: *stateDir,
+			Listen: *listen, Advertise: *advertise, APIPort: *port, HeartbeatInterval: *hb,
+			MachineID: *machine, Logger: log.With("appliance", *name),
+			Devices: []agent.DeviceConfig{{Name: "accel0", Kind: api.KindAccel, Size: int64(*slots), Model: "rialto-appliance", Sharing: "partitionable",
+				Attributes: map[string]string{"slot_memory": *slotMem}}},
+		}
+		if cfg.Labels, err = parseLabels(labels); err != nil {
+			return err
+		}
+		cfg.CAFile, cfg.InsecureDataplane = *caCert, *insecure
+		if cfg.Labels == nil {
+			cfg.Labels = map[string]string{}
+		}
+		if _, ok := cfg.Labels["role"]; !ok {
+			cfg.Labels["role"] = "appliance"
+		}
+		cfg.Drivers = map[api.Kind]agent.Driver{api.KindAccel: drv}
+		a, err := agent.New(cfg)
+		if err != nil {
+			return err
+		}
+		if mln == nil {
+			return a.Run(ctx)
+		}
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		hs := &http.Server{Handler: managementHandler(drv, "accel0", drv.ManagementToken), ReadHeaderTimeout: 10 * time.Second}
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			if err := hs.Serve(mln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("management API stopped", "err", err)
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			<-ctx.Done()
+			sctx, c := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer c()
+			_ = hs.Shutdown(sctx)
+		}()
+		err = a.Run(ctx)
+		cancel()
+		wg.Wait()
 		return err
 	}
-	cfg.CAFile, cfg.InsecureDataplane = *caCert, *insecure
-	if cfg.Labels == nil {
-		cfg.Labels = map[string]string{}
-	}
-	if _, ok := cfg.Labels["role"]; !ok {
-		cfg.Labels["role"] = "appliance"
-	}
-	cfg.Drivers = map[api.Kind]agent.Driver{api.KindAccel: drv}
-	a, err := agent.New(cfg)
-	if err != nil {
-		return err
-	}
-	if mln == nil {
-		return a.Run(ctx)
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	hs := &http.Server{Handler: managementHandler(drv, "accel0", drv.ManagementToken), ReadHeaderTimeout: 10 * time.Second}
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		if err := hs.Serve(mln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("management API stopped", "err", err)
-		}
-	}()
-	go func() {
-		defer wg.Done()
-		<-ctx.Done()
-		sctx, c := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer c()
-		_ = hs.Shutdown(sctx)
-	}()
-	err = a.Run(ctx)
-	cancel()
-	wg.Wait()
-	return err
 }
 
 // managementToken returns the management API's bearer token: the

@@ -14,14 +14,16 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/borrower"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
 func init() {
-	register(&command{Name: "attach", Args: "LEASE", Summary: "Serve a block lease (composed or not) as a local NBD export, or attach a nic lease (a bond or not) as a network interface, until Ctrl-C or detach.", Run: runAttach})
-	register(&command{Name: "detach", Args: "LEASE", Summary: "Stop the `rialto attach` of a lease and wait until it is gone.", Run: runDetach})
+	register(&command{Name: "attach", Args: "LEASE", Summary: "Serve a block lease (composed or not) as a local NBD export, or attach a nic lease (a bond or not) as a network interface, until Ctrl-C or detach.", Flags: runAttach, MinArgs: 1, MaxArgs: 1})
+	register(&command{Name: "detach", Args: "LEASE", Summary: "Stop the `rialto attach` of a lease and wait until it is gone.", Flags: runDetach, MinArgs: 1, MaxArgs: 1})
 }
 
 // attachState is what attach records for detach: one file per lease,
@@ -97,95 +99,94 @@ func processAlive(pid int) bool {
 	return true
 }
 
-func runAttach(ctx context.Context, e *env, args []string) error {
+func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 	var cf clientFlags
-	fs := newFlags(e, "attach", "LEASE")
 	cf.register(fs, e)
 	listen := fs.String("listen", "127.0.0.1:0", "loopback TCP address to serve the volume on")
 	socket := fs.String("socket", "", "serve on this Unix socket instead of TCP")
-	unit := fs.String("stripe-unit", "", "stripe unit, e.g. 128KiB (default: the lease's)")
+	unit := sizeString(fs, "stripe-unit", "", "stripe unit, e.g. 128KiB (default: the lease's)")
 	conns := fs.Int("conns", 0, "NBD connections to each part (default 2); nic: tunnel connections to each lender (default 1, 2 with --bond-mode packet)")
 	var nf nicAttachFlags
 	nf.register(fs)
 	timeout := fs.Duration("timeout", 0, "declare a part failed when a request takes longer (default 30s)")
 	watch := fs.Duration("watch", 5*time.Second, "how often to check that the lease is still active (0: never)")
 	level := fs.String("log-level", "warn", "debug, info, warn or error")
-	pos, err := parse(fs, args, 1, 1)
-	if err != nil {
-		return err
-	}
-	log, err := newLogger(e, *level)
-	if err != nil {
-		return err
-	}
-	c, err := cf.client()
-	if err != nil {
-		return err
-	}
-	dataTLS, err := cf.dataTLS()
-	if err != nil {
-		return err
-	}
-	l, err := c.Lease(ctx, pos[0])
-	if err != nil {
-		return err
-	}
-	if l.Kind == api.KindNIC {
-		return attachNIC(ctx, e, c, &cf, l, nf, *conns, *watch, log)
-	}
-	parts, err := borrower.AttachParts(l)
-	if err != nil {
-		return err
-	}
-	su := l.StripeUnit
-	if *unit != "" {
-		if su, err = resource.ParseSize(*unit); err != nil {
-			return fmt.Errorf("bad --stripe-unit: %w", err)
-		}
-		if l.StripeUnit > 0 && su != l.StripeUnit && parts > 1 {
-			fmt.Fprintf(e.stderr, "rialto attach: warning: stripe unit %s differs from the lease's %s; data written with one is scrambled under the other\n",
-				resource.FormatSize(su), resource.FormatSize(l.StripeUnit))
-		}
-	}
-	where := *listen
-	if *socket != "" {
-		abs, err := filepath.Abs(*socket)
+	return func(ctx context.Context, pos []string) error {
+		log, err := newLogger(e, *level)
 		if err != nil {
 			return err
 		}
-		where = "unix:" + abs
-	}
+		c, err := cf.client()
+		if err != nil {
+			return err
+		}
+		dataTLS, err := cf.dataTLS()
+		if err != nil {
+			return err
+		}
+		l, err := c.Lease(ctx, pos[0])
+		if err != nil {
+			return err
+		}
+		if l.Kind == api.KindNIC {
+			return attachNIC(ctx, e, c, &cf, l, nf, *conns, *watch, log)
+		}
+		parts, err := borrower.AttachParts(l)
+		if err != nil {
+			return err
+		}
+		su := l.StripeUnit
+		if *unit != "" {
+			if su, err = resource.ParseSize(*unit); err != nil {
+				return usagef("bad --stripe-unit: %w", err)
+			}
+			if l.StripeUnit > 0 && su != l.StripeUnit && parts > 1 {
+				fmt.Fprintf(e.stderr, "rialto attach: warning: stripe unit %s differs from the lease's %s; data written with one is scrambled under the other\n",
+					resource.FormatSize(su), resource.FormatSize(l.StripeUnit))
+			}
+		}
+		where := *listen
+		if *socket != "" {
+			abs, err := filepath.Abs(*socket)
+			if err != nil {
+				return err
+			}
+			where = "unix:" + abs
+		}
 
-	file, ctlPath, ctl, err := openAttachment(ctx, e, l.ID)
-	if err != nil {
-		return err
-	}
-	defer ctl.Close()
+		file, ctlPath, ctl, err := openAttachment(ctx, e, l.ID)
+		if err != nil {
+			return err
+		}
+		defer ctl.Close()
 
-	// A part whose lender restarted at another address is redialled at
-	// the URI the control plane has for it now.
-	att, err := borrower.Attach(ctx, c, l, borrower.AttachConfig{Listen: where, StripeUnit: su,
-		ConnsPerPart: *conns, RequestTimeout: *timeout, TLS: dataTLS, Logger: log})
-	if err != nil {
-		os.Remove(ctlPath)
-		return fmt.Errorf("attach %s: %w", l.ID, err)
+		// A part whose lender restarted at another address is redialled at
+		// the URI the control plane has for it now.
+		bar := newProgress(e, -1, fmt.Sprintf("attach: connecting to %d part(s) of lease %s", parts, l.ID))
+		att, err := borrower.Attach(ctx, c, l, borrower.AttachConfig{Listen: where, StripeUnit: su,
+			ConnsPerPart: *conns, RequestTimeout: *timeout, TLS: dataTLS, Logger: log})
+		bar.done()
+		if err != nil {
+			os.Remove(ctlPath)
+			return fmt.Errorf("attach %s: %w", l.ID, err)
+		}
+		st := attachState{ID: l.ID, State: "attached", PID: os.Getpid(), URI: att.URI(), Size: att.Volume().Size(),
+			Parts: parts, Control: ctlPath, Started: time.Now().UTC()}
+		b, _ := json.MarshalIndent(st, "", "  ")
+		if err := writeFile0600(file, append(b, '\n')); err != nil {
+			att.Close()
+			os.Remove(ctlPath)
+			return fmt.Errorf("attach state: %w", err)
+		}
+		if cf.json() {
+			cf.print(e.stdout, st)
+		} else {
+			fmt.Fprintln(e.stdout, att.URI())
+			fmt.Fprintf(e.stderr, "rialto attach: lease %s (%d part(s), %s) served at the URI above; Ctrl-C or `rialto detach %s` ends it\n",
+				l.ID, parts, resource.FormatSize(st.Size), l.ID)
+		}
+		return holdAttachment(ctx, c, l, ctl, file, ctlPath, *watch, nil, att.Close)
 	}
-	st := attachState{ID: l.ID, State: "attached", PID: os.Getpid(), URI: att.URI(), Size: att.Volume().Size(),
-		Parts: parts, Control: ctlPath, Started: time.Now().UTC()}
-	b, _ := json.MarshalIndent(st, "", "  ")
-	if err := writeFile0600(file, append(b, '\n')); err != nil {
-		att.Close()
-		os.Remove(ctlPath)
-		return fmt.Errorf("attach state: %w", err)
-	}
-	if cf.json() {
-		printJSON(e.stdout, st)
-	} else {
-		fmt.Fprintln(e.stdout, att.URI())
-		fmt.Fprintf(e.stderr, "rialto attach: lease %s (%d part(s), %s) served at the URI above; Ctrl-C or `rialto detach %s` ends it\n",
-			l.ID, parts, resource.FormatSize(st.Size), l.ID)
-	}
-	return holdAttachment(ctx, c, l, ctl, file, ctlPath, *watch, nil, att.Close)
 }
 
 // holdAttachment keeps an attachment (its state in file, its control
@@ -327,82 +328,79 @@ func controlAnswers(ctx context.Context, ctl string) bool {
 	return strings.HasPrefix(line, "attached ")
 }
 
-func runDetach(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "detach", "LEASE")
-	output := fs.String("o", "table", "output format: table or json")
+func runDetach(e *env, fs *pflag.FlagSet) runFunc {
+	output := outputVar(fs)
 	wait := fs.Duration("timeout", 30*time.Second, "how long to wait for the attachment to end")
-	pos, err := parse(fs, args, 1, 1)
-	if err != nil {
-		return err
-	}
-	dir, err := attachDir(e)
-	if err != nil {
-		return err
-	}
-	file, ctlPath, err := statePaths(dir, pos[0])
-	if err != nil {
-		return err
-	}
-	st, err := readAttachState(file)
-	if errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("lease %s is not attached here (no %s)", pos[0], file)
-	}
-	if err != nil {
-		return err
-	}
-	if st.Control == "" {
-		st.Control = ctlPath
-	}
-	deadline := time.Now().Add(*wait)
-	dctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
-	var d net.Dialer
-	conn, err := d.DialContext(dctx, "unix", st.Control)
-	switch {
-	case err == nil:
-		conn.SetDeadline(deadline)
-		fmt.Fprintln(conn, "detach")
-		line, rerr := bufio.NewReader(conn).ReadString('\n')
-		conn.Close()
-		if strings.HasPrefix(line, "error ") {
-			return fmt.Errorf("detach %s: %s", st.ID, strings.TrimSpace(strings.TrimPrefix(line, "error ")))
+	return func(ctx context.Context, pos []string) error {
+		dir, err := attachDir(e)
+		if err != nil {
+			return err
 		}
-		if !strings.HasPrefix(line, "detached") {
-			return fmt.Errorf("detach %s: no answer from process %d: %v", st.ID, st.PID, rerr)
+		file, ctlPath, err := statePaths(dir, pos[0])
+		if err != nil {
+			return err
 		}
-	case processAlive(st.PID) && st.PID != os.Getpid():
-		// The control socket is gone but the process runs: ask it to stop.
-		if err := syscall.Kill(st.PID, syscall.SIGTERM); err != nil {
-			return fmt.Errorf("detach %s: signal process %d: %w", st.ID, st.PID, err)
+		st, err := readAttachState(file)
+		if errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("lease %s is not attached here (no %s)", pos[0], file)
 		}
-	default:
-		os.Remove(file)
-		os.Remove(ctlPath)
-		return fmt.Errorf("lease %s was not attached any more (process %d is gone); removed its stale state", st.ID, st.PID)
+		if err != nil {
+			return err
+		}
+		if st.Control == "" {
+			st.Control = ctlPath
+		}
+		deadline := time.Now().Add(*wait)
+		dctx, cancel := context.WithDeadline(ctx, deadline)
+		defer cancel()
+		var d net.Dialer
+		conn, err := d.DialContext(dctx, "unix", st.Control)
+		switch {
+		case err == nil:
+			conn.SetDeadline(deadline)
+			fmt.Fprintln(conn, "detach")
+			line, rerr := bufio.NewReader(conn).ReadString('\n')
+			conn.Close()
+			if strings.HasPrefix(line, "error ") {
+				return fmt.Errorf("detach %s: %s", st.ID, strings.TrimSpace(strings.TrimPrefix(line, "error ")))
+			}
+			if !strings.HasPrefix(line, "detached") {
+				return fmt.Errorf("detach %s: no answer from process %d: %v", st.ID, st.PID, rerr)
+			}
+		case processAlive(st.PID) && st.PID != os.Getpid():
+			// The control socket is gone but the process runs: ask it to stop.
+			if err := syscall.Kill(st.PID, syscall.SIGTERM); err != nil {
+				return fmt.Errorf("detach %s: signal process %d: %w", st.ID, st.PID, err)
+			}
+		default:
+			os.Remove(file)
+			os.Remove(ctlPath)
+			return fmt.Errorf("lease %s was not attached any more (process %d is gone); removed its stale state", st.ID, st.PID)
+		}
+		// Wait until the attachment is gone: its state removed and, when it is
+		// another process, that process exited.
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			_, serr := os.Stat(file)
+			gone := errors.Is(serr, os.ErrNotExist) && (st.PID == os.Getpid() || !processAlive(st.PID))
+			if gone {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("detach %s: process %d still running after %v", st.ID, st.PID, *wait)
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-tick.C:
+			}
+		}
+		st.State = "detached"
+		if output.structured() {
+			return output.print(e.stdout, st)
+		}
+		fmt.Fprintf(e.stdout, "detached %s\n", st.ID)
+		return nil
 	}
-	// Wait until the attachment is gone: its state removed and, when it is
-	// another process, that process exited.
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		_, serr := os.Stat(file)
-		gone := errors.Is(serr, os.ErrNotExist) && (st.PID == os.Getpid() || !processAlive(st.PID))
-		if gone {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("detach %s: process %d still running after %v", st.ID, st.PID, *wait)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-tick.C:
-		}
-	}
-	st.State = "detached"
-	if *output == "json" {
-		return printJSON(e.stdout, st)
-	}
-	fmt.Fprintf(e.stdout, "detached %s\n", st.ID)
-	return nil
 }

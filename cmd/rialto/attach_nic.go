@@ -3,12 +3,13 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"strings"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/borrower"
@@ -21,7 +22,7 @@ type nicAttachFlags struct {
 	defaultRoute bool
 }
 
-func (f *nicAttachFlags) register(fs *flag.FlagSet) {
+func (f *nicAttachFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.iface, "iface", "rnic0", "nic: the network interface to create in this network namespace")
 	fs.StringVar(&f.mode, "bond-mode", "flow", "nic, a bond of several lenders: flow (each flow pinned to one lender) or packet (also striped over several connections to each lender)")
 	fs.BoolVar(&f.defaultRoute, "default-route", false, "nic: also route everything else through the interface, if its lenders reach a default route")
@@ -35,7 +36,7 @@ func (f *nicAttachFlags) register(fs *flag.FlagSet) {
 func attachNIC(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l api.Lease, nf nicAttachFlags, conns int, watch time.Duration, log *slog.Logger) error {
 	mode, err := nic.ParseMode(nf.mode)
 	if err != nil {
-		return fmt.Errorf("bad --bond-mode: %w", err)
+		return usagef("bad --bond-mode: %w", err)
 	}
 	if _, err := borrower.NICURIs(l); err != nil {
 		return err
@@ -63,7 +64,7 @@ func attachNIC(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l ap
 		return fmt.Errorf("attach state: %w", err)
 	}
 	if cf.json() {
-		printJSON(e.stdout, st)
+		cf.print(e.stdout, st)
 	} else {
 		fmt.Fprintf(e.stdout, "%s %s\n", st.Iface, st.Addr)
 		what := "1 lender"

@@ -4,21 +4,22 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"flag"
 	"fmt"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/rialto-project/rialto/internal/pki"
 )
 
 func init() {
-	register(&command{Name: "ca show", Summary: "Show the cluster CA of a TLS directory: its certificates, their expiry and fingerprints, and the revocation list.", Run: runCAShow})
-	register(&command{Name: "ca rotate", Summary: "Make a new CA key and certificate; the old certificate stays trusted until `rialto ca drop-old` (docs/operations.md, rotating the CA).", Run: runCARotate})
-	register(&command{Name: "ca drop-old", Summary: "Stop trusting the CA certificates a rotation kept.", Run: runCADropOld})
+	register(&command{Name: "ca show", Summary: "Show the cluster CA of a TLS directory: its certificates, their expiry and fingerprints, and the revocation list.", Flags: caVerb(runCAShow, true)})
+	register(&command{Name: "ca rotate", Summary: "Make a new CA key and certificate; the old certificate stays trusted until `rialto ca drop-old` (docs/operations.md, rotating the CA).", Flags: caVerb(runCARotate, false)})
+	register(&command{Name: "ca drop-old", Summary: "Stop trusting the CA certificates a rotation kept.", Flags: caVerb(runCADropOld, false)})
 }
 
 // caDirFlag registers --tls-dir for the ca verbs.
-func caDirFlag(fs *flag.FlagSet, e *env) *string {
+func caDirFlag(fs *pflag.FlagSet, e *env) *string {
 	def := e.getenv("RIALTO_TLS_DIR")
 	if def == "" {
 		def = "rialto-tls"
@@ -26,23 +27,51 @@ func caDirFlag(fs *flag.FlagSet, e *env) *string {
 	return fs.String("tls-dir", def, "the cluster CA's `directory` (rialto server --tls-dir; rialto up's STATE-DIR/tls) (env RIALTO_TLS_DIR)")
 }
 
-func loadCA(e *env, verb string, args []string) (*pki.CA, error) {
-	fs := newFlags(e, verb, "")
-	dir := caDirFlag(fs, e)
-	if _, err := parse(fs, args, 0, 0); err != nil {
-		return nil, err
+// caVerb defines --tls-dir (and -o, for fn with objects to print) and
+// runs fn on the CA it names.
+func caVerb(fn func(e *env, ca *pki.CA, o *output) error, objects bool) func(e *env, fs *pflag.FlagSet) runFunc {
+	return func(e *env, fs *pflag.FlagSet) runFunc {
+		dir := caDirFlag(fs, e)
+		o := &output{}
+		if objects {
+			o = outputVar(fs)
+		}
+		return func(context.Context, []string) error {
+			ca, err := pki.Load(*dir, pki.Options{})
+			if err != nil {
+				return err
+			}
+			return fn(e, ca, o)
+		}
 	}
-	return pki.Load(*dir, pki.Options{})
 }
 
-func runCAShow(_ context.Context, e *env, args []string) error {
-	ca, err := loadCA(e, "ca show", args)
-	if err != nil {
-		return err
-	}
+// caCertOut is one CA certificate in ca show's -o output.
+type caCertOut struct {
+	ID       string    `json:"id"`    // SHA-256 fingerprint, hex
+	State    string    `json:"state"` // signing, or kept (by a rotation)
+	Subject  string    `json:"subject"`
+	Expires  time.Time `json:"expires_at"`
+	CertFile string    `json:"cert_file"`
+}
+
+func runCAShow(e *env, ca *pki.CA, o *output) error {
 	certs, err := pki.ParseCerts(ca.CertPEM())
 	if err != nil {
 		return err
+	}
+	if o.structured() {
+		out := make([]caCertOut, 0, len(certs))
+		for i, c := range certs {
+			sum := sha256.Sum256(c.Raw)
+			state := "signing"
+			if i > 0 {
+				state = "kept"
+			}
+			out = append(out, caCertOut{ID: hex.EncodeToString(sum[:]), State: state, Subject: c.Subject.CommonName,
+				Expires: c.NotAfter.UTC(), CertFile: ca.CertFile()})
+		}
+		return o.print(e.stdout, out)
 	}
 	now := time.Now()
 	tw := newTable(e.stdout)
@@ -61,11 +90,7 @@ func runCAShow(_ context.Context, e *env, args []string) error {
 	return nil
 }
 
-func runCARotate(_ context.Context, e *env, args []string) error {
-	ca, err := loadCA(e, "ca rotate", args)
-	if err != nil {
-		return err
-	}
+func runCARotate(e *env, ca *pki.CA, _ *output) error {
 	if err := ca.Rotate(); err != nil {
 		return err
 	}
@@ -74,11 +99,7 @@ func runCARotate(_ context.Context, e *env, args []string) error {
 	return nil
 }
 
-func runCADropOld(_ context.Context, e *env, args []string) error {
-	ca, err := loadCA(e, "ca drop-old", args)
-	if err != nil {
-		return err
-	}
+func runCADropOld(e *env, ca *pki.CA, _ *output) error {
 	if err := ca.DropOld(); err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -37,6 +38,11 @@ func TestCAVerbs(t *testing.T) {
 	ca("rotate")
 	if s := ca("show"); rows(s) != 2 || !strings.Contains(s, "kept by a rotation") {
 		t.Fatalf("show after rotate:\n%s", s)
+	}
+	var certs []caCertOut
+	if s := ca("show", "-o", "json"); json.Unmarshal([]byte(s), &certs) != nil || len(certs) != 2 ||
+		certs[0].State != "signing" || certs[1].State != "kept" || len(certs[0].ID) != 64 {
+		t.Fatalf("show -o json after rotate:\n%s", s)
 	}
 	ca("drop-old")
 	if s := ca("show"); rows(s) != 1 || strings.Contains(s, "kept by a rotation") {

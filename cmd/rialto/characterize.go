@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/characterize"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
@@ -23,11 +25,11 @@ import (
 func init() {
 	register(&command{Name: "characterize", Args: "DEVICE",
 		Summary: "Measure a block device through the data plane (bandwidth for 1..N streams, 4 KiB latency) and store its model's profile.",
-		Run:     runCharacterize})
-	register(&command{Name: "profiles", Summary: "List device profiles (measured and declared).", Run: runProfiles})
-	register(&command{Name: "profile show", Args: "MODEL", Summary: "Show one device model's profile.", Run: runProfileShow})
+		Flags:   runCharacterize, MinArgs: 1, MaxArgs: 1})
+	register(&command{Name: "profiles", Summary: "List device profiles (measured and declared).", Flags: runProfiles})
+	register(&command{Name: "profile show", Args: "MODEL", Summary: "Show one device model's profile.", Flags: runProfileShow, MinArgs: 1, MaxArgs: 1})
 	register(&command{Name: "profile declare", Args: "FILE.json",
-		Summary: "Store a declared profile for a device model (write_bps, read_bps in bytes/s).", Run: runProfileDeclare})
+		Summary: "Store a declared profile for a device model (write_bps, read_bps in bytes/s).", Flags: runProfileDeclare, MinArgs: 1, MaxArgs: 1})
 }
 
 // characterizeBorrower names the lease characterize takes in listings.
@@ -37,145 +39,154 @@ const characterizeBorrower = "rialto-characterize"
 // even after the verb's context was cancelled (Ctrl-C).
 const characterizeReleaseTimeout = 30 * time.Second
 
-func runCharacterize(ctx context.Context, e *env, args []string) error {
+func runCharacterize(e *env, fs *pflag.FlagSet) runFunc {
 	var cf clientFlags
-	fs := newFlags(e, "characterize", "DEVICE")
 	cf.register(fs, e)
 	streams := fs.Int("max-streams", 8, "measure 1..N concurrent sequential writers and readers")
-	bytesFlag := fs.String("bytes", "256MiB", "bytes moved by all streams together per step")
-	reqFlag := fs.String("request-size", "1MiB", "size of each sequential request")
+	bytesFlag := sizeString(fs, "bytes", "256MiB", "bytes moved by all streams together per step")
+	reqFlag := sizeString(fs, "request-size", "1MiB", "size of each sequential request")
 	ops := fs.Int("latency-ops", 2000, "4 KiB random reads for the latency figure (median)")
 	model := fs.String("model", "", "store the profile under this model (default: the device's model)")
-	ttl := fs.String("ttl", "", "lifetime of the measuring lease, e.g. 30m (default: the server's)")
-	pos, err := parse(fs, args, 1, 1)
-	if err != nil {
-		return err
-	}
-	if *streams < 1 || *streams > 1024 {
-		return fmt.Errorf("--max-streams must be 1..1024, not %d", *streams)
-	}
-	if *ops < 1 {
-		return fmt.Errorf("--latency-ops must be positive, not %d", *ops)
-	}
-	perStep, err := resource.ParseSize(*bytesFlag)
-	if err != nil || perStep <= 0 {
-		return fmt.Errorf("bad --bytes %q: use a size such as 256MiB", *bytesFlag)
-	}
-	reqSize, err := resource.ParseSize(*reqFlag)
-	if err != nil || reqSize < 4096 || reqSize > 32<<20 || reqSize%4096 != 0 {
-		return fmt.Errorf("bad --request-size %q: use a multiple of 4KiB up to 32MiB", *reqFlag)
-	}
-	ttlSecs, err := parseTTL(*ttl)
-	if err != nil {
-		return err
-	}
-	c, err := cf.client()
-	if err != nil {
-		return err
-	}
-	dev, nodeLabel, err := characterizeTarget(ctx, c, pos[0])
-	if err != nil {
-		return err
-	}
-	name := *model
-	if name == "" {
-		name = dev.Model
-	}
-	if strings.TrimSpace(name) == "" {
-		return fmt.Errorf("device %s (%s/%s) has no model: pass --model NAME to name its profile", dev.ID, nodeLabel, dev.Name)
-	}
-	switch {
-	case dev.Kind != api.KindBlock:
-		return fmt.Errorf("device %s is a %s device: characterize measures block devices", dev.ID, dev.Kind)
-	case dev.State != "available":
-		return fmt.Errorf("device %s is %s, not available", dev.ID, dev.State)
-	case dev.Allocated > 0:
-		return fmt.Errorf("device %s is in use (%s of %s leased): characterize needs the whole device; release its leases first",
-			dev.ID, resource.FormatSize(dev.Allocated), resource.FormatSize(dev.Capacity))
-	}
-	if reqSize*int64(*streams) > dev.Capacity {
-		return fmt.Errorf("device %s (%s) is too small for %d streams of %s requests: lower --max-streams or --request-size",
-			dev.ID, resource.FormatSize(dev.Capacity), *streams, resource.FormatSize(reqSize))
-	}
+	ttl := durationVar(fs, "ttl", 0, time.Second, "lifetime of the measuring lease, e.g. 30m (default: the server's)")
+	return func(ctx context.Context, pos []string) error {
+		if *streams < 1 || *streams > 1024 {
+			return usagef("--max-streams must be 1..1024, not %d", *streams)
+		}
+		if *ops < 1 {
+			return usagef("--latency-ops must be positive, not %d", *ops)
+		}
+		perStep, err := resource.ParseSize(*bytesFlag)
+		if err != nil || perStep <= 0 {
+			return usagef("bad --bytes %q: use a size such as 256MiB", *bytesFlag)
+		}
+		reqSize, err := resource.ParseSize(*reqFlag)
+		if err != nil || reqSize < 4096 || reqSize > 32<<20 || reqSize%4096 != 0 {
+			return usagef("bad --request-size %q: use a multiple of 4KiB up to 32MiB", *reqFlag)
+		}
+		ttlSecs := int64(ttl.d / time.Second)
+		c, err := cf.client()
+		if err != nil {
+			return err
+		}
+		dev, nodeLabel, err := characterizeTarget(ctx, c, pos[0])
+		if err != nil {
+			return err
+		}
+		name := *model
+		if name == "" {
+			name = dev.Model
+		}
+		if strings.TrimSpace(name) == "" {
+			return fmt.Errorf("device %s (%s/%s) has no model: pass --model NAME to name its profile", dev.ID, nodeLabel, dev.Name)
+		}
+		switch {
+		case dev.Kind != api.KindBlock:
+			return fmt.Errorf("device %s is a %s device: characterize measures block devices", dev.ID, dev.Kind)
+		case dev.State != "available":
+			return fmt.Errorf("device %s is %s, not available", dev.ID, dev.State)
+		case dev.Allocated > 0:
+			return fmt.Errorf("device %s is in use (%s of %s leased): characterize needs the whole device; release its leases first",
+				dev.ID, resource.FormatSize(dev.Allocated), resource.FormatSize(dev.Capacity))
+		}
+		if reqSize*int64(*streams) > dev.Capacity {
+			return fmt.Errorf("device %s (%s) is too small for %d streams of %s requests: lower --max-streams or --request-size",
+				dev.ID, resource.FormatSize(dev.Capacity), *streams, resource.FormatSize(reqSize))
+		}
 
-	// Borrow the whole device: a dedicated, whole-device lease pinned to
-	// it (an affinity term naming a device ID is a hard pin). The lease's
-	// device is still checked, against a control plane that predates pins.
-	req := api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeDedicated, Affinity: []string{dev.ID},
-		Borrower: characterizeBorrower, TTLSeconds: ttlSecs, IdempotencyKey: resource.NewID("characterize")}
-	l, err := c.CreateLease(ctx, req)
-	if err != nil {
-		if ctx.Err() != nil {
-			// Interrupted mid-request: the lease may exist. The same
-			// idempotency key finds it (or creates it), and it is released.
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), characterizeReleaseTimeout)
-			defer cancel()
-			if l, err := c.CreateLease(rctx, req); err == nil {
-				releaseMeasuringLease(ctx, e, c, l.ID)
+		// Borrow the whole device: a dedicated, whole-device lease pinned to
+		// it (an affinity term naming a device ID is a hard pin). The lease's
+		// device is still checked, against a control plane that predates pins.
+		req := api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeDedicated, Affinity: []string{dev.ID},
+			Borrower: characterizeBorrower, TTLSeconds: ttlSecs, IdempotencyKey: resource.NewID("characterize")}
+		l, err := c.CreateLease(ctx, req)
+		if err != nil {
+			if ctx.Err() != nil {
+				// Interrupted mid-request: the lease may exist. The same
+				// idempotency key finds it (or creates it), and it is released.
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), characterizeReleaseTimeout)
+				defer cancel()
+				if l, err := c.CreateLease(rctx, req); err == nil {
+					releaseMeasuringLease(ctx, e, c, l.ID)
+				}
+				return fmt.Errorf("borrow device %s: interrupted: %w", dev.ID, ctx.Err())
 			}
-			return fmt.Errorf("borrow device %s: interrupted: %w", dev.ID, ctx.Err())
+			return fmt.Errorf("borrow device %s: %w", dev.ID, err)
 		}
-		return fmt.Errorf("borrow device %s: %w", dev.ID, err)
-	}
-	defer releaseMeasuringLease(ctx, e, c, l.ID)
-	if l.DeviceID != dev.ID || len(l.Parts) != 1 {
-		return fmt.Errorf("the control plane placed the measuring lease %s on device %s, not %s (the device was taken meanwhile, or placement ignored the affinity)",
-			l.ID, dash(l.DeviceID), dev.ID)
-	}
-	if l.URI == "" {
-		return fmt.Errorf("lease %s has no data-plane URI", l.ID)
-	}
-	if !cf.json() {
-		fmt.Fprintf(e.stderr, "characterize: lease %s on %s/%s (%s); measuring 1..%d streams, %s per step\n",
-			l.ID, nodeLabel, dev.Name, resource.FormatSize(l.Parts[0].Length), *streams, resource.FormatSize(perStep))
-	}
+		defer releaseMeasuringLease(ctx, e, c, l.ID)
+		if l.DeviceID != dev.ID || len(l.Parts) != 1 {
+			return fmt.Errorf("the control plane placed the measuring lease %s on device %s, not %s (the device was taken meanwhile, or placement ignored the affinity)",
+				l.ID, dash(l.DeviceID), dev.ID)
+		}
+		if l.URI == "" {
+			return fmt.Errorf("lease %s has no data-plane URI", l.ID)
+		}
+		if !cf.json() {
+			fmt.Fprintf(e.stderr, "characterize: lease %s on %s/%s (%s); measuring 1..%d streams, %s per step\n",
+				l.ID, nodeLabel, dev.Name, resource.FormatSize(l.Parts[0].Length), *streams, resource.FormatSize(perStep))
+		}
 
-	nc, err := nbd.DialURI(ctx, l.URI)
-	if err != nil {
-		return fmt.Errorf("reach device %s through lease %s: %w", dev.ID, l.ID, err)
-	}
-	defer nc.Close()
-	// Ctrl-C: closing the connection fails the requests in flight, so the
-	// measurement stops at once rather than at the next request.
-	stop := context.AfterFunc(ctx, func() { nc.Close() })
-	defer stop()
-	opts := characterize.Options{MaxStreams: *streams, BytesPerStep: perStep, RequestSize: int(reqSize), LatencyOps: *ops, Model: name}
-	if !cf.json() {
-		opts.Progress = func(op string, n int, bps float64) {
-			fmt.Fprintf(e.stderr, "characterize: %d %s: %s MB/s\n", n, profPlural(n, strings.TrimSuffix(op, "e")+"er"), profMBps(bps))
+		nc, err := nbd.DialURI(ctx, l.URI)
+		if err != nil {
+			return fmt.Errorf("reach device %s through lease %s: %w", dev.ID, l.ID, err)
 		}
-	}
-	p, err := characterize.Measure(ctx, nc, opts)
-	if err != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("characterize %s: interrupted: %w", dev.ID, ctx.Err())
+		defer nc.Close()
+		// Ctrl-C: closing the connection fails the requests in flight, so the
+		// measurement stops at once rather than at the next request.
+		stop := context.AfterFunc(ctx, func() { nc.Close() })
+		defer stop()
+		opts := characterize.Options{MaxStreams: *streams, BytesPerStep: perStep, RequestSize: int(reqSize), LatencyOps: *ops, Model: name}
+		// On a terminal, a bar: one step per stream count and direction,
+		// then the latency run; elsewhere, a line per step.
+		bar := newProgress(e, 2**streams+1, "characterize: 1 writer")
+		if bar != nil {
+			opts.Progress = func(op string, n int, bps float64) {
+				next := fmt.Sprintf("characterize: %d %s (%s MB/s)", n, profPlural(n, "reader"), profMBps(bps))
+				if op == "read" {
+					next = "characterize: 4 KiB latency"
+					if n < *streams {
+						next = fmt.Sprintf("characterize: %d %s", n+1, profPlural(n+1, "writer"))
+					}
+				}
+				bar.step(next)
+			}
+		} else if !cf.json() {
+			opts.Progress = func(op string, n int, bps float64) {
+				fmt.Fprintf(e.stderr, "characterize: %d %s: %s MB/s\n", n, profPlural(n, strings.TrimSuffix(op, "e")+"er"), profMBps(bps))
+			}
 		}
-		return fmt.Errorf("characterize %s: %w", dev.ID, err)
-	}
-	stop()
-	nc.Close()
-	p.ID, p.Model, p.Source, p.State = name, name, "measured", "measured"
-	stored, err := c.PutProfile(ctx, p)
-	if err != nil {
-		// The measurement is not lost: print it, then say why it was not
-		// stored.
+		p, err := characterize.Measure(ctx, nc, opts)
+		bar.done()
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("characterize %s: interrupted: %w", dev.ID, ctx.Err())
+			}
+			return fmt.Errorf("characterize %s: %w", dev.ID, err)
+		}
+		stop()
+		nc.Close()
+		p.ID, p.Model, p.Source, p.State = name, name, "measured", "measured"
+		stored, err := c.PutProfile(ctx, p)
+		if err != nil {
+			// The measurement is not lost: print it, then say why it was not
+			// stored.
+			if cf.json() {
+				cf.print(e.stdout, p)
+			} else {
+				fmt.Fprintf(e.stdout, "Device %s (%s/%s), profile %q NOT stored:\n\n", dev.ID, nodeLabel, dev.Name, name)
+				printProfile(e.stdout, p)
+			}
+			if api.IsCode(err, api.CodeForbidden) {
+				return fmt.Errorf("store profile %s: %w (storing profiles needs an admin token)", name, err)
+			}
+			return fmt.Errorf("store profile %s: %w", name, err)
+		}
 		if cf.json() {
-			printJSON(e.stdout, p)
-		} else {
-			fmt.Fprintf(e.stdout, "Device %s (%s/%s), profile %q NOT stored:\n\n", dev.ID, nodeLabel, dev.Name, name)
-			printProfile(e.stdout, p)
+			return cf.print(e.stdout, stored)
 		}
-		if api.IsCode(err, api.CodeForbidden) {
-			return fmt.Errorf("store profile %s: %w (storing profiles needs an admin token)", name, err)
-		}
-		return fmt.Errorf("store profile %s: %w", name, err)
+		fmt.Fprintf(e.stdout, "Device %s (%s/%s), profile %q stored:\n\n", dev.ID, nodeLabel, dev.Name, stored.Model)
+		printProfile(e.stdout, stored)
+		return nil
 	}
-	if cf.json() {
-		return printJSON(e.stdout, stored)
-	}
-	fmt.Fprintf(e.stdout, "Device %s (%s/%s), profile %q stored:\n\n", dev.ID, nodeLabel, dev.Name, stored.Model)
-	printProfile(e.stdout, stored)
-	return nil
 }
 
 // releaseMeasuringLease ends characterize's lease even when ctx was cancelled, and
@@ -227,98 +238,97 @@ func characterizeTarget(ctx context.Context, c *api.Client, arg string) (api.Dev
 	return api.Device{}, "", fmt.Errorf("device name %q is ambiguous: use one of %s", arg, strings.Join(alts, ", "))
 }
 
-func runProfiles(ctx context.Context, e *env, args []string) error {
+func runProfiles(e *env, fs *pflag.FlagSet) runFunc {
 	var cf clientFlags
-	fs := newFlags(e, "profiles", "")
 	cf.register(fs, e)
-	_, c, err := cf.parse(fs, args, 0, 0)
-	if err != nil {
-		return err
-	}
-	ps, err := c.Profiles(ctx)
-	if err != nil {
-		return err
-	}
-	if cf.json() {
-		return printJSON(e.stdout, nonNil(ps))
-	}
-	printProfiles(e.stdout, ps)
-	return nil
-}
-
-func runProfileShow(ctx context.Context, e *env, args []string) error {
-	var cf clientFlags
-	fs := newFlags(e, "profile show", "MODEL")
-	cf.register(fs, e)
-	pos, c, err := cf.parse(fs, args, 1, 1)
-	if err != nil {
-		return err
-	}
-	ps, err := c.Profiles(ctx)
-	if err != nil {
-		return err
-	}
-	for _, p := range ps {
-		if p.Model == pos[0] {
-			if cf.json() {
-				return printJSON(e.stdout, p)
-			}
-			printProfile(e.stdout, p)
-			return nil
+	return func(ctx context.Context, _ []string) error {
+		c, err := cf.client()
+		if err != nil {
+			return err
 		}
+		ps, err := c.Profiles(ctx)
+		if err != nil {
+			return err
+		}
+		if cf.json() {
+			return cf.print(e.stdout, nonNil(ps))
+		}
+		printProfiles(e.stdout, ps)
+		return nil
 	}
-	return fmt.Errorf("no profile for model %q (see `rialto profiles`)", pos[0])
 }
 
-func runProfileDeclare(ctx context.Context, e *env, args []string) error {
+func runProfileShow(e *env, fs *pflag.FlagSet) runFunc {
 	var cf clientFlags
-	fs := newFlags(e, "profile declare", "FILE.json")
+	cf.register(fs, e)
+	return func(ctx context.Context, pos []string) error {
+		c, err := cf.client()
+		if err != nil {
+			return err
+		}
+		ps, err := c.Profiles(ctx)
+		if err != nil {
+			return err
+		}
+		for _, p := range ps {
+			if p.Model == pos[0] {
+				if cf.json() {
+					return cf.print(e.stdout, p)
+				}
+				printProfile(e.stdout, p)
+				return nil
+			}
+		}
+		return fmt.Errorf("no profile for model %q (see `rialto profiles`)", pos[0])
+	}
+}
+
+func runProfileDeclare(e *env, fs *pflag.FlagSet) runFunc {
+	var cf clientFlags
 	cf.register(fs, e)
 	force := fs.Bool("force", false, "replace a measured profile of the same model")
-	pos, err := parse(fs, args, 1, 1)
-	if err != nil {
-		return err
-	}
-	data, err := os.ReadFile(pos[0])
-	if err != nil {
-		return err
-	}
-	p, err := parseDeclared(data)
-	if err != nil {
-		return fmt.Errorf("%s: %w", pos[0], err)
-	}
-	c, err := cf.client()
-	if err != nil {
-		return err
-	}
-	existing, err := c.Profiles(ctx)
-	if err != nil {
-		return err
-	}
-	for _, q := range existing {
-		if q.Model == p.Model && q.Source == "measured" && !*force {
-			return fmt.Errorf("model %q already has a measured profile (%s): a declaration would replace it; pass --force to do so",
-				p.Model, q.MeasuredAt.Format(time.RFC3339))
+	return func(ctx context.Context, pos []string) error {
+		data, err := os.ReadFile(pos[0])
+		if err != nil {
+			return err
 		}
-	}
-	if devs, err := c.Devices(ctx); err == nil && !cf.json() {
-		for _, d := range devs {
-			if d.Model == p.Model && d.Kind == api.KindBlock {
-				fmt.Fprintf(e.stderr, "rialto: note: device %s is a %s; `rialto characterize %s` measures it\n", d.ID, p.Model, d.ID)
-				break
+		p, err := parseDeclared(data)
+		if err != nil {
+			return fmt.Errorf("%s: %w", pos[0], err)
+		}
+		c, err := cf.client()
+		if err != nil {
+			return err
+		}
+		existing, err := c.Profiles(ctx)
+		if err != nil {
+			return err
+		}
+		for _, q := range existing {
+			if q.Model == p.Model && q.Source == "measured" && !*force {
+				return fmt.Errorf("model %q already has a measured profile (%s): a declaration would replace it; pass --force to do so",
+					p.Model, q.MeasuredAt.Format(time.RFC3339))
 			}
 		}
+		if devs, err := c.Devices(ctx); err == nil && !cf.json() {
+			for _, d := range devs {
+				if d.Model == p.Model && d.Kind == api.KindBlock {
+					fmt.Fprintf(e.stderr, "rialto: note: device %s is a %s; `rialto characterize %s` measures it\n", d.ID, p.Model, d.ID)
+					break
+				}
+			}
+		}
+		stored, err := c.PutProfile(ctx, p)
+		if err != nil {
+			return err
+		}
+		if cf.json() {
+			return cf.print(e.stdout, stored)
+		}
+		fmt.Fprintf(e.stdout, "Profile %q declared:\n\n", stored.Model)
+		printProfile(e.stdout, stored)
+		return nil
 	}
-	stored, err := c.PutProfile(ctx, p)
-	if err != nil {
-		return err
-	}
-	if cf.json() {
-		return printJSON(e.stdout, stored)
-	}
-	fmt.Fprintf(e.stdout, "Profile %q declared:\n\n", stored.Model)
-	printProfile(e.stdout, stored)
-	return nil
 }
 
 // profMinBps is the smallest bandwidth a declaration may carry; below

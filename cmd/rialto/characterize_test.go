@@ -179,17 +179,18 @@ func TestCharacterizeRefuses(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		args []string
+		code int
 		want string
 	}{
-		{[]string{"characterize", "disk0"}, "is in use"},
-		{[]string{"characterize", "anon"}, "--model NAME"},
-		{[]string{"characterize", "nope"}, `no device "nope"`},
-		{[]string{"characterize", "disk1", "--max-streams", "0"}, "--max-streams"},
-		{[]string{"characterize", "disk1", "--bytes", "lots"}, "bad --bytes"},
+		{[]string{"characterize", "disk0"}, 1, "is in use"},
+		{[]string{"characterize", "anon"}, 1, "--model NAME"},
+		{[]string{"characterize", "nope"}, 1, `no device "nope"`},
+		{[]string{"characterize", "disk1", "--max-streams", "0"}, 2, "--max-streams"},
+		{[]string{"characterize", "disk1", "--bytes", "lots"}, 2, `invalid argument "lots" for "--bytes"`},
 	} {
 		_, errs, code := runVerb(ctx, c, nil, tc.args...)
-		if code != 1 || !strings.Contains(errs, tc.want) {
-			t.Errorf("%v: exit %d, stderr %q; want 1 and %q", tc.args, code, errs, tc.want)
+		if code != tc.code || !strings.Contains(errs, tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want %d and %q", tc.args, code, errs, tc.code, tc.want)
 		}
 	}
 	if _, err := c.Client().ReleaseLease(ctx, held.ID); err != nil {

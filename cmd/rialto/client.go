@@ -4,12 +4,13 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/pki"
@@ -19,27 +20,29 @@ const defaultAddr = "https://127.0.0.1:7070"
 
 // clientFlags are the flags every CLI verb shares.
 type clientFlags struct {
-	addr, token, output, caCert string
-	tokenS                      *secret // --token-file, RIALTO_TOKEN
+	addr, token, caCert string
+	tokenS              *secret // --token-file, --token @FILE, RIALTO_TOKEN
+	out                 *output
 }
 
-func (cf *clientFlags) register(fs *flag.FlagSet, e *env) {
+// addrFlag defines --addr, the control plane's URL (env RIALTO_ADDR),
+// on every client verb and on the agent and appliance.
+func addrFlag(fs *pflag.FlagSet, e *env, p *string) {
 	addr := e.getenv("RIALTO_ADDR")
 	if addr == "" {
 		addr = defaultAddr
 	}
-	fs.StringVar(&cf.addr, "addr", addr, "control plane URL (env RIALTO_ADDR)")
+	fs.StringVar(p, "addr", addr, "control plane `URL` (env RIALTO_ADDR)")
+}
+
+func (cf *clientFlags) register(fs *pflag.FlagSet, e *env) {
+	addrFlag(fs, e, &cf.addr)
 	fs.StringVar(&cf.caCert, "cacert", e.getenv("RIALTO_CACERT"), "the cluster CA's certificate `file` (ca-cert.pem) to verify the control plane against (env RIALTO_CACERT; default: the system's CAs)")
 	cf.tokenS = secretFile(fs, e, "token", "RIALTO_TOKEN", "the API token")
-	fs.StringVar(&cf.output, "o", "table", "output format: table or json")
+	cf.out = outputVar(fs)
 }
 
 func (cf *clientFlags) client() (*api.Client, error) {
-	switch cf.output {
-	case "table", "json":
-	default:
-		return nil, fmt.Errorf("unknown output format %q (use table or json)", cf.output)
-	}
 	addr := cf.addr
 	if !strings.Contains(addr, "://") {
 		addr = "https://" + addr
@@ -54,7 +57,12 @@ func (cf *clientFlags) client() (*api.Client, error) {
 	return api.NewClient(addr, cf.token, hc), nil
 }
 
-func (cf *clientFlags) json() bool { return cf.output == "json" }
+// json reports whether objects are printed as data (-o json, yaml or
+// template) rather than tables.
+func (cf *clientFlags) json() bool { return cf.out.structured() }
+
+// print writes v as -o asks (json, yaml, template).
+func (cf *clientFlags) print(w io.Writer, v any) error { return cf.out.print(w, v) }
 
 // resolveToken sets cf.token from --token-file or RIALTO_TOKEN (after the
 // flags are parsed); --token is refused.
@@ -83,21 +91,6 @@ func (cf *clientFlags) dataTLS() (*tls.Config, error) {
 		return nil, fmt.Errorf("%w (--cacert, RIALTO_CACERT)", err)
 	}
 	return cfg, nil
-}
-
-// parse parses a verb's flags (fs carries cf's) and returns its positional
-// arguments, between minPos and maxPos of them, and a client for the
-// control plane cf names.
-func (cf *clientFlags) parse(fs *flag.FlagSet, args []string, minPos, maxPos int) ([]string, *api.Client, error) {
-	pos, err := parse(fs, args, minPos, maxPos)
-	if err != nil {
-		return nil, nil, err
-	}
-	c, err := cf.client()
-	if err != nil {
-		return nil, nil, err
-	}
-	return pos, c, nil
 }
 
 func printJSON(w io.Writer, v any) error {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -13,13 +12,14 @@ import (
 
 	"github.com/rialto-project/rialto/internal/config"
 	"github.com/rialto-project/rialto/internal/controlplane"
+	"github.com/spf13/pflag"
 )
 
 // daemonConfig is a daemon's --config FILE (env RIALTO_CONFIG): a TOML
 // file with a key per flag (internal/config, docs/operations.md). The
 // command line overrides it; the file overrides the environment.
 type daemonConfig struct {
-	fs   *flag.FlagSet
+	fs   *pflag.FlagSet
 	e    *env
 	path *string
 	// cmdline are the flags given on the command line, with their values
@@ -29,7 +29,7 @@ type daemonConfig struct {
 
 // configFlag registers --config on fs. Call apply once the command line
 // is parsed.
-func configFlag(fs *flag.FlagSet, e *env) *daemonConfig {
+func configFlag(fs *pflag.FlagSet, e *env) *daemonConfig {
 	c := &daemonConfig{fs: fs, e: e}
 	c.path = fs.String("config", e.getenv("RIALTO_CONFIG"), "TOML configuration `file`: KEY = VALUE with KEY a flag's name (flags on the command line override it; env RIALTO_CONFIG; docs/operations.md)")
 	return c
@@ -63,7 +63,7 @@ func (c *daemonConfig) known(name string) bool { return c.fs.Lookup(name) != nil
 // apply sets every flag the file names that the command line did not.
 func (c *daemonConfig) apply() error {
 	c.cmdline = map[string][]string{}
-	c.fs.Visit(func(f *flag.Flag) { c.cmdline[f.Name] = flagValues(f.Value) })
+	c.fs.Visit(func(f *pflag.Flag) { c.cmdline[f.Name] = flagValues(f.Value) })
 	if *c.path == "" {
 		return nil
 	}
@@ -75,7 +75,7 @@ func (c *daemonConfig) apply() error {
 }
 
 // flagValues returns a flag's value as the texts that would set it again.
-func flagValues(v flag.Value) []string {
+func flagValues(v pflag.Value) []string {
 	switch v := v.(type) {
 	case *listFlag:
 		return append([]string(nil), *v...)

@@ -41,8 +41,8 @@ func TestDeploySampleConfigs(t *testing.T) {
 				args = append(args, "--"+f+"-file", p)
 			}
 			code := run(context.Background(), args, e)
-			if want := `bad --log-level "bogus"`; code != 1 || !strings.Contains(errb.String(), want) {
-				t.Fatalf("rialto %s --config %s: exit %d, want 1 with %q:\n%s", verb, path, code, want, errb.String())
+			if want := `bad --log-level "bogus"`; code != 2 || !strings.Contains(errb.String(), want) {
+				t.Fatalf("rialto %s --config %s: exit %d, want 2 (a usage mistake, after the file is applied) with %q:\n%s", verb, path, code, want, errb.String())
 			}
 			file, err := config.Load(path)
 			if err != nil {

@@ -8,33 +8,36 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
 func init() {
-	register(&command{Name: "nodes", Summary: "List the nodes and their state (ready, suspect, down).", Run: runNodes})
-	register(&command{Name: "devices", Summary: "List the lendable devices and their allocation.", Run: runDevices})
-	register(&command{Name: "topology", Summary: "Show nodes and the measured links between them.", Run: runTopology})
+	register(&command{Name: "nodes", Summary: "List the nodes and their state (ready, suspect, down).", Flags: runNodes})
+	register(&command{Name: "devices", Summary: "List the lendable devices and their allocation.", Flags: runDevices})
+	register(&command{Name: "topology", Summary: "Show nodes and the measured links between them.", Flags: runTopology})
 }
 
-func runNodes(ctx context.Context, e *env, args []string) error {
+func runNodes(e *env, fs *pflag.FlagSet) runFunc {
 	var cf clientFlags
-	fs := newFlags(e, "nodes", "")
 	cf.register(fs, e)
-	_, c, err := cf.parse(fs, args, 0, 0)
-	if err != nil {
-		return err
+	return func(ctx context.Context, _ []string) error {
+		c, err := cf.client()
+		if err != nil {
+			return err
+		}
+		nodes, err := c.Nodes(ctx)
+		if err != nil {
+			return err
+		}
+		if cf.json() {
+			return cf.print(e.stdout, nonNil(nodes))
+		}
+		printNodes(e.stdout, nodes)
+		return nil
 	}
-	nodes, err := c.Nodes(ctx)
-	if err != nil {
-		return err
-	}
-	if cf.json() {
-		return printJSON(e.stdout, nonNil(nodes))
-	}
-	printNodes(e.stdout, nodes)
-	return nil
 }
 
 func printNodes(w io.Writer, nodes []api.Node) {
@@ -53,29 +56,30 @@ func printNodes(w io.Writer, nodes []api.Node) {
 	tw.Flush()
 }
 
-func runDevices(ctx context.Context, e *env, args []string) error {
+func runDevices(e *env, fs *pflag.FlagSet) runFunc {
 	var cf clientFlags
-	fs := newFlags(e, "devices", "")
 	cf.register(fs, e)
-	_, c, err := cf.parse(fs, args, 0, 0)
-	if err != nil {
-		return err
-	}
-	devs, err := c.Devices(ctx)
-	if err != nil {
-		return err
-	}
-	if cf.json() {
-		return printJSON(e.stdout, nonNil(devs))
-	}
-	names := map[string]string{}
-	if nodes, err := c.Nodes(ctx); err == nil {
-		for _, n := range nodes {
-			names[n.ID] = n.Name
+	return func(ctx context.Context, _ []string) error {
+		c, err := cf.client()
+		if err != nil {
+			return err
 		}
+		devs, err := c.Devices(ctx)
+		if err != nil {
+			return err
+		}
+		if cf.json() {
+			return cf.print(e.stdout, nonNil(devs))
+		}
+		names := map[string]string{}
+		if nodes, err := c.Nodes(ctx); err == nil {
+			for _, n := range nodes {
+				names[n.ID] = n.Name
+			}
+		}
+		printDevices(e.stdout, devs, names)
+		return nil
 	}
-	printDevices(e.stdout, devs, names)
-	return nil
 }
 
 func capacity(k api.Kind, n int64) string {
@@ -133,52 +137,53 @@ type topologyOut struct {
 	api.Topology
 }
 
-func runTopology(ctx context.Context, e *env, args []string) error {
+func runTopology(e *env, fs *pflag.FlagSet) runFunc {
 	var cf clientFlags
-	fs := newFlags(e, "topology", "")
 	cf.register(fs, e)
-	_, c, err := cf.parse(fs, args, 0, 0)
-	if err != nil {
-		return err
-	}
-	t, err := c.Topology(ctx)
-	if err != nil {
-		return err
-	}
-	t.Nodes, t.Links = nonNil(t.Nodes), nonNil(t.Links)
-	if cf.json() {
-		return printJSON(e.stdout, topologyOut{ID: "topology", State: "ok", Topology: t})
-	}
-	printNodes(e.stdout, t.Nodes)
-	fmt.Fprintln(e.stdout)
-	names := map[string]string{"controlplane": "controlplane"}
-	for _, n := range t.Nodes {
-		names[n.ID] = n.Name
-	}
-	name := func(id string) string {
-		if n := names[id]; n != "" {
-			return n
+	return func(ctx context.Context, _ []string) error {
+		c, err := cf.client()
+		if err != nil {
+			return err
 		}
-		return id
-	}
-	sort.Slice(t.Links, func(i, j int) bool {
-		if t.Links[i].From != t.Links[j].From {
-			return name(t.Links[i].From) < name(t.Links[j].From)
+		t, err := c.Topology(ctx)
+		if err != nil {
+			return err
 		}
-		return name(t.Links[i].To) < name(t.Links[j].To)
-	})
-	tw := newTable(e.stdout)
-	fmt.Fprintln(tw, "LINK\tFROM\tTO\tKIND\tSTATE\tRTT\tBANDWIDTH\tMEASURED")
-	now := time.Now()
-	for _, l := range t.Links {
-		bw := "-"
-		if l.BandwidthBps > 0 {
-			bw = resource.FormatSize(l.BandwidthBps) + "/s"
+		t.Nodes, t.Links = nonNil(t.Nodes), nonNil(t.Links)
+		if cf.json() {
+			return cf.print(e.stdout, topologyOut{ID: "topology", State: "ok", Topology: t})
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0fµs\t%s\t%s\n", l.ID, name(l.From), name(l.To), dash(l.Kind),
-			dash(l.Status), l.RTTMicros, bw, ago(now, l.MeasuredAt))
+		printNodes(e.stdout, t.Nodes)
+		fmt.Fprintln(e.stdout)
+		names := map[string]string{"controlplane": "controlplane"}
+		for _, n := range t.Nodes {
+			names[n.ID] = n.Name
+		}
+		name := func(id string) string {
+			if n := names[id]; n != "" {
+				return n
+			}
+			return id
+		}
+		sort.Slice(t.Links, func(i, j int) bool {
+			if t.Links[i].From != t.Links[j].From {
+				return name(t.Links[i].From) < name(t.Links[j].From)
+			}
+			return name(t.Links[i].To) < name(t.Links[j].To)
+		})
+		tw := newTable(e.stdout)
+		fmt.Fprintln(tw, "LINK\tFROM\tTO\tKIND\tSTATE\tRTT\tBANDWIDTH\tMEASURED")
+		now := time.Now()
+		for _, l := range t.Links {
+			bw := "-"
+			if l.BandwidthBps > 0 {
+				bw = resource.FormatSize(l.BandwidthBps) + "/s"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0fµs\t%s\t%s\n", l.ID, name(l.From), name(l.To), dash(l.Kind),
+				dash(l.Status), l.RTTMicros, bw, ago(now, l.MeasuredAt))
+		}
+		return tw.Flush()
 	}
-	return tw.Flush()
 }
 
 // nonNil makes JSON print [] rather than null.

@@ -1,17 +1,19 @@
 package main
 
 import (
-	"flag"
 	"io"
 	"reflect"
 	"testing"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/spf13/pflag"
 )
 
 // TestRequestFlagsSelectors: --label, --affinity, --anti-affinity and
 // --work reach the lease request that create and explain send.
 func TestRequestFlagsSelectors(t *testing.T) {
 	var rf requestFlags
-	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("explain", pflag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	rf.register(fs)
 	if err := fs.Parse([]string{"--kind", "memory", "--label", "disk=nvme", "--label", "zone=b", "--affinity", "n2", "--affinity", "dev-1",
@@ -27,10 +29,10 @@ func TestRequestFlagsSelectors(t *testing.T) {
 		t.Fatalf("%+v", r)
 	}
 	rf = requestFlags{}
-	fs = flag.NewFlagSet("explain", flag.ContinueOnError)
+	fs = pflag.NewFlagSet("explain", pflag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	rf.register(fs)
-	if err := fs.Parse([]string{"--label", "nvme"}); err != nil {
+	if err := fs.Parse([]string{"--label", "nvme", "--size", "1GiB"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := rf.request(); err == nil {
@@ -42,7 +44,7 @@ func TestRequestFlagsSelectors(t *testing.T) {
 // the request.
 func TestRequestFlagsWhole(t *testing.T) {
 	var rf requestFlags
-	fs := flag.NewFlagSet("create", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("create", pflag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	rf.register(fs)
 	if err := fs.Parse([]string{"--kind", "accel", "--whole", "--count", "2"}); err != nil {
@@ -77,13 +79,14 @@ func TestRequestFlagsBandwidth(t *testing.T) {
 		{"Mbit/s", -1},
 	} {
 		var rf requestFlags
-		fs := flag.NewFlagSet("create", flag.ContinueOnError)
+		fs := pflag.NewFlagSet("create", pflag.ContinueOnError)
 		fs.SetOutput(io.Discard)
 		rf.register(fs)
-		if err := fs.Parse([]string{"--kind", "nic", "--count", "2", "--bandwidth", c.in}); err != nil {
-			t.Fatal(err)
+		var r api.LeaseRequest
+		err := fs.Parse([]string{"--kind", "nic", "--count", "2", "--bandwidth", c.in})
+		if err == nil {
+			r, err = rf.request()
 		}
-		r, err := rf.request()
 		switch {
 		case c.want < 0 && err == nil:
 			t.Errorf("%q: accepted as %g", c.in, r.Bandwidth)

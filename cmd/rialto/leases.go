@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -12,46 +11,48 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
 func init() {
-	register(&command{Name: "leases", Summary: "List live leases (--all: also ended ones).", Run: runLeases})
-	register(&command{Name: "lease create", Summary: "Borrow a device: place, reserve and activate a lease.", Run: runLeaseCreate})
-	register(&command{Name: "lease show", Args: "ID", Summary: "Show a lease, its parts and their URIs.", Run: leaseByID("show")})
-	register(&command{Name: "lease release", Args: "ID", Summary: "End a lease and free its devices.", Run: leaseByID("release")})
-	register(&command{Name: "lease renew", Args: "ID", Summary: "Extend a lease's TTL (--ttl, default the lease's own).", Run: leaseByID("renew")})
-	register(&command{Name: "explain", Summary: "Show the plan a lease request would get and why, reserving nothing.", Run: runExplain})
+	register(&command{Name: "leases", Summary: "List live leases (--all: also ended ones).", Flags: runLeases})
+	register(&command{Name: "lease create", Summary: "Borrow a device: place, reserve and activate a lease.", Flags: leaseCreate(false)})
+	register(&command{Name: "lease show", Args: "ID", Summary: "Show a lease, its parts and their URIs.", Flags: leaseByID("show"), MinArgs: 1, MaxArgs: 1})
+	register(&command{Name: "lease release", Args: "ID", Summary: "End a lease and free its devices.", Flags: leaseByID("release"), MinArgs: 1, MaxArgs: 1})
+	register(&command{Name: "lease renew", Args: "ID", Summary: "Extend a lease's TTL (--ttl, default the lease's own).", Flags: leaseByID("renew"), MinArgs: 1, MaxArgs: 1})
+	register(&command{Name: "explain", Summary: "Show the plan a lease request would get and why, reserving nothing (lease create --dry-run).", Flags: leaseCreate(true)})
 }
 
-func runLeases(ctx context.Context, e *env, args []string) error {
+func runLeases(e *env, fs *pflag.FlagSet) runFunc {
 	var cf clientFlags
-	fs := newFlags(e, "leases", "")
 	cf.register(fs, e)
 	var all bool
 	const allHelp = "also list ended leases (released, expired, failed, lost): the whole history"
-	fs.BoolVar(&all, "all", false, allHelp)
-	fs.BoolVar(&all, "a", false, "short for --all")
-	_, c, err := cf.parse(fs, args, 0, 0)
-	if err != nil {
-		return err
+	fs.BoolVarP(&all, "all", "a", false, allHelp)
+	return func(ctx context.Context, _ []string) error {
+		c, err := cf.client()
+		if err != nil {
+			return err
+		}
+		// By default only live leases (reserved, active, releasing) are asked
+		// for: the server answers with what is lent now, not the history.
+		list := c.Leases
+		if all {
+			list = c.AllLeases
+		}
+		ls, err := list(ctx)
+		if err != nil {
+			return err
+		}
+		if cf.json() {
+			return cf.print(e.stdout, nonNil(ls))
+		}
+		printLeases(e.stdout, ls, nodeNames(ctx, c))
+		return nil
 	}
-	// By default only live leases (reserved, active, releasing) are asked
-	// for: the server answers with what is lent now, not the history.
-	list := c.Leases
-	if all {
-		list = c.AllLeases
-	}
-	ls, err := list(ctx)
-	if err != nil {
-		return err
-	}
-	if cf.json() {
-		return printJSON(e.stdout, nonNil(ls))
-	}
-	printLeases(e.stdout, ls, nodeNames(ctx, c))
-	return nil
 }
 
 // nodeNames maps node IDs to names, best effort (tables only).
@@ -156,104 +157,78 @@ func printParts(w io.Writer, k api.Kind, parts []api.Part, uri bool, names map[s
 	tw.Flush()
 }
 
-// requestFlags are lease create's and explain's flags.
+// requestFlags are lease create's (and explain's) flags.
 type requestFlags struct {
-	kind, mode, size, ttl, stripe, key, borrower, strategy, role, bwCap, work string
-	roleConfig, roleModule, bandwidth                                         string
-	count, iopsCap                                                            int
-	whole                                                                     bool
-	deadline                                                                  float64
-	labels, affinity, anti                                                    listFlag
+	kind, mode                                            *choiceFlag
+	size, stripe, bwCap, work                             *sizeFlag
+	bandwidth                                             *rateFlag
+	ttl, deadline                                         *durationFlag
+	key, borrower, strategy, role, roleConfig, roleModule string
+	count, iopsCap                                        int
+	whole                                                 bool
+	labels, affinity, anti                                listFlag
 }
 
-func (rf *requestFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&rf.kind, "kind", "block", "resource kind: block, memory, accel, nic")
-	fs.StringVar(&rf.mode, "mode", "", "dedicated, shared or composed (default: placement chooses; accel: dedicated slots, or shared through the lender's gateway; nic: dedicated is a whole interface)")
-	fs.StringVar(&rf.size, "size", "", "size, e.g. 256MiB, 2GiB (block, memory)")
+func (rf *requestFlags) register(fs *pflag.FlagSet) {
+	rf.kind = kindFlag(api.KindBlock)
+	fs.Var(rf.kind, "kind", "resource kind: "+api.KindNames())
+	rf.mode = modeFlag()
+	fs.Var(rf.mode, "mode", "dedicated, shared or composed (default: placement chooses; accel: dedicated slots, or shared through the lender's gateway; nic: dedicated is a whole interface)")
+	rf.size = sizeVar(fs, "size", "", "size, e.g. 256MiB, 10GiB (block, memory); 0 only with --whole")
 	fs.IntVar(&rf.count, "count", 0, "devices to compose, accelerator slots (with --whole: the least slots), or lent NICs of different lenders to bond (nic)")
 	fs.BoolVar(&rf.whole, "whole", false, "an entire unused device, dedicated (block, memory, nic: also no --size or --bandwidth; accel: every slot)")
-	fs.StringVar(&rf.ttl, "ttl", "", "lease lifetime, e.g. 30m, 2h, or seconds (default: the server's)")
-	fs.StringVar(&rf.stripe, "stripe-unit", "", "stripe unit of a composed lease, e.g. 64KiB")
+	rf.ttl = durationVar(fs, "ttl", 0, time.Second, "lease lifetime, e.g. 30m, 2h, or seconds (default: the server's)")
+	rf.stripe = sizeVar(fs, "stripe-unit", "", "stripe unit of a composed lease, e.g. 64KiB")
 	fs.StringVar(&rf.key, "idempotency-key", "", "retries with the same key return the same lease")
 	fs.StringVar(&rf.borrower, "borrower", "", "borrowing node ID or client name")
 	fs.StringVar(&rf.strategy, "strategy", "", "binpack or spread")
 	fs.StringVar(&rf.role, "role", "", "accelerator role to load (with --mode shared: the role of the lender's batching gateway)")
-	fs.StringVar(&rf.roleConfig, "role-config", "", "file holding the role's config: the AES-GCM key (raw 16, 24 or 32 bytes), the MCT rule set (JSON)")
-	fs.StringVar(&rf.roleModule, "role-module", "", "file holding a wasm role's WebAssembly module")
-	fs.StringVar(&rf.bandwidth, "bandwidth", "", "bandwidth wanted, e.g. 500Mbit/s, 1Gbit/s, 200MB/s, or bytes/s (nic: the share of a lent interface to reserve, a bond's total; its lenders cap the lease there)")
-	fs.Float64Var(&rf.deadline, "deadline", 0, "completion deadline, seconds")
-	fs.StringVar(&rf.bwCap, "bandwidth-cap", "", "cap the lease's exports at this many bytes/s, e.g. 100MiB (block)")
+	fs.StringVar(&rf.roleConfig, "role-config", "", "`file` holding the role's config: the AES-GCM key (raw 16, 24 or 32 bytes), the MCT rule set (JSON)")
+	fs.StringVar(&rf.roleModule, "role-module", "", "`file` holding a wasm role's WebAssembly module")
+	rf.bandwidth = &rateFlag{}
+	fs.Var(rf.bandwidth, "bandwidth", "bandwidth wanted, e.g. 500Mbit/s, 1Gbit/s, 500MB/s, or bytes/s (nic: the share of a lent interface to reserve, a bond's total; its lenders cap the lease there)")
+	rf.deadline = durationVar(fs, "deadline", 0, time.Millisecond, "completion deadline, e.g. 90s, 20m (a bare number is seconds)")
+	rf.bwCap = &sizeFlag{}
+	fs.Var(&rateAsSize{rf.bwCap}, "bandwidth-cap", "cap the lease's exports at this rate, e.g. 100MiB/s, 800Mbit/s (block)")
 	fs.IntVar(&rf.iopsCap, "iops-cap", 0, "cap the lease's exports at this many requests/s (block)")
-	fs.StringVar(&rf.work, "work", "", "bytes the workload will move, e.g. 150GB (for completion times and --deadline)")
+	rf.work = sizeVar(fs, "work", "", "bytes the workload will move, e.g. 150GB (for completion times and --deadline)")
 	fs.Var(&rf.labels, "label", "select donor nodes carrying label KEY=VALUE (repeatable; all must match)")
 	fs.Var(&rf.affinity, "affinity", "donor must match one term: node name or ID, KEY=VALUE, or a device ID to pin (repeatable)")
 	fs.Var(&rf.anti, "anti-affinity", "donor must match no term: node name or ID, or KEY=VALUE (repeatable)")
 }
 
-func parseTTL(s string) (int64, error) {
-	if s == "" {
-		return 0, nil
+// rateAsSize is a rate flag stored as whole bytes/s.
+type rateAsSize struct{ f *sizeFlag }
+
+func (r *rateAsSize) String() string { return r.f.String() }
+func (r *rateAsSize) Type() string   { return "rate" }
+func (r *rateAsSize) Set(s string) error {
+	v, err := parseRate(s)
+	if err != nil {
+		return err
 	}
-	if n, err := strconv.ParseInt(s, 10, 64); err == nil && n > 0 {
-		return n, nil
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil || d < time.Second {
-		return 0, fmt.Errorf("bad --ttl %q: use a duration such as 30m or a number of seconds", s)
-	}
-	return int64(d / time.Second), nil
+	r.f.n, r.f.set = int64(v), true
+	return nil
 }
 
 func (rf *requestFlags) request() (api.LeaseRequest, error) {
 	r := api.LeaseRequest{
-		Kind: api.Kind(strings.ToLower(rf.kind)), Mode: api.Mode(strings.ToLower(rf.mode)), Count: rf.count, Whole: rf.whole,
+		Kind: api.Kind(rf.kind.v), Mode: api.Mode(rf.mode.v), Count: rf.count, Whole: rf.whole,
 		IdempotencyKey: rf.key, Borrower: rf.borrower, Strategy: rf.strategy, Role: rf.role,
-		DeadlineSecond: rf.deadline, IOPSCap: int64(rf.iopsCap),
-	}
-	if rf.bandwidth != "" {
-		v, err := parseRate(rf.bandwidth)
-		if err != nil {
-			return r, fmt.Errorf("bad --bandwidth: %w", err)
-		}
-		r.Bandwidth = v
-	}
-	if rf.bwCap != "" {
-		v, err := resource.ParseSize(rf.bwCap)
-		if err != nil {
-			return r, fmt.Errorf("bad --bandwidth-cap: %w", err)
-		}
-		r.BandwidthCap = v
-	}
-	switch r.Kind {
-	case api.KindBlock, api.KindMemory, api.KindAccel, api.KindNIC:
-	default:
-		return r, fmt.Errorf("unknown --kind %q (block, memory, accel, nic)", rf.kind)
-	}
-	switch r.Mode {
-	case "", api.ModeDedicated, api.ModeShared, api.ModeComposed:
-	default:
-		return r, fmt.Errorf("unknown --mode %q (dedicated, shared, composed)", rf.mode)
+		DeadlineSecond: rf.deadline.d.Seconds(), IOPSCap: int64(rf.iopsCap),
+		Bandwidth: rf.bandwidth.v, BandwidthCap: rf.bwCap.n, Size: rf.size.n, StripeUnit: rf.stripe.n,
+		TTLSeconds: int64(rf.ttl.d / time.Second), Work: rf.work.n,
 	}
 	if rf.count < 0 {
-		return r, fmt.Errorf("--count must not be negative")
+		return r, usagef("--count must not be negative")
+	}
+	if rf.size.set && rf.size.n == 0 && !rf.whole {
+		return r, usagef("--size 0 asks for nothing: give a size, or --whole for an entire device")
 	}
 	var err error
-	if rf.size != "" {
-		if r.Size, err = resource.ParseSize(rf.size); err != nil {
-			return r, fmt.Errorf("bad --size: %w", err)
-		}
-	}
-	if rf.stripe != "" {
-		if r.StripeUnit, err = resource.ParseSize(rf.stripe); err != nil {
-			return r, fmt.Errorf("bad --stripe-unit: %w", err)
-		}
-	}
-	if r.TTLSeconds, err = parseTTL(rf.ttl); err != nil {
-		return r, err
-	}
 	if rf.roleConfig != "" || rf.roleModule != "" {
 		if r.Role == "" {
-			return r, fmt.Errorf("--role-config and --role-module need --role")
+			return r, usagef("--role-config and --role-module need --role")
 		}
 		r.RoleConfig = &api.RoleConfig{}
 		for _, f := range []struct {
@@ -268,15 +243,10 @@ func (rf *requestFlags) request() (api.LeaseRequest, error) {
 			}
 		}
 	}
-	if rf.work != "" {
-		if r.Work, err = resource.ParseSize(rf.work); err != nil {
-			return r, fmt.Errorf("bad --work: %w", err)
-		}
-	}
 	for _, l := range rf.labels {
 		k, v, ok := strings.Cut(l, "=")
 		if !ok || k == "" {
-			return r, fmt.Errorf("bad --label %q: use KEY=VALUE", l)
+			return r, usagef("bad --label %q: use KEY=VALUE", l)
 		}
 		if r.Labels == nil {
 			r.Labels = map[string]string{}
@@ -343,97 +313,76 @@ func readLimited(path string, limit int64) ([]byte, error) {
 	return b, nil
 }
 
-func runLeaseCreate(ctx context.Context, e *env, args []string) error {
-	var cf clientFlags
-	var rf requestFlags
-	fs := newFlags(e, "lease create", "")
-	cf.register(fs, e)
-	rf.register(fs)
-	dry := fs.Bool("dry-run", false, "print the plan only (same as explain)")
-	if _, err := parse(fs, args, 0, 0); err != nil {
-		return err
-	}
-	req, err := rf.request()
-	if err != nil {
-		return err
-	}
-	c, err := cf.client()
-	if err != nil {
-		return err
-	}
-	if *dry {
-		return explain(ctx, e, c, &cf, req)
-	}
-	l, err := c.CreateLease(ctx, req)
-	if err != nil {
-		return err
-	}
-	if cf.json() {
-		return printJSON(e.stdout, l)
-	}
-	printLease(e.stdout, l, nodeNames(ctx, c))
-	return nil
-}
-
-func leaseByID(op string) func(context.Context, *env, []string) error {
-	return func(ctx context.Context, e *env, args []string) error {
+// leaseCreate is lease create; dry, explain: the plan only (explain is
+// lease create --dry-run, one code path).
+func leaseCreate(explainOnly bool) func(*env, *pflag.FlagSet) runFunc {
+	return func(e *env, fs *pflag.FlagSet) runFunc {
+		dry := explainOnly
 		var cf clientFlags
-		fs := newFlags(e, "lease "+op, "ID")
+		var rf requestFlags
 		cf.register(fs, e)
-		var ttl *string
-		if op == "renew" {
-			ttl = fs.String("ttl", "", "new lifetime from now, e.g. 1h (default: the lease's TTL)")
+		rf.register(fs)
+		fs.BoolVar(&dry, "dry-run", dry, "print the plan and why, reserving nothing (rialto explain)")
+		if dry {
+			fs.MarkHidden("dry-run")
 		}
-		pos, err := parse(fs, args, 1, 1)
-		if err != nil {
-			return err
-		}
-		c, err := cf.client()
-		if err != nil {
-			return err
-		}
-		var l api.Lease
-		switch op {
-		case "show":
-			l, err = c.Lease(ctx, pos[0])
-		case "release":
-			l, err = c.ReleaseLease(ctx, pos[0])
-		case "renew":
-			var secs int64
-			if secs, err = parseTTL(*ttl); err != nil {
+		return func(ctx context.Context, _ []string) error {
+			req, err := rf.request()
+			if err != nil {
 				return err
 			}
-			l, err = c.RenewLease(ctx, pos[0], secs)
+			c, err := cf.client()
+			if err != nil {
+				return err
+			}
+			if dry {
+				return explain(ctx, e, c, &cf, req)
+			}
+			l, err := c.CreateLease(ctx, req)
+			if err != nil {
+				return err
+			}
+			if cf.json() {
+				return cf.print(e.stdout, l)
+			}
+			printLease(e.stdout, l, nodeNames(ctx, c))
+			return nil
 		}
-		if err != nil {
-			return err
-		}
-		if cf.json() {
-			return printJSON(e.stdout, l)
-		}
-		printLease(e.stdout, l, nodeNames(ctx, c))
-		return nil
 	}
 }
 
-func runExplain(ctx context.Context, e *env, args []string) error {
-	var cf clientFlags
-	var rf requestFlags
-	fs := newFlags(e, "explain", "")
-	cf.register(fs, e)
-	rf.register(fs)
-	if _, err := parse(fs, args, 0, 0); err != nil {
-		return err
+func leaseByID(op string) func(*env, *pflag.FlagSet) runFunc {
+	return func(e *env, fs *pflag.FlagSet) runFunc {
+		var cf clientFlags
+		cf.register(fs, e)
+		var ttl *durationFlag
+		if op == "renew" {
+			ttl = durationVar(fs, "ttl", 0, time.Second, "new lifetime from now, e.g. 1h (default: the lease's TTL)")
+		}
+		return func(ctx context.Context, pos []string) error {
+			c, err := cf.client()
+			if err != nil {
+				return err
+			}
+			var l api.Lease
+			switch op {
+			case "show":
+				l, err = c.Lease(ctx, pos[0])
+			case "release":
+				l, err = c.ReleaseLease(ctx, pos[0])
+			case "renew":
+				l, err = c.RenewLease(ctx, pos[0], int64(ttl.d/time.Second))
+			}
+			if err != nil {
+				return err
+			}
+			if cf.json() {
+				return cf.print(e.stdout, l)
+			}
+			printLease(e.stdout, l, nodeNames(ctx, c))
+			return nil
+		}
 	}
-	req, err := rf.request()
-	if err != nil {
-		return err
-	}
-	c, err := cf.client()
-	if err != nil {
-		return err
-	}
-	return explain(ctx, e, c, &cf, req)
 }
 
 // planOut is a plan as the CLI prints it: plans of dry runs have no ID,
@@ -451,7 +400,7 @@ func explain(ctx context.Context, e *env, c *api.Client, cf *clientFlags, req ap
 		p.ID = "dry-run"
 	}
 	if cf.json() {
-		return printJSON(e.stdout, planOut{p})
+		return cf.print(e.stdout, planOut{p})
 	}
 	tw := newTable(e.stdout)
 	fmt.Fprintf(tw, "Plan:\t%s\n", p.State)

@@ -1,12 +1,14 @@
 // Command rialto is Rialto's one binary: the control plane (server), the
 // node agent (agent), a whole local cluster (up) and the CLI verbs that
 // talk to a control plane. Run `rialto help` for the list.
+//
+// The command tree is built with cobra (spf13/cobra) from the verbs each
+// file registers from init; flags are pflag's (--name VALUE, -o).
 package main
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -15,10 +17,17 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/mapping"
 	"github.com/rialto-project/rialto/internal/rack"
 )
+
+// runFunc runs a verb with its positional arguments, once its flags
+// (defined by the verb's Flags function) are parsed.
+type runFunc func(ctx context.Context, pos []string) error
 
 // command is one verb. A verb lives in its own file and registers itself
 // from init with register.
@@ -28,8 +37,17 @@ type command struct {
 	// Args is the synopsis of positional arguments, e.g. "ID".
 	Args    string
 	Summary string
-	// Run executes the verb with the arguments that follow its name.
-	Run func(ctx context.Context, env *env, args []string) error
+	// Aliases are other names of the verb's last word.
+	Aliases []string
+	// Deprecated, when set, is printed (to stderr) when the verb is
+	// called by one of its Aliases.
+	Deprecated string
+	// MinArgs and MaxArgs bound the number of positional arguments
+	// (MaxArgs < 0: no bound).
+	MinArgs, MaxArgs int
+	// Flags defines the verb's flags on fs and returns the function that
+	// runs it once they are parsed.
+	Flags func(e *env, fs *pflag.FlagSet) runFunc
 }
 
 var commands = map[string]*command{}
@@ -41,6 +59,36 @@ func register(c *command) {
 	commands[c.Name] = c
 }
 
+// Help groups: what a verb is for.
+const (
+	groupDaemon = "daemon"
+	groupClient = "client"
+	groupTool   = "tool"
+)
+
+// groupOf places a top-level word in a help group.
+func groupOf(word string) string {
+	switch word {
+	case "server", "agent", "appliance", "up":
+		return groupDaemon
+	case "characterize", "sim", "cost", "ca", "slurm", "version":
+		return groupTool
+	}
+	return groupClient
+}
+
+// groupSummaries describe the two-word verbs' first words.
+var groupSummaries = map[string]string{
+	"lease":   "Create, show, renew, move and release leases.",
+	"node":    "Cordon, uncordon and drain nodes.",
+	"profile": "Show or declare a device model's performance profile.",
+	"ca":      "Show and rotate the cluster CA of a TLS directory.",
+	"sim":     "List and run the simulator's experiments.",
+	"slurm":   "Slurm hooks: prolog, task prolog and epilog.",
+	"vm":      "Run, stop, list and move virtual machines on leased devices.",
+	"accel":   "Run an accelerator lease's role.",
+}
+
 // env is what a verb may touch of the process, so tests can run verbs in
 // process.
 type env struct {
@@ -48,8 +96,15 @@ type env struct {
 	getenv         func(string) string
 }
 
-// errUsage marks an error in the command line (already explained).
-var errUsage = errors.New("usage")
+// usageError is a mistake in the command line: rialto prints it on one
+// line that ends with where to read the verb's help, and exits 2.
+type usageError struct{ err error }
+
+func (u usageError) Error() string { return u.err.Error() }
+func (u usageError) Unwrap() error { return u.err }
+
+// usagef returns a usageError.
+func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
 
 func main() {
 	// A memory mapping's fault handler is this binary re-executed with the
@@ -64,64 +119,37 @@ func main() {
 	os.Exit(code)
 }
 
-// run dispatches args to a verb and returns the exit code.
+// run dispatches args to a verb and returns the exit code: 0, 1 for a
+// failure, 2 for a usage mistake.
 func run(ctx context.Context, args []string, e *env) int {
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
-		usage(e.stdout)
+	root := newRoot(e)
+	root.SetArgs(args)
+	cmd, err := root.ExecuteContextC(ctx)
+	if err == nil {
 		return 0
 	}
-	c, rest := lookup(args)
-	if c == nil && groupUsage(e.stderr, args[0]) {
+	var ue usageError
+	if errors.As(err, &ue) || isCobraUsage(err) {
+		fmt.Fprintf(e.stderr, "rialto: %s; see '%s -h'\n", oneLine(err.Error()), cmd.CommandPath())
 		return 2
 	}
-	if c == nil {
-		fmt.Fprintf(e.stderr, "rialto: unknown command %q\n\n", strings.Join(args[:min(2, len(args))], " "))
-		usage(e.stderr)
-		return 2
-	}
-	if err := c.Run(ctx, e, rest); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		if errors.Is(err, errUsage) {
-			return 2
-		}
-		printError(e.stderr, err)
-		return 1
-	}
-	return 0
+	printError(e.stderr, err)
+	return 1
 }
 
-// lookup finds the longest registered verb that prefixes args.
-func lookup(args []string) (*command, []string) {
-	if len(args) >= 2 {
-		if c := commands[args[0]+" "+args[1]]; c != nil {
-			return c, args[2:]
-		}
-	}
-	return commands[args[0]], args[1:]
+// isCobraUsage recognises the errors cobra returns for command lines it
+// cannot parse before any verb runs.
+func isCobraUsage(err error) bool {
+	s := err.Error()
+	return strings.HasPrefix(s, "unknown command ") || strings.HasPrefix(s, "unknown flag") ||
+		strings.HasPrefix(s, "unknown shorthand flag") || strings.HasPrefix(s, "invalid argument ") ||
+		strings.Contains(s, "flag needs an argument") || strings.HasPrefix(s, "required flag")
 }
 
-// groupUsage lists the verbs of a group ("lease" → "lease create", …) and
-// reports whether there were any.
-func groupUsage(w io.Writer, group string) bool {
-	var names []string
-	for n := range commands {
-		if strings.HasPrefix(n, group+" ") {
-			names = append(names, n)
-		}
-	}
-	if len(names) == 0 {
-		return false
-	}
-	sort.Strings(names)
-	fmt.Fprintf(w, "Usage: rialto %s VERB ...\n\nVerbs:\n", group)
-	tw := newTable(w)
-	for _, n := range names {
-		fmt.Fprintf(tw, "  %s %s\t%s\n", n, commands[n].Args, commands[n].Summary)
-	}
-	tw.Flush()
-	return true
+// oneLine keeps the first line of a message (cobra appends suggestions).
+func oneLine(s string) string {
+	s, _, _ = strings.Cut(strings.TrimSpace(s), "\n")
+	return s
 }
 
 func printError(w io.Writer, err error) {
@@ -133,116 +161,126 @@ func printError(w io.Writer, err error) {
 	fmt.Fprintf(w, "rialto: error: %v\n", err)
 }
 
-func usage(w io.Writer) {
-	fmt.Fprintln(w, "Rialto turns Linux servers into a pool of lendable devices.")
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Usage: rialto COMMAND [flags] [args]")
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Commands:")
+// newRoot builds the command tree for one run, its output going to e.
+func newRoot(e *env) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "rialto",
+		Short: "Rialto turns Linux servers into a pool of lendable devices.",
+		Long: "Rialto turns Linux servers into a pool of lendable devices.\n\n" +
+			"Client verbs talk to --addr (or RIALTO_ADDR) with --token (or RIALTO_TOKEN), verifying its\n" +
+			"HTTPS certificate against --cacert (or RIALTO_CACERT); verbs that print objects take\n" +
+			"-o json|yaml|template=TEMPLATE. A flag value (or INPUT) written @FILE is read from FILE,\n" +
+			"as in curl; write @@TEXT for literal text that starts with @.",
+		Args:          cobra.ArbitraryArgs,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return cmd.Help()
+			}
+			return usagef("unknown command %q", args[0])
+		},
+	}
+	root.SetOut(e.stdout)
+	root.SetErr(e.stderr)
+	root.AddGroup(&cobra.Group{ID: groupDaemon, Title: "Daemons:"},
+		&cobra.Group{ID: groupClient, Title: "Client verbs (talk to a control plane):"},
+		&cobra.Group{ID: groupTool, Title: "Tools:"})
+	root.SetHelpCommandGroupID(groupTool)
+	root.SetCompletionCommandGroupID(groupTool)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.CompletionOptions.HiddenDefaultCmd = false
+
 	names := make([]string, 0, len(commands))
 	for n := range commands {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	tw := newTable(w)
+	groups := map[string]*cobra.Command{}
 	for _, n := range names {
 		c := commands[n]
-		fmt.Fprintf(tw, "  %s %s\t%s\n", n, c.Args, c.Summary)
-	}
-	tw.Flush()
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "CLI verbs talk to --addr (or RIALTO_ADDR) with --token (or RIALTO_TOKEN), verifying its")
-	fmt.Fprintln(w, "HTTPS certificate against --cacert (or RIALTO_CACERT); every verb takes -o json.")
-	fmt.Fprintln(w, "Run `rialto COMMAND -h` for its flags.")
-}
-
-// newFlags returns a flag set for a verb that prints its usage to env's
-// stderr.
-func newFlags(e *env, c string, args string) *flag.FlagSet {
-	fs := flag.NewFlagSet(c, flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(e.stderr, "Usage: rialto %s [flags] %s\n", c, args)
-		if cmd := commands[c]; cmd != nil {
-			fmt.Fprintf(e.stderr, "\n%s\n", cmd.Summary)
-		}
-		fmt.Fprintln(e.stderr, "\nFlags:")
-		fs.PrintDefaults()
-	}
-	return fs
-}
-
-// secret is a secret a verb is given through --NAME-file (a file holding
-// it) or an environment variable, never on the command line: a command
-// line is visible to every user of the machine (ps, /proc/PID/cmdline).
-// --NAME itself is still accepted by the parser, so that its value never
-// reaches a usage error, and refused by get with a message that says what
-// to use instead.
-type secret struct {
-	name, env string
-	file      string
-	envValue  string
-	refused   bool
-}
-
-// refusedFlag records that a secret was given on the command line and
-// forgets its value.
-type refusedFlag struct{ used *bool }
-
-func (f refusedFlag) String() string     { return "" }
-func (f refusedFlag) Set(v string) error { *f.used = true; return nil }
-
-// secretFile registers --NAME-file and the refused --NAME for a secret
-// whose environment variable is env; what says what it is.
-func secretFile(fs *flag.FlagSet, e *env, name, env, what string) *secret {
-	s := &secret{name: name, env: env, envValue: e.getenv(env)}
-	fs.StringVar(&s.file, name+"-file", "", fmt.Sprintf("`file` holding %s (env %s; never on the command line)", what, env))
-	fs.Var(refusedFlag{&s.refused}, name, fmt.Sprintf("refused: a command line is visible to every user; use --%s-file or %s", name, env))
-	return s
-}
-
-// get returns the secret: --NAME-file's content (trimmed), else the
-// environment's value ("" if neither).
-func (s *secret) get() (string, error) {
-	if s.refused {
-		return "", fmt.Errorf("--%s puts a secret on the command line, where every user of the machine sees it (ps, /proc/PID/cmdline): use --%s-file FILE or the environment variable %s", s.name, s.name, s.env)
-	}
-	if s.file == "" {
-		return strings.TrimSpace(s.envValue), nil
-	}
-	b, err := os.ReadFile(s.file)
-	if err != nil {
-		return "", fmt.Errorf("--%s-file: %w", s.name, err)
-	}
-	v := strings.TrimSpace(string(b))
-	if v == "" {
-		return "", fmt.Errorf("--%s-file: %s is empty", s.name, s.file)
-	}
-	return v, nil
-}
-
-// parse parses flags that may appear before, between or after positional
-// arguments, and checks the number of positionals.
-func parse(fs *flag.FlagSet, args []string, minPos, maxPos int) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, err
+		words := strings.Fields(n)
+		parent := root
+		if len(words) == 2 {
+			parent = groups[words[0]]
+			if parent == nil {
+				parent = groupCommand(words[0])
+				parent.GroupID = groupOf(words[0])
+				groups[words[0]] = parent
+				root.AddCommand(parent)
 			}
-			return nil, errUsage
 		}
-		args = fs.Args()
-		if len(args) == 0 {
-			break
+		cc := verbCommand(e, c, words[len(words)-1])
+		if len(words) == 1 {
+			cc.GroupID = groupOf(words[0])
 		}
-		pos = append(pos, args[0])
-		args = args[1:]
+		parent.AddCommand(cc)
 	}
-	if len(pos) < minPos || (maxPos >= 0 && len(pos) > maxPos) {
-		fmt.Fprintf(fs.Output(), "rialto %s: wrong number of arguments\n", fs.Name())
-		fs.Usage()
-		return nil, errUsage
+	return root
+}
+
+// groupCommand is the first word of two-word verbs: by itself it is a
+// usage mistake.
+func groupCommand(word string) *cobra.Command {
+	return &cobra.Command{
+		Use:   word + " VERB",
+		Short: groupSummaries[word],
+		Args:  cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usagef("unknown command %q", word+" "+args[0])
+			}
+			var verbs []string
+			for _, s := range cmd.Commands() {
+				verbs = append(verbs, s.Name())
+			}
+			return usagef("%s needs a verb (%s)", cmd.CommandPath(), strings.Join(verbs, ", "))
+		},
 	}
-	return pos, nil
+}
+
+// verbCommand makes c a cobra command named word.
+func verbCommand(e *env, c *command, word string) *cobra.Command {
+	use := word
+	if c.Args != "" {
+		use += " " + c.Args
+	}
+	cc := &cobra.Command{
+		Use:     use,
+		Short:   c.Summary,
+		Aliases: c.Aliases,
+		Args:    posArgs(c),
+	}
+	fs := cc.Flags()
+	fs.SortFlags = false
+	run := c.Flags(e, fs)
+	// Flags with a fixed set of values (--kind, --mode, -o) complete them.
+	fs.VisitAll(func(f *pflag.Flag) {
+		if v, ok := f.Value.(interface{ completions() []string }); ok {
+			words := v.completions()
+			cc.RegisterFlagCompletionFunc(f.Name, func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+				return words, cobra.ShellCompDirectiveNoFileComp
+			})
+		}
+	})
+	cc.RunE = func(cmd *cobra.Command, args []string) error {
+		if c.Deprecated != "" && cmd.CalledAs() != word {
+			fmt.Fprintf(e.stderr, "rialto: %q is deprecated: %s\n", cmd.CalledAs(), c.Deprecated)
+		}
+		return run(cmd.Context(), args)
+	}
+	return cc
+}
+
+// posArgs checks the number of positional arguments.
+func posArgs(c *command) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) < c.MinArgs || (c.MaxArgs >= 0 && len(args) > c.MaxArgs) {
+			if c.Args == "" {
+				return usagef("wrong number of arguments: %s takes none", c.Name)
+			}
+			return usagef("wrong number of arguments: want %s", c.Args)
+		}
+		return nil
+	}
 }

@@ -96,7 +96,7 @@ func TestMemtestMemoryLease(t *testing.T) {
 	}{
 		{[]string{"memtest", b.ID}, 1, "memtest tests memory leases"},
 		{[]string{"memtest"}, 2, "wrong number of arguments"},
-		{[]string{"memtest", l.ID, "--span", "lots"}, 1, "bad --span"},
+		{[]string{"memtest", l.ID, "--span", "lots"}, 2, `invalid argument "lots" for "--span"`},
 	} {
 		_, errs, code := runIn(t, c, runtime, tc.args...)
 		if code != tc.code || !strings.Contains(errs, tc.want) {

@@ -8,70 +8,73 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
 func init() {
-	register(&command{Name: "lease move", Args: "ID", Summary: "Move a block or memory lease to other lenders while it is used (--to NODE|DEVICE, --part N).", Run: runLeaseMove})
-	register(&command{Name: "moves", Summary: "List lease moves under way and recent (--lease ID).", Run: runMoves})
+	register(&command{Name: "lease move", Args: "ID", Summary: "Move a block or memory lease to other lenders while it is used (--to NODE|DEVICE, --part N).", Flags: runLeaseMove, MinArgs: 1, MaxArgs: 1})
+	register(&command{Name: "moves", Summary: "List lease moves under way and recent (--lease ID).", Flags: runMoves})
 }
 
 // movePoll is how often the CLI asks how moves are going.
 const movePoll = 500 * time.Millisecond
 
-func runLeaseMove(ctx context.Context, e *env, args []string) error {
+func runLeaseMove(e *env, fs *pflag.FlagSet) runFunc {
 	var cf clientFlags
-	fs := newFlags(e, "lease move", "ID")
 	cf.register(fs, e)
 	to := fs.String("to", "", "destination: a node (ID or name) or a device ID (default: placement chooses, away from the part's node); an exclusive device takes only a whole-device lease's part")
 	part := fs.Int("part", -1, "move only this part (from 0, in layout order; default: every part, one after the other)")
 	noWait := fs.Bool("no-wait", false, "return once the moves have started")
 	timeout := fs.Duration("timeout", time.Hour, "how long to wait for the moves")
-	pos, c, err := cf.parse(fs, args, 1, 1)
-	if err != nil {
-		return err
-	}
-	req := api.MoveRequest{}
-	if *part >= 0 {
-		req.Part = part
-	}
-	if *to != "" {
-		req.ToNode = *to
-		if devs, err := c.Devices(ctx); err == nil {
-			for _, d := range devs {
-				if d.ID == *to {
-					req.ToNode, req.ToDevice = "", *to
+	return func(ctx context.Context, pos []string) error {
+		c, err := cf.client()
+		if err != nil {
+			return err
+		}
+		req := api.MoveRequest{}
+		if *part >= 0 {
+			req.Part = part
+		}
+		if *to != "" {
+			req.ToNode = *to
+			if devs, err := c.Devices(ctx); err == nil {
+				for _, d := range devs {
+					if d.ID == *to {
+						req.ToNode, req.ToDevice = "", *to
+					}
 				}
 			}
 		}
-	}
-	moves, err := c.MoveLease(ctx, pos[0], req)
-	if err != nil {
-		return err
-	}
-	if !*noWait {
-		wctx, cancel := context.WithTimeout(ctx, *timeout)
-		defer cancel()
-		if moves, err = waitMoves(wctx, e, c, pos[0], moves, !cf.json()); err != nil {
+		moves, err := c.MoveLease(ctx, pos[0], req)
+		if err != nil {
 			return err
 		}
-	}
-	if cf.json() {
-		return printJSON(e.stdout, nonNil(moves))
-	}
-	printMoves(e.stdout, moves, nodeNames(ctx, c))
-	for _, m := range moves {
-		if m.State == api.MoveFailed {
-			return fmt.Errorf("the move of part %d failed: %s (the part is served where it was)", m.Part, m.Error)
+		if !*noWait {
+			wctx, cancel := context.WithTimeout(ctx, *timeout)
+			defer cancel()
+			if moves, err = waitMoves(wctx, e, c, pos[0], moves, !cf.json()); err != nil {
+				return err
+			}
 		}
+		if cf.json() {
+			return cf.print(e.stdout, nonNil(moves))
+		}
+		printMoves(e.stdout, moves, nodeNames(ctx, c))
+		for _, m := range moves {
+			if m.State == api.MoveFailed {
+				return fmt.Errorf("the move of part %d failed: %s (the part is served where it was)", m.Part, m.Error)
+			}
+		}
+		return nil
 	}
-	return nil
 }
 
 // waitMoves follows moves until they have all ended, printing progress
 // to stderr when progress is set.
-func waitMoves(ctx context.Context, e *env, c *api.Client, leaseID string, moves []api.Move, progress bool) ([]api.Move, error) {
+func waitMoves(ctx context.Context, e *env, c *api.Client, leaseID string, moves []api.Move, lines bool) ([]api.Move, error) {
 	ids := map[string]bool{}
 	for _, m := range moves {
 		ids[m.ID] = true
@@ -79,6 +82,14 @@ func waitMoves(ctx context.Context, e *env, c *api.Client, leaseID string, moves
 	last := map[string]string{}
 	t := time.NewTicker(movePoll)
 	defer t.Stop()
+	// On a terminal a bar of the bytes copied; elsewhere a line per change.
+	var bar *progress
+	if lines {
+		if bar = newProgress(e, 1, "moving lease "+leaseID); bar != nil {
+			lines = false
+			defer bar.done()
+		}
+	}
 	for {
 		all, err := c.Moves(ctx, leaseID)
 		if err != nil {
@@ -92,13 +103,21 @@ func waitMoves(ctx context.Context, e *env, c *api.Client, leaseID string, moves
 			}
 			cur = append(cur, m)
 			done = done && m.Done()
-			if line := moveProgress(m); progress && line != last[m.ID] {
+			if line := moveProgress(m); lines && line != last[m.ID] {
 				fmt.Fprintln(e.stderr, line)
 				last[m.ID] = line
 			}
 		}
 		if len(cur) > 0 {
 			moves = cur
+		}
+		if bar != nil && len(cur) > 0 {
+			var n, total int64
+			for _, m := range cur {
+				n += min(m.Copied+m.Skipped, m.Size)
+				total += m.Size
+			}
+			bar.set(n, total, moveProgress(cur[len(cur)-1]))
 		}
 		if done && len(cur) == len(ids) {
 			return moves, nil
@@ -130,24 +149,25 @@ func moveProgress(m api.Move) string {
 	return s
 }
 
-func runMoves(ctx context.Context, e *env, args []string) error {
+func runMoves(e *env, fs *pflag.FlagSet) runFunc {
 	var cf clientFlags
-	fs := newFlags(e, "moves", "")
 	cf.register(fs, e)
 	lease := fs.String("lease", "", "only the moves of this lease")
-	_, c, err := cf.parse(fs, args, 0, 0)
-	if err != nil {
-		return err
+	return func(ctx context.Context, _ []string) error {
+		c, err := cf.client()
+		if err != nil {
+			return err
+		}
+		ms, err := c.Moves(ctx, *lease)
+		if err != nil {
+			return err
+		}
+		if cf.json() {
+			return cf.print(e.stdout, nonNil(ms))
+		}
+		printMoves(e.stdout, ms, nodeNames(ctx, c))
+		return nil
 	}
-	ms, err := c.Moves(ctx, *lease)
-	if err != nil {
-		return err
-	}
-	if cf.json() {
-		return printJSON(e.stdout, nonNil(ms))
-	}
-	printMoves(e.stdout, ms, nodeNames(ctx, c))
-	return nil
 }
 
 func printMoves(w io.Writer, ms []api.Move, names map[string]string) {

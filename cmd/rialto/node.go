@@ -6,89 +6,86 @@ import (
 	"io"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/rialto-project/rialto/api"
 )
 
 func init() {
-	register(&command{Name: "node cordon", Args: "NODE", Summary: "Place no new part on a node (its leases stay).", Run: runNodeCordon(true)})
-	register(&command{Name: "node uncordon", Args: "NODE", Summary: "Let placement use a cordoned node again.", Run: runNodeCordon(false)})
-	register(&command{Name: "node drain", Args: "NODE", Summary: "Cordon a node and move every lease off it while used (--deadline 10m).", Run: runNodeDrain})
+	register(&command{Name: "node cordon", Args: "NODE", Summary: "Place no new part on a node (its leases stay).", Flags: runNodeCordon(true), MinArgs: 1, MaxArgs: 1})
+	register(&command{Name: "node uncordon", Args: "NODE", Summary: "Let placement use a cordoned node again.", Flags: runNodeCordon(false), MinArgs: 1, MaxArgs: 1})
+	register(&command{Name: "node drain", Args: "NODE", Summary: "Cordon a node and move every lease off it while used (--deadline 10m).", Flags: runNodeDrain, MinArgs: 1, MaxArgs: 1})
 }
 
-func runNodeCordon(cordon bool) func(context.Context, *env, []string) error {
-	verb := "node uncordon"
-	if cordon {
-		verb = "node cordon"
-	}
-	return func(ctx context.Context, e *env, args []string) error {
+func runNodeCordon(cordon bool) func(*env, *pflag.FlagSet) runFunc {
+	return func(e *env, fs *pflag.FlagSet) runFunc {
 		var cf clientFlags
-		fs := newFlags(e, verb, "NODE")
 		cf.register(fs, e)
-		pos, c, err := cf.parse(fs, args, 1, 1)
-		if err != nil {
-			return err
+		return func(ctx context.Context, pos []string) error {
+			c, err := cf.client()
+			if err != nil {
+				return err
+			}
+			var n api.Node
+			if cordon {
+				n, err = c.CordonNode(ctx, pos[0])
+			} else {
+				n, err = c.UncordonNode(ctx, pos[0])
+			}
+			if err != nil {
+				return err
+			}
+			if cf.json() {
+				return cf.print(e.stdout, n)
+			}
+			state := "uncordoned: placement may use it"
+			if n.Cordoned {
+				state = "cordoned: no new part is placed on it; its leases stay"
+			}
+			fmt.Fprintf(e.stdout, "node %s (%s) %s\n", n.Name, n.ID, state)
+			return nil
 		}
-		var n api.Node
-		if cordon {
-			n, err = c.CordonNode(ctx, pos[0])
-		} else {
-			n, err = c.UncordonNode(ctx, pos[0])
-		}
-		if err != nil {
-			return err
-		}
-		if cf.json() {
-			return printJSON(e.stdout, n)
-		}
-		state := "uncordoned: placement may use it"
-		if n.Cordoned {
-			state = "cordoned: no new part is placed on it; its leases stay"
-		}
-		fmt.Fprintf(e.stdout, "node %s (%s) %s\n", n.Name, n.ID, state)
-		return nil
 	}
 }
 
-func runNodeDrain(ctx context.Context, e *env, args []string) error {
+func runNodeDrain(e *env, fs *pflag.FlagSet) runFunc {
 	var cf clientFlags
-	fs := newFlags(e, "node drain", "NODE")
 	cf.register(fs, e)
-	deadline := fs.Duration("deadline", 10*time.Minute, "what has not moved by then is left in place and reported (its borrower told)")
+	deadline := durationVar(fs, "deadline", 10*time.Minute, time.Millisecond, "what has not moved by then is left in place and reported (its borrower told), e.g. 10m, 90s")
 	noWait := fs.Bool("no-wait", false, "return once the drain has started")
-	pos, c, err := cf.parse(fs, args, 1, 1)
-	if err != nil {
-		return err
-	}
-	if *deadline <= 0 {
-		return fmt.Errorf("--deadline must be positive")
-	}
-	d, err := c.DrainNode(ctx, pos[0], api.DrainRequest{DeadlineSeconds: deadline.Seconds()})
-	if err != nil {
-		return err
-	}
-	if !*noWait {
-		d, err = waitDrain(ctx, e, c, pos[0], d, !cf.json())
+	return func(ctx context.Context, pos []string) error {
+		c, err := cf.client()
 		if err != nil {
 			return err
 		}
-	}
-	if cf.json() {
-		if err := printJSON(e.stdout, d); err != nil {
+		d, err := c.DrainNode(ctx, pos[0], api.DrainRequest{DeadlineSeconds: deadline.d.Seconds()})
+		if err != nil {
 			return err
 		}
-	} else {
-		printDrain(e.stdout, d)
-	}
-	if d.State == api.DrainIncomplete {
-		left := 0
-		for _, l := range d.Leases {
-			if l.State == api.DrainLeaseLeft {
-				left++
+		if !*noWait {
+			d, err = waitDrain(ctx, e, c, pos[0], d, !cf.json())
+			if err != nil {
+				return err
 			}
 		}
-		return fmt.Errorf("drain of %s incomplete: %d lease(s) left in place, their borrowers told", dash(d.NodeName), left)
+		if cf.json() {
+			if err := cf.print(e.stdout, d); err != nil {
+				return err
+			}
+		} else {
+			printDrain(e.stdout, d)
+		}
+		if d.State == api.DrainIncomplete {
+			left := 0
+			for _, l := range d.Leases {
+				if l.State == api.DrainLeaseLeft {
+					left++
+				}
+			}
+			return fmt.Errorf("drain of %s incomplete: %d lease(s) left in place, their borrowers told", dash(d.NodeName), left)
+		}
+		return nil
 	}
-	return nil
 }
 
 // waitDrain follows a drain until it ends, printing each lease's

@@ -5,37 +5,39 @@ import (
 	"fmt"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/spf13/pflag"
 )
 
 func init() {
-	register(&command{Name: "node remove", Args: "NODE", Summary: "Remove a node: its leases are lost, its certificates revoked, its credential forgotten (--force for a node that still heartbeats).", Run: runNodeRemove})
+	register(&command{Name: "node remove", Args: "NODE", Summary: "Remove a node: its leases are lost, its certificates revoked, its credential forgotten (--force for a node that still heartbeats).", Flags: runNodeRemove, MinArgs: 1, MaxArgs: 1})
 }
 
-func runNodeRemove(ctx context.Context, e *env, args []string) error {
+func runNodeRemove(e *env, fs *pflag.FlagSet) runFunc {
 	var cf clientFlags
-	fs := newFlags(e, "node remove", "NODE")
 	cf.register(fs, e)
 	force := fs.Bool("force", false, "remove a node whose agent still heartbeats (it joins again at once, as the same node, unless the bootstrap token changed)")
-	pos, c, err := cf.parse(fs, args, 1, 1)
-	if err != nil {
-		return err
+	return func(ctx context.Context, pos []string) error {
+		c, err := cf.client()
+		if err != nil {
+			return err
+		}
+		id, err := nodeID(ctx, c, pos[0])
+		if err != nil {
+			return err
+		}
+		r, err := c.RemoveNode(ctx, id, *force)
+		if err != nil {
+			return err
+		}
+		if cf.json() {
+			return cf.print(e.stdout, r)
+		}
+		fmt.Fprintf(e.stdout, "node %s (%s) removed: %d certificate(s) revoked, %d lease(s) lost\n", r.Node.Name, r.Node.ID, r.Revoked, len(r.Lost))
+		for _, l := range r.Lost {
+			fmt.Fprintf(e.stdout, "  lost: %s\n", l)
+		}
+		return nil
 	}
-	id, err := nodeID(ctx, c, pos[0])
-	if err != nil {
-		return err
-	}
-	r, err := c.RemoveNode(ctx, id, *force)
-	if err != nil {
-		return err
-	}
-	if cf.json() {
-		return printJSON(e.stdout, r)
-	}
-	fmt.Fprintf(e.stdout, "node %s (%s) removed: %d certificate(s) revoked, %d lease(s) lost\n", r.Node.Name, r.Node.ID, r.Revoked, len(r.Lost))
-	for _, l := range r.Lost {
-		fmt.Fprintf(e.stdout, "  lost: %s\n", l)
-	}
-	return nil
 }
 
 // nodeID resolves a node given by ID or by name.

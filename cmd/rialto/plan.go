@@ -6,11 +6,13 @@ import (
 	"os"
 	"strings"
 
+	"github.com/spf13/pflag"
+
 	"github.com/rialto-project/rialto/internal/costplan"
 )
 
 func init() {
-	register(&command{Name: "plan", Summary: "Price accelerator deployments (the ERBIUM paper's calculator, Maschi and Alonso): servers and cost of each.", Run: runPlan})
+	register(&command{Name: "cost", Aliases: []string{"plan"}, Deprecated: "use rialto cost", Summary: "Cost calculator: price accelerator deployments (the ERBIUM paper's calculator, Maschi and Alonso): servers and cost of each.", Flags: runPlan})
 }
 
 // planDeployment is one row of plan's JSON output.
@@ -39,50 +41,46 @@ type planOutput struct {
 	Deployments []planDeployment `json:"deployments"`
 }
 
-func runPlan(_ context.Context, e *env, args []string) error {
-	fs := newFlags(e, "plan", "")
-	inputs := fs.String("inputs", "", "inputs as JSON (default: the inputs of Table 1 of the ERBIUM paper; see --print-inputs)")
+func runPlan(e *env, fs *pflag.FlagSet) runFunc {
+	inputs := fs.String("inputs", "", "`file` of inputs as JSON, also @FILE (default: the inputs of Table 1 of the ERBIUM paper; see --print-inputs)")
 	printInputs := fs.Bool("print-inputs", false, "print the inputs as JSON (a template for --inputs) and exit")
-	output := fs.String("o", "table", "output format: table or json")
-	if _, err := parse(fs, args, 0, 0); err != nil {
-		return err
-	}
-	if *output != "table" && *output != "json" {
-		return fmt.Errorf("unknown output format %q (use table or json)", *output)
-	}
-	in := costplan.PaperInputs()
-	if *inputs != "" {
-		f, err := os.Open(*inputs)
+	output := outputVar(fs)
+	return func(ctx context.Context, _ []string) error {
+		in := costplan.PaperInputs()
+		if *inputs != "" {
+			*inputs = strings.TrimPrefix(*inputs, "@")
+			f, err := os.Open(*inputs)
+			if err != nil {
+				return err
+			}
+			in, err = costplan.ParseInputs(f)
+			f.Close()
+			if err != nil {
+				return fmt.Errorf("%s: %w", *inputs, err)
+			}
+		}
+		if *printInputs {
+			return output.print(e.stdout, in)
+		}
+		res, err := costplan.Compute(in)
 		if err != nil {
 			return err
 		}
-		in, err = costplan.ParseInputs(f)
-		f.Close()
-		if err != nil {
-			return fmt.Errorf("%s: %w", *inputs, err)
+		if !output.structured() {
+			if *inputs == "" {
+				fmt.Fprintln(e.stdout, "Inputs: Table 1 of the ERBIUM paper (Maschi and Alonso, \"The Difficult Balance Between Modern Hardware and Conventional CPUs\"); rialto cost --print-inputs shows them; edit and pass --inputs.")
+				fmt.Fprintln(e.stdout)
+			}
+			return costplan.Format(e.stdout, res)
 		}
-	}
-	if *printInputs {
-		return printJSON(e.stdout, in)
-	}
-	res, err := costplan.Compute(in)
-	if err != nil {
-		return err
-	}
-	if *output == "table" {
-		if *inputs == "" {
-			fmt.Fprintln(e.stdout, "Inputs: Table 1 of the ERBIUM paper (Maschi and Alonso, \"The Difficult Balance Between Modern Hardware and Conventional CPUs\"); rialto plan --print-inputs shows them; edit and pass --inputs.")
-			fmt.Fprintln(e.stdout)
+		out := planOutput{ID: "plan", State: "ok", CPUDemand: res.CPUDemand, Inputs: res.Inputs, Deployments: []planDeployment{}}
+		for _, r := range res.Rows {
+			out.Deployments = append(out.Deployments, planDeployment{
+				ID: strings.Join([]string{r.Site, r.Name, r.Element}, "/"), State: "ok",
+				Site: r.Site, Name: r.Name, Element: r.Element, Kind: r.Kind, Units: r.Units, Accels: r.Accels,
+				Utilisation: r.Utilisation, UnitCost: r.UnitCost, Hourly: r.Hourly, TotalUSD: r.Total, PerYear: r.PerYear, Note: r.Note,
+			})
 		}
-		return costplan.Format(e.stdout, res)
+		return output.print(e.stdout, out)
 	}
-	out := planOutput{ID: "plan", State: "ok", CPUDemand: res.CPUDemand, Inputs: res.Inputs, Deployments: []planDeployment{}}
-	for _, r := range res.Rows {
-		out.Deployments = append(out.Deployments, planDeployment{
-			ID: strings.Join([]string{r.Site, r.Name, r.Element}, "/"), State: "ok",
-			Site: r.Site, Name: r.Name, Element: r.Element, Kind: r.Kind, Units: r.Units, Accels: r.Accels,
-			Utilisation: r.Utilisation, UnitCost: r.UnitCost, Hourly: r.Hourly, TotalUSD: r.Total, PerYear: r.PerYear, Note: r.Note,
-		})
-	}
-	return printJSON(e.stdout, out)
 }

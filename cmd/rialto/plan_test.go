@@ -8,10 +8,10 @@ import (
 	"testing"
 )
 
-// TestPlanTable1 checks that `rialto plan` reproduces Table 1 of the ERBIUM paper:
+// TestCostTable1 checks that `rialto cost` reproduces Table 1 of the ERBIUM paper:
 // servers and costs of each deployment, as the paper prints them.
-func TestPlanTable1(t *testing.T) {
-	out, errs, code := runCLI(t, "", "plan")
+func TestCostTable1(t *testing.T) {
+	out, errs, code := runCLI(t, "", "cost")
 	if code != 0 {
 		t.Fatalf("plan: exit %d: %s", code, errs)
 	}
@@ -40,7 +40,7 @@ func TestPlanTable1(t *testing.T) {
 		t.Errorf("CPU demand missing:\n%s", out)
 	}
 
-	out, _, code = runCLI(t, "", "plan", "-o", "json")
+	out, _, code = runCLI(t, "", "cost", "-o", "json")
 	var res planOutput
 	if code != 0 || json.Unmarshal([]byte(out), &res) != nil {
 		t.Fatalf("plan -o json: %d\n%s", code, out)
@@ -59,8 +59,8 @@ func TestPlanTable1(t *testing.T) {
 	}
 }
 
-func TestPlanInputsFile(t *testing.T) {
-	tmpl, _, code := runCLI(t, "", "plan", "--print-inputs")
+func TestCostInputsFile(t *testing.T) {
+	tmpl, _, code := runCLI(t, "", "cost", "--print-inputs")
 	if code != 0 {
 		t.Fatal("plan --print-inputs failed")
 	}
@@ -73,7 +73,7 @@ func TestPlanInputsFile(t *testing.T) {
 	b, _ := json.Marshal(in)
 	path := filepath.Join(t.TempDir(), "in.json")
 	os.WriteFile(path, b, 0o600)
-	out, errs, code := runCLI(t, "", "plan", "--inputs", path, "-o", "json")
+	out, errs, code := runCLI(t, "", "cost", "--inputs", path, "-o", "json")
 	var res planOutput
 	if code != 0 || json.Unmarshal([]byte(out), &res) != nil {
 		t.Fatalf("plan --inputs: %d %s\n%s", code, errs, out)
@@ -89,10 +89,10 @@ func TestPlanInputsFile(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"plan", "--inputs", bad}, 1, "bad.json"},
-		{[]string{"plan", "--inputs", filepath.Join(t.TempDir(), "none.json")}, 1, "no such file"},
-		{[]string{"plan", "-o", "yaml"}, 1, "unknown output format"},
-		{[]string{"plan", "extra"}, 2, "wrong number of arguments"},
+		{[]string{"cost", "--inputs", bad}, 1, "bad.json"},
+		{[]string{"cost", "--inputs", filepath.Join(t.TempDir(), "none.json")}, 1, "no such file"},
+		{[]string{"cost", "-o", "xml"}, 2, "want table, json, yaml or template"},
+		{[]string{"cost", "extra"}, 2, "wrong number of arguments"},
 	} {
 		_, errs, code := runCLI(t, "", tc.args...)
 		if code != tc.code || !strings.Contains(errs, tc.want) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -14,13 +13,15 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/rialto-project/rialto/internal/controlplane"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 	"github.com/rialto-project/rialto/internal/pki"
 )
 
 func init() {
-	register(&command{Name: "server", Summary: "Run the control plane (REST API under /v1/; SQLite state, or PostgreSQL shared by several replicas).", Run: runServer})
+	register(&command{Name: "server", Summary: "Run the control plane (REST API under /v1/; SQLite state, or PostgreSQL shared by several replicas).", Flags: runServer})
 }
 
 // timings are the control plane's liveness and lease durations.
@@ -29,7 +30,7 @@ type timings struct {
 	maxBeats                               float64
 }
 
-func (tm *timings) register(fs *flag.FlagSet) {
+func (tm *timings) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&tm.heartbeat, "heartbeat", time.Second, "heartbeat interval asked of agents; also the sweep interval")
 	fs.DurationVar(&tm.suspect, "suspect-after", 3*time.Second, "silence after which a node is suspect")
 	fs.DurationVar(&tm.down, "down-after", 10*time.Second, "silence after which a node is down and its leases lost (grace period)")
@@ -187,8 +188,7 @@ func (cp *controlPlane) stop() error {
 	return errors.Join(err, cp.st.Close())
 }
 
-func runServer(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "server", "")
+func runServer(e *env, fs *pflag.FlagSet) runFunc {
 	listen := fs.String("listen", "127.0.0.1:7070", "address to serve the API on")
 	db := fs.String("db", "rialto.db", "SQLite database file, or a PostgreSQL URL postgres://USER:PASSWORD@HOST:PORT/DB shared by several replicas (env RIALTO_DB: keeps the password out of ps)")
 	tlsDir := fs.String("tls-dir", "", "the cluster CA's `directory` (created if absent: ca-cert.pem, ca-key.pem, ca-crl.pem); the API is served over HTTPS with a certificate from it (env RIALTO_TLS_DIR; default: rialto-tls beside --db, or in the working directory for PostgreSQL; replicas share one)")
@@ -204,110 +204,101 @@ func runServer(ctx context.Context, e *env, args []string) error {
 	tm.register(fs)
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	cfgFile := configFlag(fs, e)
-	if _, err := parse(fs, args, 0, 0); err != nil {
-		return err
-	}
-	if err := cfgFile.apply(); err != nil {
-		return err
-	}
-	if v := e.getenv("RIALTO_DB"); v != "" && !flagSet(fs, "db") {
-		*db = v
-	}
-	if v := e.getenv("RIALTO_TLS_DIR"); v != "" && *tlsDir == "" {
-		*tlsDir = v
-	}
-	if *insecureHTTP && (*tlsDir != "" || len(tlsHosts) > 0) {
-		return fmt.Errorf("--insecure-http serves no TLS: it does not go with --tls-dir, RIALTO_TLS_DIR or --tls-host")
-	}
-	if *tlsDir == "" && isPostgresURL(*db) {
-		*tlsDir = "rialto-tls"
-	} else if *tlsDir == "" {
-		*tlsDir = filepath.Join(filepath.Dir(*db), "rialto-tls")
-	}
-	boot, err := bootS.get()
-	if err != nil {
-		return err
-	}
-	admin, err := adminS.get()
-	if err != nil {
-		return err
-	}
-	specs, err := specsS.get()
-	if err != nil {
-		return err
-	}
-	tokens, err := parseTokens(strings.FieldsFunc(specs, func(r rune) bool { return r == '\n' || r == ',' }))
-	if err != nil {
-		return err
-	}
-	if admin != "" {
-		tokens = append(tokens, controlplane.Token{Token: admin, Tenant: "admin", Admin: true})
-	}
-	quotas, err := parseQuotas(quotaSpecs)
-	if err != nil {
-		return err
-	}
-	if boot == "" {
-		fmt.Fprintln(e.stderr, "rialto server: no bootstrap token (--bootstrap-token-file, RIALTO_BOOTSTRAP_TOKEN): agents cannot join")
-	}
-	if len(tokens) == 0 {
-		fmt.Fprintln(e.stderr, "rialto server: no API tokens (--admin-token-file, --token-file, RIALTO_ADMIN_TOKEN, RIALTO_TOKENS): nobody can lease")
-	}
-	log, err := newLogger(e, *level)
-	if err != nil {
-		return err
-	}
-	ln, err := net.Listen("tcp", *listen)
-	if err != nil {
-		return err
-	}
-	var (
-		ca     *pki.CA
-		tlsCfg *tls.Config
-	)
-	if !*insecureHTTP {
-		if ca, tlsCfg, err = apiTLS(*tlsDir, *listen, ln, tlsHosts); err != nil {
+	return func(ctx context.Context, _ []string) error {
+		if err := cfgFile.apply(); err != nil {
+			return err
+		}
+		if v := e.getenv("RIALTO_DB"); v != "" && !flagSet(fs, "db") {
+			*db = v
+		}
+		if v := e.getenv("RIALTO_TLS_DIR"); v != "" && *tlsDir == "" {
+			*tlsDir = v
+		}
+		if *insecureHTTP && (*tlsDir != "" || len(tlsHosts) > 0) {
+			return usagef("--insecure-http serves no TLS: it does not go with --tls-dir, RIALTO_TLS_DIR or --tls-host")
+		}
+		if *tlsDir == "" && isPostgresURL(*db) {
+			*tlsDir = "rialto-tls"
+		} else if *tlsDir == "" {
+			*tlsDir = filepath.Join(filepath.Dir(*db), "rialto-tls")
+		}
+		boot, err := bootS.get()
+		if err != nil {
+			return err
+		}
+		admin, err := adminS.get()
+		if err != nil {
+			return err
+		}
+		specs, err := specsS.get()
+		if err != nil {
+			return err
+		}
+		tokens, err := parseTokens(strings.FieldsFunc(specs, func(r rune) bool { return r == '\n' || r == ',' }))
+		if err != nil {
+			return err
+		}
+		if admin != "" {
+			tokens = append(tokens, controlplane.Token{Token: admin, Tenant: "admin", Admin: true})
+		}
+		quotas, err := parseQuotas(quotaSpecs)
+		if err != nil {
+			return err
+		}
+		if boot == "" {
+			fmt.Fprintln(e.stderr, "rialto server: no bootstrap token (--bootstrap-token-file, RIALTO_BOOTSTRAP_TOKEN): agents cannot join")
+		}
+		if len(tokens) == 0 {
+			fmt.Fprintln(e.stderr, "rialto server: no API tokens (--admin-token-file, --token-file, RIALTO_ADMIN_TOKEN, RIALTO_TOKENS): nobody can lease")
+		}
+		log, err := newLogger(e, *level)
+		if err != nil {
+			return err
+		}
+		ln, err := net.Listen("tcp", *listen)
+		if err != nil {
+			return err
+		}
+		var (
+			ca     *pki.CA
+			tlsCfg *tls.Config
+		)
+		if !*insecureHTTP {
+			if ca, tlsCfg, err = apiTLS(*tlsDir, *listen, ln, tlsHosts); err != nil {
+				ln.Close()
+				return err
+			}
+		}
+		cp, err := startControlPlane(ctx, ln, *db, controlplane.Config{
+			Logger: log, BootstrapToken: boot, Tokens: tokens,
+			HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down, MaxHeartbeatsPerSecond: tm.maxBeats,
+			PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas, CA: ca, Version: versionString(),
+		}, tlsCfg)
+		if err != nil {
 			ln.Close()
 			return err
 		}
+		cp.startSweeping(ctx)
+		defer cfgFile.reloadOnHUP(ctx, log, cp.srv)() // SIGHUP: tokens and quotas anew
+		log.Info("control plane serving", "url", cp.URL, "db", dbName(*db))
+		fmt.Fprintf(e.stdout, "rialto server: serving %s\n", cp.URL)
+		if ca != nil {
+			caFile, _ := filepath.Abs(ca.CertFile())
+			fmt.Fprintf(e.stdout, "rialto server: CA certificate %s (give it to clients: RIALTO_CACERT, --cacert)\n", caFile)
+		} else {
+			fmt.Fprintln(e.stderr, "rialto server: --insecure-http: the API is served without TLS; tokens cross the network in clear")
+		}
+		select {
+		case <-ctx.Done():
+		case err := <-cp.done:
+			cp.done <- err
+		}
+		log.Info("control plane stopping")
+		return cp.stop()
 	}
-	cp, err := startControlPlane(ctx, ln, *db, controlplane.Config{
-		Logger: log, BootstrapToken: boot, Tokens: tokens,
-		HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down, MaxHeartbeatsPerSecond: tm.maxBeats,
-		PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas, CA: ca, Version: versionString(),
-	}, tlsCfg)
-	if err != nil {
-		ln.Close()
-		return err
-	}
-	cp.startSweeping(ctx)
-	defer cfgFile.reloadOnHUP(ctx, log, cp.srv)() // SIGHUP: tokens and quotas anew
-	log.Info("control plane serving", "url", cp.URL, "db", dbName(*db))
-	fmt.Fprintf(e.stdout, "rialto server: serving %s\n", cp.URL)
-	if ca != nil {
-		caFile, _ := filepath.Abs(ca.CertFile())
-		fmt.Fprintf(e.stdout, "rialto server: CA certificate %s (give it to clients: RIALTO_CACERT, --cacert)\n", caFile)
-	} else {
-		fmt.Fprintln(e.stderr, "rialto server: --insecure-http: the API is served without TLS; tokens cross the network in clear")
-	}
-	select {
-	case <-ctx.Done():
-	case err := <-cp.done:
-		cp.done <- err
-	}
-	log.Info("control plane stopping")
-	return cp.stop()
 }
 
-func flagSet(fs *flag.FlagSet, name string) bool {
-	set := false
-	fs.Visit(func(f *flag.Flag) {
-		if f.Name == name {
-			set = true
-		}
-	})
-	return set
-}
+func flagSet(fs *pflag.FlagSet, name string) bool { return fs.Changed(name) }
 
 // parseQuotas reads --quota specs: the last default and the last quota of
 // each tenant win.

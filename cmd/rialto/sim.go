@@ -7,16 +7,18 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/rialto-project/rialto/internal/lab"
 	"github.com/rialto-project/rialto/internal/sim"
 	"github.com/rialto-project/rialto/internal/sim/report"
 )
 
 func init() {
-	register(&command{Name: "sim list", Summary: "List the simulator's named experiments and the papers they follow.", Run: runSimList})
+	register(&command{Name: "sim list", Summary: "List the simulator's named experiments and the papers they follow.", Flags: runSimList})
 	register(&command{Name: "sim run", Args: "EXPERIMENT|all", Summary: "Run a simulator experiment (or all of them): write its CSV, SVG and text, and print every figure tagged fit or prediction with its verdict. " +
 		"`all` also writes the fit/prediction table (results.md) and, with --doc, puts it into a document. " +
-		"`scale` is the data-centre run (10,000 nodes and 1,000,000 leases by default).", Run: runSimRun})
+		"`scale` is the data-centre run (10,000 nodes and 1,000,000 leases by default).", Flags: runSimRun, MinArgs: 1, MaxArgs: 1})
 }
 
 type simExperiment struct {
@@ -25,29 +27,24 @@ type simExperiment struct {
 	Description string `json:"description"`
 }
 
-func runSimList(_ context.Context, e *env, args []string) error {
-	fs := newFlags(e, "sim list", "")
-	output := fs.String("o", "table", "output format: table or json")
-	if _, err := parse(fs, args, 0, 0); err != nil {
-		return err
-	}
-	if *output != "table" && *output != "json" {
-		return fmt.Errorf("unknown output format %q (use table or json)", *output)
-	}
-	exps := sim.Experiments()
-	if *output == "json" {
-		out := make([]simExperiment, 0, len(exps))
-		for _, x := range exps {
-			out = append(out, simExperiment{ID: x.Name, State: "available", Description: x.Description})
+func runSimList(e *env, fs *pflag.FlagSet) runFunc {
+	output := outputVar(fs)
+	return func(ctx context.Context, _ []string) error {
+		exps := sim.Experiments()
+		if output.structured() {
+			out := make([]simExperiment, 0, len(exps))
+			for _, x := range exps {
+				out = append(out, simExperiment{ID: x.Name, State: "available", Description: x.Description})
+			}
+			return output.print(e.stdout, out)
 		}
-		return printJSON(e.stdout, out)
+		tw := newTable(e.stdout)
+		fmt.Fprintln(tw, "EXPERIMENT\tDESCRIPTION")
+		for _, x := range exps {
+			fmt.Fprintf(tw, "%s\t%s\n", x.Name, x.Description)
+		}
+		return tw.Flush()
 	}
-	tw := newTable(e.stdout)
-	fmt.Fprintln(tw, "EXPERIMENT\tDESCRIPTION")
-	for _, x := range exps {
-		fmt.Fprintf(tw, "%s\t%s\n", x.Name, x.Description)
-	}
-	return tw.Flush()
 }
 
 type simSensitivity struct {
@@ -110,8 +107,7 @@ func simOut(res sim.Result, files report.Files, seed uint64) simRunOut {
 	return out
 }
 
-func runSimRun(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "sim run", "EXPERIMENT|all")
+func runSimRun(e *env, fs *pflag.FlagSet) runFunc {
 	outDir := fs.String("out", "sim-out", "directory for EXPERIMENT.csv, .svg and .txt (and results.md with all)")
 	seed := fs.Uint64("seed", 0, "random seed (the same seed gives the same result)")
 	scale := fs.Float64("scale", 1, "size multiplier of the run (headline ratios do not depend on it)")
@@ -126,61 +122,58 @@ func runSimRun(ctx context.Context, e *env, args []string) error {
 	conc := fs.Int("concurrency", sim.DefaultScale.Concurrency, "scale: leases running at once (about)")
 	remote := fs.Float64("remote-share", sim.DefaultScale.RemoteShare, "scale: share of leases that must borrow from another node")
 	compose := fs.Float64("compose-share", sim.DefaultScale.ComposeShare, "scale: share of leases that need a composition (1.5× a device's bandwidth)")
-	output := fs.String("o", "table", "output format: table or json")
-	pos, err := parse(fs, args, 1, 1)
-	if err != nil {
-		return err
-	}
-	if *output != "table" && *output != "json" {
-		return fmt.Errorf("unknown output format %q (use table or json)", *output)
-	}
-	if *scale <= 0 {
-		return fmt.Errorf("--scale must be positive")
-	}
-	if *nodes <= 0 || *leases <= 0 || *conc <= 0 || *remote < 0 || *remote > 1 || *compose < 0 || *compose > 1 {
-		return fmt.Errorf("--nodes, --leases and --concurrency must be positive and --remote-share, --compose-share within [0, 1]")
-	}
-	if *doc != "" && pos[0] != "all" {
-		return fmt.Errorf("--doc goes with `rialto sim run all`")
-	}
-	o := report.Options{
-		Options: sim.Options{Seed: *seed, OutDir: *outDir, Scale: *scale, PodList: *podList, Sample: *sample, Sensitivity: *sens,
-			ScaleSpec: sim.ScaleSpec{Nodes: *nodes, Leases: *leases, Concurrency: *conc, RemoteShare: *remote, ComposeShare: *compose}},
-		TraceDir: *traces,
-	}
-	if *real {
-		o.Real = lab.Counterpart
-	}
-	if pos[0] == "all" {
-		return runSimAll(ctx, e, o, *doc, *output == "json")
-	}
-	res, files, err := report.Run(ctx, pos[0], o)
-	if errors.Is(err, sim.ErrUnknownExperiment) {
-		names := make([]string, 0)
-		for _, x := range sim.Experiments() {
-			names = append(names, x.Name)
+	output := outputVar(fs)
+	return func(ctx context.Context, pos []string) error {
+		if *scale <= 0 {
+			return usagef("--scale must be positive")
 		}
-		return fmt.Errorf("unknown experiment %q (rialto sim list: %s, or all)", pos[0], strings.Join(names, ", "))
+		if *nodes <= 0 || *leases <= 0 || *conc <= 0 || *remote < 0 || *remote > 1 || *compose < 0 || *compose > 1 {
+			return usagef("--nodes, --leases and --concurrency must be positive and --remote-share, --compose-share within [0, 1]")
+		}
+		if *doc != "" && pos[0] != "all" {
+			return usagef("--doc goes with `rialto sim run all`")
+		}
+		o := report.Options{
+			Options: sim.Options{Seed: *seed, OutDir: *outDir, Scale: *scale, PodList: *podList, Sample: *sample, Sensitivity: *sens,
+				ScaleSpec: sim.ScaleSpec{Nodes: *nodes, Leases: *leases, Concurrency: *conc, RemoteShare: *remote, ComposeShare: *compose}},
+			TraceDir: *traces,
+		}
+		if *real {
+			o.Real = lab.Counterpart
+		}
+		if pos[0] == "all" {
+			return runSimAll(ctx, e, o, *doc, output)
+		}
+		bar := newProgress(e, -1, "sim: "+pos[0])
+		res, files, err := report.Run(ctx, pos[0], o)
+		bar.done()
+		if errors.Is(err, sim.ErrUnknownExperiment) {
+			names := make([]string, 0)
+			for _, x := range sim.Experiments() {
+				names = append(names, x.Name)
+			}
+			return fmt.Errorf("unknown experiment %q (rialto sim list: %s, or all)", pos[0], strings.Join(names, ", "))
+		}
+		if errors.Is(err, sim.ErrNoTraces) {
+			return fmt.Errorf("%w: pass --traces DIR or set RIALTO_TRACES", err)
+		}
+		if err != nil {
+			return err
+		}
+		if output.structured() {
+			return output.print(e.stdout, simOut(res, files, *seed))
+		}
+		fmt.Fprint(e.stdout, res.Summary())
+		fmt.Fprintln(e.stdout)
+		if res.Name == "scale" {
+			printScaleRates(e, res, files)
+		}
+		if res.Events > 0 {
+			fmt.Fprintf(e.stdout, "%d events; ", res.Events)
+		}
+		fmt.Fprintf(e.stdout, "wrote %s, %s and %s\n", files.CSV, files.SVG, files.Summary)
+		return nil
 	}
-	if errors.Is(err, sim.ErrNoTraces) {
-		return fmt.Errorf("%w: pass --traces DIR or set RIALTO_TRACES", err)
-	}
-	if err != nil {
-		return err
-	}
-	if *output == "json" {
-		return printJSON(e.stdout, simOut(res, files, *seed))
-	}
-	fmt.Fprint(e.stdout, res.Summary())
-	fmt.Fprintln(e.stdout)
-	if res.Name == "scale" {
-		printScaleRates(e, res, files)
-	}
-	if res.Events > 0 {
-		fmt.Fprintf(e.stdout, "%d events; ", res.Events)
-	}
-	fmt.Fprintf(e.stdout, "wrote %s, %s and %s\n", files.CSV, files.SVG, files.Summary)
-	return nil
 }
 
 // printScaleRates prints what only the caller can measure: the rates of
@@ -200,10 +193,16 @@ func printScaleRates(e *env, res sim.Result, files report.Files) {
 		files.Wall.Round(time.Millisecond), cpu, calls/cpu, float64(res.Events)/cpu, calls/wall, float64(res.Events)/wall)
 }
 
-func runSimAll(ctx context.Context, e *env, o report.Options, doc string, asJSON bool) error {
+func runSimAll(ctx context.Context, e *env, o report.Options, doc string, output *output) error {
+	bar := newProgress(e, len(sim.Experiments()), "sim")
 	outs, table, err := report.All(ctx, o, func(name string) {
+		if bar != nil {
+			bar.step("sim: " + name)
+			return
+		}
 		fmt.Fprintf(e.stderr, "running %s\n", name)
 	})
+	bar.done()
 	if err != nil {
 		return err
 	}
@@ -212,7 +211,7 @@ func runSimAll(ctx context.Context, e *env, o report.Options, doc string, asJSON
 			return err
 		}
 	}
-	if asJSON {
+	if output.structured() {
 		all := make([]simRunOut, 0, len(outs))
 		for _, x := range outs {
 			if x.Skipped != "" {
@@ -221,7 +220,7 @@ func runSimAll(ctx context.Context, e *env, o report.Options, doc string, asJSON
 			}
 			all = append(all, simOut(x.Result, x.Files, o.Seed))
 		}
-		return printJSON(e.stdout, all)
+		return output.print(e.stdout, all)
 	}
 	fmt.Fprint(e.stdout, table)
 	dir := o.OutDir

@@ -82,11 +82,11 @@ func TestSimRun(t *testing.T) {
 	}{
 		{[]string{"sim", "run", "nope", "--out", dir}, 1, "unknown experiment \"nope\""},
 		{[]string{"sim", "run"}, 2, "wrong number of arguments"},
-		{[]string{"sim", "run", "hop-latency", "--scale", "-1"}, 1, "--scale"},
+		{[]string{"sim", "run", "hop-latency", "--scale", "-1"}, 2, "--scale"},
 		{[]string{"sim", "run", "gpu-openb", "--out", dir, "--traces", filepath.Join(dir, "none")}, 1, "--traces"},
-		{[]string{"sim"}, 2, "sim run EXPERIMENT"},
-		{[]string{"sim", "run", "scale", "--remote-share", "2"}, 1, "--remote-share"},
-		{[]string{"sim", "run", "udp-throughput", "--doc", filepath.Join(dir, "x.md")}, 1, "--doc goes with"},
+		{[]string{"sim"}, 2, "needs a verb (list, run)"},
+		{[]string{"sim", "run", "scale", "--remote-share", "2"}, 2, "--remote-share"},
+		{[]string{"sim", "run", "udp-throughput", "--doc", filepath.Join(dir, "x.md")}, 2, "--doc goes with"},
 	} {
 		_, errs, code := runCLI(t, "", tc.args...)
 		if code != tc.code || !strings.Contains(errs, tc.want) {

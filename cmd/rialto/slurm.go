@@ -4,21 +4,22 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io/fs"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/slurm"
 )
 
 func init() {
-	register(&command{Name: "slurm prolog", Summary: "Slurm Prolog: lease the devices the job's comment asks for ('rialto: block 100GiB composed 3').", Run: runSlurmProlog})
-	register(&command{Name: "slurm task-prolog", Summary: "Slurm TaskProlog: put the job's lease IDs and URIs in its environment, or fail it with the reason.", Run: runSlurmTaskProlog})
-	register(&command{Name: "slurm epilog", Summary: "Slurm Epilog and EpilogSlurmctld: release the job's leases, however it ended.", Run: runSlurmEpilog})
+	register(&command{Name: "slurm prolog", Summary: "Slurm Prolog: lease the devices the job's comment asks for ('rialto: block 100GiB composed 3').", Flags: runSlurmProlog})
+	register(&command{Name: "slurm task-prolog", Summary: "Slurm TaskProlog: put the job's lease IDs and URIs in its environment, or fail it with the reason.", Flags: runSlurmTaskProlog})
+	register(&command{Name: "slurm epilog", Summary: "Slurm Epilog and EpilogSlurmctld: release the job's leases, however it ended.", Flags: runSlurmEpilog})
 }
 
 const (
@@ -33,7 +34,7 @@ type slurmFlags struct {
 	caCert            string // the cluster CA's certificate, from the env file (slurmClient)
 }
 
-func (sf *slurmFlags) register(fs *flag.FlagSet, client bool) {
+func (sf *slurmFlags) register(fs *pflag.FlagSet, client bool) {
 	if client {
 		fs.StringVar(&sf.envFile, "env-file", defaultSlurmEnvFile, "file with RIALTO_ADDR=, RIALTO_CACERT= and RIALTO_TOKEN= lines (the `rialto up` env file format; keep it root's only)")
 		fs.DurationVar(&sf.timeout, "timeout", time.Minute, "give up on the control plane after this long")
@@ -66,7 +67,7 @@ func (sf *slurmFlags) slurmClient(e *env) (*api.Client, error) {
 	if vals["RIALTO_ADDR"] == "" || vals["RIALTO_TOKEN"] == "" {
 		return nil, fmt.Errorf("no RIALTO_ADDR and RIALTO_TOKEN (in %s or the environment)", sf.envFile)
 	}
-	cf := clientFlags{addr: vals["RIALTO_ADDR"], caCert: vals["RIALTO_CACERT"], token: vals["RIALTO_TOKEN"], output: "table"}
+	cf := clientFlags{addr: vals["RIALTO_ADDR"], caCert: vals["RIALTO_CACERT"], token: vals["RIALTO_TOKEN"], out: &output{}}
 	sf.caCert = cf.caCert
 	return cf.client()
 }
@@ -74,98 +75,92 @@ func (sf *slurmFlags) slurmClient(e *env) (*api.Client, error) {
 // runSlurmProlog leases the job's devices. It exits 0 when they cannot be
 // placed (a failing Prolog would drain the node): the task prolog fails
 // the job with the reason instead.
-func runSlurmProlog(ctx context.Context, e *env, args []string) error {
+func runSlurmProlog(e *env, fs *pflag.FlagSet) runFunc {
 	var sf slurmFlags
-	fs := newFlags(e, "slurm prolog", "")
 	sf.register(fs, true)
-	if _, err := parse(fs, args, 0, 0); err != nil {
-		return err
-	}
-	j, err := slurm.JobFromEnv(e.getenv)
-	if err != nil {
-		return err
-	}
-	reqs, perr := slurm.ParseComment(j.Comment)
-	if perr == nil && len(reqs) == 0 {
-		return nil // the job asks for no devices
-	}
-	var lines []string
-	failure := perr
-	if failure == nil {
-		var c *api.Client
-		if c, err = sf.slurmClient(e); err != nil {
-			failure = err
-		} else {
-			ctx, cancel := context.WithTimeout(ctx, sf.timeout)
-			defer cancel()
-			ls, err := slurm.Ensure(ctx, c, j, reqs)
-			if err != nil {
+	return func(ctx context.Context, _ []string) error {
+		j, err := slurm.JobFromEnv(e.getenv)
+		if err != nil {
+			return err
+		}
+		reqs, perr := slurm.ParseComment(j.Comment)
+		if perr == nil && len(reqs) == 0 {
+			return nil // the job asks for no devices
+		}
+		var lines []string
+		failure := perr
+		if failure == nil {
+			var c *api.Client
+			if c, err = sf.slurmClient(e); err != nil {
 				failure = err
 			} else {
-				lines = slurm.Env(ls, sf.caCert)
-				ids := make([]string, len(ls))
-				for i, l := range ls {
-					ids[i] = l.ID
+				ctx, cancel := context.WithTimeout(ctx, sf.timeout)
+				defer cancel()
+				ls, err := slurm.Ensure(ctx, c, j, reqs)
+				if err != nil {
+					failure = err
+				} else {
+					lines = slurm.Env(ls, sf.caCert)
+					ids := make([]string, len(ls))
+					for i, l := range ls {
+						ids[i] = l.ID
+					}
+					fmt.Fprintf(e.stderr, "rialto slurm prolog: job %s: leases %s\n", j.ID, strings.Join(ids, " "))
 				}
-				fmt.Fprintf(e.stderr, "rialto slurm prolog: job %s: leases %s\n", j.ID, strings.Join(ids, " "))
 			}
 		}
+		if failure != nil {
+			fmt.Fprintf(e.stderr, "rialto slurm prolog: job %s: %v\n", j.ID, failure)
+		}
+		return slurm.WriteFile(sf.stateDir, j, lines, failure)
 	}
-	if failure != nil {
-		fmt.Fprintf(e.stderr, "rialto slurm prolog: job %s: %v\n", j.ID, failure)
-	}
-	return slurm.WriteFile(sf.stateDir, j, lines, failure)
 }
 
 // runSlurmTaskProlog prints the job's environment lines (Slurm's
 // TaskProlog protocol), or a print line with the failure and exits 1,
 // which fails the job with that line in its output.
-func runSlurmTaskProlog(ctx context.Context, e *env, args []string) error {
+func runSlurmTaskProlog(e *env, fs *pflag.FlagSet) runFunc {
 	var sf slurmFlags
-	fs := newFlags(e, "slurm task-prolog", "")
 	sf.register(fs, false)
-	if _, err := parse(fs, args, 0, 0); err != nil {
-		return err
+	return func(ctx context.Context, _ []string) error {
+		j, err := slurm.JobFromEnv(e.getenv)
+		if err != nil {
+			return err
+		}
+		lines, failed, err := slurm.TaskPrologLines(sf.stateDir, j)
+		if err != nil {
+			return err
+		}
+		for _, l := range lines {
+			fmt.Fprintln(e.stdout, l)
+		}
+		if failed {
+			return errors.New("the job's devices could not be leased")
+		}
+		return nil
 	}
-	j, err := slurm.JobFromEnv(e.getenv)
-	if err != nil {
-		return err
-	}
-	lines, failed, err := slurm.TaskPrologLines(sf.stateDir, j)
-	if err != nil {
-		return err
-	}
-	for _, l := range lines {
-		fmt.Fprintln(e.stdout, l)
-	}
-	if failed {
-		return errors.New("the job's devices could not be leased")
-	}
-	return nil
 }
 
 // runSlurmEpilog releases the job's leases and removes its file.
-func runSlurmEpilog(ctx context.Context, e *env, args []string) error {
+func runSlurmEpilog(e *env, fs *pflag.FlagSet) runFunc {
 	var sf slurmFlags
-	fs := newFlags(e, "slurm epilog", "")
 	sf.register(fs, true)
-	if _, err := parse(fs, args, 0, 0); err != nil {
+	return func(ctx context.Context, _ []string) error {
+		j, err := slurm.JobFromEnv(e.getenv)
+		if err != nil {
+			return err
+		}
+		os.Remove(j.File(sf.stateDir))
+		c, err := sf.slurmClient(e)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(ctx, sf.timeout)
+		defer cancel()
+		ids, err := slurm.Release(ctx, c, j)
+		if len(ids) > 0 {
+			fmt.Fprintf(e.stderr, "rialto slurm epilog: job %s: released %s\n", j.ID, strings.Join(ids, " "))
+		}
 		return err
 	}
-	j, err := slurm.JobFromEnv(e.getenv)
-	if err != nil {
-		return err
-	}
-	os.Remove(j.File(sf.stateDir))
-	c, err := sf.slurmClient(e)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, sf.timeout)
-	defer cancel()
-	ids, err := slurm.Release(ctx, c, j)
-	if len(ids) > 0 {
-		fmt.Fprintf(e.stderr, "rialto slurm epilog: job %s: released %s\n", j.ID, strings.Join(ids, " "))
-	}
-	return err
 }

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/agent"
 	"github.com/rialto-project/rialto/internal/controlplane"
@@ -23,7 +25,7 @@ import (
 )
 
 func init() {
-	register(&command{Name: "up", Summary: "Run a local cluster: a control plane and 3 agents lending file-backed disks, in one process (--netns: an emulated rack, each in its own network namespace).", Run: runUp})
+	register(&command{Name: "up", Summary: "Run a local cluster: a control plane and 3 agents lending file-backed disks, in one process (--netns: an emulated rack, each in its own network namespace).", Flags: runUp})
 }
 
 // upState is what `rialto up` keeps in its state dir (cluster.json, 0600).
@@ -67,233 +69,231 @@ func saveUpState(dir string, s upState) error {
 	return os.Rename(tmp, p)
 }
 
-func runUp(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "up", "")
+func runUp(e *env, fs *pflag.FlagSet) runFunc {
 	dir := fs.String("state-dir", "rialto-state", "where the database, tokens, agent state and disk images live")
 	port := fs.Int("port", 0, "API port (default: the one used last time, else a free one)")
 	agents := fs.Int("agents", 3, "number of agents (nodes)")
 	disks := fs.Int("disks", 2, "block devices per node")
-	diskSize := fs.String("disk-size", "1GiB", "size of each block device (sparse files)")
-	memSize := fs.String("memory", "256MiB", "memory budget each node lends (0 for none)")
+	diskSize := sizeString(fs, "disk-size", "1GiB", "size of each block device (sparse files)")
+	memSize := sizeString(fs, "memory", "256MiB", "memory budget each node lends (0 for none)")
 	slots := fs.Int("accel", 2, "accelerator slots each node lends (0 for none)")
 	level := fs.String("log-level", "warn", "debug, info, warn or error (logs go to stderr)")
 	var quotaSpecs listFlag
 	fs.Var(&quotaSpecs, "quota", "tenant quota [TENANT:]leases=N,bytes=SIZE,slots=N,bandwidth=RATE, as for rialto server (the up cluster's token is tenant admin; repeatable)")
 	netnsMode := fs.Bool("netns", false, "run an emulated rack instead: the control plane and each agent as separate processes in their own network namespaces, joined by veth pairs and a bridge (root only; docs/rack.md)")
-	linkRate := fs.String("link-rate", "", "with --netns: shape every link with tc tbf to this rate, e.g. 1gbit, 400mbit (bandwidth only: no delay or loss)")
+	linkRate := tcRateString(fs, "link-rate", "with --netns: shape every link with tc tbf to this rate, e.g. 1gbit, 400mbit (bandwidth only: no delay or loss)")
 	uplinks := fs.Bool("uplinks", false, "with --netns: give every agent an uplink (wan0) to an outside network that only the agents reach, lent as NIC \"wan\" (docs/nic.md; needs nft)")
-	uplinkRate := fs.String("uplink-rate", "", "with --uplinks: shape the uplinks with tc tbf to this rate, e.g. 100mbit; the agents lend them at that rate")
+	uplinkRate := tcRateString(fs, "uplink-rate", "with --uplinks: shape the uplinks with tc tbf to this rate, e.g. 100mbit; the agents lend them at that rate")
 	insecure := insecureDataplaneFlag(fs)
 	replicas := fs.Int("replicas", 1, "control-plane replicas; more than 1 runs a throwaway PostgreSQL in the state dir (needs the machine's PostgreSQL) and that many `rialto server` processes sharing it (docs/operations.md)")
 	var tm timings
 	tm.register(fs)
-	if _, err := parse(fs, args, 0, 0); err != nil {
-		return err
-	}
-	if *replicas < 1 || *replicas > 16 {
-		return fmt.Errorf("--replicas must be 1 to 16")
-	}
-	if *replicas > 1 && *netnsMode {
-		return fmt.Errorf("--replicas does not combine with --netns yet")
-	}
-	if *linkRate != "" && !*netnsMode {
-		return fmt.Errorf("--link-rate needs --netns")
-	}
-	if *uplinks && !*netnsMode {
-		return fmt.Errorf("--uplinks needs --netns")
-	}
-	if *uplinkRate != "" && !*uplinks {
-		return fmt.Errorf("--uplink-rate needs --uplinks")
-	}
-	quotas, err := parseQuotas(quotaSpecs)
-	if err != nil {
-		return err
-	}
-	if *agents < 0 || *disks < 0 {
-		return fmt.Errorf("--agents and --disks must not be negative")
-	}
-	dsize, err := resource.ParseSize(*diskSize)
-	if err != nil || dsize < 1<<20 {
-		return fmt.Errorf("bad --disk-size %q (at least 1MiB)", *diskSize)
-	}
-	var msize int64
-	if *memSize != "0" && *memSize != "" {
-		if msize, err = resource.ParseSize(*memSize); err != nil {
-			return fmt.Errorf("bad --memory: %w", err)
+	return func(ctx context.Context, _ []string) error {
+		if *replicas < 1 || *replicas > 16 {
+			return usagef("--replicas must be 1 to 16")
 		}
-	}
-	log, err := newLogger(e, *level)
-	if err != nil {
-		return err
-	}
-	if *insecure {
-		fmt.Fprintln(e.stderr, "rialto up: --insecure-dataplane: leases are served without TLS; their credentials and data cross the network in clear")
-	}
-	if *netnsMode {
-		// The processes log to files in the state dir, not this terminal:
-		// info unless asked otherwise.
-		if !flagSet(fs, "log-level") {
-			*level = "info"
+		if *replicas > 1 && *netnsMode {
+			return usagef("--replicas does not combine with --netns yet")
 		}
-		return runUpNetns(ctx, e, upNetns{dir: *dir, port: *port, agents: *agents, disks: *disks, diskSize: dsize,
-			memory: msize, slots: *slots, linkRate: *linkRate, uplinks: *uplinks, uplinkRate: *uplinkRate,
-			level: *level, quotas: quotaSpecs, tm: tm, log: log, insecureDataplane: *insecure})
-	}
-	if err := os.MkdirAll(*dir, 0o700); err != nil {
-		return err
-	}
-	lock, err := lockStateDir(*dir)
-	if err != nil {
-		return err
-	}
-	defer lock.Close()
-	st, err := loadUpState(*dir)
-	if err != nil {
-		return err
-	}
-	if st.BootstrapToken == "" {
-		st.BootstrapToken = resource.NewSecret("rbt")
-	}
-	if st.AdminToken == "" {
-		st.AdminToken = resource.NewSecret("rat")
-	}
-	if st.MetricsToken == "" {
-		st.MetricsToken = resource.NewSecret("rat")
-	}
-
-	ln, err := listenUp(*port, st.Port)
-	if err != nil {
-		return err
-	}
-	st.Port = ln.Addr().(*net.TCPAddr).Port
-	if err := saveUpState(*dir, st); err != nil {
-		ln.Close()
-		return err
-	}
-	// The cluster CA lives in the state dir; the API is served over HTTPS
-	// with a certificate from it.
-	ca, tlsCfg, err := apiTLS(upTLSDir(*dir), ln.Addr().String(), ln, nil)
-	if err != nil {
-		ln.Close()
-		return err
-	}
-	caFile, err := filepath.Abs(ca.CertFile())
-	if err != nil {
-		ln.Close()
-		return err
-	}
-	var cp interface {
-		url() string
-		stop() error
-		startSweeping(context.Context)
-	}
-	if *replicas > 1 {
-		// The replicas are `rialto server` processes sharing the state
-		// dir's CA (replicas.go).
-		ln.Close()
-		cp, err = startReplicas(ctx, *dir, *replicas, st, caFile, replicaArgs(tm, quotaSpecs, *level, upTLSDir(*dir)))
-	} else {
-		cp, err = startControlPlane(ctx, ln, filepath.Join(*dir, "rialto.db"), controlplane.Config{
-			Logger: log.With("component", "controlplane"), BootstrapToken: st.BootstrapToken,
-			Tokens: []controlplane.Token{{Token: st.AdminToken, Tenant: "admin", Admin: true},
-				{Token: st.MetricsToken, Tenant: "prometheus"}},
-			HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down, MaxHeartbeatsPerSecond: tm.maxBeats,
-			PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas, CA: ca,
-		}, tlsCfg)
-	}
-	if err != nil {
-		ln.Close()
-		return err
-	}
-
-	// Agents.
-	actx, stopAgents := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	errs := make(chan error, *agents)
-	var started []*agent.Agent
-	for i := range *agents {
-		name := fmt.Sprintf("node%d", i+1)
-		cfg := agent.Config{
-			ControlPlane: cp.url(), BootstrapToken: st.BootstrapToken, Name: name,
-			StateDir: filepath.Join(*dir, name), Logger: log.With("component", "agent", "node", name),
-			Labels: map[string]string{"cluster": "local"}, CAFile: caFile, InsecureDataplane: *insecure,
-			// The control plane's /metrics reports this process's runtime
-			// (replicas are processes of their own).
-			OmitRuntimeMetrics: *replicas <= 1,
+		if *linkRate != "" && !*netnsMode {
+			return usagef("--link-rate needs --netns")
 		}
-		for d := range *disks {
-			cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: fmt.Sprintf("disk%d", d), Kind: api.KindBlock,
-				Path: fmt.Sprintf("disk%d.img", d), Size: dsize, Model: "sparse-file"})
+		if *uplinks && !*netnsMode {
+			return usagef("--uplinks needs --netns")
 		}
-		if msize > 0 {
-			cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: "mem0", Kind: api.KindMemory, Size: msize})
+		if *uplinkRate != "" && !*uplinks {
+			return usagef("--uplink-rate needs --uplinks")
 		}
-		if *slots > 0 {
-			cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: "accel0", Kind: api.KindAccel, Size: int64(*slots)})
-		}
-		a, err := agent.New(cfg)
+		quotas, err := parseQuotas(quotaSpecs)
 		if err != nil {
-			stopAgents()
-			wg.Wait()
-			cp.stop()
 			return err
 		}
-		started = append(started, a)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := a.Run(actx); err != nil {
-				errs <- fmt.Errorf("agent %s: %w", name, err)
+		if *agents < 0 || *disks < 0 {
+			return usagef("--agents and --disks must not be negative")
+		}
+		dsize, err := resource.ParseSize(*diskSize)
+		if err != nil || dsize < 1<<20 {
+			return usagef("bad --disk-size %q (at least 1MiB)", *diskSize)
+		}
+		var msize int64
+		if *memSize != "0" && *memSize != "" {
+			if msize, err = resource.ParseSize(*memSize); err != nil {
+				return usagef("bad --memory: %w", err)
 			}
-		}()
-	}
-	shutdown := func() error {
-		stopAgents()
-		wg.Wait()
-		return cp.stop()
-	}
-	for _, a := range started {
+		}
+		log, err := newLogger(e, *level)
+		if err != nil {
+			return err
+		}
+		if *insecure {
+			fmt.Fprintln(e.stderr, "rialto up: --insecure-dataplane: leases are served without TLS; their credentials and data cross the network in clear")
+		}
+		if *netnsMode {
+			// The processes log to files in the state dir, not this terminal:
+			// info unless asked otherwise.
+			if !flagSet(fs, "log-level") {
+				*level = "info"
+			}
+			return runUpNetns(ctx, e, upNetns{dir: *dir, port: *port, agents: *agents, disks: *disks, diskSize: dsize,
+				memory: msize, slots: *slots, linkRate: *linkRate, uplinks: *uplinks, uplinkRate: *uplinkRate,
+				level: *level, quotas: quotaSpecs, tm: tm, log: log, insecureDataplane: *insecure})
+		}
+		if err := os.MkdirAll(*dir, 0o700); err != nil {
+			return err
+		}
+		lock, err := lockStateDir(*dir)
+		if err != nil {
+			return err
+		}
+		defer lock.Close()
+		st, err := loadUpState(*dir)
+		if err != nil {
+			return err
+		}
+		if st.BootstrapToken == "" {
+			st.BootstrapToken = resource.NewSecret("rbt")
+		}
+		if st.AdminToken == "" {
+			st.AdminToken = resource.NewSecret("rat")
+		}
+		if st.MetricsToken == "" {
+			st.MetricsToken = resource.NewSecret("rat")
+		}
+
+		ln, err := listenUp(*port, st.Port)
+		if err != nil {
+			return err
+		}
+		st.Port = ln.Addr().(*net.TCPAddr).Port
+		if err := saveUpState(*dir, st); err != nil {
+			ln.Close()
+			return err
+		}
+		// The cluster CA lives in the state dir; the API is served over HTTPS
+		// with a certificate from it.
+		ca, tlsCfg, err := apiTLS(upTLSDir(*dir), ln.Addr().String(), ln, nil)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		caFile, err := filepath.Abs(ca.CertFile())
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		var cp interface {
+			url() string
+			stop() error
+			startSweeping(context.Context)
+		}
+		if *replicas > 1 {
+			// The replicas are `rialto server` processes sharing the state
+			// dir's CA (replicas.go).
+			ln.Close()
+			cp, err = startReplicas(ctx, *dir, *replicas, st, caFile, replicaArgs(tm, quotaSpecs, *level, upTLSDir(*dir)))
+		} else {
+			cp, err = startControlPlane(ctx, ln, filepath.Join(*dir, "rialto.db"), controlplane.Config{
+				Logger: log.With("component", "controlplane"), BootstrapToken: st.BootstrapToken,
+				Tokens: []controlplane.Token{{Token: st.AdminToken, Tenant: "admin", Admin: true},
+					{Token: st.MetricsToken, Tenant: "prometheus"}},
+				HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down, MaxHeartbeatsPerSecond: tm.maxBeats,
+				PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas, CA: ca,
+			}, tlsCfg)
+		}
+		if err != nil {
+			ln.Close()
+			return err
+		}
+
+		// Agents.
+		actx, stopAgents := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		errs := make(chan error, *agents)
+		var started []*agent.Agent
+		for i := range *agents {
+			name := fmt.Sprintf("node%d", i+1)
+			cfg := agent.Config{
+				ControlPlane: cp.url(), BootstrapToken: st.BootstrapToken, Name: name,
+				StateDir: filepath.Join(*dir, name), Logger: log.With("component", "agent", "node", name),
+				Labels: map[string]string{"cluster": "local"}, CAFile: caFile, InsecureDataplane: *insecure,
+				// The control plane's /metrics reports this process's runtime
+				// (replicas are processes of their own).
+				OmitRuntimeMetrics: *replicas <= 1,
+			}
+			for d := range *disks {
+				cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: fmt.Sprintf("disk%d", d), Kind: api.KindBlock,
+					Path: fmt.Sprintf("disk%d.img", d), Size: dsize, Model: "sparse-file"})
+			}
+			if msize > 0 {
+				cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: "mem0", Kind: api.KindMemory, Size: msize})
+			}
+			if *slots > 0 {
+				cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: "accel0", Kind: api.KindAccel, Size: int64(*slots)})
+			}
+			a, err := agent.New(cfg)
+			if err != nil {
+				stopAgents()
+				wg.Wait()
+				cp.stop()
+				return err
+			}
+			started = append(started, a)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := a.Run(actx); err != nil {
+					errs <- fmt.Errorf("agent %s: %w", name, err)
+				}
+			}()
+		}
+		shutdown := func() error {
+			stopAgents()
+			wg.Wait()
+			return cp.stop()
+		}
+		for _, a := range started {
+			select {
+			case <-a.Ready():
+			case err := <-errs:
+				shutdown()
+				return err
+			case <-ctx.Done():
+				return shutdown()
+			case <-time.After(30 * time.Second):
+				shutdown()
+				return fmt.Errorf("agents did not join within 30s")
+			}
+		}
+		// Sweeping starts once every agent has rejoined, so a restart does not
+		// take the downtime for node failures.
+		cp.startSweeping(ctx)
+
+		where := fmt.Sprintf("a control plane and %d agents on loopback", *agents)
+		if *replicas > 1 {
+			where = fmt.Sprintf("%d control-plane replicas sharing a PostgreSQL in the state dir, and %d agents on loopback", *replicas, *agents)
+		}
+		promCfg, err := writePrometheusConfig(*dir, cp.url(), caFile, st.MetricsToken)
+		if err != nil {
+			shutdown()
+			return err
+		}
+		printProm := func(w io.Writer) {
+			fmt.Fprintf(w, "Prometheus: prometheus --config.file=%s\n", promCfg)
+			fmt.Fprintln(w, "            (scrapes the control plane and every agent; Grafana dashboard: docs/grafana/rialto.json)")
+		}
+		if err := printUp(ctx, e, cp.url(), caFile, st, *dir, where, *insecure, printProm); err != nil {
+			shutdown()
+			return err
+		}
 		select {
-		case <-a.Ready():
+		case <-ctx.Done():
 		case err := <-errs:
 			shutdown()
 			return err
-		case <-ctx.Done():
-			return shutdown()
-		case <-time.After(30 * time.Second):
-			shutdown()
-			return fmt.Errorf("agents did not join within 30s")
 		}
+		fmt.Fprintln(e.stderr, "rialto up: stopping")
+		return shutdown()
 	}
-	// Sweeping starts once every agent has rejoined, so a restart does not
-	// take the downtime for node failures.
-	cp.startSweeping(ctx)
-
-	where := fmt.Sprintf("a control plane and %d agents on loopback", *agents)
-	if *replicas > 1 {
-		where = fmt.Sprintf("%d control-plane replicas sharing a PostgreSQL in the state dir, and %d agents on loopback", *replicas, *agents)
-	}
-	promCfg, err := writePrometheusConfig(*dir, cp.url(), caFile, st.MetricsToken)
-	if err != nil {
-		shutdown()
-		return err
-	}
-	printProm := func(w io.Writer) {
-		fmt.Fprintf(w, "Prometheus: prometheus --config.file=%s\n", promCfg)
-		fmt.Fprintln(w, "            (scrapes the control plane and every agent; Grafana dashboard: docs/grafana/rialto.json)")
-	}
-	if err := printUp(ctx, e, cp.url(), caFile, st, *dir, where, *insecure, printProm); err != nil {
-		shutdown()
-		return err
-	}
-	select {
-	case <-ctx.Done():
-	case err := <-errs:
-		shutdown()
-		return err
-	}
-	fmt.Fprintln(e.stderr, "rialto up: stopping")
-	return shutdown()
 }
 
 // lockStateDir takes an exclusive lock on dir/lock, so that two clusters
@@ -438,8 +438,8 @@ scrape_configs:
     # each replica lists itself, the agents they list alike are scraped once.
     http_sd_configs:
 %[2]s    # /metrics is open; the targets are HTTPS with certificates of the cluster CA.
-    tls_config:
-      ca_file: %[4]q
+        tls_config:
+          ca_file: %[4]q
 `, filepath.Join(abs, "prometheus.yml"), sd.String(), tokFile, caFile)
 	p := filepath.Join(abs, "prometheus.yml")
 	if err := os.WriteFile(p, []byte(cfg), 0o644); err != nil {

@@ -39,11 +39,11 @@ func runUpNetns(ctx context.Context, e *env, o upNetns) error {
 	}
 	if o.linkRate != "" {
 		if _, err := netns.ParseRate(o.linkRate); err != nil {
-			return fmt.Errorf("bad --link-rate %q: want a tc rate such as 1gbit or 400mbit", o.linkRate)
+			return usagef("bad --link-rate %q: want a tc rate such as 1gbit or 400mbit", o.linkRate)
 		}
 	}
 	if o.agents > rack.MaxAgents {
-		return fmt.Errorf("--agents: at most %d with --netns", rack.MaxAgents)
+		return usagef("--agents: at most %d with --netns", rack.MaxAgents)
 	}
 	self, err := os.Executable()
 	if err != nil {

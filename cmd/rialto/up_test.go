@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/rialto-project/rialto/internal/dataplane/memory/mapping"
 	"io"
 	"os"
 	"os/exec"
@@ -18,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/memory/mapping"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
@@ -259,7 +260,7 @@ func TestUpREADMEFlow(t *testing.T) {
 		t.Fatalf("shared accel lease %+v", acc)
 	}
 	var ran accelRunOut
-	up.cli(t, bin, &ran, "accel", "run", acc.ID, "sha256", "@hello")
+	up.cli(t, bin, &ran, "accel", "run", acc.ID, "sha256", "--data", "hello")
 	if sum := sha256.Sum256([]byte("hello")); ran.Via != "gateway" || !bytes.Equal(ran.Output, sum[:]) {
 		t.Fatalf("accel run through the gateway: %+v", ran)
 	}

@@ -146,16 +146,16 @@ func TestVerbErrors(t *testing.T) {
 	}{
 		{[]string{"nodes", "--token-file", secretFileOf(t, "bad")}, 1, "missing or unknown API token (code unauthorized, HTTP 401)"},
 		{[]string{"nodes", "--token", "bad"}, 1, "--token puts a secret on the command line"},
-		{[]string{"lease", "create", "--size", "lots"}, 1, "bad --size"},
-		{[]string{"lease", "create", "--kind", "floppy"}, 1, "unknown --kind"},
-		{[]string{"lease", "create", "--ttl", "soon"}, 1, "bad --ttl"},
+		{[]string{"lease", "create", "--size", "lots"}, 2, `invalid argument "lots" for "--size"`},
+		{[]string{"lease", "create", "--kind", "floppy"}, 2, "unknown kind (block, memory, accel, nic)"},
+		{[]string{"lease", "create", "--ttl", "soon"}, 2, `invalid argument "soon" for "--ttl"`},
 		{[]string{"lease", "create", "--size", "1G", "--ttl", "10m"}, 1, "unexpected request"},
 		{[]string{"lease", "show"}, 2, "wrong number of arguments"},
-		{[]string{"nodes", "-o", "yaml"}, 1, "unknown output format"},
+		{[]string{"nodes", "-o", "xml"}, 2, "want table, json, yaml or template"},
 		{[]string{"frobnicate"}, 2, "unknown command"},
-		{[]string{"lease"}, 2, "lease release ID"},
-		{[]string{"lease", "frob"}, 2, "lease create"},
-		{[]string{"nodes", "--nope"}, 2, "flag provided but not defined"},
+		{[]string{"lease"}, 2, "needs a verb (create, move, release, renew, show)"},
+		{[]string{"lease", "frob"}, 2, `unknown command "lease frob"`},
+		{[]string{"nodes", "--nope"}, 2, "unknown flag: --nope"},
 	} {
 		_, errs, code := runCLI(t, srv.URL, tc.args...)
 		if code != tc.code || !strings.Contains(errs, tc.want) {

@@ -5,13 +5,15 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+
+	"github.com/spf13/pflag"
 )
 
 // version is set at link time (-ldflags "-X main.version=v1.2.3").
 var version = ""
 
 func init() {
-	register(&command{Name: "version", Summary: "Print the version of this binary.", Run: runVersion})
+	register(&command{Name: "version", Summary: "Print the version of this binary.", Flags: runVersion})
 }
 
 func versionString() string {
@@ -24,16 +26,14 @@ func versionString() string {
 	return "devel"
 }
 
-func runVersion(_ context.Context, e *env, args []string) error {
-	fs := newFlags(e, "version", "")
-	out := fs.String("o", "table", "output format: table or json")
-	if _, err := parse(fs, args, 0, 0); err != nil {
-		return err
+func runVersion(e *env, fs *pflag.FlagSet) runFunc {
+	out := outputVar(fs)
+	return func(ctx context.Context, _ []string) error {
+		v := versionString()
+		if out.structured() {
+			return out.print(e.stdout, map[string]string{"id": "rialto", "state": "ok", "version": v, "go": runtime.Version()})
+		}
+		fmt.Fprintf(e.stdout, "rialto %s (%s, %s/%s)\n", v, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+		return nil
 	}
-	v := versionString()
-	if *out == "json" {
-		return printJSON(e.stdout, map[string]string{"id": "rialto", "state": "ok", "version": v, "go": runtime.Version()})
-	}
-	fmt.Fprintf(e.stdout, "rialto %s (%s, %s/%s)\n", v, runtime.Version(), runtime.GOOS, runtime.GOARCH)
-	return nil
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -18,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/borrower"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
@@ -28,11 +29,11 @@ import (
 
 func init() {
 	register(&command{Name: "vm run", Args: "--disk LEASE --kernel K",
-		Summary: "Boot a qemu guest on this host whose virtio disk is a block lease (Ctrl-C or `rialto vm stop` stops it; --detach runs it in the background).", Run: runVMRun})
-	register(&command{Name: "vm stop", Args: "NAME", Summary: "Stop a VM cleanly (pause, flush its disk to the lender, quit) and wait until it is gone.", Run: runVMStop})
-	register(&command{Name: "vm list", Summary: "List the VMs of the state dir.", Run: runVMList})
+		Summary: "Boot a qemu guest on this host whose virtio disk is a block lease (Ctrl-C or `rialto vm stop` stops it; --detach runs it in the background).", Flags: runVMRun})
+	register(&command{Name: "vm stop", Args: "NAME", Summary: "Stop a VM cleanly (pause, flush its disk to the lender, quit) and wait until it is gone.", Flags: runVMStop, MinArgs: 1, MaxArgs: 1})
+	register(&command{Name: "vm list", Summary: "List the VMs of the state dir.", Flags: runVMList})
 	register(&command{Name: "vm move", Args: "NAME --to HOST",
-		Summary: "Cold-migrate a VM: stop it cleanly and start it on another host with the same lent disk.", Run: runVMMove})
+		Summary: "Cold-migrate a VM: stop it cleanly and start it on another host with the same lent disk.", Flags: runVMMove, MinArgs: 1, MaxArgs: 1})
 }
 
 // readyFDEnv names the descriptor a detached `vm run` reports on: "ok
@@ -52,7 +53,7 @@ func vmStateDir(e *env) string {
 	return filepath.Join(home, ".rialto", "vm")
 }
 
-func stateDirFlag(fs *flag.FlagSet, e *env) *string {
+func stateDirFlag(fs *pflag.FlagSet, e *env) *string {
 	return fs.String("state-dir", vmStateDir(e), "where VMs are recorded (their console logs, QMP sockets, and disk sockets of composed leases)")
 }
 
@@ -80,83 +81,80 @@ func (f vmRunFlags) args(addr string) []string {
 	return a
 }
 
-func runVMRun(ctx context.Context, e *env, args []string) error {
+func runVMRun(e *env, fs *pflag.FlagSet) runFunc {
 	var cf clientFlags
 	var f vmRunFlags
-	fs := newFlags(e, "vm run", "--disk LEASE --kernel K")
 	cf.register(fs, e)
 	fs.StringVar(&f.disk, "disk", "", "the block `LEASE` that is the guest's virtio disk (one part: qemu's own NBD client dials the lender; composed: attached here and served to qemu on a Unix socket)")
 	fs.StringVar(&f.kernel, "kernel", "", "the guest's kernel (qemu -kernel)")
 	fs.StringVar(&f.initrd, "initrd", "", "the guest's initramfs (qemu -initrd)")
 	fs.StringVar(&f.appendArgs, "append", "console=ttyS0", "the guest kernel's command line")
-	fs.StringVar(&f.memory, "memory", "256MiB", "the guest's memory")
+	f.memory = "256MiB"
+	fs.Var(sizeText{&f.memory}, "memory", "the guest's memory")
 	fs.IntVar(&f.cpus, "cpus", 1, "the guest's vCPUs")
 	fs.StringVar(&f.accel, "accel", vm.AccelAuto, "tcg, kvm, or auto: KVM if a probe guest runs under it here within 5 s (the verdict is cached in the state dir), else TCG")
 	fs.StringVar(&f.name, "name", "", "the VM's name (default: the lease's ID)")
 	sd := stateDirFlag(fs, e)
 	fs.BoolVar(&f.detach, "detach", false, "run in the background: return once the guest runs (its supervisor logs to STATE/NAME/supervisor.log)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
-	if _, err := parse(fs, args, 0, 0); err != nil {
-		return err
-	}
-	f.stateDir = *sd
-	if f.disk == "" || f.kernel == "" {
-		fmt.Fprintln(e.stderr, "rialto vm run: --disk and --kernel are required")
-		fs.Usage()
-		return errUsage
-	}
-	if f.name == "" {
-		f.name = f.disk
-	}
-	mem, err := resource.ParseSize(f.memory)
-	if err != nil || mem < 16<<20 || mem%(1<<20) != 0 {
-		return fmt.Errorf("bad --memory %q: a whole number of MiB, at least 16MiB", f.memory)
-	}
-	for _, p := range []*string{&f.kernel, &f.initrd, &f.stateDir} {
-		if *p != "" {
-			if *p, err = filepath.Abs(*p); err != nil {
-				return err
+	return func(ctx context.Context, _ []string) error {
+		f.stateDir = *sd
+		if f.disk == "" || f.kernel == "" {
+			return usagef("--disk and --kernel are required")
+		}
+		if f.name == "" {
+			f.name = f.disk
+		}
+		mem, err := resource.ParseSize(f.memory)
+		if err != nil || mem < 16<<20 || mem%(1<<20) != 0 {
+			return usagef("bad --memory %q: a whole number of MiB, at least 16MiB", f.memory)
+		}
+		for _, p := range []*string{&f.kernel, &f.initrd, &f.stateDir} {
+			if *p != "" {
+				if *p, err = filepath.Abs(*p); err != nil {
+					return err
+				}
 			}
 		}
-	}
-	dir, err := vm.VMDir(f.stateDir, f.name)
-	if err != nil {
+		dir, err := vm.VMDir(f.stateDir, f.name)
+		if err != nil {
+			return err
+		}
+		if old, err := vm.LoadRecord(f.stateDir, f.name); err == nil && old.Running() {
+			return fmt.Errorf("VM %s already runs on %s (process %d); `rialto vm stop %s` first", f.name, old.Host, old.PID, f.name)
+		}
+		if f.detach {
+			return detachVMRun(ctx, e, &cf, f, dir)
+		}
+		ready := func(vm.Record) {}
+		fail := func(error) {}
+		if fd := e.getenv(readyFDEnv); fd != "" {
+			n, err := strconv.Atoi(fd)
+			if err != nil {
+				return fmt.Errorf("bad %s", readyFDEnv)
+			}
+			w := os.NewFile(uintptr(n), "ready")
+			var once sync.Once
+			ready = func(r vm.Record) {
+				once.Do(func() {
+					b, _ := json.Marshal(r)
+					fmt.Fprintf(w, "ok %s\n", b)
+					w.Close()
+				})
+			}
+			fail = func(err error) {
+				once.Do(func() {
+					fmt.Fprintf(w, "error %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
+					w.Close()
+				})
+			}
+		}
+		err = superviseVM(ctx, e, &cf, f, mem>>20, dir, ready)
+		if err != nil {
+			fail(err)
+		}
 		return err
 	}
-	if old, err := vm.LoadRecord(f.stateDir, f.name); err == nil && old.Running() {
-		return fmt.Errorf("VM %s already runs on %s (process %d); `rialto vm stop %s` first", f.name, old.Host, old.PID, f.name)
-	}
-	if f.detach {
-		return detachVMRun(ctx, e, &cf, f, dir)
-	}
-	ready := func(vm.Record) {}
-	fail := func(error) {}
-	if fd := e.getenv(readyFDEnv); fd != "" {
-		n, err := strconv.Atoi(fd)
-		if err != nil {
-			return fmt.Errorf("bad %s", readyFDEnv)
-		}
-		w := os.NewFile(uintptr(n), "ready")
-		var once sync.Once
-		ready = func(r vm.Record) {
-			once.Do(func() {
-				b, _ := json.Marshal(r)
-				fmt.Fprintf(w, "ok %s\n", b)
-				w.Close()
-			})
-		}
-		fail = func(err error) {
-			once.Do(func() {
-				fmt.Fprintf(w, "error %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
-				w.Close()
-			})
-		}
-	}
-	err = superviseVM(ctx, e, &cf, f, mem>>20, dir, ready)
-	if err != nil {
-		fail(err)
-	}
-	return err
 }
 
 // superviseVM runs the VM in this process until ctx ends or the guest
@@ -273,7 +271,7 @@ func superviseVM(ctx context.Context, e *env, cf *clientFlags, f vmRunFlags, mem
 		}()
 		if e.getenv(readyFDEnv) == "" {
 			if cf.json() {
-				printJSON(e.stdout, rec)
+				cf.print(e.stdout, rec)
 			} else {
 				fmt.Fprintf(e.stdout, "VM %s runs on %s under %s (qemu %d); disk: lease %s, %s; console: %s\n",
 					rec.Name, rec.Host, rec.Accel, rec.QEMUPID, rec.Lease, rec.Disk, rec.Console)
@@ -397,7 +395,7 @@ func detachVMRun(ctx context.Context, e *env, cf *clientFlags, f vmRunFlags, dir
 		return fmt.Errorf("vm %s: bad report from its supervisor: %w", f.name, err)
 	}
 	if cf.json() {
-		return printJSON(e.stdout, rec)
+		return cf.print(e.stdout, rec)
 	}
 	fmt.Fprintf(e.stdout, "VM %s runs on %s under %s (supervisor %d, qemu %d); disk: lease %s, %s; console: %s\n",
 		rec.Name, rec.Host, rec.Accel, rec.PID, rec.QEMUPID, rec.Lease, rec.Disk, rec.Console)
@@ -438,32 +436,29 @@ func stopVM(ctx context.Context, stateDir string, rec vm.Record, within time.Dur
 	return vm.RemoveRecord(stateDir, rec.Name)
 }
 
-func runVMStop(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "vm stop", "NAME")
+func runVMStop(e *env, fs *pflag.FlagSet) runFunc {
 	sd := stateDirFlag(fs, e)
 	within := fs.Duration("timeout", 90*time.Second, "how long to wait for the VM to stop")
-	output := fs.String("o", "table", "output format: table or json")
-	pos, err := parse(fs, args, 1, 1)
-	if err != nil {
-		return err
-	}
-	rec, err := vm.LoadRecord(*sd, pos[0])
-	if err != nil {
-		return err
-	}
-	was := rec.Running()
-	if err := stopVM(ctx, *sd, rec, *within); err != nil {
-		return err
-	}
-	if *output == "json" {
-		return printJSON(e.stdout, map[string]any{"name": rec.Name, "state": "stopped", "was_running": was})
-	}
-	if !was {
-		fmt.Fprintf(e.stdout, "VM %s was not running (stale record removed)\n", rec.Name)
+	output := outputVar(fs)
+	return func(ctx context.Context, pos []string) error {
+		rec, err := vm.LoadRecord(*sd, pos[0])
+		if err != nil {
+			return err
+		}
+		was := rec.Running()
+		if err := stopVM(ctx, *sd, rec, *within); err != nil {
+			return err
+		}
+		if output.structured() {
+			return output.print(e.stdout, map[string]any{"name": rec.Name, "state": "stopped", "was_running": was})
+		}
+		if !was {
+			fmt.Fprintf(e.stdout, "VM %s was not running (stale record removed)\n", rec.Name)
+			return nil
+		}
+		fmt.Fprintf(e.stdout, "stopped %s\n", rec.Name)
 		return nil
 	}
-	fmt.Fprintf(e.stdout, "stopped %s\n", rec.Name)
-	return nil
 }
 
 // vmListed is a record as vm list shows it.
@@ -472,30 +467,28 @@ type vmListed struct {
 	State string `json:"state"` // running, or dead (a stale record)
 }
 
-func runVMList(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "vm list", "")
+func runVMList(e *env, fs *pflag.FlagSet) runFunc {
 	sd := stateDirFlag(fs, e)
-	output := fs.String("o", "table", "output format: table or json")
-	if _, err := parse(fs, args, 0, 0); err != nil {
-		return err
-	}
-	recs, err := vm.ListRecords(*sd)
-	if err != nil {
-		return err
-	}
-	out := make([]vmListed, 0, len(recs))
-	for _, r := range recs {
-		st := "dead"
-		if r.Running() {
-			st = "running"
+	output := outputVar(fs)
+	return func(ctx context.Context, _ []string) error {
+		recs, err := vm.ListRecords(*sd)
+		if err != nil {
+			return err
 		}
-		out = append(out, vmListed{Record: r, State: st})
+		out := make([]vmListed, 0, len(recs))
+		for _, r := range recs {
+			st := "dead"
+			if r.Running() {
+				st = "running"
+			}
+			out = append(out, vmListed{Record: r, State: st})
+		}
+		if output.structured() {
+			return output.print(e.stdout, out)
+		}
+		printVMs(e.stdout, out, time.Now())
+		return nil
 	}
-	if *output == "json" {
-		return printJSON(e.stdout, out)
-	}
-	printVMs(e.stdout, out, time.Now())
-	return nil
 }
 
 func printVMs(w io.Writer, vms []vmListed, now time.Time) {
@@ -589,86 +582,81 @@ type vmMoveOut struct {
 	Restored bool      `json:"restored_at_source,omitempty"`
 }
 
-func runVMMove(ctx context.Context, e *env, args []string) error {
+func runVMMove(e *env, fs *pflag.FlagSet) runFunc {
 	var cf clientFlags
-	fs := newFlags(e, "vm move", "NAME --to HOST")
 	cf.register(fs, e)
 	sd := stateDirFlag(fs, e)
 	to := fs.String("to", "", "the destination: netns:NAME (a network namespace here, e.g. an emulated rack's host), local, or exec:COMMAND (runs `rialto vm run` there, e.g. exec:ssh host2)")
 	remoteBin := fs.String("remote-rialto", "rialto", "with --to exec:, the rialto binary on the destination")
 	within := fs.Duration("timeout", 90*time.Second, "how long to wait for the VM to stop")
-	pos, err := parse(fs, args, 1, 1)
-	if err != nil {
-		return err
-	}
-	if *to == "" {
-		fmt.Fprintln(e.stderr, "rialto vm move: --to is required")
-		fs.Usage()
-		return errUsage
-	}
-	if err := cf.resolveToken(); err != nil {
-		return err
-	}
-	rec, err := vm.LoadRecord(*sd, pos[0])
-	if err != nil {
-		return err
-	}
-	if !rec.Supervising() {
-		return fmt.Errorf("VM %s is not running (its supervisor %d is gone); start it with `rialto vm run`", rec.Name, rec.PID)
-	}
-	dst, err := parseDest(*to, *remoteBin)
-	if err != nil {
-		return err
-	}
-	if dst.name == rec.Host {
-		return fmt.Errorf("VM %s already runs on %s", rec.Name, rec.Host)
-	}
-	// Check that the destination can run rialto before stopping anything.
-	vctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	out, err := dst.command(vctx, "version").CombinedOutput()
-	cancel()
-	if err != nil {
-		return fmt.Errorf("--to %s cannot run %s: %v: %s", *to, dst.bin, err, strings.TrimSpace(string(out)))
-	}
-	addr := rec.Addr
-	if addr == "" {
-		addr = cf.addr
-	}
-	f := vmRunFlags{disk: rec.Lease, kernel: rec.Kernel, initrd: rec.Initrd, appendArgs: rec.Append,
-		memory: strconv.FormatInt(rec.MemoryMiB, 10) + "MiB", cpus: rec.CPUs, accel: rec.AccelWant, name: rec.Name,
-		stateDir: *sd, logLevel: "info"}
-	if f.accel == "" {
-		f.accel = vm.AccelAuto
-	}
-	if f.cpus == 0 {
-		f.cpus = 1
-	}
-	res := vmMoveOut{Name: rec.Name, From: rec.Host, To: dst.name}
-	t0 := time.Now()
-	if err := stopVM(ctx, *sd, rec, *within); err != nil {
-		return fmt.Errorf("move %s: %w", rec.Name, err)
-	}
-	res.Stopped = time.Since(t0).Seconds()
-	t1 := time.Now()
-	moved, err := dst.launch(ctx, cf.token, f, addr)
-	if err != nil {
-		// Bring it back where it was rather than leave it stopped.
-		src, serr := hostLauncher(rec.Host)
-		if serr == nil {
-			_, serr = src.launch(ctx, cf.token, f, addr)
+	return func(ctx context.Context, pos []string) error {
+		if *to == "" {
+			return usagef("--to is required")
 		}
-		if serr != nil {
-			return fmt.Errorf("move %s: start on %s: %v; and restarting it on %s failed too: %v (its disk, lease %s, is intact)",
-				rec.Name, dst.name, err, rec.Host, serr, rec.Lease)
+		if err := cf.resolveToken(); err != nil {
+			return err
 		}
-		return fmt.Errorf("move %s: start on %s: %v; it runs on %s again", rec.Name, dst.name, err, rec.Host)
+		rec, err := vm.LoadRecord(*sd, pos[0])
+		if err != nil {
+			return err
+		}
+		if !rec.Supervising() {
+			return fmt.Errorf("VM %s is not running (its supervisor %d is gone); start it with `rialto vm run`", rec.Name, rec.PID)
+		}
+		dst, err := parseDest(*to, *remoteBin)
+		if err != nil {
+			return err
+		}
+		if dst.name == rec.Host {
+			return fmt.Errorf("VM %s already runs on %s", rec.Name, rec.Host)
+		}
+		// Check that the destination can run rialto before stopping anything.
+		vctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		out, err := dst.command(vctx, "version").CombinedOutput()
+		cancel()
+		if err != nil {
+			return fmt.Errorf("--to %s cannot run %s: %v: %s", *to, dst.bin, err, strings.TrimSpace(string(out)))
+		}
+		addr := rec.Addr
+		if addr == "" {
+			addr = cf.addr
+		}
+		f := vmRunFlags{disk: rec.Lease, kernel: rec.Kernel, initrd: rec.Initrd, appendArgs: rec.Append,
+			memory: strconv.FormatInt(rec.MemoryMiB, 10) + "MiB", cpus: rec.CPUs, accel: rec.AccelWant, name: rec.Name,
+			stateDir: *sd, logLevel: "info"}
+		if f.accel == "" {
+			f.accel = vm.AccelAuto
+		}
+		if f.cpus == 0 {
+			f.cpus = 1
+		}
+		res := vmMoveOut{Name: rec.Name, From: rec.Host, To: dst.name}
+		t0 := time.Now()
+		if err := stopVM(ctx, *sd, rec, *within); err != nil {
+			return fmt.Errorf("move %s: %w", rec.Name, err)
+		}
+		res.Stopped = time.Since(t0).Seconds()
+		t1 := time.Now()
+		moved, err := dst.launch(ctx, cf.token, f, addr)
+		if err != nil {
+			// Bring it back where it was rather than leave it stopped.
+			src, serr := hostLauncher(rec.Host)
+			if serr == nil {
+				_, serr = src.launch(ctx, cf.token, f, addr)
+			}
+			if serr != nil {
+				return fmt.Errorf("move %s: start on %s: %v; and restarting it on %s failed too: %v (its disk, lease %s, is intact)",
+					rec.Name, dst.name, err, rec.Host, serr, rec.Lease)
+			}
+			return fmt.Errorf("move %s: start on %s: %v; it runs on %s again", rec.Name, dst.name, err, rec.Host)
+		}
+		res.Started = time.Since(t1).Seconds()
+		res.VM, res.To = moved, moved.Host
+		if cf.json() {
+			return cf.print(e.stdout, res)
+		}
+		fmt.Fprintf(e.stdout, "moved %s from %s to %s: stopped and flushed in %.1f s, running again in %.1f s (qemu %d, disk: lease %s)\n",
+			res.Name, res.From, res.To, res.Stopped, res.Started, moved.QEMUPID, moved.Lease)
+		return nil
 	}
-	res.Started = time.Since(t1).Seconds()
-	res.VM, res.To = moved, moved.Host
-	if cf.json() {
-		return printJSON(e.stdout, res)
-	}
-	fmt.Fprintf(e.stdout, "moved %s from %s to %s: stopped and flushed in %.1f s, running again in %.1f s (qemu %d, disk: lease %s)\n",
-		res.Name, res.From, res.To, res.Stopped, res.Started, moved.QEMUPID, moved.Lease)
-	return nil
 }

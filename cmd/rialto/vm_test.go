@@ -79,7 +79,7 @@ func TestVMVerbs(t *testing.T) {
 	}{
 		{[]string{"vm", "run", "--kernel", kernel}, 2, "--disk and --kernel are required"},
 		{[]string{"vm", "run", "--disk", "lease-x"}, 2, "--disk and --kernel are required"},
-		{[]string{"vm", "run", "--disk", mem.ID, "--kernel", kernel, "--memory", "100KiB"}, 1, "bad --memory"},
+		{[]string{"vm", "run", "--disk", mem.ID, "--kernel", kernel, "--memory", "100KiB"}, 2, "bad --memory"},
 		{[]string{"vm", "run", "--disk", mem.ID, "--kernel", kernel, "--name", "../x"}, 1, "name"},
 		{[]string{"vm", "run", "--disk", mem.ID, "--kernel", kernel, "--state-dir", state}, 1, "a VM's disk is a block lease"},
 		{[]string{"vm", "run", "--disk", "lease-nope", "--kernel", kernel, "--state-dir", state}, 1, "not found"},

@@ -213,12 +213,11 @@ func (s *Server) explainLease(ctx context.Context, tenant string, req api.LeaseR
 
 // validateLeaseRequest checks a request and fills defaults.
 func (s *Server) validateLeaseRequest(r *api.LeaseRequest) error {
-	switch r.Kind {
-	case api.KindBlock, api.KindMemory, api.KindAccel, api.KindNIC:
-	case "":
-		return fmt.Errorf("%w: kind is required (block, memory, accel or nic)", ErrInvalid)
-	default:
-		return fmt.Errorf("%w: unknown kind %q (block, memory, accel or nic)", ErrInvalid, r.Kind)
+	switch {
+	case r.Kind == "":
+		return fmt.Errorf("%w: kind is required (%s)", ErrInvalid, api.KindNames())
+	case !r.Kind.Valid():
+		return fmt.Errorf("%w: unknown kind %q (%s)", ErrInvalid, r.Kind, api.KindNames())
 	}
 	switch r.Mode {
 	case "", api.ModeDedicated, api.ModeShared, api.ModeComposed:

@@ -1,6 +1,6 @@
 // Package costplan is the deployment calculator of the ERBIUM paper (Maschi
 // and Alonso, "The Difficult Balance Between Modern Hardware and
-// Conventional CPUs") behind `rialto plan`: given today's CPU fleet, the
+// Conventional CPUs") behind `rialto cost`: given today's CPU fleet, the
 // share of host CPU a function takes, the load and measured per-slot
 // accelerator throughput, and a price table (on-premises unit costs, cloud
 // hourly prices), it computes how many servers (and accelerators) each

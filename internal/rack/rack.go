@@ -515,7 +515,7 @@ func (r *Rack) serverArgs() []string {
 
 func (r *Rack) agentArgs(n Node) []string {
 	c := r.cfg
-	args := []string{"agent", "--control-plane", r.url, "--cacert", r.caFile, "--name", n.Name, "--state-dir", n.StateDir,
+	args := []string{"agent", "--addr", r.url, "--cacert", r.caFile, "--name", n.Name, "--state-dir", n.StateDir,
 		"--listen", n.Addr.String(), "--label", "rack=emulated", "--log-level", c.LogLevel}
 	for d := range c.Disks {
 		args = append(args, "--block", fmt.Sprintf("disk%d=disk%d.img:%d", d, d, c.DiskSize))
