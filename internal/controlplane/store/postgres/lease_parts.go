@@ -217,12 +217,12 @@ func (s *Store) decodeParts(text string) ([]api.Part, error) {
 	if text == "" || text == "[]" {
 		return []api.Part{}, nil
 	}
-	ps, ok := s.parts.get(text)
+	ps, ok := s.parts.Get(text)
 	if !ok {
 		if err := unjs(text, &ps); err != nil {
 			return nil, err
 		}
-		s.parts.put(text, ps)
+		s.parts.Put(text, ps)
 	}
 	return slices.Clone(ps), nil
 }
@@ -233,6 +233,6 @@ func (s *Store) partsJSON(ps []api.Part) string {
 		ps = []api.Part{}
 	}
 	text := js(ps)
-	s.parts.put(text, slices.Clone(ps))
+	s.parts.Put(text, slices.Clone(ps))
 	return text
 }

@@ -19,13 +19,13 @@ func replacePlan(ctx context.Context, tx execer, id, plan string) error {
 // decodePlan decodes a stored plan, through the Store's cache of decoded
 // plans; every read gets its own copy.
 func (s *Store) decodePlan(text string) (*api.Plan, error) {
-	p, ok := s.plans.get(text)
+	p, ok := s.plans.Get(text)
 	if !ok {
 		p = new(api.Plan)
 		if err := unjs(text, p); err != nil {
 			return nil, err
 		}
-		s.plans.put(text, p)
+		s.plans.Put(text, p)
 	}
 	return clonePlan(p), nil
 }
@@ -45,6 +45,6 @@ func (s *Store) planJSON(p *api.Plan) string {
 		return ""
 	}
 	text := js(p)
-	s.plans.put(text, clonePlan(p))
+	s.plans.Put(text, clonePlan(p))
 	return text
 }
