@@ -212,7 +212,7 @@ func TestRepositoryCatchesAddedImport(t *testing.T) {
 	pkgs := goList(t, map[string]string{
 		"internal/placement/zz_forbidden.go":       "package placement\n\nimport _ \"net/http\"\n",
 		"internal/dataplane/accel/zz_forbidden.go": "package accel\n\nimport _ \"github.com/rialto-project/rialto/api\"\n",
-		"internal/sim/zz_forbidden.go":             "package sim\n\nimport _ \"github.com/rialto-project/rialto/internal/controlplane\"\n",
+		"internal/sim/zz_forbidden.go":             "package sim\n\nimport _ \"github.com/rialto-project/rialto/internal/controlplane/lifecycle\"\n",
 		"api/zz_forbidden.go":                      "package api\n\nimport _ \"github.com/rialto-project/rialto/internal/resource\"\n",
 	})
 	var got []string
@@ -224,7 +224,7 @@ func TestRepositoryCatchesAddedImport(t *testing.T) {
 	for _, want := range []string{
 		"pure policies reach no I/O: " + own("internal/placement") + " imports net/http",
 		"data planes reach neither api nor the control plane: " + own("internal/dataplane/accel") + " imports " + own("api"),
-		"the simulator never reaches the control plane: " + own("internal/sim") + " imports " + own("internal/controlplane"),
+		"the simulator never reaches the control plane: " + own("internal/sim") + " imports " + own("internal/controlplane/lifecycle"),
 		"api reaches nothing under internal/: " + own("api") + " imports " + own("internal/resource"),
 	} {
 		if !slices.Contains(got, want) {

@@ -45,6 +45,7 @@ type UI struct {
 	pages map[string]*template.Template
 	mux   *http.ServeMux
 	auth  authState
+	sim   simResults
 }
 
 // New returns a UI over cfg.API.
@@ -103,6 +104,8 @@ func New(cfg Config) (*UI, error) {
 	m.HandleFunc("POST /ui/leases/{id}/release", u.signedIn(u.releaseLease))
 	m.HandleFunc("GET /ui/topology", u.signedIn(u.topologyPage))
 	m.HandleFunc("GET /ui/events", u.signedIn(u.eventsPage))
+	m.HandleFunc("GET /ui/sim", u.signedIn(u.simList))
+	m.HandleFunc("GET /ui/sim/{name}", u.signedIn(u.simExperiment))
 	m.HandleFunc("GET /ui/events/stream", u.signedIn(u.eventStream))
 	m.HandleFunc("/ui/", func(w http.ResponseWriter, r *http.Request) {
 		u.renderError(w, r, nil, http.StatusNotFound, "No such page: "+r.URL.Path)
