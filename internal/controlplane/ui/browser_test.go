@@ -236,6 +236,14 @@ func TestBrowser(t *testing.T) {
 		t.Errorf("the topology graph labels %d nodes, want 3", n)
 	}
 	shot(t, ctx, "topology")
+
+	// The simulator's results: a plot and the figures, tagged.
+	do(t, ctx, "a simulator experiment", wait, chromedp.Navigate(base+"/ui/sim/smufin-sharing"), chromedp.WaitVisible(chromedp.CSS("table#figures")))
+	if n := get(t, ctx, "simulator plot and tags", wait, chromedp.Evaluate[int](
+		`document.querySelectorAll("figure svg").length * [...document.querySelectorAll("#figures td")].filter(e => e.textContent === "prediction").length`)); n == 0 {
+		t.Errorf("the simulator page shows no plot or no prediction")
+	}
+	shot(t, ctx, "simulator")
 	do(t, ctx, "the cluster page", wait, chromedp.Navigate(base+"/ui/"), chromedp.WaitVisible(chromedp.ID("node-count")))
 	shot(t, ctx, "cluster")
 
