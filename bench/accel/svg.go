@@ -7,6 +7,8 @@ import (
 	"math"
 	"sort"
 	"strings"
+
+	"github.com/rialto-project/rialto/internal/svgtext"
 )
 
 func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
@@ -15,27 +17,6 @@ type svgPoint struct {
 	label  string
 	x, y   float64 // queries/s, p99 µs
 	pareto bool
-}
-
-// textWidth estimates the width in pixels of s in a sans-serif font of the
-// given size, erring wide.
-func textWidth(s string, size float64) float64 {
-	w := 0.0
-	for _, r := range s {
-		switch {
-		case strings.ContainsRune("il.,:;'|!()[]", r):
-			w += 0.30
-		case strings.ContainsRune("fjrt -/", r):
-			w += 0.40
-		case strings.ContainsRune("mwMW%@", r):
-			w += 0.90
-		case r >= 'A' && r <= 'Z':
-			w += 0.70
-		default:
-			w += 0.58
-		}
-	}
-	return w * size
 }
 
 const paretoTitle = "Gateway sweep: p99 latency vs throughput (MCT, 64 clients)"
@@ -69,9 +50,9 @@ func paretoSVG(pts []svgPoint) string {
 	fmt.Fprintf(&s, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
 	fmt.Fprintf(&s, `<text x="%.0f" y="24" font-size="15" text-anchor="middle">%s</text>`+"\n", W/2, paretoTitle)
 	// Legend, above the plot area on the right.
-	lx := W - R - textWidth("Pareto front", 12) - 18 - textWidth("other configurations", 12) - 36
+	lx := W - R - svgtext.Width("Pareto front", 12) - 18 - svgtext.Width("other configurations", 12) - 36
 	fmt.Fprintf(&s, `<rect x="%.0f" y="39" width="10" height="10" fill="#d62728"/><text x="%.0f" y="48">Pareto front</text>`+"\n", lx-5, lx+10)
-	lx += 10 + textWidth("Pareto front", 12) + 26
+	lx += 10 + svgtext.Width("Pareto front", 12) + 26
 	fmt.Fprintf(&s, `<rect x="%.0f" y="39" width="10" height="10" fill="#1f77b4"/><text x="%.0f" y="48">other configurations</text>`+"\n", lx-5, lx+10)
 	// Axes and grid.
 	fmt.Fprintf(&s, `<line x1="%.0f" y1="%.0f" x2="%.0f" y2="%.0f" stroke="black"/>`+"\n", L, H-B, W-R, H-B)
@@ -115,7 +96,7 @@ func paretoSVG(pts []svgPoint) string {
 			px(p.x), py(p.y), color, label, p.x, p.y)
 		if p.pareto {
 			x, anchor := px(p.x)+6, "start"
-			if x+textWidth(p.label, 10) > W-4 {
+			if x+svgtext.Width(p.label, 10) > W-4 {
 				x, anchor = px(p.x)-6, "end"
 			}
 			fmt.Fprintf(&s, `<text x="%.1f" y="%.1f" font-size="10" text-anchor="%s">%s</text>`+"\n", x, py(p.y)-6, anchor, label)

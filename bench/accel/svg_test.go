@@ -4,6 +4,8 @@ import (
 	"encoding/xml"
 	"strings"
 	"testing"
+
+	"github.com/rialto-project/rialto/internal/svgtext"
 )
 
 // TestParetoSVGFitsLabels checks that the labels of front points at the
@@ -36,7 +38,7 @@ func TestParetoSVGFitsLabels(t *testing.T) {
 		} else if tx.Size == "15" {
 			size = 15
 		}
-		w := textWidth(tx.Body, size)
+		w := svgtext.Width(tx.Body, size)
 		lo, hi := tx.X, tx.X+w
 		switch tx.Anchor {
 		case "middle":

@@ -96,10 +96,11 @@ var Rules = []Rule{
 }
 
 var (
-	// pure are the policies: placement, fabric, resource, and the
+	// pure are the policies: placement, fabric, resource, the SVG text
+	// metrics the plots share (svgtext), and the
 	// simulator's core (internal/sim and below, but for the report writer,
 	// which writes files).
-	pure    = []string{"./internal/placement/...", "./internal/fabric/...", "./internal/resource/...", "./internal/sim/..."}
+	pure    = []string{"./internal/placement/...", "./internal/fabric/...", "./internal/resource/...", "./internal/sim/...", "./internal/svgtext/..."}
 	writers = []string{"./internal/sim/report/..."}
 )
 

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"strings"
+
+	"github.com/rialto-project/rialto/internal/svgtext"
 )
 
 // Series is one line (or one set of bars) of a Plot.
@@ -27,32 +29,9 @@ type Plot struct {
 	HLines []float64
 }
 
-var palette = []string{"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"}
-
 func esc(s string) string {
 	r := strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;")
 	return r.Replace(s)
-}
-
-// textWidth estimates the width in pixels of s set in a sans-serif font of
-// the given size, erring wide: the layout reserves room for labels with it.
-func textWidth(s string, size float64) float64 {
-	w := 0.0
-	for _, r := range s {
-		switch {
-		case strings.ContainsRune("il.,:;'|!()[]", r):
-			w += 0.30
-		case strings.ContainsRune("fjrt -/", r):
-			w += 0.40
-		case strings.ContainsRune("mwMW%@", r):
-			w += 0.90
-		case r >= 'A' && r <= 'Z':
-			w += 0.70
-		default:
-			w += 0.58
-		}
-	}
-	return w * size
 }
 
 // axisTitle is an axis label with its unit and scale: "label (unit, log
@@ -152,7 +131,7 @@ func (p Plot) SVG() []byte {
 		}
 		t := tick{v, fmtNum(label)}
 		yticks = append(yticks, t)
-		maxYTick = math.Max(maxYTick, textWidth(t.label, fs))
+		maxYTick = math.Max(maxYTick, svgtext.Width(t.label, fs))
 	}
 	if !bars {
 		for _, v := range ticks(xmin, xmax, p.LogX) {
@@ -168,7 +147,7 @@ func (p Plot) SVG() []byte {
 	// Category labels slant when they would overlap their neighbours.
 	slant, maxCat := false, 0.0
 	for _, c := range p.Categories {
-		w := textWidth(c, fs)
+		w := svgtext.Width(c, fs)
 		maxCat = math.Max(maxCat, w)
 		if w > pw/float64(len(p.Categories))-6 {
 			slant = true
@@ -180,7 +159,7 @@ func (p Plot) SVG() []byte {
 	}
 	legendW := 0.0
 	for _, s := range p.Series {
-		legendW = math.Max(legendW, 12+6+textWidth(s.Name, fs))
+		legendW = math.Max(legendW, 12+6+svgtext.Width(s.Name, fs))
 	}
 	if legendW > 0 {
 		legendW += 24 // gap before the legend and margin after it
@@ -200,13 +179,13 @@ func (p Plot) SVG() []byte {
 		}
 	}
 	titleX := L + pw/2
-	if tw := textWidth(p.Title, titleFS); tw+20 > W {
+	if tw := svgtext.Width(p.Title, titleFS); tw+20 > W {
 		W = tw + 20
 		titleX = W / 2
 	} else if titleX-tw/2 < 10 || titleX+tw/2 > W-10 {
 		titleX = W / 2
 	}
-	if tw := textWidth(xTitle, fs); tw+20 > W {
+	if tw := svgtext.Width(xTitle, fs); tw+20 > W {
 		W = tw + 20
 	}
 
@@ -243,7 +222,7 @@ func (p Plot) SVG() []byte {
 	}
 	if xTitle != "" {
 		x := L + pw/2
-		if tw := textWidth(xTitle, fs); x+tw/2 > W-10 || x-tw/2 < 10 {
+		if tw := svgtext.Width(xTitle, fs); x+tw/2 > W-10 || x-tw/2 < 10 {
 			x = W / 2
 		}
 		fmt.Fprintf(&b, `<text x="%g" y="%g" text-anchor="middle">%s</text>`+"\n", x, H-18, esc(xTitle))
@@ -253,7 +232,7 @@ func (p Plot) SVG() []byte {
 	}
 	ns := len(p.Series)
 	for si, s := range p.Series {
-		col := palette[si%len(palette)]
+		col := svgtext.Color(si)
 		if bars {
 			bw := 0.8 / float64(max(ns, 1))
 			for i := range s.X {

@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/rialto-project/rialto/internal/svgtext"
 )
 
 // svgText is a <text> of a rendered plot.
@@ -54,7 +56,7 @@ func TestPlotSVGFitsLabels(t *testing.T) {
 			if tx.Size != "" {
 				size, _ = strconv.ParseFloat(tx.Size, 64)
 			}
-			w := textWidth(tx.Body, size)
+			w := svgtext.Width(tx.Body, size)
 			lo, hi := tx.X, tx.X+w
 			switch tx.Anchor {
 			case "middle":
@@ -68,7 +70,7 @@ func TestPlotSVGFitsLabels(t *testing.T) {
 		}
 		for _, tx := range doc.Texts {
 			if strings.HasPrefix(tx.Transform, "rotate(-30") {
-				if reach := tx.X - textWidth(tx.Body, 12)*0.87; reach < 0 {
+				if reach := tx.X - svgtext.Width(tx.Body, 12)*0.87; reach < 0 {
 					t.Errorf("%s: slanted label %q reaches x %.0f", p.Title, tx.Body, reach)
 				}
 			}

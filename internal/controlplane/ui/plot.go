@@ -7,36 +7,15 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/rialto-project/rialto/internal/svgtext"
 )
 
 // Plots are SVG built here, inline in the pages: no script, no external
 // file. Every text is escaped; every plot has a title and a description
 // for screen readers, and the page shows the same numbers in a table.
 
-var palette = []string{"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"}
-
 func esc(s string) string { return template.HTMLEscapeString(s) }
-
-// textWidth estimates the width in pixels of s in a sans-serif font of the
-// given size, erring wide.
-func textWidth(s string, size float64) float64 {
-	w := 0.0
-	for _, r := range s {
-		switch {
-		case strings.ContainsRune("il.,:;'|!()[]", r):
-			w += 0.30
-		case strings.ContainsRune("fjrt -/", r):
-			w += 0.40
-		case strings.ContainsRune("mwMW%@", r):
-			w += 0.90
-		case r >= 'A' && r <= 'Z':
-			w += 0.70
-		default:
-			w += 0.58
-		}
-	}
-	return w * size
-}
 
 // niceTicks returns round tick values from 0 to at least hi.
 func niceTicks(hi float64) []float64 {
@@ -92,17 +71,17 @@ func timeChart(id, title, desc, yTitle string, scale float64, now time.Time, win
 	top := ticks[len(ticks)-1]
 	maxTick := 0.0
 	for _, t := range ticks {
-		maxTick = math.Max(maxTick, textWidth(fmtTick(t), fs))
+		maxTick = math.Max(maxTick, svgtext.Width(fmtTick(t), fs))
 	}
 	L := 30 + maxTick + 8
 	legendW := 0.0
 	for _, s := range series {
-		legendW = math.Max(legendW, 12+6+textWidth(s.Name, fs))
+		legendW = math.Max(legendW, 12+6+svgtext.Width(s.Name, fs))
 	}
 	legendW += 30
 	W := L + pw + legendW
 	H := math.Max(T+ph+B, T+10+18*float64(len(series))+10)
-	if tw := textWidth(title, 14); tw+20 > W {
+	if tw := svgtext.Width(title, 14); tw+20 > W {
 		W = tw + 20
 	}
 	span := window.Seconds()
@@ -135,7 +114,7 @@ func timeChart(id, title, desc, yTitle string, scale float64, now time.Time, win
 	fmt.Fprintf(&b, `<text transform="translate(16,%.0f) rotate(-90)" text-anchor="middle" fill="#222">%s</text>`, T+ph/2, esc(yTitle))
 	fmt.Fprintf(&b, `<text x="%.0f" y="20" font-size="14" font-weight="bold" fill="#111">%s</text>`, L, esc(title))
 	for i, s := range series {
-		col := palette[i%len(palette)]
+		col := svgtext.Color(i)
 		var pts []string
 		for _, p := range s.Pts {
 			if now.Sub(p.At) > window || p.At.After(now) {
@@ -173,7 +152,7 @@ func allocChart(id, title, desc string, bars []allocBar, format func(int64) stri
 	const bw, rowH, T = 360.0, 26.0, 34.0
 	labelW := 0.0
 	for _, b := range bars {
-		labelW = math.Max(labelW, textWidth(b.Label, fs))
+		labelW = math.Max(labelW, svgtext.Width(b.Label, fs))
 	}
 	L := labelW + 16
 	noteW := 0.0
@@ -183,11 +162,11 @@ func allocChart(id, title, desc string, bars []allocBar, format func(int64) stri
 		if b.HasUsed {
 			notes[i] += ", " + format(b.Used) + " used"
 		}
-		noteW = math.Max(noteW, textWidth(notes[i], fs))
+		noteW = math.Max(noteW, svgtext.Width(notes[i], fs))
 	}
 	W := L + bw + 12 + noteW + 12
 	H := T + rowH*float64(len(bars)) + 40
-	if tw := textWidth(title, 14); tw+20 > W {
+	if tw := svgtext.Width(title, 14); tw+20 > W {
 		W = tw + 20
 	}
 	var b strings.Builder
@@ -262,12 +241,12 @@ func topologyGraph(id, title, desc string, nodes []graphNode, edges []graphEdge)
 	minX, maxX, minY, maxY := -hubR, hubR, -hubR, hubR
 	for _, n := range ring {
 		p := pos[n.ID]
-		half := math.Max(nodeR, textWidth(n.Label, fs)/2)
+		half := math.Max(nodeR, svgtext.Width(n.Label, fs)/2)
 		minX, maxX = math.Min(minX, p[0]-half), math.Max(maxX, p[0]+half)
 		minY, maxY = math.Min(minY, p[1]-nodeR), math.Max(maxY, p[1]+nodeR+32)
 	}
 	const pad, top = 24.0, 34.0
-	W := math.Max(maxX-minX+2*pad, textWidth(title, 14)+20)
+	W := math.Max(maxX-minX+2*pad, svgtext.Width(title, 14)+20)
 	H := maxY - minY + top + pad
 	ox, oy := pad-minX+(W-(maxX-minX+2*pad))/2, top-minY
 	for k, p := range pos {
@@ -306,7 +285,7 @@ func topologyGraph(id, title, desc string, nodes []graphNode, edges []graphEdge)
 			label = "down"
 		}
 		mx, my := (pa[0]+pb[0])/2, (pa[1]+pb[1])/2
-		tw := textWidth(label, 11)
+		tw := svgtext.Width(label, 11)
 		fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="16" rx="3" fill="#fff" fill-opacity="0.92"/><text x="%.1f" y="%.1f" text-anchor="middle" font-size="11" fill="#222">%s</text>`,
 			mx-tw/2-3, my-11, tw+6, mx, my+1, esc(label))
 	}
@@ -326,7 +305,7 @@ func topologyGraph(id, title, desc string, nodes []graphNode, edges []graphEdge)
 			fill = "#777"
 		}
 		fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="%.0f" fill="%s" stroke="#111"/>`, p[0], p[1], nodeR, fill)
-		lw := math.Max(textWidth(n.Label, fs), textWidth(n.State, fs)) + 6
+		lw := math.Max(svgtext.Width(n.Label, fs), svgtext.Width(n.State, fs)) + 6
 		fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="30" rx="3" fill="#fff" fill-opacity="0.92"/>`, p[0]-lw/2, p[1]+nodeR+3, lw)
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" fill="#111" font-weight="bold">%s</text>`, p[0], p[1]+nodeR+15, esc(n.Label))
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" fill="#222">%s</text>`, p[0], p[1]+nodeR+29, esc(n.State))
