@@ -46,7 +46,9 @@ type fastReader struct {
 	// noPoll skips the blocking poll: the connection's reader sets it
 	// while requests arrive several at a time (high queue depth), where
 	// sleeping in poll(2) costs the client a wakeup per request and Go's
-	// scheduler, which polls briefly before it sleeps, does better.
+	// scheduler, which polls briefly before it sleeps, does better. A
+	// TLS connection sets it for good: there the poll made QD1 reads
+	// slower, not faster (docs/bench/tls.md).
 	noPoll bool
 }
 

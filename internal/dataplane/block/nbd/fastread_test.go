@@ -77,3 +77,31 @@ func TestPollOnlyWhenAlone(t *testing.T) {
 	cl.Close()
 	waitTransmitting(t, 1)
 }
+
+// TestTLSNeverPolls: a TLS connection's reader waits for the next request
+// in the netpoller even when it is the process's only connection. Measured
+// at queue depth 1 over TLS, the blocking poll(2) made reads slower
+// (docs/bench/tls.md, "Follow-up: queue depth 1 over TLS"). The client
+// speaks the protocol on a raw socket, so that only the server's
+// connection counts.
+func TestTLSNeverPolls(t *testing.T) {
+	waitTransmitting(t, 0)
+	p := newTestPKI(t)
+	_, addr := startTLSServer(t, p.server, false, Export{Name: "x", Backend: NewMemBackend(1 << 20)})
+	rc := rawDial(t, addr, clientFlagFixedNewstyle|clientFlagNoZeroes)
+	rc.starttls(p.clientConfig())
+	rc.goTransmission("x", false, false)
+	waitTransmitting(t, 1)
+	p0 := polls.Load()
+	for i := range 20 {
+		rc.request(Request{Type: CmdRead, Handle: uint64(i), Offset: uint64(i) * 4096, Length: 4096}, nil)
+		if r, err := rc.reply(4096); err != nil || r.errno != 0 {
+			t.Fatalf("read %d: %v (errno %d)", i, err, r.errno)
+		}
+	}
+	if got := polls.Load() - p0; got != 0 {
+		t.Fatalf("%d waits in poll(2) on a TLS connection", got)
+	}
+	rc.c.Close()
+	waitTransmitting(t, 0)
+}

@@ -329,7 +329,16 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 	} else {
 		c = newConn(s, nc, r, sess)
 	}
-	c.fr, _ = sr.(*fastReader)
+	if fr, ok := sr.(*fastReader); ok {
+		if sess.tls != nil {
+			// Over TLS the reader waits in the netpoller only: its
+			// blocking poll(2) cost QD1 reads more than it saved
+			// (docs/bench/tls.md, "Follow-up: queue depth 1 over TLS").
+			fr.noPoll = true
+		} else {
+			c.fr = fr
+		}
+	}
 	c.cancel, c.done = cancel, make(chan struct{})
 	defer close(c.done)
 	e := s.attach(sess.name, c)
