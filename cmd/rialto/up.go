@@ -392,7 +392,7 @@ func printUp(ctx context.Context, e *env, url, caFile string, st upState, dir, w
 	for _, d := range devs {
 		if d.Kind == api.KindAccel {
 			fmt.Fprintln(w, "accelerators: rialto lease create --kind accel --mode shared --role sha256   (note its ID, then)")
-			fmt.Fprintln(w, "              rialto accel run LEASE-ID sha256 @hello --hex")
+			fmt.Fprintln(w, "              rialto accel run LEASE-ID sha256 --data hello --hex")
 			break
 		}
 	}
@@ -438,8 +438,8 @@ scrape_configs:
     # each replica lists itself, the agents they list alike are scraped once.
     http_sd_configs:
 %[2]s    # /metrics is open; the targets are HTTPS with certificates of the cluster CA.
-        tls_config:
-          ca_file: %[4]q
+    tls_config:
+      ca_file: %[4]q
 `, filepath.Join(abs, "prometheus.yml"), sd.String(), tokFile, caFile)
 	p := filepath.Join(abs, "prometheus.yml")
 	if err := os.WriteFile(p, []byte(cfg), 0o644); err != nil {

@@ -252,7 +252,7 @@ func TestUpREADMEFlow(t *testing.T) {
 	}
 	up.cli(t, bin, &rel, "lease", "release", acc.ID)
 	// The banner's accelerator tour: a shared lease through the gateway.
-	if !strings.Contains(up.output(), "rialto accel run LEASE-ID sha256 @hello --hex") {
+	if !strings.Contains(up.output(), "rialto accel run LEASE-ID sha256 --data hello --hex") {
 		t.Errorf("banner lacks the accel tour:\n%s", up.output())
 	}
 	up.cli(t, bin, &acc, "lease", "create", "--kind", "accel", "--mode", "shared", "--role", "sha256")

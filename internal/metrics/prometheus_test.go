@@ -266,7 +266,7 @@ func TestPrometheusScrapesUp(t *testing.T) {
 	// The gateway's series are scraped at zero before the call, so that
 	// the call shows as a rate.
 	poll(t, 30*time.Second, func() error { return prom.nonEmpty("rialto_gateway_inferences_total") }, prom.log)
-	run := exec.Command(uptest.Binary(t), "accel", "run", al.ID, "sha256", "@hello", "--hex")
+	run := exec.Command(uptest.Binary(t), "accel", "run", al.ID, "sha256", "--data", "hello", "--hex")
 	run.Env = u.Env()
 	if out, err := run.CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824") {
 		t.Fatalf("accel run: %v\n%s", err, out)

@@ -287,8 +287,7 @@ func (s *Server) Restart(ctx context.Context) error {
 	if s.Port != 0 && s.run(ctx, "pg_ctl", "-D", s.dataDir(), "status") == nil {
 		// Running, or the process of a killed one not reaped yet: only
 		// a server that answers counts.
-		if c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port)), time.Second); err == nil {
-			c.Close()
+		if answers(net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port))) {
 			return nil
 		}
 	}
@@ -323,7 +322,39 @@ func (s *Server) Kill() error {
 	if err != nil {
 		return fmt.Errorf("pgserver: postmaster.pid: %w", err)
 	}
-	return syscall.Kill(pid, syscall.SIGKILL)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		return err
+	}
+	// Gone once it cannot be signalled (its parent, init, reaps it): a
+	// Restart must not find the dying server's socket.
+	for deadline := time.Now().Add(10 * time.Second); syscall.Kill(pid, 0) == nil; {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pgserver: postmaster %d still there 10 s after SIGKILL", pid)
+		}
+		time.Sleep(5 * time.Millisecond) // polling a process we cannot wait on
+	}
+	return nil
+}
+
+// answers reports whether a PostgreSQL server answers at addr: it answers
+// an SSLRequest with one byte ('S' or 'N'), which a socket still open in a
+// dying server's process does not.
+func answers(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	// Length 8, the SSLRequest code 80877103.
+	if _, err := c.Write([]byte{0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f}); err != nil {
+		return false
+	}
+	var b [1]byte
+	if _, err := c.Read(b[:]); err != nil {
+		return false
+	}
+	return b[0] == 'S' || b[0] == 'N'
 }
 
 // Close stops the server (fast) and removes nothing.
