@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
 	"flag"
@@ -128,27 +127,6 @@ func measure(d time.Duration, n int, fn func(g int) error) sample {
 		s.cpuPerOp = cpu / time.Duration(len(all))
 	}
 	return s
-}
-
-func steal() (stealTicks, total uint64) {
-	f, err := os.Open("/proc/stat")
-	if err != nil {
-		return 0, 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	if sc.Scan() {
-		fs := strings.Fields(sc.Text())
-		for i, v := range fs[1:] {
-			var x uint64
-			fmt.Sscan(v, &x)
-			total += x
-			if i == 7 {
-				stealTicks = x
-			}
-		}
-	}
-	return
 }
 
 type env struct {
@@ -522,7 +500,7 @@ func main() {
 	grp := &series{name: "the lender's gateway, 16 related queries per request (CallBatch)", items: groupSize}
 	var steals []float64
 	for r := 0; r < *runs; r++ {
-		s0, t0 := steal()
+		s0 := stats.SampleCPU()
 		log.Printf("run %d/%d", r+1, *runs)
 		echoRemote.add(measure(*dur, 1, func(int) error { _, err := echoConn.Call(ctx, "echo", payload); return err }))
 		echoIn.add(measure(*dur, 1, func(int) error { _, err := echoLocal.Run(ctx, "echo", payload); return err }))
@@ -594,9 +572,8 @@ func main() {
 			}
 			return err
 		}))
-		s1, t1 := steal()
-		if t1 > t0 {
-			steals = append(steals, 100*float64(s1-s0)/float64(t1-t0))
+		if pct, ok := s0.StealUntil(stats.SampleCPU()); ok {
+			steals = append(steals, pct)
 		}
 	}
 	gStats := gIn.Stats()

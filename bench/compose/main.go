@@ -17,13 +17,11 @@ package main
 import (
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -34,6 +32,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/bench/internal/iperf"
 	"github.com/rialto-project/rialto/bench/internal/lab"
 	"github.com/rialto-project/rialto/bench/internal/stats"
 	"github.com/rialto-project/rialto/internal/rack"
@@ -46,7 +45,7 @@ func main() {
 	}
 }
 
-const iperfPort = "5201"
+const iperfPort = 5201
 
 type result struct {
 	Kind      string  // "write", "read", "iperf-write", "iperf-read", "direct-write", "direct-read"
@@ -158,14 +157,12 @@ func run(args []string) error {
 
 	// One iperf3 server per host for the whole run.
 	for _, n := range r.Agents() {
-		s := r.Command(ctx, n, "iperf3", "-s", "-B", n.Addr.String(), "-p", iperfPort)
-		if err := s.Start(); err != nil {
+		in := func(ctx context.Context, args ...string) *exec.Cmd { return r.Command(ctx, n, "iperf3", args...) }
+		s, err := iperf.StartServer(ctx, in, n.Addr.String(), iperfPort, 10*time.Second)
+		if err != nil {
 			return err
 		}
-		defer func() { s.Process.Kill(); s.Wait() }()
-		if err := waitTCP(ctx, net.JoinHostPort(n.Addr.String(), iperfPort)); err != nil {
-			return err
-		}
+		defer s.Stop()
 	}
 
 	var res []result
@@ -356,7 +353,7 @@ func (b *bench) iperf(ctx context.Context, k int, reverse bool, secs int) (resul
 	defer func() {
 		fmt.Fprintf(os.Stderr, "  (iperf3: %d TCP segments retransmitted from the borrower)\n", retrans()-rt0)
 	}()
-	b.cmds["iperf3"] = fmt.Sprintf("ip netns exec HOST iperf3 -s -B ADDR -p %s; iperf3 -c ADDR -p %s -t %d -J [-R]  (k in parallel)", port, port, secs)
+	b.cmds["iperf3"] = fmt.Sprintf("ip netns exec HOST iperf3 -s -B ADDR -p %d; iperf3 -c ADDR -p %d -t %d -J [-R]  (k in parallel)", port, port, secs)
 	cs := stats.SampleCPU()
 	type out struct {
 		bps float64
@@ -385,31 +382,20 @@ func (b *bench) iperf(ctx context.Context, k int, reverse bool, secs int) (resul
 	return result{Kind: kind, K: k, MiBps: total / 8 / (1 << 20), Steal: steal, Load: load}, nil
 }
 
-// iperfOnce runs one iperf3 client; a server still recovering from the
-// readiness probe answers with an error, so that case is retried.
-func iperfOnce(ctx context.Context, addr, port string, secs int, reverse bool) (float64, error) {
-	args := []string{"-c", addr, "-p", port, "-t", strconv.Itoa(secs), "-J"}
+// iperfOnce runs one iperf3 client; an error iperf3 reports (a server not
+// yet ready for the next test, for one) is retried.
+func iperfOnce(ctx context.Context, addr string, port, secs int, reverse bool) (float64, error) {
+	var extra []string
 	if reverse {
-		args = append(args, "-R")
+		extra = []string{"-R"}
 	}
 	var last error
 	for try := 0; try < 5; try++ {
-		o, _ := exec.CommandContext(ctx, "iperf3", args...).Output()
-		var j struct {
-			Error string `json:"error"`
-			End   struct {
-				SumReceived struct {
-					BitsPerSecond float64 `json:"bits_per_second"`
-				} `json:"sum_received"`
-			} `json:"end"`
+		bps, err := iperf.Client(ctx, iperf.Local, addr, port, secs, extra...)
+		if err == nil {
+			return bps, nil
 		}
-		if err := json.Unmarshal(o, &j); err != nil {
-			last = fmt.Errorf("iperf3 output: %w", err)
-		} else if j.Error != "" || j.End.SumReceived.BitsPerSecond == 0 {
-			last = fmt.Errorf("iperf3: %q", j.Error)
-		} else {
-			return j.End.SumReceived.BitsPerSecond, nil
-		}
+		last = err
 		select {
 		case <-ctx.Done():
 			return 0, ctx.Err()
@@ -417,25 +403,6 @@ func iperfOnce(ctx context.Context, addr, port string, secs int, reverse bool) (
 		}
 	}
 	return 0, last
-}
-
-func waitTCP(ctx context.Context, addr string) error {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s did not open: %w", addr, err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
 }
 
 // retrans returns the root namespace's TCP RetransSegs counter.

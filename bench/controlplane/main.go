@@ -214,29 +214,3 @@ func pct(xs []float64, p float64) float64 {
 }
 
 func median(xs []float64) float64 { return pct(xs, 50) }
-
-func readSteal() [2]uint64 {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return [2]uint64{}
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line)
-	var total, steal uint64
-	for i, v := range f[1:] {
-		var n uint64
-		fmt.Sscan(v, &n)
-		total += n
-		if i == 7 {
-			steal = n
-		}
-	}
-	return [2]uint64{total, steal}
-}
-
-func stealPercent(a, b [2]uint64) float64 {
-	if b[0] <= a[0] {
-		return 0
-	}
-	return 100 * float64(b[1]-a[1]) / float64(b[0]-a[0])
-}

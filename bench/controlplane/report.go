@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rialto-project/rialto/bench/internal/stats"
 	"github.com/rialto-project/rialto/internal/pgserver"
 )
 
@@ -73,7 +74,7 @@ func main() {
 		{name: "PostgreSQL, 1 replica", pg: pg, replicas: 1, seq: &seq},
 		{name: fmt.Sprintf("PostgreSQL, %d replicas", *replicas), pg: pg, replicas: *replicas, seq: &seq},
 	}
-	steal0 := readSteal()
+	steal0 := stats.SampleCPU()
 	load0 := loadAvg()
 	cyc := make([][]cycleResult, len(backends))
 	for i := 0; i < *runs; i++ {
@@ -127,7 +128,7 @@ func main() {
 			hbs = append(hbs, hbRun{b.name, h})
 		}
 	}
-	steal := stealPercent(steal0, readSteal())
+	steal := steal0.StealSince()
 	var b strings.Builder
 	fmt.Fprintf(&b, "## Control plane\n\n")
 	fmt.Fprintf(&b, "Measured %s on %d vCPU (GOMAXPROCS %d), %s, PostgreSQL from %s. CPU steal during the runs: %.1f%%;\n",

@@ -18,10 +18,8 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -33,6 +31,8 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/bench/internal/iperf"
+	"github.com/rialto-project/rialto/bench/internal/stats"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 	"github.com/rialto-project/rialto/internal/netns"
 	"github.com/rialto-project/rialto/internal/rack"
@@ -156,7 +156,7 @@ func run() error {
 	}
 	var ceiling float64
 	if *iperfSecs > 0 {
-		if ceiling, err = iperf(ctx, r, lender, appl, *iperfSecs); err != nil {
+		if ceiling, err = iperfCeiling(ctx, r, lender, appl, *iperfSecs); err != nil {
 			fmt.Fprintln(os.Stderr, "devread: iperf3 ceiling not measured:", err)
 		}
 	}
@@ -173,7 +173,7 @@ func measure(ctx context.Context, r *rack.Rack, nodes []rack.Node, bin string, a
 		}
 		before = append(before, c)
 	}
-	s0 := readStat()
+	s0 := stats.SampleCPU()
 	load := loadavg()
 	cmd := r.Command(ctx, nodes[2], bin, args...)
 	cmd.Env = append(os.Environ(), r.Env()...)
@@ -188,7 +188,7 @@ func measure(ctx context.Context, r *rack.Rack, nodes []rack.Node, bin string, a
 	if got := strings.TrimSpace(string(out)); got != want {
 		return result{}, fmt.Errorf("digest %s, want %s", got, want)
 	}
-	s1 := readStat()
+	s1 := stats.SampleCPU()
 	var after []netns.Counters
 	for _, n := range nodes {
 		c, err := r.Counters(n)
@@ -198,7 +198,7 @@ func measure(ctx context.Context, r *rack.Rack, nodes []rack.Node, bin string, a
 		after = append(after, c)
 	}
 	mib := func(d int64) float64 { return float64(d) / (1 << 20) }
-	x := result{Seconds: secs, Load: load, Steal: s1.stealPct(s0),
+	x := result{Seconds: secs, Load: load, Steal: s0.StealPercent(s1),
 		CPU:        (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds(),
 		LenderOut:  mib(after[0].FromHost - before[0].FromHost),
 		ApplIn:     mib(after[1].ToHost - before[1].ToHost),
@@ -206,81 +206,20 @@ func measure(ctx context.Context, r *rack.Rack, nodes []rack.Node, bin string, a
 	return x, nil
 }
 
-// iperf measures the lender→appliance link ceiling with iperf3 (MiB/s).
-func iperf(ctx context.Context, r *rack.Rack, from, to rack.Node, secs int) (float64, error) {
+// iperfCeiling measures the from → to link ceiling with iperf3 (MiB/s).
+func iperfCeiling(ctx context.Context, r *rack.Rack, from, to rack.Node, secs int) (float64, error) {
 	if _, err := exec.LookPath("iperf3"); err != nil {
 		return 0, err
 	}
-	srv := r.Command(ctx, to, "iperf3", "-s", "-B", to.Addr.String(), "-p", "5299")
-	if err := srv.Start(); err != nil {
-		return 0, err
+	on := func(n rack.Node) iperf.Command {
+		return func(ctx context.Context, args ...string) *exec.Cmd { return r.Command(ctx, n, "iperf3", args...) }
 	}
-	defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
-	// Wait until the server listens (the bridge reaches every namespace).
-	addr := net.JoinHostPort(to.Addr.String(), "5299")
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("iperf3 server: %w", err)
-		}
-		tm := time.NewTimer(50 * time.Millisecond)
-		select {
-		case <-ctx.Done():
-			tm.Stop()
-			return 0, ctx.Err()
-		case <-tm.C:
-		}
-	}
-	out, err := r.Command(ctx, from, "iperf3", "-c", to.Addr.String(), "-p", "5299", "-t", strconv.Itoa(secs), "-J").Output()
+	// The server listens on the bridge, which reaches every namespace.
+	bps, err := iperf.Measure(ctx, on(to), on(from), to.Addr.String(), 5299, secs)
 	if err != nil {
 		return 0, err
 	}
-	var j struct {
-		Error string `json:"error"`
-		End   struct {
-			SumReceived struct {
-				BitsPerSecond float64 `json:"bits_per_second"`
-			} `json:"sum_received"`
-		} `json:"end"`
-	}
-	if err := json.Unmarshal(out, &j); err != nil {
-		return 0, err
-	}
-	if j.End.SumReceived.BitsPerSecond <= 0 {
-		return 0, fmt.Errorf("iperf3 measured nothing: %s", j.Error)
-	}
-	return j.End.SumReceived.BitsPerSecond / 8 / (1 << 20), nil
-}
-
-type cpuStat struct{ total, steal float64 }
-
-func readStat() cpuStat {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return cpuStat{}
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	var s cpuStat
-	for i, f := range strings.Fields(line)[1:] {
-		v, _ := strconv.ParseFloat(f, 64)
-		s.total += v
-		if i == 7 {
-			s.steal = v
-		}
-	}
-	return s
-}
-
-func (s cpuStat) stealPct(prev cpuStat) float64 {
-	if d := s.total - prev.total; d > 0 {
-		return 100 * (s.steal - prev.steal) / d
-	}
-	return 0
+	return bps / 8 / (1 << 20), nil
 }
 
 func loadavg() float64 {

@@ -7,14 +7,12 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net"
 	"os"
-	"os/exec"
 	"os/signal"
 	"runtime"
 	"slices"
@@ -25,6 +23,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rialto-project/rialto/bench/internal/iperf"
 	"github.com/rialto-project/rialto/bench/internal/stats"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/donor"
@@ -247,7 +246,7 @@ func run(args []string) {
 	}()
 	var steal []float64
 	for r := range c.runs {
-		s0 := readSteal()
+		s0 := stats.SampleCPU()
 		part(r, "small ops")
 		for _, conc := range []int{1, 16} {
 			if !c.want("small") {
@@ -294,9 +293,9 @@ func run(args []string) {
 				res.add("bulk "+op, float64(c.bulkBytes)*8/time.Since(t0).Seconds()/1e9)
 			}
 			bulk("read")
-			res.add("iperf3 P1", iperf(c.iperfPort, 1))
+			res.add("iperf3 P1", iperfGbps(ctx, c.iperfPort, 1))
 			bulk("write")
-			res.add("iperf3 P2", iperf(c.iperfPort, 2))
+			res.add("iperf3 P2", iperfGbps(ctx, c.iperfPort, 2))
 			bulk("read")
 			bulk("write")
 		}
@@ -344,7 +343,7 @@ func run(args []string) {
 			part(r, "adaptive")
 			mixed(ctx, cl, res)
 		}
-		steal = append(steal, readSteal().since(s0))
+		steal = append(steal, s0.StealSince())
 	}
 	if c.want("link") {
 		// A pass of its own, after the others: while the link's donor
@@ -486,24 +485,14 @@ func smallRedis(rc []*redisConn, op string, n, conc, ops, keys, round int) ([]ti
 	return slices.Concat(lat...), time.Since(t0)
 }
 
-// iperf runs a 4-second iperf3 client and returns Gbit/s received.
-func iperf(port, streams int) float64 {
-	out, err := exec.Command("iperf3", "-c", "127.0.0.1", "-p", strconv.Itoa(port), "-t", "4",
-		"-P", strconv.Itoa(streams), "-J").Output()
+// iperfGbps runs a 4-second iperf3 client on loopback and returns Gbit/s
+// received.
+func iperfGbps(ctx context.Context, port, streams int) float64 {
+	bps, err := iperf.Client(ctx, iperf.Local, "127.0.0.1", port, 4, "-P", strconv.Itoa(streams))
 	if err != nil {
-		fail(fmt.Errorf("iperf3: %v", err))
-	}
-	var j struct {
-		End struct {
-			SumReceived struct {
-				BitsPerSecond float64 `json:"bits_per_second"`
-			} `json:"sum_received"`
-		} `json:"end"`
-	}
-	if err := json.Unmarshal(out, &j); err != nil {
 		fail(err)
 	}
-	return j.End.SumReceived.BitsPerSecond / 1e9
+	return bps / 1e9
 }
 
 // mapReads maps the region of cl and measures read faults only.
@@ -757,33 +746,6 @@ func mixed(ctx context.Context, cl *client.Client, res *results) {
 			res.add("mixed "+w.name+" "+ch.String(), float64(ops)/el[ci].Seconds())
 		}
 	}
-}
-
-type stealSample struct{ steal, total uint64 }
-
-func readSteal() stealSample {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return stealSample{}
-	}
-	line := strings.SplitN(string(b), "\n", 2)[0]
-	f := strings.Fields(line)[1:]
-	var s stealSample
-	for i, x := range f {
-		v, _ := strconv.ParseUint(x, 10, 64)
-		s.total += v
-		if i == 7 {
-			s.steal = v
-		}
-	}
-	return s
-}
-
-func (s stealSample) since(p stealSample) float64 {
-	if s.total == p.total {
-		return 0
-	}
-	return 100 * float64(s.steal-p.steal) / float64(s.total-p.total)
 }
 
 func report(c cfg, r *results, steal []float64) {

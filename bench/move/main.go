@@ -22,7 +22,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -34,7 +33,9 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/bench/internal/iperf"
 	"github.com/rialto-project/rialto/bench/internal/lab"
+	"github.com/rialto-project/rialto/bench/internal/stats"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 	"github.com/rialto-project/rialto/internal/netns"
 	"github.com/rialto-project/rialto/internal/rack"
@@ -152,7 +153,7 @@ func run() error {
 		var x moveResult
 		steps := []func() error{
 			func() error { // the link's ceiling, between the two lenders
-				c, err := iperf(ctx, r, b.lenders[0], b.lenders[1], *iperfSecs)
+				c, err := iperfCeiling(ctx, r, b.lenders[0], b.lenders[1], *iperfSecs)
 				x.CeilingMiBps = c
 				return err
 			},
@@ -309,7 +310,7 @@ func (b *bench) moveUnderFio(ctx context.Context) (moveResult, error) {
 	if err != nil {
 		return x, err
 	}
-	s0 := readStat()
+	s0 := stats.SampleCPU()
 	cmd := exec.CommandContext(ctx, b.bin, "lease", "move", b.lease.ID, "--to", to.Name)
 	cmd.Env = b.env
 	t0 := time.Now()
@@ -318,7 +319,7 @@ func (b *bench) moveUnderFio(ctx context.Context) (moveResult, error) {
 	if err != nil {
 		return x, fmt.Errorf("lease move: %w: %s", err, out)
 	}
-	x.Steal = readStat().stealPct(s0)
+	x.Steal = s0.StealSince()
 	after, err := b.counters()
 	if err != nil {
 		return x, err
@@ -363,77 +364,17 @@ func (b *bench) counters() (map[string]netns.Counters, error) {
 	return m, nil
 }
 
-// iperf measures the from → to link ceiling with iperf3 (MiB/s).
-func iperf(ctx context.Context, r *rack.Rack, from, to rack.Node, secs int) (float64, error) {
-	srv := r.Command(ctx, to, "iperf3", "-s", "-B", to.Addr.String(), "-p", "5299")
-	if err := srv.Start(); err != nil {
-		return 0, err
+// iperfCeiling measures the from → to link ceiling with iperf3 (MiB/s).
+func iperfCeiling(ctx context.Context, r *rack.Rack, from, to rack.Node, secs int) (float64, error) {
+	on := func(n rack.Node) iperf.Command {
+		return func(ctx context.Context, args ...string) *exec.Cmd { return r.Command(ctx, n, "iperf3", args...) }
 	}
-	defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
-	addr := net.JoinHostPort(to.Addr.String(), "5299")
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("iperf3 server: %w", err)
-		}
-		tm := time.NewTimer(50 * time.Millisecond)
-		select {
-		case <-ctx.Done():
-			tm.Stop()
-			return 0, ctx.Err()
-		case <-tm.C:
-		}
-	}
-	out, err := r.Command(ctx, from, "iperf3", "-c", to.Addr.String(), "-p", "5299", "-t", strconv.Itoa(secs), "-J").Output()
+	// The server listens on the bridge, which reaches every namespace.
+	bps, err := iperf.Measure(ctx, on(to), on(from), to.Addr.String(), 5299, secs)
 	if err != nil {
 		return 0, err
 	}
-	var j struct {
-		Error string `json:"error"`
-		End   struct {
-			SumReceived struct {
-				BitsPerSecond float64 `json:"bits_per_second"`
-			} `json:"sum_received"`
-		} `json:"end"`
-	}
-	if err := json.Unmarshal(out, &j); err != nil {
-		return 0, err
-	}
-	if j.End.SumReceived.BitsPerSecond <= 0 {
-		return 0, fmt.Errorf("iperf3 measured nothing: %s", j.Error)
-	}
-	return j.End.SumReceived.BitsPerSecond / 8 / (1 << 20), nil
-}
-
-type cpuStat struct{ total, steal float64 }
-
-func readStat() cpuStat {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return cpuStat{}
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	var s cpuStat
-	for i, f := range strings.Fields(line)[1:] {
-		v, _ := strconv.ParseFloat(f, 64)
-		s.total += v
-		if i == 7 {
-			s.steal = v
-		}
-	}
-	return s
-}
-
-func (s cpuStat) stealPct(prev cpuStat) float64 {
-	if d := s.total - prev.total; d > 0 {
-		return 100 * (s.steal - prev.steal) / d
-	}
-	return 0
+	return bps / 8 / (1 << 20), nil
 }
 
 func median(xs []float64) float64 {

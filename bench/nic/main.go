@@ -40,6 +40,8 @@ import (
 	"golang.org/x/net/ipv4"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/bench/internal/iperf"
+	"github.com/rialto-project/rialto/bench/internal/stats"
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/appliance"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles/mct"
@@ -146,21 +148,7 @@ func run(args []string) error {
 	return os.WriteFile(c.out, []byte(md.String()), 0o644)
 }
 
-var stealStart = readSteal()
-
-func readSteal() [2]uint64 {
-	b, _ := os.ReadFile("/proc/stat")
-	f := strings.Fields(strings.SplitN(string(b), "\n", 2)[0])
-	var total, steal uint64
-	for i, x := range f[1:] {
-		v, _ := strconv.ParseUint(x, 10, 64)
-		total += v
-		if i == 7 {
-			steal = v
-		}
-	}
-	return [2]uint64{steal, total}
-}
+var stealStart = stats.SampleCPU()
 
 func loadAvg() string {
 	b, _ := os.ReadFile("/proc/loadavg")
@@ -172,11 +160,11 @@ func loadAvg() string {
 }
 
 func stealNote() string {
-	now := readSteal()
-	if now[1] == stealStart[1] {
+	pct, ok := stealStart.StealUntil(stats.SampleCPU())
+	if !ok {
 		return "not measured"
 	}
-	return fmt.Sprintf("%.1f%% of CPU time since the bench started", 100*float64(now[0]-stealStart[0])/float64(now[1]-stealStart[1]))
+	return fmt.Sprintf("%.1f%% of CPU time since the bench started", pct)
 }
 
 // ---- processes and iperf3 ----
@@ -221,62 +209,6 @@ func startChild(cmd *exec.Cmd) (*child, error) {
 	return ch, nil
 }
 
-// iperfServer runs an iperf3 server on the outside's Server address until
-// the returned function stops it.
-func iperfServer(ctx context.Context, out *netns.Outside, port int) (func(), error) {
-	srv := out.Command(ctx, "iperf3", "-s", "--forceflush", "-B", out.Server.String(), "-p", strconv.Itoa(port))
-	stdout, err := srv.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := srv.Start(); err != nil {
-		return nil, err
-	}
-	stop := func() { _ = srv.Process.Kill(); _ = srv.Wait() }
-	ready := make(chan bool, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		said := false
-		for sc.Scan() {
-			if !said && strings.Contains(sc.Text(), "Server listening") {
-				said = true
-				ready <- true
-			}
-		}
-		if !said {
-			ready <- false
-		}
-	}()
-	select {
-	case ok := <-ready:
-		if !ok {
-			stop()
-			return nil, errors.New("iperf3 server exited")
-		}
-	case <-time.After(10 * time.Second):
-		stop()
-		return nil, errors.New("iperf3 server not listening")
-	}
-	return stop, nil
-}
-
-func iperf(ctx context.Context, cmd func(args ...string) *exec.Cmd, out *netns.Outside, port int, dur time.Duration, extra ...string) (float64, error) {
-	args := append([]string{"-c", out.Server.String(), "-p", strconv.Itoa(port), "-J", "-t", strconv.Itoa(int(dur.Seconds()))}, extra...)
-	res, err := cmd(args...).Output()
-	var j struct {
-		Error string `json:"error"`
-		End   struct {
-			SumReceived struct {
-				BPS float64 `json:"bits_per_second"`
-			} `json:"sum_received"`
-		} `json:"end"`
-	}
-	if jerr := json.Unmarshal(res, &j); jerr != nil || j.Error != "" {
-		return 0, fmt.Errorf("iperf3 %v: %v %s", args, err, j.Error)
-	}
-	return j.End.SumReceived.BPS, nil
-}
-
 // nicRow is one configuration of the NIC part: the direct path, or a
 // lease of lenders parts (a bond when more than one) attached in mode.
 type nicRow struct {
@@ -316,21 +248,26 @@ func benchNIC(c config, md *strings.Builder) error {
 		{"bond of 3, per-packet (2 connections per lender)", 3, "packet", 12}}
 	res := make([][]float64, len(rows))
 	const port = 5400
-	stopServer, err := iperfServer(ctx, out, port)
+	outside := func(ctx context.Context, args ...string) *exec.Cmd { return out.Command(ctx, "iperf3", args...) }
+	srv, err := iperf.StartServer(ctx, outside, out.Server.String(), port, 10*time.Second)
 	if err != nil {
 		return err
 	}
-	defer stopServer()
-	inBorrower := func(args ...string) *exec.Cmd { return r.Command(ctx, borrower, "iperf3", args...) }
-	onLender := func(args ...string) *exec.Cmd { return r.Command(ctx, r.Agent(0), "iperf3", args...) }
+	defer srv.Stop()
+	inBorrower := func(ctx context.Context, args ...string) *exec.Cmd {
+		return r.Command(ctx, borrower, "iperf3", args...)
+	}
+	onLender := func(ctx context.Context, args ...string) *exec.Cmd {
+		return r.Command(ctx, r.Agent(0), "iperf3", args...)
+	}
 	for run := 0; run < c.runs; run++ {
 		for i, row := range rows {
 			var bps float64
 			if row.lenders == 0 {
-				bps, err = iperf(ctx, onLender, out, port, c.dur, "-P", strconv.Itoa(row.streams))
+				bps, err = iperf.Client(ctx, onLender, out.Server.String(), port, int(c.dur.Seconds()), "-P", strconv.Itoa(row.streams))
 			} else {
 				bps, err = leaseIperf(ctx, c, r, xdg, row, linkBps, func() (float64, error) {
-					return iperf(ctx, inBorrower, out, port, c.dur, "-P", strconv.Itoa(row.streams))
+					return iperf.Client(ctx, inBorrower, out.Server.String(), port, int(c.dur.Seconds()), "-P", strconv.Itoa(row.streams))
 				})
 			}
 			if err != nil {

@@ -84,39 +84,66 @@ func children(pid int) []int {
 	return out
 }
 
-// CPUSample is the machine-wide CPU time counters at one moment.
+// CPUSample is the machine-wide CPU time counters at one moment, in clock
+// ticks. The zero value is "nothing read": a percentage against it is not
+// measured.
 type CPUSample struct{ steal, total float64 }
 
-// SampleCPU reads the first line of /proc/stat.
+// SampleCPU reads the aggregate line of /proc/stat (the zero CPUSample when
+// it cannot be read).
 func SampleCPU() CPUSample {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
 		return CPUSample{}
 	}
-	line, _, _ := strings.Cut(string(b), "\n")
+	s, _ := ParseCPU(string(b))
+	return s
+}
+
+// ParseCPU parses the first line of /proc/stat ("cpu user nice system idle
+// iowait irq softirq steal guest guest_nice"). The total is the sum of the
+// first eight fields: guest and guest_nice are already counted in user and
+// nice (proc(5)).
+func ParseCPU(stat string) (CPUSample, error) {
+	line, _, _ := strings.Cut(stat, "\n")
 	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return CPUSample{}, fmt.Errorf("/proc/stat: want a \"cpu\" line with 8 counters, got %q", line)
+	}
 	var s CPUSample
-	for i, v := range f[1:] {
-		x, _ := strconv.ParseFloat(v, 64)
-		if i < 8 { // user nice system idle iowait irq softirq steal
-			s.total += x
+	for i, v := range f[1:9] { // user nice system idle iowait irq softirq steal
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return CPUSample{}, fmt.Errorf("/proc/stat field %d: %w", i+1, err)
 		}
+		x := float64(n)
+		s.total += x
 		if i == 7 {
 			s.steal = x
 		}
 	}
-	return s
+	return s, nil
+}
+
+// StealUntil returns the share of all CPU time stolen by the hypervisor
+// between s and the later sample now, in percent; ok is false when no CPU
+// time passed between them (or either sample is missing).
+func (s CPUSample) StealUntil(now CPUSample) (pct float64, ok bool) {
+	if s.total == 0 || now.total <= s.total {
+		return 0, false
+	}
+	return 100 * (now.steal - s.steal) / (now.total - s.total), true
+}
+
+// StealPercent is StealUntil(now) with 0 when not measured.
+func (s CPUSample) StealPercent(now CPUSample) float64 {
+	pct, _ := s.StealUntil(now)
+	return pct
 }
 
 // StealSince returns the share of all CPU time stolen by the hypervisor
-// between s and now, in percent.
-func (s CPUSample) StealSince() float64 {
-	now := SampleCPU()
-	if now.total <= s.total {
-		return 0
-	}
-	return 100 * (now.steal - s.steal) / (now.total - s.total)
-}
+// between s and this moment, in percent (0 when not measured).
+func (s CPUSample) StealSince() float64 { return s.StealPercent(SampleCPU()) }
 
 // Load returns the 1-minute load average.
 func Load() float64 {
