@@ -547,7 +547,11 @@ func (m *Mapping) reopen() {
 	if handoff != nil {
 		msg = handoffFrame(handoff)
 	}
-	_, _, _ = uc.WriteMsgUnix(append(msg, hdr[:]...), unix.UnixRights(int(file.Fd())), nil)
+	msg = append(msg, hdr[:]...)
+	n, _, err := uc.WriteMsgUnix(msg, unix.UnixRights(int(file.Fd())), nil)
+	if err == nil && n < len(msg) { // a stream socket may take part of it
+		_, _ = m.ctrl.Write(msg[n:])
+	}
 }
 
 // call sends a command to the handler and returns its reply.
