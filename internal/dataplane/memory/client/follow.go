@@ -206,10 +206,33 @@ func (f *Following) Join(ctx context.Context, kind uint8) (net.Conn, error) {
 func (f *Following) TLS() bool { return f.opts.TLS != nil }
 
 // DialHandoff is Client.DialHandoff on the session at the region's
-// current place (a TLS mapping's fault connection; it does not follow a
-// move).
+// current place (a TLS mapping's fault connection), following the region
+// first if that session ended.
 func (f *Following) DialHandoff(ctx context.Context, kind uint8) (net.Conn, Handoff, error) {
+	p := f.cur.Load()
+	conn, h, err := p.c.DialHandoff(ctx, kind)
+	if err == nil || !f.followable(err) {
+		return conn, h, err
+	}
+	if ferr := f.follow(ctx, p.gen, true); ferr != nil {
+		return nil, Handoff{}, errors.Join(err, ferr)
+	}
 	return f.cur.Load().c.DialHandoff(ctx, kind)
+}
+
+// RejoinHandoff is Rejoin for a session over TLS whose connection another
+// process completes (a TLS mapping's fault handler; see Handoff): the
+// region may have moved, so it asks where it is first and opens a session
+// at its new place if it did — with Options.TLS, whose handshake verifies
+// the new donor's certificate against the CA — then dials a connection
+// there. The Handoff pins the key that new session verified, not the old
+// donor's.
+func (f *Following) RejoinHandoff(ctx context.Context, kind uint8) (net.Conn, Handoff, error) {
+	p := f.cur.Load()
+	if err := f.follow(ctx, p.gen, p.c.err() != nil); err != nil {
+		return nil, Handoff{}, err
+	}
+	return f.DialHandoff(ctx, kind)
 }
 
 // Rejoin is Join for a connection of the session that ended (its donor

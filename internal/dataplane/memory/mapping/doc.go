@@ -19,8 +19,12 @@
 // another donor: when the fault connection ends (GONE, closed), the handler
 // asks the program for a new connection of the session at the region's new
 // place (over the control socket, the descriptor passed with SCM_RIGHTS)
-// and serves again what was under way; only then does a fault wait on the
-// program (see docs/memory-protocol.md, "A region that moved", for the one
+// and serves again what was under way. Over TLS the handler runs each
+// connection's TLS session itself: the program opens the session at the
+// new place (verifying the new donor's certificate against the CA) and
+// passes a bare connection with a handoff that pins the key it verified,
+// as for the first connection. Only while following does a fault wait on
+// the program (see docs/memory-protocol.md, "A region that moved", for the one
 // limit this brings).
 //
 // Zero values: the zero Mapping is not usable; build it with Map. The zero

@@ -1,9 +1,13 @@
 package mapping
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/binary"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -60,14 +64,37 @@ func (r *relocation) relocate(context.Context) (string, string, error) {
 // every page reads what was last written, the dirty pages cached at the
 // switch are written back at the new place, and the handler took a new
 // connection without the mapping being opened again.
-func TestMappingFollowsMove(t *testing.T) {
+func TestMappingFollowsMove(t *testing.T) { testMappingFollowsMove(t, false) }
+
+// TestMappingFollowsMoveOverTLS is TestMappingFollowsMove with donors
+// that require TLS, each with a key of its own: the program's session
+// verifies the new donor's certificate against the CA, and the fault
+// handler runs its new TLS session from a handoff pinning that donor's
+// key (not the old one's).
+func TestMappingFollowsMoveOverTLS(t *testing.T) { testMappingFollowsMove(t, true) }
+
+func testMappingFollowsMove(t *testing.T, overTLS bool) {
 	const size, pages = 2 << 20, (2 << 20) / 4096
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	from := memorytest.Start(t, size, 0)
-	to := memorytest.Start(t, 4096, 0)
+	var from, to *memorytest.Donor
+	opts := client.Options{Timeout: 10 * time.Second}
+	if overTLS {
+		ca := memorytest.NewCA(t)
+		fromTLS, toTLS := memorytest.ServerTLS(t, ca), memorytest.ServerTLS(t, ca)
+		if bytes.Equal(publicKey(t, fromTLS), publicKey(t, toTLS)) {
+			t.Fatal("the two donors share a key: the test could not tell a pinned old key from the new one")
+		}
+		from = memorytest.StartTLS(t, fromTLS, size, 0)
+		to = memorytest.StartTLS(t, toTLS, 4096, 0)
+		opts.TLS = memorytest.ClientTLS(t, ca)
+		to.ClientTLS = opts.TLS
+	} else {
+		from = memorytest.Start(t, size, 0)
+		to = memorytest.Start(t, 4096, 0)
+	}
 	r := &relocation{addr: from.Addr, cred: memorytest.Credential}
-	f, err := client.DialFollowing(ctx, from.Addr, memorytest.Credential, client.Options{Timeout: 10 * time.Second},
+	f, err := client.DialFollowing(ctx, from.Addr, memorytest.Credential, opts,
 		client.FollowConfig{Relocate: r.relocate})
 	if err != nil {
 		t.Fatal(err)
@@ -145,6 +172,69 @@ func TestMappingFollowsMove(t *testing.T) {
 		}
 	}
 	t.Logf("%d pages written across the move; %d new connection(s), %d write-backs", written.Load(), st.Follows, st.WriteBacks)
+}
+
+// TestMappingOverTLSRefusesUntrustedNewPlace: over TLS, the region's new
+// place must present a certificate of the cluster CA. A move to a donor
+// whose certificate another CA issued is not followed: the program's
+// session refuses the donor's certificate, the handler gets no connection,
+// the write-back that found the region gone fails (Flush and Err say
+// why) and the mapping ends.
+func TestMappingOverTLSRefusesUntrustedNewPlace(t *testing.T) {
+	const size = 1 << 20
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ca, other := memorytest.NewCA(t), memorytest.NewCA(t)
+	from := memorytest.StartTLS(t, memorytest.ServerTLS(t, ca), size, 0)
+	to := memorytest.StartTLS(t, memorytest.ServerTLS(t, other), 4096, 0)
+	to.ClientTLS = memorytest.ClientTLS(t, other) // the move itself trusts it
+	opts := client.Options{Timeout: 5 * time.Second, TLS: memorytest.ClientTLS(t, ca)}
+	r := &relocation{addr: from.Addr, cred: memorytest.Credential}
+	f, err := client.DialFollowing(ctx, from.Addr, memorytest.Credential, opts,
+		client.FollowConfig{Relocate: r.relocate, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m, err := Map(ctx, f, Options{CacheBytes: 64 * 4096})
+	if err != nil {
+		if errorsIsUffd(err) {
+			t.Skip(err)
+		}
+		t.Fatal(err)
+	}
+	defer m.Close()
+	b := m.Bytes()
+	for p := range 8 {
+		stamp(b, p, 1) // dirty pages in the cache, not written back yet
+	}
+	if err := memorytest.Move(ctx, from, to, "moved-cred", func() { r.set(to.Addr, "moved-cred") }); err != nil {
+		t.Fatal(err)
+	}
+	err = m.Flush()
+	if err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("flush after a move to an untrusted donor: %v, want a refused certificate", err)
+	}
+	if merr := m.Err(); !errors.Is(merr, ErrMappingFailed) {
+		t.Fatalf("the mapping after the refused follow: %v", merr)
+	}
+	if st := m.Stats(); st.Follows != 0 {
+		t.Fatalf("the handler took %d connection(s) to the untrusted donor", st.Follows)
+	}
+}
+
+// publicKey is the public key (SubjectPublicKeyInfo) of cfg's certificate.
+func publicKey(t *testing.T, cfg *tls.Config) []byte {
+	t.Helper()
+	cert, err := cfg.GetCertificate(&tls.ClientHelloInfo{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(cert.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return leaf.RawSubjectPublicKeyInfo
 }
 
 func errorsIsUffd(err error) bool { return errors.Is(err, ErrUffdUnavailable) }

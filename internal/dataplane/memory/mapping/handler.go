@@ -67,7 +67,9 @@ type handlerConfig struct {
 	// TLS: the session runs over TLS, and the donor connection is a bare
 	// TCP connection the handler completes itself (TLS, then HELLO) from
 	// the handoff the parent writes first on the control socket: the
-	// credential never goes in the environment.
+	// credential never goes in the environment. So is every connection
+	// that follows the region: a ctlHandoff frame comes right before its
+	// ctlConn.
 	TLS    bool
 	Follow bool // the session follows its region: ask for a new connection when it ends
 }
@@ -86,7 +88,11 @@ const (
 	// donor connection, its descriptor passed with the frame (SCM_RIGHTS);
 	// with a payload instead, why there is none.
 	ctlConn
-	ctlHandoff // parent → handler, before it starts: client.Handoff as JSON (TLS sessions)
+	// ctlHandoff (parent → handler): client.Handoff as JSON, for a session
+	// over TLS: before the handler starts (for its first connection), and
+	// right before each ctlConn that brings a connection (the region's new
+	// place: the handoff names that donor's key).
+	ctlHandoff
 
 	ctlFailed uint8 = 0x80 // handler → parent, unasked: the mapping failed
 	ctlReady  uint8 = 0x81 // handler → parent, first frame: serving faults
@@ -148,6 +154,9 @@ type faultHandler struct {
 
 	in, out []byte // control socket buffers
 	fds     []int  // descriptors received on the control socket, not taken yet
+	// handoff is the last ctlHandoff frame received while following over
+	// TLS: how to complete the connection the next ctlConn brings.
+	handoff *client.Handoff
 	closing bool
 }
 
@@ -409,6 +418,8 @@ func (h *faultHandler) command(op uint8) {
 		if fd := h.takeFd(); fd >= 0 {
 			_ = unix.Close(fd)
 		}
+	case ctlHandoff: // its connection's, which came too late: unused
+		h.handoff = nil
 	case ctlFlush:
 		h.reply(op, h.errPayload(h.flush()))
 	case ctlStats:
@@ -569,6 +580,15 @@ func (h *faultHandler) follow(cause error, tries *int) error {
 				return fmt.Errorf("%w (new connection: %v)", cause, err)
 			}
 			h.pg = rawconn.New(fd, max(h.cfg.Spin, 0), h.cfg.Timeout)
+			if h.cfg.TLS {
+				if err := h.startTLS(); err != nil {
+					h.pg.Close()
+					if connLost(err) { // the region moved again: ask again
+						return h.follow(err, tries)
+					}
+					return fmt.Errorf("%w (new connection: %v)", cause, err)
+				}
+			}
 			h.stats.Follows++
 			return nil
 		}
@@ -589,14 +609,41 @@ func (h *faultHandler) follow(cause error, tries *int) error {
 	}
 }
 
+// startTLS completes a new connection of a session over TLS, as the
+// handler's first one was (runFaultHandler): the TLS session from the
+// handoff that came with it (pinning the key of the new donor, which the
+// program's session there verified against the CA), then the HELLO.
+func (h *faultHandler) startTLS() error {
+	ho := h.handoff
+	h.handoff = nil
+	if ho == nil {
+		return errors.New("no handoff came with it")
+	}
+	if err := h.pg.StartTLS(ho.TLSConfig(), false); err != nil {
+		return err
+	}
+	return client.Hello(h.pg, ho.Hello)
+}
+
 // connFrame takes the first ctlConn frame out of h.in, leaving the
 // commands around it in order: the connection's descriptor, or why the
-// parent has none. ok is false while there is none.
+// parent has none. ok is false while there is none. A ctlHandoff frame
+// before it (a session over TLS) is taken into h.handoff.
 func (h *faultHandler) connFrame() (fd int, err error, ok bool) {
 	for k := 0; k+ctlHeader <= len(h.in); {
 		n := int(binary.BigEndian.Uint32(h.in[k+1:]))
 		if k+ctlHeader+n > len(h.in) {
 			return -1, nil, false
+		}
+		if h.in[k] == ctlHandoff {
+			var ho client.Handoff
+			if json.Unmarshal(h.in[k+ctlHeader:k+ctlHeader+n], &ho) == nil {
+				h.handoff = &ho
+			} else {
+				h.handoff = nil
+			}
+			h.in = append(h.in[:k], h.in[k+ctlHeader+n:]...)
+			continue
 		}
 		if h.in[k] != ctlConn {
 			k += ctlHeader + n

@@ -63,6 +63,16 @@ type Follower interface {
 	Rejoin(ctx context.Context, kind uint8) (net.Conn, error)
 }
 
+// tlsFollower is a Follower whose session may run over TLS
+// (client.Following): over TLS the handler gets its new connection as it
+// got its first, a bare connection and a handoff (RejoinHandoff: the
+// session at the region's new place verified the new donor's certificate
+// against the CA, and the handoff pins that key).
+type tlsFollower interface {
+	Follower
+	RejoinHandoff(ctx context.Context, kind uint8) (net.Conn, client.Handoff, error)
+}
+
 // followWait bounds how long a mapping's handler waits for a new fault
 // connection when its region moved.
 const followWait = 30 * time.Second
@@ -159,7 +169,8 @@ type Mapping struct {
 	cmd   *exec.Cmd
 	ctrl  net.Conn
 
-	s Session
+	s   Session
+	tls bool // the session runs over TLS: connections go with a handoff
 
 	cmdMu   sync.Mutex // one command at a time
 	wmu     sync.Mutex // one frame written to the control socket at a time
@@ -229,6 +240,10 @@ func Map(ctx context.Context, c Session, opts Options) (*Mapping, error) {
 	_, follow := c.(Follower)
 	ts, overTLS := c.(tlsSession)
 	overTLS = overTLS && ts.TLS()
+	if overTLS {
+		_, follow = c.(tlsFollower)
+	}
+	m.tls = overTLS
 	ok := false
 	defer func() {
 		if !ok {
@@ -250,10 +265,7 @@ func Map(ctx context.Context, c Session, opts Options) (*Mapping, error) {
 	}
 	cfg, err := json.Marshal(handlerConfig{Base: uint64(m.base), Pages: pages, PageSize: ps, CapPages: capPages,
 		MaxRA: max(opts.Readahead, 1), Batch: min(opts.EvictBatch, capPages/2), Spin: opts.Spin,
-		// Over TLS the handler runs its session itself from a handoff: a
-		// new connection the parent opened could not continue it, so a
-		// TLS mapping does not follow its region (a move ends it).
-		Timeout: c.Timeout(), Features: u.Features, TLS: overTLS, Follow: follow && !overTLS})
+		Timeout: c.Timeout(), Features: u.Features, TLS: overTLS, Follow: follow})
 	if err != nil {
 		return nil, err
 	}
@@ -298,10 +310,7 @@ func Map(ctx context.Context, c Session, opts Options) (*Mapping, error) {
 	}
 	if handoff != nil {
 		// The socket buffer holds it until the handler reads it.
-		var hdr [ctlHeader]byte
-		hdr[0] = ctlHandoff
-		binary.BigEndian.PutUint32(hdr[1:], uint32(len(handoff)))
-		if _, err := m.ctrl.Write(append(hdr[:], handoff...)); err != nil {
+		if _, err := m.ctrl.Write(handoffFrame(handoff)); err != nil {
 			return nil, fmt.Errorf("memory: control socket: %w", err)
 		}
 	}
@@ -356,6 +365,15 @@ func Map(ctx context.Context, c Session, opts Options) (*Mapping, error) {
 	}
 	ok = true
 	return m, nil
+}
+
+// handoffFrame is the ctlHandoff frame carrying handoff (client.Handoff
+// as JSON).
+func handoffFrame(handoff []byte) []byte {
+	var hdr [ctlHeader]byte
+	hdr[0] = ctlHandoff
+	binary.BigEndian.PutUint32(hdr[1:], uint32(len(handoff)))
+	return append(hdr[:], handoff...)
 }
 
 // handlerStartLimit bounds the wait for a fault handler process to start.
@@ -470,9 +488,13 @@ func decodeErr(p []byte) error {
 
 // reopen answers the handler's ctlReopen: a new fault connection, of the
 // session where the region is now (Follower.Rejoin), passed with ctlConn;
-// or why there is none, which fails the mapping.
+// or why there is none, which fails the mapping. Over TLS the connection
+// is a bare one to the region's new donor (tlsFollower.RejoinHandoff),
+// and a ctlHandoff frame goes right before the ctlConn, as before the
+// handler started: the handler runs the TLS session and the HELLO itself.
 func (m *Mapping) reopen() {
 	var file *os.File
+	var handoff []byte
 	err := errors.New("memory: the mapping's session does not follow its region")
 	if f, ok := m.s.(Follower); ok {
 		ctx, cancel := context.WithTimeout(context.Background(), followWait)
@@ -486,7 +508,19 @@ func (m *Mapping) reopen() {
 		}()
 		defer close(done)
 		var conn net.Conn
-		if conn, err = f.Rejoin(ctx, protocol.KindFault); err == nil {
+		if tf, ok := f.(tlsFollower); m.tls && ok {
+			var h client.Handoff
+			if conn, h, err = tf.RejoinHandoff(ctx, protocol.KindFault); err == nil {
+				if handoff, err = json.Marshal(h); err != nil {
+					_ = conn.Close()
+				}
+			}
+		} else if m.tls {
+			err = errors.New("memory: the mapping's session does not follow its region over TLS")
+		} else {
+			conn, err = f.Rejoin(ctx, protocol.KindFault)
+		}
+		if err == nil {
 			file, err = connFile(conn)
 			_ = conn.Close()
 		}
@@ -507,7 +541,17 @@ func (m *Mapping) reopen() {
 	if !ok {
 		return
 	}
-	_, _, _ = uc.WriteMsgUnix(hdr[:], unix.UnixRights(int(file.Fd())), nil)
+	// One message: the handoff (over TLS), then the ctlConn frame, the
+	// descriptor attached.
+	var msg []byte
+	if handoff != nil {
+		msg = handoffFrame(handoff)
+	}
+	msg = append(msg, hdr[:]...)
+	n, _, err := uc.WriteMsgUnix(msg, unix.UnixRights(int(file.Fd())), nil)
+	if err == nil && n < len(msg) { // a stream socket may take part of it
+		_, _ = m.ctrl.Write(msg[n:])
+	}
 }
 
 // call sends a command to the handler and returns its reply.

@@ -25,6 +25,9 @@ const Credential = "lease-cred-0123456789abcdef"
 type Donor struct {
 	D    *donor.Donor
 	Addr string // its loopback address
+	// ClientTLS is how Move dials it when it requires TLS (ClientTLS of
+	// its CA); the test sets it.
+	ClientTLS *tls.Config
 }
 
 // Start serves a donor with a region of size bytes under Credential, with

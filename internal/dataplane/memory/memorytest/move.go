@@ -2,6 +2,7 @@ package memorytest
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"fmt"
 	"net"
@@ -34,7 +35,7 @@ func Move(ctx context.Context, from, to *Donor, newCred string, switched func())
 	if err := to.D.AddRegion(newCred, size); err != nil {
 		return err
 	}
-	if err := writeRegion(ctx, to.Addr, newCred, data); err != nil {
+	if err := writeRegion(ctx, to.Addr, newCred, to.ClientTLS, data); err != nil {
 		return fmt.Errorf("memorytest: copy: %w", err)
 	}
 	switched()
@@ -43,8 +44,8 @@ func Move(ctx context.Context, from, to *Donor, newCred string, switched func())
 
 // writeRegion writes data at offset 0 of the region of credential at
 // addr: a session of its own (a control connection, a sync one), closed
-// after.
-func writeRegion(ctx context.Context, addr, credential string, data []byte) error {
+// after; inside TLS with tlsCfg if it is set.
+func writeRegion(ctx context.Context, addr, credential string, tlsCfg *tls.Config, data []byte) error {
 	var d net.Dialer
 	hello := func(kind uint8, session uint64) (net.Conn, uint64, error) {
 		c, err := d.DialContext(ctx, "tcp", addr)
@@ -52,6 +53,18 @@ func writeRegion(ctx context.Context, addr, credential string, data []byte) erro
 			return nil, 0, err
 		}
 		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+		if tlsCfg != nil {
+			cfg := tlsCfg.Clone()
+			if cfg.ServerName == "" {
+				cfg.ServerName, _, _ = net.SplitHostPort(addr)
+			}
+			tc := tls.Client(c, cfg)
+			if err := tc.HandshakeContext(ctx); err != nil {
+				c.Close()
+				return nil, 0, err
+			}
+			c = tc
+		}
 		m := protocol.Hello{Kind: kind, Session: session, Credential: credential}
 		b := m.Encode(make([]byte, protocol.HeaderSize))
 		h := protocol.Header{Op: protocol.OpHello, Payload: uint32(len(b) - protocol.HeaderSize)}
