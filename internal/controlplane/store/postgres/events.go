@@ -73,8 +73,22 @@ func (s *Store) AppendEvent(ctx context.Context, ev api.Event) (api.Event, error
 // one it sees (a sequence hands out IDs in increasing order, so a lower ID
 // was handed out earlier, to a writer that had finished when the lock was
 // granted). A follower that reads "ID > last seen" thus never skips an
-// event committed late.
-func (s *Store) readEventLog(ctx context.Context, what, q string, args []any, each func(pgx.Rows) error) error {
+// event committed late. A read that PostgreSQL picked as a deadlock's
+// victim (a writer waiting behind it may hold a row another writer
+// holding the lock waits for) runs again, after start; start also runs
+// before the first.
+func (s *Store) readEventLog(ctx context.Context, what, q string, args []any, start func(), each func(pgx.Rows) error) error {
+	var err error
+	for attempt := 0; attempt < maxTxAttempts; attempt++ {
+		start()
+		if err = s.readEventLog1(ctx, what, q, args, each); !retryable(err) {
+			return err
+		}
+	}
+	return err
+}
+
+func (s *Store) readEventLog1(ctx context.Context, what, q string, args []any, each func(pgx.Rows) error) error {
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
 		return wrap(what, err)
@@ -142,8 +156,8 @@ func (s *Store) Events(ctx context.Context, since int64, limit int, tenant strin
 		q += ` AND (type NOT LIKE 'lease.%' OR EXISTS (SELECT 1 FROM leases WHERE leases.id = events.subject AND leases.tenant = ?))`
 		args = append(args, tenant)
 	}
-	out := []api.Event{}
-	err := s.readEventLog(ctx, "events", q+` ORDER BY id LIMIT ?`, append(args, limit), func(rows pgx.Rows) error {
+	var out []api.Event
+	err := s.readEventLog(ctx, "events", q+` ORDER BY id LIMIT ?`, append(args, limit), func() { out = []api.Event{} }, func(rows pgx.Rows) error {
 		var e api.Event
 		var at int64
 		if err := rows.Scan(&e.ID, &at, &e.Type, &e.Subject, &e.Message, &e.State); err != nil {
@@ -164,7 +178,7 @@ func (s *Store) Events(ctx context.Context, since int64, limit int, tenant strin
 // log's lock, as Events is: no event with a lower ID commits later.
 func (s *Store) LastEventID(ctx context.Context) (int64, error) {
 	var id int64
-	err := s.readEventLog(ctx, "last event id", `SELECT COALESCE(MAX(id), 0) FROM events`, nil, func(rows pgx.Rows) error {
+	err := s.readEventLog(ctx, "last event id", `SELECT COALESCE(MAX(id), 0) FROM events`, nil, func() { id = 0 }, func(rows pgx.Rows) error {
 		return rows.Scan(&id)
 	})
 	return id, err
