@@ -16,10 +16,16 @@
 //   - a creation that carries its tenant's Limit takes the tenant's
 //     transaction-scoped advisory lock before it counts the tenant's
 //     leases, so quotas hold across replicas;
-//   - events are appended last, under one transaction-scoped advisory
-//     lock, so that event IDs (a sequence) become visible in order:
-//     followers of the event stream, which read "ID > last seen", never
-//     skip one committed late.
+//   - events are appended last, under the event log's transaction-scoped
+//     advisory lock taken in shared mode: writers do not wait for one
+//     another (their commits share WAL flushes), and a reader of the log
+//     (Events, LastEventID) takes the lock in exclusive mode first, which
+//     waits for every writer holding an event ID it cannot see yet;
+//     followers of the event stream, which read "ID > last seen", thus
+//     never skip an event committed after one with a higher ID. (Writers
+//     used to take the lock exclusively, which serialized every replica's
+//     commits, fsync included: with 3 replicas on a loaded machine it was
+//     the largest lock wait, docs/bench/controlplane.md.)
 //
 // Locks are taken in one order (tenants, nodes, devices, leases, events);
 // a deadlock or serialization failure that PostgreSQL reports anyway

@@ -184,9 +184,9 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 	}
 
 	// Round trip 2: write every op in order, events under the log's
-	// lock, commit.
+	// lock (shared: writers do not wait for one another), commit.
 	b = &pgx.Batch{}
-	b.Queue(`SELECT pg_advisory_xact_lock($1, $2)`, lockClass, lockEvents)
+	b.Queue(`SELECT pg_advisory_xact_lock_shared($1, $2)`, lockClass, lockEvents)
 	for i, op := range ops {
 		if op.Create != nil {
 			if accepted[i] {

@@ -217,11 +217,13 @@ func (s *Store) tx1(ctx context.Context, f func(tx execer) error) error {
 	return nil
 }
 
-// lockEventLog takes the event log's transaction lock: events are
-// appended last in a transaction, under it, so that their IDs become
-// visible in order.
+// lockEventLog takes the event log's lock in shared mode, for the rest
+// of the transaction: a writer appends its events under it, and writers
+// do not wait for one another; a reader of the log takes it in exclusive
+// mode (readEventLog), which waits for every writer that may hold an
+// event ID it cannot see yet (see doc.go).
 func lockEventLog(ctx context.Context, tx execer) error {
-	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(?, ?)`, lockClass, lockEvents); err != nil {
+	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock_shared(?, ?)`, lockClass, lockEvents); err != nil {
 		return wrap("lock the event log", err)
 	}
 	return nil
