@@ -117,7 +117,9 @@ func TestTLSNodeRemoval(t *testing.T) {
 	}
 
 	// Forced removal of a node that heartbeats: its lease is lost, its
-	// agent joins again.
+	// agent joins again. (The clock moved 11 s above: the other node may
+	// have been swept down until its next heartbeat.)
+	c.Eventually("the other node ready", func() bool { return c.NodeState(other.ID()) == api.NodeReady })
 	l2, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20, Mode: api.ModeShared, Affinity: []string{other.Name}})
 	if err != nil || l2.NodeID != other.ID() {
 		t.Fatalf("lease on %s: %+v %v", other.Name, l2, err)
