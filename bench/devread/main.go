@@ -24,8 +24,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -174,7 +172,7 @@ func measure(ctx context.Context, r *rack.Rack, nodes []rack.Node, bin string, a
 		before = append(before, c)
 	}
 	s0 := stats.SampleCPU()
-	load := loadavg()
+	load := stats.Load()
 	cmd := r.Command(ctx, nodes[2], bin, args...)
 	cmd.Env = append(os.Environ(), r.Env()...)
 	var stderr strings.Builder
@@ -222,36 +220,6 @@ func iperfCeiling(ctx context.Context, r *rack.Rack, from, to rack.Node, secs in
 	return bps / 8 / (1 << 20), nil
 }
 
-func loadavg() float64 {
-	b, _ := os.ReadFile("/proc/loadavg")
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return 0
-	}
-	v, _ := strconv.ParseFloat(f[0], 64)
-	return v
-}
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-func join(xs []float64, prec int) string {
-	parts := make([]string, len(xs))
-	for i, x := range xs {
-		parts[i] = strconv.FormatFloat(x, 'f', prec, 64)
-	}
-	return strings.Join(parts, ", ")
-}
-
 func report(path, rate string, sizeMiB int64, slotMem string, reps int, ceiling float64, res []result, cmds map[string]string) error {
 	by := map[string][]result{}
 	for _, x := range res {
@@ -264,7 +232,7 @@ func report(path, rate string, sizeMiB int64, slotMem string, reps int, ceiling 
 		}
 		return out
 	}
-	med := func(v string, f func(result) float64) float64 { return median(col(v, f)) }
+	med := func(v string, f func(result) float64) float64 { return stats.Median(col(v, f)) }
 	secs := func(x result) float64 { return x.Seconds }
 	direct := med("direct", secs)
 
@@ -308,8 +276,8 @@ func report(path, rate string, sizeMiB int64, slotMem string, reps int, ceiling 
 	fmt.Fprintf(&b, "CPU free (table).\n\n")
 	fmt.Fprintf(&b, "All runs, in run order:\n\n| path | runs s | steal %% | load | borrower CPU s |\n|---|---|---|---|---|\n")
 	for _, v := range variants {
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", v.Name, join(col(v.Name, secs), 2), join(col(v.Name, func(x result) float64 { return x.Steal }), 1),
-			join(col(v.Name, func(x result) float64 { return x.Load }), 1), join(col(v.Name, func(x result) float64 { return x.CPU }), 2))
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", v.Name, stats.Join(col(v.Name, secs), 2), stats.Join(col(v.Name, func(x result) float64 { return x.Steal }), 1),
+			stats.Join(col(v.Name, func(x result) float64 { return x.Load }), 1), stats.Join(col(v.Name, func(x result) float64 { return x.CPU }), 2))
 	}
 	fmt.Fprintf(&b, "\nCommands (NODE3 is the borrower's namespace; LEASE IDs are the run's):\n\n```\n")
 	fmt.Fprintf(&b, "bench/devread/run.sh   # RATE=%s SIZE_MIB=%d REPS=%d\n", rate, sizeMiB, reps)

@@ -26,7 +26,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -377,26 +376,6 @@ func iperfCeiling(ctx context.Context, r *rack.Rack, from, to rack.Node, secs in
 	return bps / 8 / (1 << 20), nil
 }
 
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-func join(xs []float64, prec int) string {
-	parts := make([]string, len(xs))
-	for i, x := range xs {
-		parts[i] = strconv.FormatFloat(x, 'f', prec, 64)
-	}
-	return strings.Join(parts, ", ")
-}
-
 func report(path, rate string, sizeMiB int64, fioSecs, iperfSecs, reps int, res []moveResult) error {
 	col := func(f func(moveResult) float64) []float64 {
 		var out []float64
@@ -405,7 +384,7 @@ func report(path, rate string, sizeMiB int64, fioSecs, iperfSecs, reps int, res 
 		}
 		return out
 	}
-	med := func(f func(moveResult) float64) float64 { return median(col(f)) }
+	med := func(f func(moveResult) float64) float64 { return stats.Median(col(f)) }
 	ratio := med(func(x moveResult) float64 { return x.MigrationMiBs / x.CeilingMiBps })
 	var b strings.Builder
 	fmt.Fprintf(&b, "## Live migration of a block lease (`rialto lease move`)\n\n")
@@ -449,7 +428,7 @@ func report(path, rate string, sizeMiB int64, fioSecs, iperfSecs, reps int, res 
 		{"CPU steal during the move, %", func(x moveResult) float64 { return x.Steal }, 1},
 	}
 	for _, row := range rows {
-		fmt.Fprintf(&b, "| %s | %.*f | %s |\n", row.name, row.prec, med(row.f), join(col(row.f), row.prec))
+		fmt.Fprintf(&b, "| %s | %.*f | %s |\n", row.name, row.prec, med(row.f), stats.Join(col(row.f), row.prec))
 	}
 	fmt.Fprintln(&b)
 	goal := "met"
