@@ -103,17 +103,17 @@ type taskState struct {
 type runningTask struct{ cancel context.CancelFunc }
 
 type conn struct {
-	s      *Server
-	nc     net.Conn
-	out    chan []byte
-	sem    chan struct{}
-	mu     sync.Mutex
-	tasks  map[uint32]*taskState
+	s     *Server
+	nc    net.Conn
+	out   chan []byte
+	sem   chan struct{}
+	mu    sync.Mutex
+	tasks map[uint32]*taskState
 	// running holds the cancel of every START still executing, by tag
 	// (guarded by mu), for CANCEL.
 	running map[uint32]*runningTask
 	failed  chan struct{}
-	once   sync.Once
+	once    sync.Once
 }
 
 // ServeConn serves one already-accepted connection until it ends or ctx
