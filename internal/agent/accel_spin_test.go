@@ -12,13 +12,14 @@ import (
 
 // A shared lease's borrower controls its role: a Wasm module that never
 // returns keeps an execution running on the lease's slot. Ending the lease
-// must still end it (interrupting the execution once the slot has had its
-// gateway_queue_timeout to drain), not wait for it forever while holding
-// the driver, which would stop every other lease's prepare and teardown.
+// must still end it — revoking the lease at the gateway cancels the
+// execution, on the slot too — not wait for it forever (nor for the
+// gateway's queue timeout, an hour here) while holding the driver, which
+// would stop every other lease's prepare and teardown.
 func TestAccelSharedTeardownInterruptsRunaway(t *testing.T) {
 	_, srv := newFakeCP(t)
 	cfg := testConfig(srv.URL, t.TempDir())
-	cfg.Devices[1].Attributes["gateway_queue_timeout"] = "200ms"
+	cfg.Devices[1].Attributes["gateway_queue_timeout"] = "1h"
 	r := start(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
