@@ -302,7 +302,7 @@ type sharedGateway struct {
 	g                  *gateway.Gateway
 	ln                 net.Listener
 	creds              gateway.Credentials
-	tls                bool          // requires TLS: its URIs are rialto-accels://
+	tls                bool // requires TLS: its URIs are rialto-accels://
 	cancel             context.CancelFunc
 	wg                 sync.WaitGroup
 
