@@ -202,7 +202,8 @@ func TestFairSharesFollowWeights(t *testing.T) {
 func slotGateway(t *testing.T, n int, role roles.Spec, cfg Config, cs *Credentials) (*appliance.Appliance, *Gateway, string) {
 	t.Helper()
 	ctx := context.Background()
-	app := startAppliance(t, appliance.Config{Slots: n, SlotMemory: 1 << 16, Workers: 1})
+	// Each slot runs as many executions at once as the gateway's workers.
+	app := startAppliance(t, appliance.Config{Slots: n, SlotMemory: 1 << 16, Workers: max(cfg.Workers, 1)})
 	var backs []Backend
 	for i := range n {
 		if err := app.Load(ctx, i, role); err != nil {
@@ -342,12 +343,13 @@ func TestBadTenantIsolated(t *testing.T) {
 	_ = cs.AddWeighted([]byte("cred-good"), "good", 1)
 	_ = cs.AddWeighted([]byte("cred-bad"), "bad", 1)
 	// The good tenant's 4 callers fill a batch every MaxQueueDelay: its
-	// throughput is set by the gateway's batching, not by the machine.
+	// throughput is set by the gateway's batching, not by the machine, and
+	// the workers are enough for both tenants' batches.
 	_, g, addr := slotGateway(t, 2, roles.Spec{Name: "aesgcm", Config: key},
-		Config{Name: "iso", MaxBatch: 8, MaxQueueDelay: 20 * time.Millisecond, Workers: 2}, &cs)
+		Config{Name: "iso", MaxBatch: 8, MaxQueueDelay: 100 * time.Millisecond, Workers: 4}, &cs)
 	good, bad := dialLease(t, addr, "cred-good"), dialLease(t, addr, "cred-bad")
 	item := append(make([]byte, 12), "hello"...)
-	const callers, rounds = 4, 15
+	const callers, rounds = 4, 8
 	phase := func(withBad bool) (batch, perSec float64) {
 		ctx, stop := context.WithCancel(context.Background())
 		var bwg sync.WaitGroup
@@ -390,16 +392,20 @@ func TestBadTenantIsolated(t *testing.T) {
 		return items / float64(s1.Executions-s0.Executions), items / d.Seconds()
 	}
 	var alone, mixed [][2]float64
-	for range 2 { // alternate, so that the machine's load hits both alike
+	for range 3 { // alternate, so that the machine's load hits both alike
 		b, p := phase(false)
 		alone = append(alone, [2]float64{b, p})
 		b, p = phase(true)
 		mixed = append(mixed, [2]float64{b, p})
 	}
+	// The best of each: a loaded machine only ever slows a phase down.
 	best := func(xs [][2]float64, i int) float64 {
-		v := []float64{xs[0][i], xs[1][i]}
+		var v []float64
+		for _, x := range xs {
+			v = append(v, x[i])
+		}
 		sort.Float64s(v)
-		return v[1]
+		return v[len(v)-1]
 	}
 	ab, ap, mb, mp := best(alone, 0), best(alone, 1), best(mixed, 0), best(mixed, 1)
 	t.Logf("good tenant alone: batch %.2f, %.0f items/s; with a bad tenant: batch %.2f, %.0f items/s", ab, ap, mb, mp)
