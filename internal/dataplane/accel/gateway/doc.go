@@ -27,5 +27,7 @@
 // CANCEL frame); Revoke closes the credential's connections, cancels its
 // queued and running work and waits a bounded time (RevokeWait) for it.
 // Executions go to the instance with the fewest executions under way.
-// SetInstances replaces the slot instances while Run runs.
+// SetInstances replaces the slot instances while Run runs; executions
+// running on an instance taken out are cancelled there and run again on
+// the others.
 package gateway

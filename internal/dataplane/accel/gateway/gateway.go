@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -157,11 +158,56 @@ type batch struct {
 type instance struct {
 	b    Backend
 	busy atomic.Int64
+
+	mu      sync.Mutex
+	removed bool
+	calls   map[int]context.CancelFunc
+	nextID  int
+}
+
+// call runs a batch on the instance; moved reports that the instance was
+// removed (SetInstances) before or during the call, which must then run on
+// another.
+func (in *instance) call(ctx context.Context, entry string, ins [][]byte) (outs [][]byte, moved bool, err error) {
+	in.mu.Lock()
+	if in.removed {
+		in.mu.Unlock()
+		return nil, true, nil
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	id := in.nextID
+	in.nextID++
+	in.calls[id] = cancel
+	in.busy.Add(1)
+	in.mu.Unlock()
+	outs, err = in.b.CallBatch(cctx, entry, ins)
+	in.mu.Lock()
+	delete(in.calls, id)
+	in.busy.Add(-1)
+	removed := in.removed
+	in.mu.Unlock()
+	if err != nil && removed && ctx.Err() == nil {
+		return nil, true, nil
+	}
+	return outs, false, err
+}
+
+// remove takes the instance out: its running calls are cancelled (on the
+// slot too, for an accel backend: CANCEL) and run again elsewhere.
+func (in *instance) remove() {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.removed = true
+	for _, cancel := range in.calls {
+		cancel()
+	}
 }
 
 // Gateway batches calls onto backends.
 type Gateway struct {
 	cfg       Config
+	instMu    sync.Mutex // serializes SetInstances
 	instances atomic.Pointer[[]*instance]
 	log       *slog.Logger
 	in        chan *request
@@ -259,15 +305,45 @@ func (g *Gateway) count(outcome string) {
 }
 
 // SetInstances replaces the backends (a shared gateway grows and shrinks
-// with its leases' slots). Executions already running finish on the
-// backend they started on. With no instances, executions fail with
-// accel.ErrUnavailable.
+// with its leases' slots). A backend kept (the same comparable value)
+// keeps its executions; the executions running on a backend taken out are
+// cancelled there (a slot reassigned must not go on running them: an accel
+// backend sends CANCEL) and run again on the remaining ones. With no
+// instances, executions fail with accel.ErrUnavailable.
 func (g *Gateway) SetInstances(instances []Backend) {
+	g.instMu.Lock()
+	defer g.instMu.Unlock()
+	var old []*instance
+	if p := g.instances.Load(); p != nil {
+		old = *p
+	}
 	is := make([]*instance, len(instances))
+	kept := map[*instance]bool{}
 	for i, b := range instances {
-		is[i] = &instance{b: b}
+		for _, o := range old {
+			if !kept[o] && sameBackend(o.b, b) {
+				is[i] = o
+				kept[o] = true
+				break
+			}
+		}
+		if is[i] == nil {
+			is[i] = &instance{b: b, calls: map[int]context.CancelFunc{}}
+		}
 	}
 	g.instances.Store(&is)
+	for _, o := range old {
+		if !kept[o] {
+			o.remove()
+		}
+	}
+}
+
+// sameBackend reports whether a and b are the same backend (only
+// comparable values can be).
+func sameBackend(a, b Backend) bool {
+	ta, tb := reflect.TypeOf(a), reflect.TypeOf(b)
+	return ta == tb && ta != nil && ta.Comparable() && a == b
 }
 
 // pick returns the instance with the fewest executions under way (ties:
@@ -800,17 +876,20 @@ func (g *Gateway) run(ctx context.Context, l *lease, entry string, reqs []*reque
 	}()
 	l.begin()
 	defer l.end()
-	in := g.pick()
-	if in == nil {
-		return nil, false, fmt.Errorf("%w: gateway %s has no instances", accel.ErrUnavailable, g.cfg.Name)
-	}
-	if err := xctx.Err(); err != nil { // every caller gave up before it started
-		return nil, ctx.Err() == nil, err
-	}
 	t0 := time.Now()
-	in.busy.Add(1)
-	outs, err = in.b.CallBatch(xctx, entry, ins)
-	in.busy.Add(-1)
+	for {
+		in := g.pick()
+		if in == nil {
+			return nil, false, fmt.Errorf("%w: gateway %s has no instances", accel.ErrUnavailable, g.cfg.Name)
+		}
+		if err := xctx.Err(); err != nil { // every caller gave up before it started
+			return nil, ctx.Err() == nil, err
+		}
+		var moved bool
+		if outs, moved, err = in.call(xctx, entry, ins); !moved {
+			break
+		}
+	}
 	d := time.Since(t0)
 	g.computeNs.Add(int64(d))
 	g.executions.Add(1)

@@ -201,9 +201,17 @@ func TestFairSharesFollowWeights(t *testing.T) {
 // over them (each slot a Redialer), served to cs's credentials.
 func slotGateway(t *testing.T, n int, role roles.Spec, cfg Config, cs *Credentials) (*appliance.Appliance, *Gateway, string) {
 	t.Helper()
+	app, backs := slotBackends(t, n, role, max(cfg.Workers, 1))
+	g := run(t, cfg, backs...)
+	return app, g, serveShared(t, g, cs)
+}
+
+// slotBackends starts an appliance with n slots holding role, each running
+// workers executions at once, and returns a Redialer for each slot.
+func slotBackends(t *testing.T, n int, role roles.Spec, workers int) (*appliance.Appliance, []Backend) {
+	t.Helper()
 	ctx := context.Background()
-	// Each slot runs as many executions at once as the gateway's workers.
-	app := startAppliance(t, appliance.Config{Slots: n, SlotMemory: 1 << 16, Workers: max(cfg.Workers, 1)})
+	app := startAppliance(t, appliance.Config{Slots: n, SlotMemory: 1 << 16, Workers: workers})
 	var backs []Backend
 	for i := range n {
 		if err := app.Load(ctx, i, role); err != nil {
@@ -220,8 +228,7 @@ func slotGateway(t *testing.T, n int, role roles.Spec, cfg Config, cs *Credentia
 		t.Cleanup(func() { _ = r.Close() })
 		backs = append(backs, r)
 	}
-	g := run(t, cfg, backs...)
-	return app, g, serveShared(t, g, cs)
+	return app, backs
 }
 
 // busySlots counts the appliance's executions under way.
@@ -417,5 +424,40 @@ func TestBadTenantIsolated(t *testing.T) {
 	}
 	if s, _ := leaseStats(g, "bad"); s.Served != 0 || s.Failed == 0 {
 		t.Fatalf("bad tenant: %+v", s)
+	}
+}
+
+// A backend taken out of the gateway (its slot reassigned) stops the
+// executions running on it, which run again on the remaining backends.
+func TestSetInstancesMovesRunningWork(t *testing.T) {
+	app, backs := slotBackends(t, 2, roles.Spec{Name: "wasm", Module: wasmtest.EchoModule()}, 2)
+	g := run(t, Config{MaxBatch: 4, Workers: 2}, backs...)
+	inFlight := func(i int) int64 { st, _ := app.Slot(i); return st.InFlight }
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { _, err := g.Call(ctx, "spin", nil); done <- err }()
+	waitFor(t, func() bool { return inFlight(0)+inFlight(1) == 1 })
+	from, to := 0, 1
+	if inFlight(1) == 1 {
+		from, to = 1, 0
+	}
+	g.SetInstances([]Backend{backs[to]})
+	waitFor(t, func() bool { return inFlight(from) == 0 && inFlight(to) == 1 })
+	select {
+	case err := <-done:
+		t.Fatalf("the call failed when its slot left: %v", err)
+	default:
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("call: %v", err)
+	}
+	waitFor(t, func() bool { return inFlight(to) == 0 })
+	// A kept backend keeps its executions: the same value is the same
+	// instance.
+	g.SetInstances([]Backend{backs[to], backs[from]})
+	if out, err := g.Call(context.Background(), "echo", []byte("x")); err != nil || string(out) != "x" {
+		t.Fatalf("after: %q %v", out, err)
 	}
 }
