@@ -461,3 +461,40 @@ func TestSetInstancesMovesRunningWork(t *testing.T) {
 		t.Fatalf("after: %q %v", out, err)
 	}
 }
+
+// stubborn is a backend that ignores its context (a native kernel with no
+// cancellation point) until released.
+type stubborn struct {
+	started chan struct{}
+	release chan struct{}
+}
+
+func (s stubborn) CallBatch(_ context.Context, _ string, ins [][]byte) ([][]byte, error) {
+	s.started <- struct{}{}
+	<-s.release
+	return ins, nil
+}
+
+// Revoke waits at most RevokeWait for the revoked lease's executions, so a
+// teardown never waits for a runaway that ignores cancellation.
+func TestRevokeIsBounded(t *testing.T) {
+	s := stubborn{started: make(chan struct{}, 1), release: make(chan struct{})}
+	defer close(s.release)
+	g := run(t, Config{MaxBatch: 4}, s)
+	cs := Credentials{RevokeWait: 50 * time.Millisecond}
+	_ = cs.AddWeighted([]byte("cred-a"), "a", 1)
+	a := dialLease(t, serveShared(t, g, &cs), "cred-a")
+	done := make(chan error, 1)
+	go func() { _, err := a.Call(context.Background(), "e", []byte("x")); done <- err }()
+	<-s.started
+	revoked := make(chan struct{})
+	go func() { cs.Revoke([]byte("cred-a")); close(revoked) }()
+	select {
+	case <-revoked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Revoke waited for an execution that ignores cancellation")
+	}
+	if err := <-done; err == nil {
+		t.Fatal("the revoked lease's call succeeded")
+	}
+}
