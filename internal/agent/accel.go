@@ -358,10 +358,11 @@ func (d *AccelDriver) clear(app *appliance.Appliance, from, to int64) error {
 
 // Teardown ends the lease: a dedicated lease's slots close their
 // connections, wipe their memory and unload their role; a shared lease's
-// credential is revoked at the gateway (its connections closed), its slots
-// leave the gateway once their running executions finish (interrupted
-// after the gateway's queue timeout: the borrower's role may never
-// return), and the gateway stops with its last lease.
+// credential is revoked at the gateway (its connections closed, its queued
+// and running work cancelled, on the slots too: a role that never returns
+// is stopped), its slots leave the gateway (other leases' executions on
+// them are cancelled and run again elsewhere), and the gateway stops with
+// its last lease.
 func (d *AccelDriver) Teardown(_ context.Context, e Export) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -372,11 +373,7 @@ func (d *AccelDriver) Teardown(_ context.Context, e Export) error {
 	delete(d.live, e.Request.Export)
 	app := d.apps[e.Device.Name]
 	if old.Request.Gateway {
-		d.gws.leave(old.Request, e.Device.Name, func() {
-			if app != nil {
-				d.clear(app, old.Request.Offset, old.Request.Offset+old.Request.Length)
-			}
-		})
+		d.gws.leave(old.Request, e.Device.Name)
 	}
 	if app == nil {
 		return nil

@@ -29,8 +29,8 @@ import (
 // Defaults of a shared gateway's knobs (device attributes gateway_max_batch,
 // gateway_max_delay, gateway_workers, gateway_queue_limit,
 // gateway_lease_queue_limit, gateway_queue_timeout override them). A lease
-// may hold at most half the queue unless gateway_lease_queue_limit says
-// otherwise.
+// may hold at most its weighted part of the queue (gateway.Credentials),
+// capped by gateway_lease_queue_limit if set.
 const (
 	DefaultGatewayMaxBatch     = 64
 	DefaultGatewayMaxDelay     = 200 * time.Microsecond
@@ -40,7 +40,7 @@ const (
 // gwConfig is a device's gateway knobs.
 type gwConfig struct {
 	gateway.Config
-	leaseLimit int // items one lease may have in the gateway
+	leaseLimit int // items one lease may have in the gateway (0: its weighted part of the queue)
 }
 
 // gatewayConfig reads a device's gateway knobs from its attributes.
@@ -78,9 +78,6 @@ func gatewayConfig(dev DeviceConfig) (gwConfig, error) {
 	}
 	if c.QueueLimit == 0 {
 		c.QueueLimit = 64 * c.MaxBatch
-	}
-	if g.leaseLimit == 0 {
-		g.leaseLimit = max(c.QueueLimit/2, 1)
 	}
 	return g, nil
 }
@@ -131,7 +128,7 @@ func (p *gatewayPool) join(ctx context.Context, e Export, addrs []string, secret
 	for _, a := range addrs {
 		rd := gateway.NewRedialer(a, secret)
 		rd.TLS = p.slotTLS
-		backs = append(backs, &slotBackend{r: rd})
+		backs = append(backs, &slotBackend{r: rd, calls: map[int]context.CancelFunc{}})
 	}
 	g := p.gws[key]
 	if g == nil {
@@ -146,26 +143,27 @@ func (p *gatewayPool) join(ctx context.Context, e Export, addrs []string, secret
 		p.gws[key] = g
 	}
 	g.add(r.Export, backs)
-	if err := g.creds.Add([]byte(r.Export)); err != nil {
-		g.remove(r.Export, nil)
+	// Labelled by the lease ID (never the export name, a credential).
+	if err := g.creds.AddWeighted([]byte(r.Export), r.LeaseID, 1); err != nil {
+		g.remove(r.Export)
 		return "", err
 	}
 	return g.uri(e.Host, r), nil
 }
 
 // leave revokes the lease's export name at its gateway (closing its
-// connections), takes its slots out of rotation once their running
-// executions finish (calling interrupt, which must make them fail, if they
-// outlast the gateway's queue timeout), and stops the gateway if it was
-// the last lease.
-func (p *gatewayPool) leave(r api.PrepareRequest, device string, interrupt func()) {
+// connections and cancelling its queued and running work, on the slots
+// too), takes its slots out of rotation (cancelling the other leases'
+// executions running there, which run again on another slot), and stops
+// the gateway if it was the last lease.
+func (p *gatewayPool) leave(r api.PrepareRequest, device string) {
 	key := gatewayKey(r, device)
 	g := p.gws[key]
 	if g == nil {
 		return
 	}
 	g.creds.Revoke([]byte(r.Export))
-	g.remove(r.Export, interrupt)
+	g.remove(r.Export)
 	if g.leases() == 0 {
 		delete(p.gws, key)
 		g.stop()
@@ -247,10 +245,7 @@ func (p *gatewayPool) start(ctx context.Context, e Export, gc gwConfig, reg *pro
 	cfg.Name, cfg.Role, cfg.Entries, cfg.Metrics = name, e.Request.Role, entries, registerer(reg)
 	cfg.Logger = p.log.With("gateway", name)
 	sg := &sharedGateway{name: name, device: e.Device.Name, role: e.Request.Role, slots: map[string][]*slotBackend{},
-		drain: cfg.QueueTimeout, tls: p.srvTLS != nil}
-	if sg.drain <= 0 {
-		sg.drain = DefaultGatewayQueueTimeout
-	}
+		tls: p.srvTLS != nil}
 	sg.creds.Limit = gc.leaseLimit
 	// The gateway has no slot yet: executions pick from sg's current slots.
 	g, err := gateway.New(cfg, []gateway.Backend{sg})
@@ -307,8 +302,7 @@ type sharedGateway struct {
 	g                  *gateway.Gateway
 	ln                 net.Listener
 	creds              gateway.Credentials
-	drain              time.Duration // how long remove waits for running executions
-	tls                bool          // requires TLS: its URIs are rialto-accels://
+	tls                bool // requires TLS: its URIs are rialto-accels://
 	cancel             context.CancelFunc
 	wg                 sync.WaitGroup
 
@@ -318,12 +312,50 @@ type sharedGateway struct {
 	next  int
 }
 
-// slotBackend is one slot behind the gateway. Its lock is held for reading
-// by running executions, so that removing it waits for them.
+// slotBackend is one slot behind the gateway, with the cancels of the
+// executions running on it: removing the slot (its lease ended, the slot
+// reassigned) cancels them, and they run again on another slot.
 type slotBackend struct {
 	r       *gateway.Redialer
-	mu      sync.RWMutex
+	mu      sync.Mutex
 	removed bool
+	calls   map[int]context.CancelFunc
+	nextID  int
+	running sync.WaitGroup
+}
+
+// call runs a batch on the slot; moved reports that the slot was removed
+// before or during the call, which must then run elsewhere.
+func (b *slotBackend) call(ctx context.Context, entry string, ins [][]byte) (outs [][]byte, moved bool, err error) {
+	b.mu.Lock()
+	if b.removed {
+		b.mu.Unlock()
+		return nil, true, nil
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	id := b.nextID
+	b.nextID++
+	b.calls[id] = cancel
+	b.running.Add(1)
+	b.mu.Unlock()
+	defer b.running.Done()
+	outs, err = b.r.CallBatch(cctx, entry, ins)
+	b.mu.Lock()
+	delete(b.calls, id)
+	removed := b.removed
+	b.mu.Unlock()
+	if err != nil && removed && ctx.Err() == nil {
+		return nil, true, nil
+	}
+	return outs, false, err
+}
+
+// busy is the number of executions running on the slot.
+func (b *slotBackend) busy() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.calls)
 }
 
 func (sg *sharedGateway) uri(host string, r api.PrepareRequest) string {
@@ -341,10 +373,11 @@ func (sg *sharedGateway) add(export string, bs []*slotBackend) {
 	sg.order = append(sg.order, bs...)
 }
 
-// remove takes the lease's slots out of rotation and waits for the
-// executions running on them; if some still run after sg.drain, it calls
-// interrupt (if not nil), which must make them fail, and waits on.
-func (sg *sharedGateway) remove(export string, interrupt func()) {
+// remove takes the lease's slots out of rotation and cancels the
+// executions running on them (on the slots too: the accel client sends
+// CANCEL), which run again on another slot; it waits for the cancelled
+// calls to return, which they do at once.
+func (sg *sharedGateway) remove(export string) {
 	sg.mu.Lock()
 	bs := sg.slots[export]
 	delete(sg.slots, export)
@@ -361,26 +394,16 @@ func (sg *sharedGateway) remove(export string, interrupt func()) {
 	clear(sg.order[len(kept):])
 	sg.order = kept
 	sg.mu.Unlock()
-	drained := make(chan struct{})
-	go func() {
-		for _, b := range bs {
-			b.mu.Lock()
-			b.removed = true
-			b.mu.Unlock()
-		}
-		close(drained)
-	}()
-	if interrupt != nil {
-		t := time.NewTimer(sg.drain)
-		select {
-		case <-drained:
-		case <-t.C:
-			interrupt()
-		}
-		t.Stop()
-	}
-	<-drained
 	for _, b := range bs {
+		b.mu.Lock()
+		b.removed = true
+		for _, cancel := range b.calls {
+			cancel()
+		}
+		b.mu.Unlock()
+	}
+	for _, b := range bs {
+		b.running.Wait()
 		b.r.Close()
 	}
 }
@@ -397,7 +420,10 @@ func (sg *sharedGateway) backends() []*slotBackend {
 	return append([]*slotBackend(nil), sg.order...)
 }
 
-// CallBatch implements gateway.Backend: the next slot runs the batch.
+// CallBatch implements gateway.Backend: the slot with the fewest
+// executions under way (ties: in turn) runs the batch, so that a slot held
+// by a long execution does not delay the others' batches; a batch whose
+// slot leaves runs again on another.
 func (sg *sharedGateway) CallBatch(ctx context.Context, entry string, ins [][]byte) ([][]byte, error) {
 	for {
 		sg.mu.Lock()
@@ -405,16 +431,19 @@ func (sg *sharedGateway) CallBatch(ctx context.Context, entry string, ins [][]by
 			sg.mu.Unlock()
 			return nil, fmt.Errorf("%w: gateway %s has no slots", accel.ErrUnavailable, sg.name)
 		}
-		b := sg.order[sg.next%len(sg.order)]
+		start := sg.next % len(sg.order)
 		sg.next++
-		b.mu.RLock()
+		b := sg.order[start]
+		for i := 1; i < len(sg.order) && b.busy() > 0; i++ {
+			if c := sg.order[(start+i)%len(sg.order)]; c.busy() < b.busy() {
+				b = c
+			}
+		}
 		sg.mu.Unlock()
-		if b.removed { // taken out between the two locks; pick again
-			b.mu.RUnlock()
+		outs, moved, err := b.call(ctx, entry, ins)
+		if moved {
 			continue
 		}
-		outs, err := b.r.CallBatch(ctx, entry, ins)
-		b.mu.RUnlock()
 		return outs, err
 	}
 }
