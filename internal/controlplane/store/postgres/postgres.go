@@ -18,8 +18,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/controlplane/store/sqlstore"
 )
 
 //go:embed migrations/*.sql
@@ -27,11 +27,10 @@ var migrationFS embed.FS
 
 // Store is a store.Store on a PostgreSQL database.
 type Store struct {
+	sqlstore.Core // the statements shared with the SQLite store
+
 	db  *sql.DB
 	url string
-
-	plans textCache[*api.Plan]
-	parts textCache[[]api.Part]
 }
 
 var (
@@ -72,6 +71,7 @@ func Open(ctx context.Context, url string, o Options) (*Store, error) {
 	db.SetMaxIdleConns(o.MaxConns)
 	db.SetConnMaxIdleTime(5 * time.Minute)
 	s := &Store{db: db, url: url}
+	s.Init(dialect{s})
 	if err := s.migrate(ctx, -1); err != nil {
 		db.Close()
 		return nil, err
@@ -127,12 +127,8 @@ func wrap(what string, err error) error {
 }
 
 // execer runs statements written with SQLite's "?" placeholders: a
-// transaction or the pool. rebind turns them into PostgreSQL's "$n".
-type execer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
+// transaction or the pool (rebound turns them into PostgreSQL's "$n").
+type execer = sqlstore.Execer
 
 type rebound struct {
 	q interface {
@@ -213,18 +209,6 @@ func (s *Store) tx1(ctx context.Context, f func(tx execer) error) error {
 	}
 	if err := tx.Commit(); err != nil {
 		return wrap("commit", err)
-	}
-	return nil
-}
-
-// lockEventLog takes the event log's lock in shared mode, for the rest
-// of the transaction: a writer appends its events under it, and writers
-// do not wait for one another; a reader of the log takes it in exclusive
-// mode (readEventLog), which waits for every writer that may hold an
-// event ID it cannot see yet (see doc.go).
-func lockEventLog(ctx context.Context, tx execer) error {
-	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock_shared(?, ?)`, lockClass, lockEvents); err != nil {
-		return wrap("lock the event log", err)
 	}
 	return nil
 }
@@ -330,8 +314,4 @@ func (s *Store) migrate(ctx context.Context, max int) error {
 		}
 	}
 	return nil
-}
-
-func placeholders(n int) string {
-	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
 }

@@ -19,8 +19,8 @@ import (
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
-	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/controlplane/store/sqlstore"
 )
 
 //go:embed migrations/*.sql
@@ -28,6 +28,8 @@ var migrationFS embed.FS
 
 // Store is a store.Store backed by one SQLite database file.
 type Store struct {
+	sqlstore.Core // the statements shared with the PostgreSQL store
+
 	w  *sql.DB // single writer connection
 	r  *sql.DB // read-only pool (the writer itself for :memory:)
 	ws *stmtCache
@@ -36,11 +38,7 @@ type Store struct {
 	leaseMu sync.Mutex // serializes lease writes with their updates of live
 	live    liveCache
 
-	// Decoded JSON of lease plans and parts, by text (see textCache),
-	// and the multi-row event INSERTs by row count.
-	plans    textCache[*api.Plan]
-	parts    textCache[[]api.Part]
-	eventSQL sync.Map // rows → statement text
+	eventSQL sync.Map // the multi-row event INSERTs: rows → statement text
 
 	ck             *sql.DB // checkpoints (file databases only)
 	ckStop, ckDone chan struct{}
@@ -95,6 +93,7 @@ func open(ctx context.Context, path string, max int) (*Store, error) {
 	w.SetConnMaxLifetime(0)
 	w.SetConnMaxIdleTime(0)
 	s := &Store{w: w, r: w, ws: &stmtCache{db: w}}
+	s.Init(dialect{s})
 	s.rs = s.ws
 	if err := s.migrate(ctx, max); err != nil {
 		w.Close()
