@@ -7,9 +7,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -213,35 +211,10 @@ func (s *Store) tx1(ctx context.Context, f func(tx execer) error) error {
 	return nil
 }
 
-type migration struct {
-	version int
-	name    string
-	sql     string
-}
-
-func migrations() ([]migration, error) {
-	ents, err := fs.ReadDir(migrationFS, "migrations")
+func migrations() ([]sqlstore.Migration, error) {
+	ms, err := sqlstore.ReadMigrations(migrationFS, "migrations")
 	if err != nil {
-		return nil, fmt.Errorf("postgres: migrations: %w", err)
-	}
-	var ms []migration
-	for _, e := range ents {
-		num, _, ok := strings.Cut(e.Name(), "_")
-		v, err := strconv.Atoi(num)
-		if !ok || err != nil || !strings.HasSuffix(e.Name(), ".sql") {
-			return nil, fmt.Errorf("postgres: migration %q: name must be NNNN_what.sql", e.Name())
-		}
-		b, err := migrationFS.ReadFile("migrations/" + e.Name())
-		if err != nil {
-			return nil, fmt.Errorf("postgres: migration %s: %w", e.Name(), err)
-		}
-		ms = append(ms, migration{v, e.Name(), string(b)})
-	}
-	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
-	for i, m := range ms {
-		if m.version != i+1 {
-			return nil, fmt.Errorf("postgres: migration %s: versions must be 1, 2, 3, ... without gaps", m.name)
-		}
+		return nil, fmt.Errorf("postgres: %w", err)
 	}
 	return ms, nil
 }
@@ -251,7 +224,7 @@ func MigrationNames() ([]string, error) {
 	ms, err := migrations()
 	var out []string
 	for _, m := range ms {
-		out = append(out, m.name)
+		out = append(out, m.Name)
 	}
 	return out, err
 }
@@ -282,36 +255,5 @@ func (s *Store) migrate(ctx context.Context, max int) error {
 		return wrap("migrate", err)
 	}
 	defer conn.ExecContext(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1, $2)`, lockClass, lockMigrate)
-	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_version (
-		version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT CURRENT_TIMESTAMP)`); err != nil {
-		return wrap("schema_version", err)
-	}
-	var cur sql.NullInt64
-	if err := conn.QueryRowContext(ctx, `SELECT MAX(version) FROM schema_version`).Scan(&cur); err != nil {
-		return wrap("schema version", err)
-	}
-	if int(cur.Int64) > len(ms) {
-		return fmt.Errorf("postgres: database schema version %d is newer than this binary (%d)", cur.Int64, len(ms))
-	}
-	for _, m := range ms {
-		if m.version <= int(cur.Int64) || (max >= 0 && m.version > max) {
-			continue
-		}
-		tx, err := conn.BeginTx(ctx, nil)
-		if err != nil {
-			return wrap("migration "+m.name, err)
-		}
-		if _, err := tx.ExecContext(ctx, m.sql); err != nil {
-			tx.Rollback()
-			return wrap("migration "+m.name, err)
-		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO schema_version (version, name) VALUES ($1, $2)`, m.version, m.name); err != nil {
-			tx.Rollback()
-			return wrap("migration "+m.name, err)
-		}
-		if err := tx.Commit(); err != nil {
-			return wrap("migration "+m.name, err)
-		}
-	}
-	return nil
+	return sqlstore.Migrate(ctx, conn, ms, max, "TIMESTAMPTZ", `INSERT INTO schema_version (version, name) VALUES ($1, $2)`, "postgres", wrap)
 }
