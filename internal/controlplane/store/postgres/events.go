@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store/sqlstore"
@@ -75,28 +74,12 @@ func (d dialect) ReadEventLog(ctx context.Context, what, q string, args []any, s
 }
 
 func (s *Store) readEventLog1(ctx context.Context, what, q string, args []any, each func(sqlstore.Scanner) error) error {
-	conn, err := s.db.Conn(ctx)
-	if err != nil {
-		return wrap(what, err)
-	}
-	defer conn.Close()
-	err = conn.Raw(func(dc any) error {
-		c := dc.(*stdlib.Conn).Conn()
-		err := readEventLogOn(ctx, c, q, args, each)
-		if err != nil && c.PgConn().TxStatus() != 'I' {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			_, rerr := c.Exec(rctx, "ROLLBACK")
-			cancel()
-			if rerr != nil {
-				c.PgConn().Close(rctx) // the pool drops it (IsClosed)
-			}
+	return s.onConn(ctx, what, func(c *pgx.Conn) error {
+		if err := readEventLogOn(ctx, c, q, args, each); err != nil {
+			return wrap(what, err)
 		}
-		return err
+		return nil
 	})
-	if err != nil {
-		return wrap(what, err)
-	}
-	return nil
 }
 
 func readEventLogOn(ctx context.Context, c *pgx.Conn, q string, args []any, each func(sqlstore.Scanner) error) error {

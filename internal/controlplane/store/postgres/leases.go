@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"slices"
 	"strconv"
 
@@ -132,35 +131,9 @@ func lostIdx(idx []int) []int64 {
 // refusal (ErrConflict, ErrNotFound) comes before anything is written.
 func (d dialect) TransitionTx(ctx context.Context, tx sqlstore.Execer, id string, ch store.LeaseChange, plan string, _ []api.Lease) (api.Lease, error) {
 	s := d.s
-	set := `state = ?, updated_at = ?`
-	args := make([]any, 0, 12+len(ch.From)+2*len(ch.URIs))
-	args = append(args, ch.To, ns(ch.At))
-	if ch.Reason != "" {
-		set += `, reason = ?`
-		args = append(args, ch.Reason)
-	}
-	if ch.URI != "" {
-		set += `, uri = ?`
-		args = append(args, ch.URI)
-	}
-	if !ch.ExpiresAt.IsZero() {
-		set += `, expires_at = ?`
-		args = append(args, ns(ch.ExpiresAt))
-	}
-	if ch.TTL != 0 {
-		set += `, ttl_seconds = ?`
-		args = append(args, ch.TTL)
-	}
+	set, args := sqlstore.ChangeSet(ch, make([]any, 0, 12+len(ch.From)+2*len(ch.URIs)))
 	set += partsSet(ch, &args)
-	where := ` WHERE id = ? AND state IN (` + sqlstore.Placeholders(len(ch.From)) + `)`
-	args = append(args, id)
-	for _, f := range ch.From {
-		args = append(args, f)
-	}
-	if ch.Tenant != "" {
-		where += ` AND tenant = ?`
-		args = append(args, ch.Tenant)
-	}
+	where, args := sqlstore.ChangeWhere(id, ch, args)
 	q := `WITH u AS (UPDATE leases SET ` + set + where + ` RETURNING ` + sqlstore.LeaseCols + `)`
 	if ch.To.Terminal() {
 		// Free only touches live parts: a no-op if the lease had ended.
@@ -172,18 +145,7 @@ func (d dialect) TransitionTx(ctx context.Context, tx sqlstore.Execer, id string
 	}
 	l, err := s.ScanLease(tx.QueryRowContext(ctx, q+` SELECT * FROM u`, args...))
 	if errors.Is(err, sql.ErrNoRows) {
-		var state api.LeaseState
-		var tenant string
-		if err := tx.QueryRowContext(ctx, `SELECT state, tenant FROM leases WHERE id = ?`, id).Scan(&state, &tenant); err != nil {
-			if errors.Is(err, sql.ErrNoRows) {
-				return api.Lease{}, fmt.Errorf("lease %s: %w", id, store.ErrNotFound)
-			}
-			return api.Lease{}, sqlstore.Late{Err: wrap("transition", err)}
-		}
-		if ch.Tenant != "" && tenant != ch.Tenant {
-			return api.Lease{}, fmt.Errorf("lease %s: %w", id, store.ErrNotFound)
-		}
-		return api.Lease{}, fmt.Errorf("lease %s is %s, not %v: %w", id, state, ch.From, store.ErrConflict)
+		return api.Lease{}, s.TransitionRefusal(ctx, tx, id, ch)
 	}
 	if err != nil {
 		// A NOT NULL violation: more URIs than parts.

@@ -38,14 +38,26 @@ var errSequential = errors.New("postgres: batch needs the sequential path")
 
 // pipelined writes ops in two round trips (see above).
 func (s *Store) pipelined(ctx context.Context, ops []store.LeaseOp, texts []sqlstore.OpText, tenants []string, devs []string) (out []api.Lease, errs []error, err error) {
+	err = s.onConn(ctx, "connection", func(c *pgx.Conn) error {
+		out, errs, err = s.pipeline(ctx, c, ops, texts, tenants, devs)
+		return err
+	})
+	return out, errs, err
+}
+
+// onConn runs f on a connection of the pool, as pgx's (batches), and
+// rolls back what f left open when it fails; a connection that cannot
+// roll back is closed (the pool drops it). Only an error taking the
+// connection is wrapped (as what).
+func (s *Store) onConn(ctx context.Context, what string, f func(c *pgx.Conn) error) error {
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
-		return nil, nil, wrap("connection", err)
+		return wrap(what, err)
 	}
 	defer conn.Close()
-	err = conn.Raw(func(dc any) error {
+	return conn.Raw(func(dc any) error {
 		c := dc.(*stdlib.Conn).Conn()
-		out, errs, err = s.pipeline(ctx, c, ops, texts, tenants, devs)
+		err := f(c)
 		if err != nil && c.PgConn().TxStatus() != 'I' {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			_, rerr := c.Exec(rctx, "ROLLBACK")
@@ -56,7 +68,6 @@ func (s *Store) pipelined(ctx context.Context, ops []store.LeaseOp, texts []sqls
 		}
 		return err
 	})
-	return out, errs, err
 }
 
 func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, texts []sqlstore.OpText, tenants []string, devs []string) ([]api.Lease, []error, error) {
@@ -338,25 +349,7 @@ func createSQL(n store.NewLease, text sqlstore.OpText) (string, []any) {
 // refused).
 func transitionSQL(t store.Transition, plan string) (string, []any) {
 	ch := t.Change
-	set := `state = ?, updated_at = ?`
-	args := make([]any, 0, 24+len(ch.From)+2*len(ch.URIs))
-	args = append(args, string(ch.To), ns(ch.At))
-	if ch.Reason != "" {
-		set += `, reason = ?`
-		args = append(args, ch.Reason)
-	}
-	if ch.URI != "" {
-		set += `, uri = ?`
-		args = append(args, ch.URI)
-	}
-	if !ch.ExpiresAt.IsZero() {
-		set += `, expires_at = ?`
-		args = append(args, ns(ch.ExpiresAt))
-	}
-	if ch.TTL != 0 {
-		set += `, ttl_seconds = ?`
-		args = append(args, ch.TTL)
-	}
+	set, args := sqlstore.ChangeSet(ch, make([]any, 0, 24+len(ch.From)+2*len(ch.URIs)))
 	set += partsSet(ch, &args)
 	// No source state: nothing matches (a conflict).
 	from := []string{""}

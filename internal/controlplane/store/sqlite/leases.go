@@ -158,25 +158,8 @@ func (d dialect) TransitionTx(ctx context.Context, tx execer, id string, ch stor
 	}
 	// One statement does the compare-and-set, records the parts' URIs and
 	// reads the row back.
-	q := `UPDATE leases SET state = ?, updated_at = ?`
-	args := make([]any, 0, 9+len(ch.From)+2*len(ch.URIs))
-	args = append(args, ch.To, ns(ch.At))
-	if ch.Reason != "" {
-		q += `, reason = ?`
-		args = append(args, ch.Reason)
-	}
-	if ch.URI != "" {
-		q += `, uri = ?`
-		args = append(args, ch.URI)
-	}
-	if !ch.ExpiresAt.IsZero() {
-		q += `, expires_at = ?`
-		args = append(args, ns(ch.ExpiresAt))
-	}
-	if ch.TTL != 0 {
-		q += `, ttl_seconds = ?`
-		args = append(args, ch.TTL)
-	}
+	set, args := sqlstore.ChangeSet(ch, make([]any, 0, 9+len(ch.From)+2*len(ch.URIs)))
+	q := `UPDATE leases SET ` + set
 	switch {
 	case (len(ch.URIs) > 0 || len(ch.LostParts) > 0) && prev != nil:
 		q += `, parts = ?`
@@ -190,15 +173,8 @@ func (d dialect) TransitionTx(ctx context.Context, tx execer, id string, ch stor
 			args = append(args, "$["+strconv.Itoa(i)+"].state", string(api.PartLost))
 		}
 	}
-	q += ` WHERE id = ? AND state IN (` + sqlstore.Placeholders(len(ch.From)) + `)`
-	args = append(args, id)
-	for _, f := range ch.From {
-		args = append(args, f)
-	}
-	if ch.Tenant != "" {
-		q += ` AND tenant = ?`
-		args = append(args, ch.Tenant)
-	}
+	where, args := sqlstore.ChangeWhere(id, ch, args)
+	q += where
 	var l api.Lease
 	var err error
 	if prev != nil {
@@ -214,18 +190,7 @@ func (d dialect) TransitionTx(ctx context.Context, tx execer, id string, ch stor
 		l, err = s.ScanLease(tx.QueryRowContext(ctx, q+` RETURNING `+sqlstore.LeaseCols, args...))
 	}
 	if errors.Is(err, sql.ErrNoRows) {
-		var state api.LeaseState
-		var tenant string
-		if err := tx.QueryRowContext(ctx, `SELECT state, tenant FROM leases WHERE id = ?`, id).Scan(&state, &tenant); err != nil {
-			if errors.Is(err, sql.ErrNoRows) {
-				return api.Lease{}, fmt.Errorf("lease %s: %w", id, store.ErrNotFound)
-			}
-			return api.Lease{}, fmt.Errorf("sqlite: transition: %w", err)
-		}
-		if ch.Tenant != "" && tenant != ch.Tenant {
-			return api.Lease{}, fmt.Errorf("lease %s: %w", id, store.ErrNotFound)
-		}
-		return api.Lease{}, fmt.Errorf("lease %s is %s, not %v: %w", id, state, ch.From, store.ErrConflict)
+		return api.Lease{}, s.TransitionRefusal(ctx, tx, id, ch)
 	}
 	if err != nil {
 		return api.Lease{}, sqlstore.Late{Err: fmt.Errorf("sqlite: transition: %w", err)}

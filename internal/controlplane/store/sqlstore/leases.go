@@ -378,3 +378,63 @@ func (s *Core) Leases(ctx context.Context, f store.LeaseFilter) ([]api.Lease, er
 	}
 	return out, nil
 }
+
+// ChangeSet is the SET clause of a transition's UPDATE of its lease's row
+// but for the parts: the state, the time and the fields ch sets, their
+// arguments appended to args.
+func ChangeSet(ch store.LeaseChange, args []any) (string, []any) {
+	set := `state = ?, updated_at = ?`
+	args = append(args, string(ch.To), ns(ch.At))
+	if ch.Reason != "" {
+		set += `, reason = ?`
+		args = append(args, ch.Reason)
+	}
+	if ch.URI != "" {
+		set += `, uri = ?`
+		args = append(args, ch.URI)
+	}
+	if !ch.ExpiresAt.IsZero() {
+		set += `, expires_at = ?`
+		args = append(args, ns(ch.ExpiresAt))
+	}
+	if ch.TTL != 0 {
+		set += `, ttl_seconds = ?`
+		args = append(args, ch.TTL)
+	}
+	return set, args
+}
+
+// ChangeWhere is the WHERE clause of a transition's compare-and-set of
+// lease id (from one of ch.From, of ch.Tenant if set), its arguments
+// appended to args.
+func ChangeWhere(id string, ch store.LeaseChange, args []any) (string, []any) {
+	where := ` WHERE id = ? AND state IN (` + Placeholders(len(ch.From)) + `)`
+	args = append(args, id)
+	for _, f := range ch.From {
+		args = append(args, string(f))
+	}
+	if ch.Tenant != "" {
+		where += ` AND tenant = ?`
+		args = append(args, ch.Tenant)
+	}
+	return where, args
+}
+
+// TransitionRefusal is the refusal of a transition of lease id whose
+// compare-and-set matched no row: store.ErrNotFound (no such lease, or
+// another tenant's) or store.ErrConflict (in another state); a Late error
+// if the lease cannot be read.
+func (s *Core) TransitionRefusal(ctx context.Context, tx Execer, id string, ch store.LeaseChange) error {
+	var state api.LeaseState
+	var tenant string
+	if err := tx.QueryRowContext(ctx, `SELECT state, tenant FROM leases WHERE id = ?`, id).Scan(&state, &tenant); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("lease %s: %w", id, store.ErrNotFound)
+		}
+		return Late{Err: s.wrap("transition", err)}
+	}
+	if ch.Tenant != "" && tenant != ch.Tenant {
+		return fmt.Errorf("lease %s: %w", id, store.ErrNotFound)
+	}
+	return fmt.Errorf("lease %s is %s, not %v: %w", id, state, ch.From, store.ErrConflict)
+}
