@@ -1,6 +1,6 @@
 package postgres
 
-import "github.com/rialto-project/rialto/internal/controlplane/store/sqlcodec"
+import "github.com/rialto-project/rialto/internal/controlplane/store/sqlstore"
 
-// ns is a time as stored (sqlcodec).
-var ns = sqlcodec.NS
+// ns is a time as stored (sqlstore.NS).
+var ns = sqlstore.NS

@@ -7,14 +7,13 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
-	"github.com/rialto-project/rialto/internal/controlplane/store/sqlcodec"
 	"github.com/rialto-project/rialto/internal/controlplane/store/sqlstore"
 )
 
-// Times as stored (sqlcodec).
+// Times as stored (sqlstore.NS).
 var (
-	ns = sqlcodec.NS
-	tm = sqlcodec.Time
+	ns = sqlstore.NS
+	tm = sqlstore.Time
 )
 
 // dialect is SQLite's sqlstore.Dialect for s: one writer connection runs

@@ -7,7 +7,6 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
-	"github.com/rialto-project/rialto/internal/controlplane/store/sqlcodec"
 )
 
 // Execer runs statements written with "?" placeholders: a transaction or
@@ -85,7 +84,7 @@ type Dialect interface {
 type Core struct {
 	d Dialect
 
-	// Decoded JSON of lease plans and parts, by text (sqlcodec.TextCache).
+	// Decoded JSON of lease plans and parts, by text (TextCache).
 	plans textCache[*api.Plan]
 	parts textCache[[]api.Part]
 }
@@ -99,17 +98,15 @@ func (s *Core) tx(ctx context.Context, f func(tx Execer) error) error { return s
 
 func (s *Core) rd() Execer { return s.d.Read() }
 
-// The row encodings (sqlcodec).
+// The row encodings (codec.go).
 var (
-	ns   = sqlcodec.NS
-	tm   = sqlcodec.Time
-	js   = sqlcodec.JSON
-	unjs = sqlcodec.Unjson
+	ns   = NS
+	tm   = Time
+	js   = JSON
+	unjs = Unjson
 )
 
-// textCache keeps values decoded from stored JSON by their text
-// (sqlcodec.TextCache).
-type textCache[T any] = sqlcodec.TextCache[T]
+type textCache[T any] = TextCache[T]
 
 // Placeholders is n "?" placeholders, separated by commas.
 func Placeholders(n int) string {

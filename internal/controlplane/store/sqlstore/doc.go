@@ -23,8 +23,9 @@
 //     bulk event appends differ the same way (unnest vs one statement per
 //     node, multi-row VALUES).
 //
-// Times are stored as Unix nanoseconds and values as JSON text
-// (store/sqlcodec), so that one schema's columns suit both databases.
+// Times are stored as Unix nanoseconds and values as JSON text (codec.go:
+// NS, JSON; TextCache keeps what was decoded), so that one schema's
+// columns suit both databases.
 //
 // A Core's zero value is not usable: a dialect's Store embeds it and
 // calls Init with its Dialect before use. A Core is safe for concurrent
