@@ -55,6 +55,11 @@ type MigrationDB interface {
 	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
 }
 
+// Migrate is the runner of both stores' migrations. (A library such as
+// goose would keep its own version table: the databases deployed record
+// theirs in schema_version, which it would first have to take over, for
+// a runner of fifty lines.)
+//
 // Migrate applies the migrations of ms that db's schema_version table
 // does not list, up to version max (-1: all), each in its own transaction
 // that also records it. A database whose version is newer than ms is
