@@ -83,7 +83,7 @@ func JudgePart(kind api.Kind, parts []api.Part, i int, r PartRow) error {
 }
 
 // checkLimit refuses a new lease l (not yet written) that would take its
-// tenant past lim (store.ErrQuota); the tenant is locked (lockParts).
+// tenant past lim (store.ErrQuota); the tenant is locked (Dialect.LockParts).
 func (s *Core) checkLimit(ctx context.Context, tx Execer, l api.Lease, d store.Demand, lim store.Limit) error {
 	var u Usage
 	if err := tx.QueryRowContext(ctx, LimitSQL, l.Tenant).Scan(&u.Leases, &u.BW, &u.Bytes, &u.Slots); err != nil {

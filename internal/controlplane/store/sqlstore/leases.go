@@ -13,14 +13,15 @@ import (
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 )
 
-// LeaseCols are the columns scanLease reads: the plan comes from
+// LeaseCols are the columns ScanLease reads: the plan comes from
 // lease_plans (migrations 6 and 7: keyed by creation time, so that new
 // plans are appended), so that the lease row, rewritten on every
 // transition, stays small.
 const LeaseCols = `id, state, kind, mode, tenant, borrower, size, count, stripe_unit, bandwidth_cap, iops_cap, uri, credential, ttl_seconds, expires_at, created_at, updated_at, reason, idempotency_key, ` +
 	`COALESCE((SELECT plan FROM lease_plans WHERE lease_plans.created_at = leases.created_at AND lease_plans.lease_id = leases.id), ''), parts`
 
-// LeaseInsertCols are the columns createTx writes.
+// LeaseInsertCols are the columns of leases a creation writes
+// (Dialect.InsertLease), but for the demand's.
 const LeaseInsertCols = `id, state, kind, mode, tenant, borrower, size, count, stripe_unit, bandwidth_cap, iops_cap, uri, credential, ttl_seconds, expires_at, created_at, updated_at, reason, idempotency_key, parts`
 
 // ScanLease reads a lease from a row of LeaseCols.
@@ -130,7 +131,7 @@ func (s *Core) createTx(ctx context.Context, tx Execer, n store.NewLease, text O
 	return CreatedLease(l), nil
 }
 
-// CreatedLease is what getLease would read back right after CreateLease
+// CreatedLease is what GetLease would read back right after CreateLease
 // stored l, without the reads.
 func CreatedLease(l api.Lease) api.Lease {
 	l.ExpiresAt, l.CreatedAt, l.UpdatedAt = tm(ns(l.ExpiresAt)), tm(ns(l.CreatedAt)), tm(ns(l.UpdatedAt))

@@ -13,8 +13,9 @@ import (
 )
 
 // Moves between replicas are serialized like the other lease writes
-// (doc.go): BeginMove locks the destination's device (FOR UPDATE, as a
-// creation does) before it re-checks the range, then the lease's row;
+// (store/postgres's doc.go): BeginMove locks the destination's device
+// (Dialect.LockParts, as a creation does) before it re-checks the range,
+// then the lease's row (Dialect.ForUpdate);
 // FinishMove and EndMove lock the lease's row before they read the move
 // again, so that a move ends once and a lease that ends meanwhile is seen.
 
@@ -45,7 +46,8 @@ func (s *Core) SetNodeCordon(ctx context.Context, id string, cordoned bool, ev a
 // it moves.
 func shadowIdx(part int) int { return -1 - part }
 
-// lockLease locks a lease's row and reads it.
+// lockLease locks a lease's row, where the dialect locks rows, and reads
+// it.
 func (s *Core) lockLease(ctx context.Context, tx Execer, id string) (api.Lease, error) {
 	if lock := s.d.ForUpdate(); lock != "" {
 		var one int
