@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -386,4 +387,38 @@ func transitionSQL(t store.Transition, plan string) (string, []any) {
 	}
 	q.WriteString(` SELECT * FROM u`)
 	return rebind(q.String()), args
+}
+
+// partsSet is the SET clause's part for a change's parts (their URIs, the
+// parts lost), its arguments appended to args; "" if it changes none. The
+// parts become NULL — a NOT NULL violation — when the change names a part
+// the lease lacks.
+func partsSet(ch store.LeaseChange, args *[]any) string {
+	if len(ch.URIs) == 0 && len(ch.LostParts) == 0 {
+		return ""
+	}
+	expr := `parts::jsonb`
+	need := len(ch.URIs)
+	for i, u := range ch.URIs {
+		expr = `jsonb_set(` + expr + `, ?::text[], to_jsonb(?::text))`
+		*args = append(*args, []string{strconv.Itoa(i), "uri"}, u)
+	}
+	for _, i := range ch.LostParts {
+		if i < 0 {
+			return `, parts = NULL`
+		}
+		expr = `jsonb_set(` + expr + `, ?::text[], to_jsonb(?::text))`
+		*args = append(*args, []string{strconv.Itoa(i), "state"}, string(api.PartLost))
+		need = max(need, i+1)
+	}
+	return `, parts = CASE WHEN jsonb_array_length(parts::jsonb) >= ` + strconv.Itoa(need) + ` THEN (` + expr + `)::text ELSE NULL END`
+}
+
+// lostIdx are the indexes of lost parts as the statement takes them.
+func lostIdx(idx []int) []int64 {
+	out := make([]int64, len(idx))
+	for k, i := range idx {
+		out[k] = int64(i)
+	}
+	return out
 }

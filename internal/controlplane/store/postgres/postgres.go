@@ -27,8 +27,9 @@ var migrationFS embed.FS
 type Store struct {
 	sqlstore.Core // the statements shared with the SQLite store
 
-	db  *sql.DB
-	url string
+	db         *sql.DB
+	url        string
+	sequential bool // Options.sequential
 }
 
 var (
@@ -52,6 +53,10 @@ const (
 type Options struct {
 	// MaxConns bounds the connection pool (default 32).
 	MaxConns int
+
+	// sequential writes every lease batch statement by statement (the
+	// path of a batch the pipeline cannot write), for tests.
+	sequential bool
 }
 
 // Open connects to the database at url (postgres://…), applies pending
@@ -68,7 +73,7 @@ func Open(ctx context.Context, url string, o Options) (*Store, error) {
 	db.SetMaxOpenConns(o.MaxConns)
 	db.SetMaxIdleConns(o.MaxConns)
 	db.SetConnMaxIdleTime(5 * time.Minute)
-	s := &Store{db: db, url: url}
+	s := &Store{db: db, url: url, sequential: o.sequential}
 	s.Init(dialect{s})
 	if err := s.migrate(ctx, -1); err != nil {
 		db.Close()
