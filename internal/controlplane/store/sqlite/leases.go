@@ -214,23 +214,9 @@ func (d dialect) TransitionTx(ctx context.Context, tx execer, id string, ch stor
 			return api.Lease{}, sqlstore.Late{Err: err}
 		}
 	} else if len(ch.LostParts) > 0 {
-		if err := freeParts(ctx, tx, id, ch.LostParts); err != nil {
+		if err := s.FreeParts(ctx, tx, id, ch.LostParts); err != nil {
 			return api.Lease{}, sqlstore.Late{Err: err}
 		}
 	}
 	return l, nil
-}
-
-// freeParts releases the live parts idx of a lease (parts it goes on
-// without).
-func freeParts(ctx context.Context, tx execer, leaseID string, idx []int) error {
-	args := make([]any, 0, len(idx)+1)
-	args = append(args, leaseID)
-	for _, i := range idx {
-		args = append(args, i)
-	}
-	if _, err := tx.ExecContext(ctx, `UPDATE lease_parts SET live = 0 WHERE lease_id = ? AND live = 1 AND idx IN (`+sqlstore.Placeholders(len(idx))+`)`, args...); err != nil {
-		return fmt.Errorf("sqlite: free parts: %w", err)
-	}
-	return nil
 }

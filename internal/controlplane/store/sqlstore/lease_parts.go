@@ -172,6 +172,20 @@ func (s *Core) Free(ctx context.Context, tx Execer, leaseID string, del bool) er
 	return nil
 }
 
+// FreeParts releases the live parts idx of a lease (parts it goes on
+// without).
+func (s *Core) FreeParts(ctx context.Context, tx Execer, leaseID string, idx []int) error {
+	args := make([]any, 0, len(idx)+1)
+	args = append(args, leaseID)
+	for _, i := range idx {
+		args = append(args, i)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE lease_parts SET live = 0 WHERE lease_id = ? AND live = 1 AND idx IN (`+Placeholders(len(idx))+`)`, args...); err != nil {
+		return s.wrap("free parts", err)
+	}
+	return nil
+}
+
 // StoredParts are a new lease's parts as stored: without URIs.
 func StoredParts(ps []api.Part) []api.Part {
 	out := make([]api.Part, len(ps))
