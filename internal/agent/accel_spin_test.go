@@ -23,7 +23,7 @@ func TestAccelSharedTeardownInterruptsRunaway(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	resp, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: "spin-1", Kind: api.KindAccel, Mode: api.ModeShared, DeviceName: "gpu",
-		Offset: 0, Length: 1, Export: "rlc_spin.0", Role: "wasm", RoleConfig: &api.RoleConfig{Module: wasmtest.EchoModule()}, Gateway: true})
+		Offset: 0, Length: api.SlotUnits, Export: "rlc_spin.0", Role: "wasm", RoleConfig: &api.RoleConfig{Module: wasmtest.EchoModule()}, Gateway: true})
 	if err != nil {
 		t.Fatal(err)
 	}

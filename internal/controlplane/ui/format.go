@@ -5,6 +5,7 @@ import (
 	"html/template"
 	"math"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -40,13 +41,15 @@ var funcs = template.FuncMap{
 	},
 }
 
-// amount formats a device quantity: bytes, or slots for accelerators.
+// amount formats a device quantity: bytes, or slots (and shares of one)
+// for accelerators, whose quantities are slot units (api.SlotUnits a slot).
 func amount(kind api.Kind, n int64) string {
 	if kind == api.KindAccel {
-		if n == 1 {
-			return "1 slot"
+		s := strconv.FormatFloat(float64(n)/api.SlotUnits, 'f', -1, 64)
+		if n == api.SlotUnits {
+			return s + " slot"
 		}
-		return fmt.Sprintf("%d slots", n)
+		return s + " slots"
 	}
 	return resource.FormatSize(n)
 }
