@@ -130,11 +130,11 @@ type Node struct {
 
 // Device is a lendable resource on a node (Resource Registration Table).
 type Device struct {
-	ID         string            `json:"id"`
-	NodeID     string            `json:"node_id"`
-	Name       string            `json:"name"` // unique per node, e.g. "disk0"
-	Kind       Kind              `json:"kind"`
-	State      string            `json:"state"`    // "available", "unavailable"
+	ID     string `json:"id"`
+	NodeID string `json:"node_id"`
+	Name   string `json:"name"` // unique per node, e.g. "disk0"
+	Kind   Kind   `json:"kind"`
+	State  string `json:"state"` // "available", "unavailable"
 	// Capacity and Allocated are bytes (block, memory), bytes/s (nic) or,
 	// for accel, slot units: SlotUnits make one slot, so that a shared
 	// lease's share of a slot is counted (`rialto device list` shows slots).
