@@ -236,7 +236,7 @@ func (x *Index) amount(kind string, n int64) string {
 // "2 slots", "1.5 slots".
 func FormatSlots(n, units int64) string {
 	s := strconv.FormatFloat(float64(n)/float64(max(units, 1)), 'f', -1, 64)
-	if n <= units {
+	if n > 0 && n <= max(units, 1) {
 		return s + " slot"
 	}
 	return s + " slots"

@@ -5,11 +5,11 @@ import (
 	"html/template"
 	"math"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/placement"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -45,11 +45,7 @@ var funcs = template.FuncMap{
 // for accelerators, whose quantities are slot units (api.SlotUnits a slot).
 func amount(kind api.Kind, n int64) string {
 	if kind == api.KindAccel {
-		s := strconv.FormatFloat(float64(n)/api.SlotUnits, 'f', -1, 64)
-		if n == api.SlotUnits {
-			return s + " slot"
-		}
-		return s + " slots"
+		return placement.FormatSlots(n, api.SlotUnits)
 	}
 	return resource.FormatSize(n)
 }
