@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/agent"
@@ -260,4 +261,62 @@ func mustHost(t *testing.T, uri string) string {
 		t.Fatal(err)
 	}
 	return u.Host
+}
+
+// TestDrainAccelShares: a drain places shared leases again as shares of
+// their gateway: the two shares on the drained node join the slot the
+// same role already shares on the other node (0.25 + 0.25 + 0.5 of it),
+// and every lease's calls are answered at its new URI.
+func TestDrainAccelShares(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{Nodes: 2, Devices: []agent.DeviceConfig{
+		{Name: "accel0", Kind: api.KindAccel, Size: 1, Attributes: map[string]string{"slot_memory": "1MiB"}},
+	}})
+	ctx := ctxT(t)
+	cl := c.Client()
+	target, other := c.Nodes[0], c.Nodes[1]
+	share := func(f float64, node string) api.Lease {
+		t.Helper()
+		l, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindAccel, Mode: api.ModeShared, Role: "sha256", Share: f, Affinity: []string{node}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	stay := share(0.25, other.Name)
+	moving := []api.Lease{share(0.25, target.Name), share(0.5, target.Name)}
+	if _, err := cl.DrainNode(ctx, target.Name, api.DrainRequest{DeadlineSeconds: 600}); err != nil {
+		t.Fatal(err)
+	}
+	var d api.Drain
+	Eventually(t, 90*time.Second, "the drain's end", func() bool {
+		var err error
+		d, err = cl.NodeDrain(ctx, target.ID())
+		return err == nil && d.State != api.DrainRunning
+	})
+	if d.State != api.DrainDone {
+		t.Fatalf("drain: %+v", d)
+	}
+	want := sha256.Sum256([]byte("abc"))
+	units := int64(0)
+	for _, l := range append(moving, stay) {
+		got, err := cl.Lease(ctx, l.ID)
+		if err != nil || got.NodeID != other.ID() || len(got.Parts) != 1 || got.Parts[0].Length != l.Parts[0].Length {
+			t.Fatalf("lease %s after the drain: %+v %v", l.ID, got, err)
+		}
+		units += got.Parts[0].Length
+		u, _ := url.Parse(got.URI)
+		conn, err := accel.Dial(ctx, u.Host, []byte(strings.TrimPrefix(u.Path, "/")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := conn.Call(ctx, "sum", []byte("abc"))
+		conn.Close()
+		if err != nil || !bytes.Equal(out, want[:]) {
+			t.Fatalf("lease %s after the drain: %x %v", l.ID, out, err)
+		}
+	}
+	if units != api.SlotUnits {
+		t.Fatalf("the shares hold %d units of the other node's slot, want %d", units, api.SlotUnits)
+	}
 }
