@@ -238,25 +238,9 @@ func characterizeTarget(ctx context.Context, c *api.Client, arg string) (api.Dev
 	return api.Device{}, "", fmt.Errorf("device name %q is ambiguous: use one of %s", arg, strings.Join(alts, ", "))
 }
 
-func runProfiles(e *env, fs *pflag.FlagSet) runFunc {
-	var cf clientFlags
-	cf.register(fs, e)
-	return func(ctx context.Context, _ []string) error {
-		c, err := cf.client()
-		if err != nil {
-			return err
-		}
-		ps, err := c.Profiles(ctx)
-		if err != nil {
-			return err
-		}
-		if cf.json() {
-			return cf.print(e.stdout, nonNil(ps))
-		}
-		printProfiles(e.stdout, ps)
-		return nil
-	}
-}
+var runProfiles = listCommand((*api.Client).Profiles, func(_ context.Context, w io.Writer, _ *api.Client, ps []api.Profile) {
+	printProfiles(w, ps)
+})
 
 func runProfileShow(e *env, fs *pflag.FlagSet) runFunc {
 	var cf clientFlags

@@ -21,25 +21,35 @@ func init() {
 	register(&command{Name: "topology", Summary: "Show nodes and the measured links between them.", Flags: runTopology})
 }
 
-func runNodes(e *env, fs *pflag.FlagSet) runFunc {
-	var cf clientFlags
-	cf.register(fs, e)
-	return func(ctx context.Context, _ []string) error {
-		c, err := cf.client()
-		if err != nil {
-			return err
+// listCommand is a command that lists what fetch returns: as -o asks, or
+// as table prints it (table may ask the client for more, as devices does
+// for the nodes' names).
+func listCommand[T any](fetch func(*api.Client, context.Context) ([]T, error),
+	table func(ctx context.Context, w io.Writer, c *api.Client, xs []T)) func(*env, *pflag.FlagSet) runFunc {
+	return func(e *env, fs *pflag.FlagSet) runFunc {
+		var cf clientFlags
+		cf.register(fs, e)
+		return func(ctx context.Context, _ []string) error {
+			c, err := cf.client()
+			if err != nil {
+				return err
+			}
+			xs, err := fetch(c, ctx)
+			if err != nil {
+				return err
+			}
+			if cf.json() {
+				return cf.print(e.stdout, nonNil(xs))
+			}
+			table(ctx, e.stdout, c, xs)
+			return nil
 		}
-		nodes, err := c.Nodes(ctx)
-		if err != nil {
-			return err
-		}
-		if cf.json() {
-			return cf.print(e.stdout, nonNil(nodes))
-		}
-		printNodes(e.stdout, nodes)
-		return nil
 	}
 }
+
+var runNodes = listCommand((*api.Client).Nodes, func(_ context.Context, w io.Writer, _ *api.Client, nodes []api.Node) {
+	printNodes(w, nodes)
+})
 
 func printNodes(w io.Writer, nodes []api.Node) {
 	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
@@ -57,31 +67,15 @@ func printNodes(w io.Writer, nodes []api.Node) {
 	tw.Flush()
 }
 
-func runDevices(e *env, fs *pflag.FlagSet) runFunc {
-	var cf clientFlags
-	cf.register(fs, e)
-	return func(ctx context.Context, _ []string) error {
-		c, err := cf.client()
-		if err != nil {
-			return err
+var runDevices = listCommand((*api.Client).Devices, func(ctx context.Context, w io.Writer, c *api.Client, devs []api.Device) {
+	names := map[string]string{}
+	if nodes, err := c.Nodes(ctx); err == nil {
+		for _, n := range nodes {
+			names[n.ID] = n.Name
 		}
-		devs, err := c.Devices(ctx)
-		if err != nil {
-			return err
-		}
-		if cf.json() {
-			return cf.print(e.stdout, nonNil(devs))
-		}
-		names := map[string]string{}
-		if nodes, err := c.Nodes(ctx); err == nil {
-			for _, n := range nodes {
-				names[n.ID] = n.Name
-			}
-		}
-		printDevices(e.stdout, devs, names)
-		return nil
 	}
-}
+	printDevices(w, devs, names)
+})
 
 // capacity formats a device quantity: bytes, a rate (nic), or slots and
 // shares of one (accel: n is slot units, api.SlotUnits a slot).

@@ -386,11 +386,12 @@ func (d *AccelDriver) clear(app *appliance.Appliance, from, to int64) error {
 
 // Teardown ends the lease: a dedicated lease's slots close their
 // connections, wipe their memory and unload their role; a shared lease's
-// credential is revoked at the gateway (its connections closed); when it
-// held the last share of its slot, the slot leaves the gateway once its
-// running executions finish (interrupted after the gateway's queue
-// timeout: the borrower's role may never return) and is wiped and
-// unloaded; the gateway stops with its last lease.
+// credential is revoked at the gateway (its connections closed, its queued
+// and running work cancelled, on the slots too: a role that never returns
+// is stopped); when it held the last share of its slot, the slot leaves
+// the gateway (other leases' executions on it are cancelled and run again
+// elsewhere) and is wiped and unloaded; the gateway stops with its last
+// lease.
 func (d *AccelDriver) Teardown(_ context.Context, e Export) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -406,12 +407,7 @@ func (d *AccelDriver) Teardown(_ context.Context, e Export) error {
 	}
 	if old.Request.Gateway {
 		// The slot is freed (wiped, role unloaded) with its last share.
-		freed := d.gws.leave(old.Request, e.Device.Name, int(from), func() {
-			if app != nil {
-				d.clear(app, from, to)
-			}
-		})
-		if !freed {
+		if !d.gws.leave(old.Request, e.Device.Name, int(from)) {
 			return nil
 		}
 	}

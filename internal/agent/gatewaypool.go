@@ -29,8 +29,8 @@ import (
 // Defaults of a shared gateway's knobs (device attributes gateway_max_batch,
 // gateway_max_delay, gateway_workers, gateway_queue_limit,
 // gateway_lease_queue_limit, gateway_queue_timeout override them). A lease
-// may hold at most half the queue unless gateway_lease_queue_limit says
-// otherwise.
+// may hold at most its weighted part of the queue (gateway.Credentials),
+// capped by gateway_lease_queue_limit if set.
 const (
 	DefaultGatewayMaxBatch     = 64
 	DefaultGatewayMaxDelay     = 200 * time.Microsecond
@@ -40,7 +40,7 @@ const (
 // gwConfig is a device's gateway knobs.
 type gwConfig struct {
 	gateway.Config
-	leaseLimit int // items one lease may have in the gateway
+	leaseLimit int // items one lease may have in the gateway (0: its weighted part of the queue)
 }
 
 // gatewayConfig reads a device's gateway knobs from its attributes.
@@ -78,9 +78,6 @@ func gatewayConfig(dev DeviceConfig) (gwConfig, error) {
 	}
 	if c.QueueLimit == 0 {
 		c.QueueLimit = 64 * c.MaxBatch
-	}
-	if g.leaseLimit == 0 {
-		g.leaseLimit = max(c.QueueLimit/2, 1)
 	}
 	return g, nil
 }
@@ -162,15 +159,15 @@ func (p *gatewayPool) join(ctx context.Context, e Export, slot int, addr string,
 		}
 		rd := gateway.NewRedialer(addr, secret)
 		rd.TLS = p.slotTLS
-		g.addSlot(slot, &slotBackend{r: rd})
+		g.addSlot(slot, &slotBackend{r: rd, calls: map[int]context.CancelFunc{}})
 		p.owner[ref] = key
 	}
 	g.addLease(r.Export, slot)
-	// The lease's share (slot units) is its weight at the gateway.
-	// TODO(accelsched): once gateway.Credentials.AddWeighted is on main,
-	// this is g.creds.AddWeighted([]byte(r.Export), r.LeaseID, int(r.Length)).
-	if err := g.creds.Add([]byte(r.Export)); err != nil {
-		if p.drop(g, ref, r.Export, nil) {
+	// The lease's share (slot units) is its weight at the gateway's fair
+	// queue; labelled by the lease ID (never the export name, a
+	// credential).
+	if err := g.creds.AddWeighted([]byte(r.Export), r.LeaseID, int(max(r.Length, 1))); err != nil {
+		if p.drop(g, ref, r.Export) {
 			unload()
 		}
 		p.stopIfIdle(key, g)
@@ -180,14 +177,14 @@ func (p *gatewayPool) join(ctx context.Context, e Export, slot int, addr string,
 }
 
 // leave revokes the lease's export name at its gateway (closing its
-// connections) and stops the gateway if it was the last lease. When the
-// lease held the last share of its slot, the slot leaves the gateway's
-// rotation once its running executions finish (calling interrupt, which
-// must make them fail, if they outlast the gateway's queue timeout) and
-// leave reports true: the caller frees the slot (wipes it, unloads the
-// role). It reports false while other shares keep the slot, or when
-// another gateway holds it.
-func (p *gatewayPool) leave(r api.PrepareRequest, device string, slot int, interrupt func()) bool {
+// connections and cancelling its queued and running work, on the slots
+// too) and stops the gateway if it was the last lease. When the lease held
+// the last share of its slot, the slot leaves the gateway's rotation (the
+// other leases' executions running there are cancelled and run again on
+// another slot) and leave reports true: the caller frees the slot (wipes
+// it, unloads the role). It reports false while other shares keep the
+// slot, or when another gateway holds it.
+func (p *gatewayPool) leave(r api.PrepareRequest, device string, slot int) bool {
 	key := gatewayKey(r, device)
 	ref := slotRef{device, slot}
 	g := p.gws[key]
@@ -196,18 +193,19 @@ func (p *gatewayPool) leave(r api.PrepareRequest, device string, slot int, inter
 		return !held
 	}
 	g.creds.Revoke([]byte(r.Export))
-	freed := p.drop(g, ref, r.Export, interrupt)
+	freed := p.drop(g, ref, r.Export)
 	p.stopIfIdle(key, g)
 	return freed
 }
 
 // drop takes lease export out of gateway g; if it held the last share of
-// slot ref, the slot leaves g's rotation (remove) and drop reports true.
-func (p *gatewayPool) drop(g *sharedGateway, ref slotRef, export string, interrupt func()) bool {
+// slot ref, the slot leaves g's rotation (removeSlot) and drop reports
+// true.
+func (p *gatewayPool) drop(g *sharedGateway, ref slotRef, export string) bool {
 	if !g.removeLease(export) {
 		return false
 	}
-	g.removeSlot(ref.slot, interrupt)
+	g.removeSlot(ref.slot)
 	delete(p.owner, ref)
 	return true
 }
@@ -296,10 +294,7 @@ func (p *gatewayPool) start(ctx context.Context, e Export, gc gwConfig, reg *pro
 	cfg.Name, cfg.Role, cfg.Entries, cfg.Metrics = name, e.Request.Role, entries, registerer(reg)
 	cfg.Logger = p.log.With("gateway", name)
 	sg := &sharedGateway{name: name, device: e.Device.Name, role: e.Request.Role, slots: map[int]*heldSlot{}, leaseSlot: map[string]int{},
-		drain: cfg.QueueTimeout, tls: p.srvTLS != nil}
-	if sg.drain <= 0 {
-		sg.drain = DefaultGatewayQueueTimeout
-	}
+		tls: p.srvTLS != nil}
 	sg.creds.Limit = gc.leaseLimit
 	// The gateway has no slot yet: executions pick from sg's current slots.
 	g, err := gateway.New(cfg, []gateway.Backend{sg})
@@ -357,8 +352,7 @@ type sharedGateway struct {
 	g                  *gateway.Gateway
 	ln                 net.Listener
 	creds              gateway.Credentials
-	drain              time.Duration // how long remove waits for running executions
-	tls                bool          // requires TLS: its URIs are rialto-accels://
+	tls                bool // requires TLS: its URIs are rialto-accels://
 	cancel             context.CancelFunc
 	wg                 sync.WaitGroup
 
@@ -375,12 +369,50 @@ type heldSlot struct {
 	shares map[string]bool // export names
 }
 
-// slotBackend is one slot behind the gateway. Its lock is held for reading
-// by running executions, so that removing it waits for them.
+// slotBackend is one slot behind the gateway, with the cancels of the
+// executions running on it: removing the slot (its lease ended, the slot
+// reassigned) cancels them, and they run again on another slot.
 type slotBackend struct {
 	r       *gateway.Redialer
-	mu      sync.RWMutex
+	mu      sync.Mutex
 	removed bool
+	calls   map[int]context.CancelFunc
+	nextID  int
+	running sync.WaitGroup
+}
+
+// call runs a batch on the slot; moved reports that the slot was removed
+// before or during the call, which must then run elsewhere.
+func (b *slotBackend) call(ctx context.Context, entry string, ins [][]byte) (outs [][]byte, moved bool, err error) {
+	b.mu.Lock()
+	if b.removed {
+		b.mu.Unlock()
+		return nil, true, nil
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	id := b.nextID
+	b.nextID++
+	b.calls[id] = cancel
+	b.running.Add(1)
+	b.mu.Unlock()
+	defer b.running.Done()
+	outs, err = b.r.CallBatch(cctx, entry, ins)
+	b.mu.Lock()
+	delete(b.calls, id)
+	removed := b.removed
+	b.mu.Unlock()
+	if err != nil && removed && ctx.Err() == nil {
+		return nil, true, nil
+	}
+	return outs, false, err
+}
+
+// busy is the number of executions running on the slot.
+func (b *slotBackend) busy() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.calls)
 }
 
 func (sg *sharedGateway) uri(host string, r api.PrepareRequest) string {
@@ -429,10 +461,11 @@ func (sg *sharedGateway) removeLease(export string) bool {
 	return len(hs.shares) == 0
 }
 
-// removeSlot takes a slot out of rotation and waits for the executions
-// running on it; if some still run after sg.drain, it calls interrupt (if
-// not nil), which must make them fail, and waits on.
-func (sg *sharedGateway) removeSlot(slot int, interrupt func()) {
+// removeSlot takes a slot out of rotation and cancels the executions
+// running on it (on the slot too: the accel client sends CANCEL), which
+// run again on another slot; it waits for the cancelled calls to return,
+// which they do at once.
+func (sg *sharedGateway) removeSlot(slot int) {
 	sg.mu.Lock()
 	hs := sg.slots[slot]
 	delete(sg.slots, slot)
@@ -450,23 +483,13 @@ func (sg *sharedGateway) removeSlot(slot int, interrupt func()) {
 	clear(sg.order[len(kept):])
 	sg.order = kept
 	sg.mu.Unlock()
-	drained := make(chan struct{})
-	go func() {
-		b.mu.Lock()
-		b.removed = true
-		b.mu.Unlock()
-		close(drained)
-	}()
-	if interrupt != nil {
-		t := time.NewTimer(sg.drain)
-		select {
-		case <-drained:
-		case <-t.C:
-			interrupt()
-		}
-		t.Stop()
+	b.mu.Lock()
+	b.removed = true
+	for _, cancel := range b.calls {
+		cancel()
 	}
-	<-drained
+	b.mu.Unlock()
+	b.running.Wait()
 	b.r.Close()
 }
 
@@ -482,7 +505,10 @@ func (sg *sharedGateway) backends() []*slotBackend {
 	return append([]*slotBackend(nil), sg.order...)
 }
 
-// CallBatch implements gateway.Backend: the next slot runs the batch.
+// CallBatch implements gateway.Backend: the slot with the fewest
+// executions under way (ties: in turn) runs the batch, so that a slot held
+// by a long execution does not delay the others' batches; a batch whose
+// slot leaves runs again on another.
 func (sg *sharedGateway) CallBatch(ctx context.Context, entry string, ins [][]byte) ([][]byte, error) {
 	for {
 		sg.mu.Lock()
@@ -490,16 +516,19 @@ func (sg *sharedGateway) CallBatch(ctx context.Context, entry string, ins [][]by
 			sg.mu.Unlock()
 			return nil, fmt.Errorf("%w: gateway %s has no slots", accel.ErrUnavailable, sg.name)
 		}
-		b := sg.order[sg.next%len(sg.order)]
+		start := sg.next % len(sg.order)
 		sg.next++
-		b.mu.RLock()
+		b := sg.order[start]
+		for i := 1; i < len(sg.order) && b.busy() > 0; i++ {
+			if c := sg.order[(start+i)%len(sg.order)]; c.busy() < b.busy() {
+				b = c
+			}
+		}
 		sg.mu.Unlock()
-		if b.removed { // taken out between the two locks; pick again
-			b.mu.RUnlock()
+		outs, moved, err := b.call(ctx, entry, ins)
+		if moved {
 			continue
 		}
-		outs, err := b.r.CallBatch(ctx, entry, ins)
-		b.mu.RUnlock()
 		return outs, err
 	}
 }

@@ -3,6 +3,7 @@ package testcluster
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"math/rand/v2"
@@ -84,6 +85,40 @@ func startBlockWriter(vol *nbd.Client, blocks int64) *blockWriter {
 
 func (w *blockWriter) halt() { close(w.stop); w.wg.Wait() }
 
+// attachWriter attaches lease l through `rialto attach`'s code (over TLS
+// with cfg when it is set), dials the attachment's NBD export and starts
+// writing its first size bytes; it returns once the first 100 writes are
+// in. The attachment and the connection close when the test ends.
+func attachWriter(ctx context.Context, t *testing.T, cl *api.Client, l api.Lease, size int64, cfg *tls.Config) *blockWriter {
+	t.Helper()
+	att, err := borrower.Attach(ctx, cl, l, borrower.AttachConfig{RequestTimeout: 20 * time.Second, TLS: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { att.Close() })
+	vol, err := nbd.DialURI(ctx, att.URI())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { vol.Close() })
+	w := startBlockWriter(vol, size/4096)
+	w.waitWrites(t, 100)
+	return w
+}
+
+// finish waits for 100 more writes (at the lease's new place), stops the
+// writers and checks that none failed and every block holds what was
+// last written to it.
+func (w *blockWriter) finish(t *testing.T) {
+	t.Helper()
+	w.waitWrites(t, 100)
+	w.halt()
+	if n := w.errs.Load(); n != 0 {
+		t.Fatalf("the borrower saw %d write errors (last: %v)", n, w.last.Load())
+	}
+	w.check(t)
+}
+
 func (w *blockWriter) waitWrites(t *testing.T, n int64) {
 	t.Helper()
 	base := w.writes.Load()
@@ -140,18 +175,7 @@ func TestMoveComposedLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	att, err := borrower.Attach(ctx, cl, l, borrower.AttachConfig{RequestTimeout: 20 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer att.Close()
-	vol, err := nbd.DialURI(ctx, att.URI())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer vol.Close()
-	w := startBlockWriter(vol, (8<<20)/4096)
-	w.waitWrites(t, 100)
+	w := attachWriter(ctx, t, cl, l, 8<<20, nil)
 
 	// Refusals: another tenant's lease, a part that does not exist, a
 	// destination of the wrong kind.
@@ -181,7 +205,7 @@ func TestMoveComposedLease(t *testing.T) {
 	if n := w.errs.Load(); n != 0 {
 		t.Fatalf("the borrower saw %d write errors (last: %v)", n, w.last.Load())
 	}
-	if err := vol.Flush(); err != nil {
+	if err := w.vol.Flush(); err != nil {
 		t.Fatalf("flush after the moves: %v", err)
 	}
 	w.check(t)
@@ -234,31 +258,15 @@ func TestMoveMemoryLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	att, err := borrower.Attach(ctx, cl, l, borrower.AttachConfig{RequestTimeout: 20 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer att.Close()
-	vol, err := nbd.DialURI(ctx, att.URI())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer vol.Close()
-	w := startBlockWriter(vol, (4<<20)/4096)
-	w.waitWrites(t, 100)
+	w := attachWriter(ctx, t, cl, l, 4<<20, nil)
 	if _, err := cl.MoveLease(ctx, l.ID, api.MoveRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	ms := waitMoves(t, c, l.ID, 1)
-	w.waitWrites(t, 100)
-	w.halt()
+	w.finish(t)
 	if ms[0].State != api.MoveDone {
 		t.Fatalf("move %+v", ms[0])
 	}
-	if n := w.errs.Load(); n != 0 {
-		t.Fatalf("the borrower saw %d write errors (last: %v)", n, w.last.Load())
-	}
-	w.check(t)
 	if got, _ := cl.Lease(ctx, l.ID); got.NodeID == l.NodeID || got.URI == l.URI {
 		t.Errorf("the lease after its move: %+v", got)
 	}
@@ -363,18 +371,7 @@ func TestDrainNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	att, err := borrower.Attach(ctx, cl, blk, borrower.AttachConfig{RequestTimeout: 20 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer att.Close()
-	vol, err := nbd.DialURI(ctx, att.URI())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer vol.Close()
-	w := startBlockWriter(vol, (8<<20)/4096)
-	w.waitWrites(t, 100)
+	w := attachWriter(ctx, t, cl, blk, 8<<20, nil)
 
 	if _, err := c.ClientWithToken(TenantToken("nobody")).DrainNode(ctx, target.ID(), api.DrainRequest{}); err == nil {
 		t.Error("a drain without an admin token")
@@ -392,12 +389,7 @@ func TestDrainNode(t *testing.T) {
 		d, err = cl.NodeDrain(ctx, target.ID())
 		return err == nil && d.State != api.DrainRunning
 	})
-	w.waitWrites(t, 100)
-	w.halt()
-	if n := w.errs.Load(); n != 0 {
-		t.Fatalf("the borrower saw %d write errors (last: %v)", n, w.last.Load())
-	}
-	w.check(t)
+	w.finish(t)
 	if d.State != api.DrainIncomplete || d.FinishedAt.After(d.Deadline) {
 		t.Fatalf("drain: %+v", d)
 	}
@@ -564,31 +556,15 @@ func TestMoveLeaseTLS(t *testing.T) {
 	if !strings.HasPrefix(ml.URI, "rialto-mems://") {
 		t.Fatalf("memory lease URI %q is not rialto-mems://", ml.URI)
 	}
-	att, err := borrower.Attach(ctx, cl, ml, borrower.AttachConfig{RequestTimeout: 20 * time.Second, TLS: cfg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer att.Close()
-	vol, err := nbd.DialURI(ctx, att.URI())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer vol.Close()
-	w := startBlockWriter(vol, (4<<20)/4096)
-	w.waitWrites(t, 100)
+	w := attachWriter(ctx, t, cl, ml, 4<<20, cfg)
 	if _, err := cl.MoveLease(ctx, ml.ID, api.MoveRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	ms := waitMoves(t, c, ml.ID, 1)
-	w.waitWrites(t, 100)
-	w.halt()
+	w.finish(t)
 	if ms[0].State != api.MoveDone {
 		t.Fatalf("memory move %+v", ms[0])
 	}
-	if n := w.errs.Load(); n != 0 {
-		t.Fatalf("the borrower saw %d write errors (last: %v)", n, w.last.Load())
-	}
-	w.check(t)
 	if mg, _ := cl.Lease(ctx, ml.ID); mg.NodeID == ml.NodeID || !strings.HasPrefix(mg.URI, "rialto-mems://") {
 		t.Errorf("the memory lease after its move: %+v", mg)
 	}

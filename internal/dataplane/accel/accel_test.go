@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,6 +23,9 @@ type memTarget struct {
 	mu      sync.Mutex
 	mem     []byte
 	release chan struct{}
+	// blocked counts "block" calls under way; interrupted those that
+	// ended because their context did.
+	blocked, interrupted atomic.Int64
 }
 
 func (t *memTarget) Authenticate(c []byte) error {
@@ -59,10 +63,13 @@ func (t *memTarget) Execute(ctx context.Context, entry string, ins [][]byte) ([]
 	case "echo":
 		return ins, nil
 	case "block":
+		t.blocked.Add(1)
+		defer t.blocked.Add(-1)
 		select {
 		case <-t.release:
 			return ins, nil
 		case <-ctx.Done():
+			t.interrupted.Add(1)
 			return nil, ctx.Err()
 		}
 	}
@@ -264,6 +271,7 @@ func FuzzReadFrame(f *testing.F) {
 	f.Add(AppendFrame(nil, Frame{Op: OpReady, Payload: appendInfo(nil, Info{Version: 1, Role: "r", Entries: []string{"a"}})}))
 	f.Add(EncodeBatch([][]byte{[]byte("a"), []byte("bc")}))
 	f.Add([]byte{255, 255, 255, 255, 1})
+	f.Add(AppendFrame(nil, Frame{Op: OpCancel, Tag: 8, Payload: AppendCancel(nil, 7)}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		fr, err := ReadFrame(bytes.NewReader(b), 1<<16)
 		if err != nil {
@@ -273,6 +281,9 @@ func FuzzReadFrame(f *testing.F) {
 			t.Fatalf("re-encoding differs")
 		}
 		_, _ = ParseHello(fr.Payload)
+		if id, err := ParseCancel(fr.Payload); err == nil && !bytes.Equal(AppendCancel(nil, id), fr.Payload) {
+			t.Fatalf("cancel round trip differs")
+		}
 		_, _ = ParseInfo(fr.Payload)
 		if s, err := ParseStart(fr.Payload, fr.Flags); err == nil {
 			if fr.Flags&FlagInline != 0 {
@@ -297,6 +308,10 @@ func FuzzServerConn(f *testing.F) {
 	f.Add(start)
 	f.Add(AppendFrame(nil, Frame{Op: OpWrite, Tag: 1, Payload: []byte{0, 0, 0, 0, 0, 0, 0, 0, 'x'}}))
 	f.Add(AppendFrame(nil, Frame{Op: OpPoll, Tag: 3, Payload: []byte{2, 0, 0, 0}}))
+	f.Add(append(AppendFrame(nil, Frame{Op: OpStart, Flags: FlagNotify | FlagInline, Tag: 5,
+		Payload: AppendStart(nil, Start{Entry: "block", Payload: []byte("z")})}),
+		AppendFrame(nil, Frame{Op: OpCancel, Tag: 6, Payload: AppendCancel(nil, 5)})...))
+	f.Add(AppendFrame(nil, Frame{Op: OpCancel, Tag: 6, Payload: []byte{5, 0, 0}}))
 	f.Add(AppendFrame(nil, Frame{Op: OpStart, Flags: FlagBatch | FlagInline, Tag: 4,
 		Payload: AppendStart(nil, Start{Entry: "echo", Payload: EncodeBatch([][]byte{[]byte("q")})})}))
 	f.Fuzz(func(t *testing.T, b []byte) {

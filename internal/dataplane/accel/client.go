@@ -361,6 +361,9 @@ func (c *Conn) Start(ctx context.Context, s TaskSpec) (*Task, error) {
 	t := &Task{c: c, id: tag, ch: ch, polled: s.Polled}
 	if s.Polled {
 		if _, err := c.wait(ctx, tag, ch); err != nil {
+			if ctx.Err() != nil {
+				c.abandon(tag)
+			}
 			return nil, err
 		}
 	}
@@ -399,7 +402,15 @@ func (t *Task) Wait(ctx context.Context) (uint32, error) {
 	return n, err
 }
 
-func (t *Task) wait(ctx context.Context) (uint32, []byte, error) {
+func (t *Task) wait(ctx context.Context) (n uint32, out []byte, err error) {
+	defer func() {
+		// A caller that gives up (its deadline, its cancellation) stops the
+		// task on the target too, so that the slot does not go on running
+		// work nobody waits for.
+		if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			t.c.abandon(t.id)
+		}
+	}()
 	if !t.polled {
 		f, err := t.c.wait(ctx, t.id, t.ch)
 		if err != nil {
@@ -430,6 +441,29 @@ func (t *Task) wait(ctx context.Context) (uint32, []byte, error) {
 			return 0, nil, ctx.Err()
 		}
 		backoff = min(2*backoff, 5*time.Millisecond)
+	}
+}
+
+// Cancel stops the task on the target: it fails there with code Canceled
+// (a pushed ERROR, or a failed STATUS). It returns nil if the task was
+// running, an error matching ErrUnknownTask if it had already finished.
+func (t *Task) Cancel(ctx context.Context) error {
+	_, err := t.c.roundTrip(ctx, OpCancel, 0, AppendCancel(nil, t.id), OpOK)
+	return err
+}
+
+// abandonTimeout bounds how long abandon waits to queue its CANCEL behind
+// the connection's other frames.
+const abandonTimeout = 5 * time.Second
+
+// abandon sends CANCEL for task id without waiting for the answer: the
+// caller has already given up on it.
+func (c *Conn) abandon(id uint32) {
+	c.forget(id)
+	ctx, cancel := context.WithTimeout(context.Background(), abandonTimeout)
+	defer cancel()
+	if tag, _, err := c.send(ctx, OpCancel, 0, AppendCancel(nil, id)); err == nil {
+		c.forget(tag)
 	}
 }
 

@@ -100,15 +100,20 @@ type taskState struct {
 	err    error
 }
 
+type runningTask struct{ cancel context.CancelFunc }
+
 type conn struct {
-	s      *Server
-	nc     net.Conn
-	out    chan []byte
-	sem    chan struct{}
-	mu     sync.Mutex
-	tasks  map[uint32]*taskState
-	failed chan struct{}
-	once   sync.Once
+	s     *Server
+	nc    net.Conn
+	out   chan []byte
+	sem   chan struct{}
+	mu    sync.Mutex
+	tasks map[uint32]*taskState
+	// running holds the cancel of every START still executing, by tag
+	// (guarded by mu), for CANCEL.
+	running map[uint32]*runningTask
+	failed  chan struct{}
+	once    sync.Once
 }
 
 // ServeConn serves one already-accepted connection until it ends or ctx
@@ -196,7 +201,7 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 		mo = 1024
 	}
 	c := &conn{s: s, nc: nc, out: make(chan []byte, 256), sem: make(chan struct{}, mo),
-		tasks: map[uint32]*taskState{}, failed: make(chan struct{})}
+		tasks: map[uint32]*taskState{}, running: map[uint32]*runningTask{}, failed: make(chan struct{})}
 	var wwg sync.WaitGroup
 	wwg.Add(1)
 	go func() {
@@ -330,11 +335,24 @@ func (c *conn) handle(ctx context.Context, wg *sync.WaitGroup, f Frame) {
 			}
 			c.send(AppendFrame(nil, Frame{Op: OpAccepted, Tag: f.Tag}))
 		}
+		rctx, rcancel := context.WithCancel(ctx)
+		rt := &runningTask{cancel: rcancel}
+		c.mu.Lock()
+		if c.running[f.Tag] == nil {
+			c.running[f.Tag] = rt
+		}
+		c.mu.Unlock()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer func() { <-c.sem }()
-			out, err := c.run(ctx, f.Flags, st)
+			defer rcancel()
+			out, err := c.run(rctx, f.Flags, st)
+			c.mu.Lock()
+			if c.running[f.Tag] == rt {
+				delete(c.running, f.Tag)
+			}
+			c.mu.Unlock()
 			if notify {
 				if err != nil {
 					c.send(errFrame(f.Tag, err))
@@ -353,6 +371,23 @@ func (c *conn) handle(ctx context.Context, wg *sync.WaitGroup, f Frame) {
 			}
 			c.mu.Unlock()
 		}()
+	case OpCancel:
+		id, err := ParseCancel(f.Payload)
+		if err != nil {
+			c.send(errFrame(f.Tag, err))
+			return
+		}
+		c.mu.Lock()
+		rt := c.running[id]
+		delete(c.running, id)
+		delete(c.tasks, id) // a cancelled polled task is forgotten: nobody polls it
+		c.mu.Unlock()
+		if rt == nil {
+			c.send(errFrame(f.Tag, fmt.Errorf("%w %d (not running)", ErrUnknownTask, id)))
+			return
+		}
+		rt.cancel()
+		c.send(AppendFrame(nil, Frame{Op: OpOK, Tag: f.Tag}))
 	case OpLoad, OpStore:
 		c.handleBlock(ctx, f)
 	case OpPoll:

@@ -29,6 +29,13 @@ const (
 	OpStart Op = 0x04 // u64 in, u32 inLen, u64 out, u32 outCap, u16 n, entry[n], [inline input]
 	OpPoll  Op = 0x05 // u32 task tag
 	OpPing  Op = 0x06 // empty
+	// OpCancel stops one task (a START's tag) of the same connection: its
+	// context ends, a WebAssembly role is interrupted and a native one
+	// stops at its next item. Answered OK if the task was running (the
+	// task itself then ends with a pushed ERROR, code Canceled; a polled
+	// task is forgotten), or ERROR UnknownTask if it was not (already
+	// finished: a race the client must tolerate).
+	OpCancel Op = 0x09 // u32 task tag
 )
 
 // Replies (server to client); a reply carries the tag of its request.
@@ -265,6 +272,17 @@ func ParseStart(p []byte, flags uint8) (Start, error) {
 		return s, fmt.Errorf("%w: trailing bytes in a non-inline start", ErrFrame)
 	}
 	return s, nil
+}
+
+// AppendCancel appends the CANCEL payload naming task tag.
+func AppendCancel(b []byte, tag uint32) []byte { return binary.LittleEndian.AppendUint32(b, tag) }
+
+// ParseCancel decodes a CANCEL payload: the tag of the task to stop.
+func ParseCancel(p []byte) (uint32, error) {
+	if len(p) != 4 {
+		return 0, fmt.Errorf("%w: cancel payload is 4 bytes, got %d", ErrFrame, len(p))
+	}
+	return binary.LittleEndian.Uint32(p), nil
 }
 
 // MaxBatchItems bounds the items of one batch envelope.

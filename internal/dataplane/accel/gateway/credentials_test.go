@@ -167,3 +167,35 @@ func TestLeaseQueueLimit(t *testing.T) {
 		t.Fatalf("after the queue drained: %q %v", out, err)
 	}
 }
+
+// TestLeaseQueueShareFollowsWeights: with no Limit, a lease may hold its
+// weighted part of the queue (not half of it whatever the number of
+// leases): all of it alone, a third of it among three equal leases; Limit
+// caps it further.
+func TestLeaseQueueShareFollowsWeights(t *testing.T) {
+	var cs Credentials
+	_ = cs.AddWeighted([]byte("a"), "a", 1)
+	ca := cs.m[key([]byte("a"))]
+	if got := cs.limit(ca, 120, 4); got != 120 {
+		t.Fatalf("alone: %d, want the whole queue", got)
+	}
+	_ = cs.AddWeighted([]byte("b"), "b", 1)
+	_ = cs.AddWeighted([]byte("c"), "c", 2)
+	if got := cs.limit(ca, 120, 4); got != 30 {
+		t.Fatalf("weight 1 of 4: %d, want 30", got)
+	}
+	if got := cs.limit(cs.m[key([]byte("c"))], 120, 4); got != 60 {
+		t.Fatalf("weight 2 of 4: %d, want 60", got)
+	}
+	if got := cs.limit(ca, 8, 4); got != 4 {
+		t.Fatalf("at least one batch: %d", got)
+	}
+	cs.Revoke([]byte("c"))
+	if got := cs.limit(ca, 120, 4); got != 60 {
+		t.Fatalf("after a revoke: %d, want 60", got)
+	}
+	cs.Limit = 10
+	if got := cs.limit(ca, 120, 4); got != 10 {
+		t.Fatalf("with Limit: %d", got)
+	}
+}

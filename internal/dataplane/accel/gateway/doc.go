@@ -17,8 +17,17 @@
 //
 // A gateway shared by several leases is served with SharedTarget over a
 // Credentials set (zero value: empty, no per-credential limit; safe for
-// concurrent use): each borrower presents its own lease credential, Revoke
-// closes that credential's connections, and Credentials.Limit caps one
-// credential's share of the queue. SetInstances replaces the slot
-// instances while Run runs.
+// concurrent use): each borrower presents its own lease credential, added
+// with a non-secret lease name (the label of the per-lease metrics) and a
+// weight (AddWeighted, SetWeight). Each lease has its own queues — a batch
+// never mixes leases, so one lease's bad items never split another's
+// batches — and the scheduler serves the leases by start-time fair
+// queueing on their weights. An execution whose callers have all gone (a
+// deadline, a revoked lease) is cancelled, on its slot too (the accel
+// CANCEL frame); Revoke closes the credential's connections, cancels its
+// queued and running work and waits a bounded time (RevokeWait) for it.
+// Executions go to the instance with the fewest executions under way.
+// SetInstances replaces the slot instances while Run runs; executions
+// running on an instance taken out are cancelled there and run again on
+// the others.
 package gateway

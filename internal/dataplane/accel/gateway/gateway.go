@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -79,15 +80,73 @@ type result struct {
 
 type request struct {
 	gone  <-chan struct{} // the caller's ctx.Done(): closed once it gave up
+	lease *lease
 	entry string
 	key   string
 	items [][]byte
 	enq   time.Time
 	done  chan result
 	taken bool // scheduler scratch mark
+
+	mu        sync.Mutex
+	abandoned bool      // the caller gave up
+	run       *inflight // the execution it is part of, if any
+}
+
+// inflight is one execution's cancellation: it is cancelled once every
+// request it runs for has been abandoned (callers gone: a deadline, a
+// lease's teardown), so that the slot stops work nobody waits for.
+type inflight struct {
+	mu     sync.Mutex
+	live   int
+	cancel context.CancelFunc
+}
+
+func (x *inflight) drop() {
+	x.mu.Lock()
+	x.live--
+	done := x.live == 0
+	x.mu.Unlock()
+	if done {
+		x.cancel()
+	}
+}
+
+// abandon marks r's caller gone (ctx.AfterFunc of the caller's context)
+// and cancels r's execution if r was the last request waiting for it.
+func (r *request) abandon(wake chan<- struct{}) {
+	r.mu.Lock()
+	r.abandoned = true
+	x := r.run
+	r.mu.Unlock()
+	if x != nil {
+		x.drop()
+	}
+	select { // let the scheduler drop it from the queue now
+	case wake <- struct{}{}:
+	default:
+	}
+}
+
+// attach makes r one of x's requests; false if r's caller already gave up.
+func (r *request) attach(x *inflight) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.abandoned {
+		return false
+	}
+	r.run = x
+	return true
+}
+
+func (r *request) detach() {
+	r.mu.Lock()
+	r.run = nil
+	r.mu.Unlock()
 }
 
 type batch struct {
+	lease   *lease
 	entry   string
 	reqs    []*request
 	n       int
@@ -95,10 +154,61 @@ type batch struct {
 	aliased bool // reqs is the queue's prefix
 }
 
+// instance is a backend with its executions under way.
+type instance struct {
+	b    Backend
+	busy atomic.Int64
+
+	mu      sync.Mutex
+	removed bool
+	calls   map[int]context.CancelFunc
+	nextID  int
+}
+
+// call runs a batch on the instance; moved reports that the instance was
+// removed (SetInstances) before or during the call, which must then run on
+// another.
+func (in *instance) call(ctx context.Context, entry string, ins [][]byte) (outs [][]byte, moved bool, err error) {
+	in.mu.Lock()
+	if in.removed {
+		in.mu.Unlock()
+		return nil, true, nil
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	id := in.nextID
+	in.nextID++
+	in.calls[id] = cancel
+	in.busy.Add(1)
+	in.mu.Unlock()
+	outs, err = in.b.CallBatch(cctx, entry, ins)
+	in.mu.Lock()
+	delete(in.calls, id)
+	in.busy.Add(-1)
+	removed := in.removed
+	in.mu.Unlock()
+	if err != nil && removed && ctx.Err() == nil {
+		return nil, true, nil
+	}
+	return outs, false, err
+}
+
+// remove takes the instance out: its running calls are cancelled (on the
+// slot too, for an accel backend: CANCEL) and run again elsewhere.
+func (in *instance) remove() {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.removed = true
+	for _, cancel := range in.calls {
+		cancel()
+	}
+}
+
 // Gateway batches calls onto backends.
 type Gateway struct {
 	cfg       Config
-	instances atomic.Pointer[[]Backend]
+	instMu    sync.Mutex // serializes SetInstances
+	instances atomic.Pointer[[]*instance]
 	log       *slog.Logger
 	in        chan *request
 	stopped   chan struct{} // closed when Run stops taking requests
@@ -108,6 +218,13 @@ type Gateway struct {
 	queued    atomic.Int64 // items accepted and not yet answered
 	received  atomic.Int64 // requests the scheduler has taken in (for tests)
 	next      atomic.Uint64
+	wake      chan struct{} // a queued request's caller gave up
+
+	anon       *lease // the calls that carry no lease
+	anonJoined atomic.Bool
+	fair       fairQueue
+	leases     leaseSet
+	mLease     *leaseMetrics
 
 	requests, rejected, failed, items, executions atomic.Uint64
 	queueNs, computeNs                            atomic.Int64
@@ -154,8 +271,8 @@ func New(cfg Config, instances []Backend) (*Gateway, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	g := &Gateway{cfg: cfg, log: log, in: make(chan *request, 1024),
-		stopped: make(chan struct{}), finished: make(chan struct{})}
+	g := &Gateway{cfg: cfg, log: log, in: make(chan *request, 1024), wake: make(chan struct{}, 1),
+		stopped: make(chan struct{}), finished: make(chan struct{}), anon: newLease(anonLease, 1)}
 	g.SetInstances(instances)
 	if r := cfg.Metrics; r != nil {
 		n := cfg.Name
@@ -176,6 +293,7 @@ func New(cfg Config, instances []Backend) (*Gateway, error) {
 			Help: "Items queued and not yet dispatched."}, []string{"gateway"})).WithLabelValues(n)
 		g.mBatchLen = metrics.Register(r, prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "rialto_gateway_batch_items",
 			Help: "Items per execution.", Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}}, []string{"gateway"})).WithLabelValues(n)
+		g.mLease = newLeaseMetrics(r)
 	}
 	return g, nil
 }
@@ -187,12 +305,64 @@ func (g *Gateway) count(outcome string) {
 }
 
 // SetInstances replaces the backends (a shared gateway grows and shrinks
-// with its leases' slots). Executions already running finish on the
-// backend they started on. With no instances, executions fail with
-// accel.ErrUnavailable.
+// with its leases' slots). A backend kept (the same comparable value)
+// keeps its executions; the executions running on a backend taken out are
+// cancelled there (a slot reassigned must not go on running them: an accel
+// backend sends CANCEL) and run again on the remaining ones. With no
+// instances, executions fail with accel.ErrUnavailable.
 func (g *Gateway) SetInstances(instances []Backend) {
-	is := append([]Backend(nil), instances...)
+	g.instMu.Lock()
+	defer g.instMu.Unlock()
+	var old []*instance
+	if p := g.instances.Load(); p != nil {
+		old = *p
+	}
+	is := make([]*instance, len(instances))
+	kept := map[*instance]bool{}
+	for i, b := range instances {
+		for _, o := range old {
+			if !kept[o] && sameBackend(o.b, b) {
+				is[i] = o
+				kept[o] = true
+				break
+			}
+		}
+		if is[i] == nil {
+			is[i] = &instance{b: b, calls: map[int]context.CancelFunc{}}
+		}
+	}
 	g.instances.Store(&is)
+	for _, o := range old {
+		if !kept[o] {
+			o.remove()
+		}
+	}
+}
+
+// sameBackend reports whether a and b are the same backend (only
+// comparable values can be).
+func sameBackend(a, b Backend) bool {
+	ta, tb := reflect.TypeOf(a), reflect.TypeOf(b)
+	return ta == tb && ta != nil && ta.Comparable() && a == b
+}
+
+// pick returns the instance with the fewest executions under way (ties:
+// in turn), so that a slot held by a long execution — a Wasm role that
+// never returns, until its caller's deadline or its lease's teardown
+// cancels it — does not delay the batches that other slots can run.
+func (g *Gateway) pick() *instance {
+	insts := *g.instances.Load()
+	if len(insts) == 0 {
+		return nil
+	}
+	start := int(g.next.Add(1) % uint64(len(insts)))
+	best := insts[start]
+	for i := 1; i < len(insts) && best.busy.Load() > 0; i++ {
+		if in := insts[(start+i)%len(insts)]; in.busy.Load() < best.busy.Load() {
+			best = in
+		}
+	}
+	return best
 }
 
 // Instances returns the number of backends.
@@ -251,17 +421,29 @@ func (g *Gateway) CallKeyed(ctx context.Context, key, entry string, items [][]by
 		g.queued.Add(-int64(len(items)))
 		return reject(fmt.Errorf("%w (%d items queued, limit %d)", ErrQueueFull, n-int64(len(items)), g.cfg.QueueLimit))
 	}
-	r := &request{gone: ctx.Done(), entry: entry, key: key, items: items, enq: g.cfg.Clock.Now(), done: make(chan result, 1)}
+	l := g.leaseOf(ctx)
+	g.lqueued(l, len(items))
+	r := &request{gone: ctx.Done(), lease: l, entry: entry, key: key, items: items, enq: g.cfg.Clock.Now(), done: make(chan result, 1)}
 	select {
 	case g.in <- r:
 	case <-g.stopped:
 		g.queued.Add(-int64(len(items)))
+		g.lqueued(l, -len(items))
 		return reject(ErrStopped)
 	case <-ctx.Done():
 		g.queued.Add(-int64(len(items)))
+		g.lqueued(l, -len(items))
+		l.cancelled.Add(1)
+		if m := g.lm(l); m != nil {
+			m.cancelled.WithLabelValues(g.cfg.Name, l.name).Inc()
+		}
 		g.count("cancelled")
 		return nil, ctx.Err()
 	}
+	// The caller giving up (its deadline, its lease's teardown) cancels the
+	// execution it waits for, unless others wait for it too.
+	stop := context.AfterFunc(ctx, func() { r.abandon(g.wake) })
+	defer stop()
 	g.requests.Add(1)
 	select {
 	case res := <-r.done:
@@ -275,6 +457,26 @@ func (g *Gateway) CallKeyed(ctx context.Context, key, entry string, items [][]by
 		default: // slipped into the queue after the final drain
 			return nil, ErrStopped
 		}
+	}
+}
+
+// leaseOf returns the lease a call belongs to: its session's credential
+// (SharedTarget), or the gateway's default lease.
+func (g *Gateway) leaseOf(ctx context.Context) *lease {
+	if c, ok := ctx.Value(credKey{}).(*credential); ok && c.lease != nil {
+		return c.lease
+	}
+	if !g.anonJoined.Swap(true) {
+		g.join(g.anon)
+	}
+	return g.anon
+}
+
+// lqueued adds n items to l's queued count.
+func (g *Gateway) lqueued(l *lease, n int) {
+	v := l.queued.Add(int64(n))
+	if m := g.lm(l); m != nil {
+		m.queued.WithLabelValues(g.cfg.Name, l.name).Set(float64(v))
 	}
 }
 
@@ -347,16 +549,46 @@ func (g *Gateway) finish(r *request, res result, outcome string) {
 	if g.mPending != nil {
 		g.mPending.Set(float64(g.queued.Load()))
 	}
+	l := r.lease
+	g.lqueued(l, -len(r.items))
+	m := g.lm(l)
+	switch outcome {
+	case "ok":
+		l.served.Add(uint64(len(r.items)))
+		if m != nil {
+			m.served.WithLabelValues(g.cfg.Name, l.name).Add(float64(len(r.items)))
+		}
+	case "cancelled":
+		l.cancelled.Add(1)
+		if m != nil {
+			m.cancelled.WithLabelValues(g.cfg.Name, l.name).Inc()
+		}
+	default:
+		l.failed.Add(1)
+		if m != nil {
+			m.failed.WithLabelValues(g.cfg.Name, l.name).Inc()
+		}
+	}
 	// Counted before the caller is answered, so that a caller that reads
 	// the metrics after its call returns sees it.
 	g.count(outcome)
 	r.done <- res
 }
 
-// schedule is the single goroutine that owns the queues and forms batches.
+// qkey names a queue: one lease's requests for one entry. A batch comes
+// from one queue, so that a lease's bad items never fail, nor split into
+// one-by-one reruns, another lease's batch.
+type qkey struct {
+	lease *lease
+	entry string
+}
+
+// schedule is the single goroutine that owns the queues and forms batches:
+// of the queues that can dispatch, the one whose lease has the smallest
+// virtual start time (fair queueing by weight; ties: the oldest head).
 func (g *Gateway) schedule(ctx context.Context, work chan<- batch) {
-	queues := map[string]*queue{}
-	var order []string // entries in arrival order of their queue
+	queues := map[qkey]*queue{}
+	var order []qkey // queues in arrival order
 	var timer clock.Timer
 	var timerAt time.Time
 	defer func() {
@@ -372,19 +604,32 @@ func (g *Gateway) schedule(ctx context.Context, work chan<- batch) {
 	for {
 		now := g.cfg.Clock.Now()
 		var cand batch
+		var candTag float64
 		have := false
 		var wake time.Time
-		for _, e := range order {
-			q := queues[e]
+		kept := order[:0]
+		for _, k := range order {
+			q := queues[k]
 			g.expire(q, now)
-			b, ok, at := g.form(e, q, now)
-			if ok && (!have || b.reqs[0].enq.Before(cand.reqs[0].enq)) {
-				cand, have = b, true
+			if len(q.reqs) == 0 {
+				delete(queues, k)
+				continue
+			}
+			kept = append(kept, k)
+			b, ok, at := g.form(k.entry, q, now)
+			if ok {
+				b.lease = k.lease
+				tag := g.fair.tag(k.lease)
+				if !have || tag < candTag || (tag == candTag && b.reqs[0].enq.Before(cand.reqs[0].enq)) {
+					cand, candTag, have = b, tag, true
+				}
 			}
 			if !at.IsZero() && (wake.IsZero() || at.Before(wake)) {
 				wake = at
 			}
 		}
+		clear(order[len(kept):])
+		order = kept
 		var sendTo chan<- batch
 		if have {
 			sendTo = work
@@ -403,11 +648,12 @@ func (g *Gateway) schedule(ctx context.Context, work chan<- batch) {
 		case <-ctx.Done():
 			return
 		case r := <-g.in:
-			q := queues[r.entry]
+			k := qkey{r.lease, r.entry}
+			q := queues[k]
 			if q == nil {
 				q = &queue{}
-				queues[r.entry] = q
-				order = append(order, r.entry)
+				queues[k] = q
+				order = append(order, k)
 			}
 			q.reqs = append(q.reqs, r)
 			q.n += len(r.items)
@@ -419,22 +665,15 @@ func (g *Gateway) schedule(ctx context.Context, work chan<- batch) {
 				g.mPending.Set(float64(g.queued.Load()))
 			}
 		case sendTo <- cand:
-			q := queues[cand.entry]
+			g.fair.charge(cand.lease, cand.n, true)
+			q := queues[qkey{cand.lease, cand.entry}]
 			if cand.aliased {
 				q.reqs = q.reqs[len(cand.reqs):]
 			} else {
 				q.remove(cand.reqs)
 			}
 			q.n -= cand.n
-			if len(q.reqs) == 0 {
-				delete(queues, cand.entry)
-				for i, e := range order {
-					if e == cand.entry {
-						order = append(order[:i], order[i+1:]...)
-						break
-					}
-				}
-			}
+		case <-g.wake:
 		case <-timerC:
 			timer = nil
 		}
@@ -571,10 +810,11 @@ func itemError(err error) bool {
 		errors.Is(err, accel.ErrTooLarge)
 }
 
-// execute runs one batch on the next instance and answers its requests.
-// If one item makes the execution fail, the requests are run again one by
-// one, so that only that item's caller gets the error: a shared gateway
-// batches several leases' requests together.
+// execute runs one batch (one lease's requests) on an instance and answers
+// its requests. If one item makes the execution fail, the requests are run
+// again one by one, so that only that item's caller gets the error; the
+// reruns are charged to the lease. An execution whose callers have all
+// gone is cancelled (on the slot too: the accel client sends CANCEL).
 func (g *Gateway) execute(ctx context.Context, b batch) {
 	for _, r := range b.reqs {
 		qd := b.at.Sub(r.enq)
@@ -583,49 +823,91 @@ func (g *Gateway) execute(ctx context.Context, b batch) {
 			g.mQueue.Observe(qd.Seconds())
 		}
 	}
-	if outs, err := g.run(ctx, b.entry, b.reqs, b.n); err != nil && len(b.reqs) > 1 && itemError(err) {
+	outs, gone, err := g.run(ctx, b.lease, b.entry, b.reqs, b.n)
+	switch {
+	case gone:
+		g.abandoned(b.reqs)
+	case err != nil && len(b.reqs) > 1 && itemError(err):
 		for _, r := range b.reqs {
 			if r.callerGone() {
 				g.finish(r, result{err: errCallerGone}, "cancelled")
 				continue
 			}
-			o, err := g.run(ctx, b.entry, []*request{r}, len(r.items))
+			g.fair.charge(b.lease, len(r.items), false)
+			o, gone, err := g.run(ctx, b.lease, b.entry, []*request{r}, len(r.items))
+			if gone {
+				g.abandoned([]*request{r})
+				continue
+			}
 			g.answer([]*request{r}, o, err)
 		}
-	} else {
+	default:
 		g.answer(b.reqs, outs, err)
 	}
 }
 
-// run executes the items of reqs (n in all) on the next instance.
-func (g *Gateway) run(ctx context.Context, entry string, reqs []*request, n int) ([][]byte, error) {
+// abandoned answers requests whose callers have gone.
+func (g *Gateway) abandoned(reqs []*request) {
+	for _, r := range reqs {
+		g.finish(r, result{err: errCallerGone}, "cancelled")
+	}
+}
+
+// run executes the items of reqs (n in all, of lease l) on an instance,
+// under a context that ends once every caller of reqs has gone; gone
+// reports that the execution failed because it did.
+func (g *Gateway) run(ctx context.Context, l *lease, entry string, reqs []*request, n int) (outs [][]byte, gone bool, err error) {
 	ins := make([][]byte, 0, n)
 	for _, r := range reqs {
 		ins = append(ins, r.items...)
 	}
-	insts := *g.instances.Load()
+	xctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	x := &inflight{live: len(reqs), cancel: cancel}
+	for _, r := range reqs {
+		if !r.attach(x) {
+			x.drop()
+		}
+	}
+	defer func() {
+		for _, r := range reqs {
+			r.detach()
+		}
+	}()
+	l.begin()
+	defer l.end()
 	t0 := time.Now()
-	var outs [][]byte
-	var err error
-	if len(insts) == 0 {
-		err = fmt.Errorf("%w: gateway %s has no instances", accel.ErrUnavailable, g.cfg.Name)
-	} else {
-		outs, err = insts[g.next.Add(1)%uint64(len(insts))].CallBatch(ctx, entry, ins)
+	for {
+		in := g.pick()
+		if in == nil {
+			return nil, false, fmt.Errorf("%w: gateway %s has no instances", accel.ErrUnavailable, g.cfg.Name)
+		}
+		if err := xctx.Err(); err != nil { // every caller gave up before it started
+			return nil, ctx.Err() == nil, err
+		}
+		var moved bool
+		if outs, moved, err = in.call(xctx, entry, ins); !moved {
+			break
+		}
 	}
 	d := time.Since(t0)
 	g.computeNs.Add(int64(d))
 	g.executions.Add(1)
 	g.items.Add(uint64(len(ins)))
+	g.accountService(l, len(ins))
 	if g.mExec != nil {
 		g.mExec.Inc()
 		g.mItems.Add(float64(len(ins)))
 		g.mCompute.Observe(d.Seconds())
 		g.mBatchLen.Observe(float64(len(ins)))
 	}
+	if err != nil && xctx.Err() != nil && ctx.Err() == nil {
+		return nil, true, err
+	}
 	if err == nil && len(outs) != len(ins) {
 		err = fmt.Errorf("%w: %d outputs for %d inputs", accel.ErrRoleFailed, len(outs), len(ins))
 	}
-	return outs, err
+	return outs, false, err
 }
 
 // answer answers reqs with their outputs, in order, or with err.

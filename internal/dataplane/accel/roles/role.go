@@ -35,7 +35,8 @@ type Batcher interface {
 // RunBatch runs ins through r as one invocation when r is a Batcher and one
 // by one otherwise. The result has one output per input. With maxOut > 0,
 // outputs adding up to more than maxOut bytes fail the batch with
-// ErrBadInput (the reply could not carry them); run one by one, it stops at
+// ErrBadInput (the reply could not carry them); run one by one, it stops
+// when ctx ends (a cancellation point per item: the context's error) and at
 // the item that passes the budget, so a few bytes of input asking for large
 // outputs (a matmul with k = 0) cannot make it hold many of them.
 func RunBatch(ctx context.Context, r Role, entry string, ins [][]byte, maxOut int) ([][]byte, error) {
@@ -55,6 +56,11 @@ func RunBatch(ctx context.Context, r Role, entry string, ins [][]byte, maxOut in
 	outs := make([][]byte, len(ins))
 	total := 0
 	for i, in := range ins {
+		// The cancellation point of a native role: a cancelled batch
+		// (its caller gone, its lease ended) stops at the next item.
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("item %d: %w", i, err)
+		}
 		out, err := r.Run(ctx, entry, in)
 		if err != nil {
 			return nil, fmt.Errorf("item %d: %w", i, err)

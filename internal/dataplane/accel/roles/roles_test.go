@@ -288,7 +288,7 @@ func TestWasmRole(t *testing.T) {
 	}
 	tctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
-	if _, err := r.Run(tctx, "spin", nil); !errors.Is(err, ErrWasmTrap) {
+	if _, err := r.Run(tctx, "spin", nil); !errors.Is(err, ErrWasmTrap) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("spin: %v", err)
 	}
 	if out, err := r.Run(ctx, "echo", []byte("after")); err != nil || string(out) != "after" {
@@ -330,5 +330,16 @@ func TestWasmRejects(t *testing.T) {
 		if _, err := New(context.Background(), Spec{Name: "wasm", Module: tc.mod}); !errors.Is(err, ErrBadModule) {
 			t.Errorf("%s: %v, want ErrBadModule", tc.name, err)
 		}
+	}
+}
+
+// A native role run item by item stops at the next item once its context
+// ends (its caller gone, its lease ended).
+func TestRunBatchCancellationPoint(t *testing.T) {
+	r := mustNew(t, Spec{Name: "sha256"})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := RunBatch(ctx, r, "sum", [][]byte{[]byte("a"), []byte("b")}, 0); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled batch: %v, want context.Canceled", err)
 	}
 }

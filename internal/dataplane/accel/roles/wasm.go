@@ -192,6 +192,11 @@ func (r *wasmRole) call(ctx context.Context, m api.Module, entry string, in []by
 	}
 	res, err = m.ExportedFunction(entry).Call(ctx, uint64(ptr), uint64(len(in)))
 	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			// Interrupted: the runtime closes the module when ctx ends
+			// (WithCloseOnContextDone), even inside an endless loop.
+			return nil, fmt.Errorf("%w: %s interrupted: %w", ErrWasmTrap, entry, cerr)
+		}
 		return nil, fmt.Errorf("%w: %s: %v", ErrWasmTrap, entry, err)
 	}
 	optr, olen := uint32(res[0]>>32), uint32(res[0])

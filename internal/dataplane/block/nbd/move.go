@@ -2,11 +2,7 @@ package nbd
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/dirty"
 )
@@ -35,174 +31,67 @@ import (
 //
 // Without a move an export pays two atomic additions per write for this
 // (the count of writes that started without seeing a move, which
-// TrackWrites waits for), nothing per read.
-
-// errRetired refuses the requests of a retired export.
-var errRetired = errors.New("nbd: export retired")
-
-// exportMove is an export's move state (export.mv), from the first
-// TrackWrites, PauseWrites or Retire until EndMove.
-type exportMove struct {
-	dirty atomic.Pointer[dirty.Map]
-
-	mu      sync.Mutex
-	paused  bool
-	retired bool
-	active  int           // writes executing under the gate
-	waiting int           // writes held by a pause
-	wake    chan struct{} // closed and replaced at every change of the above
-}
-
-func newExportMove() *exportMove { return &exportMove{wake: make(chan struct{})} }
-
-// changedLocked wakes the waiters; m.mu is held.
-func (m *exportMove) changedLocked() {
-	close(m.wake)
-	m.wake = make(chan struct{})
-}
-
-// enter admits a write: it waits while writes are paused, and refuses it
-// once the export is retired or ctx (the connection) ends.
-func (m *exportMove) enter(ctx context.Context) error {
-	m.mu.Lock()
-	for m.paused && !m.retired {
-		ch := m.wake
-		m.waiting++
-		m.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			m.mu.Lock()
-			m.waiting--
-			m.mu.Unlock()
-			return ctx.Err()
-		}
-		m.mu.Lock()
-		m.waiting--
-	}
-	if m.retired {
-		m.mu.Unlock()
-		return errRetired
-	}
-	m.active++
-	m.mu.Unlock()
-	return nil
-}
-
-// leave ends a write admitted by enter, marking [off, off+n) dirty first.
-func (m *exportMove) leave(off, n int64) {
-	if d := m.dirty.Load(); d != nil {
-		d.Mark(off, n)
-	}
-	m.mu.Lock()
-	m.active--
-	if m.active == 0 {
-		m.changedLocked()
-	}
-	m.mu.Unlock()
-}
-
-func (m *exportMove) isRetired() bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.retired
-}
+// TrackWrites waits for), nothing per read. The gate is dirty.Writes and
+// dirty.Gate, which the memory donor's moves use too.
 
 // isWrite reports whether a command changes the export.
 func isWrite(typ uint16) bool {
 	return typ == CmdWrite || typ == CmdTrim || typ == CmdWriteZeroes
 }
 
-// beginWrite counts a write that starts; it returns the export's move
-// state, or nil when there is none (then the caller calls endUntracked
-// when the write has completed).
-func (e *export) beginWrite() *exportMove {
-	e.untracked.Add(1)
-	mv := e.mv.Load()
-	if mv != nil {
-		e.untracked.Add(-1)
-	}
-	return mv
-}
-
-func (e *export) endUntracked() { e.untracked.Add(-1) }
-
 // gate is conn.execute's hook: it returns ok=false (with o's ESHUTDOWN
 // reply encoded) for a request the export's move refuses, and otherwise a
 // function to call when the request has completed (nil for none).
 func (c *conn) gate(ctx context.Context, o *op) (done func(), ok bool) {
+	w := &c.e.writes
 	if !isWrite(o.req.Type) {
-		if mv := c.e.mv.Load(); mv != nil && mv.isRetired() {
+		if g := w.Gate(); g != nil && g.Retired() {
 			o.errno = ESHUTDOWN
 			c.encodeError(o)
 			return nil, false
 		}
 		return nil, true
 	}
-	mv := c.e.beginWrite()
-	if mv == nil {
-		return c.e.endUntracked, true
+	g := w.Begin()
+	if g == nil {
+		return w.EndUntracked, true
 	}
-	if err := mv.enter(ctx); err != nil {
+	if err := g.Enter(ctx); err != nil {
 		o.errno = ESHUTDOWN
 		c.encodeError(o)
 		return nil, false
 	}
 	off, n := int64(o.req.Offset), int64(o.req.Length)
-	return func() { mv.leave(off, n) }, true
+	return func() { g.Leave(off, n) }, true
 }
 
 // inline reports whether the reader may execute o itself: not a write
 // while the export has a move state (it may be held, and reads must not
 // wait behind it).
 func (c *conn) inline(o *op) bool {
-	return !isWrite(o.req.Type) || c.e.mv.Load() == nil
+	return !isWrite(o.req.Type) || c.e.writes.Gate() == nil
 }
 
 // spliceCounted is spliceWrite counted as an untracked write; while the
 // export has a move state writes take the buffered path instead, through
 // the gate (handled=false).
 func (c *conn) spliceCounted(o *op) (handled bool, err error) {
-	if c.e.beginWrite() != nil {
+	if c.e.writes.Begin() != nil {
 		return false, nil
 	}
-	defer c.e.endUntracked()
+	defer c.e.writes.EndUntracked()
 	return c.spliceWrite(o)
 }
 
-// move returns the move state of export name, creating it if needed.
-func (s *Server) move(name string) (*export, *exportMove, error) {
+// move returns export name and its write gate, installing it if needed.
+func (s *Server) move(name string) (*export, *dirty.Gate, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.exports[name]
 	if !ok {
 		return nil, nil, ErrExportNotFound
 	}
-	mv := e.mv.Load()
-	if mv == nil {
-		mv = newExportMove()
-		e.mv.Store(mv)
-	}
-	return e, mv, nil
-}
-
-// waitUntracked waits until no write that started before e's move state
-// was installed is still executing.
-func waitUntracked(ctx context.Context, e *export) error {
-	// Writes are short (one pwrite or fallocate) and nothing signals the
-	// end of an untracked one: poll, backing off.
-	wait := 50 * time.Microsecond
-	for e.untracked.Load() != 0 {
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
-		}
-		wait = min(2*wait, 5*time.Millisecond)
-	}
-	return nil
+	return e, e.writes.Install(), nil
 }
 
 // TrackWrites makes the writes to export name that complete from now on
@@ -219,12 +108,11 @@ func (s *Server) TrackWrites(ctx context.Context, name string, d *dirty.Map) err
 			return fmt.Errorf("%w: dirty map of %d bytes for an export of %d", ErrInvalidExport, d.Size(), e.size)
 		}
 	}
-	e, mv, err := s.move(name)
+	e, g, err := s.move(name)
 	if err != nil {
 		return err
 	}
-	mv.dirty.Store(d)
-	return waitUntracked(ctx, e)
+	return e.writes.Track(ctx, g, d)
 }
 
 // PauseWrites holds the writes to export name that have not started (they
@@ -232,34 +120,11 @@ func (s *Server) TrackWrites(ctx context.Context, name string, d *dirty.Map) err
 // way has completed and been marked. If ctx ends first, writes are
 // resumed and ctx's error returned.
 func (s *Server) PauseWrites(ctx context.Context, name string) error {
-	e, mv, err := s.move(name)
+	e, g, err := s.move(name)
 	if err != nil {
 		return err
 	}
-	mv.mu.Lock()
-	mv.paused = true
-	mv.changedLocked()
-	mv.mu.Unlock()
-	if err := waitUntracked(ctx, e); err != nil {
-		s.ResumeWrites(name)
-		return err
-	}
-	mv.mu.Lock()
-	defer mv.mu.Unlock()
-	for mv.active > 0 {
-		ch := mv.wake
-		mv.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			mv.mu.Lock()
-			mv.paused = false
-			mv.changedLocked()
-			return ctx.Err()
-		}
-		mv.mu.Lock()
-	}
-	return nil
+	return e.writes.Pause(ctx, g)
 }
 
 // HeldWrites reports how many writes to export name are held by
@@ -271,13 +136,10 @@ func (s *Server) HeldWrites(name string) int {
 	if !ok {
 		return 0
 	}
-	mv := e.mv.Load()
-	if mv == nil {
-		return 0
+	if g := e.writes.Gate(); g != nil {
+		return g.Waiting()
 	}
-	mv.mu.Lock()
-	defer mv.mu.Unlock()
-	return mv.waiting
+	return 0
 }
 
 // ResumeWrites lets the writes held by PauseWrites proceed.
@@ -288,11 +150,8 @@ func (s *Server) ResumeWrites(name string) error {
 	if !ok {
 		return ErrExportNotFound
 	}
-	if mv := e.mv.Load(); mv != nil {
-		mv.mu.Lock()
-		mv.paused = false
-		mv.changedLocked()
-		mv.mu.Unlock()
+	if g := e.writes.Gate(); g != nil {
+		g.Resume()
 	}
 	return nil
 }
@@ -306,14 +165,10 @@ func (s *Server) EndMove(name string) error {
 		s.mu.Unlock()
 		return ErrExportNotFound
 	}
-	mv := e.mv.Swap(nil)
+	g := e.writes.Remove()
 	s.mu.Unlock()
-	if mv != nil {
-		mv.dirty.Store(nil)
-		mv.mu.Lock()
-		mv.paused = false
-		mv.changedLocked()
-		mv.mu.Unlock()
+	if g != nil {
+		g.End()
 	}
 	return nil
 }
@@ -338,20 +193,13 @@ func (s *Server) Retire(ctx context.Context, name string) error {
 		return ErrExportNotFound
 	}
 	delete(s.exports, name)
-	mv := e.mv.Load()
-	if mv == nil {
-		mv = newExportMove()
-		e.mv.Store(mv)
-	}
+	g := e.writes.Install()
 	conns := make([]*conn, 0, len(e.conns))
 	for c := range e.conns {
 		conns = append(conns, c)
 	}
 	s.mu.Unlock()
-	mv.mu.Lock()
-	mv.retired = true
-	mv.changedLocked()
-	mv.mu.Unlock()
+	g.Retire()
 	for _, c := range conns {
 		if cr, ok := c.nc.(interface{ CloseRead() error }); ok {
 			// The reader sees the end of the stream after the requests

@@ -62,13 +62,10 @@ func heldWrites(s *Server, name string) int {
 	if e == nil {
 		return -1
 	}
-	mv := e.mv.Load()
-	if mv == nil {
-		return 0
+	if g := e.writes.Gate(); g != nil {
+		return g.Waiting()
 	}
-	mv.mu.Lock()
-	defer mv.mu.Unlock()
-	return mv.waiting
+	return 0
 }
 
 func TestTrackWritesFile(t *testing.T) {
@@ -224,10 +221,8 @@ func TestRetire(t *testing.T) {
 	paused := make(chan error, 1)
 	go func() { paused <- s.PauseWrites(ctx, "x") }()
 	waitFor(t, "the pause", func() bool {
-		_, mv, _ := s.move("x")
-		mv.mu.Lock()
-		defer mv.mu.Unlock()
-		return mv.paused
+		_, g, _ := s.move("x")
+		return g.Paused()
 	})
 	w2 := make(chan error, 1)
 	go func() {

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/dirty"
 )
 
 // Backend is the storage behind an export. ReadAt and WriteAt must be safe
@@ -97,8 +99,7 @@ type export struct {
 
 	// A move of the export (move.go): its state, and the writes under
 	// way that started without seeing one.
-	mv        atomic.Pointer[exportMove]
-	untracked atomic.Int64
+	writes dirty.Writes // a move's write gate (move.go)
 }
 
 func (e *export) transmissionFlags(structured bool) uint16 {

@@ -16,10 +16,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/rialto-project/rialto/internal/dataplane/dirty"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/internal/rawconn"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 	"golang.org/x/sys/unix"
@@ -91,8 +91,7 @@ type region struct {
 
 	// A move of the region (move.go): its state, and the writes under
 	// way that started without seeing one.
-	mv        atomic.Pointer[regionMove]
-	untracked atomic.Int64
+	writes dirty.Writes // a move's write gate (move.go)
 }
 
 type session struct {

@@ -1,0 +1,132 @@
+package accel
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+// waitUntil polls cond until it holds or the deadline passes.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond) // polling, not synchronisation
+	}
+}
+
+// A caller whose context ends (its deadline, its cancellation) stops the
+// task on the target: the target's execution sees its context end and the
+// connection's task slot is free again.
+func TestCallerDeadlineCancelsTask(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		call func(ctx context.Context, c *Conn) error
+	}{
+		{"inline", func(ctx context.Context, c *Conn) error { _, err := c.Call(ctx, "block", []byte("x")); return err }},
+		{"batch", func(ctx context.Context, c *Conn) error {
+			_, err := c.CallBatch(ctx, "block", [][]byte{[]byte("a"), []byte("b")})
+			return err
+		}},
+		{"polled", func(ctx context.Context, c *Conn) error {
+			task, err := c.Start(ctx, TaskSpec{Entry: "block", InLen: 4, Out: 8, OutCap: 8, Polled: true})
+			if err != nil {
+				return err
+			}
+			_, err = task.Wait(ctx)
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tgt := &memTarget{mem: make([]byte, 64), release: make(chan struct{})}
+			// One task at a time: the next call is admitted only once the
+			// cancelled one has left the server.
+			addr := startServer(t, tgt, 1)
+			c := dial(t, addr)
+			ctx, cancel := context.WithCancel(context.Background())
+			errc := make(chan error, 1)
+			go func() { errc <- tc.call(ctx, c) }()
+			waitUntil(t, "the task to run", func() bool { return tgt.blocked.Load() == 1 })
+			cancel()
+			if err := <-errc; !errors.Is(err, context.Canceled) {
+				t.Fatalf("call: %v, want context.Canceled", err)
+			}
+			waitUntil(t, "the target's execution to stop", func() bool {
+				return tgt.interrupted.Load() == 1 && tgt.blocked.Load() == 0
+			})
+			// The connection's only task slot is free: a new call runs.
+			if out, err := c.Call(context.Background(), "echo", []byte("next")); err != nil || !bytes.Equal(out, []byte("next")) {
+				t.Fatalf("call after the cancellation: %q %v", out, err)
+			}
+		})
+	}
+}
+
+// A deadline (not only a cancellation) stops the target's execution.
+func TestCallerDeadlineExpiry(t *testing.T) {
+	tgt := &memTarget{mem: make([]byte, 64), release: make(chan struct{})}
+	addr := startServer(t, tgt, 1)
+	c := dial(t, addr)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := c.Call(ctx, "block", nil); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("call: %v", err)
+	}
+	waitUntil(t, "the target's execution to stop", func() bool { return tgt.interrupted.Load() == 1 })
+}
+
+// CANCEL names a task of the connection: a running one is stopped and
+// fails with code Canceled; an unknown or finished one is answered
+// UnknownTask; a malformed payload is a frame error.
+func TestCancelFrame(t *testing.T) {
+	tgt := &memTarget{mem: make([]byte, 64), release: make(chan struct{})}
+	addr := startServer(t, tgt, 4)
+	c := dial(t, addr)
+	ctx := context.Background()
+	task, err := c.Start(ctx, TaskSpec{Entry: "block", InLen: 4, Out: 8, OutCap: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the task to run", func() bool { return tgt.blocked.Load() == 1 })
+	if err := task.Cancel(ctx); err != nil {
+		t.Fatalf("cancel: %v", err)
+	}
+	_, err = task.Wait(ctx)
+	var re *RemoteError
+	if !errors.As(err, &re) || re.Code != CodeCanceled || !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled task: %v, want remote code %d", err, CodeCanceled)
+	}
+	if err := task.Cancel(ctx); !errors.Is(err, ErrUnknownTask) {
+		t.Fatalf("second cancel: %v, want ErrUnknownTask", err)
+	}
+	if _, err := c.roundTrip(ctx, OpCancel, 0, []byte{1, 2}, OpOK); !errors.Is(err, ErrFrame) {
+		t.Fatalf("short cancel: %v, want ErrFrame", err)
+	}
+	// The connection still serves.
+	if err := c.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func FuzzParseCancel(f *testing.F) {
+	f.Add(AppendCancel(nil, 7))
+	f.Add([]byte{})
+	f.Add([]byte{1, 2, 3, 4, 5})
+	f.Fuzz(func(t *testing.T, p []byte) {
+		id, err := ParseCancel(p)
+		if err != nil {
+			if !errors.Is(err, ErrFrame) {
+				t.Fatalf("error %v is not ErrFrame", err)
+			}
+			return
+		}
+		if !bytes.Equal(AppendCancel(nil, id), p) {
+			t.Fatalf("round trip differs")
+		}
+	})
+}

@@ -1,0 +1,234 @@
+package dirty
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ErrRetired refuses a write to a range whose move has switched over: the
+// range is served elsewhere now.
+var ErrRetired = errors.New("dirty: range retired (moved)")
+
+// Writes is the write side of a range a lender serves (an NBD export, a
+// memory region) as a move sees it: it counts the writes under way while
+// no move is in progress, and holds the range's [Gate] while one is. The
+// zero value is ready to use: no move, no write under way. Its methods are
+// safe for concurrent use; Install and Remove are called under the
+// caller's own lock of the range (so that two movers never install two
+// gates).
+//
+// Without a move a write pays two atomic additions ([Writes.Begin],
+// [Writes.EndUntracked]) and allocates nothing.
+type Writes struct {
+	untracked atomic.Int64 // writes that started without seeing a gate
+	gate      atomic.Pointer[Gate]
+}
+
+// Begin counts a write that starts. It returns the range's gate (the
+// caller then calls [Gate.Enter] and [Gate.Leave]) or nil (the caller
+// then calls EndUntracked once the write has completed).
+func (w *Writes) Begin() *Gate {
+	w.untracked.Add(1)
+	g := w.gate.Load()
+	if g != nil {
+		w.untracked.Add(-1)
+	}
+	return g
+}
+
+// EndUntracked ends a write Begin returned nil for.
+func (w *Writes) EndUntracked() { w.untracked.Add(-1) }
+
+// Gate returns the range's gate, nil when no move is in progress.
+func (w *Writes) Gate() *Gate { return w.gate.Load() }
+
+// Install returns the range's gate, creating it if there is none.
+func (w *Writes) Install() *Gate {
+	g := w.gate.Load()
+	if g == nil {
+		g = &Gate{wake: make(chan struct{})}
+		w.gate.Store(g)
+	}
+	return g
+}
+
+// Remove takes the range's gate away (nil if there was none): writes from
+// now on are untracked again.
+func (w *Writes) Remove() *Gate { return w.gate.Swap(nil) }
+
+// WaitUntracked waits until no write that started before the gate was
+// installed is still under way, or ctx ends.
+func (w *Writes) WaitUntracked(ctx context.Context) error {
+	// Writes are short (one copy, one pwrite or fallocate) and nothing
+	// signals the end of an untracked one: poll, backing off.
+	wait := 50 * time.Microsecond
+	for w.untracked.Load() != 0 {
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		wait = min(2*wait, 5*time.Millisecond)
+	}
+	return nil
+}
+
+// Track makes the writes that complete from now on mark m in g (nil stops
+// marking) and returns once no write that could have missed m is still
+// under way: everything written after it returns, or still under way then,
+// is either in the copy the caller makes next or marked in m.
+func (w *Writes) Track(ctx context.Context, g *Gate, m *Map) error {
+	g.dirty.Store(m)
+	return w.WaitUntracked(ctx)
+}
+
+// Pause holds the writes that have not started (they wait in
+// [Gate.Enter]) and returns once every write under way has completed and
+// been marked. If ctx ends first the writes are resumed and ctx's error
+// returned.
+func (w *Writes) Pause(ctx context.Context, g *Gate) error {
+	g.setPaused(true)
+	if err := w.WaitUntracked(ctx); err != nil {
+		g.setPaused(false)
+		return err
+	}
+	if err := g.Drain(ctx); err != nil {
+		g.setPaused(false)
+		return err
+	}
+	return nil
+}
+
+// Gate is the write gate of a range being moved: it marks the writes that
+// complete in a dirty [Map], holds the writes that have not started while
+// the copier takes its last pass ([Writes.Pause], [Gate.Resume]), and
+// refuses them once the range is served elsewhere ([Gate.Retire]). The
+// zero value is not usable: [Writes.Install] makes one. Safe for
+// concurrent use.
+type Gate struct {
+	dirty atomic.Pointer[Map]
+
+	mu      sync.Mutex
+	paused  bool
+	retired bool
+	active  int           // writes admitted and not yet left
+	waiting int           // writes held by a pause
+	wake    chan struct{} // closed and replaced at every change of the above
+}
+
+// changedLocked wakes the waiters; g.mu is held.
+func (g *Gate) changedLocked() {
+	close(g.wake)
+	g.wake = make(chan struct{})
+}
+
+// Enter admits a write: it waits while writes are paused, and refuses it
+// with [ErrRetired] once the range is retired, or with ctx's error when
+// ctx (the connection) ends first.
+func (g *Gate) Enter(ctx context.Context) error {
+	g.mu.Lock()
+	for g.paused && !g.retired {
+		ch := g.wake
+		g.waiting++
+		g.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			g.mu.Lock()
+			g.waiting--
+			g.mu.Unlock()
+			return ctx.Err()
+		}
+		g.mu.Lock()
+		g.waiting--
+	}
+	if g.retired {
+		g.mu.Unlock()
+		return ErrRetired
+	}
+	g.active++
+	g.mu.Unlock()
+	return nil
+}
+
+// Leave ends a write Enter admitted, marking [off, off+n) dirty first.
+func (g *Gate) Leave(off, n int64) {
+	if d := g.dirty.Load(); d != nil {
+		d.Mark(off, n)
+	}
+	g.mu.Lock()
+	g.active--
+	if g.active == 0 {
+		g.changedLocked()
+	}
+	g.mu.Unlock()
+}
+
+func (g *Gate) setPaused(p bool) {
+	g.mu.Lock()
+	g.paused = p
+	g.changedLocked()
+	g.mu.Unlock()
+}
+
+// Resume lets the writes held by a pause proceed.
+func (g *Gate) Resume() { g.setPaused(false) }
+
+// End stops marking and resumes the writes (a move given up or removed).
+func (g *Gate) End() {
+	g.dirty.Store(nil)
+	g.Resume()
+}
+
+// Retire refuses the writes held and every write to come with ErrRetired.
+func (g *Gate) Retire() {
+	g.mu.Lock()
+	g.retired = true
+	g.changedLocked()
+	g.mu.Unlock()
+}
+
+// Retired reports whether Retire was called.
+func (g *Gate) Retired() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.retired
+}
+
+// Drain waits until no admitted write is under way, or ctx ends (its
+// error is returned then).
+func (g *Gate) Drain(ctx context.Context) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for g.active > 0 {
+		ch := g.wake
+		g.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			g.mu.Lock()
+			return ctx.Err()
+		}
+		g.mu.Lock()
+	}
+	return nil
+}
+
+// Paused reports whether writes are paused.
+func (g *Gate) Paused() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.paused
+}
+
+// Waiting reports how many writes a pause holds right now.
+func (g *Gate) Waiting() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.waiting
+}

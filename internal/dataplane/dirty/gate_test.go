@@ -1,0 +1,97 @@
+package dirty
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+// waitFor polls cond until it holds or 10 s pass.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond) // polling, not synchronisation
+	}
+}
+
+func TestGate(t *testing.T) {
+	ctx := context.Background()
+	var w Writes
+	if w.Begin() != nil {
+		t.Fatal("a range without a move has a gate")
+	}
+	// An untracked write under way holds Track back until it ends.
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	g := w.Install()
+	m := New(1<<20, 4096)
+	if err := w.Track(short, g, m); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Track with an untracked write under way: %v", err)
+	}
+	w.EndUntracked()
+	if err := w.Track(ctx, g, m); err != nil {
+		t.Fatal(err)
+	}
+
+	// A write admitted marks its range when it leaves.
+	if w.Begin() != g || g.Enter(ctx) != nil {
+		t.Fatal("a write was not admitted")
+	}
+	paused := make(chan error, 1)
+	go func() { paused <- w.Pause(ctx, g) }()
+	waitFor(t, "the pause", g.Paused)
+	select {
+	case err := <-paused:
+		t.Fatalf("Pause returned with a write under way: %v", err)
+	default:
+	}
+	g.Leave(8192, 4096)
+	if err := <-paused; err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Take(); len(got) != 1 || got[0].Off != 8192 {
+		t.Fatalf("dirty ranges %v, want the write's", got)
+	}
+
+	// A write that starts while paused is held; Retire refuses it.
+	held := make(chan error, 1)
+	go func() { held <- g.Enter(ctx) }()
+	waitFor(t, "the held write", func() bool { return g.Waiting() == 1 })
+	g.Retire()
+	if err := <-held; !errors.Is(err, ErrRetired) {
+		t.Fatalf("held write after Retire: %v", err)
+	}
+	if err := g.Enter(ctx); !errors.Is(err, ErrRetired) || !g.Retired() {
+		t.Fatalf("write after Retire: %v", err)
+	}
+
+	// A held write whose connection ends gives up with ctx's error.
+	w2 := Writes{}
+	g2 := w2.Install()
+	if err := w2.Pause(ctx, g2); err != nil {
+		t.Fatal(err)
+	}
+	cctx, ccancel := context.WithCancel(ctx)
+	held2 := make(chan error, 1)
+	go func() { held2 <- g2.Enter(cctx) }()
+	waitFor(t, "the second held write", func() bool { return g2.Waiting() == 1 })
+	ccancel()
+	if err := <-held2; !errors.Is(err, context.Canceled) || g2.Waiting() != 0 {
+		t.Fatalf("held write whose context ended: %v (waiting %d)", err, g2.Waiting())
+	}
+	// End resumes: writes pass again, and Remove makes them untracked.
+	g2.End()
+	if err := g2.Enter(ctx); err != nil {
+		t.Fatal(err)
+	}
+	g2.Leave(0, 1)
+	if w2.Remove() != g2 || w2.Begin() != nil {
+		t.Fatal("Remove left the gate in place")
+	}
+	w2.EndUntracked()
+}
