@@ -305,6 +305,16 @@ func TestAccelSlotShares(t *testing.T) {
 	if gs := drv.Gateways(); len(gs) != 1 || gs[0].Leases != 4 || gs[0].Slots != 1 {
 		t.Fatalf("four shares of one slot: gateways %+v", gs)
 	}
+	// Each lease's share (slot units) is its weight at the gateway.
+	drv.mu.Lock()
+	for _, g := range drv.gws.gws {
+		for _, ls := range g.g.Leases() {
+			if ls.Weight != q {
+				t.Errorf("lease %s weighs %d at the gateway, want its share %d", ls.Lease, ls.Weight, q)
+			}
+		}
+	}
+	drv.mu.Unlock()
 	if s1, _ := app.Slot(1); s0.Role != "sha256" || !s0.Leased || s1.Role != "" || s1.Leased {
 		t.Fatalf("slot 0 %q leased %v, slot 1 %q leased %v", s0.Role, s0.Leased, s1.Role, s1.Leased)
 	}
