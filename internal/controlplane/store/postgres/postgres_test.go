@@ -45,7 +45,7 @@ func TestConformanceSequential(t *testing.T) {
 	urls := map[store.Store]string{}
 	storetest.Run(t, storetest.Options{
 		Limits: true,
-		Only:   []string{"Capacity", "Transitions", "LostPartsAndCaps", "Idempotency", "Limits", "ConcurrentWriters", "ConcurrentIdempotencyKey", "ReplaceParts"},
+		Only:   []string{"Capacity", "Transitions", "LostPartsAndCaps", "Idempotency", "Limits", "ConcurrentWriters", "ConcurrentIdempotencyKey", "ReplaceParts", "GatewayKey"},
 		Open: func(t *testing.T) store.Store {
 			url := pgtest.DB(t)
 			s, err := Open(context.Background(), url, Options{sequential: true})

@@ -21,7 +21,8 @@ const LeaseCols = `id, state, kind, mode, tenant, borrower, size, count, stripe_
 	`COALESCE((SELECT plan FROM lease_plans WHERE lease_plans.created_at = leases.created_at AND lease_plans.lease_id = leases.id), ''), parts`
 
 // LeaseInsertCols are the columns of leases a creation writes
-// (Dialect.InsertLease), but for the demand's.
+// (Dialect.InsertLease), but for the demand's (demand_bps, work_bytes,
+// deadline_at, gateway).
 const LeaseInsertCols = `id, state, kind, mode, tenant, borrower, size, count, stripe_unit, bandwidth_cap, iops_cap, uri, credential, ttl_seconds, expires_at, created_at, updated_at, reason, idempotency_key, parts`
 
 // ScanLease reads a lease from a row of LeaseCols.

@@ -48,6 +48,7 @@ func Run(t *testing.T, o Options) {
 		{"ReplaceTokens", testReplaceTokens},
 		{"RemoveNode", testRemoveNode},
 		{"ReplaceParts", testReplaceParts},
+		{"GatewayKey", testGatewayKey},
 	} {
 		if o.Only != nil && !slices.Contains(o.Only, tc.name) {
 			continue
@@ -122,6 +123,31 @@ func testCapacity(t *testing.T, o Options) {
 	}
 	if _, err := s.CreateLease(ctx, lease("h", "t", node, dev, 90, 10), store.Demand{}, nil, api.Event{}); !errors.Is(err, store.ErrCapacity) {
 		t.Fatalf("reserved on a down node: %v", err)
+	}
+}
+
+// testGatewayKey: a lease's gateway key (a shared accel lease's) comes
+// back with its live parts, for placement.
+func testGatewayKey(t *testing.T, o Options) {
+	ctx := context.Background()
+	s := open(t, o)
+	node, dev := oneNode(t, s, 100)
+	for _, l := range []struct {
+		id, key string
+		off     int64
+	}{{"k1", "digest-a", 0}, {"k2", "", 10}} {
+		if _, err := s.CreateLease(ctx, lease(l.id, "t", node, dev, l.off, 10), store.Demand{Gateway: l.key}, nil, api.Event{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inv, err := s.Inventory(ctx)
+	if err != nil || len(inv.Parts) != 2 {
+		t.Fatalf("inventory %+v %v", inv.Parts, err)
+	}
+	for _, p := range inv.Parts {
+		if want := map[string]string{"k1": "digest-a", "k2": ""}[p.LeaseID]; p.Demand.Gateway != want {
+			t.Fatalf("lease %s: gateway key %q, want %q", p.LeaseID, p.Demand.Gateway, want)
+		}
 	}
 }
 
