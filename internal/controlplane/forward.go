@@ -4,12 +4,13 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"errors"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -183,7 +184,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, p principal) bo
 	retrySent := r.Method == http.MethodPost && (r.Header.Get(idempotencyHeader) != "" || strings.HasSuffix(r.URL.Path, "/release"))
 	deadline := f.clock().Add(failoverBound)
 	for {
-		resp, err := f.send(ctx, url, r, body)
+		resp, sent, err := f.send(ctx, url, r, body)
 		if err == nil {
 			defer resp.Body.Close()
 			h := w.Header()
@@ -204,7 +205,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, p principal) bo
 			return true
 		}
 		f.unreachable(url)
-		if !notSent(err) && !retrySent {
+		if sent && !retrySent {
 			s.log.Warn("placement leader failed during a forwarded call; answering 503", "leader", url, "err", err)
 			f.calls.WithLabelValues("ambiguous").Inc()
 			w.Header().Set("Retry-After", "1")
@@ -225,11 +226,15 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, p principal) bo
 }
 
 // send forwards r (whose body is body) to the leader at url, with the
-// caller's credential and idempotency key.
-func (f *forwarder) send(ctx context.Context, url string, r *http.Request, body []byte) (*http.Response, error) {
+// caller's credential and idempotency key. sent reports whether the
+// request may have reached the leader: false when it failed before its
+// headers were written (no connection, a TLS handshake refused).
+func (f *forwarder) send(ctx context.Context, url string, r *http.Request, body []byte) (resp *http.Response, sent bool, err error) {
+	var wrote atomic.Bool
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { wrote.Store(true) }})
 	req, err := http.NewRequestWithContext(ctx, r.Method, url+r.URL.RequestURI(), bytes.NewReader(body))
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	for _, k := range []string{"Authorization", "Content-Type", "Accept", idempotencyHeader} {
 		if v := r.Header.Values(k); len(v) > 0 {
@@ -237,12 +242,6 @@ func (f *forwarder) send(ctx context.Context, url string, r *http.Request, body 
 		}
 	}
 	req.Header.Set(forwardedHeader, f.self)
-	return f.client.Do(req)
-}
-
-// notSent reports whether a forward failed before the leader could have
-// read the request: it could not be connected to.
-func notSent(err error) bool {
-	var op *net.OpError
-	return errors.As(err, &op) && op.Op == "dial"
+	resp, err = f.client.Do(req)
+	return resp, err == nil || wrote.Load(), err
 }
