@@ -128,6 +128,9 @@ func (f *forwarder) target(ctx context.Context, fresh bool) string {
 	now := f.clock()
 	f.mu.Lock()
 	if fresh || now.Sub(f.readAt) >= leaderRecheck {
+		// One caller reads; the others meanwhile use the address read
+		// before.
+		f.readAt = now
 		f.mu.Unlock()
 		url, err := f.dir.LeaderURL(ctx)
 		f.mu.Lock()
