@@ -201,6 +201,9 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, p principal) bo
 			w.WriteHeader(resp.StatusCode)
 			io.Copy(w, resp.Body)
 			f.calls.WithLabelValues("forwarded").Inc()
+			// The leader changed what is placed: this replica's view, if
+			// it is used again (a dry run, a call served here), reloads.
+			s.res.Invalidate()
 			return true
 		}
 		if ctx.Err() != nil {
