@@ -11,7 +11,11 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rialto-project/rialto/internal/pki"
 )
@@ -252,4 +256,208 @@ func LoadTLSDir(dir string) (*tls.Config, error) {
 		return nil, fmt.Errorf("nbd: TLS certificates: %s needs both client-cert.pem and client-key.pem, or neither", dir)
 	}
 	return cfg, nil
+}
+
+// sockConn is a TLS connection's TCP socket taken out of Go's netpoller,
+// while it is the process's only NBD connection: its reader blocks in
+// read(2), as a thread-per-connection C server's does, and is woken
+// straight by the kernel when the next request comes, with no EAGAIN read,
+// epoll wait or goroutine hand-off in between. Over TLS, at queue depth 1,
+// those cost more than the request itself on a quiet machine (docs/bench/
+// tls.md, "Follow-up: blocking reads"). A thread blocked in a system call
+// keeps its P until sysmon takes it back, which with several busy
+// connections starved the others (fastread.go): as soon as another
+// connection is transmitting, the socket goes back to the netpoller (a
+// read or write in progress finishes on the blocking descriptor).
+//
+// The descriptor is a duplicate of the net.Conn's, whose closing took the
+// socket out of the netpoller. Close shuts the socket down (waking a
+// blocked read) but keeps the descriptor, so that no read or write can
+// reach a recycled descriptor number; release closes it once nothing uses
+// the connection.
+type sockConn struct {
+	net.Conn // the original, closed: its addresses
+	fd       int
+	polled   atomic.Pointer[net.Conn] // set: everything goes through the netpoller
+	closed   atomic.Bool
+	switchMu sync.Mutex
+	others   func() bool // reports whether another connection is transmitting
+}
+
+// detachSocket takes nc (a TCP socket) out of the netpoller; nil when it
+// cannot (then nc is untouched). others says when to give it back.
+func detachSocket(nc net.Conn, others func() bool) *sockConn {
+	tc, ok := nc.(*net.TCPConn)
+	if !ok {
+		return nil
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	fd := -1
+	if err := rc.Control(func(s uintptr) { fd, err = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil || fd < 0 {
+		return nil
+	}
+	if err := unix.SetNonblock(fd, false); err != nil {
+		unix.Close(fd)
+		return nil
+	}
+	tc.Close() // the netpoller forgets the socket; fd keeps it open
+	socketsDetached.Add(1)
+	return &sockConn{Conn: nc, fd: fd, others: others}
+}
+
+// poller is the netpoller's connection once the socket went back to it;
+// the reader (the only goroutine reading) moves it there when another
+// connection transmits.
+func (s *sockConn) poller(mayMove bool) net.Conn {
+	if p := s.polled.Load(); p != nil {
+		return *p
+	}
+	if !mayMove || s.others == nil || !s.others() || s.closed.Load() {
+		return nil
+	}
+	s.switchMu.Lock()
+	defer s.switchMu.Unlock()
+	if p := s.polled.Load(); p != nil {
+		return *p
+	}
+	// Back to the netpoller: a descriptor of its own, non-blocking (which
+	// the blocking one shares: a write in progress on it may stop short
+	// with EAGAIN, and finishes through the netpoller).
+	dup, err := unix.FcntlInt(uintptr(s.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
+	if err := unix.SetNonblock(dup, true); err != nil {
+		unix.Close(dup)
+		return nil
+	}
+	f := os.NewFile(uintptr(dup), "nbd-tls")
+	c, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		return nil
+	}
+	s.polled.Store(&c)
+	socketsReturned.Add(1)
+	return c
+}
+
+// socketsDetached and socketsReturned count sockConns made and moved back
+// to the netpoller (for tests).
+var socketsDetached, socketsReturned atomic.Int64
+
+func (s *sockConn) Read(p []byte) (int, error) {
+	if pc := s.poller(true); pc != nil {
+		return pc.Read(p)
+	}
+	if s.closed.Load() {
+		return 0, net.ErrClosed
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	for {
+		n, err := unix.Read(s.fd, p)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			if pc := s.poller(false); pc != nil {
+				return pc.Read(p)
+			}
+			return 0, os.ErrDeadlineExceeded
+		case err != nil:
+			if s.closed.Load() {
+				return 0, net.ErrClosed
+			}
+			return 0, &net.OpError{Op: "read", Net: "tcp", Addr: s.RemoteAddr(), Err: err}
+		case n == 0:
+			return 0, io.EOF
+		}
+		return n, nil
+	}
+}
+
+func (s *sockConn) Write(p []byte) (int, error) {
+	total := 0
+	for total < len(p) {
+		if pc := s.poller(false); pc != nil {
+			n, err := pc.Write(p[total:])
+			return total + n, err
+		}
+		if s.closed.Load() {
+			return total, net.ErrClosed
+		}
+		n, err := unix.SendmsgN(s.fd, p[total:], nil, nil, unix.MSG_NOSIGNAL)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			if s.polled.Load() != nil {
+				continue // moved to the netpoller meanwhile
+			}
+			return total, os.ErrDeadlineExceeded
+		case err != nil:
+			return total, &net.OpError{Op: "write", Net: "tcp", Addr: s.RemoteAddr(), Err: err}
+		}
+		total += n
+	}
+	return total, nil
+}
+
+// Close shuts the socket down: a blocked read returns, later calls fail.
+func (s *sockConn) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	unix.Shutdown(s.fd, unix.SHUT_RDWR)
+	if p := s.polled.Load(); p != nil {
+		(*p).Close()
+	}
+	return nil
+}
+
+// release closes the descriptor; nothing may use s after it.
+func (s *sockConn) release() {
+	s.Close()
+	s.switchMu.Lock()
+	defer s.switchMu.Unlock()
+	unix.Close(s.fd)
+}
+
+// timeout sets a socket timeout option from a deadline (zero: none).
+func (s *sockConn) timeout(opt int, t time.Time) error {
+	var tv unix.Timeval
+	if !t.IsZero() {
+		d := time.Until(t)
+		if d <= 0 {
+			d = time.Microsecond
+		}
+		tv = unix.NsecToTimeval(d.Nanoseconds())
+	}
+	return unix.SetsockoptTimeval(s.fd, unix.SOL_SOCKET, opt, &tv)
+}
+
+func (s *sockConn) SetDeadline(t time.Time) error {
+	if pc := s.polled.Load(); pc != nil {
+		return (*pc).SetDeadline(t)
+	}
+	return errors.Join(s.timeout(unix.SO_RCVTIMEO, t), s.timeout(unix.SO_SNDTIMEO, t))
+}
+
+func (s *sockConn) SetReadDeadline(t time.Time) error {
+	if pc := s.polled.Load(); pc != nil {
+		return (*pc).SetReadDeadline(t)
+	}
+	return s.timeout(unix.SO_RCVTIMEO, t)
+}
+
+func (s *sockConn) SetWriteDeadline(t time.Time) error {
+	if pc := s.polled.Load(); pc != nil {
+		return (*pc).SetWriteDeadline(t)
+	}
+	return s.timeout(unix.SO_SNDTIMEO, t)
 }

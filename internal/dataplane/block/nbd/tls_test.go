@@ -440,3 +440,99 @@ func TestWriteBuffersTLS(t *testing.T) {
 		t.Fatalf("received %d bytes, want %d (or content differs)", len(b), want.Len())
 	}
 }
+
+// TestTLSBlockingSocket: a TLS connection that is the process's only one
+// leaves the netpoller (its reader blocks in read(2)); it serves reads and
+// writes there, goes back to the netpoller at its next request once
+// another connection transmits, keeps serving, and ends when its export
+// is removed while its reader is blocked.
+func TestTLSBlockingSocket(t *testing.T) {
+	waitTransmitting(t, 0)
+	p := newTestPKI(t)
+	s, addr := startTLSServer(t, p.server, false, Export{Name: "x", Backend: NewMemBackend(1 << 20)})
+	d0, r0 := socketsDetached.Load(), socketsReturned.Load()
+	rc := rawDial(t, addr, clientFlagFixedNewstyle|clientFlagNoZeroes)
+	rc.starttls(p.clientConfig())
+	rc.goTransmission("x", false, false)
+	waitTransmitting(t, 1)
+	if got := socketsDetached.Load() - d0; got != 1 {
+		t.Fatalf("%d sockets left the netpoller, want 1", got)
+	}
+	roundTrip := func(rc *rawConn, i int) {
+		t.Helper()
+		want := bytes.Repeat([]byte{byte(i)}, 4096)
+		rc.request(Request{Type: CmdWrite, Handle: uint64(2 * i), Offset: uint64(i%64) * 4096, Length: 4096}, want)
+		if r, err := rc.reply(0); err != nil || r.errno != 0 {
+			t.Fatalf("write %d: %v (errno %d)", i, err, r.errno)
+		}
+		rc.request(Request{Type: CmdRead, Handle: uint64(2*i + 1), Offset: uint64(i%64) * 4096, Length: 4096}, nil)
+		r, err := rc.reply(4096)
+		if err != nil || r.errno != 0 || !bytes.Equal(r.data, want) {
+			t.Fatalf("read %d: %v (errno %d, %d bytes as written: %v)", i, err, r.errno, len(r.data), bytes.Equal(r.data, want))
+		}
+	}
+	for i := range 20 {
+		roundTrip(rc, i)
+	}
+	if got := socketsReturned.Load() - r0; got != 0 {
+		t.Fatalf("%d sockets back in the netpoller while alone", got)
+	}
+	// A second connection (plaintext is allowed only for TLS servers
+	// that make it optional: this one speaks TLS too).
+	rc2 := rawDial(t, addr, clientFlagFixedNewstyle|clientFlagNoZeroes)
+	rc2.starttls(p.clientConfig())
+	rc2.goTransmission("x", false, false)
+	waitTransmitting(t, 2)
+	if got := socketsDetached.Load() - d0; got != 1 {
+		t.Fatalf("the second connection left the netpoller too (%d)", got)
+	}
+	for i := 20; i < 40; i++ {
+		roundTrip(rc, i)
+		roundTrip(rc2, i+1)
+	}
+	if got := socketsReturned.Load() - r0; got != 1 {
+		t.Fatalf("%d sockets back in the netpoller with two connections, want 1", got)
+	}
+	rc2.c.Close()
+	waitTransmitting(t, 1)
+	roundTrip(rc, 41)
+	// Removing the export ends the connection, idle (its reader waiting).
+	done := make(chan error, 1)
+	go func() { done <- s.RemoveExport("x") }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("RemoveExport did not return")
+	}
+	waitTransmitting(t, 0)
+
+	// Alone again: a new connection leaves the netpoller, and its export's
+	// removal ends it while its reader is blocked in read(2).
+	if err := s.AddExport(Export{Name: "y", Backend: NewMemBackend(1 << 20)}); err != nil {
+		t.Fatal(err)
+	}
+	rc3 := rawDial(t, addr, clientFlagFixedNewstyle|clientFlagNoZeroes)
+	rc3.starttls(p.clientConfig())
+	rc3.goTransmission("y", false, false)
+	waitTransmitting(t, 1)
+	if got := socketsDetached.Load() - d0; got != 2 {
+		t.Fatalf("%d sockets left the netpoller, want 2", got)
+	}
+	roundTrip(rc3, 1)
+	go func() { done <- s.RemoveExport("y") }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("RemoveExport of an idle blocked connection did not return")
+	}
+	waitTransmitting(t, 0)
+	if !rc3.closed() {
+		t.Fatal("the connection is still open after its export was removed")
+	}
+}
