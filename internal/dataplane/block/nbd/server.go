@@ -307,8 +307,7 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 	sr := newSocketReader(nc)
 	r := newConnReader(sr)
 	// TLS, if the client starts it, reads the socket through sr too.
-	rc := &readerConn{Conn: nc, r: sr}
-	sess, err := s.negotiate(rc, r)
+	sess, err := s.negotiate(&readerConn{Conn: nc, r: sr}, r)
 	if err != nil {
 		if !errors.Is(err, errAbort) {
 			log.Debug("nbd: handshake ended", "err", err)
@@ -321,18 +320,7 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 		// Over TLS the bytes pass through crypto/tls: no raw-socket
 		// paths (sendfile, splice, mapped writev), but crypto/tls reads
 		// the socket through the polling reader.
-		raw := nc
-		if transmitting.Load() == 0 {
-			// The only connection: its socket leaves the netpoller
-			// (tls.go, sockConn) until another one transmits.
-			if sc := detachSocket(nc, func() bool { return transmitting.Load() > 1 }); sc != nil {
-				rc.Conn, rc.r, raw = sc, sc, sc
-				defer sc.release()
-				stop := context.AfterFunc(ctx, func() { sc.Close() })
-				defer stop()
-			}
-		}
-		tc := newTLSConn(sess.tls, raw)
+		tc := newTLSConn(sess.tls, nc)
 		defer tc.closeNotify(time.Second)
 		c = newConn(s, tc, sess.r, sess)
 		if sess.rec != nil {
