@@ -43,8 +43,22 @@ type principal struct {
 	fp     string // fingerprint of the secret, safe to log
 }
 
-// authenticate resolves the bearer token. It never logs the secret.
+// authenticate resolves the bearer token. It never logs the secret. A
+// node's call on a connection that presented a certificate since revoked
+// is refused (checkPeerRevoked); other callers' certificates authenticate
+// nothing (a removed node's machine joins again with the bootstrap token
+// while it still presents its old certificate).
 func (s *Server) authenticate(ctx context.Context, r *http.Request) (principal, error) {
+	p, err := s.resolveToken(ctx, r)
+	if err == nil && p.role == roleNode {
+		if err := s.checkPeerRevoked(r); err != nil {
+			return principal{}, err
+		}
+	}
+	return p, err
+}
+
+func (s *Server) resolveToken(ctx context.Context, r *http.Request) (principal, error) {
 	h := r.Header.Get("Authorization")
 	if h == "" {
 		return principal{}, fmt.Errorf("%w: missing Authorization: Bearer <token> header", ErrUnauthorized)
@@ -53,9 +67,6 @@ func (s *Server) authenticate(ctx context.Context, r *http.Request) (principal, 
 	tok = strings.TrimSpace(tok)
 	if !ok || !strings.EqualFold(scheme, "Bearer") || tok == "" {
 		return principal{}, fmt.Errorf("%w: Authorization header must be \"Bearer <token>\"", ErrUnauthorized)
-	}
-	if err := s.checkPeerRevoked(r); err != nil {
-		return principal{}, err
 	}
 	hash := resource.HashSecret(tok)
 	trusted := s.cacheTrusted()
@@ -72,10 +83,10 @@ func (s *Server) authenticate(ctx context.Context, r *http.Request) (principal, 
 	return p, err
 }
 
-// checkPeerRevoked refuses a request whose connection presented a client
-// certificate that has been revoked since the handshake (the handshake
-// itself refuses one revoked before): a removed node's keep-alive
-// connection serves nothing more, and wrap closes it. A replica that has
+// checkPeerRevoked refuses a node's request whose connection presented a
+// client certificate that has been revoked since the handshake (the
+// handshake itself refuses one revoked before), and wrap closes that
+// connection. A replica that has
 // not heard itself lately on the broadcast channel (revoke.go) re-reads
 // the revocation list first.
 func (s *Server) checkPeerRevoked(r *http.Request) error {
