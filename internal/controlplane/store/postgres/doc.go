@@ -8,7 +8,9 @@
 // locks below, transactions re-run after a deadlock, the lease writes as
 // one data-modifying statement each and batches pipelined in two round
 // trips (leases.go, pipeline.go), heartbeat batches and event appends with
-// unnest (nodes.go, events.go), and the election (election.go).
+// unnest (nodes.go, events.go), and what only replicas need: the
+// election and the leader's address (election.go, leader.go) and
+// broadcasts between replicas (broadcast.go, LISTEN/NOTIFY).
 //
 // Writes that must be serialized between replicas are serialized by
 // PostgreSQL itself, in each write transaction (READ COMMITTED):
