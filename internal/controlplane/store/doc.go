@@ -4,8 +4,8 @@
 //
 // The interface is small and shaped by what the control plane needs; its
 // write methods are transactional and carry the audit event to append in
-// the same transaction. Implementations (store/sqlite today, PostgreSQL
-// later) must guarantee that a device is never over-committed: the capacity
+// the same transaction. Implementations (store/sqlite, store/postgres,
+// both mostly store/sqlstore) must guarantee that a device is never over-committed: the capacity
 // and overlap checks of CreateLease and ReplaceParts happen atomically with
 // the insertion of the parts.
 //

@@ -3,7 +3,14 @@
 // (`rialto server --db postgres://…`). Its schema and migrations are the
 // SQLite store's (store/sqlite), version for version, written in
 // PostgreSQL's dialect where the two differ (migrations/); its statements
-// are the SQLite store's, with PostgreSQL's placeholders.
+// are sqlstore's, shared with the SQLite store, with PostgreSQL's
+// placeholders. This package holds PostgreSQL's dialect (dialect.go): the
+// locks below, transactions re-run after a deadlock, the lease writes as
+// one data-modifying statement each and batches pipelined in two round
+// trips (leases.go, pipeline.go), heartbeat batches and event appends with
+// unnest (nodes.go, events.go), and what only replicas need: the
+// election and the leader's address (election.go, leader.go) and
+// broadcasts between replicas (broadcast.go, LISTEN/NOTIFY).
 //
 // Writes that must be serialized between replicas are serialized by
 // PostgreSQL itself, in each write transaction (READ COMMITTED):

@@ -5,15 +5,15 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store/sqlstore"
 )
 
-// appendEvents appends events in one statement that first takes the
+// AppendEvents appends events in one statement that first takes the
 // event log's lock in shared mode (see doc.go: no reader skips an event
 // committed late); the rows get their IDs in the order given.
-func (s *Store) appendEvents(ctx context.Context, q execer, evs []api.Event) error {
+func (d dialect) AppendEvents(ctx context.Context, q sqlstore.Execer, evs []api.Event) error {
 	if len(evs) == 0 {
 		return nil
 	}
@@ -35,35 +35,19 @@ func (s *Store) appendEvents(ctx context.Context, q execer, evs []api.Event) err
 	return nil
 }
 
-func appendEvent(ctx context.Context, q execer, ev api.Event) (api.Event, error) {
-	if ev.Type == "" {
-		return ev, nil
+// LockEventLog takes the event log's lock in shared mode, for the rest
+// of the transaction: a writer appends its events under it, and writers
+// do not wait for one another; a reader of the log takes it in exclusive
+// mode (ReadEventLog), which waits for every writer that may hold an
+// event ID it cannot see yet (see doc.go).
+func (dialect) LockEventLog(ctx context.Context, tx sqlstore.Execer) error {
+	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock_shared(?, ?)`, lockClass, lockEvents); err != nil {
+		return wrap("lock the event log", err)
 	}
-	if ev.At.IsZero() {
-		ev.At = time.Now().UTC()
-	}
-	if err := lockEventLog(ctx, q); err != nil {
-		return ev, err
-	}
-	if err := q.QueryRowContext(ctx, `INSERT INTO events (at, type, subject, message, state) VALUES (?, ?, ?, ?, ?) RETURNING id`,
-		ns(ev.At), ev.Type, ev.Subject, ev.Message, ev.State).Scan(&ev.ID); err != nil {
-		return ev, wrap("append event", err)
-	}
-	return ev, nil
+	return nil
 }
 
-// AppendEvent appends one event.
-func (s *Store) AppendEvent(ctx context.Context, ev api.Event) (api.Event, error) {
-	var out api.Event
-	err := s.tx(ctx, func(tx execer) error {
-		var err error
-		out, err = appendEvent(ctx, tx, ev)
-		return err
-	})
-	return out, err
-}
-
-// readEventLog runs the statement q (args) in a transaction that first
+// ReadEventLog runs the statement q (args) in a transaction that first
 // takes the event log's lock in exclusive mode, and passes its rows to
 // each; the transaction is one round trip (a batch). The lock is granted
 // once no writer holds it (writers take it in shared mode before they
@@ -77,7 +61,8 @@ func (s *Store) AppendEvent(ctx context.Context, ev api.Event) (api.Event, error
 // victim (a writer waiting behind it may hold a row another writer
 // holding the lock waits for) runs again, after start; start also runs
 // before the first.
-func (s *Store) readEventLog(ctx context.Context, what, q string, args []any, start func(), each func(pgx.Rows) error) error {
+func (d dialect) ReadEventLog(ctx context.Context, what, q string, args []any, start func(), each func(sqlstore.Scanner) error) error {
+	s := d.s
 	var err error
 	for attempt := 0; attempt < maxTxAttempts; attempt++ {
 		start()
@@ -88,32 +73,16 @@ func (s *Store) readEventLog(ctx context.Context, what, q string, args []any, st
 	return err
 }
 
-func (s *Store) readEventLog1(ctx context.Context, what, q string, args []any, each func(pgx.Rows) error) error {
-	conn, err := s.db.Conn(ctx)
-	if err != nil {
-		return wrap(what, err)
-	}
-	defer conn.Close()
-	err = conn.Raw(func(dc any) error {
-		c := dc.(*stdlib.Conn).Conn()
-		err := readEventLogOn(ctx, c, q, args, each)
-		if err != nil && c.PgConn().TxStatus() != 'I' {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			_, rerr := c.Exec(rctx, "ROLLBACK")
-			cancel()
-			if rerr != nil {
-				c.PgConn().Close(rctx) // the pool drops it (IsClosed)
-			}
+func (s *Store) readEventLog1(ctx context.Context, what, q string, args []any, each func(sqlstore.Scanner) error) error {
+	return s.onConn(ctx, what, func(c *pgx.Conn) error {
+		if err := readEventLogOn(ctx, c, q, args, each); err != nil {
+			return wrap(what, err)
 		}
-		return err
+		return nil
 	})
-	if err != nil {
-		return wrap(what, err)
-	}
-	return nil
 }
 
-func readEventLogOn(ctx context.Context, c *pgx.Conn, q string, args []any, each func(pgx.Rows) error) error {
+func readEventLogOn(ctx context.Context, c *pgx.Conn, q string, args []any, each func(sqlstore.Scanner) error) error {
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue(`SELECT pg_advisory_xact_lock($1, $2)`, lockClass, lockEvents)
@@ -144,42 +113,4 @@ func readEventLogOn(ctx context.Context, c *pgx.Conn, q string, args []any, each
 		return err
 	}
 	return br.Close()
-}
-
-// Events returns events with ID > since.
-func (s *Store) Events(ctx context.Context, since int64, limit int, tenant string) ([]api.Event, error) {
-	if limit <= 0 {
-		limit = 1000
-	}
-	q, args := `SELECT id, at, type, subject, message, state FROM events WHERE id > ?`, []any{since}
-	if tenant != "" {
-		q += ` AND (type NOT LIKE 'lease.%' OR EXISTS (SELECT 1 FROM leases WHERE leases.id = events.subject AND leases.tenant = ?))`
-		args = append(args, tenant)
-	}
-	var out []api.Event
-	err := s.readEventLog(ctx, "events", q+` ORDER BY id LIMIT ?`, append(args, limit), func() { out = []api.Event{} }, func(rows pgx.Rows) error {
-		var e api.Event
-		var at int64
-		if err := rows.Scan(&e.ID, &at, &e.Type, &e.Subject, &e.Message, &e.State); err != nil {
-			return err
-		}
-		e.At = tm(at)
-		out = append(out, e)
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-// LastEventID returns the greatest event ID (0 for an empty log): where a
-// tail of the log (the event stream) starts. It is read under the event
-// log's lock, as Events is: no event with a lower ID commits later.
-func (s *Store) LastEventID(ctx context.Context) (int64, error) {
-	var id int64
-	err := s.readEventLog(ctx, "last event id", `SELECT COALESCE(MAX(id), 0) FROM events`, nil, func() { id = 0 }, func(rows pgx.Rows) error {
-		return rows.Scan(&id)
-	})
-	return id, err
 }

@@ -29,7 +29,7 @@ func TestEventLogLateCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer early.Rollback()
-	e1, err := appendEvent(ctx, rebound{early}, api.Event{Type: "test.early", Subject: "a"})
+	e1, err := s.AppendEventTx(ctx, rebound{early}, api.Event{Type: "test.early", Subject: "a"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +40,7 @@ func TestEventLogLateCommit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e2, err := appendEvent(wctx, rebound{late}, api.Event{Type: "test.late", Subject: "b"})
+	e2, err := s.AppendEventTx(wctx, rebound{late}, api.Event{Type: "test.late", Subject: "b"})
 	if err != nil {
 		t.Fatalf("a second writer waited for the first: %v", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/controlplane/store/sqlstore"
 )
 
 // A batch of lease writes (LeaseOps) in two round trips: most of a
@@ -36,15 +38,27 @@ import (
 var errSequential = errors.New("postgres: batch needs the sequential path")
 
 // pipelined writes ops in two round trips (see above).
-func (s *Store) pipelined(ctx context.Context, ops []store.LeaseOp, texts []opText, tenants []string, devs []string) (out []api.Lease, errs []error, err error) {
+func (s *Store) pipelined(ctx context.Context, ops []store.LeaseOp, texts []sqlstore.OpText, tenants []string, devs []string) (out []api.Lease, errs []error, err error) {
+	err = s.onConn(ctx, "connection", func(c *pgx.Conn) error {
+		out, errs, err = s.pipeline(ctx, c, ops, texts, tenants, devs)
+		return err
+	})
+	return out, errs, err
+}
+
+// onConn runs f on a connection of the pool, as pgx's (batches), and
+// rolls back what f left open when it fails; a connection that cannot
+// roll back is closed (the pool drops it). Only an error taking the
+// connection is wrapped (as what).
+func (s *Store) onConn(ctx context.Context, what string, f func(c *pgx.Conn) error) error {
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
-		return nil, nil, wrap("connection", err)
+		return wrap(what, err)
 	}
 	defer conn.Close()
-	err = conn.Raw(func(dc any) error {
+	return conn.Raw(func(dc any) error {
 		c := dc.(*stdlib.Conn).Conn()
-		out, errs, err = s.pipeline(ctx, c, ops, texts, tenants, devs)
+		err := f(c)
 		if err != nil && c.PgConn().TxStatus() != 'I' {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			_, rerr := c.Exec(rctx, "ROLLBACK")
@@ -55,10 +69,9 @@ func (s *Store) pipelined(ctx context.Context, ops []store.LeaseOp, texts []opTe
 		}
 		return err
 	})
-	return out, errs, err
 }
 
-func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, texts []opText, tenants []string, devs []string) ([]api.Lease, []error, error) {
+func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, texts []sqlstore.OpText, tenants []string, devs []string) ([]api.Lease, []error, error) {
 	out, errs := make([]api.Lease, len(ops)), make([]error, len(ops))
 
 	// Round trip 1: begin, lock, read for the creations' checks.
@@ -70,7 +83,7 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 	if len(devs) > 0 {
 		b.Queue(`SELECT count(*) FROM (SELECT id FROM devices WHERE id = ANY($1) ORDER BY id FOR UPDATE) locked`, devs)
 	}
-	partSQL := rebind(partCheckSQL)
+	partSQL := rebind(sqlstore.PartCheckSQL)
 	for _, op := range ops {
 		n := op.Create
 		if n == nil {
@@ -83,7 +96,7 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 			b.Queue(partSQL, p.Offset+p.Length, p.Offset, p.DeviceID)
 		}
 		if n.Limit != nil {
-			b.Queue(rebind(limitSQL), n.Lease.Tenant)
+			b.Queue(rebind(sqlstore.LimitSQL), n.Lease.Tenant)
 		}
 	}
 	br := c.SendBatch(ctx, b)
@@ -107,9 +120,9 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 		dev      string
 		off, end int64
 	}
-	var taken []span             // parts of the batch's accepted creations
-	keys := map[[2]string]bool{} // their idempotency keys
-	added := map[string]usage{}  // their charge, by tenant
+	var taken []span                     // parts of the batch's accepted creations
+	keys := map[[2]string]bool{}         // their idempotency keys
+	added := map[string]sqlstore.Usage{} // their charge, by tenant
 	accepted := make([]bool, len(ops))
 	for i, op := range ops {
 		n := op.Create
@@ -128,10 +141,10 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 				refusal = fmt.Errorf("key %q used before: %w", n.Idem.Key, store.ErrDuplicate)
 			}
 		}
-		rows := make([]partRow, len(l.Parts))
+		rows := make([]sqlstore.PartRow, len(l.Parts))
 		for j, p := range l.Parts {
 			r := &rows[j]
-			err := br.QueryRow().Scan(&r.dstate, &r.dkind, &r.capacity, &r.nodeID, &r.nstate, &r.cordoned, &r.taken)
+			err := br.QueryRow().Scan(&r.DState, &r.DKind, &r.Capacity, &r.NodeID, &r.NState, &r.Cordoned, &r.Taken)
 			switch {
 			case errors.Is(err, pgx.ErrNoRows):
 				if refusal == nil {
@@ -144,23 +157,23 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 			}
 			for _, t := range taken {
 				if t.dev == p.DeviceID && t.off < p.Offset+p.Length && p.Offset < t.end {
-					r.taken = true
+					r.Taken = true
 				}
 			}
 			if refusal == nil {
-				refusal = judgePart(l.Kind, l.Parts, j, *r)
+				refusal = sqlstore.JudgePart(l.Kind, l.Parts, j, *r)
 			}
 		}
 		if n.Limit != nil {
-			var u usage
-			if err := br.QueryRow().Scan(&u.leases, &u.bw, &u.bytes, &u.slots); err != nil {
+			var u sqlstore.Usage
+			if err := br.QueryRow().Scan(&u.Leases, &u.BW, &u.Bytes, &u.Slots); err != nil {
 				br.Close()
 				return nil, nil, wrap("quota", err)
 			}
 			a := added[l.Tenant]
-			u.leases, u.bw, u.bytes, u.slots = u.leases+a.leases, u.bw+a.bw, u.bytes+a.bytes, u.slots+a.slots
+			u.Leases, u.BW, u.Bytes, u.Slots = u.Leases+a.Leases, u.BW+a.BW, u.Bytes+a.Bytes, u.Slots+a.Slots
 			if refusal == nil {
-				refusal = judgeLimit(l, n.Demand, *n.Limit, u, rows)
+				refusal = sqlstore.JudgeLimit(l, n.Demand, *n.Limit, u, rows)
 			}
 		}
 		if refusal != nil {
@@ -175,8 +188,8 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 			keys[[2]string{n.Idem.Tenant, n.Idem.Key}] = true
 		}
 		if n.Limit != nil {
-			a, c := added[l.Tenant], charge(l, n.Demand, rows)
-			added[l.Tenant] = usage{leases: a.leases + c.leases, bw: a.bw + c.bw, bytes: a.bytes + c.bytes, slots: a.slots + c.slots}
+			a, c := added[l.Tenant], sqlstore.Charge(l, n.Demand, rows)
+			added[l.Tenant] = sqlstore.Usage{Leases: a.Leases + c.Leases, BW: a.BW + c.BW, Bytes: a.Bytes + c.Bytes, Slots: a.Slots + c.Slots}
 		}
 	}
 	if err := br.Close(); err != nil {
@@ -195,7 +208,7 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 			}
 			continue
 		}
-		q, args := transitionSQL(op.Transition, texts[i].plan)
+		q, args := transitionSQL(op.Transition, texts[i].Plan)
 		b.Queue(q, args...)
 	}
 	b.Queue("COMMIT")
@@ -214,10 +227,10 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 				br.Close()
 				return nil, nil, lateError(err)
 			}
-			out[i] = createdLease(op.Create.Lease)
+			out[i] = sqlstore.CreatedLease(op.Create.Lease)
 			continue
 		}
-		l, err := s.scanLease(br.QueryRow())
+		l, err := s.ScanLease(br.QueryRow())
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			missed = append(missed, i)
@@ -226,7 +239,7 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 			return nil, nil, lateError(err)
 		default:
 			if op.Transition.Change.Plan != nil {
-				p, err := s.decodePlan(texts[i].plan)
+				p, err := s.DecodePlan(texts[i].Plan)
 				if err != nil {
 					br.Close()
 					return nil, nil, err
@@ -297,7 +310,7 @@ func lateError(err error) error {
 
 // createSQL is one statement writing a new lease, its plan, its parts,
 // its idempotency key and its event.
-func createSQL(n store.NewLease, text opText) (string, []any) {
+func createSQL(n store.NewLease, text sqlstore.OpText) (string, []any) {
 	l, d := n.Lease, n.Demand
 	nodes, devs := make([]string, len(l.Parts)), make([]string, len(l.Parts))
 	offs, lens := make([]int64, len(l.Parts)), make([]int64, len(l.Parts))
@@ -312,7 +325,7 @@ func createSQL(n store.NewLease, text opText) (string, []any) {
 	if ev.At.IsZero() {
 		ev.At = time.Now().UTC()
 	}
-	q := rebind(`WITH l AS (INSERT INTO leases (` + leaseInsertCols + `, demand_bps, work_bytes, deadline_at, gateway)
+	q := rebind(`WITH l AS (INSERT INTO leases (` + sqlstore.LeaseInsertCols + `, demand_bps, work_bytes, deadline_at, gateway)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)),
 		p AS (INSERT INTO lease_plans (created_at, lease_id, plan) SELECT ?, ?, ?::text WHERE ?::text <> ''),
 		x AS (INSERT INTO lease_parts (lease_id, idx, node_id, device_id, off, length, uri, live)
@@ -322,8 +335,8 @@ func createSQL(n store.NewLease, text opText) (string, []any) {
 		e AS (INSERT INTO events (at, type, subject, message, state) SELECT ?, ?::text, ?, ?, ? WHERE ?::text <> '')
 		SELECT 1`)
 	args := []any{l.ID, string(l.State), string(l.Kind), string(l.Mode), l.Tenant, l.Borrower, l.Size, l.Count, l.StripeUnit, l.BandwidthCap, l.IOPSCap, l.URI, l.Credential, l.TTLSeconds,
-		ns(l.ExpiresAt), ns(l.CreatedAt), ns(l.UpdatedAt), l.Reason, l.IdempotencyKey, text.parts, d.Bandwidth, d.Work, ns(d.Deadline), d.Gateway,
-		ns(l.CreatedAt), l.ID, text.plan, text.plan,
+		ns(l.ExpiresAt), ns(l.CreatedAt), ns(l.UpdatedAt), l.Reason, l.IdempotencyKey, text.Parts, d.Bandwidth, d.Work, ns(d.Deadline), d.Gateway,
+		ns(l.CreatedAt), l.ID, text.Plan, text.Plan,
 		l.ID, nodes, devs, offs, lens,
 		idemTenant, idemKey, idemHash, l.ID, ns(l.CreatedAt), idemKey,
 		ns(ev.At), ev.Type, ev.Subject, ev.Message, ev.State, ev.Type}
@@ -337,25 +350,7 @@ func createSQL(n store.NewLease, text opText) (string, []any) {
 // refused).
 func transitionSQL(t store.Transition, plan string) (string, []any) {
 	ch := t.Change
-	set := `state = ?, updated_at = ?`
-	args := make([]any, 0, 24+len(ch.From)+2*len(ch.URIs))
-	args = append(args, string(ch.To), ns(ch.At))
-	if ch.Reason != "" {
-		set += `, reason = ?`
-		args = append(args, ch.Reason)
-	}
-	if ch.URI != "" {
-		set += `, uri = ?`
-		args = append(args, ch.URI)
-	}
-	if !ch.ExpiresAt.IsZero() {
-		set += `, expires_at = ?`
-		args = append(args, ns(ch.ExpiresAt))
-	}
-	if ch.TTL != 0 {
-		set += `, ttl_seconds = ?`
-		args = append(args, ch.TTL)
-	}
+	set, args := sqlstore.ChangeSet(ch, make([]any, 0, 24+len(ch.From)+2*len(ch.URIs)))
 	set += partsSet(ch, &args)
 	// No source state: nothing matches (a conflict).
 	from := []string{""}
@@ -369,7 +364,7 @@ func transitionSQL(t store.Transition, plan string) (string, []any) {
 		args = append(args, ch.Tenant)
 	}
 	var q strings.Builder
-	q.WriteString(`WITH u AS (UPDATE leases SET ` + set + where + ` RETURNING ` + leaseCols + `)`)
+	q.WriteString(`WITH u AS (UPDATE leases SET ` + set + where + ` RETURNING ` + sqlstore.LeaseCols + `)`)
 	if ch.To.Terminal() {
 		q.WriteString(`, f AS (UPDATE lease_parts SET live = 0 WHERE lease_id = ? AND live = 1 AND EXISTS (SELECT 1 FROM u))`)
 		args = append(args, t.ID)
@@ -392,4 +387,38 @@ func transitionSQL(t store.Transition, plan string) (string, []any) {
 	}
 	q.WriteString(` SELECT * FROM u`)
 	return rebind(q.String()), args
+}
+
+// partsSet is the SET clause's part for a change's parts (their URIs, the
+// parts lost), its arguments appended to args; "" if it changes none. The
+// parts become NULL — a NOT NULL violation — when the change names a part
+// the lease lacks.
+func partsSet(ch store.LeaseChange, args *[]any) string {
+	if len(ch.URIs) == 0 && len(ch.LostParts) == 0 {
+		return ""
+	}
+	expr := `parts::jsonb`
+	need := len(ch.URIs)
+	for i, u := range ch.URIs {
+		expr = `jsonb_set(` + expr + `, ?::text[], to_jsonb(?::text))`
+		*args = append(*args, []string{strconv.Itoa(i), "uri"}, u)
+	}
+	for _, i := range ch.LostParts {
+		if i < 0 {
+			return `, parts = NULL`
+		}
+		expr = `jsonb_set(` + expr + `, ?::text[], to_jsonb(?::text))`
+		*args = append(*args, []string{strconv.Itoa(i), "state"}, string(api.PartLost))
+		need = max(need, i+1)
+	}
+	return `, parts = CASE WHEN jsonb_array_length(parts::jsonb) >= ` + strconv.Itoa(need) + ` THEN (` + expr + `)::text ELSE NULL END`
+}
+
+// lostIdx are the indexes of lost parts as the statement takes them.
+func lostIdx(idx []int) []int64 {
+	out := make([]int64, len(idx))
+	for k, i := range idx {
+		out[k] = int64(i)
+	}
+	return out
 }

@@ -7,9 +7,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/controlplane/store/sqlstore"
 )
 
 //go:embed migrations/*.sql
@@ -27,11 +25,11 @@ var migrationFS embed.FS
 
 // Store is a store.Store on a PostgreSQL database.
 type Store struct {
-	db  *sql.DB
-	url string
+	sqlstore.Core // the statements shared with the SQLite store
 
-	plans textCache[*api.Plan]
-	parts textCache[[]api.Part]
+	db         *sql.DB
+	url        string
+	sequential bool // Options.sequential
 }
 
 var (
@@ -55,6 +53,10 @@ const (
 type Options struct {
 	// MaxConns bounds the connection pool (default 32).
 	MaxConns int
+
+	// sequential writes every lease batch statement by statement (the
+	// path of a batch the pipeline cannot write), for tests.
+	sequential bool
 }
 
 // Open connects to the database at url (postgres://…), applies pending
@@ -71,7 +73,8 @@ func Open(ctx context.Context, url string, o Options) (*Store, error) {
 	db.SetMaxOpenConns(o.MaxConns)
 	db.SetMaxIdleConns(o.MaxConns)
 	db.SetConnMaxIdleTime(5 * time.Minute)
-	s := &Store{db: db, url: url}
+	s := &Store{db: db, url: url, sequential: o.sequential}
+	s.Init(dialect{s})
 	if err := s.migrate(ctx, -1); err != nil {
 		db.Close()
 		return nil, err
@@ -127,12 +130,8 @@ func wrap(what string, err error) error {
 }
 
 // execer runs statements written with SQLite's "?" placeholders: a
-// transaction or the pool. rebind turns them into PostgreSQL's "$n".
-type execer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
+// transaction or the pool (rebound turns them into PostgreSQL's "$n").
+type execer = sqlstore.Execer
 
 type rebound struct {
 	q interface {
@@ -217,47 +216,10 @@ func (s *Store) tx1(ctx context.Context, f func(tx execer) error) error {
 	return nil
 }
 
-// lockEventLog takes the event log's lock in shared mode, for the rest
-// of the transaction: a writer appends its events under it, and writers
-// do not wait for one another; a reader of the log takes it in exclusive
-// mode (readEventLog), which waits for every writer that may hold an
-// event ID it cannot see yet (see doc.go).
-func lockEventLog(ctx context.Context, tx execer) error {
-	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock_shared(?, ?)`, lockClass, lockEvents); err != nil {
-		return wrap("lock the event log", err)
-	}
-	return nil
-}
-
-type migration struct {
-	version int
-	name    string
-	sql     string
-}
-
-func migrations() ([]migration, error) {
-	ents, err := fs.ReadDir(migrationFS, "migrations")
+func migrations() ([]sqlstore.Migration, error) {
+	ms, err := sqlstore.ReadMigrations(migrationFS, "migrations")
 	if err != nil {
-		return nil, fmt.Errorf("postgres: migrations: %w", err)
-	}
-	var ms []migration
-	for _, e := range ents {
-		num, _, ok := strings.Cut(e.Name(), "_")
-		v, err := strconv.Atoi(num)
-		if !ok || err != nil || !strings.HasSuffix(e.Name(), ".sql") {
-			return nil, fmt.Errorf("postgres: migration %q: name must be NNNN_what.sql", e.Name())
-		}
-		b, err := migrationFS.ReadFile("migrations/" + e.Name())
-		if err != nil {
-			return nil, fmt.Errorf("postgres: migration %s: %w", e.Name(), err)
-		}
-		ms = append(ms, migration{v, e.Name(), string(b)})
-	}
-	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
-	for i, m := range ms {
-		if m.version != i+1 {
-			return nil, fmt.Errorf("postgres: migration %s: versions must be 1, 2, 3, ... without gaps", m.name)
-		}
+		return nil, fmt.Errorf("postgres: %w", err)
 	}
 	return ms, nil
 }
@@ -267,7 +229,7 @@ func MigrationNames() ([]string, error) {
 	ms, err := migrations()
 	var out []string
 	for _, m := range ms {
-		out = append(out, m.name)
+		out = append(out, m.Name)
 	}
 	return out, err
 }
@@ -298,40 +260,5 @@ func (s *Store) migrate(ctx context.Context, max int) error {
 		return wrap("migrate", err)
 	}
 	defer conn.ExecContext(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1, $2)`, lockClass, lockMigrate)
-	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_version (
-		version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT CURRENT_TIMESTAMP)`); err != nil {
-		return wrap("schema_version", err)
-	}
-	var cur sql.NullInt64
-	if err := conn.QueryRowContext(ctx, `SELECT MAX(version) FROM schema_version`).Scan(&cur); err != nil {
-		return wrap("schema version", err)
-	}
-	if int(cur.Int64) > len(ms) {
-		return fmt.Errorf("postgres: database schema version %d is newer than this binary (%d)", cur.Int64, len(ms))
-	}
-	for _, m := range ms {
-		if m.version <= int(cur.Int64) || (max >= 0 && m.version > max) {
-			continue
-		}
-		tx, err := conn.BeginTx(ctx, nil)
-		if err != nil {
-			return wrap("migration "+m.name, err)
-		}
-		if _, err := tx.ExecContext(ctx, m.sql); err != nil {
-			tx.Rollback()
-			return wrap("migration "+m.name, err)
-		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO schema_version (version, name) VALUES ($1, $2)`, m.version, m.name); err != nil {
-			tx.Rollback()
-			return wrap("migration "+m.name, err)
-		}
-		if err := tx.Commit(); err != nil {
-			return wrap("migration "+m.name, err)
-		}
-	}
-	return nil
-}
-
-func placeholders(n int) string {
-	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
+	return sqlstore.Migrate(ctx, conn, ms, max, "TIMESTAMPTZ", `INSERT INTO schema_version (version, name) VALUES ($1, $2)`, "postgres", wrap)
 }

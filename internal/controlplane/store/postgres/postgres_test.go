@@ -36,3 +36,31 @@ func TestConformance(t *testing.T) {
 		},
 	})
 }
+
+// TestConformanceSequential runs the suite's lease tests with every batch
+// written statement by statement (sqlstore.Core.WriteOps and this
+// package's InsertLease and TransitionTx): the path of a batch in which
+// an op failed after writing, which the pipeline leaves otherwise.
+func TestConformanceSequential(t *testing.T) {
+	urls := map[store.Store]string{}
+	storetest.Run(t, storetest.Options{
+		Limits: true,
+		Only:   []string{"Capacity", "Transitions", "LostPartsAndCaps", "Idempotency", "Limits", "ConcurrentWriters", "ConcurrentIdempotencyKey", "ReplaceParts", "GatewayKey"},
+		Open: func(t *testing.T) store.Store {
+			url := pgtest.DB(t)
+			s, err := Open(context.Background(), url, Options{sequential: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			urls[s] = url
+			return s
+		},
+		Reopen: func(t *testing.T, s store.Store) store.Store {
+			r, err := Open(context.Background(), urls[s], Options{sequential: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		},
+	})
+}

@@ -5,11 +5,15 @@
 // lives in migrations/*.sql, embedded in the binary and applied in order at
 // Open; the schema_version table records which have run.
 //
-// Each table has its file (nodes.go, devices.go, links.go, leases.go,
-// lease_parts.go, lease_plans.go, idempotency_keys.go, events.go,
-// tokens.go, profiles.go); inventory.go reads across them. The caches
-// (decoded plans and parts, statements, live leases) belong to the Store
-// value: two Stores share nothing.
+// The statements and their Go logic are sqlstore's, shared with the
+// PostgreSQL store; this package holds SQLite's dialect (dialect.go):
+// opening, pragmas, the migrations and their runner (sqlite.go), prepared
+// statements (stmt.go), and the lease writes, heartbeats and event appends
+// in SQLite's best form (leases.go, nodes.go, events.go): several prepared
+// statements rather than one, and a cache of live leases (live.go), so
+// that a transition need not read its row back. The caches (decoded plans
+// and parts, statements, live leases) belong to the Store value: two
+// Stores share nothing.
 //
 // A *Store is safe for concurrent use; Close it when done.
 package sqlite

@@ -7,12 +7,14 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store/sqlstore"
 )
 
-// appendEvents appends events with as few statements as it can: rows are
+// AppendEvents appends events with as few statements as it can: rows are
 // inserted in chunks of a power of two (at most maxEventRows), so that a
 // handful of prepared statements serve every batch size.
-func (s *Store) appendEvents(ctx context.Context, q execer, evs []api.Event) error {
+func (d dialect) AppendEvents(ctx context.Context, q execer, evs []api.Event) error {
+	s := d.s
 	const maxEventRows = 64
 	var args []any
 	for len(evs) > 0 {
@@ -45,67 +47,23 @@ func (s *Store) eventInsert(n int) string {
 	return q
 }
 
-func appendEvent(ctx context.Context, q execer, ev api.Event) (api.Event, error) {
-	if ev.Type == "" {
-		return ev, nil
-	}
-	if ev.At.IsZero() {
-		ev.At = time.Now().UTC()
-	}
-	res, err := q.ExecContext(ctx, `INSERT INTO events (at, type, subject, message, state) VALUES (?, ?, ?, ?, ?)`,
-		ns(ev.At), ev.Type, ev.Subject, ev.Message, ev.State)
+// ReadEventLog runs q on the read side: the single writer commits
+// events in ID order, so a reader never sees a later ID before an earlier
+// one.
+func (d dialect) ReadEventLog(ctx context.Context, what, q string, args []any, start func(), each func(sqlstore.Scanner) error) error {
+	start()
+	rows, err := d.s.rd().QueryContext(ctx, q, args...)
 	if err != nil {
-		return ev, fmt.Errorf("sqlite: append event: %w", err)
-	}
-	ev.ID, _ = res.LastInsertId()
-	return ev, nil
-}
-
-// AppendEvent appends one event.
-func (s *Store) AppendEvent(ctx context.Context, ev api.Event) (api.Event, error) {
-	var out api.Event
-	err := s.tx(ctx, func(tx execer) error {
-		var err error
-		out, err = appendEvent(ctx, tx, ev)
-		return err
-	})
-	return out, err
-}
-
-// Events returns events with ID > since.
-func (s *Store) Events(ctx context.Context, since int64, limit int, tenant string) ([]api.Event, error) {
-	if limit <= 0 {
-		limit = 1000
-	}
-	q, args := `SELECT id, at, type, subject, message, state FROM events WHERE id > ?`, []any{since}
-	if tenant != "" {
-		q += ` AND (type NOT LIKE 'lease.%' OR EXISTS (SELECT 1 FROM leases WHERE leases.id = events.subject AND leases.tenant = ?))`
-		args = append(args, tenant)
-	}
-	rows, err := s.rd().QueryContext(ctx, q+` ORDER BY id LIMIT ?`, append(args, limit)...)
-	if err != nil {
-		return nil, fmt.Errorf("sqlite: events: %w", err)
+		return fmt.Errorf("sqlite: %s: %w", what, err)
 	}
 	defer rows.Close()
-	out := []api.Event{}
 	for rows.Next() {
-		var e api.Event
-		var at int64
-		if err := rows.Scan(&e.ID, &at, &e.Type, &e.Subject, &e.Message, &e.State); err != nil {
-			return nil, fmt.Errorf("sqlite: events: %w", err)
+		if err := each(rows); err != nil {
+			return fmt.Errorf("sqlite: %s: %w", what, err)
 		}
-		e.At = tm(at)
-		out = append(out, e)
 	}
-	return out, rows.Err()
-}
-
-// LastEventID returns the greatest event ID (0 for an empty log): where a
-// tail of the log (the event stream) starts.
-func (s *Store) LastEventID(ctx context.Context) (int64, error) {
-	var id int64
-	if err := s.rd().QueryRowContext(ctx, `SELECT COALESCE(MAX(id), 0) FROM events`).Scan(&id); err != nil {
-		return 0, fmt.Errorf("sqlite: last event id: %w", err)
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("sqlite: %s: %w", what, err)
 	}
-	return id, nil
+	return nil
 }

@@ -1,7 +1,6 @@
 package sqlite
 
 import (
-	"slices"
 	"sync"
 
 	"github.com/rialto-project/rialto/api"
@@ -55,16 +54,4 @@ func (c *liveCache) drop(id string) {
 	c.mu.Lock()
 	delete(c.m, id)
 	c.mu.Unlock()
-}
-
-// copyLease copies what a caller could change in place.
-func copyLease(l api.Lease) api.Lease {
-	l.Parts = slices.Clone(l.Parts)
-	if l.Parts == nil {
-		l.Parts = []api.Part{}
-	}
-	if l.Plan != nil {
-		l.Plan = clonePlan(l.Plan)
-	}
-	return l
 }

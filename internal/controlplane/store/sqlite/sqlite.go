@@ -10,8 +10,6 @@ import (
 	"net/url"
 	"os"
 	"runtime"
-	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,8 +17,8 @@ import (
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
-	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/controlplane/store/sqlstore"
 )
 
 //go:embed migrations/*.sql
@@ -28,6 +26,8 @@ var migrationFS embed.FS
 
 // Store is a store.Store backed by one SQLite database file.
 type Store struct {
+	sqlstore.Core // the statements shared with the PostgreSQL store
+
 	w  *sql.DB // single writer connection
 	r  *sql.DB // read-only pool (the writer itself for :memory:)
 	ws *stmtCache
@@ -36,11 +36,7 @@ type Store struct {
 	leaseMu sync.Mutex // serializes lease writes with their updates of live
 	live    liveCache
 
-	// Decoded JSON of lease plans and parts, by text (see textCache),
-	// and the multi-row event INSERTs by row count.
-	plans    textCache[*api.Plan]
-	parts    textCache[[]api.Part]
-	eventSQL sync.Map // rows → statement text
+	eventSQL sync.Map // the multi-row event INSERTs: rows → statement text
 
 	ck             *sql.DB // checkpoints (file databases only)
 	ckStop, ckDone chan struct{}
@@ -95,6 +91,7 @@ func open(ctx context.Context, path string, max int) (*Store, error) {
 	w.SetConnMaxLifetime(0)
 	w.SetConnMaxIdleTime(0)
 	s := &Store{w: w, r: w, ws: &stmtCache{db: w}}
+	s.Init(dialect{s})
 	s.rs = s.ws
 	if err := s.migrate(ctx, max); err != nil {
 		w.Close()
@@ -210,35 +207,10 @@ func (s *Store) Close() error {
 	return err
 }
 
-type migration struct {
-	version int
-	name    string
-	sql     string
-}
-
-func migrations() ([]migration, error) {
-	ents, err := fs.ReadDir(migrationFS, "migrations")
+func migrations() ([]sqlstore.Migration, error) {
+	ms, err := sqlstore.ReadMigrations(migrationFS, "migrations")
 	if err != nil {
-		return nil, fmt.Errorf("sqlite: migrations: %w", err)
-	}
-	var ms []migration
-	for _, e := range ents {
-		num, _, ok := strings.Cut(e.Name(), "_")
-		v, err := strconv.Atoi(num)
-		if !ok || err != nil || !strings.HasSuffix(e.Name(), ".sql") {
-			return nil, fmt.Errorf("sqlite: migration %q: name must be NNNN_what.sql", e.Name())
-		}
-		b, err := migrationFS.ReadFile("migrations/" + e.Name())
-		if err != nil {
-			return nil, fmt.Errorf("sqlite: migration %s: %w", e.Name(), err)
-		}
-		ms = append(ms, migration{v, e.Name(), string(b)})
-	}
-	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
-	for i, m := range ms {
-		if m.version != i+1 {
-			return nil, fmt.Errorf("sqlite: migration %s: versions must be 1, 2, 3, ... without gaps", m.name)
-		}
+		return nil, fmt.Errorf("sqlite: %w", err)
 	}
 	return ms, nil
 }
@@ -257,38 +229,8 @@ func (s *Store) migrate(ctx context.Context, max int) error {
 	if err != nil {
 		return err
 	}
-	if _, err := s.w.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_version (
-		version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)`); err != nil {
-		return fmt.Errorf("sqlite: schema_version: %w", err)
-	}
-	cur, err := s.SchemaVersion(ctx)
-	if err != nil {
-		return err
-	}
-	if cur > len(ms) {
-		return fmt.Errorf("sqlite: database schema version %d is newer than this binary (%d)", cur, len(ms))
-	}
-	for _, m := range ms {
-		if m.version <= cur || (max >= 0 && m.version > max) {
-			continue
-		}
-		tx, err := s.w.BeginTx(ctx, nil)
-		if err != nil {
-			return fmt.Errorf("sqlite: migration %s: %w", m.name, err)
-		}
-		if _, err := tx.ExecContext(ctx, m.sql); err != nil {
-			tx.Rollback()
-			return fmt.Errorf("sqlite: migration %s: %w", m.name, err)
-		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO schema_version (version, name) VALUES (?, ?)`, m.version, m.name); err != nil {
-			tx.Rollback()
-			return fmt.Errorf("sqlite: migration %s: %w", m.name, err)
-		}
-		if err := tx.Commit(); err != nil {
-			return fmt.Errorf("sqlite: migration %s: %w", m.name, err)
-		}
-	}
-	return nil
+	return sqlstore.Migrate(ctx, s.w, ms, max, "TEXT", `INSERT INTO schema_version (version, name) VALUES (?, ?)`, "sqlite",
+		func(what string, err error) error { return fmt.Errorf("sqlite: %s: %w", what, err) })
 }
 
 // tx runs f in a write transaction.

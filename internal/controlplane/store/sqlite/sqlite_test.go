@@ -128,7 +128,7 @@ func TestMigrationsOnExistingDB(t *testing.T) {
 	if err != nil || len(evs) < 1 {
 		t.Fatalf("events after migration: %v %+v", err, evs)
 	}
-	if err := s.appendEvents(ctx, s.w, []api.Event{{At: now, Type: "test.after"}}); err != nil {
+	if err := (dialect{s}).AppendEvents(ctx, s.w, []api.Event{{At: now, Type: "test.after"}}); err != nil {
 		t.Fatal(err)
 	}
 	all, err := s.Events(ctx, 0, 1000, "")

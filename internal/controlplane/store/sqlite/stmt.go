@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"sync"
 	"sync/atomic"
+
+	"github.com/rialto-project/rialto/internal/controlplane/store/sqlstore"
 )
 
 // Parsing SQL is a large share of the cost of a small transaction with the
@@ -70,11 +72,7 @@ func (c *stmtCache) close() {
 
 // execer runs statements: a transaction or a database handle, with cached
 // statements.
-type execer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
+type execer = sqlstore.Execer
 
 // Wrappers implementing execer with cached statements.
 

@@ -4,5 +4,7 @@
 // behaviour whichever it is given.
 //
 // Run calls Open for each test; a Store it returns is closed by the test.
-// The package has no state: Run may be called by several tests.
+// LeaseCycles is the stores' common benchmark (a lease cycle as the
+// control plane's group commit writes it). The package has no state: Run
+// may be called by several tests.
 package storetest

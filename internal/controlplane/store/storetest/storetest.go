@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -22,6 +23,8 @@ type Options struct {
 	Reopen func(t *testing.T, s store.Store) store.Store
 	// Limits: the store re-checks NewLease.Limit.
 	Limits bool
+	// Only, when set, names the tests to run (all otherwise).
+	Only []string
 }
 
 // Run runs the suite.
@@ -44,8 +47,12 @@ func Run(t *testing.T, o Options) {
 		{"ConcurrentMoves", testConcurrentMoves},
 		{"ReplaceTokens", testReplaceTokens},
 		{"RemoveNode", testRemoveNode},
+		{"ReplaceParts", testReplaceParts},
 		{"GatewayKey", testGatewayKey},
 	} {
+		if o.Only != nil && !slices.Contains(o.Only, tc.name) {
+			continue
+		}
 		t.Run(tc.name, func(t *testing.T) { tc.f(t, o) })
 	}
 }

@@ -1,4 +1,4 @@
-package postgres
+package sqlstore
 
 import (
 	"context"
@@ -7,18 +7,18 @@ import (
 	"github.com/rialto-project/rialto/api"
 )
 
-// replacePlan replaces a stored lease's plan.
-func replacePlan(ctx context.Context, tx execer, id, plan string) error {
+// ReplacePlan replaces a stored lease's plan.
+func (s *Core) ReplacePlan(ctx context.Context, tx Execer, id, plan string) error {
 	if _, err := tx.ExecContext(ctx, `INSERT INTO lease_plans (created_at, lease_id, plan) SELECT created_at, id, ? FROM leases WHERE id = ?
 		ON CONFLICT (created_at, lease_id) DO UPDATE SET plan = excluded.plan`, plan, id); err != nil {
-		return wrap("lease plan", err)
+		return s.wrap("lease plan", err)
 	}
 	return nil
 }
 
-// decodePlan decodes a stored plan, through the Store's cache of decoded
+// DecodePlan decodes a stored plan, through the Store's cache of decoded
 // plans; every read gets its own copy.
-func (s *Store) decodePlan(text string) (*api.Plan, error) {
+func (s *Core) DecodePlan(text string) (*api.Plan, error) {
 	p, ok := s.plans.Get(text)
 	if !ok {
 		p = new(api.Plan)
@@ -27,10 +27,10 @@ func (s *Store) decodePlan(text string) (*api.Plan, error) {
 		}
 		s.plans.Put(text, p)
 	}
-	return clonePlan(p), nil
+	return ClonePlan(p), nil
 }
 
-func clonePlan(p *api.Plan) *api.Plan {
+func ClonePlan(p *api.Plan) *api.Plan {
 	c := *p
 	c.Parts = slices.Clone(p.Parts)
 	c.Impacts = slices.Clone(p.Impacts)
@@ -38,13 +38,13 @@ func clonePlan(p *api.Plan) *api.Plan {
 	return &c
 }
 
-// planJSON encodes a plan to store; the text is remembered so that reading
+// PlanJSON encodes a plan to store; the text is remembered so that reading
 // the lease back does not decode it.
-func (s *Store) planJSON(p *api.Plan) string {
+func (s *Core) PlanJSON(p *api.Plan) string {
 	if p == nil {
 		return ""
 	}
 	text := js(p)
-	s.plans.Put(text, clonePlan(p))
+	s.plans.Put(text, ClonePlan(p))
 	return text
 }

@@ -1,4 +1,4 @@
-package postgres
+package sqlstore
 
 import (
 	"context"
@@ -12,32 +12,31 @@ import (
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 )
 
-var _ store.Mover = (*Store)(nil)
-
 // Moves between replicas are serialized like the other lease writes
-// (doc.go): BeginMove locks the destination's device (FOR UPDATE, as a
-// creation does) before it re-checks the range, then the lease's row;
+// (store/postgres's doc.go): BeginMove locks the destination's device
+// (Dialect.LockParts, as a creation does) before it re-checks the range,
+// then the lease's row (Dialect.ForUpdate);
 // FinishMove and EndMove lock the lease's row before they read the move
 // again, so that a move ends once and a lease that ends meanwhile is seen.
 
 // SetNodeCordon marks a node cordoned or not.
-func (s *Store) SetNodeCordon(ctx context.Context, id string, cordoned bool, ev api.Event) (api.Node, error) {
+func (s *Core) SetNodeCordon(ctx context.Context, id string, cordoned bool, ev api.Event) (api.Node, error) {
 	var out api.Node
 	c := 0
 	if cordoned {
 		c = 1
 	}
-	err := s.tx(ctx, func(tx execer) error {
+	err := s.tx(ctx, func(tx Execer) error {
 		n, err := scanNode(tx.QueryRowContext(ctx, `UPDATE nodes SET cordoned = ? WHERE id = ? RETURNING `+nodeReadCols, c, id))
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("node %s: %w", id, store.ErrNotFound)
 		}
 		if err != nil {
-			return wrap("cordon", err)
+			return s.wrap("cordon", err)
 		}
 		out = n.Node
 		ev.Subject = id
-		_, err = appendEvent(ctx, tx, ev)
+		_, err = s.AppendEventTx(ctx, tx, ev)
 		return err
 	})
 	return out, err
@@ -47,23 +46,26 @@ func (s *Store) SetNodeCordon(ctx context.Context, id string, cordoned bool, ev 
 // it moves.
 func shadowIdx(part int) int { return -1 - part }
 
-// lockLease locks a lease's row and reads it.
-func (s *Store) lockLease(ctx context.Context, tx execer, id string) (api.Lease, error) {
-	var one int
-	if err := tx.QueryRowContext(ctx, `SELECT 1 FROM leases WHERE id = ? FOR UPDATE`, id).Scan(&one); err != nil {
-		if errors.Is(err, sql.ErrNoRows) {
-			return api.Lease{}, fmt.Errorf("lease %s: %w", id, store.ErrNotFound)
+// lockLease locks a lease's row, where the dialect locks rows, and reads
+// it.
+func (s *Core) lockLease(ctx context.Context, tx Execer, id string) (api.Lease, error) {
+	if lock := s.d.ForUpdate(); lock != "" {
+		var one int
+		if err := tx.QueryRowContext(ctx, `SELECT 1 FROM leases WHERE id = ?`+lock, id).Scan(&one); err != nil {
+			if errors.Is(err, sql.ErrNoRows) {
+				return api.Lease{}, fmt.Errorf("lease %s: %w", id, store.ErrNotFound)
+			}
+			return api.Lease{}, s.wrap("lock lease", err)
 		}
-		return api.Lease{}, wrap("lock lease", err)
 	}
-	return s.getLease(ctx, tx, id)
+	return s.GetLease(ctx, tx, id)
 }
 
 // BeginMove records an open move and reserves its destination.
-func (s *Store) BeginMove(ctx context.Context, m api.Move, ev api.Event) error {
+func (s *Core) BeginMove(ctx context.Context, m api.Move, ev api.Event) error {
 	to := api.Part{NodeID: m.To.NodeID, DeviceID: m.To.DeviceID, Offset: m.To.Offset, Length: m.To.Length}
-	return s.tx(ctx, func(tx execer) error {
-		if err := lockParts(ctx, tx, nil, []api.Part{to}); err != nil {
+	return s.tx(ctx, func(tx Execer) error {
+		if err := s.d.LockParts(ctx, tx, nil, []api.Part{to}); err != nil {
 			return err
 		}
 		l, err := s.lockLease(ctx, tx, m.LeaseID)
@@ -83,32 +85,33 @@ func (s *Store) BeginMove(ctx context.Context, m api.Move, ev api.Event) error {
 		var open int
 		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM lease_moves WHERE lease_id = ? AND part = ? AND state NOT IN ('done', 'failed')`,
 			m.LeaseID, m.Part).Scan(&open); err != nil {
-			return wrap("begin move", err)
+			return s.wrap("begin move", err)
 		}
 		if open > 0 {
 			return fmt.Errorf("lease %s part %d is already moving: %w", l.ID, m.Part, store.ErrConflict)
 		}
-		if err := checkParts(ctx, tx, l.Kind, []api.Part{to}); err != nil {
+		if err := s.checkParts(ctx, tx, l.Kind, []api.Part{to}); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, `WITH p AS (INSERT INTO lease_parts (lease_id, idx, node_id, device_id, off, length, uri, live)
-				VALUES (?, ?, ?, ?, ?, ?, '', 1))
-			INSERT INTO lease_moves (id, lease_id, part, kind, state, from_part, to_part, size, reason, started_at, updated_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-			m.LeaseID, shadowIdx(m.Part), to.NodeID, to.DeviceID, to.Offset, to.Length,
-			m.ID, m.LeaseID, m.Part, m.Kind, m.State, js(m.From), js(to), m.Size, m.Reason, ns(m.StartedAt), ns(m.StartedAt)); err != nil {
-			return wrap("begin move", err)
+		if _, err := tx.ExecContext(ctx, `INSERT INTO lease_parts (lease_id, idx, node_id, device_id, off, length, uri, live) VALUES (?, ?, ?, ?, ?, ?, '', 1)`,
+			m.LeaseID, shadowIdx(m.Part), to.NodeID, to.DeviceID, to.Offset, to.Length); err != nil {
+			return s.wrap("begin move", err)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO lease_moves (id, lease_id, part, kind, state, from_part, to_part, size, reason, started_at, updated_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, m.ID, m.LeaseID, m.Part, m.Kind, m.State, js(m.From), js(to), m.Size, m.Reason,
+			ns(m.StartedAt), ns(m.StartedAt)); err != nil {
+			return s.wrap("begin move", err)
 		}
 		ev.Subject = m.LeaseID
-		_, err = appendEvent(ctx, tx, ev)
+		_, err = s.AppendEventTx(ctx, tx, ev)
 		return err
 	})
 }
 
 // lockedMove reads move id, then locks its lease and reads the move again
 // under the lock.
-func (s *Store) lockedMove(ctx context.Context, tx execer, id string) (store.MoveRecord, api.Lease, error) {
-	m, err := getMove(ctx, tx, id)
+func (s *Core) lockedMove(ctx context.Context, tx Execer, id string) (store.MoveRecord, api.Lease, error) {
+	m, err := s.getMove(ctx, tx, id)
 	if err != nil {
 		return m, api.Lease{}, err
 	}
@@ -116,14 +119,14 @@ func (s *Store) lockedMove(ctx context.Context, tx execer, id string) (store.Mov
 	if err != nil {
 		return m, l, err
 	}
-	m, err = getMove(ctx, tx, id)
+	m, err = s.getMove(ctx, tx, id)
 	return m, l, err
 }
 
 // FinishMove makes an open move's destination its lease's part.
-func (s *Store) FinishMove(ctx context.Context, id, uri string, at time.Time, ev api.Event) (api.Lease, error) {
+func (s *Core) FinishMove(ctx context.Context, id, uri string, at time.Time, ev api.Event) (api.Lease, error) {
 	var out api.Lease
-	err := s.tx(ctx, func(tx execer) error {
+	err := s.tx(ctx, func(tx Execer) error {
 		m, l, err := s.lockedMove(ctx, tx, id)
 		if err != nil {
 			return err
@@ -140,7 +143,7 @@ func (s *Store) FinishMove(ctx context.Context, id, uri string, at time.Time, ev
 		parts := append([]api.Part(nil), l.Parts...)
 		parts[m.Part] = api.Part{NodeID: m.To.NodeID, DeviceID: m.To.DeviceID, Offset: m.To.Offset, Length: m.To.Length, URI: uri}
 		set := `parts = ?, updated_at = ?`
-		args := []any{s.partsJSON(parts), ns(at)}
+		args := []any{s.PartsJSON(parts), ns(at)}
 		if len(parts) == 1 {
 			set += `, uri = ?`
 			args = append(args, uri)
@@ -148,30 +151,34 @@ func (s *Store) FinishMove(ctx context.Context, id, uri string, at time.Time, ev
 		// The source's row goes before the destination's takes its index
 		// (the key (lease_id, idx) is checked row by row).
 		if _, err := tx.ExecContext(ctx, `DELETE FROM lease_parts WHERE lease_id = ? AND idx = ?`, m.LeaseID, m.Part); err != nil {
-			return wrap("finish move", err)
+			return s.wrap("finish move", err)
 		}
-		args = append(args, m.LeaseID, m.Part, uri, m.LeaseID, shadowIdx(m.Part), ns(at), id)
-		if _, err := tx.ExecContext(ctx, `WITH l AS (UPDATE leases SET `+set+` WHERE id = ?),
-			p AS (UPDATE lease_parts SET idx = ?, uri = ? WHERE lease_id = ? AND idx = ?)
-			UPDATE lease_moves SET committed = 1, updated_at = ? WHERE id = ?`, args...); err != nil {
-			return wrap("finish move", err)
+		if _, err := tx.ExecContext(ctx, `UPDATE lease_parts SET idx = ?, uri = ? WHERE lease_id = ? AND idx = ?`,
+			m.Part, uri, m.LeaseID, shadowIdx(m.Part)); err != nil {
+			return s.wrap("finish move", err)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE leases SET `+set+` WHERE id = ?`, append(args, m.LeaseID)...); err != nil {
+			return s.wrap("finish move", err)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE lease_moves SET committed = 1, updated_at = ? WHERE id = ?`, ns(at), id); err != nil {
+			return s.wrap("finish move", err)
 		}
 		ev.Subject = m.LeaseID
-		if _, err := appendEvent(ctx, tx, ev); err != nil {
+		if _, err := s.AppendEventTx(ctx, tx, ev); err != nil {
 			return err
 		}
-		out, err = s.getLease(ctx, tx, m.LeaseID)
+		out, err = s.GetLease(ctx, tx, m.LeaseID)
 		return err
 	})
-	return copyLease(out), err
+	return CopyLease(out), err
 }
 
 // EndMove records a move's end.
-func (s *Store) EndMove(ctx context.Context, id, state, errMsg string, copied int64, at time.Time, ev *api.Event) error {
+func (s *Core) EndMove(ctx context.Context, id, state, errMsg string, copied int64, at time.Time, ev *api.Event) error {
 	if state != api.MoveDone && state != api.MoveFailed {
-		return fmt.Errorf("postgres: end move: state %q is not an end", state)
+		return fmt.Errorf("end move: state %q is not an end", state)
 	}
-	return s.tx(ctx, func(tx execer) error {
+	return s.tx(ctx, func(tx Execer) error {
 		m, _, err := s.lockedMove(ctx, tx, id)
 		if err != nil {
 			return err
@@ -182,17 +189,17 @@ func (s *Store) EndMove(ctx context.Context, id, state, errMsg string, copied in
 		if !m.Committed {
 			// The destination never became the part: free it.
 			if _, err := tx.ExecContext(ctx, `DELETE FROM lease_parts WHERE lease_id = ? AND idx = ?`, m.LeaseID, shadowIdx(m.Part)); err != nil {
-				return wrap("end move", err)
+				return s.wrap("end move", err)
 			}
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE lease_moves SET state = ?, error = ?, copied = ?, updated_at = ? WHERE id = ?`,
 			state, errMsg, copied, ns(at), id); err != nil {
-			return wrap("end move", err)
+			return s.wrap("end move", err)
 		}
 		if ev != nil {
 			e := *ev
 			e.Subject = m.LeaseID
-			if _, err := appendEvent(ctx, tx, e); err != nil {
+			if _, err := s.AppendEventTx(ctx, tx, e); err != nil {
 				return err
 			}
 		}
@@ -201,12 +208,12 @@ func (s *Store) EndMove(ctx context.Context, id, state, errMsg string, copied in
 }
 
 // SetMoveState records an open move's state and progress.
-func (s *Store) SetMoveState(ctx context.Context, id, state string, copied int64, at time.Time) error {
-	return s.tx(ctx, func(tx execer) error {
+func (s *Core) SetMoveState(ctx context.Context, id, state string, copied int64, at time.Time) error {
+	return s.tx(ctx, func(tx Execer) error {
 		res, err := tx.ExecContext(ctx, `UPDATE lease_moves SET state = ?, copied = ?, updated_at = ? WHERE id = ? AND state NOT IN ('done', 'failed')`,
 			state, copied, ns(at), id)
 		if err != nil {
-			return wrap("move state", err)
+			return s.wrap("move state", err)
 		}
 		if n, _ := res.RowsAffected(); n == 0 {
 			return fmt.Errorf("move %s: %w", id, store.ErrConflict)
@@ -231,19 +238,19 @@ func scanMove(sc interface{ Scan(...any) error }) (store.MoveRecord, error) {
 	return m, errors.Join(unjs(from, &m.From), unjs(to, &m.To))
 }
 
-func getMove(ctx context.Context, q execer, id string) (store.MoveRecord, error) {
+func (s *Core) getMove(ctx context.Context, q Execer, id string) (store.MoveRecord, error) {
 	m, err := scanMove(q.QueryRowContext(ctx, `SELECT `+moveCols+` FROM lease_moves WHERE id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return m, fmt.Errorf("move %s: %w", id, store.ErrNotFound)
 	}
 	if err != nil {
-		return m, wrap("move", err)
+		return m, s.wrap("move", err)
 	}
 	return m, nil
 }
 
 // Moves lists moves, oldest first.
-func (s *Store) Moves(ctx context.Context, f store.MoveFilter) ([]store.MoveRecord, error) {
+func (s *Core) Moves(ctx context.Context, f store.MoveFilter) ([]store.MoveRecord, error) {
 	var where []string
 	var args []any
 	if f.LeaseID != "" {
@@ -263,19 +270,19 @@ func (s *Store) Moves(ctx context.Context, f store.MoveFilter) ([]store.MoveReco
 	}
 	rows, err := s.rd().QueryContext(ctx, `SELECT `+moveCols+` FROM lease_moves`+cond+` ORDER BY started_at, id`, args...)
 	if err != nil {
-		return nil, wrap("moves", err)
+		return nil, s.wrap("moves", err)
 	}
 	defer rows.Close()
 	out := []store.MoveRecord{}
 	for rows.Next() {
 		m, err := scanMove(rows)
 		if err != nil {
-			return nil, wrap("moves", err)
+			return nil, s.wrap("moves", err)
 		}
 		out = append(out, m)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, wrap("moves", err)
+		return nil, s.wrap("moves", err)
 	}
 	return out, nil
 }

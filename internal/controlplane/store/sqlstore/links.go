@@ -1,4 +1,4 @@
-package postgres
+package sqlstore
 
 import (
 	"context"
@@ -6,10 +6,10 @@ import (
 	"github.com/rialto-project/rialto/api"
 )
 
-func links(ctx context.Context, q execer) ([]api.Link, error) {
+func (s *Core) links(ctx context.Context, q Execer) ([]api.Link, error) {
 	rows, err := q.QueryContext(ctx, `SELECT id, from_node, to_node, kind, bandwidth_bps, rtt_us, status, load_bps, measured_at FROM links ORDER BY from_node, to_node`)
 	if err != nil {
-		return nil, wrap("links", err)
+		return nil, s.wrap("links", err)
 	}
 	defer rows.Close()
 	out := []api.Link{}
@@ -17,7 +17,7 @@ func links(ctx context.Context, q execer) ([]api.Link, error) {
 		var l api.Link
 		var at int64
 		if err := rows.Scan(&l.ID, &l.From, &l.To, &l.Kind, &l.BandwidthBps, &l.RTTMicros, &l.Status, &l.LoadBps, &at); err != nil {
-			return nil, wrap("links", err)
+			return nil, s.wrap("links", err)
 		}
 		l.MeasuredAt = tm(at)
 		l.State = l.Status
@@ -27,4 +27,4 @@ func links(ctx context.Context, q execer) ([]api.Link, error) {
 }
 
 // Links lists links.
-func (s *Store) Links(ctx context.Context) ([]api.Link, error) { return links(ctx, s.rd()) }
+func (s *Core) Links(ctx context.Context) ([]api.Link, error) { return s.links(ctx, s.rd()) }

@@ -1,4 +1,4 @@
-package sqlcodec
+package sqlstore
 
 import (
 	"encoding/json"

@@ -1,45 +1,43 @@
-package postgres
+package sqlstore
 
 import (
 	"context"
-	"database/sql"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 )
 
 // Inventory reads nodes, devices, live parts and links in one read transaction.
-func (s *Store) Inventory(ctx context.Context) (store.Inventory, error) {
+func (s *Core) Inventory(ctx context.Context) (store.Inventory, error) {
 	var inv store.Inventory
-	rtx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true, Isolation: sql.LevelRepeatableRead})
+	tx, done, err := s.d.ReadTx(ctx)
 	if err != nil {
-		return inv, wrap("inventory", err)
+		return inv, s.wrap("inventory", err)
 	}
-	defer rtx.Rollback()
-	tx := rebound{rtx}
-	if inv.Nodes, err = nodes(ctx, tx); err != nil {
+	defer done()
+	if inv.Nodes, err = s.nodes(ctx, tx); err != nil {
 		return inv, err
 	}
-	if inv.Devices, err = devices(ctx, tx); err != nil {
+	if inv.Devices, err = s.devices(ctx, tx); err != nil {
 		return inv, err
 	}
-	if inv.Links, err = links(ctx, tx); err != nil {
+	if inv.Links, err = s.links(ctx, tx); err != nil {
 		return inv, err
 	}
-	if inv.Profiles, err = profiles(ctx, tx); err != nil {
+	if inv.Profiles, err = s.profiles(ctx, tx); err != nil {
 		return inv, err
 	}
 	rows, err := tx.QueryContext(ctx, `SELECT p.lease_id, p.node_id, p.device_id, p.off, p.length, l.mode, l.tenant, l.demand_bps, l.work_bytes, l.deadline_at, l.gateway
 		FROM lease_parts p JOIN leases l ON l.id = p.lease_id WHERE p.live = 1 ORDER BY p.lease_id, p.idx`)
 	if err != nil {
-		return inv, wrap("inventory", err)
+		return inv, s.wrap("inventory", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var p store.LivePart
 		var deadline int64
 		if err := rows.Scan(&p.LeaseID, &p.NodeID, &p.DeviceID, &p.Offset, &p.Length, &p.Mode, &p.Tenant, &p.Demand.Bandwidth, &p.Demand.Work, &deadline, &p.Demand.Gateway); err != nil {
-			return inv, wrap("inventory", err)
+			return inv, s.wrap("inventory", err)
 		}
 		if deadline != 0 {
 			p.Demand.Deadline = tm(deadline)
@@ -50,7 +48,7 @@ func (s *Store) Inventory(ctx context.Context) (store.Inventory, error) {
 }
 
 // Counts returns nodes and leases by state.
-func (s *Store) Counts(ctx context.Context) (store.Counts, error) {
+func (s *Core) Counts(ctx context.Context) (store.Counts, error) {
 	c := store.Counts{Nodes: map[api.NodeState]int{}, Leases: map[api.LeaseState]int{}}
 	for _, q := range []struct {
 		sql string
@@ -61,14 +59,14 @@ func (s *Store) Counts(ctx context.Context) (store.Counts, error) {
 	} {
 		rows, err := s.rd().QueryContext(ctx, q.sql)
 		if err != nil {
-			return c, wrap("counts", err)
+			return c, s.wrap("counts", err)
 		}
 		for rows.Next() {
 			var st string
 			var n int
 			if err := rows.Scan(&st, &n); err != nil {
 				rows.Close()
-				return c, wrap("counts", err)
+				return c, s.wrap("counts", err)
 			}
 			q.put(st, n)
 		}

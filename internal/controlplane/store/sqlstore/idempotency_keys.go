@@ -1,4 +1,4 @@
-package sqlite
+package sqlstore
 
 import (
 	"context"
@@ -13,37 +13,40 @@ import (
 
 // checkIdempotencyKey refuses a key its tenant already used
 // (store.ErrDuplicate); it writes nothing.
-func checkIdempotencyKey(ctx context.Context, tx execer, idem store.Idempotency) error {
+func (s *Core) checkIdempotencyKey(ctx context.Context, tx Execer, idem store.Idempotency) error {
 	var leaseID string
 	err := tx.QueryRowContext(ctx, `SELECT lease_id FROM idempotency_keys WHERE tenant = ? AND key = ?`, idem.Tenant, idem.Key).Scan(&leaseID)
 	if err == nil {
 		return fmt.Errorf("key used by lease %s: %w", leaseID, store.ErrDuplicate)
 	}
 	if !errors.Is(err, sql.ErrNoRows) {
-		return fmt.Errorf("sqlite: idempotency: %w", err)
+		return s.wrap("idempotency", err)
 	}
 	return nil
 }
 
 // putIdempotencyKey records the lease a key created.
-func putIdempotencyKey(ctx context.Context, tx execer, idem store.Idempotency, leaseID string, at time.Time) error {
+func (s *Core) putIdempotencyKey(ctx context.Context, tx Execer, idem store.Idempotency, leaseID string, at time.Time) error {
 	if _, err := tx.ExecContext(ctx, `INSERT INTO idempotency_keys (tenant, key, request_hash, lease_id, created_at) VALUES (?, ?, ?, ?, ?)`,
 		idem.Tenant, idem.Key, idem.RequestHash, leaseID, ns(at)); err != nil {
-		return fmt.Errorf("sqlite: idempotency: %w", err)
+		if s.d.UniqueViolation(err) {
+			return fmt.Errorf("key used by a concurrent request: %w", store.ErrDuplicate)
+		}
+		return s.wrap("idempotency", err)
 	}
 	return nil
 }
 
 // LeaseByIdempotencyKey returns the lease recorded for (tenant, key).
-func (s *Store) LeaseByIdempotencyKey(ctx context.Context, tenant, key string) (api.Lease, string, error) {
+func (s *Core) LeaseByIdempotencyKey(ctx context.Context, tenant, key string) (api.Lease, string, error) {
 	var leaseID, hash string
 	err := s.rd().QueryRowContext(ctx, `SELECT lease_id, request_hash FROM idempotency_keys WHERE tenant = ? AND key = ?`, tenant, key).Scan(&leaseID, &hash)
 	if errors.Is(err, sql.ErrNoRows) {
 		return api.Lease{}, "", fmt.Errorf("idempotency key: %w", store.ErrNotFound)
 	}
 	if err != nil {
-		return api.Lease{}, "", fmt.Errorf("sqlite: idempotency: %w", err)
+		return api.Lease{}, "", s.wrap("idempotency", err)
 	}
-	l, err := s.getLease(ctx, s.rd(), leaseID)
+	l, err := s.GetLease(ctx, s.rd(), leaseID)
 	return l, hash, err
 }

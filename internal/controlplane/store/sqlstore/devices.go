@@ -1,4 +1,4 @@
-package postgres
+package sqlstore
 
 import (
 	"context"
@@ -18,7 +18,7 @@ const allocatedExpr = `(SELECT COALESCE(SUM(p.length), 0) FROM lease_parts p WHE
 // by (node, name), keeping their IDs; the node's devices it no longer
 // reports become unavailable. A device's capacity never drops below what
 // its live leases hold.
-func registerDevices(ctx context.Context, tx execer, nodeID string, specs []api.DeviceSpec) error {
+func (s *Core) registerDevices(ctx context.Context, tx Execer, nodeID string, specs []api.DeviceSpec) error {
 	seen := map[string]bool{}
 	for _, d := range specs {
 		seen[d.Name] = true
@@ -38,19 +38,19 @@ func registerDevices(ctx context.Context, tx execer, nodeID string, specs []api.
 				resource.NewID("dev"), nodeID, d.Name, d.Kind, d.Capacity, d.Model, js(d.Attributes), d.Sharing)
 		}
 		if err != nil {
-			return wrap("register device "+d.Name, err)
+			return s.wrap("register device "+d.Name, err)
 		}
 	}
 	rows, err := tx.QueryContext(ctx, `SELECT id, name FROM devices WHERE node_id = ?`, nodeID)
 	if err != nil {
-		return wrap("join node", err)
+		return s.wrap("join node", err)
 	}
 	var gone []string
 	for rows.Next() {
 		var did, name string
 		if err := rows.Scan(&did, &name); err != nil {
 			rows.Close()
-			return wrap("join node", err)
+			return s.wrap("join node", err)
 		}
 		if !seen[name] {
 			gone = append(gone, did)
@@ -59,17 +59,17 @@ func registerDevices(ctx context.Context, tx execer, nodeID string, specs []api.
 	rows.Close()
 	for _, did := range gone {
 		if _, err := tx.ExecContext(ctx, `UPDATE devices SET state = 'unavailable' WHERE id = ?`, did); err != nil {
-			return wrap("join node", err)
+			return s.wrap("join node", err)
 		}
 	}
 	return nil
 }
 
-func devices(ctx context.Context, q execer) ([]api.Device, error) {
+func (s *Core) devices(ctx context.Context, q Execer) ([]api.Device, error) {
 	rows, err := q.QueryContext(ctx, `SELECT d.id, d.node_id, d.name, d.kind, d.state, d.capacity, `+allocatedExpr+`, d.model, d.attributes, d.sharing
 		FROM devices d JOIN nodes n ON n.id = d.node_id ORDER BY n.name, d.node_id, d.name`)
 	if err != nil {
-		return nil, wrap("devices", err)
+		return nil, s.wrap("devices", err)
 	}
 	defer rows.Close()
 	out := []api.Device{}
@@ -77,7 +77,7 @@ func devices(ctx context.Context, q execer) ([]api.Device, error) {
 		var d api.Device
 		var attrs string
 		if err := rows.Scan(&d.ID, &d.NodeID, &d.Name, &d.Kind, &d.State, &d.Capacity, &d.Allocated, &d.Model, &attrs, &d.Sharing); err != nil {
-			return nil, wrap("devices", err)
+			return nil, s.wrap("devices", err)
 		}
 		if err := unjs(attrs, &d.Attributes); err != nil {
 			return nil, err
@@ -88,4 +88,4 @@ func devices(ctx context.Context, q execer) ([]api.Device, error) {
 }
 
 // Devices lists devices.
-func (s *Store) Devices(ctx context.Context) ([]api.Device, error) { return devices(ctx, s.rd()) }
+func (s *Core) Devices(ctx context.Context) ([]api.Device, error) { return s.devices(ctx, s.rd()) }

@@ -1,0 +1,170 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
+)
+
+const nodeCols = `id, machine_id, name, state, address, agent_url, endpoints, labels, fingerprint, health, last_heartbeat, joined_at, agent_key`
+
+// nodeReadCols are nodeCols and what only reads have (cordoned, migration
+// 8: a join keeps it).
+const nodeReadCols = nodeCols + `, cordoned`
+
+func scanNode(sc interface{ Scan(...any) error }) (store.NodeRecord, error) {
+	var n store.NodeRecord
+	var machine, endpoints, labels, fp string
+	var hb, joined int64
+	var cordoned int
+	if err := sc.Scan(&n.ID, &machine, &n.Name, &n.State, &n.Address, &n.AgentURL, &endpoints, &labels, &fp, &n.Health, &hb, &joined, &n.AgentKey, &cordoned); err != nil {
+		return n, err
+	}
+	n.Cordoned = cordoned != 0
+	n.LastHeartbeat, n.JoinedAt = tm(hb), tm(joined)
+	if err := errors.Join(unjs(endpoints, &n.Endpoints), unjs(labels, &n.Labels), unjs(fp, &n.Fingerprint)); err != nil {
+		return n, err
+	}
+	return n, nil
+}
+
+// JoinNode registers or re-registers a node by machine ID.
+func (s *Core) JoinNode(ctx context.Context, j store.JoinNode, ev api.Event) (api.Node, bool, error) {
+	var out api.Node
+	var rejoined bool
+	err := s.tx(ctx, func(tx Execer) error {
+		n := j.Node
+		var id string
+		var joined int64
+		err := tx.QueryRowContext(ctx, `SELECT id, joined_at FROM nodes WHERE machine_id = ?`, n.Fingerprint.MachineID).Scan(&id, &joined)
+		switch {
+		case err == nil:
+			rejoined = true
+			n.ID = id
+			n.JoinedAt = tm(joined)
+			_, err = tx.ExecContext(ctx, `UPDATE nodes SET name = ?, state = ?, address = ?, agent_url = ?, endpoints = ?, labels = ?,
+				fingerprint = ?, health = ?, credential_hash = ?, agent_key = ?, last_heartbeat = ? WHERE id = ?`,
+				n.Name, n.State, n.Address, n.AgentURL, js(n.Endpoints), js(n.Labels), js(n.Fingerprint), n.Health,
+				j.CredentialHash, j.AgentKey, ns(n.LastHeartbeat), id)
+		case errors.Is(err, sql.ErrNoRows):
+			_, err = tx.ExecContext(ctx, `INSERT INTO nodes (`+nodeCols+`, credential_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+				n.ID, n.Fingerprint.MachineID, n.Name, n.State, n.Address, n.AgentURL, js(n.Endpoints), js(n.Labels), js(n.Fingerprint),
+				n.Health, ns(n.LastHeartbeat), ns(n.JoinedAt), j.AgentKey, j.CredentialHash)
+		}
+		if err != nil {
+			return s.wrap("join node", err)
+		}
+		if err := s.registerDevices(ctx, tx, n.ID, j.Devices); err != nil {
+			return err
+		}
+		ev.Subject = n.ID
+		if _, err := s.AppendEventTx(ctx, tx, ev); err != nil {
+			return err
+		}
+		out = n
+		return nil
+	})
+	return out, rejoined, err
+}
+
+// NodeByCredential finds a node by its credential hash.
+func (s *Core) NodeByCredential(ctx context.Context, credHash string) (api.Node, error) {
+	n, err := scanNode(s.rd().QueryRowContext(ctx, `SELECT `+nodeReadCols+` FROM nodes WHERE credential_hash = ?`, credHash))
+	if errors.Is(err, sql.ErrNoRows) {
+		return api.Node{}, fmt.Errorf("node credential: %w", store.ErrNotFound)
+	}
+	if err != nil {
+		return api.Node{}, s.wrap("node by credential", err)
+	}
+	return n.Node, nil
+}
+
+// Heartbeat records a heartbeat.
+func (s *Core) Heartbeat(ctx context.Context, nodeID string, at time.Time, health string, links []api.Link) (api.NodeState, error) {
+	prev, errs, err := s.d.Heartbeats(ctx, []store.Beat{{NodeID: nodeID, At: at, Health: health, Links: links}})
+	if err != nil {
+		return "", err
+	}
+	return prev[0], errs[0]
+}
+
+// SetNodeState moves a node between states.
+func (s *Core) SetNodeState(ctx context.Context, id string, from, to api.NodeState, ev api.Event) error {
+	return s.tx(ctx, func(tx Execer) error {
+		res, err := tx.ExecContext(ctx, `UPDATE nodes SET state = ? WHERE id = ? AND state = ?`, to, id, from)
+		if err != nil {
+			return s.wrap("set node state", err)
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return fmt.Errorf("node %s not %s: %w", id, from, store.ErrConflict)
+		}
+		_, err = s.AppendEventTx(ctx, tx, ev)
+		return err
+	})
+}
+
+// Node returns one node with its agent key.
+func (s *Core) Node(ctx context.Context, id string) (store.NodeRecord, error) {
+	n, err := scanNode(s.rd().QueryRowContext(ctx, `SELECT `+nodeReadCols+` FROM nodes WHERE id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return n, fmt.Errorf("node %s: %w", id, store.ErrNotFound)
+	}
+	if err != nil {
+		return n, s.wrap("node", err)
+	}
+	return n, nil
+}
+
+func (s *Core) nodes(ctx context.Context, q Execer) ([]api.Node, error) {
+	rows, err := q.QueryContext(ctx, `SELECT `+nodeReadCols+` FROM nodes ORDER BY name, id`)
+	if err != nil {
+		return nil, s.wrap("nodes", err)
+	}
+	defer rows.Close()
+	out := []api.Node{}
+	for rows.Next() {
+		n, err := scanNode(rows)
+		if err != nil {
+			return nil, s.wrap("nodes", err)
+		}
+		out = append(out, n.Node)
+	}
+	return out, rows.Err()
+}
+
+// Nodes lists nodes.
+func (s *Core) Nodes(ctx context.Context) ([]api.Node, error) { return s.nodes(ctx, s.rd()) }
+
+// RemoveNode retires a node (store.NodeRemover): state removed, a
+// credential hash no token hashes to (hashes are hex; this one is not),
+// devices unavailable, links gone.
+func (s *Core) RemoveNode(ctx context.Context, id string, ev api.Event) (api.Node, error) {
+	var out api.Node
+	err := s.tx(ctx, func(tx Execer) error {
+		n, err := scanNode(tx.QueryRowContext(ctx, `UPDATE nodes SET state = ?, credential_hash = ? WHERE id = ? RETURNING `+nodeReadCols,
+			api.NodeRemoved, "removed:"+id, id))
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("node %s: %w", id, store.ErrNotFound)
+		}
+		if err != nil {
+			return s.wrap("remove node", err)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE devices SET state = 'unavailable' WHERE node_id = ?`, id); err != nil {
+			return s.wrap("remove node", err)
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM links WHERE from_node = ? OR to_node = ?`, id, id); err != nil {
+			return s.wrap("remove node", err)
+		}
+		if _, err := s.AppendEventTx(ctx, tx, ev); err != nil {
+			return err
+		}
+		out = n.Node
+		return nil
+	})
+	return out, err
+}
