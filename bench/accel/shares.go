@@ -32,8 +32,10 @@ var (
 	shareB         = flag.Float64("share-b", 0.75, "tenant B's share of a slot")
 	shareSlots     = flag.Int("share-slots", 3, "slots of the agent lending the shared gateway (its gateway runs a worker per slot)")
 	shareClients   = flag.Int("share-clients", 32, "concurrent clients per tenant, each with its own connection to its lease")
-	shareGroup     = flag.Int("share-group", 16, "MCT queries per request of the tenants (CallBatch; a request is never split)")
-	cancelDeadline = flag.Duration("cancel-deadline", 2*time.Millisecond, "deadline of tenant A's calls in the cancellation figure")
+	shareGroup     = flag.Int("share-group", 16, "items per request of the tenants (CallBatch; a request is never split)")
+	shareRole      = flag.String("share-role", "wasm", "the tenants' role: wasm (a CPU-bound WebAssembly kernel, -work-rounds per item) or mct (64-byte MCT queries)")
+	workRounds     = flag.Int("work-rounds", 500, "rounds of the wasm role's kernel per item (-share-role wasm)")
+	cancelDeadline = flag.Duration("cancel-deadline", 10*time.Millisecond, "deadline of tenant A's calls in the cancellation figure")
 	runaways       = flag.Int("runaways", 5, "runaway Wasm calls stopped by releasing their lease (median of this many)")
 )
 
@@ -51,6 +53,13 @@ func (t *tenant) close() {
 	}
 }
 
+// kernel is what the tenants' requests run: an entry and its items.
+type kernel struct {
+	entry string
+	item  func() []byte
+	desc  string // for the report
+}
+
 // tenantLoad is a tenant driven in a measurement; deadline > 0 gives each
 // request that deadline.
 type tenantLoad struct {
@@ -65,15 +74,17 @@ type tenantSample struct {
 	ok       int64 // requests answered
 	expired  int64 // requests whose deadline ended them
 	failed   int64 // other errors
+	firstErr string
 	secs     float64
 }
 
 // runTenants drives every load at once for d (after an unrecorded warm-up
 // of d/10) and returns each tenant's sample.
-func runTenants(ctx context.Context, e *env, d time.Duration, group int, loads []tenantLoad) []tenantSample {
+func runTenants(ctx context.Context, k kernel, d time.Duration, group int, loads []tenantLoad) []tenantSample {
 	type clientRes struct {
 		lat             []time.Duration
 		expired, failed int64
+		firstErr        error
 	}
 	res := make([][]clientRes, len(loads))
 	start := time.Now()
@@ -94,17 +105,22 @@ func runTenants(ctx context.Context, e *env, d time.Duration, group int, loads [
 					if t0.After(end) {
 						return
 					}
-					for k := range qs {
-						qs[k] = e.query()
+					for j := range qs {
+						qs[j] = k.item()
 					}
 					cctx, cancel := ctx, context.CancelFunc(func() {})
 					if l.deadline > 0 {
 						cctx, cancel = context.WithTimeout(ctx, l.deadline)
 					}
-					outs, err := conn.CallBatch(cctx, "match", qs)
+					outs, err := conn.CallBatch(cctx, k.entry, qs)
 					cancel()
 					if err == nil && len(outs) != group {
-						err = fmt.Errorf("%d results for %d queries", len(outs), group)
+						err = fmt.Errorf("%d results for %d items", len(outs), group)
+					}
+					for j := 0; err == nil && j < len(outs); j++ {
+						if len(outs[j]) != 4 {
+							err = fmt.Errorf("a result of %d bytes", len(outs[j]))
+						}
 					}
 					if !t0.After(warmEnd) {
 						continue
@@ -115,6 +131,9 @@ func runTenants(ctx context.Context, e *env, d time.Duration, group int, loads [
 					case errors.Is(err, context.DeadlineExceeded):
 						r.expired++
 					default:
+						if r.failed == 0 {
+							r.firstErr = err
+						}
 						r.failed++
 					}
 				}
@@ -130,6 +149,9 @@ func runTenants(ctx context.Context, e *env, d time.Duration, group int, loads [
 			all = append(all, r.lat...)
 			s.expired += r.expired
 			s.failed += r.failed
+			if r.firstErr != nil && s.firstErr == "" {
+				s.firstErr = r.firstErr.Error()
+			}
 		}
 		sort.Slice(all, func(a, b int) bool { return all[a] < all[b] })
 		s.ok = int64(len(all))
@@ -173,9 +195,31 @@ func leaseCreateHas(bin, flag string) bool {
 // their sections to w.
 func sharesSections(ctx context.Context, e *env, cl *cluster, bin, rulesFile string, w func(string, ...any)) error {
 	const node = "share"
-	_, err := cl.lab.StartAgent(ctx, lab.Agent{Name: node, Accel: *shareSlots, Args: []string{"--slot-memory", "1MiB"}})
+	ag, err := cl.lab.StartAgent(ctx, lab.Agent{Name: node, Accel: *shareSlots, Args: []string{"--slot-memory", "1MiB"}})
 	if err != nil {
 		return err
+	}
+	var k kernel
+	var roleArgs, shownRole []string
+	switch *shareRole {
+	case "mct":
+		k = kernel{entry: "match", item: e.query, desc: fmt.Sprintf("the MCT role (the %d rules of the sections above; an item is one 64-byte query)", *nRules)}
+		roleArgs = []string{"--role", "mct", "--role-config", rulesFile}
+		shownRole = []string{"--role", "mct", "--role-config", filepath.Base(rulesFile)}
+	case "wasm":
+		mod := filepath.Join(cl.dir, "work.wasm")
+		if err := os.WriteFile(mod, workModule(), 0o600); err != nil {
+			return err
+		}
+		in := workInput(uint32(*workRounds))
+		k = kernel{entry: "work", item: func() []byte { return in }, desc: fmt.Sprintf("a CPU-bound WebAssembly role "+
+			"(work.wasm, %d bytes, hand-assembled in bench/accel/workwasm.go: an item is a 4-byte count, here %d rounds of an "+
+			"integer loop, and its 4-byte result), so that the slots, not the network or the clients, are the bottleneck",
+			len(workModule()), *workRounds)}
+		roleArgs = []string{"--role", "wasm", "--role-module", mod}
+		shownRole = []string{"--role", "wasm", "--role-module", "work.wasm"}
+	default:
+		return fmt.Errorf("-share-role is wasm or mct, not %q", *shareRole)
 	}
 	murl, hc, err := cl.lab.AgentMetrics(ctx, node)
 	if err != nil {
@@ -194,11 +238,11 @@ func sharesSections(ctx context.Context, e *env, cl *cluster, bin, rulesFile str
 		}
 		return &tenant{name: name, share: share, lease: l}, nil
 	}
-	ta, err := mk("A", *shareA, "--role", "mct", "--role-config", rulesFile)
+	ta, err := mk("A", *shareA, roleArgs...)
 	if err != nil {
 		return err
 	}
-	tb, err := mk("B", *shareB, "--role", "mct", "--role-config", rulesFile)
+	tb, err := mk("B", *shareB, roleArgs...)
 	if err != nil {
 		return err
 	}
@@ -228,22 +272,28 @@ func sharesSections(ctx context.Context, e *env, cl *cluster, bin, rulesFile str
 		together, cancel [2]tenantSample
 		aloneA, aloneB   tenantSample
 		agT, agC         [2]leaseCounters // agent's counters over the together and cancel measurements
+		cpuT, cpuC, cpuB float64          // the agent's CPU (cores) together, with A's cancellations, B alone
 		steal, load      float64
 	}
 	var rs []run
 	G := *shareGroup
-	measureAgent := func(loads []tenantLoad) ([]tenantSample, [2]leaseCounters) {
+	// measureAgent runs the loads and returns, besides the clients'
+	// samples, the agent's per-lease counters over the run and its CPU
+	// time per second of it.
+	measureAgent := func(loads []tenantLoad) ([]tenantSample, [2]leaseCounters, float64) {
 		b0, err := sc.scrape(ctx)
 		if err != nil {
 			log.Fatal(err)
 		}
-		s := runTenants(ctx, e, *dur, G, loads)
+		c0, t0 := stats.ProcCPU(ag.PID()), time.Now()
+		s := runTenants(ctx, k, *dur, G, loads)
+		cores := (stats.ProcCPU(ag.PID()) - c0) / time.Since(t0).Seconds()
 		b1, err := sc.scrape(ctx)
 		if err != nil {
 			log.Fatal(err)
 		}
 		return s, [2]leaseCounters{readLease(b1, ta.lease.ID).minus(readLease(b0, ta.lease.ID)),
-			readLease(b1, tb.lease.ID).minus(readLease(b0, tb.lease.ID))}
+			readLease(b1, tb.lease.ID).minus(readLease(b0, tb.lease.ID))}, cores
 	}
 	for r := 0; r < *runs; r++ {
 		log.Printf("shares run %d/%d", r+1, *runs)
@@ -252,14 +302,17 @@ func sharesSections(ctx context.Context, e *env, cl *cluster, bin, rulesFile str
 		// A B C D in turn, the order rotated per run.
 		steps := []func(){
 			func() {
-				s, ag := measureAgent([]tenantLoad{{t: ta}, {t: tb}})
-				x.together, x.agT = [2]tenantSample{s[0], s[1]}, ag
+				s, ag, cpu := measureAgent([]tenantLoad{{t: ta}, {t: tb}})
+				x.together, x.agT, x.cpuT = [2]tenantSample{s[0], s[1]}, ag, cpu
 			},
-			func() { x.aloneA = runTenants(ctx, e, *dur, G, []tenantLoad{{t: ta}})[0] },
-			func() { x.aloneB = runTenants(ctx, e, *dur, G, []tenantLoad{{t: tb}})[0] },
+			func() { x.aloneA = runTenants(ctx, k, *dur, G, []tenantLoad{{t: ta}})[0] },
 			func() {
-				s, ag := measureAgent([]tenantLoad{{t: ta, deadline: *cancelDeadline}, {t: tb}})
-				x.cancel, x.agC = [2]tenantSample{s[0], s[1]}, ag
+				s, _, cpu := measureAgent([]tenantLoad{{t: tb}})
+				x.aloneB, x.cpuB = s[0], cpu
+			},
+			func() {
+				s, ag, cpu := measureAgent([]tenantLoad{{t: ta, deadline: *cancelDeadline}, {t: tb}})
+				x.cancel, x.agC, x.cpuC = [2]tenantSample{s[0], s[1]}, ag, cpu
 			},
 		}
 		for i := range steps {
@@ -268,6 +321,15 @@ func sharesSections(ctx context.Context, e *env, cl *cluster, bin, rulesFile str
 		x.steal = s0.StealSince()
 		x.load = stats.Load()
 		rs = append(rs, x)
+		for _, t := range []struct {
+			what string
+			s    tenantSample
+		}{{"A together", x.together[0]}, {"B together", x.together[1]}, {"A alone", x.aloneA}, {"B alone", x.aloneB},
+			{"A cancelled", x.cancel[0]}, {"B beside A cancelled", x.cancel[1]}} {
+			if t.s.failed > 0 {
+				log.Printf("  %s: %d requests failed, the first with: %s", t.what, t.s.failed, t.s.firstErr)
+			}
+		}
 		log.Printf("  together A %.0f B %.0f q/s; alone A %.0f B %.0f; A cancelled: B %.0f q/s, A %d ok %d expired; steal %.1f%%",
 			x.together[0].qps, x.together[1].qps, x.aloneA.qps, x.aloneB.qps, x.cancel[1].qps, x.cancel[0].ok, x.cancel[0].expired, x.steal)
 	}
@@ -298,19 +360,19 @@ func sharesSections(ctx context.Context, e *env, cl *cluster, bin, rulesFile str
 	if !withShare {
 		how = "without `--share` (this binary's `rialto lease create` has no such flag: tenant A's %v and B's %v were not requested)"
 	}
-	w("A second `rialto agent` of the same cluster (node `%s`, `--accel %d`) lends the shared gateway: two shared leases of the MCT role "+
-		"(same rule set) made with `rialto lease create --kind accel --mode shared --role mct` "+how+", "+
+	w("A second `rialto agent` of the same cluster (node `%s`, `--accel %d`) lends the shared gateway: two shared leases of %s, "+
+		"made with `rialto lease create --kind accel --mode shared %s` "+how+", "+
 		"so one gateway (the agent's defaults: max batch 64, max delay 200µs, a worker per slot of the device) serves both. "+
 		"The agent gave them the weights %g (A) and %g (B) (`rialto_gateway_lease_weight`): ideal shares %.0f%% and %.0f%%. "+
 		"Each tenant is %d clients in the benchmark's process, each with its own connection to its lease's URI (the accel protocol "+
-		"over loopback TCP, plaintext: the agent runs with `--insecure-dataplane`), each request %d MCT queries (`Conn.CallBatch`, one "+
-		"group the gateway never splits), so that each tenant keeps %d queries outstanding — several batches — and the gateway is saturated. "+
+		"over loopback TCP, plaintext: the agent runs with `--insecure-dataplane`), each request %d items (`Conn.CallBatch`, one "+
+		"group the gateway never splits), so that each tenant keeps %d items outstanding — several batches — and the gateway is saturated. "+
 		"Each run measures, in an order rotated per run, both tenants together, A alone, B alone, and both together with A's calls "+
 		"given a %v deadline (below); %v each after %v of warm-up; medians of %d runs. Steal time per run: %s%%; load average: %s. "+
 		"The agent's figures are the deltas of its per-lease series (`rialto_gateway_lease_*` on its /metrics) over the same measurement.\n\n",
-		node, *shareSlots, ta.share, tb.share, wA, wB, 100*idealA, 100*(1-idealA), *shareClients, G, *shareClients*G,
+		node, *shareSlots, k.desc, strings.Join(shownRole, " "), ta.share, tb.share, wA, wB, 100*idealA, 100*(1-idealA), *shareClients, G, *shareClients*G,
 		*cancelDeadline, *dur, *dur/10, *runs, fmtList(steals), fmtList(loads))
-	w("| tenant | queries/s alone | queries/s together | ideal queries/s together | p50 ms | p99 ms | share of served (clients) | share (agent's served items) | ideal share | average batch (agent) | errors |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	w("| tenant | items/s alone | items/s together | ideal items/s together | p50 ms | p99 ms | share of served (clients) | share (agent's served items) | ideal share | average batch (agent) | errors |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for i, t := range []*tenant{ta, tb} {
 		ideal := idealA
 		alone := med(func(x run) float64 { return x.aloneA.qps })
@@ -334,13 +396,13 @@ func sharesSections(ctx context.Context, e *env, cl *cluster, bin, rulesFile str
 			med(func(x run) float64 { return x.agT[i].service / max(1, x.agT[i].executions) }), errs)
 	}
 	dev := 100 * (median(cliShareA) - idealA)
-	w("\nTenant A's share per run (clients): %s%%; (agent): %s%%. Total together: %.0f queries/s (A alone: %.0f, B alone: %.0f). ",
+	w("\nTenant A's share per run (clients): %s%%; (agent): %s%%. Total together: %.0f items/s (A alone: %.0f, B alone: %.0f). ",
 		fmtList(scale(cliShareA, 100)), fmtList(scale(agShareA, 100)),
 		med(func(x run) float64 { return x.together[0].qps + x.together[1].qps }),
 		med(func(x run) float64 { return x.aloneA.qps }), med(func(x run) float64 { return x.aloneB.qps }))
 	w("Measured share against the ideal: %+.1f points (A).\n\n", dev)
 	w("| goal | measured | met |\n|---|---|---|\n")
-	w("| each tenant's share of the served queries within 5 points of its ideal share (weights %g:%g) | A %.1f%% vs %.0f%% | %s |\n\n",
+	w("| each tenant's share of the served items within 5 points of its ideal share (weights %g:%g) | A %.1f%% vs %.0f%% | %s |\n\n",
 		wA, wB, 100*median(cliShareA), 100*idealA, yes(dev <= 5 && dev >= -5))
 
 	// The cost of cancellation.
@@ -349,32 +411,42 @@ func sharesSections(ctx context.Context, e *env, cl *cluster, bin, rulesFile str
 		"are answered: the client abandons the call and sends the protocol's CANCEL, the gateway drops the request if it is still queued "+
 		"or cancels its execution on the slot once every caller of the batch has gone, and the client sends its next request at once. "+
 		"The figure is what this costs tenant B, against A's calls completing and against B alone (the runs of the section above). "+
-		"\"Executed for A\" is the agent's `rialto_gateway_lease_service_items_total` (queries run on a slot for A, cancelled "+
-		"executions included); \"cancelled\" its `rialto_gateway_lease_cancelled_total` (requests).\n\n", *cancelDeadline)
-	w("| setup | B queries/s | B p50 ms | B p99 ms | A queries answered/s | A requests expired/s | executed for A (agent) queries/s | A requests cancelled (agent)/s |\n|---|---|---|---|---|---|---|---|\n")
+		"\"Executed for A\" is the agent's `rialto_gateway_lease_service_items_total` (items run on a slot for A, cancelled "+
+		"executions included); \"cancelled\" its `rialto_gateway_lease_cancelled_total` (requests); the agent's CPU is its "+
+		"user+system time per second of the run (gateway, slots and all).\n\n", *cancelDeadline)
+	w("| setup | B items/s | B p50 ms | B p99 ms | A items answered/s | A requests expired/s | executed for A (agent) items/s | A requests cancelled (agent)/s | agent CPU (cores) |\n|---|---|---|---|---|---|---|---|---|\n")
 	secs := dur.Seconds()
-	w("| A's calls complete | %.0f | %s | %s | %.0f | %.0f | %.0f | %.0f |\n",
+	w("| A's calls complete | %.0f | %s | %s | %.0f | %.0f | %.0f | %.0f | %.2f |\n",
 		med(func(x run) float64 { return x.together[1].qps }),
 		msd(func(x run) time.Duration { return x.together[1].p50 }), msd(func(x run) time.Duration { return x.together[1].p99 }),
 		med(func(x run) float64 { return x.together[0].qps }), med(func(x run) float64 { return float64(x.together[0].expired) / secs }),
-		med(func(x run) float64 { return x.agT[0].service / secs }), med(func(x run) float64 { return x.agT[0].cancelled / secs }))
-	w("| A's calls have a %v deadline | %.0f | %s | %s | %.0f | %.0f | %.0f | %.0f |\n", *cancelDeadline,
+		med(func(x run) float64 { return x.agT[0].service / secs }), med(func(x run) float64 { return x.agT[0].cancelled / secs }),
+		med(func(x run) float64 { return x.cpuT }))
+	w("| A's calls have a %v deadline | %.0f | %s | %s | %.0f | %.0f | %.0f | %.0f | %.2f |\n", *cancelDeadline,
 		med(func(x run) float64 { return x.cancel[1].qps }),
 		msd(func(x run) time.Duration { return x.cancel[1].p50 }), msd(func(x run) time.Duration { return x.cancel[1].p99 }),
 		med(func(x run) float64 { return x.cancel[0].qps }), med(func(x run) float64 { return float64(x.cancel[0].expired) / secs }),
-		med(func(x run) float64 { return x.agC[0].service / secs }), med(func(x run) float64 { return x.agC[0].cancelled / secs }))
-	w("| B alone | %.0f | %s | %s | — | — | — | — |\n\n",
+		med(func(x run) float64 { return x.agC[0].service / secs }), med(func(x run) float64 { return x.agC[0].cancelled / secs }),
+		med(func(x run) float64 { return x.cpuC }))
+	w("| B alone | %.0f | %s | %s | — | — | — | — | %.2f |\n\n",
 		med(func(x run) float64 { return x.aloneB.qps }),
-		msd(func(x run) time.Duration { return x.aloneB.p50 }), msd(func(x run) time.Duration { return x.aloneB.p99 }))
+		msd(func(x run) time.Duration { return x.aloneB.p50 }), msd(func(x run) time.Duration { return x.aloneB.p99 }),
+		med(func(x run) float64 { return x.cpuB }))
 	ratio := col(func(x run) float64 { return x.cancel[1].qps / max(1, x.together[1].qps) })
 	ratioAlone := col(func(x run) float64 { return x.cancel[1].qps / max(1, x.aloneB.qps) })
 	var cancelFailed int64
+	firstErr := ""
 	for _, x := range rs {
 		cancelFailed += x.cancel[0].failed + x.cancel[1].failed + x.cancel[1].expired
+		for _, e := range []string{x.cancel[0].firstErr, x.cancel[1].firstErr} {
+			if firstErr == "" && e != "" {
+				firstErr = fmt.Sprintf(" (the first: %q)", e)
+			}
+		}
 	}
 	w("B's throughput while A's calls are cancelled, against A's calls completing: %.2f× (per run %s); against B alone: %.2f× (per run %s). "+
-		"Errors other than A's expired deadlines in these runs: %d.\n\n",
-		median(ratio), fmtList2(ratio), median(ratioAlone), fmtList2(ratioAlone), cancelFailed)
+		"Errors other than A's expired deadlines in these runs: %d%s.\n\n",
+		median(ratio), fmtList2(ratio), median(ratioAlone), fmtList2(ratioAlone), cancelFailed, firstErr)
 
 	// Stopping a runaway.
 	return runawaySection(ctx, cl, sc, node, w)

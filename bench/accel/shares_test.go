@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"math/rand/v2"
 	"net"
 	"net/http/httptest"
@@ -156,7 +157,8 @@ func TestRunTenants(t *testing.T) {
 		return m
 	}
 	before := served()
-	s := runTenants(ctx, e, 200*time.Millisecond, group, []tenantLoad{{t: ta}, {t: tb}})
+	k := kernel{entry: "match", item: e.query}
+	s := runTenants(ctx, k, 200*time.Millisecond, group, []tenantLoad{{t: ta}, {t: tb}})
 	after := served()
 	for i, name := range []string{"lease-a", "lease-b"} {
 		x := s[i]
@@ -172,11 +174,40 @@ func TestRunTenants(t *testing.T) {
 	}
 	// A deadline no call can meet: every request of A expires, B's are
 	// answered.
-	s = runTenants(ctx, e, 100*time.Millisecond, group, []tenantLoad{{t: ta, deadline: time.Nanosecond}, {t: tb}})
+	s = runTenants(ctx, k, 100*time.Millisecond, group, []tenantLoad{{t: ta, deadline: time.Nanosecond}, {t: tb}})
 	if a := s[0]; a.ok != 0 || a.expired == 0 || a.failed != 0 {
 		t.Fatalf("A with a 1ns deadline: %+v", a)
 	}
 	if b := s[1]; b.ok == 0 || b.failed != 0 || b.expired != 0 {
 		t.Fatalf("B beside it: %+v", b)
+	}
+}
+
+// TestWorkModule runs the hand-assembled module in the wasm role: its
+// answers are workResult's, and its cost grows with n.
+func TestWorkModule(t *testing.T) {
+	ctx := context.Background()
+	role, err := roles.New(ctx, roles.Spec{Name: "wasm", Module: workModule()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer role.Close(ctx)
+	for _, n := range []uint32{0, 1, 2, 1000, 123457} {
+		out, err := role.Run(ctx, "work", workInput(n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(out) != 4 || binary.LittleEndian.Uint32(out) != workResult(n) {
+			t.Fatalf("work(%d) = %x, want %d", n, out, workResult(n))
+		}
+	}
+	for _, n := range []uint32{0, 200, 1000} {
+		t0 := time.Now()
+		for range 200 {
+			if _, err := role.Run(ctx, "work", workInput(n)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		t.Logf("work(%d): %v a call", n, time.Since(t0)/200)
 	}
 }
