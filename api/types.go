@@ -130,12 +130,15 @@ type Node struct {
 
 // Device is a lendable resource on a node (Resource Registration Table).
 type Device struct {
-	ID         string            `json:"id"`
-	NodeID     string            `json:"node_id"`
-	Name       string            `json:"name"` // unique per node, e.g. "disk0"
-	Kind       Kind              `json:"kind"`
-	State      string            `json:"state"`    // "available", "unavailable"
-	Capacity   int64             `json:"capacity"` // bytes (block, memory) or slots (accel)
+	ID     string `json:"id"`
+	NodeID string `json:"node_id"`
+	Name   string `json:"name"` // unique per node, e.g. "disk0"
+	Kind   Kind   `json:"kind"`
+	State  string `json:"state"` // "available", "unavailable"
+	// Capacity and Allocated are bytes (block, memory), bytes/s (nic) or,
+	// for accel, slot units: SlotUnits make one slot, so that a shared
+	// lease's share of a slot is counted (`rialto device list` shows slots).
+	Capacity   int64             `json:"capacity"`
 	Allocated  int64             `json:"allocated"`
 	Model      string            `json:"model,omitempty"` // profile key
 	Attributes map[string]string `json:"attributes,omitempty"`
@@ -144,8 +147,10 @@ type Device struct {
 
 // DeviceSpec is what an agent offers to lend.
 type DeviceSpec struct {
-	Name       string            `json:"name"`
-	Kind       Kind              `json:"kind"`
+	Name string `json:"name"`
+	Kind Kind   `json:"kind"`
+	// Capacity is bytes (block, memory), bytes/s (nic) or whole slots
+	// (accel: the control plane counts SlotUnits per slot).
 	Capacity   int64             `json:"capacity"`
 	Model      string            `json:"model,omitempty"`
 	Attributes map[string]string `json:"attributes,omitempty"`
@@ -173,7 +178,20 @@ type Topology struct {
 	Links []Link `json:"links"`
 }
 
-// Part is one device (or partition of one) in a lease.
+// SlotUnits is how many units of an accelerator's capacity make one slot:
+// accel devices' capacity and allocation, accel parts' offsets and lengths
+// and the slots quota count thousandths of a slot, so that a shared lease
+// holds a share of one slot (docs/accelerators.md, "Shares, not slots").
+const SlotUnits = 1000
+
+// DefaultShare is a shared accel lease's share of a slot when its request
+// names none: four leases per slot.
+const DefaultShare = 0.25
+
+// Part is one device (or partition of one) in a lease. Offset and Length
+// are bytes (block, memory), bytes/s (nic) or slot units (accel: SlotUnits
+// per slot; a dedicated lease's parts are whole slots, a shared lease's
+// part its share inside one slot).
 type Part struct {
 	NodeID   string `json:"node_id"`
 	DeviceID string `json:"device_id"`
@@ -258,6 +276,11 @@ type LeaseRequest struct {
 	AntiAffinity   []string `json:"anti_affinity,omitempty"`
 	Strategy       string   `json:"strategy,omitempty"` // binpack or spread
 	Role           string   `json:"role,omitempty"`     // accel: role to load
+	// Share is a shared accel lease's share of one slot (0 < share <= 1,
+	// in steps of 1/SlotUnits; 0: DefaultShare): placement, quotas and the
+	// device's allocation count it, N leases whose shares add up to one
+	// slot fit on it, and the gateway weighs the lease's work by it.
+	Share float64 `json:"share,omitempty"`
 	// RoleConfig configures an accel lease's role (an AES key, an MCT rule
 	// set, a Wasm module). It may hold a secret: the control plane hands it
 	// to the lender and never stores, logs or returns it.

@@ -86,7 +86,7 @@ func TestApplianceAndAccelRun(t *testing.T) {
 			if d.Kind != api.KindAccel {
 				t.Errorf("appliance lends a %s device", d.Kind)
 			}
-			slots += d.Capacity
+			slots += d.Capacity / api.SlotUnits
 		}
 	}
 	if slots != 2 {

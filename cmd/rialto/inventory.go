@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/placement"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -76,12 +77,11 @@ var runDevices = listCommand((*api.Client).Devices, func(ctx context.Context, w 
 	printDevices(w, devs, names)
 })
 
+// capacity formats a device quantity: bytes, a rate (nic), or slots and
+// shares of one (accel: n is slot units, api.SlotUnits a slot).
 func capacity(k api.Kind, n int64) string {
 	if k == api.KindAccel {
-		if n == 1 {
-			return "1 slot"
-		}
-		return strconv.FormatInt(n, 10) + " slots"
+		return placement.FormatSlots(n, api.SlotUnits)
 	}
 	if k == api.KindNIC { // bytes/s, shown as a link rate
 		return formatBitRate(n * 8)

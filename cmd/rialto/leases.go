@@ -166,6 +166,7 @@ type requestFlags struct {
 	key, borrower, strategy, role, roleConfig, roleModule string
 	count, iopsCap                                        int
 	whole                                                 bool
+	share                                                 float64
 	labels, affinity, anti                                listFlag
 }
 
@@ -183,6 +184,7 @@ func (rf *requestFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&rf.borrower, "borrower", "", "borrowing node ID or client name")
 	fs.StringVar(&rf.strategy, "strategy", "", "binpack or spread")
 	fs.StringVar(&rf.role, "role", "", "accelerator role to load (with --mode shared: the role of the lender's batching gateway)")
+	fs.Float64Var(&rf.share, "share", 0, "with --kind accel --mode shared: the share of one slot the lease takes, e.g. 0.25 (default 0.25: four leases a slot); also its weight at the gateway")
 	fs.StringVar(&rf.roleConfig, "role-config", "", "`file` holding the role's config: the AES-GCM key (raw 16, 24 or 32 bytes), the MCT rule set (JSON)")
 	fs.StringVar(&rf.roleModule, "role-module", "", "`file` holding a wasm role's WebAssembly module")
 	rf.bandwidth = &rateFlag{}
@@ -217,7 +219,7 @@ func (rf *requestFlags) request() (api.LeaseRequest, error) {
 		IdempotencyKey: rf.key, Borrower: rf.borrower, Strategy: rf.strategy, Role: rf.role,
 		DeadlineSecond: rf.deadline.d.Seconds(), IOPSCap: int64(rf.iopsCap),
 		Bandwidth: rf.bandwidth.v, BandwidthCap: rf.bwCap.n, Size: rf.size.n, StripeUnit: rf.stripe.n,
-		TTLSeconds: int64(rf.ttl.d / time.Second), Work: rf.work.n,
+		TTLSeconds: int64(rf.ttl.d / time.Second), Work: rf.work.n, Share: rf.share,
 	}
 	if rf.count < 0 {
 		return r, usagef("--count must not be negative")

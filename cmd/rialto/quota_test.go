@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/rialto-project/rialto/api"
 	"strings"
 	"testing"
 
@@ -15,7 +16,7 @@ func TestParseQuotas(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := controlplane.Quotas{Default: controlplane.Quota{Leases: 10, Bytes: 1 << 30},
-		Tenants: map[string]controlplane.Quota{"alice": {Slots: 3, Bandwidth: 100e6}}}
+		Tenants: map[string]controlplane.Quota{"alice": {Slots: 3 * api.SlotUnits, Bandwidth: 100e6}}}
 	if q.Default != want.Default || len(q.Tenants) != 1 || q.Tenants["alice"] != want.Tenants["alice"] {
 		t.Fatalf("got %+v, want %+v", q, want)
 	}

@@ -391,7 +391,7 @@ func printUp(ctx context.Context, e *env, url, caFile string, st upState, dir, w
 	}
 	for _, d := range devs {
 		if d.Kind == api.KindAccel {
-			fmt.Fprintln(w, "accelerators: rialto lease create --kind accel --mode shared --role sha256   (note its ID, then)")
+			fmt.Fprintln(w, "accelerators: rialto lease create --kind accel --mode shared --share 0.25 --role sha256   (note its ID, then)")
 			fmt.Fprintln(w, "              rialto accel run LEASE-ID sha256 --data hello --hex")
 			break
 		}

@@ -33,13 +33,15 @@ const DefaultSlotMemory = 16 << 20
 
 // AccelDriver lends accelerator slots: each accel device is an appliance
 // (internal/dataplane/accel/appliance) whose slots listen on ports of their
-// own. A dedicated lease's slots accept the lease's export name as
-// credential and run the requested role. A shared lease (Gateway set in
-// its prepare request) is served by a batching gateway
-// (internal/dataplane/accel/gateway) that the driver runs in front of the
-// slots of every shared lease of the same device, role and role config: the
-// lease's slot joins the gateway's instances, and the gateway accepts the
-// lease's export name until the lease ends.
+// own. Prepare requests count slot units (api.SlotUnits a slot). A
+// dedicated lease's range is whole slots, which accept the lease's export
+// name as credential and run the requested role. A shared lease (Gateway
+// set in its prepare request) holds a share of one slot and is served by a
+// batching gateway (internal/dataplane/accel/gateway) that the driver runs
+// for every shared lease of the same device, role and role config: the
+// gateway owns the slots its leases' shares fall in (the first share of a
+// slot loads the role there), and accepts the lease's export name, weighted
+// by its share, until the lease ends.
 //
 // ManagementToken and Metrics are read when devices are opened and
 // gateways started; set them before the agent runs.
@@ -189,10 +191,32 @@ func spec(r api.PrepareRequest) roles.Spec {
 	return s
 }
 
+// slotRange returns the slots [from, to) a prepare request's range (in
+// slot units, api.SlotUnits a slot) falls in: a dedicated lease's range is
+// whole slots; a shared lease's share lies inside one slot.
+func slotRange(r api.PrepareRequest) (from, to int64, err error) {
+	const u = api.SlotUnits
+	switch {
+	case r.Length <= 0 || r.Offset < 0:
+		return 0, 0, fmt.Errorf("%w: no slots", ErrOutOfRange)
+	case r.Gateway && r.Offset/u != (r.Offset+r.Length-1)/u:
+		return 0, 0, fmt.Errorf("%w: a share (offset %d, length %d) must lie inside one slot of %d units", ErrBadRequest, r.Offset, r.Length, u)
+	case r.Gateway:
+		return r.Offset / u, r.Offset/u + 1, nil
+	case r.Offset%u != 0 || r.Length%u != 0:
+		return 0, 0, fmt.Errorf("%w: a dedicated range (offset %d, length %d) must be whole slots of %d units", ErrBadRequest, r.Offset, r.Length, u)
+	}
+	return r.Offset / u, (r.Offset + r.Length) / u, nil
+}
+
 // slotAddrs returns the addresses of the lease's slots, with e.Host as host.
 func slotAddrs(app *appliance.Appliance, e Export) ([]string, error) {
+	from, to, err := slotRange(e.Request)
+	if err != nil {
+		return nil, err
+	}
 	var addrs []string
-	for i := e.Request.Offset; i < e.Request.Offset+e.Request.Length; i++ {
+	for i := from; i < to; i++ {
 		a, err := app.Addr(int(i))
 		if err != nil {
 			return nil, err
@@ -248,7 +272,8 @@ func (d *AccelDriver) Prepare(ctx context.Context, e Export) (api.PrepareRespons
 	if _, ok := d.live[e.Request.Export]; ok {
 		return api.PrepareResponse{URI: uri}, nil
 	}
-	if err := d.load(ctx, app, e, []byte(e.Request.Export)); err != nil {
+	from, to, _ := slotRange(e.Request) // slotAddrs checked it
+	if err := d.load(ctx, app, e.Request, from, to, []byte(e.Request.Export)); err != nil {
 		return api.PrepareResponse{}, err
 	}
 	d.live[e.Request.Export] = e
@@ -270,11 +295,12 @@ func previousPorts(e Export) []string {
 // leaves its slot where it is (the agent warns that the URI changed).
 func (d *AccelDriver) restoreSlotPorts(app *appliance.Appliance, e Export) {
 	ports := previousPorts(e)
-	if int64(len(ports)) != e.Request.Length {
+	from, to, err := slotRange(e.Request)
+	if err != nil || int64(len(ports)) != to-from {
 		return
 	}
 	for i, port := range ports {
-		id := int(e.Request.Offset) + i
+		id := int(from) + i
 		cur, err := app.Addr(id)
 		if err != nil {
 			return
@@ -294,25 +320,31 @@ func isGatewayURI(uri string) bool {
 	return err == nil && u.Query().Has("gateway")
 }
 
-// load loads the lease's role into its slots and sets their credential;
-// on error it leaves them cleared.
-func (d *AccelDriver) load(ctx context.Context, app *appliance.Appliance, e Export, cred []byte) error {
-	r := e.Request
-	for i := r.Offset; i < r.Offset+r.Length; i++ {
+// load loads the lease's role into slots [from, to) and sets their
+// credential; on error it leaves them cleared.
+func (d *AccelDriver) load(ctx context.Context, app *appliance.Appliance, r api.PrepareRequest, from, to int64, cred []byte) error {
+	for i := from; i < to; i++ {
 		if r.Role != "" {
 			if err := app.Load(ctx, int(i), spec(r)); err != nil {
-				d.clear(app, r.Offset, i)
+				d.clear(app, from, i)
 				return roleError(err)
 			}
 		}
 		if err := app.SetCredential(int(i), cred); err != nil {
-			d.clear(app, r.Offset, i+1)
+			d.clear(app, from, i+1)
 			return err
 		}
 	}
 	return nil
 }
 
+// prepareShared lets a shared lease in at the gateway for its role and
+// role config on its device. Its range is a share of one slot (in slot
+// units); the slot serves that gateway only. The first share of a slot
+// brings the slot into the gateway: the role is loaded into it with a
+// credential of the gateway's own (borrowers reach slots only through the
+// gateway). A later share of the same slot only adds the lease's
+// credential, weighted by its share.
 func (d *AccelDriver) prepareShared(ctx context.Context, app *appliance.Appliance, e Export) (api.PrepareResponse, error) {
 	r := e.Request
 	if r.Role == "" {
@@ -327,15 +359,11 @@ func (d *AccelDriver) prepareShared(ctx context.Context, app *appliance.Applianc
 			return api.PrepareResponse{URI: uri}, nil
 		}
 	}
-	// The slots take a credential of the gateway's own: borrowers reach
-	// them only through the gateway.
-	secret := []byte(d.gws.slotSecret())
-	if err := d.load(ctx, app, e, secret); err != nil {
-		return api.PrepareResponse{}, err
-	}
-	uri, err := d.gws.join(ctx, e, addrs, secret, d.gwCfg[e.Device.Name], d.reg)
+	slot := r.Offset / api.SlotUnits
+	load := func(secret []byte) error { return d.load(ctx, app, r, slot, slot+1, secret) }
+	unload := func() { d.clear(app, slot, slot+1) }
+	uri, err := d.gws.join(ctx, e, int(slot), addrs[0], load, unload, d.gwCfg[e.Device.Name], d.reg)
 	if err != nil {
-		d.clear(app, r.Offset, r.Offset+r.Length)
 		return api.PrepareResponse{}, err
 	}
 	d.live[r.Export] = e
@@ -360,9 +388,10 @@ func (d *AccelDriver) clear(app *appliance.Appliance, from, to int64) error {
 // connections, wipe their memory and unload their role; a shared lease's
 // credential is revoked at the gateway (its connections closed, its queued
 // and running work cancelled, on the slots too: a role that never returns
-// is stopped), its slots leave the gateway (other leases' executions on
-// them are cancelled and run again elsewhere), and the gateway stops with
-// its last lease.
+// is stopped); when it held the last share of its slot, the slot leaves
+// the gateway (other leases' executions on it are cancelled and run again
+// elsewhere) and is wiped and unloaded; the gateway stops with its last
+// lease.
 func (d *AccelDriver) Teardown(_ context.Context, e Export) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -372,13 +401,20 @@ func (d *AccelDriver) Teardown(_ context.Context, e Export) error {
 	}
 	delete(d.live, e.Request.Export)
 	app := d.apps[e.Device.Name]
+	from, to, err := slotRange(old.Request)
+	if err != nil {
+		return err
+	}
 	if old.Request.Gateway {
-		d.gws.leave(old.Request, e.Device.Name)
+		// The slot is freed (wiped, role unloaded) with its last share.
+		if !d.gws.leave(old.Request, e.Device.Name, int(from)) {
+			return nil
+		}
 	}
 	if app == nil {
 		return nil
 	}
-	return d.clear(app, old.Request.Offset, old.Request.Offset+old.Request.Length)
+	return d.clear(app, from, to)
 }
 
 // Close releases the appliances' listeners and stops the gateways.

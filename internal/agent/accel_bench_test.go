@@ -50,7 +50,7 @@ func BenchmarkAccelLeases(b *testing.B) {
 			var uris []string
 			for i := range 4 {
 				resp, err := d.Prepare(ctx, Export{Device: dev, Request: api.PrepareRequest{LeaseID: fmt.Sprint("l", i), Kind: api.KindAccel,
-					Offset: int64(i), Length: 1, Export: fmt.Sprint("rlc_", i), Role: "mct", RoleConfig: &api.RoleConfig{Config: cfg}, Gateway: shared}})
+					Offset: int64(i) * api.SlotUnits, Length: api.SlotUnits, Export: fmt.Sprint("rlc_", i), Role: "mct", RoleConfig: &api.RoleConfig{Config: cfg}, Gateway: shared}})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -25,7 +25,7 @@ func TestAccelSharedTeardownInterruptsRunaway(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	resp, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: "spin-1", Kind: api.KindAccel, Mode: api.ModeShared, DeviceName: "gpu",
-		Offset: 0, Length: 1, Export: "rlc_spin.0", Role: "wasm", RoleConfig: &api.RoleConfig{Module: wasmtest.EchoModule()}, Gateway: true})
+		Offset: 0, Length: api.SlotUnits, Export: "rlc_spin.0", Role: "wasm", RoleConfig: &api.RoleConfig{Module: wasmtest.EchoModule()}, Gateway: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +79,7 @@ func TestAccelSharedLeavingSlotMovesOthersWork(t *testing.T) {
 	defer cancel()
 	prep := func(lease string, slot int64, export string) (string, string) {
 		resp, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: lease, Kind: api.KindAccel, Mode: api.ModeShared, DeviceName: "gpu",
-			Offset: slot, Length: 1, Export: export, Role: "wasm", RoleConfig: &api.RoleConfig{Module: wasmtest.EchoModule()}, Gateway: true})
+			Offset: slot * api.SlotUnits, Length: api.SlotUnits, Export: export, Role: "wasm", RoleConfig: &api.RoleConfig{Module: wasmtest.EchoModule()}, Gateway: true})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -23,7 +23,7 @@ func TestAccelLease(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	resp, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: "acc-1", Kind: api.KindAccel, DeviceName: "gpu",
-		Offset: 0, Length: 2, Export: "rlc_accel.0", Role: "echo"})
+		Offset: 0, Length: 2 * api.SlotUnits, Export: "rlc_accel.0", Role: "echo"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestAccelLease(t *testing.T) {
 		t.Fatal("slot still leased after teardown")
 	}
 	if _, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: "acc-2", Kind: api.KindAccel, DeviceName: "gpu",
-		Offset: 1, Length: 1, Export: "x", Role: "no-such-role"}); err == nil {
+		Offset: api.SlotUnits, Length: api.SlotUnits, Export: "x", Role: "no-such-role"}); err == nil {
 		t.Fatal("unknown role accepted")
 	}
 	if len(r.a.Leases()) != 0 {
@@ -80,7 +80,7 @@ func TestAccelSharedGateway(t *testing.T) {
 	defer cancel()
 	prep := func(lease string, slot int64, export string) (*url.URL, string) {
 		resp, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: lease, Kind: api.KindAccel, Mode: api.ModeShared, DeviceName: "gpu",
-			Offset: slot, Length: 1, Export: export, Role: "sha256", Gateway: true})
+			Offset: slot * api.SlotUnits, Length: api.SlotUnits, Export: export, Role: "sha256", Gateway: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -189,7 +189,7 @@ func TestAccelSharedGateway(t *testing.T) {
 	}
 	// A shared lease needs a role.
 	if _, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: "sh-3", Kind: api.KindAccel, DeviceName: "gpu",
-		Offset: 0, Length: 1, Export: "rlc_three.0", Gateway: true}); !errors.Is(err, ErrBadRequest) {
+		Offset: 0, Length: api.SlotUnits, Export: "rlc_three.0", Gateway: true}); !errors.Is(err, ErrBadRequest) {
 		t.Fatalf("shared lease without a role: %v", err)
 	}
 }
@@ -203,7 +203,7 @@ func TestAccelRoleConfig(t *testing.T) {
 	for _, shared := range []bool{false, true} {
 		lease := fmt.Sprintf("aes-%v", shared)
 		resp, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: lease, Kind: api.KindAccel, DeviceName: "gpu",
-			Offset: 0, Length: 1, Export: "rlc_" + lease + ".0", Role: "aesgcm", RoleConfig: &api.RoleConfig{Config: key}, Gateway: shared})
+			Offset: 0, Length: api.SlotUnits, Export: "rlc_" + lease + ".0", Role: "aesgcm", RoleConfig: &api.RoleConfig{Config: key}, Gateway: shared})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -229,12 +229,12 @@ func TestAccelRoleConfig(t *testing.T) {
 	}
 	// A bad config is the borrower's error, and its key is not quoted.
 	_, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: "aes-bad", Kind: api.KindAccel, DeviceName: "gpu",
-		Offset: 0, Length: 1, Export: "rlc_bad.0", Role: "aesgcm", RoleConfig: &api.RoleConfig{Config: []byte("short-key")}})
+		Offset: 0, Length: api.SlotUnits, Export: "rlc_bad.0", Role: "aesgcm", RoleConfig: &api.RoleConfig{Config: []byte("short-key")}})
 	if !errors.Is(err, ErrBadRequest) || strings.Contains(err.Error(), "short-key") {
 		t.Fatalf("bad AES key: %v", err)
 	}
 	_, err = r.a.Prepare(ctx, api.PrepareRequest{LeaseID: "big", Kind: api.KindAccel, DeviceName: "gpu",
-		Offset: 0, Length: 1, Export: "rlc_big.0", Role: "mct", RoleConfig: &api.RoleConfig{Config: make([]byte, api.MaxRoleConfig+1)}})
+		Offset: 0, Length: api.SlotUnits, Export: "rlc_big.0", Role: "mct", RoleConfig: &api.RoleConfig{Config: make([]byte, api.MaxRoleConfig+1)}})
 	if !errors.Is(err, ErrBadRequest) {
 		t.Fatalf("oversized role config: %v", err)
 	}
@@ -267,5 +267,100 @@ func TestPreviousAddresses(t *testing.T) {
 		if got := gatewayPort(e); got != tc.gateway {
 			t.Errorf("gatewayPort(%q) = %q, want %q", tc.uri, got, tc.gateway)
 		}
+	}
+}
+
+// TestAccelSlotShares: shares of one slot (slot units) of one role join
+// the gateway on one slot: the role is loaded there once, each lease's
+// calls are answered, a share of another role never lands on that slot,
+// and the slot is freed (credential cleared, role unloaded) only with its
+// last share.
+func TestAccelSlotShares(t *testing.T) {
+	_, srv := newFakeCP(t)
+	r := start(t, testConfig(srv.URL, t.TempDir()))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const q = api.SlotUnits / 4
+	prep := func(lease string, off int64, role string) (api.PrepareResponse, error) {
+		return r.a.Prepare(ctx, api.PrepareRequest{LeaseID: lease, Kind: api.KindAccel, Mode: api.ModeShared, DeviceName: "gpu",
+			Offset: off, Length: q, Export: "rlc_" + lease + ".0", Role: role, Gateway: true})
+	}
+	drv := r.a.drivers[api.KindAccel].(*AccelDriver)
+	app := drv.Appliance("gpu")
+	var conns []*accel.Conn
+	for i := range 4 {
+		resp, err := prep(fmt.Sprint("q", i), int64(i)*q, "sha256")
+		if err != nil {
+			t.Fatal(err)
+		}
+		u, cred := accelURI(t, resp.URI)
+		c, err := accel.Dial(ctx, u.Host, []byte(cred))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns = append(conns, c)
+	}
+	s0, _ := app.Slot(0)
+	if gs := drv.Gateways(); len(gs) != 1 || gs[0].Leases != 4 || gs[0].Slots != 1 {
+		t.Fatalf("four shares of one slot: gateways %+v", gs)
+	}
+	// Each lease's share (slot units) is its weight at the gateway.
+	drv.mu.Lock()
+	for _, g := range drv.gws.gws {
+		for _, ls := range g.g.Leases() {
+			if ls.Weight != q {
+				t.Errorf("lease %s weighs %d at the gateway, want its share %d", ls.Lease, ls.Weight, q)
+			}
+		}
+	}
+	drv.mu.Unlock()
+	if s1, _ := app.Slot(1); s0.Role != "sha256" || !s0.Leased || s1.Role != "" || s1.Leased {
+		t.Fatalf("slot 0 %q leased %v, slot 1 %q leased %v", s0.Role, s0.Leased, s1.Role, s1.Leased)
+	}
+	want := sha256.Sum256([]byte("abc"))
+	for i, c := range conns {
+		if out, err := c.Call(ctx, "sum", []byte("abc")); err != nil || !bytes.Equal(out, want[:]) {
+			t.Fatalf("lease q%d: %x %v", i, out, err)
+		}
+	}
+	// Another role's share is refused on the slot sha256 holds (even in
+	// free room), and takes the other slot.
+	if _, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: "o", Kind: api.KindAccel, Mode: api.ModeShared, DeviceName: "gpu",
+		Offset: 0, Length: 1, Export: "rlc_o.0", Role: "echo", Gateway: true}); err == nil {
+		t.Fatal("a share of another role joined the slot of sha256")
+	}
+	if _, err := prep("e", api.SlotUnits, "echo"); err != nil {
+		t.Fatal(err)
+	}
+	if gs := drv.Gateways(); len(gs) != 2 {
+		t.Fatalf("two roles, two gateways: %+v", gs)
+	}
+	for i := range 3 {
+		if err := r.a.Teardown(ctx, fmt.Sprint("q", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s, _ := app.Slot(0); s.Role != "sha256" || !s.Leased || s.Generation != s0.Generation {
+		t.Fatalf("slot 0 with one share left: role %q leased %v generation %d (was %d)", s.Role, s.Leased, s.Generation, s0.Generation)
+	}
+	if out, err := conns[3].Call(ctx, "sum", []byte("abc")); err != nil || !bytes.Equal(out, want[:]) {
+		t.Fatalf("the last share after three left: %x %v", out, err)
+	}
+	if err := r.a.Teardown(ctx, "q3"); err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := app.Slot(0); s.Role != "" || s.Leased {
+		t.Fatalf("slot 0 after its last share: role %q leased %v", s.Role, s.Leased)
+	}
+	if gs := drv.Gateways(); len(gs) != 1 || gs[0].Role != "echo" {
+		t.Fatalf("gateways: %+v", gs)
+	}
+	if err := r.a.Teardown(ctx, "e"); err != nil {
+		t.Fatal(err)
+	}
+	// A share straddling two slots is refused.
+	if _, err := prep("x", api.SlotUnits-1, "sha256"); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("a share over two slots: %v", err)
 	}
 }

@@ -443,7 +443,7 @@ func TestRestoreOldFormatExports(t *testing.T) {
 	}
 	old, err := json.MarshalIndent([]api.PrepareRequest{
 		{LeaseID: "lease-b", Kind: api.KindBlock, DeviceName: "disk0", Offset: 8192, Length: 65536, Export: "x_b"},
-		{LeaseID: "lease-g", Kind: api.KindAccel, DeviceName: "gpu", Offset: 0, Length: 2, Role: "sha256", Export: "x_g"},
+		{LeaseID: "lease-g", Kind: api.KindAccel, DeviceName: "gpu", Offset: 0, Length: 2 * api.SlotUnits, Role: "sha256", Export: "x_g"},
 	}, "", "  ")
 	if err != nil {
 		t.Fatal(err)
@@ -689,7 +689,7 @@ func TestRestartHoldsRememberedPorts(t *testing.T) {
 	if _, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-b", Kind: api.KindBlock, DeviceName: "disk0", Length: 4096, Export: "x_b"}); err != nil {
 		t.Fatal(err)
 	}
-	acc, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-g", Kind: api.KindAccel, DeviceName: "gpu", Length: 2, Role: "sha256", Export: "x_g"})
+	acc, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-g", Kind: api.KindAccel, DeviceName: "gpu", Length: 2 * api.SlotUnits, Role: "sha256", Export: "x_g"})
 	if err != nil {
 		t.Fatal(err)
 	}

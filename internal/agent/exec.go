@@ -62,11 +62,15 @@ func (a *Agent) validate(req api.PrepareRequest) (api.PrepareRequest, DeviceConf
 	if req.Kind != dev.Kind {
 		return req, dev, nil, fmt.Errorf("%w: device %s is %s, not %s", ErrNoDevice, dev.Name, dev.Kind, req.Kind)
 	}
-	if req.Offset < 0 || req.Length < 0 || req.Offset > dev.Size || req.Length > dev.Size-req.Offset {
-		return req, dev, nil, fmt.Errorf("%w: offset %d length %d on %s of %d", ErrOutOfRange, req.Offset, req.Length, dev.Name, dev.Size)
+	size := dev.Size
+	if dev.Kind == api.KindAccel {
+		size *= api.SlotUnits // ranges count slot units (shares of a slot)
+	}
+	if req.Offset < 0 || req.Length < 0 || req.Offset > size || req.Length > size-req.Offset {
+		return req, dev, nil, fmt.Errorf("%w: offset %d length %d on %s of %d", ErrOutOfRange, req.Offset, req.Length, dev.Name, size)
 	}
 	if req.Length == 0 {
-		req.Length = dev.Size - req.Offset
+		req.Length = size - req.Offset
 	}
 	drv, ok := a.drivers[dev.Kind]
 	if !ok {

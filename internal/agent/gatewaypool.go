@@ -84,8 +84,9 @@ func gatewayConfig(dev DeviceConfig) (gwConfig, error) {
 
 // gatewayPool is the shared gateways of an agent, one per device, role and
 // role config (gatewayKey). Each runs a batching gateway in front of the
-// slots of every shared lease that joined it, lets those leases' export
-// names in as credentials, and stops when its last lease leaves.
+// slots its leases' shares fall in (a slot serves one gateway: owner), lets
+// those leases' export names in as credentials, and stops when its last
+// lease leaves.
 //
 // Its methods are not safe for concurrent use: AccelDriver's mu guards the
 // pool. A gateway returned by takeAll is stopped outside that lock.
@@ -96,11 +97,18 @@ type gatewayPool struct {
 	slotTLS *tls.Config   // gateways dial their slots with it (nil: plaintext)
 	secret  func() string // a new credential for a lease's slots
 	gws     map[string]*sharedGateway
-	seq     int // gateways named so far with a role config
+	owner   map[slotRef]string // the gateway (key) each held slot serves
+	seq     int                // gateways named so far with a role config
+}
+
+// slotRef is a slot of a device.
+type slotRef struct {
+	device string
+	slot   int
 }
 
 func newGatewayPool(log *slog.Logger, host string) *gatewayPool {
-	return &gatewayPool{log: log, host: host, gws: map[string]*sharedGateway{},
+	return &gatewayPool{log: log, host: host, gws: map[string]*sharedGateway{}, owner: map[slotRef]string{},
 		secret: func() string { return resource.NewSecret("rgw") }}
 }
 
@@ -117,35 +125,52 @@ func (p *gatewayPool) uri(e Export) (string, bool) {
 	return g.uri(e.Host, e.Request), true
 }
 
-// join puts lease e's slots (at addrs, taking secret) behind the gateway
-// for its role, starting that gateway with the device's knobs gc if it
-// does not run, and lets e's export name in. It returns the lease's URI.
-// On error the lease is not in the pool (a gateway it started stays).
-func (p *gatewayPool) join(ctx context.Context, e Export, addrs []string, secret []byte, gc gwConfig, reg *prometheus.Registry) (string, error) {
+// join lets lease e (a share of slot, which listens at addr) in at the
+// gateway for its role, starting that gateway with the device's knobs gc
+// if it does not run, and returns the lease's URI. A slot serves one
+// gateway: a slot another gateway holds is refused (ErrOverlap). When the
+// slot is new to the gateway, load(secret) loads the role into it with a
+// credential only the gateway presents, and the slot joins the gateway's
+// instances; a slot the gateway holds already takes only the lease's
+// credential. On error the lease is not in the pool, a slot it brought is
+// unloaded (unload) and a gateway it started is stopped.
+func (p *gatewayPool) join(ctx context.Context, e Export, slot int, addr string, load func(secret []byte) error, unload func(),
+	gc gwConfig, reg *prometheus.Registry) (string, error) {
 	r := e.Request
 	key := gatewayKey(r, e.Device.Name)
-	var backs []*slotBackend
-	for _, a := range addrs {
-		rd := gateway.NewRedialer(a, secret)
-		rd.TLS = p.slotTLS
-		backs = append(backs, &slotBackend{r: rd, calls: map[int]context.CancelFunc{}})
+	ref := slotRef{e.Device.Name, slot}
+	if k, ok := p.owner[ref]; ok && k != key {
+		return "", fmt.Errorf("%w: slot %d of %s serves another gateway (another role or role config)", ErrOverlap, slot, e.Device.Name)
 	}
 	g := p.gws[key]
 	if g == nil {
 		var err error
 		g, err = p.start(ctx, e, gc, reg, p.gatewayName(r, e.Device.Name))
 		if err != nil {
-			for _, b := range backs {
-				b.r.Close()
-			}
 			return "", err
 		}
 		p.gws[key] = g
 	}
-	g.add(r.Export, backs)
-	// Labelled by the lease ID (never the export name, a credential).
-	if err := g.creds.AddWeighted([]byte(r.Export), r.LeaseID, 1); err != nil {
-		g.remove(r.Export)
+	if !g.holds(slot) {
+		secret := []byte(p.slotSecret())
+		if err := load(secret); err != nil {
+			p.stopIfIdle(key, g)
+			return "", err
+		}
+		rd := gateway.NewRedialer(addr, secret)
+		rd.TLS = p.slotTLS
+		g.addSlot(slot, &slotBackend{r: rd, calls: map[int]context.CancelFunc{}})
+		p.owner[ref] = key
+	}
+	g.addLease(r.Export, slot)
+	// The lease's share (slot units) is its weight at the gateway's fair
+	// queue; labelled by the lease ID (never the export name, a
+	// credential).
+	if err := g.creds.AddWeighted([]byte(r.Export), r.LeaseID, int(max(r.Length, 1))); err != nil {
+		if p.drop(g, ref, r.Export) {
+			unload()
+		}
+		p.stopIfIdle(key, g)
 		return "", err
 	}
 	return g.uri(e.Host, r), nil
@@ -153,17 +178,40 @@ func (p *gatewayPool) join(ctx context.Context, e Export, addrs []string, secret
 
 // leave revokes the lease's export name at its gateway (closing its
 // connections and cancelling its queued and running work, on the slots
-// too), takes its slots out of rotation (cancelling the other leases'
-// executions running there, which run again on another slot), and stops
-// the gateway if it was the last lease.
-func (p *gatewayPool) leave(r api.PrepareRequest, device string) {
+// too) and stops the gateway if it was the last lease. When the lease held
+// the last share of its slot, the slot leaves the gateway's rotation (the
+// other leases' executions running there are cancelled and run again on
+// another slot) and leave reports true: the caller frees the slot (wipes
+// it, unloads the role). It reports false while other shares keep the
+// slot, or when another gateway holds it.
+func (p *gatewayPool) leave(r api.PrepareRequest, device string, slot int) bool {
 	key := gatewayKey(r, device)
+	ref := slotRef{device, slot}
 	g := p.gws[key]
 	if g == nil {
-		return
+		_, held := p.owner[ref]
+		return !held
 	}
 	g.creds.Revoke([]byte(r.Export))
-	g.remove(r.Export)
+	freed := p.drop(g, ref, r.Export)
+	p.stopIfIdle(key, g)
+	return freed
+}
+
+// drop takes lease export out of gateway g; if it held the last share of
+// slot ref, the slot leaves g's rotation (removeSlot) and drop reports
+// true.
+func (p *gatewayPool) drop(g *sharedGateway, ref slotRef, export string) bool {
+	if !g.removeLease(export) {
+		return false
+	}
+	g.removeSlot(ref.slot)
+	delete(p.owner, ref)
+	return true
+}
+
+// stopIfIdle stops gateway g (key) once it has no lease.
+func (p *gatewayPool) stopIfIdle(key string, g *sharedGateway) {
 	if g.leases() == 0 {
 		delete(p.gws, key)
 		g.stop()
@@ -178,6 +226,7 @@ func (p *gatewayPool) takeAll() []*sharedGateway {
 		out = append(out, g)
 	}
 	p.gws = map[string]*sharedGateway{}
+	p.owner = map[slotRef]string{}
 	return out
 }
 
@@ -244,7 +293,7 @@ func (p *gatewayPool) start(ctx context.Context, e Export, gc gwConfig, reg *pro
 	cfg := gc.Config
 	cfg.Name, cfg.Role, cfg.Entries, cfg.Metrics = name, e.Request.Role, entries, registerer(reg)
 	cfg.Logger = p.log.With("gateway", name)
-	sg := &sharedGateway{name: name, device: e.Device.Name, role: e.Request.Role, slots: map[string][]*slotBackend{},
+	sg := &sharedGateway{name: name, device: e.Device.Name, role: e.Request.Role, slots: map[int]*heldSlot{}, leaseSlot: map[string]int{},
 		tls: p.srvTLS != nil}
 	sg.creds.Limit = gc.leaseLimit
 	// The gateway has no slot yet: executions pick from sg's current slots.
@@ -296,7 +345,8 @@ func gatewayPort(e Export) string {
 
 // sharedGateway is a gateway shared by the leases of one role on one
 // device. It is the gateway's only Backend: each execution goes to the next
-// of the leases' slots, so that a slot leaves without failing a batch.
+// of the slots its leases' shares fall in, so that a slot leaves without
+// failing a batch.
 type sharedGateway struct {
 	name, device, role string
 	g                  *gateway.Gateway
@@ -306,10 +356,17 @@ type sharedGateway struct {
 	cancel             context.CancelFunc
 	wg                 sync.WaitGroup
 
-	mu    sync.Mutex
-	slots map[string][]*slotBackend // by export name
-	order []*slotBackend
-	next  int
+	mu        sync.Mutex
+	slots     map[int]*heldSlot // by slot index
+	leaseSlot map[string]int    // each lease's slot, by export name
+	order     []*slotBackend
+	next      int
+}
+
+// heldSlot is a slot the gateway holds and the leases sharing it.
+type heldSlot struct {
+	b      *slotBackend
+	shares map[string]bool // export names
 }
 
 // slotBackend is one slot behind the gateway, with the cancels of the
@@ -366,52 +423,80 @@ func (sg *sharedGateway) uri(host string, r api.PrepareRequest) string {
 	return accel.URI{Slots: []string{a}, Credential: r.Export, Gateway: r.Role, TLS: sg.tls}.String()
 }
 
-func (sg *sharedGateway) add(export string, bs []*slotBackend) {
+// holds reports whether the gateway holds slot.
+func (sg *sharedGateway) holds(slot int) bool {
 	sg.mu.Lock()
 	defer sg.mu.Unlock()
-	sg.slots[export] = bs
-	sg.order = append(sg.order, bs...)
+	return sg.slots[slot] != nil
 }
 
-// remove takes the lease's slots out of rotation and cancels the
-// executions running on them (on the slots too: the accel client sends
-// CANCEL), which run again on another slot; it waits for the cancelled
-// calls to return, which they do at once.
-func (sg *sharedGateway) remove(export string) {
+// addSlot puts a slot into rotation.
+func (sg *sharedGateway) addSlot(slot int, b *slotBackend) {
 	sg.mu.Lock()
-	bs := sg.slots[export]
-	delete(sg.slots, export)
+	defer sg.mu.Unlock()
+	sg.slots[slot] = &heldSlot{b: b, shares: map[string]bool{}}
+	sg.order = append(sg.order, b)
+}
+
+// addLease records a lease's share of slot (which the gateway holds).
+func (sg *sharedGateway) addLease(export string, slot int) {
+	sg.mu.Lock()
+	defer sg.mu.Unlock()
+	sg.slots[slot].shares[export] = true
+	sg.leaseSlot[export] = slot
+}
+
+// removeLease forgets a lease's share and reports whether it was the last
+// share of its slot.
+func (sg *sharedGateway) removeLease(export string) bool {
+	sg.mu.Lock()
+	defer sg.mu.Unlock()
+	slot, ok := sg.leaseSlot[export]
+	if !ok {
+		return false
+	}
+	delete(sg.leaseSlot, export)
+	hs := sg.slots[slot]
+	delete(hs.shares, export)
+	return len(hs.shares) == 0
+}
+
+// removeSlot takes a slot out of rotation and cancels the executions
+// running on it (on the slot too: the accel client sends CANCEL), which
+// run again on another slot; it waits for the cancelled calls to return,
+// which they do at once.
+func (sg *sharedGateway) removeSlot(slot int) {
+	sg.mu.Lock()
+	hs := sg.slots[slot]
+	delete(sg.slots, slot)
+	if hs == nil {
+		sg.mu.Unlock()
+		return
+	}
+	b := hs.b
 	kept := sg.order[:0]
-	for _, b := range sg.order {
-		gone := false
-		for _, x := range bs {
-			gone = gone || x == b
-		}
-		if !gone {
-			kept = append(kept, b)
+	for _, x := range sg.order {
+		if x != b {
+			kept = append(kept, x)
 		}
 	}
 	clear(sg.order[len(kept):])
 	sg.order = kept
 	sg.mu.Unlock()
-	for _, b := range bs {
-		b.mu.Lock()
-		b.removed = true
-		for _, cancel := range b.calls {
-			cancel()
-		}
-		b.mu.Unlock()
+	b.mu.Lock()
+	b.removed = true
+	for _, cancel := range b.calls {
+		cancel()
 	}
-	for _, b := range bs {
-		b.running.Wait()
-		b.r.Close()
-	}
+	b.mu.Unlock()
+	b.running.Wait()
+	b.r.Close()
 }
 
 func (sg *sharedGateway) leases() int {
 	sg.mu.Lock()
 	defer sg.mu.Unlock()
-	return len(sg.slots)
+	return len(sg.leaseSlot)
 }
 
 func (sg *sharedGateway) backends() []*slotBackend {

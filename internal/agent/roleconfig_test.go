@@ -16,7 +16,7 @@ func TestRoleConfigAPI(t *testing.T) {
 	a := start(t, testConfig(srv.URL, t.TempDir())).a
 	key := bytes.Repeat([]byte{7}, 32)
 	if _, err := a.Prepare(ctxFor(t), api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindAccel, DeviceName: "gpu",
-		Offset: 0, Length: 1, Export: "rlc_a.0", Role: "aesgcm", RoleConfig: &api.RoleConfig{Config: key}}); err != nil {
+		Offset: 0, Length: api.SlotUnits, Export: "rlc_a.0", Role: "aesgcm", RoleConfig: &api.RoleConfig{Config: key}}); err != nil {
 		t.Fatal(err)
 	}
 	prepareBlock(t, a, "lease-b", 0, 4096)

@@ -413,7 +413,7 @@ func (s *Server) drainReplace(ctx context.Context, dr *drainRun, l api.Lease, n 
 // replaceSlot places part i of accelerator lease l (on node n) again
 // elsewhere with role rc, and points the lease at it; it returns where.
 func (s *Server) replaceSlot(ctx context.Context, l api.Lease, i int, n api.Node, rc api.RoleConfigResponse) (string, error) {
-	to, err := s.placeMove(ctx, l, i, moveTarget{})
+	to, err := s.placeMove(ctx, l, i, moveTarget{role: &rc})
 	if err != nil {
 		return "", err
 	}

@@ -300,6 +300,9 @@ func exportOf(uri string) (string, error) {
 type moveTarget struct {
 	node, device string
 	exclusive    bool
+	// role is a shared accel part's role and config (read from its
+	// lender): its new slot must be empty or serve the same gateway.
+	role *api.RoleConfigResponse
 }
 
 // wholePart reports whether l's parts are whole devices: a dedicated
@@ -484,7 +487,14 @@ func (s *Server) placeMove(ctx context.Context, l api.Lease, i int, t moveTarget
 		skip = map[string]string{p.NodeID: "the part's lender"}
 	}
 	if l.Kind == api.KindAccel {
-		req.Mode, req.Size, req.Count = "", 0, int(p.Length)
+		req.Mode, req.Size, req.Count = "", 0, int(p.Length/api.SlotUnits)
+		if l.Mode == api.ModeShared {
+			if t.role == nil {
+				return api.Part{}, fmt.Errorf("%w: part %d of lease %s is a share of a gateway's slot: it moves only with its role (a drain places it again)", ErrInvalid, i, l.ID)
+			}
+			req.Mode, req.Count, req.Share = api.ModeShared, 1, float64(p.Length)/api.SlotUnits
+			req.Role, req.RoleConfig = t.role.Role, t.role.RoleConfig
+		}
 	}
 	var plan api.Plan
 	var err error
@@ -521,7 +531,9 @@ func (s *Server) placeMove(ctx context.Context, l api.Lease, i int, t moveTarget
 // move's write holds it: BeginMove).
 func (s *Server) placeDestination(ctx context.Context, kind api.Kind, req api.LeaseRequest, skip map[string]string) (api.Plan, error) {
 	id := resource.NewID("place")
-	plan, err := s.res.Place(ctx, hold{id: id, tenant: moveTenant, kind: kind}, req, skip, s.now())
+	// A shared accel destination is held with its gateway key, so that no
+	// other gateway's share takes its slot before the move is written.
+	plan, err := s.res.Place(ctx, hold{id: id, tenant: moveTenant, kind: kind, demand: store.Demand{Gateway: requestGateway(req)}}, req, skip, s.now())
 	s.res.Release(id)
 	return plan, err
 }

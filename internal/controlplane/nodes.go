@@ -143,12 +143,31 @@ func validateJoin(r api.JoinRequest) error {
 			return fmt.Errorf("%w: devices[%d]: unknown kind %q", ErrInvalid, i, d.Kind)
 		case d.Capacity <= 0:
 			return fmt.Errorf("%w: devices[%d]: capacity must be positive", ErrInvalid, i)
+		case d.Kind == api.KindAccel && d.Capacity > maxAccelSlots:
+			return fmt.Errorf("%w: devices[%d]: %d slots is more than %d", ErrInvalid, i, d.Capacity, maxAccelSlots)
 		case d.Sharing != "" && d.Sharing != "exclusive" && d.Sharing != "partitionable":
 			return fmt.Errorf("%w: devices[%d]: sharing must be exclusive or partitionable", ErrInvalid, i)
 		}
 		seen[d.Name] = true
 	}
 	return nil
+}
+
+// maxAccelSlots bounds an accel device's slots.
+const maxAccelSlots = 1 << 20
+
+// slotUnitDevices returns the devices an agent offers as the store keeps
+// them: an accel device's capacity in slot units (api.SlotUnits a slot),
+// so that shared leases hold shares of a slot.
+func slotUnitDevices(ds []api.DeviceSpec) []api.DeviceSpec {
+	out := make([]api.DeviceSpec, len(ds))
+	for i, d := range ds {
+		if d.Kind == api.KindAccel {
+			d.Capacity *= api.SlotUnits
+		}
+		out[i] = d
+	}
+	return out
 }
 
 // join registers an agent; a known machine ID keeps its node ID.
@@ -170,7 +189,7 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 		ID: resource.NewID("node"), Name: r.Name, State: api.NodeReady, Address: r.Address, AgentURL: r.AgentURL,
 		Endpoints: r.Endpoints, Labels: r.Labels, Fingerprint: r.Fingerprint, Health: "ok", LastHeartbeat: now, JoinedAt: now,
 	}
-	n, rejoined, err := s.st.JoinNode(ctx, store.JoinNode{Node: n, CredentialHash: resource.HashSecret(cred), AgentKey: key, Devices: r.Devices},
+	n, rejoined, err := s.st.JoinNode(ctx, store.JoinNode{Node: n, CredentialHash: resource.HashSecret(cred), AgentKey: key, Devices: slotUnitDevices(r.Devices)},
 		api.Event{At: now, Type: "node.joined", Message: fmt.Sprintf("%s joined with %d device(s)", r.Name, len(r.Devices)), State: string(api.NodeReady)})
 	if err != nil {
 		return api.JoinResponse{}, err

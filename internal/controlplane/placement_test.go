@@ -405,7 +405,7 @@ func wantQuota(t *testing.T, err error, want string) {
 // shows it without reserving, and a release makes room again.
 func TestQuota(t *testing.T) {
 	e := newEnv(t, func(c *Config) {
-		c.Quotas = Quotas{Default: Quota{Leases: 2}, Tenants: map[string]Quota{"bob": {Bytes: 3 << 20, Slots: 1, Bandwidth: 100e6}}}
+		c.Quotas = Quotas{Default: Quota{Leases: 2}, Tenants: map[string]Quota{"bob": {Bytes: 3 << 20, Slots: api.SlotUnits, Bandwidth: 100e6}}}
 	})
 	e.joinSpecs("n1", nil,
 		api.DeviceSpec{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"},
@@ -440,7 +440,7 @@ func TestQuota(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = e.bob.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindAccel})
-	wantQuota(t, err, "would hold 2 of 1 slots")
+	wantQuota(t, err, "would hold 2 slots of 1 slot")
 	if _, err := e.alice.ReleaseLease(e.ctx(), ids[0]); err != nil {
 		t.Fatal(err)
 	}
@@ -460,8 +460,10 @@ func TestParseQuota(t *testing.T) {
 		err          string
 	}{
 		{"leases=10", "", Quota{Leases: 10}, ""},
-		{"*:slots=4", "", Quota{Slots: 4}, ""},
-		{"alice:leases=3,bytes=2GiB,slots=1,bandwidth=1GB", "alice", Quota{Leases: 3, Bytes: 2 << 30, Slots: 1, Bandwidth: 1e9}, ""},
+		{"*:slots=4", "", Quota{Slots: 4 * api.SlotUnits}, ""},
+		{"slots=2.25", "", Quota{Slots: 2250}, ""},
+		{"slots=many", "", Quota{}, "bad slots"},
+		{"alice:leases=3,bytes=2GiB,slots=1,bandwidth=1GB", "alice", Quota{Leases: 3, Bytes: 2 << 30, Slots: api.SlotUnits, Bandwidth: 1e9}, ""},
 		{"alice:", "", Quota{}, "no limits"},
 		{":leases=1", "", Quota{}, "empty tenant"},
 		{"leases", "", Quota{}, "not KEY=VALUE"},
@@ -504,17 +506,18 @@ func TestAccelModes(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%+v: %v", req, err)
 		}
-		if l.Mode != mode || slots(l) != n || l.Plan == nil || l.Plan.Mode != mode {
+		if n *= api.SlotUnits / 4; l.Mode != mode || slots(l) != n || l.Plan == nil || l.Plan.Mode != mode {
 			t.Fatalf("%+v: got mode %s, %d slots (%+v), want %s, %d", req, l.Mode, slots(l), l.Parts, mode, n)
 		}
 		return l
 	}
-	one := create(api.LeaseRequest{Kind: api.KindAccel, Role: "echo"}, api.ModeDedicated, 1)
-	create(api.LeaseRequest{Kind: api.KindAccel, Mode: api.ModeDedicated}, api.ModeDedicated, 1)
-	sh := create(api.LeaseRequest{Kind: api.KindAccel, Mode: api.ModeShared, Role: "echo"}, api.ModeShared, 1)
-	// 3 of 8 slots are taken, all on one device (binpack): the other is
-	// still whole.
-	whole := create(api.LeaseRequest{Kind: api.KindAccel, Whole: true}, api.ModeDedicated, 4)
+	// n counts quarter slots.
+	one := create(api.LeaseRequest{Kind: api.KindAccel, Role: "echo"}, api.ModeDedicated, 4)
+	create(api.LeaseRequest{Kind: api.KindAccel, Mode: api.ModeDedicated}, api.ModeDedicated, 4)
+	sh := create(api.LeaseRequest{Kind: api.KindAccel, Mode: api.ModeShared, Role: "echo"}, api.ModeShared, 1) // the default share
+	// 3 of 8 slots are taken (one by a share), all on one device
+	// (binpack): the other is still whole.
+	whole := create(api.LeaseRequest{Kind: api.KindAccel, Whole: true}, api.ModeDedicated, 16)
 	if whole.Parts[0].DeviceID == one.Parts[0].DeviceID {
 		t.Fatalf("whole device %s is the one the slot leases use", whole.Parts[0].DeviceID)
 	}
@@ -523,17 +526,29 @@ func TestAccelModes(t *testing.T) {
 		t.Fatalf("second whole device: %v %+v", err, plan)
 	}
 	plan, err = e.alice.Explain(e.ctx(), api.LeaseRequest{Kind: api.KindAccel})
-	if err != nil || plan.State != "feasible" || plan.Mode != api.ModeDedicated || !strings.Contains(strings.Join(plan.Explanation, "\n"), "accel: dedicated, 1 slot(s)") {
+	if err != nil || plan.State != "feasible" || plan.Mode != api.ModeDedicated || !strings.Contains(strings.Join(plan.Explanation, "\n"), "accel: dedicated, 1 slot of its own") {
 		t.Fatalf("slot beside the others (fresh snapshot): %v %+v", err, plan)
 	}
 	_, err = e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindAccel, Count: 2})
 	wantCode(t, err, http.StatusUnprocessableEntity)
 	e.alice.ReleaseLease(e.ctx(), whole.ID)
-	create(api.LeaseRequest{Kind: api.KindAccel, Count: 2}, api.ModeDedicated, 2)
-	create(api.LeaseRequest{Kind: api.KindAccel, Count: 2}, api.ModeDedicated, 2)
-	create(api.LeaseRequest{Kind: api.KindAccel}, api.ModeDedicated, 1)
+	create(api.LeaseRequest{Kind: api.KindAccel, Count: 2}, api.ModeDedicated, 8)
+	create(api.LeaseRequest{Kind: api.KindAccel, Count: 2}, api.ModeDedicated, 8)
+	create(api.LeaseRequest{Kind: api.KindAccel}, api.ModeDedicated, 4)
 	_, err = e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindAccel})
 	wantCode(t, err, http.StatusUnprocessableEntity)
+	// Every slot is taken but the shared one, which has 0.75 slot left:
+	// shares of its gateway (role echo, no config) fit there, inside it;
+	// another role's share does not.
+	sh2 := create(api.LeaseRequest{Kind: api.KindAccel, Mode: api.ModeShared, Role: "echo", Share: 0.5}, api.ModeShared, 2)
+	if a, b := sh.Parts[0], sh2.Parts[0]; a.DeviceID != b.DeviceID || a.Offset/api.SlotUnits != b.Offset/api.SlotUnits || sh2.Size != 500 {
+		t.Fatalf("the second share is not in the first's slot: %+v, %+v (size %d)", a, b, sh2.Size)
+	}
+	_, err = e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindAccel, Mode: api.ModeShared, Role: "sha256", Share: 0.25})
+	wantCode(t, err, http.StatusUnprocessableEntity, "empty or shared by the same gateway")
+	_, err = e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindAccel, Mode: api.ModeShared, Role: "echo", Share: 0.5})
+	wantCode(t, err, http.StatusUnprocessableEntity)
+	create(api.LeaseRequest{Kind: api.KindAccel, Mode: api.ModeShared, Role: "echo", Share: 0.25}, api.ModeShared, 1)
 	// The lender is asked for a gateway for shared leases only.
 	for k, pr := range e.lender.exports {
 		if want := strings.HasPrefix(k, sh.ID+"/"); pr.Gateway != want && (pr.LeaseID == sh.ID || pr.LeaseID == one.ID) {
@@ -549,6 +564,9 @@ func TestAccelModes(t *testing.T) {
 	}{
 		{api.LeaseRequest{Kind: api.KindAccel, Mode: api.ModeComposed, Count: 2}, "not composed"},
 		{api.LeaseRequest{Kind: api.KindAccel, Mode: api.ModeShared, Role: "echo", Whole: true}, "whole device is dedicated"},
+		{api.LeaseRequest{Kind: api.KindAccel, Mode: api.ModeShared, Role: "echo", Share: 1.5}, "not a share of one slot"},
+		{api.LeaseRequest{Kind: api.KindAccel, Mode: api.ModeShared, Role: "echo", Share: 0.0001}, "not a share of one slot"},
+		{api.LeaseRequest{Kind: api.KindAccel, Share: 0.5}, "share applies to shared accel leases"},
 	} {
 		_, err := e.alice.CreateLease(e.ctx(), c.req)
 		wantCode(t, err, http.StatusBadRequest, c.want)

@@ -7,13 +7,15 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/placement"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
 // Quota bounds a tenant's reserved and active leases: their number, the
 // block and memory bytes they hold (a whole device counts whole), the
-// accel slots, and the sum of their declared bandwidths (bytes/s). Zero
+// accel slots in slot units (api.SlotUnits a slot: a shared lease counts
+// its share), and the sum of their declared bandwidths (bytes/s). Zero
 // fields are unlimited. Placement enforces it (internal/placement).
 type Quota = placement.Quota
 
@@ -25,7 +27,8 @@ type Quotas struct {
 }
 
 // ParseQuota parses a quota spec, "[TENANT:]KEY=VALUE,…" with keys leases
-// (a count), bytes (a size such as 100GiB), slots (a count) and bandwidth
+// (a count), bytes (a size such as 100GiB), slots (slots, fractions
+// counting shared leases' shares: 2.5) and bandwidth
 // (bytes/s, a size such as 1GB). Without a tenant, or with "*", it is the
 // default quota (tenant "").
 func ParseQuota(spec string) (tenant string, q Quota, err error) {
@@ -48,11 +51,19 @@ func ParseQuota(spec string) (tenant string, q Quota, err error) {
 		}
 		var n int64
 		switch k {
-		case "leases", "slots":
+		case "leases":
 			n, err = strconv.ParseInt(v, 10, 64)
 			if err == nil && (n < 0 || n > math.MaxInt32) {
 				err = errors.New("out of range")
 			}
+		case "slots":
+			// Slots and shares of one: counted in slot units.
+			var f float64
+			f, err = strconv.ParseFloat(v, 64)
+			if err == nil && (math.IsNaN(f) || f < 0 || f > math.MaxInt32) {
+				err = errors.New("out of range")
+			}
+			n = int64(math.Round(f * api.SlotUnits))
 		case "bytes", "bandwidth":
 			n, err = resource.ParseSize(v)
 		default:

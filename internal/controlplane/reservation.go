@@ -65,9 +65,10 @@ func (r *reservation) lease(id string, plan api.Plan) api.Lease {
 	if l.Mode == api.ModeComposed && l.StripeUnit == 0 && (req.Kind == api.KindBlock || req.Kind == api.KindMemory) {
 		l.StripeUnit = defaultStripeUnit
 	}
-	if req.Kind == api.KindNIC {
+	if req.Kind == api.KindNIC || req.Kind == api.KindAccel {
 		// A nic lease's size is the rate its parts hold (a whole
-		// interface's is its rate).
+		// interface's is its rate); an accel lease's the slot units its
+		// parts hold (a shared lease's: its share).
 		l.Size = 0
 		for _, p := range plan.Parts {
 			l.Size += p.Length
@@ -103,6 +104,7 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 	if req.DeadlineSecond > 0 {
 		r.demand.Deadline = r.now.Add(time.Duration(req.DeadlineSecond * float64(time.Second)))
 	}
+	r.demand.Gateway = requestGateway(req)
 	l, todo, err := s.reserve(ctx, r, idem)
 	if errors.Is(err, store.ErrDuplicate) {
 		l, err := s.replay(ctx, idem)
@@ -326,16 +328,31 @@ func validateAccelRequest(r *api.LeaseRequest) error {
 	if r.Whole && r.Mode == api.ModeShared {
 		return fmt.Errorf("%w: a whole device is dedicated, not shared", ErrInvalid)
 	}
+	if r.Share != 0 && r.Mode != api.ModeShared {
+		return fmt.Errorf("%w: share applies to shared accel leases (mode shared); a dedicated lease takes whole slots (--count N)", ErrInvalid)
+	}
 	if r.Mode == api.ModeShared {
 		if r.Role == "" {
 			return fmt.Errorf("%w: a shared accel lease is served by the lender's batching gateway for a role: give a role", ErrInvalid)
 		}
 		if r.Count > 1 {
-			return fmt.Errorf("%w: a shared accel lease takes count 1 (the gateway spreads work over its slots)", ErrInvalid)
+			return fmt.Errorf("%w: a shared accel lease takes count 1 and a share of one slot (--share)", ErrInvalid)
 		}
+		if r.Share == 0 {
+			r.Share = api.DefaultShare
+		}
+		if math.IsNaN(r.Share) || r.Share < 1.0/api.SlotUnits || r.Share > 1 {
+			return fmt.Errorf("%w: share %g is not a share of one slot (from %g to 1)", ErrInvalid, r.Share, 1.0/api.SlotUnits)
+		}
+		// In whole slot units, so that the request (and its idempotency
+		// hash) says exactly what the lease holds.
+		r.Share = float64(shareUnits(r.Share)) / api.SlotUnits
 	}
 	return nil
 }
+
+// shareUnits is a share of one slot in slot units (api.SlotUnits a slot).
+func shareUnits(share float64) int64 { return int64(math.Round(share * api.SlotUnits)) }
 
 func requestHash(r api.LeaseRequest) string {
 	r.IdempotencyKey = ""
@@ -366,6 +383,9 @@ func sizeText(req api.LeaseRequest) string {
 	if req.Kind == api.KindAccel {
 		if req.Whole {
 			return "a whole device"
+		}
+		if req.Mode == api.ModeShared {
+			return placement.FormatSlots(shareUnits(req.Share), api.SlotUnits)
 		}
 		if req.Count > 1 {
 			return strconv.Itoa(req.Count) + " slots"

@@ -325,7 +325,7 @@ func (r *reserver) enter(id string, kind api.Kind, ps []store.LivePart) {
 			parts[i] = p.Part
 		}
 		pl := placement.Lease{ID: id, Tenant: ps[0].Tenant, Borrower: cpVertex, Mode: placementMode(kind, ps[0].Mode, parts, r.capacity), Kind: string(kind),
-			Demand: d.Bandwidth, Remaining: d.Work}
+			Demand: d.Bandwidth, Remaining: d.Work, Gateway: d.Gateway}
 		if !d.Deadline.IsZero() {
 			pl.Deadline = time.Duration(d.Deadline.UnixNano())
 		}

@@ -1,6 +1,9 @@
 package controlplane
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -144,13 +147,18 @@ func placementRequest(inv store.Inventory, req api.LeaseRequest, pins map[string
 		Labels: req.Labels, Strategy: req.Strategy,
 	}
 	if req.Kind == api.KindAccel {
-		preq.Size = int64(count)
+		// Slot units (api.SlotUnits a slot): whole slots, or a share of
+		// one for a gateway.
+		preq.Size = int64(count) * api.SlotUnits
 		switch {
 		case preq.Whole:
-			preq.Size = int64(req.Count) // the least slots (0: any)
+			preq.Size = int64(req.Count) * api.SlotUnits // the least slots (0: any)
 			preq.Mode, preq.AllowShare, preq.AllowCompose = "", false, false
 		case req.Mode == api.ModeShared:
-			preq.Mode = placement.ModeShared
+			preq.Mode, preq.Size, preq.Gateway = placement.ModeShared, shareUnits(req.Share), requestGateway(req)
+			if req.Share == 0 {
+				preq.Size = shareUnits(api.DefaultShare)
+			}
 		default:
 			// Dedicated slots: a partition of a device (or several),
 			// or a device with exactly count slots, never more.
@@ -198,13 +206,42 @@ func accelNote(req api.LeaseRequest, pp placement.Plan) string {
 	for _, p := range pp.Parts {
 		n += p.Length
 	}
+	slots := placement.FormatSlots(n, api.SlotUnits)
 	switch {
 	case req.Mode == api.ModeShared:
-		return fmt.Sprintf("accel: shared, through the lender's gateway for role %s; the lease adds %d slot to the gateway's instances", req.Role, n)
+		return fmt.Sprintf("accel: shared, %s of a slot that serves the lender's gateway for role %s (and this role config) only; the gateway weighs the lease's work by its share", slots, req.Role)
 	case req.Whole:
-		return fmt.Sprintf("accel: dedicated, a whole device (%d slots)", n)
+		return fmt.Sprintf("accel: dedicated, a whole device (%s)", slots)
 	}
-	return fmt.Sprintf("accel: dedicated, %d slot(s) of its own on %d device(s) (placement's %s is the slots it takes)", n, len(pp.Parts), pp.Mode)
+	return fmt.Sprintf("accel: dedicated, %s of its own on %d device(s) (placement's %s is the slots it takes)", slots, len(pp.Parts), pp.Mode)
+}
+
+// requestGateway is the gateway key of a shared accel request ("" for any
+// other): a SHA-256 digest of its role and role config, so that placement
+// puts its share only on a slot empty or held by leases of the same role
+// and config — a slot serves one gateway. The config may be a secret (an
+// AES key): only its digest is kept. The lender's own key adds the device
+// (internal/agent, gatewayKey).
+func requestGateway(req api.LeaseRequest) string {
+	if req.Kind != api.KindAccel || req.Mode != api.ModeShared {
+		return ""
+	}
+	h := sha256.New()
+	h.Write([]byte("rialto accel gateway\x00"))
+	var n [8]byte
+	binary.LittleEndian.PutUint64(n[:], uint64(len(req.Role)))
+	h.Write(n[:])
+	h.Write([]byte(req.Role))
+	if c := req.RoleConfig; c != nil {
+		for _, b := range [][]byte{c.Config, c.Module} {
+			binary.LittleEndian.PutUint64(n[:], uint64(len(b)))
+			h.Write(n[:])
+			h.Write(b)
+		}
+		binary.LittleEndian.PutUint64(n[:], uint64(c.WasmMemoryPages))
+		h.Write(n[:])
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // nicNote explains a nic plan in the lease's terms (docs/nic.md).
@@ -349,7 +386,7 @@ func infeasiblePlan(inv store.Inventory, pins map[string]api.Device, head []stri
 // that they are never chosen.
 func snapshot(inv store.Inventory, skip map[string]string, now time.Time, q Quotas) *placement.Snapshot {
 	s := &placement.Snapshot{Now: time.Duration(now.UnixNano()), Nodes: []placement.Node{{ID: cpVertex, State: placement.NodeReady}},
-		Quotas: q.Tenants, DefaultQuota: q.Default}
+		Quotas: q.Tenants, DefaultQuota: q.Default, SlotUnits: api.SlotUnits}
 	if len(inv.Profiles) > 0 {
 		s.Profiles = make(map[string]placement.Profile, len(inv.Profiles))
 		for _, p := range inv.Profiles {
@@ -392,7 +429,7 @@ func snapshot(inv store.Inventory, skip map[string]string, now time.Time, q Quot
 			i = len(s.Leases)
 			byLease[p.LeaseID] = i
 			l := placement.Lease{ID: p.LeaseID, Tenant: p.Tenant, Borrower: cpVertex, Mode: string(p.Mode),
-				Demand: p.Demand.Bandwidth, Remaining: p.Demand.Work}
+				Demand: p.Demand.Bandwidth, Remaining: p.Demand.Work, Gateway: p.Demand.Gateway}
 			if !p.Demand.Deadline.IsZero() {
 				l.Deadline = time.Duration(p.Demand.Deadline.UnixNano())
 			}

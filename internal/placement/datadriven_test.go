@@ -28,7 +28,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite testdata expectations with ac
 //	expected output
 //	<blank line>
 //
-// Commands: topology (input: node/link/device/profile/quota lines; resets
+// Commands: topology (input: node/link/device/profile/quota/slotunits lines; resets
 // the snapshot), lease (input: lease lines), now DURATION, place (args: the
 // request — whole, exact, labels=K=V,K=V and pin=DEV,DEV among them; id=NAME
 // records the plan as a running lease; brief prints only the plan),
@@ -377,6 +377,8 @@ func (sc *scenario) topologyLine(l string) error {
 			}
 		}
 		sc.s.Profiles[f[1]] = p
+	case "slotunits": // slotunits N (Snapshot.SlotUnits)
+		sc.s.SlotUnits = int64(getF("n"))
 	case "quota": // quota TENANT [leases=N] [bytes=B] [slots=S] [bw=B]
 		n, _ := strconv.Atoi(kv["leases"])
 		sc.s.Quotas[f[1]] = Quota{Leases: n, Bytes: int64(getF("bytes")), Slots: int64(getF("slots")), Bandwidth: getF("bw")}
@@ -387,7 +389,7 @@ func (sc *scenario) topologyLine(l string) error {
 }
 
 func parseLease(kv map[string]string) (Lease, error) {
-	l := Lease{ID: kv["id"], Tenant: kv["tenant"], Kind: kv["kind"], Borrower: kv["borrower"], Mode: kv["mode"]}
+	l := Lease{ID: kv["id"], Tenant: kv["tenant"], Kind: kv["kind"], Borrower: kv["borrower"], Mode: kv["mode"], Gateway: kv["gateway"]}
 	if l.Kind == "" {
 		l.Kind = KindBlock
 	}
@@ -423,7 +425,7 @@ func parseLease(kv map[string]string) (Lease, error) {
 }
 
 func parseRequest(kv map[string]string) (Request, error) {
-	r := Request{Kind: kv["kind"], Borrower: kv["borrower"], Mode: kv["mode"], Tenant: kv["tenant"], Strategy: kv["strategy"]}
+	r := Request{Kind: kv["kind"], Borrower: kv["borrower"], Mode: kv["mode"], Tenant: kv["tenant"], Strategy: kv["strategy"], Gateway: kv["gateway"]}
 	if r.Kind == "" {
 		r.Kind = KindBlock
 	}

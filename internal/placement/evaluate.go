@@ -37,8 +37,12 @@ type result struct {
 	rejection *Rejection
 }
 
-// span is a used range of a device: a lease's part.
-type span struct{ off, end int64 }
+// span is a used range of a device: a lease's part, and the lease's
+// gateway key (a shared accel lease's; "" for any other).
+type span struct {
+	off, end int64
+	gw       string
+}
 
 // hole finds the first aligned free range of n units on device di.
 func (x *Index) hole(di int32, n, align int64) (int64, bool) {
@@ -53,6 +57,53 @@ func (x *Index) hole(di int32, n, align int64) (int64, bool) {
 		}
 	}
 	return off, ds.dev.Capacity-off >= n
+}
+
+// slotHole finds room for a gateway share of n units on accel device di:
+// inside one slot (x.slotUnits units from a multiple of them) whose parts
+// all belong to leases of gateway gw. A slot gw already shares comes
+// first (the share joins the slot the gateway holds), then an empty slot;
+// a slot holding any other lease's part (another gateway's share, or
+// dedicated slots) is never used. Within a slot the share takes the
+// first gap that fits.
+func (x *Index) slotHole(di int32, n int64, gw string) (int64, bool) {
+	ds := &x.devs[di]
+	sp, unit := ds.spans, x.slotUnits
+	empty := int64(-1)
+	k := 0
+	for lo := int64(0); lo+n <= ds.dev.Capacity; lo += unit {
+		hi := min(lo+unit, ds.dev.Capacity)
+		for k < len(sp) && sp[k].end <= lo {
+			k++
+		}
+		off, found, used, ours := lo, int64(-1), false, true
+		for j := k; j < len(sp) && sp[j].off < hi; j++ {
+			if sp[j].end <= lo {
+				continue // an earlier span (spans are sorted by offset only)
+			}
+			used = true
+			if sp[j].gw != gw {
+				ours = false
+				break
+			}
+			if found < 0 && sp[j].off-off >= n {
+				found = off
+			}
+			off = max(off, sp[j].end)
+		}
+		switch {
+		case !ours:
+		case !used:
+			if empty < 0 {
+				empty = lo
+			}
+		case found >= 0:
+			return found, true
+		case hi-off >= n:
+			return off, true
+		}
+	}
+	return empty, empty >= 0
 }
 
 // impRef is a running lease an option slows (eval keeps them in
@@ -147,11 +198,18 @@ func (x *Index) evalParts(res *result, q *req, cands []cand) (ch usage, constrai
 	for _, di := range o.devs {
 		ds := &x.devs[di]
 		off, length := int64(0), o.partLen
-		if o.mode != ModeDedicated {
+		if o.mode != ModeDedicated && q.Kind == KindAccel && q.Gateway != "" {
+			var ok bool
+			off, ok = x.slotHole(di, o.partLen, q.Gateway)
+			if !ok {
+				return ch, ConstraintCapacity, fmt.Sprintf("%s has %s free but no slot with %s free that is empty or shared by the same gateway (a shared slot serves one role and role config)",
+					ds.dev.ID, x.amount(q.Kind, ds.free), x.amount(q.Kind, o.partLen))
+			}
+		} else if o.mode != ModeDedicated {
 			var ok bool
 			off, ok = x.hole(di, o.partLen, q.align)
 			if !ok {
-				return ch, ConstraintCapacity, fmt.Sprintf("%s has %s free but no contiguous %s", ds.dev.ID, amount(q.Kind, ds.free), amount(q.Kind, o.partLen))
+				return ch, ConstraintCapacity, fmt.Sprintf("%s has %s free but no contiguous %s", ds.dev.ID, x.amount(q.Kind, ds.free), x.amount(q.Kind, o.partLen))
 			}
 		}
 		x.offArena = append(x.offArena, off)
@@ -198,6 +256,9 @@ func (x *Index) overQuota(q *req, ch *usage) (constraint, reason string) {
 	case qt.Bytes > 0 && u.bytes+ch.bytes > qt.Bytes:
 		return ConstraintQuota, fmt.Sprintf("tenant %s would hold %d of %d bytes", q.Tenant, u.bytes+ch.bytes, qt.Bytes)
 	case qt.Slots > 0 && u.slots+ch.slots > qt.Slots:
+		if x.slotUnits > 1 {
+			return ConstraintQuota, fmt.Sprintf("tenant %s would hold %s of %s", q.Tenant, x.amount(KindAccel, u.slots+ch.slots), x.amount(KindAccel, qt.Slots))
+		}
 		return ConstraintQuota, fmt.Sprintf("tenant %s would hold %d of %d slots", q.Tenant, u.slots+ch.slots, qt.Slots)
 	case qt.Bandwidth > 0 && u.bandwidth+ch.bandwidth > qt.Bandwidth:
 		return ConstraintQuota, fmt.Sprintf("tenant %s would use %s of %s", q.Tenant, fmtBW(u.bandwidth+ch.bandwidth), fmtBW(qt.Bandwidth))

@@ -58,9 +58,9 @@ func (x *Index) noCandidate(q *req, bv int32, sc *scope) *InfeasibleError {
 func (x *Index) noOption(q *req, sc *scope, cands []cand) *InfeasibleError {
 	sorted := slices.Clone(cands)
 	slices.SortFunc(sorted, func(a, b cand) int { return x.cmpCand(&a, &b) })
-	what := fmt.Sprintf("a %s lease of %s", modeList(sc.dedicate, sc.share, sc.compose), amount(q.Kind, q.Size))
+	what := fmt.Sprintf("a %s lease of %s", modeList(sc.dedicate, sc.share, sc.compose), x.amount(q.Kind, q.Size))
 	if q.Whole {
-		what = fmt.Sprintf("a whole-device lease of at least %s", amount(q.Kind, q.Size))
+		what = fmt.Sprintf("a whole-device lease of at least %s", x.amount(q.Kind, q.Size))
 	}
 	if q.Kind == KindNIC && sc.compose && !sc.share && !sc.dedicate {
 		what += fmt.Sprintf(" (a bond of %d needs as many different lenders with room)", sc.minW)
@@ -90,7 +90,7 @@ func (x *Index) modeRejections(cands []cand) []Rejection {
 	for _, c := range cands {
 		ds := &x.devs[c.dev]
 		r := Rejection{Candidate: ds.dev.ID, Constraint: ConstraintCapacity,
-			Reason: fmt.Sprintf("%s free of %s, %d leases", amount(ds.dev.Kind, ds.free), amount(ds.dev.Kind, ds.dev.Capacity), len(ds.leases))}
+			Reason: fmt.Sprintf("%s free of %s, %d leases", x.amount(ds.dev.Kind, ds.free), x.amount(ds.dev.Kind, ds.dev.Capacity), len(ds.leases))}
 		if ds.dev.Kind == KindNIC {
 			r.Reason += " (on " + ds.dev.Node + ")"
 		}
@@ -146,11 +146,11 @@ func (x *Index) explain(q *req, top []*result, nresults int, rejected []Rejectio
 	case q.need > 0:
 		need = "wants " + fmtBW(q.need) + " without slowdown"
 	}
-	size := amount(q.Kind, q.Size)
+	size := x.amount(q.Kind, q.Size)
 	if q.Whole {
 		size = "whole device"
 		if q.Size > 0 {
-			size += " of at least " + amount(q.Kind, q.Size)
+			size += " of at least " + x.amount(q.Kind, q.Size)
 		}
 	}
 	e = append(e, "request: "+q.Kind+" "+size+" for "+q.Borrower+", "+need+", strategy "+q.strategy)
@@ -219,13 +219,27 @@ func (x *Index) explain(q *req, top []*result, nresults int, rejected []Rejectio
 	return e
 }
 
-// amount formats n units of a device of kind: a count (bytes, slots), or
-// for a nic a rate in bytes/s shown as a link rate.
-func amount(kind string, n int64) string {
-	if kind == KindNIC {
+// amount formats n units of a device of kind: a count (bytes, slots), for
+// a nic a rate in bytes/s shown as a link rate, for accel with
+// Snapshot.SlotUnits > 1 slots and shares of one.
+func (x *Index) amount(kind string, n int64) string {
+	switch {
+	case kind == KindNIC:
 		return fmtBits(float64(n) * 8)
+	case kind == KindAccel && x.slotUnits > 1:
+		return FormatSlots(n, x.slotUnits)
 	}
 	return strconv.FormatInt(n, 10)
+}
+
+// FormatSlots formats n accel units, units a slot, as slots: "0.25 slot",
+// "2 slots", "1.5 slots".
+func FormatSlots(n, units int64) string {
+	s := strconv.FormatFloat(float64(n)/float64(max(units, 1)), 'f', -1, 64)
+	if n > 0 && n <= max(units, 1) {
+		return s + " slot"
+	}
+	return s + " slots"
 }
 
 // FormatRate formats a rate in bytes/s as a link rate in bits/s ("500

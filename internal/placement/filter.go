@@ -27,9 +27,9 @@ func (x *Index) notWholeReason(ds *devState, n int64) string {
 	}
 	k := ds.dev.Kind
 	if ds.dev.Capacity > n && n > 0 {
-		return fmt.Sprintf("capacity %s: only a device of exactly %s is dedicated to this request", amount(k, ds.dev.Capacity), amount(k, n))
+		return fmt.Sprintf("capacity %s: only a device of exactly %s is dedicated to this request", x.amount(k, ds.dev.Capacity), x.amount(k, n))
 	}
-	return fmt.Sprintf("capacity %s: dedicated needs at least %s", amount(k, ds.dev.Capacity), amount(k, n))
+	return fmt.Sprintf("capacity %s: dedicated needs at least %s", x.amount(k, ds.dev.Capacity), x.amount(k, n))
 }
 
 // partitionable is the candidates that may hold a part: not exclusive.

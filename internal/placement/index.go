@@ -50,6 +50,7 @@ type Index struct {
 	reused    bool       // a slot was reused, so slot order is not lease order
 	res       []resState // devices first, then links
 	tenants   map[string]*usage
+	slotUnits int64 // Snapshot.SlotUnits, at least 1
 
 	solver fabric.Solver
 	// scratch, reused across calls (epoch-stamped)
@@ -156,6 +157,7 @@ func NewIndex(s *Snapshot) *Index {
 		orders:    map[orderKey][]int32{},
 		leaseByID: make(map[string]int, len(s.Leases)),
 		tenants:   map[string]*usage{},
+		slotUnits: max(s.SlotUnits, 1),
 	}
 	for i, n := range s.Nodes {
 		x.nodeByID[n.ID] = i
@@ -519,7 +521,7 @@ func (x *Index) insertLease(l Lease) int {
 		if l.Mode == ModeDedicated || ds.exclusive {
 			ds.dedicated = true
 		}
-		sp := span{p.Offset, p.Offset + p.Length}
+		sp := span{p.Offset, p.Offset + p.Length, l.Gateway}
 		if x.building {
 			ds.spans = append(ds.spans, sp)
 		} else {
@@ -569,7 +571,7 @@ func cmpSpan(a, b span) int {
 // dropSpan removes one part's span from device di.
 func (x *Index) dropSpan(di int, p Part) {
 	ds := &x.devs[di]
-	sp := span{p.Offset, p.Offset + p.Length}
+	sp := span{off: p.Offset, end: p.Offset + p.Length}
 	if i, ok := slices.BinarySearchFunc(ds.spans, sp, cmpSpan); ok {
 		ds.spans = slices.Delete(ds.spans, i, i+1)
 	}

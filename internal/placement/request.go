@@ -27,7 +27,18 @@ func (x *Index) validate(r Request) (req, error) {
 	switch r.Kind {
 	case KindBlock, KindMemory:
 	case KindAccel:
-		q.align = 1
+		// Whole slots, unless a share of one slot for a gateway.
+		q.align = x.slotUnits
+		switch {
+		case r.Gateway != "" && r.Mode != ModeShared:
+			return q, fmt.Errorf("%w: a gateway share is mode shared, not %q", ErrInvalid, r.Mode)
+		case r.Gateway != "" && r.Size > x.slotUnits:
+			return q, fmt.Errorf("%w: a gateway share of %s is more than one slot", ErrInvalid, x.amount(KindAccel, r.Size))
+		case r.Gateway != "":
+			q.align = 1
+		case !r.Whole && r.Size%x.slotUnits != 0:
+			return q, fmt.Errorf("%w: %s is not whole slots (only a shared lease with a gateway takes a share of one)", ErrInvalid, x.amount(KindAccel, r.Size))
+		}
 	case KindNIC:
 		// A rate in bytes/s: any amount, held exactly (the lenders cap
 		// the lease at it), and wanted in full unless a lower bandwidth
@@ -130,7 +141,8 @@ type scope struct {
 // permits them. Two kinds of request narrow it further:
 //   - a whole device is dedicated, never shared or composed;
 //   - an accelerator lease counts slots, so a composition has at most one
-//     part per slot asked for (and parts are not aligned: q.align is 1).
+//     part per slot asked for (parts are whole slots: q.align is the
+//     snapshot's SlotUnits, but 1 for a gateway share).
 func scopeOf(q *req) scope {
 	r := &q.Request
 	sc := scope{
@@ -144,8 +156,8 @@ func scopeOf(q *req) scope {
 	if r.Width > 0 {
 		sc.minW, sc.maxW = r.Width, r.Width
 	}
-	if r.Kind == KindAccel && int64(sc.maxW) > r.Size {
-		sc.maxW = int(r.Size)
+	if r.Kind == KindAccel && int64(sc.maxW) > r.Size/q.align {
+		sc.maxW = int(r.Size / q.align)
 	}
 	sc.shareLen = roundUp(r.Size, q.align)
 	if sc.share {

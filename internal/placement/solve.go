@@ -244,7 +244,7 @@ func hasRes(uses []fabric.Use, r int) bool {
 // and the next snapshot should record it.
 func (p Plan) Lease(id string, r Request, now time.Duration) Lease {
 	l := Lease{ID: id, Tenant: r.Tenant, Kind: r.Kind, Borrower: r.Borrower, Mode: p.Mode,
-		Parts: append([]Part(nil), p.Parts...), Demand: r.Bandwidth, Remaining: r.Work}
+		Parts: append([]Part(nil), p.Parts...), Demand: r.Bandwidth, Remaining: r.Work, Gateway: r.Gateway}
 	if r.Deadline > 0 {
 		l.Deadline = now + r.Deadline
 	}

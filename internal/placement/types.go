@@ -59,6 +59,15 @@ type Snapshot struct {
 	Quotas   map[string]Quota // by tenant; a tenant without one has DefaultQuota
 	// DefaultQuota bounds every tenant not in Quotas (zero: unlimited).
 	DefaultQuota Quota
+	// SlotUnits is how many units of an accel device's capacity make one
+	// slot (0 or 1: capacity counts whole slots, and a part is always
+	// whole slots). With more, accel capacities, sizes, parts and the
+	// Slots quota count shares of a slot: a dedicated or composed part is
+	// whole slots (aligned to SlotUnits), and a shared part with a
+	// Gateway is at most one slot's worth inside one slot, a slot that is
+	// empty or shared only by leases of the same Gateway (docs/placement.md,
+	// "Accelerator shares").
+	SlotUnits int64
 }
 
 // Node is a server that lends or borrows. Only ready nodes ("" or "ready")
@@ -118,6 +127,9 @@ type Lease struct {
 	Demand    float64
 	Remaining int64
 	Deadline  time.Duration
+	// Gateway is a shared accel lease's gateway key (with
+	// Snapshot.SlotUnits > 1): its share's slot serves that gateway only.
+	Gateway string
 }
 
 // Profile is a device model's characterization: Delivered[i] is the
@@ -135,7 +147,8 @@ type Profile struct {
 
 // Quota bounds a tenant's running leases; zero fields are unlimited. Bytes
 // counts block and memory capacity held (a dedicated device counts whole),
-// Slots counts accel slots, Bandwidth sums lease demands in bytes/s (a nic
+// Slots counts accel capacity in the snapshot's units (whole slots, or
+// shares of a slot with Snapshot.SlotUnits > 1), Bandwidth sums lease demands in bytes/s (a nic
 // lease's is the rate it holds).
 type Quota struct {
 	Leases    int
@@ -197,6 +210,12 @@ type Request struct {
 
 	Tenant   string
 	Strategy string // binpack (default) or spread
+
+	// Gateway is the gateway key of a shared accel request (with
+	// Snapshot.SlotUnits > 1): its part of at most one slot's units lies
+	// inside one slot that is empty or shared only by leases of the same
+	// Gateway. Without it an accel request takes whole slots.
+	Gateway string
 }
 
 // MaxWidth is the widest composition placement considers on its own.

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/placement"
 )
 
 const (
@@ -523,7 +524,7 @@ func (s *Service) blockTree(ctx context.Context, c *caller, id string, rest []st
 			"@odata.type":   typeOf("Processor"),
 			"Id":            d.ID,
 			"Name":          name,
-			"Description":   fmt.Sprintf("An accelerator appliance with %d slots (%d lent)", d.Capacity, d.Allocated),
+			"Description":   fmt.Sprintf("An accelerator appliance with %s (%s lent)", placement.FormatSlots(d.Capacity, api.SlotUnits), placement.FormatSlots(d.Allocated, api.SlotUnits)),
 			"ProcessorType": "Accelerator",
 			"Status":        blockStatus(d, n),
 		}, nil

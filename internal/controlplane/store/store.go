@@ -106,6 +106,10 @@ type Demand struct {
 	Bandwidth float64   // bytes/s the workload runs at alone (0: as fast as it can)
 	Work      int64     // bytes to move (0: open-ended)
 	Deadline  time.Time // completion deadline (zero: none)
+	// Gateway is a shared accel lease's gateway key (a digest of its role
+	// and role config, never the config): placement puts a share only on
+	// a slot empty or held by leases of the same key (docs/accelerators.md).
+	Gateway string
 }
 
 // LivePart is a part of a non-terminal lease, as placement needs it.

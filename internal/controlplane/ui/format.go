@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/placement"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -40,13 +41,11 @@ var funcs = template.FuncMap{
 	},
 }
 
-// amount formats a device quantity: bytes, or slots for accelerators.
+// amount formats a device quantity: bytes, or slots (and shares of one)
+// for accelerators, whose quantities are slot units (api.SlotUnits a slot).
 func amount(kind api.Kind, n int64) string {
 	if kind == api.KindAccel {
-		if n == 1 {
-			return "1 slot"
-		}
-		return fmt.Sprintf("%d slots", n)
+		return placement.FormatSlots(n, api.SlotUnits)
 	}
 	return resource.FormatSize(n)
 }

@@ -121,15 +121,15 @@ func (s *Store) createTx(ctx context.Context, tx execer, n store.NewLease, text 
 	for i, p := range l.Parts {
 		nodes[i], devs[i], offs[i], lens[i] = p.NodeID, p.DeviceID, p.Offset, p.Length
 	}
-	_, err := tx.ExecContext(ctx, `WITH l AS (INSERT INTO leases (`+leaseInsertCols+`, demand_bps, work_bytes, deadline_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)),
+	_, err := tx.ExecContext(ctx, `WITH l AS (INSERT INTO leases (`+leaseInsertCols+`, demand_bps, work_bytes, deadline_at, gateway)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)),
 		p AS (INSERT INTO lease_plans (created_at, lease_id, plan) SELECT ?, ?, ? WHERE ? <> ''),
 		x AS (INSERT INTO lease_parts (lease_id, idx, node_id, device_id, off, length, uri, live)
 			SELECT ?, t.i - 1, t.node, t.dev, t.off, t.len, '', 1
 			FROM unnest(?::text[], ?::text[], ?::bigint[], ?::bigint[]) WITH ORDINALITY AS t(node, dev, off, len, i))
 		SELECT 1`,
 		l.ID, l.State, l.Kind, l.Mode, l.Tenant, l.Borrower, l.Size, l.Count, l.StripeUnit, l.BandwidthCap, l.IOPSCap, l.URI, l.Credential, l.TTLSeconds,
-		ns(l.ExpiresAt), ns(l.CreatedAt), ns(l.UpdatedAt), l.Reason, l.IdempotencyKey, text.parts, d.Bandwidth, d.Work, ns(d.Deadline),
+		ns(l.ExpiresAt), ns(l.CreatedAt), ns(l.UpdatedAt), l.Reason, l.IdempotencyKey, text.parts, d.Bandwidth, d.Work, ns(d.Deadline), d.Gateway,
 		ns(l.CreatedAt), l.ID, text.plan, text.plan,
 		l.ID, nodes, devs, offs, lens)
 	if err != nil {

@@ -312,8 +312,8 @@ func createSQL(n store.NewLease, text opText) (string, []any) {
 	if ev.At.IsZero() {
 		ev.At = time.Now().UTC()
 	}
-	q := rebind(`WITH l AS (INSERT INTO leases (` + leaseInsertCols + `, demand_bps, work_bytes, deadline_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)),
+	q := rebind(`WITH l AS (INSERT INTO leases (` + leaseInsertCols + `, demand_bps, work_bytes, deadline_at, gateway)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)),
 		p AS (INSERT INTO lease_plans (created_at, lease_id, plan) SELECT ?, ?, ?::text WHERE ?::text <> ''),
 		x AS (INSERT INTO lease_parts (lease_id, idx, node_id, device_id, off, length, uri, live)
 			SELECT ?, t.i - 1, t.node, t.dev, t.off, t.len, '', 1
@@ -322,7 +322,7 @@ func createSQL(n store.NewLease, text opText) (string, []any) {
 		e AS (INSERT INTO events (at, type, subject, message, state) SELECT ?, ?::text, ?, ?, ? WHERE ?::text <> '')
 		SELECT 1`)
 	args := []any{l.ID, string(l.State), string(l.Kind), string(l.Mode), l.Tenant, l.Borrower, l.Size, l.Count, l.StripeUnit, l.BandwidthCap, l.IOPSCap, l.URI, l.Credential, l.TTLSeconds,
-		ns(l.ExpiresAt), ns(l.CreatedAt), ns(l.UpdatedAt), l.Reason, l.IdempotencyKey, text.parts, d.Bandwidth, d.Work, ns(d.Deadline),
+		ns(l.ExpiresAt), ns(l.CreatedAt), ns(l.UpdatedAt), l.Reason, l.IdempotencyKey, text.parts, d.Bandwidth, d.Work, ns(d.Deadline), d.Gateway,
 		ns(l.CreatedAt), l.ID, text.plan, text.plan,
 		l.ID, nodes, devs, offs, lens,
 		idemTenant, idemKey, idemHash, l.ID, ns(l.CreatedAt), idemKey,

@@ -31,7 +31,7 @@ func (s *Store) Inventory(ctx context.Context) (store.Inventory, error) {
 	if inv.Profiles, err = profiles(ctx, tx); err != nil {
 		return inv, err
 	}
-	rows, err := tx.QueryContext(ctx, `SELECT p.lease_id, p.node_id, p.device_id, p.off, p.length, l.mode, l.tenant, l.demand_bps, l.work_bytes, l.deadline_at
+	rows, err := tx.QueryContext(ctx, `SELECT p.lease_id, p.node_id, p.device_id, p.off, p.length, l.mode, l.tenant, l.demand_bps, l.work_bytes, l.deadline_at, l.gateway
 		FROM lease_parts p JOIN leases l ON l.id = p.lease_id WHERE p.live = 1 ORDER BY p.lease_id, p.idx`)
 	if err != nil {
 		return inv, fmt.Errorf("sqlite: inventory: %w", err)
@@ -40,7 +40,7 @@ func (s *Store) Inventory(ctx context.Context) (store.Inventory, error) {
 	for rows.Next() {
 		var p store.LivePart
 		var deadline int64
-		if err := rows.Scan(&p.LeaseID, &p.NodeID, &p.DeviceID, &p.Offset, &p.Length, &p.Mode, &p.Tenant, &p.Demand.Bandwidth, &p.Demand.Work, &deadline); err != nil {
+		if err := rows.Scan(&p.LeaseID, &p.NodeID, &p.DeviceID, &p.Offset, &p.Length, &p.Mode, &p.Tenant, &p.Demand.Bandwidth, &p.Demand.Work, &deadline, &p.Demand.Gateway); err != nil {
 			return inv, fmt.Errorf("sqlite: inventory: %w", err)
 		}
 		if deadline != 0 {

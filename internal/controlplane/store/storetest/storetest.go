@@ -44,6 +44,7 @@ func Run(t *testing.T, o Options) {
 		{"ConcurrentMoves", testConcurrentMoves},
 		{"ReplaceTokens", testReplaceTokens},
 		{"RemoveNode", testRemoveNode},
+		{"GatewayKey", testGatewayKey},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.f(t, o) })
 	}
@@ -115,6 +116,31 @@ func testCapacity(t *testing.T, o Options) {
 	}
 	if _, err := s.CreateLease(ctx, lease("h", "t", node, dev, 90, 10), store.Demand{}, nil, api.Event{}); !errors.Is(err, store.ErrCapacity) {
 		t.Fatalf("reserved on a down node: %v", err)
+	}
+}
+
+// testGatewayKey: a lease's gateway key (a shared accel lease's) comes
+// back with its live parts, for placement.
+func testGatewayKey(t *testing.T, o Options) {
+	ctx := context.Background()
+	s := open(t, o)
+	node, dev := oneNode(t, s, 100)
+	for _, l := range []struct {
+		id, key string
+		off     int64
+	}{{"k1", "digest-a", 0}, {"k2", "", 10}} {
+		if _, err := s.CreateLease(ctx, lease(l.id, "t", node, dev, l.off, 10), store.Demand{Gateway: l.key}, nil, api.Event{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inv, err := s.Inventory(ctx)
+	if err != nil || len(inv.Parts) != 2 {
+		t.Fatalf("inventory %+v %v", inv.Parts, err)
+	}
+	for _, p := range inv.Parts {
+		if want := map[string]string{"k1": "digest-a", "k2": ""}[p.LeaseID]; p.Demand.Gateway != want {
+			t.Fatalf("lease %s: gateway key %q, want %q", p.LeaseID, p.Demand.Gateway, want)
+		}
 	}
 }
 
