@@ -718,7 +718,7 @@ func runBase(ctx context.Context, e *env, merged, trie int, w func(string, ...an
 	w("The slots are leases of a `rialto agent` process (`--accel 7 --slot-memory 1MiB`; its appliance runs 2 workers per slot), "+
 		"made with `rialto lease create` against a `rialto server`: one dedicated slot with the echo role, a dedicated lease of "+
 		"3 slots with the MCT role (%d rules compiled into %d NFA states — %d before suffix merging — passed with --role-config), "+
-		"and 3 shared leases of the MCT role, served by the agent's batching gateway with its defaults. The clients "+
+		"and 3 shared leases of the MCT role (`--share 1` each: a slot apiece), served by the agent's batching gateway with its defaults. The clients "+
 		"(%d concurrent, 64-byte MCT queries, one query per request) and the ZeroMQ peer run in the benchmark's process, on loopback. "+
 		"Figures are medians of %d interleaved runs of %v each (A B C D … per run); steal time per run: %s%%. "+
 		"No images are involved (everything is in memory).\n\n",

@@ -445,8 +445,14 @@ func sharesSections(ctx context.Context, e *env, cl *cluster, bin, rulesFile str
 		}
 	}
 	w("B's throughput while A's calls are cancelled, against A's calls completing: %.2f× (per run %s); against B alone: %.2f× (per run %s). "+
-		"Errors other than A's expired deadlines in these runs: %d%s.\n\n",
+		"Errors other than A's expired deadlines in these runs: %d%s.",
 		median(ratio), fmtList2(ratio), median(ratioAlone), fmtList2(ratioAlone), cancelFailed, firstErr)
+	if strings.Contains(firstErr, "queue is full") {
+		w(" A's clients never have more than %d items outstanding, so the gateway still counted items of requests they had "+
+			"abandoned against A's part of the queue (until those executions returned), and refused some of A's next requests (Busy).",
+			*shareClients*G)
+	}
+	w("\n\n")
 
 	// Stopping a runaway.
 	return runawaySection(ctx, cl, sc, node, w)
