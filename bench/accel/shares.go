@@ -413,27 +413,33 @@ func sharesSections(ctx context.Context, e *env, cl *cluster, bin, rulesFile str
 		"The figure is what this costs tenant B, against A's calls completing and against B alone (the runs of the section above). "+
 		"\"Executed for A\" is the agent's `rialto_gateway_lease_service_items_total` (items run on a slot for A, cancelled "+
 		"executions included); \"cancelled\" its `rialto_gateway_lease_cancelled_total` (requests); the agent's CPU is its "+
-		"user+system time per second of the run (gateway, slots and all).\n\n", *cancelDeadline)
-	w("| setup | B items/s | B p50 ms | B p99 ms | A items answered/s | A requests expired/s | executed for A (agent) items/s | A requests cancelled (agent)/s | agent CPU (cores) |\n|---|---|---|---|---|---|---|---|---|\n")
+		"user+system time per second of the run (gateway, slots and all), and per item answered (to A and B) a figure that "+
+		"depends less than throughput on what the machine's other tenants leave to the agent.\n\n", *cancelDeadline)
+	w("| setup | B items/s | B p50 ms | B p99 ms | A items answered/s | A requests expired/s | executed for A (agent) items/s | A requests cancelled (agent)/s | agent CPU (cores) | agent CPU µs per item answered |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	secs := dur.Seconds()
-	w("| A's calls complete | %.0f | %s | %s | %.0f | %.0f | %.0f | %.0f | %.2f |\n",
+	cpuPerItemT := func(x run) float64 { return 1e6 * x.cpuT / max(1, x.together[0].qps+x.together[1].qps) }
+	cpuPerItemC := func(x run) float64 { return 1e6 * x.cpuC / max(1, x.cancel[0].qps+x.cancel[1].qps) }
+	w("| A's calls complete | %.0f | %s | %s | %.0f | %.0f | %.0f | %.0f | %.2f | %.1f |\n",
 		med(func(x run) float64 { return x.together[1].qps }),
 		msd(func(x run) time.Duration { return x.together[1].p50 }), msd(func(x run) time.Duration { return x.together[1].p99 }),
 		med(func(x run) float64 { return x.together[0].qps }), med(func(x run) float64 { return float64(x.together[0].expired) / secs }),
 		med(func(x run) float64 { return x.agT[0].service / secs }), med(func(x run) float64 { return x.agT[0].cancelled / secs }),
-		med(func(x run) float64 { return x.cpuT }))
-	w("| A's calls have a %v deadline | %.0f | %s | %s | %.0f | %.0f | %.0f | %.0f | %.2f |\n", *cancelDeadline,
+		med(func(x run) float64 { return x.cpuT }), med(cpuPerItemT))
+	w("| A's calls have a %v deadline | %.0f | %s | %s | %.0f | %.0f | %.0f | %.0f | %.2f | %.1f |\n", *cancelDeadline,
 		med(func(x run) float64 { return x.cancel[1].qps }),
 		msd(func(x run) time.Duration { return x.cancel[1].p50 }), msd(func(x run) time.Duration { return x.cancel[1].p99 }),
 		med(func(x run) float64 { return x.cancel[0].qps }), med(func(x run) float64 { return float64(x.cancel[0].expired) / secs }),
 		med(func(x run) float64 { return x.agC[0].service / secs }), med(func(x run) float64 { return x.agC[0].cancelled / secs }),
-		med(func(x run) float64 { return x.cpuC }))
-	w("| B alone | %.0f | %s | %s | — | — | — | — | %.2f |\n\n",
+		med(func(x run) float64 { return x.cpuC }), med(cpuPerItemC))
+	w("| B alone | %.0f | %s | %s | — | — | — | — | %.2f | %.1f |\n\n",
 		med(func(x run) float64 { return x.aloneB.qps }),
 		msd(func(x run) time.Duration { return x.aloneB.p50 }), msd(func(x run) time.Duration { return x.aloneB.p99 }),
-		med(func(x run) float64 { return x.cpuB }))
+		med(func(x run) float64 { return x.cpuB }), med(func(x run) float64 { return 1e6 * x.cpuB / max(1, x.aloneB.qps) }))
 	ratio := col(func(x run) float64 { return x.cancel[1].qps / max(1, x.together[1].qps) })
 	ratioAlone := col(func(x run) float64 { return x.cancel[1].qps / max(1, x.aloneB.qps) })
+	cpuRatio := col(func(x run) float64 { return cpuPerItemC(x) / max(1e-9, cpuPerItemT(x)) })
+	w("The agent's CPU time per item answered while A's calls are cancelled, against A's calls completing: %.2f× (per run %s). ",
+		median(cpuRatio), fmtList2(cpuRatio))
 	var cancelFailed int64
 	firstErr := ""
 	for _, x := range rs {
