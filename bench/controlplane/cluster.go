@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -84,21 +85,29 @@ func start(ctx context.Context, b backend, cfgMod func(*controlplane.Config)) (*
 			// loaded machine does not mark agents down.
 			SuspectAfter: 30 * time.Second, DownAfter: 60 * time.Second,
 		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			cancel()
+			closeAll()
+			return nil, err
+		}
+		url := "http://" + ln.Addr().String()
+		if b.pg != nil {
+			// Replicas forward creations and releases to the elected one
+			// (the placement leader), which they reach at this address.
+			cfg.AdvertiseURL = url
+		}
 		if cfgMod != nil {
 			cfgMod(&cfg)
 		}
 		srv, err := controlplane.New(ctx, cfg)
 		if err != nil {
+			ln.Close()
 			cancel()
 			closeAll()
 			return nil, err
 		}
-		url, stop, err := serve(srv.Handler())
-		if err != nil {
-			cancel()
-			closeAll()
-			return nil, err
-		}
+		stop := serveOn(ln, srv.Handler())
 		stops = append(stops, stop)
 		c.urls = append(c.urls, url)
 		c.srvs = append(c.srvs, srv)

@@ -58,16 +58,21 @@ func serve(h http.Handler) (string, func(), error) {
 	if err != nil {
 		return "", nil, err
 	}
+	return "http://" + ln.Addr().String(), serveOn(ln, h), nil
+}
+
+// serveOn serves h on ln until the returned stop is called.
+func serveOn(ln net.Listener, h http.Handler) func() {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		srv.Serve(ln)
 	}()
-	return "http://" + ln.Addr().String(), func() {
+	return func() {
 		srv.Close()
 		<-done
-	}, nil
+	}
 }
 
 func join(ctx context.Context, c *api.Client, name, agentURL string, devices int) (api.JoinResponse, error) {

@@ -139,7 +139,8 @@ func main() {
 	fmt.Fprintf(&b, "create → active → release. SQLite is a file in a temp dir (WAL, `synchronous=NORMAL`); PostgreSQL is a\n")
 	fmt.Fprintf(&b, "throwaway server on loopback (PostgreSQL's defaults: `fsync` and `synchronous_commit` on); with %d\n", *replicas)
 	fmt.Fprintf(&b, "replicas each has its own connection pool and the borrowers are spread over them (each knows all of\n")
-	fmt.Fprintf(&b, "them, first its own). Runs are interleaved (SQLite, 1 replica, %d replicas, SQLite, ...); medians of %d,\n", *replicas, *runs)
+	fmt.Fprintf(&b, "them, first its own); the elected replica places every lease and the others forward creations and\n")
+	fmt.Fprintf(&b, "releases to it over loopback HTTP (docs/operations.md, \"The placement leader\"). Runs are interleaved (SQLite, 1 replica, %d replicas, SQLite, ...); medians of %d,\n", *replicas, *runs)
 	fmt.Fprintf(&b, "per-run values in brackets. Everything shares the same 2 vCPUs: the server(s), PostgreSQL, the clients.\n\n")
 	fmt.Fprintf(&b, "| lease cycles, %v runs | ", *cycleDur)
 	for _, be := range backends {

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -96,6 +97,25 @@ func startControlPlane(ctx context.Context, ln net.Listener, db string, cfg cont
 		go func() { cp.done <- cp.hs.Serve(ln) }()
 	}
 	return cp, nil
+}
+
+// advertiseURL is the API address other replicas reach this one by: the
+// listening address, or the host name when it listens on every address.
+func advertiseURL(addr net.Addr, https bool) string {
+	scheme := "http://"
+	if https {
+		scheme = "https://"
+	}
+	ta, ok := addr.(*net.TCPAddr)
+	if !ok {
+		return scheme + addr.String()
+	}
+	if ta.IP.IsUnspecified() {
+		if hn, err := os.Hostname(); err == nil && hn != "" {
+			return scheme + net.JoinHostPort(hn, strconv.Itoa(ta.Port))
+		}
+	}
+	return scheme + ta.String()
 }
 
 // apiTLS opens the cluster CA in dir, creating it if absent, and returns it
@@ -194,6 +214,7 @@ func runServer(e *env, fs *pflag.FlagSet) runFunc {
 	tlsDir := fs.String("tls-dir", "", "the cluster CA's `directory` (created if absent: ca-cert.pem, ca-key.pem, ca-crl.pem); the API is served over HTTPS with a certificate from it (env RIALTO_TLS_DIR; default: rialto-tls beside --db, or in the working directory for PostgreSQL; replicas share one)")
 	var tlsHosts listFlag
 	fs.Var(&tlsHosts, "tls-host", "a further host name or address clients reach the API by, put in its certificate (repeatable)")
+	advertise := fs.String("advertise-url", "", "this replica's API address as the other replicas reach it (with a shared PostgreSQL database: the elected replica places every lease and the others forward creations and releases to it); default: the --listen address, or the host name when that is a wildcard; \"none\": never forward")
 	insecureHTTP := fs.Bool("insecure-http", false, "serve the API over plain HTTP, without TLS: API tokens and lease credentials then cross the network in clear (a trusted network or a test only)")
 	bootS := secretFile(fs, e, "bootstrap-token", "RIALTO_BOOTSTRAP_TOKEN", "the token agents join with")
 	adminS := secretFile(fs, e, "admin-token", "RIALTO_ADMIN_TOKEN", "the API token of the admin tenant")
@@ -269,8 +290,15 @@ func runServer(e *env, fs *pflag.FlagSet) runFunc {
 				return err
 			}
 		}
+		adv := *advertise
+		switch {
+		case adv == "none" || !isPostgresURL(*db):
+			adv = ""
+		case adv == "":
+			adv = advertiseURL(ln.Addr(), tlsCfg != nil)
+		}
 		cp, err := startControlPlane(ctx, ln, *db, controlplane.Config{
-			Logger: log, BootstrapToken: boot, Tokens: tokens,
+			Logger: log, BootstrapToken: boot, Tokens: tokens, AdvertiseURL: adv,
 			HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down, MaxHeartbeatsPerSecond: tm.maxBeats,
 			PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas, CA: ca, Version: versionString(),
 		}, tlsCfg)

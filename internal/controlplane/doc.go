@@ -16,7 +16,10 @@
 // retry, never an over-commit. Renewal and release (lease.go), the
 // background sweep (sweep.go: liveness, expiry, interrupted work) and
 // heartbeat reconciliation (nodes.go) drive the same machine; lender.go
-// reaches the agents.
+// reaches the agents. Replicas sharing a PostgreSQL store elect one
+// (replica.go) that runs the background duties and places every lease;
+// the others forward lease creations and releases to it (forward.go) and
+// serve everything else themselves.
 //
 // A Server is built by New from a Config whose Store is required; every
 // other field has a default. A Server is safe for concurrent use: handlers

@@ -177,6 +177,7 @@ func writeError(w http.ResponseWriter, status int, info api.ErrorInfo) {
 // wrap authenticates, authorizes, runs the handler and maps its error.
 func (s *Server) wrap(rt route) http.Handler {
 	name := rt.Method + " " + rt.Path
+	fwd := s.fwd != nil && forwards(name)
 	return s.instrument(name, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
 		var p principal
@@ -186,6 +187,9 @@ func (s *Server) wrap(rt route) http.Handler {
 			if err == nil && !rt.access.allows(p) {
 				err = fmt.Errorf("%w: %s needs a %s; this is a %s", ErrForbidden, name, rt.access, p.role)
 			}
+		}
+		if err == nil && fwd && s.forward(w, r, p) {
+			return // the placement leader answered (forward.go)
 		}
 		var status int
 		var out any

@@ -391,9 +391,19 @@ func TestIdempotency(t *testing.T) {
 	if !api.IsCode(err, api.CodeInvalid) {
 		t.Fatalf("mismatched keys: %v", err)
 	}
+	// A retry of a creation that took the last of the capacity gets its
+	// lease, not "no room".
+	full := api.LeaseRequest{Kind: api.KindBlock, Size: 1<<30 - 4<<20, IdempotencyKey: "job-44"}
+	d, err := e.alice.CreateLease(e.ctx(), full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := e.alice.CreateLease(e.ctx(), full); err != nil || r.ID != d.ID {
+		t.Fatalf("replay of the creation that filled the device: %v %s %s", err, d.ID, r.ID)
+	}
 	ls, _ := e.admin.Leases(e.ctx())
-	if len(ls) != 3 {
-		t.Fatalf("%d leases, want 3", len(ls))
+	if len(ls) != 4 {
+		t.Fatalf("%d leases, want 4", len(ls))
 	}
 }
 

@@ -53,8 +53,16 @@ func (s *Server) runReplica(ctx context.Context, el store.Leader) error {
 		s.followLoop(ctx)
 	}()
 	defer func() { <-done }()
+	defer s.fwd.close()
+	campaign := el.Campaign
+	if dir, ok := el.(leaderDirectory); ok && s.fwd != nil {
+		// The elected replica also places for the others (forward.go).
+		campaign = func(ctx context.Context) (context.Context, func(), error) {
+			return dir.CampaignAdvertising(ctx, s.fwd.self)
+		}
+	}
 	for {
-		lead, resign, err := el.Campaign(ctx)
+		lead, resign, err := campaign(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()

@@ -91,10 +91,11 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 	}
 	var idem *store.Idempotency
 	if req.IdempotencyKey != "" {
+		// A used key is found by the reservation's write, which the store
+		// refuses (ErrDuplicate), rather than by a read before placing:
+		// that read would cost every keyed creation a round trip to the
+		// store (clients of several replicas key every creation: api).
 		idem = &store.Idempotency{Tenant: p.tenant, Key: req.IdempotencyKey, RequestHash: requestHash(req)}
-		if l, err := s.replay(ctx, idem); !errors.Is(err, store.ErrNotFound) {
-			return l, false, err
-		}
 	}
 	r := &reservation{tenant: p.tenant, req: req, now: s.now(), skip: map[string]string{},
 		ttl: time.Duration(req.TTLSeconds) * time.Second, demand: store.Demand{Bandwidth: req.Bandwidth, Work: req.Work}}
@@ -106,9 +107,12 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 	}
 	r.demand.Gateway = requestGateway(req)
 	l, todo, err := s.reserve(ctx, r, idem)
-	if errors.Is(err, store.ErrDuplicate) {
-		l, err := s.replay(ctx, idem)
-		return l, false, err
+	if err != nil && idem != nil {
+		// A retry of a creation that succeeded may also find no room (the
+		// first took it) or its tenant at quota: its key's lease answers.
+		if l, rerr := s.replay(ctx, idem); !errors.Is(rerr, store.ErrNotFound) || errors.Is(err, store.ErrDuplicate) {
+			return l, false, rerr
+		}
 	}
 	if err != nil {
 		return l, false, err

@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -76,6 +77,16 @@ type Config struct {
 	// one or a newer minor are refused at join and heartbeat
 	// (CheckAgentVersion). "" or "devel": every agent is accepted.
 	Version string
+
+	// AdvertiseURL is this replica's API address as the other replicas
+	// reach it (https://HOST:PORT). With a store shared by replicas
+	// (PostgreSQL), the elected replica records it, places every lease,
+	// and the others forward lease creations and releases to it
+	// (forward.go). "": this replica neither advertises nor forwards.
+	AdvertiseURL string
+	// PeerTLS verifies the placement leader's certificate when
+	// forwarding to it; nil: the cluster CA's (CA), else the system's.
+	PeerTLS *tls.Config
 }
 
 // Server is a control plane.
@@ -108,6 +119,8 @@ type Server struct {
 	drains drains         // node drains (drain.go)
 
 	reloadMu sync.Mutex // serializes Reload (reload.go)
+
+	fwd *forwarder // the route to the placement leader (forward.go); nil: none
 }
 
 // New returns a Server; it stores the configured tokens (hashed) within
@@ -192,6 +205,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s.mv.init(s.reg)
 	s.leases.size, s.beats.size = s.m.batchSize.WithLabelValues("lease"), s.m.batchSize.WithLabelValues("heartbeat")
+	if s.res.shared {
+		s.fwd = newForwarder(s)
+	}
 	s.h = s.routes()
 	return s, nil
 }

@@ -34,7 +34,11 @@
 // Background duties run on one replica elected with a session-level
 // advisory lock held on a dedicated connection (Campaign, election.go):
 // when that replica dies, its session ends, PostgreSQL releases the lock,
-// and another replica's next attempt takes it.
+// and another replica's next attempt takes it. The elected replica also
+// places every lease for the others (the placement leader): it records
+// its API address with its lock session's PID (CampaignAdvertising,
+// leader.go), and LeaderURL returns that address only while that session
+// holds the lock.
 //
 // A database that cannot be reached makes every call fail with
 // store.ErrUnavailable.

@@ -43,6 +43,14 @@ func pgxConfig(url string) (*pgx.ConnConfig, error) {
 // failed a check, or ctx ended. resign releases the lock and closes the
 // connection; call it once leading is over.
 func (s *Store) Campaign(ctx context.Context) (context.Context, func(), error) {
+	return s.CampaignAdvertising(ctx, "")
+}
+
+// CampaignAdvertising is Campaign that, once elected, also records url
+// (this replica's API address; "" records nothing) as the leader's, on
+// the session that holds the lock: LeaderURL returns it while that
+// session lives (leader.go).
+func (s *Store) CampaignAdvertising(ctx context.Context, url string) (context.Context, func(), error) {
 	cfg, err := pgxConfig(s.url)
 	if err != nil {
 		return nil, nil, err
@@ -84,6 +92,11 @@ func (s *Store) Campaign(ctx context.Context) (context.Context, func(), error) {
 				return nil, nil, ctx.Err()
 			}
 			continue
+		}
+		if url != "" {
+			// A replica that cannot advertise still leads: the others then
+			// place for themselves until it can (leader.go).
+			_ = advertise(ctx, conn, url)
 		}
 		lead, cancel := context.WithCancel(ctx)
 		done := make(chan struct{})
