@@ -18,6 +18,8 @@
 # Interleaved (rotating order), medians of REPS runs, steal recorded.
 #
 #   bench/tls/run.sh                  # REPS=5 SIZE_MIB=1024 FIO_RUNTIME=4 by default
+#   METRICS="4K randread IOPS QD1" NBD_ONLY=1 REPS=5 OUT=/tmp/qd1.md bench/tls/run.sh
+#                                     # one NBD metric, no memory or API runs
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -180,6 +182,7 @@ mem_p50() { awk '{print $1}' "$WORK/mem.out"; }
 
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 NBD_METRICS=("nbdcopy read MiB/s" "nbdcopy write MiB/s" "4K randread IOPS QD1" "4K randread IOPS QD32")
+if [ -n "${METRICS:-}" ]; then IFS=',' read -r -a NBD_METRICS <<< "$METRICS"; fi
 SERVERS=(nbdkit rialto)
 i=0
 for rep in $(seq 1 "$REPS"); do
@@ -196,6 +199,7 @@ for rep in $(seq 1 "$REPS"); do
       esac
     done
   done
+  [ -n "${NBD_ONLY:-}" ] && continue
   # Memory: TLS and plaintext leases, alternating first.
   for which in $( [ $((rep % 2)) = 1 ] && echo "tls plain" || echo "plain tls" ); do
     if [ "$which" = tls ]; then

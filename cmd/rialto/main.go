@@ -130,7 +130,7 @@ func run(ctx context.Context, args []string, e *env) int {
 	}
 	var ue usageError
 	if errors.As(err, &ue) || isCobraUsage(err) {
-		fmt.Fprintf(e.stderr, "rialto: %s; see '%s -h'\n", oneLine(err.Error()), cmd.CommandPath())
+		fmt.Fprintf(e.stderr, "rialto: %s%s; see '%s -h'\n", oneLine(err.Error()), pskHint(err), cmd.CommandPath())
 		return 2
 	}
 	printError(e.stderr, err)
@@ -144,6 +144,16 @@ func isCobraUsage(err error) bool {
 	return strings.HasPrefix(s, "unknown command ") || strings.HasPrefix(s, "unknown flag") ||
 		strings.HasPrefix(s, "unknown shorthand flag") || strings.HasPrefix(s, "invalid argument ") ||
 		strings.Contains(s, "flag needs an argument") || strings.HasPrefix(s, "required flag")
+}
+
+// pskHint answers a flag asking for TLS with a pre-shared key (nbdkit's
+// --tls-psk, libnbd's tls-psk-file): there is none to find.
+func pskHint(err error) string {
+	if s := err.Error(); !strings.HasPrefix(s, "unknown flag") || !strings.Contains(strings.ToLower(s), "psk") {
+		return ""
+	}
+	return " (TLS with a pre-shared key is not offered: Go's crypto/tls has no external pre-shared keys; " +
+		"Rialto's TLS uses certificates of the cluster CA, docs/operations.md \"TLS and the trust model\")"
 }
 
 // oneLine keeps the first line of a message (cobra appends suggestions).

@@ -156,6 +156,8 @@ func TestVerbErrors(t *testing.T) {
 		{[]string{"lease"}, 2, "needs a verb (create, move, release, renew, show)"},
 		{[]string{"lease", "frob"}, 2, `unknown command "lease frob"`},
 		{[]string{"nodes", "--nope"}, 2, "unknown flag: --nope"},
+		{[]string{"agent", "--tls-psk", "keys.psk"}, 2, "TLS with a pre-shared key is not offered"},
+		{[]string{"server", "--tls-psk-file=keys.psk"}, 2, "certificates of the cluster CA"},
 	} {
 		_, errs, code := runCLI(t, srv.URL, tc.args...)
 		if code != tc.code || !strings.Contains(errs, tc.want) {

@@ -43,8 +43,22 @@ type principal struct {
 	fp     string // fingerprint of the secret, safe to log
 }
 
-// authenticate resolves the bearer token. It never logs the secret.
+// authenticate resolves the bearer token. It never logs the secret. A
+// node's call on a connection that presented a certificate since revoked
+// is refused (checkPeerRevoked); other callers' certificates authenticate
+// nothing (a removed node's machine joins again with the bootstrap token
+// while it still presents its old certificate).
 func (s *Server) authenticate(ctx context.Context, r *http.Request) (principal, error) {
+	p, err := s.resolveToken(ctx, r)
+	if err == nil && p.role == roleNode {
+		if err := s.checkPeerRevoked(r); err != nil {
+			return principal{}, err
+		}
+	}
+	return p, err
+}
+
+func (s *Server) resolveToken(ctx context.Context, r *http.Request) (principal, error) {
 	h := r.Header.Get("Authorization")
 	if h == "" {
 		return principal{}, fmt.Errorf("%w: missing Authorization: Bearer <token> header", ErrUnauthorized)
@@ -55,14 +69,38 @@ func (s *Server) authenticate(ctx context.Context, r *http.Request) (principal, 
 		return principal{}, fmt.Errorf("%w: Authorization header must be \"Bearer <token>\"", ErrUnauthorized)
 	}
 	hash := resource.HashSecret(tok)
-	if p, ok := s.auth.get(hash, s.now()); ok {
-		return p, nil
+	trusted := s.cacheTrusted()
+	if trusted {
+		if p, ok := s.auth.get(hash, s.now()); ok {
+			return p, nil
+		}
 	}
+	gen := s.auth.generation()
 	p, err := s.lookupPrincipal(ctx, hash, resource.Fingerprint(tok), strings.HasPrefix(tok, nodeCredentialPrefix+"_"))
 	if err == nil {
-		s.cachePrincipal(hash, p)
+		s.auth.put(hash, p, s.authExpiry(), gen)
 	}
 	return p, err
+}
+
+// checkPeerRevoked refuses a node's request whose connection presented a
+// client certificate that has been revoked since the handshake (the
+// handshake itself refuses one revoked before), and wrap closes that
+// connection. A replica that has not heard itself lately on the broadcast
+// channel (revoke.go) re-reads the revocation list first.
+func (s *Server) checkPeerRevoked(r *http.Request) error {
+	if s.cfg.CA == nil || r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
+		return nil
+	}
+	if !s.cacheTrusted() {
+		if _, err := s.cfg.CA.ReloadIfChanged(); err != nil {
+			return fmt.Errorf("%w: cannot read the revocation list: %v", ErrUnavailable, err)
+		}
+	}
+	if err := s.cfg.CA.VerifyPeer(*r.TLS); err != nil {
+		return fmt.Errorf("%w: client certificate: %w", ErrUnauthorized, err)
+	}
+	return nil
 }
 
 // nodeCredentialPrefix starts the node credentials join makes: those are
@@ -74,7 +112,11 @@ const nodeCredentialPrefix = "rnc"
 // heartbeat interval (stretched with the cluster's size: replica.go), so
 // that an agent's next heartbeat finds it.
 func (s *Server) cachePrincipal(hash string, p principal) {
-	s.auth.put(hash, p, s.now().Add(max(authCacheTTL, 2*s.heartbeatInterval())))
+	s.auth.put(hash, p, s.authExpiry(), s.auth.generation())
+}
+
+func (s *Server) authExpiry() time.Time {
+	return s.now().Add(max(authCacheTTL, 2*s.heartbeatInterval()))
 }
 
 func (s *Server) lookupPrincipal(ctx context.Context, hash, fp string, nodeFirst bool) (principal, error) {
@@ -189,10 +231,13 @@ func (p principal) redact(l api.Lease) api.Lease {
 // authCache remembers resolved principals by token hash for a few seconds,
 // so that heartbeats do not cost two lookups each. Unknown tokens are not
 // cached. A rejoin drops the node's entries, so a replaced node
-// credential stops working at once.
+// credential stops working at once. Every drop moves the cache to a new
+// generation, and a lookup that started in an older one is not cached (it
+// may have read the store before the change the drop stands for).
 type authCache struct {
-	mu sync.Mutex
-	m  map[string]authEntry
+	mu  sync.Mutex
+	m   map[string]authEntry
+	gen uint64
 }
 
 type authEntry struct {
@@ -213,9 +258,20 @@ func (c *authCache) get(hash string, now time.Time) (principal, bool) {
 	return e.p, true
 }
 
-func (c *authCache) put(hash string, p principal, exp time.Time) {
+// generation is the cache's generation, for put.
+func (c *authCache) generation() uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.gen
+}
+
+// put caches p unless the cache was dropped from since generation gen.
+func (c *authCache) put(hash string, p principal, exp time.Time, gen uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if gen != c.gen {
+		return
+	}
 	if c.m == nil || len(c.m) > 100000 {
 		c.m = map[string]authEntry{}
 	}
@@ -226,9 +282,18 @@ func (c *authCache) put(hash string, p principal, exp time.Time) {
 func (c *authCache) dropNode(id string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.gen++
 	for h, e := range c.m {
 		if e.p.role == roleNode && e.p.nodeID == id {
 			delete(c.m, h)
 		}
 	}
+}
+
+// clear forgets every entry.
+func (c *authCache) clear() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.gen++
+	c.m = nil
 }

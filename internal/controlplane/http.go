@@ -14,6 +14,7 @@ import (
 	"github.com/rialto-project/rialto/internal/controlplane/httpapi"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 	"github.com/rialto-project/rialto/internal/httpx"
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 // handlerFunc is an API handler: it returns the status and value to answer
@@ -199,6 +200,9 @@ func (s *Server) wrap(rt route) http.Handler {
 		if err != nil {
 			if errors.Is(err, httpx.ErrBadBody) {
 				err = fmt.Errorf("%w: %v", ErrInvalid, err)
+			}
+			if errors.Is(err, pki.ErrRevoked) {
+				w.Header().Set("Connection", "close") // a revoked peer's connection ends here
 			}
 			code, info := apiError(err)
 			if code >= 500 && code != http.StatusServiceUnavailable {

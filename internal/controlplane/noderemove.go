@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"fmt"
+	"math/big"
 	"net/http"
 	"strconv"
 
@@ -59,19 +60,25 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 	}
 	// Its certificates go on the revocation list before its credential is
 	// forgotten: from here on neither opens anything.
-	revoked := 0
+	var serials []*big.Int
 	if s.cfg.CA != nil {
-		if revoked, err = s.cfg.CA.RevokeIssuedTo(n.ID); err != nil {
+		if serials, err = s.cfg.CA.RevokeIssuedTo(n.ID); err != nil {
 			return api.NodeRemoval{}, fmt.Errorf("controlplane: revoke node %s's certificates: %w", n.ID, err)
 		}
 	}
+	revoked := len(serials)
 	removed, err := rm.RemoveNode(ctx, n.ID, api.Event{At: s.now(), Type: "node.removed", Subject: n.ID, State: string(api.NodeRemoved),
 		Message: fmt.Sprintf("%s removed; %d certificate(s) revoked, %d lease(s) lost", n.Name, revoked, len(lost))})
 	if err != nil {
 		return api.NodeRemoval{}, err
 	}
-	s.auth.dropNode(n.ID) // its credential stops working at once (on this replica; others forget it within the cache's lifetime)
+	s.auth.dropNode(n.ID) // its credential stops working at once
 	s.invalidate()
+	// And on every other replica before this returns (revoke.go).
+	if late := s.broadcastRevocation(ctx, n.ID, serials); len(late) > 0 {
+		s.log.Warn("replicas did not acknowledge the node's removal in time; they trust no cache until they hear the others again",
+			"node", n.ID, "replicas", late)
+	}
 	nodes, err := s.st.Nodes(ctx)
 	if err == nil {
 		s.peers.set(nodes)

@@ -108,6 +108,7 @@ type Server struct {
 	started time.Time // silence before this does not count (restarts)
 	rep     replicaState
 	auth    authCache
+	bus     replicaBus // replicas' broadcast channel (revoke.go)
 	beats   beatBatcher
 	leases  leaseBatcher
 	events  eventHub // the event stream's tail of the store (stream.go)
@@ -222,6 +223,12 @@ func (s *Server) Handler() http.Handler { return s.h }
 // several replicas (store.Leader), only the elected replica sweeps
 // (replica.go).
 func (s *Server) Run(ctx context.Context) error {
+	if b, ok := s.st.(store.Broadcaster); ok {
+		bctx, cancel := context.WithCancel(ctx)
+		wait := s.runBus(bctx, b)
+		defer wait()
+		defer cancel()
+	}
 	if el, ok := s.st.(store.Leader); ok {
 		return s.runReplica(ctx, el)
 	}

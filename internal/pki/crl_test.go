@@ -34,12 +34,16 @@ func TestRevokeIssuedTo(t *testing.T) {
 	}
 	// Another process sharing the directory revokes.
 	second := openCA(t, dir, clk)
-	n, err := second.RevokeIssuedTo("node-a")
-	if err != nil || n != 2 {
-		t.Fatalf("RevokeIssuedTo: %d, %v", n, err)
+	serials, err := second.RevokeIssuedTo("node-a")
+	if err != nil || len(serials) != 2 {
+		t.Fatalf("RevokeIssuedTo: %v, %v", serials, err)
 	}
-	if n, err := second.RevokeIssuedTo("node-a"); err != nil || n != 0 {
-		t.Fatalf("again: %d, %v", n, err)
+	got := map[string]bool{serials[0].Text(16): true, serials[1].Text(16): true}
+	if !got[a1.Cert.SerialNumber.Text(16)] || !got[a2.Cert.SerialNumber.Text(16)] {
+		t.Fatalf("RevokeIssuedTo returned %v, want the serials of a1 and a2", serials)
+	}
+	if again, err := second.RevokeIssuedTo("node-a"); err != nil || len(again) != 0 {
+		t.Fatalf("again: %v, %v", again, err)
 	}
 	if changed, err := ca.ReloadIfChanged(); err != nil || !changed {
 		t.Fatalf("ReloadIfChanged: %v %v", changed, err)

@@ -113,27 +113,28 @@ func (ca *CA) writeIndex(entries []indexEntry) error {
 // RevokeIssuedTo revokes every certificate in the index, not yet expired,
 // whose common name is commonName (a node's ID: its certificates, current
 // and renewed), writes the CRL once, and returns how many it revoked that
-// were not revoked already.
-func (ca *CA) RevokeIssuedTo(commonName string) (int, error) {
+// were not revoked already (their serial numbers: replicas holding a copy
+// of the CA directory revoke them in theirs).
+func (ca *CA) RevokeIssuedTo(commonName string) ([]*big.Int, error) {
 	if commonName == "" {
-		return 0, fmt.Errorf("%w: no common name", ErrBadRequest)
+		return nil, fmt.Errorf("%w: no common name", ErrBadRequest)
 	}
 	unlock, err := lockDir(ca.dir)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer unlock()
 	entries, err := ca.readIndex()
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	ca.mu.Lock()
 	defer ca.mu.Unlock()
 	if err := ca.loadCRL(); err != nil {
-		return 0, err
+		return nil, err
 	}
 	at := ca.now().UTC().Truncate(time.Second)
-	n := 0
+	var out []*big.Int
 	for _, e := range entries {
 		if e.cn != commonName {
 			continue
@@ -142,14 +143,14 @@ func (ca *CA) RevokeIssuedTo(commonName string) (int, error) {
 			continue
 		}
 		ca.revoked[e.serial.Text(16)] = at
-		n++
+		out = append(out, e.serial)
 	}
-	if n > 0 {
+	if len(out) > 0 {
 		if err := ca.writeCRL(); err != nil {
-			return 0, err
+			return nil, err
 		}
 	}
-	return n, ca.writeIndex(entries)
+	return out, ca.writeIndex(entries)
 }
 
 // CRLNumber is the number of the current revocation list (it grows with

@@ -282,6 +282,19 @@ type Leader interface {
 	Campaign(ctx context.Context) (lead context.Context, resign func(), err error)
 }
 
+// Broadcaster is an optional Store capability of a store that several
+// control-plane replicas share: messages to every replica at once
+// (PostgreSQL's NOTIFY). Broadcast sends msg (at most 7,000 bytes) to
+// every replica listening when it commits. Listen calls ready once it
+// listens, then fn for every message broadcast (its own too), one at a
+// time and in the order they were sent, until ctx ends or the connection
+// fails (its error); a replica listens again after a failure and must
+// take what it may have missed meanwhile for lost.
+type Broadcaster interface {
+	Broadcast(ctx context.Context, msg string) error
+	Listen(ctx context.Context, ready func(), fn func(msg string)) error
+}
+
 // Pinger is an optional Store capability: Ping reports whether the
 // database answers (ErrUnavailable otherwise).
 type Pinger interface {

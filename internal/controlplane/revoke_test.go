@@ -1,0 +1,133 @@
+package controlplane
+
+import (
+	"context"
+	"math/big"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/rialto-project/rialto/internal/controlplane/store/postgres"
+	"github.com/rialto-project/rialto/internal/pgserver/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// TestReplicaRevocationBus: two Servers on one PostgreSQL database. Once
+// both hear themselves on the broadcast channel they trust their token
+// caches; a revocation broadcast by one returns once the other
+// acknowledged, and the other has forgotten the node's cached credential
+// by then. When the database ends their listening sessions they stop
+// trusting their caches, and trust them again once they listen anew (with
+// the caches emptied).
+func TestReplicaRevocationBus(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	url := pgtest.DB(t)
+	replica := func() *Server {
+		st, err := postgres.Open(ctx, url, postgres.Options{MaxConns: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		s, err := New(ctx, Config{Store: st, BootstrapToken: bootTok})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { // stopped and waited for at cleanup
+			defer close(done)
+			s.Run(rctx)
+		}()
+		t.Cleanup(func() { stop(); <-done })
+		return s
+	}
+	a, b := replica(), replica()
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 20 s", what)
+			}
+			time.Sleep(20 * time.Millisecond) // polling with a deadline
+		}
+	}
+	waitFor("both replicas hear themselves", func() bool { return a.cacheTrusted() && b.cacheTrusted() })
+	// Each has heard the other's hello (the remover waits for those it heard).
+	heard := func(s, other *Server) bool {
+		s.bus.mu.Lock()
+		defer s.bus.mu.Unlock()
+		_, ok := s.bus.seen[other.bus.id]
+		return ok
+	}
+	waitFor("the replicas hear each other", func() bool { return heard(a, b) && heard(b, a) })
+
+	node := principal{role: roleNode, nodeID: "n-gone"}
+	keep := principal{role: roleNode, nodeID: "n-kept"}
+	b.auth.put("h-gone", node, time.Now().Add(time.Hour), b.auth.generation())
+	b.auth.put("h-kept", keep, time.Now().Add(time.Hour), b.auth.generation())
+	start := time.Now()
+	if late := a.broadcastRevocation(ctx, "n-gone", []*big.Int{big.NewInt(0x1234)}); len(late) != 0 {
+		t.Fatalf("replicas %v did not acknowledge", late)
+	}
+	if d := time.Since(start); d >= busStale {
+		t.Fatalf("the revocation took %v: it waited for its deadline, not for the acknowledgement", d)
+	}
+	if _, ok := b.auth.get("h-gone", time.Now()); ok {
+		t.Fatal("the other replica still has the removed node's credential cached")
+	}
+	if _, ok := b.auth.get("h-kept", time.Now()); !ok {
+		t.Fatal("the other replica forgot another node's credential")
+	}
+	// A lookup that began before the revocation does not put its (stale)
+	// answer into the cache.
+	gen := b.auth.generation()
+	b.applyRevocation("n-gone", nil)
+	b.auth.put("h-gone", node, time.Now().Add(time.Hour), gen)
+	if _, ok := b.auth.get("h-gone", time.Now()); ok {
+		t.Fatal("a lookup older than the revocation was cached")
+	}
+
+	// The database ends the listening sessions: neither trusts its cache
+	// until it listens again.
+	c, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	killed := time.Now()
+	if _, err := c.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'rialto-listen' AND datname = current_database()`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("both listen again", func() bool {
+		return a.bus.freshAt.Load() > killed.UnixNano() && b.bus.freshAt.Load() > killed.UnixNano()
+	})
+	if _, ok := b.auth.get("h-kept", time.Now()); ok {
+		t.Fatal("a replica that listens anew kept its cache (it may have missed revocations)")
+	}
+	if !a.cacheTrusted() || !b.cacheTrusted() {
+		t.Fatal("replicas that hear themselves again do not trust their caches")
+	}
+}
+
+// TestCacheUntrustedWithoutBus: a Server on a shared store that is not
+// running (so not listening) never answers from its token cache.
+func TestCacheUntrustedWithoutBus(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := postgres.Open(ctx, pgtest.DB(t), postgres.Options{MaxConns: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	s, err := New(ctx, Config{Store: st, BootstrapToken: bootTok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.cacheTrusted() {
+		t.Fatal("a replica that does not listen trusts its cache")
+	}
+}
