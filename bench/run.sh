@@ -35,7 +35,7 @@ case $mode in
     export CYCLE_DURATION=${CYCLE_DURATION:-3s} HB_DURATION=${HB_DURATION:-5s}
     export OPS=${OPS:-5000} SCALE_LEASES=${SCALE_LEASES:-100000}
     export SIM_VALIDATE=${SIM_VALIDATE:-0}
-    export ACCEL_ARGS=${ACCEL_ARGS:--runs 3 -dur 1s -sweepruns 3 -sweepdur 300ms}
+    export ACCEL_ARGS=${ACCEL_ARGS:--runs 3 -dur 1s -sweepruns 3 -sweepdur 300ms -runaways 3}
     export NIC_ARGS=${NIC_ARGS:--runs 3 -dur 3s}
     ;;
   *) echo "bench/run.sh: BENCH_MODE is full or quick, not $mode" >&2; exit 2 ;;

@@ -89,8 +89,15 @@ func startCluster(ctx context.Context, bin, work string, rules []byte) (*cluster
 		c.close()
 		return nil, fmt.Errorf("MCT lease has %d slots, want 3", len(c.mct.addrs))
 	}
+	// Each shared lease a whole slot (--share 1, where the binary has
+	// shares), so that the gateway batches over three slots as before
+	// shares: three default quarter shares would fall in one slot.
+	shared := []string{"--mode", "shared"}
+	if leaseCreateHas(bin, "share") {
+		shared = append(shared, "--share", "1")
+	}
 	for range 3 {
-		g, err := lease("--mode", "shared", "--role", "mct", "--role-config", rulesFile)
+		g, err := lease(append(shared, "--role", "mct", "--role-config", rulesFile)...)
 		if err != nil {
 			c.close()
 			return nil, err

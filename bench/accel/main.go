@@ -443,6 +443,78 @@ func main() {
 	merged, trie := engine.States()
 	log.Printf("MCT: %d rules, %d NFA states (%d before suffix merging)", *nRules, merged, trie)
 
+	var b strings.Builder
+	w := func(f string, a ...any) { fmt.Fprintf(&b, f, a...) }
+	w("## Accelerators through accel leases of `rialto agent` (mailbox protocol, batching gateway)\n\n")
+	commit := stats.Commit(".")
+	if *rev != "" {
+		commit = *rev
+	}
+	w("Measured %s by `bench/accel/run.sh` (bench/accel) at commit %s on %s. ", stats.Stamp(), commit, stats.Machine())
+	var sp []svgPoint
+	if *doBase {
+		sp = runBase(ctx, e, merged, trie, w)
+	} else {
+		w("The slots are leases of `rialto agent` processes made with `rialto lease create` against a `rialto server` " +
+			"(this fragment was written with -base=false: only the shared-gateway sections ran).\n\n")
+	}
+	if *doShares {
+		if err := sharesSections(ctx, e, cl, *rialtoBin, filepath.Join(cl.dir, "mct-rules.json"), w); err != nil {
+			log.Fatal(err)
+		}
+	}
+	var args []string
+	flag.VisitAll(func(f *flag.Flag) {
+		switch f.Name {
+		case "out", "svg", "bin", "work", "rev":
+			return
+		}
+		args = append(args, "-"+f.Name+"="+f.Value.String())
+	})
+	w("\nCommand: `bench/accel/run.sh` (= `accel-bench -bin bin/rialto %s`, built from bench/accel). Rialto's processes:\n\n```\n",
+		strings.Join(args, " "))
+	for _, c := range cl.lab.Commands {
+		w("%s\n", c)
+	}
+	w("```\n")
+	if err := os.MkdirAll(filepath.Dir(*outPath), 0o755); err != nil {
+		log.Fatal(err)
+	}
+	if err := os.WriteFile(*outPath, []byte(b.String()), 0o644); err != nil {
+		log.Fatal(err)
+	}
+	if len(sp) > 0 {
+		if err := os.WriteFile(*svgPath, []byte(paretoSVG(sp)), 0o644); err != nil {
+			log.Fatal(err)
+		}
+	}
+	fmt.Print(b.String())
+}
+
+func yes(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "**no**"
+}
+
+func fmtList(xs []float64) string {
+	var s []string
+	for _, x := range xs {
+		s = append(s, fmt.Sprintf("%.1f", x))
+	}
+	if len(s) == 0 {
+		return "n/a"
+	}
+	return strings.Join(s, ", ")
+}
+
+// runBase measures the round trips, the MCT setups against ZeroMQ and the
+// gateway sweep on the first agent's leases, writes their sections with w
+// and returns the sweep's points for the plot.
+func runBase(ctx context.Context, e *env, merged, trie int, w func(string, ...any)) []svgPoint {
+	cl, engine := e.cl, e.engine
+	var err error
 	// Fixed setups reused by every run.
 	echoConn := e.dial(ctx, 0)
 	echoLocal, _ := roles.New(ctx, roles.Spec{Name: "echo"})
@@ -643,19 +715,10 @@ func main() {
 	}
 	_ = echoConn.Close()
 
-	// Report.
-	var b strings.Builder
-	w := func(f string, a ...any) { fmt.Fprintf(&b, f, a...) }
-	w("## Accelerators through accel leases of `rialto agent` (mailbox protocol, batching gateway)\n\n")
-	commit := stats.Commit(".")
-	if *rev != "" {
-		commit = *rev
-	}
-	w("Measured %s by `bench/accel/run.sh` (bench/accel) at commit %s on %s. ", stats.Stamp(), commit, stats.Machine())
 	w("The slots are leases of a `rialto agent` process (`--accel 7 --slot-memory 1MiB`; its appliance runs 2 workers per slot), "+
 		"made with `rialto lease create` against a `rialto server`: one dedicated slot with the echo role, a dedicated lease of "+
 		"3 slots with the MCT role (%d rules compiled into %d NFA states — %d before suffix merging — passed with --role-config), "+
-		"and 3 shared leases of the MCT role, served by the agent's batching gateway with its defaults. The clients "+
+		"and 3 shared leases of the MCT role (`--share 1` each: a slot apiece), served by the agent's batching gateway with its defaults. The clients "+
 		"(%d concurrent, 64-byte MCT queries, one query per request) and the ZeroMQ peer run in the benchmark's process, on loopback. "+
 		"Figures are medians of %d interleaved runs of %v each (A B C D … per run); steal time per run: %s%%. "+
 		"No images are involved (everything is in memory).\n\n",
@@ -719,43 +782,9 @@ func main() {
 		}
 		w("| %s | %.0f | %s | %s | %s |\n", p.label, p.s.qps, us(p.s.p50), us(p.s.p99), star)
 	}
-	w("\nCommand: `bench/accel/run.sh` (= `accel-bench -bin bin/rialto -runs %d -dur %v -sweepruns %d -sweepdur %v -rules %d -clients %d "+
-		"-gw-batch %d -gw-delay %v -gw-workers %d -gw-instances %d`, built from bench/accel). Rialto's processes:\n\n```\n",
-		*runs, *dur, *sweepRuns, *sweepDur, *nRules, *clients, gwBatch, gwDelay, gwWorkers, gwInstances)
-	for _, c := range cl.lab.Commands {
-		w("%s\n", c)
-	}
-	w("```\n")
-	if err := os.MkdirAll(filepath.Dir(*outPath), 0o755); err != nil {
-		log.Fatal(err)
-	}
-	if err := os.WriteFile(*outPath, []byte(b.String()), 0o644); err != nil {
-		log.Fatal(err)
-	}
 	var sp []svgPoint
 	for _, p := range pts {
 		sp = append(sp, svgPoint{label: p.label, x: p.s.qps, y: float64(p.s.p99) / 1e3, pareto: p.pareto})
 	}
-	if err := os.WriteFile(*svgPath, []byte(paretoSVG(sp)), 0o644); err != nil {
-		log.Fatal(err)
-	}
-	fmt.Print(b.String())
-}
-
-func yes(b bool) string {
-	if b {
-		return "yes"
-	}
-	return "**no**"
-}
-
-func fmtList(xs []float64) string {
-	var s []string
-	for _, x := range xs {
-		s = append(s, fmt.Sprintf("%.1f", x))
-	}
-	if len(s) == 0 {
-		return "n/a"
-	}
-	return strings.Join(s, ", ")
+	return sp
 }

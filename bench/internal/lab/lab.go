@@ -104,6 +104,7 @@ type Cluster struct {
 	boot     string
 	Server   *Proc
 	client   *api.Client
+	hc       *http.Client // trusts CACert
 	mu       sync.Mutex
 	procs    []*Proc // in start order; stopped in reverse
 	Commands []string
@@ -173,6 +174,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		hc.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}
 	}
 	go io.Copy(io.Discard, br)
+	c.hc = hc
 	c.client = api.NewClient(c.URL, c.admin, hc)
 	fmt.Fprintf(cfg.Progress, "lab: rialto server at %s (pid %d)\n", c.URL, p.PID())
 	return c, nil
@@ -399,6 +401,35 @@ func (c *Cluster) nodeReady(ctx context.Context, name string, devices int) (bool
 		return have >= devices, nil
 	}
 	return false, nil
+}
+
+// AgentMetrics returns the URL of node's agent's GET /metrics, from the
+// control plane's scrape targets (GET /v1/metrics-targets), and an HTTP
+// client that trusts the cluster CA (the agents of an enrolled cluster
+// serve it over TLS).
+func (c *Cluster) AgentMetrics(ctx context.Context, node string) (string, *http.Client, error) {
+	groups, err := c.client.MetricsTargets(ctx)
+	if err != nil {
+		return "", nil, err
+	}
+	for _, g := range groups {
+		if g.Labels["component"] != "agent" || g.Labels["node"] != node || len(g.Targets) == 0 {
+			continue
+		}
+		scheme, path := g.Labels["__scheme__"], g.Labels["__metrics_path__"]
+		if scheme == "" {
+			scheme = "http"
+		}
+		if path == "" {
+			path = "/metrics"
+		}
+		hc := c.hc
+		if hc == nil {
+			hc = &http.Client{Timeout: time.Minute}
+		}
+		return scheme + "://" + g.Targets[0] + path, hc, nil
+	}
+	return "", nil, fmt.Errorf("lab: no scrape target for agent %s", node)
 }
 
 // env is the environment of CLI verbs: the control plane and the admin

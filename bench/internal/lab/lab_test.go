@@ -3,6 +3,8 @@ package lab
 import (
 	"bytes"
 	"context"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -94,6 +96,24 @@ func TestLeasesOfAgentProcesses(t *testing.T) {
 	}
 	if ok, err := ded.Exited(); ok {
 		t.Fatalf("agent exited: %v", err)
+	}
+	// The agent's /metrics, found through the control plane's scrape
+	// targets and fetched with the cluster CA.
+	murl, hc, err := c.AgentMetrics(ctx, "ded")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := hc.Get(murl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "rialto_") {
+		t.Fatalf("GET %s: %s\n%.300s", murl, resp.Status, body)
+	}
+	if _, _, err := c.AgentMetrics(ctx, "no-such-node"); err == nil {
+		t.Error("AgentMetrics of a node that does not exist: no error")
 	}
 	// Secrets stay out of the recorded commands.
 	for _, cmd := range c.Commands {
