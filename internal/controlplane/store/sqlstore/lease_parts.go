@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
@@ -132,6 +133,11 @@ func Charge(l api.Lease, d store.Demand, devs []PartRow) Usage {
 	return u
 }
 
+// slotText shows n accel units as slots ("2.25").
+func slotText(n int64) string {
+	return strconv.FormatFloat(float64(n)/api.SlotUnits, 'f', -1, 64)
+}
+
 // JudgeLimit refuses l if the tenant's usage u plus l's charge breaks lim.
 func JudgeLimit(l api.Lease, d store.Demand, lim store.Limit, u Usage, devs []PartRow) error {
 	c := Charge(l, d, devs)
@@ -142,7 +148,7 @@ func JudgeLimit(l api.Lease, d store.Demand, lim store.Limit, u Usage, devs []Pa
 	case lim.Bytes > 0 && bytes > lim.Bytes:
 		return fmt.Errorf("tenant %s would hold %d of %d bytes: %w", l.Tenant, bytes, lim.Bytes, store.ErrQuota)
 	case lim.Slots > 0 && slots > lim.Slots:
-		return fmt.Errorf("tenant %s would hold %d of %d slots: %w", l.Tenant, slots, lim.Slots, store.ErrQuota)
+		return fmt.Errorf("tenant %s would hold %s of %s slots: %w", l.Tenant, slotText(slots), slotText(lim.Slots), store.ErrQuota)
 	case lim.Bandwidth > 0 && bw > lim.Bandwidth:
 		return fmt.Errorf("tenant %s would use %.0f of %.0f bytes/s: %w", l.Tenant, bw, lim.Bandwidth, store.ErrQuota)
 	}

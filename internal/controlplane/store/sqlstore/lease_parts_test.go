@@ -1,0 +1,26 @@
+package sqlstore
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
+)
+
+// TestJudgeLimitSlots: accel parts charge their slot units, and a refusal
+// speaks of slots as the quota was given (2.25 of 2), not of units.
+func TestJudgeLimitSlots(t *testing.T) {
+	l := api.Lease{ID: "l", Tenant: "t", Kind: api.KindAccel, Mode: api.ModeShared,
+		Parts: []api.Part{{DeviceID: "d", Offset: 0, Length: 250}}}
+	devs := []PartRow{{DKind: string(api.KindAccel), Capacity: 2 * api.SlotUnits}}
+	lim := store.Limit{Slots: 2 * api.SlotUnits}
+	if err := JudgeLimit(l, store.Demand{}, lim, Usage{Slots: 1750}, devs); err != nil {
+		t.Fatalf("2 of 2 slots refused: %v", err)
+	}
+	err := JudgeLimit(l, store.Demand{}, lim, Usage{Slots: 2000}, devs)
+	if !errors.Is(err, store.ErrQuota) || !strings.Contains(err.Error(), "would hold 2.25 of 2 slots") {
+		t.Fatalf("2.25 of 2 slots: %v", err)
+	}
+}
