@@ -70,6 +70,7 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 	if err != nil {
 		return api.NodeRemoval{}, err
 	}
+	s.live.forget(n.ID)
 	s.auth.dropNode(n.ID) // its credential stops working at once (on this replica; others forget it within the cache's lifetime)
 	s.invalidate()
 	nodes, err := s.st.Nodes(ctx)

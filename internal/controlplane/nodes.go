@@ -203,6 +203,7 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 		// node's entries go: with thousands of agents, emptying the cache
 		// on every join would cost each of them a lookup.
 		s.auth.dropNode(n.ID)
+		s.live.forget(n.ID)
 	}
 	s.peers.add(n)
 	if !rejoined {
@@ -254,16 +255,12 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 	if health == "" {
 		health = "ok"
 	}
-	prev, err := s.beats.do(ctx, s.st, store.Beat{NodeID: nodeID, At: now, Health: health, Links: links})
+	prev, err := s.recordBeat(ctx, store.Beat{NodeID: nodeID, At: now, Health: health, Links: links})
 	if err != nil {
 		return api.HeartbeatResponse{}, err
 	}
 	if prev != api.NodeReady {
-		s.log.Info("node ready again", "node", nodeID, "was", prev)
-		if n, err := s.st.Node(ctx, nodeID); err == nil {
-			s.peers.add(n.Node)
-		}
-		s.invalidate()
+		s.readyAgain(ctx, nodeID, prev)
 	}
 	resp := api.HeartbeatResponse{Now: now, HeartbeatSeconds: s.heartbeatInterval().Seconds()}
 	if len(h.Leases) > 0 {
