@@ -36,6 +36,10 @@ func (s *Server) flushPeriod() time.Duration { return s.cfg.HeartbeatInterval / 
 // liveness is what a replica knows of the nodes that beat to it. The zero
 // value is ready to use; its methods are safe for concurrent use.
 type liveness struct {
+	// wmu orders the writes: heartbeats written before the answer hold
+	// it shared, a flush exclusively, so that a flush never writes a
+	// node's older heartbeat over a newer one written meanwhile.
+	wmu     sync.RWMutex
 	mu      sync.Mutex
 	seen    map[string]liveEntry  // node ID → last heartbeat here, while known ready
 	pending map[string]store.Beat // node ID → latest heartbeat not yet written
@@ -74,6 +78,14 @@ func (l *liveness) wrote(b store.Beat) {
 	if e, ok := l.seen[b.NodeID]; !ok || !b.At.Before(e.at) {
 		l.seen[b.NodeID] = liveEntry{at: b.At, health: b.Health}
 	}
+}
+
+// dropPending forgets node id's heartbeat kept in memory, if any: a newer
+// one is being written.
+func (l *liveness) dropPending(id string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.pending, id)
 }
 
 // forget drops node id: its next heartbeat is written before the answer
@@ -117,7 +129,10 @@ func (s *Server) recordBeat(ctx context.Context, b store.Beat) (api.NodeState, e
 	if s.live.deferBeat(b, window) {
 		return api.NodeReady, nil
 	}
+	s.live.wmu.RLock()
+	s.live.dropPending(b.NodeID)
 	prev, err := s.beats.do(ctx, s.st, b)
+	s.live.wmu.RUnlock()
 	if err != nil {
 		return prev, err
 	}
@@ -130,6 +145,8 @@ func (s *Server) recordBeat(ctx context.Context, b store.Beat) (api.NodeState, e
 // ready again, as after a synchronous heartbeat; one whose write failed
 // is forgotten, so that its next heartbeat is written before the answer.
 func (s *Server) flushBeats(ctx context.Context) {
+	s.live.wmu.Lock()
+	defer s.live.wmu.Unlock()
 	beats := s.live.take()
 	for len(beats) > 0 {
 		batch := beats[:min(len(beats), maxBeatBatch)]

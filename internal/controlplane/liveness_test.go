@@ -110,6 +110,18 @@ func TestLivenessInMemory(t *testing.T) {
 		t.Fatalf("last event %+v, want node.ready of %s", last, j.NodeID)
 	}
 
+	// A heartbeat kept in memory, then one written at once after a
+	// silence: the flush does not write the older over the newer.
+	e.clock.Advance(time.Second)
+	beat("degraded")
+	e.clock.Advance(5 * time.Second)
+	t4 := e.clock.Now()
+	beat("degraded")
+	e.srv.flushBeats(e.ctx())
+	if at, _, _ := stored(); !at.Equal(t4) {
+		t.Fatalf("after a flush: stored %v, want the newer %v", at, t4)
+	}
+
 	// A rejoin forgets what was kept in memory: the old credential's
 	// heartbeats cannot revive anything later.
 	e.clock.Advance(time.Second)
