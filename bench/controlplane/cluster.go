@@ -2,7 +2,15 @@ package main
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"fmt"
+	"math/big"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -45,7 +53,17 @@ func (c *cluster) urlFor(w int) string {
 	return strings.Join(out, ",")
 }
 
-func start(ctx context.Context, b backend, cfgMod func(*controlplane.Config)) (*cluster, error) {
+// start runs the control plane of b, over HTTPS when tlsOn (a certificate
+// of an in-process P-256 CA, as `rialto server` serves by default; no
+// client certificates: the agents share one pool of connections).
+func start(ctx context.Context, b backend, cfgMod func(*controlplane.Config), tlsOn bool) (*cluster, error) {
+	var srvTLS, cliTLS *tls.Config
+	if tlsOn {
+		var err error
+		if srvTLS, cliTLS, err = selfSigned(); err != nil {
+			return nil, err
+		}
+	}
 	*b.seq++
 	var stores []store.Store
 	closeAll := func() {
@@ -93,7 +111,7 @@ func start(ctx context.Context, b backend, cfgMod func(*controlplane.Config)) (*
 			closeAll()
 			return nil, err
 		}
-		url, stop, err := serve(srv.Handler())
+		url, stop, err := serveTLS(srv.Handler(), srvTLS)
 		if err != nil {
 			cancel()
 			closeAll()
@@ -111,7 +129,7 @@ func start(ctx context.Context, b backend, cfgMod func(*controlplane.Config)) (*
 	// At most 1,500 connections to each server: 10,000 agents in one
 	// process would otherwise open a connection each (and the server
 	// another) when answers slow down, and run out of file descriptors.
-	tr := &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 1500, MaxConnsPerHost: 1500, IdleConnTimeout: time.Minute}
+	tr := &http.Transport{TLSClientConfig: cliTLS, MaxIdleConns: 4096, MaxIdleConnsPerHost: 1500, MaxConnsPerHost: 1500, IdleConnTimeout: time.Minute}
 	c.client = &http.Client{Transport: tr, Timeout: 30 * time.Second}
 	c.stop = func() {
 		cancel()
@@ -123,4 +141,30 @@ func start(ctx context.Context, b backend, cfgMod func(*controlplane.Config)) (*
 		tr.CloseIdleConnections()
 	}
 	return c, nil
+}
+
+// selfSigned returns a server configuration with a P-256 certificate for
+// 127.0.0.1 and a client configuration that trusts it.
+func selfSigned() (*tls.Config, *tls.Config, error) {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "bench control plane"},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IsCA: true, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, nil, err
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(c)
+	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: k}}, MinVersion: tls.VersionTLS12},
+		&tls.Config{RootCAs: pool}, nil
 }

@@ -10,6 +10,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -53,18 +54,29 @@ func fakeAgent() (string, func(), error) {
 	return serve(mux)
 }
 
-func serve(h http.Handler) (string, func(), error) {
+func serve(h http.Handler) (string, func(), error) { return serveTLS(h, nil) }
+
+// serveTLS serves h on loopback, over HTTPS when cfg is set.
+func serveTLS(h http.Handler, cfg *tls.Config) (string, func(), error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", nil, err
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, TLSConfig: cfg}
 	done := make(chan struct{})
+	scheme := "http"
+	if cfg != nil {
+		scheme = "https"
+	}
 	go func() {
 		defer close(done)
+		if cfg != nil {
+			srv.ServeTLS(ln, "", "")
+			return
+		}
 		srv.Serve(ln)
 	}()
-	return "http://" + ln.Addr().String(), func() {
+	return scheme + "://" + ln.Addr().String(), func() {
 		srv.Close()
 		<-done
 	}, nil

@@ -35,6 +35,7 @@ func main() {
 		skipFO    = flag.Bool("skip-failover", false, "skip the failover runs")
 		hbProf    = flag.String("hb-cpuprofile", "", "write a CPU profile of each heartbeat run's heartbeat phase (after the joins) here, suffixed with the backend")
 		hbCap     = flag.Float64("hb-cap", 0, "the control plane's --max-heartbeats-per-second in the heartbeat runs (0: its default)")
+		hbTLS     = flag.Bool("hb-tls", true, "serve the control plane over HTTPS in the heartbeat runs")
 		hbBackend = flag.String("hb-backends", "sqlite,pg", "backends of the heartbeat runs: sqlite, pg (N replicas)")
 		pgSet     = flag.String("pg-settings", "", "extra postgresql.conf settings of the throwaway server, NAME=VALUE,... (default: PostgreSQL's, durable)")
 	)
@@ -131,7 +132,7 @@ func main() {
 				defer f.Close()
 				prof = f
 			}
-			h, err := runHeartbeats(ctx, b, *agents, *hbDur, *hbCap, prof)
+			h, err := runHeartbeats(ctx, b, *agents, *hbDur, *hbCap, *hbTLS, prof)
 			if err != nil {
 				log.Fatalf("heartbeats, %s: %v", b.name, err)
 			}
@@ -218,9 +219,13 @@ func main() {
 		}
 		fmt.Fprintf(&b, "the interval the control plane tells them (heartbeat spreading under %s: docs/operations.md),\n", capText)
 		fmt.Fprintf(&b, "spread over it, for %v; meanwhile a tenant runs lease cycles (2 loops), lists live leases and reads a\n", *hbDur)
-		fmt.Fprintf(&b, "node (20 ms apart). The agents share one keep-alive HTTP client (at most 1,500 connections) over plain HTTP\n")
-		fmt.Fprintf(&b, "on loopback: `rialto server` serves HTTPS with mutual TLS for agents by default, whose handshakes (one per\n")
-		fmt.Fprintf(&b, "kept-alive connection) are not measured here. The heartbeats of this window are the agents' first since\n")
+		transport := "plain HTTP on loopback (-hb-tls=false)"
+		if *hbTLS {
+			transport = "HTTPS on loopback (a P-256 server certificate, TLS 1.3, no client certificates)"
+		}
+		fmt.Fprintf(&b, "node (20 ms apart). The agents share one keep-alive client (at most 1,500 connections) over %s;\n", transport)
+		fmt.Fprintf(&b, "`rialto server` serves HTTPS and holds agents to mutual TLS by default: each agent then keeps its own\n")
+		fmt.Fprintf(&b, "connection, whose one handshake is not measured here. The heartbeats of this window are the agents' first since\n")
 		fmt.Fprintf(&b, "joining, so each answer carries the node's peer list. \"API p99\" covers every heartbeat and every tenant call.\n\n")
 		fmt.Fprintf(&b, "| measurement | value | goal | verdict |\n|---|---|---|---|\n")
 		fmt.Fprintf(&b, "| interval told to each agent (s) | %.1f | | |\n", r.interval)

@@ -21,7 +21,7 @@ func runCycles(ctx context.Context, b backend, workers int, dur time.Duration) (
 		return cycleResult{}, err
 	}
 	defer stopAgent()
-	c, err := start(ctx, b, nil)
+	c, err := start(ctx, b, nil, false)
 	if err != nil {
 		return cycleResult{}, err
 	}
@@ -115,13 +115,15 @@ type hbResult struct {
 //
 // maxBeats, when not 0, is the control plane's MaxHeartbeatsPerSecond
 // (else its default).
-func runHeartbeats(ctx context.Context, b backend, agents int, dur time.Duration, maxBeats float64, prof io.Writer) (hbResult, error) {
+//
+// tlsOn serves the control plane over HTTPS (start).
+func runHeartbeats(ctx context.Context, b backend, agents int, dur time.Duration, maxBeats float64, tlsOn bool, prof io.Writer) (hbResult, error) {
 	agentURL, stopAgent, err := fakeAgent()
 	if err != nil {
 		return hbResult{}, err
 	}
 	defer stopAgent()
-	c, err := start(ctx, b, func(cfg *controlplane.Config) { cfg.MaxHeartbeatsPerSecond = maxBeats })
+	c, err := start(ctx, b, func(cfg *controlplane.Config) { cfg.MaxHeartbeatsPerSecond = maxBeats }, tlsOn)
 	if err != nil {
 		return hbResult{}, err
 	}
