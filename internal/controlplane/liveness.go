@@ -2,6 +2,8 @@ package controlplane
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -12,16 +14,18 @@ import (
 // Liveness in memory, written to the store in batches.
 //
 // A heartbeat of a node that this replica knows to be ready, beating on
-// time with the same health, changes nothing but its last-seen time (and
-// its links' measurements): it is kept in memory and written with the
+// time with the same health and the same links up or down, changes
+// nothing but its last-seen time (and its links' round-trip times): it is
+// kept in memory and written with the
 // others every flushPeriod (one transaction of up to maxBeatBatch
 // heartbeats), instead of one write each (HashiCorp Nomad likewise keeps
 // heartbeat TTL timers in memory on its leader). The store's last-seen
 // times stay the shared record every replica writes and the elected
 // replica's sweep reads (sweep.go), late by at most flushPeriod plus a
 // write. Everything else is written before the answer, as before: a
-// node's first heartbeat to this replica, one after a silence of half
-// its (stretched) SuspectAfter, one that changes its health, and one of
+// node's first heartbeat to this replica (its join counts as one), one
+// after a silence of half its (stretched) SuspectAfter, one that changes
+// its health or its links' targets or states, and one of
 // a node the store had taken for suspect or down (a flush that finds a
 // node not ready makes it ready again as a synchronous heartbeat would).
 //
@@ -48,10 +52,26 @@ type liveness struct {
 type liveEntry struct {
 	at     time.Time // the last heartbeat recorded here
 	health string
+	links  string // linkKey of its links
 }
 
-// defer keeps b in memory if its node is known ready here and beat within
-// window before b with the same health; it reports whether it did (else
+// linkKey is what of a heartbeat's links is written before the answer
+// when it changes: which targets, up or down (round-trip times are not).
+func linkKey(links []api.Link) string {
+	if len(links) == 0 {
+		return ""
+	}
+	ks := make([]string, len(links))
+	for i, l := range links {
+		ks[i] = l.To + "=" + l.Status
+	}
+	slices.Sort(ks)
+	return strings.Join(ks, ",")
+}
+
+// deferBeat keeps b in memory if its node is known ready here and beat
+// within window before b with the same health and links up or down to the
+// same targets; it reports whether it did (else
 // the caller writes b now and calls wrote).
 func (l *liveness) deferBeat(b store.Beat, window time.Duration) bool {
 	l.mu.Lock()
@@ -60,7 +80,11 @@ func (l *liveness) deferBeat(b store.Beat, window time.Duration) bool {
 	if !ok || e.health != b.Health || b.At.Sub(e.at) >= window || b.At.Before(e.at) {
 		return false
 	}
-	l.seen[b.NodeID] = liveEntry{at: b.At, health: b.Health}
+	lk := linkKey(b.Links)
+	if lk != e.links {
+		return false
+	}
+	l.seen[b.NodeID] = liveEntry{at: b.At, health: b.Health, links: lk}
 	if l.pending == nil {
 		l.pending = map[string]store.Beat{}
 	}
@@ -76,7 +100,7 @@ func (l *liveness) wrote(b store.Beat) {
 		l.seen = map[string]liveEntry{}
 	}
 	if e, ok := l.seen[b.NodeID]; !ok || !b.At.Before(e.at) {
-		l.seen[b.NodeID] = liveEntry{at: b.At, health: b.Health}
+		l.seen[b.NodeID] = liveEntry{at: b.At, health: b.Health, links: linkKey(b.Links)}
 	}
 }
 

@@ -36,26 +36,35 @@ func TestLivenessInMemory(t *testing.T) {
 		}
 	}
 
-	// The first heartbeat to this replica is written at once.
+	// A joined node is ready: its first heartbeat, on time, is kept in
+	// memory until a flush.
+	joined, _, _ := stored()
 	e.clock.Advance(time.Second)
 	t1 := e.clock.Now()
 	beat("ok")
-	if at, _, _ := stored(); !at.Equal(t1) {
-		t.Fatalf("first heartbeat: stored %v, want %v", at, t1)
+	if at, _, _ := stored(); !at.Equal(joined) {
+		t.Fatalf("on-time heartbeat written at once: stored %v, want %v until the flush", at, joined)
 	}
-	// The next, on time, is kept in memory until a flush.
-	e.clock.Advance(time.Second)
-	t2 := e.clock.Now()
-	beat("ok")
-	if at, _, _ := stored(); !at.Equal(t1) {
-		t.Fatalf("on-time heartbeat written at once: stored %v, want %v until the flush", at, t1)
-	}
-	if at, ok := e.srv.live.lastSeen(j.NodeID); !ok || !at.Equal(t2) {
-		t.Fatalf("in memory: %v %v, want %v", at, ok, t2)
+	if at, ok := e.srv.live.lastSeen(j.NodeID); !ok || !at.Equal(t1) {
+		t.Fatalf("in memory: %v %v, want %v", at, ok, t1)
 	}
 	e.srv.flushBeats(e.ctx())
+	if at, _, _ := stored(); !at.Equal(t1) {
+		t.Fatalf("after the flush: stored %v, want %v", at, t1)
+	}
+	// The first heartbeat to another replica (here: a second server on
+	// the same store) is written at once.
+	srv2, err := New(e.ctx(), Config{Store: e.srv.st, Clock: e.clock, Lender: e.lender, BootstrapToken: bootTok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Second)
+	t2 := e.clock.Now()
+	if _, err := srv2.heartbeat(e.ctx(), j.NodeID, api.Heartbeat{Health: "ok"}); err != nil {
+		t.Fatal(err)
+	}
 	if at, _, _ := stored(); !at.Equal(t2) {
-		t.Fatalf("after the flush: stored %v, want %v", at, t2)
+		t.Fatalf("first heartbeat to another replica: stored %v, want %v", at, t2)
 	}
 
 	// The sweep writes what is kept in memory before judging silence: 2.5 s

@@ -205,6 +205,9 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 		s.auth.dropNode(n.ID)
 		s.live.forget(n.ID)
 	}
+	// Joined ready: its first heartbeat here, on time, need not be
+	// written before the answer (liveness.go).
+	s.live.wrote(store.Beat{NodeID: n.ID, At: now, Health: "ok"})
 	s.peers.add(n)
 	if !rejoined {
 		s.rep.nodeCount.Add(1)
