@@ -223,7 +223,8 @@ func main() {
 		if *hbTLS {
 			transport = "HTTPS on loopback (a P-256 server certificate, TLS 1.3, no client certificates)"
 		}
-		fmt.Fprintf(&b, "node (20 ms apart). The agents share one keep-alive client (at most 1,500 connections) over %s;\n", transport)
+		fmt.Fprintf(&b, "node (20 ms apart). The agents share one keep-alive client (%d connections to each server, opened before\n", maxConns)
+		fmt.Fprintf(&b, "the measurement) over %s;\n", transport)
 		fmt.Fprintf(&b, "`rialto server` serves HTTPS and holds agents to mutual TLS by default: each agent then keeps its own\n")
 		fmt.Fprintf(&b, "connection, whose one handshake is not measured here. The heartbeats of this window are the agents' first since\n")
 		fmt.Fprintf(&b, "joining, so each answer carries the node's peer list. \"API p99\" covers every heartbeat and every tenant call.\n\n")

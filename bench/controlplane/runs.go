@@ -156,6 +156,8 @@ func runHeartbeats(ctx context.Context, b backend, agents int, dur time.Duration
 	if err, ok := jerr.Load().(error); ok {
 		return hbResult{}, err
 	}
+	c.warm(ctx)
+	log.Printf("%s: %d agents joined; %d connections open", b.name, agents, c.dials.Load())
 	var wg sync.WaitGroup
 	var errs, missed atomic.Int64
 	var lastInterval atomic.Int64
