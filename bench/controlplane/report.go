@@ -235,9 +235,10 @@ func main() {
 		fmt.Fprintf(&b, "| heartbeat p50 / p99 (ms) | %.2f / %.2f | | |\n", r.hbP50*1e3, r.hbP99*1e3)
 		fmt.Fprintf(&b, "| tenant calls alone p50 / p99 (ms) | %.2f / %.2f | | |\n", r.tenP50*1e3, r.tenP99*1e3)
 		fmt.Fprintf(&b, "| API p99, all calls (ms) | %.2f | < 50 | %s |\n", r.apiP99*1e3, verdict(r.apiP99 < 0.050))
+		fmt.Fprintf(&b, "| API p99, the %d calls started %v or more after the joins (ms) | %.2f | < 50 | %s |\n", r.lateN, settle, r.lateP99*1e3, verdict(r.lateP99 < 0.050))
 		fmt.Fprintf(&b, "| tenant lease cycles meanwhile | %d | | |\n", r.cycles)
 		fmt.Fprintf(&b, "| CPU cores the process got | %.2f | | |\n", r.cpu/r.wall)
-		fmt.Fprintf(&b, "| CPU per heartbeat, server + agents + tenant (ms) | %.3f | | |\n", r.cpu/float64(r.beats)*1e3)
+		fmt.Fprintf(&b, "| CPU of the process per heartbeat: server(s), agents and the tenant's calls (ms) | %.3f | | |\n", r.cpu/float64(r.beats)*1e3)
 		fmt.Fprintf(&b, "| errors / beats behind their period / nodes not ready at the end | %d / %d / %d | 0 / 0 / 0 | %s |\n\n",
 			r.errors, r.missed, r.downs, verdict(r.errors == 0 && r.missed == 0 && r.downs == 0))
 	}

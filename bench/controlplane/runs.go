@@ -97,6 +97,8 @@ type hbResult struct {
 	hbP50    float64
 	hbP99    float64
 	apiP99   float64
+	lateP99  float64 // all calls that started after settle
+	lateN    int
 	tenP50   float64 // the tenant's calls alone
 	tenP99   float64
 	cycles   int
@@ -162,6 +164,7 @@ func runHeartbeats(ctx context.Context, b backend, agents int, dur time.Duration
 	var errs, missed atomic.Int64
 	var lastInterval atomic.Int64
 	lat := make([][]float64, agents)
+	late := make([][]float64, agents+4)  // calls that started after settle
 	slow := make([][]slowCall, agents+4) // calls over slowAt, for the timeline
 	if prof != nil {
 		if err := pprof.StartCPUProfile(prof); err != nil {
@@ -193,6 +196,9 @@ func runHeartbeats(ctx context.Context, b backend, agents int, dur time.Duration
 				} else {
 					d := time.Since(s)
 					lat[i] = append(lat[i], d.Seconds())
+					if s.Sub(start) >= settle {
+						late[i] = append(late[i], d.Seconds())
+					}
 					if d > slowAt {
 						slow[i] = append(slow[i], slowCall{s.Sub(start), d, "heartbeat"})
 					}
@@ -225,6 +231,9 @@ func runHeartbeats(ctx context.Context, b backend, agents int, dur time.Duration
 					l, err = tenant.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 30})
 					if err == nil {
 						apiLat[w] = append(apiLat[w], time.Since(s).Seconds())
+						if s.Sub(start) >= settle {
+							late[agents+w] = append(late[agents+w], time.Since(s).Seconds())
+						}
 						s = time.Now()
 						_, err = tenant.ReleaseLease(ctx, l.ID)
 						if err == nil {
@@ -243,6 +252,9 @@ func runHeartbeats(ctx context.Context, b backend, agents int, dur time.Duration
 				}
 				d := time.Since(s)
 				apiLat[w] = append(apiLat[w], d.Seconds())
+				if s.Sub(start) >= settle {
+					late[agents+w] = append(late[agents+w], d.Seconds())
+				}
 				if d > slowAt {
 					slow[agents+w] = append(slow[agents+w], slowCall{s.Sub(start), d, [...]string{"release", "release", "list leases", "read node"}[w]})
 				}
@@ -265,6 +277,10 @@ func runHeartbeats(ctx context.Context, b backend, agents int, dur time.Duration
 		al = append(al, l...)
 	}
 	all := append(append([]float64(nil), hl...), al...)
+	var ll []float64
+	for _, l := range late {
+		ll = append(ll, l...)
+	}
 	nodes, err := api.NewClient(c.urlFor(0), tenantTok, c.client).Nodes(ctx)
 	if err != nil {
 		return hbResult{}, err
@@ -276,8 +292,13 @@ func runHeartbeats(ctx context.Context, b backend, agents int, dur time.Duration
 		}
 	}
 	return hbResult{cpu: cpu, wall: el, beats: len(hl), hbPerSec: float64(len(hl)) / el, hbP50: pct(hl, 50), hbP99: pct(hl, 99), apiP99: pct(all, 99),
-		tenP50: pct(al, 50), tenP99: pct(al, 99), cycles: int(cycles.Load()), interval: time.Duration(lastInterval.Load()).Seconds(), missed: missed.Load(), errors: errs.Load(), downs: downs}, nil
+		lateP99: pct(ll, 99), lateN: len(ll), tenP50: pct(al, 50), tenP99: pct(al, 99), cycles: int(cycles.Load()), interval: time.Duration(lastInterval.Load()).Seconds(), missed: missed.Load(), errors: errs.Load(), downs: downs}, nil
 }
+
+// settle is how long after the joins the calls of the "settled" figure
+// start: the first seconds after 10,000 joins carry their aftermath (the
+// first placement loads the whole inventory, garbage collection).
+const settle = 5 * time.Second
 
 // slowAt is the latency above which a call is logged in the timeline.
 const slowAt = 50 * time.Millisecond
