@@ -1,6 +1,9 @@
 package controlplane
 
 import (
+	"context"
+	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -180,5 +183,42 @@ func TestStretchedTimersAtTenThousand(t *testing.T) {
 	// Liveness is judged at the first sweep (1 s) and then every 100 s.
 	if suspectAt != 301*time.Second || downAt != 1001*time.Second {
 		t.Fatalf("suspect after %v, down after %v of silence; want 301 s and 1001 s", suspectAt, downAt)
+	}
+}
+
+// TestElectedReplicaCounts: the elected replica counts the nodes other
+// replicas took joins for (followLoop), so that the interval it tells
+// agents is stretched for all of them, not only for its own joins.
+func TestElectedReplicaCounts(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.MaxHeartbeatsPerSecond = 2 }) // 2 nodes at 1 s
+	// Another replica on the same store takes the joins.
+	other, err := New(e.ctx(), Config{Store: e.srv.st, Clock: e.clock, Lender: e.lender, BootstrapToken: bootTok, MaxHeartbeatsPerSecond: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		if _, err := other.join(e.ctx(), api.JoinRequest{Name: fmt.Sprintf("n%d", i), Fingerprint: api.Fingerprint{MachineID: fmt.Sprintf("mid-%d", i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := e.srv.heartbeatInterval(); got != time.Second {
+		t.Fatalf("before counting: %v", got)
+	}
+	e.srv.rep.leading.Store(true)
+	ctx, cancel := context.WithCancel(e.ctx())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		e.srv.followLoop(ctx)
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	for deadline := time.Now().Add(20 * time.Second); e.srv.heartbeatInterval() != 2500*time.Millisecond; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the elected replica tells %v with 5 nodes at 2 heartbeats/s, want 2.5 s", e.srv.heartbeatInterval())
+		}
+		runtime.Gosched()
 	}
 }
