@@ -2,11 +2,20 @@ package main
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"fmt"
+	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rialto-project/rialto/internal/controlplane"
@@ -28,6 +37,7 @@ type backend struct {
 // cluster is a running control plane: one server, or several replicas
 // sharing a PostgreSQL database, in this process.
 type cluster struct {
+	dials  atomic.Int64 // connections the client opened
 	urls   []string
 	srvs   []*controlplane.Server
 	stop   func()
@@ -46,7 +56,17 @@ func (c *cluster) urlFor(w int) string {
 	return strings.Join(out, ",")
 }
 
-func start(ctx context.Context, b backend, cfgMod func(*controlplane.Config)) (*cluster, error) {
+// start runs the control plane of b, over HTTPS when tlsOn (a certificate
+// of an in-process P-256 CA, as `rialto server` serves by default; no
+// client certificates: the agents share one pool of connections).
+func start(ctx context.Context, b backend, cfgMod func(*controlplane.Config), tlsOn bool) (*cluster, error) {
+	var srvTLS, cliTLS *tls.Config
+	if tlsOn {
+		var err error
+		if srvTLS, cliTLS, err = selfSigned(); err != nil {
+			return nil, err
+		}
+	}
 	*b.seq++
 	var stores []store.Store
 	closeAll := func() {
@@ -92,6 +112,10 @@ func start(ctx context.Context, b backend, cfgMod func(*controlplane.Config)) (*
 			return nil, err
 		}
 		url := "http://" + ln.Addr().String()
+		if srvTLS != nil {
+			url = "https://" + ln.Addr().String()
+			cfg.PeerTLS = cliTLS // a replica forwards to the leader over HTTPS
+		}
 		if b.pg != nil {
 			// Replicas forward creations and releases to the elected one
 			// (the placement leader), which they reach at this address.
@@ -107,7 +131,7 @@ func start(ctx context.Context, b backend, cfgMod func(*controlplane.Config)) (*
 			closeAll()
 			return nil, err
 		}
-		stop := serveOn(ln, srv.Handler())
+		stop := serveOn(ln, srv.Handler(), srvTLS)
 		stops = append(stops, stop)
 		c.urls = append(c.urls, url)
 		c.srvs = append(c.srvs, srv)
@@ -117,10 +141,15 @@ func start(ctx context.Context, b backend, cfgMod func(*controlplane.Config)) (*
 			srv.Run(rctx)
 		}()
 	}
-	// At most 1,500 connections to each server: 10,000 agents in one
+	// At most maxConns connections to each server: 10,000 agents in one
 	// process would otherwise open a connection each (and the server
 	// another) when answers slow down, and run out of file descriptors.
-	tr := &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 1500, MaxConnsPerHost: 1500, IdleConnTimeout: time.Minute}
+	d := &net.Dialer{Timeout: 10 * time.Second}
+	tr := &http.Transport{TLSClientConfig: cliTLS, MaxIdleConns: 4096, MaxIdleConnsPerHost: maxConns, MaxConnsPerHost: maxConns, IdleConnTimeout: time.Minute,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c.dials.Add(1)
+			return d.DialContext(ctx, network, addr)
+		}}
 	c.client = &http.Client{Transport: tr, Timeout: 30 * time.Second}
 	c.stop = func() {
 		cancel()
@@ -132,4 +161,60 @@ func start(ctx context.Context, b backend, cfgMod func(*controlplane.Config)) (*
 		tr.CloseIdleConnections()
 	}
 	return c, nil
+}
+
+// selfSigned returns a server configuration with a P-256 certificate for
+// 127.0.0.1 and a client configuration that trusts it.
+func selfSigned() (*tls.Config, *tls.Config, error) {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "bench control plane"},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IsCA: true, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, nil, err
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(c)
+	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: k}}, MinVersion: tls.VersionTLS12},
+		&tls.Config{RootCAs: pool}, nil
+}
+
+// maxConns bounds the client's connections to each server.
+const maxConns = 512
+
+// warm opens the client's connections to every server (up to maxConns
+// each) before a measurement, as agents that each hold a connection
+// would have: handshakes (TLS) are then not measured.
+func (c *cluster) warm(ctx context.Context) {
+	want := int64(maxConns * len(c.urls))
+	for round := 0; round < 20 && c.dials.Load() < want; round++ {
+		var wg sync.WaitGroup
+		for _, u := range c.urls {
+			for range maxConns {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					req, err := http.NewRequestWithContext(ctx, "GET", u+"/v1/warm", nil)
+					if err != nil {
+						return
+					}
+					if r, err := c.client.Do(req); err == nil {
+						io.Copy(io.Discard, r.Body)
+						r.Body.Close()
+					}
+				}()
+			}
+		}
+		wg.Wait()
+	}
 }

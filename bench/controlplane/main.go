@@ -10,6 +10,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -53,20 +54,32 @@ func fakeAgent() (string, func(), error) {
 	return serve(mux)
 }
 
-func serve(h http.Handler) (string, func(), error) {
+func serve(h http.Handler) (string, func(), error) { return serveTLS(h, nil) }
+
+// serveTLS serves h on loopback, over HTTPS when cfg is set.
+func serveTLS(h http.Handler, cfg *tls.Config) (string, func(), error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", nil, err
 	}
-	return "http://" + ln.Addr().String(), serveOn(ln, h), nil
+	scheme := "http"
+	if cfg != nil {
+		scheme = "https"
+	}
+	return scheme + "://" + ln.Addr().String(), serveOn(ln, h, cfg), nil
 }
 
-// serveOn serves h on ln until the returned stop is called.
-func serveOn(ln net.Listener, h http.Handler) func() {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+// serveOn serves h on ln (over HTTPS when cfg is set) until the returned
+// stop is called.
+func serveOn(ln net.Listener, h http.Handler, cfg *tls.Config) func() {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, TLSConfig: cfg}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		if cfg != nil {
+			srv.ServeTLS(ln, "", "")
+			return
+		}
 		srv.Serve(ln)
 	}()
 	return func() {

@@ -3,11 +3,16 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"log"
+	"runtime/pprof"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane"
 )
 
 func runCycles(ctx context.Context, b backend, workers int, dur time.Duration) (cycleResult, error) {
@@ -16,7 +21,7 @@ func runCycles(ctx context.Context, b backend, workers int, dur time.Duration) (
 		return cycleResult{}, err
 	}
 	defer stopAgent()
-	c, err := start(ctx, b, nil)
+	c, err := start(ctx, b, nil, false)
 	if err != nil {
 		return cycleResult{}, err
 	}
@@ -92,6 +97,10 @@ type hbResult struct {
 	hbP50    float64
 	hbP99    float64
 	apiP99   float64
+	lateP99  float64 // all calls that started after settle
+	lateN    int
+	tenP50   float64 // the tenant's calls alone
+	tenP99   float64
 	cycles   int
 	interval float64 // seconds, as told to the agents at the end
 	missed   int64
@@ -102,13 +111,21 @@ type hbResult struct {
 // runHeartbeats joins agents simulated agents (lightweight clients over
 // real HTTP, each at the interval the control plane tells it) and a
 // tenant running lease cycles and reads meanwhile.
-func runHeartbeats(ctx context.Context, b backend, agents int, dur time.Duration) (hbResult, error) {
+//
+// When prof is set, the CPU profile of the heartbeat phase alone (after
+// the joins) is written to it.
+//
+// maxBeats, when not 0, is the control plane's MaxHeartbeatsPerSecond
+// (else its default).
+//
+// tlsOn serves the control plane over HTTPS (start).
+func runHeartbeats(ctx context.Context, b backend, agents int, dur time.Duration, maxBeats float64, tlsOn bool, prof io.Writer) (hbResult, error) {
 	agentURL, stopAgent, err := fakeAgent()
 	if err != nil {
 		return hbResult{}, err
 	}
 	defer stopAgent()
-	c, err := start(ctx, b, nil)
+	c, err := start(ctx, b, func(cfg *controlplane.Config) { cfg.MaxHeartbeatsPerSecond = maxBeats }, tlsOn)
 	if err != nil {
 		return hbResult{}, err
 	}
@@ -141,10 +158,19 @@ func runHeartbeats(ctx context.Context, b backend, agents int, dur time.Duration
 	if err, ok := jerr.Load().(error); ok {
 		return hbResult{}, err
 	}
+	c.warm(ctx)
+	log.Printf("%s: %d agents joined; %d connections open", b.name, agents, c.dials.Load())
 	var wg sync.WaitGroup
 	var errs, missed atomic.Int64
 	var lastInterval atomic.Int64
 	lat := make([][]float64, agents)
+	late := make([][]float64, agents+4)  // calls that started after settle
+	slow := make([][]slowCall, agents+4) // calls over slowAt, for the timeline
+	if prof != nil {
+		if err := pprof.StartCPUProfile(prof); err != nil {
+			return hbResult{}, err
+		}
+	}
 	start := time.Now()
 	cpu0 := cpuSeconds()
 	end := start.Add(dur)
@@ -168,7 +194,14 @@ func runHeartbeats(ctx context.Context, b backend, agents int, dur time.Duration
 				if err != nil {
 					errs.Add(1)
 				} else {
-					lat[i] = append(lat[i], time.Since(s).Seconds())
+					d := time.Since(s)
+					lat[i] = append(lat[i], d.Seconds())
+					if s.Sub(start) >= settle {
+						late[i] = append(late[i], d.Seconds())
+					}
+					if d > slowAt {
+						slow[i] = append(slow[i], slowCall{s.Sub(start), d, "heartbeat"})
+					}
 					if r.HeartbeatSeconds > 0 {
 						iv = time.Duration(r.HeartbeatSeconds * float64(time.Second))
 						lastInterval.Store(int64(iv))
@@ -198,6 +231,9 @@ func runHeartbeats(ctx context.Context, b backend, agents int, dur time.Duration
 					l, err = tenant.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 30})
 					if err == nil {
 						apiLat[w] = append(apiLat[w], time.Since(s).Seconds())
+						if s.Sub(start) >= settle {
+							late[agents+w] = append(late[agents+w], time.Since(s).Seconds())
+						}
 						s = time.Now()
 						_, err = tenant.ReleaseLease(ctx, l.ID)
 						if err == nil {
@@ -214,7 +250,14 @@ func runHeartbeats(ctx context.Context, b backend, agents int, dur time.Duration
 					errs.Add(1)
 					continue
 				}
-				apiLat[w] = append(apiLat[w], time.Since(s).Seconds())
+				d := time.Since(s)
+				apiLat[w] = append(apiLat[w], d.Seconds())
+				if s.Sub(start) >= settle {
+					late[agents+w] = append(late[agents+w], d.Seconds())
+				}
+				if d > slowAt {
+					slow[agents+w] = append(slow[agents+w], slowCall{s.Sub(start), d, [...]string{"release", "release", "list leases", "read node"}[w]})
+				}
 				time.Sleep(20 * time.Millisecond)
 			}
 		}()
@@ -222,6 +265,10 @@ func runHeartbeats(ctx context.Context, b backend, agents int, dur time.Duration
 	wg.Wait()
 	el := time.Since(start).Seconds()
 	cpu := cpuSeconds() - cpu0
+	if prof != nil {
+		pprof.StopCPUProfile()
+	}
+	logSlow(b.name, slow)
 	var hl, al []float64
 	for _, l := range lat {
 		hl = append(hl, l...)
@@ -230,6 +277,10 @@ func runHeartbeats(ctx context.Context, b backend, agents int, dur time.Duration
 		al = append(al, l...)
 	}
 	all := append(append([]float64(nil), hl...), al...)
+	var ll []float64
+	for _, l := range late {
+		ll = append(ll, l...)
+	}
 	nodes, err := api.NewClient(c.urlFor(0), tenantTok, c.client).Nodes(ctx)
 	if err != nil {
 		return hbResult{}, err
@@ -241,5 +292,49 @@ func runHeartbeats(ctx context.Context, b backend, agents int, dur time.Duration
 		}
 	}
 	return hbResult{cpu: cpu, wall: el, beats: len(hl), hbPerSec: float64(len(hl)) / el, hbP50: pct(hl, 50), hbP99: pct(hl, 99), apiP99: pct(all, 99),
-		cycles: int(cycles.Load()), interval: time.Duration(lastInterval.Load()).Seconds(), missed: missed.Load(), errors: errs.Load(), downs: downs}, nil
+		lateP99: pct(ll, 99), lateN: len(ll), tenP50: pct(al, 50), tenP99: pct(al, 99), cycles: int(cycles.Load()), interval: time.Duration(lastInterval.Load()).Seconds(), missed: missed.Load(), errors: errs.Load(), downs: downs}, nil
+}
+
+// settle is how long after the joins the calls of the "settled" figure
+// start: the first seconds after 10,000 joins carry their aftermath (the
+// first placement loads the whole inventory, garbage collection).
+const settle = 5 * time.Second
+
+// slowAt is the latency above which a call is logged in the timeline.
+const slowAt = 50 * time.Millisecond
+
+type slowCall struct {
+	at, took time.Duration // start since the phase began, latency
+	what     string
+}
+
+// logSlow logs, per second of the heartbeat phase, how many calls took
+// over slowAt and the longest: stalls of the whole process show as
+// seconds where many calls are slow at once.
+func logSlow(name string, slow [][]slowCall) {
+	type sec struct {
+		n    int
+		max  time.Duration
+		what map[string]int
+	}
+	secs := map[int]*sec{}
+	for _, l := range slow {
+		for _, c := range l {
+			k := int(c.at / time.Second)
+			if secs[k] == nil {
+				secs[k] = &sec{what: map[string]int{}}
+			}
+			secs[k].n++
+			secs[k].max = max(secs[k].max, c.took)
+			secs[k].what[c.what]++
+		}
+	}
+	var ks []int
+	for k := range secs {
+		ks = append(ks, k)
+	}
+	sort.Ints(ks)
+	for _, k := range ks {
+		log.Printf("%s: second %d: %d calls over %v (longest %v): %v", name, k, secs[k].n, slowAt, secs[k].max.Round(time.Millisecond), secs[k].what)
+	}
 }

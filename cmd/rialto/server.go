@@ -37,7 +37,7 @@ func (tm *timings) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&tm.down, "down-after", 10*time.Second, "silence after which a node is down and its leases lost (grace period)")
 	fs.DurationVar(&tm.prepare, "prepare-timeout", 2*time.Second, "how long a lender may take to confirm a reservation")
 	fs.DurationVar(&tm.ttl, "default-ttl", time.Hour, "lease TTL when the request names none")
-	fs.Float64Var(&tm.maxBeats, "max-heartbeats-per-second", 1000, "cap on all agents' heartbeats: past it each agent is told a longer interval, and --suspect-after and --down-after stretch alike (docs/operations.md; negative: no cap)")
+	fs.Float64Var(&tm.maxBeats, "max-heartbeats-per-second", 100, "cap on all agents' heartbeats: past it each agent is told a longer interval, and --suspect-after and --down-after stretch alike (docs/operations.md; negative: no cap)")
 }
 
 // parseTokens parses TOKEN:TENANT[:admin] specs.

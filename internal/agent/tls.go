@@ -229,10 +229,20 @@ func (t *nodeTLS) clientTLS() *tls.Config {
 	}
 }
 
+// agentIdleConnTimeout is how long the agent keeps an idle connection:
+// longer than the heartbeat interval of a cluster of 10,000 nodes at the
+// default cap (100 s).
+const agentIdleConnTimeout = 15 * time.Minute
+
 // httpClient is the agent's client for the control plane and its peers.
 func (t *nodeTLS) httpClient(timeout time.Duration) *http.Client {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = t.clientTLS()
+	// Keep the connection to the control plane across heartbeats: in a
+	// big cluster the interval stretches past the default 90 s (heartbeat
+	// spreading, docs/operations.md), and a new mutual-TLS handshake per
+	// heartbeat would cost several times the heartbeat itself.
+	tr.IdleConnTimeout = agentIdleConnTimeout
 	t.tr = tr
 	return &http.Client{Timeout: timeout, Transport: tr}
 }

@@ -72,6 +72,7 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 	if err != nil {
 		return api.NodeRemoval{}, err
 	}
+	s.live.forget(n.ID)
 	s.auth.dropNode(n.ID) // its credential stops working at once
 	s.invalidate()
 	// And on every other replica before this returns (revoke.go).

@@ -203,7 +203,11 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 		// node's entries go: with thousands of agents, emptying the cache
 		// on every join would cost each of them a lookup.
 		s.auth.dropNode(n.ID)
+		s.live.forget(n.ID)
 	}
+	// Joined ready: its first heartbeat here, on time, need not be
+	// written before the answer (liveness.go).
+	s.live.wrote(store.Beat{NodeID: n.ID, At: now, Health: "ok"})
 	s.peers.add(n)
 	if !rejoined {
 		s.rep.nodeCount.Add(1)
@@ -254,16 +258,12 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 	if health == "" {
 		health = "ok"
 	}
-	prev, err := s.beats.do(ctx, s.st, store.Beat{NodeID: nodeID, At: now, Health: health, Links: links})
+	prev, err := s.recordBeat(ctx, store.Beat{NodeID: nodeID, At: now, Health: health, Links: links})
 	if err != nil {
 		return api.HeartbeatResponse{}, err
 	}
 	if prev != api.NodeReady {
-		s.log.Info("node ready again", "node", nodeID, "was", prev)
-		if n, err := s.st.Node(ctx, nodeID); err == nil {
-			s.peers.add(n.Node)
-		}
-		s.invalidate()
+		s.readyAgain(ctx, nodeID, prev)
 	}
 	resp := api.HeartbeatResponse{Now: now, HeartbeatSeconds: s.heartbeatInterval().Seconds()}
 	if len(h.Leases) > 0 {

@@ -114,8 +114,8 @@ const (
 	followReread  = 30 * time.Second
 )
 
-// followLoop keeps the node count and the peer lists of a replica that
-// does not sweep, and (on every replica) touches the moves it runs
+// followLoop keeps the node count of every replica and the peer lists of
+// a replica that does not sweep, and (on every replica) touches the moves it runs
 // (touchMoves). Its placement view is not reloaded on a timer: a view
 // that missed another replica's writes costs a retry on fresh data (a
 // write the store refuses, or a refusal placement gives: reserver.Place),
@@ -126,18 +126,20 @@ func (s *Server) followLoop(ctx context.Context) {
 	var last time.Time
 	count := -1
 	for {
-		if !s.Leading() {
-			if c, err := s.st.Counts(ctx); err == nil {
-				n := 0
-				for _, k := range c.Nodes {
-					n += k
-				}
-				if n != count || s.clock.Since(last) >= followReread {
-					if nodes, err := s.st.Nodes(ctx); err == nil {
-						s.peers.set(nodes)
-						s.setNodeCount(len(nodes))
-						count, last = n, s.clock.Now()
-					}
+		if c, err := s.st.Counts(ctx); err == nil {
+			n := 0
+			for _, k := range c.Nodes {
+				n += k
+			}
+			// Every replica counts, the elected one too: its sweep counts
+			// only once per stretched interval, and meanwhile the other
+			// replicas' joins would make it tell too short an interval.
+			s.setNodeCount(n)
+			if !s.Leading() && (n != count || s.clock.Since(last) >= followReread) {
+				if nodes, err := s.st.Nodes(ctx); err == nil {
+					s.peers.set(nodes)
+					s.setNodeCount(len(nodes))
+					count, last = n, s.clock.Now()
 				}
 			}
 		}

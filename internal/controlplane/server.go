@@ -60,7 +60,8 @@ type Config struct {
 	SuspectAfter      time.Duration // default 3s of silence
 	DownAfter         time.Duration // default 10s of silence: the grace period
 	// MaxHeartbeatsPerSecond caps the heartbeats the agents send in all
-	// (default 1000; negative: no cap): with more than
+	// (default 100, in the spirit of HashiCorp Nomad's
+	// max_heartbeats_per_second; negative: no cap): with more than
 	// MaxHeartbeatsPerSecond × HeartbeatInterval nodes, each agent is told
 	// a longer interval, and SuspectAfter and DownAfter stretch by the
 	// same factor (replica.go, docs/operations.md).
@@ -110,6 +111,7 @@ type Server struct {
 	auth    authCache
 	bus     replicaBus // replicas' broadcast channel (revoke.go)
 	beats   beatBatcher
+	live    liveness // heartbeats kept in memory (liveness.go)
 	leases  leaseBatcher
 	events  eventHub // the event stream's tail of the store (stream.go)
 	usage   usageTracker
@@ -147,7 +149,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("controlplane: DownAfter (%v) is shorter than SuspectAfter (%v)", cfg.DownAfter, cfg.SuspectAfter)
 	}
 	if cfg.MaxHeartbeatsPerSecond == 0 {
-		cfg.MaxHeartbeatsPerSecond = 1000
+		cfg.MaxHeartbeatsPerSecond = 100
 	}
 	if cfg.PrepareTimeout <= 0 {
 		cfg.PrepareTimeout = 2 * time.Second
@@ -229,6 +231,17 @@ func (s *Server) Run(ctx context.Context) error {
 		defer wait()
 		defer cancel()
 	}
+	// Heartbeats kept in memory are written every flushPeriod (liveness.go).
+	fctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.flushLoop(fctx)
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
 	if el, ok := s.st.(store.Leader); ok {
 		return s.runReplica(ctx, el)
 	}

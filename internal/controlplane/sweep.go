@@ -80,6 +80,9 @@ func movedOn(err error) bool {
 // sweepNodes is the sweep's node liveness: ready → suspect → down, and
 // the leases of down nodes lost.
 func (s *Server) sweepNodes(ctx context.Context, now time.Time) error {
+	// This replica's heartbeats kept in memory first (liveness.go); other
+	// replicas' are at most their flushPeriod late.
+	s.flushBeats(ctx)
 	nodes, err := s.st.Nodes(ctx)
 	if err != nil {
 		return err
