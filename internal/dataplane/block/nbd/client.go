@@ -71,8 +71,14 @@ type Client struct {
 	metaID     uint32 // its context id
 	timeout    time.Duration
 
-	wmu sync.Mutex // serialises request writes
-	hdr [requestHeaderLen]byte
+	// Requests are written by whoever finds no write under way: callers
+	// queue their request under wmu, and the one that finds flushing
+	// false writes the queue, and whatever others queued meanwhile, with
+	// one writev per round (see send).
+	wmu      sync.Mutex
+	wq       writeQueue // requests waiting to be written, guarded by wmu
+	wspare   writeQueue // the flusher's other queue, guarded by wmu
+	flushing bool       // a caller is writing, guarded by wmu
 
 	mu      sync.Mutex
 	pending map[uint64]*call
@@ -92,11 +98,47 @@ type Client struct {
 	dead       chan struct{}   // closed once the connection has failed
 	deadOnce   sync.Once
 	readerDone chan struct{} // closed when the background reader has stopped
+	wdDone     chan struct{} // closed when the watchdog has stopped
+}
+
+// writeQueue is requests waiting to be written: their headers back to
+// back in hdrs, each with its payload (nil for none).
+type writeQueue struct {
+	hdrs     []byte
+	payloads [][]byte
+	iov      net.Buffers
+}
+
+func (q *writeQueue) reset() {
+	q.hdrs = q.hdrs[:0]
+	clear(q.payloads) // the callers' buffers are theirs again
+	q.payloads = q.payloads[:0]
+	clear(q.iov)
+	q.iov = q.iov[:0]
+}
+
+// buffers returns q's requests as one gather list: runs of headers
+// without payload are one entry.
+func (q *writeQueue) buffers() net.Buffers {
+	start := 0
+	for i, p := range q.payloads {
+		if p == nil {
+			continue
+		}
+		end := (i + 1) * requestHeaderLen
+		q.iov = append(q.iov, q.hdrs[start:end], p)
+		start = end
+	}
+	if start < len(q.hdrs) {
+		q.iov = append(q.iov, q.hdrs[start:])
+	}
+	return q.iov
 }
 
 type call struct {
-	typ   uint16
-	off   uint64
+	typ      uint16
+	off      uint64
+	deadline int64 // on the monotonic clock (monoNow); 0: none
 	buf   []byte // read destination
 	got   int
 	ext   []Extent     // block-status reply
@@ -232,12 +274,64 @@ func Dial(ctx context.Context, network, addr, export string, opts ...DialOption)
 		c.rawc, _ = tc.SyscallConn()
 	}
 	go c.background()
+	go c.watchdog()
 	return c, nil
 }
 
 func newClient(nc net.Conn, timeout time.Duration) *Client {
 	return &Client{nc: nc, timeout: timeout, pending: make(map[uint64]*call),
-		wake: make(chan struct{}, 1), dead: make(chan struct{}), readerDone: make(chan struct{})}
+		wake: make(chan struct{}, 1), dead: make(chan struct{}), readerDone: make(chan struct{}),
+		wdDone: make(chan struct{})}
+}
+
+// monoBase anchors monoNow.
+var monoBase = time.Now()
+
+// monoNow is the time on the monotonic clock, in nanoseconds since
+// monoBase (never 0 once the process has run a nanosecond).
+func monoNow() int64 { return int64(time.Since(monoBase)) + 1 }
+
+// watchdogPeriod is how often the watchdog of a client with request
+// timeout d looks for requests that have exceeded it: a request that
+// does fails between d and d plus this.
+func watchdogPeriod(d time.Duration) time.Duration {
+	return min(max(d/4, time.Millisecond), time.Second)
+}
+
+// watchdog enforces the request timeout for every pending request with
+// one ticker per connection, instead of a timer per request (arming and
+// stopping a runtime timer per request cost a composed volume, which
+// makes one or more requests per I/O, a tenth of its CPU). A request past
+// its deadline fails the connection with ErrTimeout, as a timer would
+// have. It stops when the connection has failed or closed.
+func (c *Client) watchdog() {
+	defer close(c.wdDone)
+	if c.timeout <= 0 {
+		return
+	}
+	t := time.NewTicker(watchdogPeriod(c.timeout))
+	defer t.Stop()
+	for {
+		select {
+		case <-c.dead:
+			return
+		case <-t.C:
+		}
+		now := monoNow()
+		late := false
+		c.mu.Lock()
+		for _, cl := range c.pending {
+			if cl.deadline != 0 && now > cl.deadline {
+				late = true
+				break
+			}
+		}
+		c.mu.Unlock()
+		if late {
+			c.fail(ErrTimeout)
+			return
+		}
+	}
 }
 
 // handshake runs the client side of the option phase, upgrading to TLS
@@ -805,6 +899,9 @@ func (c *Client) do(ctx context.Context, typ, flags uint16, off uint64, length u
 // doCall is do returning the completed call.
 func (c *Client) doCall(ctx context.Context, typ, flags uint16, off uint64, length uint32, payload, dst []byte) (*call, error) {
 	cl := &call{typ: typ, off: off, buf: dst, done: make(chan struct{})}
+	if c.timeout > 0 {
+		cl.deadline = monoNow() + int64(c.timeout)
+	}
 	c.mu.Lock()
 	if c.err != nil || c.pending == nil {
 		err := c.err
@@ -819,20 +916,7 @@ func (c *Client) doCall(ctx context.Context, typ, flags uint16, off uint64, leng
 	c.pending[h] = cl
 	c.mu.Unlock()
 
-	c.wmu.Lock()
-	putRequest(c.hdr[:], Request{Flags: flags, Type: typ, Handle: h, Offset: off, Length: length})
-	if c.timeout > 0 {
-		c.nc.SetWriteDeadline(time.Now().Add(c.timeout))
-	}
-	var err error
-	if len(payload) > 0 {
-		bufs := net.Buffers{c.hdr[:], payload}
-		_, err = writeBuffers(c.nc, &bufs)
-	} else {
-		_, err = c.nc.Write(c.hdr[:])
-	}
-	c.wmu.Unlock()
-	if err != nil {
+	if err := c.send(Request{Flags: flags, Type: typ, Handle: h, Offset: off, Length: length}, payload); err != nil {
 		c.fail(fmt.Errorf("%w: %w", ErrClosed, err))
 		<-cl.done
 		return nil, cl.err
@@ -843,7 +927,8 @@ func (c *Client) doCall(ctx context.Context, typ, flags uint16, off uint64, leng
 	// at queue depth 1 its reply then reaches it without a hand-off
 	// between goroutines. Otherwise the background reader reads. Once
 	// the socket is closed nobody may start reading: whoever closed it
-	// fails the pending calls (fail, Close).
+	// fails the pending calls (fail, Close). The watchdog fails the
+	// connection when a reply is late, which makes a blocked read return.
 	c.mu.Lock()
 	lead := false
 	if !c.reading && c.pending != nil && !c.closing {
@@ -859,26 +944,13 @@ func (c *Client) doCall(ctx context.Context, typ, flags uint16, off uint64, leng
 	}
 	c.mu.Unlock()
 	if lead {
-		var t *time.Timer
-		if c.timeout > 0 {
-			t = time.AfterFunc(c.timeout, func() { c.fail(ErrTimeout) })
-		}
 		if err := c.readReplies(cl); err != nil {
 			c.failPending(err)
-		}
-		if t != nil {
-			t.Stop()
 		}
 		<-cl.done
 		return cl, cl.err
 	}
 
-	var timeout <-chan time.Time
-	if c.timeout > 0 {
-		t := time.NewTimer(c.timeout)
-		defer t.Stop()
-		timeout = t.C
-	}
 	select {
 	case <-cl.done:
 		return cl, cl.err
@@ -887,14 +959,56 @@ func (c *Client) doCall(ctx context.Context, typ, flags uint16, off uint64, leng
 			return nil, ctx.Err()
 		}
 		c.fail(ctx.Err())
-	case <-timeout:
-		c.fail(ErrTimeout)
 	}
 	<-cl.done
 	if cl.err != nil {
 		return nil, cl.err
 	}
-	return nil, ErrTimeout
+	return nil, ctx.Err()
+}
+
+// send queues request r (with payload, which must stay untouched until the
+// request's reply or the connection's failure) and, unless another caller
+// is writing already (it then writes this request too), writes the queue
+// until it is empty. Requests that callers queue while a write is under
+// way leave together in the next writev: at depth, one system call
+// carries several requests. An error means the connection is broken; the
+// caller fails it, which fails every request queued with this one.
+func (c *Client) send(r Request, payload []byte) error {
+	c.wmu.Lock()
+	q := &c.wq
+	n := len(q.hdrs)
+	q.hdrs = append(q.hdrs, make([]byte, requestHeaderLen)...)
+	putRequest(q.hdrs[n:], r)
+	if len(payload) == 0 {
+		payload = nil
+	}
+	q.payloads = append(q.payloads, payload)
+	if c.flushing {
+		c.wmu.Unlock()
+		return nil
+	}
+	c.flushing = true
+	for len(c.wq.payloads) > 0 {
+		c.wq, c.wspare = c.wspare, c.wq
+		q := &c.wspare
+		c.wmu.Unlock()
+		bufs := q.buffers()
+		_, err := writeBuffers(c.nc, &bufs)
+		c.wmu.Lock()
+		q.reset()
+		if err != nil {
+			// Nothing queued can be written after a failed write: the
+			// caller fails the connection, and with it those requests.
+			c.wq.reset()
+			c.flushing = false
+			c.wmu.Unlock()
+			return err
+		}
+	}
+	c.flushing = false
+	c.wmu.Unlock()
+	return nil
 }
 
 // ReadAtContext reads len(p) bytes at off, splitting into requests no larger
@@ -1105,9 +1219,14 @@ func (c *Client) Close() error {
 	c.shut = false
 	c.mu.Unlock()
 	if alive && c.wmu.TryLock() {
-		putRequest(c.hdr[:], Request{Type: CmdDisc})
-		c.nc.SetWriteDeadline(time.Now().Add(time.Second))
-		c.nc.Write(c.hdr[:])
+		// Unless a request is being written (then the server sees the
+		// connection close instead).
+		if !c.flushing {
+			var hdr [requestHeaderLen]byte
+			putRequest(hdr[:], Request{Type: CmdDisc})
+			c.nc.SetWriteDeadline(time.Now().Add(time.Second))
+			c.nc.Write(hdr[:])
+		}
 		c.wmu.Unlock()
 	}
 	var err error
@@ -1127,6 +1246,7 @@ func (c *Client) Close() error {
 		c.failPending(ErrClosed)
 	}
 	<-c.readerDone
+	<-c.wdDone
 	if errors.Is(err, net.ErrClosed) {
 		err = nil
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 )
@@ -79,6 +80,24 @@ func (p *Pool) WriteAt(b []byte, off int64) (int, error) {
 	c, done := p.pick()
 	defer done()
 	return c.WriteAt(b, off)
+}
+
+// requestTimeout implements selfTimer when every connection does: the
+// longest of their bounds.
+func (p *Pool) requestTimeout() time.Duration {
+	var longest time.Duration
+	for _, c := range p.conns {
+		st, ok := c.(selfTimer)
+		if !ok {
+			return 0
+		}
+		t := st.requestTimeout()
+		if t <= 0 {
+			return 0
+		}
+		longest = max(longest, t)
+	}
+	return longest
 }
 
 // Size is the export size.

@@ -95,7 +95,11 @@ type Config struct {
 }
 
 type member struct {
-	dev       Device
+	dev Device
+	// selfTimed: dev bounds every request itself, within the volume's
+	// timeout, failing a late one with nbd.ErrTimeout (see selfTimer), so
+	// one needs no timer of its own per sub-request.
+	selfTimed bool
 	failed    atomic.Bool
 	cause     atomic.Pointer[error] // why it failed; set before failed
 	closeOnce sync.Once
@@ -172,7 +176,7 @@ func New(devs []Device, cfg Config) (*Volume, error) {
 		if !canExtents(d) {
 			v.canExt = false
 		}
-		v.parts = append(v.parts, &member{dev: d})
+		v.parts = append(v.parts, &member{dev: d, selfTimed: timedWithin(d, v.timeout)})
 	}
 	v.perDev = v.perDev / unit * unit
 	if v.perDev == 0 {
@@ -442,10 +446,43 @@ func (v *Volume) doWrite(cs []chunk, op func(Device, chunk) error) error {
 	})
 }
 
+// selfTimer is implemented by devices that bound each request themselves
+// (an NBD connection's request timeout, enforced by its watchdog) and fail
+// one that misses the bound with an error wrapping nbd.ErrTimeout.
+// requestTimeout returns the bound (0: none).
+type selfTimer interface {
+	requestTimeout() time.Duration
+}
+
+// timedWithin reports whether d bounds its requests itself within limit.
+func timedWithin(d Device, limit time.Duration) bool {
+	st, ok := d.(selfTimer)
+	if !ok {
+		return false
+	}
+	t := st.requestTimeout()
+	return t > 0 && t <= limit
+}
+
 // one runs op on one chunk. If it misses the deadline the device is marked
-// failed and closed, which makes op return.
+// failed and closed, which makes op return. A device that times its
+// requests itself (member.selfTimed) reports the miss with nbd.ErrTimeout;
+// any other gets a timer per sub-request.
 func (v *Volume) one(c chunk, op func(Device, chunk) error) error {
 	m := v.parts[c.dev]
+	if m.selfTimed {
+		err := op(m.dev, c)
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, nbd.ErrTimeout) {
+			v.fail(c.dev, fmt.Errorf("%w after %v", ErrTimeout, v.timeout))
+		}
+		if m.failed.Load() {
+			return m.err(c.dev)
+		}
+		return fmt.Errorf("stripe: device %d: %w", c.dev, err)
+	}
 	var timedOut atomic.Bool
 	t := time.AfterFunc(v.timeout, func() {
 		timedOut.Store(true)
