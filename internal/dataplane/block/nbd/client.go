@@ -138,13 +138,13 @@ func (q *writeQueue) buffers() net.Buffers {
 type call struct {
 	typ      uint16
 	off      uint64
-	deadline int64 // on the monotonic clock (monoNow); 0: none
-	buf   []byte // read destination
-	got   int
-	ext   []Extent     // block-status reply
-	state atomic.Int32 // callLive, callReceiving, callAbandoned
-	err   error
-	done  chan struct{}
+	deadline int64  // on the monotonic clock (monoNow); 0: none
+	buf      []byte // read destination
+	got      int
+	ext      []Extent     // block-status reply
+	state    atomic.Int32 // callLive, callReceiving, callAbandoned
+	err      error
+	done     chan struct{}
 	// completed is set (under Client.mu) when the reply is complete.
 	completed bool
 }
