@@ -107,6 +107,7 @@ type writeQueue struct {
 	hdrs     []byte
 	payloads [][]byte
 	iov      net.Buffers
+	out      net.Buffers // what is left of iov to write (writeBuffers consumes it)
 }
 
 func (q *writeQueue) reset() {
@@ -115,6 +116,7 @@ func (q *writeQueue) reset() {
 	q.payloads = q.payloads[:0]
 	clear(q.iov)
 	q.iov = q.iov[:0]
+	q.out = nil
 }
 
 // buffers returns q's requests as one gather list: runs of headers
@@ -683,11 +685,48 @@ func (c *Client) readReplies(mine *call) error {
 			c.mu.Unlock()
 			return nil
 		}
+		solo := mine != nil && len(c.pending) == 1 && callsInFlight.Load() == 1
 		c.mu.Unlock()
+		if solo && c.rawc != nil && c.br.Buffered() == 0 {
+			c.pollReply()
+		}
 		if err := c.receiveOne(c.br); err != nil {
 			return err
 		}
 	}
+}
+
+// callsInFlight counts the requests of every Client of the process that
+// are waiting for their reply: a caller polls for its reply (pollReply)
+// only when it is the only one, so that at depth, where a thread blocked
+// in ppoll(2) would hold a P that other goroutines need and pay a system
+// call and a context switch for nothing, every wait stays with the
+// netpoller.
+var callsInFlight atomic.Int64
+
+// replyPoll bounds how long a caller waiting alone for its reply blocks
+// in ppoll(2) before it leaves the wait to Go's netpoller.
+const replyPoll = 500 * time.Microsecond
+
+// pollReply waits, for at most replyPoll, in a blocking ppoll(2) until the
+// socket has a reply to read. A caller reads its own reply (doCall's lead)
+// when it has the connection to itself, and polls when its request is the
+// only one of the process (callsInFlight), i.e. at queue depth 1: there
+// the netpoller's wait costs a failed read, epoll waits and a wakeup of
+// the parked goroutine on another thread, several microseconds each way,
+// where a blocked thread is woken by the kernel directly (the server's
+// reader does the same; see fastReader). Whatever the outcome, the caller
+// then reads as usual.
+func (c *Client) pollReply() {
+	ts := unix.NsecToTimespec(int64(replyPoll))
+	c.rawc.Read(func(fd uintptr) bool {
+		fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		for {
+			if _, err := unix.Ppoll(fds[:], &ts, nil); err != unix.EINTR {
+				return true
+			}
+		}
+	})
 }
 
 func (c *Client) lookup(h uint64) *call {
@@ -915,6 +954,8 @@ func (c *Client) doCall(ctx context.Context, typ, flags uint16, off uint64, leng
 	h := c.handle
 	c.pending[h] = cl
 	c.mu.Unlock()
+	callsInFlight.Add(1)
+	defer callsInFlight.Add(-1)
 
 	if err := c.send(Request{Flags: flags, Type: typ, Handle: h, Offset: off, Length: length}, payload); err != nil {
 		c.fail(fmt.Errorf("%w: %w", ErrClosed, err))
@@ -993,8 +1034,8 @@ func (c *Client) send(r Request, payload []byte) error {
 		c.wq, c.wspare = c.wspare, c.wq
 		q := &c.wspare
 		c.wmu.Unlock()
-		bufs := q.buffers()
-		_, err := writeBuffers(c.nc, &bufs)
+		q.out = q.buffers()
+		_, err := writeBuffers(c.nc, &q.out)
 		c.wmu.Lock()
 		q.reset()
 		if err != nil {
@@ -1028,9 +1069,14 @@ func (c *Client) ReadAtContext(ctx context.Context, p []byte, off int64) (int, e
 		p = p[:rem]
 		eof = io.EOF
 	}
-	err := c.chunked(ctx, p, off, func(b []byte, o int64) error {
-		return c.do(ctx, CmdRead, 0, uint64(o), uint32(len(b)), nil, b)
-	})
+	var err error
+	if len(p) <= int(c.maxBlock) {
+		err = c.do(ctx, CmdRead, 0, uint64(off), uint32(len(p)), nil, p)
+	} else {
+		err = c.chunked(ctx, p, off, func(b []byte, o int64) error {
+			return c.do(ctx, CmdRead, 0, uint64(o), uint32(len(b)), nil, b)
+		})
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -1046,9 +1092,14 @@ func (c *Client) WriteAtContext(ctx context.Context, p []byte, off int64, fua bo
 	if fua && c.flags&FlagSendFUA != 0 {
 		fl = CmdFlagFUA
 	}
-	err := c.chunked(ctx, p, off, func(b []byte, o int64) error {
-		return c.do(ctx, CmdWrite, fl, uint64(o), uint32(len(b)), b, nil)
-	})
+	var err error
+	if len(p) <= int(c.maxBlock) {
+		err = c.do(ctx, CmdWrite, fl, uint64(off), uint32(len(p)), p, nil)
+	} else {
+		err = c.chunked(ctx, p, off, func(b []byte, o int64) error {
+			return c.do(ctx, CmdWrite, fl, uint64(o), uint32(len(b)), b, nil)
+		})
+	}
 	if err != nil {
 		return 0, err
 	}
