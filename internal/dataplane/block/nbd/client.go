@@ -685,48 +685,11 @@ func (c *Client) readReplies(mine *call) error {
 			c.mu.Unlock()
 			return nil
 		}
-		solo := mine != nil && len(c.pending) == 1 && callsInFlight.Load() == 1
 		c.mu.Unlock()
-		if solo && c.rawc != nil && c.br.Buffered() == 0 {
-			c.pollReply()
-		}
 		if err := c.receiveOne(c.br); err != nil {
 			return err
 		}
 	}
-}
-
-// callsInFlight counts the requests of every Client of the process that
-// are waiting for their reply: a caller polls for its reply (pollReply)
-// only when it is the only one, so that at depth, where a thread blocked
-// in ppoll(2) would hold a P that other goroutines need and pay a system
-// call and a context switch for nothing, every wait stays with the
-// netpoller.
-var callsInFlight atomic.Int64
-
-// replyPoll bounds how long a caller waiting alone for its reply blocks
-// in ppoll(2) before it leaves the wait to Go's netpoller.
-const replyPoll = 500 * time.Microsecond
-
-// pollReply waits, for at most replyPoll, in a blocking ppoll(2) until the
-// socket has a reply to read. A caller reads its own reply (doCall's lead)
-// when it has the connection to itself, and polls when its request is the
-// only one of the process (callsInFlight), i.e. at queue depth 1: there
-// the netpoller's wait costs a failed read, epoll waits and a wakeup of
-// the parked goroutine on another thread, several microseconds each way,
-// where a blocked thread is woken by the kernel directly (the server's
-// reader does the same; see fastReader). Whatever the outcome, the caller
-// then reads as usual.
-func (c *Client) pollReply() {
-	ts := unix.NsecToTimespec(int64(replyPoll))
-	c.rawc.Read(func(fd uintptr) bool {
-		fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		for {
-			if _, err := unix.Ppoll(fds[:], &ts, nil); err != unix.EINTR {
-				return true
-			}
-		}
-	})
 }
 
 func (c *Client) lookup(h uint64) *call {
@@ -954,8 +917,6 @@ func (c *Client) doCall(ctx context.Context, typ, flags uint16, off uint64, leng
 	h := c.handle
 	c.pending[h] = cl
 	c.mu.Unlock()
-	callsInFlight.Add(1)
-	defer callsInFlight.Add(-1)
 
 	if err := c.send(Request{Flags: flags, Type: typ, Handle: h, Offset: off, Length: length}, payload); err != nil {
 		c.fail(fmt.Errorf("%w: %w", ErrClosed, err))
