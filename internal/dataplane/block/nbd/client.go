@@ -302,8 +302,8 @@ func watchdogPeriod(d time.Duration) time.Duration {
 
 // watchdog enforces the request timeout for every pending request with
 // one ticker per connection, instead of a timer per request (arming and
-// stopping a runtime timer per request cost a composed volume, which
-// makes one or more requests per I/O, a tenth of its CPU). A request past
+// stopping a runtime timer, and resetting the socket's write deadline, per
+// request cost `rialto attach` a few per cent of its CPU). A request past
 // its deadline fails the connection with ErrTimeout, as a timer would
 // have. It stops when the connection has failed or closed.
 func (c *Client) watchdog() {
