@@ -79,6 +79,7 @@ type Client struct {
 	wq       writeQueue // requests waiting to be written, guarded by wmu
 	wspare   writeQueue // the flusher's other queue, guarded by wmu
 	flushing bool       // a caller is writing, guarded by wmu
+	werr     error      // the first failed write's error, guarded by wmu: nothing is written after it
 
 	mu      sync.Mutex
 	pending map[uint64]*call
@@ -978,6 +979,13 @@ func (c *Client) doCall(ctx context.Context, typ, flags uint16, off uint64, leng
 // caller fails it, which fails every request queued with this one.
 func (c *Client) send(r Request, payload []byte) error {
 	c.wmu.Lock()
+	if c.werr != nil {
+		// A failed write may have left part of a request on the wire:
+		// another byte would be read as the rest of it.
+		err := c.werr
+		c.wmu.Unlock()
+		return err
+	}
 	q := &c.wq
 	n := len(q.hdrs)
 	q.hdrs = append(q.hdrs, make([]byte, requestHeaderLen)...)
@@ -1004,6 +1012,7 @@ func (c *Client) send(r Request, payload []byte) error {
 			// caller fails the connection, and with it those requests.
 			c.wq.reset()
 			c.flushing = false
+			c.werr = err
 			c.wmu.Unlock()
 			return err
 		}
@@ -1231,9 +1240,9 @@ func (c *Client) Close() error {
 	c.shut = false
 	c.mu.Unlock()
 	if alive && c.wmu.TryLock() {
-		// Unless a request is being written (then the server sees the
-		// connection close instead).
-		if !c.flushing {
+		// Unless a request is being written or a write failed (then
+		// the server sees the connection close instead).
+		if !c.flushing && c.werr == nil {
 			var hdr [requestHeaderLen]byte
 			putRequest(hdr[:], Request{Type: CmdDisc})
 			c.nc.SetWriteDeadline(time.Now().Add(time.Second))
