@@ -10,6 +10,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -917,9 +918,10 @@ func (c *Client) doCall(ctx context.Context, typ, flags uint16, off uint64, leng
 	c.handle++
 	h := c.handle
 	c.pending[h] = cl
+	deep := len(c.pending) > 1
 	c.mu.Unlock()
 
-	if err := c.send(Request{Flags: flags, Type: typ, Handle: h, Offset: off, Length: length}, payload); err != nil {
+	if err := c.send(Request{Flags: flags, Type: typ, Handle: h, Offset: off, Length: length}, payload, deep); err != nil {
 		c.fail(fmt.Errorf("%w: %w", ErrClosed, err))
 		<-cl.done
 		return nil, cl.err
@@ -973,11 +975,12 @@ func (c *Client) doCall(ctx context.Context, typ, flags uint16, off uint64, leng
 // send queues request r (with payload, which must stay untouched until the
 // request's reply or the connection's failure) and, unless another caller
 // is writing already (it then writes this request too), writes the queue
-// until it is empty. Requests that callers queue while a write is under
+// until it is empty; deep says that other requests are in flight on the
+// connection (then the writer yields once before its first write). Requests that callers queue while a write is under
 // way leave together in the next writev: at depth, one system call
 // carries several requests. An error means the connection is broken; the
 // caller fails it, which fails every request queued with this one.
-func (c *Client) send(r Request, payload []byte) error {
+func (c *Client) send(r Request, payload []byte, deep bool) error {
 	c.wmu.Lock()
 	if c.werr != nil {
 		// A failed write may have left part of a request on the wire:
@@ -999,6 +1002,16 @@ func (c *Client) send(r Request, payload []byte) error {
 		return nil
 	}
 	c.flushing = true
+	if deep {
+		// Other requests are in flight on this connection, so their
+		// callers (the local export's workers, say) are likely about to
+		// send more: let the goroutines ready to run do so first, and
+		// write what they queued with this request, in one system call
+		// instead of one each. At depth 1 nobody waits here.
+		c.wmu.Unlock()
+		runtime.Gosched()
+		c.wmu.Lock()
+	}
 	for len(c.wq.payloads) > 0 {
 		c.wq, c.wspare = c.wspare, c.wq
 		q := &c.wspare
