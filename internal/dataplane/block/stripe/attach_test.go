@@ -697,7 +697,7 @@ func TestAttachManyInFlight(t *testing.T) {
 		part    = 4 << 20
 		unit    = 64 << 10
 		workers = 32
-		rounds  = 10
+		rounds  = 6
 	)
 	ls := []*lender{startLender(t, part), startLender(t, part), startLender(t, part)}
 	uris := []string{ls[0].uri, ls[1].uri, ls[2].uri}
