@@ -10,6 +10,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -71,8 +72,15 @@ type Client struct {
 	metaID     uint32 // its context id
 	timeout    time.Duration
 
-	wmu sync.Mutex // serialises request writes
-	hdr [requestHeaderLen]byte
+	// Requests are written by whoever finds no write under way: callers
+	// queue their request under wmu, and the one that finds flushing
+	// false writes the queue, and whatever others queued meanwhile, with
+	// one writev per round (see send).
+	wmu      sync.Mutex
+	wq       writeQueue // requests waiting to be written, guarded by wmu
+	wspare   writeQueue // the flusher's other queue, guarded by wmu
+	flushing bool       // a caller is writing, guarded by wmu
+	werr     error      // the first failed write's error, guarded by wmu: nothing is written after it
 
 	mu      sync.Mutex
 	pending map[uint64]*call
@@ -92,17 +100,55 @@ type Client struct {
 	dead       chan struct{}   // closed once the connection has failed
 	deadOnce   sync.Once
 	readerDone chan struct{} // closed when the background reader has stopped
+	wdDone     chan struct{} // closed when the watchdog has stopped
+}
+
+// writeQueue is requests waiting to be written: their headers back to
+// back in hdrs, each with its payload (nil for none).
+type writeQueue struct {
+	hdrs     []byte
+	payloads [][]byte
+	iov      net.Buffers
+	out      net.Buffers // what is left of iov to write (writeBuffers consumes it)
+}
+
+func (q *writeQueue) reset() {
+	q.hdrs = q.hdrs[:0]
+	clear(q.payloads) // the callers' buffers are theirs again
+	q.payloads = q.payloads[:0]
+	clear(q.iov)
+	q.iov = q.iov[:0]
+	q.out = nil
+}
+
+// buffers returns q's requests as one gather list: runs of headers
+// without payload are one entry.
+func (q *writeQueue) buffers() net.Buffers {
+	start := 0
+	for i, p := range q.payloads {
+		if p == nil {
+			continue
+		}
+		end := (i + 1) * requestHeaderLen
+		q.iov = append(q.iov, q.hdrs[start:end], p)
+		start = end
+	}
+	if start < len(q.hdrs) {
+		q.iov = append(q.iov, q.hdrs[start:])
+	}
+	return q.iov
 }
 
 type call struct {
-	typ   uint16
-	off   uint64
-	buf   []byte // read destination
-	got   int
-	ext   []Extent     // block-status reply
-	state atomic.Int32 // callLive, callReceiving, callAbandoned
-	err   error
-	done  chan struct{}
+	typ      uint16
+	off      uint64
+	deadline int64  // on the monotonic clock (monoNow); 0: none
+	buf      []byte // read destination
+	got      int
+	ext      []Extent     // block-status reply
+	state    atomic.Int32 // callLive, callReceiving, callAbandoned
+	err      error
+	done     chan struct{}
 	// completed is set (under Client.mu) when the reply is complete.
 	completed bool
 }
@@ -232,12 +278,64 @@ func Dial(ctx context.Context, network, addr, export string, opts ...DialOption)
 		c.rawc, _ = tc.SyscallConn()
 	}
 	go c.background()
+	go c.watchdog()
 	return c, nil
 }
 
 func newClient(nc net.Conn, timeout time.Duration) *Client {
 	return &Client{nc: nc, timeout: timeout, pending: make(map[uint64]*call),
-		wake: make(chan struct{}, 1), dead: make(chan struct{}), readerDone: make(chan struct{})}
+		wake: make(chan struct{}, 1), dead: make(chan struct{}), readerDone: make(chan struct{}),
+		wdDone: make(chan struct{})}
+}
+
+// monoBase anchors monoNow.
+var monoBase = time.Now()
+
+// monoNow is the time on the monotonic clock, in nanoseconds since
+// monoBase (never 0 once the process has run a nanosecond).
+func monoNow() int64 { return int64(time.Since(monoBase)) + 1 }
+
+// watchdogPeriod is how often the watchdog of a client with request
+// timeout d looks for requests that have exceeded it: a request that
+// does fails between d and d plus this.
+func watchdogPeriod(d time.Duration) time.Duration {
+	return min(max(d/4, time.Millisecond), time.Second)
+}
+
+// watchdog enforces the request timeout for every pending request with
+// one ticker per connection, instead of a timer per request (arming and
+// stopping a runtime timer, and resetting the socket's write deadline, per
+// request cost `rialto attach` a few per cent of its CPU). A request past
+// its deadline fails the connection with ErrTimeout, as a timer would
+// have. It stops when the connection has failed or closed.
+func (c *Client) watchdog() {
+	defer close(c.wdDone)
+	if c.timeout <= 0 {
+		return
+	}
+	t := time.NewTicker(watchdogPeriod(c.timeout))
+	defer t.Stop()
+	for {
+		select {
+		case <-c.dead:
+			return
+		case <-t.C:
+		}
+		now := monoNow()
+		late := false
+		c.mu.Lock()
+		for _, cl := range c.pending {
+			if cl.deadline != 0 && now > cl.deadline {
+				late = true
+				break
+			}
+		}
+		c.mu.Unlock()
+		if late {
+			c.fail(ErrTimeout)
+			return
+		}
+	}
 }
 
 // handshake runs the client side of the option phase, upgrading to TLS
@@ -805,6 +903,9 @@ func (c *Client) do(ctx context.Context, typ, flags uint16, off uint64, length u
 // doCall is do returning the completed call.
 func (c *Client) doCall(ctx context.Context, typ, flags uint16, off uint64, length uint32, payload, dst []byte) (*call, error) {
 	cl := &call{typ: typ, off: off, buf: dst, done: make(chan struct{})}
+	if c.timeout > 0 {
+		cl.deadline = monoNow() + int64(c.timeout)
+	}
 	c.mu.Lock()
 	if c.err != nil || c.pending == nil {
 		err := c.err
@@ -817,22 +918,10 @@ func (c *Client) doCall(ctx context.Context, typ, flags uint16, off uint64, leng
 	c.handle++
 	h := c.handle
 	c.pending[h] = cl
+	deep := len(c.pending) > 1
 	c.mu.Unlock()
 
-	c.wmu.Lock()
-	putRequest(c.hdr[:], Request{Flags: flags, Type: typ, Handle: h, Offset: off, Length: length})
-	if c.timeout > 0 {
-		c.nc.SetWriteDeadline(time.Now().Add(c.timeout))
-	}
-	var err error
-	if len(payload) > 0 {
-		bufs := net.Buffers{c.hdr[:], payload}
-		_, err = writeBuffers(c.nc, &bufs)
-	} else {
-		_, err = c.nc.Write(c.hdr[:])
-	}
-	c.wmu.Unlock()
-	if err != nil {
+	if err := c.send(Request{Flags: flags, Type: typ, Handle: h, Offset: off, Length: length}, payload, deep); err != nil {
 		c.fail(fmt.Errorf("%w: %w", ErrClosed, err))
 		<-cl.done
 		return nil, cl.err
@@ -843,7 +932,8 @@ func (c *Client) doCall(ctx context.Context, typ, flags uint16, off uint64, leng
 	// at queue depth 1 its reply then reaches it without a hand-off
 	// between goroutines. Otherwise the background reader reads. Once
 	// the socket is closed nobody may start reading: whoever closed it
-	// fails the pending calls (fail, Close).
+	// fails the pending calls (fail, Close). The watchdog fails the
+	// connection when a reply is late, which makes a blocked read return.
 	c.mu.Lock()
 	lead := false
 	if !c.reading && c.pending != nil && !c.closing {
@@ -859,26 +949,13 @@ func (c *Client) doCall(ctx context.Context, typ, flags uint16, off uint64, leng
 	}
 	c.mu.Unlock()
 	if lead {
-		var t *time.Timer
-		if c.timeout > 0 {
-			t = time.AfterFunc(c.timeout, func() { c.fail(ErrTimeout) })
-		}
 		if err := c.readReplies(cl); err != nil {
 			c.failPending(err)
-		}
-		if t != nil {
-			t.Stop()
 		}
 		<-cl.done
 		return cl, cl.err
 	}
 
-	var timeout <-chan time.Time
-	if c.timeout > 0 {
-		t := time.NewTimer(c.timeout)
-		defer t.Stop()
-		timeout = t.C
-	}
 	select {
 	case <-cl.done:
 		return cl, cl.err
@@ -887,14 +964,75 @@ func (c *Client) doCall(ctx context.Context, typ, flags uint16, off uint64, leng
 			return nil, ctx.Err()
 		}
 		c.fail(ctx.Err())
-	case <-timeout:
-		c.fail(ErrTimeout)
 	}
 	<-cl.done
 	if cl.err != nil {
 		return nil, cl.err
 	}
-	return nil, ErrTimeout
+	return nil, ctx.Err()
+}
+
+// send queues request r (with payload, which must stay untouched until the
+// request's reply or the connection's failure) and, unless another caller
+// is writing already (it then writes this request too), writes the queue
+// until it is empty; deep says that other requests are in flight on the
+// connection (then the writer yields once before its first write). Requests that callers queue while a write is under
+// way leave together in the next writev: at depth, one system call
+// carries several requests. An error means the connection is broken; the
+// caller fails it, which fails every request queued with this one.
+func (c *Client) send(r Request, payload []byte, deep bool) error {
+	c.wmu.Lock()
+	if c.werr != nil {
+		// A failed write may have left part of a request on the wire:
+		// another byte would be read as the rest of it.
+		err := c.werr
+		c.wmu.Unlock()
+		return err
+	}
+	q := &c.wq
+	n := len(q.hdrs)
+	q.hdrs = append(q.hdrs, make([]byte, requestHeaderLen)...)
+	putRequest(q.hdrs[n:], r)
+	if len(payload) == 0 {
+		payload = nil
+	}
+	q.payloads = append(q.payloads, payload)
+	if c.flushing {
+		c.wmu.Unlock()
+		return nil
+	}
+	c.flushing = true
+	if deep {
+		// Other requests are in flight on this connection, so their
+		// callers (the local export's workers, say) are likely about to
+		// send more: let the goroutines ready to run do so first, and
+		// write what they queued with this request, in one system call
+		// instead of one each. At depth 1 nobody waits here.
+		c.wmu.Unlock()
+		runtime.Gosched()
+		c.wmu.Lock()
+	}
+	for len(c.wq.payloads) > 0 {
+		c.wq, c.wspare = c.wspare, c.wq
+		q := &c.wspare
+		c.wmu.Unlock()
+		q.out = q.buffers()
+		_, err := writeBuffers(c.nc, &q.out)
+		c.wmu.Lock()
+		q.reset()
+		if err != nil {
+			// Nothing queued can be written after a failed write: the
+			// caller fails the connection, and with it those requests.
+			c.wq.reset()
+			c.flushing = false
+			c.werr = err
+			c.wmu.Unlock()
+			return err
+		}
+	}
+	c.flushing = false
+	c.wmu.Unlock()
+	return nil
 }
 
 // ReadAtContext reads len(p) bytes at off, splitting into requests no larger
@@ -914,9 +1052,14 @@ func (c *Client) ReadAtContext(ctx context.Context, p []byte, off int64) (int, e
 		p = p[:rem]
 		eof = io.EOF
 	}
-	err := c.chunked(ctx, p, off, func(b []byte, o int64) error {
-		return c.do(ctx, CmdRead, 0, uint64(o), uint32(len(b)), nil, b)
-	})
+	var err error
+	if len(p) <= int(c.maxBlock) {
+		err = c.do(ctx, CmdRead, 0, uint64(off), uint32(len(p)), nil, p)
+	} else {
+		err = c.chunked(ctx, p, off, func(b []byte, o int64) error {
+			return c.do(ctx, CmdRead, 0, uint64(o), uint32(len(b)), nil, b)
+		})
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -932,9 +1075,14 @@ func (c *Client) WriteAtContext(ctx context.Context, p []byte, off int64, fua bo
 	if fua && c.flags&FlagSendFUA != 0 {
 		fl = CmdFlagFUA
 	}
-	err := c.chunked(ctx, p, off, func(b []byte, o int64) error {
-		return c.do(ctx, CmdWrite, fl, uint64(o), uint32(len(b)), b, nil)
-	})
+	var err error
+	if len(p) <= int(c.maxBlock) {
+		err = c.do(ctx, CmdWrite, fl, uint64(off), uint32(len(p)), p, nil)
+	} else {
+		err = c.chunked(ctx, p, off, func(b []byte, o int64) error {
+			return c.do(ctx, CmdWrite, fl, uint64(o), uint32(len(b)), b, nil)
+		})
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -1105,9 +1253,14 @@ func (c *Client) Close() error {
 	c.shut = false
 	c.mu.Unlock()
 	if alive && c.wmu.TryLock() {
-		putRequest(c.hdr[:], Request{Type: CmdDisc})
-		c.nc.SetWriteDeadline(time.Now().Add(time.Second))
-		c.nc.Write(c.hdr[:])
+		// Unless a request is being written or a write failed (then
+		// the server sees the connection close instead).
+		if !c.flushing && c.werr == nil {
+			var hdr [requestHeaderLen]byte
+			putRequest(hdr[:], Request{Type: CmdDisc})
+			c.nc.SetWriteDeadline(time.Now().Add(time.Second))
+			c.nc.Write(hdr[:])
+		}
 		c.wmu.Unlock()
 	}
 	var err error
@@ -1127,6 +1280,7 @@ func (c *Client) Close() error {
 		c.failPending(ErrClosed)
 	}
 	<-c.readerDone
+	<-c.wdDone
 	if errors.Is(err, net.ErrClosed) {
 		err = nil
 	}

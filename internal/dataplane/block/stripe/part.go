@@ -77,6 +77,10 @@ func (p *nbdPart) CanTrim() bool { return p.flags&nbd.FlagSendTrim != 0 }
 // cover writes completed on the others.
 func (p *nbdPart) MultiConnSafe() bool { return p.flags&nbd.FlagCanMultiConn != 0 }
 
+// requestTimeout implements selfTimer: the connection's client fails a
+// request that misses it with nbd.ErrTimeout.
+func (p *nbdPart) requestTimeout() time.Duration { return p.timeout }
+
 // Alive implements the Pool's liveness check.
 func (p *nbdPart) Alive() bool { return !p.dead.Load() }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 )
@@ -44,13 +45,13 @@ func alive(d Device) bool {
 }
 
 func (p *Pool) pick() (Device, func()) {
-	i, done := p.pickIndex()
-	return p.conns[i], done
+	i := p.pickIndex()
+	return p.conns[i], func() { p.inflight[i].Add(-1) }
 }
 
 // pickIndex chooses the least busy live connection and counts a call on
-// it until done.
-func (p *Pool) pickIndex() (int, func()) {
+// it, which the caller uncounts with p.inflight[i].Add(-1).
+func (p *Pool) pickIndex() int {
 	best := -1
 	for i, c := range p.conns {
 		if !alive(c) {
@@ -64,21 +65,39 @@ func (p *Pool) pickIndex() (int, func()) {
 		best = 0 // all broken: let the call report the error
 	}
 	p.inflight[best].Add(1)
-	return best, func() { p.inflight[best].Add(-1) }
+	return best
 }
 
 // ReadAt reads from the least busy connection.
 func (p *Pool) ReadAt(b []byte, off int64) (int, error) {
-	c, done := p.pick()
-	defer done()
-	return c.ReadAt(b, off)
+	i := p.pickIndex()
+	defer p.inflight[i].Add(-1)
+	return p.conns[i].ReadAt(b, off)
 }
 
 // WriteAt writes through the least busy connection.
 func (p *Pool) WriteAt(b []byte, off int64) (int, error) {
-	c, done := p.pick()
-	defer done()
-	return c.WriteAt(b, off)
+	i := p.pickIndex()
+	defer p.inflight[i].Add(-1)
+	return p.conns[i].WriteAt(b, off)
+}
+
+// requestTimeout implements selfTimer when every connection does: the
+// longest of their bounds.
+func (p *Pool) requestTimeout() time.Duration {
+	var longest time.Duration
+	for _, c := range p.conns {
+		st, ok := c.(selfTimer)
+		if !ok {
+			return 0
+		}
+		t := st.requestTimeout()
+		if t <= 0 {
+			return 0
+		}
+		longest = max(longest, t)
+	}
+	return longest
 }
 
 // Size is the export size.

@@ -95,7 +95,11 @@ type Config struct {
 }
 
 type member struct {
-	dev       Device
+	dev Device
+	// selfTimed: dev bounds every request itself, within the volume's
+	// timeout, failing a late one with nbd.ErrTimeout (see selfTimer), so
+	// one needs no timer of its own per sub-request.
+	selfTimed bool
 	failed    atomic.Bool
 	cause     atomic.Pointer[error] // why it failed; set before failed
 	closeOnce sync.Once
@@ -172,7 +176,7 @@ func New(devs []Device, cfg Config) (*Volume, error) {
 		if !canExtents(d) {
 			v.canExt = false
 		}
-		v.parts = append(v.parts, &member{dev: d})
+		v.parts = append(v.parts, &member{dev: d, selfTimed: timedWithin(d, v.timeout)})
 	}
 	v.perDev = v.perDev / unit * unit
 	if v.perDev == 0 {
@@ -220,6 +224,51 @@ type chunk struct {
 	devOff int64
 	volOff int64
 	len    int64
+	buf    []byte // the bytes to read or write, where the operation has them
+}
+
+// single returns the one sub-request of [off, off+n) when the range lies
+// within one stripe unit (its buf is for the caller to set; volOff and
+// len are set). n > 0.
+func (v *Volume) single(off, n int64) (chunk, bool) {
+	if off>>v.shift != (off+n-1)>>v.shift {
+		return chunk{}, false
+	}
+	d, doff := v.locate(off)
+	return chunk{dev: d, devOff: doff, volOff: off, len: n}, true
+}
+
+// live returns the error of device i if it has failed, and ErrClosed once
+// the volume is closed (what do checks before it starts).
+func (v *Volume) live(i int) error {
+	if v.closed.Load() {
+		return ErrClosed
+	}
+	if m := v.parts[i]; m.failed.Load() {
+		return m.err(i)
+	}
+	return nil
+}
+
+// readChunk reads c.buf from its device.
+func readChunk(d Device, c chunk) error {
+	k, err := d.ReadAt(c.buf, c.devOff)
+	if k == len(c.buf) {
+		return nil // io.ReaderAt may return io.EOF with a full read at the end
+	}
+	if err == nil {
+		err = io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// writeChunk writes c.buf to its device.
+func writeChunk(d Device, c chunk) error {
+	k, err := d.WriteAt(c.buf, c.devOff)
+	if err == nil && k != len(c.buf) {
+		err = io.ErrShortWrite
+	}
+	return err
 }
 
 // locate maps a volume offset to (device, device offset).
@@ -260,17 +309,19 @@ func (v *Volume) ReadAt(p []byte, off int64) (int, error) {
 		return 0, io.EOF
 	}
 	n := min(int64(len(p)), v.size-off)
-	err := v.do(v.split(off, n), func(d Device, c chunk) error {
-		b := p[c.volOff-off : c.volOff-off+c.len]
-		k, err := d.ReadAt(b, c.devOff)
-		if k == len(b) {
-			return nil // io.ReaderAt may return io.EOF with a full read at the end
+	var err error
+	if c, ok := v.single(off, n); ok {
+		// Within one stripe unit (most small requests): no sub-request
+		// list, no closure or goroutine, nothing allocated here.
+		c.buf = p[:n]
+		if err = v.live(c.dev); err == nil {
+			err = v.one(c, readChunk)
 		}
-		if err == nil {
-			err = io.ErrUnexpectedEOF
-		}
-		return err
-	})
+	} else {
+		err = v.do(v.split(off, n), func(d Device, c chunk) error {
+			return readChunk(d, chunk{dev: c.dev, devOff: c.devOff, buf: p[c.volOff-off : c.volOff-off+c.len]})
+		})
+	}
 	if err != nil {
 		// Which bytes arrived is unknown when sub-requests fail.
 		return 0, err
@@ -286,14 +337,19 @@ func (v *Volume) WriteAt(p []byte, off int64) (int, error) {
 	if err := v.check(off, int64(len(p))); err != nil {
 		return 0, err
 	}
-	err := v.doWrite(v.split(off, int64(len(p))), func(d Device, c chunk) error {
-		b := p[c.volOff-off : c.volOff-off+c.len]
-		k, err := d.WriteAt(b, c.devOff)
-		if err == nil && k != len(b) {
-			err = io.ErrShortWrite
+	var err error
+	if c, ok := v.single(off, int64(len(p))); ok {
+		c.buf = p
+		if err = v.live(c.dev); err == nil {
+			if err = v.one(c, writeChunk); err == nil {
+				v.parts[c.dev].wseq.Add(1)
+			}
 		}
-		return err
-	})
+	} else {
+		err = v.doWrite(v.split(off, int64(len(p))), func(d Device, c chunk) error {
+			return writeChunk(d, chunk{dev: c.dev, devOff: c.devOff, buf: p[c.volOff-off : c.volOff-off+c.len]})
+		})
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -442,10 +498,43 @@ func (v *Volume) doWrite(cs []chunk, op func(Device, chunk) error) error {
 	})
 }
 
+// selfTimer is implemented by devices that bound each request themselves
+// (an NBD connection's request timeout, enforced by its watchdog) and fail
+// one that misses the bound with an error wrapping nbd.ErrTimeout.
+// requestTimeout returns the bound (0: none).
+type selfTimer interface {
+	requestTimeout() time.Duration
+}
+
+// timedWithin reports whether d bounds its requests itself within limit.
+func timedWithin(d Device, limit time.Duration) bool {
+	st, ok := d.(selfTimer)
+	if !ok {
+		return false
+	}
+	t := st.requestTimeout()
+	return t > 0 && t <= limit
+}
+
 // one runs op on one chunk. If it misses the deadline the device is marked
-// failed and closed, which makes op return.
+// failed and closed, which makes op return. A device that times its
+// requests itself (member.selfTimed) reports the miss with nbd.ErrTimeout;
+// any other gets a timer per sub-request.
 func (v *Volume) one(c chunk, op func(Device, chunk) error) error {
 	m := v.parts[c.dev]
+	if m.selfTimed {
+		err := op(m.dev, c)
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, nbd.ErrTimeout) {
+			v.fail(c.dev, fmt.Errorf("%w after %v", ErrTimeout, v.timeout))
+		}
+		if m.failed.Load() {
+			return m.err(c.dev)
+		}
+		return fmt.Errorf("stripe: device %d: %w", c.dev, err)
+	}
 	var timedOut atomic.Bool
 	t := time.AfterFunc(v.timeout, func() {
 		timedOut.Store(true)
