@@ -52,6 +52,7 @@ type rawSock struct {
 	pc     *os.File        // registered duplicate (polled mode), or nil
 	pcrc   syscall.RawConn // pc's
 	users  int             // waits using pc
+	drops  atomic.Int64    // times rawMode left the netpoller (for tests)
 }
 
 // newRawSock duplicates nc's descriptor and closes nc, which takes the
@@ -193,6 +194,7 @@ func (s *rawSock) rawMode() {
 	if s.pc != nil && s.users == 0 {
 		s.pc.Close()
 		s.pc, s.pcrc = nil, nil
+		s.drops.Add(1)
 	}
 	s.mu.Unlock()
 }
