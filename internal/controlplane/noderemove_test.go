@@ -100,6 +100,24 @@ func TestRemovalIsFinal(t *testing.T) {
 		t.Fatalf("the other replica's next heartbeat of the removed node: %v, want not found", err)
 	}
 	assertRemoved("after the other replica's next heartbeat")
+	// A replica that hears of the removal on the revocation bus
+	// (applyRevocation: PostgreSQL replicas) forgets the node's liveness
+	// too: its next heartbeat there is written before the answer, and
+	// refused.
+	j3, _ := e.join("n3", 1<<30)
+	e.clock.Advance(200 * time.Millisecond)
+	if _, err := srv2.heartbeat(e.ctx(), j3.NodeID, api.Heartbeat{Health: "ok"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.admin.RemoveNode(e.ctx(), j3.NodeID, true); err != nil {
+		t.Fatal(err)
+	}
+	srv2.applyRevocation(j3.NodeID, nil)
+	e.clock.Advance(200 * time.Millisecond)
+	if _, err := srv2.heartbeat(e.ctx(), j3.NodeID, api.Heartbeat{Health: "ok"}); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a heartbeat in flight to a replica that heard of the removal: %v, want not found", err)
+	}
+
 	// The old credential opens nothing; the other node is unaffected.
 	e.clock.Advance(time.Second)
 	if _, err := c.Heartbeat(e.ctx(), j.NodeID, api.Heartbeat{Health: "ok"}); err == nil {
