@@ -76,9 +76,10 @@ func (s *Server) resolveToken(ctx context.Context, r *http.Request) (principal, 
 		}
 	}
 	gen := s.auth.generation()
+	at := s.now()
 	p, err := s.lookupPrincipal(ctx, hash, resource.Fingerprint(tok), strings.HasPrefix(tok, nodeCredentialPrefix+"_"))
 	if err == nil {
-		s.auth.put(hash, p, s.authExpiry(), gen)
+		s.auth.put(hash, p, at, gen)
 	}
 	return p, err
 }
@@ -108,15 +109,19 @@ func (s *Server) checkPeerRevoked(r *http.Request) error {
 // agent's first heartbeat to a replica).
 const nodeCredentialPrefix = "rnc"
 
-// cachePrincipal remembers p for the token of hash. An entry outlives a
-// heartbeat interval (stretched with the cluster's size: replica.go), so
-// that an agent's next heartbeat finds it.
+// cachePrincipal remembers p for the token of hash.
 func (s *Server) cachePrincipal(hash string, p principal) {
-	s.auth.put(hash, p, s.authExpiry(), s.auth.generation())
+	s.auth.put(hash, p, s.now(), s.auth.generation())
 }
 
-func (s *Server) authExpiry() time.Time {
-	return s.now().Add(max(authCacheTTL, 2*s.heartbeatInterval()))
+// authLifetime is how long a cached principal is used after its lookup:
+// max(authCacheTTL, twice the heartbeat interval agents are told now,
+// stretched with the cluster's size: replica.go), so that an agent's next
+// heartbeat finds its entry. It is read when an entry is read, not fixed
+// when it is cached: an agent that joined while the interval was short
+// and was then told a stretched one still finds the entry its join made.
+func (s *Server) authLifetime() time.Duration {
+	return max(authCacheTTL, 2*s.heartbeatInterval())
 }
 
 func (s *Server) lookupPrincipal(ctx context.Context, hash, fp string, nodeFirst bool) (principal, error) {
@@ -228,9 +233,9 @@ func (p principal) redact(l api.Lease) api.Lease {
 	return l
 }
 
-// authCache remembers resolved principals by token hash for a few seconds,
-// so that heartbeats do not cost two lookups each. Unknown tokens are not
-// cached. A rejoin drops the node's entries, so a replaced node
+// authCache remembers resolved principals by token hash for a while (life,
+// read on every get), so that heartbeats do not cost two lookups each.
+// Unknown tokens are not cached. A rejoin drops the node's entries, so a replaced node
 // credential stops working at once. Every drop moves the cache to a new
 // generation, and a lookup that started in an older one is not cached (it
 // may have read the store before the change the drop stands for).
@@ -238,21 +243,28 @@ type authCache struct {
 	mu  sync.Mutex
 	m   map[string]authEntry
 	gen uint64
+	// life, when set (New sets it), is how long an entry is used after
+	// its lookup, read when the entry is read; authCacheTTL otherwise.
+	life func() time.Duration
 }
 
 type authEntry struct {
-	p   principal
-	exp time.Time
+	p  principal
+	at time.Time // when it was looked up (or the node joined)
 }
 
 // authCacheTTL is the least time an entry is kept.
 const authCacheTTL = 10 * time.Second
 
 func (c *authCache) get(hash string, now time.Time) (principal, bool) {
+	life := authCacheTTL
+	if c.life != nil {
+		life = c.life()
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.m[hash]
-	if !ok || now.After(e.exp) {
+	if !ok || now.Sub(e.at) > life {
 		return principal{}, false
 	}
 	return e.p, true
@@ -265,8 +277,9 @@ func (c *authCache) generation() uint64 {
 	return c.gen
 }
 
-// put caches p unless the cache was dropped from since generation gen.
-func (c *authCache) put(hash string, p principal, exp time.Time, gen uint64) {
+// put caches p, looked up at time at, unless the cache was dropped from
+// since generation gen.
+func (c *authCache) put(hash string, p principal, at time.Time, gen uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if gen != c.gen {
@@ -275,7 +288,7 @@ func (c *authCache) put(hash string, p principal, exp time.Time, gen uint64) {
 	if c.m == nil || len(c.m) > 100000 {
 		c.m = map[string]authEntry{}
 	}
-	c.m[hash] = authEntry{p, exp}
+	c.m[hash] = authEntry{p, at}
 }
 
 // dropNode forgets the entries of node id.

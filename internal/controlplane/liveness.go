@@ -47,6 +47,10 @@ type liveness struct {
 	mu      sync.Mutex
 	seen    map[string]liveEntry  // node ID → last heartbeat here, while known ready
 	pending map[string]store.Beat // node ID → latest heartbeat not yet written
+
+	// taken, when set (tests), runs in a flush between taking the
+	// heartbeats kept in memory and writing them.
+	taken func()
 }
 
 type liveEntry struct {
@@ -113,7 +117,10 @@ func (l *liveness) dropPending(id string) {
 }
 
 // forget drops node id: its next heartbeat is written before the answer
-// (a rejoin, a removal, a flush that failed).
+// (a rejoin, a removal, a flush that failed). A heartbeat of a removed
+// node that a flush had already taken, or that was in flight when it was
+// removed, is refused by the store (store.Store's Heartbeat: removal is
+// final), on this replica or any other.
 func (l *liveness) forget(id string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -172,6 +179,9 @@ func (s *Server) flushBeats(ctx context.Context) {
 	s.live.wmu.Lock()
 	defer s.live.wmu.Unlock()
 	beats := s.live.take()
+	if s.live.taken != nil {
+		s.live.taken()
+	}
 	for len(beats) > 0 {
 		batch := beats[:min(len(beats), maxBeatBatch)]
 		beats = beats[len(batch):]

@@ -196,6 +196,7 @@ func (s *Server) busMessage(ctx context.Context, b store.Broadcaster, raw string
 // applyRevocation makes another replica's removal of node effective here.
 func (s *Server) applyRevocation(node string, serials []string) {
 	s.auth.dropNode(node)
+	s.live.forget(node) // its heartbeats in flight are written (and refused) at once
 	s.invalidate()
 	if s.cfg.CA == nil {
 		return

@@ -175,6 +175,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s := &Server{st: cfg.Store, log: cfg.Logger, clock: cfg.Clock, lender: cfg.Lender, cfg: cfg, reg: prometheus.NewRegistry(),
 		res: newReserver(cfg.Store, cfg.Quotas)}
+	s.auth.life = s.authLifetime // auth.go
 	ts, err := s.storedTokens(Settings{BootstrapToken: cfg.BootstrapToken, Tokens: cfg.Tokens})
 	if err != nil {
 		return nil, err

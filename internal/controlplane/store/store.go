@@ -153,7 +153,11 @@ type Store interface {
 	// NodeByCredential returns the node whose credential hash matches.
 	NodeByCredential(ctx context.Context, credHash string) (api.Node, error)
 	// Heartbeat records liveness and links; it moves the node to ready and
-	// returns its previous state.
+	// returns its previous state. A removed node stays removed: its
+	// heartbeat writes nothing (no state, time, links or event) and is
+	// refused with ErrNotFound, checked in the write's own transaction,
+	// so that a heartbeat in flight (or kept in memory) on any replica
+	// when the node was removed cannot bring it back; only JoinNode does.
 	Heartbeat(ctx context.Context, nodeID string, at time.Time, health string, links []api.Link) (prev api.NodeState, err error)
 	// Heartbeats records many heartbeats in one transaction (group
 	// commit); prev[i] and errs[i] are Heartbeat's answers for beats[i].

@@ -15,7 +15,8 @@ import (
 // Heartbeats records many heartbeats in one transaction: the usual case,
 // ready nodes, in one statement for the whole batch, their links in
 // another; a node that was not ready (or is unknown) is read and moved to
-// ready on its own. Several beats of one node in a batch: the last one's
+// ready on its own, unless it was removed: a removed node's heartbeat is
+// refused (store.ErrNotFound) and writes nothing, its links neither. Several beats of one node in a batch: the last one's
 // health and time are kept, and the answers are those of beats written one
 // by one (the first gets the state before, the others ready).
 func (s *Store) Heartbeats(ctx context.Context, beats []store.Beat) ([]api.NodeState, []error, error) {
@@ -37,6 +38,7 @@ func (s *Store) Heartbeats(ctx context.Context, beats []store.Beat) ([]api.NodeS
 	}
 	err := s.tx(ctx, func(tx sqlstore.Execer) error {
 		before := map[string]api.NodeState{}
+		removed := map[string]bool{}
 		rows, err := tx.QueryContext(ctx, `UPDATE nodes n SET health = v.h, last_heartbeat = v.at
 			FROM (SELECT * FROM unnest(?::text[], ?::text[], ?::bigint[]) AS t(id, h, at) ORDER BY id) v
 			WHERE n.id = v.id AND n.state = 'ready' RETURNING n.id`, ids, health, at)
@@ -66,6 +68,12 @@ func (s *Store) Heartbeats(ctx context.Context, beats []store.Beat) ([]api.NodeS
 					continue // unknown: not in before
 				}
 				return wrap("heartbeat", err)
+			}
+			if st == api.NodeRemoved {
+				// Removal is final (the row is locked: a removal
+				// committed before this read is seen, one after waits).
+				removed[id] = true
+				continue
 			}
 			if _, err := tx.ExecContext(ctx, `UPDATE nodes SET state = 'ready', health = ?, last_heartbeat = ? WHERE id = ?`, health[k], at[k], id); err != nil {
 				return wrap("heartbeat", err)
@@ -117,7 +125,11 @@ func (s *Store) Heartbeats(ctx context.Context, beats []store.Beat) ([]api.NodeS
 		seen := map[string]bool{}
 		for i, b := range beats {
 			st, ok := before[b.NodeID]
-			if !ok {
+			switch {
+			case removed[b.NodeID]:
+				errs[i] = fmt.Errorf("node %s was removed: %w", b.NodeID, store.ErrNotFound)
+				continue
+			case !ok:
 				errs[i] = fmt.Errorf("node %s: %w", b.NodeID, store.ErrNotFound)
 				continue
 			}

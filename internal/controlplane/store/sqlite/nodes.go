@@ -10,7 +10,8 @@ import (
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 )
 
-// Heartbeats records many heartbeats in one transaction.
+// Heartbeats records many heartbeats in one transaction. A heartbeat of
+// a removed node is refused (store.ErrNotFound) and writes nothing.
 func (s *Store) Heartbeats(ctx context.Context, beats []store.Beat) ([]api.NodeState, []error, error) {
 	prev := make([]api.NodeState, len(beats))
 	errs := make([]error, len(beats))
@@ -34,6 +35,13 @@ func (s *Store) Heartbeats(ctx context.Context, beats []store.Beat) ([]api.NodeS
 						continue
 					}
 					return fmt.Errorf("sqlite: heartbeat: %w", err)
+				}
+				if prev[i] == api.NodeRemoved {
+					// Removal is final: a heartbeat that was in flight or
+					// kept in memory when its node was removed changes
+					// nothing (only a join brings the machine back).
+					errs[i] = fmt.Errorf("node %s was removed: %w", b.NodeID, store.ErrNotFound)
+					continue
 				}
 				if _, err := tx.ExecContext(ctx, `UPDATE nodes SET state = 'ready', health = ?, last_heartbeat = ? WHERE id = ?`, b.Health, ns(b.At), b.NodeID); err != nil {
 					return fmt.Errorf("sqlite: heartbeat: %w", err)

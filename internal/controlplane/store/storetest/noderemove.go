@@ -66,3 +66,107 @@ func testRemoveNode(t *testing.T, o Options) {
 		t.Error("no node.removed event")
 	}
 }
+
+// testHeartbeatAfterRemove: removal is final for heartbeats. A heartbeat
+// of a removed node, alone or in a batch with others, written through this
+// store or another replica on the same database, is refused (not found)
+// and writes nothing: the node stays removed, with its old last-seen time,
+// no links and no node.ready event, while the batch's other heartbeats
+// are written. Only a join brings the machine back.
+func testHeartbeatAfterRemove(t *testing.T, o Options) {
+	ctx := context.Background()
+	s := open(t, o)
+	rm, ok := s.(store.NodeRemover)
+	if !ok {
+		t.Fatalf("%T does not implement store.NodeRemover", s)
+	}
+	joined := time.Now().UTC().Truncate(time.Microsecond)
+	join := func(id, machine, cred string) {
+		t.Helper()
+		if _, _, err := s.JoinNode(ctx, store.JoinNode{Node: api.Node{ID: id, Name: id, State: api.NodeReady,
+			Fingerprint: api.Fingerprint{MachineID: machine}, LastHeartbeat: joined, JoinedAt: joined}, CredentialHash: cred, AgentKey: "k-" + id},
+			api.Event{At: joined, Type: "node.joined", Subject: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	join("node-1", "m1", "h1")
+	join("node-2", "m2", "h2")
+	// node-2 is suspect: its heartbeat takes the same path as a removed
+	// node's (the node is not ready) and must still make it ready.
+	if err := s.SetNodeState(ctx, "node-2", api.NodeReady, api.NodeSuspect, api.Event{At: joined, Type: "node.suspect", Subject: "node-2"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rm.RemoveNode(ctx, "node-1", api.Event{At: joined, Type: "node.removed", Subject: "node-1", State: string(api.NodeRemoved)}); err != nil {
+		t.Fatal(err)
+	}
+	writers := []struct {
+		name string
+		st   store.Store
+	}{{"same store", s}}
+	if o.Reopen != nil {
+		r := o.Reopen(t, s)
+		t.Cleanup(func() { r.Close() })
+		writers = append(writers, struct {
+			name string
+			st   store.Store
+		}{"another replica", r})
+	}
+	at := joined.Add(time.Second)
+	link := func(from, to string) []api.Link {
+		return []api.Link{{From: from, To: to, Kind: "ethernet", RTTMicros: 5, Status: "up", MeasuredAt: at}}
+	}
+	for _, w := range writers {
+		at = at.Add(time.Second)
+		if _, err := w.st.Heartbeat(ctx, "node-1", at, "ok", link("node-1", "controlplane")); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("%s: a removed node's heartbeat: %v, want not found", w.name, err)
+		}
+		prev, errs, err := w.st.Heartbeats(ctx, []store.Beat{
+			{NodeID: "node-1", At: at, Health: "ok", Links: link("node-1", "node-2")},
+			{NodeID: "node-2", At: at, Health: "ok", Links: link("node-2", "controlplane")},
+			{NodeID: "node-1", At: at, Health: "late", Links: link("node-1", "controlplane")},
+		})
+		if err != nil || !errors.Is(errs[0], store.ErrNotFound) || errs[1] != nil || !errors.Is(errs[2], store.ErrNotFound) {
+			t.Fatalf("%s: batch with a removed node: %v %v", w.name, errs, err)
+		}
+		if prev[1] != api.NodeSuspect && prev[1] != api.NodeReady {
+			t.Fatalf("%s: node-2 was %s", w.name, prev[1])
+		}
+		n, err := s.Node(ctx, "node-1")
+		if err != nil || n.State != api.NodeRemoved || !n.LastHeartbeat.Equal(joined) || n.Health == "late" {
+			t.Fatalf("%s: the removed node after heartbeats: %v %+v", w.name, err, n)
+		}
+		if n2, err := s.Node(ctx, "node-2"); err != nil || n2.State != api.NodeReady || !n2.LastHeartbeat.Equal(at) {
+			t.Fatalf("%s: node-2 after the batch: %v %+v", w.name, err, n2)
+		}
+	}
+	ls, err := s.Links(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range ls {
+		if l.From == "node-1" || l.To == "node-1" {
+			t.Fatalf("a removed node's heartbeat wrote link %+v", l)
+		}
+	}
+	evs, err := s.Events(ctx, 0, 1000, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range evs {
+		if e.Subject == "node-1" && e.Type == "node.ready" {
+			t.Fatalf("a removed node's heartbeat emitted %+v", e)
+		}
+	}
+	if _, err := s.NodeByCredential(ctx, "h1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the removed node's credential: %v", err)
+	}
+	// A join of the same machine brings it back, and its heartbeats count.
+	join("node-x", "m1", "h1b")
+	if n, err := s.NodeByCredential(ctx, "h1b"); err != nil || n.ID != "node-1" || n.State != api.NodeReady {
+		t.Fatalf("rejoin: %v %+v", err, n)
+	}
+	at = at.Add(time.Second)
+	if prev, err := s.Heartbeat(ctx, "node-1", at, "ok", nil); err != nil || prev != api.NodeReady {
+		t.Fatalf("heartbeat after the rejoin: %v %v", prev, err)
+	}
+}

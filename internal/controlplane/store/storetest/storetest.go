@@ -47,6 +47,7 @@ func Run(t *testing.T, o Options) {
 		{"ConcurrentMoves", testConcurrentMoves},
 		{"ReplaceTokens", testReplaceTokens},
 		{"RemoveNode", testRemoveNode},
+		{"HeartbeatAfterRemove", testHeartbeatAfterRemove},
 		{"ReplaceParts", testReplaceParts},
 		{"GatewayKey", testGatewayKey},
 	} {
