@@ -74,6 +74,7 @@ func run() error {
 	sizeMiB := flag.Int64("size-mib", 64, "the range the slot hashes (MiB)")
 	reps := flag.Int("reps", 5, "repetitions (variants interleaved within each)")
 	out := flag.String("out", "docs/bench/devread.md", "Markdown fragment to write")
+	logLevel := flag.String("log-level", "warn", "the rack processes' --log-level (their logs are in the rack's state dir)")
 	iperfSecs := flag.Int("iperf-secs", 3, "seconds of the iperf3 link ceiling measurement (0: skip)")
 	flag.Parse()
 	if *sizeMiB < 1 || *reps < 1 {
@@ -94,7 +95,7 @@ func run() error {
 	size := *sizeMiB << 20
 	slotMem := fmt.Sprintf("%dMiB", *sizeMiB+8)
 	r, err := rack.Start(ctx, rack.Config{Binary: *bin, StateDir: filepath.Join(work, "rack"), Agents: 3, Disks: 1,
-		DiskSize: size + 32<<20, AccelSlots: 1, LinkRate: *rate, AgentArgs: []string{"--slot-memory", slotMem}, LogLevel: "warn",
+		DiskSize: size + 32<<20, AccelSlots: 1, LinkRate: *rate, AgentArgs: []string{"--slot-memory", slotMem}, LogLevel: *logLevel,
 		// The paths compared are the plaintext ones (bench/tls measures TLS).
 		InsecureDataplane: true})
 	if err != nil {

@@ -34,6 +34,10 @@ const (
 	blockTimeout = 30 * time.Second
 )
 
+// blockTiming is where a block move's time went: opening the volume (dial
+// and NBD negotiation), the first window's arrival, and the whole move.
+type blockTiming struct{ open, first, total time.Duration }
+
 // errBlockRefused is a part the appliance will not dial.
 var errBlockRefused = errors.New("part refused")
 
@@ -43,8 +47,8 @@ func (t *slotTarget) LoadBlock(ctx context.Context, addr uint64, n uint32, r acc
 	if err := s.bounds(addr, uint64(n)); err != nil {
 		return err
 	}
-	t0 := time.Now()
-	err := s.a.moveBlock(ctx, r, uint64(n), false, func(vol *stripe.Volume, off uint64, buf []byte) error {
+	var tm blockTiming
+	err := s.a.moveBlock(ctx, r, uint64(n), false, &tm, func(vol *stripe.Volume, off uint64, buf []byte) error {
 		k, err := vol.ReadAt(buf, int64(r.Offset+off))
 		if err != nil || k != len(buf) {
 			return fmt.Errorf("read %d bytes at %d: %d read: %w", len(buf), r.Offset+off, k, err)
@@ -59,7 +63,8 @@ func (t *slotTarget) LoadBlock(ctx context.Context, addr uint64, n uint32, r acc
 	}
 	s.bytesIn.Add(uint64(n))
 	s.blockIn.Add(uint64(n))
-	s.a.log.Debug("appliance: loaded from a block lease", "slot", s.id, "bytes", n, "range", r, "seconds", time.Since(t0).Seconds())
+	s.a.log.Debug("appliance: loaded from a block lease", "slot", s.id, "bytes", n, "range", r,
+		"open_s", tm.open.Seconds(), "first_window_s", tm.first.Seconds(), "seconds", tm.total.Seconds())
 	return nil
 }
 
@@ -69,8 +74,8 @@ func (t *slotTarget) StoreBlock(ctx context.Context, addr uint64, n uint32, r ac
 	if err := s.bounds(addr, uint64(n)); err != nil {
 		return err
 	}
-	t0 := time.Now()
-	err := s.a.moveBlock(ctx, r, uint64(n), true, func(vol *stripe.Volume, off uint64, buf []byte) error {
+	var tm blockTiming
+	err := s.a.moveBlock(ctx, r, uint64(n), true, &tm, func(vol *stripe.Volume, off uint64, buf []byte) error {
 		s.memMu.RLock()
 		copy(buf, s.mem[addr+off:])
 		s.memMu.RUnlock()
@@ -84,15 +89,18 @@ func (t *slotTarget) StoreBlock(ctx context.Context, addr uint64, n uint32, r ac
 	}
 	s.bytesOut.Add(uint64(n))
 	s.blockOut.Add(uint64(n))
-	s.a.log.Debug("appliance: stored to a block lease", "slot", s.id, "bytes", n, "range", r, "seconds", time.Since(t0).Seconds())
+	s.a.log.Debug("appliance: stored to a block lease", "slot", s.id, "bytes", n, "range", r,
+		"open_s", tm.open.Seconds(), "first_window_s", tm.first.Seconds(), "seconds", tm.total.Seconds())
 	return nil
 }
 
 // moveBlock opens the range's volume and runs move on every window of
 // [0, n) (relative to r.Offset), blockWindows at a time; a store then
 // flushes. Lease end (ctx) closes the volume, which interrupts the moves.
-func (a *Appliance) moveBlock(ctx context.Context, r accel.BlockRange, n uint64, store bool,
+func (a *Appliance) moveBlock(ctx context.Context, r accel.BlockRange, n uint64, store bool, tm *blockTiming,
 	move func(vol *stripe.Volume, off uint64, buf []byte) error) error {
+	t0 := time.Now()
+	defer func() { tm.total = time.Since(t0) }()
 	vol, err := stripe.Open(ctx, stripe.OpenConfig{URIs: r.Parts, StripeUnit: int64(r.StripeUnit),
 		RequestTimeout: blockTimeout, Check: partPolicy(a.cfg.Host), TLS: a.cfg.BlockTLS})
 	if err != nil {
@@ -101,6 +109,7 @@ func (a *Appliance) moveBlock(ctx context.Context, r accel.BlockRange, n uint64,
 		}
 		return fmt.Errorf("%w: %w", accel.ErrBlockIO, err)
 	}
+	tm.open = time.Since(t0)
 	stop := context.AfterFunc(ctx, func() { _ = vol.Close() })
 	defer func() {
 		if stop() {
@@ -135,6 +144,9 @@ func (a *Appliance) moveBlock(ctx context.Context, r accel.BlockRange, n uint64,
 			buf := make([]byte, min(blockWindow, n-off))
 			if err := move(vol, off, buf); err != nil {
 				fail(err)
+			}
+			if off == 0 {
+				tm.first = time.Since(t0)
 			}
 		})
 	}
