@@ -170,7 +170,7 @@ func run() error {
 			fmt.Fprintln(os.Stderr, "devread: iperf3 ceiling not measured:", err)
 		}
 	}
-	return report(*out, *rate, *sizeMiB, slotMem, *reps, ceiling, res, cmds)
+	return report(*out, *rate, *sizeMiB, slotMem, *reps, *iperfSecs, ceiling, res, cmds)
 }
 
 // measure runs accel run once in the borrower's namespace.
@@ -289,7 +289,7 @@ func iperfCeiling(ctx context.Context, r *rack.Rack, from, to rack.Node, secs in
 	return bps / 8 / (1 << 20), nil
 }
 
-func report(path, rate string, sizeMiB int64, slotMem string, reps int, ceiling float64, res []result, cmds map[string]string) error {
+func report(path, rate string, sizeMiB int64, slotMem string, reps, iperfSecs int, ceiling float64, res []result, cmds map[string]string) error {
 	by := map[string][]result{}
 	for _, x := range res {
 		by[x.Variant] = append(by[x.Variant], x)
@@ -351,7 +351,16 @@ func report(path, rate string, sizeMiB int64, slotMem string, reps int, ceiling 
 	if ceiling > 0 {
 		fmt.Fprintf(&b, "Link ceiling in the same run (iperf3, one stream node1 → node2): %.1f MiB/s. The direct path's transfer ran at %.0f%% of it,\n",
 			ceiling, 100*float64(sizeMiB)/transfer/ceiling)
-		fmt.Fprintf(&b, "the whole command (process start to digest) at %.0f%%.\n\n", 100*float64(sizeMiB)/direct/ceiling)
+		fmt.Fprintf(&b, "the whole command (process start to digest) at %.0f%%", 100*float64(sizeMiB)/direct/ceiling)
+		if bps, err := netns.ParseRate(rate); err == nil {
+			// The shaper counts frames: the payload's share of them is
+			// what the lender's link counter says the range cost.
+			wire := float64(bps) / 8 / (1 << 20)
+			payload := wire * float64(sizeMiB) / med("direct", func(x result) float64 { return x.LenderOut })
+			fmt.Fprintf(&b, " (iperf3's %d-second stream includes its own ramp; the shaper's %s is %.1f MiB/s of frames,\n", iperfSecs, rate, wire)
+			fmt.Fprintf(&b, "%.1f MiB/s of payload at the direct path's overhead, and the transfer reached %.0f%% of that)", payload, 100*float64(sizeMiB)/transfer/payload)
+		}
+		fmt.Fprintf(&b, ".\n\n")
 	}
 	sf, pl := med("relay, store and forward", secs), med("relay, pipelined", secs)
 	fmt.Fprintf(&b, "Goal (issue: devices reading devices): the direct path moves the bytes across one link instead of two and is faster\n")
