@@ -930,7 +930,9 @@ func (s *slot) execute(ctx context.Context, entry string, ins [][]byte) ([][]byt
 		s.a.mBusy.WithLabelValues(strconv.Itoa(s.id)).Add(d.Seconds())
 	}
 	s.items.Add(uint64(len(ins)))
-	s.a.log.Debug("appliance: ran a task", "slot", s.id, "entry", entry, "items", len(ins), "seconds", d.Seconds())
+	if s.a.log.Enabled(ctx, slog.LevelDebug) { // tasks can be many and small (UDP messages)
+		s.a.log.Debug("appliance: ran a task", "slot", s.id, "entry", entry, "items", len(ins), "seconds", d.Seconds())
+	}
 	if err != nil {
 		if accel.CodeOf(err) == accel.CodeInternal {
 			err = fmt.Errorf("%w: %v", accel.ErrRoleFailed, err)
