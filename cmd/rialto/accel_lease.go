@@ -133,9 +133,10 @@ func runAccelLeaseIO(ctx context.Context, c *api.Client, lf *leaseIOFlags, res *
 	t0 := time.Now()
 	var loaded time.Time
 	defer func() {
-		res.Seconds = time.Since(t0).Seconds()
+		end := time.Now()
+		res.Seconds = end.Sub(t0).Seconds()
 		if !loaded.IsZero() {
-			res.InputSeconds, res.TaskSeconds = loaded.Sub(t0).Seconds(), time.Since(loaded).Seconds()
+			res.InputSeconds, res.TaskSeconds = loaded.Sub(t0).Seconds(), end.Sub(loaded).Seconds()
 		}
 	}()
 
