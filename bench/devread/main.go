@@ -18,12 +18,14 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -66,6 +68,14 @@ type result struct {
 	// MiB over each link: out of the lender, into the appliance, into and
 	// out of the borrower.
 	LenderOut, ApplIn, BorrowerIn, BorrowerOut float64
+	// Phases: the CLI's own (its -o json: input in slot memory, then the
+	// task and its output; Setup is the wall time before and after them:
+	// process start, the API's lease lookups, the slot connection) and the
+	// appliance's (its debug log: the LOAD's volume open and transfer, the
+	// role's compute, Streamed when it overlapped the transfer).
+	Setup, Input, Task      float64
+	Open, Transfer, Compute float64
+	Streamed                bool
 }
 
 func run() error {
@@ -74,6 +84,7 @@ func run() error {
 	sizeMiB := flag.Int64("size-mib", 64, "the range the slot hashes (MiB)")
 	reps := flag.Int("reps", 5, "repetitions (variants interleaved within each)")
 	out := flag.String("out", "docs/bench/devread.md", "Markdown fragment to write")
+	logLevel := flag.String("log-level", "debug", "the rack processes' --log-level (debug: the appliance's phase timings, read from its log)")
 	iperfSecs := flag.Int("iperf-secs", 3, "seconds of the iperf3 link ceiling measurement (0: skip)")
 	flag.Parse()
 	if *sizeMiB < 1 || *reps < 1 {
@@ -94,7 +105,7 @@ func run() error {
 	size := *sizeMiB << 20
 	slotMem := fmt.Sprintf("%dMiB", *sizeMiB+8)
 	r, err := rack.Start(ctx, rack.Config{Binary: *bin, StateDir: filepath.Join(work, "rack"), Agents: 3, Disks: 1,
-		DiskSize: size + 32<<20, AccelSlots: 1, LinkRate: *rate, AgentArgs: []string{"--slot-memory", slotMem}, LogLevel: "warn",
+		DiskSize: size + 32<<20, AccelSlots: 1, LinkRate: *rate, AgentArgs: []string{"--slot-memory", slotMem}, LogLevel: *logLevel,
 		// The paths compared are the plaintext ones (bench/tls measures TLS).
 		InsecureDataplane: true})
 	if err != nil {
@@ -128,7 +139,7 @@ func run() error {
 	data = nil
 
 	rng := fmt.Sprintf("%s:16MiB:%dMiB", blk.ID, *sizeMiB)
-	base := []string{"accel", "run", acc.ID, "sha256", "--input-lease", rng, "--hex"}
+	base := []string{"accel", "run", acc.ID, "sha256", "--input-lease", rng, "-o", "json"}
 	cmds := map[string]string{}
 	var res []result
 	for rep := 1; rep <= *reps; rep++ {
@@ -142,13 +153,14 @@ func run() error {
 				}
 			}
 			cmds[v.Name] = "ip netns exec NODE3 rialto " + strings.Join(args, " ")
-			x, err := measure(ctx, r, []rack.Node{lender, appl, borrower}, *bin, args, want)
+			x, err := measure(ctx, r, []rack.Node{lender, appl, borrower}, *bin, args, want, appl.Log)
 			if err != nil {
 				return fmt.Errorf("%s: %w", v.Name, err)
 			}
 			x.Variant, x.Rep = v.Name, rep
-			fmt.Fprintf(os.Stderr, "rep %d %s: %.2f s, %.1f MiB/s; lender out %.1f MiB, appliance in %.1f MiB, borrower in %.1f / out %.1f MiB (steal %.1f%%)\n",
-				rep, v.Name, x.Seconds, float64(*sizeMiB)/x.Seconds, x.LenderOut, x.ApplIn, x.BorrowerIn, x.BorrowerOut, x.Steal)
+			fmt.Fprintf(os.Stderr, "rep %d %s: %.2f s, %.1f MiB/s; setup %.2f, input %.2f (open %.3f, transfer %.2f), task %.2f (compute %.2f, streamed %v); lender out %.1f MiB, appliance in %.1f MiB, borrower in %.1f / out %.1f MiB (load %.1f, steal %.1f%%)\n",
+				rep, v.Name, x.Seconds, float64(*sizeMiB)/x.Seconds, x.Setup, x.Input, x.Open, x.Transfer, x.Task, x.Compute, x.Streamed,
+				x.LenderOut, x.ApplIn, x.BorrowerIn, x.BorrowerOut, x.Load, x.Steal)
 			res = append(res, x)
 		}
 	}
@@ -158,11 +170,15 @@ func run() error {
 			fmt.Fprintln(os.Stderr, "devread: iperf3 ceiling not measured:", err)
 		}
 	}
-	return report(*out, *rate, *sizeMiB, slotMem, *reps, ceiling, res, cmds)
+	return report(*out, *rate, *sizeMiB, slotMem, *reps, *iperfSecs, ceiling, res, cmds)
 }
 
 // measure runs accel run once in the borrower's namespace.
-func measure(ctx context.Context, r *rack.Rack, nodes []rack.Node, bin string, args []string, want string) (result, error) {
+func measure(ctx context.Context, r *rack.Rack, nodes []rack.Node, bin string, args []string, want, applLog string) (result, error) {
+	logFrom := int64(0)
+	if st, err := os.Stat(applLog); err == nil {
+		logFrom = st.Size()
+	}
 	var before []netns.Counters
 	for _, n := range nodes {
 		c, err := r.Counters(n)
@@ -183,7 +199,16 @@ func measure(ctx context.Context, r *rack.Rack, nodes []rack.Node, bin string, a
 	if err != nil {
 		return result{}, fmt.Errorf("%v: %s", err, stderr.String())
 	}
-	if got := strings.TrimSpace(string(out)); got != want {
+	var cli struct {
+		Output       []byte  `json:"output"`
+		Seconds      float64 `json:"seconds"`
+		InputSeconds float64 `json:"input_seconds"`
+		TaskSeconds  float64 `json:"task_seconds"`
+	}
+	if err := json.Unmarshal(out, &cli); err != nil {
+		return result{}, fmt.Errorf("accel run's output: %w", err)
+	}
+	if got := hex.EncodeToString(cli.Output); got != want {
 		return result{}, fmt.Errorf("digest %s, want %s", got, want)
 	}
 	s1 := stats.SampleCPU()
@@ -200,8 +225,52 @@ func measure(ctx context.Context, r *rack.Rack, nodes []rack.Node, bin string, a
 		CPU:        (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds(),
 		LenderOut:  mib(after[0].FromHost - before[0].FromHost),
 		ApplIn:     mib(after[1].ToHost - before[1].ToHost),
-		BorrowerIn: mib(after[2].ToHost - before[2].ToHost), BorrowerOut: mib(after[2].FromHost - before[2].FromHost)}
+		BorrowerIn: mib(after[2].ToHost - before[2].ToHost), BorrowerOut: mib(after[2].FromHost - before[2].FromHost),
+		Setup: secs - cli.Seconds, Input: cli.InputSeconds, Task: cli.TaskSeconds}
+	if err := applPhases(applLog, logFrom, &x); err != nil {
+		return result{}, err
+	}
 	return x, nil
+}
+
+// applPhases reads the appliance's debug lines of one run (from offset
+// on): the LOAD's "open_s", transfer ("seconds" less "open_s") and
+// streamed compute ("stream_compute_s"), or the task's compute.
+func applPhases(path string, from int64, x *result) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if from > int64(len(b)) {
+		from = 0
+	}
+	field := func(line, key string) (string, bool) {
+		for _, f := range strings.Fields(line) {
+			if v, ok := strings.CutPrefix(f, key+"="); ok {
+				return v, true
+			}
+		}
+		return "", false
+	}
+	num := func(line, key string) float64 {
+		v, _ := field(line, key)
+		f, _ := strconv.ParseFloat(v, 64)
+		return f
+	}
+	for _, line := range strings.Split(string(b[from:]), "\n") {
+		switch {
+		case strings.Contains(line, "loaded from a block lease"):
+			x.Open, x.Transfer = num(line, "open_s"), num(line, "seconds")-num(line, "open_s")
+			if v, _ := field(line, "streamed"); v == "true" {
+				x.Streamed, x.Compute = true, num(line, "stream_compute_s")
+			}
+		case strings.Contains(line, "ran a task"):
+			if v, _ := field(line, "streamed"); v != "true" {
+				x.Compute = num(line, "seconds")
+			}
+		}
+	}
+	return nil
 }
 
 // iperfCeiling measures the from → to link ceiling with iperf3 (MiB/s).
@@ -220,7 +289,7 @@ func iperfCeiling(ctx context.Context, r *rack.Rack, from, to rack.Node, secs in
 	return bps / 8 / (1 << 20), nil
 }
 
-func report(path, rate string, sizeMiB int64, slotMem string, reps int, ceiling float64, res []result, cmds map[string]string) error {
+func report(path, rate string, sizeMiB int64, slotMem string, reps, iperfSecs int, ceiling float64, res []result, cmds map[string]string) error {
 	by := map[string][]result{}
 	for _, x := range res {
 		by[x.Variant] = append(by[x.Variant], x)
@@ -261,18 +330,51 @@ func report(path, rate string, sizeMiB int64, slotMem string, reps int, ceiling 
 		fmt.Fprintf(&b, "- **%s**: %s.\n", v.Name, v.What)
 	}
 	fmt.Fprintln(&b)
+	fmt.Fprintf(&b, "Where the time goes (medians; wall = setup + input + task). Setup: the `rialto accel run` process's start, its lease\n")
+	fmt.Fprintf(&b, "lookups through the API and its slot connection. Input: until the range is in slot memory (the LOAD's reply, or the\n")
+	fmt.Fprintf(&b, "relay's last write), split for the LOAD by the appliance's debug log into opening the block volume (dial and NBD\n")
+	fmt.Fprintf(&b, "negotiation) and the transfer. Task: START to the output read back; compute is the role's own time in the appliance's log.\n\n")
+	fmt.Fprintf(&b, "| path | wall s | setup s | input s | LOAD open / transfer s | task s | role compute s |\n|---|---|---|---|---|---|---|\n")
+	for _, v := range variants {
+		load, comp := "—", fmt.Sprintf("%.2f", med(v.Name, func(x result) float64 { return x.Compute }))
+		if v.Name == "direct" {
+			load = fmt.Sprintf("%.3f / %.2f", med(v.Name, func(x result) float64 { return x.Open }), med(v.Name, func(x result) float64 { return x.Transfer }))
+			if by[v.Name][0].Streamed {
+				comp += ", during the transfer"
+			}
+		}
+		fmt.Fprintf(&b, "| %s | %.2f | %.2f | %.2f | %s | %.2f | %s |\n", v.Name, med(v.Name, secs), med(v.Name, func(x result) float64 { return x.Setup }),
+			med(v.Name, func(x result) float64 { return x.Input }), load, med(v.Name, func(x result) float64 { return x.Task }), comp)
+	}
+	fmt.Fprintln(&b)
+	transfer := med("direct", func(x result) float64 { return x.Transfer })
 	if ceiling > 0 {
-		fmt.Fprintf(&b, "Link ceiling in the same run (iperf3, one stream node1 → node2): %.1f MiB/s; the direct path moved the range at %.0f%% of it.\n\n",
-			ceiling, 100*float64(sizeMiB)/direct/ceiling)
+		fmt.Fprintf(&b, "Link ceiling in the same run (iperf3, one stream node1 → node2): %.1f MiB/s. The direct path's transfer ran at %.0f%% of it,\n",
+			ceiling, 100*float64(sizeMiB)/transfer/ceiling)
+		fmt.Fprintf(&b, "the whole command (process start to digest) at %.0f%%", 100*float64(sizeMiB)/direct/ceiling)
+		if bps, err := netns.ParseRate(rate); err == nil {
+			// The shaper counts frames: the payload's share of them is
+			// what the lender's link counter says the range cost.
+			wire := float64(bps) / 8 / (1 << 20)
+			payload := wire * float64(sizeMiB) / med("direct", func(x result) float64 { return x.LenderOut })
+			fmt.Fprintf(&b, " (iperf3's %d-second stream includes its own ramp; the shaper's %s is %.1f MiB/s of frames,\n", iperfSecs, rate, wire)
+			fmt.Fprintf(&b, "%.1f MiB/s of payload at the direct path's overhead, and the transfer reached %.0f%% of that)", payload, 100*float64(sizeMiB)/transfer/payload)
+		}
+		fmt.Fprintf(&b, ".\n\n")
 	}
 	sf, pl := med("relay, store and forward", secs), med("relay, pipelined", secs)
 	fmt.Fprintf(&b, "Goal (issue: devices reading devices): the direct path moves the bytes across one link instead of two and is faster\n")
 	fmt.Fprintf(&b, "accordingly. Measured: directly, the range crossed the lender's and the appliance's links and %.1f MiB crossed the\n",
 		med("direct", func(x result) float64 { return x.BorrowerIn + x.BorrowerOut }))
 	fmt.Fprintf(&b, "borrower's; relayed, it crossed the borrower's link twice, in and out. The relay took %.2f× the direct path's time\n", sf/direct)
-	fmt.Fprintf(&b, "store and forward (two transfers one after the other: the expected 2× of \"one link instead of two\") and %.2f× pipelined:\n", pl/direct)
-	fmt.Fprintf(&b, "on these full-duplex links a pipelined relay overlaps its two transfers, so what it adds is the relay's latency and\n")
-	fmt.Fprintf(&b, "the borrower's CPU rather than a second transfer's time. Either way the direct path leaves the borrower's link and\n")
+	fmt.Fprintf(&b, "store and forward (two transfers one after the other: the expected 2× of \"one link instead of two\") and %.2f× pipelined.\n", pl/direct)
+	fmt.Fprintf(&b, "On these full-duplex links a pipelined relay overlaps its two transfers, so its input phase is one transfer plus a chunk's\n")
+	fmt.Fprintf(&b, "latency (%.2f s against the direct LOAD's %.2f s), and its task then copies the input out of slot memory and hashes it\n",
+		med("relay, pipelined", func(x result) float64 { return x.Input }), med("direct", func(x result) float64 { return x.Input }))
+	fmt.Fprintf(&b, "(%.2f s). The direct path hashes each window as it lands in slot memory (roles that stream: sha256), so its task ends\n",
+		med("relay, pipelined", func(x result) float64 { return x.Task }))
+	fmt.Fprintf(&b, "with the transfer (%.2f s): the data lands where it is computed. Either way the direct path leaves the borrower's link and\n",
+		med("direct", func(x result) float64 { return x.Task }))
 	fmt.Fprintf(&b, "CPU free (table).\n\n")
 	fmt.Fprintf(&b, "All runs, in run order:\n\n| path | runs s | steal %% | load | borrower CPU s |\n|---|---|---|---|---|\n")
 	for _, v := range variants {

@@ -55,6 +55,10 @@ type accelRunOut struct {
 	OutputOffset int64   `json:"output_offset,omitempty"`
 	Path         string  `json:"path,omitempty"` // "direct": the slot reads and writes the block leases; "relay": through this borrower
 	Seconds      float64 `json:"seconds,omitempty"`
+	// The phases of Seconds: until the input is in slot memory (LOAD or
+	// relay), then the task and moving its output.
+	InputSeconds float64 `json:"input_seconds,omitempty"`
+	TaskSeconds  float64 `json:"task_seconds,omitempty"`
 }
 
 // stdinOf lets tests give accel run an input on stdin.

@@ -131,12 +131,19 @@ func runAccelLeaseIO(ctx context.Context, c *api.Client, lf *leaseIOFlags, res *
 	}
 	what := res.Role + ":" + res.Entry
 	t0 := time.Now()
-	defer func() { res.Seconds = time.Since(t0).Seconds() }()
+	var loaded time.Time
+	defer func() {
+		end := time.Now()
+		res.Seconds = end.Sub(t0).Seconds()
+		if !loaded.IsZero() {
+			res.InputSeconds, res.TaskSeconds = loaded.Sub(t0).Seconds(), end.Sub(loaded).Seconds()
+		}
+	}()
 
 	if lf.input != "" && !lf.relay {
 		// LOAD and START in one round trip, then STORE or READ.
 		n, out, err := conn.RunBlockTask(ctx, accel.BlockTask{Entry: res.Entry, Input: inRange, InLen: uint32(inLen),
-			Output: outRange, OutAddr: uint64(outAddr), OutCap: uint32(outCap)})
+			Output: outRange, OutAddr: uint64(outAddr), OutCap: uint32(outCap), Loaded: func() { loaded = time.Now() }})
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", what, err)
 		}
@@ -153,6 +160,7 @@ func runAccelLeaseIO(ctx context.Context, c *api.Client, lf *leaseIOFlags, res *
 			return nil, fmt.Errorf("input: %w", err)
 		}
 	}
+	loaded = time.Now()
 	task, err := conn.Start(ctx, accel.TaskSpec{Entry: res.Entry, InLen: uint32(inLen), Out: uint64(outAddr), OutCap: uint32(outCap)})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)

@@ -120,6 +120,10 @@ func TestAccelRunLeaseIO(t *testing.T) {
 			res.OutputLease != out.ID || res.OutputOffset != at || res.Bytes != 32 || len(res.Output) != 0 {
 			t.Errorf("%v: %+v", extra, res)
 		}
+		// The phases add up to the data path's time.
+		if res.InputSeconds <= 0 || res.TaskSeconds <= 0 || res.InputSeconds+res.TaskSeconds > res.Seconds+1e-9 {
+			t.Errorf("%v: input %v s + task %v s, want positive and within %v s", extra, res.InputSeconds, res.TaskSeconds, res.Seconds)
+		}
 		got := make([]byte, 32)
 		nc, err := nbd.DialURI(ctx, out.URI)
 		if err != nil {

@@ -205,6 +205,9 @@ type BlockTask struct {
 	// means the rest of the slot's memory.
 	InAddr, OutAddr uint64
 	OutCap          uint32
+	// Loaded, when set, is called once the LOAD has filled slot memory
+	// (before the task's completion), for a caller timing the phases.
+	Loaded func()
 }
 
 // RunBlockTask runs a BlockTask: LOAD and START travel together (one round
@@ -243,6 +246,9 @@ func (c *Conn) RunBlockTask(ctx context.Context, t BlockTask) (uint32, []byte, e
 		// the LOAD's error.
 		_, _ = (&Task{c: c, id: stag, ch: sch}).Wait(ctx)
 		return 0, nil, fmt.Errorf("load: %w", err)
+	}
+	if t.Loaded != nil {
+		t.Loaded()
 	}
 	n, err := (&Task{c: c, id: stag, ch: sch}).Wait(ctx)
 	if err != nil {

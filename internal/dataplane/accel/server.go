@@ -30,6 +30,16 @@ type Target interface {
 	Execute(ctx context.Context, entry string, ins [][]byte) ([][]byte, error)
 }
 
+// ResultTarget is an optional interface of a Target that may already hold
+// a mailbox task's output: Result returns the output of entry on
+// [addr, addr+n) of its memory, accounted as the task, when it computed it
+// while the bytes landed there (an appliance streaming a LOAD into a
+// role, appliance.LoadBlock) and no byte of the range changed since; ok
+// false: run the task the ordinary way.
+type ResultTarget interface {
+	Result(entry string, addr uint64, n uint32) (out []byte, ok bool)
+}
+
 // SessionTarget is an optional interface of a Target whose credentials can
 // end while connections use them (a gateway shared by several leases).
 // Session replaces Authenticate: it checks the credential and returns a
@@ -432,6 +442,11 @@ func (c *conn) handle(ctx context.Context, wg *sync.WaitGroup, f Frame) {
 func (c *conn) run(ctx context.Context, flags uint8, st Start) ([]byte, error) {
 	t := c.s.Target
 	in := st.Payload
+	if rt, ok := t.(ResultTarget); ok && flags&(FlagInline|FlagBatch) == 0 {
+		if out, ok := rt.Result(st.Entry, st.In, st.InLen); ok {
+			return c.storeOutput(st, out)
+		}
+	}
 	if flags&FlagInline == 0 {
 		var err error
 		if in, err = t.ReadMem(st.In, st.InLen); err != nil {
@@ -464,10 +479,15 @@ func (c *conn) run(ctx context.Context, flags uint8, st Start) ([]byte, error) {
 		}
 		return out, nil
 	}
+	return c.storeOutput(st, out)
+}
+
+// storeOutput writes a mailbox task's output to its buffer in memory.
+func (c *conn) storeOutput(st Start, out []byte) ([]byte, error) {
 	if uint64(len(out)) > uint64(st.OutCap) {
 		return nil, fmt.Errorf("%w: output is %d bytes, buffer %d", ErrOutputTooSmall, len(out), st.OutCap)
 	}
-	if err := t.WriteMem(st.Out, out); err != nil {
+	if err := c.s.Target.WriteMem(st.Out, out); err != nil {
 		return nil, err
 	}
 	return out, nil

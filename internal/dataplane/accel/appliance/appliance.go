@@ -553,6 +553,7 @@ func (a *Appliance) Reset(ctx context.Context, id int) error {
 	}
 	s.memMu.Lock()
 	clear(s.mem)
+	s.memGen++
 	s.memMu.Unlock()
 	cur := s.role.Load()
 	if cur == nil {
@@ -584,6 +585,7 @@ func (a *Appliance) SetCredential(id int, credential []byte) error {
 	if len(credential) == 0 {
 		s.memMu.Lock()
 		clear(s.mem)
+		s.memGen, s.memo = s.memGen+1, nil
 		s.memMu.Unlock()
 	}
 	return nil
@@ -704,9 +706,13 @@ type slot struct {
 
 	mem   []byte // a.mem[base:base+size:base+size]: the only memory it can reach
 	memMu sync.RWMutex
-	sem   chan struct{}
-	role  atomic.Pointer[loaded]
-	gen   atomic.Uint64
+	// memGen counts writes to mem and memo is the output a LOAD computed
+	// while its bytes landed (blockio.go), both guarded by memMu.
+	memGen uint64
+	memo   *memo
+	sem    chan struct{}
+	role   atomic.Pointer[loaded]
+	gen    atomic.Uint64
 
 	leaseMu sync.Mutex
 	lease   *lease
@@ -861,6 +867,7 @@ func (t *slotTarget) WriteMem(addr uint64, p []byte) error {
 	}
 	s.memMu.Lock()
 	copy(s.mem[addr:], p)
+	s.memGen++
 	s.memMu.Unlock()
 	s.bytesIn.Add(uint64(len(p)))
 	return nil
@@ -923,6 +930,9 @@ func (s *slot) execute(ctx context.Context, entry string, ins [][]byte) ([][]byt
 		s.a.mBusy.WithLabelValues(strconv.Itoa(s.id)).Add(d.Seconds())
 	}
 	s.items.Add(uint64(len(ins)))
+	if s.a.log.Enabled(ctx, slog.LevelDebug) { // tasks can be many and small (UDP messages)
+		s.a.log.Debug("appliance: ran a task", "slot", s.id, "entry", entry, "items", len(ins), "seconds", d.Seconds())
+	}
 	if err != nil {
 		if accel.CodeOf(err) == accel.CodeInternal {
 			err = fmt.Errorf("%w: %v", accel.ErrRoleFailed, err)

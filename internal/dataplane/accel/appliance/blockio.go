@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
+	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 	"github.com/rialto-project/rialto/internal/dataplane/block/stripe"
 )
@@ -34,6 +36,10 @@ const (
 	blockTimeout = 30 * time.Second
 )
 
+// blockTiming is where a block move's time went: opening the volume (dial
+// and NBD negotiation), the first window's arrival, and the whole move.
+type blockTiming struct{ open, first, total time.Duration }
+
 // errBlockRefused is a part the appliance will not dial.
 var errBlockRefused = errors.New("part refused")
 
@@ -43,24 +49,156 @@ func (t *slotTarget) LoadBlock(ctx context.Context, addr uint64, n uint32, r acc
 	if err := s.bounds(addr, uint64(n)); err != nil {
 		return err
 	}
-	t0 := time.Now()
-	err := s.a.moveBlock(ctx, r, uint64(n), false, func(vol *stripe.Volume, off uint64, buf []byte) error {
+	var tm blockTiming
+	sp := s.startStream(n)
+	s.memMu.Lock()
+	g0 := s.memGen
+	s.memMu.Unlock()
+	err := s.a.moveBlock(ctx, r, uint64(n), false, &tm, func(vol *stripe.Volume, off uint64, buf []byte) error {
 		k, err := vol.ReadAt(buf, int64(r.Offset+off))
 		if err != nil || k != len(buf) {
 			return fmt.Errorf("read %d bytes at %d: %d read: %w", len(buf), r.Offset+off, k, err)
 		}
 		s.memMu.Lock()
 		copy(s.mem[addr+off:], buf)
+		s.memGen++
 		s.memMu.Unlock()
+		sp.landed(off, buf)
 		return nil
 	})
+	res, hashed := sp.finish(err == nil)
 	if err != nil {
 		return err
 	}
 	s.bytesIn.Add(uint64(n))
 	s.blockIn.Add(uint64(n))
-	s.a.log.Debug("appliance: loaded from a block lease", "slot", s.id, "bytes", n, "range", r, "seconds", time.Since(t0).Seconds())
+	if res != nil {
+		s.busyNs.Add(uint64(hashed))
+		s.memMu.Lock()
+		// Valid only if no other write landed meanwhile: the LOAD's own
+		// windows are all the writes since g0.
+		if s.memGen == g0+uint64(len(sp.ready)) {
+			s.memo = &memo{l: sp.l, entry: sp.entry, addr: addr, n: n, gen: s.memGen, out: res}
+		}
+		s.memMu.Unlock()
+	}
+	s.a.log.Debug("appliance: loaded from a block lease", "slot", s.id, "bytes", n, "range", r,
+		"open_s", tm.open.Seconds(), "first_window_s", tm.first.Seconds(), "seconds", tm.total.Seconds(),
+		"streamed", res != nil, "stream_compute_s", hashed.Seconds())
 	return nil
+}
+
+// memo is the output of entry on [addr, addr+n) of a slot's memory, which
+// a LOAD computed while the bytes landed, valid while the slot's memGen is
+// gen and its role l.
+type memo struct {
+	l     *loaded
+	entry string
+	addr  uint64
+	n     uint32
+	gen   uint64
+	out   []byte
+}
+
+// stream feeds a LOAD's windows, in order, to the slot's role as they land
+// (roles.Streamer), so that the task which follows the LOAD finds its
+// output computed: the compute overlaps the transfer instead of following
+// it, and the input is not copied out of slot memory again. The zero
+// stream (a role that does not stream) does nothing. One goroutine, owned
+// by LoadBlock (finish waits for it), consumes the windows.
+type stream struct {
+	l     *loaded
+	entry string
+	ready []chan []byte // window i's bytes once they are in slot memory
+	stop  chan struct{}
+	done  chan time.Duration
+	st    roles.Stream
+}
+
+// startStream starts streaming a LOAD of n bytes into the slot's role when
+// the role streams its default (first) entry, the one a task names when it
+// names none; a task naming another entry runs the ordinary way.
+func (s *slot) startStream(n uint32) *stream {
+	l := s.role.Load()
+	if l == nil {
+		return &stream{}
+	}
+	sr, ok := l.role.(roles.Streamer)
+	es := l.role.Entries()
+	if !ok || len(es) == 0 || n == 0 || !l.acquire() {
+		return &stream{}
+	}
+	st := sr.NewStream(es[0])
+	if st == nil {
+		l.release()
+		return &stream{}
+	}
+	sp := &stream{l: l, entry: es[0], st: st, stop: make(chan struct{}), done: make(chan time.Duration, 1),
+		ready: make([]chan []byte, (uint64(n)+blockWindow-1)/blockWindow)}
+	for i := range sp.ready {
+		sp.ready[i] = make(chan []byte, 1)
+	}
+	go func() {
+		var busy time.Duration
+		defer func() { sp.done <- busy }()
+		for _, ch := range sp.ready {
+			select {
+			case b := <-ch:
+				t0 := time.Now()
+				_, _ = st.Write(b)
+				busy += time.Since(t0)
+			case <-sp.stop:
+				return
+			}
+		}
+	}()
+	return sp
+}
+
+// landed hands the window at off to the stream.
+func (sp *stream) landed(off uint64, buf []byte) {
+	if sp.st != nil {
+		sp.ready[off/blockWindow] <- buf
+	}
+}
+
+// finish waits for the stream's goroutine; after a LOAD that moved every
+// window (ok) it returns the output and the time spent computing it.
+func (sp *stream) finish(ok bool) ([]byte, time.Duration) {
+	if sp.st == nil {
+		return nil, 0
+	}
+	defer sp.l.release()
+	if !ok {
+		close(sp.stop)
+		<-sp.done
+		return nil, 0
+	}
+	busy := <-sp.done
+	t0 := time.Now()
+	out := sp.st.Sum()
+	return out, busy + time.Since(t0)
+}
+
+// Result implements accel.ResultTarget: a task on exactly the range a LOAD
+// just streamed into the role, with the role and every byte of the slot's
+// memory unchanged since, gets the output the LOAD computed.
+func (t *slotTarget) Result(entry string, addr uint64, n uint32) ([]byte, bool) {
+	s := (*slot)(t)
+	s.memMu.RLock()
+	m := s.memo
+	ok := m != nil && m.entry == entry && m.addr == addr && m.n == n && m.gen == s.memGen && m.l == s.role.Load()
+	s.memMu.RUnlock()
+	if !ok {
+		return nil, false
+	}
+	s.tasks.Add(1)
+	s.items.Add(1)
+	if s.a.mTasks != nil {
+		s.a.mTasks.WithLabelValues(strconv.Itoa(s.id), "ok").Inc()
+	}
+	s.a.log.Debug("appliance: ran a task", "slot", s.id, "entry", entry, "items", 1, "seconds", 0.0, "streamed", true)
+	return append([]byte(nil), m.out...), true
 }
 
 // StoreBlock implements accel.BlockMover.
@@ -69,8 +207,8 @@ func (t *slotTarget) StoreBlock(ctx context.Context, addr uint64, n uint32, r ac
 	if err := s.bounds(addr, uint64(n)); err != nil {
 		return err
 	}
-	t0 := time.Now()
-	err := s.a.moveBlock(ctx, r, uint64(n), true, func(vol *stripe.Volume, off uint64, buf []byte) error {
+	var tm blockTiming
+	err := s.a.moveBlock(ctx, r, uint64(n), true, &tm, func(vol *stripe.Volume, off uint64, buf []byte) error {
 		s.memMu.RLock()
 		copy(buf, s.mem[addr+off:])
 		s.memMu.RUnlock()
@@ -84,15 +222,18 @@ func (t *slotTarget) StoreBlock(ctx context.Context, addr uint64, n uint32, r ac
 	}
 	s.bytesOut.Add(uint64(n))
 	s.blockOut.Add(uint64(n))
-	s.a.log.Debug("appliance: stored to a block lease", "slot", s.id, "bytes", n, "range", r, "seconds", time.Since(t0).Seconds())
+	s.a.log.Debug("appliance: stored to a block lease", "slot", s.id, "bytes", n, "range", r,
+		"open_s", tm.open.Seconds(), "first_window_s", tm.first.Seconds(), "seconds", tm.total.Seconds())
 	return nil
 }
 
 // moveBlock opens the range's volume and runs move on every window of
 // [0, n) (relative to r.Offset), blockWindows at a time; a store then
 // flushes. Lease end (ctx) closes the volume, which interrupts the moves.
-func (a *Appliance) moveBlock(ctx context.Context, r accel.BlockRange, n uint64, store bool,
+func (a *Appliance) moveBlock(ctx context.Context, r accel.BlockRange, n uint64, store bool, tm *blockTiming,
 	move func(vol *stripe.Volume, off uint64, buf []byte) error) error {
+	t0 := time.Now()
+	defer func() { tm.total = time.Since(t0) }()
 	vol, err := stripe.Open(ctx, stripe.OpenConfig{URIs: r.Parts, StripeUnit: int64(r.StripeUnit),
 		RequestTimeout: blockTimeout, Check: partPolicy(a.cfg.Host), TLS: a.cfg.BlockTLS})
 	if err != nil {
@@ -101,6 +242,7 @@ func (a *Appliance) moveBlock(ctx context.Context, r accel.BlockRange, n uint64,
 		}
 		return fmt.Errorf("%w: %w", accel.ErrBlockIO, err)
 	}
+	tm.open = time.Since(t0)
 	stop := context.AfterFunc(ctx, func() { _ = vol.Close() })
 	defer func() {
 		if stop() {
@@ -135,6 +277,9 @@ func (a *Appliance) moveBlock(ctx context.Context, r accel.BlockRange, n uint64,
 			buf := make([]byte, min(blockWindow, n-off))
 			if err := move(vol, off, buf); err != nil {
 				fail(err)
+			}
+			if off == 0 {
+				tm.first = time.Since(t0)
 			}
 		})
 	}

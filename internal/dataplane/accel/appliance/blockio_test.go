@@ -312,3 +312,73 @@ func TestLeaseEndInterruptsLoad(t *testing.T) {
 		t.Fatal("the interrupted load succeeded")
 	}
 }
+
+// A LOAD into a streaming role (sha256) hashes the windows as they land;
+// the task that follows on exactly that range gets that output, and any
+// write to slot memory, another range or another role's entry in between
+// makes the task compute from memory again. Every case checks the output
+// against Go's sha256 of what slot memory holds, so a stale streamed
+// output fails.
+func TestStreamedLoad(t *testing.T) {
+	const n = 2*blockWindow + 12345 // three windows, in flight together
+	be := randomBackend(9<<20, 11)
+	uri := lender(t, "rlc_stream_secret", be)
+	cases := []struct {
+		name     string
+		between  func(ctx context.Context, c *accel.Conn) error // after the LOAD, before the task
+		in       uint64
+		inLen    uint32
+		streamed bool
+	}{
+		{name: "same range", in: 64, inLen: n, streamed: true},
+		{name: "write inside the range", in: 64, inLen: n, between: func(ctx context.Context, c *accel.Conn) error {
+			return c.WriteMem(ctx, 64+blockWindow+5, []byte("changed"))
+		}},
+		{name: "write elsewhere", in: 64, inLen: n, between: func(ctx context.Context, c *accel.Conn) error {
+			return c.WriteMem(ctx, 0, []byte("x"))
+		}},
+		{name: "sub-range", in: 64 + 100, inLen: n - 200},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs syncBuffer
+			a := start(t, Config{Slots: 1, SlotMemory: 16 << 20, Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+			c := leaseSlot(t, a, 0, "sha256")
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := c.Load(ctx, 64, n, accel.BlockRange{Parts: []string{uri}, Offset: 4096}); err != nil {
+				t.Fatal(err)
+			}
+			if tc.between != nil {
+				if err := tc.between(ctx, c); err != nil {
+					t.Fatal(err)
+				}
+			}
+			mem, err := c.ReadMem(ctx, tc.in, tc.inLen)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.between == nil && !bytes.Equal(mem, be.Bytes()[4096+tc.in-64:][:tc.inLen]) {
+				t.Fatal("slot memory after the LOAD differs from the lease's bytes")
+			}
+			want := sha256.Sum256(mem)
+			task, err := c.Start(ctx, accel.TaskSpec{Entry: "sum", In: tc.in, InLen: tc.inLen, Out: 15 << 20, OutCap: 32})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if k, err := task.Wait(ctx); err != nil || k != 32 {
+				t.Fatalf("task: %d bytes, %v", k, err)
+			}
+			got, err := c.ReadMem(ctx, 15<<20, 32)
+			if err != nil || !bytes.Equal(got, want[:]) {
+				t.Fatalf("output %x (%v), want sha256 of slot memory %x", got, err, want)
+			}
+			if s := logs.String(); strings.Contains(s, "streamed=true\n") != tc.streamed || !strings.Contains(s, "ran a task") {
+				t.Errorf("streamed task: want %v:\n%s", tc.streamed, s)
+			}
+			if st, _ := a.Slot(0); st.Tasks != 1 {
+				t.Errorf("slot counts %d tasks, want 1", st.Tasks)
+			}
+		})
+	}
+}

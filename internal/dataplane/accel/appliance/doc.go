@@ -14,5 +14,7 @@
 // Rebind moves a slot's listener to a chosen address, running or not (an
 // agent serving a lease again where a previous run served it).
 // The zero value is not usable. All methods are safe for concurrent use.
-// Run owns every goroutine it starts and waits for them before returning.
+// Run owns every goroutine it starts and waits for them before returning;
+// a LOAD into a streaming role (roles.Streamer) owns the one goroutine that
+// feeds the role its windows, and waits for it before it replies.
 package appliance

@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"hash"
 	"math"
 	"math/bits"
 )
@@ -55,6 +56,20 @@ func (shaRole) Run(_ context.Context, entry string, in []byte) ([]byte, error) {
 	s := sha256.Sum256(in)
 	return s[:], nil
 }
+
+// NewStream implements Streamer: SHA-256 hashes its input in order, piece
+// by piece.
+func (shaRole) NewStream(entry string) Stream {
+	if entry != "sum" {
+		return nil
+	}
+	return shaStream{sha256.New()}
+}
+
+type shaStream struct{ h hash.Hash }
+
+func (s shaStream) Write(p []byte) (int, error) { return s.h.Write(p) }
+func (s shaStream) Sum() []byte                 { return s.h.Sum(nil) }
 
 // aesRole seals and opens with AES-GCM under the key given as Config
 // (16, 24 or 32 bytes). Input: 12-byte nonce followed by the plaintext

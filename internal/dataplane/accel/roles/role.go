@@ -32,6 +32,24 @@ type Batcher interface {
 	RunBatch(ctx context.Context, entry string, ins [][]byte) ([][]byte, error)
 }
 
+// Streamer is implemented by roles whose entry can consume its input in
+// pieces, in order, as it arrives (a hash): NewStream returns a fresh
+// stream for entry, or nil when entry does not stream. Writing the input
+// to the stream and then calling Sum gives what Run gives for the whole
+// input. An appliance filling slot memory from a block lease uses it to
+// compute while the bytes land (docs/accelerators.md, "Devices reading
+// devices").
+type Streamer interface {
+	NewStream(entry string) Stream
+}
+
+// Stream is one streaming invocation (Streamer); not safe for concurrent
+// use.
+type Stream interface {
+	Write(p []byte) (int, error)
+	Sum() []byte
+}
+
 // RunBatch runs ins through r as one invocation when r is a Batcher and one
 // by one otherwise. The result has one output per input. With maxOut > 0,
 // outputs adding up to more than maxOut bytes fail the batch with
