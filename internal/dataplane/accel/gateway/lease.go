@@ -34,7 +34,7 @@ type lease struct {
 
 	admMu    sync.Mutex
 	admitted map[*admission]struct{} // the calls pending counts, for recounting (admit)
-	queued  atomic.Int64 // items accepted by the gateway and not yet answered
+	queued   atomic.Int64            // items accepted by the gateway and not yet answered
 
 	served, cancelled, failed, service, executions atomic.Uint64
 	left                                           atomic.Bool // its gateway forgot it: no more series
