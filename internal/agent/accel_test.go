@@ -6,6 +6,7 @@ import (
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -128,6 +129,19 @@ func TestAccelSharedGateway(t *testing.T) {
 		if err != nil || !bytes.Equal(out, want[:]) {
 			t.Fatalf("sum through the gateway: %x %v", out, err)
 		}
+	}
+	// Each lease's counters at the gateway, by lease ID, never by credential.
+	gs := drv.Gateways()
+	if len(gs) != 1 || len(gs[0].LeaseStats) != 2 {
+		t.Fatalf("gateways: %+v", gs)
+	}
+	for i, id := range []string{"sh-1", "sh-2"} {
+		if ls := gs[0].LeaseStats[i]; ls.Lease != id || ls.Served != 1 || ls.Executions != 1 || ls.Weight < 1 || ls.Queued != 0 {
+			t.Errorf("lease %s at the gateway: %+v", id, ls)
+		}
+	}
+	if b, _ := json.Marshal(gs); bytes.Contains(b, []byte("rlc_one")) || bytes.Contains(b, []byte("rlc_two")) {
+		t.Errorf("the gateway listing shows a credential: %s", b)
 	}
 	// Lease 2 keeps calling while lease 1 ends: none of its calls fails.
 	stop, started := make(chan struct{}), make(chan struct{})

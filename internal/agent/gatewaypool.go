@@ -235,7 +235,7 @@ func (p *gatewayPool) status() []GatewayStatus {
 	out := make([]GatewayStatus, 0, len(p.gws))
 	for _, g := range p.gws {
 		out = append(out, GatewayStatus{Name: g.name, Device: g.device, Role: g.role, Addr: g.ln.Addr().String(),
-			Leases: g.creds.Len(), Slots: len(g.backends()), Stats: g.g.Stats()})
+			Leases: g.creds.Len(), Slots: len(g.backends()), Stats: g.g.Stats(), LeaseStats: g.g.Leases()})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
@@ -250,6 +250,10 @@ type GatewayStatus struct {
 	Leases int           `json:"leases"`
 	Slots  int           `json:"slots"`
 	Stats  gateway.Stats `json:"stats"`
+	// LeaseStats are each lease's counters at the gateway (weight, queued,
+	// served, cancelled, failed, service, share), by lease ID: never the
+	// lease's credential.
+	LeaseStats []gateway.LeaseStats `json:"lease_stats"`
 }
 
 // gatewayKey is the gateway a shared lease joins: same device, role and

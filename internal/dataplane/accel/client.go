@@ -498,6 +498,61 @@ func (c *Conn) CallBatch(ctx context.Context, entry string, ins [][]byte) ([][]b
 	return outs, nil
 }
 
+// CallBatchSettled is CallBatch for a caller that dispatches work to the
+// target and counts it free once a call returns (a gateway in front of its
+// slots): when ctx ends, it cancels the task on the target (CANCEL) and
+// waits, for at most settle, until the target has ended it — its ERROR
+// (Canceled) or, for a role with no cancellation point, its DONE once the
+// batch ran to its end — and then returns ctx's error. CallBatch returns
+// at once instead, while the target may still be running the batch.
+func (c *Conn) CallBatchSettled(ctx context.Context, entry string, ins [][]byte, settle time.Duration) ([][]byte, error) {
+	t, err := c.Start(ctx, TaskSpec{Entry: entry, payload: EncodeBatch(ins), inline: true, Batch: true})
+	if err != nil {
+		return nil, err
+	}
+	var f Frame
+	select {
+	case fr, ok := <-t.ch:
+		if !ok {
+			return nil, c.closedErr()
+		}
+		f = fr
+	case <-ctx.Done():
+		c.settle(t.id, t.ch, settle)
+		return nil, ctx.Err()
+	}
+	if f.Op == OpError {
+		return nil, remoteErr(f.Payload)
+	}
+	if f.Op != OpDone || len(f.Payload) < 4 {
+		return nil, fmt.Errorf("%w: completion op %#x", ErrFrame, f.Op)
+	}
+	outs, err := DecodeBatch(f.Payload[4:])
+	if err != nil {
+		return nil, err
+	}
+	if len(outs) != len(ins) {
+		return nil, fmt.Errorf("%w: %d outputs for %d inputs", ErrFrame, len(outs), len(ins))
+	}
+	return outs, nil
+}
+
+// settle cancels task id on the target and waits, for at most d, for its
+// final frame on ch (or the connection's end).
+func (c *Conn) settle(id uint32, ch chan Frame, d time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	defer c.forget(id)
+	if tag, _, err := c.send(ctx, OpCancel, 0, AppendCancel(nil, id)); err == nil {
+		defer c.forget(tag)
+	}
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	case <-c.done:
+	}
+}
+
 // Mailbox runs one mailbox round through slot memory with pipelining:
 // WRITE and START travel together (the server handles a connection's frames
 // in order), then the output is READ once DONE arrives — two round trips

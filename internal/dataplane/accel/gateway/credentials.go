@@ -25,7 +25,10 @@ type Credentials struct {
 	// part of the gateway's QueueLimit (weight / the sum of the accepted
 	// credentials' weights; at least one batch), so that one borrower
 	// cannot fill the queue the others share; beyond it calls fail with
-	// ErrLeaseQueueFull. 0: the weighted part only.
+	// ErrLeaseQueueFull. Only the items of calls whose callers still wait
+	// count: a call abandoned (a deadline, a CANCEL) stops counting at
+	// once, though its cancelled execution may still be returning (such
+	// items may hold at most another limit). 0: the weighted part only.
 	Limit int
 	// RevokeWait bounds how long Revoke waits for the revoked lease's
 	// cancelled executions to return (0: DefaultRevokeWait), so that a
@@ -263,13 +266,13 @@ func (t *sharedTarget) Execute(ctx context.Context, entry string, ins [][]byte) 
 	if c, ok := ctx.Value(credKey{}).(*credential); ok {
 		n := int64(len(ins))
 		limit := t.cs.limit(c, t.g.cfg.QueueLimit, t.g.cfg.MaxBatch)
-		if p := c.lease.pending.Add(n); p > limit {
-			c.lease.pending.Add(-n)
+		release, live, ok := c.lease.admit(ctx, n, limit)
+		if !ok {
 			t.g.rejected.Add(1)
 			t.g.count("rejected")
-			return nil, fmt.Errorf("%w (%d items, limit %d)", ErrLeaseQueueFull, p-n, limit)
+			return nil, fmt.Errorf("%w (%d items, limit %d)", ErrLeaseQueueFull, live, limit)
 		}
-		defer c.lease.pending.Add(-n)
+		defer release()
 	}
 	return t.target.Execute(ctx, entry, ins)
 }

@@ -70,7 +70,7 @@ type Stats struct {
 	AvgBatch   float64 `json:"avg_batch"`  // Items / Executions
 	QueueSec   float64 `json:"queue_seconds"`
 	ComputeSec float64 `json:"compute_seconds"`
-	Pending    int64   `json:"pending"` // items accepted and not yet answered
+	Pending    int64   `json:"pending"` // items accepted, not yet answered, whose callers still wait
 }
 
 type result struct {
@@ -91,6 +91,7 @@ type request struct {
 	mu        sync.Mutex
 	abandoned bool      // the caller gave up
 	run       *inflight // the execution it is part of, if any
+	counted   bool      // its items count in the gateway's and its lease's queued items
 }
 
 // inflight is one execution's cancellation: it is cancelled once every
@@ -112,20 +113,37 @@ func (x *inflight) drop() {
 	}
 }
 
-// abandon marks r's caller gone (ctx.AfterFunc of the caller's context)
-// and cancels r's execution if r was the last request waiting for it.
-func (r *request) abandon(wake chan<- struct{}) {
+// abandon marks r's caller gone (ctx.AfterFunc of the caller's context):
+// its items stop counting against the queue limits at once (the
+// scheduler drops it from its queue when it wakes; an execution it is
+// part of is cancelled if r was the last request waiting for it, and its
+// lease was charged for that execution when it was dispatched).
+func (g *Gateway) abandon(r *request) {
 	r.mu.Lock()
 	r.abandoned = true
 	x := r.run
 	r.mu.Unlock()
+	g.uncount(r)
 	if x != nil {
 		x.drop()
 	}
 	select { // let the scheduler drop it from the queue now
-	case wake <- struct{}{}:
+	case g.wake <- struct{}{}:
 	default:
 	}
+}
+
+// uncount takes r's items out of the queued counts, once.
+func (g *Gateway) uncount(r *request) {
+	r.mu.Lock()
+	c := r.counted
+	r.counted = false
+	r.mu.Unlock()
+	if !c {
+		return
+	}
+	g.queued.Add(-int64(len(r.items)))
+	g.lqueued(r.lease, -len(r.items))
 }
 
 // attach makes r one of x's requests; false if r's caller already gave up.
@@ -423,7 +441,7 @@ func (g *Gateway) CallKeyed(ctx context.Context, key, entry string, items [][]by
 	}
 	l := g.leaseOf(ctx)
 	g.lqueued(l, len(items))
-	r := &request{gone: ctx.Done(), lease: l, entry: entry, key: key, items: items, enq: g.cfg.Clock.Now(), done: make(chan result, 1)}
+	r := &request{gone: ctx.Done(), lease: l, entry: entry, key: key, items: items, enq: g.cfg.Clock.Now(), done: make(chan result, 1), counted: true}
 	select {
 	case g.in <- r:
 	case <-g.stopped:
@@ -442,7 +460,7 @@ func (g *Gateway) CallKeyed(ctx context.Context, key, entry string, items [][]by
 	}
 	// The caller giving up (its deadline, its lease's teardown) cancels the
 	// execution it waits for, unless others wait for it too.
-	stop := context.AfterFunc(ctx, func() { r.abandon(g.wake) })
+	stop := context.AfterFunc(ctx, func() { g.abandon(r) })
 	defer stop()
 	g.requests.Add(1)
 	select {
@@ -545,12 +563,11 @@ func (g *Gateway) Run(ctx context.Context) error {
 }
 
 func (g *Gateway) finish(r *request, res result, outcome string) {
-	g.queued.Add(-int64(len(r.items)))
+	g.uncount(r)
 	if g.mPending != nil {
 		g.mPending.Set(float64(g.queued.Load()))
 	}
 	l := r.lease
-	g.lqueued(l, -len(r.items))
 	m := g.lm(l)
 	switch outcome {
 	case "ok":
@@ -910,10 +927,17 @@ func (g *Gateway) run(ctx context.Context, l *lease, entry string, reqs []*reque
 	return outs, false, err
 }
 
-// answer answers reqs with their outputs, in order, or with err.
+// answer answers reqs with their outputs, in order, or with err; a
+// request whose caller has gone (an execution that ran to its end though
+// cancelled: a role with no cancellation point) counts as cancelled.
 func (g *Gateway) answer(reqs []*request, outs [][]byte, err error) {
 	off := 0
 	for _, r := range reqs {
+		if r.callerGone() {
+			g.finish(r, result{err: errCallerGone}, "cancelled")
+			off += len(r.items)
+			continue
+		}
 		if err != nil {
 			g.failed.Add(1)
 			g.finish(r, result{err: err}, "error")

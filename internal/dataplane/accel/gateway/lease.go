@@ -30,8 +30,11 @@ type lease struct {
 	name   string
 	weight atomic.Int64 // ≥ 1
 
-	pending atomic.Int64 // items admitted by SharedTarget (Credentials.Limit)
-	queued  atomic.Int64 // items accepted by the gateway and not yet answered
+	pending atomic.Int64 // items admitted by SharedTarget (Credentials.Limit) whose Execute has not returned
+
+	admMu    sync.Mutex
+	admitted map[*admission]struct{} // the calls pending counts, for recounting (admit)
+	queued   atomic.Int64            // items accepted by the gateway and not yet answered
 
 	served, cancelled, failed, service, executions atomic.Uint64
 	left                                           atomic.Bool // its gateway forgot it: no more series
@@ -45,6 +48,51 @@ func newLease(name string, weight int) *lease {
 	l := &lease{name: name}
 	l.weight.Store(int64(max(weight, 1)))
 	return l
+}
+
+// admission is one call admitted against a lease's part of the queue.
+type admission struct {
+	ctx context.Context
+	n   int64
+}
+
+// admit admits a call of n items whose caller waits under ctx if the
+// lease's live items (those of admitted calls whose callers still wait)
+// stay within limit, and the items of calls abandoned but not yet
+// returned within another limit; the caller must call the returned
+// release when the call returns. A call abandoned (its deadline, a
+// CANCEL) stops counting as live at once, not when its Execute returns:
+// the server handles a connection's CANCEL before the START that follows
+// it, but the goroutine running the cancelled call may run after the new
+// one's. Its slot time is not given back: the scheduler charged the
+// lease's virtual time when its batch was dispatched.
+func (l *lease) admit(ctx context.Context, n, limit int64) (release func(), live int64, ok bool) {
+	a := &admission{ctx: ctx, n: n}
+	l.admMu.Lock()
+	defer l.admMu.Unlock()
+	p := l.pending.Add(n)
+	if p > limit {
+		live = n
+		for o := range l.admitted {
+			if o.ctx.Err() == nil {
+				live += o.n
+			}
+		}
+		if live > limit || p > 2*limit {
+			l.pending.Add(-n)
+			return nil, live - n, false
+		}
+	}
+	if l.admitted == nil {
+		l.admitted = map[*admission]struct{}{}
+	}
+	l.admitted[a] = struct{}{}
+	return func() {
+		l.admMu.Lock()
+		delete(l.admitted, a)
+		l.pending.Add(-n)
+		l.admMu.Unlock()
+	}, 0, true
 }
 
 // begin and end bracket an execution of the lease's work.
@@ -87,7 +135,7 @@ func (l *lease) waitIdle(ctx context.Context) error {
 type LeaseStats struct {
 	Lease      string  `json:"lease"`
 	Weight     int     `json:"weight"`
-	Queued     int64   `json:"queued"`     // items accepted and not yet answered
+	Queued     int64   `json:"queued"`     // items accepted, not yet answered, whose callers still wait
 	Served     uint64  `json:"served"`     // items answered with their output
 	Cancelled  uint64  `json:"cancelled"`  // requests whose caller gave up (deadline, teardown) before the answer
 	Failed     uint64  `json:"failed"`     // requests answered with an error

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 )
@@ -20,6 +21,9 @@ type Redialer struct {
 	// TLS, if set, is the client configuration for a slot that requires
 	// TLS (see accel.WithTLS).
 	TLS *tls.Config
+	// Settle bounds how long a call whose context ended waits for the slot
+	// to end the cancelled execution (0: DefaultSettle); see CallBatch.
+	Settle time.Duration
 
 	mu sync.Mutex
 	c  *accel.Conn
@@ -53,13 +57,26 @@ func (r *Redialer) drop(c *accel.Conn) {
 	_ = c.Close()
 }
 
-// CallBatch implements Backend.
+// DefaultSettle bounds how long a cancelled call waits for its slot to
+// end the execution (Redialer.Settle).
+const DefaultSettle = 2 * time.Second
+
+// CallBatch implements Backend. A call whose context ends (every caller of
+// the batch gone, the slot taken out) cancels the execution on the slot and
+// returns once the slot has ended it (for at most Settle): a role with no
+// cancellation point (a native batch kernel such as MCT) runs the batch to
+// its end, and the gateway must not count the slot free, and dispatch
+// another batch to it, while it does.
 func (r *Redialer) CallBatch(ctx context.Context, entry string, ins [][]byte) ([][]byte, error) {
 	c, err := r.conn(ctx)
 	if err != nil {
 		return nil, err
 	}
-	outs, err := c.CallBatch(ctx, entry, ins)
+	settle := r.Settle
+	if settle <= 0 {
+		settle = DefaultSettle
+	}
+	outs, err := c.CallBatchSettled(ctx, entry, ins, settle)
 	if errors.Is(err, accel.ErrClosed) {
 		r.drop(c)
 	}
