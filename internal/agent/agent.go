@@ -718,15 +718,19 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	start := time.Now()
 	resp, err := cl.Heartbeat(ctx, nodeID, hb)
 	rtt := float64(time.Since(start).Nanoseconds()) / 1e3
+	// An answer, even an error (401 for a forgotten node or a revoked
+	// certificate, 503), came over the link: it is up. Reported down, the
+	// next heartbeat (the first after a join) would cut the node off
+	// placement's fabric graph until one more heartbeat.
+	var ae *api.Error
 	a.mu.Lock()
 	a.lastBeatAt = a.clock.Now()
-	a.cpRTT, a.cpUp = rtt, err == nil
+	a.cpRTT, a.cpUp = rtt, err == nil || errors.As(err, &ae)
 	a.mu.Unlock()
 	if err != nil {
 		a.mHeartbeats.WithLabelValues("error").Inc()
 		a.enforceExpiry(ctx, false)
-		var ae *api.Error
-		if errors.As(err, &ae) && (ae.Code == api.CodeUnauthorized || ae.Code == api.CodeNotFound) {
+		if ae != nil && (ae.Code == api.CodeUnauthorized || ae.Code == api.CodeNotFound) {
 			a.log.Warn("control plane does not know this node; joining again", "code", ae.Code)
 			return a.join(ctx)
 		}

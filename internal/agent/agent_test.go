@@ -611,6 +611,40 @@ func TestLinksReported(t *testing.T) {
 	}
 }
 
+// TestLinkUpAfterRejoin: a heartbeat the control plane answers with an
+// error (here 401: it forgot the node, or refused a revoked certificate)
+// still went over the link, so the heartbeat after the join again reports
+// the link to the control plane up. Reported down, the control plane
+// would see no fabric path to the node and place nothing on it until one
+// more heartbeat.
+func TestLinkUpAfterRejoin(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	r := start(t, testConfig(srv.URL, t.TempDir()))
+	ctx := context.Background()
+	r.a.Heartbeat(ctx)
+	cp.mu.Lock()
+	cp.forgetful = true
+	joins := len(cp.joins)
+	cp.mu.Unlock()
+	if err := r.a.Heartbeat(ctx); err != nil { // answered 401: joins again
+		t.Fatal(err)
+	}
+	cp.mu.Lock()
+	rejoined := len(cp.joins) > joins
+	cp.mu.Unlock()
+	if !rejoined {
+		t.Fatal("the agent did not join again")
+	}
+	if err := r.a.Heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range cp.lastBeat().Links {
+		if l.To == "controlplane" && !l.Up {
+			t.Fatalf("the first heartbeat after the join reports the control plane's link down: %+v", l)
+		}
+	}
+}
+
 // TestRestoreReportsUnacknowledgedMove: an export whose new address the
 // control plane had not acknowledged when the agent stopped (the state
 // file's moved) is reported again after the restart, at the address it is
