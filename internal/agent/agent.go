@@ -61,7 +61,7 @@ type Agent struct {
 	host       string
 	peers      []api.Node
 	cpRTT      float64
-	cpUp       bool
+	cpUp       bool // cpRTT was measured (a heartbeat was answered)
 	interval   time.Duration
 	lastBeatAt time.Time
 	probeNext  int // rotation cursor over peers
@@ -710,22 +710,27 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	}
 	hb := api.Heartbeat{Health: a.health(), Leases: leases, Moved: moved, Links: a.probePeers(ctx, a.probeRound(peers)), Usage: a.usage(),
 		CRLNumber: a.crlNumber(), Version: a.cfg.Version}
-	if measured {
-		hb.Links = append(hb.Links, api.LinkReport{To: "controlplane", RTTMicros: cpRTT, Up: cpUp})
+	if measured && cpUp {
+		hb.Links = append(hb.Links, api.LinkReport{To: "controlplane", RTTMicros: cpRTT, Up: true})
 	}
 	cl := api.NewClient(a.cfg.ControlPlane, cred, a.hc)
 	sent := a.clock.Now()
 	start := time.Now()
 	resp, err := cl.Heartbeat(ctx, nodeID, hb)
 	rtt := float64(time.Since(start).Nanoseconds()) / 1e3
-	// An answer, even an error (401 for a forgotten node or a revoked
-	// certificate, 503), came over the link: it is up. Reported down, the
-	// next heartbeat (the first after a join) would cut the node off
-	// placement's fabric graph until one more heartbeat.
+	// The link to the control plane is reported up with the round trip of
+	// the last heartbeat it answered, even with an error (401 for a
+	// forgotten node or a revoked certificate, 503): a report reaches the
+	// control plane only over that link. Reported down after a failed
+	// round (the first heartbeat after a join, or after the control plane
+	// was unreachable), it would cut the node off placement's fabric
+	// graph until one more heartbeat.
 	var ae *api.Error
 	a.mu.Lock()
 	a.lastBeatAt = a.clock.Now()
-	a.cpRTT, a.cpUp = rtt, err == nil || errors.As(err, &ae)
+	if err == nil || errors.As(err, &ae) {
+		a.cpRTT, a.cpUp = rtt, true
+	}
 	a.mu.Unlock()
 	if err != nil {
 		a.mHeartbeats.WithLabelValues("error").Inc()
