@@ -61,7 +61,7 @@ type Agent struct {
 	host       string
 	peers      []api.Node
 	cpRTT      float64
-	cpUp       bool
+	cpUp       bool // cpRTT was measured (a heartbeat was answered)
 	interval   time.Duration
 	lastBeatAt time.Time
 	probeNext  int // rotation cursor over peers
@@ -710,23 +710,32 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	}
 	hb := api.Heartbeat{Health: a.health(), Leases: leases, Moved: moved, Links: a.probePeers(ctx, a.probeRound(peers)), Usage: a.usage(),
 		CRLNumber: a.crlNumber(), Version: a.cfg.Version}
-	if measured {
-		hb.Links = append(hb.Links, api.LinkReport{To: "controlplane", RTTMicros: cpRTT, Up: cpUp})
+	if measured && cpUp {
+		hb.Links = append(hb.Links, api.LinkReport{To: "controlplane", RTTMicros: cpRTT, Up: true})
 	}
 	cl := api.NewClient(a.cfg.ControlPlane, cred, a.hc)
 	sent := a.clock.Now()
 	start := time.Now()
 	resp, err := cl.Heartbeat(ctx, nodeID, hb)
 	rtt := float64(time.Since(start).Nanoseconds()) / 1e3
+	// The link to the control plane is reported up with the round trip of
+	// the last heartbeat it answered, even with an error (401 for a
+	// forgotten node or a revoked certificate, 503): a report reaches the
+	// control plane only over that link. Reported down after a failed
+	// round (the first heartbeat after a join, or after the control plane
+	// was unreachable), it would cut the node off placement's fabric
+	// graph until one more heartbeat.
+	var ae *api.Error
 	a.mu.Lock()
 	a.lastBeatAt = a.clock.Now()
-	a.cpRTT, a.cpUp = rtt, err == nil
+	if err == nil || errors.As(err, &ae) {
+		a.cpRTT, a.cpUp = rtt, true
+	}
 	a.mu.Unlock()
 	if err != nil {
 		a.mHeartbeats.WithLabelValues("error").Inc()
 		a.enforceExpiry(ctx, false)
-		var ae *api.Error
-		if errors.As(err, &ae) && (ae.Code == api.CodeUnauthorized || ae.Code == api.CodeNotFound) {
+		if ae != nil && (ae.Code == api.CodeUnauthorized || ae.Code == api.CodeNotFound) {
 			a.log.Warn("control plane does not know this node; joining again", "code", ae.Code)
 			return a.join(ctx)
 		}

@@ -43,7 +43,8 @@ type fakeCP struct {
 	// parts, if set for a lease, are the ranges of it the answer wants
 	// served here (api.LeaseExpiry.Parts).
 	parts    map[string][]api.PartRef
-	joinDown int // answer this many joins with 503
+	joinDown int  // answer this many joins with 503
+	hangup   bool // close the next heartbeat's connection without an answer
 }
 
 func newFakeCP(t *testing.T) (*fakeCP, *httptest.Server) {
@@ -74,6 +75,13 @@ func newFakeCP(t *testing.T) (*fakeCP, *httptest.Server) {
 	mux.HandleFunc("POST /v1/nodes/{id}/heartbeat", func(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
+		if f.hangup {
+			f.hangup = false
+			if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
+				c.Close()
+			}
+			return
+		}
 		if f.forgetful || r.Header.Get("Authorization") != "Bearer "+f.cred {
 			f.forgetful = false
 			httpx.WriteError(w, 401, api.CodeUnauthorized, "unknown node credential")
@@ -608,6 +616,47 @@ func TestLinksReported(t *testing.T) {
 	}
 	if got["gone"].Up {
 		t.Error("unreachable peer reported up")
+	}
+}
+
+// TestLinkUpAfterFailedBeat: the heartbeat after a failed one (answered
+// 401: the control plane forgot the node or refused a revoked certificate,
+// and the agent joined again; or not answered at all) reports the link to
+// the control plane up: the report arrives over it. Reported down, the
+// control plane would see no fabric path to the node and place nothing on
+// it until one more heartbeat.
+func TestLinkUpAfterFailedBeat(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	r := start(t, testConfig(srv.URL, t.TempDir()))
+	ctx := context.Background()
+	cpLink := func() (api.LinkReport, bool) {
+		for _, l := range cp.lastBeat().Links {
+			if l.To == "controlplane" {
+				return l, true
+			}
+		}
+		return api.LinkReport{}, false
+	}
+	for _, tc := range []struct {
+		name    string
+		fail    func(*fakeCP)
+		failErr bool // the failed heartbeat returns an error
+	}{
+		{"answered 401, joined again", func(f *fakeCP) { f.forgetful = true }, false},
+		{"no answer", func(f *fakeCP) { f.hangup = true }, true},
+	} {
+		cp.mu.Lock()
+		tc.fail(cp)
+		cp.mu.Unlock()
+		if err := r.a.Heartbeat(ctx); (err != nil) != tc.failErr {
+			t.Fatalf("%s: failed heartbeat: %v", tc.name, err)
+		}
+		if err := r.a.Heartbeat(ctx); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if l, ok := cpLink(); !ok || !l.Up || l.RTTMicros <= 0 {
+			t.Fatalf("%s: the next heartbeat reports the control plane's link %+v (reported: %v)", tc.name, l, ok)
+		}
 	}
 }
 

@@ -40,8 +40,9 @@
 // of its lifetime is left, and presents it on every call to the control
 // plane and its peers. Its API is then HTTPS: lease-execution calls need
 // the control plane's certificate (pki.ControlPlaneCN) besides the agent
-// key. A certificate the control plane no longer accepts (expired,
-// revoked) answers 401, and the agent joins again. The agent keeps the
+// key. A certificate the control plane no longer accepts (revoked, or
+// expired: the agent stops presenting it) answers 401, and the agent joins
+// again. The agent keeps the
 // CA's revocation list (ca-crl.pem) that the join and heartbeat answers
 // bring, and refuses the certificates it names at its API and when it
 // dials data planes. Its data planes require TLS with the node certificate

@@ -221,7 +221,11 @@ func (t *nodeTLS) clientTLS() *tls.Config {
 		RootCAs:          t.pool,
 		VerifyConnection: t.crl.VerifyPeer,
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			if c := t.cert.Load(); c != nil {
+			// An expired certificate (the agent was stopped, or missed
+			// its renewal) would fail the handshake, the join's too, and
+			// the agent would never get a new one: it presents none, the
+			// control plane answers 401 and the agent joins again.
+			if c := t.cert.Load(); c != nil && time.Now().Before(c.Leaf.NotAfter) {
 				return c, nil
 			}
 			return &tls.Certificate{}, nil // none yet: the join needs none

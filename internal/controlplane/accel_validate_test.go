@@ -9,6 +9,7 @@ import (
 )
 
 func TestValidateAccelRequest(t *testing.T) {
+	t.Parallel()
 	key := &api.RoleConfig{Config: []byte("0123456789abcdef")}
 	for _, tc := range []struct {
 		name string

@@ -24,6 +24,7 @@ func fakeEnv(t *testing.T) (*env, *clock.Fake) {
 // Run sweeps at every tick of its clock: a node silent past SuspectAfter
 // becomes suspect, then down past DownAfter, with no Sweep called.
 func TestRunSweepsOnItsClock(t *testing.T) {
+	t.Parallel()
 	e, fake := fakeEnv(t)
 	j, _ := e.join("n1", 1<<30)
 	ctx, cancel := context.WithCancel(e.ctx())
@@ -77,6 +78,7 @@ func pollState(t *testing.T, e *env, id string, want api.NodeState) {
 // The event stream polls the store on the server's clock and sends a
 // keep-alive after keepaliveInterval of the clock's idle time.
 func TestStreamOnItsClock(t *testing.T) {
+	t.Parallel()
 	e, fake := fakeEnv(t)
 	ctx, cancel := context.WithTimeout(e.ctx(), 30*time.Second)
 	defer cancel()

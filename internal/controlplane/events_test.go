@@ -13,6 +13,7 @@ import (
 // own leases (and the cluster's: nodes, profiles), never another tenant's
 // lease IDs, requests or failure reasons. The admin and nodes see all.
 func TestEventsTenantIsolation(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.join("n1", 1<<30)
 	la, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
@@ -70,6 +71,7 @@ func TestEventsTenantIsolation(t *testing.T) {
 // only the tenant's own: another tenant's lease IDs stay hidden, as GET
 // /v1/leases/{id} hides them.
 func TestPlanHidesOtherTenantsLeases(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.joinModel("n1", placement.Seed000Model, 64<<30)
 	if _, err := e.admin.PutProfile(e.ctx(), seed000APIProfile()); err != nil {

@@ -50,6 +50,7 @@ func FuzzJoinRequest(f *testing.F) {
 // null, leaving the value as it was; any other route refuses both, and
 // every route refuses what is not one strict JSON object.
 func TestDecodeEmpty(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		in         string
 		allowEmpty bool

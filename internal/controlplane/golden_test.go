@@ -37,6 +37,7 @@ type goldenStep struct {
 // OpenAPI document (the schemaChecker of newEnv). Every route must answer
 // at least one success that matches its schema.
 func TestAPIGolden(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	hc := &http.Client{Transport: e.schema}
 	vals := map[string]string{}

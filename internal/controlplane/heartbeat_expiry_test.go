@@ -12,6 +12,7 @@ import (
 // still wanted with their current expiry (a renewal shows up there);
 // leases no longer wanted are torn down instead of listed.
 func TestLendersLearnExpiries(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	j, node := e.join("n1", 1<<30)
 	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, TTLSeconds: 60})

@@ -18,6 +18,7 @@ import (
 // store's compare-and-set allows exactly the lifecycle's transitions out
 // of it (lifecycle.Allowed).
 func TestStateMachineStore(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.join("n1", 64<<30)
 	alice := principal{role: roleTenant, tenant: "alice"}
@@ -68,6 +69,7 @@ func TestStateMachineStore(t *testing.T) {
 }
 
 func TestModesAndPartitions(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.join("n1", 1<<30)
 	e.join("n2", 1<<30)
@@ -125,6 +127,7 @@ func TestModesAndPartitions(t *testing.T) {
 }
 
 func TestExplainReservesNothing(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.join("n1", 1<<30)
 	p, err := e.alice.Explain(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 256 << 20})
@@ -143,6 +146,7 @@ func TestExplainReservesNothing(t *testing.T) {
 }
 
 func TestLenderSkipped(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.join("n1", 1<<30)
 	e.join("n2", 1<<30)
@@ -212,6 +216,7 @@ func TestLenderSkipped(t *testing.T) {
 }
 
 func TestRenewAndExpire(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	j, _ := e.join("n1", 1<<30)
 	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, TTLSeconds: 10})
@@ -267,6 +272,7 @@ func TestRenewAndExpire(t *testing.T) {
 
 // TestNoOverCommit races many borrowers for few devices.
 func TestNoOverCommit(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.join("n1", 1<<30, 1<<30)
 	e.join("n2", 1<<30)
@@ -344,6 +350,7 @@ func TestNoOverCommit(t *testing.T) {
 }
 
 func TestIdempotency(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.join("n1", 1<<30)
 	req := api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, IdempotencyKey: "job-42"}
@@ -410,6 +417,7 @@ func TestIdempotency(t *testing.T) {
 // TestLeasesLive: GET /v1/leases lists history by default; live=1 only
 // the leases holding devices, and a state filter narrows either.
 func TestLeasesLive(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.join("n1", 1<<30)
 	req := api.LeaseRequest{Kind: api.KindBlock, Size: 64 << 20}

@@ -17,6 +17,7 @@ import (
 // double: bearer agent key, prepare with the export name, teardown, and a
 // lender that never answers being skipped after PrepareTimeout.
 func TestHTTPLender(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	got := map[string][]string{} // path → lease IDs
 	keys := map[string]string{}  // agent name → expected key

@@ -15,6 +15,7 @@ import (
 // labels, help) in testdata/metrics.golden: dashboards and alerts depend
 // on them, so a change must be deliberate (-rewrite) and show in review.
 func TestMetricsPinned(t *testing.T) {
+	t.Parallel()
 	fams, err := metrics.Families(func(r prometheus.Registerer) {
 		newServerMetrics(r)
 		new(movers).init(r)

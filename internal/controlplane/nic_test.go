@@ -28,6 +28,7 @@ func (e *env) joinNICs(n int, rate int64) map[string]string {
 // interface — prepares each part at its rate, refuses what exceeds every
 // lender's remaining rate saying why, and frees the rate on release.
 func TestNICLeases(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	const link = 12_500_000 // 100 Mbit/s
 	e.joinNICs(3, link)
@@ -110,6 +111,7 @@ func TestNICLeases(t *testing.T) {
 // TestNICValidation: what a nic request may not say is refused with a
 // clear error before placement.
 func TestNICValidation(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.joinNICs(2, 12_500_000)
 	for _, c := range []struct {
@@ -160,6 +162,7 @@ func (e *env) prepares(id string) []api.PrepareRequest {
 // parts in their heartbeat answers, the down lender is told to tear down
 // when it comes back; losing every lender ends the lease as lost.
 func TestNICBondLosesPart(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	const link = 12_500_000
 	type lender struct {

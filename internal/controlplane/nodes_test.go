@@ -17,6 +17,7 @@ import (
 )
 
 func TestLivenessAndRejoin(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	j1, n1 := e.join("n1", 1<<30)
 	j2, n2 := e.join("n2", 1<<30)
@@ -169,6 +170,7 @@ func TestLivenessAndRejoin(t *testing.T) {
 
 // TestAuth checks every refusal and that a refused request changes nothing.
 func TestAuth(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	j1, n1 := e.join("n1", 1<<30)
 	j2, _ := e.join("n2", 1<<30)
@@ -264,6 +266,7 @@ func stateDump(t *testing.T, e *env) string {
 }
 
 func TestOpenAPIAndMetrics(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.join("n1", 1<<30)
 	if _, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20}); err != nil {
@@ -319,6 +322,7 @@ func TestOpenAPIAndMetrics(t *testing.T) {
 // TestHeartbeatBatching sends many concurrent heartbeats (group commit)
 // and checks every node's liveness was recorded.
 func TestHeartbeatBatching(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	type agent struct {
 		id string
@@ -355,6 +359,7 @@ func TestHeartbeatBatching(t *testing.T) {
 // TestRestartGrace: after a control-plane restart, nodes get a full grace
 // period before silence counts, and leases survive the restart.
 func TestRestartGrace(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	j, _ := e.join("n1", 1<<30)
 	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
@@ -390,6 +395,7 @@ func TestRestartGrace(t *testing.T) {
 // URI), and is acknowledged; reports that would change the export name or
 // the scheme, or that name a part the node does not lend, change nothing.
 func TestHeartbeatMovedExports(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	j1, n1 := e.join("n1", 1<<30)
 	j2, n2 := e.join("n2", 1<<30)
@@ -448,6 +454,7 @@ func TestHeartbeatMovedExports(t *testing.T) {
 // heartbeats were read from the same state each move their own part; both
 // moves stay (the second does not write back the first part's old URI).
 func TestRecordMovedTwoLenders(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.join("n1", 1<<30)
 	e.join("n2", 1<<30)

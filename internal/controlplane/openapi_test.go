@@ -128,6 +128,7 @@ func (c *schemaChecker) summary() []string {
 }
 
 func TestOpenAPIValid(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	specFor(t, e.srv)
 }
@@ -136,6 +137,7 @@ func TestOpenAPIValid(t *testing.T) {
 // stores nothing (it used to store a profile of nulls that broke the
 // document's schema).
 func TestPutProfileRefusesEmptyBodies(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	before := stateDump(t, e)
 	for _, body := range []string{"", "null", " null\n", "{}", `{"model":"m1"}`, `{"write_bps":[],"read_bps":null}`} {
@@ -160,6 +162,7 @@ func TestPutProfileRefusesEmptyBodies(t *testing.T) {
 
 // An infeasible dry run answers "parts": [], not null.
 func TestExplainInfeasiblePartsEmpty(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.join("n1", 1<<30)
 	req, _ := http.NewRequest("POST", e.ts.URL+"/v1/explain", strings.NewReader(`{"kind":"block","size":1099511627776}`))

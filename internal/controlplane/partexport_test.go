@@ -11,6 +11,7 @@ import (
 // cannot derive the name of another. The same credential and index give
 // the same name (a restarted lender and the borrower agree).
 func TestPartExportNames(t *testing.T) {
+	t.Parallel()
 	creds := []string{"rlc_aaaa", "rlc_aaab"}
 	seen := map[string]string{}
 	for _, cred := range creds {

@@ -44,6 +44,7 @@ func seed000APIProfile() api.Profile {
 // and two 477 MB/s writers running on one device, explaining a third shows
 // what it would do to them.
 func TestProfilesAndDemandReachPlacement(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	devs := e.joinModel("n1", placement.Seed000Model, 64<<30)
 	if _, err := e.admin.PutProfile(e.ctx(), seed000APIProfile()); err != nil {
@@ -88,6 +89,7 @@ func TestProfilesAndDemandReachPlacement(t *testing.T) {
 }
 
 func TestDevicePinning(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	a := e.joinModel("n1", "", 1<<30)
 	b := e.joinModel("n2", "", 1<<30)
@@ -136,6 +138,7 @@ func TestDevicePinning(t *testing.T) {
 }
 
 func TestProfileValidation(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	good := api.Profile{Model: "m", WriteBps: []float64{1e9, 9e8}, ReadBps: []float64{2e9}, Latency4KUs: 80}
 	if _, err := e.admin.PutProfile(e.ctx(), good); err != nil {
@@ -164,6 +167,7 @@ func TestProfileValidation(t *testing.T) {
 // over several (placement weighs composition itself); asking for shared
 // explicitly keeps it infeasible.
 func TestNoModeMayCompose(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.joinModel("n1", "", 1<<30)
 	e.joinModel("n2", "", 1<<30)
@@ -191,6 +195,7 @@ func TestNoModeMayCompose(t *testing.T) {
 // Caps asked for at creation reach every part's lender; caps are refused
 // for kinds that have no byte stream to cap.
 func TestCapsReachLenders(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.joinModel("n1", "", 1<<30)
 	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 1 << 20,
@@ -254,6 +259,7 @@ func wantCode(t *testing.T, err error, status int, parts ...string) {
 // whole, with selectors or not, are all decided by internal/placement:
 // every plan carries its request, its choice and the reason for its mode.
 func TestEveryKindPlacedByPolicy(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.joinSpecs("n1", map[string]string{"zone": "a"},
 		api.DeviceSpec{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"},
@@ -295,6 +301,7 @@ func TestEveryKindPlacedByPolicy(t *testing.T) {
 // TestWholeDeviceLease: size 0 asks for a whole unused device, block or
 // memory; once none is left the refusal says why for each candidate.
 func TestWholeDeviceLease(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.joinSpecs("n1", nil,
 		api.DeviceSpec{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"},
@@ -326,6 +333,7 @@ func TestWholeDeviceLease(t *testing.T) {
 // selector nobody matches is refused naming the label each node lacks,
 // and explain shows the same without reserving.
 func TestLabelSelector(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.joinSpecs("hdd", map[string]string{"disk": "hdd"},
 		api.DeviceSpec{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"})
@@ -368,6 +376,7 @@ func TestLabelSelector(t *testing.T) {
 // request skips it for a partitionable one, falls back to dedicating it
 // when no mode was asked for, and is refused once it is held.
 func TestExclusiveDevice(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	excl := e.joinSpecs("x", nil, api.DeviceSpec{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "exclusive"})
 	_, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 1 << 20})
@@ -404,6 +413,7 @@ func wantQuota(t *testing.T, err error, want string) {
 // through the HTTP API; a refusal is 429 with placement's reason, explain
 // shows it without reserving, and a release makes room again.
 func TestQuota(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, func(c *Config) {
 		c.Quotas = Quotas{Default: Quota{Leases: 2}, Tenants: map[string]Quota{"bob": {Bytes: 3 << 20, Slots: api.SlotUnits, Bandwidth: 100e6}}}
 	})
@@ -454,6 +464,7 @@ func TestQuota(t *testing.T) {
 }
 
 func TestParseQuota(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		spec, tenant string
 		q            Quota
@@ -490,6 +501,7 @@ func TestParseQuota(t *testing.T) {
 // than asked, and other leases still fit beside them, in the cached index
 // (lease create) and in a fresh snapshot (explain).
 func TestAccelModes(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.joinSpecs("n1", nil,
 		api.DeviceSpec{Name: "fpga0", Kind: api.KindAccel, Capacity: 4, Sharing: "partitionable"},
@@ -576,6 +588,7 @@ func TestAccelModes(t *testing.T) {
 // TestQuotaReplacement: a lease re-placed after its lender did not confirm
 // is not counted against its own tenant's quota.
 func TestQuotaReplacement(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, func(c *Config) { c.Quotas = Quotas{Default: Quota{Leases: 1, Bytes: 256 << 20}} })
 	e.join("n1", 1<<30)
 	e.join("n2", 1<<30)

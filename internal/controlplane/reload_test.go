@@ -24,6 +24,7 @@ var (
 // the leases held untouched, and settings it refuses change nothing. The
 // log line names no secret.
 func TestReload(t *testing.T) {
+	t.Parallel()
 	var logs bytes.Buffer
 	e := newEnv(t, func(c *Config) {
 		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
@@ -114,6 +115,7 @@ func TestReload(t *testing.T) {
 // across a restart on the same database: one no longer configured stops
 // working.
 func TestRestartRevokesRemovedTokens(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	st, err := sqlite.Open(e.ctx(), e.dbPath)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 // heartbeats of all agents stay under the cap, and the sweep judges
 // silence on the stretched scale (suspect after SuspectAfter × stretch).
 func TestHeartbeatSpreading(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, func(c *Config) {
 		c.MaxHeartbeatsPerSecond = 2 // 2 nodes at the base interval of 1 s
 		c.SuspectAfter, c.DownAfter = 3*time.Second, 10*time.Second

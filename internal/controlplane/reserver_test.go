@@ -11,6 +11,7 @@ import (
 // by the next placements, also after the view is reloaded from the store,
 // until Release gives them back or Commit hands them to the store.
 func TestReserverHolds(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.join("n1", 1<<30)
 	r := e.srv.res

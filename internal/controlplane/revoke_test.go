@@ -22,6 +22,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // trusting their caches, and trust them again once they listen anew (with
 // the caches emptied).
 func TestReplicaRevocationBus(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	url := pgtest.DB(t)
@@ -116,6 +117,7 @@ func TestReplicaRevocationBus(t *testing.T) {
 // TestCacheUntrustedWithoutBus: a Server on a shared store that is not
 // running (so not listening) never answers from its token cache.
 func TestCacheUntrustedWithoutBus(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	st, err := postgres.Open(ctx, pgtest.DB(t), postgres.Options{MaxConns: 2})

@@ -133,6 +133,7 @@ func allEvents(t *testing.T, ctx context.Context, c *api.Client) []api.Event {
 // the hub's poll interval plus scheduling. The bound asserted is loose
 // (a loaded machine); the measured worst case is logged.
 func TestStreamLatency(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.srv.events.interval = 20 * time.Millisecond
 	col := follow(t, e.admin, 0, api.FollowOptions{})
@@ -211,6 +212,7 @@ func (p *cutProxy) cut() int {
 // A follower whose connection drops resumes from the last event it got:
 // the events appended while it was away arrive, none twice, none missing.
 func TestStreamResumeAfterDrop(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.srv.events.interval = 20 * time.Millisecond
 	proxy := newCutProxy(t, e.ts.Listener.Addr().String())
@@ -302,6 +304,7 @@ func openStream(t *testing.T, ctx context.Context, url, token string, hdr ...str
 // SSE: an EventSource-style client gets id: lines and, reconnecting with
 // Last-Event-ID (which wins over the URL's since), resumes after it.
 func TestStreamSSELastEventID(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.srv.events.interval = 20 * time.Millisecond
 	evs := e.appendEvents(6, "test.sse")
@@ -338,6 +341,7 @@ func TestStreamSSELastEventID(t *testing.T) {
 // log (reading behind the ring) and some live: each sees exactly what GET
 // /v1/events shows it, in order, once.
 func TestStreamManyFollowers(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.srv.events.interval = 20 * time.Millisecond
 	e.srv.events.ringSize = 16 // most of the history is behind the ring
@@ -387,6 +391,7 @@ func TestStreamManyFollowers(t *testing.T) {
 // Bad follow requests are refused before the stream starts; a missing
 // token is 401.
 func TestStreamRefusals(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	for _, tc := range []struct {
 		url, token string
@@ -409,6 +414,7 @@ func TestStreamRefusals(t *testing.T) {
 // CloseStreams (the HTTP server's shutdown) ends open streams, and the
 // last follower's end stops the hub's tailer.
 func TestStreamCloseStreams(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	resp := openStream(t, e.ctx(), e.ts.URL+"/v1/events?follow=1", adminTok)
 	defer resp.Body.Close()

@@ -8,6 +8,7 @@ import (
 )
 
 func TestUsageRing(t *testing.T) {
+	t.Parallel()
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
 	var u usageTracker
@@ -85,6 +86,7 @@ func TestUsageRing(t *testing.T) {
 }
 
 func TestCheckUsage(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		cs []api.DeviceCounters
 		ok bool
@@ -107,6 +109,7 @@ func ptr[T any](v T) *T { return &v }
 
 // A device whose agent does not know what it holds has no used_bytes.
 func TestUsageUnknownUsed(t *testing.T) {
+	t.Parallel()
 	var u usageTracker
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	u.record("n1", []api.DeviceCounters{{Name: "nvme0", ReadBytes: 1}}, t0)

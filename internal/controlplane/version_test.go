@@ -13,6 +13,7 @@ import (
 // the previous minor version, and none else, naming both versions when it
 // refuses.
 func TestCheckAgentVersion(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		server, agent string
 		err           string // "" accepted, else a part of the refusal
@@ -51,6 +52,7 @@ func TestCheckAgentVersion(t *testing.T) {
 // of v1.5 and v1.4 join and heartbeat, and refuses older or newer ones
 // with 400 naming both versions, at join and at heartbeat.
 func TestJoinVersion(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, func(c *Config) { c.Version = "v1.5.2" })
 	join := func(name, version string) (api.JoinResponse, error) {
 		return e.boot.Join(e.ctx(), api.JoinRequest{Name: name, Address: "127.0.0.1", AgentURL: "http://127.0.0.1:1", Version: version,

@@ -178,12 +178,17 @@ func TestTLSRevokedNodeCertificate(t *testing.T) {
 }
 
 // TestTLSRenewal: with a short certificate lifetime the agent renews its
-// certificate before it expires and stays usable.
+// certificate before it expires (with its node credential: not by joining
+// again) and stays usable. The renewal window is the last third of the
+// lifetime, in real time (TLS checks certificates against the wall clock):
+// 9 s gives the agent's heartbeats (every 100 ms) a 3 s window, which a
+// loaded machine's stalls do not close.
 func TestTLSRenewal(t *testing.T) {
 	t.Parallel()
-	c := Start(t, Options{TLS: true, Nodes: 1, NodeCertLifetime: 3 * time.Second})
+	c := Start(t, Options{TLS: true, Nodes: 1, NodeCertLifetime: 9 * time.Second})
 	n := c.Nodes[0]
 	first := nodeCert(t, n)
+	cred := readIdentity(t, n).Credential
 	c.Eventually("a renewed certificate", func() bool {
 		b, err := os.ReadFile(filepath.Join(n.StateDir, "node-cert.pem"))
 		if err != nil {
@@ -192,6 +197,12 @@ func TestTLSRenewal(t *testing.T) {
 		certs, err := pki.ParseCerts(b)
 		return err == nil && certs[0].NotAfter.After(first.Leaf.NotAfter)
 	})
+	if time.Now().After(first.Leaf.NotAfter) {
+		t.Fatalf("the certificate was renewed after it expired (%v)", first.Leaf.NotAfter)
+	}
+	if readIdentity(t, n).Credential != cred {
+		t.Fatal("the agent joined again instead of renewing its certificate")
+	}
 	// Well past the first certificate's expiry, leases still go through.
 	Eventually(t, 20*time.Second, "the first certificate to expire", func() bool { return time.Now().After(first.Leaf.NotAfter.Add(time.Second)) })
 	l := createBlock(t, c.Client(), 4<<20, api.ModeShared)
@@ -199,6 +210,26 @@ func TestTLSRenewal(t *testing.T) {
 	if _, err := c.Client().ReleaseLease(ctxT(t), l.ID); err != nil {
 		t.Fatal(err)
 	}
+	if readIdentity(t, n).Credential != cred {
+		t.Fatal("the agent joined again")
+	}
+}
+
+// TestTLSExpiredCertificateRejoins: an agent whose certificate expired
+// while it was stopped joins again (presenting no certificate: the expired
+// one would fail the handshake) and gets a new one.
+func TestTLSExpiredCertificateRejoins(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{TLS: true, Nodes: 1, NodeCertLifetime: 2 * time.Second})
+	n := c.Nodes[0]
+	first := nodeCert(t, n)
+	n.Kill()
+	Eventually(t, 20*time.Second, "the certificate to expire", func() bool { return time.Now().After(first.Leaf.NotAfter) })
+	n.Restart()
+	if got := nodeCert(t, n); !got.Leaf.NotAfter.After(first.Leaf.NotAfter) {
+		t.Fatalf("the node kept its expired certificate (until %v)", got.Leaf.NotAfter)
+	}
+	c.Eventually("the node ready", func() bool { return c.NodeState(n.ID()) == api.NodeReady })
 }
 
 // TestTLSLenderChecksTheNode: the control plane's lender refuses an agent

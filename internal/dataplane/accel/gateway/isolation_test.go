@@ -6,7 +6,6 @@ import (
 
 	"net"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -240,13 +239,16 @@ func busySlots(app *appliance.Appliance) int64 {
 	return n
 }
 
-// medianLatency times k echo calls on c.
+// medianLatency times k echo calls on c. A call that takes 10 s (blocked
+// behind another lease's execution, say) fails the test.
 func medianLatency(t *testing.T, c *accel.Conn, k int) time.Duration {
 	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	ds := make([]time.Duration, k)
 	for i := range ds {
 		t0 := time.Now()
-		if out, err := c.Call(context.Background(), "echo", []byte("ping")); err != nil || string(out) != "ping" {
+		if out, err := c.Call(ctx, "echo", []byte("ping")); err != nil || string(out) != "ping" {
 			t.Fatalf("echo: %q %v", out, err)
 		}
 		ds[i] = time.Since(t0)
@@ -255,10 +257,25 @@ func medianLatency(t *testing.T, c *accel.Conn, k int) time.Duration {
 	return ds[k/2]
 }
 
+// bestMedian is the lowest of up to n medians of k echo calls on c,
+// stopping at the first at or below limit (0: none, take all n): a loaded
+// machine only ever slows a measurement down, while what blocks c's calls
+// slows every one.
+func bestMedian(t *testing.T, c *accel.Conn, k, n int, limit time.Duration) time.Duration {
+	t.Helper()
+	best := medianLatency(t, c, k)
+	for i := 1; i < n && best > limit; i++ {
+		best = min(best, medianLatency(t, c, k))
+	}
+	return best
+}
+
 // A WebAssembly call that never returns, submitted by lease A through a
 // shared gateway, is stopped on its slot when A is revoked (its teardown),
 // and lease B's calls on the same gateway keep their latency during and
-// after it.
+// after it. Each latency is the best of several medians, so that the
+// machine's load (and the runaway call, which keeps a CPU busy) does not
+// fail the test, while a B blocked behind A's call fails every one.
 func TestRevokeStopsRunawayWasm(t *testing.T) {
 	cs := Credentials{RevokeWait: 10 * time.Second}
 	_ = cs.AddWeighted([]byte("cred-a"), "a", 1)
@@ -266,12 +283,14 @@ func TestRevokeStopsRunawayWasm(t *testing.T) {
 	app, g, addr := slotGateway(t, 2, roles.Spec{Name: "wasm", Module: wasmtest.EchoModule()},
 		Config{Name: "wasm", MaxBatch: 8, Workers: 2}, &cs)
 	a, b := dialLease(t, addr, "cred-a"), dialLease(t, addr, "cred-b")
-	before := medianLatency(t, b, 40)
+	const k, tries = 20, 10
+	before := bestMedian(t, b, k, 5, 0)
+	limit := 4*before + 5*time.Millisecond // a loaded machine's noise, far below a blocked slot
 
 	spun := make(chan error, 1)
 	go func() { _, err := a.Call(context.Background(), "spin", nil); spun <- err }()
 	waitFor(t, func() bool { return busySlots(app) == 1 })
-	during := medianLatency(t, b, 40)
+	during := bestMedian(t, b, k, tries, limit)
 	if busySlots(app) != 1 {
 		t.Fatal("the runaway call stopped by itself")
 	}
@@ -294,12 +313,11 @@ func TestRevokeStopsRunawayWasm(t *testing.T) {
 		runtimeGosched()
 	}
 	stopped := time.Since(t0)
-	after := medianLatency(t, b, 40)
-	t.Logf("lease B's median latency: before %v, during %v, after %v; Revoke took %v, the slot was free %v after it began",
+	after := bestMedian(t, b, k, tries, limit)
+	t.Logf("lease B's best median latency: before %v, during %v, after %v; Revoke took %v, the slot was free %v after it began",
 		before, during, after, revoke, stopped)
-	limit := 4*before + 5*time.Millisecond // a loaded machine's noise, far below a blocked slot
 	if during > limit || after > limit {
-		t.Fatalf("lease B's latency grew: before %v, during %v, after %v", before, during, after)
+		t.Fatalf("lease B's latency grew: before %v, during %v, after %v (limit %v)", before, during, after, limit)
 	}
 	if revoke > cs.RevokeWait {
 		t.Fatalf("Revoke took %v, above its bound %v", revoke, cs.RevokeWait)
@@ -398,25 +416,21 @@ func TestBadTenantIsolated(t *testing.T) {
 		items := float64(s1.Service - s0.Service)
 		return items / float64(s1.Executions-s0.Executions), items / d.Seconds()
 	}
-	var alone, mixed [][2]float64
-	for range 3 { // alternate, so that the machine's load hits both alike
+	// Alternate, so that the machine's load hits both alike, and compare
+	// the best of each: a loaded machine only ever slows a phase down. At
+	// least 3 pairs; up to 8 while the best with the bad tenant is below
+	// the bound (the bad tenant's callers themselves load the machine
+	// during its phases), which a bad tenant that does hurt never reaches.
+	var ab, ap, mb, mp float64
+	hurt := func() bool { return mb < 0.9*ab || mp < 0.9*ap }
+	for i := 0; i < 3 || (i < 8 && hurt()); i++ {
 		b, p := phase(false)
-		alone = append(alone, [2]float64{b, p})
+		ab, ap = max(ab, b), max(ap, p)
 		b, p = phase(true)
-		mixed = append(mixed, [2]float64{b, p})
+		mb, mp = max(mb, b), max(mp, p)
 	}
-	// The best of each: a loaded machine only ever slows a phase down.
-	best := func(xs [][2]float64, i int) float64 {
-		var v []float64
-		for _, x := range xs {
-			v = append(v, x[i])
-		}
-		sort.Float64s(v)
-		return v[len(v)-1]
-	}
-	ab, ap, mb, mp := best(alone, 0), best(alone, 1), best(mixed, 0), best(mixed, 1)
 	t.Logf("good tenant alone: batch %.2f, %.0f items/s; with a bad tenant: batch %.2f, %.0f items/s", ab, ap, mb, mp)
-	if mb < 0.9*ab || mp < 0.9*ap {
+	if hurt() {
 		t.Fatalf("the bad tenant hurt the good one: batch %.2f→%.2f, throughput %.0f→%.0f items/s", ab, mb, ap, mp)
 	}
 	if s, _ := leaseStats(g, "good"); s.Failed != 0 {
