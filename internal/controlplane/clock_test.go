@@ -36,7 +36,7 @@ func TestRunSweepsOnItsClock(t *testing.T) {
 			t.Errorf("Run: %v", err)
 		}
 	}()
-	if err := fake.BlockUntil(ctx, 1); err != nil { // Run's ticker
+	if err := fake.BlockUntil(ctx, 2); err != nil { // Run's sweep ticker and its liveness flush ticker
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
