@@ -540,7 +540,7 @@ func (b *bench) report(path, rate string, reps int, res []result) error {
 			c, lc, l, rq := extra(kind, k)
 			cpu, lcpu := strings.Join(c, ", "), strings.Join(lc, ", ")
 			if strings.HasPrefix(kind, "iperf") {
-				cpu, lcpu = "", ""
+				cpu, lcpu, rq = "", "", nil
 			}
 			w("| %s | %d | %s | %s | %s | %s | %s | %s |\n", kind, k, join(v), join(s), strings.Join(l, ", "), cpu, lcpu, strings.Join(rq, ", "))
 		}
