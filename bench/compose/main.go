@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -56,6 +57,8 @@ type result struct {
 	CPU       float64 // borrower CPU seconds per GiB: nbdcopy + the attach process
 	LenderCPU float64 // lenders' CPU seconds per GiB: the agents serving the parts
 	Load      float64 // 1-minute load average when the run started (other tenants of the machine)
+	RxqMean   float64 // MiB received and not yet read by the attach's NBD server, mean over the run (NaN: no attach)
+	RxqPeak   float64 // the same, peak
 }
 
 // config is one lender count: its lease, served in the root namespace by
@@ -260,7 +263,7 @@ func (b *bench) volume(ctx context.Context, cf *config) ([]result, error) {
 		if dir == "read" {
 			args = []string{cf.at.URI, "null:"}
 		}
-		r, err := b.timedAll(ctx, b.sizeMiB, dir, [][]string{append([]string{"nbdcopy"}, args...)}, cf.at.PID(), cf.agents)
+		r, err := b.timedAll(ctx, b.sizeMiB, dir, [][]string{append([]string{"nbdcopy"}, args...)}, cf.at.PID(), attachPort(cf.at.URI), cf.agents)
 		if err != nil {
 			return nil, err
 		}
@@ -280,7 +283,7 @@ func (b *bench) volume(ctx context.Context, cf *config) ([]result, error) {
 				cmds = append(cmds, []string{"nbdcopy", p.URI, "null:"})
 			}
 		}
-		r, err := b.timedAll(ctx, b.sizeMiB, dir, cmds, 0, cf.agents)
+		r, err := b.timedAll(ctx, b.sizeMiB, dir, cmds, 0, 0, cf.agents)
 		if err != nil {
 			return nil, err
 		}
@@ -292,8 +295,9 @@ func (b *bench) volume(ctx context.Context, cf *config) ([]result, error) {
 
 // timedAll runs commands in parallel and returns their joint throughput
 // for sizeMiB MiB in all, with the CPU of the borrower (the commands and
-// the attach process borrower, if any) and of the lenders.
-func (b *bench) timedAll(ctx context.Context, sizeMiB int64, label string, cmds [][]string, borrower int, lenders []int) (result, error) {
+// the attach process borrower, if any) and of the lenders, and the bytes
+// waiting unread at the attach's TCP port (rxPort; 0 for none).
+func (b *bench) timedAll(ctx context.Context, sizeMiB int64, label string, cmds [][]string, borrower, rxPort int, lenders []int) (result, error) {
 	load := stats.Load()
 	rt0 := retrans()
 	cs := stats.SampleCPU()
@@ -302,6 +306,7 @@ func (b *bench) timedAll(ctx context.Context, sizeMiB int64, label string, cmds 
 	for _, p := range lenders {
 		l0 += stats.ProcCPU(p)
 	}
+	rxq := startRxq(ctx, rxPort, 20*time.Millisecond)
 	start := time.Now()
 	type done struct {
 		cpu float64
@@ -331,6 +336,7 @@ func (b *bench) timedAll(ctx context.Context, sizeMiB int64, label string, cmds 
 	}
 	el := time.Since(start)
 	steal := cs.StealSince()
+	rxMean, rxPeak := rxq.stop()
 	if err := errors.Join(errs...); err != nil {
 		return result{}, err
 	}
@@ -341,7 +347,8 @@ func (b *bench) timedAll(ctx context.Context, sizeMiB int64, label string, cmds 
 	}
 	gib := float64(sizeMiB) / 1024
 	fmt.Fprintf(os.Stderr, "  (%s: %d TCP segments retransmitted from the borrower)\n", label, retrans()-rt0)
-	return result{MiBps: float64(sizeMiB) / el.Seconds(), Steal: steal, CPU: cpu / gib, LenderCPU: (l1 - l0) / gib, Load: load}, nil
+	return result{MiBps: float64(sizeMiB) / el.Seconds(), Steal: steal, CPU: cpu / gib, LenderCPU: (l1 - l0) / gib, Load: load,
+		RxqMean: rxMean, RxqPeak: rxPeak}, nil
 }
 
 // iperf measures k parallel TCP streams, one to each of k hosts, from the
@@ -441,12 +448,15 @@ func (b *bench) report(path, rate string, reps int, res []result) error {
 		}
 		return
 	}
-	extra := func(kind string, k int) (cpu, lcpu, load []float64) {
+	extra := func(kind string, k int) (cpu, lcpu, load, rxq []string) {
 		for _, r := range res {
 			if r.Kind == kind && r.K == k {
-				cpu = append(cpu, r.CPU)
-				lcpu = append(lcpu, r.LenderCPU)
-				load = append(load, r.Load)
+				cpu = append(cpu, strconv.FormatFloat(r.CPU, 'f', 1, 64))
+				lcpu = append(lcpu, strconv.FormatFloat(r.LenderCPU, 'f', 1, 64))
+				load = append(load, strconv.FormatFloat(r.Load, 'f', 1, 64))
+				if !math.IsNaN(r.RxqMean) {
+					rxq = append(rxq, fmt.Sprintf("%.1f / %.1f", r.RxqMean, r.RxqPeak))
+				}
 			}
 		}
 		return
@@ -516,20 +526,23 @@ func (b *bench) report(path, rate string, reps int, res []result) error {
 	w("All runs, in run order: MiB/s; steal %% of all CPU time during the run (/proc/stat); the 1-minute\n")
 	w("load average when the run started (the machine's 2 vCPUs are shared with other work, which steal\n")
 	w("does not show); borrower CPU seconds per GiB (nbdcopy plus the attach process); lender CPU seconds per GiB (the\n")
-	w("`rialto agent` processes serving the parts, utime+stime from /proc/PID/stat):\n\n")
-	w("| measurement | lenders | runs MiB/s | steal %% | load | borrower CPU s/GiB | lender CPU s/GiB |\n|---|---|---|---|---|---|---|\n")
+	w("`rialto agent` processes serving the parts, utime+stime from /proc/PID/stat); MiB that nbdcopy had sent and the\n")
+	w("attach's NBD server had not yet read, mean / peak over the run (rx_queue of its sockets in /proc/net/tcp, every 20 ms):\n")
+	w("a backlog that stays (not near 0) while the links have room means the attach's server reads requests more slowly than\n")
+	w("nbdcopy sends them, e.g. serving them one at a time:\n\n")
+	w("| measurement | lenders | runs MiB/s | steal %% | load | borrower CPU s/GiB | lender CPU s/GiB | unread at the attach, MiB mean / peak |\n|---|---|---|---|---|---|---|---|\n")
 	for _, kind := range []string{"iperf-write", "iperf-read", "write", "read", "direct-write", "direct-read"} {
 		for k := 1; k <= 3; k++ {
 			v, s := get(kind, k)
 			if len(v) == 0 {
 				continue
 			}
-			c, lc, l := extra(kind, k)
-			cpu, lcpu := join(c), join(lc)
+			c, lc, l, rq := extra(kind, k)
+			cpu, lcpu := strings.Join(c, ", "), strings.Join(lc, ", ")
 			if strings.HasPrefix(kind, "iperf") {
-				cpu, lcpu = "", ""
+				cpu, lcpu, rq = "", "", nil
 			}
-			w("| %s | %d | %s | %s | %s | %s | %s |\n", kind, k, join(v), join(s), join(l), cpu, lcpu)
+			w("| %s | %d | %s | %s | %s | %s | %s | %s |\n", kind, k, join(v), join(s), strings.Join(l, ", "), cpu, lcpu, strings.Join(rq, ", "))
 		}
 	}
 	w("\nCommands (HOST, ADDR, URL, LEASE stand for the generated names; a part's URI names a secret export):\n\n```\n")
