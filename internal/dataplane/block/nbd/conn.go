@@ -117,6 +117,7 @@ type conn struct {
 	pipeR, pipeW int
 	noSplice     bool
 	rawc         syscall.RawConn // for sendfile; nil when nc is not a socket
+	sock         syscall.RawConn // the TCP socket under nc, TLS or not (queuedBehind); nil for others
 	tcp          bool
 	sf           sendfileSource
 }
@@ -170,6 +171,7 @@ func newConn(s *Server, nc net.Conn, r *bufio.Reader, sess *session) *conn {
 	switch t := nc.(type) {
 	case *net.TCPConn:
 		c.rawc, _ = t.SyscallConn()
+		c.sock = c.rawc
 		c.tcp = true
 	case *net.UnixConn:
 		c.rawc, _ = t.SyscallConn()
@@ -321,7 +323,7 @@ func (c *conn) reader(ctx context.Context) error {
 			c.encodeError(o)
 		} else if spliced {
 			c.encodeOK(o)
-		} else if c.inflight.Load() == 0 && c.r.Buffered() == 0 && !c.recordQueued() && c.inline(o) {
+		} else if c.inflight.Load() == 0 && c.r.Buffered() == 0 && !c.recordQueued() && !c.queuedBehind(o) && c.inline(o) {
 			// Nothing else in flight and no request queued behind this
 			// one (typical at queue depth 1): serve it here, sparing two
 			// goroutine hand-offs.
@@ -429,6 +431,23 @@ func (c *conn) send(ops []*op) error {
 		}
 	}
 	return nil
+}
+
+// queuedBehind reports whether requests may wait in the socket behind o
+// though the reader's buffer is empty: a WRITE payload at least as large
+// as that buffer is read past it, straight from the socket, so an empty
+// buffer says nothing of what follows, and serving o inline would serve
+// a queue of large writes one at a time (a composed volume's attach under
+// nbdcopy stalled so). Then the kernel is asked (SIOCINQ).
+func (c *conn) queuedBehind(o *op) bool {
+	if o.req.Type != CmdWrite || int(o.req.Length) < c.r.Size() || c.sock == nil {
+		return false
+	}
+	n := 0
+	c.sock.Control(func(fd uintptr) {
+		n, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ)
+	})
+	return n > 0
 }
 
 func (c *conn) cork(on bool) {

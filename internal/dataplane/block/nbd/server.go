@@ -323,6 +323,9 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 		tc := newTLSConn(sess.tls, nc)
 		defer tc.closeNotify(time.Second)
 		c = newConn(s, tc, sess.r, sess)
+		if t, ok := nc.(*net.TCPConn); ok {
+			c.sock, _ = t.SyscallConn() // queuedBehind asks the socket under TLS too
+		}
 		if sess.rec != nil {
 			// Replies the reader holds leave before it waits on the socket.
 			sess.rec.wait = c.flushBatch
