@@ -240,7 +240,7 @@ func TestNoSecretsInLogsOrArgs(t *testing.T) {
 		t.Fatalf("node remove: %v\n%s", err, out)
 	}
 	quiet = append(quiet, string(out))
-	poll(t, "the removed node back", 30*time.Second, func() bool {
+	poll(t, "the removed node back", 90*time.Second, func() bool {
 		ns, err := cl.Nodes(ctx)
 		ready := 0
 		for _, n := range ns {

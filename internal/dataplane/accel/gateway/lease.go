@@ -50,10 +50,21 @@ func newLease(name string, weight int) *lease {
 	return l
 }
 
+// closed reports whether ch is closed; a nil ch (a caller that cannot
+// give up) never is.
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
 // admission is one call admitted against a lease's part of the queue.
 type admission struct {
-	ctx context.Context
-	n   int64
+	gone <-chan struct{} // closed when its caller stops waiting (ctx.Done())
+	n    int64
 }
 
 // admit admits a call of n items whose caller waits under ctx if the
@@ -67,14 +78,14 @@ type admission struct {
 // one's. Its slot time is not given back: the scheduler charged the
 // lease's virtual time when its batch was dispatched.
 func (l *lease) admit(ctx context.Context, n, limit int64) (release func(), live int64, ok bool) {
-	a := &admission{ctx: ctx, n: n}
+	a := &admission{gone: ctx.Done(), n: n}
 	l.admMu.Lock()
 	defer l.admMu.Unlock()
 	p := l.pending.Add(n)
 	if p > limit {
 		live = n
 		for o := range l.admitted {
-			if o.ctx.Err() == nil {
+			if !closed(o.gone) {
 				live += o.n
 			}
 		}

