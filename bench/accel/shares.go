@@ -213,7 +213,7 @@ func sharesSections(ctx context.Context, e *env, cl *cluster, bin, rulesFile str
 		}
 		in := workInput(uint32(*workRounds))
 		k = kernel{entry: "work", item: func() []byte { return in }, desc: fmt.Sprintf("a CPU-bound WebAssembly role "+
-			"(work.wasm, %d bytes, hand-assembled in bench/accel/workwasm.go: an item is a 4-byte count, here %d rounds of an "+
+			"(work.wasm, %d bytes, hand-assembled in wasmtest.WorkModule: an item is a 4-byte count, here %d rounds of an "+
 			"integer loop, and its 4-byte result), so that the slots, not the network or the clients, are the bottleneck",
 			len(workModule()), *workRounds)}
 		roleArgs = []string{"--role", "wasm", "--role-module", mod}
