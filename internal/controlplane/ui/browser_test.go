@@ -69,6 +69,15 @@ func get[T any](t *testing.T, ctx context.Context, what string, d time.Duration,
 	sctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	v, err := chromedp.Run(sctx, a)
+	// Chromium aborts a page load when the host's network interfaces
+	// change, which tests of other packages do as they add and remove
+	// veth pairs. chromedp.Navigate reports that as a page load error
+	// (a click's navigation is not awaited), and every action that
+	// navigates here starts with it, so nothing after the aborted load
+	// ran: load again.
+	for i := 0; i < 3 && err != nil && strings.Contains(err.Error(), "page load error net::ERR_NETWORK_CHANGED"); i++ {
+		v, err = chromedp.Run(sctx, a)
+	}
 	if err != nil {
 		hctx, hcancel := context.WithTimeout(ctx, 5*time.Second)
 		html, herr := chromedp.Run(hctx, chromedp.Evaluate[string](`document.querySelector("main") ? document.querySelector("main").outerHTML : document.documentElement.outerHTML`))
