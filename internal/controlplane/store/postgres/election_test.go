@@ -19,17 +19,7 @@ import (
 func TestElection(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	url := pgtest.DB(t)
-	a, err := Open(ctx, url, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := Open(ctx, url, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	url, a, b := twoReplicas(ctx, t)
 	leadA, resignA, err := a.Campaign(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -154,4 +144,21 @@ func TestMigrationsMatchSQLite(t *testing.T) {
 	if v, err := s.SchemaVersion(ctx); err != nil || v != len(pg) {
 		t.Fatalf("schema version %d %v", v, err)
 	}
+}
+
+// twoReplicas opens two stores of one fresh database (at url), as two
+// replicas would; they close when the test ends.
+func twoReplicas(ctx context.Context, t *testing.T) (url string, a, b *Store) {
+	t.Helper()
+	url = pgtest.DB(t)
+	var out [2]*Store
+	for i := range out {
+		st, err := Open(ctx, url, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		out[i] = st
+	}
+	return url, out[0], out[1]
 }

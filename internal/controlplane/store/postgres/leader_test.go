@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/rialto-project/rialto/internal/pgserver/pgtest"
 )
 
 // TestLeaderURL: no address before anyone advertised; the elected
@@ -17,17 +15,7 @@ import (
 func TestLeaderURL(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	url := pgtest.DB(t)
-	a, err := Open(ctx, url, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := Open(ctx, url, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	url, a, b := twoReplicas(ctx, t)
 	want := func(st *Store, w string) {
 		t.Helper()
 		got, err := st.LeaderURL(ctx)
