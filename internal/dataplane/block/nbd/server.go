@@ -343,6 +343,7 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 		defer stopRS()
 		fr.rc, fr.rs = sockRC{rs}, rs
 		c = newConn(s, rs, r, sess)
+		c.sock = sockRC{rs} // queuedBehind
 	} else {
 		c = newConn(s, nc, r, sess)
 	}
