@@ -175,6 +175,8 @@ func newConn(s *Server, nc net.Conn, r *bufio.Reader, sess *session) *conn {
 		c.tcp = true
 	case *net.UnixConn:
 		c.rawc, _ = t.SyscallConn()
+	case *rawSock:
+		c.rawc, c.tcp = sockRC{t}, t.tcp
 	}
 	if c.rawc != nil {
 		// Mapped bytes may only reach a socket's writev: Go code touching

@@ -50,6 +50,9 @@ type fastReader struct {
 	// TLS connection sets it for good: there the poll made QD1 reads
 	// slower, not faster (docs/bench/tls.md).
 	noPoll bool
+	// rs is the socket once it has left the netpoller (rawsock.go): a
+	// blocking poll first takes it out of epoll again.
+	rs *rawSock
 }
 
 // newSocketReader returns a fastReader for TCP and Unix sockets and nc
@@ -85,6 +88,9 @@ func (f *fastReader) Read(p []byte) (int, error) {
 			if f.drained && !polled && !f.noPoll && transmitting.Load() == 1 {
 				polled = true
 				polls.Add(1)
+				if f.rs != nil {
+					f.rs.rawMode()
+				}
 				fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 				k, perr := unix.Poll(fds[:], pollWaitMillis)
 				if perr == unix.EINTR {

@@ -330,6 +330,20 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 			// Replies the reader holds leave before it waits on the socket.
 			sess.rec.wait = c.flushBatch
 		}
+	} else if fr, ok := sr.(*fastReader); ok {
+		// Take the socket out of the netpoller (rawsock.go); the
+		// reader's buffer keeps what it has read ahead.
+		rs, err := newRawSock(nc)
+		if err != nil {
+			log.Debug("nbd: connection ended", "export", NameTag(sess.name), "err", err)
+			return
+		}
+		defer rs.release() // after the connection's goroutines have ended
+		stopRS := context.AfterFunc(ctx, func() { rs.Close() })
+		defer stopRS()
+		fr.rc, fr.rs = sockRC{rs}, rs
+		c = newConn(s, rs, r, sess)
+		c.sock = sockRC{rs} // queuedBehind
 	} else {
 		c = newConn(s, nc, r, sess)
 	}

@@ -166,6 +166,9 @@ func (r *recordReader) recordBuffered() bool {
 // writing a reply header and its payload separately would cost two records
 // and two system calls where one does.
 func writeBuffers(w net.Conn, v *net.Buffers) (int64, error) {
+	if rs, ok := w.(*rawSock); ok {
+		return rs.writev(v)
+	}
 	t, ok := w.(*tlsConn)
 	if !ok {
 		return v.WriteTo(w)

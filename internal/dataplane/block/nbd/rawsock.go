@@ -1,0 +1,380 @@
+package nbd
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// rawSock is a plaintext connection's socket in the transmission phase,
+// served by raw system calls on a descriptor of its own that Go's netpoller
+// does not watch while requests come one at a time.
+//
+// Why: the netpoller registers a socket with epoll for input and output,
+// edge-triggered, for as long as it is open. When a process has nothing to
+// run, one of its threads sleeps in epoll_pwait, and every request arriving
+// and every reply the client consumes wakes that thread (measured: 1.7
+// epoll_pwait per request at queue depth 1), although the request is read
+// by the connection's reader, which waits in poll(2) (fastReader). Those
+// wakeups are paid by the client's send and receive system calls (a wakeup
+// of an idle vCPU costs 5–11 µs in the nested VMs of the bench) and cost
+// the server a context switch per request; nbdkit, whose threads wait in
+// recv(2), has none of them. See docs/nbd.md, "Queue depth 1".
+//
+// So the socket lives on a duplicate descriptor that is not registered
+// ("raw mode"): short waits are poll(2) on it, as before. A wait that poll
+// does not end within pollWaitMillis, or one at depth (fastReader.noPoll),
+// or one while the process has other connections, goes to the netpoller
+// through a registered duplicate ("polled mode"), so that idle connections
+// and busy servers do not hold threads; the reader drops the duplicate (and
+// so the registration) when it next waits the queue-depth-1 way.
+//
+// Close shuts the socket down (waking every wait); the descriptor itself is
+// closed by release, once nothing uses it, so that no system call ever
+// reaches a descriptor number reused for another file.
+type rawSock struct {
+	fd           int
+	tcp          bool
+	laddr, raddr net.Addr
+
+	closed atomic.Bool
+	mu     sync.Mutex
+	gone   bool            // released: fd is closed
+	pc     *os.File        // registered duplicate (polled mode), or nil
+	pcrc   syscall.RawConn // pc's
+	users  int             // waits using pc
+	drops  atomic.Int64    // times rawMode left the netpoller (for tests)
+}
+
+// newRawSock duplicates nc's descriptor and closes nc, which takes the
+// socket out of the netpoller. nc must be a *net.TCPConn or *net.UnixConn.
+func newRawSock(nc net.Conn) (*rawSock, error) {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return nil, errors.New("nbd: not a socket")
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	fd := -1
+	var derr error
+	if err := rc.Control(func(s uintptr) {
+		fd, derr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0)
+	}); err != nil {
+		return nil, err
+	}
+	if derr != nil {
+		return nil, fmt.Errorf("nbd: dup: %w", derr)
+	}
+	_, tcp := nc.(*net.TCPConn)
+	s := &rawSock{fd: fd, tcp: tcp, laddr: nc.LocalAddr(), raddr: nc.RemoteAddr()}
+	// The duplicate shares the open file (non-blocking). Closing nc
+	// removes the original from epoll; the socket stays open through fd.
+	nc.Close()
+	return s, nil
+}
+
+// sockRC is a rawSock's syscall.RawConn.
+type sockRC struct{ s *rawSock }
+
+// SyscallConn implements syscall.Conn.
+func (s *rawSock) SyscallConn() (syscall.RawConn, error) { return sockRC{s}, nil }
+
+// Control implements syscall.RawConn.
+func (r sockRC) Control(f func(fd uintptr)) error {
+	if r.s.closed.Load() {
+		return net.ErrClosed
+	}
+	f(uintptr(r.s.fd))
+	return nil
+}
+
+// Read implements syscall.RawConn: f reads; false means it would block.
+func (r sockRC) Read(f func(fd uintptr) bool) error { return r.s.do(f, unix.POLLIN) }
+
+// Write implements syscall.RawConn.
+func (r sockRC) Write(f func(fd uintptr) bool) error { return r.s.do(f, unix.POLLOUT) }
+
+func (s *rawSock) do(f func(fd uintptr) bool, ev int16) error {
+	for {
+		if s.closed.Load() {
+			return net.ErrClosed
+		}
+		if f(uintptr(s.fd)) {
+			return nil
+		}
+		if err := s.wait(ev); err != nil {
+			return err
+		}
+	}
+}
+
+// wait waits in the netpoller until the socket may be ready for ev (or has
+// been shut down); a spurious return is allowed. Short waits are the
+// callers' (fastReader polls before it gets here).
+func (s *rawSock) wait(ev int16) error {
+	s.mu.Lock()
+	if s.gone {
+		s.mu.Unlock()
+		return net.ErrClosed
+	}
+	if s.pc == nil {
+		dup, err := unix.FcntlInt(uintptr(s.fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			s.mu.Unlock()
+			return fmt.Errorf("nbd: dup: %w", err)
+		}
+		// Non-blocking, so os.NewFile registers it with the netpoller.
+		pc := os.NewFile(uintptr(dup), "nbd-socket")
+		rc, err := pc.SyscallConn()
+		if err != nil {
+			pc.Close()
+			s.mu.Unlock()
+			return err
+		}
+		s.pc, s.pcrc = pc, rc
+	}
+	rc := s.pcrc
+	s.users++
+	s.mu.Unlock()
+	first := true
+	check := func(fd uintptr) bool {
+		if first {
+			// The netpoller only reports what happens from here on:
+			// look first (edge-triggered epoll reports readiness at
+			// registration, but not readiness older than this wait).
+			first = false
+			return s.closed.Load() || s.poll(ev, 0)
+		}
+		return true
+	}
+	var err error
+	if ev == unix.POLLIN {
+		err = rc.Read(check)
+	} else {
+		err = rc.Write(check)
+	}
+	s.mu.Lock()
+	s.users--
+	s.mu.Unlock()
+	if err != nil && !s.closed.Load() {
+		return fmt.Errorf("nbd: wait: %w", err)
+	}
+	return nil
+}
+
+// poll waits up to ms milliseconds in poll(2); true means ready (or hung
+// up, or failed: the caller's next system call reports it).
+func (s *rawSock) poll(ev int16, ms int) bool {
+	fds := [1]unix.PollFd{{Fd: int32(s.fd), Events: ev}}
+	for {
+		k, err := unix.Poll(fds[:], ms)
+		if err == unix.EINTR {
+			continue
+		}
+		return err != nil || k > 0
+	}
+}
+
+// rawMode drops the registered duplicate unless a wait is using it: the
+// socket leaves the netpoller until a wait needs it again. The reader calls
+// it before it waits for a request the queue-depth-1 way.
+func (s *rawSock) rawMode() {
+	s.mu.Lock()
+	if s.pc != nil && s.users == 0 {
+		s.pc.Close()
+		s.pc, s.pcrc = nil, nil
+		s.drops.Add(1)
+	}
+	s.mu.Unlock()
+}
+
+// polled reports whether the socket is registered with the netpoller (for
+// tests).
+func (s *rawSock) polled() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pc != nil
+}
+
+// Read implements net.Conn.
+func (s *rawSock) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	var (
+		n    int
+		rerr error
+	)
+	err := s.do(func(fd uintptr) bool {
+		for {
+			n, rerr = unix.Read(int(fd), p)
+			if rerr != unix.EINTR {
+				return rerr != unix.EAGAIN
+			}
+		}
+	}, unix.POLLIN)
+	switch {
+	case err != nil:
+		return 0, err
+	case rerr != nil:
+		return 0, rerr
+	case n == 0:
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+// Write implements net.Conn.
+func (s *rawSock) Write(p []byte) (int, error) {
+	v := net.Buffers{p}
+	n, err := s.writev(&v)
+	return int(n), err
+}
+
+// maxIov bounds the buffers one writev passes (the conn's batches hold at
+// most 2*maxBatch).
+const maxIov = 2 * maxBatch
+
+// writev writes every buffer of v, consuming v as net.Buffers.WriteTo does.
+// Callers serialise their writes.
+func (s *rawSock) writev(v *net.Buffers) (int64, error) {
+	var (
+		total int64
+		iov   [maxIov]unix.Iovec
+	)
+	for len(*v) > 0 {
+		k := 0
+		for _, b := range *v {
+			if k == maxIov {
+				break
+			}
+			if len(b) == 0 {
+				continue
+			}
+			iov[k].Base = &b[0]
+			iov[k].SetLen(len(b))
+			k++
+		}
+		if k == 0 {
+			*v = (*v)[:0]
+			break
+		}
+		var (
+			n    uintptr
+			werr error
+		)
+		err := s.do(func(fd uintptr) bool {
+			for {
+				var en syscall.Errno
+				n, _, en = syscall.Syscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iov[0])), uintptr(k))
+				switch en {
+				case 0:
+					werr = nil
+					return true
+				case unix.EINTR:
+					continue
+				case unix.EAGAIN:
+					return false
+				}
+				werr = en
+				return true
+			}
+		}, unix.POLLOUT)
+		if err == nil {
+			err = werr
+		}
+		if err != nil {
+			return total, err
+		}
+		total += int64(n)
+		consume(v, int64(n))
+	}
+	return total, nil
+}
+
+// consume drops the first n bytes of v.
+func consume(v *net.Buffers, n int64) {
+	for len(*v) > 0 {
+		l := int64(len((*v)[0]))
+		if l > n {
+			(*v)[0] = (*v)[0][n:]
+			return
+		}
+		n -= l
+		(*v)[0] = nil
+		*v = (*v)[1:]
+	}
+}
+
+// Close implements net.Conn: it shuts the socket down, which wakes every
+// wait; the descriptor stays open until release.
+func (s *rawSock) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed.Swap(true) || s.gone {
+		return nil
+	}
+	unix.Shutdown(s.fd, unix.SHUT_RDWR)
+	return nil
+}
+
+// CloseRead shuts the reading side down (as net.TCPConn.CloseRead does):
+// the reader sees the end of the stream; replies still go out.
+func (s *rawSock) CloseRead() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed.Load() || s.gone {
+		return net.ErrClosed
+	}
+	if err := unix.Shutdown(s.fd, unix.SHUT_RD); err != nil {
+		return fmt.Errorf("nbd: shutdown: %w", err)
+	}
+	return nil
+}
+
+// release closes the descriptors. Call it once, when no goroutine uses
+// the socket any more; later Close calls do nothing.
+func (s *rawSock) release() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gone {
+		return
+	}
+	s.gone = true
+	s.closed.Store(true)
+	if s.pc != nil {
+		s.pc.Close()
+		s.pc, s.pcrc = nil, nil
+	}
+	unix.Close(s.fd)
+}
+
+// LocalAddr implements net.Conn.
+func (s *rawSock) LocalAddr() net.Addr { return s.laddr }
+
+// RemoteAddr implements net.Conn.
+func (s *rawSock) RemoteAddr() net.Addr { return s.raddr }
+
+// errNoDeadline: deadlines apply in the handshake, before the socket
+// leaves the netpoller; the transmission phase has none.
+var errNoDeadline = errors.New("nbd: no deadlines in the transmission phase")
+
+// SetDeadline implements net.Conn; it is not supported.
+func (s *rawSock) SetDeadline(time.Time) error { return errNoDeadline }
+
+// SetReadDeadline implements net.Conn; it is not supported.
+func (s *rawSock) SetReadDeadline(time.Time) error { return errNoDeadline }
+
+// SetWriteDeadline implements net.Conn; it is not supported.
+func (s *rawSock) SetWriteDeadline(time.Time) error { return errNoDeadline }
