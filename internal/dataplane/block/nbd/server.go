@@ -381,10 +381,6 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 		return // removed (or replaced) during the handshake
 	}
 	defer s.detach(e, c)
-	if rs != nil {
-		rawBegin() // GOMAXPROCS head-room beside other raw connections
-		defer rawEnd()
-	}
 	log.Debug("nbd: transmission", "export", NameTag(sess.name), "structured", sess.structured, "tls", sess.tls != nil)
 	if err := c.serve(ctx); err != nil {
 		log.Debug("nbd: connection ended", "export", NameTag(sess.name), "err", err)
