@@ -46,12 +46,13 @@ type fastReader struct {
 	// noPoll skips the blocking poll: the connection's reader sets it
 	// while requests arrive several at a time (high queue depth), where
 	// sleeping in poll(2) costs the client a wakeup per request and Go's
-	// scheduler, which polls briefly before it sleeps, does better. A
-	// TLS connection sets it for good: there the poll made QD1 reads
-	// slower, not faster (docs/bench/tls.md).
+	// scheduler, which polls briefly before it sleeps, does better.
 	noPoll bool
-	// rs is the socket once it has left the netpoller (rawsock.go): a
-	// blocking poll first takes it out of epoll again.
+	// rs is the socket once it has left the netpoller (rawsock.go), TLS
+	// or not: a blocking poll first takes it out of epoll again. (Polling
+	// a socket that stayed registered cost TLS connections more than it
+	// saved: every request also woke a thread in epoll_pwait;
+	// docs/bench/tls.md.)
 	rs *rawSock
 }
 

@@ -1,8 +1,14 @@
 package nbd
 
 import (
+	"bytes"
+	"crypto/tls"
+	"io"
+	"net"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // waitTransmitting polls until n NBD connections of this process are in
@@ -78,30 +84,135 @@ func TestPollOnlyWhenAlone(t *testing.T) {
 	waitTransmitting(t, 1)
 }
 
-// TestTLSNeverPolls: a TLS connection's reader waits for the next request
-// in the netpoller even when it is the process's only connection. Measured
-// at queue depth 1 over TLS, the blocking poll(2) made reads slower
-// (docs/bench/tls.md, "Follow-up: queue depth 1 over TLS"). The client
-// speaks the protocol on a raw socket, so that only the server's
-// connection counts.
-func TestTLSNeverPolls(t *testing.T) {
+// tlsSock returns the raw socket under export name's only TLS connection
+// once it has one.
+func tlsSock(t *testing.T, s *Server, name string) *rawSock {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s.mu.Lock()
+		var rs *rawSock
+		for c := range s.exports[name].conns {
+			if tc, ok := c.nc.(*tlsConn); ok {
+				rs, _ = tc.raw.(*rawSock)
+			}
+		}
+		s.mu.Unlock()
+		if rs != nil {
+			return rs
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no TLS connection on a raw socket")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestTLSRawSocket: a TLS connection's socket leaves Go's netpoller as a
+// plaintext one does: at queue depth 1 its reader waits for the next
+// request in poll(2), crypto/tls reads and writes the raw socket, the
+// bytes stay right across idle periods (back in the netpoller) and bursts,
+// and the session still ends with close_notify. The client speaks the
+// protocol on a socket of its own, so that only the server's connection
+// counts.
+func TestTLSRawSocket(t *testing.T) {
 	waitTransmitting(t, 0)
 	p := newTestPKI(t)
-	_, addr := startTLSServer(t, p.server, false, Export{Name: "x", Backend: NewMemBackend(1 << 20)})
+	s, addr := startTLSServer(t, p.server, false, Export{Name: "x", Backend: NewMemBackend(1 << 20)})
 	rc := rawDial(t, addr, clientFlagFixedNewstyle|clientFlagNoZeroes)
 	rc.starttls(p.clientConfig())
 	rc.goTransmission("x", false, false)
 	waitTransmitting(t, 1)
-	p0 := polls.Load()
-	for i := range 20 {
-		rc.request(Request{Type: CmdRead, Handle: uint64(i), Offset: uint64(i) * 4096, Length: 4096}, nil)
-		if r, err := rc.reply(4096); err != nil || r.errno != 0 {
-			t.Fatalf("read %d: %v (errno %d)", i, err, r.errno)
+	rs := tlsSock(t, s, "x")
+	h := uint64(0)
+	for round := range 3 {
+		waitFor(t, "the idle connection waits in the netpoller", rs.polled)
+		p0, d0 := polls.Load(), rs.drops.Load()
+		for i := range 20 {
+			b := bytes.Repeat([]byte{byte(round*32 + i)}, 8192)
+			off := uint64(i) * 8192
+			h++
+			rc.request(Request{Type: CmdWrite, Handle: h, Offset: off, Length: 8192}, b)
+			if r, err := rc.reply(0); err != nil || r.errno != 0 || r.handle != h {
+				t.Fatalf("write %d: %v (errno %d)", i, err, r.errno)
+			}
+			h++
+			rc.request(Request{Type: CmdFlush, Handle: h}, nil)
+			if r, err := rc.reply(0); err != nil || r.errno != 0 {
+				t.Fatalf("flush %d: %v (errno %d)", i, err, r.errno)
+			}
+			h++
+			rc.request(Request{Type: CmdRead, Handle: h, Offset: off, Length: 8192}, nil)
+			r, err := rc.reply(8192)
+			if err != nil || r.errno != 0 || !bytes.Equal(r.data, b) {
+				t.Fatalf("read %d: %v (errno %d), data right: %v", i, err, r.errno, bytes.Equal(r.data, b))
+			}
+		}
+		if polls.Load() == p0 {
+			t.Fatalf("round %d: the only connection, over TLS, never waited in poll(2)", round)
+		}
+		if rs.drops.Load() == d0 {
+			t.Fatalf("round %d: requests one at a time, and the socket never left the netpoller", round)
 		}
 	}
-	if got := polls.Load() - p0; got != 0 {
-		t.Fatalf("%d waits in poll(2) on a TLS connection", got)
+	h++
+	rc.request(Request{Type: CmdDisc, Handle: h}, nil)
+	// close_notify: crypto/tls reports a clean end as io.EOF, a bare
+	// hang-up as io.ErrUnexpectedEOF.
+	rc.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := rc.r.ReadByte(); err != io.EOF {
+		t.Fatalf("after DISC: %v, want io.EOF (close_notify)", err)
 	}
-	rc.c.Close()
 	waitTransmitting(t, 0)
+}
+
+// TestTLSRawSocketRemoveStuck: removing an export ends a TLS connection
+// whose writer is stuck on the raw socket (the client stopped reading
+// replies), and RemoveExport returns.
+func TestTLSRawSocketRemoveStuck(t *testing.T) {
+	waitTransmitting(t, 0)
+	p := newTestPKI(t)
+	s, addr := startTLSServer(t, p.server, false, Export{Name: "x", Backend: NewMemBackend(1 << 20)})
+	rc := rawDial(t, addr, clientFlagFixedNewstyle|clientFlagNoZeroes)
+	rc.starttls(p.clientConfig())
+	rc.goTransmission("x", false, false)
+	waitTransmitting(t, 1)
+	tlsSock(t, s, "x")
+	// Requests for far more than the sockets buffer, never read back.
+	var reqs bytes.Buffer
+	for i := range 2048 {
+		var b [requestHeaderLen]byte
+		putRequest(b[:], Request{Type: CmdRead, Handle: uint64(i), Offset: uint64(i%32) * 32768, Length: 32768})
+		reqs.Write(b[:])
+	}
+	go rc.c.Write(reqs.Bytes()) // ends when the connection does
+	tc := rc.c.(*tls.Conn)
+	tcp := tc.NetConn().(*net.TCPConn)
+	// 64 MiB of replies cannot fit in the sockets' buffers: once the
+	// client holds a good part of them unread, the server's writer is
+	// (or soon will be) blocked on the raw socket.
+	waitFor(t, "replies pile up unread", func() bool { return inq(t, tcp) >= 64<<10 })
+	done := make(chan error, 1)
+	go func() { done <- s.RemoveExport("x") }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("RemoveExport did not return")
+	}
+	waitTransmitting(t, 0)
+}
+
+// inq is how many bytes wait unread in c's receive queue.
+func inq(t *testing.T, c *net.TCPConn) int {
+	t.Helper()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+	return n
 }

@@ -15,9 +15,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// rawSock is a plaintext connection's socket in the transmission phase,
+// rawSock is a TCP or Unix connection's socket in the transmission phase,
 // served by raw system calls on a descriptor of its own that Go's netpoller
-// does not watch while requests come one at a time.
+// does not watch while requests come one at a time. Over TLS, crypto/tls
+// reads it through the connection's fastReader and writes it through
+// Write, so a TLS connection waits the same way.
 //
 // Why: the netpoller registers a socket with epoll for input and output,
 // edge-triggered, for as long as it is open. When a process has nothing to

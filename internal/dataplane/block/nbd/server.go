@@ -306,8 +306,10 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 	nc.SetDeadline(time.Now().Add(ht))
 	sr := newSocketReader(nc)
 	r := newConnReader(sr)
-	// TLS, if the client starts it, reads the socket through sr too.
-	sess, err := s.negotiate(&readerConn{Conn: nc, r: sr}, r)
+	// TLS, if the client starts it, reads the socket through sr too, and
+	// writes it through sc, whose socket changes to the raw one below.
+	sc := &readerConn{Conn: nc, r: sr}
+	sess, err := s.negotiate(sc, r)
 	if err != nil {
 		if !errors.Is(err, errAbort) {
 			log.Debug("nbd: handshake ended", "err", err)
@@ -316,46 +318,58 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 	}
 	nc.SetDeadline(time.Time{})
 	var c *conn
-	if sess.tls != nil {
+	fr, _ := sr.(*fastReader)
+	var rs *rawSock
+	if fr != nil {
+		// Take the socket out of the netpoller (rawsock.go), TLS or
+		// not; the reader's buffer (and, over TLS, the record reader's
+		// and crypto/tls's) keeps what it has read ahead.
+		rs, err = newRawSock(nc)
+		if err != nil {
+			log.Debug("nbd: connection ended", "export", NameTag(sess.name), "err", err)
+			return
+		}
+		defer rs.release() // after the connection's goroutines have ended (and close_notify)
+		stopRS := context.AfterFunc(ctx, func() { rs.Close() })
+		defer stopRS()
+		fr.rc, fr.rs = sockRC{rs}, rs
+		sc.Conn = rs // crypto/tls's writes
+	}
+	switch {
+	case sess.tls != nil:
 		// Over TLS the bytes pass through crypto/tls: no raw-socket
 		// paths (sendfile, splice, mapped writev), but crypto/tls reads
-		// the socket through the polling reader.
-		tc := newTLSConn(sess.tls, nc)
+		// the socket through the polling reader and writes it with the
+		// raw socket's system calls.
+		raw := nc
+		if rs != nil {
+			raw = rs
+		}
+		tc := newTLSConn(sess.tls, raw)
 		defer tc.closeNotify(time.Second)
 		c = newConn(s, tc, sess.r, sess)
-		if t, ok := nc.(*net.TCPConn); ok {
-			c.sock, _ = t.SyscallConn() // queuedBehind asks the socket under TLS too
+		// queuedBehind asks the socket under TLS too.
+		if rs != nil {
+			if rs.tcp {
+				c.sock = sockRC{rs}
+			}
+		} else if t, ok := nc.(*net.TCPConn); ok {
+			c.sock, _ = t.SyscallConn()
 		}
 		if sess.rec != nil {
 			// Replies the reader holds leave before it waits on the socket.
 			sess.rec.wait = c.flushBatch
 		}
-	} else if fr, ok := sr.(*fastReader); ok {
-		// Take the socket out of the netpoller (rawsock.go); the
-		// reader's buffer keeps what it has read ahead.
-		rs, err := newRawSock(nc)
-		if err != nil {
-			log.Debug("nbd: connection ended", "export", NameTag(sess.name), "err", err)
-			return
-		}
-		defer rs.release() // after the connection's goroutines have ended
-		stopRS := context.AfterFunc(ctx, func() { rs.Close() })
-		defer stopRS()
-		fr.rc, fr.rs = sockRC{rs}, rs
+	case rs != nil:
 		c = newConn(s, rs, r, sess)
 		c.sock = sockRC{rs} // queuedBehind
-	} else {
+	default:
 		c = newConn(s, nc, r, sess)
 	}
-	if fr, ok := sr.(*fastReader); ok {
-		if sess.tls != nil {
-			// Over TLS the reader waits in the netpoller only: its
-			// blocking poll(2) cost QD1 reads more than it saved
-			// (docs/bench/tls.md, "Follow-up: queue depth 1 over TLS").
-			fr.noPoll = true
-		} else {
-			c.fr = fr
-		}
+	if fr != nil {
+		// At queue depth 1 the reader waits in poll(2) on the raw
+		// socket, TLS or not (fastReader).
+		c.fr = fr
 	}
 	c.cancel, c.done = cancel, make(chan struct{})
 	defer close(c.done)

@@ -45,16 +45,22 @@ func newTLSConn(tc *tls.Conn, raw net.Conn) *tlsConn { return &tlsConn{Conn: tc,
 func (t *tlsConn) Close() error { return t.raw.Close() }
 
 // closeNotify sends close_notify (waiting at most d for the peer to take
-// it) and closes the socket.
+// it) and closes the socket. A raw socket has no deadlines: a timer shuts
+// it down instead, which ends the wait.
 func (t *tlsConn) closeNotify(d time.Duration) {
-	t.raw.SetWriteDeadline(time.Now().Add(d))
+	if err := t.raw.SetWriteDeadline(time.Now().Add(d)); err != nil {
+		tm := time.AfterFunc(d, func() { t.raw.Close() })
+		defer tm.Stop()
+	}
 	t.Conn.CloseWrite()
 	t.raw.Close()
 }
 
 // readerConn is a connection whose reads go through r: the server hands
 // crypto/tls the socket's fastReader this way, so that TLS connections wait
-// for requests as plaintext ones do.
+// for requests as plaintext ones do. After the handshake the server points
+// Conn at the raw socket (rawsock.go), before the transmission phase's
+// goroutines start.
 type readerConn struct {
 	net.Conn
 	r io.Reader
