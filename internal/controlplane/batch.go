@@ -13,31 +13,16 @@ import (
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 )
 
-// groupCommit batches writes: a caller that finds fewer than writers
-// batches in flight becomes a leader and writes everything queued (up to a
-// limit at a time) with one call of write, repeating while more arrive;
-// the others wait for their answer. With a thousand agents this turns a
-// thousand small write transactions a second into a few dozen. No
-// goroutine is started. The zero value is ready to use, with one batch in
-// flight at a time.
-//
-// With writers > 1, batches are written concurrently (each by its own
-// leader, in its own transaction): while one batch's transaction waits for
-// the database (round trips, the commit's flush), the next is already
-// being prepared and sent, so that this process and the database work at
-// the same time instead of in turn. write must then be safe for
-// concurrent use, and batches written together must not depend on one
-// another: a caller's op is in exactly one batch and the caller waits for
-// it, so the ops of one caller are never reordered, but the ops of two
-// callers in two concurrent batches commit in either order (as two
-// callers' calls would without batching).
+// groupCommit batches writes: the first caller to find no batch in flight
+// becomes the leader and writes everything queued (up to a limit at a time)
+// with one call of write, repeating while more arrive; the others wait for
+// their answer. With a thousand agents this turns a thousand small write
+// transactions a second into a few dozen. No goroutine is started. The
+// zero value is ready to use.
 type groupCommit[In, Out any] struct {
 	mu      sync.Mutex
-	running int // leaders writing
+	busy    bool
 	pending []*groupReq[In, Out]
-	// writers is how many batches may be in flight at once (set once,
-	// before use); 0 means 1.
-	writers int
 	// linger, when set, is how long the leader waits for more writes to
 	// join a batch of fewer than lingerBelow (set once, before use): with
 	// a store over the network a transaction's round trips cost more than
@@ -64,13 +49,21 @@ func (g *groupCommit[In, Out]) do(ctx context.Context, in In, limit int, abandon
 	r := &groupReq[In, Out]{in: in, done: make(chan struct{})}
 	g.mu.Lock()
 	g.pending = append(g.pending, r)
-	// A further leader starts only for a full batch: a small one would
-	// cost a transaction for little.
-	if g.running >= max(g.writers, 1) || g.running > 0 && len(g.pending) < lingerBelow {
+	if g.busy {
 		g.mu.Unlock()
-		return r.wait(ctx, abandon)
+		if !abandon {
+			<-r.done
+			return r.out, r.err
+		}
+		select {
+		case <-r.done:
+			return r.out, r.err
+		case <-ctx.Done():
+			var zero Out
+			return zero, ctx.Err()
+		}
 	}
-	g.running++
+	g.busy = true
 	// The leader writes on behalf of everyone: its own cancellation must
 	// not fail the others' writes.
 	wctx := context.WithoutCancel(ctx)
@@ -86,12 +79,6 @@ func (g *groupCommit[In, Out]) do(ctx context.Context, in In, limit int, abandon
 			t := g.clock.NewTimer(g.linger)
 			<-t.C()
 			g.mu.Lock()
-		}
-		if len(g.pending) == 0 {
-			// Another leader took everything (its own request too).
-			g.running--
-			g.mu.Unlock()
-			break
 		}
 		batch := g.pending
 		if len(batch) > limit {
@@ -114,30 +101,12 @@ func (g *groupCommit[In, Out]) do(ctx context.Context, in In, limit int, abandon
 		}
 		g.mu.Lock()
 		if len(g.pending) == 0 {
-			g.running--
+			g.busy = false
 			g.mu.Unlock()
 			break
 		}
 	}
-	// With several leaders, another one may still be writing this
-	// caller's request.
-	return r.wait(ctx, abandon)
-}
-
-// wait returns r's outcome once written, or ctx's error when ctx ends
-// first and abandon is set.
-func (r *groupReq[In, Out]) wait(ctx context.Context, abandon bool) (Out, error) {
-	if !abandon {
-		<-r.done
-		return r.out, r.err
-	}
-	select {
-	case <-r.done:
-		return r.out, r.err
-	case <-ctx.Done():
-		var zero Out
-		return zero, ctx.Err()
-	}
+	return r.out, r.err
 }
 
 // beatBatcher group-commits heartbeats. A heartbeat whose caller gave up
@@ -172,14 +141,6 @@ type leaseBatcher struct {
 }
 
 const maxLeaseBatch = 128
-
-// sharedLeaseWriters is how many lease batches are in flight at once on a
-// store over the network (PostgreSQL): one transaction's round trips and
-// commit overlap the next one's preparation. Two concurrent batches
-// serialize only where they lock the same rows (the devices of their
-// creations, doc.go of store/postgres); a store with one writer (SQLite)
-// keeps one.
-const sharedLeaseWriters = 2
 
 func (b *leaseBatcher) do(ctx context.Context, st store.Store, op store.LeaseOp) (api.Lease, error) {
 	lb, ok := st.(store.LeaseBatcher)

@@ -189,7 +189,6 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		// A store over the network: writes wait a little to share
 		// transactions (batch.go).
 		s.leases.g.linger, s.beats.g.linger = sharedLinger, sharedLinger
-		s.leases.g.writers = sharedLeaseWriters
 		s.leases.g.clock, s.beats.g.clock = s.clock, s.clock
 	}
 	metrics.RegisterRuntime(s.reg)
