@@ -161,6 +161,17 @@ func forwards(name string) bool {
 	return name == "POST /v1/leases" || name == "POST /v1/leases/{id}/release"
 }
 
+// nameLeader names this replica as the placement leader in the answer to
+// a call that forwards (api.PlacementLeaderHeader) when it leads: a
+// client that knows this address sends such calls here directly, saving
+// the forwarding hop (the header passes through a forwarding replica's
+// answer too).
+func (f *forwarder) nameLeader(w http.ResponseWriter, leading bool) {
+	if leading {
+		w.Header().Set(api.PlacementLeaderHeader, f.self)
+	}
+}
+
 // forward serves r by forwarding it to the placement leader, and reports
 // whether it did (answered w); false: the caller serves r itself, with
 // r.Body as it was. p is the caller, authenticated and authorized here.
