@@ -28,6 +28,11 @@ import (
 // group commit (batch.go) that gathers every replica's borrowers, so
 // fewer and larger write transactions.
 //
+// The leader names itself in its answers to those calls
+// (api.PlacementLeaderHeader, nameLeader), and api.Client sends its later
+// ones straight to it when that address is one of its own, so that most
+// calls skip the hop.
+//
 // Forwarding is a routing optimisation, never a condition of correctness:
 // the store re-checks every reservation, so a replica that serves a
 // create itself (no leader known, the leader unreachable, a request that
