@@ -99,6 +99,12 @@ func (c *Client) WithToken(token string) *Client {
 // Do sends a request with a JSON body (nil for none) and decodes a JSON
 // answer into out (nil to discard). Extra headers may be given.
 func (c *Client) Do(ctx context.Context, method, path string, body, out any, hdr ...string) error {
+	return c.do(ctx, false, method, path, body, out, hdr...)
+}
+
+// do is Do; toLeader sends the request to the placement leader first
+// (failover.go).
+func (c *Client) do(ctx context.Context, toLeader bool, method, path string, body, out any, hdr ...string) error {
 	var b []byte
 	if body != nil {
 		var err error
@@ -106,7 +112,7 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any, hdr
 			return fmt.Errorf("rialto api: encode request: %w", err)
 		}
 	}
-	resp, err := c.roundTrip(ctx, func(base string) (*http.Request, error) {
+	resp, err := c.roundTrip(ctx, toLeader, func(base string) (*http.Request, error) {
 		var rd io.Reader
 		if body != nil {
 			rd = bytes.NewReader(b)
@@ -268,7 +274,7 @@ func (c *Client) CreateLease(ctx context.Context, r LeaseRequest) (Lease, error)
 	if r.IdempotencyKey != "" {
 		hdr = []string{"Idempotency-Key", r.IdempotencyKey}
 	}
-	return out, c.Do(ctx, http.MethodPost, "/v1/leases", r, &out, hdr...)
+	return out, c.do(ctx, true, http.MethodPost, "/v1/leases", r, &out, hdr...)
 }
 
 // Explain returns the plan a request would get, reserving nothing.
@@ -286,7 +292,7 @@ func (c *Client) RenewLease(ctx context.Context, id string, ttlSeconds int64) (L
 // ReleaseLease ends a lease.
 func (c *Client) ReleaseLease(ctx context.Context, id string) (Lease, error) {
 	var out Lease
-	return out, c.Do(ctx, http.MethodPost, "/v1/leases/"+url.PathEscape(id)+"/release", nil, &out)
+	return out, c.do(ctx, true, http.MethodPost, "/v1/leases/"+url.PathEscape(id)+"/release", nil, &out)
 }
 
 // Events returns audit events with ID greater than since.

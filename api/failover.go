@@ -28,6 +28,23 @@ import (
 // several addresses (CreateLease makes one up), renewals are idempotent,
 // and a retried release that finds the lease released answers with it.
 // With one address a Client never retries.
+//
+// The placement leader: replicas sharing a PostgreSQL store let one of
+// them (the placement leader) place every lease, and forward lease
+// creations and releases that reach another replica to it. The leader
+// names itself in the answers to those calls (PlacementLeaderHeader, also
+// when the answer was forwarded); a Client with several addresses then
+// sends its creations and releases straight to that address, saving the
+// forwarding hop, provided it is one of the Client's own addresses (a
+// credential never goes to an address the Client was not given). When the
+// leader cannot be reached or answers 503, or answers without naming
+// itself (it no longer leads), the Client forgets it and goes through its
+// list as above.
+
+// PlacementLeaderHeader, in the answer to a lease creation or release,
+// is the API address (as advertised to the other replicas) of the
+// control-plane replica that places leases.
+const PlacementLeaderHeader = "Rialto-Placement-Leader"
 
 // failoverRounds is how many times a request goes round the address list.
 const failoverRounds = 3
@@ -41,6 +58,9 @@ var failoverBackoff = 200 * time.Millisecond
 type endpoints struct {
 	bases []string
 	cur   atomic.Int32
+	// leader is 1 + the index of the placement leader's address, 0 when
+	// it is not known.
+	leader atomic.Int32
 }
 
 var endpointSets sync.Map // the list as given → *endpoints
@@ -72,6 +92,23 @@ func (e *endpoints) failed(i int) {
 	e.cur.CompareAndSwap(int32(i), int32((i+1)%len(e.bases)))
 }
 
+// noteLeader remembers the placement leader named in resp (or forgets
+// it when none is named, or one outside the list).
+func (e *endpoints) noteLeader(resp *http.Response) {
+	i := 0
+	if h := strings.TrimRight(resp.Header.Get(PlacementLeaderHeader), "/"); h != "" {
+		for k, b := range e.bases {
+			if b == h {
+				i = k + 1
+				break
+			}
+		}
+	}
+	if int(e.leader.Load()) != i {
+		e.leader.Store(int32(i))
+	}
+}
+
 // Addresses returns the control-plane addresses the Client uses.
 func (c *Client) Addresses() []string { return append([]string(nil), c.ep.bases...) }
 
@@ -91,8 +128,9 @@ func shouldFailOver(ctx context.Context, err error, status int) bool {
 }
 
 // roundTrip sends the request that mk builds for a base URL, failing over
-// as the package comment says.
-func (c *Client) roundTrip(ctx context.Context, mk func(base string) (*http.Request, error)) (*http.Response, error) {
+// as the package comment says; toLeader: the request goes to the
+// placement leader first, if known.
+func (c *Client) roundTrip(ctx context.Context, toLeader bool, mk func(base string) (*http.Request, error)) (*http.Response, error) {
 	n := len(c.ep.bases)
 	if n == 1 {
 		req, err := mk(c.ep.bases[0])
@@ -100,6 +138,28 @@ func (c *Client) roundTrip(ctx context.Context, mk func(base string) (*http.Requ
 			return nil, err
 		}
 		return c.hc.Do(req)
+	}
+	if li := c.ep.leader.Load(); toLeader && li > 0 {
+		req, err := mk(c.ep.bases[li-1])
+		if err != nil {
+			return nil, err
+		}
+		resp, err := c.hc.Do(req)
+		status := 0
+		if err == nil {
+			status = resp.StatusCode
+		}
+		if !shouldFailOver(ctx, err, status) {
+			if err == nil {
+				c.ep.noteLeader(resp)
+			}
+			return resp, err
+		}
+		// Forget it; the list's replicas forward to the new one.
+		c.ep.leader.CompareAndSwap(li, 0)
+		if err == nil {
+			resp.Body.Close()
+		}
 	}
 	backoff := failoverBackoff
 	var lastErr error
@@ -132,6 +192,9 @@ func (c *Client) roundTrip(ctx context.Context, mk func(base string) (*http.Requ
 			if !shouldFailOver(ctx, err, status) {
 				if last != nil {
 					last.Body.Close()
+				}
+				if toLeader && err == nil {
+					c.ep.noteLeader(resp)
 				}
 				return resp, err
 			}

@@ -87,3 +87,115 @@ func TestFailover(t *testing.T) {
 		t.Fatalf("single address asked %d times", n)
 	}
 }
+
+// TestPlacementLeader: a client with several addresses sends creations
+// and releases to the replica named as the placement leader in an answer
+// (PlacementLeaderHeader), other calls to the replica in use; it forgets
+// a leader that cannot be reached, or that answers without naming itself,
+// and never follows a name that is not one of its own addresses.
+func TestPlacementLeader(t *testing.T) {
+	type replica struct {
+		srv  *httptest.Server
+		hits atomic.Int64
+		name atomic.Value // the leader it names ("" none)
+	}
+	var rs [3]*replica
+	for i := range rs {
+		r := &replica{}
+		r.name.Store("")
+		r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			r.hits.Add(1)
+			if n := r.name.Load().(string); n != "" && req.Method == http.MethodPost {
+				w.Header().Set(PlacementLeaderHeader, n)
+			}
+			json.NewEncoder(w).Encode(Lease{ID: "lease-1", State: LeaseActive})
+		}))
+		defer r.srv.Close()
+		rs[i] = r
+	}
+	a, b, c := rs[0], rs[1], rs[2]
+	hits := func() [3]int64 { return [3]int64{a.hits.Load(), b.hits.Load(), c.hits.Load()} }
+	expect := func(step string, want [3]int64) {
+		t.Helper()
+		if got := hits(); got != want {
+			t.Fatalf("%s: hits %v, want %v", step, got, want)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// Each names C, the leader (A as a forwarding replica would).
+	a.name.Store(c.srv.URL + "/")
+	c.name.Store(c.srv.URL)
+	cl := NewClient(a.srv.URL+","+b.srv.URL+","+c.srv.URL, "tok", nil)
+	if _, err := cl.CreateLease(ctx, LeaseRequest{Kind: KindBlock, Size: 1}); err != nil {
+		t.Fatal(err)
+	}
+	expect("first create", [3]int64{1, 0, 0})
+	if _, err := cl.ReleaseLease(ctx, "lease-1"); err != nil {
+		t.Fatal(err)
+	}
+	expect("release to the leader", [3]int64{1, 0, 1})
+	if _, err := cl.Lease(ctx, "lease-1"); err != nil {
+		t.Fatal(err)
+	}
+	expect("a read to the replica in use", [3]int64{2, 0, 1})
+	if _, err := cl.CreateLease(ctx, LeaseRequest{Kind: KindBlock, Size: 1}); err != nil {
+		t.Fatal(err)
+	}
+	expect("create to the leader", [3]int64{2, 0, 2})
+
+	// The leader goes away: the call goes through the list (A, which
+	// names B now), and the next one to B.
+	a.name.Store(b.srv.URL)
+	b.name.Store(b.srv.URL)
+	c.srv.Close()
+	if _, err := cl.CreateLease(ctx, LeaseRequest{Kind: KindBlock, Size: 1}); err != nil {
+		t.Fatal(err)
+	}
+	expect("the leader gone", [3]int64{3, 0, 2})
+	if _, err := cl.ReleaseLease(ctx, "lease-1"); err != nil {
+		t.Fatal(err)
+	}
+	expect("the new leader", [3]int64{3, 1, 2})
+
+	// B no longer leads (nobody is named): the call it answered stands,
+	// the next goes to A again.
+	a.name.Store("")
+	b.name.Store("")
+	if _, err := cl.ReleaseLease(ctx, "lease-1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.ReleaseLease(ctx, "lease-1"); err != nil {
+		t.Fatal(err)
+	}
+	expect("no leader named", [3]int64{4, 2, 2})
+
+	// A name outside the list is not followed: the credential stays
+	// with the addresses the client was given.
+	var foreign atomic.Int64
+	elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		foreign.Add(1)
+		json.NewEncoder(w).Encode(Lease{ID: "lease-1", State: LeaseActive})
+	}))
+	defer elsewhere.Close()
+	a.name.Store(elsewhere.URL)
+	for range 2 {
+		if _, err := cl.CreateLease(ctx, LeaseRequest{Kind: KindBlock, Size: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expect("a foreign name", [3]int64{6, 2, 2})
+	if foreign.Load() != 0 {
+		t.Fatalf("the client called an address it was not given %d times", foreign.Load())
+	}
+
+	// One address: the header changes nothing.
+	one := NewClient(a.srv.URL, "tok", nil)
+	a.name.Store(b.srv.URL)
+	for range 2 {
+		if _, err := one.CreateLease(ctx, LeaseRequest{Kind: KindBlock, Size: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expect("one address", [3]int64{8, 2, 2})
+}

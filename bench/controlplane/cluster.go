@@ -10,6 +10,7 @@ import (
 	"crypto/x509/pkix"
 	"fmt"
 	"io"
+	"log"
 	"math/big"
 	"net"
 	"net/http"
@@ -217,4 +218,54 @@ func (c *cluster) warm(ctx context.Context) {
 		}
 		wg.Wait()
 	}
+}
+
+// interval waits (up to 20 s) until every server tells agents the same
+// heartbeat interval, at least least (rialto_heartbeat_interval_seconds),
+// and returns it; the longest told when they do not agree in time.
+func (c *cluster) interval(ctx context.Context, least time.Duration) time.Duration {
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		lo, hi := time.Duration(-1), time.Duration(0)
+		for _, u := range c.urls {
+			d := c.told(ctx, u)
+			if lo < 0 || d < lo {
+				lo = d
+			}
+			hi = max(hi, d)
+		}
+		if lo == hi && hi >= least || time.Now().After(deadline) || ctx.Err() != nil {
+			if lo != hi {
+				log.Printf("replicas still tell different heartbeat intervals (%v to %v)", lo, hi)
+			}
+			return max(hi, least)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// told is the heartbeat interval the server at u tells agents (0 when
+// it cannot be read).
+func (c *cluster) told(ctx context.Context, u string) time.Duration {
+	req, err := http.NewRequestWithContext(ctx, "GET", u+"/metrics", nil)
+	if err != nil {
+		return 0
+	}
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "rialto_heartbeat_interval_seconds "); ok {
+			var f float64
+			fmt.Sscan(v, &f)
+			return time.Duration(f * float64(time.Second))
+		}
+	}
+	return 0
 }

@@ -153,7 +153,8 @@ func main() {
 	fmt.Fprintf(&b, "throwaway server on loopback (PostgreSQL's defaults: `fsync` and `synchronous_commit` on); with %d\n", *replicas)
 	fmt.Fprintf(&b, "replicas each has its own connection pool and the borrowers are spread over them (each knows all of\n")
 	fmt.Fprintf(&b, "them, first its own); the elected replica places every lease and the others forward creations and\n")
-	fmt.Fprintf(&b, "releases to it over loopback HTTP (docs/operations.md, \"The placement leader\"). Runs are interleaved (SQLite, 1 replica, %d replicas, SQLite, ...); medians of %d,\n", *replicas, *runs)
+	fmt.Fprintf(&b, "releases to it over loopback HTTP, until the borrowers' clients, told the leader's address in its answers,\n")
+	fmt.Fprintf(&b, "send those calls to it directly (docs/operations.md, \"The placement leader\"). Runs are interleaved (SQLite, 1 replica, %d replicas, SQLite, ...); medians of %d,\n", *replicas, *runs)
 	fmt.Fprintf(&b, "per-run values in brackets. Everything shares the same 2 vCPUs: the server(s), PostgreSQL, the clients.\n\n")
 	fmt.Fprintf(&b, "| lease cycles, %v runs | ", *cycleDur)
 	for _, be := range backends {
@@ -219,7 +220,7 @@ func main() {
 			capText = fmt.Sprintf("`--max-heartbeats-per-second %g`", *hbCap)
 		}
 		fmt.Fprintf(&b, "the interval the control plane tells them (heartbeat spreading under %s: docs/operations.md),\n", capText)
-		fmt.Fprintf(&b, "spread over it, for %v; meanwhile a tenant runs lease cycles (2 loops), lists live leases and reads a\n", *hbDur)
+		fmt.Fprintf(&b, "spread over it (with replicas: the interval they all tell once each counts every node), for %v; meanwhile a tenant runs lease cycles (2 loops), lists live leases and reads a\n", *hbDur)
 		transport := "plain HTTP on loopback (-hb-tls=false)"
 		if *hbTLS {
 			transport = "HTTPS on loopback (a P-256 server certificate, TLS 1.3, no client certificates)"

@@ -159,7 +159,13 @@ func runHeartbeats(ctx context.Context, b backend, agents int, dur time.Duration
 		return hbResult{}, err
 	}
 	c.warm(ctx)
-	log.Printf("%s: %d agents joined; %d connections open", b.name, agents, c.dials.Load())
+	// Every replica counts its own joins at once but the others' only
+	// when it next counts the nodes (within 5 s): until then it tells a
+	// shorter interval, and agents whose first beats were spread over
+	// that would offer more than the cap. Spread them over the interval
+	// every replica tells once it counts every node.
+	spread := c.interval(ctx, time.Duration(joined[agents-1].HeartbeatSeconds*float64(time.Second)))
+	log.Printf("%s: %d agents joined; %d connections open; first beats spread over %v (the last join was told %.1fs)", b.name, agents, c.dials.Load(), spread, joined[agents-1].HeartbeatSeconds)
 	var wg sync.WaitGroup
 	var errs, missed atomic.Int64
 	var lastInterval atomic.Int64
@@ -182,9 +188,9 @@ func runHeartbeats(ctx context.Context, b backend, agents int, dur time.Duration
 			// The agents joined within seconds, so those that joined early
 			// were told a shorter interval than the cluster now has; their
 			// first heartbeat answer tells them the current one. Start
-			// them spread evenly over the current interval (that of the
-			// last to join), as agents that joined over time would be.
-			iv := time.Duration(joined[agents-1].HeartbeatSeconds * float64(time.Second))
+			// them spread evenly over the current interval (spread), as
+			// agents that joined over time would be.
+			iv := spread
 			next := start.Add(time.Duration(i) * iv / time.Duration(agents))
 			hb := api.Heartbeat{Health: "ok", Links: []api.LinkReport{{To: "controlplane", RTTMicros: 80, Up: true}}}
 			for next.Before(end) {

@@ -28,6 +28,11 @@ import (
 // group commit (batch.go) that gathers every replica's borrowers, so
 // fewer and larger write transactions.
 //
+// The leader names itself in its answers to those calls
+// (api.PlacementLeaderHeader, nameLeader), and api.Client sends its later
+// ones straight to it when that address is one of its own, so that most
+// calls skip the hop.
+//
 // Forwarding is a routing optimisation, never a condition of correctness:
 // the store re-checks every reservation, so a replica that serves a
 // create itself (no leader known, the leader unreachable, a request that
@@ -159,6 +164,17 @@ func (f *forwarder) unreachable(url string) {
 // placement leader: the ones whose writes change what is placed.
 func forwards(name string) bool {
 	return name == "POST /v1/leases" || name == "POST /v1/leases/{id}/release"
+}
+
+// nameLeader names this replica as the placement leader in the answer to
+// a call that forwards (api.PlacementLeaderHeader) when it leads: a
+// client that knows this address sends such calls here directly, saving
+// the forwarding hop (the header passes through a forwarding replica's
+// answer too).
+func (f *forwarder) nameLeader(w http.ResponseWriter, leading bool) {
+	if leading {
+		w.Header().Set(api.PlacementLeaderHeader, f.self)
+	}
 }
 
 // forward serves r by forwarding it to the placement leader, and reports

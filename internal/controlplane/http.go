@@ -192,6 +192,9 @@ func (s *Server) wrap(rt route) http.Handler {
 		if err == nil && fwd && s.forward(w, r, p) {
 			return // the placement leader answered (forward.go)
 		}
+		if fwd {
+			s.fwd.nameLeader(w, s.Leading())
+		}
 		var status int
 		var out any
 		if err == nil {

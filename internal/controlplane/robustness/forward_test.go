@@ -161,3 +161,86 @@ func TestPlacementLeaderForwarding(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestClientsFollowPlacementLeader: a client that knows all three
+// `rialto server` replicas learns the placement leader from the first
+// forwarded answer and sends its later creations and releases to it
+// directly (no replica forwards any more); when the leader is SIGKILLed,
+// its calls keep succeeding (failover through the list) and it learns the
+// new leader.
+func TestClientsFollowPlacementLeader(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short")
+	}
+	_, rs := startReplicas(t, 3)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	lenders(t, ctx, addrList(rs))
+	lead := leaderOf(t, rs, -1, 15*time.Second)
+	via := (lead + 1) % len(rs)
+	// The client's list starts with a replica that does not lead.
+	list := rs[via].url()
+	for i, r := range rs {
+		if i != via {
+			list += "," + r.url()
+		}
+	}
+	c := api.NewClient(list, tokens["tenant-a"], nil)
+	cycle := func() error {
+		l, err := c.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: leaseSz})
+		if err != nil {
+			return fmt.Errorf("create: %w", err)
+		}
+		if _, err := c.ReleaseLease(ctx, l.ID); err != nil {
+			return fmt.Errorf("release %s: %w", l.ID, err)
+		}
+		return nil
+	}
+	forwards := func(skip int) float64 {
+		n := 0.0
+		for i, r := range rs {
+			if i != skip {
+				n += max(metric(r.url(), forwarded), 0)
+			}
+		}
+		return n
+	}
+	for range 4 {
+		if err := cycle(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if fw := forwards(-1); fw != 1 {
+		t.Errorf("%v calls forwarded, want 1 (the first creation)", fw)
+	}
+
+	rs[lead].kill()
+	killed := time.Now()
+	if err := cycle(); err != nil {
+		t.Fatalf("%v after the leader was killed: %v", time.Since(killed).Round(time.Millisecond), err)
+	}
+	newLead := leaderOf(t, rs, lead, 15*time.Second)
+	const activated = `rialto_lease_transitions_total{state="active"}`
+	// Cycles until one goes to the new leader without a forward.
+	for {
+		before, placed := forwards(lead), metric(rs[newLead].url(), activated)
+		if err := cycle(); err != nil {
+			t.Fatalf("%v after the leader was killed: %v", time.Since(killed).Round(time.Millisecond), err)
+		}
+		if forwards(lead) == before && metric(rs[newLead].url(), activated) > placed {
+			break
+		}
+		if time.Since(killed) > 20*time.Second {
+			t.Fatal("calls still forwarded 20 s after the leader was killed")
+		}
+	}
+	before := forwards(lead)
+	for range 3 {
+		if err := cycle(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if fw := forwards(lead); fw != before {
+		t.Errorf("%v calls forwarded after the client learnt the new leader", fw-before)
+	}
+}

@@ -34,6 +34,12 @@
 //     commits, fsync included: with 3 replicas on a loaded machine it was
 //     the largest lock wait, docs/bench/controlplane.md.)
 //
+// A lease transition's statement finds the lease and its parts by their
+// primary keys only: its other conditions are written so that no other
+// index can serve them, since a connection keeps the generic plan it made
+// on a fresh database's empty tables, and such a plan scanned the tenant's
+// every lease on each release (planGuard, pipeline.go).
+//
 // Locks are taken in one order (tenants, nodes, devices, leases, events);
 // a deadlock or serialization failure that PostgreSQL reports anyway
 // retries the transaction.
