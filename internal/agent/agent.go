@@ -583,6 +583,13 @@ func (a *Agent) join(ctx context.Context) error {
 			req.CSR = csr
 		}
 		resp, err := cl.Join(ctx, req)
+		if hold := a.Faults.HoldJoinAnswer.Load(); err == nil && hold != nil {
+			select {
+			case <-*hold:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
 		if err == nil && a.tls != nil {
 			// In memory first: the control plane may call as soon as it
 			// has answered; the file is written below.

@@ -167,4 +167,9 @@ type Faults struct {
 	// stays and the range stays unlendable (until a restart without the
 	// fault finishes it).
 	CrashMidWipe atomic.Bool
+	// HoldJoinAnswer, when set, makes the agent wait after a join was
+	// answered, before it takes the answer (node certificate, identity,
+	// agent key), until the channel is closed or the agent stops: the
+	// control plane has registered the node and may call it meanwhile.
+	HoldJoinAnswer atomic.Pointer[chan struct{}]
 }

@@ -9,9 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -34,6 +36,58 @@ type nodeTLS struct {
 	key    crypto.Signer
 	cert   atomic.Pointer[tls.Certificate] // nil until the first join
 	tr     *http.Transport                 // the agent's client transport
+	log    *slog.Logger
+
+	mu      sync.Mutex
+	changed chan struct{} // closed (and replaced) when the certificate changes
+}
+
+// certWait bounds how long a handshake of the agent's servers waits for
+// a node certificate (the join's answer, on the first join or after the
+// held one expired). It is shorter than the agent API's handshake
+// deadline (ReadHeaderTimeout, 10 s). A caller still waiting after it
+// has called an agent that is not joining.
+const certWait = 5 * time.Second
+
+// usable reports whether c can be presented: there is one, and it has
+// not expired.
+func usable(c *tls.Certificate) bool {
+	return c != nil && time.Now().Before(c.Leaf.NotAfter)
+}
+
+// serving returns the certificate the agent's servers present. The
+// control plane may call as soon as it has answered the join, before
+// the agent has taken the certificate the answer brings: a handshake
+// then waits for it (up to certWait, or until ctx ends) rather than fail
+// with a TLS internal_error alert. An expired certificate (an agent
+// restarted after its certificate's lifetime, joining again) is waited
+// past the same way, and presented after certWait if none came (the
+// peer's verification then says why it fails).
+func (t *nodeTLS) serving(ctx context.Context) (*tls.Certificate, error) {
+	var timer *time.Timer
+	for {
+		t.mu.Lock()
+		c, changed := t.cert.Load(), t.changed
+		t.mu.Unlock()
+		if usable(c) {
+			return c, nil
+		}
+		if timer == nil {
+			timer = time.NewTimer(certWait)
+			defer timer.Stop()
+			t.log.Debug("a TLS handshake waits for the node certificate (the join's answer)")
+		}
+		select {
+		case <-changed:
+			continue
+		case <-ctx.Done():
+		case <-timer.C:
+		}
+		if c != nil {
+			return c, nil
+		}
+		return nil, errors.New("agent: no node certificate yet (not joined)")
+	}
 }
 
 // setupTLS loads the CA and the node's key (making one the first time)
@@ -50,7 +104,7 @@ func (a *Agent) setupTLS() error {
 	for _, c := range roots {
 		pool.AddCert(c)
 	}
-	t := &nodeTLS{caFile: a.cfg.CAFile, pool: pool, crl: pki.NewCRL(roots)}
+	t := &nodeTLS{caFile: a.cfg.CAFile, pool: pool, crl: pki.NewCRL(roots), log: a.log, changed: make(chan struct{})}
 	if b, err := os.ReadFile(filepath.Join(a.cfg.StateDir, pki.CRLFile)); err == nil {
 		if _, err := t.crl.Update(b); err != nil {
 			a.log.Warn("the stored revocation list is unusable; the next heartbeat replaces it", "err", err)
@@ -102,7 +156,11 @@ func (t *nodeTLS) setCert(certPEM []byte) error {
 	for _, x := range certs {
 		c.Certificate = append(c.Certificate, x.Raw)
 	}
+	t.mu.Lock()
 	t.cert.Store(c)
+	close(t.changed)
+	t.changed = make(chan struct{})
+	t.mu.Unlock()
 	// Pooled connections carry the certificate (or none) they were made
 	// with: the next calls must present this one.
 	if t.tr != nil {
@@ -176,11 +234,8 @@ func (a *Agent) csr(host string) (string, error) {
 func (t *nodeTLS) serverTLS() *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
-		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-			if c := t.cert.Load(); c != nil {
-				return c, nil
-			}
-			return nil, errors.New("agent: no node certificate yet (not joined)")
+		GetCertificate: func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+			return t.serving(hello.Context())
 		},
 		ClientAuth:       tls.VerifyClientCertIfGiven,
 		ClientCAs:        t.pool,
@@ -195,11 +250,8 @@ func (t *nodeTLS) serverTLS() *tls.Config {
 func (t *nodeTLS) dataServerTLS() *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
-		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-			if c := t.cert.Load(); c != nil {
-				return c, nil
-			}
-			return nil, errors.New("agent: no node certificate yet (not joined)")
+		GetCertificate: func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+			return t.serving(hello.Context())
 		},
 		ClientAuth: tls.NoClientCert,
 	}
@@ -225,7 +277,7 @@ func (t *nodeTLS) clientTLS() *tls.Config {
 			// its renewal) would fail the handshake, the join's too, and
 			// the agent would never get a new one: it presents none, the
 			// control plane answers 401 and the agent joins again.
-			if c := t.cert.Load(); c != nil && time.Now().Before(c.Leaf.NotAfter) {
+			if c := t.cert.Load(); usable(c) {
 				return c, nil
 			}
 			return &tls.Certificate{}, nil // none yet: the join needs none

@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
+	"sync/atomic"
+	"time"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/pki"
@@ -163,6 +166,65 @@ func (l *TLSLender) clientFor(node api.Node) (*http.Client, error) {
 				return nil
 			},
 		}
-		return &http.Client{Transport: tr}
+		return &http.Client{Transport: handshakeRetry{tr}}
 	}), nil
+}
+
+// handshakeRetries bounds the attempts of a request whose connection
+// the agent refused in the handshake with an internal_error alert, and
+// handshakeBackoff is the first wait between them (doubled each time).
+const (
+	handshakeRetries = 4
+	handshakeBackoff = 50 * time.Millisecond
+)
+
+// handshakeRetry sends a request again when no connection for it could
+// be set up because the agent answered the TLS handshake with an
+// internal_error alert: a peer's alert for a state of its own (no
+// certificate at hand yet, say) that it is likely to be out of in a
+// moment. No byte of the request reached the agent (the transport never
+// got a connection), so sending it again is safe whatever the request.
+// Other failures, and any failure once a connection was had, are
+// returned as they are.
+type handshakeRetry struct{ rt http.RoundTripper }
+
+func (h handshakeRetry) RoundTrip(req *http.Request) (*http.Response, error) {
+	wait := handshakeBackoff
+	for attempt := 1; ; attempt++ {
+		var gotConn atomic.Bool
+		ctx := httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+			GotConn: func(httptrace.GotConnInfo) { gotConn.Store(true) },
+		})
+		try := req.Clone(ctx)
+		if attempt > 1 && req.Body != nil && req.Body != http.NoBody {
+			body, err := req.GetBody()
+			if err != nil {
+				return nil, err
+			}
+			try.Body = body
+		}
+		resp, err := h.rt.RoundTrip(try)
+		if err == nil || gotConn.Load() || attempt == handshakeRetries || !isInternalErrorAlert(err) ||
+			(req.Body != nil && req.Body != http.NoBody && req.GetBody == nil) {
+			return resp, err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-req.Context().Done():
+			t.Stop()
+			return nil, err
+		}
+		wait *= 2
+	}
+}
+
+// alertInternalError is TLS's internal_error alert (RFC 8446, 6.2).
+const alertInternalError tls.AlertError = 80
+
+// isInternalErrorAlert reports whether err is the peer's internal_error
+// alert.
+func isInternalErrorAlert(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "remote error" && op.Err != nil && op.Err.Error() == alertInternalError.Error()
 }

@@ -1,0 +1,121 @@
+package controlplane
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/pki"
+)
+
+// TestTLSLenderRetriesInternalErrorAlert: a call whose handshake the agent
+// answers with an internal_error alert (it had no certificate at hand
+// yet) reached no agent handler, and the lender makes it again, a few
+// times; a call that reached the agent is never made twice, and other
+// handshake failures are not retried.
+func TestTLSLenderRetriesInternalErrorAlert(t *testing.T) {
+	t.Parallel()
+	ca, err := pki.Open(t.TempDir(), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	iss, err := ca.Issue(pki.Request{CommonName: "node-a", Hosts: []string{"127.0.0.1"}, Usage: pki.ServerAuth | pki.ClientAuth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := iss.TLSCertificate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lender, err := NewTLSLender(ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// agent serves the agent API over TLS; its first failFirst handshakes
+	// have no certificate. hang: the handler drops the connection without
+	// an answer.
+	type agent struct {
+		url                  string
+		handshakes, requests atomic.Int32
+	}
+	serve := func(failFirst int32, hang bool) *agent {
+		a := &agent{}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			a.requests.Add(1)
+			if hang {
+				c, _, err := http.NewResponseController(w).Hijack()
+				if err == nil {
+					c.Close()
+				}
+				return
+			}
+			w.Write([]byte(`{"uri":"nbd://x/y"}`))
+		}), ErrorLog: log.New(io.Discard, "", 0)}
+		srv.TLSConfig = &tls.Config{
+			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+				if a.handshakes.Add(1) <= failFirst {
+					return nil, errors.New("no certificate yet")
+				}
+				return &cert, nil
+			},
+			ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca.Pool(),
+		}
+		go srv.ServeTLS(ln, "", "")
+		t.Cleanup(func() { srv.Close() })
+		a.url = "https://" + ln.Addr().String()
+		return a
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	prepare := func(a *agent) error {
+		_, err := lender.Prepare(ctx, api.Node{ID: "node-a", AgentURL: a.url}, "rak_secret", api.PrepareRequest{LeaseID: "l1"})
+		return err
+	}
+	for _, tc := range []struct {
+		name                 string
+		failFirst            int32
+		hang                 bool
+		wantErr              string // "": success
+		handshakes, requests int32
+	}{
+		{"a certificate at once", 0, false, "", 1, 1},
+		{"a certificate at the third handshake", 2, false, "", 3, 1},
+		{"never a certificate", 1 << 30, false, "tls: internal error", handshakeRetries, 0},
+		{"the call reached the agent", 0, true, "EOF", 1, 1},
+	} {
+		a := serve(tc.failFirst, tc.hang)
+		err := prepare(a)
+		switch {
+		case tc.wantErr == "" && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.wantErr)
+		}
+		if h, r := a.handshakes.Load(), a.requests.Load(); h != tc.handshakes || r != tc.requests {
+			t.Errorf("%s: %d handshakes, %d requests; want %d, %d", tc.name, h, r, tc.handshakes, tc.requests)
+		}
+	}
+
+	// An agent that presents another node's certificate is refused by
+	// the lender's own check: not retried.
+	other := serve(0, false)
+	if _, err := lender.Prepare(ctx, api.Node{ID: "node-b", AgentURL: other.url}, "rak_secret", api.PrepareRequest{LeaseID: "l1"}); err == nil || !strings.Contains(err.Error(), `node "node-a"`) {
+		t.Errorf("another node's certificate: %v", err)
+	}
+	if h, r := other.handshakes.Load(), other.requests.Load(); h != 1 || r != 0 {
+		t.Errorf("another node's certificate: %d handshakes, %d requests; want 1, 0", h, r)
+	}
+}
