@@ -19,6 +19,7 @@ const (
 	defaultWorkers   = 16
 	maxInflightBytes = 64 << 20 // payload bytes held per connection
 	maxBatch         = 64       // replies per writev
+	maxGroup         = 16       // requests per hand-off to a worker
 )
 
 // op is one request travelling reader → worker → writer.
@@ -41,6 +42,13 @@ type op struct {
 }
 
 var opPool = sync.Pool{New: func() any { return new(op) }}
+
+// A group is the requests the reader hands one worker at once: those it
+// parsed from what one read of the socket brought, up to maxGroup. The
+// worker serves them in order and sends their replies with one writev.
+type group []*op
+
+var groupPool = sync.Pool{New: func() any { g := make(group, 0, maxGroup); return &g }}
 
 // budget bounds the payload bytes in flight on one connection.
 type budget struct {
@@ -99,11 +107,17 @@ type conn struct {
 	ro    bool
 	limit *RateLimit
 
-	reqs     chan *op
-	replies  chan *op
+	reqs     chan *group
+	pending  *group // requests parsed and not yet handed to a worker
+	maxGroup int    // requests per group: maxGroup for memory-speed backends, else 1
 	bud      budget
 	wmu      sync.Mutex   // serialises writes to nc
-	inflight atomic.Int64 // requests handed to workers and not yet sent
+	werr     error        // the first failed send (guarded by wmu)
+	failed   atomic.Bool  // werr is set
+	inflight atomic.Int64 // requests grouped or handed to workers and not yet executed
+	rmu      sync.Mutex   // guards rq
+	rq       []*op        // executed requests whose replies wait for the socket
+	rqSpare  []*op        // guarded by wmu
 
 	batch   []*op                // replies the reader goroutine sends itself
 	iov     [2 * maxBatch][]byte // guarded by wmu
@@ -184,11 +198,25 @@ func newConn(s *Server, nc net.Conn, r *bufio.Reader, sess *session) *conn {
 		c.mp, _ = e.Backend.(mappedSource)
 	}
 	c.bud.cond.L = &c.bud.mu
+	c.maxGroup = 1
+	if m, ok := e.Backend.(memorySpeed); ok && m.memorySpeed() {
+		c.maxGroup = maxGroup
+	}
 	return c
 }
 
-// serve runs the transmission phase: this goroutine reads requests, a
-// bounded set of workers executes them, one writer sends replies.
+// memorySpeed is implemented by backends whose requests never wait for a
+// device (a FileBackend on tmpfs or ramfs): the reader hands their requests
+// to the workers in groups, each served in order by one worker. Requests to
+// other backends (a disk, where a read may wait for the device) go to a
+// worker each, so that they wait in parallel.
+type memorySpeed interface {
+	memorySpeed() bool
+}
+
+// serve runs the transmission phase: this goroutine reads requests and
+// hands them in groups to a bounded set of workers, which execute them and
+// send their replies.
 func (c *conn) serve(ctx context.Context) error {
 	transmitting.Add(1)
 	defer transmitting.Add(-1)
@@ -196,34 +224,107 @@ func (c *conn) serve(ctx context.Context) error {
 	if nw <= 0 {
 		nw = defaultWorkers
 	}
-	c.reqs = make(chan *op, nw)
-	c.replies = make(chan *op, 2*nw)
+	c.reqs = make(chan *group, nw)
 	var wg sync.WaitGroup
 	wg.Add(nw)
 	for i := 0; i < nw; i++ {
 		go func() {
 			defer wg.Done()
-			for o := range c.reqs {
-				c.execute(ctx, o)
-				c.replies <- o
+			for g := range c.reqs {
+				c.serveGroup(ctx, g)
 			}
 		}()
 	}
-	werr := make(chan error, 1)
-	go func() { werr <- c.writer() }()
 
 	rerr := c.reader(ctx)
 	c.closePipe()
 
 	close(c.reqs)
 	wg.Wait()
-	close(c.replies)
-	err := <-werr
+	c.drainReplies()
 	if rerr != nil && !errors.Is(rerr, io.EOF) && !errors.Is(rerr, net.ErrClosed) {
 		return rerr
 	}
-	return err
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return c.werr
 }
+
+// serveGroup executes a group's requests in order and queues their
+// replies.
+func (c *conn) serveGroup(ctx context.Context, g *group) {
+	ops := *g
+	for _, o := range ops {
+		c.execute(ctx, o)
+	}
+	c.queueReplies(ops)
+	c.inflight.Add(-int64(len(ops)))
+	clear(ops)
+	*g = ops[:0]
+	groupPool.Put(g)
+}
+
+// queueReplies queues the replies of ops (executed) and sends what is
+// queued unless another goroutine is sending, which then sends them too:
+// whoever holds the socket sends every reply that is ready, up to maxBatch
+// per writev, and nobody waits for the socket behind it.
+func (c *conn) queueReplies(ops []*op) {
+	c.rmu.Lock()
+	c.rq = append(c.rq, ops...)
+	c.rmu.Unlock()
+	c.drainReplies()
+}
+
+// drainReplies sends the queued replies if no other goroutine is sending.
+// After a failed send it only frees them (the connection is closed, so
+// the reader stops).
+func (c *conn) drainReplies() {
+	for c.wmu.TryLock() {
+		for {
+			c.rmu.Lock()
+			batch := c.rq
+			c.rq = c.rqSpare[:0]
+			c.rmu.Unlock()
+			if len(batch) == 0 {
+				c.rqSpare = batch
+				break
+			}
+			for b := batch; len(b) > 0 && c.werr == nil; {
+				k := min(len(b), maxBatch)
+				if c.werr = c.send(b[:k]); c.werr != nil {
+					c.failed.Store(true)
+					c.nc.Close()
+				}
+				b = b[k:]
+			}
+			for _, o := range batch {
+				c.freeOp(o)
+			}
+			clear(batch)
+			c.rqSpare = batch[:0]
+		}
+		c.wmu.Unlock()
+		// Replies queued while this goroutine held the socket, by one
+		// that found it taken, are sent by the next pass.
+		c.rmu.Lock()
+		empty := len(c.rq) == 0
+		c.rmu.Unlock()
+		if empty {
+			return
+		}
+	}
+}
+
+// dispatch hands the pending group to a worker. The channel send may
+// block while every worker is busy.
+func (c *conn) dispatch() {
+	if c.pending == nil {
+		return
+	}
+	c.reqs <- c.pending
+	c.pending = nil
+}
+
 
 // requestBuffered reports whether the next request header is already
 // here: in the reader's buffer or, over TLS, in a whole record crypto/tls
@@ -241,10 +342,14 @@ func (c *conn) recordQueued() bool {
 // reader parses requests until DISC, EOF or a protocol violation.
 func (c *conn) reader(ctx context.Context) error {
 	defer c.dropBatch()
+	// Requests parsed are served, whatever ends the reading (DISC: the
+	// outstanding requests finish first).
+	defer c.dispatch()
 	var hb [requestHeaderLen]byte
 	for {
 		if !c.requestBuffered() {
-			// About to wait for the client: send what is ready first.
+			// About to wait for the client: hand over the requests
+			// parsed and send what is ready first.
 			if err := c.flushBatch(); err != nil {
 				return err
 			}
@@ -331,20 +436,28 @@ func (c *conn) reader(ctx context.Context) error {
 			// goroutine hand-offs.
 			c.execute(ctx, o)
 		} else {
-			// At depth, hand it to a worker, even a read the reader
-			// could serve from memory: the reader only parses while
-			// the workers and the writer serve and send in parallel.
+			// At depth, add it to the group for a worker, even a read
+			// the reader could serve from memory: the reader only
+			// parses while the workers serve and send in parallel.
 			// Serving such reads here (as this reader once did) ran a
 			// whole queue depth of reads and their sends on one
 			// thread, which on a busy machine got one thread's share
 			// of the CPU (docs/bench/block.md, "Follow-up: queue depth
-			// 32"). The channel send may block.
-			if err := c.flushBatch(); err != nil {
-				c.freeOp(o)
-				return err
+			// 32"). Handing each request to a worker of its own, and
+			// each reply to a writer goroutine, cost two goroutine
+			// wakeups per request; a group costs one per read of the
+			// socket (docs/bench/block.md, "Follow-up: 4 KiB random
+			// writes at queue depth 32").
+			if c.pending == nil {
+				c.pending = groupPool.Get().(*group)
 			}
+			*c.pending = append(*c.pending, o)
 			c.inflight.Add(1)
-			c.reqs <- o
+			if len(*c.pending) >= c.maxGroup || c.e.writes.Gate() != nil {
+				// While the export moves, a write may be held at
+				// the gate: it must not hold the requests behind it.
+				c.dispatch()
+			}
 			continue
 		}
 		// Replies served here are sent by this goroutine, batched while
@@ -373,16 +486,22 @@ func (c *conn) acquire(o *op, n int64) error {
 	return nil
 }
 
-// flushBatch sends the replies the reader has accumulated.
+// flushBatch is called before the reader may block (and by a TLS
+// session's record reader before it reads the socket): the pending group
+// goes to a worker, and the replies the reader has accumulated are sent
+// (by this goroutine, or by a worker sending at the same time).
 func (c *conn) flushBatch() error {
+	c.dispatch()
 	if len(c.batch) == 0 {
 		return nil
 	}
-	c.wmu.Lock()
-	err := c.send(c.batch)
-	c.wmu.Unlock()
-	c.dropBatch()
-	return err
+	c.queueReplies(c.batch)
+	clear(c.batch)
+	c.batch = c.batch[:0]
+	if c.failed.Load() {
+		return net.ErrClosed // serve reports the send's error
+	}
+	return nil
 }
 
 func (c *conn) dropBatch() {
@@ -596,10 +715,14 @@ func (c *conn) execute(ctx context.Context, o *op) {
 		c.encodeError(o)
 		return
 	}
-	if done, ok := c.gate(ctx, o); !ok {
+	g, untracked, ok := c.gate(ctx, o)
+	if !ok {
 		return // refused by the export's move (move.go)
-	} else if done != nil {
-		defer done()
+	}
+	if g != nil {
+		defer g.Leave(int64(r.Offset), int64(r.Length))
+	} else if untracked {
+		defer c.e.writes.EndUntracked()
 	}
 	if c.limit != nil && (r.Type == CmdRead || r.Type == CmdWrite || r.Type == CmdWriteZeroes || r.Type == CmdTrim) {
 		n := int64(0)
@@ -786,42 +909,4 @@ func (c *conn) encodeError(o *op) {
 	}
 	putSimpleReply(o.hdr[:], o.errno, o.req.Handle)
 	o.hlen = simpleReplyLen
-}
-
-// writer sends replies, batching whatever is ready into one writev. After a
-// write error it keeps draining so that workers never block, and closes the
-// connection so that the reader stops.
-func (c *conn) writer() error {
-	var (
-		werr  error
-		batch = make([]*op, 0, maxBatch)
-	)
-	for o := range c.replies {
-		batch = append(batch[:0], o)
-	fill:
-		for len(batch) < maxBatch {
-			select {
-			case o2, ok := <-c.replies:
-				if !ok {
-					break fill
-				}
-				batch = append(batch, o2)
-			default:
-				break fill
-			}
-		}
-		if werr == nil {
-			c.wmu.Lock()
-			werr = c.send(batch)
-			c.wmu.Unlock()
-			if werr != nil {
-				c.nc.Close()
-			}
-		}
-		for _, b := range batch {
-			c.freeOp(b)
-		}
-		c.inflight.Add(-int64(len(batch)))
-	}
-	return werr
 }
