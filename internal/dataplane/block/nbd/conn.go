@@ -325,7 +325,6 @@ func (c *conn) dispatch() {
 	c.pending = nil
 }
 
-
 // requestBuffered reports whether the next request header is already
 // here: in the reader's buffer or, over TLS, in a whole record crypto/tls
 // has not taken yet.
