@@ -315,11 +315,18 @@ func (c *conn) drainReplies() {
 	}
 }
 
+// grouped counts the requests handed to workers in groups of more than
+// one (for tests).
+var grouped atomic.Int64
+
 // dispatch hands the pending group to a worker. The channel send may
 // block while every worker is busy.
 func (c *conn) dispatch() {
 	if c.pending == nil {
 		return
+	}
+	if n := len(*c.pending); n > 1 {
+		grouped.Add(int64(n))
 	}
 	c.reqs <- c.pending
 	c.pending = nil
