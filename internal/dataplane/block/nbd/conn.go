@@ -264,45 +264,35 @@ func (c *conn) serveGroup(ctx context.Context, g *group) {
 	groupPool.Put(g)
 }
 
+// maxQueuedReplies bounds the replies queued for the socket: beyond it the
+// goroutine queueing waits for the socket, so that a client that does not
+// take its replies stops the workers and then the reader, rather than
+// making the server queue replies without bound (requests without payload
+// hold no budget).
+const maxQueuedReplies = 4 * maxBatch
+
 // queueReplies queues the replies of ops (executed) and sends what is
 // queued unless another goroutine is sending, which then sends them too:
 // whoever holds the socket sends every reply that is ready, up to maxBatch
-// per writev, and nobody waits for the socket behind it.
+// per writev, and nobody waits for the socket behind it (up to
+// maxQueuedReplies).
 func (c *conn) queueReplies(ops []*op) {
 	c.rmu.Lock()
 	c.rq = append(c.rq, ops...)
+	n := len(c.rq)
 	c.rmu.Unlock()
+	if n > maxQueuedReplies {
+		c.wmu.Lock()
+		c.sendQueued()
+		c.wmu.Unlock()
+	}
 	c.drainReplies()
 }
 
 // drainReplies sends the queued replies if no other goroutine is sending.
-// After a failed send it only frees them (the connection is closed, so
-// the reader stops).
 func (c *conn) drainReplies() {
 	for c.wmu.TryLock() {
-		for {
-			c.rmu.Lock()
-			batch := c.rq
-			c.rq = c.rqSpare[:0]
-			c.rmu.Unlock()
-			if len(batch) == 0 {
-				c.rqSpare = batch
-				break
-			}
-			for b := batch; len(b) > 0 && c.werr == nil; {
-				k := min(len(b), maxBatch)
-				if c.werr = c.send(b[:k]); c.werr != nil {
-					c.failed.Store(true)
-					c.nc.Close()
-				}
-				b = b[k:]
-			}
-			for _, o := range batch {
-				c.freeOp(o)
-			}
-			clear(batch)
-			c.rqSpare = batch[:0]
-		}
+		c.sendQueued()
 		c.wmu.Unlock()
 		// Replies queued while this goroutine held the socket, by one
 		// that found it taken, are sent by the next pass.
@@ -312,6 +302,35 @@ func (c *conn) drainReplies() {
 		if empty {
 			return
 		}
+	}
+}
+
+// sendQueued sends the queued replies until none is left; the caller holds
+// wmu. After a failed send it only frees them (the connection is closed,
+// so the reader stops).
+func (c *conn) sendQueued() {
+	for {
+		c.rmu.Lock()
+		batch := c.rq
+		c.rq = c.rqSpare[:0]
+		c.rmu.Unlock()
+		if len(batch) == 0 {
+			c.rqSpare = batch
+			return
+		}
+		for b := batch; len(b) > 0 && c.werr == nil; {
+			k := min(len(b), maxBatch)
+			if c.werr = c.send(b[:k]); c.werr != nil {
+				c.failed.Store(true)
+				c.nc.Close()
+			}
+			b = b[k:]
+		}
+		for _, o := range batch {
+			c.freeOp(o)
+		}
+		clear(batch)
+		c.rqSpare = batch[:0]
 	}
 }
 

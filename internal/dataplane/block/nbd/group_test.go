@@ -6,7 +6,9 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"net"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -171,4 +173,51 @@ func (rc *rawConn) replyAny(readFrom uint64, bs int) (rawReply, error) {
 		}
 	}
 	return rr, nil
+}
+
+// countingFlushes is a MemBackend that counts its flushes.
+type countingFlushes struct {
+	*MemBackend
+	n atomic.Int64
+}
+
+func (c *countingFlushes) Flush() error { c.n.Add(1); return nil }
+
+// TestRepliesNotTakenStopReading: a client that sends requests without
+// payload (which hold no budget) and never takes the replies makes the
+// server stop reading once replies back up, rather than execute them all
+// and queue their replies without bound.
+func TestRepliesNotTakenStopReading(t *testing.T) {
+	const n = 1 << 20 // 28 MiB of FLUSH requests, 16 MiB of replies
+	be := &countingFlushes{MemBackend: NewMemBackend(1 << 20)}
+	_, addr := startServer(t, Export{Name: "f", Backend: be})
+	rc := rawDial(t, addr, clientFlagFixedNewstyle|clientFlagNoZeroes)
+	rc.goTransmission("f", false, false)
+	rc.c.(*net.TCPConn).SetReadBuffer(64 << 10)
+	rc.c.SetDeadline(time.Time{})
+	reqs := make([]byte, n*requestHeaderLen)
+	for i := 0; i < n; i++ {
+		putRequest(reqs[i*requestHeaderLen:], Request{Type: CmdFlush, Handle: uint64(i)})
+	}
+	go rc.c.Write(reqs) // ends with an error when the test closes the connection
+	// Wait until the server has stopped executing requests: the count
+	// stays the same for a second (or all were executed).
+	last, since := int64(-1), time.Now()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		got := be.n.Load()
+		if got == n {
+			t.Fatalf("the server executed all %d requests while their replies were not taken", n)
+		}
+		if got != last {
+			last, since = got, time.Now()
+		} else if time.Since(since) > time.Second {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the server still executes requests after 60 s (%d of %d)", got, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("the server stopped after %d of %d requests", last, n)
 }
