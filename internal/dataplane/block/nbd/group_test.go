@@ -17,10 +17,11 @@ import (
 func pattern(i, bs int) []byte { return bytes.Repeat([]byte{byte(i + 1)}, bs) }
 
 // TestGroupsOnTmpfs pipelines writes and reads (one segment) to a file on
-// tmpfs, whose requests the reader hands to workers in groups: every reply
-// comes once with its own data, the writes land, and requests were
-// grouped. On a backend that may wait for a device (MemBackend stands in
-// for one here) every request goes to a worker of its own.
+// tmpfs, whose reads the reader hands to workers in groups and whose writes
+// it serves itself from its buffer: every reply comes once with its own
+// data, the writes land, reads were grouped and writes served by the
+// reader. On a backend that may wait for a device (MemBackend stands in for
+// one here) every request goes to a worker of its own.
 func TestGroupsOnTmpfs(t *testing.T) {
 	const n, bs = 12, 4096
 	p := shmFile(t, 2*n*bs)
@@ -58,7 +59,7 @@ func TestGroupsOnTmpfs(t *testing.T) {
 			_, addr := startServer(t, Export{Name: "g", Backend: tc.be})
 			rc := rawDial(t, addr, clientFlagFixedNewstyle|clientFlagNoZeroes)
 			rc.goTransmission("g", false, false)
-			before := grouped.Load()
+			before, beforeW := grouped.Load(), readerWrites.Load()
 			// Writes to blocks 0..n-1, reads of blocks n..2n-1, interleaved,
 			// in one write so that the server finds them queued together.
 			var batch []byte
@@ -97,6 +98,10 @@ func TestGroupsOnTmpfs(t *testing.T) {
 			}
 			if g := grouped.Load() - before; (g > 0) != tc.grouped {
 				t.Fatalf("%d requests served in groups, want grouping %v", g, tc.grouped)
+			}
+			// On tmpfs the reader writes payloads from its buffer.
+			if w := readerWrites.Load() - beforeW; (w > 0) != tc.grouped {
+				t.Fatalf("%d writes served by the reader, want some: %v", w, tc.grouped)
 			}
 		})
 	}
