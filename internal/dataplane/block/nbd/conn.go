@@ -19,6 +19,7 @@ const (
 	defaultWorkers   = 16
 	maxInflightBytes = 64 << 20 // payload bytes held per connection
 	maxBatch         = 64       // replies per writev
+	maxGroup         = 16       // requests per hand-off to a worker
 )
 
 // op is one request travelling reader → worker → writer.
@@ -26,6 +27,7 @@ type op struct {
 	req   Request
 	errno uint32
 	buf   *[]byte // pooled payload (write data in, read data out)
+	data  []byte  // write data in the reader's buffer (served by the reader)
 	held  int64   // budget bytes to release once written
 	hdr   [32]byte
 	hlen  int
@@ -41,6 +43,13 @@ type op struct {
 }
 
 var opPool = sync.Pool{New: func() any { return new(op) }}
+
+// A group is the requests the reader hands one worker at once: those it
+// parsed from what one read of the socket brought, up to maxGroup. The
+// worker serves them in order and sends their replies with one writev.
+type group []*op
+
+var groupPool = sync.Pool{New: func() any { g := make(group, 0, maxGroup); return &g }}
 
 // budget bounds the payload bytes in flight on one connection.
 type budget struct {
@@ -99,11 +108,17 @@ type conn struct {
 	ro    bool
 	limit *RateLimit
 
-	reqs     chan *op
-	replies  chan *op
+	reqs     chan *group
+	pending  *group // requests parsed and not yet handed to a worker
+	maxGroup int    // requests per group: maxGroup for memory-speed backends, else 1
 	bud      budget
 	wmu      sync.Mutex   // serialises writes to nc
-	inflight atomic.Int64 // requests handed to workers and not yet sent
+	werr     error        // the first failed send (guarded by wmu)
+	failed   atomic.Bool  // werr is set
+	inflight atomic.Int64 // requests grouped or handed to workers and not yet executed
+	rmu      sync.Mutex   // guards rq
+	rq       []*op        // executed requests whose replies wait for the socket
+	rqSpare  []*op        // guarded by wmu
 
 	batch   []*op                // replies the reader goroutine sends itself
 	iov     [2 * maxBatch][]byte // guarded by wmu
@@ -184,11 +199,25 @@ func newConn(s *Server, nc net.Conn, r *bufio.Reader, sess *session) *conn {
 		c.mp, _ = e.Backend.(mappedSource)
 	}
 	c.bud.cond.L = &c.bud.mu
+	c.maxGroup = 1
+	if m, ok := e.Backend.(memorySpeed); ok && m.memorySpeed() {
+		c.maxGroup = maxGroup
+	}
 	return c
 }
 
-// serve runs the transmission phase: this goroutine reads requests, a
-// bounded set of workers executes them, one writer sends replies.
+// memorySpeed is implemented by backends whose requests never wait for a
+// device (a FileBackend on tmpfs or ramfs): the reader hands their requests
+// to the workers in groups, each served in order by one worker. Requests to
+// other backends (a disk, where a read may wait for the device) go to a
+// worker each, so that they wait in parallel.
+type memorySpeed interface {
+	memorySpeed() bool
+}
+
+// serve runs the transmission phase: this goroutine reads requests and
+// hands them in groups to a bounded set of workers, which execute them and
+// send their replies.
 func (c *conn) serve(ctx context.Context) error {
 	transmitting.Add(1)
 	defer transmitting.Add(-1)
@@ -196,33 +225,132 @@ func (c *conn) serve(ctx context.Context) error {
 	if nw <= 0 {
 		nw = defaultWorkers
 	}
-	c.reqs = make(chan *op, nw)
-	c.replies = make(chan *op, 2*nw)
+	c.reqs = make(chan *group, nw)
 	var wg sync.WaitGroup
 	wg.Add(nw)
 	for i := 0; i < nw; i++ {
 		go func() {
 			defer wg.Done()
-			for o := range c.reqs {
-				c.execute(ctx, o)
-				c.replies <- o
+			for g := range c.reqs {
+				c.serveGroup(ctx, g)
 			}
 		}()
 	}
-	werr := make(chan error, 1)
-	go func() { werr <- c.writer() }()
 
 	rerr := c.reader(ctx)
 	c.closePipe()
 
 	close(c.reqs)
 	wg.Wait()
-	close(c.replies)
-	err := <-werr
+	c.drainReplies()
 	if rerr != nil && !errors.Is(rerr, io.EOF) && !errors.Is(rerr, net.ErrClosed) {
 		return rerr
 	}
-	return err
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return c.werr
+}
+
+// serveGroup executes a group's requests in order and queues their
+// replies.
+func (c *conn) serveGroup(ctx context.Context, g *group) {
+	ops := *g
+	for _, o := range ops {
+		c.execute(ctx, o)
+	}
+	c.queueReplies(ops)
+	c.inflight.Add(-int64(len(ops)))
+	clear(ops)
+	*g = ops[:0]
+	groupPool.Put(g)
+}
+
+// maxQueuedReplies bounds the replies queued for the socket: beyond it the
+// goroutine queueing waits for the socket, so that a client that does not
+// take its replies stops the workers and then the reader, rather than
+// making the server queue replies without bound (requests without payload
+// hold no budget).
+const maxQueuedReplies = 4 * maxBatch
+
+// queueReplies queues the replies of ops (executed) and sends what is
+// queued unless another goroutine is sending, which then sends them too:
+// whoever holds the socket sends every reply that is ready, up to maxBatch
+// per writev, and nobody waits for the socket behind it (up to
+// maxQueuedReplies).
+func (c *conn) queueReplies(ops []*op) {
+	c.rmu.Lock()
+	c.rq = append(c.rq, ops...)
+	n := len(c.rq)
+	c.rmu.Unlock()
+	if n > maxQueuedReplies {
+		c.wmu.Lock()
+		c.sendQueued()
+		c.wmu.Unlock()
+	}
+	c.drainReplies()
+}
+
+// drainReplies sends the queued replies if no other goroutine is sending.
+func (c *conn) drainReplies() {
+	for c.wmu.TryLock() {
+		c.sendQueued()
+		c.wmu.Unlock()
+		// Replies queued while this goroutine held the socket, by one
+		// that found it taken, are sent by the next pass.
+		c.rmu.Lock()
+		empty := len(c.rq) == 0
+		c.rmu.Unlock()
+		if empty {
+			return
+		}
+	}
+}
+
+// sendQueued sends the queued replies until none is left; the caller holds
+// wmu. After a failed send it only frees them (the connection is closed,
+// so the reader stops).
+func (c *conn) sendQueued() {
+	for {
+		c.rmu.Lock()
+		batch := c.rq
+		c.rq = c.rqSpare[:0]
+		c.rmu.Unlock()
+		if len(batch) == 0 {
+			c.rqSpare = batch
+			return
+		}
+		for b := batch; len(b) > 0 && c.werr == nil; {
+			k := min(len(b), maxBatch)
+			if c.werr = c.send(b[:k]); c.werr != nil {
+				c.failed.Store(true)
+				c.nc.Close()
+			}
+			b = b[k:]
+		}
+		for _, o := range batch {
+			c.freeOp(o)
+		}
+		clear(batch)
+		c.rqSpare = batch[:0]
+	}
+}
+
+// grouped counts the requests handed to workers in groups of more than
+// one, readerWrites the writes the reader served from its buffer at
+// depth (for tests).
+var grouped, readerWrites atomic.Int64
+
+// dispatch hands the pending group to a worker. The channel send may
+// block while every worker is busy.
+func (c *conn) dispatch() {
+	if c.pending == nil {
+		return
+	}
+	if n := len(*c.pending); n > 1 {
+		grouped.Add(int64(n))
+	}
+	c.reqs <- c.pending
+	c.pending = nil
 }
 
 // requestBuffered reports whether the next request header is already
@@ -241,10 +369,14 @@ func (c *conn) recordQueued() bool {
 // reader parses requests until DISC, EOF or a protocol violation.
 func (c *conn) reader(ctx context.Context) error {
 	defer c.dropBatch()
+	// Requests parsed are served, whatever ends the reading (DISC: the
+	// outstanding requests finish first).
+	defer c.dispatch()
 	var hb [requestHeaderLen]byte
 	for {
 		if !c.requestBuffered() {
-			// About to wait for the client: send what is ready first.
+			// About to wait for the client: hand over the requests
+			// parsed and send what is ready first.
 			if err := c.flushBatch(); err != nil {
 				return err
 			}
@@ -278,7 +410,7 @@ func (c *conn) reader(ctx context.Context) error {
 		o := opPool.Get().(*op)
 		o.req = req
 		o.errno = c.check(req)
-		spliced := false
+		spliced, served := false, false
 		if req.Type == CmdWrite {
 			if c.r.Buffered() < int(req.Length) {
 				// Reading the payload may block.
@@ -304,6 +436,27 @@ func (c *conn) reader(ctx context.Context) error {
 					c.freeOp(o)
 					return err
 				}
+			} else if c.maxGroup > 1 && c.limit == nil && req.Flags&CmdFlagFUA == 0 &&
+				c.r.Buffered() >= int(req.Length) && c.e.writes.Gate() == nil {
+				// A write to memory (tmpfs) whose payload is in the
+				// read buffer: this goroutine writes it from there,
+				// with no copy, no pooled buffer and no hand-off, and
+				// sends its reply with the others it holds. The
+				// payload is memcpy'd into the page cache, which costs
+				// less than handing it to a worker and the reply
+				// back (docs/bench/block.md, "Follow-up: 4 KiB random
+				// writes at queue depth 32"). Not while the export
+				// moves (a write may be held at the gate; the check
+				// above races only with a gate installed at this very
+				// moment, and writes are held only later, by
+				// PauseWrites), nor with a rate limit (it waits) or
+				// FUA (it syncs).
+				readerWrites.Add(1)
+				o.data, _ = c.r.Peek(int(req.Length))
+				c.execute(ctx, o)
+				o.data = nil
+				c.r.Discard(int(req.Length))
+				served = true
 			} else {
 				if err := c.acquire(o, int64(req.Length)); err != nil {
 					c.freeOp(o)
@@ -321,7 +474,9 @@ func (c *conn) reader(ctx context.Context) error {
 				return err
 			}
 		}
-		if o.errno != 0 {
+		if served {
+			// executed and encoded above
+		} else if o.errno != 0 {
 			c.encodeError(o)
 		} else if spliced {
 			c.encodeOK(o)
@@ -331,20 +486,28 @@ func (c *conn) reader(ctx context.Context) error {
 			// goroutine hand-offs.
 			c.execute(ctx, o)
 		} else {
-			// At depth, hand it to a worker, even a read the reader
-			// could serve from memory: the reader only parses while
-			// the workers and the writer serve and send in parallel.
+			// At depth, add it to the group for a worker, even a read
+			// the reader could serve from memory: the reader only
+			// parses while the workers serve and send in parallel.
 			// Serving such reads here (as this reader once did) ran a
 			// whole queue depth of reads and their sends on one
 			// thread, which on a busy machine got one thread's share
 			// of the CPU (docs/bench/block.md, "Follow-up: queue depth
-			// 32"). The channel send may block.
-			if err := c.flushBatch(); err != nil {
-				c.freeOp(o)
-				return err
+			// 32"). Handing each request to a worker of its own, and
+			// each reply to a writer goroutine, cost two goroutine
+			// wakeups per request; a group costs one per read of the
+			// socket (docs/bench/block.md, "Follow-up: 4 KiB random
+			// writes at queue depth 32").
+			if c.pending == nil {
+				c.pending = groupPool.Get().(*group)
 			}
+			*c.pending = append(*c.pending, o)
 			c.inflight.Add(1)
-			c.reqs <- o
+			if len(*c.pending) >= c.maxGroup || c.e.writes.Gate() != nil {
+				// While the export moves, a write may be held at
+				// the gate: it must not hold the requests behind it.
+				c.dispatch()
+			}
 			continue
 		}
 		// Replies served here are sent by this goroutine, batched while
@@ -373,16 +536,22 @@ func (c *conn) acquire(o *op, n int64) error {
 	return nil
 }
 
-// flushBatch sends the replies the reader has accumulated.
+// flushBatch is called before the reader may block (and by a TLS
+// session's record reader before it reads the socket): the pending group
+// goes to a worker, and the replies the reader has accumulated are sent
+// (by this goroutine, or by a worker sending at the same time).
 func (c *conn) flushBatch() error {
+	c.dispatch()
 	if len(c.batch) == 0 {
 		return nil
 	}
-	c.wmu.Lock()
-	err := c.send(c.batch)
-	c.wmu.Unlock()
-	c.dropBatch()
-	return err
+	c.queueReplies(c.batch)
+	clear(c.batch)
+	c.batch = c.batch[:0]
+	if c.failed.Load() {
+		return net.ErrClosed // serve reports the send's error
+	}
+	return nil
 }
 
 func (c *conn) dropBatch() {
@@ -596,10 +765,14 @@ func (c *conn) execute(ctx context.Context, o *op) {
 		c.encodeError(o)
 		return
 	}
-	if done, ok := c.gate(ctx, o); !ok {
+	g, untracked, ok := c.gate(ctx, o)
+	if !ok {
 		return // refused by the export's move (move.go)
-	} else if done != nil {
-		defer done()
+	}
+	if g != nil {
+		defer g.Leave(int64(r.Offset), int64(r.Length))
+	} else if untracked {
+		defer c.e.writes.EndUntracked()
 	}
 	if c.limit != nil && (r.Type == CmdRead || r.Type == CmdWrite || r.Type == CmdWriteZeroes || r.Type == CmdTrim) {
 		n := int64(0)
@@ -644,11 +817,15 @@ func (c *conn) execute(ctx context.Context, o *op) {
 		}
 	case CmdWrite:
 		if n > 0 {
+			p := o.data
+			if o.buf != nil {
+				p = *o.buf
+			}
 			if fua && c.fua != nil {
-				_, err = c.fua.WriteAtFUA(*o.buf, off)
+				_, err = c.fua.WriteAtFUA(p, off)
 				fua = false
 			} else {
-				_, err = c.be.WriteAt(*o.buf, off)
+				_, err = c.be.WriteAt(p, off)
 			}
 		}
 	case CmdFlush:
@@ -786,42 +963,4 @@ func (c *conn) encodeError(o *op) {
 	}
 	putSimpleReply(o.hdr[:], o.errno, o.req.Handle)
 	o.hlen = simpleReplyLen
-}
-
-// writer sends replies, batching whatever is ready into one writev. After a
-// write error it keeps draining so that workers never block, and closes the
-// connection so that the reader stops.
-func (c *conn) writer() error {
-	var (
-		werr  error
-		batch = make([]*op, 0, maxBatch)
-	)
-	for o := range c.replies {
-		batch = append(batch[:0], o)
-	fill:
-		for len(batch) < maxBatch {
-			select {
-			case o2, ok := <-c.replies:
-				if !ok {
-					break fill
-				}
-				batch = append(batch, o2)
-			default:
-				break fill
-			}
-		}
-		if werr == nil {
-			c.wmu.Lock()
-			werr = c.send(batch)
-			c.wmu.Unlock()
-			if werr != nil {
-				c.nc.Close()
-			}
-		}
-		for _, b := range batch {
-			c.freeOp(b)
-		}
-		c.inflight.Add(-int64(len(batch)))
-	}
-	return werr
 }

@@ -176,6 +176,11 @@ func NewFileBackend(f *os.File, o FileOptions) (*FileBackend, error) {
 // Size implements Backend.
 func (b *FileBackend) Size() int64 { return b.size }
 
+// memorySpeed reports whether the file lives in memory (tmpfs, ramfs):
+// its requests never wait for a device, so the server serves them in
+// groups (conn.go).
+func (b *FileBackend) memorySpeed() bool { return b.inMemory }
+
 // MultiConnSafe implements MultiConnSafer: fdatasync is global.
 func (b *FileBackend) MultiConnSafe() bool { return true }
 

@@ -40,29 +40,31 @@ func isWrite(typ uint16) bool {
 }
 
 // gate is conn.execute's hook: it returns ok=false (with o's ESHUTDOWN
-// reply encoded) for a request the export's move refuses, and otherwise a
-// function to call when the request has completed (nil for none).
-func (c *conn) gate(ctx context.Context, o *op) (done func(), ok bool) {
+// reply encoded) for a request the export's move refuses. Otherwise the
+// caller ends the request once it has completed: with g.Leave when g is
+// not nil, with EndUntracked when untracked (a write without a move).
+// Nothing here allocates: a closure per write cost the garbage collector
+// at high queue depth.
+func (c *conn) gate(ctx context.Context, o *op) (g *dirty.Gate, untracked, ok bool) {
 	w := &c.e.writes
 	if !isWrite(o.req.Type) {
 		if g := w.Gate(); g != nil && g.Retired() {
 			o.errno = ESHUTDOWN
 			c.encodeError(o)
-			return nil, false
+			return nil, false, false
 		}
-		return nil, true
+		return nil, false, true
 	}
-	g := w.Begin()
+	g = w.Begin()
 	if g == nil {
-		return w.EndUntracked, true
+		return nil, true, true
 	}
 	if err := g.Enter(ctx); err != nil {
 		o.errno = ESHUTDOWN
 		c.encodeError(o)
-		return nil, false
+		return nil, false, false
 	}
-	off, n := int64(o.req.Offset), int64(o.req.Length)
-	return func() { g.Leave(off, n) }, true
+	return g, false, true
 }
 
 // inline reports whether the reader may execute o itself: not a write
