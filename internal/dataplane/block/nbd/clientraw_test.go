@@ -185,3 +185,54 @@ func TestClientRawClose(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestClientStart: requests sent with StartRead, StartWrite and StartFlush
+// before any is awaited all complete, whichever order they are awaited in
+// and however long the caller takes to come back for them (the background
+// reader takes their replies, so the watchdog does not count them late);
+// a request the client cannot send in one piece is served at once.
+func TestClientStart(t *testing.T) {
+	const size = 1 << 20
+	be := NewMemBackend(size)
+	_, addr := startServer(t, Export{Name: testName, Backend: be})
+	c := dial(t, addr, testName, WithRequestTimeout(200*time.Millisecond))
+	want := make([]byte, size)
+	for i := range want {
+		want[i] = byte(i * 13)
+	}
+	var writes []*Call
+	for off := 0; off < size; off += 128 << 10 {
+		writes = append(writes, c.StartWrite(want[off:off+128<<10], int64(off)))
+	}
+	for i := len(writes) - 1; i >= 0; i-- {
+		if err := writes[i].Wait(); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+	}
+	if err := c.StartFlush().Wait(); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, size)
+	var reads []*Call
+	for off := 0; off < size; off += 64 << 10 {
+		reads = append(reads, c.StartRead(got[off:off+64<<10], int64(off)))
+	}
+	// Come back later than the request timeout: replies nobody read
+	// meanwhile would count as late.
+	<-time.After(600 * time.Millisecond)
+	for i, k := range reads {
+		if err := k.Wait(); err != nil {
+			t.Fatalf("read %d: %v", i, err)
+		}
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("read back other bytes than written")
+	}
+	if err := c.StartRead(make([]byte, 4096), size-2048).Wait(); err == nil {
+		t.Fatal("a read past the end succeeded")
+	}
+	c.Close()
+	if err := c.StartRead(make([]byte, 4096), 0).Wait(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("read on a closed client: %v, want ErrClosed", err)
+	}
+}

@@ -292,3 +292,77 @@ func (p *nbdPart) setRedial(cancel context.CancelFunc) bool {
 	p.redialCancel = cancel
 	return true
 }
+
+// starter is a Device that sends a request and lets its caller wait for
+// the reply later (nbd.Client's StartRead and the like): a Volume sends a
+// striped request's chunks, or a flush's parts, all at once from the
+// calling goroutine and then waits for each, instead of a goroutine per
+// chunk. The returned function waits and gives the outcome; call it once.
+type starter interface {
+	startRead(b []byte, off int64) func() error
+	startWrite(b []byte, off int64) func() error
+	startFlush() func() error
+}
+
+// start sends a request on the current connection; the function it
+// returns waits for the reply and, if the connection broke, redials and
+// serves the request again with redo, as call does.
+func (p *nbdPart) start(write bool, send func(*nbd.Client) *nbd.Call, redo func(*nbd.Client) error) func() error {
+	c := p.cur.Load()
+	k := send(c)
+	return func() error {
+		err := k.Wait()
+		if err != nil && errors.Is(err, nbd.ErrClosed) && !p.closed.Load() {
+			nc, rerr := p.reconnect(c)
+			if rerr != nil {
+				return rerr
+			}
+			err = redo(nc)
+		}
+		if errors.Is(err, nbd.ErrTimeout) {
+			p.dead.Store(true)
+		}
+		if err == nil && write {
+			p.wseq.Add(1)
+		}
+		return err
+	}
+}
+
+func (p *nbdPart) startRead(b []byte, off int64) func() error {
+	return p.start(false, func(c *nbd.Client) *nbd.Call { return c.StartRead(b, off) },
+		func(c *nbd.Client) error { return fullRead(c, b, off) })
+}
+
+func (p *nbdPart) startWrite(b []byte, off int64) func() error {
+	return p.start(true, func(c *nbd.Client) *nbd.Call { return c.StartWrite(b, off) },
+		func(c *nbd.Client) error {
+			_, err := c.WriteAt(b, off)
+			return err
+		})
+}
+
+// startFlush is Flush sent now and completed by the returned function.
+func (p *nbdPart) startFlush() func() error {
+	seq := p.wseq.Load()
+	wait := p.start(false, (*nbd.Client).StartFlush, (*nbd.Client).Flush)
+	return func() error {
+		if err := wait(); err != nil {
+			return err
+		}
+		p.flushedUpTo(seq)
+		if p.lost.Swap(false) {
+			return fmt.Errorf("part %d: %w", p.index, ErrLostWrites)
+		}
+		return nil
+	}
+}
+
+// fullRead reads len(b) bytes at off (io.EOF with a full read is none).
+func fullRead(c *nbd.Client, b []byte, off int64) error {
+	n, err := c.ReadAt(b, off)
+	if n == len(b) {
+		return nil
+	}
+	return err
+}
