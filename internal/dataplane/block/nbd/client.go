@@ -648,6 +648,8 @@ func (c *Client) background() {
 	defer close(c.readerDone)
 	transmitting.Add(1)
 	defer transmitting.Add(-1)
+	dialled.Add(1)
+	defer dialled.Add(-1)
 	for {
 		select {
 		case <-c.wake:

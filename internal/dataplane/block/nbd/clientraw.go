@@ -28,6 +28,19 @@ const maxClientPolls = 1
 // clientPolls counts the callers asleep in poll(2) (awaitRaw).
 var clientPolls atomic.Int32
 
+// dialled counts the Clients' connections in transmission (transmitting
+// counts them too, besides the served ones).
+var dialled atomic.Int32
+
+// servedAlone reports whether the process serves at most one NBD
+// connection: only then do callers wait for replies in poll(2). A
+// `rialto attach` under nbdfuse serves four, and PostgreSQL behind them
+// spreads writes and flushes over all four; with server readers asleep in
+// poll(2) beside each other there, a database on a lease collapsed to a
+// quarter of nbdkit's TPS and worse (docs/nbd.md, "Several connections"),
+// for reasons not understood, so those callers keep to the netpoller.
+func servedAlone() bool { return transmitting.Load()-dialled.Load() <= 1 }
+
 // clientRawWaits counts the waits that began in poll(2) (for tests).
 var clientRawWaits atomic.Int64
 
@@ -76,11 +89,12 @@ func (c *Client) leaveNetpoller() {
 
 // awaitRaw waits in poll(2), for at most clientPollMillis, until the reply
 // of the caller alone in flight may be readable, if no other caller of the
-// process is asleep in poll(2); the caller then reads it with a plain
+// process is asleep in poll(2) and the process serves at most one
+// connection (servedAlone); the caller then reads it with a plain
 // read(2). If the wait ends without a reply, or another caller polls, the
 // read waits in the netpoller. The caller holds c.rsMu for reading.
 func (c *Client) awaitRaw() {
-	if !clientPollSlot() {
+	if !servedAlone() || !clientPollSlot() {
 		return
 	}
 	defer clientPolls.Add(-1)

@@ -49,6 +49,8 @@ func TestClientRawSocket(t *testing.T) {
 				t.Fatalf("plaintext %s client on %T, not on a raw socket", network, c.nc)
 			}
 
+			// Connections of earlier tests end asynchronously.
+			waitServedAlone(t)
 			waits := clientRawWaits.Load()
 			want := make([]byte, size)
 			for i := range want {
@@ -113,7 +115,44 @@ func TestClientRawSocket(t *testing.T) {
 			if c.rs.polled() {
 				t.Fatal("the socket is still registered with the netpoller after a raw wait")
 			}
+
+			// A second connection served: callers keep to the netpoller.
+			ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+			c2, err := Dial(ctx, network, addr, testName)
+			cancel()
+			if err != nil {
+				t.Fatal(err)
+			}
+			deadline = time.Now().Add(10 * time.Second)
+			for servedAlone() {
+				if time.Now().After(deadline) {
+					t.Fatal("the second connection never counted as served")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			waits = clientRawWaits.Load()
+			for range 20 {
+				if _, err := c.ReadAt(buf, 4096); err != nil || !bytes.Equal(buf, want[4096:4096+8192]) {
+					t.Fatalf("read beside a second connection: %v", err)
+				}
+			}
+			if n := clientRawWaits.Load() - waits; n != 0 {
+				t.Fatalf("%d waits in poll(2) while the process served two connections", n)
+			}
+			c2.Close()
 		})
+	}
+}
+
+// waitServedAlone waits until the process serves at most one connection.
+func waitServedAlone(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !servedAlone() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections in transmission, %d of them dialled", transmitting.Load(), dialled.Load())
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
