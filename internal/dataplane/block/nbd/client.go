@@ -919,15 +919,6 @@ func (c *Client) do(ctx context.Context, typ, flags uint16, off uint64, length u
 
 // doCall is do returning the completed call.
 func (c *Client) doCall(ctx context.Context, typ, flags uint16, off uint64, length uint32, payload, dst []byte) (*call, error) {
-	cl, err := c.start(typ, flags, off, length, payload, dst)
-	if err != nil {
-		return nil, err
-	}
-	return c.await(ctx, cl)
-}
-
-// start registers and sends one request; await waits for its reply.
-func (c *Client) start(typ, flags uint16, off uint64, length uint32, payload, dst []byte) (*call, error) {
 	cl := &call{typ: typ, off: off, buf: dst, done: make(chan struct{})}
 	if c.timeout > 0 {
 		cl.deadline = monoNow() + int64(c.timeout)
@@ -952,11 +943,7 @@ func (c *Client) start(typ, flags uint16, off uint64, length uint32, payload, ds
 		<-cl.done
 		return nil, cl.err
 	}
-	return cl, nil
-}
 
-// await waits for the reply of a call that start sent.
-func (c *Client) await(ctx context.Context, cl *call) (*call, error) {
 	// Someone must read the reply. If nobody is reading, a caller that
 	// cannot give up early (no cancellable context) reads for itself:
 	// at queue depth 1 its reply then reaches it without a hand-off
@@ -1065,79 +1052,6 @@ func (c *Client) send(r Request, payload []byte, deep bool) error {
 	c.flushing = false
 	c.wmu.Unlock()
 	return nil
-}
-
-// Call is a request sent by StartRead, StartWrite or StartFlush whose
-// reply Wait awaits. Its zero value is not usable.
-type Call struct {
-	c   *Client
-	cl  *call
-	err error // the request's outcome when it was not sent (or was served by start)
-}
-
-// StartRead sends a read of len(p) bytes at off and returns without
-// waiting for the reply: p must stay untouched until Wait has returned. A
-// caller that has several requests for different connections (a composed
-// volume's chunks, a flush of several parts) sends them all, then waits
-// for each, instead of a goroutine per request. The connection's
-// background reader reads the reply (a caller of ReadAt reads its own when
-// nobody else reads). A read larger than the
-// server's maximum block size, or not wholly inside the export, is served
-// at once, and Wait returns its outcome.
-func (c *Client) StartRead(p []byte, off int64) *Call {
-	if off < 0 || len(p) > int(c.maxBlock) || off > c.size || int64(len(p)) > c.size-off {
-		_, err := c.ReadAt(p, off)
-		return &Call{err: err}
-	}
-	return c.startCall(CmdRead, 0, uint64(off), uint32(len(p)), nil, p)
-}
-
-// StartWrite sends a write of p at off as StartRead sends a read: p must
-// stay untouched until Wait has returned.
-func (c *Client) StartWrite(p []byte, off int64) *Call {
-	if off < 0 || len(p) > int(c.maxBlock) || off > c.size || int64(len(p)) > c.size-off {
-		_, err := c.WriteAt(p, off)
-		return &Call{err: err}
-	}
-	return c.startCall(CmdWrite, 0, uint64(off), uint32(len(p)), p, nil)
-}
-
-// StartFlush sends a flush as StartRead sends a read.
-func (c *Client) StartFlush() *Call {
-	if c.flags&FlagSendFlush == 0 {
-		return &Call{}
-	}
-	return c.startCall(CmdFlush, 0, 0, 0, nil, nil)
-}
-
-func (c *Client) startCall(typ, flags uint16, off uint64, length uint32, payload, dst []byte) *Call {
-	cl, err := c.start(typ, flags, off, length, payload, dst)
-	if err != nil {
-		return &Call{err: err}
-	}
-	// The caller may wait for other requests first: the background
-	// reader reads this reply meanwhile, so that it is not late (the
-	// watchdog would fail the connection) for want of a reader.
-	c.mu.Lock()
-	if !c.reading && c.pending != nil && !c.closing {
-		c.reading = true
-		select {
-		case c.wake <- struct{}{}:
-		default:
-		}
-	}
-	c.mu.Unlock()
-	return &Call{c: c, cl: cl}
-}
-
-// Wait waits for the request's reply (reading it, and others', itself if
-// nobody reads the connection) and returns its outcome. Call it once.
-func (k *Call) Wait() error {
-	if k.cl == nil {
-		return k.err
-	}
-	_, err := k.c.await(context.Background(), k.cl)
-	return err
 }
 
 // ReadAtContext reads len(p) bytes at off, splitting into requests no larger

@@ -155,11 +155,6 @@ func (p *Pool) Flush() error {
 			return nil
 		}
 	}
-	return p.flushEach()
-}
-
-// flushEach flushes every live connection, in turn (see Flush).
-func (p *Pool) flushEach() error {
 	epoch := p.epochs()
 	var errs []error
 	live, lost, covered := 0, false, false
@@ -316,58 +311,4 @@ func (p *Pool) CanExtents() bool {
 		}
 	}
 	return true
-}
-
-// startable reports whether every connection is a starter.
-func (p *Pool) startable() bool {
-	for _, c := range p.conns {
-		if _, ok := c.(starter); !ok {
-			return false
-		}
-	}
-	return true
-}
-
-// startRead sends a read on the least busy connection (see starter).
-func (p *Pool) startRead(b []byte, off int64) func() error {
-	i := p.pickIndex()
-	wait := p.conns[i].(starter).startRead(b, off)
-	return func() error {
-		defer p.inflight[i].Add(-1)
-		return wait()
-	}
-}
-
-// startWrite sends a write on the least busy connection (see starter).
-func (p *Pool) startWrite(b []byte, off int64) func() error {
-	i := p.pickIndex()
-	wait := p.conns[i].(starter).startWrite(b, off)
-	return func() error {
-		defer p.inflight[i].Add(-1)
-		return wait()
-	}
-}
-
-// startFlush is Flush sent now: the one flush of a shared flush goes out
-// at once; a pool that must flush every connection does so in a goroutine
-// of its own, so that the volume's other parts flush meanwhile.
-func (p *Pool) startFlush() func() error {
-	if seqs, epoch, ok := p.sharedFlush(); ok {
-		i := p.pickIndex()
-		wait := p.conns[i].(starter).startFlush()
-		return func() error {
-			err := wait()
-			p.inflight[i].Add(-1)
-			if err == nil && p.epochs() == epoch {
-				for i, c := range p.conns {
-					c.(sharedFlusher).flushedUpTo(seqs[i])
-				}
-				return nil
-			}
-			return p.flushEach()
-		}
-	}
-	done := make(chan error, 1)
-	go func() { done <- p.flushEach() }()
-	return func() error { return <-done }
 }

@@ -100,9 +100,6 @@ type member struct {
 	// timeout, failing a late one with nbd.ErrTimeout (see selfTimer), so
 	// one needs no timer of its own per sub-request.
 	selfTimed bool
-	// st is dev as a starter when it is one and selfTimed: then a
-	// request's chunks on several devices are sent at once (do).
-	st        starter
 	failed    atomic.Bool
 	cause     atomic.Pointer[error] // why it failed; set before failed
 	closeOnce sync.Once
@@ -179,13 +176,7 @@ func New(devs []Device, cfg Config) (*Volume, error) {
 		if !canExtents(d) {
 			v.canExt = false
 		}
-		m := &member{dev: d, selfTimed: timedWithin(d, v.timeout)}
-		if st, ok := d.(starter); ok && m.selfTimed {
-			if p, isPool := d.(*Pool); !isPool || p.startable() {
-				m.st = st
-			}
-		}
-		v.parts = append(v.parts, m)
+		v.parts = append(v.parts, &member{dev: d, selfTimed: timedWithin(d, v.timeout)})
 	}
 	v.perDev = v.perDev / unit * unit
 	if v.perDev == 0 {
@@ -327,10 +318,8 @@ func (v *Volume) ReadAt(p []byte, off int64) (int, error) {
 			err = v.one(c, readChunk)
 		}
 	} else {
-		err = v.doStart(v.split(off, n), func(d Device, c chunk) error {
+		err = v.do(v.split(off, n), func(d Device, c chunk) error {
 			return readChunk(d, chunk{dev: c.dev, devOff: c.devOff, buf: p[c.volOff-off : c.volOff-off+c.len]})
-		}, func(st starter, c chunk) func() error {
-			return st.startRead(p[c.volOff-off:c.volOff-off+c.len], c.devOff)
 		})
 	}
 	if err != nil {
@@ -357,10 +346,8 @@ func (v *Volume) WriteAt(p []byte, off int64) (int, error) {
 			}
 		}
 	} else {
-		err = v.doWriteStart(v.split(off, int64(len(p))), func(d Device, c chunk) error {
+		err = v.doWrite(v.split(off, int64(len(p))), func(d Device, c chunk) error {
 			return writeChunk(d, chunk{dev: c.dev, devOff: c.devOff, buf: p[c.volOff-off : c.volOff-off+c.len]})
-		}, func(st starter, c chunk) func() error {
-			return st.startWrite(p[c.volOff-off:c.volOff-off+c.len], c.devOff)
 		})
 	}
 	if err != nil {
@@ -383,29 +370,16 @@ func (v *Volume) Flush() error {
 			cs = append(cs, chunk{dev: i})
 		}
 	}
-	flushed := func(dev int) {
-		m := v.parts[dev]
-		for {
-			f := m.fseq.Load()
-			if f >= seqs[dev] || m.fseq.CompareAndSwap(f, seqs[dev]) {
-				return
-			}
-		}
-	}
-	return v.doStart(cs, func(d Device, c chunk) error {
+	return v.do(cs, func(d Device, c chunk) error {
 		if err := d.Flush(); err != nil {
 			return err
 		}
-		flushed(c.dev)
-		return nil
-	}, func(st starter, c chunk) func() error {
-		wait := st.startFlush()
-		return func() error {
-			if err := wait(); err != nil {
-				return err
+		m := v.parts[c.dev]
+		for {
+			f := m.fseq.Load()
+			if f >= seqs[c.dev] || m.fseq.CompareAndSwap(f, seqs[c.dev]) {
+				return nil
 			}
-			flushed(c.dev)
-			return nil
 		}
 	})
 }
@@ -483,18 +457,6 @@ func (v *Volume) check(off, length int64) error {
 // do runs op for every chunk in parallel, each under the request deadline,
 // and returns the first error.
 func (v *Volume) do(cs []chunk, op func(Device, chunk) error) error {
-	return v.doStart(cs, op, nil)
-}
-
-// doStart is do with start, the same operation sent without waiting (see
-// starter): when every chunk's device can (NBD parts, pools of them), the
-// calling goroutine sends every chunk's request but the first (their
-// connections' background readers take the replies), serves the first
-// itself (reading its own reply, as a lone request does), then waits for
-// the others in turn. The chunks are served in parallel as with a
-// goroutine each, without the goroutines: a 1 MiB write over three parts
-// was seven goroutines besides the caller, a flush of three parts two.
-func (v *Volume) doStart(cs []chunk, op func(Device, chunk) error, start func(starter, chunk) func() error) error {
 	if v.closed.Load() {
 		return ErrClosed
 	}
@@ -508,19 +470,6 @@ func (v *Volume) doStart(cs []chunk, op func(Device, chunk) error, start func(st
 		return nil
 	case 1:
 		return v.one(cs[0], op)
-	}
-	if start != nil && v.startable(cs) {
-		waits := make([]func() error, len(cs))
-		for i := 1; i < len(cs); i++ {
-			waits[i] = start(v.parts[cs[i].dev].st, cs[i])
-		}
-		first := v.one(cs[0], op)
-		for i := 1; i < len(cs); i++ {
-			if err := v.settle(cs[i].dev, waits[i]()); err != nil && first == nil {
-				first = err
-			}
-		}
-		return first
 	}
 	errs := make([]error, len(cs))
 	var wg sync.WaitGroup
@@ -540,42 +489,13 @@ func (v *Volume) doStart(cs []chunk, op func(Device, chunk) error, start func(st
 // doWrite is do for an operation that changes the devices: each chunk done
 // counts as a write its device's next flush must cover.
 func (v *Volume) doWrite(cs []chunk, op func(Device, chunk) error) error {
-	return v.doWriteStart(cs, op, nil)
-}
-
-// doWriteStart is doWrite with start, as doStart.
-func (v *Volume) doWriteStart(cs []chunk, op func(Device, chunk) error, start func(starter, chunk) func() error) error {
-	var started func(starter, chunk) func() error
-	if start != nil {
-		started = func(st starter, c chunk) func() error {
-			wait := start(st, c)
-			return func() error {
-				err := wait()
-				if err == nil {
-					v.parts[c.dev].wseq.Add(1)
-				}
-				return err
-			}
-		}
-	}
-	return v.doStart(cs, func(d Device, c chunk) error {
+	return v.do(cs, func(d Device, c chunk) error {
 		err := op(d, c)
 		if err == nil {
 			v.parts[c.dev].wseq.Add(1)
 		}
 		return err
-	}, started)
-}
-
-// startable reports whether every chunk's device is a starter that times
-// its requests itself.
-func (v *Volume) startable(cs []chunk) bool {
-	for _, c := range cs {
-		if v.parts[c.dev].st == nil {
-			return false
-		}
-	}
-	return true
+	})
 }
 
 // selfTimer is implemented by devices that bound each request themselves
@@ -596,21 +516,6 @@ func timedWithin(d Device, limit time.Duration) bool {
 	return t > 0 && t <= limit
 }
 
-// settle is the outcome of a request to device dev, which times its
-// requests itself, that ended with err.
-func (v *Volume) settle(dev int, err error) error {
-	if err == nil {
-		return nil
-	}
-	if errors.Is(err, nbd.ErrTimeout) {
-		v.fail(dev, fmt.Errorf("%w after %v", ErrTimeout, v.timeout))
-	}
-	if m := v.parts[dev]; m.failed.Load() {
-		return m.err(dev)
-	}
-	return fmt.Errorf("stripe: device %d: %w", dev, err)
-}
-
 // one runs op on one chunk. If it misses the deadline the device is marked
 // failed and closed, which makes op return. A device that times its
 // requests itself (member.selfTimed) reports the miss with nbd.ErrTimeout;
@@ -618,7 +523,17 @@ func (v *Volume) settle(dev int, err error) error {
 func (v *Volume) one(c chunk, op func(Device, chunk) error) error {
 	m := v.parts[c.dev]
 	if m.selfTimed {
-		return v.settle(c.dev, op(m.dev, c))
+		err := op(m.dev, c)
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, nbd.ErrTimeout) {
+			v.fail(c.dev, fmt.Errorf("%w after %v", ErrTimeout, v.timeout))
+		}
+		if m.failed.Load() {
+			return m.err(c.dev)
+		}
+		return fmt.Errorf("stripe: device %d: %w", c.dev, err)
 	}
 	var timedOut atomic.Bool
 	t := time.AfterFunc(v.timeout, func() {
