@@ -27,9 +27,7 @@
 //
 // Concurrency: Server methods are safe for concurrent use; Serve may be called
 // on several listeners at once. Client methods are safe for concurrent use and
-// are pipelined over one connection; replies are matched by handle. A [Call]
-// from StartRead, StartWrite or StartFlush is waited for once, by any one
-// goroutine; its buffer belongs to the request until Wait returns. Backend
+// are pipelined over one connection; replies are matched by handle. Backend
 // implementations must accept concurrent ReadAt/WriteAt calls.
 // [FileBackend.Close] may run while its export still serves requests: later
 // requests fail with [ErrBackendClosed] (ESHUTDOWN to the client), and the
