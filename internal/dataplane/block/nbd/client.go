@@ -94,10 +94,16 @@ type Client struct {
 	// may start reading, and whoever reads fails the pending calls.
 	closing bool
 
-	br         *bufio.Reader   // replies; read only by whoever owns reading
-	rawc       syscall.RawConn // the TCP socket, nil with TLS or Unix sockets
-	wake       chan struct{}   // hands reading to the background reader
-	dead       chan struct{}   // closed once the connection has failed
+	br   *bufio.Reader   // replies; read only by whoever owns reading
+	rawc syscall.RawConn // the TCP socket, nil with TLS or Unix sockets
+	// rs is the plaintext socket once it has left the netpoller
+	// (clientraw.go), nil with TLS. Whoever makes a system call on it
+	// holds rsMu for reading; Close releases its descriptor with rsMu
+	// held for writing, so no call reaches a reused descriptor number.
+	rs         *rawSock
+	rsMu       sync.RWMutex
+	wake       chan struct{} // hands reading to the background reader
+	dead       chan struct{} // closed once the connection has failed
 	deadOnce   sync.Once
 	readerDone chan struct{} // closed when the background reader has stopped
 	wdDone     chan struct{} // closed when the watchdog has stopped
@@ -277,6 +283,7 @@ func Dial(ctx context.Context, network, addr, export string, opts ...DialOption)
 	if tc, ok := c.nc.(*net.TCPConn); ok { // not TLS
 		c.rawc, _ = tc.SyscallConn()
 	}
+	c.leaveNetpoller()
 	go c.background()
 	go c.watchdog()
 	return c, nil
@@ -641,6 +648,8 @@ func (c *Client) background() {
 	defer close(c.readerDone)
 	transmitting.Add(1)
 	defer transmitting.Add(-1)
+	dialled.Add(1)
+	defer dialled.Add(-1)
 	for {
 		select {
 		case <-c.wake:
@@ -687,8 +696,16 @@ func (c *Client) readReplies(mine *call) error {
 			c.mu.Unlock()
 			return nil
 		}
+		alone := mine != nil && len(c.pending) == 1
 		c.mu.Unlock()
-		if err := c.receiveOne(c.br); err != nil {
+		c.rsMu.RLock()
+		if alone && c.rs != nil && c.br.Buffered() == 0 {
+			// Queue depth 1: wait for the reply outside the netpoller.
+			c.awaitRaw()
+		}
+		err := c.receiveOne(c.br)
+		c.rsMu.RUnlock()
+		if err != nil {
 			return err
 		}
 	}
@@ -1017,7 +1034,9 @@ func (c *Client) send(r Request, payload []byte, deep bool) error {
 		q := &c.wspare
 		c.wmu.Unlock()
 		q.out = q.buffers()
+		c.rsMu.RLock()
 		_, err := writeBuffers(c.nc, &q.out)
+		c.rsMu.RUnlock()
 		c.wmu.Lock()
 		q.reset()
 		if err != nil {
@@ -1258,8 +1277,12 @@ func (c *Client) Close() error {
 		if !c.flushing && c.werr == nil {
 			var hdr [requestHeaderLen]byte
 			putRequest(hdr[:], Request{Type: CmdDisc})
-			c.nc.SetWriteDeadline(time.Now().Add(time.Second))
-			c.nc.Write(hdr[:])
+			if c.rs != nil {
+				c.discRaw(hdr[:])
+			} else {
+				c.nc.SetWriteDeadline(time.Now().Add(time.Second))
+				c.nc.Write(hdr[:])
+			}
 		}
 		c.wmu.Unlock()
 	}
@@ -1281,6 +1304,7 @@ func (c *Client) Close() error {
 	}
 	<-c.readerDone
 	<-c.wdDone
+	c.releaseRaw()
 	if errors.Is(err, net.ErrClosed) {
 		err = nil
 	}

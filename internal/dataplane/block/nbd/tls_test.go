@@ -212,8 +212,8 @@ func TestTLSOptionRules(t *testing.T) {
 		}
 	})
 	t.Run("optional serves plaintext and TLS", func(t *testing.T) {
-		if c := dial(t, optional, testName); c.nc.(*net.TCPConn) == nil {
-			t.Fatal("no connection")
+		if c := dial(t, optional, testName); c.rs == nil {
+			t.Fatalf("plaintext connection on %T, not on a raw socket", c.nc)
 		}
 		c := dial(t, optional, testName, WithTLS(p.clientConfig()))
 		if _, ok := c.nc.(*tlsConn); !ok {
