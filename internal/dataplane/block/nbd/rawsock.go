@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -77,6 +76,12 @@ func newRawSock(nc net.Conn) (*rawSock, error) {
 	}
 	if derr != nil {
 		return nil, fmt.Errorf("nbd: dup: %w", derr)
+	}
+	// The raw calls (rawcall.go) must never block. The netpoller's
+	// sockets are non-blocking already; make sure of it.
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("nbd: nonblock: %w", err)
 	}
 	_, tcp := nc.(*net.TCPConn)
 	s := &rawSock{fd: fd, tcp: tcp, laddr: nc.LocalAddr(), raddr: nc.RemoteAddr()}
@@ -156,7 +161,7 @@ func (s *rawSock) wait(ev int16) error {
 			// look first (edge-triggered epoll reports readiness at
 			// registration, but not readiness older than this wait).
 			first = false
-			return s.closed.Load() || s.poll(ev, 0)
+			return s.closed.Load() || pollNow(s.fd, ev)
 		}
 		return true
 	}
@@ -219,12 +224,8 @@ func (s *rawSock) Read(p []byte) (int, error) {
 		rerr error
 	)
 	err := s.do(func(fd uintptr) bool {
-		for {
-			n, rerr = unix.Read(int(fd), p)
-			if rerr != unix.EINTR {
-				return rerr != unix.EAGAIN
-			}
-		}
+		n, rerr = rawRead(int(fd), p)
+		return rerr != unix.EAGAIN
 	}, unix.POLLIN)
 	switch {
 	case err != nil:
@@ -273,25 +274,12 @@ func (s *rawSock) writev(v *net.Buffers) (int64, error) {
 			break
 		}
 		var (
-			n    uintptr
+			n    int
 			werr error
 		)
 		err := s.do(func(fd uintptr) bool {
-			for {
-				var en syscall.Errno
-				n, _, en = syscall.Syscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iov[0])), uintptr(k))
-				switch en {
-				case 0:
-					werr = nil
-					return true
-				case unix.EINTR:
-					continue
-				case unix.EAGAIN:
-					return false
-				}
-				werr = en
-				return true
-			}
+			n, werr = rawWritev(int(fd), iov[:k])
+			return werr != unix.EAGAIN
 		}, unix.POLLOUT)
 		if err == nil {
 			err = werr
