@@ -39,6 +39,10 @@ import (
 // and busy servers do not hold threads; the reader drops the duplicate (and
 // so the registration) when it next waits the queue-depth-1 way.
 //
+// The calls that cannot block (read and writev on the non-blocking
+// descriptor, zero-timeout polls) are raw system calls (rawcall.go), which
+// do not wake sysmon; waits with a timeout keep the ordinary path.
+//
 // Close shuts the socket down (waking every wait); the descriptor itself is
 // closed by release, once nothing uses it, so that no system call ever
 // reaches a descriptor number reused for another file.
