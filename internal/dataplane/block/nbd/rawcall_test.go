@@ -163,6 +163,8 @@ func TestRawSockShortWrites(t *testing.T) {
 		t.Fatal("accept failed")
 	}
 	defer peer.Close()
+	// A writev that loses bytes must fail the test, not hang it.
+	peer.SetDeadline(time.Now().Add(time.Minute))
 	peer.(*net.UnixConn).SetReadBuffer(4096)
 	nc.(*net.UnixConn).SetWriteBuffer(4096)
 	s, err := newRawSock(nc)
