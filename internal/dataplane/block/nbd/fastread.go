@@ -102,7 +102,7 @@ func (f *fastReader) Read(p []byte) (int, error) {
 					return false // let the netpoller wait
 				}
 			}
-			n, rerr = unix.Read(int(fd), p)
+			n, rerr = rawRead(int(fd), p)
 			if rerr == unix.EINTR {
 				continue
 			}

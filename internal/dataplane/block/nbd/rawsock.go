@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -39,6 +38,10 @@ import (
 // through a registered duplicate ("polled mode"), so that idle connections
 // and busy servers do not hold threads; the reader drops the duplicate (and
 // so the registration) when it next waits the queue-depth-1 way.
+//
+// The calls that cannot block (read and writev on the non-blocking
+// descriptor, zero-timeout polls) are raw system calls (rawcall.go), which
+// do not wake sysmon; waits with a timeout keep the ordinary path.
 //
 // Close shuts the socket down (waking every wait); the descriptor itself is
 // closed by release, once nothing uses it, so that no system call ever
@@ -77,6 +80,12 @@ func newRawSock(nc net.Conn) (*rawSock, error) {
 	}
 	if derr != nil {
 		return nil, fmt.Errorf("nbd: dup: %w", derr)
+	}
+	// The raw calls (rawcall.go) must never block. The netpoller's
+	// sockets are non-blocking already; make sure of it.
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("nbd: nonblock: %w", err)
 	}
 	_, tcp := nc.(*net.TCPConn)
 	s := &rawSock{fd: fd, tcp: tcp, laddr: nc.LocalAddr(), raddr: nc.RemoteAddr()}
@@ -156,7 +165,7 @@ func (s *rawSock) wait(ev int16) error {
 			// look first (edge-triggered epoll reports readiness at
 			// registration, but not readiness older than this wait).
 			first = false
-			return s.closed.Load() || s.poll(ev, 0)
+			return s.closed.Load() || pollNow(s.fd, ev)
 		}
 		return true
 	}
@@ -219,12 +228,8 @@ func (s *rawSock) Read(p []byte) (int, error) {
 		rerr error
 	)
 	err := s.do(func(fd uintptr) bool {
-		for {
-			n, rerr = unix.Read(int(fd), p)
-			if rerr != unix.EINTR {
-				return rerr != unix.EAGAIN
-			}
-		}
+		n, rerr = rawRead(int(fd), p)
+		return rerr != unix.EAGAIN
 	}, unix.POLLIN)
 	switch {
 	case err != nil:
@@ -273,25 +278,12 @@ func (s *rawSock) writev(v *net.Buffers) (int64, error) {
 			break
 		}
 		var (
-			n    uintptr
+			n    int
 			werr error
 		)
 		err := s.do(func(fd uintptr) bool {
-			for {
-				var en syscall.Errno
-				n, _, en = syscall.Syscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iov[0])), uintptr(k))
-				switch en {
-				case 0:
-					werr = nil
-					return true
-				case unix.EINTR:
-					continue
-				case unix.EAGAIN:
-					return false
-				}
-				werr = en
-				return true
-			}
+			n, werr = rawWritev(int(fd), iov[:k])
+			return werr != unix.EAGAIN
 		}, unix.POLLOUT)
 		if err == nil {
 			err = werr
