@@ -75,11 +75,7 @@ func TestElection(t *testing.T) {
 func TestUnavailable(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	s, err := Open(ctx, pgtest.DB(t), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := openStore(ctx, t)
 	pg := pgtest.Server(t)
 	if err := pg.Stop(ctx, "fast"); err != nil {
 		t.Fatal(err)
@@ -90,7 +86,7 @@ func TestUnavailable(t *testing.T) {
 			pg.Restart(context.Background())
 		}
 	}()
-	_, err = s.AppendEvent(ctx, api.Event{Type: "x", Subject: "y"})
+	_, err := s.AppendEvent(ctx, api.Event{Type: "x", Subject: "y"})
 	if !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("write with the database down: %v", err)
 	}
@@ -136,11 +132,7 @@ func TestMigrationsMatchSQLite(t *testing.T) {
 		}
 	}
 	ctx := context.Background()
-	s, err := Open(ctx, pgtest.DB(t), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := openStore(ctx, t)
 	if v, err := s.SchemaVersion(ctx); err != nil || v != len(pg) {
 		t.Fatalf("schema version %d %v", v, err)
 	}
@@ -148,6 +140,18 @@ func TestMigrationsMatchSQLite(t *testing.T) {
 
 // twoReplicas opens two stores of one fresh database (at url), as two
 // replicas would; they close when the test ends.
+// openStore opens a store on a fresh database of the test's PostgreSQL,
+// closed when the test ends.
+func openStore(ctx context.Context, t *testing.T) *Store {
+	t.Helper()
+	s, err := Open(ctx, pgtest.DB(t), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
 func twoReplicas(ctx context.Context, t *testing.T) (url string, a, b *Store) {
 	t.Helper()
 	url = pgtest.DB(t)

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
-	"github.com/rialto-project/rialto/internal/pgserver/pgtest"
 )
 
 // TestEventLogLateCommit: writers append events under the event log's
@@ -17,11 +16,7 @@ import (
 func TestEventLogLateCommit(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s, err := Open(ctx, pgtest.DB(t), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := openStore(ctx, t)
 
 	// The early writer takes the lower ID and does not commit yet.
 	early, err := s.db.BeginTx(ctx, nil)

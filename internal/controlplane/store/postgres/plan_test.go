@@ -10,7 +10,6 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
-	"github.com/rialto-project/rialto/internal/pgserver/pgtest"
 )
 
 // TestTransitionPlans: on a fresh database (tables empty and never
@@ -21,11 +20,7 @@ import (
 func TestTransitionPlans(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s, err := Open(ctx, pgtest.DB(t), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := openStore(ctx, t)
 	at := time.Unix(1700000000, 0).UTC()
 	ev := api.Event{Type: "lease.test", Subject: "lease-x", At: at}
 	cases := map[string]store.LeaseChange{

@@ -128,26 +128,7 @@ func TestTLSRawSocket(t *testing.T) {
 	for round := range 3 {
 		waitFor(t, "the idle connection waits in the netpoller", rs.polled)
 		p0, d0 := polls.Load(), rs.drops.Load()
-		for i := range 20 {
-			b := bytes.Repeat([]byte{byte(round*32 + i)}, 8192)
-			off := uint64(i) * 8192
-			h++
-			rc.request(Request{Type: CmdWrite, Handle: h, Offset: off, Length: 8192}, b)
-			if r, err := rc.reply(0); err != nil || r.errno != 0 || r.handle != h {
-				t.Fatalf("write %d: %v (errno %d)", i, err, r.errno)
-			}
-			h++
-			rc.request(Request{Type: CmdFlush, Handle: h}, nil)
-			if r, err := rc.reply(0); err != nil || r.errno != 0 {
-				t.Fatalf("flush %d: %v (errno %d)", i, err, r.errno)
-			}
-			h++
-			rc.request(Request{Type: CmdRead, Handle: h, Offset: off, Length: 8192}, nil)
-			r, err := rc.reply(8192)
-			if err != nil || r.errno != 0 || !bytes.Equal(r.data, b) {
-				t.Fatalf("read %d: %v (errno %d), data right: %v", i, err, r.errno, bytes.Equal(r.data, b))
-			}
-		}
+		rc.writeFlushRead(t, &h, byte(round*32), 20)
 		if polls.Load() == p0 {
 			t.Fatalf("round %d: the only connection, over TLS, never waited in poll(2)", round)
 		}

@@ -276,3 +276,30 @@ func (l *logBuffer) String() string {
 func debugLogger(w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
+
+// writeFlushRead sends n rounds of an 8 KiB WRITE (bytes seed+i), a FLUSH
+// and a READ of it back, one request at a time (queue depth 1), checking
+// every reply; h is the last handle used.
+func (rc *rawConn) writeFlushRead(t testing.TB, h *uint64, seed byte, n int) {
+	t.Helper()
+	for i := range n {
+		p := bytes.Repeat([]byte{seed + byte(i)}, 8192)
+		off := uint64(i) * 8192
+		*h++
+		rc.request(Request{Type: CmdWrite, Handle: *h, Offset: off, Length: 8192}, p)
+		if r, err := rc.reply(0); err != nil || r.errno != 0 || r.handle != *h {
+			t.Fatalf("write %d: %v (errno %d)", i, err, r.errno)
+		}
+		*h++
+		rc.request(Request{Type: CmdFlush, Handle: *h}, nil)
+		if r, err := rc.reply(0); err != nil || r.errno != 0 {
+			t.Fatalf("flush %d: %v (errno %d)", i, err, r.errno)
+		}
+		*h++
+		rc.request(Request{Type: CmdRead, Handle: *h, Offset: off, Length: 8192}, nil)
+		r, err := rc.reply(8192)
+		if err != nil || r.errno != 0 || !bytes.Equal(r.data, p) {
+			t.Fatalf("read %d: %v (errno %d), data right: %v", i, err, r.errno, bytes.Equal(r.data, p))
+		}
+	}
+}

@@ -1,7 +1,6 @@
 package nbd
 
 import (
-	"bytes"
 	"os"
 	"path/filepath"
 	"sync"
@@ -64,34 +63,11 @@ func TestRawSocketModes(t *testing.T) {
 	rs := serverSock(t, s, "x")
 
 	h := uint64(0)
-	burst := func(seed byte) {
-		t.Helper()
-		for i := range 50 {
-			p := bytes.Repeat([]byte{seed + byte(i)}, 8192)
-			off := uint64(i) * 8192
-			h++
-			rc.request(Request{Type: CmdWrite, Handle: h, Offset: off, Length: 8192}, p)
-			if r, err := rc.reply(0); err != nil || r.errno != 0 || r.handle != h {
-				t.Fatalf("write %d: %v (errno %d)", i, err, r.errno)
-			}
-			h++
-			rc.request(Request{Type: CmdFlush, Handle: h}, nil)
-			if r, err := rc.reply(0); err != nil || r.errno != 0 {
-				t.Fatalf("flush %d: %v (errno %d)", i, err, r.errno)
-			}
-			h++
-			rc.request(Request{Type: CmdRead, Handle: h, Offset: off, Length: 8192}, nil)
-			r, err := rc.reply(8192)
-			if err != nil || r.errno != 0 || !bytes.Equal(r.data, p) {
-				t.Fatalf("read %d: %v (errno %d), data right: %v", i, err, r.errno, bytes.Equal(r.data, p))
-			}
-		}
-	}
 	for round := range 3 {
 		// Idle: after its short poll the reader waits in the netpoller.
 		waitFor(t, "the idle connection waits in the netpoller", rs.polled)
 		d0 := rs.drops.Load()
-		burst(byte(round * 64))
+		rc.writeFlushRead(t, &h, byte(round*64), 50)
 		if rs.drops.Load() == d0 {
 			t.Fatalf("round %d: requests one at a time, and the socket never left the netpoller", round)
 		}
