@@ -20,6 +20,7 @@ const (
 	maxInflightBytes = 64 << 20 // payload bytes held per connection
 	maxBatch         = 64       // replies per writev
 	maxGroup         = 16       // requests per hand-off to a worker
+	tlsMaxGroup      = 8        // the same over TLS
 )
 
 // op is one request travelling reader → worker → writer.
@@ -202,6 +203,13 @@ func newConn(s *Server, nc net.Conn, r *bufio.Reader, sess *session) *conn {
 	c.maxGroup = 1
 	if m, ok := e.Backend.(memorySpeed); ok && m.memorySpeed() {
 		c.maxGroup = maxGroup
+		if sess != nil && sess.tls != nil {
+			// Over TLS a group's replies are also encrypted before the
+			// first of them leaves: smaller groups keep the client's
+			// queue fuller (docs/bench/tls.md, "Follow-up: queue depth
+			// 32 over TLS").
+			c.maxGroup = tlsMaxGroup
+		}
 	}
 	return c
 }

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/rialto-project/rialto/internal/pki"
@@ -61,12 +62,66 @@ func (t *tlsConn) closeNotify(d time.Duration) {
 // for requests as plaintext ones do. After the handshake the server points
 // Conn at the raw socket (rawsock.go), before the transmission phase's
 // goroutines start.
+//
+// While gathering (writeBuffers over TLS sets it), writes are kept and
+// leave together at flush, in one system call per gatherMax bytes rather
+// than one per TLS record: crypto/tls writes each record on its own, and a
+// group of 16 4 KiB read replies makes five records. Only the goroutine
+// holding the connection's write lock gathers and flushes; gmu orders its
+// records with any crypto/tls writes on its own (a key update's reply,
+// from the reading goroutine).
 type readerConn struct {
 	net.Conn
 	r io.Reader
+
+	gmu       sync.Mutex
+	gathering bool
+	pend      []byte
 }
 
+// gatherMax is how many bytes of records gathering holds before it writes
+// them.
+const gatherMax = 64 << 10
+
 func (c *readerConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+func (c *readerConn) Write(p []byte) (int, error) {
+	c.gmu.Lock()
+	defer c.gmu.Unlock()
+	if !c.gathering || (len(c.pend) == 0 && len(p) >= gatherMax) {
+		return c.Conn.Write(p)
+	}
+	c.pend = append(c.pend, p...)
+	if len(c.pend) >= gatherMax {
+		if err := c.flushLocked(); err != nil {
+			return 0, err
+		}
+	}
+	return len(p), nil
+}
+
+func (c *readerConn) gather() {
+	c.gmu.Lock()
+	c.gathering = true
+	c.gmu.Unlock()
+}
+
+// flush writes the records gathered and ends gathering.
+func (c *readerConn) flush() error {
+	c.gmu.Lock()
+	defer c.gmu.Unlock()
+	c.gathering = false
+	return c.flushLocked()
+}
+
+func (c *readerConn) flushLocked() error {
+	if len(c.pend) == 0 {
+		return nil
+	}
+	_, err := c.Conn.Write(c.pend)
+	c.pend = c.pend[:0]
+	return err
+}
 
 // tlsRecordHeader is a TLS record's header: type, version, u16 length.
 const tlsRecordHeader = 5
@@ -179,6 +234,19 @@ func writeBuffers(w net.Conn, v *net.Buffers) (int64, error) {
 	if !ok {
 		return v.WriteTo(w)
 	}
+	if rc, ok := t.Conn.NetConn().(*readerConn); ok {
+		rc.gather()
+		n, err := t.writeRecords(v)
+		if ferr := rc.flush(); err == nil && ferr != nil {
+			err = ferr
+		}
+		return n, err
+	}
+	return t.writeRecords(v)
+}
+
+// writeRecords writes v to t in as few records as the bytes allow.
+func (t *tlsConn) writeRecords(v *net.Buffers) (int64, error) {
 	var total int64
 	buf := t.wbuf[:0]
 	if cap(buf) < tlsRecord {
