@@ -84,30 +84,6 @@ func TestPollOnlyWhenAlone(t *testing.T) {
 	waitTransmitting(t, 1)
 }
 
-// tlsSock returns the raw socket under export name's only TLS connection
-// once it has one.
-func tlsSock(t *testing.T, s *Server, name string) *rawSock {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		s.mu.Lock()
-		var rs *rawSock
-		for c := range s.exports[name].conns {
-			if tc, ok := c.nc.(*tlsConn); ok {
-				rs, _ = tc.raw.(*rawSock)
-			}
-		}
-		s.mu.Unlock()
-		if rs != nil {
-			return rs
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no TLS connection on a raw socket")
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // TestTLSRawSocket: a TLS connection's socket leaves Go's netpoller as a
 // plaintext one does: at queue depth 1 its reader waits for the next
 // request in poll(2), crypto/tls reads and writes the raw socket, the
@@ -123,7 +99,7 @@ func TestTLSRawSocket(t *testing.T) {
 	rc.starttls(p.clientConfig())
 	rc.goTransmission("x", false, false)
 	waitTransmitting(t, 1)
-	rs := tlsSock(t, s, "x")
+	rs := serverSock(t, s, "x")
 	h := uint64(0)
 	for round := range 3 {
 		waitFor(t, "the idle connection waits in the netpoller", rs.polled)
@@ -158,7 +134,7 @@ func TestTLSRawSocketRemoveStuck(t *testing.T) {
 	rc.starttls(p.clientConfig())
 	rc.goTransmission("x", false, false)
 	waitTransmitting(t, 1)
-	tlsSock(t, s, "x")
+	serverSock(t, s, "x")
 	// Requests for far more than the sockets buffer, never read back.
 	var reqs bytes.Buffer
 	for i := range 2048 {

@@ -8,8 +8,8 @@ import (
 	"time"
 )
 
-// serverSock returns the socket of export name's only connection once it
-// has one.
+// serverSock returns the raw socket under export name's only connection
+// (plaintext, or under TLS) once it has one.
 func serverSock(t *testing.T, s *Server, name string) *rawSock {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -17,14 +17,18 @@ func serverSock(t *testing.T, s *Server, name string) *rawSock {
 		s.mu.Lock()
 		var rs *rawSock
 		for c := range s.exports[name].conns {
-			rs, _ = c.nc.(*rawSock)
+			nc := c.nc
+			if tc, ok := nc.(*tlsConn); ok {
+				nc = tc.raw
+			}
+			rs, _ = nc.(*rawSock)
 		}
 		s.mu.Unlock()
 		if rs != nil {
 			return rs
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("no plaintext connection on a raw socket")
+			t.Fatal("no connection on a raw socket")
 		}
 		time.Sleep(time.Millisecond)
 	}
