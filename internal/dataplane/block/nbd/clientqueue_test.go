@@ -1,6 +1,7 @@
 package nbd
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -141,23 +142,5 @@ func TestWatchdogPeriod(t *testing.T) {
 // drainServer completes the handshake, then reads every request and
 // answers none, until the client goes away.
 func drainServer(t *testing.T) string {
-	s := &Server{}
-	s.AddExport(Export{Name: testName, Backend: NewMemBackend(1 << 20)})
-	ln := listen(t)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		nc, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer nc.Close()
-		r := newConnReader(nc)
-		if _, err := s.negotiate(nc, r); err != nil {
-			return
-		}
-		io.Copy(io.Discard, r)
-	}()
-	t.Cleanup(func() { ln.Close(); <-done })
-	return ln.Addr().String()
+	return handshakeServer(t, func(r *bufio.Reader) { io.Copy(io.Discard, r) })
 }

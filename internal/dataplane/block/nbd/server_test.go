@@ -1,6 +1,7 @@
 package nbd
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -377,8 +378,23 @@ func TestClientErrors(t *testing.T) {
 	}
 }
 
-// stallServer completes the handshake and then never replies.
+// stallServer completes the handshake and then never replies: it reads
+// one request and closes (closeAfter), or waits until the client goes away.
 func stallServer(t *testing.T, closeAfter bool) string {
+	return handshakeServer(t, func(r *bufio.Reader) {
+		var b [requestHeaderLen]byte
+		ioReadFullR(r, b[:])
+		if closeAfter {
+			return
+		}
+		ioReadFullR(r, b[:]) // blocks until the client goes away
+	})
+}
+
+// handshakeServer accepts one client, completes its handshake for a 1 MiB
+// memory export named testName, then hands the connection's reader to
+// then; the connection closes when then returns.
+func handshakeServer(t *testing.T, then func(r *bufio.Reader)) string {
 	s := &Server{}
 	s.AddExport(Export{Name: testName, Backend: NewMemBackend(1 << 20)})
 	ln := listen(t)
@@ -394,12 +410,7 @@ func stallServer(t *testing.T, closeAfter bool) string {
 		if _, err := s.negotiate(nc, r); err != nil {
 			return
 		}
-		var b [requestHeaderLen]byte
-		ioReadFullR(r, b[:])
-		if closeAfter {
-			return
-		}
-		ioReadFullR(r, b[:]) // blocks until the client goes away
+		then(r)
 	}()
 	t.Cleanup(func() { ln.Close(); <-done })
 	return ln.Addr().String()
