@@ -137,7 +137,7 @@ func TestMoveAndDrainOnRack(t *testing.T) {
 	// fio, rate-limited so that it writes (and verifies what it wrote)
 	// through the move and the drain, then verifies everything.
 	fio := r.Command(ctx, n4, "fio", "--name=move", "--ioengine=nbd", "--uri="+uri, "--rw=randwrite", "--bsrange=4k-64k",
-		"--size=40m", "--iodepth=8", "--rate=2m", "--verify=crc32c", "--verify_fatal=1", "--do_verify=1", "--verify_backlog=512",
+		"--size=40m", "--iodepth=8", "--rate=2m", "--verify=crc32c", "--verify_fatal=1", "--do_verify=1", "--verify_backlog=512", "--verify_state_save=0",
 		"--randrepeat=0")
 	fio.Dir = t.TempDir() // its verify state file (local-move-0-verify.state) goes there
 	var fioOut bytes.Buffer

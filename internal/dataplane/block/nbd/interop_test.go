@@ -218,7 +218,7 @@ func TestInteropFioVerify(t *testing.T) {
 	need(t, "fio")
 	_, uri := serveFile(t, fastDir(t), 32<<20, false)
 	out := run(t, "fio", "--name=verify", "--ioengine=nbd", "--uri="+uri, "--rw=randwrite", "--bs=4k",
-		"--size=32M", "--iodepth=16", "--verify=crc32c", "--do_verify=1", "--verify_fatal=1")
+		"--size=32M", "--iodepth=16", "--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--verify_state_save=0")
 	if !strings.Contains(out, "verify") || strings.Contains(out, "err=") && !strings.Contains(out, "err= 0") {
 		t.Fatalf("fio:\n%s", out)
 	}

@@ -202,7 +202,7 @@ func TestInteropTLSFio(t *testing.T) {
 	}
 	uri := URI{Network: "tcp", Address: addr, Export: testName, TLS: true}.String()
 	cmd := exec.Command("fio", "--name=verify", "--ioengine=nbd", "--uri="+uri, "--rw=randwrite", "--bs=4k",
-		"--size=16M", "--iodepth=16", "--verify=crc32c", "--do_verify=1", "--verify_fatal=1")
+		"--size=16M", "--iodepth=16", "--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--verify_state_save=0")
 	cmd.Env = append(os.Environ(), "HOME="+home)
 	b, err := cmd.CombinedOutput()
 	out := string(b)

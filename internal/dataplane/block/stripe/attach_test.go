@@ -550,7 +550,7 @@ func TestAttachFio(t *testing.T) {
 	defer cancel()
 	out, err := exec.CommandContext(ctx, "fio", "--name=verify", "--ioengine=nbd", "--uri="+a.URI(),
 		"--rw=randwrite", "--bsrange=4k-192k", "--size=24m", "--iodepth=16",
-		"--verify=crc32c", "--verify_fatal=1", "--do_verify=1", "--randrepeat=0").CombinedOutput()
+		"--verify=crc32c", "--verify_fatal=1", "--do_verify=1", "--randrepeat=0", "--verify_state_save=0").CombinedOutput()
 	if err != nil {
 		t.Fatalf("fio: %v\n%s", err, out)
 	}
