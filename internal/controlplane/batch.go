@@ -135,9 +135,25 @@ func (b *beatBatcher) do(ctx context.Context, st store.Store, beat store.Beat) (
 // early, since the outcome must be learnt (a refused reservation must be
 // forgotten by the placement cache, a terminal transition frees the
 // lease's devices in it).
+//
+// With a store over the network (split, set before use), creations and
+// transitions are group-committed apart (creates, g), each in
+// transactions of their own, one of each in flight at a time: a batch of
+// transitions locks nothing a creation's batch locks (a creation locks its
+// devices first; a transition writes its own lease's rows only), so the
+// two overlap instead of queueing behind each other, and a batch of
+// transitions takes one round trip, not two (store/postgres, pipeline.go).
+// Neither lingers (groupCommit.linger): a batch is written as soon as
+// the previous one of its kind committed, with what queued meanwhile. A
+// lingering leader (1 ms) made the borrowers' writes move in lockstep, one
+// batch at a time with the store idle while it gathered: with sixteen
+// borrowers, about a third of each batch's 4 ms went to gathering
+// (docs/BENCHMARKS.md, control-plane follow-ups).
 type leaseBatcher struct {
-	g    groupCommit[store.LeaseOp, api.Lease]
-	size prometheus.Observer // lease writes per transaction
+	g       groupCommit[store.LeaseOp, api.Lease] // every op; transitions alone when split
+	creates groupCommit[store.LeaseOp, api.Lease] // creations, when split
+	split   bool
+	size    prometheus.Observer // lease writes per transaction
 }
 
 const maxLeaseBatch = 128
@@ -151,7 +167,11 @@ func (b *leaseBatcher) do(ctx context.Context, st store.Store, op store.LeaseOp)
 		t := op.Transition
 		return st.TransitionLease(ctx, t.ID, t.Change, t.Event)
 	}
-	return b.g.do(ctx, op, maxLeaseBatch, false, func(ctx context.Context, ops []store.LeaseOp) ([]api.Lease, []error, error) {
+	g := &b.g
+	if b.split && op.Create != nil {
+		g = &b.creates
+	}
+	return g.do(ctx, op, maxLeaseBatch, false, func(ctx context.Context, ops []store.LeaseOp) ([]api.Lease, []error, error) {
 		if b.size != nil {
 			b.size.Observe(float64(len(ops)))
 		}

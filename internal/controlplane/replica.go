@@ -101,9 +101,10 @@ func (s *Server) sweepLoop(ctx context.Context) error {
 	}
 }
 
-// sharedLinger is how long a group commit of a shared store waits for
-// more writes to join a small batch: one more write per transaction saves
-// a transaction's round trips (begin, lock, commit) and commit.
+// sharedLinger is how long the heartbeats' group commit of a shared store
+// waits for more writes to join a small batch: one more write per
+// transaction saves a transaction's round trips (begin, lock, commit) and
+// commit. Lease writes do not linger (batch.go, leaseBatcher).
 const sharedLinger = time.Millisecond
 
 // followRefresh is how often a replica that does not sweep counts the
