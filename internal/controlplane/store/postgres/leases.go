@@ -17,7 +17,8 @@ import (
 // refused op left nothing behind. err is set, and nothing committed, when
 // the batch itself fails.
 //
-// A batch is written in two round trips (pipeline.go); one that needs
+// A batch is written in two round trips, one when it holds transitions
+// only (pipeline.go); one that needs
 // more (an op failed after writing) is written again statement by
 // statement (sqlstore.Core.WriteOps), which first locks what its
 // creations re-check (their tenants and devices, each in ID order: see
