@@ -103,7 +103,9 @@ func (s *Server) sweepLoop(ctx context.Context) error {
 
 // sharedLinger is how long a group commit of a shared store waits for
 // more writes to join a small batch: one more write per transaction saves
-// a transaction's round trips (begin, lock, commit) and commit.
+// a transaction's round trips (begin, lock, commit) and commit. Lease
+// writes wait at most this long, and only for the writers of the last
+// batch (batch.go, leaseBatcher).
 const sharedLinger = time.Millisecond
 
 // followRefresh is how often a replica that does not sweep counts the

@@ -188,8 +188,13 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if s.res.shared {
 		// A store over the network: writes wait a little to share
 		// transactions (batch.go).
-		s.leases.g.linger, s.beats.g.linger = sharedLinger, sharedLinger
-		s.leases.g.clock, s.beats.g.clock = s.clock, s.clock
+		s.beats.g.linger, s.beats.g.clock = sharedLinger, s.clock
+		// Lease writes: creations and transitions apart, each lingering
+		// only for the writers of its last batch (batch.go, leaseBatcher).
+		s.leases.split = true
+		for _, g := range []*groupCommit[store.LeaseOp, api.Lease]{&s.leases.g, &s.leases.creates} {
+			g.linger, g.clock, g.rejoin = sharedLinger, s.clock, true
+		}
 	}
 	metrics.RegisterRuntime(s.reg)
 	s.m = newServerMetrics(s.reg)

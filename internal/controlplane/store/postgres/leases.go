@@ -17,11 +17,11 @@ import (
 // refused op left nothing behind. err is set, and nothing committed, when
 // the batch itself fails.
 //
-// A batch is written in two round trips (pipeline.go); one that needs
-// more (an op failed after writing) is written again statement by
-// statement (sqlstore.Core.WriteOps), which first locks what its
-// creations re-check (their tenants and devices, each in ID order: see
-// doc.go).
+// A batch is written in two round trips, one when it holds transitions
+// only (pipeline.go); one that needs more (an op failed after writing)
+// is written again statement by statement (sqlstore.Core.WriteOps),
+// which first locks what its creations re-check (their tenants and
+// devices, each in ID order: see doc.go).
 func (s *Store) LeaseOps(ctx context.Context, ops []store.LeaseOp) (out []api.Lease, errs []error, err error) {
 	texts := s.OpTexts(ops)
 	var devs []string

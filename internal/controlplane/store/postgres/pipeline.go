@@ -32,12 +32,15 @@ import (
 // parts freed by the batch's earlier transitions (the caller places it
 // again). Anything unexpected (an op failing with an error after writing)
 // rolls the batch back, which is then written statement by statement with
-// savepoints (leaseOpsSeq).
+// savepoints (leaseOpsSeq). A batch of transitions alone has nothing to
+// lock or read first: it is written in one round trip (begin, the writes,
+// commit), as the control plane's group commit sends them when it writes
+// creations and transitions in transactions of their own (batch.go).
 
 // errSequential asks for the statement-by-statement path.
 var errSequential = errors.New("postgres: batch needs the sequential path")
 
-// pipelined writes ops in two round trips (see above).
+// pipelined writes ops in two round trips, or one (see above).
 func (s *Store) pipelined(ctx context.Context, ops []store.LeaseOp, texts []sqlstore.OpText, tenants []string, devs []string) (out []api.Lease, errs []error, err error) {
 	err = s.onConn(ctx, "connection", func(c *pgx.Conn) error {
 		out, errs, err = s.pipeline(ctx, c, ops, texts, tenants, devs)
@@ -73,132 +76,30 @@ func (s *Store) onConn(ctx context.Context, what string, f func(c *pgx.Conn) err
 
 func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, texts []sqlstore.OpText, tenants []string, devs []string) ([]api.Lease, []error, error) {
 	out, errs := make([]api.Lease, len(ops)), make([]error, len(ops))
+	accepted := make([]bool, len(ops)) // the creations to write
 
-	// Round trip 1: begin, lock, read for the creations' checks.
-	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	for _, t := range tenants {
-		b.Queue(`SELECT pg_advisory_xact_lock($1, hashtext($2))`, lockTenantNS, t)
-	}
-	if len(devs) > 0 {
-		b.Queue(`SELECT count(*) FROM (SELECT id FROM devices WHERE id = ANY($1) ORDER BY id FOR UPDATE) locked`, devs)
-	}
-	partSQL := rebind(sqlstore.PartCheckSQL)
+	// Round trip 1, unless the batch holds transitions only (which lock
+	// and read nothing first): begin, lock, read for the creations'
+	// checks, judge them.
+	oneTrip := true
 	for _, op := range ops {
-		n := op.Create
-		if n == nil {
-			continue
-		}
-		if n.Idem != nil {
-			b.Queue(`SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND key = $2`, n.Idem.Tenant, n.Idem.Key)
-		}
-		for _, p := range n.Lease.Parts {
-			b.Queue(partSQL, p.Offset+p.Length, p.Offset, p.DeviceID)
-		}
-		if n.Limit != nil {
-			b.Queue(rebind(sqlstore.LimitSQL), n.Lease.Tenant)
+		if op.Create != nil {
+			oneTrip = false
+			break
 		}
 	}
-	br := c.SendBatch(ctx, b)
-	if _, err := br.Exec(); err != nil { // BEGIN
-		br.Close()
-		return nil, nil, wrap("begin", err)
-	}
-	for range tenants {
-		if _, err := br.Exec(); err != nil {
-			br.Close()
-			return nil, nil, wrap("lock tenant", err)
+	if !oneTrip {
+		if err := s.readForCreations(ctx, c, ops, tenants, devs, errs, accepted); err != nil {
+			return nil, nil, err
 		}
-	}
-	if len(devs) > 0 {
-		if _, err := br.Exec(); err != nil {
-			br.Close()
-			return nil, nil, wrap("lock devices", err)
-		}
-	}
-	type span struct {
-		dev      string
-		off, end int64
-	}
-	var taken []span                     // parts of the batch's accepted creations
-	keys := map[[2]string]bool{}         // their idempotency keys
-	added := map[string]sqlstore.Usage{} // their charge, by tenant
-	accepted := make([]bool, len(ops))
-	for i, op := range ops {
-		n := op.Create
-		if n == nil {
-			continue
-		}
-		l := n.Lease
-		var refusal error
-		if n.Idem != nil {
-			var used int
-			if err := br.QueryRow().Scan(&used); err != nil {
-				br.Close()
-				return nil, nil, wrap("idempotency", err)
-			}
-			if used > 0 || keys[[2]string{n.Idem.Tenant, n.Idem.Key}] {
-				refusal = fmt.Errorf("key %q used before: %w", n.Idem.Key, store.ErrDuplicate)
-			}
-		}
-		rows := make([]sqlstore.PartRow, len(l.Parts))
-		for j, p := range l.Parts {
-			r := &rows[j]
-			err := br.QueryRow().Scan(&r.DState, &r.DKind, &r.Capacity, &r.NodeID, &r.NState, &r.Cordoned, &r.Taken)
-			switch {
-			case errors.Is(err, pgx.ErrNoRows):
-				if refusal == nil {
-					refusal = fmt.Errorf("device %s: %w", p.DeviceID, store.ErrCapacity)
-				}
-				continue
-			case err != nil:
-				br.Close()
-				return nil, nil, wrap("reserve", err)
-			}
-			for _, t := range taken {
-				if t.dev == p.DeviceID && t.off < p.Offset+p.Length && p.Offset < t.end {
-					r.Taken = true
-				}
-			}
-			if refusal == nil {
-				refusal = sqlstore.JudgePart(l.Kind, l.Parts, j, *r)
-			}
-		}
-		if n.Limit != nil {
-			var u sqlstore.Usage
-			if err := br.QueryRow().Scan(&u.Leases, &u.BW, &u.Bytes, &u.Slots); err != nil {
-				br.Close()
-				return nil, nil, wrap("quota", err)
-			}
-			a := added[l.Tenant]
-			u.Leases, u.BW, u.Bytes, u.Slots = u.Leases+a.Leases, u.BW+a.BW, u.Bytes+a.Bytes, u.Slots+a.Slots
-			if refusal == nil {
-				refusal = sqlstore.JudgeLimit(l, n.Demand, *n.Limit, u, rows)
-			}
-		}
-		if refusal != nil {
-			errs[i] = refusal
-			continue
-		}
-		accepted[i] = true
-		for _, p := range l.Parts {
-			taken = append(taken, span{p.DeviceID, p.Offset, p.Offset + p.Length})
-		}
-		if n.Idem != nil {
-			keys[[2]string{n.Idem.Tenant, n.Idem.Key}] = true
-		}
-		if n.Limit != nil {
-			a, c := added[l.Tenant], sqlstore.Charge(l, n.Demand, rows)
-			added[l.Tenant] = sqlstore.Usage{Leases: a.Leases + c.Leases, BW: a.BW + c.BW, Bytes: a.Bytes + c.Bytes, Slots: a.Slots + c.Slots}
-		}
-	}
-	if err := br.Close(); err != nil {
-		return nil, nil, wrap("read", err)
 	}
 
-	// Round trip 2: write every op in order, events under the log's
-	// lock (shared: writers do not wait for one another), commit.
-	b = &pgx.Batch{}
+	// Round trip 2: (begin,) write every op in order, events under the
+	// log's lock (shared: writers do not wait for one another), commit.
+	b := &pgx.Batch{}
+	if oneTrip {
+		b.Queue("BEGIN")
+	}
 	b.Queue(`SELECT pg_advisory_xact_lock_shared($1, $2)`, lockClass, lockEvents)
 	for i, op := range ops {
 		if op.Create != nil {
@@ -212,7 +113,13 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 		b.Queue(q, args...)
 	}
 	b.Queue("COMMIT")
-	br = c.SendBatch(ctx, b)
+	br := c.SendBatch(ctx, b)
+	if oneTrip {
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return nil, nil, wrap("begin", err)
+		}
+	}
 	if _, err := br.Exec(); err != nil {
 		br.Close()
 		return nil, nil, wrap("lock the event log", err)
@@ -290,6 +197,133 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 		}
 	}
 	return out, errs, nil
+}
+
+// readForCreations is a batch's first round trip: it begins the
+// transaction, takes the locks (tenants, devices: doc.go) and reads what
+// the creations' checks need, then judges the creations: it sets
+// accepted[i] for a creation to write, errs[i] for one refused.
+func (s *Store) readForCreations(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, tenants, devs []string, errs []error, accepted []bool) error {
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	for _, t := range tenants {
+		b.Queue(`SELECT pg_advisory_xact_lock($1, hashtext($2))`, lockTenantNS, t)
+	}
+	if len(devs) > 0 {
+		b.Queue(`SELECT count(*) FROM (SELECT id FROM devices WHERE id = ANY($1) ORDER BY id FOR UPDATE) locked`, devs)
+	}
+	partSQL := rebind(sqlstore.PartCheckSQL)
+	for _, op := range ops {
+		n := op.Create
+		if n == nil {
+			continue
+		}
+		if n.Idem != nil {
+			b.Queue(`SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND key = $2`, n.Idem.Tenant, n.Idem.Key)
+		}
+		for _, p := range n.Lease.Parts {
+			b.Queue(partSQL, p.Offset+p.Length, p.Offset, p.DeviceID)
+		}
+		if n.Limit != nil {
+			b.Queue(rebind(sqlstore.LimitSQL), n.Lease.Tenant)
+		}
+	}
+	br := c.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil { // BEGIN
+		br.Close()
+		return wrap("begin", err)
+	}
+	for range tenants {
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return wrap("lock tenant", err)
+		}
+	}
+	if len(devs) > 0 {
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return wrap("lock devices", err)
+		}
+	}
+	type span struct {
+		dev      string
+		off, end int64
+	}
+	var taken []span                     // parts of the batch's accepted creations
+	keys := map[[2]string]bool{}         // their idempotency keys
+	added := map[string]sqlstore.Usage{} // their charge, by tenant
+	for i, op := range ops {
+		n := op.Create
+		if n == nil {
+			continue
+		}
+		l := n.Lease
+		var refusal error
+		if n.Idem != nil {
+			var used int
+			if err := br.QueryRow().Scan(&used); err != nil {
+				br.Close()
+				return wrap("idempotency", err)
+			}
+			if used > 0 || keys[[2]string{n.Idem.Tenant, n.Idem.Key}] {
+				refusal = fmt.Errorf("key %q used before: %w", n.Idem.Key, store.ErrDuplicate)
+			}
+		}
+		rows := make([]sqlstore.PartRow, len(l.Parts))
+		for j, p := range l.Parts {
+			r := &rows[j]
+			err := br.QueryRow().Scan(&r.DState, &r.DKind, &r.Capacity, &r.NodeID, &r.NState, &r.Cordoned, &r.Taken)
+			switch {
+			case errors.Is(err, pgx.ErrNoRows):
+				if refusal == nil {
+					refusal = fmt.Errorf("device %s: %w", p.DeviceID, store.ErrCapacity)
+				}
+				continue
+			case err != nil:
+				br.Close()
+				return wrap("reserve", err)
+			}
+			for _, t := range taken {
+				if t.dev == p.DeviceID && t.off < p.Offset+p.Length && p.Offset < t.end {
+					r.Taken = true
+				}
+			}
+			if refusal == nil {
+				refusal = sqlstore.JudgePart(l.Kind, l.Parts, j, *r)
+			}
+		}
+		if n.Limit != nil {
+			var u sqlstore.Usage
+			if err := br.QueryRow().Scan(&u.Leases, &u.BW, &u.Bytes, &u.Slots); err != nil {
+				br.Close()
+				return wrap("quota", err)
+			}
+			a := added[l.Tenant]
+			u.Leases, u.BW, u.Bytes, u.Slots = u.Leases+a.Leases, u.BW+a.BW, u.Bytes+a.Bytes, u.Slots+a.Slots
+			if refusal == nil {
+				refusal = sqlstore.JudgeLimit(l, n.Demand, *n.Limit, u, rows)
+			}
+		}
+		if refusal != nil {
+			errs[i] = refusal
+			continue
+		}
+		accepted[i] = true
+		for _, p := range l.Parts {
+			taken = append(taken, span{p.DeviceID, p.Offset, p.Offset + p.Length})
+		}
+		if n.Idem != nil {
+			keys[[2]string{n.Idem.Tenant, n.Idem.Key}] = true
+		}
+		if n.Limit != nil {
+			a, c := added[l.Tenant], sqlstore.Charge(l, n.Demand, rows)
+			added[l.Tenant] = sqlstore.Usage{Leases: a.Leases + c.Leases, BW: a.BW + c.BW, Bytes: a.Bytes + c.Bytes, Slots: a.Slots + c.Slots}
+		}
+	}
+	if err := br.Close(); err != nil {
+		return wrap("read", err)
+	}
+	return nil
 }
 
 // lateError classifies an error of a write in the second round trip:
