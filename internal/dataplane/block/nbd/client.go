@@ -630,6 +630,7 @@ func (c *Client) failPending(err error) {
 	failErr := c.err
 	pend := c.pending
 	c.pending = nil
+	clientCalls.Add(-int32(len(pend)))
 	c.reading = false
 	c.closing = true
 	c.mu.Unlock()
@@ -720,6 +721,7 @@ func (c *Client) lookup(h uint64) *call {
 func (c *Client) complete(h uint64, cl *call) {
 	c.mu.Lock()
 	delete(c.pending, h)
+	clientCalls.Add(-1)
 	cl.completed = true
 	c.mu.Unlock()
 	close(cl.done)
@@ -944,6 +946,7 @@ func (c *Client) start(typ, flags uint16, off uint64, length uint32, payload, ds
 	c.handle++
 	h := c.handle
 	c.pending[h] = cl
+	clientCalls.Add(1)
 	deep := len(c.pending) > 1
 	c.mu.Unlock()
 

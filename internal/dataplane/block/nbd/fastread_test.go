@@ -191,34 +191,7 @@ func TestPollBesideOwnClients(t *testing.T) {
 		t.Skip("nbdkit not installed")
 	}
 	waitTransmitting(t, 0)
-	// The socket exists before nbdkit starts (systemd socket activation),
-	// so no waiting for it is needed.
-	sock := filepath.Join(t.TempDir(), "nbdkit.sock")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := ln.File()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("sh", "-c", "export LISTEN_PID=$$ LISTEN_FDS=1; exec nbdkit -f memory 1M")
-	cmd.ExtraFiles = []*os.File{f}
-	err = cmd.Start()
-	f.Close()
-	ln.SetUnlinkOnClose(false)
-	ln.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	part, err := Dial(ctx, "unix", sock, "")
-	cancel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer part.Close()
+	part := dialNbdkit(t, "memory", "1M")
 
 	_, addr := startServer(t, Export{Name: "x", Backend: NewMemBackend(1 << 20)})
 	open := func() *rawConn {
@@ -248,15 +221,79 @@ func TestPollBesideOwnClients(t *testing.T) {
 		t.Fatal("the only served connection, beside a Client of the process, never waited in poll(2)")
 	}
 
+	// While a call of a Client is in flight (a worker waiting on a part,
+	// at depth), the reader keeps to the netpoller: the reply must reach
+	// its caller, which may need the P a sleeping reader would hold.
+	slow := dialNbdkit(t, "--filter=delay", "memory", "1M", "rdelay=1")
+	done := make(chan error, 1)
+	go func() {
+		_, err := slow.ReadAt(make([]byte, 512), 0)
+		done <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for clientCalls.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the slow read never counted as in flight")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	p1 := polls.Load()
+	for i := range 20 { // not forwarded: the slow read is the part's call
+		c1.request(Request{Type: CmdRead, Handle: uint64(i), Offset: uint64(i) * 4096, Length: 4096}, nil)
+		if r, err := c1.reply(4096); err != nil || r.errno != 0 {
+			t.Fatalf("read %d: %v (errno %d)", i, err, r.errno)
+		}
+	}
+	if got := polls.Load() - p1; got != 0 && clientCalls.Load() != 0 {
+		t.Fatalf("%d waits in poll(2) while a Client's call was in flight", got)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("slow read: %v", err)
+	}
+	slow.Close()
+
 	c2 := open()
 	waitTransmitting(t, 3)
-	p1 := polls.Load()
+	p2 := polls.Load()
 	reads(c1)
-	if got := polls.Load() - p1; got != 0 {
+	if got := polls.Load() - p2; got != 0 {
 		t.Fatalf("%d waits in poll(2) with two served connections", got)
 	}
 	c2.c.Close()
 	c1.c.Close()
 	part.Close()
 	waitTransmitting(t, 0)
+}
+
+// dialNbdkit starts nbdkit with args on a Unix socket (socket activation,
+// so no waiting for it) and dials it.
+func dialNbdkit(t *testing.T, args ...string) *Client {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "nbdkit.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := ln.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sh", append([]string{"-c", `export LISTEN_PID=$$ LISTEN_FDS=1; exec nbdkit -f "$@"`, "nbdkit"}, args...)...)
+	cmd.ExtraFiles = []*os.File{f}
+	err = cmd.Start()
+	f.Close()
+	ln.SetUnlinkOnClose(false)
+	ln.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, "unix", sock, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
