@@ -9,6 +9,7 @@
 #   bench/block/run.sh                          # REPS=5 SIZE_MIB=900 FIO_RUNTIME=4
 #   REPS=1 METRICS=rr1,flush OUT=/tmp/b.md bench/block/run.sh   # a quick look
 #   RIALTO=dedicated,attach bench/block/run.sh   # other Rialto targets
+#   RIALTO=composed,composed-unix bench/block/run.sh   # attach on TCP and on a Unix socket
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 go build -o bin/rialto ./cmd/rialto   # the agents run this tree

@@ -211,7 +211,7 @@ func version(name string) string {
 }
 
 // Rialto names the lease kinds StartRialto can set up.
-var Rialto = []string{"dedicated", "shared", "composed", "attach"}
+var Rialto = []string{"dedicated", "shared", "composed", "attach", "composed-unix"}
 
 // Leases are the Rialto targets' processes and leases.
 type Leases struct {
@@ -230,7 +230,10 @@ type Leases struct {
 //     one the second (a partition at an offset);
 //   - composed: a 3-way composed lease over agents "c1", "c2", "c3"
 //     (SIZE/3 each), served by `rialto attach` on 127.0.0.1;
-//   - attach: the dedicated lease again, served by `rialto attach`.
+//   - attach: the dedicated lease again, served by `rialto attach`;
+//   - composed-unix: another 3-way composed lease, over agents "u1", "u2",
+//     "u3", served by `rialto attach --socket` on a Unix socket in dir (an
+//     extra row: the goal rows stay on TCP 127.0.0.1).
 func StartRialto(ctx context.Context, c *lab.Cluster, dir string, sizeMiB int64, names []string) (*Leases, error) {
 	want := map[string]bool{}
 	for _, n := range names {
@@ -285,34 +288,43 @@ func StartRialto(ctx context.Context, c *lab.Cluster, dir string, sizeMiB int64,
 			Served: fmt.Sprintf("`rialto agent` \"shr\": a shared lease, a partition at offset %d MiB of a %d MiB device whose other half another shared lease holds", off>>20, 2*sizeMiB)}
 		ls.LeaseIDs["shared"] = l.ID
 	}
-	if want["composed"] {
+	for _, k := range []struct{ name, prefix string }{{"composed", "c"}, {"composed-unix", "u"}} {
+		if !want[k.name] {
+			continue
+		}
 		if sizeMiB%3 != 0 {
-			return nil, fmt.Errorf("composed: size %d MiB is not a multiple of 3", sizeMiB)
+			return nil, fmt.Errorf("%s: size %d MiB is not a multiple of 3", k.name, sizeMiB)
 		}
 		var ags []*lab.Proc
 		for i := 1; i <= 3; i++ {
-			ag, err := c.StartAgent(ctx, lab.Agent{Name: fmt.Sprintf("c%d", i), Labels: []string{"pool=compose"},
-				Blocks: []string{"disk0=" + filepath.Join(dir, fmt.Sprintf("c%d.img", i)) + ":" + fmt.Sprintf("%dMiB", sizeMiB/3)}})
+			ag, err := c.StartAgent(ctx, lab.Agent{Name: fmt.Sprintf("%s%d", k.prefix, i), Labels: []string{"pool=" + k.name},
+				Blocks: []string{"disk0=" + filepath.Join(dir, fmt.Sprintf("%s%d.img", k.prefix, i)) + ":" + fmt.Sprintf("%dMiB", sizeMiB/3)}})
 			if err != nil {
 				return nil, err
 			}
 			ags = append(ags, ag)
 		}
-		l, err := c.CreateLease(ctx, "--kind", "block", "--mode", "composed", "--count", "3", "--size", size, "--label", "pool=compose")
+		l, err := c.CreateLease(ctx, "--kind", "block", "--mode", "composed", "--count", "3", "--size", size, "--label", "pool="+k.name)
 		if err != nil {
 			return nil, err
 		}
-		at, err := c.Attach(ctx, l.ID)
+		var args []string
+		where := "on 127.0.0.1"
+		if k.name == "composed-unix" {
+			args = []string{"--socket", filepath.Join(dir, "composed.sock")}
+			where = "on a Unix socket"
+		}
+		at, err := c.Attach(ctx, l.ID, args...)
 		if err != nil {
 			return nil, err
 		}
-		ls.Attached["composed"] = at
-		ls.LeaseIDs["composed"] = l.ID
-		ls.Targets["composed"] = &Target{Name: "composed", URI: at.URI, Rialto: true,
+		ls.Attached[k.name] = at
+		ls.LeaseIDs[k.name] = l.ID
+		ls.Targets[k.name] = &Target{Name: k.name, URI: at.URI, Rialto: true,
 			pids: func() []int {
 				return []int{ags[0].PID(), ags[1].PID(), ags[2].PID(), at.PID()}
 			},
-			Served: "a 3-way composed lease over `rialto agent`s \"c1\", \"c2\", \"c3\" (one part each), through `rialto attach` on 127.0.0.1 (CPU of the three agents and the attach process)"}
+			Served: fmt.Sprintf("a 3-way composed lease over `rialto agent`s \"%s1\", \"%s2\", \"%s3\" (one part each), through `rialto attach` %s (CPU of the three agents and the attach process)", k.prefix, k.prefix, k.prefix, where)}
 	}
 	return ls, nil
 }

@@ -630,6 +630,7 @@ func (c *Client) failPending(err error) {
 	failErr := c.err
 	pend := c.pending
 	c.pending = nil
+	clientCalls.Add(-int32(len(pend)))
 	c.reading = false
 	c.closing = true
 	c.mu.Unlock()
@@ -720,6 +721,7 @@ func (c *Client) lookup(h uint64) *call {
 func (c *Client) complete(h uint64, cl *call) {
 	c.mu.Lock()
 	delete(c.pending, h)
+	clientCalls.Add(-1)
 	cl.completed = true
 	c.mu.Unlock()
 	close(cl.done)
@@ -919,6 +921,15 @@ func (c *Client) do(ctx context.Context, typ, flags uint16, off uint64, length u
 
 // doCall is do returning the completed call.
 func (c *Client) doCall(ctx context.Context, typ, flags uint16, off uint64, length uint32, payload, dst []byte) (*call, error) {
+	cl, err := c.start(typ, flags, off, length, payload, dst)
+	if err != nil {
+		return nil, err
+	}
+	return c.await(ctx, cl)
+}
+
+// start registers and sends one request; await waits for its reply.
+func (c *Client) start(typ, flags uint16, off uint64, length uint32, payload, dst []byte) (*call, error) {
 	cl := &call{typ: typ, off: off, buf: dst, done: make(chan struct{})}
 	if c.timeout > 0 {
 		cl.deadline = monoNow() + int64(c.timeout)
@@ -935,6 +946,7 @@ func (c *Client) doCall(ctx context.Context, typ, flags uint16, off uint64, leng
 	c.handle++
 	h := c.handle
 	c.pending[h] = cl
+	clientCalls.Add(1)
 	deep := len(c.pending) > 1
 	c.mu.Unlock()
 
@@ -943,7 +955,11 @@ func (c *Client) doCall(ctx context.Context, typ, flags uint16, off uint64, leng
 		<-cl.done
 		return nil, cl.err
 	}
+	return cl, nil
+}
 
+// await waits for the reply of cl, a request start sent.
+func (c *Client) await(ctx context.Context, cl *call) (*call, error) {
 	// Someone must read the reply. If nobody is reading, a caller that
 	// cannot give up early (no cancellable context) reads for itself:
 	// at queue depth 1 its reply then reaches it without a hand-off
@@ -951,9 +967,12 @@ func (c *Client) doCall(ctx context.Context, typ, flags uint16, off uint64, leng
 	// the socket is closed nobody may start reading: whoever closed it
 	// fails the pending calls (fail, Close). The watchdog fails the
 	// connection when a reply is late, which makes a blocked read return.
+	// (Between start and await nobody need read: the reply waits in the
+	// socket, or another caller reading for itself reads it and hands
+	// the reader on, see readReplies.)
 	c.mu.Lock()
 	lead := false
-	if !c.reading && c.pending != nil && !c.closing {
+	if !cl.completed && !c.reading && c.pending != nil && !c.closing {
 		c.reading = true
 		if ctx.Done() == nil {
 			lead = true
@@ -987,6 +1006,38 @@ func (c *Client) doCall(ctx context.Context, typ, flags uint16, off uint64, leng
 		return nil, cl.err
 	}
 	return nil, ctx.Err()
+}
+
+// A Started is a request sent and not yet awaited (StartFlush). Wait must
+// be called once.
+type Started struct {
+	c   *Client
+	cl  *call
+	err error
+}
+
+// StartFlush sends NBD_CMD_FLUSH and returns without waiting for the
+// reply, which Wait awaits: a caller flushing several connections (a
+// composed volume's parts) sends every flush first and then awaits them in
+// turn, on its own goroutine, instead of a goroutine per connection, each
+// woken by the netpoller.
+func (c *Client) StartFlush() *Started {
+	if c.flags&FlagSendFlush == 0 {
+		return &Started{}
+	}
+	cl, err := c.start(CmdFlush, 0, 0, 0, nil, nil)
+	return &Started{c: c, cl: cl, err: err}
+}
+
+// Wait waits for the reply of the request and returns its error. Like a
+// call with a context that cannot be cancelled, it reads the reply itself
+// when nobody else is reading.
+func (s *Started) Wait() error {
+	if s.err != nil || s.cl == nil {
+		return s.err
+	}
+	_, err := s.c.await(context.Background(), s.cl)
+	return err
 }
 
 // send queues request r (with payload, which must stay untouched until the

@@ -41,6 +41,13 @@ var dialled atomic.Int32
 // for reasons not understood, so those callers keep to the netpoller.
 func servedAlone() bool { return transmitting.Load()-dialled.Load() <= 1 }
 
+// clientCalls counts the requests of every Client of the process that
+// have been sent (or are being sent) and not completed: while one is, a
+// served connection's reader does not wait in poll(2) (fastReader), since
+// the reply must reach a caller or the background reader, which may need
+// the P the sleeping reader would hold.
+var clientCalls atomic.Int32
+
 // clientRawWaits counts the waits that began in poll(2) (for tests).
 var clientRawWaits atomic.Int64
 

@@ -28,7 +28,7 @@ var polls atomic.Int64
 // extra EAGAIN read, epoll wait and goroutine hand-offs per request. Idle
 // connections still park in the netpoller, and deadlines still apply.
 //
-// Only the process's sole NBD connection polls. A thread asleep in poll(2)
+// Only the process's sole served NBD connection polls. A thread asleep in poll(2)
 // holds its P (Go's right to run code) in the system call, and with several
 // busy connections (nbdfuse opens four; a database behind it spreads writes
 // and flushes over them) the readers held every P between them, until
@@ -36,10 +36,20 @@ var polls atomic.Int64
 // half of nbdkit's TPS (docs/bench/pgbench.md). Letting one connection of
 // several poll did not help either (its 2 ms sleeps held one of the two Ps
 // and kept sysmon busy), so with more than one connection every reader
-// waits in the netpoller. Client connections count too: a process that
-// re-exports remote parts (rialto attach) serves each request by waiting
-// on a Client's reply, which the Client's reader goroutine must get a P to
-// deliver.
+// waits in the netpoller. A process's own Clients do not count (only
+// served ones, as in servedAlone): a process that re-exports remote parts
+// (rialto attach) serves a request at queue depth 1 on the reader's goroutine, which
+// forwards it and reads the part's reply itself (Client.doCall), so the
+// reader never sleeps in poll(2) while a reply waits for it. While any
+// Client call of the process is in flight (requests at depth, served by
+// workers whose replies the Clients' background readers deliver) the
+// reader does not poll (clientCalls): without that check, 4 KiB reads at
+// queue depth 32 through `rialto attach` fell from 72.2K to 47.6K IOPS in
+// an A/B run (nbdkit beside them unchanged; 2026-11-26). Before, the
+// attach process's reader
+// waited in the netpoller: an EAGAIN read, an epoll_pwait and a thread
+// wakeup per request on top of the part's round trip (docs/nbd.md, "Queue
+// depth 1").
 type fastReader struct {
 	rc      syscall.RawConn
 	drained bool
@@ -86,7 +96,7 @@ func (f *fastReader) Read(p []byte) (int, error) {
 	polled := false
 	err := f.rc.Read(func(fd uintptr) bool {
 		for {
-			if f.drained && !polled && !f.noPoll && transmitting.Load() == 1 {
+			if f.drained && !polled && !f.noPoll && transmitting.Load()-dialled.Load() == 1 && clientCalls.Load() == 0 {
 				polled = true
 				polls.Add(1)
 				if f.rs != nil {

@@ -2,9 +2,13 @@ package nbd
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"io"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -25,9 +29,10 @@ func waitTransmitting(t *testing.T, n int32) {
 }
 
 // TestPollOnlyWhenAlone: a connection's reader waits for the next request
-// in poll(2) while it is the process's only NBD connection, and in the
-// netpoller as soon as there is another, served or dialled (whose goroutine
-// would otherwise wait for the P the sleeping reader holds). The clients
+// in poll(2) while it is the process's only served NBD connection, and in
+// the netpoller as soon as there is another (a Client of the process
+// dialling this server makes one; TestPollBesideOwnClients has Clients to
+// servers elsewhere). The clients
 // here speak the protocol on raw sockets, so that only the server's
 // connections count.
 func TestPollOnlyWhenAlone(t *testing.T) {
@@ -72,7 +77,8 @@ func TestPollOnlyWhenAlone(t *testing.T) {
 		t.Fatal("alone again, the connection never waited in poll(2)")
 	}
 
-	// A Client of this process counts as a connection too.
+	// A Client of this process dialling this server makes a second
+	// served connection.
 	cl := dial(t, addr, "x")
 	waitTransmitting(t, 3) // the Client's and the server's end of it
 	p3 := polls.Load()
@@ -172,4 +178,122 @@ func inq(t *testing.T, c *net.TCPConn) int {
 	n := 0
 	rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
 	return n
+}
+
+// TestPollBesideOwnClients: the process's own Clients to servers elsewhere
+// (the parts of `rialto attach`) do not stop its sole served connection
+// from waiting in poll(2) at queue depth 1: that reader forwards a request
+// and reads the part's reply itself, on its own goroutine. The Client here
+// reaches an nbdkit process; a second served connection still stops the
+// polling.
+func TestPollBesideOwnClients(t *testing.T) {
+	if _, err := exec.LookPath("nbdkit"); err != nil {
+		t.Skip("nbdkit not installed")
+	}
+	waitTransmitting(t, 0)
+	part := dialNbdkit(t, "memory", "1M")
+
+	_, addr := startServer(t, Export{Name: "x", Backend: NewMemBackend(1 << 20)})
+	open := func() *rawConn {
+		rc := rawDial(t, addr, clientFlagFixedNewstyle|clientFlagNoZeroes)
+		rc.goTransmission("x", false, false)
+		return rc
+	}
+	// Each request is forwarded to the part, as an attach would.
+	reads := func(rc *rawConn) {
+		t.Helper()
+		buf := make([]byte, 4096)
+		for i := range 20 {
+			if _, err := part.ReadAt(buf, int64(i)*4096); err != nil {
+				t.Fatalf("part read %d: %v", i, err)
+			}
+			rc.request(Request{Type: CmdRead, Handle: uint64(i), Offset: uint64(i) * 4096, Length: 4096}, nil)
+			if r, err := rc.reply(4096); err != nil || r.errno != 0 {
+				t.Fatalf("read %d: %v (errno %d)", i, err, r.errno)
+			}
+		}
+	}
+	c1 := open()
+	waitTransmitting(t, 2) // the served connection and the Client's
+	p0 := polls.Load()
+	reads(c1)
+	if polls.Load() == p0 {
+		t.Fatal("the only served connection, beside a Client of the process, never waited in poll(2)")
+	}
+
+	// While a call of a Client is in flight (a worker waiting on a part,
+	// at depth), the reader keeps to the netpoller: the reply must reach
+	// its caller, which may need the P a sleeping reader would hold.
+	slow := dialNbdkit(t, "--filter=delay", "memory", "1M", "rdelay=1")
+	done := make(chan error, 1)
+	go func() {
+		_, err := slow.ReadAt(make([]byte, 512), 0)
+		done <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for clientCalls.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the slow read never counted as in flight")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	p1 := polls.Load()
+	for i := range 20 { // not forwarded: the slow read is the part's call
+		c1.request(Request{Type: CmdRead, Handle: uint64(i), Offset: uint64(i) * 4096, Length: 4096}, nil)
+		if r, err := c1.reply(4096); err != nil || r.errno != 0 {
+			t.Fatalf("read %d: %v (errno %d)", i, err, r.errno)
+		}
+	}
+	if got := polls.Load() - p1; got != 0 && clientCalls.Load() != 0 {
+		t.Fatalf("%d waits in poll(2) while a Client's call was in flight", got)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("slow read: %v", err)
+	}
+	slow.Close()
+
+	c2 := open()
+	waitTransmitting(t, 3)
+	p2 := polls.Load()
+	reads(c1)
+	if got := polls.Load() - p2; got != 0 {
+		t.Fatalf("%d waits in poll(2) with two served connections", got)
+	}
+	c2.c.Close()
+	c1.c.Close()
+	part.Close()
+	waitTransmitting(t, 0)
+}
+
+// dialNbdkit starts nbdkit with args on a Unix socket (socket activation,
+// so no waiting for it) and dials it.
+func dialNbdkit(t *testing.T, args ...string) *Client {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "nbdkit.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := ln.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sh", append([]string{"-c", `export LISTEN_PID=$$ LISTEN_FDS=1; exec nbdkit -f "$@"`, "nbdkit"}, args...)...)
+	cmd.ExtraFiles = []*os.File{f}
+	err = cmd.Start()
+	f.Close()
+	ln.SetUnlinkOnClose(false)
+	ln.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, "unix", sock, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }

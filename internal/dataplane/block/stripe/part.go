@@ -88,7 +88,12 @@ func (p *nbdPart) Alive() bool { return !p.dead.Load() }
 // the connection broke.
 func (p *nbdPart) call(write bool, f func(*nbd.Client) error) error {
 	c := p.cur.Load()
-	err := f(c)
+	return p.finish(write, c, f(c), f)
+}
+
+// finish completes a call whose first attempt, on c, returned err: if c
+// broke it redials and retries f once on the new connection.
+func (p *nbdPart) finish(write bool, c *nbd.Client, err error, f func(*nbd.Client) error) error {
 	if err != nil && errors.Is(err, nbd.ErrClosed) && !p.closed.Load() {
 		var rerr error
 		if c, rerr = p.reconnect(c); rerr != nil {
@@ -239,16 +244,25 @@ func (p *nbdPart) Extents(off, n int64) (ext []nbd.Extent, err error) {
 
 // Flush flushes the current connection. If an earlier connection broke with
 // writes no flush had covered, it reports ErrLostWrites once.
-func (p *nbdPart) Flush() error {
+func (p *nbdPart) Flush() error { return p.startFlush()() }
+
+// startFlush implements flushStarter: it sends the flush and returns what
+// awaits it (and, if the connection broke, redials and flushes again), as
+// Flush does.
+func (p *nbdPart) startFlush() func() error {
 	seq := p.wseq.Load()
-	if err := p.call(false, (*nbd.Client).Flush); err != nil {
-		return err
+	c := p.cur.Load()
+	s := c.StartFlush()
+	return func() error {
+		if err := p.finish(false, c, s.Wait(), (*nbd.Client).Flush); err != nil {
+			return err
+		}
+		p.flushedUpTo(seq)
+		if p.lost.Swap(false) {
+			return fmt.Errorf("part %d: %w", p.index, ErrLostWrites)
+		}
+		return nil
 	}
-	p.flushedUpTo(seq)
-	if p.lost.Swap(false) {
-		return fmt.Errorf("part %d: %w", p.index, ErrLostWrites)
-	}
-	return nil
 }
 
 // flushSnapshot implements sharedFlusher.

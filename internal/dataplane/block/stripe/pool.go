@@ -139,11 +139,26 @@ type sharedFlusher interface {
 // server makes a flush on one connection cover all of them
 // (NBD_FLAG_CAN_MULTI_CONN, which connections report with MultiConnSafe);
 // otherwise, or if no connection is alive, Flush fails.
-func (p *Pool) Flush() error {
-	if seqs, epoch, ok := p.sharedFlush(); ok {
-		c, done := p.pick()
-		err := c.Flush()
-		done()
+func (p *Pool) Flush() error { return p.startFlush()() }
+
+// startFlush implements flushStarter: the one flush that serves every
+// connection is sent at once and awaited by what it returns; flushes of
+// every connection in turn are sent there.
+func (p *Pool) startFlush() func() error {
+	seqs, epoch, ok := p.sharedFlush()
+	if !ok {
+		return p.flushEach
+	}
+	i := p.pickIndex()
+	var wait func() error
+	if fs, ok := p.conns[i].(flushStarter); ok {
+		wait = fs.startFlush()
+	} else {
+		wait = p.conns[i].Flush
+	}
+	return func() error {
+		err := wait()
+		p.inflight[i].Add(-1)
 		// A connection that reconnected meanwhile may have reached a
 		// restarted lender, whose flush does not cover what the others
 		// wrote before: then every connection flushes (and reports) for
@@ -154,7 +169,12 @@ func (p *Pool) Flush() error {
 			}
 			return nil
 		}
+		return p.flushEach()
 	}
+}
+
+// flushEach flushes every live connection in turn.
+func (p *Pool) flushEach() error {
 	epoch := p.epochs()
 	var errs []error
 	live, lost, covered := 0, false, false

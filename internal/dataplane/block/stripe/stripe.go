@@ -370,18 +370,74 @@ func (v *Volume) Flush() error {
 			cs = append(cs, chunk{dev: i})
 		}
 	}
+	flushed := func(dev int) {
+		m := v.parts[dev]
+		for {
+			f := m.fseq.Load()
+			if f >= seqs[dev] || m.fseq.CompareAndSwap(f, seqs[dev]) {
+				return
+			}
+		}
+	}
+	if len(cs) > 1 && v.pipelined(cs) {
+		return v.flushPipelined(cs, flushed)
+	}
 	return v.do(cs, func(d Device, c chunk) error {
 		if err := d.Flush(); err != nil {
 			return err
 		}
-		m := v.parts[c.dev]
-		for {
-			f := m.fseq.Load()
-			if f >= seqs[c.dev] || m.fseq.CompareAndSwap(f, seqs[c.dev]) {
-				return nil
-			}
-		}
+		flushed(c.dev)
+		return nil
 	})
+}
+
+// flushStarter is implemented by devices that can send a flush and await
+// it later (nbdPart, Pool): startFlush sends it and returns what awaits
+// its outcome (once), which is what Flush would have returned.
+type flushStarter interface {
+	startFlush() func() error
+}
+
+// pipelined reports whether every device of cs can start a flush and
+// bounds its requests itself (so that awaiting them in turn needs no timer).
+func (v *Volume) pipelined(cs []chunk) bool {
+	for _, c := range cs {
+		m := v.parts[c.dev]
+		if _, ok := m.dev.(flushStarter); !ok || !m.selfTimed {
+			return false
+		}
+	}
+	return true
+}
+
+// flushPipelined flushes the devices of cs from this goroutine: it sends
+// every flush and then awaits them in turn. A composed lease's FLUSH at
+// queue depth 1 then costs the slowest part's round trip with no goroutine
+// started or woken: the caller (the local export's reader) reads each
+// part's reply itself. It returns the first error, as do does.
+func (v *Volume) flushPipelined(cs []chunk, flushed func(dev int)) error {
+	if v.closed.Load() {
+		return ErrClosed
+	}
+	for _, c := range cs {
+		if m := v.parts[c.dev]; m.failed.Load() {
+			return m.err(c.dev)
+		}
+	}
+	waits := make([]func() error, len(cs))
+	for i, c := range cs {
+		waits[i] = v.parts[c.dev].dev.(flushStarter).startFlush()
+	}
+	var first error
+	for i, c := range cs {
+		err := v.outcome(c.dev, waits[i]())
+		if err == nil {
+			flushed(c.dev)
+		} else if first == nil {
+			first = err
+		}
+	}
+	return first
 }
 
 // Trim discards [off, off+length) on every device it spans. It returns an
@@ -523,17 +579,7 @@ func timedWithin(d Device, limit time.Duration) bool {
 func (v *Volume) one(c chunk, op func(Device, chunk) error) error {
 	m := v.parts[c.dev]
 	if m.selfTimed {
-		err := op(m.dev, c)
-		if err == nil {
-			return nil
-		}
-		if errors.Is(err, nbd.ErrTimeout) {
-			v.fail(c.dev, fmt.Errorf("%w after %v", ErrTimeout, v.timeout))
-		}
-		if m.failed.Load() {
-			return m.err(c.dev)
-		}
-		return fmt.Errorf("stripe: device %d: %w", c.dev, err)
+		return v.outcome(c.dev, op(m.dev, c))
 	}
 	var timedOut atomic.Bool
 	t := time.AfterFunc(v.timeout, func() {
@@ -549,6 +595,23 @@ func (v *Volume) one(c chunk, op func(Device, chunk) error) error {
 		return fmt.Errorf("stripe: device %d: %w", c.dev, err)
 	}
 	return nil
+}
+
+// outcome is the error of an operation on device i, which bounds its
+// requests itself (member.selfTimed), that returned err: a miss of the
+// bound fails the device.
+func (v *Volume) outcome(i int, err error) error {
+	if err == nil {
+		return nil
+	}
+	m := v.parts[i]
+	if errors.Is(err, nbd.ErrTimeout) {
+		v.fail(i, fmt.Errorf("%w after %v", ErrTimeout, v.timeout))
+	}
+	if m.failed.Load() {
+		return m.err(i)
+	}
+	return fmt.Errorf("stripe: device %d: %w", i, err)
 }
 
 // fail marks device i failed and closes it once.
