@@ -348,6 +348,10 @@ func (c *conn) sendQueued() {
 // depth (for tests).
 var grouped, readerWrites atomic.Int64
 
+// tlsReaderWrites counts the writes over TLS the reader served from the
+// payload it decrypted (for tests).
+var tlsReaderWrites atomic.Int64
+
 // dispatch hands the pending group to a worker. The channel send may
 // block while every worker is busy.
 func (c *conn) dispatch() {
@@ -383,14 +387,22 @@ func (c *conn) reader(ctx context.Context) error {
 	var hb [requestHeaderLen]byte
 	for {
 		if !c.requestBuffered() {
+			// One request per wait looks like queue depth 1. Over TLS,
+			// not while requests are in flight (grouped or with the
+			// workers; counted before the group is handed over): a
+			// client at depth whose requests each come in a record of
+			// their own (libnbd's) is often read one request per wait,
+			// and a wait in poll(2) then blocked the reader while the
+			// workers served and sent (docs/bench/tls.md, "Follow-up:
+			// queue depth 32 and large writes over TLS").
+			atDepth := c.burst > 1 || (c.sess.tls != nil && c.inflight.Load() > 0)
 			// About to wait for the client: hand over the requests
 			// parsed and send what is ready first.
 			if err := c.flushBatch(); err != nil {
 				return err
 			}
 			if c.fr != nil {
-				// One request per wait looks like queue depth 1.
-				c.fr.noPoll = c.burst > 1
+				c.fr.noPoll = atDepth
 			}
 			c.burst = 0
 		}
@@ -474,6 +486,22 @@ func (c *conn) reader(ctx context.Context) error {
 				if _, err := io.ReadFull(c.r, *o.buf); err != nil {
 					c.freeOp(o)
 					return err
+				}
+				if c.sess.tls != nil && c.maxGroup > 1 && c.limit == nil && req.Flags&CmdFlagFUA == 0 &&
+					c.e.writes.Gate() == nil {
+					// Over TLS this goroutine has just decrypted the
+					// payload into o.buf: a write to memory (tmpfs) is
+					// written from here, while the bytes are in this
+					// CPU's cache, with no hand-off to a worker. Other
+					// connections' readers write in parallel (nbdcopy
+					// opens four); the agent's CPU per MiB written fell
+					// by a tenth (docs/bench/tls.md, "Follow-up: queue
+					// depth 32 and large writes over TLS"). The same
+					// conditions as for writes served from the buffer,
+					// above.
+					tlsReaderWrites.Add(1)
+					c.execute(ctx, o)
+					served = true
 				}
 			}
 		} else if req.Type == CmdRead && o.errno == 0 {
