@@ -93,6 +93,24 @@ func (f *fastReader) Read(p []byte) (int, error) {
 		n    int
 		rerr error
 	)
+	if f.rs != nil && !(f.drained && !f.noPoll && transmitting.Load() == 1) {
+		// No blocking poll this time: read, and wait in the netpoller
+		// if the socket is drained.
+		err := f.rs.readPolled(func(fd uintptr) bool {
+			for {
+				n, rerr = rawRead(int(fd), p)
+				if rerr == unix.EINTR {
+					continue
+				}
+				if rerr == unix.EAGAIN {
+					f.drained = true
+					return false
+				}
+				return true
+			}
+		})
+		return f.done(p, n, rerr, err)
+	}
 	polled := false
 	err := f.rc.Read(func(fd uintptr) bool {
 		for {
@@ -123,6 +141,12 @@ func (f *fastReader) Read(p []byte) (int, error) {
 			return true
 		}
 	})
+	return f.done(p, n, rerr, err)
+}
+
+// done ends a Read: n bytes read into p, rerr the read's error, err the
+// wait's.
+func (f *fastReader) done(p []byte, n int, rerr, err error) (int, error) {
 	if err != nil {
 		return 0, err
 	}
