@@ -184,6 +184,10 @@ func (s *rawSock) wait(ev int16) error {
 	return nil
 }
 
+// directWaits counts the reads readPolled made on the registered
+// duplicate (for tests).
+var directWaits atomic.Int64
+
 // readPolled is do(f, POLLIN) for a reader that will not poll: when the
 // socket is registered with the netpoller already (polled mode), f runs
 // inside the registered duplicate's RawConn.Read, which clears the
@@ -201,6 +205,7 @@ func (s *rawSock) readPolled(f func(fd uintptr) bool) error {
 	if rc == nil {
 		return s.do(f, unix.POLLIN)
 	}
+	directWaits.Add(1)
 	done := false
 	err := rc.Read(func(uintptr) bool {
 		if s.closed.Load() {
