@@ -64,6 +64,13 @@ type fastReader struct {
 	// saved: every request also woke a thread in epoll_pwait;
 	// docs/bench/tls.md.)
 	rs *rawSock
+
+	// The read under way (Read's state, for readFn and pollFn).
+	p              []byte
+	n              int
+	rerr           error
+	polled         bool
+	readFn, pollFn func(fd uintptr) bool
 }
 
 // newSocketReader returns a fastReader for TCP and Unix sockets and nc
@@ -89,40 +96,78 @@ func (f *fastReader) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	var (
-		n    int
-		rerr error
-	)
-	polled := false
-	err := f.rc.Read(func(fd uintptr) bool {
-		for {
-			if f.drained && !polled && !f.noPoll && transmitting.Load()-dialled.Load() == 1 && clientCalls.Load() == 0 {
-				polled = true
-				polls.Add(1)
-				if f.rs != nil {
-					f.rs.rawMode()
-				}
-				fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-				k, perr := unix.Poll(fds[:], pollWaitMillis)
-				if perr == unix.EINTR {
-					polled = false
-					continue
-				}
-				if perr != nil || k == 0 {
-					return false // let the netpoller wait
-				}
+	if f.readFn == nil {
+		// Built once: closures made per call would escape (RawConn is
+		// an interface) and allocate, with n and rerr, on every read.
+		f.readFn, f.pollFn = f.readNow, f.pollRead
+	}
+	f.p, f.n, f.rerr = p, 0, nil
+	var err error
+	if f.rs != nil && !(f.drained && !f.noPoll && mayPoll()) {
+		// No blocking poll this time: read, and wait in the netpoller
+		// if the socket is drained.
+		err = f.rs.readPolled(f.readFn)
+	} else {
+		f.polled = false
+		err = f.rc.Read(f.pollFn)
+	}
+	n, rerr := f.n, f.rerr
+	f.p, f.rerr = nil, nil
+	return f.done(p, n, rerr, err)
+}
+
+// readNow reads the socket into f.p once; false means it is drained.
+func (f *fastReader) readNow(fd uintptr) bool {
+	for {
+		f.n, f.rerr = rawRead(int(fd), f.p)
+		if f.rerr == unix.EINTR {
+			continue
+		}
+		if f.rerr == unix.EAGAIN {
+			f.drained = true
+			return false
+		}
+		return true
+	}
+}
+
+// pollRead is readNow after a short blocking poll(2) when the socket was
+// drained and this is the process's only connection.
+func (f *fastReader) pollRead(fd uintptr) bool {
+	for {
+		if f.drained && !f.polled && !f.noPoll && mayPoll() {
+			f.polled = true
+			polls.Add(1)
+			if f.rs != nil {
+				f.rs.rawMode()
 			}
-			n, rerr = rawRead(int(fd), p)
-			if rerr == unix.EINTR {
+			fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			k, perr := unix.Poll(fds[:], pollWaitMillis)
+			if perr == unix.EINTR {
+				f.polled = false
 				continue
 			}
-			if rerr == unix.EAGAIN {
-				f.drained, polled = true, true
-				return false
+			if perr != nil || k == 0 {
+				return false // let the netpoller wait
 			}
+		}
+		if f.readNow(fd) {
 			return true
 		}
-	})
+		f.polled = true
+		return false
+	}
+}
+
+// mayPoll reports whether a drained reader may wait in poll(2): its
+// connection is the process's only one served, and no Client call waits.
+func mayPoll() bool {
+	return transmitting.Load()-dialled.Load() == 1 && clientCalls.Load() == 0
+}
+
+// done ends a Read: n bytes read into p, rerr the read's error, err the
+// wait's.
+func (f *fastReader) done(p []byte, n int, rerr, err error) (int, error) {
 	if err != nil {
 		return 0, err
 	}

@@ -87,3 +87,18 @@ func pollNow(fd int, ev int16) bool {
 		return true
 	}
 }
+
+// rawPwrite writes p at off in fd, a file on tmpfs or ramfs, once: the
+// bytes written, or an errno. Such a write copies into the page cache and
+// never waits for a device; it may sleep only briefly, on the inode's lock
+// (held by another write's copy) or in page reclaim.
+func rawPwrite(fd int, p []byte, off int64) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	n, _, e := syscall.RawSyscall6(unix.SYS_PWRITE64, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)), uintptr(off), 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), nil
+}

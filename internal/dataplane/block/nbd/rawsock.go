@@ -184,6 +184,50 @@ func (s *rawSock) wait(ev int16) error {
 	return nil
 }
 
+// directWaits counts the reads readPolled made on the registered
+// duplicate (for tests).
+var directWaits atomic.Int64
+
+// readPolled is do(f, POLLIN) for a reader that will not poll: when the
+// socket is registered with the netpoller already (polled mode), f runs
+// inside the registered duplicate's RawConn.Read, which clears the
+// readiness the netpoller holds before f first runs, so an f that finds
+// nothing (EAGAIN) parks at once and no readiness can be missed: no
+// zero-timeout ppoll per wait as wait needs (measured under nbdfuse and
+// PostgreSQL: one ppoll per request). In raw mode it is do.
+func (s *rawSock) readPolled(f func(fd uintptr) bool) error {
+	s.mu.Lock()
+	rc := s.pcrc
+	if rc != nil {
+		s.users++
+	}
+	s.mu.Unlock()
+	if rc == nil {
+		return s.do(f, unix.POLLIN)
+	}
+	directWaits.Add(1)
+	done := false
+	err := rc.Read(func(uintptr) bool {
+		if s.closed.Load() {
+			return true
+		}
+		done = f(uintptr(s.fd))
+		return done
+	})
+	s.mu.Lock()
+	s.users--
+	s.mu.Unlock()
+	switch {
+	case done:
+		return nil
+	case s.closed.Load():
+		return net.ErrClosed
+	case err != nil:
+		return fmt.Errorf("nbd: wait: %w", err)
+	}
+	return net.ErrClosed // not reached: Read returns once f is done or on an error
+}
+
 // poll waits up to ms milliseconds in poll(2); true means ready (or hung
 // up, or failed: the caller's next system call reports it).
 func (s *rawSock) poll(ev int16, ms int) bool {

@@ -169,3 +169,36 @@ func TestRemoveExportEndsRawConnections(t *testing.T) {
 		rc.c.Close()
 	}
 }
+
+// TestRawSocketPolledReads: with two connections in transmission neither
+// reader polls, and once a socket is registered with the netpoller its
+// reader reads and parks there directly (readPolled, no ppoll first).
+// Requests sent one at a time, each after its reader has parked, must all
+// be answered: a wakeup missed between the read and the park would hang.
+func TestRawSocketPolledReads(t *testing.T) {
+	waitTransmitting(t, 0)
+	_, addr := startServer(t, Export{Name: "x", Backend: NewMemBackend(1 << 20)})
+	var rcs [2]*rawConn
+	for i := range rcs {
+		rcs[i] = rawDial(t, addr, clientFlagFixedNewstyle|clientFlagNoZeroes)
+		rcs[i].goTransmission("x", false, false)
+	}
+	waitTransmitting(t, 2)
+	d0 := directWaits.Load()
+	buf := make([]byte, 4096)
+	for round := range 200 {
+		rc := rcs[round%2]
+		buf[0] = byte(round)
+		rc.request(Request{Type: CmdWrite, Handle: uint64(round), Offset: uint64(round%8) * 4096, Length: 4096}, buf)
+		if r, err := rc.reply(0); err != nil || r.errno != 0 {
+			t.Fatalf("write %d: %v (errno %d)", round, err, r.errno)
+		}
+		rc.request(Request{Type: CmdFlush, Handle: uint64(round)}, nil)
+		if r, err := rc.reply(0); err != nil || r.errno != 0 {
+			t.Fatalf("flush %d: %v (errno %d)", round, err, r.errno)
+		}
+	}
+	if directWaits.Load() == d0 {
+		t.Fatal("no reader read on its registered socket directly")
+	}
+}
