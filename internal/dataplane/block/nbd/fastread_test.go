@@ -38,11 +38,6 @@ func waitTransmitting(t *testing.T, n int32) {
 func TestPollOnlyWhenAlone(t *testing.T) {
 	waitTransmitting(t, 0)
 	_, addr := startServer(t, Export{Name: "x", Backend: NewMemBackend(1 << 20)})
-	open := func() *rawConn {
-		rc := rawDial(t, addr, clientFlagFixedNewstyle|clientFlagNoZeroes)
-		rc.goTransmission("x", false, false)
-		return rc
-	}
 	reads := func(rc *rawConn) {
 		t.Helper()
 		for i := range 20 {
@@ -52,7 +47,7 @@ func TestPollOnlyWhenAlone(t *testing.T) {
 			}
 		}
 	}
-	c1 := open()
+	c1 := openPlain(t, addr, "x")
 	waitTransmitting(t, 1)
 	p0 := polls.Load()
 	reads(c1)
@@ -60,7 +55,7 @@ func TestPollOnlyWhenAlone(t *testing.T) {
 		t.Fatal("the only connection never waited in poll(2)")
 	}
 
-	c2 := open()
+	c2 := openPlain(t, addr, "x")
 	waitTransmitting(t, 2)
 	p1 := polls.Load()
 	reads(c1)
@@ -194,11 +189,6 @@ func TestPollBesideOwnClients(t *testing.T) {
 	part := dialNbdkit(t, "memory", "1M")
 
 	_, addr := startServer(t, Export{Name: "x", Backend: NewMemBackend(1 << 20)})
-	open := func() *rawConn {
-		rc := rawDial(t, addr, clientFlagFixedNewstyle|clientFlagNoZeroes)
-		rc.goTransmission("x", false, false)
-		return rc
-	}
 	// Each request is forwarded to the part, as an attach would.
 	reads := func(rc *rawConn) {
 		t.Helper()
@@ -213,7 +203,7 @@ func TestPollBesideOwnClients(t *testing.T) {
 			}
 		}
 	}
-	c1 := open()
+	c1 := openPlain(t, addr, "x")
 	waitTransmitting(t, 2) // the served connection and the Client's
 	p0 := polls.Load()
 	reads(c1)
@@ -252,7 +242,7 @@ func TestPollBesideOwnClients(t *testing.T) {
 	}
 	slow.Close()
 
-	c2 := open()
+	c2 := openPlain(t, addr, "x")
 	waitTransmitting(t, 3)
 	p2 := polls.Load()
 	reads(c1)
@@ -296,4 +286,13 @@ func dialNbdkit(t *testing.T, args ...string) *Client {
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// openPlain opens a plaintext connection to export name on addr, speaking
+// the protocol on a raw socket, and enters transmission.
+func openPlain(t *testing.T, addr, name string) *rawConn {
+	t.Helper()
+	rc := rawDial(t, addr, clientFlagFixedNewstyle|clientFlagNoZeroes)
+	rc.goTransmission(name, false, false)
+	return rc
 }
