@@ -42,24 +42,21 @@ func rawRead(fd int, p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	for {
-		n, _, e := syscall.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
-		switch e {
-		case 0:
-			return int(n), nil
-		case unix.EINTR:
-			continue
-		}
-		return 0, e
-	}
+	return rawCall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
 }
 
 // rawWritev writes iov to fd, which must be non-blocking, once: the bytes
 // written (possibly fewer than iov holds), or an errno (EAGAIN: the socket
 // takes nothing now). iov must not be empty.
 func rawWritev(fd int, iov []unix.Iovec) (int, error) {
+	return rawCall(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
+}
+
+// rawCall makes system call trap with three arguments, again on EINTR: its
+// result, or an errno.
+func rawCall(trap, a1, a2, a3 uintptr) (int, error) {
 	for {
-		n, _, e := syscall.RawSyscall(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
+		n, _, e := syscall.RawSyscall(trap, a1, a2, a3)
 		switch e {
 		case 0:
 			return int(n), nil
