@@ -167,18 +167,11 @@ type Appliance struct {
 	running atomic.Bool
 	closed  atomic.Bool
 
-	udpNew chan udpSet // sockets Rebind bound while Run runs
-
 	mTasks *prometheus.CounterVec
 	mBusy  *prometheus.CounterVec
 }
 
 type chunk struct{ base, size uint64 }
-
-type udpSet struct {
-	s     *slot
-	conns []net.PacketConn
-}
 
 // New validates cfg, carves the memory into slot chunks and binds every
 // slot's listener (and the management listener when configured).
@@ -212,7 +205,7 @@ func New(cfg Config) (*Appliance, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	a := &Appliance{cfg: cfg, log: log, mem: make([]byte, uint64(cfg.Slots)*cfg.SlotMemory), udpNew: make(chan udpSet, 256)}
+	a := &Appliance{cfg: cfg, log: log, mem: make([]byte, uint64(cfg.Slots)*cfg.SlotMemory)}
 	if cfg.Metrics != nil {
 		a.mTasks = metrics.Register(cfg.Metrics, prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rialto_accel_slot_tasks_total",
 			Help: "Tasks run by appliance slots."}, []string{"slot", "outcome"}))
@@ -337,8 +330,11 @@ func (a *Appliance) Rebind(id int, addr string) error {
 			_ = c.Close() // a running worker ends with its socket
 		}
 		s.udp = udp
-		if a.running.Load() {
-			a.udpNew <- udpSet{s, udp} // Run serves them (buffered: Run may be busy)
+		if s.udpServe != nil {
+			// Run has taken the slot's sockets: it serves these too. Before
+			// that, Run takes them from s.udp itself (and only from there:
+			// both would serve one socket with two session tables).
+			s.udpServe(udp)
 		}
 	}
 	old := s.ln
@@ -383,27 +379,11 @@ func (a *Appliance) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
+	// udpWG counts the slots' UDP servers, started here or by Rebind (under
+	// the slot's lnMu, while its udpServe is set): closeListener clears
+	// udpServe before udpWG.Wait, so no Add follows the Wait.
+	var udpWG sync.WaitGroup
 	errc := make(chan error, len(a.slots)+2)
-	if a.cfg.UDPQueues > 0 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var uwg sync.WaitGroup
-			defer uwg.Wait()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case u := <-a.udpNew:
-					uwg.Add(1)
-					go func() {
-						defer uwg.Done()
-						u.s.serveUDP(ctx, u.conns)
-					}()
-				}
-			}
-		}()
-	}
 	for _, s := range a.slots {
 		wg.Add(1)
 		go func() {
@@ -413,13 +393,18 @@ func (a *Appliance) Run(ctx context.Context) error {
 				cancel()
 			}
 		}()
-		if udp := s.udpConns(); udp != nil {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				s.serveUDP(ctx, udp)
-			}()
+		s.lnMu.Lock()
+		if s.udp != nil && !s.lnClosed {
+			s.udpServe = func(conns []net.PacketConn) {
+				udpWG.Add(1)
+				go func() {
+					defer udpWG.Done()
+					s.serveUDP(ctx, conns)
+				}()
+			}
+			s.udpServe(s.udp)
 		}
+		s.lnMu.Unlock()
 	}
 	if a.mgmt != nil {
 		hs := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second}
@@ -448,7 +433,11 @@ func (a *Appliance) Run(ctx context.Context) error {
 	}
 	a.log.Info("appliance: running", "id", a.cfg.ID, "slots", len(a.slots), "management", a.ManagementAddr())
 	<-ctx.Done()
+	for _, s := range a.slots {
+		s.closeListener() // Rebind refuses from here on: nothing left to serve
+	}
 	wg.Wait()
+	udpWG.Wait()
 	for _, s := range a.slots {
 		s.setRole(nil, roles.Spec{})
 	}
@@ -703,6 +692,10 @@ type slot struct {
 	lnSet    chan struct{}    // closed (and replaced) when ln is replaced
 	lnClosed bool             // ln is closed for good: Rebind refuses
 	udp      []net.PacketConn // the UDP message path's sockets (Config.UDPQueues), guarded by lnMu
+	// udpServe, set by Run while it serves the slot (guarded by lnMu),
+	// serves sockets Rebind binds; nil when Run has not taken s.udp yet or
+	// has stopped.
+	udpServe func([]net.PacketConn)
 
 	mem   []byte // a.mem[base:base+size:base+size]: the only memory it can reach
 	memMu sync.RWMutex
@@ -734,10 +727,12 @@ func (s *slot) listener() net.Listener {
 	return s.ln
 }
 
-// closeListener closes the slot's listener for good.
+// closeListener closes the slot's listener for good (Rebind refuses from
+// then on and no longer hands sockets to Run).
 func (s *slot) closeListener() {
 	s.lnMu.Lock()
 	s.lnClosed = true
+	s.udpServe = nil
 	ln := s.ln
 	s.lnMu.Unlock()
 	_ = ln.Close()

@@ -50,29 +50,56 @@ func (s *slot) udpConns() []net.PacketConn {
 	return s.udp
 }
 
+// bindUDPAt binds queues sockets at addr. The first is bound without
+// SO_REUSEPORT, so that the bind fails if any socket holds the port (with
+// SO_REUSEPORT the kernel would add ours to another process's group of the
+// same user, which would then receive part of the slot's datagrams); it
+// gets SO_REUSEPORT once bound and the others join it.
 func (s *slot) bindUDPAt(ctx context.Context, addr string, queues int) ([]net.PacketConn, error) {
-	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		err := c.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
-			if serr == nil {
+	control := func(reuse bool) func(_, _ string, c syscall.RawConn) error {
+		return func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			err := c.Control(func(fd uintptr) {
+				if reuse {
+					serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+				}
 				_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
 				_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, 4<<20)
+			})
+			if err != nil {
+				return err
 			}
-		})
-		if err != nil {
-			return err
+			return serr
 		}
-		return serr
-	}}
+	}
 	var conns []net.PacketConn
-	for range queues {
-		pc, err := lc.ListenPacket(ctx, "udp4", addr)
+	fail := func(err error) ([]net.PacketConn, error) {
+		for _, c := range conns {
+			c.Close()
+		}
+		return nil, fmt.Errorf("appliance: slot %d udp listen %s: %w", s.id, addr, err)
+	}
+	first := net.ListenConfig{Control: control(false)}
+	pc, err := first.ListenPacket(ctx, "udp4", addr)
+	if err != nil {
+		return fail(err)
+	}
+	conns = append(conns, pc)
+	addr = pc.LocalAddr().String() // the port, if addr asked for any
+	if queues > 1 {
+		rc, err := pc.(*net.UDPConn).SyscallConn()
+		if err == nil {
+			err = control(true)("", "", rc)
+		}
 		if err != nil {
-			for _, c := range conns {
-				c.Close()
-			}
-			return nil, fmt.Errorf("appliance: slot %d udp listen %s: %w", s.id, addr, err)
+			return fail(err)
+		}
+	}
+	rest := net.ListenConfig{Control: control(true)}
+	for len(conns) < queues {
+		pc, err := rest.ListenPacket(ctx, "udp4", addr)
+		if err != nil {
+			return fail(err)
 		}
 		conns = append(conns, pc)
 	}

@@ -8,11 +8,13 @@ import (
 	"math/rand/v2"
 	"net"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles/mct"
+	"golang.org/x/sys/unix"
 )
 
 func udpAppliance(t *testing.T, role roles.Spec) (*Appliance, string, []byte) {
@@ -190,6 +192,48 @@ func TestUDPFollowsRebind(t *testing.T) {
 	defer c.Close()
 	if out, err := c.Call(context.Background(), []byte("moved"), 2*time.Second); err != nil || string(out) != "moved" {
 		t.Fatalf("after Rebind: %q, %v", out, err)
+	}
+}
+
+// TestRebindRefusesSharedUDPPort: a port another socket holds with
+// SO_REUSEPORT (any process of the same user could) is refused rather than
+// shared (the kernel would hand that socket part of the slot's datagrams);
+// the slot keeps serving at its address.
+func TestRebindRefusesSharedUDPPort(t *testing.T) {
+	a, addr, cred := udpAppliance(t, roles.Spec{Name: "echo"})
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	foreign, err := lc.ListenPacket(context.Background(), "udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer foreign.Close()
+	taken := foreign.LocalAddr().String()
+	if ln, err := net.Listen("tcp", taken); err != nil {
+		t.Skipf("TCP port taken: %v", err)
+	} else {
+		ln.Close()
+	}
+	if err := a.Rebind(1, taken); err == nil {
+		t.Fatalf("Rebind to %s shared its UDP port with another socket", taken)
+	}
+	if now, _ := a.UDPAddr(1); now != addr {
+		t.Fatalf("slot moved to %s after a failed Rebind", now)
+	}
+	c, err := DialUDP(context.Background(), addr, cred, "echo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if out, err := c.Call(context.Background(), []byte("stayed"), 2*time.Second); err != nil || string(out) != "stayed" {
+		t.Fatalf("after a failed Rebind: %q, %v", out, err)
 	}
 }
 

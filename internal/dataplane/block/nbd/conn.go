@@ -477,13 +477,21 @@ func (c *conn) reader(ctx context.Context) error {
 				o.data = nil
 				c.r.Discard(int(req.Length))
 				served = true
+			} else if handled, err := c.mappedWrite(ctx, o); handled || err != nil {
+				// Over TLS, decrypted straight into a tmpfs file's
+				// mapping (tls.go); o is answered.
+				if err != nil {
+					c.freeOp(o)
+					return err
+				}
+				served = true
 			} else {
 				if err := c.acquire(o, int64(req.Length)); err != nil {
 					c.freeOp(o)
 					return err
 				}
 				o.buf = getBuf(int(req.Length))
-				if _, err := io.ReadFull(c.r, *o.buf); err != nil {
+				if err := c.readPayload(*o.buf); err != nil {
 					c.freeOp(o)
 					return err
 				}

@@ -66,7 +66,7 @@ type FileBackend struct {
 	sector    int64
 	noDiscard atomic.Bool // BLKDISCARD unsupported
 	noZeroOut atomic.Bool // BLKZEROOUT unsupported
-	mm        *fileMap    // read-only mapping when inMemory (nil if mmap failed)
+	mm        *fileMap    // mapping when inMemory (nil if mmap failed), writable unless ro
 
 	alloc allocMap
 
@@ -164,7 +164,7 @@ func NewFileBackend(f *os.File, o FileOptions) (*FileBackend, error) {
 		b.alloc.init(length, 16)
 	}
 	if b.inMemory {
-		if b.mm = newFileMap(b.fd, b.base, length); b.mm != nil {
+		if b.mm = newFileMap(b.fd, b.base, length, !b.ro); b.mm != nil {
 			// Reads go through the mapping only where the bitmap says
 			// data may be, so build it now (cheap on tmpfs).
 			b.alloc.once.Do(func() { b.alloc.scan(b) })
@@ -232,6 +232,25 @@ func (b *FileBackend) mapRange(off, n int64) ([]byte, bool) {
 }
 
 func (b *FileBackend) unmapRange() { b.mm.put() }
+
+// mapWrite implements mappedTarget for files on tmpfs or ramfs: the
+// writable mapping of [off, off+n), marked as data, if the file is that
+// long (a store past its end would fault). After ok=true the caller calls
+// unmapRange once it has written.
+func (b *FileBackend) mapWrite(off, n int64) ([]byte, bool) {
+	if b.mm == nil || !b.mm.writable || b.ro || off < 0 || n <= 0 || off+n > b.size || !b.acquire() {
+		return nil, false
+	}
+	defer b.release()
+	if b.end.Load() < b.base+off+n && !b.longEnough(b.base+off+n) {
+		return nil, false
+	}
+	p, ok := b.mm.get(off, n)
+	if ok {
+		b.alloc.mark(off, n)
+	}
+	return p, ok
+}
 
 // Close closes the backend: requests that start afterwards fail with
 // [ErrBackendClosed]. If no request is using the file it is closed at once

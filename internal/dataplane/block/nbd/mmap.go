@@ -18,30 +18,41 @@ type mappedSource interface {
 	unmapRange()
 }
 
-// fileMap is a read-only shared mapping of a FileBackend's partition, kept
-// for files on tmpfs or ramfs. Its bytes are only ever handed to system
-// calls (writev), never read by Go code: if the file is truncated under
-// it, the system call fails with EFAULT instead of the process faulting.
+// fileMap is a shared mapping of a FileBackend's partition, kept for files
+// on tmpfs or ramfs (writable unless the backend is read-only). Its bytes
+// are handed to system calls (writev), never read by Go code: if the file
+// is truncated under it, the system call fails with EFAULT instead of the
+// process faulting. The one exception writes into it: a TLS write's
+// payload decrypted straight into the mapping (tls.go, mappedWrite), with
+// the goroutine's faults turned into panics it recovers from.
 //
 // Reads through the mapping are only used for chunks the allocation bitmap
 // says may hold data, because faulting in a hole of a tmpfs file allocates
 // a page where pread would return zeroes without allocating.
 type fileMap struct {
-	mem  []byte // whole mapping (page-aligned start)
-	skew int64  // partition start within mem
+	mem      []byte // whole mapping (page-aligned start)
+	skew     int64  // partition start within mem
+	writable bool   // mapped PROT_WRITE too
 
 	refs   atomic.Int64 // ranges handed out and not yet released
 	closed atomic.Bool
 	once   sync.Once
 }
 
-// newFileMap maps [base, base+size) of fd, or returns nil.
-func newFileMap(fd int, base, size int64) *fileMap {
+// newFileMap maps [base, base+size) of fd, writable if asked and
+// possible, or returns nil.
+func newFileMap(fd int, base, size int64, writable bool) *fileMap {
 	if size <= 0 || int64(int(size)) != size {
 		return nil
 	}
 	pg := int64(unix.Getpagesize())
 	start := base &^ (pg - 1)
+	if writable {
+		mem, err := unix.Mmap(fd, start, int(base+size-start), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		if err == nil {
+			return &fileMap{mem: mem, skew: base - start, writable: true}
+		}
+	}
 	mem, err := unix.Mmap(fd, start, int(base+size-start), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
 		return nil

@@ -1,6 +1,7 @@
 package nbd
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/binary"
@@ -11,7 +12,10 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rialto-project/rialto/internal/pki"
@@ -142,13 +146,23 @@ const tlsRecordHeader = 5
 type recordReader struct {
 	src      io.Reader
 	buf      []byte
-	off, end int // buf[off:end] read, not yet handed out
-	left     int // bytes of the current record still to hand out
+	off, end int  // buf[off:end] read, not yet handed out
+	left     int  // bytes of the current record still to hand out
+	full     bool // the last read filled buf: the socket may have more
 	wait     func() error
 }
 
+// recordBufMin and recordBufMax bound the record reader's buffer: it
+// starts small and grows when a read fills it (the client streams large
+// writes faster than the server takes them), so that one system call
+// takes up to recordBufMax bytes of records.
+const (
+	recordBufMin = 64 << 10
+	recordBufMax = 256 << 10
+)
+
 func newRecordReader(src io.Reader) *recordReader {
-	return &recordReader{src: src, buf: make([]byte, 64<<10)}
+	return &recordReader{src: src, buf: make([]byte, recordBufMin)}
 }
 
 func (r *recordReader) Read(p []byte) (int, error) {
@@ -189,6 +203,9 @@ func (r *recordReader) fill(k int) error {
 	for r.end-r.off < k {
 		if r.off == r.end {
 			r.off, r.end = 0, 0
+			if r.full && len(r.buf) < recordBufMax {
+				r.buf = make([]byte, min(2*len(r.buf), recordBufMax))
+			}
 		} else if len(r.buf)-r.end < k {
 			r.end = copy(r.buf, r.buf[r.off:r.end])
 			r.off = 0
@@ -198,6 +215,7 @@ func (r *recordReader) fill(k int) error {
 		}
 		n, err := r.src.Read(r.buf[r.end:])
 		r.end += n
+		r.full = r.end == len(r.buf)
 		if err != nil {
 			if r.end-r.off >= k {
 				return nil // the error comes again on the next read
@@ -219,6 +237,96 @@ func (r *recordReader) recordBuffered() bool {
 		return have >= r.left
 	}
 	return have >= tlsRecordHeader && have >= tlsRecordHeader+int(binary.BigEndian.Uint16(r.buf[r.off+3:]))
+}
+
+// readPayload reads a write request's payload into p. Over TLS it takes
+// what the reader's buffer holds, then reads straight from crypto/tls: a
+// bufio.Reader reads a short tail (under its size) through its buffer,
+// one more copy of up to 48 KiB of every 256 KiB payload.
+func (c *conn) readPayload(p []byte) error {
+	if c.sess == nil || c.sess.tls == nil {
+		_, err := io.ReadFull(c.r, p)
+		return err
+	}
+	n := 0
+	if b := c.r.Buffered(); b > 0 {
+		n, _ = c.r.Read(p[:min(len(p), b)])
+	}
+	if n == len(p) {
+		return nil
+	}
+	_, err := io.ReadFull(c.sess.tls, p[n:])
+	if errors.Is(err, io.EOF) {
+		err = io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// mappedTarget is implemented by backends that can hand out a writable
+// mapping of a range (a FileBackend on tmpfs or ramfs): a write's payload
+// is then decrypted straight into the page cache.
+type mappedTarget interface {
+	mapWrite(off, n int64) (p []byte, ok bool)
+	unmapRange()
+}
+
+// tlsMappedWrites counts the writes over TLS whose payload crypto/tls
+// copied straight into the backend's mapping.
+var tlsMappedWrites atomic.Int64
+
+// mappedWrite serves o, a write over TLS whose payload has not been read
+// yet, by reading the payload from crypto/tls straight into the backend's
+// mapping: the copy out of crypto/tls's record buffer is then the write,
+// with no pooled buffer and no pwrite (which copied the payload once more,
+// page by page, under the file's lock). Only under the conditions of the
+// reader's other writes (a memory-speed backend, no rate limit, no FUA)
+// and, as spliced writes, counted as an untracked write while the export
+// has no move state. handled=false leaves o to the ordinary path. Bytes
+// land only after crypto/tls has authenticated their record; a payload cut
+// short leaves part of it written, as an unacknowledged write may.
+func (c *conn) mappedWrite(ctx context.Context, o *op) (handled bool, err error) {
+	if c.sess == nil || c.sess.tls == nil || c.maxGroup <= 1 || c.limit != nil ||
+		o.req.Flags&CmdFlagFUA != 0 || ctx.Err() != nil {
+		return false, nil
+	}
+	mt, ok := c.be.(mappedTarget)
+	if !ok {
+		return false, nil
+	}
+	if c.e.writes.Begin() != nil {
+		return false, nil // the export moves: writes go through its gate
+	}
+	defer c.e.writes.EndUntracked()
+	p, ok := mt.mapWrite(int64(o.req.Offset), int64(o.req.Length))
+	if !ok {
+		return false, nil
+	}
+	defer mt.unmapRange()
+	if err := c.readPayloadMapped(p); err != nil {
+		return true, err
+	}
+	tlsMappedWrites.Add(1)
+	c.encodeOK(o)
+	return true, nil
+}
+
+// readPayloadMapped is readPayload into mapped memory: a fault (the file
+// truncated under the mapping) ends the connection instead of the process.
+func (c *conn) readPayloadMapped(p []byte) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			re, ok := r.(interface {
+				runtime.Error
+				Addr() uintptr
+			})
+			if !ok {
+				panic(r)
+			}
+			err = fmt.Errorf("nbd: write into the file's mapping: %w", re)
+		}
+	}()
+	return c.readPayload(p)
 }
 
 // writeBuffers writes v to w, consuming it: with one writev on a plain

@@ -282,3 +282,35 @@ func TestTLSPipelined(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRecordReaderGrows: while reads fill its buffer (a client streaming
+// large writes), the record reader's buffer grows to recordBufMax, so that
+// one read takes more records; the records come out whole and in order.
+// A source that never fills it leaves it at recordBufMin.
+func TestRecordReaderGrows(t *testing.T) {
+	lens := make([]int, 64)
+	for i := range lens {
+		lens[i] = 16<<10 + 17
+	}
+	for _, tc := range []struct {
+		name  string
+		chunk int
+		want  int
+	}{
+		{"streaming", 1 << 20, recordBufMax},
+		{"small reads", 4000, recordBufMin},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := records(lens...)
+			src := &chunkReader{data: in, sizes: []int{tc.chunk}}
+			r := newRecordReader(src)
+			out := readRecordsAsTLS(t, r, len(in), nil)
+			if !bytes.Equal(out, in) {
+				t.Fatal("records changed on the way")
+			}
+			if len(r.buf) != tc.want {
+				t.Fatalf("buffer of %d bytes, want %d", len(r.buf), tc.want)
+			}
+		})
+	}
+}

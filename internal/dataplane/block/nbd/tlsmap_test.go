@@ -1,0 +1,76 @@
+package nbd
+
+import (
+	"bytes"
+	"crypto/rand"
+	"os"
+	"testing"
+)
+
+// TestTLSMappedWrite: over TLS a write to a tmpfs file is decrypted
+// straight into the file's mapping (one whose payload the reader's buffer
+// already holds, as a 4 KiB one may, is written from there); the bytes are
+// in the file, around them nothing changed, and a read returns them.
+func TestTLSMappedWrite(t *testing.T) {
+	pk := newTestPKI(t)
+	path, addr, _ := serveFileTLS(t, pk, fastDir(t), 4<<20)
+	c := dial(t, addr, testName, WithTLS(pk.clientConfig()))
+	for _, tc := range []struct {
+		off, n int
+		mapped bool
+	}{{0, 4096, false}, {12345, 300 << 10, true}, {4<<20 - 1<<20, 1 << 20, true}} {
+		p := make([]byte, tc.n)
+		rand.Read(p)
+		m0 := tlsMappedWrites.Load()
+		if _, err := c.WriteAt(p, int64(tc.off)); err != nil {
+			t.Fatal(err)
+		}
+		if tc.mapped && tlsMappedWrites.Load() == m0 {
+			t.Errorf("write [%d,+%d) was not decrypted into the mapping", tc.off, tc.n)
+		}
+		f, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(f[tc.off:tc.off+tc.n], p) {
+			t.Fatalf("write [%d,+%d): the file does not hold it", tc.off, tc.n)
+		}
+		got := make([]byte, tc.n)
+		if _, err := c.ReadAt(got, int64(tc.off)); err != nil || !bytes.Equal(got, p) {
+			t.Fatalf("read back [%d,+%d): %v", tc.off, tc.n, err)
+		}
+	}
+	if f, _ := os.ReadFile(path); len(f) != 4<<20 || !bytes.Equal(f[4096:12345], make([]byte, 12345-4096)) {
+		t.Fatal("bytes outside the writes changed")
+	}
+}
+
+// TestTLSMappedWriteTruncated: a file truncated under the mapping makes
+// the write fault; the connection ends with an error, the process does not,
+// and the server serves the next connection.
+func TestTLSMappedWriteTruncated(t *testing.T) {
+	pk := newTestPKI(t)
+	path, addr, _ := serveFileTLS(t, pk, fastDir(t), 4<<20)
+	c := dial(t, addr, testName, WithTLS(pk.clientConfig()))
+	p := make([]byte, 256<<10)
+	rand.Read(p)
+	if _, err := c.WriteAt(p, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, 0); err != nil {
+		t.Fatal(err)
+	}
+	m0 := tlsMappedWrites.Load()
+	_, err := c.WriteAt(p, 2<<20)
+	if err == nil {
+		t.Fatal("a write into a truncated file's mapping succeeded")
+	}
+	if tlsMappedWrites.Load() != m0 {
+		t.Fatal("a faulted write was counted as written")
+	}
+	t.Logf("the write failed: %v", err)
+	c2 := dial(t, addr, testName, WithTLS(pk.clientConfig()))
+	if _, err := c2.ReadAt(make([]byte, 4096), 0); err != nil {
+		t.Fatalf("the next connection: %v", err)
+	}
+}
