@@ -41,9 +41,9 @@ import (
 var errSequential = errors.New("postgres: batch needs the sequential path")
 
 // pipelined writes ops in two round trips, or one (see above).
-func (s *Store) pipelined(ctx context.Context, ops []store.LeaseOp, texts []sqlstore.OpText, tenants []string, devs []string) (out []api.Lease, errs []error, err error) {
+func (s *Store) pipelined(ctx context.Context, ops []store.LeaseOp, texts []sqlstore.OpText, tenants []string, devs []string, careful bool) (out []api.Lease, errs []error, err error) {
 	err = s.onConn(ctx, "connection", func(c *pgx.Conn) error {
-		out, errs, err = s.pipeline(ctx, c, ops, texts, tenants, devs)
+		out, errs, err = s.pipeline(ctx, c, ops, texts, tenants, devs, careful)
 		return err
 	})
 	return out, errs, err
@@ -74,18 +74,26 @@ func (s *Store) onConn(ctx context.Context, what string, f func(c *pgx.Conn) err
 	})
 }
 
-func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, texts []sqlstore.OpText, tenants []string, devs []string) ([]api.Lease, []error, error) {
+func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, texts []sqlstore.OpText, tenants []string, devs []string, careful bool) ([]api.Lease, []error, error) {
 	out, errs := make([]api.Lease, len(ops)), make([]error, len(ops))
 	accepted := make([]bool, len(ops)) // the creations to write
 
 	// Round trip 1, unless the batch holds transitions only (which lock
-	// and read nothing first): begin, lock, read for the creations'
-	// checks, judge them.
-	oneTrip := true
+	// and read nothing first) or creations that check themselves: begin,
+	// lock, read for the creations' checks, judge them.
+	oneTrip, creates := true, false
 	for _, op := range ops {
 		if op.Create != nil {
-			oneTrip = false
-			break
+			creates = true
+			if careful || !checkable(*op.Create) {
+				oneTrip = false
+			}
+		}
+	}
+	checked := oneTrip && creates // each creation checks itself (createSQL)
+	if checked {
+		for i, op := range ops {
+			accepted[i] = op.Create != nil
 		}
 	}
 	if !oneTrip {
@@ -94,17 +102,21 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 		}
 	}
 
-	// Round trip 2: (begin,) write every op in order, events under the
-	// log's lock (shared: writers do not wait for one another), commit.
+	// Round trip 2: (begin, lock the creations' devices,) write every op
+	// in order, events under the log's lock (shared: writers do not wait
+	// for one another), commit.
 	b := &pgx.Batch{}
 	if oneTrip {
 		b.Queue("BEGIN")
+		if len(devs) > 0 {
+			b.Queue(lockDevicesSQL, devs)
+		}
 	}
 	b.Queue(`SELECT pg_advisory_xact_lock_shared($1, $2)`, lockClass, lockEvents)
 	for i, op := range ops {
 		if op.Create != nil {
 			if accepted[i] {
-				q, args := createSQL(*op.Create, texts[i])
+				q, args := createSQL(*op.Create, texts[i], checked)
 				b.Queue(q, args...)
 			}
 			continue
@@ -119,6 +131,12 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 			br.Close()
 			return nil, nil, wrap("begin", err)
 		}
+		if len(devs) > 0 {
+			if _, err := br.Exec(); err != nil {
+				br.Close()
+				return nil, nil, wrap("lock devices", err)
+			}
+		}
 	}
 	if _, err := br.Exec(); err != nil {
 		br.Close()
@@ -132,6 +150,9 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 			}
 			if _, err := br.Exec(); err != nil {
 				br.Close()
+				if checked {
+					return nil, nil, checkError(err)
+				}
 				return nil, nil, lateError(err)
 			}
 			out[i] = sqlstore.CreatedLease(op.Create.Lease)
@@ -210,7 +231,7 @@ func (s *Store) readForCreations(ctx context.Context, c *pgx.Conn, ops []store.L
 		b.Queue(`SELECT pg_advisory_xact_lock($1, hashtext($2))`, lockTenantNS, t)
 	}
 	if len(devs) > 0 {
-		b.Queue(`SELECT count(*) FROM (SELECT id FROM devices WHERE id = ANY($1) ORDER BY id FOR UPDATE) locked`, devs)
+		b.Queue(lockDevicesSQL, devs)
 	}
 	partSQL := rebind(sqlstore.PartCheckSQL)
 	for _, op := range ops {
@@ -326,6 +347,49 @@ func (s *Store) readForCreations(ctx context.Context, c *pgx.Conn, ops []store.L
 	return nil
 }
 
+// lockDevicesSQL locks the rows of the devices $1 (sorted), in ID order.
+const lockDevicesSQL = `SELECT count(*) FROM (SELECT id FROM devices WHERE id = ANY($1) ORDER BY id FOR UPDATE) locked`
+
+// errRecheck asks for the two round trips: a creation checked in its
+// own statement (createSQL, checked) was refused, or failed on a
+// constraint; the first round trip tells which, and why.
+var errRecheck = errors.New("postgres: batch needs its creations judged first")
+
+// checkable reports whether creation n can check itself in its write
+// statement (createSQL, checked): it carries no limit (the tenant's
+// usage is judged in Go, readForCreations) and its parts do not
+// overlap one another (a refusal the statement does not look for).
+func checkable(n store.NewLease) bool {
+	if n.Limit != nil {
+		return false
+	}
+	ps := n.Lease.Parts
+	for i, p := range ps {
+		for _, q := range ps[:i] {
+			if q.DeviceID == p.DeviceID && q.Offset < p.Offset+p.Length && q.Offset+q.Length > p.Offset {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// checkError classifies an error of a self-checking creation: a refusal
+// (the statement's division by zero) or a constraint (an idempotency key
+// used before) makes the batch go the two round trips' way
+// (errRecheck), where each creation is judged apart; PostgreSQL's own
+// retries and lost connections are as they are.
+func checkError(err error) error {
+	if retryable(err) || unavailable(err) {
+		return wrap("write", err)
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return fmt.Errorf("%w: %w", errRecheck, err)
+	}
+	return wrap("write", err)
+}
+
 // lateError classifies an error of a write in the second round trip:
 // PostgreSQL's own retries and lost connections as they are, anything
 // else (a constraint: an idempotency key another replica's request used
@@ -343,8 +407,17 @@ func lateError(err error) error {
 }
 
 // createSQL is one statement writing a new lease, its plan, its parts,
-// its idempotency key and its event.
-func createSQL(n store.NewLease, text sqlstore.OpText) (string, []any) {
+// its idempotency key and its event. checked, it also re-checks every
+// part as readForCreations and sqlstore.JudgePart would (device available,
+// of the lease's kind, on its node, ready and not cordoned, the range
+// inside the capacity and overlapping no live part), on what the
+// transaction sees after locking the devices (earlier creations of the
+// batch included), and fails with a division by zero when one does not
+// fit: the batch is rolled back and written again in two round trips,
+// which tell which creation was refused and why (checkError). A refusal
+// is rare (the placement leader places on its own up-to-date view): the
+// check saves the first round trip and two statements a creation.
+func createSQL(n store.NewLease, text sqlstore.OpText, checked bool) (string, []any) {
 	l, d := n.Lease, n.Demand
 	nodes, devs := make([]string, len(l.Parts)), make([]string, len(l.Parts))
 	offs, lens := make([]int64, len(l.Parts)), make([]int64, len(l.Parts))
@@ -359,23 +432,47 @@ func createSQL(n store.NewLease, text sqlstore.OpText) (string, []any) {
 	if ev.At.IsZero() {
 		ev.At = time.Now().UTC()
 	}
-	q := rebind(`WITH l AS (INSERT INTO leases (` + sqlstore.LeaseInsertCols + `, demand_bps, work_bytes, deadline_at, gateway)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)),
-		p AS (INSERT INTO lease_plans (created_at, lease_id, plan) SELECT ?, ?, ?::text WHERE ?::text <> ''),
-		x AS (INSERT INTO lease_parts (lease_id, idx, node_id, device_id, off, length, uri, live)
-			SELECT ?, t.i - 1, t.node, t.dev, t.off, t.len, '', 1
-			FROM unnest(?::text[], ?::text[], ?::bigint[], ?::bigint[]) WITH ORDINALITY AS t(node, dev, off, len, i)),
-		k AS (INSERT INTO idempotency_keys (tenant, key, request_hash, lease_id, created_at) SELECT ?::text, ?::text, ?, ?, ? WHERE ?::text <> ''),
-		e AS (INSERT INTO events (at, type, subject, message, state) SELECT ?, ?::text, ?, ?, ? WHERE ?::text <> '')
-		SELECT 1`)
+	q := plainCreateSQL
+	if checked {
+		q = checkedCreateSQL
+	}
 	args := []any{l.ID, string(l.State), string(l.Kind), string(l.Mode), l.Tenant, l.Borrower, l.Size, l.Count, l.StripeUnit, l.BandwidthCap, l.IOPSCap, l.URI, l.Credential, l.TTLSeconds,
 		ns(l.ExpiresAt), ns(l.CreatedAt), ns(l.UpdatedAt), l.Reason, l.IdempotencyKey, text.Parts, d.Bandwidth, d.Work, ns(d.Deadline), d.Gateway,
 		ns(l.CreatedAt), l.ID, text.Plan, text.Plan,
 		l.ID, nodes, devs, offs, lens,
 		idemTenant, idemKey, idemHash, l.ID, ns(l.CreatedAt), idemKey,
 		ns(ev.At), ev.Type, ev.Subject, ev.Message, ev.State, ev.Type}
+	if checked {
+		args = append(args, len(l.Parts), string(l.Kind), nodes, devs, offs, lens)
+	}
 	return q, args
 }
+
+// createCTEs write a new lease (createSQL).
+const createCTEs = `WITH l AS (INSERT INTO leases (` + sqlstore.LeaseInsertCols + `, demand_bps, work_bytes, deadline_at, gateway)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)),
+		p AS (INSERT INTO lease_plans (created_at, lease_id, plan) SELECT ?, ?, ?::text WHERE ?::text <> ''),
+		x AS (INSERT INTO lease_parts (lease_id, idx, node_id, device_id, off, length, uri, live)
+			SELECT ?, t.i - 1, t.node, t.dev, t.off, t.len, '', 1
+			FROM unnest(?::text[], ?::text[], ?::bigint[], ?::bigint[]) WITH ORDINALITY AS t(node, dev, off, len, i)),
+		k AS (INSERT INTO idempotency_keys (tenant, key, request_hash, lease_id, created_at) SELECT ?::text, ?::text, ?, ?, ? WHERE ?::text <> ''),
+		e AS (INSERT INTO events (at, type, subject, message, state) SELECT ?, ?::text, ?, ?, ? WHERE ?::text <> '')`
+
+var (
+	plainCreateSQL = rebind(createCTEs + ` SELECT 1`)
+	// The check (ok) sees what the statement found when it started: not
+	// the parts it inserts itself (its parts do not overlap one another:
+	// checkable). Its part conditions are sqlstore.JudgePart's; the live
+	// parts of a device are found through parts_live_by_device, as
+	// sqlstore.PartCheckSQL finds them.
+	checkedCreateSQL = rebind(createCTEs + `,
+		ok AS (SELECT count(*) = ?::bigint AND coalesce(bool_and(d.node_id = t.node AND d.state = 'available' AND n.state = 'ready'
+				AND n.cordoned = 0 AND d.kind = ?::text AND t.off >= 0 AND t.len > 0 AND t.off <= d.capacity - t.len
+				AND NOT EXISTS (SELECT 1 FROM lease_parts lp WHERE lp.device_id = d.id AND lp.live = 1 AND lp.off < t.off + t.len AND lp.off + lp.length > t.off)), true) AS pass
+			FROM unnest(?::text[], ?::text[], ?::bigint[], ?::bigint[]) AS t(node, dev, off, len)
+			JOIN devices d ON d.id = t.dev JOIN nodes n ON n.id = d.node_id)
+		SELECT 1 / (SELECT pass::int FROM ok)`)
+)
 
 // transitionSQL is one statement doing a transition's compare-and-set,
 // recording the parts' URIs, freeing the parts of a lease that ends,
