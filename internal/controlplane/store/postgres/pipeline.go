@@ -18,30 +18,37 @@ import (
 	"github.com/rialto-project/rialto/internal/controlplane/store/sqlstore"
 )
 
-// A batch of lease writes (LeaseOps) in two round trips: most of a
-// PostgreSQL transaction's cost is its round trips, and a batch written
-// statement by statement makes one or two per op. The first round trip
+// A batch of lease writes (LeaseOps) in one round trip, or two: most of
+// a PostgreSQL transaction's cost is its round trips, and a batch written
+// statement by statement makes one or two per op. Usually the batch is
+// one round trip: begin, lock the creations' devices, write every op in
+// order, each creation re-checking its parts in its own statement
+// (createSQL, checked) and each successful op appending its event under
+// the event log's lock, commit. A creation refused there (a part another
+// replica took, a used idempotency key) fails the whole batch, which is
+// rolled back and sent again in two round trips (errRecheck): the first
 // begins the transaction, takes the locks (tenants, devices: doc.go) and
 // reads what the creations' checks need; the creations are judged here;
-// the second round trip writes every op in order, appends each successful
-// op's event under the event log's lock, and commits. A transition whose
-// compare-and-set fails writes nothing (its event is conditional on its
-// update); the few that fail are told apart (not found or conflict)
-// afterwards. Judging the creations before the writes is conservative
-// within a batch: a creation is checked against the parts the store held
-// before the batch and those of the batch's earlier creations, not the
-// parts freed by the batch's earlier transitions (the caller places it
-// again). Anything unexpected (an op failing with an error after writing)
-// rolls the batch back, which is then written statement by statement with
-// savepoints (leaseOpsSeq). A batch of transitions alone has nothing to
-// lock or read first: it is written in one round trip (begin, the writes,
-// commit), as the control plane's group commit sends them when it writes
-// creations and transitions in transactions of their own (batch.go).
+// the second writes the accepted ones and the transitions and commits. A
+// creation carrying its tenant's limit always takes the two round trips
+// (checkable). A transition whose compare-and-set fails writes nothing
+// (its event is conditional on its update); the few that fail are told
+// apart (not found or conflict) afterwards. Judging the creations before
+// the writes is conservative within a batch: a creation is checked
+// against the parts the store held before the batch and those of the
+// batch's earlier creations, not the parts freed by the batch's earlier
+// transitions (the caller places it again); a creation checking itself
+// sees both. Anything unexpected (an op failing with an error after
+// writing) rolls the batch back, which is then written statement by
+// statement with savepoints (leaseOpsSeq). The control plane's group
+// commit sends creations and transitions in transactions of their own
+// (batch.go).
 
 // errSequential asks for the statement-by-statement path.
 var errSequential = errors.New("postgres: batch needs the sequential path")
 
-// pipelined writes ops in two round trips, or one (see above).
+// pipelined writes ops in one round trip, or two (careful, or when a
+// creation needs them: see above).
 func (s *Store) pipelined(ctx context.Context, ops []store.LeaseOp, texts []sqlstore.OpText, tenants []string, devs []string, careful bool) (out []api.Lease, errs []error, err error) {
 	err = s.onConn(ctx, "connection", func(c *pgx.Conn) error {
 		out, errs, err = s.pipeline(ctx, c, ops, texts, tenants, devs, careful)
