@@ -167,8 +167,8 @@ func (b *beatBatcher) do(ctx context.Context, st store.Store, beat store.Beat) (
 // transactions of their own, one of each in flight at a time: a batch of
 // transitions locks nothing a creation's batch locks (a creation locks its
 // devices first; a transition writes its own lease's rows only), so the
-// two overlap instead of queueing behind each other, and a batch of
-// transitions takes one round trip, not two (store/postgres, pipeline.go).
+// two overlap instead of queueing behind each other; a batch of either
+// takes one round trip (store/postgres, pipeline.go).
 // Each lingers only until the writers of its last batch are back
 // (groupCommit.rejoin), not a fixed millisecond, during which the store
 // sat idle: with sixteen borrowers, gathering took 1.3 ms of each batch's

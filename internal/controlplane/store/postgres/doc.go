@@ -6,8 +6,8 @@
 // are sqlstore's, shared with the SQLite store, with PostgreSQL's
 // placeholders. This package holds PostgreSQL's dialect (dialect.go): the
 // locks below, transactions re-run after a deadlock, the lease writes as
-// one data-modifying statement each and batches pipelined in two round
-// trips, one for transitions alone (leases.go, pipeline.go), heartbeat batches and event appends with
+// one data-modifying statement each and batches pipelined in one round
+// trip, two when a creation must be judged apart (leases.go, pipeline.go), heartbeat batches and event appends with
 // unnest (nodes.go, events.go), and what only replicas need: the
 // election and the leader's address (election.go, leader.go) and
 // broadcasts between replicas (broadcast.go, LISTEN/NOTIFY).

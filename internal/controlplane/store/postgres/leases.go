@@ -17,8 +17,9 @@ import (
 // refused op left nothing behind. err is set, and nothing committed, when
 // the batch itself fails.
 //
-// A batch is written in two round trips, one when it holds transitions
-// only (pipeline.go); one that needs more (an op failed after writing)
+// A batch is written in one round trip, its creations checking
+// themselves in their write statements, or in two when one of them was
+// refused or cannot check itself (it carries a limit: pipeline.go); one that needs more (an op failed after writing)
 // is written again statement by statement (sqlstore.Core.WriteOps),
 // which first locks what its creations re-check (their tenants and
 // devices, each in ID order: see doc.go).
@@ -44,8 +45,13 @@ func (s *Store) LeaseOps(ctx context.Context, ops []store.LeaseOp) (out []api.Le
 	slices.Sort(devs)
 	devs = slices.Compact(devs)
 	err = errSequential
+	careful := s.twoTrips
 	for attempt := 0; attempt < maxTxAttempts && !s.sequential; attempt++ {
-		out, errs, err = s.pipelined(ctx, ops, texts, tenants, devs)
+		out, errs, err = s.pipelined(ctx, ops, texts, tenants, devs, careful)
+		if errors.Is(err, errRecheck) && !careful {
+			careful = true // a creation was refused: judge them first
+			out, errs, err = s.pipelined(ctx, ops, texts, tenants, devs, careful)
+		}
 		if err == nil {
 			break
 		}
@@ -71,7 +77,7 @@ func (s *Store) LeaseOps(ctx context.Context, ops []store.LeaseOp) (out []api.Le
 // caller writes.
 func (dialect) InsertLease(ctx context.Context, tx sqlstore.Execer, n store.NewLease, text sqlstore.OpText) error {
 	n.Idem, n.Event = nil, api.Event{}
-	q, args := createSQL(n, text)
+	q, args := createSQL(n, text, false)
 	if _, err := tx.ExecContext(ctx, q, args...); err != nil {
 		return wrap("create lease", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -17,33 +18,40 @@ import (
 	"github.com/rialto-project/rialto/internal/controlplane/store/sqlstore"
 )
 
-// A batch of lease writes (LeaseOps) in two round trips: most of a
-// PostgreSQL transaction's cost is its round trips, and a batch written
-// statement by statement makes one or two per op. The first round trip
+// A batch of lease writes (LeaseOps) in one round trip, or two: most of
+// a PostgreSQL transaction's cost is its round trips, and a batch written
+// statement by statement makes one or two per op. Usually the batch is
+// one round trip: begin, lock the creations' devices, write every op in
+// order, each creation re-checking its parts in its own statement
+// (createSQL, checked) and each successful op appending its event under
+// the event log's lock, commit. A creation refused there (a part another
+// replica took, a used idempotency key) fails the whole batch, which is
+// rolled back and sent again in two round trips (errRecheck): the first
 // begins the transaction, takes the locks (tenants, devices: doc.go) and
 // reads what the creations' checks need; the creations are judged here;
-// the second round trip writes every op in order, appends each successful
-// op's event under the event log's lock, and commits. A transition whose
-// compare-and-set fails writes nothing (its event is conditional on its
-// update); the few that fail are told apart (not found or conflict)
-// afterwards. Judging the creations before the writes is conservative
-// within a batch: a creation is checked against the parts the store held
-// before the batch and those of the batch's earlier creations, not the
-// parts freed by the batch's earlier transitions (the caller places it
-// again). Anything unexpected (an op failing with an error after writing)
-// rolls the batch back, which is then written statement by statement with
-// savepoints (leaseOpsSeq). A batch of transitions alone has nothing to
-// lock or read first: it is written in one round trip (begin, the writes,
-// commit), as the control plane's group commit sends them when it writes
-// creations and transitions in transactions of their own (batch.go).
+// the second writes the accepted ones and the transitions and commits. A
+// creation carrying its tenant's limit always takes the two round trips
+// (checkable). A transition whose compare-and-set fails writes nothing
+// (its event is conditional on its update); the few that fail are told
+// apart (not found or conflict) afterwards. Judging the creations before
+// the writes is conservative within a batch: a creation is checked
+// against the parts the store held before the batch and those of the
+// batch's earlier creations, not the parts freed by the batch's earlier
+// transitions (the caller places it again); a creation checking itself
+// sees both. Anything unexpected (an op failing with an error after
+// writing) rolls the batch back, which is then written statement by
+// statement with savepoints (leaseOpsSeq). The control plane's group
+// commit sends creations and transitions in transactions of their own
+// (batch.go).
 
 // errSequential asks for the statement-by-statement path.
 var errSequential = errors.New("postgres: batch needs the sequential path")
 
-// pipelined writes ops in two round trips, or one (see above).
-func (s *Store) pipelined(ctx context.Context, ops []store.LeaseOp, texts []sqlstore.OpText, tenants []string, devs []string) (out []api.Lease, errs []error, err error) {
+// pipelined writes ops in one round trip, or two (careful, or when a
+// creation needs them: see above).
+func (s *Store) pipelined(ctx context.Context, ops []store.LeaseOp, texts []sqlstore.OpText, tenants []string, devs []string, careful bool) (out []api.Lease, errs []error, err error) {
 	err = s.onConn(ctx, "connection", func(c *pgx.Conn) error {
-		out, errs, err = s.pipeline(ctx, c, ops, texts, tenants, devs)
+		out, errs, err = s.pipeline(ctx, c, ops, texts, tenants, devs, careful)
 		return err
 	})
 	return out, errs, err
@@ -74,18 +82,26 @@ func (s *Store) onConn(ctx context.Context, what string, f func(c *pgx.Conn) err
 	})
 }
 
-func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, texts []sqlstore.OpText, tenants []string, devs []string) ([]api.Lease, []error, error) {
+func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, texts []sqlstore.OpText, tenants []string, devs []string, careful bool) ([]api.Lease, []error, error) {
 	out, errs := make([]api.Lease, len(ops)), make([]error, len(ops))
 	accepted := make([]bool, len(ops)) // the creations to write
 
 	// Round trip 1, unless the batch holds transitions only (which lock
-	// and read nothing first): begin, lock, read for the creations'
-	// checks, judge them.
-	oneTrip := true
+	// and read nothing first) or creations that check themselves: begin,
+	// lock, read for the creations' checks, judge them.
+	oneTrip, creates := true, false
 	for _, op := range ops {
 		if op.Create != nil {
-			oneTrip = false
-			break
+			creates = true
+			if careful || !checkable(*op.Create) {
+				oneTrip = false
+			}
+		}
+	}
+	checked := oneTrip && creates // each creation checks itself (createSQL)
+	if checked {
+		for i, op := range ops {
+			accepted[i] = op.Create != nil
 		}
 	}
 	if !oneTrip {
@@ -94,17 +110,21 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 		}
 	}
 
-	// Round trip 2: (begin,) write every op in order, events under the
-	// log's lock (shared: writers do not wait for one another), commit.
+	// Round trip 2: (begin, lock the creations' devices,) write every op
+	// in order, events under the log's lock (shared: writers do not wait
+	// for one another), commit.
 	b := &pgx.Batch{}
 	if oneTrip {
 		b.Queue("BEGIN")
+		if len(devs) > 0 {
+			b.Queue(lockDevicesSQL(len(devs)), anys(devs)...)
+		}
 	}
 	b.Queue(`SELECT pg_advisory_xact_lock_shared($1, $2)`, lockClass, lockEvents)
 	for i, op := range ops {
 		if op.Create != nil {
 			if accepted[i] {
-				q, args := createSQL(*op.Create, texts[i])
+				q, args := createSQL(*op.Create, texts[i], checked)
 				b.Queue(q, args...)
 			}
 			continue
@@ -119,6 +139,12 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 			br.Close()
 			return nil, nil, wrap("begin", err)
 		}
+		if len(devs) > 0 {
+			if _, err := br.Exec(); err != nil {
+				br.Close()
+				return nil, nil, wrap("lock devices", err)
+			}
+		}
 	}
 	if _, err := br.Exec(); err != nil {
 		br.Close()
@@ -132,6 +158,9 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 			}
 			if _, err := br.Exec(); err != nil {
 				br.Close()
+				if checked {
+					return nil, nil, checkError(err)
+				}
 				return nil, nil, lateError(err)
 			}
 			out[i] = sqlstore.CreatedLease(op.Create.Lease)
@@ -210,7 +239,7 @@ func (s *Store) readForCreations(ctx context.Context, c *pgx.Conn, ops []store.L
 		b.Queue(`SELECT pg_advisory_xact_lock($1, hashtext($2))`, lockTenantNS, t)
 	}
 	if len(devs) > 0 {
-		b.Queue(`SELECT count(*) FROM (SELECT id FROM devices WHERE id = ANY($1) ORDER BY id FOR UPDATE) locked`, devs)
+		b.Queue(lockDevicesSQL(len(devs)), anys(devs)...)
 	}
 	partSQL := rebind(sqlstore.PartCheckSQL)
 	for _, op := range ops {
@@ -326,6 +355,46 @@ func (s *Store) readForCreations(ctx context.Context, c *pgx.Conn, ops []store.L
 	return nil
 }
 
+// errRecheck asks for the two round trips: a creation checked in its
+// own statement (createSQL, checked) was refused, or failed on a
+// constraint; the first round trip tells which, and why.
+var errRecheck = errors.New("postgres: batch needs its creations judged first")
+
+// checkable reports whether creation n can check itself in its write
+// statement (createSQL, checked): it carries no limit (the tenant's
+// usage is judged in Go, readForCreations) and its parts do not
+// overlap one another (a refusal the statement does not look for).
+func checkable(n store.NewLease) bool {
+	if n.Limit != nil || len(n.Lease.Parts) == 0 {
+		return false
+	}
+	ps := n.Lease.Parts
+	for i, p := range ps {
+		for _, q := range ps[:i] {
+			if q.DeviceID == p.DeviceID && q.Offset < p.Offset+p.Length && q.Offset+q.Length > p.Offset {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// checkError classifies an error of a self-checking creation: a refusal
+// (the statement's division by zero) or a constraint (an idempotency key
+// used before) makes the batch go the two round trips' way
+// (errRecheck), where each creation is judged apart; PostgreSQL's own
+// retries and lost connections are as they are.
+func checkError(err error) error {
+	if retryable(err) || unavailable(err) {
+		return wrap("write", err)
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return fmt.Errorf("%w: %w", errRecheck, err)
+	}
+	return wrap("write", err)
+}
+
 // lateError classifies an error of a write in the second round trip:
 // PostgreSQL's own retries and lost connections as they are, anything
 // else (a constraint: an idempotency key another replica's request used
@@ -343,8 +412,17 @@ func lateError(err error) error {
 }
 
 // createSQL is one statement writing a new lease, its plan, its parts,
-// its idempotency key and its event.
-func createSQL(n store.NewLease, text sqlstore.OpText) (string, []any) {
+// its idempotency key and its event. checked, it also re-checks every
+// part as readForCreations and sqlstore.JudgePart would (device available,
+// of the lease's kind, on its node, ready and not cordoned, the range
+// inside the capacity and overlapping no live part), on what the
+// transaction sees after locking the devices (earlier creations of the
+// batch included), and fails with a division by zero when one does not
+// fit: the batch is rolled back and written again in two round trips,
+// which tell which creation was refused and why (checkError). A refusal
+// is rare (the placement leader places on its own up-to-date view): the
+// check saves the first round trip and two statements a creation.
+func createSQL(n store.NewLease, text sqlstore.OpText, checked bool) (string, []any) {
 	l, d := n.Lease, n.Demand
 	nodes, devs := make([]string, len(l.Parts)), make([]string, len(l.Parts))
 	offs, lens := make([]int64, len(l.Parts)), make([]int64, len(l.Parts))
@@ -359,22 +437,100 @@ func createSQL(n store.NewLease, text sqlstore.OpText) (string, []any) {
 	if ev.At.IsZero() {
 		ev.At = time.Now().UTC()
 	}
-	q := rebind(`WITH l AS (INSERT INTO leases (` + sqlstore.LeaseInsertCols + `, demand_bps, work_bytes, deadline_at, gateway)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)),
-		p AS (INSERT INTO lease_plans (created_at, lease_id, plan) SELECT ?, ?, ?::text WHERE ?::text <> ''),
-		x AS (INSERT INTO lease_parts (lease_id, idx, node_id, device_id, off, length, uri, live)
-			SELECT ?, t.i - 1, t.node, t.dev, t.off, t.len, '', 1
-			FROM unnest(?::text[], ?::text[], ?::bigint[], ?::bigint[]) WITH ORDINALITY AS t(node, dev, off, len, i)),
-		k AS (INSERT INTO idempotency_keys (tenant, key, request_hash, lease_id, created_at) SELECT ?::text, ?::text, ?, ?, ? WHERE ?::text <> ''),
-		e AS (INSERT INTO events (at, type, subject, message, state) SELECT ?, ?::text, ?, ?, ? WHERE ?::text <> '')
-		SELECT 1`)
+	q := plainCreateSQL
+	if checked {
+		q = checkedCreateSQL(len(l.Parts))
+	}
 	args := []any{l.ID, string(l.State), string(l.Kind), string(l.Mode), l.Tenant, l.Borrower, l.Size, l.Count, l.StripeUnit, l.BandwidthCap, l.IOPSCap, l.URI, l.Credential, l.TTLSeconds,
 		ns(l.ExpiresAt), ns(l.CreatedAt), ns(l.UpdatedAt), l.Reason, l.IdempotencyKey, text.Parts, d.Bandwidth, d.Work, ns(d.Deadline), d.Gateway,
 		ns(l.CreatedAt), l.ID, text.Plan, text.Plan,
 		l.ID, nodes, devs, offs, lens,
 		idemTenant, idemKey, idemHash, l.ID, ns(l.CreatedAt), idemKey,
 		ns(ev.At), ev.Type, ev.Subject, ev.Message, ev.State, ev.Type}
+	if checked {
+		args = append(args, string(l.Kind))
+		for i := range l.Parts {
+			args = append(args, nodes[i], devs[i], offs[i], lens[i])
+		}
+	}
 	return q, args
+}
+
+// createCTEs write a new lease (createSQL).
+const createCTEs = `WITH l AS (INSERT INTO leases (` + sqlstore.LeaseInsertCols + `, demand_bps, work_bytes, deadline_at, gateway)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)),
+		p AS (INSERT INTO lease_plans (created_at, lease_id, plan) SELECT ?, ?, ?::text WHERE ?::text <> ''),
+		x AS (INSERT INTO lease_parts (lease_id, idx, node_id, device_id, off, length, uri, live)
+			SELECT ?, t.i - 1, t.node, t.dev, t.off, t.len, '', 1
+			FROM unnest(?::text[], ?::text[], ?::bigint[], ?::bigint[]) WITH ORDINALITY AS t(node, dev, off, len, i)),
+		k AS (INSERT INTO idempotency_keys (tenant, key, request_hash, lease_id, created_at) SELECT ?::text, ?::text, ?, ?, ? WHERE ?::text <> ''),
+		e AS (INSERT INTO events (at, type, subject, message, state) SELECT ?, ?::text, ?, ?, ? WHERE ?::text <> '')`
+
+var plainCreateSQL = rebind(createCTEs + ` SELECT 1`)
+
+// checkedCreateSQL is createSQL's statement that checks its n parts
+// first (n > 0). The check (ok) sees what the statement found when it
+// started: not the parts it inserts itself (its parts do not overlap one
+// another: checkable). Its part conditions are sqlstore.JudgePart's. The
+// parts are a VALUES list of n rows, not an unnest of arrays, and a live
+// part's device, node and overlapping live parts are looked up with a
+// scalar subquery each: the planner knows how many rows it checks, so
+// that a connection keeps one generic plan (with arrays, whose length it
+// guesses, it found every custom plan cheaper and planned each call
+// again, 0.27 ms a creation), and that plan finds them by index whatever
+// the tables held when it was made (a join planned on a fresh database
+// scanned the devices: TestCreationPlans).
+func checkedCreateSQL(n int) string {
+	if q, ok := checkedSQL.Load(n); ok {
+		return q.(string)
+	}
+	var b strings.Builder
+	b.WriteString(createCTEs + `,
+		ok AS (SELECT bool_and(coalesce((SELECT d.node_id = t.node AND d.state = 'available' AND n.state = 'ready'
+				AND n.cordoned = 0 AND d.kind = ?::text AND t.off >= 0 AND t.len > 0 AND t.off <= d.capacity - t.len
+				AND (SELECT 1 FROM lease_parts lp WHERE lp.device_id = d.id AND lp.live = 1 AND lp.off < t.off + t.len AND lp.off + lp.length > t.off LIMIT 1) IS NULL
+				FROM devices d JOIN nodes n ON n.id = d.node_id WHERE d.id = t.dev), false)) AS pass
+			FROM (VALUES `)
+	for i := range n {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("(?::text, ?::text, ?::bigint, ?::bigint)")
+	}
+	b.WriteString(`) AS t(node, dev, off, len))
+		SELECT 1 / (SELECT pass::int FROM ok)`)
+	q := rebind(b.String())
+	checkedSQL.Store(n, q)
+	return q
+}
+
+var checkedSQL sync.Map // part count → checkedCreateSQL
+
+// lockDevicesSQL locks the rows of n devices (sorted), in ID order. The
+// IDs are n parameters, not an array, for the reason given at
+// checkedCreateSQL.
+func lockDevicesSQL(n int) string {
+	if q, ok := lockSQL.Load(n); ok {
+		return q.(string)
+	}
+	q := `SELECT count(*) FROM (SELECT id FROM devices WHERE id IN ($1`
+	for i := 2; i <= n; i++ {
+		q += ", $" + strconv.Itoa(i)
+	}
+	q += `) ORDER BY id FOR UPDATE) locked`
+	lockSQL.Store(n, q)
+	return q
+}
+
+var lockSQL sync.Map // device count → lockDevicesSQL
+
+// anys is ss as arguments.
+func anys(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
 }
 
 // transitionSQL is one statement doing a transition's compare-and-set,

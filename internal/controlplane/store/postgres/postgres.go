@@ -30,6 +30,7 @@ type Store struct {
 	db         *sql.DB
 	url        string
 	sequential bool // Options.sequential
+	twoTrips   bool // Options.twoTrips
 }
 
 var (
@@ -57,6 +58,9 @@ type Options struct {
 	// sequential writes every lease batch statement by statement (the
 	// path of a batch the pipeline cannot write), for tests.
 	sequential bool
+	// twoTrips judges every batch's creations in a first round trip
+	// (the path of a batch whose creation was refused), for tests.
+	twoTrips bool
 }
 
 // Open connects to the database at url (postgres://…), applies pending
@@ -73,7 +77,7 @@ func Open(ctx context.Context, url string, o Options) (*Store, error) {
 	db.SetMaxOpenConns(o.MaxConns)
 	db.SetMaxIdleConns(o.MaxConns)
 	db.SetConnMaxIdleTime(5 * time.Minute)
-	s := &Store{db: db, url: url, sequential: o.sequential}
+	s := &Store{db: db, url: url, sequential: o.sequential, twoTrips: o.twoTrips}
 	s.Init(dialect{s})
 	if err := s.migrate(ctx, -1); err != nil {
 		db.Close()

@@ -45,7 +45,7 @@ func TestConformanceSequential(t *testing.T) {
 	urls := map[store.Store]string{}
 	storetest.Run(t, storetest.Options{
 		Limits: true,
-		Only:   []string{"Capacity", "Transitions", "LostPartsAndCaps", "Idempotency", "Limits", "ConcurrentWriters", "ConcurrentIdempotencyKey", "ReplaceParts", "GatewayKey"},
+		Only:   []string{"Capacity", "BatchRefusals", "Transitions", "LostPartsAndCaps", "Idempotency", "Limits", "ConcurrentWriters", "ConcurrentIdempotencyKey", "ReplaceParts", "GatewayKey"},
 		Open: func(t *testing.T) store.Store {
 			url := pgtest.DB(t)
 			s, err := Open(context.Background(), url, Options{sequential: true})
@@ -57,6 +57,34 @@ func TestConformanceSequential(t *testing.T) {
 		},
 		Reopen: func(t *testing.T, s store.Store) store.Store {
 			r, err := Open(context.Background(), urls[s], Options{sequential: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		},
+	})
+}
+
+// TestConformanceTwoTrips runs the suite's lease tests with every batch's
+// creations judged in a first round trip (pipeline.go's readForCreations):
+// the path of a batch in which a creation checking itself in its write
+// statement was refused.
+func TestConformanceTwoTrips(t *testing.T) {
+	urls := map[store.Store]string{}
+	storetest.Run(t, storetest.Options{
+		Limits: true,
+		Only:   []string{"Capacity", "BatchRefusals", "Transitions", "LostPartsAndCaps", "Idempotency", "Limits", "ConcurrentWriters", "ConcurrentIdempotencyKey", "ReplaceParts", "GatewayKey"},
+		Open: func(t *testing.T) store.Store {
+			url := pgtest.DB(t)
+			s, err := Open(context.Background(), url, Options{twoTrips: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			urls[s] = url
+			return s
+		},
+		Reopen: func(t *testing.T, s store.Store) store.Store {
+			r, err := Open(context.Background(), urls[s], Options{twoTrips: true})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -34,6 +34,7 @@ func Run(t *testing.T, o Options) {
 		f    func(*testing.T, Options)
 	}{
 		{"Capacity", testCapacity},
+		{"BatchRefusals", testBatchRefusals},
 		{"Transitions", testTransitions},
 		{"LostPartsAndCaps", testLostPartsAndCaps},
 		{"Idempotency", testIdempotency},
@@ -124,6 +125,51 @@ func testCapacity(t *testing.T, o Options) {
 	}
 	if _, err := s.CreateLease(ctx, lease("h", "t", node, dev, 90, 10), store.Demand{}, nil, api.Event{}); !errors.Is(err, store.ErrCapacity) {
 		t.Fatalf("reserved on a down node: %v", err)
+	}
+}
+
+// testBatchRefusals: creations refused within one batch (a range an
+// earlier creation of the batch took, a range past the capacity, a used
+// idempotency key) leave nothing behind and do not stop the others.
+func testBatchRefusals(t *testing.T, o Options) {
+	ctx := context.Background()
+	s := open(t, o)
+	lb, ok := s.(store.LeaseBatcher)
+	if !ok {
+		t.Skip("not a LeaseBatcher")
+	}
+	node, dev := oneNode(t, s, 100)
+	if _, err := s.CreateLease(ctx, lease("k", "t", node, dev, 90, 10), store.Demand{}, &store.Idempotency{Tenant: "t", Key: "used", RequestHash: "h"}, api.Event{}); err != nil {
+		t.Fatal(err)
+	}
+	create := func(id string, off, length int64, key string) store.LeaseOp {
+		n := &store.NewLease{Lease: lease(id, "t", node, dev, off, length), Event: api.Event{Type: "lease.reserved", Subject: id}}
+		if key != "" {
+			n.Idem = &store.Idempotency{Tenant: "t", Key: key, RequestHash: "h"}
+		}
+		return store.LeaseOp{Create: n}
+	}
+	ops := []store.LeaseOp{create("a", 0, 50, ""), create("b", 40, 20, ""), create("c", 50, 30, "fresh"), create("d", 85, 10, ""), create("e", 80, 5, "used")}
+	want := []error{nil, store.ErrCapacity, nil, store.ErrCapacity, store.ErrDuplicate}
+	out, errs, err := lb.LeaseOps(ctx, ops)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, w := range want {
+		id := ops[i].Create.Lease.ID
+		if (w == nil) != (errs[i] == nil) || (w != nil && !errors.Is(errs[i], w)) {
+			t.Fatalf("%s: %v, want %v", id, errs[i], w)
+		}
+		_, gerr := s.Lease(ctx, id)
+		if w == nil && (gerr != nil || out[i].State != api.LeaseReserved) {
+			t.Fatalf("%s: %+v, read back: %v", id, out[i], gerr)
+		}
+		if w != nil && !errors.Is(gerr, store.ErrNotFound) {
+			t.Fatalf("refused %s was stored: %v", id, gerr)
+		}
+	}
+	if devs, _ := s.Devices(ctx); devs[0].Allocated != 90 {
+		t.Fatalf("allocated %d, want 90", devs[0].Allocated)
 	}
 }
 
