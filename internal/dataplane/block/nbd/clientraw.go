@@ -25,6 +25,17 @@ const clientPollMillis = 2
 // another is idle.
 const maxClientPolls = 1
 
+// deepClients counts the Clients of the process with more than one call
+// in flight. While one has, the process is serving requests at depth (the
+// parts of a composed `rialto attach` under fio or nbdcopy at QD32), and a
+// caller alone on its own connection does not wait in poll(2): the replies
+// of the others are to be read and delivered by goroutines that need the P
+// the sleeping caller would hold (4 KiB reads and writes at QD32 on a 3-way
+// composed lease: docs/bench/block.md, "Follow-up (2026-11-26, evening)").
+// One request fanned out over several connections, one call each (a flush
+// to every part, a write over two stripe units), still polls.
+var deepClients atomic.Int32
+
 // clientPolls counts the callers asleep in poll(2) (awaitRaw).
 var clientPolls atomic.Int32
 
@@ -96,12 +107,13 @@ func (c *Client) leaveNetpoller() {
 
 // awaitRaw waits in poll(2), for at most clientPollMillis, until the reply
 // of the caller alone in flight may be readable, if no other caller of the
-// process is asleep in poll(2) and the process serves at most one
-// connection (servedAlone); the caller then reads it with a plain
+// process is asleep in poll(2), no Client of the process has several calls
+// in flight (deepClients) and the process serves at most one connection
+// (servedAlone); the caller then reads it with a plain
 // read(2). If the wait ends without a reply, or another caller polls, the
 // read waits in the netpoller. The caller holds c.rsMu for reading.
 func (c *Client) awaitRaw() {
-	if !servedAlone() || !clientPollSlot() {
+	if !servedAlone() || deepClients.Load() > 0 || !clientPollSlot() {
 		return
 	}
 	defer clientPolls.Add(-1)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -222,5 +223,79 @@ func TestClientRawClose(t *testing.T) {
 			t.Fatalf("%d descriptors open after Close, %d before Dial", openFDs(t), before)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestClientPollOnlyAlone: a caller alone in flight on its connection still
+// waits in poll(2) beside one call on another Client (one request fanned
+// out over the parts, as a composed flush is), but not while another Client
+// has several calls in flight (the parts of a composed `rialto attach` at
+// depth: the sleeping caller would hold a P that their replies' readers
+// need); once those are over, a lone caller polls again. Both Clients reach
+// nbdkit processes, so the process serves no connection itself.
+func TestClientPollOnlyAlone(t *testing.T) {
+	if _, err := exec.LookPath("nbdkit"); err != nil {
+		t.Skip("nbdkit not installed")
+	}
+	waitTransmitting(t, 0)
+	part := dialNbdkit(t, "memory", "1M")
+	slow := dialNbdkit(t, "--filter=delay", "memory", "1M", "rdelay=60")
+	buf := make([]byte, 4096)
+	reads := func() int64 {
+		t.Helper()
+		w := clientRawWaits.Load()
+		for i := range 20 {
+			if _, err := part.ReadAt(buf, int64(i)*4096); err != nil {
+				t.Fatalf("read %d: %v", i, err)
+			}
+		}
+		return clientRawWaits.Load() - w
+	}
+	if reads() == 0 {
+		t.Fatal("a lone caller never waited in poll(2)")
+	}
+
+	done := make(chan error, 2)
+	slowRead := func() {
+		go func() {
+			_, err := slow.ReadAt(make([]byte, 512), 0)
+			done <- err
+		}()
+	}
+	// inFlight waits until the slow calls are in flight and their callers
+	// have left the poll slot (a lone caller polls for clientPollMillis,
+	// then waits in the netpoller).
+	inFlight := func(n int32) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for clientCalls.Load() != n || clientPolls.Load() != 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d calls in flight, %d callers polling; want %d and 0", clientCalls.Load(), clientPolls.Load(), n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	slowRead()
+	inFlight(1)
+	if reads() == 0 {
+		t.Fatal("a lone caller did not wait in poll(2) beside one call on another Client")
+	}
+	slowRead()
+	inFlight(2)
+	if n := reads(); n != 0 {
+		t.Fatalf("%d waits in poll(2) while another Client had two calls in flight", n)
+	}
+	// Close ends the slow reads (nbdkit holds them for a minute).
+	slow.Close()
+	for range 2 {
+		if err := <-done; !errors.Is(err, ErrClosed) {
+			t.Fatalf("slow read after Close: %v, want ErrClosed", err)
+		}
+	}
+	if deepClients.Load() != 0 {
+		t.Fatalf("%d Clients counted with several calls in flight after Close", deepClients.Load())
+	}
+	if reads() == 0 {
+		t.Fatal("a lone caller did not wait in poll(2) once the other calls were over")
 	}
 }
