@@ -705,7 +705,7 @@ func (c *Client) readReplies(mine *call) error {
 		c.rsMu.RLock()
 		if alone && c.rs != nil && c.br.Buffered() == 0 {
 			// Queue depth 1: wait for the reply outside the netpoller.
-			c.awaitRaw()
+			c.awaitRaw(mine.typ == CmdFlush)
 		}
 		err := c.receiveOne(c.br)
 		c.rsMu.RUnlock()

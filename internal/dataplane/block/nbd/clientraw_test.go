@@ -226,13 +226,15 @@ func TestClientRawClose(t *testing.T) {
 	}
 }
 
-// TestClientPollOnlyAlone: a caller alone in flight on its connection still
-// waits in poll(2) beside one call on another Client (one request fanned
-// out over the parts, as a composed flush is), but not while another Client
-// has several calls in flight (the parts of a composed `rialto attach` at
-// depth: the sleeping caller would hold a P that their replies' readers
-// need); once those are over, a lone caller polls again. Both Clients reach
-// nbdkit processes, so the process serves no connection itself.
+// TestClientPollOnlyAlone: a caller alone in flight on its connection waits
+// in poll(2) only while its call is the only one of the process's Clients,
+// or, for a flush, while no Client has several calls in flight (a composed
+// volume's flush goes to every part at once). Beside the calls of another
+// Client at depth (the parts of a composed `rialto attach` under fio at
+// QD32) it keeps to the netpoller: the sleeping caller would hold a P that
+// their replies' readers need. Once those are over, a lone caller polls
+// again. Both Clients reach nbdkit processes, so the process serves no
+// connection itself.
 func TestClientPollOnlyAlone(t *testing.T) {
 	if _, err := exec.LookPath("nbdkit"); err != nil {
 		t.Skip("nbdkit not installed")
@@ -241,17 +243,23 @@ func TestClientPollOnlyAlone(t *testing.T) {
 	part := dialNbdkit(t, "memory", "1M")
 	slow := dialNbdkit(t, "--filter=delay", "memory", "1M", "rdelay=60")
 	buf := make([]byte, 4096)
-	reads := func() int64 {
+	polls := func(flush bool) int64 {
 		t.Helper()
 		w := clientRawWaits.Load()
 		for i := range 20 {
-			if _, err := part.ReadAt(buf, int64(i)*4096); err != nil {
-				t.Fatalf("read %d: %v", i, err)
+			var err error
+			if flush {
+				err = part.Flush()
+			} else {
+				_, err = part.ReadAt(buf, int64(i)*4096)
+			}
+			if err != nil {
+				t.Fatalf("request %d (flush %v): %v", i, flush, err)
 			}
 		}
 		return clientRawWaits.Load() - w
 	}
-	if reads() == 0 {
+	if polls(false) == 0 || polls(true) == 0 {
 		t.Fatal("a lone caller never waited in poll(2)")
 	}
 
@@ -262,7 +270,7 @@ func TestClientPollOnlyAlone(t *testing.T) {
 			done <- err
 		}()
 	}
-	// inFlight waits until the slow calls are in flight and their callers
+	// inFlight waits until n slow calls are in flight and their callers
 	// have left the poll slot (a lone caller polls for clientPollMillis,
 	// then waits in the netpoller).
 	inFlight := func(n int32) {
@@ -277,13 +285,16 @@ func TestClientPollOnlyAlone(t *testing.T) {
 	}
 	slowRead()
 	inFlight(1)
-	if reads() == 0 {
-		t.Fatal("a lone caller did not wait in poll(2) beside one call on another Client")
+	if n := polls(false); n != 0 {
+		t.Fatalf("%d reads waited in poll(2) beside another Client's call", n)
+	}
+	if polls(true) == 0 {
+		t.Fatal("no flush waited in poll(2) beside one call on another Client")
 	}
 	slowRead()
 	inFlight(2)
-	if n := reads(); n != 0 {
-		t.Fatalf("%d waits in poll(2) while another Client had two calls in flight", n)
+	if n := polls(true); n != 0 {
+		t.Fatalf("%d flushes waited in poll(2) while another Client had two calls in flight", n)
 	}
 	// Close ends the slow reads (nbdkit holds them for a minute).
 	slow.Close()
@@ -295,7 +306,7 @@ func TestClientPollOnlyAlone(t *testing.T) {
 	if deepClients.Load() != 0 {
 		t.Fatalf("%d Clients counted with several calls in flight after Close", deepClients.Load())
 	}
-	if reads() == 0 {
+	if polls(false) == 0 {
 		t.Fatal("a lone caller did not wait in poll(2) once the other calls were over")
 	}
 }
