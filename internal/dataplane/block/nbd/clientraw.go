@@ -37,7 +37,7 @@ const maxClientPolls = 1
 // calls are to be read and delivered by goroutines that need the P the
 // sleeping caller would hold. Without that rule 4 KiB reads and writes at
 // QD32 on a 3-way composed lease ran about a fifth slower; polling whenever
-// no Client had several calls in flight kept half of that loss
+// no Client had several calls in flight won back only half of that
 // (docs/bench/block.md, "Follow-up (2026-11-26, evening)").
 var deepClients atomic.Int32
 
@@ -115,8 +115,7 @@ func (c *Client) leaveNetpoller() {
 // process is asleep in poll(2), the call is the only one of the process's
 // Clients (a flush: no Client has several in flight; deepClients) and the
 // process serves at most one connection (servedAlone); the caller then
-// reads it with a plain
-// read(2). If the wait ends without a reply, or another caller polls, the
+// reads it with a plain read(2). If the wait ends without a reply, or another caller polls, the
 // read waits in the netpoller. The caller holds c.rsMu for reading.
 func (c *Client) awaitRaw(flush bool) {
 	if !servedAlone() || deepClients.Load() > 0 || (!flush && clientCalls.Load() > 1) || !clientPollSlot() {
