@@ -115,8 +115,9 @@ func (c *Client) leaveNetpoller() {
 // process is asleep in poll(2), the call is the only one of the process's
 // Clients (a flush: no Client has several in flight; deepClients) and the
 // process serves at most one connection (servedAlone); the caller then
-// reads it with a plain read(2). If the wait ends without a reply, or another caller polls, the
-// read waits in the netpoller. The caller holds c.rsMu for reading.
+// reads it with a plain read(2). If the wait ends without a reply, or
+// another caller polls, the read waits in the netpoller. The caller holds
+// c.rsMu for reading.
 func (c *Client) awaitRaw(flush bool) {
 	if !servedAlone() || deepClients.Load() > 0 || (!flush && clientCalls.Load() > 1) || !clientPollSlot() {
 		return
