@@ -631,6 +631,9 @@ func (c *Client) failPending(err error) {
 	pend := c.pending
 	c.pending = nil
 	clientCalls.Add(-int32(len(pend)))
+	if len(pend) > 1 {
+		deepClients.Add(-1)
+	}
 	c.reading = false
 	c.closing = true
 	c.mu.Unlock()
@@ -702,7 +705,7 @@ func (c *Client) readReplies(mine *call) error {
 		c.rsMu.RLock()
 		if alone && c.rs != nil && c.br.Buffered() == 0 {
 			// Queue depth 1: wait for the reply outside the netpoller.
-			c.awaitRaw()
+			c.awaitRaw(mine.typ == CmdFlush)
 		}
 		err := c.receiveOne(c.br)
 		c.rsMu.RUnlock()
@@ -722,6 +725,9 @@ func (c *Client) complete(h uint64, cl *call) {
 	c.mu.Lock()
 	delete(c.pending, h)
 	clientCalls.Add(-1)
+	if len(c.pending) == 1 {
+		deepClients.Add(-1)
+	}
 	cl.completed = true
 	c.mu.Unlock()
 	close(cl.done)
@@ -948,6 +954,9 @@ func (c *Client) start(typ, flags uint16, off uint64, length uint32, payload, ds
 	c.pending[h] = cl
 	clientCalls.Add(1)
 	deep := len(c.pending) > 1
+	if len(c.pending) == 2 {
+		deepClients.Add(1)
+	}
 	c.mu.Unlock()
 
 	if err := c.send(Request{Flags: flags, Type: typ, Handle: h, Offset: off, Length: length}, payload, deep); err != nil {

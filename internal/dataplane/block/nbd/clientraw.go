@@ -25,6 +25,22 @@ const clientPollMillis = 2
 // another is idle.
 const maxClientPolls = 1
 
+// deepClients counts the Clients of the process with more than one call
+// in flight.
+//
+// A caller alone on its connection waits in poll(2) only while its call is
+// the only one of the process, or, for a flush, while no Client has several
+// calls in flight (a composed volume's flush goes to every part at once, one
+// call each). Otherwise the process is serving requests at depth (the parts
+// of a composed `rialto attach` under fio or nbdcopy at QD32, one caller
+// alone on its part's connection beside others): the replies of the other
+// calls are to be read and delivered by goroutines that need the P the
+// sleeping caller would hold. Without that rule 4 KiB reads and writes at
+// QD32 on a 3-way composed lease ran about a fifth slower; polling whenever
+// no Client had several calls in flight won back only half of that
+// (docs/bench/block.md, "Follow-up (2026-11-26, evening)").
+var deepClients atomic.Int32
+
 // clientPolls counts the callers asleep in poll(2) (awaitRaw).
 var clientPolls atomic.Int32
 
@@ -96,12 +112,14 @@ func (c *Client) leaveNetpoller() {
 
 // awaitRaw waits in poll(2), for at most clientPollMillis, until the reply
 // of the caller alone in flight may be readable, if no other caller of the
-// process is asleep in poll(2) and the process serves at most one
-// connection (servedAlone); the caller then reads it with a plain
-// read(2). If the wait ends without a reply, or another caller polls, the
-// read waits in the netpoller. The caller holds c.rsMu for reading.
-func (c *Client) awaitRaw() {
-	if !servedAlone() || !clientPollSlot() {
+// process is asleep in poll(2), the call is the only one of the process's
+// Clients (a flush: no Client has several in flight; deepClients) and the
+// process serves at most one connection (servedAlone); the caller then
+// reads it with a plain read(2). If the wait ends without a reply, or
+// another caller polls, the read waits in the netpoller. The caller holds
+// c.rsMu for reading.
+func (c *Client) awaitRaw(flush bool) {
+	if !servedAlone() || deepClients.Load() > 0 || (!flush && clientCalls.Load() > 1) || !clientPollSlot() {
 		return
 	}
 	defer clientPolls.Add(-1)

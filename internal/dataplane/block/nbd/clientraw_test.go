@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -222,5 +223,90 @@ func TestClientRawClose(t *testing.T) {
 			t.Fatalf("%d descriptors open after Close, %d before Dial", openFDs(t), before)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestClientPollOnlyAlone: a caller alone in flight on its connection waits
+// in poll(2) only while its call is the only one of the process's Clients,
+// or, for a flush, while no Client has several calls in flight (a composed
+// volume's flush goes to every part at once). Beside the calls of another
+// Client at depth (the parts of a composed `rialto attach` under fio at
+// QD32) it keeps to the netpoller: the sleeping caller would hold a P that
+// their replies' readers need. Once those are over, a lone caller polls
+// again. Both Clients reach nbdkit processes, so the process serves no
+// connection itself.
+func TestClientPollOnlyAlone(t *testing.T) {
+	if _, err := exec.LookPath("nbdkit"); err != nil {
+		t.Skip("nbdkit not installed")
+	}
+	waitTransmitting(t, 0)
+	part := dialNbdkit(t, "memory", "1M")
+	slow := dialNbdkit(t, "--filter=delay", "memory", "1M", "rdelay=60")
+	buf := make([]byte, 4096)
+	polls := func(flush bool) int64 {
+		t.Helper()
+		w := clientRawWaits.Load()
+		for i := range 20 {
+			var err error
+			if flush {
+				err = part.Flush()
+			} else {
+				_, err = part.ReadAt(buf, int64(i)*4096)
+			}
+			if err != nil {
+				t.Fatalf("request %d (flush %v): %v", i, flush, err)
+			}
+		}
+		return clientRawWaits.Load() - w
+	}
+	if polls(false) == 0 || polls(true) == 0 {
+		t.Fatal("a lone caller never waited in poll(2)")
+	}
+
+	done := make(chan error, 2)
+	slowRead := func() {
+		go func() {
+			_, err := slow.ReadAt(make([]byte, 512), 0)
+			done <- err
+		}()
+	}
+	// inFlight waits until n slow calls are in flight and their callers
+	// have left the poll slot (a lone caller polls for clientPollMillis,
+	// then waits in the netpoller).
+	inFlight := func(n int32) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for clientCalls.Load() != n || clientPolls.Load() != 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d calls in flight, %d callers polling; want %d and 0", clientCalls.Load(), clientPolls.Load(), n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	slowRead()
+	inFlight(1)
+	if n := polls(false); n != 0 {
+		t.Fatalf("%d reads waited in poll(2) beside another Client's call", n)
+	}
+	if polls(true) == 0 {
+		t.Fatal("no flush waited in poll(2) beside one call on another Client")
+	}
+	slowRead()
+	inFlight(2)
+	if n := polls(true); n != 0 {
+		t.Fatalf("%d flushes waited in poll(2) while another Client had two calls in flight", n)
+	}
+	// Close ends the slow reads (nbdkit holds them for a minute).
+	slow.Close()
+	for range 2 {
+		if err := <-done; !errors.Is(err, ErrClosed) {
+			t.Fatalf("slow read after Close: %v, want ErrClosed", err)
+		}
+	}
+	if deepClients.Load() != 0 {
+		t.Fatalf("%d Clients counted with several calls in flight after Close", deepClients.Load())
+	}
+	if polls(false) == 0 {
+		t.Fatal("a lone caller did not wait in poll(2) once the other calls were over")
 	}
 }
