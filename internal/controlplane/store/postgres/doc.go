@@ -15,11 +15,13 @@
 // Writes that must be serialized between replicas are serialized by
 // PostgreSQL itself, in each write transaction (READ COMMITTED):
 //   - a lease creation or re-placement locks its devices' rows (FOR
-//     UPDATE) and its nodes' rows (FOR SHARE), in ID order, before it
-//     re-checks every part (device available, node ready, inside the
-//     capacity, no overlap with a live part): the check runs after the
-//     locks, on what the previous holder committed, so two replicas
-//     placing on one device one after the other cannot both win;
+//     UPDATE), in ID order, before it re-checks every part (device
+//     available, node ready, inside the capacity, no overlap with a live
+//     part): the check runs after the locks, on what the previous holder
+//     committed, so two replicas placing on one device one after the
+//     other cannot both win. Node rows are not locked: a creation reads
+//     the node's committed state, so a node marked down while the
+//     creation commits is handled as any node lost under a live lease;
 //   - a creation that carries its tenant's Limit takes the tenant's
 //     transaction-scoped advisory lock before it counts the tenant's
 //     leases, so quotas hold across replicas;

@@ -37,58 +37,37 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+// pathOps are the suite's lease tests that the pipeline's fallback paths
+// must pass too.
+var pathOps = []string{"Capacity", "BatchRefusals", "Transitions", "LostPartsAndCaps", "Idempotency", "Limits", "ConcurrentWriters", "ConcurrentIdempotencyKey", "ReplaceParts", "GatewayKey"}
+
+// runPath runs pathOps on stores opened with o.
+func runPath(t *testing.T, o Options) {
+	urls := map[store.Store]string{}
+	open := func(t *testing.T, url string) store.Store {
+		s, err := Open(context.Background(), url, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		urls[s] = url
+		return s
+	}
+	storetest.Run(t, storetest.Options{
+		Limits: true,
+		Only:   pathOps,
+		Open:   func(t *testing.T) store.Store { return open(t, pgtest.DB(t)) },
+		Reopen: func(t *testing.T, s store.Store) store.Store { return open(t, urls[s]) },
+	})
+}
+
 // TestConformanceSequential runs the suite's lease tests with every batch
 // written statement by statement (sqlstore.Core.WriteOps and this
 // package's InsertLease and TransitionTx): the path of a batch in which
 // an op failed after writing, which the pipeline leaves otherwise.
-func TestConformanceSequential(t *testing.T) {
-	urls := map[store.Store]string{}
-	storetest.Run(t, storetest.Options{
-		Limits: true,
-		Only:   []string{"Capacity", "BatchRefusals", "Transitions", "LostPartsAndCaps", "Idempotency", "Limits", "ConcurrentWriters", "ConcurrentIdempotencyKey", "ReplaceParts", "GatewayKey"},
-		Open: func(t *testing.T) store.Store {
-			url := pgtest.DB(t)
-			s, err := Open(context.Background(), url, Options{sequential: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			urls[s] = url
-			return s
-		},
-		Reopen: func(t *testing.T, s store.Store) store.Store {
-			r, err := Open(context.Background(), urls[s], Options{sequential: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return r
-		},
-	})
-}
+func TestConformanceSequential(t *testing.T) { runPath(t, Options{sequential: true}) }
 
 // TestConformanceTwoTrips runs the suite's lease tests with every batch's
 // creations judged in a first round trip (pipeline.go's readForCreations):
 // the path of a batch in which a creation checking itself in its write
 // statement was refused.
-func TestConformanceTwoTrips(t *testing.T) {
-	urls := map[store.Store]string{}
-	storetest.Run(t, storetest.Options{
-		Limits: true,
-		Only:   []string{"Capacity", "BatchRefusals", "Transitions", "LostPartsAndCaps", "Idempotency", "Limits", "ConcurrentWriters", "ConcurrentIdempotencyKey", "ReplaceParts", "GatewayKey"},
-		Open: func(t *testing.T) store.Store {
-			url := pgtest.DB(t)
-			s, err := Open(context.Background(), url, Options{twoTrips: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			urls[s] = url
-			return s
-		},
-		Reopen: func(t *testing.T, s store.Store) store.Store {
-			r, err := Open(context.Background(), urls[s], Options{twoTrips: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return r
-		},
-	})
-}
+func TestConformanceTwoTrips(t *testing.T) { runPath(t, Options{twoTrips: true}) }
