@@ -6,11 +6,12 @@ import (
 	"crypto/tls"
 	"io"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd/nbdkittest"
 
 	"golang.org/x/sys/unix"
 )
@@ -260,24 +261,7 @@ func TestPollBesideOwnClients(t *testing.T) {
 func dialNbdkit(t *testing.T, args ...string) *Client {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "nbdkit.sock")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := ln.File()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("sh", append([]string{"-c", `export LISTEN_PID=$$ LISTEN_FDS=1; exec nbdkit -f "$@"`, "nbdkit"}, args...)...)
-	cmd.ExtraFiles = []*os.File{f}
-	err = cmd.Start()
-	f.Close()
-	ln.SetUnlinkOnClose(false)
-	ln.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	nbdkittest.Start(t, sock, args...)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c, err := Dial(ctx, "unix", sock, "")

@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd/nbdkittest"
+
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 )
 
@@ -420,28 +422,9 @@ func TestAttachNbdkitKilled(t *testing.T) {
 	var uris []string
 	var procs []*exec.Cmd
 	for i := range 2 {
-		// The socket exists before nbdkit starts (systemd socket
-		// activation), so no waiting for it is needed.
 		sock := filepath.Join(dir, fmt.Sprintf("l%d.sock", i))
-		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		f, err := ln.File()
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd := exec.Command("sh", "-c", "export LISTEN_PID=$$ LISTEN_FDS=1; exec nbdkit -f memory 16M")
-		cmd.ExtraFiles = []*os.File{f}
-		err = cmd.Start()
-		f.Close()
-		ln.SetUnlinkOnClose(false)
-		ln.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
+		cmd := nbdkittest.Start(t, sock, "memory", "16M")
 		procs = append(procs, cmd)
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 		uris = append(uris, nbd.URI{Network: "unix", Address: sock}.String())
 	}
 	const timeout = 3 * time.Second // generous: the race detector on a loaded 2-vCPU machine
