@@ -159,9 +159,9 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 			if _, err := br.Exec(); err != nil {
 				br.Close()
 				if checked {
-					return nil, nil, checkError(err)
+					return nil, nil, writeError(err, errRecheck)
 				}
-				return nil, nil, lateError(err)
+				return nil, nil, writeError(err, errSequential)
 			}
 			out[i] = sqlstore.CreatedLease(op.Create.Lease)
 			continue
@@ -172,7 +172,7 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 			missed = append(missed, i)
 		case err != nil:
 			br.Close()
-			return nil, nil, lateError(err)
+			return nil, nil, writeError(err, errSequential)
 		default:
 			if op.Transition.Change.Plan != nil {
 				p, err := s.DecodePlan(texts[i].Plan)
@@ -379,34 +379,22 @@ func checkable(n store.NewLease) bool {
 	return true
 }
 
-// checkError classifies an error of a self-checking creation: a refusal
-// (the statement's division by zero) or a constraint (an idempotency key
-// used before) makes the batch go the two round trips' way
-// (errRecheck), where each creation is judged apart; PostgreSQL's own
-// retries and lost connections are as they are.
-func checkError(err error) error {
+// writeError classifies an error of a pipelined write: PostgreSQL's own
+// retries and lost connections are as they are; any other error
+// PostgreSQL reports makes the batch take the slower way fallback names.
+// For a self-checking creation that is errRecheck (a refusal, the
+// statement's division by zero, or an idempotency key used before: the
+// two round trips' way, where each creation is judged apart); for a write
+// of the second round trip it is errSequential (a constraint, such as an
+// idempotency key another replica's request used meanwhile: the
+// sequential way, where the op fails alone).
+func writeError(err, fallback error) error {
 	if retryable(err) || unavailable(err) {
 		return wrap("write", err)
 	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
-		return fmt.Errorf("%w: %w", errRecheck, err)
-	}
-	return wrap("write", err)
-}
-
-// lateError classifies an error of a write in the second round trip:
-// PostgreSQL's own retries and lost connections as they are, anything
-// else (a constraint: an idempotency key another replica's request used
-// meanwhile) makes the batch go the sequential way, where the op fails
-// alone.
-func lateError(err error) error {
-	if retryable(err) || unavailable(err) {
-		return wrap("write", err)
-	}
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
-		return fmt.Errorf("%w: %w", errSequential, err)
+		return fmt.Errorf("%w: %w", fallback, err)
 	}
 	return wrap("write", err)
 }
