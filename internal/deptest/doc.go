@@ -18,6 +18,10 @@
 // and fabric, the simulator's core, the lease state machine) run it from
 // their TestPurity with their own import lists.
 //
+// DocProblems checks a package directory for the doc.go every package
+// has (its package comment there and nowhere else); its test runs it over
+// every package of the module.
+//
 // The model is tailscale's tstest/deptest. Only the packages' own (non-test)
 // dependencies count: a test may import what its package may not.
 //
