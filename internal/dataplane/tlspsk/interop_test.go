@@ -1,0 +1,165 @@
+package tlspsk
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const (
+	testIdentity = "alice"
+	testKeyHex   = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+)
+
+func testKeys(t *testing.T) *Keys {
+	t.Helper()
+	k, err := ParseKeys([]byte("bob:00112233445566778899aabbccddeeff\n" + testIdentity + ":" + testKeyHex + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// echoServer accepts one connection, runs the handshake and echoes each
+// line it reads as "echo: LINE" until EOF. The handshake's or the
+// session's error comes on the channel.
+func echoServer(t *testing.T, keys *Keys) (string, <-chan error) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	done := make(chan error, 1)
+	go func() {
+		defer cancel()
+		defer ln.Close()
+		nc, err := ln.Accept()
+		if err != nil {
+			done <- err
+			return
+		}
+		defer nc.Close()
+		c, err := Handshake(ctx, nc, keys)
+		if err != nil {
+			done <- err
+			return
+		}
+		defer c.Close()
+		r := bufio.NewReader(c)
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				if errors.Is(err, io.EOF) {
+					err = nil
+				}
+				done <- err
+				return
+			}
+			if _, err := c.Write([]byte("echo: " + line)); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { ln.Close() })
+	return ln.Addr().String(), done
+}
+
+// talk runs a client command: it sends "ping\n", waits for the echo on
+// the command's output, then closes its input. It returns the output.
+func talk(t *testing.T, name string, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(in, "ping\n")
+	var got strings.Builder
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		got.WriteString(sc.Text() + "\n")
+		if strings.Contains(sc.Text(), "echo: ping") {
+			in.Close()
+		}
+	}
+	in.Close()
+	err = cmd.Wait()
+	return got.String() + stderr.String(), err
+}
+
+func need(t *testing.T, tool string) {
+	t.Helper()
+	if _, err := exec.LookPath(tool); err != nil {
+		t.Skipf("%s not installed", tool)
+	}
+}
+
+func TestGnuTLSClient(t *testing.T) {
+	need(t, "gnutls-cli")
+	for _, prio := range []string{
+		"NORMAL:-VERS-ALL:+VERS-TLS1.3:+ECDHE-PSK:+PSK",
+		"NORMAL:-VERS-ALL:+VERS-TLS1.3:+ECDHE-PSK:+PSK:-CIPHER-ALL:+CHACHA20-POLY1305",
+		"NORMAL:-VERS-ALL:+VERS-TLS1.3:+ECDHE-PSK:+PSK:-GROUP-ALL:+GROUP-SECP256R1",
+		"NORMAL:+ECDHE-PSK:+DHE-PSK:+PSK", // libnbd's
+	} {
+		t.Run(prio, func(t *testing.T) {
+			addr, done := echoServer(t, testKeys(t))
+			host, port, _ := net.SplitHostPort(addr)
+			out, err := talk(t, "gnutls-cli", "--priority", prio, "--pskusername", testIdentity, "--pskkey", testKeyHex, "-p", port, host)
+			if err := <-done; err != nil {
+				t.Fatalf("server: %v\nclient: %s", err, out)
+			}
+			// gnutls-cli reports the server's close_notify (after its own
+			// at the end of its input) as an error: the echo is the test.
+			if !strings.Contains(out, "echo: ping") || !strings.Contains(out, "PSK authentication. Connected as '"+testIdentity+"'") {
+				t.Fatalf("client: %v\n%s", err, out)
+			}
+		})
+	}
+}
+
+func TestOpenSSLClient(t *testing.T) {
+	need(t, "openssl")
+	for _, extra := range [][]string{
+		{"-ciphersuites", "TLS_AES_128_GCM_SHA256"},
+		{"-ciphersuites", "TLS_CHACHA20_POLY1305_SHA256"},
+		{"-groups", "ffdhe2048:X25519"}, // a HelloRetryRequest for X25519
+		{"-groups", "P-256"},
+	} {
+		t.Run(strings.Join(extra, " "), func(t *testing.T) {
+			addr, done := echoServer(t, testKeys(t))
+			args := append([]string{"s_client", "-quiet", "-no_ign_eof", "-tls1_3", "-connect", addr, "-psk_identity", testIdentity, "-psk", testKeyHex}, extra...)
+			out, err := talk(t, "openssl", args...)
+			if err := <-done; err != nil {
+				t.Fatalf("server: %v\nclient: %s", err, out)
+			}
+			if err != nil || !strings.Contains(out, "echo: ping") {
+				t.Fatalf("client: %v\n%s", err, out)
+			}
+		})
+	}
+}
+
+var _ = os.Getenv
+var _ = filepath.Join
