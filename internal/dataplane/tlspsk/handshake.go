@@ -5,7 +5,6 @@ import (
 	"crypto/ecdh"
 	"crypto/hmac"
 	"crypto/rand"
-	"errors"
 	"fmt"
 	"net"
 	"time"
@@ -38,10 +37,6 @@ var helloRetryRandom = []byte{
 
 // maxHandshakeMessage bounds a handshake message the server buffers.
 const maxHandshakeMessage = 1 << 16
-
-// ErrNoPSK is wrapped by a handshake's error when the client offered no
-// identity the server has a key for.
-var ErrNoPSK = errors.New("tlspsk: the client offered no known PSK identity")
 
 // hs is a handshake in progress.
 type hs struct {
@@ -169,7 +164,7 @@ func (h *hs) check(ch *clientHello) (idx int, key []byte, err error) {
 		return 0, nil, h.fail(alertIllegalParameter, "compression offered")
 	}
 	if !ch.hasPSK {
-		return 0, nil, h.fail(alertHandshakeFailure, "%v (it offered none)", ErrNoPSK)
+		return 0, nil, h.fail(alertHandshakeFailure, "the client offered no PSK")
 	}
 	if !ch.hasPSKModes {
 		return 0, nil, h.fail(alertMissingExtension, "pre_shared_key without psk_key_exchange_modes")
@@ -179,7 +174,7 @@ func (h *hs) check(ch *clientHello) (idx int, key []byte, err error) {
 	}
 	idx, key, ok := ch.knownIdentity(h.keys)
 	if !ok {
-		return 0, nil, h.fail(alertUnknownPSKIdentity, "%v", ErrNoPSK)
+		return 0, nil, h.fail(alertUnknownPSKIdentity, "the client offered no known PSK identity")
 	}
 	if !ch.offersMode(pskModeDHEKE) {
 		return 0, nil, h.fail(alertInsufficientSecurity, "the client offers only psk_ke (a PSK without a key exchange: no forward secrecy); psk_dhe_ke is required")

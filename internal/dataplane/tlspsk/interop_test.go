@@ -2,13 +2,13 @@ package tlspsk
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"io"
 	"net"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -161,5 +161,23 @@ func TestOpenSSLClient(t *testing.T) {
 	}
 }
 
-var _ = os.Getenv
-var _ = filepath.Join
+// TestPeekHello: the recorded hellos offer "alice"; not to a server
+// without that identity.
+func TestPeekHello(t *testing.T) {
+	keys := testKeys(t)
+	other, _ := ParseKeys([]byte("bob:0011"))
+	for i, h := range seedHelloHex {
+		b, _ := hex.DecodeString(h)
+		r := bytes.NewReader(append(b, "after"...))
+		read, psk, err := PeekHello(r, keys)
+		if err != nil || !psk || !bytes.Equal(read, b) || r.Len() != len("after") {
+			t.Errorf("hello %d: psk %v, err %v, read %d of %d", i, psk, err, len(read), len(b))
+		}
+		if _, psk, _ := PeekHello(bytes.NewReader(b), other); psk {
+			t.Errorf("hello %d offers an identity of another key set", i)
+		}
+		if _, psk, _ := PeekHello(bytes.NewReader(b), nil); psk {
+			t.Errorf("hello %d: psk with no keys", i)
+		}
+	}
+}
