@@ -40,6 +40,15 @@ var alertNames = map[alert]string{
 	alertUnknownPSKIdentity:   "unknown_psk_identity",
 }
 
+// level is the alert's level: warning (1) for closure alerts, fatal (2)
+// for the others (RFC 8446, 6).
+func (a alert) level() uint8 {
+	if a == alertCloseNotify || a == alertUserCanceled {
+		return 1
+	}
+	return 2
+}
+
 func (a alert) String() string {
 	if s, ok := alertNames[a]; ok {
 		return s

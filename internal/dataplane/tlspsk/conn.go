@@ -220,7 +220,7 @@ func (c *Conn) sendAlert(a alert) {
 	if c.werr != nil {
 		return
 	}
-	c.wbuf = c.out.seal(c.wbuf[:0], recordAlert, []byte{2, byte(a)})
+	c.wbuf = c.out.seal(c.wbuf[:0], recordAlert, []byte{a.level(), byte(a)})
 	c.conn.Write(c.wbuf)
 	if a == alertCloseNotify {
 		c.closeSent = true
