@@ -25,11 +25,12 @@ const (
 	maxPlaintext    = 1 << 14
 	// maxCiphertext bounds a protected record's length (RFC 8446, 5.2).
 	maxCiphertext = maxPlaintext + 256
-	// keyUpdateAfter is how many records the server seals under one key
-	// before it updates it: well within AES-GCM's limit of 2^24.5 full
-	// records (RFC 8446, 5.5).
-	keyUpdateAfter = 1 << 24
 )
+
+// keyUpdateAfter is how many records the server seals under one key
+// before it updates it: well within AES-GCM's limit of 2^24.5 full
+// records (RFC 8446, 5.5). A variable for tests only.
+var keyUpdateAfter uint64 = 1 << 24
 
 // halfConn is one direction's protection.
 type halfConn struct {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -77,6 +78,15 @@ func echoServer(t *testing.T, keys *Keys) (string, <-chan error) {
 // talk runs a client command: it sends "ping\n", waits for the echo on
 // the command's output, then closes its input. It returns the output.
 func talk(t *testing.T, name string, args ...string) (string, error) {
+	return converse(t, []string{"ping"}, name, args...)
+}
+
+// converse sends each line and waits for the answer on the command's
+// output (stdout and stderr): "echo: LINE", or for a one-letter command
+// of openssl's s_client (K, k: a key update), its "KEYUPDATE"; then it
+// closes the command's input. One line at a time: s_client takes a whole
+// read of its input as one command.
+func converse(t *testing.T, lines []string, name string, args ...string) (string, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -85,27 +95,39 @@ func talk(t *testing.T, name string, args ...string) (string, error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := cmd.StdoutPipe()
+	pr, pw, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
+	defer pr.Close()
+	cmd.Stdout, cmd.Stderr = pw, pw
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	io.WriteString(in, "ping\n")
+	pw.Close()
+	want := func() string {
+		if len(lines[0]) == 1 {
+			return "KEYUPDATE"
+		}
+		return "echo: " + lines[0]
+	}
+	io.WriteString(in, lines[0]+"\n")
 	var got strings.Builder
-	sc := bufio.NewScanner(out)
+	sc := bufio.NewScanner(pr)
 	for sc.Scan() {
 		got.WriteString(sc.Text() + "\n")
-		if strings.Contains(sc.Text(), "echo: ping") {
-			in.Close()
+		if len(lines) > 0 && strings.Contains(sc.Text(), want()) {
+			lines = lines[1:]
+			if len(lines) == 0 {
+				in.Close()
+			} else {
+				io.WriteString(in, lines[0]+"\n")
+			}
 		}
 	}
 	in.Close()
 	err = cmd.Wait()
-	return got.String() + stderr.String(), err
+	return got.String(), err
 }
 
 func need(t *testing.T, tool string) {
@@ -179,5 +201,27 @@ func TestPeekHello(t *testing.T) {
 		if _, psk, _ := PeekHello(bytes.NewReader(b), nil); psk {
 			t.Errorf("hello %d: psk with no keys", i)
 		}
+	}
+}
+
+// TestKeyUpdate: openssl's "K" command sends a KeyUpdate asking for the
+// server's; "k" one that does not. The session goes on under the new keys
+// both ways. Then the server updates its own keys every two records.
+func TestKeyUpdate(t *testing.T) {
+	need(t, "openssl")
+	args := func(addr string) []string {
+		return []string{"s_client", "-quiet", "-no_ign_eof", "-tls1_3", "-connect", addr, "-psk_identity", testIdentity, "-psk", testKeyHex}
+	}
+	addr, done := echoServer(t, testKeys(t))
+	out, err := converse(t, []string{"ping", "K", "pong", "k", "again", "K", "last"}, "openssl", args(addr)...)
+	if serr := <-done; serr != nil || err != nil || !strings.Contains(out, "echo: last") {
+		t.Fatalf("server: %v; client: %v\n%s", serr, err, out)
+	}
+	keyUpdateAfter = 2
+	defer func() { keyUpdateAfter = 1 << 24 }()
+	addr, done = echoServer(t, testKeys(t))
+	out, err = converse(t, []string{"a1", "a2", "a3", "a4", "a5"}, "openssl", args(addr)...)
+	if serr := <-done; serr != nil || err != nil || !strings.Contains(out, "echo: a5") {
+		t.Fatalf("server: %v; client: %v\n%s", serr, err, out)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 )
 
@@ -69,7 +70,7 @@ func LoadKeyFile(path string) (*Keys, error) {
 	if p := st.Mode().Perm(); p&0o077 != 0 {
 		return nil, fmt.Errorf("%w %s: mode %#o lets group or others in: chmod 600 it", ErrKeyFile, path, p)
 	}
-	b, err := os.ReadFile(path)
+	b, err := io.ReadAll(io.LimitReader(f, 16<<20))
 	if err != nil {
 		return nil, fmt.Errorf("tlspsk: %w", err)
 	}
