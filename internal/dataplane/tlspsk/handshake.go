@@ -47,6 +47,7 @@ type hs struct {
 	msgs    []byte // handshake bytes read, not yet taken
 	in, out halfConn
 	ccs     int
+	hello   bool // a ClientHello was read
 }
 
 // Handshake runs the server side of a TLS 1.3 handshake with a
@@ -101,13 +102,17 @@ func (h *hs) readMessage() ([]byte, error) {
 		}
 		if typ == recordChangeCipherSpec {
 			// Middlebox compatibility (RFC 8446, D.4): dropped.
-			if len(body) != 1 || body[0] != 1 || h.ccs > 0 || len(h.msgs) > 0 {
+			if len(body) != 1 || body[0] != 1 || h.ccs > 0 || len(h.msgs) > 0 || !h.hello {
 				return nil, h.fail(alertUnexpectedMessage, "an unexpected change_cipher_spec")
 			}
 			h.ccs++
 			continue
 		}
 		if h.in.aead != nil {
+			if typ == recordAlert && len(body) == 2 {
+				// A client that failed before it had keys.
+				return nil, &AlertError{Alert: body[1]}
+			}
 			if typ != recordApplicationData {
 				return nil, h.fail(alertUnexpectedMessage, "an unprotected record of type %d after the ServerHello", typ)
 			}
@@ -145,6 +150,7 @@ func (h *hs) readClientHello() (*clientHello, error) {
 	if m[0] != typeClientHello {
 		return nil, h.fail(alertUnexpectedMessage, "handshake message %d instead of a ClientHello", m[0])
 	}
+	h.hello = true
 	if len(h.msgs) != 0 {
 		return nil, h.fail(alertUnexpectedMessage, "data after the ClientHello in its record")
 	}

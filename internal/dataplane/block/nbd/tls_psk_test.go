@@ -199,3 +199,36 @@ func TestPSKOnlyKE(t *testing.T) {
 		})
 	}
 }
+
+// TestPSKOnlyServer: a server with keys and no certificate serves PSK
+// clients and refuses certificate ones with a TLS alert.
+func TestPSKOnlyServer(t *testing.T) {
+	need(t, "nbdinfo")
+	keyFile := pskFile(t, pskIdentity+":"+pskKey)
+	keys, err := tlspsk.LoadKeyFile(keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &logBuffer{}
+	s := &Server{PSK: keys, Logger: debugLogger(log)}
+	if err := s.AddExport(Export{Name: testName, Backend: NewMemBackend(1 << 20)}); err != nil {
+		t.Fatal(err)
+	}
+	addr := serveOn(t, s)
+	if got := strings.TrimSpace(run(t, "nbdinfo", "--size", pskURI(addr, pskIdentity, testName, keyFile))); got != "1048576" {
+		t.Fatalf("nbdinfo over TLS-PSK: %q", got)
+	}
+	// The plaintext refusal is FORCEDTLS's, as with certificates.
+	plain := URI{Network: "tcp", Address: addr, Export: testName}.String()
+	if out, err := exec.Command("nbdinfo", "--size", plain).CombinedOutput(); err == nil {
+		t.Fatalf("plaintext nbdinfo served by a PSK-only server:\n%s", out)
+	}
+	_, err = DialURI(t.Context(), URI{Network: "tcp", Address: addr, Export: testName, TLS: true}.String(), WithTLS(newTestPKI(t).clientConfig()))
+	if err == nil {
+		t.Fatal("an X.509 client was served by a PSK-only server")
+	}
+	t.Logf("X.509 client refused: %v", err)
+	waitFor(t, "the server's log to say it refused the client", func() bool {
+		return strings.Contains(log.String(), "sent handshake_failure")
+	})
+}
