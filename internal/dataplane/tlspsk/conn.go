@@ -56,8 +56,7 @@ func (h *halfConn) update() error {
 }
 
 func (h *halfConn) nonce() []byte {
-	var n [12]byte
-	n = h.iv
+	n := h.iv
 	var sq [8]byte
 	binary.BigEndian.PutUint64(sq[:], h.seq)
 	for i := range sq {
