@@ -31,6 +31,10 @@ type session struct {
 	rec *recordReader // the socket's bytes as crypto/tls takes them
 }
 
+// encrypted reports whether the session runs over TLS, with certificates
+// (crypto/tls) or a pre-shared key (tlspsk).
+func (s *session) encrypted() bool { return s.tls != nil || s.psk != nil }
+
 func newConnReader(r io.Reader) *bufio.Reader { return bufio.NewReaderSize(r, 64<<10) }
 
 // optWriter writes option replies.
