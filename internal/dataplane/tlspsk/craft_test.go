@@ -3,6 +3,7 @@ package tlspsk
 import (
 	"bytes"
 	"context"
+	"crypto/ecdh"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -28,6 +29,7 @@ type hello struct {
 	badBinder  bool
 	binderHash int    // 0: SHA-256
 	prefix     []byte // the transcript before it (after a HelloRetryRequest)
+	privs      map[uint16]*ecdh.PrivateKey
 }
 
 func defaultHello() hello {
@@ -38,7 +40,7 @@ func defaultHello() hello {
 
 // build returns the ClientHello message with a valid binder (unless
 // badBinder).
-func (h hello) build(t *testing.T) []byte {
+func (h *hello) build(t *testing.T) []byte {
 	t.Helper()
 	size := 32
 	if h.binderHash == 48 {
@@ -78,6 +80,10 @@ func (h hello) build(t *testing.T) []byte {
 						if err != nil {
 							t.Fatal(err)
 						}
+						if h.privs == nil {
+							h.privs = map[uint16]*ecdh.PrivateKey{}
+						}
+						h.privs[g] = k
 						b.AddUint16(g)
 						b.AddUint16LengthPrefixed(func(b *cryptobyte.Builder) { b.AddBytes(k.PublicKey().Bytes()) })
 					}
