@@ -258,6 +258,15 @@ func plainRecord(dst []byte, typ uint8, p []byte) []byte {
 	return append(dst, p...)
 }
 
+// shown quotes an identity for an error, at most 64 bytes of it: the
+// client chose it.
+func shown(id []byte) string {
+	if len(id) > 64 {
+		return fmt.Sprintf("%q...", id[:64])
+	}
+	return fmt.Sprintf("%q", id)
+}
+
 func (h *hs) run() (*Conn, error) {
 	ch, err := h.readClientHello()
 	if err != nil {
@@ -272,7 +281,7 @@ func (h *hs) run() (*Conn, error) {
 		return nil, h.fail(alertHandshakeFailure, "no cipher suite of the PSK's hash in common")
 	}
 	if !verifyBinder(s, key, ch, idx, nil) {
-		return nil, h.fail(alertDecryptError, "the PSK binder does not verify: the client holds another key for identity %q", ch.identities[idx].identity)
+		return nil, h.fail(alertDecryptError, "the PSK binder does not verify: the client holds another key for identity %s", shown(ch.identities[idx].identity))
 	}
 	var transcript []byte
 	share, retry := pickShare(ch)
@@ -309,7 +318,7 @@ func (h *hs) run() (*Conn, error) {
 			return nil, h.fail(alertIllegalParameter, "the second ClientHello has no single key share of the group asked for")
 		}
 		if !verifyBinder(s, key, ch, idx, transcript) {
-			return nil, h.fail(alertDecryptError, "the PSK binder does not verify: the client holds another key for identity %q", ch.identities[idx].identity)
+			return nil, h.fail(alertDecryptError, "the PSK binder does not verify: the client holds another key for identity %s", shown(ch.identities[idx].identity))
 		}
 		share = &ch.shares[0]
 	}

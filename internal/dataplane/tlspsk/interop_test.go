@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -166,7 +167,7 @@ func TestOpenSSLClient(t *testing.T) {
 	for _, extra := range [][]string{
 		{"-ciphersuites", "TLS_AES_128_GCM_SHA256"},
 		{"-ciphersuites", "TLS_CHACHA20_POLY1305_SHA256"},
-		{"-groups", "ffdhe2048:X25519"}, // a HelloRetryRequest for X25519
+		{"-groups", "ffdhe2048:X25519", "-msg"}, // a HelloRetryRequest for X25519
 		{"-groups", "P-256"},
 	} {
 		t.Run(strings.Join(extra, " "), func(t *testing.T) {
@@ -178,6 +179,10 @@ func TestOpenSSLClient(t *testing.T) {
 			}
 			if err != nil || !strings.Contains(out, "echo: ping") {
 				t.Fatalf("client: %v\n%s", err, out)
+			}
+			// openssl -msg calls the retry request a ServerHello too.
+			if slices.Contains(extra, "-msg") && strings.Count(out, "ServerHello") != 2 {
+				t.Fatalf("no HelloRetryRequest:\n%s", out)
 			}
 		})
 	}
