@@ -410,6 +410,11 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 		return // removed (or replaced) during the handshake
 	}
 	defer s.detach(e, c)
+	if sess.psk != nil {
+		// The identity (not a secret: it crosses the wire in clear) tells
+		// an operator rotating keys who still uses an old one.
+		log = log.With("psk_identity", sess.psk.Identity())
+	}
 	log.Debug("nbd: transmission", "export", NameTag(sess.name), "structured", sess.structured, "tls", sess.tls != nil, "psk", sess.psk != nil)
 	if err := c.serve(ctx); err != nil {
 		log.Debug("nbd: connection ended", "export", NameTag(sess.name), "err", err)

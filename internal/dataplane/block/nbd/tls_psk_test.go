@@ -87,6 +87,12 @@ func TestInteropPSKNbdinfo(t *testing.T) {
 	if !info.TLS || len(info.Exports) != 1 || info.Exports[0].Size != 64<<20 {
 		t.Fatalf("nbdinfo over TLS-PSK:\n%s", out)
 	}
+	waitFor(t, "the server's log to name the identity", func() bool {
+		return strings.Contains(log.String(), "psk_identity="+pskIdentity)
+	})
+	if strings.Contains(log.String(), pskKey) {
+		t.Fatal("the server logged a key")
+	}
 	// Certificates on the same server, as before.
 	x509 := URI{Network: "tcp", Address: addr, Export: testName, TLS: true, TLSCertificates: pk.clientDir}.String()
 	if got := strings.TrimSpace(run(t, "nbdinfo", "--size", x509)); got != "67108864" {
