@@ -76,9 +76,12 @@ func FuzzRecordReader(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Add(w.seal(nil, recordApplicationData, []byte("hello")), false)
+	// With sealIt, the first byte is the inner content type.
 	f.Add([]byte{}, true)
-	f.Add([]byte{typeKeyUpdate, 0, 0, 1, 1}, true)
-	f.Add([]byte{typeKeyUpdate, 0, 0, 1}, true)
+	f.Add([]byte{recordHandshake, typeKeyUpdate, 0, 0, 1, 1}, true)
+	f.Add([]byte{recordHandshake, typeKeyUpdate, 0, 0, 1}, true)
+	f.Add([]byte{recordAlert, 1, 0}, true)
+	f.Add([]byte{recordApplicationData, 'h', 'i', 0, 0}, true)
 	f.Add([]byte{2, 0}, false)
 	f.Add([]byte{recordAlert, 3, 3, 0, 2, 1, 0}, false)
 	f.Fuzz(func(t *testing.T, in []byte, sealIt bool) {
