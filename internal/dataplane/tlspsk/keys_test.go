@@ -3,6 +3,7 @@ package tlspsk
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -74,5 +75,23 @@ func TestLoadKeyFile(t *testing.T) {
 	}
 	if _, err := LoadKeyFile(dir); err == nil {
 		t.Error("a directory was taken as a key file")
+	}
+}
+
+// TestPsktoolFile: a file GnuTLS's psktool writes loads as it is.
+func TestPsktoolFile(t *testing.T) {
+	need(t, "psktool")
+	path := filepath.Join(t.TempDir(), "keys.psk")
+	for _, u := range []string{"alice", "bob"} {
+		if out, err := exec.Command("psktool", "-u", u, "-p", path).CombinedOutput(); err != nil {
+			t.Fatalf("psktool: %v\n%s", err, out)
+		}
+	}
+	k, err := LoadKeyFile(path)
+	if err != nil || k.Len() != 2 {
+		t.Fatalf("psktool's file: %v, %d keys", err, k.Len())
+	}
+	if key, ok := k.lookup([]byte("alice")); !ok || len(key) != 32 {
+		t.Fatalf("alice's key: %d bytes", len(key))
 	}
 }
