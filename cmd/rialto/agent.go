@@ -12,6 +12,7 @@ import (
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/agent"
 	"github.com/rialto-project/rialto/internal/dataplane/nic"
+	"github.com/rialto-project/rialto/internal/dataplane/tlspsk"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -150,6 +151,7 @@ func runAgent(e *env, fs *pflag.FlagSet) runFunc {
 	machine := fs.String("machine-id", "", "override the hardware identity")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	insecure := insecureDataplaneFlag(fs)
+	pskFile := fs.String("tls-psk", "", "also serve NBD over TLS 1.3 with the pre-shared keys of `FILE` (psktool's format, identity:hexkey per line; mode 0600), for clients such as libnbd's tls-psk-file=, beside the node certificate; lease credentials are still checked (docs/nbd.md)")
 	cfgFile := configFlag(fs, e)
 	return func(ctx context.Context, _ []string) error {
 		if err := cfgFile.apply(); err != nil {
@@ -161,6 +163,15 @@ func runAgent(e *env, fs *pflag.FlagSet) runFunc {
 		}
 		if err := checkDataplaneTLS(*caCert, *insecure); err != nil {
 			return err
+		}
+		var psk *tlspsk.Keys
+		if *pskFile != "" {
+			if *insecure {
+				return fmt.Errorf("--tls-psk needs TLS on the data planes: drop --insecure-dataplane")
+			}
+			if psk, err = tlspsk.LoadKeyFile(*pskFile); err != nil {
+				return fmt.Errorf("--tls-psk: %w", err)
+			}
 		}
 		log, err := newLogger(e, *level)
 		if err != nil {
@@ -176,7 +187,7 @@ func runAgent(e *env, fs *pflag.FlagSet) runFunc {
 		}
 		// With the CA the agent enrolls: a node certificate for mutual TLS
 		// and the data planes' TLS.
-		cfg.CAFile, cfg.InsecureDataplane = *caCert, *insecure
+		cfg.CAFile, cfg.InsecureDataplane, cfg.TLSPSK = *caCert, *insecure, psk
 		if *insecure {
 			fmt.Fprintln(e.stderr, "rialto agent: --insecure-dataplane: leases are served without TLS; their credentials and data cross the network in clear")
 		}

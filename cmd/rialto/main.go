@@ -141,13 +141,14 @@ func isCobraUsage(err error) bool {
 }
 
 // pskHint answers a flag asking for TLS with a pre-shared key (nbdkit's
-// --tls-psk, libnbd's tls-psk-file): there is none to find.
+// --tls-psk, libnbd's tls-psk-file) where there is none: only the
+// agent's NBD server takes pre-shared keys.
 func pskHint(err error) string {
 	if s := err.Error(); !strings.HasPrefix(s, "unknown flag") || !strings.Contains(strings.ToLower(s), "psk") {
 		return ""
 	}
-	return " (TLS with a pre-shared key is not offered: Go's crypto/tls has no external pre-shared keys; " +
-		"Rialto's TLS uses certificates of the cluster CA, docs/operations.md \"TLS and the trust model\")"
+	return " (TLS with a pre-shared key is served to NBD clients by `rialto agent --tls-psk FILE`; " +
+		"everything else uses certificates of the cluster CA, docs/operations.md \"TLS and the trust model\")"
 }
 
 // oneLine keeps the first line of a message (cobra appends suggestions).

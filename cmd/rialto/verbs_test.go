@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -156,14 +158,29 @@ func TestVerbErrors(t *testing.T) {
 		{[]string{"lease"}, 2, "needs a verb (create, move, release, renew, show)"},
 		{[]string{"lease", "frob"}, 2, `unknown command "lease frob"`},
 		{[]string{"nodes", "--nope"}, 2, "unknown flag: --nope"},
-		{[]string{"agent", "--tls-psk", "keys.psk"}, 2, "TLS with a pre-shared key is not offered"},
-		{[]string{"server", "--tls-psk-file=keys.psk"}, 2, "certificates of the cluster CA"},
+		{[]string{"server", "--tls-psk-file=keys.psk"}, 2, "`rialto agent --tls-psk FILE`"},
+		{[]string{"agent", "--bootstrap-token-file", secretFileOf(t, "x"), "--cacert", "ca.pem", "--tls-psk", pskFileOf(t, 0o644)}, 1, "mode 0644 lets group or others in: chmod 600 it"},
+		{[]string{"agent", "--bootstrap-token-file", secretFileOf(t, "x"), "--cacert", "ca.pem", "--tls-psk", filepath.Join(t.TempDir(), "none.psk")}, 1, "--tls-psk: tlspsk: open"},
+		{[]string{"agent", "--bootstrap-token-file", secretFileOf(t, "x"), "--insecure-dataplane", "--tls-psk", pskFileOf(t, 0o600)}, 1, "--tls-psk needs TLS on the data planes"},
 	} {
 		_, errs, code := runCLI(t, srv.URL, tc.args...)
 		if code != tc.code || !strings.Contains(errs, tc.want) {
 			t.Errorf("%v: exit %d, stderr %q; want %d and %q", tc.args, code, errs, tc.code, tc.want)
 		}
 	}
+}
+
+// pskFileOf writes a key file in psktool's format with mode perm.
+func pskFileOf(t *testing.T, perm os.FileMode) string {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "keys.psk")
+	if err := os.WriteFile(f, []byte("alice:0123456789abcdef0123456789abcdef\n"), perm); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(f, perm); err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
 
 func TestParseBlock(t *testing.T) {

@@ -281,6 +281,9 @@ func (a *Agent) Run(ctx context.Context) error {
 			if u, ok := d.(TLSUser); ok {
 				u.UseTLS(srv, cli)
 			}
+			if b, ok := d.(*BlockDriver); ok && srv != nil {
+				b.usePSK(a.cfg.TLSPSK)
+			}
 		}
 	}
 	// Hold the ports the last run served at while devices open (fresh

@@ -16,6 +16,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/dataplane/tlspsk"
 )
 
 // builtinDrivers make the drivers every agent starts with; each driver's
@@ -103,6 +104,14 @@ func (b *BlockDriver) UseTLS(server, client *tls.Config) {
 	}
 	b.srv.TLSConfig = server
 	b.scheme = "nbds"
+}
+
+// usePSK lets the NBD server also take TLS with the pre-shared keys (with
+// TLS on, after UseTLS; before Serve).
+func (b *BlockDriver) usePSK(keys *tlspsk.Keys) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.srv.PSK = keys
 }
 
 // Open creates dev's backing file if absent (sparse) and extends it to

@@ -11,6 +11,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/clock"
+	"github.com/rialto-project/rialto/internal/dataplane/tlspsk"
 )
 
 // Sentinel errors.
@@ -93,6 +94,11 @@ type Config struct {
 	// network in clear. Without CAFile the data planes are always
 	// plaintext (there is no node certificate to serve).
 	InsecureDataplane bool
+	// TLSPSK, if it holds keys, lets the NBD server also take TLS 1.3
+	// with these pre-shared keys (libnbd's tls-psk-file), beside the node
+	// certificate; the export name is still the lease credential checked.
+	// Unused when the data planes are plaintext.
+	TLSPSK *tlspsk.Keys
 	// SysRoot is prefixed to /proc, /sys and /etc paths while
 	// fingerprinting (tests point it at a fake tree).
 	SysRoot string

@@ -203,7 +203,7 @@ func newConn(s *Server, nc net.Conn, r *bufio.Reader, sess *session) *conn {
 	c.maxGroup = 1
 	if m, ok := e.Backend.(memorySpeed); ok && m.memorySpeed() {
 		c.maxGroup = maxGroup
-		if sess != nil && sess.tls != nil {
+		if sess != nil && sess.encrypted() {
 			// Over TLS a group's replies are also encrypted before the
 			// first of them leaves: smaller groups keep the client's
 			// queue fuller (docs/bench/tls.md, "Follow-up: queue depth
@@ -395,7 +395,7 @@ func (c *conn) reader(ctx context.Context) error {
 			// and a wait in poll(2) then blocked the reader while the
 			// workers served and sent (docs/bench/tls.md, "Follow-up:
 			// queue depth 32 and large writes over TLS").
-			atDepth := c.burst > 1 || (c.sess.tls != nil && c.inflight.Load() > 0)
+			atDepth := c.burst > 1 || (c.sess.encrypted() && c.inflight.Load() > 0)
 			// About to wait for the client: hand over the requests
 			// parsed and send what is ready first.
 			if err := c.flushBatch(); err != nil {

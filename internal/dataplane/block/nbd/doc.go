@@ -19,8 +19,11 @@
 // FORCEDTLS mode: NBD_REP_ERR_TLS_REQD before the upgrade). [WithTLS] and
 // nbds:// URIs make the Client upgrade first and refuse a server that will
 // not. Over TLS the bytes pass through crypto/tls, so the zero-copy paths
-// (sendfile, splice, mapped writes) are not used. TLS with pre-shared keys
-// (nbdkit's --tls-psk) is not offered: crypto/tls has no external PSKs.
+// (sendfile, splice, mapped writes) are not used. With [Server.PSK] the
+// server also takes TLS 1.3 with pre-shared keys (nbdkit's --tls-psk,
+// libnbd's tls-psk-file; package tlspsk, as crypto/tls has no external
+// PSKs): the client's ClientHello decides which handshake runs. The Client
+// has no PSK support and refuses tls-psk-file in URIs.
 //
 // Zero values: a zero Server is ready to use (no exports, logging discarded).
 // A zero Client is not usable; use Dial. A zero RateLimit imposes no limit.

@@ -2,12 +2,16 @@ package nbd
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+
+	"github.com/rialto-project/rialto/internal/dataplane/tlspsk"
 )
 
 var errAbort = errors.New("nbd: client aborted the handshake")
@@ -22,9 +26,14 @@ type session struct {
 	// After NBD_OPT_STARTTLS: the TLS connection and the reader over it,
 	// which the transmission phase uses instead of the socket's.
 	tls *tls.Conn
+	psk *tlspsk.Conn // instead of tls, after a handshake with a pre-shared key
 	r   *bufio.Reader
 	rec *recordReader // the socket's bytes as crypto/tls takes them
 }
+
+// encrypted reports whether the session runs over TLS, with certificates
+// (crypto/tls) or a pre-shared key (tlspsk).
+func (s *session) encrypted() bool { return s.tls != nil || s.psk != nil }
 
 func newConnReader(r io.Reader) *bufio.Reader { return bufio.NewReaderSize(r, 64<<10) }
 
@@ -58,12 +67,14 @@ func (o *optWriter) reply(opt, typ uint32, data ...[]byte) error {
 // be closed.
 func (s *Server) negotiate(nc net.Conn, r *bufio.Reader) (*session, error) {
 	var w io.Writer = nc
-	var tc *tls.Conn // set once TLS is initiated
+	var tc *tls.Conn    // set once TLS is initiated
+	var pc *tlspsk.Conn // or this, with a pre-shared key
 	var rec *recordReader
 	// Without TLS configured the server is in the spec's NOTLS mode; with
 	// it, FORCEDTLS unless TLSOptional (then SELECTIVETLS with no TLS-only
 	// export).
-	forced := s.TLSConfig != nil && !s.TLSOptional
+	tlsOn := s.TLSConfig != nil || s.PSK.Len() > 0
+	forced := tlsOn && !s.TLSOptional
 	var hello [18]byte
 	binary.BigEndian.PutUint64(hello[0:], nbdMagic)
 	binary.BigEndian.PutUint64(hello[8:], optMagic)
@@ -112,7 +123,7 @@ func (s *Server) negotiate(nc net.Conn, r *bufio.Reader) (*session, error) {
 			return nil, fmt.Errorf("%w: option %d without fixed newstyle", ErrProtocol, opt)
 		}
 		var err error
-		if forced && tc == nil {
+		if forced && tc == nil && pc == nil {
 			switch opt {
 			case optStartTLS, optAbort:
 			case optExportName:
@@ -128,9 +139,9 @@ func (s *Server) negotiate(nc net.Conn, r *bufio.Reader) (*session, error) {
 		switch opt {
 		case optStartTLS:
 			switch {
-			case s.TLSConfig == nil:
+			case !tlsOn:
 				err = ow.reply(opt, repErrPolicy, []byte("TLS is not configured on this server"))
-			case tc != nil:
+			case tc != nil || pc != nil:
 				err = ow.reply(opt, repErrInvalid, []byte("TLS is already active"))
 			case n != 0:
 				err = ow.reply(opt, repErrInvalid)
@@ -144,12 +155,16 @@ func (s *Server) negotiate(nc net.Conn, r *bufio.Reader) (*session, error) {
 					return nil, err
 				}
 				rec = newRecordReader(nc)
-				tc = tls.Server(&readerConn{Conn: nc, r: rec}, s.TLSConfig)
-				if err := tc.Handshake(); err != nil {
+				var err error
+				if tc, pc, err = s.startTLS(nc, rec); err != nil {
 					return nil, fmt.Errorf("nbd: TLS handshake: %w", err)
 				}
 				// Nothing negotiated before STARTTLS survives it.
-				r, w = newConnReader(tc), tc
+				if pc != nil {
+					r, w = newConnReader(pc), pc
+				} else {
+					r, w = newConnReader(tc), tc
+				}
 				ow.w = w
 				structured, metaSet, metaName = false, false, ""
 			}
@@ -159,7 +174,7 @@ func (s *Server) negotiate(nc net.Conn, r *bufio.Reader) (*session, error) {
 			if e == nil {
 				return nil, ErrExportNotFound
 			}
-			sess := &session{name: e.Name, exp: e, structured: structured, meta: metaSet && metaName == e.Name, tls: tc, r: r, rec: rec}
+			sess := &session{name: e.Name, exp: e, structured: structured, meta: metaSet && metaName == e.Name, tls: tc, psk: pc, r: r, rec: rec}
 			sess.flags = e.transmissionFlags(structured)
 			b := make([]byte, 10, 10+124)
 			binary.BigEndian.PutUint64(b, uint64(e.size))
@@ -231,7 +246,7 @@ func (s *Server) negotiate(nc net.Conn, r *bufio.Reader) (*session, error) {
 			}
 			if opt == optGo {
 				return &session{name: e.Name, exp: e, structured: structured,
-					meta: metaSet && metaName == e.Name, flags: flags, tls: tc, r: r, rec: rec}, nil
+					meta: metaSet && metaName == e.Name, flags: flags, tls: tc, psk: pc, r: r, rec: rec}, nil
 			}
 
 		case optListMetaContext, optSetMetaContext:
@@ -280,6 +295,34 @@ func (s *Server) negotiate(nc net.Conn, r *bufio.Reader) (*session, error) {
 		}
 	}
 	return nil, fmt.Errorf("%w: too many options", ErrProtocol)
+}
+
+// startTLS runs the TLS handshake after NBD_OPT_STARTTLS, reading the
+// socket through rec and writing it through nc. Without pre-shared keys it
+// is crypto/tls's, with X.509 certificates, as ever. With them, the
+// client's first handshake message is read first: a ClientHello offering
+// one of the keys' identities goes to the PSK handshake (package
+// tlspsk), anything else to crypto/tls (or, on a server without a
+// certificate, to the PSK handshake, which refuses it with an alert);
+// either is handed the bytes read. The handshake is bounded by the
+// connection's deadline (HandshakeTimeout), and nc is closed if the
+// server's context ends.
+func (s *Server) startTLS(nc net.Conn, rec *recordReader) (*tls.Conn, *tlspsk.Conn, error) {
+	if s.PSK.Len() == 0 {
+		tc := tls.Server(&readerConn{Conn: nc, r: rec}, s.TLSConfig)
+		return tc, nil, tc.Handshake()
+	}
+	read, psk, err := tlspsk.PeekHello(rec, s.PSK)
+	if err != nil {
+		return nil, nil, err
+	}
+	src := &readerConn{Conn: nc, r: io.MultiReader(bytes.NewReader(read), rec)}
+	if psk || s.TLSConfig == nil {
+		pc, err := tlspsk.Handshake(context.Background(), src, s.PSK)
+		return nil, pc, err
+	}
+	tc := tls.Server(src, s.TLSConfig)
+	return tc, nil, tc.Handshake()
 }
 
 // parseInfoRequest decodes NBD_OPT_INFO/GO data.

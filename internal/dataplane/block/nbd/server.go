@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/dirty"
+	"github.com/rialto-project/rialto/internal/dataplane/tlspsk"
 )
 
 // Backend is the storage behind an export. ReadAt and WriteAt must be safe
@@ -141,6 +142,13 @@ type Server struct {
 	// before STARTTLS every option but STARTTLS and ABORT is answered
 	// NBD_REP_ERR_TLS_REQD and NBD_OPT_EXPORT_NAME ends the connection.
 	TLSOptional bool
+	// PSK, if it holds keys, also offers TLS 1.3 with a pre-shared key
+	// (nbdkit's --tls-psk, libnbd's tls-psk-file): a client whose
+	// ClientHello offers one of its identities is authenticated by that
+	// key instead of TLSConfig's certificate (package tlspsk). With PSK
+	// and no TLSConfig the server offers STARTTLS with PSK only. Either
+	// way export names are still the credentials checked.
+	PSK *tlspsk.Keys
 
 	mu      sync.Mutex
 	exports map[string]*export
@@ -336,6 +344,27 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 		sc.Conn = rs // crypto/tls's writes
 	}
 	switch {
+	case sess.psk != nil:
+		// TLS with a pre-shared key (package tlspsk): as crypto/tls
+		// below, no raw-socket paths; its records are read through the
+		// polling reader and written with the raw socket's calls.
+		raw := nc
+		if rs != nil {
+			raw = rs
+		}
+		pc := &pskConn{Conn: sess.psk, raw: raw}
+		defer pc.closeNotify(time.Second)
+		c = newConn(s, pc, sess.r, sess)
+		if rs != nil {
+			if rs.tcp {
+				c.sock = sockRC{rs}
+			}
+		} else if t, ok := nc.(*net.TCPConn); ok {
+			c.sock, _ = t.SyscallConn()
+		}
+		if sess.rec != nil {
+			sess.rec.wait = c.flushBatch
+		}
 	case sess.tls != nil:
 		// Over TLS the bytes pass through crypto/tls: no raw-socket
 		// paths (sendfile, splice, mapped writev), but crypto/tls reads
@@ -381,7 +410,12 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 		return // removed (or replaced) during the handshake
 	}
 	defer s.detach(e, c)
-	log.Debug("nbd: transmission", "export", NameTag(sess.name), "structured", sess.structured, "tls", sess.tls != nil)
+	if sess.psk != nil {
+		// The identity (not a secret: it crosses the wire in clear) tells
+		// an operator rotating keys who still uses an old one.
+		log = log.With("psk_identity", sess.psk.Identity())
+	}
+	log.Debug("nbd: transmission", "export", NameTag(sess.name), "structured", sess.structured, "tls", sess.tls != nil, "psk", sess.psk != nil)
 	if err := c.serve(ctx); err != nil {
 		log.Debug("nbd: connection ended", "export", NameTag(sess.name), "err", err)
 	}

@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rialto-project/rialto/internal/dataplane/tlspsk"
 	"github.com/rialto-project/rialto/internal/pki"
 )
 
@@ -59,6 +60,25 @@ func (t *tlsConn) closeNotify(d time.Duration) {
 	}
 	t.Conn.CloseWrite()
 	t.raw.Close()
+}
+
+// pskConn is an NBD connection upgraded with NBD_OPT_STARTTLS to TLS with
+// a pre-shared key. Like tlsConn, its Close closes the socket at once and
+// closeNotify ends the session in order.
+type pskConn struct {
+	*tlspsk.Conn
+	raw net.Conn
+}
+
+func (p *pskConn) Close() error { return p.raw.Close() }
+
+func (p *pskConn) closeNotify(d time.Duration) {
+	if err := p.raw.SetWriteDeadline(time.Now().Add(d)); err != nil {
+		tm := time.AfterFunc(d, func() { p.raw.Close() })
+		defer tm.Stop()
+	}
+	p.Conn.CloseWrite()
+	p.raw.Close()
 }
 
 // readerConn is a connection whose reads go through r: the server hands
@@ -337,6 +357,13 @@ func (c *conn) readPayloadMapped(p []byte) (err error) {
 func writeBuffers(w net.Conn, v *net.Buffers) (int64, error) {
 	if rs, ok := w.(*rawSock); ok {
 		return rs.writev(v)
+	}
+	if p, ok := w.(*pskConn); ok {
+		// tlspsk packs the buffers into as few records and writes as
+		// they allow.
+		n, err := p.WriteBuffers(*v)
+		*v = (*v)[len(*v):]
+		return n, err
 	}
 	t, ok := w.(*tlsConn)
 	if !ok {

@@ -16,6 +16,19 @@ var (
 	fuzzTLS     *tls.Config
 )
 
+// fuzzServerTLS is a server certificate of a fresh CA.
+func fuzzServerTLS(t *testing.T) *tls.Config {
+	ca, err := pki.Open(t.TempDir(), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := ca.ServerConfig("fuzz", []string{"127.0.0.1"}, tls.NoClientCert, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
 // FuzzHandshakeTLS feeds arbitrary client bytes to a server that offers TLS
 // (required, or optional when optional is set). The input never completes a
 // TLS handshake, so no session may reach transmission when TLS is required,
@@ -31,15 +44,7 @@ func FuzzHandshakeTLS(f *testing.F) {
 	f.Add(true, seed(optBytes(optStructuredReply, nil), optBytes(optGo, infoData(testName))))
 	f.Add(true, seed(optBytes(optStartTLS, nil), []byte{0x16, 3, 1, 0, 5, 1, 0, 0, 1, 0}))
 	f.Fuzz(func(t *testing.T, optional bool, in []byte) {
-		fuzzTLSOnce.Do(func() {
-			ca, err := pki.Open(t.TempDir(), pki.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if fuzzTLS, err = ca.ServerConfig("fuzz", []string{"127.0.0.1"}, tls.NoClientCert, 0); err != nil {
-				t.Fatal(err)
-			}
-		})
+		fuzzTLSOnce.Do(func() { fuzzTLS = fuzzServerTLS(t) })
 		s := &Server{TLSConfig: fuzzTLS, TLSOptional: optional}
 		s.AddExport(Export{Name: testName, Backend: NewMemBackend(1 << 16)})
 		// The socket side gives the rest of the input too, so that a

@@ -63,7 +63,7 @@ func TestInteropTLSNbdinfo(t *testing.T) {
 	run(t, "nbdinfo", "--size", caOnly)
 
 	plain := URI{Network: "tcp", Address: addr, Export: testName}.String()
-	// The server has no pre-shared keys (crypto/tls implements none).
+	// This server has no pre-shared keys (Server.PSK: tls_psk_test.go).
 	psk := filepath.Join(t.TempDir(), "keys.psk")
 	os.WriteFile(psk, []byte("alice:0123456789abcdef0123456789abcdef\n"), 0o600)
 	pskURI := "nbds://alice@" + addr + "/" + testName + "?tls-psk-file=" + psk

@@ -11,9 +11,10 @@ import (
 // DefaultPort is the IANA port for NBD.
 const DefaultPort = "10809"
 
-// errPSK refuses TLS-PSK: Go's crypto/tls implements no external
-// pre-shared keys (neither TLS 1.2 PSK suites nor TLS 1.3 external PSKs).
-var errPSK = fmt.Errorf("%w: TLS with a pre-shared key (tls-psk-file): use X.509 certificates (tls-certificates=DIR)", ErrUnsupported)
+// errPSK refuses TLS-PSK in the Go client: crypto/tls implements no
+// external pre-shared keys, and package tlspsk only the server side (the
+// agents' NBD servers take libnbd's tls-psk-file).
+var errPSK = fmt.Errorf("%w: TLS with a pre-shared key (tls-psk-file) in Rialto's own NBD client: use X.509 certificates (tls-certificates=DIR); libnbd clients can use tls-psk-file with an agent given --tls-psk", ErrUnsupported)
 
 func parseURI(s string) (URI, error) {
 	u, err := url.Parse(s)

@@ -1,0 +1,261 @@
+package tlspsk
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdh"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/cryptobyte"
+)
+
+// hello describes a ClientHello the tests build, to reach what real
+// clients will not send.
+type hello struct {
+	identity   string
+	key        []byte
+	suites     []uint16
+	groups     []uint16
+	shares     []uint16 // groups to send a share of
+	modes      []byte
+	early      bool
+	afterPSK   bool // an extension after pre_shared_key
+	badBinder  bool
+	binderHash int    // 0: SHA-256
+	prefix     []byte // the transcript before it (after a HelloRetryRequest)
+	privs      map[uint16]*ecdh.PrivateKey
+}
+
+func defaultHello() hello {
+	k, _ := hex.DecodeString(testKeyHex)
+	return hello{identity: testIdentity, key: k, suites: []uint16{TLS_AES_128_GCM_SHA256},
+		groups: []uint16{groupX25519}, shares: []uint16{groupX25519}, modes: []byte{pskModeDHEKE}}
+}
+
+// build returns the ClientHello message with a valid binder (unless
+// badBinder).
+func (h *hello) build(t *testing.T) []byte {
+	t.Helper()
+	size := 32
+	if h.binderHash == 48 {
+		size = 48
+	}
+	var b cryptobyte.Builder
+	b.AddUint8(typeClientHello)
+	b.AddUint24LengthPrefixed(func(b *cryptobyte.Builder) {
+		b.AddUint16(versionTLS12)
+		b.AddBytes(make([]byte, 32))
+		b.AddUint8LengthPrefixed(func(b *cryptobyte.Builder) { b.AddBytes(bytes.Repeat([]byte{9}, 32)) })
+		b.AddUint16LengthPrefixed(func(b *cryptobyte.Builder) {
+			for _, s := range h.suites {
+				b.AddUint16(s)
+			}
+		})
+		b.AddUint8LengthPrefixed(func(b *cryptobyte.Builder) { b.AddUint8(0) })
+		b.AddUint16LengthPrefixed(func(b *cryptobyte.Builder) {
+			ext := func(typ uint16, f func(b *cryptobyte.Builder)) {
+				b.AddUint16(typ)
+				b.AddUint16LengthPrefixed(f)
+			}
+			ext(extSupportedVersions, func(b *cryptobyte.Builder) {
+				b.AddUint8LengthPrefixed(func(b *cryptobyte.Builder) { b.AddUint16(versionTLS13) })
+			})
+			ext(extSupportedGroups, func(b *cryptobyte.Builder) {
+				b.AddUint16LengthPrefixed(func(b *cryptobyte.Builder) {
+					for _, g := range h.groups {
+						b.AddUint16(g)
+					}
+				})
+			})
+			ext(extKeyShare, func(b *cryptobyte.Builder) {
+				b.AddUint16LengthPrefixed(func(b *cryptobyte.Builder) {
+					for _, g := range h.shares {
+						k, err := curveOf(g).GenerateKey(rand.Reader)
+						if err != nil {
+							t.Fatal(err)
+						}
+						if h.privs == nil {
+							h.privs = map[uint16]*ecdh.PrivateKey{}
+						}
+						h.privs[g] = k
+						b.AddUint16(g)
+						b.AddUint16LengthPrefixed(func(b *cryptobyte.Builder) { b.AddBytes(k.PublicKey().Bytes()) })
+					}
+				})
+			})
+			ext(extPSKKeyExchangeMode, func(b *cryptobyte.Builder) {
+				b.AddUint8LengthPrefixed(func(b *cryptobyte.Builder) { b.AddBytes(h.modes) })
+			})
+			if h.early {
+				ext(extEarlyData, func(*cryptobyte.Builder) {})
+			}
+			ext(extPreSharedKey, func(b *cryptobyte.Builder) {
+				b.AddUint16LengthPrefixed(func(b *cryptobyte.Builder) {
+					b.AddUint16LengthPrefixed(func(b *cryptobyte.Builder) { b.AddBytes([]byte(h.identity)) })
+					b.AddUint32(0)
+				})
+				b.AddUint16LengthPrefixed(func(b *cryptobyte.Builder) {
+					b.AddUint8LengthPrefixed(func(b *cryptobyte.Builder) { b.AddBytes(make([]byte, size)) })
+				})
+			})
+			if h.afterPSK {
+				ext(0xfafa, func(*cryptobyte.Builder) {})
+			}
+		})
+	})
+	msg := b.BytesOrPanic()
+	if h.afterPSK {
+		return msg
+	}
+	s := suites[0]
+	if size == 48 {
+		s = suiteByID(TLS_AES_256_GCM_SHA384)
+	}
+	early := s.extract(h.key, make([]byte, s.size))
+	binderKey := s.deriveSecret(early, "ext binder", s.emptyHash())
+	binder := s.finished(binderKey, s.transcriptHash(h.prefix, msg[:len(msg)-3-size]))
+	if h.badBinder {
+		binder[0] ^= 1
+	}
+	copy(msg[len(msg)-size:], binder)
+	return msg
+}
+
+// handshakeWith runs Handshake on one end of a pipe and hands the other
+// to the test; the handshake's outcome comes on the channel.
+func handshakeWith(t *testing.T) (net.Conn, <-chan error) {
+	t.Helper()
+	cli, srv := net.Pipe()
+	t.Cleanup(func() { cli.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	done := make(chan error, 1)
+	go func() {
+		defer cancel()
+		defer srv.Close()
+		c, err := Handshake(ctx, srv, testKeys(t))
+		if err == nil {
+			c.Close()
+		}
+		done <- err
+	}()
+	cli.SetDeadline(time.Now().Add(20 * time.Second))
+	return cli, done
+}
+
+// readPlainRecord reads one unprotected record.
+func readPlainRecord(t *testing.T, r io.Reader) (uint8, []byte) {
+	t.Helper()
+	var hdr [5]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, int(hdr[3])<<8|int(hdr[4]))
+	if _, err := io.ReadFull(r, body); err != nil {
+		t.Fatal(err)
+	}
+	return hdr[0], body
+}
+
+// TestCraftedRefusals: hellos no client here sends are refused with the
+// alert that names the fault, before any key is used.
+func TestCraftedRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		edit  func(*hello)
+		alert alert
+	}{
+		{"0-RTT early data", func(h *hello) { h.early = true }, alertIllegalParameter},
+		{"an extension after pre_shared_key", func(h *hello) { h.afterPSK = true }, alertIllegalParameter},
+		{"a binder that does not verify", func(h *hello) { h.badBinder = true }, alertDecryptError},
+		{"no psk_key_exchange_modes value it takes", func(h *hello) { h.modes = []byte{pskModeKE, 7} }, alertInsufficientSecurity},
+		{"no group in common", func(h *hello) { h.groups, h.shares = []uint16{0x0100}, []uint16{} }, alertHandshakeFailure},
+		{"no suite of the binder's hash", func(h *hello) { h.suites = []uint16{TLS_AES_256_GCM_SHA384} }, alertHandshakeFailure},
+		{"an unknown identity", func(h *hello) { h.identity = "mallory" }, alertUnknownPSKIdentity},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := defaultHello()
+			tc.edit(&h)
+			cli, done := handshakeWith(t)
+			go cli.Write(plainRecord(nil, recordHandshake, h.build(t)))
+			typ, body := readPlainRecord(t, cli)
+			if typ != recordAlert || len(body) != 2 || alert(body[1]) != tc.alert {
+				t.Fatalf("got record %d %x, want alert %s", typ, body, tc.alert)
+			}
+			var ae *AlertError
+			if err := <-done; !errors.As(err, &ae) || alert(ae.Alert) != tc.alert {
+				t.Fatalf("server: %v", err)
+			}
+		})
+	}
+}
+
+// TestHelloRetry: a hello with a share of a group the server does not
+// take, but listing X25519, gets a HelloRetryRequest; a second hello that
+// changes its PSK identity is refused.
+func TestHelloRetry(t *testing.T) {
+	h := defaultHello()
+	h.groups, h.shares = []uint16{0x0100, groupX25519}, []uint16{}
+	ch1 := h.build(t)
+	cli, done := handshakeWith(t)
+	go cli.Write(plainRecord(nil, recordHandshake, ch1))
+	typ, hrr := readPlainRecord(t, cli)
+	if typ != recordHandshake || hrr[0] != typeServerHello || !bytes.Equal(hrr[6:38], helloRetryRandom) {
+		t.Fatalf("no HelloRetryRequest: %d %x", typ, hrr)
+	}
+	s := suites[0]
+	prefix := append([]byte{typeMessageHash, 0, 0, byte(s.size)}, s.transcriptHash(ch1)...)
+	prefix = append(prefix, hrr...)
+	h2 := defaultHello()
+	h2.prefix = prefix
+	h2.identity = "bob"
+	h2.key, _ = hex.DecodeString("00112233445566778899aabbccddeeff")
+	go cli.Write(plainRecord(nil, recordHandshake, h2.build(t)))
+	typ, body := readPlainRecord(t, cli)
+	if typ != recordAlert || alert(body[1]) != alertIllegalParameter {
+		t.Fatalf("got record %d %x, want illegal_parameter", typ, body)
+	}
+	if err := <-done; err == nil {
+		t.Fatal("the changed hello was taken")
+	}
+
+	// The same with an unchanged identity: a ServerHello this time.
+	cli, done = handshakeWith(t)
+	go cli.Write(plainRecord(nil, recordHandshake, ch1))
+	_, hrr = readPlainRecord(t, cli)
+	prefix = append([]byte{typeMessageHash, 0, 0, byte(s.size)}, s.transcriptHash(ch1)...)
+	h2 = defaultHello()
+	h2.prefix = append(prefix, hrr...)
+	go cli.Write(plainRecord(nil, recordHandshake, h2.build(t)))
+	typ, sh := readPlainRecord(t, cli)
+	if typ != recordHandshake || sh[0] != typeServerHello || bytes.Equal(sh[6:38], helloRetryRandom) {
+		t.Fatalf("no ServerHello after the retry: %d %x", typ, sh)
+	}
+	cli.Close()
+	<-done
+}
+
+// TestSHA384Key: a binder of 48 bytes is a SHA-384 key, which gets
+// TLS_AES_256_GCM_SHA384 though the client lists a SHA-256 suite first;
+// a P-256 share is taken as X25519 is.
+func TestSHA384Key(t *testing.T) {
+	h := defaultHello()
+	h.binderHash = 48
+	h.suites = []uint16{TLS_AES_128_GCM_SHA256, TLS_AES_256_GCM_SHA384}
+	h.groups, h.shares = []uint16{groupP256}, []uint16{groupP256}
+	cli, done := handshakeWith(t)
+	go cli.Write(plainRecord(nil, recordHandshake, h.build(t)))
+	typ, sh := readPlainRecord(t, cli)
+	// type, length, version, random, session ID: the suite is at 71.
+	if typ != recordHandshake || sh[0] != typeServerHello || len(sh) < 73 ||
+		uint16(sh[71])<<8|uint16(sh[72]) != TLS_AES_256_GCM_SHA384 {
+		t.Fatalf("ServerHello %d %x", typ, sh)
+	}
+	cli.Close()
+	<-done
+}

@@ -1,0 +1,101 @@
+package tlspsk
+
+import (
+	"bytes"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+)
+
+// Keys maps PSK identities to keys. The zero value holds none. A Keys is
+// read-only once built and safe for concurrent use.
+type Keys struct {
+	m map[string][]byte
+}
+
+// maxIdentity is the longest identity TLS can carry (a u16-prefixed
+// string).
+const maxIdentity = 1<<16 - 1
+
+// ErrKeyFile is wrapped by every error about a key file's contents or mode.
+var ErrKeyFile = errors.New("tlspsk: key file")
+
+// ParseKeys reads psktool's format: one "identity:hexkey" per line; blank
+// lines are skipped. An identity may not be empty, contain ':' or repeat;
+// a key must be non-empty hex. Errors name the line, never the key.
+func ParseKeys(b []byte) (*Keys, error) {
+	k := &Keys{m: map[string][]byte{}}
+	for i, line := range bytes.Split(b, []byte("\n")) {
+		line = bytes.TrimSuffix(line, []byte("\r"))
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		id, hk, ok := bytes.Cut(line, []byte(":"))
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("%w: line %d: not identity:hexkey", ErrKeyFile, i+1)
+		case len(id) == 0 || len(id) > maxIdentity:
+			return nil, fmt.Errorf("%w: line %d: the identity is empty or too long", ErrKeyFile, i+1)
+		}
+		key := make([]byte, hex.DecodedLen(len(hk)))
+		if _, err := hex.Decode(key, hk); err != nil || len(key) == 0 {
+			return nil, fmt.Errorf("%w: line %d: the key is not hexadecimal", ErrKeyFile, i+1)
+		}
+		if _, dup := k.m[string(id)]; dup {
+			return nil, fmt.Errorf("%w: line %d: an identity given twice", ErrKeyFile, i+1)
+		}
+		k.m[string(id)] = key
+	}
+	return k, nil
+}
+
+// LoadKeyFile reads a key file (ParseKeys), refusing one that group or
+// others may read or write, as a private key file is refused, and one that
+// holds no key.
+func LoadKeyFile(path string) (*Keys, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("tlspsk: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("tlspsk: %w", err)
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%w %s: not a regular file", ErrKeyFile, path)
+	}
+	if p := st.Mode().Perm(); p&0o077 != 0 {
+		return nil, fmt.Errorf("%w %s: mode %#o lets group or others in: chmod 600 it", ErrKeyFile, path, p)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, 16<<20))
+	if err != nil {
+		return nil, fmt.Errorf("tlspsk: %w", err)
+	}
+	k, err := ParseKeys(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if k.Len() == 0 {
+		return nil, fmt.Errorf("%w %s: no keys", ErrKeyFile, path)
+	}
+	return k, nil
+}
+
+// Len is the number of keys.
+func (k *Keys) Len() int {
+	if k == nil {
+		return 0
+	}
+	return len(k.m)
+}
+
+func (k *Keys) lookup(id []byte) ([]byte, bool) {
+	if k == nil {
+		return nil, false
+	}
+	key, ok := k.m[string(id)]
+	return key, ok
+}
