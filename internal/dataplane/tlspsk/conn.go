@@ -52,8 +52,15 @@ func (h *halfConn) setSecret(s *suite, secret []byte) error {
 	return nil
 }
 
+// update moves to the next traffic secret (RFC 8446, 7.2), forgetting
+// the one before.
 func (h *halfConn) update() error {
-	return h.setSecret(h.s, h.s.expandLabel(h.secret, "traffic upd", nil, h.s.size))
+	old := h.secret
+	if err := h.setSecret(h.s, h.s.expandLabel(old, "traffic upd", nil, h.s.size)); err != nil {
+		return err
+	}
+	clear(old)
+	return nil
 }
 
 func (h *halfConn) nonce() []byte {
