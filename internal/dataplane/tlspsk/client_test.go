@@ -45,6 +45,15 @@ func dialTest(t *testing.T) (*testClient, <-chan error) {
 // comes on the channel.
 func dialServe(t *testing.T, serve func(*Conn) error) (*testClient, <-chan error) {
 	t.Helper()
+	return dialFinished(t, serve, nil)
+}
+
+// dialFinished is dialServe sending the client's Finished as the records
+// split gives (nil: one record): it returns before the client takes its
+// application keys when split is not nil, for the test to read the
+// server's answer under the handshake keys.
+func dialFinished(t *testing.T, serve func(*Conn) error, split func(fin []byte) [][]byte) (*testClient, <-chan error) {
+	t.Helper()
 	cli, srv := net.Pipe()
 	t.Cleanup(func() { cli.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -115,6 +124,14 @@ func dialServe(t *testing.T, serve func(*Conn) error) (*testClient, <-chan error
 	transcript = append(transcript, msgs...)
 	th = s.transcriptHash(transcript)
 	cfin := append([]byte{typeFinished, 0, 0, byte(s.size)}, s.finished(cHS, th)...)
+	if split != nil {
+		go func() {
+			for _, r := range split(cfin) {
+				cli.Write(tc.out.seal(nil, recordHandshake, r))
+			}
+		}()
+		return tc, done
+	}
 	tc.send(recordHandshake, cfin)
 	tc.in.setSecret(s, s.deriveSecret(master, "s ap traffic", th))
 	tc.out.setSecret(s, s.deriveSecret(master, "c ap traffic", th))

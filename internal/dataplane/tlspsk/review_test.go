@@ -377,3 +377,49 @@ func TestChangeCipherSpec(t *testing.T) {
 		<-done
 	})
 }
+
+// TestKeyChangeBoundaries: a handshake message after which the keys
+// change (ClientHello, Finished) must end its record (RFC 8446, 5.1);
+// before that it may span records.
+func TestKeyChangeBoundaries(t *testing.T) {
+	t.Run("a ClientHello with more behind it in its record", func(t *testing.T) {
+		h := defaultHello()
+		cli, done := handshakeWith(t)
+		go cli.Write(plainRecord(nil, recordHandshake, append(h.build(t), typeFinished, 0)))
+		expectPlainAlert(t, cli, done, alertUnexpectedMessage)
+	})
+	t.Run("a ClientHello over two records", func(t *testing.T) {
+		h := defaultHello()
+		ch := h.build(t)
+		cli, done := handshakeWith(t)
+		go func() {
+			cli.Write(plainRecord(nil, recordHandshake, ch[:50]))
+			cli.Write(plainRecord(nil, recordHandshake, ch[50:]))
+		}()
+		typ, sh := readPlainRecord(t, cli)
+		if typ != recordHandshake || sh[0] != typeServerHello {
+			t.Fatalf("got record %d %x, want a ServerHello", typ, sh)
+		}
+		cli.Close()
+		<-done
+	})
+	t.Run("a Finished with more behind it in its record", func(t *testing.T) {
+		cl, done := dialFinished(t, func(*Conn) error { return nil }, func(fin []byte) [][]byte {
+			return [][]byte{append(fin, typeKeyUpdate, 0, 0, 1, 0)}
+		})
+		cl.expectAlert(alertUnexpectedMessage)
+		var ae *AlertError
+		if err := <-done; !errors.As(err, &ae) || alert(ae.Alert) != alertUnexpectedMessage {
+			t.Fatalf("server: %v", err)
+		}
+	})
+	t.Run("a Finished over two records", func(t *testing.T) {
+		cl, done := dialFinished(t, func(*Conn) error { return nil }, func(fin []byte) [][]byte {
+			return [][]byte{fin[:3], fin[3:]}
+		})
+		if err := <-done; err != nil {
+			t.Fatalf("server: %v", err)
+		}
+		cl.c.Close()
+	})
+}
