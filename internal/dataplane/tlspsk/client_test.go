@@ -27,6 +27,33 @@ type testClient struct {
 // session ends.
 func dialTest(t *testing.T) (*testClient, <-chan error) {
 	t.Helper()
+	return dialServe(t, func(c *Conn) error {
+		r := bufio.NewReader(c)
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return err
+			}
+			if _, err := c.Write([]byte("echo: " + line)); err != nil {
+				return err
+			}
+		}
+	})
+}
+
+// dialServe is dialTest with the server's session given: serve's error
+// comes on the channel.
+func dialServe(t *testing.T, serve func(*Conn) error) (*testClient, <-chan error) {
+	t.Helper()
+	return dialFinished(t, serve, nil)
+}
+
+// dialFinished is dialServe sending the client's Finished as the records
+// split gives (nil: one record): it returns before the client takes its
+// application keys when split is not nil, for the test to read the
+// server's answer under the handshake keys.
+func dialFinished(t *testing.T, serve func(*Conn) error, split func(fin []byte) [][]byte) (*testClient, <-chan error) {
+	t.Helper()
 	cli, srv := net.Pipe()
 	t.Cleanup(func() { cli.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -39,18 +66,7 @@ func dialTest(t *testing.T) (*testClient, <-chan error) {
 			done <- err
 			return
 		}
-		r := bufio.NewReader(c)
-		for {
-			line, err := r.ReadString('\n')
-			if err != nil {
-				done <- err
-				return
-			}
-			if _, err := c.Write([]byte("echo: " + line)); err != nil {
-				done <- err
-				return
-			}
-		}
+		done <- serve(c)
 	}()
 	cli.SetDeadline(time.Now().Add(20 * time.Second))
 	h := defaultHello()
@@ -108,6 +124,14 @@ func dialTest(t *testing.T) (*testClient, <-chan error) {
 	transcript = append(transcript, msgs...)
 	th = s.transcriptHash(transcript)
 	cfin := append([]byte{typeFinished, 0, 0, byte(s.size)}, s.finished(cHS, th)...)
+	if split != nil {
+		go func() {
+			for _, r := range split(cfin) {
+				cli.Write(tc.out.seal(nil, recordHandshake, r))
+			}
+		}()
+		return tc, done
+	}
 	tc.send(recordHandshake, cfin)
 	tc.in.setSecret(s, s.deriveSecret(master, "s ap traffic", th))
 	tc.out.setSecret(s, s.deriveSecret(master, "c ap traffic", th))
@@ -230,12 +254,17 @@ func TestRecordLayer(t *testing.T) {
 		if err := cl.out.update(); err != nil {
 			t.Fatal(err)
 		}
+		// The server's KeyUpdate comes before its next data.
+		cl.send(recordApplicationData, []byte("after\n"))
 		typ, p := cl.read()
 		if typ != recordHandshake || len(p) != 5 || p[0] != typeKeyUpdate || p[4] != 0 {
 			t.Fatalf("got record %d %x, want the server's KeyUpdate", typ, p)
 		}
 		cl.in.update()
-		cl.echo("after")
+		if typ, p := cl.read(); typ != recordApplicationData || string(p) != "echo: after\n" {
+			t.Fatalf("got record %d %q", typ, p)
+		}
+		cl.echo("again")
 		cl.c.Close()
 		<-done
 	})

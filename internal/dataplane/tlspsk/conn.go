@@ -9,6 +9,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -51,8 +52,15 @@ func (h *halfConn) setSecret(s *suite, secret []byte) error {
 	return nil
 }
 
+// update moves to the next traffic secret (RFC 8446, 7.2), forgetting
+// the one before.
 func (h *halfConn) update() error {
-	return h.setSecret(h.s, h.s.expandLabel(h.secret, "traffic upd", nil, h.s.size))
+	old := h.secret
+	if err := h.setSecret(h.s, h.s.expandLabel(old, "traffic upd", nil, h.s.size)); err != nil {
+		return err
+	}
+	clear(old)
+	return nil
 }
 
 func (h *halfConn) nonce() []byte {
@@ -90,15 +98,18 @@ func (h *halfConn) open(hdr, body []byte) (uint8, []byte, alert) {
 		return 0, nil, alertBadRecordMAC
 	}
 	h.seq++
+	// TLSInnerPlaintext (content, type and zero padding) is at most
+	// 2^14 + 1 bytes (RFC 8446, 5.2 and 5.4): padding does not stretch
+	// the limit.
+	if len(p) > maxPlaintext+1 {
+		return 0, nil, alertRecordOverflow
+	}
 	i := len(p) - 1
 	for i >= 0 && p[i] == 0 {
 		i--
 	}
 	if i < 0 {
 		return 0, nil, alertUnexpectedMessage
-	}
-	if i > maxPlaintext {
-		return 0, nil, alertRecordOverflow
 	}
 	return p[i], p[:i], alertNone
 }
@@ -115,6 +126,14 @@ type Conn struct {
 	data []byte // decrypted application data not yet read
 	hs   []byte // post-handshake message bytes (KeyUpdate)
 	rerr error
+	// idle counts the records read since the last one that carried
+	// application data (maxIdleRecords).
+	idle int
+
+	// updateOwed: the client asked for a KeyUpdate, which the next
+	// write sends first (RFC 8446, 4.6.3): requests the server has not
+	// answered yet get one update, not one each.
+	updateOwed atomic.Bool
 
 	wmu       sync.Mutex
 	out       halfConn
@@ -180,6 +199,13 @@ func readRecord(r io.Reader, hdr *[recordHeaderLen]byte, buf []byte, protected b
 	return typ, body, buf, alertNone, nil
 }
 
+// maxIdleRecords bounds the records in a row that carry no application
+// data (empty ones, KeyUpdates, user_canceled): each costs the server a
+// decryption (and a KeyUpdate a key derivation) for a few bytes of the
+// client's, with no progress for the reader. Like crypto/tls's bound on
+// empty records, far above what a client sends between two requests.
+const maxIdleRecords = 32
+
 // readProtected reads and opens one protected record; plaintext records
 // are refused (after the handshake nothing is sent in clear).
 func (c *Conn) readProtected() (uint8, []byte, error) {
@@ -241,10 +267,14 @@ func (c *Conn) Read(p []byte) (int, error) {
 		if len(p) == 0 {
 			return 0, nil
 		}
+		if c.idle >= maxIdleRecords {
+			return 0, c.fail(alertUnexpectedMessage, fmt.Errorf("%d records in a row without application data", c.idle))
+		}
 		typ, body, err := c.readProtected()
 		if err != nil {
 			return 0, err
 		}
+		c.idle++
 		switch typ {
 		case recordApplicationData:
 			if len(c.hs) > 0 {
@@ -252,7 +282,9 @@ func (c *Conn) Read(p []byte) (int, error) {
 			}
 			c.data = body
 		case recordAlert:
-			return 0, c.gotAlert(body)
+			if err := c.gotAlert(body); err != nil {
+				return 0, err
+			}
 		case recordHandshake:
 			if err := c.postHandshake(body); err != nil {
 				return 0, err
@@ -261,6 +293,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 			return 0, c.fail(alertUnexpectedMessage, fmt.Errorf("a record of type %d", typ))
 		}
 	}
+	c.idle = 0
 	n := copy(p, c.data)
 	c.data = c.data[n:]
 	return n, nil
@@ -310,13 +343,10 @@ func (c *Conn) postHandshake(body []byte) error {
 			return c.fail(alertInternalError, err)
 		}
 		if req == 1 {
-			c.wmu.Lock()
-			err := c.keyUpdateLocked()
-			c.wmu.Unlock()
-			if err != nil {
-				c.rerr = err
-				return err
-			}
+			// Answered before the next write's data (WriteBuffers),
+			// not here: the reader does not wait on a peer that does
+			// not read, and many requests get one answer.
+			c.updateOwed.Store(true)
 		}
 	}
 	if len(c.hs) > maxPlaintext {
@@ -381,6 +411,11 @@ func (c *Conn) WriteBuffers(v [][]byte) (int64, error) {
 		sent = total
 		return nil
 	}
+	if c.updateOwed.Swap(false) {
+		if err := c.keyUpdateLocked(); err != nil {
+			return 0, err
+		}
+	}
 	seal := func(p []byte) error {
 		if c.out.seq >= keyUpdateAfter {
 			if err := flush(); err != nil {
@@ -441,9 +476,23 @@ func (c *Conn) CloseWrite() error {
 	return nil
 }
 
+// closeNotifyTimeout bounds how long Close waits for the peer to take
+// close_notify.
+const closeNotifyTimeout = 5 * time.Second
+
 // Close sends close_notify, unless sent or the connection failed, and
-// closes the connection under c.
+// closes the connection under c. A write in progress (blocked on a peer
+// that does not read) is not waited for: the connection is closed under
+// it, without close_notify, as crypto/tls does; and close_notify waits at
+// most closeNotifyTimeout.
 func (c *Conn) Close() error {
-	c.CloseWrite()
+	if c.wmu.TryLock() {
+		sent := c.closeSent || c.werr != nil
+		c.wmu.Unlock()
+		if !sent {
+			c.conn.SetWriteDeadline(time.Now().Add(closeNotifyTimeout))
+			c.sendAlert(alertCloseNotify)
+		}
+	}
 	return c.conn.Close()
 }

@@ -30,6 +30,20 @@ type hello struct {
 	binderHash int    // 0: SHA-256
 	prefix     []byte // the transcript before it (after a HelloRetryRequest)
 	privs      map[uint16]*ecdh.PrivateKey
+	sessionID  []byte // nil: 32 bytes of 9
+
+	// psks, if set, are the identities offered instead of identity
+	// alone, each with a binder under its key (none: a binder of
+	// zeros); swapBinders reverses the binders' order, extraBinder adds
+	// one (a list longer than the identities').
+	psks        []offeredPSK
+	swapBinders bool
+	extraBinder bool
+}
+
+type offeredPSK struct {
+	identity string
+	key      []byte
 }
 
 func defaultHello() hello {
@@ -46,12 +60,24 @@ func (h *hello) build(t *testing.T) []byte {
 	if h.binderHash == 48 {
 		size = 48
 	}
+	psks := h.psks
+	if psks == nil {
+		psks = []offeredPSK{{h.identity, h.key}}
+	}
+	nBinders := len(psks)
+	if h.extraBinder {
+		nBinders++
+	}
 	var b cryptobyte.Builder
 	b.AddUint8(typeClientHello)
 	b.AddUint24LengthPrefixed(func(b *cryptobyte.Builder) {
 		b.AddUint16(versionTLS12)
 		b.AddBytes(make([]byte, 32))
-		b.AddUint8LengthPrefixed(func(b *cryptobyte.Builder) { b.AddBytes(bytes.Repeat([]byte{9}, 32)) })
+		sid := h.sessionID
+		if sid == nil {
+			sid = bytes.Repeat([]byte{9}, 32)
+		}
+		b.AddUint8LengthPrefixed(func(b *cryptobyte.Builder) { b.AddBytes(sid) })
 		b.AddUint16LengthPrefixed(func(b *cryptobyte.Builder) {
 			for _, s := range h.suites {
 				b.AddUint16(s)
@@ -97,11 +123,15 @@ func (h *hello) build(t *testing.T) []byte {
 			}
 			ext(extPreSharedKey, func(b *cryptobyte.Builder) {
 				b.AddUint16LengthPrefixed(func(b *cryptobyte.Builder) {
-					b.AddUint16LengthPrefixed(func(b *cryptobyte.Builder) { b.AddBytes([]byte(h.identity)) })
-					b.AddUint32(0)
+					for _, p := range psks {
+						b.AddUint16LengthPrefixed(func(b *cryptobyte.Builder) { b.AddBytes([]byte(p.identity)) })
+						b.AddUint32(0)
+					}
 				})
 				b.AddUint16LengthPrefixed(func(b *cryptobyte.Builder) {
-					b.AddUint8LengthPrefixed(func(b *cryptobyte.Builder) { b.AddBytes(make([]byte, size)) })
+					for range nBinders {
+						b.AddUint8LengthPrefixed(func(b *cryptobyte.Builder) { b.AddBytes(make([]byte, size)) })
+					}
 				})
 			})
 			if h.afterPSK {
@@ -117,13 +147,24 @@ func (h *hello) build(t *testing.T) []byte {
 	if size == 48 {
 		s = suiteByID(TLS_AES_256_GCM_SHA384)
 	}
-	early := s.extract(h.key, make([]byte, s.size))
-	binderKey := s.deriveSecret(early, "ext binder", s.emptyHash())
-	binder := s.finished(binderKey, s.transcriptHash(h.prefix, msg[:len(msg)-3-size]))
-	if h.badBinder {
-		binder[0] ^= 1
+	start := len(msg) - 2 - nBinders*(1+size) // the binders list
+	th := s.transcriptHash(h.prefix, msg[:start])
+	for i, p := range psks {
+		if p.key == nil {
+			continue
+		}
+		early := s.extract(p.key, make([]byte, s.size))
+		binderKey := s.deriveSecret(early, "ext binder", s.emptyHash())
+		binder := s.finished(binderKey, th)
+		if h.badBinder {
+			binder[0] ^= 1
+		}
+		j := i
+		if h.swapBinders {
+			j = len(psks) - 1 - i
+		}
+		copy(msg[start+2+j*(1+size)+1:], binder)
 	}
-	copy(msg[len(msg)-size:], binder)
 	return msg
 }
 

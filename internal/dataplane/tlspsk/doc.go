@@ -21,8 +21,13 @@
 //   - no certificates, no session tickets, no 0-RTT data (a client
 //     offering early data is refused), no renegotiation (TLS 1.3 has none;
 //     a handshake message after the handshake other than KeyUpdate ends
-//     the connection); KeyUpdate from the client is honoured and the server
-//     updates its own keys before a key's record limit.
+//     the connection); KeyUpdate from the client is honoured (one asking
+//     for the server's is answered before the server's next data, once for
+//     any number of requests) and the server updates its own keys before a
+//     key's record limit;
+//   - records that carry no data (empty ones, KeyUpdates, user_canceled)
+//     are taken at most 32 in a row, and padding counts toward the record
+//     size limit.
 //
 // Primitives (AEADs, HKDF, HMAC, ECDH, hashes) are the standard library's
 // and golang.org/x/crypto's; this package only frames and sequences them.
@@ -31,11 +36,13 @@
 //
 // Keys are read from a file in psktool's format (LoadKeyFile), one
 // "identity:hexkey" per line, which must not be readable by group or
-// others. Keys are never logged or put in errors; identities appear only
+// others; a key shorter than 16 bytes is refused (a recorded handshake
+// lets anyone test guesses of it offline). Keys are never logged or put in errors; identities appear only
 // in errors returned to the caller, who decides whether to log them.
 //
 // The zero value of Keys is an empty key set; a Conn comes only from
 // Handshake. A Conn is safe for one goroutine reading and any number
 // writing concurrently (writes are serialised); Close may be called from
-// any goroutine.
+// any goroutine, and does not wait for a write blocked on a peer that does
+// not read (it closes the connection under it, without close_notify).
 package tlspsk

@@ -3,6 +3,7 @@ package tlspsk
 import (
 	"bytes"
 	"encoding/hex"
+	"errors"
 	"io"
 	"net"
 	"testing"
@@ -37,6 +38,15 @@ func FuzzParseClientHello(f *testing.F) {
 		if ch.hasPSK {
 			if ch.bindersStart <= 0 || ch.bindersStart > len(msg) || len(ch.binders) != len(ch.identities) {
 				t.Fatalf("bad binders: start %d of %d", ch.bindersStart, len(msg))
+			}
+			// The truncated hello (RFC 8446, 4.2.11.2) stops exactly
+			// at the binders list, which ends the message.
+			n := 2
+			for _, b := range ch.binders {
+				n += 1 + len(b)
+			}
+			if ch.bindersStart+n != len(msg) || int(msg[ch.bindersStart])<<8|int(msg[ch.bindersStart+1]) != n-2 {
+				t.Fatalf("the truncated hello ends at %d, the binders list (%d bytes) at %d of %d", ch.bindersStart, n, ch.bindersStart+n, len(msg))
 			}
 			if idx, key, ok := ch.knownIdentity(keys); ok {
 				if s := pickSuite(ch, len(ch.binders[idx])); s != nil {
@@ -122,3 +132,38 @@ func (nopConn) RemoteAddr() net.Addr             { return nil }
 func (nopConn) SetDeadline(time.Time) error      { return nil }
 func (nopConn) SetReadDeadline(time.Time) error  { return nil }
 func (nopConn) SetWriteDeadline(time.Time) error { return nil }
+
+// FuzzParseKeys: a key file is taken whole or refused with ErrKeyFile,
+// and what is taken is what the file says.
+func FuzzParseKeys(f *testing.F) {
+	f.Add([]byte("alice:" + testKeyHex + "\n"))
+	f.Add([]byte("alice:" + testKeyHex + "\r\n\nbob:00112233445566778899AABBCCDDEEFF"))
+	f.Add([]byte("a:b:c\n:\n"))
+	f.Add([]byte("alice:00ff\n"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		k, err := ParseKeys(in)
+		if err != nil {
+			if !errors.Is(err, ErrKeyFile) {
+				t.Fatalf("an error without ErrKeyFile: %v", err)
+			}
+			return
+		}
+		n := 0
+		for _, line := range bytes.Split(in, []byte("\n")) {
+			line = bytes.TrimSuffix(line, []byte("\r"))
+			if len(bytes.TrimSpace(line)) == 0 {
+				continue
+			}
+			n++
+			id, hk, _ := bytes.Cut(line, []byte(":"))
+			want, _ := hex.DecodeString(string(hk))
+			key, ok := k.lookup(id)
+			if !ok || !bytes.Equal(key, want) || len(key) < minKeyLen || len(id) == 0 {
+				t.Fatalf("line %q: key %x, %v", line, key, ok)
+			}
+		}
+		if k.Len() != n {
+			t.Fatalf("%d keys of %d lines", k.Len(), n)
+		}
+	})
+}

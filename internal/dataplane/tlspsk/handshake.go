@@ -231,7 +231,10 @@ func verifyBinder(s *suite, key []byte, ch *clientHello, idx int, prefix []byte)
 	early := s.extract(key, make([]byte, s.size))
 	binderKey := s.deriveSecret(early, "ext binder", s.emptyHash())
 	want := s.finished(binderKey, s.transcriptHash(prefix, ch.raw[:ch.bindersStart]))
-	return hmac.Equal(want, ch.binders[idx])
+	ok := hmac.Equal(want, ch.binders[idx])
+	clear(early)
+	clear(binderKey)
+	return ok
 }
 
 func serverHello(random, sessionID []byte, suite uint16, exts func(b *cryptobyte.Builder)) []byte {
@@ -349,13 +352,21 @@ func (h *hs) run() (*Conn, error) {
 	transcript = append(transcript, ch.raw...)
 	transcript = append(transcript, sh...)
 
-	// The key schedule (RFC 8446, 7.1).
+	// The key schedule (RFC 8446, 7.1). Secrets the connection does not
+	// keep are forgotten when the handshake ends (as far as Go lets one:
+	// copies the runtime made are out of reach).
 	early := s.extract(key, make([]byte, s.size))
+	defer clear(early)
+	defer clear(shared)
 	hsSecret := s.extract(shared, s.deriveSecret(early, "derived", s.emptyHash()))
 	th := s.transcriptHash(transcript)
 	cHS := s.deriveSecret(hsSecret, "c hs traffic", th)
 	sHS := s.deriveSecret(hsSecret, "s hs traffic", th)
 	master := s.extract(nil, s.deriveSecret(hsSecret, "derived", s.emptyHash()))
+	defer clear(hsSecret)
+	defer clear(cHS)
+	defer clear(sHS)
+	defer clear(master)
 	if err := h.out.setSecret(s, sHS); err != nil {
 		return nil, h.fail(alertInternalError, "%v", err)
 	}

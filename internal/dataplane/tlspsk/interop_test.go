@@ -192,7 +192,7 @@ func TestOpenSSLClient(t *testing.T) {
 // without that identity.
 func TestPeekHello(t *testing.T) {
 	keys := testKeys(t)
-	other, _ := ParseKeys([]byte("bob:0011"))
+	other, _ := ParseKeys([]byte("bob:00112233445566778899aabbccddeeff"))
 	for i, h := range seedHelloHex {
 		b, _ := hex.DecodeString(h)
 		r := bytes.NewReader(append(b, "after"...))

@@ -19,12 +19,23 @@ type Keys struct {
 // string).
 const maxIdentity = 1<<16 - 1
 
+// minKeyLen is the shortest key taken: 128 bits. A recorded handshake
+// (its binder, an HMAC under a key derived from the PSK alone) lets
+// anyone test guesses of the key offline, so a short key is a weak one
+// (RFC 9257, 6: external PSKs of at least 128 bits of entropy). psktool
+// writes 32 bytes.
+const minKeyLen = 16
+
+// maxKeyFile bounds a key file's size.
+const maxKeyFile = 16 << 20
+
 // ErrKeyFile is wrapped by every error about a key file's contents or mode.
 var ErrKeyFile = errors.New("tlspsk: key file")
 
 // ParseKeys reads psktool's format: one "identity:hexkey" per line; blank
 // lines are skipped. An identity may not be empty, contain ':' or repeat;
-// a key must be non-empty hex. Errors name the line, never the key.
+// a key must be hex (either case) of at least 16 bytes. Errors name the
+// line, never the key.
 func ParseKeys(b []byte) (*Keys, error) {
 	k := &Keys{m: map[string][]byte{}}
 	for i, line := range bytes.Split(b, []byte("\n")) {
@@ -41,7 +52,12 @@ func ParseKeys(b []byte) (*Keys, error) {
 		}
 		key := make([]byte, hex.DecodedLen(len(hk)))
 		if _, err := hex.Decode(key, hk); err != nil || len(key) == 0 {
+			clear(key)
 			return nil, fmt.Errorf("%w: line %d: the key is not hexadecimal", ErrKeyFile, i+1)
+		}
+		if len(key) < minKeyLen {
+			clear(key)
+			return nil, fmt.Errorf("%w: line %d: a key of %d bytes; at least %d are needed (psktool writes 32)", ErrKeyFile, i+1, len(key), minKeyLen)
 		}
 		if _, dup := k.m[string(id)]; dup {
 			return nil, fmt.Errorf("%w: line %d: an identity given twice", ErrKeyFile, i+1)
@@ -70,9 +86,13 @@ func LoadKeyFile(path string) (*Keys, error) {
 	if p := st.Mode().Perm(); p&0o077 != 0 {
 		return nil, fmt.Errorf("%w %s: mode %#o lets group or others in: chmod 600 it", ErrKeyFile, path, p)
 	}
-	b, err := io.ReadAll(io.LimitReader(f, 16<<20))
+	b, err := io.ReadAll(io.LimitReader(f, maxKeyFile+1))
+	defer clear(b) // the keys' only other copy is k's
 	if err != nil {
 		return nil, fmt.Errorf("tlspsk: %w", err)
+	}
+	if len(b) > maxKeyFile {
+		return nil, fmt.Errorf("%w %s: over %d bytes", ErrKeyFile, path, maxKeyFile)
 	}
 	k, err := ParseKeys(b)
 	if err != nil {

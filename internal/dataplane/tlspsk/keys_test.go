@@ -1,6 +1,7 @@
 package tlspsk
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"os/exec"
@@ -9,19 +10,29 @@ import (
 	"testing"
 )
 
+// k16 is a key of the shortest length taken (16 bytes).
+const k16 = "00112233445566778899aabbccddeeff"
+
 func TestParseKeys(t *testing.T) {
 	for _, tc := range []struct {
 		in   string
 		n    int
 		want string // in the error; "" for none
 	}{
-		{"alice:00ff\n\nbob:0102\r\n", 2, ""},
+		{"alice:" + k16 + "\n\nbob:" + k16 + "\r\n", 2, ""},
 		{"", 0, ""},
+		{"ALICE:" + strings.ToUpper(k16) + "\nalice:" + k16 + "\n", 2, ""}, // hex of either case; identities are bytes
+		{"\u00e9l\u00e8ve:" + k16 + "\n", 1, ""},
 		{"alice\n", 0, "line 1: not identity:hexkey"},
-		{":00ff\n", 0, "line 1: the identity is empty"},
+		{":" + k16 + "\n", 0, "line 1: the identity is empty"},
 		{"alice:zz\n", 0, "line 1: the key is not hexadecimal"},
 		{"alice:\n", 0, "line 1: the key is not hexadecimal"},
-		{"alice:00\nalice:01\n", 0, "line 2: an identity given twice"},
+		{"a:b:" + k16 + "\n", 0, "line 1: the key is not hexadecimal"}, // no ':' in an identity
+		{"alice:" + k16 + "\nalice:" + k16 + "\n", 0, "line 2: an identity given twice"},
+		// A short key is refused: one recorded handshake lets anyone
+		// test guesses of it offline.
+		{"alice:0badc0ffee\n", 0, "line 1: a key of 5 bytes; at least 16"},
+		{"alice:" + k16[:30] + "\n", 0, "line 1: a key of 15 bytes"},
 	} {
 		k, err := ParseKeys([]byte(tc.in))
 		if tc.want == "" {
@@ -33,7 +44,7 @@ func TestParseKeys(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, ErrKeyFile) {
 			t.Errorf("%q: %v, want %q", tc.in, err, tc.want)
 		}
-		if err != nil && strings.Contains(err.Error(), "zz") {
+		if err != nil && (strings.Contains(err.Error(), "zz") || strings.Contains(err.Error(), "0badc0ffee") || strings.Contains(err.Error(), k16[:30])) {
 			t.Errorf("the error shows the key: %v", err)
 		}
 	}
@@ -75,6 +86,18 @@ func TestLoadKeyFile(t *testing.T) {
 	}
 	if _, err := LoadKeyFile(dir); err == nil {
 		t.Error("a directory was taken as a key file")
+	}
+	// A file over the size limit is refused, not read in part (which
+	// could cut the last key short and take it).
+	// (Cut at the limit, bob's key would lose 10 of its 64 digits.)
+	big := bytes.Repeat([]byte(" "), maxKeyFile+11-70)
+	big = append(big, "\nbob:"+testKeyHex+"\n"...)
+	os.Remove(path)
+	if err := os.WriteFile(path, big, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadKeyFile(path); err == nil || !strings.Contains(err.Error(), "over") || !errors.Is(err, ErrKeyFile) {
+		t.Errorf("a key file of %d bytes: %v", len(big), err)
 	}
 }
 

@@ -2,6 +2,7 @@ package nbd
 
 import (
 	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"io"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/tlspsk"
 )
@@ -237,4 +239,52 @@ func TestPSKOnlyServer(t *testing.T) {
 	waitFor(t, "the server's log to say it refused the client", func() bool {
 		return strings.Contains(log.String(), "sent handshake_failure")
 	})
+}
+
+// TestPSKHandshakeDeadline: a client that stops inside the TLS handshake
+// after STARTTLS (in the ClientHello the server peeks at, or after the
+// server's PSK flight, before its Finished) does not hold the
+// connection: the handshake timeout closes it.
+func TestPSKHandshakeDeadline(t *testing.T) {
+	keys, err := tlspsk.LoadKeyFile(pskFile(t, pskIdentity+":"+pskKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hello, err := hex.DecodeString(pskHelloHex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		tls  bool // the server also has a certificate
+		send []byte
+	}{
+		{"in the ClientHello", true, hello[:40]},
+		{"in the ClientHello, PSK only", false, hello[:40]},
+		{"before the client's Finished", true, hello},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &Server{PSK: keys, HandshakeTimeout: time.Second}
+			if tc.tls {
+				s.TLSConfig = newTestPKI(t).server
+			}
+			if err := s.AddExport(Export{Name: testName, Backend: NewMemBackend(1 << 16)}); err != nil {
+				t.Fatal(err)
+			}
+			rc := rawDial(t, serveOn(t, s), clientFlagFixedNewstyle|clientFlagNoZeroes)
+			if got := rc.optExpect(optStartTLS, nil); len(got) != 1 || got[0] != repAck {
+				t.Fatalf("STARTTLS: %x", got)
+			}
+			rc.write(tc.send)
+			// The server's flight, if any, then the end (rawDial's
+			// deadline of 20 s is the test's bound).
+			n, err := io.Copy(io.Discard, rc.r)
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				t.Fatalf("the server still holds the connection after %d bytes", n)
+			}
+			if tc.send[5] == 1 && len(tc.send) == len(hello) && n == 0 {
+				t.Fatal("no ServerHello for a whole hello")
+			}
+		})
+	}
 }
