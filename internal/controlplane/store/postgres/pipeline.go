@@ -21,10 +21,12 @@ import (
 // A batch of lease writes (LeaseOps) in one round trip, or two: most of
 // a PostgreSQL transaction's cost is its round trips, and a batch written
 // statement by statement makes one or two per op. Usually the batch is
-// one round trip: begin, lock the creations' devices, write every op in
-// order, each creation re-checking its parts in its own statement
-// (createSQL, checked) and each successful op appending its event under
-// the event log's lock, commit. A creation refused there (a part another
+// one round trip: lock the creations' devices, write every op in order,
+// each creation re-checking its parts in its own statement (createSQL,
+// checked) and each successful op appending its event under the event
+// log's lock, all in PostgreSQL's implicit transaction (no BEGIN or
+// COMMIT statement: the pipeline's Sync commits it, or rolls it back
+// after an error). A creation refused there (a part another
 // replica took, a used idempotency key) fails the whole batch, which is
 // rolled back and sent again in two round trips (errRecheck): the first
 // begins the transaction, takes the locks (tenants, devices: doc.go) and
@@ -110,15 +112,17 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 		}
 	}
 
-	// Round trip 2: (begin, lock the creations' devices,) write every op
-	// in order, events under the log's lock (shared: writers do not wait
-	// for one another), commit.
+	// Round trip 2: (lock the creations' devices,) write every op in
+	// order, events under the log's lock (shared: writers do not wait for
+	// one another), commit. In one round trip the batch is PostgreSQL's
+	// implicit transaction: every statement up to the pipeline's Sync runs
+	// in one transaction, committed at the Sync (rolled back at the first
+	// error), so it needs no BEGIN and no COMMIT statement (two fewer per
+	// transaction). After readForCreations it ends the transaction that
+	// one began.
 	b := &pgx.Batch{}
-	if oneTrip {
-		b.Queue("BEGIN")
-		if len(devs) > 0 {
-			b.Queue(lockDevicesSQL(len(devs)), anys(devs)...)
-		}
+	if oneTrip && len(devs) > 0 {
+		b.Queue(lockDevicesSQL(len(devs)), anys(devs)...)
 	}
 	b.Queue(`SELECT pg_advisory_xact_lock_shared($1, $2)`, lockClass, lockEvents)
 	for i, op := range ops {
@@ -132,18 +136,14 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 		q, args := transitionSQL(op.Transition, texts[i].Plan)
 		b.Queue(q, args...)
 	}
-	b.Queue("COMMIT")
+	if !oneTrip {
+		b.Queue("COMMIT")
+	}
 	br := c.SendBatch(ctx, b)
-	if oneTrip {
+	if oneTrip && len(devs) > 0 {
 		if _, err := br.Exec(); err != nil {
 			br.Close()
-			return nil, nil, wrap("begin", err)
-		}
-		if len(devs) > 0 {
-			if _, err := br.Exec(); err != nil {
-				br.Close()
-				return nil, nil, wrap("lock devices", err)
-			}
+			return nil, nil, wrap("lock devices", err)
 		}
 	}
 	if _, err := br.Exec(); err != nil {
@@ -185,11 +185,13 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 			out[i] = l
 		}
 	}
-	if _, err := br.Exec(); err != nil { // COMMIT
-		br.Close()
-		return nil, nil, wrap("commit", err)
+	if !oneTrip {
+		if _, err := br.Exec(); err != nil { // COMMIT
+			br.Close()
+			return nil, nil, wrap("commit", err)
+		}
 	}
-	if err := br.Close(); err != nil {
+	if err := br.Close(); err != nil { // the Sync: commits an implicit transaction
 		return nil, nil, wrap("commit", err)
 	}
 
