@@ -121,10 +121,12 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 	// transaction). After readForCreations it ends the transaction that
 	// one began.
 	b := &pgx.Batch{}
-	if oneTrip && len(devs) > 0 {
-		b.Queue(lockDevicesSQL(len(devs)), anys(devs)...)
+	lockBoth := oneTrip && len(devs) > 0 // the devices' and the event log's locks in one statement
+	if lockBoth {
+		b.Queue(lockDevicesSQL(len(devs), true), append(anys(devs), lockClass, lockEvents)...)
+	} else {
+		b.Queue(`SELECT pg_advisory_xact_lock_shared($1, $2)`, lockClass, lockEvents)
 	}
-	b.Queue(`SELECT pg_advisory_xact_lock_shared($1, $2)`, lockClass, lockEvents)
 	for i, op := range ops {
 		if op.Create != nil {
 			if accepted[i] {
@@ -140,15 +142,9 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 		b.Queue("COMMIT")
 	}
 	br := c.SendBatch(ctx, b)
-	if oneTrip && len(devs) > 0 {
-		if _, err := br.Exec(); err != nil {
-			br.Close()
-			return nil, nil, wrap("lock devices", err)
-		}
-	}
 	if _, err := br.Exec(); err != nil {
 		br.Close()
-		return nil, nil, wrap("lock the event log", err)
+		return nil, nil, wrap("lock", err)
 	}
 	var missed []int
 	for i, op := range ops {
@@ -241,7 +237,7 @@ func (s *Store) readForCreations(ctx context.Context, c *pgx.Conn, ops []store.L
 		b.Queue(`SELECT pg_advisory_xact_lock($1, hashtext($2))`, lockTenantNS, t)
 	}
 	if len(devs) > 0 {
-		b.Queue(lockDevicesSQL(len(devs)), anys(devs)...)
+		b.Queue(lockDevicesSQL(len(devs), false), anys(devs)...)
 	}
 	partSQL := rebind(sqlstore.PartCheckSQL)
 	for _, op := range ops {
@@ -498,21 +494,32 @@ var checkedSQL sync.Map // part count → checkedCreateSQL
 
 // lockDevicesSQL locks the rows of n devices (sorted), in ID order. The
 // IDs are n parameters, not an array, for the reason given at
-// checkedCreateSQL.
-func lockDevicesSQL(n int) string {
-	if q, ok := lockSQL.Load(n); ok {
+// checkedCreateSQL. With events it then takes the event log's lock in
+// shared mode (two more parameters: lockClass, lockEvents), after the
+// devices' (the aggregate's output is computed once every row is locked):
+// a batch written in one round trip saves a statement.
+func lockDevicesSQL(n int, events bool) string {
+	key := n
+	if events {
+		key = -n
+	}
+	if q, ok := lockSQL.Load(key); ok {
 		return q.(string)
 	}
-	q := `SELECT count(*) FROM (SELECT id FROM devices WHERE id IN ($1`
+	q := `SELECT count(*)`
+	if events {
+		q += `, pg_advisory_xact_lock_shared($` + strconv.Itoa(n+1) + `, $` + strconv.Itoa(n+2) + `)`
+	}
+	q += ` FROM (SELECT id FROM devices WHERE id IN ($1`
 	for i := 2; i <= n; i++ {
 		q += ", $" + strconv.Itoa(i)
 	}
 	q += `) ORDER BY id FOR UPDATE) locked`
-	lockSQL.Store(n, q)
+	lockSQL.Store(key, q)
 	return q
 }
 
-var lockSQL sync.Map // device count → lockDevicesSQL
+var lockSQL sync.Map // device count (negative: with the event log's lock) → lockDevicesSQL
 
 // anys is ss as arguments.
 func anys(ss []string) []any {

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -68,5 +69,37 @@ func TestPipelineAtomic(t *testing.T) {
 	}
 	if got, err := s.Lease(ctx, l.ID); err != nil || got.State != api.LeaseActive {
 		t.Fatalf("after the batch the lease is %s, %v; want active", got.State, err)
+	}
+}
+
+// TestLockDevicesAndEvents: the devices' lock of a batch written in one
+// round trip also takes the event log's lock in shared mode (the batch's
+// events are appended under it: doc.go), after locking the devices.
+func TestLockDevicesAndEvents(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s := openStore(ctx, t)
+	err := s.onConn(ctx, "connection", func(c *pgx.Conn) error {
+		tx, err := c.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx)
+		var n int
+		if err := tx.QueryRow(ctx, lockDevicesSQL(2, true), "dev-a", "dev-b", lockClass, lockEvents).Scan(&n, nil); err != nil {
+			return err
+		}
+		var mode string
+		if err := tx.QueryRow(ctx, `SELECT mode FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()
+			AND classid = $1 AND objid = $2 AND objsubid = 2 AND granted`, lockClass, lockEvents).Scan(&mode); err != nil {
+			return fmt.Errorf("the event log's lock is not held: %w", err)
+		}
+		if mode != "ShareLock" {
+			return fmt.Errorf("the event log's lock is held in %s; want ShareLock", mode)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
