@@ -21,10 +21,12 @@ import (
 // A batch of lease writes (LeaseOps) in one round trip, or two: most of
 // a PostgreSQL transaction's cost is its round trips, and a batch written
 // statement by statement makes one or two per op. Usually the batch is
-// one round trip: begin, lock the creations' devices, write every op in
-// order, each creation re-checking its parts in its own statement
-// (createSQL, checked) and each successful op appending its event under
-// the event log's lock, commit. A creation refused there (a part another
+// one round trip: lock the creations' devices, write every op in order,
+// each creation re-checking its parts in its own statement (createSQL,
+// checked) and each successful op appending its event under the event
+// log's lock, all in PostgreSQL's implicit transaction (no BEGIN or
+// COMMIT statement: the pipeline's Sync commits it, or rolls it back
+// after an error). A creation refused there (a part another
 // replica took, a used idempotency key) fails the whole batch, which is
 // rolled back and sent again in two round trips (errRecheck): the first
 // begins the transaction, takes the locks (tenants, devices: doc.go) and
@@ -110,17 +112,21 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 		}
 	}
 
-	// Round trip 2: (begin, lock the creations' devices,) write every op
-	// in order, events under the log's lock (shared: writers do not wait
-	// for one another), commit.
+	// Round trip 2: (lock the creations' devices,) write every op in
+	// order, events under the log's lock (shared: writers do not wait for
+	// one another), commit. In one round trip the batch is PostgreSQL's
+	// implicit transaction: every statement up to the pipeline's Sync runs
+	// in one transaction, committed at the Sync (rolled back at the first
+	// error), so it needs no BEGIN and no COMMIT statement (two fewer per
+	// transaction). After readForCreations it ends the transaction that
+	// one began.
 	b := &pgx.Batch{}
-	if oneTrip {
-		b.Queue("BEGIN")
-		if len(devs) > 0 {
-			b.Queue(lockDevicesSQL(len(devs)), anys(devs)...)
-		}
+	lockBoth := oneTrip && len(devs) > 0 // the devices' and the event log's locks in one statement
+	if lockBoth {
+		b.Queue(lockDevicesSQL(len(devs), true), append(anys(devs), lockClass, lockEvents)...)
+	} else {
+		b.Queue(`SELECT pg_advisory_xact_lock_shared($1, $2)`, lockClass, lockEvents)
 	}
-	b.Queue(`SELECT pg_advisory_xact_lock_shared($1, $2)`, lockClass, lockEvents)
 	for i, op := range ops {
 		if op.Create != nil {
 			if accepted[i] {
@@ -132,23 +138,13 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 		q, args := transitionSQL(op.Transition, texts[i].Plan)
 		b.Queue(q, args...)
 	}
-	b.Queue("COMMIT")
-	br := c.SendBatch(ctx, b)
-	if oneTrip {
-		if _, err := br.Exec(); err != nil {
-			br.Close()
-			return nil, nil, wrap("begin", err)
-		}
-		if len(devs) > 0 {
-			if _, err := br.Exec(); err != nil {
-				br.Close()
-				return nil, nil, wrap("lock devices", err)
-			}
-		}
+	if !oneTrip {
+		b.Queue("COMMIT")
 	}
+	br := c.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
-		return nil, nil, wrap("lock the event log", err)
+		return nil, nil, wrap("lock", err)
 	}
 	var missed []int
 	for i, op := range ops {
@@ -185,11 +181,13 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 			out[i] = l
 		}
 	}
-	if _, err := br.Exec(); err != nil { // COMMIT
-		br.Close()
-		return nil, nil, wrap("commit", err)
+	if !oneTrip {
+		if _, err := br.Exec(); err != nil { // COMMIT
+			br.Close()
+			return nil, nil, wrap("commit", err)
+		}
 	}
-	if err := br.Close(); err != nil {
+	if err := br.Close(); err != nil { // the Sync: commits an implicit transaction
 		return nil, nil, wrap("commit", err)
 	}
 
@@ -239,7 +237,7 @@ func (s *Store) readForCreations(ctx context.Context, c *pgx.Conn, ops []store.L
 		b.Queue(`SELECT pg_advisory_xact_lock($1, hashtext($2))`, lockTenantNS, t)
 	}
 	if len(devs) > 0 {
-		b.Queue(lockDevicesSQL(len(devs)), anys(devs)...)
+		b.Queue(lockDevicesSQL(len(devs), false), anys(devs)...)
 	}
 	partSQL := rebind(sqlstore.PartCheckSQL)
 	for _, op := range ops {
@@ -496,21 +494,32 @@ var checkedSQL sync.Map // part count → checkedCreateSQL
 
 // lockDevicesSQL locks the rows of n devices (sorted), in ID order. The
 // IDs are n parameters, not an array, for the reason given at
-// checkedCreateSQL.
-func lockDevicesSQL(n int) string {
-	if q, ok := lockSQL.Load(n); ok {
+// checkedCreateSQL. With events it then takes the event log's lock in
+// shared mode (two more parameters: lockClass, lockEvents), after the
+// devices' (the aggregate's output is computed once every row is locked):
+// a batch written in one round trip saves a statement.
+func lockDevicesSQL(n int, events bool) string {
+	key := n
+	if events {
+		key = -n
+	}
+	if q, ok := lockSQL.Load(key); ok {
 		return q.(string)
 	}
-	q := `SELECT count(*) FROM (SELECT id FROM devices WHERE id IN ($1`
+	q := `SELECT count(*)`
+	if events {
+		q += `, pg_advisory_xact_lock_shared($` + strconv.Itoa(n+1) + `, $` + strconv.Itoa(n+2) + `)`
+	}
+	q += ` FROM (SELECT id FROM devices WHERE id IN ($1`
 	for i := 2; i <= n; i++ {
 		q += ", $" + strconv.Itoa(i)
 	}
 	q += `) ORDER BY id FOR UPDATE) locked`
-	lockSQL.Store(n, q)
+	lockSQL.Store(key, q)
 	return q
 }
 
-var lockSQL sync.Map // device count → lockDevicesSQL
+var lockSQL sync.Map // device count (negative: with the event log's lock) → lockDevicesSQL
 
 // anys is ss as arguments.
 func anys(ss []string) []any {

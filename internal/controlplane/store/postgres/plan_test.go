@@ -103,9 +103,15 @@ func TestCreationPlans(t *testing.T) {
 			t.Errorf("%s: the generic plan does not find live parts by device:\n%s", name, text)
 		}
 		t.Logf("%s:\n%s", name, text)
-		text = genericPlan(ctx, t, s, "lock "+name, lockDevicesSQL(n), anys(devs))
-		if strings.Contains(text, "Seq Scan") || !strings.Contains(text, "devices_pkey") {
-			t.Errorf("lock %s: the generic plan does not lock the devices by key:\n%s", name, text)
+		for _, events := range []bool{false, true} {
+			args := anys(devs)
+			if events {
+				args = append(args, lockClass, lockEvents)
+			}
+			text = genericPlan(ctx, t, s, "lock "+name, lockDevicesSQL(n, events), args)
+			if strings.Contains(text, "Seq Scan") || !strings.Contains(text, "devices_pkey") {
+				t.Errorf("lock %s: the generic plan does not lock the devices by key:\n%s", name, text)
+			}
 		}
 	}
 }
