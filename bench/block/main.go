@@ -123,7 +123,7 @@ func run() error {
 	fioRamp := flag.Int("fio-ramp", 1, "fio ramp time, seconds")
 	bin := flag.String("bin", "bin/rialto", "the rialto binary")
 	peersFlag := flag.String("peers", "nbdkit,nbd-server,qemu-nbd", "peer servers")
-	rialtoFlag := flag.String("rialto", "dedicated,shared,composed", "Rialto targets: dedicated, shared, composed, attach, composed-unix (the composed lease through `rialto attach --socket`, an extra row)")
+	rialtoFlag := flag.String("rialto", "dedicated,shared,composed", "Rialto targets: dedicated, shared, composed, attach, composed-unix (the composed lease through `rialto attach --socket`, an extra row), attach-unix (a dedicated lease through `rialto attach --socket`, an extra row)")
 	metricsFlag := flag.String("metrics", "", "metric keys to run (default all): copyread,copywrite,rr1,rr32,rw32,sw32,w1,flush")
 	out := flag.String("out", "docs/bench/block.md", "Markdown fragment to write")
 	workRoot := flag.String("work", "/dev/shm", "tmpfs directory for the images")

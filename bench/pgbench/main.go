@@ -73,7 +73,7 @@ func run() error {
 	clients := flag.Int("clients", 4, "pgbench -c")
 	secs := flag.Int("time", 15, "pgbench -T (seconds)")
 	bin := flag.String("bin", "bin/rialto", "the rialto binary")
-	targetsFlag := flag.String("targets", "nbdkit,dedicated,attach,composed", "targets: nbdkit, dedicated, attach, composed")
+	targetsFlag := flag.String("targets", "nbdkit,dedicated,attach,composed", "targets: nbdkit, dedicated, attach, composed, attach-unix, composed-unix (the last two through `rialto attach --socket`)")
 	out := flag.String("out", "docs/bench/pgbench.md", "Markdown fragment to write")
 	workRoot := flag.String("work", "/dev/shm", "tmpfs directory for the images")
 	pgbin := flag.String("pgbin", "/usr/lib/postgresql/15/bin", "PostgreSQL's bin directory")

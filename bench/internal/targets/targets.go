@@ -211,7 +211,7 @@ func version(name string) string {
 }
 
 // Rialto names the lease kinds StartRialto can set up.
-var Rialto = []string{"dedicated", "shared", "composed", "attach", "composed-unix"}
+var Rialto = []string{"dedicated", "shared", "composed", "attach", "composed-unix", "attach-unix"}
 
 // Leases are the Rialto targets' processes and leases.
 type Leases struct {
@@ -233,7 +233,10 @@ type Leases struct {
 //   - attach: the dedicated lease again, served by `rialto attach`;
 //   - composed-unix: another 3-way composed lease, over agents "u1", "u2",
 //     "u3", served by `rialto attach --socket` on a Unix socket in dir (an
-//     extra row: the goal rows stay on TCP 127.0.0.1).
+//     extra row: the goal rows stay on TCP 127.0.0.1);
+//   - attach-unix: a dedicated lease of another agent, "du", served by
+//     `rialto attach --socket` on a Unix socket in dir (an extra row; a
+//     lease is attached once at a time, so not the "attach" target's).
 func StartRialto(ctx context.Context, c *lab.Cluster, dir string, sizeMiB int64, names []string) (*Leases, error) {
 	want := map[string]bool{}
 	for _, n := range names {
@@ -265,8 +268,27 @@ func StartRialto(ctx context.Context, c *lab.Cluster, dir string, sizeMiB int64,
 			ls.LeaseIDs["attach"] = l.ID
 			ls.Targets["attach"] = &Target{Name: "attach", URI: at.URI, Rialto: true,
 				pids:   func() []int { return []int{ag.PID(), at.PID()} },
-				Served: "the same dedicated lease through `rialto attach` (agent \"ded\" + the attach process, CPU of both)"}
+				Served: "the same dedicated lease through `rialto attach` on 127.0.0.1 (agent \"ded\" + the attach process, CPU of both)"}
 		}
+	}
+	if want["attach-unix"] {
+		ag, err := c.StartAgent(ctx, lab.Agent{Name: "du", Blocks: []string{"disk0=" + filepath.Join(dir, "du.img") + ":" + size}})
+		if err != nil {
+			return nil, err
+		}
+		l, err := c.CreateLease(ctx, "--kind", "block", "--mode", "dedicated", "--size", size, "--affinity", "du")
+		if err != nil {
+			return nil, err
+		}
+		at, err := c.Attach(ctx, l.ID, "--socket", filepath.Join(dir, "attach.sock"))
+		if err != nil {
+			return nil, err
+		}
+		ls.Attached["attach-unix"] = at
+		ls.LeaseIDs["attach-unix"] = l.ID
+		ls.Targets["attach-unix"] = &Target{Name: "attach-unix", URI: at.URI, Rialto: true,
+			pids:   func() []int { return []int{ag.PID(), at.PID()} },
+			Served: "a dedicated lease of `rialto agent` \"du\" through `rialto attach --socket` on a Unix socket (agent + the attach process, CPU of both)"}
 	}
 	if want["shared"] {
 		ag, err := c.StartAgent(ctx, lab.Agent{Name: "shr", Blocks: []string{"disk0=" + filepath.Join(dir, "shr.img") + ":" + fmt.Sprintf("%dMiB", 2*sizeMiB)}})

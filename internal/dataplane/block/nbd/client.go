@@ -94,8 +94,9 @@ type Client struct {
 	// may start reading, and whoever reads fails the pending calls.
 	closing bool
 
-	br   *bufio.Reader   // replies; read only by whoever owns reading
-	rawc syscall.RawConn // the TCP socket, nil with TLS or Unix sockets
+	br   *bufio.Reader             // replies; read only by whoever owns reading
+	hdr  [structuredHeaderLen]byte // receiveOne's, used only by whoever owns reading
+	rawc syscall.RawConn           // the TCP socket, nil with TLS or Unix sockets
 	// rs is the plaintext socket once it has left the netpoller
 	// (clientraw.go), nil with TLS. Whoever makes a system call on it
 	// holds rsMu for reading; Close releases its descriptor with rsMu
@@ -785,7 +786,7 @@ func (c *Client) readPayload(r *bufio.Reader, dst []byte) error {
 // receiveOne reads one reply (a simple reply, or one chunk of a structured
 // one) and completes its call when it is the last.
 func (c *Client) receiveOne(r *bufio.Reader) error {
-	var h [structuredHeaderLen]byte
+	h := &c.hdr // escaped to the heap per reply as a local
 	{
 		if _, err := io.ReadFull(r, h[:4]); err != nil {
 			return err

@@ -58,6 +58,17 @@ type rawSock struct {
 	pcrc   syscall.RawConn // pc's
 	users  int             // waits using pc
 	drops  atomic.Int64    // times rawMode left the netpoller (for tests)
+
+	// The read under way (Read's and readPolled's state, for the
+	// callbacks built once in newRawSock: made per call, they escaped to
+	// the heap on every read). One goroutine reads at a time (the
+	// owner of the connection's reader).
+	rp           []byte
+	rn           int
+	rerr         error
+	rf           func(fd uintptr) bool // readPolled's f
+	rdone        bool
+	readFn, rpFn func(fd uintptr) bool
 }
 
 // newRawSock duplicates nc's descriptor and closes nc, which takes the
@@ -89,6 +100,7 @@ func newRawSock(nc net.Conn) (*rawSock, error) {
 	}
 	_, tcp := nc.(*net.TCPConn)
 	s := &rawSock{fd: fd, tcp: tcp, laddr: nc.LocalAddr(), raddr: nc.RemoteAddr()}
+	s.readFn, s.rpFn = s.readNow, s.polledRead
 	// The duplicate shares the open file (non-blocking). Closing nc
 	// removes the original from epoll; the socket stays open through fd.
 	nc.Close()
@@ -206,14 +218,10 @@ func (s *rawSock) readPolled(f func(fd uintptr) bool) error {
 		return s.do(f, unix.POLLIN)
 	}
 	directWaits.Add(1)
-	done := false
-	err := rc.Read(func(uintptr) bool {
-		if s.closed.Load() {
-			return true
-		}
-		done = f(uintptr(s.fd))
-		return done
-	})
+	s.rf, s.rdone = f, false
+	err := rc.Read(s.rpFn)
+	done := s.rdone
+	s.rf = nil
 	s.mu.Lock()
 	s.users--
 	s.mu.Unlock()
@@ -226,6 +234,23 @@ func (s *rawSock) readPolled(f func(fd uintptr) bool) error {
 		return fmt.Errorf("nbd: wait: %w", err)
 	}
 	return net.ErrClosed // not reached: Read returns once f is done or on an error
+}
+
+// polledRead is readPolled's callback on the registered duplicate: it runs
+// s.rf on the raw descriptor.
+func (s *rawSock) polledRead(uintptr) bool {
+	if s.closed.Load() {
+		return true
+	}
+	s.rdone = s.rf(uintptr(s.fd))
+	return s.rdone
+}
+
+// readNow reads the socket into s.rp once; false means nothing is there
+// yet (EAGAIN).
+func (s *rawSock) readNow(fd uintptr) bool {
+	s.rn, s.rerr = rawRead(int(fd), s.rp)
+	return s.rerr != unix.EAGAIN
 }
 
 // poll waits up to ms milliseconds in poll(2); true means ready (or hung
@@ -267,14 +292,15 @@ func (s *rawSock) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	var (
-		n    int
-		rerr error
-	)
-	err := s.do(func(fd uintptr) bool {
-		n, rerr = rawRead(int(fd), p)
-		return rerr != unix.EAGAIN
-	}, unix.POLLIN)
+	// Through readPolled: while the socket is registered with the
+	// netpoller (a Client's connection whose callers do not wait in
+	// poll(2), as under nbdfuse's four connections to `rialto attach`),
+	// a read that finds nothing parks at once, without the zero-timeout
+	// ppoll a wait begun after the read needs.
+	s.rp = p
+	err := s.readPolled(s.readFn)
+	n, rerr := s.rn, s.rerr
+	s.rp, s.rerr = nil, nil
 	switch {
 	case err != nil:
 		return 0, err

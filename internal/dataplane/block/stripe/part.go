@@ -244,7 +244,12 @@ func (p *nbdPart) Extents(off, n int64) (ext []nbd.Extent, err error) {
 
 // Flush flushes the current connection. If an earlier connection broke with
 // writes no flush had covered, it reports ErrLostWrites once.
-func (p *nbdPart) Flush() error { return p.startFlush()() }
+func (p *nbdPart) Flush() error {
+	// As startFlush, without its closure (an allocation per flush).
+	seq := p.wseq.Load()
+	c := p.cur.Load()
+	return p.endFlush(seq, p.finish(false, c, c.Flush(), (*nbd.Client).Flush))
+}
 
 // startFlush implements flushStarter: it sends the flush and returns what
 // awaits it (and, if the connection broke, redials and flushes again), as
@@ -254,22 +259,31 @@ func (p *nbdPart) startFlush() func() error {
 	c := p.cur.Load()
 	s := c.StartFlush()
 	return func() error {
-		if err := p.finish(false, c, s.Wait(), (*nbd.Client).Flush); err != nil {
-			return err
-		}
-		p.flushedUpTo(seq)
-		if p.lost.Swap(false) {
-			return fmt.Errorf("part %d: %w", p.index, ErrLostWrites)
-		}
-		return nil
+		return p.endFlush(seq, p.finish(false, c, s.Wait(), (*nbd.Client).Flush))
 	}
 }
 
+// endFlush ends a flush sent when seq writes had completed, whose outcome
+// (after a redial and retry, finish) is err.
+func (p *nbdPart) endFlush(seq uint64, err error) error {
+	if err != nil {
+		return err
+	}
+	p.flushedUpTo(seq)
+	if p.lost.Swap(false) {
+		return fmt.Errorf("part %d: %w", p.index, ErrLostWrites)
+	}
+	return nil
+}
+
 // flushSnapshot implements sharedFlusher.
-func (p *nbdPart) flushSnapshot() (seq, epoch uint64, export string, ok bool) {
+func (p *nbdPart) flushSnapshot() (seq, epoch uint64, export nbd.URI, ok bool) {
 	p.mu.Lock() // p.uri moves with a reconnection
-	export = p.uri.String()
+	export = p.uri
 	p.mu.Unlock()
+	// What the URI's text says (a struct, not its String: that allocated
+	// on every flush).
+	export.ServerName = ""
 	return p.wseq.Load(), p.epoch.Load(), export, p.Alive() && !p.lost.Load()
 }
 

@@ -124,7 +124,7 @@ type sharedFlusher interface {
 	// part moves to another lender), or ok=false if the connection must
 	// flush itself: it is dead, or it broke with writes it has to report
 	// lost.
-	flushSnapshot() (seq, epoch uint64, export string, ok bool)
+	flushSnapshot() (seq, epoch uint64, export nbd.URI, ok bool)
 	// flushedUpTo records that a flush covered the first seq writes.
 	flushedUpTo(seq uint64)
 }
@@ -139,13 +139,24 @@ type sharedFlusher interface {
 // server makes a flush on one connection cover all of them
 // (NBD_FLAG_CAN_MULTI_CONN, which connections report with MultiConnSafe);
 // otherwise, or if no connection is alive, Flush fails.
-func (p *Pool) Flush() error { return p.startFlush()() }
+func (p *Pool) Flush() error {
+	var buf [8]uint64
+	seqs, epoch, ok := p.sharedFlush(buf[:0])
+	if !ok {
+		return p.flushEach()
+	}
+	// As startFlush, without its closure (an allocation per flush).
+	i := p.pickIndex()
+	err := p.conns[i].Flush()
+	p.inflight[i].Add(-1)
+	return p.sharedFlushed(seqs, epoch, err)
+}
 
 // startFlush implements flushStarter: the one flush that serves every
 // connection is sent at once and awaited by what it returns; flushes of
 // every connection in turn are sent there.
 func (p *Pool) startFlush() func() error {
-	seqs, epoch, ok := p.sharedFlush()
+	seqs, epoch, ok := p.sharedFlush(nil)
 	if !ok {
 		return p.flushEach
 	}
@@ -159,18 +170,23 @@ func (p *Pool) startFlush() func() error {
 	return func() error {
 		err := wait()
 		p.inflight[i].Add(-1)
-		// A connection that reconnected meanwhile may have reached a
-		// restarted lender, whose flush does not cover what the others
-		// wrote before: then every connection flushes (and reports) for
-		// itself.
-		if err == nil && p.epochs() == epoch {
-			for i, c := range p.conns {
-				c.(sharedFlusher).flushedUpTo(seqs[i])
-			}
-			return nil
-		}
-		return p.flushEach()
+		return p.sharedFlushed(seqs, epoch, err)
 	}
+}
+
+// sharedFlushed ends a flush that one connection made for all (err its
+// outcome; seqs and epoch as sharedFlush gave them before it was sent).
+// A connection that reconnected meanwhile may have reached a restarted
+// lender, whose flush does not cover what the others wrote before: then
+// every connection flushes (and reports) for itself.
+func (p *Pool) sharedFlushed(seqs []uint64, epoch uint64, err error) error {
+	if err == nil && p.epochs() == epoch {
+		for i, c := range p.conns {
+			c.(sharedFlusher).flushedUpTo(seqs[i])
+		}
+		return nil
+	}
+	return p.flushEach()
 }
 
 // flushEach flushes every live connection in turn.
@@ -214,10 +230,10 @@ func (p *Pool) flushEach() error {
 // same export (while a part moves, some may still reach the old lender),
 // its server advertises multi-conn, and none has reconnected since every
 // connection last flushed for itself (until then they may have written to
-// different instances of the lender).
-func (p *Pool) sharedFlush() (seqs []uint64, epoch uint64, ok bool) {
-	seqs = make([]uint64, len(p.conns))
-	first := ""
+// different instances of the lender). seqs is appended to buf.
+func (p *Pool) sharedFlush(buf []uint64) (seqs []uint64, epoch uint64, ok bool) {
+	seqs = append(buf[:0], make([]uint64, len(p.conns))...)
+	var first nbd.URI
 	for i, c := range p.conns {
 		f, isShared := c.(sharedFlusher)
 		if !isShared || !f.MultiConnSafe() {
@@ -225,7 +241,7 @@ func (p *Pool) sharedFlush() (seqs []uint64, epoch uint64, ok bool) {
 		}
 		var (
 			e      uint64
-			export string
+			export nbd.URI
 		)
 		if seqs[i], e, export, ok = f.flushSnapshot(); !ok {
 			return nil, 0, false

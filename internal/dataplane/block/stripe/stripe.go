@@ -362,6 +362,37 @@ func (v *Volume) WriteAt(p []byte, off int64) (int, error) {
 // flush). A database's commit writes a few KiB to one device and flushes:
 // that is then one FLUSH, to that device, instead of one per device.
 func (v *Volume) Flush() error {
+	// Most flushes (a database's commit) have one device to flush: that
+	// one is flushed without the slices and closures of the general
+	// case, which allocated on every flush.
+	only, n := -1, 0
+	var seq uint64
+	for i, m := range v.parts {
+		s := m.wseq.Load()
+		if s != m.fseq.Load() || m.failed.Load() {
+			only, seq, n = i, s, n+1
+		}
+	}
+	switch n {
+	case 0:
+		if v.closed.Load() {
+			return ErrClosed
+		}
+		return nil
+	case 1:
+		if v.closed.Load() {
+			return ErrClosed
+		}
+		m := v.parts[only]
+		if m.failed.Load() {
+			return m.err(only)
+		}
+		if err := v.one(chunk{dev: only}, flushChunk); err != nil {
+			return err
+		}
+		m.flushedUpTo(seq)
+		return nil
+	}
 	var cs []chunk
 	seqs := make([]uint64, len(v.parts))
 	for i, m := range v.parts {
@@ -370,15 +401,7 @@ func (v *Volume) Flush() error {
 			cs = append(cs, chunk{dev: i})
 		}
 	}
-	flushed := func(dev int) {
-		m := v.parts[dev]
-		for {
-			f := m.fseq.Load()
-			if f >= seqs[dev] || m.fseq.CompareAndSwap(f, seqs[dev]) {
-				return
-			}
-		}
-	}
+	flushed := func(dev int) { v.parts[dev].flushedUpTo(seqs[dev]) }
 	if len(cs) > 1 && v.pipelined(cs) {
 		return v.flushPipelined(cs, flushed)
 	}
@@ -389,6 +412,19 @@ func (v *Volume) Flush() error {
 		flushed(c.dev)
 		return nil
 	})
+}
+
+// flushChunk flushes d (Flush's operation for one device).
+func flushChunk(d Device, _ chunk) error { return d.Flush() }
+
+// flushedUpTo records that a flush covered the device's first seq writes.
+func (m *member) flushedUpTo(seq uint64) {
+	for {
+		f := m.fseq.Load()
+		if f >= seq || m.fseq.CompareAndSwap(f, seq) {
+			return
+		}
+	}
 }
 
 // flushStarter is implemented by devices that can send a flush and await
