@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"go/parser"
 	"go/token"
-	"os"
 	"path/filepath"
 	"strings"
 )
@@ -15,25 +14,13 @@ import (
 // one too (the comment lives in one place). A directory with no non-test Go
 // file is an error.
 func DocProblems(dir string) ([]string, error) {
-	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
-	if err != nil {
-		return nil, err
-	}
 	var out []string
-	n, docGo := 0, false
+	docGo := false
 	fset := token.NewFileSet()
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
-		}
-		n++
-		src, err := os.ReadFile(f)
-		if err != nil {
-			return nil, err
-		}
+	err := eachSource(dir, func(f string, src []byte) error {
 		af, err := parser.ParseFile(fset, f, src, parser.PackageClauseOnly|parser.ParseComments)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		hasDoc := af.Doc != nil && strings.TrimSpace(af.Doc.Text()) != ""
 		switch {
@@ -45,9 +32,10 @@ func DocProblems(dir string) ([]string, error) {
 		case hasDoc:
 			out = append(out, fmt.Sprintf("%s carries a package comment: move it to doc.go", f))
 		}
-	}
-	if n == 0 {
-		return nil, fmt.Errorf("%s: no non-test Go file", dir)
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	if !docGo {
 		out = append(out, fmt.Sprintf("%s has no doc.go (purpose, zero value, concurrency contract)", dir))

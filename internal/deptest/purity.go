@@ -60,11 +60,23 @@ func Impurities(filename string, src []byte, forbid func(importPath string) bool
 // directory with no such file is an error, so a moved package cannot make
 // its purity test pass vacuously.
 func ImpuritiesIn(dir string, forbid func(importPath string) bool) ([]string, error) {
+	var out []string
+	err := eachSource(dir, func(f string, src []byte) error {
+		bad, err := Impurities(f, src, forbid)
+		out = append(out, bad...)
+		return err
+	})
+	return out, err
+}
+
+// eachSource calls fn with the name and contents of each non-test Go file
+// of dir, in name order, and stops at its first error. A directory with no
+// such file is an error.
+func eachSource(dir string, fn func(name string, src []byte) error) error {
 	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
 	if err != nil {
-		return nil, err
+		return err
 	}
-	var out []string
 	n := 0
 	for _, f := range files {
 		if strings.HasSuffix(f, "_test.go") {
@@ -73,16 +85,14 @@ func ImpuritiesIn(dir string, forbid func(importPath string) bool) ([]string, er
 		n++
 		src, err := os.ReadFile(f)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		bad, err := Impurities(f, src, forbid)
-		if err != nil {
-			return nil, err
+		if err := fn(f, src); err != nil {
+			return err
 		}
-		out = append(out, bad...)
 	}
 	if n == 0 {
-		return nil, fmt.Errorf("deptest: no Go source files in %s", dir)
+		return fmt.Errorf("deptest: no Go source files in %s", dir)
 	}
-	return out, nil
+	return nil
 }

@@ -2,13 +2,11 @@ package tlspsk
 
 import (
 	"bufio"
-	"context"
 	"crypto/hmac"
 	"errors"
 	"io"
 	"net"
 	"testing"
-	"time"
 
 	"golang.org/x/crypto/cryptobyte"
 )
@@ -54,21 +52,7 @@ func dialServe(t *testing.T, serve func(*Conn) error) (*testClient, <-chan error
 // server's answer under the handshake keys.
 func dialFinished(t *testing.T, serve func(*Conn) error, split func(fin []byte) [][]byte) (*testClient, <-chan error) {
 	t.Helper()
-	cli, srv := net.Pipe()
-	t.Cleanup(func() { cli.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	done := make(chan error, 1)
-	go func() {
-		defer cancel()
-		defer srv.Close()
-		c, err := Handshake(ctx, srv, testKeys(t))
-		if err != nil {
-			done <- err
-			return
-		}
-		done <- serve(c)
-	}()
-	cli.SetDeadline(time.Now().Add(20 * time.Second))
+	cli, done := pipeServer(t, serve)
 	h := defaultHello()
 	ch := h.build(t)
 	go cli.Write(plainRecord(nil, recordHandshake, ch))

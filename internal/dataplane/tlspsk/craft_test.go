@@ -172,6 +172,14 @@ func (h *hello) build(t *testing.T) []byte {
 // to the test; the handshake's outcome comes on the channel.
 func handshakeWith(t *testing.T) (net.Conn, <-chan error) {
 	t.Helper()
+	return pipeServer(t, func(c *Conn) error { c.Close(); return nil })
+}
+
+// pipeServer runs Handshake on one end of a pipe and, if it succeeds,
+// serve; it hands the other end to the test. The handshake's error, or
+// serve's, comes on the channel.
+func pipeServer(t *testing.T, serve func(*Conn) error) (net.Conn, <-chan error) {
+	t.Helper()
 	cli, srv := net.Pipe()
 	t.Cleanup(func() { cli.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -180,10 +188,11 @@ func handshakeWith(t *testing.T) (net.Conn, <-chan error) {
 		defer cancel()
 		defer srv.Close()
 		c, err := Handshake(ctx, srv, testKeys(t))
-		if err == nil {
-			c.Close()
+		if err != nil {
+			done <- err
+			return
 		}
-		done <- err
+		done <- serve(c)
 	}()
 	cli.SetDeadline(time.Now().Add(20 * time.Second))
 	return cli, done

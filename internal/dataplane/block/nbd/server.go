@@ -344,39 +344,27 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 		sc.Conn = rs // crypto/tls's writes
 	}
 	switch {
-	case sess.psk != nil:
-		// TLS with a pre-shared key (package tlspsk): as crypto/tls
-		// below, no raw-socket paths; its records are read through the
-		// polling reader and written with the raw socket's calls.
+	case sess.psk != nil || sess.tls != nil:
+		// Over TLS the bytes pass through crypto/tls (or, with a
+		// pre-shared key, package tlspsk): no raw-socket paths
+		// (sendfile, splice, mapped writev), but the TLS layer reads the
+		// socket through the polling reader and writes it with the raw
+		// socket's system calls.
 		raw := nc
 		if rs != nil {
 			raw = rs
 		}
-		pc := &pskConn{Conn: sess.psk, raw: raw}
-		defer pc.closeNotify(time.Second)
-		c = newConn(s, pc, sess.r, sess)
-		if rs != nil {
-			if rs.tcp {
-				c.sock = sockRC{rs}
-			}
-		} else if t, ok := nc.(*net.TCPConn); ok {
-			c.sock, _ = t.SyscallConn()
+		var ec interface {
+			net.Conn
+			closeNotify(time.Duration)
 		}
-		if sess.rec != nil {
-			sess.rec.wait = c.flushBatch
+		if sess.psk != nil {
+			ec = &pskConn{Conn: sess.psk, raw: raw}
+		} else {
+			ec = newTLSConn(sess.tls, raw)
 		}
-	case sess.tls != nil:
-		// Over TLS the bytes pass through crypto/tls: no raw-socket
-		// paths (sendfile, splice, mapped writev), but crypto/tls reads
-		// the socket through the polling reader and writes it with the
-		// raw socket's system calls.
-		raw := nc
-		if rs != nil {
-			raw = rs
-		}
-		tc := newTLSConn(sess.tls, raw)
-		defer tc.closeNotify(time.Second)
-		c = newConn(s, tc, sess.r, sess)
+		defer ec.closeNotify(time.Second)
+		c = newConn(s, ec, sess.r, sess)
 		// queuedBehind asks the socket under TLS too.
 		if rs != nil {
 			if rs.tcp {

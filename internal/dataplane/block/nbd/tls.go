@@ -51,15 +51,19 @@ func newTLSConn(tc *tls.Conn, raw net.Conn) *tlsConn { return &tlsConn{Conn: tc,
 func (t *tlsConn) Close() error { return t.raw.Close() }
 
 // closeNotify sends close_notify (waiting at most d for the peer to take
-// it) and closes the socket. A raw socket has no deadlines: a timer shuts
-// it down instead, which ends the wait.
-func (t *tlsConn) closeNotify(d time.Duration) {
-	if err := t.raw.SetWriteDeadline(time.Now().Add(d)); err != nil {
-		tm := time.AfterFunc(d, func() { t.raw.Close() })
+// it) and closes the socket.
+func (t *tlsConn) closeNotify(d time.Duration) { endSession(t.raw, t.Conn, d) }
+
+// endSession sends close_notify with session's CloseWrite, waiting at most
+// d for the peer to take it, and closes the socket raw. A raw socket has
+// no deadlines: a timer shuts it down instead, which ends the wait.
+func endSession(raw net.Conn, session interface{ CloseWrite() error }, d time.Duration) {
+	if err := raw.SetWriteDeadline(time.Now().Add(d)); err != nil {
+		tm := time.AfterFunc(d, func() { raw.Close() })
 		defer tm.Stop()
 	}
-	t.Conn.CloseWrite()
-	t.raw.Close()
+	session.CloseWrite()
+	raw.Close()
 }
 
 // pskConn is an NBD connection upgraded with NBD_OPT_STARTTLS to TLS with
@@ -72,14 +76,7 @@ type pskConn struct {
 
 func (p *pskConn) Close() error { return p.raw.Close() }
 
-func (p *pskConn) closeNotify(d time.Duration) {
-	if err := p.raw.SetWriteDeadline(time.Now().Add(d)); err != nil {
-		tm := time.AfterFunc(d, func() { p.raw.Close() })
-		defer tm.Stop()
-	}
-	p.Conn.CloseWrite()
-	p.raw.Close()
-}
+func (p *pskConn) closeNotify(d time.Duration) { endSession(p.raw, p.Conn, d) }
 
 // readerConn is a connection whose reads go through r: the server hands
 // crypto/tls the socket's fastReader this way, so that TLS connections wait

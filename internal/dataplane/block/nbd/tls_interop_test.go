@@ -16,12 +16,11 @@ import (
 	"github.com/rialto-project/rialto/internal/pki"
 )
 
-// serveFileTLS exports a sparse file over TLS (required) and returns its
-// path, the server's address and the nbds URI with the client
-// certificate directory.
-func serveFileTLS(t *testing.T, p *testPKI, dir string, size int64) (path, addr, uri string) {
+// sparseFile creates a sparse file of size in dir and opens it as a
+// backend, closed when the test ends.
+func sparseFile(t *testing.T, dir string, size int64) (string, *FileBackend) {
 	t.Helper()
-	path = filepath.Join(dir, "served.img")
+	path := filepath.Join(dir, "served.img")
 	f, err := os.Create(path)
 	if err != nil {
 		t.Fatal(err)
@@ -33,6 +32,15 @@ func serveFileTLS(t *testing.T, p *testPKI, dir string, size int64) (path, addr,
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
+	return path, b
+}
+
+// serveFileTLS exports a sparse file over TLS (required) and returns its
+// path, the server's address and the nbds URI with the client
+// certificate directory.
+func serveFileTLS(t *testing.T, p *testPKI, dir string, size int64) (path, addr, uri string) {
+	t.Helper()
+	path, b := sparseFile(t, dir, size)
 	_, addr = startTLSServer(t, p.server, false, Export{Name: testName, Description: "rialto test", Backend: b})
 	return path, addr, URI{Network: "tcp", Address: addr, Export: testName, TLS: true, TLSCertificates: p.clientDir}.String()
 }

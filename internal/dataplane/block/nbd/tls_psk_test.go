@@ -42,18 +42,7 @@ func servePSK(t *testing.T, pk *testPKI, dir string, size int64) (string, string
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(dir, "served.img")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.Truncate(size)
-	f.Close()
-	b, err := OpenFile(path, FileOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
+	path, b := sparseFile(t, dir, size)
 	log := &logBuffer{}
 	s := &Server{TLSConfig: pk.server, PSK: keys, Logger: debugLogger(log)}
 	if err := s.AddExport(Export{Name: testName, Backend: b}); err != nil {
