@@ -220,6 +220,30 @@ func runAgent(e *env, fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
+		defer reloadPSKOnHUP(ctx, log, *pskFile, psk)()
 		return a.Run(ctx)
 	}
+}
+
+// reloadPSKOnHUP reads the pre-shared key file (path, --tls-psk) again on
+// every SIGHUP until ctx is done or the returned stop is called (which
+// waits for it), and swaps keys' set for the file's: new handshakes use
+// it, sessions already open keep theirs. A file it cannot read or that is
+// refused (mode, format) is logged and changes nothing. Without a key file
+// a SIGHUP only logs that there is nothing to reload (it never ends the
+// agent, so `systemctl reload` is safe on every agent).
+func reloadPSKOnHUP(ctx context.Context, log *slog.Logger, path string, keys *tlspsk.Keys) (stop func()) {
+	return onHUP(ctx, func() {
+		if keys == nil {
+			log.Info("SIGHUP: nothing to reload (no --tls-psk)")
+			return
+		}
+		fresh, err := tlspsk.LoadKeyFile(path)
+		if err != nil {
+			log.Error("SIGHUP: the pre-shared key file is refused; the previous keys stay", "file", path, "err", err)
+			return
+		}
+		keys.Replace(fresh)
+		log.Info("SIGHUP: pre-shared keys reloaded", "file", path, "keys", keys.Len())
+	})
 }

@@ -165,6 +165,22 @@ func last(vs []string) string {
 // waits for it). Settings it cannot read or that the control plane
 // refuses are logged and change nothing.
 func (c *daemonConfig) reloadOnHUP(ctx context.Context, log *slog.Logger, srv *controlplane.Server) (stop func()) {
+	return onHUP(ctx, func() {
+		log.Info("SIGHUP: reloading tokens and quotas", "config", *c.path)
+		set, err := c.serverSettings()
+		if err == nil {
+			err = srv.Reload(ctx, set)
+		}
+		if err != nil {
+			log.Error("reload refused: the previous tokens and quotas stay", "config", *c.path, "err", err)
+		}
+	})
+}
+
+// onHUP runs reload, in a goroutine of its own, on every SIGHUP the
+// process gets until ctx is done or the returned stop is called (which
+// waits for the goroutine to end).
+func onHUP(ctx context.Context, reload func()) (stop func()) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	ctx, cancel := context.WithCancel(ctx)
@@ -176,14 +192,7 @@ func (c *daemonConfig) reloadOnHUP(ctx context.Context, log *slog.Logger, srv *c
 			case <-ctx.Done():
 				return
 			case <-hup:
-				log.Info("SIGHUP: reloading tokens and quotas", "config", *c.path)
-				set, err := c.serverSettings()
-				if err == nil {
-					err = srv.Reload(ctx, set)
-				}
-				if err != nil {
-					log.Error("reload refused: the previous tokens and quotas stay", "config", *c.path, "err", err)
-				}
+				reload()
 			}
 		}
 	}()

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -39,7 +40,7 @@ func TestAgentTLSPSK(t *testing.T) {
 		"server", "--listen", "127.0.0.1:0", "--db", filepath.Join(dir, "cp.db"), "--tls-dir", filepath.Join(dir, "tls"),
 		"--heartbeat", "200ms", "--log-level", "warn")
 	caFile := filepath.Join(dir, "tls", "ca-cert.pem")
-	startProc(t, bin, append(secrets, "RIALTO_ADDR="+url, "RIALTO_CACERT="+caFile), "",
+	agentProc, _ := startProc(t, bin, append(secrets, "RIALTO_ADDR="+url, "RIALTO_CACERT="+caFile), "",
 		"agent", "--name", "a1", "--state-dir", filepath.Join(dir, "a1"),
 		"--block", "disk0=disk0.img:64MiB", "--tls-psk", keys, "--log-level", "warn")
 
@@ -111,5 +112,29 @@ func TestAgentTLSPSK(t *testing.T) {
 	os.WriteFile(wrong, []byte("alice:"+strings.Repeat("ab", 32)+"\n"), 0o600)
 	if out, err := exec.CommandContext(ctx, "nbdinfo", "--size", pskURI("alice", wrong)).CombinedOutput(); err == nil || !strings.Contains(string(out), "gnutls_handshake") {
 		t.Fatalf("nbdinfo with another key: %v\n%s", err, out)
+	}
+	// Rotation: the key file now holds that other key; after a SIGHUP the
+	// agent takes it, and the old key is refused.
+	old := filepath.Join(dir, "old.psk")
+	os.WriteFile(old, []byte(key), 0o600)
+	if err := os.WriteFile(keys, []byte("alice:"+strings.Repeat("ab", 32)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := agentProc.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		out, err := exec.CommandContext(ctx, "nbdinfo", "--size", pskURI("alice", wrong)).CombinedOutput()
+		if err == nil && strings.TrimSpace(string(out)) == "8388608" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the rotated key is still refused 10 s after SIGHUP: %v\n%s", err, out)
+		}
+		<-tick.C
+	}
+	if out, err := exec.CommandContext(ctx, "nbdinfo", "--size", pskURI("alice", old)).CombinedOutput(); err == nil || !strings.Contains(string(out), "gnutls_handshake") {
+		t.Fatalf("nbdinfo with the key rotated out: %v\n%s", err, out)
 	}
 }

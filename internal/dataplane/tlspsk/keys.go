@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync/atomic"
 )
 
 // Keys maps PSK identities to keys. The zero value holds none. A Keys is
-// read-only once built and safe for concurrent use.
+// safe for concurrent use; Replace swaps its whole set at once (a key
+// file reloaded), and handshakes under way keep the key they looked up.
 type Keys struct {
-	m map[string][]byte
+	m atomic.Pointer[map[string][]byte]
 }
 
 // maxIdentity is the longest identity TLS can carry (a u16-prefixed
@@ -37,7 +39,7 @@ var ErrKeyFile = errors.New("tlspsk: key file")
 // a key must be hex (either case) of at least 16 bytes. Errors name the
 // line, never the key.
 func ParseKeys(b []byte) (*Keys, error) {
-	k := &Keys{m: map[string][]byte{}}
+	m := map[string][]byte{}
 	for i, line := range bytes.Split(b, []byte("\n")) {
 		line = bytes.TrimSuffix(line, []byte("\r"))
 		if len(bytes.TrimSpace(line)) == 0 {
@@ -59,11 +61,13 @@ func ParseKeys(b []byte) (*Keys, error) {
 			clear(key)
 			return nil, fmt.Errorf("%w: line %d: a key of %d bytes; at least %d are needed (psktool writes 32)", ErrKeyFile, i+1, len(key), minKeyLen)
 		}
-		if _, dup := k.m[string(id)]; dup {
+		if _, dup := m[string(id)]; dup {
 			return nil, fmt.Errorf("%w: line %d: an identity given twice", ErrKeyFile, i+1)
 		}
-		k.m[string(id)] = key
+		m[string(id)] = key
 	}
+	k := &Keys{}
+	k.m.Store(&m)
 	return k, nil
 }
 
@@ -104,18 +108,32 @@ func LoadKeyFile(path string) (*Keys, error) {
 	return k, nil
 }
 
+// Replace makes k hold from's keys instead of its own: the next
+// handshake looks its identity up among them. from must not be used
+// afterwards.
+func (k *Keys) Replace(from *Keys) {
+	k.m.Store(from.m.Load())
+}
+
 // Len is the number of keys.
 func (k *Keys) Len() int {
 	if k == nil {
 		return 0
 	}
-	return len(k.m)
+	if m := k.m.Load(); m != nil {
+		return len(*m)
+	}
+	return 0
 }
 
 func (k *Keys) lookup(id []byte) ([]byte, bool) {
 	if k == nil {
 		return nil, false
 	}
-	key, ok := k.m[string(id)]
+	m := k.m.Load()
+	if m == nil {
+		return nil, false
+	}
+	key, ok := (*m)[string(id)]
 	return key, ok
 }
