@@ -64,7 +64,16 @@ func startServerDaemon(t *testing.T, bin string, env []string, args ...string) *
 // waitLog waits until the log holds n lines containing s.
 func (d *daemon) waitLog(t *testing.T, s string, n int) {
 	t.Helper()
-	poll(t, "log line "+s, 30*time.Second, func() bool { return strings.Count(d.log.String(), s) >= n })
+	poll(t, "log line "+s, 30*time.Second, func() bool {
+		// Lines, not occurrences: a refusal's error may quote its message.
+		got := 0
+		for _, line := range strings.Split(d.log.String(), "\n") {
+			if strings.Contains(line, s) {
+				got++
+			}
+		}
+		return got >= n
+	})
 }
 
 func writeFile(t *testing.T, path, text string) {
