@@ -1,10 +1,10 @@
 package main
 
 import (
-	"github.com/rialto-project/rialto/api"
 	"strings"
 	"testing"
 
+	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane"
 )
 

@@ -169,16 +169,16 @@ func TestUpNetns(t *testing.T) {
 	id, _ := rackRecord(t, dir)
 	for _, want := range []string{"each a process in its own network namespace, links shaped to 1gbit",
 		"rialto-rack-" + id + "-h0", "rialto-rack-" + id + "-h2", "ip netns exec rialto-rack-" + id + "-h1 COMMAND"} {
-		if !strings.Contains(up.output(), want) {
-			t.Errorf("banner lacks %q:\n%s", want, up.output())
+		if !strings.Contains(up.Output(), want) {
+			t.Errorf("banner lacks %q:\n%s", want, up.Output())
 		}
 	}
 	// The env file is written after the lines startUp waits for.
 	poll(t, "the env file", 10*time.Second, func() bool {
 		env, err := os.ReadFile(filepath.Join(dir, "env"))
-		return err == nil && strings.Contains(string(env), "export RIALTO_ADDR="+up.addr+"\n")
+		return err == nil && strings.Contains(string(env), "export RIALTO_ADDR="+up.Addr+"\n")
 	})
-	api0, err := netip.ParseAddrPort(strings.TrimPrefix(up.addr, "https://"))
+	api0, err := netip.ParseAddrPort(strings.TrimPrefix(up.Addr, "https://"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +212,7 @@ func TestUpNetns(t *testing.T) {
 		t.Fatalf("nbdinfo over TLS: %v %s", err, out)
 	}
 
-	up.stop(t)
+	up.Stop(t)
 	if !labGone(id)() {
 		t.Fatalf("lab %s left behind after SIGTERM", id)
 	}
@@ -221,8 +221,8 @@ func TestUpNetns(t *testing.T) {
 	}
 
 	up2 := startUp(t, bin, dir, "--netns", "--agents", "2", "--link-rate", "1gbit")
-	if up2.addr != up.addr || up2.token != up.token {
-		t.Errorf("restart: %s %s, was %s %s", up2.addr, up2.token[:8], up.addr, up.token[:8])
+	if up2.Addr != up.Addr || up2.Token != up.Token {
+		t.Errorf("restart: %s %s, was %s %s", up2.Addr, up2.Token[:8], up.Addr, up.Token[:8])
 	}
 	var again api.Lease
 	up2.cli(t, bin, &again, "lease", "show", l.ID)
@@ -232,7 +232,7 @@ func TestUpNetns(t *testing.T) {
 	if out, err := exec.Command("nbdinfo", "--size", l.URI+"?tls-certificates="+tlsDir).CombinedOutput(); err != nil {
 		t.Fatalf("nbdinfo after restart: %v %s", err, out)
 	}
-	up2.stop(t)
+	up2.Stop(t)
 }
 
 // TestUpNetnsCrash SIGKILLs `rialto up --netns`: its reaper removes the
@@ -251,8 +251,7 @@ func TestUpNetnsCrash(t *testing.T) {
 	if len(pids) != 3 || gone(reaper) {
 		t.Fatalf("lab %s runs %v, reaper %d", id, pids, reaper)
 	}
-	up.cmd.Process.Signal(syscall.SIGKILL)
-	<-up.done
+	up.Kill()
 	poll(t, "the reaper to remove the lab", 30*time.Second, labGone(id))
 	poll(t, "the rack's processes to end", 30*time.Second, func() bool {
 		for _, pid := range append(pids, reaper) {
@@ -266,14 +265,13 @@ func TestUpNetnsCrash(t *testing.T) {
 
 	up2 := startUp(t, bin, dir, args...)
 	id2, reaper2 := rackRecord(t, dir)
-	if id2 == id || up2.addr != up.addr {
-		t.Errorf("second run: lab %s at %s, first %s at %s", id2, up2.addr, id, up.addr)
+	if id2 == id || up2.Addr != up.Addr {
+		t.Errorf("second run: lab %s at %s, first %s at %s", id2, up2.Addr, id, up.Addr)
 	}
 	if err := syscall.Kill(reaper2, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	up2.cmd.Process.Signal(syscall.SIGKILL)
-	<-up2.done
+	up2.Kill()
 	poll(t, "the second reaper to end", 10*time.Second, func() bool { return gone(reaper2) })
 	if labGone(id2)() || len(labPids(t, id2)) != 3 {
 		t.Fatalf("with its reaper killed too, lab %s should still be there", id2)
@@ -289,7 +287,7 @@ func TestUpNetnsCrash(t *testing.T) {
 	if len(nodes) != 2 || nodes[0].State != api.NodeReady || nodes[1].State != api.NodeReady {
 		t.Errorf("third run's nodes: %+v", nodes)
 	}
-	up3.stop(t)
+	up3.Stop(t)
 	if !labGone(id3)() {
 		t.Errorf("lab %s left after SIGTERM", id3)
 	}

@@ -53,16 +53,16 @@ func TestUpReplicas(t *testing.T) {
 		}
 	})
 	up := startUp(t, bin, dir, "--replicas", "3", "--agents", "2", "--quota", "leases=2")
-	addrs := strings.Split(up.addr, ",")
+	addrs := strings.Split(up.Addr, ",")
 	if len(addrs) != 3 || !strings.HasPrefix(addrs[0], "https://") {
-		t.Fatalf("RIALTO_ADDR=%s", up.addr)
+		t.Fatalf("RIALTO_ADDR=%s", up.Addr)
 	}
-	if !strings.Contains(up.output(), "3 control-plane replicas sharing a PostgreSQL") {
-		t.Fatalf("banner:\n%s", up.output())
+	if !strings.Contains(up.Output(), "3 control-plane replicas sharing a PostgreSQL") {
+		t.Fatalf("banner:\n%s", up.Output())
 	}
 	var first api.Lease
 	up.cli(t, bin, &first, "lease", "create", "--kind", "block", "--size", "16MiB")
-	servers := children(t, up.cmd.Process.Pid)
+	servers := children(t, up.Pid())
 	if len(servers) != 3 {
 		t.Fatalf("rialto up has %d child processes, want the 3 replicas", len(servers))
 	}
@@ -77,7 +77,7 @@ func TestUpReplicas(t *testing.T) {
 	}
 	// The quota holds across replicas.
 	cmd := exec.Command(bin, "lease", "create", "--kind", "block", "--size", "16MiB")
-	cmd.Env = append(os.Environ(), up.env()...)
+	cmd.Env = up.Env()
 	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), api.CodeQuota) {
 		t.Fatalf("third lease under leases=2: %v\n%s", err, out)
 	}
@@ -100,7 +100,7 @@ func TestUpReplicas(t *testing.T) {
 		}
 		time.Sleep(250 * time.Millisecond) // polling with a deadline
 	}
-	up.stop(t)
+	up.Stop(t)
 	if _, err := os.Stat(filepath.Join(dir, "pg", "password")); err != nil {
 		t.Fatalf("the PostgreSQL of the state dir: %v", err)
 	}

@@ -42,9 +42,9 @@ func TestUpReplicasRevocation(t *testing.T) {
 		}
 	})
 	up := startUp(t, bin, dir, "--replicas", "3", "--agents", "1")
-	addrs := strings.Split(up.addr, ",")
+	addrs := strings.Split(up.Addr, ",")
 	if len(addrs) != 3 {
-		t.Fatalf("RIALTO_ADDR=%s", up.addr)
+		t.Fatalf("RIALTO_ADDR=%s", up.Addr)
 	}
 	var nodes []api.Node
 	poll(t, "node1 ready", 30*time.Second, func() bool {
@@ -68,7 +68,7 @@ func TestUpReplicasRevocation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	caPEM, err := os.ReadFile(up.cacert)
+	caPEM, err := os.ReadFile(up.CACert)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func TestUpReplicasRevocation(t *testing.T) {
 
 	// Removed through the first replica (its agent runs: --force).
 	cmd := exec.Command(bin, "node", "remove", "--force", id)
-	cmd.Env = append(os.Environ(), up.env()...)
+	cmd.Env = up.Env()
 	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "certificate(s) revoked") {
 		t.Fatalf("rialto node remove: %v\n%s", err, out)
 	}
@@ -130,9 +130,9 @@ func TestUpReplicasRevocation(t *testing.T) {
 	// certificate is served by every replica.
 	plain := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 	for _, a := range addrs {
-		if st, _, err := get(plain, a, up.token); st != http.StatusOK {
+		if st, _, err := get(plain, a, up.Token); st != http.StatusOK {
 			t.Errorf("replica %s, a tenant token: %d %v", a, st, err)
 		}
 	}
-	up.stop(t)
+	up.Stop(t)
 }

@@ -1,161 +1,50 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/memory/mapping"
+	"github.com/rialto-project/rialto/internal/uptest"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 	"github.com/rialto-project/rialto/internal/pki"
 )
 
-var (
-	buildOnce sync.Once
-	builtBin  string
-	buildErr  error
-	buildDir  string
-)
-
 func TestMain(m *testing.M) {
 	// A memory mapping's fault handler is the test binary re-executed.
 	mapping.RunFaultHandlerIfChild()
-	code := m.Run()
-	if buildDir != "" {
-		os.RemoveAll(buildDir)
-	}
-	os.Exit(code)
+	uptest.Main(m)
 }
 
 // buildBinary builds rialto once per test run.
-func buildBinary(t *testing.T) string {
-	t.Helper()
-	gobin, err := exec.LookPath("go")
-	if err != nil {
-		t.Skip("no go tool to build the binary")
-	}
-	buildOnce.Do(func() {
-		if buildDir, buildErr = os.MkdirTemp("", "rialto-bin-"); buildErr != nil {
-			return
-		}
-		builtBin = filepath.Join(buildDir, "rialto")
-		out, err := exec.Command(gobin, "build", "-o", builtBin, ".").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return builtBin
-}
+func buildBinary(t *testing.T) string { return uptest.Binary(t) }
 
 // upProc is a running `rialto up`.
-type upProc struct {
-	cmd                 *exec.Cmd
-	addr, token, cacert string
-	mu                  sync.Mutex
-	out                 strings.Builder
-	done                chan error
-}
+type upProc struct{ *uptest.Up }
 
+// startUp starts `rialto up` with 512 MiB disks and no memory lending, and
+// extra flags; it stops when the test ends.
 func startUp(t *testing.T, bin, dir string, extra ...string) *upProc {
 	t.Helper()
-	cmd := exec.Command(bin, append([]string{"up", "--state-dir", dir, "--disk-size", "512MiB", "--memory", "0", "--accel", "1", "--heartbeat", "250ms"}, extra...)...)
-	cmd.Stderr = os.Stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &upProc{cmd: cmd, done: make(chan error, 1)}
-	ready := make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		closed := false
-		for sc.Scan() {
-			line := sc.Text()
-			p.mu.Lock()
-			p.out.WriteString(line + "\n")
-			if v, ok := strings.CutPrefix(line, "export RIALTO_ADDR="); ok {
-				p.addr = v
-			}
-			if v, ok := strings.CutPrefix(line, "export RIALTO_CACERT="); ok {
-				p.cacert = v
-			}
-			if v, ok := strings.CutPrefix(line, "export RIALTO_TOKEN="); ok {
-				p.token = v
-				if !closed {
-					close(ready)
-					closed = true
-				}
-			}
-			p.mu.Unlock()
-		}
-		io.Copy(io.Discard, stdout)
-		p.done <- cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-		}
-	})
-	select {
-	case <-ready:
-	case err := <-p.done:
-		t.Fatalf("rialto up exited early: %v\n%s", err, p.output())
-	case <-time.After(60 * time.Second):
-		t.Fatalf("rialto up not ready:\n%s", p.output())
-	}
-	return p
-}
-
-func (p *upProc) output() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.String()
-}
-
-func (p *upProc) stop(t *testing.T) {
-	t.Helper()
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-p.done:
-		if err != nil {
-			t.Fatalf("rialto up after SIGTERM: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("rialto up did not stop on SIGTERM")
-	}
-}
-
-// env is what a CLI process needs to talk to the cluster.
-func (p *upProc) env() []string {
-	return []string{"RIALTO_ADDR=" + p.addr, "RIALTO_CACERT=" + p.cacert, "RIALTO_TOKEN=" + p.token}
+	return &upProc{uptest.StartUp(t, bin, dir, append([]string{"--disk-size", "512MiB", "--memory", "0"}, extra...)...)}
 }
 
 // cli runs a verb of the binary against the cluster and decodes -o json.
 func (p *upProc) cli(t *testing.T, bin string, out any, args ...string) {
 	t.Helper()
 	cmd := exec.Command(bin, append(args, "-o", "json")...)
-	cmd.Env = append(os.Environ(), p.env()...)
+	cmd.Env = p.Env()
 	b, err := cmd.Output()
 	if err != nil {
 		var stderr string
@@ -180,8 +69,8 @@ func TestUpREADMEFlow(t *testing.T) {
 	up := startUp(t, bin, dir)
 	caFile := filepath.Join(dir, "tls", "ca-cert.pem")
 	for _, want := range []string{"API:", "node1", "disk0", "export RIALTO_ADDR=https://127.0.0.1:", "export RIALTO_CACERT=" + caFile + "\n"} {
-		if !strings.Contains(up.output(), want) {
-			t.Errorf("banner lacks %q:\n%s", want, up.output())
+		if !strings.Contains(up.Output(), want) {
+			t.Errorf("banner lacks %q:\n%s", want, up.Output())
 		}
 	}
 	// The env file (written after the banner) points at the CA, and the
@@ -194,9 +83,9 @@ func TestUpREADMEFlow(t *testing.T) {
 		t.Fatalf("ca-key.pem: %v %v", st, err)
 	}
 	if _, err := exec.LookPath("curl"); err == nil {
-		out, err := exec.Command("curl", "-sS", "--fail", "--cacert", up.cacert, "-H", "Authorization: Bearer "+up.token, up.addr+"/v1/nodes").CombinedOutput()
+		out, err := exec.Command("curl", "-sS", "--fail", "--cacert", up.CACert, "-H", "Authorization: Bearer "+up.Token, up.Addr+"/v1/nodes").CombinedOutput()
 		if err != nil || !strings.Contains(string(out), "node1") {
-			t.Fatalf("curl --cacert %s: %v\n%s", up.addr, err, out)
+			t.Fatalf("curl --cacert %s: %v\n%s", up.Addr, err, out)
 		}
 	}
 
@@ -252,8 +141,8 @@ func TestUpREADMEFlow(t *testing.T) {
 	}
 	up.cli(t, bin, &rel, "lease", "release", acc.ID)
 	// The banner's accelerator tour: a shared lease through the gateway.
-	if !strings.Contains(up.output(), "rialto accel run LEASE-ID sha256 --data hello --hex") {
-		t.Errorf("banner lacks the accel tour:\n%s", up.output())
+	if !strings.Contains(up.Output(), "rialto accel run LEASE-ID sha256 --data hello --hex") {
+		t.Errorf("banner lacks the accel tour:\n%s", up.Output())
 	}
 	up.cli(t, bin, &acc, "lease", "create", "--kind", "accel", "--mode", "shared", "--role", "sha256")
 	if acc.State != api.LeaseActive || !strings.Contains(acc.URI, "?gateway=sha256") {
@@ -269,14 +158,14 @@ func TestUpREADMEFlow(t *testing.T) {
 	// A lease left active survives a restart of the whole cluster.
 	var kept api.Lease
 	up.cli(t, bin, &kept, "lease", "create", "--kind", "block", "--size", "64MiB", "--ttl", "1h")
-	up.stop(t)
+	up.Stop(t)
 	if st, err := os.Stat(filepath.Join(dir, "cluster.json")); err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("cluster.json: %v %v", st, err)
 	}
 
 	up2 := startUp(t, bin, dir)
-	if up2.addr != up.addr || up2.token != up.token {
-		t.Errorf("restart changed address or token: %s -> %s", up.addr, up2.addr)
+	if up2.Addr != up.Addr || up2.Token != up.Token {
+		t.Errorf("restart changed address or token: %s -> %s", up.Addr, up2.Addr)
 	}
 	up2.cli(t, bin, &nodes, "nodes")
 	if len(nodes) != 3 {
@@ -294,7 +183,7 @@ func TestUpREADMEFlow(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	dataTLS, err := pki.LoadClientTLS(up2.cacert)
+	dataTLS, err := pki.LoadClientTLS(up2.CACert)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,7 +192,7 @@ func TestUpREADMEFlow(t *testing.T) {
 		t.Fatalf("kept lease's URI after restart: %v", err)
 	}
 	c.Close()
-	up2.stop(t)
+	up2.Stop(t)
 }
 
 // TestUpQuota: `rialto up --quota` limits the cluster's tenant like
@@ -315,7 +204,7 @@ func TestUpQuota(t *testing.T) {
 	var l api.Lease
 	up.cli(t, bin, &l, "lease", "create", "--kind", "block", "--size", "16MiB")
 	cmd := exec.Command(bin, "lease", "create", "--kind", "block", "--size", "16MiB")
-	cmd.Env = append(os.Environ(), up.env()...)
+	cmd.Env = up.Env()
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), api.CodeQuota) {
 		t.Fatalf("second lease under leases=1: %v\n%s", err, out)
@@ -325,7 +214,7 @@ func TestUpQuota(t *testing.T) {
 	if got.State != api.LeaseActive {
 		t.Fatalf("first lease is %s", got.State)
 	}
-	up.stop(t)
+	up.Stop(t)
 }
 
 // TestUpInsecureDataplane: `rialto up --insecure-dataplane` is the
@@ -358,5 +247,5 @@ func TestUpInsecureDataplane(t *testing.T) {
 	if _, err := nbd.Dial(ctx, u.Network, u.Address, u.Export+"x"); !errors.Is(err, nbd.ErrExportNotFound) {
 		t.Fatalf("a wrong export name: %v", err)
 	}
-	up.stop(t)
+	up.Stop(t)
 }

@@ -221,9 +221,31 @@ func (u *Up) Client(t testing.TB) *api.Client {
 	return api.NewClient(u.Addr, u.Token, u.HTTPClient(t))
 }
 
-// Stop stops the cluster (SIGTERM, then kill after 20s); it may be called
-// more than once.
+// Pid is the process ID of `rialto up`.
+func (u *Up) Pid() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.cmd.Process.Pid
+}
+
+// Kill SIGKILLs `rialto up` (its children are left to what it set up for
+// a parent's crash) and waits for it; Stop after it does nothing.
+func (u *Up) Kill() {
+	u.mu.Lock()
+	cmd := u.cmd
+	u.cmd = nil
+	u.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	<-u.done
+}
+
+// Stop stops the cluster (SIGTERM, then kill after 20s) and fails the
+// test unless it exits cleanly; it may be called more than once.
 func (u *Up) Stop(t testing.TB) {
+	t.Helper()
 	u.mu.Lock()
 	cmd := u.cmd
 	u.cmd = nil
@@ -233,7 +255,10 @@ func (u *Up) Stop(t testing.TB) {
 	}
 	cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case <-u.done:
+	case err := <-u.done:
+		if err != nil {
+			t.Errorf("rialto up after SIGTERM: %v", err)
+		}
 	case <-time.After(20 * time.Second):
 		cmd.Process.Kill()
 		<-u.done
