@@ -552,7 +552,10 @@ func TestAttachFio(t *testing.T) {
 func TestLenderRestart(t *testing.T) {
 	const part = 8 << 20
 	l0, l1, l2 := startLender(t, part), startLender(t, part), startLender(t, part)
-	a := attach(t, AttachConfig{URIs: []string{l0.uri, l1.uri, l2.uri}, StripeUnit: 64 << 10, RequestTimeout: 10 * time.Second})
+	// Synchronous writes: a write acknowledged is then answered by its
+	// lender (TestWriteBackLenderGone has the write-back case).
+	a := attach(t, AttachConfig{URIs: []string{l0.uri, l1.uri, l2.uri}, StripeUnit: 64 << 10, RequestTimeout: 10 * time.Second,
+		SyncWrites: true})
 	u, _ := nbd.ParseURI(a.URI())
 	c, err := nbd.Dial(context.Background(), u.Network, u.Address, u.Export)
 	if err != nil {
