@@ -70,9 +70,18 @@ func (g *gatedMem) WriteAt(p []byte, off int64) (int, error) {
 		g.log("write failed")
 		return 0, syscall.EIO
 	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	n, err := g.MemBackend.WriteAt(p, off)
-	g.log("write")
+	g.events = append(g.events, "write")
 	return n, err
+}
+
+// at returns a copy of n bytes at off of the lender's memory.
+func (g *gatedMem) at(off, n int) []byte {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]byte(nil), g.Bytes()[off:off+n]...)
 }
 
 func (g *gatedMem) Flush() error { g.log("flush"); return nil }
@@ -202,7 +211,7 @@ func TestWriteBackOrder(t *testing.T) {
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if b := mems[2].Bytes()[8192 : 8192+4096]; !bytes.Equal(b, pattern(4096, 0x22)) {
+	if b := mems[2].at(8192, 4096); !bytes.Equal(b, pattern(4096, 0x22)) {
 		t.Fatalf("lender holds %#x..., want the second write's 0x22", b[0])
 	}
 	if e := a.wb.early.Load(); e < 3 {
@@ -257,7 +266,7 @@ func TestWriteBackFailure(t *testing.T) {
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if b := m.Bytes()[:4096]; !bytes.Equal(b, pattern(4096, 3)) {
+	if b := m.at(0, 4096); !bytes.Equal(b, pattern(4096, 3)) {
 		t.Fatal("the lender lacks the flushed write")
 	}
 }
@@ -352,13 +361,12 @@ func TestWriteBackBounded(t *testing.T) {
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	b := m.Bytes()
 	for i := range maxEarlyWrites + 1 {
 		want := byte(i)
 		if i == maxEarlyWrites {
 			want = 0xEE
 		}
-		if !bytes.Equal(b[i*4096:i*4096+512], pattern(512, want)) {
+		if !bytes.Equal(m.at(i*4096, 512), pattern(512, want)) {
 			t.Fatalf("write %d missing at the lender", i)
 		}
 	}
