@@ -342,8 +342,19 @@ func (c *Client) watchdog() {
 				break
 			}
 		}
+		// Replies nobody reads (StartWrite's, whose Started nobody
+		// waits for): the background reader reads them, and a late one
+		// fails the connection only if it is still late a period later.
+		nudged := len(c.pending) > 0 && !c.reading && !c.closing
+		if nudged {
+			c.reading = true
+			select {
+			case c.wake <- struct{}{}:
+			default:
+			}
+		}
 		c.mu.Unlock()
-		if late {
+		if late && !nudged {
 			c.fail(ErrTimeout)
 			return
 		}
@@ -979,14 +990,36 @@ func (c *Client) startDone(typ, flags uint16, off uint64, length uint32, payload
 	c.mu.Unlock()
 
 	if err := c.send(Request{Flags: flags, Type: typ, Handle: h, Offset: off, Length: length}, payload, deep); err != nil {
-		c.fail(fmt.Errorf("%w: %w", ErrClosed, err))
+		err = fmt.Errorf("%w: %w", ErrClosed, err)
+		if onDone != nil && c.forget(h) {
+			// Not sent: the caller hears it now, and done never.
+			c.fail(err)
+			return nil, err
+		}
+		c.fail(err)
 		<-cl.done
 		if onDone != nil {
-			return cl, nil
+			return cl, nil // failed meanwhile: done has been called
 		}
 		return nil, cl.err
 	}
 	return cl, nil
+}
+
+// forget removes the pending call h, unless it has been completed or
+// failed already (then it reports false).
+func (c *Client) forget(h uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.pending[h]; !ok {
+		return false
+	}
+	delete(c.pending, h)
+	clientCalls.Add(-1)
+	if len(c.pending) == 1 {
+		deepClients.Add(-1)
+	}
+	return true
 }
 
 // await waits for the reply of cl, a request start sent.
@@ -1066,41 +1099,36 @@ var ErrTooLarge = errors.New("nbd: write larger than the server's maximum block 
 
 // StartWrite sends NBD_CMD_WRITE of p at off without waiting for the reply:
 // it returns once the request is queued for the socket (written by this
-// caller, or by the one writing now, before anything queued later), and
+// caller, or by the one writing now, before anything queued later; if this
+// caller's write fails, StartWrite returns ErrClosed), and
 // done is called once with the outcome (the server's reply, or the
 // connection's failure, e.g. ErrTimeout from the request timeout) by
-// whoever reads it (the background reader, or a caller reading its own
-// reply); done must not block. p must stay untouched until then. If the
-// request cannot be sent at all (a closed connection, a bad range,
-// ErrTooLarge) StartWrite returns the error and never calls done.
-func (c *Client) StartWrite(p []byte, off int64, done func(error)) error {
+// whoever reads it; done must not block. p must stay untouched until then.
+// Nobody is woken to read the reply: the returned Started's Wait reads it
+// (as a caller reading its own reply does, with any reply before it), as
+// does any caller reading for itself meanwhile; at the latest the
+// watchdog hands the reader to the background goroutine within a
+// watchdog period. If the request cannot be sent at all (a closed
+// connection, a bad range, ErrTooLarge) StartWrite returns the error and
+// never calls done.
+func (c *Client) StartWrite(p []byte, off int64, done func(error)) (*Started, error) {
 	if off < 0 || off+int64(len(p)) > c.size {
-		return fmt.Errorf("nbd: write [%d,+%d) beyond export size %d", off, len(p), c.size)
+		return nil, fmt.Errorf("nbd: write [%d,+%d) beyond export size %d", off, len(p), c.size)
 	}
 	if len(p) == 0 || len(p) > int(c.maxBlock) {
-		return ErrTooLarge
+		return nil, ErrTooLarge
 	}
 	cl, err := c.startDone(CmdWrite, 0, uint64(off), uint32(len(p)), p, nil, done)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	// Someone must read the reply: wake the background reader unless
-	// somebody reads already (as await does for a caller that can give up).
-	c.mu.Lock()
-	if !cl.completed && !c.reading && c.pending != nil && !c.closing {
-		c.reading = true
-		select {
-		case c.wake <- struct{}{}:
-		default:
-		}
-	}
-	c.mu.Unlock()
-	return nil
+	return &Started{c: c, cl: cl}, nil
 }
 
 // Wait waits for the reply of the request and returns its error. Like a
 // call with a context that cannot be cancelled, it reads the reply itself
-// when nobody else is reading.
+// when nobody else is reading. A StartWrite's Started may be waited for
+// by several goroutines, and again after its reply.
 func (s *Started) Wait() error {
 	if s.err != nil || s.cl == nil {
 		return s.err

@@ -330,14 +330,15 @@ func (p *nbdPart) canStartWrite() bool { return true }
 // and whose connection a redial or the volume's failing of the part
 // closes): a broken connection is redialled and the write retried once
 // there, as WriteAt does. A write larger than the server takes in one
-// request is written (and awaited) before startWrite returns.
-func (p *nbdPart) startWrite(b []byte, off int64, done func(error)) {
+// request is written (and awaited) before startWrite returns. The
+// returned function reads the reply if nobody else is (nbd.Started.Wait).
+func (p *nbdPart) startWrite(b []byte, off int64, done func(error)) (drive func()) {
 	write := func(c *nbd.Client) error {
 		_, err := c.WriteAt(b, off)
 		return err
 	}
 	c := p.cur.Load()
-	err := c.StartWrite(b, off, func(err error) {
+	s, err := c.StartWrite(b, off, func(err error) {
 		if err == nil {
 			p.wseq.Add(1)
 			done(nil)
@@ -350,5 +351,7 @@ func (p *nbdPart) startWrite(b []byte, off int64, done func(error)) {
 			err = write(c)
 		}
 		done(p.finish(true, c, err, write))
+		return nil
 	}
+	return func() { _ = s.Wait() }
 }

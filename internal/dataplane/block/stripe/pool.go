@@ -366,9 +366,9 @@ func (p *Pool) canStartWrite() bool {
 }
 
 // startWrite implements asyncWriter on the least busy connection.
-func (p *Pool) startWrite(b []byte, off int64, done func(error)) {
+func (p *Pool) startWrite(b []byte, off int64, done func(error)) (drive func()) {
 	i := p.pickIndex()
-	p.conns[i].(asyncWriter).startWrite(b, off, func(err error) {
+	return p.conns[i].(asyncWriter).startWrite(b, off, func(err error) {
 		p.inflight[i].Add(-1)
 		done(err)
 	})

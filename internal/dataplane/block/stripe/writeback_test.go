@@ -127,8 +127,8 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func pattern(n int, b byte) []byte { return bytes.Repeat([]byte{b}, n) }
 
 // TestWriteBackOrder: a plain write spanning two parts of a composed volume
-// is acknowledged while both lenders still hold it; a read of it (on
-// another connection) and a FLUSH (on another connection) wait until the
+// is acknowledged while both lenders still hold it; a read of it and a
+// FLUSH (each on another connection) wait until the
 // lenders have answered it, and a write overlapping it is not reordered
 // before it at the lender (each part has two connections, whose requests
 // the lender serves independently).
@@ -143,7 +143,7 @@ func TestWriteBackOrder(t *testing.T) {
 	if a.wb == nil {
 		t.Fatal("write-back is off")
 	}
-	c, c2 := dialAttachment(t, a), dialAttachment(t, a)
+	c, c2, c3 := dialAttachment(t, a), dialAttachment(t, a), dialAttachment(t, a)
 	if c.Flags()&nbd.FlagSendFlush == 0 {
 		t.Fatal("the export does not advertise FLUSH")
 	}
@@ -167,7 +167,7 @@ func TestWriteBackOrder(t *testing.T) {
 		_, err := c2.ReadAt(got, off)
 		read <- err
 	}()
-	go func() { flushed <- c2.Flush() }()
+	go func() { flushed <- c3.Flush() }()
 	waitFor(t, "the read and the flush to wait", func() bool { _, w := a.wb.state(); return w == 2 })
 	for _, m := range mems {
 		if e := m.logged(); len(e) != 0 {
