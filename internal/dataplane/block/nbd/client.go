@@ -342,19 +342,8 @@ func (c *Client) watchdog() {
 				break
 			}
 		}
-		// Replies nobody reads (StartWrite's, whose Started nobody
-		// waits for): the background reader reads them, and a late one
-		// fails the connection only if it is still late a period later.
-		nudged := len(c.pending) > 0 && !c.reading && !c.closing
-		if nudged {
-			c.reading = true
-			select {
-			case c.wake <- struct{}{}:
-			default:
-			}
-		}
 		c.mu.Unlock()
-		if late && !nudged {
+		if late {
 			c.fail(ErrTimeout)
 			return
 		}
@@ -1103,32 +1092,38 @@ var ErrTooLarge = errors.New("nbd: write larger than the server's maximum block 
 // caller's write fails, StartWrite returns ErrClosed), and
 // done is called once with the outcome (the server's reply, or the
 // connection's failure, e.g. ErrTimeout from the request timeout) by
-// whoever reads it; done must not block. p must stay untouched until then.
-// Nobody is woken to read the reply: the returned Started's Wait reads it
-// (as a caller reading its own reply does, with any reply before it), as
-// does any caller reading for itself meanwhile; at the latest the
-// watchdog hands the reader to the background goroutine within a
-// watchdog period. If the request cannot be sent at all (a closed
-// connection, a bad range, ErrTooLarge) StartWrite returns the error and
-// never calls done.
-func (c *Client) StartWrite(p []byte, off int64, done func(error)) (*Started, error) {
+// whoever reads it (the background reader, or a caller reading its own
+// reply); done must not block. p must stay untouched until then. If the
+// request cannot be sent at all (a closed connection, a bad range,
+// ErrTooLarge) StartWrite returns the error and never calls done.
+func (c *Client) StartWrite(p []byte, off int64, done func(error)) error {
 	if off < 0 || off+int64(len(p)) > c.size {
-		return nil, fmt.Errorf("nbd: write [%d,+%d) beyond export size %d", off, len(p), c.size)
+		return fmt.Errorf("nbd: write [%d,+%d) beyond export size %d", off, len(p), c.size)
 	}
 	if len(p) == 0 || len(p) > int(c.maxBlock) {
-		return nil, ErrTooLarge
+		return ErrTooLarge
 	}
 	cl, err := c.startDone(CmdWrite, 0, uint64(off), uint32(len(p)), p, nil, done)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return &Started{c: c, cl: cl}, nil
+	// Someone must read the reply: wake the background reader unless
+	// somebody reads already (as await does for a caller that can give up).
+	c.mu.Lock()
+	if !cl.completed && !c.reading && c.pending != nil && !c.closing {
+		c.reading = true
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
+	}
+	c.mu.Unlock()
+	return nil
 }
 
 // Wait waits for the reply of the request and returns its error. Like a
 // call with a context that cannot be cancelled, it reads the reply itself
-// when nobody else is reading. A StartWrite's Started may be waited for
-// by several goroutines, and again after its reply.
+// when nobody else is reading.
 func (s *Started) Wait() error {
 	if s.err != nil || s.cl == nil {
 		return s.err

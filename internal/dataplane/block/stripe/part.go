@@ -330,15 +330,14 @@ func (p *nbdPart) canStartWrite() bool { return true }
 // and whose connection a redial or the volume's failing of the part
 // closes): a broken connection is redialled and the write retried once
 // there, as WriteAt does. A write larger than the server takes in one
-// request is written (and awaited) before startWrite returns. The
-// returned function reads the reply if nobody else is (nbd.Started.Wait).
-func (p *nbdPart) startWrite(b []byte, off int64, done func(error)) (drive func()) {
+// request is written (and awaited) before startWrite returns.
+func (p *nbdPart) startWrite(b []byte, off int64, done func(error)) {
 	write := func(c *nbd.Client) error {
 		_, err := c.WriteAt(b, off)
 		return err
 	}
 	c := p.cur.Load()
-	s, err := c.StartWrite(b, off, func(err error) {
+	err := c.StartWrite(b, off, func(err error) {
 		if err == nil {
 			p.wseq.Add(1)
 			done(nil)
@@ -351,7 +350,5 @@ func (p *nbdPart) startWrite(b []byte, off int64, done func(error)) (drive func(
 			err = write(c)
 		}
 		done(p.finish(true, c, err, write))
-		return nil
 	}
-	return func() { _ = s.Wait() }
 }

@@ -366,9 +366,9 @@ func (p *Pool) canStartWrite() bool {
 }
 
 // startWrite implements asyncWriter on the least busy connection.
-func (p *Pool) startWrite(b []byte, off int64, done func(error)) (drive func()) {
+func (p *Pool) startWrite(b []byte, off int64, done func(error)) {
 	i := p.pickIndex()
-	return p.conns[i].(asyncWriter).startWrite(b, off, func(err error) {
+	p.conns[i].(asyncWriter).startWrite(b, off, func(err error) {
 		p.inflight[i].Add(-1)
 		done(err)
 	})

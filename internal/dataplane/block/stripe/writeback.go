@@ -30,14 +30,9 @@ const (
 // its outcome later (nbdPart, a Pool of them): startWrite sends b (which
 // must stay untouched until done) and calls done exactly once with what
 // WriteAt would have returned — possibly before it returns, possibly from
-// another goroutine. done must not block. drive (nil if done has been
-// called) reads the reply on the calling goroutine if nobody else is
-// reading it, and returns once it has been read (done may then still be
-// pending, for a failed write finished on another goroutine); without
-// it, the reply is read at the latest within the connection's watchdog
-// period (nbd.Client.StartWrite).
+// another goroutine. done must not block.
 type asyncWriter interface {
-	startWrite(b []byte, off int64, done func(error)) (drive func())
+	startWrite(b []byte, off int64, done func(error))
 	canStartWrite() bool
 }
 
@@ -97,10 +92,6 @@ type wbWrite struct {
 	// returned by the issuer instead of being reported to a Flush).
 	state atomic.Int32
 	err   error
-	// drives read the pieces' replies (asyncWriter); set, and driven
-	// once one of them has been run to the end, under writeBack.mu.
-	drives []func()
-	driven bool
 }
 
 const (
@@ -123,26 +114,8 @@ func newWriteBack(v *Volume) *writeBack {
 	return w
 }
 
-// await waits, with w.mu held, for a write in flight that match says it
-// waits for to be answered: it reads the reply itself (the write's drive
-// functions, with w.mu released) if nobody has yet, else it waits for the
-// next answer (or close).
-func (w *writeBack) await(match func(*wbWrite) bool) {
-	for _, x := range w.inflight {
-		if x.driven || x.drives == nil || !match(x) {
-			continue
-		}
-		drives := x.drives
-		w.waiters++
-		w.mu.Unlock()
-		for _, d := range drives {
-			d()
-		}
-		w.mu.Lock()
-		w.waiters--
-		x.driven = true
-		return
-	}
+// wait waits for the next answer (or close), with w.mu held.
+func (w *writeBack) wait() {
 	w.waiters++
 	w.cond.Wait()
 	w.waiters--
@@ -169,7 +142,7 @@ func (w *writeBack) overlapsLocked(off, end int64) bool {
 func (w *writeBack) order(off, n int64) {
 	w.mu.Lock()
 	for len(w.inflight) > 0 && w.overlapsLocked(off, off+n) {
-		w.await(func(x *wbWrite) bool { return off < x.end && x.off < off+n })
+		w.wait()
 	}
 	w.mu.Unlock()
 }
@@ -187,14 +160,9 @@ func (w *writeBack) WriteAt(p []byte, off int64) (int, error) {
 	}
 	x := &wbWrite{off: off, end: off + n}
 	w.mu.Lock()
-	for !w.closed {
-		if w.overlapsLocked(x.off, x.end) {
-			w.await(func(y *wbWrite) bool { return x.off < y.end && y.off < x.end })
-		} else if len(w.inflight) >= maxEarlyWrites || (len(w.inflight) > 0 && w.bytes+n > maxEarlyBytes) {
-			w.await(func(*wbWrite) bool { return true })
-		} else {
-			break
-		}
+	for !w.closed && (w.overlapsLocked(x.off, x.end) || len(w.inflight) >= maxEarlyWrites ||
+		(len(w.inflight) > 0 && w.bytes+n > maxEarlyBytes)) {
+		w.wait()
 	}
 	if w.closed {
 		w.mu.Unlock()
@@ -208,14 +176,7 @@ func (w *writeBack) WriteAt(p []byte, off int64) (int, error) {
 
 	x.buf = getWBBuf(int(n))
 	copy(*x.buf, p) // the caller's buffer is reused once it returns
-	drives := w.v.startWrite(*x.buf, off, func(err error) { w.answered(x, err) })
-	w.mu.Lock()
-	x.drives = drives
-	if len(drives) == 0 {
-		x.driven = true
-	}
-	w.cond.Broadcast() // a waiter may wait for x to have drives
-	w.mu.Unlock()
+	w.v.startWrite(*x.buf, off, func(err error) { w.answered(x, err) })
 	if x.state.CompareAndSwap(wbSending, wbAcked) {
 		w.early.Add(1)
 		return len(p), nil
@@ -259,7 +220,7 @@ func (w *writeBack) Flush() error {
 	w.mu.Lock()
 	upTo, seen := w.seq, w.reported
 	for w.pendingUpToLocked(upTo) {
-		w.await(func(x *wbWrite) bool { return x.seq <= upTo })
+		w.wait()
 	}
 	gen, werr := w.errGen, w.err
 	if gen > seen {
@@ -336,36 +297,32 @@ func putWBBuf(b *[]byte) {
 // startWrite sends p (inside the volume, non-empty) to the devices it
 // spans and calls done once every piece has been answered, with the first
 // error; possibly before it returns. Every device is an asyncWriter and
-// bounds its requests itself (newWriteBack). It returns the pieces'
-// drive functions (asyncWriter), nil entries left out.
-func (v *Volume) startWrite(p []byte, off int64, done func(error)) (drives []func()) {
+// bounds its requests itself (newWriteBack).
+func (v *Volume) startWrite(p []byte, off int64, done func(error)) {
 	n := int64(len(p))
 	if c, ok := v.single(off, n); ok {
 		if err := v.live(c.dev); err != nil {
 			done(err)
-			return nil
+			return
 		}
 		m := v.parts[c.dev]
-		d := m.dev.(asyncWriter).startWrite(p, c.devOff, func(err error) {
+		m.dev.(asyncWriter).startWrite(p, c.devOff, func(err error) {
 			if err = v.outcome(c.dev, err); err == nil {
 				m.wseq.Add(1)
 			}
 			done(err)
 		})
-		if d == nil {
-			return nil
-		}
-		return []func(){d}
+		return
 	}
 	cs := v.split(off, n)
 	if v.closed.Load() {
 		done(ErrClosed)
-		return nil
+		return
 	}
 	for _, c := range cs {
 		if m := v.parts[c.dev]; m.failed.Load() {
 			done(m.err(c.dev))
-			return nil
+			return
 		}
 	}
 	var (
@@ -375,7 +332,7 @@ func (v *Volume) startWrite(p []byte, off int64, done func(error)) (drives []fun
 	left.Store(int32(len(cs)))
 	for _, c := range cs {
 		m := v.parts[c.dev]
-		d := m.dev.(asyncWriter).startWrite(p[c.volOff-off:c.volOff-off+c.len], c.devOff, func(err error) {
+		m.dev.(asyncWriter).startWrite(p[c.volOff-off:c.volOff-off+c.len], c.devOff, func(err error) {
 			if err = v.outcome(c.dev, err); err == nil {
 				m.wseq.Add(1)
 			} else {
@@ -389,9 +346,5 @@ func (v *Volume) startWrite(p []byte, off int64, done func(error)) (drives []fun
 				}
 			}
 		})
-		if d != nil {
-			drives = append(drives, d)
-		}
 	}
-	return drives
 }
