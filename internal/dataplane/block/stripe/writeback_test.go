@@ -139,7 +139,7 @@ func TestWriteBackOrder(t *testing.T) {
 	for _, m := range mems {
 		uris = append(uris, startLenderWith(t, m).uri)
 	}
-	a := attach(t, AttachConfig{URIs: uris, StripeUnit: unit, ConnsPerPart: 2})
+	a := attach(t, AttachConfig{URIs: uris, StripeUnit: unit, ConnsPerPart: 2, WriteBack: true})
 	if a.wb == nil {
 		t.Fatal("write-back is off")
 	}
@@ -225,7 +225,7 @@ func TestWriteBackOrder(t *testing.T) {
 func TestWriteBackFailure(t *testing.T) {
 	m := newGatedMem(4 << 20)
 	l := startLenderWith(t, m)
-	a := attach(t, AttachConfig{URIs: []string{l.uri}})
+	a := attach(t, AttachConfig{URIs: []string{l.uri}, WriteBack: true})
 	c, c2 := dialAttachment(t, a), dialAttachment(t, a)
 
 	if err := c.Flush(); err != nil {
@@ -280,7 +280,7 @@ func TestWriteBackLenderGone(t *testing.T) {
 	bh := newBlackhole(t, l1.ln.Addr().String())
 	u1, _ := nbd.ParseURI(l1.uri)
 	u1.Address = bh.ln.Addr().String()
-	a := attach(t, AttachConfig{URIs: []string{l0.uri, u1.String()}, StripeUnit: unit, ConnsPerPart: 1, RedialTimeout: -1})
+	a := attach(t, AttachConfig{URIs: []string{l0.uri, u1.String()}, StripeUnit: unit, ConnsPerPart: 1, RedialTimeout: -1, WriteBack: true})
 	c := dialAttachment(t, a)
 	if _, err := c.WriteAt(pattern(8192, 7), 0); err != nil {
 		t.Fatal(err)
@@ -313,7 +313,7 @@ func TestWriteBackLenderGone(t *testing.T) {
 func TestWriteBackLostAfterAnswer(t *testing.T) {
 	const part = 4 << 20
 	l := startLender(t, part)
-	a := attach(t, AttachConfig{URIs: []string{l.uri}, RequestTimeout: 10 * time.Second})
+	a := attach(t, AttachConfig{URIs: []string{l.uri}, RequestTimeout: 10 * time.Second, WriteBack: true})
 	c := dialAttachment(t, a)
 	if _, err := c.WriteAt(pattern(4096, 9), 0); err != nil {
 		t.Fatal(err)
@@ -337,7 +337,7 @@ func TestWriteBackBounded(t *testing.T) {
 	const size = 4 << 20
 	m := newGatedMem(size)
 	l := startLenderWith(t, m)
-	a := attach(t, AttachConfig{URIs: []string{l.uri}, RequestTimeout: 30 * time.Second})
+	a := attach(t, AttachConfig{URIs: []string{l.uri}, RequestTimeout: 30 * time.Second, WriteBack: true})
 	c := dialAttachment(t, a)
 	rel := m.hold(t)
 	for i := range maxEarlyWrites {
