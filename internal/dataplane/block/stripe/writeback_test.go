@@ -371,3 +371,33 @@ func TestWriteBackBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteBackClose: closing an attachment while acknowledged writes are
+// held at the lender returns (their calls fail with the parts' close) and
+// leaves nothing in flight; a write after Close fails.
+func TestWriteBackClose(t *testing.T) {
+	m := newGatedMem(4 << 20)
+	l := startLenderWith(t, m)
+	a := attach(t, AttachConfig{URIs: []string{l.uri}, WriteBack: true})
+	c := dialAttachment(t, a)
+	m.hold(t)
+	for i := range 8 {
+		if _, err := c.WriteAt(pattern(4096, byte(i)), int64(i)*4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the writes to reach the lender", func() bool { return m.in.Load() >= 1 })
+	closed := make(chan error, 1)
+	go func() { closed <- a.Close() }()
+	select {
+	case <-closed:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Close hung with writes in flight")
+	}
+	if n, _ := a.wb.state(); n != 0 {
+		t.Fatalf("%d writes in flight after Close", n)
+	}
+	if _, err := a.wb.WriteAt(pattern(4096, 1), 0); err == nil {
+		t.Fatal("a write after Close succeeded")
+	}
+}
