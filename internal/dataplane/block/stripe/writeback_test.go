@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -320,7 +321,15 @@ func TestWriteBackLostAfterAnswer(t *testing.T) {
 	}
 	waitFor(t, "the lender's answer", func() bool { n, _ := a.wb.state(); return n == 0 })
 	l.kill()
-	l.restart(t)
+	// The same address again (a connection of the old server may hold the
+	// port for a moment).
+	var ln net.Listener
+	waitFor(t, "the lender's port", func() bool {
+		var err error
+		ln, err = net.Listen("tcp", l.ln.Addr().String())
+		return err == nil
+	})
+	l.serve(t, ln)
 	var ne *nbd.Error
 	if err := c.Flush(); !errors.As(err, &ne) || ne.Errno != nbd.EIO {
 		t.Fatalf("flush after a restart lost an answered write: %v, want EIO", err)
