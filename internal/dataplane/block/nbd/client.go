@@ -158,6 +158,10 @@ type call struct {
 	done     chan struct{}
 	// completed is set (under Client.mu) when the reply is complete.
 	completed bool
+	// onDone, if set (StartWrite), is called once with err when the
+	// call completes or fails, by whoever completes it, after done is
+	// closed. It must not block.
+	onDone func(error)
 }
 
 const (
@@ -643,6 +647,9 @@ func (c *Client) failPending(err error) {
 	for _, cl := range pend {
 		cl.err = failErr
 		close(cl.done)
+		if cl.onDone != nil {
+			cl.onDone(failErr)
+		}
 	}
 }
 
@@ -732,6 +739,9 @@ func (c *Client) complete(h uint64, cl *call) {
 	cl.completed = true
 	c.mu.Unlock()
 	close(cl.done)
+	if cl.onDone != nil {
+		cl.onDone(cl.err)
+	}
 }
 
 // receiveInto reads n bytes for cl at dst, unless cl was abandoned.
@@ -937,7 +947,15 @@ func (c *Client) doCall(ctx context.Context, typ, flags uint16, off uint64, leng
 
 // start registers and sends one request; await waits for its reply.
 func (c *Client) start(typ, flags uint16, off uint64, length uint32, payload, dst []byte) (*call, error) {
-	cl := &call{typ: typ, off: off, buf: dst, done: make(chan struct{})}
+	return c.startDone(typ, flags, off, length, payload, dst, nil)
+}
+
+// startDone is start with the call's onDone. If the request was registered
+// but could not be sent, onDone has been called (with the connection's
+// error) when it returns, and it returns the completed call and a nil
+// error when onDone is set.
+func (c *Client) startDone(typ, flags uint16, off uint64, length uint32, payload, dst []byte, onDone func(error)) (*call, error) {
+	cl := &call{typ: typ, off: off, buf: dst, done: make(chan struct{}), onDone: onDone}
 	if c.timeout > 0 {
 		cl.deadline = monoNow() + int64(c.timeout)
 	}
@@ -961,11 +979,36 @@ func (c *Client) start(typ, flags uint16, off uint64, length uint32, payload, ds
 	c.mu.Unlock()
 
 	if err := c.send(Request{Flags: flags, Type: typ, Handle: h, Offset: off, Length: length}, payload, deep); err != nil {
-		c.fail(fmt.Errorf("%w: %w", ErrClosed, err))
+		err = fmt.Errorf("%w: %w", ErrClosed, err)
+		if onDone != nil && c.forget(h) {
+			// Not sent: the caller hears it now, and done never.
+			c.fail(err)
+			return nil, err
+		}
+		c.fail(err)
 		<-cl.done
+		if onDone != nil {
+			return cl, nil // failed meanwhile: done has been called
+		}
 		return nil, cl.err
 	}
 	return cl, nil
+}
+
+// forget removes the pending call h, unless it has been completed or
+// failed already (then it reports false).
+func (c *Client) forget(h uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.pending[h]; !ok {
+		return false
+	}
+	delete(c.pending, h)
+	clientCalls.Add(-1)
+	if len(c.pending) == 1 {
+		deepClients.Add(-1)
+	}
+	return true
 }
 
 // await waits for the reply of cl, a request start sent.
@@ -1037,6 +1080,45 @@ func (c *Client) StartFlush() *Started {
 	}
 	cl, err := c.start(CmdFlush, 0, 0, 0, nil, nil)
 	return &Started{c: c, cl: cl, err: err}
+}
+
+// ErrTooLarge is returned by StartWrite for a write larger than the
+// server's maximum block size (WriteAt splits those).
+var ErrTooLarge = errors.New("nbd: write larger than the server's maximum block size")
+
+// StartWrite sends NBD_CMD_WRITE of p at off without waiting for the reply:
+// it returns once the request is queued for the socket (written by this
+// caller, or by the one writing now, before anything queued later; if this
+// caller's write fails, StartWrite returns ErrClosed), and
+// done is called once with the outcome (the server's reply, or the
+// connection's failure, e.g. ErrTimeout from the request timeout) by
+// whoever reads it (the background reader, or a caller reading its own
+// reply); done must not block. p must stay untouched until then. If the
+// request cannot be sent at all (a closed connection, a bad range,
+// ErrTooLarge) StartWrite returns the error and never calls done.
+func (c *Client) StartWrite(p []byte, off int64, done func(error)) error {
+	if off < 0 || off+int64(len(p)) > c.size {
+		return fmt.Errorf("nbd: write [%d,+%d) beyond export size %d", off, len(p), c.size)
+	}
+	if len(p) == 0 || len(p) > int(c.maxBlock) {
+		return ErrTooLarge
+	}
+	cl, err := c.startDone(CmdWrite, 0, uint64(off), uint32(len(p)), p, nil, done)
+	if err != nil {
+		return err
+	}
+	// Someone must read the reply: wake the background reader unless
+	// somebody reads already (as await does for a caller that can give up).
+	c.mu.Lock()
+	if !cl.completed && !c.reading && c.pending != nil && !c.closing {
+		c.reading = true
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
+	}
+	c.mu.Unlock()
+	return nil
 }
 
 // Wait waits for the reply of the request and returns its error. Like a

@@ -524,24 +524,31 @@ func TestAttachFio(t *testing.T) {
 	if out, err := exec.Command("fio", "--enghelp=nbd").CombinedOutput(); err != nil {
 		t.Skipf("fio has no nbd engine: %s", out)
 	}
-	var uris []string
-	for range 3 {
-		uris = append(uris, startLender(t, 8<<20).uri)
-	}
-	a := attach(t, AttachConfig{URIs: uris, StripeUnit: 64 << 10})
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, "fio", "--name=verify", "--ioengine=nbd", "--uri="+a.URI(),
-		"--rw=randwrite", "--bsrange=4k-192k", "--size=24m", "--iodepth=16",
-		"--verify=crc32c", "--verify_fatal=1", "--do_verify=1", "--randrepeat=0", "--verify_state_save=0").CombinedOutput()
-	if err != nil {
-		t.Fatalf("fio: %v\n%s", err, out)
-	}
-	if !strings.Contains(string(out), "err= 0") || strings.Contains(string(out), "verify: bad") {
-		t.Fatalf("fio output:\n%s", out)
-	}
-	if testing.Verbose() {
-		t.Logf("fio:\n%s", out)
+	for _, wb := range []bool{false, true} {
+		t.Run(fmt.Sprintf("write-back=%v", wb), func(t *testing.T) {
+			var uris []string
+			for range 3 {
+				uris = append(uris, startLender(t, 8<<20).uri)
+			}
+			a := attach(t, AttachConfig{URIs: uris, StripeUnit: 64 << 10, WriteBack: wb})
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			out, err := exec.CommandContext(ctx, "fio", "--name=verify", "--ioengine=nbd", "--uri="+a.URI(),
+				"--rw=randwrite", "--bsrange=4k-192k", "--size=24m", "--iodepth=16",
+				"--verify=crc32c", "--verify_fatal=1", "--do_verify=1", "--randrepeat=0", "--verify_state_save=0").CombinedOutput()
+			if err != nil {
+				t.Fatalf("fio: %v\n%s", err, out)
+			}
+			if !strings.Contains(string(out), "err= 0") || strings.Contains(string(out), "verify: bad") {
+				t.Fatalf("fio output:\n%s", out)
+			}
+			if testing.Verbose() {
+				t.Logf("fio:\n%s", out)
+			}
+			if wb && a.wb.early.Load() == 0 {
+				t.Error("no write was acknowledged early")
+			}
+		})
 	}
 }
 

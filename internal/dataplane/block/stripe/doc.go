@@ -24,6 +24,11 @@
 // for up to AttachConfig.RedialTimeout and retries the request once; the next
 // Flush then reports writes that no flush had covered with [ErrLostWrites].
 //
+// With AttachConfig.WriteBack (off by default) the export acknowledges plain
+// writes once sent to the lenders, a volatile write cache: a Flush waits for
+// them and reports a lender's later failure of one with [ErrWriteBack]
+// (writeback.go has the rules: ordering of overlapping requests, bounds).
+//
 // [Attach] dials the parts given as nbd:// URIs, builds the volume and serves
 // it with an nbd.Server on a loopback TCP port or a Unix socket; [Serve] does
 // the serving part for a Volume built with New. docs/composition.md explains

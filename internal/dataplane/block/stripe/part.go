@@ -320,3 +320,35 @@ func (p *nbdPart) setRedial(cancel context.CancelFunc) bool {
 	p.redialCancel = cancel
 	return true
 }
+
+// canStartWrite implements asyncWriter.
+func (p *nbdPart) canStartWrite() bool { return true }
+
+// startWrite implements asyncWriter: b is sent on the current connection
+// and done gets what WriteAt would have returned. A failed write is
+// finished off the goroutine that read its reply (which must not block,
+// and whose connection a redial or the volume's failing of the part
+// closes): a broken connection is redialled and the write retried once
+// there, as WriteAt does. A write larger than the server takes in one
+// request is written (and awaited) before startWrite returns.
+func (p *nbdPart) startWrite(b []byte, off int64, done func(error)) {
+	write := func(c *nbd.Client) error {
+		_, err := c.WriteAt(b, off)
+		return err
+	}
+	c := p.cur.Load()
+	err := c.StartWrite(b, off, func(err error) {
+		if err == nil {
+			p.wseq.Add(1)
+			done(nil)
+			return
+		}
+		go func() { done(p.finish(true, c, err, write)) }()
+	})
+	if err != nil {
+		if errors.Is(err, nbd.ErrTooLarge) {
+			err = write(c)
+		}
+		done(p.finish(true, c, err, write))
+	}
+}

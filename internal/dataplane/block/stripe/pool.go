@@ -186,6 +186,12 @@ func (p *Pool) sharedFlushed(seqs []uint64, epoch uint64, err error) error {
 		}
 		return nil
 	}
+	if errors.Is(err, ErrLostWrites) {
+		// The connection that flushed for all reconnected and reported
+		// its lost writes (once): the others flush for themselves, and
+		// the report is kept.
+		return errors.Join(err, p.flushEach())
+	}
 	return p.flushEach()
 }
 
@@ -347,4 +353,23 @@ func (p *Pool) CanExtents() bool {
 		}
 	}
 	return true
+}
+
+// canStartWrite implements asyncWriter when every connection does.
+func (p *Pool) canStartWrite() bool {
+	for _, c := range p.conns {
+		if !canStartWrite(c) {
+			return false
+		}
+	}
+	return true
+}
+
+// startWrite implements asyncWriter on the least busy connection.
+func (p *Pool) startWrite(b []byte, off int64, done func(error)) {
+	i := p.pickIndex()
+	p.conns[i].(asyncWriter).startWrite(b, off, func(err error) {
+		p.inflight[i].Add(-1)
+		done(err)
+	})
 }

@@ -1,0 +1,350 @@
+package stripe
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+)
+
+// ErrWriteBack is returned by a Flush when a write that the local export
+// had already acknowledged (write-back, see writeBack) then failed at its
+// lender: the data of that write may be lost.
+var ErrWriteBack = errors.New("stripe: an acknowledged write failed at its lender; its data may be lost")
+
+// Write-back limits (see writeBack).
+const (
+	// maxEarlyWrite is the largest write acknowledged before its lender's
+	// reply; larger ones (streaming writes, which gain nothing from it)
+	// wait for the reply.
+	maxEarlyWrite = 1 << 20
+	// maxEarlyBytes and maxEarlyWrites bound what is acknowledged and not
+	// yet answered by the lenders: a write that would exceed either waits
+	// until earlier ones are answered.
+	maxEarlyBytes  = 16 << 20
+	maxEarlyWrites = 256
+)
+
+// asyncWriter is implemented by devices that can send a write and report
+// its outcome later (nbdPart, a Pool of them): startWrite sends b (which
+// must stay untouched until done) and calls done exactly once with what
+// WriteAt would have returned — possibly before it returns, possibly from
+// another goroutine. done must not block.
+type asyncWriter interface {
+	startWrite(b []byte, off int64, done func(error))
+	canStartWrite() bool
+}
+
+func canStartWrite(d Device) bool {
+	a, ok := d.(asyncWriter)
+	return ok && a.canStartWrite()
+}
+
+// writeBack acknowledges a volume's plain writes once they have been sent
+// to their lenders, before the lenders' replies: a volatile write cache,
+// as NBD allows a server that advertises NBD_FLAG_SEND_FLUSH (nbdkit's file
+// plugin, which writes into the page cache, does the same). Durability is
+// promised only by FLUSH and FUA:
+//
+//   - Flush first waits for every write acknowledged before it began to be
+//     answered by its lender, then flushes the volume. A write that failed
+//     after its acknowledgment fails a Flush (ErrWriteBack): the failure is
+//     reported to every Flush under way when it is first reported and to
+//     the first Flush that begins after it, and not again (the model of
+//     Linux's errseq with one observer, the export: a later flush reports
+//     only new failures, as fsync does after a writeback error).
+//   - FUA writes, WriteZeroes, Trim and writes larger than maxEarlyWrite
+//     wait for their lenders, as without write-back.
+//   - Order: a request (read, write, trim, zeroing, block status) that
+//     overlaps an acknowledged write not yet answered waits until it is, so
+//     that the lender (whose server may run a connection's requests
+//     concurrently) never sees them reordered.
+//   - Bounded: at most maxEarlyBytes and maxEarlyWrites are acknowledged
+//     and unanswered; a write beyond waits.
+//
+// A write spanning parts is acknowledged once every part's piece is sent.
+// A crash of the process holding it loses what a volatile cache loses:
+// the writes acknowledged and not yet covered by a successful flush.
+type writeBack struct {
+	v *Volume
+
+	mu       sync.Mutex
+	cond     sync.Cond     // broadcast when a write is answered or on close
+	inflight []*wbWrite    // acknowledged (or being sent), not yet answered
+	bytes    int64         // their total length
+	seq      uint64        // of the last write registered
+	err      error         // the last failure of an acknowledged write
+	errGen   uint64        // failures of acknowledged writes so far
+	reported uint64        // errGen when a Flush last reported a failure
+	closed   bool          // Close was called
+	waiters  int           // requests waiting in cond.Wait (for tests)
+	early    atomic.Uint64 // writes acknowledged early (for tests)
+}
+
+// wbWrite is one write in flight.
+type wbWrite struct {
+	off, end int64
+	seq      uint64
+	buf      *[]byte
+	// state: wbSending until the issuer has sent it (then wbAcked), or
+	// wbDoneEarly if it was answered before that (its outcome in err,
+	// returned by the issuer instead of being reported to a Flush).
+	state atomic.Int32
+	err   error
+}
+
+const (
+	wbSending int32 = iota
+	wbAcked
+	wbDoneEarly
+)
+
+// newWriteBack returns a write-back cache over v, or nil if some device
+// cannot send a write without awaiting it, or bounds its requests with a
+// timer of the volume's (one per sub-request) rather than its own.
+func newWriteBack(v *Volume) *writeBack {
+	for _, m := range v.parts {
+		if !canStartWrite(m.dev) || !m.selfTimed {
+			return nil
+		}
+	}
+	w := &writeBack{v: v}
+	w.cond.L = &w.mu
+	return w
+}
+
+// wait waits for the next answer (or close), with w.mu held.
+func (w *writeBack) wait() {
+	w.waiters++
+	w.cond.Wait()
+	w.waiters--
+}
+
+// state returns the writes in flight and the requests waiting (for tests).
+func (w *writeBack) state() (inflight, waiters int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.inflight), w.waiters
+}
+
+// overlapsLocked reports whether [off, end) overlaps a write in flight.
+func (w *writeBack) overlapsLocked(off, end int64) bool {
+	for _, x := range w.inflight {
+		if off < x.end && x.off < end {
+			return true
+		}
+	}
+	return false
+}
+
+// order waits until no write in flight overlaps [off, off+n).
+func (w *writeBack) order(off, n int64) {
+	w.mu.Lock()
+	for len(w.inflight) > 0 && w.overlapsLocked(off, off+n) {
+		w.wait()
+	}
+	w.mu.Unlock()
+}
+
+// WriteAt writes p at off, acknowledging it once sent when it is small
+// enough (see writeBack).
+func (w *writeBack) WriteAt(p []byte, off int64) (int, error) {
+	n := int64(len(p))
+	if err := w.v.check(off, n); err != nil {
+		return 0, err
+	}
+	if n == 0 || n > maxEarlyWrite {
+		w.order(off, n)
+		return w.v.WriteAt(p, off)
+	}
+	x := &wbWrite{off: off, end: off + n}
+	w.mu.Lock()
+	for !w.closed && (w.overlapsLocked(x.off, x.end) || len(w.inflight) >= maxEarlyWrites ||
+		(len(w.inflight) > 0 && w.bytes+n > maxEarlyBytes)) {
+		w.wait()
+	}
+	if w.closed {
+		w.mu.Unlock()
+		return 0, ErrClosed
+	}
+	w.seq++
+	x.seq = w.seq
+	w.inflight = append(w.inflight, x)
+	w.bytes += n
+	w.mu.Unlock()
+
+	x.buf = getWBBuf(int(n))
+	copy(*x.buf, p) // the caller's buffer is reused once it returns
+	w.v.startWrite(*x.buf, off, func(err error) { w.answered(x, err) })
+	if x.state.CompareAndSwap(wbSending, wbAcked) {
+		w.early.Add(1)
+		return len(p), nil
+	}
+	// Answered before we could acknowledge it (a failed part, a redial):
+	// its outcome is ours to return.
+	if x.err != nil {
+		return 0, x.err
+	}
+	return len(p), nil
+}
+
+// answered ends write x, whose lenders answered err.
+func (w *writeBack) answered(x *wbWrite, err error) {
+	x.err = err
+	early := !x.state.CompareAndSwap(wbSending, wbDoneEarly)
+	w.mu.Lock()
+	for i, y := range w.inflight {
+		if y == x {
+			last := len(w.inflight) - 1
+			w.inflight[i] = w.inflight[last]
+			w.inflight[last] = nil
+			w.inflight = w.inflight[:last]
+			break
+		}
+	}
+	w.bytes -= x.end - x.off
+	if err != nil && early {
+		w.err = err
+		w.errGen++
+		w.v.log.Error("stripe: an acknowledged write failed; the next flush reports it", "off", x.off, "len", x.end-x.off, "err", err)
+	}
+	w.cond.Broadcast()
+	w.mu.Unlock()
+	putWBBuf(x.buf)
+}
+
+// Flush waits for the writes acknowledged before it began, then flushes
+// the volume; see writeBack for the failures it reports.
+func (w *writeBack) Flush() error {
+	w.mu.Lock()
+	upTo, seen := w.seq, w.reported
+	for w.pendingUpToLocked(upTo) {
+		w.wait()
+	}
+	gen, werr := w.errGen, w.err
+	if gen > seen {
+		w.reported = max(w.reported, gen)
+	}
+	w.mu.Unlock()
+	err := w.v.Flush()
+	if gen > seen {
+		return errors.Join(fmt.Errorf("%w: %w", ErrWriteBack, werr), err)
+	}
+	return err
+}
+
+// pendingUpToLocked reports whether a write registered at or before seq is
+// still in flight.
+func (w *writeBack) pendingUpToLocked(seq uint64) bool {
+	for _, x := range w.inflight {
+		if x.seq <= seq {
+			return true
+		}
+	}
+	return false
+}
+
+// Close makes waiting and later writes fail with ErrClosed and, once the
+// volume is closed (which fails what its lenders have not answered),
+// waits until every write in flight has ended.
+func (w *writeBack) close() {
+	w.mu.Lock()
+	w.closed = true
+	w.cond.Broadcast()
+	w.mu.Unlock()
+}
+
+// drain waits until no write is in flight (after the volume is closed).
+func (w *writeBack) drain() {
+	w.mu.Lock()
+	for len(w.inflight) > 0 {
+		w.cond.Wait()
+	}
+	w.mu.Unlock()
+}
+
+// Copies of early-acknowledged writes, pooled by power-of-two size class
+// from 4 KiB to maxEarlyWrite.
+const (
+	wbMinClass = 12
+	wbMaxClass = 20 // log2(maxEarlyWrite)
+)
+
+var wbBufs [wbMaxClass - wbMinClass + 1]sync.Pool
+
+func wbClass(n int) int {
+	if n <= 1<<wbMinClass {
+		return 0
+	}
+	return bits.Len(uint(n-1)) - wbMinClass
+}
+
+func getWBBuf(n int) *[]byte {
+	c := wbClass(n)
+	if b, ok := wbBufs[c].Get().(*[]byte); ok {
+		*b = (*b)[:n]
+		return b
+	}
+	b := make([]byte, n, 1<<(c+wbMinClass))
+	return &b
+}
+
+func putWBBuf(b *[]byte) {
+	wbBufs[wbClass(cap(*b))].Put(b)
+}
+
+// startWrite sends p (inside the volume, non-empty) to the devices it
+// spans and calls done once every piece has been answered, with the first
+// error; possibly before it returns. Every device is an asyncWriter and
+// bounds its requests itself (newWriteBack).
+func (v *Volume) startWrite(p []byte, off int64, done func(error)) {
+	n := int64(len(p))
+	if c, ok := v.single(off, n); ok {
+		if err := v.live(c.dev); err != nil {
+			done(err)
+			return
+		}
+		m := v.parts[c.dev]
+		m.dev.(asyncWriter).startWrite(p, c.devOff, func(err error) {
+			if err = v.outcome(c.dev, err); err == nil {
+				m.wseq.Add(1)
+			}
+			done(err)
+		})
+		return
+	}
+	cs := v.split(off, n)
+	if v.closed.Load() {
+		done(ErrClosed)
+		return
+	}
+	for _, c := range cs {
+		if m := v.parts[c.dev]; m.failed.Load() {
+			done(m.err(c.dev))
+			return
+		}
+	}
+	var (
+		left  atomic.Int32
+		first atomic.Pointer[error]
+	)
+	left.Store(int32(len(cs)))
+	for _, c := range cs {
+		m := v.parts[c.dev]
+		m.dev.(asyncWriter).startWrite(p[c.volOff-off:c.volOff-off+c.len], c.devOff, func(err error) {
+			if err = v.outcome(c.dev, err); err == nil {
+				m.wseq.Add(1)
+			} else {
+				first.CompareAndSwap(nil, &err)
+			}
+			if left.Add(-1) == 0 {
+				if e := first.Load(); e != nil {
+					done(*e)
+				} else {
+					done(nil)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,412 @@
+package stripe
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+)
+
+// gatedMem is a lender's memory whose writes can be held (until the gate
+// opens) or failed, and which logs what reached it, in order.
+type gatedMem struct {
+	*nbd.MemBackend
+	mu     sync.Mutex
+	gate   chan struct{} // non-nil: writes wait until it is closed
+	fail   atomic.Bool   // writes, zeroings and trims fail with EIO
+	in     atomic.Int32  // writes that reached the backend
+	events []string
+}
+
+func newGatedMem(size int64) *gatedMem { return &gatedMem{MemBackend: nbd.NewMemBackend(size)} }
+
+func (g *gatedMem) log(e string) {
+	g.mu.Lock()
+	g.events = append(g.events, e)
+	g.mu.Unlock()
+}
+
+func (g *gatedMem) logged() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]string(nil), g.events...)
+}
+
+// hold makes writes wait until the returned function is called (once;
+// also at cleanup, so that the lender can stop).
+func (g *gatedMem) hold(t *testing.T) (release func()) {
+	ch := make(chan struct{})
+	g.mu.Lock()
+	g.gate = ch
+	g.mu.Unlock()
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			g.mu.Lock()
+			g.gate = nil
+			g.mu.Unlock()
+			close(ch)
+		})
+	}
+	t.Cleanup(release)
+	return release
+}
+
+func (g *gatedMem) WriteAt(p []byte, off int64) (int, error) {
+	g.in.Add(1)
+	g.mu.Lock()
+	ch := g.gate
+	g.mu.Unlock()
+	if ch != nil {
+		<-ch
+	}
+	if g.fail.Load() {
+		g.log("write failed")
+		return 0, syscall.EIO
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n, err := g.MemBackend.WriteAt(p, off)
+	g.events = append(g.events, "write")
+	return n, err
+}
+
+// at returns a copy of n bytes at off of the lender's memory.
+func (g *gatedMem) at(off, n int) []byte {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]byte(nil), g.Bytes()[off:off+n]...)
+}
+
+func (g *gatedMem) Flush() error { g.log("flush"); return nil }
+
+func (g *gatedMem) WriteZeroes(off, n int64, noHole bool) error {
+	if g.fail.Load() {
+		return syscall.EIO
+	}
+	return g.MemBackend.WriteZeroes(off, n, noHole)
+}
+
+func (g *gatedMem) Trim(off, n int64) error {
+	if g.fail.Load() {
+		return syscall.EIO
+	}
+	return g.MemBackend.Trim(off, n)
+}
+
+// dialAttachment opens a client connection to a's export.
+func dialAttachment(t *testing.T, a *Attachment) *nbd.Client {
+	t.Helper()
+	u, _ := nbd.ParseURI(a.URI())
+	c, err := nbd.Dial(context.Background(), u.Network, u.Address, u.Export, nbd.WithRequestTimeout(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// waitFor polls cond until it holds, failing the test after a deadline.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond) // polling with a deadline
+	}
+}
+
+func pattern(n int, b byte) []byte { return bytes.Repeat([]byte{b}, n) }
+
+// TestWriteBackOrder: a plain write spanning two parts of a composed volume
+// is acknowledged while both lenders still hold it; a read of it and a
+// FLUSH (each on another connection) wait until the
+// lenders have answered it, and a write overlapping it is not reordered
+// before it at the lender (each part has two connections, whose requests
+// the lender serves independently).
+func TestWriteBackOrder(t *testing.T) {
+	const part, unit = 4 << 20, 64 << 10
+	mems := []*gatedMem{newGatedMem(part), newGatedMem(part), newGatedMem(part)}
+	var uris []string
+	for _, m := range mems {
+		uris = append(uris, startLenderWith(t, m).uri)
+	}
+	a := attach(t, AttachConfig{URIs: uris, StripeUnit: unit, ConnsPerPart: 2, WriteBack: true})
+	if a.wb == nil {
+		t.Fatal("write-back is off")
+	}
+	c, c2, c3 := dialAttachment(t, a), dialAttachment(t, a), dialAttachment(t, a)
+	if c.Flags()&nbd.FlagSendFlush == 0 {
+		t.Fatal("the export does not advertise FLUSH")
+	}
+
+	// Bytes [unit-4K, unit+4K): the last 4 KiB of part 0's first unit and
+	// the first 4 KiB of part 1's.
+	const off = unit - 4096
+	dataA := pattern(8192, 0xA1)
+	rel0, rel1 := mems[0].hold(t), mems[1].hold(t)
+	if _, err := c.WriteAt(dataA, off); err != nil {
+		t.Fatal(err)
+	}
+	// Acknowledged, though neither lender has written it.
+	waitFor(t, "both pieces to reach their lenders", func() bool { return mems[0].in.Load() == 1 && mems[1].in.Load() == 1 })
+	if n, _ := a.wb.state(); n != 1 {
+		t.Fatalf("%d writes in flight, want 1", n)
+	}
+	read, flushed := make(chan error, 1), make(chan error, 1)
+	got := make([]byte, 8192)
+	go func() {
+		_, err := c2.ReadAt(got, off)
+		read <- err
+	}()
+	go func() { flushed <- c3.Flush() }()
+	waitFor(t, "the read and the flush to wait", func() bool { _, w := a.wb.state(); return w == 2 })
+	for _, m := range mems {
+		if e := m.logged(); len(e) != 0 {
+			t.Fatalf("a lender did %v while the write was held", e)
+		}
+	}
+	rel0()
+	rel1()
+	if err := <-read; err != nil || !bytes.Equal(got, dataA) {
+		t.Fatalf("read after an acknowledged write: %v, equal %v", err, bytes.Equal(got, dataA))
+	}
+	if err := <-flushed; err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range mems[:2] {
+		if e := m.logged(); len(e) < 2 || e[0] != "write" || e[1] != "flush" {
+			t.Errorf("lender %d saw %v, want the write, then the flush", i, e)
+		}
+	}
+
+	// Write after write: the second (another connection) waits for the
+	// first to be answered, so the lender ends with the second's bytes.
+	rel := mems[2].hold(t)
+	off2 := int64(2*unit + 8192) // part 2
+	if _, err := c.WriteAt(pattern(4096, 0x11), off2); err != nil {
+		t.Fatal(err)
+	}
+	second := make(chan error, 1)
+	go func() {
+		_, err := c2.WriteAt(pattern(4096, 0x22), off2)
+		second <- err
+	}()
+	waitFor(t, "the overlapping write to wait", func() bool { _, w := a.wb.state(); return w == 1 })
+	if n := mems[2].in.Load(); n != 1 {
+		t.Fatalf("%d writes reached the lender, want 1 (the overlapping one must wait)", n)
+	}
+	rel()
+	if err := <-second; err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if b := mems[2].at(8192, 4096); !bytes.Equal(b, pattern(4096, 0x22)) {
+		t.Fatalf("lender holds %#x..., want the second write's 0x22", b[0])
+	}
+	if e := a.wb.early.Load(); e < 3 {
+		t.Errorf("%d writes acknowledged early, want at least 3", e)
+	}
+}
+
+// TestWriteBackFailure: a write that the lender fails after it was
+// acknowledged fails the next FLUSH (EIO), once; FUA writes, WRITE_ZEROES
+// and TRIM wait for the lender and fail themselves.
+func TestWriteBackFailure(t *testing.T) {
+	m := newGatedMem(4 << 20)
+	l := startLenderWith(t, m)
+	a := attach(t, AttachConfig{URIs: []string{l.uri}, WriteBack: true})
+	c, c2 := dialAttachment(t, a), dialAttachment(t, a)
+
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	m.fail.Store(true)
+	rel := m.hold(t)
+	if _, err := c.WriteAt(pattern(4096, 1), 0); err != nil {
+		t.Fatalf("plain write: %v (it is acknowledged before the lender answers)", err)
+	}
+	waitFor(t, "the write to reach the lender", func() bool { return m.in.Load() == 1 })
+	rel()
+	var ne *nbd.Error
+	if err := c2.Flush(); !errors.As(err, &ne) || ne.Errno != nbd.EIO {
+		t.Fatalf("flush after a failed acknowledged write: %v, want EIO", err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatalf("the next flush: %v (the failure is reported once)", err)
+	}
+
+	ctx := context.Background()
+	if _, err := c.WriteAtContext(ctx, pattern(4096, 2), 8192, true); !errors.As(err, &ne) || ne.Errno != nbd.EIO {
+		t.Errorf("FUA write to a failing lender: %v, want EIO", err)
+	}
+	if err := c.WriteZeroes(0, 4096, false); !errors.As(err, &ne) || ne.Errno != nbd.EIO {
+		t.Errorf("WRITE_ZEROES to a failing lender: %v, want EIO", err)
+	}
+	if err := c.Trim(0, 4096); !errors.As(err, &ne) || ne.Errno != nbd.EIO {
+		t.Errorf("TRIM to a failing lender: %v, want EIO", err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatalf("flush: %v (nothing acknowledged has failed since)", err)
+	}
+	m.fail.Store(false)
+	if _, err := c.WriteAt(pattern(4096, 3), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if b := m.at(0, 4096); !bytes.Equal(b, pattern(4096, 3)) {
+		t.Fatal("the lender lacks the flushed write")
+	}
+}
+
+// TestWriteBackLenderGone: a write spanning two parts is acknowledged while
+// one part's lender can no longer answer it; its connection then drops
+// (no redial): the next FLUSH fails.
+func TestWriteBackLenderGone(t *testing.T) {
+	const part, unit = 4 << 20, 64 << 10
+	l0, l1 := startLender(t, part), startLender(t, part)
+	bh := newBlackhole(t, l1.ln.Addr().String())
+	u1, _ := nbd.ParseURI(l1.uri)
+	u1.Address = bh.ln.Addr().String()
+	a := attach(t, AttachConfig{URIs: []string{l0.uri, u1.String()}, StripeUnit: unit, ConnsPerPart: 1, RedialTimeout: -1, WriteBack: true})
+	c := dialAttachment(t, a)
+	if _, err := c.WriteAt(pattern(8192, 7), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	bh.freeze()
+	if _, err := c.WriteAt(pattern(8192, 8), unit-4096); err != nil {
+		t.Fatalf("write: %v (it is acknowledged once sent)", err)
+	}
+	if n, _ := a.wb.state(); n != 1 {
+		t.Fatalf("%d writes in flight, want 1 (part 1's lender cannot answer)", n)
+	}
+	// The lender's host drops the connection.
+	bh.mu.Lock()
+	for _, nc := range bh.conns {
+		nc.Close()
+	}
+	bh.mu.Unlock()
+	var ne *nbd.Error
+	if err := c.Flush(); !errors.As(err, &ne) || ne.Errno != nbd.EIO {
+		t.Fatalf("flush after the lender dropped an acknowledged write: %v, want EIO", err)
+	}
+}
+
+// TestWriteBackLostAfterAnswer: a write the lender answered and no flush
+// covered, when the lender restarts, is reported lost by the next FLUSH,
+// as with synchronous writes (TestLenderRestart).
+func TestWriteBackLostAfterAnswer(t *testing.T) {
+	const part = 4 << 20
+	l := startLender(t, part)
+	a := attach(t, AttachConfig{URIs: []string{l.uri}, RequestTimeout: 10 * time.Second, WriteBack: true})
+	c := dialAttachment(t, a)
+	if _, err := c.WriteAt(pattern(4096, 9), 0); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the lender's answer", func() bool { n, _ := a.wb.state(); return n == 0 })
+	l.kill()
+	// The same address again (a connection of the old server may hold the
+	// port for a moment).
+	var ln net.Listener
+	waitFor(t, "the lender's port", func() bool {
+		var err error
+		ln, err = net.Listen("tcp", l.ln.Addr().String())
+		return err == nil
+	})
+	l.serve(t, ln)
+	var ne *nbd.Error
+	if err := c.Flush(); !errors.As(err, &ne) || ne.Errno != nbd.EIO {
+		t.Fatalf("flush after a restart lost an answered write: %v, want EIO", err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestWriteBackBounded: with the lender holding every write, at most
+// maxEarlyWrites are acknowledged; the next write waits until the lender
+// answers, and every byte arrives.
+func TestWriteBackBounded(t *testing.T) {
+	const size = 4 << 20
+	m := newGatedMem(size)
+	l := startLenderWith(t, m)
+	a := attach(t, AttachConfig{URIs: []string{l.uri}, RequestTimeout: 30 * time.Second, WriteBack: true})
+	c := dialAttachment(t, a)
+	rel := m.hold(t)
+	for i := range maxEarlyWrites {
+		if _, err := c.WriteAt(pattern(512, byte(i)), int64(i)*4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	last := make(chan error, 1)
+	go func() {
+		_, err := c.WriteAt(pattern(512, 0xEE), maxEarlyWrites*4096)
+		last <- err
+	}()
+	waitFor(t, "the write beyond the bound to wait", func() bool {
+		n, w := a.wb.state()
+		return n == maxEarlyWrites && w == 1
+	})
+	rel()
+	if err := <-last; err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range maxEarlyWrites + 1 {
+		want := byte(i)
+		if i == maxEarlyWrites {
+			want = 0xEE
+		}
+		if !bytes.Equal(m.at(i*4096, 512), pattern(512, want)) {
+			t.Fatalf("write %d missing at the lender", i)
+		}
+	}
+}
+
+// TestWriteBackClose: closing an attachment while acknowledged writes are
+// held at the lender returns (their calls fail with the parts' close) and
+// leaves nothing in flight; a write after Close fails.
+func TestWriteBackClose(t *testing.T) {
+	m := newGatedMem(4 << 20)
+	l := startLenderWith(t, m)
+	a := attach(t, AttachConfig{URIs: []string{l.uri}, WriteBack: true})
+	c := dialAttachment(t, a)
+	m.hold(t)
+	for i := range 8 {
+		if _, err := c.WriteAt(pattern(4096, byte(i)), int64(i)*4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the writes to reach the lender", func() bool { return m.in.Load() >= 1 })
+	closed := make(chan error, 1)
+	go func() { closed <- a.Close() }()
+	select {
+	case <-closed:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Close hung with writes in flight")
+	}
+	if n, _ := a.wb.state(); n != 0 {
+		t.Fatalf("%d writes in flight after Close", n)
+	}
+	if _, err := a.wb.WriteAt(pattern(4096, 1), 0); err == nil {
+		t.Fatal("a write after Close succeeded")
+	}
+}
