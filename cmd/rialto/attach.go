@@ -38,6 +38,9 @@ type attachState struct {
 	Parts   int       `json:"parts"`
 	Control string    `json:"control"`
 	Started time.Time `json:"started"`
+	// WriteBack: plain writes are acknowledged before the lenders'
+	// replies (--write-back).
+	WriteBack bool `json:"write_back,omitempty"`
 	// A nic lease's interface, its address and what it routes.
 	Iface  string   `json:"iface,omitempty"`
 	Addr   string   `json:"addr,omitempty"`
@@ -108,6 +111,7 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 	conns := fs.Int("conns", 0, "NBD connections to each part (default 2); nic: tunnel connections to each lender (default 1, 2 with --bond-mode packet)")
 	var nf nicAttachFlags
 	nf.register(fs)
+	writeBack := fs.Bool("write-back", false, "block: acknowledge a plain write once sent to its lenders, before their replies (faster writes, slower FLUSH; FLUSH and FUA stay durable; docs/composition.md)")
 	timeout := fs.Duration("timeout", 0, "declare a part failed when a request takes longer (default 30s)")
 	watch := fs.Duration("watch", 5*time.Second, "how often to check that the lease is still active (0: never)")
 	level := fs.String("log-level", "warn", "debug, info, warn or error")
@@ -164,14 +168,14 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 		// the URI the control plane has for it now.
 		bar := newProgress(e, -1, fmt.Sprintf("attach: connecting to %d part(s) of lease %s", parts, l.ID))
 		att, err := borrower.Attach(ctx, c, l, borrower.AttachConfig{Listen: where, StripeUnit: su,
-			ConnsPerPart: *conns, RequestTimeout: *timeout, TLS: dataTLS, Logger: log})
+			ConnsPerPart: *conns, RequestTimeout: *timeout, TLS: dataTLS, WriteBack: *writeBack, Logger: log})
 		bar.done()
 		if err != nil {
 			os.Remove(ctlPath)
 			return fmt.Errorf("attach %s: %w", l.ID, err)
 		}
 		st := attachState{ID: l.ID, State: "attached", PID: os.Getpid(), URI: att.URI(), Size: att.Volume().Size(),
-			Parts: parts, Control: ctlPath, Started: time.Now().UTC()}
+			Parts: parts, Control: ctlPath, Started: time.Now().UTC(), WriteBack: att.WriteBack()}
 		b, _ := json.MarshalIndent(st, "", "  ")
 		if err := writeFile0600(file, append(b, '\n')); err != nil {
 			att.Close()
@@ -182,8 +186,12 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 			cf.print(e.stdout, st)
 		} else {
 			fmt.Fprintln(e.stdout, att.URI())
-			fmt.Fprintf(e.stderr, "rialto attach: lease %s (%d part(s), %s) served at the URI above; Ctrl-C or `rialto detach %s` ends it\n",
-				l.ID, parts, resource.FormatSize(st.Size), l.ID)
+			cache := ""
+			if st.WriteBack {
+				cache = ", write-back (durable at FLUSH or FUA)"
+			}
+			fmt.Fprintf(e.stderr, "rialto attach: lease %s (%d part(s), %s%s) served at the URI above; Ctrl-C or `rialto detach %s` ends it\n",
+				l.ID, parts, resource.FormatSize(st.Size), cache, l.ID)
 		}
 		return holdAttachment(ctx, c, l, ctl, file, ctlPath, *watch, nil, att.Close)
 	}

@@ -351,3 +351,59 @@ func TestAttachEndsWithTheLease(t *testing.T) {
 		t.Errorf("state file left behind: %v", err)
 	}
 }
+
+// TestAttachWriteBack attaches a composed lease with --write-back: the
+// state file says so, and data written through the attachment (nbdcopy,
+// then a FLUSH) is on the lenders' parts, read back past the attachment.
+func TestAttachWriteBack(t *testing.T) {
+	c := testcluster.Start(t, testcluster.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	l, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeComposed, Count: 2, Size: 32 << 20, StripeUnit: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtime := t.TempDir()
+	uri, _ := attached(t, c, runtime, l.ID, "--write-back")
+	b, err := os.ReadFile(filepath.Join(runtime, "rialto", l.ID+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st attachState
+	if err := json.Unmarshal(b, &st); err != nil || !st.WriteBack {
+		t.Fatalf("state file without write_back: %s (%v)", b, err)
+	}
+
+	// Small writes (acknowledged early) over every stripe unit, flushed,
+	// then read from the parts themselves.
+	nc, err := nbd.DialURI(ctx, uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([]byte, 1<<20)
+	for i := range want {
+		want[i] = byte(rand.Uint32())
+	}
+	for off := 0; off < len(want); off += 8 << 10 {
+		if _, err := nc.WriteAt(want[off:off+8<<10], int64(off)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	for part := range l.Parts {
+		pc, err := nbd.DialURI(ctx, l.Parts[part].URI)
+		if err != nil {
+			t.Fatal(err)
+		}
+		unit := make([]byte, 64<<10)
+		for u := part; u*len(unit) < len(want); u += len(l.Parts) {
+			if _, err := pc.ReadAt(unit, int64(u/len(l.Parts)*len(unit))); err != nil || !bytes.Equal(unit, want[u*len(unit):(u+1)*len(unit)]) {
+				t.Fatalf("part %d lacks stripe unit %d after the flush: %v", part, u, err)
+			}
+		}
+		pc.Close()
+	}
+}

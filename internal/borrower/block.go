@@ -37,6 +37,11 @@ type AttachConfig struct {
 	// CAs. URIs in plaintext ignore it: the lease, as the control plane
 	// handed it out, says how each part is reached.
 	TLS *tls.Config
+	// WriteBack acknowledges a block lease's plain writes once sent to
+	// their lenders, before their replies (a volatile write cache that
+	// FLUSH and FUA make durable: stripe.ServeConfig.WriteBack); false
+	// waits for the lenders.
+	WriteBack bool
 	// Logger receives attachment events; nil discards them.
 	Logger *slog.Logger
 }
@@ -111,7 +116,7 @@ func Attach(ctx context.Context, src LeaseSource, l api.Lease, cfg AttachConfig)
 		}
 	}
 	return stripe.Attach(ctx, stripe.AttachConfig{URIs: uris, StripeUnit: su, Listen: cfg.Listen, TLS: cfg.TLS,
-		ConnsPerPart: cfg.ConnsPerPart, RequestTimeout: cfg.RequestTimeout, Resolve: resolve, Logger: cfg.Logger})
+		ConnsPerPart: cfg.ConnsPerPart, RequestTimeout: cfg.RequestTimeout, Resolve: resolve, WriteBack: cfg.WriteBack, Logger: cfg.Logger})
 }
 
 // movedPart returns the URI the control plane has now for part of block

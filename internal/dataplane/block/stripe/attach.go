@@ -284,6 +284,10 @@ func (a *Attachment) URI() string { return a.uri }
 // Volume is the composed volume.
 func (a *Attachment) Volume() *Volume { return a.vol }
 
+// WriteBack reports whether plain writes are acknowledged before their
+// lenders' replies (ServeConfig.WriteBack on a volume that allows it).
+func (a *Attachment) WriteBack() bool { return a.wb != nil }
+
 // Close stops serving, closes client connections and the parts, and removes
 // the Unix socket, if any.
 func (a *Attachment) Close() error {
