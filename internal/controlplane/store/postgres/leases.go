@@ -110,7 +110,3 @@ func (d dialect) TransitionTx(ctx context.Context, tx sqlstore.Execer, id string
 	}
 	return l, nil
 }
-
-// LiveLeasesCond is sqlstore.LiveLeasesFilter: leases_ongoing's
-// predicate (migration 0011).
-func (dialect) LiveLeasesCond() string { return `ongoing` }

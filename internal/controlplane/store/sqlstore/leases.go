@@ -323,15 +323,6 @@ func (s *Core) Lease(ctx context.Context, id string) (api.Lease, error) {
 	return s.GetLease(ctx, s.rd(), id)
 }
 
-// LiveLeasesFilter is what a Dialect implements whose schema has an
-// indexed condition true of exactly the leases that have not ended
-// (PostgreSQL's leases.ongoing, a partial index's predicate): Leases adds
-// it when every state listed has not ended, so that the sweep's lookups
-// use that index.
-type LiveLeasesFilter interface {
-	LiveLeasesCond() string
-}
-
 // Leases lists leases matching f, oldest first.
 func (s *Core) Leases(ctx context.Context, f store.LeaseFilter) ([]api.Lease, error) {
 	var where []string
@@ -351,9 +342,6 @@ func (s *Core) Leases(ctx context.Context, f store.LeaseFilter) ([]api.Lease, er
 		}
 		if len(f.States) == 0 {
 			return []api.Lease{}, nil
-		}
-		if lf, ok := s.d.(LiveLeasesFilter); ok && !slices.ContainsFunc(f.States, api.LeaseState.Terminal) {
-			where = append(where, lf.LiveLeasesCond())
 		}
 	}
 	if f.IDs != nil {
