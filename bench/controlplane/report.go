@@ -23,7 +23,8 @@ func main() {
 		out       = flag.String("out", "", "write the Markdown fragment here (default: stdout only)")
 		runs      = flag.Int("runs", 3, "interleaved runs of the lease-cycle measurement (each: SQLite, PostgreSQL 1 replica, PostgreSQL N replicas)")
 		cycleDur  = flag.Duration("cycle-duration", 5*time.Second, "length of a lease-cycle run")
-		workers   = flag.Int("workers", 16, "concurrent borrowers in the lease-cycle and failover runs")
+		workers   = flag.Int("workers", 64, "concurrent borrowers in the lease-cycle runs (64: where each configuration reached its highest throughput in the sweep of docs/bench/controlplane.md)")
+		foWorkers = flag.Int("failover-workers", 16, "concurrent borrowers in the failover runs")
 		replicas  = flag.Int("replicas", 3, "replicas of the multi-replica configuration")
 		agents    = flag.Int("agents", 10000, "simulated agents in the heartbeat runs")
 		hbDur     = flag.Duration("hb-duration", 20*time.Second, "length of a heartbeat run")
@@ -103,7 +104,7 @@ func main() {
 			}
 		}
 		for i := 0; i < *foRuns; i++ {
-			r, err := runFailover(ctx, exe, base, pg, &seq, *workers, 3*time.Second, 5*time.Second)
+			r, err := runFailover(ctx, exe, base, pg, &seq, *foWorkers, 3*time.Second, 5*time.Second)
 			if err != nil {
 				log.Fatalf("failover: %v", err)
 			}
@@ -155,7 +156,9 @@ func main() {
 	fmt.Fprintf(&b, "them, first its own); the elected replica places every lease and the others forward creations and\n")
 	fmt.Fprintf(&b, "releases to it over loopback HTTP, until the borrowers' clients, told the leader's address in its answers,\n")
 	fmt.Fprintf(&b, "send those calls to it directly (docs/operations.md, \"The placement leader\"). Runs are interleaved (SQLite, 1 replica, %d replicas, SQLite, ...); medians of %d,\n", *replicas, *runs)
-	fmt.Fprintf(&b, "per-run values in brackets. Everything shares the same 2 vCPUs: the server(s), PostgreSQL, the clients.\n\n")
+	fmt.Fprintf(&b, "per-run values in brackets. Everything shares the same 2 vCPUs: the server(s), PostgreSQL, the clients.\n")
+	fmt.Fprintf(&b, "The default of 64 borrowers is the concurrency at which each configuration reached its highest throughput\n")
+	fmt.Fprintf(&b, "in a sweep of 16 to 128 (the follow-up \"the borrowers' concurrency\" below, which has the whole table).\n\n")
 	fmt.Fprintf(&b, "| lease cycles, %v runs | ", *cycleDur)
 	for _, be := range backends {
 		fmt.Fprintf(&b, "%s | ", be.name)
@@ -202,7 +205,7 @@ func main() {
 			acked += r.acked
 			errs += r.errors
 		}
-		fmt.Fprintf(&b, "**Failover.** Three `rialto server` processes share a database; %d borrowers run lease cycles through\n", *workers)
+		fmt.Fprintf(&b, "**Failover.** Three `rialto server` processes share a database; %d borrowers run lease cycles through\n", *foWorkers)
 		fmt.Fprintf(&b, "clients that know all three; after 3 s the elected replica (the one running the background duties, read\n")
 		fmt.Fprintf(&b, "from `rialto_controlplane_leader`) is killed with SIGKILL, and the run goes on for 5 s. %d runs.\n\n", len(fo))
 		fmt.Fprintf(&b, "| failover | median | runs | goal | verdict |\n|---|---|---|---|---|\n")
@@ -250,8 +253,8 @@ func main() {
 	if *hbCap != 0 {
 		capFlag = fmt.Sprintf(" -hb-cap %g", *hbCap)
 	}
-	fmt.Fprintf(&b, "Command: `bench/controlplane/run.sh` (= the program in bench/controlplane, built in the bench module, run from the repository's root with `-rialto RIALTO -runs %d -cycle-duration %v -workers %d -replicas %d -agents %d -hb-duration %v -failover-runs %d%s -out docs/bench/controlplane.md`, RIALTO built from ./cmd/rialto).\n",
-		*runs, *cycleDur, *workers, *replicas, *agents, *hbDur, *foRuns, capFlag)
+	fmt.Fprintf(&b, "Command: `bench/controlplane/run.sh` (= the program in bench/controlplane, built in the bench module, run from the repository's root with `-rialto RIALTO -runs %d -cycle-duration %v -workers %d -replicas %d -agents %d -hb-duration %v -failover-runs %d -failover-workers %d%s -out docs/bench/controlplane.md`, RIALTO built from ./cmd/rialto).\n",
+		*runs, *cycleDur, *workers, *replicas, *agents, *hbDur, *foRuns, *foWorkers, capFlag)
 	md := b.String()
 	fmt.Print(md)
 	if *out != "" {

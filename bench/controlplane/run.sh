@@ -16,5 +16,5 @@ trap 'rm -rf "$dir"' EXIT
 go build -o "$dir/rialto" ./cmd/rialto
 (cd bench && go build -o "$dir/controlplane-bench" ./controlplane)
 "$dir/controlplane-bench" -dir "$dir" -rialto "$dir/rialto" -runs "${RUNS:-3}" -cycle-duration "${CYCLE_DURATION:-5s}" \
-  -workers "${WORKERS:-16}" -replicas "${REPLICAS:-3}" -agents "${AGENTS:-10000}" -hb-duration "${HB_DURATION:-20s}" \
-  -failover-runs "${FAILOVER_RUNS:-3}" -out docs/bench/controlplane.md
+  -workers "${WORKERS:-64}" -replicas "${REPLICAS:-3}" -agents "${AGENTS:-10000}" -hb-duration "${HB_DURATION:-20s}" \
+  -failover-runs "${FAILOVER_RUNS:-3}" -failover-workers "${FAILOVER_WORKERS:-16}" -out docs/bench/controlplane.md
