@@ -340,8 +340,11 @@ func (b backend) WriteAt(p []byte, off int64) (int, error) {
 	return b.v.WriteAt(p, off)
 }
 
-// WriteAtFUA writes p and waits for its lenders, then flushes (what the
-// server does for a FUA write without this method).
+// WriteAtFUA writes p and waits for its lenders, then flushes the volume
+// (what the server does for a FUA write without this method). FUA promises
+// only this write's durability: the flush neither waits for the
+// write-back cache's writes in flight nor takes the report of one that
+// failed, which is the next FLUSH's (see writeBack).
 func (b backend) WriteAtFUA(p []byte, off int64) (int, error) {
 	if b.wb != nil {
 		b.wb.order(off, int64(len(p)))
@@ -350,7 +353,7 @@ func (b backend) WriteAtFUA(p []byte, off int64) (int, error) {
 	if err != nil {
 		return n, err
 	}
-	return n, b.Flush()
+	return n, b.v.Flush()
 }
 
 func (b backend) Size() int64 { return b.v.Size() }

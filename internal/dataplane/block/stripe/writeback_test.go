@@ -410,3 +410,38 @@ func TestWriteBackClose(t *testing.T) {
 		t.Fatal("a write after Close succeeded")
 	}
 }
+
+// TestWriteBackFUAKeepsFailure: a FUA write after an acknowledged write
+// failed at its lender is durable and succeeds, and leaves the failure to
+// the next FLUSH (a FUA write is no observer of other writes' failures:
+// had it taken the report, the FLUSH that the client relies on for the
+// failed write would succeed).
+func TestWriteBackFUAKeepsFailure(t *testing.T) {
+	m := newGatedMem(4 << 20)
+	l := startLenderWith(t, m)
+	a := attach(t, AttachConfig{URIs: []string{l.uri}, WriteBack: true})
+	c := dialAttachment(t, a)
+
+	m.fail.Store(true)
+	rel := m.hold(t)
+	if _, err := c.WriteAt(pattern(4096, 1), 0); err != nil {
+		t.Fatalf("plain write: %v (it is acknowledged before the lender answers)", err)
+	}
+	waitFor(t, "the write to reach the lender", func() bool { return m.in.Load() == 1 })
+	rel()
+	waitFor(t, "the lender's answer", func() bool { n, _ := a.wb.state(); return n == 0 })
+	m.fail.Store(false)
+	if _, err := c.WriteAtContext(context.Background(), pattern(4096, 2), 8192, true); err != nil {
+		t.Fatalf("FUA write to a healthy lender: %v", err)
+	}
+	if b := m.at(8192, 4096); !bytes.Equal(b, pattern(4096, 2)) {
+		t.Fatal("the lender lacks the FUA write")
+	}
+	var ne *nbd.Error
+	if err := c.Flush(); !errors.As(err, &ne) || ne.Errno != nbd.EIO {
+		t.Fatalf("flush after a failed acknowledged write (and a FUA write): %v, want EIO", err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatalf("the next flush: %v (the failure is reported once)", err)
+	}
+}
