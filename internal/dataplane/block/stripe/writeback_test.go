@@ -445,3 +445,80 @@ func TestWriteBackFUAKeepsFailure(t *testing.T) {
 		t.Fatalf("the next flush: %v (the failure is reported once)", err)
 	}
 }
+
+// TestWriteBackBoundedBytes: with the lender holding every write, at most
+// maxEarlyBytes are acknowledged (sixteen 1 MiB writes, far fewer than
+// maxEarlyWrites); the next write, however small, waits until the lender
+// answers, and every byte arrives.
+func TestWriteBackBoundedBytes(t *testing.T) {
+	const n = maxEarlyBytes / maxEarlyWrite
+	m := newGatedMem((n + 1) * maxEarlyWrite)
+	l := startLenderWith(t, m)
+	// A connection per write: the lender takes only a write or two of
+	// each connection off its socket while it holds them, and the
+	// sockets' backpressure (which the bound does not replace) must not
+	// stop the writes before the bound does.
+	a := attach(t, AttachConfig{URIs: []string{l.uri}, ConnsPerPart: n, RequestTimeout: 30 * time.Second, WriteBack: true})
+	c := dialAttachment(t, a)
+	rel := m.hold(t)
+	for i := range n {
+		if _, err := c.WriteAt(pattern(maxEarlyWrite, byte(i+1)), int64(i)*maxEarlyWrite); err != nil {
+			t.Fatal(err)
+		}
+	}
+	last := make(chan error, 1)
+	go func() {
+		_, err := c.WriteAt(pattern(512, 0xEE), n*maxEarlyWrite)
+		last <- err
+	}()
+	waitFor(t, "the write beyond the byte bound to wait", func() bool {
+		k, w := a.wb.state()
+		return k == n && w == 1
+	})
+	rel()
+	if err := <-last; err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if !bytes.Equal(m.at(i*maxEarlyWrite, maxEarlyWrite), pattern(maxEarlyWrite, byte(i+1))) {
+			t.Fatalf("write %d missing at the lender", i)
+		}
+	}
+	if !bytes.Equal(m.at(n*maxEarlyWrite, 512), pattern(512, 0xEE)) {
+		t.Fatal("the last write is missing at the lender")
+	}
+}
+
+// TestWriteBackConcurrentFlushes: an acknowledged write fails while two
+// FLUSHes (on two client connections) wait for it: both report it; the
+// next FLUSH does not.
+func TestWriteBackConcurrentFlushes(t *testing.T) {
+	m := newGatedMem(4 << 20)
+	l := startLenderWith(t, m)
+	a := attach(t, AttachConfig{URIs: []string{l.uri}, RequestTimeout: 30 * time.Second, WriteBack: true})
+	c1, c2 := dialAttachment(t, a), dialAttachment(t, a)
+	m.fail.Store(true)
+	rel := m.hold(t)
+	if _, err := c1.WriteAt(pattern(4096, 1), 0); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 2)
+	for _, c := range []*nbd.Client{c1, c2} {
+		go func() { errs <- c.Flush() }()
+	}
+	waitFor(t, "both flushes to wait for the write", func() bool { _, w := a.wb.state(); return w == 2 })
+	rel()
+	for range 2 {
+		var ne *nbd.Error
+		if err := <-errs; !errors.As(err, &ne) || ne.Errno != nbd.EIO {
+			t.Fatalf("a flush under way when an acknowledged write failed: %v, want EIO", err)
+		}
+	}
+	m.fail.Store(false)
+	if err := c2.Flush(); err != nil {
+		t.Fatalf("the next flush: %v (the failure is reported once)", err)
+	}
+}
