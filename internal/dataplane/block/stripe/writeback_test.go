@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -521,4 +522,56 @@ func TestWriteBackConcurrentFlushes(t *testing.T) {
 	if err := c2.Flush(); err != nil {
 		t.Fatalf("the next flush: %v (the failure is reported once)", err)
 	}
+}
+
+// TestWriteBackCloseNoGoroutines: acknowledged writes are in flight when
+// their lender's connections drop (their redials and retries run off the
+// connections' readers) and the attachment is closed while the redials
+// are under way: once it is closed, and the lender and the network path
+// are gone, no goroutine is left.
+func TestWriteBackCloseNoGoroutines(t *testing.T) {
+	base := runtime.NumGoroutine()
+	l := startLender(t, 4<<20)
+	bh := newBlackhole(t, l.ln.Addr().String())
+	u, _ := nbd.ParseURI(l.uri)
+	u.Address = bh.ln.Addr().String()
+	a := attach(t, AttachConfig{URIs: []string{u.String()}, RedialTimeout: 20 * time.Second, RequestTimeout: 60 * time.Second, WriteBack: true})
+	c := dialAttachment(t, a)
+	bh.freeze()
+	for i := range 8 {
+		if _, err := c.WriteAt(pattern(4096, byte(i)), int64(i)*4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The lender's host drops the connections: the writes' retries
+	// redial, through the frozen path, and wait.
+	bh.mu.Lock()
+	for _, nc := range bh.conns {
+		nc.Close()
+	}
+	bh.mu.Unlock()
+	waitFor(t, "a redial to reach the frozen path", func() bool {
+		bh.mu.Lock()
+		defer bh.mu.Unlock()
+		return len(bh.conns) > 4
+	})
+	if n, _ := a.wb.state(); n == 0 {
+		t.Fatal("no write in flight while its connection is redialled")
+	}
+	if err := a.Close(); err != nil && !errors.Is(err, ErrClosed) {
+		t.Logf("close: %v", err)
+	}
+	if n, _ := a.wb.state(); n != 0 {
+		t.Fatalf("%d writes in flight after Close", n)
+	}
+	c.Close()
+	bh.ln.Close()
+	bh.mu.Lock()
+	for _, nc := range bh.conns {
+		nc.Close()
+	}
+	bh.mu.Unlock()
+	bh.wg.Wait()
+	l.kill()
+	waitFor(t, "the goroutines to end", func() bool { return runtime.NumGoroutine() <= base })
 }
