@@ -356,6 +356,10 @@ func (b backend) WriteAtFUA(p []byte, off int64) (int, error) {
 	return n, b.v.Flush()
 }
 
+// FlushFUA is the flush after a FUA TRIM or WRITE_ZEROES: as in
+// WriteAtFUA, it leaves a write-back failure to the next FLUSH.
+func (b backend) FlushFUA() error { return b.v.Flush() }
+
 func (b backend) Size() int64 { return b.v.Size() }
 
 func (b backend) Flush() error {
@@ -391,16 +395,17 @@ func (b trimBackend) Trim(off, n int64) error {
 }
 
 var (
-	_ nbd.Backend   = backend{}
-	_ nbd.Zeroer    = backend{}
-	_ nbd.FUAWriter = backend{}
-	_ asyncWriter   = (*nbdPart)(nil)
-	_ asyncWriter   = (*Pool)(nil)
-	_ nbd.Extenter  = backend{}
-	_ Extenter      = (*nbdPart)(nil)
-	_ Extenter      = (*Pool)(nil)
-	_ nbd.Trimmer   = trimBackend{}
-	_ Device        = (*nbdPart)(nil)
-	_ Trimmer       = (*nbdPart)(nil)
-	_ Zeroer        = (*nbdPart)(nil)
+	_ nbd.Backend    = backend{}
+	_ nbd.Zeroer     = backend{}
+	_ nbd.FUAWriter  = backend{}
+	_ nbd.FUAFlusher = backend{}
+	_ asyncWriter    = (*nbdPart)(nil)
+	_ asyncWriter    = (*Pool)(nil)
+	_ nbd.Extenter   = backend{}
+	_ Extenter       = (*nbdPart)(nil)
+	_ Extenter       = (*Pool)(nil)
+	_ nbd.Trimmer    = trimBackend{}
+	_ Device         = (*nbdPart)(nil)
+	_ Trimmer        = (*nbdPart)(nil)
+	_ Zeroer         = (*nbdPart)(nil)
 )

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os/exec"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -574,4 +575,40 @@ func TestWriteBackCloseNoGoroutines(t *testing.T) {
 	bh.wg.Wait()
 	l.kill()
 	waitFor(t, "the goroutines to end", func() bool { return runtime.NumGoroutine() <= base })
+}
+
+// TestWriteBackFUAZeroTrimKeepFailure: WRITE_ZEROES and TRIM with FUA
+// (sent by libnbd) after an acknowledged write failed at its lender
+// succeed and leave the failure to the next FLUSH, as a FUA write does
+// (TestWriteBackFUAKeepsFailure).
+func TestWriteBackFUAZeroTrimKeepFailure(t *testing.T) {
+	if exec.Command("/usr/bin/python3", "-c", "import nbd").Run() != nil {
+		t.Skip("python3-libnbd is not installed")
+	}
+	for _, cmd := range []string{"zero", "trim"} {
+		t.Run(cmd, func(t *testing.T) {
+			m := newGatedMem(4 << 20)
+			l := startLenderWith(t, m)
+			a := attach(t, AttachConfig{URIs: []string{l.uri}, WriteBack: true})
+			c := dialAttachment(t, a)
+			m.fail.Store(true)
+			rel := m.hold(t)
+			if _, err := c.WriteAt(pattern(4096, 1), 0); err != nil {
+				t.Fatalf("plain write: %v (it is acknowledged before the lender answers)", err)
+			}
+			waitFor(t, "the write to reach the lender", func() bool { return m.in.Load() == 1 })
+			rel()
+			waitFor(t, "the lender's answer", func() bool { n, _ := a.wb.state(); return n == 0 })
+			m.fail.Store(false)
+			script := "import nbd, sys\nh = nbd.NBD()\nh.connect_uri(sys.argv[1])\nh." + cmd +
+				"(4096, 8192, nbd.CMD_FLAG_FUA)\nh.shutdown()\n"
+			if out, err := exec.Command("/usr/bin/python3", "-c", script, a.URI()).CombinedOutput(); err != nil {
+				t.Fatalf("%s with FUA to a healthy lender: %v\n%s", cmd, err, out)
+			}
+			var ne *nbd.Error
+			if err := c.Flush(); !errors.As(err, &ne) || ne.Errno != nbd.EIO {
+				t.Fatalf("flush after a failed acknowledged write (and a FUA %s): %v, want EIO", cmd, err)
+			}
+		})
+	}
 }
