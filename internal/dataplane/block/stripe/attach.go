@@ -344,7 +344,8 @@ func (b backend) WriteAt(p []byte, off int64) (int, error) {
 // (what the server does for a FUA write without this method). FUA promises
 // only this write's durability: the flush neither waits for the
 // write-back cache's writes in flight nor takes the report of one that
-// failed, which is the next FLUSH's (see writeBack).
+// failed, which is the next FLUSH's (see writeBack); a loss of writes it
+// finds is reported to the next FLUSH too (Volume.flushFUA).
 func (b backend) WriteAtFUA(p []byte, off int64) (int, error) {
 	if b.wb != nil {
 		b.wb.order(off, int64(len(p)))
@@ -353,12 +354,13 @@ func (b backend) WriteAtFUA(p []byte, off int64) (int, error) {
 	if err != nil {
 		return n, err
 	}
-	return n, b.v.Flush()
+	return n, b.v.flushFUA()
 }
 
 // FlushFUA is the flush after a FUA TRIM or WRITE_ZEROES: as in
-// WriteAtFUA, it leaves a write-back failure to the next FLUSH.
-func (b backend) FlushFUA() error { return b.v.Flush() }
+// WriteAtFUA, it leaves a write-back failure, and a loss of writes, to
+// the next FLUSH.
+func (b backend) FlushFUA() error { return b.v.flushFUA() }
 
 func (b backend) Size() int64 { return b.v.Size() }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os/exec"
 	"runtime"
@@ -608,6 +609,45 @@ func TestWriteBackFUAZeroTrimKeepFailure(t *testing.T) {
 			var ne *nbd.Error
 			if err := c.Flush(); !errors.As(err, &ne) || ne.Errno != nbd.EIO {
 				t.Fatalf("flush after a failed acknowledged write (and a FUA %s): %v, want EIO", cmd, err)
+			}
+		})
+	}
+}
+
+// TestLostWritesFUAThenFlush: a write the lender answered and no flush
+// covered, when the lender restarts, is reported lost by the next FLUSH
+// even if a FUA write (whose own flush finds the loss) came first: the
+// FUA write answers for itself, the FLUSH for the writes before it. With
+// and without write-back.
+func TestLostWritesFUAThenFlush(t *testing.T) {
+	for _, wb := range []bool{false, true} {
+		t.Run(fmt.Sprintf("writeback=%v", wb), func(t *testing.T) {
+			const part = 4 << 20
+			l := startLender(t, part)
+			a := attach(t, AttachConfig{URIs: []string{l.uri}, ConnsPerPart: 1, RequestTimeout: 10 * time.Second, WriteBack: wb})
+			c := dialAttachment(t, a)
+			if _, err := c.WriteAt(pattern(4096, 9), 0); err != nil {
+				t.Fatal(err)
+			}
+			if wb {
+				waitFor(t, "the lender's answer", func() bool { n, _ := a.wb.state(); return n == 0 })
+			}
+			l.kill()
+			var ln net.Listener
+			waitFor(t, "the lender's port", func() bool {
+				var err error
+				ln, err = net.Listen("tcp", l.ln.Addr().String())
+				return err == nil
+			})
+			l.serve(t, ln)
+			_, ferr := c.WriteAtContext(context.Background(), pattern(4096, 10), 8192, true)
+			t.Logf("FUA write after the restart: %v", ferr)
+			var ne *nbd.Error
+			if err := c.Flush(); !errors.As(err, &ne) || ne.Errno != nbd.EIO {
+				t.Fatalf("flush after a restart lost an answered write (a FUA write came first): %v, want EIO", err)
+			}
+			if err := c.Flush(); err != nil {
+				t.Fatal(err)
 			}
 		})
 	}
