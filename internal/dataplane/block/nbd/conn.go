@@ -103,6 +103,7 @@ type conn struct {
 	zero  Zeroer
 	ext   Extenter
 	fua   FUAWriter
+	fuaf  FUAFlusher
 	size  uint64
 	min   uint32
 	max   uint32
@@ -181,6 +182,7 @@ func newConn(s *Server, nc net.Conn, r *bufio.Reader, sess *session) *conn {
 	c.zero, _ = e.Backend.(Zeroer)
 	c.ext, _ = e.Backend.(Extenter)
 	c.fua, _ = e.Backend.(FUAWriter)
+	c.fuaf, _ = e.Backend.(FUAFlusher)
 	c.bud.limit = maxInflightBytes
 	c.sf, _ = e.Backend.(sendfileSource)
 	c.sp, _ = e.Backend.(spliceTarget)
@@ -888,7 +890,11 @@ func (c *conn) execute(ctx context.Context, o *op) {
 		}
 	}
 	if err == nil && fua && r.Type != CmdFlush {
-		err = c.be.Flush()
+		if c.fuaf != nil {
+			err = c.fuaf.FlushFUA()
+		} else {
+			err = c.be.Flush()
+		}
 	}
 	if err != nil {
 		o.errno = errnoOf(err)

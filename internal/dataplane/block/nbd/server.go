@@ -55,6 +55,15 @@ type FUAWriter interface {
 	WriteAtFUA(p []byte, off int64) (int, error)
 }
 
+// FUAFlusher is implemented by backends whose flush after a FUA request
+// (TRIM, WRITE_ZEROES, or a write without WriteAtFUA) must differ from
+// NBD_CMD_FLUSH's: a write-back cache's FLUSH reports an earlier
+// acknowledged write's failure (once), which a FUA request, answering for
+// itself only, must leave to the next FLUSH.
+type FUAFlusher interface {
+	FlushFUA() error
+}
+
 // MultiConnSafer lets a backend veto NBD_FLAG_CAN_MULTI_CONN, which is
 // advertised by default because Backend.Flush is global by contract.
 type MultiConnSafer interface {

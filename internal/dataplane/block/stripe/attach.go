@@ -340,8 +340,12 @@ func (b backend) WriteAt(p []byte, off int64) (int, error) {
 	return b.v.WriteAt(p, off)
 }
 
-// WriteAtFUA writes p and waits for its lenders, then flushes (what the
-// server does for a FUA write without this method).
+// WriteAtFUA writes p and waits for its lenders, then flushes the volume
+// (what the server does for a FUA write without this method). FUA promises
+// only this write's durability: the flush neither waits for the
+// write-back cache's writes in flight nor takes the report of one that
+// failed, which is the next FLUSH's (see writeBack); a loss of writes it
+// finds is reported to the next FLUSH too (Volume.flushFUA).
 func (b backend) WriteAtFUA(p []byte, off int64) (int, error) {
 	if b.wb != nil {
 		b.wb.order(off, int64(len(p)))
@@ -350,8 +354,13 @@ func (b backend) WriteAtFUA(p []byte, off int64) (int, error) {
 	if err != nil {
 		return n, err
 	}
-	return n, b.Flush()
+	return n, b.v.flushFUA()
 }
+
+// FlushFUA is the flush after a FUA TRIM or WRITE_ZEROES: as in
+// WriteAtFUA, it leaves a write-back failure, and a loss of writes, to
+// the next FLUSH.
+func (b backend) FlushFUA() error { return b.v.flushFUA() }
 
 func (b backend) Size() int64 { return b.v.Size() }
 
@@ -388,16 +397,17 @@ func (b trimBackend) Trim(off, n int64) error {
 }
 
 var (
-	_ nbd.Backend   = backend{}
-	_ nbd.Zeroer    = backend{}
-	_ nbd.FUAWriter = backend{}
-	_ asyncWriter   = (*nbdPart)(nil)
-	_ asyncWriter   = (*Pool)(nil)
-	_ nbd.Extenter  = backend{}
-	_ Extenter      = (*nbdPart)(nil)
-	_ Extenter      = (*Pool)(nil)
-	_ nbd.Trimmer   = trimBackend{}
-	_ Device        = (*nbdPart)(nil)
-	_ Trimmer       = (*nbdPart)(nil)
-	_ Zeroer        = (*nbdPart)(nil)
+	_ nbd.Backend    = backend{}
+	_ nbd.Zeroer     = backend{}
+	_ nbd.FUAWriter  = backend{}
+	_ nbd.FUAFlusher = backend{}
+	_ asyncWriter    = (*nbdPart)(nil)
+	_ asyncWriter    = (*Pool)(nil)
+	_ nbd.Extenter   = backend{}
+	_ Extenter       = (*nbdPart)(nil)
+	_ Extenter       = (*Pool)(nil)
+	_ nbd.Trimmer    = trimBackend{}
+	_ Device         = (*nbdPart)(nil)
+	_ Trimmer        = (*nbdPart)(nil)
+	_ Zeroer         = (*nbdPart)(nil)
 )

@@ -130,6 +130,9 @@ type Volume struct {
 	canZero bool
 	canExt  bool
 	closed  atomic.Bool
+	// lostFUA is an ErrLostWrites that a FUA request's flush found
+	// (flushFUA), which the next Flush reports too.
+	lostFUA atomic.Pointer[error]
 }
 
 // New builds a volume over devs, in order. The order is part of the layout:
@@ -361,7 +364,30 @@ func (v *Volume) WriteAt(p []byte, off int64) (int, error) {
 // last successful flush began, and every failed device (which fails the
 // flush). A database's commit writes a few KiB to one device and flushes:
 // that is then one FLUSH, to that device, instead of one per device.
+// A loss of writes that a FUA request's flush found (flushFUA) is
+// reported again.
 func (v *Volume) Flush() error {
+	err := v.flush()
+	if lost := v.lostFUA.Swap(nil); lost != nil {
+		return errors.Join(*lost, err)
+	}
+	return err
+}
+
+// flushFUA is the flush of a FUA request: as Flush, but a loss of writes
+// it finds (ErrLostWrites: a part's lender restarted before a flush
+// covered them) is also left to the next Flush, which answers for the
+// writes before it, whereas the FUA request answers for itself.
+func (v *Volume) flushFUA() error {
+	err := v.flush()
+	if errors.Is(err, ErrLostWrites) {
+		v.lostFUA.Store(&err)
+	}
+	return err
+}
+
+// flush is Flush without the loss a FUA request's flush found.
+func (v *Volume) flush() error {
 	// Most flushes (a database's commit) have one device to flush: that
 	// one is flushed without the slices and closures of the general
 	// case, which allocated on every flush.

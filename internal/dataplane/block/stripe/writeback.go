@@ -211,7 +211,13 @@ func (w *writeBack) answered(x *wbWrite, err error) {
 	}
 	w.cond.Broadcast()
 	w.mu.Unlock()
-	putWBBuf(x.buf)
+	if err == nil {
+		// Answered: the lender has had every byte. A failed write's
+		// copy may still be being written into a connection that was
+		// failed under it (a timeout, Close): it is left to the
+		// garbage collector rather than handed to the next write.
+		putWBBuf(x.buf)
+	}
 }
 
 // Flush waits for the writes acknowledged before it began, then flushes

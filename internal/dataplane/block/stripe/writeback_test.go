@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"os/exec"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -408,5 +411,244 @@ func TestWriteBackClose(t *testing.T) {
 	}
 	if _, err := a.wb.WriteAt(pattern(4096, 1), 0); err == nil {
 		t.Fatal("a write after Close succeeded")
+	}
+}
+
+// TestWriteBackFUAKeepsFailure: a FUA write after an acknowledged write
+// failed at its lender is durable and succeeds, and leaves the failure to
+// the next FLUSH (a FUA write is no observer of other writes' failures:
+// had it taken the report, the FLUSH that the client relies on for the
+// failed write would succeed).
+func TestWriteBackFUAKeepsFailure(t *testing.T) {
+	m := newGatedMem(4 << 20)
+	l := startLenderWith(t, m)
+	a := attach(t, AttachConfig{URIs: []string{l.uri}, WriteBack: true})
+	c := dialAttachment(t, a)
+
+	m.fail.Store(true)
+	rel := m.hold(t)
+	if _, err := c.WriteAt(pattern(4096, 1), 0); err != nil {
+		t.Fatalf("plain write: %v (it is acknowledged before the lender answers)", err)
+	}
+	waitFor(t, "the write to reach the lender", func() bool { return m.in.Load() == 1 })
+	rel()
+	waitFor(t, "the lender's answer", func() bool { n, _ := a.wb.state(); return n == 0 })
+	m.fail.Store(false)
+	if _, err := c.WriteAtContext(context.Background(), pattern(4096, 2), 8192, true); err != nil {
+		t.Fatalf("FUA write to a healthy lender: %v", err)
+	}
+	if b := m.at(8192, 4096); !bytes.Equal(b, pattern(4096, 2)) {
+		t.Fatal("the lender lacks the FUA write")
+	}
+	var ne *nbd.Error
+	if err := c.Flush(); !errors.As(err, &ne) || ne.Errno != nbd.EIO {
+		t.Fatalf("flush after a failed acknowledged write (and a FUA write): %v, want EIO", err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatalf("the next flush: %v (the failure is reported once)", err)
+	}
+}
+
+// TestWriteBackBoundedBytes: with the lender holding every write, at most
+// maxEarlyBytes are acknowledged (sixteen 1 MiB writes, far fewer than
+// maxEarlyWrites); the next write, however small, waits until the lender
+// answers, and every byte arrives.
+func TestWriteBackBoundedBytes(t *testing.T) {
+	const n = maxEarlyBytes / maxEarlyWrite
+	m := newGatedMem((n + 1) * maxEarlyWrite)
+	l := startLenderWith(t, m)
+	// A connection per write: the lender takes only a write or two of
+	// each connection off its socket while it holds them, and the
+	// sockets' backpressure (which the bound does not replace) must not
+	// stop the writes before the bound does.
+	a := attach(t, AttachConfig{URIs: []string{l.uri}, ConnsPerPart: n, RequestTimeout: 30 * time.Second, WriteBack: true})
+	c := dialAttachment(t, a)
+	rel := m.hold(t)
+	for i := range n {
+		if _, err := c.WriteAt(pattern(maxEarlyWrite, byte(i+1)), int64(i)*maxEarlyWrite); err != nil {
+			t.Fatal(err)
+		}
+	}
+	last := make(chan error, 1)
+	go func() {
+		_, err := c.WriteAt(pattern(512, 0xEE), n*maxEarlyWrite)
+		last <- err
+	}()
+	waitFor(t, "the write beyond the byte bound to wait", func() bool {
+		k, w := a.wb.state()
+		return k == n && w == 1
+	})
+	rel()
+	if err := <-last; err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if !bytes.Equal(m.at(i*maxEarlyWrite, maxEarlyWrite), pattern(maxEarlyWrite, byte(i+1))) {
+			t.Fatalf("write %d missing at the lender", i)
+		}
+	}
+	if !bytes.Equal(m.at(n*maxEarlyWrite, 512), pattern(512, 0xEE)) {
+		t.Fatal("the last write is missing at the lender")
+	}
+}
+
+// TestWriteBackConcurrentFlushes: an acknowledged write fails while two
+// FLUSHes (on two client connections) wait for it: both report it; the
+// next FLUSH does not.
+func TestWriteBackConcurrentFlushes(t *testing.T) {
+	m := newGatedMem(4 << 20)
+	l := startLenderWith(t, m)
+	a := attach(t, AttachConfig{URIs: []string{l.uri}, RequestTimeout: 30 * time.Second, WriteBack: true})
+	c1, c2 := dialAttachment(t, a), dialAttachment(t, a)
+	m.fail.Store(true)
+	rel := m.hold(t)
+	if _, err := c1.WriteAt(pattern(4096, 1), 0); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 2)
+	for _, c := range []*nbd.Client{c1, c2} {
+		go func() { errs <- c.Flush() }()
+	}
+	waitFor(t, "both flushes to wait for the write", func() bool { _, w := a.wb.state(); return w == 2 })
+	rel()
+	for range 2 {
+		var ne *nbd.Error
+		if err := <-errs; !errors.As(err, &ne) || ne.Errno != nbd.EIO {
+			t.Fatalf("a flush under way when an acknowledged write failed: %v, want EIO", err)
+		}
+	}
+	m.fail.Store(false)
+	if err := c2.Flush(); err != nil {
+		t.Fatalf("the next flush: %v (the failure is reported once)", err)
+	}
+}
+
+// TestWriteBackCloseNoGoroutines: acknowledged writes are in flight when
+// their lender's connections drop (their redials and retries run off the
+// connections' readers) and the attachment is closed while the redials
+// are under way: once it is closed, and the lender and the network path
+// are gone, no goroutine is left.
+func TestWriteBackCloseNoGoroutines(t *testing.T) {
+	base := runtime.NumGoroutine()
+	l := startLender(t, 4<<20)
+	bh := newBlackhole(t, l.ln.Addr().String())
+	u, _ := nbd.ParseURI(l.uri)
+	u.Address = bh.ln.Addr().String()
+	a := attach(t, AttachConfig{URIs: []string{u.String()}, RedialTimeout: 20 * time.Second, RequestTimeout: 60 * time.Second, WriteBack: true})
+	c := dialAttachment(t, a)
+	bh.freeze()
+	for i := range 8 {
+		if _, err := c.WriteAt(pattern(4096, byte(i)), int64(i)*4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The lender's host drops the connections: the writes' retries
+	// redial, through the frozen path, and wait.
+	bh.mu.Lock()
+	for _, nc := range bh.conns {
+		nc.Close()
+	}
+	bh.mu.Unlock()
+	waitFor(t, "a redial to reach the frozen path", func() bool {
+		bh.mu.Lock()
+		defer bh.mu.Unlock()
+		return len(bh.conns) > 4
+	})
+	if n, _ := a.wb.state(); n == 0 {
+		t.Fatal("no write in flight while its connection is redialled")
+	}
+	if err := a.Close(); err != nil && !errors.Is(err, ErrClosed) {
+		t.Logf("close: %v", err)
+	}
+	if n, _ := a.wb.state(); n != 0 {
+		t.Fatalf("%d writes in flight after Close", n)
+	}
+	c.Close()
+	bh.ln.Close()
+	bh.mu.Lock()
+	for _, nc := range bh.conns {
+		nc.Close()
+	}
+	bh.mu.Unlock()
+	bh.wg.Wait()
+	l.kill()
+	waitFor(t, "the goroutines to end", func() bool { return runtime.NumGoroutine() <= base })
+}
+
+// TestWriteBackFUAZeroTrimKeepFailure: WRITE_ZEROES and TRIM with FUA
+// (sent by libnbd) after an acknowledged write failed at its lender
+// succeed and leave the failure to the next FLUSH, as a FUA write does
+// (TestWriteBackFUAKeepsFailure).
+func TestWriteBackFUAZeroTrimKeepFailure(t *testing.T) {
+	if exec.Command("/usr/bin/python3", "-c", "import nbd").Run() != nil {
+		t.Skip("python3-libnbd is not installed")
+	}
+	for _, cmd := range []string{"zero", "trim"} {
+		t.Run(cmd, func(t *testing.T) {
+			m := newGatedMem(4 << 20)
+			l := startLenderWith(t, m)
+			a := attach(t, AttachConfig{URIs: []string{l.uri}, WriteBack: true})
+			c := dialAttachment(t, a)
+			m.fail.Store(true)
+			rel := m.hold(t)
+			if _, err := c.WriteAt(pattern(4096, 1), 0); err != nil {
+				t.Fatalf("plain write: %v (it is acknowledged before the lender answers)", err)
+			}
+			waitFor(t, "the write to reach the lender", func() bool { return m.in.Load() == 1 })
+			rel()
+			waitFor(t, "the lender's answer", func() bool { n, _ := a.wb.state(); return n == 0 })
+			m.fail.Store(false)
+			script := "import nbd, sys\nh = nbd.NBD()\nh.connect_uri(sys.argv[1])\nh." + cmd +
+				"(4096, 8192, nbd.CMD_FLAG_FUA)\nh.shutdown()\n"
+			if out, err := exec.Command("/usr/bin/python3", "-c", script, a.URI()).CombinedOutput(); err != nil {
+				t.Fatalf("%s with FUA to a healthy lender: %v\n%s", cmd, err, out)
+			}
+			var ne *nbd.Error
+			if err := c.Flush(); !errors.As(err, &ne) || ne.Errno != nbd.EIO {
+				t.Fatalf("flush after a failed acknowledged write (and a FUA %s): %v, want EIO", cmd, err)
+			}
+		})
+	}
+}
+
+// TestLostWritesFUAThenFlush: a write the lender answered and no flush
+// covered, when the lender restarts, is reported lost by the next FLUSH
+// even if a FUA write (whose own flush finds the loss) came first: the
+// FUA write answers for itself, the FLUSH for the writes before it. With
+// and without write-back.
+func TestLostWritesFUAThenFlush(t *testing.T) {
+	for _, wb := range []bool{false, true} {
+		t.Run(fmt.Sprintf("writeback=%v", wb), func(t *testing.T) {
+			const part = 4 << 20
+			l := startLender(t, part)
+			a := attach(t, AttachConfig{URIs: []string{l.uri}, ConnsPerPart: 1, RequestTimeout: 10 * time.Second, WriteBack: wb})
+			c := dialAttachment(t, a)
+			if _, err := c.WriteAt(pattern(4096, 9), 0); err != nil {
+				t.Fatal(err)
+			}
+			if wb {
+				waitFor(t, "the lender's answer", func() bool { n, _ := a.wb.state(); return n == 0 })
+			}
+			l.kill()
+			var ln net.Listener
+			waitFor(t, "the lender's port", func() bool {
+				var err error
+				ln, err = net.Listen("tcp", l.ln.Addr().String())
+				return err == nil
+			})
+			l.serve(t, ln)
+			_, ferr := c.WriteAtContext(context.Background(), pattern(4096, 10), 8192, true)
+			t.Logf("FUA write after the restart: %v", ferr)
+			var ne *nbd.Error
+			if err := c.Flush(); !errors.As(err, &ne) || ne.Errno != nbd.EIO {
+				t.Fatalf("flush after a restart lost an answered write (a FUA write came first): %v, want EIO", err)
+			}
+			if err := c.Flush(); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
