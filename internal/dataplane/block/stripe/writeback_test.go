@@ -218,8 +218,11 @@ func TestWriteBackOrder(t *testing.T) {
 	if b := mems[2].at(8192, 4096); !bytes.Equal(b, pattern(4096, 0x22)) {
 		t.Fatalf("lender holds %#x..., want the second write's 0x22", b[0])
 	}
-	if e := a.wb.early.Load(); e < 3 {
-		t.Errorf("%d writes acknowledged early, want at least 3", e)
+	// The two writes made while their lenders were held were acknowledged
+	// early; the second overlapping one may be answered before it is
+	// acknowledged (its lender runs free by then).
+	if e := a.wb.early.Load(); e < 2 {
+		t.Errorf("%d writes acknowledged early, want at least 2", e)
 	}
 }
 
