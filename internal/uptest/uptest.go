@@ -231,10 +231,7 @@ func (u *Up) Pid() int {
 // Kill SIGKILLs `rialto up` (its children are left to what it set up for
 // a parent's crash) and waits for it; Stop after it does nothing.
 func (u *Up) Kill() {
-	u.mu.Lock()
-	cmd := u.cmd
-	u.cmd = nil
-	u.mu.Unlock()
+	cmd := u.take()
 	if cmd == nil {
 		return
 	}
@@ -246,10 +243,7 @@ func (u *Up) Kill() {
 // test unless it exits cleanly; it may be called more than once.
 func (u *Up) Stop(t testing.TB) {
 	t.Helper()
-	u.mu.Lock()
-	cmd := u.cmd
-	u.cmd = nil
-	u.mu.Unlock()
+	cmd := u.take()
 	if cmd == nil {
 		return
 	}
@@ -264,4 +258,13 @@ func (u *Up) Stop(t testing.TB) {
 		<-u.done
 		t.Errorf("rialto up did not stop on SIGTERM")
 	}
+}
+
+// take returns the running process, once: nil after Kill or Stop.
+func (u *Up) take() *exec.Cmd {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	cmd := u.cmd
+	u.cmd = nil
+	return cmd
 }

@@ -417,17 +417,15 @@ func TestWriteBackClose(t *testing.T) {
 	}
 }
 
-// TestWriteBackFUAKeepsFailure: a FUA write after an acknowledged write
-// failed at its lender is durable and succeeds, and leaves the failure to
-// the next FLUSH (a FUA write is no observer of other writes' failures:
-// had it taken the report, the FLUSH that the client relies on for the
-// failed write would succeed).
-func TestWriteBackFUAKeepsFailure(t *testing.T) {
+// failedEarlyWrite attaches a write-back volume over one lender, makes a
+// plain write at 0 that is acknowledged and then failed by the lender, and
+// returns with the lender healthy again and the failure not yet reported.
+func failedEarlyWrite(t *testing.T) (*gatedMem, *Attachment, *nbd.Client) {
+	t.Helper()
 	m := newGatedMem(4 << 20)
 	l := startLenderWith(t, m)
 	a := attach(t, AttachConfig{URIs: []string{l.uri}, WriteBack: true})
 	c := dialAttachment(t, a)
-
 	m.fail.Store(true)
 	rel := m.hold(t)
 	if _, err := c.WriteAt(pattern(4096, 1), 0); err != nil {
@@ -437,6 +435,16 @@ func TestWriteBackFUAKeepsFailure(t *testing.T) {
 	rel()
 	waitFor(t, "the lender's answer", func() bool { n, _ := a.wb.state(); return n == 0 })
 	m.fail.Store(false)
+	return m, a, c
+}
+
+// TestWriteBackFUAKeepsFailure: a FUA write after an acknowledged write
+// failed at its lender is durable and succeeds, and leaves the failure to
+// the next FLUSH (a FUA write is no observer of other writes' failures:
+// had it taken the report, the FLUSH that the client relies on for the
+// failed write would succeed).
+func TestWriteBackFUAKeepsFailure(t *testing.T) {
+	m, _, c := failedEarlyWrite(t)
 	if _, err := c.WriteAtContext(context.Background(), pattern(4096, 2), 8192, true); err != nil {
 		t.Fatalf("FUA write to a healthy lender: %v", err)
 	}
@@ -591,19 +599,7 @@ func TestWriteBackFUAZeroTrimKeepFailure(t *testing.T) {
 	}
 	for _, cmd := range []string{"zero", "trim"} {
 		t.Run(cmd, func(t *testing.T) {
-			m := newGatedMem(4 << 20)
-			l := startLenderWith(t, m)
-			a := attach(t, AttachConfig{URIs: []string{l.uri}, WriteBack: true})
-			c := dialAttachment(t, a)
-			m.fail.Store(true)
-			rel := m.hold(t)
-			if _, err := c.WriteAt(pattern(4096, 1), 0); err != nil {
-				t.Fatalf("plain write: %v (it is acknowledged before the lender answers)", err)
-			}
-			waitFor(t, "the write to reach the lender", func() bool { return m.in.Load() == 1 })
-			rel()
-			waitFor(t, "the lender's answer", func() bool { n, _ := a.wb.state(); return n == 0 })
-			m.fail.Store(false)
+			_, a, c := failedEarlyWrite(t)
 			script := "import nbd, sys\nh = nbd.NBD()\nh.connect_uri(sys.argv[1])\nh." + cmd +
 				"(4096, 8192, nbd.CMD_FLAG_FUA)\nh.shutdown()\n"
 			if out, err := exec.Command("/usr/bin/python3", "-c", script, a.URI()).CombinedOutput(); err != nil {
