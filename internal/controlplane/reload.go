@@ -27,7 +27,8 @@ type TokenReplacer interface {
 	ReplaceTokens(ctx context.Context, ts []store.Token) error
 }
 
-// storedTokens checks the settings' tokens and returns them as stored.
+// storedTokens checks the settings' tokens and returns them as stored; its
+// errors say what is wrong, and the caller says where (start-up, reload).
 func (s *Server) storedTokens(set Settings) ([]store.Token, error) {
 	now := s.now()
 	var out []store.Token
@@ -39,16 +40,16 @@ func (s *Server) storedTokens(set Settings) ([]store.Token, error) {
 	}
 	for _, t := range set.Tokens {
 		if t.Token == "" || t.Tenant == "" {
-			return nil, errors.New("controlplane: a tenant token needs a token and a tenant")
+			return nil, errors.New("a tenant token needs a token and a tenant")
 		}
 		if t.Token == set.BootstrapToken {
-			return nil, errors.New("controlplane: a tenant token must differ from the bootstrap token")
+			return nil, errors.New("a tenant token must differ from the bootstrap token")
 		}
 		h := resource.HashSecret(t.Token)
 		if other, dup := seen[h]; dup && other != "tenant "+t.Tenant {
 			// The same secret for two tenants: which one a call is
 			// would depend on the order of the file.
-			return nil, fmt.Errorf("controlplane: a token of tenant %s (%s) is also %s", t.Tenant, resource.Fingerprint(t.Token), other)
+			return nil, fmt.Errorf("a token of tenant %s (%s) is also %s", t.Tenant, resource.Fingerprint(t.Token), other)
 		}
 		seen[h] = "tenant " + t.Tenant
 		out = append(out, store.Token{Hash: h, Kind: store.TokenTenant, Tenant: t.Tenant, Admin: t.Admin, CreatedAt: now})

@@ -79,7 +79,7 @@ func TestReload(t *testing.T) {
 		{BootstrapToken: bootTok, Tokens: []Token{{Token: carolTok, Tenant: "carol"}, {Token: carolTok, Tenant: "dave"}}},
 	} {
 		err := e.srv.Reload(e.ctx(), bad)
-		if err == nil || !strings.Contains(err.Error(), "reload refused") {
+		if err == nil || !strings.Contains(err.Error(), "reload refused") || strings.Count(err.Error(), "controlplane:") != 1 {
 			t.Fatalf("bad settings %+v: %v", bad, err)
 		}
 		if strings.Contains(err.Error(), carolTok) || strings.Contains(err.Error(), bootTok) {

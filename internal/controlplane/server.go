@@ -178,7 +178,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.auth.life = s.authLifetime // auth.go
 	ts, err := s.storedTokens(Settings{BootstrapToken: cfg.BootstrapToken, Tokens: cfg.Tokens})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("controlplane: %w", err)
 	}
 	if err := s.putTokens(ctx, ts); err != nil {
 		return nil, fmt.Errorf("controlplane: store tokens: %w", err)
