@@ -122,7 +122,7 @@ func run() error {
 	fioRuntime := flag.Int("fio-runtime", 4, "seconds of each fio run (after the ramp)")
 	fioRamp := flag.Int("fio-ramp", 1, "fio ramp time, seconds")
 	bin := flag.String("bin", "bin/rialto", "the rialto binary")
-	peersFlag := flag.String("peers", "nbdkit,nbd-server,qemu-nbd", "peer servers")
+	peersFlag := flag.String("peers", "nbdkit,nbd-server,qemu-nbd,nbdkit-proxy", "peer servers: nbdkit, nbd-server, qemu-nbd, and nbdkit-proxy (nbdkit's nbd plugin in front of its file plugin: a reference row, never a goal's best peer)")
 	rialtoFlag := flag.String("rialto", "dedicated,shared,composed", "Rialto targets: dedicated, shared, composed, attach, composed-unix (the composed lease through `rialto attach --socket`, an extra row), attach-unix (a dedicated lease through `rialto attach --socket`, an extra row)")
 	metricsFlag := flag.String("metrics", "", "metric keys to run (default all): copyread,copywrite,rr1,rr32,rw32,sw32,w1,flush")
 	out := flag.String("out", "docs/bench/block.md", "Markdown fragment to write")

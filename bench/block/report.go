@@ -55,6 +55,33 @@ func fmtv(v float64, unit string) string {
 	}
 }
 
+// againstReferences writes, for each reference peer (a two-hop chain),
+// each Rialto target's ratio to it: no goal, a measure of the hop that
+// `rialto attach` adds against the field's own.
+func (r *report) againstReferences(w func(string, ...any), rialto []*targets.Target) {
+	for _, ref := range r.targets {
+		if !ref.Reference {
+			continue
+		}
+		w("Against %s (no goal; the same ratios as above, with %s in place of the best peer):\n\n", ref.Name, ref.Name)
+		w("| metric | %s |\n|---|%s\n", joinNames(rialto), strings.Repeat("---|", len(rialto)))
+		for _, m := range r.metrics {
+			w("| %s | ", m.Name)
+			k := r.med(ref.Name, m.Name, value)
+			for _, t := range rialto {
+				v := r.med(t.Name, m.Name, value)
+				ratio := v / k
+				if m.Lower {
+					ratio = k / v
+				}
+				w("%.2f× | ", ratio)
+			}
+			w("\n")
+		}
+		w("\n")
+	}
+}
+
 // verdict compares a Rialto target's median with the goal of m: the best
 // peer (higher is better) or nbdkit's (latency, lower is better).
 func (r *report) verdict(m metric, t *targets.Target) (ratio float64, ref string, ok bool) {
@@ -65,7 +92,7 @@ func (r *report) verdict(m metric, t *targets.Target) (ratio float64, ref string
 	}
 	best, bestName := math.NaN(), ""
 	for _, p := range r.targets {
-		if p.Rialto {
+		if p.Rialto || p.Reference {
 			continue
 		}
 		pv := r.med(p.Name, m.Name, value)
@@ -141,6 +168,7 @@ func (r *report) markdown() string {
 		w("Missed: %s.\n", strings.Join(misses, "; "))
 	}
 	w("\n")
+	r.againstReferences(w, rialto)
 
 	// Server CPU.
 	w("Server CPU per run (median, seconds: utime+stime of the serving processes from /proc/PID/stat, children included;\n")

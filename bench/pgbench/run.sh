@@ -2,7 +2,9 @@
 # Database benchmark: PostgreSQL + pgbench on ext4 on an NBD export (nbdfuse
 # + loop device), nbdkit against Rialto through leases of `rialto agent`
 # processes (dedicated; the same lease through `rialto attach`; a 3-way
-# composed lease through `rialto attach`), interleaved. Needs root, bin/rialto
+# composed lease through `rialto attach`), interleaved; nbdkit's nbd plugin in
+# front of its file plugin (nbdkit-proxy: two servers in a request's path, as
+# through `rialto attach`) is a reference row, never a goal. Needs root, bin/rialto
 # (built here), nbdkit, nbdfuse, PostgreSQL 15. Writes docs/bench/pgbench.md.
 #
 #   bench/pgbench/run.sh                 # REPS=5 SCALE=10 CLIENTS=4 T=15
@@ -15,5 +17,5 @@ BIN=$(mktemp -d)
 trap 'rm -rf "$BIN"' EXIT
 (cd bench && go build -o "$BIN/pgbench" ./pgbench)
 "$BIN/pgbench" -bin bin/rialto -reps "${REPS:-5}" -size-mib "${SIZE_MIB:-900}" -scale "${SCALE:-10}" \
-  -clients "${CLIENTS:-4}" -time "${T:-15}" -targets "${TARGETS:-nbdkit,dedicated,attach,composed}" \
+  -clients "${CLIENTS:-4}" -time "${T:-15}" -targets "${TARGETS:-nbdkit,nbdkit-proxy,dedicated,attach,composed}" \
   -out "${OUT:-docs/bench/pgbench.md}"

@@ -1,5 +1,7 @@
 // Package targets starts the NBD servers the block benchmarks compare:
-// the peers (nbdkit's file plugin, nbd-server, qemu-nbd) and Rialto through
+// the peers (nbdkit's file plugin, nbd-server, qemu-nbd; and, as a
+// reference row that never sets a goal, nbdkit's nbd plugin in front of its
+// file plugin, the field's two-hop chain) and Rialto through
 // leases of `rialto agent` processes (a dedicated lease, a shared
 // partition lease, a composed lease and a dedicated lease both served by
 // `rialto attach`), each on an image on tmpfs, bound to 127.0.0.1.
@@ -32,7 +34,10 @@ type Target struct {
 	Served string // which processes serve it, for the fragment
 	URI    string // NBD URI (may name a secret export)
 	Rialto bool   // served through a lease (carries the goals)
-	pids   func() []int
+	// Reference marks a peer shown for comparison only: it is never the
+	// best peer a goal is measured against (nbdkit-proxy, two hops).
+	Reference bool
+	pids      func() []int
 }
 
 // CPU returns the CPU seconds the serving processes have used so far.
@@ -81,9 +86,10 @@ func waitNBD(ctx context.Context, uri string, alive func() bool) error {
 // Peers are the peer servers' commands, for the fragment (PORT, IMG and
 // CONF stand for the generated values).
 var Peers = map[string]string{
-	"nbdkit":     "nbdkit -f -i 127.0.0.1 -p PORT file IMG",
-	"qemu-nbd":   "qemu-nbd -f raw -b 127.0.0.1 -p PORT -x '' -t -e 16 IMG",
-	"nbd-server": "nbd-server -C CONF -p PIDFILE   # [generic] listenaddr=127.0.0.1 port=PORT allowlist=false; [exp] exportname=IMG flush=true fua=true trim=true",
+	"nbdkit":       "nbdkit -f -i 127.0.0.1 -p PORT file IMG",
+	"nbdkit-proxy": "nbdkit -f -i 127.0.0.1 -p PORT2 file IMG; nbdkit -f -i 127.0.0.1 -p PORT nbd uri=nbd://127.0.0.1:PORT2/",
+	"qemu-nbd":     "qemu-nbd -f raw -b 127.0.0.1 -p PORT -x '' -t -e 16 IMG",
+	"nbd-server":   "nbd-server -C CONF -p PIDFILE   # [generic] listenaddr=127.0.0.1 port=PORT allowlist=false; [exp] exportname=IMG flush=true fua=true trim=true",
 }
 
 // StartPeer starts one peer serving img. stop ends it.
@@ -94,7 +100,6 @@ func StartPeer(ctx context.Context, name, dir, img string) (t *Target, stop func
 	}
 	p := strconv.Itoa(port)
 	var cmd *exec.Cmd
-	uri := "nbd://127.0.0.1:" + p + "/"
 	switch name {
 	case "nbdkit":
 		cmd = exec.Command("nbdkit", "-f", "-i", "127.0.0.1", "-p", p, "file", img)
@@ -102,18 +107,59 @@ func StartPeer(ctx context.Context, name, dir, img string) (t *Target, stop func
 		cmd = exec.Command("qemu-nbd", "-f", "raw", "-b", "127.0.0.1", "-p", p, "-x", "", "-t", "-e", "16", img)
 	case "nbd-server":
 		return startNBDServer(ctx, dir, img, p)
+	case "nbdkit-proxy":
+		return startNBDKitProxy(ctx, dir, img, p)
 	default:
 		return nil, nil, fmt.Errorf("unknown peer %q", name)
 	}
-	log, err := os.Create(filepath.Join(dir, name+".log"))
+	pid, stop, err := startProc(ctx, cmd, filepath.Join(dir, name+".log"), "nbd://127.0.0.1:"+p+"/")
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return &Target{Name: name, URI: "nbd://127.0.0.1:" + p + "/", Served: fmt.Sprintf("`%s` (%s)", name, version(name)),
+		pids: func() []int { return []int{pid} }}, stop, nil
+}
+
+// startNBDKitProxy starts nbdkit's file plugin on img and, in front of it,
+// nbdkit's nbd plugin on port: a request crosses two servers, as one
+// through `rialto attach` does (a reference row, never a goal's peer).
+func startNBDKitProxy(ctx context.Context, dir, img, port string) (*Target, func(), error) {
+	back, err := freePort()
 	if err != nil {
 		return nil, nil, err
+	}
+	b := strconv.Itoa(back)
+	backURI := "nbd://127.0.0.1:" + b + "/"
+	bpid, bstop, err := startProc(ctx, exec.Command("nbdkit", "-f", "-i", "127.0.0.1", "-p", b, "file", img),
+		filepath.Join(dir, "nbdkit-proxy-back.log"), backURI)
+	if err != nil {
+		return nil, nil, fmt.Errorf("nbdkit-proxy: file plugin: %w", err)
+	}
+	uri := "nbd://127.0.0.1:" + port + "/"
+	fpid, fstop, err := startProc(ctx, exec.Command("nbdkit", "-f", "-i", "127.0.0.1", "-p", port, "nbd", "uri="+backURI),
+		filepath.Join(dir, "nbdkit-proxy.log"), uri)
+	if err != nil {
+		bstop()
+		return nil, nil, fmt.Errorf("nbdkit-proxy: nbd plugin: %w", err)
+	}
+	return &Target{Name: "nbdkit-proxy", URI: uri, Reference: true,
+			Served: fmt.Sprintf("`nbdkit nbd` (the nbd plugin) in front of `nbdkit file` (%s): two hops, as through `rialto attach`; CPU of both; a reference row, never the best peer of a goal", version("nbdkit")),
+			pids:   func() []int { return []int{fpid, bpid} }},
+		func() { fstop(); bstop() }, nil
+}
+
+// startProc starts cmd with its output in logPath and waits until uri
+// answers; stop ends it (SIGTERM, then SIGKILL after 10 s).
+func startProc(ctx context.Context, cmd *exec.Cmd, logPath, uri string) (pid int, stop func(), err error) {
+	log, err := os.Create(logPath)
+	if err != nil {
+		return 0, nil, err
 	}
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		log.Close()
-		return nil, nil, fmt.Errorf("start %s: %w", name, err)
+		return 0, nil, fmt.Errorf("start: %w", err)
 	}
 	done := make(chan struct{})
 	go func() { cmd.Wait(); log.Close(); close(done) }()
@@ -136,11 +182,9 @@ func StartPeer(ctx context.Context, name, dir, img string) (t *Target, stop func
 	}
 	if err := waitNBD(ctx, uri, alive); err != nil {
 		stop()
-		return nil, nil, fmt.Errorf("%s: %w (log %s)", name, err, log.Name())
+		return 0, nil, fmt.Errorf("%w (log %s)", err, logPath)
 	}
-	pid := cmd.Process.Pid
-	return &Target{Name: name, URI: uri, Served: fmt.Sprintf("`%s` (%s)", name, version(name)),
-		pids: func() []int { return []int{pid} }}, stop, nil
+	return cmd.Process.Pid, stop, nil
 }
 
 // startNBDServer starts nbd-server, which daemonises and forks a process
