@@ -104,6 +104,7 @@ type conn struct {
 	ext   Extenter
 	fua   FUAWriter
 	fuaf  FUAFlusher
+	rst   ReadStarter
 	size  uint64
 	min   uint32
 	max   uint32
@@ -114,13 +115,15 @@ type conn struct {
 	pending  *group // requests parsed and not yet handed to a worker
 	maxGroup int    // requests per group: maxGroup for memory-speed backends, else 1
 	bud      budget
-	wmu      sync.Mutex   // serialises writes to nc
-	werr     error        // the first failed send (guarded by wmu)
-	failed   atomic.Bool  // werr is set
-	inflight atomic.Int64 // requests grouped or handed to workers and not yet executed
-	rmu      sync.Mutex   // guards rq
-	rq       []*op        // executed requests whose replies wait for the socket
-	rqSpare  []*op        // guarded by wmu
+	wmu      sync.Mutex     // serialises writes to nc
+	werr     error          // the first failed send (guarded by wmu)
+	failed   atomic.Bool    // werr is set
+	inflight atomic.Int64   // requests grouped or handed to workers and not yet executed
+	started  sync.WaitGroup // reads started on rst whose done has not run
+	kick     chan struct{}  // wakes the sender of started reads' replies
+	rmu      sync.Mutex     // guards rq
+	rq       []*op          // executed requests whose replies wait for the socket
+	rqSpare  []*op          // guarded by wmu
 
 	batch   []*op                // replies the reader goroutine sends itself
 	iov     [2 * maxBatch][]byte // guarded by wmu
@@ -183,6 +186,7 @@ func newConn(s *Server, nc net.Conn, r *bufio.Reader, sess *session) *conn {
 	c.ext, _ = e.Backend.(Extenter)
 	c.fua, _ = e.Backend.(FUAWriter)
 	c.fuaf, _ = e.Backend.(FUAFlusher)
+	c.rst, _ = e.Backend.(ReadStarter)
 	c.bud.limit = maxInflightBytes
 	c.sf, _ = e.Backend.(sendfileSource)
 	c.sp, _ = e.Backend.(spliceTarget)
@@ -247,11 +251,30 @@ func (c *conn) serve(ctx context.Context) error {
 		}()
 	}
 
+	var sent chan struct{}
+	if c.rst != nil {
+		// The replies of reads started on rst are sent by this
+		// goroutine: their done runs on whichever goroutine read the
+		// part's reply, which must not wait for this socket.
+		c.kick, sent = make(chan struct{}, 1), make(chan struct{})
+		go func() {
+			defer close(sent)
+			for range c.kick {
+				c.drainReplies()
+			}
+		}()
+	}
+
 	rerr := c.reader(ctx)
 	c.closePipe()
 
 	close(c.reqs)
 	wg.Wait()
+	if c.rst != nil {
+		c.started.Wait()
+		close(c.kick)
+		<-sent
+	}
 	c.drainReplies()
 	if rerr != nil && !errors.Is(rerr, io.EOF) && !errors.Is(rerr, net.ErrClosed) {
 		return rerr
@@ -531,6 +554,10 @@ func (c *conn) reader(ctx context.Context) error {
 			// one (typical at queue depth 1): serve it here, sparing two
 			// goroutine hand-offs.
 			c.execute(ctx, o)
+		} else if req.Type == CmdRead && c.rst != nil && c.startRead(ctx, o) {
+			// At depth, a read of a backend that forwards it (ReadStarter)
+			// is sent from here; its reply is sent by the sender goroutine.
+			continue
 		} else {
 			// At depth, add it to the group for a worker, even a read
 			// the reader could serve from memory: the reader only
@@ -565,6 +592,45 @@ func (c *conn) reader(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// startRead starts o, a read at depth, on the backend's ReadStarter: false
+// means it was not started (the caller serves it the usual way).
+func (c *conn) startRead(ctx context.Context, o *op) bool {
+	if c.limit != nil || ctx.Err() != nil || o.req.Length == 0 {
+		return false
+	}
+	if o.buf == nil {
+		o.buf = getBuf(int(o.req.Length))
+	}
+	c.inflight.Add(1)
+	c.started.Add(1)
+	if c.rst.StartReadAt(*o.buf, int64(o.req.Offset), func(err error) { c.readDone(o, err) }) {
+		return true
+	}
+	c.inflight.Add(-1)
+	c.started.Done()
+	return false
+}
+
+// readDone encodes the reply of o, a read started on the backend's
+// ReadStarter, and queues it for the sender goroutine. It does not block.
+func (c *conn) readDone(o *op, err error) {
+	if err != nil {
+		o.errno = errnoOf(err)
+		c.encodeError(o)
+	} else {
+		c.encodeRead(o)
+	}
+	c.rmu.Lock()
+	c.rq = append(c.rq, o)
+	c.rmu.Unlock()
+	c.inflight.Add(-1)
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+	c.started.Done()
 }
 
 // acquire takes budget for o's payload, sending the pending batch first if

@@ -333,6 +333,18 @@ func (b backend) ReadAt(p []byte, off int64) (int, error) {
 	return b.v.ReadAt(p, off)
 }
 
+// StartReadAt implements nbd.ReadStarter: at queue depth above 1 the local
+// export's reader sends a read within one stripe unit straight to its part,
+// and the part's reply goes back through the export's sender, with no
+// worker in between. Not with a write-back cache (a read waits for the
+// unanswered writes it overlaps).
+func (b backend) StartReadAt(p []byte, off int64, done func(error)) bool {
+	if b.wb != nil {
+		return false
+	}
+	return b.v.startRead(p, off, done)
+}
+
 func (b backend) WriteAt(p []byte, off int64) (int, error) {
 	if b.wb != nil {
 		return b.wb.WriteAt(p, off)

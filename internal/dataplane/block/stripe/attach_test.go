@@ -704,6 +704,7 @@ func TestAttachManyInFlight(t *testing.T) {
 	}
 	size := a.Volume().Size()
 	region := size / workers
+	started := startedReads.Load()
 	want := make([]byte, size)
 	errs := make(chan error, workers)
 	var wg sync.WaitGroup
@@ -743,6 +744,11 @@ func TestAttachManyInFlight(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+	// Reads at depth were sent from the export's reader and answered from
+	// the parts' readers (nbd.ReadStarter), not by workers.
+	if startedReads.Load() == started {
+		t.Error("no read was started on the parts")
 	}
 	if err := clients[0].Flush(); err != nil {
 		t.Fatal(err)
