@@ -41,6 +41,8 @@ type op struct {
 	sfOff int64
 	sfLen int
 	sfSrc sendfileSource // holds sfFD open until released by freeOp
+
+	started bool // started on the backend's ReadStarter or WriteStarter (counted in conn.nstarted)
 }
 
 var opPool = sync.Pool{New: func() any { return new(op) }}
@@ -105,6 +107,7 @@ type conn struct {
 	fua   FUAWriter
 	fuaf  FUAFlusher
 	rst   ReadStarter
+	wst   WriteStarter
 	size  uint64
 	min   uint32
 	max   uint32
@@ -119,8 +122,9 @@ type conn struct {
 	werr     error          // the first failed send (guarded by wmu)
 	failed   atomic.Bool    // werr is set
 	inflight atomic.Int64   // requests grouped or handed to workers and not yet executed
-	started  sync.WaitGroup // reads started on rst whose done has not run
-	kick     chan struct{}  // wakes the sender of started reads' replies
+	started  sync.WaitGroup // requests started on rst or wst whose done has not run
+	nstarted atomic.Int64   // requests started and not yet freed (sent)
+	kick     chan struct{}  // wakes the sender of started requests' replies
 	rmu      sync.Mutex     // guards rq
 	rq       []*op          // executed requests whose replies wait for the socket
 	rqSpare  []*op          // guarded by wmu
@@ -187,6 +191,7 @@ func newConn(s *Server, nc net.Conn, r *bufio.Reader, sess *session) *conn {
 	c.fua, _ = e.Backend.(FUAWriter)
 	c.fuaf, _ = e.Backend.(FUAFlusher)
 	c.rst, _ = e.Backend.(ReadStarter)
+	c.wst, _ = e.Backend.(WriteStarter)
 	c.bud.limit = maxInflightBytes
 	c.sf, _ = e.Backend.(sendfileSource)
 	c.sp, _ = e.Backend.(spliceTarget)
@@ -252,10 +257,11 @@ func (c *conn) serve(ctx context.Context) error {
 	}
 
 	var sent chan struct{}
-	if c.rst != nil {
-		// The replies of reads started on rst are sent by this
-		// goroutine: their done runs on whichever goroutine read the
-		// part's reply, which must not wait for this socket.
+	starts := c.rst != nil || c.wst != nil
+	if starts {
+		// The replies of requests started on rst or wst are sent by
+		// this goroutine: their done runs on whichever goroutine read
+		// the part's reply, which must not wait for this socket.
 		c.kick, sent = make(chan struct{}, 1), make(chan struct{})
 		go func() {
 			defer close(sent)
@@ -270,7 +276,7 @@ func (c *conn) serve(ctx context.Context) error {
 
 	close(c.reqs)
 	wg.Wait()
-	if c.rst != nil {
+	if starts {
 		c.started.Wait()
 		close(c.kick)
 		<-sent
@@ -554,9 +560,10 @@ func (c *conn) reader(ctx context.Context) error {
 			// one (typical at queue depth 1): serve it here, sparing two
 			// goroutine hand-offs.
 			c.execute(ctx, o)
-		} else if req.Type == CmdRead && c.rst != nil && c.startRead(ctx, o) {
-			// At depth, a read of a backend that forwards it (ReadStarter)
-			// is sent from here; its reply is sent by the sender goroutine.
+		} else if c.start(ctx, o) {
+			// At depth, a read or write of a backend that forwards it
+			// (ReadStarter, WriteStarter) is sent from here; its reply is
+			// sent by the sender goroutine.
 			continue
 		} else {
 			// At depth, add it to the group for a worker, even a read
@@ -594,33 +601,62 @@ func (c *conn) reader(ctx context.Context) error {
 	}
 }
 
-// startRead starts o, a read at depth, on the backend's ReadStarter: false
-// means it was not started (the caller serves it the usual way).
-func (c *conn) startRead(ctx context.Context, o *op) bool {
-	if c.limit != nil || ctx.Err() != nil || o.req.Length == 0 {
+// start starts o, a read or a write without FUA at depth, on the backend's
+// ReadStarter or WriteStarter: false means it was not started (the caller
+// serves it the usual way).
+func (c *conn) start(ctx context.Context, o *op) bool {
+	r := o.req
+	switch {
+	case r.Type == CmdRead && c.rst != nil:
+	case r.Type == CmdWrite && c.wst != nil && o.buf != nil && r.Flags&CmdFlagFUA == 0 && c.e.writes.Gate() == nil:
+		// The payload is in o.buf; not while the export moves (its
+		// writes go through the gate) nor with FUA (WriteAtFUA).
+	default:
+		return false
+	}
+	if c.limit != nil || ctx.Err() != nil || r.Length == 0 || c.nstarted.Load() >= maxQueuedReplies {
+		// Beyond maxQueuedReplies started requests not yet sent (a
+		// client that does not take its replies), requests go to the
+		// workers, whose queue of replies is bounded: the reader then
+		// stops.
 		return false
 	}
 	if o.buf == nil {
-		o.buf = getBuf(int(o.req.Length))
+		o.buf = getBuf(int(r.Length))
 	}
 	c.inflight.Add(1)
 	c.started.Add(1)
-	if c.rst.StartReadAt(*o.buf, int64(o.req.Offset), func(err error) { c.readDone(o, err) }) {
+	c.nstarted.Add(1)
+	o.started = true
+	done := func(err error) { c.startedDone(o, err) }
+	var ok bool
+	if r.Type == CmdRead {
+		ok = c.rst.StartReadAt(*o.buf, int64(r.Offset), done)
+	} else {
+		ok = c.wst.StartWriteAt(*o.buf, int64(r.Offset), done)
+	}
+	if ok {
 		return true
 	}
+	o.started = false
+	c.nstarted.Add(-1)
 	c.inflight.Add(-1)
 	c.started.Done()
 	return false
 }
 
-// readDone encodes the reply of o, a read started on the backend's
-// ReadStarter, and queues it for the sender goroutine. It does not block.
-func (c *conn) readDone(o *op, err error) {
-	if err != nil {
+// startedDone encodes the reply of o, a request started on the backend's
+// ReadStarter or WriteStarter, and queues it for the sender goroutine. It
+// does not block.
+func (c *conn) startedDone(o *op, err error) {
+	switch {
+	case err != nil:
 		o.errno = errnoOf(err)
 		c.encodeError(o)
-	} else {
+	case o.req.Type == CmdRead:
 		c.encodeRead(o)
+	default:
+		c.encodeOK(o)
 	}
 	c.rmu.Lock()
 	c.rq = append(c.rq, o)
@@ -783,6 +819,9 @@ func (c *conn) freeOp(o *op) {
 	}
 	if o.sfSrc != nil {
 		o.sfSrc.releaseFD()
+	}
+	if o.started {
+		c.nstarted.Add(-1)
 	}
 	putBuf(o.buf)
 	c.bud.release(o.held)

@@ -78,6 +78,14 @@ type ReadStarter interface {
 	StartReadAt(p []byte, off int64, done func(error)) bool
 }
 
+// WriteStarter is ReadStarter for writes without FUA: StartWriteAt sends the
+// write of p (untouched until done) and done gets what WriteAt would have
+// returned as error, once the write is as complete as WriteAt's return
+// would have made it (a FLUSH received after the reply covers it).
+type WriteStarter interface {
+	StartWriteAt(p []byte, off int64, done func(error)) bool
+}
+
 // MultiConnSafer lets a backend veto NBD_FLAG_CAN_MULTI_CONN, which is
 // advertised by default because Backend.Flush is global by contract.
 type MultiConnSafer interface {

@@ -704,7 +704,7 @@ func TestAttachManyInFlight(t *testing.T) {
 	}
 	size := a.Volume().Size()
 	region := size / workers
-	started := startedReads.Load()
+	reads, writes := startedReads.Load(), startedWrites.Load()
 	want := make([]byte, size)
 	errs := make(chan error, workers)
 	var wg sync.WaitGroup
@@ -745,10 +745,12 @@ func TestAttachManyInFlight(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	// Reads at depth were sent from the export's reader and answered from
-	// the parts' readers (nbd.ReadStarter), not by workers.
-	if startedReads.Load() == started {
-		t.Error("no read was started on the parts")
+	// Reads and writes at depth were sent from the export's reader and
+	// answered from the parts' readers (nbd.ReadStarter, nbd.WriteStarter),
+	// not by workers.
+	if startedReads.Load() == reads || startedWrites.Load() == writes {
+		t.Errorf("started on the parts: %d reads, %d writes; want some of each",
+			startedReads.Load()-reads, startedWrites.Load()-writes)
 	}
 	if err := clients[0].Flush(); err != nil {
 		t.Fatal(err)

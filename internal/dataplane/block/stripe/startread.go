@@ -73,9 +73,6 @@ func canStartRead(d Device) bool {
 	return false
 }
 
-// startedReads counts the reads Volume.startRead started (for tests).
-var startedReads atomic.Int64
-
 // startRead starts a read of p at off on the parts it spans, when each is
 // live, can start reads and bounds its requests itself; done then gets what
 // ReadAt would have returned as error (the first sub-read's failure), once
@@ -91,7 +88,6 @@ func (v *Volume) startRead(p []byte, off int64, done func(error)) bool {
 		if !v.canStart(c.dev) {
 			return false
 		}
-		startedReads.Add(1)
 		v.parts[c.dev].dev.(asyncReader).startRead(p, c.devOff, func(err error) { done(v.outcome(c.dev, err)) })
 		return true
 	}
@@ -106,7 +102,6 @@ func (v *Volume) startRead(p []byte, off int64, done func(error)) bool {
 		first atomic.Pointer[error]
 	)
 	left.Store(int32(len(cs)))
-	startedReads.Add(1)
 	for _, c := range cs {
 		v.parts[c.dev].dev.(asyncReader).startRead(p[c.volOff-off:c.volOff-off+c.len], c.devOff, func(err error) {
 			if err = v.outcome(c.dev, err); err != nil {
