@@ -354,12 +354,21 @@ func (b backend) StartReadAt(p []byte, off int64, done func(error)) bool {
 // started on the parts (StartReadAt, StartWriteAt; for tests).
 var startedReads, startedWrites atomic.Int64
 
-// StartWriteAt implements nbd.WriteStarter as StartReadAt does for reads:
-// the write is answered once its lenders have answered (a FLUSH after the
-// reply covers it). Not with a write-back cache, which answers writes
-// itself, nor on parts that cannot send a write and hear of it later.
+// maxStartedWrite is the largest write StartWriteAt starts. A started
+// write's payload is sent to its parts by the local export's reader, one
+// request after another; larger writes go to the workers, which send their
+// payloads in parallel: with every write started, 1 MiB writes at QD32 on
+// a 3-way composed lease fell from 0.69–0.74× to 0.60–0.65× nbdkit (three
+// interleaved pairs, 2026-11-26), while 4 KiB writes gained.
+const maxStartedWrite = 64 << 10
+
+// StartWriteAt implements nbd.WriteStarter as StartReadAt does for reads,
+// for writes of at most maxStartedWrite bytes: the write is answered once
+// its lenders have answered (a FLUSH after the reply covers it). Not with a
+// write-back cache, which answers writes itself, nor on parts that cannot
+// send a write and hear of it later.
 func (b backend) StartWriteAt(p []byte, off int64, done func(error)) bool {
-	if b.wb != nil || !b.startsWrites {
+	if b.wb != nil || !b.startsWrites || len(p) > maxStartedWrite {
 		return false
 	}
 	startedWrites.Add(1)
