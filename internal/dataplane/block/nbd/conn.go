@@ -608,18 +608,22 @@ func (c *conn) start(ctx context.Context, o *op) bool {
 	r := o.req
 	switch {
 	case r.Type == CmdRead && c.rst != nil:
-	case r.Type == CmdWrite && c.wst != nil && o.buf != nil && r.Flags&CmdFlagFUA == 0 && c.e.writes.Gate() == nil:
-		// The payload is in o.buf; not while the export moves (its
-		// writes go through the gate) nor with FUA (WriteAtFUA).
+	case r.Type == CmdWrite && c.wst != nil && o.buf != nil && r.Flags&CmdFlagFUA == 0:
+		// The payload is in o.buf; not with FUA (WriteAtFUA).
 	default:
 		return false
 	}
-	if c.limit != nil || ctx.Err() != nil || r.Length == 0 || c.nstarted.Load() >= maxQueuedReplies {
+	if c.limit != nil || ctx.Err() != nil || r.Length == 0 || c.nstarted.Load() >= maxQueuedReplies ||
+		c.e.writes.Gate() != nil {
 		// Beyond maxQueuedReplies started requests not yet sent (a
 		// client that does not take its replies), requests go to the
 		// workers, whose queue of replies is bounded: the reader then
-		// stops.
+		// stops. Nor while the export has a move state (execute's
+		// gate).
 		return false
+	}
+	if r.Type == CmdWrite && c.e.writes.Begin() != nil {
+		return false // a move state came meanwhile
 	}
 	if o.buf == nil {
 		o.buf = getBuf(int(r.Length))
@@ -639,6 +643,9 @@ func (c *conn) start(ctx context.Context, o *op) bool {
 		return true
 	}
 	o.started = false
+	if r.Type == CmdWrite {
+		c.e.writes.EndUntracked()
+	}
 	c.nstarted.Add(-1)
 	c.inflight.Add(-1)
 	c.started.Done()
@@ -649,6 +656,11 @@ func (c *conn) start(ctx context.Context, o *op) bool {
 // ReadStarter or WriteStarter, and queues it for the sender goroutine. It
 // does not block.
 func (c *conn) startedDone(o *op, err error) {
+	if o.req.Type == CmdWrite {
+		// Counted as an untracked write since start (TrackWrites
+		// waits for it).
+		c.e.writes.EndUntracked()
+	}
 	switch {
 	case err != nil:
 		o.errno = errnoOf(err)
