@@ -158,7 +158,7 @@ type call struct {
 	done     chan struct{}
 	// completed is set (under Client.mu) when the reply is complete.
 	completed bool
-	// onDone, if set (StartWrite), is called once with err when the
+	// onDone, if set (StartWrite, StartRead), is called once with err when the
 	// call completes or fails, by whoever completes it, after done is
 	// closed. It must not block.
 	onDone func(error)
@@ -1107,8 +1107,14 @@ func (c *Client) StartWrite(p []byte, off int64, done func(error)) error {
 	if err != nil {
 		return err
 	}
-	// Someone must read the reply: wake the background reader unless
-	// somebody reads already (as await does for a caller that can give up).
+	c.readerFor(cl)
+	return nil
+}
+
+// readerFor makes sure someone reads the reply of cl, a call nobody awaits
+// (StartWrite, StartRead): it wakes the background reader unless somebody
+// reads already (as await does for a caller that can give up).
+func (c *Client) readerFor(cl *call) {
 	c.mu.Lock()
 	if !cl.completed && !c.reading && c.pending != nil && !c.closing {
 		c.reading = true
@@ -1118,6 +1124,26 @@ func (c *Client) StartWrite(p []byte, off int64, done func(error)) error {
 		}
 	}
 	c.mu.Unlock()
+}
+
+// StartRead sends NBD_CMD_READ of len(p) bytes at off without waiting for
+// the reply, as StartWrite does for a write: done is called once with the
+// outcome, by whoever reads the reply, once p holds the bytes (or the read
+// failed); done must not block, and p must stay untouched until then. If
+// the request cannot be sent at all (a closed connection, a bad range,
+// ErrTooLarge) StartRead returns the error and never calls done.
+func (c *Client) StartRead(p []byte, off int64, done func(error)) error {
+	if off < 0 || off+int64(len(p)) > c.size {
+		return fmt.Errorf("nbd: read [%d,+%d) beyond export size %d", off, len(p), c.size)
+	}
+	if len(p) == 0 || len(p) > int(c.maxBlock) {
+		return ErrTooLarge
+	}
+	cl, err := c.startDone(CmdRead, 0, uint64(off), uint32(len(p)), nil, p, done)
+	if err != nil {
+		return err
+	}
+	c.readerFor(cl)
 	return nil
 }
 

@@ -41,6 +41,8 @@ type op struct {
 	sfOff int64
 	sfLen int
 	sfSrc sendfileSource // holds sfFD open until released by freeOp
+
+	started bool // started on the backend's ReadStarter or WriteStarter (counted in conn.nstarted)
 }
 
 var opPool = sync.Pool{New: func() any { return new(op) }}
@@ -104,6 +106,8 @@ type conn struct {
 	ext   Extenter
 	fua   FUAWriter
 	fuaf  FUAFlusher
+	rst   ReadStarter
+	wst   WriteStarter
 	size  uint64
 	min   uint32
 	max   uint32
@@ -114,13 +118,16 @@ type conn struct {
 	pending  *group // requests parsed and not yet handed to a worker
 	maxGroup int    // requests per group: maxGroup for memory-speed backends, else 1
 	bud      budget
-	wmu      sync.Mutex   // serialises writes to nc
-	werr     error        // the first failed send (guarded by wmu)
-	failed   atomic.Bool  // werr is set
-	inflight atomic.Int64 // requests grouped or handed to workers and not yet executed
-	rmu      sync.Mutex   // guards rq
-	rq       []*op        // executed requests whose replies wait for the socket
-	rqSpare  []*op        // guarded by wmu
+	wmu      sync.Mutex     // serialises writes to nc
+	werr     error          // the first failed send (guarded by wmu)
+	failed   atomic.Bool    // werr is set
+	inflight atomic.Int64   // requests grouped or handed to workers and not yet executed
+	started  sync.WaitGroup // requests started on rst or wst whose done has not run
+	nstarted atomic.Int64   // requests started and not yet freed (sent)
+	kick     chan struct{}  // wakes the sender of started requests' replies
+	rmu      sync.Mutex     // guards rq
+	rq       []*op          // executed requests whose replies wait for the socket
+	rqSpare  []*op          // guarded by wmu
 
 	batch   []*op                // replies the reader goroutine sends itself
 	iov     [2 * maxBatch][]byte // guarded by wmu
@@ -183,6 +190,8 @@ func newConn(s *Server, nc net.Conn, r *bufio.Reader, sess *session) *conn {
 	c.ext, _ = e.Backend.(Extenter)
 	c.fua, _ = e.Backend.(FUAWriter)
 	c.fuaf, _ = e.Backend.(FUAFlusher)
+	c.rst, _ = e.Backend.(ReadStarter)
+	c.wst, _ = e.Backend.(WriteStarter)
 	c.bud.limit = maxInflightBytes
 	c.sf, _ = e.Backend.(sendfileSource)
 	c.sp, _ = e.Backend.(spliceTarget)
@@ -247,11 +256,31 @@ func (c *conn) serve(ctx context.Context) error {
 		}()
 	}
 
+	var sent chan struct{}
+	starts := c.rst != nil || c.wst != nil
+	if starts {
+		// The replies of requests started on rst or wst are sent by
+		// this goroutine: their done runs on whichever goroutine read
+		// the part's reply, which must not wait for this socket.
+		c.kick, sent = make(chan struct{}, 1), make(chan struct{})
+		go func() {
+			defer close(sent)
+			for range c.kick {
+				c.drainReplies()
+			}
+		}()
+	}
+
 	rerr := c.reader(ctx)
 	c.closePipe()
 
 	close(c.reqs)
 	wg.Wait()
+	if starts {
+		c.started.Wait()
+		close(c.kick)
+		<-sent
+	}
 	c.drainReplies()
 	if rerr != nil && !errors.Is(rerr, io.EOF) && !errors.Is(rerr, net.ErrClosed) {
 		return rerr
@@ -531,6 +560,11 @@ func (c *conn) reader(ctx context.Context) error {
 			// one (typical at queue depth 1): serve it here, sparing two
 			// goroutine hand-offs.
 			c.execute(ctx, o)
+		} else if c.start(ctx, o) {
+			// At depth, a read or write of a backend that forwards it
+			// (ReadStarter, WriteStarter) is sent from here; its reply is
+			// sent by the sender goroutine.
+			continue
 		} else {
 			// At depth, add it to the group for a worker, even a read
 			// the reader could serve from memory: the reader only
@@ -565,6 +599,86 @@ func (c *conn) reader(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// start starts o, a read or a write without FUA at depth, on the backend's
+// ReadStarter or WriteStarter: false means it was not started (the caller
+// serves it the usual way).
+func (c *conn) start(ctx context.Context, o *op) bool {
+	r := o.req
+	switch {
+	case r.Type == CmdRead && c.rst != nil:
+	case r.Type == CmdWrite && c.wst != nil && o.buf != nil && r.Flags&CmdFlagFUA == 0:
+		// The payload is in o.buf; not with FUA (WriteAtFUA).
+	default:
+		return false
+	}
+	if c.limit != nil || ctx.Err() != nil || r.Length == 0 || c.nstarted.Load() >= maxQueuedReplies ||
+		c.e.writes.Gate() != nil {
+		// Beyond maxQueuedReplies started requests not yet sent (a
+		// client that does not take its replies), requests go to the
+		// workers, whose queue of replies is bounded: the reader then
+		// stops. Nor while the export has a move state (execute's
+		// gate).
+		return false
+	}
+	if r.Type == CmdWrite && c.e.writes.Begin() != nil {
+		return false // a move state came meanwhile
+	}
+	if o.buf == nil {
+		o.buf = getBuf(int(r.Length))
+	}
+	c.inflight.Add(1)
+	c.started.Add(1)
+	c.nstarted.Add(1)
+	o.started = true
+	done := func(err error) { c.startedDone(o, err) }
+	var ok bool
+	if r.Type == CmdRead {
+		ok = c.rst.StartReadAt(*o.buf, int64(r.Offset), done)
+	} else {
+		ok = c.wst.StartWriteAt(*o.buf, int64(r.Offset), done)
+	}
+	if ok {
+		return true
+	}
+	o.started = false
+	if r.Type == CmdWrite {
+		c.e.writes.EndUntracked()
+	}
+	c.nstarted.Add(-1)
+	c.inflight.Add(-1)
+	c.started.Done()
+	return false
+}
+
+// startedDone encodes the reply of o, a request started on the backend's
+// ReadStarter or WriteStarter, and queues it for the sender goroutine. It
+// does not block.
+func (c *conn) startedDone(o *op, err error) {
+	if o.req.Type == CmdWrite {
+		// Counted as an untracked write since start (TrackWrites
+		// waits for it).
+		c.e.writes.EndUntracked()
+	}
+	switch {
+	case err != nil:
+		o.errno = errnoOf(err)
+		c.encodeError(o)
+	case o.req.Type == CmdRead:
+		c.encodeRead(o)
+	default:
+		c.encodeOK(o)
+	}
+	c.rmu.Lock()
+	c.rq = append(c.rq, o)
+	c.rmu.Unlock()
+	c.inflight.Add(-1)
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+	c.started.Done()
 }
 
 // acquire takes budget for o's payload, sending the pending batch first if
@@ -717,6 +831,9 @@ func (c *conn) freeOp(o *op) {
 	}
 	if o.sfSrc != nil {
 		o.sfSrc.releaseFD()
+	}
+	if o.started {
+		c.nstarted.Add(-1)
 	}
 	putBuf(o.buf)
 	c.bud.release(o.held)

@@ -64,6 +64,28 @@ type FUAFlusher interface {
 	FlushFUA() error
 }
 
+// ReadStarter is implemented by backends whose reads are requests to
+// another server (`rialto attach`'s volume): StartReadAt sends the read and
+// returns at once, and done is called once, from whichever goroutine reads
+// the reply, with nil once p holds the bytes or with the error ReadAt
+// would have returned; done does not block. It returns false, and never
+// calls done, when this read cannot be started so (a failed part, write-
+// back overlaps): the connection then serves it through ReadAt. At queue
+// depth above 1 a connection starts such reads from its reader goroutine
+// and sends their replies from a goroutine of its own, with no worker in
+// between (docs/composition.md, "The attach data path and what it costs").
+type ReadStarter interface {
+	StartReadAt(p []byte, off int64, done func(error)) bool
+}
+
+// WriteStarter is ReadStarter for writes without FUA: StartWriteAt sends the
+// write of p (untouched until done) and done gets what WriteAt would have
+// returned as error, once the write is as complete as WriteAt's return
+// would have made it (a FLUSH received after the reply covers it).
+type WriteStarter interface {
+	StartWriteAt(p []byte, off int64, done func(error)) bool
+}
+
 // MultiConnSafer lets a backend veto NBD_FLAG_CAN_MULTI_CONN, which is
 // advertised by default because Backend.Flush is global by contract.
 type MultiConnSafer interface {

@@ -12,6 +12,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
@@ -251,7 +252,7 @@ func Serve(ctx context.Context, vol *Volume, cfg ServeConfig) (*Attachment, erro
 		}
 		return nil, fmt.Errorf("stripe: listen: %w", err)
 	}
-	b := backend{v: vol}
+	b := backend{v: vol, startsWrites: vol.startsWrites()}
 	if cfg.WriteBack {
 		b.wb = newWriteBack(vol)
 	}
@@ -324,6 +325,9 @@ func (a *Attachment) Close() error {
 type backend struct {
 	v  *Volume
 	wb *writeBack // nil: every write waits for its lenders
+	// startsWrites: every part can send a write and hear of it later and
+	// bounds its requests itself (StartWriteAt).
+	startsWrites bool
 }
 
 func (b backend) ReadAt(p []byte, off int64) (int, error) {
@@ -331,6 +335,45 @@ func (b backend) ReadAt(p []byte, off int64) (int, error) {
 		b.wb.order(off, int64(len(p)))
 	}
 	return b.v.ReadAt(p, off)
+}
+
+// StartReadAt implements nbd.ReadStarter: at queue depth above 1 the local
+// export's reader sends a read within one stripe unit straight to its part,
+// and the part's reply goes back through the export's sender, with no
+// worker in between. Not with a write-back cache (a read waits for the
+// unanswered writes it overlaps).
+func (b backend) StartReadAt(p []byte, off int64, done func(error)) bool {
+	if b.wb != nil || !b.v.startRead(p, off, done) {
+		return false
+	}
+	startedReads.Add(1)
+	return true
+}
+
+// startedReads and startedWrites count the requests the local export
+// started on the parts (StartReadAt, StartWriteAt; for tests).
+var startedReads, startedWrites atomic.Int64
+
+// maxStartedWrite is the largest write StartWriteAt starts. A started
+// write's payload is sent to its parts by the local export's reader, one
+// request after another; larger writes go to the workers, which send their
+// payloads in parallel: with every write started, 1 MiB writes at QD32 on
+// a 3-way composed lease fell from 0.69–0.74× to 0.60–0.65× nbdkit (three
+// interleaved pairs, 2026-11-26), while 4 KiB writes gained.
+const maxStartedWrite = 64 << 10
+
+// StartWriteAt implements nbd.WriteStarter as StartReadAt does for reads,
+// for writes of at most maxStartedWrite bytes: the write is answered once
+// its lenders have answered (a FLUSH after the reply covers it). Not with a
+// write-back cache, which answers writes itself, nor on parts that cannot
+// send a write and hear of it later.
+func (b backend) StartWriteAt(p []byte, off int64, done func(error)) bool {
+	if b.wb != nil || !b.startsWrites || len(p) > maxStartedWrite {
+		return false
+	}
+	startedWrites.Add(1)
+	b.v.startWrite(p, off, done)
+	return true
 }
 
 func (b backend) WriteAt(p []byte, off int64) (int, error) {

@@ -704,6 +704,7 @@ func TestAttachManyInFlight(t *testing.T) {
 	}
 	size := a.Volume().Size()
 	region := size / workers
+	reads, writes := startedReads.Load(), startedWrites.Load()
 	want := make([]byte, size)
 	errs := make(chan error, workers)
 	var wg sync.WaitGroup
@@ -743,6 +744,13 @@ func TestAttachManyInFlight(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+	// Reads and writes at depth were sent from the export's reader and
+	// answered from the parts' readers (nbd.ReadStarter, nbd.WriteStarter),
+	// not by workers.
+	if startedReads.Load() == reads || startedWrites.Load() == writes {
+		t.Errorf("started on the parts: %d reads, %d writes; want some of each",
+			startedReads.Load()-reads, startedWrites.Load()-writes)
 	}
 	if err := clients[0].Flush(); err != nil {
 		t.Fatal(err)

@@ -100,9 +100,12 @@ type member struct {
 	// timeout, failing a late one with nbd.ErrTimeout (see selfTimer), so
 	// one needs no timer of its own per sub-request.
 	selfTimed bool
-	failed    atomic.Bool
-	cause     atomic.Pointer[error] // why it failed; set before failed
-	closeOnce sync.Once
+	// startsReads: dev can send a read and hear its outcome later
+	// (asyncReader; Volume.startRead).
+	startsReads bool
+	failed      atomic.Bool
+	cause       atomic.Pointer[error] // why it failed; set before failed
+	closeOnce   sync.Once
 	// Writes (trims, zeroings) completed on the device, and how many of
 	// them a successful flush covered: a flush skips a device that has
 	// nothing new to make durable.
@@ -179,7 +182,7 @@ func New(devs []Device, cfg Config) (*Volume, error) {
 		if !canExtents(d) {
 			v.canExt = false
 		}
-		v.parts = append(v.parts, &member{dev: d, selfTimed: timedWithin(d, v.timeout)})
+		v.parts = append(v.parts, &member{dev: d, selfTimed: timedWithin(d, v.timeout), startsReads: canStartRead(d)})
 	}
 	v.perDev = v.perDev / unit * unit
 	if v.perDev == 0 {

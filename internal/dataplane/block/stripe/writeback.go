@@ -104,10 +104,8 @@ const (
 // cannot send a write without awaiting it, or bounds its requests with a
 // timer of the volume's (one per sub-request) rather than its own.
 func newWriteBack(v *Volume) *writeBack {
-	for _, m := range v.parts {
-		if !canStartWrite(m.dev) || !m.selfTimed {
-			return nil
-		}
+	if !v.startsWrites() {
+		return nil
 	}
 	w := &writeBack{v: v}
 	w.cond.L = &w.mu
@@ -298,6 +296,17 @@ func getWBBuf(n int) *[]byte {
 
 func putWBBuf(b *[]byte) {
 	wbBufs[wbClass(cap(*b))].Put(b)
+}
+
+// startsWrites reports whether every device can send a write and hear its
+// outcome later and bounds its requests itself (startWrite's condition).
+func (v *Volume) startsWrites() bool {
+	for _, m := range v.parts {
+		if !canStartWrite(m.dev) || !m.selfTimed {
+			return false
+		}
+	}
+	return true
 }
 
 // startWrite sends p (inside the volume, non-empty) to the devices it
