@@ -18,9 +18,12 @@ type asyncReader interface {
 }
 
 // startRead implements asyncReader: b is read on the current connection and
-// done gets what ReadAt would have returned. A failed read is finished off
-// the goroutine that read its reply, as a failed startWrite is: a broken
-// connection is redialled and the read retried once there.
+// done gets what ReadAt would have returned. A read that fails, or cannot
+// be sent (a connection already broken, a read larger than the lender
+// takes), is finished on a goroutine of its own, never on the caller's (the
+// local export's reader, which would stop reading for every part while one
+// redials) nor on the one that read its reply: a broken connection is
+// redialled and the read retried once there.
 func (p *nbdPart) startRead(b []byte, off int64, done func(error)) {
 	c := p.cur.Load()
 	err := c.StartRead(b, off, func(err error) {
@@ -31,10 +34,12 @@ func (p *nbdPart) startRead(b []byte, off int64, done func(error)) {
 		go func() { done(p.finish(false, c, err, readInto(b, off))) }()
 	})
 	if err != nil {
-		if errors.Is(err, nbd.ErrTooLarge) {
-			err = readInto(b, off)(c)
-		}
-		done(p.finish(false, c, err, readInto(b, off)))
+		go func() {
+			if errors.Is(err, nbd.ErrTooLarge) {
+				err = readInto(b, off)(c)
+			}
+			done(p.finish(false, c, err, readInto(b, off)))
+		}()
 	}
 }
 
