@@ -1097,18 +1097,7 @@ var ErrTooLarge = errors.New("nbd: write larger than the server's maximum block 
 // request cannot be sent at all (a closed connection, a bad range,
 // ErrTooLarge) StartWrite returns the error and never calls done.
 func (c *Client) StartWrite(p []byte, off int64, done func(error)) error {
-	if off < 0 || off+int64(len(p)) > c.size {
-		return fmt.Errorf("nbd: write [%d,+%d) beyond export size %d", off, len(p), c.size)
-	}
-	if len(p) == 0 || len(p) > int(c.maxBlock) {
-		return ErrTooLarge
-	}
-	cl, err := c.startDone(CmdWrite, 0, uint64(off), uint32(len(p)), p, nil, done)
-	if err != nil {
-		return err
-	}
-	c.readerFor(cl)
-	return nil
+	return c.startAsync(CmdWrite, p, off, done)
 }
 
 // readerFor makes sure someone reads the reply of cl, a call nobody awaits
@@ -1133,13 +1122,23 @@ func (c *Client) readerFor(cl *call) {
 // the request cannot be sent at all (a closed connection, a bad range,
 // ErrTooLarge) StartRead returns the error and never calls done.
 func (c *Client) StartRead(p []byte, off int64, done func(error)) error {
+	return c.startAsync(CmdRead, p, off, done)
+}
+
+// startAsync sends a read into p or a write of p at off whose outcome goes
+// to done (StartRead, StartWrite).
+func (c *Client) startAsync(typ uint16, p []byte, off int64, done func(error)) error {
+	what, payload, dst := "write", p, []byte(nil)
+	if typ == CmdRead {
+		what, payload, dst = "read", nil, p
+	}
 	if off < 0 || off+int64(len(p)) > c.size {
-		return fmt.Errorf("nbd: read [%d,+%d) beyond export size %d", off, len(p), c.size)
+		return fmt.Errorf("nbd: %s [%d,+%d) beyond export size %d", what, off, len(p), c.size)
 	}
 	if len(p) == 0 || len(p) > int(c.maxBlock) {
 		return ErrTooLarge
 	}
-	cl, err := c.startDone(CmdRead, 0, uint64(off), uint32(len(p)), nil, p, done)
+	cl, err := c.startDone(typ, 0, uint64(off), uint32(len(p)), payload, dst, done)
 	if err != nil {
 		return err
 	}

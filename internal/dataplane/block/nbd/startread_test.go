@@ -27,29 +27,21 @@ type startingBackend struct {
 }
 
 func (b *startingBackend) StartReadAt(p []byte, off int64, done func(error)) bool {
-	if int(off)/b.bs == b.refuse {
-		return false
-	}
-	b.started.Add(1)
-	b.wg.Add(1)
-	go func() {
-		defer b.wg.Done()
-		<-b.release
-		if int(off)/b.bs == b.fail {
-			done(errors.New("part failed"))
-			return
-		}
-		_, err := b.MemBackend.ReadAt(p, off)
-		done(err)
-	}()
-	return true
+	return b.start(off, &b.started, done, func() error { _, err := b.MemBackend.ReadAt(p, off); return err })
 }
 
 func (b *startingBackend) StartWriteAt(p []byte, off int64, done func(error)) bool {
+	return b.start(off, &b.writes, done, func() error { _, err := b.MemBackend.WriteAt(p, off); return err })
+}
+
+// start answers a request at off (counted in n) from a goroutine once
+// release is closed: with io's outcome, or a failure for block fail; false
+// for block refuse.
+func (b *startingBackend) start(off int64, n *atomic.Int64, done func(error), io func() error) bool {
 	if int(off)/b.bs == b.refuse {
 		return false
 	}
-	b.writes.Add(1)
+	n.Add(1)
 	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()
@@ -58,8 +50,7 @@ func (b *startingBackend) StartWriteAt(p []byte, off int64, done func(error)) bo
 			done(errors.New("part failed"))
 			return
 		}
-		_, err := b.MemBackend.WriteAt(p, off)
-		done(err)
+		done(io())
 	}()
 	return true
 }
@@ -67,6 +58,23 @@ func (b *startingBackend) StartWriteAt(p []byte, off int64, done func(error)) bo
 func (b *startingBackend) ReadAt(p []byte, off int64) (int, error) {
 	b.sync.Add(1)
 	return b.MemBackend.ReadAt(p, off)
+}
+
+// pipelineReads serves be as export "s" and sends n reads of bs bytes, block
+// i's with handle i, in one write, so that the server finds them queued at
+// depth.
+func pipelineReads(t *testing.T, be Backend, n, bs int) *rawConn {
+	_, addr := startServer(t, Export{Name: "s", Backend: be})
+	rc := rawDial(t, addr, clientFlagFixedNewstyle|clientFlagNoZeroes)
+	rc.goTransmission("s", false, false)
+	var batch []byte
+	for i := 0; i < n; i++ {
+		h := make([]byte, requestHeaderLen)
+		putRequest(h, Request{Type: CmdRead, Handle: uint64(i), Offset: uint64(i * bs), Length: uint32(bs)})
+		batch = append(batch, h...)
+	}
+	rc.write(batch)
+	return rc
 }
 
 // TestReadStarter: reads pipelined at depth to a backend that forwards
@@ -80,16 +88,7 @@ func TestReadStarter(t *testing.T) {
 	for i := 0; i < n; i++ {
 		copy(be.Bytes()[i*bs:], pattern(i, bs))
 	}
-	_, addr := startServer(t, Export{Name: "s", Backend: be})
-	rc := rawDial(t, addr, clientFlagFixedNewstyle|clientFlagNoZeroes)
-	rc.goTransmission("s", false, false)
-	var batch []byte
-	for i := 0; i < n; i++ {
-		h := make([]byte, requestHeaderLen)
-		putRequest(h, Request{Type: CmdRead, Handle: uint64(i), Offset: uint64(i * bs), Length: bs})
-		batch = append(batch, h...)
-	}
-	rc.write(batch)
+	rc := pipelineReads(t, be, n, bs)
 	// The refused read is served (by a worker) while the others wait.
 	r, err := rc.replyAny(0, bs)
 	if err != nil {
@@ -131,16 +130,7 @@ func TestReadStarter(t *testing.T) {
 func TestReadStarterDisconnect(t *testing.T) {
 	const n, bs = 8, 4096
 	be := &startingBackend{MemBackend: NewMemBackend(n * bs), bs: bs, fail: -1, refuse: -1, release: make(chan struct{})}
-	_, addr := startServer(t, Export{Name: "s", Backend: be})
-	rc := rawDial(t, addr, clientFlagFixedNewstyle|clientFlagNoZeroes)
-	rc.goTransmission("s", false, false)
-	var batch []byte
-	for i := 0; i < n; i++ {
-		h := make([]byte, requestHeaderLen)
-		putRequest(h, Request{Type: CmdRead, Handle: uint64(i), Offset: uint64(i * bs), Length: bs})
-		batch = append(batch, h...)
-	}
-	rc.write(batch)
+	rc := pipelineReads(t, be, n, bs)
 	deadline := time.Now().Add(10 * time.Second)
 	for be.started.Load() < n-1 {
 		// Poll until the reader has started them (the first may be

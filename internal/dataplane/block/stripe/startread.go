@@ -102,26 +102,35 @@ func (v *Volume) startRead(p []byte, off int64, done func(error)) bool {
 			return false
 		}
 	}
+	piece := join(len(cs), done)
+	for _, c := range cs {
+		v.parts[c.dev].dev.(asyncReader).startRead(p[c.volOff-off:c.volOff-off+c.len], c.devOff, func(err error) {
+			piece(v.outcome(c.dev, err))
+		})
+	}
+	return true
+}
+
+// join returns what each of n pieces calls once with its outcome: the last
+// call calls done once, with the first failure (nil if none).
+func join(n int, done func(error)) func(error) {
 	var (
 		left  atomic.Int32
 		first atomic.Pointer[error]
 	)
-	left.Store(int32(len(cs)))
-	for _, c := range cs {
-		v.parts[c.dev].dev.(asyncReader).startRead(p[c.volOff-off:c.volOff-off+c.len], c.devOff, func(err error) {
-			if err = v.outcome(c.dev, err); err != nil {
-				first.CompareAndSwap(nil, &err)
+	left.Store(int32(n))
+	return func(err error) {
+		if err != nil {
+			first.CompareAndSwap(nil, &err)
+		}
+		if left.Add(-1) == 0 {
+			if e := first.Load(); e != nil {
+				done(*e)
+			} else {
+				done(nil)
 			}
-			if left.Add(-1) == 0 {
-				if e := first.Load(); e != nil {
-					done(*e)
-				} else {
-					done(nil)
-				}
-			}
-		})
+		}
 	}
-	return true
 }
 
 // canStart reports whether a read can be started on part i now.

@@ -340,26 +340,14 @@ func (v *Volume) startWrite(p []byte, off int64, done func(error)) {
 			return
 		}
 	}
-	var (
-		left  atomic.Int32
-		first atomic.Pointer[error]
-	)
-	left.Store(int32(len(cs)))
+	piece := join(len(cs), done)
 	for _, c := range cs {
 		m := v.parts[c.dev]
 		m.dev.(asyncWriter).startWrite(p[c.volOff-off:c.volOff-off+c.len], c.devOff, func(err error) {
 			if err = v.outcome(c.dev, err); err == nil {
 				m.wseq.Add(1)
-			} else {
-				first.CompareAndSwap(nil, &err)
 			}
-			if left.Add(-1) == 0 {
-				if e := first.Load(); e != nil {
-					done(*e)
-				} else {
-					done(nil)
-				}
-			}
+			piece(err)
 		})
 	}
 }
