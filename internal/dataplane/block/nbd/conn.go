@@ -663,6 +663,7 @@ func (c *conn) startedDone(o *op, err error) {
 	}
 	switch {
 	case err != nil:
+		c.s.logger().Debug("nbd: request failed", "export", NameTag(c.e.Name), "cmd", o.req.Type, "err", err)
 		o.errno = errnoOf(err)
 		c.encodeError(o)
 	case o.req.Type == CmdRead:
