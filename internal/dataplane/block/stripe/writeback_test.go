@@ -116,6 +116,44 @@ func dialAttachment(t *testing.T, a *Attachment) *nbd.Client {
 	return c
 }
 
+// restartOnSamePort serves l's export again on its address once the port
+// is free (a connection of the killed server may hold it for a moment), as
+// a lender process that comes back; from the test goroutine only.
+func (l *lender) restartOnSamePort(t *testing.T) {
+	t.Helper()
+	var ln net.Listener
+	waitFor(t, "the lender's port", func() bool {
+		var err error
+		ln, err = net.Listen("tcp", l.ln.Addr().String())
+		return err == nil
+	})
+	l.serve(t, ln)
+}
+
+// writeBeyondBound writes 512 bytes of 0xEE at off through c while held
+// writes fill a's write-back bound (held of them acknowledged early): the
+// write waits for room, rel releases the lender, then the write and a
+// FLUSH succeed.
+func writeBeyondBound(t *testing.T, a *Attachment, c *nbd.Client, off int64, held int, rel func()) {
+	t.Helper()
+	last := make(chan error, 1)
+	go func() {
+		_, err := c.WriteAt(pattern(512, 0xEE), off)
+		last <- err
+	}()
+	waitFor(t, "the write beyond the bound to wait", func() bool {
+		k, w := a.wb.state()
+		return k == held && w == 1
+	})
+	rel()
+	if err := <-last; err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // waitFor polls cond until it holds, failing the test after a deadline.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -327,15 +365,7 @@ func TestWriteBackLostAfterAnswer(t *testing.T) {
 	}
 	waitFor(t, "the lender's answer", func() bool { n, _ := a.wb.state(); return n == 0 })
 	l.kill()
-	// The same address again (a connection of the old server may hold the
-	// port for a moment).
-	var ln net.Listener
-	waitFor(t, "the lender's port", func() bool {
-		var err error
-		ln, err = net.Listen("tcp", l.ln.Addr().String())
-		return err == nil
-	})
-	l.serve(t, ln)
+	l.restartOnSamePort(t)
 	var ne *nbd.Error
 	if err := c.Flush(); !errors.As(err, &ne) || ne.Errno != nbd.EIO {
 		t.Fatalf("flush after a restart lost an answered write: %v, want EIO", err)
@@ -360,22 +390,7 @@ func TestWriteBackBounded(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	last := make(chan error, 1)
-	go func() {
-		_, err := c.WriteAt(pattern(512, 0xEE), maxEarlyWrites*4096)
-		last <- err
-	}()
-	waitFor(t, "the write beyond the bound to wait", func() bool {
-		n, w := a.wb.state()
-		return n == maxEarlyWrites && w == 1
-	})
-	rel()
-	if err := <-last; err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	writeBeyondBound(t, a, c, maxEarlyWrites*4096, maxEarlyWrites, rel)
 	for i := range maxEarlyWrites + 1 {
 		want := byte(i)
 		if i == maxEarlyWrites {
@@ -480,22 +495,7 @@ func TestWriteBackBoundedBytes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	last := make(chan error, 1)
-	go func() {
-		_, err := c.WriteAt(pattern(512, 0xEE), n*maxEarlyWrite)
-		last <- err
-	}()
-	waitFor(t, "the write beyond the byte bound to wait", func() bool {
-		k, w := a.wb.state()
-		return k == n && w == 1
-	})
-	rel()
-	if err := <-last; err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	writeBeyondBound(t, a, c, n*maxEarlyWrite, n, rel)
 	for i := range n {
 		if !bytes.Equal(m.at(i*maxEarlyWrite, maxEarlyWrite), pattern(maxEarlyWrite, byte(i+1))) {
 			t.Fatalf("write %d missing at the lender", i)
@@ -632,13 +632,7 @@ func TestLostWritesFUAThenFlush(t *testing.T) {
 				waitFor(t, "the lender's answer", func() bool { n, _ := a.wb.state(); return n == 0 })
 			}
 			l.kill()
-			var ln net.Listener
-			waitFor(t, "the lender's port", func() bool {
-				var err error
-				ln, err = net.Listen("tcp", l.ln.Addr().String())
-				return err == nil
-			})
-			l.serve(t, ln)
+			l.restartOnSamePort(t)
 			_, ferr := c.WriteAtContext(context.Background(), pattern(4096, 10), 8192, true)
 			t.Logf("FUA write after the restart: %v", ferr)
 			var ne *nbd.Error
