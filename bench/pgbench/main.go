@@ -58,6 +58,7 @@ type result struct {
 	initSecs  float64
 	steal     float64
 	serverCPU float64
+	fuseCPU   float64 // nbdfuse's CPU during the timed run (NaN: the server serves FUSE itself)
 	load      float64
 	err       error
 }
@@ -254,45 +255,21 @@ func (b *bench) mountTarget(ctx context.Context, t *targets.Target, mkfs bool) (
 			return nil, err
 		}
 	}
-	pidf := filepath.Join(m.dir, "nbdfuse.pid")
-	os.Remove(pidf)
-	m.fuse = exec.Command("nbdfuse", "-P", pidf, filepath.Join(m.fuseDir, "disk"), t.URI)
-	log, err := os.Create(filepath.Join(m.dir, "nbdfuse.log"))
-	if err != nil {
-		return nil, err
-	}
-	m.fuse.Stdout, m.fuse.Stderr = log, log
-	if err := m.fuse.Start(); err != nil {
-		log.Close()
-		return nil, err
-	}
-	m.fuseDone = make(chan struct{})
-	go func() { m.fuse.Wait(); log.Close(); close(m.fuseDone) }()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if st, err := os.Stat(pidf); err == nil && st.Size() > 0 {
-			break
-		}
-		select {
-		case <-m.fuseDone:
-			b, _ := os.ReadFile(log.Name())
-			return nil, fmt.Errorf("nbdfuse exited: %s", b)
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			m.unmount(b)
-			return nil, errors.New("nbdfuse did not start")
-		}
-	}
 	disk := filepath.Join(m.fuseDir, "disk")
+	if t.File != "" {
+		// `rialto attach --fuse` serves the file itself.
+		disk = t.File
+	} else if err := m.startNBDFuse(t); err != nil {
+		return nil, err
+	}
 	if mkfs {
 		if _, err := b.sh(ctx, "mkfs.ext4", "-q", "-F", disk); err != nil {
-			m.unmount(b)
+			m.unmount()
 			return nil, err
 		}
 	}
 	if _, err := b.sh(ctx, "mount", "-o", "loop", disk, m.mnt); err != nil {
-		m.unmount(b)
+		m.unmount()
 		return nil, err
 	}
 	return m, nil
@@ -300,7 +277,7 @@ func (b *bench) mountTarget(ctx context.Context, t *targets.Target, mkfs bool) (
 
 // unmount undoes mountTarget, whatever state it reached. A busy mount
 // (the loop device still detaching) is retried for a while.
-func (m *mount) unmount(b *bench) {
+func (m *mount) unmount() {
 	retry := func(name string, args ...string) {
 		deadline := time.Now().Add(15 * time.Second)
 		for {
@@ -316,16 +293,55 @@ func (m *mount) unmount(b *bench) {
 		}
 	}
 	retry("umount", m.mnt)
-	retry("fusermount3", "-u", m.fuseDir)
-	select {
-	case <-m.fuseDone:
-	case <-time.After(10 * time.Second):
-		m.fuse.Process.Kill()
-		<-m.fuseDone
+	if m.fuse != nil {
+		retry("fusermount3", "-u", m.fuseDir)
+		select {
+		case <-m.fuseDone:
+		case <-time.After(10 * time.Second):
+			m.fuse.Process.Kill()
+			<-m.fuseDone
+		}
 	}
 	// Whatever is still mounted (a busy loop device) goes lazily.
 	exec.Command("umount", "-l", m.mnt).Run()
-	exec.Command("fusermount3", "-u", "-z", m.fuseDir).Run()
+	if m.fuse != nil {
+		exec.Command("fusermount3", "-u", "-z", m.fuseDir).Run()
+	}
+}
+
+// startNBDFuse runs nbdfuse on t's URI, exposing m.fuseDir/disk.
+func (m *mount) startNBDFuse(t *targets.Target) error {
+	pidf := filepath.Join(m.dir, "nbdfuse.pid")
+	os.Remove(pidf)
+	m.fuse = exec.Command("nbdfuse", "-P", pidf, filepath.Join(m.fuseDir, "disk"), t.URI)
+	log, err := os.Create(filepath.Join(m.dir, "nbdfuse.log"))
+	if err != nil {
+		return err
+	}
+	m.fuse.Stdout, m.fuse.Stderr = log, log
+	if err := m.fuse.Start(); err != nil {
+		log.Close()
+		return err
+	}
+	m.fuseDone = make(chan struct{})
+	go func() { m.fuse.Wait(); log.Close(); close(m.fuseDone) }()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if st, err := os.Stat(pidf); err == nil && st.Size() > 0 {
+			break
+		}
+		select {
+		case <-m.fuseDone:
+			b, _ := os.ReadFile(log.Name())
+			return fmt.Errorf("nbdfuse exited: %s", b)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			m.unmount()
+			return errors.New("nbdfuse did not start")
+		}
+	}
+	return nil
 }
 
 // cleanupMounts unmounts whatever a failed run left behind.
@@ -347,7 +363,7 @@ func (b *bench) prepare(ctx context.Context, t *targets.Target) error {
 	if err != nil {
 		return err
 	}
-	defer m.unmount(b)
+	defer m.unmount()
 	pgdata := filepath.Join(m.mnt, "pgdata")
 	if err := os.Mkdir(pgdata, 0o700); err != nil {
 		return err
@@ -399,7 +415,7 @@ func (b *bench) measure(ctx context.Context, t *targets.Target, rep int) (r resu
 		r.err = err
 		return r
 	}
-	defer m.unmount(b)
+	defer m.unmount()
 	pgdata := filepath.Join(m.mnt, "pgdata")
 	if r.err = b.start(ctx, pgdata, filepath.Join(m.dir, "pg.log")); r.err != nil {
 		return r
@@ -418,9 +434,17 @@ func (b *bench) measure(ctx context.Context, t *targets.Target, rep int) (r resu
 	r.load = stats.Load()
 	cs := stats.SampleCPU()
 	c0 := t.CPU()
+	r.fuseCPU = math.NaN()
+	var f0 float64
+	if m.fuse != nil {
+		f0 = stats.ProcCPU(m.fuse.Process.Pid)
+	}
 	out, err := b.pg(ctx, "pgbench", "-h", b.sock, "-p", port, "-c", strconv.Itoa(b.clients), "-j", strconv.Itoa(b.clients),
 		"-T", strconv.Itoa(b.secs), "bench")
 	r.serverCPU = t.CPU() - c0
+	if m.fuse != nil {
+		r.fuseCPU = stats.ProcCPU(m.fuse.Process.Pid) - f0
+	}
 	r.steal = cs.StealSince()
 	if err != nil {
 		r.err = err
@@ -471,7 +495,7 @@ func report(b *bench, all []*targets.Target, res []result, commands []string, re
 	for _, t := range all {
 		w("| %s | %s |\n", t.Name, t.Served)
 	}
-	w("\n| target | TPS (median) | ratio to nbdkit | goal | latency average ms | `pgbench -i` s | server CPU s per run |\n|---|---|---|---|---|---|---|\n")
+	w("\n| target | TPS (median) | ratio to nbdkit | goal | latency average ms | `pgbench -i` s | server CPU s per run | nbdfuse CPU s per run |\n|---|---|---|---|---|---|---|---|\n")
 	kit := med("nbdkit", tps)
 	for _, t := range all {
 		v := med(t.Name, tps)
@@ -490,10 +514,14 @@ func report(b *bench, all []*targets.Target, res []result, commands []string, re
 		if !math.IsNaN(ratio) && t.Name != "nbdkit" {
 			rs = fmt.Sprintf("%.2f×", ratio)
 		}
-		w("| %s | %.0f | %s | %s | %.2f | %.1f | %.2f |\n", t.Name, v, rs, goal,
+		fc := "— (in the server's)"
+		if t.File == "" {
+			fc = fmt.Sprintf("%.2f", med(t.Name, func(r result) float64 { return r.fuseCPU }))
+		}
+		w("| %s | %.0f | %s | %s | %.2f | %.1f | %.2f | %s |\n", t.Name, v, rs, goal,
 			med(t.Name, func(r result) float64 { return r.latMs }),
 			med(t.Name, func(r result) float64 { return r.initSecs }),
-			med(t.Name, func(r result) float64 { return r.serverCPU }))
+			med(t.Name, func(r result) float64 { return r.serverCPU }), fc)
 	}
 	w("\nGoals (the issue \"The product path is the proven path\"): dedicated lease ≥ 1.0×, the same lease through `rialto attach`\n")
 	w("≥ 0.9×, a 3-way composed lease ≥ 0.9× nbdkit's TPS in the same setup.\n")

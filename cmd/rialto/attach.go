@@ -22,7 +22,7 @@ import (
 )
 
 func init() {
-	register(&command{Name: "attach", Args: "LEASE", Summary: "Serve a block lease (composed or not) as a local NBD export, or attach a nic lease (a bond or not) as a network interface, until Ctrl-C or detach.", Flags: runAttach, MinArgs: 1, MaxArgs: 1})
+	register(&command{Name: "attach", Args: "LEASE", Summary: "Serve a block lease (composed or not) as a local NBD export or, with --fuse, as a file to loop-mount, or attach a nic lease (a bond or not) as a network interface, until Ctrl-C or detach.", Flags: runAttach, MinArgs: 1, MaxArgs: 1})
 	register(&command{Name: "detach", Args: "LEASE", Summary: "Stop the `rialto attach` of a lease and wait until it is gone.", Flags: runDetach, MinArgs: 1, MaxArgs: 1})
 }
 
@@ -30,10 +30,12 @@ func init() {
 // LEASE.json (0600, it holds the local URI, which names a secret export),
 // beside a control socket LEASE.ctl on which attach accepts "detach".
 type attachState struct {
-	ID      string    `json:"id"`
-	State   string    `json:"state"`
-	PID     int       `json:"pid"`
-	URI     string    `json:"uri,omitempty"`
+	ID    string `json:"id"`
+	State string `json:"state"`
+	PID   int    `json:"pid"`
+	URI   string `json:"uri,omitempty"`
+	// File is the lease as a file in a FUSE mount (--fuse).
+	File    string    `json:"file,omitempty"`
 	Size    int64     `json:"size"` // bytes (block); bytes/s (nic: the lease's rate)
 	Parts   int       `json:"parts"`
 	Control string    `json:"control"`
@@ -107,6 +109,7 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 	cf.register(fs, e)
 	listen := fs.String("listen", "127.0.0.1:0", "loopback TCP address to serve the volume on")
 	socket := fs.String("socket", "", "serve on this Unix socket instead of TCP")
+	fuseDir := fs.String("fuse", "", "block: serve the lease as the file DIR/disk in a FUSE mount at this empty directory, instead of over NBD (then `mount -o loop DIR/disk MNT`)")
 	unit := sizeString(fs, "stripe-unit", "", "stripe unit, e.g. 128KiB (default: the lease's)")
 	conns := fs.Int("conns", 0, "NBD connections to each part (default 2); nic: tunnel connections to each lender (default 1, 2 with --bond-mode packet)")
 	var nf nicAttachFlags
@@ -148,6 +151,17 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 				fmt.Fprintf(e.stderr, "rialto attach: warning: stripe unit %s differs from the lease's %s; data written with one is scrambled under the other\n",
 					resource.FormatSize(su), resource.FormatSize(l.StripeUnit))
 			}
+		}
+		if *fuseDir != "" {
+			switch {
+			case l.Kind != api.KindBlock:
+				return usagef("--fuse serves block leases; lease %s is a %s lease", l.ID, l.Kind)
+			case *writeBack:
+				return usagef("--fuse and --write-back do not go together (the write-back cache belongs to the NBD export)")
+			case *socket != "" || fs.Changed("listen"):
+				return usagef("--fuse serves no NBD export: drop --listen and --socket")
+			}
+			return attachFUSE(ctx, e, c, &cf, l, *fuseDir, borrower.AttachConfig{StripeUnit: su, ConnsPerPart: *conns, RequestTimeout: *timeout, TLS: dataTLS, Logger: log}, parts, *watch)
 		}
 		where := *listen
 		if *socket != "" {
@@ -297,6 +311,9 @@ func openAttachment(ctx context.Context, e *env, id string) (file, ctlPath strin
 		where := old.URI
 		if old.Iface != "" {
 			where = "interface " + old.Iface
+		}
+		if old.File != "" {
+			where = old.File
 		}
 		return "", "", nil, fmt.Errorf("lease %s is already attached at %s by process %d (run `rialto detach %s` first)", id, where, old.PID, id)
 	}
