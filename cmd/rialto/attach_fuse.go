@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
@@ -14,10 +15,22 @@ import (
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
+// fuseProcs is the GOMAXPROCS of an attach that serves FUSE.
+const fuseProcs = 8
+
 // attachFUSE serves block lease l (parts parts) as the file DIR/disk of a
 // FUSE mount at dir, until Ctrl-C, detach or the lease's end: the attach
 // process is then the FUSE server and the parts' NBD client at once.
 func attachFUSE(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l api.Lease, dir string, cfg borrower.AttachConfig, parts int, watch time.Duration) error {
+	// The FUSE server's readers wait for the kernel's requests in read(2)
+	// on /dev/fuse, a blocking system call that holds a P: with no more Ps
+	// than CPUs, the goroutines that carry the lenders' replies often wait
+	// for the runtime to take one back, and threads hand work around. More
+	// Ps cut the attach process's CPU under PostgreSQL by a tenth
+	// (docs/bench/pgbench.md). GOMAXPROCS in the environment wins.
+	if e.getenv("GOMAXPROCS") == "" && runtime.GOMAXPROCS(0) < fuseProcs {
+		runtime.GOMAXPROCS(fuseProcs)
+	}
 	file, ctlPath, ctl, err := openAttachment(ctx, e, l.ID)
 	if err != nil {
 		return err
