@@ -571,8 +571,9 @@ func report(b *bench, all []*targets.Target, res []result, commands []string, re
 		w("\nFailed runs (left out of the medians):\n\n%s\n", strings.Join(errs, "\n"))
 	}
 	w("\nLoad average (1 min) at start / end: %.2f / %.2f.\n\n", loadStart, stats.Load())
-	w("Commands (URI is the target's NBD URI, IMG a sparse %d MiB file on tmpfs; for the `-fuse` targets DIR/fuse/disk\n", sizeMiB)
-	w("is the file `rialto attach LEASE --fuse DIR/fuse` serves, and nbdfuse does not run):\n\n```\n")
+	w("Commands (URI is the target's NBD URI, IMG a sparse %d MiB file on tmpfs; for the `-fuse` targets, DIR/fuse/disk\n", sizeMiB)
+	w("below is the file `rialto attach LEASE --fuse DIR` serves, DIR/attach-fuse/disk or DIR/composed-fuse/disk, and\n")
+	w("nbdfuse does not run):\n\n```\n")
 	for _, t := range all {
 		if !t.Rialto {
 			w("%s\n", targets.Peers[t.Name])

@@ -22,15 +22,6 @@ const fuseProcs = 8
 // FUSE mount at dir, until Ctrl-C, detach or the lease's end: the attach
 // process is then the FUSE server and the parts' NBD client at once.
 func attachFUSE(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l api.Lease, dir string, cfg borrower.AttachConfig, parts int, watch time.Duration) error {
-	// The FUSE server's readers wait for the kernel's requests in read(2)
-	// on /dev/fuse, a blocking system call that holds a P: with no more Ps
-	// than CPUs, the goroutines that carry the lenders' replies often wait
-	// for the runtime to take one back, and threads hand work around. More
-	// Ps cut the attach process's CPU under PostgreSQL by a tenth
-	// (docs/bench/pgbench.md). GOMAXPROCS in the environment wins.
-	if e.getenv("GOMAXPROCS") == "" && runtime.GOMAXPROCS(0) < fuseProcs {
-		runtime.GOMAXPROCS(fuseProcs)
-	}
 	file, ctlPath, ctl, err := openAttachment(ctx, e, l.ID)
 	if err != nil {
 		return err
@@ -49,6 +40,15 @@ func attachFUSE(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l a
 		os.Remove(ctlPath)
 		return fmt.Errorf("attach %s: %w", l.ID, err)
 	}
+	// The FUSE server's readers wait for the kernel's requests in read(2)
+	// on /dev/fuse; with no more Ps than CPUs, the goroutines that carry
+	// the lenders' replies wait longer for a P and threads hand work
+	// around: more Ps cut the CPU of the attach process and its agent
+	// under PostgreSQL by a tenth (docs/bench/pgbench.md). GOMAXPROCS in
+	// the environment wins.
+	if e.getenv("GOMAXPROCS") == "" && runtime.GOMAXPROCS(0) < fuseProcs {
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(fuseProcs))
+	}
 	closeAll := func() error { return errors.Join(m.Close(), vol.Close()) }
 	st := attachState{ID: l.ID, State: "attached", PID: os.Getpid(), File: m.Path(), Size: vol.Size(),
 		Parts: parts, Control: ctlPath, Started: time.Now().UTC()}
@@ -62,8 +62,9 @@ func attachFUSE(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l a
 		cf.print(e.stdout, st)
 	} else {
 		fmt.Fprintln(e.stdout, m.Path())
-		fmt.Fprintf(e.stderr, "rialto attach: lease %s (%d part(s), %s) served as the file above (`mount -o loop %s MNT`); unmount it, then Ctrl-C or `rialto detach %s`\n",
+		fmt.Fprintf(e.stderr, "rialto attach: lease %s (%d part(s), %s) served as the file above (`mount -o loop %s MNT`); unmount MNT, then `rialto detach %s` or Ctrl-C\n",
 			l.ID, parts, resource.FormatSize(st.Size), m.Path(), l.ID)
 	}
-	return holdAttachment(ctx, c, l, ctl, file, ctlPath, watch, nil, closeAll)
+	return holdAttachment(ctx, c, l, ctl, file, ctlPath, watch, attachHooks{close: closeAll, detachable: m.Unmount,
+		gone: m.Done(), goneErr: fmt.Errorf("%s was unmounted; detached lease %s", dir, l.ID)})
 }

@@ -105,6 +105,7 @@ func TestAttachFUSE(t *testing.T) {
 		t.Fatalf("mkfs.ext4: %v: %s", err, out)
 	}
 	mnt := t.TempDir()
+	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() }) // after a failure midway
 	sh := func(name string, args ...string) {
 		t.Helper()
 		if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
@@ -125,6 +126,16 @@ func TestAttachFUSE(t *testing.T) {
 		t.Fatalf("file after remount: %d bytes, %v", len(back), err)
 	}
 
+	// Detach refuses while the loop device is on the file, and the
+	// attachment serves on.
+	sh("mount", "-o", "loop", path, mnt)
+	if _, errs, code := runIn(t, c, runtime, "detach", l.ID); code != 1 || !strings.Contains(errs, "in use") {
+		t.Errorf("detach while loop-mounted: exit %d: %s", code, errs)
+	}
+	if b, err := os.ReadFile(filepath.Join(mnt, "f")); err != nil || !bytes.Equal(b, content) {
+		t.Errorf("file after a refused detach: %v", err)
+	}
+	sh("umount", mnt)
 	if _, errs, code := runIn(t, c, runtime, "detach", l.ID); code != 0 {
 		t.Fatalf("detach: exit %d: %s", code, errs)
 	}
@@ -139,5 +150,27 @@ func TestAttachFUSE(t *testing.T) {
 	mounts, _ := os.ReadFile("/proc/self/mounts")
 	if strings.Contains(string(mounts), " "+dir+" ") {
 		t.Errorf("%s still mounted after detach", dir)
+	}
+
+	// Unmounted from outside: attach ends and says why.
+	var out, errb syncBuffer
+	done2 := make(chan int, 1)
+	go func() {
+		done2 <- run(ctx, []string{"attach", l.ID, "--fuse", dir}, clusterEnv(c, runtime, &out, &errb))
+	}()
+	testcluster.Eventually(t, 30*time.Second, "attach prints its file", func() bool {
+		return strings.Contains(out.String(), "\n")
+	})
+	sh("umount", dir)
+	select {
+	case code := <-done2:
+		if code != 1 || !strings.Contains(errb.String(), "was unmounted") {
+			t.Errorf("attach after an outside unmount: exit %d: %s", code, errb.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("attach still running after its mount was unmounted")
+	}
+	if _, err := os.Stat(filepath.Join(runtime, "rialto", l.ID+".json")); !os.IsNotExist(err) {
+		t.Errorf("attach state left behind: %v", err)
 	}
 }

@@ -11,10 +11,14 @@
 // the device's Flush, and fallocate's PUNCH_HOLE and ZERO_RANGE are its
 // WriteZeroes (a loop device's discard and write-zeroes arrive that way).
 // The file cannot be resized. The mount is private to the user who made it
-// (no allow_other): other local users cannot open the file.
+// (no allow_other): other local users, root included, cannot open the file.
+// The mount point must be an empty directory that is not a mount point.
 //
 // Zero values: a zero Mount is not usable; use [Serve]. A Mount is safe for
 // concurrent use; the FUSE server's goroutines call the Device concurrently,
-// so the Device must be safe for concurrent use. Close unmounts and waits
-// for the server's goroutines; it does not close the Device.
+// so the Device must be safe for concurrent use. Unmount unmounts unless the
+// file is in use; Close unmounts in any case (lazily when in use) and waits
+// for the server's goroutines where the kernel lets it (see Close); neither
+// closes the Device. Done tells when the server stopped, for whatever
+// reason.
 package fusefile

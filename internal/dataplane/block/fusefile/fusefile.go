@@ -63,9 +63,11 @@ type Mount struct {
 	srv  *fuse.Server
 	file *file
 	dir  string
+	dev  uint64 // the mount's device number
 	conn uint64 // the FUSE connection's number (the mount's minor device)
 	once sync.Once
 	err  error
+	done chan struct{} // closed when the server has stopped
 }
 
 // Serve mounts dev at cfg.Dir and serves it until Close. The caller must
@@ -85,6 +87,15 @@ func Serve(dev Device, cfg Config) (*Mount, error) {
 	}
 	if !st.IsDir() {
 		return nil, fmt.Errorf("fusefile: mount point %s is not a directory", dir)
+	}
+	// An empty directory that is not a mount point already: a mount over
+	// files would hide them, and one over another mount (another lease's)
+	// would be unmounted in its place.
+	if ents, err := os.ReadDir(dir); err != nil || len(ents) > 0 {
+		return nil, fmt.Errorf("fusefile: mount point %s is not an empty directory (%d entries, %v)", dir, len(ents), err)
+	}
+	if parent, err := os.Stat(filepath.Dir(dir)); err == nil && dir != "/" && devOf(parent) != devOf(st) {
+		return nil, fmt.Errorf("fusefile: %s is a mount point already", dir)
 	}
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		return nil, fmt.Errorf("fusefile: no FUSE on this machine: %w", err)
@@ -130,27 +141,59 @@ func Serve(dev Device, cfg Config) (*Mount, error) {
 		srv.Unmount()
 		return nil, fmt.Errorf("fusefile: mount %s: %w", dir, err)
 	}
-	return &Mount{srv: srv, file: f, dir: dir, conn: uint64(unix.Minor(sst.Dev))}, nil
+	m := &Mount{srv: srv, file: f, dir: dir, dev: sst.Dev, conn: uint64(unix.Minor(sst.Dev)), done: make(chan struct{})}
+	go func() { srv.Wait(); close(m.done) }()
+	return m, nil
 }
 
 // Path is the file's path: Dir/disk.
 func (m *Mount) Path() string { return filepath.Join(m.dir, FileName) }
 
+// Done is closed once the server has stopped: after Close, or when the
+// mount went away otherwise (`fusermount3 -u DIR`, `umount DIR`).
+func (m *Mount) Done() <-chan struct{} { return m.done }
+
+// ErrBusy is Unmount's error while the file is in use.
+var ErrBusy = errors.New("in use (a loop device or an open file)")
+
+// Unmount unmounts if the file is not in use; otherwise it returns an error
+// wrapping ErrBusy and the mount stays, serving. A mount already gone (the
+// user unmounted it) is no error.
+func (m *Mount) Unmount() error {
+	if !m.mounted() {
+		return nil
+	}
+	err := m.srv.Unmount()
+	if err == nil || !m.mounted() {
+		<-m.done
+		return nil
+	}
+	return fmt.Errorf("fusefile: %s is %w: unmount what uses it first: %v", m.dir, ErrBusy, err)
+}
+
+// mounted reports whether this mount is still at its directory.
+func (m *Mount) mounted() bool {
+	var st syscall.Stat_t
+	return syscall.Stat(m.dir, &st) == nil && st.Dev == m.dev
+}
+
 // Close unmounts. If the file is still in use (a loop device on it, an
 // open file), the mount is detached lazily: it disappears from the file
-// system at once and every later request on it fails; Close reports that
+// system at once and every later request on it fails (a file system on
+// the loop device loses what it had not written back); Close reports that
 // it was busy.
 func (m *Mount) Close() error {
 	m.once.Do(func() {
-		err := m.srv.Unmount()
+		err := m.Unmount()
 		if err == nil {
-			m.srv.Wait()
 			return
 		}
 		m.file.closed.Store(true)
-		m.err = fmt.Errorf("fusefile: %s was in use (a loop device or an open file); detached it lazily, and requests on it fail from now on: %w", m.dir, err)
-		if uerr := lazyUnmount(m.dir); uerr != nil {
-			m.err = errors.Join(m.err, uerr)
+		m.err = fmt.Errorf("%w; detached it lazily, and requests on it fail from now on", err)
+		if m.mounted() {
+			if uerr := lazyUnmount(m.dir); uerr != nil {
+				m.err = errors.Join(m.err, uerr)
+			}
 		}
 		// The server runs until the last user of the file lets go (every
 		// request failing meanwhile): abort the connection so that it
@@ -158,7 +201,7 @@ func (m *Mount) Close() error {
 		// (/sys/fs/fuse/connections) its goroutines end with that last
 		// user, or this process.
 		if aerr := os.WriteFile(fmt.Sprintf("/sys/fs/fuse/connections/%d/abort", m.conn), []byte("1"), 0); aerr == nil {
-			m.srv.Wait()
+			<-m.done
 		}
 	})
 	return m.err
@@ -183,16 +226,26 @@ var (
 	_ fs.NodeFsyncer   = (*file)(nil)
 	_ fs.NodeFlusher   = (*file)(nil)
 	_ fs.NodeAllocater = (*file)(nil)
+	_ fs.NodeStatfser  = (*file)(nil)
 )
 
+// Statfs describes the device: 4 KiB blocks, all of them used (the loop
+// driver takes its block size from here).
+func (f *file) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	out.Bsize, out.Frsize = 4096, 4096
+	out.Blocks = uint64(f.dev.Size()) / 4096
+	out.NameLen = 255
+	return 0
+}
+
 // Open answers with direct I/O: every read and write reaches the device
-// (no second page cache under the loop device's), and writes to the file
-// run in parallel.
+// (no second page cache under the loop device's), writes to the file run
+// in parallel, and close sends no FLUSH (durability is fsync's).
 func (f *file) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	if flags&syscall.O_TRUNC != 0 {
 		return nil, 0, syscall.EPERM
 	}
-	return nil, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_PARALLEL_DIRECT_WRITES, 0
+	return nil, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_PARALLEL_DIRECT_WRITES | fuse.FOPEN_NOFLUSH, 0
 }
 
 func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
@@ -252,7 +305,10 @@ func (f *file) Write(ctx context.Context, fh fs.FileHandle, data []byte, off int
 	if off < 0 {
 		return 0, syscall.EINVAL
 	}
-	if off >= size && len(data) > 0 {
+	if off >= size {
+		if len(data) == 0 {
+			return 0, 0
+		}
 		return 0, syscall.ENOSPC
 	}
 	if int64(len(data)) > size-off {
@@ -337,4 +393,12 @@ func lazyUnmount(dir string) error {
 		return fmt.Errorf("fusermount3 -u -z %s: %w: %s", dir, err, out)
 	}
 	return nil
+}
+
+// devOf is a file's device number.
+func devOf(fi os.FileInfo) uint64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return st.Dev
+	}
+	return 0
 }

@@ -153,6 +153,9 @@ func TestFileIO(t *testing.T) {
 	if hole, err := unix.Seek(int(bf.Fd()), 1<<20, unix.SEEK_HOLE); err != nil || hole != 1<<20 {
 		t.Errorf("no hole in the backing file where one was punched: %d %v", hole, err)
 	}
+	if data, err := unix.Seek(int(bf.Fd()), 12345, unix.SEEK_DATA); err != nil || data != 12345 {
+		t.Errorf("ZERO_RANGE deallocated the range: next data at %d (%v)", data, err)
+	}
 	// Growing the file is refused.
 	if err := unix.Fallocate(int(f.Fd()), 0, size-10, 100); !errors.Is(err, syscall.EFBIG) {
 		t.Errorf("fallocate beyond the end: %v", err)
@@ -219,6 +222,46 @@ func TestCloseBusy(t *testing.T) {
 	}
 }
 
+// TestUnmountBusy refuses to unmount while the file is open and serves on;
+// once it is closed, Unmount ends the server.
+func TestUnmountBusy(t *testing.T) {
+	_, _, m := serve(t, 1<<20)
+	f, err := os.OpenFile(m.Path(), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Unmount(); !errors.Is(err, fusefile.ErrBusy) {
+		t.Errorf("Unmount with the file open: %v", err)
+	}
+	if _, err := f.WriteAt([]byte("still served"), 0); err != nil {
+		t.Errorf("write after a refused unmount: %v", err)
+	}
+	f.Close()
+	if err := m.Unmount(); err != nil {
+		t.Fatalf("Unmount: %v", err)
+	}
+	select {
+	case <-m.Done():
+	default:
+		t.Error("server still running after Unmount")
+	}
+	if err := m.Close(); err != nil {
+		t.Errorf("Close after Unmount: %v", err)
+	}
+}
+
+// TestUnmountedOutside closes Done when the mount goes away from outside.
+func TestUnmountedOutside(t *testing.T) {
+	_, _, m := serve(t, 1<<20)
+	if out, err := exec.Command("umount", filepath.Dir(m.Path())).CombinedOutput(); err != nil {
+		t.Fatalf("umount: %v: %s", err, out)
+	}
+	<-m.Done()
+	if err := m.Close(); err != nil {
+		t.Errorf("Close after an outside unmount: %v", err)
+	}
+}
+
 func TestServeErrors(t *testing.T) {
 	needFUSE(t)
 	img := filepath.Join(t.TempDir(), "img")
@@ -230,9 +273,25 @@ func TestServeErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer fb.Close()
-	for _, dir := range []string{filepath.Join(t.TempDir(), "missing"), img} {
-		if _, err := fusefile.Serve(fb, fusefile.Config{Dir: dir}); err == nil {
-			t.Errorf("Serve at %s: no error", dir)
+	full := t.TempDir()
+	if err := os.WriteFile(filepath.Join(full, "precious"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, err := fusefile.Serve(fb, fusefile.Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	for _, tc := range []struct{ dir, want string }{
+		{filepath.Join(t.TempDir(), "missing"), "mount point"},
+		{img, "not a directory"},
+		{full, "not an empty directory"},
+		// Another mount's directory: its root holds the file, and it is a
+		// mount point.
+		{filepath.Dir(m.Path()), "not an empty directory"},
+	} {
+		if _, err := fusefile.Serve(fb, fusefile.Config{Dir: tc.dir}); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Serve at %s: %v; want %q", tc.dir, err, tc.want)
 		}
 	}
 }
