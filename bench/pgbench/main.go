@@ -1,9 +1,9 @@
 // Command pgbench is the database benchmark of bench/pgbench/run.sh:
-// PostgreSQL on ext4 on an NBD export reached through nbdfuse and a loop
-// device, pgbench's TPC-B-like load, on nbdkit (file plugin) and on Rialto
-// through leases of `rialto agent` processes: a dedicated lease, the same
-// lease through `rialto attach`, and a 3-way composed lease through
-// `rialto attach`. Runs are interleaved (every target once per repetition,
+// PostgreSQL on ext4 on a loop device on a FUSE file, pgbench's TPC-B-like
+// load, on nbdkit (file plugin, through nbdfuse) and on Rialto through
+// leases of `rialto agent` processes: a dedicated lease through nbdfuse, a
+// dedicated and a 3-way composed lease through `rialto attach --fuse`, and
+// (extra rows) nbdfuse in front of `rialto attach`. Runs are interleaved (every target once per repetition,
 // in rotating order); every run mounts the file system afresh, starts
 // PostgreSQL, runs `pgbench -i` and then the timed run, and takes it all
 // down again, so each starts with cold caches. Needs root (mount, loop
@@ -58,13 +58,14 @@ type result struct {
 	initSecs  float64
 	steal     float64
 	serverCPU float64
+	fuseCPU   float64 // nbdfuse's CPU during the timed run (NaN: the server serves FUSE itself)
 	load      float64
 	err       error
 }
 
 // goals: the ratio of each Rialto target's median TPS to nbdkit's that the
 // issue asks for.
-var goals = map[string]float64{"dedicated": 1.0, "attach": 0.9, "composed": 0.9}
+var goals = map[string]float64{"dedicated": 1.0, "attach-fuse": 0.9, "composed-fuse": 0.9}
 
 func run() error {
 	reps := flag.Int("reps", 5, "repetitions")
@@ -73,7 +74,7 @@ func run() error {
 	clients := flag.Int("clients", 4, "pgbench -c")
 	secs := flag.Int("time", 15, "pgbench -T (seconds)")
 	bin := flag.String("bin", "bin/rialto", "the rialto binary")
-	targetsFlag := flag.String("targets", "nbdkit,nbdkit-proxy,dedicated,attach,composed", "targets: nbdkit, nbdkit-proxy (nbdkit's nbd plugin in front of its file plugin: a reference row, no goal), dedicated, attach, composed, attach-unix, composed-unix (the last two through `rialto attach --socket`)")
+	targetsFlag := flag.String("targets", "nbdkit,nbdkit-proxy,dedicated,attach-fuse,composed-fuse,attach,composed", "targets: nbdkit, nbdkit-proxy (nbdkit's nbd plugin in front of its file plugin: a reference row, no goal), dedicated, attach-fuse, composed-fuse (through `rialto attach --fuse`), attach, composed (nbdfuse in front of `rialto attach`), attach-unix, composed-unix (the same through `rialto attach --socket`)")
 	out := flag.String("out", "docs/bench/pgbench.md", "Markdown fragment to write")
 	workRoot := flag.String("work", "/dev/shm", "tmpfs directory for the images")
 	pgbin := flag.String("pgbin", "/usr/lib/postgresql/15/bin", "PostgreSQL's bin directory")
@@ -254,45 +255,21 @@ func (b *bench) mountTarget(ctx context.Context, t *targets.Target, mkfs bool) (
 			return nil, err
 		}
 	}
-	pidf := filepath.Join(m.dir, "nbdfuse.pid")
-	os.Remove(pidf)
-	m.fuse = exec.Command("nbdfuse", "-P", pidf, filepath.Join(m.fuseDir, "disk"), t.URI)
-	log, err := os.Create(filepath.Join(m.dir, "nbdfuse.log"))
-	if err != nil {
-		return nil, err
-	}
-	m.fuse.Stdout, m.fuse.Stderr = log, log
-	if err := m.fuse.Start(); err != nil {
-		log.Close()
-		return nil, err
-	}
-	m.fuseDone = make(chan struct{})
-	go func() { m.fuse.Wait(); log.Close(); close(m.fuseDone) }()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if st, err := os.Stat(pidf); err == nil && st.Size() > 0 {
-			break
-		}
-		select {
-		case <-m.fuseDone:
-			b, _ := os.ReadFile(log.Name())
-			return nil, fmt.Errorf("nbdfuse exited: %s", b)
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			m.unmount(b)
-			return nil, errors.New("nbdfuse did not start")
-		}
-	}
 	disk := filepath.Join(m.fuseDir, "disk")
+	if t.File != "" {
+		// `rialto attach --fuse` serves the file itself.
+		disk = t.File
+	} else if err := m.startNBDFuse(t); err != nil {
+		return nil, err
+	}
 	if mkfs {
 		if _, err := b.sh(ctx, "mkfs.ext4", "-q", "-F", disk); err != nil {
-			m.unmount(b)
+			m.unmount()
 			return nil, err
 		}
 	}
 	if _, err := b.sh(ctx, "mount", "-o", "loop", disk, m.mnt); err != nil {
-		m.unmount(b)
+		m.unmount()
 		return nil, err
 	}
 	return m, nil
@@ -300,7 +277,7 @@ func (b *bench) mountTarget(ctx context.Context, t *targets.Target, mkfs bool) (
 
 // unmount undoes mountTarget, whatever state it reached. A busy mount
 // (the loop device still detaching) is retried for a while.
-func (m *mount) unmount(b *bench) {
+func (m *mount) unmount() {
 	retry := func(name string, args ...string) {
 		deadline := time.Now().Add(15 * time.Second)
 		for {
@@ -316,16 +293,55 @@ func (m *mount) unmount(b *bench) {
 		}
 	}
 	retry("umount", m.mnt)
-	retry("fusermount3", "-u", m.fuseDir)
-	select {
-	case <-m.fuseDone:
-	case <-time.After(10 * time.Second):
-		m.fuse.Process.Kill()
-		<-m.fuseDone
+	if m.fuse != nil {
+		retry("fusermount3", "-u", m.fuseDir)
+		select {
+		case <-m.fuseDone:
+		case <-time.After(10 * time.Second):
+			m.fuse.Process.Kill()
+			<-m.fuseDone
+		}
 	}
 	// Whatever is still mounted (a busy loop device) goes lazily.
 	exec.Command("umount", "-l", m.mnt).Run()
-	exec.Command("fusermount3", "-u", "-z", m.fuseDir).Run()
+	if m.fuse != nil {
+		exec.Command("fusermount3", "-u", "-z", m.fuseDir).Run()
+	}
+}
+
+// startNBDFuse runs nbdfuse on t's URI, exposing m.fuseDir/disk.
+func (m *mount) startNBDFuse(t *targets.Target) error {
+	pidf := filepath.Join(m.dir, "nbdfuse.pid")
+	os.Remove(pidf)
+	m.fuse = exec.Command("nbdfuse", "-P", pidf, filepath.Join(m.fuseDir, "disk"), t.URI)
+	log, err := os.Create(filepath.Join(m.dir, "nbdfuse.log"))
+	if err != nil {
+		return err
+	}
+	m.fuse.Stdout, m.fuse.Stderr = log, log
+	if err := m.fuse.Start(); err != nil {
+		log.Close()
+		return err
+	}
+	m.fuseDone = make(chan struct{})
+	go func() { m.fuse.Wait(); log.Close(); close(m.fuseDone) }()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if st, err := os.Stat(pidf); err == nil && st.Size() > 0 {
+			break
+		}
+		select {
+		case <-m.fuseDone:
+			b, _ := os.ReadFile(log.Name())
+			return fmt.Errorf("nbdfuse exited: %s", b)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			m.unmount()
+			return errors.New("nbdfuse did not start")
+		}
+	}
+	return nil
 }
 
 // cleanupMounts unmounts whatever a failed run left behind.
@@ -347,7 +363,7 @@ func (b *bench) prepare(ctx context.Context, t *targets.Target) error {
 	if err != nil {
 		return err
 	}
-	defer m.unmount(b)
+	defer m.unmount()
 	pgdata := filepath.Join(m.mnt, "pgdata")
 	if err := os.Mkdir(pgdata, 0o700); err != nil {
 		return err
@@ -399,7 +415,7 @@ func (b *bench) measure(ctx context.Context, t *targets.Target, rep int) (r resu
 		r.err = err
 		return r
 	}
-	defer m.unmount(b)
+	defer m.unmount()
 	pgdata := filepath.Join(m.mnt, "pgdata")
 	if r.err = b.start(ctx, pgdata, filepath.Join(m.dir, "pg.log")); r.err != nil {
 		return r
@@ -418,9 +434,17 @@ func (b *bench) measure(ctx context.Context, t *targets.Target, rep int) (r resu
 	r.load = stats.Load()
 	cs := stats.SampleCPU()
 	c0 := t.CPU()
+	r.fuseCPU = math.NaN()
+	var f0 float64
+	if m.fuse != nil {
+		f0 = stats.ProcCPU(m.fuse.Process.Pid)
+	}
 	out, err := b.pg(ctx, "pgbench", "-h", b.sock, "-p", port, "-c", strconv.Itoa(b.clients), "-j", strconv.Itoa(b.clients),
 		"-T", strconv.Itoa(b.secs), "bench")
 	r.serverCPU = t.CPU() - c0
+	if m.fuse != nil {
+		r.fuseCPU = stats.ProcCPU(m.fuse.Process.Pid) - f0
+	}
 	r.steal = cs.StealSince()
 	if err != nil {
 		r.err = err
@@ -460,18 +484,21 @@ func report(b *bench, all []*targets.Target, res []result, commands []string, re
 		return stats.Median(xs)
 	}
 	tps := func(r result) float64 { return r.tps }
-	w("## PostgreSQL (pgbench) on ext4 on an NBD export: Rialto leases against nbdkit\n\n")
+	w("## PostgreSQL (pgbench) on ext4 on a block lease: Rialto leases against nbdkit\n\n")
 	w("Measured %s by `bench/pgbench/run.sh` (bench/pgbench) at commit %s on %s.\n", stats.Stamp(), stats.Commit("."), stats.Machine())
-	w("Every export is %d MiB on a tmpfs, reached through nbdfuse (defaults) and a loop device, with ext4 on it (`mkfs.ext4`\n", sizeMiB)
+	w("Every export is %d MiB on a tmpfs, reached through a FUSE file and a loop device, with ext4 on it (`mkfs.ext4`\n", sizeMiB)
 	w("defaults) and a PostgreSQL cluster (`initdb` defaults: fsync on, synchronous commit). Each run mounts the file system\n")
 	w("afresh, starts PostgreSQL, runs `pgbench -i -s %d` and then `pgbench -c %d -j %d -T %d`, and takes it all down, so that\n", b.scale, b.clients, b.clients, b.secs)
 	w("every run starts with cold caches. Targets run interleaved, in rotating order; medians of %d runs. Rialto is measured\n", reps)
-	w("through leases made by `rialto lease create` and served by `rialto agent` processes.\n\n")
+	w("through leases made by `rialto lease create` and served by `rialto agent` processes. The FUSE file is nbdfuse's\n")
+	w("(libnbd's FUSE client, defaults) on the export's NBD URI, except for the `-fuse` targets, whose file is served by\n")
+	w("`rialto attach --fuse` itself: the way a Rialto borrower puts a kernel file system on a lease, one process between\n")
+	w("the kernel and the lenders, as nbdfuse is in front of nbdkit (nbdkit has no FUSE front end of its own).\n\n")
 	w("| target | served by |\n|---|---|\n")
 	for _, t := range all {
 		w("| %s | %s |\n", t.Name, t.Served)
 	}
-	w("\n| target | TPS (median) | ratio to nbdkit | goal | latency average ms | `pgbench -i` s | server CPU s per run |\n|---|---|---|---|---|---|---|\n")
+	w("\n| target | TPS (median) | ratio to nbdkit | goal | latency average ms | `pgbench -i` s | server CPU s per run | nbdfuse CPU s per run |\n|---|---|---|---|---|---|---|---|\n")
 	kit := med("nbdkit", tps)
 	for _, t := range all {
 		v := med(t.Name, tps)
@@ -490,13 +517,21 @@ func report(b *bench, all []*targets.Target, res []result, commands []string, re
 		if !math.IsNaN(ratio) && t.Name != "nbdkit" {
 			rs = fmt.Sprintf("%.2f×", ratio)
 		}
-		w("| %s | %.0f | %s | %s | %.2f | %.1f | %.2f |\n", t.Name, v, rs, goal,
+		fc := "— (in the server's)"
+		if t.File == "" {
+			fc = fmt.Sprintf("%.2f", med(t.Name, func(r result) float64 { return r.fuseCPU }))
+		}
+		w("| %s | %.0f | %s | %s | %.2f | %.1f | %.2f | %s |\n", t.Name, v, rs, goal,
 			med(t.Name, func(r result) float64 { return r.latMs }),
 			med(t.Name, func(r result) float64 { return r.initSecs }),
-			med(t.Name, func(r result) float64 { return r.serverCPU }))
+			med(t.Name, func(r result) float64 { return r.serverCPU }), fc)
 	}
-	w("\nGoals (the issue \"The product path is the proven path\"): dedicated lease ≥ 1.0×, the same lease through `rialto attach`\n")
-	w("≥ 0.9×, a 3-way composed lease ≥ 0.9× nbdkit's TPS in the same setup.\n")
+	w("\nGoals (the issue \"The product path is the proven path\"): dedicated lease ≥ 1.0×, a lease through `rialto attach`\n")
+	w("≥ 0.9×, a 3-way composed lease ≥ 0.9× nbdkit's TPS, each with a FUSE file and a loop device under ext4: the\n")
+	w("dedicated lease through nbdfuse as nbdkit, the others through `rialto attach --fuse` (attach-fuse, composed-fuse).\n")
+	w("attach and composed (nbdfuse in front of `rialto attach`'s NBD export: two processes between the kernel and the\n")
+	w("lenders) are extra rows without a goal. The nbdfuse CPU column is the FUSE client's, outside the server's; for\n")
+	w("the `-fuse` rows the FUSE server is the attach process, whose CPU is in the server's.\n")
 	if proxy := med("nbdkit-proxy", tps); !math.IsNaN(proxy) {
 		// The field's own way of putting a second server in a request's
 		// path: a reference for the hop `rialto attach` adds, no goal.
@@ -506,8 +541,8 @@ func report(b *bench, all []*targets.Target, res []result, commands []string, re
 				rs = append(rs, fmt.Sprintf("%s %.2f×", t.Name, med(t.Name, tps)/proxy))
 			}
 		}
-		w("nbdkit-proxy (nbdkit's nbd plugin in front of its file plugin: two servers in each request's path, as through\n")
-		w("`rialto attach`) is a reference row, not a goal; against its TPS: %s.\n", strings.Join(rs, ", "))
+		w("nbdkit-proxy (nbdkit's nbd plugin in front of its file plugin: two servers in each request's path, as in the\n")
+		w("attach and composed rows) is a reference row, not a goal; against its TPS: %s.\n", strings.Join(rs, ", "))
 	}
 	w("\n")
 	w("All runs (TPS; steal %% during the timed run; server CPU s during the timed run; 1-minute load average at its start):\n\n")
@@ -536,7 +571,9 @@ func report(b *bench, all []*targets.Target, res []result, commands []string, re
 		w("\nFailed runs (left out of the medians):\n\n%s\n", strings.Join(errs, "\n"))
 	}
 	w("\nLoad average (1 min) at start / end: %.2f / %.2f.\n\n", loadStart, stats.Load())
-	w("Commands (URI is the target's NBD URI, IMG a sparse %d MiB file on tmpfs):\n\n```\n", sizeMiB)
+	w("Commands (URI is the target's NBD URI, IMG a sparse %d MiB file on tmpfs; for the `-fuse` targets, DIR/fuse/disk\n", sizeMiB)
+	w("below is the file `rialto attach LEASE --fuse DIR` serves, DIR/attach-fuse/disk or DIR/composed-fuse/disk, and\n")
+	w("nbdfuse does not run):\n\n```\n")
 	for _, t := range all {
 		if !t.Rialto {
 			w("%s\n", targets.Peers[t.Name])

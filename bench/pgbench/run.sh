@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Database benchmark: PostgreSQL + pgbench on ext4 on an NBD export (nbdfuse
-# + loop device), nbdkit against Rialto through leases of `rialto agent`
-# processes (dedicated; the same lease through `rialto attach`; a 3-way
-# composed lease through `rialto attach`), interleaved; nbdkit's nbd plugin in
-# front of its file plugin (nbdkit-proxy: two servers in a request's path, as
-# through `rialto attach`) is a reference row, never a goal. Needs root, bin/rialto
+# Database benchmark: PostgreSQL + pgbench on ext4 on a loop device on a FUSE
+# file, nbdkit (through nbdfuse) against Rialto through leases of `rialto
+# agent` processes (dedicated, through nbdfuse; a dedicated and a 3-way
+# composed lease through `rialto attach --fuse`; extra rows: nbdfuse in front
+# of `rialto attach`), interleaved; nbdkit's nbd plugin in front of its file
+# plugin (nbdkit-proxy: two servers in a request's path) is a reference row,
+# never a goal. Needs root, bin/rialto
 # (built here), nbdkit, nbdfuse, PostgreSQL 15. Writes docs/bench/pgbench.md.
 #
 #   bench/pgbench/run.sh                 # REPS=5 SCALE=10 CLIENTS=4 T=15
@@ -17,5 +18,5 @@ BIN=$(mktemp -d)
 trap 'rm -rf "$BIN"' EXIT
 (cd bench && go build -o "$BIN/pgbench" ./pgbench)
 "$BIN/pgbench" -bin bin/rialto -reps "${REPS:-5}" -size-mib "${SIZE_MIB:-900}" -scale "${SCALE:-10}" \
-  -clients "${CLIENTS:-4}" -time "${T:-15}" -targets "${TARGETS:-nbdkit,nbdkit-proxy,dedicated,attach,composed}" \
+  -clients "${CLIENTS:-4}" -time "${T:-15}" -targets "${TARGETS:-nbdkit,nbdkit-proxy,dedicated,attach-fuse,composed-fuse,attach,composed}" \
   -out "${OUT:-docs/bench/pgbench.md}"

@@ -22,7 +22,7 @@ import (
 )
 
 func init() {
-	register(&command{Name: "attach", Args: "LEASE", Summary: "Serve a block lease (composed or not) as a local NBD export, or attach a nic lease (a bond or not) as a network interface, until Ctrl-C or detach.", Flags: runAttach, MinArgs: 1, MaxArgs: 1})
+	register(&command{Name: "attach", Args: "LEASE", Summary: "Serve a block lease (composed or not) as a local NBD export or, with --fuse, as a file to loop-mount, or attach a nic lease (a bond or not) as a network interface, until Ctrl-C or detach.", Flags: runAttach, MinArgs: 1, MaxArgs: 1})
 	register(&command{Name: "detach", Args: "LEASE", Summary: "Stop the `rialto attach` of a lease and wait until it is gone.", Flags: runDetach, MinArgs: 1, MaxArgs: 1})
 }
 
@@ -30,10 +30,12 @@ func init() {
 // LEASE.json (0600, it holds the local URI, which names a secret export),
 // beside a control socket LEASE.ctl on which attach accepts "detach".
 type attachState struct {
-	ID      string    `json:"id"`
-	State   string    `json:"state"`
-	PID     int       `json:"pid"`
-	URI     string    `json:"uri,omitempty"`
+	ID    string `json:"id"`
+	State string `json:"state"`
+	PID   int    `json:"pid"`
+	URI   string `json:"uri,omitempty"`
+	// File is the lease as a file in a FUSE mount (--fuse).
+	File    string    `json:"file,omitempty"`
 	Size    int64     `json:"size"` // bytes (block); bytes/s (nic: the lease's rate)
 	Parts   int       `json:"parts"`
 	Control string    `json:"control"`
@@ -107,6 +109,7 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 	cf.register(fs, e)
 	listen := fs.String("listen", "127.0.0.1:0", "loopback TCP address to serve the volume on")
 	socket := fs.String("socket", "", "serve on this Unix socket instead of TCP")
+	fuseDir := fs.String("fuse", "", "block: serve the lease as the file DIR/disk in a FUSE mount at this empty directory, instead of over NBD (then `mount -o loop DIR/disk MNT`)")
 	unit := sizeString(fs, "stripe-unit", "", "stripe unit, e.g. 128KiB (default: the lease's)")
 	conns := fs.Int("conns", 0, "NBD connections to each part (default 2); nic: tunnel connections to each lender (default 1, 2 with --bond-mode packet)")
 	var nf nicAttachFlags
@@ -132,6 +135,9 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
+		if *fuseDir != "" && l.Kind != api.KindBlock {
+			return usagef("--fuse serves block leases; lease %s is a %s lease", l.ID, l.Kind)
+		}
 		if l.Kind == api.KindNIC {
 			return attachNIC(ctx, e, c, &cf, l, nf, *conns, *watch, log)
 		}
@@ -148,6 +154,15 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 				fmt.Fprintf(e.stderr, "rialto attach: warning: stripe unit %s differs from the lease's %s; data written with one is scrambled under the other\n",
 					resource.FormatSize(su), resource.FormatSize(l.StripeUnit))
 			}
+		}
+		if *fuseDir != "" {
+			switch {
+			case *writeBack:
+				return usagef("--fuse and --write-back do not go together (the write-back cache belongs to the NBD export)")
+			case *socket != "" || fs.Changed("listen"):
+				return usagef("--fuse serves no NBD export: drop --listen and --socket")
+			}
+			return attachFUSE(ctx, e, c, &cf, l, *fuseDir, borrower.AttachConfig{StripeUnit: su, ConnsPerPart: *conns, RequestTimeout: *timeout, TLS: dataTLS, Logger: log}, parts, *watch)
 		}
 		where := *listen
 		if *socket != "" {
@@ -193,19 +208,36 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 			fmt.Fprintf(e.stderr, "rialto attach: lease %s (%d part(s), %s%s) served at the URI above; Ctrl-C or `rialto detach %s` ends it\n",
 				l.ID, parts, resource.FormatSize(st.Size), cache, l.ID)
 		}
-		return holdAttachment(ctx, c, l, ctl, file, ctlPath, *watch, nil, att.Close)
+		return holdAttachment(ctx, c, l, ctl, file, ctlPath, *watch, attachHooks{close: att.Close})
 	}
+}
+
+// attachHooks are what holdAttachment calls on an attachment.
+type attachHooks struct {
+	// close ends the attachment.
+	close func() error
+	// follow, if set, is handed each lease record read while watching.
+	follow func(api.Lease)
+	// detachable, if set, is asked on `rialto detach`: an error refuses
+	// the detach (the asker gets it) and the attachment stays.
+	detachable func() error
+	// gone, if set, is closed when the attachment ended by itself (its
+	// FUSE mount was unmounted from outside).
+	gone <-chan struct{}
+	// goneErr is what holdAttachment returns then.
+	goneErr error
 }
 
 // holdAttachment keeps an attachment (its state in file, its control
 // socket ctl at ctlPath) until ctx ends, `rialto detach` asks on the
-// control socket, or the lease ends (checked every watch; 0: never; each
-// record read is handed to follow, if set); then it closes the attachment
-// with closeFn, removes its state and answers detach. It returns why the
-// lease ended, if it did.
-func holdAttachment(ctx context.Context, c *api.Client, l api.Lease, ctl net.Listener, file, ctlPath string, watch time.Duration, follow func(api.Lease), closeFn func() error) error {
+// control socket (and h.detachable agrees), the attachment ends by itself
+// (h.gone), or the lease ends (checked every watch; 0: never); then it
+// closes the attachment with h.close, removes its state and answers
+// detach. It returns why the lease or the attachment ended, if it did.
+func holdAttachment(ctx context.Context, c *api.Client, l api.Lease, ctl net.Listener, file, ctlPath string, watch time.Duration, h attachHooks) error {
 	// Serve until the context ends or detach asks on the control socket.
-	detach := make(chan net.Conn, 1)
+	detach := make(chan net.Conn)
+	quit := make(chan struct{})
 	acceptDone := make(chan struct{})
 	go func() {
 		defer close(acceptDone)
@@ -222,8 +254,12 @@ func holdAttachment(ctx context.Context, c *api.Client, l api.Lease, ctl net.Lis
 				conn.Close()
 				continue
 			}
-			detach <- conn
-			return
+			select {
+			case detach <- conn:
+			case <-quit:
+				conn.Close()
+				return
+			}
 		}
 	}()
 	// Serve until Ctrl-C, detach, or the lease ends (then the lenders have
@@ -241,16 +277,28 @@ wait:
 		select {
 		case <-ctx.Done():
 			break wait
-		case asker = <-detach:
+		case <-h.gone:
+			ended = h.goneErr
 			break wait
+		case asker = <-detach:
+			if h.detachable == nil {
+				break wait
+			}
+			err := h.detachable()
+			if err == nil {
+				break wait
+			}
+			fmt.Fprintf(asker, "error %v\n", err)
+			asker.Close()
+			asker = nil
 		case <-tick:
 			cur, err := c.Lease(ctx, l.ID)
 			if err == nil && cur.State.Terminal() {
 				ended = fmt.Errorf("lease %s is %s; detached", l.ID, cur.State)
 				break wait
 			}
-			if err == nil && follow != nil {
-				follow(cur)
+			if err == nil && h.follow != nil {
+				h.follow(cur)
 			}
 			var ae *api.Error
 			if errors.As(err, &ae) && ae.Code == api.CodeNotFound {
@@ -259,7 +307,8 @@ wait:
 			}
 		}
 	}
-	cerr := closeFn()
+	close(quit)
+	cerr := h.close()
 	ctl.Close()
 	<-acceptDone
 	os.Remove(file)
@@ -297,6 +346,9 @@ func openAttachment(ctx context.Context, e *env, id string) (file, ctlPath strin
 		where := old.URI
 		if old.Iface != "" {
 			where = "interface " + old.Iface
+		}
+		if old.File != "" {
+			where = old.File
 		}
 		return "", "", nil, fmt.Errorf("lease %s is already attached at %s by process %d (run `rialto detach %s` first)", id, where, old.PID, id)
 	}

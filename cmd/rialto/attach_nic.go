@@ -82,7 +82,7 @@ func attachNIC(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l ap
 				i, l.ID, ifc.Lenders())
 		}
 	}
-	return holdAttachment(ctx, c, l, ctl, file, ctlPath, watch, follow, ifc.Close)
+	return holdAttachment(ctx, c, l, ctl, file, ctlPath, watch, attachHooks{close: ifc.Close, follow: follow})
 }
 
 // waitMembers waits (at most max) until every lender of the interface is

@@ -383,6 +383,8 @@ func printUp(ctx context.Context, e *env, url, caFile string, st upState, dir, w
 		fmt.Fprintf(w, "(also in %s: `. %s` in another shell)\n", envFile, envFile)
 	}
 	fmt.Fprintln(w, "then: rialto nodes; rialto lease create --kind block --size 256MiB; Ctrl-C stops the cluster.")
+	fmt.Fprintln(w, "block: rialto attach LEASE-ID serves a lease (composed or not) as a local NBD export;")
+	fmt.Fprintln(w, "       rialto attach LEASE-ID --fuse DIR as the file DIR/disk, to mkfs and `mount -o loop` (root).")
 	if insecure {
 		fmt.Fprintln(w, "data planes: plaintext (--insecure-dataplane): lease credentials and data cross the network in clear.")
 	} else {

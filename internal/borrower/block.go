@@ -101,9 +101,29 @@ func Attach(ctx context.Context, src LeaseSource, l api.Lease, cfg AttachConfig)
 	if l.Kind == api.KindMemory {
 		return attachMemory(ctx, src, l, cfg)
 	}
-	uris, err := BlockURIs(l)
+	scfg, err := stripeConfig(src, l, cfg)
 	if err != nil {
 		return nil, err
+	}
+	return stripe.Attach(ctx, scfg)
+}
+
+// OpenVolume dials active block lease l's parts as Attach does and returns
+// the volume, not served (cfg.Listen and cfg.WriteBack are ignored): the
+// caller serves it some other way, e.g. as a FUSE file, and closes it.
+func OpenVolume(ctx context.Context, src LeaseSource, l api.Lease, cfg AttachConfig) (*stripe.Volume, error) {
+	scfg, err := stripeConfig(src, l, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return stripe.Dial(ctx, scfg)
+}
+
+// stripeConfig is how block lease l is attached.
+func stripeConfig(src LeaseSource, l api.Lease, cfg AttachConfig) (stripe.AttachConfig, error) {
+	uris, err := BlockURIs(l)
+	if err != nil {
+		return stripe.AttachConfig{}, err
 	}
 	su := cfg.StripeUnit
 	if su == 0 {
@@ -115,8 +135,8 @@ func Attach(ctx context.Context, src LeaseSource, l api.Lease, cfg AttachConfig)
 			return movedPart(ctx, src, l.ID, part)
 		}
 	}
-	return stripe.Attach(ctx, stripe.AttachConfig{URIs: uris, StripeUnit: su, Listen: cfg.Listen, TLS: cfg.TLS,
-		ConnsPerPart: cfg.ConnsPerPart, RequestTimeout: cfg.RequestTimeout, Resolve: resolve, WriteBack: cfg.WriteBack, Logger: cfg.Logger})
+	return stripe.AttachConfig{URIs: uris, StripeUnit: su, Listen: cfg.Listen, TLS: cfg.TLS,
+		ConnsPerPart: cfg.ConnsPerPart, RequestTimeout: cfg.RequestTimeout, Resolve: resolve, WriteBack: cfg.WriteBack, Logger: cfg.Logger}, nil
 }
 
 // movedPart returns the URI the control plane has now for part of block

@@ -484,6 +484,8 @@ func (c *Cluster) ReleaseLease(ctx context.Context, id string) error {
 type Attachment struct {
 	*Proc
 	URI string // the local NBD URI (names a secret export)
+	// File is the lease's file in a FUSE mount (attach --fuse; no URI).
+	File string
 }
 
 // Attach runs `rialto attach LEASE ARGS -o json` in the root namespace and
@@ -499,28 +501,29 @@ func (c *Cluster) Attach(ctx context.Context, lease string, args ...string) (*At
 	c.record("RIALTO_ADDR=URL RIALTO_TOKEN=… RIALTO_CACERT=CA rialto attach LEASE " + strings.Join(append(args, "-o", "json"), " "))
 	// The state is printed as indented JSON: read up to the closing brace.
 	type res struct {
-		uri string
-		err error
+		uri, file string
+		err       error
 	}
 	ch := make(chan res, 1)
 	go func() {
 		dec := json.NewDecoder(out)
 		var st struct {
-			URI string `json:"uri"`
+			URI  string `json:"uri"`
+			File string `json:"file"`
 		}
 		err := dec.Decode(&st)
-		ch <- res{st.URI, err}
+		ch <- res{st.URI, st.File, err}
 		io.Copy(io.Discard, io.MultiReader(dec.Buffered(), out))
 	}()
 	select {
 	case r := <-ch:
-		if r.err != nil || r.uri == "" {
+		if r.err != nil || r.uri == "" && r.file == "" {
 			p.Stop()
 			b, _ := os.ReadFile(p.Log)
 			return nil, fmt.Errorf("rialto attach %s: %v: %s", lease, r.err, b)
 		}
 		fmt.Fprintf(c.cfg.Progress, "lab: attached %s (pid %d)\n", lease, p.PID())
-		return &Attachment{Proc: p, URI: r.uri}, nil
+		return &Attachment{Proc: p, URI: r.uri, File: r.file}, nil
 	case <-time.After(30 * time.Second):
 		p.Stop()
 		return nil, fmt.Errorf("rialto attach %s: no answer in 30 s (log %s)", lease, p.Log)

@@ -33,7 +33,10 @@ type Target struct {
 	Name   string // short name used in tables: nbdkit, qemu-nbd, nbd-server, dedicated, shared, composed, attach
 	Served string // which processes serve it, for the fragment
 	URI    string // NBD URI (may name a secret export)
-	Rialto bool   // served through a lease (carries the goals)
+	// File, for a lease served by `rialto attach --fuse`, is the file to
+	// loop-mount (no NBD URI then).
+	File   string
+	Rialto bool // served through a lease (carries the goals)
 	// Reference marks a peer shown for comparison only: it is never the
 	// best peer a goal is measured against (nbdkit-proxy, two hops).
 	Reference bool
@@ -255,7 +258,7 @@ func version(name string) string {
 }
 
 // Rialto names the lease kinds StartRialto can set up.
-var Rialto = []string{"dedicated", "shared", "composed", "attach", "composed-unix", "attach-unix"}
+var Rialto = []string{"dedicated", "shared", "composed", "attach", "composed-unix", "attach-unix", "attach-fuse", "composed-fuse"}
 
 // Leases are the Rialto targets' processes and leases.
 type Leases struct {
@@ -280,7 +283,11 @@ type Leases struct {
 //     extra row: the goal rows stay on TCP 127.0.0.1);
 //   - attach-unix: a dedicated lease of another agent, "du", served by
 //     `rialto attach --socket` on a Unix socket in dir (an extra row; a
-//     lease is attached once at a time, so not the "attach" target's).
+//     lease is attached once at a time, so not the "attach" target's);
+//   - attach-fuse: a dedicated lease of agent "df" through `rialto attach
+//     --fuse` (a file in a FUSE mount in dir, for file-system benchmarks);
+//   - composed-fuse: a 3-way composed lease over agents "f1", "f2", "f3"
+//     through `rialto attach --fuse`.
 func StartRialto(ctx context.Context, c *lab.Cluster, dir string, sizeMiB int64, names []string) (*Leases, error) {
 	want := map[string]bool{}
 	for _, n := range names {
@@ -334,6 +341,29 @@ func StartRialto(ctx context.Context, c *lab.Cluster, dir string, sizeMiB int64,
 			pids:   func() []int { return []int{ag.PID(), at.PID()} },
 			Served: "a dedicated lease of `rialto agent` \"du\" through `rialto attach --socket` on a Unix socket (agent + the attach process, CPU of both)"}
 	}
+	if want["attach-fuse"] {
+		ag, err := c.StartAgent(ctx, lab.Agent{Name: "df", Blocks: []string{"disk0=" + filepath.Join(dir, "df.img") + ":" + size}})
+		if err != nil {
+			return nil, err
+		}
+		l, err := c.CreateLease(ctx, "--kind", "block", "--mode", "dedicated", "--size", size, "--affinity", "df")
+		if err != nil {
+			return nil, err
+		}
+		mnt := filepath.Join(dir, "attach-fuse")
+		if err := os.MkdirAll(mnt, 0o700); err != nil {
+			return nil, err
+		}
+		at, err := c.Attach(ctx, l.ID, "--fuse", mnt)
+		if err != nil {
+			return nil, err
+		}
+		ls.Attached["attach-fuse"] = at
+		ls.LeaseIDs["attach-fuse"] = l.ID
+		ls.Targets["attach-fuse"] = &Target{Name: "attach-fuse", File: at.File, Rialto: true,
+			pids:   func() []int { return []int{ag.PID(), at.PID()} },
+			Served: "a dedicated lease of `rialto agent` \"df\" through `rialto attach --fuse` (a file in a FUSE mount; agent + the attach process, CPU of both)"}
+	}
 	if want["shared"] {
 		ag, err := c.StartAgent(ctx, lab.Agent{Name: "shr", Blocks: []string{"disk0=" + filepath.Join(dir, "shr.img") + ":" + fmt.Sprintf("%dMiB", 2*sizeMiB)}})
 		if err != nil {
@@ -354,7 +384,7 @@ func StartRialto(ctx context.Context, c *lab.Cluster, dir string, sizeMiB int64,
 			Served: fmt.Sprintf("`rialto agent` \"shr\": a shared lease, a partition at offset %d MiB of a %d MiB device whose other half another shared lease holds", off>>20, 2*sizeMiB)}
 		ls.LeaseIDs["shared"] = l.ID
 	}
-	for _, k := range []struct{ name, prefix string }{{"composed", "c"}, {"composed-unix", "u"}} {
+	for _, k := range []struct{ name, prefix string }{{"composed", "c"}, {"composed-unix", "u"}, {"composed-fuse", "f"}} {
 		if !want[k.name] {
 			continue
 		}
@@ -376,9 +406,17 @@ func StartRialto(ctx context.Context, c *lab.Cluster, dir string, sizeMiB int64,
 		}
 		var args []string
 		where := "on 127.0.0.1"
-		if k.name == "composed-unix" {
+		switch k.name {
+		case "composed-unix":
 			args = []string{"--socket", filepath.Join(dir, "composed.sock")}
 			where = "on a Unix socket"
+		case "composed-fuse":
+			mnt := filepath.Join(dir, "composed-fuse")
+			if err := os.MkdirAll(mnt, 0o700); err != nil {
+				return nil, err
+			}
+			args = []string{"--fuse", mnt}
+			where = "--fuse (a file in a FUSE mount)"
 		}
 		at, err := c.Attach(ctx, l.ID, args...)
 		if err != nil {
@@ -386,7 +424,7 @@ func StartRialto(ctx context.Context, c *lab.Cluster, dir string, sizeMiB int64,
 		}
 		ls.Attached[k.name] = at
 		ls.LeaseIDs[k.name] = l.ID
-		ls.Targets[k.name] = &Target{Name: k.name, URI: at.URI, Rialto: true,
+		ls.Targets[k.name] = &Target{Name: k.name, URI: at.URI, File: at.File, Rialto: true,
 			pids: func() []int {
 				return []int{ags[0].PID(), ags[1].PID(), ags[2].PID(), at.PID()}
 			},

@@ -89,6 +89,25 @@ type Attachment struct {
 // builds the Volume and serves it with an nbd.Server until Close. ctx bounds
 // the dialing only.
 func Attach(ctx context.Context, cfg AttachConfig) (*Attachment, error) {
+	vol, err := Dial(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	a, err := Serve(ctx, vol, ServeConfig{Listen: cfg.Listen, ExportName: cfg.ExportName, Workers: cfg.Workers,
+		WriteBack: cfg.WriteBack, Logger: cfg.Logger})
+	if err != nil {
+		vol.Close()
+		return nil, err
+	}
+	return a, nil
+}
+
+// Dial dials every part as Attach does (a pool of connections per part,
+// each redialled when broken) and returns the Volume, not served: the
+// caller serves it some other way (a FUSE file) and closes it. Listen,
+// ExportName, Workers and WriteBack are ignored. Open is the lighter form
+// for short direct use.
+func Dial(ctx context.Context, cfg AttachConfig) (*Volume, error) {
 	if len(cfg.URIs) == 0 {
 		return nil, fmt.Errorf("%w: no parts", ErrConfig)
 	}
@@ -174,15 +193,8 @@ func Attach(ctx context.Context, cfg AttachConfig) (*Attachment, error) {
 		closeAll()
 		return nil, err
 	}
-	a, err := Serve(ctx, vol, ServeConfig{Listen: cfg.Listen, ExportName: cfg.ExportName, Workers: cfg.Workers,
-		WriteBack: cfg.WriteBack, Logger: log})
-	if err != nil {
-		vol.Close()
-		return nil, err
-	}
-	log.Info("stripe: attached", "parts", len(uris), "conns_per_part", conns, "stripe_unit", vol.StripeUnit(), "size", vol.Size(),
-		"write_back", a.wb != nil)
-	return a, nil
+	log.Info("stripe: attached", "parts", len(uris), "conns_per_part", conns, "stripe_unit", vol.StripeUnit(), "size", vol.Size())
+	return vol, nil
 }
 
 // DefaultWorkers is the number of requests the local export serves

@@ -1,0 +1,297 @@
+package fusefile_test
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rialto-project/rialto/internal/dataplane/block/fusefile"
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+)
+
+// needFUSE skips unless this process can mount FUSE file systems.
+func needFUSE(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mounting FUSE needs root here")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skip("no /dev/fuse")
+	}
+}
+
+// flushCounter is a real file backend that counts its flushes.
+type flushCounter struct {
+	*nbd.FileBackend
+	flushes atomic.Int64
+}
+
+func (f *flushCounter) Flush() error {
+	f.flushes.Add(1)
+	return f.FileBackend.Flush()
+}
+
+// serve mounts a size-byte file-backed device and returns it, the backing
+// file's path and the mount.
+func serve(t *testing.T, size int64) (*flushCounter, string, *fusefile.Mount) {
+	t.Helper()
+	needFUSE(t)
+	img := filepath.Join(t.TempDir(), "img")
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, size); err != nil {
+		t.Fatal(err)
+	}
+	fb, err := nbd.OpenFile(img, nbd.FileOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fb.Close() })
+	dev := &flushCounter{FileBackend: fb}
+	m, err := fusefile.Serve(dev, fusefile.Config{Dir: t.TempDir(), FsName: "rialto:test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return dev, img, m
+}
+
+func TestFileIO(t *testing.T) {
+	const size = 8 << 20
+	dev, img, m := serve(t, size)
+	if filepath.Base(m.Path()) != fusefile.FileName {
+		t.Fatalf("path %s", m.Path())
+	}
+	st, err := os.Stat(m.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Size() != size || st.Mode().Perm() != 0o600 || !st.Mode().IsRegular() {
+		t.Errorf("stat: size %d mode %v", st.Size(), st.Mode())
+	}
+	f, err := os.OpenFile(m.Path(), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+
+	// Writes reach the device at their offsets; reads see them.
+	want := bytes.Repeat([]byte("rialto fuse "), 100000)[:1<<20+4096]
+	if _, err := f.WriteAt(want, 12345); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(want))
+	if _, err := f.ReadAt(got, 12345); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("read back: %v", err)
+	}
+	raw, err := os.ReadFile(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(raw[12345:12345+len(want)], want) {
+		t.Error("the backing file does not hold what was written")
+	}
+	// fsync is the device's Flush.
+	before := dev.flushes.Load()
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if dev.flushes.Load() == before {
+		t.Error("fsync did not flush the device")
+	}
+
+	// The end of the device: a straddling write is short, one past it
+	// fails with ENOSPC, a read there sees EOF.
+	if n, err := syscall.Pwrite(int(f.Fd()), []byte("0123456789"), size-4); n != 4 || err != nil {
+		t.Errorf("write across the end: %d %v", n, err)
+	}
+	if _, err := f.WriteAt([]byte("x"), size); !errors.Is(err, syscall.ENOSPC) {
+		t.Errorf("write past the end: %v", err)
+	}
+	if n, err := f.ReadAt(make([]byte, 10), size-4); n != 4 {
+		t.Errorf("read across the end: %d %v", n, err)
+	}
+	// The file cannot be resized.
+	if err := f.Truncate(size / 2); !errors.Is(err, syscall.EPERM) {
+		t.Errorf("truncate: %v", err)
+	}
+	if _, err := os.OpenFile(m.Path(), os.O_RDWR|os.O_TRUNC, 0); !errors.Is(err, syscall.EPERM) {
+		t.Errorf("open with O_TRUNC: %v", err)
+	}
+
+	// Punching a hole (a loop device's discard) zeroes the range and
+	// deallocates it in the backing file; zeroing a range zeroes it.
+	if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 1<<20, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_ZERO_RANGE|unix.FALLOC_FL_KEEP_SIZE, 12345, 100); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.ReadAt(got, 12345); err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range got {
+		inZero := i < 100 || (int64(12345+i) >= 1<<20 && int64(12345+i) < 2<<20)
+		if inZero && b != 0 || !inZero && b != want[i] {
+			t.Fatalf("byte %d (offset %d) is %d after punching and zeroing", i, 12345+i, b)
+		}
+	}
+	bf, err := os.Open(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bf.Close()
+	if hole, err := unix.Seek(int(bf.Fd()), 1<<20, unix.SEEK_HOLE); err != nil || hole != 1<<20 {
+		t.Errorf("no hole in the backing file where one was punched: %d %v", hole, err)
+	}
+	if data, err := unix.Seek(int(bf.Fd()), 12345, unix.SEEK_DATA); err != nil || data != 12345 {
+		t.Errorf("ZERO_RANGE deallocated the range: next data at %d (%v)", data, err)
+	}
+	// Growing the file is refused.
+	if err := unix.Fallocate(int(f.Fd()), 0, size-10, 100); !errors.Is(err, syscall.EFBIG) {
+		t.Errorf("fallocate beyond the end: %v", err)
+	}
+}
+
+// TestLoopMountedExt4 puts ext4 on the file through a loop device, as
+// `rialto attach --fuse` users do, and finds its files after a remount.
+func TestLoopMountedExt4(t *testing.T) {
+	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
+		t.Skip("no mkfs.ext4")
+	}
+	_, _, m := serve(t, 64<<20)
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", m.Path()).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.ext4: %v: %s", err, out)
+	}
+	mnt := t.TempDir()
+	mount := func() {
+		t.Helper()
+		if out, err := exec.Command("mount", "-o", "loop", m.Path(), mnt).CombinedOutput(); err != nil {
+			t.Fatalf("mount: %v: %s", err, out)
+		}
+	}
+	umount := func() {
+		t.Helper()
+		if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+			t.Fatalf("umount: %v: %s", err, out)
+		}
+	}
+	mount()
+	want := bytes.Repeat([]byte("on a lease "), 300000)
+	if err := os.WriteFile(filepath.Join(mnt, "f"), want, 0o600); err != nil {
+		umount()
+		t.Fatal(err)
+	}
+	umount()
+	mount()
+	got, err := os.ReadFile(filepath.Join(mnt, "f"))
+	umount()
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("file after remount: %d bytes, %v", len(got), err)
+	}
+}
+
+// TestCloseBusy unmounts lazily when the file is still open, without
+// hanging, and the mount is gone afterwards.
+func TestCloseBusy(t *testing.T) {
+	_, _, m := serve(t, 1<<20)
+	f, err := os.Open(m.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	err = m.Close()
+	if err == nil || !strings.Contains(err.Error(), "in use") {
+		t.Errorf("Close with the file open: %v", err)
+	}
+	mounts, _ := os.ReadFile("/proc/self/mounts")
+	if strings.Contains(string(mounts), filepath.Dir(m.Path())+" ") {
+		t.Errorf("still mounted: %s", mounts)
+	}
+	if _, err := f.ReadAt(make([]byte, 512), 0); err == nil {
+		t.Error("a read on the detached mount succeeded")
+	}
+}
+
+// TestUnmountBusy refuses to unmount while the file is open and serves on;
+// once it is closed, Unmount ends the server.
+func TestUnmountBusy(t *testing.T) {
+	_, _, m := serve(t, 1<<20)
+	f, err := os.OpenFile(m.Path(), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Unmount(); !errors.Is(err, fusefile.ErrBusy) {
+		t.Errorf("Unmount with the file open: %v", err)
+	}
+	if _, err := f.WriteAt([]byte("still served"), 0); err != nil {
+		t.Errorf("write after a refused unmount: %v", err)
+	}
+	f.Close()
+	if err := m.Unmount(); err != nil {
+		t.Fatalf("Unmount: %v", err)
+	}
+	select {
+	case <-m.Done():
+	default:
+		t.Error("server still running after Unmount")
+	}
+	if err := m.Close(); err != nil {
+		t.Errorf("Close after Unmount: %v", err)
+	}
+}
+
+// TestUnmountedOutside closes Done when the mount goes away from outside.
+func TestUnmountedOutside(t *testing.T) {
+	_, _, m := serve(t, 1<<20)
+	if out, err := exec.Command("umount", filepath.Dir(m.Path())).CombinedOutput(); err != nil {
+		t.Fatalf("umount: %v: %s", err, out)
+	}
+	<-m.Done()
+	if err := m.Close(); err != nil {
+		t.Errorf("Close after an outside unmount: %v", err)
+	}
+}
+
+func TestServeErrors(t *testing.T) {
+	needFUSE(t)
+	img := filepath.Join(t.TempDir(), "img")
+	if err := os.WriteFile(img, make([]byte, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fb, err := nbd.OpenFile(img, nbd.FileOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fb.Close()
+	full := t.TempDir()
+	if err := os.WriteFile(filepath.Join(full, "precious"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, err := fusefile.Serve(fb, fusefile.Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	for _, tc := range []struct{ dir, want string }{
+		{filepath.Join(t.TempDir(), "missing"), "mount point"},
+		{img, "not a directory"},
+		{full, "not an empty directory"},
+		// Another mount's directory: its root holds the file, and it is a
+		// mount point.
+		{filepath.Dir(m.Path()), "not an empty directory"},
+	} {
+		if _, err := fusefile.Serve(fb, fusefile.Config{Dir: tc.dir}); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Serve at %s: %v; want %q", tc.dir, err, tc.want)
+		}
+	}
+}
