@@ -42,7 +42,7 @@ case $mode in
 esac
 areas=${BENCH_AREAS:-$(ls -d bench/*/ | xargs -n1 basename)}
 [ -n "$assemble" ] && areas=""
-[ -n "$assemble" ] && mode=$(sed -n 's/^Mode: \*\*\([a-z]*\)\*\*.*/\1/p' docs/BENCHMARKS.md 2>/dev/null | head -1)
+[ -n "$assemble" ] && mode=assembled
 failed=()
 for a in $areas; do
   [ -x "bench/$a/run.sh" ] || continue
@@ -76,8 +76,15 @@ done
            echo "shorter measurements than the full mode (\`make bench\`, each area's defaults), the simulator's scale"
            echo "run with ${SCALE_LEASES:-100000} leases and without the real-vs-simulated validation; each section states"
            echo "its own rounds and durations." ;;
+    assembled) echo "Mode: **assembled** (\`bench/run.sh --assemble\`): the page was rebuilt from the fragments in docs/bench/,"
+               echo "which come from separate runs of their areas, in the full or the quick mode; each section states its"
+               echo "date, commit, rounds and durations." ;;
     *) echo "Mode: **full** (\`make bench\`: each area's defaults)." ;;
   esac
+  if [ -n "${BENCH_AREAS:-}" ] && [ -z "$assemble" ]; then
+    echo
+    echo "This run measured only: ${BENCH_AREAS}; the other sections are from earlier runs (see their dates)."
+  fi
   if [ ${#failed[@]} -gt 0 ] 2>/dev/null; then
     echo
     echo "**Areas that failed in this run** (their sections below are from earlier runs; see their dates): ${failed[*]}."
