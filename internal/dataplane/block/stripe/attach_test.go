@@ -34,6 +34,9 @@ type lender struct {
 	ln     net.Listener
 	cancel context.CancelFunc
 	done   chan struct{}
+	// maxBlock is the largest request the export takes (0: the default),
+	// kept across restarts.
+	maxBlock uint32
 }
 
 func startLender(t *testing.T, size int64) *lender {
@@ -47,6 +50,13 @@ func startLender(t *testing.T, size int64) *lender {
 // startLenderWith serves be as the lender's one export.
 func startLenderWith(t *testing.T, be nbd.Backend) *lender {
 	t.Helper()
+	return startLenderMaxBlock(t, be, 0)
+}
+
+// startLenderMaxBlock serves be as the lender's one export, taking requests
+// of at most maxBlock bytes (0: the default).
+func startLenderMaxBlock(t *testing.T, be nbd.Backend, maxBlock uint32) *lender {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -54,7 +64,7 @@ func startLenderWith(t *testing.T, be nbd.Backend) *lender {
 	var b [8]byte
 	rand.Read(b[:])
 	name := "cred-" + hex.EncodeToString(b[:])
-	l := &lender{be: be, name: name}
+	l := &lender{be: be, name: name, maxBlock: maxBlock}
 	l.serve(t, ln)
 	l.uri = nbd.URI{Network: "tcp", Address: ln.Addr().String(), Export: name}.String()
 	t.Cleanup(func() { l.kill() })
@@ -64,7 +74,7 @@ func startLenderWith(t *testing.T, be nbd.Backend) *lender {
 func (l *lender) serve(t *testing.T, ln net.Listener) {
 	t.Helper()
 	srv := &nbd.Server{}
-	if err := srv.AddExport(nbd.Export{Name: l.name, Backend: l.be}); err != nil {
+	if err := srv.AddExport(nbd.Export{Name: l.name, Backend: l.be, MaxBlock: l.maxBlock}); err != nil {
 		t.Error(err) // not Fatal: restart may run outside the test goroutine
 		return
 	}

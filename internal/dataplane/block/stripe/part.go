@@ -325,12 +325,17 @@ func (p *nbdPart) setRedial(cancel context.CancelFunc) bool {
 func (p *nbdPart) canStartWrite() bool { return true }
 
 // startWrite implements asyncWriter: b is sent on the current connection
-// and done gets what WriteAt would have returned. A failed write is
-// finished off the goroutine that read its reply (which must not block,
-// and whose connection a redial or the volume's failing of the part
-// closes): a broken connection is redialled and the write retried once
-// there, as WriteAt does. A write larger than the server takes in one
-// request is written (and awaited) before startWrite returns.
+// and done gets what WriteAt would have returned. A write that fails, or
+// cannot be sent (a connection already broken, a write larger than the
+// lender takes in one request), is finished on a goroutine of its own, as
+// startRead does: never on the caller's (the local export's reader, which
+// would stop reading every request of its client while one part redials,
+// for up to the redial timeout) nor on the one that read its reply (which
+// must not block, and whose connection a redial or the volume's failing of
+// the part closes). There a broken connection is redialled and the write
+// retried once, as WriteAt does. The write is in flight until done is
+// called (a Pool counts it, the write-back cache orders overlapping
+// requests behind it), and counts in wseq only once it has succeeded.
 func (p *nbdPart) startWrite(b []byte, off int64, done func(error)) {
 	write := func(c *nbd.Client) error {
 		_, err := c.WriteAt(b, off)
@@ -346,9 +351,11 @@ func (p *nbdPart) startWrite(b []byte, off int64, done func(error)) {
 		go func() { done(p.finish(true, c, err, write)) }()
 	})
 	if err != nil {
-		if errors.Is(err, nbd.ErrTooLarge) {
-			err = write(c)
-		}
-		done(p.finish(true, c, err, write))
+		go func() {
+			if errors.Is(err, nbd.ErrTooLarge) {
+				err = write(c)
+			}
+			done(p.finish(true, c, err, write))
+		}()
 	}
 }

@@ -179,8 +179,10 @@ func (w *writeBack) WriteAt(p []byte, off int64) (int, error) {
 		w.early.Add(1)
 		return len(p), nil
 	}
-	// Answered before we could acknowledge it (a failed part, a redial):
-	// its outcome is ours to return.
+	// Answered before we could acknowledge it (a failed part, a closed
+	// volume, a quick reply): its outcome is ours to return. A write that
+	// must be retried on a redialled connection is acknowledged, and
+	// stays in flight (ordering what overlaps it) until the retry ends.
 	if x.err != nil {
 		return 0, x.err
 	}
