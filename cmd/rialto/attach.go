@@ -191,11 +191,10 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 		}
 		st := attachState{ID: l.ID, State: "attached", PID: os.Getpid(), URI: att.URI(), Size: att.Volume().Size(),
 			Parts: parts, Control: ctlPath, Started: time.Now().UTC(), WriteBack: att.WriteBack()}
-		b, _ := json.MarshalIndent(st, "", "  ")
-		if err := writeFile0600(file, append(b, '\n')); err != nil {
+		if err := recordAttachment(file, st); err != nil {
 			att.Close()
 			os.Remove(ctlPath)
-			return fmt.Errorf("attach state: %w", err)
+			return err
 		}
 		if cf.json() {
 			cf.print(e.stdout, st)
@@ -359,6 +358,18 @@ func openAttachment(ctx context.Context, e *env, id string) (file, ctlPath strin
 	}
 	os.Chmod(ctlPath, 0o600)
 	return file, ctlPath, ctl, nil
+}
+
+// recordAttachment writes an attachment's state to file (mode 0600).
+func recordAttachment(file string, st attachState) error {
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err == nil {
+		err = writeFile0600(file, append(b, '\n'))
+	}
+	if err != nil {
+		return fmt.Errorf("attach state: %w", err)
+	}
+	return nil
 }
 
 func writeFile0600(path string, b []byte) error {

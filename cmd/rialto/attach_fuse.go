@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -52,11 +51,10 @@ func attachFUSE(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l a
 	closeAll := func() error { return errors.Join(m.Close(), vol.Close()) }
 	st := attachState{ID: l.ID, State: "attached", PID: os.Getpid(), File: m.Path(), Size: vol.Size(),
 		Parts: parts, Control: ctlPath, Started: time.Now().UTC()}
-	b, _ := json.MarshalIndent(st, "", "  ")
-	if err := writeFile0600(file, append(b, '\n')); err != nil {
+	if err := recordAttachment(file, st); err != nil {
 		closeAll()
 		os.Remove(ctlPath)
-		return fmt.Errorf("attach state: %w", err)
+		return err
 	}
 	if cf.json() {
 		cf.print(e.stdout, st)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -57,11 +56,10 @@ func attachNIC(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l ap
 	for _, r := range ifc.Routes() {
 		st.Routes = append(st.Routes, r.String())
 	}
-	b, _ := json.MarshalIndent(st, "", "  ")
-	if err := writeFile0600(file, append(b, '\n')); err != nil {
+	if err := recordAttachment(file, st); err != nil {
 		ifc.Close()
 		os.Remove(ctlPath)
-		return fmt.Errorf("attach state: %w", err)
+		return err
 	}
 	if cf.json() {
 		cf.print(e.stdout, st)

@@ -322,47 +322,41 @@ func StartRialto(ctx context.Context, c *lab.Cluster, dir string, sizeMiB int64,
 				Served: "the same dedicated lease through `rialto attach` on 127.0.0.1 (agent \"ded\" + the attach process, CPU of both)"}
 		}
 	}
+	// A dedicated lease of an agent of its own, attached with args.
+	attached := func(name, agent string, args []string, served string) error {
+		ag, err := c.StartAgent(ctx, lab.Agent{Name: agent, Blocks: []string{"disk0=" + filepath.Join(dir, agent+".img") + ":" + size}})
+		if err != nil {
+			return err
+		}
+		l, err := c.CreateLease(ctx, "--kind", "block", "--mode", "dedicated", "--size", size, "--affinity", agent)
+		if err != nil {
+			return err
+		}
+		at, err := c.Attach(ctx, l.ID, args...)
+		if err != nil {
+			return err
+		}
+		ls.Attached[name] = at
+		ls.LeaseIDs[name] = l.ID
+		ls.Targets[name] = &Target{Name: name, URI: at.URI, File: at.File, Rialto: true,
+			pids: func() []int { return []int{ag.PID(), at.PID()} }, Served: served}
+		return nil
+	}
 	if want["attach-unix"] {
-		ag, err := c.StartAgent(ctx, lab.Agent{Name: "du", Blocks: []string{"disk0=" + filepath.Join(dir, "du.img") + ":" + size}})
-		if err != nil {
+		if err := attached("attach-unix", "du", []string{"--socket", filepath.Join(dir, "attach.sock")},
+			"a dedicated lease of `rialto agent` \"du\" through `rialto attach --socket` on a Unix socket (agent + the attach process, CPU of both)"); err != nil {
 			return nil, err
 		}
-		l, err := c.CreateLease(ctx, "--kind", "block", "--mode", "dedicated", "--size", size, "--affinity", "du")
-		if err != nil {
-			return nil, err
-		}
-		at, err := c.Attach(ctx, l.ID, "--socket", filepath.Join(dir, "attach.sock"))
-		if err != nil {
-			return nil, err
-		}
-		ls.Attached["attach-unix"] = at
-		ls.LeaseIDs["attach-unix"] = l.ID
-		ls.Targets["attach-unix"] = &Target{Name: "attach-unix", URI: at.URI, Rialto: true,
-			pids:   func() []int { return []int{ag.PID(), at.PID()} },
-			Served: "a dedicated lease of `rialto agent` \"du\" through `rialto attach --socket` on a Unix socket (agent + the attach process, CPU of both)"}
 	}
 	if want["attach-fuse"] {
-		ag, err := c.StartAgent(ctx, lab.Agent{Name: "df", Blocks: []string{"disk0=" + filepath.Join(dir, "df.img") + ":" + size}})
-		if err != nil {
-			return nil, err
-		}
-		l, err := c.CreateLease(ctx, "--kind", "block", "--mode", "dedicated", "--size", size, "--affinity", "df")
-		if err != nil {
-			return nil, err
-		}
 		mnt := filepath.Join(dir, "attach-fuse")
 		if err := os.MkdirAll(mnt, 0o700); err != nil {
 			return nil, err
 		}
-		at, err := c.Attach(ctx, l.ID, "--fuse", mnt)
-		if err != nil {
+		if err := attached("attach-fuse", "df", []string{"--fuse", mnt},
+			"a dedicated lease of `rialto agent` \"df\" through `rialto attach --fuse` (a file in a FUSE mount; agent + the attach process, CPU of both)"); err != nil {
 			return nil, err
 		}
-		ls.Attached["attach-fuse"] = at
-		ls.LeaseIDs["attach-fuse"] = l.ID
-		ls.Targets["attach-fuse"] = &Target{Name: "attach-fuse", File: at.File, Rialto: true,
-			pids:   func() []int { return []int{ag.PID(), at.PID()} },
-			Served: "a dedicated lease of `rialto agent` \"df\" through `rialto attach --fuse` (a file in a FUSE mount; agent + the attach process, CPU of both)"}
 	}
 	if want["shared"] {
 		ag, err := c.StartAgent(ctx, lab.Agent{Name: "shr", Blocks: []string{"disk0=" + filepath.Join(dir, "shr.img") + ":" + fmt.Sprintf("%dMiB", 2*sizeMiB)}})
