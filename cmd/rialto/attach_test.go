@@ -328,27 +328,47 @@ func TestAttachProcess(t *testing.T) {
 // lease is released.
 func TestAttachEndsWithTheLease(t *testing.T) {
 	c := testcluster.Start(t, testcluster.Options{Nodes: 1})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	l, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 4 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runtime := t.TempDir()
-	_, done := attached(t, c, runtime, l.ID, "--watch", "50ms")
-	if _, err := c.Client().ReleaseLease(ctx, l.ID); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case code := <-done:
-		if code != 1 {
-			t.Errorf("attach of a released lease exited %d", code)
+	for _, fuse := range []bool{false, true} {
+		name := "nbd"
+		if fuse {
+			name = "fuse"
 		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("attach still running after its lease was released")
-	}
-	if _, err := os.Stat(filepath.Join(runtime, "rialto", l.ID+".json")); !os.IsNotExist(err) {
-		t.Errorf("state file left behind: %v", err)
+		t.Run(name, func(t *testing.T) {
+			var dir string
+			args := []string{"--watch", "50ms"}
+			if fuse {
+				if _, err := os.Stat("/dev/fuse"); err != nil || os.Geteuid() != 0 {
+					t.Skip("mounting FUSE needs root and /dev/fuse here")
+				}
+				dir = t.TempDir()
+				args = append(args, "--fuse", dir)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			l, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 4 << 20})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runtime := t.TempDir()
+			_, done := attached(t, c, runtime, append([]string{l.ID}, args...)...)
+			if _, err := c.Client().ReleaseLease(ctx, l.ID); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case code := <-done:
+				if code != 1 {
+					t.Errorf("attach of a released lease exited %d", code)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("attach still running after its lease was released")
+			}
+			if _, err := os.Stat(filepath.Join(runtime, "rialto", l.ID+".json")); !os.IsNotExist(err) {
+				t.Errorf("state file left behind: %v", err)
+			}
+			if mounts, _ := os.ReadFile("/proc/self/mounts"); fuse && strings.Contains(string(mounts), " "+dir+" ") {
+				t.Errorf("%s still mounted after the lease ended", dir)
+			}
+		})
 	}
 }
 
