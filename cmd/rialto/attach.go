@@ -109,7 +109,7 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 	cf.register(fs, e)
 	listen := fs.String("listen", "127.0.0.1:0", "loopback TCP address to serve the volume on")
 	socket := fs.String("socket", "", "serve on this Unix socket instead of TCP")
-	fuseDir := fs.String("fuse", "", "block: serve the lease as the file DIR/disk in a FUSE mount at this empty directory, instead of over NBD (then `mount -o loop DIR/disk MNT`)")
+	fuseDir := fs.String("fuse", "", "block: serve the lease as the file DIR/disk in a FUSE mount at the empty directory `DIR`, instead of over NBD (then: mount -o loop DIR/disk MNT)")
 	unit := sizeString(fs, "stripe-unit", "", "stripe unit, e.g. 128KiB (default: the lease's)")
 	conns := fs.Int("conns", 0, "NBD connections to each part (default 2); nic: tunnel connections to each lender (default 1, 2 with --bond-mode packet)")
 	var nf nicAttachFlags
