@@ -87,27 +87,27 @@ func dialFinished(t *testing.T, serve func(*Conn) error, split func(fin []byte) 
 		t.Fatal(err)
 	}
 	s := suiteByID(suite)
-	early := s.extract(h.key, make([]byte, s.size))
-	hsSecret := s.extract(shared, s.deriveSecret(early, "derived", s.emptyHash()))
+	early := extract(h.key, make([]byte, hashLen))
+	hsSecret := extract(shared, deriveSecret(early, "derived", emptyHash()))
 	transcript := append(append([]byte(nil), ch...), sh...)
-	th := s.transcriptHash(transcript)
-	cHS := s.deriveSecret(hsSecret, "c hs traffic", th)
-	sHS := s.deriveSecret(hsSecret, "s hs traffic", th)
-	master := s.extract(nil, s.deriveSecret(hsSecret, "derived", s.emptyHash()))
+	th := transcriptHash(transcript)
+	cHS := deriveSecret(hsSecret, "c hs traffic", th)
+	sHS := deriveSecret(hsSecret, "s hs traffic", th)
+	master := extract(nil, deriveSecret(hsSecret, "derived", emptyHash()))
 	tc := &testClient{t: t, c: cli}
 	tc.in.setSecret(s, sHS)
 	tc.out.setSecret(s, cHS)
 	typ, msgs := tc.read()
-	if typ != recordHandshake || len(msgs) < 6+4+s.size || msgs[0] != typeEncryptedExtensions {
+	if typ != recordHandshake || len(msgs) < 6+4+hashLen || msgs[0] != typeEncryptedExtensions {
 		t.Fatalf("no EncryptedExtensions and Finished: %d %x", typ, msgs)
 	}
 	fin := msgs[6:]
-	if fin[0] != typeFinished || !hmac.Equal(fin[4:], s.finished(sHS, s.transcriptHash(transcript, msgs[:6]))) {
+	if fin[0] != typeFinished || !hmac.Equal(fin[4:], finished(sHS, transcriptHash(transcript, msgs[:6]))) {
 		t.Fatal("the server's Finished does not verify")
 	}
 	transcript = append(transcript, msgs...)
-	th = s.transcriptHash(transcript)
-	cfin := append([]byte{typeFinished, 0, 0, byte(s.size)}, s.finished(cHS, th)...)
+	th = transcriptHash(transcript)
+	cfin := append([]byte{typeFinished, 0, 0, byte(hashLen)}, finished(cHS, th)...)
 	if split != nil {
 		go func() {
 			for _, r := range split(cfin) {
@@ -117,8 +117,8 @@ func dialFinished(t *testing.T, serve func(*Conn) error, split func(fin []byte) 
 		return tc, done
 	}
 	tc.send(recordHandshake, cfin)
-	tc.in.setSecret(s, s.deriveSecret(master, "s ap traffic", th))
-	tc.out.setSecret(s, s.deriveSecret(master, "c ap traffic", th))
+	tc.in.setSecret(s, deriveSecret(master, "s ap traffic", th))
+	tc.out.setSecret(s, deriveSecret(master, "c ap traffic", th))
 	return tc, done
 }
 

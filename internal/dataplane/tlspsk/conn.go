@@ -43,12 +43,12 @@ type halfConn struct {
 }
 
 func (h *halfConn) setSecret(s *suite, secret []byte) error {
-	a, err := s.aead(s.expandLabel(secret, "key", nil, s.keyLen))
+	a, err := s.aead(expandLabel(secret, "key", nil, s.keyLen))
 	if err != nil {
 		return err
 	}
 	h.s, h.aead, h.secret, h.seq = s, a, secret, 0
-	copy(h.iv[:], s.expandLabel(secret, "iv", nil, 12))
+	copy(h.iv[:], expandLabel(secret, "iv", nil, 12))
 	return nil
 }
 
@@ -56,7 +56,7 @@ func (h *halfConn) setSecret(s *suite, secret []byte) error {
 // the one before.
 func (h *halfConn) update() error {
 	old := h.secret
-	if err := h.setSecret(h.s, h.s.expandLabel(old, "traffic upd", nil, h.s.size)); err != nil {
+	if err := h.setSecret(h.s, expandLabel(old, "traffic upd", nil, hashLen)); err != nil {
 		return err
 	}
 	clear(old)

@@ -4,33 +4,43 @@ import (
 	"bytes"
 	"context"
 	"crypto/ecdh"
+	"crypto/hkdf"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha512"
 	"encoding/hex"
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/crypto/cryptobyte"
 )
 
+// suiteAES256SHA384 is TLS_AES_256_GCM_SHA384, a suite of a hash the
+// server does not use keys with: never negotiated.
+const suiteAES256SHA384 uint16 = 0x1302
+
 // hello describes a ClientHello the tests build, to reach what real
 // clients will not send.
 type hello struct {
-	identity   string
-	key        []byte
-	suites     []uint16
-	groups     []uint16
-	shares     []uint16 // groups to send a share of
-	modes      []byte
-	early      bool
-	afterPSK   bool // an extension after pre_shared_key
-	badBinder  bool
-	binderHash int    // 0: SHA-256
-	prefix     []byte // the transcript before it (after a HelloRetryRequest)
-	privs      map[uint16]*ecdh.PrivateKey
-	sessionID  []byte // nil: 32 bytes of 9
+	identity  string
+	key       []byte
+	suites    []uint16
+	groups    []uint16
+	shares    []uint16 // groups to send a share of
+	modes     []byte
+	early     bool
+	afterPSK  bool // an extension after pre_shared_key
+	badBinder bool
+	// sha384: binders as a client holding its key as a SHA-384 PSK
+	// computes them (48 bytes, over a SHA-384 transcript hash).
+	sha384    bool
+	prefix    []byte // the transcript before it (after a HelloRetryRequest)
+	privs     map[uint16]*ecdh.PrivateKey
+	sessionID []byte // nil: 32 bytes of 9
 
 	// psks, if set, are the identities offered instead of identity
 	// alone, each with a binder under its key (none: a binder of
@@ -56,9 +66,9 @@ func defaultHello() hello {
 // badBinder).
 func (h *hello) build(t *testing.T) []byte {
 	t.Helper()
-	size := 32
-	if h.binderHash == 48 {
-		size = 48
+	size := hashLen
+	if h.sha384 {
+		size = sha512.Size384
 	}
 	psks := h.psks
 	if psks == nil {
@@ -143,19 +153,24 @@ func (h *hello) build(t *testing.T) []byte {
 	if h.afterPSK {
 		return msg
 	}
-	s := suites[0]
-	if size == 48 {
-		s = suiteByID(TLS_AES_256_GCM_SHA384)
-	}
 	start := len(msg) - 2 - nBinders*(1+size) // the binders list
-	th := s.transcriptHash(h.prefix, msg[:start])
+	th := transcriptHash(h.prefix, msg[:start])
+	if h.sha384 {
+		sum := sha512.Sum384(append(append([]byte(nil), h.prefix...), msg[:start]...))
+		th = sum[:]
+	}
 	for i, p := range psks {
 		if p.key == nil {
 			continue
 		}
-		early := s.extract(p.key, make([]byte, s.size))
-		binderKey := s.deriveSecret(early, "ext binder", s.emptyHash())
-		binder := s.finished(binderKey, th)
+		var binder []byte
+		if h.sha384 {
+			binder = sha384Binder(p.key, th)
+		} else {
+			early := extract(p.key, make([]byte, hashLen))
+			binderKey := deriveSecret(early, "ext binder", emptyHash())
+			binder = finished(binderKey, th)
+		}
 		if h.badBinder {
 			binder[0] ^= 1
 		}
@@ -166,6 +181,34 @@ func (h *hello) build(t *testing.T) []byte {
 		copy(msg[start+2+j*(1+size)+1:], binder)
 	}
 	return msg
+}
+
+// sha384Binder is the binder of a client that holds key as a SHA-384 PSK
+// (RFC 8446, 4.2.11.2 and 7.1), over the SHA-384 transcript hash th: what
+// the server refuses, computed apart from the server's SHA-256 key
+// schedule.
+func sha384Binder(key, th []byte) []byte {
+	const n = sha512.Size384
+	expandLabel := func(secret []byte, label string, context []byte) []byte {
+		info := []byte{0, n, byte(len("tls13 " + label))}
+		info = append(info, "tls13 "+label...)
+		info = append(info, byte(len(context)))
+		info = append(info, context...)
+		out, err := hkdf.Expand(sha512.New384, secret, string(info), n)
+		if err != nil {
+			panic(err)
+		}
+		return out
+	}
+	early, err := hkdf.Extract(sha512.New384, key, make([]byte, n))
+	if err != nil {
+		panic(err)
+	}
+	empty := sha512.Sum384(nil)
+	binderKey := expandLabel(early, "ext binder", empty[:])
+	m := hmac.New(sha512.New384, expandLabel(binderKey, "finished", nil))
+	m.Write(th)
+	return m.Sum(nil)
 }
 
 // handshakeWith runs Handshake on one end of a pipe and hands the other
@@ -216,17 +259,27 @@ func readPlainRecord(t *testing.T, r io.Reader) (uint8, []byte) {
 // alert that names the fault, before any key is used.
 func TestCraftedRefusals(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		edit  func(*hello)
-		alert alert
+		name   string
+		edit   func(*hello)
+		alert  alert
+		reason string // in the server's error, if set
 	}{
-		{"0-RTT early data", func(h *hello) { h.early = true }, alertIllegalParameter},
-		{"an extension after pre_shared_key", func(h *hello) { h.afterPSK = true }, alertIllegalParameter},
-		{"a binder that does not verify", func(h *hello) { h.badBinder = true }, alertDecryptError},
-		{"no psk_key_exchange_modes value it takes", func(h *hello) { h.modes = []byte{pskModeKE, 7} }, alertInsufficientSecurity},
-		{"no group in common", func(h *hello) { h.groups, h.shares = []uint16{0x0100}, []uint16{} }, alertHandshakeFailure},
-		{"no suite of the binder's hash", func(h *hello) { h.suites = []uint16{TLS_AES_256_GCM_SHA384} }, alertHandshakeFailure},
-		{"an unknown identity", func(h *hello) { h.identity = "mallory" }, alertUnknownPSKIdentity},
+		{"0-RTT early data", func(h *hello) { h.early = true }, alertIllegalParameter, ""},
+		{"an extension after pre_shared_key", func(h *hello) { h.afterPSK = true }, alertIllegalParameter, ""},
+		{"a binder that does not verify", func(h *hello) { h.badBinder = true }, alertDecryptError, ""},
+		{"no psk_key_exchange_modes value it takes", func(h *hello) { h.modes = []byte{pskModeKE, 7} }, alertInsufficientSecurity, ""},
+		{"no group in common", func(h *hello) { h.groups, h.shares = []uint16{0x0100}, []uint16{} }, alertHandshakeFailure, ""},
+		{"an unknown identity", func(h *hello) { h.identity = "mallory" }, alertUnknownPSKIdentity, ""},
+		// Every key is bound to SHA-256 (RFC 8446, 4.2.11; RFC 9257):
+		// the same key used with SHA-384 is refused, whatever suites
+		// the client offers.
+		{"a SHA-384 binder for a known key", func(h *hello) {
+			h.sha384, h.suites = true, []uint16{suiteAES256SHA384, TLS_AES_128_GCM_SHA256}
+		}, alertDecryptError, "a binder of 48 bytes"},
+		{"only TLS_AES_256_GCM_SHA384, with a SHA-384 binder", func(h *hello) {
+			h.sha384, h.suites = true, []uint16{suiteAES256SHA384}
+		}, alertHandshakeFailure, "no SHA-256 cipher suite"},
+		{"only TLS_AES_256_GCM_SHA384", func(h *hello) { h.suites = []uint16{suiteAES256SHA384} }, alertHandshakeFailure, "no SHA-256 cipher suite"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := defaultHello()
@@ -238,8 +291,8 @@ func TestCraftedRefusals(t *testing.T) {
 				t.Fatalf("got record %d %x, want alert %s", typ, body, tc.alert)
 			}
 			var ae *AlertError
-			if err := <-done; !errors.As(err, &ae) || alert(ae.Alert) != tc.alert {
-				t.Fatalf("server: %v", err)
+			if err := <-done; !errors.As(err, &ae) || alert(ae.Alert) != tc.alert || !strings.Contains(ae.Reason, tc.reason) {
+				t.Fatalf("server: %v, want %s (%q)", err, tc.alert, tc.reason)
 			}
 		})
 	}
@@ -258,8 +311,7 @@ func TestHelloRetry(t *testing.T) {
 	if typ != recordHandshake || hrr[0] != typeServerHello || !bytes.Equal(hrr[6:38], helloRetryRandom) {
 		t.Fatalf("no HelloRetryRequest: %d %x", typ, hrr)
 	}
-	s := suites[0]
-	prefix := append([]byte{typeMessageHash, 0, 0, byte(s.size)}, s.transcriptHash(ch1)...)
+	prefix := append([]byte{typeMessageHash, 0, 0, byte(hashLen)}, transcriptHash(ch1)...)
 	prefix = append(prefix, hrr...)
 	h2 := defaultHello()
 	h2.prefix = prefix
@@ -278,7 +330,7 @@ func TestHelloRetry(t *testing.T) {
 	cli, done = handshakeWith(t)
 	go cli.Write(plainRecord(nil, recordHandshake, ch1))
 	_, hrr = readPlainRecord(t, cli)
-	prefix = append([]byte{typeMessageHash, 0, 0, byte(s.size)}, s.transcriptHash(ch1)...)
+	prefix = append([]byte{typeMessageHash, 0, 0, byte(hashLen)}, transcriptHash(ch1)...)
 	h2 = defaultHello()
 	h2.prefix = append(prefix, hrr...)
 	go cli.Write(plainRecord(nil, recordHandshake, h2.build(t)))
@@ -290,20 +342,19 @@ func TestHelloRetry(t *testing.T) {
 	<-done
 }
 
-// TestSHA384Key: a binder of 48 bytes is a SHA-384 key, which gets
-// TLS_AES_256_GCM_SHA384 though the client lists a SHA-256 suite first;
-// a P-256 share is taken as X25519 is.
-func TestSHA384Key(t *testing.T) {
+// TestSuiteChoice: the client's first suite the server has is taken
+// (GnuTLS lists TLS_AES_256_GCM_SHA384 first, which a SHA-256 key cannot
+// use); a P-256 share is taken as X25519 is.
+func TestSuiteChoice(t *testing.T) {
 	h := defaultHello()
-	h.binderHash = 48
-	h.suites = []uint16{TLS_AES_128_GCM_SHA256, TLS_AES_256_GCM_SHA384}
+	h.suites = []uint16{suiteAES256SHA384, TLS_CHACHA20_POLY1305_SHA256, TLS_AES_128_GCM_SHA256}
 	h.groups, h.shares = []uint16{groupP256}, []uint16{groupP256}
 	cli, done := handshakeWith(t)
 	go cli.Write(plainRecord(nil, recordHandshake, h.build(t)))
 	typ, sh := readPlainRecord(t, cli)
 	// type, length, version, random, session ID: the suite is at 71.
 	if typ != recordHandshake || sh[0] != typeServerHello || len(sh) < 73 ||
-		uint16(sh[71])<<8|uint16(sh[72]) != TLS_AES_256_GCM_SHA384 {
+		uint16(sh[71])<<8|uint16(sh[72]) != TLS_CHACHA20_POLY1305_SHA256 {
 		t.Fatalf("ServerHello %d %x", typ, sh)
 	}
 	cli.Close()

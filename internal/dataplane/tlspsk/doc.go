@@ -12,9 +12,14 @@
 //     sessions); a client offering only psk_ke gets insufficient_security;
 //     a client whose key shares are of no group the server takes gets one
 //     HelloRetryRequest;
-//   - cipher suites TLS_AES_128_GCM_SHA256, TLS_CHACHA20_POLY1305_SHA256 and
-//     TLS_AES_256_GCM_SHA384, the last for keys whose binder is a SHA-384
-//     one (a PSK's hash is SHA-256 unless the client says otherwise);
+//   - every key is bound to SHA-256, the hash GnuTLS (psktool's keys,
+//     nbdkit, libnbd) uses external PSKs with in TLS 1.3: RFC 8446 4.2.11
+//     and RFC 9257 tie a PSK to one hash, and a key file names none. So
+//     the cipher suites are TLS_AES_128_GCM_SHA256 and
+//     TLS_CHACHA20_POLY1305_SHA256 (the client's order decides); a client
+//     offering neither (TLS_AES_256_GCM_SHA384 only) gets
+//     handshake_failure, and a binder of another hash's length for a
+//     known identity (a client using the key with SHA-384) decrypt_error;
 //   - the client's binder for the PSK it names is verified (in constant
 //     time) before any key is derived from it; an unknown identity gets
 //     unknown_psk_identity, a wrong key decrypt_error;

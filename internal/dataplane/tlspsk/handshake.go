@@ -191,10 +191,11 @@ func (h *hs) check(ch *clientHello) (idx int, key []byte, err error) {
 	return idx, key, nil
 }
 
-// pickSuite takes the client's first suite whose hash is the binder's.
-func pickSuite(ch *clientHello, binderLen int) *suite {
+// pickSuite takes the client's first suite the server has (all are of
+// the keys' hash, SHA-256).
+func pickSuite(ch *clientHello) *suite {
 	for _, id := range ch.suites {
-		if s := suiteByID(id); s != nil && s.size == binderLen {
+		if s := suiteByID(id); s != nil {
 			return s
 		}
 	}
@@ -226,15 +227,32 @@ func pickShare(ch *clientHello) (share *keyShare, retry uint16) {
 }
 
 // verifyBinder checks the binder of identity idx against the transcript
-// before it (prefix: the messages of a first hello and a retry).
-func verifyBinder(s *suite, key []byte, ch *clientHello, idx int, prefix []byte) bool {
-	early := s.extract(key, make([]byte, s.size))
-	binderKey := s.deriveSecret(early, "ext binder", s.emptyHash())
-	want := s.finished(binderKey, s.transcriptHash(prefix, ch.raw[:ch.bindersStart]))
-	ok := hmac.Equal(want, ch.binders[idx])
+// before it (prefix: the messages of a first hello and a retry), and
+// returns the error (its alert sent) if it does not verify.
+//
+// A binder that does not verify gets decrypt_error: RFC 8446 says the
+// server must then abort (4.2.11) and names decrypt_error for failing to
+// "validate ... a PSK binder" (6.2). A binder whose length is not
+// SHA-256's is one of those, not an illegal_parameter (binders of 32 to
+// 255 bytes are well formed): the client uses the key with another hash
+// (SHA-384: 48 bytes), and every key is bound to SHA-256 (suite.go). The
+// client gets the alert a wrong key gets; the reason, for the server's
+// log, tells the two apart.
+func (h *hs) verifyBinder(key []byte, ch *clientHello, idx int, prefix []byte) error {
+	id, binder := ch.identities[idx].identity, ch.binders[idx]
+	if len(binder) != hashLen {
+		return h.fail(alertDecryptError, "a binder of %d bytes for identity %s: the client uses the key with a hash other than SHA-256 (%d-byte binders), the only one this server uses keys with, as GnuTLS does", len(binder), shown(id), hashLen)
+	}
+	early := extract(key, make([]byte, hashLen))
+	binderKey := deriveSecret(early, "ext binder", emptyHash())
+	want := finished(binderKey, transcriptHash(prefix, ch.raw[:ch.bindersStart]))
+	ok := hmac.Equal(want, binder)
 	clear(early)
 	clear(binderKey)
-	return ok
+	if !ok {
+		return h.fail(alertDecryptError, "the PSK binder does not verify: the client holds another key for identity %s", shown(id))
+	}
+	return nil
 }
 
 func serverHello(random, sessionID []byte, suite uint16, exts func(b *cryptobyte.Builder)) []byte {
@@ -279,12 +297,12 @@ func (h *hs) run() (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := pickSuite(ch, len(ch.binders[idx]))
+	s := pickSuite(ch)
 	if s == nil {
-		return nil, h.fail(alertHandshakeFailure, "no cipher suite of the PSK's hash in common")
+		return nil, h.fail(alertHandshakeFailure, "no SHA-256 cipher suite offered (TLS_AES_128_GCM_SHA256 or TLS_CHACHA20_POLY1305_SHA256): a pre-shared key is used with SHA-256 only")
 	}
-	if !verifyBinder(s, key, ch, idx, nil) {
-		return nil, h.fail(alertDecryptError, "the PSK binder does not verify: the client holds another key for identity %s", shown(ch.identities[idx].identity))
+	if err := h.verifyBinder(key, ch, idx, nil); err != nil {
+		return nil, err
 	}
 	var transcript []byte
 	share, retry := pickShare(ch)
@@ -298,7 +316,7 @@ func (h *hs) run() (*Conn, error) {
 			b.AddUint16(2)
 			b.AddUint16(retry)
 		})
-		transcript = append([]byte{typeMessageHash, 0, 0, byte(s.size)}, s.transcriptHash(ch.raw)...)
+		transcript = append([]byte{typeMessageHash, 0, 0, byte(hashLen)}, transcriptHash(ch.raw)...)
 		transcript = append(transcript, hrr...)
 		if _, err := h.conn.Write(plainRecord(nil, recordHandshake, hrr)); err != nil {
 			return nil, fmt.Errorf("tlspsk: handshake: %w", err)
@@ -313,15 +331,15 @@ func (h *hs) run() (*Conn, error) {
 		switch {
 		case string(ch.sessionID) != string(ch1.sessionID):
 			return nil, h.fail(alertIllegalParameter, "the second ClientHello changed its session ID")
-		case string(ch.identities[idx].identity) != string(id1) || len(ch.binders[idx]) != s.size:
+		case string(ch.identities[idx].identity) != string(id1):
 			return nil, h.fail(alertIllegalParameter, "the second ClientHello changed its PSK")
-		case pickSuite(ch, s.size) != s:
+		case pickSuite(ch) != s:
 			return nil, h.fail(alertIllegalParameter, "the second ClientHello changed its cipher suites")
 		case len(ch.shares) != 1 || ch.shares[0].group != retry:
 			return nil, h.fail(alertIllegalParameter, "the second ClientHello has no single key share of the group asked for")
 		}
-		if !verifyBinder(s, key, ch, idx, transcript) {
-			return nil, h.fail(alertDecryptError, "the PSK binder does not verify: the client holds another key for identity %s", shown(ch.identities[idx].identity))
+		if err := h.verifyBinder(key, ch, idx, transcript); err != nil {
+			return nil, err
 		}
 		share = &ch.shares[0]
 	}
@@ -355,14 +373,14 @@ func (h *hs) run() (*Conn, error) {
 	// The key schedule (RFC 8446, 7.1). Secrets the connection does not
 	// keep are forgotten when the handshake ends (as far as Go lets one:
 	// copies the runtime made are out of reach).
-	early := s.extract(key, make([]byte, s.size))
+	early := extract(key, make([]byte, hashLen))
 	defer clear(early)
 	defer clear(shared)
-	hsSecret := s.extract(shared, s.deriveSecret(early, "derived", s.emptyHash()))
-	th := s.transcriptHash(transcript)
-	cHS := s.deriveSecret(hsSecret, "c hs traffic", th)
-	sHS := s.deriveSecret(hsSecret, "s hs traffic", th)
-	master := s.extract(nil, s.deriveSecret(hsSecret, "derived", s.emptyHash()))
+	hsSecret := extract(shared, deriveSecret(early, "derived", emptyHash()))
+	th := transcriptHash(transcript)
+	cHS := deriveSecret(hsSecret, "c hs traffic", th)
+	sHS := deriveSecret(hsSecret, "s hs traffic", th)
+	master := extract(nil, deriveSecret(hsSecret, "derived", emptyHash()))
 	defer clear(hsSecret)
 	defer clear(cHS)
 	defer clear(sHS)
@@ -376,16 +394,16 @@ func (h *hs) run() (*Conn, error) {
 
 	ee := []byte{typeEncryptedExtensions, 0, 0, 2, 0, 0}
 	transcript = append(transcript, ee...)
-	sfin := append([]byte{typeFinished, 0, 0, byte(s.size)}, s.finished(sHS, s.transcriptHash(transcript))...)
+	sfin := append([]byte{typeFinished, 0, 0, byte(hashLen)}, finished(sHS, transcriptHash(transcript))...)
 	transcript = append(transcript, sfin...)
 	out := plainRecord(nil, recordHandshake, sh)
 	out = h.out.seal(out, recordHandshake, append(ee, sfin...))
 	if _, err := h.conn.Write(out); err != nil {
 		return nil, fmt.Errorf("tlspsk: handshake: %w", err)
 	}
-	th = s.transcriptHash(transcript)
-	cAP := s.deriveSecret(master, "c ap traffic", th)
-	sAP := s.deriveSecret(master, "s ap traffic", th)
+	th = transcriptHash(transcript)
+	cAP := deriveSecret(master, "c ap traffic", th)
+	sAP := deriveSecret(master, "s ap traffic", th)
 
 	m, err := h.readMessage()
 	if err != nil {
@@ -397,7 +415,7 @@ func (h *hs) run() (*Conn, error) {
 	if len(h.msgs) != 0 {
 		return nil, h.fail(alertUnexpectedMessage, "data after the client's Finished in its record")
 	}
-	if !hmac.Equal(m[4:], s.finished(cHS, th)) {
+	if !hmac.Equal(m[4:], finished(cHS, th)) {
 		return nil, h.fail(alertDecryptError, "the client's Finished does not verify")
 	}
 	c := &Conn{conn: h.conn, identity: string(ch.identities[idx].identity), suite: s.id}

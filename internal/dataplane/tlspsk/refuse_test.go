@@ -20,6 +20,9 @@ func TestRefusals(t *testing.T) {
 		{"unknown identity", "NORMAL:-VERS-ALL:+VERS-TLS1.3:+ECDHE-PSK", "mallory", testKeyHex, alertUnknownPSKIdentity, "Received alert [115]"},
 		{"psk_ke only", "NORMAL:-VERS-ALL:+VERS-TLS1.3:-KX-ALL:+PSK", testIdentity, testKeyHex, alertInsufficientSecurity, "Received alert [71]"},
 		{"TLS 1.2 only", "NORMAL:-VERS-ALL:+VERS-TLS1.2:+ECDHE-PSK", testIdentity, testKeyHex, alertProtocolVersion, "Received alert [70]"},
+		// A key is used with SHA-256 only: a client offering only
+		// the SHA-384 suite has none in common with the server.
+		{"TLS_AES_256_GCM_SHA384 only", "NORMAL:-VERS-ALL:+VERS-TLS1.3:+ECDHE-PSK:-CIPHER-ALL:+AES-256-GCM", testIdentity, testKeyHex, alertHandshakeFailure, "Received alert [40]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			addr, done := echoServer(t, testKeys(t))

@@ -287,8 +287,7 @@ func retried(t *testing.T, cli net.Conn) []byte {
 	if typ != recordHandshake || hrr[0] != typeServerHello || !bytes.Equal(hrr[6:38], helloRetryRandom) {
 		t.Fatalf("no HelloRetryRequest: %d %x", typ, hrr)
 	}
-	s := suites[0]
-	prefix := append([]byte{typeMessageHash, 0, 0, byte(s.size)}, s.transcriptHash(ch1)...)
+	prefix := append([]byte{typeMessageHash, 0, 0, byte(hashLen)}, transcriptHash(ch1)...)
 	return append(prefix, hrr...)
 }
 
@@ -332,6 +331,7 @@ func TestRetryConsistency(t *testing.T) {
 			h.prefix, h.suites = p, []uint16{TLS_CHACHA20_POLY1305_SHA256}
 		}, alertIllegalParameter},
 		{"0-RTT early data", func(h *hello, p []byte) { h.prefix, h.early = p, true }, alertIllegalParameter},
+		{"a SHA-384 binder", func(h *hello, p []byte) { h.prefix, h.sha384 = p, true }, alertDecryptError},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cli, done := handshakeWith(t)

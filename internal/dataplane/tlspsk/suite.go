@@ -6,25 +6,27 @@ import (
 	"crypto/hkdf"
 	"crypto/hmac"
 	"crypto/sha256"
-	"crypto/sha512"
 	"encoding/binary"
-	"hash"
 
 	"golang.org/x/crypto/chacha20poly1305"
 )
 
-// Cipher suites (RFC 8446, B.4).
+// Cipher suites (RFC 8446, B.4): those of SHA-256, the keys' hash.
 const (
 	TLS_AES_128_GCM_SHA256       uint16 = 0x1301
-	TLS_AES_256_GCM_SHA384       uint16 = 0x1302
 	TLS_CHACHA20_POLY1305_SHA256 uint16 = 0x1303
 )
+
+// Every key is bound to SHA-256, the hash psktool's keys are used with by
+// GnuTLS (nbdkit, libnbd) in TLS 1.3: RFC 8446 (4.2.11) and RFC 9257 tie
+// each PSK to one hash, and a key file has no field to name another. So
+// the key schedule below is SHA-256's, and only SHA-256 suites are
+// negotiated.
+const hashLen = sha256.Size
 
 type suite struct {
 	id     uint16
 	keyLen int
-	hash   func() hash.Hash
-	size   int // the hash's output length
 	aead   func(key []byte) (cipher.AEAD, error)
 }
 
@@ -36,12 +38,10 @@ func gcm(key []byte) (cipher.AEAD, error) {
 	return cipher.NewGCM(b)
 }
 
-// suites in the server's order of preference, for the client's order to
-// override among those of the PSK's hash.
+// suites are those of the keys' hash; the client's order picks among them.
 var suites = []*suite{
-	{TLS_AES_128_GCM_SHA256, 16, sha256.New, sha256.Size, gcm},
-	{TLS_CHACHA20_POLY1305_SHA256, chacha20poly1305.KeySize, sha256.New, sha256.Size, chacha20poly1305.New},
-	{TLS_AES_256_GCM_SHA384, 32, sha512.New384, sha512.Size384, gcm},
+	{TLS_AES_128_GCM_SHA256, 16, gcm},
+	{TLS_CHACHA20_POLY1305_SHA256, chacha20poly1305.KeySize, chacha20poly1305.New},
 }
 
 func suiteByID(id uint16) *suite {
@@ -54,7 +54,7 @@ func suiteByID(id uint16) *suite {
 }
 
 // expandLabel is HKDF-Expand-Label (RFC 8446, 7.1).
-func (s *suite) expandLabel(secret []byte, label string, context []byte, n int) []byte {
+func expandLabel(secret []byte, label string, context []byte, n int) []byte {
 	info := make([]byte, 0, 4+6+len(label)+len(context))
 	info = binary.BigEndian.AppendUint16(info, uint16(n))
 	info = append(info, byte(6+len(label)))
@@ -62,42 +62,43 @@ func (s *suite) expandLabel(secret []byte, label string, context []byte, n int) 
 	info = append(info, label...)
 	info = append(info, byte(len(context)))
 	info = append(info, context...)
-	out, err := hkdf.Expand(s.hash, secret, string(info), n)
+	out, err := hkdf.Expand(sha256.New, secret, string(info), n)
 	if err != nil {
-		panic("tlspsk: HKDF-Expand: " + err.Error()) // only for n > 255*hash size
+		panic("tlspsk: HKDF-Expand: " + err.Error()) // only for n > 255*hashLen
 	}
 	return out
 }
 
-func (s *suite) extract(ikm, salt []byte) []byte {
+func extract(ikm, salt []byte) []byte {
 	if ikm == nil {
-		ikm = make([]byte, s.size)
+		ikm = make([]byte, hashLen)
 	}
-	out, err := hkdf.Extract(s.hash, ikm, salt)
+	out, err := hkdf.Extract(sha256.New, ikm, salt)
 	if err != nil {
 		panic("tlspsk: HKDF-Extract: " + err.Error())
 	}
 	return out
 }
 
-// deriveSecret is Derive-Secret with the transcript's hash given.
-func (s *suite) deriveSecret(secret []byte, label string, transcriptHash []byte) []byte {
-	return s.expandLabel(secret, label, transcriptHash, s.size)
+// deriveSecret is Derive-Secret with the transcript's hash th given.
+func deriveSecret(secret []byte, label string, th []byte) []byte {
+	return expandLabel(secret, label, th, hashLen)
 }
 
-func (s *suite) transcriptHash(msgs ...[]byte) []byte {
-	h := s.hash()
+func transcriptHash(msgs ...[]byte) []byte {
+	h := sha256.New()
 	for _, m := range msgs {
 		h.Write(m)
 	}
 	return h.Sum(nil)
 }
 
-func (s *suite) emptyHash() []byte { return s.transcriptHash() }
+func emptyHash() []byte { return transcriptHash() }
 
-// finished computes a Finished verify_data (and a binder) from a base key.
-func (s *suite) finished(baseKey, transcriptHash []byte) []byte {
-	m := hmac.New(s.hash, s.expandLabel(baseKey, "finished", nil, s.size))
-	m.Write(transcriptHash)
+// finished computes a Finished verify_data (and a binder) from a base key
+// and a transcript hash.
+func finished(baseKey, th []byte) []byte {
+	m := hmac.New(sha256.New, expandLabel(baseKey, "finished", nil, hashLen))
+	m.Write(th)
 	return m.Sum(nil)
 }
