@@ -139,13 +139,8 @@ func TestAttachFUSE(t *testing.T) {
 	if _, errs, code := runIn(t, c, runtime, "detach", l.ID); code != 0 {
 		t.Fatalf("detach: exit %d: %s", code, errs)
 	}
-	select {
-	case code := <-done:
-		if code != 0 {
-			t.Errorf("attach exited %d", code)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("attach still running after detach returned")
+	if code := awaitExit(t, done, "detach returned"); code != 0 {
+		t.Errorf("attach exited %d", code)
 	}
 	mounts, _ := os.ReadFile("/proc/self/mounts")
 	if strings.Contains(string(mounts), " "+dir+" ") {
@@ -162,13 +157,8 @@ func TestAttachFUSE(t *testing.T) {
 		return strings.Contains(out.String(), "\n")
 	})
 	sh("umount", dir)
-	select {
-	case code := <-done2:
-		if code != 1 || !strings.Contains(errb.String(), "was unmounted") {
-			t.Errorf("attach after an outside unmount: exit %d: %s", code, errb.String())
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("attach still running after its mount was unmounted")
+	if code := awaitExit(t, done2, "its mount was unmounted"); code != 1 || !strings.Contains(errb.String(), "was unmounted") {
+		t.Errorf("attach after an outside unmount: exit %d: %s", code, errb.String())
 	}
 	if _, err := os.Stat(filepath.Join(runtime, "rialto", l.ID+".json")); !os.IsNotExist(err) {
 		t.Errorf("attach state left behind: %v", err)

@@ -96,6 +96,19 @@ func attached(t *testing.T, c *testcluster.Cluster, runtime string, args ...stri
 	return uri, done
 }
 
+// awaitExit returns the exit code attach sends on done, failing the test
+// if it has not exited within 20 s (after: what should have stopped it).
+func awaitExit(t *testing.T, done <-chan int, after string) int {
+	t.Helper()
+	select {
+	case code := <-done:
+		return code
+	case <-time.After(20 * time.Second):
+		t.Fatalf("attach still running after %s", after)
+		return 0
+	}
+}
+
 func TestAttachComposedLease(t *testing.T) {
 	c := testcluster.Start(t, testcluster.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -185,13 +198,8 @@ func TestAttachComposedLease(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &ds); err != nil || ds.ID != l.ID || ds.State != "detached" {
 		t.Errorf("detach printed %q (%v)", out, err)
 	}
-	select {
-	case code := <-done:
-		if code != 0 {
-			t.Errorf("attach exited %d", code)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("attach still running after detach returned")
+	if code := awaitExit(t, done, "detach returned"); code != 0 {
+		t.Errorf("attach exited %d", code)
 	}
 	if _, err := os.Stat(filepath.Join(runtime, "rialto", l.ID+".json")); !os.IsNotExist(err) {
 		t.Errorf("state file left behind: %v", err)
@@ -354,13 +362,8 @@ func TestAttachEndsWithTheLease(t *testing.T) {
 			if _, err := c.Client().ReleaseLease(ctx, l.ID); err != nil {
 				t.Fatal(err)
 			}
-			select {
-			case code := <-done:
-				if code != 1 {
-					t.Errorf("attach of a released lease exited %d", code)
-				}
-			case <-time.After(20 * time.Second):
-				t.Fatal("attach still running after its lease was released")
+			if code := awaitExit(t, done, "its lease was released"); code != 1 {
+				t.Errorf("attach of a released lease exited %d", code)
 			}
 			if _, err := os.Stat(filepath.Join(runtime, "rialto", l.ID+".json")); !os.IsNotExist(err) {
 				t.Errorf("state file left behind: %v", err)
