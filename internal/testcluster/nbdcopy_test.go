@@ -4,11 +4,15 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -34,7 +38,15 @@ func TestNbdcopyThroughLeases(t *testing.T) {
 	// Two devices per node (like `rialto up`), each large enough that every
 	// node keeps room for a part whatever the first leases took: the
 	// composed lease's three parts must land on three lenders.
-	c := Start(t, Options{Devices: []agent.DeviceConfig{
+	// The cluster's and the attachment's log, shown if the test fails.
+	logs := &lockedBuffer{}
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("log:\n%s", logs.String())
+		}
+	})
+	c := Start(t, Options{Logger: log, Devices: []agent.DeviceConfig{
 		{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 2 * size},
 		{Name: "disk1", Kind: api.KindBlock, Path: "disk1.img", Size: 2 * size},
 	}})
@@ -52,6 +64,9 @@ func TestNbdcopyThroughLeases(t *testing.T) {
 
 	// roundTrip copies src into uri and back with nbdcopy; between runs
 	// after the copy in.
+	// inspect, when set, says more about a range that differs (what the
+	// composed volume holds there).
+	var inspect func(off, n int64, want []byte) string
 	roundTrip := func(name, uri string, between func()) {
 		t.Helper()
 		if out, err := exec.CommandContext(ctx, nbdcopy, src, uri).CombinedOutput(); err != nil {
@@ -76,7 +91,7 @@ func TestNbdcopyThroughLeases(t *testing.T) {
 			t.Fatalf("%s: read back %d bytes: %v", name, n, err)
 		}
 		if got := h.Sum(nil); !bytes.Equal(got, want[:]) {
-			t.Fatalf("%s: checksums differ after the round trip", name)
+			t.Fatalf("%s: checksums differ after the round trip: %s", name, describeDiff(t, src, dst, size, inspect))
 		}
 		if err := os.Remove(dst); err != nil {
 			t.Fatal(err)
@@ -119,7 +134,10 @@ func TestNbdcopyThroughLeases(t *testing.T) {
 	if len(nodes) != 3 {
 		t.Errorf("composed parts on %d nodes, want 3: %+v", len(nodes), composed.Parts)
 	}
-	a, err := stripe.Attach(ctx, stripe.AttachConfig{URIs: uris, StripeUnit: composed.StripeUnit})
+	for _, p := range composed.Parts {
+		t.Logf("composed part on %s: device %s [%d, +%d)", p.NodeID, p.DeviceID, p.Offset, p.Length)
+	}
+	a, err := stripe.Attach(ctx, stripe.AttachConfig{URIs: uris, StripeUnit: composed.StripeUnit, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,5 +145,73 @@ func TestNbdcopyThroughLeases(t *testing.T) {
 	if a.Volume().Size() < size {
 		t.Fatalf("composed volume holds %d bytes, want at least %d", a.Volume().Size(), size)
 	}
+	inspect = func(off, n int64, want []byte) string {
+		// Read back through the volume itself, not through the local
+		// export nbdcopy used: tells a write that did not land from a
+		// read (or a block status) that went wrong.
+		got := make([]byte, n)
+		if _, err := a.Volume().ReadAt(got, off); err != nil {
+			return "volume read: " + err.Error()
+		}
+		ext, err := a.Volume().Extents(off, n)
+		return fmt.Sprintf("volume holds the source's bytes: %v; block status %+v (err %v)", bytes.Equal(got, want), ext, err)
+	}
 	roundTrip("composed", a.URI(), nil)
+}
+
+// describeDiff says where the first size bytes of files a and b differ:
+// each differing 4 KiB block range (up to ten), whether b holds zeroes
+// there (a hole reported where there is data) or other bytes, and what
+// inspect (if set) finds there.
+func describeDiff(t *testing.T, a, b string, size int64, inspect func(off, n int64, want []byte) string) string {
+	t.Helper()
+	x, err := os.ReadFile(a)
+	if err != nil {
+		return err.Error()
+	}
+	y, err := os.ReadFile(b)
+	if err != nil {
+		return err.Error()
+	}
+	const blk = 4 << 10
+	var out []string
+	zero := make([]byte, blk)
+	for off := int64(0); off < size && len(out) < 10; off += blk {
+		if bytes.Equal(x[off:off+blk], y[off:off+blk]) {
+			continue
+		}
+		end := off + blk
+		for end < size && !bytes.Equal(x[end:end+blk], y[end:end+blk]) {
+			end += blk
+		}
+		what := "other bytes"
+		if bytes.Equal(y[off:off+blk], zero) {
+			what = "zeroes"
+		}
+		more := ""
+		if inspect != nil {
+			more = "; " + inspect(off, end-off, x[off:end])
+		}
+		out = append(out, fmt.Sprintf("[%d, %d) (%d KiB, %s%s)", off, end, (end-off)>>10, what, more))
+		off = end - blk
+	}
+	return strings.Join(out, ", ")
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent writers (a log).
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
