@@ -42,24 +42,33 @@ func rawRead(fd int, p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	return rawCall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+	return rawCall(unix.SYS_READ, fd, unsafe.Pointer(&p[0]), len(p))
 }
 
 // rawWritev writes iov to fd, which must be non-blocking, once: the bytes
 // written (possibly fewer than iov holds), or an errno (EAGAIN: the socket
 // takes nothing now). iov must not be empty.
 func rawWritev(fd int, iov []unix.Iovec) (int, error) {
-	return rawCall(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
+	return rawCall(unix.SYS_WRITEV, fd, unsafe.Pointer(&iov[0]), len(iov))
 }
 
-// rawCall makes system call trap with three arguments, again on EINTR: its
-// result, or an errno.
-func rawCall(trap, a1, a2, a3 uintptr) (int, error) {
+// rawCall makes system call trap on fd with buffer p of n (bytes, or
+// iovecs), again on EINTR: its result, or an errno.
+//
+// p stays an unsafe.Pointer until the conversion in RawSyscall's argument
+// list, which keeps the memory where it is until the call returns. The
+// buffer may be on the caller's stack (rawSock.writev's iovec array is),
+// and calling rawCall may grow the stack, which moves it: the runtime
+// updates pointers into the stack, not a uintptr, so an address converted
+// to a uintptr before this call would send the kernel to the old, freed
+// stack, where another goroutine's data may be by then (one connection's
+// request went out on another's so).
+func rawCall(trap uintptr, fd int, p unsafe.Pointer, n int) (int, error) {
 	for {
-		n, _, e := syscall.RawSyscall(trap, a1, a2, a3)
+		r, _, e := syscall.RawSyscall(trap, uintptr(fd), uintptr(p), uintptr(n))
 		switch e {
 		case 0:
-			return int(n), nil
+			return int(r), nil
 		case unix.EINTR:
 			continue
 		}
