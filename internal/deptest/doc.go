@@ -18,6 +18,11 @@
 // and fabric, the simulator's core, the lease state machine) run it from
 // their TestPurity with their own import lists.
 //
+// UintptrAddresses lists where a source file turns a pointer into a
+// uintptr address outside a system call's argument list; its test runs it
+// over the module, where only reviewed places (memory that never moves)
+// may.
+//
 // DocProblems checks a package directory for the doc.go every package
 // has (its package comment there and nowhere else); its test runs it over
 // every package of the module.
