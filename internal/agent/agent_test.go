@@ -773,6 +773,36 @@ func TestRestartHoldsRememberedPorts(t *testing.T) {
 	}
 }
 
+// A prepare whose range overlaps another export of the same lease (one
+// left from an earlier placement, whose teardown never came) is refused
+// too: that export's teardown wipes its range, which would zero what the
+// new one holds. Parts of one lease side by side on a device are fine.
+func TestPrepareOverlapSameLease(t *testing.T) {
+	_, srv := newFakeCP(t)
+	r := start(t, testConfig(srv.URL, t.TempDir()))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	prep := func(export string, off int64) error {
+		_, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-l", Kind: api.KindBlock, DeviceName: "disk0", Offset: off, Length: 8192, Export: export})
+		return err
+	}
+	if err := prep("x_old", 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := prep("x_side", 8192); err != nil {
+		t.Fatalf("a second part beside the first: %v", err)
+	}
+	if err := prep("x_old", 0); err != nil {
+		t.Fatalf("the same export again: %v", err)
+	}
+	for _, off := range []int64{0, 4096} {
+		err := prep("x_new", off)
+		if !errors.Is(err, ErrOverlap) {
+			t.Fatalf("another export of the lease at %d over x_old: %v, want ErrOverlap", off, err)
+		}
+	}
+}
+
 // A prepare whose range overlaps another lease's is refused, and the reason
 // (which reaches the requesting tenant) does not name the other lease.
 func TestPrepareOverlapHidesOtherLease(t *testing.T) {

@@ -22,19 +22,25 @@ import (
 var (
 	// ErrConflict is returned when an export name is already used by another lease.
 	ErrConflict = errors.New("agent: export already serves another lease")
-	// ErrOverlap is returned when a range overlaps one that another lease's
-	// export still serves (for instance a lost lease not yet torn down): the
-	// agent never lets two leases reach the same bytes.
+	// ErrOverlap is returned when a range overlaps one that another export
+	// still serves (for instance a lost lease not yet torn down) or that is
+	// being wiped: the agent never lets two exports reach the same bytes.
 	ErrOverlap = errors.New("agent: range in use")
 )
 
-// rangeBusyLocked reports whether req's range overlaps the range of an
-// export of another lease on the same device (returning that lease), or a
-// range whose wipe has not finished; a.mu is held.
+// rangeBusyLocked reports whether req's range overlaps the range of
+// another export on the same device (returning its lease), or a range
+// whose wipe has not finished; a.mu is held.
+//
+// Another export of the same lease counts too: one left from an earlier
+// placement of the lease (its teardown did not reach this agent before the
+// lease was placed again) is torn down, and its range wiped, once a
+// heartbeat answer no longer lists it. Had its range overlapped the new
+// export's, that wipe would zero bytes the lease had written since.
 func (a *Agent) rangeBusyLocked(req api.PrepareRequest) (other string, wiping bool) {
 	for _, e := range a.exports {
 		r := e.Request
-		if r.LeaseID == req.LeaseID || r.DeviceName != req.DeviceName {
+		if r.DeviceName != req.DeviceName {
 			continue
 		}
 		if r.Offset < req.Offset+req.Length && req.Offset < r.Offset+r.Length {
@@ -116,6 +122,9 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 		// The reason reaches the requesting tenant: the other lease's ID
 		// stays in this agent's log.
 		a.log.Warn("refused an overlapping range", "lease", req.LeaseID, "device", dev.Name, "served_for", other)
+		if other == req.LeaseID {
+			return api.PrepareResponse{}, fmt.Errorf("%w: the range overlaps an export this agent still serves from an earlier placement of the lease", ErrOverlap)
+		}
 		return api.PrepareResponse{}, fmt.Errorf("%w: the range overlaps one this agent still serves for another lease", ErrOverlap)
 	case wiping:
 		a.log.Warn("refused a range whose wipe has not finished", "lease", req.LeaseID, "device", dev.Name)

@@ -114,7 +114,7 @@ func TestPrepareRefusesOverlap(t *testing.T) {
 	}{
 		{"l2", "e2", 4096, 8192, false}, // overlaps l1
 		{"l2", "e2", 8192, 4096, true},  // adjacent
-		{"l1", "e3", 4096, 4096, true},  // the same lease may overlap itself (composed parts)
+		{"l1", "e3", 4096, 4096, false}, // nor another export of the same lease (TestPrepareOverlapSameLease)
 		{"l3", "e4", 0, 0, false},       // the whole device
 		{"l3", "e5", 12288, 4096, true},
 	} {
