@@ -407,6 +407,18 @@ func (s *rawSock) CloseRead() error {
 	return nil
 }
 
+// abort makes release reset a TCP connection instead of closing it
+// gracefully (SO_LINGER with a zero timeout): what is still queued in the
+// socket, unsent or unacknowledged, is dropped rather than sent.
+func (s *rawSock) abort() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gone || !s.tcp {
+		return
+	}
+	unix.SetsockoptLinger(s.fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+}
+
 // release closes the descriptors. Call it once, when no goroutine uses
 // the socket any more; later Close calls do nothing.
 func (s *rawSock) release() {

@@ -329,6 +329,10 @@ func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
 }
 
 func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
+	// done is closed last, once the socket is closed too: RemoveExport
+	// waits for it.
+	done := make(chan struct{})
+	defer close(done)
 	defer nc.Close()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -368,7 +372,21 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 			log.Debug("nbd: connection ended", "export", NameTag(sess.name), "err", err)
 			return
 		}
-		defer rs.release() // after the connection's goroutines have ended (and close_notify)
+		// After the connection's goroutines have ended (and close_notify).
+		defer func() {
+			if ctx.Err() != nil {
+				// Ended by the server (RemoveExport, Retire's
+				// deadline, Serve's end): reset, so that the
+				// socket does not keep sending once RemoveExport
+				// has returned. Bytes a reply sent with sendfile
+				// are referenced, not copied: still queued, they
+				// would be read from the page cache when they
+				// leave, after the agent has wiped the range or
+				// the next lease has written it.
+				rs.abort()
+			}
+			rs.release()
+		}()
 		stopRS := context.AfterFunc(ctx, func() { rs.Close() })
 		defer stopRS()
 		fr.rc, fr.rs = sockRC{rs}, rs
@@ -419,8 +437,7 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 		// socket, TLS or not (fastReader).
 		c.fr = fr
 	}
-	c.cancel, c.done = cancel, make(chan struct{})
-	defer close(c.done)
+	c.cancel, c.done = cancel, done
 	e := s.attach(sess.name, c)
 	if e != sess.exp {
 		if e != nil {
