@@ -729,17 +729,24 @@ func (c *Client) lookup(h uint64) *call {
 	return c.pending[h]
 }
 
+// complete ends call cl (handle h), whose reply has been read. A call
+// forgotten meanwhile (forget: its request could not be sent whole, and
+// its caller heard of that instead) is not counted again, and its onDone
+// is not called: the caller has it already.
 func (c *Client) complete(h uint64, cl *call) {
 	c.mu.Lock()
-	delete(c.pending, h)
-	clientCalls.Add(-1)
-	if len(c.pending) == 1 {
-		deepClients.Add(-1)
+	_, pending := c.pending[h]
+	if pending {
+		delete(c.pending, h)
+		clientCalls.Add(-1)
+		if len(c.pending) == 1 {
+			deepClients.Add(-1)
+		}
 	}
 	cl.completed = true
 	c.mu.Unlock()
 	close(cl.done)
-	if cl.onDone != nil {
+	if pending && cl.onDone != nil {
 		cl.onDone(cl.err)
 	}
 }
@@ -996,11 +1003,19 @@ func (c *Client) startDone(typ, flags uint16, off uint64, length uint32, payload
 }
 
 // forget removes the pending call h, unless it has been completed or
-// failed already (then it reports false).
+// failed already, or its reply is being read into its buffer (then it
+// reports false, and the call ends the usual way). A request whose send
+// failed may have reached the server whole all the same (a writev that
+// carried it and failed on the next): its reply may come, and the reader
+// may have looked the call up already. Once forgotten, the call is
+// abandoned, so that the reader discards such a reply's payload rather
+// than write into a buffer the caller has taken back, and complete does
+// not call its onDone.
 func (c *Client) forget(h uint64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.pending[h]; !ok {
+	cl, ok := c.pending[h]
+	if !ok || !cl.state.CompareAndSwap(callLive, callAbandoned) {
 		return false
 	}
 	delete(c.pending, h)
