@@ -117,6 +117,16 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 	if exists && old.Request.LeaseID != req.LeaseID {
 		return api.PrepareResponse{}, ErrConflict
 	}
+	if exists && !sameRange(old.Request, req) {
+		// The part was placed again at another range here while the
+		// teardown of its earlier placement did not reach this agent: the
+		// driver would go on serving the old range under the name, which
+		// the control plane has freed, and a teardown would wipe the new
+		// one. The control plane places elsewhere; its teardown (or a
+		// heartbeat answer) wipes the old range.
+		a.log.Warn("refused a prepare naming an export served for another range", "lease", req.LeaseID, "device", dev.Name)
+		return api.PrepareResponse{}, fmt.Errorf("%w: the part's export is served here for another range (an earlier placement of the lease)", ErrOverlap)
+	}
 	switch {
 	case other != "":
 		// The reason reaches the requesting tenant: the other lease's ID
@@ -172,6 +182,11 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 	a.log.Info("prepared", "lease", req.LeaseID, "device", dev.Name, "kind", dev.Kind,
 		"offset", req.Offset, "length", req.Length, "export", resource.Fingerprint(req.Export))
 	return resp, nil
+}
+
+// sameRange reports whether a and b name the same range of the same device.
+func sameRange(a, b api.PrepareRequest) bool {
+	return a.DeviceName == b.DeviceName && a.Offset == b.Offset && a.Length == b.Length
 }
 
 // servedURI is where the export is served now.
