@@ -68,6 +68,8 @@ type Agent struct {
 
 	wipes []*pendingWipe // the wipe journal (a.mu)
 
+	prepares uint64 // exports the control plane asked for so far (Export.prepared)
+
 	xfers transfers // parts moving to or from here (transfer.go)
 
 	hbMu   sync.Mutex // serializes heartbeat rounds
@@ -714,6 +716,10 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	measured := !a.lastBeatAt.IsZero()
 	leases := a.leasesLocked()
 	moved := a.movedLocked()
+	// The answer says what the control plane wanted when it read the
+	// leases, which may be before a prepare that arrives meanwhile: it
+	// judges only the exports prepared by now.
+	mark := a.prepares
 	a.mu.Unlock()
 	if nodeID == "" {
 		return ErrNotJoined
@@ -766,11 +772,11 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 		a.recordMoved(resp.Moved, moved)
 	}
 	for _, id := range resp.Teardown {
-		if err := a.teardownLease(ctx, id); err != nil {
+		if err := a.teardownAnswered(ctx, id, mark); err != nil {
 			a.log.Warn("teardown requested by the control plane failed", "lease", id, "err", err)
 		}
 	}
-	a.reconcile(ctx, resp.Leases, resp.Now, sent)
+	a.reconcile(ctx, resp.Leases, resp.Now, sent, mark)
 	a.enforceExpiry(ctx, true)
 	if err := a.renewCert(ctx, nodeID, cred); err != nil && ctx.Err() == nil {
 		a.log.Warn("node certificate not renewed; retrying with the next heartbeat", "err", err)

@@ -45,6 +45,10 @@ type fakeCP struct {
 	parts    map[string][]api.PartRef
 	joinDown int  // answer this many joins with 503
 	hangup   bool // close the next heartbeat's connection without an answer
+	// beatIn, if set, is sent the next heartbeat once it has arrived;
+	// its answer is computed after beatGo is closed.
+	beatIn chan<- struct{}
+	beatGo <-chan struct{}
 }
 
 func newFakeCP(t *testing.T) (*fakeCP, *httptest.Server) {
@@ -73,6 +77,14 @@ func newFakeCP(t *testing.T) (*fakeCP, *httptest.Server) {
 		httpx.WriteJSON(w, http.StatusOK, api.JoinResponse{NodeID: id, Credential: f.cred, AgentKey: f.agentKey, HeartbeatSeconds: 3600})
 	})
 	mux.HandleFunc("POST /v1/nodes/{id}/heartbeat", func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		in, next := f.beatIn, f.beatGo
+		f.beatIn, f.beatGo = nil, nil
+		f.mu.Unlock()
+		if in != nil {
+			in <- struct{}{}
+			<-next
+		}
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		if f.hangup {

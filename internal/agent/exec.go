@@ -200,6 +200,8 @@ func (e Export) servedURI() string {
 // storeLocked records e and persists the exports; opMu is held.
 func (a *Agent) storeLocked(e Export) {
 	a.mu.Lock()
+	a.prepares++
+	e.prepared = a.prepares
 	a.exports[e.Request.Export] = e
 	a.countExportsLocked()
 	a.mu.Unlock()
@@ -238,6 +240,15 @@ func (a *Agent) teardownLease(ctx context.Context, leaseID string) error {
 	// A part of the lease moving to or from here is given up first.
 	a.abortLeaseTransfers(ctx, leaseID, "the lease is being torn down", true)
 	return a.teardownExports(ctx, leaseID, func(e Export) bool { return !e.incoming })
+}
+
+// teardownAnswered is teardownLease for a heartbeat answer, which judges
+// only the exports prepared before its heartbeat left (mark): one the
+// control plane asked for since (the lease placed here again) is left to
+// the next answer.
+func (a *Agent) teardownAnswered(ctx context.Context, leaseID string, mark uint64) error {
+	a.abortLeaseTransfers(ctx, leaseID, "the lease is being torn down", true)
+	return a.teardownExports(ctx, leaseID, func(e Export) bool { return !e.incoming && e.prepared <= mark })
 }
 
 // teardownExports tears down the exports of lease leaseID that pick

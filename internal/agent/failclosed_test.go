@@ -352,3 +352,58 @@ func TestUnwantedPartOfKeptLeaseWiped(t *testing.T) {
 		t.Fatal("the listed part stopped")
 	}
 }
+
+// TestAnswerDoesNotJudgeLaterPrepares: a heartbeat answer says what the
+// control plane wanted when it read the lease, which may be before a
+// prepare that reaches the agent while the answer is on its way (the
+// lease placed again here, at another range, after a failed prepare
+// round). An export prepared after the heartbeat left is not torn down,
+// nor its range wiped, by that answer: neither as a range the answer does
+// not list, nor by a teardown of its lease.
+func TestAnswerDoesNotJudgeLaterPrepares(t *testing.T) {
+	for _, teardown := range []bool{false, true} {
+		cp, srv := newFakeCP(t)
+		dir := t.TempDir()
+		a := start(t, testConfig(srv.URL, dir)).a
+		prep := func(export string, off int64) string {
+			t.Helper()
+			resp, err := a.Prepare(ctxFor(t), api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindBlock, DeviceName: "disk0",
+				Offset: off, Length: leaseSize, Export: export})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return resp.URI
+		}
+		prep("x_first", 0) // the earlier placement
+		in, next := make(chan struct{}), make(chan struct{})
+		cp.set(func(f *fakeCP) {
+			f.beatIn, f.beatGo = in, next
+			if teardown {
+				f.teardown = []string{"lease-a"} // read after the lease left this node
+			} else {
+				f.parts = map[string][]api.PartRef{"lease-a": {{Offset: 0, Length: leaseSize}}} // read before it was placed again
+			}
+		})
+		done := make(chan error, 1)
+		go func() { done <- a.Heartbeat(ctxFor(t)) }()
+		<-in
+		// While the answer is on its way: the earlier placement's
+		// teardown, then the lease placed here again at another range.
+		if err := a.Teardown(ctxFor(t), "lease-a"); err != nil {
+			t.Fatal(err)
+		}
+		uri := prep("x_again", 2*leaseSize)
+		data := bytes.Repeat([]byte("placed again "), leaseSize/13+1)[:leaseSize]
+		nbdWrite(t, uri, data, 0)
+		close(next)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if !served(t, uri) {
+			t.Errorf("teardown %v: an export prepared after the heartbeat left was stopped by its answer", teardown)
+		}
+		if !bytes.Equal(diskBytes(t, dir, 2*leaseSize, leaseSize), data) {
+			t.Errorf("teardown %v: an export prepared after the heartbeat left was wiped by its answer", teardown)
+		}
+	}
+}
