@@ -732,7 +732,9 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	cl := api.NewClient(a.cfg.ControlPlane, cred, a.hc)
 	sent := a.clock.Now()
 	start := time.Now()
-	resp, err := cl.Heartbeat(ctx, nodeID, hb)
+	hctx, cancel := a.untilExpiryRound(ctx)
+	resp, err := cl.Heartbeat(hctx, nodeID, hb)
+	cancel()
 	rtt := float64(time.Since(start).Nanoseconds()) / 1e3
 	// The link to the control plane is reported up with the round trip of
 	// the last heartbeat it answered, even with an error (401 for a
@@ -782,6 +784,24 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 		a.log.Warn("node certificate not renewed; retrying with the next heartbeat", "err", err)
 	}
 	return nil
+}
+
+// untilExpiryRound bounds a call to the control plane to end
+// expiryRoundTimeout after the earliest known expiry of a served export
+// (on the agent's clock): a round that began before that expiry was due
+// (or a control plane that stopped answering in the middle of one) does
+// not keep the export served past it.
+func (a *Agent) untilExpiryRound(ctx context.Context) (context.Context, context.CancelFunc) {
+	next, ok := a.nextExpiry()
+	if !ok {
+		return ctx, func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	t := a.clock.AfterFunc(max(next.Sub(a.clock.Now()), 0)+expiryRoundTimeout, cancel)
+	return ctx, func() {
+		t.Stop()
+		cancel()
+	}
 }
 
 // PauseHeartbeats sets Faults.PauseHeartbeats and, when pausing, waits

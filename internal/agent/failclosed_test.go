@@ -407,3 +407,39 @@ func TestAnswerDoesNotJudgeLaterPrepares(t *testing.T) {
 		}
 	}
 }
+
+// TestExpiryDuringSlowRound: a heartbeat round the control plane does
+// not answer does not keep an export served past its lease's known
+// expiry: the round gives up expiryRoundTimeout after the expiry (on the
+// agent's clock), and the export stops, even when the round began before
+// the expiry was due.
+func TestExpiryDuringSlowRound(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	cfg := testConfig(srv.URL, t.TempDir())
+	cfg.Clock = clk
+	a := start(t, cfg).a
+	resp, err := a.Prepare(ctxFor(t), api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindBlock, DeviceName: "disk0",
+		Length: leaseSize, Export: "x_lease-a", ExpiresAt: clk.Now().Add(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, next := make(chan struct{}), make(chan struct{})
+	defer close(next)
+	cp.set(func(f *fakeCP) { f.beatIn, f.beatGo = in, next })
+	done := make(chan error, 1)
+	go func() { done <- a.Heartbeat(ctxFor(t)) }()
+	<-in // the control plane has the heartbeat, and does not answer
+	clk.Advance(time.Minute + expiryRoundTimeout)
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("an unanswered heartbeat succeeded")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the round went on past the lease's expiry and the bound after it")
+	}
+	if served(t, resp.URI) {
+		t.Fatal("served past its known expiry while the control plane did not answer")
+	}
+}
