@@ -462,3 +462,40 @@ func TestLeasesLive(t *testing.T) {
 		t.Fatalf("live=maybe: %v", err)
 	}
 }
+
+// An expiry decided on a lease read before its renewal does not end the
+// renewed lease: the sweep reads the leases whose TTL ran out, the tenant
+// renews one (a renewal of a lease the sweep has not expired yet is
+// taken), then the sweep's write lands. The write's compare-and-set
+// checks the expiry as well as the state.
+func TestExpiryAfterRenewalLoses(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	j, _ := e.join("n1", 1<<30)
+	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, TTLSeconds: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(11 * time.Second)
+	if _, err := e.boot.WithToken(j.Credential).Heartbeat(e.ctx(), j.NodeID, api.Heartbeat{Health: "ok"}); err != nil {
+		t.Fatal(err)
+	}
+	read, err := e.srv.st.Leases(e.ctx(), store.LeaseFilter{States: []api.LeaseState{api.LeaseActive}, ExpiresBefore: e.clock.Now()})
+	if err != nil || len(read) != 1 {
+		t.Fatalf("the sweep's read: %v %v", read, err)
+	}
+	r, err := e.alice.RenewLease(e.ctx(), l.ID, 60)
+	if err != nil || r.State != api.LeaseActive {
+		t.Fatalf("renew: %v %+v", err, r)
+	}
+	if _, _, err := e.srv.apply(e.ctx(), read[0], lifecycle.Expire{}); err == nil {
+		t.Error("an expiry read before the renewal was written")
+	}
+	got, _ := e.alice.Lease(e.ctx(), l.ID)
+	if got.State != api.LeaseActive {
+		t.Fatalf("renewed lease is %s (%s)", got.State, got.Reason)
+	}
+	if td := e.lender.tornDown(); len(td) > 0 {
+		t.Fatalf("renewed lease torn down: %v", td)
+	}
+}

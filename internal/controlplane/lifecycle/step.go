@@ -203,7 +203,9 @@ func expire(l api.Lease, now time.Time) (api.Lease, []Action, error) {
 		return l, nil, refuse("lease %s runs until %s", l.ID, l.ExpiresAt.Format(time.RFC3339))
 	}
 	reason := fmt.Sprintf("TTL of %ds ran out at %s without renewal", l.TTLSeconds, l.ExpiresAt.Format(time.RFC3339))
-	n, w := write(l, states(api.LeaseReserved, api.LeaseActive), api.LeaseExpired, store.LeaseChange{Reason: reason}, "", now)
+	// The write checks the expiry too: a renewal written since l was read
+	// wins.
+	n, w := write(l, states(api.LeaseReserved, api.LeaseActive), api.LeaseExpired, store.LeaseChange{Reason: reason, ExpiredBy: now}, "", now)
 	return n, []Action{w, Free{}, Teardown{}}, nil
 }
 
