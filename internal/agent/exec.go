@@ -272,12 +272,22 @@ func (a *Agent) teardownExports(ctx context.Context, leaseID string, pick func(E
 	for _, e := range victims {
 		var w *pendingWipe
 		if a.needsWipe(e) {
+			// Entered live (no wipe retry takes it) until it is
+			// journalled.
 			var err error
-			if w, err = a.journalWipe(e, false); err != nil {
-				// The entry is in memory: the range stays refused until
-				// wiped, and the journal is written again then.
+			if w, err = a.journalWipe(e, true); err != nil {
+				// Not journalled: a crash before the wipe finished would
+				// leave the range with the tenant's bytes, named by
+				// neither file, to the next lease. The export stays
+				// (served) until a teardown that can journal its wipe:
+				// the control plane asks again (heartbeats).
+				a.forgetWipe(w)
 				errs = append(errs, err)
+				continue
 			}
+			a.mu.Lock()
+			w.live = false
+			a.mu.Unlock()
 		}
 		if drv, ok := a.drivers[e.Device.Kind]; ok && !e.held {
 			if err := drv.Teardown(ctx, e); err != nil {

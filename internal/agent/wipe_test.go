@@ -217,3 +217,42 @@ func TestRestartFinishesInterruptedTeardown(t *testing.T) {
 		t.Fatal("the range was not wiped")
 	}
 }
+
+// TestTeardownWaitsForTheJournal: a teardown whose wipe cannot be
+// journalled (the state directory's disk full, say) does not forget the
+// export: had it gone on, a crash before the wipe finished would leave the
+// range with the tenant's bytes, named by neither file, to the next
+// lease. The export stays (held after a restart, its range refused) until
+// a teardown that can journal it.
+func TestTeardownWaitsForTheJournal(t *testing.T) {
+	_, srv := newFakeCP(t)
+	dir := t.TempDir()
+	cfg := testConfig(srv.URL, dir)
+	r := start(t, cfg)
+	secret := bytes.Repeat([]byte{0x6b}, leaseSize)
+	nbdWrite(t, prepareBlock(t, r.a, "lease-a", 0, leaseSize), secret, 0)
+
+	// The journal cannot be written (a non-empty directory in its place).
+	if err := os.MkdirAll(filepath.Join(dir, wipesFile, "x"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	r.a.Faults.CrashMidWipe.Store(true)
+	if err := r.a.Teardown(ctxFor(t), "lease-a"); err == nil {
+		t.Fatal("a teardown whose wipe could not be journalled succeeded")
+	}
+	r.halt(t) // the crash
+	if err := os.RemoveAll(filepath.Join(dir, wipesFile)); err != nil {
+		t.Fatal(err)
+	}
+
+	a := start(t, cfg).a
+	resp, err := a.Prepare(ctxFor(t), api.PrepareRequest{LeaseID: "lease-b", Kind: api.KindBlock, DeviceName: "disk0",
+		Length: leaseSize, Export: "x_lease-b"})
+	switch {
+	case errors.Is(err, ErrOverlap):
+	case err != nil:
+		t.Fatal(err)
+	case !bytes.Equal(nbdRead(t, resp.URI, leaseSize, 0), make([]byte, leaseSize)):
+		t.Fatal("the next lease reads the previous tenant's bytes")
+	}
+}
