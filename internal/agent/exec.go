@@ -151,7 +151,9 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 				return api.PrepareResponse{}, fmt.Errorf("agent: resume %s on %s: %w", req.LeaseID, dev.Name, err)
 			}
 			old.Request, old.suspended = req, false
-			a.storeLocked(old)
+			if err := a.storeLocked(old); err != nil {
+				a.log.Warn("persisting exports", "err", err) // recorded before
+			}
 			a.mPrepares.WithLabelValues("ok").Inc()
 			return api.PrepareResponse{URI: old.servedURI()}, nil
 		}
@@ -177,7 +179,23 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 		// Heartbeat), so that a restart before then tries it again.
 		e.Moved = resp.URI
 	}
-	a.storeLocked(e)
+	if err := a.storeLocked(e); err != nil {
+		if !exists {
+			// Not recorded, a restart would forget the export, and with
+			// it the wipe its teardown owes the range. Nobody has its
+			// URI yet: it is undone.
+			a.mu.Lock()
+			delete(a.exports, req.Export)
+			a.countExportsLocked()
+			a.mu.Unlock()
+			if terr := drv.Teardown(ctx, e); terr != nil {
+				a.log.Warn("undoing an export that could not be recorded", "lease", req.LeaseID, "err", terr)
+			}
+			a.mPrepares.WithLabelValues("error").Inc()
+			return api.PrepareResponse{}, fmt.Errorf("agent: prepare %s on %s: %w", req.LeaseID, dev.Name, err)
+		}
+		a.log.Warn("persisting exports", "err", err) // recorded before
+	}
 	a.mPrepares.WithLabelValues("ok").Inc()
 	a.log.Info("prepared", "lease", req.LeaseID, "device", dev.Name, "kind", dev.Kind,
 		"offset", req.Offset, "length", req.Length, "export", resource.Fingerprint(req.Export))
@@ -198,16 +216,14 @@ func (e Export) servedURI() string {
 }
 
 // storeLocked records e and persists the exports; opMu is held.
-func (a *Agent) storeLocked(e Export) {
+func (a *Agent) storeLocked(e Export) error {
 	a.mu.Lock()
 	a.prepares++
 	e.prepared = a.prepares
 	a.exports[e.Request.Export] = e
 	a.countExportsLocked()
 	a.mu.Unlock()
-	if err := a.saveExportsLocked(); err != nil {
-		a.log.Warn("persisting exports", "err", err)
-	}
+	return a.saveExportsLocked()
 }
 
 // countExportsLocked updates the export gauges; a.mu is held.

@@ -256,3 +256,42 @@ func TestTeardownWaitsForTheJournal(t *testing.T) {
 		t.Fatal("the next lease reads the previous tenant's bytes")
 	}
 }
+
+// TestPrepareWaitsForItsRecord: a prepare whose export cannot be
+// recorded in exports.json fails (and serves nothing). Had it been
+// served, a restart would forget it: its lease's teardown would find
+// nothing to wipe, and the range would go to the next lease with the
+// tenant's bytes.
+func TestPrepareWaitsForItsRecord(t *testing.T) {
+	_, srv := newFakeCP(t)
+	dir := t.TempDir()
+	cfg := testConfig(srv.URL, dir)
+	r := start(t, cfg)
+	// exports.json cannot be written (a non-empty directory in its place).
+	if err := os.Remove(filepath.Join(dir, exportsFile)); err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, exportsFile, "x"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := r.a.Prepare(ctxFor(t), api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindBlock, DeviceName: "disk0",
+		Length: leaseSize, Export: "x_lease-a"})
+	if err == nil {
+		nbdWrite(t, resp.URI, bytes.Repeat([]byte{0x3c}, leaseSize), 0)
+	} else if served(t, "nbd://"+r.a.Endpoint(api.KindBlock)+"/x_lease-a") {
+		t.Fatal("a refused prepare's export is served")
+	}
+	r.halt(t) // a crash
+	if err := os.RemoveAll(filepath.Join(dir, exportsFile)); err != nil {
+		t.Fatal(err)
+	}
+
+	a := start(t, cfg).a
+	if err := a.Teardown(ctxFor(t), "lease-a"); err != nil {
+		t.Fatal(err)
+	}
+	ub := prepareBlock(t, a, "lease-b", 0, leaseSize)
+	if !bytes.Equal(nbdRead(t, ub, leaseSize, 0), make([]byte, leaseSize)) {
+		t.Fatal("the next lease reads the previous tenant's bytes")
+	}
+}
