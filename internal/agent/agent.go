@@ -292,6 +292,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	// accelerator slot ports could take one); each is released right
 	// before its owner binds it again, the rest after the restore.
 	saved, readable := a.savedExports()
+	if !readable {
+		// The ranges it lists may hold tenants' bytes that only their
+		// leases' teardowns would wipe: an agent that forgot them would
+		// overwrite the file and lend the ranges on unwiped.
+		return fmt.Errorf("agent: %s is unreadable: the ranges it lists may hold tenants' bytes; repair it, or zero the devices and remove it",
+			filepath.Join(a.cfg.StateDir, exportsFile))
+	}
 	a.reserved.reserve(a.cfg.Listen, a.rememberedPorts(saved))
 	defer a.reserved.releaseAll()
 	if err := a.openDevices(ctx); err != nil {
@@ -380,9 +387,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		closeAll()
 		return err
 	}
-	if readable {
-		a.restoreExports(ctx, saved)
-	}
+	a.restoreExports(ctx, saved)
 
 	srv := &http.Server{
 		Handler:           a.Handler(),

@@ -295,3 +295,34 @@ func TestPrepareWaitsForItsRecord(t *testing.T) {
 		t.Fatal("the next lease reads the previous tenant's bytes")
 	}
 }
+
+// TestUnreadableExportsRefused: an agent whose exports.json cannot be
+// read does not start. It cannot tell which ranges hold tenants' bytes:
+// started, its first prepare would overwrite the file, and the teardowns
+// of the leases it listed would find nothing to wipe, so their ranges
+// would go to the next leases with the bytes.
+func TestUnreadableExportsRefused(t *testing.T) {
+	_, srv := newFakeCP(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, exportsFile), []byte(`[{"lease_id":"l","device_name":"disk0","len`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(testConfig(srv.URL, dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(ctxFor(t))
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("Run with an unreadable exports.json returned nil")
+		}
+	case <-a.Ready():
+		cancel()
+		<-done
+		t.Fatal("an agent whose exports.json is unreadable started")
+	}
+	cancel()
+}
