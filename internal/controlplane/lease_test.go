@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -497,5 +498,46 @@ func TestExpiryAfterRenewalLoses(t *testing.T) {
 	}
 	if td := e.lender.tornDown(); len(td) > 0 {
 		t.Fatalf("renewed lease torn down: %v", td)
+	}
+}
+
+// A reservation the sweep takes for interrupted is torn down only once
+// the sweep's write has failed it: the pipeline preparing it (slow, or on
+// another replica) may confirm it in the meantime, and a teardown before
+// the write left an active lease whose lenders had torn it down and wiped
+// it.
+func TestInterruptedTornDownAfterItsWrite(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	j, _ := e.join("n1", 1<<30)
+	r := &reservation{tenant: "alice", req: api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20}, now: e.srv.now(), skip: map[string]string{}, ttl: time.Hour}
+	l, _, err := e.srv.reserve(e.ctx(), r, nil) // reserved; its prepare still under way
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Duration(prepareStaleFactor+1) * e.srv.cfg.PrepareTimeout)
+	if _, err := e.boot.WithToken(j.Credential).Heartbeat(e.ctx(), j.NodeID, api.Heartbeat{Health: "ok"}); err != nil {
+		t.Fatal(err)
+	}
+	var confirmed atomic.Bool
+	e.lender.mu.Lock()
+	e.lender.onTeardown = func(id string) {
+		if confirmed.Swap(true) {
+			return
+		}
+		// The pipeline's confirmation lands while the sweep tears down
+		// (refused once the sweep's write is in: it tears down again).
+		if cur, err := e.srv.st.Lease(e.ctx(), id); err == nil {
+			e.srv.apply(e.ctx(), cur, lifecycle.Confirm{URIs: []string{"nbd://127.0.0.1/x"}})
+		}
+	}
+	e.lender.mu.Unlock()
+	e.srv.Sweep(e.ctx())
+	got, err := e.srv.st.Lease(e.ctx(), l.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if torn := strings.Join(e.lender.tornDown(), " "); got.State == api.LeaseActive && strings.Contains(torn, l.ID) {
+		t.Fatalf("the lease is active and its lenders tore it down: %s", torn)
 	}
 }
