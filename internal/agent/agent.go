@@ -592,7 +592,11 @@ func (a *Agent) join(ctx context.Context) error {
 			}
 			req.CSR = csr
 		}
-		resp, err := cl.Join(ctx, req)
+		// A served export's known expiry bounds the call (a rejoin after
+		// a 401 while exports are served), as it does a heartbeat's.
+		jctx, jcancel := a.untilExpiryRound(ctx)
+		resp, err := cl.Join(jctx, req)
+		jcancel()
 		if hold := a.Faults.HoldJoinAnswer.Load(); err == nil && hold != nil {
 			select {
 			case <-*hold:
@@ -635,8 +639,12 @@ func (a *Agent) join(ctx context.Context) error {
 			return fmt.Errorf("agent: join rejected: %w", err)
 		}
 		wait := retry.Next()
-		a.log.Warn("join failed; retrying", "err", err, "in", wait)
 		a.enforceExpiry(ctx, false)
+		if next, ok := a.nextExpiry(); ok {
+			// Try again by the next known expiry, not after it.
+			wait = min(wait, max(next.Sub(a.clock.Now()), 50*time.Millisecond))
+		}
+		a.log.Warn("join failed; retrying", "err", err, "in", wait)
 		if err := retry.Sleep(ctx, wait); err != nil {
 			return err
 		}

@@ -49,6 +49,9 @@ type fakeCP struct {
 	// its answer is computed after beatGo is closed.
 	beatIn chan<- struct{}
 	beatGo <-chan struct{}
+	// joinIn and joinGo do the same for the next join.
+	joinIn chan<- struct{}
+	joinGo <-chan struct{}
 }
 
 func newFakeCP(t *testing.T) (*fakeCP, *httptest.Server) {
@@ -61,6 +64,14 @@ func newFakeCP(t *testing.T) (*fakeCP, *httptest.Server) {
 		}
 		var req api.JoinRequest
 		json.NewDecoder(r.Body).Decode(&req)
+		f.mu.Lock()
+		in, next := f.joinIn, f.joinGo
+		f.joinIn, f.joinGo = nil, nil
+		f.mu.Unlock()
+		if in != nil {
+			in <- struct{}{}
+			<-next
+		}
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		f.joins = append(f.joins, req)

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"context"
 	"net/url"
 	"strings"
 	"testing"
@@ -441,5 +442,46 @@ func TestExpiryDuringSlowRound(t *testing.T) {
 	}
 	if served(t, resp.URI) {
 		t.Fatal("served past its known expiry while the control plane did not answer")
+	}
+}
+
+// TestExpiryDuringRejoin: an agent the control plane no longer knows
+// (401) joins again; a join the control plane does not answer does not
+// keep an export served past its lease's known expiry either.
+func TestExpiryDuringRejoin(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	cfg := testConfig(srv.URL, t.TempDir())
+	cfg.Clock = clk
+	a := start(t, cfg).a
+	// The heartbeat loop waits its interval (an hour): the one timer.
+	if err := clk.BlockUntil(ctxFor(t), 1); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := a.Prepare(ctxFor(t), api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindBlock, DeviceName: "disk0",
+		Length: leaseSize, Export: "x_lease-a", ExpiresAt: clk.Now().Add(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, next := make(chan struct{}), make(chan struct{})
+	cp.set(func(f *fakeCP) { f.forgetful, f.joinIn, f.joinGo = true, in, next })
+	ctx, cancel := context.WithCancel(ctxFor(t))
+	done := make(chan error, 1)
+	go func() { done <- a.Heartbeat(ctx) }()
+	defer func() {
+		close(next)
+		cancel()
+		<-done
+	}()
+	<-in // the join has reached the control plane, which does not answer
+	clk.Advance(time.Minute + expiryRoundTimeout)
+	// The join given up, the agent waits to try again (beside the loop).
+	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer wcancel()
+	if err := clk.BlockUntil(wctx, 2); err != nil {
+		t.Fatal("the join went on past the lease's expiry and the bound after it")
+	}
+	if served(t, resp.URI) {
+		t.Fatal("served past its known expiry while joining again")
 	}
 }
