@@ -87,8 +87,9 @@ func (a *Agent) validate(req api.PrepareRequest) (api.PrepareRequest, DeviceConf
 
 // Prepare executes a prepare request: it checks the device and range,
 // asks the kind's driver to serve the export and remembers it. Preparing
-// an export again for the same lease returns the same answer (and serves
-// it again if it was held or suspended: the control plane wants it).
+// an export again for the same lease and range returns the same answer
+// (and serves it again if it was held or suspended: the control plane
+// wants it); for another range it is refused (ErrOverlap).
 func (a *Agent) Prepare(ctx context.Context, req api.PrepareRequest) (api.PrepareResponse, error) {
 	req.ExpiresAt, req.Now = localExpiry(req.ExpiresAt, req.Now, a.clock.Now()), time.Time{}
 	return a.prepare(ctx, req, false, "", false)
