@@ -68,6 +68,8 @@ type Agent struct {
 
 	wipes []*pendingWipe // the wipe journal (a.mu)
 
+	prepares uint64 // exports the control plane asked for so far (Export.prepared)
+
 	xfers transfers // parts moving to or from here (transfer.go)
 
 	hbMu   sync.Mutex // serializes heartbeat rounds
@@ -290,6 +292,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	// accelerator slot ports could take one); each is released right
 	// before its owner binds it again, the rest after the restore.
 	saved, readable := a.savedExports()
+	if !readable {
+		// The ranges it lists may hold tenants' bytes that only their
+		// leases' teardowns would wipe: an agent that forgot them would
+		// overwrite the file and lend the ranges on unwiped.
+		return fmt.Errorf("agent: %s is unreadable: the ranges it lists may hold tenants' bytes; repair it, or zero the devices and remove it",
+			filepath.Join(a.cfg.StateDir, exportsFile))
+	}
 	a.reserved.reserve(a.cfg.Listen, a.rememberedPorts(saved))
 	defer a.reserved.releaseAll()
 	if err := a.openDevices(ctx); err != nil {
@@ -378,9 +387,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		closeAll()
 		return err
 	}
-	if readable {
-		a.restoreExports(ctx, saved)
-	}
+	a.restoreExports(ctx, saved)
 
 	srv := &http.Server{
 		Handler:           a.Handler(),
@@ -585,7 +592,11 @@ func (a *Agent) join(ctx context.Context) error {
 			}
 			req.CSR = csr
 		}
-		resp, err := cl.Join(ctx, req)
+		// A served export's known expiry bounds the call (a rejoin after
+		// a 401 while exports are served), as it does a heartbeat's.
+		jctx, jcancel := a.untilExpiryRound(ctx)
+		resp, err := cl.Join(jctx, req)
+		jcancel()
 		if hold := a.Faults.HoldJoinAnswer.Load(); err == nil && hold != nil {
 			select {
 			case <-*hold:
@@ -628,8 +639,12 @@ func (a *Agent) join(ctx context.Context) error {
 			return fmt.Errorf("agent: join rejected: %w", err)
 		}
 		wait := retry.Next()
-		a.log.Warn("join failed; retrying", "err", err, "in", wait)
 		a.enforceExpiry(ctx, false)
+		if next, ok := a.nextExpiry(); ok {
+			// Try again by the next known expiry, not after it.
+			wait = min(wait, max(next.Sub(a.clock.Now()), 50*time.Millisecond))
+		}
+		a.log.Warn("join failed; retrying", "err", err, "in", wait)
 		if err := retry.Sleep(ctx, wait); err != nil {
 			return err
 		}
@@ -714,6 +729,10 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	measured := !a.lastBeatAt.IsZero()
 	leases := a.leasesLocked()
 	moved := a.movedLocked()
+	// The answer says what the control plane wanted when it read the
+	// leases, which may be before a prepare that arrives meanwhile: it
+	// judges only the exports prepared by now.
+	mark := a.prepares
 	a.mu.Unlock()
 	if nodeID == "" {
 		return ErrNotJoined
@@ -726,7 +745,9 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	cl := api.NewClient(a.cfg.ControlPlane, cred, a.hc)
 	sent := a.clock.Now()
 	start := time.Now()
-	resp, err := cl.Heartbeat(ctx, nodeID, hb)
+	hctx, cancel := a.untilExpiryRound(ctx)
+	resp, err := cl.Heartbeat(hctx, nodeID, hb)
+	cancel()
 	rtt := float64(time.Since(start).Nanoseconds()) / 1e3
 	// The link to the control plane is reported up with the round trip of
 	// the last heartbeat it answered, even with an error (401 for a
@@ -766,16 +787,34 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 		a.recordMoved(resp.Moved, moved)
 	}
 	for _, id := range resp.Teardown {
-		if err := a.teardownLease(ctx, id); err != nil {
+		if err := a.teardownAnswered(ctx, id, mark); err != nil {
 			a.log.Warn("teardown requested by the control plane failed", "lease", id, "err", err)
 		}
 	}
-	a.reconcile(ctx, resp.Leases, resp.Now, sent)
+	a.reconcile(ctx, resp.Leases, resp.Now, sent, mark)
 	a.enforceExpiry(ctx, true)
 	if err := a.renewCert(ctx, nodeID, cred); err != nil && ctx.Err() == nil {
 		a.log.Warn("node certificate not renewed; retrying with the next heartbeat", "err", err)
 	}
 	return nil
+}
+
+// untilExpiryRound bounds a call to the control plane to end
+// expiryRoundTimeout after the earliest known expiry of a served export
+// (on the agent's clock): a round that began before that expiry was due
+// (or a control plane that stopped answering in the middle of one) does
+// not keep the export served past it.
+func (a *Agent) untilExpiryRound(ctx context.Context) (context.Context, context.CancelFunc) {
+	next, ok := a.nextExpiry()
+	if !ok {
+		return ctx, func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	t := a.clock.AfterFunc(max(next.Sub(a.clock.Now()), 0)+expiryRoundTimeout, cancel)
+	return ctx, func() {
+		t.Stop()
+		cancel()
+	}
 }
 
 // PauseHeartbeats sets Faults.PauseHeartbeats and, when pausing, waits

@@ -45,6 +45,13 @@ type fakeCP struct {
 	parts    map[string][]api.PartRef
 	joinDown int  // answer this many joins with 503
 	hangup   bool // close the next heartbeat's connection without an answer
+	// beatIn, if set, is sent the next heartbeat once it has arrived;
+	// its answer is computed after beatGo is closed.
+	beatIn chan<- struct{}
+	beatGo <-chan struct{}
+	// joinIn and joinGo do the same for the next join.
+	joinIn chan<- struct{}
+	joinGo <-chan struct{}
 }
 
 func newFakeCP(t *testing.T) (*fakeCP, *httptest.Server) {
@@ -57,6 +64,14 @@ func newFakeCP(t *testing.T) (*fakeCP, *httptest.Server) {
 		}
 		var req api.JoinRequest
 		json.NewDecoder(r.Body).Decode(&req)
+		f.mu.Lock()
+		in, next := f.joinIn, f.joinGo
+		f.joinIn, f.joinGo = nil, nil
+		f.mu.Unlock()
+		if in != nil {
+			in <- struct{}{}
+			<-next
+		}
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		f.joins = append(f.joins, req)
@@ -73,6 +88,14 @@ func newFakeCP(t *testing.T) (*fakeCP, *httptest.Server) {
 		httpx.WriteJSON(w, http.StatusOK, api.JoinResponse{NodeID: id, Credential: f.cred, AgentKey: f.agentKey, HeartbeatSeconds: 3600})
 	})
 	mux.HandleFunc("POST /v1/nodes/{id}/heartbeat", func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		in, next := f.beatIn, f.beatGo
+		f.beatIn, f.beatGo = nil, nil
+		f.mu.Unlock()
+		if in != nil {
+			in <- struct{}{}
+			<-next
+		}
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		if f.hangup {
@@ -819,5 +842,56 @@ func TestPrepareOverlapHidesOtherLease(t *testing.T) {
 	}
 	if strings.Contains(err.Error(), "lease-owner") {
 		t.Fatalf("the refusal names the other lease: %v", err)
+	}
+}
+
+// An export name is one part's range: a prepare naming an export this
+// agent serves for another range (the part was placed again elsewhere on
+// the device while the teardown of the earlier placement did not reach
+// this agent) is refused. Taken as a retry, the driver would go on serving
+// the old range under the name while the agent recorded the new one: the
+// old range, free in the control plane's view, would be lent to another
+// lease while still served, and never wiped.
+func TestPrepareSameExportOtherRange(t *testing.T) {
+	_, srv := newFakeCP(t)
+	dir := t.TempDir()
+	r := start(t, testConfig(srv.URL, dir))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	prep := func(lease, export string, off int64) error {
+		_, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: lease, Kind: api.KindBlock, DeviceName: "disk0", Offset: off, Length: 8192, Export: export})
+		return err
+	}
+	if err := prep("lease-l", "x_part0", 0); err != nil {
+		t.Fatal(err)
+	}
+	// The lease's bytes in its first range.
+	img := filepath.Join(dir, "disk0.img")
+	f, err := os.OpenFile(img, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(bytes.Repeat([]byte{0xab}, 8192), 0); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := prep("lease-l", "x_part0", 0); err != nil {
+		t.Fatalf("the same export again (a retry): %v", err)
+	}
+	if err := prep("lease-l", "x_part0", 16384); !errors.Is(err, ErrOverlap) {
+		t.Errorf("the same export name at another range: %v, want ErrOverlap", err)
+	}
+	if err := prep("lease-m", "x_other", 0); !errors.Is(err, ErrOverlap) {
+		t.Errorf("another lease over the range x_part0 still serves: %v, want ErrOverlap", err)
+	}
+	if err := r.a.Teardown(ctx, "lease-l"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got[:8192], make([]byte, 8192)) {
+		t.Fatal("the lease's first range still holds its bytes after its teardown")
 	}
 }

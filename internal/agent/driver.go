@@ -44,6 +44,12 @@ type Export struct {
 	// transfer's token and not served as the lease's export until the
 	// transfer is committed. Not persisted, not reported in heartbeats.
 	incoming bool
+	// prepared is the agent's count of prepares (Agent.prepares) when
+	// the control plane last asked for the export (a prepare, or a move's
+	// commit here); 0 for a restored export. A heartbeat answer judges
+	// only the exports its heartbeat could report: prepared no later than
+	// the heartbeat left.
+	prepared uint64
 }
 
 // serving reports whether the export's driver serves it.

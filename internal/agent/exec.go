@@ -87,8 +87,9 @@ func (a *Agent) validate(req api.PrepareRequest) (api.PrepareRequest, DeviceConf
 
 // Prepare executes a prepare request: it checks the device and range,
 // asks the kind's driver to serve the export and remembers it. Preparing
-// an export again for the same lease returns the same answer (and serves
-// it again if it was held or suspended: the control plane wants it).
+// an export again for the same lease and range returns the same answer
+// (and serves it again if it was held or suspended: the control plane
+// wants it); for another range it is refused (ErrOverlap).
 func (a *Agent) Prepare(ctx context.Context, req api.PrepareRequest) (api.PrepareResponse, error) {
 	req.ExpiresAt, req.Now = localExpiry(req.ExpiresAt, req.Now, a.clock.Now()), time.Time{}
 	return a.prepare(ctx, req, false, "", false)
@@ -117,6 +118,16 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 	if exists && old.Request.LeaseID != req.LeaseID {
 		return api.PrepareResponse{}, ErrConflict
 	}
+	if exists && !sameRange(old.Request, req) {
+		// The part was placed again at another range here while the
+		// teardown of its earlier placement did not reach this agent: the
+		// driver would go on serving the old range under the name, which
+		// the control plane has freed, and a teardown would wipe the new
+		// one. The control plane places elsewhere; its teardown (or a
+		// heartbeat answer) wipes the old range.
+		a.log.Warn("refused a prepare naming an export served for another range", "lease", req.LeaseID, "device", dev.Name)
+		return api.PrepareResponse{}, fmt.Errorf("%w: the part's export is served here for another range (an earlier placement of the lease)", ErrOverlap)
+	}
 	switch {
 	case other != "":
 		// The reason reaches the requesting tenant: the other lease's ID
@@ -141,7 +152,9 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 				return api.PrepareResponse{}, fmt.Errorf("agent: resume %s on %s: %w", req.LeaseID, dev.Name, err)
 			}
 			old.Request, old.suspended = req, false
-			a.storeLocked(old)
+			if err := a.storeLocked(old); err != nil {
+				a.log.Warn("persisting exports", "err", err) // recorded before
+			}
 			a.mPrepares.WithLabelValues("ok").Inc()
 			return api.PrepareResponse{URI: old.servedURI()}, nil
 		}
@@ -167,11 +180,32 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 		// Heartbeat), so that a restart before then tries it again.
 		e.Moved = resp.URI
 	}
-	a.storeLocked(e)
+	if err := a.storeLocked(e); err != nil {
+		if !exists {
+			// Not recorded, a restart would forget the export, and with
+			// it the wipe its teardown owes the range. Nobody has its
+			// URI yet: it is undone.
+			a.mu.Lock()
+			delete(a.exports, req.Export)
+			a.countExportsLocked()
+			a.mu.Unlock()
+			if terr := drv.Teardown(ctx, e); terr != nil {
+				a.log.Warn("undoing an export that could not be recorded", "lease", req.LeaseID, "err", terr)
+			}
+			a.mPrepares.WithLabelValues("error").Inc()
+			return api.PrepareResponse{}, fmt.Errorf("agent: prepare %s on %s: %w", req.LeaseID, dev.Name, err)
+		}
+		a.log.Warn("persisting exports", "err", err) // recorded before
+	}
 	a.mPrepares.WithLabelValues("ok").Inc()
 	a.log.Info("prepared", "lease", req.LeaseID, "device", dev.Name, "kind", dev.Kind,
 		"offset", req.Offset, "length", req.Length, "export", resource.Fingerprint(req.Export))
 	return resp, nil
+}
+
+// sameRange reports whether a and b name the same range of the same device.
+func sameRange(a, b api.PrepareRequest) bool {
+	return a.DeviceName == b.DeviceName && a.Offset == b.Offset && a.Length == b.Length
 }
 
 // servedURI is where the export is served now.
@@ -183,14 +217,14 @@ func (e Export) servedURI() string {
 }
 
 // storeLocked records e and persists the exports; opMu is held.
-func (a *Agent) storeLocked(e Export) {
+func (a *Agent) storeLocked(e Export) error {
 	a.mu.Lock()
+	a.prepares++
+	e.prepared = a.prepares
 	a.exports[e.Request.Export] = e
 	a.countExportsLocked()
 	a.mu.Unlock()
-	if err := a.saveExportsLocked(); err != nil {
-		a.log.Warn("persisting exports", "err", err)
-	}
+	return a.saveExportsLocked()
 }
 
 // countExportsLocked updates the export gauges; a.mu is held.
@@ -225,6 +259,15 @@ func (a *Agent) teardownLease(ctx context.Context, leaseID string) error {
 	return a.teardownExports(ctx, leaseID, func(e Export) bool { return !e.incoming })
 }
 
+// teardownAnswered is teardownLease for a heartbeat answer, which judges
+// only the exports prepared before its heartbeat left (mark): one the
+// control plane asked for since (the lease placed here again) is left to
+// the next answer.
+func (a *Agent) teardownAnswered(ctx context.Context, leaseID string, mark uint64) error {
+	a.abortLeaseTransfers(ctx, leaseID, "the lease is being torn down", true)
+	return a.teardownExports(ctx, leaseID, func(e Export) bool { return !e.incoming && e.prepared <= mark })
+}
+
 // teardownExports tears down the exports of lease leaseID that pick
 // selects (teardownLease's work; also a moved part's old export).
 func (a *Agent) teardownExports(ctx context.Context, leaseID string, pick func(Export) bool) error {
@@ -246,12 +289,22 @@ func (a *Agent) teardownExports(ctx context.Context, leaseID string, pick func(E
 	for _, e := range victims {
 		var w *pendingWipe
 		if a.needsWipe(e) {
+			// Entered live (no wipe retry takes it) until it is
+			// journalled.
 			var err error
-			if w, err = a.journalWipe(e, false); err != nil {
-				// The entry is in memory: the range stays refused until
-				// wiped, and the journal is written again then.
+			if w, err = a.journalWipe(e, true); err != nil {
+				// Not journalled: a crash before the wipe finished would
+				// leave the range with the tenant's bytes, named by
+				// neither file, to the next lease. The export stays
+				// (served) until a teardown that can journal its wipe:
+				// the control plane asks again (heartbeats).
+				a.forgetWipe(w)
 				errs = append(errs, err)
+				continue
 			}
+			a.mu.Lock()
+			w.live = false
+			a.mu.Unlock()
 		}
 		if drv, ok := a.drivers[e.Device.Kind]; ok && !e.held {
 			if err := drv.Teardown(ctx, e); err != nil {

@@ -43,8 +43,10 @@ func localExpiry(exp, cpNow, since time.Time) time.Time {
 // the control plane's clock in the answer, sent the agent's clock when
 // the heartbeat left), and the confirmation of held or suspended exports
 // whose lease has not expired. Expiries are kept in memory only: a restart
-// holds every export until the next answer brings them again.
-func (a *Agent) reconcile(ctx context.Context, leases []api.LeaseExpiry, cpNow, sent time.Time) {
+// holds every export until the next answer brings them again. Only
+// exports prepared before the heartbeat left (Export.prepared ≤ mark)
+// are dropped for a range the answer does not list.
+func (a *Agent) reconcile(ctx context.Context, leases []api.LeaseExpiry, cpNow, sent time.Time, mark uint64) {
 	if len(leases) == 0 {
 		return
 	}
@@ -70,9 +72,11 @@ func (a *Agent) reconcile(ctx context.Context, leases []api.LeaseExpiry, cpNow, 
 		if !ok {
 			continue
 		}
-		if set, ok := ranges[e.Request.LeaseID]; ok && !e.incoming && !set[partRef(e.Request)] {
+		if set, ok := ranges[e.Request.LeaseID]; ok && !e.incoming && e.prepared <= mark && !set[partRef(e.Request)] {
 			// A part that moved away or was lost, or a stale copy
-			// restored after a restart: never served again.
+			// restored after a restart: never served again. (One
+			// prepared after the heartbeat left may be a placement the
+			// answer did not know of yet.)
 			unwanted[e.Request.LeaseID] = append(unwanted[e.Request.LeaseID], name)
 			continue
 		}

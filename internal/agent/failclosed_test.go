@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"context"
 	"net/url"
 	"strings"
 	"testing"
@@ -350,5 +351,137 @@ func TestUnwantedPartOfKeptLeaseWiped(t *testing.T) {
 	}
 	if !served(t, other) {
 		t.Fatal("the listed part stopped")
+	}
+}
+
+// TestAnswerDoesNotJudgeLaterPrepares: a heartbeat answer says what the
+// control plane wanted when it read the lease, which may be before a
+// prepare that reaches the agent while the answer is on its way (the
+// lease placed again here, at another range, after a failed prepare
+// round). An export prepared after the heartbeat left is not torn down,
+// nor its range wiped, by that answer: neither as a range the answer does
+// not list, nor by a teardown of its lease.
+func TestAnswerDoesNotJudgeLaterPrepares(t *testing.T) {
+	for _, teardown := range []bool{false, true} {
+		cp, srv := newFakeCP(t)
+		dir := t.TempDir()
+		a := start(t, testConfig(srv.URL, dir)).a
+		prep := func(export string, off int64) string {
+			t.Helper()
+			resp, err := a.Prepare(ctxFor(t), api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindBlock, DeviceName: "disk0",
+				Offset: off, Length: leaseSize, Export: export})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return resp.URI
+		}
+		prep("x_first", 0) // the earlier placement
+		in, next := make(chan struct{}), make(chan struct{})
+		cp.set(func(f *fakeCP) {
+			f.beatIn, f.beatGo = in, next
+			if teardown {
+				f.teardown = []string{"lease-a"} // read after the lease left this node
+			} else {
+				f.parts = map[string][]api.PartRef{"lease-a": {{Offset: 0, Length: leaseSize}}} // read before it was placed again
+			}
+		})
+		done := make(chan error, 1)
+		go func() { done <- a.Heartbeat(ctxFor(t)) }()
+		<-in
+		// While the answer is on its way: the earlier placement's
+		// teardown, then the lease placed here again at another range.
+		if err := a.Teardown(ctxFor(t), "lease-a"); err != nil {
+			t.Fatal(err)
+		}
+		uri := prep("x_again", 2*leaseSize)
+		data := bytes.Repeat([]byte("placed again "), leaseSize/13+1)[:leaseSize]
+		nbdWrite(t, uri, data, 0)
+		close(next)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if !served(t, uri) {
+			t.Errorf("teardown %v: an export prepared after the heartbeat left was stopped by its answer", teardown)
+		}
+		if !bytes.Equal(diskBytes(t, dir, 2*leaseSize, leaseSize), data) {
+			t.Errorf("teardown %v: an export prepared after the heartbeat left was wiped by its answer", teardown)
+		}
+	}
+}
+
+// TestExpiryDuringSlowRound: a heartbeat round the control plane does
+// not answer does not keep an export served past its lease's known
+// expiry: the round gives up expiryRoundTimeout after the expiry (on the
+// agent's clock), and the export stops, even when the round began before
+// the expiry was due.
+func TestExpiryDuringSlowRound(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	cfg := testConfig(srv.URL, t.TempDir())
+	cfg.Clock = clk
+	a := start(t, cfg).a
+	resp, err := a.Prepare(ctxFor(t), api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindBlock, DeviceName: "disk0",
+		Length: leaseSize, Export: "x_lease-a", ExpiresAt: clk.Now().Add(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, next := make(chan struct{}), make(chan struct{})
+	defer close(next)
+	cp.set(func(f *fakeCP) { f.beatIn, f.beatGo = in, next })
+	done := make(chan error, 1)
+	go func() { done <- a.Heartbeat(ctxFor(t)) }()
+	<-in // the control plane has the heartbeat, and does not answer
+	clk.Advance(time.Minute + expiryRoundTimeout)
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("an unanswered heartbeat succeeded")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the round went on past the lease's expiry and the bound after it")
+	}
+	if served(t, resp.URI) {
+		t.Fatal("served past its known expiry while the control plane did not answer")
+	}
+}
+
+// TestExpiryDuringRejoin: an agent the control plane no longer knows
+// (401) joins again; a join the control plane does not answer does not
+// keep an export served past its lease's known expiry either.
+func TestExpiryDuringRejoin(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	cfg := testConfig(srv.URL, t.TempDir())
+	cfg.Clock = clk
+	a := start(t, cfg).a
+	// The heartbeat loop waits its interval (an hour): the one timer.
+	if err := clk.BlockUntil(ctxFor(t), 1); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := a.Prepare(ctxFor(t), api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindBlock, DeviceName: "disk0",
+		Length: leaseSize, Export: "x_lease-a", ExpiresAt: clk.Now().Add(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, next := make(chan struct{}), make(chan struct{})
+	cp.set(func(f *fakeCP) { f.forgetful, f.joinIn, f.joinGo = true, in, next })
+	ctx, cancel := context.WithCancel(ctxFor(t))
+	done := make(chan error, 1)
+	go func() { done <- a.Heartbeat(ctx) }()
+	defer func() {
+		close(next)
+		cancel()
+		<-done
+	}()
+	<-in // the join has reached the control plane, which does not answer
+	clk.Advance(time.Minute + expiryRoundTimeout)
+	// The join given up, the agent waits to try again (beside the loop).
+	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer wcancel()
+	if err := clk.BlockUntil(wctx, 2); err != nil {
+		t.Fatal("the join went on past the lease's expiry and the bound after it")
+	}
+	if served(t, resp.URI) {
+		t.Fatal("served past its known expiry while joining again")
 	}
 }

@@ -798,6 +798,8 @@ func (a *Agent) activate(ctx context.Context, t *transfer) (api.TransferCommitRe
 	e := t.e
 	e.incoming, e.URI = false, resp.URI
 	a.mu.Lock()
+	a.prepares++
+	e.prepared = a.prepares
 	a.exports[e.Request.Export] = e
 	a.countExportsLocked()
 	a.mu.Unlock()

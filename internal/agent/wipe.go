@@ -64,7 +64,8 @@ func (a *Agent) needsWipe(e Export) bool {
 }
 
 // journalWipe adds e's range to the journal and persists it. The entry
-// stays in memory (and the range refused) even if persisting fails.
+// stays in memory (and the range refused) even if persisting fails (the
+// caller may forgetWipe it).
 func (a *Agent) journalWipe(e Export, live bool) (*pendingWipe, error) {
 	w := &pendingWipe{wipeEntry: wipeEntry{LeaseID: e.Request.LeaseID, Kind: e.Device.Kind, DeviceName: e.Device.Name,
 		Offset: e.Request.Offset, Length: e.Request.Length}, live: live}
@@ -73,6 +74,20 @@ func (a *Agent) journalWipe(e Export, live bool) (*pendingWipe, error) {
 	a.mPendingWipes.Set(float64(len(a.wipes)))
 	a.mu.Unlock()
 	return w, a.saveWipes()
+}
+
+// forgetWipe drops w from the journal in memory only: a range whose wipe
+// could not be journalled, whose export is kept.
+func (a *Agent) forgetWipe(w *pendingWipe) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for i, x := range a.wipes {
+		if x == w {
+			a.wipes = append(a.wipes[:i], a.wipes[i+1:]...)
+			break
+		}
+	}
+	a.mPendingWipes.Set(float64(len(a.wipes)))
 }
 
 // saveWipes persists the journal.

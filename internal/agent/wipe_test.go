@@ -217,3 +217,112 @@ func TestRestartFinishesInterruptedTeardown(t *testing.T) {
 		t.Fatal("the range was not wiped")
 	}
 }
+
+// TestTeardownWaitsForTheJournal: a teardown whose wipe cannot be
+// journalled (the state directory's disk full, say) does not forget the
+// export: had it gone on, a crash before the wipe finished would leave the
+// range with the tenant's bytes, named by neither file, to the next
+// lease. The export stays (held after a restart, its range refused) until
+// a teardown that can journal it.
+func TestTeardownWaitsForTheJournal(t *testing.T) {
+	_, srv := newFakeCP(t)
+	dir := t.TempDir()
+	cfg := testConfig(srv.URL, dir)
+	r := start(t, cfg)
+	secret := bytes.Repeat([]byte{0x6b}, leaseSize)
+	nbdWrite(t, prepareBlock(t, r.a, "lease-a", 0, leaseSize), secret, 0)
+
+	// The journal cannot be written (a non-empty directory in its place).
+	if err := os.MkdirAll(filepath.Join(dir, wipesFile, "x"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	r.a.Faults.CrashMidWipe.Store(true)
+	if err := r.a.Teardown(ctxFor(t), "lease-a"); err == nil {
+		t.Fatal("a teardown whose wipe could not be journalled succeeded")
+	}
+	r.halt(t) // the crash
+	if err := os.RemoveAll(filepath.Join(dir, wipesFile)); err != nil {
+		t.Fatal(err)
+	}
+
+	a := start(t, cfg).a
+	resp, err := a.Prepare(ctxFor(t), api.PrepareRequest{LeaseID: "lease-b", Kind: api.KindBlock, DeviceName: "disk0",
+		Length: leaseSize, Export: "x_lease-b"})
+	switch {
+	case errors.Is(err, ErrOverlap):
+	case err != nil:
+		t.Fatal(err)
+	case !bytes.Equal(nbdRead(t, resp.URI, leaseSize, 0), make([]byte, leaseSize)):
+		t.Fatal("the next lease reads the previous tenant's bytes")
+	}
+}
+
+// TestPrepareWaitsForItsRecord: a prepare whose export cannot be
+// recorded in exports.json fails (and serves nothing). Had it been
+// served, a restart would forget it: its lease's teardown would find
+// nothing to wipe, and the range would go to the next lease with the
+// tenant's bytes.
+func TestPrepareWaitsForItsRecord(t *testing.T) {
+	_, srv := newFakeCP(t)
+	dir := t.TempDir()
+	cfg := testConfig(srv.URL, dir)
+	r := start(t, cfg)
+	// exports.json cannot be written (a non-empty directory in its place).
+	if err := os.Remove(filepath.Join(dir, exportsFile)); err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, exportsFile, "x"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := r.a.Prepare(ctxFor(t), api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindBlock, DeviceName: "disk0",
+		Length: leaseSize, Export: "x_lease-a"})
+	if err == nil {
+		nbdWrite(t, resp.URI, bytes.Repeat([]byte{0x3c}, leaseSize), 0)
+	} else if served(t, "nbd://"+r.a.Endpoint(api.KindBlock)+"/x_lease-a") {
+		t.Fatal("a refused prepare's export is served")
+	}
+	r.halt(t) // a crash
+	if err := os.RemoveAll(filepath.Join(dir, exportsFile)); err != nil {
+		t.Fatal(err)
+	}
+
+	a := start(t, cfg).a
+	if err := a.Teardown(ctxFor(t), "lease-a"); err != nil {
+		t.Fatal(err)
+	}
+	ub := prepareBlock(t, a, "lease-b", 0, leaseSize)
+	if !bytes.Equal(nbdRead(t, ub, leaseSize, 0), make([]byte, leaseSize)) {
+		t.Fatal("the next lease reads the previous tenant's bytes")
+	}
+}
+
+// TestUnreadableExportsRefused: an agent whose exports.json cannot be
+// read does not start. It cannot tell which ranges hold tenants' bytes:
+// started, its first prepare would overwrite the file, and the teardowns
+// of the leases it listed would find nothing to wipe, so their ranges
+// would go to the next leases with the bytes.
+func TestUnreadableExportsRefused(t *testing.T) {
+	_, srv := newFakeCP(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, exportsFile), []byte(`[{"lease_id":"l","device_name":"disk0","len`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(testConfig(srv.URL, dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(ctxFor(t))
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("Run with an unreadable exports.json returned nil")
+		}
+	case <-a.Ready():
+		cancel()
+		<-done
+		t.Fatal("an agent whose exports.json is unreadable started")
+	}
+	cancel()
+}

@@ -28,6 +28,9 @@ type fakeLender struct {
 	refuse   map[string]bool // node ID → refuse
 	hang     map[string]bool // node ID → never answer (until ctx ends)
 	keys     map[string]string
+	// onTeardown, if set, is called with each teardown's lease before it
+	// is recorded.
+	onTeardown func(leaseID string)
 }
 
 func newFakeLender() *fakeLender {
@@ -56,6 +59,12 @@ func (f *fakeLender) Prepare(ctx context.Context, node api.Node, agentKey string
 }
 
 func (f *fakeLender) Teardown(ctx context.Context, node api.Node, agentKey string, leaseID string) error {
+	f.mu.Lock()
+	hook := f.onTeardown
+	f.mu.Unlock()
+	if hook != nil {
+		hook(leaseID)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.torn = append(f.torn, node.ID+"/"+leaseID)

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -460,5 +461,83 @@ func TestLeasesLive(t *testing.T) {
 	var ls []api.Lease
 	if err := e.alice.Do(e.ctx(), "GET", "/v1/leases?live=maybe", nil, &ls); !api.IsCode(err, api.CodeInvalid) {
 		t.Fatalf("live=maybe: %v", err)
+	}
+}
+
+// An expiry decided on a lease read before its renewal does not end the
+// renewed lease: the sweep reads the leases whose TTL ran out, the tenant
+// renews one (a renewal of a lease the sweep has not expired yet is
+// taken), then the sweep's write lands. The write's compare-and-set
+// checks the expiry as well as the state.
+func TestExpiryAfterRenewalLoses(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	j, _ := e.join("n1", 1<<30)
+	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, TTLSeconds: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(11 * time.Second)
+	if _, err := e.boot.WithToken(j.Credential).Heartbeat(e.ctx(), j.NodeID, api.Heartbeat{Health: "ok"}); err != nil {
+		t.Fatal(err)
+	}
+	read, err := e.srv.st.Leases(e.ctx(), store.LeaseFilter{States: []api.LeaseState{api.LeaseActive}, ExpiresBefore: e.clock.Now()})
+	if err != nil || len(read) != 1 {
+		t.Fatalf("the sweep's read: %v %v", read, err)
+	}
+	r, err := e.alice.RenewLease(e.ctx(), l.ID, 60)
+	if err != nil || r.State != api.LeaseActive {
+		t.Fatalf("renew: %v %+v", err, r)
+	}
+	if _, _, err := e.srv.apply(e.ctx(), read[0], lifecycle.Expire{}); err == nil {
+		t.Error("an expiry read before the renewal was written")
+	}
+	got, _ := e.alice.Lease(e.ctx(), l.ID)
+	if got.State != api.LeaseActive {
+		t.Fatalf("renewed lease is %s (%s)", got.State, got.Reason)
+	}
+	if td := e.lender.tornDown(); len(td) > 0 {
+		t.Fatalf("renewed lease torn down: %v", td)
+	}
+}
+
+// A reservation the sweep takes for interrupted is torn down only once
+// the sweep's write has failed it: the pipeline preparing it (slow, or on
+// another replica) may confirm it in the meantime, and a teardown before
+// the write left an active lease whose lenders had torn it down and wiped
+// it.
+func TestInterruptedTornDownAfterItsWrite(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	j, _ := e.join("n1", 1<<30)
+	r := &reservation{tenant: "alice", req: api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20}, now: e.srv.now(), skip: map[string]string{}, ttl: time.Hour}
+	l, _, err := e.srv.reserve(e.ctx(), r, nil) // reserved; its prepare still under way
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Duration(prepareStaleFactor+1) * e.srv.cfg.PrepareTimeout)
+	if _, err := e.boot.WithToken(j.Credential).Heartbeat(e.ctx(), j.NodeID, api.Heartbeat{Health: "ok"}); err != nil {
+		t.Fatal(err)
+	}
+	var confirmed atomic.Bool
+	e.lender.mu.Lock()
+	e.lender.onTeardown = func(id string) {
+		if confirmed.Swap(true) {
+			return
+		}
+		// The pipeline's confirmation lands while the sweep tears down
+		// (refused once the sweep's write is in: it tears down again).
+		if cur, err := e.srv.st.Lease(e.ctx(), id); err == nil {
+			e.srv.apply(e.ctx(), cur, lifecycle.Confirm{URIs: []string{"nbd://127.0.0.1/x"}})
+		}
+	}
+	e.lender.mu.Unlock()
+	e.srv.Sweep(e.ctx())
+	got, err := e.srv.st.Lease(e.ctx(), l.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if torn := strings.Join(e.lender.tornDown(), " "); got.State == api.LeaseActive && strings.Contains(torn, l.ID) {
+		t.Fatalf("the lease is active and its lenders tore it down: %s", torn)
 	}
 }

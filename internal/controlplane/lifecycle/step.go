@@ -203,7 +203,9 @@ func expire(l api.Lease, now time.Time) (api.Lease, []Action, error) {
 		return l, nil, refuse("lease %s runs until %s", l.ID, l.ExpiresAt.Format(time.RFC3339))
 	}
 	reason := fmt.Sprintf("TTL of %ds ran out at %s without renewal", l.TTLSeconds, l.ExpiresAt.Format(time.RFC3339))
-	n, w := write(l, states(api.LeaseReserved, api.LeaseActive), api.LeaseExpired, store.LeaseChange{Reason: reason}, "", now)
+	// The write checks the expiry too: a renewal written since l was read
+	// wins.
+	n, w := write(l, states(api.LeaseReserved, api.LeaseActive), api.LeaseExpired, store.LeaseChange{Reason: reason, ExpiredBy: now}, "", now)
 	return n, []Action{w, Free{}, Teardown{}}, nil
 }
 
@@ -276,7 +278,9 @@ func interrupted(l api.Lease, e Interrupted, now time.Time) (api.Lease, []Action
 		return l, nil, refuse("lease %s changed at %s, not before %s", l.ID, l.UpdatedAt.Format(time.RFC3339Nano), e.Before.Format(time.RFC3339Nano))
 	}
 	n, w := write(l, states(l.State), to, store.LeaseChange{Reason: reason}, "", now)
-	return n, []Action{Teardown{}, w, Free{}}, nil
+	// Torn down once written: a reservation whose pipeline (slow, or on
+	// another replica) confirms it meanwhile stays active and served.
+	return n, []Action{w, Teardown{}, Free{}}, nil
 }
 
 func reconcile(l api.Lease, e Reconcile) (api.Lease, []Action, error) {

@@ -89,6 +89,10 @@ type LeaseChange struct {
 	// Tenant, when non-empty, is a further condition: a lease of another
 	// tenant is not found (ErrNotFound).
 	Tenant string
+	// ExpiredBy, when non-zero, is a further condition: the lease's
+	// expires_at is before it (else ErrConflict). An expiry decided on a
+	// lease read before a renewal does not end the renewed lease.
+	ExpiredBy time.Time
 }
 
 // LeaseFilter selects leases; zero fields do not filter.

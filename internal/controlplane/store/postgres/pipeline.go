@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -218,6 +219,8 @@ func (s *Store) pipeline(ctx context.Context, c *pgx.Conn, ops []store.LeaseOp, 
 				errs[i] = fmt.Errorf("lease %s: %w", t.ID, store.ErrNotFound)
 			} else if len(t.Change.From) == 0 {
 				errs[i] = fmt.Errorf("lease %s: no source state: %w", t.ID, store.ErrConflict)
+			} else if !t.Change.ExpiredBy.IsZero() && slices.Contains(t.Change.From, api.LeaseState(f[0])) {
+				errs[i] = fmt.Errorf("lease %s was renewed: %w", t.ID, store.ErrConflict)
 			} else {
 				errs[i] = fmt.Errorf("lease %s is %s, not %v: %w", t.ID, f[0], t.Change.From, store.ErrConflict)
 			}
@@ -551,6 +554,10 @@ func transitionSQL(t store.Transition, plan string) (string, []any) {
 	if ch.Tenant != "" {
 		where += ` AND (tenant = ?) IS TRUE`
 		args = append(args, ch.Tenant)
+	}
+	if !ch.ExpiredBy.IsZero() {
+		where += ` AND expires_at < ?`
+		args = append(args, ns(ch.ExpiredBy))
 	}
 	var q strings.Builder
 	q.WriteString(`WITH u AS (UPDATE leases SET ` + set + where + ` RETURNING ` + sqlstore.LeaseCols + `)`)

@@ -419,6 +419,10 @@ func ChangeWhere(id string, ch store.LeaseChange, args []any) (string, []any) {
 		where += ` AND tenant = ?`
 		args = append(args, ch.Tenant)
 	}
+	if !ch.ExpiredBy.IsZero() {
+		where += ` AND expires_at < ?`
+		args = append(args, ns(ch.ExpiredBy))
+	}
 	return where, args
 }
 
@@ -437,6 +441,9 @@ func (s *Core) TransitionRefusal(ctx context.Context, tx Execer, id string, ch s
 	}
 	if ch.Tenant != "" && tenant != ch.Tenant {
 		return fmt.Errorf("lease %s: %w", id, store.ErrNotFound)
+	}
+	if !ch.ExpiredBy.IsZero() && slices.Contains(ch.From, state) {
+		return fmt.Errorf("lease %s was renewed: %w", id, store.ErrConflict)
 	}
 	return fmt.Errorf("lease %s is %s, not %v: %w", id, state, ch.From, store.ErrConflict)
 }

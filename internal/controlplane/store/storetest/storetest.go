@@ -36,6 +36,7 @@ func Run(t *testing.T, o Options) {
 		{"Capacity", testCapacity},
 		{"BatchRefusals", testBatchRefusals},
 		{"Transitions", testTransitions},
+		{"ExpiredBy", testExpiredBy},
 		{"LostPartsAndCaps", testLostPartsAndCaps},
 		{"Idempotency", testIdempotency},
 		{"Events", testEvents},
@@ -251,6 +252,38 @@ func testTransitions(t *testing.T, o Options) {
 	}
 	if _, err := s.TransitionLease(ctx, "a", store.LeaseChange{From: []api.LeaseState{api.LeaseReleased}, To: api.LeaseReleased, Tenant: "other"}, api.Event{}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("another tenant's lease: %v", err)
+	}
+}
+
+// testExpiredBy: a transition with ExpiredBy applies only to a lease whose
+// expires_at is before it (an expiry that a renewal did not overtake),
+// through TransitionLease and through LeaseOps.
+func testExpiredBy(t *testing.T, o Options) {
+	ctx := context.Background()
+	s := open(t, o)
+	node, dev := oneNode(t, s, 100)
+	l := lease("a", "t", node, dev, 0, 50) // expires in an hour
+	if _, err := s.CreateLease(ctx, l, store.Demand{}, nil, api.Event{}); err != nil {
+		t.Fatal(err)
+	}
+	expire := func(by time.Time) store.LeaseChange {
+		return store.LeaseChange{From: []api.LeaseState{api.LeaseReserved}, To: api.LeaseExpired, At: time.Now().UTC(), ExpiredBy: by}
+	}
+	if _, err := s.TransitionLease(ctx, "a", expire(l.ExpiresAt), api.Event{}); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("expiry of a lease that runs until then: %v, want ErrConflict", err)
+	}
+	if lb, ok := s.(store.LeaseBatcher); ok {
+		_, errs, err := lb.LeaseOps(ctx, []store.LeaseOp{{Transition: store.Transition{ID: "a", Change: expire(l.ExpiresAt.Add(-time.Second))}}})
+		if err != nil || !errors.Is(errs[0], store.ErrConflict) {
+			t.Fatalf("batched expiry of a lease that runs past it: %v %v, want ErrConflict", errs, err)
+		}
+	}
+	if got, _ := s.Lease(ctx, "a"); got.State != api.LeaseReserved {
+		t.Fatalf("a is %s", got.State)
+	}
+	got, err := s.TransitionLease(ctx, "a", expire(l.ExpiresAt.Add(time.Second)), api.Event{})
+	if err != nil || got.State != api.LeaseExpired {
+		t.Fatalf("expiry after expires_at: %v %+v", err, got)
 	}
 }
 
