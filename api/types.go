@@ -581,6 +581,11 @@ type PrepareRequest struct {
 	// lender counts the time left (ExpiresAt - Now) on its own clock, so
 	// the two clocks need not agree.
 	Now time.Time `json:"now,omitzero"`
+	// Placement counts the control plane's placements of the lease (1,
+	// 2, … as it places the lease again without lenders that did not
+	// confirm): a teardown of an earlier placement (TeardownRequest)
+	// leaves this export alone. 0: unknown (an older control plane).
+	Placement int `json:"placement,omitempty"`
 }
 
 // LeaseExpiry is a lease a lender serves that the control plane still
@@ -606,6 +611,12 @@ type PrepareResponse struct {
 // TeardownRequest asks a lender to stop serving a lease.
 type TeardownRequest struct {
 	LeaseID string `json:"lease_id"`
+	// Placement, if set, limits the teardown to the exports prepared for
+	// that placement of the lease or an earlier one
+	// (PrepareRequest.Placement): a teardown that arrives late, once the
+	// lease has been placed on the lender again, leaves the new exports
+	// served and their ranges unwiped. 0: every export of the lease.
+	Placement int `json:"placement,omitempty"`
 }
 
 // RenewRequest extends a lease's TTL.

@@ -895,3 +895,66 @@ func TestPrepareSameExportOtherRange(t *testing.T) {
 		t.Fatal("the lease's first range still holds its bytes after its teardown")
 	}
 }
+
+// A teardown of an earlier placement of a lease, arriving once the lease
+// has been placed here again (the control plane's call timed out and it
+// placed the lease again: part 0 landed on the same range under the same
+// export name), tears down only what that placement left — not the
+// export prepared again, whose bytes stay. A teardown of every placement
+// then wipes it.
+func TestLateTeardownLeavesLaterPlacement(t *testing.T) {
+	_, srv := newFakeCP(t)
+	dir := t.TempDir()
+	r := start(t, testConfig(srv.URL, dir))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	prep := func(export string, off int64, placement int) {
+		t.Helper()
+		if _, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-l", Kind: api.KindBlock, DeviceName: "disk0",
+			Offset: off, Length: 8192, Export: export, Placement: placement}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	prep("x_part0", 0, 1)
+	prep("x_part1", 8192, 1) // placed elsewhere the second time
+	img := filepath.Join(dir, "disk0.img")
+	f, err := os.OpenFile(img, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(bytes.Repeat([]byte{0xab}, 16384), 0); err != nil {
+		t.Fatal(err)
+	}
+	prep("x_part0", 0, 2)
+	prep("x_part0", 0, 1) // a late prepare of the first placement changes nothing
+	if err := r.a.TeardownPlacement(ctx, "lease-l", 1); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 16384)
+	if _, err := f.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got[:8192], bytes.Repeat([]byte{0xab}, 8192)) {
+		t.Fatal("a late teardown of the first placement wiped the range the second placement serves")
+	}
+	if !bytes.Equal(got[8192:], make([]byte, 8192)) {
+		t.Fatal("the first placement's other range was not wiped")
+	}
+	r.a.mu.Lock()
+	_, kept := r.a.exports["x_part0"]
+	_, left := r.a.exports["x_part1"]
+	r.a.mu.Unlock()
+	if !kept || left {
+		t.Fatalf("after the late teardown: x_part0 kept %v (want true), x_part1 kept %v (want false)", kept, left)
+	}
+	if err := r.a.TeardownPlacement(ctx, "lease-l", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got[:8192], make([]byte, 8192)) {
+		t.Fatal("the lease's teardown left its bytes")
+	}
+}

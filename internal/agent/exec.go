@@ -145,6 +145,9 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 		if req.ExpiresAt.IsZero() {
 			req.ExpiresAt = old.Request.ExpiresAt
 		}
+		// The latest placement it was prepared for (a late prepare of an
+		// earlier one does not make it a late teardown's).
+		req.Placement = max(req.Placement, old.Request.Placement)
 		if old.suspended {
 			// Suspended by a Suspender: serve it again, same URI.
 			if err := drv.(Suspender).Resume(ctx, old); err != nil {
@@ -247,6 +250,22 @@ func (a *Agent) countExportsLocked() {
 // ranges they used (see [Wiper]). An unknown lease is not an error.
 func (a *Agent) Teardown(ctx context.Context, leaseID string) error {
 	return a.teardownLease(ctx, leaseID)
+}
+
+// TeardownPlacement is Teardown of the exports prepared for placement
+// (api.TeardownRequest.Placement) or an earlier one of the lease, and of
+// those whose placement is unknown; placement 0 is Teardown. The control
+// plane asks for it before it places the lease again: arriving late, once
+// the lease has been prepared here again, it leaves the new exports
+// served and their ranges unwiped (an export prepared again keeps the
+// latest placement), and it leaves the lease's transfers alone.
+func (a *Agent) TeardownPlacement(ctx context.Context, leaseID string, placement int) error {
+	if placement <= 0 {
+		return a.teardownLease(ctx, leaseID)
+	}
+	return a.teardownExports(ctx, leaseID, func(e Export) bool {
+		return !e.incoming && e.Request.Placement <= placement
+	})
 }
 
 // teardownLease tears a lease's exports down. Each block range is entered
@@ -541,7 +560,7 @@ func (a *Agent) handleTeardown(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteError(w, http.StatusBadRequest, api.CodeInvalid, "bad teardown request: lease_id is required")
 		return
 	}
-	if err := a.Teardown(r.Context(), req.LeaseID); err != nil {
+	if err := a.TeardownPlacement(r.Context(), req.LeaseID, req.Placement); err != nil {
 		httpx.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
 		return
 	}

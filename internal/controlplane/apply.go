@@ -75,7 +75,7 @@ func (s *Server) effects(ctx context.Context, l api.Lease, acts ...lifecycle.Act
 	for _, a := range acts {
 		switch a := a.(type) {
 		case lifecycle.Teardown:
-			s.teardownParts(ctx, l, a.Except)
+			s.teardownParts(ctx, l, a.Placement, a.Except)
 		case lifecycle.Free:
 			s.res.Release(l.ID)
 		case lifecycle.FreeParts:

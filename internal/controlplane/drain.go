@@ -399,7 +399,7 @@ func (s *Server) drainReplace(ctx context.Context, dr *drainRun, l api.Lease, n 
 	// Every slot left the node: the old ones stop.
 	if onNodeParts(l, n.ID) == nil {
 		tctx, cancel := context.WithTimeout(ctx, moveCallTimeout)
-		if err := s.lender.Teardown(tctx, src.Node, src.AgentKey, l.ID); err != nil {
+		if err := s.lender.Teardown(tctx, src.Node, src.AgentKey, api.TeardownRequest{LeaseID: l.ID}); err != nil {
 			s.log.Warn("tearing down a re-placed slot; the lender's heartbeat will", "lease", l.ID, "node", n.ID, "err", err)
 		}
 		cancel()

@@ -25,6 +25,7 @@ type fakeLender struct {
 	exports  map[string]api.PrepareRequest // lease.part → request
 	prepared int
 	torn     []string
+	tornReqs []api.TeardownRequest
 	refuse   map[string]bool // node ID → refuse
 	hang     map[string]bool // node ID → never answer (until ctx ends)
 	keys     map[string]string
@@ -58,7 +59,8 @@ func (f *fakeLender) Prepare(ctx context.Context, node api.Node, agentKey string
 	return api.PrepareResponse{URI: "nbd://" + node.Address + "/" + req.Export}, nil
 }
 
-func (f *fakeLender) Teardown(ctx context.Context, node api.Node, agentKey string, leaseID string) error {
+func (f *fakeLender) Teardown(ctx context.Context, node api.Node, agentKey string, req api.TeardownRequest) error {
+	leaseID := req.LeaseID
 	f.mu.Lock()
 	hook := f.onTeardown
 	f.mu.Unlock()
@@ -68,6 +70,7 @@ func (f *fakeLender) Teardown(ctx context.Context, node api.Node, agentKey strin
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.torn = append(f.torn, node.ID+"/"+leaseID)
+	f.tornReqs = append(f.tornReqs, req)
 	return nil
 }
 

@@ -170,6 +170,26 @@ func TestLenderSkipped(t *testing.T) {
 	if l.State != api.LeaseActive || l.NodeID != other {
 		t.Fatalf("not re-placed: %+v", l)
 	}
+	// The refused placement was torn down as placement 1, and the lease
+	// prepared again as placement 2: a late teardown leaves the new
+	// exports (api.TeardownRequest.Placement).
+	e.lender.mu.Lock()
+	var tornAs []int
+	for _, r := range e.lender.tornReqs {
+		if r.LeaseID == l.ID {
+			tornAs = append(tornAs, r.Placement)
+		}
+	}
+	var preparedAs []int
+	for _, r := range e.lender.exports {
+		if r.LeaseID == l.ID {
+			preparedAs = append(preparedAs, r.Placement)
+		}
+	}
+	e.lender.mu.Unlock()
+	if !slices.Equal(tornAs, []int{1}) || !slices.Equal(preparedAs, []int{2}) {
+		t.Fatalf("torn down as placements %v (want [1]), prepared as %v (want [2])", tornAs, preparedAs)
+	}
 	// The answer carries the plan without its explanation; lease show
 	// (and ?explain=1) has it.
 	if l.Plan == nil || len(l.Plan.Explanation) != 0 || len(l.Plan.Parts) == 0 {

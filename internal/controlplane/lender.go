@@ -86,8 +86,8 @@ func (h *HTTPLender) Prepare(ctx context.Context, node api.Node, agentKey string
 }
 
 // Teardown asks the lender to stop serving a lease.
-func (h *HTTPLender) Teardown(ctx context.Context, node api.Node, agentKey string, leaseID string) error {
-	return h.post(ctx, node, agentKey, "/agent/v1/teardown", api.TeardownRequest{LeaseID: leaseID}, nil)
+func (h *HTTPLender) Teardown(ctx context.Context, node api.Node, agentKey string, req api.TeardownRequest) error {
+	return h.post(ctx, node, agentKey, "/agent/v1/teardown", req, nil)
 }
 
 func (h *HTTPLender) post(ctx context.Context, node api.Node, agentKey, path string, in, out any) error {
@@ -185,8 +185,9 @@ func (s *Server) nodeRecord(ctx context.Context, id string) (store.NodeRecord, e
 // prepareParts asks every part's lender to prepare its export, in parallel,
 // each within PrepareTimeout. It returns the URIs, or the nodes that failed.
 // req supplies what the lease record does not keep: the role and its
-// config (the caps are the lease's).
-func (s *Server) prepareParts(ctx context.Context, l api.Lease, req api.LeaseRequest) ([]string, map[string]string) {
+// config (the caps are the lease's); placement counts the lease's
+// placements (api.PrepareRequest.Placement).
+func (s *Server) prepareParts(ctx context.Context, l api.Lease, req api.LeaseRequest, placement int) ([]string, map[string]string) {
 	uris := make([]string, len(l.Parts))
 	errs := make([]error, len(l.Parts))
 	nodes := map[string]store.NodeRecord{}
@@ -216,6 +217,7 @@ func (s *Server) prepareParts(ctx context.Context, l api.Lease, req api.LeaseReq
 			Offset: p.Offset, Length: p.Length, Export: partExport(l.Credential, i), Role: req.Role,
 			RoleConfig: req.RoleConfig, Gateway: req.Kind == api.KindAccel && req.Mode == api.ModeShared,
 			BandwidthCap: l.BandwidthCap, IOPSCap: l.IOPSCap, ExpiresAt: l.ExpiresAt, Now: s.now(),
+			Placement: placement,
 		})
 		s.m.lenderLatency.WithLabelValues("prepare").Observe(time.Since(start).Seconds())
 		if err == nil && resp.URI == "" {
@@ -264,7 +266,7 @@ func partExport(credential string, i int) string {
 // teardownParts asks each lender of l (once per node) to stop serving it,
 // in parallel, each within PrepareTimeout. Failures are logged: a lender
 // that missed it is told again by its next heartbeat response.
-func (s *Server) teardownParts(ctx context.Context, l api.Lease, skipNodes ...string) {
+func (s *Server) teardownParts(ctx context.Context, l api.Lease, placement int, skipNodes ...string) {
 	seen := map[string]bool{}
 	for _, n := range skipNodes {
 		seen[n] = true
@@ -289,7 +291,7 @@ func (s *Server) teardownParts(ctx context.Context, l api.Lease, skipNodes ...st
 		tctx, cancel := context.WithTimeout(ctx, s.cfg.PrepareTimeout)
 		defer cancel()
 		start := time.Now()
-		err := s.lender.Teardown(tctx, n.Node, n.AgentKey, l.ID)
+		err := s.lender.Teardown(tctx, n.Node, n.AgentKey, api.TeardownRequest{LeaseID: l.ID, Placement: placement})
 		s.m.lenderLatency.WithLabelValues("teardown").Observe(time.Since(start).Seconds())
 		if err != nil {
 			s.log.Warn("teardown failed; the lender's heartbeat will reconcile", "lease", l.ID, "node", n.ID, "err", err)

@@ -113,7 +113,7 @@ func TestHTTPLender(t *testing.T) {
 		t.Fatalf("hung prepare: %v", err)
 	}
 	// A wrong agent key is refused by the agent: the lender reports it.
-	err = NewHTTPLender(nil).Teardown(context.Background(), api.Node{ID: "x", AgentURL: good.URL}, "wrong", l.ID)
+	err = NewHTTPLender(nil).Teardown(context.Background(), api.Node{ID: "x", AgentURL: good.URL}, "wrong", api.TeardownRequest{LeaseID: l.ID})
 	if err == nil || !strings.Contains(err.Error(), "401") {
 		t.Fatalf("wrong key: %v", err)
 	}

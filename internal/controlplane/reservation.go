@@ -149,7 +149,7 @@ func (s *Server) outcome(ctx context.Context, r *reservation, l api.Lease, todo 
 	for _, a := range todo {
 		switch a := a.(type) {
 		case lifecycle.Prepare:
-			uris, failed := s.prepareParts(ctx, l, r.req)
+			uris, failed := s.prepareParts(ctx, l, r.req, r.rounds+1)
 			round := r.rounds
 			r.rounds++
 			if len(failed) == 0 {

@@ -26,7 +26,7 @@ import (
 // "/agent/v1/teardown" with "Authorization: Bearer <AgentKey>".
 type Lender interface {
 	Prepare(ctx context.Context, node api.Node, agentKey string, req api.PrepareRequest) (api.PrepareResponse, error)
-	Teardown(ctx context.Context, node api.Node, agentKey string, leaseID string) error
+	Teardown(ctx context.Context, node api.Node, agentKey string, req api.TeardownRequest) error
 }
 
 // Token is an API token to ensure present at New. Tenant tokens with Admin

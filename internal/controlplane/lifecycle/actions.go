@@ -46,9 +46,15 @@ type Prepare struct{}
 type Place struct{ Skip map[string]string }
 
 // Teardown asks the lease's lenders (each node once, all but Except) to
-// stop serving it. A lender that misses it is told again in the answer to
-// its next heartbeat (Reconcile).
-type Teardown struct{ Except string }
+// stop serving it: every export of the lease, or with Placement set only
+// those prepared for that placement or an earlier one (the lease is being
+// placed again: a teardown arriving late must leave the new exports). A
+// lender that misses it is told again in the answer to its next heartbeat
+// (Reconcile).
+type Teardown struct {
+	Except    string
+	Placement int
+}
 
 // TeardownOn answers node NodeID's heartbeat: stop serving the lease.
 type TeardownOn struct{ NodeID string }

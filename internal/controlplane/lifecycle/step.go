@@ -128,7 +128,7 @@ func prepareFailed(l api.Lease, e PrepareFailed, now time.Time) (api.Lease, []Ac
 		n, w := write(l, states(api.LeaseReserved), api.LeaseFailed, store.LeaseChange{Reason: why, Plan: l.Plan}, "", now)
 		return n, []Action{Teardown{}, w, Free{}}, nil
 	}
-	return l, []Action{Teardown{}, Place{Skip: e.Failed}}, nil
+	return l, []Action{Teardown{Placement: e.Round + 1}, Place{Skip: e.Failed}}, nil
 }
 
 func placed(l api.Lease, e Placed, now time.Time) (api.Lease, []Action, error) {

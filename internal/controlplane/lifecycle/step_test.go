@@ -271,10 +271,14 @@ func action(a Action) string {
 	case Place:
 		return "Place skip " + joinReasons(a.Skip)
 	case Teardown:
+		s := "Teardown"
 		if a.Except != "" {
-			return "Teardown except " + a.Except
+			s += " except " + a.Except
 		}
-		return "Teardown"
+		if a.Placement != 0 {
+			s += fmt.Sprintf(" placement ≤ %d", a.Placement)
+		}
+		return s
 	case TeardownOn:
 		return "TeardownOn " + a.NodeID
 	case KeepOn:

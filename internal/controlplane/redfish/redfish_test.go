@@ -29,7 +29,9 @@ func (lender) Prepare(ctx context.Context, n api.Node, key string, req api.Prepa
 	return api.PrepareResponse{URI: "nbd://" + n.Address + ":10809/" + req.Export}, nil
 }
 
-func (lender) Teardown(ctx context.Context, n api.Node, key, lease string) error { return nil }
+func (lender) Teardown(ctx context.Context, n api.Node, key string, req api.TeardownRequest) error {
+	return nil
+}
 
 const (
 	boot  = "boot-token"
