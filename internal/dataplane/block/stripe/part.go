@@ -60,6 +60,13 @@ type nbdPart struct {
 	flushed atomic.Uint64
 	lost    atomic.Bool
 	epoch   atomic.Uint64 // counts reconnections
+	// breaking is the connection the latest reconnection replaces (or
+	// replaced); moved says whether that reconnection found the part
+	// moved (guarded by mu). See count.
+	breaking atomic.Pointer[nbd.Client]
+	moved    bool
+
+	beforeCount func() // for tests: called before a write answered is counted (count)
 }
 
 func newPart(c *nbd.Client, u nbd.URI, tlsCfg *tls.Config, index int, timeout, redial time.Duration,
@@ -104,10 +111,38 @@ func (p *nbdPart) finish(write bool, c *nbd.Client, err error, f func(*nbd.Clien
 	if errors.Is(err, nbd.ErrTimeout) {
 		p.dead.Store(true)
 	}
-	if err == nil && write {
-		p.wseq.Add(1)
+	if err == nil && write && !p.count(c) {
+		p.lateWrite(c)
 	}
 	return err
+}
+
+// count counts a write that c's lender answered. It reports false when
+// a reconnection has replaced c, or is replacing it, and so may have
+// looked for unflushed writes before this one was counted (the reply was
+// read, then the connection broke, and another call reconnected before
+// this write's caller ran): lateWrite must then decide whether it is lost.
+// (A reconnection marks breaking before it counts; a write is counted
+// before it looks at breaking: one of them sees the other.)
+func (p *nbdPart) count(c *nbd.Client) bool {
+	if p.beforeCount != nil {
+		p.beforeCount()
+	}
+	p.wseq.Add(1)
+	return p.breaking.Load() != c && p.cur.Load() == c
+}
+
+// lateWrite counts a write answered on c, which a reconnection from c may
+// have missed (count), as lost unless the reconnection found the part
+// moved, as reconnect would have; it waits for the reconnection under way.
+// Not on the goroutine that reads c's replies (reconnect closes c, which
+// waits for that goroutine).
+func (p *nbdPart) lateWrite(c *nbd.Client) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.moved || p.cur.Load() == c {
+		p.lost.Store(true)
+	}
 }
 
 // reconnect replaces the broken connection old, unless another call already
@@ -122,6 +157,7 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 	if c := p.cur.Load(); c != old {
 		return c, nil
 	}
+	p.breaking.Store(old)
 	if p.dead.Load() || p.redial <= 0 || p.closed.Load() {
 		p.dead.Store(true)
 		return nil, fmt.Errorf("stripe: part %d: %w", p.index, nbd.ErrClosed)
@@ -151,7 +187,8 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 			return nil, fmt.Errorf("%w: part %d: export size changed from %d to %d after reconnecting", ErrDeviceFailed, p.index, p.size, c.Size())
 		}
 		if err == nil {
-			if unflushed && p.uri.Export == from.Export {
+			p.moved = p.uri.Export != from.Export
+			if unflushed && !p.moved {
 				p.lost.Store(true)
 			}
 			p.epoch.Add(1)
@@ -344,8 +381,11 @@ func (p *nbdPart) startWrite(b []byte, off int64, done func(error)) {
 	c := p.cur.Load()
 	err := c.StartWrite(b, off, func(err error) {
 		if err == nil {
-			p.wseq.Add(1)
-			done(nil)
+			if p.count(c) {
+				done(nil)
+				return
+			}
+			go func() { p.lateWrite(c); done(nil) }()
 			return
 		}
 		go func() { done(p.finish(true, c, err, write)) }()
