@@ -313,6 +313,10 @@ func (p *nbdPart) endFlush(seq uint64, err error) error {
 	return nil
 }
 
+// takeLost implements lostReporter (for a connection that no longer
+// flushes itself: it is dead).
+func (p *nbdPart) takeLost() bool { return p.lost.Swap(false) }
+
 // flushSnapshot implements sharedFlusher.
 func (p *nbdPart) flushSnapshot() (seq, epoch uint64, export nbd.URI, ok bool) {
 	p.mu.Lock() // p.uri moves with a reconnection

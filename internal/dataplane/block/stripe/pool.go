@@ -207,6 +207,11 @@ func (p *Pool) flushEach() error {
 	}
 	for i, c := range p.conns {
 		if !alive(c) {
+			// It gave up redialling: a flush elsewhere does not cover
+			// the writes it lost with a lender that restarted.
+			if l, ok := c.(lostReporter); ok && l.takeLost() {
+				errs = append(errs, fmt.Errorf("connection %d: %w", i, ErrLostWrites))
+			}
 			continue
 		}
 		live++
@@ -272,6 +277,12 @@ func (p *Pool) epochs() uint64 {
 		}
 	}
 	return sum
+}
+
+// lostReporter is a connection that knows it broke with writes no flush
+// had covered (nbdPart): takeLost reports that once.
+type lostReporter interface {
+	takeLost() bool
 }
 
 func multiConnSafe(d Device) bool {

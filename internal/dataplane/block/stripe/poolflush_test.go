@@ -116,3 +116,49 @@ func TestPoolFlushAfterLenderRestart(t *testing.T) {
 		t.Errorf("pool flush after recovering served %d FLUSHes, want 1", got)
 	}
 }
+
+// TestPoolFlushReportsDeadConnectionsLoss: a connection that gave up
+// redialling a restarted lender with writes no flush had covered has lost
+// them; a flush that another connection, reconnected to the lender, makes
+// for the pool (multi-conn) does not cover them, and reports the loss.
+func TestPoolFlushReportsDeadConnectionsLoss(t *testing.T) {
+	be := &countingBackend{MemBackend: nbd.NewMemBackend(1 << 20), multiConn: true}
+	l := startLenderWith(t, be)
+	u, err := nbd.ParseURI(l.uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var devs []Device
+	var parts []*nbdPart
+	for _, redial := range []time.Duration{50 * time.Millisecond, 5 * time.Second} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c, err := u.Dial(ctx, nil)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := newPart(c, u, nil, 0, 10*time.Second, redial, nil, slog.New(slog.DiscardHandler))
+		t.Cleanup(func() { p.Close() })
+		parts = append(parts, p)
+		devs = append(devs, p)
+	}
+	pool, err := NewPool(devs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, i := parts[0], parts[1]
+	if _, err := j.WriteAt([]byte("unflushed"), 0); err != nil {
+		t.Fatal(err)
+	}
+	l.kill()
+	if _, err := j.ReadAt(make([]byte, 9), 0); err == nil || j.Alive() {
+		t.Fatalf("read while the lender is down: %v, alive %v; want an error and a dead connection", err, j.Alive())
+	}
+	l.restartOnSamePort(t)
+	if _, err := i.ReadAt(make([]byte, 9), 0); err != nil { // i reconnects
+		t.Fatalf("read after the restart: %v", err)
+	}
+	if err := pool.Flush(); !errors.Is(err, ErrLostWrites) {
+		t.Fatalf("flush after the dead connection lost its unflushed write = %v, want ErrLostWrites", err)
+	}
+}
