@@ -58,15 +58,21 @@ type nbdPart struct {
 	// flush covered, to tell whether a broken connection lost anything.
 	wseq    atomic.Uint64
 	flushed atomic.Uint64
-	lost    atomic.Bool
-	epoch   atomic.Uint64 // counts reconnections
+	// Losses found (a connection broke with writes no flush had
+	// covered) and how many a flush has reported: a flush reports
+	// the losses found before it ended that no flush had reported when
+	// it began (Linux's errseq), so that every flush under way hears of
+	// one, and the next to begin does.
+	lostGen, lostSeen atomic.Uint64
+	epoch             atomic.Uint64 // counts reconnections
 	// breaking is the connection the latest reconnection replaces (or
 	// replaced); moved says whether that reconnection found the part
 	// moved (guarded by mu). See count.
 	breaking atomic.Pointer[nbd.Client]
 	moved    bool
 
-	beforeCount func() // for tests: called before a write answered is counted (count)
+	beforeCount  func() // for tests: called before a write answered is counted (count)
+	beforeReport func() // for tests: called when a flush has succeeded, before it reports losses
 }
 
 func newPart(c *nbd.Client, u nbd.URI, tlsCfg *tls.Config, index int, timeout, redial time.Duration,
@@ -141,7 +147,7 @@ func (p *nbdPart) lateWrite(c *nbd.Client) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.moved || p.cur.Load() == c {
-		p.lost.Store(true)
+		p.lostGen.Add(1)
 	}
 }
 
@@ -189,7 +195,7 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 		if err == nil {
 			p.moved = p.uri.Export != from.Export
 			if unflushed && !p.moved {
-				p.lost.Store(true)
+				p.lostGen.Add(1)
 			}
 			p.epoch.Add(1)
 			p.cur.Store(c)
@@ -202,7 +208,7 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 		}
 		if retry.Wait(ctx) != nil {
 			if unflushed {
-				p.lost.Store(true)
+				p.lostGen.Add(1)
 			}
 			p.dead.Store(true)
 			p.log.Error("stripe: gave up reconnecting to part", "part", p.index, "addr", p.uri.Address, "attempts", attempt, "after", time.Since(start), "err", err)
@@ -280,42 +286,60 @@ func (p *nbdPart) Extents(off, n int64) (ext []nbd.Extent, err error) {
 }
 
 // Flush flushes the current connection. If an earlier connection broke with
-// writes no flush had covered, it reports ErrLostWrites once.
+// writes no flush had covered, it reports ErrLostWrites (see lostGen).
 func (p *nbdPart) Flush() error {
 	// As startFlush, without its closure (an allocation per flush).
-	seq := p.wseq.Load()
+	seq, seen := p.wseq.Load(), p.lostSeen.Load()
 	c := p.cur.Load()
-	return p.endFlush(seq, p.finish(false, c, c.Flush(), (*nbd.Client).Flush))
+	return p.endFlush(seq, seen, p.finish(false, c, c.Flush(), (*nbd.Client).Flush))
 }
 
 // startFlush implements flushStarter: it sends the flush and returns what
 // awaits it (and, if the connection broke, redials and flushes again), as
 // Flush does.
 func (p *nbdPart) startFlush() func() error {
-	seq := p.wseq.Load()
+	seq, seen := p.wseq.Load(), p.lostSeen.Load()
 	c := p.cur.Load()
 	s := c.StartFlush()
 	return func() error {
-		return p.endFlush(seq, p.finish(false, c, s.Wait(), (*nbd.Client).Flush))
+		return p.endFlush(seq, seen, p.finish(false, c, s.Wait(), (*nbd.Client).Flush))
 	}
 }
 
-// endFlush ends a flush sent when seq writes had completed, whose outcome
-// (after a redial and retry, finish) is err.
-func (p *nbdPart) endFlush(seq uint64, err error) error {
+// endFlush ends a flush sent when seq writes had completed and lostSeen
+// was seen, whose outcome (after a redial and retry, finish) is err.
+func (p *nbdPart) endFlush(seq, seen uint64, err error) error {
 	if err != nil {
 		return err
 	}
 	p.flushedUpTo(seq)
-	if p.lost.Swap(false) {
+	if p.beforeReport != nil {
+		p.beforeReport()
+	}
+	if p.lostSince(seen) {
 		return fmt.Errorf("part %d: %w", p.index, ErrLostWrites)
 	}
 	return nil
 }
 
+// lostSince reports whether losses were found that no flush had reported
+// when lostSeen was seen, and records them reported.
+func (p *nbdPart) lostSince(seen uint64) bool {
+	gen := p.lostGen.Load()
+	if gen <= seen {
+		return false
+	}
+	for {
+		s := p.lostSeen.Load()
+		if s >= gen || p.lostSeen.CompareAndSwap(s, gen) {
+			return true
+		}
+	}
+}
+
 // takeLost implements lostReporter (for a connection that no longer
 // flushes itself: it is dead).
-func (p *nbdPart) takeLost() bool { return p.lost.Swap(false) }
+func (p *nbdPart) takeLost() bool { return p.lostSince(p.lostSeen.Load()) }
 
 // flushSnapshot implements sharedFlusher.
 func (p *nbdPart) flushSnapshot() (seq, epoch uint64, export nbd.URI, ok bool) {
@@ -325,7 +349,7 @@ func (p *nbdPart) flushSnapshot() (seq, epoch uint64, export nbd.URI, ok bool) {
 	// What the URI's text says (a struct, not its String: that allocated
 	// on every flush).
 	export.ServerName = ""
-	return p.wseq.Load(), p.epoch.Load(), export, p.Alive() && !p.lost.Load()
+	return p.wseq.Load(), p.epoch.Load(), export, p.Alive() && p.lostGen.Load() == p.lostSeen.Load()
 }
 
 // flushedUpTo implements sharedFlusher: the first seq writes are durable.

@@ -162,3 +162,40 @@ func TestPoolFlushReportsDeadConnectionsLoss(t *testing.T) {
 		t.Fatalf("flush after the dead connection lost its unflushed write = %v, want ErrLostWrites", err)
 	}
 }
+
+// TestConcurrentFlushesReportLoss: two flushes under way when a lender
+// restart lost a write no flush had covered (as from two client
+// connections: each answers for the writes acknowledged before it began)
+// both report the loss, whichever ends first; a flush begun after that
+// does not.
+func TestConcurrentFlushesReportLoss(t *testing.T) {
+	l := startLender(t, 1<<20)
+	_, parts := poolOf(t, l, 1)
+	p := parts[0]
+	if _, err := p.WriteAt([]byte("unflushed"), 0); err != nil {
+		t.Fatal(err)
+	}
+	l.kill()
+	l.restartOnSamePort(t)
+	if _, err := p.ReadAt(make([]byte, 9), 0); err != nil { // reconnects: the loss is found
+		t.Fatalf("read after the restart: %v", err)
+	}
+	var (
+		started atomic.Bool
+		second  error
+	)
+	p.beforeReport = func() {
+		if started.CompareAndSwap(false, true) {
+			second = p.Flush() // begins and ends while the first is under way
+		}
+	}
+	if err := p.Flush(); !errors.Is(err, ErrLostWrites) {
+		t.Errorf("the first flush = %v, want ErrLostWrites", err)
+	}
+	if !errors.Is(second, ErrLostWrites) {
+		t.Errorf("the flush begun while the first was under way = %v, want ErrLostWrites", second)
+	}
+	if err := p.Flush(); err != nil {
+		t.Errorf("a flush begun after the loss was reported: %v", err)
+	}
+}
