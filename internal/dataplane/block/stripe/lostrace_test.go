@@ -1,6 +1,7 @@
 package stripe
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -66,5 +67,55 @@ func TestLostWriteCountedDuringReconnect(t *testing.T) {
 		if err := p.Flush(); err != nil {
 			t.Fatalf("moved=%v: second flush: %v", moved, err)
 		}
+	}
+}
+
+// TestWriteBackRetryKeepsOrder: a write acknowledged early whose
+// connection drops before the lender had it is retried on a new
+// connection; a later write overlapping it (from another client
+// connection) waits for that retry, so the lender ends with the later
+// bytes, and a FLUSH in the meantime covers the retried write.
+func TestWriteBackRetryKeepsOrder(t *testing.T) {
+	l := startLender(t, 4<<20)
+	bh := newBlackhole(t, l.ln.Addr().String())
+	u, _ := nbd.ParseURI(l.uri)
+	u.Address = bh.ln.Addr().String()
+	a := attach(t, AttachConfig{URIs: []string{u.String()}, RequestTimeout: 20 * time.Second, RedialTimeout: 10 * time.Second, WriteBack: true})
+	c1, c2 := dialAttachment(t, a), dialAttachment(t, a)
+	bh.freeze()
+	if _, err := c1.WriteAt(pattern(4096, 0x11), 0); err != nil {
+		t.Fatalf("write: %v (it is acknowledged once sent)", err)
+	}
+	bh.mu.Lock() // the lender's host drops the connections, unanswered
+	for _, nc := range bh.conns {
+		nc.Close()
+	}
+	bh.mu.Unlock()
+	later := make(chan error, 1)
+	go func() {
+		_, err := c2.WriteAt(pattern(4096, 0x22), 2048)
+		later <- err
+	}()
+	flushed := make(chan error, 1)
+	go func() { flushed <- c2.Flush() }()
+	waitFor(t, "the overlapping write and the flush to wait for the retried one", func() bool {
+		k, w := a.wb.state()
+		return k == 1 && w == 2
+	})
+	bh.mu.Lock()
+	bh.frozen = false // the host is back: the redial gets through
+	bh.mu.Unlock()
+	if err := <-later; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-flushed; err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+	if err := c1.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	want := append(pattern(2048, 0x11), pattern(4096, 0x22)...)
+	if got := l.mem.Bytes()[:len(want)]; !bytes.Equal(got, want) {
+		t.Fatalf("the lender holds %x… at 0, %x… at 2048; want the later write over the retried one", got[:4], got[2048:2052])
 	}
 }
