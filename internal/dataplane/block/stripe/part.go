@@ -287,12 +287,19 @@ func (p *nbdPart) Extents(off, n int64) (ext []nbd.Extent, err error) {
 
 // Flush flushes the current connection. If an earlier connection broke with
 // writes no flush had covered, it reports ErrLostWrites (see lostGen).
-func (p *nbdPart) Flush() error {
+func (p *nbdPart) Flush() error { return p.flushSince(p.lostSeen.Load()) }
+
+// flushSince implements lostReporter: Flush for a flush that began when
+// lostSeen was seen.
+func (p *nbdPart) flushSince(seen uint64) error {
 	// As startFlush, without its closure (an allocation per flush).
-	seq, seen := p.wseq.Load(), p.lostSeen.Load()
+	seq := p.wseq.Load()
 	c := p.cur.Load()
 	return p.endFlush(seq, seen, p.finish(false, c, c.Flush(), (*nbd.Client).Flush))
 }
+
+// lostMark implements lostReporter.
+func (p *nbdPart) lostMark() uint64 { return p.lostSeen.Load() }
 
 // startFlush implements flushStarter: it sends the flush and returns what
 // awaits it (and, if the connection broke, redials and flushes again), as
@@ -336,10 +343,6 @@ func (p *nbdPart) lostSince(seen uint64) bool {
 		}
 	}
 }
-
-// takeLost implements lostReporter (for a connection that no longer
-// flushes itself: it is dead).
-func (p *nbdPart) takeLost() bool { return p.lostSince(p.lostSeen.Load()) }
 
 // flushSnapshot implements sharedFlusher.
 func (p *nbdPart) flushSnapshot() (seq, epoch uint64, export nbd.URI, ok bool) {

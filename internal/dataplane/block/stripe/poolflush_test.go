@@ -199,3 +199,44 @@ func TestConcurrentFlushesReportLoss(t *testing.T) {
 		t.Errorf("a flush begun after the loss was reported: %v", err)
 	}
 }
+
+// TestPoolFlushReportsLossFoundSinceItBegan: a pool's flush that began
+// before a connection's lost writes were reported reports them too, even
+// when another flush, begun later, reached that connection first and
+// reported them (each answers for the writes acknowledged before it
+// began).
+func TestPoolFlushReportsLossFoundSinceItBegan(t *testing.T) {
+	be := &countingBackend{MemBackend: nbd.NewMemBackend(1 << 20), multiConn: true}
+	l := startLenderWith(t, be)
+	pool, parts := poolOf(t, l, 2)
+	b, a := parts[0], parts[1] // flushEach flushes b, then a
+	if _, err := a.WriteAt([]byte("unflushed"), 0); err != nil {
+		t.Fatal(err)
+	}
+	l.kill()
+	l.restartOnSamePort(t)
+	for _, p := range parts { // both reconnect; a finds its write lost
+		if _, err := p.ReadAt(make([]byte, 9), 0); err != nil {
+			t.Fatalf("read after the restart: %v", err)
+		}
+	}
+	var (
+		started bool
+		later   error
+	)
+	b.beforeReport = func() {
+		if !started { // the first flush has begun and reached b, not yet a
+			started = true
+			later = pool.Flush()
+		}
+	}
+	if err := pool.Flush(); !errors.Is(err, ErrLostWrites) {
+		t.Errorf("the flush begun first = %v, want ErrLostWrites", err)
+	}
+	if !errors.Is(later, ErrLostWrites) {
+		t.Errorf("the flush begun later = %v, want ErrLostWrites", later)
+	}
+	if err := pool.Flush(); err != nil {
+		t.Errorf("a flush begun after the loss was reported: %v", err)
+	}
+}
