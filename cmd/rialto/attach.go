@@ -119,6 +119,12 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 	watch := fs.Duration("watch", 5*time.Second, "how often to check that the lease is still active (0: never)")
 	level := fs.String("log-level", "warn", "debug, info, warn or error")
 	return func(ctx context.Context, pos []string) error {
+		switch {
+		case *conns < 0:
+			return usagef("bad --conns %d: a number of connections, 0 for the default", *conns)
+		case *timeout < 0:
+			return usagef("bad --timeout %v: a duration, 0 for the default", *timeout)
+		}
 		log, err := newLogger(e, *level)
 		if err != nil {
 			return err

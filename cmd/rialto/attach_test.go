@@ -262,6 +262,8 @@ func TestAttachUnixSocketAndErrors(t *testing.T) {
 		{[]string{"attach", "lease-nope"}, 1, "not_found"},
 		{[]string{"attach", "../x"}, 1, ""},
 		{[]string{"detach", "lease-nope"}, 1, "not attached"},
+		{[]string{"attach", "--conns", "-1", "lease-nope"}, 2, "bad --conns"},
+		{[]string{"attach", "--timeout", "-5s", "lease-nope"}, 2, "bad --timeout"},
 	} {
 		_, errs, code := runIn(t, c, runtime, tc.args...)
 		if code != tc.code || !strings.Contains(errs, tc.want) {

@@ -58,8 +58,21 @@ type nbdPart struct {
 	// flush covered, to tell whether a broken connection lost anything.
 	wseq    atomic.Uint64
 	flushed atomic.Uint64
-	lost    atomic.Bool
-	epoch   atomic.Uint64 // counts reconnections
+	// Losses found (a connection broke with writes no flush had
+	// covered) and how many a flush has reported: a flush reports
+	// the losses found before it ended that no flush had reported when
+	// it began (Linux's errseq), so that every flush under way hears of
+	// one, and the next to begin does.
+	lostGen, lostSeen atomic.Uint64
+	epoch             atomic.Uint64 // counts reconnections
+	// breaking is the connection the latest reconnection replaces (or
+	// replaced); moved says whether that reconnection found the part
+	// moved (guarded by mu). See count.
+	breaking atomic.Pointer[nbd.Client]
+	moved    bool
+
+	beforeCount  func() // for tests: called before a write answered is counted (count)
+	beforeReport func() // for tests: called when a flush has succeeded, before it reports losses
 }
 
 func newPart(c *nbd.Client, u nbd.URI, tlsCfg *tls.Config, index int, timeout, redial time.Duration,
@@ -104,10 +117,38 @@ func (p *nbdPart) finish(write bool, c *nbd.Client, err error, f func(*nbd.Clien
 	if errors.Is(err, nbd.ErrTimeout) {
 		p.dead.Store(true)
 	}
-	if err == nil && write {
-		p.wseq.Add(1)
+	if err == nil && write && !p.count(c) {
+		p.lateWrite(c)
 	}
 	return err
+}
+
+// count counts a write that c's lender answered. It reports false when
+// a reconnection has replaced c, or is replacing it, and so may have
+// looked for unflushed writes before this one was counted (the reply was
+// read, then the connection broke, and another call reconnected before
+// this write's caller ran): lateWrite must then decide whether it is lost.
+// (A reconnection marks breaking before it counts; a write is counted
+// before it looks at breaking: one of them sees the other.)
+func (p *nbdPart) count(c *nbd.Client) bool {
+	if p.beforeCount != nil {
+		p.beforeCount()
+	}
+	p.wseq.Add(1)
+	return p.breaking.Load() != c && p.cur.Load() == c
+}
+
+// lateWrite counts a write answered on c, which a reconnection from c may
+// have missed (count), as lost unless the reconnection found the part
+// moved, as reconnect would have; it waits for the reconnection under way.
+// Not on the goroutine that reads c's replies (reconnect closes c, which
+// waits for that goroutine).
+func (p *nbdPart) lateWrite(c *nbd.Client) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.moved || p.cur.Load() == c {
+		p.lostGen.Add(1)
+	}
 }
 
 // reconnect replaces the broken connection old, unless another call already
@@ -122,6 +163,7 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 	if c := p.cur.Load(); c != old {
 		return c, nil
 	}
+	p.breaking.Store(old)
 	if p.dead.Load() || p.redial <= 0 || p.closed.Load() {
 		p.dead.Store(true)
 		return nil, fmt.Errorf("stripe: part %d: %w", p.index, nbd.ErrClosed)
@@ -151,8 +193,9 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 			return nil, fmt.Errorf("%w: part %d: export size changed from %d to %d after reconnecting", ErrDeviceFailed, p.index, p.size, c.Size())
 		}
 		if err == nil {
-			if unflushed && p.uri.Export == from.Export {
-				p.lost.Store(true)
+			p.moved = p.uri.Export != from.Export
+			if unflushed && !p.moved {
+				p.lostGen.Add(1)
 			}
 			p.epoch.Add(1)
 			p.cur.Store(c)
@@ -165,7 +208,7 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 		}
 		if retry.Wait(ctx) != nil {
 			if unflushed {
-				p.lost.Store(true)
+				p.lostGen.Add(1)
 			}
 			p.dead.Store(true)
 			p.log.Error("stripe: gave up reconnecting to part", "part", p.index, "addr", p.uri.Address, "attempts", attempt, "after", time.Since(start), "err", err)
@@ -243,37 +286,62 @@ func (p *nbdPart) Extents(off, n int64) (ext []nbd.Extent, err error) {
 }
 
 // Flush flushes the current connection. If an earlier connection broke with
-// writes no flush had covered, it reports ErrLostWrites once.
-func (p *nbdPart) Flush() error {
+// writes no flush had covered, it reports ErrLostWrites (see lostGen).
+func (p *nbdPart) Flush() error { return p.flushSince(p.lostSeen.Load()) }
+
+// flushSince implements lostReporter: Flush for a flush that began when
+// lostSeen was seen.
+func (p *nbdPart) flushSince(seen uint64) error {
 	// As startFlush, without its closure (an allocation per flush).
 	seq := p.wseq.Load()
 	c := p.cur.Load()
-	return p.endFlush(seq, p.finish(false, c, c.Flush(), (*nbd.Client).Flush))
+	return p.endFlush(seq, seen, p.finish(false, c, c.Flush(), (*nbd.Client).Flush))
 }
+
+// lostMark implements lostReporter.
+func (p *nbdPart) lostMark() uint64 { return p.lostSeen.Load() }
 
 // startFlush implements flushStarter: it sends the flush and returns what
 // awaits it (and, if the connection broke, redials and flushes again), as
 // Flush does.
 func (p *nbdPart) startFlush() func() error {
-	seq := p.wseq.Load()
+	seq, seen := p.wseq.Load(), p.lostSeen.Load()
 	c := p.cur.Load()
 	s := c.StartFlush()
 	return func() error {
-		return p.endFlush(seq, p.finish(false, c, s.Wait(), (*nbd.Client).Flush))
+		return p.endFlush(seq, seen, p.finish(false, c, s.Wait(), (*nbd.Client).Flush))
 	}
 }
 
-// endFlush ends a flush sent when seq writes had completed, whose outcome
-// (after a redial and retry, finish) is err.
-func (p *nbdPart) endFlush(seq uint64, err error) error {
+// endFlush ends a flush sent when seq writes had completed and lostSeen
+// was seen, whose outcome (after a redial and retry, finish) is err.
+func (p *nbdPart) endFlush(seq, seen uint64, err error) error {
 	if err != nil {
 		return err
 	}
 	p.flushedUpTo(seq)
-	if p.lost.Swap(false) {
+	if p.beforeReport != nil {
+		p.beforeReport()
+	}
+	if p.lostSince(seen) {
 		return fmt.Errorf("part %d: %w", p.index, ErrLostWrites)
 	}
 	return nil
+}
+
+// lostSince reports whether losses were found that no flush had reported
+// when lostSeen was seen, and records them reported.
+func (p *nbdPart) lostSince(seen uint64) bool {
+	gen := p.lostGen.Load()
+	if gen <= seen {
+		return false
+	}
+	for {
+		s := p.lostSeen.Load()
+		if s >= gen || p.lostSeen.CompareAndSwap(s, gen) {
+			return true
+		}
+	}
 }
 
 // flushSnapshot implements sharedFlusher.
@@ -284,7 +352,7 @@ func (p *nbdPart) flushSnapshot() (seq, epoch uint64, export nbd.URI, ok bool) {
 	// What the URI's text says (a struct, not its String: that allocated
 	// on every flush).
 	export.ServerName = ""
-	return p.wseq.Load(), p.epoch.Load(), export, p.Alive() && !p.lost.Load()
+	return p.wseq.Load(), p.epoch.Load(), export, p.Alive() && p.lostGen.Load() == p.lostSeen.Load()
 }
 
 // flushedUpTo implements sharedFlusher: the first seq writes are durable.
@@ -344,8 +412,11 @@ func (p *nbdPart) startWrite(b []byte, off int64, done func(error)) {
 	c := p.cur.Load()
 	err := c.StartWrite(b, off, func(err error) {
 		if err == nil {
-			p.wseq.Add(1)
-			done(nil)
+			if p.count(c) {
+				done(nil)
+				return
+			}
+			go func() { p.lateWrite(c); done(nil) }()
 			return
 		}
 		go func() { done(p.finish(true, c, err, write)) }()

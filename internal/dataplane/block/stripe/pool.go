@@ -140,25 +140,40 @@ type sharedFlusher interface {
 // (NBD_FLAG_CAN_MULTI_CONN, which connections report with MultiConnSafe);
 // otherwise, or if no connection is alive, Flush fails.
 func (p *Pool) Flush() error {
-	var buf [8]uint64
+	var buf, mbuf [8]uint64
+	marks := p.lostMarks(mbuf[:0])
 	seqs, epoch, ok := p.sharedFlush(buf[:0])
 	if !ok {
-		return p.flushEach()
+		return p.flushEach(marks)
 	}
 	// As startFlush, without its closure (an allocation per flush).
 	i := p.pickIndex()
 	err := p.conns[i].Flush()
 	p.inflight[i].Add(-1)
-	return p.sharedFlushed(seqs, epoch, err)
+	return p.sharedFlushed(seqs, epoch, marks, err)
+}
+
+// lostMarks appends to buf what every connection that reports lost writes
+// (lostReporter) has reported when a flush begins (0 for others).
+func (p *Pool) lostMarks(buf []uint64) []uint64 {
+	for _, c := range p.conns {
+		var m uint64
+		if l, ok := c.(lostReporter); ok {
+			m = l.lostMark()
+		}
+		buf = append(buf, m)
+	}
+	return buf
 }
 
 // startFlush implements flushStarter: the one flush that serves every
 // connection is sent at once and awaited by what it returns; flushes of
 // every connection in turn are sent there.
 func (p *Pool) startFlush() func() error {
+	marks := p.lostMarks(make([]uint64, 0, len(p.conns)))
 	seqs, epoch, ok := p.sharedFlush(nil)
 	if !ok {
-		return p.flushEach
+		return func() error { return p.flushEach(marks) }
 	}
 	i := p.pickIndex()
 	var wait func() error
@@ -170,16 +185,17 @@ func (p *Pool) startFlush() func() error {
 	return func() error {
 		err := wait()
 		p.inflight[i].Add(-1)
-		return p.sharedFlushed(seqs, epoch, err)
+		return p.sharedFlushed(seqs, epoch, marks, err)
 	}
 }
 
 // sharedFlushed ends a flush that one connection made for all (err its
-// outcome; seqs and epoch as sharedFlush gave them before it was sent).
+// outcome; seqs and epoch as sharedFlush gave them before it was sent,
+// marks as lostMarks gave them when the flush began).
 // A connection that reconnected meanwhile may have reached a restarted
 // lender, whose flush does not cover what the others wrote before: then
 // every connection flushes (and reports) for itself.
-func (p *Pool) sharedFlushed(seqs []uint64, epoch uint64, err error) error {
+func (p *Pool) sharedFlushed(seqs []uint64, epoch uint64, marks []uint64, err error) error {
 	if err == nil && p.epochs() == epoch {
 		for i, c := range p.conns {
 			c.(sharedFlusher).flushedUpTo(seqs[i])
@@ -190,13 +206,15 @@ func (p *Pool) sharedFlushed(seqs []uint64, epoch uint64, err error) error {
 		// The connection that flushed for all reconnected and reported
 		// its lost writes (once): the others flush for themselves, and
 		// the report is kept.
-		return errors.Join(err, p.flushEach())
+		return errors.Join(err, p.flushEach(marks))
 	}
-	return p.flushEach()
+	return p.flushEach(marks)
 }
 
-// flushEach flushes every live connection in turn.
-func (p *Pool) flushEach() error {
+// flushEach flushes every live connection in turn, for a flush that began
+// when marks were taken (lostMarks): a connection's lost writes found
+// since are reported, even if another flush has reported them meanwhile.
+func (p *Pool) flushEach(marks []uint64) error {
 	epoch := p.epochs()
 	var errs []error
 	live, lost, covered := 0, false, false
@@ -207,10 +225,21 @@ func (p *Pool) flushEach() error {
 	}
 	for i, c := range p.conns {
 		if !alive(c) {
+			// It gave up redialling: a flush elsewhere does not cover
+			// the writes it lost with a lender that restarted.
+			if l, ok := c.(lostReporter); ok && l.lostSince(marks[i]) {
+				errs = append(errs, fmt.Errorf("connection %d: %w", i, ErrLostWrites))
+			}
 			continue
 		}
 		live++
-		if err := c.Flush(); err != nil {
+		var err error
+		if l, ok := c.(lostReporter); ok {
+			err = l.flushSince(marks[i])
+		} else {
+			err = c.Flush()
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("connection %d: %w", i, err))
 		} else if multiConnSafe(c) {
 			covered = true
@@ -272,6 +301,17 @@ func (p *Pool) epochs() uint64 {
 		}
 	}
 	return sum
+}
+
+// lostReporter is a connection that knows it broke with writes no flush
+// had covered (nbdPart), and reports that to every flush under way (see
+// nbdPart.lostGen): lostMark is what it has reported when a flush begins,
+// lostSince reports (and records reported) losses found since a mark,
+// flushSince is Flush for a flush that began at a mark.
+type lostReporter interface {
+	lostMark() uint64
+	lostSince(mark uint64) bool
+	flushSince(mark uint64) error
 }
 
 func multiConnSafe(d Device) bool {
