@@ -46,24 +46,7 @@ func TestStoredContexts(t *testing.T) {
 func TestRepositoryStoresNoContext(t *testing.T) {
 	root := moduleRoot(t)
 	n := 0
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "vendor") {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, ".go") {
-			return nil
-		}
-		src, err := os.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(root, path)
+	eachGoFile(t, root, true, func(rel string, src []byte) error {
 		found, err := StoredContexts(rel, src)
 		if err != nil {
 			return err
@@ -74,10 +57,37 @@ func TestRepositoryStoresNoContext(t *testing.T) {
 		}
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if n < 100 {
 		t.Fatalf("only %d Go files checked under %s", n, root)
+	}
+}
+
+// eachGoFile calls f with the path (relative to root) and contents of
+// every Go file under root, test files too if tests, skipping hidden,
+// testdata and vendor directories; an error from f or the walk fails t.
+func eachGoFile(t *testing.T, root string, tests bool, f func(rel string, src []byte) error) {
+	t.Helper()
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "vendor") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || (!tests && strings.HasSuffix(path, "_test.go")) {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		return f(rel, src)
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -1,9 +1,6 @@
 package deptest
 
 import (
-	"io/fs"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -55,24 +52,7 @@ var reviewedAddresses = map[string]string{
 func TestRepositoryUintptrAddresses(t *testing.T) {
 	root := moduleRoot(t)
 	seen := map[string]bool{}
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "vendor") {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-			return nil
-		}
-		src, err := os.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(root, path)
+	eachGoFile(t, root, false, func(rel string, src []byte) error {
 		found, err := UintptrAddresses(rel, src)
 		if err != nil {
 			return err
@@ -88,9 +68,6 @@ func TestRepositoryUintptrAddresses(t *testing.T) {
 		}
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	for key := range reviewedAddresses {
 		if !seen[key] {
 			t.Errorf("reviewedAddresses lists %q, which takes no such address any more: remove it", key)

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -192,20 +191,7 @@ func TestFileCloseDuringSendfile(t *testing.T) {
 	oldFD := b.fd
 
 	rc := rawDial(t, addr, 3)
-	// A small receive buffer keeps most of the reply in the server's
-	// sendfile call until this side reads it.
-	if err := rc.c.(*net.TCPConn).SetReadBuffer(64 << 10); err != nil {
-		t.Fatal(err)
-	}
-	rc.goTransmission(testName, true, false)
-	rc.request(Request{Type: CmdRead, Handle: 1, Offset: 0, Length: size}, nil)
-	var hdr [structuredHeaderLen + 8]byte
-	if _, err := io.ReadFull(rc.r, hdr[:]); err != nil {
-		t.Fatal(err)
-	}
-	if binary.BigEndian.Uint32(hdr[:]) != structuredReplyMagic || binary.BigEndian.Uint16(hdr[6:]) != replyTypeOffsetData {
-		t.Fatalf("unexpected reply header %x", hdr)
-	}
+	rc.startLargeRead(size)
 	got := make([]byte, size)
 	const head = 64 << 10
 	if _, err := io.ReadFull(rc.r, got[:head]); err != nil {

@@ -303,3 +303,24 @@ func (rc *rawConn) writeFlushRead(t testing.TB, h *uint64, seed byte, n int) {
 		}
 	}
 }
+
+// startLargeRead enters transmission (structured replies) on export
+// testName and asks for a read of size bytes at offset 0 with a 64 KiB
+// receive buffer, which keeps most of the reply in the server's socket and
+// its sendfile call until this side reads it; it reads the reply's header,
+// leaving its data to the caller.
+func (rc *rawConn) startLargeRead(size uint32) {
+	rc.t.Helper()
+	if err := rc.c.(*net.TCPConn).SetReadBuffer(64 << 10); err != nil {
+		rc.t.Fatal(err)
+	}
+	rc.goTransmission(testName, true, false)
+	rc.request(Request{Type: CmdRead, Handle: 1, Offset: 0, Length: size}, nil)
+	var hdr [structuredHeaderLen + 8]byte
+	if _, err := io.ReadFull(rc.r, hdr[:]); err != nil {
+		rc.t.Fatal(err)
+	}
+	if binary.BigEndian.Uint32(hdr[:]) != structuredReplyMagic || binary.BigEndian.Uint16(hdr[6:]) != replyTypeOffsetData {
+		rc.t.Fatalf("unexpected reply header %x", hdr)
+	}
+}

@@ -2,7 +2,6 @@ package nbd
 
 import (
 	"bytes"
-	"encoding/binary"
 	"io"
 	"net"
 	"os"
@@ -30,20 +29,7 @@ func TestRemoveExportDropsQueuedSendfile(t *testing.T) {
 	defer b.Close()
 	s, addr := startServer(t, Export{Name: testName, Backend: b})
 	rc := rawDial(t, addr, clientFlagFixedNewstyle|clientFlagNoZeroes)
-	// A small receive buffer keeps most of the reply in the server's
-	// socket and its sendfile call.
-	if err := rc.c.(*net.TCPConn).SetReadBuffer(64 << 10); err != nil {
-		t.Fatal(err)
-	}
-	rc.goTransmission(testName, true, false)
-	rc.request(Request{Type: CmdRead, Handle: 1, Offset: 0, Length: size}, nil)
-	var hdr [structuredHeaderLen + 8]byte
-	if _, err := io.ReadFull(rc.r, hdr[:]); err != nil {
-		t.Fatal(err)
-	}
-	if binary.BigEndian.Uint32(hdr[:]) != structuredReplyMagic || binary.BigEndian.Uint16(hdr[6:]) != replyTypeOffsetData {
-		t.Fatalf("unexpected reply header %x", hdr)
-	}
+	rc.startLargeRead(size)
 	if err := s.RemoveExport(testName); err != nil {
 		t.Fatal(err)
 	}
