@@ -301,12 +301,7 @@ func TestUnwantedPartOfKeptLeaseWiped(t *testing.T) {
 	r := start(t, cfg)
 	prep := func(a *Agent, export string, off int64) string {
 		t.Helper()
-		resp, err := a.Prepare(ctxFor(t), api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindBlock, DeviceName: "disk0",
-			Offset: off, Length: leaseSize, Export: export})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp.URI
+		return prepareExport(t, a, "lease-a", export, off, leaseSize)
 	}
 	stale := prep(r.a, "x_part0", 0)
 	kept := prep(r.a, "x_part1", leaseSize)
@@ -368,12 +363,7 @@ func TestAnswerDoesNotJudgeLaterPrepares(t *testing.T) {
 		a := start(t, testConfig(srv.URL, dir)).a
 		prep := func(export string, off int64) string {
 			t.Helper()
-			resp, err := a.Prepare(ctxFor(t), api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindBlock, DeviceName: "disk0",
-				Offset: off, Length: leaseSize, Export: export})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return resp.URI
+			return prepareExport(t, a, "lease-a", export, off, leaseSize)
 		}
 		prep("x_first", 0) // the earlier placement
 		in, next := make(chan struct{}), make(chan struct{})

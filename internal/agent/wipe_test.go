@@ -24,10 +24,16 @@ func ctxFor(t *testing.T) context.Context {
 // prepareBlock prepares a block lease of disk0 and returns its URI.
 func prepareBlock(t *testing.T, a *Agent, lease string, off, n int64) string {
 	t.Helper()
+	return prepareExport(t, a, lease, "x_"+lease, off, n)
+}
+
+// prepareExport is prepareBlock with the export's name.
+func prepareExport(t *testing.T, a *Agent, lease, export string, off, n int64) string {
+	t.Helper()
 	resp, err := a.Prepare(ctxFor(t), api.PrepareRequest{LeaseID: lease, Kind: api.KindBlock, DeviceName: "disk0",
-		Offset: off, Length: n, Export: "x_" + lease})
+		Offset: off, Length: n, Export: export})
 	if err != nil {
-		t.Fatalf("prepare %s: %v", lease, err)
+		t.Fatalf("prepare %s: %v", export, err)
 	}
 	return resp.URI
 }
