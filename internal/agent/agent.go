@@ -312,6 +312,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	saved = a.withoutWiped(saved)
+	saved, err := a.journalUnrestorable(saved)
+	if err != nil {
+		return err
+	}
 	if err := a.retryWipes(ctx); err != nil {
 		a.log.Warn("unfinished wipes failed again; their ranges stay unlendable", "err", err)
 	}

@@ -332,3 +332,64 @@ func TestUnreadableExportsRefused(t *testing.T) {
 	}
 	cancel()
 }
+
+// TestUnrestorableRangeWiped: an export a restart cannot restore because
+// its device changed in the configuration is not just dropped: what is
+// left of its range is wiped before anything is lent (a device shrunk
+// under the lease, one renamed, found by its path), or stays refused in
+// the journal when its device is gone.
+func TestUnrestorableRangeWiped(t *testing.T) {
+	const off = 512 << 10
+	for _, c := range []struct {
+		name   string
+		change func(*DeviceConfig)
+		// dev and n are the device and length the next lease of the
+		// range takes; dev "" when the device is gone.
+		dev string
+		n   int64
+	}{
+		{"shrunk", func(d *DeviceConfig) { d.Size = off + leaseSize/2 }, "disk0", leaseSize / 2},
+		{"renamed", func(d *DeviceConfig) { d.Name = "disk9" }, "disk9", leaseSize},
+		{"gone", func(d *DeviceConfig) { d.Name, d.Path = "disk9", "other.img" }, "", 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, srv := newFakeCP(t)
+			dir := t.TempDir()
+			cfg := testConfig(srv.URL, dir)
+			r := start(t, cfg)
+			secret := bytes.Repeat([]byte{0x3c}, leaseSize)
+			nbdWrite(t, prepareBlock(t, r.a, "lease-a", off, leaseSize), secret, 0)
+			r.halt(t)
+
+			c.change(&cfg.Devices[0])
+			a := start(t, cfg).a
+			if got := a.Leases(); len(got) != 0 {
+				t.Fatalf("leases after the restart: %v", got)
+			}
+			w := journal(t, dir)
+			if c.dev == "" {
+				if len(w) != 1 || w[0].DeviceName != "disk0" || w[0].Offset != off || w[0].Length != leaseSize {
+					t.Fatalf("journal with the device gone: %+v, want disk0's range kept", w)
+				}
+				if !bytes.Equal(diskBytes(t, dir, off, leaseSize), secret) {
+					t.Fatal("a range of a device no longer lent was changed")
+				}
+				return
+			}
+			if len(w) != 0 {
+				t.Fatalf("journal after the restart: %+v", w)
+			}
+			if !bytes.Equal(diskBytes(t, dir, off, c.n), make([]byte, c.n)) {
+				t.Fatal("the range of the export that could not be restored keeps the tenant's bytes")
+			}
+			resp, err := a.Prepare(ctxFor(t), api.PrepareRequest{LeaseID: "lease-b", Kind: api.KindBlock, DeviceName: c.dev,
+				Offset: off, Length: c.n, Export: "x_lease-b"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(nbdRead(t, resp.URI, int(c.n), 0), make([]byte, c.n)) {
+				t.Fatal("the next lease reads the previous tenant's bytes")
+			}
+		})
+	}
+}
