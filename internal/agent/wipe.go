@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sort"
 
@@ -288,4 +289,36 @@ func (a *Agent) blockDevice(name, path string) (DeviceConfig, bool) {
 		}
 	}
 	return DeviceConfig{}, false
+}
+
+// wipeLostExports journals a wipe of every block device in full and then
+// sets the unreadable exports file aside (exports.json.unreadable-UNIXTIME,
+// kept for inspection): Config.WipeLostExports. The wipes run before
+// anything is served, like any the journal holds; the journal is written
+// before the file is moved, so a crash in between leaves the agent refusing
+// to start again (or wiping again with the option).
+func (a *Agent) wipeLostExports() error {
+	a.mu.Lock()
+	n := 0
+	for _, d := range a.devices {
+		if d.Kind != api.KindBlock || d.Size <= 0 {
+			continue
+		}
+		a.wipes = append(a.wipes, &pendingWipe{wipeEntry: wipeEntry{LeaseID: "(lost exports)", Kind: api.KindBlock,
+			DeviceName: d.Name, Length: d.Size}})
+		n++
+	}
+	a.mPendingWipes.Set(float64(len(a.wipes)))
+	a.mu.Unlock()
+	if err := a.saveWipes(); err != nil {
+		return err
+	}
+	path := filepath.Join(a.cfg.StateDir, exportsFile)
+	aside := fmt.Sprintf("%s.unreadable-%d", path, a.clock.Now().Unix())
+	if err := os.Rename(path, aside); err != nil {
+		return fmt.Errorf("agent: set the unreadable %s aside: %w", path, err)
+	}
+	a.log.Warn("the exports file was unreadable: every block device is wiped before anything is served, and the file set aside",
+		"devices", n, "file", aside)
+	return nil
 }

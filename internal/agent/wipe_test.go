@@ -393,3 +393,44 @@ func TestUnrestorableRangeWiped(t *testing.T) {
 		})
 	}
 }
+
+// TestWipeLostExports: with Config.WipeLostExports an agent whose
+// exports.json cannot be read starts, having wiped every block device in
+// full before serving anything, and keeps the file aside.
+func TestWipeLostExports(t *testing.T) {
+	_, srv := newFakeCP(t)
+	dir := t.TempDir()
+	cfg := testConfig(srv.URL, dir)
+	r := start(t, cfg)
+	secret := bytes.Repeat([]byte{0x2d}, leaseSize)
+	nbdWrite(t, prepareBlock(t, r.a, "lease-a", 4096, leaseSize), secret, 0)
+	r.halt(t)
+	bad := []byte(`[{"lease_id":"lease-a","device_name":"disk0","len`)
+	if err := os.WriteFile(filepath.Join(dir, exportsFile), bad, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg.WipeLostExports = true
+	a := start(t, cfg).a
+	if got := a.Leases(); len(got) != 0 {
+		t.Fatalf("leases after the restart: %v", got)
+	}
+	if w := journal(t, dir); len(w) != 0 {
+		t.Fatalf("journal after the restart: %+v", w)
+	}
+	size := cfg.Devices[0].Size
+	if !bytes.Equal(diskBytes(t, dir, 0, size), make([]byte, size)) {
+		t.Fatal("the device keeps a tenant's bytes")
+	}
+	aside, _ := filepath.Glob(filepath.Join(dir, exportsFile+".unreadable-*"))
+	if len(aside) != 1 {
+		t.Fatalf("set aside: %v", aside)
+	}
+	if b, err := os.ReadFile(aside[0]); err != nil || !bytes.Equal(b, bad) {
+		t.Fatalf("the file set aside: %q, %v", b, err)
+	}
+	ub := prepareBlock(t, a, "lease-b", 4096, leaseSize)
+	if !bytes.Equal(nbdRead(t, ub, leaseSize, 0), make([]byte, leaseSize)) {
+		t.Fatal("the next lease reads the previous tenant's bytes")
+	}
+}
