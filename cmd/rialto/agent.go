@@ -137,6 +137,7 @@ func runAgent(e *env, fs *pflag.FlagSet) runFunc {
 	cp, bootS, caCert := joinFlags(fs, e)
 	name := fs.String("name", host, "node name, unique in the cluster")
 	stateDir := fs.String("state-dir", "rialto-agent", "identity, exports and relative backing files")
+	wipeLost := fs.Bool("wipe-lost-exports", false, "if the state dir's exports.json cannot be read, wipe every block device in full and set the file aside instead of refusing to start (the exports it listed are lost either way)")
 	listen := fs.String("listen", "127.0.0.1", "host the agent API and data planes bind to (0.0.0.0 needs --advertise)")
 	advertise := fs.String("advertise", "", "host put into URLs (default: --listen)")
 	port := fs.Int("port", 0, "agent API port (0: as before, or free)")
@@ -178,7 +179,7 @@ func runAgent(e *env, fs *pflag.FlagSet) runFunc {
 			return err
 		}
 		cfg := agent.Config{
-			ControlPlane: *cp, BootstrapToken: boot, Name: *name, StateDir: *stateDir,
+			ControlPlane: *cp, BootstrapToken: boot, Name: *name, StateDir: *stateDir, WipeLostExports: *wipeLost,
 			Listen: *listen, Advertise: *advertise, APIPort: *port, HeartbeatInterval: *hb,
 			MachineID: *machine, Logger: log, Version: versionString(),
 		}

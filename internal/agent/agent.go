@@ -292,11 +292,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	// accelerator slot ports could take one); each is released right
 	// before its owner binds it again, the rest after the restore.
 	saved, readable := a.savedExports()
-	if !readable {
+	if !readable && !a.cfg.WipeLostExports {
 		// The ranges it lists may hold tenants' bytes that only their
 		// leases' teardowns would wipe: an agent that forgot them would
 		// overwrite the file and lend the ranges on unwiped.
-		return fmt.Errorf("agent: %s is unreadable: the ranges it lists may hold tenants' bytes; repair it, or zero the devices and remove it",
+		return fmt.Errorf("agent: %s is unreadable: the ranges it lists may hold tenants' bytes; repair it, or start with --wipe-lost-exports to wipe every block device and set it aside",
 			filepath.Join(a.cfg.StateDir, exportsFile))
 	}
 	a.reserved.reserve(a.cfg.Listen, a.rememberedPorts(saved))
@@ -311,7 +311,16 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.loadWipes(); err != nil {
 		return err
 	}
+	if !readable {
+		if err := a.wipeLostExports(); err != nil {
+			return err
+		}
+	}
 	saved = a.withoutWiped(saved)
+	saved, err := a.journalUnrestorable(saved)
+	if err != nil {
+		return err
+	}
 	if err := a.retryWipes(ctx); err != nil {
 		a.log.Warn("unfinished wipes failed again; their ranges stay unlendable", "err", err)
 	}

@@ -57,6 +57,13 @@ type Config struct {
 	Version string
 	// StateDir holds the agent's identity and export state.
 	StateDir string
+	// WipeLostExports, when the exports file in StateDir cannot be read,
+	// wipes every block device in full (through the wipe journal, before
+	// anything is served) and sets the file aside, instead of refusing to
+	// start: the exports it listed are lost either way (their leases are
+	// lost when the agent rejoins without them), and any range may hold a
+	// tenant's bytes.
+	WipeLostExports bool
 	// Listen is the host the agent API and the data planes bind to
 	// (default 127.0.0.1). Advertise, if set, is the host put into URLs
 	// instead.

@@ -375,8 +375,9 @@ func (a *Agent) saveExportsLocked() error {
 // lease is still reserved or active (see confirmHeld), so that a lease the
 // control plane declared lost while the agent was away is never served
 // again, not even for a first request, and not while the control plane
-// is unreachable. Entries Prepare would refuse are dropped, and so are
-// those whose teardown was under way (their range is in the wipe journal).
+// is unreachable. Entries Prepare would refuse are dropped: those whose
+// device changed under them were wiped already (journalUnrestorable), as
+// were those whose teardown was under way (withoutWiped).
 func (a *Agent) restoreExports(_ context.Context, saved []persistedExport) {
 	a.opMu.Lock()
 	defer a.opMu.Unlock()

@@ -97,6 +97,10 @@ type persistedExport struct {
 	// whatever it is, since the control plane may have recorded Moved
 	// without the agent learning it.
 	Moved string `json:"moved,omitempty"`
+	// DevicePath is the device's path when the export was prepared, so
+	// that a restart finds the range of a device renamed in the
+	// configuration since (journalUnrestorable).
+	DevicePath string `json:"device_path,omitempty"`
 }
 
 // sortedExports returns the exports ordered by export name, for stable
@@ -107,7 +111,7 @@ func sortedExports(m map[string]Export) []persistedExport {
 		if e.incoming {
 			continue // in the wipe journal until committed
 		}
-		out = append(out, persistedExport{PrepareRequest: e.Request, URI: e.URI, Moved: e.Moved})
+		out = append(out, persistedExport{PrepareRequest: e.Request, URI: e.URI, Moved: e.Moved, DevicePath: e.Device.Path})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Export < out[j].Export })
 	return out

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sort"
 
@@ -226,4 +227,98 @@ func (a *Agent) withoutWiped(saved []persistedExport) []persistedExport {
 		out = append(out, p)
 	}
 	return out
+}
+
+// journalUnrestorable takes out of saved the block exports a restart
+// cannot serve again because their device or range no longer validates
+// (the device removed from the configuration, renamed, shrunk or given
+// another kind) and journals a wipe of what is left of their range: the
+// range still holds the tenant's bytes, and dropping the entry alone would
+// lend them on. A device renamed since is found by the path recorded with
+// the export; a range past a shrunk device's end is cut at the end (what
+// lies beyond is lent by no one). An entry whose device cannot be found is
+// journalled under its old name: kept in the file, refused, never wiped
+// (see loadWipes). Entries of other kinds, and overlapping ones, are left
+// to restoreExports, which drops them.
+func (a *Agent) journalUnrestorable(saved []persistedExport) ([]persistedExport, error) {
+	out := saved[:0:0]
+	var added bool
+	for _, p := range saved {
+		_, _, _, err := a.validate(p.PrepareRequest)
+		if err == nil || p.Kind != api.KindBlock {
+			out = append(out, p)
+			continue
+		}
+		w := wipeEntry{LeaseID: p.LeaseID, Kind: api.KindBlock, DeviceName: p.DeviceName, Offset: p.Offset, Length: p.Length}
+		if dev, ok := a.blockDevice(p.DeviceName, p.DevicePath); ok {
+			w.DeviceName = dev.Name
+			w.Length = max(0, min(w.Offset+w.Length, dev.Size)-w.Offset)
+		}
+		a.mRestored.WithLabelValues("dropped").Inc()
+		if w.Length <= 0 {
+			a.log.Warn("a restored export no longer validates and none of its range is lent; dropping it", "lease", p.LeaseID, "err", err)
+			continue
+		}
+		a.log.Warn("a restored export no longer validates; its range is wiped instead", "lease", p.LeaseID,
+			"device", w.DeviceName, "offset", w.Offset, "length", w.Length, "err", err)
+		a.mu.Lock()
+		a.wipes = append(a.wipes, &pendingWipe{wipeEntry: w})
+		a.mPendingWipes.Set(float64(len(a.wipes)))
+		a.mu.Unlock()
+		added = true
+	}
+	if added {
+		if err := a.saveWipes(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// blockDevice finds the block device named name or, failing that, the one
+// at path.
+func (a *Agent) blockDevice(name, path string) (DeviceConfig, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if d, ok := a.devices[name]; ok && d.Kind == api.KindBlock {
+		return d, true
+	}
+	for _, d := range a.devices {
+		if path != "" && d.Kind == api.KindBlock && d.Path == path {
+			return d, true
+		}
+	}
+	return DeviceConfig{}, false
+}
+
+// wipeLostExports journals a wipe of every block device in full and then
+// sets the unreadable exports file aside (exports.json.unreadable-UNIXTIME,
+// kept for inspection): Config.WipeLostExports. The wipes run before
+// anything is served, like any the journal holds; the journal is written
+// before the file is moved, so a crash in between leaves the agent refusing
+// to start again (or wiping again with the option).
+func (a *Agent) wipeLostExports() error {
+	a.mu.Lock()
+	n := 0
+	for _, d := range a.devices {
+		if d.Kind != api.KindBlock || d.Size <= 0 {
+			continue
+		}
+		a.wipes = append(a.wipes, &pendingWipe{wipeEntry: wipeEntry{LeaseID: "(lost exports)", Kind: api.KindBlock,
+			DeviceName: d.Name, Length: d.Size}})
+		n++
+	}
+	a.mPendingWipes.Set(float64(len(a.wipes)))
+	a.mu.Unlock()
+	if err := a.saveWipes(); err != nil {
+		return err
+	}
+	path := filepath.Join(a.cfg.StateDir, exportsFile)
+	aside := fmt.Sprintf("%s.unreadable-%d", path, a.clock.Now().Unix())
+	if err := os.Rename(path, aside); err != nil {
+		return fmt.Errorf("agent: set the unreadable %s aside: %w", path, err)
+	}
+	a.log.Warn("the exports file was unreadable: every block device is wiped before anything is served, and the file set aside",
+		"devices", n, "file", aside)
+	return nil
 }

@@ -332,3 +332,105 @@ func TestUnreadableExportsRefused(t *testing.T) {
 	}
 	cancel()
 }
+
+// TestUnrestorableRangeWiped: an export a restart cannot restore because
+// its device changed in the configuration is not just dropped: what is
+// left of its range is wiped before anything is lent (a device shrunk
+// under the lease, one renamed, found by its path), or stays refused in
+// the journal when its device is gone.
+func TestUnrestorableRangeWiped(t *testing.T) {
+	const off = 512 << 10
+	for _, c := range []struct {
+		name   string
+		change func(*DeviceConfig)
+		// dev and n are the device and length the next lease of the
+		// range takes; dev "" when the device is gone.
+		dev string
+		n   int64
+	}{
+		{"shrunk", func(d *DeviceConfig) { d.Size = off + leaseSize/2 }, "disk0", leaseSize / 2},
+		{"renamed", func(d *DeviceConfig) { d.Name = "disk9" }, "disk9", leaseSize},
+		{"gone", func(d *DeviceConfig) { d.Name, d.Path = "disk9", "other.img" }, "", 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, srv := newFakeCP(t)
+			dir := t.TempDir()
+			cfg := testConfig(srv.URL, dir)
+			r := start(t, cfg)
+			secret := bytes.Repeat([]byte{0x3c}, leaseSize)
+			nbdWrite(t, prepareBlock(t, r.a, "lease-a", off, leaseSize), secret, 0)
+			r.halt(t)
+
+			c.change(&cfg.Devices[0])
+			a := start(t, cfg).a
+			if got := a.Leases(); len(got) != 0 {
+				t.Fatalf("leases after the restart: %v", got)
+			}
+			w := journal(t, dir)
+			if c.dev == "" {
+				if len(w) != 1 || w[0].DeviceName != "disk0" || w[0].Offset != off || w[0].Length != leaseSize {
+					t.Fatalf("journal with the device gone: %+v, want disk0's range kept", w)
+				}
+				if !bytes.Equal(diskBytes(t, dir, off, leaseSize), secret) {
+					t.Fatal("a range of a device no longer lent was changed")
+				}
+				return
+			}
+			if len(w) != 0 {
+				t.Fatalf("journal after the restart: %+v", w)
+			}
+			if !bytes.Equal(diskBytes(t, dir, off, c.n), make([]byte, c.n)) {
+				t.Fatal("the range of the export that could not be restored keeps the tenant's bytes")
+			}
+			resp, err := a.Prepare(ctxFor(t), api.PrepareRequest{LeaseID: "lease-b", Kind: api.KindBlock, DeviceName: c.dev,
+				Offset: off, Length: c.n, Export: "x_lease-b"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(nbdRead(t, resp.URI, int(c.n), 0), make([]byte, c.n)) {
+				t.Fatal("the next lease reads the previous tenant's bytes")
+			}
+		})
+	}
+}
+
+// TestWipeLostExports: with Config.WipeLostExports an agent whose
+// exports.json cannot be read starts, having wiped every block device in
+// full before serving anything, and keeps the file aside.
+func TestWipeLostExports(t *testing.T) {
+	_, srv := newFakeCP(t)
+	dir := t.TempDir()
+	cfg := testConfig(srv.URL, dir)
+	r := start(t, cfg)
+	secret := bytes.Repeat([]byte{0x2d}, leaseSize)
+	nbdWrite(t, prepareBlock(t, r.a, "lease-a", 4096, leaseSize), secret, 0)
+	r.halt(t)
+	bad := []byte(`[{"lease_id":"lease-a","device_name":"disk0","len`)
+	if err := os.WriteFile(filepath.Join(dir, exportsFile), bad, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg.WipeLostExports = true
+	a := start(t, cfg).a
+	if got := a.Leases(); len(got) != 0 {
+		t.Fatalf("leases after the restart: %v", got)
+	}
+	if w := journal(t, dir); len(w) != 0 {
+		t.Fatalf("journal after the restart: %+v", w)
+	}
+	size := cfg.Devices[0].Size
+	if !bytes.Equal(diskBytes(t, dir, 0, size), make([]byte, size)) {
+		t.Fatal("the device keeps a tenant's bytes")
+	}
+	aside, _ := filepath.Glob(filepath.Join(dir, exportsFile+".unreadable-*"))
+	if len(aside) != 1 {
+		t.Fatalf("set aside: %v", aside)
+	}
+	if b, err := os.ReadFile(aside[0]); err != nil || !bytes.Equal(b, bad) {
+		t.Fatalf("the file set aside: %q, %v", b, err)
+	}
+	ub := prepareBlock(t, a, "lease-b", 4096, leaseSize)
+	if !bytes.Equal(nbdRead(t, ub, leaseSize, 0), make([]byte, leaseSize)) {
+		t.Fatal("the next lease reads the previous tenant's bytes")
+	}
+}

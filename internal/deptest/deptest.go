@@ -93,6 +93,14 @@ var Rules = []Rule{
 		Packages: []string{"./internal/dataplane/..."},
 		NoDep:    []string{"./api/...", "./internal/controlplane/...", "./internal/agent/...", "./cmd/..."},
 	},
+	{
+		// The test helpers (nbdtest, nbdkittest, storetest, …) take a
+		// testing.TB; none of them, nor the testing package, belongs
+		// in what users run.
+		Name:     "the rialto binary reaches no test code",
+		Packages: []string{"./cmd/rialto"},
+		NoDep:    []string{"testing", "testing/..."},
+	},
 }
 
 var (

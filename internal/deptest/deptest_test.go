@@ -76,6 +76,9 @@ func TestRules(t *testing.T) {
 		{"memory data plane imports the agent", pkg(own("internal/dataplane/memory"), []string{own("internal/agent")}),
 			[]string{"data planes reach neither api nor the control plane: " + own("internal/dataplane/memory") + " imports " + own("internal/agent")}},
 		{"the control plane may import anything", pkg(own("internal/controlplane"), []string{"database/sql", own("api"), own("internal/placement")}), nil},
+		{"the binary reaches a test helper", pkg(own("cmd/rialto"), []string{own("internal/dataplane/block/nbd/nbdtest")}, "testing"),
+			[]string{"the rialto binary reaches no test code: " + own("cmd/rialto") + " depends on testing"}},
+		{"a test helper may use testing", pkg(own("internal/dataplane/block/nbd/nbdtest"), []string{"testing", own("internal/dataplane/block/nbd")}), nil},
 		{"a package of the same prefix is not the package", pkg(own("internal/placementtool"), []string{"net/http"}), nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd/nbdtest"
 )
 
 func TestParseQMP(t *testing.T) {
@@ -113,17 +114,12 @@ func TestQMPWithQEMU(t *testing.T) {
 
 	// An NBD lender that has no export of that name.
 	srv := &nbd.Server{}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, scancel := context.WithCancel(ctx)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(sctx, ln) }()
-	defer func() { scancel(); <-served }()
+	ln := nbdtest.Listen(t)
+	nbdtest.Serve(t, srv, ln)
 	const secret = "rlc_qmp_secret_export"
 
 	var q *QMP
+	var err error
 	deadline := time.Now().Add(30 * time.Second)
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"net"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd/nbdtest"
 	"github.com/rialto-project/rialto/internal/pki"
 )
 
@@ -39,14 +39,8 @@ func TestTLSDiskWithQEMU(t *testing.T) {
 	if err := srv.AddExport(nbd.Export{Name: secret, Backend: nbd.NewMemBackend(4 << 20)}); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, scancel := context.WithCancel(ctx)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(sctx, ln) }()
-	defer func() { scancel(); <-served }()
+	ln := nbdtest.Listen(t)
+	nbdtest.Serve(t, srv, ln)
 
 	for _, tc := range []struct {
 		name, dir string

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd/nbdtest"
 	"github.com/rialto-project/rialto/internal/dataplane/block/stripe"
 	"github.com/rialto-project/rialto/internal/vm/vmtest"
 )
@@ -149,29 +149,6 @@ func TestResolveAccel(t *testing.T) {
 	}
 }
 
-// lender serves one export on a loopback port until the test ends.
-func lender(t *testing.T, name string, be nbd.Backend) string {
-	t.Helper()
-	s := &nbd.Server{}
-	if err := s.AddExport(nbd.Export{Name: name, Backend: be}); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("nbd serve: %v", err)
-		}
-	})
-	return nbd.URI{Network: "tcp", Address: ln.Addr().String(), Export: name}.String()
-}
-
 // A guest boots under TCG from a disk striped over two lenders and served
 // on a Unix socket (what `rialto vm run` does for a composed lease), writes
 // its marker, and is stopped cleanly: the marker is on the lenders, where
@@ -187,7 +164,7 @@ func TestBootComposedDisk(t *testing.T) {
 	for i, name := range []string{"rlc_vm_part0", "rlc_vm_part1"} {
 		be := nbd.NewMemBackend(8 << 20)
 		parts = append(parts, be)
-		uris = append(uris, lender(t, name, be))
+		uris = append(uris, nbdtest.Lender(t, name, be))
 		_ = i
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)

@@ -27,13 +27,7 @@ func TestMigrationsOnExistingDB(t *testing.T) {
 		t.Fatalf("version %d, want 1", v)
 	}
 	now := time.Unix(1700000000, 0).UTC()
-	n, _, err := old.JoinNode(ctx, store.JoinNode{
-		Node:           api.Node{ID: "node-1", Name: "n1", State: api.NodeReady, Fingerprint: api.Fingerprint{MachineID: "m1"}, LastHeartbeat: now, JoinedAt: now},
-		CredentialHash: "h1", AgentKey: "k1", Devices: []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30}},
-	}, api.Event{At: now, Type: "node.joined"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	n := joinNode(t, old, now, []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30}}, api.Event{At: now, Type: "node.joined"})
 	// A lease written by that binary, parts in lease_parts only.
 	if _, err := old.w.ExecContext(ctx, `INSERT INTO leases (id, state, kind, mode, tenant, expires_at, created_at, updated_at, plan) VALUES ('old', 'active', 'block', 'shared', 't', 1, 1, 1, '{"state":"feasible","explanation":["old plan"]}')`); err != nil {
 		t.Fatal(err)
@@ -155,13 +149,7 @@ func TestCapacityChecks(t *testing.T) {
 	}
 	defer s.Close()
 	now := time.Now()
-	n, _, err := s.JoinNode(ctx, store.JoinNode{
-		Node:           api.Node{ID: "node-1", Name: "n1", State: api.NodeReady, Fingerprint: api.Fingerprint{MachineID: "m1"}, LastHeartbeat: now, JoinedAt: now},
-		CredentialHash: "h1", AgentKey: "k1", Devices: []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 100}},
-	}, api.Event{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	n := joinNode(t, s, now, []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 100}})
 	devs, _ := s.Devices(ctx)
 	dev := devs[0].ID
 	mk := func(id string, off, length int64) error {
@@ -206,13 +194,7 @@ func TestTransitionLeases(t *testing.T) {
 	}
 	defer s.Close()
 	now := time.Now()
-	n, _, err := s.JoinNode(ctx, store.JoinNode{
-		Node:           api.Node{ID: "node-1", Name: "n1", State: api.NodeReady, Fingerprint: api.Fingerprint{MachineID: "m1"}, LastHeartbeat: now, JoinedAt: now},
-		CredentialHash: "h1", AgentKey: "k1", Devices: []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 100}},
-	}, api.Event{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	n := joinNode(t, s, now, []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 100}})
 	devs, _ := s.Devices(ctx)
 	for i, id := range []string{"a", "b"} {
 		if _, err := s.CreateLease(ctx, api.Lease{ID: id, State: api.LeaseReserved, Kind: api.KindBlock, Tenant: "t",
@@ -264,13 +246,7 @@ func TestLeaseOpsReadBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Unix(1700000000, 123).UTC()
-	n, _, err := s.JoinNode(ctx, store.JoinNode{
-		Node:           api.Node{ID: "node-1", Name: "n1", State: api.NodeReady, Fingerprint: api.Fingerprint{MachineID: "m1"}, LastHeartbeat: now, JoinedAt: now},
-		CredentialHash: "h1", AgentKey: "k1", Devices: []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30}, {Name: "disk1", Kind: api.KindBlock, Capacity: 1 << 30}},
-	}, api.Event{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	n := joinNode(t, s, now, []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30}, {Name: "disk1", Kind: api.KindBlock, Capacity: 1 << 30}})
 	devs, _ := s.Devices(ctx)
 	parts := []api.Part{{NodeID: n.ID, DeviceID: devs[0].ID, Length: 1 << 20}, {NodeID: n.ID, DeviceID: devs[1].ID, Offset: 1 << 20, Length: 1 << 20}}
 	plan := &api.Plan{ID: "l1", At: now, State: "feasible", Mode: api.ModeComposed, Parts: parts, Explanation: []string{"two parts"}}
@@ -409,4 +385,22 @@ func TestWALBounded(t *testing.T) {
 	if max := int64(8 << 20); fi.Size() > max {
 		t.Fatalf("WAL is %d bytes after 2000 writes, want at most %d", fi.Size(), max)
 	}
+}
+
+// joinNode joins node-1 (machine m1) with devs to s at now; ev is the event
+// recorded with the join, if any.
+func joinNode(t *testing.T, s *Store, now time.Time, devs []api.DeviceSpec, ev ...api.Event) api.Node {
+	t.Helper()
+	e := api.Event{}
+	if len(ev) > 0 {
+		e = ev[0]
+	}
+	n, _, err := s.JoinNode(context.Background(), store.JoinNode{
+		Node:           api.Node{ID: "node-1", Name: "n1", State: api.NodeReady, Fingerprint: api.Fingerprint{MachineID: "m1"}, LastHeartbeat: now, JoinedAt: now},
+		CredentialHash: "h1", AgentKey: "k1", Devices: devs,
+	}, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

@@ -7,8 +7,6 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
-	"net"
-	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -16,31 +14,8 @@ import (
 
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd/nbdtest"
 )
-
-// lender serves one export on a loopback port until the test ends and
-// returns its URI.
-func lender(t *testing.T, name string, be nbd.Backend) string {
-	t.Helper()
-	s := &nbd.Server{}
-	if err := s.AddExport(nbd.Export{Name: name, Backend: be}); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("nbd serve: %v", err)
-		}
-	})
-	return (&url.URL{Scheme: "nbd", Host: ln.Addr().String(), Path: "/" + name}).String()
-}
 
 func randomBackend(size int, seed uint64) *nbd.MemBackend {
 	be := nbd.NewMemBackend(int64(size))
@@ -106,7 +81,7 @@ func TestLoadStoreComposed(t *testing.T) {
 	for i, name := range secrets {
 		be := randomBackend(partSize, uint64(i))
 		layout.parts = append(layout.parts, be)
-		uris = append(uris, lender(t, name, be))
+		uris = append(uris, nbdtest.Lender(t, name, be))
 	}
 	var logs syncBuffer
 	a := start(t, Config{Slots: 1, SlotMemory: 4 << 20, Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
@@ -172,7 +147,7 @@ func TestLoadStoreComposed(t *testing.T) {
 // quote a credential.
 func TestBlockIOLimits(t *testing.T) {
 	const secret = "rlc_the_only_export"
-	uri := lender(t, secret, randomBackend(1<<20, 9))
+	uri := nbdtest.Lender(t, secret, randomBackend(1<<20, 9))
 	a := start(t, Config{Slots: 1, SlotMemory: 1 << 20})
 	c := leaseSlot(t, a, 0, "sha256")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -285,7 +260,7 @@ func (b *stallBackend) ReadAt(p []byte, off int64) (int, error) {
 // returns, the borrower's call fails, nothing is left running.
 func TestLeaseEndInterruptsLoad(t *testing.T) {
 	be := &stallBackend{MemBackend: nbd.NewMemBackend(1 << 20), entered: make(chan struct{}), release: make(chan struct{})}
-	uri := lender(t, "rlc_stalled", be)
+	uri := nbdtest.Lender(t, "rlc_stalled", be)
 	t.Cleanup(func() { close(be.release) })
 	a := start(t, Config{Slots: 1, SlotMemory: 1 << 20})
 	c := leaseSlot(t, a, 0, "sha256")
@@ -322,7 +297,7 @@ func TestLeaseEndInterruptsLoad(t *testing.T) {
 func TestStreamedLoad(t *testing.T) {
 	const n = 2*blockWindow + 12345 // three windows, in flight together
 	be := randomBackend(9<<20, 11)
-	uri := lender(t, "rlc_stream_secret", be)
+	uri := nbdtest.Lender(t, "rlc_stream_secret", be)
 	cases := []struct {
 		name     string
 		between  func(ctx context.Context, c *accel.Conn) error // after the LOAD, before the task

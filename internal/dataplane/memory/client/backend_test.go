@@ -4,13 +4,13 @@ import (
 	"bytes"
 	"context"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
 
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd/nbdtest"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/memorytest"
 )
 
@@ -23,19 +23,9 @@ func TestBackendOverNBD(t *testing.T) {
 	if err := srv.AddExport(nbd.Export{Name: "swap-" + testCred, Backend: be}); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, ln) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	ln := nbdtest.Listen(t)
+	nbdtest.Serve(t, srv, ln)
+	ctx := context.Background()
 	nc, err := nbd.Dial(ctx, "tcp", ln.Addr().String(), "swap-"+testCred)
 	if err != nil {
 		t.Fatal(err)
