@@ -139,6 +139,35 @@ func TestTeardownWipes(t *testing.T) {
 	}
 }
 
+// TestBlockLeasePartialPageCopied: a lease's length need only be a
+// multiple of 512 bytes, so its last page may be partial; the wipe zeroes
+// such a page in place and the next lease there writes it in place, so a
+// reply sent from it zero-copy (sendfile) could carry the next tenant's
+// bytes to a stalled client of the old one. The backend the agent serves
+// the lease with sends zero-copy only the lease's whole pages (or none).
+func TestBlockLeasePartialPageCopied(t *testing.T) {
+	_, srv := newFakeCP(t)
+	dir := t.TempDir()
+	a := start(t, testConfig(srv.URL, dir)).a
+	const n = leaseSize + 1536
+	prepareBlock(t, a, "lease-a", leaseSize, n)
+	drv := a.drivers[api.KindBlock].(*BlockDriver)
+	drv.mu.Lock()
+	x := drv.live["x_lease-a"]
+	drv.mu.Unlock()
+	if x == nil {
+		t.Fatal("the lease's export is not live")
+	}
+	off, zn := x.be.ZeroCopyRange()
+	if zn == 0 {
+		t.Log("disk0's filesystem is not known to punch holes: every read is copied")
+		return
+	}
+	if pg := int64(os.Getpagesize()); off != 0 || zn != n&^(pg-1) {
+		t.Fatalf("zero-copy range [%d,+%d) of a %d-byte lease, want its whole pages [0,+%d)", off, zn, int64(n), n&^(pg-1))
+	}
+}
+
 // TestCrashMidWipeKeepsRangeUnlendable: a wipe stopped half-way (as by a
 // crash) leaves its journal entry; the range is refused to every prepare,
 // also after heartbeats retry it under the fault; a restart finishes the

@@ -21,6 +21,11 @@ type FileOptions struct {
 	Length int64
 	// ReadOnly opens the file read-only.
 	ReadOnly bool
+	// CopyReads serves every read by copying its bytes into the reply
+	// (pread), never zero-copy with sendfile(2), as if the backing were
+	// not known to drop its pages from the page cache when wiped (see
+	// [FileBackend.ZeroCopyRange]).
+	CopyReads bool
 }
 
 // FileBackend serves a file or block device, or a partition of one.
@@ -40,6 +45,12 @@ type FileOptions struct {
 // reported as data until the backend is opened again (the bitmap only ever
 // grows, so that data is never reported as a hole). A block device reports
 // its whole range as data.
+//
+// Large reads are sent zero-copy with sendfile(2) only within
+// [FileBackend.ZeroCopyRange]: the socket then holds references to the
+// page-cache pages until the bytes leave it (on this host: until the
+// receiver reads them), so a page sent so must never be rewritten in place
+// for another tenant. Other reads are copied into the reply.
 //
 // Close may run while requests are in flight. Every use of the file
 // descriptor holds a reference, so the descriptor is closed only once the
@@ -67,6 +78,10 @@ type FileBackend struct {
 	noDiscard atomic.Bool // BLKDISCARD unsupported
 	noZeroOut atomic.Bool // BLKZEROOUT unsupported
 	mm        *fileMap    // mapping when inMemory (nil if mmap failed), writable unless ro
+
+	// Reads within [zcLo, zcHi) of the partition may be sent zero-copy
+	// (sendfile); both are 0 when none may.
+	zcLo, zcHi int64
 
 	alloc allocMap
 
@@ -146,11 +161,17 @@ func NewFileBackend(f *os.File, o FileOptions) (*FileBackend, error) {
 	}
 	b := &FileBackend{f: f, fd: int(f.Fd()), base: o.Offset, size: length, ro: o.ReadOnly}
 	var st unix.Stat_t
-	if unix.Fstat(b.fd, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFBLK {
+	statOK := unix.Fstat(b.fd, &st) == nil
+	if statOK && st.Mode&unix.S_IFMT == unix.S_IFBLK {
 		b.blockDev, b.sector = true, 512
 		if ss, err := unix.IoctlGetInt(b.fd, unix.BLKSSZGET); err == nil && ss >= 512 && ss&(ss-1) == 0 {
 			b.sector = int64(ss)
 		}
+	}
+	// Only a regular file's reads are sent with sendfile (sendfileRange:
+	// longEnough); a block device's are copied.
+	if !o.CopyReads && statOK && st.Mode&unix.S_IFMT == unix.S_IFREG && wipeDropsPages(b.fd, &st) {
+		b.zcLo, b.zcHi = wholePages(b.base, length, int64(unix.Getpagesize()))
 	}
 	var sfs unix.Statfs_t
 	if unix.Fstatfs(b.fd, &sfs) == nil && (sfs.Type == unix.TMPFS_MAGIC || sfs.Type == unix.RAMFS_MAGIC) {
@@ -184,10 +205,72 @@ func (b *FileBackend) memorySpeed() bool { return b.inMemory }
 // MultiConnSafe implements MultiConnSafer: fdatasync is global.
 func (b *FileBackend) MultiConnSafe() bool { return true }
 
-// sendfileRange implements sendfileSource. After ok=true the descriptor is
-// held until releaseFD.
+// ZeroCopyRange returns the part [off, off+n) of the partition whose reads
+// may be sent zero-copy (sendfile); n is 0 when none may. It is decided at
+// open: the partition's whole pages, if it is a regular file on a
+// filesystem known to drop a wiped range's pages from the page cache
+// rather than rewrite them in place (tmpfs, ext4, XFS, btrfs: their hole
+// punching does) and [FileOptions.CopyReads] is not set; elsewhere the
+// wipe may fall back to writing zeroes in place. A block device's reads
+// are always copied. A page only partly inside the partition (its last,
+// where the partition's length is not a multiple of the page size; its
+// first, where its offset is not page aligned) is zeroed in place by a
+// punched hole and written in place by the next tenant of the range or of
+// the bytes beside it, so it is never sent zero-copy. (A filesystem that
+// caches in large folios may still zero and keep, rather than drop, a
+// folio a punched range covers only in part: docs/nbd.md, "Zero-copy
+// reads and the wipe".)
+func (b *FileBackend) ZeroCopyRange() (off, n int64) { return b.zcLo, b.zcHi - b.zcLo }
+
+// wholePages returns, as offsets into a partition of length bytes at base,
+// the pages of size pg that lie entirely within it ([0, 0) if none).
+func wholePages(base, length, pg int64) (lo, hi int64) {
+	first := (base + pg - 1) &^ (pg - 1)
+	last := (base + length) &^ (pg - 1)
+	if last <= first {
+		return 0, 0
+	}
+	return first - base, last - base
+}
+
+// fsExtentFL is FS_EXTENT_FL (lsattr's 'e'): an ext4 inode mapped by
+// extents.
+const fsExtentFL = 0x00080000
+
+// wipeDropsPages reports whether wiping a range of fd (described by st)
+// removes the range's whole pages from the page cache, so that bytes still
+// referenced by a socket (sendfile) are never rewritten in place: true for
+// a block device and for a regular file on a filesystem whose
+// FALLOC_FL_PUNCH_HOLE is known to work (tmpfs, XFS, btrfs; on ext4, files
+// mapped by extents, which only the ext4 driver serves: the ext2 driver,
+// which shares its magic number, has no fallocate). Elsewhere the wipe
+// may fall back to writing zeroes over the same pages.
+func wipeDropsPages(fd int, st *unix.Stat_t) bool {
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFBLK:
+		return true
+	case unix.S_IFREG:
+	default:
+		return false
+	}
+	var sfs unix.Statfs_t
+	if unix.Fstatfs(fd, &sfs) != nil {
+		return false
+	}
+	switch uint32(sfs.Type) {
+	case unix.TMPFS_MAGIC, unix.XFS_SUPER_MAGIC, unix.BTRFS_SUPER_MAGIC:
+		return true
+	case unix.EXT4_SUPER_MAGIC:
+		fl, err := unix.IoctlGetUint32(fd, unix.FS_IOC_GETFLAGS)
+		return err == nil && fl&fsExtentFL != 0
+	}
+	return false
+}
+
+// sendfileRange implements sendfileSource: ok=false outside the zero-copy
+// range. After ok=true the descriptor is held until releaseFD.
 func (b *FileBackend) sendfileRange(off, n int64) (int, int64, bool) {
-	if off < 0 || n <= 0 || off+n > b.size || !b.acquire() {
+	if off < b.zcLo || n <= 0 || off+n > b.zcHi || !b.acquire() {
 		return 0, 0, false
 	}
 	// The file must be long enough: sendfile cannot read a hole past EOF

@@ -140,6 +140,9 @@ func TestFileBackendClosed(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if h.name == "sendfile" {
+				needZeroCopy(t, b)
+			}
 			fd, foff, ok := h.take(b)
 			if !ok {
 				t.Fatal("no descriptor handed out")
@@ -177,6 +180,7 @@ func servePatternFile(t *testing.T, size int) ([]byte, string, *FileBackend, str
 	if err != nil {
 		t.Fatal(err)
 	}
+	needZeroCopy(t, b)
 	_, addr := startServer(t, Export{Name: testName, Backend: b})
 	return data, other, b, addr
 }

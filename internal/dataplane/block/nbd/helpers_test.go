@@ -70,7 +70,13 @@ type rawConn struct {
 
 func rawDial(t testing.TB, addr string, cflags uint32) *rawConn {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
+	return rawDialNet(t, "tcp", addr, cflags)
+}
+
+// rawDialNet is rawDial on network ("tcp" or "unix").
+func rawDialNet(t testing.TB, network, addr string, cflags uint32) *rawConn {
+	t.Helper()
+	c, err := net.Dial(network, addr)
 	if err != nil {
 		t.Fatal(err)
 	}

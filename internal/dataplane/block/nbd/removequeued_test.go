@@ -27,6 +27,7 @@ func TestRemoveExportDropsQueuedSendfile(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
+	needZeroCopy(t, b)
 	s, addr := startServer(t, Export{Name: testName, Backend: b})
 	rc := rawDial(t, addr, clientFlagFixedNewstyle|clientFlagNoZeroes)
 	rc.startLargeRead(size)
