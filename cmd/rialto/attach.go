@@ -320,7 +320,8 @@ wait:
 	os.Remove(ctlPath)
 	if asker != nil {
 		if cerr != nil {
-			fmt.Fprintf(asker, "error %v\n", cerr)
+			// One line: detach reads one (errors.Join's have several).
+			fmt.Fprintf(asker, "error %s\n", strings.ReplaceAll(strings.TrimSpace(cerr.Error()), "\n", "; "))
 		} else {
 			fmt.Fprintln(asker, "detached")
 		}
@@ -407,7 +408,7 @@ func controlAnswers(ctx context.Context, ctl string) bool {
 
 func runDetach(e *env, fs *pflag.FlagSet) runFunc {
 	output := outputVar(fs)
-	wait := fs.Duration("timeout", 30*time.Second, "how long to wait for the attachment to end")
+	wait := fs.Duration("timeout", time.Minute, "how long to wait for the attachment to end (it waits up to its --timeout for the lenders to answer the writes it acknowledged, and flushes them)")
 	return func(ctx context.Context, pos []string) error {
 		dir, err := attachDir(e)
 		if err != nil {

@@ -5,6 +5,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/dataplane/block/stripe"
 	"github.com/rialto-project/rialto/internal/testcluster"
 )
 
@@ -430,5 +433,44 @@ func TestAttachWriteBack(t *testing.T) {
 			}
 		}
 		pc.Close()
+	}
+}
+
+// TestDetachReportsCloseError: when closing the attachment fails (stripe's
+// Close reporting an acknowledged write lost, joined with another error),
+// `rialto detach` prints every error and exits 1, and attach returns it.
+func TestDetachReportsCloseError(t *testing.T) {
+	runtime := t.TempDir()
+	var out, errb syncBuffer
+	e := &env{stdout: &out, stderr: &errb, getenv: func(k string) string {
+		if k == "XDG_RUNTIME_DIR" {
+			return runtime
+		}
+		return ""
+	}}
+	ctx := context.Background()
+	const id = "lease-closefails"
+	file, ctlPath, ctl, err := openAttachment(ctx, e, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctl.Close()
+	if err := recordAttachment(file, attachState{ID: id, State: "attached", PID: os.Getpid(), Control: ctlPath}); err != nil {
+		t.Fatal(err)
+	}
+	closeErr := errors.Join(fmt.Errorf("closing: %w", stripe.ErrWriteBack), errors.New("and a second failure"))
+	held := make(chan error, 1)
+	go func() {
+		held <- holdAttachment(ctx, nil, api.Lease{ID: id}, ctl, file, ctlPath, 0, attachHooks{close: func() error { return closeErr }})
+	}()
+	if code := run(ctx, []string{"detach", id}, e); code != 1 {
+		t.Errorf("detach exited %d, want 1 (%s)", code, errb.String())
+	}
+	msg := errb.String()
+	if !strings.Contains(msg, stripe.ErrWriteBack.Error()) || !strings.Contains(msg, "and a second failure") {
+		t.Errorf("detach printed %q, want both of Close's errors", msg)
+	}
+	if err := <-held; !errors.Is(err, stripe.ErrWriteBack) {
+		t.Errorf("attach returned %v, want Close's error", err)
 	}
 }

@@ -83,6 +83,9 @@ type Attachment struct {
 	err    error // from Serve, valid after done
 	once   sync.Once
 	sock   string // Unix socket path to remove
+	// closeVol closes the volume once: Close, or its timer (settle).
+	closeVol sync.Once
+	volErr   error // of the volume's Close, valid after closeVol
 }
 
 // Attach dials every part (ConnsPerPart connections each, concurrently),
@@ -301,26 +304,28 @@ func (a *Attachment) Volume() *Volume { return a.vol }
 // lenders' replies (ServeConfig.WriteBack on a volume that allows it).
 func (a *Attachment) WriteBack() bool { return a.wb != nil }
 
-// Close stops serving, closes client connections and the parts, and removes
-// the Unix socket, if any.
+// Close ends the attachment as qemu-nbd ends on exit: it stops accepting
+// and drops the client connections, waits until every write acknowledged
+// early (write-back) has been answered by its lenders, flushes the volume
+// if a device has writes that no flush covered, then closes the parts and
+// removes the Unix socket, if any. Waiting and flushing take at most the
+// request timeout (AttachConfig.RequestTimeout): past it the parts are
+// closed, which fails what their lenders have not answered, and Close's
+// error then wraps ErrTimeout too. Close reports what a FLUSH that
+// began with it would: an acknowledged write that failed (ErrWriteBack) or
+// writes a lender's restart may have lost (ErrLostWrites) that no FLUSH
+// reported, and its flush's failure; and errors of serving or closing.
 func (a *Attachment) Close() error {
 	err := ErrClosed
 	a.once.Do(func() {
-		// Stop accepting and drop client connections, then close the
-		// parts so that requests blocked on a vanished lender return at
-		// once instead of after RequestTimeout, then wait for the server.
-		// Writes acknowledged early and still in flight end with the
-		// parts (failed if unanswered).
 		a.cancel()
-		if a.wb != nil {
-			a.wb.close()
-		}
-		verr := a.vol.Close()
-		if a.wb != nil {
-			a.wb.drain()
-		}
+		serr := a.settle()
+		// Requests still blocked on a vanished lender (reads, writes
+		// awaited by their client) return at once when the parts
+		// close, instead of after RequestTimeout.
+		a.closeVolume()
 		<-a.done
-		err = errors.Join(a.err, verr)
+		err = errors.Join(serr, a.err, a.volErr)
 		if a.sock != "" {
 			if rerr := os.Remove(a.sock); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
 				err = errors.Join(err, rerr)
@@ -328,6 +333,44 @@ func (a *Attachment) Close() error {
 		}
 	})
 	return err
+}
+
+// settle is Close's wait for the writes acknowledged early and its flush,
+// under one timer of the request timeout that closes the volume. The
+// parts bound each request themselves, but not a write's whole course: a
+// write whose connection broke waits for the redial (RedialTimeout, which
+// may exceed RequestTimeout) and is then retried under a bound of its
+// own.
+func (a *Attachment) settle() error {
+	var seen uint64
+	if a.wb != nil {
+		seen = a.wb.close()
+	}
+	mark := a.vol.flushMark()
+	var expired atomic.Bool
+	t := time.AfterFunc(a.vol.timeout, func() {
+		expired.Store(true)
+		a.closeVolume()
+	})
+	defer t.Stop()
+	var err error
+	if a.wb != nil {
+		err = a.wb.settle(seen)
+	}
+	if !expired.Load() && a.vol.unflushed() {
+		err = errors.Join(err, a.vol.flush())
+	}
+	err = errors.Join(err, a.vol.lostFUASince(mark))
+	if err != nil && expired.Load() {
+		return fmt.Errorf("stripe: closing: the lenders did not answer within %v (%w): %w", a.vol.timeout, ErrTimeout, err)
+	}
+	return err
+}
+
+// closeVolume closes the volume once (Close, or settle's timer); volErr
+// holds the outcome.
+func (a *Attachment) closeVolume() {
+	a.closeVol.Do(func() { a.volErr = a.vol.Close() })
 }
 
 // backend exposes a Volume as an nbd.Backend, nbd.Zeroer and

@@ -28,6 +28,9 @@
 // writes once sent to the lenders, a volatile write cache: a Flush waits for
 // them and reports a lender's later failure of one with [ErrWriteBack]
 // (writeback.go has the rules: ordering of overlapping requests, bounds).
+// [Attachment.Close] waits for them (within the request timeout), flushes
+// what no flush covered, then closes the parts, and reports a failure or
+// loss that no Flush reported.
 //
 // [Attach] dials the parts given as nbd:// URIs, builds the volume and serves
 // it with an nbd.Server on a loopback TCP port or a Unix socket; [Serve] does

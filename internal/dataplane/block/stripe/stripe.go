@@ -133,9 +133,14 @@ type Volume struct {
 	canZero bool
 	canExt  bool
 	closed  atomic.Bool
-	// lostFUA is an ErrLostWrites that a FUA request's flush found
-	// (flushFUA), which the next Flush reports too.
-	lostFUA atomic.Pointer[error]
+	// Losses of writes (ErrLostWrites) that a FUA request's flush found
+	// (flushFUA), which a Flush reports too: the latest, how many were
+	// found and how many a Flush has reported. A Flush reports those
+	// found before it ended that no Flush had reported when it began
+	// (Linux's errseq, as nbdPart.lostGen), so that every Flush under
+	// way when one is found hears of it, and the next to begin does.
+	lostFUA                 atomic.Pointer[error]
+	lostFUAGen, lostFUASeen atomic.Uint64
 }
 
 // New builds a volume over devs, in order. The order is part of the layout:
@@ -368,25 +373,64 @@ func (v *Volume) WriteAt(p []byte, off int64) (int, error) {
 // flush). A database's commit writes a few KiB to one device and flushes:
 // that is then one FLUSH, to that device, instead of one per device.
 // A loss of writes that a FUA request's flush found (flushFUA) is
-// reported again.
-func (v *Volume) Flush() error {
+// reported again, as lostFUAGen says.
+func (v *Volume) Flush() error { return v.flushSince(v.flushMark()) }
+
+// flushMark is what flushSince needs of a flush that begins now: the
+// losses FUA requests' flushes found that a Flush has reported.
+func (v *Volume) flushMark() uint64 { return v.lostFUASeen.Load() }
+
+// flushSince is Flush for a flush that began when flushMark returned mark
+// (a FLUSH that first waited for the write-back cache's writes began
+// before it waited).
+func (v *Volume) flushSince(mark uint64) error {
 	err := v.flush()
-	if lost := v.lostFUA.Swap(nil); lost != nil {
-		return errors.Join(*lost, err)
+	if lost := v.lostFUASince(mark); lost != nil {
+		return errors.Join(lost, err)
 	}
 	return err
 }
 
+// lostFUASince returns the latest loss a FUA request's flush found if one
+// was found that no Flush had reported at mark (flushMark), and records
+// it reported; nil otherwise.
+func (v *Volume) lostFUASince(mark uint64) error {
+	gen := v.lostFUAGen.Load()
+	if gen <= mark {
+		return nil
+	}
+	for {
+		s := v.lostFUASeen.Load()
+		if s >= gen || v.lostFUASeen.CompareAndSwap(s, gen) {
+			break
+		}
+	}
+	return *v.lostFUA.Load()
+}
+
 // flushFUA is the flush of a FUA request: as Flush, but a loss of writes
 // it finds (ErrLostWrites: a part's lender restarted before a flush
-// covered them) is also left to the next Flush, which answers for the
-// writes before it, whereas the FUA request answers for itself.
+// covered them) is also left to the Flushes under way and the next one
+// (lostFUAGen), which answer for the writes before them, whereas the FUA
+// request answers for itself.
 func (v *Volume) flushFUA() error {
 	err := v.flush()
 	if errors.Is(err, ErrLostWrites) {
-		v.lostFUA.Store(&err)
+		v.lostFUA.Store(&err) // before the count: lostFUASince loads it after
+		v.lostFUAGen.Add(1)
 	}
 	return err
+}
+
+// unflushed reports whether a device has writes (trims, zeroings) that no
+// successful flush covered.
+func (v *Volume) unflushed() bool {
+	for _, m := range v.parts {
+		if m.wseq.Load() != m.fseq.Load() {
+			return true
+		}
+	}
+	return false
 }
 
 // flush is Flush without the loss a FUA request's flush found.

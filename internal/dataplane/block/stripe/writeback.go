@@ -62,6 +62,9 @@ func canStartWrite(d Device) bool {
 //     concurrently) never sees them reordered.
 //   - Bounded: at most maxEarlyBytes and maxEarlyWrites are acknowledged
 //     and unanswered; a write beyond waits.
+//   - Close (Attachment.Close) takes no new write, waits for those in
+//     flight (within the request timeout), flushes, and reports a failure
+//     as a Flush that began with it would.
 //
 // A write spanning parts is acknowledged once every part's piece is sent.
 // A crash of the process holding it loses what a volatile cache loses:
@@ -224,20 +227,24 @@ func (w *writeBack) answered(x *wbWrite, err error) {
 // the volume; see writeBack for the failures it reports.
 func (w *writeBack) Flush() error {
 	w.mu.Lock()
-	upTo, seen := w.seq, w.reported
+	upTo, seen, mark := w.seq, w.reported, w.v.flushMark()
 	for w.pendingUpToLocked(upTo) {
 		w.wait()
 	}
-	gen, werr := w.errGen, w.err
-	if gen > seen {
-		w.reported = max(w.reported, gen)
-	}
+	werr := w.failedSinceLocked(seen)
 	w.mu.Unlock()
-	err := w.v.Flush()
-	if gen > seen {
-		return errors.Join(fmt.Errorf("%w: %w", ErrWriteBack, werr), err)
+	return errors.Join(werr, w.v.flushSince(mark))
+}
+
+// failedSinceLocked returns an error wrapping ErrWriteBack and the latest
+// failure if an acknowledged write failed that no Flush had reported when
+// reported was seen, and records it reported; nil otherwise.
+func (w *writeBack) failedSinceLocked(seen uint64) error {
+	if w.errGen <= seen {
+		return nil
 	}
-	return err
+	w.reported = max(w.reported, w.errGen)
+	return fmt.Errorf("%w: %w", ErrWriteBack, w.err)
 }
 
 // pendingUpToLocked reports whether a write registered at or before seq is
@@ -251,23 +258,27 @@ func (w *writeBack) pendingUpToLocked(seq uint64) bool {
 	return false
 }
 
-// Close makes waiting and later writes fail with ErrClosed and, once the
-// volume is closed (which fails what its lenders have not answered),
-// waits until every write in flight has ended.
-func (w *writeBack) close() {
+// close makes waiting and later writes fail with ErrClosed and returns
+// what a Flush beginning now would take as reported (settle's seen).
+func (w *writeBack) close() (seen uint64) {
 	w.mu.Lock()
+	defer w.mu.Unlock()
 	w.closed = true
 	w.cond.Broadcast()
-	w.mu.Unlock()
+	return w.reported
 }
 
-// drain waits until no write is in flight (after the volume is closed).
-func (w *writeBack) drain() {
+// settle waits until no write is in flight (after close: none starts) and
+// returns what a Flush that began when close returned seen would report
+// of their failures. The writes end within their parts' bounds, or when
+// the volume is closed (which fails what its lenders have not answered).
+func (w *writeBack) settle(seen uint64) error {
 	w.mu.Lock()
+	defer w.mu.Unlock()
 	for len(w.inflight) > 0 {
-		w.cond.Wait()
+		w.wait()
 	}
-	w.mu.Unlock()
+	return w.failedSinceLocked(seen)
 }
 
 // Copies of early-acknowledged writes, pooled by power-of-two size class

@@ -403,32 +403,84 @@ func TestWriteBackBounded(t *testing.T) {
 }
 
 // TestWriteBackClose: closing an attachment while acknowledged writes are
-// held at the lender returns (their calls fail with the parts' close) and
-// leaves nothing in flight; a write after Close fails.
+// held at the lender (`rialto detach` right after an unflushed nbdcopy)
+// waits until the lender has answered them, then flushes: Close returns
+// nil and the lender holds every acknowledged byte, flushed; a write after
+// Close fails.
 func TestWriteBackClose(t *testing.T) {
+	const n = 8
 	m := newGatedMem(4 << 20)
 	l := startLenderWith(t, m)
-	a := attach(t, AttachConfig{URIs: []string{l.uri}, WriteBack: true})
+	a := attach(t, AttachConfig{URIs: []string{l.uri}, RequestTimeout: 30 * time.Second, WriteBack: true})
 	c := dialAttachment(t, a)
-	m.hold(t)
-	for i := range 8 {
-		if _, err := c.WriteAt(pattern(4096, byte(i)), int64(i)*4096); err != nil {
+	rel := m.hold(t)
+	for i := range n {
+		if _, err := c.WriteAt(pattern(4096, byte(i+1)), int64(i)*4096); err != nil {
 			t.Fatal(err)
 		}
 	}
 	waitFor(t, "the writes to reach the lender", func() bool { return m.in.Load() >= 1 })
 	closed := make(chan error, 1)
 	go func() { closed <- a.Close() }()
-	select {
-	case <-closed:
-	case <-time.After(20 * time.Second):
-		t.Fatal("Close hung with writes in flight")
+	waitFor(t, "Close to wait for the writes", func() bool {
+		select {
+		case err := <-closed:
+			t.Fatalf("Close returned (%v) while the lender held acknowledged writes", err)
+		default:
+		}
+		k, w := a.wb.state()
+		return k == n && w == 1
+	})
+	if e := m.logged(); len(e) != 0 {
+		t.Fatalf("the lender did %v while it held the writes", e)
 	}
-	if n, _ := a.wb.state(); n != 0 {
-		t.Fatalf("%d writes in flight after Close", n)
+	rel()
+	if err := <-closed; err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	for i := range n {
+		if b := m.at(i*4096, 4096); !bytes.Equal(b, pattern(4096, byte(i+1))) {
+			t.Fatalf("acknowledged write %d missing at the lender after Close", i)
+		}
+	}
+	if e := m.logged(); len(e) != n+1 || e[n] != "flush" {
+		t.Fatalf("the lender saw %v, want %d writes, then a flush", e, n)
+	}
+	if k, _ := a.wb.state(); k != 0 {
+		t.Fatalf("%d writes in flight after Close", k)
 	}
 	if _, err := a.wb.WriteAt(pattern(4096, 1), 0); err == nil {
 		t.Fatal("a write after Close succeeded")
+	}
+}
+
+// TestWriteBackCloseUnanswered: closing an attachment whose lender never
+// answers the acknowledged writes returns once the request timeout has
+// passed, with an error wrapping ErrWriteBack: those writes may be lost.
+func TestWriteBackCloseUnanswered(t *testing.T) {
+	const timeout = 2 * time.Second
+	m := newGatedMem(4 << 20)
+	l := startLenderWith(t, m)
+	a := attach(t, AttachConfig{URIs: []string{l.uri}, RequestTimeout: timeout, WriteBack: true})
+	c := dialAttachment(t, a)
+	m.hold(t)
+	for i := range 8 {
+		if _, err := c.WriteAt(pattern(4096, byte(i+1)), int64(i)*4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the writes to reach the lender", func() bool { return m.in.Load() >= 1 })
+	start := time.Now()
+	err := a.Close()
+	if !errors.Is(err, ErrWriteBack) {
+		t.Fatalf("Close with acknowledged writes the lender never answered: %v, want ErrWriteBack", err)
+	}
+	t.Logf("Close after %v: %v", time.Since(start), err)
+	if d := time.Since(start); d > 10*timeout {
+		t.Errorf("Close took %v, beyond the request timeout (%v)", d, timeout)
+	}
+	if n, _ := a.wb.state(); n != 0 {
+		t.Fatalf("%d writes in flight after Close", n)
 	}
 }
 
@@ -540,15 +592,18 @@ func TestWriteBackConcurrentFlushes(t *testing.T) {
 // TestWriteBackCloseNoGoroutines: acknowledged writes are in flight when
 // their lender's connections drop (their redials and retries run off the
 // connections' readers) and the attachment is closed while the redials
-// are under way: once it is closed, and the lender and the network path
-// are gone, no goroutine is left.
+// are under way: Close waits for them for the request timeout, then
+// closes the parts and reports the writes failed; once it is closed, and
+// the lender and the network path are gone, no goroutine is left.
 func TestWriteBackCloseNoGoroutines(t *testing.T) {
 	base := runtime.NumGoroutine()
 	l := startLender(t, 4<<20)
 	bh := newBlackhole(t, l.ln.Addr().String())
 	u, _ := nbd.ParseURI(l.uri)
 	u.Address = bh.ln.Addr().String()
-	a := attach(t, AttachConfig{URIs: []string{u.String()}, RedialTimeout: 20 * time.Second, RequestTimeout: 60 * time.Second, WriteBack: true})
+	// Close waits for the writes for the request timeout, shorter than
+	// the redials, then closes the parts.
+	a := attach(t, AttachConfig{URIs: []string{u.String()}, RedialTimeout: 20 * time.Second, RequestTimeout: 3 * time.Second, WriteBack: true})
 	c := dialAttachment(t, a)
 	bh.freeze()
 	for i := range 8 {
@@ -571,8 +626,8 @@ func TestWriteBackCloseNoGoroutines(t *testing.T) {
 	if n, _ := a.wb.state(); n == 0 {
 		t.Fatal("no write in flight while its connection is redialled")
 	}
-	if err := a.Close(); err != nil && !errors.Is(err, ErrClosed) {
-		t.Logf("close: %v", err)
+	if err := a.Close(); !errors.Is(err, ErrWriteBack) {
+		t.Fatalf("Close while acknowledged writes were redialled: %v, want ErrWriteBack", err)
 	}
 	if n, _ := a.wb.state(); n != 0 {
 		t.Fatalf("%d writes in flight after Close", n)
@@ -643,5 +698,81 @@ func TestLostWritesFUAThenFlush(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// TestLostWritesFUAConcurrentFlushes: a FUA write finds that a lender's
+// restart lost a write while two FLUSHes (on two client connections) are
+// under way, waiting for an acknowledged write on the other part: both
+// report the loss, as every FLUSH under way reports a loss its own flush
+// finds; the next FLUSH does not.
+func TestLostWritesFUAConcurrentFlushes(t *testing.T) {
+	const part, unit = 4 << 20, 64 << 10
+	m0 := newGatedMem(part)
+	l0, l1 := startLenderWith(t, m0), startLender(t, part)
+	a := attach(t, AttachConfig{URIs: []string{l0.uri, l1.uri}, StripeUnit: unit, ConnsPerPart: 1,
+		RequestTimeout: 10 * time.Second, WriteBack: true})
+	c1, c2, c3 := dialAttachment(t, a), dialAttachment(t, a), dialAttachment(t, a)
+	// A write to part 1 that its lender answers and no flush covers.
+	if _, err := c1.WriteAt(pattern(4096, 1), unit); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the lender's answer", func() bool { n, _ := a.wb.state(); return n == 0 })
+	// A write to part 0, acknowledged and held: the FLUSHes wait for it.
+	rel := m0.hold(t)
+	if _, err := c1.WriteAt(pattern(4096, 2), 0); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the write to reach part 0's lender", func() bool { return m0.in.Load() == 1 })
+	errs := make(chan error, 2)
+	for _, c := range []*nbd.Client{c1, c2} {
+		go func() { errs <- c.Flush() }()
+	}
+	waitFor(t, "both flushes to wait for the write", func() bool { _, w := a.wb.state(); return w == 2 })
+	l1.kill()
+	l1.restartOnSamePort(t)
+	var ne *nbd.Error
+	if _, err := c3.WriteAtContext(context.Background(), pattern(4096, 3), unit+8192, true); !errors.As(err, &ne) || ne.Errno != nbd.EIO {
+		t.Fatalf("FUA write whose flush finds the loss: %v, want EIO", err)
+	}
+	rel()
+	for range 2 {
+		if err := <-errs; !errors.As(err, &ne) || ne.Errno != nbd.EIO {
+			t.Fatalf("a flush under way when a FUA write found lost writes: %v, want EIO", err)
+		}
+	}
+	if err := c3.Flush(); err != nil {
+		t.Fatalf("the next flush: %v (the loss is reported once)", err)
+	}
+}
+
+// TestCloseReportsLostWrites: a write the lender answered and no flush
+// covered, when the lender restarts, is reported lost by Close (`rialto
+// detach` with no FLUSH since), also when a FUA write's flush found the
+// loss first; with and without write-back.
+func TestCloseReportsLostWrites(t *testing.T) {
+	for _, wb := range []bool{false, true} {
+		for _, fua := range []bool{false, true} {
+			t.Run(fmt.Sprintf("writeback=%v/fua=%v", wb, fua), func(t *testing.T) {
+				l := startLender(t, 4<<20)
+				a := attach(t, AttachConfig{URIs: []string{l.uri}, ConnsPerPart: 1, RequestTimeout: 10 * time.Second, WriteBack: wb})
+				c := dialAttachment(t, a)
+				if _, err := c.WriteAt(pattern(4096, 9), 0); err != nil {
+					t.Fatal(err)
+				}
+				if wb {
+					waitFor(t, "the lender's answer", func() bool { n, _ := a.wb.state(); return n == 0 })
+				}
+				l.kill()
+				l.restartOnSamePort(t)
+				if fua {
+					_, ferr := c.WriteAtContext(context.Background(), pattern(4096, 10), 8192, true)
+					t.Logf("FUA write after the restart: %v", ferr)
+				}
+				if err := a.Close(); !errors.Is(err, ErrLostWrites) {
+					t.Fatalf("Close after a restart lost an answered write: %v, want ErrLostWrites", err)
+				}
+			})
+		}
 	}
 }
