@@ -117,13 +117,14 @@ func pwriteAt(t *testing.T, path string, p []byte, off int64) {
 // reach a stalled zero-copy reply (the hazard, and the fast path kept).
 func TestZeroCopyReadsOnlyOfWholeWipeSafePages(t *testing.T) {
 	const (
-		fileSize = 1 << 20
-		pg       = 4096
-		readLen  = 64 << 10 // sendfileMin: the smallest read sent zero-copy
+		pg      = 4096
+		readLen = 64 << 10 // sendfileMin: the smallest read sent zero-copy
 	)
 	if unix.Getpagesize() != pg {
 		t.Skipf("page size %d, the cases assume %d", unix.Getpagesize(), pg)
 	}
+	u := ZeroCopyAlign() // the largest folio: a partition's edges cut none
+	fileSize := 4 * u
 	type tc struct {
 		name     string
 		opts     FileOptions
@@ -133,14 +134,18 @@ func TestZeroCopyReadsOnlyOfWholeWipeSafePages(t *testing.T) {
 		zeroCopy bool // whether the reply is expected to be sent zero-copy
 	}
 	cases := []tc{
-		{"whole pages", FileOptions{Offset: 64 << 10, Length: 256 << 10},
-			64 << 10, 128 << 10, 8192, true},
-		{"partial last page", FileOptions{Offset: 64 << 10, Length: 256<<10 + 1024},
-			256<<10 + 1024 - readLen, 64<<10 + 256<<10, 1024, false},
-		{"partial first page", FileOptions{Offset: 64<<10 + 3072, Length: 256 << 10},
-			0, 64<<10 + 3072, 1024, false},
-		{"copy forced (no hole punching)", FileOptions{Offset: 64 << 10, Length: 256 << 10, CopyReads: true},
-			64 << 10, 128 << 10, 8192, false},
+		{"whole spans", FileOptions{Offset: u, Length: u},
+			64 << 10, u + 128<<10, 8192, true},
+		{"partial last page", FileOptions{Offset: u, Length: u + 1024},
+			u + 1024 - readLen, 2 * u, 1024, false},
+		{"partial first page", FileOptions{Offset: u + 3072, Length: u},
+			0, u + 3072, 1024, false},
+		// Whole pages, but of the large folio the partition's start may
+		// cut: a punched hole over the partition zeroes and keeps it.
+		{"whole pages of a cut folio", FileOptions{Offset: u + 64<<10, Length: 2 * u},
+			0, u + 64<<10, 8192, u == pg},
+		{"copy forced (no hole punching)", FileOptions{Offset: u, Length: u, CopyReads: true},
+			64 << 10, u + 128<<10, 8192, false},
 	}
 	targets := []struct {
 		name string
@@ -151,13 +156,13 @@ func TestZeroCopyReadsOnlyOfWholeWipeSafePages(t *testing.T) {
 	}{
 		{"tmpfs file", func(t *testing.T) string { return shmFile(t, fileSize) }, true},
 		{"block device", func(t *testing.T) string {
-			return loopDevice(t, filledFile(t, fileSize, 0))
+			return loopDevice(t, filledFile(t, int(fileSize), 0))
 		}, false},
 	}
 	for _, tg := range targets {
 		t.Run(tg.name, func(t *testing.T) {
 			path := tg.path(t)
-			old := bytes.Repeat([]byte("old tenant "), fileSize/11+1)[:fileSize]
+			old := bytes.Repeat([]byte("old tenant "), int(fileSize)/11+1)[:fileSize]
 			pwriteAt(t, path, old, 0)
 			for _, c := range cases {
 				c.zeroCopy = c.zeroCopy && tg.zeroCopy
@@ -249,30 +254,34 @@ func TestWipeDropsPages(t *testing.T) {
 	})
 }
 
-// TestZeroCopyRange: the zero-copy range is the partition's whole pages on
-// tmpfs, and empty with CopyReads, with no whole page, or on a block device
+// TestZeroCopyRange: the zero-copy range is the partition's whole spans of
+// ZeroCopyAlign on tmpfs, and empty with CopyReads, with no whole page, or on a block device
 // (whose reads are all copied).
 func TestZeroCopyRange(t *testing.T) {
-	pg := int64(unix.Getpagesize())
+	pg, u := int64(unix.Getpagesize()), ZeroCopyAlign()
 	type rangeCase struct {
 		o              FileOptions
 		wantOff, wantN int64
 	}
 	cases := []rangeCase{
-		{FileOptions{Offset: 0, Length: 64 * pg}, 0, 64 * pg},
-		{FileOptions{Offset: pg, Length: 8*pg + 512}, 0, 8 * pg},
-		{FileOptions{Offset: pg + 512, Length: 8 * pg}, pg - 512, 7 * pg},
-		{FileOptions{Offset: pg + 512, Length: 8*pg - 512}, pg - 512, 7 * pg},
-		{FileOptions{Offset: 512, Length: pg}, 0, 0},
-		{FileOptions{Offset: pg, Length: 8 * pg, CopyReads: true}, 0, 0},
+		{FileOptions{Offset: 0, Length: 4 * u}, 0, 4 * u},
+		{FileOptions{Offset: u, Length: 2*u + 512}, 0, 2 * u},
+		{FileOptions{Offset: u + 512, Length: 2 * u}, u - 512, u},
+		{FileOptions{Offset: u + 512, Length: 2*u - 512}, u - 512, u},
+		{FileOptions{Offset: 512, Length: u}, 0, 0},
+		{FileOptions{Offset: u, Length: u, CopyReads: true}, 0, 0},
+	}
+	if u > pg {
+		// Whole pages inside one folio span: none of it.
+		cases = append(cases, rangeCase{FileOptions{Offset: pg, Length: 8 * pg}, 0, 0})
 	}
 	for _, tg := range []struct {
 		name   string
 		path   func(t *testing.T) string
 		copies bool // every read copied
 	}{
-		{"tmpfs file", func(t *testing.T) string { return shmFile(t, 1<<20) }, false},
-		{"block device", func(t *testing.T) string { return loopDevice(t, filledFile(t, 1<<20, 0)) }, true},
+		{"tmpfs file", func(t *testing.T) string { return shmFile(t, 4*u) }, false},
+		{"block device", func(t *testing.T) string { return loopDevice(t, filledFile(t, int(4*u), 0)) }, true},
 	} {
 		t.Run(tg.name, func(t *testing.T) {
 			path := tg.path(t)
