@@ -48,7 +48,9 @@ func attachFUSE(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l a
 	if e.getenv("GOMAXPROCS") == "" && runtime.GOMAXPROCS(0) < fuseProcs {
 		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(fuseProcs))
 	}
-	closeAll := func() error { return errors.Join(m.Close(), vol.Close()) }
+	// Unmounted (no more writes), the volume flushes what no flush
+	// covered before it closes, as the NBD export's Close does.
+	closeAll := func() error { return errors.Join(m.Close(), vol.Shutdown()) }
 	st := attachState{ID: l.ID, State: "attached", PID: os.Getpid(), File: m.Path(), Size: vol.Size(),
 		Parts: parts, Control: ctlPath, Started: time.Now().UTC()}
 	if err := recordAttachment(file, st); err != nil {

@@ -335,36 +335,15 @@ func (a *Attachment) Close() error {
 	return err
 }
 
-// settle is Close's wait for the writes acknowledged early and its flush,
-// under one timer of the request timeout that closes the volume. The
-// parts bound each request themselves, but not a write's whole course: a
-// write whose connection broke waits for the redial (RedialTimeout, which
-// may exceed RequestTimeout) and is then retried under a bound of its
-// own.
+// settle is Close's wait for the writes acknowledged early and its flush
+// (Volume.settle), under one timer of the request timeout that closes the
+// volume.
 func (a *Attachment) settle() error {
-	var seen uint64
-	if a.wb != nil {
-		seen = a.wb.close()
+	if a.wb == nil {
+		return a.vol.settle(nil, a.closeVolume)
 	}
-	mark := a.vol.flushMark()
-	var expired atomic.Bool
-	t := time.AfterFunc(a.vol.timeout, func() {
-		expired.Store(true)
-		a.closeVolume()
-	})
-	defer t.Stop()
-	var err error
-	if a.wb != nil {
-		err = a.wb.settle(seen)
-	}
-	if !expired.Load() && a.vol.unflushed() {
-		err = errors.Join(err, a.vol.flush())
-	}
-	err = errors.Join(err, a.vol.lostFUASince(mark))
-	if err != nil && expired.Load() {
-		return fmt.Errorf("stripe: closing: the lenders did not answer within %v (%w): %w", a.vol.timeout, ErrTimeout, err)
-	}
-	return err
+	seen := a.wb.close()
+	return a.vol.settle(func() error { return a.wb.settle(seen) }, a.closeVolume)
 }
 
 // closeVolume closes the volume once (Close, or settle's timer); volErr

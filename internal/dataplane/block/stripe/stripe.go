@@ -737,7 +737,56 @@ func (v *Volume) fail(i int, why error) {
 	})
 }
 
-// Close closes every device that is an io.Closer. Requests in progress fail.
+// Shutdown ends the volume as Close does, once what was written is durable
+// as qemu-nbd makes it on exit: it flushes if a device has writes (trims,
+// zeroings) that no flush covered, then closes the devices. The flush
+// takes at most the request timeout: past it the devices are closed,
+// which fails it, and the error wraps ErrTimeout too. Shutdown reports
+// what a FLUSH that began with it would (writes a lender's restart may
+// have lost that no FLUSH reported: ErrLostWrites) and errors of closing.
+// Requests still in progress fail; stop issuing them first.
+func (v *Volume) Shutdown() error {
+	var once sync.Once
+	var cerr error
+	closeOnce := func() { once.Do(func() { cerr = v.Close() }) }
+	err := v.settle(nil, closeOnce)
+	closeOnce()
+	return errors.Join(err, cerr)
+}
+
+// settle makes what was written durable before the volume closes: it runs
+// wait (if any: the write-back cache's wait for its writes), then flushes
+// if a device has writes no flush covered, and reports what a FLUSH that
+// began with it would; all under one timer of the request timeout, whose
+// expiry calls expire (which must close the volume, failing what the
+// lenders have not answered). The devices bound each request themselves,
+// but not a write's whole course: a write whose connection broke waits for
+// the redial (RedialTimeout, which may exceed the request timeout) and is
+// then retried under a bound of its own.
+func (v *Volume) settle(wait func() error, expire func()) error {
+	mark := v.flushMark()
+	var expired atomic.Bool
+	t := time.AfterFunc(v.timeout, func() {
+		expired.Store(true)
+		expire()
+	})
+	defer t.Stop()
+	var err error
+	if wait != nil {
+		err = wait()
+	}
+	if !expired.Load() && v.unflushed() {
+		err = errors.Join(err, v.flush())
+	}
+	err = errors.Join(err, v.lostFUASince(mark))
+	if err != nil && expired.Load() {
+		return fmt.Errorf("stripe: closing: the lenders did not answer within %v (%w): %w", v.timeout, ErrTimeout, err)
+	}
+	return err
+}
+
+// Close closes every device that is an io.Closer. Requests in progress
+// fail; nothing is flushed (Shutdown flushes first).
 func (v *Volume) Close() error {
 	if v.closed.Swap(true) {
 		return ErrClosed

@@ -776,3 +776,64 @@ func TestCloseReportsLostWrites(t *testing.T) {
 		}
 	}
 }
+
+// TestVolumeShutdownFlushes: a volume used without an attachment (`rialto
+// attach --fuse`, whose FUSE server writes through it) flushes the writes
+// no flush covered when it shuts down, once, and not when there are none;
+// after a lender's restart its Shutdown fails.
+func TestVolumeShutdownFlushes(t *testing.T) {
+	open := func(t *testing.T, uri string) *Volume {
+		t.Helper()
+		vol, err := Open(context.Background(), OpenConfig{URIs: []string{uri}, ConnsPerPart: 1, RequestTimeout: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return vol
+	}
+	t.Run("unflushed", func(t *testing.T) {
+		m := newGatedMem(4 << 20)
+		vol := open(t, startLenderWith(t, m).uri)
+		if _, err := vol.WriteAt(pattern(4096, 3), 8192); err != nil {
+			t.Fatal(err)
+		}
+		if err := vol.Shutdown(); err != nil {
+			t.Fatalf("Shutdown: %v", err)
+		}
+		if e := m.logged(); len(e) != 2 || e[0] != "write" || e[1] != "flush" {
+			t.Fatalf("the lender saw %v, want a write, then a flush", e)
+		}
+		if _, err := vol.WriteAt(pattern(4096, 3), 0); err == nil {
+			t.Fatal("a write after Shutdown succeeded")
+		}
+	})
+	t.Run("flushed", func(t *testing.T) {
+		m := newGatedMem(4 << 20)
+		vol := open(t, startLenderWith(t, m).uri)
+		if _, err := vol.WriteAt(pattern(4096, 3), 8192); err != nil {
+			t.Fatal(err)
+		}
+		if err := vol.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if err := vol.Shutdown(); err != nil {
+			t.Fatalf("Shutdown: %v", err)
+		}
+		if e := m.logged(); len(e) != 2 {
+			t.Fatalf("the lender saw %v, want a write and one flush", e)
+		}
+	})
+	t.Run("lender restarted", func(t *testing.T) {
+		l := startLender(t, 4<<20)
+		vol := open(t, l.uri)
+		if _, err := vol.WriteAt(pattern(4096, 3), 0); err != nil {
+			t.Fatal(err)
+		}
+		l.kill()
+		l.restartOnSamePort(t)
+		// Open's connections do not redial: the flush fails on the
+		// broken connection instead of finding the loss (ErrLostWrites).
+		if err := vol.Shutdown(); err == nil {
+			t.Fatal("Shutdown after the lender's restart, with a write no flush covered, returned nil")
+		}
+	})
+}
