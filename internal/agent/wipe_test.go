@@ -93,6 +93,19 @@ func journal(t *testing.T, dir string) []wipeEntry {
 
 const leaseSize = 256 << 10
 
+// withTenant starts an agent on a fresh state directory (cfg.StateDir)
+// whose lease-a, leaseSize bytes of disk0 at off, holds secret (fill
+// repeated), written and flushed through its export.
+func withTenant(t *testing.T, off int64, fill byte) (r *running, cfg Config, secret []byte) {
+	t.Helper()
+	_, srv := newFakeCP(t)
+	cfg = testConfig(srv.URL, t.TempDir())
+	r = start(t, cfg)
+	secret = bytes.Repeat([]byte{fill}, leaseSize)
+	nbdWrite(t, prepareBlock(t, r.a, "lease-a", off, leaseSize), secret, 0)
+	return r, cfg, secret
+}
+
 // TestTeardownWipes: after a lease's teardown its range of the shared
 // backing file is zero (on disk, and to the next lease of it, whose block
 // status shows one hole), the neighbouring lease's bytes are intact, and
@@ -177,13 +190,9 @@ func TestBlockLeasePartialPageCopied(t *testing.T) {
 // wipe before anything is served, after which the range is lent again and
 // reads as zeroes.
 func TestCrashMidWipeKeepsRangeUnlendable(t *testing.T) {
-	_, srv := newFakeCP(t)
-	dir := t.TempDir()
-	cfg := testConfig(srv.URL, dir)
-	r := start(t, cfg)
+	r, cfg, secret := withTenant(t, 0, 0x5a)
+	dir := cfg.StateDir
 	a := r.a
-	secret := bytes.Repeat([]byte{0x5a}, leaseSize)
-	nbdWrite(t, prepareBlock(t, a, "lease-a", 0, leaseSize), secret, 0)
 
 	a.Faults.CrashMidWipe.Store(true)
 	if err := a.Teardown(ctxFor(t), "lease-a"); !errors.Is(err, errCrashInjected) {
@@ -263,12 +272,8 @@ func TestRestartFinishesInterruptedTeardown(t *testing.T) {
 // lease. The export stays (held after a restart, its range refused) until
 // a teardown that can journal it.
 func TestTeardownWaitsForTheJournal(t *testing.T) {
-	_, srv := newFakeCP(t)
-	dir := t.TempDir()
-	cfg := testConfig(srv.URL, dir)
-	r := start(t, cfg)
-	secret := bytes.Repeat([]byte{0x6b}, leaseSize)
-	nbdWrite(t, prepareBlock(t, r.a, "lease-a", 0, leaseSize), secret, 0)
+	r, cfg, _ := withTenant(t, 0, 0x6b)
+	dir := cfg.StateDir
 
 	// The journal cannot be written (a non-empty directory in its place).
 	if err := os.MkdirAll(filepath.Join(dir, wipesFile, "x"), 0o700); err != nil {
@@ -385,12 +390,8 @@ func TestUnrestorableRangeWiped(t *testing.T) {
 		{"gone", func(d *DeviceConfig) { d.Name, d.Path = "disk9", "other.img" }, "", 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			_, srv := newFakeCP(t)
-			dir := t.TempDir()
-			cfg := testConfig(srv.URL, dir)
-			r := start(t, cfg)
-			secret := bytes.Repeat([]byte{0x3c}, leaseSize)
-			nbdWrite(t, prepareBlock(t, r.a, "lease-a", off, leaseSize), secret, 0)
+			r, cfg, secret := withTenant(t, off, 0x3c)
+			dir := cfg.StateDir
 			r.halt(t)
 
 			c.change(&cfg.Devices[0])
@@ -430,13 +431,12 @@ func TestUnrestorableRangeWiped(t *testing.T) {
 // exports.json cannot be read starts, having wiped every block device in
 // full before serving anything, and keeps the file aside.
 func TestWipeLostExports(t *testing.T) {
-	_, srv := newFakeCP(t)
-	dir := t.TempDir()
-	cfg := testConfig(srv.URL, dir)
-	r := start(t, cfg)
-	secret := bytes.Repeat([]byte{0x2d}, leaseSize)
-	nbdWrite(t, prepareBlock(t, r.a, "lease-a", 4096, leaseSize), secret, 0)
+	r, cfg, secret := withTenant(t, 4096, 0x2d)
+	dir := cfg.StateDir
 	r.halt(t)
+	if !bytes.Equal(diskBytes(t, dir, 4096, leaseSize), secret) {
+		t.Fatal("the tenant's bytes are not on the device")
+	}
 	bad := []byte(`[{"lease_id":"lease-a","device_name":"disk0","len`)
 	if err := os.WriteFile(filepath.Join(dir, exportsFile), bad, 0o600); err != nil {
 		t.Fatal(err)

@@ -28,10 +28,12 @@ func startServer(t testing.TB, exports ...Export) (*Server, string) {
 
 func serveOn(t testing.TB, s *Server) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	return serveLn(t, s, listen(t))
+}
+
+// serveLn serves s on ln until the test ends and returns ln's address.
+func serveLn(t testing.TB, s *Server, ln net.Listener) string {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ctx, ln) }()

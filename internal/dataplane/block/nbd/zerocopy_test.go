@@ -2,7 +2,6 @@ package nbd
 
 import (
 	"bytes"
-	"context"
 	"net"
 	"os"
 	"path/filepath"
@@ -16,21 +15,11 @@ import (
 // path.
 func serveUnix(t *testing.T, s *Server) string {
 	t.Helper()
-	addr := filepath.Join(t.TempDir(), "nbd.sock")
-	ln, err := net.Listen("unix", addr)
+	ln, err := net.Listen("unix", filepath.Join(t.TempDir(), "nbd.sock"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	return addr
+	return serveLn(t, s, ln)
 }
 
 // needZeroCopy skips a test of the zero-copy (sendfile) read path where

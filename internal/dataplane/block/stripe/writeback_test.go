@@ -676,18 +676,7 @@ func TestWriteBackFUAZeroTrimKeepFailure(t *testing.T) {
 func TestLostWritesFUAThenFlush(t *testing.T) {
 	for _, wb := range []bool{false, true} {
 		t.Run(fmt.Sprintf("writeback=%v", wb), func(t *testing.T) {
-			const part = 4 << 20
-			l := startLender(t, part)
-			a := attach(t, AttachConfig{URIs: []string{l.uri}, ConnsPerPart: 1, RequestTimeout: 10 * time.Second, WriteBack: wb})
-			c := dialAttachment(t, a)
-			if _, err := c.WriteAt(pattern(4096, 9), 0); err != nil {
-				t.Fatal(err)
-			}
-			if wb {
-				waitFor(t, "the lender's answer", func() bool { n, _ := a.wb.state(); return n == 0 })
-			}
-			l.kill()
-			l.restartOnSamePort(t)
+			_, c := answeredThenRestarted(t, wb)
 			_, ferr := c.WriteAtContext(context.Background(), pattern(4096, 10), 8192, true)
 			t.Logf("FUA write after the restart: %v", ferr)
 			var ne *nbd.Error
@@ -754,17 +743,7 @@ func TestCloseReportsLostWrites(t *testing.T) {
 	for _, wb := range []bool{false, true} {
 		for _, fua := range []bool{false, true} {
 			t.Run(fmt.Sprintf("writeback=%v/fua=%v", wb, fua), func(t *testing.T) {
-				l := startLender(t, 4<<20)
-				a := attach(t, AttachConfig{URIs: []string{l.uri}, ConnsPerPart: 1, RequestTimeout: 10 * time.Second, WriteBack: wb})
-				c := dialAttachment(t, a)
-				if _, err := c.WriteAt(pattern(4096, 9), 0); err != nil {
-					t.Fatal(err)
-				}
-				if wb {
-					waitFor(t, "the lender's answer", func() bool { n, _ := a.wb.state(); return n == 0 })
-				}
-				l.kill()
-				l.restartOnSamePort(t)
+				a, c := answeredThenRestarted(t, wb)
 				if fua {
 					_, ferr := c.WriteAtContext(context.Background(), pattern(4096, 10), 8192, true)
 					t.Logf("FUA write after the restart: %v", ferr)
@@ -836,4 +815,25 @@ func TestVolumeShutdownFlushes(t *testing.T) {
 			t.Fatal("Shutdown after the lender's restart, with a write no flush covered, returned nil")
 		}
 	})
+}
+
+// answeredThenRestarted attaches a volume over one lender (write-back if
+// wb), writes 4 KiB at 0 through it and waits for the lender's answer,
+// then kills the lender and serves its export again on the same port, as
+// a lender process that restarted: the answered write, which no flush
+// covered, may be lost.
+func answeredThenRestarted(t *testing.T, wb bool) (*Attachment, *nbd.Client) {
+	t.Helper()
+	l := startLender(t, 4<<20)
+	a := attach(t, AttachConfig{URIs: []string{l.uri}, ConnsPerPart: 1, RequestTimeout: 10 * time.Second, WriteBack: wb})
+	c := dialAttachment(t, a)
+	if _, err := c.WriteAt(pattern(4096, 9), 0); err != nil {
+		t.Fatal(err)
+	}
+	if wb {
+		waitFor(t, "the lender's answer", func() bool { n, _ := a.wb.state(); return n == 0 })
+	}
+	l.kill()
+	l.restartOnSamePort(t)
+	return a, c
 }
