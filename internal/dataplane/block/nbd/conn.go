@@ -96,6 +96,11 @@ type conn struct {
 	nc     net.Conn
 	cancel context.CancelFunc // ends the connection (RemoveExport)
 	done   chan struct{}      // closed when the connection has stopped
+	// abandoned is set when the reader ends without NBD_CMD_DISC (the
+	// client went away, or broke the protocol): requests still queued
+	// for the workers are then answered ESHUTDOWN without reaching the
+	// backend (execute).
+	abandoned atomic.Bool
 	r      *bufio.Reader
 	sess   *session
 	e      *export
@@ -272,6 +277,18 @@ func (c *conn) serve(ctx context.Context) error {
 	}
 
 	rerr := c.reader(ctx)
+	if rerr != nil {
+		// No NBD_CMD_DISC: nobody waits for the replies. A client that
+		// lost the connection may already have sent a queued write
+		// again on another one, and written the range since: the
+		// stale copy must not land after that (a write that is being
+		// executed is in the kernel already, ordered before later
+		// writes of the file).
+		c.abandoned.Store(true)
+		if c.s.testHookAbandoned != nil {
+			c.s.testHookAbandoned()
+		}
+	}
 	c.closePipe()
 
 	close(c.reqs)
@@ -922,9 +939,10 @@ func errnoOf(err error) uint32 {
 // execute performs o against the backend and encodes its reply.
 func (c *conn) execute(ctx context.Context, o *op) {
 	r := o.req
-	if ctx.Err() != nil {
-		// The connection is ending (its export removed): requests still
-		// queued must not reach the backend.
+	if ctx.Err() != nil || c.abandoned.Load() {
+		// The connection is ending (its export removed, or its client
+		// gone without a disconnect): requests still queued must not
+		// reach the backend.
 		o.errno = ESHUTDOWN
 		c.encodeError(o)
 		return

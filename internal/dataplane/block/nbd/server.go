@@ -183,6 +183,10 @@ type Server struct {
 
 	mu      sync.Mutex
 	exports map[string]*export
+
+	// testHookAbandoned, if set, runs when a connection's reader has
+	// ended without a disconnect and its queued requests are abandoned.
+	testHookAbandoned func()
 }
 
 func (s *Server) logger() *slog.Logger {
