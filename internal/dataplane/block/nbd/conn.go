@@ -101,9 +101,9 @@ type conn struct {
 	// for the workers are then answered ESHUTDOWN without reaching the
 	// backend (execute).
 	abandoned atomic.Bool
-	r      *bufio.Reader
-	sess   *session
-	e      *export
+	r         *bufio.Reader
+	sess      *session
+	e         *export
 
 	be    Backend
 	trim  Trimmer
