@@ -553,3 +553,31 @@ func TestUnrestorableRangeCut(t *testing.T) {
 	}
 	prepareBlock(t, a, "lease-b", 0, leaseSize)
 }
+
+// TestSameFileTwiceRefused: two block devices backed by one file (the same
+// path spelt twice) would lend its bytes twice, under each name, to two
+// tenants at once; the agent refuses to start.
+func TestSameFileTwiceRefused(t *testing.T) {
+	_, srv := newFakeCP(t)
+	dir := t.TempDir()
+	cfg := testConfig(srv.URL, dir)
+	cfg.Devices = append(cfg.Devices, DeviceConfig{Name: "disk1", Kind: api.KindBlock, Path: filepath.Join(dir, "disk0.img")})
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(ctxFor(t))
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrConfig) {
+			t.Fatalf("Run with two devices on one file: %v, want ErrConfig", err)
+		}
+	case <-a.Ready():
+		cancel()
+		<-done
+		t.Fatal("an agent lending one file under two names started")
+	}
+}
