@@ -511,6 +511,23 @@ func (a *Agent) saveIdentity() error {
 }
 
 func (a *Agent) openDevices(ctx context.Context) error {
+	// One file lent under two names would be lent twice: the ranges of
+	// each name are kept apart, not those of the file.
+	var files []DeviceConfig
+	for _, d := range a.cfg.Devices {
+		if d.Kind != api.KindBlock {
+			continue
+		}
+		if !filepath.IsAbs(d.Path) {
+			d.Path = filepath.Join(a.cfg.StateDir, d.Path)
+		}
+		for _, o := range files {
+			if sameFile(o.Path, d.Path) {
+				return fmt.Errorf("%w: block devices %q and %q are the same file, %s", ErrConfig, o.Name, d.Name, d.Path)
+			}
+		}
+		files = append(files, d)
+	}
 	for _, d := range a.cfg.Devices {
 		if d.Kind == api.KindBlock && !filepath.IsAbs(d.Path) {
 			d.Path = filepath.Join(a.cfg.StateDir, d.Path)

@@ -32,7 +32,7 @@ type DeviceConfig struct {
 	Name string
 	Kind api.Kind
 	// Path is a block device's backing file (created sparse if absent;
-	// relative paths are inside StateDir).
+	// relative paths are inside StateDir); no two devices may share one.
 	Path string
 	// Size is bytes for block and memory devices and slots for accelerators.
 	// A block device's file is extended to Size if it is smaller; Size 0

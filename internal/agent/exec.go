@@ -382,7 +382,7 @@ func (a *Agent) restoreExports(_ context.Context, saved []persistedExport) {
 	a.opMu.Lock()
 	defer a.opMu.Unlock()
 	for _, p := range saved {
-		req, dev, _, err := a.validate(p.PrepareRequest)
+		req, dev, err := a.validateRestored(p)
 		a.mu.Lock()
 		if err == nil {
 			if _, dup := a.exports[req.Export]; dup {

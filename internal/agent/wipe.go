@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -232,7 +233,8 @@ func (a *Agent) withoutWiped(saved []persistedExport) []persistedExport {
 // journalUnrestorable takes out of saved the block exports a restart
 // cannot serve again because their device or range no longer validates
 // (the device removed from the configuration, renamed, shrunk or given
-// another kind) and journals a wipe of what is left of their range: the
+// another kind, or its name given to another file: validateRestored) and
+// journals a wipe of what is left of their range: the
 // range still holds the tenant's bytes, and dropping the entry alone would
 // lend them on. A device renamed since is found by the path recorded with
 // the export; a range past a shrunk device's end is cut at the end (what
@@ -244,15 +246,24 @@ func (a *Agent) journalUnrestorable(saved []persistedExport) ([]persistedExport,
 	out := saved[:0:0]
 	var added bool
 	for _, p := range saved {
-		_, _, _, err := a.validate(p.PrepareRequest)
+		_, _, err := a.validateRestored(p)
 		if err == nil || p.Kind != api.KindBlock {
 			out = append(out, p)
 			continue
 		}
 		w := wipeEntry{LeaseID: p.LeaseID, Kind: api.KindBlock, DeviceName: p.DeviceName, Offset: p.Offset, Length: p.Length}
 		if dev, ok := a.blockDevice(p.DeviceName, p.DevicePath); ok {
+			// What of the range lies inside the device (a damaged
+			// entry's range may start before it, or overflow).
 			w.DeviceName = dev.Name
-			w.Length = max(0, min(w.Offset+w.Length, dev.Size)-w.Offset)
+			w.Offset, w.Length = 0, 0
+			if lo := max(p.Offset, 0); p.Length >= 0 && lo < dev.Size {
+				hi := dev.Size // Length 0: to the end; or past the int64s
+				if p.Length > 0 && (p.Offset <= 0 || p.Length <= math.MaxInt64-p.Offset) {
+					hi = min(p.Offset+p.Length, dev.Size)
+				}
+				w.Offset, w.Length = lo, max(0, hi-lo)
+			}
 		}
 		a.mRestored.WithLabelValues("dropped").Inc()
 		if w.Length <= 0 {
@@ -275,20 +286,51 @@ func (a *Agent) journalUnrestorable(saved []persistedExport) ([]persistedExport,
 	return out, nil
 }
 
-// blockDevice finds the block device named name or, failing that, the one
-// at path.
+// blockDevice finds the block device whose file is at path (the one named
+// name if several are) or, when path is "" (an entry persisted before
+// paths were), the one named name. A device that took the name of the
+// file's since is not it.
 func (a *Agent) blockDevice(name, path string) (DeviceConfig, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if d, ok := a.devices[name]; ok && d.Kind == api.KindBlock {
-		return d, true
+	if path == "" {
+		d, ok := a.devices[name]
+		return d, ok && d.Kind == api.KindBlock
 	}
+	var found DeviceConfig
+	var ok bool
 	for _, d := range a.devices {
-		if path != "" && d.Kind == api.KindBlock && d.Path == path {
-			return d, true
+		if d.Kind == api.KindBlock && sameFile(path, d.Path) && (!ok || d.Name == name) {
+			found, ok = d, true
 		}
 	}
-	return DeviceConfig{}, false
+	return found, ok
+}
+
+// validateRestored is validate for a persisted export, which also refuses
+// a block export whose device's name now names another file than the one
+// it was prepared on (DevicePath): its tenant would read that file's
+// bytes, and its own range would be lent on unwiped.
+func (a *Agent) validateRestored(p persistedExport) (api.PrepareRequest, DeviceConfig, error) {
+	req, dev, _, err := a.validate(p.PrepareRequest)
+	if err == nil && dev.Kind == api.KindBlock && p.DevicePath != "" && !sameFile(p.DevicePath, dev.Path) {
+		err = fmt.Errorf("%w: device %s is now %s, not %s", ErrNoDevice, dev.Name, dev.Path, p.DevicePath)
+	}
+	return req, dev, err
+}
+
+// sameFile reports whether the paths name the same file: the same path, or
+// two that reach the same file (a link, a relative and an absolute path).
+func sameFile(p, q string) bool {
+	if filepath.Clean(p) == filepath.Clean(q) {
+		return true
+	}
+	pi, err := os.Stat(p)
+	if err != nil {
+		return false
+	}
+	qi, err := os.Stat(q)
+	return err == nil && os.SameFile(pi, qi)
 }
 
 // wipeLostExports journals a wipe of every block device in full and then

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"testing"
@@ -464,5 +466,118 @@ func TestWipeLostExports(t *testing.T) {
 	ub := prepareBlock(t, a, "lease-b", 4096, leaseSize)
 	if !bytes.Equal(nbdRead(t, ub, leaseSize, 0), make([]byte, leaseSize)) {
 		t.Fatal("the next lease reads the previous tenant's bytes")
+	}
+}
+
+// TestRestoreFollowsDevicePath: a restart whose configuration gave a
+// device's name to another file (disk0 renamed disk9, a new disk0 added)
+// does not restore the export on the file now under the old name (its
+// tenant would read that file's bytes), and wipes the export's range of
+// the file it was on, now disk9's, before disk9 lends it on.
+func TestRestoreFollowsDevicePath(t *testing.T) {
+	const off = 512 << 10
+	r, cfg, secret := withTenant(t, off, 0x4e)
+	dir := cfg.StateDir
+	r.halt(t)
+
+	cfg.Devices[0].Name = "disk9"
+	cfg.Devices = append(cfg.Devices, DeviceConfig{Name: "disk0", Kind: api.KindBlock, Path: "other.img", Size: 1 << 20})
+	a := start(t, cfg).a
+	if got := a.Leases(); len(got) != 0 {
+		t.Fatalf("leases after the restart: %v (restored on another file)", got)
+	}
+	if w := journal(t, dir); len(w) != 0 {
+		t.Fatalf("journal after the restart: %+v", w)
+	}
+	if bytes.Equal(diskBytes(t, dir, off, leaseSize), secret) {
+		t.Fatal("the range of the export's file keeps the tenant's bytes")
+	}
+	resp, err := a.Prepare(ctxFor(t), api.PrepareRequest{LeaseID: "lease-b", Kind: api.KindBlock, DeviceName: "disk9",
+		Offset: off, Length: leaseSize, Export: "x_lease-b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(nbdRead(t, resp.URI, leaseSize, 0), make([]byte, leaseSize)) {
+		t.Fatal("the next lease of the range reads the previous tenant's bytes")
+	}
+}
+
+// TestUnrestorableRangeCut: a persisted entry whose range reaches outside
+// its device (a negative offset: a damaged or hand-edited file) has what
+// lies inside the device wiped, not a wipe that cannot run and keeps the
+// device's first bytes refused for good.
+func TestUnrestorableRangeCut(t *testing.T) {
+	r, cfg, _ := withTenant(t, 0, 0x71)
+	dir := cfg.StateDir
+	r.halt(t)
+	var saved []persistedExport
+	if err := readJSON(filepath.Join(dir, exportsFile), &saved); err != nil || len(saved) != 1 {
+		t.Fatalf("exports: %+v, %v", saved, err)
+	}
+	// Beside it, entries whose ranges lie before the device or overflow:
+	// none of the device is theirs, nothing is wiped for them (the
+	// neighbour's bytes at leaseSize stay).
+	neighbour := bytes.Repeat([]byte{0x17}, 4096)
+	f, err := os.OpenFile(filepath.Join(dir, "disk0.img"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.WriteAt(neighbour, leaseSize)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := saved[0]
+	saved[0].Offset, saved[0].Length = -4096, leaseSize+4096
+	for i, r := range [][2]int64{{math.MinInt64, 1 << 20}, {math.MinInt64 + 4096, math.MaxInt64}, {math.MaxInt64 - 4096, 8192}, {4096, -1}} {
+		q := p
+		q.LeaseID, q.Export = fmt.Sprintf("lease-z%d", i), fmt.Sprintf("x_lease-z%d", i)
+		q.Offset, q.Length = r[0], r[1]
+		saved = append(saved, q)
+	}
+	if err := writeJSON(filepath.Join(dir, exportsFile), saved); err != nil {
+		t.Fatal(err)
+	}
+
+	a := start(t, cfg).a
+	if w := journal(t, dir); len(w) != 0 {
+		t.Fatalf("journal after the restart: %+v", w)
+	}
+	if !bytes.Equal(diskBytes(t, dir, 0, leaseSize), make([]byte, leaseSize)) {
+		t.Fatal("the range keeps the tenant's bytes")
+	}
+	if !bytes.Equal(diskBytes(t, dir, leaseSize, 4096), neighbour) {
+		t.Fatal("bytes outside every entry's range were wiped")
+	}
+	prepareBlock(t, a, "lease-b", 0, leaseSize)
+}
+
+// TestSameFileTwiceRefused: two block devices backed by one file (the same
+// path spelt twice) would lend its bytes twice, under each name, to two
+// tenants at once; the agent refuses to start.
+func TestSameFileTwiceRefused(t *testing.T) {
+	_, srv := newFakeCP(t)
+	dir := t.TempDir()
+	cfg := testConfig(srv.URL, dir)
+	cfg.Devices = append(cfg.Devices, DeviceConfig{Name: "disk1", Kind: api.KindBlock, Path: filepath.Join(dir, "disk0.img")})
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(ctxFor(t))
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrConfig) {
+			t.Fatalf("Run with two devices on one file: %v, want ErrConfig", err)
+		}
+	case <-a.Ready():
+		cancel()
+		<-done
+		t.Fatal("an agent lending one file under two names started")
 	}
 }
