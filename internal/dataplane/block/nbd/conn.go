@@ -281,9 +281,10 @@ func (c *conn) serve(ctx context.Context) error {
 		// No NBD_CMD_DISC: nobody waits for the replies. A client that
 		// lost the connection may already have sent a queued write
 		// again on another one, and written the range since: the
-		// stale copy must not land after that (a write that is being
-		// executed is in the kernel already, ordered before later
-		// writes of the file).
+		// stale copy must not land after that (on a file backend a
+		// write that is being executed is in the kernel already,
+		// ordered before later writes of the file; a backend that
+		// forwards it to another server gives no such order).
 		c.abandoned.Store(true)
 		if c.s.testHookAbandoned != nil {
 			c.s.testHookAbandoned()
