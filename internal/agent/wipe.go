@@ -29,8 +29,13 @@ type wipeEntry struct {
 	LeaseID    string   `json:"lease_id"`
 	Kind       api.Kind `json:"kind"`
 	DeviceName string   `json:"device_name"`
-	Offset     int64    `json:"offset"`
-	Length     int64    `json:"length"`
+	// DevicePath is the device's file: the entry is the range of that
+	// file whatever the device is called when it runs (a restart may
+	// rename devices, or give the name to another file). "" in entries
+	// written before it was: the device named DeviceName.
+	DevicePath string `json:"device_path,omitempty"`
+	Offset     int64  `json:"offset"`
+	Length     int64  `json:"length"`
 }
 
 // pendingWipe is a journal entry in memory; running is set while a wipe of
@@ -44,15 +49,27 @@ type pendingWipe struct {
 	live bool
 }
 
-func (w wipeEntry) overlaps(req api.PrepareRequest) bool {
-	return w.DeviceName == req.DeviceName && w.Offset < req.Offset+req.Length && req.Offset < w.Offset+w.Length
+// overlaps reports whether the entry's range overlaps [off, off+n) of the
+// device named name whose file is at path ("" if not known).
+func (w wipeEntry) overlaps(name, path string, off, n int64) bool {
+	same := w.DeviceName == name
+	if w.DevicePath != "" && path != "" {
+		same = sameFile(w.DevicePath, path)
+	}
+	return same && w.Offset < off+n && off < w.Offset+w.Length
 }
 
 // wipeOverlapLocked reports whether req's range overlaps a pending wipe;
 // a.mu is held.
 func (a *Agent) wipeOverlapLocked(req api.PrepareRequest) bool {
+	return a.wipeOverlapPathLocked(req, a.devices[req.DeviceName].Path)
+}
+
+// wipeOverlapPathLocked is wipeOverlapLocked for a range of the file at
+// path; a.mu is held.
+func (a *Agent) wipeOverlapPathLocked(req api.PrepareRequest, path string) bool {
 	for _, w := range a.wipes {
-		if w.overlaps(req) {
+		if w.overlaps(req.DeviceName, path, req.Offset, req.Length) {
 			return true
 		}
 	}
@@ -69,7 +86,7 @@ func (a *Agent) needsWipe(e Export) bool {
 // stays in memory (and the range refused) even if persisting fails (the
 // caller may forgetWipe it).
 func (a *Agent) journalWipe(e Export, live bool) (*pendingWipe, error) {
-	w := &pendingWipe{wipeEntry: wipeEntry{LeaseID: e.Request.LeaseID, Kind: e.Device.Kind, DeviceName: e.Device.Name,
+	w := &pendingWipe{wipeEntry: wipeEntry{LeaseID: e.Request.LeaseID, Kind: e.Device.Kind, DeviceName: e.Device.Name, DevicePath: e.Device.Path,
 		Offset: e.Request.Offset, Length: e.Request.Length}, live: live}
 	a.mu.Lock()
 	a.wipes = append(a.wipes, w)
@@ -161,7 +178,7 @@ func (a *Agent) runWipe(ctx context.Context, w *pendingWipe) error {
 		return nil
 	}
 	w.running = true
-	dev, ok := a.devices[w.DeviceName]
+	dev, ok := a.wipeDeviceLocked(w.wipeEntry)
 	a.mu.Unlock()
 	err := a.wipe(ctx, w, dev, ok)
 	if err == nil {
@@ -220,7 +237,11 @@ func (a *Agent) withoutWiped(saved []persistedExport) []persistedExport {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for _, p := range saved {
-		if a.wipeOverlapLocked(p.PrepareRequest) {
+		path := p.DevicePath
+		if path == "" {
+			path = a.devices[p.DeviceName].Path
+		}
+		if a.wipeOverlapPathLocked(p.PrepareRequest, path) {
 			a.mRestored.WithLabelValues("dropped").Inc()
 			a.log.Info("a restored export was being torn down; its range is wiped instead", "lease", p.LeaseID)
 			continue
@@ -251,11 +272,11 @@ func (a *Agent) journalUnrestorable(saved []persistedExport) ([]persistedExport,
 			out = append(out, p)
 			continue
 		}
-		w := wipeEntry{LeaseID: p.LeaseID, Kind: api.KindBlock, DeviceName: p.DeviceName, Offset: p.Offset, Length: p.Length}
+		w := wipeEntry{LeaseID: p.LeaseID, Kind: api.KindBlock, DeviceName: p.DeviceName, DevicePath: p.DevicePath, Offset: p.Offset, Length: p.Length}
 		if dev, ok := a.blockDevice(p.DeviceName, p.DevicePath); ok {
 			// What of the range lies inside the device (a damaged
 			// entry's range may start before it, or overflow).
-			w.DeviceName = dev.Name
+			w.DeviceName, w.DevicePath = dev.Name, dev.Path
 			w.Offset, w.Length = 0, 0
 			if lo := max(p.Offset, 0); p.Length >= 0 && lo < dev.Size {
 				hi := dev.Size // Length 0: to the end; or past the int64s
@@ -293,6 +314,23 @@ func (a *Agent) journalUnrestorable(saved []persistedExport) ([]persistedExport,
 func (a *Agent) blockDevice(name, path string) (DeviceConfig, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	return a.blockDeviceLocked(name, path)
+}
+
+// wipeDeviceLocked finds the device a journal entry's range is on: the
+// block device whose file is the entry's, else (an entry without a path)
+// the device of its name; a.mu is held. None when the file is no longer
+// lent: the entry is kept, and wiped once a device is that file again.
+func (a *Agent) wipeDeviceLocked(w wipeEntry) (DeviceConfig, bool) {
+	if w.DevicePath == "" {
+		d, ok := a.devices[w.DeviceName]
+		return d, ok
+	}
+	return a.blockDeviceLocked(w.DeviceName, w.DevicePath)
+}
+
+// blockDeviceLocked is blockDevice with a.mu held.
+func (a *Agent) blockDeviceLocked(name, path string) (DeviceConfig, bool) {
 	if path == "" {
 		d, ok := a.devices[name]
 		return d, ok && d.Kind == api.KindBlock
@@ -347,7 +385,7 @@ func (a *Agent) wipeLostExports() error {
 			continue
 		}
 		a.wipes = append(a.wipes, &pendingWipe{wipeEntry: wipeEntry{LeaseID: "(lost exports)", Kind: api.KindBlock,
-			DeviceName: d.Name, Length: d.Size}})
+			DeviceName: d.Name, DevicePath: d.Path, Length: d.Size}})
 		n++
 	}
 	a.mPendingWipes.Set(float64(len(a.wipes)))

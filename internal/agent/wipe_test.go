@@ -581,3 +581,43 @@ func TestSameFileTwiceRefused(t *testing.T) {
 		t.Fatal("an agent lending one file under two names started")
 	}
 }
+
+// TestWipeFollowsTheFile: the wipe journal names a range of a file, not
+// of a device name. A restart that gives a lease's device name to another
+// file neither wipes that file's range in its place (and forgets the
+// tenant's bytes) nor refuses it; the tenant's range stays in the journal
+// and is wiped once its file is lent again, under another name.
+func TestWipeFollowsTheFile(t *testing.T) {
+	const off = 512 << 10
+	r, cfg, secret := withTenant(t, off, 0x5c)
+	dir := cfg.StateDir
+	r.halt(t)
+
+	cfg.Devices[0].Path = "other.img" // disk0 is now another file
+	r = start(t, cfg)
+	if got := r.a.Leases(); len(got) != 0 {
+		t.Fatalf("leases after the restart: %v", got)
+	}
+	w := journal(t, dir)
+	if len(w) != 1 || filepath.Base(w[0].DevicePath) != "disk0.img" || w[0].Offset != off || w[0].Length != leaseSize {
+		t.Fatalf("journal with the file no longer lent: %+v, want disk0.img's range", w)
+	}
+	if !bytes.Equal(diskBytes(t, dir, off, leaseSize), secret) {
+		t.Fatal("a range of a file no longer lent was changed")
+	}
+	// The name's new file is not refused for the old file's range.
+	prepareBlock(t, r.a, "lease-b", off, leaseSize)
+	if err := r.a.Teardown(ctxFor(t), "lease-b"); err != nil {
+		t.Fatal(err)
+	}
+	r.halt(t)
+
+	cfg.Devices[0] = DeviceConfig{Name: "disk9", Kind: api.KindBlock, Path: "disk0.img", Size: 1 << 20}
+	start(t, cfg)
+	if w := journal(t, dir); len(w) != 0 {
+		t.Fatalf("journal once the file is lent again: %+v", w)
+	}
+	if !bytes.Equal(diskBytes(t, dir, off, leaseSize), make([]byte, leaseSize)) {
+		t.Fatal("the tenant's range was not wiped once its file was lent again")
+	}
+}
