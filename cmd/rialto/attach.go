@@ -141,6 +141,9 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
+		if l.State != api.LeaseActive {
+			return notActive(l)
+		}
 		if *fuseDir != "" && l.Kind != api.KindBlock {
 			return usagef("--fuse serves block leases; lease %s is a %s lease", l.ID, l.Kind)
 		}

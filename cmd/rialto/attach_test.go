@@ -263,6 +263,9 @@ func TestAttachUnixSocketAndErrors(t *testing.T) {
 	}{
 		{[]string{"attach"}, 2, "wrong number of arguments"},
 		{[]string{"attach", "lease-nope"}, 1, "not_found"},
+		{[]string{"attach", "lease-nope"}, 1, "`rialto leases` lists your live leases"},
+		{[]string{"lease", "show", "lease-nope"}, 1, "`rialto leases` lists your live leases"},
+		{[]string{"memtest", "lease-nope"}, 1, "`rialto leases` lists your live leases"},
 		{[]string{"attach", "../x"}, 1, ""},
 		{[]string{"detach", "lease-nope"}, 1, "not attached"},
 		{[]string{"attach", "--conns", "-1", "lease-nope"}, 2, "bad --conns"},
@@ -278,8 +281,12 @@ func TestAttachUnixSocketAndErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Client().ReleaseLease(ctx, m.ID)
-	if _, errs, code := runIn(t, c, runtime, "attach", m.ID); code != 1 || !strings.Contains(errs, "not active") {
-		t.Errorf("attach of a released lease: %d %s", code, errs)
+	for _, args := range [][]string{{"attach", m.ID}, {"attach", m.ID, "--fuse", t.TempDir()}} {
+		// An ended lease never comes back: the error says what to do instead.
+		if _, errs, code := runIn(t, c, runtime, args...); code != 1 || !strings.Contains(errs, "is released, not active") ||
+			!strings.Contains(errs, "borrow another with `rialto lease create`") {
+			t.Errorf("%v of a released lease: %d %s", args, code, errs)
+		}
 	}
 }
 

@@ -151,7 +151,16 @@ func activeLease(ctx context.Context, c *api.Client, id string, kind api.Kind, v
 		return l, fmt.Errorf("lease %s is a %s lease; %s", l.ID, l.Kind, verb)
 	}
 	if l.State != api.LeaseActive {
-		return l, fmt.Errorf("lease %s is %s, not active", l.ID, l.State)
+		return l, notActive(l)
 	}
 	return l, nil
+}
+
+// notActive is the error for a lease a data-plane verb cannot use: an
+// ended lease never comes back, so it says what to do instead.
+func notActive(l api.Lease) error {
+	if l.State.Terminal() {
+		return fmt.Errorf("lease %s is %s, not active, and ended leases cannot be used again: borrow another with `rialto lease create`", l.ID, l.State)
+	}
+	return fmt.Errorf("lease %s is %s, not active yet: try again once `rialto lease show %s` says active", l.ID, l.State, l.ID)
 }

@@ -160,10 +160,28 @@ func oneLine(s string) string {
 func printError(w io.Writer, err error) {
 	var ae *api.Error
 	if errors.As(err, &ae) {
-		fmt.Fprintf(w, "rialto: error: %s (code %s, HTTP %d)\n", ae.Message, ae.Code, ae.Status)
+		fmt.Fprintf(w, "rialto: error: %s (code %s, HTTP %d)%s\n", ae.Message, ae.Code, ae.Status, notFoundHint(ae))
 		return
 	}
 	fmt.Fprintf(w, "rialto: error: %v\n", err)
+}
+
+// notFoundHint says where to find the IDs a not_found answer is about
+// (a mistyped or someone else's lease, node or device).
+func notFoundHint(ae *api.Error) string {
+	if ae.Code != api.CodeNotFound {
+		return ""
+	}
+	for _, h := range []struct{ prefix, verb string }{
+		{"lease ", "`rialto leases` lists your live leases (--all: ended ones too)"},
+		{"node ", "`rialto nodes` lists the nodes"},
+		{"device ", "`rialto devices` lists the devices"},
+	} {
+		if strings.HasPrefix(ae.Message, h.prefix) {
+			return "; " + h.verb
+		}
+	}
+	return ""
 }
 
 // newRoot builds the command tree for one run, its output going to e.
