@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/rialto-project/rialto/internal/resource"
 )
 
 // plan builds the Plan of the best result, top[0], and explains the
@@ -90,7 +92,7 @@ func (x *Index) modeRejections(cands []cand) []Rejection {
 	for _, c := range cands {
 		ds := &x.devs[c.dev]
 		r := Rejection{Candidate: ds.dev.ID, Constraint: ConstraintCapacity,
-			Reason: fmt.Sprintf("%s free of %s, %d leases", x.amount(ds.dev.Kind, ds.free), x.amount(ds.dev.Kind, ds.dev.Capacity), len(ds.leases))}
+			Reason: fmt.Sprintf("%s free of %s, %s", x.amount(ds.dev.Kind, ds.free), x.amount(ds.dev.Kind, ds.dev.Capacity), leasesText(len(ds.leases)))}
 		if ds.dev.Kind == KindNIC {
 			r.Reason += " (on " + ds.dev.Node + ")"
 		}
@@ -228,8 +230,27 @@ func (x *Index) amount(kind string, n int64) string {
 		return fmtBits(float64(n) * 8)
 	case kind == KindAccel && x.slotUnits > 1:
 		return FormatSlots(n, x.slotUnits)
+	case kind == KindBlock || kind == KindMemory:
+		return sizeText(n)
 	}
 	return strconv.FormatInt(n, 10)
+}
+
+// sizeText formats a byte count in binary units, exactly: "768MiB",
+// "1.2MiB (1234567 B)" where a unit would round it, "512B".
+func sizeText(n int64) string {
+	for _, u := range []struct {
+		shift uint
+		name  string
+	}{{40, "TiB"}, {30, "GiB"}, {20, "MiB"}, {10, "KiB"}} {
+		if m := int64(1) << u.shift; n >= m && n%m == 0 {
+			return strconv.FormatInt(n/m, 10) + u.name
+		}
+	}
+	if n < 1024 {
+		return strconv.FormatInt(n, 10) + "B"
+	}
+	return resource.FormatSize(n) + " (" + strconv.FormatInt(n, 10) + " B)"
 }
 
 // FormatSlots formats n accel units, units a slot, as slots: "0.25 slot",
@@ -276,4 +297,12 @@ func fmtBytes(n int64) string {
 // NaN included).
 func fmtF(v float64, prec int) string {
 	return strconv.FormatFloat(v, 'f', prec, 64)
+}
+
+// leasesText is "1 lease", "3 leases".
+func leasesText(n int) string {
+	if n == 1 {
+		return "1 lease"
+	}
+	return strconv.Itoa(n) + " leases"
 }
