@@ -64,8 +64,11 @@ func (x *Index) noOption(q *req, sc *scope, cands []cand) *InfeasibleError {
 	if q.Whole {
 		what = fmt.Sprintf("a whole-device lease of at least %s", x.amount(q.Kind, q.Size))
 	}
-	if q.Kind == KindNIC && sc.compose && !sc.share && !sc.dedicate {
+	switch {
+	case q.Kind == KindNIC && sc.compose && !sc.share && !sc.dedicate:
 		what += fmt.Sprintf(" (a bond of %d needs as many different lenders with room)", sc.minW)
+	case !q.Whole && sc.compose && !sc.share && !sc.dedicate && sc.minW == sc.maxW:
+		what += fmt.Sprintf(" (%d parts of %s need as many devices with room)", sc.minW, x.amount(q.Kind, sc.partLen(q.Size, sc.minW)))
 	}
 	return newInfeasible("no device can hold "+what, x.modeRejections(sorted), ConstraintMode)
 }
