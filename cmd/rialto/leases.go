@@ -175,7 +175,7 @@ func (rf *requestFlags) register(fs *pflag.FlagSet) {
 	fs.Var(rf.kind, "kind", "resource kind: "+api.KindNames())
 	rf.mode = modeFlag()
 	fs.Var(rf.mode, "mode", "dedicated, shared or composed (default: placement chooses; accel: dedicated slots, or shared through the lender's gateway; nic: dedicated is a whole interface)")
-	rf.size = sizeVar(fs, "size", "", "size, e.g. 256MiB, 10GiB (block, memory); 0 only with --whole")
+	rf.size = sizeVar(fs, "size", "", "size, e.g. 256MiB, 10GiB (block, memory; without it a block or memory lease takes a whole unused device, as with --whole, where it is the least capacity)")
 	fs.IntVar(&rf.count, "count", 0, "devices to compose, accelerator slots (with --whole: the least slots), or lent NICs of different lenders to bond (nic)")
 	fs.BoolVar(&rf.whole, "whole", false, "an entire unused device, dedicated (block, memory, nic: also no --size or --bandwidth; accel: every slot)")
 	rf.ttl = durationVar(fs, "ttl", 0, time.Second, "lease lifetime, e.g. 30m, 2h, or seconds (default: the server's)")
