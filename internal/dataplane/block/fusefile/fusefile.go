@@ -16,6 +16,8 @@ import (
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
+
+	"github.com/rialto-project/rialto/internal/backoff"
 )
 
 // Device is what a Mount serves: a block device of a fixed size.
@@ -68,6 +70,8 @@ type Mount struct {
 	once sync.Once
 	err  error
 	done chan struct{} // closed when the server has stopped
+
+	afterBusy func() // tests: called after each unmount refused as busy
 }
 
 // Serve mounts dev at cfg.Dir and serves it until Close. The caller must
@@ -156,19 +160,35 @@ func (m *Mount) Done() <-chan struct{} { return m.done }
 // ErrBusy is Unmount's error while the file is in use.
 var ErrBusy = errors.New("in use (a loop device or an open file)")
 
-// Unmount unmounts if the file is not in use; otherwise it returns an error
-// wrapping ErrBusy and the mount stays, serving. A mount already gone (the
-// user unmounted it) is no error.
+// busyGrace is how long Unmount tries again an unmount refused as busy: a
+// loop device lets go of its file asynchronously, a moment after its
+// `umount` (or `losetup -d`) returned, so `umount MNT; rialto detach` would
+// otherwise find the file still in use.
+const busyGrace = 2 * time.Second
+
+// Unmount unmounts if the file is not in use; otherwise, once it has been in
+// use for busyGrace, it returns an error wrapping ErrBusy and the mount
+// stays, serving. A mount already gone (the user unmounted it) is no error.
 func (m *Mount) Unmount() error {
 	if !m.mounted() {
 		return nil
 	}
-	err := m.srv.Unmount()
-	if err == nil || !m.mounted() {
-		<-m.done
-		return nil
+	ctx, cancel := context.WithTimeout(context.Background(), busyGrace)
+	defer cancel()
+	retry := backoff.Backoff{Min: 10 * time.Millisecond, Max: 200 * time.Millisecond}
+	for {
+		err := m.srv.Unmount()
+		if err == nil || !m.mounted() {
+			<-m.done
+			return nil
+		}
+		if m.afterBusy != nil {
+			m.afterBusy()
+		}
+		if retry.Wait(ctx) != nil {
+			return fmt.Errorf("fusefile: %s is %w: unmount what uses it first: %v", m.dir, ErrBusy, err)
+		}
 	}
-	return fmt.Errorf("fusefile: %s is %w: unmount what uses it first: %v", m.dir, ErrBusy, err)
 }
 
 // mounted reports whether this mount is still at its directory.

@@ -250,6 +250,31 @@ func TestUnmountBusy(t *testing.T) {
 	}
 }
 
+// TestUnmountWaitsForALateRelease: a user of the file that lets go just
+// after the unmount was first refused (a loop device releases its file
+// asynchronously, a moment after `umount MNT` returned) does not make
+// Unmount fail: it tries again for a moment.
+func TestUnmountWaitsForALateRelease(t *testing.T) {
+	_, _, m := serve(t, 1<<20)
+	f, err := os.Open(m.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := 0
+	fusefile.SetAfterBusy(m, func() {
+		if refused++; refused == 1 {
+			f.Close()
+		}
+	})
+	if err := m.Unmount(); err != nil {
+		t.Fatalf("Unmount once the file was let go: %v", err)
+	}
+	if refused == 0 {
+		t.Fatal("the first unmount was not refused: the test shows nothing")
+	}
+	<-m.Done()
+}
+
 // TestUnmountedOutside closes Done when the mount goes away from outside.
 func TestUnmountedOutside(t *testing.T) {
 	_, _, m := serve(t, 1<<20)
