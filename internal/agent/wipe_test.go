@@ -352,24 +352,9 @@ func TestUnreadableExportsRefused(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, exportsFile), []byte(`[{"lease_id":"l","device_name":"disk0","len`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(testConfig(srv.URL, dir))
-	if err != nil {
-		t.Fatal(err)
+	if err := refusedStart(t, testConfig(srv.URL, dir)); err == nil {
+		t.Fatal("Run with an unreadable exports.json returned nil")
 	}
-	ctx, cancel := context.WithCancel(ctxFor(t))
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	select {
-	case err := <-done:
-		if err == nil {
-			t.Fatal("Run with an unreadable exports.json returned nil")
-		}
-	case <-a.Ready():
-		cancel()
-		<-done
-		t.Fatal("an agent whose exports.json is unreadable started")
-	}
-	cancel()
 }
 
 // TestUnrestorableRangeWiped: an export a restart cannot restore because
@@ -562,23 +547,8 @@ func TestSameFileTwiceRefused(t *testing.T) {
 	dir := t.TempDir()
 	cfg := testConfig(srv.URL, dir)
 	cfg.Devices = append(cfg.Devices, DeviceConfig{Name: "disk1", Kind: api.KindBlock, Path: filepath.Join(dir, "disk0.img")})
-	a, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(ctxFor(t))
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	select {
-	case err := <-done:
-		if !errors.Is(err, ErrConfig) {
-			t.Fatalf("Run with two devices on one file: %v, want ErrConfig", err)
-		}
-	case <-a.Ready():
-		cancel()
-		<-done
-		t.Fatal("an agent lending one file under two names started")
+	if err := refusedStart(t, cfg); !errors.Is(err, ErrConfig) {
+		t.Fatalf("Run with two devices on one file: %v, want ErrConfig", err)
 	}
 }
 
@@ -619,5 +589,28 @@ func TestWipeFollowsTheFile(t *testing.T) {
 	}
 	if !bytes.Equal(diskBytes(t, dir, off, leaseSize), make([]byte, leaseSize)) {
 		t.Fatal("the tenant's range was not wiped once its file was lent again")
+	}
+}
+
+// refusedStart runs an agent with cfg that must refuse to start, and
+// returns Run's error; the test fails if the agent starts.
+func refusedStart(t *testing.T, cfg Config) error {
+	t.Helper()
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(ctxFor(t))
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	select {
+	case err := <-done:
+		return err
+	case <-a.Ready():
+		cancel()
+		<-done
+		t.Fatal("the agent started")
+		return nil
 	}
 }
