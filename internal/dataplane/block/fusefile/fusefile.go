@@ -168,19 +168,30 @@ const busyGrace = 2 * time.Second
 
 // Unmount unmounts if the file is not in use; otherwise, once it has been in
 // use for busyGrace, it returns an error wrapping ErrBusy and the mount
-// stays, serving. A mount already gone (the user unmounted it) is no error.
+// stays, serving. A mount already gone (the user unmounted it) is no error,
+// unless it was detached lazily (`umount -l DIR`) while the file is still in
+// use: the server then serves on until the last user lets go, and Unmount
+// waits for that as for a busy mount.
 func (m *Mount) Unmount() error {
-	if !m.mounted() {
-		return nil
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), busyGrace)
 	defer cancel()
 	retry := backoff.Backoff{Min: 10 * time.Millisecond, Max: 200 * time.Millisecond}
 	for {
+		if !m.mounted() {
+			select {
+			case <-m.done:
+				return nil
+			case <-ctx.Done():
+				return fmt.Errorf("fusefile: %s was detached, but its file is still %w: unmount what uses it first", m.dir, ErrBusy)
+			}
+		}
 		err := m.srv.Unmount()
-		if err == nil || !m.mounted() {
+		if err == nil {
 			<-m.done
 			return nil
+		}
+		if !m.mounted() {
+			continue
 		}
 		if m.afterBusy != nil {
 			m.afterBusy()

@@ -320,3 +320,32 @@ func TestServeErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestUnmountDetachedInUse: a mount detached lazily from outside (`umount
+// -l DIR`) while the file is still in use (a loop device on it, an open
+// file) is still served; Unmount refuses it as busy rather than report
+// that the mount is gone (its caller would close the device under the
+// loop device), and Close ends the server.
+func TestUnmountDetachedInUse(t *testing.T) {
+	_, _, m := serve(t, 1<<20)
+	f, err := os.OpenFile(m.Path(), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := syscall.Unmount(filepath.Dir(m.Path()), syscall.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Unmount(); !errors.Is(err, fusefile.ErrBusy) {
+		t.Errorf("Unmount of a detached mount still in use: %v", err)
+	}
+	if _, err := f.WriteAt([]byte("still served"), 0); err != nil {
+		t.Errorf("write after a refused unmount: %v", err)
+	}
+	if err := m.Close(); err == nil || !strings.Contains(err.Error(), "in use") {
+		t.Errorf("Close of a detached mount still in use: %v", err)
+	}
+	if _, err := f.ReadAt(make([]byte, 512), 0); err == nil {
+		t.Error("a read after Close succeeded")
+	}
+}
