@@ -261,11 +261,23 @@ func (a *Agent) withoutWiped(saved []persistedExport) []persistedExport {
 // the export; a range past a shrunk device's end is cut at the end (what
 // lies beyond is lent by no one). An entry whose device cannot be found is
 // journalled under its old name: kept in the file, refused, never wiped
-// (see loadWipes). Entries of other kinds, and overlapping ones, are left
-// to restoreExports, which drops them.
+// (see loadWipes). What of the range an export that does restore holds (a
+// damaged file listing overlapping entries) is not wiped: that export's
+// own teardown wipes it. Entries of other kinds, and overlapping ones, are
+// left to restoreExports, which drops them.
 func (a *Agent) journalUnrestorable(saved []persistedExport) ([]persistedExport, error) {
 	out := saved[:0:0]
 	var added bool
+	type span struct {
+		path   string
+		lo, hi int64
+	}
+	var kept []span // the block ranges of the entries that restore
+	for _, p := range saved {
+		if req, dev, err := a.validateRestored(p); err == nil && dev.Kind == api.KindBlock {
+			kept = append(kept, span{dev.Path, req.Offset, req.Offset + req.Length})
+		}
+	}
 	for _, p := range saved {
 		_, _, err := a.validateRestored(p)
 		if err == nil || p.Kind != api.KindBlock {
@@ -293,11 +305,21 @@ func (a *Agent) journalUnrestorable(saved []persistedExport) ([]persistedExport,
 		}
 		a.log.Warn("a restored export no longer validates; its range is wiped instead", "lease", p.LeaseID,
 			"device", w.DeviceName, "offset", w.Offset, "length", w.Length, "err", err)
+		pieces := [][2]int64{{w.Offset, w.Offset + w.Length}}
+		for _, k := range kept {
+			if w.DevicePath != "" && sameFile(k.path, w.DevicePath) {
+				pieces = cut(pieces, k.lo, k.hi)
+			}
+		}
 		a.mu.Lock()
-		a.wipes = append(a.wipes, &pendingWipe{wipeEntry: w})
+		for _, r := range pieces {
+			x := w
+			x.Offset, x.Length = r[0], r[1]-r[0]
+			a.wipes = append(a.wipes, &pendingWipe{wipeEntry: x})
+		}
 		a.mPendingWipes.Set(float64(len(a.wipes)))
 		a.mu.Unlock()
-		added = true
+		added = added || len(pieces) > 0
 	}
 	if added {
 		if err := a.saveWipes(); err != nil {
@@ -401,4 +423,22 @@ func (a *Agent) wipeLostExports() error {
 	a.log.Warn("the exports file was unreadable: every block device is wiped before anything is served, and the file set aside",
 		"devices", n, "file", aside)
 	return nil
+}
+
+// cut removes [lo, hi) from the ranges rs ([from, to) pairs).
+func cut(rs [][2]int64, lo, hi int64) [][2]int64 {
+	var out [][2]int64
+	for _, r := range rs {
+		if hi <= r[0] || r[1] <= lo {
+			out = append(out, r)
+			continue
+		}
+		if r[0] < lo {
+			out = append(out, [2]int64{r[0], lo})
+		}
+		if hi < r[1] {
+			out = append(out, [2]int64{hi, r[1]})
+		}
+	}
+	return out
 }

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 	"time"
 
@@ -612,5 +613,69 @@ func refusedStart(t *testing.T, cfg Config) error {
 		<-done
 		t.Fatal("the agent started")
 		return nil
+	}
+}
+
+// TestUnrestorableSparesRestoredRange: a damaged exports.json whose
+// unrestorable entry (a device name no longer configured, on the file of
+// a lease that does restore) overlaps that lease's range wipes only what
+// of its range the restored lease does not hold: the restored tenant's
+// bytes stay.
+func TestUnrestorableSparesRestoredRange(t *testing.T) {
+	r, cfg, secret := withTenant(t, 0, 0x29)
+	dir := cfg.StateDir
+	r.halt(t)
+	var saved []persistedExport
+	if err := readJSON(filepath.Join(dir, exportsFile), &saved); err != nil || len(saved) != 1 {
+		t.Fatalf("exports: %+v, %v", saved, err)
+	}
+	// Bytes past lease-a that the damaged entry also names.
+	tail := bytes.Repeat([]byte{0x33}, leaseSize/2)
+	f, err := os.OpenFile(filepath.Join(dir, "disk0.img"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.WriteAt(tail, leaseSize)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := saved[0]
+	bad.LeaseID, bad.Export, bad.DeviceName = "lease-z", "x_lease-z", "diskX"
+	bad.Offset, bad.Length = leaseSize/2, leaseSize
+	if err := writeJSON(filepath.Join(dir, exportsFile), append(saved, bad)); err != nil {
+		t.Fatal(err)
+	}
+
+	a := start(t, cfg).a
+	if got := a.Leases(); len(got) != 1 || got[0] != "lease-a" {
+		t.Fatalf("leases after the restart: %v, want lease-a (held)", got)
+	}
+	if !bytes.Equal(diskBytes(t, dir, 0, leaseSize), secret) {
+		t.Fatal("the restored lease's bytes were wiped for a damaged entry overlapping them")
+	}
+	if !bytes.Equal(diskBytes(t, dir, leaseSize, leaseSize/2), make([]byte, leaseSize/2)) {
+		t.Fatal("the damaged entry's own range past the restored lease was not wiped")
+	}
+}
+
+func TestCut(t *testing.T) {
+	for _, c := range []struct {
+		rs     [][2]int64
+		lo, hi int64
+		want   [][2]int64
+	}{
+		{[][2]int64{{0, 10}}, 3, 5, [][2]int64{{0, 3}, {5, 10}}},
+		{[][2]int64{{0, 10}}, 0, 10, nil},
+		{[][2]int64{{0, 10}}, -5, 3, [][2]int64{{3, 10}}},
+		{[][2]int64{{0, 10}}, 8, 20, [][2]int64{{0, 8}}},
+		{[][2]int64{{0, 10}}, 10, 20, [][2]int64{{0, 10}}},
+		{[][2]int64{{0, 4}, {6, 10}}, 3, 7, [][2]int64{{0, 3}, {7, 10}}},
+	} {
+		if got := cut(c.rs, c.lo, c.hi); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("cut(%v, %d, %d) = %v, want %v", c.rs, c.lo, c.hi, got, c.want)
+		}
 	}
 }
