@@ -102,6 +102,10 @@ type session struct {
 	ctrl   net.Conn
 	ctrlMu sync.Mutex // serialises writes on ctrl
 	closed bool
+	// ctx ends with the session (endSession): a WRITE a move holds
+	// (writeGate) gives up then, so that its handler returns.
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	credMu  sync.Mutex
 	queues  map[uint32]*queueCredit
@@ -246,7 +250,10 @@ func (d *Donor) RemoveRegion(credential string) error {
 
 // SuspendRegion ends the region's session (closing its connections), waits
 // for their handlers and refuses new connections until ResumeRegion; the
-// memory is kept as it is.
+// memory is kept as it is. A move of the region stays as it was: the
+// WRITEs it held are refused with the session, and once the region is
+// resumed its writes are still marked, or held while the move holds them
+// (a sealed move whose commit will retire the region).
 func (d *Donor) SuspendRegion(credential string) error {
 	d.mu.Lock()
 	r, ok := d.regions[credKey(credential)]
@@ -257,7 +264,6 @@ func (d *Donor) SuspendRegion(credential string) error {
 	r.suspended = true
 	s := r.sess
 	d.mu.Unlock()
-	r.abandonMove()
 	if s != nil {
 		d.endSession(s)
 	}
@@ -285,6 +291,7 @@ func (d *Donor) endSession(s *session) {
 		return
 	}
 	s.closed = true
+	s.cancel()
 	if s.reg.sess == s {
 		s.reg.sess = nil
 	}
@@ -573,6 +580,7 @@ func (d *Donor) attach(c net.Conn, hello protocol.Hello) (*session, uint32, uint
 		_, _ = rand.Read(id[:])
 		s = &session{id: binary.BigEndian.Uint64(id[:]) | 1, reg: r, conns: map[net.Conn]struct{}{},
 			ctrl: c, queues: map[uint32]*queueCredit{}, credSig: make(chan struct{}, 1)}
+		s.ctx, s.cancel = context.WithCancel(context.Background())
 		r.sess = s
 	} else {
 		s = r.sess
@@ -747,7 +755,7 @@ func (d *Donor) serveData(s *session, c net.Conn, kind uint8, qid uint32) {
 				}
 				break
 			}
-			mv, ok := s.reg.writeGate()
+			mv, ok := s.reg.writeGate(s.ctx)
 			if !ok {
 				// Moved (RetireRegion): the write is refused, the
 				// session ends.
@@ -905,7 +913,7 @@ func (d *Donor) serveRaw(s *session, p *rawconn.Conn) {
 			rh.Encode(out[:])
 			err = p.SendV([][]byte{out[:], mem[h.Offset : h.Offset+uint64(h.Length)]})
 		case h.Op == protocol.OpWrite:
-			mv, ok := s.reg.writeGate()
+			mv, ok := s.reg.writeGate(s.ctx)
 			if !ok {
 				// Moved (RetireRegion): the write is refused, the
 				// session ends.

@@ -33,16 +33,17 @@ import (
 var errRetired = errors.New("memory: region moved")
 
 // writeGate is the data handlers' hook before a WRITE's payload is
-// received: ok=false refuses it (the region moved); otherwise the caller
+// received: ok=false refuses it (the region moved, or the session, whose
+// ctx this is, ended while the write was held); otherwise the caller
 // passes the returned state (nil when no move is in progress) to
 // writeDone once the payload is in the region. Neither allocates: the
 // sync channel's WRITE path stays allocation-free.
-func (r *region) writeGate() (g *dirty.Gate, ok bool) {
+func (r *region) writeGate(ctx context.Context) (g *dirty.Gate, ok bool) {
 	g = r.writes.Begin()
 	if g == nil {
 		return nil, true
 	}
-	if g.Enter(context.Background()) != nil {
+	if g.Enter(ctx) != nil {
 		return nil, false
 	}
 	return g, true
@@ -211,8 +212,8 @@ func (d *Donor) ActivateRegion(credential, newCredential string) error {
 	return nil
 }
 
-// abandonMove refuses the writes a move holds (the region's session is
-// ending: RemoveRegion, SuspendRegion).
+// abandonMove refuses the writes a move holds and ends the move (the
+// region is going away: RemoveRegion, the donor stopping).
 func (r *region) abandonMove() {
 	if g := r.writes.Remove(); g != nil {
 		g.Retire() // first: a held write must not slip through End's resume

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -147,5 +148,80 @@ func TestActivateRegion(t *testing.T) {
 	}
 	if err := td.D.ActivateRegion("nope", "x"); err == nil {
 		t.Error("activated an unknown region")
+	}
+}
+
+// TestSuspendKeepsMove: a region suspended while a move holds its writes
+// (a sealed move, the lease's expiry passing at the source) and resumed
+// (the lease renewed) before the move's commit still holds them: a write
+// that landed here then would be missing at the destination, which the
+// commit makes the lease's region. The write held at the suspension is
+// refused with its session, and SuspendRegion does not wait for it.
+func TestSuspendKeepsMove(t *testing.T) {
+	const size = 1 << 20
+	td := memorytest.Start(t, size, 0)
+	ctx := context.Background()
+	c := dial(t, td.Addr, client.Options{Timeout: 10 * time.Second})
+	if err := c.Write(ctx, client.ChannelSync, bytes.Repeat([]byte{1}, 4096), 0); err != nil {
+		t.Fatal(err)
+	}
+	m := dirty.New(size, 4096)
+	if err := td.D.TrackWrites(ctx, testCred, m); err != nil {
+		t.Fatal(err)
+	}
+	if err := td.D.PauseWrites(ctx, testCred); err != nil {
+		t.Fatal(err)
+	}
+	// heldOrDone waits until the write is held or has returned.
+	heldOrDone := func(done chan error) (error, bool) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			select {
+			case err := <-done:
+				return err, true
+			default:
+			}
+			if td.D.Waiting(testCred) == 1 {
+				return nil, false
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the write was neither held nor answered")
+			}
+			runtime.Gosched()
+		}
+	}
+	held := make(chan error, 1)
+	go func() { held <- c.Write(ctx, client.ChannelSync, bytes.Repeat([]byte{2}, 4096), 0) }()
+	if err, done := heldOrDone(held); done {
+		t.Fatalf("a write went through a paused move: %v", err)
+	}
+	if err := td.D.SuspendRegion(testCred); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-held; err == nil {
+		t.Error("the write held at the suspension was applied")
+	}
+	if err := td.D.ResumeRegion(testCred); err != nil {
+		t.Fatal(err)
+	}
+	c2 := dial(t, td.Addr, client.Options{Timeout: 10 * time.Second})
+	late := make(chan error, 1)
+	go func() { late <- c2.Write(ctx, client.ChannelSync, bytes.Repeat([]byte{3}, 4096), 0) }()
+	if err, done := heldOrDone(late); done {
+		t.Fatalf("after the region was resumed, a write went through the move that holds them (err %v, dirty %v)", err, m.Take())
+	}
+	if err := td.D.RetireRegion(ctx, testCred); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-late; !errors.Is(err, protocol.ErrGone) {
+		t.Errorf("the write held at the retirement: %v, want ErrGone", err)
+	}
+	got := make([]byte, 4096)
+	if _, err := td.D.ReadRegion(testCred, got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, bytes.Repeat([]byte{1}, 4096)) {
+		t.Errorf("the region holds %d..., want the bytes from before the move held its writes", got[0])
 	}
 }
