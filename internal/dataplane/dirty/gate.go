@@ -131,6 +131,28 @@ func (g *Gate) changedLocked() {
 // with [ErrRetired] once the range is retired, or with ctx's error when
 // ctx (the connection) ends first.
 func (g *Gate) Enter(ctx context.Context) error {
+	if !g.enter(ctx.Done()) {
+		return ctx.Err()
+	}
+	return g.admitted()
+}
+
+// ErrEnded is EnterUntil's error when its done channel closed first.
+var ErrEnded = errors.New("dirty: the writer ended while its write was held")
+
+// EnterUntil is Enter for a writer whose end is a closed channel (a
+// session's) rather than a context: it refuses the write with [ErrEnded]
+// once done is closed while the write is held.
+func (g *Gate) EnterUntil(done <-chan struct{}) error {
+	if !g.enter(done) {
+		return ErrEnded
+	}
+	return g.admitted()
+}
+
+// enter waits while writes are paused and the range is not retired; false
+// means done closed first. On true g.mu is held (admitted releases it).
+func (g *Gate) enter(done <-chan struct{}) bool {
 	g.mu.Lock()
 	for g.paused && !g.retired {
 		ch := g.wake
@@ -138,15 +160,21 @@ func (g *Gate) Enter(ctx context.Context) error {
 		g.mu.Unlock()
 		select {
 		case <-ch:
-		case <-ctx.Done():
+		case <-done:
 			g.mu.Lock()
 			g.waiting--
 			g.mu.Unlock()
-			return ctx.Err()
+			return false
 		}
 		g.mu.Lock()
 		g.waiting--
 	}
+	return true
+}
+
+// admitted ends a successful enter: ErrRetired, or the write counted
+// active; it releases g.mu.
+func (g *Gate) admitted() error {
 	if g.retired {
 		g.mu.Unlock()
 		return ErrRetired

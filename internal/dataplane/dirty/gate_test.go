@@ -84,6 +84,15 @@ func TestGate(t *testing.T) {
 	if err := <-held2; !errors.Is(err, context.Canceled) || g2.Waiting() != 0 {
 		t.Fatalf("held write whose context ended: %v (waiting %d)", err, g2.Waiting())
 	}
+	// The same with EnterUntil: the writer's end (a closed channel).
+	ended := make(chan struct{})
+	held3 := make(chan error, 1)
+	go func() { held3 <- g2.EnterUntil(ended) }()
+	waitFor(t, "the third held write", func() bool { return g2.Waiting() == 1 })
+	close(ended)
+	if err := <-held3; !errors.Is(err, ErrEnded) || g2.Waiting() != 0 {
+		t.Fatalf("held write whose writer ended: %v (waiting %d)", err, g2.Waiting())
+	}
 	// End resumes: writes pass again, and Remove makes them untracked.
 	g2.End()
 	if err := g2.Enter(ctx); err != nil {

@@ -102,10 +102,9 @@ type session struct {
 	ctrl   net.Conn
 	ctrlMu sync.Mutex // serialises writes on ctrl
 	closed bool
-	// ctx ends with the session (endSession): a WRITE a move holds
-	// (writeGate) gives up then, so that its handler returns.
-	ctx    context.Context
-	cancel context.CancelFunc
+	// ended is closed when the session ends (endSession): a WRITE a
+	// move holds (writeGate) gives up then, so that its handler returns.
+	ended chan struct{}
 
 	credMu  sync.Mutex
 	queues  map[uint32]*queueCredit
@@ -291,7 +290,7 @@ func (d *Donor) endSession(s *session) {
 		return
 	}
 	s.closed = true
-	s.cancel()
+	close(s.ended)
 	if s.reg.sess == s {
 		s.reg.sess = nil
 	}
@@ -580,7 +579,7 @@ func (d *Donor) attach(c net.Conn, hello protocol.Hello) (*session, uint32, uint
 		_, _ = rand.Read(id[:])
 		s = &session{id: binary.BigEndian.Uint64(id[:]) | 1, reg: r, conns: map[net.Conn]struct{}{},
 			ctrl: c, queues: map[uint32]*queueCredit{}, credSig: make(chan struct{}, 1)}
-		s.ctx, s.cancel = context.WithCancel(context.Background())
+		s.ended = make(chan struct{})
 		r.sess = s
 	} else {
 		s = r.sess
@@ -755,7 +754,7 @@ func (d *Donor) serveData(s *session, c net.Conn, kind uint8, qid uint32) {
 				}
 				break
 			}
-			mv, ok := s.reg.writeGate(s.ctx)
+			mv, ok := s.reg.writeGate(s.ended)
 			if !ok {
 				// Moved (RetireRegion): the write is refused, the
 				// session ends.
@@ -913,7 +912,7 @@ func (d *Donor) serveRaw(s *session, p *rawconn.Conn) {
 			rh.Encode(out[:])
 			err = p.SendV([][]byte{out[:], mem[h.Offset : h.Offset+uint64(h.Length)]})
 		case h.Op == protocol.OpWrite:
-			mv, ok := s.reg.writeGate(s.ctx)
+			mv, ok := s.reg.writeGate(s.ended)
 			if !ok {
 				// Moved (RetireRegion): the write is refused, the
 				// session ends.

@@ -34,16 +34,16 @@ var errRetired = errors.New("memory: region moved")
 
 // writeGate is the data handlers' hook before a WRITE's payload is
 // received: ok=false refuses it (the region moved, or the session, whose
-// ctx this is, ended while the write was held); otherwise the caller
+// end closes ended, ended while the write was held); otherwise the caller
 // passes the returned state (nil when no move is in progress) to
 // writeDone once the payload is in the region. Neither allocates: the
 // sync channel's WRITE path stays allocation-free.
-func (r *region) writeGate(ctx context.Context) (g *dirty.Gate, ok bool) {
+func (r *region) writeGate(ended <-chan struct{}) (g *dirty.Gate, ok bool) {
 	g = r.writes.Begin()
 	if g == nil {
 		return nil, true
 	}
-	if g.Enter(ctx) != nil {
+	if g.EnterUntil(ended) != nil {
 		return nil, false
 	}
 	return g, true
