@@ -84,6 +84,22 @@ func diskBytes(t *testing.T, dir string, off, n int64) []byte {
 	return b
 }
 
+// writeDisk writes b at off of the agent's disk0 file, behind the agent.
+func writeDisk(t *testing.T, dir string, b []byte, off int64) {
+	t.Helper()
+	f, err := os.OpenFile(filepath.Join(dir, "disk0.img"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.WriteAt(b, off)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // journal reads the wipe journal.
 func journal(t *testing.T, dir string) []wipeEntry {
 	t.Helper()
@@ -504,17 +520,7 @@ func TestUnrestorableRangeCut(t *testing.T) {
 	// none of the device is theirs, nothing is wiped for them (the
 	// neighbour's bytes at leaseSize stay).
 	neighbour := bytes.Repeat([]byte{0x17}, 4096)
-	f, err := os.OpenFile(filepath.Join(dir, "disk0.img"), os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = f.WriteAt(neighbour, leaseSize)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	writeDisk(t, dir, neighbour, leaseSize)
 	p := saved[0]
 	saved[0].Offset, saved[0].Length = -4096, leaseSize+4096
 	for i, r := range [][2]int64{{math.MinInt64, 1 << 20}, {math.MinInt64 + 4096, math.MaxInt64}, {math.MaxInt64 - 4096, 8192}, {4096, -1}} {
@@ -631,17 +637,7 @@ func TestUnrestorableSparesRestoredRange(t *testing.T) {
 	}
 	// Bytes past lease-a that the damaged entry also names.
 	tail := bytes.Repeat([]byte{0x33}, leaseSize/2)
-	f, err := os.OpenFile(filepath.Join(dir, "disk0.img"), os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = f.WriteAt(tail, leaseSize)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	writeDisk(t, dir, tail, leaseSize)
 	bad := saved[0]
 	bad.LeaseID, bad.Export, bad.DeviceName = "lease-z", "x_lease-z", "diskX"
 	bad.Offset, bad.Length = leaseSize/2, leaseSize
