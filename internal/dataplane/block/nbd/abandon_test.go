@@ -60,10 +60,17 @@ func TestAbandonedQueuedWritesDropped(t *testing.T) {
 			stale := bytes.Repeat([]byte{0xee}, 4096)
 			// One write executing, one queued for the only worker (the
 			// queue holds one: a third would hold the reader until a
-			// worker is free).
+			// worker is free). Both in one segment, so that the reader
+			// sees the second buffered behind the first and hands the
+			// first to the worker rather than executing it itself (and
+			// stopping, held, before it reads the client's end).
+			var both []byte
 			for i := range 2 {
-				rc.request(Request{Type: CmdWrite, Handle: uint64(i), Offset: uint64(i) * 4096, Length: 4096}, stale)
+				h := make([]byte, requestHeaderLen)
+				putRequest(h, Request{Type: CmdWrite, Handle: uint64(i), Offset: uint64(i) * 4096, Length: 4096})
+				both = append(append(both, h...), stale...)
 			}
+			rc.write(both)
 			<-b.entered
 			if disc {
 				rc.request(Request{Type: CmdDisc}, nil)
