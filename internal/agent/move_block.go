@@ -80,7 +80,7 @@ func (b *BlockDriver) SendMove(ctx context.Context, e Export) (MoveSource, error
 	b.mu.Lock()
 	x, ok := b.live[e.Request.Export]
 	b.mu.Unlock()
-	if !ok || x.served() != e.Request.Export {
+	if !ok || x.suspended || x.registered() != e.Request.Export {
 		return nil, fmt.Errorf("%w: the export is not served", ErrTransferState)
 	}
 	d := dirty.New(x.be.Size(), dirtyChunk)
