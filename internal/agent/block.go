@@ -175,6 +175,18 @@ func (b *BlockDriver) Prepare(_ context.Context, e Export) (api.PrepareResponse,
 	if err != nil {
 		return api.PrepareResponse{}, err
 	}
+	ex := b.leaseExportLocked(e, be)
+	if err := b.srv.AddExport(ex); err != nil {
+		be.Close()
+		return api.PrepareResponse{}, err
+	}
+	b.live[e.Request.Export] = &blockExport{ex: ex, be: be}
+	return api.PrepareResponse{URI: uri}, nil
+}
+
+// leaseExportLocked is the NBD export of e's lease over be: what a
+// prepare serves, and a move's commit here (ActivateMove). b.mu is held.
+func (b *BlockDriver) leaseExportLocked(e Export, be *nbd.FileBackend) nbd.Export {
 	ex := nbd.Export{Name: e.Request.Export, Backend: be, Description: "rialto lease " + e.Request.LeaseID}
 	if d := b.devs[e.Device.Name]; d != nil && d.path == e.Device.Path {
 		ex.Counters = &d.io
@@ -182,12 +194,7 @@ func (b *BlockDriver) Prepare(_ context.Context, e Export) (api.PrepareResponse,
 	if e.Request.BandwidthCap > 0 || e.Request.IOPSCap > 0 {
 		ex.Limit = &nbd.RateLimit{BytesPerSec: float64(e.Request.BandwidthCap), IOPS: float64(e.Request.IOPSCap)}
 	}
-	if err := b.srv.AddExport(ex); err != nil {
-		be.Close()
-		return api.PrepareResponse{}, err
-	}
-	b.live[e.Request.Export] = &blockExport{ex: ex, be: be}
-	return api.PrepareResponse{URI: uri}, nil
+	return ex
 }
 
 // Teardown removes the export, closing its connections; once it returns

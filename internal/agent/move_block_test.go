@@ -128,3 +128,55 @@ func TestSuspendKeepsBlockMove(t *testing.T) {
 		t.Errorf("the moved part reads %d..., want the bytes from before the move held the writes", got[0])
 	}
 }
+
+// TestMovedPartCounted: a block part moved here is counted in its
+// device's traffic (the heartbeats' usage) as a part prepared here is,
+// and the copy to it is not the borrower's traffic.
+func TestMovedPartCounted(t *testing.T) {
+	_, srv := newFakeCP(t)
+	src := start(t, moveConfig(srv.URL, t.TempDir(), "src")).a
+	dst := start(t, moveConfig(srv.URL, t.TempDir(), "dst")).a
+	ctx := ctxFor(t)
+	nbdWrite(t, prepareBlock(t, src, "lease-m", 0, movePart), bytes.Repeat([]byte{1}, 64<<10), 0)
+	in, err := dst.ReceiveTransfer(ctx, api.TransferInRequest{ID: "c1", Token: "tok_c1",
+		Part: api.PrepareRequest{LeaseID: "lease-m", Kind: api.KindBlock, DeviceName: "disk0", Offset: movePart, Length: movePart,
+			Export: "x_lease-m"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.SendTransfer(ctx, api.TransferOutRequest{ID: "c1", LeaseID: "lease-m", Export: "x_lease-m", DestURI: in.URI}); err != nil {
+		t.Fatal(err)
+	}
+	waitTransfer(t, src, "c1", api.TransferReady)
+	if _, err := src.SealTransfer(ctx, "c1"); err != nil {
+		t.Fatal(err)
+	}
+	cr, err := dst.CommitTransfer(ctx, "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.CommitTransfer(ctx, "c1"); err != nil {
+		t.Fatal(err)
+	}
+	traffic := func() (read, written int64) {
+		t.Helper()
+		for _, u := range dst.usage() {
+			if u.Name == "disk0" {
+				return u.ReadBytes, u.WrittenBytes
+			}
+		}
+		t.Fatal("no usage of disk0")
+		return 0, 0
+	}
+	r0, w0 := traffic()
+	if w0 != 0 {
+		t.Errorf("the copy counted %d bytes written by the borrower", w0)
+	}
+	nbdWrite(t, cr.URI, bytes.Repeat([]byte{2}, 8192), 4096)
+	if got := nbdRead(t, cr.URI, 4096, 0); !bytes.Equal(got, bytes.Repeat([]byte{1}, 4096)) {
+		t.Fatalf("the moved part reads %d...", got[0])
+	}
+	if r, w := traffic(); r-r0 != 4096 || w-w0 != 8192 {
+		t.Errorf("the moved part's traffic counted %d bytes read and %d written, want 4096 and 8192", r-r0, w-w0)
+	}
+}
