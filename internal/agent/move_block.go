@@ -78,8 +78,9 @@ func (b *BlockDriver) ActivateMove(_ context.Context, e Export) (api.PrepareResp
 func (b *BlockDriver) SendMove(ctx context.Context, e Export) (MoveSource, error) {
 	b.mu.Lock()
 	x, ok := b.live[e.Request.Export]
+	ok = ok && !x.suspended && x.registered() == e.Request.Export
 	b.mu.Unlock()
-	if !ok || x.suspended || x.registered() != e.Request.Export {
+	if !ok {
 		return nil, fmt.Errorf("%w: the export is not served", ErrTransferState)
 	}
 	d := dirty.New(x.be.Size(), dirtyChunk)
