@@ -27,11 +27,14 @@ import (
 
 // Donor errors.
 var (
-	ErrRegionExists   = errors.New("memory: region already exists for this credential")
-	ErrNoRegion       = errors.New("memory: no region for this credential")
-	ErrInsufficient   = errors.New("memory: not enough free memory to reserve the region")
-	ErrBadSize        = errors.New("memory: region size must be positive")
-	ErrDonorStopped   = errors.New("memory: donor stopped")
+	ErrRegionExists = errors.New("memory: region already exists for this credential")
+	ErrNoRegion     = errors.New("memory: no region for this credential")
+	ErrInsufficient = errors.New("memory: not enough free memory to reserve the region")
+	ErrBadSize      = errors.New("memory: region size must be positive")
+	ErrDonorStopped = errors.New("memory: donor stopped")
+	// ErrRetired refuses to serve again a region that moved away
+	// (RetireRegion): its lease's data is written at its new place now.
+	ErrRetired        = errors.New("memory: region retired: it moved to another donor")
 	errHandshakeLimit = 10 * time.Second
 )
 
@@ -85,6 +88,7 @@ type region struct {
 	sess      *session
 	gone      bool
 	suspended bool // refuses connections, keeps its memory (SuspendRegion)
+	retired   bool // moved away (RetireRegion): suspended for good
 	// users counts the handlers of the region's connections, of every
 	// session: those of an ended session may still be draining.
 	users sync.WaitGroup
@@ -270,13 +274,18 @@ func (d *Donor) SuspendRegion(credential string) error {
 	return nil
 }
 
-// ResumeRegion accepts connections to a suspended region again.
+// ResumeRegion accepts connections to a suspended region again. A
+// retired region (one that moved away, until RemoveRegion) is not served
+// again: ErrRetired.
 func (d *Donor) ResumeRegion(credential string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	r, ok := d.regions[credKey(credential)]
-	if !ok {
+	if !ok || r.gone {
 		return ErrNoRegion
+	}
+	if r.retired {
+		return ErrRetired
 	}
 	r.suspended = false
 	return nil
