@@ -84,6 +84,7 @@ type Donor struct {
 
 type region struct {
 	mem       []byte
+	gen       uint64 // the region's generation (protocol.HelloReply), drawn at AddRegion
 	locked    bool
 	sess      *session
 	gone      bool
@@ -199,7 +200,7 @@ func (d *Donor) AddRegion(credential string, size int64) error {
 		_ = unix.Munmap(mem)
 		return fmt.Errorf("memory: madvise dontfork: %w", err)
 	}
-	r := &region{mem: mem}
+	r := &region{mem: mem, gen: newGeneration()}
 	if err := unix.Mlock(mem); err == nil {
 		r.locked = true
 	} else {
@@ -218,6 +219,13 @@ func (d *Donor) AddRegion(credential string, size int64) error {
 	d.regions[key] = r
 	d.log.Info("memory region reserved", "size", size, "locked", r.locked)
 	return nil
+}
+
+// newGeneration draws a region's generation: random, never 0.
+func newGeneration() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.BigEndian.Uint64(b[:]) | 1
 }
 
 // RemoveRegion ends the region's session (closing its connections) and
@@ -552,18 +560,24 @@ func (d *Donor) hello(c net.Conn, rw io.ReadWriter) (*session, protocol.Hello, u
 		return nil, protocol.Hello{}, 0, false
 	}
 	// HELLO reply: offset = region size, length = max payload, credits =
-	// initial window (queue connections), payload = session id, queue id.
-	var rep [protocol.HeaderSize + 12]byte
+	// initial window (queue connections), payload = session id, queue id
+	// and, for a client that reads it (its HELLO's length), the region's
+	// generation.
 	credits := uint32(0)
 	if hello.Kind == protocol.KindQueue {
 		credits = uint32(d.credits())
 	}
-	h := protocol.Header{Op: protocol.OpHello, Flags: protocol.FlagResponse, Seq: f.Seq, Payload: 12,
+	withGen, n := f.Length >= protocol.HelloReplyGenSize, protocol.HelloReplySize
+	if withGen {
+		n = protocol.HelloReplyGenSize
+	}
+	var rep [protocol.HeaderSize + protocol.HelloReplyGenSize]byte
+	h := protocol.Header{Op: protocol.OpHello, Flags: protocol.FlagResponse, Seq: f.Seq, Payload: uint32(n),
 		Offset: uint64(len(s.reg.mem)), Length: protocol.MaxPayload, Credits: credits}
 	h.Encode(rep[:])
-	binary.BigEndian.PutUint64(rep[protocol.HeaderSize:], s.id)
-	binary.BigEndian.PutUint32(rep[protocol.HeaderSize+8:], qid)
-	if _, err := rw.Write(rep[:]); err != nil {
+	rb := protocol.HelloReply{Session: s.id, Queue: qid, Generation: s.reg.gen}
+	rb.Encode(rep[:protocol.HeaderSize], withGen)
+	if _, err := rw.Write(rep[:protocol.HeaderSize+n]); err != nil {
 		d.detach(s, c)
 		s.reg.users.Done()
 		return nil, protocol.Hello{}, 0, false
