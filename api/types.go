@@ -434,6 +434,12 @@ type Heartbeat struct {
 	// whose port was taken). The control plane records the new URIs of
 	// its active leases and acknowledges them in HeartbeatResponse.Moved.
 	Moved []MovedExport `json:"moved,omitempty"`
+	// Lost lists the parts whose exports the agent lost with their data
+	// (a memory region, which lives in the agent's process, after a
+	// restart). The control plane records each part lost, as if its
+	// lender were down, and acknowledges them in HeartbeatResponse.Lost;
+	// the agent reports them until then.
+	Lost []LostExport `json:"lost,omitempty"`
 	// Usage counts each device's data-plane traffic, for the devices
 	// whose driver counts it (GET /v1/usage turns it into bandwidth).
 	Usage []DeviceCounters `json:"usage,omitempty"`
@@ -511,6 +517,15 @@ type MovedExport struct {
 	URI      string `json:"uri"`
 }
 
+// LostExport is a lease part whose export its lender lost with its data,
+// and why.
+type LostExport struct {
+	LeaseID  string `json:"lease_id"`
+	DeviceID string `json:"device_id"`
+	Offset   int64  `json:"offset"`
+	Reason   string `json:"reason"`
+}
+
 // LinkReport is a round-trip measurement made by an agent.
 type LinkReport struct {
 	To        string  `json:"to"` // node ID or "controlplane"
@@ -524,6 +539,10 @@ type HeartbeatResponse struct {
 	// Moved lists the lease IDs of the heartbeat's Moved entries whose
 	// lease now carries the reported URI.
 	Moved []string `json:"moved,omitempty"`
+	// Lost lists the lease IDs of the heartbeat's Lost entries the
+	// control plane is done with: the parts are recorded lost (or their
+	// lease no longer holds them).
+	Lost  []string `json:"lost,omitempty"`
 	Peers []Node   `json:"peers,omitempty"`
 	// Leases lists the heartbeat's leases that are still reserved or
 	// active on this node, with their expiry: the lender serves an export

@@ -365,7 +365,7 @@ func (a *Agent) teardownExports(ctx context.Context, leaseID string, pick func(E
 // saveExportsLocked persists the exports; opMu must be held.
 func (a *Agent) saveExportsLocked() error {
 	a.mu.Lock()
-	out := sortedExports(a.exports)
+	out := sortedExports(a.exports, a.lost)
 	a.mu.Unlock()
 	return writeJSON(filepath.Join(a.cfg.StateDir, exportsFile), out)
 }

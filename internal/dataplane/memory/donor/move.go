@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/rialto-project/rialto/internal/dataplane/dirty"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 )
 
 // Moving a region to another donor while its borrower uses it (the
@@ -174,7 +175,7 @@ func (d *Donor) RetireRegion(ctx context.Context, credential string) error {
 	g.Retire()
 	_ = g.Drain(ctx) // if ctx ends first, the session's end below stops them
 	d.mu.Lock()
-	r.suspended = true
+	r.suspended, r.retired = true, true
 	s := r.sess
 	d.mu.Unlock()
 	if s != nil {
@@ -189,8 +190,8 @@ func (d *Donor) RetireRegion(ctx context.Context, credential string) error {
 // newCredential instead (a moved region becoming the lease's): the
 // session under the old credential, if any, ends.
 func (d *Donor) ActivateRegion(credential, newCredential string) error {
-	if newCredential == "" || len(newCredential) > 4096 {
-		return fmt.Errorf("memory: bad credential")
+	if newCredential == "" || len(newCredential) > protocol.MaxCredential {
+		return fmt.Errorf("memory: credential must be 1..%d bytes", protocol.MaxCredential)
 	}
 	d.mu.Lock()
 	r, ok := d.regions[credKey(credential)]
