@@ -36,16 +36,23 @@ func (a *Agent) loseEphemeral(saved []persistedExport) []persistedExport {
 				continue
 			}
 			p.Lost = eph.Ephemeral()
-			p.Moved = ""
 			a.mRestored.WithLabelValues("lost").Inc()
 			a.log.Warn("an export's data did not survive the restart: it is not served again, and the control plane is told its lease is lost",
 				"lease", p.LeaseID, "kind", p.Kind, "reason", p.Lost)
 		}
-		if _, dup := a.lost[p.Export]; !dup {
-			a.lost[p.Export] = p
-		}
+		a.loseLocked(p, p.Lost)
 	}
 	return out
+}
+
+// loseLocked keeps the restored export p as lost for reason: it is not
+// served, and heartbeats report its lease's part lost until the control
+// plane acknowledges it (see loseEphemeral); a.mu is held.
+func (a *Agent) loseLocked(p persistedExport, reason string) {
+	p.Lost, p.Moved = reason, ""
+	if _, dup := a.lost[p.Export]; !dup {
+		a.lost[p.Export] = p
+	}
 }
 
 // lostLocked lists the lost exports to report; a.mu is held.
