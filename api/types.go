@@ -387,6 +387,12 @@ type JoinRequest struct {
 	// the control plane checks: it accepts agents of its own and the
 	// previous minor version. Agents that predate the field send none.
 	Version string `json:"version,omitempty"`
+	// LostExports says the agent lost the record of the exports it
+	// served (`rialto agent --wipe-lost-exports` after an unreadable
+	// exports.json; it wiped its block devices): every lease with a part
+	// on the node is lost. Agents send it at the first join after such a
+	// start.
+	LostExports bool `json:"lost_exports,omitempty"`
 }
 
 // JoinResponse carries the node's credential; the agent uses it as its
@@ -411,6 +417,9 @@ type JoinResponse struct {
 	// (its API) and where it dials (other lenders' data planes); heartbeat
 	// answers bring newer ones.
 	CRL string `json:"crl,omitempty"`
+	// LostLeases are the leases recorded lost for a join that said the
+	// agent lost its exports (JoinRequest.LostExports).
+	LostLeases []string `json:"lost_leases,omitempty"`
 }
 
 // NodeCertificateRequest asks for a new certificate of a node (renewal).

@@ -591,6 +591,7 @@ func (a *Agent) joinRequest() api.JoinRequest {
 	a.mu.Lock()
 	req.Address = a.host
 	req.AgentURL = a.agentURL
+	req.LostExports = a.id.LostExports
 	if len(a.endpoints) > 0 {
 		req.Endpoints = map[api.Kind]string{}
 		for k, v := range a.endpoints {
@@ -649,6 +650,12 @@ func (a *Agent) join(ctx context.Context) error {
 			a.id.NodeID = resp.NodeID
 			a.id.Credential = resp.Credential
 			a.id.AgentKey = resp.AgentKey
+			if req.LostExports {
+				// Told (a control plane that predates the field ignores
+				// it: its leases here stay until they expire).
+				a.id.LostExports = false
+				a.log.Warn("the control plane recorded the leases of the lost exports lost", "leases", len(resp.LostLeases))
+			}
 			if a.cfg.HeartbeatInterval == 0 && resp.HeartbeatSeconds > 0 {
 				a.interval = time.Duration(resp.HeartbeatSeconds * float64(time.Second))
 			}

@@ -20,6 +20,10 @@ type identity struct {
 	AgentKey   string           `json:"agent_key,omitempty"`
 	APIPort    int              `json:"api_port,omitempty"`
 	DataPorts  map[api.Kind]int `json:"data_ports,omitempty"`
+	// LostExports: exports.json was unreadable and set aside
+	// (--wipe-lost-exports); the next join tells the control plane that
+	// the node's leases are lost (api.JoinRequest.LostExports).
+	LostExports bool `json:"lost_exports,omitempty"`
 }
 
 const (

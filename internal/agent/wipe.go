@@ -440,6 +440,14 @@ func (a *Agent) wipeLostExports() error {
 	if err := a.saveWipes(); err != nil {
 		return err
 	}
+	// Before the file goes aside: the next join, whenever it comes, tells
+	// the control plane that the leases it listed are lost.
+	a.mu.Lock()
+	a.id.LostExports = true
+	a.mu.Unlock()
+	if err := a.saveIdentity(); err != nil {
+		return err
+	}
 	path := filepath.Join(a.cfg.StateDir, exportsFile)
 	aside := fmt.Sprintf("%s.unreadable-%d", path, a.clock.Now().Unix())
 	if err := os.Rename(path, aside); err != nil {

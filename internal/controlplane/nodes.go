@@ -217,6 +217,13 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 		NodeID: n.ID, Credential: cred, AgentKey: key, HeartbeatSeconds: s.heartbeatInterval().Seconds(),
 		ControlPlaneNodes: s.peers.peersOf(n.ID),
 	}
+	if r.LostExports && rejoined {
+		// The agent wiped its devices, knowing no longer which leases
+		// they held: every part on the node is gone.
+		if out.LostLeases, err = s.loseNodeParts(ctx, n.ID, "its lender lost the record of its exports and wiped its devices (rialto agent --wipe-lost-exports)"); err != nil {
+			return api.JoinResponse{}, err
+		}
+	}
 	if s.cfg.CA != nil {
 		c, err := s.signNodeCSR(n, r.CSR)
 		if err != nil {
@@ -416,6 +423,37 @@ func (s *Server) recordLost(ctx context.Context, nodeID string, lost []api.LostE
 		done = append(done, id)
 	}
 	return done
+}
+
+// loseNodeParts records lost, for reason why, every live part on node
+// nodeID: each lease holding one is lost (PartsLost), as it would be were
+// the node down. It returns the leases it changed.
+func (s *Server) loseNodeParts(ctx context.Context, nodeID, why string) ([]string, error) {
+	ls, err := s.st.Leases(ctx, store.LeaseFilter{NodeID: nodeID, States: []api.LeaseState{api.LeaseReserved, api.LeaseActive, api.LeaseReleasing}})
+	if err != nil {
+		return nil, err
+	}
+	var lost []string
+	for _, l := range ls {
+		ev := lifecycle.PartsLost{NodeID: nodeID, Why: why}
+		for _, p := range l.Parts {
+			if p.NodeID == nodeID && !p.Lost() {
+				ev.Parts = append(ev.Parts, api.PartRef{DeviceID: p.DeviceID, Offset: p.Offset})
+			}
+		}
+		if len(ev.Parts) == 0 {
+			continue
+		}
+		_, _, err := s.apply(ctx, l, ev)
+		switch {
+		case err == nil:
+			s.log.Warn("lender lost the record of its exports; the lease is lost", "node", nodeID, "lease", l.ID)
+			lost = append(lost, l.ID)
+		case !movedOn(err):
+			return lost, fmt.Errorf("controlplane: lose lease %s of node %s: %w", l.ID, nodeID, err)
+		}
+	}
+	return lost, nil
 }
 
 // invalidate makes the next placement reload the inventory, and the next
