@@ -785,6 +785,7 @@ func (d *Donor) serveData(s *session, c net.Conn, kind uint8, qid uint32) {
 					_ = writeErr(bw, h.Op, h.Seq, protocol.StatusGone, errRetired.Error())
 				}
 				_ = bw.Flush()
+				s.reg.writeRefused(mv)
 				return
 			}
 			_, err = io.ReadFull(br, mem[h.Offset:h.Offset+uint64(h.Length)])
@@ -945,6 +946,7 @@ func (d *Donor) serveRaw(s *session, p *rawconn.Conn) {
 				if p.RecvV([][]byte{scratch[:h.Length]}) == nil {
 					_ = fail(h, protocol.StatusGone, errRetired.Error())
 				}
+				s.reg.writeRefused(mv)
 				return
 			}
 			if h.Length > 0 {

@@ -35,19 +35,34 @@ var errRetired = errors.New("memory: region moved")
 
 // writeGate is the data handlers' hook before a WRITE's payload is
 // received: ok=false refuses it (the region moved, or the session, whose
-// end closes ended, ended while the write was held); otherwise the caller
-// passes the returned state (nil when no move is in progress) to
-// writeDone once the payload is in the region. Neither allocates: the
-// sync channel's WRITE path stays allocation-free.
+// end closes ended, ended while the write was held), and the caller
+// answers it GONE, then passes the returned state to writeRefused (the
+// retirer closes the session's connections once the refusals are
+// answered); otherwise the caller passes the returned state (nil when no
+// move is in progress) to writeDone once the payload is in the region.
+// None of them allocates: the sync channel's WRITE path stays
+// allocation-free.
 func (r *region) writeGate(ended <-chan struct{}) (g *dirty.Gate, ok bool) {
 	g = r.writes.Begin()
 	if g == nil {
 		return nil, true
 	}
-	if g.EnterUntil(ended) != nil {
-		return nil, false
+	switch err := g.EnterUntil(ended); {
+	case err == nil:
+		return g, true
+	case errors.Is(err, dirty.ErrRetired):
+		return g, false // to be answered
+	default:
+		return nil, false // the session ended: no one to answer
 	}
-	return g, true
+}
+
+// writeRefused ends a write writeGate refused, once its GONE reply is
+// sent (or could not be).
+func (r *region) writeRefused(g *dirty.Gate) {
+	if g != nil {
+		g.Answered()
+	}
 }
 
 // writeDone ends a write writeGate admitted.
@@ -173,7 +188,10 @@ func (d *Donor) RetireRegion(ctx context.Context, credential string) error {
 		return err
 	}
 	g.Retire()
-	_ = g.Drain(ctx) // if ctx ends first, the session's end below stops them
+	// The writes under way complete and the refused ones are answered
+	// GONE before their connections close; if ctx ends first, the
+	// session's end below stops them.
+	_ = g.Drain(ctx)
 	d.mu.Lock()
 	r.suspended, r.retired = true, true
 	s := r.sess
