@@ -387,6 +387,12 @@ type JoinRequest struct {
 	// the control plane checks: it accepts agents of its own and the
 	// previous minor version. Agents that predate the field send none.
 	Version string `json:"version,omitempty"`
+	// LostExports says the agent lost the record of the exports it
+	// served (`rialto agent --wipe-lost-exports` after an unreadable
+	// exports.json; it wiped its block devices): every lease with a part
+	// on the node is lost. Agents send it at the first join after such a
+	// start.
+	LostExports bool `json:"lost_exports,omitempty"`
 }
 
 // JoinResponse carries the node's credential; the agent uses it as its
@@ -411,6 +417,9 @@ type JoinResponse struct {
 	// (its API) and where it dials (other lenders' data planes); heartbeat
 	// answers bring newer ones.
 	CRL string `json:"crl,omitempty"`
+	// LostLeases are the leases recorded lost for a join that said the
+	// agent lost its exports (JoinRequest.LostExports).
+	LostLeases []string `json:"lost_leases,omitempty"`
 }
 
 // NodeCertificateRequest asks for a new certificate of a node (renewal).
@@ -434,6 +443,12 @@ type Heartbeat struct {
 	// whose port was taken). The control plane records the new URIs of
 	// its active leases and acknowledges them in HeartbeatResponse.Moved.
 	Moved []MovedExport `json:"moved,omitempty"`
+	// Lost lists the parts whose exports the agent lost with their data
+	// (a memory region, which lives in the agent's process, after a
+	// restart). The control plane records each part lost, as if its
+	// lender were down, and acknowledges them in HeartbeatResponse.Lost;
+	// the agent reports them until then.
+	Lost []LostExport `json:"lost,omitempty"`
 	// Usage counts each device's data-plane traffic, for the devices
 	// whose driver counts it (GET /v1/usage turns it into bandwidth).
 	Usage []DeviceCounters `json:"usage,omitempty"`
@@ -511,6 +526,15 @@ type MovedExport struct {
 	URI      string `json:"uri"`
 }
 
+// LostExport is a lease part whose export its lender lost with its data,
+// and why.
+type LostExport struct {
+	LeaseID  string `json:"lease_id"`
+	DeviceID string `json:"device_id"`
+	Offset   int64  `json:"offset"`
+	Reason   string `json:"reason"`
+}
+
 // LinkReport is a round-trip measurement made by an agent.
 type LinkReport struct {
 	To        string  `json:"to"` // node ID or "controlplane"
@@ -524,6 +548,10 @@ type HeartbeatResponse struct {
 	// Moved lists the lease IDs of the heartbeat's Moved entries whose
 	// lease now carries the reported URI.
 	Moved []string `json:"moved,omitempty"`
+	// Lost lists the lease IDs of the heartbeat's Lost entries the
+	// control plane is done with: the parts are recorded lost (or their
+	// lease no longer holds them).
+	Lost  []string `json:"lost,omitempty"`
 	Peers []Node   `json:"peers,omitempty"`
 	// Leases lists the heartbeat's leases that are still reserved or
 	// active on this node, with their expiry: the lender serves an export

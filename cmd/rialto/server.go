@@ -127,9 +127,7 @@ func apiTLS(dir, listen string, ln net.Listener, extra []string) (*pki.CA, *tls.
 	if err != nil {
 		return nil, nil, err
 	}
-	// Client certificates are asked for, not required: agents present
-	// their node certificates, people and their tools need none.
-	cfg, err := ca.ServerConfig("rialto control plane", apiHosts(listen, ln.Addr(), extra), tls.VerifyClientCertIfGiven, 0)
+	cfg, err := controlplane.APIServerTLS(ca, apiHosts(listen, ln.Addr(), extra))
 	if err != nil {
 		return nil, nil, err
 	}

@@ -55,7 +55,8 @@ type Agent struct {
 	mu         sync.Mutex // guards the fields below
 	id         identity
 	devices    map[string]DeviceConfig
-	exports    map[string]Export // by export name
+	exports    map[string]Export          // by export name
+	lost       map[string]persistedExport // exports lost with a restart, until acknowledged (lost.go)
 	endpoints  map[api.Kind]string
 	agentURL   string
 	host       string
@@ -116,6 +117,7 @@ func New(cfg Config) (*Agent, error) {
 		ready:    make(chan struct{}),
 		devices:  map[string]DeviceConfig{},
 		exports:  map[string]Export{},
+		lost:     map[string]persistedExport{},
 		interval: cfg.HeartbeatInterval,
 	}
 	for k, mk := range builtinDrivers {
@@ -316,6 +318,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	saved = a.loseEphemeral(saved)
 	saved = a.withoutWiped(saved)
 	saved, err := a.journalUnrestorable(saved)
 	if err != nil {
@@ -588,6 +591,7 @@ func (a *Agent) joinRequest() api.JoinRequest {
 	a.mu.Lock()
 	req.Address = a.host
 	req.AgentURL = a.agentURL
+	req.LostExports = a.id.LostExports
 	if len(a.endpoints) > 0 {
 		req.Endpoints = map[api.Kind]string{}
 		for k, v := range a.endpoints {
@@ -646,6 +650,12 @@ func (a *Agent) join(ctx context.Context) error {
 			a.id.NodeID = resp.NodeID
 			a.id.Credential = resp.Credential
 			a.id.AgentKey = resp.AgentKey
+			if req.LostExports {
+				// Told (a control plane that predates the field ignores
+				// it: its leases here stay until they expire).
+				a.id.LostExports = false
+				a.log.Warn("the control plane recorded the leases of the lost exports lost", "leases", len(resp.LostLeases))
+			}
 			if a.cfg.HeartbeatInterval == 0 && resp.HeartbeatSeconds > 0 {
 				a.interval = time.Duration(resp.HeartbeatSeconds * float64(time.Second))
 			}
@@ -755,6 +765,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	measured := !a.lastBeatAt.IsZero()
 	leases := a.leasesLocked()
 	moved := a.movedLocked()
+	lost := a.lostLocked()
 	// The answer says what the control plane wanted when it read the
 	// leases, which may be before a prepare that arrives meanwhile: it
 	// judges only the exports prepared by now.
@@ -763,7 +774,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	if nodeID == "" {
 		return ErrNotJoined
 	}
-	hb := api.Heartbeat{Health: a.health(), Leases: leases, Moved: moved, Links: a.probePeers(ctx, a.probeRound(peers)), Usage: a.usage(),
+	hb := api.Heartbeat{Health: a.health(), Leases: leases, Moved: moved, Lost: lost, Links: a.probePeers(ctx, a.probeRound(peers)), Usage: a.usage(),
 		CRLNumber: a.crlNumber(), Version: a.cfg.Version}
 	if measured && cpUp {
 		hb.Links = append(hb.Links, api.LinkReport{To: "controlplane", RTTMicros: cpRTT, Up: true})
@@ -811,6 +822,9 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	a.mu.Unlock()
 	if len(resp.Moved) > 0 {
 		a.recordMoved(resp.Moved, moved)
+	}
+	if len(resp.Lost) > 0 {
+		a.recordLost(resp.Lost)
 	}
 	for _, id := range resp.Teardown {
 		if err := a.teardownAnswered(ctx, id, mark); err != nil {

@@ -45,6 +45,7 @@ type fakeCP struct {
 	parts    map[string][]api.PartRef
 	joinDown int  // answer this many joins with 503
 	hangup   bool // close the next heartbeat's connection without an answer
+	ackLost  bool // acknowledge the lost exports heartbeats report
 	// beatIn, if set, is sent the next heartbeat once it has arrived;
 	// its answer is computed after beatGo is closed.
 	beatIn chan<- struct{}
@@ -118,6 +119,11 @@ func newFakeCP(t *testing.T) (*fakeCP, *httptest.Server) {
 		json.NewDecoder(r.Body).Decode(&hb)
 		f.beats = append(f.beats, hb)
 		resp := api.HeartbeatResponse{Teardown: f.teardown, Now: f.now}
+		for _, x := range hb.Lost {
+			if f.ackLost && !slices.Contains(resp.Lost, x.LeaseID) {
+				resp.Lost = append(resp.Lost, x.LeaseID)
+			}
+		}
 		for _, id := range hb.Leases {
 			if !slices.Contains(f.teardown, id) {
 				resp.Leases = append(resp.Leases, api.LeaseExpiry{ID: id, ExpiresAt: f.expires[id], Parts: f.parts[id]})

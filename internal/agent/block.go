@@ -59,9 +59,11 @@ type blockDev struct {
 
 // blockExport is one served (or suspended) export.
 type blockExport struct {
-	ex        nbd.Export
-	be        *nbd.FileBackend
-	suspended bool // removed from the server, backend kept
+	ex nbd.Export
+	be *nbd.FileBackend
+	// suspended: not served (the server keeps it, and the state of a
+	// move of it, until Resume: nbd.Server.SuspendExport).
+	suspended bool
 	// A part moving (move_block.go): incoming is the token its range is
 	// served under until the move's commit serves ex; retired means ex
 	// was retired from the server (moved away).
@@ -69,12 +71,13 @@ type blockExport struct {
 	retired  bool
 }
 
-// served is the name the server knows the export by ("" for none).
-func (x *blockExport) served() string {
+// registered is the name the server knows the export by ("" for none); a
+// suspended export is known, not served.
+func (x *blockExport) registered() string {
 	switch {
 	case x.incoming != "":
 		return x.incoming
-	case x.suspended || x.retired:
+	case x.retired:
 		return ""
 	}
 	return x.ex.Name
@@ -172,6 +175,18 @@ func (b *BlockDriver) Prepare(_ context.Context, e Export) (api.PrepareResponse,
 	if err != nil {
 		return api.PrepareResponse{}, err
 	}
+	ex := b.leaseExportLocked(e, be)
+	if err := b.srv.AddExport(ex); err != nil {
+		be.Close()
+		return api.PrepareResponse{}, err
+	}
+	b.live[e.Request.Export] = &blockExport{ex: ex, be: be}
+	return api.PrepareResponse{URI: uri}, nil
+}
+
+// leaseExportLocked is the NBD export of e's lease over be: what a
+// prepare serves, and a move's commit here (ActivateMove). b.mu is held.
+func (b *BlockDriver) leaseExportLocked(e Export, be *nbd.FileBackend) nbd.Export {
 	ex := nbd.Export{Name: e.Request.Export, Backend: be, Description: "rialto lease " + e.Request.LeaseID}
 	if d := b.devs[e.Device.Name]; d != nil && d.path == e.Device.Path {
 		ex.Counters = &d.io
@@ -179,12 +194,7 @@ func (b *BlockDriver) Prepare(_ context.Context, e Export) (api.PrepareResponse,
 	if e.Request.BandwidthCap > 0 || e.Request.IOPSCap > 0 {
 		ex.Limit = &nbd.RateLimit{BytesPerSec: float64(e.Request.BandwidthCap), IOPS: float64(e.Request.IOPSCap)}
 	}
-	if err := b.srv.AddExport(ex); err != nil {
-		be.Close()
-		return api.PrepareResponse{}, err
-	}
-	b.live[e.Request.Export] = &blockExport{ex: ex, be: be}
-	return api.PrepareResponse{URI: uri}, nil
+	return ex
 }
 
 // Teardown removes the export, closing its connections; once it returns
@@ -198,7 +208,7 @@ func (b *BlockDriver) Teardown(_ context.Context, e Export) error {
 	}
 	delete(b.live, e.Request.Export)
 	var err error
-	if name := x.served(); name != "" {
+	if name := x.registered(); name != "" {
 		err = b.srv.RemoveExport(name)
 	}
 	if cerr := x.be.Close(); err == nil && !errors.Is(cerr, nbd.ErrBackendClosed) {
@@ -208,16 +218,22 @@ func (b *BlockDriver) Teardown(_ context.Context, e Export) error {
 }
 
 // Suspend stops serving the export (closing its connections) and keeps
-// its data; Resume serves it again.
+// its data; Resume serves it again. A move of the export stays as it was
+// (nbd.Server.SuspendExport): a sealed move still holds the writes once
+// the export is served again, and its commit retires the export, served
+// or not.
 func (b *BlockDriver) Suspend(_ context.Context, e Export) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	x, ok := b.live[e.Request.Export]
-	if !ok || x.served() != e.Request.Export {
+	if !ok || x.suspended || x.registered() != e.Request.Export {
 		return nil
 	}
+	if err := b.srv.SuspendExport(e.Request.Export); err != nil {
+		return fmt.Errorf("agent: suspend the export: %w", err)
+	}
 	x.suspended = true
-	return b.srv.RemoveExport(e.Request.Export)
+	return nil
 }
 
 // Resume serves a suspended export again.
@@ -231,8 +247,8 @@ func (b *BlockDriver) Resume(_ context.Context, e Export) error {
 	if !x.suspended || x.incoming != "" || x.retired {
 		return nil
 	}
-	if err := b.srv.AddExport(x.ex); err != nil {
-		return err
+	if err := b.srv.ResumeExport(x.ex.Name); err != nil {
+		return fmt.Errorf("agent: resume the export: %w", err)
 	}
 	x.suspended = false
 	return nil
@@ -305,7 +321,7 @@ func (b *BlockDriver) Close() error {
 	defer b.mu.Unlock()
 	var first error
 	for name, x := range b.live {
-		if s := x.served(); s != "" {
+		if s := x.registered(); s != "" {
 			b.srv.RemoveExport(s)
 		}
 		if err := x.be.Close(); err != nil && first == nil && !errors.Is(err, nbd.ErrBackendClosed) {

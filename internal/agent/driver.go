@@ -123,7 +123,11 @@ type Wiper interface {
 // keep its data (Suspend) and serve it again (Resume). The agent suspends
 // the exports of leases whose known expiry passes while the control plane
 // cannot confirm a renewal. A driver without it is torn down instead (its
-// data lost) and prepared again on renewal.
+// data lost) and prepared again on renewal. Suspend keeps the state of a
+// move of the export (Mover): once resumed, a sealed move still holds its
+// writes, and its commit retires the export whether it is served or not.
+// Writes the source took then would be missing from the copy the commit
+// makes the lease's.
 type Suspender interface {
 	Suspend(ctx context.Context, e Export) error
 	Resume(ctx context.Context, e Export) error

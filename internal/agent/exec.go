@@ -365,7 +365,7 @@ func (a *Agent) teardownExports(ctx context.Context, leaseID string, pick func(E
 // saveExportsLocked persists the exports; opMu must be held.
 func (a *Agent) saveExportsLocked() error {
 	a.mu.Lock()
-	out := sortedExports(a.exports)
+	out := sortedExports(a.exports, a.lost)
 	a.mu.Unlock()
 	return writeJSON(filepath.Join(a.cfg.StateDir, exportsFile), out)
 }
@@ -397,9 +397,14 @@ func (a *Agent) restoreExports(_ context.Context, saved []persistedExport) {
 			}
 		}
 		if err != nil {
+			if !errors.Is(err, ErrConflict) {
+				// Not served again: its lease is lost. (An entry
+				// listed twice is served under its first.)
+				a.loseLocked(p, "its lender could not restore its export after a restart: "+err.Error())
+			}
 			a.mu.Unlock()
 			a.mRestored.WithLabelValues("failed").Inc()
-			a.log.Warn("restoring an export failed; dropping it", "lease", p.LeaseID, "err", err)
+			a.log.Warn("restoring an export failed; dropping it, and the control plane is told its lease is lost", "lease", p.LeaseID, "err", err)
 			continue
 		}
 		a.exports[req.Export] = Export{Request: req, Device: dev, Endpoint: a.endpoints[dev.Kind], Host: a.host,

@@ -22,7 +22,8 @@ import (
 //     When it passes,
 //     without an answer showing a renewal, the agent stops serving the
 //     export: a Suspender driver keeps its data (block ranges stay as they
-//     are), other drivers tear it down. An answer that shows the lease
+//     are) and a sealed move of it as it is (its writes stay held until
+//     the commit), other drivers tear it down. An answer that shows the lease
 //     renewed serves it again. While the control plane is unreachable an
 //     export whose expiry the agent does not know is not served.
 //   - Nothing is wiped because the control plane is unreachable: only a

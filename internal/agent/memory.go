@@ -37,6 +37,12 @@ func NewMemoryDriver(log *slog.Logger) *MemoryDriver {
 	return &MemoryDriver{donor: donor.New(log), live: map[string]bool{}, incoming: map[string]string{}}
 }
 
+// Ephemeral implements Ephemeral: a region lives in the agent's process,
+// and a restarted agent has a fresh, zeroed one at most.
+func (m *MemoryDriver) Ephemeral() string {
+	return "its memory region lived in the lending agent's process, which restarted"
+}
+
 // UseTLS implements TLSUser: the donor requires TLS with the node
 // certificate, and URIs are rialto-mems://; client verifies the
 // destinations of moves that serve rialto-mems://. Call it before Serve.

@@ -18,7 +18,7 @@ func (a *Agent) registerMetrics(r prometheus.Registerer) {
 		Help: "Exports kept but not served, by state: held (restored, awaiting the control plane's confirmation) or suspended (their lease's known expiry passed)."},
 		[]string{"state"})
 	a.mRestored = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rialto_agent_restored_exports_total",
-		Help: "Exports restored after a restart, by result once the control plane answered: same_address, new_address (the lease's URI is stale), unknown_address (none persisted), failed, or dropped (the control plane no longer wanted the lease)."},
+		Help: "Exports restored after a restart, by result once the control plane answered: same_address, new_address (the lease's URI is stale), unknown_address (none persisted), failed, dropped (the control plane no longer wanted the lease), or lost (counted at the start: the export's data lived in the agent's process, a memory region; its lease is reported lost)."},
 		[]string{"result"})
 	a.mWipes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rialto_agent_wipes_total",
 		Help: "Block ranges wiped before returning to the pool, by result (ok, failed)."}, []string{"result"})
@@ -46,7 +46,7 @@ func (a *Agent) registerMetrics(r prometheus.Registerer) {
 	for v, labels := range map[*prometheus.CounterVec][]string{
 		a.mHeartbeats: {"ok", "error"},
 		a.mPrepares:   {"ok", "error", "ignored", "refused"},
-		a.mRestored:   {"same_address", "new_address", "unknown_address", "failed", "dropped"},
+		a.mRestored:   {"same_address", "new_address", "unknown_address", "failed", "dropped", "lost"},
 		a.mWipes:      {"ok", "failed"},
 	} {
 		for _, l := range labels {

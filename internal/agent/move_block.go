@@ -45,11 +45,10 @@ func (b *BlockDriver) ReceiveMove(_ context.Context, e Export, token string) (st
 		be.Close()
 		return "", err
 	}
-	ex := nbd.Export{Name: e.Request.Export, Backend: be, Description: "rialto lease " + e.Request.LeaseID}
-	if e.Request.BandwidthCap > 0 || e.Request.IOPSCap > 0 {
-		ex.Limit = &nbd.RateLimit{BytesPerSec: float64(e.Request.BandwidthCap), IOPS: float64(e.Request.IOPSCap)}
-	}
-	b.live[e.Request.Export] = &blockExport{ex: ex, be: be, incoming: token}
+	// Served as a prepare would serve it (its device's counters, its
+	// caps) once the commit activates it; the copy to the token's export
+	// is neither counted nor capped.
+	b.live[e.Request.Export] = &blockExport{ex: b.leaseExportLocked(e, be), be: be, incoming: token}
 	return b.scheme + "://" + e.Endpoint + "/" + token, nil
 }
 
@@ -79,8 +78,9 @@ func (b *BlockDriver) ActivateMove(_ context.Context, e Export) (api.PrepareResp
 func (b *BlockDriver) SendMove(ctx context.Context, e Export) (MoveSource, error) {
 	b.mu.Lock()
 	x, ok := b.live[e.Request.Export]
+	ok = ok && !x.suspended && x.registered() == e.Request.Export
 	b.mu.Unlock()
-	if !ok || x.served() != e.Request.Export {
+	if !ok {
 		return nil, fmt.Errorf("%w: the export is not served", ErrTransferState)
 	}
 	d := dirty.New(x.be.Size(), dirtyChunk)

@@ -20,6 +20,10 @@ type identity struct {
 	AgentKey   string           `json:"agent_key,omitempty"`
 	APIPort    int              `json:"api_port,omitempty"`
 	DataPorts  map[api.Kind]int `json:"data_ports,omitempty"`
+	// LostExports: exports.json was unreadable and set aside
+	// (--wipe-lost-exports); the next join tells the control plane that
+	// the node's leases are lost (api.JoinRequest.LostExports).
+	LostExports bool `json:"lost_exports,omitempty"`
 }
 
 const (
@@ -101,17 +105,26 @@ type persistedExport struct {
 	// that a restart finds the range of a device renamed in the
 	// configuration since (journalUnrestorable).
 	DevicePath string `json:"device_path,omitempty"`
+	// Lost says why the export is gone (its data lived in the agent's
+	// process: Ephemeral): it is not served, only reported lost until
+	// the control plane acknowledges it.
+	Lost string `json:"lost,omitempty"`
 }
 
-// sortedExports returns the exports ordered by export name, for stable
-// state files.
-func sortedExports(m map[string]Export) []persistedExport {
-	out := make([]persistedExport, 0, len(m))
+// sortedExports returns the exports, then the lost ones, ordered by
+// export name, for stable state files.
+func sortedExports(m map[string]Export, lost map[string]persistedExport) []persistedExport {
+	out := make([]persistedExport, 0, len(m)+len(lost))
 	for _, e := range m {
 		if e.incoming {
 			continue // in the wipe journal until committed
 		}
 		out = append(out, persistedExport{PrepareRequest: e.Request, URI: e.URI, Moved: e.Moved, DevicePath: e.Device.Path})
+	}
+	for name, p := range lost {
+		if _, ok := m[name]; !ok {
+			out = append(out, p)
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Export < out[j].Export })
 	return out

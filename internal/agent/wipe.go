@@ -251,6 +251,10 @@ func (a *Agent) withoutWiped(saved []persistedExport) []persistedExport {
 	return out
 }
 
+// reasonUnrestorable is why a lease is lost whose restored block export
+// no longer validates (journalUnrestorable).
+const reasonUnrestorable = "its lender's configuration changed under it across a restart (its block device removed, renamed or shrunk); the range was wiped"
+
 // journalUnrestorable takes out of saved the block exports a restart
 // cannot serve again because their device or range no longer validates
 // (the device removed from the configuration, renamed, shrunk or given
@@ -263,23 +267,41 @@ func (a *Agent) withoutWiped(saved []persistedExport) []persistedExport {
 // journalled under its old name: kept in the file, refused, never wiped
 // (see loadWipes). What of the range an export that does restore holds (a
 // damaged file listing overlapping entries) is not wiped: that export's
-// own teardown wipes it. Entries of other kinds, and overlapping ones, are
-// left to restoreExports, which drops them.
+// own teardown wipes it; an entry whose range overlaps an earlier one's on
+// the same file is not restored either, and wiped likewise. Entries of
+// other kinds are left to restoreExports, which drops those it cannot
+// serve. Every entry taken out is reported lost (loseLocked).
 func (a *Agent) journalUnrestorable(saved []persistedExport) ([]persistedExport, error) {
 	out := saved[:0:0]
 	var added bool
 	type span struct {
-		path   string
-		lo, hi int64
+		path, export string
+		lo, hi       int64
 	}
 	var kept []span // the block ranges of the entries that restore
-	for _, p := range saved {
-		if req, dev, err := a.validateRestored(p); err == nil && dev.Kind == api.KindBlock {
-			kept = append(kept, span{dev.Path, req.Offset, req.Offset + req.Length})
+	overlaps := map[int]bool{}
+	for i, p := range saved {
+		req, dev, err := a.validateRestored(p)
+		if err != nil || dev.Kind != api.KindBlock {
+			continue
+		}
+		s := span{dev.Path, p.Export, req.Offset, req.Offset + req.Length}
+		for _, k := range kept {
+			if sameFile(k.path, s.path) && k.lo < s.hi && s.lo < k.hi && k.export != s.export {
+				// A damaged file: the first entry of the range
+				// restores, this one is not served.
+				overlaps[i] = true
+			}
+		}
+		if !overlaps[i] {
+			kept = append(kept, s)
 		}
 	}
-	for _, p := range saved {
+	for i, p := range saved {
 		_, _, err := a.validateRestored(p)
+		if overlaps[i] {
+			err = fmt.Errorf("%w: the range overlaps another restored lease's", ErrOverlap)
+		}
 		if err == nil || p.Kind != api.KindBlock {
 			out = append(out, p)
 			continue
@@ -299,6 +321,9 @@ func (a *Agent) journalUnrestorable(saved []persistedExport) ([]persistedExport,
 			}
 		}
 		a.mRestored.WithLabelValues("dropped").Inc()
+		a.mu.Lock()
+		a.loseLocked(p, reasonUnrestorable)
+		a.mu.Unlock()
 		if w.Length <= 0 {
 			a.log.Warn("a restored export no longer validates and none of its range is lent; dropping it", "lease", p.LeaseID, "err", err)
 			continue
@@ -413,6 +438,14 @@ func (a *Agent) wipeLostExports() error {
 	a.mPendingWipes.Set(float64(len(a.wipes)))
 	a.mu.Unlock()
 	if err := a.saveWipes(); err != nil {
+		return err
+	}
+	// Before the file goes aside: the next join, whenever it comes, tells
+	// the control plane that the leases it listed are lost.
+	a.mu.Lock()
+	a.id.LostExports = true
+	a.mu.Unlock()
+	if err := a.saveIdentity(); err != nil {
 		return err
 	}
 	path := filepath.Join(a.cfg.StateDir, exportsFile)

@@ -403,6 +403,17 @@ func TestUnrestorableRangeWiped(t *testing.T) {
 			if got := a.Leases(); len(got) != 0 {
 				t.Fatalf("leases after the restart: %v", got)
 			}
+			// Not served again: the control plane is told the lease is
+			// lost, until it acknowledges it (kept in exports.json).
+			a.mu.Lock()
+			lost := a.lostLocked()
+			a.mu.Unlock()
+			if len(lost) != 1 || lost[0].LeaseID != "lease-a" || lost[0].Offset != off || lost[0].Reason != reasonUnrestorable {
+				t.Fatalf("lost exports reported: %+v, want lease-a's part", lost)
+			}
+			if p := persisted(t, dir, "x_lease-a"); p == nil || p.Lost == "" {
+				t.Fatalf("exports.json: the lost export %+v, want it kept marked lost", p)
+			}
 			w := journal(t, dir)
 			if c.dev == "" {
 				if len(w) != 1 || w[0].DeviceName != "disk0" || w[0].Offset != off || w[0].Length != leaseSize {
@@ -623,37 +634,51 @@ func refusedStart(t *testing.T, cfg Config) error {
 }
 
 // TestUnrestorableSparesRestoredRange: a damaged exports.json whose
-// unrestorable entry (a device name no longer configured, on the file of
-// a lease that does restore) overlaps that lease's range wipes only what
-// of its range the restored lease does not hold: the restored tenant's
-// bytes stay.
+// unrestorable entry (a device name no longer configured, or a range
+// overlapping an earlier entry's on the same device) overlaps the range
+// of a lease that does restore wipes only what of its range the restored
+// lease does not hold: the restored tenant's bytes stay. The entry's lease
+// is reported lost.
 func TestUnrestorableSparesRestoredRange(t *testing.T) {
-	r, cfg, secret := withTenant(t, 0, 0x29)
-	dir := cfg.StateDir
-	r.halt(t)
-	var saved []persistedExport
-	if err := readJSON(filepath.Join(dir, exportsFile), &saved); err != nil || len(saved) != 1 {
-		t.Fatalf("exports: %+v, %v", saved, err)
-	}
-	// Bytes past lease-a that the damaged entry also names.
-	tail := bytes.Repeat([]byte{0x33}, leaseSize/2)
-	writeDisk(t, dir, tail, leaseSize)
-	bad := saved[0]
-	bad.LeaseID, bad.Export, bad.DeviceName = "lease-z", "x_lease-z", "diskX"
-	bad.Offset, bad.Length = leaseSize/2, leaseSize
-	if err := writeJSON(filepath.Join(dir, exportsFile), append(saved, bad)); err != nil {
-		t.Fatal(err)
-	}
+	for _, c := range []struct{ name, device string }{
+		{"unknown device", "diskX"},
+		{"overlapping range", "disk0"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r, cfg, secret := withTenant(t, 0, 0x29)
+			dir := cfg.StateDir
+			r.halt(t)
+			var saved []persistedExport
+			if err := readJSON(filepath.Join(dir, exportsFile), &saved); err != nil || len(saved) != 1 {
+				t.Fatalf("exports: %+v, %v", saved, err)
+			}
+			// Bytes past lease-a that the damaged entry also names.
+			tail := bytes.Repeat([]byte{0x33}, leaseSize/2)
+			writeDisk(t, dir, tail, leaseSize)
+			bad := saved[0]
+			bad.LeaseID, bad.Export, bad.DeviceName = "lease-z", "x_lease-z", c.device
+			bad.Offset, bad.Length = leaseSize/2, leaseSize
+			if err := writeJSON(filepath.Join(dir, exportsFile), append(saved, bad)); err != nil {
+				t.Fatal(err)
+			}
 
-	a := start(t, cfg).a
-	if got := a.Leases(); len(got) != 1 || got[0] != "lease-a" {
-		t.Fatalf("leases after the restart: %v, want lease-a (held)", got)
-	}
-	if !bytes.Equal(diskBytes(t, dir, 0, leaseSize), secret) {
-		t.Fatal("the restored lease's bytes were wiped for a damaged entry overlapping them")
-	}
-	if !bytes.Equal(diskBytes(t, dir, leaseSize, leaseSize/2), make([]byte, leaseSize/2)) {
-		t.Fatal("the damaged entry's own range past the restored lease was not wiped")
+			a := start(t, cfg).a
+			if got := a.Leases(); len(got) != 1 || got[0] != "lease-a" {
+				t.Fatalf("leases after the restart: %v, want lease-a (held)", got)
+			}
+			if !bytes.Equal(diskBytes(t, dir, 0, leaseSize), secret) {
+				t.Fatal("the restored lease's bytes were wiped for a damaged entry overlapping them")
+			}
+			if !bytes.Equal(diskBytes(t, dir, leaseSize, leaseSize/2), make([]byte, leaseSize/2)) {
+				t.Fatal("the damaged entry's own range past the restored lease was not wiped")
+			}
+			a.mu.Lock()
+			lost := a.lostLocked()
+			a.mu.Unlock()
+			if len(lost) != 1 || lost[0].LeaseID != "lease-z" {
+				t.Fatalf("lost exports reported: %+v, want lease-z's part", lost)
+			}
+		})
 	}
 }
 

@@ -85,10 +85,10 @@ func (s *Server) resolveToken(ctx context.Context, r *http.Request) (principal, 
 }
 
 // checkPeerRevoked refuses a node's request whose connection presented a
-// client certificate that has been revoked since the handshake (the
-// handshake itself refuses one revoked before), and wrap closes that
-// connection. A replica that has not heard itself lately on the broadcast
-// channel (revoke.go) re-reads the revocation list first.
+// revoked client certificate, revoked before the handshake (which takes
+// it: APIServerTLS) or since, and wrap closes that connection. A replica
+// that has not heard itself lately on the broadcast channel (revoke.go)
+// re-reads the revocation list first.
 func (s *Server) checkPeerRevoked(r *http.Request) error {
 	if s.cfg.CA == nil || r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
 		return nil

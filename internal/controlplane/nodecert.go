@@ -77,6 +77,27 @@ func (s *Server) signNodeCSR(n api.Node, csr string) (api.NodeCertificateRespons
 	return api.NodeCertificateResponse{Certificate: string(iss.CertPEM), CACertificate: string(s.cfg.CA.CertPEM())}, nil
 }
 
+// APIServerTLS is the API's server TLS configuration with a cluster CA
+// (pki.CA.ServerConfig): a certificate for hosts, renewed before it
+// expires, and client certificates asked for, not required (agents
+// present their node certificates; people and their tools need none).
+// One the client presents must chain to the CA and be valid, but a
+// revoked one is not refused in the handshake: the node calls it could
+// authenticate refuse it themselves, on every call (checkPeerRevoked,
+// checkNodeTLS: 401, the connection closed), and no other call looks at
+// it. Refused in the handshake, the heartbeat of an agent whose node was
+// removed, or whose certificate was revoked, while it ran would fail
+// without an answer, on every new connection, and the agent would never
+// learn to join again; the 401 makes it join again at once.
+func APIServerTLS(ca *pki.CA, hosts []string) (*tls.Config, error) {
+	cfg, err := ca.ServerConfig("rialto control plane", hosts, tls.VerifyClientCertIfGiven, 0)
+	if err != nil {
+		return nil, err
+	}
+	cfg.VerifyConnection = nil
+	return cfg, nil
+}
+
 // checkNodeTLS holds a node's own calls (heartbeats, renewals) to mutual
 // TLS when the control plane has a CA: the connection must present a
 // certificate of the cluster CA naming the node, not revoked. Its answer

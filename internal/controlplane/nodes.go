@@ -217,6 +217,13 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 		NodeID: n.ID, Credential: cred, AgentKey: key, HeartbeatSeconds: s.heartbeatInterval().Seconds(),
 		ControlPlaneNodes: s.peers.peersOf(n.ID),
 	}
+	if r.LostExports && rejoined {
+		// The agent wiped its devices, knowing no longer which leases
+		// they held: every part on the node is gone.
+		if out.LostLeases, err = s.loseNodeParts(ctx, n.ID, "its lender lost the record of its exports and wiped its devices (rialto agent --wipe-lost-exports)"); err != nil {
+			return api.JoinResponse{}, err
+		}
+	}
 	if s.cfg.CA != nil {
 		c, err := s.signNodeCSR(n, r.CSR)
 		if err != nil {
@@ -232,11 +239,16 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 // lease the agent serves is reconciled by the lease state machine
 // (Reconcile), and the exports it moved are recorded (Moved).
 func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) (api.HeartbeatResponse, error) {
-	if len(h.Links) > 4096 || len(h.Leases) > 65536 || len(h.Moved) > 65536 || len(h.Health) > 1024 {
+	if len(h.Links) > 4096 || len(h.Leases) > 65536 || len(h.Moved) > 65536 || len(h.Lost) > 65536 || len(h.Health) > 1024 {
 		return api.HeartbeatResponse{}, fmt.Errorf("%w: heartbeat too large", ErrInvalid)
 	}
 	if err := CheckAgentVersion(s.cfg.Version, h.Version); err != nil {
 		return api.HeartbeatResponse{}, err
+	}
+	for _, x := range h.Lost {
+		if x.LeaseID == "" || len(x.Reason) > 512 {
+			return api.HeartbeatResponse{}, fmt.Errorf("%w: a lost export needs a lease ID and a reason of at most 512 bytes", ErrInvalid)
+		}
 	}
 	now := s.now()
 	links := make([]api.Link, 0, len(h.Links))
@@ -305,6 +317,9 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 			resp.Moved = s.recordMoved(ctx, nodeID, ls, h.Moved)
 		}
 	}
+	if len(h.Lost) > 0 {
+		resp.Lost = s.recordLost(ctx, nodeID, h.Lost)
+	}
 	// Peers only when they changed since this node last heard them (an
 	// agent keeps its list when the field is absent).
 	resp.Peers = s.peers.changedFor(nodeID)
@@ -355,6 +370,90 @@ func (s *Server) recordMoved(ctx context.Context, nodeID string, ls []api.Lease,
 		acked = append(acked, l.ID)
 	}
 	return acked
+}
+
+// recordLost records lost the parts whose exports lender nodeID reports
+// it lost with their data (api.Heartbeat.Lost): each such lease is lost
+// (PartsLost), as it would be were the node down. It returns the IDs of
+// the leases it is done with: those recorded, and those that no longer
+// hold such a part (ended, moved, or not known here). A lease whose write
+// failed is left out, for the next heartbeat to report again.
+func (s *Server) recordLost(ctx context.Context, nodeID string, lost []api.LostExport) []string {
+	byLease := map[string][]api.LostExport{}
+	var ids []string
+	for _, x := range lost {
+		if _, ok := byLease[x.LeaseID]; !ok {
+			ids = append(ids, x.LeaseID)
+		}
+		byLease[x.LeaseID] = append(byLease[x.LeaseID], x)
+	}
+	ls, err := s.st.Leases(ctx, store.LeaseFilter{IDs: ids})
+	if err != nil {
+		s.log.Warn("reading the leases a lender lost exports of", "node", nodeID, "err", err)
+		return nil
+	}
+	known := map[string]api.Lease{}
+	for _, l := range ls {
+		known[l.ID] = l
+	}
+	var done []string
+	for _, id := range ids {
+		l, ok := known[id]
+		if !ok {
+			done = append(done, id) // not known here: nothing to lose
+			continue
+		}
+		ev := lifecycle.PartsLost{NodeID: nodeID, Why: byLease[id][0].Reason}
+		for _, x := range byLease[id] {
+			ev.Parts = append(ev.Parts, api.PartRef{DeviceID: x.DeviceID, Offset: x.Offset})
+		}
+		if ev.Why == "" {
+			ev.Why = "its export's data is gone"
+		}
+		_, _, err := s.apply(ctx, l, ev)
+		switch {
+		case err == nil:
+			s.log.Warn("lender lost a lease's export with its data; the lease is lost", "node", nodeID, "lease", id, "reason", ev.Why)
+		case errors.Is(err, lifecycle.ErrRefused):
+			// No longer live, or the part is no longer there.
+		default:
+			s.log.Warn("recording a lost export", "node", nodeID, "lease", id, "err", err)
+			continue
+		}
+		done = append(done, id)
+	}
+	return done
+}
+
+// loseNodeParts records lost, for reason why, every live part on node
+// nodeID: each lease holding one is lost (PartsLost), as it would be were
+// the node down. It returns the leases it changed.
+func (s *Server) loseNodeParts(ctx context.Context, nodeID, why string) ([]string, error) {
+	ls, err := s.st.Leases(ctx, store.LeaseFilter{NodeID: nodeID, States: []api.LeaseState{api.LeaseReserved, api.LeaseActive, api.LeaseReleasing}})
+	if err != nil {
+		return nil, err
+	}
+	var lost []string
+	for _, l := range ls {
+		ev := lifecycle.PartsLost{NodeID: nodeID, Why: why}
+		for _, p := range l.Parts {
+			if p.NodeID == nodeID && !p.Lost() {
+				ev.Parts = append(ev.Parts, api.PartRef{DeviceID: p.DeviceID, Offset: p.Offset})
+			}
+		}
+		if len(ev.Parts) == 0 {
+			continue
+		}
+		_, _, err := s.apply(ctx, l, ev)
+		switch {
+		case err == nil:
+			s.log.Warn("lender lost the record of its exports; the lease is lost", "node", nodeID, "lease", l.ID)
+			lost = append(lost, l.ID)
+		case !movedOn(err):
+			return lost, fmt.Errorf("controlplane: lose lease %s of node %s: %w", l.ID, nodeID, err)
+		}
+	}
+	return lost, nil
 }
 
 // invalidate makes the next placement reload the inventory, and the next

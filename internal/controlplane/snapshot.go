@@ -114,6 +114,15 @@ func placeRequest(inv store.Inventory, req api.LeaseRequest, tenant string, quot
 	return plan, x, nil
 }
 
+// borrowerName is how explanations name a borrower that is not a ready
+// node, which placement puts at the control plane's vertex.
+func borrowerName(borrower string) string {
+	if borrower == "" {
+		return "an unnamed borrower (placed at the control plane)"
+	}
+	return borrower + " (not a ready node: placed at the control plane)"
+}
+
 // placementRequest converts an API request to placement's. Size 0 (block,
 // memory, nic) or whole asks for a whole device; a nic request's size is
 // its bandwidth (validateNICRequest), with no stripe unit; accel counts slots: an accel
@@ -123,10 +132,10 @@ func placeRequest(inv store.Inventory, req api.LeaseRequest, tenant string, quot
 // terms that name nodes by name are matched by node ID; labels are a
 // selector.
 func placementRequest(inv store.Inventory, req api.LeaseRequest, pins map[string]api.Device) placement.Request {
-	borrower := cpVertex
+	borrower, name := cpVertex, borrowerName(req.Borrower)
 	for _, n := range inv.Nodes {
 		if n.ID == req.Borrower && n.State == api.NodeReady {
-			borrower = n.ID
+			borrower, name = n.ID, ""
 		}
 	}
 	count := req.Count
@@ -134,7 +143,7 @@ func placementRequest(inv store.Inventory, req api.LeaseRequest, pins map[string
 		count = 1
 	}
 	preq := placement.Request{
-		Kind: string(req.Kind), Size: req.Size, Borrower: borrower, Bandwidth: req.Bandwidth,
+		Kind: string(req.Kind), Size: req.Size, Borrower: borrower, BorrowerName: name, Bandwidth: req.Bandwidth,
 		Whole:      req.Whole || (req.Size == 0 && req.Kind != api.KindAccel),
 		MaxLatency: time.Duration(req.MaxLatencyUs * float64(time.Microsecond)), Work: req.Work,
 		Mode: string(req.Mode), AllowShare: req.Mode == "" || req.Mode == api.ModeShared,

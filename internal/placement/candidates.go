@@ -91,7 +91,7 @@ func (x *Index) candidates(q *req, bv int32, sc *scope, detail bool) ([]cand, re
 	order := x.groupOrder(x.anchor[bv], q.Kind)
 	if len(order) < len(kg.anchors) {
 		if detail {
-			w.rej.add(fmt.Sprintf("%d device groups", len(kg.anchors)-len(order)), ConstraintReach, "no fabric path from "+q.Borrower)
+			w.rej.add(fmt.Sprintf("%d device groups", len(kg.anchors)-len(order)), ConstraintReach, "no fabric path from "+q.borrowerName())
 		}
 	}
 	w.out = x.candBuf[:0]

@@ -48,9 +48,9 @@ func (x *Index) plan(q *req, sc *scope, top []*result, nresults int, rejected []
 // devices again, recording each rejection.
 func (x *Index) noCandidate(q *req, bv int32, sc *scope) *InfeasibleError {
 	_, rej, examined := x.candidates(q, bv, sc, true)
-	detail := fmt.Sprintf("no %s device for %s among %d examined", q.Kind, q.Borrower, examined)
+	detail := fmt.Sprintf("no %s device for %s among %d examined", q.Kind, q.borrowerName(), examined)
 	if len(q.Devices) > 0 {
-		detail = fmt.Sprintf("no %s device for %s among the %d pinned", q.Kind, q.Borrower, examined)
+		detail = fmt.Sprintf("no %s device for %s among the %d pinned", q.Kind, q.borrowerName(), examined)
 	}
 	return newInfeasible(detail, rej.list, rej.top())
 }
@@ -158,7 +158,7 @@ func (x *Index) explain(q *req, top []*result, nresults int, rejected []Rejectio
 			size += " of at least " + x.amount(q.Kind, q.Size)
 		}
 	}
-	e = append(e, "request: "+q.Kind+" "+size+" for "+q.Borrower+", "+need+", strategy "+q.strategy)
+	e = append(e, "request: "+q.Kind+" "+size+" for "+q.borrowerName()+", "+need+", strategy "+q.strategy)
 	if len(q.Labels) > 0 || len(q.Devices) > 0 {
 		var sel []string
 		for k, v := range q.Labels {
@@ -308,4 +308,12 @@ func leasesText(n int) string {
 		return "1 lease"
 	}
 	return strconv.Itoa(n) + " leases"
+}
+
+// borrowerName is how explanations name q's borrower.
+func (q *req) borrowerName() string {
+	if q.BorrowerName != "" {
+		return q.BorrowerName
+	}
+	return q.Borrower
 }

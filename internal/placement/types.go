@@ -162,6 +162,10 @@ type Request struct {
 	Kind     string // block, memory, accel or nic
 	Size     int64  // bytes (block, memory), slots (accel) or bytes/s (nic); > 0 unless Whole
 	Borrower string // node ID of the borrower
+	// BorrowerName is how explanations name the borrower ("": Borrower),
+	// for a caller that places a borrower it does not know at a stand-in
+	// vertex (the control plane places an unnamed borrower at its own).
+	BorrowerName string
 
 	// Whole asks for an entire unused device, dedicated: Size is then the
 	// least capacity it must have (0: any). Mode must be "" or dedicated.

@@ -243,16 +243,18 @@ func (c *Cluster) startControlPlane(ln net.Listener) {
 	hs.Listener.Close()
 	hs.Listener = ln
 	if c.CA != nil {
-		// A fixed certificate: httptest would put its own first.
-		iss, err := c.CA.Issue(pki.Request{CommonName: "rialto control plane", Hosts: []string{c.host}, Usage: pki.ServerAuth})
+		// The configuration `rialto server` serves with. Its certificate
+		// is fixed: httptest would put its own first.
+		cfg, err := controlplane.APIServerTLS(c.CA, []string{c.host})
 		if err != nil {
 			c.t.Fatalf("testcluster: %v", err)
 		}
-		cert, err := iss.TLSCertificate()
+		cert, err := cfg.GetCertificate(nil)
 		if err != nil {
 			c.t.Fatalf("testcluster: %v", err)
 		}
-		hs.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, ClientAuth: tls.VerifyClientCertIfGiven, ClientCAs: c.CA.Pool()}
+		cfg.Certificates, cfg.GetCertificate = []tls.Certificate{*cert}, nil
+		hs.TLS = cfg
 		hs.StartTLS()
 	} else {
 		hs.Start()

@@ -60,9 +60,13 @@ func TestTLSNodeRemoval(t *testing.T) {
 	if got := c.Lease(l.ID); got.State != api.LeaseLost {
 		t.Fatalf("its lease is %s", got.State)
 	}
-	// Its credential and certificate open nothing.
-	if _, err := api.NewClient(c.URL, cred, tlsClient(c, &cert)).Heartbeat(ctx, gone.ID(), api.Heartbeat{Health: "ok"}); !api.IsCode(err, api.CodeUnauthorized) {
-		t.Fatalf("heartbeat of the removed node: %v", err)
+	// Its credential and certificate open nothing: a node call presenting
+	// the certificate is answered 401 (its agent would join again), the
+	// credential alone too.
+	for _, hc := range []*http.Client{tlsClient(c, &cert), tlsClient(c, nil)} {
+		if _, err := api.NewClient(c.URL, cred, hc).Heartbeat(ctx, gone.ID(), api.Heartbeat{Health: "ok"}); !api.IsCode(err, api.CodeUnauthorized) {
+			t.Fatalf("heartbeat of the removed node: %v", err)
+		}
 	}
 	c.Advance(11 * time.Second)
 	c.Sweep()
@@ -106,7 +110,8 @@ func TestTLSNodeRemoval(t *testing.T) {
 		t.Fatal("the other agent took the removed node's revoked certificate")
 	}
 
-	// The machine joins again: the same node, with a new certificate.
+	// The machine joins again: the same node, with a new certificate
+	// (the agent starts with the revoked one in its state dir).
 	gone.Launch()
 	gone.WaitReady()
 	if s := c.NodeState(gone.ID()); s != api.NodeReady {
@@ -129,4 +134,47 @@ func TestTLSNodeRemoval(t *testing.T) {
 		t.Fatalf("forced removal: %+v %v", r, err)
 	}
 	c.Eventually("the forcibly removed node back", func() bool { return c.NodeState(other.ID()) == api.NodeReady })
+}
+
+// TestTLSRemovedNodeRejoinsInOneHeartbeat: an agent that still runs when
+// its node is removed (--force: its credential forgotten, its certificate
+// revoked) joins again as the same node, with a new certificate, in its
+// next heartbeat round, also when that heartbeat opens a new connection
+// to the control plane (here the control plane restarted in between; a
+// heartbeat refused for the revoked certificate closes its connection
+// too) presenting the revoked certificate: the heartbeat is answered
+// 401, not refused in the TLS handshake, and the join presents no
+// certificate. The agents' own heartbeats are an hour apart: the test
+// runs the round.
+func TestTLSRemovedNodeRejoinsInOneHeartbeat(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{TLS: true, Nodes: 1, HeartbeatInterval: time.Hour})
+	n := c.Nodes[0]
+	id, old := n.ID(), nodeCert(t, n)
+	ctx := ctxT(t)
+	if _, err := c.Client().RemoveNode(ctx, id, true); err != nil {
+		t.Fatal(err)
+	}
+	if !c.CA.Revoked(old.Leaf.SerialNumber) {
+		t.Fatal("the removed node's certificate is not revoked")
+	}
+	c.RestartControlPlane()
+	hctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := n.Agent().Heartbeat(hctx); err != nil {
+		t.Fatalf("the removed node's next heartbeat round: %v", err)
+	}
+	if s := c.NodeState(id); s != api.NodeReady {
+		t.Fatalf("after one heartbeat round the removed node is %s", s)
+	}
+	if n.ID() != id {
+		t.Fatalf("the node joined again as %s, not %s", n.ID(), id)
+	}
+	if fresh := nodeCert(t, n); fresh.Leaf.SerialNumber.Cmp(old.Leaf.SerialNumber) == 0 || c.CA.Revoked(fresh.Leaf.SerialNumber) {
+		t.Fatal("the node joined again without a fresh certificate")
+	}
+	// And heartbeats on with it.
+	if err := n.Agent().Heartbeat(hctx); err != nil {
+		t.Fatalf("the next heartbeat: %v", err)
+	}
 }

@@ -63,6 +63,17 @@ type Expire struct{}
 // are left; any other lease is lost.
 type NodeDown struct{ NodeID, Name string }
 
+// PartsLost: lender NodeID lost the exports of the lease's parts on it
+// at Parts (device ID and offset; lengths are not compared) with their
+// data, for the reason Why (a memory region does not survive its agent's
+// restart). The parts are lost as those of a down node are (NodeDown);
+// the node's other parts are not.
+type PartsLost struct {
+	NodeID string
+	Parts  []api.PartRef
+	Why    string
+}
+
 // Interrupted: a reservation or a release has not moved since before
 // Before: the control plane was restarted while it ran.
 type Interrupted struct{ Before time.Time }
@@ -92,6 +103,7 @@ func (Release) event()       {}
 func (TornDown) event()      {}
 func (Expire) event()        {}
 func (NodeDown) event()      {}
+func (PartsLost) event()     {}
 func (Interrupted) event()   {}
 func (Reconcile) event()     {}
 func (Moved) event()         {}

@@ -78,6 +78,8 @@ func Step(l api.Lease, ev Event, now time.Time) (api.Lease, []Action, error) {
 		return expire(l, now)
 	case NodeDown:
 		return nodeDown(l, ev, now)
+	case PartsLost:
+		return partsLost(l, ev, now)
 	case Interrupted:
 		return interrupted(l, ev, now)
 	case Reconcile:
@@ -217,13 +219,36 @@ func nodeDown(l api.Lease, e NodeDown, now time.Time) (api.Lease, []Action, erro
 		return l, nil, refuse("lease %s has no part on node %s", l.ID, e.NodeID)
 	}
 	reason := fmt.Sprintf("lender node %s (%s) is down", e.Name, e.NodeID)
+	return loseParts(l, func(p api.Part) bool { return p.NodeID == e.NodeID }, e.NodeID, reason, now)
+}
+
+func partsLost(l api.Lease, e PartsLost, now time.Time) (api.Lease, []Action, error) {
+	if l.State != api.LeaseReserved && l.State != api.LeaseActive && l.State != api.LeaseReleasing {
+		return l, nil, refuse("lease %s is %s; it holds no devices to lose", l.ID, word(l.State))
+	}
+	pick := func(p api.Part) bool {
+		return p.NodeID == e.NodeID && slices.ContainsFunc(e.Parts, func(r api.PartRef) bool {
+			return r.DeviceID == p.DeviceID && r.Offset == p.Offset
+		})
+	}
+	if !slices.ContainsFunc(l.Parts, func(p api.Part) bool { return pick(p) && !p.Lost() }) {
+		return l, nil, refuse("lease %s has no such part on node %s", l.ID, e.NodeID)
+	}
+	reason := fmt.Sprintf("lender node %s lost the part's export: %s", e.NodeID, e.Why)
+	return loseParts(l, pick, e.NodeID, reason, now)
+}
+
+// loseParts loses the parts of l that pick selects (on node nodeID, for
+// reason): a lease that Degrades goes on without them while others are
+// left; any other lease is lost.
+func loseParts(l api.Lease, pick func(api.Part) bool, nodeID, reason string, now time.Time) (api.Lease, []Action, error) {
 	var lost []int
 	left, before := 0, 0
 	for i, p := range l.Parts {
 		switch {
 		case p.Lost():
 			before++
-		case p.NodeID == e.NodeID:
+		case pick(p):
 			lost = append(lost, i)
 		default:
 			left++
@@ -241,7 +266,7 @@ func nodeDown(l api.Lease, e NodeDown, now time.Time) (api.Lease, []Action, erro
 		reason += fmt.Sprintf("; %d other part(s) were lost before", before)
 	}
 	n, w := write(l, states(api.LeaseReserved, api.LeaseActive, api.LeaseReleasing), api.LeaseLost, store.LeaseChange{Reason: reason}, "", now)
-	return n, []Action{w, Free{}, Teardown{Except: e.NodeID}}, nil // the other lenders of a composed lease
+	return n, []Action{w, Free{}, Teardown{Except: nodeID}}, nil // the other lenders of a composed lease
 }
 
 // Degrades reports whether lease l may lose a part and go on with the

@@ -113,12 +113,13 @@ func (w *Writes) Pause(ctx context.Context, g *Gate) error {
 type Gate struct {
 	dirty atomic.Pointer[Map]
 
-	mu      sync.Mutex
-	paused  bool
-	retired bool
-	active  int           // writes admitted and not yet left
-	waiting int           // writes held by a pause
-	wake    chan struct{} // closed and replaced at every change of the above
+	mu       sync.Mutex
+	paused   bool
+	retired  bool
+	active   int           // writes admitted and not yet left
+	waiting  int           // writes held by a pause
+	refusing int           // writes EnterUntil refused, not yet Answered
+	wake     chan struct{} // closed and replaced at every change of the above
 }
 
 // changedLocked wakes the waiters; g.mu is held.
@@ -134,7 +135,7 @@ func (g *Gate) Enter(ctx context.Context) error {
 	if !g.enter(ctx.Done()) {
 		return ctx.Err()
 	}
-	return g.admitted()
+	return g.admitted(false)
 }
 
 // ErrEnded is EnterUntil's error when its done channel closed first.
@@ -143,11 +144,27 @@ var ErrEnded = errors.New("dirty: the writer ended while its write was held")
 // EnterUntil is Enter for a writer whose end is a closed channel (a
 // session's) rather than a context: it refuses the write with [ErrEnded]
 // once done is closed while the write is held.
+//
+// A write it refuses with [ErrRetired] still has a refusal to send, on a
+// connection the retirer closes once [Gate.Drain] returns: the caller
+// calls [Gate.Answered] once that refusal is sent (or could not be), and
+// Drain waits for it.
 func (g *Gate) EnterUntil(done <-chan struct{}) error {
 	if !g.enter(done) {
 		return ErrEnded
 	}
-	return g.admitted()
+	return g.admitted(true)
+}
+
+// Answered ends a write EnterUntil refused with [ErrRetired]: its refusal
+// has been sent (or could not be).
+func (g *Gate) Answered() {
+	g.mu.Lock()
+	g.refusing--
+	if g.refusing == 0 {
+		g.changedLocked()
+	}
+	g.mu.Unlock()
 }
 
 // enter waits while writes are paused and the range is not retired; false
@@ -163,6 +180,9 @@ func (g *Gate) enter(done <-chan struct{}) bool {
 		case <-done:
 			g.mu.Lock()
 			g.waiting--
+			if g.retired {
+				g.changedLocked() // a Drain may wait for the held writes
+			}
 			g.mu.Unlock()
 			return false
 		}
@@ -172,10 +192,15 @@ func (g *Gate) enter(done <-chan struct{}) bool {
 	return true
 }
 
-// admitted ends a successful enter: ErrRetired, or the write counted
-// active; it releases g.mu.
-func (g *Gate) admitted() error {
+// admitted ends a successful enter: ErrRetired (the write counted
+// refusing if answer), or the write counted active; it releases g.mu.
+func (g *Gate) admitted(answer bool) error {
 	if g.retired {
+		if answer {
+			g.refusing++ // in place of its count in waiting, if it was held
+		} else {
+			g.changedLocked() // a Drain may wait for the held writes
+		}
 		g.mu.Unlock()
 		return ErrRetired
 	}
@@ -228,12 +253,14 @@ func (g *Gate) Retired() bool {
 	return g.retired
 }
 
-// Drain waits until no admitted write is under way, or ctx ends (its
+// Drain waits until no admitted write is under way and, once the range is
+// retired, until the writes held then have left the gate and those
+// EnterUntil refused are answered ([Gate.Answered]), or ctx ends (its
 // error is returned then).
 func (g *Gate) Drain(ctx context.Context) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for g.active > 0 {
+	for g.active > 0 || g.refusing > 0 || (g.retired && g.waiting > 0) {
 		ch := g.wake
 		g.mu.Unlock()
 		select {

@@ -104,3 +104,77 @@ func TestGate(t *testing.T) {
 	}
 	w2.EndUntracked()
 }
+
+// TestDrainWaitsForRefusals: once the range is retired, Drain waits for
+// the writes held then to be refused and for EnterUntil's refusals to be
+// answered (their connections close when it returns), not only for the
+// writes admitted.
+func TestDrainWaitsForRefusals(t *testing.T) {
+	var w Writes
+	g := w.Install()
+	if err := w.Pause(context.Background(), g); err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan struct{})
+	held := make(chan error, 1)
+	go func() { held <- g.EnterUntil(ended) }()
+	waitFor(t, "the held write", func() bool { return g.Waiting() == 1 })
+	// A Drain that would have to wait returns the (ended) context's error.
+	over, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := g.Drain(over); err != nil {
+		t.Fatalf("Drain of a paused gate waited for a held write: %v", err)
+	}
+	g.Retire()
+	// Whether or not the held write has woken yet, it is to be answered.
+	if err := g.Drain(over); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Drain right after Retire: %v, want it to wait for the held write", err)
+	}
+	if err := <-held; !errors.Is(err, ErrRetired) {
+		t.Fatalf("held write after Retire: %v", err)
+	}
+	if err := g.Drain(over); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Drain with a refusal unanswered: %v, want it to wait", err)
+	}
+	drained := make(chan error, 1)
+	go func() { drained <- g.Drain(context.Background()) }()
+	g.Answered()
+	if err := <-drained; err != nil {
+		t.Fatal(err)
+	}
+	// A write refused without being held, answered: nothing to wait for.
+	if err := g.EnterUntil(ended); !errors.Is(err, ErrRetired) {
+		t.Fatalf("write after Retire: %v", err)
+	}
+	g.Answered()
+	if err := g.Drain(over); err != nil {
+		t.Fatalf("Drain with every refusal answered: %v", err)
+	}
+
+	// A held write whose writer ends at the retirement has nothing to
+	// answer; Drain does not wait for it once it has left.
+	var w2 Writes
+	g2 := w2.Install()
+	if err := w2.Pause(context.Background(), g2); err != nil {
+		t.Fatal(err)
+	}
+	ended3 := make(chan struct{})
+	held3 := make(chan error, 1)
+	go func() { held3 <- g2.EnterUntil(ended3) }()
+	waitFor(t, "the third held write", func() bool { return g2.Waiting() == 1 })
+	drained2 := make(chan error, 1)
+	go func() {
+		g2.Retire()
+		drained2 <- g2.Drain(context.Background())
+	}()
+	close(ended3)
+	err := <-held3
+	if errors.Is(err, ErrRetired) {
+		g2.Answered() // it saw the retirement before its end
+	} else if !errors.Is(err, ErrEnded) {
+		t.Fatalf("held write whose writer ended: %v", err)
+	}
+	if err := <-drained2; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -39,7 +39,7 @@ func LeaseCycles(b *testing.B, stores []store.Store, writers, batch int) {
 		b.Fatalf("devices: %v %v", devs, err)
 	}
 	plan := &api.Plan{State: "feasible", Mode: api.ModeShared, At: now, Explanation: []string{
-		"request: block 1GiB for controlplane, no bandwidth requirement, strategy binpack",
+		"request: block 1GiB for an unnamed borrower (placed at the control plane), no bandwidth requirement, strategy binpack",
 		"candidates: 32 usable devices of 32 examined; 11 options predicted, 0 rejected",
 		"chose shared node-4apk6vcgaz12/dev-02swz0p5sdr9: 2 hops, 0s, predicted unbounded, link load 0%",
 		"mode: binpack, so shared is preferred, then composed, then dedicated, while every requirement holds",

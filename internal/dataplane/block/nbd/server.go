@@ -132,6 +132,9 @@ type export struct {
 	// A move of the export (move.go): its state, and the writes under
 	// way that started without seeing one.
 	writes dirty.Writes // a move's write gate (move.go)
+	// suspended: kept, with its move, but not served (suspend.go);
+	// s.mu guards it.
+	suspended bool
 }
 
 func (e *export) transmissionFlags(structured bool) uint16 {
@@ -274,20 +277,27 @@ func (s *Server) RemoveExport(name string) error {
 	return nil
 }
 
+// lookup returns the export a client may open as name (nil for an
+// unknown or suspended one).
 func (s *Server) lookup(name string) *export {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.exports[name]
+	if e := s.exports[name]; e != nil && !e.suspended {
+		return e
+	}
+	return nil
 }
 
-// attach registers c with the export named name, if it still exists.
+// attach registers c with the export named name, if it still exists and
+// is not suspended.
 func (s *Server) attach(name string, c *conn) *export {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.exports[name]
-	if e != nil {
-		e.conns[c] = struct{}{}
+	if e == nil || e.suspended {
+		return nil
 	}
+	e.conns[c] = struct{}{}
 	return e
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -108,6 +107,7 @@ type Client struct {
 	opts       Options
 	size       int64
 	session    uint64
+	gen        uint64 // the region's generation (protocol.HelloReply); 0 from an older donor
 
 	ctrl     net.Conn
 	ctrlDone chan struct{}
@@ -140,6 +140,7 @@ func Dial(ctx context.Context, addr, credential string, opts Options) (*Client, 
 	c.ctrl = ctrl
 	c.size = int64(rep.Offset)
 	c.session = rep.session
+	c.gen = rep.gen
 	go c.readControl()
 	ok := false
 	defer func() {
@@ -312,7 +313,14 @@ type helloReply struct {
 	protocol.Header
 	session uint64
 	queue   uint32
+	gen     uint64
 }
+
+// Generation is the region's generation as the donor reported it when
+// the session opened (see protocol.HelloReply): a region created again
+// under the same credential has another. Zero if the donor does not
+// report it (an older donor).
+func (c *Client) Generation() uint64 { return c.gen }
 
 // dial connects to the donor (TCP, nothing sent yet).
 func (c *Client) dial(ctx context.Context) (net.Conn, error) {
@@ -379,7 +387,9 @@ func sendHello(rw io.ReadWriter, m protocol.Hello) (helloReply, error) {
 	var rep helloReply
 	b := make([]byte, protocol.HeaderSize, protocol.HeaderSize+protocol.HelloFixed+len(m.Credential))
 	b = m.Encode(b)
-	h := protocol.Header{Op: protocol.OpHello, Payload: uint32(len(b) - protocol.HeaderSize)}
+	// Length: the largest reply this client reads (one with the region's
+	// generation); older donors ignore it.
+	h := protocol.Header{Op: protocol.OpHello, Payload: uint32(len(b) - protocol.HeaderSize), Length: protocol.HelloReplyGenSize}
 	h.Encode(b)
 	if _, err := rw.Write(b); err != nil {
 		return rep, fmt.Errorf("%w: hello: %v", protocol.ErrDonorLost, err)
@@ -395,12 +405,15 @@ func sendHello(rw io.ReadWriter, m protocol.Hello) (helloReply, error) {
 	if f.Status != protocol.StatusOK {
 		return rep, protocol.StatusError(f.Status, f.Data)
 	}
-	if f.Op != protocol.OpHello || len(f.Data) != protocol.HelloReplySize {
+	if f.Op != protocol.OpHello {
 		return rep, fmt.Errorf("%w: unexpected hello reply", protocol.ErrBadFrame)
 	}
+	hr, err := protocol.DecodeHelloReply(f.Data)
+	if err != nil {
+		return rep, err
+	}
 	rep.Header = f.Header
-	rep.session = binary.BigEndian.Uint64(f.Data)
-	rep.queue = binary.BigEndian.Uint32(f.Data[8:])
+	rep.session, rep.queue, rep.gen = hr.Session, hr.Queue, hr.Generation
 	return rep, nil
 }
 

@@ -78,6 +78,9 @@ type Following struct {
 
 	mu     sync.Mutex // serialises follows
 	closed atomic.Bool
+	// recreated is set once a follow found the region created again at
+	// its place (protocol.ErrRecreated): every request fails with it.
+	recreated atomic.Pointer[error]
 }
 
 // place is the session at one of the region's places.
@@ -141,6 +144,9 @@ func (f *Following) followable(err error) bool {
 // do runs fn on the current session, following the region when fn fails
 // because it moved.
 func (f *Following) do(ctx context.Context, fn func(c *Client) error) error {
+	if err := f.recreated.Load(); err != nil {
+		return *err
+	}
 	for n := 0; ; n++ {
 		p := f.cur.Load()
 		err := fn(p.c)
@@ -257,6 +263,9 @@ func (f *Following) follow(ctx context.Context, gen uint64, force bool) error {
 	if f.closed.Load() {
 		return protocol.ErrClosed
 	}
+	if err := f.recreated.Load(); err != nil {
+		return *err
+	}
 	p := f.cur.Load()
 	if p.gen != gen {
 		return nil
@@ -283,6 +292,16 @@ func (f *Following) follow(ctx context.Context, gen uint64, force bool) error {
 				if c.Size() != f.size {
 					_ = c.Close()
 					return fmt.Errorf("memory: the region at its new place has %d bytes, not %d", c.Size(), f.size)
+				}
+				if !moved && c.Generation() != p.c.Generation() {
+					// The region at the same place is not the one the
+					// session had: created again (its donor restarted), its
+					// contents gone. Never served as if it were.
+					_ = c.Close()
+					err := fmt.Errorf("%w (at %s)", protocol.ErrRecreated, addr)
+					f.recreated.Store(&err)
+					f.log.Warn("memory region was recreated at its place; its contents are gone", "at", addr)
+					return err
 				}
 				_ = p.c.Close()
 				f.cur.Store(&place{c: c, addr: addr, cred: cred, gen: gen + 1})

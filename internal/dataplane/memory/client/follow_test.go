@@ -148,3 +148,94 @@ func TestFollowingFollowsMove(t *testing.T) {
 		t.Fatalf("a write once the lease ended: %v (asked %d times)", err, w.asked.Load()-asked)
 	}
 }
+
+// TestFollowingRefusesRecreatedRegion: when the region is created again
+// at its place under the same credential (its donor restarted and serves
+// a fresh, zeroed region at the same URI), a following session that
+// reconnects refuses it with protocol.ErrRecreated instead of reading
+// zeroes where its data was, and keeps refusing; a new session on the new
+// region sees another generation. A region that moved (another place) is
+// followed as before: its generation is its own.
+func TestFollowingRefusesRecreatedRegion(t *testing.T) {
+	const size = 1 << 20
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	td := memorytest.Start(t, size, 0)
+	w := &where{addr: td.Addr, cred: testCred}
+	f, err := DialFollowing(ctx, td.Addr, testCred, Options{Timeout: 5 * time.Second}, FollowConfig{Relocate: w.relocate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	first := f.Client().Generation()
+	if first == 0 {
+		t.Fatal("the donor reported no generation")
+	}
+	want := bytes.Repeat([]byte("kept "), 1000)
+	if err := f.Write(ctx, ChannelSync, want, 0); err != nil {
+		t.Fatal(err)
+	}
+	// The region is created again under the same credential.
+	if err := td.D.RemoveRegion(testCred); err != nil {
+		t.Fatal(err)
+	}
+	if err := td.D.AddRegion(testCred, size); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(want))
+	for _, ch := range []Channel{ChannelSync, ChannelBulk} {
+		err := f.Read(ctx, ch, got, 0)
+		if !errors.Is(err, protocol.ErrRecreated) {
+			t.Fatalf("%v read after the region was recreated: %v (zeroes: %v), want ErrRecreated", ch, err, bytes.Equal(got, make([]byte, len(got))))
+		}
+	}
+	if _, err := f.Rejoin(ctx, protocol.KindSync); !errors.Is(err, protocol.ErrRecreated) {
+		t.Fatalf("Rejoin after the region was recreated: %v, want ErrRecreated", err)
+	}
+	// The refused session's connection closes; the donor lets the region
+	// go once it has read the close, which the dial may race (ErrBusy).
+	c, err := Dial(ctx, td.Addr, testCred, Options{})
+	for errors.Is(err, protocol.ErrBusy) && ctx.Err() == nil {
+		c, err = Dial(ctx, td.Addr, testCred, Options{})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if g := c.Generation(); g == 0 || g == first {
+		t.Fatalf("the recreated region's generation is %#x, the first one's %#x", g, first)
+	}
+}
+
+// TestFollowingAdoptsMovedGeneration: a region that moved to another
+// donor has a generation of its own there; the session follows it, and
+// then reconnects there as long as that generation holds.
+func TestFollowingAdoptsMovedGeneration(t *testing.T) {
+	const size = 1 << 20
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	from := memorytest.Start(t, size, 0)
+	to := memorytest.Start(t, size, 0)
+	w := &where{addr: from.Addr, cred: testCred}
+	f, err := DialFollowing(ctx, from.Addr, testCred, Options{Timeout: 5 * time.Second}, FollowConfig{Relocate: w.relocate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := from.D.RemoveRegion(testCred); err != nil { // moved away
+		t.Fatal(err)
+	}
+	w.set(to.Addr, testCred)
+	if err := f.Read(ctx, ChannelSync, make([]byte, 4096), 0); err != nil {
+		t.Fatalf("read after the move: %v", err)
+	}
+	if f.Moves() != 1 {
+		t.Fatalf("moves = %d", f.Moves())
+	}
+	// The session at the new place ends (its control connection closes);
+	// the region there is the same: the session opens again.
+	_ = f.Client().Close()
+	if err := f.Read(ctx, ChannelSync, make([]byte, 4096), 0); err != nil {
+		t.Fatalf("read after the session at the new place was reopened: %v", err)
+	}
+}

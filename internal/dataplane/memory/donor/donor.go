@@ -27,11 +27,14 @@ import (
 
 // Donor errors.
 var (
-	ErrRegionExists   = errors.New("memory: region already exists for this credential")
-	ErrNoRegion       = errors.New("memory: no region for this credential")
-	ErrInsufficient   = errors.New("memory: not enough free memory to reserve the region")
-	ErrBadSize        = errors.New("memory: region size must be positive")
-	ErrDonorStopped   = errors.New("memory: donor stopped")
+	ErrRegionExists = errors.New("memory: region already exists for this credential")
+	ErrNoRegion     = errors.New("memory: no region for this credential")
+	ErrInsufficient = errors.New("memory: not enough free memory to reserve the region")
+	ErrBadSize      = errors.New("memory: region size must be positive")
+	ErrDonorStopped = errors.New("memory: donor stopped")
+	// ErrRetired refuses to serve again a region that moved away
+	// (RetireRegion): its lease's data is written at its new place now.
+	ErrRetired        = errors.New("memory: region retired: it moved to another donor")
 	errHandshakeLimit = 10 * time.Second
 )
 
@@ -81,10 +84,12 @@ type Donor struct {
 
 type region struct {
 	mem       []byte
+	gen       uint64 // the region's generation (protocol.HelloReply), drawn at AddRegion
 	locked    bool
 	sess      *session
 	gone      bool
 	suspended bool // refuses connections, keeps its memory (SuspendRegion)
+	retired   bool // moved away (RetireRegion): suspended for good
 	// users counts the handlers of the region's connections, of every
 	// session: those of an ended session may still be draining.
 	users sync.WaitGroup
@@ -195,7 +200,7 @@ func (d *Donor) AddRegion(credential string, size int64) error {
 		_ = unix.Munmap(mem)
 		return fmt.Errorf("memory: madvise dontfork: %w", err)
 	}
-	r := &region{mem: mem}
+	r := &region{mem: mem, gen: newGeneration()}
 	if err := unix.Mlock(mem); err == nil {
 		r.locked = true
 	} else {
@@ -214,6 +219,13 @@ func (d *Donor) AddRegion(credential string, size int64) error {
 	d.regions[key] = r
 	d.log.Info("memory region reserved", "size", size, "locked", r.locked)
 	return nil
+}
+
+// newGeneration draws a region's generation: random, never 0.
+func newGeneration() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.BigEndian.Uint64(b[:]) | 1
 }
 
 // RemoveRegion ends the region's session (closing its connections) and
@@ -270,13 +282,18 @@ func (d *Donor) SuspendRegion(credential string) error {
 	return nil
 }
 
-// ResumeRegion accepts connections to a suspended region again.
+// ResumeRegion accepts connections to a suspended region again. A
+// retired region (one that moved away, until RemoveRegion) is not served
+// again: ErrRetired.
 func (d *Donor) ResumeRegion(credential string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	r, ok := d.regions[credKey(credential)]
-	if !ok {
+	if !ok || r.gone {
 		return ErrNoRegion
+	}
+	if r.retired {
+		return ErrRetired
 	}
 	r.suspended = false
 	return nil
@@ -543,18 +560,24 @@ func (d *Donor) hello(c net.Conn, rw io.ReadWriter) (*session, protocol.Hello, u
 		return nil, protocol.Hello{}, 0, false
 	}
 	// HELLO reply: offset = region size, length = max payload, credits =
-	// initial window (queue connections), payload = session id, queue id.
-	var rep [protocol.HeaderSize + 12]byte
+	// initial window (queue connections), payload = session id, queue id
+	// and, for a client that reads it (its HELLO's length), the region's
+	// generation.
 	credits := uint32(0)
 	if hello.Kind == protocol.KindQueue {
 		credits = uint32(d.credits())
 	}
-	h := protocol.Header{Op: protocol.OpHello, Flags: protocol.FlagResponse, Seq: f.Seq, Payload: 12,
+	withGen, n := f.Length >= protocol.HelloReplyGenSize, protocol.HelloReplySize
+	if withGen {
+		n = protocol.HelloReplyGenSize
+	}
+	var rep [protocol.HeaderSize + protocol.HelloReplyGenSize]byte
+	h := protocol.Header{Op: protocol.OpHello, Flags: protocol.FlagResponse, Seq: f.Seq, Payload: uint32(n),
 		Offset: uint64(len(s.reg.mem)), Length: protocol.MaxPayload, Credits: credits}
 	h.Encode(rep[:])
-	binary.BigEndian.PutUint64(rep[protocol.HeaderSize:], s.id)
-	binary.BigEndian.PutUint32(rep[protocol.HeaderSize+8:], qid)
-	if _, err := rw.Write(rep[:]); err != nil {
+	rb := protocol.HelloReply{Session: s.id, Queue: qid, Generation: s.reg.gen}
+	rb.Encode(rep[:protocol.HeaderSize], withGen)
+	if _, err := rw.Write(rep[:protocol.HeaderSize+n]); err != nil {
 		d.detach(s, c)
 		s.reg.users.Done()
 		return nil, protocol.Hello{}, 0, false
@@ -762,6 +785,7 @@ func (d *Donor) serveData(s *session, c net.Conn, kind uint8, qid uint32) {
 					_ = writeErr(bw, h.Op, h.Seq, protocol.StatusGone, errRetired.Error())
 				}
 				_ = bw.Flush()
+				s.reg.writeRefused(mv)
 				return
 			}
 			_, err = io.ReadFull(br, mem[h.Offset:h.Offset+uint64(h.Length)])
@@ -922,6 +946,7 @@ func (d *Donor) serveRaw(s *session, p *rawconn.Conn) {
 				if p.RecvV([][]byte{scratch[:h.Length]}) == nil {
 					_ = fail(h, protocol.StatusGone, errRetired.Error())
 				}
+				s.reg.writeRefused(mv)
 				return
 			}
 			if h.Length > 0 {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/rialto-project/rialto/internal/dataplane/dirty"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 )
 
 // Moving a region to another donor while its borrower uses it (the
@@ -34,19 +35,34 @@ var errRetired = errors.New("memory: region moved")
 
 // writeGate is the data handlers' hook before a WRITE's payload is
 // received: ok=false refuses it (the region moved, or the session, whose
-// end closes ended, ended while the write was held); otherwise the caller
-// passes the returned state (nil when no move is in progress) to
-// writeDone once the payload is in the region. Neither allocates: the
-// sync channel's WRITE path stays allocation-free.
+// end closes ended, ended while the write was held), and the caller
+// answers it GONE, then passes the returned state to writeRefused (the
+// retirer closes the session's connections once the refusals are
+// answered); otherwise the caller passes the returned state (nil when no
+// move is in progress) to writeDone once the payload is in the region.
+// None of them allocates: the sync channel's WRITE path stays
+// allocation-free.
 func (r *region) writeGate(ended <-chan struct{}) (g *dirty.Gate, ok bool) {
 	g = r.writes.Begin()
 	if g == nil {
 		return nil, true
 	}
-	if g.EnterUntil(ended) != nil {
-		return nil, false
+	switch err := g.EnterUntil(ended); {
+	case err == nil:
+		return g, true
+	case errors.Is(err, dirty.ErrRetired):
+		return g, false // to be answered
+	default:
+		return nil, false // the session ended: no one to answer
 	}
-	return g, true
+}
+
+// writeRefused ends a write writeGate refused, once its GONE reply is
+// sent (or could not be).
+func (r *region) writeRefused(g *dirty.Gate) {
+	if g != nil {
+		g.Answered()
+	}
 }
 
 // writeDone ends a write writeGate admitted.
@@ -172,9 +188,12 @@ func (d *Donor) RetireRegion(ctx context.Context, credential string) error {
 		return err
 	}
 	g.Retire()
-	_ = g.Drain(ctx) // if ctx ends first, the session's end below stops them
+	// The writes under way complete and the refused ones are answered
+	// GONE before their connections close; if ctx ends first, the
+	// session's end below stops them.
+	_ = g.Drain(ctx)
 	d.mu.Lock()
-	r.suspended = true
+	r.suspended, r.retired = true, true
 	s := r.sess
 	d.mu.Unlock()
 	if s != nil {
@@ -189,8 +208,8 @@ func (d *Donor) RetireRegion(ctx context.Context, credential string) error {
 // newCredential instead (a moved region becoming the lease's): the
 // session under the old credential, if any, ends.
 func (d *Donor) ActivateRegion(credential, newCredential string) error {
-	if newCredential == "" || len(newCredential) > 4096 {
-		return fmt.Errorf("memory: bad credential")
+	if newCredential == "" || len(newCredential) > protocol.MaxCredential {
+		return fmt.Errorf("memory: credential must be 1..%d bytes", protocol.MaxCredential)
 	}
 	d.mu.Lock()
 	r, ok := d.regions[credKey(credential)]

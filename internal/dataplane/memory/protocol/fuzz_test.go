@@ -17,6 +17,11 @@ func seedFrames() [][]byte {
 	}
 	hello := (&Hello{Kind: KindControl, Credential: testCred}).Encode(nil)
 	add(Header{Op: OpHello, Seq: 1}, hello)
+	add(Header{Op: OpHello, Seq: 1, Length: HelloReplyGenSize}, hello)
+	add(Header{Op: OpHello, Flags: FlagResponse, Seq: 1, Offset: 1 << 20, Length: MaxPayload},
+		(&HelloReply{Session: 7, Queue: 1}).Encode(nil, false))
+	add(Header{Op: OpHello, Flags: FlagResponse, Seq: 1, Offset: 1 << 20, Length: MaxPayload},
+		(&HelloReply{Session: 7, Queue: 1, Generation: 0x9e3779b97f4a7c15}).Encode(nil, true))
 	add(Header{Op: OpRead, Seq: 2, Offset: 100, Length: 64}, nil)
 	add(Header{Op: OpWrite, Seq: 3, Offset: 4096, Length: 5}, []byte("hello"))
 	add(Header{Op: OpPing, Seq: 4}, nil)
@@ -59,6 +64,25 @@ func FuzzDecodeHello(f *testing.F) {
 		}
 		if !bytes.Equal(m.Encode(nil), b) {
 			t.Fatal("hello does not round-trip")
+		}
+	})
+}
+
+func FuzzDecodeHelloReply(f *testing.F) {
+	f.Add((&HelloReply{Session: 7, Queue: 1}).Encode(nil, false))
+	f.Add((&HelloReply{Session: 7, Queue: 1, Generation: 0x9e3779b97f4a7c15}).Encode(nil, true))
+	f.Add(make([]byte, HelloReplyGenSize))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := DecodeHelloReply(b)
+		if err != nil {
+			return
+		}
+		if got := m.Encode(nil, len(b) == HelloReplyGenSize); !bytes.Equal(got, b) {
+			t.Fatalf("hello reply does not round-trip: %x vs %x", got, b)
+		}
+		if len(b) == HelloReplyGenSize && m.Generation == 0 {
+			t.Fatal("a generation of 0 was accepted")
 		}
 	})
 }

@@ -29,6 +29,12 @@ const (
 	// HelloReplySize is the size of a HELLO reply's payload: session u64,
 	// queue id u32.
 	HelloReplySize = 12
+	// HelloReplyGenSize is the size of a HELLO reply's payload that also
+	// carries the region's generation (u64). A donor sends it to a client
+	// whose HELLO request's length field is at least HelloReplyGenSize
+	// (the largest reply it reads); older clients send 0 there, and older
+	// donors ignore the field and send HelloReplySize.
+	HelloReplyGenSize = 20
 )
 
 // Opcodes.
@@ -83,7 +89,12 @@ var (
 	// plaintext (a rialto-mem:// URI, or Options.TLS unset).
 	ErrTLSRequired = errors.New("memory: the donor requires TLS (use its rialto-mems:// URI and the cluster CA)")
 	ErrDonorLost   = errors.New("memory: donor connection lost")
-	ErrClosed      = errors.New("memory: client closed")
+	// ErrRecreated: the donor serves the region's credential at the same
+	// place with another generation than the session first saw: the
+	// region was created again (its donor restarted) and its contents are
+	// gone.
+	ErrRecreated = errors.New("memory: region was recreated (its contents are gone): the lease is lost")
+	ErrClosed    = errors.New("memory: client closed")
 )
 
 // statusErr maps a status code to its sentinel error.
@@ -194,7 +205,7 @@ func DecodeHeader(b []byte) (Header, error) {
 		if !resp && (h.Payload < HelloFixed || h.Payload > HelloFixed+MaxCredential) {
 			return h, fmt.Errorf("%w: hello payload of %d bytes", ErrBadFrame, h.Payload)
 		}
-		if resp && h.Payload != HelloReplySize {
+		if resp && h.Payload != HelloReplySize && h.Payload != HelloReplyGenSize {
 			return h, fmt.Errorf("%w: hello reply payload of %d bytes", ErrBadFrame, h.Payload)
 		}
 	case OpRead:
@@ -269,6 +280,49 @@ func DecodeHello(p []byte) (Hello, error) {
 		return m, fmt.Errorf("%w: session %d on a kind %d connection", ErrBadFrame, m.Session, m.Kind)
 	}
 	m.Credential = string(p[HelloFixed:])
+	return m, nil
+}
+
+// HelloReply is the payload of a HELLO reply. Generation identifies the
+// region's instance at its donor: a random non-zero value drawn when the
+// region is created, the same for every session on it, different for a
+// region created again under the same credential (after the donor
+// restarted). Zero: not carried (an older donor, or a client that did not
+// ask for it).
+type HelloReply struct {
+	Session    uint64
+	Queue      uint32
+	Generation uint64
+}
+
+// Encode appends the reply's payload to b: HelloReplyGenSize bytes with
+// the generation when gen, else HelloReplySize.
+func (m *HelloReply) Encode(b []byte, gen bool) []byte {
+	var f [HelloReplyGenSize]byte
+	binary.BigEndian.PutUint64(f[0:], m.Session)
+	binary.BigEndian.PutUint32(f[8:], m.Queue)
+	if !gen {
+		return append(b, f[:HelloReplySize]...)
+	}
+	binary.BigEndian.PutUint64(f[12:], m.Generation)
+	return append(b, f[:]...)
+}
+
+// DecodeHelloReply parses a HELLO reply's payload (with or without the
+// generation).
+func DecodeHelloReply(p []byte) (HelloReply, error) {
+	var m HelloReply
+	if len(p) != HelloReplySize && len(p) != HelloReplyGenSize {
+		return m, fmt.Errorf("%w: hello reply of %d bytes", ErrBadFrame, len(p))
+	}
+	m.Session = binary.BigEndian.Uint64(p)
+	m.Queue = binary.BigEndian.Uint32(p[8:])
+	if len(p) == HelloReplyGenSize {
+		m.Generation = binary.BigEndian.Uint64(p[12:])
+		if m.Generation == 0 {
+			return m, fmt.Errorf("%w: hello reply with generation 0", ErrBadFrame)
+		}
+	}
 	return m, nil
 }
 
