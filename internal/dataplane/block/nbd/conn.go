@@ -56,15 +56,16 @@ var groupPool = sync.Pool{New: func() any { g := make(group, 0, maxGroup); retur
 
 // budget bounds the payload bytes in flight on one connection.
 type budget struct {
-	mu    sync.Mutex
-	cond  sync.Cond
-	used  int64
-	limit int64
+	mu     sync.Mutex
+	cond   sync.Cond
+	used   int64
+	limit  int64
+	lifted bool // no longer bounds (conn.markEnded)
 }
 
 func (b *budget) acquire(n int64) {
 	b.mu.Lock()
-	for b.used > 0 && b.used+n > b.limit {
+	for b.used > 0 && b.used+n > b.limit && !b.lifted {
 		b.cond.Wait()
 	}
 	b.used += n
@@ -79,6 +80,14 @@ func (b *budget) tryAcquire(n int64) bool {
 	}
 	b.used += n
 	return true
+}
+
+// lift makes acquire stop waiting, now and from now on.
+func (b *budget) lift() {
+	b.mu.Lock()
+	b.lifted = true
+	b.mu.Unlock()
+	b.cond.Broadcast()
 }
 
 func (b *budget) release(n int64) {
@@ -101,9 +110,18 @@ type conn struct {
 	// for the workers are then answered ESHUTDOWN without reaching the
 	// backend (execute).
 	abandoned atomic.Bool
-	r         *bufio.Reader
-	sess      *session
-	e         *export
+	// Whether the client's end may come while the reader cannot see it
+	// (abandon.go): watchNone, watchBlocked or watchEnded.
+	watch   atomic.Int32
+	peer    syscall.RawConn // the socket, for peerEnded; nil if nc is not one
+	recheck bool            // the reader looks at the socket before it serves a write (reader's)
+	disc    bool            // the reader read NBD_CMD_DISC (reader's; serve reads it after)
+	hmu     sync.Mutex      // guards decided and held
+	decided bool            // serve has decided on the held requests
+	held    []*op           // requests held while the client's end was undecided
+	r       *bufio.Reader
+	sess    *session
+	e       *export
 
 	be    Backend
 	trim  Trimmer
@@ -277,23 +295,40 @@ func (c *conn) serve(ctx context.Context) error {
 	}
 
 	rerr := c.reader(ctx)
-	if rerr != nil {
+	if rerr != nil && !c.disc {
 		// No NBD_CMD_DISC: nobody waits for the replies. A client that
 		// lost the connection may already have sent a queued write
 		// again on another one, and written the range since: the
 		// stale copy must not land after that (on a file backend a
 		// write that is being executed is in the kernel already,
 		// ordered before later writes of the file; a backend that
-		// forwards it to another server gives no such order).
+		// forwards it to another server gives no such order). After
+		// NBD_CMD_DISC every request received before it is served,
+		// even if a reply could not be sent: the client asked for
+		// them to be handled.
 		c.abandoned.Store(true)
 		if c.s.testHookAbandoned != nil {
 			c.s.testHookAbandoned()
 		}
 	}
+	if c.s.testHookEnded != nil {
+		c.s.testHookEnded()
+	}
+	// The requests held while the client's end was undecided, and the
+	// group parsed last, go on now: refused if abandoned (execute).
+	held := c.decide()
+	c.dispatch()
 	c.closePipe()
 
 	close(c.reqs)
 	wg.Wait()
+	if len(held) > 0 {
+		for _, o := range held {
+			c.execute(ctx, o)
+		}
+		c.queueReplies(held, false)
+		c.inflight.Add(-int64(len(held)))
+	}
 	if starts {
 		c.started.Wait()
 		close(c.kick)
@@ -312,11 +347,18 @@ func (c *conn) serve(ctx context.Context) error {
 // replies.
 func (c *conn) serveGroup(ctx context.Context, g *group) {
 	ops := *g
-	for _, o := range ops {
+	n := len(ops)
+	for i, o := range ops {
+		if w := c.watch.Load(); w != watchNone && isWrite(o.req.Type) && c.hold(w, ops[i:]) {
+			// Held until the reader has read to the client's end
+			// (abandon.go).
+			n = i
+			break
+		}
 		c.execute(ctx, o)
 	}
-	c.queueReplies(ops)
-	c.inflight.Add(-int64(len(ops)))
+	c.queueReplies(ops[:n], false)
+	c.inflight.Add(-int64(n))
 	clear(ops)
 	*g = ops[:0]
 	groupPool.Put(g)
@@ -333,16 +375,24 @@ const maxQueuedReplies = 4 * maxBatch
 // queued unless another goroutine is sending, which then sends them too:
 // whoever holds the socket sends every reply that is ready, up to maxBatch
 // per writev, and nobody waits for the socket behind it (up to
-// maxQueuedReplies).
-func (c *conn) queueReplies(ops []*op) {
+// maxQueuedReplies). reader says the caller is the connection's reader,
+// whose wait for the socket then lets the workers watch for the client's
+// end (abandon.go).
+func (c *conn) queueReplies(ops []*op, reader bool) {
 	c.rmu.Lock()
 	c.rq = append(c.rq, ops...)
 	n := len(c.rq)
 	c.rmu.Unlock()
 	if n > maxQueuedReplies {
+		if reader {
+			c.blockBegin()
+		}
 		c.wmu.Lock()
 		c.sendQueued()
 		c.wmu.Unlock()
+		if reader {
+			c.blockEnd()
+		}
 	}
 	c.drainReplies()
 }
@@ -402,7 +452,8 @@ var grouped, readerWrites atomic.Int64
 var tlsReaderWrites atomic.Int64
 
 // dispatch hands the pending group to a worker. The channel send may
-// block while every worker is busy.
+// block while every worker is busy: the workers then watch for the
+// client's end (abandon.go).
 func (c *conn) dispatch() {
 	if c.pending == nil {
 		return
@@ -410,7 +461,13 @@ func (c *conn) dispatch() {
 	if n := len(*c.pending); n > 1 {
 		grouped.Add(int64(n))
 	}
-	c.reqs <- c.pending
+	select {
+	case c.reqs <- c.pending:
+	default:
+		c.blockBegin()
+		c.reqs <- c.pending
+		c.blockEnd()
+	}
 	c.pending = nil
 }
 
@@ -430,9 +487,8 @@ func (c *conn) recordQueued() bool {
 // reader parses requests until DISC, EOF or a protocol violation.
 func (c *conn) reader(ctx context.Context) error {
 	defer c.dropBatch()
-	// Requests parsed are served, whatever ends the reading (DISC: the
-	// outstanding requests finish first).
-	defer c.dispatch()
+	// The group parsed last is handed to a worker by serve, once it has
+	// decided whether the client ended without NBD_CMD_DISC.
 	var hb [requestHeaderLen]byte
 	for {
 		if !c.requestBuffered() {
@@ -474,12 +530,19 @@ func (c *conn) reader(ctx context.Context) error {
 			return fmt.Errorf("%w: bad request magic", ErrProtocol)
 		}
 		if req.Type == CmdDisc {
+			c.disc = true
+			if h := c.s.testHookDisc; h != nil {
+				h(c)
+			}
 			return c.flushBatch()
 		}
 		o := opPool.Get().(*op)
 		o.req = req
 		o.errno = c.check(req)
 		spliced, served := false, false
+		// Not once the client's end was found on the socket: writes
+		// then go to the workers, which hold them (abandon.go).
+		live := !isWrite(req.Type) || c.writable()
 		if req.Type == CmdWrite {
 			if c.r.Buffered() < int(req.Length) {
 				// Reading the payload may block.
@@ -488,7 +551,7 @@ func (c *conn) reader(ctx context.Context) error {
 					return err
 				}
 			}
-			if o.errno == 0 && c.canSplice(req) {
+			if o.errno == 0 && live && c.canSplice(req) {
 				handled, err := c.spliceCounted(o)
 				if err != nil {
 					c.freeOp(o)
@@ -505,7 +568,7 @@ func (c *conn) reader(ctx context.Context) error {
 					c.freeOp(o)
 					return err
 				}
-			} else if c.maxGroup > 1 && c.limit == nil && req.Flags&CmdFlagFUA == 0 &&
+			} else if live && c.maxGroup > 1 && c.limit == nil && req.Flags&CmdFlagFUA == 0 &&
 				c.r.Buffered() >= int(req.Length) && c.e.writes.Gate() == nil {
 				// A write to memory (tmpfs) whose payload is in the
 				// read buffer: this goroutine writes it from there,
@@ -526,7 +589,7 @@ func (c *conn) reader(ctx context.Context) error {
 				o.data = nil
 				c.r.Discard(int(req.Length))
 				served = true
-			} else if handled, err := c.mappedWrite(ctx, o); handled || err != nil {
+			} else if handled, err := c.mappedWrite(ctx, o, live); handled || err != nil {
 				// Over TLS, decrypted straight into a tmpfs file's
 				// mapping (tls.go); o is answered.
 				if err != nil {
@@ -544,7 +607,7 @@ func (c *conn) reader(ctx context.Context) error {
 					c.freeOp(o)
 					return err
 				}
-				if c.sess.tls != nil && c.maxGroup > 1 && c.limit == nil && req.Flags&CmdFlagFUA == 0 &&
+				if live && c.sess.tls != nil && c.maxGroup > 1 && c.limit == nil && req.Flags&CmdFlagFUA == 0 &&
 					c.e.writes.Gate() == nil {
 					// Over TLS this goroutine has just decrypted the
 					// payload into o.buf: a write to memory (tmpfs) is
@@ -573,12 +636,12 @@ func (c *conn) reader(ctx context.Context) error {
 			c.encodeError(o)
 		} else if spliced {
 			c.encodeOK(o)
-		} else if c.inflight.Load() == 0 && c.r.Buffered() == 0 && !c.recordQueued() && !c.queuedBehind(o) && c.inline(o) {
+		} else if live && c.inflight.Load() == 0 && c.r.Buffered() == 0 && !c.recordQueued() && !c.queuedBehind(o) && c.inline(o) {
 			// Nothing else in flight and no request queued behind this
 			// one (typical at queue depth 1): serve it here, sparing two
 			// goroutine hand-offs.
 			c.execute(ctx, o)
-		} else if c.start(ctx, o) {
+		} else if live && c.start(ctx, o) {
 			// At depth, a read or write of a backend that forwards it
 			// (ReadStarter, WriteStarter) is sent from here; its reply is
 			// sent by the sender goroutine.
@@ -711,7 +774,9 @@ func (c *conn) acquire(o *op, n int64) error {
 		o.held = 0
 		return err
 	}
+	c.blockBegin()
 	c.bud.acquire(n)
+	c.blockEnd()
 	return nil
 }
 
@@ -724,7 +789,7 @@ func (c *conn) flushBatch() error {
 	if len(c.batch) == 0 {
 		return nil
 	}
-	c.queueReplies(c.batch)
+	c.queueReplies(c.batch, true)
 	clear(c.batch)
 	c.batch = c.batch[:0]
 	if c.failed.Load() {

@@ -190,6 +190,16 @@ type Server struct {
 	// testHookAbandoned, if set, runs when a connection's reader has
 	// ended without a disconnect and its queued requests are abandoned.
 	testHookAbandoned func()
+	// testHookBlocked, if set, runs when a connection's reader is about
+	// to wait for something other than its socket (a worker, payload
+	// budget, the socket's writer).
+	testHookBlocked func(*conn)
+	// testHookDisc, if set, runs when a connection's reader has read
+	// NBD_CMD_DISC, before it sends the replies it holds.
+	testHookDisc func(*conn)
+	// testHookEnded, if set, runs when a connection's reader has ended
+	// and abandoned says whether it ended without NBD_CMD_DISC.
+	testHookEnded func()
 }
 
 func (s *Server) logger() *slog.Logger {
@@ -452,6 +462,13 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 		c.fr = fr
 	}
 	c.cancel, c.done = cancel, done
+	// The socket, whose end of the client's stream the workers look for
+	// while the reader waits for them (abandon.go).
+	if rs != nil {
+		c.peer = sockRC{rs}
+	} else {
+		c.peer = peerConn(nc)
+	}
 	e := s.attach(sess.name, c)
 	if e != sess.exp {
 		if e != nil {

@@ -301,8 +301,8 @@ var tlsMappedWrites atomic.Int64
 // has no move state. handled=false leaves o to the ordinary path. Bytes
 // land only after crypto/tls has authenticated their record; a payload cut
 // short leaves part of it written, as an unacknowledged write may.
-func (c *conn) mappedWrite(ctx context.Context, o *op) (handled bool, err error) {
-	if c.sess == nil || c.sess.tls == nil || c.maxGroup <= 1 || c.limit != nil ||
+func (c *conn) mappedWrite(ctx context.Context, o *op, live bool) (handled bool, err error) {
+	if !live || c.sess == nil || c.sess.tls == nil || c.maxGroup <= 1 || c.limit != nil ||
 		o.req.Flags&CmdFlagFUA != 0 || ctx.Err() != nil {
 		return false, nil
 	}
