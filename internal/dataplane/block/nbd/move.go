@@ -196,10 +196,7 @@ func (s *Server) Retire(ctx context.Context, name string) error {
 	}
 	delete(s.exports, name)
 	g := e.writes.Install()
-	conns := make([]*conn, 0, len(e.conns))
-	for c := range e.conns {
-		conns = append(conns, c)
-	}
+	conns := e.connList()
 	s.mu.Unlock()
 	g.Retire()
 	for _, c := range conns {

@@ -261,11 +261,25 @@ func (s *Server) RemoveExport(name string) error {
 		return ErrExportNotFound
 	}
 	delete(s.exports, name)
+	conns := e.connList()
+	s.mu.Unlock()
+	endConns(conns)
+	s.logger().Info("nbd: export removed", "export", NameTag(name), "connections", len(conns))
+	return nil
+}
+
+// connList lists e's connections; the server's mu is held.
+func (e *export) connList() []*conn {
 	conns := make([]*conn, 0, len(e.conns))
 	for c := range e.conns {
 		conns = append(conns, c)
 	}
-	s.mu.Unlock()
+	return conns
+}
+
+// endConns ends conns at once (requests under way are abandoned, no
+// reply goes out) and waits for them.
+func endConns(conns []*conn) {
 	for _, c := range conns {
 		c.cancel()
 		c.nc.Close()
@@ -273,8 +287,6 @@ func (s *Server) RemoveExport(name string) error {
 	for _, c := range conns {
 		<-c.done
 	}
-	s.logger().Info("nbd: export removed", "export", NameTag(name), "connections", len(conns))
-	return nil
 }
 
 // lookup returns the export a client may open as name (nil for an

@@ -21,18 +21,9 @@ func (s *Server) SuspendExport(name string) error {
 		return ErrExportNotFound
 	}
 	e.suspended = true
-	conns := make([]*conn, 0, len(e.conns))
-	for c := range e.conns {
-		conns = append(conns, c)
-	}
+	conns := e.connList()
 	s.mu.Unlock()
-	for _, c := range conns {
-		c.cancel()
-		c.nc.Close()
-	}
-	for _, c := range conns {
-		<-c.done
-	}
+	endConns(conns)
 	s.logger().Info("nbd: export suspended", "export", NameTag(name), "connections", len(conns))
 	return nil
 }
