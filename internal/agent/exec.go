@@ -485,8 +485,16 @@ func (a *Agent) auth(h http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		a.mu.Lock()
-		key := a.id.AgentKey
+		key, lost := a.id.AgentKey, a.id.LostExports
 		a.mu.Unlock()
+		if lost {
+			// The join that tells the control plane the node's leases
+			// are lost (--wipe-lost-exports) has not been answered: a
+			// lease prepared here now, with the last run's key, would be
+			// lost by it.
+			httpx.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "agent has not yet told the control plane that it lost its exports; it takes lease calls after its join")
+			return
+		}
 		if key == "" {
 			// The control plane may call as soon as it has answered the
 			// join, before this agent has taken the answer: wait for it
