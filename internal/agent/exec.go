@@ -397,13 +397,16 @@ func (a *Agent) restoreExports(_ context.Context, saved []persistedExport) {
 			}
 		}
 		if err != nil {
-			if !errors.Is(err, ErrConflict) {
-				// Not served again: its lease is lost. (An entry
-				// listed twice is served under its first.)
-				a.loseLocked(p, "its lender could not restore its export after a restart: "+err.Error())
-			}
-			a.mu.Unlock()
 			a.mRestored.WithLabelValues("failed").Inc()
+			if errors.Is(err, ErrConflict) {
+				// An entry listed twice is served under its first.
+				a.mu.Unlock()
+				a.log.Warn("an export is listed twice; dropping the second entry", "lease", p.LeaseID, "err", err)
+				continue
+			}
+			// Not served again: its lease is lost.
+			a.loseLocked(p, "its lender could not restore its export after a restart: "+err.Error())
+			a.mu.Unlock()
 			a.log.Warn("restoring an export failed; dropping it, and the control plane is told its lease is lost", "lease", p.LeaseID, "err", err)
 			continue
 		}
