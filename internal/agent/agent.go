@@ -614,6 +614,9 @@ func (a *Agent) join(ctx context.Context) error {
 	cl := api.NewClient(a.cfg.ControlPlane, a.cfg.BootstrapToken, a.hc)
 	retry := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second, Clock: a.clock}
 	for {
+		if before := a.Faults.BeforeJoin.Load(); before != nil {
+			(*before)(ctx)
+		}
 		req := a.joinRequest()
 		if a.tls != nil {
 			csr, err := a.csr(req.Address)

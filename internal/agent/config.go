@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -185,4 +186,9 @@ type Faults struct {
 	// agent key), until the channel is closed or the agent stops: the
 	// control plane has registered the node and may call it meanwhile.
 	HoldJoinAnswer atomic.Pointer[chan struct{}]
+	// BeforeJoin, when set, is called before each join is sent, with the
+	// run's context: the agent's API and data planes are serving (the
+	// restored exports held), and the control plane has not heard of
+	// this run yet.
+	BeforeJoin atomic.Pointer[func(ctx context.Context)]
 }

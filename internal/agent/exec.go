@@ -397,13 +397,16 @@ func (a *Agent) restoreExports(_ context.Context, saved []persistedExport) {
 			}
 		}
 		if err != nil {
-			if !errors.Is(err, ErrConflict) {
-				// Not served again: its lease is lost. (An entry
-				// listed twice is served under its first.)
-				a.loseLocked(p, "its lender could not restore its export after a restart: "+err.Error())
-			}
-			a.mu.Unlock()
 			a.mRestored.WithLabelValues("failed").Inc()
+			if errors.Is(err, ErrConflict) {
+				// An entry listed twice is served under its first.
+				a.mu.Unlock()
+				a.log.Warn("an export is listed twice; dropping the second entry", "lease", p.LeaseID, "err", err)
+				continue
+			}
+			// Not served again: its lease is lost.
+			a.loseLocked(p, "its lender could not restore its export after a restart: "+err.Error())
+			a.mu.Unlock()
 			a.log.Warn("restoring an export failed; dropping it, and the control plane is told its lease is lost", "lease", p.LeaseID, "err", err)
 			continue
 		}
@@ -485,8 +488,16 @@ func (a *Agent) auth(h http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		a.mu.Lock()
-		key := a.id.AgentKey
+		key, lost := a.id.AgentKey, a.id.LostExports
 		a.mu.Unlock()
+		if lost {
+			// The join that tells the control plane the node's leases
+			// are lost (--wipe-lost-exports) has not been answered: a
+			// lease prepared here now, with the last run's key, would be
+			// lost by it.
+			httpx.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "agent has not yet told the control plane that it lost its exports; it takes lease calls after its join")
+			return
+		}
 		if key == "" {
 			// The control plane may call as soon as it has answered the
 			// join, before this agent has taken the answer: wait for it

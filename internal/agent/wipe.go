@@ -280,14 +280,18 @@ func (a *Agent) journalUnrestorable(saved []persistedExport) ([]persistedExport,
 	}
 	var kept []span // the block ranges of the entries that restore
 	overlaps := map[int]bool{}
+	restored := map[string]bool{} // the exports of kept
 	for i, p := range saved {
 		req, dev, err := a.validateRestored(p)
-		if err != nil || dev.Kind != api.KindBlock {
+		if err != nil || dev.Kind != api.KindBlock || restored[p.Export] {
+			// An export listed again is served under its entry in
+			// kept (restoreExports drops this one): its range is no
+			// restored lease's.
 			continue
 		}
 		s := span{dev.Path, p.Export, req.Offset, req.Offset + req.Length}
 		for _, k := range kept {
-			if sameFile(k.path, s.path) && k.lo < s.hi && s.lo < k.hi && k.export != s.export {
+			if sameFile(k.path, s.path) && k.lo < s.hi && s.lo < k.hi {
 				// A damaged file: the first entry of the range
 				// restores, this one is not served.
 				overlaps[i] = true
@@ -295,6 +299,7 @@ func (a *Agent) journalUnrestorable(saved []persistedExport) ([]persistedExport,
 		}
 		if !overlaps[i] {
 			kept = append(kept, s)
+			restored[p.Export] = true
 		}
 	}
 	for i, p := range saved {

@@ -700,3 +700,41 @@ func TestCut(t *testing.T) {
 		}
 	}
 }
+
+// TestDuplicateEntryLosesNoOtherLease: a damaged exports.json that lists
+// a lease's export twice, the second time at another lease's range, does
+// not cost that other lease: the duplicate is not served (the export is
+// served under its first entry), so it overlaps no restored range. The
+// other lease is restored with its bytes, and is not reported lost.
+func TestDuplicateEntryLosesNoOtherLease(t *testing.T) {
+	r, cfg, secret := withTenant(t, 0, 0x29)
+	dir := cfg.StateDir
+	other := bytes.Repeat([]byte{0x44}, leaseSize)
+	nbdWrite(t, prepareBlock(t, r.a, "lease-b", leaseSize, leaseSize), other, 0)
+	r.halt(t)
+	var saved []persistedExport
+	if err := readJSON(filepath.Join(dir, exportsFile), &saved); err != nil || len(saved) != 2 || saved[0].LeaseID != "lease-a" {
+		t.Fatalf("exports: %+v, %v", saved, err)
+	}
+	dup := saved[0]
+	dup.Offset = leaseSize
+	if err := writeJSON(filepath.Join(dir, exportsFile), []persistedExport{saved[0], dup, saved[1]}); err != nil {
+		t.Fatal(err)
+	}
+
+	a := start(t, cfg).a
+	if got := a.Leases(); len(got) != 2 {
+		t.Fatalf("leases after the restart: %v, want lease-a and lease-b (held)", got)
+	}
+	a.mu.Lock()
+	lost := a.lostLocked()
+	a.mu.Unlock()
+	for _, x := range lost {
+		if x.LeaseID == "lease-b" {
+			t.Fatalf("lost exports reported: %+v: lease-b lost for a duplicate of lease-a's entry", lost)
+		}
+	}
+	if !bytes.Equal(diskBytes(t, dir, 0, leaseSize), secret) || !bytes.Equal(diskBytes(t, dir, leaseSize, leaseSize), other) {
+		t.Fatal("a restored lease's bytes were wiped")
+	}
+}

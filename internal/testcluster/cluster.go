@@ -487,9 +487,19 @@ func (n *Node) Restart() {
 // running) and returns at once; WaitReady waits for it.
 func (n *Node) Launch() {
 	n.c.t.Helper()
+	n.LaunchWith(nil)
+}
+
+// LaunchWith is Launch with setup called on the new agent before it runs
+// (to set its Faults).
+func (n *Node) LaunchWith(setup func(*agent.Agent)) {
+	n.c.t.Helper()
 	a, err := agent.New(n.cfg)
 	if err != nil {
 		n.c.t.Fatalf("testcluster: agent %s: %v", n.Name, err)
+	}
+	if setup != nil {
+		setup(a)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

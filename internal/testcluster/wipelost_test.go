@@ -1,10 +1,12 @@
 package testcluster
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/rialto-project/rialto/api"
@@ -53,5 +55,57 @@ func TestWipeLostExportsLosesLeases(t *testing.T) {
 	lender.Restart()
 	if s := c.Lease(after.ID).State; s != api.LeaseActive || !lender.Serves(after.ID) {
 		t.Fatalf("a lease made after the wipe, after the next restart: %s", s)
+	}
+}
+
+// TestWipeLostExportsPrepareBeforeJoin: an agent restarted with
+// --wipe-lost-exports serves its API (with the agent key of its last run)
+// before its join tells the control plane that its exports are lost. A
+// lease the control plane places on the node meanwhile (it still counts
+// the node ready) must not be made active there only to be lost by that
+// join: the agent takes no lease call until its join has been answered.
+func TestWipeLostExportsPrepareBeforeJoin(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{Nodes: 1, Devices: []agent.DeviceConfig{
+		{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 8 << 20},
+	}})
+	cl := c.Client()
+	before := createBlock(t, cl, 1<<20, api.ModeShared)
+	lender := c.Nodes[0]
+	lender.Kill()
+	if err := os.WriteFile(filepath.Join(lender.cfg.StateDir, "exports.json"), []byte(`[{"lease_id":`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	lender.cfg.WipeLostExports = true
+	reached, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	hold := func(ctx context.Context) {
+		once.Do(func() {
+			close(reached)
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		})
+	}
+	lender.LaunchWith(func(a *agent.Agent) { a.Faults.BeforeJoin.Store(&hold) })
+	<-reached
+
+	during, err := cl.CreateLease(ctxT(t), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Mode: api.ModeShared})
+	t.Logf("create while the join is held: %+v %v", during.State, err)
+	close(release)
+	lender.WaitReady()
+
+	if got := c.Lease(before.ID); got.State != api.LeaseLost {
+		t.Fatalf("the lease of the wiped exports: %s (%q), want lost", got.State, got.Reason)
+	}
+	if err == nil && during.State == api.LeaseActive {
+		if got := c.Lease(during.ID); got.State != api.LeaseActive {
+			t.Fatalf("a lease made active on the node before its join said its exports were lost: %s (%q) after the join, want active", got.State, got.Reason)
+		}
+	}
+	after := createBlock(t, cl, 1<<20, api.ModeShared)
+	if s := c.Lease(after.ID).State; s != api.LeaseActive {
+		t.Fatalf("a lease made after the join: %s", s)
 	}
 }

@@ -318,3 +318,62 @@ func TestDisconnectAfterFailedReply(t *testing.T) {
 		t.Fatalf("writes that reached the backend: %v, want both", got)
 	}
 }
+
+// startedWriteHeld is memWriteHeld whose writes without FUA the reader
+// starts itself (WriteStarter).
+type startedWriteHeld struct{ memWriteHeld }
+
+func (b startedWriteHeld) StartWriteAt(p []byte, off int64, done func(error)) bool {
+	_, err := b.WriteAt(p, off)
+	done(err)
+	return true
+}
+
+// TestAbandonedWhileReaderHandsOver: the reader has read the header of a
+// write whose payload is not buffered yet and, before it reads the
+// payload, hands the group parsed before it to the only worker (busy with
+// a write, a group queued). The client goes away without NBD_CMD_DISC
+// while the reader waits; the worker that frees the queue serves reads
+// and looks at nothing. The write must not reach the backend: the reader
+// looks at the socket after its wait, before it serves the write itself
+// (inline, or started on the backend's WriteStarter).
+func TestAbandonedWhileReaderHandsOver(t *testing.T) {
+	b := &firstWriteHeld{MemBackend: NewMemBackend(4 << 20), entered: make(chan struct{}), release: make(chan struct{})}
+	const size = 512
+	const third = 2 * maxGroup // the first request of the group handed over
+	last := uint64(third + 3)  // the write whose payload is not buffered
+	blocked := make(chan *conn, 1)
+	s := &Server{Workers: 1, testHookBlocked: func(c *conn) {
+		if c.pending != nil && (*c.pending)[0].req.Handle == third {
+			blocked <- c
+		}
+	}}
+	if err := s.AddExport(Export{Name: testName, Backend: startedWriteHeld{memWriteHeld{b}}}); err != nil {
+		t.Fatal(err)
+	}
+	rc := rawDial(t, serveOn(t, s), clientFlagFixedNewstyle|clientFlagNoZeroes)
+	rc.goTransmission(testName, false, false)
+	// A write with FUA (held at the worker) and reads: a group with the
+	// worker, one queued, one pending (not full) when the last write's
+	// header is read. Its payload is larger than the reader's buffer.
+	seg := writeReq(nil, 0, 0, size, CmdFlagFUA)
+	for i := uint64(1); i < last; i++ {
+		h := make([]byte, requestHeaderLen)
+		putRequest(h, Request{Type: CmdRead, Handle: i, Offset: i * size, Length: size})
+		seg = append(seg, h...)
+	}
+	seg = writeReq(seg, last, 1<<20, 128<<10, 0)
+	rc.write(seg)
+	<-b.entered
+	c := <-blocked
+	// Its sending side shut, not the connection: the replies sent
+	// meanwhile find it open (a reset would end the reader before it
+	// reads the payload).
+	rc.c.(*net.TCPConn).CloseWrite()
+	waitPeerEnd(t, c)
+	close(b.release)
+	<-c.done
+	if got := b.written(); len(got) != 1 || got[0] != 0 {
+		t.Fatalf("writes that reached the backend after the client went away: %v, want only the one executing (0)", got)
+	}
+}

@@ -550,6 +550,9 @@ func (c *conn) reader(ctx context.Context) error {
 					c.freeOp(o)
 					return err
 				}
+				// The hand-over may have waited for a worker or the
+				// socket: the client may have gone meanwhile.
+				live = live && c.writable()
 			}
 			if o.errno == 0 && live && c.canSplice(req) {
 				handled, err := c.spliceCounted(o)
@@ -602,6 +605,7 @@ func (c *conn) reader(ctx context.Context) error {
 					c.freeOp(o)
 					return err
 				}
+				live = live && c.writable() // acquire may have waited
 				o.buf = getBuf(int(req.Length))
 				if err := c.readPayload(*o.buf); err != nil {
 					c.freeOp(o)
