@@ -281,8 +281,15 @@ func (a *Agent) journalUnrestorable(saved []persistedExport) ([]persistedExport,
 	var kept []span // the block ranges of the entries that restore
 	overlaps := map[int]bool{}
 	restored := map[string]bool{} // the exports of kept
+	dropped := map[string]bool{}  // the exports of overlaps
 	for i, p := range saved {
 		req, dev, err := a.validateRestored(p)
+		if err == nil && dropped[p.Export] {
+			// Listed again after an entry that overlapped: the lease
+			// is reported lost, and not served under this one either.
+			overlaps[i] = true
+			continue
+		}
 		if err != nil || dev.Kind != api.KindBlock || restored[p.Export] {
 			// An export listed again is served under its entry in
 			// kept (restoreExports drops this one): its range is no
@@ -297,7 +304,9 @@ func (a *Agent) journalUnrestorable(saved []persistedExport) ([]persistedExport,
 				overlaps[i] = true
 			}
 		}
-		if !overlaps[i] {
+		if overlaps[i] {
+			dropped[p.Export] = true
+		} else {
 			kept = append(kept, s)
 			restored[p.Export] = true
 		}

@@ -738,3 +738,42 @@ func TestDuplicateEntryLosesNoOtherLease(t *testing.T) {
 		t.Fatal("a restored lease's bytes were wiped")
 	}
 }
+
+// TestDroppedEntryListedAgain: a damaged exports.json lists an export
+// first over another lease's range (not served: its lease is reported
+// lost), then again where it was: the lease is not served under the
+// second entry either (it would be served and lost at once), and its
+// range is wiped.
+func TestDroppedEntryListedAgain(t *testing.T) {
+	r, cfg, _ := withTenant(t, 0, 0x29)
+	dir := cfg.StateDir
+	other := bytes.Repeat([]byte{0x44}, leaseSize)
+	nbdWrite(t, prepareBlock(t, r.a, "lease-b", leaseSize, leaseSize), other, 0)
+	r.halt(t)
+	var saved []persistedExport
+	if err := readJSON(filepath.Join(dir, exportsFile), &saved); err != nil || len(saved) != 2 || saved[0].LeaseID != "lease-a" {
+		t.Fatalf("exports: %+v, %v", saved, err)
+	}
+	over := saved[0]
+	over.Offset = leaseSize + leaseSize/2
+	if err := writeJSON(filepath.Join(dir, exportsFile), []persistedExport{saved[1], over, saved[0]}); err != nil {
+		t.Fatal(err)
+	}
+
+	a := start(t, cfg).a
+	if got := a.Leases(); len(got) != 1 || got[0] != "lease-b" {
+		t.Fatalf("leases after the restart: %v, want lease-b (held) only", got)
+	}
+	a.mu.Lock()
+	lost := a.lostLocked()
+	a.mu.Unlock()
+	if len(lost) != 1 || lost[0].LeaseID != "lease-a" {
+		t.Fatalf("lost exports reported: %+v, want lease-a's", lost)
+	}
+	if !bytes.Equal(diskBytes(t, dir, 0, leaseSize), make([]byte, leaseSize)) {
+		t.Fatal("the lost lease's range keeps its bytes")
+	}
+	if !bytes.Equal(diskBytes(t, dir, leaseSize, leaseSize), other) {
+		t.Fatal("the restored lease's bytes were wiped")
+	}
+}
