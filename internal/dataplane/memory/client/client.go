@@ -448,7 +448,9 @@ func (c *Client) readControl() {
 	}
 }
 
-// lost records the first fatal session error and fails queue waiters.
+// lost records the first fatal session error and ends the queue pairs
+// (QueuePair.lose: a pair reads the answers its connection holds for the
+// requests pending before it fails them).
 func (c *Client) lost(err error) {
 	c.errOnce.Do(func() {
 		if c.closed.Load() {
@@ -462,7 +464,7 @@ func (c *Client) lost(err error) {
 		}
 		c.qmu.Unlock()
 		for _, q := range qs {
-			q.fail(err)
+			q.lose(err)
 		}
 	})
 }
