@@ -94,7 +94,7 @@ func (b *BlockDriver) SendMove(ctx context.Context, e Export) (MoveSource, error
 // DialMove connects to the destination's export: over TLS, verified
 // against the cluster CA (and its revocation list), if the destination
 // serves nbds://.
-func (b *BlockDriver) DialMove(ctx context.Context, uri string) (MoveDest, error) {
+func (b *BlockDriver) DialMove(ctx context.Context, _ Export, uri string) (MoveDest, error) {
 	opts := []nbd.DialOption{nbd.WithRequestTimeout(moveRequestTimeout)}
 	u, err := nbd.ParseURI(uri)
 	if err != nil {

@@ -20,7 +20,13 @@ import (
 // the bulk channel; its donor marks the pages the borrower's WRITEs change
 // in a dirty map, holds them for the last pass and, at the commit, ends the
 // borrower's session (held writes are answered "gone"); the destination
-// then serves the region under the lease's credential.
+// then serves the region under the lease's credential. The source's
+// session with the destination's region carries the region's generation
+// (protocol.MoveGeneration), which the region takes when it is served as
+// the lease's: the moved region is the same region to a borrower that
+// comes back to a place it knew (docs/memory-protocol.md, "Region
+// generation"). A destination that predates it keeps a generation of its
+// own; a source that predates it carries none.
 
 var _ Mover = (*MemoryDriver)(nil)
 
@@ -31,7 +37,7 @@ func (m *MemoryDriver) ReceiveMove(_ context.Context, e Export, token string) (s
 	if m.live[e.Request.Export] {
 		return "", fmt.Errorf("%w: the part's export exists", ErrConflict)
 	}
-	if err := m.donor.AddRegion(token, e.Request.Length); err != nil {
+	if err := m.donor.ReceiveRegion(token, e.Request.Length); err != nil {
 		return "", err
 	}
 	m.live[e.Request.Export] = true
@@ -82,13 +88,18 @@ func (m *MemoryDriver) SendMove(ctx context.Context, e Export) (MoveSource, erro
 
 // DialMove opens a session with the destination's region: over TLS,
 // verified against the cluster CA, if the destination serves
-// rialto-mems://.
-func (m *MemoryDriver) DialMove(ctx context.Context, uri string) (MoveDest, error) {
+// rialto-mems://. Its HELLO carries the generation of e's region, which
+// the destination's region takes when it is activated.
+func (m *MemoryDriver) DialMove(ctx context.Context, e Export, uri string) (MoveDest, error) {
 	u, err := protocol.ParseURI(uri)
 	if err != nil {
 		return nil, fmt.Errorf("agent: destination: %w", err)
 	}
-	opts := memclient.Options{Timeout: moveRequestTimeout}
+	gen, err := m.donor.RegionGeneration(e.Request.Export)
+	if err != nil {
+		return nil, fmt.Errorf("agent: the region to move: %w", err)
+	}
+	opts := memclient.Options{Timeout: moveRequestTimeout, MoveGeneration: gen}
 	if u.TLS {
 		m.mu.Lock()
 		opts.TLS = m.cli

@@ -2,9 +2,11 @@ package agent
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/rialto-project/rialto/api"
 	memclient "github.com/rialto-project/rialto/internal/dataplane/memory/client"
@@ -134,5 +136,98 @@ func TestMoveMemoryUnderWrites(t *testing.T) {
 	}
 	if n := src.drivers[api.KindMemory].(*MemoryDriver).donor.Regions(); n != 0 {
 		t.Errorf("the source keeps %d regions", n)
+	}
+}
+
+// TestMoveMemoryKeepsGeneration: a memory part moved between two agents
+// keeps its region's generation: a following session sees at the
+// destination the generation it saw at the source, and when the part
+// moves back and forth under the same export name while the session is
+// idle, the session opens again where it was and reads its bytes, where
+// a region with another generation at the same place and credential is
+// refused as recreated (protocol.ErrRecreated).
+func TestMoveMemoryKeepsGeneration(t *testing.T) {
+	const size = 1 << 20
+	_, srv := newFakeCP(t)
+	cfg := func(name string) Config {
+		return Config{ControlPlane: srv.URL, BootstrapToken: "boot", Name: name, StateDir: t.TempDir(),
+			Devices: []DeviceConfig{{Name: "mem0", Kind: api.KindMemory, Size: 8 << 20}}}
+	}
+	a := start(t, cfg("a")).a
+	b := start(t, cfg("b")).a
+	ctx := ctxFor(t)
+	part := api.PrepareRequest{LeaseID: "lease-g", Kind: api.KindMemory, DeviceName: "mem0", Length: size, Export: "x_lease-g"}
+	resp, err := a.Prepare(ctx, part)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The lease's record of where the part is, as the control plane
+	// keeps it.
+	var mu sync.Mutex
+	uri := resp.URI
+	relocate := func(context.Context) (string, string, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		u, err := protocol.ParseURI(uri)
+		return u.Address, u.Credential, err
+	}
+	addr, cred := memoryTarget(t, uri)
+	f, err := memclient.DialFollowing(ctx, addr, cred, memclient.Options{Timeout: 5 * time.Second}, memclient.FollowConfig{Relocate: relocate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	first := f.Client().Generation()
+	want := bytes.Repeat([]byte("moved between agents "), 1000)
+	if err := f.Write(ctx, memclient.ChannelSync, want, 0); err != nil {
+		t.Fatal(err)
+	}
+	move := func(id string, from, to *Agent) {
+		t.Helper()
+		in, err := to.ReceiveTransfer(ctx, api.TransferInRequest{ID: id, Token: "tok_" + id, Part: part})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := from.SendTransfer(ctx, api.TransferOutRequest{ID: id, LeaseID: part.LeaseID, Export: part.Export, DestURI: in.URI}); err != nil {
+			t.Fatal(err)
+		}
+		waitTransfer(t, from, id, api.TransferReady)
+		if _, err := from.SealTransfer(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		cr, err := to.CommitTransfer(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		uri = cr.URI
+		mu.Unlock()
+		if _, err := from.CommitTransfer(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(when string) {
+		t.Helper()
+		got := make([]byte, len(want))
+		if err := f.Read(ctx, memclient.ChannelSync, got, 0); err != nil {
+			t.Fatalf("read %s: %v", when, err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("read %s: other bytes", when)
+		}
+		if g := f.Client().Generation(); g != first {
+			t.Fatalf("%s the session sees generation %#x, it saw %#x at first", when, g, first)
+		}
+	}
+	move("g1", a, b)
+	check("after the move to b")
+	if f.Moves() != 1 {
+		t.Fatalf("moves = %d after the move to b", f.Moves())
+	}
+	move("g2", b, a)
+	move("g3", a, b)
+	check("after the moves to a and back to b")
+	if f.Moves() != 1 {
+		t.Fatalf("moves = %d: the session saw the part elsewhere", f.Moves())
 	}
 }

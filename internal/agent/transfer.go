@@ -67,8 +67,9 @@ type Mover interface {
 	// SendMove starts marking the writes to e (served here) and returns
 	// its side of the copy.
 	SendMove(ctx context.Context, e Export) (MoveSource, error)
-	// DialMove connects to a destination's ReceiveMove URI.
-	DialMove(ctx context.Context, uri string) (MoveDest, error)
+	// DialMove connects to a destination's ReceiveMove URI to send e
+	// (served here) there.
+	DialMove(ctx context.Context, e Export, uri string) (MoveDest, error)
 }
 
 // Span is a range of a part to copy; Zero says it reads as zeroes (the
@@ -434,7 +435,7 @@ func (a *Agent) SendTransfer(ctx context.Context, req api.TransferOutRequest) (a
 		a.xfers.mu.Unlock()
 		return api.Transfer{}, err
 	}
-	dst, err := mv.DialMove(ctx, req.DestURI)
+	dst, err := mv.DialMove(ctx, e, req.DestURI)
 	if err != nil {
 		return fail(fmt.Errorf("agent: reach the destination: %w", err))
 	}

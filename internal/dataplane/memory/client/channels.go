@@ -195,6 +195,11 @@ type QueuePair struct {
 	wake    chan struct{}
 	pending map[uint32]*qop
 	err     error
+	// lost is the session's loss (lose) while requests were pending: no
+	// request is posted any more, the reader completes the pending ones
+	// from what the connection holds and fails the pair once none is
+	// left or the connection ends.
+	lost error
 
 	cq     chan Completion
 	done   chan struct{}
@@ -247,6 +252,34 @@ func (q *QueuePair) grant(v uint32) {
 	q.mu.Unlock()
 }
 
+// lose ends the queue pair when its session is lost (its control
+// connection ended): with no request pending it fails at once; otherwise
+// the requests posted from now on fail with err, and the reader goes on
+// reading the connection — the donor that ends a session answers the
+// requests it refuses (a retired region's held writes: GONE) on their own
+// connection before it closes them all, and that answer may arrive after
+// the control connection's end — until no request is pending (the pair
+// then fails with err) or the connection ends or stays silent past the
+// requests' deadline (the rest fail with the reader's error). A donor that
+// went away closes the connection too; one that cannot be reached any
+// more leaves the requests to their deadline, as without the loss.
+func (q *QueuePair) lose(err error) {
+	q.mu.Lock()
+	if q.err != nil || q.lost != nil {
+		q.mu.Unlock()
+		return
+	}
+	if len(q.pending) == 0 {
+		q.mu.Unlock()
+		q.fail(err)
+		return
+	}
+	q.lost = err
+	close(q.wake) // a post waiting for a credit gives up
+	q.wake = make(chan struct{})
+	q.mu.Unlock()
+}
+
 func (q *QueuePair) fail(err error) {
 	q.mu.Lock()
 	if q.err != nil {
@@ -286,7 +319,7 @@ func (q *QueuePair) post(ctx context.Context, o *qop) (uint32, error) {
 	}
 	var timer <-chan time.Time
 	q.mu.Lock()
-	for q.err == nil && int32(q.granted-q.sent) <= 0 {
+	for q.err == nil && q.lost == nil && int32(q.granted-q.sent) <= 0 {
 		w := q.wake
 		q.mu.Unlock()
 		if timer == nil {
@@ -303,8 +336,11 @@ func (q *QueuePair) post(ctx context.Context, o *qop) (uint32, error) {
 		}
 		q.mu.Lock()
 	}
-	if q.err != nil {
+	if q.err != nil || q.lost != nil {
 		err := q.err
+		if err == nil {
+			err = q.lost
+		}
 		q.mu.Unlock()
 		return 0, err
 	}
@@ -402,6 +438,12 @@ func (q *QueuePair) reader() {
 		} else {
 			_ = q.conn.SetReadDeadline(time.Now().Add(q.c.opts.Timeout))
 		}
+		// The session is lost and this was the last request pending
+		// (lose): the pair ends once it is completed.
+		lost := q.lost
+		if len(q.pending) > 0 {
+			lost = nil
+		}
 		q.mu.Unlock()
 		var res error
 		want := protocol.OpRead
@@ -435,6 +477,10 @@ func (q *QueuePair) reader() {
 		}
 		if o != nil {
 			q.finish(o, res)
+		}
+		if lost != nil {
+			q.fail(lost)
+			return
 		}
 	}
 }

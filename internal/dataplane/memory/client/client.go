@@ -69,6 +69,11 @@ type Options struct {
 	// empty ServerName is the host of the donor's address. Nil speaks
 	// plaintext, which such a donor refuses (ErrTLSRequired).
 	TLS *tls.Config
+	// MoveGeneration, for a move's source only: the generation of the
+	// region it sends (donor.RegionGeneration), carried in the session's
+	// control HELLO (protocol.MoveGeneration) so that the destination's
+	// region, once served as the lease's, keeps it. 0 carries none.
+	MoveGeneration uint64
 }
 
 func (o *Options) fill() {
@@ -367,10 +372,11 @@ func (c *Client) handshake(ctx context.Context, kind uint8) (net.Conn, helloRepl
 // hello sends HELLO for a connection of kind and reads the donor's reply.
 func (c *Client) hello(rw io.ReadWriter, kind uint8) (helloReply, error) {
 	m := protocol.Hello{Kind: kind, Session: c.session, Credential: c.cred}
+	var moveGen uint64
 	if kind == protocol.KindControl {
-		m.Session = 0
+		m.Session, moveGen = 0, c.opts.MoveGeneration
 	}
-	return sendHello(rw, m)
+	return sendHello(rw, m, moveGen)
 }
 
 // Hello sends the HELLO m on rw (a connection to the donor, TLS already
@@ -379,17 +385,20 @@ func (c *Client) hello(rw io.ReadWriter, kind uint8) (helloReply, error) {
 // process that opens a connection of a session on its own (a mapping's
 // fault handler, see Handoff) uses it.
 func Hello(rw io.ReadWriter, m protocol.Hello) error {
-	_, err := sendHello(rw, m)
+	_, err := sendHello(rw, m, 0)
 	return err
 }
 
-func sendHello(rw io.ReadWriter, m protocol.Hello) (helloReply, error) {
+// sendHello sends the HELLO m, carrying moveGen (protocol.MoveGeneration)
+// in its offset, and reads the reply.
+func sendHello(rw io.ReadWriter, m protocol.Hello, moveGen uint64) (helloReply, error) {
 	var rep helloReply
 	b := make([]byte, protocol.HeaderSize, protocol.HeaderSize+protocol.HelloFixed+len(m.Credential))
 	b = m.Encode(b)
 	// Length: the largest reply this client reads (one with the region's
-	// generation); older donors ignore it.
-	h := protocol.Header{Op: protocol.OpHello, Payload: uint32(len(b) - protocol.HeaderSize), Length: protocol.HelloReplyGenSize}
+	// generation); older donors ignore it, and the offset.
+	h := protocol.Header{Op: protocol.OpHello, Payload: uint32(len(b) - protocol.HeaderSize), Length: protocol.HelloReplyGenSize,
+		Offset: moveGen}
 	h.Encode(b)
 	if _, err := rw.Write(b); err != nil {
 		return rep, fmt.Errorf("%w: hello: %v", protocol.ErrDonorLost, err)
@@ -439,7 +448,9 @@ func (c *Client) readControl() {
 	}
 }
 
-// lost records the first fatal session error and fails queue waiters.
+// lost records the first fatal session error and ends the queue pairs
+// (QueuePair.lose: a pair reads the answers its connection holds for the
+// requests pending before it fails them).
 func (c *Client) lost(err error) {
 	c.errOnce.Do(func() {
 		if c.closed.Load() {
@@ -453,7 +464,7 @@ func (c *Client) lost(err error) {
 		}
 		c.qmu.Unlock()
 		for _, q := range qs {
-			q.fail(err)
+			q.lose(err)
 		}
 	})
 }

@@ -239,3 +239,74 @@ func TestFollowingAdoptsMovedGeneration(t *testing.T) {
 		t.Fatalf("read after the session at the new place was reopened: %v", err)
 	}
 }
+
+// TestFollowingKeepsGenerationAcrossMoves: a move carries the region's
+// generation (memorytest.Move does what an agent's move does). The
+// session that follows the region from A to B sees there the generation
+// it saw at A. A lease then moved from B to A and back to B under the
+// same credential while the session made no request is the region the
+// session had: the idle session opens again at B and reads its bytes,
+// where it refused a region with a third generation as recreated
+// (protocol.ErrRecreated) when a move did not carry it.
+func TestFollowingKeepsGenerationAcrossMoves(t *testing.T) {
+	const size = 1 << 20
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	a := memorytest.Start(t, size, 0)
+	b := memorytest.Start(t, size, 0)
+	// B receives the lease's region under the lease's credential.
+	if err := b.D.RemoveRegion(testCred); err != nil {
+		t.Fatal(err)
+	}
+	w := &where{addr: a.Addr, cred: testCred}
+	f, err := DialFollowing(ctx, a.Addr, testCred, Options{Timeout: 5 * time.Second}, FollowConfig{Relocate: w.relocate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	first := f.Client().Generation()
+	want := bytes.Repeat([]byte("moved twice "), 1000)
+	if err := f.Write(ctx, ChannelSync, want, 0); err != nil {
+		t.Fatal(err)
+	}
+	// move moves the region from one donor to the other, under the same
+	// credential, and removes it at the source as its agent does.
+	move := func(from, to *memorytest.Donor) {
+		t.Helper()
+		if err := memorytest.Move(ctx, from, to, testCred, func() { w.set(to.Addr, testCred) }); err != nil {
+			t.Fatal(err)
+		}
+		if err := from.D.RemoveRegion(testCred); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(when string) {
+		t.Helper()
+		for _, ch := range channels {
+			got := make([]byte, len(want))
+			if err := f.Read(ctx, ch, got, 0); err != nil {
+				t.Fatalf("%v read %s: %v", ch, when, err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("%v read %s: other bytes", ch, when)
+			}
+		}
+		if g := f.Client().Generation(); g != first {
+			t.Fatalf("%s the session sees generation %#x, it saw %#x at first", when, g, first)
+		}
+	}
+
+	move(a, b)
+	check("after the move to B")
+	if f.Moves() != 1 {
+		t.Fatalf("moves = %d after the move to B", f.Moves())
+	}
+	// Away and back while the session is idle: it finds the region where
+	// it was, under the same credential.
+	move(b, a)
+	move(a, b)
+	check("after the moves to A and back to B")
+	if f.Moves() != 1 {
+		t.Fatalf("moves = %d: the session saw the region elsewhere", f.Moves())
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -83,8 +84,13 @@ type Donor struct {
 }
 
 type region struct {
-	mem       []byte
-	gen       uint64 // the region's generation (protocol.HelloReply), drawn at AddRegion
+	mem []byte
+	// gen is the region's generation (protocol.HelloReply), drawn at
+	// AddRegion; a region received for a move (ReceiveRegion) takes the
+	// one its source carried (carried) when it is activated.
+	gen       atomic.Uint64
+	receiving bool   // added by ReceiveRegion, not activated yet (d.mu)
+	carried   uint64 // the generation a move's source carried in its HELLO (d.mu)
 	locked    bool
 	sess      *session
 	gone      bool
@@ -171,6 +177,19 @@ func memAvailable() int64 {
 // region is never swapped to the donor's own disk); without mlock the pages
 // are populated up front. It refuses when the memory is not available.
 func (d *Donor) AddRegion(credential string, size int64) error {
+	return d.addRegion(credential, size, false)
+}
+
+// ReceiveRegion is AddRegion for a region that receives a move (under the
+// transfer's credential): the control HELLO of a session on it may carry
+// the generation of the region being moved (protocol.Hello's
+// MoveGeneration), which the region takes when ActivateRegion serves it
+// as the lease's. A region added by AddRegion ignores it.
+func (d *Donor) ReceiveRegion(credential string, size int64) error {
+	return d.addRegion(credential, size, true)
+}
+
+func (d *Donor) addRegion(credential string, size int64, receiving bool) error {
 	if size <= 0 {
 		return ErrBadSize
 	}
@@ -200,7 +219,8 @@ func (d *Donor) AddRegion(credential string, size int64) error {
 		_ = unix.Munmap(mem)
 		return fmt.Errorf("memory: madvise dontfork: %w", err)
 	}
-	r := &region{mem: mem, gen: newGeneration()}
+	r := &region{mem: mem, receiving: receiving}
+	r.gen.Store(newGeneration())
 	if err := unix.Mlock(mem); err == nil {
 		r.locked = true
 	} else {
@@ -553,7 +573,7 @@ func (d *Donor) hello(c net.Conn, rw io.ReadWriter) (*session, protocol.Hello, u
 		_ = writeErr(rw, protocol.OpHello, f.Seq, protocol.StatusProto, err.Error())
 		return nil, protocol.Hello{}, 0, false
 	}
-	s, qid, st, msg := d.attach(c, hello)
+	s, qid, st, msg := d.attach(c, hello, f.Header)
 	if st != protocol.StatusOK {
 		d.log.Info("memory connection refused", "remote", c.RemoteAddr().String(), "reason", msg)
 		_ = writeErr(rw, protocol.OpHello, f.Seq, st, msg)
@@ -575,7 +595,7 @@ func (d *Donor) hello(c net.Conn, rw io.ReadWriter) (*session, protocol.Hello, u
 	h := protocol.Header{Op: protocol.OpHello, Flags: protocol.FlagResponse, Seq: f.Seq, Payload: uint32(n),
 		Offset: uint64(len(s.reg.mem)), Length: protocol.MaxPayload, Credits: credits}
 	h.Encode(rep[:])
-	rb := protocol.HelloReply{Session: s.id, Queue: qid, Generation: s.reg.gen}
+	rb := protocol.HelloReply{Session: s.id, Queue: qid, Generation: s.reg.gen.Load()}
 	rb.Encode(rep[:protocol.HeaderSize], withGen)
 	if _, err := rw.Write(rep[:protocol.HeaderSize+n]); err != nil {
 		d.detach(s, c)
@@ -585,8 +605,9 @@ func (d *Donor) hello(c net.Conn, rw io.ReadWriter) (*session, protocol.Hello, u
 	return s, hello, qid, true
 }
 
-// attach authenticates hello and adds c to the region's session.
-func (d *Donor) attach(c net.Conn, hello protocol.Hello) (*session, uint32, uint16, string) {
+// attach authenticates hello (whose frame header is h) and adds c to the
+// region's session.
+func (d *Donor) attach(c net.Conn, hello protocol.Hello, h protocol.Header) (*session, uint32, uint16, string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	r, ok := d.regions[credKey(hello.Credential)]
@@ -604,6 +625,10 @@ func (d *Donor) attach(c net.Conn, hello protocol.Hello) (*session, uint32, uint
 			ctrl: c, queues: map[uint32]*queueCredit{}, credSig: make(chan struct{}, 1)}
 		s.ended = make(chan struct{})
 		r.sess = s
+		if g := protocol.MoveGeneration(h); g != 0 && r.receiving {
+			// A move's source: the region it sends keeps its generation.
+			r.carried = g
+		}
 	} else {
 		s = r.sess
 		if s == nil || s.id != hello.Session || s.closed {

@@ -60,6 +60,9 @@ func seedFrames() [][]byte {
 	add(protocol.Header{Op: protocol.OpCredit, Flags: protocol.FlagResponse, Offset: 1, Credits: 64}, nil)
 	add(protocol.Header{Op: protocol.OpRead, Flags: protocol.FlagResponse, Status: protocol.StatusRange, Seq: 5}, []byte("memory: out of range"))
 	add(protocol.Header{Op: protocol.OpRead, Flags: protocol.FlagResponse, Seq: 6, Length: 3}, []byte("abc"))
+	// A move's source: a control HELLO carrying the generation of the
+	// region it sends (protocol.MoveGeneration).
+	add(protocol.Header{Op: protocol.OpHello, Seq: 1, Length: protocol.HelloReplyGenSize, Offset: 0x9e3779b97f4a7c15}, hello)
 	return out
 }
 
@@ -71,12 +74,24 @@ func FuzzDonorStream(f *testing.F) {
 	f.Add(false, bytes.Join(frames[1:4], nil))
 	f.Add(true, bytes.Join(frames, nil))
 	f.Add(false, frames[5])
+	f.Add(true, bytes.Join([][]byte{frames[len(frames)-1], frames[3]}, nil)) // a move's HELLO, a PING
 	f.Fuzz(func(t *testing.T, raw bool, in []byte) {
 		d := New(nil)
 		if err := d.AddRegion(testCred, 8192); err != nil {
 			t.Fatal(err)
 		}
 		defer d.RemoveRegion(testCred)
+		gen, err := d.RegionGeneration(testCred)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Whatever a client sends, the generation of a region that does
+		// not receive a move stays the one drawn at AddRegion.
+		defer func() {
+			if g, err := d.RegionGeneration(testCred); err != nil || g != gen {
+				t.Errorf("the region's generation is %#x (%v), was %#x", g, err, gen)
+			}
+		}()
 		srv, cli := net.Pipe()
 		done := make(chan struct{})
 		go func() { defer close(done); d.handle(srv) }()
@@ -108,12 +123,12 @@ func FuzzSyncStream(f *testing.F) {
 		defer d.RemoveRegion(testCred)
 		ctrlS, ctrlC := net.Pipe()
 		go func() { _, _ = io.Copy(io.Discard, ctrlC) }()
-		s, _, st, _ := d.attach(ctrlS, protocol.Hello{Kind: protocol.KindControl, Credential: testCred})
+		s, _, st, _ := d.attach(ctrlS, protocol.Hello{Kind: protocol.KindControl, Credential: testCred}, protocol.Header{})
 		if st != protocol.StatusOK {
 			t.Fatal(st)
 		}
 		srv, cli := net.Pipe()
-		s2, qid, st, _ := d.attach(srv, protocol.Hello{Kind: protocol.KindQueue, Session: s.id, Credential: testCred})
+		s2, qid, st, _ := d.attach(srv, protocol.Hello{Kind: protocol.KindQueue, Session: s.id, Credential: testCred}, protocol.Header{})
 		if st != protocol.StatusOK {
 			t.Fatal(st)
 		}

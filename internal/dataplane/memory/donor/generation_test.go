@@ -12,14 +12,21 @@ import (
 // region's generation) and returns the reply's payload.
 func helloReply(t *testing.T, addr string, replyLen uint32) []byte {
 	t.Helper()
+	return helloMove(t, addr, testCred, replyLen, 0)
+}
+
+// helloMove is helloReply on the region of cred, the HELLO carrying
+// moveGen (protocol.MoveGeneration) as a move's source's does.
+func helloMove(t *testing.T, addr, cred string, replyLen uint32, moveGen uint64) []byte {
+	t.Helper()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	m := protocol.Hello{Kind: protocol.KindControl, Credential: testCred}
+	m := protocol.Hello{Kind: protocol.KindControl, Credential: cred}
 	b := m.Encode(make([]byte, protocol.HeaderSize))
-	h := protocol.Header{Op: protocol.OpHello, Payload: uint32(len(b) - protocol.HeaderSize), Length: replyLen}
+	h := protocol.Header{Op: protocol.OpHello, Payload: uint32(len(b) - protocol.HeaderSize), Length: replyLen, Offset: moveGen}
 	h.Encode(b)
 	if _, err := c.Write(b); err != nil {
 		t.Fatal(err)
@@ -73,8 +80,80 @@ func TestHelloReplyGeneration(t *testing.T) {
 // connection's close reached the donor).
 func waitSessionEnd(t *testing.T, d *Donor) {
 	t.Helper()
+	waitSessionEndOf(t, d, testCred)
+}
+
+func waitSessionEndOf(t *testing.T, d *Donor, cred string) {
+	t.Helper()
 	d.mu.Lock()
-	r := d.regions[credKey(testCred)]
+	r := d.regions[credKey(cred)]
 	d.mu.Unlock()
 	r.users.Wait()
+}
+
+// TestMovedRegionKeepsGeneration: a region received for a move
+// (ReceiveRegion) whose source carried the moved region's generation in
+// its control HELLO has that generation once it is served as the
+// lease's (ActivateRegion), not one of its own: a session that follows
+// it, or comes back to where it was, sees the same region. A source that
+// carries none (an older agent) leaves the destination's own. A region
+// not received for a move never takes a generation from a client, even
+// one holding its credential, and activating it keeps its own.
+func TestMovedRegionKeepsGeneration(t *testing.T) {
+	const size = 1 << 20
+	d, addr := startDonor(t, size, 0)
+	gen := func(cred string) uint64 {
+		t.Helper()
+		r, err := protocol.DecodeHelloReply(helloMove(t, addr, cred, protocol.HelloReplyGenSize, 0))
+		if err != nil || r.Generation == 0 {
+			t.Fatalf("hello reply %+v, %v", r, err)
+		}
+		waitSessionEndOf(t, d, cred)
+		return r.Generation
+	}
+	src, err := d.RegionGeneration(testCred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := gen(testCred); g != src {
+		t.Fatalf("RegionGeneration says %#x, the HELLO reply %#x", src, g)
+	}
+	move := func(tok, cred string, carry uint64) uint64 {
+		t.Helper()
+		if err := d.ReceiveRegion(tok, size); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = d.RemoveRegion(cred) })
+		helloMove(t, addr, tok, protocol.HelloReplyGenSize, carry) // the source's session
+		waitSessionEndOf(t, d, tok)
+		if err := d.ActivateRegion(tok, cred); err != nil {
+			t.Fatal(err)
+		}
+		return gen(cred)
+	}
+	if g := move("tok-1", "moved-1", src); g != src {
+		t.Errorf("the moved region's generation is %#x, its source's %#x", g, src)
+	}
+	if g := move("tok-2", "moved-2", 0); g == src {
+		t.Errorf("a region moved by a source that carried no generation has the source's, %#x", g)
+	}
+
+	// A region that receives no move ignores a generation a HELLO
+	// carries, also when it is activated (renamed) later.
+	if err := d.AddRegion("plain", size); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.RemoveRegion("plain-renamed") })
+	own := gen("plain")
+	helloMove(t, addr, "plain", protocol.HelloReplyGenSize, src)
+	waitSessionEndOf(t, d, "plain")
+	if g := gen("plain"); g != own {
+		t.Errorf("a HELLO set the generation of a region that receives no move: %#x, was %#x", g, own)
+	}
+	if err := d.ActivateRegion("plain", "plain-renamed"); err != nil {
+		t.Fatal(err)
+	}
+	if g := gen("plain-renamed"); g != own {
+		t.Errorf("activating a region that received no move changed its generation: %#x, was %#x", g, own)
+	}
 }

@@ -204,9 +204,23 @@ func (d *Donor) RetireRegion(ctx context.Context, credential string) error {
 	return ctx.Err()
 }
 
+// RegionGeneration is the generation of the region of credential (what
+// a move's source carries to the destination: protocol.MoveGeneration).
+func (d *Donor) RegionGeneration(credential string) (uint64, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r, ok := d.regions[credKey(credential)]
+	if !ok || r.gone {
+		return 0, ErrNoRegion
+	}
+	return r.gen.Load(), nil
+}
+
 // ActivateRegion serves the region received under credential from under
 // newCredential instead (a moved region becoming the lease's): the
-// session under the old credential, if any, ends.
+// session under the old credential, if any, ends. A region added by
+// ReceiveRegion takes the generation its move's source carried, if it
+// did (else it keeps its own): the region moved keeps its generation.
 func (d *Donor) ActivateRegion(credential, newCredential string) error {
 	if newCredential == "" || len(newCredential) > protocol.MaxCredential {
 		return fmt.Errorf("memory: credential must be 1..%d bytes", protocol.MaxCredential)
@@ -224,9 +238,17 @@ func (d *Donor) ActivateRegion(credential, newCredential string) error {
 	delete(d.regions, credKey(credential))
 	d.regions[credKey(newCredential)] = r
 	s := r.sess
+	carried := r.receiving && r.carried != 0
+	if carried {
+		r.gen.Store(r.carried)
+	}
+	r.receiving, r.carried = false, 0
 	d.mu.Unlock()
 	if s != nil {
 		d.endSession(s)
+	}
+	if carried {
+		d.log.Info("moved memory region activated with its source's generation")
 	}
 	return nil
 }

@@ -19,9 +19,17 @@ import (
 // place: the borrower's relocation finds it from then on), and from
 // retires the region (the held WRITEs, and any later one, are answered
 // GONE, its session's connections close). The copy is the whole region
-// in one pass: the writes are held all along.
+// in one pass: the writes are held all along. As an agent's move does,
+// the copy goes to a region received under a credential of the move's
+// own (donor.ReceiveRegion), served under newCred once complete
+// (ActivateRegion), and carries the region's generation there
+// (protocol.MoveGeneration): the moved region keeps it.
 func Move(ctx context.Context, from, to *Donor, newCred string, switched func()) error {
 	size, err := from.D.RegionSize(Credential)
+	if err != nil {
+		return err
+	}
+	gen, err := from.D.RegionGeneration(Credential)
 	if err != nil {
 		return err
 	}
@@ -32,22 +40,30 @@ func Move(ctx context.Context, from, to *Donor, newCred string, switched func())
 	if _, err := from.D.ReadRegion(Credential, data, 0); err != nil {
 		return err
 	}
-	if err := to.D.AddRegion(newCred, size); err != nil {
+	if err := to.D.ReceiveRegion(moveToken, size); err != nil {
 		return err
 	}
-	if err := writeRegion(ctx, to.Addr, newCred, to.ClientTLS, data); err != nil {
+	if err := writeRegion(ctx, to.Addr, moveToken, to.ClientTLS, data, gen); err != nil {
 		return fmt.Errorf("memorytest: copy: %w", err)
+	}
+	if err := to.D.ActivateRegion(moveToken, newCred); err != nil {
+		return err
 	}
 	switched()
 	return from.D.RetireRegion(ctx, Credential)
 }
 
+// moveToken is the credential Move's destination receives the region
+// under.
+const moveToken = "memorytest-move-token"
+
 // writeRegion writes data at offset 0 of the region of credential at
 // addr: a session of its own (a control connection, a sync one), closed
-// after; inside TLS with tlsCfg if it is set.
-func writeRegion(ctx context.Context, addr, credential string, tlsCfg *tls.Config, data []byte) error {
+// after; inside TLS with tlsCfg if it is set. Its control HELLO carries
+// moveGen (protocol.MoveGeneration).
+func writeRegion(ctx context.Context, addr, credential string, tlsCfg *tls.Config, data []byte, moveGen uint64) error {
 	var d net.Dialer
-	hello := func(kind uint8, session uint64) (net.Conn, uint64, error) {
+	hello := func(kind uint8, session, moveGen uint64) (net.Conn, uint64, error) {
 		c, err := d.DialContext(ctx, "tcp", addr)
 		if err != nil {
 			return nil, 0, err
@@ -67,7 +83,7 @@ func writeRegion(ctx context.Context, addr, credential string, tlsCfg *tls.Confi
 		}
 		m := protocol.Hello{Kind: kind, Session: session, Credential: credential}
 		b := m.Encode(make([]byte, protocol.HeaderSize))
-		h := protocol.Header{Op: protocol.OpHello, Payload: uint32(len(b) - protocol.HeaderSize)}
+		h := protocol.Header{Op: protocol.OpHello, Payload: uint32(len(b) - protocol.HeaderSize), Offset: moveGen}
 		h.Encode(b)
 		if _, err := c.Write(b); err != nil {
 			c.Close()
@@ -84,12 +100,12 @@ func writeRegion(ctx context.Context, addr, credential string, tlsCfg *tls.Confi
 		}
 		return c, binary.BigEndian.Uint64(f.Data), nil
 	}
-	ctrl, session, err := hello(protocol.KindControl, 0)
+	ctrl, session, err := hello(protocol.KindControl, 0, moveGen)
 	if err != nil {
 		return err
 	}
 	defer ctrl.Close()
-	c, _, err := hello(protocol.KindSync, session)
+	c, _, err := hello(protocol.KindSync, session, 0)
 	if err != nil {
 		return err
 	}

@@ -18,6 +18,7 @@ func seedFrames() [][]byte {
 	hello := (&Hello{Kind: KindControl, Credential: testCred}).Encode(nil)
 	add(Header{Op: OpHello, Seq: 1}, hello)
 	add(Header{Op: OpHello, Seq: 1, Length: HelloReplyGenSize}, hello)
+	add(Header{Op: OpHello, Seq: 1, Length: HelloReplyGenSize, Offset: 0x9e3779b97f4a7c15}, hello) // a move's source
 	add(Header{Op: OpHello, Flags: FlagResponse, Seq: 1, Offset: 1 << 20, Length: MaxPayload},
 		(&HelloReply{Session: 7, Queue: 1}).Encode(nil, false))
 	add(Header{Op: OpHello, Flags: FlagResponse, Seq: 1, Offset: 1 << 20, Length: MaxPayload},
@@ -49,6 +50,10 @@ func FuzzDecodeHeader(f *testing.F) {
 		}
 		if h.Payload > MaxPayload {
 			t.Fatal("payload bound not enforced")
+		}
+		// Only a HELLO request carries a move's generation.
+		if g := MoveGeneration(h); g != 0 && (h.Op != OpHello || h.IsResponse() || g != h.Offset) {
+			t.Fatalf("MoveGeneration of %+v is %#x", h, g)
 		}
 	})
 }

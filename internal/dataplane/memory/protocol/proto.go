@@ -283,6 +283,20 @@ func DecodeHello(p []byte) (Hello, error) {
 	return m, nil
 }
 
+// MoveGeneration is the generation a HELLO request h carries in its
+// offset field: a move's source opening its session with the region it
+// sends to (a control connection) puts the generation of the region it
+// moves there, which the destination's region takes when it is served as
+// the lease's (donor.ReceiveRegion, ActivateRegion), so that a moved
+// region keeps its generation. 0: none (every other client; older donors
+// ignore the field).
+func MoveGeneration(h Header) uint64 {
+	if h.Op != OpHello || h.IsResponse() {
+		return 0
+	}
+	return h.Offset
+}
+
 // HelloReply is the payload of a HELLO reply. Generation identifies the
 // region's instance at its donor: a random non-zero value drawn when the
 // region is created, the same for every session on it, different for a
