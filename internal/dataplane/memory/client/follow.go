@@ -273,6 +273,7 @@ func (f *Following) follow(ctx context.Context, gen uint64, force bool) error {
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
 	defer cancel()
 	retry := backoff.Backoff{Min: followFirstWait, Max: followMaxWait, Clock: f.cfg.Clock}
+	var why error // what failed last, not just the follow's deadline cutting an attempt short
 	for {
 		addr, cred, err := f.cfg.Relocate(ctx)
 		if errors.Is(err, ErrEnded) {
@@ -314,8 +315,11 @@ func (f *Following) follow(ctx context.Context, gen uint64, force bool) error {
 				return nil
 			}
 		}
+		if why == nil || ctx.Err() == nil {
+			why = err
+		}
 		if retry.Wait(ctx) != nil {
-			return fmt.Errorf("memory: following the region: %w", err)
+			return fmt.Errorf("memory: following the region: %w", why)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -308,5 +309,47 @@ func TestFollowingKeepsGenerationAcrossMoves(t *testing.T) {
 	check("after the moves to A and back to B")
 	if f.Moves() != 1 {
 		t.Fatalf("moves = %d: the session saw the region elsewhere", f.Moves())
+	}
+}
+
+// TestFollowReportsWhatFailedNotTheDeadline: a follow whose attempts fail
+// (a new place whose certificate is not trusted) and whose last attempt
+// is cut short by the follow's deadline reports what failed, not the
+// deadline.
+func TestFollowReportsWhatFailedNotTheDeadline(t *testing.T) {
+	const size = 1 << 20
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ca, other := memorytest.NewCA(t), memorytest.NewCA(t)
+	from := memorytest.StartTLS(t, memorytest.ServerTLS(t, ca), size, 0)
+	to := memorytest.StartTLS(t, memorytest.ServerTLS(t, other), size, 0)
+	to.ClientTLS = memorytest.ClientTLS(t, other) // the move itself trusts it
+	var asked atomic.Int64
+	var moved atomic.Bool
+	relocate := func(ctx context.Context) (string, string, error) {
+		if !moved.Load() {
+			return from.Addr, memorytest.Credential, nil
+		}
+		if asked.Add(1) == 1 {
+			return to.Addr, "moved-cred", nil
+		}
+		<-ctx.Done() // the next attempt outlasts the follow
+		return "", "", ctx.Err()
+	}
+	f, err := DialFollowing(ctx, from.Addr, memorytest.Credential, Options{Timeout: 5 * time.Second, TLS: memorytest.ClientTLS(t, ca)},
+		FollowConfig{Relocate: relocate, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := memorytest.Move(ctx, from, to, "moved-cred", func() { moved.Store(true) }); err != nil {
+		t.Fatal(err)
+	}
+	err = f.Read(ctx, ChannelSync, make([]byte, 4096), 0)
+	if err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("a read whose follow found only an untrusted place: %v, want the refused certificate", err)
+	}
+	if asked.Load() < 2 {
+		t.Fatalf("the follow asked where the region is %d time(s), want a second attempt cut by the deadline", asked.Load())
 	}
 }
