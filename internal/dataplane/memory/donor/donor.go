@@ -75,6 +75,11 @@ type Donor struct {
 	// spinners do not compete with the application. Zero means
 	// DefaultFaultSpin; negative disables it.
 	FaultSpin time.Duration
+	// RefusalWait bounds how long RetireRegion waits for the writes it
+	// refuses to be answered GONE before it closes the session's
+	// connections: an answer waits for its write's payload, which a
+	// borrower may withhold. Zero means DefaultRefusalWait.
+	RefusalWait time.Duration
 
 	mu       sync.Mutex
 	regions  map[[32]byte]*region
@@ -138,6 +143,17 @@ func New(logger *slog.Logger) *Donor {
 func credKey(credential string) [32]byte { return sha256.Sum256([]byte(credential)) }
 
 func (d *Donor) spin() time.Duration { return max(d.Spin, 0) }
+
+// DefaultRefusalWait is the donor's default RefusalWait: a borrower's
+// requests time out sooner (the client's default Options.Timeout).
+const DefaultRefusalWait = 5 * time.Second
+
+func (d *Donor) refusalWait() time.Duration {
+	if d.RefusalWait > 0 {
+		return d.RefusalWait
+	}
+	return DefaultRefusalWait
+}
 
 // DefaultFaultSpin is the donor's default FaultSpin.
 const DefaultFaultSpin = 50 * time.Microsecond

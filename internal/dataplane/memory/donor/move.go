@@ -180,8 +180,8 @@ func (d *Donor) Waiting(credential string) int {
 
 // RetireRegion ends the service of a region that moved: held writes and
 // later ones are refused with StatusGone, the writes under way complete,
-// then the session's connections are closed and no new session is
-// admitted. The memory is kept until RemoveRegion.
+// then (after RefusalWait at most) the session's connections are closed
+// and no new session is admitted. The memory is kept until RemoveRegion.
 func (d *Donor) RetireRegion(ctx context.Context, credential string) error {
 	r, g, err := d.moving(credential)
 	if err != nil {
@@ -189,9 +189,14 @@ func (d *Donor) RetireRegion(ctx context.Context, credential string) error {
 	}
 	g.Retire()
 	// The writes under way complete and the refused ones are answered
-	// GONE before their connections close; if ctx ends first, the
-	// session's end below stops them.
-	_ = g.Drain(ctx)
+	// GONE before their connections close; if ctx ends first, or the
+	// answers take longer than RefusalWait (a refused write's payload is
+	// read before its answer, and a borrower may withhold it), the
+	// session's end below stops them. Its callers' contexts need not end
+	// (an agent's heartbeat round commits a sealed move).
+	dctx, cancel := context.WithTimeout(ctx, d.refusalWait())
+	_ = g.Drain(dctx)
+	cancel()
 	d.mu.Lock()
 	r.suspended, r.retired = true, true
 	s := r.sess
