@@ -384,6 +384,14 @@ func (a *Agent) restoreExports(_ context.Context, saved []persistedExport) {
 	for _, p := range saved {
 		req, dev, err := a.validateRestored(p)
 		a.mu.Lock()
+		if _, lost := a.lost[p.Export]; lost {
+			// Reported lost under another entry of it (a damaged
+			// file): never served as well.
+			a.mu.Unlock()
+			a.mRestored.WithLabelValues("dropped").Inc()
+			a.log.Warn("a restored export is listed again after an entry reported lost; dropping it", "lease", p.LeaseID)
+			continue
+		}
 		if err == nil {
 			if _, dup := a.exports[req.Export]; dup {
 				err = fmt.Errorf("%w: export listed twice", ErrConflict)

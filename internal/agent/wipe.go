@@ -278,17 +278,21 @@ func (a *Agent) journalUnrestorable(saved []persistedExport) ([]persistedExport,
 		path, export string
 		lo, hi       int64
 	}
-	var kept []span // the block ranges of the entries that restore
-	overlaps := map[int]bool{}
+	var kept []span               // the block ranges of the entries that restore
+	unserved := map[int]error{}   // entries that validate but are not served, and why
 	restored := map[string]bool{} // the exports of kept
-	dropped := map[string]bool{}  // the exports of overlaps
+	dropped := map[string]bool{}  // the exports of block entries not restored
 	for i, p := range saved {
 		req, dev, err := a.validateRestored(p)
-		if err == nil && dropped[p.Export] {
-			// Listed again after an entry that overlapped: the lease
-			// is reported lost, and not served under this one either.
-			overlaps[i] = true
+		if err == nil && dropped[p.Export] && !restored[p.Export] {
+			// Listed again after an entry that could not be restored:
+			// the lease is reported lost, and not served under this
+			// one either.
+			unserved[i] = fmt.Errorf("%w: listed again after an entry that could not be restored", ErrConflict)
 			continue
+		}
+		if err != nil && p.Kind == api.KindBlock {
+			dropped[p.Export] = true
 		}
 		if err != nil || dev.Kind != api.KindBlock || restored[p.Export] {
 			// An export listed again is served under its entry in
@@ -301,10 +305,10 @@ func (a *Agent) journalUnrestorable(saved []persistedExport) ([]persistedExport,
 			if sameFile(k.path, s.path) && k.lo < s.hi && s.lo < k.hi {
 				// A damaged file: the first entry of the range
 				// restores, this one is not served.
-				overlaps[i] = true
+				unserved[i] = fmt.Errorf("%w: the range overlaps another restored lease's", ErrOverlap)
 			}
 		}
-		if overlaps[i] {
+		if unserved[i] != nil {
 			dropped[p.Export] = true
 		} else {
 			kept = append(kept, s)
@@ -313,8 +317,8 @@ func (a *Agent) journalUnrestorable(saved []persistedExport) ([]persistedExport,
 	}
 	for i, p := range saved {
 		_, _, err := a.validateRestored(p)
-		if overlaps[i] {
-			err = fmt.Errorf("%w: the range overlaps another restored lease's", ErrOverlap)
+		if unserved[i] != nil {
+			err = unserved[i]
 		}
 		if err == nil || p.Kind != api.KindBlock {
 			out = append(out, p)
@@ -335,9 +339,13 @@ func (a *Agent) journalUnrestorable(saved []persistedExport) ([]persistedExport,
 			}
 		}
 		a.mRestored.WithLabelValues("dropped").Inc()
-		a.mu.Lock()
-		a.loseLocked(p, reasonUnrestorable)
-		a.mu.Unlock()
+		if !restored[p.Export] {
+			// (An export served under another entry of it is not
+			// lost: only this damaged entry's range is wiped.)
+			a.mu.Lock()
+			a.loseLocked(p, reasonUnrestorable)
+			a.mu.Unlock()
+		}
 		if w.Length <= 0 {
 			a.log.Warn("a restored export no longer validates and none of its range is lent; dropping it", "lease", p.LeaseID, "err", err)
 			continue

@@ -777,3 +777,60 @@ func TestDroppedEntryListedAgain(t *testing.T) {
 		t.Fatal("the restored lease's bytes were wiped")
 	}
 }
+
+// TestUnrestorableEntryListedAgain: a damaged exports.json lists an export
+// first on a device no longer configured, then again as it was: the lease
+// is reported lost and not served under the second entry (it would be
+// served and lost at once), and its range is wiped. Listed the other way
+// round, the export is served under its first entry and not reported
+// lost: only the damaged entry is dropped.
+func TestUnrestorableEntryListedAgain(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		badFirst  bool
+		wantLease bool
+	}{
+		{"bad entry first", true, false},
+		{"bad entry second", false, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r, cfg, secret := withTenant(t, 0, 0x29)
+			dir := cfg.StateDir
+			r.halt(t)
+			var saved []persistedExport
+			if err := readJSON(filepath.Join(dir, exportsFile), &saved); err != nil || len(saved) != 1 {
+				t.Fatalf("exports: %+v, %v", saved, err)
+			}
+			bad := saved[0]
+			bad.DeviceName, bad.DevicePath = "diskX", ""
+			entries := []persistedExport{saved[0], bad}
+			if c.badFirst {
+				entries = []persistedExport{bad, saved[0]}
+			}
+			if err := writeJSON(filepath.Join(dir, exportsFile), entries); err != nil {
+				t.Fatal(err)
+			}
+
+			a := start(t, cfg).a
+			a.mu.Lock()
+			lost := a.lostLocked()
+			a.mu.Unlock()
+			got := a.Leases()
+			if c.wantLease {
+				if len(got) != 1 || got[0] != "lease-a" || len(lost) != 0 {
+					t.Fatalf("leases after the restart: %v, lost %+v; want lease-a served, none lost", got, lost)
+				}
+				if !bytes.Equal(diskBytes(t, dir, 0, leaseSize), secret) {
+					t.Fatal("the served lease's bytes were wiped")
+				}
+				return
+			}
+			if len(got) != 0 || len(lost) != 1 || lost[0].LeaseID != "lease-a" {
+				t.Fatalf("leases after the restart: %v, lost %+v; want none served, lease-a lost", got, lost)
+			}
+			if !bytes.Equal(diskBytes(t, dir, 0, leaseSize), make([]byte, leaseSize)) {
+				t.Fatal("the lost lease's range keeps its bytes")
+			}
+		})
+	}
+}
