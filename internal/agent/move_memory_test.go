@@ -21,13 +21,7 @@ import (
 // write the borrower saw complete.
 func TestMoveMemoryUnderWrites(t *testing.T) {
 	const size = 4 << 20
-	_, srv := newFakeCP(t)
-	cfg := func(name string) Config {
-		return Config{ControlPlane: srv.URL, BootstrapToken: "boot", Name: name, StateDir: t.TempDir(),
-			Devices: []DeviceConfig{{Name: "mem0", Kind: api.KindMemory, Size: 8 << 20}}}
-	}
-	src := start(t, cfg("src")).a
-	dst := start(t, cfg("dst")).a
+	src, dst := memoryLenders(t, "src", "dst")
 	ctx := ctxFor(t)
 	resp, err := src.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-m", Kind: api.KindMemory, DeviceName: "mem0",
 		Length: size, Export: "x_lease-m"})
@@ -157,13 +151,7 @@ func TestMoveMemoryUnderWrites(t *testing.T) {
 // refused as recreated (protocol.ErrRecreated).
 func TestMoveMemoryKeepsGeneration(t *testing.T) {
 	const size = 1 << 20
-	_, srv := newFakeCP(t)
-	cfg := func(name string) Config {
-		return Config{ControlPlane: srv.URL, BootstrapToken: "boot", Name: name, StateDir: t.TempDir(),
-			Devices: []DeviceConfig{{Name: "mem0", Kind: api.KindMemory, Size: 8 << 20}}}
-	}
-	a := start(t, cfg("a")).a
-	b := start(t, cfg("b")).a
+	a, b := memoryLenders(t, "a", "b")
 	ctx := ctxFor(t)
 	part := api.PrepareRequest{LeaseID: "lease-g", Kind: api.KindMemory, DeviceName: "mem0", Length: size, Export: "x_lease-g"}
 	resp, err := a.Prepare(ctx, part)
@@ -239,4 +227,16 @@ func TestMoveMemoryKeepsGeneration(t *testing.T) {
 	if f.Moves() != 1 {
 		t.Fatalf("moves = %d: the session saw the part elsewhere", f.Moves())
 	}
+}
+
+// memoryLenders starts two agents named a and b, each lending an 8 MiB
+// memory device mem0, against one fake control plane.
+func memoryLenders(t *testing.T, a, b string) (*Agent, *Agent) {
+	t.Helper()
+	_, srv := newFakeCP(t)
+	cfg := func(name string) Config {
+		return Config{ControlPlane: srv.URL, BootstrapToken: "boot", Name: name, StateDir: t.TempDir(),
+			Devices: []DeviceConfig{{Name: "mem0", Kind: api.KindMemory, Size: 8 << 20}}}
+	}
+	return start(t, cfg(a)).a, start(t, cfg(b)).a
 }

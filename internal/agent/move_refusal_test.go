@@ -19,13 +19,7 @@ import (
 // the retirement now stops waiting after the donor's RefusalWait.
 func TestTeardownOfSealedMemoryMoveWithWithheldPayload(t *testing.T) {
 	const size = 1 << 20
-	_, srv := newFakeCP(t)
-	cfg := func(name string) Config {
-		return Config{ControlPlane: srv.URL, BootstrapToken: "boot", Name: name, StateDir: t.TempDir(),
-			Devices: []DeviceConfig{{Name: "mem0", Kind: api.KindMemory, Size: 8 << 20}}}
-	}
-	src := start(t, cfg("src")).a
-	dst := start(t, cfg("dst")).a
+	src, dst := memoryLenders(t, "src", "dst")
 	ctx := ctxFor(t)
 	const export = "x_lease-w"
 	resp, err := src.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-w", Kind: api.KindMemory, DeviceName: "mem0",

@@ -522,11 +522,7 @@ func TestRestoreFollowsDevicePath(t *testing.T) {
 func TestUnrestorableRangeCut(t *testing.T) {
 	r, cfg, _ := withTenant(t, 0, 0x71)
 	dir := cfg.StateDir
-	r.halt(t)
-	var saved []persistedExport
-	if err := readJSON(filepath.Join(dir, exportsFile), &saved); err != nil || len(saved) != 1 {
-		t.Fatalf("exports: %+v, %v", saved, err)
-	}
+	saved := haltedExports(t, r, dir, 1)
 	// Beside it, entries whose ranges lie before the device or overflow:
 	// none of the device is theirs, nothing is wiped for them (the
 	// neighbour's bytes at leaseSize stay).
@@ -647,11 +643,7 @@ func TestUnrestorableSparesRestoredRange(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			r, cfg, secret := withTenant(t, 0, 0x29)
 			dir := cfg.StateDir
-			r.halt(t)
-			var saved []persistedExport
-			if err := readJSON(filepath.Join(dir, exportsFile), &saved); err != nil || len(saved) != 1 {
-				t.Fatalf("exports: %+v, %v", saved, err)
-			}
+			saved := haltedExports(t, r, dir, 1)
 			// Bytes past lease-a that the damaged entry also names.
 			tail := bytes.Repeat([]byte{0x33}, leaseSize/2)
 			writeDisk(t, dir, tail, leaseSize)
@@ -711,11 +703,7 @@ func TestDuplicateEntryLosesNoOtherLease(t *testing.T) {
 	dir := cfg.StateDir
 	other := bytes.Repeat([]byte{0x44}, leaseSize)
 	nbdWrite(t, prepareBlock(t, r.a, "lease-b", leaseSize, leaseSize), other, 0)
-	r.halt(t)
-	var saved []persistedExport
-	if err := readJSON(filepath.Join(dir, exportsFile), &saved); err != nil || len(saved) != 2 || saved[0].LeaseID != "lease-a" {
-		t.Fatalf("exports: %+v, %v", saved, err)
-	}
+	saved := haltedExports(t, r, dir, 2)
 	dup := saved[0]
 	dup.Offset = leaseSize
 	if err := writeJSON(filepath.Join(dir, exportsFile), []persistedExport{saved[0], dup, saved[1]}); err != nil {
@@ -749,11 +737,7 @@ func TestDroppedEntryListedAgain(t *testing.T) {
 	dir := cfg.StateDir
 	other := bytes.Repeat([]byte{0x44}, leaseSize)
 	nbdWrite(t, prepareBlock(t, r.a, "lease-b", leaseSize, leaseSize), other, 0)
-	r.halt(t)
-	var saved []persistedExport
-	if err := readJSON(filepath.Join(dir, exportsFile), &saved); err != nil || len(saved) != 2 || saved[0].LeaseID != "lease-a" {
-		t.Fatalf("exports: %+v, %v", saved, err)
-	}
+	saved := haltedExports(t, r, dir, 2)
 	over := saved[0]
 	over.Offset = leaseSize + leaseSize/2
 	if err := writeJSON(filepath.Join(dir, exportsFile), []persistedExport{saved[1], over, saved[0]}); err != nil {
@@ -796,11 +780,7 @@ func TestUnrestorableEntryListedAgain(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			r, cfg, secret := withTenant(t, 0, 0x29)
 			dir := cfg.StateDir
-			r.halt(t)
-			var saved []persistedExport
-			if err := readJSON(filepath.Join(dir, exportsFile), &saved); err != nil || len(saved) != 1 {
-				t.Fatalf("exports: %+v, %v", saved, err)
-			}
+			saved := haltedExports(t, r, dir, 1)
 			bad := saved[0]
 			bad.DeviceName, bad.DevicePath = "diskX", ""
 			entries := []persistedExport{saved[0], bad}
@@ -833,4 +813,16 @@ func TestUnrestorableEntryListedAgain(t *testing.T) {
 			}
 		})
 	}
+}
+
+// haltedExports halts r and returns the exports its state directory dir
+// lists: n entries, lease-a's first.
+func haltedExports(t *testing.T, r *running, dir string, n int) []persistedExport {
+	t.Helper()
+	r.halt(t)
+	var saved []persistedExport
+	if err := readJSON(filepath.Join(dir, exportsFile), &saved); err != nil || len(saved) != n || saved[0].LeaseID != "lease-a" {
+		t.Fatalf("exports: %+v, %v", saved, err)
+	}
+	return saved
 }
