@@ -211,10 +211,7 @@ func (a *Agent) movedLocked() []api.MovedExport {
 // lease) the exports' URIs, and persists them: a later restart binds those
 // addresses again.
 func (a *Agent) recordMoved(leases []string, sent []api.MovedExport) {
-	acked := map[string]bool{}
-	for _, id := range leases {
-		acked[id] = true
-	}
+	acked := setOf(leases)
 	a.opMu.Lock()
 	defer a.opMu.Unlock()
 	changed := 0

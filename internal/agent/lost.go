@@ -73,10 +73,7 @@ func (a *Agent) lostLocked() []api.LostExport {
 // recordLost forgets the lost exports of the leases the control plane
 // acknowledged, and persists the rest.
 func (a *Agent) recordLost(leases []string) {
-	acked := map[string]bool{}
-	for _, id := range leases {
-		acked[id] = true
-	}
+	acked := setOf(leases)
 	a.opMu.Lock()
 	defer a.opMu.Unlock()
 	n := 0
@@ -95,4 +92,13 @@ func (a *Agent) recordLost(leases []string) {
 	if err := a.saveExportsLocked(); err != nil {
 		a.log.Warn("persisting exports", "err", err)
 	}
+}
+
+// setOf is the set of ids.
+func setOf(ids []string) map[string]bool {
+	set := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		set[id] = true
+	}
+	return set
 }
