@@ -19,7 +19,9 @@ import (
 //     the map while it arrived sees it in its next pass;
 //   - hold the writes that have not started for the last pass
 //     (PauseWrites, ResumeWrites): PauseWrites returns once the writes
-//     under way are in the region and marked; reads go on;
+//     under way are in the region and marked, or (one withholding its
+//     payload past RefusalWait) failed with their session's end and
+//     marked; reads go on;
 //   - end the session at the switch (RetireRegion): held writes are
 //     answered StatusGone, the session's connections are closed and no new
 //     session is admitted; the agent then removes (wipes) the region.
@@ -129,14 +131,26 @@ func (d *Donor) TrackWrites(ctx context.Context, credential string, m *dirty.Map
 }
 
 // PauseWrites holds the region's WRITEs that have not started and returns
-// once those under way are in the region and marked. If ctx ends first
-// the writes are resumed.
+// once those under way are in the region and marked. A WRITE is under way
+// from its header on, and a borrower may withhold its payload: if they
+// are not all in within RefusalWait, the region's session ends (its
+// connections are closed: the writes under way fail, unacknowledged, and
+// leave; the borrower's next session is held like any), and PauseWrites
+// returns once they have left. If ctx ends first the writes are resumed.
 func (d *Donor) PauseWrites(ctx context.Context, credential string) error {
 	r, g, err := d.moving(credential)
 	if err != nil {
 		return err
 	}
-	return r.writes.Pause(ctx, g)
+	return r.writes.PauseWithin(ctx, g, d.refusalWait(), func() {
+		d.mu.Lock()
+		s := r.sess
+		d.mu.Unlock()
+		if s != nil {
+			d.log.Warn("memory move: writes under way withheld their payload; ending the session", "wait", d.refusalWait())
+			d.endSession(s)
+		}
+	})
 }
 
 // ResumeWrites lets the held writes proceed.
