@@ -83,8 +83,27 @@ func (w *Writes) WaitUntracked(ctx context.Context) error {
 // under way: everything written after it returns, or still under way then,
 // is either in the copy the caller makes next or marked in m.
 func (w *Writes) Track(ctx context.Context, g *Gate, m *Map) error {
+	return w.TrackWithin(ctx, g, m, 0, nil)
+}
+
+// TrackWithin is Track for writes a writer may stall once they started,
+// as [Writes.PauseWithin]: if the untracked writes under way have not
+// all completed within wait (and ctx has not ended), it calls stop, which
+// must make them end promptly, and goes on waiting for them until ctx
+// ends. wait <= 0 or a nil stop is Track.
+func (w *Writes) TrackWithin(ctx context.Context, g *Gate, m *Map, wait time.Duration, stop func()) error {
 	g.dirty.Store(m)
-	return w.WaitUntracked(ctx)
+	if stop == nil || wait <= 0 {
+		return w.WaitUntracked(ctx)
+	}
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	err := w.WaitUntracked(wctx)
+	cancel()
+	if err != nil && ctx.Err() == nil {
+		stop()
+		err = w.WaitUntracked(ctx)
+	}
+	return err
 }
 
 // Pause holds the writes that have not started (they wait in

@@ -232,3 +232,23 @@ func TestPauseWithin(t *testing.T) {
 	}
 	g.Leave(0, 1)
 }
+
+// TestTrackWithin: an untracked write under way that does not complete
+// within the wait is stopped, and TrackWithin returns once it has ended.
+func TestTrackWithin(t *testing.T) {
+	var w Writes
+	if w.Begin() != nil {
+		t.Fatal("a gate before Install")
+	}
+	g := w.Install()
+	stops := 0
+	if err := w.TrackWithin(context.Background(), g, New(1<<16, 4096), time.Millisecond, func() {
+		stops++
+		go w.EndUntracked() // the stopped write fails and ends
+	}); err != nil || stops != 1 {
+		t.Fatalf("TrackWithin = %v after %d stops", err, stops)
+	}
+	if err := w.TrackWithin(context.Background(), g, nil, time.Nanosecond, func() { t.Error("stopped with no write under way") }); err != nil {
+		t.Fatal(err)
+	}
+}

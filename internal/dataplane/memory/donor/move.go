@@ -118,7 +118,9 @@ func (d *Donor) ReadRegion(credential string, p []byte, off int64) (int, error) 
 
 // TrackWrites makes the WRITEs to the region of credential that complete
 // from now on mark m (nil stops marking). It returns once no write that
-// could have missed m is still arriving.
+// could have missed m is still arriving: after RefusalWait, as
+// PauseWrites, it ends the session of a borrower that withholds such a
+// write's payload.
 func (d *Donor) TrackWrites(ctx context.Context, credential string, m *dirty.Map) error {
 	r, g, err := d.moving(credential)
 	if err != nil {
@@ -127,7 +129,9 @@ func (d *Donor) TrackWrites(ctx context.Context, credential string, m *dirty.Map
 	if m != nil && m.Size() != int64(len(r.mem)) {
 		return fmt.Errorf("memory: dirty map of %d bytes for a region of %d", m.Size(), len(r.mem))
 	}
-	return r.writes.Track(ctx, g, m)
+	// A write under way may be one whose payload the borrower withholds:
+	// as PauseWrites.
+	return r.writes.TrackWithin(ctx, g, m, d.refusalWait(), d.stopWrites(r))
 }
 
 // PauseWrites holds the region's WRITEs that have not started and returns
@@ -142,15 +146,25 @@ func (d *Donor) PauseWrites(ctx context.Context, credential string) error {
 	if err != nil {
 		return err
 	}
-	return r.writes.PauseWithin(ctx, g, d.refusalWait(), func() {
+	return r.writes.PauseWithin(ctx, g, d.refusalWait(), d.stopWrites(r))
+}
+
+// stopWrites returns the function that makes the writes under way to r
+// end promptly, for a move that waited RefusalWait for them: it ends r's
+// session, closing its connections (those of earlier sessions are closed
+// already), so that a write whose payload is withheld fails, never
+// acknowledged, and its handler leaves; the borrower's next session is
+// served (or held) like any.
+func (d *Donor) stopWrites(r *region) func() {
+	return func() {
 		d.mu.Lock()
 		s := r.sess
 		d.mu.Unlock()
 		if s != nil {
-			d.log.Warn("memory move: writes under way withheld their payload; ending the session", "wait", d.refusalWait())
+			d.log.Warn("memory move: a write under way withheld its payload; ending the session", "wait", d.refusalWait())
 			d.endSession(s)
 		}
-	})
+	}
 }
 
 // ResumeWrites lets the held writes proceed.

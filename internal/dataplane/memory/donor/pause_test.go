@@ -130,3 +130,69 @@ func TestPauseDoesNotWaitForAWithheldPayload(t *testing.T) {
 		})
 	}
 }
+
+// TestTrackDoesNotWaitForAWithheldPayload: as above, with the write under
+// way before the move starts: TrackWrites waits for the writes that
+// started untracked, and waited for this one until its context ended. It
+// waits RefusalWait at most, then ends the session: the write fails
+// unacknowledged, and nothing of it lands after TrackWrites returns.
+func TestTrackDoesNotWaitForAWithheldPayload(t *testing.T) {
+	const size = 1 << 20
+	const off, n, sent = 5 * 4096, 4096, 100
+	for _, kind := range []uint8{protocol.KindSync, protocol.KindQueue} {
+		t.Run(map[uint8]string{protocol.KindSync: "sync", protocol.KindQueue: "queue"}[kind], func(t *testing.T) {
+			d, addr := startDonor(t, size, 0)
+			d.RefusalWait = 50 * time.Millisecond
+			ctx := context.Background()
+			ctrl, sess := dialHello(t, addr, protocol.KindControl, 0, testCred)
+			defer ctrl.Close()
+			c, _ := dialHello(t, addr, kind, sess, testCred)
+			defer c.Close()
+			frame := make([]byte, protocol.HeaderSize+sent)
+			(&protocol.Header{Op: protocol.OpWrite, Seq: 1, Offset: off, Length: n, Payload: n}).Encode(frame)
+			copy(frame[protocol.HeaderSize:], bytes.Repeat([]byte{0xAB}, sent))
+			if _, err := c.Write(frame); err != nil { // and never the rest
+				t.Fatal(err)
+			}
+			got := make([]byte, n)
+			poll(t, "the write's first bytes in the region", func() bool {
+				_, err := d.ReadRegion(testCred, got, off)
+				return err == nil && got[sent-1] == 0xAB
+			})
+			tctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			if err := d.TrackWrites(tctx, testCred, dirty.New(size, 4096)); err != nil {
+				t.Fatalf("TrackWrites waited for the withheld payload until its context ended: %v", err)
+			}
+			// No write that started untracked is under way: the wait
+			// returns at once, even with a context that has ended.
+			r, _, err := d.moving(testCred)
+			if err != nil {
+				t.Fatal(err)
+			}
+			done, stop := context.WithCancel(ctx)
+			stop()
+			if err := r.writes.WaitUntracked(done); err != nil {
+				t.Fatalf("a write is still under way once TrackWrites returned: %v", err)
+			}
+			snap := make([]byte, n)
+			if _, err := d.ReadRegion(testCred, snap, off); err != nil {
+				t.Fatal(err)
+			}
+			_, _ = c.Write(bytes.Repeat([]byte{0xCD}, n-sent))
+			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			if _, err := io.ReadFull(c, frame[:protocol.HeaderSize]); err == nil {
+				t.Error("the connection of the withheld write answered")
+			}
+			if err := d.SuspendRegion(testCred); err != nil { // waits for the handlers
+				t.Fatal(err)
+			}
+			if _, err := d.ReadRegion(testCred, got, off); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, snap) {
+				t.Error("the withheld write landed after TrackWrites returned")
+			}
+		})
+	}
+}
