@@ -83,8 +83,27 @@ func (w *Writes) WaitUntracked(ctx context.Context) error {
 // under way: everything written after it returns, or still under way then,
 // is either in the copy the caller makes next or marked in m.
 func (w *Writes) Track(ctx context.Context, g *Gate, m *Map) error {
+	return w.TrackWithin(ctx, g, m, 0, nil)
+}
+
+// TrackWithin is Track for writes a writer may stall once they started,
+// as [Writes.PauseWithin]: if the untracked writes under way have not
+// all completed within wait (and ctx has not ended), it calls stop, which
+// must make them end promptly, and goes on waiting for them until ctx
+// ends. wait <= 0 or a nil stop is Track.
+func (w *Writes) TrackWithin(ctx context.Context, g *Gate, m *Map, wait time.Duration, stop func()) error {
 	g.dirty.Store(m)
-	return w.WaitUntracked(ctx)
+	if stop == nil || wait <= 0 {
+		return w.WaitUntracked(ctx)
+	}
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	err := w.WaitUntracked(wctx)
+	cancel()
+	if err != nil && ctx.Err() == nil {
+		stop()
+		err = w.WaitUntracked(ctx)
+	}
+	return err
 }
 
 // Pause holds the writes that have not started (they wait in
@@ -92,16 +111,46 @@ func (w *Writes) Track(ctx context.Context, g *Gate, m *Map) error {
 // been marked. If ctx ends first the writes are resumed and ctx's error
 // returned.
 func (w *Writes) Pause(ctx context.Context, g *Gate) error {
-	g.setPaused(true)
-	if err := w.WaitUntracked(ctx); err != nil {
-		g.setPaused(false)
-		return err
+	return w.PauseWithin(ctx, g, 0, nil)
+}
+
+// PauseWithin is Pause for writes a writer may stall once they started
+// (a write admitted after its header waits for its payload): if the
+// writes under way have not all completed within wait (and ctx has not
+// ended), it calls stop, which must make them end (fail) promptly — by
+// closing their connections — and goes on waiting for them until ctx
+// ends. Like Pause it returns nil only once no write is under way: a
+// write stopped has left the gate (and marked its range) before, and
+// none can complete after. wait <= 0 or a nil stop is Pause.
+func (w *Writes) PauseWithin(ctx context.Context, g *Gate, wait time.Duration, stop func()) error {
+	if stop == nil {
+		wait = 0
 	}
-	if err := g.Drain(ctx); err != nil {
+	g.setPaused(true)
+	err := w.settle(ctx, g, wait)
+	if err != nil && ctx.Err() == nil {
+		stop()
+		err = w.settle(ctx, g, 0)
+	}
+	if err != nil {
 		g.setPaused(false)
 		return err
 	}
 	return nil
+}
+
+// settle waits until no write is under way, or ctx ends, or wait (if
+// positive) has passed: the error then is ctx's, or the wait's.
+func (w *Writes) settle(ctx context.Context, g *Gate, wait time.Duration) error {
+	if wait > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, wait)
+		defer cancel()
+	}
+	if err := w.WaitUntracked(ctx); err != nil {
+		return err
+	}
+	return g.Drain(ctx)
 }
 
 // Gate is the write gate of a range being moved: it marks the writes that

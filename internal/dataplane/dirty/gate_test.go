@@ -178,3 +178,77 @@ func TestDrainWaitsForRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPauseWithin: a write under way that does not complete within the
+// wait is stopped, and PauseWithin returns once it has left (marked), not
+// before; writes that complete in time are not stopped; a context that
+// ends first resumes the writes.
+func TestPauseWithin(t *testing.T) {
+	var w Writes
+	g := w.Install()
+	m := New(1<<16, 4096)
+	if err := w.Track(context.Background(), g, m); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Enter(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	stops := 0
+	err := w.PauseWithin(context.Background(), g, time.Millisecond, func() {
+		stops++
+		if got := m.Take(); len(got) != 0 {
+			t.Errorf("dirty before the write left: %v", got)
+		}
+		go g.Leave(4096, 100) // the stopped write fails and leaves
+	})
+	if err != nil || stops != 1 {
+		t.Fatalf("PauseWithin = %v after %d stops", err, stops)
+	}
+	if got := m.Take(); len(got) != 1 || got[0] != (Range{Off: 4096, Len: 4096}) {
+		t.Errorf("dirty = %v, want the stopped write's page", got)
+	}
+	if !g.Paused() {
+		t.Error("not paused")
+	}
+	g.Resume()
+
+	// Nothing under way: not stopped, however short the wait.
+	if err := w.PauseWithin(context.Background(), g, time.Nanosecond, func() { t.Error("stopped with no write under way") }); err != nil {
+		t.Fatal(err)
+	}
+	g.Resume()
+
+	// The context ends first: not stopped, resumed.
+	if err := g.Enter(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := w.PauseWithin(ctx, g, time.Hour, func() { t.Error("stopped after the context ended") }); !errors.Is(err, context.Canceled) {
+		t.Errorf("PauseWithin = %v, want the context's error", err)
+	}
+	if g.Paused() {
+		t.Error("still paused after the context ended")
+	}
+	g.Leave(0, 1)
+}
+
+// TestTrackWithin: an untracked write under way that does not complete
+// within the wait is stopped, and TrackWithin returns once it has ended.
+func TestTrackWithin(t *testing.T) {
+	var w Writes
+	if w.Begin() != nil {
+		t.Fatal("a gate before Install")
+	}
+	g := w.Install()
+	stops := 0
+	if err := w.TrackWithin(context.Background(), g, New(1<<16, 4096), time.Millisecond, func() {
+		stops++
+		go w.EndUntracked() // the stopped write fails and ends
+	}); err != nil || stops != 1 {
+		t.Fatalf("TrackWithin = %v after %d stops", err, stops)
+	}
+	if err := w.TrackWithin(context.Background(), g, nil, time.Nanosecond, func() { t.Error("stopped with no write under way") }); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -77,8 +77,10 @@ type Donor struct {
 	FaultSpin time.Duration
 	// RefusalWait bounds how long RetireRegion waits for the writes it
 	// refuses to be answered GONE before it closes the session's
-	// connections: an answer waits for its write's payload, which a
-	// borrower may withhold. Zero means DefaultRefusalWait.
+	// connections, and how long PauseWrites waits for the writes under
+	// way before it does: an answer, and a write under way, wait for the
+	// write's payload, which a borrower may withhold. Zero means
+	// DefaultRefusalWait.
 	RefusalWait time.Duration
 
 	mu       sync.Mutex

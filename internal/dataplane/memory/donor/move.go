@@ -19,7 +19,9 @@ import (
 //     the map while it arrived sees it in its next pass;
 //   - hold the writes that have not started for the last pass
 //     (PauseWrites, ResumeWrites): PauseWrites returns once the writes
-//     under way are in the region and marked; reads go on;
+//     under way are in the region and marked, or (one withholding its
+//     payload past RefusalWait) failed with their session's end and
+//     marked; reads go on;
 //   - end the session at the switch (RetireRegion): held writes are
 //     answered StatusGone, the session's connections are closed and no new
 //     session is admitted; the agent then removes (wipes) the region.
@@ -116,7 +118,9 @@ func (d *Donor) ReadRegion(credential string, p []byte, off int64) (int, error) 
 
 // TrackWrites makes the WRITEs to the region of credential that complete
 // from now on mark m (nil stops marking). It returns once no write that
-// could have missed m is still arriving.
+// could have missed m is still arriving: after RefusalWait, as
+// PauseWrites, it ends the session of a borrower that withholds such a
+// write's payload.
 func (d *Donor) TrackWrites(ctx context.Context, credential string, m *dirty.Map) error {
 	r, g, err := d.moving(credential)
 	if err != nil {
@@ -125,18 +129,42 @@ func (d *Donor) TrackWrites(ctx context.Context, credential string, m *dirty.Map
 	if m != nil && m.Size() != int64(len(r.mem)) {
 		return fmt.Errorf("memory: dirty map of %d bytes for a region of %d", m.Size(), len(r.mem))
 	}
-	return r.writes.Track(ctx, g, m)
+	// A write under way may be one whose payload the borrower withholds:
+	// as PauseWrites.
+	return r.writes.TrackWithin(ctx, g, m, d.refusalWait(), d.stopWrites(r))
 }
 
 // PauseWrites holds the region's WRITEs that have not started and returns
-// once those under way are in the region and marked. If ctx ends first
-// the writes are resumed.
+// once those under way are in the region and marked. A WRITE is under way
+// from its header on, and a borrower may withhold its payload: if they
+// are not all in within RefusalWait, the region's session ends (its
+// connections are closed: the writes under way fail, unacknowledged, and
+// leave; the borrower's next session is held like any), and PauseWrites
+// returns once they have left. If ctx ends first the writes are resumed.
 func (d *Donor) PauseWrites(ctx context.Context, credential string) error {
 	r, g, err := d.moving(credential)
 	if err != nil {
 		return err
 	}
-	return r.writes.Pause(ctx, g)
+	return r.writes.PauseWithin(ctx, g, d.refusalWait(), d.stopWrites(r))
+}
+
+// stopWrites returns the function that makes the writes under way to r
+// end promptly, for a move that waited RefusalWait for them: it ends r's
+// session, closing its connections (those of earlier sessions are closed
+// already), so that a write whose payload is withheld fails, never
+// acknowledged, and its handler leaves; the borrower's next session is
+// served (or held) like any.
+func (d *Donor) stopWrites(r *region) func() {
+	return func() {
+		d.mu.Lock()
+		s := r.sess
+		d.mu.Unlock()
+		if s != nil {
+			d.log.Warn("memory move: a write under way withheld its payload; ending the session", "wait", d.refusalWait())
+			d.endSession(s)
+		}
+	}
 }
 
 // ResumeWrites lets the held writes proceed.
