@@ -3,6 +3,7 @@ package nbd
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/dirty"
 )
@@ -28,6 +29,14 @@ import (
 // failed or not, so a copier that cleared the map while it ran sees it
 // again in its next pass; PauseWrites returns only once every write under
 // way has completed and been marked.
+//
+// A write that started before the move (spliced, or over TLS decrypted
+// into a mapping: neither passes the gate) is under way from its header
+// on, while its payload arrives, and a client may withhold the payload:
+// TrackWrites and PauseWrites wait [Server.MoveWait] at most for the
+// writes under way, then close the export's connections (such a write
+// fails, unanswered, and what is left of its payload never lands) and
+// return once the writes have ended.
 //
 // Without a move an export pays two atomic additions per write for this
 // (the count of writes that started without seeing a move, which
@@ -114,19 +123,53 @@ func (s *Server) TrackWrites(ctx context.Context, name string, d *dirty.Map) err
 	if err != nil {
 		return err
 	}
-	return e.writes.Track(ctx, g, d)
+	return e.writes.TrackWithin(ctx, g, d, s.moveWait(), s.stopWrites(name, e))
 }
 
 // PauseWrites holds the writes to export name that have not started (they
 // wait, their connections stay open) and returns once every write under
-// way has completed and been marked. If ctx ends first, writes are
+// way has completed and been marked (after MoveWait, with the export's
+// connections closed: see TrackWrites). If ctx ends first, writes are
 // resumed and ctx's error returned.
 func (s *Server) PauseWrites(ctx context.Context, name string) error {
 	e, g, err := s.move(name)
 	if err != nil {
 		return err
 	}
-	return e.writes.Pause(ctx, g)
+	return e.writes.PauseWithin(ctx, g, s.moveWait(), s.stopWrites(name, e))
+}
+
+// DefaultMoveWait is how long TrackWrites and PauseWrites wait for the
+// writes under way before they close the export's connections, when
+// Server.MoveWait is zero.
+const DefaultMoveWait = 5 * time.Second
+
+func (s *Server) moveWait() time.Duration {
+	if s.MoveWait > 0 {
+		return s.MoveWait
+	}
+	return DefaultMoveWait
+}
+
+// stopWrites returns the function that makes the writes under way to e
+// end promptly, for a move that waited MoveWait for them: it closes e's
+// connections, so that a write whose payload the client withholds fails
+// (its reader's read of the socket does), unanswered, and ends; what is
+// left of its payload is never read. The client's next connection is
+// served (or its writes held) like any. It does not wait for the
+// connections to end: the move waits for the writes.
+func (s *Server) stopWrites(name string, e *export) func() {
+	return func() {
+		s.mu.Lock()
+		conns := e.connList()
+		s.mu.Unlock()
+		s.logger().Warn("nbd: move: a write under way withheld its payload; closing the export's connections",
+			"export", NameTag(name), "connections", len(conns), "wait", s.moveWait())
+		for _, c := range conns {
+			c.cancel()
+			c.nc.Close()
+		}
+	}
 }
 
 // HeldWrites reports how many writes to export name are held by

@@ -183,6 +183,13 @@ type Server struct {
 	// and no TLSConfig the server offers STARTTLS with PSK only. Either
 	// way export names are still the credentials checked.
 	PSK *tlspsk.Keys
+	// MoveWait bounds how long TrackWrites and PauseWrites wait for the
+	// writes under way that started without seeing the move before they
+	// close the export's connections: such a write (spliced, or over TLS
+	// decrypted into a mapping) is under way from its header on, while
+	// its payload arrives, and a client may withhold the payload. Zero
+	// means DefaultMoveWait.
+	MoveWait time.Duration
 
 	mu      sync.Mutex
 	exports map[string]*export
