@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"io"
+	"net"
 	"testing"
 	"time"
 
@@ -25,6 +26,36 @@ func poll(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// withheldWrite starts a donor of a size-byte region (RefusalWait 50 ms)
+// and a session of it with a connection c of kind, runs before (if any),
+// then sends on c a WRITE of n bytes at off with its first sent bytes
+// (0xAB) and never the rest, and waits until those are in the region;
+// got holds the write's range as read then.
+func withheldWrite(t *testing.T, size int64, kind uint8, off, n, sent int, before func(*Donor)) (d *Donor, addr string, c net.Conn, got []byte) {
+	t.Helper()
+	d, addr = startDonor(t, size, 0)
+	d.RefusalWait = 50 * time.Millisecond
+	ctrl, sess := dialHello(t, addr, protocol.KindControl, 0, testCred)
+	t.Cleanup(func() { ctrl.Close() })
+	c, _ = dialHello(t, addr, kind, sess, testCred)
+	t.Cleanup(func() { c.Close() })
+	if before != nil {
+		before(d)
+	}
+	frame := make([]byte, protocol.HeaderSize+sent)
+	(&protocol.Header{Op: protocol.OpWrite, Seq: 1, Offset: uint64(off), Length: uint32(n), Payload: uint32(n)}).Encode(frame)
+	copy(frame[protocol.HeaderSize:], bytes.Repeat([]byte{0xAB}, sent))
+	if _, err := c.Write(frame); err != nil { // and never the rest
+		t.Fatal(err)
+	}
+	got = make([]byte, n)
+	poll(t, "the write's first bytes in the region", func() bool {
+		_, err := d.ReadRegion(testCred, got, int64(off))
+		return err == nil && got[sent-1] == 0xAB
+	})
+	return d, addr, c, got
+}
+
 // TestPauseDoesNotWaitForAWithheldPayload: a borrower sends a WRITE's
 // header and part of its payload, and withholds the rest, while a move
 // tracks the region's writes. The write is under way (admitted after its
@@ -39,27 +70,12 @@ func TestPauseDoesNotWaitForAWithheldPayload(t *testing.T) {
 	const off, n, sent = 5 * 4096, 4096, 100
 	for _, kind := range []uint8{protocol.KindSync, protocol.KindQueue} {
 		t.Run(map[uint8]string{protocol.KindSync: "sync", protocol.KindQueue: "queue"}[kind], func(t *testing.T) {
-			d, addr := startDonor(t, size, 0)
-			d.RefusalWait = 50 * time.Millisecond
 			ctx := context.Background()
-			ctrl, sess := dialHello(t, addr, protocol.KindControl, 0, testCred)
-			defer ctrl.Close()
-			c, _ := dialHello(t, addr, kind, sess, testCred)
-			defer c.Close()
 			m := dirty.New(size, 4096)
-			if err := d.TrackWrites(ctx, testCred, m); err != nil {
-				t.Fatal(err)
-			}
-			frame := make([]byte, protocol.HeaderSize+sent)
-			(&protocol.Header{Op: protocol.OpWrite, Seq: 1, Offset: off, Length: n, Payload: n}).Encode(frame)
-			copy(frame[protocol.HeaderSize:], bytes.Repeat([]byte{0xAB}, sent))
-			if _, err := c.Write(frame); err != nil { // and never the rest
-				t.Fatal(err)
-			}
-			got := make([]byte, n)
-			poll(t, "the write's first bytes in the region", func() bool {
-				_, err := d.ReadRegion(testCred, got, off)
-				return err == nil && got[sent-1] == 0xAB
+			d, addr, c, got := withheldWrite(t, size, kind, off, n, sent, func(d *Donor) {
+				if err := d.TrackWrites(ctx, testCred, m); err != nil {
+					t.Fatal(err)
+				}
 			})
 
 			// Long enough to tell the bound from the context's end.
@@ -91,7 +107,7 @@ func TestPauseDoesNotWaitForAWithheldPayload(t *testing.T) {
 			// land (its handler is gone once the region is suspended).
 			_, _ = c.Write(bytes.Repeat([]byte{0xCD}, n-sent))
 			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-			if _, err := io.ReadFull(c, frame[:protocol.HeaderSize]); err == nil {
+			if _, err := io.ReadFull(c, make([]byte, protocol.HeaderSize)); err == nil {
 				t.Error("the connection of the withheld write answered")
 			}
 
@@ -141,24 +157,8 @@ func TestTrackDoesNotWaitForAWithheldPayload(t *testing.T) {
 	const off, n, sent = 5 * 4096, 4096, 100
 	for _, kind := range []uint8{protocol.KindSync, protocol.KindQueue} {
 		t.Run(map[uint8]string{protocol.KindSync: "sync", protocol.KindQueue: "queue"}[kind], func(t *testing.T) {
-			d, addr := startDonor(t, size, 0)
-			d.RefusalWait = 50 * time.Millisecond
 			ctx := context.Background()
-			ctrl, sess := dialHello(t, addr, protocol.KindControl, 0, testCred)
-			defer ctrl.Close()
-			c, _ := dialHello(t, addr, kind, sess, testCred)
-			defer c.Close()
-			frame := make([]byte, protocol.HeaderSize+sent)
-			(&protocol.Header{Op: protocol.OpWrite, Seq: 1, Offset: off, Length: n, Payload: n}).Encode(frame)
-			copy(frame[protocol.HeaderSize:], bytes.Repeat([]byte{0xAB}, sent))
-			if _, err := c.Write(frame); err != nil { // and never the rest
-				t.Fatal(err)
-			}
-			got := make([]byte, n)
-			poll(t, "the write's first bytes in the region", func() bool {
-				_, err := d.ReadRegion(testCred, got, off)
-				return err == nil && got[sent-1] == 0xAB
-			})
+			d, _, c, got := withheldWrite(t, size, kind, off, n, sent, nil)
 			tctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 			defer cancel()
 			if err := d.TrackWrites(tctx, testCred, dirty.New(size, 4096)); err != nil {
@@ -181,7 +181,7 @@ func TestTrackDoesNotWaitForAWithheldPayload(t *testing.T) {
 			}
 			_, _ = c.Write(bytes.Repeat([]byte{0xCD}, n-sent))
 			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-			if _, err := io.ReadFull(c, frame[:protocol.HeaderSize]); err == nil {
+			if _, err := io.ReadFull(c, make([]byte, protocol.HeaderSize)); err == nil {
 				t.Error("the connection of the withheld write answered")
 			}
 			if err := d.SuspendRegion(testCred); err != nil { // waits for the handlers
