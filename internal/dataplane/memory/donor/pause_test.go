@@ -56,6 +56,17 @@ func withheldWrite(t *testing.T, size int64, kind uint8, off, n, sent int, befor
 	return d, addr, c, got
 }
 
+// sendRestUnanswered sends the withheld rest (0xCD) of a write's payload on
+// c, whose session is over, and checks that no answer comes.
+func sendRestUnanswered(t *testing.T, c net.Conn, rest int) {
+	t.Helper()
+	_, _ = c.Write(bytes.Repeat([]byte{0xCD}, rest))
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(c, make([]byte, protocol.HeaderSize)); err == nil {
+		t.Error("the connection of the withheld write answered")
+	}
+}
+
 // TestPauseDoesNotWaitForAWithheldPayload: a borrower sends a WRITE's
 // header and part of its payload, and withholds the rest, while a move
 // tracks the region's writes. The write is under way (admitted after its
@@ -105,11 +116,7 @@ func TestPauseDoesNotWaitForAWithheldPayload(t *testing.T) {
 			// The session is over: its connection was closed, the write
 			// never acknowledged, and the rest of its payload does not
 			// land (its handler is gone once the region is suspended).
-			_, _ = c.Write(bytes.Repeat([]byte{0xCD}, n-sent))
-			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-			if _, err := io.ReadFull(c, make([]byte, protocol.HeaderSize)); err == nil {
-				t.Error("the connection of the withheld write answered")
-			}
+			sendRestUnanswered(t, c, n-sent)
 
 			// The borrower's next session is admitted; its writes are
 			// held by the pause, and go on once it is lifted.
@@ -179,11 +186,7 @@ func TestTrackDoesNotWaitForAWithheldPayload(t *testing.T) {
 			if _, err := d.ReadRegion(testCred, snap, off); err != nil {
 				t.Fatal(err)
 			}
-			_, _ = c.Write(bytes.Repeat([]byte{0xCD}, n-sent))
-			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-			if _, err := io.ReadFull(c, make([]byte, protocol.HeaderSize)); err == nil {
-				t.Error("the connection of the withheld write answered")
-			}
+			sendRestUnanswered(t, c, n-sent)
 			if err := d.SuspendRegion(testCred); err != nil { // waits for the handlers
 				t.Fatal(err)
 			}
