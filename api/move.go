@@ -19,7 +19,9 @@ type TransferInRequest struct {
 	Token string `json:"token"`
 	// Part is the part as the destination will serve it once the
 	// transfer is committed: lease, device, range and its (new) export
-	// name. Its ExpiresAt and Now are the lease's.
+	// name. Its ExpiresAt and Now are the lease's; its TimeoutSeconds is
+	// this call's bound, which the destination deducts from both times
+	// left (the lease's and the transfer's).
 	Part PrepareRequest `json:"part"`
 	// ExpiresAt (with Now, the control plane's clock) is when the
 	// destination gives the transfer up unless it was committed: it stops

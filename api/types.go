@@ -609,6 +609,17 @@ type PrepareRequest struct {
 	// lender counts the time left (ExpiresAt - Now) on its own clock, so
 	// the two clocks need not agree.
 	Now time.Time `json:"now,omitzero"`
+	// TimeoutSeconds is the most time that may pass, from Now, before
+	// the control plane gives the call up: an answer later than that is
+	// not taken, and the control plane counts the prepare failed (and
+	// tears down what it started). The lender counts the time left from
+	// that long before the request arrived, so that a request delayed on
+	// its way never makes it believe the lease expires later than it
+	// does. With no time left after that the export is prepared but not
+	// served (as if its expiry had passed) until a heartbeat answer shows
+	// the lease has time left. 0 (an older control plane): the time left
+	// is counted from the request's arrival.
+	TimeoutSeconds float64 `json:"timeout_seconds,omitempty"`
 	// Placement counts the control plane's placements of the lease (1,
 	// 2, … as it places the lease again without lenders that did not
 	// confirm): a teardown of an earlier placement (TeardownRequest)

@@ -26,6 +26,10 @@ var (
 	// still serves (for instance a lost lease not yet torn down) or that is
 	// being wiped: the agent never lets two exports reach the same bytes.
 	ErrOverlap = errors.New("agent: range in use")
+	// ErrGaveUp is returned when the caller of a prepare gave up (its
+	// context ended) before the export was ready: nobody takes the answer,
+	// and the export, if it was prepared, is not served.
+	ErrGaveUp = errors.New("agent: the caller gave up on the prepare")
 )
 
 // rangeBusyLocked reports whether req's range overlaps the range of
@@ -90,8 +94,19 @@ func (a *Agent) validate(req api.PrepareRequest) (api.PrepareRequest, DeviceConf
 // an export again for the same lease and range returns the same answer
 // (and serves it again if it was held or suspended: the control plane
 // wants it); for another range it is refused (ErrOverlap).
+//
+// The lease's time left is counted from the earliest the request can
+// have left the control plane (api.PrepareRequest.TimeoutSeconds before
+// it arrived). An export with no time left after that is prepared but
+// not served, as if its expiry had passed: a heartbeat answer that shows
+// the lease has time left serves it. ctx is the caller's: a prepare whose
+// caller gives up (the control plane's bound passed: it counts the
+// prepare failed) is refused while it waits for the agent's other work,
+// and once the export is ready it is kept not served, for the control
+// plane's teardown or the next heartbeat answer to judge (ErrGaveUp).
 func (a *Agent) Prepare(ctx context.Context, req api.PrepareRequest) (api.PrepareResponse, error) {
-	req.ExpiresAt, req.Now = localExpiry(req.ExpiresAt, req.Now, a.clock.Now()), time.Time{}
+	req.ExpiresAt = requestExpiry(req.ExpiresAt, req.Now, a.clock.Now(), req.TimeoutSeconds)
+	req.Now, req.TimeoutSeconds = time.Time{}, 0
 	return a.prepare(ctx, req, false, "", false)
 }
 
@@ -106,6 +121,10 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 	}
 	a.opMu.Lock()
 	defer a.opMu.Unlock()
+	if err := ctx.Err(); err != nil && !restoring {
+		a.mPrepares.WithLabelValues("error").Inc()
+		return api.PrepareResponse{}, fmt.Errorf("%w: %s: %w", ErrGaveUp, req.LeaseID, err)
+	}
 	a.mu.Lock()
 	endpoint, host := a.endpoints[req.Kind], a.host
 	old, exists := a.exports[req.Export]
@@ -148,6 +167,16 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 		// The latest placement it was prepared for (a late prepare of an
 		// earlier one does not make it a late teardown's).
 		req.Placement = max(req.Placement, old.Request.Placement)
+		if old.suspended && a.noTimeLeft(req) {
+			// Stays suspended, with the new expiry.
+			old.Request = req
+			if err := a.storeLocked(old); err != nil {
+				a.log.Warn("persisting exports", "err", err) // recorded before
+			}
+			a.mPrepares.WithLabelValues("held").Inc()
+			a.log.Warn("prepared a lease with no time left; not serving it until a heartbeat answer shows time left", "lease", req.LeaseID, "device", dev.Name)
+			return api.PrepareResponse{URI: old.servedURI()}, nil
+		}
 		if old.suspended {
 			// Suspended by a Suspender: serve it again, same URI.
 			if err := drv.(Suspender).Resume(ctx, old); err != nil {
@@ -183,6 +212,25 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 		// Heartbeat), so that a restart before then tries it again.
 		e.Moved = resp.URI
 	}
+	// Not served after all: with no time left, or (a prepare) when the
+	// caller gave up meanwhile. (The driver served it only under opMu,
+	// before anyone had its answer.)
+	gaveUp := !restoring && ctx.Err() != nil
+	hold := gaveUp || a.noTimeLeft(req)
+	if hold {
+		stopped, err := a.stopServing(context.WithoutCancel(ctx), drv, e)
+		if err != nil {
+			// Still served: recorded as such, the known expiry stops it
+			// (or the control plane's teardown, which an error brings).
+			a.log.Warn("could not hold back an export prepared with no time left or whose caller gave up", "lease", req.LeaseID, "err", err)
+			if err := a.storeLocked(e); err != nil {
+				a.log.Warn("persisting exports", "err", err)
+			}
+			a.mPrepares.WithLabelValues("error").Inc()
+			return api.PrepareResponse{}, fmt.Errorf("agent: prepare %s on %s: holding it back: %w", req.LeaseID, dev.Name, err)
+		}
+		e = stopped
+	}
 	if err := a.storeLocked(e); err != nil {
 		if !exists {
 			// Not recorded, a restart would forget the export, and with
@@ -200,10 +248,25 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 		}
 		a.log.Warn("persisting exports", "err", err) // recorded before
 	}
+	if hold {
+		a.mPrepares.WithLabelValues("held").Inc()
+		if gaveUp {
+			a.log.Warn("prepared an export whose caller gave up; not serving it (the control plane tears it down, or a heartbeat answer decides)",
+				"lease", req.LeaseID, "device", dev.Name)
+			return api.PrepareResponse{}, fmt.Errorf("%w: %s: %w", ErrGaveUp, req.LeaseID, ctx.Err())
+		}
+		a.log.Warn("prepared a lease with no time left; not serving it until a heartbeat answer shows time left", "lease", req.LeaseID, "device", dev.Name)
+		return resp, nil
+	}
 	a.mPrepares.WithLabelValues("ok").Inc()
 	a.log.Info("prepared", "lease", req.LeaseID, "device", dev.Name, "kind", dev.Kind,
 		"offset", req.Offset, "length", req.Length, "export", resource.Fingerprint(req.Export))
 	return resp, nil
+}
+
+// noTimeLeft reports whether req's known expiry has passed.
+func (a *Agent) noTimeLeft(req api.PrepareRequest) bool {
+	return !req.ExpiresAt.IsZero() && !a.clock.Now().Before(req.ExpiresAt)
 }
 
 // sameRange reports whether a and b name the same range of the same device.
@@ -577,6 +640,7 @@ var errorMap = httpx.ErrorMap{
 	{Err: ErrOverlap, Status: http.StatusConflict, Code: api.CodeConflict},
 	{Err: ErrTransferState, Status: http.StatusConflict, Code: api.CodeConflict},
 	{Err: ErrNoDriver, Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable},
+	{Err: ErrGaveUp, Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable},
 }
 
 func (a *Agent) handleTeardown(w http.ResponseWriter, r *http.Request) {

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"math"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
@@ -17,15 +18,40 @@ import (
 //   - Each export knows its lease's expiry (api.PrepareRequest.ExpiresAt,
 //     then every heartbeat answer), as the time left by the control
 //     plane's clock (ExpiresAt - Now) counted on the agent's own clock
-//     from when the request arrived or the heartbeat left: the clocks need
-//     not agree, and a slow answer only makes the agent stop earlier.
-//     When it passes,
+//     from a moment no later than the control plane's Now: for a heartbeat
+//     answer, when the heartbeat left; for a prepare (or a move's
+//     TransferIn), the most time the request may have been on its way
+//     (api.PrepareRequest.TimeoutSeconds, the control plane's bound on the
+//     call, after which it counts the call failed) before it arrived. The
+//     clocks need not agree, and a slow answer or a request delayed within
+//     its bound only makes the agent stop earlier: the expiry the agent
+//     knows is never later than the one the control plane sent. (A
+//     control plane that predates TimeoutSeconds sends none: the time
+//     left of a prepare then counts from its arrival, later by the delay
+//     on its way. A prepare arriving after its bound, which the control
+//     plane counts failed, see below.) When it passes,
 //     without an answer showing a renewal, the agent stops serving the
 //     export: a Suspender driver keeps its data (block ranges stay as they
 //     are) and a sealed move of it as it is (its writes stay held until
 //     the commit), other drivers tear it down. An answer that shows the lease
 //     renewed serves it again. While the control plane is unreachable an
 //     export whose expiry the agent does not know is not served.
+//   - A prepare with no time left (after that deduction) is prepared, its
+//     URI answered, but not served, as if its expiry had passed: an answer
+//     that shows the lease has time left (renewed, or the request spent
+//     less than its bound on its way) serves it. A prepare whose caller gave
+//     up (the control plane's bound passed: it counts the prepare failed
+//     and tears down) is refused, or, if the export is ready by then, kept
+//     not served for the control plane's teardown or the next answer. A
+//     prepare that arrives after its bound while the agent cannot tell
+//     (the caller's hang-up has not reached it) is served until that
+//     teardown or the first answer after it, and at most until the expiry
+//     it counted, which can be later than the lease's by the delay beyond
+//     the bound.
+//   - Renewals reach the agent only in heartbeat answers. An answer judges
+//     only the exports prepared before its heartbeat left (it may have
+//     been computed before a later prepare was sent): it does not change
+//     the expiry of a later one, serve it, or drop it.
 //   - Nothing is wiped because the control plane is unreachable: only a
 //     teardown the control plane asks for wipes.
 
@@ -40,13 +66,55 @@ func localExpiry(exp, cpNow, since time.Time) time.Time {
 	return since.Add(exp.Sub(cpNow))
 }
 
+// requestExpiry is localExpiry for a request of the control plane that
+// arrived at arrived and was sent at most timeoutSeconds before
+// (api.PrepareRequest.TimeoutSeconds): the time left is counted from the
+// earliest the request can have left.
+func requestExpiry(exp, cpNow, arrived time.Time, timeoutSeconds float64) time.Time {
+	return localExpiry(exp, cpNow, arrived.Add(-inFlight(timeoutSeconds)))
+}
+
+// inFlight is a request's TimeoutSeconds as a duration: 0 for none (or
+// a value that is not positive), at most about 292 years.
+func inFlight(seconds float64) time.Duration {
+	switch {
+	case !(seconds > 0):
+		return 0
+	case seconds >= float64(math.MaxInt64/int64(time.Second)):
+		return math.MaxInt64
+	}
+	return time.Duration(seconds * float64(time.Second))
+}
+
+// stopServing has the driver stop serving e, as when its lease's known
+// expiry passes: a Suspender keeps its data (suspended), other drivers
+// tear it down (held). The caller holds opMu and records the result.
+func (a *Agent) stopServing(ctx context.Context, drv Driver, e Export) (Export, error) {
+	if s, ok := drv.(Suspender); ok {
+		if err := s.Suspend(ctx, e); err != nil {
+			return e, err
+		}
+		e.suspended = true
+		return e, nil
+	}
+	if err := drv.Teardown(ctx, e); err != nil {
+		return e, err
+	}
+	e.held = true
+	return e, nil
+}
+
 // reconcile applies a heartbeat answer's leases: their expiries (cpNow is
 // the control plane's clock in the answer, sent the agent's clock when
 // the heartbeat left), and the confirmation of held or suspended exports
 // whose lease has not expired. Expiries are kept in memory only: a restart
-// holds every export until the next answer brings them again. Only
-// exports prepared before the heartbeat left (Export.prepared ≤ mark)
-// are dropped for a range the answer does not list.
+// holds every export until the next answer brings them again. The answer
+// judges only the exports prepared before the heartbeat left
+// (Export.prepared ≤ mark): it may have been computed before a later
+// prepare was sent, so it neither drops such an export for a range it does
+// not list, nor changes its expiry (the prepare's is newer), nor serves it
+// (one prepared with no time left, or whose caller gave up); the next
+// answer does.
 func (a *Agent) reconcile(ctx context.Context, leases []api.LeaseExpiry, cpNow, sent time.Time, mark uint64) {
 	if len(leases) == 0 {
 		return
@@ -70,14 +138,14 @@ func (a *Agent) reconcile(ctx context.Context, leases []api.LeaseExpiry, cpNow, 
 	unwanted := map[string][]string{} // lease → export names
 	for name, e := range a.exports {
 		exp, ok := wanted[e.Request.LeaseID]
-		if !ok {
+		if !ok || e.prepared > mark {
+			// Not listed, or prepared after the heartbeat left (a
+			// placement the answer may not know of yet).
 			continue
 		}
-		if set, ok := ranges[e.Request.LeaseID]; ok && !e.incoming && e.prepared <= mark && !set[partRef(e.Request)] {
+		if set, ok := ranges[e.Request.LeaseID]; ok && !e.incoming && !set[partRef(e.Request)] {
 			// A part that moved away or was lost, or a stale copy
-			// restored after a restart: never served again. (One
-			// prepared after the heartbeat left may be a placement the
-			// answer did not know of yet.)
+			// restored after a restart: never served again.
 			unwanted[e.Request.LeaseID] = append(unwanted[e.Request.LeaseID], name)
 			continue
 		}
@@ -188,15 +256,7 @@ func (a *Agent) enforceExpiry(ctx context.Context, reachable bool) {
 	}
 	a.mu.Unlock()
 	for _, e := range due {
-		drv := a.drivers[e.Device.Kind]
-		var err error
-		if s, ok := drv.(Suspender); ok {
-			if err = s.Suspend(ctx, e); err == nil {
-				e.suspended = true
-			}
-		} else if err = drv.Teardown(ctx, e); err == nil {
-			e.held = true
-		}
+		e, err := a.stopServing(ctx, a.drivers[e.Device.Kind], e)
 		if err != nil {
 			a.log.Warn("stopping an expired lease's export failed", "lease", e.Request.LeaseID, "err", err)
 			continue

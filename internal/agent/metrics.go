@@ -45,7 +45,7 @@ func (a *Agent) registerMetrics(r prometheus.Registerer) {
 	}
 	for v, labels := range map[*prometheus.CounterVec][]string{
 		a.mHeartbeats: {"ok", "error"},
-		a.mPrepares:   {"ok", "error", "ignored", "refused"},
+		a.mPrepares:   {"ok", "error", "ignored", "refused", "held"},
 		a.mRestored:   {"same_address", "new_address", "unknown_address", "failed", "dropped", "lost"},
 		a.mWipes:      {"ok", "failed"},
 	} {

@@ -322,8 +322,11 @@ func (a *Agent) ReceiveTransfer(ctx context.Context, req api.TransferInRequest) 
 	}
 	now := a.clock.Now()
 	part := req.Part
-	part.ExpiresAt, part.Now = localExpiry(part.ExpiresAt, part.Now, now), time.Time{}
-	exp := localExpiry(req.ExpiresAt, req.Now, now)
+	// Both times left are counted from the earliest the request can have
+	// left the control plane (Part.TimeoutSeconds is the call's bound).
+	exp := requestExpiry(req.ExpiresAt, req.Now, now, part.TimeoutSeconds)
+	part.ExpiresAt = requestExpiry(part.ExpiresAt, part.Now, now, part.TimeoutSeconds)
+	part.Now, part.TimeoutSeconds = time.Time{}, 0
 	if exp.IsZero() {
 		exp = now.Add(time.Hour)
 	}
@@ -799,6 +802,11 @@ func (a *Agent) activate(ctx context.Context, t *transfer) (api.TransferCommitRe
 	e := t.e
 	e.incoming, e.URI = false, resp.URI
 	a.mu.Lock()
+	if cur, ok := a.exports[e.Request.Export]; ok && cur.incoming {
+		// The lease's expiry as heartbeat answers brought it while the
+		// part was moving here (t.e has the one the transfer came with).
+		e.Request.ExpiresAt = cur.Request.ExpiresAt
+	}
 	a.prepares++
 	e.prepared = a.prepares
 	a.exports[e.Request.Export] = e

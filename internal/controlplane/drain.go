@@ -435,11 +435,14 @@ func (s *Server) replaceSlot(ctx context.Context, l api.Lease, i int, n api.Node
 	if err != nil {
 		return fail(err)
 	}
-	pctx, cancel := context.WithTimeout(ctx, s.cfg.PrepareTimeout+moveCallTimeout)
+	// The call's bound starts before Now is stamped: the lender deducts
+	// it (TimeoutSeconds) from the time left.
+	bound := s.cfg.PrepareTimeout + moveCallTimeout
+	pctx, cancel := context.WithTimeout(ctx, bound)
 	resp, err := s.lender.Prepare(pctx, dst.Node, dst.AgentKey, api.PrepareRequest{LeaseID: l.ID, Kind: l.Kind, Mode: l.Mode,
 		DeviceID: to.DeviceID, DeviceName: s.res.DeviceNames(ctx)[to.DeviceID], Offset: to.Offset, Length: to.Length,
 		Export: movedExport(l.Credential, i, m.ID), Role: rc.Role, RoleConfig: rc.RoleConfig, Gateway: rc.Gateway,
-		ExpiresAt: l.ExpiresAt, Now: now})
+		ExpiresAt: l.ExpiresAt, Now: s.now(), TimeoutSeconds: bound.Seconds()})
 	cancel()
 	if err != nil {
 		return fail(fmt.Errorf("the new lender did not prepare the slot: %w", err))

@@ -8,7 +8,8 @@ import (
 )
 
 // TestLendersLearnExpiries: a lender's prepare request carries the lease's
-// expiry (and the control plane's clock), and each heartbeat answer lists the reported leases that are
+// expiry (and the control plane's clock, and the call's bound, which the
+// lender deducts from the time left), and each heartbeat answer lists the reported leases that are
 // still wanted with their current expiry (a renewal shows up there);
 // leases no longer wanted are torn down instead of listed.
 func TestLendersLearnExpiries(t *testing.T) {
@@ -29,6 +30,9 @@ func TestLendersLearnExpiries(t *testing.T) {
 	e.lender.mu.Unlock()
 	if !prepared.ExpiresAt.Equal(l.ExpiresAt) || prepared.ExpiresAt.IsZero() || !prepared.Now.Equal(e.clock.Now()) {
 		t.Fatalf("prepare request expiry %v at %v, lease expiry %v at %v", prepared.ExpiresAt, prepared.Now, l.ExpiresAt, e.clock.Now())
+	}
+	if want := e.srv.cfg.PrepareTimeout.Seconds(); prepared.TimeoutSeconds != want || want == 0 {
+		t.Fatalf("prepare request bound %vs, want the prepare timeout, %vs", prepared.TimeoutSeconds, want)
 	}
 	gone, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
 	if err != nil {

@@ -208,6 +208,8 @@ func (s *Server) prepareParts(ctx context.Context, l api.Lease, req api.LeaseReq
 	}
 	devNames := s.res.DeviceNames(ctx)
 	prepare := func(i int, p api.Part) {
+		// The call's bound starts before Now is stamped: the lender
+		// deducts it (TimeoutSeconds) from the time left.
 		pctx, cancel := context.WithTimeout(ctx, s.cfg.PrepareTimeout)
 		defer cancel()
 		n := nodes[p.NodeID]
@@ -217,7 +219,7 @@ func (s *Server) prepareParts(ctx context.Context, l api.Lease, req api.LeaseReq
 			Offset: p.Offset, Length: p.Length, Export: partExport(l.Credential, i), Role: req.Role,
 			RoleConfig: req.RoleConfig, Gateway: req.Kind == api.KindAccel && req.Mode == api.ModeShared,
 			BandwidthCap: l.BandwidthCap, IOPSCap: l.IOPSCap, ExpiresAt: l.ExpiresAt, Now: s.now(),
-			Placement: placement,
+			TimeoutSeconds: s.cfg.PrepareTimeout.Seconds(), Placement: placement,
 		})
 		s.m.lenderLatency.WithLabelValues("prepare").Observe(time.Since(start).Seconds())
 		if err == nil && resp.URI == "" {

@@ -614,11 +614,14 @@ func (s *Server) transfer(ctx context.Context, r *moveRun) error {
 		return err
 	}
 	s.setMoveState(ctx, r, api.MoveCopying)
-	now := s.now()
-	part := api.PrepareRequest{LeaseID: l.ID, Kind: l.Kind, Mode: l.Mode, DeviceID: m.To.DeviceID, DeviceName: s.res.DeviceNames(ctx)[m.To.DeviceID],
-		Offset: m.To.Offset, Length: m.To.Length, Export: movedExport(l.Credential, m.Part, m.ID), ExpiresAt: l.ExpiresAt, Now: now,
-		BandwidthCap: l.BandwidthCap, IOPSCap: l.IOPSCap}
+	devName := s.res.DeviceNames(ctx)[m.To.DeviceID]
+	// The call's bound starts before Now is stamped: the destination
+	// deducts it (Part.TimeoutSeconds) from the times left.
 	cctx, cancel := call()
+	now := s.now()
+	part := api.PrepareRequest{LeaseID: l.ID, Kind: l.Kind, Mode: l.Mode, DeviceID: m.To.DeviceID, DeviceName: devName,
+		Offset: m.To.Offset, Length: m.To.Length, Export: movedExport(l.Credential, m.Part, m.ID), ExpiresAt: l.ExpiresAt, Now: now,
+		TimeoutSeconds: moveCallTimeout.Seconds(), BandwidthCap: l.BandwidthCap, IOPSCap: l.IOPSCap}
 	in, err := x.TransferIn(cctx, dst.Node, dst.AgentKey, api.TransferInRequest{ID: m.ID, Token: resource.NewSecret("rmt"), Part: part,
 		ExpiresAt: now.Add(moveMaxTime), Now: now})
 	cancel()
