@@ -5,7 +5,9 @@
 // ranges and copies them again, pass after pass. It also holds the write
 // gate both lenders put in front of a range while it moves (Writes, Gate):
 // writes are counted, marked, held for the copier's last pass and refused
-// once the range is served elsewhere.
+// once the range is served elsewhere. A move's wait for the writes under
+// way stops the writers (connections) whose write stalls, and only them
+// (Stall): a payload withheld, or one still trickling in at a limit.
 //
 // The zero Map is not usable; use New. A Map's methods are safe for
 // concurrent use: Take clears each word of the bitmap atomically as it

@@ -83,27 +83,18 @@ func (w *Writes) WaitUntracked(ctx context.Context) error {
 // under way: everything written after it returns, or still under way then,
 // is either in the copy the caller makes next or marked in m.
 func (w *Writes) Track(ctx context.Context, g *Gate, m *Map) error {
-	return w.TrackWithin(ctx, g, m, 0, nil)
+	return w.TrackWithin(ctx, g, m, Stall{})
 }
 
 // TrackWithin is Track for writes a writer may stall once they started,
-// as [Writes.PauseWithin]: if the untracked writes under way have not
-// all completed within wait (and ctx has not ended), it calls stop, which
-// must make them end promptly, and goes on waiting for them until ctx
-// ends. wait <= 0 or a nil stop is Track.
-func (w *Writes) TrackWithin(ctx context.Context, g *Gate, m *Map, wait time.Duration, stop func()) error {
+// as [Writes.PauseWithin]: while it waits for the untracked writes under
+// way, s stops the writers of those that stall (their payload withheld,
+// or, past s.Limit, still arriving), which must make them end promptly,
+// and it goes on waiting for them until ctx ends. The zero Stall is
+// Track.
+func (w *Writes) TrackWithin(ctx context.Context, g *Gate, m *Map, s Stall) error {
 	g.dirty.Store(m)
-	if stop == nil || wait <= 0 {
-		return w.WaitUntracked(ctx)
-	}
-	wctx, cancel := context.WithTimeout(ctx, wait)
-	err := w.WaitUntracked(wctx)
-	cancel()
-	if err != nil && ctx.Err() == nil {
-		stop()
-		err = w.WaitUntracked(ctx)
-	}
-	return err
+	return s.within(ctx, false, w.WaitUntracked)
 }
 
 // Pause holds the writes that have not started (they wait in
@@ -111,46 +102,31 @@ func (w *Writes) TrackWithin(ctx context.Context, g *Gate, m *Map, wait time.Dur
 // been marked. If ctx ends first the writes are resumed and ctx's error
 // returned.
 func (w *Writes) Pause(ctx context.Context, g *Gate) error {
-	return w.PauseWithin(ctx, g, 0, nil)
+	return w.PauseWithin(ctx, g, Stall{})
 }
 
-// PauseWithin is Pause for writes a writer may stall once they started
-// (a write admitted after its header waits for its payload): if the
-// writes under way have not all completed within wait (and ctx has not
-// ended), it calls stop, which must make them end (fail) promptly — by
-// closing their connections — and goes on waiting for them until ctx
-// ends. Like Pause it returns nil only once no write is under way: a
-// write stopped has left the gate (and marked its range) before, and
-// none can complete after. wait <= 0 or a nil stop is Pause.
-func (w *Writes) PauseWithin(ctx context.Context, g *Gate, wait time.Duration, stop func()) error {
-	if stop == nil {
-		wait = 0
-	}
+// PauseWithin is Pause for writes a writer may stall once they started (a
+// write admitted after its header waits for its payload): while it waits
+// for the writes under way, s stops the writers of those that stall
+// ([Stall]) — by closing their connections, which must make those writes
+// end (fail) promptly — and it goes on waiting for them until ctx ends.
+// The range's other writers are not stopped: their writes that have not
+// started are held as by Pause. Like Pause it returns nil only once no
+// write is under way: a write stopped has left the gate (and marked its
+// range) before, and none can complete after. The zero Stall is Pause.
+func (w *Writes) PauseWithin(ctx context.Context, g *Gate, s Stall) error {
 	g.setPaused(true)
-	err := w.settle(ctx, g, wait)
-	if err != nil && ctx.Err() == nil {
-		stop()
-		err = w.settle(ctx, g, 0)
-	}
+	err := s.within(ctx, true, func(ctx context.Context) error {
+		if err := w.WaitUntracked(ctx); err != nil {
+			return err
+		}
+		return g.Drain(ctx)
+	})
 	if err != nil {
 		g.setPaused(false)
 		return err
 	}
 	return nil
-}
-
-// settle waits until no write is under way, or ctx ends, or wait (if
-// positive) has passed: the error then is ctx's, or the wait's.
-func (w *Writes) settle(ctx context.Context, g *Gate, wait time.Duration) error {
-	if wait > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, wait)
-		defer cancel()
-	}
-	if err := w.WaitUntracked(ctx); err != nil {
-		return err
-	}
-	return g.Drain(ctx)
 }
 
 // Gate is the write gate of a range being moved: it marks the writes that

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/dirty"
+	"golang.org/x/sys/unix"
 )
 
 // Moving an export while it is served. A lender moving a lease's range to
@@ -32,11 +33,15 @@ import (
 //
 // A write that started before the move (spliced, or over TLS decrypted
 // into a mapping: neither passes the gate) is under way from its header
-// on, while its payload arrives, and a client may withhold the payload:
-// TrackWrites and PauseWrites wait [Server.MoveWait] at most for the
-// writes under way, then close the export's connections (such a write
-// fails, unanswered, and what is left of its payload never lands) and
-// return once the writes have ended.
+// on, while its payload arrives, and a client may withhold the payload,
+// or send it slowly: TrackWrites and PauseWrites wait for such a write
+// while its payload arrives, up to [Server.MoveWaitLimit] (1 minute),
+// and close its connection once none of its payload arrived for
+// [Server.MoveWait] (5 s), or at that limit (the write fails, unanswered,
+// and what is left of its payload never lands); they return once the
+// writes have ended (dirty.Stall). Only such a write's connection is
+// closed: the export's other connections are served on, their writes
+// held by the pause as usual.
 //
 // Without a move an export pays two atomic additions per write for this
 // (the count of writes that started without seeing a move, which
@@ -83,14 +88,17 @@ func (c *conn) inline(o *op) bool {
 	return !isWrite(o.req.Type) || c.e.writes.Gate() == nil
 }
 
-// spliceCounted is spliceWrite counted as an untracked write; while the
-// export has a move state writes take the buffered path instead, through
-// the gate (handled=false).
+// spliceCounted is spliceWrite counted as an untracked write whose
+// payload the reader reads (c.paying); while the export has a move state
+// writes take the buffered path instead, through the gate
+// (handled=false).
 func (c *conn) spliceCounted(o *op) (handled bool, err error) {
 	if c.e.writes.Begin() != nil {
 		return false, nil
 	}
 	defer c.e.writes.EndUntracked()
+	c.paying.Store(true)
+	defer c.paying.Store(false)
 	return c.spliceWrite(o)
 }
 
@@ -123,26 +131,33 @@ func (s *Server) TrackWrites(ctx context.Context, name string, d *dirty.Map) err
 	if err != nil {
 		return err
 	}
-	return e.writes.TrackWithin(ctx, g, d, s.moveWait(), s.stopWrites(name, e))
+	return e.writes.TrackWithin(ctx, g, d, s.stall(e))
 }
 
 // PauseWrites holds the writes to export name that have not started (they
 // wait, their connections stay open) and returns once every write under
-// way has completed and been marked (after MoveWait, with the export's
-// connections closed: see TrackWrites). If ctx ends first, writes are
+// way has completed and been marked (a write whose payload stalled ended
+// with its connection: see TrackWrites). If ctx ends first, writes are
 // resumed and ctx's error returned.
 func (s *Server) PauseWrites(ctx context.Context, name string) error {
 	e, g, err := s.move(name)
 	if err != nil {
 		return err
 	}
-	return e.writes.PauseWithin(ctx, g, s.moveWait(), s.stopWrites(name, e))
+	return e.writes.PauseWithin(ctx, g, s.stall(e))
 }
 
-// DefaultMoveWait is how long TrackWrites and PauseWrites wait for the
-// writes under way before they close the export's connections, when
+// DefaultMoveWait is how long a write under way may receive none of its
+// payload before TrackWrites and PauseWrites close its connection, when
 // Server.MoveWait is zero.
 const DefaultMoveWait = 5 * time.Second
+
+// DefaultMoveWaitLimit is how long TrackWrites and PauseWrites wait at
+// most for writes under way whose payload keeps arriving, when
+// Server.MoveWaitLimit is zero: a 32 MiB write gets it across a link of
+// 5 Mbit/s, and a client trickling its payload holds a move up no
+// longer.
+const DefaultMoveWaitLimit = time.Minute
 
 func (s *Server) moveWait() time.Duration {
 	if s.MoveWait > 0 {
@@ -151,25 +166,68 @@ func (s *Server) moveWait() time.Duration {
 	return DefaultMoveWait
 }
 
-// stopWrites returns the function that makes the writes under way to e
-// end promptly, for a move that waited MoveWait for them: it closes e's
-// connections, so that a write whose payload the client withholds fails
-// (its reader's read of the socket does), unanswered, and ends; what is
-// left of its payload is never read. The client's next connection is
-// served (or its writes held) like any. It does not wait for the
-// connections to end: the move waits for the writes.
-func (s *Server) stopWrites(name string, e *export) func() {
-	return func() {
-		s.mu.Lock()
-		conns := e.connList()
-		s.mu.Unlock()
-		s.logger().Warn("nbd: move: a write under way withheld its payload; closing the export's connections",
-			"export", NameTag(name), "connections", len(conns), "wait", s.moveWait())
-		for _, c := range conns {
-			c.cancel()
-			c.nc.Close()
-		}
+func (s *Server) moveWaitLimit() time.Duration {
+	if s.MoveWaitLimit > 0 {
+		return s.MoveWaitLimit
 	}
+	return DefaultMoveWaitLimit
+}
+
+// stall bounds a move's wait for e's writes under way: the connections
+// whose write stalls are closed (conn.Stop), not the others.
+func (s *Server) stall(e *export) dirty.Stall {
+	return dirty.Stall{Wait: s.moveWait(), Limit: s.moveWaitLimit(), Clock: s.Clock,
+		Writers: func() []dirty.Writer {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			ws := make([]dirty.Writer, 0, len(e.conns))
+			for c := range e.conns {
+				ws = append(ws, c)
+			}
+			return ws
+		}}
+}
+
+// Writing implements dirty.Writer for a move's bounded wait: the writes
+// it may wait for and that can stall are those whose payload the reader
+// reads after they started (spliced, or over TLS into a mapping), all
+// untracked. received counts the bytes the reader took from the socket
+// for them and those queued in the socket, not read yet: a spliced
+// payload is read only once SO_RCVLOWAT bytes of it are there, and a
+// payload that trickles in is arriving all the same.
+func (c *conn) Writing(bool) (busy bool, received int64) {
+	if !c.paying.Load() {
+		return false, 0
+	}
+	return true, c.recv.Load() + c.queued()
+}
+
+// queued is how many bytes the socket holds, not read yet (SIOCINQ).
+func (c *conn) queued() int64 {
+	rc := c.sock
+	if rc == nil {
+		rc = c.rawc
+	}
+	if rc == nil {
+		return 0
+	}
+	n := 0
+	rc.Control(func(fd uintptr) {
+		n, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ)
+	})
+	return int64(n)
+}
+
+// Stop implements dirty.Writer: it closes c, whose write under way
+// stalled (why), so that the reader's read of the socket fails and the
+// write ends, unanswered; what is left of its payload is never read. The
+// client's next connection is served (or its writes held) like any. It
+// does not wait for the connection to end: the move waits for the write.
+func (c *conn) Stop(why error) {
+	c.s.logger().Warn("nbd: move: closing the connection of a write whose payload stalled",
+		"export", NameTag(c.e.Name), "why", why, "wait", c.s.moveWait(), "limit", c.s.moveWaitLimit())
+	c.cancel()
+	c.nc.Close()
 }
 
 // HeldWrites reports how many writes to export name are held by

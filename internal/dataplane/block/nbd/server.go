@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/dataplane/dirty"
 	"github.com/rialto-project/rialto/internal/dataplane/tlspsk"
 )
@@ -183,13 +184,20 @@ type Server struct {
 	// and no TLSConfig the server offers STARTTLS with PSK only. Either
 	// way export names are still the credentials checked.
 	PSK *tlspsk.Keys
-	// MoveWait bounds how long TrackWrites and PauseWrites wait for the
-	// writes under way that started without seeing the move before they
-	// close the export's connections: such a write (spliced, or over TLS
-	// decrypted into a mapping) is under way from its header on, while
-	// its payload arrives, and a client may withhold the payload. Zero
-	// means DefaultMoveWait.
+	// MoveWait bounds how long TrackWrites and PauseWrites wait for a
+	// write under way that started without seeing the move and receives
+	// none of its payload: such a write (spliced, or over TLS decrypted
+	// into a mapping) is under way from its header on, while its payload
+	// arrives, and a client may withhold the payload. Its connection is
+	// closed then (only it). Zero means DefaultMoveWait.
 	MoveWait time.Duration
+	// MoveWaitLimit bounds how long TrackWrites and PauseWrites wait for
+	// such writes whose payload keeps arriving, however slowly: their
+	// connections are closed then. Zero means DefaultMoveWaitLimit.
+	MoveWaitLimit time.Duration
+	// Clock times MoveWait and MoveWaitLimit (internal/clock); nil: the
+	// real clock.
+	Clock clock.Clock
 
 	mu      sync.Mutex
 	exports map[string]*export
@@ -468,6 +476,9 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 		if sess.rec != nil {
 			// Replies the reader holds leave before it waits on the socket.
 			sess.rec.wait = c.flushBatch
+			// A move waiting for a write sees its payload arrive
+			// (move.go), a partial record's bytes too.
+			sess.rec.got = &c.recv
 		}
 	case rs != nil:
 		c = newConn(s, rs, r, sess)

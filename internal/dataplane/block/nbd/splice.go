@@ -86,6 +86,7 @@ func (c *conn) spliceWrite(o *op) (handled bool, err error) {
 			done += w
 		}
 		c.r.Discard(k)
+		c.recv.Add(int64(k))
 		foff += int64(k)
 		n -= k
 	}
@@ -135,6 +136,7 @@ func (c *conn) spliceWrite(o *op) (handled bool, err error) {
 		if m == 0 {
 			return true, io.ErrUnexpectedEOF
 		}
+		c.recv.Add(int64(m))
 		n -= m
 		if lowat > 1 && lowat > n && n > 0 {
 			c.setRcvLowat(n)

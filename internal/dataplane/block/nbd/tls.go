@@ -167,6 +167,7 @@ type recordReader struct {
 	left     int  // bytes of the current record still to hand out
 	full     bool // the last read filled buf: the socket may have more
 	wait     func() error
+	got      *atomic.Int64 // counts the bytes read from src, if set (conn.recv)
 }
 
 // recordBufMin and recordBufMax bound the record reader's buffer: it
@@ -203,8 +204,15 @@ func (r *recordReader) Read(p []byte) (int, error) {
 		return 0, err
 	}
 	n, err := r.src.Read(p[:want])
+	r.count(n)
 	r.left -= n
 	return n, err
+}
+
+func (r *recordReader) count(n int) {
+	if r.got != nil && n > 0 {
+		r.got.Add(int64(n))
+	}
 }
 
 func (r *recordReader) waiting() error {
@@ -231,6 +239,7 @@ func (r *recordReader) fill(k int) error {
 			return err
 		}
 		n, err := r.src.Read(r.buf[r.end:])
+		r.count(n)
 		r.end += n
 		r.full = r.end == len(r.buf)
 		if err != nil {
@@ -314,6 +323,8 @@ func (c *conn) mappedWrite(ctx context.Context, o *op, live bool) (handled bool,
 		return false, nil // the export moves: writes go through its gate
 	}
 	defer c.e.writes.EndUntracked()
+	c.paying.Store(true)
+	defer c.paying.Store(false)
 	p, ok := mt.mapWrite(int64(o.req.Offset), int64(o.req.Length))
 	if !ok {
 		return false, nil

@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/dataplane/dirty"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/internal/rawconn"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
@@ -77,11 +78,20 @@ type Donor struct {
 	FaultSpin time.Duration
 	// RefusalWait bounds how long RetireRegion waits for the writes it
 	// refuses to be answered GONE before it closes the session's
-	// connections, and how long PauseWrites waits for the writes under
-	// way before it does: an answer, and a write under way, wait for the
-	// write's payload, which a borrower may withhold. Zero means
-	// DefaultRefusalWait.
+	// connections, and how long TrackWrites and PauseWrites wait for a
+	// write under way that receives none of its payload before they
+	// close its connection (only it): an answer, and a write under way,
+	// wait for the write's payload, which a borrower may withhold. Zero
+	// means DefaultRefusalWait.
 	RefusalWait time.Duration
+	// RefusalWaitLimit bounds how long TrackWrites and PauseWrites wait
+	// for writes under way whose payload keeps arriving, however slowly:
+	// their connections are closed then. Zero means
+	// DefaultRefusalWaitLimit.
+	RefusalWaitLimit time.Duration
+	// Clock times the moves' waits (RefusalWait and RefusalWaitLimit in
+	// TrackWrites and PauseWrites; internal/clock); nil: the real clock.
+	Clock clock.Clock
 
 	mu       sync.Mutex
 	regions  map[[32]byte]*region
@@ -110,6 +120,9 @@ type region struct {
 	// A move of the region (move.go): its state, and the writes under
 	// way that started without seeing one.
 	writes dirty.Writes // a move's write gate (move.go)
+	// The handlers of the region's data connections, of every session,
+	// whose WRITEs a move's wait watches (move.go); d.mu.
+	writers map[*writer]struct{}
 }
 
 type session struct {
@@ -768,6 +781,8 @@ func (d *Donor) serveData(s *session, c net.Conn, kind uint8, qid uint32) {
 		_, err := br.Discard(int(n))
 		return err
 	}
+	w := d.addWriter(s.reg, func() { kill(c) })
+	defer d.dropWriter(s.reg, w)
 	for {
 		if _, err := io.ReadFull(br, hdr[:]); err != nil {
 			return
@@ -831,7 +846,9 @@ func (d *Donor) serveData(s *session, c net.Conn, kind uint8, qid uint32) {
 				s.reg.writeRefused(mv)
 				return
 			}
-			_, err = io.ReadFull(br, mem[h.Offset:h.Offset+uint64(h.Length)])
+			w.begin(mv)
+			err = w.read(br, mem[h.Offset:h.Offset+uint64(h.Length)])
+			w.end()
 			s.reg.writeDone(mv, h.Offset, uint64(h.Length))
 			if err != nil {
 				return
@@ -945,6 +962,8 @@ func (d *Donor) serveRaw(s *session, p *rawconn.Conn) {
 		return p.SendV([][]byte{out[:], []byte(msg)})
 	}
 	var scratch []byte
+	w := d.addWriter(s.reg, p.Shutdown)
+	defer d.dropWriter(s.reg, w)
 	for {
 		if err := p.RecvV([][]byte{in[:]}); err != nil {
 			return
@@ -993,7 +1012,9 @@ func (d *Donor) serveRaw(s *session, p *rawconn.Conn) {
 				return
 			}
 			if h.Length > 0 {
-				err = p.RecvV([][]byte{mem[h.Offset : h.Offset+uint64(h.Length)]})
+				w.begin(mv)
+				err = w.recv(p, mem[h.Offset:h.Offset+uint64(h.Length)])
+				w.end()
 			}
 			s.reg.writeDone(mv, h.Offset, uint64(h.Length))
 			if err != nil {

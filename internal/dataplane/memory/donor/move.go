@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"sync/atomic"
+	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/dirty"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/internal/rawconn"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 )
 
@@ -19,9 +23,10 @@ import (
 //     the map while it arrived sees it in its next pass;
 //   - hold the writes that have not started for the last pass
 //     (PauseWrites, ResumeWrites): PauseWrites returns once the writes
-//     under way are in the region and marked, or (one withholding its
-//     payload past RefusalWait) failed with their session's end and
-//     marked; reads go on;
+//     under way are in the region and marked, or (one whose payload
+//     stalled: none of it for RefusalWait, or still arriving at
+//     RefusalWaitLimit) failed with their connection's end and marked;
+//     reads go on, and so do the session's other connections;
 //   - end the session at the switch (RetireRegion): held writes are
 //     answered StatusGone, the session's connections are closed and no new
 //     session is admitted; the agent then removes (wipes) the region.
@@ -118,9 +123,8 @@ func (d *Donor) ReadRegion(credential string, p []byte, off int64) (int, error) 
 
 // TrackWrites makes the WRITEs to the region of credential that complete
 // from now on mark m (nil stops marking). It returns once no write that
-// could have missed m is still arriving: after RefusalWait, as
-// PauseWrites, it ends the session of a borrower that withholds such a
-// write's payload.
+// could have missed m is still arriving: as PauseWrites, it closes the
+// connection of such a write whose payload stalls.
 func (d *Donor) TrackWrites(ctx context.Context, credential string, m *dirty.Map) error {
 	r, g, err := d.moving(credential)
 	if err != nil {
@@ -131,40 +135,150 @@ func (d *Donor) TrackWrites(ctx context.Context, credential string, m *dirty.Map
 	}
 	// A write under way may be one whose payload the borrower withholds:
 	// as PauseWrites.
-	return r.writes.TrackWithin(ctx, g, m, d.refusalWait(), d.stopWrites(r))
+	return r.writes.TrackWithin(ctx, g, m, d.stall(r))
 }
 
 // PauseWrites holds the region's WRITEs that have not started and returns
 // once those under way are in the region and marked. A WRITE is under way
-// from its header on, and a borrower may withhold its payload: if they
-// are not all in within RefusalWait, the region's session ends (its
-// connections are closed: the writes under way fail, unacknowledged, and
-// leave; the borrower's next session is held like any), and PauseWrites
-// returns once they have left. If ctx ends first the writes are resumed.
+// from its header on, and a borrower may withhold its payload, or send it
+// slowly: PauseWrites waits for a write while its payload arrives, up to
+// RefusalWaitLimit, and closes its connection once none of it arrived for
+// RefusalWait, or at that limit (the write fails, unacknowledged, and
+// leaves), then returns once it has left. Only that connection is closed:
+// the session's others are served on, their writes held like any. If ctx
+// ends first the writes are resumed.
 func (d *Donor) PauseWrites(ctx context.Context, credential string) error {
 	r, g, err := d.moving(credential)
 	if err != nil {
 		return err
 	}
-	return r.writes.PauseWithin(ctx, g, d.refusalWait(), d.stopWrites(r))
+	return r.writes.PauseWithin(ctx, g, d.stall(r))
 }
 
-// stopWrites returns the function that makes the writes under way to r
-// end promptly, for a move that waited RefusalWait for them: it ends r's
-// session, closing its connections (those of earlier sessions are closed
-// already), so that a write whose payload is withheld fails, never
-// acknowledged, and its handler leaves; the borrower's next session is
-// served (or held) like any.
-func (d *Donor) stopWrites(r *region) func() {
-	return func() {
-		d.mu.Lock()
-		s := r.sess
-		d.mu.Unlock()
-		if s != nil {
-			d.log.Warn("memory move: a write under way withheld its payload; ending the session", "wait", d.refusalWait())
-			d.endSession(s)
+// DefaultRefusalWaitLimit is the donor's default RefusalWaitLimit: far
+// more than a payload of protocol.MaxPayload (1 MiB) takes on any link a
+// borrower's requests survive (Rialto's client gives up on a request after
+// 5 s), and a borrower trickling its payload holds a move up no longer.
+const DefaultRefusalWaitLimit = time.Minute
+
+func (d *Donor) refusalWaitLimit() time.Duration {
+	if d.RefusalWaitLimit > 0 {
+		return d.RefusalWaitLimit
+	}
+	return DefaultRefusalWaitLimit
+}
+
+// stall bounds a move's wait for r's writes under way: the connections
+// whose write stalls are closed (writer.Stop), not the others.
+func (d *Donor) stall(r *region) dirty.Stall {
+	return dirty.Stall{Wait: d.refusalWait(), Limit: d.refusalWaitLimit(), Clock: d.Clock,
+		Writers: func() []dirty.Writer {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			ws := make([]dirty.Writer, 0, len(r.writers))
+			for w := range r.writers {
+				ws = append(ws, w)
+			}
+			return ws
+		}}
+}
+
+// writer is the handler of one of a region's data connections as a
+// move's wait sees it (dirty.Writer): whether it has a WRITE under way,
+// admitted by the move's gate or untracked, and how many bytes of
+// payload it received.
+type writer struct {
+	d        *Donor
+	writing  atomic.Int32 // notWriting, writingUntracked or writingTracked
+	received atomic.Int64
+	stop     func() // closes the connection
+}
+
+const (
+	notWriting int32 = iota
+	writingUntracked
+	writingTracked
+)
+
+// addWriter registers the handler of a data connection of r, which stop
+// closes.
+func (d *Donor) addWriter(r *region, stop func()) *writer {
+	w := &writer{d: d, stop: stop}
+	d.mu.Lock()
+	if r.writers == nil {
+		r.writers = map[*writer]struct{}{}
+	}
+	r.writers[w] = struct{}{}
+	d.mu.Unlock()
+	return w
+}
+
+func (d *Donor) dropWriter(r *region, w *writer) {
+	d.mu.Lock()
+	delete(r.writers, w)
+	d.mu.Unlock()
+}
+
+// begin marks a WRITE under way, from writeGate's admission (g, nil if
+// untracked) until end.
+func (w *writer) begin(g *dirty.Gate) {
+	if g == nil {
+		w.writing.Store(writingUntracked)
+	} else {
+		w.writing.Store(writingTracked)
+	}
+}
+
+func (w *writer) end() { w.writing.Store(notWriting) }
+
+// read fills p from r (a WRITE's payload), counting the bytes as they
+// arrive.
+func (w *writer) read(r io.Reader, p []byte) error {
+	for len(p) > 0 {
+		n, err := r.Read(p)
+		w.received.Add(int64(n))
+		p = p[n:]
+		if err != nil {
+			if len(p) == 0 {
+				return nil
+			}
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
 		}
 	}
+	return nil
+}
+
+// recv is read from a connection driven with raw syscalls.
+func (w *writer) recv(p *rawconn.Conn, b []byte) error {
+	for len(b) > 0 {
+		n, err := p.RecvAtLeast([][]byte{b}, 1)
+		w.received.Add(int64(n))
+		if err != nil {
+			return err
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+// Writing implements dirty.Writer.
+func (w *writer) Writing(tracked bool) (bool, int64) {
+	st := w.writing.Load()
+	return st == writingUntracked || (tracked && st == writingTracked), w.received.Load()
+}
+
+// Stop implements dirty.Writer: it closes the connection, so that the
+// handler's read of the withheld payload fails and the write leaves,
+// never acknowledged; the session's other connections are served on. A
+// borrower that wants the write done sends it again (on another
+// connection of the session, or of its next one), held like any.
+func (w *writer) Stop(why error) {
+	w.d.log.Warn("memory move: closing the connection of a write whose payload stalled",
+		"why", why, "wait", w.d.refusalWait(), "limit", w.d.refusalWaitLimit())
+	w.stop()
 }
 
 // ResumeWrites lets the held writes proceed.

@@ -27,15 +27,16 @@ func poll(t *testing.T, what string, cond func() bool) {
 }
 
 // withheldWrite starts a donor of a size-byte region (RefusalWait 50 ms)
-// and a session of it with a connection c of kind, runs before (if any),
-// then sends on c a WRITE of n bytes at off with its first sent bytes
-// (0xAB) and never the rest, and waits until those are in the region;
-// got holds the write's range as read then.
-func withheldWrite(t *testing.T, size int64, kind uint8, off, n, sent int, before func(*Donor)) (d *Donor, addr string, c net.Conn, got []byte) {
+// and a session of it (sess, its control connection ctrl) with a
+// connection c of kind, runs before (if any), then sends on c a WRITE of
+// n bytes at off with its first sent bytes (0xAB) and never the rest, and
+// waits until those are in the region; got holds the write's range as
+// read then.
+func withheldWrite(t *testing.T, size int64, kind uint8, off, n, sent int, before func(*Donor)) (d *Donor, addr string, ctrl, c net.Conn, sess uint64, got []byte) {
 	t.Helper()
 	d, addr = startDonor(t, size, 0)
 	d.RefusalWait = 50 * time.Millisecond
-	ctrl, sess := dialHello(t, addr, protocol.KindControl, 0, testCred)
+	ctrl, sess = dialHello(t, addr, protocol.KindControl, 0, testCred)
 	t.Cleanup(func() { ctrl.Close() })
 	c, _ = dialHello(t, addr, kind, sess, testCred)
 	t.Cleanup(func() { c.Close() })
@@ -53,11 +54,11 @@ func withheldWrite(t *testing.T, size int64, kind uint8, off, n, sent int, befor
 		_, err := d.ReadRegion(testCred, got, int64(off))
 		return err == nil && got[sent-1] == 0xAB
 	})
-	return d, addr, c, got
+	return d, addr, ctrl, c, sess, got
 }
 
 // sendRestUnanswered sends the withheld rest (0xCD) of a write's payload on
-// c, whose session is over, and checks that no answer comes.
+// c, which the donor closed, and checks that no answer comes.
 func sendRestUnanswered(t *testing.T, c net.Conn, rest int) {
 	t.Helper()
 	_, _ = c.Write(bytes.Repeat([]byte{0xCD}, rest))
@@ -72,10 +73,11 @@ func sendRestUnanswered(t *testing.T, c net.Conn, rest int) {
 // tracks the region's writes. The write is under way (admitted after its
 // header), and PauseWrites waits for the writes under way; it waited for
 // this one until its context ended (the transfer's: only an abort ended
-// it). It waits RefusalWait at most, then ends the session: the write
-// fails unacknowledged and leaves before PauseWrites returns — its part
-// in the region is marked, and nothing of it lands afterwards. The
-// borrower's next session is admitted and its writes are held.
+// it). It waits RefusalWait at most for a payload that does not arrive,
+// then closes the write's connection: the write fails unacknowledged and
+// leaves before PauseWrites returns — its part in the region is marked,
+// and nothing of it lands afterwards. The session lives on: its next
+// connection is admitted and its writes are held.
 func TestPauseDoesNotWaitForAWithheldPayload(t *testing.T) {
 	const size = 1 << 20
 	const off, n, sent = 5 * 4096, 4096, 100
@@ -83,7 +85,7 @@ func TestPauseDoesNotWaitForAWithheldPayload(t *testing.T) {
 		t.Run(map[uint8]string{protocol.KindSync: "sync", protocol.KindQueue: "queue"}[kind], func(t *testing.T) {
 			ctx := context.Background()
 			m := dirty.New(size, 4096)
-			d, addr, c, got := withheldWrite(t, size, kind, off, n, sent, func(d *Donor) {
+			d, addr, _, c, sess, got := withheldWrite(t, size, kind, off, n, sent, func(d *Donor) {
 				if err := d.TrackWrites(ctx, testCred, m); err != nil {
 					t.Fatal(err)
 				}
@@ -113,16 +115,14 @@ func TestPauseDoesNotWaitForAWithheldPayload(t *testing.T) {
 			if _, err := d.ReadRegion(testCred, snap, off); err != nil {
 				t.Fatal(err)
 			}
-			// The session is over: its connection was closed, the write
-			// never acknowledged, and the rest of its payload does not
-			// land (its handler is gone once the region is suspended).
+			// The write's connection was closed, the write never
+			// acknowledged, and the rest of its payload does not land
+			// (its handler is gone once the region is suspended).
 			sendRestUnanswered(t, c, n-sent)
 
-			// The borrower's next session is admitted; its writes are
-			// held by the pause, and go on once it is lifted.
-			ctrl2, sess2 := dialHello(t, addr, protocol.KindControl, 0, testCred)
-			defer ctrl2.Close()
-			c2, _ := dialHello(t, addr, kind, sess2, testCred)
+			// The session's next connection is admitted; its writes
+			// are held by the pause, and go on once it is lifted.
+			c2, _ := dialHello(t, addr, kind, sess, testCred)
 			defer c2.Close()
 			full := make([]byte, protocol.HeaderSize+n)
 			(&protocol.Header{Op: protocol.OpWrite, Seq: 2, Offset: 2 * off, Length: n, Payload: n}).Encode(full)
@@ -157,15 +157,16 @@ func TestPauseDoesNotWaitForAWithheldPayload(t *testing.T) {
 // TestTrackDoesNotWaitForAWithheldPayload: as above, with the write under
 // way before the move starts: TrackWrites waits for the writes that
 // started untracked, and waited for this one until its context ended. It
-// waits RefusalWait at most, then ends the session: the write fails
-// unacknowledged, and nothing of it lands after TrackWrites returns.
+// waits RefusalWait at most for a payload that does not arrive, then
+// closes the write's connection: the write fails unacknowledged, and
+// nothing of it lands after TrackWrites returns.
 func TestTrackDoesNotWaitForAWithheldPayload(t *testing.T) {
 	const size = 1 << 20
 	const off, n, sent = 5 * 4096, 4096, 100
 	for _, kind := range []uint8{protocol.KindSync, protocol.KindQueue} {
 		t.Run(map[uint8]string{protocol.KindSync: "sync", protocol.KindQueue: "queue"}[kind], func(t *testing.T) {
 			ctx := context.Background()
-			d, _, c, got := withheldWrite(t, size, kind, off, n, sent, nil)
+			d, _, _, c, _, got := withheldWrite(t, size, kind, off, n, sent, nil)
 			tctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 			defer cancel()
 			if err := d.TrackWrites(tctx, testCred, dirty.New(size, 4096)); err != nil {
