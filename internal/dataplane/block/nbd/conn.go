@@ -43,6 +43,8 @@ type op struct {
 	sfSrc sendfileSource // holds sfFD open until released by freeOp
 
 	started bool // started on the backend's ReadStarter or WriteStarter (counted in conn.nstarted)
+
+	watch ReplyWatcher // the backend's error in the reply wants to know whether it was sent
 }
 
 var opPool = sync.Pool{New: func() any { return new(op) }}
@@ -434,16 +436,22 @@ func (c *conn) sendQueued() {
 			c.rqSpare = batch
 			return
 		}
+		sent := 0 // the first sent replies of batch were written whole
 		for b := batch; len(b) > 0 && c.werr == nil; {
 			k := min(len(b), maxBatch)
 			if c.werr = c.send(b[:k]); c.werr != nil {
 				c.failed.Store(true)
+				// Before the client can see the connection end.
+				tellSent(batch[sent:], false)
 				c.nc.Close()
+			} else {
+				sent += k
 			}
 			b = b[k:]
 		}
+		tellSent(batch[:sent], true)
 		for _, o := range batch {
-			c.freeOp(o)
+			c.freeOp(o) // tells the others (not sent)
 		}
 		clear(batch)
 		c.rqSpare = batch[:0]
@@ -759,6 +767,7 @@ func (c *conn) startedDone(o *op, err error) {
 		c.s.logger().Debug("nbd: request failed", "export", NameTag(c.e.Name), "cmd", o.req.Type, "err", err)
 		o.errno = errnoOf(err)
 		c.encodeError(o)
+		errors.As(err, &o.watch) // as in execute
 	case o.req.Type == CmdRead:
 		c.encodeRead(o)
 	default:
@@ -921,7 +930,20 @@ func (c *conn) sendfile(o *op) error {
 	return serr
 }
 
+// tellSent tells the ReplyWatchers of ops whether their replies were sent.
+func tellSent(ops []*op, sent bool) {
+	for _, o := range ops {
+		if o.watch != nil {
+			o.watch.ReplySent(sent)
+			o.watch = nil
+		}
+	}
+}
+
 func (c *conn) freeOp(o *op) {
+	if o.watch != nil {
+		o.watch.ReplySent(false) // dropped unsent
+	}
 	if o.mref != nil {
 		o.mref.unmapRange()
 	}
@@ -1114,6 +1136,9 @@ func (c *conn) execute(ctx context.Context, o *op) {
 		o.errno = errnoOf(err)
 		c.s.logger().Debug("nbd: request failed", "export", NameTag(c.e.Name), "cmd", r.Type, "err", err)
 		c.encodeError(o)
+		// A report that must know whether it was told (ReplyWatcher):
+		// sendQueued or freeOp tells it.
+		errors.As(err, &o.watch)
 		return
 	}
 	c.encodeOK(o)

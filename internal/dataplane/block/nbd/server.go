@@ -87,6 +87,17 @@ type WriteStarter interface {
 	StartWriteAt(p []byte, off int64, done func(error)) bool
 }
 
+// ReplyWatcher is implemented by an error a backend returns that must
+// learn whether its client was told: a report the backend hands out once
+// (a flush's report of lost writes, Linux's errseq) and must hand out
+// again if the reply carrying it is lost with its connection. The server
+// calls ReplySent once, with true when the reply carrying the error has
+// been written to the client's socket, or with false when it never will
+// be (the connection ended, or a send failed, first). It must not block.
+type ReplyWatcher interface {
+	ReplySent(sent bool)
+}
+
 // MultiConnSafer lets a backend veto NBD_FLAG_CAN_MULTI_CONN, which is
 // advertised by default because Backend.Flush is global by contract.
 type MultiConnSafer interface {

@@ -75,6 +75,7 @@ type AttachConfig struct {
 type Attachment struct {
 	vol    *Volume
 	wb     *writeBack // nil: writes are synchronous
+	rep    *untold
 	srv    *nbd.Server
 	ln     net.Listener
 	uri    string
@@ -220,6 +221,9 @@ type ServeConfig struct {
 	// Attach).
 	WriteBack bool
 	Logger    *slog.Logger
+
+	// wrapListener, if set, wraps the listener (for tests).
+	wrapListener func(net.Listener) net.Listener
 }
 
 // Serve exports an existing volume over NBD; the Attachment owns vol and
@@ -267,7 +271,10 @@ func Serve(ctx context.Context, vol *Volume, cfg ServeConfig) (*Attachment, erro
 		}
 		return nil, fmt.Errorf("stripe: listen: %w", err)
 	}
-	b := backend{v: vol, startsWrites: vol.startsWrites()}
+	if cfg.wrapListener != nil {
+		ln = cfg.wrapListener(ln)
+	}
+	b := backend{v: vol, startsWrites: vol.startsWrites(), rep: &untold{}}
 	if cfg.WriteBack {
 		b.wb = newWriteBack(vol)
 	}
@@ -285,7 +292,7 @@ func Serve(ctx context.Context, vol *Volume, cfg ServeConfig) (*Attachment, erro
 		return nil, fmt.Errorf("stripe: export: %w", err)
 	}
 	sctx, cancel := context.WithCancel(context.Background())
-	a := &Attachment{vol: vol, wb: b.wb, srv: srv, ln: ln, uri: uri.String(), cancel: cancel, done: make(chan struct{}), sock: sock}
+	a := &Attachment{vol: vol, wb: b.wb, rep: b.rep, srv: srv, ln: ln, uri: uri.String(), cancel: cancel, done: make(chan struct{}), sock: sock}
 	go func() {
 		defer close(a.done)
 		a.err = srv.Serve(sctx, ln)
@@ -305,27 +312,34 @@ func (a *Attachment) Volume() *Volume { return a.vol }
 func (a *Attachment) WriteBack() bool { return a.wb != nil }
 
 // Close ends the attachment as qemu-nbd ends on exit: it stops accepting
-// and drops the client connections, waits until every write acknowledged
-// early (write-back) has been answered by its lenders, flushes the volume
-// if a device has writes that no flush covered, then closes the parts and
-// removes the Unix socket, if any. Waiting and flushing take at most the
-// request timeout (AttachConfig.RequestTimeout): past it the parts are
-// closed, which fails what their lenders have not answered, and Close's
-// error then wraps ErrTimeout too. Close reports what a FLUSH that
+// and drops the client connections, refuses new writes, waits until every
+// write under way has been answered by its lenders (acknowledged early
+// with write-back, or not yet: a write answered as the connections drop
+// may still reach its client, so it must be in the flush), flushes the
+// volume if a device has writes that no flush covered, then closes the
+// parts and removes the Unix socket, if any. Waiting and flushing take at
+// most the request timeout (AttachConfig.RequestTimeout): past it the
+// parts are closed, which fails what their lenders have not answered, and
+// Close's error then wraps ErrTimeout too. Close reports what a FLUSH that
 // began with it would: an acknowledged write that failed (ErrWriteBack) or
 // writes a lender's restart may have lost (ErrLostWrites) that no FLUSH
-// reported, and its flush's failure; and errors of serving or closing.
+// reported, and its flush's failure; a report that a FLUSH took but whose
+// reply never reached its client (see untold); and errors of serving or
+// closing.
 func (a *Attachment) Close() error {
 	err := ErrClosed
 	a.once.Do(func() {
 		a.cancel()
 		serr := a.settle()
-		// Requests still blocked on a vanished lender (reads, writes
-		// awaited by their client) return at once when the parts
-		// close, instead of after RequestTimeout.
+		// Requests still blocked on a vanished lender (reads) return at
+		// once when the parts close, instead of after RequestTimeout.
 		a.closeVolume()
 		<-a.done
 		err = errors.Join(serr, a.err, a.volErr)
+		// Every reply has been sent, or never will be.
+		if kept := a.rep.take(); kept != nil {
+			err = errors.Join(err, fmt.Errorf("%w: %w", errUntold, errors.Join(kept...)))
+		}
 		if a.sock != "" {
 			if rerr := os.Remove(a.sock); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
 				err = errors.Join(err, rerr)
@@ -335,9 +349,9 @@ func (a *Attachment) Close() error {
 	return err
 }
 
-// settle is Close's wait for the writes acknowledged early and its flush
-// (Volume.settle), under one timer of the request timeout that closes the
-// volume.
+// settle is Close's wait for the writes acknowledged early and the other
+// writes under way, and its flush (Volume.settle), under one timer of the
+// request timeout that closes the volume.
 func (a *Attachment) settle() error {
 	if a.wb == nil {
 		return a.vol.settle(nil, a.closeVolume)
@@ -362,6 +376,88 @@ type backend struct {
 	// startsWrites: every part can send a write and hear of it later and
 	// bounds its requests itself (StartWriteAt).
 	startsWrites bool
+	rep          *untold
+}
+
+// untold keeps the failure reports (ErrWriteBack, ErrLostWrites) that a
+// FLUSH of the local export took and whose reply never reached its client
+// (nbd.ReplyWatcher: the connection ended, or its send failed, first). A
+// report a FLUSH takes is not reported to the FLUSHes that begin after it
+// (errseq), so that one, which nobody heard, is left here: the next FLUSH
+// to end reports it, and so does Close. A report counts as told once the
+// reply carrying it has been written to the client's socket.
+type untold struct {
+	n    atomic.Int32 // len(errs), read without mu by every FLUSH
+	mu   sync.Mutex
+	errs []error
+
+	// For tests: called when a FLUSH has its outcome, before it returns
+	// it (atomic: set while the export serves).
+	flushed atomic.Pointer[func()]
+}
+
+// errUntold introduces the reports untold gives back.
+var errUntold = errors.New("stripe: reported to a FLUSH whose reply did not reach its client")
+
+// take returns the reports kept (nil if none) and forgets them.
+func (u *untold) take() []error {
+	if u.n.Load() == 0 {
+		return nil
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	errs := u.errs
+	u.errs = nil
+	u.n.Store(0)
+	return errs
+}
+
+// keep keeps reports whose reply was not sent.
+func (u *untold) keep(errs []error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.errs = append(u.errs, errs...)
+	u.n.Store(int32(len(u.errs)))
+}
+
+// flushReport is a FLUSH's error that carries failure reports: own, what
+// its flush took, and carried, reports untold gave back to it. If its reply
+// is not sent, they go back to untold.
+type flushReport struct {
+	err     error // what the FLUSH returns
+	reports []error
+	u       *untold
+}
+
+func (r *flushReport) Error() string { return r.err.Error() }
+func (r *flushReport) Unwrap() error { return r.err }
+
+// ReplySent implements nbd.ReplyWatcher.
+func (r *flushReport) ReplySent(sent bool) {
+	if !sent {
+		r.u.keep(r.reports)
+	}
+}
+
+// reportFlush returns what a FLUSH of the local export whose flush
+// returned err answers: err, with the reports untold kept, wrapped so
+// that its reports are kept again if its reply is not sent.
+func (u *untold) reportFlush(err error) error {
+	var reports []error
+	if errors.Is(err, ErrWriteBack) || errors.Is(err, ErrLostWrites) {
+		reports = append(reports, err)
+	}
+	if kept := u.take(); kept != nil {
+		reports = append(reports, kept...)
+		err = errors.Join(err, fmt.Errorf("%w: %w", errUntold, errors.Join(kept...)))
+	}
+	if f := u.flushed.Load(); f != nil {
+		(*f)()
+	}
+	if reports == nil {
+		return err
+	}
+	return &flushReport{err: err, reports: reports, u: u}
 }
 
 func (b backend) ReadAt(p []byte, off int64) (int, error) {
@@ -442,10 +538,13 @@ func (b backend) FlushFUA() error { return b.v.flushFUA() }
 func (b backend) Size() int64 { return b.v.Size() }
 
 func (b backend) Flush() error {
+	var err error
 	if b.wb != nil {
-		return b.wb.Flush()
+		err = b.wb.Flush()
+	} else {
+		err = b.v.Flush()
 	}
-	return b.v.Flush()
+	return b.rep.reportFlush(err)
 }
 
 func (b backend) WriteZeroes(off, n int64, noHole bool) error {

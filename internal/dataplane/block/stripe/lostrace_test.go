@@ -123,3 +123,60 @@ func TestWriteBackRetryKeepsOrder(t *testing.T) {
 		t.Fatalf("the lender holds %x… at 0, %x… at 2048; want the later write over the retried one", got[:4], got[2048:2052])
 	}
 }
+
+// TestLateWriteCoveredByFlush: a write the lender answered, whose caller
+// counts it only after a flush sent on the same connection after that
+// answer succeeded, and after the lender then restarted and another call
+// reconnected (which looks for unflushed writes then), is not reported
+// lost: that flush covered it. Also through a pool whose one flush is
+// sent on its other connection (multi-conn); without the flush, the loss
+// is reported.
+func TestLateWriteCoveredByFlush(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		pool, flush bool
+	}{{"part", false, true}, {"pool", true, true}, {"pool unflushed", true, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			be := &countingBackend{MemBackend: nbd.NewMemBackend(1 << 20), multiConn: true}
+			l := startLenderWith(t, be)
+			n := 1
+			if tc.pool {
+				n = 2
+			}
+			pool, parts := poolOf(t, l, n)
+			var dev Device = parts[0]
+			if tc.pool {
+				dev = pool
+			}
+			p := parts[0]
+			var once sync.Once
+			p.beforeCount = func() {
+				once.Do(func() {
+					if tc.flush {
+						if err := dev.Flush(); err != nil {
+							t.Errorf("flush while the write is answered, not counted: %v", err)
+						}
+						if tc.pool && parts[1].flushed.Load() != 0 {
+							t.Errorf("the pool's flush was not one flush on its other connection")
+						}
+					}
+					l.kill()
+					l.restartOnSamePort(t)
+					if _, err := p.ReadAt(make([]byte, 8), 0); err != nil { // reconnects
+						t.Errorf("read after the restart: %v", err)
+					}
+				})
+			}
+			if _, err := dev.WriteAt([]byte("answered, then flushed"), 0); err != nil {
+				t.Fatal(err)
+			}
+			err := dev.Flush()
+			if want := !tc.flush; errors.Is(err, ErrLostWrites) != want || (!want && err != nil) {
+				t.Fatalf("flush after the restart = %v, want ErrLostWrites: %v", err, want)
+			}
+			if err := dev.Flush(); err != nil {
+				t.Fatalf("second flush: %v", err)
+			}
+		})
+	}
+}

@@ -70,9 +70,32 @@ type nbdPart struct {
 	// moved (guarded by mu). See count.
 	breaking atomic.Pointer[nbd.Client]
 	moved    bool
+	// Flushes sent on the part (or, through a pool, for it: sharedFlush),
+	// numbered, and the highest number that succeeded on each of the
+	// latest two connections: a write answered before flush number n
+	// was sent on its connection is durable once n succeeded there (NBD:
+	// a flush covers the writes answered before it was sent), which
+	// lateWrite needs to know.
+	fsent atomic.Uint64
+	okMu  sync.Mutex
+	ok    [2]flushed
 
 	beforeCount  func() // for tests: called before a write answered is counted (count)
 	beforeReport func() // for tests: called when a flush has succeeded, before it reports losses
+}
+
+// flushed is the highest-numbered flush (nbdPart.fsent) that succeeded on
+// connection c.
+type flushed struct {
+	c *nbd.Client
+	n uint64
+}
+
+// flushTicket is a flush about to be sent for a part: its number and the
+// connection whose writes it covers.
+type flushTicket struct {
+	p *nbdPart
+	flushed
 }
 
 func newPart(c *nbd.Client, u nbd.URI, tlsCfg *tls.Config, index int, timeout, redial time.Duration,
@@ -107,18 +130,24 @@ func (p *nbdPart) call(write bool, f func(*nbd.Client) error) error {
 // finish completes a call whose first attempt, on c, returned err: if c
 // broke it redials and retries f once on the new connection.
 func (p *nbdPart) finish(write bool, c *nbd.Client, err error, f func(*nbd.Client) error) error {
+	// The flushes sent before the write's reply came (for lateWrite).
+	// Taken once its call has returned, a little after the reply was
+	// read: a flush sent in between counts as sent before, which can only
+	// make lateWrite report a loss, never miss one.
+	answered := p.fsent.Load()
 	if err != nil && errors.Is(err, nbd.ErrClosed) && !p.closed.Load() {
 		var rerr error
 		if c, rerr = p.reconnect(c); rerr != nil {
 			return rerr
 		}
 		err = f(c)
+		answered = p.fsent.Load()
 	}
 	if errors.Is(err, nbd.ErrTimeout) {
 		p.dead.Store(true)
 	}
 	if err == nil && write && !p.count(c) {
-		p.lateWrite(c)
+		p.lateWrite(c, answered)
 	}
 	return err
 }
@@ -140,15 +169,55 @@ func (p *nbdPart) count(c *nbd.Client) bool {
 
 // lateWrite counts a write answered on c, which a reconnection from c may
 // have missed (count), as lost unless the reconnection found the part
-// moved, as reconnect would have; it waits for the reconnection under way.
-// Not on the goroutine that reads c's replies (reconnect closes c, which
-// waits for that goroutine).
-func (p *nbdPart) lateWrite(c *nbd.Client) {
+// moved, as reconnect would have, or a flush sent on c after the write
+// was answered (numbered above answered: the flushes sent until its call
+// returned) has succeeded there, which made it durable before the
+// connection broke. It waits for the reconnection under way. Not on the
+// goroutine that reads c's replies (reconnect closes c, which waits for
+// that goroutine).
+func (p *nbdPart) lateWrite(c *nbd.Client, answered uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.flushedSince(c, answered) {
+		return
+	}
 	if !p.moved || p.cur.Load() == c {
 		p.lostGen.Add(1)
 	}
+}
+
+// ticket numbers a flush about to be sent on c, which covers the part's
+// writes answered on c before it.
+func (p *nbdPart) ticket(c *nbd.Client) flushTicket {
+	return flushTicket{p: p, flushed: flushed{c: c, n: p.fsent.Add(1)}}
+}
+
+// succeeded records that the flush of t succeeded on t's connection.
+func (t flushTicket) succeeded() {
+	p := t.p
+	p.okMu.Lock()
+	defer p.okMu.Unlock()
+	for i := range p.ok {
+		if p.ok[i].c == t.c {
+			p.ok[i].n = max(p.ok[i].n, t.n)
+			return
+		}
+	}
+	// A connection not seen yet (the first flush after a reconnection):
+	// it replaces the older of the two.
+	p.ok[0], p.ok[1] = p.ok[1], t.flushed
+}
+
+// flushedSince reports whether a flush numbered above n succeeded on c.
+func (p *nbdPart) flushedSince(c *nbd.Client, n uint64) bool {
+	p.okMu.Lock()
+	defer p.okMu.Unlock()
+	for _, f := range p.ok {
+		if f.c == c && f.n > n {
+			return true
+		}
+	}
+	return false
 }
 
 // reconnect replaces the broken connection old, unless another call already
@@ -295,7 +364,12 @@ func (p *nbdPart) flushSince(seen uint64) error {
 	// As startFlush, without its closure (an allocation per flush).
 	seq := p.wseq.Load()
 	c := p.cur.Load()
-	return p.endFlush(seq, seen, p.finish(false, c, c.Flush(), (*nbd.Client).Flush))
+	t := p.ticket(c)
+	err := c.Flush()
+	if err == nil {
+		t.succeeded()
+	}
+	return p.endFlush(seq, seen, p.finish(false, c, err, (*nbd.Client).Flush))
 }
 
 // lostMark implements lostReporter.
@@ -307,9 +381,14 @@ func (p *nbdPart) lostMark() uint64 { return p.lostSeen.Load() }
 func (p *nbdPart) startFlush() func() error {
 	seq, seen := p.wseq.Load(), p.lostSeen.Load()
 	c := p.cur.Load()
+	t := p.ticket(c)
 	s := c.StartFlush()
 	return func() error {
-		return p.endFlush(seq, seen, p.finish(false, c, s.Wait(), (*nbd.Client).Flush))
+		err := s.Wait()
+		if err == nil {
+			t.succeeded()
+		}
+		return p.endFlush(seq, seen, p.finish(false, c, err, (*nbd.Client).Flush))
 	}
 }
 
@@ -354,6 +433,9 @@ func (p *nbdPart) flushSnapshot() (seq, epoch uint64, export nbd.URI, ok bool) {
 	export.ServerName = ""
 	return p.wseq.Load(), p.epoch.Load(), export, p.Alive() && p.lostGen.Load() == p.lostSeen.Load()
 }
+
+// flushTicket implements sharedFlusher.
+func (p *nbdPart) flushTicket() flushTicket { return p.ticket(p.cur.Load()) }
 
 // flushedUpTo implements sharedFlusher: the first seq writes are durable.
 func (p *nbdPart) flushedUpTo(seq uint64) {
@@ -412,11 +494,12 @@ func (p *nbdPart) startWrite(b []byte, off int64, done func(error)) {
 	c := p.cur.Load()
 	err := c.StartWrite(b, off, func(err error) {
 		if err == nil {
+			answered := p.fsent.Load() // see finish
 			if p.count(c) {
 				done(nil)
 				return
 			}
-			go func() { p.lateWrite(c); done(nil) }()
+			go func() { p.lateWrite(c, answered); done(nil) }()
 			return
 		}
 		go func() { done(p.finish(true, c, err, write)) }()

@@ -125,6 +125,11 @@ type sharedFlusher interface {
 	// flush itself: it is dead, or it broke with writes it has to report
 	// lost.
 	flushSnapshot() (seq, epoch uint64, export nbd.URI, ok bool)
+	// flushTicket numbers a flush that covers the connection's writes
+	// answered before it is sent (on another connection); once it has
+	// succeeded, with no connection reconnected meanwhile, the ticket's
+	// succeeded records that (see nbdPart.lateWrite).
+	flushTicket() flushTicket
 	// flushedUpTo records that a flush covered the first seq writes.
 	flushedUpTo(seq uint64)
 }
@@ -140,9 +145,12 @@ type sharedFlusher interface {
 // (NBD_FLAG_CAN_MULTI_CONN, which connections report with MultiConnSafe);
 // otherwise, or if no connection is alive, Flush fails.
 func (p *Pool) Flush() error {
-	var buf, mbuf [8]uint64
+	var (
+		buf, mbuf [8]uint64
+		tbuf      [8]flushTicket
+	)
 	marks := p.lostMarks(mbuf[:0])
-	seqs, epoch, ok := p.sharedFlush(buf[:0])
+	seqs, tickets, epoch, ok := p.sharedFlush(buf[:0], tbuf[:0])
 	if !ok {
 		return p.flushEach(marks)
 	}
@@ -150,7 +158,7 @@ func (p *Pool) Flush() error {
 	i := p.pickIndex()
 	err := p.conns[i].Flush()
 	p.inflight[i].Add(-1)
-	return p.sharedFlushed(seqs, epoch, marks, err)
+	return p.sharedFlushed(seqs, tickets, epoch, marks, err)
 }
 
 // lostMarks appends to buf what every connection that reports lost writes
@@ -171,7 +179,7 @@ func (p *Pool) lostMarks(buf []uint64) []uint64 {
 // every connection in turn are sent there.
 func (p *Pool) startFlush() func() error {
 	marks := p.lostMarks(make([]uint64, 0, len(p.conns)))
-	seqs, epoch, ok := p.sharedFlush(nil)
+	seqs, tickets, epoch, ok := p.sharedFlush(nil, nil)
 	if !ok {
 		return func() error { return p.flushEach(marks) }
 	}
@@ -185,20 +193,21 @@ func (p *Pool) startFlush() func() error {
 	return func() error {
 		err := wait()
 		p.inflight[i].Add(-1)
-		return p.sharedFlushed(seqs, epoch, marks, err)
+		return p.sharedFlushed(seqs, tickets, epoch, marks, err)
 	}
 }
 
 // sharedFlushed ends a flush that one connection made for all (err its
-// outcome; seqs and epoch as sharedFlush gave them before it was sent,
-// marks as lostMarks gave them when the flush began).
+// outcome; seqs, tickets and epoch as sharedFlush gave them before it was
+// sent, marks as lostMarks gave them when the flush began).
 // A connection that reconnected meanwhile may have reached a restarted
 // lender, whose flush does not cover what the others wrote before: then
 // every connection flushes (and reports) for itself.
-func (p *Pool) sharedFlushed(seqs []uint64, epoch uint64, marks []uint64, err error) error {
+func (p *Pool) sharedFlushed(seqs []uint64, tickets []flushTicket, epoch uint64, marks []uint64, err error) error {
 	if err == nil && p.epochs() == epoch {
 		for i, c := range p.conns {
 			c.(sharedFlusher).flushedUpTo(seqs[i])
+			tickets[i].succeeded()
 		}
 		return nil
 	}
@@ -259,36 +268,46 @@ func (p *Pool) flushEach(marks []uint64) error {
 	return errors.Join(errs...)
 }
 
-// sharedFlush returns every connection's flush snapshot and the pool's
-// epoch (the sum of the connections' reconnections) if one flush can serve
-// them all: every connection is alive with nothing to report, reaches the
-// same export (while a part moves, some may still reach the old lender),
-// its server advertises multi-conn, and none has reconnected since every
-// connection last flushed for itself (until then they may have written to
-// different instances of the lender). seqs is appended to buf.
-func (p *Pool) sharedFlush(buf []uint64) (seqs []uint64, epoch uint64, ok bool) {
+// sharedFlush returns every connection's flush snapshot, a flush ticket
+// of each (taken after its snapshot) and the pool's epoch (the sum of the
+// connections' reconnections) if one flush can serve them all: every
+// connection is alive with nothing to report, reaches the same export
+// (while a part moves, some may still reach the old lender), its server
+// advertises multi-conn, and none has reconnected since every connection
+// last flushed for itself (until then they may have written to different
+// instances of the lender). seqs is appended to buf, tickets to tbuf.
+func (p *Pool) sharedFlush(buf []uint64, tbuf []flushTicket) (seqs []uint64, tickets []flushTicket, epoch uint64, ok bool) {
 	seqs = append(buf[:0], make([]uint64, len(p.conns))...)
 	var first nbd.URI
 	for i, c := range p.conns {
 		f, isShared := c.(sharedFlusher)
 		if !isShared || !f.MultiConnSafe() {
-			return nil, 0, false
+			return nil, nil, 0, false
 		}
 		var (
 			e      uint64
 			export nbd.URI
 		)
 		if seqs[i], e, export, ok = f.flushSnapshot(); !ok {
-			return nil, 0, false
+			return nil, nil, 0, false
 		}
 		if i == 0 {
 			first = export
 		} else if export != first {
-			return nil, 0, false
+			return nil, nil, 0, false
 		}
 		epoch += e
 	}
-	return seqs, epoch, epoch == p.clean.Load()
+	if epoch != p.clean.Load() {
+		return nil, nil, 0, false
+	}
+	// After the epochs were read: a ticket's connection is the one the
+	// flush covers if they have not changed when it ends.
+	tickets = tbuf[:0]
+	for _, c := range p.conns {
+		tickets = append(tickets, c.(sharedFlusher).flushTicket())
+	}
+	return seqs, tickets, epoch, true
 }
 
 // epochs is the sum of the connections' reconnections.

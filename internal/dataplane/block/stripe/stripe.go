@@ -141,6 +141,18 @@ type Volume struct {
 	// way when one is found hears of it, and the next to begin does.
 	lostFUA                 atomic.Pointer[error]
 	lostFUAGen, lostFUASeen atomic.Uint64
+	// Writes (trims, zeroings) under way, and whether settle has begun:
+	// from then on a new one is refused (ErrClosed), and settle waits
+	// for those under way before it decides whether to flush (see
+	// beginWrite), so that none is answered uncovered by its flush.
+	writing   atomic.Int64
+	closing   atomic.Bool
+	drainMu   sync.Mutex
+	drainCond sync.Cond // broadcast when writing falls to 0 while closing
+
+	// For tests: called when settle begins to wait for the writes under
+	// way, and once it has decided whether to flush (and flushed).
+	draining, settled func()
 }
 
 // New builds a volume over devs, in order. The order is part of the layout:
@@ -157,6 +169,7 @@ func New(devs []Device, cfg Config) (*Volume, error) {
 		return nil, fmt.Errorf("%w: stripe unit %d is not a power of two in [%d, %d]", ErrConfig, unit, MinStripeUnit, MaxStripeUnit)
 	}
 	v := &Volume{unit: unit, timeout: cfg.RequestTimeout, log: cfg.Logger, canTrim: true, canZero: true, canExt: true}
+	v.drainCond.L = &v.drainMu
 	for 1<<v.shift != unit {
 		v.shift++
 	}
@@ -343,11 +356,52 @@ func (v *Volume) ReadAt(p []byte, off int64) (int, error) {
 	return int(n), nil
 }
 
+// beginWrite registers a write (trim, zeroing) under way, which endWrite
+// ends once its devices have answered and it is counted (member.wseq);
+// false, with nothing registered, once settle has begun (the write is
+// refused). A write is counted before it looks at closing, settle sets
+// closing before it looks at the count: one of them sees the other.
+func (v *Volume) beginWrite() bool {
+	v.writing.Add(1)
+	if v.closing.Load() {
+		v.endWrite()
+		return false
+	}
+	return true
+}
+
+// endWrite ends a write beginWrite registered.
+func (v *Volume) endWrite() {
+	if v.writing.Add(-1) == 0 && v.closing.Load() {
+		v.drainMu.Lock()
+		v.drainCond.Broadcast()
+		v.drainMu.Unlock()
+	}
+}
+
+// drainWrites waits until no write is under way; closing is set, so none
+// begins. Writes end within their devices' bounds, or when the volume is
+// closed (settle's timer).
+func (v *Volume) drainWrites() {
+	if v.draining != nil {
+		v.draining()
+	}
+	v.drainMu.Lock()
+	for v.writing.Load() > 0 {
+		v.drainCond.Wait()
+	}
+	v.drainMu.Unlock()
+}
+
 // WriteAt writes p at off; the whole range must be inside the volume.
 func (v *Volume) WriteAt(p []byte, off int64) (int, error) {
 	if err := v.check(off, int64(len(p))); err != nil {
 		return 0, err
 	}
+	if !v.beginWrite() {
+		return 0, ErrClosed
+	}
+	defer v.endWrite()
 	var err error
 	if c, ok := v.single(off, int64(len(p))); ok {
 		c.buf = p
@@ -558,6 +612,10 @@ func (v *Volume) Trim(off, length int64) error {
 	if err := v.check(off, length); err != nil {
 		return err
 	}
+	if !v.beginWrite() {
+		return ErrClosed
+	}
+	defer v.endWrite()
 	return v.doWrite(v.perDevice(off, length), func(d Device, c chunk) error {
 		return d.(Trimmer).Trim(c.devOff, c.len)
 	})
@@ -569,6 +627,10 @@ func (v *Volume) WriteZeroes(off, length int64, noHole bool) error {
 	if err := v.check(off, length); err != nil {
 		return err
 	}
+	if !v.beginWrite() {
+		return ErrClosed
+	}
+	defer v.endWrite()
 	if !v.canZero {
 		return v.doWrite(v.split(off, length), func(d Device, c chunk) error {
 			z := make([]byte, min(c.len, 1<<20))
@@ -738,13 +800,15 @@ func (v *Volume) fail(i int, why error) {
 }
 
 // Shutdown ends the volume as Close does, once what was written is durable
-// as qemu-nbd makes it on exit: it flushes if a device has writes (trims,
-// zeroings) that no flush covered, then closes the devices. The flush
-// takes at most the request timeout: past it the devices are closed,
-// which fails it, and the error wraps ErrTimeout too. Shutdown reports
-// what a FLUSH that began with it would (writes a lender's restart may
-// have lost that no FLUSH reported: ErrLostWrites) and errors of closing.
-// Requests still in progress fail; stop issuing them first.
+// as qemu-nbd makes it on exit: it refuses new writes (trims, zeroings:
+// ErrClosed), waits for those under way, flushes if a device has writes
+// that no flush covered, then closes the devices. Waiting and flushing
+// take at most the request timeout: past it the devices are closed, which
+// fails what their lenders have not answered, and the error wraps
+// ErrTimeout too. Shutdown reports what a FLUSH that began with it would
+// (writes a lender's restart may have lost that no FLUSH reported:
+// ErrLostWrites) and errors of closing. Other requests still in progress
+// (reads) fail; stop issuing them first.
 func (v *Volume) Shutdown() error {
 	var once sync.Once
 	var cerr error
@@ -754,17 +818,20 @@ func (v *Volume) Shutdown() error {
 	return errors.Join(err, cerr)
 }
 
-// settle makes what was written durable before the volume closes: it runs
-// wait (if any: the write-back cache's wait for its writes), then flushes
-// if a device has writes no flush covered, and reports what a FLUSH that
-// began with it would; all under one timer of the request timeout, whose
-// expiry calls expire (which must close the volume, failing what the
-// lenders have not answered). The devices bound each request themselves,
-// but not a write's whole course: a write whose connection broke waits for
-// the redial (RedialTimeout, which may exceed the request timeout) and is
-// then retried under a bound of its own.
+// settle makes what was written durable before the volume closes: it
+// refuses new writes (trims, zeroings), runs wait (if any: the write-back
+// cache's wait for its writes), waits for the writes under way (which may
+// be answered to their clients once counted: so none is left out of the
+// flush), then flushes if a device has writes no flush covered, and
+// reports what a FLUSH that began with it would; all under one timer of
+// the request timeout, whose expiry calls expire (which must close the
+// volume, failing what the lenders have not answered). The devices bound
+// each request themselves, but not a write's whole course: a write whose
+// connection broke waits for the redial (RedialTimeout, which may exceed
+// the request timeout) and is then retried under a bound of its own.
 func (v *Volume) settle(wait func() error, expire func()) error {
 	mark := v.flushMark()
+	v.closing.Store(true)
 	var expired atomic.Bool
 	t := time.AfterFunc(v.timeout, func() {
 		expired.Store(true)
@@ -775,8 +842,12 @@ func (v *Volume) settle(wait func() error, expire func()) error {
 	if wait != nil {
 		err = wait()
 	}
+	v.drainWrites()
 	if !expired.Load() && v.unflushed() {
 		err = errors.Join(err, v.flush())
+	}
+	if v.settled != nil {
+		v.settled()
 	}
 	err = errors.Join(err, v.lostFUASince(mark))
 	if err != nil && expired.Load() {

@@ -53,7 +53,9 @@ func canStartWrite(d Device) bool {
 //     reported to every Flush under way when it is first reported and to
 //     the first Flush that begins after it, and not again (the model of
 //     Linux's errseq with one observer, the export: a later flush reports
-//     only new failures, as fsync does after a writeback error).
+//     only new failures, as fsync does after a writeback error). A
+//     report whose reply never reached its client is reported again by
+//     the next Flush and by Close (untold, at the export).
 //   - FUA writes, WriteZeroes, Trim and writes larger than maxEarlyWrite
 //     wait for their lenders, as without write-back.
 //   - Order: a request (read, write, trim, zeroing, block status) that
@@ -64,7 +66,8 @@ func canStartWrite(d Device) bool {
 //     and unanswered; a write beyond waits.
 //   - Close (Attachment.Close) takes no new write, waits for those in
 //     flight (within the request timeout), flushes, and reports a failure
-//     as a Flush that began with it would.
+//     as a Flush that began with it would, and one whose report a Flush's
+//     lost reply carried.
 //
 // A write spanning parts is acknowledged once every part's piece is sent.
 // A crash of the process holding it loses what a volatile cache loses:
@@ -327,9 +330,14 @@ func (v *Volume) startsWrites() bool {
 // error; possibly before it returns. Every device is an asyncWriter and
 // bounds its requests itself (newWriteBack).
 func (v *Volume) startWrite(p []byte, off int64, done func(error)) {
+	if !v.beginWrite() {
+		done(ErrClosed)
+		return
+	}
 	n := int64(len(p))
 	if c, ok := v.single(off, n); ok {
 		if err := v.live(c.dev); err != nil {
+			v.endWrite()
 			done(err)
 			return
 		}
@@ -338,22 +346,28 @@ func (v *Volume) startWrite(p []byte, off int64, done func(error)) {
 			if err = v.outcome(c.dev, err); err == nil {
 				m.wseq.Add(1)
 			}
+			v.endWrite()
 			done(err)
 		})
 		return
 	}
 	cs := v.split(off, n)
 	if v.closed.Load() {
+		v.endWrite()
 		done(ErrClosed)
 		return
 	}
 	for _, c := range cs {
 		if m := v.parts[c.dev]; m.failed.Load() {
+			v.endWrite()
 			done(m.err(c.dev))
 			return
 		}
 	}
-	piece := join(len(cs), done)
+	piece := join(len(cs), func(err error) {
+		v.endWrite()
+		done(err)
+	})
 	for _, c := range cs {
 		m := v.parts[c.dev]
 		m.dev.(asyncWriter).startWrite(p[c.volOff-off:c.volOff-off+c.len], c.devOff, func(err error) {
