@@ -71,10 +71,22 @@ type Agent struct {
 
 	prepares uint64 // exports the control plane asked for so far (Export.prepared)
 
+	// The heartbeat loop's plan (see heartbeatLoop and
+	// exportsChangedLocked): loopPlanned while it waits, having planned
+	// for loopExpiry, the earliest known expiry of a served export then
+	// (zero: none).
+	loopPlanned bool
+	loopExpiry  time.Time
+
 	xfers transfers // parts moving to or from here (transfer.go)
 
-	hbMu   sync.Mutex // serializes heartbeat rounds
-	wipeMu sync.Mutex // serializes writes of the wipe journal
+	// wake wakes the heartbeat loop to plan again (buffer 1: a signal
+	// sent while one is pending is the same).
+	wake chan struct{}
+
+	hbMu      sync.Mutex // serializes heartbeat rounds
+	enforceMu sync.Mutex // serializes enforceExpiry
+	wipeMu    sync.Mutex // serializes writes of the wipe journal
 
 	mHeartbeats   *prometheus.CounterVec
 	mPrepares     *prometheus.CounterVec
@@ -108,6 +120,7 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a := &Agent{
 		joined:   make(chan struct{}),
+		wake:     make(chan struct{}, 1),
 		cfg:      cfg,
 		log:      cfg.Logger.With("agent", cfg.Name),
 		clock:    cfg.Clock,
@@ -697,43 +710,133 @@ func (a *Agent) otherPeers(nodes []api.Node, self string) []api.Node {
 	return out
 }
 
-// expiryRoundTimeout bounds a heartbeat round run because a lease's known
-// expiry is due: if the control plane does not answer within it, the
-// export stops being served.
+// expiryAskAhead is how long before a served export's known expiry the
+// heartbeat loop asks the control plane about its lease (a heartbeat
+// round), so that a renewal reaches the agent before the export stops.
+const expiryAskAhead = 2 * time.Second
+
+// expiryRoundTimeout is how long after the earliest known expiry of a
+// served export a call to the control plane under way (a heartbeat round,
+// a join) is given up (untilExpiryRound).
 const expiryRoundTimeout = 2 * time.Second
 
+// heartbeatInterval is the time between heartbeat rounds.
+func (a *Agent) heartbeatInterval() time.Duration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.interval <= 0 {
+		return 5 * time.Second
+	}
+	return a.interval
+}
+
+// heartbeatLoop runs the heartbeat rounds after Run's first, each on a
+// goroutine of its own, one at a time (the loop waits for the last before
+// it returns), and stops serving exports at their known expiry:
+//
+//   - a round every heartbeat interval, timed from the end of the last;
+//   - a round expiryAskAhead before the earliest known expiry of a served
+//     export, unless one began since then, so that a renewal the control
+//     plane has by then reaches the agent before the expiry;
+//   - at the instant that expiry passes, it stops serving the exports
+//     whose known expiry has passed (enforceExpiry), whether a round is
+//     under way or not, then asks again (a round, at once or once the one
+//     under way ends): an answer that shows a lease renewed serves its
+//     exports again;
+//   - a round once an incoming transfer's expiry passes (the round gives
+//     it up: expireTransfers).
+//
+// It plans each wait when it wakes; a change that brings the earliest
+// known expiry of a served export before the one it planned for (a
+// prepare, an answer that shortens a lease) wakes it to plan again
+// (exportsChangedLocked), as does an incoming transfer.
 func (a *Agent) heartbeatLoop(ctx context.Context) {
+	var (
+		done    chan struct{} // closed when the round under way ends; nil: none
+		again   bool          // a round is wanted once the one under way ends
+		beatDue bool          // the interval since the last round has passed
+		began   time.Time     // when the last round began
+	)
+	// The interval is timed, not compared with the time: on a clock
+	// whose time moves apart from its timers (clock.FakeNow) rounds
+	// still come every interval.
+	beat := a.clock.NewTimer(a.heartbeatInterval()) // armed while no round runs
+	defer func() {
+		beat.Stop()
+		if done != nil {
+			<-done
+		}
+	}()
 	for {
 		a.mu.Lock()
-		iv := a.interval
+		a.loopPlanned = false // what changes from here on wakes the loop
 		a.mu.Unlock()
-		if iv <= 0 {
-			iv = 5 * time.Second
+		now := a.clock.Now()
+		// Only the exports whose known expiry passed (reachable: those
+		// of unknown expiry stop after a round the control plane did
+		// not answer); asked again, an answer may serve them again.
+		if a.enforceExpiry(ctx, true) > 0 {
+			again = true
 		}
-		wait, due := iv, false
-		if next, ok := a.nextExpiry(); ok {
-			if d := next.Sub(a.clock.Now()); d < wait {
-				wait, due = max(d, 50*time.Millisecond), true
-			}
+		exp, hasExp := a.nextExpiry()
+		ask := exp.Add(-expiryAskAhead)
+		if hasExp && !now.Before(ask) && began.Before(ask) {
+			again = true
 		}
-		if next, ok := a.nextTransferExpiry(); ok {
-			wait = min(wait, max(next.Sub(a.clock.Now()), 50*time.Millisecond))
+		xfer, hasXfer := a.nextTransferExpiry()
+		if done == nil && (again || beatDue || (hasXfer && !now.Before(xfer) && began.Before(xfer))) {
+			again, beatDue, began = false, false, now
+			beat.Stop()
+			done = make(chan struct{})
+			go func(done chan<- struct{}) {
+				defer close(done)
+				if err := a.Heartbeat(ctx); err != nil && ctx.Err() == nil {
+					a.log.Warn("heartbeat failed", "err", err)
+				}
+			}(done)
 		}
-		t := a.clock.NewTimer(wait)
+
+		// When to wake next, besides the interval, a signal and the
+		// round's end (zero: none).
+		var at time.Time
+		switch {
+		case !hasExp:
+		case !exp.After(now):
+			// enforceExpiry could not stop it (and warned): again soon.
+			at = now.Add(50 * time.Millisecond)
+		case done == nil && began.Before(ask):
+			at = ask // after now: the round would have begun
+		default:
+			at = exp
+		}
+		if done == nil && hasXfer && began.Before(xfer) && (at.IsZero() || xfer.Before(at)) {
+			at = xfer
+		}
+		a.mu.Lock()
+		a.loopPlanned, a.loopExpiry = true, exp
+		a.mu.Unlock()
+		var timer <-chan time.Time
+		var t clock.Timer
+		if !at.IsZero() {
+			t = a.clock.NewTimer(max(at.Sub(a.clock.Now()), 0))
+			timer = t.C()
+		}
 		select {
 		case <-ctx.Done():
+		case <-a.wake:
+		case <-timer:
+		case <-beat.C():
+			beatDue = true
+		case <-done:
+			done = nil
+			beat.Reset(a.heartbeatInterval())
+		}
+		if t != nil {
 			t.Stop()
+		}
+		if ctx.Err() != nil {
 			return
-		case <-t.C():
 		}
-		rctx, cancel := ctx, context.CancelFunc(func() {})
-		if due {
-			rctx, cancel = context.WithTimeout(ctx, expiryRoundTimeout)
-		}
-		if err := a.Heartbeat(rctx); err != nil && ctx.Err() == nil {
-			a.log.Warn("heartbeat failed", "err", err)
-		}
-		cancel()
 	}
 }
 
@@ -841,9 +944,10 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 
 // untilExpiryRound bounds a call to the control plane to end
 // expiryRoundTimeout after the earliest known expiry of a served export
-// (on the agent's clock): a round that began before that expiry was due
-// (or a control plane that stopped answering in the middle of one) does
-// not keep the export served past it.
+// (on the agent's clock). The heartbeat loop stops serving the export at
+// that expiry whatever the call, and asks the control plane again once the
+// round under way ends: a control plane that stopped answering in the
+// middle of a round (or of a join) holds that back no longer than this.
 func (a *Agent) untilExpiryRound(ctx context.Context) (context.Context, context.CancelFunc) {
 	next, ok := a.nextExpiry()
 	if !ok {

@@ -238,7 +238,7 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 			// URI yet: it is undone.
 			a.mu.Lock()
 			delete(a.exports, req.Export)
-			a.countExportsLocked()
+			a.exportsChangedLocked()
 			a.mu.Unlock()
 			if terr := drv.Teardown(ctx, e); terr != nil {
 				a.log.Warn("undoing an export that could not be recorded", "lease", req.LeaseID, "err", terr)
@@ -288,13 +288,18 @@ func (a *Agent) storeLocked(e Export) error {
 	a.prepares++
 	e.prepared = a.prepares
 	a.exports[e.Request.Export] = e
-	a.countExportsLocked()
+	a.exportsChangedLocked()
 	a.mu.Unlock()
 	return a.saveExportsLocked()
 }
 
-// countExportsLocked updates the export gauges; a.mu is held.
-func (a *Agent) countExportsLocked() {
+// exportsChangedLocked is called, a.mu held, after any change to
+// a.exports (an export added, removed, stopped, served again, or its
+// expiry changed): it updates the export gauges and, when the earliest
+// known expiry of a served export is now earlier than the one the
+// heartbeat loop planned for (or the loop is planning), wakes the loop to
+// plan again (heartbeatLoop).
+func (a *Agent) exportsChangedLocked() {
 	var held, suspended float64
 	for _, e := range a.exports {
 		switch {
@@ -307,6 +312,10 @@ func (a *Agent) countExportsLocked() {
 	a.mExports.Set(float64(len(a.exports)))
 	a.mWithheld.WithLabelValues("held").Set(held)
 	a.mWithheld.WithLabelValues("suspended").Set(suspended)
+	next, ok := a.nextExpiryLocked()
+	if !a.loopPlanned || (ok && (a.loopExpiry.IsZero() || next.Before(a.loopExpiry))) {
+		a.wakeLoop()
+	}
 }
 
 // Teardown stops serving every export of a lease and wipes the block
@@ -406,7 +415,7 @@ func (a *Agent) teardownExports(ctx context.Context, leaseID string, pick func(E
 		}
 		a.mu.Lock()
 		delete(a.exports, e.Request.Export)
-		a.countExportsLocked()
+		a.exportsChangedLocked()
 		a.mu.Unlock()
 		if w != nil {
 			wipes = append(wipes, w)
@@ -483,7 +492,7 @@ func (a *Agent) restoreExports(_ context.Context, saved []persistedExport) {
 		}
 		a.exports[req.Export] = Export{Request: req, Device: dev, Endpoint: a.endpoints[dev.Kind], Host: a.host,
 			URI: p.URI, Moved: p.Moved, held: true}
-		a.countExportsLocked()
+		a.exportsChangedLocked()
 		a.mu.Unlock()
 	}
 	if err := a.saveExportsLocked(); err != nil {

@@ -36,6 +36,22 @@ import (
 //     the commit), other drivers tear it down. An answer that shows the lease
 //     renewed serves it again. While the control plane is unreachable an
 //     export whose expiry the agent does not know is not served.
+//   - The heartbeat loop (heartbeatLoop) does this on time, whether a
+//     heartbeat round or a join is under way or not: it stops serving an
+//     export when its known expiry passes (the loop's timer on the
+//     agent's clock fires; the stop waits only for the agent's other work
+//     on exports under way, such as a prepare, a teardown or another
+//     stop, and for a move of the lease from here to end; a stop that
+//     fails is tried again every 50 ms). An export is thus not served
+//     past its known expiry. So that a renewal reaches the agent before
+//     then, the loop asks the control plane (a heartbeat round)
+//     expiryAskAhead before the earliest known expiry of a served export,
+//     unless a round began since then; after stopping an export it asks
+//     again, and an answer that shows the lease renewed serves it again.
+//     A prepare (or anything else) that brings the earliest known expiry
+//     before the one the loop waits for wakes it (exportsChangedLocked).
+//     A round or join under way is given up expiryRoundTimeout after that
+//     expiry (untilExpiryRound), so that the agent asks again.
 //   - A prepare with no time left (after that deduction) is prepared, its
 //     URI answered, but not served, as if its expiry had passed: an answer
 //     that shows the lease has time left (renewed, or the request spent
@@ -136,6 +152,7 @@ func (a *Agent) reconcile(ctx context.Context, leases []api.LeaseExpiry, cpNow, 
 	a.mu.Lock()
 	var resume, confirm []Export
 	unwanted := map[string][]string{} // lease → export names
+	changed := false
 	for name, e := range a.exports {
 		exp, ok := wanted[e.Request.LeaseID]
 		if !ok || e.prepared > mark {
@@ -149,9 +166,10 @@ func (a *Agent) reconcile(ctx context.Context, leases []api.LeaseExpiry, cpNow, 
 			unwanted[e.Request.LeaseID] = append(unwanted[e.Request.LeaseID], name)
 			continue
 		}
-		if !exp.IsZero() {
+		if !exp.IsZero() && !exp.Equal(e.Request.ExpiresAt) {
 			e.Request.ExpiresAt = exp
 			a.exports[name] = e
+			changed = true
 		}
 		if !e.Request.ExpiresAt.IsZero() && !now.Before(e.Request.ExpiresAt) {
 			continue
@@ -163,6 +181,9 @@ func (a *Agent) reconcile(ctx context.Context, leases []api.LeaseExpiry, cpNow, 
 			resume = append(resume, e)
 		}
 	}
+	if changed {
+		a.exportsChangedLocked() // a renewal that shortens a lease
+	}
 	a.mu.Unlock()
 	for _, e := range resume {
 		if err := a.drivers[e.Device.Kind].(Suspender).Resume(ctx, e); err != nil {
@@ -173,7 +194,7 @@ func (a *Agent) reconcile(ctx context.Context, leases []api.LeaseExpiry, cpNow, 
 		if cur, ok := a.exports[e.Request.Export]; ok {
 			cur.suspended = false
 			a.exports[e.Request.Export] = cur
-			a.countExportsLocked()
+			a.exportsChangedLocked()
 		}
 		a.mu.Unlock()
 		a.log.Info("lease renewed; serving it again", "lease", e.Request.LeaseID)
@@ -226,8 +247,12 @@ func (a *Agent) dropExports(ctx context.Context, leaseID string, names []string)
 
 // enforceExpiry stops serving the exports whose lease's known expiry has
 // passed; with reachable false (no answer from the control plane) also
-// those whose expiry the agent does not know.
-func (a *Agent) enforceExpiry(ctx context.Context, reachable bool) {
+// those whose expiry the agent does not know. It returns how many it
+// stopped. Calls are serialized: one that stops an export has done so
+// when another returns.
+func (a *Agent) enforceExpiry(ctx context.Context, reachable bool) int {
+	a.enforceMu.Lock()
+	defer a.enforceMu.Unlock()
 	now := a.clock.Now()
 	isDue := func(e Export) bool {
 		exp := e.Request.ExpiresAt
@@ -242,6 +267,9 @@ func (a *Agent) enforceExpiry(ctx context.Context, reachable bool) {
 		}
 	}
 	a.mu.Unlock()
+	if len(stopping) == 0 {
+		return 0
+	}
 	for id := range stopping {
 		a.abortLeaseTransfers(ctx, id, "the lease's known expiry passed", false)
 	}
@@ -255,28 +283,36 @@ func (a *Agent) enforceExpiry(ctx context.Context, reachable bool) {
 		}
 	}
 	a.mu.Unlock()
+	stopped := 0
 	for _, e := range due {
 		e, err := a.stopServing(ctx, a.drivers[e.Device.Kind], e)
 		if err != nil {
 			a.log.Warn("stopping an expired lease's export failed", "lease", e.Request.LeaseID, "err", err)
 			continue
 		}
+		stopped++
 		a.mu.Lock()
 		if _, ok := a.exports[e.Request.Export]; ok {
 			a.exports[e.Request.Export] = e
-			a.countExportsLocked()
+			a.exportsChangedLocked()
 		}
 		a.mu.Unlock()
 		a.mSuspends.WithLabelValues(string(e.Device.Kind)).Inc()
 		a.log.Warn("stopped serving a lease whose expiry passed without a renewal the control plane confirmed",
 			"lease", e.Request.LeaseID, "kind", e.Device.Kind, "expired", !e.Request.ExpiresAt.IsZero(), "control_plane_reachable", reachable)
 	}
+	return stopped
 }
 
 // nextExpiry is the earliest known expiry of a served export.
 func (a *Agent) nextExpiry() (time.Time, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	return a.nextExpiryLocked()
+}
+
+// nextExpiryLocked is nextExpiry; a.mu is held.
+func (a *Agent) nextExpiryLocked() (time.Time, bool) {
 	var next time.Time
 	for _, e := range a.exports {
 		if exp := e.Request.ExpiresAt; e.serving() && !exp.IsZero() && (next.IsZero() || exp.Before(next)) {
@@ -284,4 +320,12 @@ func (a *Agent) nextExpiry() (time.Time, bool) {
 		}
 	}
 	return next, !next.IsZero()
+}
+
+// wakeLoop wakes the heartbeat loop to plan again.
+func (a *Agent) wakeLoop() {
+	select {
+	case a.wake <- struct{}{}:
+	default: // one is pending
+	}
 }

@@ -401,55 +401,48 @@ func TestAnswerDoesNotJudgeLaterPrepares(t *testing.T) {
 
 // TestExpiryDuringSlowRound: a heartbeat round the control plane does
 // not answer does not keep an export served past its lease's known
-// expiry: the round gives up expiryRoundTimeout after the expiry (on the
-// agent's clock), and the export stops, even when the round began before
-// the expiry was due.
+// expiry: the export stops at the expiry exactly while the round is under
+// way, and the round gives up expiryRoundTimeout after it (on the agent's
+// clock), even when it began before the expiry was due.
 func TestExpiryDuringSlowRound(t *testing.T) {
 	cp, srv := newFakeCP(t)
 	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	cfg := testConfig(srv.URL, t.TempDir())
-	cfg.Clock = clk
-	a := start(t, cfg).a
+	a, drv := expiryAgent(t, srv.URL, clk)
+	exp := clk.Now().Add(time.Minute)
 	resp, err := a.Prepare(ctxFor(t), api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindBlock, DeviceName: "disk0",
-		Length: leaseSize, Export: "x_lease-a", ExpiresAt: clk.Now().Add(time.Minute)})
+		Length: leaseSize, Export: "x_lease-a", ExpiresAt: exp})
 	if err != nil {
 		t.Fatal(err)
 	}
-	in, next := make(chan struct{}), make(chan struct{})
+	in, next := holdNextBeat(cp)
 	defer close(next)
-	cp.set(func(f *fakeCP) { f.beatIn, f.beatGo = in, next })
 	done := make(chan error, 1)
 	go func() { done <- a.Heartbeat(ctxFor(t)) }()
 	<-in // the control plane has the heartbeat, and does not answer
-	clk.Advance(time.Minute + expiryRoundTimeout)
-	select {
-	case err := <-done:
-		if err == nil {
-			t.Fatal("an unanswered heartbeat succeeded")
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the round went on past the lease's expiry and the bound after it")
+	clk.Advance(time.Minute)
+	if at := within(t, drv.stopped, "served past its known expiry while a round was under way"); !at.Equal(exp) {
+		t.Fatalf("stopped at %v, its known expiry is %v", at, exp)
 	}
 	if served(t, resp.URI) {
 		t.Fatal("served past its known expiry while the control plane did not answer")
+	}
+	clk.Advance(expiryRoundTimeout)
+	if err := within(t, done, "the round went on past the lease's expiry and the bound after it"); err == nil {
+		t.Fatal("an unanswered heartbeat succeeded")
 	}
 }
 
 // TestExpiryDuringRejoin: an agent the control plane no longer knows
 // (401) joins again; a join the control plane does not answer does not
-// keep an export served past its lease's known expiry either.
+// keep an export served past its lease's known expiry either: it stops at
+// the expiry exactly, and the join is given up expiryRoundTimeout after.
 func TestExpiryDuringRejoin(t *testing.T) {
 	cp, srv := newFakeCP(t)
 	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	cfg := testConfig(srv.URL, t.TempDir())
-	cfg.Clock = clk
-	a := start(t, cfg).a
-	// The heartbeat loop waits its interval (an hour): the one timer.
-	if err := clk.BlockUntil(ctxFor(t), 1); err != nil {
-		t.Fatal(err)
-	}
+	a, drv := expiryAgent(t, srv.URL, clk)
+	exp := clk.Now().Add(time.Minute)
 	resp, err := a.Prepare(ctxFor(t), api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindBlock, DeviceName: "disk0",
-		Length: leaseSize, Export: "x_lease-a", ExpiresAt: clk.Now().Add(time.Minute)})
+		Length: leaseSize, Export: "x_lease-a", ExpiresAt: exp})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -464,14 +457,20 @@ func TestExpiryDuringRejoin(t *testing.T) {
 		<-done
 	}()
 	<-in // the join has reached the control plane, which does not answer
-	clk.Advance(time.Minute + expiryRoundTimeout)
-	// The join given up, the agent waits to try again (beside the loop).
-	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
-	defer wcancel()
-	if err := clk.BlockUntil(wctx, 2); err != nil {
-		t.Fatal("the join went on past the lease's expiry and the bound after it")
+	clk.Advance(time.Minute)
+	if at := within(t, drv.stopped, "served past its known expiry while joining again"); !at.Equal(exp) {
+		t.Fatalf("stopped at %v, its known expiry is %v", at, exp)
 	}
 	if served(t, resp.URI) {
 		t.Fatal("served past its known expiry while joining again")
+	}
+	// The join given up, the agent waits to try again: the one timer
+	// (the heartbeat loop, with nothing served, waits for its round,
+	// which waits for the join).
+	clk.Advance(expiryRoundTimeout)
+	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer wcancel()
+	if err := clk.BlockUntil(wctx, 1); err != nil {
+		t.Fatal("the join went on past the lease's expiry and the bound after it")
 	}
 }

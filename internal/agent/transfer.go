@@ -386,8 +386,9 @@ func (a *Agent) ReceiveTransfer(ctx context.Context, req api.TransferInRequest) 
 	t.mu.Unlock()
 	a.mu.Lock()
 	a.exports[part.Export] = e
-	a.countExportsLocked()
+	a.exportsChangedLocked()
 	a.mu.Unlock()
+	a.wakeLoop() // to give it up at its expiry (heartbeatLoop)
 	a.mTransfers.WithLabelValues("in", "started").Inc()
 	a.log.Info("receiving a moved part", "transfer", req.ID, "lease", part.LeaseID, "device", dev.Name,
 		"offset", part.Offset, "length", part.Length, "token", resource.Fingerprint(req.Token))
@@ -810,7 +811,7 @@ func (a *Agent) activate(ctx context.Context, t *transfer) (api.TransferCommitRe
 	a.prepares++
 	e.prepared = a.prepares
 	a.exports[e.Request.Export] = e
-	a.countExportsLocked()
+	a.exportsChangedLocked()
 	a.mu.Unlock()
 	// Persist the export before the range leaves the wipe journal: a
 	// crash in between restores nothing and wipes the range (the source
@@ -923,7 +924,7 @@ func (a *Agent) dropIncoming(ctx context.Context, t *transfer) error {
 	a.mu.Lock()
 	if cur, ok := a.exports[e.Request.Export]; ok && cur.incoming {
 		delete(a.exports, e.Request.Export)
-		a.countExportsLocked()
+		a.exportsChangedLocked()
 	}
 	a.mu.Unlock()
 	a.opMu.Unlock()

@@ -1,0 +1,197 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/clock"
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+)
+
+// noticingDriver is the block driver, telling the time on its clock each
+// time it stops serving an export (Suspend: stopped) or serves one again
+// (Resume: resumed).
+type noticingDriver struct {
+	*BlockDriver
+	clk              clock.Clock
+	stopped, resumed chan time.Time
+}
+
+func newNoticingDriver(clk clock.Clock) noticingDriver {
+	return noticingDriver{BlockDriver: NewBlockDriver(slog.New(slog.DiscardHandler)), clk: clk,
+		stopped: make(chan time.Time, 16), resumed: make(chan time.Time, 16)}
+}
+
+func (d noticingDriver) Suspend(ctx context.Context, e Export) error {
+	err := d.BlockDriver.Suspend(ctx, e)
+	if err == nil {
+		d.stopped <- d.clk.Now()
+	}
+	return err
+}
+
+func (d noticingDriver) Resume(ctx context.Context, e Export) error {
+	err := d.BlockDriver.Resume(ctx, e)
+	if err == nil {
+		d.resumed <- d.clk.Now()
+	}
+	return err
+}
+
+// expiryAgent starts an agent on clk whose block driver is a
+// noticingDriver, and waits until its heartbeat loop waits for its next
+// round (an hour away: the fake control plane's interval).
+func expiryAgent(t *testing.T, url string, clk *clock.Fake) (*Agent, noticingDriver) {
+	t.Helper()
+	drv := newNoticingDriver(clk)
+	cfg := testConfig(url, t.TempDir())
+	cfg.Clock = clk
+	cfg.Drivers = map[api.Kind]Driver{api.KindBlock: drv}
+	a := start(t, cfg).a
+	if err := clk.BlockUntil(ctxFor(t), 1); err != nil {
+		t.Fatal(err)
+	}
+	return a, drv
+}
+
+// within returns what ch gets, failing the test with what if nothing
+// comes within 10 s (of real time: the agent's goroutines run meanwhile).
+func within[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatal(what)
+	}
+	panic("unreachable")
+}
+
+// holdNextBeat makes the fake control plane hold the next heartbeat: in
+// gets a value once it has arrived, and its answer is computed once
+// answer is closed.
+func holdNextBeat(cp *fakeCP) (in <-chan struct{}, answer chan<- struct{}) {
+	i, n := make(chan struct{}), make(chan struct{})
+	cp.set(func(f *fakeCP) { f.beatIn, f.beatGo = i, n })
+	return i, n
+}
+
+// roundsDone waits for the heartbeat round under way, if any, to end.
+func roundsDone(a *Agent) {
+	a.hbMu.Lock()
+	//lint:ignore SA2001 an empty critical section waits for the round in flight
+	a.hbMu.Unlock()
+}
+
+// TestExpiryEarlierThanHeartbeatWait: a prepare whose lease has less time
+// left than the heartbeat loop's wait (an hour here) stops being served at
+// its expiry exactly while the control plane is unreachable, not when the
+// loop would have woken for its next round; its open connections end.
+func TestExpiryEarlierThanHeartbeatWait(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	a, drv := expiryAgent(t, srv.URL, clk)
+	ctx := ctxFor(t)
+	cp.set(func(f *fakeCP) { f.down = true })
+	exp := clk.Now().Add(30 * time.Second)
+	resp, err := a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindBlock, DeviceName: "disk0",
+		Length: leaseSize, Export: "x_lease-a", ExpiresAt: exp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	open, err := nbd.DialURI(ctx, resp.URI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close()
+
+	clk.Advance(exp.Sub(clk.Now()) - time.Nanosecond)
+	if !served(t, resp.URI) {
+		t.Fatal("stopped before its known expiry")
+	}
+	clk.Advance(time.Nanosecond)
+	if at := within(t, drv.stopped, "still served 10 s after its known expiry: the agent did not wake for an expiry earlier than its heartbeat wait"); !at.Equal(exp) {
+		t.Fatalf("stopped at %v, its known expiry is %v", at, exp)
+	}
+	if served(t, resp.URI) {
+		t.Fatal("served past its known expiry")
+	}
+	if _, err := open.ReadAtContext(ctx, make([]byte, 4096), 0); err == nil {
+		t.Fatal("a connection opened before the expiry still reads")
+	}
+}
+
+// TestExpiryAskedAhead: the agent asks the control plane about a lease
+// expiryAskAhead before its known expiry (here one a prepare brought,
+// earlier than the heartbeat loop's wait). A renewal the control plane
+// has by then keeps the export served past the old expiry without a
+// break. Without one, the export stops at its expiry exactly, before
+// the agent asks again, and is not served while that round is under way;
+// an answer that shows the lease renewed serves it again.
+func TestExpiryAskedAhead(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	a, drv := expiryAgent(t, srv.URL, clk)
+	ctx := ctxFor(t)
+	exp, renewed := clk.Now().Add(30*time.Second), clk.Now().Add(90*time.Second)
+	// The control plane has the renewal; the agent does not know it yet.
+	cp.set(func(f *fakeCP) { f.expires = map[string]time.Time{"lease-a": renewed} })
+	resp, err := a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindBlock, DeviceName: "disk0",
+		Length: leaseSize, Export: "x_lease-a", ExpiresAt: exp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	open, err := nbd.DialURI(ctx, resp.URI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close()
+
+	in, answer := holdNextBeat(cp)
+	clk.Advance(exp.Add(-expiryAskAhead).Sub(clk.Now()))
+	within(t, in, "the agent did not ask the control plane before the lease's known expiry")
+	in, next := holdNextBeat(cp)
+	close(answer) // renewed
+	roundsDone(a)
+
+	// Past the old expiry, up to when the agent asks about the new one.
+	clk.Advance(renewed.Add(-expiryAskAhead).Sub(clk.Now()))
+	within(t, in, "the agent did not ask the control plane before the renewed expiry")
+	if n := testutil.ToFloat64(a.mSuspends.WithLabelValues("block")); n != 0 {
+		t.Fatalf("stopped %v times though renewed before its known expiry", n)
+	}
+	if _, err := open.ReadAtContext(ctx, make([]byte, 4096), 0); err != nil {
+		t.Fatalf("a connection did not outlast a renewal the agent learned of before the expiry: %v", err)
+	}
+	in, answer = holdNextBeat(cp)
+	close(next) // not renewed again
+	roundsDone(a)
+
+	clk.Advance(expiryAskAhead - time.Nanosecond)
+	if !served(t, resp.URI) {
+		t.Fatal("stopped before its known expiry")
+	}
+	clk.Advance(time.Nanosecond)
+	if at := within(t, drv.stopped, "still served 10 s after its known expiry"); !at.Equal(renewed) {
+		t.Fatalf("stopped at %v, its known expiry is %v", at, renewed)
+	}
+	within(t, in, "the agent did not ask the control plane again after stopping the export")
+	// The round is under way: the export is not served meanwhile.
+	if served(t, resp.URI) {
+		t.Fatal("served past its known expiry while the agent asks the control plane")
+	}
+	if _, err := open.ReadAtContext(ctx, make([]byte, 4096), 0); err == nil {
+		t.Fatal("a connection opened before the expiry still reads")
+	}
+	cp.set(func(f *fakeCP) { f.expires["lease-a"] = clk.Now().Add(time.Hour) })
+	close(answer)
+	within(t, drv.resumed, "a renewal in the answer to the round after the expiry did not serve the export again")
+	if !served(t, resp.URI) {
+		t.Fatal("not served once renewed")
+	}
+}
