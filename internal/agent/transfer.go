@@ -382,8 +382,22 @@ func (a *Agent) ReceiveTransfer(ctx context.Context, req api.TransferInRequest) 
 		return fail(fmt.Errorf("agent: receive %s on %s: %w", part.LeaseID, dev.Name, err))
 	}
 	t.mu.Lock()
-	t.e, t.wipe = e, w
+	aborted := t.st.State != api.TransferReceiving
+	if !aborted {
+		t.e, t.wipe = e, w
+	}
 	t.mu.Unlock()
+	if aborted {
+		// Aborted meanwhile (the control plane gave the move up):
+		// abortTransfer left the undoing to this. Nobody has the URI,
+		// so nothing reached the range.
+		if err := a.drivers[dev.Kind].Teardown(context.WithoutCancel(ctx), e); err != nil {
+			a.log.Warn("undoing a transfer aborted while it was received", "transfer", req.ID, "err", err)
+		} else {
+			a.dropWipe(w)
+		}
+		return api.TransferInResponse{}, fmt.Errorf("%w: transfer %s was aborted while it was received", ErrTransferState, req.ID)
+	}
 	a.mu.Lock()
 	a.exports[part.Export] = e
 	a.countExportsLocked()
@@ -892,6 +906,9 @@ func (a *Agent) abortTransfer(ctx context.Context, t *transfer, why string) erro
 	}
 	t.st.Error = why
 	t.setLocked(api.TransferAborted)
+	// An incoming transfer ReceiveTransfer has not set up yet (its part
+	// is not known): it finds the transfer aborted and undoes its work.
+	receiving := t.role == "in" && t.e.Request.Export == ""
 	t.mu.Unlock()
 	if t.role == "out" {
 		t.mu.Lock()
@@ -908,6 +925,10 @@ func (a *Agent) abortTransfer(ctx context.Context, t *transfer, why string) erro
 		return nil
 	}
 	a.mTransfers.WithLabelValues("in", "aborted").Inc()
+	if receiving {
+		a.log.Info("move aborted while its part was being set up here; it is undone", "transfer", t.id, "why", why)
+		return nil
+	}
 	a.log.Info("move aborted; wiping the received range", "transfer", t.id, "lease", t.e.Request.LeaseID, "why", why)
 	return a.dropIncoming(ctx, t)
 }
