@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 )
 
 // receivingDriver is the block driver that runs receiving (if set) as it
@@ -89,4 +90,98 @@ func TestAbortWhileReceiving(t *testing.T) {
 		t.Fatalf("the transfer is %+v (%v), want aborted", st, err)
 	}
 	rangeFree(t, a)
+}
+
+// sendingDriver is the block driver that runs sending (if set) as it
+// starts marking a moving part's writes (SendMove, which may wait for a
+// write whose payload arrives slowly): meanwhile the move is aborted.
+// A non-nil error from sending fails SendMove.
+type sendingDriver struct {
+	*BlockDriver
+	sending func(ctx context.Context) error
+}
+
+func (d sendingDriver) SendMove(ctx context.Context, e Export) (MoveSource, error) {
+	if d.sending != nil {
+		if err := d.sending(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return d.BlockDriver.SendMove(ctx, e)
+}
+
+// TestAbortWhileSending: an abort of a move whose source is still
+// starting it (the control plane's, or the lease's teardown or expiry
+// in a heartbeat round) returns once the start is over: if the start
+// fails, at once; if it succeeds, without a copy, the part served here as
+// before and its writes not held. The abort waited for a copier that the
+// failed start never ran, for good (a heartbeat round stuck there stops
+// no export at its expiry again), or, after a successful start, for a
+// whole copy of the part.
+func TestAbortWhileSending(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		start error // SendMove's outcome once the abort came
+	}{
+		{"start fails", errors.New("the control plane gave the call up")},
+		{"start succeeds", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, srv := newFakeCP(t)
+			const id = "s1"
+			var src *Agent
+			aborted := make(chan error, 1)
+			cfg := moveConfig(srv.URL, t.TempDir(), "src")
+			cfg.Drivers = map[api.Kind]Driver{api.KindBlock: sendingDriver{BlockDriver: NewBlockDriver(slog.New(slog.DiscardHandler)),
+				sending: func(ctx context.Context) error {
+					go func() {
+						_, err := src.AbortTransfer(ctx, id)
+						aborted <- err
+					}()
+					x, err := src.xfers.get(id)
+					if err != nil {
+						return err
+					}
+					if st := x.waitChange(ctx, api.TransferCopying); st.State != api.TransferAborted {
+						t.Errorf("the transfer is %s, want aborted", st.State)
+					}
+					return tc.start
+				}}}
+			src = start(t, cfg).a
+			dst := start(t, moveConfig(srv.URL, t.TempDir(), "dst")).a
+			uri := prepareBlock(t, src, "lease-m", 0, movePart)
+			in, err := dst.ReceiveTransfer(ctxFor(t), api.TransferInRequest{ID: id, Token: "tok_" + id,
+				Part: api.PrepareRequest{LeaseID: "lease-m", Kind: api.KindBlock, DeviceName: "disk0", Length: movePart,
+					Export: "x_lease-m.moved"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = src.SendTransfer(ctxFor(t), api.TransferOutRequest{ID: id, LeaseID: "lease-m", Export: "x_lease-m", DestURI: in.URI})
+			if tc.start == nil && !errors.Is(err, ErrTransferState) {
+				t.Errorf("a start aborted meanwhile: %v, want ErrTransferState", err)
+			} else if err == nil {
+				t.Error("a failed start succeeded")
+			}
+			select {
+			case err := <-aborted:
+				if err != nil {
+					t.Errorf("abort: %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the abort did not return once the start was over")
+			}
+			if st, err := src.Transfer(id); err == nil && st.State != api.TransferAborted {
+				t.Errorf("the source's transfer is %s, want aborted (or gone)", st.State)
+			}
+			// Served here as before, its writes not held.
+			c, err := nbd.DialURI(ctxFor(t), uri)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if _, err := c.WriteAt(make([]byte, 4096), 0); err != nil {
+				t.Fatalf("a write after the abort: %v", err)
+			}
+		})
+	}
 }

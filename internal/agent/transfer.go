@@ -446,10 +446,14 @@ func (a *Agent) SendTransfer(ctx context.Context, req api.TransferOutRequest) (a
 	if err := a.xfers.add(t); err != nil {
 		return api.Transfer{}, err
 	}
+	// An abort while the move starts (the control plane's, or the
+	// lease's teardown or expiry) waits for t.done: closed here if the
+	// copier does not start.
 	fail := func(err error) (api.Transfer, error) {
 		a.xfers.mu.Lock()
 		delete(a.xfers.m, req.ID)
 		a.xfers.mu.Unlock()
+		close(t.done)
 		return api.Transfer{}, err
 	}
 	dst, err := mv.DialMove(ctx, e, req.DestURI)
@@ -461,10 +465,24 @@ func (a *Agent) SendTransfer(ctx context.Context, req api.TransferOutRequest) (a
 		dst.Close()
 		return fail(fmt.Errorf("agent: start the move: %w", err))
 	}
-	cctx, cancel := context.WithCancel(context.Background())
+	var cctx context.Context
 	t.mu.Lock()
-	t.src, t.dst, t.cancel = src, dst, cancel
+	aborted := t.st.State != api.TransferCopying
+	if !aborted {
+		cctx, t.cancel = context.WithCancel(context.Background())
+		t.src, t.dst = src, dst
+	}
 	t.mu.Unlock()
+	if aborted {
+		// Aborted meanwhile: no copy starts, the part is served here as
+		// before.
+		if err := src.Close(); err != nil {
+			a.log.Debug("ending the move", "err", err)
+		}
+		dst.Close()
+		close(t.done)
+		return api.Transfer{}, fmt.Errorf("%w: transfer %s was aborted while it started", ErrTransferState, req.ID)
+	}
 	a.xfers.wg.Add(1)
 	go func() {
 		defer a.xfers.wg.Done()
