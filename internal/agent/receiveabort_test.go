@@ -185,3 +185,93 @@ func TestAbortWhileSending(t *testing.T) {
 		})
 	}
 }
+
+// flushingDriver is the block driver whose moves' destinations run
+// flushed once the copy's last flush has succeeded, before the copier
+// goes on: meanwhile the move is aborted.
+type flushingDriver struct {
+	*BlockDriver
+	flushed func(ctx context.Context)
+}
+
+func (d flushingDriver) DialMove(ctx context.Context, e Export, uri string) (MoveDest, error) {
+	dst, err := d.BlockDriver.DialMove(ctx, e, uri)
+	if err != nil {
+		return nil, err
+	}
+	return flushedDest{MoveDest: dst, flushed: d.flushed}, nil
+}
+
+type flushedDest struct {
+	MoveDest
+	flushed func(ctx context.Context)
+}
+
+func (d flushedDest) Flush(ctx context.Context) error {
+	if err := d.MoveDest.Flush(ctx); err != nil {
+		return err
+	}
+	d.flushed(ctx)
+	return nil
+}
+
+// TestAbortAsTheCopyEnds: a move aborted as its copy ends stays aborted,
+// and the part is served here as before. The copier then set it ready,
+// and a later abort of the "ready" transfer (the agent stopping, the
+// lease's teardown) closed its finish again: a panic.
+func TestAbortAsTheCopyEnds(t *testing.T) {
+	_, srv := newFakeCP(t)
+	const id = "e1"
+	var src *Agent
+	aborted := make(chan api.Transfer, 1)
+	cfg := moveConfig(srv.URL, t.TempDir(), "src")
+	cfg.Drivers = map[api.Kind]Driver{api.KindBlock: flushingDriver{BlockDriver: NewBlockDriver(slog.New(slog.DiscardHandler)),
+		flushed: func(ctx context.Context) {
+			go func() {
+				st, err := src.AbortTransfer(context.WithoutCancel(ctx), id)
+				if err != nil {
+					t.Errorf("abort: %v", err)
+				}
+				aborted <- st
+			}()
+			x, err := src.xfers.get(id)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			x.waitChange(ctx, api.TransferCopying)
+		}}}
+	src = start(t, cfg).a
+	dst := start(t, moveConfig(srv.URL, t.TempDir(), "dst")).a
+	uri := prepareBlock(t, src, "lease-m", 0, movePart)
+	in, err := dst.ReceiveTransfer(ctxFor(t), api.TransferInRequest{ID: id, Token: "tok_" + id,
+		Part: api.PrepareRequest{LeaseID: "lease-m", Kind: api.KindBlock, DeviceName: "disk0", Length: movePart,
+			Export: "x_lease-m.moved"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.SendTransfer(ctxFor(t), api.TransferOutRequest{ID: id, LeaseID: "lease-m", Export: "x_lease-m", DestURI: in.URI}); err != nil {
+		t.Fatal(err)
+	}
+	var st api.Transfer
+	select {
+	case st = <-aborted:
+	case <-ctxFor(t).Done():
+		t.Fatal("the abort did not return")
+	}
+	if st.State != api.TransferAborted {
+		t.Fatalf("after the abort the transfer is %s, want aborted", st.State)
+	}
+	if st, _ := src.Transfer(id); st.State != api.TransferAborted {
+		t.Fatalf("the transfer is %s, want aborted", st.State)
+	}
+	// Served here as before, its writes not held.
+	c, err := nbd.DialURI(ctxFor(t), uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.WriteAt(make([]byte, 4096), 0); err != nil {
+		t.Fatalf("a write after the abort: %v", err)
+	}
+}

@@ -576,7 +576,14 @@ func (a *Agent) runOut(ctx context.Context, t *transfer, req api.TransferOutRequ
 	if err := t.dst.Close(); err != nil {
 		a.log.Debug("closing the transfer's connection", "err", err)
 	}
-	t.setState(api.TransferReady)
+	t.mu.Lock()
+	if t.st.State != api.TransferCopying {
+		// Aborted as the copy ended: the abort ends the move.
+		t.mu.Unlock()
+		return
+	}
+	t.setLocked(api.TransferReady)
+	t.mu.Unlock()
 	a.log.Info("moved part ready to switch", "transfer", t.id, "lease", t.e.Request.LeaseID, "kind", kind)
 	timer := time.NewTimer(hold)
 	defer timer.Stop()
