@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -274,4 +275,44 @@ func TestAbortAsTheCopyEnds(t *testing.T) {
 	if _, err := c.WriteAt(make([]byte, 4096), 0); err != nil {
 		t.Fatalf("a write after the abort: %v", err)
 	}
+}
+
+// TestReceiveCallerGaveUp: a TransferIn whose caller gave up (the control
+// plane, past its call's bound, counts the move failed and aborts it,
+// best effort: its abort may reach the agent before the TransferIn does)
+// is refused if the caller is gone before the agent gets to it, and
+// undone if it goes while the range is set up: nothing of it is left. It
+// was received and kept until the transfer's expiry (hours), its range
+// refused to every other lease meanwhile.
+func TestReceiveCallerGaveUp(t *testing.T) {
+	var giveUp atomic.Pointer[context.CancelFunc]
+	a := startReceiving(t, func(context.Context, *Agent) {
+		if c := giveUp.Load(); c != nil {
+			(*c)()
+		}
+	})
+	req := api.TransferInRequest{ID: "g1", Token: "tok_g1",
+		Part: api.PrepareRequest{LeaseID: "lease-m", DeviceName: "disk0", Length: movePart, Export: "x_new"}}
+
+	gone, cancel := context.WithCancel(ctxFor(t))
+	cancel()
+	if _, err := a.ReceiveTransfer(gone, req); !errors.Is(err, ErrGaveUp) {
+		t.Fatalf("a TransferIn whose caller is gone: %v, want ErrGaveUp", err)
+	}
+	if _, err := a.Transfer(req.ID); !errors.Is(err, ErrNoTransfer) {
+		t.Errorf("the refused transfer is known: %v", err)
+	}
+
+	ctx, cancel := context.WithCancel(ctxFor(t))
+	defer cancel()
+	giveUp.Store(&cancel)
+	_, err := a.ReceiveTransfer(ctx, req)
+	giveUp.Store(nil)
+	if !errors.Is(err, ErrGaveUp) {
+		t.Fatalf("a TransferIn whose caller gave up meanwhile: %v, want ErrGaveUp", err)
+	}
+	if _, err := a.Transfer(req.ID); !errors.Is(err, ErrNoTransfer) {
+		t.Errorf("the undone transfer is known: %v", err)
+	}
+	rangeFree(t, a)
 }

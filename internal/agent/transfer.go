@@ -352,6 +352,11 @@ func (a *Agent) ReceiveTransfer(ctx context.Context, req api.TransferInRequest) 
 	}
 	a.opMu.Lock()
 	defer a.opMu.Unlock()
+	if err := ctx.Err(); err != nil {
+		// The caller gave up (as for a prepare): the control plane
+		// counts the move failed, and its abort may have come and gone.
+		return fail(fmt.Errorf("%w: transfer %s: %w", ErrGaveUp, req.ID, err))
+	}
 	a.mu.Lock()
 	_, exists := a.exports[part.Export]
 	other, wiping := a.rangeBusyLocked(part)
@@ -381,20 +386,24 @@ func (a *Agent) ReceiveTransfer(ctx context.Context, req api.TransferInRequest) 
 		a.dropWipe(w)
 		return fail(fmt.Errorf("agent: receive %s on %s: %w", part.LeaseID, dev.Name, err))
 	}
+	gaveUp := ctx.Err()
 	t.mu.Lock()
 	aborted := t.st.State != api.TransferReceiving
-	if !aborted {
+	if !aborted && gaveUp == nil {
 		t.e, t.wipe = e, w
 	}
 	t.mu.Unlock()
-	if aborted {
-		// Aborted meanwhile (the control plane gave the move up):
-		// abortTransfer left the undoing to this. Nobody has the URI,
-		// so nothing reached the range.
+	if aborted || gaveUp != nil {
+		// Aborted meanwhile (abortTransfer left the undoing to this),
+		// or its caller gave up: the control plane gave the move up.
+		// Nobody has the URI, so nothing reached the range.
 		if err := a.drivers[dev.Kind].Teardown(context.WithoutCancel(ctx), e); err != nil {
-			a.log.Warn("undoing a transfer aborted while it was received", "transfer", req.ID, "err", err)
+			a.log.Warn("undoing a transfer given up while it was received", "transfer", req.ID, "err", err)
 		} else {
 			a.dropWipe(w)
+		}
+		if !aborted {
+			return fail(fmt.Errorf("%w: transfer %s: %w", ErrGaveUp, req.ID, gaveUp))
 		}
 		return api.TransferInResponse{}, fmt.Errorf("%w: transfer %s was aborted while it was received", ErrTransferState, req.ID)
 	}
