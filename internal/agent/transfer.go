@@ -352,6 +352,11 @@ func (a *Agent) ReceiveTransfer(ctx context.Context, req api.TransferInRequest) 
 	}
 	a.opMu.Lock()
 	defer a.opMu.Unlock()
+	if err := ctx.Err(); err != nil {
+		// The caller gave up (as for a prepare): the control plane
+		// counts the move failed, and its abort may have come and gone.
+		return fail(fmt.Errorf("%w: transfer %s: %w", ErrGaveUp, req.ID, err))
+	}
 	a.mu.Lock()
 	_, exists := a.exports[part.Export]
 	other, wiping := a.rangeBusyLocked(part)
@@ -381,9 +386,27 @@ func (a *Agent) ReceiveTransfer(ctx context.Context, req api.TransferInRequest) 
 		a.dropWipe(w)
 		return fail(fmt.Errorf("agent: receive %s on %s: %w", part.LeaseID, dev.Name, err))
 	}
+	gaveUp := ctx.Err()
 	t.mu.Lock()
-	t.e, t.wipe = e, w
+	aborted := t.st.State != api.TransferReceiving
+	if !aborted && gaveUp == nil {
+		t.e, t.wipe = e, w
+	}
 	t.mu.Unlock()
+	if aborted || gaveUp != nil {
+		// Aborted meanwhile (abortTransfer left the undoing to this),
+		// or its caller gave up: the control plane gave the move up.
+		// Nobody has the URI, so nothing reached the range.
+		if err := a.drivers[dev.Kind].Teardown(context.WithoutCancel(ctx), e); err != nil {
+			a.log.Warn("undoing a transfer given up while it was received", "transfer", req.ID, "err", err)
+		} else {
+			a.dropWipe(w)
+		}
+		if !aborted {
+			return fail(fmt.Errorf("%w: transfer %s: %w", ErrGaveUp, req.ID, gaveUp))
+		}
+		return api.TransferInResponse{}, fmt.Errorf("%w: transfer %s was aborted while it was received", ErrTransferState, req.ID)
+	}
 	a.mu.Lock()
 	a.exports[part.Export] = e
 	a.exportsChangedLocked()
@@ -433,10 +456,14 @@ func (a *Agent) SendTransfer(ctx context.Context, req api.TransferOutRequest) (a
 	if err := a.xfers.add(t); err != nil {
 		return api.Transfer{}, err
 	}
+	// An abort while the move starts (the control plane's, or the
+	// lease's teardown or expiry) waits for t.done: closed here if the
+	// copier does not start.
 	fail := func(err error) (api.Transfer, error) {
 		a.xfers.mu.Lock()
 		delete(a.xfers.m, req.ID)
 		a.xfers.mu.Unlock()
+		close(t.done)
 		return api.Transfer{}, err
 	}
 	dst, err := mv.DialMove(ctx, e, req.DestURI)
@@ -448,10 +475,24 @@ func (a *Agent) SendTransfer(ctx context.Context, req api.TransferOutRequest) (a
 		dst.Close()
 		return fail(fmt.Errorf("agent: start the move: %w", err))
 	}
-	cctx, cancel := context.WithCancel(context.Background())
+	var cctx context.Context
 	t.mu.Lock()
-	t.src, t.dst, t.cancel = src, dst, cancel
+	aborted := t.st.State != api.TransferCopying
+	if !aborted {
+		cctx, t.cancel = context.WithCancel(context.Background())
+		t.src, t.dst = src, dst
+	}
 	t.mu.Unlock()
+	if aborted {
+		// Aborted meanwhile: no copy starts, the part is served here as
+		// before.
+		if err := src.Close(); err != nil {
+			a.log.Debug("ending the move", "err", err)
+		}
+		dst.Close()
+		close(t.done)
+		return api.Transfer{}, fmt.Errorf("%w: transfer %s was aborted while it started", ErrTransferState, req.ID)
+	}
 	a.xfers.wg.Add(1)
 	go func() {
 		defer a.xfers.wg.Done()
@@ -545,7 +586,14 @@ func (a *Agent) runOut(ctx context.Context, t *transfer, req api.TransferOutRequ
 	if err := t.dst.Close(); err != nil {
 		a.log.Debug("closing the transfer's connection", "err", err)
 	}
-	t.setState(api.TransferReady)
+	t.mu.Lock()
+	if t.st.State != api.TransferCopying {
+		// Aborted as the copy ended: the abort ends the move.
+		t.mu.Unlock()
+		return
+	}
+	t.setLocked(api.TransferReady)
+	t.mu.Unlock()
 	a.log.Info("moved part ready to switch", "transfer", t.id, "lease", t.e.Request.LeaseID, "kind", kind)
 	timer := time.NewTimer(hold)
 	defer timer.Stop()
@@ -893,6 +941,9 @@ func (a *Agent) abortTransfer(ctx context.Context, t *transfer, why string) erro
 	}
 	t.st.Error = why
 	t.setLocked(api.TransferAborted)
+	// An incoming transfer ReceiveTransfer has not set up yet (its part
+	// is not known): it finds the transfer aborted and undoes its work.
+	receiving := t.role == "in" && t.e.Request.Export == ""
 	t.mu.Unlock()
 	if t.role == "out" {
 		t.mu.Lock()
@@ -909,6 +960,10 @@ func (a *Agent) abortTransfer(ctx context.Context, t *transfer, why string) erro
 		return nil
 	}
 	a.mTransfers.WithLabelValues("in", "aborted").Inc()
+	if receiving {
+		a.log.Info("move aborted while its part was being set up here; it is undone", "transfer", t.id, "why", why)
+		return nil
+	}
 	a.log.Info("move aborted; wiping the received range", "transfer", t.id, "lease", t.e.Request.LeaseID, "why", why)
 	return a.dropIncoming(ctx, t)
 }
