@@ -25,13 +25,16 @@ import (
 //     serves it as a writable export named by the transfer's token, a
 //     credential for this transfer only that expires with it.
 //  2. POST /agent/v1/transfers/out on the source, naming the destination's
-//     URI: the source pushes. It marks the writes the borrower makes from
-//     then on (a dirty map kept by the data plane), copies the part once
-//     (ranges that read as zeroes are sent as zeroing requests, not
-//     bytes), then what was written meanwhile, pass after pass, until
-//     little is left or the passes stop shrinking; then it holds the
-//     borrower's writes (reads go on), copies the rest, makes the copy
-//     durable at the destination and is "ready".
+//     URI: the source pushes. It answers at once, and the transfer's own
+//     goroutine does the rest, which the control plane follows through
+//     the transfer's state: it marks the writes the borrower makes from
+//     then on (a dirty map kept by the data plane; starting it waits for
+//     the writes under way, a minute at most: see SendTransfer), copies
+//     the part once (ranges that read as zeroes are sent as zeroing
+//     requests, not bytes), then what was written meanwhile, pass after
+//     pass, until little is left or the passes stop shrinking; then it
+//     holds the borrower's writes (reads go on), copies the rest, makes
+//     the copy durable at the destination and is "ready".
 //  3. The control plane seals the source (writes stay held whatever the
 //     time, until commit or abort: without a seal the source gives up
 //     after HoldSeconds and serves the writes again), commits the
@@ -156,7 +159,7 @@ type transfer struct {
 	// out
 	src    MoveSource
 	dst    MoveDest
-	cancel context.CancelFunc // stops the copier
+	cancel context.CancelFunc // ends the transfer's context: its start, its copier
 	sealed chan struct{}      // closed by seal
 	finish chan struct{}      // closed by commit or abort: the copier returns
 	done   chan struct{}      // closed when the copier has returned
@@ -237,8 +240,10 @@ func (ts *transfers) get(id string) (*transfer, error) {
 	return t, nil
 }
 
-// add records t, refusing a duplicate ID or a closed table.
-func (ts *transfers) add(t *transfer) error {
+// add records t, refusing a duplicate ID or a closed table. run, if not
+// nil, is t's goroutine: started once t is recorded, owned by the table
+// (stopTransfers waits for it).
+func (ts *transfers) add(t *transfer, run func()) error {
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	if ts.closed {
@@ -251,6 +256,10 @@ func (ts *transfers) add(t *transfer) error {
 		return fmt.Errorf("%w: transfer %q exists", ErrConflict, t.id)
 	}
 	ts.m[t.id] = t
+	if run != nil {
+		// Under ts.mu, the table open: before any wait of stopTransfers.
+		ts.wg.Go(run)
+	}
 	return nil
 }
 
@@ -341,7 +350,7 @@ func (a *Agent) ReceiveTransfer(ctx context.Context, req api.TransferInRequest) 
 	t := &transfer{id: req.ID, role: "in", expires: exp,
 		st: api.Transfer{ID: req.ID, LeaseID: part.LeaseID, Kind: dev.Kind, Role: "in", State: api.TransferReceiving,
 			Size: part.Length, StartedAt: time.Now(), UpdatedAt: time.Now()}}
-	if err := a.xfers.add(t); err != nil {
+	if err := a.xfers.add(t, nil); err != nil {
 		return api.TransferInResponse{}, err
 	}
 	fail := func(err error) (api.TransferInResponse, error) {
@@ -428,9 +437,18 @@ func (a *Agent) dropWipe(w *pendingWipe) {
 	}
 }
 
-// SendTransfer executes a TransferOutRequest on the source: it starts the
-// copy and returns at once.
-func (a *Agent) SendTransfer(ctx context.Context, req api.TransferOutRequest) (api.Transfer, error) {
+// SendTransfer executes a TransferOutRequest on the source: it checks the
+// request and returns at once (the control plane bounds the call, see
+// moveCallTimeout there). The transfer's own goroutine then reaches the
+// destination, starts marking the borrower's writes and copies (runOut).
+// Starting to mark waits for the writes under way that did not see the
+// move, and one whose payload is still arriving is waited for up to the
+// data plane's limit (nbd.Server.MoveWaitLimit, donor.RefusalWaitLimit: a
+// minute), longer than a call may last: a start that fails shows in the
+// transfer's state (failed, with its error), which the control plane
+// follows, and an abort at any point of it ends it (the part served here
+// as before).
+func (a *Agent) SendTransfer(_ context.Context, req api.TransferOutRequest) (api.Transfer, error) {
 	if req.ID == "" || req.Export == "" || req.DestURI == "" {
 		return api.Transfer{}, fmt.Errorf("%w: id, export and dest_uri are required", ErrBadRequest)
 	}
@@ -450,59 +468,68 @@ func (a *Agent) SendTransfer(ctx context.Context, req api.TransferOutRequest) (a
 	if a.movingExport(req.Export) {
 		return api.Transfer{}, fmt.Errorf("%w: the export is already moving", ErrConflict)
 	}
-	t := &transfer{id: req.ID, role: "out", e: e, sealed: make(chan struct{}), finish: make(chan struct{}), done: make(chan struct{}),
+	// The transfer's context: an abort (or the agent's stop) cancels it,
+	// at whatever stage the transfer is.
+	ctx, cancel := context.WithCancel(context.Background())
+	t := &transfer{id: req.ID, role: "out", e: e, cancel: cancel,
+		sealed: make(chan struct{}), finish: make(chan struct{}), done: make(chan struct{}),
 		st: api.Transfer{ID: req.ID, LeaseID: e.Request.LeaseID, Kind: e.Device.Kind, Role: "out", State: api.TransferCopying,
 			Size: e.Request.Length, StartedAt: time.Now(), UpdatedAt: time.Now()}}
-	if err := a.xfers.add(t); err != nil {
+	if err := a.xfers.add(t, func() { a.sendOut(ctx, t, mv, req) }); err != nil {
+		cancel()
 		return api.Transfer{}, err
 	}
-	// An abort while the move starts (the control plane's, or the
-	// lease's teardown or expiry) waits for t.done: closed here if the
-	// copier does not start.
-	fail := func(err error) (api.Transfer, error) {
-		a.xfers.mu.Lock()
-		delete(a.xfers.m, req.ID)
-		a.xfers.mu.Unlock()
-		close(t.done)
-		return api.Transfer{}, err
-	}
-	dst, err := mv.DialMove(ctx, e, req.DestURI)
-	if err != nil {
-		return fail(fmt.Errorf("agent: reach the destination: %w", err))
-	}
-	src, err := mv.SendMove(ctx, e)
-	if err != nil {
-		dst.Close()
-		return fail(fmt.Errorf("agent: start the move: %w", err))
-	}
-	var cctx context.Context
-	t.mu.Lock()
-	aborted := t.st.State != api.TransferCopying
-	if !aborted {
-		cctx, t.cancel = context.WithCancel(context.Background())
-		t.src, t.dst = src, dst
-	}
-	t.mu.Unlock()
-	if aborted {
-		// Aborted meanwhile: no copy starts, the part is served here as
-		// before.
-		if err := src.Close(); err != nil {
-			a.log.Debug("ending the move", "err", err)
-		}
-		dst.Close()
-		close(t.done)
-		return api.Transfer{}, fmt.Errorf("%w: transfer %s was aborted while it started", ErrTransferState, req.ID)
-	}
-	a.xfers.wg.Add(1)
-	go func() {
-		defer a.xfers.wg.Done()
-		defer close(t.done)
-		a.runOut(cctx, t, req)
-	}()
 	a.mTransfers.WithLabelValues("out", "started").Inc()
 	a.log.Info("moving a part", "transfer", req.ID, "lease", e.Request.LeaseID, "device", e.Device.Name,
 		"length", e.Request.Length, "to", uriAddress(req.DestURI))
 	return t.status(), nil
+}
+
+// sendOut is an outgoing transfer's goroutine: it reaches the destination,
+// starts marking the writes and runs the copier. It closes t.done when it
+// returns (an abort waits for that).
+func (a *Agent) sendOut(ctx context.Context, t *transfer, mv Mover, req api.TransferOutRequest) {
+	defer close(t.done)
+	src, dst, err := a.beginOut(ctx, t, mv, req.DestURI)
+	if err != nil {
+		if ctx.Err() == nil { // else aborted: the abort ends the transfer
+			a.failOut(t, err)
+		}
+		return
+	}
+	t.mu.Lock()
+	aborted := t.st.State != api.TransferCopying
+	if !aborted {
+		t.src, t.dst = src, dst
+	}
+	t.mu.Unlock()
+	if aborted {
+		// Aborted as the start ended: no copy starts, the part is served
+		// here as before.
+		if err := src.Close(); err != nil {
+			a.log.Debug("ending the move", "err", err)
+		}
+		dst.Close()
+		return
+	}
+	a.runOut(ctx, t, req)
+}
+
+// beginOut reaches t's destination (within moveRequestTimeout) and starts
+// marking the writes to t's part.
+func (a *Agent) beginOut(ctx context.Context, t *transfer, mv Mover, uri string) (MoveSource, MoveDest, error) {
+	dctx, cancel := context.WithTimeout(ctx, moveRequestTimeout)
+	dst, err := mv.DialMove(dctx, t.e, uri)
+	cancel()
+	if err != nil {
+		return nil, nil, fmt.Errorf("agent: reach the destination: %w", err)
+	}
+	src, err := mv.SendMove(ctx, t.e)
+	if err != nil {
+		dst.Close()
+		return nil, nil, fmt.Errorf("agent: start the move: %w", err)
+	}
+	return src, dst, nil
 }
 
 // movingExport reports whether a transfer under way moves export name

@@ -53,7 +53,17 @@ const (
 	// moveHold is how long a source holds the borrower's writes, once
 	// ready, for the control plane to seal (api.TransferOutRequest).
 	moveHold = 30 * time.Second
-	// moveCallTimeout bounds one call to a lender during a move.
+	// moveCallTimeout bounds one call to a lender during a move. No call
+	// waits for a borrower's write payload, which may take longer: the
+	// source answers TransferOut at once and starts marking the writes in
+	// the background (a write under way whose payload still arrives is
+	// waited for up to a minute: nbd.Server.MoveWaitLimit,
+	// donor.RefusalWaitLimit), as it copies and holds the writes for the
+	// last pass (the same wait), all followed through TransferStatus. A
+	// source's commit finds the writes held (none under way): the old
+	// export's retirement waits for the reads under way and the replies,
+	// within the call's bound for NBD (the connections close when it
+	// ends), RefusalWait (5 s) at most for memory.
 	moveCallTimeout = 30 * time.Second
 	// keepMoves is how long an ended move stays in memory (its progress).
 	keepMoves = time.Hour
@@ -628,6 +638,8 @@ func (s *Server) transfer(ctx context.Context, r *moveRun) error {
 	if err != nil {
 		return fmt.Errorf("the destination did not receive: %w", err)
 	}
+	// Answered at once: a start that fails (the destination out of
+	// reach, the writes not marked) shows in the status followed below.
 	cctx, cancel = call()
 	_, err = x.TransferOut(cctx, src.Node, src.AgentKey, api.TransferOutRequest{ID: m.ID, LeaseID: l.ID, Export: oldExport, DestURI: in.URI,
 		HoldSeconds: moveHold.Seconds()})
