@@ -105,10 +105,10 @@ func TestSendTransferAnswersWhileAWriteArrives(t *testing.T) {
 	if _, err := src.SealTransfer(ctx, "s1"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := dst.CommitTransfer(ctx, "s1"); err != nil {
+	if _, err := dst.CommitTransfer(ctx, "s1", api.TransferCommitRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := src.CommitTransfer(ctx, "s1"); err != nil {
+	if _, err := src.CommitTransfer(ctx, "s1", api.TransferCommitRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := dst.drivers[api.KindMemory].(*MemoryDriver).donor.ReadRegion(export, got, off); err != nil {

@@ -38,8 +38,9 @@ import (
 //  3. The control plane seals the source (writes stay held whatever the
 //     time, until commit or abort: without a seal the source gives up
 //     after HoldSeconds and serves the writes again), commits the
-//     destination (it serves the part under its new export name), records
-//     the part's new place in the lease, and commits the source: it
+//     destination (it serves the part under its new export name, knowing
+//     the lease's expiry the commit brings), records the part's new place
+//     in the lease, and commits the source: it
 //     retires the old export (the held writes and any request after that
 //     point are answered ESHUTDOWN, requests under way complete, the
 //     connections close: a borrower's `rialto attach` redials where the
@@ -824,20 +825,25 @@ func (a *Agent) SealTransfer(_ context.Context, id string) (api.Transfer, error)
 }
 
 // CommitTransfer commits a transfer: on the destination the part is
-// served under its export name; on the source (sealed) the old export is
-// retired, torn down and its range wiped.
-func (a *Agent) CommitTransfer(ctx context.Context, id string) (api.TransferCommitResponse, error) {
+// served under its export name, knowing the lease's expiry that req
+// brings (counted as a prepare's: from req.TimeoutSeconds before it
+// arrived); on the source (sealed) the old export is retired, torn down
+// and its range wiped.
+func (a *Agent) CommitTransfer(ctx context.Context, id string, req api.TransferCommitRequest) (api.TransferCommitResponse, error) {
+	arrived := a.clock.Now()
 	t, err := a.xfers.get(id)
 	if err != nil {
 		return api.TransferCommitResponse{}, err
 	}
 	if t.role == "in" {
-		return a.commitIn(ctx, t)
+		return a.commitIn(ctx, t, requestExpiry(req.ExpiresAt, req.Now, arrived, req.TimeoutSeconds))
 	}
 	return api.TransferCommitResponse{}, a.commitOut(ctx, t)
 }
 
-func (a *Agent) commitIn(ctx context.Context, t *transfer) (api.TransferCommitResponse, error) {
+// commitIn commits an incoming transfer; exp is the lease's expiry the
+// commit brought (zero: none).
+func (a *Agent) commitIn(ctx context.Context, t *transfer, exp time.Time) (api.TransferCommitResponse, error) {
 	a.opMu.Lock()
 	defer a.opMu.Unlock()
 	t.mu.Lock()
@@ -857,16 +863,16 @@ func (a *Agent) commitIn(ctx context.Context, t *transfer) (api.TransferCommitRe
 	default:
 		return api.TransferCommitResponse{}, fmt.Errorf("%w: it is %s", ErrTransferState, st)
 	}
-	resp, err := a.activate(ctx, t)
+	resp, err := a.activate(ctx, t, exp)
 	if err != nil {
 		t.setState(api.TransferReceiving) // not served: the abort or the expiry wipes it
 	}
 	return resp, err
 }
 
-// activate serves a received part as the lease's (commitIn's work); opMu
-// is held.
-func (a *Agent) activate(ctx context.Context, t *transfer) (api.TransferCommitResponse, error) {
+// activate serves a received part as the lease's (commitIn's work), whose
+// lease expires at exp (zero: unknown); opMu is held.
+func (a *Agent) activate(ctx context.Context, t *transfer, exp time.Time) (api.TransferCommitResponse, error) {
 	mv, err := a.mover(t.e.Device.Kind)
 	if err != nil {
 		return api.TransferCommitResponse{}, err
@@ -878,9 +884,16 @@ func (a *Agent) activate(ctx context.Context, t *transfer) (api.TransferCommitRe
 	e := t.e
 	e.incoming, e.URI = false, resp.URI
 	a.mu.Lock()
-	if cur, ok := a.exports[e.Request.Export]; ok && cur.incoming {
-		// The lease's expiry as heartbeat answers brought it while the
-		// part was moving here (t.e has the one the transfer came with).
+	if cur, ok := a.exports[e.Request.Export]; !exp.IsZero() {
+		// The lease's expiry at the commit: the latest known here (the
+		// export counts as prepared now, so that no answer to a
+		// heartbeat sent before changes it).
+		e.Request.ExpiresAt = exp
+	} else if ok && cur.incoming {
+		// An older control plane's commit: the lease's expiry as
+		// heartbeat answers brought it while the part was moving here,
+		// if the lease has other parts here (t.e has the one the
+		// transfer came with).
 		e.Request.ExpiresAt = cur.Request.ExpiresAt
 	}
 	a.prepares++
@@ -1086,7 +1099,7 @@ func (a *Agent) nextTransferExpiry() (time.Time, bool) {
 //	GET  /agent/v1/transfers             [Transfer]
 //	GET  /agent/v1/transfers/{id}        Transfer (?while=STATE: once it is no longer in STATE, or after a second)
 //	POST /agent/v1/transfers/{id}/seal   Transfer (source)
-//	POST /agent/v1/transfers/{id}/commit TransferCommitResponse
+//	POST /agent/v1/transfers/{id}/commit TransferCommitRequest → TransferCommitResponse
 //	POST /agent/v1/transfers/{id}/abort  Transfer
 func (a *Agent) transferRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /agent/v1/transfers/in", a.auth(func(w http.ResponseWriter, r *http.Request) {
@@ -1131,7 +1144,15 @@ func (a *Agent) transferRoutes(mux *http.ServeMux) {
 		answer(w, http.StatusOK, resp, err)
 	}))
 	mux.HandleFunc("POST /agent/v1/transfers/{id}/commit", a.auth(func(w http.ResponseWriter, r *http.Request) {
-		resp, err := a.CommitTransfer(r.Context(), r.PathValue("id"))
+		// No body, or an empty one (an older control plane's): no
+		// expiry. Fields this agent does not know are ignored (the
+		// control plane may be newer).
+		var req api.TransferCommitRequest
+		if err := httpx.DecodeJSONTolerant(w, r, maxBody, &req); err != nil && !errors.Is(err, httpx.ErrEmptyBody) {
+			httpx.WriteError(w, http.StatusBadRequest, api.CodeInvalid, err.Error())
+			return
+		}
+		resp, err := a.CommitTransfer(r.Context(), r.PathValue("id"), req)
 		answer(w, http.StatusOK, resp, err)
 	}))
 	mux.HandleFunc("POST /agent/v1/transfers/{id}/abort", a.auth(func(w http.ResponseWriter, r *http.Request) {

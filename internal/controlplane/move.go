@@ -33,7 +33,9 @@ import (
 //  2. the source copies to it (POST /agent/v1/transfers/out) in passes,
 //     holds the borrower's writes for the last one and reports "ready";
 //  3. the control plane seals the source (no lapse any more), commits the
-//     destination (it serves the part under a new export name), points
+//     destination (it serves the part under a new export name until the
+//     lease's expiry, which the commit brings: the lease may have been
+//     renewed since the TransferIn), points
 //     the lease at it (lifecycle.MoveDone: the commit point) and commits
 //     the source (it retires the old export cleanly, tears it down and
 //     wipes it);
@@ -691,8 +693,17 @@ func (s *Server) transfer(ctx context.Context, r *moveRun) error {
 	if err != nil {
 		return fmt.Errorf("sealing the source: %w", err)
 	}
+	// The destination serves the part from the commit on: it learns the
+	// lease's expiry as it is now (renewed since the TransferIn, maybe:
+	// a lender that only receives a part of the lease does not report
+	// it, and no heartbeat answer renewed it there), counted as a
+	// prepare's (Now stamped after the call's bound starts).
+	if l, err = s.st.Lease(ctx, m.LeaseID); err != nil {
+		return err
+	}
 	cctx, cancel = call()
-	cr, err := x.TransferCommit(cctx, dst.Node, dst.AgentKey, m.ID)
+	cr, err := x.TransferCommit(cctx, dst.Node, dst.AgentKey, m.ID, api.TransferCommitRequest{ExpiresAt: l.ExpiresAt, Now: s.now(),
+		TimeoutSeconds: moveCallTimeout.Seconds()})
 	cancel()
 	if err != nil {
 		return fmt.Errorf("the destination did not take the part over: %w", err)
@@ -722,7 +733,7 @@ func (s *Server) releaseSource(ctx context.Context, r *moveRun, src store.NodeRe
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
 		cctx, cancel := context.WithTimeout(ctx, moveCallTimeout)
-		_, err = x.TransferCommit(cctx, src.Node, src.AgentKey, m.ID)
+		_, err = x.TransferCommit(cctx, src.Node, src.AgentKey, m.ID, api.TransferCommitRequest{})
 		cancel()
 		if err == nil || ctx.Err() != nil {
 			break
