@@ -97,6 +97,23 @@ func (t Transfer) Done() bool {
 	return t.State == TransferCommitted || t.State == TransferAborted || t.State == TransferFailed
 }
 
+// TransferCommitRequest is the body of POST /agent/v1/transfers/ID/commit.
+// To the destination it brings the lease's expiry as the control plane
+// reads it for the commit: ExpiresAt with Now (the control plane's clock)
+// and TimeoutSeconds (the call's bound), counted as a prepare's are
+// (PrepareRequest). The part the destination serves from the commit on
+// knows when the lease expires then, not when it expired at the
+// TransferIn (the lease may have been renewed since, and a lender that
+// only receives a part of a lease does not report it in its heartbeats,
+// so no answer renewed it). The source ignores it. Empty (an older control
+// plane): the part keeps the expiry it came with, or a later one that a
+// heartbeat answer brought.
+type TransferCommitRequest struct {
+	ExpiresAt      time.Time `json:"expires_at,omitzero"`
+	Now            time.Time `json:"now,omitzero"`
+	TimeoutSeconds float64   `json:"timeout_seconds,omitempty"`
+}
+
 // TransferCommitResponse answers POST /agent/v1/transfers/ID/commit: on
 // the destination, the URI the part is served at now (a secret).
 type TransferCommitResponse struct {

@@ -16,13 +16,15 @@ import (
 //     or active (api.HeartbeatResponse.Leases); a lease the answer says to
 //     tear down is torn down and its range wiped without ever being served.
 //   - Each export knows its lease's expiry (api.PrepareRequest.ExpiresAt,
-//     then every heartbeat answer), as the time left by the control
-//     plane's clock (ExpiresAt - Now) counted on the agent's own clock
-//     from a moment no later than the control plane's Now: for a heartbeat
-//     answer, when the heartbeat left; for a prepare (or a move's
-//     TransferIn), the most time the request may have been on its way
-//     (api.PrepareRequest.TimeoutSeconds, the control plane's bound on the
-//     call, after which it counts the call failed) before it arrived. The
+//     or for a part moved here its TransferIn's, then its commit's:
+//     api.TransferCommitRequest; then every heartbeat answer), as the
+//     time left by the control plane's clock (ExpiresAt - Now) counted on
+//     the agent's own clock from a moment no later than the control
+//     plane's Now: for a heartbeat answer, when the heartbeat left; for a
+//     prepare (or a move's TransferIn or commit), the most time the
+//     request may have been on its way (api.PrepareRequest.TimeoutSeconds,
+//     the control plane's bound on the call, after which it counts the
+//     call failed) before it arrived. The
 //     clocks need not agree, and a slow answer or a request delayed within
 //     its bound only makes the agent stop earlier: the expiry the agent
 //     knows is never later than the one the control plane sent. (A

@@ -108,11 +108,11 @@ func TestSuspendKeepsBlockMove(t *testing.T) {
 		t.Error("after the renewal the source took a write while its sealed move holds them")
 	}
 
-	cr, err := dst.CommitTransfer(ctx, "s1")
+	cr, err := dst.CommitTransfer(ctx, "s1", api.TransferCommitRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := src.CommitTransfer(ctx, "s1"); err != nil {
+	if _, err := src.CommitTransfer(ctx, "s1", api.TransferCommitRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	if !answered {
@@ -151,11 +151,11 @@ func TestMovedPartCounted(t *testing.T) {
 	if _, err := src.SealTransfer(ctx, "c1"); err != nil {
 		t.Fatal(err)
 	}
-	cr, err := dst.CommitTransfer(ctx, "c1")
+	cr, err := dst.CommitTransfer(ctx, "c1", api.TransferCommitRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := src.CommitTransfer(ctx, "c1"); err != nil {
+	if _, err := src.CommitTransfer(ctx, "c1", api.TransferCommitRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	traffic := func() (read, written int64) {

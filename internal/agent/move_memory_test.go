@@ -94,11 +94,11 @@ func TestMoveMemoryUnderWrites(t *testing.T) {
 			t.Fatalf("the borrower's write is not held (%d held)", srcDonor.Waiting(cred))
 		}
 	}
-	cr, err := dst.CommitTransfer(ctx, "m1")
+	cr, err := dst.CommitTransfer(ctx, "m1", api.TransferCommitRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := src.CommitTransfer(ctx, "m1"); err != nil {
+	if _, err := src.CommitTransfer(ctx, "m1", api.TransferCommitRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	close(stop)
@@ -192,14 +192,14 @@ func TestMoveMemoryKeepsGeneration(t *testing.T) {
 		if _, err := from.SealTransfer(ctx, id); err != nil {
 			t.Fatal(err)
 		}
-		cr, err := to.CommitTransfer(ctx, id)
+		cr, err := to.CommitTransfer(ctx, id, api.TransferCommitRequest{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		mu.Lock()
 		uri = cr.URI
 		mu.Unlock()
-		if _, err := from.CommitTransfer(ctx, id); err != nil {
+		if _, err := from.CommitTransfer(ctx, id, api.TransferCommitRequest{}); err != nil {
 			t.Fatal(err)
 		}
 	}

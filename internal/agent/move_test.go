@@ -226,12 +226,12 @@ func TestMoveBlockUnderWrites(t *testing.T) {
 	if _, err := r.src.SealTransfer(ctxFor(t), "t1"); err != nil {
 		t.Fatal(err)
 	}
-	cr, err := r.dst.CommitTransfer(ctxFor(t), "t1")
+	cr, err := r.dst.CommitTransfer(ctxFor(t), "t1", api.TransferCommitRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	r.cur.Store(cr.URI)
-	if _, err := r.src.CommitTransfer(ctxFor(t), "t1"); err != nil {
+	if _, err := r.src.CommitTransfer(ctxFor(t), "t1", api.TransferCommitRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	w.waitWrites(t, 200) // after the switch, at the new place
@@ -308,7 +308,7 @@ func TestMoveAborted(t *testing.T) {
 	if st, _ := r.src.Transfer("t2"); st.State != api.TransferAborted {
 		t.Errorf("source: %+v", st)
 	}
-	if _, err := r.src.CommitTransfer(ctxFor(t), "t2"); !errors.Is(err, ErrTransferState) {
+	if _, err := r.src.CommitTransfer(ctxFor(t), "t2", api.TransferCommitRequest{}); !errors.Is(err, ErrTransferState) {
 		t.Errorf("commit after abort: %v", err)
 	}
 	if n := testutil.ToFloat64(r.dst.mPendingWipes); n != 0 {

@@ -25,18 +25,22 @@ import (
 //     serves it as a writable export named by the transfer's token, a
 //     credential for this transfer only that expires with it.
 //  2. POST /agent/v1/transfers/out on the source, naming the destination's
-//     URI: the source pushes. It marks the writes the borrower makes from
-//     then on (a dirty map kept by the data plane), copies the part once
-//     (ranges that read as zeroes are sent as zeroing requests, not
-//     bytes), then what was written meanwhile, pass after pass, until
-//     little is left or the passes stop shrinking; then it holds the
-//     borrower's writes (reads go on), copies the rest, makes the copy
-//     durable at the destination and is "ready".
+//     URI: the source pushes. It answers at once, and the transfer's own
+//     goroutine does the rest, which the control plane follows through
+//     the transfer's state: it marks the writes the borrower makes from
+//     then on (a dirty map kept by the data plane; starting it waits for
+//     the writes under way, a minute at most: see SendTransfer), copies
+//     the part once (ranges that read as zeroes are sent as zeroing
+//     requests, not bytes), then what was written meanwhile, pass after
+//     pass, until little is left or the passes stop shrinking; then it
+//     holds the borrower's writes (reads go on), copies the rest, makes
+//     the copy durable at the destination and is "ready".
 //  3. The control plane seals the source (writes stay held whatever the
 //     time, until commit or abort: without a seal the source gives up
 //     after HoldSeconds and serves the writes again), commits the
-//     destination (it serves the part under its new export name), records
-//     the part's new place in the lease, and commits the source: it
+//     destination (it serves the part under its new export name, knowing
+//     the lease's expiry the commit brings), records the part's new place
+//     in the lease, and commits the source: it
 //     retires the old export (the held writes and any request after that
 //     point are answered ESHUTDOWN, requests under way complete, the
 //     connections close: a borrower's `rialto attach` redials where the
@@ -156,7 +160,7 @@ type transfer struct {
 	// out
 	src    MoveSource
 	dst    MoveDest
-	cancel context.CancelFunc // stops the copier
+	cancel context.CancelFunc // ends the transfer's context: its start, its copier
 	sealed chan struct{}      // closed by seal
 	finish chan struct{}      // closed by commit or abort: the copier returns
 	done   chan struct{}      // closed when the copier has returned
@@ -237,8 +241,10 @@ func (ts *transfers) get(id string) (*transfer, error) {
 	return t, nil
 }
 
-// add records t, refusing a duplicate ID or a closed table.
-func (ts *transfers) add(t *transfer) error {
+// add records t, refusing a duplicate ID or a closed table. run, if not
+// nil, is t's goroutine: started once t is recorded, owned by the table
+// (stopTransfers waits for it).
+func (ts *transfers) add(t *transfer, run func()) error {
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	if ts.closed {
@@ -251,6 +257,10 @@ func (ts *transfers) add(t *transfer) error {
 		return fmt.Errorf("%w: transfer %q exists", ErrConflict, t.id)
 	}
 	ts.m[t.id] = t
+	if run != nil {
+		// Under ts.mu, the table open: before any wait of stopTransfers.
+		ts.wg.Go(run)
+	}
 	return nil
 }
 
@@ -341,7 +351,7 @@ func (a *Agent) ReceiveTransfer(ctx context.Context, req api.TransferInRequest) 
 	t := &transfer{id: req.ID, role: "in", expires: exp,
 		st: api.Transfer{ID: req.ID, LeaseID: part.LeaseID, Kind: dev.Kind, Role: "in", State: api.TransferReceiving,
 			Size: part.Length, StartedAt: time.Now(), UpdatedAt: time.Now()}}
-	if err := a.xfers.add(t); err != nil {
+	if err := a.xfers.add(t, nil); err != nil {
 		return api.TransferInResponse{}, err
 	}
 	fail := func(err error) (api.TransferInResponse, error) {
@@ -428,9 +438,18 @@ func (a *Agent) dropWipe(w *pendingWipe) {
 	}
 }
 
-// SendTransfer executes a TransferOutRequest on the source: it starts the
-// copy and returns at once.
-func (a *Agent) SendTransfer(ctx context.Context, req api.TransferOutRequest) (api.Transfer, error) {
+// SendTransfer executes a TransferOutRequest on the source: it checks the
+// request and returns at once (the control plane bounds the call, see
+// moveCallTimeout there). The transfer's own goroutine then reaches the
+// destination, starts marking the borrower's writes and copies (runOut).
+// Starting to mark waits for the writes under way that did not see the
+// move, and one whose payload is still arriving is waited for up to the
+// data plane's limit (nbd.Server.MoveWaitLimit, donor.RefusalWaitLimit: a
+// minute), longer than a call may last: a start that fails shows in the
+// transfer's state (failed, with its error), which the control plane
+// follows, and an abort at any point of it ends it (the part served here
+// as before).
+func (a *Agent) SendTransfer(_ context.Context, req api.TransferOutRequest) (api.Transfer, error) {
 	if req.ID == "" || req.Export == "" || req.DestURI == "" {
 		return api.Transfer{}, fmt.Errorf("%w: id, export and dest_uri are required", ErrBadRequest)
 	}
@@ -450,59 +469,68 @@ func (a *Agent) SendTransfer(ctx context.Context, req api.TransferOutRequest) (a
 	if a.movingExport(req.Export) {
 		return api.Transfer{}, fmt.Errorf("%w: the export is already moving", ErrConflict)
 	}
-	t := &transfer{id: req.ID, role: "out", e: e, sealed: make(chan struct{}), finish: make(chan struct{}), done: make(chan struct{}),
+	// The transfer's context: an abort (or the agent's stop) cancels it,
+	// at whatever stage the transfer is.
+	ctx, cancel := context.WithCancel(context.Background())
+	t := &transfer{id: req.ID, role: "out", e: e, cancel: cancel,
+		sealed: make(chan struct{}), finish: make(chan struct{}), done: make(chan struct{}),
 		st: api.Transfer{ID: req.ID, LeaseID: e.Request.LeaseID, Kind: e.Device.Kind, Role: "out", State: api.TransferCopying,
 			Size: e.Request.Length, StartedAt: time.Now(), UpdatedAt: time.Now()}}
-	if err := a.xfers.add(t); err != nil {
+	if err := a.xfers.add(t, func() { a.sendOut(ctx, t, mv, req) }); err != nil {
+		cancel()
 		return api.Transfer{}, err
 	}
-	// An abort while the move starts (the control plane's, or the
-	// lease's teardown or expiry) waits for t.done: closed here if the
-	// copier does not start.
-	fail := func(err error) (api.Transfer, error) {
-		a.xfers.mu.Lock()
-		delete(a.xfers.m, req.ID)
-		a.xfers.mu.Unlock()
-		close(t.done)
-		return api.Transfer{}, err
-	}
-	dst, err := mv.DialMove(ctx, e, req.DestURI)
-	if err != nil {
-		return fail(fmt.Errorf("agent: reach the destination: %w", err))
-	}
-	src, err := mv.SendMove(ctx, e)
-	if err != nil {
-		dst.Close()
-		return fail(fmt.Errorf("agent: start the move: %w", err))
-	}
-	var cctx context.Context
-	t.mu.Lock()
-	aborted := t.st.State != api.TransferCopying
-	if !aborted {
-		cctx, t.cancel = context.WithCancel(context.Background())
-		t.src, t.dst = src, dst
-	}
-	t.mu.Unlock()
-	if aborted {
-		// Aborted meanwhile: no copy starts, the part is served here as
-		// before.
-		if err := src.Close(); err != nil {
-			a.log.Debug("ending the move", "err", err)
-		}
-		dst.Close()
-		close(t.done)
-		return api.Transfer{}, fmt.Errorf("%w: transfer %s was aborted while it started", ErrTransferState, req.ID)
-	}
-	a.xfers.wg.Add(1)
-	go func() {
-		defer a.xfers.wg.Done()
-		defer close(t.done)
-		a.runOut(cctx, t, req)
-	}()
 	a.mTransfers.WithLabelValues("out", "started").Inc()
 	a.log.Info("moving a part", "transfer", req.ID, "lease", e.Request.LeaseID, "device", e.Device.Name,
 		"length", e.Request.Length, "to", uriAddress(req.DestURI))
 	return t.status(), nil
+}
+
+// sendOut is an outgoing transfer's goroutine: it reaches the destination,
+// starts marking the writes and runs the copier. It closes t.done when it
+// returns (an abort waits for that).
+func (a *Agent) sendOut(ctx context.Context, t *transfer, mv Mover, req api.TransferOutRequest) {
+	defer close(t.done)
+	src, dst, err := a.beginOut(ctx, t, mv, req.DestURI)
+	if err != nil {
+		if ctx.Err() == nil { // else aborted: the abort ends the transfer
+			a.failOut(t, err)
+		}
+		return
+	}
+	t.mu.Lock()
+	aborted := t.st.State != api.TransferCopying
+	if !aborted {
+		t.src, t.dst = src, dst
+	}
+	t.mu.Unlock()
+	if aborted {
+		// Aborted as the start ended: no copy starts, the part is served
+		// here as before.
+		if err := src.Close(); err != nil {
+			a.log.Debug("ending the move", "err", err)
+		}
+		dst.Close()
+		return
+	}
+	a.runOut(ctx, t, req)
+}
+
+// beginOut reaches t's destination (within moveRequestTimeout) and starts
+// marking the writes to t's part.
+func (a *Agent) beginOut(ctx context.Context, t *transfer, mv Mover, uri string) (MoveSource, MoveDest, error) {
+	dctx, cancel := context.WithTimeout(ctx, moveRequestTimeout)
+	dst, err := mv.DialMove(dctx, t.e, uri)
+	cancel()
+	if err != nil {
+		return nil, nil, fmt.Errorf("agent: reach the destination: %w", err)
+	}
+	src, err := mv.SendMove(ctx, t.e)
+	if err != nil {
+		dst.Close()
+		return nil, nil, fmt.Errorf("agent: start the move: %w", err)
+	}
+	return src, dst, nil
 }
 
 // movingExport reports whether a transfer under way moves export name
@@ -797,20 +825,25 @@ func (a *Agent) SealTransfer(_ context.Context, id string) (api.Transfer, error)
 }
 
 // CommitTransfer commits a transfer: on the destination the part is
-// served under its export name; on the source (sealed) the old export is
-// retired, torn down and its range wiped.
-func (a *Agent) CommitTransfer(ctx context.Context, id string) (api.TransferCommitResponse, error) {
+// served under its export name, knowing the lease's expiry that req
+// brings (counted as a prepare's: from req.TimeoutSeconds before it
+// arrived); on the source (sealed) the old export is retired, torn down
+// and its range wiped.
+func (a *Agent) CommitTransfer(ctx context.Context, id string, req api.TransferCommitRequest) (api.TransferCommitResponse, error) {
+	arrived := a.clock.Now()
 	t, err := a.xfers.get(id)
 	if err != nil {
 		return api.TransferCommitResponse{}, err
 	}
 	if t.role == "in" {
-		return a.commitIn(ctx, t)
+		return a.commitIn(ctx, t, requestExpiry(req.ExpiresAt, req.Now, arrived, req.TimeoutSeconds))
 	}
 	return api.TransferCommitResponse{}, a.commitOut(ctx, t)
 }
 
-func (a *Agent) commitIn(ctx context.Context, t *transfer) (api.TransferCommitResponse, error) {
+// commitIn commits an incoming transfer; exp is the lease's expiry the
+// commit brought (zero: none).
+func (a *Agent) commitIn(ctx context.Context, t *transfer, exp time.Time) (api.TransferCommitResponse, error) {
 	a.opMu.Lock()
 	defer a.opMu.Unlock()
 	t.mu.Lock()
@@ -830,16 +863,16 @@ func (a *Agent) commitIn(ctx context.Context, t *transfer) (api.TransferCommitRe
 	default:
 		return api.TransferCommitResponse{}, fmt.Errorf("%w: it is %s", ErrTransferState, st)
 	}
-	resp, err := a.activate(ctx, t)
+	resp, err := a.activate(ctx, t, exp)
 	if err != nil {
 		t.setState(api.TransferReceiving) // not served: the abort or the expiry wipes it
 	}
 	return resp, err
 }
 
-// activate serves a received part as the lease's (commitIn's work); opMu
-// is held.
-func (a *Agent) activate(ctx context.Context, t *transfer) (api.TransferCommitResponse, error) {
+// activate serves a received part as the lease's (commitIn's work), whose
+// lease expires at exp (zero: unknown); opMu is held.
+func (a *Agent) activate(ctx context.Context, t *transfer, exp time.Time) (api.TransferCommitResponse, error) {
 	mv, err := a.mover(t.e.Device.Kind)
 	if err != nil {
 		return api.TransferCommitResponse{}, err
@@ -851,9 +884,16 @@ func (a *Agent) activate(ctx context.Context, t *transfer) (api.TransferCommitRe
 	e := t.e
 	e.incoming, e.URI = false, resp.URI
 	a.mu.Lock()
-	if cur, ok := a.exports[e.Request.Export]; ok && cur.incoming {
-		// The lease's expiry as heartbeat answers brought it while the
-		// part was moving here (t.e has the one the transfer came with).
+	if cur, ok := a.exports[e.Request.Export]; !exp.IsZero() {
+		// The lease's expiry at the commit: the latest known here (the
+		// export counts as prepared now, so that no answer to a
+		// heartbeat sent before changes it).
+		e.Request.ExpiresAt = exp
+	} else if ok && cur.incoming {
+		// An older control plane's commit: the lease's expiry as
+		// heartbeat answers brought it while the part was moving here,
+		// if the lease has other parts here (t.e has the one the
+		// transfer came with).
 		e.Request.ExpiresAt = cur.Request.ExpiresAt
 	}
 	a.prepares++
@@ -1059,7 +1099,7 @@ func (a *Agent) nextTransferExpiry() (time.Time, bool) {
 //	GET  /agent/v1/transfers             [Transfer]
 //	GET  /agent/v1/transfers/{id}        Transfer (?while=STATE: once it is no longer in STATE, or after a second)
 //	POST /agent/v1/transfers/{id}/seal   Transfer (source)
-//	POST /agent/v1/transfers/{id}/commit TransferCommitResponse
+//	POST /agent/v1/transfers/{id}/commit TransferCommitRequest → TransferCommitResponse
 //	POST /agent/v1/transfers/{id}/abort  Transfer
 func (a *Agent) transferRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /agent/v1/transfers/in", a.auth(func(w http.ResponseWriter, r *http.Request) {
@@ -1104,7 +1144,15 @@ func (a *Agent) transferRoutes(mux *http.ServeMux) {
 		answer(w, http.StatusOK, resp, err)
 	}))
 	mux.HandleFunc("POST /agent/v1/transfers/{id}/commit", a.auth(func(w http.ResponseWriter, r *http.Request) {
-		resp, err := a.CommitTransfer(r.Context(), r.PathValue("id"))
+		// No body, or an empty one (an older control plane's): no
+		// expiry. Fields this agent does not know are ignored (the
+		// control plane may be newer).
+		var req api.TransferCommitRequest
+		if err := httpx.DecodeJSONTolerant(w, r, maxBody, &req); err != nil && !errors.Is(err, httpx.ErrEmptyBody) {
+			httpx.WriteError(w, http.StatusBadRequest, api.CodeInvalid, err.Error())
+			return
+		}
+		resp, err := a.CommitTransfer(r.Context(), r.PathValue("id"), req)
 		answer(w, http.StatusOK, resp, err)
 	}))
 	mux.HandleFunc("POST /agent/v1/transfers/{id}/abort", a.auth(func(w http.ResponseWriter, r *http.Request) {

@@ -24,7 +24,7 @@ type transferLender interface {
 	// is no longer in that state (or after the agent's wait of a second).
 	TransferStatus(ctx context.Context, node api.Node, agentKey, id, while string) (api.Transfer, error)
 	TransferSeal(ctx context.Context, node api.Node, agentKey, id string) (api.Transfer, error)
-	TransferCommit(ctx context.Context, node api.Node, agentKey, id string) (api.TransferCommitResponse, error)
+	TransferCommit(ctx context.Context, node api.Node, agentKey, id string, req api.TransferCommitRequest) (api.TransferCommitResponse, error)
 	TransferAbort(ctx context.Context, node api.Node, agentKey, id string) (api.Transfer, error)
 	RoleConfig(ctx context.Context, node api.Node, agentKey string, req api.RoleConfigRequest) (api.RoleConfigResponse, error)
 }
@@ -52,10 +52,11 @@ func (h *HTTPLender) TransferSeal(ctx context.Context, node api.Node, agentKey, 
 	return out, err
 }
 
-// TransferCommit commits a transfer on one side.
-func (h *HTTPLender) TransferCommit(ctx context.Context, node api.Node, agentKey, id string) (api.TransferCommitResponse, error) {
+// TransferCommit commits a transfer on one side (req: the lease's expiry,
+// for the destination).
+func (h *HTTPLender) TransferCommit(ctx context.Context, node api.Node, agentKey, id string, req api.TransferCommitRequest) (api.TransferCommitResponse, error) {
 	var out api.TransferCommitResponse
-	err := h.post(ctx, node, agentKey, "/agent/v1/transfers/"+url.PathEscape(id)+"/commit", struct{}{}, &out)
+	err := h.post(ctx, node, agentKey, "/agent/v1/transfers/"+url.PathEscape(id)+"/commit", req, &out)
 	return out, err
 }
 

@@ -33,7 +33,9 @@ import (
 //  2. the source copies to it (POST /agent/v1/transfers/out) in passes,
 //     holds the borrower's writes for the last one and reports "ready";
 //  3. the control plane seals the source (no lapse any more), commits the
-//     destination (it serves the part under a new export name), points
+//     destination (it serves the part under a new export name until the
+//     lease's expiry, which the commit brings: the lease may have been
+//     renewed since the TransferIn), points
 //     the lease at it (lifecycle.MoveDone: the commit point) and commits
 //     the source (it retires the old export cleanly, tears it down and
 //     wipes it);
@@ -53,7 +55,17 @@ const (
 	// moveHold is how long a source holds the borrower's writes, once
 	// ready, for the control plane to seal (api.TransferOutRequest).
 	moveHold = 30 * time.Second
-	// moveCallTimeout bounds one call to a lender during a move.
+	// moveCallTimeout bounds one call to a lender during a move. No call
+	// waits for a borrower's write payload, which may take longer: the
+	// source answers TransferOut at once and starts marking the writes in
+	// the background (a write under way whose payload still arrives is
+	// waited for up to a minute: nbd.Server.MoveWaitLimit,
+	// donor.RefusalWaitLimit), as it copies and holds the writes for the
+	// last pass (the same wait), all followed through TransferStatus. A
+	// source's commit finds the writes held (none under way): the old
+	// export's retirement waits for the reads under way and the replies,
+	// within the call's bound for NBD (the connections close when it
+	// ends), RefusalWait (5 s) at most for memory.
 	moveCallTimeout = 30 * time.Second
 	// keepMoves is how long an ended move stays in memory (its progress).
 	keepMoves = time.Hour
@@ -628,6 +640,8 @@ func (s *Server) transfer(ctx context.Context, r *moveRun) error {
 	if err != nil {
 		return fmt.Errorf("the destination did not receive: %w", err)
 	}
+	// Answered at once: a start that fails (the destination out of
+	// reach, the writes not marked) shows in the status followed below.
 	cctx, cancel = call()
 	_, err = x.TransferOut(cctx, src.Node, src.AgentKey, api.TransferOutRequest{ID: m.ID, LeaseID: l.ID, Export: oldExport, DestURI: in.URI,
 		HoldSeconds: moveHold.Seconds()})
@@ -679,8 +693,17 @@ func (s *Server) transfer(ctx context.Context, r *moveRun) error {
 	if err != nil {
 		return fmt.Errorf("sealing the source: %w", err)
 	}
+	// The destination serves the part from the commit on: it learns the
+	// lease's expiry as it is now (renewed since the TransferIn, maybe:
+	// a lender that only receives a part of the lease does not report
+	// it, and no heartbeat answer renewed it there), counted as a
+	// prepare's (Now stamped after the call's bound starts).
+	if l, err = s.st.Lease(ctx, m.LeaseID); err != nil {
+		return err
+	}
 	cctx, cancel = call()
-	cr, err := x.TransferCommit(cctx, dst.Node, dst.AgentKey, m.ID)
+	cr, err := x.TransferCommit(cctx, dst.Node, dst.AgentKey, m.ID, api.TransferCommitRequest{ExpiresAt: l.ExpiresAt, Now: s.now(),
+		TimeoutSeconds: moveCallTimeout.Seconds()})
 	cancel()
 	if err != nil {
 		return fmt.Errorf("the destination did not take the part over: %w", err)
@@ -710,7 +733,7 @@ func (s *Server) releaseSource(ctx context.Context, r *moveRun, src store.NodeRe
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
 		cctx, cancel := context.WithTimeout(ctx, moveCallTimeout)
-		_, err = x.TransferCommit(cctx, src.Node, src.AgentKey, m.ID)
+		_, err = x.TransferCommit(cctx, src.Node, src.AgentKey, m.ID, api.TransferCommitRequest{})
 		cancel()
 		if err == nil || ctx.Err() != nil {
 			break

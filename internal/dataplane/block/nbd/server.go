@@ -92,8 +92,13 @@ type WriteStarter interface {
 // (a flush's report of lost writes, Linux's errseq) and must hand out
 // again if the reply carrying it is lost with its connection. The server
 // calls ReplySent once, with true when the reply carrying the error has
-// been written to the client's socket, or with false when it never will
-// be (the connection ended, or a send failed, first). It must not block.
+// been written whole to the client's socket, or with false when it cannot
+// say so: the connection ended first, or a send of the replies failed. A
+// failed send (of up to maxBatch replies) counts every reply it carried
+// as not sent, though it may have written some of them whole before it
+// failed: false may come for a reply that was written, never true for
+// one that was not. A report handed out once is thus handed out again at
+// worst. It must not block.
 type ReplyWatcher interface {
 	ReplySent(sent bool)
 }

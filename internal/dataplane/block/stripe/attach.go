@@ -385,7 +385,9 @@ type backend struct {
 // report a FLUSH takes is not reported to the FLUSHes that begin after it
 // (errseq), so that one, which nobody heard, is left here: the next FLUSH
 // to end reports it, and so does Close. A report counts as told once the
-// reply carrying it has been written to the client's socket.
+// reply carrying it has been written whole to the client's socket, as the
+// server counts it: a reply written by a send that failed after it is
+// counted not sent, and its reports are given again (told twice).
 type untold struct {
 	n    atomic.Int32 // len(errs), read without mu by every FLUSH
 	mu   sync.Mutex
