@@ -143,22 +143,6 @@ func waitPeerEnd(t *testing.T, c *conn) {
 	}
 }
 
-// endClient ends rc's connection as a client that lost it would: reset,
-// closed without NBD_CMD_DISC, or (disc) after the NBD_CMD_DISC already
-// sent, with its sending side shut.
-func endClient(rc *rawConn, how string) {
-	tc := rc.c.(*net.TCPConn)
-	switch how {
-	case "reset":
-		tc.SetLinger(0)
-		tc.Close()
-	case "closed":
-		tc.Close()
-	case "disconnect":
-		tc.CloseWrite()
-	}
-}
-
 // TestAbandonedWhileReaderWaits: with the only worker executing a write
 // and the queue to it full, the reader waits to hand over the next write
 // and cannot read the socket. The client then goes away without
