@@ -14,7 +14,9 @@ import (
 // the client's end when it reads it; while it is held elsewhere (waiting
 // for a worker, for payload budget, or for the socket to take replies) it
 // cannot, so the workers look at the socket before each write they start
-// (conn.watch). An end found on the socket is not yet a verdict: the
+// (conn.watch), and the reader looks once when the wait is over. A reply
+// whose send fails is an end observed too. An end found on the socket is
+// not yet a verdict: the
 // stream may still hold an NBD_CMD_DISC (a client that sends it and closes
 // at once), and only the reader, reading on, can tell. Until it has, the
 // writes are held (conn.held), not executed.
@@ -29,8 +31,9 @@ const (
 	// poll(2)) before it starts a write.
 	watchBlocked
 	// The client's end was found on the socket before the reader read
-	// it: writes are held until the reader has read the rest of the
-	// stream (serve decides), and the reader serves none itself.
+	// it, or a reply's send failed: writes are held until the reader
+	// has read the rest of the stream (serve decides), and the reader
+	// serves none itself.
 	watchEnded
 )
 
@@ -45,31 +48,23 @@ func (c *conn) blockBegin() {
 
 // blockEnd is called by the reader once that wait is over. The client may
 // have gone meanwhile with no worker looking (none started a write): the
-// reader looks at the socket before it next serves a write itself
-// (writable).
+// reader looks at the socket (one poll(2)) before the workers stop looking,
+// so that a worker taking a queued write right after the wait, before the
+// reader has read the end, does not execute it
+// (TestAbandonedAfterReaderWaitedForBudget).
 func (c *conn) blockEnd() {
-	if c.watch.CompareAndSwap(watchBlocked, watchNone) {
-		c.recheck = true
+	if c.watch.Load() == watchBlocked && c.peerEnded() {
+		c.markEnded()
+		return
 	}
+	c.watch.CompareAndSwap(watchBlocked, watchNone)
 }
 
 // writable reports whether the reader may serve a write itself (from its
 // buffer, spliced, inline at queue depth 1, or started on a
 // WriteStarter): not once the client's end has been found on the socket.
-// One atomic load, and a poll(2) after the reader has waited for
-// something other than the socket.
 func (c *conn) writable() bool {
-	if c.watch.Load() != watchNone {
-		return false
-	}
-	if c.recheck {
-		c.recheck = false
-		if c.peerEnded() {
-			c.markEnded()
-			return false
-		}
-	}
-	return true
+	return c.watch.Load() == watchNone
 }
 
 // hold is called by a worker about to start a write while c.watch was w
@@ -92,7 +87,8 @@ func (c *conn) hold(w int32, ops []*op) bool {
 	return true
 }
 
-// markEnded records that the client's end was found on the socket. The
+// markEnded records that the client's end was found on the socket, or
+// that a reply's send failed (sendQueued). The
 // payload budget no longer bounds the reader: held writes keep theirs
 // until serve decides, and what the reader still has to read is what the
 // socket holds (the client sends no more).

@@ -143,22 +143,6 @@ func waitPeerEnd(t *testing.T, c *conn) {
 	}
 }
 
-// endClient ends rc's connection as a client that lost it would: reset,
-// closed without NBD_CMD_DISC, or (disc) after the NBD_CMD_DISC already
-// sent, with its sending side shut.
-func endClient(rc *rawConn, how string) {
-	tc := rc.c.(*net.TCPConn)
-	switch how {
-	case "reset":
-		tc.SetLinger(0)
-		tc.Close()
-	case "closed":
-		tc.Close()
-	case "disconnect":
-		tc.CloseWrite()
-	}
-}
-
 // TestAbandonedWhileReaderWaits: with the only worker executing a write
 // and the queue to it full, the reader waits to hand over the next write
 // and cannot read the socket. The client then goes away without
@@ -166,57 +150,58 @@ func endClient(rc *rawConn, how string) {
 // queued write (nor the one the reader was handing over): it finds the
 // client's end on the socket and holds it until the reader has read to
 // the end. After NBD_CMD_DISC, sent before the client shut its side, all
-// three are served.
+// three are served. Over TCP, a Unix socket and TLS (abandonNets).
 func TestAbandonedWhileReaderWaits(t *testing.T) {
-	for _, how := range []string{"reset", "closed", "disconnect"} {
-		t.Run(how, func(t *testing.T) {
-			b := &firstWriteHeld{MemBackend: NewMemBackend(1 << 20), entered: make(chan struct{}), release: make(chan struct{})}
-			blocked := make(chan *conn, 1)
-			s := &Server{Workers: 1, testHookBlocked: func(c *conn) {
-				// The reader waits to hand over write 2: write 0 is
-				// with the worker, write 1 in the queue.
-				if c.pending != nil && (*c.pending)[0].req.Handle == 2 {
-					blocked <- c
-				}
-			}}
-			if err := s.AddExport(Export{Name: testName, Backend: b}); err != nil {
-				t.Fatal(err)
-			}
-			rc := rawDial(t, serveOn(t, s), clientFlagFixedNewstyle|clientFlagNoZeroes)
-			rc.goTransmission(testName, false, false)
-			var seg []byte
-			for i := range 3 {
-				seg = writeReq(seg, uint64(i), uint64(i)*4096, 4096, 0)
-			}
-			if how == "disconnect" {
-				h := make([]byte, requestHeaderLen)
-				putRequest(h, Request{Type: CmdDisc})
-				seg = append(seg, h...)
-			}
-			rc.write(seg)
-			<-b.entered
-			c := <-blocked
-			endClient(rc, how)
-			waitPeerEnd(t, c)
-			close(b.release)
-			if how == "disconnect" {
-				for range 3 {
-					r, err := rc.reply(0)
-					if err != nil || r.errno != 0 {
-						t.Fatalf("write %d after a disconnect: errno %d, %v", r.handle, r.errno, err)
+	for _, network := range abandonNets {
+		for _, how := range abandonEnds(network) {
+			t.Run(network+"/"+how, func(t *testing.T) {
+				b := &firstWriteHeld{MemBackend: NewMemBackend(1 << 20), entered: make(chan struct{}), release: make(chan struct{})}
+				blocked := make(chan *conn, 1)
+				s := &Server{Workers: 1, testHookBlocked: func(c *conn) {
+					// The reader waits to hand over write 2: write 0 is
+					// with the worker, write 1 in the queue.
+					if c.pending != nil && (*c.pending)[0].req.Handle == 2 {
+						blocked <- c
 					}
+				}}
+				if err := s.AddExport(Export{Name: testName, Backend: b}); err != nil {
+					t.Fatal(err)
+				}
+				rc := dialAbandon(t, s, network, 0)
+				var seg []byte
+				for i := range 3 {
+					seg = writeReq(seg, uint64(i), uint64(i)*4096, 4096, 0)
+				}
+				if how == "disconnect" {
+					h := make([]byte, requestHeaderLen)
+					putRequest(h, Request{Type: CmdDisc})
+					seg = append(seg, h...)
+				}
+				rc.write(seg)
+				<-b.entered
+				c := <-blocked
+				endClient(rc, how)
+				waitPeerEnd(t, c)
+				close(b.release)
+				if how == "disconnect" {
+					for range 3 {
+						r, err := rc.reply(0)
+						if err != nil || r.errno != 0 {
+							t.Fatalf("write %d after a disconnect: errno %d, %v", r.handle, r.errno, err)
+						}
+					}
+					<-c.done
+					if got := b.written(); len(got) != 3 {
+						t.Fatalf("writes that reached the backend: %v, want all three", got)
+					}
+					return
 				}
 				<-c.done
-				if got := b.written(); len(got) != 3 {
-					t.Fatalf("writes that reached the backend: %v, want all three", got)
+				if got := b.written(); len(got) != 1 || got[0] != 0 {
+					t.Fatalf("writes that reached the backend after the client went away: %v, want only the one executing (0)", got)
 				}
-				return
-			}
-			<-c.done
-			if got := b.written(); len(got) != 1 || got[0] != 0 {
-				t.Fatalf("writes that reached the backend after the client went away: %v, want only the one executing (0)", got)
-			}
-		})
+			})
+		}
 	}
 }
 
@@ -355,14 +340,17 @@ func TestAbandonedWhileReaderHandsOver(t *testing.T) {
 	rc.goTransmission(testName, false, false)
 	// A write with FUA (held at the worker) and reads: a group with the
 	// worker, one queued, one pending (not full) when the last write's
-	// header is read. Its payload is larger than the reader's buffer.
+	// header is read. Its payload is larger than the reader's buffer (64
+	// KiB), by little: what the reader leaves in the socket must fit the
+	// server's receive window, or the client's FIN, queued behind it,
+	// would not arrive (a payload of 128 KiB once left it out).
 	seg := writeReq(nil, 0, 0, size, CmdFlagFUA)
 	for i := uint64(1); i < last; i++ {
 		h := make([]byte, requestHeaderLen)
 		putRequest(h, Request{Type: CmdRead, Handle: i, Offset: i * size, Length: size})
 		seg = append(seg, h...)
 	}
-	seg = writeReq(seg, last, 1<<20, 128<<10, 0)
+	seg = writeReq(seg, last, 1<<20, 64<<10+512, 0)
 	rc.write(seg)
 	<-b.entered
 	c := <-blocked

@@ -116,7 +116,6 @@ type conn struct {
 	// (abandon.go): watchNone, watchBlocked or watchEnded.
 	watch   atomic.Int32
 	peer    syscall.RawConn // the socket, for peerEnded; nil if nc is not one
-	recheck bool            // the reader looks at the socket before it serves a write (reader's)
 	disc    bool            // the reader read NBD_CMD_DISC (reader's; serve reads it after)
 	hmu     sync.Mutex      // guards decided and held
 	decided bool            // serve has decided on the held requests
@@ -441,6 +440,11 @@ func (c *conn) sendQueued() {
 			k := min(len(b), maxBatch)
 			if c.werr = c.send(b[:k]); c.werr != nil {
 				c.failed.Store(true)
+				// The server has observed the client's end: the
+				// writes not started are held until the reader has
+				// ended, as after an end found on the socket
+				// (abandon.go; TestAbandonedAfterFailedSend).
+				c.markEnded()
 				// Before the client can see the connection end.
 				tellSent(batch[sent:], false)
 				c.nc.Close()

@@ -474,10 +474,14 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 			net.Conn
 			closeNotify(time.Duration)
 		}
+		// Replies still queued when the session ends must not be reset
+		// away by a close_notify the reader has not read (endSession).
 		if sess.psk != nil {
-			ec = &pskConn{Conn: sess.psk, raw: raw}
+			ec = &pskConn{Conn: sess.psk, raw: raw, drain: true}
 		} else {
-			ec = newTLSConn(sess.tls, raw)
+			tc := newTLSConn(sess.tls, raw)
+			tc.drain = true
+			ec = tc
 		}
 		defer ec.closeNotify(time.Second)
 		c = newConn(s, ec, sess.r, sess)

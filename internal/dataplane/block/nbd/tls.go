@@ -44,6 +44,10 @@ type tlsConn struct {
 	*tls.Conn
 	raw  net.Conn
 	wbuf []byte
+	// drain makes closeNotify read the peer's stream to its end before
+	// it closes the socket (endSession): set on the server's
+	// connections.
+	drain bool
 }
 
 func newTLSConn(tc *tls.Conn, raw net.Conn) *tlsConn { return &tlsConn{Conn: tc, raw: raw} }
@@ -52,17 +56,30 @@ func (t *tlsConn) Close() error { return t.raw.Close() }
 
 // closeNotify sends close_notify (waiting at most d for the peer to take
 // it) and closes the socket.
-func (t *tlsConn) closeNotify(d time.Duration) { endSession(t.raw, t.Conn, d) }
+func (t *tlsConn) closeNotify(d time.Duration) { endSession(t.raw, t.Conn, d, t.drain) }
 
 // endSession sends close_notify with session's CloseWrite, waiting at most
-// d for the peer to take it, and closes the socket raw. A raw socket has
-// no deadlines: a timer shuts it down instead, which ends the wait.
-func endSession(raw net.Conn, session interface{ CloseWrite() error }, d time.Duration) {
-	if err := raw.SetWriteDeadline(time.Now().Add(d)); err != nil {
+// d for the peer to take it, and closes the socket raw. With drain it
+// first reads and drops what the peer still sends, up to the end of its
+// stream (until d at most): closing a socket with bytes unread resets the
+// connection, which drops what the socket still holds to send. A client
+// that sends NBD_CMD_DISC with requests outstanding follows it with its
+// close_notify (libnbd does) and reads the replies it is owed; a server
+// that stopped reading at the disconnect would reset them away. A raw
+// socket has no deadlines: a timer shuts it down instead, which ends the
+// waits.
+func endSession(raw net.Conn, session interface{ CloseWrite() error }, d time.Duration, drain bool) {
+	deadline := time.Now().Add(d)
+	if err := raw.SetWriteDeadline(deadline); err != nil {
 		tm := time.AfterFunc(d, func() { raw.Close() })
 		defer tm.Stop()
+	} else if drain {
+		raw.SetReadDeadline(deadline)
 	}
 	session.CloseWrite()
+	if drain {
+		io.Copy(io.Discard, raw)
+	}
 	raw.Close()
 }
 
@@ -71,12 +88,13 @@ func endSession(raw net.Conn, session interface{ CloseWrite() error }, d time.Du
 // closeNotify ends the session in order.
 type pskConn struct {
 	*tlspsk.Conn
-	raw net.Conn
+	raw   net.Conn
+	drain bool // as tlsConn's
 }
 
 func (p *pskConn) Close() error { return p.raw.Close() }
 
-func (p *pskConn) closeNotify(d time.Duration) { endSession(p.raw, p.Conn, d) }
+func (p *pskConn) closeNotify(d time.Duration) { endSession(p.raw, p.Conn, d, p.drain) }
 
 // readerConn is a connection whose reads go through r: the server hands
 // crypto/tls the socket's fastReader this way, so that TLS connections wait
