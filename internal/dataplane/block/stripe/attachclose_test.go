@@ -209,15 +209,7 @@ func TestFlushReportsUntoldReport(t *testing.T) {
 	a, hl := serveHeld(t, []string{l.uri}, true, false)
 	c1 := dialAttachment(t, a)
 	c2 := dialAttachment(t, a)
-	m.fail.Store(true)
-	rel := m.hold(t)
-	if _, err := c1.WriteAt(pattern(4096, 1), 0); err != nil {
-		t.Fatalf("plain write: %v (it is acknowledged before the lender answers)", err)
-	}
-	waitFor(t, "the write to reach the lender", func() bool { return m.in.Load() == 1 })
-	rel()
-	waitFor(t, "the lender's answer", func() bool { n, _ := a.wb.state(); return n == 0 })
-	m.fail.Store(false)
+	failWriteEarly(t, m, a, c1)
 
 	flushed, release := flushHeld(a, c1)
 	hl.conn(0).failWrites.Store(true) // c1's reply cannot be sent
