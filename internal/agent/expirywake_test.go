@@ -59,6 +59,24 @@ func expiryAgent(t *testing.T, url string, clk *clock.Fake) (*Agent, noticingDri
 	return a, drv
 }
 
+// prepareExpiring prepares lease-a's block export on a, expiring at exp,
+// and opens a connection to it (closed when the test ends): it returns
+// the export's URI and the connection.
+func prepareExpiring(t *testing.T, a *Agent, exp time.Time) (string, *nbd.Client) {
+	t.Helper()
+	resp, err := a.Prepare(ctxFor(t), api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindBlock, DeviceName: "disk0",
+		Length: leaseSize, Export: "x_lease-a", ExpiresAt: exp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	open, err := nbd.DialURI(ctxFor(t), resp.URI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { open.Close() })
+	return resp.URI, open
+}
+
 // within returns what ch gets, failing the test with what if nothing
 // comes within 10 s (of real time: the agent's goroutines run meanwhile).
 func within[T any](t *testing.T, ch <-chan T, what string) T {
@@ -99,26 +117,17 @@ func TestExpiryEarlierThanHeartbeatWait(t *testing.T) {
 	ctx := ctxFor(t)
 	cp.set(func(f *fakeCP) { f.down = true })
 	exp := clk.Now().Add(30 * time.Second)
-	resp, err := a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindBlock, DeviceName: "disk0",
-		Length: leaseSize, Export: "x_lease-a", ExpiresAt: exp})
-	if err != nil {
-		t.Fatal(err)
-	}
-	open, err := nbd.DialURI(ctx, resp.URI)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer open.Close()
+	uri, open := prepareExpiring(t, a, exp)
 
 	clk.Advance(exp.Sub(clk.Now()) - time.Nanosecond)
-	if !served(t, resp.URI) {
+	if !served(t, uri) {
 		t.Fatal("stopped before its known expiry")
 	}
 	clk.Advance(time.Nanosecond)
 	if at := within(t, drv.stopped, "still served 10 s after its known expiry: the agent did not wake for an expiry earlier than its heartbeat wait"); !at.Equal(exp) {
 		t.Fatalf("stopped at %v, its known expiry is %v", at, exp)
 	}
-	if served(t, resp.URI) {
+	if served(t, uri) {
 		t.Fatal("served past its known expiry")
 	}
 	if _, err := open.ReadAtContext(ctx, make([]byte, 4096), 0); err == nil {
@@ -141,16 +150,7 @@ func TestExpiryAskedAhead(t *testing.T) {
 	exp, renewed := clk.Now().Add(30*time.Second), clk.Now().Add(90*time.Second)
 	// The control plane has the renewal; the agent does not know it yet.
 	cp.set(func(f *fakeCP) { f.expires = map[string]time.Time{"lease-a": renewed} })
-	resp, err := a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindBlock, DeviceName: "disk0",
-		Length: leaseSize, Export: "x_lease-a", ExpiresAt: exp})
-	if err != nil {
-		t.Fatal(err)
-	}
-	open, err := nbd.DialURI(ctx, resp.URI)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer open.Close()
+	uri, open := prepareExpiring(t, a, exp)
 
 	in, answer := holdNextBeat(cp)
 	clk.Advance(exp.Add(-expiryAskAhead).Sub(clk.Now()))
@@ -173,7 +173,7 @@ func TestExpiryAskedAhead(t *testing.T) {
 	roundsDone(a)
 
 	clk.Advance(expiryAskAhead - time.Nanosecond)
-	if !served(t, resp.URI) {
+	if !served(t, uri) {
 		t.Fatal("stopped before its known expiry")
 	}
 	clk.Advance(time.Nanosecond)
@@ -182,7 +182,7 @@ func TestExpiryAskedAhead(t *testing.T) {
 	}
 	within(t, in, "the agent did not ask the control plane again after stopping the export")
 	// The round is under way: the export is not served meanwhile.
-	if served(t, resp.URI) {
+	if served(t, uri) {
 		t.Fatal("served past its known expiry while the agent asks the control plane")
 	}
 	if _, err := open.ReadAtContext(ctx, make([]byte, 4096), 0); err == nil {
@@ -191,7 +191,7 @@ func TestExpiryAskedAhead(t *testing.T) {
 	cp.set(func(f *fakeCP) { f.expires["lease-a"] = clk.Now().Add(time.Hour) })
 	close(answer)
 	within(t, drv.resumed, "a renewal in the answer to the round after the expiry did not serve the export again")
-	if !served(t, resp.URI) {
+	if !served(t, uri) {
 		t.Fatal("not served once renewed")
 	}
 }

@@ -28,16 +28,8 @@ func TestRestartLosesMemoryExport(t *testing.T) {
 	r := start(t, cfg)
 	ctx := ctxFor(t)
 	ub := prepareBlock(t, r.a, "lease-b", 0, leaseSize)
-	resp, err := r.a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-m", Kind: api.KindMemory, DeviceName: "mem0", DeviceID: "dev-m",
+	mc, addr, cred := dialMemory(t, r.a, api.PrepareRequest{LeaseID: "lease-m", Kind: api.KindMemory, DeviceName: "mem0", DeviceID: "dev-m",
 		Offset: 1 << 20, Length: 1 << 20, Export: "x_lease-m"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr, cred := memoryTarget(t, resp.URI)
-	mc, err := memclient.Dial(ctx, addr, cred, memclient.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := mc.Write(ctx, memclient.ChannelSync, bytes.Repeat([]byte{0x6d}, 4096), 0); err != nil {
 		t.Fatal(err)
 	}

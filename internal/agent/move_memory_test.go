@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -23,17 +24,8 @@ func TestMoveMemoryUnderWrites(t *testing.T) {
 	const size = 4 << 20
 	src, dst := memoryLenders(t, "src", "dst")
 	ctx := ctxFor(t)
-	resp, err := src.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-m", Kind: api.KindMemory, DeviceName: "mem0",
+	mc, addr, cred := dialMemory(t, src, api.PrepareRequest{LeaseID: "lease-m", Kind: api.KindMemory, DeviceName: "mem0",
 		Length: size, Export: "x_lease-m"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr, cred := memoryTarget(t, resp.URI)
-	mc, err := memclient.Dial(ctx, addr, cred, memclient.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mc.Close()
 	// The first quarter holds data, the rest zeroes; the borrower writes
 	// the first half.
 	const pages = size / 4096
@@ -239,4 +231,33 @@ func memoryLenders(t *testing.T, a, b string) (*Agent, *Agent) {
 			Devices: []DeviceConfig{{Name: "mem0", Kind: api.KindMemory, Size: 8 << 20}}}
 	}
 	return start(t, cfg(a)).a, start(t, cfg(b)).a
+}
+
+// dialMemory prepares part, a memory lease's, on a and dials it as its
+// borrower: it returns the client (closed when the test ends, if not
+// before) and the part's address and credential.
+func dialMemory(t *testing.T, a *Agent, part api.PrepareRequest) (mc *memclient.Client, addr, cred string) {
+	t.Helper()
+	resp, err := a.Prepare(ctxFor(t), part)
+	if err != nil {
+		t.Fatalf("prepare %s: %v", part.Export, err)
+	}
+	addr, cred = memoryTarget(t, resp.URI)
+	if mc, err = memclient.Dial(ctxFor(t), addr, cred, memclient.Options{}); err != nil {
+		t.Fatalf("dialling %s: %v", part.Export, err)
+	}
+	t.Cleanup(func() { mc.Close() })
+	return mc, addr, cred
+}
+
+// joinSync joins a data connection of mc's session for raw frames
+// (protocol.KindSync), closed when the test ends.
+func joinSync(t *testing.T, mc *memclient.Client) net.Conn {
+	t.Helper()
+	conn, err := mc.Join(ctxFor(t), protocol.KindSync)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
-	memclient "github.com/rialto-project/rialto/internal/dataplane/memory/client"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 )
 
@@ -22,22 +21,9 @@ func TestTeardownOfSealedMemoryMoveWithWithheldPayload(t *testing.T) {
 	src, dst := memoryLenders(t, "src", "dst")
 	ctx := ctxFor(t)
 	const export = "x_lease-w"
-	resp, err := src.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-w", Kind: api.KindMemory, DeviceName: "mem0",
+	mc, _, _ := dialMemory(t, src, api.PrepareRequest{LeaseID: "lease-w", Kind: api.KindMemory, DeviceName: "mem0",
 		Length: size, Export: export})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr, cred := memoryTarget(t, resp.URI)
-	mc, err := memclient.Dial(ctx, addr, cred, memclient.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mc.Close()
-	conn, err := mc.Join(ctx, protocol.KindSync)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := joinSync(t, mc)
 
 	in, err := dst.ReceiveTransfer(ctx, api.TransferInRequest{ID: "w1", Token: "tok_w1",
 		Part: api.PrepareRequest{LeaseID: "lease-w", Kind: api.KindMemory, DeviceName: "mem0", Length: size, Export: export}})

@@ -71,17 +71,53 @@ func newMoveRig(t *testing.T) *moveRig {
 // receive and send start a transfer of the part to dst's disk0 at dstOff.
 func (r *moveRig) start(t *testing.T, id string, dstOff int64, out api.TransferOutRequest) api.TransferInResponse {
 	t.Helper()
-	in, err := r.dst.ReceiveTransfer(ctxFor(t), api.TransferInRequest{ID: id, Token: "tok_" + id,
+	return startBlockMove(t, r.src, r.dst, id, dstOff, out)
+}
+
+// startBlockMove starts transfer id of lease-m's part (x_lease-m, movePart
+// bytes) from src to dst's disk0 at dstOff: dst receives it, then src
+// sends it, with out's other fields.
+func startBlockMove(t *testing.T, src, dst *Agent, id string, dstOff int64, out api.TransferOutRequest) api.TransferInResponse {
+	t.Helper()
+	in, err := dst.ReceiveTransfer(ctxFor(t), api.TransferInRequest{ID: id, Token: "tok_" + id,
 		Part: api.PrepareRequest{LeaseID: "lease-m", Kind: api.KindBlock, DeviceName: "disk0", Offset: dstOff, Length: movePart,
 			Export: "x_lease-m.moved"}})
 	if err != nil {
 		t.Fatalf("receive: %v", err)
 	}
 	out.ID, out.LeaseID, out.Export, out.DestURI = id, "lease-m", "x_lease-m", in.URI
-	if _, err := r.src.SendTransfer(ctxFor(t), out); err != nil {
-		t.Fatalf("send: %v", err)
+	if _, err := src.SendTransfer(ctxFor(t), out); err != nil {
+		t.Fatalf("send: %v (the source answers before the move's start, whose failure belongs in the transfer's state)", err)
 	}
 	return in
+}
+
+// blockMovers starts, against one fake control plane, a source agent
+// (src) lending disk0 through drv and a destination (dst) with the plain
+// block driver, and prepares lease-m's part on the source: it returns
+// both agents and the part's URI.
+func blockMovers(t *testing.T, drv Driver) (src, dst *Agent, uri string) {
+	t.Helper()
+	_, srv := newFakeCP(t)
+	cfg := moveConfig(srv.URL, t.TempDir(), "src")
+	cfg.Drivers = map[api.Kind]Driver{api.KindBlock: drv}
+	src = start(t, cfg).a
+	dst = start(t, moveConfig(srv.URL, t.TempDir(), "dst")).a
+	return src, dst, prepareBlock(t, src, "lease-m", 0, movePart)
+}
+
+// writesServed checks that the part at uri is served, its writes not
+// held: a write through it completes (after says after what).
+func writesServed(t *testing.T, uri, after string) {
+	t.Helper()
+	c, err := nbd.DialURI(ctxFor(t), uri)
+	if err != nil {
+		t.Fatalf("dialling the part after %s: %v", after, err)
+	}
+	defer c.Close()
+	if _, err := c.WriteAtContext(ctxFor(t), make([]byte, 4096), 0, false); err != nil {
+		t.Fatalf("a write after %s: %v", after, err)
+	}
 }
 
 // waitTransfer waits until a's transfer id is in state want.

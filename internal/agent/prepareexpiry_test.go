@@ -181,6 +181,25 @@ func (d gaveUpDriver) Prepare(ctx context.Context, e Export) (api.PrepareRespons
 	return resp, err
 }
 
+// goneCtx is the context of a caller that gave up before the agent got
+// to its call: done already.
+func goneCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithCancel(ctxFor(t))
+	cancel()
+	return ctx
+}
+
+// givingUp runs call as a caller that gives up while it is under way:
+// with a context that the driver (which calls giveUp's function, if set)
+// ends meanwhile.
+func givingUp[T any](t *testing.T, giveUp *atomic.Pointer[context.CancelFunc], call func(context.Context) (T, error)) (T, error) {
+	ctx, cancel := context.WithCancel(ctxFor(t))
+	defer cancel()
+	giveUp.Store(&cancel)
+	defer giveUp.Store(nil)
+	return call(ctx)
+}
+
 // TestPrepareCallerGaveUp: a prepare whose caller gave up (the control
 // plane, past its call's bound, counts it failed) is not served: refused
 // if the caller is gone before the agent gets to it, kept not served if
@@ -200,9 +219,7 @@ func TestPrepareCallerGaveUp(t *testing.T) {
 		Offset: leaseSize, Length: leaseSize, Export: "x_part1"}
 
 	// Gone before the agent got to it: refused, nothing prepared.
-	gone, cancel := context.WithCancel(ctxFor(t))
-	cancel()
-	if _, err := a.Prepare(gone, part1); !errors.Is(err, ErrGaveUp) {
+	if _, err := a.Prepare(goneCtx(t), part1); !errors.Is(err, ErrGaveUp) {
 		t.Fatalf("a prepare whose caller is gone: %v, want ErrGaveUp", err)
 	}
 	a.mu.Lock()
@@ -221,11 +238,7 @@ func TestPrepareCallerGaveUp(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- a.Heartbeat(ctxFor(t)) }()
 	<-in
-	ctx, cancel := context.WithCancel(ctxFor(t))
-	defer cancel()
-	giveUp.Store(&cancel)
-	resp, err := a.Prepare(ctx, part1)
-	giveUp.Store(nil)
+	resp, err := givingUp(t, &giveUp, func(ctx context.Context) (api.PrepareResponse, error) { return a.Prepare(ctx, part1) })
 	if !errors.Is(err, ErrGaveUp) {
 		t.Fatalf("a prepare whose caller gave up meanwhile: %v, want ErrGaveUp", err)
 	}

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
-	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 )
 
 // receivingDriver is the block driver that runs receiving (if set) as it
@@ -128,12 +127,10 @@ func TestAbortWhileSending(t *testing.T) {
 		{"start succeeds", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, srv := newFakeCP(t)
 			const id = "s1"
-			var src *Agent
+			var src *Agent // the hook's, once started
 			aborted := make(chan error, 1)
-			cfg := moveConfig(srv.URL, t.TempDir(), "src")
-			cfg.Drivers = map[api.Kind]Driver{api.KindBlock: sendingDriver{BlockDriver: NewBlockDriver(slog.New(slog.DiscardHandler)),
+			drv := sendingDriver{BlockDriver: NewBlockDriver(slog.New(slog.DiscardHandler)),
 				sending: func(ctx context.Context) error {
 					go func() {
 						_, err := src.AbortTransfer(ctx, id)
@@ -147,41 +144,18 @@ func TestAbortWhileSending(t *testing.T) {
 						t.Errorf("the transfer is %s, want aborted", st.State)
 					}
 					return tc.start
-				}}}
-			src = start(t, cfg).a
-			dst := start(t, moveConfig(srv.URL, t.TempDir(), "dst")).a
-			uri := prepareBlock(t, src, "lease-m", 0, movePart)
-			in, err := dst.ReceiveTransfer(ctxFor(t), api.TransferInRequest{ID: id, Token: "tok_" + id,
-				Part: api.PrepareRequest{LeaseID: "lease-m", Kind: api.KindBlock, DeviceName: "disk0", Length: movePart,
-					Export: "x_lease-m.moved"}})
-			if err != nil {
-				t.Fatal(err)
-			}
+				}}
+			src, dst, uri := blockMovers(t, drv)
 			// The source answers before the start (which runs in the
 			// transfer's goroutine).
-			if _, err := src.SendTransfer(ctxFor(t), api.TransferOutRequest{ID: id, LeaseID: "lease-m", Export: "x_lease-m", DestURI: in.URI}); err != nil {
-				t.Fatalf("send: %v", err)
-			}
-			select {
-			case err := <-aborted:
-				if err != nil {
-					t.Errorf("abort: %v", err)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatal("the abort did not return once the start was over")
+			startBlockMove(t, src, dst, id, 0, api.TransferOutRequest{})
+			if err := within(t, aborted, "the abort did not return once the start was over"); err != nil {
+				t.Errorf("abort: %v", err)
 			}
 			if st, err := src.Transfer(id); err == nil && st.State != api.TransferAborted {
 				t.Errorf("the source's transfer is %s, want aborted (or gone)", st.State)
 			}
-			// Served here as before, its writes not held.
-			c, err := nbd.DialURI(ctxFor(t), uri)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			if _, err := c.WriteAt(make([]byte, 4096), 0); err != nil {
-				t.Fatalf("a write after the abort: %v", err)
-			}
+			writesServed(t, uri, "the abort") // served here as before
 		})
 	}
 }
@@ -220,12 +194,10 @@ func (d flushedDest) Flush(ctx context.Context) error {
 // and a later abort of the "ready" transfer (the agent stopping, the
 // lease's teardown) closed its finish again: a panic.
 func TestAbortAsTheCopyEnds(t *testing.T) {
-	_, srv := newFakeCP(t)
 	const id = "e1"
-	var src *Agent
+	var src *Agent // the hook's, once started
 	aborted := make(chan api.Transfer, 1)
-	cfg := moveConfig(srv.URL, t.TempDir(), "src")
-	cfg.Drivers = map[api.Kind]Driver{api.KindBlock: flushingDriver{BlockDriver: NewBlockDriver(slog.New(slog.DiscardHandler)),
+	drv := flushingDriver{BlockDriver: NewBlockDriver(slog.New(slog.DiscardHandler)),
 		flushed: func(ctx context.Context) {
 			go func() {
 				st, err := src.AbortTransfer(context.WithoutCancel(ctx), id)
@@ -240,40 +212,16 @@ func TestAbortAsTheCopyEnds(t *testing.T) {
 				return
 			}
 			x.waitChange(ctx, api.TransferCopying)
-		}}}
-	src = start(t, cfg).a
-	dst := start(t, moveConfig(srv.URL, t.TempDir(), "dst")).a
-	uri := prepareBlock(t, src, "lease-m", 0, movePart)
-	in, err := dst.ReceiveTransfer(ctxFor(t), api.TransferInRequest{ID: id, Token: "tok_" + id,
-		Part: api.PrepareRequest{LeaseID: "lease-m", Kind: api.KindBlock, DeviceName: "disk0", Length: movePart,
-			Export: "x_lease-m.moved"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := src.SendTransfer(ctxFor(t), api.TransferOutRequest{ID: id, LeaseID: "lease-m", Export: "x_lease-m", DestURI: in.URI}); err != nil {
-		t.Fatal(err)
-	}
-	var st api.Transfer
-	select {
-	case st = <-aborted:
-	case <-ctxFor(t).Done():
-		t.Fatal("the abort did not return")
-	}
-	if st.State != api.TransferAborted {
+		}}
+	src, dst, uri := blockMovers(t, drv)
+	startBlockMove(t, src, dst, id, 0, api.TransferOutRequest{})
+	if st := within(t, aborted, "the abort did not return"); st.State != api.TransferAborted {
 		t.Fatalf("after the abort the transfer is %s, want aborted", st.State)
 	}
 	if st, _ := src.Transfer(id); st.State != api.TransferAborted {
 		t.Fatalf("the transfer is %s, want aborted", st.State)
 	}
-	// Served here as before, its writes not held.
-	c, err := nbd.DialURI(ctxFor(t), uri)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := c.WriteAt(make([]byte, 4096), 0); err != nil {
-		t.Fatalf("a write after the abort: %v", err)
-	}
+	writesServed(t, uri, "the abort") // served here as before
 }
 
 // TestReceiveCallerGaveUp: a TransferIn whose caller gave up (the control
@@ -293,20 +241,14 @@ func TestReceiveCallerGaveUp(t *testing.T) {
 	req := api.TransferInRequest{ID: "g1", Token: "tok_g1",
 		Part: api.PrepareRequest{LeaseID: "lease-m", DeviceName: "disk0", Length: movePart, Export: "x_new"}}
 
-	gone, cancel := context.WithCancel(ctxFor(t))
-	cancel()
-	if _, err := a.ReceiveTransfer(gone, req); !errors.Is(err, ErrGaveUp) {
+	if _, err := a.ReceiveTransfer(goneCtx(t), req); !errors.Is(err, ErrGaveUp) {
 		t.Fatalf("a TransferIn whose caller is gone: %v, want ErrGaveUp", err)
 	}
 	if _, err := a.Transfer(req.ID); !errors.Is(err, ErrNoTransfer) {
 		t.Errorf("the refused transfer is known: %v", err)
 	}
 
-	ctx, cancel := context.WithCancel(ctxFor(t))
-	defer cancel()
-	giveUp.Store(&cancel)
-	_, err := a.ReceiveTransfer(ctx, req)
-	giveUp.Store(nil)
+	_, err := givingUp(t, &giveUp, func(ctx context.Context) (api.TransferInResponse, error) { return a.ReceiveTransfer(ctx, req) })
 	if !errors.Is(err, ErrGaveUp) {
 		t.Fatalf("a TransferIn whose caller gave up meanwhile: %v, want ErrGaveUp", err)
 	}

@@ -13,8 +13,6 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/clock"
-	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
-	memclient "github.com/rialto-project/rialto/internal/dataplane/memory/client"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 )
 
@@ -37,21 +35,8 @@ func TestSendTransferAnswersWhileAWriteArrives(t *testing.T) {
 	srcDonor.Clock = clock.NewFake(time.Unix(1e9, 0)) // the wait's bounds never pass
 	const export = "x_lease-s"
 	part := api.PrepareRequest{LeaseID: "lease-s", Kind: api.KindMemory, DeviceName: "mem0", Length: size, Export: export}
-	resp, err := src.Prepare(ctx, part)
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr, cred := memoryTarget(t, resp.URI)
-	mc, err := memclient.Dial(ctx, addr, cred, memclient.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mc.Close()
-	conn, err := mc.Join(ctx, protocol.KindSync)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	mc, _, cred := dialMemory(t, src, part)
+	conn := joinSync(t, mc)
 	payload := bytes.Repeat([]byte{0xAB}, n)
 	frame := make([]byte, protocol.HeaderSize, protocol.HeaderSize+sent)
 	(&protocol.Header{Op: protocol.OpWrite, Seq: 1, Offset: off, Length: n, Payload: n}).Encode(frame)
@@ -124,33 +109,13 @@ func TestSendTransferAnswersWhileAWriteArrives(t *testing.T) {
 // transfer's state, which the control plane follows: failed, with the
 // error; the part is served here as before, its writes not held.
 func TestSendTransferStartFails(t *testing.T) {
-	_, srv := newFakeCP(t)
 	const id = "f1"
-	cfg := moveConfig(srv.URL, t.TempDir(), "src")
-	cfg.Drivers = map[api.Kind]Driver{api.KindBlock: sendingDriver{BlockDriver: NewBlockDriver(slog.New(slog.DiscardHandler)),
-		sending: func(context.Context) error { return errors.New("the writes cannot be marked") }}}
-	src := start(t, cfg).a
-	dst := start(t, moveConfig(srv.URL, t.TempDir(), "dst")).a
-	uri := prepareBlock(t, src, "lease-m", 0, movePart)
-	in, err := dst.ReceiveTransfer(ctxFor(t), api.TransferInRequest{ID: id, Token: "tok_" + id,
-		Part: api.PrepareRequest{LeaseID: "lease-m", Kind: api.KindBlock, DeviceName: "disk0", Length: movePart,
-			Export: "x_lease-m.moved"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := src.SendTransfer(ctxFor(t), api.TransferOutRequest{ID: id, LeaseID: "lease-m", Export: "x_lease-m", DestURI: in.URI}); err != nil {
-		t.Fatalf("SendTransfer: %v (the start's failure belongs in the transfer's state)", err)
-	}
+	src, dst, uri := blockMovers(t, sendingDriver{BlockDriver: NewBlockDriver(slog.New(slog.DiscardHandler)),
+		sending: func(context.Context) error { return errors.New("the writes cannot be marked") }})
+	startBlockMove(t, src, dst, id, 0, api.TransferOutRequest{})
 	st := waitTransfer(t, src, id, api.TransferFailed)
 	if !strings.Contains(st.Error, "the writes cannot be marked") {
 		t.Errorf("the failed transfer says %q", st.Error)
 	}
-	c, err := nbd.DialURI(ctxFor(t), uri)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := c.WriteAt(make([]byte, 4096), 0); err != nil {
-		t.Fatalf("a write after the failed start: %v", err)
-	}
+	writesServed(t, uri, "the failed start") // served here as before
 }

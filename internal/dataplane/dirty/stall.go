@@ -59,6 +59,24 @@ type Stall struct {
 	Clock clock.Clock
 }
 
+// WritersIn returns a [Stall.Writers] for a range whose writers are the
+// keys of *set, which mu guards (*set may be nil): each call lists them
+// under mu.
+func WritersIn[W interface {
+	Writer
+	comparable
+}](mu sync.Locker, set *map[W]struct{}) func() []Writer {
+	return func() []Writer {
+		mu.Lock()
+		defer mu.Unlock()
+		ws := make([]Writer, 0, len(*set))
+		for w := range *set {
+			ws = append(ws, w)
+		}
+		return ws
+	}
+}
+
 // checksPerWait is how many times per Stall.Wait the writers are looked
 // at: a writer is stopped after Wait to Wait·(1+1/checksPerWait) without
 // payload.

@@ -237,3 +237,27 @@ func TestTrackWithin(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestWritersIn: the listing is the set's at each call, a writer added or
+// removed since it was made seen, and an empty one while the set is nil.
+func TestWritersIn(t *testing.T) {
+	var mu sync.Mutex
+	var set map[*testWriter]struct{}
+	list := WritersIn(&mu, &set)
+	if ws := list(); len(ws) != 0 {
+		t.Fatalf("a nil set lists %v", ws)
+	}
+	a, b := &testWriter{}, &testWriter{}
+	mu.Lock()
+	set = map[*testWriter]struct{}{a: {}, b: {}}
+	mu.Unlock()
+	if ws := list(); len(ws) != 2 || ws[0] == ws[1] || (ws[0] != a && ws[0] != b) || (ws[1] != a && ws[1] != b) {
+		t.Fatalf("listed %v, want a and b", ws)
+	}
+	mu.Lock()
+	delete(set, a)
+	mu.Unlock()
+	if ws := list(); len(ws) != 1 || ws[0] != b {
+		t.Fatalf("listed %v after a left, want b", ws)
+	}
+}

@@ -123,6 +123,15 @@ func writeReq(b []byte, handle, off uint64, n int, flags uint16) []byte {
 // stream or of the connection (the server has not read it yet).
 func waitPeerEnd(t *testing.T, c *conn) {
 	t.Helper()
+	if err := pollPeerEnd(c); err != nil {
+		t.Fatalf("waiting for the client's end on the server's socket: %v", err)
+	}
+}
+
+// pollPeerEnd waits up to 20 s until c's socket shows the end of the
+// client's stream or of the connection; its error wraps net.ErrClosed if
+// the server has closed the socket.
+func pollPeerEnd(c *conn) error {
 	var perr error
 	err := c.peer.Control(func(fd uintptr) {
 		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
@@ -138,9 +147,7 @@ func waitPeerEnd(t *testing.T, c *conn) {
 			return
 		}
 	})
-	if err != nil || perr != nil {
-		t.Fatalf("waiting for the client's end on the server's socket: %v, %v", err, perr)
-	}
+	return errors.Join(err, perr)
 }
 
 // TestAbandonedWhileReaderWaits: with the only worker executing a write

@@ -8,8 +8,6 @@ import (
 	"slices"
 	"sync"
 	"testing"
-
-	"golang.org/x/sys/unix"
 )
 
 // offsetHeld holds the reads and writes at the offsets given to holdRead
@@ -148,27 +146,24 @@ func abandonEnds(network string) []string {
 // or of the connection, or the server has closed it (a failed send).
 func waitEnded(t *testing.T, c *conn) {
 	t.Helper()
-	var perr error
-	err := c.peer.Control(func(fd uintptr) {
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
-		for {
-			k, err := unix.Poll(fds, 20000)
-			if err == unix.EINTR {
-				continue
+	if err := pollPeerEnd(c); err != nil && !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("waiting for the client's end on the server's socket: %v", err)
+	}
+}
+
+// idleBlocked returns a testHookBlocked that hands over, once, the
+// connection whose reader waits with nothing to hand over (c.pending
+// nil): for payload budget or for the socket, the waits without a group.
+func idleBlocked() (hook func(*conn), blocked <-chan *conn) {
+	ch := make(chan *conn, 1)
+	return func(c *conn) {
+		if c.pending == nil {
+			select {
+			case ch <- c:
+			default:
 			}
-			if err == nil && k == 0 {
-				err = errors.New("timed out")
-			}
-			perr = err
-			return
 		}
-	})
-	if errors.Is(err, net.ErrClosed) {
-		return
-	}
-	if err != nil || perr != nil {
-		t.Fatalf("waiting for the client's end on the server's socket: %v, %v", err, perr)
-	}
+	}, ch
 }
 
 // TestAbandonedWhileReaderWaitsForBudget: a client sends writes of 64 MiB
@@ -203,21 +198,11 @@ func TestAbandonedWhileReaderWaitsForBudget(t *testing.T) {
 				disc := how == "disconnect"
 				b := newOffsetHeld(size)
 				g0, g1 := b.holdWrite(off0), b.holdWrite(off1)
-				blocked := make(chan *conn, 1)
+				// Waiting with nothing to hand over: for budget, the
+				// only wait here without a group.
+				hook, blocked := idleBlocked()
 				ended := make(chan struct{})
-				s := &Server{Workers: 2,
-					testHookBlocked: func(c *conn) {
-						// Waiting with nothing to hand over: for
-						// budget, the only wait here without a group.
-						if c.pending == nil {
-							select {
-							case blocked <- c:
-							default:
-							}
-						}
-					},
-					testHookEnded: func() { close(ended) },
-				}
+				s := &Server{Workers: 2, testHookBlocked: hook, testHookEnded: func() { close(ended) }}
 				if err := s.AddExport(Export{Name: testName, Backend: b}); err != nil {
 					t.Fatal(err)
 				}
@@ -288,17 +273,10 @@ func TestAbandonedWhileReaderWaitsForSocket(t *testing.T) {
 				disc := how == "disconnect"
 				b := newOffsetHeld(size + 1<<20)
 				g1 := b.holdWrite(off1)
-				blocked := make(chan *conn, 1)
-				s := &Server{Workers: 2, testHookBlocked: func(c *conn) {
-					// Waiting with nothing to hand over: for the
-					// socket, the only wait here without a group.
-					if c.pending == nil {
-						select {
-						case blocked <- c:
-						default:
-						}
-					}
-				}}
+				// Waiting with nothing to hand over: for the socket,
+				// the only wait here without a group.
+				hook, blocked := idleBlocked()
+				s := &Server{Workers: 2, testHookBlocked: hook}
 				if err := s.AddExport(Export{Name: testName, Backend: b}); err != nil {
 					t.Fatal(err)
 				}
@@ -398,15 +376,8 @@ func TestAbandonedAfterReaderWaitedForBudget(t *testing.T) {
 				b := newOffsetHeld(size)
 				gB, g0, g1 := b.holdWrite(offB), b.holdWrite(off0), b.holdWrite(off1)
 				gR2, gF := b.holdRead(offR2), b.holdFlush()
-				blocked := make(chan *conn, 1)
-				s := &Server{Workers: 2, testHookBlocked: func(c *conn) {
-					if c.pending == nil { // budget, the only wait here without a group
-						select {
-						case blocked <- c:
-						default:
-						}
-					}
-				}}
+				hook, blocked := idleBlocked() // budget, the only wait here without a group
+				s := &Server{Workers: 2, testHookBlocked: hook}
 				if err := s.AddExport(Export{Name: testName, Backend: readStarting{b}}); err != nil {
 					t.Fatal(err)
 				}

@@ -177,15 +177,7 @@ func (s *Server) moveWaitLimit() time.Duration {
 // whose write stalls are closed (conn.Stop), not the others.
 func (s *Server) stall(e *export) dirty.Stall {
 	return dirty.Stall{Wait: s.moveWait(), Limit: s.moveWaitLimit(), Clock: s.Clock,
-		Writers: func() []dirty.Writer {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			ws := make([]dirty.Writer, 0, len(e.conns))
-			for c := range e.conns {
-				ws = append(ws, c)
-			}
-			return ws
-		}}
+		Writers: dirty.WritersIn(&s.mu, &e.conns)}
 }
 
 // Writing implements dirty.Writer for a move's bounded wait: the writes

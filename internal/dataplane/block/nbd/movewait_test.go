@@ -287,6 +287,20 @@ func (w *withheld) trickle(t *testing.T, c *conn, fc *clock.Fake, t0 time.Time, 
 	return at
 }
 
+// startMove starts move (a moveKinds') of w's export and returns once it
+// waits on fc, the server's clock; the channel gets its outcome.
+func (w *withheld) startMove(t *testing.T, fc *clock.Fake, move func(ctx context.Context, s *Server, d *dirty.Map) error) <-chan error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	done := make(chan error, 1)
+	go func() { done <- move(ctx, w.s, dirty.New(withheldSize, 4096)) }()
+	if err := fc.BlockUntil(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	return done
+}
+
 // TestMoveWaitsWhileThePayloadArrives: a write whose payload arrives
 // slowly, a chunk every 3/4 of MoveWait, is waited for well past MoveWait
 // (the fake clock's): the move returns once it has completed, answered
@@ -300,15 +314,8 @@ func TestMoveWaitsWhileThePayloadArrives(t *testing.T) {
 				fc := clock.NewFake(t0)
 				const wait = time.Second
 				w := startWithheld(t, useTLS, &Server{MoveWait: wait, Clock: fc})
-				s := w.s
 				c := w.conn(t)
-				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				defer cancel()
-				done := make(chan error, 1)
-				go func() { done <- mk.move(ctx, s, dirty.New(withheldSize, 4096)) }()
-				if err := fc.BlockUntil(ctx, 1); err != nil {
-					t.Fatal(err)
-				}
+				done := w.startMove(t, fc, mk.move)
 				at := w.trickle(t, c, fc, t0, withheldSent, wait*3/4, 6*wait, done)
 				w.rc.write(w.payload[at:])
 				if err := <-done; err != nil {
@@ -321,7 +328,7 @@ func TestMoveWaitsWhileThePayloadArrives(t *testing.T) {
 				if !bytes.Equal(w.written(), w.payload) {
 					t.Error("the slow write is not in the file")
 				}
-				if err := s.EndMove(testName); err != nil {
+				if err := w.s.EndMove(testName); err != nil {
 					t.Fatal(err)
 				}
 			})
@@ -340,15 +347,8 @@ func TestMoveWaitLimit(t *testing.T) {
 				fc := clock.NewFake(t0)
 				const wait, limit = time.Second, 4 * time.Second
 				w := startWithheld(t, useTLS, &Server{MoveWait: wait, MoveWaitLimit: limit, Clock: fc})
-				s := w.s
 				c := w.conn(t)
-				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				defer cancel()
-				done := make(chan error, 1)
-				go func() { done <- mk.move(ctx, s, dirty.New(withheldSize, 4096)) }()
-				if err := fc.BlockUntil(ctx, 1); err != nil {
-					t.Fatal(err)
-				}
+				done := w.startMove(t, fc, mk.move)
 				at := w.trickle(t, c, fc, t0, withheldSent, wait*3/4, limit, done)
 				// One more chunk: the limit runs out within this step.
 				w.sendChunk(t, c, at, done)
@@ -360,7 +360,7 @@ func TestMoveWaitLimit(t *testing.T) {
 					t.Fatal(err)
 				}
 				w.stopped(t)
-				if err := s.EndMove(testName); err != nil {
+				if err := w.s.EndMove(testName); err != nil {
 					t.Fatal(err)
 				}
 			})

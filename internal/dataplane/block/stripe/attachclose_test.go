@@ -145,6 +145,25 @@ func TestCloseCoversWriteAnsweredAsItDrops(t *testing.T) {
 	}
 }
 
+// flushHeld starts a FLUSH on c and returns once it has taken a's
+// failure report (rep.flushed), where it holds until release is called:
+// flushed gets the FLUSH's outcome.
+func flushHeld(a *Attachment, c *nbd.Client) (flushed <-chan error, release func()) {
+	taken, rel := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	hook := func() {
+		once.Do(func() {
+			close(taken)
+			<-rel
+		})
+	}
+	a.rep.flushed.Store(&hook)
+	ch := make(chan error, 1)
+	go func() { ch <- c.Flush() }()
+	<-taken
+	return ch, func() { close(rel) }
+}
+
 // TestCloseReportsUntoldFlushReport: a FLUSH that takes a failure report
 // (a write-back failure, writes a lender's restart lost) just as the
 // attachment closes, whose reply then never reaches its client (the
@@ -164,18 +183,7 @@ func TestCloseReportsUntoldFlushReport(t *testing.T) {
 			} else {
 				a, c = answeredThenRestarted(t, false)
 			}
-			taken, release := make(chan struct{}), make(chan struct{})
-			var once sync.Once
-			hook := func() {
-				once.Do(func() {
-					close(taken)
-					<-release
-				})
-			}
-			a.rep.flushed.Store(&hook)
-			flushed := make(chan error, 1)
-			go func() { flushed <- c.Flush() }()
-			<-taken
+			flushed, release := flushHeld(a, c)
 			closed := make(chan error, 1)
 			go func() { closed <- a.Close() }()
 			// The connection ends before the FLUSH has its outcome.
@@ -183,7 +191,7 @@ func TestCloseReportsUntoldFlushReport(t *testing.T) {
 			if err := <-flushed; err == nil || errors.As(err, &ne) {
 				t.Fatalf("FLUSH as the attachment closed: %v, want the connection's end", err)
 			}
-			close(release)
+			release()
 			if err := <-closed; !errors.Is(err, tc.want) {
 				t.Fatalf("Close after a FLUSH's report was lost with its connection: %v, want %v", err, tc.want)
 			}
@@ -201,30 +209,11 @@ func TestFlushReportsUntoldReport(t *testing.T) {
 	a, hl := serveHeld(t, []string{l.uri}, true, false)
 	c1 := dialAttachment(t, a)
 	c2 := dialAttachment(t, a)
-	m.fail.Store(true)
-	rel := m.hold(t)
-	if _, err := c1.WriteAt(pattern(4096, 1), 0); err != nil {
-		t.Fatalf("plain write: %v (it is acknowledged before the lender answers)", err)
-	}
-	waitFor(t, "the write to reach the lender", func() bool { return m.in.Load() == 1 })
-	rel()
-	waitFor(t, "the lender's answer", func() bool { n, _ := a.wb.state(); return n == 0 })
-	m.fail.Store(false)
+	failWriteEarly(t, m, a, c1)
 
-	taken, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	hook := func() {
-		once.Do(func() {
-			close(taken)
-			<-release
-		})
-	}
-	a.rep.flushed.Store(&hook)
-	flushed := make(chan error, 1)
-	go func() { flushed <- c1.Flush() }()
-	<-taken
+	flushed, release := flushHeld(a, c1)
 	hl.conn(0).failWrites.Store(true) // c1's reply cannot be sent
-	close(release)
+	release()
 	var ne *nbd.Error
 	if err := <-flushed; err == nil || errors.As(err, &ne) {
 		t.Fatalf("FLUSH whose reply could not be sent: %v, want the connection's end", err)

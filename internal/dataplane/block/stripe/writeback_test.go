@@ -493,6 +493,16 @@ func failedEarlyWrite(t *testing.T) (*gatedMem, *Attachment, *nbd.Client) {
 	l := startLenderWith(t, m)
 	a := attach(t, AttachConfig{URIs: []string{l.uri}, WriteBack: true})
 	c := dialAttachment(t, a)
+	failWriteEarly(t, m, a, c)
+	return m, a, c
+}
+
+// failWriteEarly makes a plain write at 0 through c, to a (write-back)
+// whose only lender is m, that is acknowledged and then failed by the
+// lender, and returns with the lender healthy again and the failure not
+// yet reported.
+func failWriteEarly(t *testing.T, m *gatedMem, a *Attachment, c *nbd.Client) {
+	t.Helper()
 	m.fail.Store(true)
 	rel := m.hold(t)
 	if _, err := c.WriteAt(pattern(4096, 1), 0); err != nil {
@@ -502,7 +512,6 @@ func failedEarlyWrite(t *testing.T) (*gatedMem, *Attachment, *nbd.Client) {
 	rel()
 	waitFor(t, "the lender's answer", func() bool { n, _ := a.wb.state(); return n == 0 })
 	m.fail.Store(false)
-	return m, a, c
 }
 
 // TestWriteBackFUAKeepsFailure: a FUA write after an acknowledged write

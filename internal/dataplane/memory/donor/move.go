@@ -172,15 +172,7 @@ func (d *Donor) refusalWaitLimit() time.Duration {
 // whose write stalls are closed (writer.Stop), not the others.
 func (d *Donor) stall(r *region) dirty.Stall {
 	return dirty.Stall{Wait: d.refusalWait(), Limit: d.refusalWaitLimit(), Clock: d.Clock,
-		Writers: func() []dirty.Writer {
-			d.mu.Lock()
-			defer d.mu.Unlock()
-			ws := make([]dirty.Writer, 0, len(r.writers))
-			for w := range r.writers {
-				ws = append(ws, w)
-			}
-			return ws
-		}}
+		Writers: dirty.WritersIn(&d.mu, &r.writers)}
 }
 
 // writer is the handler of one of a region's data connections as a

@@ -41,6 +41,17 @@ var stallKinds = []struct {
 
 const stallSize, stallOff, stallLen, stallSent = 1 << 20, 5 * 4096, 4096, 100
 
+// eachStall runs f as a subtest for each move (stallMoves, mv its index)
+// and kind of data connection (stallKinds), with a dirty map m of the
+// region's size.
+func eachStall(t *testing.T, f func(t *testing.T, mv int, kind uint8, m *dirty.Map)) {
+	for mv, mk := range stallMoves {
+		for _, k := range stallKinds {
+			t.Run(mk.name+"/"+k.name, func(t *testing.T) { f(t, mv, k.kind, dirty.New(stallSize, 4096)) })
+		}
+	}
+}
+
 // stalledWrite is withheldWrite of stallLen bytes at stallOff, with
 // stallSent sent, after mv's before.
 func stalledWrite(t *testing.T, kind uint8, mv int, m *dirty.Map, setup func(*Donor)) (d *Donor, addr string, ctrl, c net.Conn, sess uint64) {
@@ -104,54 +115,49 @@ func request(t *testing.T, c net.Conn, h protocol.Header, payload []byte) (uint1
 // until it is lifted (or, while the move tracks, marked). It ended the
 // whole session.
 func TestMoveClosesOnlyTheWithholdingConnection(t *testing.T) {
-	for mv, mk := range stallMoves {
-		for _, k := range stallKinds {
-			kind := k.kind
-			t.Run(mk.name+"/"+k.name, func(t *testing.T) {
-				m := dirty.New(stallSize, 4096)
-				d, addr, ctrl, c, sess := stalledWrite(t, kind, mv, m, nil)
-				other, _ := dialHello(t, addr, kind, sess, testCred)
-				defer other.Close()
-				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-				defer cancel()
-				if err := mk.move(ctx, d, m); err != nil {
-					t.Fatal(err)
-				}
-				sendRestUnanswered(t, c, stallLen-stallSent)
-
-				if st, _ := request(t, ctrl, protocol.Header{Op: protocol.OpPing, Seq: 7}, nil); st != protocol.StatusOK {
-					t.Errorf("PING on the session's control connection: status %d", st)
-				}
-				st, data := request(t, other, protocol.Header{Op: protocol.OpRead, Seq: 8, Offset: stallOff, Length: stallLen}, nil)
-				if st != protocol.StatusOK || len(data) != stallLen {
-					t.Fatalf("READ on the session's other connection: status %d, %d bytes", st, len(data))
-				}
-				const off2 = 8 * 4096
-				payload := bytes.Repeat([]byte{0x5A}, 4096)
-				if mk.name == "PauseWrites" {
-					send(t, other, protocol.Header{Op: protocol.OpWrite, Seq: 9, Offset: off2, Length: 4096}, payload)
-					poll(t, "the other connection's write to be held", func() bool { return d.Waiting(testCred) == 1 })
-					if err := d.ResumeWrites(testCred); err != nil {
-						t.Fatal(err)
-					}
-					if st, _, err := answer(other); err != nil || st != protocol.StatusOK {
-						t.Fatalf("the other connection's held WRITE: status %d, %v", st, err)
-					}
-				} else {
-					if st, _ := request(t, other, protocol.Header{Op: protocol.OpWrite, Seq: 9, Offset: off2, Length: 4096}, payload); st != protocol.StatusOK {
-						t.Fatalf("the other connection's WRITE: status %d", st)
-					}
-					if r := m.Take(); len(r) == 0 || r[len(r)-1] != (dirty.Range{Off: off2, Len: 4096}) {
-						t.Errorf("dirty = %v, want the other connection's write last", r)
-					}
-				}
-				got := make([]byte, len(payload))
-				if _, err := d.ReadRegion(testCred, got, off2); err != nil || !bytes.Equal(got, payload) {
-					t.Errorf("the other connection's write is not in the region (%v)", err)
-				}
-			})
+	eachStall(t, func(t *testing.T, mv int, kind uint8, m *dirty.Map) {
+		mk := stallMoves[mv]
+		d, addr, ctrl, c, sess := stalledWrite(t, kind, mv, m, nil)
+		other, _ := dialHello(t, addr, kind, sess, testCred)
+		defer other.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := mk.move(ctx, d, m); err != nil {
+			t.Fatal(err)
 		}
-	}
+		sendRestUnanswered(t, c, stallLen-stallSent)
+
+		if st, _ := request(t, ctrl, protocol.Header{Op: protocol.OpPing, Seq: 7}, nil); st != protocol.StatusOK {
+			t.Errorf("PING on the session's control connection: status %d", st)
+		}
+		st, data := request(t, other, protocol.Header{Op: protocol.OpRead, Seq: 8, Offset: stallOff, Length: stallLen}, nil)
+		if st != protocol.StatusOK || len(data) != stallLen {
+			t.Fatalf("READ on the session's other connection: status %d, %d bytes", st, len(data))
+		}
+		const off2 = 8 * 4096
+		payload := bytes.Repeat([]byte{0x5A}, 4096)
+		if mk.name == "PauseWrites" {
+			send(t, other, protocol.Header{Op: protocol.OpWrite, Seq: 9, Offset: off2, Length: 4096}, payload)
+			poll(t, "the other connection's write to be held", func() bool { return d.Waiting(testCred) == 1 })
+			if err := d.ResumeWrites(testCred); err != nil {
+				t.Fatal(err)
+			}
+			if st, _, err := answer(other); err != nil || st != protocol.StatusOK {
+				t.Fatalf("the other connection's held WRITE: status %d, %v", st, err)
+			}
+		} else {
+			if st, _ := request(t, other, protocol.Header{Op: protocol.OpWrite, Seq: 9, Offset: off2, Length: 4096}, payload); st != protocol.StatusOK {
+				t.Fatalf("the other connection's WRITE: status %d", st)
+			}
+			if r := m.Take(); len(r) == 0 || r[len(r)-1] != (dirty.Range{Off: off2, Len: 4096}) {
+				t.Errorf("dirty = %v, want the other connection's write last", r)
+			}
+		}
+		got := make([]byte, len(payload))
+		if _, err := d.ReadRegion(testCred, got, off2); err != nil || !bytes.Equal(got, payload) {
+			t.Errorf("the other connection's write is not in the region (%v)", err)
+		}
+	})
 }
 
 // busyWriter is the handler of the region's data connection with a write
@@ -237,42 +243,31 @@ func startTrickle(t *testing.T, d *Donor, c net.Conn, fc *clock.Fake, t0 time.Ti
 // RefusalWait, as on a withheld one.
 func TestMoveWaitsWhileThePayloadArrives(t *testing.T) {
 	const wait = time.Second
-	for mv, mk := range stallMoves {
-		for _, k := range stallKinds {
-			kind := k.kind
-			t.Run(mk.name+"/"+k.name, func(t *testing.T) {
-				t0 := time.Unix(1e9, 0)
-				fc := clock.NewFake(t0)
-				m := dirty.New(stallSize, 4096)
-				d, _, _, c, _ := stalledWrite(t, kind, mv, m, func(d *Donor) { d.RefusalWait, d.Clock = wait, fc })
-				tr := startTrickle(t, d, c, fc, t0, mv, m)
-				tr.until(wait*3/4, 6*wait)
-				if _, err := c.Write(bytes.Repeat([]byte{0xAB}, stallLen-tr.at)); err != nil {
-					t.Fatal(err)
-				}
-				if err := <-tr.done; err != nil {
-					t.Fatal(err)
-				}
-				var hdr [protocol.HeaderSize]byte
-				_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-				if _, err := io.ReadFull(c, hdr[:]); err != nil {
-					t.Fatalf("the slow write was not answered: %v", err)
-				}
-				if st := binary.BigEndian.Uint16(hdr[6:]); st != protocol.StatusOK {
-					t.Fatalf("the slow write: status %d", st)
-				}
-				got := make([]byte, stallLen)
-				if _, err := d.ReadRegion(testCred, got, stallOff); err != nil || !bytes.Equal(got, bytes.Repeat([]byte{0xAB}, stallLen)) {
-					t.Errorf("the slow write is not in the region (%v)", err)
-				}
-				if mk.name == "PauseWrites" {
-					if r := m.Take(); len(r) != 1 || r[0] != (dirty.Range{Off: stallOff, Len: stallLen}) {
-						t.Errorf("dirty = %v, want the slow write's range", r)
-					}
-				}
-			})
+	eachStall(t, func(t *testing.T, mv int, kind uint8, m *dirty.Map) {
+		t0 := time.Unix(1e9, 0)
+		fc := clock.NewFake(t0)
+		d, _, _, c, _ := stalledWrite(t, kind, mv, m, func(d *Donor) { d.RefusalWait, d.Clock = wait, fc })
+		tr := startTrickle(t, d, c, fc, t0, mv, m)
+		tr.until(wait*3/4, 6*wait)
+		if _, err := c.Write(bytes.Repeat([]byte{0xAB}, stallLen-tr.at)); err != nil {
+			t.Fatal(err)
 		}
-	}
+		if err := <-tr.done; err != nil {
+			t.Fatal(err)
+		}
+		if st, _, err := answer(c); err != nil || st != protocol.StatusOK {
+			t.Fatalf("the slow write's answer: status %d, %v", st, err)
+		}
+		got := make([]byte, stallLen)
+		if _, err := d.ReadRegion(testCred, got, stallOff); err != nil || !bytes.Equal(got, bytes.Repeat([]byte{0xAB}, stallLen)) {
+			t.Errorf("the slow write is not in the region (%v)", err)
+		}
+		if stallMoves[mv].name == "PauseWrites" {
+			if r := m.Take(); len(r) != 1 || r[0] != (dirty.Range{Off: stallOff, Len: stallLen}) {
+				t.Errorf("dirty = %v, want the slow write's range", r)
+			}
+		}
+	})
 }
 
 // TestMoveWaitLimit: a WRITE whose payload trickles in is waited for up
@@ -280,43 +275,37 @@ func TestMoveWaitsWhileThePayloadArrives(t *testing.T) {
 // of its payload never lands.
 func TestMoveWaitLimit(t *testing.T) {
 	const wait, limit = time.Second, 4 * time.Second
-	for mv, mk := range stallMoves {
-		for _, k := range stallKinds {
-			kind := k.kind
-			t.Run(mk.name+"/"+k.name, func(t *testing.T) {
-				t0 := time.Unix(1e9, 0)
-				fc := clock.NewFake(t0)
-				m := dirty.New(stallSize, 4096)
-				d, _, _, c, _ := stalledWrite(t, kind, mv, m, func(d *Donor) {
-					d.RefusalWait, d.RefusalWaitLimit, d.Clock = wait, limit, fc
-				})
-				tr := startTrickle(t, d, c, fc, t0, mv, m)
-				tr.until(wait*3/4, limit)
-				// One more chunk: the limit runs out within this step.
-				tr.chunk()
-				fc.Advance(wait * 3 / 4)
-				if fc.Since(t0) < limit {
-					t.Fatalf("the fake clock is at %v, before the limit", fc.Since(t0))
-				}
-				if err := <-tr.done; err != nil {
-					t.Fatal(err)
-				}
-				snap := make([]byte, stallLen)
-				if _, err := d.ReadRegion(testCred, snap, stallOff); err != nil {
-					t.Fatal(err)
-				}
-				sendRestUnanswered(t, c, stallLen-tr.at)
-				if err := d.SuspendRegion(testCred); err != nil { // waits for the handlers
-					t.Fatal(err)
-				}
-				got := make([]byte, stallLen)
-				if _, err := d.ReadRegion(testCred, got, stallOff); err != nil {
-					t.Fatal(err)
-				}
-				if !bytes.Equal(got, snap) {
-					t.Error("the slow write landed after the move stopped it")
-				}
-			})
+	eachStall(t, func(t *testing.T, mv int, kind uint8, m *dirty.Map) {
+		t0 := time.Unix(1e9, 0)
+		fc := clock.NewFake(t0)
+		d, _, _, c, _ := stalledWrite(t, kind, mv, m, func(d *Donor) {
+			d.RefusalWait, d.RefusalWaitLimit, d.Clock = wait, limit, fc
+		})
+		tr := startTrickle(t, d, c, fc, t0, mv, m)
+		tr.until(wait*3/4, limit)
+		// One more chunk: the limit runs out within this step.
+		tr.chunk()
+		fc.Advance(wait * 3 / 4)
+		if fc.Since(t0) < limit {
+			t.Fatalf("the fake clock is at %v, before the limit", fc.Since(t0))
 		}
-	}
+		if err := <-tr.done; err != nil {
+			t.Fatal(err)
+		}
+		snap := make([]byte, stallLen)
+		if _, err := d.ReadRegion(testCred, snap, stallOff); err != nil {
+			t.Fatal(err)
+		}
+		sendRestUnanswered(t, c, stallLen-tr.at)
+		if err := d.SuspendRegion(testCred); err != nil { // waits for the handlers
+			t.Fatal(err)
+		}
+		got := make([]byte, stallLen)
+		if _, err := d.ReadRegion(testCred, got, stallOff); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, snap) {
+			t.Error("the slow write landed after the move stopped it")
+		}
+	})
 }
