@@ -1057,8 +1057,15 @@ func (a *Agent) dropIncoming(ctx context.Context, t *transfer) error {
 // already point at the destination): torn down, it is committed — the
 // export retired, torn down and wiped, as the teardown would anyway;
 // stopped at expiry (teardown false), it is left to the control plane.
+// Stopped at expiry, only the moves from here are aborted: a part moving
+// here serves the borrower nothing until its commit (which brings the
+// lease's expiry), and its own expiry bounds it; aborting it would hold
+// the stop back for the wipe of its range.
 func (a *Agent) abortLeaseTransfers(ctx context.Context, leaseID, why string, teardown bool) {
 	for _, t := range a.xfers.list() {
+		if !teardown && t.role != "out" {
+			continue
+		}
 		st := t.status()
 		if st.LeaseID != leaseID || st.Done() {
 			continue
