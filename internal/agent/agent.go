@@ -470,16 +470,15 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	// The first round confirms (serves) or tears down the restored
-	// exports; the ports of those it did not serve are let go after it.
-	if err := a.Heartbeat(ctx); err != nil && ctx.Err() == nil {
-		a.log.Warn("heartbeat failed", "err", err)
-	}
-	a.reserved.releaseAll()
-	close(a.ready)
-	a.log.Info("agent ready", "node", a.NodeID(), "url", a.AgentURL())
-
-	a.heartbeatLoop(ctx)
+	// The loop's first round confirms (serves) or tears down the
+	// restored exports; the ports of those it did not serve are let go
+	// after it. The loop stops exports at their expiry meanwhile too (the
+	// control plane prepares on a node it has answered the join of).
+	a.heartbeatLoop(ctx, func() {
+		a.reserved.releaseAll()
+		close(a.ready)
+		a.log.Info("agent ready", "node", a.NodeID(), "url", a.AgentURL())
+	})
 	return nil
 }
 
@@ -730,10 +729,12 @@ func (a *Agent) heartbeatInterval() time.Duration {
 	return a.interval
 }
 
-// heartbeatLoop runs the heartbeat rounds after Run's first, each on a
-// goroutine of its own, one at a time (the loop waits for the last before
-// it returns), and stops serving exports at their known expiry:
+// heartbeatLoop runs the heartbeat rounds, each on a goroutine of its
+// own, one at a time (the loop waits for the last before it returns), and
+// stops serving exports at their known expiry:
 //
+//   - a round at once (Run's first: firstDone is called once it has
+//     ended, or as the loop returns);
 //   - a round every heartbeat interval, timed from the end of the last;
 //   - a round expiryAskAhead before the earliest known expiry of a served
 //     export, unless one began since then, so that a renewal the control
@@ -750,10 +751,10 @@ func (a *Agent) heartbeatInterval() time.Duration {
 // known expiry of a served export before the one it planned for (a
 // prepare, an answer that shortens a lease) wakes it to plan again
 // (exportsChangedLocked), as does an incoming transfer.
-func (a *Agent) heartbeatLoop(ctx context.Context) {
+func (a *Agent) heartbeatLoop(ctx context.Context, firstDone func()) {
 	var (
 		done    chan struct{} // closed when the round under way ends; nil: none
-		again   bool          // a round is wanted once the one under way ends
+		again   = true        // a round is wanted once the one under way ends
 		beatDue bool          // the interval since the last round has passed
 		began   time.Time     // when the last round began
 	)
@@ -765,6 +766,9 @@ func (a *Agent) heartbeatLoop(ctx context.Context) {
 		beat.Stop()
 		if done != nil {
 			<-done
+		}
+		if firstDone != nil {
+			firstDone()
 		}
 	}()
 	for {
@@ -830,6 +834,10 @@ func (a *Agent) heartbeatLoop(ctx context.Context) {
 		case <-done:
 			done = nil
 			beat.Reset(a.heartbeatInterval())
+			if firstDone != nil {
+				firstDone()
+				firstDone = nil
+			}
 		}
 		if t != nil {
 			t.Stop()

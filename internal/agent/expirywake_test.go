@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"log/slog"
+	"net/http"
 	"testing"
 	"time"
 
@@ -194,4 +195,59 @@ func TestExpiryAskedAhead(t *testing.T) {
 	if !served(t, resp.URI) {
 		t.Fatal("not served once renewed")
 	}
+}
+
+// TestExpiryDuringFirstRound: an export prepared while the agent's first
+// heartbeat round (Run's, before it is ready) is under way stops being
+// served at its known expiry, however long that round lasts. Nothing
+// stopped it before the round ended: the heartbeat loop began after it.
+func TestExpiryDuringFirstRound(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	drv := newNoticingDriver(clk)
+	cfg := testConfig(srv.URL, t.TempDir())
+	cfg.Clock = clk
+	cfg.Drivers = map[api.Kind]Driver{api.KindBlock: drv}
+	cfg.HTTPClient = &http.Client{} // the round lasts as long as the control plane holds it
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, answer := holdNextBeat(cp)
+	answered := false
+	defer func() {
+		if !answered {
+			close(answer)
+		}
+	}()
+	ctx, cancel := context.WithCancel(ctxFor(t))
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := within(t, done, "the agent did not stop"); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	within(t, in, "the agent's first heartbeat did not come")
+
+	exp := clk.Now().Add(30 * time.Second)
+	resp, err := a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindBlock, DeviceName: "disk0",
+		Length: leaseSize, Export: "x_lease-a", ExpiresAt: exp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !served(t, resp.URI) {
+		t.Fatal("not served before its known expiry")
+	}
+	clk.Advance(exp.Sub(clk.Now()))
+	if at := within(t, drv.stopped, "still served past its known expiry while the first heartbeat round was under way"); !at.Equal(exp) {
+		t.Fatalf("stopped at %v, its known expiry is %v", at, exp)
+	}
+	if served(t, resp.URI) {
+		t.Fatal("served past its known expiry")
+	}
+	close(answer)
+	answered = true
+	within(t, a.Ready(), "the agent was not ready once its first round ended")
 }
