@@ -80,6 +80,11 @@ type Agent struct {
 
 	xfers transfers // parts moving to or from here (transfer.go)
 
+	// calls are the calls to the control plane under way that
+	// untilExpiryRound bounds: an earlier expiry learned meanwhile
+	// brings their bound earlier (exportsChangedLocked).
+	calls map[*callBound]struct{}
+
 	// wake wakes the heartbeat loop to plan again (buffer 1: a signal
 	// sent while one is pending is the same).
 	wake chan struct{}
@@ -952,21 +957,70 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 
 // untilExpiryRound bounds a call to the control plane to end
 // expiryRoundTimeout after the earliest known expiry of a served export
-// (on the agent's clock). The heartbeat loop stops serving the export at
+// (on the agent's clock), or after the call began if that expiry had
+// passed by then. The heartbeat loop stops serving the export at
 // that expiry whatever the call, and asks the control plane again once the
 // round under way ends: a control plane that stopped answering in the
 // middle of a round (or of a join) holds that back no longer than this.
+//
+// The bound follows the expiries learned while the call is under way: an
+// export prepared meanwhile whose expiry is earlier than the one known
+// when the call began (or the first one) brings it earlier.
 func (a *Agent) untilExpiryRound(ctx context.Context) (context.Context, context.CancelFunc) {
-	next, ok := a.nextExpiry()
-	if !ok {
-		return ctx, func() {}
-	}
 	ctx, cancel := context.WithCancel(ctx)
-	t := a.clock.AfterFunc(max(next.Sub(a.clock.Now()), 0)+expiryRoundTimeout, cancel)
+	b := &callBound{cancel: cancel, start: a.clock.Now()}
+	a.mu.Lock()
+	if a.calls == nil {
+		a.calls = map[*callBound]struct{}{}
+	}
+	a.calls[b] = struct{}{}
+	a.boundCallLocked(b)
+	a.mu.Unlock()
 	return ctx, func() {
-		t.Stop()
+		a.mu.Lock()
+		delete(a.calls, b)
+		if b.t != nil {
+			b.t.Stop()
+		}
+		a.mu.Unlock()
 		cancel()
 	}
+}
+
+// callBound is a call to the control plane that untilExpiryRound bounds.
+type callBound struct {
+	cancel context.CancelFunc // gives the call up
+	start  time.Time          // when the call began
+	t      clock.Timer        // calls cancel at at (nil: no bound yet)
+	at     time.Time
+}
+
+// boundCallLocked makes b's call end expiryRoundTimeout after the
+// earliest known expiry of a served export (or after the call began, if
+// that expiry had passed by then), if that is earlier than its bound so
+// far; a.mu is held.
+func (a *Agent) boundCallLocked(b *callBound) {
+	next, ok := a.nextExpiryLocked()
+	if !ok {
+		return
+	}
+	at := maxTime(next, b.start).Add(expiryRoundTimeout)
+	if b.t != nil {
+		if !at.Before(b.at) {
+			return
+		}
+		b.t.Stop()
+	}
+	b.at = at
+	b.t = a.clock.AfterFunc(max(at.Sub(a.clock.Now()), 0), b.cancel)
+}
+
+// maxTime is the later of x and y.
+func maxTime(x, y time.Time) time.Time {
+	if x.After(y) {
+		return x
+	}
+	return y
 }
 
 // PauseHeartbeats sets Faults.PauseHeartbeats and, when pausing, waits
