@@ -827,7 +827,7 @@ func (a *Agent) heartbeatLoop(ctx context.Context, firstDone func()) {
 		var timer <-chan time.Time
 		var t clock.Timer
 		if !at.IsZero() {
-			t = a.clock.NewTimer(max(at.Sub(a.clock.Now()), 0))
+			t = clock.TimerAt(a.clock, at)
 			timer = t.C()
 		}
 		select {
@@ -1012,7 +1012,7 @@ func (a *Agent) boundCallLocked(b *callBound) {
 		b.t.Stop()
 	}
 	b.at = at
-	b.t = a.clock.AfterFunc(max(at.Sub(a.clock.Now()), 0), b.cancel)
+	b.t = clock.AfterFuncAt(a.clock, at, b.cancel)
 }
 
 // maxTime is the later of x and y.
