@@ -80,6 +80,11 @@ type Agent struct {
 
 	xfers transfers // parts moving to or from here (transfer.go)
 
+	// calls are the calls to the control plane under way that
+	// untilExpiryRound bounds: an earlier expiry learned meanwhile
+	// brings their bound earlier (exportsChangedLocked).
+	calls map[*callBound]struct{}
+
 	// wake wakes the heartbeat loop to plan again (buffer 1: a signal
 	// sent while one is pending is the same).
 	wake chan struct{}
@@ -470,16 +475,15 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	// The first round confirms (serves) or tears down the restored
-	// exports; the ports of those it did not serve are let go after it.
-	if err := a.Heartbeat(ctx); err != nil && ctx.Err() == nil {
-		a.log.Warn("heartbeat failed", "err", err)
-	}
-	a.reserved.releaseAll()
-	close(a.ready)
-	a.log.Info("agent ready", "node", a.NodeID(), "url", a.AgentURL())
-
-	a.heartbeatLoop(ctx)
+	// The loop's first round confirms (serves) or tears down the
+	// restored exports; the ports of those it did not serve are let go
+	// after it. The loop stops exports at their expiry meanwhile too (the
+	// control plane prepares on a node it has answered the join of).
+	a.heartbeatLoop(ctx, func() {
+		a.reserved.releaseAll()
+		close(a.ready)
+		a.log.Info("agent ready", "node", a.NodeID(), "url", a.AgentURL())
+	})
 	return nil
 }
 
@@ -730,10 +734,12 @@ func (a *Agent) heartbeatInterval() time.Duration {
 	return a.interval
 }
 
-// heartbeatLoop runs the heartbeat rounds after Run's first, each on a
-// goroutine of its own, one at a time (the loop waits for the last before
-// it returns), and stops serving exports at their known expiry:
+// heartbeatLoop runs the heartbeat rounds, each on a goroutine of its
+// own, one at a time (the loop waits for the last before it returns), and
+// stops serving exports at their known expiry:
 //
+//   - a round at once (Run's first: firstDone is called once it has
+//     ended, or as the loop returns);
 //   - a round every heartbeat interval, timed from the end of the last;
 //   - a round expiryAskAhead before the earliest known expiry of a served
 //     export, unless one began since then, so that a renewal the control
@@ -750,10 +756,10 @@ func (a *Agent) heartbeatInterval() time.Duration {
 // known expiry of a served export before the one it planned for (a
 // prepare, an answer that shortens a lease) wakes it to plan again
 // (exportsChangedLocked), as does an incoming transfer.
-func (a *Agent) heartbeatLoop(ctx context.Context) {
+func (a *Agent) heartbeatLoop(ctx context.Context, firstDone func()) {
 	var (
 		done    chan struct{} // closed when the round under way ends; nil: none
-		again   bool          // a round is wanted once the one under way ends
+		again   = true        // a round is wanted once the one under way ends
 		beatDue bool          // the interval since the last round has passed
 		began   time.Time     // when the last round began
 	)
@@ -765,6 +771,9 @@ func (a *Agent) heartbeatLoop(ctx context.Context) {
 		beat.Stop()
 		if done != nil {
 			<-done
+		}
+		if firstDone != nil {
+			firstDone()
 		}
 	}()
 	for {
@@ -818,7 +827,7 @@ func (a *Agent) heartbeatLoop(ctx context.Context) {
 		var timer <-chan time.Time
 		var t clock.Timer
 		if !at.IsZero() {
-			t = a.clock.NewTimer(max(at.Sub(a.clock.Now()), 0))
+			t = clock.TimerAt(a.clock, at)
 			timer = t.C()
 		}
 		select {
@@ -830,6 +839,10 @@ func (a *Agent) heartbeatLoop(ctx context.Context) {
 		case <-done:
 			done = nil
 			beat.Reset(a.heartbeatInterval())
+			if firstDone != nil {
+				firstDone()
+				firstDone = nil
+			}
 		}
 		if t != nil {
 			t.Stop()
@@ -944,21 +957,70 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 
 // untilExpiryRound bounds a call to the control plane to end
 // expiryRoundTimeout after the earliest known expiry of a served export
-// (on the agent's clock). The heartbeat loop stops serving the export at
+// (on the agent's clock), or after the call began if that expiry had
+// passed by then. The heartbeat loop stops serving the export at
 // that expiry whatever the call, and asks the control plane again once the
 // round under way ends: a control plane that stopped answering in the
 // middle of a round (or of a join) holds that back no longer than this.
+//
+// The bound follows the expiries learned while the call is under way: an
+// export prepared meanwhile whose expiry is earlier than the one known
+// when the call began (or the first one) brings it earlier.
 func (a *Agent) untilExpiryRound(ctx context.Context) (context.Context, context.CancelFunc) {
-	next, ok := a.nextExpiry()
-	if !ok {
-		return ctx, func() {}
-	}
 	ctx, cancel := context.WithCancel(ctx)
-	t := a.clock.AfterFunc(max(next.Sub(a.clock.Now()), 0)+expiryRoundTimeout, cancel)
+	b := &callBound{cancel: cancel, start: a.clock.Now()}
+	a.mu.Lock()
+	if a.calls == nil {
+		a.calls = map[*callBound]struct{}{}
+	}
+	a.calls[b] = struct{}{}
+	a.boundCallLocked(b)
+	a.mu.Unlock()
 	return ctx, func() {
-		t.Stop()
+		a.mu.Lock()
+		delete(a.calls, b)
+		if b.t != nil {
+			b.t.Stop()
+		}
+		a.mu.Unlock()
 		cancel()
 	}
+}
+
+// callBound is a call to the control plane that untilExpiryRound bounds.
+type callBound struct {
+	cancel context.CancelFunc // gives the call up
+	start  time.Time          // when the call began
+	t      clock.Timer        // calls cancel at at (nil: no bound yet)
+	at     time.Time
+}
+
+// boundCallLocked makes b's call end expiryRoundTimeout after the
+// earliest known expiry of a served export (or after the call began, if
+// that expiry had passed by then), if that is earlier than its bound so
+// far; a.mu is held.
+func (a *Agent) boundCallLocked(b *callBound) {
+	next, ok := a.nextExpiryLocked()
+	if !ok {
+		return
+	}
+	at := maxTime(next, b.start).Add(expiryRoundTimeout)
+	if b.t != nil {
+		if !at.Before(b.at) {
+			return
+		}
+		b.t.Stop()
+	}
+	b.at = at
+	b.t = clock.AfterFuncAt(a.clock, at, b.cancel)
+}
+
+// maxTime is the later of x and y.
+func maxTime(x, y time.Time) time.Time {
+	if x.After(y) {
+		return x
+	}
+	return y
 }
 
 // PauseHeartbeats sets Faults.PauseHeartbeats and, when pausing, waits

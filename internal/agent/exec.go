@@ -298,7 +298,8 @@ func (a *Agent) storeLocked(e Export) error {
 // expiry changed): it updates the export gauges and, when the earliest
 // known expiry of a served export is now earlier than the one the
 // heartbeat loop planned for (or the loop is planning), wakes the loop to
-// plan again (heartbeatLoop).
+// plan again (heartbeatLoop), and brings the bound of the calls to the
+// control plane under way earlier (untilExpiryRound).
 func (a *Agent) exportsChangedLocked() {
 	var held, suspended float64
 	for _, e := range a.exports {
@@ -315,6 +316,9 @@ func (a *Agent) exportsChangedLocked() {
 	next, ok := a.nextExpiryLocked()
 	if !a.loopPlanned || (ok && (a.loopExpiry.IsZero() || next.Before(a.loopExpiry))) {
 		a.wakeLoop()
+	}
+	for b := range a.calls {
+		a.boundCallLocked(b) // an earlier expiry bounds the calls under way
 	}
 }
 

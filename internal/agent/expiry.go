@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"math"
 	"time"
 
@@ -232,11 +233,9 @@ func (a *Agent) dropExports(ctx context.Context, leaseID string, names []string)
 		if t.role != "out" || st.LeaseID != leaseID || st.Done() || !drop[t.e.Request.Export] {
 			continue
 		}
-		var err error
-		if st.State == api.TransferSealed {
+		err := a.abortTransfer(ctx, t, "the control plane no longer wants the part here", true)
+		if errors.Is(err, errSealed) {
 			err = a.commitOut(ctx, t)
-		} else {
-			err = a.abortTransfer(ctx, t, "the control plane no longer wants the part here")
 		}
 		if err != nil {
 			a.log.Warn("ending the transfer of a part no longer wanted", "transfer", t.id, "err", err)

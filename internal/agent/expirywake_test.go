@@ -2,7 +2,10 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"net/http"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -193,5 +196,153 @@ func TestExpiryAskedAhead(t *testing.T) {
 	within(t, drv.resumed, "a renewal in the answer to the round after the expiry did not serve the export again")
 	if !served(t, uri) {
 		t.Fatal("not served once renewed")
+	}
+}
+
+// TestExpiryDuringFirstRound: an export prepared while the agent's first
+// heartbeat round (Run's, before it is ready) is under way stops being
+// served at its known expiry, however long that round lasts. Nothing
+// stopped it before the round ended: the heartbeat loop began after it.
+func TestExpiryDuringFirstRound(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	drv := newNoticingDriver(clk)
+	cfg := testConfig(srv.URL, t.TempDir())
+	cfg.Clock = clk
+	cfg.Drivers = map[api.Kind]Driver{api.KindBlock: drv}
+	cfg.HTTPClient = &http.Client{} // the round lasts as long as the control plane holds it
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, answer := holdNextBeat(cp)
+	answered := false
+	defer func() {
+		if !answered {
+			close(answer)
+		}
+	}()
+	ctx, cancel := context.WithCancel(ctxFor(t))
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := within(t, done, "the agent did not stop"); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	within(t, in, "the agent's first heartbeat did not come")
+
+	exp := clk.Now().Add(30 * time.Second)
+	resp, err := a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindBlock, DeviceName: "disk0",
+		Length: leaseSize, Export: "x_lease-a", ExpiresAt: exp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !served(t, resp.URI) {
+		t.Fatal("not served before its known expiry")
+	}
+	clk.Advance(exp.Sub(clk.Now()))
+	if at := within(t, drv.stopped, "still served past its known expiry while the first heartbeat round was under way"); !at.Equal(exp) {
+		t.Fatalf("stopped at %v, its known expiry is %v", at, exp)
+	}
+	if served(t, resp.URI) {
+		t.Fatal("served past its known expiry")
+	}
+	close(answer)
+	answered = true
+	within(t, a.Ready(), "the agent was not ready once its first round ended")
+}
+
+// TestRoundGivenUpAfterALaterExpiry: a heartbeat round under way when an
+// export is prepared (no served export had a known expiry when it began)
+// is given up expiryRoundTimeout after that export's expiry, as after
+// one known when it began, and the agent asks again. Its call was
+// bounded only by the expiry known as it began: the agent asked again
+// only when the HTTP client gave up, or never.
+func TestRoundGivenUpAfterALaterExpiry(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	drv := newNoticingDriver(clk)
+	cfg := testConfig(srv.URL, t.TempDir())
+	cfg.Clock = clk
+	cfg.Drivers = map[api.Kind]Driver{api.KindBlock: drv}
+	cfg.HTTPClient = &http.Client{} // a call lasts as long as the control plane holds it
+	a := start(t, cfg).a
+	if err := clk.BlockUntil(ctxFor(t), 1); err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxFor(t)
+	in, answer := holdNextBeat(cp)
+	defer close(answer)
+	clk.Advance(a.heartbeatInterval())
+	within(t, in, "no heartbeat round after the interval")
+
+	exp := clk.Now().Add(30 * time.Second)
+	if _, err := a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindBlock, DeviceName: "disk0",
+		Length: leaseSize, Export: "x_lease-a", ExpiresAt: exp}); err != nil {
+		t.Fatal(err)
+	}
+	next, again := holdNextBeat(cp)
+	defer close(again)
+	clk.Advance(exp.Sub(clk.Now()))
+	within(t, drv.stopped, "not stopped at its known expiry")
+	clk.Advance(expiryRoundTimeout)
+	within(t, next, "the round under way was not given up after the expiry: the agent did not ask again")
+}
+
+// stubbornDriver is a noticingDriver whose Suspend fails while stuck is
+// set.
+type stubbornDriver struct {
+	noticingDriver
+	stuck *atomic.Bool
+}
+
+func (d stubbornDriver) Suspend(ctx context.Context, e Export) error {
+	if d.stuck.Load() {
+		return errors.New("the export cannot be stopped")
+	}
+	return d.noticingDriver.Suspend(ctx, e)
+}
+
+// TestRoundAfterAFailedStop: a heartbeat round that begins when a served
+// export's known expiry has passed (its stop failed) is given its
+// expiryRoundTimeout from its start: the control plane's answer reaches
+// the agent, which learns of the renewal. A bound of the expiry's time
+// plus expiryRoundTimeout, past already, gave every round up at once.
+func TestRoundAfterAFailedStop(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	drv := stubbornDriver{noticingDriver: newNoticingDriver(clk), stuck: new(atomic.Bool)}
+	drv.stuck.Store(true)
+	cfg := testConfig(srv.URL, t.TempDir())
+	cfg.Clock = clk
+	cfg.Drivers = map[api.Kind]Driver{api.KindBlock: drv}
+	a := start(t, cfg).a
+	ctx := ctxFor(t)
+	exp := clk.Now().Add(time.Minute)
+	cp.set(func(f *fakeCP) { f.expires = map[string]time.Time{"lease-a": exp} })
+	resp, err := a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-a", Kind: api.KindBlock, DeviceName: "disk0",
+		Length: leaseSize, Export: "x_lease-a", ExpiresAt: exp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Minute + expiryRoundTimeout)
+	if n := a.enforceExpiry(ctx, true); n != 0 {
+		t.Fatalf("stopped %d exports whose stop fails", n)
+	}
+	renewed := clk.Now().Add(time.Hour)
+	cp.set(func(f *fakeCP) { f.expires["lease-a"] = renewed })
+	if err := a.Heartbeat(ctx); err != nil {
+		t.Fatalf("a round begun after an expiry whose stop failed: %v", err)
+	}
+	a.mu.Lock()
+	got := a.exports["x_lease-a"].Request.ExpiresAt
+	a.mu.Unlock()
+	if !got.Equal(renewed) {
+		t.Fatalf("the export's known expiry is %v after the answer, want the renewal %v", got, renewed)
+	}
+	if !served(t, resp.URI) {
+		t.Fatal("a renewed export is not served")
 	}
 }

@@ -301,17 +301,19 @@ func (a *Agent) stopTransfers(ctx context.Context) {
 	a.xfers.closed = true
 	a.xfers.mu.Unlock()
 	for _, t := range a.xfers.list() {
-		if st := t.status(); st.State == api.TransferSealed {
+		if t.status().Done() {
+			continue
+		}
+		switch err := a.abortTransfer(ctx, t, "the agent stopped", true); {
+		case errors.Is(err, errSealed):
 			// Its writes stay held: the lease may point at the
 			// destination already. The process ends them.
 			t.mu.Lock()
 			cancel := t.cancel
 			t.mu.Unlock()
 			cancel()
-		} else if !st.Done() {
-			if err := a.abortTransfer(ctx, t, "the agent stopped"); err != nil {
-				a.log.Warn("aborting a transfer", "transfer", t.id, "err", err)
-			}
+		case err != nil:
+			a.log.Warn("aborting a transfer", "transfer", t.id, "err", err)
 		}
 	}
 	a.xfers.wg.Wait()
@@ -962,22 +964,36 @@ func (a *Agent) AbortTransfer(ctx context.Context, id string) (api.Transfer, err
 	if err != nil {
 		return api.Transfer{}, err
 	}
-	if err := a.abortTransfer(ctx, t, "aborted by the control plane"); err != nil {
+	if err := a.abortTransfer(ctx, t, "aborted by the control plane", false); err != nil {
 		return api.Transfer{}, err
 	}
 	return t.status(), nil
 }
 
-func (a *Agent) abortTransfer(ctx context.Context, t *transfer, why string) error {
+// errSealed is abortTransfer's answer, asked to spare a sealed transfer,
+// for one that is sealed: it is left as it is.
+var errSealed = fmt.Errorf("%w: it is sealed", ErrTransferState)
+
+// abortTransfer gives t up (see AbortTransfer); a transfer done already
+// is left as it is. With spareSealed, a sealed outgoing transfer is left
+// as it is too (errSealed), judged with the state change, so that a seal
+// that comes after the caller looked at the transfer is not undone: its
+// held writes would be served here while the control plane goes on to
+// point the lease at the destination (only the control plane, which
+// knows whether it did, aborts a sealed move).
+func (a *Agent) abortTransfer(ctx context.Context, t *transfer, why string, spareSealed bool) error {
 	t.mu.Lock()
 	st := t.st.State
-	switch st {
-	case api.TransferAborted, api.TransferFailed:
+	switch {
+	case st == api.TransferAborted || st == api.TransferFailed:
 		t.mu.Unlock()
 		return nil
-	case api.TransferCommitted, transferCommitting:
+	case st == api.TransferCommitted || st == transferCommitting:
 		t.mu.Unlock()
 		return fmt.Errorf("%w: it is %s", ErrTransferState, st)
+	case spareSealed && st == api.TransferSealed:
+		t.mu.Unlock()
+		return errSealed
 	}
 	t.st.Error = why
 	t.setLocked(api.TransferAborted)
@@ -1041,21 +1057,27 @@ func (a *Agent) dropIncoming(ctx context.Context, t *transfer) error {
 // already point at the destination): torn down, it is committed — the
 // export retired, torn down and wiped, as the teardown would anyway;
 // stopped at expiry (teardown false), it is left to the control plane.
+// Stopped at expiry, only the moves from here are aborted: a part moving
+// here serves the borrower nothing until its commit (which brings the
+// lease's expiry), and its own expiry bounds it; aborting it would hold
+// the stop back for the wipe of its range.
 func (a *Agent) abortLeaseTransfers(ctx context.Context, leaseID, why string, teardown bool) {
 	for _, t := range a.xfers.list() {
+		if !teardown && t.role != "out" {
+			continue
+		}
 		st := t.status()
 		if st.LeaseID != leaseID || st.Done() {
 			continue
 		}
-		if t.role == "out" && st.State == api.TransferSealed {
+		switch err := a.abortTransfer(ctx, t, why, true); {
+		case errors.Is(err, errSealed):
 			if teardown {
 				if err := a.commitOut(ctx, t); err != nil {
 					a.log.Warn("committing a sealed transfer of a lease torn down", "transfer", t.id, "err", err)
 				}
 			}
-			continue
-		}
-		if err := a.abortTransfer(ctx, t, why); err != nil {
+		case err != nil:
 			a.log.Warn("aborting a transfer", "transfer", t.id, "err", err)
 		}
 	}
@@ -1068,7 +1090,7 @@ func (a *Agent) expireTransfers(ctx context.Context) {
 	for _, t := range a.xfers.list() {
 		st := t.status()
 		if t.role == "in" && st.State == api.TransferReceiving && !now.Before(t.expires) {
-			if err := a.abortTransfer(ctx, t, "expired before it was committed"); err != nil {
+			if err := a.abortTransfer(ctx, t, "expired before it was committed", false); err != nil {
 				a.log.Warn("expiring a transfer", "transfer", t.id, "err", err)
 			}
 			continue

@@ -52,6 +52,27 @@ func Or(c Clock) Clock {
 	return c
 }
 
+// TimerAt returns a timer of c that fires once c's time reaches at (at
+// once if it has). On a Fake it is armed for at itself: a timer armed for
+// at.Sub(c.Now()) fires late by what an Advance between the reading and
+// the arming moved the clock, and never if the test then advances only
+// up to at.
+func TimerAt(c Clock, at time.Time) Timer {
+	if f, ok := c.(*Fake); ok {
+		return f.armAt(at, nil)
+	}
+	return c.NewTimer(max(at.Sub(c.Now()), 0))
+}
+
+// AfterFuncAt calls f once c's time reaches at, as AfterFunc does (see
+// TimerAt).
+func AfterFuncAt(c Clock, at time.Time, f func()) Timer {
+	if fc, ok := c.(*Fake); ok {
+		return fc.armAt(at, f)
+	}
+	return c.AfterFunc(max(at.Sub(c.Now()), 0), f)
+}
+
 // Real is the wall clock.
 type Real struct{}
 

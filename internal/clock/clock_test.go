@@ -306,3 +306,49 @@ func TestFakeNow(t *testing.T) {
 	c.AfterFunc(time.Millisecond, func() { close(done) })
 	<-done
 }
+
+// TimerAt and AfterFuncAt fire at their time on a Fake, however far the
+// clock moved between the reading of the time and the arming; at once
+// for a time that has passed. On the real clock they fire too.
+func TestAt(t *testing.T) {
+	f := NewFake(t0)
+	at := t0.Add(time.Minute)
+	f.Advance(30 * time.Second) // after the time was read: a relative timer would fire at t0+90s
+	tm := TimerAt(f, at)
+	ran := make(chan time.Time, 1)
+	AfterFuncAt(f, at, func() { ran <- f.Now() })
+	f.Advance(30*time.Second - time.Nanosecond)
+	if v := got(tm.C()); !v.IsZero() {
+		t.Fatalf("fired early at %v", v)
+	}
+	f.Advance(time.Nanosecond)
+	if v := got(tm.C()); !v.Equal(at) {
+		t.Fatalf("fired at %v, want %v", v, at)
+	}
+	select {
+	case v := <-ran:
+		if !v.Equal(at) {
+			t.Fatalf("AfterFuncAt ran at %v, want %v", v, at)
+		}
+	default:
+		t.Fatal("AfterFuncAt did not run at its time")
+	}
+	if v := got(TimerAt(f, t0).C()); !v.Equal(f.Now()) {
+		t.Fatalf("a timer for a past time sent %v", v)
+	}
+	done := make(chan struct{})
+	AfterFuncAt(f, t0, func() { close(done) })
+	<-done
+	if f.Waiters() != 0 {
+		t.Fatalf("%d waiters left", f.Waiters())
+	}
+	c := Or(nil)
+	select {
+	case <-TimerAt(c, c.Now().Add(time.Millisecond)).C():
+	case <-time.After(30 * time.Second):
+		t.Fatal("a real TimerAt did not fire")
+	}
+	fired := make(chan struct{})
+	AfterFuncAt(c, c.Now(), func() { close(fired) })
+	<-fired
+}

@@ -6,7 +6,9 @@
 // so that tests drive them with a Fake instead of sleeping.
 //
 // Real is the wall clock (time's functions); its zero value is ready. Or
-// returns a Config's clock or Real.
+// returns a Config's clock or Real. TimerAt and AfterFuncAt arm a timer
+// for a time rather than a duration (a deadline): on a Fake it fires at
+// that time whatever the clock did while it was armed.
 //
 // Fake is a manual clock for tests: it stands still until Advance (or Set)
 // moves it, which fires every timer, ticker and AfterFunc that falls due,

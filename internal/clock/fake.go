@@ -50,6 +50,28 @@ func (f *Fake) AfterFunc(d time.Duration, fn func()) Timer {
 	return w
 }
 
+// armAt arms a timer (fn nil) or an AfterFunc for the fake time at:
+// TimerAt and AfterFuncAt.
+func (f *Fake) armAt(at time.Time, fn func()) Timer {
+	w := &fakeWaiter{f: f, fn: fn}
+	if fn == nil {
+		w.ch = make(chan time.Time, 1)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !at.After(f.now) {
+		if fn != nil {
+			go fn()
+		} else {
+			w.ch <- f.now
+		}
+		return w
+	}
+	w.when = at
+	f.addLocked(w)
+	return w
+}
+
 // NewTicker returns a ticker that ticks every d of fake time. It panics if
 // d is not positive, as time.NewTicker does.
 func (f *Fake) NewTicker(d time.Duration) Ticker {
