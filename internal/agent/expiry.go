@@ -150,9 +150,9 @@ func (a *Agent) reconcile(ctx context.Context, leases []api.LeaseExpiry, cpNow, 
 			ranges[l.ID] = set
 		}
 	}
-	now := a.clock.Now()
 	a.opMu.Lock()
 	a.mu.Lock()
+	now := a.clock.Now() // after the locks: a renewal already past is not served
 	var resume, confirm []Export
 	unwanted := map[string][]string{} // lease → export names
 	changed := false
