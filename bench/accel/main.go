@@ -415,6 +415,7 @@ func (s *series) add(x sample) {
 func us(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d)/1e3) }
 
 func main() {
+	stats.Commit(".") // the tree measured, before it can change: the report names it
 	flag.Parse()
 	log.SetFlags(0)
 	ctx := context.Background()

@@ -40,6 +40,7 @@ import (
 )
 
 func main() {
+	stats.Commit(".") // the tree measured, before it can change: the report names it
 	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "compose:", err)
 		os.Exit(1)

@@ -32,6 +32,7 @@ import (
 
 func main() {
 	memmap.RunFaultHandlerIfChild() // a mapping's fault handler is this binary
+	stats.Commit(".")               // the tree measured, before it can change: the report names it
 	if len(os.Args) < 2 {
 		fmt.Fprintln(os.Stderr, "usage: memory-bench serve|run [flags]")
 		os.Exit(2)

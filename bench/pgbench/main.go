@@ -33,6 +33,7 @@ import (
 )
 
 func main() {
+	stats.Commit(".") // the tree measured, before it can change: the report names it
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/pgbench:", err)
 		os.Exit(1)

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -184,8 +185,18 @@ func Join(xs []float64, prec int) string {
 }
 
 // Commit returns the short commit of the working tree at dir and whether
-// it has uncommitted changes outside docs/ (the fragments a run writes).
+// it has uncommitted changes outside docs/ (the fragments a run writes),
+// as they were at the first call for dir: a bench calls it as it starts
+// (before it builds and runs anything), so that a report written at the
+// end names the tree that was measured, not one changed during the run.
 func Commit(dir string) string {
+	v, _ := commits.LoadOrStore(dir, sync.OnceValue(func() string { return commitNow(dir) }))
+	return v.(func() string)()
+}
+
+var commits sync.Map // dir → func() string (sync.OnceValue)
+
+func commitNow(dir string) string {
 	out, err := exec.Command("git", "-C", dir, "rev-parse", "--short", "HEAD").Output()
 	if err != nil {
 		return "unknown"
