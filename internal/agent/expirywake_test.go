@@ -46,15 +46,22 @@ func (d noticingDriver) Resume(ctx context.Context, e Export) error {
 	return err
 }
 
+// expiryConfig is the configuration of an agent on clk whose block
+// driver is a noticingDriver.
+func expiryConfig(t *testing.T, url string, clk *clock.Fake) (Config, noticingDriver) {
+	drv := newNoticingDriver(clk)
+	cfg := testConfig(url, t.TempDir())
+	cfg.Clock = clk
+	cfg.Drivers = map[api.Kind]Driver{api.KindBlock: drv}
+	return cfg, drv
+}
+
 // expiryAgent starts an agent on clk whose block driver is a
 // noticingDriver, and waits until its heartbeat loop waits for its next
 // round (an hour away: the fake control plane's interval).
 func expiryAgent(t *testing.T, url string, clk *clock.Fake) (*Agent, noticingDriver) {
 	t.Helper()
-	drv := newNoticingDriver(clk)
-	cfg := testConfig(url, t.TempDir())
-	cfg.Clock = clk
-	cfg.Drivers = map[api.Kind]Driver{api.KindBlock: drv}
+	cfg, drv := expiryConfig(t, url, clk)
 	a := start(t, cfg).a
 	if err := clk.BlockUntil(ctxFor(t), 1); err != nil {
 		t.Fatal(err)
@@ -206,10 +213,7 @@ func TestExpiryAskedAhead(t *testing.T) {
 func TestExpiryDuringFirstRound(t *testing.T) {
 	cp, srv := newFakeCP(t)
 	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	drv := newNoticingDriver(clk)
-	cfg := testConfig(srv.URL, t.TempDir())
-	cfg.Clock = clk
-	cfg.Drivers = map[api.Kind]Driver{api.KindBlock: drv}
+	cfg, drv := expiryConfig(t, srv.URL, clk)
 	cfg.HTTPClient = &http.Client{} // the round lasts as long as the control plane holds it
 	a, err := New(cfg)
 	if err != nil {
@@ -263,10 +267,7 @@ func TestExpiryDuringFirstRound(t *testing.T) {
 func TestRoundGivenUpAfterALaterExpiry(t *testing.T) {
 	cp, srv := newFakeCP(t)
 	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	drv := newNoticingDriver(clk)
-	cfg := testConfig(srv.URL, t.TempDir())
-	cfg.Clock = clk
-	cfg.Drivers = map[api.Kind]Driver{api.KindBlock: drv}
+	cfg, drv := expiryConfig(t, srv.URL, clk)
 	cfg.HTTPClient = &http.Client{} // a call lasts as long as the control plane holds it
 	a := start(t, cfg).a
 	if err := clk.BlockUntil(ctxFor(t), 1); err != nil {
