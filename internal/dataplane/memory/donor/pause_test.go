@@ -81,8 +81,9 @@ func sendRestUnanswered(t *testing.T, c net.Conn, rest int) {
 func TestPauseDoesNotWaitForAWithheldPayload(t *testing.T) {
 	const size = 1 << 20
 	const off, n, sent = 5 * 4096, 4096, 100
-	for _, kind := range []uint8{protocol.KindSync, protocol.KindQueue} {
-		t.Run(map[uint8]string{protocol.KindSync: "sync", protocol.KindQueue: "queue"}[kind], func(t *testing.T) {
+	for _, k := range dataKinds {
+		kind := k.kind
+		t.Run(k.name, func(t *testing.T) {
 			ctx := context.Background()
 			m := dirty.New(size, 4096)
 			d, addr, _, c, sess, got := withheldWrite(t, size, kind, off, n, sent, func(d *Donor) {
@@ -163,8 +164,9 @@ func TestPauseDoesNotWaitForAWithheldPayload(t *testing.T) {
 func TestTrackDoesNotWaitForAWithheldPayload(t *testing.T) {
 	const size = 1 << 20
 	const off, n, sent = 5 * 4096, 4096, 100
-	for _, kind := range []uint8{protocol.KindSync, protocol.KindQueue} {
-		t.Run(map[uint8]string{protocol.KindSync: "sync", protocol.KindQueue: "queue"}[kind], func(t *testing.T) {
+	for _, k := range dataKinds {
+		kind := k.kind
+		t.Run(k.name, func(t *testing.T) {
 			ctx := context.Background()
 			d, _, _, c, _, got := withheldWrite(t, size, kind, off, n, sent, nil)
 			tctx, cancel := context.WithTimeout(ctx, 20*time.Second)

@@ -17,8 +17,9 @@ import (
 // commits a sealed move of a lease torn down, has none: the agent
 // stopped heartbeating for good.
 func TestRetireDoesNotWaitForAWithheldPayload(t *testing.T) {
-	for _, kind := range []uint8{protocol.KindSync, protocol.KindQueue} {
-		t.Run(map[uint8]string{protocol.KindSync: "sync", protocol.KindQueue: "queue"}[kind], func(t *testing.T) {
+	for _, k := range dataKinds {
+		kind := k.kind
+		t.Run(k.name, func(t *testing.T) {
 			d, addr := startDonor(t, 1<<20, 0)
 			d.RefusalWait = 50 * time.Millisecond
 			ctx := context.Background()

@@ -34,7 +34,9 @@ var stallMoves = []struct {
 	}},
 }
 
-var stallKinds = []struct {
+// dataKinds are the kinds of data connection a borrower opens, named for
+// subtests.
+var dataKinds = []struct {
 	kind uint8
 	name string
 }{{protocol.KindSync, "sync"}, {protocol.KindQueue, "queue"}}
@@ -42,11 +44,11 @@ var stallKinds = []struct {
 const stallSize, stallOff, stallLen, stallSent = 1 << 20, 5 * 4096, 4096, 100
 
 // eachStall runs f as a subtest for each move (stallMoves, mv its index)
-// and kind of data connection (stallKinds), with a dirty map m of the
+// and kind of data connection (dataKinds), with a dirty map m of the
 // region's size.
 func eachStall(t *testing.T, f func(t *testing.T, mv int, kind uint8, m *dirty.Map)) {
 	for mv, mk := range stallMoves {
-		for _, k := range stallKinds {
+		for _, k := range dataKinds {
 			t.Run(mk.name+"/"+k.name, func(t *testing.T) { f(t, mv, k.kind, dirty.New(stallSize, 4096)) })
 		}
 	}
