@@ -241,8 +241,11 @@ func (ts *transfers) get(id string) (*transfer, error) {
 	return t, nil
 }
 
-// add records t, refusing a duplicate ID or a closed table. run, if not
-// nil, is t's goroutine: started once t is recorded, owned by the table
+// add records t, refusing a duplicate ID, a closed table or, for an
+// outgoing transfer, one of an export another transfer under way moves
+// from here: judged and recorded under one lock, so that of concurrent
+// moves of an export only one is recorded. run, if not nil, is t's
+// goroutine: started once t is recorded, owned by the table
 // (stopTransfers waits for it).
 func (ts *transfers) add(t *transfer, run func()) error {
 	ts.mu.Lock()
@@ -255,6 +258,9 @@ func (ts *transfers) add(t *transfer, run func()) error {
 	}
 	if _, dup := ts.m[t.id]; dup {
 		return fmt.Errorf("%w: transfer %q exists", ErrConflict, t.id)
+	}
+	if t.role == "out" && ts.movingLocked(t.e.Request.Export) {
+		return fmt.Errorf("%w: the export is already moving", ErrConflict)
 	}
 	ts.m[t.id] = t
 	if run != nil {
@@ -468,9 +474,6 @@ func (a *Agent) SendTransfer(_ context.Context, req api.TransferOutRequest) (api
 	if err != nil {
 		return api.Transfer{}, err
 	}
-	if a.movingExport(req.Export) {
-		return api.Transfer{}, fmt.Errorf("%w: the export is already moving", ErrConflict)
-	}
 	// The transfer's context: an abort (or the agent's stop) cancels it,
 	// at whatever stage the transfer is.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -478,6 +481,9 @@ func (a *Agent) SendTransfer(_ context.Context, req api.TransferOutRequest) (api
 		sealed: make(chan struct{}), finish: make(chan struct{}), done: make(chan struct{}),
 		st: api.Transfer{ID: req.ID, LeaseID: e.Request.LeaseID, Kind: e.Device.Kind, Role: "out", State: api.TransferCopying,
 			Size: e.Request.Length, StartedAt: time.Now(), UpdatedAt: time.Now()}}
+	// Recorded only if no other transfer moves the export (add judges
+	// that and records t under one lock: of concurrent requests to move
+	// it, one starts, the others are refused with ErrConflict).
 	if err := a.xfers.add(t, func() { a.sendOut(ctx, t, mv, req) }); err != nil {
 		cancel()
 		return api.Transfer{}, err
@@ -535,11 +541,17 @@ func (a *Agent) beginOut(ctx context.Context, t *transfer, mv Mover, uri string)
 	return src, dst, nil
 }
 
-// movingExport reports whether a transfer under way moves export name
-// from here.
-func (a *Agent) movingExport(name string) bool {
-	for _, t := range a.xfers.list() {
-		if t.role == "out" && t.e.Request.Export == name && !t.status().Done() {
+// movingLocked reports whether a transfer under way moves export name
+// from here; ts.mu is held (and each transfer's mu is taken after it).
+func (ts *transfers) movingLocked(name string) bool {
+	for _, t := range ts.m {
+		if t.role != "out" || t.e.Request.Export != name {
+			continue
+		}
+		t.mu.Lock()
+		done := t.st.Done()
+		t.mu.Unlock()
+		if !done {
 			return true
 		}
 	}
