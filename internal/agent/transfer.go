@@ -66,7 +66,10 @@ type Mover interface {
 	// export named token (not as e's export yet) and returns its URI.
 	ReceiveMove(ctx context.Context, e Export, token string) (string, error)
 	// ActivateMove serves a range received by ReceiveMove as e's export
-	// (the token's export stops being served).
+	// (the token's export stops being served). With e.suspended (its
+	// lease's known expiry has passed) it makes it e's export without
+	// serving it, not for a single request: as Suspend (Suspender) leaves
+	// an export, until Resume.
 	ActivateMove(ctx context.Context, e Export) (api.PrepareResponse, error)
 	// SendMove starts marking the writes to e (served here) and returns
 	// its side of the copy.
@@ -885,18 +888,16 @@ func (a *Agent) commitIn(ctx context.Context, t *transfer, exp time.Time) (api.T
 }
 
 // activate serves a received part as the lease's (commitIn's work), whose
-// lease expires at exp (zero: unknown); opMu is held.
+// lease expires at exp (zero: unknown); opMu is held. A part whose known
+// expiry has passed by then is made the lease's export but not served
+// (suspended, as a prepare with no time left is): an answer that shows
+// the lease has time left serves it (reconcile).
 func (a *Agent) activate(ctx context.Context, t *transfer, exp time.Time) (api.TransferCommitResponse, error) {
 	mv, err := a.mover(t.e.Device.Kind)
 	if err != nil {
 		return api.TransferCommitResponse{}, err
 	}
-	resp, err := mv.ActivateMove(ctx, t.e)
-	if err != nil {
-		return api.TransferCommitResponse{}, fmt.Errorf("agent: serve the moved part: %w", err)
-	}
 	e := t.e
-	e.incoming, e.URI = false, resp.URI
 	a.mu.Lock()
 	if cur, ok := a.exports[e.Request.Export]; !exp.IsZero() {
 		// The lease's expiry at the commit: the latest known here (the
@@ -910,6 +911,18 @@ func (a *Agent) activate(ctx context.Context, t *transfer, exp time.Time) (api.T
 		// transfer came with).
 		e.Request.ExpiresAt = cur.Request.ExpiresAt
 	}
+	a.mu.Unlock()
+	// No time left: the driver makes it the lease's export without
+	// serving it, not for a single request (no window in which the
+	// export is served before it is stopped).
+	hold := a.noTimeLeft(e.Request)
+	e.suspended = hold
+	resp, err := mv.ActivateMove(ctx, e)
+	if err != nil {
+		return api.TransferCommitResponse{}, fmt.Errorf("agent: serve the moved part: %w", err)
+	}
+	e.incoming, e.URI = false, resp.URI
+	a.mu.Lock()
 	a.prepares++
 	e.prepared = a.prepares
 	a.exports[e.Request.Export] = e
@@ -931,6 +944,12 @@ func (a *Agent) activate(ctx context.Context, t *transfer, exp time.Time) (api.T
 	t.setLocked(api.TransferCommitted)
 	t.mu.Unlock()
 	a.mTransfers.WithLabelValues("in", "committed").Inc()
+	if hold {
+		a.mTransfers.WithLabelValues("in", "held").Inc()
+		a.log.Warn("committed a moved part whose lease has no time left; not serving it until a heartbeat answer shows time left",
+			"transfer", t.id, "lease", e.Request.LeaseID, "device", e.Device.Name)
+		return api.TransferCommitResponse(resp), nil
+	}
 	a.log.Info("serving a moved part", "transfer", t.id, "lease", e.Request.LeaseID, "device", e.Device.Name)
 	return api.TransferCommitResponse(resp), nil
 }
