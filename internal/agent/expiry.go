@@ -235,7 +235,10 @@ func (a *Agent) dropExports(ctx context.Context, leaseID string, names []string)
 		}
 		err := a.abortTransfer(ctx, t, "the control plane no longer wants the part here", true)
 		if errors.Is(err, errSealed) {
-			err = a.commitOut(ctx, t)
+			var wipes []*pendingWipe
+			if wipes, err = a.commitOut(ctx, t); err == nil {
+				err = a.runWipes(ctx, wipes)
+			}
 		}
 		if err != nil {
 			a.log.Warn("ending the transfer of a part no longer wanted", "transfer", t.id, "err", err)

@@ -39,12 +39,18 @@ import (
 //     time, until commit or abort: without a seal the source gives up
 //     after HoldSeconds and serves the writes again), commits the
 //     destination (it serves the part under its new export name, knowing
-//     the lease's expiry the commit brings), records the part's new place
-//     in the lease, and commits the source: it
-//     retires the old export (the held writes and any request after that
-//     point are answered ESHUTDOWN, requests under way complete, the
+//     the lease's expiry the commit brings; with no time left by then,
+//     the part is the lease's export but not served, as a prepare with no
+//     time left, until a heartbeat answer shows time left), records the
+//     part's new place in the lease, and commits the source: it retires
+//     the old export (the held writes and any request after that point
+//     are answered ESHUTDOWN, requests under way complete, the
 //     connections close: a borrower's `rialto attach` redials where the
-//     lease now says), tears it down and wipes the old range.
+//     lease now says), tears it down, journals the old range (durably:
+//     refused to every prepare and transfer until wiped, and wiped by a
+//     restart) and answers; the range's wipe runs in the background, on
+//     a goroutine the agent owns (its stop interrupts it: the range stays
+//     journalled, wiped before the next run serves anything).
 //  4. Anything else aborts both sides: the source serves the part as
 //     before, the destination wipes what it received.
 //
@@ -844,8 +850,11 @@ func (a *Agent) SealTransfer(_ context.Context, id string) (api.Transfer, error)
 // CommitTransfer commits a transfer: on the destination the part is
 // served under its export name, knowing the lease's expiry that req
 // brings (counted as a prepare's: from req.TimeoutSeconds before it
-// arrived); on the source (sealed) the old export is retired, torn down
-// and its range wiped.
+// arrived; with no time left it is made the export but not served, until
+// a heartbeat answer shows time left); on the source (sealed) the old
+// export is retired and torn down, and its range journalled: the commit
+// answers then, and the range is wiped in the background (refused to
+// every prepare and transfer until it is).
 func (a *Agent) CommitTransfer(ctx context.Context, id string, req api.TransferCommitRequest) (api.TransferCommitResponse, error) {
 	arrived := a.clock.Now()
 	t, err := a.xfers.get(id)
@@ -855,7 +864,11 @@ func (a *Agent) CommitTransfer(ctx context.Context, id string, req api.TransferC
 	if t.role == "in" {
 		return a.commitIn(ctx, t, requestExpiry(req.ExpiresAt, req.Now, arrived, req.TimeoutSeconds))
 	}
-	return api.TransferCommitResponse{}, a.commitOut(ctx, t)
+	// The old range's wipe runs in the background: the control plane's
+	// call is bounded, and a slow wipe outlasted it.
+	wipes, err := a.commitOut(ctx, t)
+	a.wipeInBackground(wipes)
+	return api.TransferCommitResponse{}, err
 }
 
 // commitIn commits an incoming transfer; exp is the lease's expiry the
@@ -954,7 +967,12 @@ func (a *Agent) activate(ctx context.Context, t *transfer, exp time.Time) (api.T
 	return api.TransferCommitResponse(resp), nil
 }
 
-func (a *Agent) commitOut(ctx context.Context, t *transfer) error {
+// commitOut commits a sealed outgoing transfer: it retires the old
+// export, tears it down and journals its range (durably: refused to every
+// prepare and transfer, and wiped by a restart), and returns the wipes it
+// owes, which the caller runs: in the background for the control plane's
+// commit (CommitTransfer), at once for a teardown.
+func (a *Agent) commitOut(ctx context.Context, t *transfer) ([]*pendingWipe, error) {
 	t.mu.Lock()
 	st := t.st.State
 	if st == api.TransferSealed {
@@ -964,10 +982,10 @@ func (a *Agent) commitOut(ctx context.Context, t *transfer) error {
 	t.mu.Unlock()
 	switch st {
 	case api.TransferCommitted:
-		return nil
+		return nil, nil
 	case api.TransferSealed:
 	default:
-		return fmt.Errorf("%w: it is %s, not sealed", ErrTransferState, st)
+		return nil, fmt.Errorf("%w: it is %s, not sealed", ErrTransferState, st)
 	}
 	// From here on the part lives at the destination: the old export
 	// never serves a write again.
@@ -977,15 +995,66 @@ func (a *Agent) commitOut(ctx context.Context, t *transfer) error {
 	close(t.finish)
 	<-t.done
 	a.endOut(t)
+	// The old export is torn down and its range journalled; the wipe is
+	// the caller's. (Run within the control plane's commit, a slow wipe,
+	// of a large range on a device that cannot punch holes, outlasted the
+	// call's bound: the control plane recorded the move done without
+	// this lender's answer.)
 	name := t.e.Request.Export
-	if err := a.teardownExports(ctx, t.e.Request.LeaseID, func(e Export) bool { return e.Request.Export == name }); err != nil {
-		// The range stays in the wipe journal, retried every heartbeat.
+	wipes, err := a.retireExports(ctx, t.e.Request.LeaseID, func(e Export) bool { return e.Request.Export == name })
+	if err != nil {
+		// Not journalled: the export stays (it serves nothing, retired)
+		// until a teardown that can journal its wipe (the heartbeat
+		// answers no longer list the part here: dropExports).
 		a.log.Warn("tearing down a moved part", "transfer", t.id, "err", err)
 	}
 	t.setState(api.TransferCommitted)
 	a.mTransfers.WithLabelValues("out", "committed").Inc()
-	a.log.Info("moved part switched over; old range torn down", "transfer", t.id, "lease", t.e.Request.LeaseID)
-	return nil
+	a.log.Info("moved part switched over; old export torn down, its range journalled for its wipe", "transfer", t.id,
+		"lease", t.e.Request.LeaseID)
+	return wipes, nil
+}
+
+// runWipes runs the wipes ws at once, returning their errors (each range
+// that is not wiped stays in the journal, retried every heartbeat round).
+func (a *Agent) runWipes(ctx context.Context, ws []*pendingWipe) error {
+	var errs []error
+	for _, w := range ws {
+		if err := a.runWipe(ctx, w); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// wipeInBackground wipes the journalled ranges ws on a goroutine the
+// agent owns (a.bg). Until a range is wiped it stays in the journal,
+// refused to every prepare and transfer; a wipe that fails stays there,
+// retried every heartbeat round, and one the agent's stop interrupts (or
+// that the stopping agent no longer starts) is finished by the next run
+// before it serves anything.
+func (a *Agent) wipeInBackground(ws []*pendingWipe) {
+	if len(ws) == 0 {
+		return
+	}
+	started := a.bg.run(func(ctx context.Context) {
+		for _, w := range ws {
+			err := a.runWipe(ctx, w)
+			switch {
+			case err == nil:
+			case ctx.Err() != nil:
+				a.log.Info("the agent stopped during a wipe; the range stays in the journal, wiped before the next run serves anything",
+					"lease", w.LeaseID, "device", w.DeviceName)
+				return
+			default:
+				a.log.Warn("wiping a moved part's old range failed; it stays in the journal (unlendable), retried every heartbeat round", "err", err)
+			}
+		}
+	})
+	if !started {
+		a.log.Info("the agent is stopping: a moved part's old range stays in the journal, wiped before the next run serves anything",
+			"ranges", len(ws))
+	}
 }
 
 // AbortTransfer gives a transfer up: the source serves the part as
@@ -1104,7 +1173,11 @@ func (a *Agent) abortLeaseTransfers(ctx context.Context, leaseID, why string, te
 		switch err := a.abortTransfer(ctx, t, why, true); {
 		case errors.Is(err, errSealed):
 			if teardown {
-				if err := a.commitOut(ctx, t); err != nil {
+				wipes, err := a.commitOut(ctx, t)
+				if err == nil {
+					err = a.runWipes(ctx, wipes)
+				}
+				if err != nil {
 					a.log.Warn("committing a sealed transfer of a lease torn down", "transfer", t.id, "err", err)
 				}
 			}
