@@ -2,6 +2,8 @@ package agent
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -171,5 +173,63 @@ func TestCommitWithNoTimeLeft(t *testing.T) {
 				t.Errorf("the moved part reads %q..., want %q...", got[:6], data[:6])
 			}
 		})
+	}
+}
+
+// TestCommitRetriedWithTimeLeft: a commit with no time left that fails
+// after the driver made the part its export, not served (here: the
+// exports file cannot be written), leaves the transfer receiving; the
+// control plane's next commit, which brings time left (the lease renewed),
+// serves it. The driver, asked again, kept the export suspended while the
+// agent recorded it served: nothing served it until the next stop and
+// renewal.
+func TestCommitRetriedWithTimeLeft(t *testing.T) {
+	_, srv := newFakeCP(t)
+	clk := clock.NewFake(time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC))
+	cpNow := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	src := start(t, moveConfig(srv.URL, t.TempDir(), "src")).a
+	dcfg := moveConfig(srv.URL, t.TempDir(), "dst")
+	dcfg.Clock = clk
+	dst := start(t, dcfg).a
+	ctx := ctxFor(t)
+	data := bytes.Repeat([]byte("moved "), 4096/6+1)[:4096]
+	nbdWrite(t, prepareBlock(t, src, "lease-m", 0, movePart), data, 0)
+	const id = "h2"
+	startBlockMove(t, src, dst, id, 0, api.TransferOutRequest{})
+	waitTransfer(t, src, id, api.TransferReady)
+	if _, err := src.SealTransfer(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+
+	// exports.json cannot be written (a non-empty directory in its place).
+	exports := filepath.Join(dcfg.StateDir, exportsFile)
+	if err := os.Remove(exports); err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(exports, "x"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dst.CommitTransfer(ctx, id, api.TransferCommitRequest{ExpiresAt: cpNow.Add(time.Second), Now: cpNow, TimeoutSeconds: 2}); err == nil {
+		t.Fatal("a commit whose export could not be recorded succeeded")
+	}
+	if st, _ := dst.Transfer(id); st.State != api.TransferReceiving {
+		t.Fatalf("the destination's transfer after the failed commit is %s, want receiving", st.State)
+	}
+	if err := os.RemoveAll(exports); err != nil {
+		t.Fatal(err)
+	}
+	dst.enforceMu.Lock() // what is seen is what the commit left
+	cr, err := dst.CommitTransfer(ctx, id, api.TransferCommitRequest{ExpiresAt: cpNow.Add(time.Hour), Now: cpNow, TimeoutSeconds: 2})
+	if err != nil {
+		dst.enforceMu.Unlock()
+		t.Fatal(err)
+	}
+	served := served(t, cr.URI)
+	dst.enforceMu.Unlock()
+	if !served {
+		t.Fatal("the part committed again with time left is not served")
+	}
+	if got := nbdRead(t, cr.URI, len(data), 0); !bytes.Equal(got, data) {
+		t.Errorf("the moved part reads %q..., want %q...", got[:6], data[:6])
 	}
 }

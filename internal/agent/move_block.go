@@ -64,12 +64,20 @@ func (b *BlockDriver) ActivateMove(_ context.Context, e Export) (api.PrepareResp
 		return api.PrepareResponse{}, fmt.Errorf("%w: the part was not received", ErrNoDevice)
 	}
 	if x.incoming == "" {
-		// Activated already (a commit tried again).
-		if e.suspended && !x.suspended && !x.retired {
+		// Activated already (a commit tried again): served, or not, as
+		// this commit says.
+		switch {
+		case x.retired || e.suspended == x.suspended:
+		case e.suspended:
 			if err := b.srv.SuspendExport(x.ex.Name); err != nil {
 				return api.PrepareResponse{}, fmt.Errorf("agent: suspend the moved part: %w", err)
 			}
 			x.suspended = true
+		default:
+			if err := b.srv.ResumeExport(x.ex.Name); err != nil {
+				return api.PrepareResponse{}, fmt.Errorf("agent: serve the moved part: %w", err)
+			}
+			x.suspended = false
 		}
 		return api.PrepareResponse{URI: uri}, nil
 	}

@@ -55,11 +55,14 @@ func (m *MemoryDriver) ActivateMove(_ context.Context, e Export) (api.PrepareRes
 	tok, ok := m.incoming[e.Request.Export]
 	if !ok {
 		if m.live[e.Request.Export] {
-			// Activated already (a commit tried again).
+			// Activated already (a commit tried again): served, or not,
+			// as this commit says.
+			change := m.donor.ResumeRegion
 			if e.suspended {
-				if err := m.donor.SuspendRegion(e.Request.Export); err != nil {
-					return api.PrepareResponse{}, fmt.Errorf("agent: suspend the moved part: %w", err)
-				}
+				change = m.donor.SuspendRegion
+			}
+			if err := change(e.Request.Export); err != nil {
+				return api.PrepareResponse{}, fmt.Errorf("agent: serve or suspend the moved part: %w", err)
 			}
 			return api.PrepareResponse{URI: uri}, nil
 		}
