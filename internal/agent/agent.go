@@ -80,6 +80,11 @@ type Agent struct {
 
 	xfers transfers // parts moving to or from here (transfer.go)
 
+	// bg runs the wipes of moved parts' old ranges, which the control
+	// plane's commit does not wait for (CommitTransfer); Run stops it
+	// before it returns.
+	bg background
+
 	// calls are the calls to the control plane under way that
 	// untilExpiryRound bounds: an earlier expiry learned meanwhile
 	// brings their bound earlier (exportsChangedLocked).
@@ -345,6 +350,10 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// Last, once nothing that starts them runs any more: the wipes under
+	// way in the background are given up (their ranges stay in the
+	// journal, wiped after a restart) and waited for.
+	defer a.bg.stop()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel() // runs before wg.Wait

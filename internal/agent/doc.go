@@ -56,7 +56,8 @@
 // what the borrower writes meanwhile (holding the writes for the last
 // pass), then seals, commits the destination (which serves the part) and
 // commits the source (which retires the old export cleanly, tears it down
-// and wipes it). Block parts move over NBD, memory parts page by page over
+// and journals its range, and answers; the range is wiped in the
+// background). Block parts move over NBD, memory parts page by page over
 // the memory protocol. Transfers are not persisted: a restart forgets
 // them, and the destination's received range, journaled for a wipe from
 // the start, is wiped.

@@ -364,8 +364,18 @@ func (a *Agent) teardownAnswered(ctx context.Context, leaseID string, mark uint6
 }
 
 // teardownExports tears down the exports of lease leaseID that pick
-// selects (teardownLease's work; also a moved part's old export).
+// selects (teardownLease's work) and wipes their ranges.
 func (a *Agent) teardownExports(ctx context.Context, leaseID string, pick func(Export) bool) error {
+	wipes, err := a.retireExports(ctx, leaseID, pick)
+	return errors.Join(err, a.runWipes(ctx, wipes))
+}
+
+// retireExports tears down the exports of lease leaseID that pick selects,
+// each range journalled (durably, refused to every prepare) before its
+// export stops, and returns the wipes it owes: teardownExports runs them,
+// a moved part's commit leaves them to its caller (commitOut). An
+// export whose wipe cannot be journalled is kept (served), with an error.
+func (a *Agent) retireExports(ctx context.Context, leaseID string, pick func(Export) bool) ([]*pendingWipe, error) {
 	a.opMu.Lock()
 	a.mu.Lock()
 	var victims []Export
@@ -377,15 +387,17 @@ func (a *Agent) teardownExports(ctx context.Context, leaseID string, pick func(E
 	a.mu.Unlock()
 	if len(victims) == 0 {
 		a.opMu.Unlock()
-		return nil
+		return nil, nil
 	}
 	var errs []error
 	var wipes []*pendingWipe
 	for _, e := range victims {
 		var w *pendingWipe
 		if a.needsWipe(e) {
-			// Entered live (no wipe retry takes it) until it is
-			// journalled.
+			// Entered live (no wipe retry takes it) until its export
+			// is torn down: a wipe under a served export could end
+			// before the tenant's last write, and drop the entry of a
+			// range that holds it.
 			var err error
 			if w, err = a.journalWipe(e, true); err != nil {
 				// Not journalled: a crash before the wipe finished would
@@ -397,9 +409,6 @@ func (a *Agent) teardownExports(ctx context.Context, leaseID string, pick func(E
 				errs = append(errs, err)
 				continue
 			}
-			a.mu.Lock()
-			w.live = false
-			a.mu.Unlock()
 		}
 		if drv, ok := a.drivers[e.Device.Kind]; ok && !e.held {
 			if err := drv.Teardown(ctx, e); err != nil {
@@ -420,6 +429,9 @@ func (a *Agent) teardownExports(ctx context.Context, leaseID string, pick func(E
 		a.mu.Lock()
 		delete(a.exports, e.Request.Export)
 		a.exportsChangedLocked()
+		if w != nil {
+			w.live = false // no request of the lease reaches the range
+		}
 		a.mu.Unlock()
 		if w != nil {
 			wipes = append(wipes, w)
@@ -430,12 +442,7 @@ func (a *Agent) teardownExports(ctx context.Context, leaseID string, pick func(E
 	}
 	a.opMu.Unlock()
 	a.log.Info("torn down", "lease", leaseID, "exports", len(victims))
-	for _, w := range wipes {
-		if err := a.runWipe(ctx, w); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
+	return wipes, errors.Join(errs...)
 }
 
 // saveExportsLocked persists the exports; opMu must be held.

@@ -58,7 +58,9 @@ import (
 //   - A prepare with no time left (after that deduction) is prepared, its
 //     URI answered, but not served, as if its expiry had passed: an answer
 //     that shows the lease has time left (renewed, or the request spent
-//     less than its bound on its way) serves it. A prepare whose caller gave
+//     less than its bound on its way) serves it. So is a part moved here
+//     whose commit leaves it no time left (activate): the driver makes it
+//     the lease's export suspended, serving no request. A prepare whose caller gave
 //     up (the control plane's bound passed: it counts the prepare failed
 //     and tears down) is refused, or, if the export is ready by then, kept
 //     not served for the control plane's teardown or the next answer. A
@@ -235,7 +237,10 @@ func (a *Agent) dropExports(ctx context.Context, leaseID string, names []string)
 		}
 		err := a.abortTransfer(ctx, t, "the control plane no longer wants the part here", true)
 		if errors.Is(err, errSealed) {
-			err = a.commitOut(ctx, t)
+			var wipes []*pendingWipe
+			if wipes, err = a.commitOut(ctx, t); err == nil {
+				err = a.runWipes(ctx, wipes)
+			}
 		}
 		if err != nil {
 			a.log.Warn("ending the transfer of a part no longer wanted", "transfer", t.id, "err", err)

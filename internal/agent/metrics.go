@@ -28,7 +28,7 @@ func (a *Agent) registerMetrics(r prometheus.Registerer) {
 		Help: "Exports the agent stopped serving because their lease's known expiry passed without a renewal it could confirm."},
 		[]string{"kind"})
 	a.mTransfers = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rialto_agent_transfers_total",
-		Help: "Parts of leases moved to or from this lender while served, by role (out: the source, in: the destination) and event (started, committed, aborted, failed)."},
+		Help: "Parts of leases moved to or from this lender while served, by role (out: the source, in: the destination) and event (started, committed, aborted, failed; held: committed here with no time left on its lease, not served until a heartbeat answer shows time left)."},
 		[]string{"role", "event"})
 	a.mMoved = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rialto_agent_moved_bytes_total",
 		Help: "Bytes this lender sent to other lenders moving parts of leases (every pass), by kind."}, []string{"kind"})
@@ -40,7 +40,7 @@ func (a *Agent) registerMetrics(r prometheus.Registerer) {
 	r.MustRegister(a.mHeartbeats, a.mPrepares, a.mExports, a.mWithheld, a.mRestored, a.mWipes, a.mPendingWipes, a.mSuspends,
 		a.mTransfers, a.mMoved, a.mSkipped, a.mHeld, usageCollector{a})
 	for _, re := range [][2]string{{"out", "started"}, {"out", "committed"}, {"out", "aborted"}, {"out", "failed"},
-		{"in", "started"}, {"in", "committed"}, {"in", "aborted"}} {
+		{"in", "started"}, {"in", "committed"}, {"in", "aborted"}, {"in", "held"}} {
 		a.mTransfers.WithLabelValues(re[0], re[1])
 	}
 	for v, labels := range map[*prometheus.CounterVec][]string{

@@ -52,7 +52,9 @@ func (b *BlockDriver) ReceiveMove(_ context.Context, e Export, token string) (st
 	return b.scheme + "://" + e.Endpoint + "/" + token, nil
 }
 
-// ActivateMove stops serving the token's export and serves the part's.
+// ActivateMove stops serving the token's export and serves the part's;
+// with e.suspended, the part's export is registered suspended (as
+// Suspend leaves it: no client opens it until Resume).
 func (b *BlockDriver) ActivateMove(_ context.Context, e Export) (api.PrepareResponse, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -62,15 +64,35 @@ func (b *BlockDriver) ActivateMove(_ context.Context, e Export) (api.PrepareResp
 		return api.PrepareResponse{}, fmt.Errorf("%w: the part was not received", ErrNoDevice)
 	}
 	if x.incoming == "" {
+		// Activated already (a commit tried again): served, or not, as
+		// this commit says.
+		switch {
+		case x.retired || e.suspended == x.suspended:
+		case e.suspended:
+			if err := b.srv.SuspendExport(x.ex.Name); err != nil {
+				return api.PrepareResponse{}, fmt.Errorf("agent: suspend the moved part: %w", err)
+			}
+			x.suspended = true
+		default:
+			if err := b.srv.ResumeExport(x.ex.Name); err != nil {
+				return api.PrepareResponse{}, fmt.Errorf("agent: serve the moved part: %w", err)
+			}
+			x.suspended = false
+		}
 		return api.PrepareResponse{URI: uri}, nil
 	}
 	if err := b.srv.RemoveExport(x.incoming); err != nil && !errors.Is(err, nbd.ErrExportNotFound) {
 		return api.PrepareResponse{}, err
 	}
 	x.incoming = ""
-	if err := b.srv.AddExport(x.ex); err != nil {
+	add := b.srv.AddExport
+	if e.suspended {
+		add = b.srv.AddSuspendedExport
+	}
+	if err := add(x.ex); err != nil {
 		return api.PrepareResponse{}, err
 	}
+	x.suspended = e.suspended
 	return api.PrepareResponse{URI: uri}, nil
 }
 

@@ -45,7 +45,9 @@ func (m *MemoryDriver) ReceiveMove(_ context.Context, e Export, token string) (s
 	return protocol.URI{Address: e.Endpoint, Credential: token, TLS: m.tls}.String(), nil
 }
 
-// ActivateMove serves the received region under the lease's credential.
+// ActivateMove serves the received region under the lease's credential;
+// with e.suspended, the region is suspended first (as Suspend leaves it:
+// it takes no connection, under either credential, until Resume).
 func (m *MemoryDriver) ActivateMove(_ context.Context, e Export) (api.PrepareResponse, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -53,9 +55,23 @@ func (m *MemoryDriver) ActivateMove(_ context.Context, e Export) (api.PrepareRes
 	tok, ok := m.incoming[e.Request.Export]
 	if !ok {
 		if m.live[e.Request.Export] {
+			// Activated already (a commit tried again): served, or not,
+			// as this commit says.
+			change := m.donor.ResumeRegion
+			if e.suspended {
+				change = m.donor.SuspendRegion
+			}
+			if err := change(e.Request.Export); err != nil {
+				return api.PrepareResponse{}, fmt.Errorf("agent: serve or suspend the moved part: %w", err)
+			}
 			return api.PrepareResponse{URI: uri}, nil
 		}
 		return api.PrepareResponse{}, fmt.Errorf("%w: the part was not received", ErrNoDevice)
+	}
+	if e.suspended {
+		if err := m.donor.SuspendRegion(tok); err != nil {
+			return api.PrepareResponse{}, fmt.Errorf("agent: suspend the moved part: %w", err)
+		}
 	}
 	if err := m.donor.ActivateRegion(tok, e.Request.Export); err != nil {
 		return api.PrepareResponse{}, err

@@ -300,7 +300,9 @@ func TestMoveBlockUnderWrites(t *testing.T) {
 	if got := r.dst.Leases(); len(got) != 1 || got[0] != "lease-m" {
 		t.Errorf("the destination keeps %v", got)
 	}
-	// The old range is wiped, the new one persisted.
+	// The old range is wiped (in the background: the commit answered
+	// before), the new one persisted.
+	within(t, r.src.bg.done(), "the old range's wipe did not end")
 	old := make([]byte, movePart)
 	f, err := os.Open(filepath.Join(r.srcDir, "disk0.img"))
 	if err != nil {

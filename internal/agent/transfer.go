@@ -39,12 +39,18 @@ import (
 //     time, until commit or abort: without a seal the source gives up
 //     after HoldSeconds and serves the writes again), commits the
 //     destination (it serves the part under its new export name, knowing
-//     the lease's expiry the commit brings), records the part's new place
-//     in the lease, and commits the source: it
-//     retires the old export (the held writes and any request after that
-//     point are answered ESHUTDOWN, requests under way complete, the
+//     the lease's expiry the commit brings; with no time left by then,
+//     the part is the lease's export but not served, as a prepare with no
+//     time left, until a heartbeat answer shows time left), records the
+//     part's new place in the lease, and commits the source: it retires
+//     the old export (the held writes and any request after that point
+//     are answered ESHUTDOWN, requests under way complete, the
 //     connections close: a borrower's `rialto attach` redials where the
-//     lease now says), tears it down and wipes the old range.
+//     lease now says), tears it down, journals the old range (durably:
+//     refused to every prepare and transfer until wiped, and wiped by a
+//     restart) and answers; the range's wipe runs in the background, on
+//     a goroutine the agent owns (its stop interrupts it: the range stays
+//     journalled, wiped before the next run serves anything).
 //  4. Anything else aborts both sides: the source serves the part as
 //     before, the destination wipes what it received.
 //
@@ -66,7 +72,10 @@ type Mover interface {
 	// export named token (not as e's export yet) and returns its URI.
 	ReceiveMove(ctx context.Context, e Export, token string) (string, error)
 	// ActivateMove serves a range received by ReceiveMove as e's export
-	// (the token's export stops being served).
+	// (the token's export stops being served). With e.suspended (its
+	// lease's known expiry has passed) it makes it e's export without
+	// serving it, not for a single request: as Suspend (Suspender) leaves
+	// an export, until Resume.
 	ActivateMove(ctx context.Context, e Export) (api.PrepareResponse, error)
 	// SendMove starts marking the writes to e (served here) and returns
 	// its side of the copy.
@@ -241,8 +250,11 @@ func (ts *transfers) get(id string) (*transfer, error) {
 	return t, nil
 }
 
-// add records t, refusing a duplicate ID or a closed table. run, if not
-// nil, is t's goroutine: started once t is recorded, owned by the table
+// add records t, refusing a duplicate ID, a closed table or, for an
+// outgoing transfer, one of an export another transfer under way moves
+// from here: judged and recorded under one lock, so that of concurrent
+// moves of an export only one is recorded. run, if not nil, is t's
+// goroutine: started once t is recorded, owned by the table
 // (stopTransfers waits for it).
 func (ts *transfers) add(t *transfer, run func()) error {
 	ts.mu.Lock()
@@ -255,6 +267,9 @@ func (ts *transfers) add(t *transfer, run func()) error {
 	}
 	if _, dup := ts.m[t.id]; dup {
 		return fmt.Errorf("%w: transfer %q exists", ErrConflict, t.id)
+	}
+	if t.role == "out" && ts.movingLocked(t.e.Request.Export) {
+		return fmt.Errorf("%w: the export is already moving", ErrConflict)
 	}
 	ts.m[t.id] = t
 	if run != nil {
@@ -468,9 +483,6 @@ func (a *Agent) SendTransfer(_ context.Context, req api.TransferOutRequest) (api
 	if err != nil {
 		return api.Transfer{}, err
 	}
-	if a.movingExport(req.Export) {
-		return api.Transfer{}, fmt.Errorf("%w: the export is already moving", ErrConflict)
-	}
 	// The transfer's context: an abort (or the agent's stop) cancels it,
 	// at whatever stage the transfer is.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -478,6 +490,9 @@ func (a *Agent) SendTransfer(_ context.Context, req api.TransferOutRequest) (api
 		sealed: make(chan struct{}), finish: make(chan struct{}), done: make(chan struct{}),
 		st: api.Transfer{ID: req.ID, LeaseID: e.Request.LeaseID, Kind: e.Device.Kind, Role: "out", State: api.TransferCopying,
 			Size: e.Request.Length, StartedAt: time.Now(), UpdatedAt: time.Now()}}
+	// Recorded only if no other transfer moves the export (add judges
+	// that and records t under one lock: of concurrent requests to move
+	// it, one starts, the others are refused with ErrConflict).
 	if err := a.xfers.add(t, func() { a.sendOut(ctx, t, mv, req) }); err != nil {
 		cancel()
 		return api.Transfer{}, err
@@ -535,11 +550,17 @@ func (a *Agent) beginOut(ctx context.Context, t *transfer, mv Mover, uri string)
 	return src, dst, nil
 }
 
-// movingExport reports whether a transfer under way moves export name
-// from here.
-func (a *Agent) movingExport(name string) bool {
-	for _, t := range a.xfers.list() {
-		if t.role == "out" && t.e.Request.Export == name && !t.status().Done() {
+// movingLocked reports whether a transfer under way moves export name
+// from here; ts.mu is held (and each transfer's mu is taken after it).
+func (ts *transfers) movingLocked(name string) bool {
+	for _, t := range ts.m {
+		if t.role != "out" || t.e.Request.Export != name {
+			continue
+		}
+		t.mu.Lock()
+		done := t.st.Done()
+		t.mu.Unlock()
+		if !done {
 			return true
 		}
 	}
@@ -829,8 +850,11 @@ func (a *Agent) SealTransfer(_ context.Context, id string) (api.Transfer, error)
 // CommitTransfer commits a transfer: on the destination the part is
 // served under its export name, knowing the lease's expiry that req
 // brings (counted as a prepare's: from req.TimeoutSeconds before it
-// arrived); on the source (sealed) the old export is retired, torn down
-// and its range wiped.
+// arrived; with no time left it is made the export but not served, until
+// a heartbeat answer shows time left); on the source (sealed) the old
+// export is retired and torn down, and its range journalled: the commit
+// answers then, and the range is wiped in the background (refused to
+// every prepare and transfer until it is).
 func (a *Agent) CommitTransfer(ctx context.Context, id string, req api.TransferCommitRequest) (api.TransferCommitResponse, error) {
 	arrived := a.clock.Now()
 	t, err := a.xfers.get(id)
@@ -840,7 +864,11 @@ func (a *Agent) CommitTransfer(ctx context.Context, id string, req api.TransferC
 	if t.role == "in" {
 		return a.commitIn(ctx, t, requestExpiry(req.ExpiresAt, req.Now, arrived, req.TimeoutSeconds))
 	}
-	return api.TransferCommitResponse{}, a.commitOut(ctx, t)
+	// The old range's wipe runs in the background: the control plane's
+	// call is bounded, and a slow wipe outlasted it.
+	wipes, err := a.commitOut(ctx, t)
+	a.wipeInBackground(wipes)
+	return api.TransferCommitResponse{}, err
 }
 
 // commitIn commits an incoming transfer; exp is the lease's expiry the
@@ -873,18 +901,16 @@ func (a *Agent) commitIn(ctx context.Context, t *transfer, exp time.Time) (api.T
 }
 
 // activate serves a received part as the lease's (commitIn's work), whose
-// lease expires at exp (zero: unknown); opMu is held.
+// lease expires at exp (zero: unknown); opMu is held. A part whose known
+// expiry has passed by then is made the lease's export but not served
+// (suspended, as a prepare with no time left is): an answer that shows
+// the lease has time left serves it (reconcile).
 func (a *Agent) activate(ctx context.Context, t *transfer, exp time.Time) (api.TransferCommitResponse, error) {
 	mv, err := a.mover(t.e.Device.Kind)
 	if err != nil {
 		return api.TransferCommitResponse{}, err
 	}
-	resp, err := mv.ActivateMove(ctx, t.e)
-	if err != nil {
-		return api.TransferCommitResponse{}, fmt.Errorf("agent: serve the moved part: %w", err)
-	}
 	e := t.e
-	e.incoming, e.URI = false, resp.URI
 	a.mu.Lock()
 	if cur, ok := a.exports[e.Request.Export]; !exp.IsZero() {
 		// The lease's expiry at the commit: the latest known here (the
@@ -898,6 +924,18 @@ func (a *Agent) activate(ctx context.Context, t *transfer, exp time.Time) (api.T
 		// transfer came with).
 		e.Request.ExpiresAt = cur.Request.ExpiresAt
 	}
+	a.mu.Unlock()
+	// No time left: the driver makes it the lease's export without
+	// serving it, not for a single request (no window in which the
+	// export is served before it is stopped).
+	hold := a.noTimeLeft(e.Request)
+	e.suspended = hold
+	resp, err := mv.ActivateMove(ctx, e)
+	if err != nil {
+		return api.TransferCommitResponse{}, fmt.Errorf("agent: serve the moved part: %w", err)
+	}
+	e.incoming, e.URI = false, resp.URI
+	a.mu.Lock()
 	a.prepares++
 	e.prepared = a.prepares
 	a.exports[e.Request.Export] = e
@@ -919,11 +957,22 @@ func (a *Agent) activate(ctx context.Context, t *transfer, exp time.Time) (api.T
 	t.setLocked(api.TransferCommitted)
 	t.mu.Unlock()
 	a.mTransfers.WithLabelValues("in", "committed").Inc()
+	if hold {
+		a.mTransfers.WithLabelValues("in", "held").Inc()
+		a.log.Warn("committed a moved part whose lease has no time left; not serving it until a heartbeat answer shows time left",
+			"transfer", t.id, "lease", e.Request.LeaseID, "device", e.Device.Name)
+		return api.TransferCommitResponse(resp), nil
+	}
 	a.log.Info("serving a moved part", "transfer", t.id, "lease", e.Request.LeaseID, "device", e.Device.Name)
 	return api.TransferCommitResponse(resp), nil
 }
 
-func (a *Agent) commitOut(ctx context.Context, t *transfer) error {
+// commitOut commits a sealed outgoing transfer: it retires the old
+// export, tears it down and journals its range (durably: refused to every
+// prepare and transfer, and wiped by a restart), and returns the wipes it
+// owes, which the caller runs: in the background for the control plane's
+// commit (CommitTransfer), at once for a teardown.
+func (a *Agent) commitOut(ctx context.Context, t *transfer) ([]*pendingWipe, error) {
 	t.mu.Lock()
 	st := t.st.State
 	if st == api.TransferSealed {
@@ -933,10 +982,10 @@ func (a *Agent) commitOut(ctx context.Context, t *transfer) error {
 	t.mu.Unlock()
 	switch st {
 	case api.TransferCommitted:
-		return nil
+		return nil, nil
 	case api.TransferSealed:
 	default:
-		return fmt.Errorf("%w: it is %s, not sealed", ErrTransferState, st)
+		return nil, fmt.Errorf("%w: it is %s, not sealed", ErrTransferState, st)
 	}
 	// From here on the part lives at the destination: the old export
 	// never serves a write again.
@@ -946,15 +995,66 @@ func (a *Agent) commitOut(ctx context.Context, t *transfer) error {
 	close(t.finish)
 	<-t.done
 	a.endOut(t)
+	// The old export is torn down and its range journalled; the wipe is
+	// the caller's. (Run within the control plane's commit, a slow wipe,
+	// of a large range on a device that cannot punch holes, outlasted the
+	// call's bound: the control plane recorded the move done without
+	// this lender's answer.)
 	name := t.e.Request.Export
-	if err := a.teardownExports(ctx, t.e.Request.LeaseID, func(e Export) bool { return e.Request.Export == name }); err != nil {
-		// The range stays in the wipe journal, retried every heartbeat.
+	wipes, err := a.retireExports(ctx, t.e.Request.LeaseID, func(e Export) bool { return e.Request.Export == name })
+	if err != nil {
+		// Not journalled: the export stays (it serves nothing, retired)
+		// until a teardown that can journal its wipe (the heartbeat
+		// answers no longer list the part here: dropExports).
 		a.log.Warn("tearing down a moved part", "transfer", t.id, "err", err)
 	}
 	t.setState(api.TransferCommitted)
 	a.mTransfers.WithLabelValues("out", "committed").Inc()
-	a.log.Info("moved part switched over; old range torn down", "transfer", t.id, "lease", t.e.Request.LeaseID)
-	return nil
+	a.log.Info("moved part switched over; old export torn down, its range journalled for its wipe", "transfer", t.id,
+		"lease", t.e.Request.LeaseID)
+	return wipes, nil
+}
+
+// runWipes runs the wipes ws at once, returning their errors (each range
+// that is not wiped stays in the journal, retried every heartbeat round).
+func (a *Agent) runWipes(ctx context.Context, ws []*pendingWipe) error {
+	var errs []error
+	for _, w := range ws {
+		if err := a.runWipe(ctx, w); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// wipeInBackground wipes the journalled ranges ws on a goroutine the
+// agent owns (a.bg). Until a range is wiped it stays in the journal,
+// refused to every prepare and transfer; a wipe that fails stays there,
+// retried every heartbeat round, and one the agent's stop interrupts (or
+// that the stopping agent no longer starts) is finished by the next run
+// before it serves anything.
+func (a *Agent) wipeInBackground(ws []*pendingWipe) {
+	if len(ws) == 0 {
+		return
+	}
+	started := a.bg.run(func(ctx context.Context) {
+		for _, w := range ws {
+			err := a.runWipe(ctx, w)
+			switch {
+			case err == nil:
+			case ctx.Err() != nil:
+				a.log.Info("the agent stopped during a wipe; the range stays in the journal, wiped before the next run serves anything",
+					"lease", w.LeaseID, "device", w.DeviceName)
+				return
+			default:
+				a.log.Warn("wiping a moved part's old range failed; it stays in the journal (unlendable), retried every heartbeat round", "err", err)
+			}
+		}
+	})
+	if !started {
+		a.log.Info("the agent is stopping: a moved part's old range stays in the journal, wiped before the next run serves anything",
+			"ranges", len(ws))
+	}
 }
 
 // AbortTransfer gives a transfer up: the source serves the part as
@@ -1073,7 +1173,11 @@ func (a *Agent) abortLeaseTransfers(ctx context.Context, leaseID, why string, te
 		switch err := a.abortTransfer(ctx, t, why, true); {
 		case errors.Is(err, errSealed):
 			if teardown {
-				if err := a.commitOut(ctx, t); err != nil {
+				wipes, err := a.commitOut(ctx, t)
+				if err == nil {
+					err = a.runWipes(ctx, wipes)
+				}
+				if err != nil {
 					a.log.Warn("committing a sealed transfer of a lease torn down", "transfer", t.id, "err", err)
 				}
 			}

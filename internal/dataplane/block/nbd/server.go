@@ -244,6 +244,12 @@ func isPow2(v uint32) bool { return v != 0 && v&(v-1) == 0 }
 
 // AddExport registers an export. Its name must be unused.
 func (s *Server) AddExport(e Export) error {
+	return s.addExport(e, false)
+}
+
+// addExport is AddExport; suspended registers the export suspended
+// (AddSuspendedExport).
+func (s *Server) addExport(e Export, suspended bool) error {
 	if e.Backend == nil {
 		return fmt.Errorf("%w: nil backend", ErrInvalidExport)
 	}
@@ -275,8 +281,8 @@ func (s *Server) AddExport(e Export) error {
 	if _, ok := s.exports[e.Name]; ok {
 		return ErrExportExists
 	}
-	s.exports[e.Name] = &export{Export: e, size: size, conns: make(map[*conn]struct{})}
-	s.logger().Info("nbd: export added", "export", NameTag(e.Name), "size", size, "readonly", e.ReadOnly)
+	s.exports[e.Name] = &export{Export: e, size: size, conns: make(map[*conn]struct{}), suspended: suspended}
+	s.logger().Info("nbd: export added", "export", NameTag(e.Name), "size", size, "readonly", e.ReadOnly, "suspended", suspended)
 	return nil
 }
 

@@ -28,6 +28,14 @@ func (s *Server) SuspendExport(name string) error {
 	return nil
 }
 
+// AddSuspendedExport registers an export as AddExport does, suspended
+// from the start: no client opens it, not for a single request, until
+// ResumeExport serves it. (AddExport then SuspendExport would serve a
+// client that came in between.)
+func (s *Server) AddSuspendedExport(e Export) error {
+	return s.addExport(e, true)
+}
+
 // ResumeExport serves a suspended export again (an export that is not
 // suspended is left as it is).
 func (s *Server) ResumeExport(name string) error {

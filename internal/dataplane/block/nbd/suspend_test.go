@@ -165,3 +165,32 @@ func TestSuspendedExportRemoved(t *testing.T) {
 		t.Errorf("the name of a removed suspended export is not free: %v", err)
 	}
 }
+
+// TestAddSuspendedExport: an export added suspended is known (a second
+// add of its name is refused) but no client opens it until ResumeExport
+// serves it, with what its backend holds.
+func TestAddSuspendedExport(t *testing.T) {
+	be := NewMemBackend(1 << 20)
+	if _, err := be.WriteAt(bytes.Repeat([]byte{7}, 4096), 0); err != nil {
+		t.Fatal(err)
+	}
+	s, addr := startServer(t)
+	if err := s.AddSuspendedExport(Export{Name: "x", Backend: be}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if c, err := Dial(ctx, "tcp", addr, "x"); err == nil {
+		c.Close()
+		t.Fatal("a client opened an export added suspended")
+	}
+	if err := s.AddExport(Export{Name: "x", Backend: be}); !errors.Is(err, ErrExportExists) {
+		t.Errorf("adding the name again: %v, want ErrExportExists", err)
+	}
+	if err := s.ResumeExport("x"); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 4096)
+	if _, err := dial(t, addr, "x").ReadAt(got, 0); err != nil || !bytes.Equal(got, bytes.Repeat([]byte{7}, 4096)) {
+		t.Fatalf("once resumed: %v, %x...", err, got[:4])
+	}
+}
