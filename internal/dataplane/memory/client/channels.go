@@ -2,10 +2,12 @@ package client
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -14,24 +16,13 @@ import (
 )
 
 // bulkStream is one connection of the bulk channel, driven with raw
-// syscalls like the synchronous channel (see rawconn).
+// syscalls like the synchronous channel (see rawconn), and re-established
+// alone when it breaks (rejoin.go).
 type bulkStream struct {
-	mu   sync.Mutex
-	pg   *rawconn.Conn
+	link
 	seq  uint32
-	bad  error
 	hdrs [bulkReadWindow * protocol.HeaderSize]byte
 	iov  [][]byte
-}
-
-func (s *bulkStream) close() {
-	s.pg.Shutdown()
-	s.mu.Lock()
-	s.pg.Close()
-	if s.bad == nil {
-		s.bad = protocol.ErrClosed
-	}
-	s.mu.Unlock()
 }
 
 // bulk splits [off, off+len(p)) into chunks and moves them over the bulk
@@ -51,13 +42,13 @@ func (c *Client) bulk(ctx context.Context, op uint8, p []byte, off int64) error 
 			continue
 		}
 		if i == 0 { // the caller's goroutine drives the first stream
-			errs[0] = c.streams[0].run(ctx, op, p[lo:hi], off+int64(lo), chunk)
+			errs[0] = c.streams[0].run(ctx, c, op, p[lo:hi], off+int64(lo), chunk)
 			break
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = c.streams[i].run(ctx, op, p[lo:hi], off+int64(lo), chunk)
+			errs[i] = c.streams[i].run(ctx, c, op, p[lo:hi], off+int64(lo), chunk)
 		}()
 	}
 	wg.Wait()
@@ -78,29 +69,39 @@ const (
 
 // run moves p over this stream with a window of chunk requests in flight,
 // all from the calling goroutine: the initial window goes out in one writev
-// and each reply received releases the next request.
-func (s *bulkStream) run(ctx context.Context, op uint8, p []byte, off int64, chunk int) (err error) {
+// and each reply received releases the next request. If the donor ends
+// the connection, a new one goes on from the first chunk not acknowledged
+// (rejoin.go).
+func (s *bulkStream) run(ctx context.Context, c *Client, op uint8, p []byte, off int64, chunk int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.bad != nil {
-		return s.bad
-	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if err := s.ready(ctx, c); err != nil {
+		return err
+	}
 	if ctx.Done() != nil {
-		stop := context.AfterFunc(ctx, s.pg.Shutdown)
+		stop := context.AfterFunc(ctx, s.shutdown)
 		defer stop()
 	}
-	defer func() {
-		if err != nil {
-			if ctx.Err() != nil {
-				err = fmt.Errorf("%w: %w", protocol.ErrDonorLost, ctx.Err())
-			}
-			s.bad = err
-			s.pg.Shutdown()
+	tries := 0
+	for {
+		done, err := s.pipeline(s.pg.Load(), op, p, off, chunk)
+		if err == nil {
+			return nil
 		}
-	}()
+		again, err := s.recover(ctx, c, s.broke(ctx, err), &tries)
+		if !again {
+			return err
+		}
+		p, off = p[done:], off+int64(done)
+	}
+}
+
+// pipeline moves p over pg (see run) and returns how many bytes of p the
+// donor acknowledged, in order, before an error.
+func (s *bulkStream) pipeline(pg *rawconn.Conn, op uint8, p []byte, off int64, chunk int) (done int, err error) {
 	first := s.seq + 1
 	n := (len(p) + chunk - 1) / chunk
 	s.seq += uint32(n)
@@ -128,8 +129,8 @@ func (s *bulkStream) run(ctx context.Context, op uint8, p []byte, off int64, chu
 	for i := range window {
 		add(i)
 	}
-	if err := s.pg.SendV(bufs); err != nil {
-		return err
+	if err := pg.SendV(bufs); err != nil {
+		return 0, err
 	}
 	var hdr [protocol.HeaderSize]byte
 	for i := range n {
@@ -138,18 +139,18 @@ func (s *bulkStream) run(ctx context.Context, op uint8, p []byte, off int64, chu
 		if op == protocol.OpRead {
 			buf = p[lo:hi]
 		}
-		if err := s.pg.Reply(hdr[:], first+uint32(i), op, buf); err != nil {
-			return err
+		if err := pg.Reply(hdr[:], first+uint32(i), op, buf); err != nil {
+			return lo, err
 		}
 		if next := i + window; next < n {
 			bufs = bufs[:0]
 			add(next)
-			if err := s.pg.SendV(bufs); err != nil {
-				return err
+			if err := pg.SendV(bufs); err != nil {
+				return hi, err
 			}
 		}
 	}
-	return nil
+	return len(p), nil
 }
 
 // Op is one asynchronous request posted on a queue pair. Buf is the
@@ -179,19 +180,32 @@ type qop struct {
 // QueuePair is an asynchronous channel: requests are pipelined on one
 // connection, numbered by sequence, and completed on a completion queue.
 // Posting consumes a credit; the donor grants credits back over the
-// session's control connection as it completes requests.
+// session's control connection as it completes requests. A connection
+// the donor ends while the session lives is re-established alone: the
+// requests pending on it are sent again on the new one (same sequence
+// numbers, completed once; rejoin.go).
 type QueuePair struct {
-	c    *Client
+	c *Client
+	// id is the queue's id at the donor and conn its connection: both
+	// change when the connection is re-established (under wmu and mu;
+	// read under either), and cgen counts those changes. br reads conn,
+	// from the reader goroutine only.
 	id   uint32
 	conn net.Conn
+	cgen uint32
 	br   *bufio.Reader
+	// cancel ends the reader's re-establishment of the connection
+	// (Close); resends are the goroutines sending the pending requests
+	// again on a new connection, which Close waits for.
+	cancel  context.CancelFunc
+	resends sync.WaitGroup
 
 	wmu sync.Mutex // serialises frame writes
 
 	mu      sync.Mutex
 	seq     uint32
-	sent    uint32 // requests posted (cumulative)
-	granted uint32 // credits granted (cumulative)
+	sent    uint32 // requests posted (cumulative, on conn)
+	granted uint32 // credits granted (cumulative, to conn's queue id)
 	wake    chan struct{}
 	pending map[uint32]*qop
 	err     error
@@ -221,7 +235,9 @@ func (c *Client) NewQueuePair(ctx context.Context) (*QueuePair, error) {
 	c.qmu.Lock()
 	c.queues[q.id] = q
 	c.qmu.Unlock()
-	go q.reader()
+	rctx, cancel := context.WithCancel(context.Background())
+	q.cancel = cancel
+	go q.reader(rctx)
 	return q, nil
 }
 
@@ -242,9 +258,11 @@ func (q *QueuePair) Post(ctx context.Context, op Op) (uint32, error) {
 	return q.post(ctx, &qop{op: op})
 }
 
-func (q *QueuePair) grant(v uint32) {
+// grant applies a CREDIT update for queue id: a late one for the queue
+// of a connection since re-established is ignored.
+func (q *QueuePair) grant(id, v uint32) {
 	q.mu.Lock()
-	if int32(v-q.granted) > 0 {
+	if id == q.id && int32(v-q.granted) > 0 {
 		q.granted = v
 		close(q.wake)
 		q.wake = make(chan struct{})
@@ -291,11 +309,12 @@ func (q *QueuePair) fail(err error) {
 	q.pending = map[uint32]*qop{}
 	close(q.wake)
 	q.wake = make(chan struct{})
+	conn := q.conn
 	q.mu.Unlock()
 	for _, o := range pend {
 		q.finish(o, err)
 	}
-	_ = q.conn.Close()
+	_ = conn.Close()
 }
 
 func (q *QueuePair) finish(o *qop, err error) {
@@ -348,25 +367,42 @@ func (q *QueuePair) post(ctx context.Context, o *qop) (uint32, error) {
 	q.seq++
 	o.seq = q.seq
 	q.pending[o.seq] = o
+	gen := q.cgen
 	_ = q.conn.SetReadDeadline(q.c.deadline(ctx))
 	q.mu.Unlock()
 
-	h := protocol.Header{Op: protocol.OpRead, Seq: o.seq, Offset: uint64(o.op.Off), Length: uint32(n)}
 	var hdr [protocol.HeaderSize]byte
-	bufs := net.Buffers{hdr[:]}
+	bufs := o.frame(hdr[:])
+	q.wmu.Lock()
+	if q.cgen != gen {
+		// The connection was re-established since o was registered:
+		// o was pending then, and sent again on the new one.
+		q.wmu.Unlock()
+		return o.seq, nil
+	}
+	conn := q.conn
+	_ = conn.SetWriteDeadline(q.c.deadline(ctx))
+	_, err := bufs.WriteTo(conn)
+	q.wmu.Unlock()
+	if err != nil && !connEnded(err) {
+		q.fail(transportErr(err))
+	}
+	// A connection the donor ended: the reader finds its end, and
+	// re-establishes it (sending o again) or fails the pair.
+	return o.seq, nil
+}
+
+// frame is o's request frame, its header encoded into hdr.
+func (o *qop) frame(hdr []byte) net.Buffers {
+	n := len(o.op.Buf)
+	h := protocol.Header{Op: protocol.OpRead, Seq: o.seq, Offset: uint64(o.op.Off), Length: uint32(n)}
+	bufs := net.Buffers{hdr}
 	if o.op.Write {
 		h.Op, h.Payload = protocol.OpWrite, uint32(n)
 		bufs = append(bufs, o.op.Buf)
 	}
-	h.Encode(hdr[:])
-	q.wmu.Lock()
-	_ = q.conn.SetWriteDeadline(q.c.deadline(ctx))
-	_, err := bufs.WriteTo(q.conn)
-	q.wmu.Unlock()
-	if err != nil {
-		q.fail(transportErr(err))
-	}
-	return o.seq, nil
+	h.Encode(hdr)
+	return bufs
 }
 
 var qopPool = sync.Pool{New: func() any { return &qop{done: make(chan error, 1)} }}
@@ -387,6 +423,7 @@ func (q *QueuePair) do(ctx context.Context, op uint8, p []byte, off int64, chunk
 		}
 		ops = append(ops, o)
 	}
+	abandoned := false
 	for _, o := range ops {
 		select {
 		case e := <-o.done:
@@ -401,6 +438,7 @@ func (q *QueuePair) do(ctx context.Context, op uint8, p []byte, off int64, chunk
 		if _, ok := q.pending[o.seq]; ok {
 			delete(q.pending, o.seq) // the reader will discard its reply
 			q.mu.Unlock()
+			abandoned = true
 			if err == nil {
 				err = ctx.Err()
 			}
@@ -412,24 +450,51 @@ func (q *QueuePair) do(ctx context.Context, op uint8, p []byte, off int64, chunk
 		}
 		qopPool.Put(o)
 	}
+	if abandoned {
+		// A re-established connection's resend may be sending the
+		// abandoned requests: p is the caller's again once it is done.
+		q.wmu.Lock()
+		//lint:ignore SA2001 an empty critical section waits for the resend
+		q.wmu.Unlock()
+	}
 	return err
 }
 
-func (q *QueuePair) reader() {
+func (q *QueuePair) reader(ctx context.Context) {
 	defer close(q.done)
 	var hdr [protocol.HeaderSize]byte
+	// rejoins counts the connections re-established since the last
+	// reply: a donor that keeps ending them fails the pair.
+	rejoins := 0
+	rejoin := func() bool {
+		if rejoins >= maxRejoins || q.c.closed.Load() || q.isClosed() {
+			return false
+		}
+		rejoins++
+		return q.reconnect(ctx)
+	}
 	for {
-		h, err := readHeader(q.br, hdr[:])
+		var h protocol.Header
+		_, err := io.ReadFull(q.br, hdr[:])
+		ended := err != nil && connEnded(err)
+		if err != nil {
+			err = transportErr(err)
+		} else {
+			h, err = protocol.DecodeHeader(hdr[:])
+		}
 		if err == nil && (!h.IsResponse() || (h.Op != protocol.OpRead && h.Op != protocol.OpWrite)) {
 			err = fmt.Errorf("%w: unexpected frame op %d on a queue pair", protocol.ErrBadFrame, h.Op)
 		}
 		if err != nil {
 			if q.c.closed.Load() || q.isClosed() {
 				err = protocol.ErrClosed
+			} else if ended && rejoin() {
+				continue
 			}
 			q.fail(err)
 			return
 		}
+		rejoins = 0
 		q.mu.Lock()
 		o := q.pending[h.Seq]
 		delete(q.pending, h.Seq)
@@ -467,8 +532,14 @@ func (q *QueuePair) reader() {
 				_, err = io.ReadFull(q.br, o.op.Buf)
 			}
 			if err != nil {
+				// o, a READ whose data the connection's end cut short,
+				// is pending again: sent again, or failed with the pair.
+				repended := connEnded(err) && q.repend(o)
+				if repended && rejoin() {
+					continue
+				}
 				err = transportErr(err)
-				if o != nil {
+				if o != nil && !repended {
 					q.finish(o, err)
 				}
 				q.fail(err)
@@ -485,6 +556,101 @@ func (q *QueuePair) reader() {
 	}
 }
 
+// repend puts o (nil: nothing), whose reply's data the connection's end
+// cut short, back among the pending requests; false if the session was
+// lost meanwhile (the pair then fails).
+func (q *QueuePair) repend(o *qop) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.err != nil || q.lost != nil {
+		return false
+	}
+	if o != nil {
+		q.pending[o.seq] = o
+	}
+	return true
+}
+
+// reconnect re-establishes the pair's connection, which the donor ended
+// while the session lives, as a new queue connection of the session (a
+// queue of its own at the donor, with a fresh credit window), and has
+// the requests pending sent again on it, in order, before any posted
+// later (rejoin.go). False if the session, or the pair, ended or the
+// connection could not be re-established: the pair then fails.
+func (q *QueuePair) reconnect(ctx context.Context) bool {
+	if q.c.err() != nil {
+		return false
+	}
+	conn, rep, err := q.c.handshake(ctx, protocol.KindQueue)
+	if err != nil {
+		return false
+	}
+	q.wmu.Lock() // until the pending requests are sent again (resend)
+	q.mu.Lock()
+	if q.err != nil || q.lost != nil || q.closed || q.c.closed.Load() {
+		q.mu.Unlock()
+		q.wmu.Unlock()
+		_ = conn.Close()
+		return false
+	}
+	old, oldID := q.conn, q.id
+	q.conn, q.id, q.cgen = conn, rep.queue, q.cgen+1
+	q.br = bufio.NewReaderSize(conn, 64<<10)
+	ops := make([]*qop, 0, len(q.pending))
+	for _, o := range q.pending {
+		ops = append(ops, o)
+	}
+	// In the order they were posted (sequence numbers wrap; the pending
+	// ones are within a window of each other).
+	slices.SortFunc(ops, func(a, b *qop) int { return cmp.Compare(int32(a.seq-b.seq), 0) })
+	// The new queue's window holds as many requests as the old one's;
+	// any beyond it (a donor whose window shrank) fail.
+	var over []*qop
+	if len(ops) > int(rep.Credits) {
+		ops, over = ops[:rep.Credits], ops[rep.Credits:]
+		for _, o := range over {
+			delete(q.pending, o.seq)
+		}
+	}
+	q.granted, q.sent = rep.Credits, uint32(len(ops))
+	close(q.wake)
+	q.wake = make(chan struct{})
+	if len(ops) > 0 {
+		_ = conn.SetReadDeadline(time.Now().Add(q.c.opts.Timeout))
+	}
+	q.mu.Unlock()
+	_ = old.Close()
+	q.c.qmu.Lock()
+	delete(q.c.queues, oldID)
+	q.c.queues[rep.queue] = q
+	q.c.qmu.Unlock()
+	q.c.rejoins.Add(1)
+	// From another goroutine, so that the reader takes the replies
+	// meanwhile (the donor stops reading requests while its replies
+	// are not read); posts wait on wmu until it is done.
+	q.resends.Go(func() {
+		defer q.wmu.Unlock()
+		_ = conn.SetWriteDeadline(time.Now().Add(q.c.opts.Timeout))
+		var hdr [protocol.HeaderSize]byte
+		for _, o := range ops {
+			bufs := o.frame(hdr[:])
+			if _, err := bufs.WriteTo(conn); err != nil {
+				// The reader finds the connection's end and
+				// re-establishes it again or fails the pair; any other
+				// failure ends the connection for it to find.
+				if !connEnded(err) {
+					_ = conn.Close()
+				}
+				return
+			}
+		}
+	})
+	for _, o := range over {
+		q.finish(o, fmt.Errorf("%w: the re-established queue connection's window is smaller", protocol.ErrDonorLost))
+	}
+	return true
+}
+
 func (q *QueuePair) isClosed() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -495,9 +661,14 @@ func (q *QueuePair) isClosed() bool {
 func (q *QueuePair) Close() error {
 	q.mu.Lock()
 	q.closed = true
+	conn := q.conn
 	q.mu.Unlock()
-	_ = q.conn.Close()
+	if q.cancel != nil {
+		q.cancel()
+	}
+	_ = conn.Close()
 	<-q.done
+	q.resends.Wait()
 	q.c.qmu.Lock()
 	delete(q.c.queues, q.id)
 	q.c.qmu.Unlock()

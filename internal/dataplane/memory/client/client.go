@@ -130,6 +130,7 @@ type Client struct {
 	closed      atomic.Bool
 	errOnce     sync.Once
 	lostErr     atomic.Pointer[error]
+	rejoins     atomic.Int64 // data connections re-established (rejoin.go)
 }
 
 // Dial opens a session on the region identified by credential at addr: a
@@ -153,15 +154,21 @@ func Dial(ctx context.Context, addr, credential string, opts Options) (*Client, 
 			_ = c.Close()
 		}
 	}()
-	if c.sync.pg, err = c.newRaw(ctx, protocol.KindSync); err != nil {
+	c.sync.kind = protocol.KindSync
+	pg, err := c.newRaw(ctx, protocol.KindSync)
+	if err != nil {
 		return nil, err
 	}
+	c.sync.pg.Store(pg)
 	for range opts.Streams {
 		pg, err := c.newRaw(ctx, protocol.KindBulk)
 		if err != nil {
 			return nil, err
 		}
-		c.streams = append(c.streams, &bulkStream{pg: pg})
+		s := &bulkStream{}
+		s.kind = protocol.KindBulk
+		s.pg.Store(pg)
+		c.streams = append(c.streams, s)
 	}
 	if c.qp, err = c.NewQueuePair(ctx); err != nil {
 		return nil, err
@@ -443,7 +450,7 @@ func (c *Client) readControl() {
 		q := c.queues[uint32(f.Offset)]
 		c.qmu.Unlock()
 		if q != nil {
-			q.grant(f.Credits)
+			q.grant(uint32(f.Offset), f.Credits)
 		}
 	}
 }
@@ -628,61 +635,44 @@ func transportErr(err error) error {
 // syncConn is the fine-grained synchronous channel: one connection, one
 // request at a time, no allocation per request. It drives the socket with
 // raw syscalls and poll(2) from the calling goroutine (see rawconn), which
-// saves the netpoller's wake-up on every round trip.
+// saves the netpoller's wake-up on every round trip. A connection that
+// breaks is re-established alone (rejoin.go).
 type syncConn struct {
-	mu  sync.Mutex
-	pg  *rawconn.Conn
-	bad error
+	link
 }
 
 func (s *syncConn) do(ctx context.Context, c *Client, op uint8, p []byte, off int64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.bad != nil {
-		return s.bad
-	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if err := s.ready(ctx, c); err != nil {
+		return err
+	}
 	if ctx.Done() != nil {
-		stop := context.AfterFunc(ctx, s.pg.Shutdown)
+		stop := context.AfterFunc(ctx, s.shutdown)
 		defer stop()
 	}
+	tries := 0
 	for len(p) > 0 {
 		n := min(len(p), protocol.MaxPayload)
-		if err := s.pg.Do(op, p[:n], off); err != nil {
-			if !errors.Is(err, protocol.ErrOutOfRange) {
-				if ctx.Err() != nil {
-					err = fmt.Errorf("%w: %w", protocol.ErrDonorLost, ctx.Err())
-				}
-				s.bad = err
-				s.pg.Shutdown()
+		if err := s.pg.Load().Do(op, p[:n], off); err != nil {
+			if errors.Is(err, protocol.ErrOutOfRange) {
+				return err
 			}
-			return err
+			// The part [off, off+n) is sent again on a new connection
+			// if the donor ended this one (rejoin.go); the parts before
+			// it were acknowledged.
+			again, err := s.recover(ctx, c, s.broke(ctx, err), &tries)
+			if !again {
+				return err
+			}
+			continue
 		}
 		p, off = p[n:], off+int64(n)
 	}
 	return nil
-}
-
-func (s *syncConn) close() {
-	if s.pg == nil {
-		return
-	}
-	s.pg.Shutdown()
-	s.mu.Lock()
-	s.pg.Close()
-	if s.bad == nil {
-		s.bad = protocol.ErrClosed
-	}
-	s.mu.Unlock()
-}
-
-func readHeader(r io.Reader, b []byte) (protocol.Header, error) {
-	if _, err := io.ReadFull(r, b[:protocol.HeaderSize]); err != nil {
-		return protocol.Header{}, transportErr(err)
-	}
-	return protocol.DecodeHeader(b[:protocol.HeaderSize])
 }
 
 // readStatus consumes an error response's message and returns its error.

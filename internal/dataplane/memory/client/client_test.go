@@ -306,9 +306,9 @@ func TestRawDescriptorsOffNetpoller(t *testing.T) {
 	if err := c.Read(context.Background(), ChannelBulk, make([]byte, 1<<20), 0); err != nil {
 		t.Fatal(err)
 	}
-	fds := map[int]string{c.sync.pg.Fd(): "client sync"}
+	fds := map[int]string{c.sync.pg.Load().Fd(): "client sync"}
 	for i, s := range c.streams {
-		fds[s.pg.Fd()] = fmt.Sprintf("client bulk stream %d", i)
+		fds[s.pg.Load().Fd()] = fmt.Sprintf("client bulk stream %d", i)
 	}
 	if want := 1 + len(c.streams); len(fds) != want {
 		t.Fatalf("%d raw descriptors, want %d (sync and each bulk stream)", len(fds), want)

@@ -15,6 +15,12 @@
 // builds a transparent mapping on a Client (Join hands it a connection of
 // the session).
 //
+// A data connection the donor ends while the session lives (a move
+// closes the connection of a WRITE whose payload stalls) is re-established
+// alone, joining the same session, and the requests in flight on it are
+// sent again; the session's other connections serve on (rejoin.go,
+// Client.Rejoins).
+//
 // A Following (DialFollowing) is a session that follows its region when
 // the lease moves to another donor: a request that finds the region gone
 // asks a Relocator (the control plane's record of the lease) where it is,

@@ -3,6 +3,8 @@ package client
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"errors"
 	"net"
 	"testing"
 	"time"
@@ -36,9 +38,12 @@ func FuzzQueueReplies(f *testing.F) {
 		src := bytes.Repeat([]byte{0xc3}, 64)
 		rd := &qop{op: Op{Buf: make([]byte, 64)}, seq: 1, done: make(chan error, 1)}
 		wr := &qop{op: Op{Write: true, Buf: append([]byte(nil), src...)}, seq: 2, done: make(chan error, 1)}
-		q := &QueuePair{c: &Client{opts: Options{Timeout: 10 * time.Second}}, conn: cli, br: bufio.NewReader(cli),
+		// A connection that ends is not re-established: there is no
+		// donor to dial.
+		refuse := func(context.Context, string) (net.Conn, error) { return nil, errors.New("no donor here") }
+		q := &QueuePair{c: &Client{opts: Options{Timeout: 10 * time.Second, Dialer: refuse}}, conn: cli, br: bufio.NewReader(cli),
 			wake: make(chan struct{}), pending: map[uint32]*qop{1: rd, 2: wr}, done: make(chan struct{})}
-		q.reader()
+		q.reader(context.Background())
 		rerr, werr := <-rd.done, <-wr.done
 
 		if !bytes.Equal(wr.op.Buf, src) {

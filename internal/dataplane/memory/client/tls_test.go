@@ -58,12 +58,12 @@ func TestTLSChannels(t *testing.T) {
 	if !bytes.Equal(all, shadow) {
 		t.Fatal("region differs from shadow")
 	}
-	fds := map[int]string{c.sync.pg.Fd(): "client sync"}
+	fds := map[int]string{c.sync.pg.Load().Fd(): "client sync"}
 	for i, s := range c.streams {
-		if !s.pg.TLS() {
+		if !s.pg.Load().TLS() {
 			t.Fatalf("bulk stream %d is not TLS", i)
 		}
-		fds[s.pg.Fd()] = fmt.Sprintf("client bulk stream %d", i)
+		fds[s.pg.Load().Fd()] = fmt.Sprintf("client bulk stream %d", i)
 	}
 	memorytest.CheckOffNetpoller(t, fds)
 }

@@ -49,7 +49,9 @@ const DefaultCredits = 64
 //
 // Single subscriber (as in Venice): a region belongs to at most one client
 // session at a time. A session starts with a control connection (HELLO with
-// session 0); the client's other connections join it by its session id. A
+// session 0); the client's other connections join it by its session id, at
+// any time while it lives (a data connection the donor closed, alone, is
+// joined again once that connection's handler has returned: fence). A
 // second client is refused with protocol.ErrBusy while the session's control
 // connection is open; when it closes, every connection of the session is
 // closed and the region can be subscribed again (its contents are kept until
@@ -92,6 +94,9 @@ type Donor struct {
 	// Clock times the moves' waits (RefusalWait and RefusalWaitLimit in
 	// TrackWrites and PauseWrites; internal/clock); nil: the real clock.
 	Clock clock.Clock
+
+	// fenceWaits counts the HELLOs waiting at a fence (move.go) now.
+	fenceWaits atomic.Int32
 
 	mu       sync.Mutex
 	regions  map[[32]byte]*region
@@ -605,6 +610,11 @@ func (d *Donor) hello(c net.Conn, rw io.ReadWriter) (*session, protocol.Hello, u
 		return nil, protocol.Hello{}, 0, false
 	}
 	s, qid, st, msg := d.attach(c, hello, f.Header)
+	if st == protocol.StatusOK && hello.Kind != protocol.KindControl && !d.fence(s.reg) {
+		d.detach(s, c)
+		s.reg.users.Done()
+		st, msg = protocol.StatusBusy, "memory: a connection of the session the donor closed is still being served"
+	}
 	if st != protocol.StatusOK {
 		d.log.Info("memory connection refused", "remote", c.RemoteAddr().String(), "reason", msg)
 		_ = writeErr(rw, protocol.OpHello, f.Seq, st, msg)
@@ -784,6 +794,9 @@ func (d *Donor) serveData(s *session, c net.Conn, kind uint8, qid uint32) {
 	w := d.addWriter(s.reg, func() { kill(c) })
 	defer d.dropWriter(s.reg, w)
 	for {
+		if w.closed.Load() {
+			return // a request already buffered is not served (fence)
+		}
 		if _, err := io.ReadFull(br, hdr[:]); err != nil {
 			return
 		}
@@ -965,6 +978,9 @@ func (d *Donor) serveRaw(s *session, p *rawconn.Conn) {
 	w := d.addWriter(s.reg, p.Shutdown)
 	defer d.dropWriter(s.reg, w)
 	for {
+		if w.closed.Load() {
+			return // a request already received is not served (fence)
+		}
 		if err := p.RecvV([][]byte{in[:]}); err != nil {
 			return
 		}

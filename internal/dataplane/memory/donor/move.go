@@ -184,6 +184,11 @@ type writer struct {
 	writing  atomic.Int32 // notWriting, writingUntracked or writingTracked
 	received atomic.Int64
 	stop     func() // closes the connection
+	// closed: Stop closed the connection, and the handler serves no
+	// further request on it; left closes once the handler has returned
+	// (dropWriter). See fence.
+	closed atomic.Bool
+	left   chan struct{}
 }
 
 const (
@@ -195,7 +200,7 @@ const (
 // addWriter registers the handler of a data connection of r, which stop
 // closes.
 func (d *Donor) addWriter(r *region, stop func()) *writer {
-	w := &writer{d: d, stop: stop}
+	w := &writer{d: d, stop: stop, left: make(chan struct{})}
 	d.mu.Lock()
 	if r.writers == nil {
 		r.writers = map[*writer]struct{}{}
@@ -209,6 +214,42 @@ func (d *Donor) dropWriter(r *region, w *writer) {
 	d.mu.Lock()
 	delete(r.writers, w)
 	d.mu.Unlock()
+	close(w.left)
+}
+
+// fence waits until the handlers of r's connections the donor closed
+// itself (Stop: a move's stalled write) have returned, before a new data
+// connection of r's session is answered its HELLO: a client sends again
+// on the new connection the requests the closed one left unanswered
+// (client.Client re-establishes a lost connection alone), and what the
+// closed one's handler still received — the bytes that had arrived
+// before the close — must not land in the region after them. Such a
+// handler returns as soon as it has read those: false (the HELLO is
+// refused) if it has not within errHandshakeLimit.
+func (d *Donor) fence(r *region) bool {
+	d.mu.Lock()
+	var wait []chan struct{}
+	for w := range r.writers {
+		if w.closed.Load() {
+			wait = append(wait, w.left)
+		}
+	}
+	d.mu.Unlock()
+	if len(wait) == 0 {
+		return true
+	}
+	d.fenceWaits.Add(1)
+	defer d.fenceWaits.Add(-1)
+	t := time.NewTimer(errHandshakeLimit)
+	defer t.Stop()
+	for _, left := range wait {
+		select {
+		case <-left:
+		case <-t.C:
+			return false
+		}
+	}
+	return true
 }
 
 // begin marks a WRITE under way, from writeGate's admission (g, nil if
@@ -266,10 +307,13 @@ func (w *writer) Writing(tracked bool) (bool, int64) {
 // handler's read of the withheld payload fails and the write leaves,
 // never acknowledged; the session's other connections are served on. A
 // borrower that wants the write done sends it again (on another
-// connection of the session, or of its next one), held like any.
+// connection of the session, or of its next one), held like any; a new
+// connection of the session is admitted once this handler has returned
+// (fence).
 func (w *writer) Stop(why error) {
 	w.d.log.Warn("memory move: closing the connection of a write whose payload stalled",
 		"why", why, "wait", w.d.refusalWait(), "limit", w.d.refusalWaitLimit())
+	w.closed.Store(true) // first: a HELLO the close lets in waits for the handler (fence)
 	w.stop()
 }
 

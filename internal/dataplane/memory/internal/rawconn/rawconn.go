@@ -12,6 +12,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// ErrPeerClosed is wrapped (with protocol.ErrDonorLost) by a receive
+// that found the connection closed by its peer (end of stream). A receive
+// or send the peer reset wraps the errno (ECONNRESET, EPIPE) instead.
+// Not io.EOF: a lost donor must never read as a region's end.
+var ErrPeerClosed = errors.New("EOF")
+
 // Conn is a synchronous connection driven with raw syscalls, so the thread
 // driving it (a client's caller, a donor's serving thread, a mapping's
 // fault handler) never waits on the Go scheduler's netpoller. The socket is
@@ -163,7 +169,7 @@ func (p *Conn) sendRaw(bufs [][]byte) error {
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("%w: write: %v", protocol.ErrDonorLost, err)
+			return fmt.Errorf("%w: write: %w", protocol.ErrDonorLost, err)
 		}
 		bufs = advance(bufs, n)
 	}
@@ -226,10 +232,10 @@ func (p *Conn) recvRaw(bufs [][]byte, least int) (int, error) {
 			continue
 		}
 		if err != nil {
-			return got, fmt.Errorf("%w: read: %v", protocol.ErrDonorLost, err)
+			return got, fmt.Errorf("%w: read: %w", protocol.ErrDonorLost, err)
 		}
 		if n == 0 {
-			return got, fmt.Errorf("%w: read: EOF", protocol.ErrDonorLost)
+			return got, fmt.Errorf("%w: read: %w", protocol.ErrDonorLost, ErrPeerClosed)
 		}
 		got += n
 		bufs = advance(bufs, n)

@@ -1,0 +1,185 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/rialto-project/rialto/internal/dataplane/memory/internal/rawconn"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
+)
+
+// A data connection of a session (the sync connection, a bulk stream, a
+// queue pair's) may end while the session lives: a donor moving the
+// region closes the connection of a WRITE whose payload stalls, and only
+// it (docs/memory-protocol.md, "A region that moved"). The client then
+// re-establishes that connection alone — a HELLO of the same kind,
+// presenting the session's credential and id, as when the session
+// opened — and the session's other connections serve on, their requests
+// undisturbed. The requests that were in flight on the lost connection
+// are sent again on the new one, when the donor ended it (end of stream,
+// reset) while the request's context lives, up to maxRejoins times per
+// request; a request whose own deadline or context ended, or that met a
+// timeout, fails as before (protocol.ErrDonorLost), and the connection is
+// re-established by the next request that needs it. If the session
+// itself ended (its control connection, or a HELLO refused: the region
+// moved, was suspended or released) the request fails with the
+// connection's error, and a Following follows the region as before.
+//
+// Sending a request again is safe:
+//
+//   - a READ reads the region again into the caller's buffer;
+//   - a WRITE that was not acknowledged may or may not have been applied,
+//     in whole or in part. Sent again it writes the same bytes to the same
+//     range, which leaves the range as if it had been applied once: the
+//     client promises no order between requests in flight together
+//     (docs/memory-protocol.md, "Sequence numbers"), so a WRITE to the
+//     same range from this client that came in between was in flight
+//     together with the retried one, and either order is allowed; one
+//     issued after the retried WRITE completed comes after the retry. What
+//     could break this is a late part of the first attempt landing after
+//     the retry; the donor rules that out: it answers the HELLO of a
+//     session's new data connection only once the handlers of the
+//     connections it closed itself have returned (donor.Donor's join
+//     fence), and the client re-establishes a connection only after it
+//     saw that connection's end.
+//
+// Acknowledged writes are never sent again: a bulk stream goes on from
+// its first unacknowledged chunk, a queue pair sends again only the
+// requests still pending.
+
+// maxRejoins bounds how many times one request re-establishes its
+// connection.
+const maxRejoins = 3
+
+// Rejoins is how many data connections of the session were re-established
+// after they broke (the session's other connections serving on).
+func (c *Client) Rejoins() int64 { return c.rejoins.Load() }
+
+// connEnded reports whether err (a transport error, before transportErr)
+// is a connection's end its peer caused: the end of the stream, a reset,
+// a broken pipe. Not a timeout, and not the client's own close of a
+// net.Conn (net.ErrClosed). The client's own shutdown of a raw connection
+// reads as an end too: callers check their context and the session first.
+func connEnded(err error) bool {
+	return errors.Is(err, rawconn.ErrPeerClosed) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// kindName names a connection kind in errors.
+func kindName(kind uint8) string {
+	switch kind {
+	case protocol.KindSync:
+		return "sync"
+	case protocol.KindBulk:
+		return "bulk"
+	case protocol.KindQueue:
+		return "queue"
+	}
+	return fmt.Sprintf("kind %d", kind)
+}
+
+// link is a data connection of the session driven with raw syscalls (the
+// sync connection, a bulk stream), re-established alone when it breaks.
+// One request at a time holds mu.
+type link struct {
+	kind uint8
+	mu   sync.Mutex
+	// pg is the connection now. It changes under mu; shutdown loads it
+	// without mu (to wake the request holding mu).
+	pg  atomic.Pointer[rawconn.Conn]
+	bad error // why the connection broke; nil while it serves (mu)
+}
+
+// shutdown wakes a request blocked on the link's connection.
+func (l *link) shutdown() {
+	if pg := l.pg.Load(); pg != nil {
+		pg.Shutdown()
+	}
+}
+
+// close ends the link for good (the session closes).
+func (l *link) close() {
+	l.shutdown()
+	l.mu.Lock()
+	if pg := l.pg.Load(); pg != nil {
+		pg.Close()
+	}
+	if l.bad == nil {
+		l.bad = protocol.ErrClosed
+	}
+	l.mu.Unlock()
+}
+
+// ready readies the link for a request (mu held): a connection that broke
+// under an earlier request (its timeout, its context) is re-established
+// first, unless the session ended.
+func (l *link) ready(ctx context.Context, c *Client) error {
+	if l.bad == nil {
+		return nil
+	}
+	if err := c.err(); err != nil {
+		return err
+	}
+	if !errors.Is(l.bad, protocol.ErrDonorLost) {
+		return l.bad // a refusal (GONE) or a malformed frame: it stands
+	}
+	return l.rejoin(ctx, c, fmt.Errorf("%w: the %s connection broke earlier", protocol.ErrDonorLost, kindName(l.kind)))
+}
+
+// broke records err, which ended a request on the link (mu held), and
+// shuts the connection down; err is returned wrapped with ctx's error if
+// ctx ended.
+func (l *link) broke(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		err = fmt.Errorf("%w: %w", protocol.ErrDonorLost, ctx.Err())
+	}
+	l.bad = err
+	l.pg.Load().Shutdown()
+	return err
+}
+
+// recover decides, after broke, whether the request is sent again (see
+// above): only if the donor ended the connection, ctx lives and the
+// request has rejoined fewer than maxRejoins times (*tries), and the
+// connection could be re-established. Otherwise it returns the error the
+// request fails with.
+func (l *link) recover(ctx context.Context, c *Client, err error, tries *int) (bool, error) {
+	if !connEnded(err) || ctx.Err() != nil || *tries >= maxRejoins {
+		return false, err
+	}
+	*tries++
+	if rerr := l.rejoin(ctx, c, err); rerr != nil {
+		return false, rerr
+	}
+	return true, nil
+}
+
+// rejoin re-establishes the link's connection as a new connection of the
+// session (mu held); cause is why, returned (with what failed) if it
+// cannot be.
+func (l *link) rejoin(ctx context.Context, c *Client, cause error) error {
+	if err := c.err(); err != nil {
+		return err
+	}
+	pg, err := c.newRaw(ctx, l.kind)
+	if err != nil {
+		return fmt.Errorf("%w (re-establishing the %s connection: %v)", cause, kindName(l.kind), err)
+	}
+	if old := l.pg.Swap(pg); old != nil {
+		old.Close()
+	}
+	l.bad = nil
+	c.rejoins.Add(1)
+	if c.closed.Load() {
+		// Close ran meanwhile and may have shut the old connection
+		// down: the request fails on this one and finds the session
+		// closed.
+		pg.Shutdown()
+	}
+	return nil
+}
