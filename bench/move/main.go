@@ -436,8 +436,8 @@ func report(path, rate string, sizeMiB int64, fioSecs, iperfSecs, reps int, res 
 		goal = "not met"
 	}
 	fmt.Fprintf(&b, "Goal (issue: live migration): migration throughput ≥ 80%% of the link's iperf3 ceiling — %s: %.0f%% (median of the\n", goal, 100*ratio)
-	fmt.Fprintf(&b, "ratios). The time of `rialto lease move` counts everything: placement, the lenders' setup, every pass, the switch and\n")
-	fmt.Fprintf(&b, "the old range's wipe; the borrower's own traffic shares the source's link during the move. The copied bytes leave the\n")
+	fmt.Fprintf(&b, "ratios). The time of `rialto lease move` counts everything: placement, the lenders' setup, every pass and the switch\n")
+	fmt.Fprintf(&b, "(the source wipes the old range after it answers the commit); the borrower's own traffic shares the source's link during the move. The copied bytes leave the\n")
 	fmt.Fprintf(&b, "source's link and enter the destination's; the borrower's link carries only its own I/O (table). The borrower's\n")
 	fmt.Fprintf(&b, "latency \"with a move\" is over the whole fio run, which the move covers about half of: the copy fills the source's\n")
 	fmt.Fprintf(&b, "shaped link, so the borrower's requests queue behind it in the shaper (p99), and its writes wait while they are held\n")
