@@ -68,6 +68,12 @@ func runCharacterize(e *env, fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
+		// The lease is served over TLS with the lender's node certificate
+		// (nbds://), verified against the cluster CA of --cacert.
+		dataTLS, err := cf.dataTLS()
+		if err != nil {
+			return err
+		}
 		dev, nodeLabel, err := characterizeTarget(ctx, c, pos[0])
 		if err != nil {
 			return err
@@ -125,7 +131,13 @@ func runCharacterize(e *env, fs *pflag.FlagSet) runFunc {
 				l.ID, nodeLabel, dev.Name, resource.FormatSize(l.Parts[0].Length), *streams, resource.FormatSize(perStep))
 		}
 
-		nc, err := nbd.DialURI(ctx, l.URI)
+		// URI.Dial uses dataTLS for an nbds:// URI and plaintext for the
+		// nbd:// of a lender with --insecure-dataplane.
+		u, err := nbd.ParseURI(l.URI)
+		if err != nil {
+			return fmt.Errorf("lease %s: %w", l.ID, err)
+		}
+		nc, err := u.Dial(ctx, dataTLS)
 		if err != nil {
 			return fmt.Errorf("reach device %s through lease %s: %w", dev.ID, l.ID, err)
 		}
