@@ -378,6 +378,29 @@ func TestHelpGroups(t *testing.T) {
 	}
 }
 
+// TestFlagValueNames: the name -h shows for a flag's value (pflag takes
+// the first `quoted` word of its usage) is one word, e.g. "file" or
+// "URL", never a phrase lifted from the text ("--replicas rialto server").
+func TestFlagValueNames(t *testing.T) {
+	var walk func(c *cobra.Command)
+	n := 0
+	walk = func(c *cobra.Command) {
+		c.Flags().VisitAll(func(f *pflag.Flag) {
+			n++
+			if name, _ := pflag.UnquoteUsage(f); strings.ContainsAny(name, " \t") {
+				t.Errorf("%s --%s: value shown as %q in -h", c.CommandPath(), f.Name, name)
+			}
+		})
+		for _, s := range c.Commands() {
+			walk(s)
+		}
+	}
+	walk(newRoot(&env{stdout: new(strings.Builder), stderr: new(strings.Builder), getenv: func(string) string { return "" }}))
+	if n < 100 {
+		t.Fatalf("only %d flags visited", n)
+	}
+}
+
 // TestAddrEverywhere: every verb that talks to a control plane, and the
 // agent and appliance, take --addr (default RIALTO_ADDR); the agent's
 // old --control-plane is gone from its help.
