@@ -229,6 +229,10 @@ func TestOutputFormats(t *testing.T) {
 			t.Errorf("%s -o yaml: exit %d: %s\n%s", verb, code, errs, yout)
 			continue
 		}
+		// Block style, a field per line, not JSON's flow style on one line.
+		if y := strings.TrimSpace(yout); len(y) > 2 && (y[0] == '{' || y[0] == '[' || !strings.Contains(y, "\n")) {
+			t.Errorf("%s -o yaml: flow style:\n%s", verb, yout)
+		}
 		// The same data: compare through JSON (YAML decodes numbers as
 		// ints where JSON has float64).
 		a, _ := json.Marshal(fromJSON)
