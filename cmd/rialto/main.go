@@ -160,10 +160,25 @@ func oneLine(s string) string {
 func printError(w io.Writer, err error) {
 	var ae *api.Error
 	if errors.As(err, &ae) {
-		fmt.Fprintf(w, "rialto: error: %s (code %s, HTTP %d)%s\n", ae.Message, ae.Code, ae.Status, notFoundHint(ae))
+		fmt.Fprintf(w, "rialto: error: %s (code %s, HTTP %d)%s%s\n", ae.Message, ae.Code, ae.Status, notFoundHint(ae), unauthorizedHint(ae))
 		return
 	}
-	fmt.Fprintf(w, "rialto: error: %v\n", err)
+	hint := ""
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		// Most often RIALTO_ADDR is not set in this shell, and the
+		// default address has no control plane.
+		hint = "; is a control plane listening there? Set --addr or RIALTO_ADDR (`rialto up` writes it to STATE/env)"
+	}
+	fmt.Fprintf(w, "rialto: error: %v%s\n", err, hint)
+}
+
+// unauthorizedHint says how the CLI takes a token, when the API refused
+// the one it sent or there was none.
+func unauthorizedHint(ae *api.Error) string {
+	if ae.Code != api.CodeUnauthorized {
+		return ""
+	}
+	return "; the CLI sends the token in RIALTO_TOKEN or in the file of --token-file (`rialto up` writes it to STATE/env)"
 }
 
 // notFoundHint says where to find the IDs a not_found answer is about

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -148,7 +149,9 @@ func TestVerbErrors(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"nodes", "--token-file", secretFileOf(t, "bad")}, 1, "missing or unknown API token (code unauthorized, HTTP 401)"},
+		{[]string{"nodes", "--token-file", secretFileOf(t, "bad")}, 1, "missing or unknown API token (code unauthorized, HTTP 401); the CLI sends the token in RIALTO_TOKEN or in the file of --token-file"},
+		// Nothing listens at --addr (RIALTO_ADDR not set in this shell).
+		{[]string{"nodes", "--addr", closedAddr(t)}, 1, "connection refused; is a control plane listening there? Set --addr or RIALTO_ADDR"},
 		{[]string{"nodes", "--token", "bad"}, 1, "--token puts a secret on the command line"},
 		{[]string{"lease", "create", "--size", "lots"}, 2, `invalid argument "lots" for "--size"`},
 		{[]string{"lease", "create", "--kind", "floppy"}, 2, "unknown kind (block, memory, accel, nic)"},
@@ -170,6 +173,18 @@ func TestVerbErrors(t *testing.T) {
 			t.Errorf("%v: exit %d, stderr %q; want %d and %q", tc.args, code, errs, tc.code, tc.want)
 		}
 	}
+}
+
+// closedAddr is an https:// URL where nothing listens.
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return "https://" + addr
 }
 
 // pskFileOf writes a key file in psktool's format with mode perm.
