@@ -9,9 +9,11 @@ import (
 	"io"
 	"math"
 	"os"
+	"os/signal"
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -49,6 +51,12 @@ func runCharacterize(e *env, fs *pflag.FlagSet) runFunc {
 	model := fs.String("model", "", "store the profile under this model (default: the device's model)")
 	ttl := durationVar(fs, "ttl", 0, time.Second, "lifetime of the measuring lease, e.g. 30m (default: the server's)")
 	return func(ctx context.Context, pos []string) error {
+		// A closed pipe on stdout or stderr (`rialto characterize … 2>&1 |
+		// head`) would kill the process by SIGPIPE at its next line, the
+		// measuring lease held until its TTL: taken as an interruption
+		// instead, it stops the measurement and the lease is released.
+		ctx, stopPipe := signal.NotifyContext(ctx, syscall.SIGPIPE)
+		defer stopPipe()
 		if *streams < 1 || *streams > 1024 {
 			return usagef("--max-streams must be 1..1024, not %d", *streams)
 		}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/rialto-project/rialto/api"
@@ -242,6 +243,24 @@ func TestCharacterizeInterruptedReleasesLease(t *testing.T) {
 	if ps, err := c.Client().Profiles(context.Background()); err != nil || len(ps) != 0 {
 		t.Errorf("interrupted run stored %+v (%v)", ps, err)
 	}
+}
+
+// TestCharacterizeBrokenPipeReleasesLease: the pipe characterize's
+// progress goes to closes (`2>&1 | head`): SIGPIPE stops the measurement
+// as Ctrl-C does, and the measuring lease is released rather than left
+// until its TTL with the process killed.
+func TestCharacterizeBrokenPipeReleasesLease(t *testing.T) {
+	c := charCluster(t)
+	stderr := &lockedBuffer{watch: "1 writer:", fire: func() {
+		if err := syscall.Kill(os.Getpid(), syscall.SIGPIPE); err != nil {
+			t.Error(err)
+		}
+	}}
+	_, errs, code := runVerb(context.Background(), c, stderr, append([]string{"characterize", "disk0"}, small...)...)
+	if code != 1 || !strings.Contains(errs, "interrupted") {
+		t.Fatalf("exit %d, stderr %q; want 1 and interrupted", code, errs)
+	}
+	assertNoLiveLeases(t, c)
 }
 
 func TestCharacterizeProfileDeclare(t *testing.T) {
