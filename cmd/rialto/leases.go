@@ -424,6 +424,15 @@ func mbPerSec(bps float64) string {
 	return strconv.FormatFloat(bps/1e6, 'f', 1, 64) + " MB/s"
 }
 
+// seconds shows a predicted completion time in seconds, "-" for none (a
+// lease that declared no --work has no completion time).
+func seconds(s float64) string {
+	if s <= 0 {
+		return "-"
+	}
+	return strconv.FormatFloat(s, 'f', 1, 64) + "s"
+}
+
 // planOut is a plan as the CLI prints it: plans of dry runs have no ID,
 // so the CLI names them "dry-run".
 type planOut struct {
@@ -465,8 +474,8 @@ func explain(ctx context.Context, e *env, c *api.Client, cf *clientFlags, req ap
 			if im.LeaseID == "" {
 				im.LeaseID = "(another tenant's)"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%.1fs\t%.1fs\n", im.LeaseID, mbPerSec(im.BandwidthBefore),
-				mbPerSec(im.BandwidthAfter), im.CompletionBefore, im.CompletionAfter)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", im.LeaseID, mbPerSec(im.BandwidthBefore),
+				mbPerSec(im.BandwidthAfter), seconds(im.CompletionBefore), seconds(im.CompletionAfter))
 		}
 		tw.Flush()
 	}

@@ -53,6 +53,7 @@ func fakeAPI(t *testing.T) *httptest.Server {
 	})
 	mux.HandleFunc("POST /v1/leases/lease-1/release", reply(api.Lease{ID: "lease-1", State: api.LeaseReleased}))
 	mux.HandleFunc("POST /v1/explain", reply(api.Plan{State: "feasible", Mode: api.ModeDedicated, Parts: lease.Parts, PredictedBandwidth: 477e6,
+		Impacts:     []api.Impact{{LeaseID: "lease-0", BandwidthBefore: 2e9, BandwidthAfter: 1e9}},
 		Explanation: []string{"fewest hops", "chose dedicated node-1/dev-1: predicted 477.0 MB/s"}}))
 	mux.HandleFunc("GET /v1/events", reply([]api.Event{{ID: 1, Type: "node.joined", Subject: "node-1", State: "ready"}}))
 	srv := httptest.NewServer(mux)
@@ -127,7 +128,9 @@ func TestVerbsTables(t *testing.T) {
 		{[]string{"leases"}, []string{"lease-1", "active", "256MiB"}},
 		{[]string{"lease", "show", "lease-1"}, []string{"URI:", "nbd://", "PART", "Why:", "least loaded lender"}},
 		// The summary's rate reads as the reasons' (MB/s, not MiB/s).
-		{[]string{"explain", "--size", "1GiB"}, []string{"feasible", "fewest hops", "Predicted bandwidth:  477.0 MB/s"}},
+		// A slowed lease that declared no work has no completion time: "-".
+		{[]string{"explain", "--size", "1GiB"}, []string{"feasible", "fewest hops", "Predicted bandwidth:  477.0 MB/s",
+			"lease-0      2000.0 MB/s       1000.0 MB/s  -                  -"}},
 		{[]string{"events"}, []string{"node.joined"}},
 	} {
 		out, errs, code := runCLI(t, srv.URL, tc.args...)
