@@ -160,7 +160,7 @@ func oneLine(s string) string {
 func printError(w io.Writer, err error) {
 	var ae *api.Error
 	if errors.As(err, &ae) {
-		fmt.Fprintf(w, "rialto: error: %s (code %s, HTTP %d)%s%s\n", ae.Message, ae.Code, ae.Status, notFoundHint(ae), unauthorizedHint(ae))
+		fmt.Fprintf(w, "rialto: error: %s (code %s, HTTP %d)%s%s\n", ae.Message, ae.Code, ae.Status, notFoundHint(ae), apiHint(ae))
 		return
 	}
 	hint := ""
@@ -172,13 +172,18 @@ func printError(w io.Writer, err error) {
 	fmt.Fprintf(w, "rialto: error: %v%s\n", err, hint)
 }
 
-// unauthorizedHint says how the CLI takes a token, when the API refused
-// the one it sent or there was none.
-func unauthorizedHint(ae *api.Error) string {
-	if ae.Code != api.CodeUnauthorized {
-		return ""
+// apiHint says how the CLI takes a token, when the API refused
+// the one it sent or there was none, and that the API is HTTPS when it was
+// called over plain HTTP.
+func apiHint(ae *api.Error) string {
+	switch {
+	case ae.Code == api.CodeUnauthorized:
+		return "; the CLI sends the token in RIALTO_TOKEN or in the file of --token-file (`rialto up` writes it to STATE/env)"
+	case strings.Contains(ae.Message, "HTTP request to an HTTPS server"):
+		// Go's HTTPS server answering plain HTTP: --addr has http://.
+		return "; the control plane serves HTTPS: write --addr (RIALTO_ADDR) with https://"
 	}
-	return "; the CLI sends the token in RIALTO_TOKEN or in the file of --token-file (`rialto up` writes it to STATE/env)"
+	return ""
 }
 
 // notFoundHint says where to find the IDs a not_found answer is about

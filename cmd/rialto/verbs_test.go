@@ -147,6 +147,8 @@ func TestVerbsTables(t *testing.T) {
 
 func TestVerbErrors(t *testing.T) {
 	srv := fakeAPI(t)
+	tlsSrv := httptest.NewTLSServer(http.NotFoundHandler())
+	t.Cleanup(tlsSrv.Close)
 	for _, tc := range []struct {
 		args []string
 		code int
@@ -155,6 +157,8 @@ func TestVerbErrors(t *testing.T) {
 		{[]string{"nodes", "--token-file", secretFileOf(t, "bad")}, 1, "missing or unknown API token (code unauthorized, HTTP 401); the CLI sends the token in RIALTO_TOKEN or in the file of --token-file"},
 		// Nothing listens at --addr (RIALTO_ADDR not set in this shell).
 		{[]string{"nodes", "--addr", closedAddr(t)}, 1, "connection refused; is a control plane listening there? Set --addr or RIALTO_ADDR"},
+		// http:// for an HTTPS control plane.
+		{[]string{"nodes", "--addr", strings.Replace(tlsSrv.URL, "https://", "http://", 1)}, 1, "the control plane serves HTTPS: write --addr (RIALTO_ADDR) with https://"},
 		{[]string{"nodes", "--token", "bad"}, 1, "--token puts a secret on the command line"},
 		{[]string{"lease", "create", "--size", "lots"}, 2, `invalid argument "lots" for "--size"`},
 		{[]string{"lease", "create", "--kind", "floppy"}, 2, "unknown kind (block, memory, accel, nic)"},
