@@ -60,6 +60,10 @@ func TestTablesGolden(t *testing.T) {
 	}}
 	printLease(&b, whole, names)
 
+	b.WriteString("== dedicated lease of a size, on a larger device\n")
+	printLease(&b, api.Lease{ID: "lease-6", State: api.LeaseActive, Kind: api.KindBlock, Mode: api.ModeDedicated, Size: 256 << 20, Count: 1, NodeID: "node-a", DeviceID: "dev-1",
+		Parts: []api.Part{{NodeID: "node-a", DeviceID: "dev-1", Length: 1 << 30}}}, names)
+
 	path := filepath.Join("testdata", "tables.golden")
 	if *rewrite {
 		if err := os.MkdirAll("testdata", 0o755); err != nil {

@@ -101,10 +101,13 @@ func printLease(w io.Writer, l api.Lease, names map[string]string) {
 	row("Reason", l.Reason)
 	row("Kind", string(l.Kind))
 	row("Mode", string(l.Mode))
-	if n := leaseSize(l); n != l.Size {
-		row("Size", capacity(l.Kind, n)+" (a whole device)")
-	} else {
+	switch n := leaseSize(l); {
+	case n == l.Size:
 		row("Size", capacity(l.Kind, n))
+	case l.Size == 0:
+		row("Size", capacity(l.Kind, n)+" (a whole device)")
+	default:
+		row("Size", capacity(l.Kind, n)+" (asked for "+capacity(l.Kind, l.Size)+")")
 	}
 	row("Count", strconv.Itoa(l.Count))
 	if l.StripeUnit > 0 {
@@ -158,17 +161,17 @@ func printWhy(w io.Writer, lines []string) {
 	}
 }
 
-// leaseSize is what a lease holds: its size, or for a lease that asked
-// for a whole device (no size; the API's size is 0) its parts' lengths.
+// leaseSize is what a lease holds, what its borrower sees: its parts'
+// lengths, which are more than its size when it asked for a whole device
+// (no size: the API's size is 0) or got one (a dedicated lease holds its
+// device whole), or when a composed lease's parts are rounded up to its
+// stripe unit.
 func leaseSize(l api.Lease) int64 {
-	if l.Size > 0 {
-		return l.Size
-	}
 	var n int64
 	for _, p := range l.Parts {
 		n += p.Length
 	}
-	return n
+	return max(n, l.Size)
 }
 
 func printParts(w io.Writer, k api.Kind, parts []api.Part, uri bool, names map[string]string) {
