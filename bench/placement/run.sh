@@ -62,10 +62,11 @@ work (load average $load0 at the start, $load at the end; steal $stealpct% of CP
 during the run). Medians of $ROUNDS interleaved rounds.
 
 Snapshot: 10,000 nodes (250 racks of 40 under 4 spine switches, 1 in 97 nodes
-down), 100,000 devices (6 block with the seed-000 profile, 3 memory, 1 accel per
-node), 30,000 running leases; requests mix block writers (some with tight or
-relaxed deadlines), memory and accel, from random borrowers, sharing allowed,
-composition allowed for half. Wall-clock figures include the time the CPUs
+down), 100,000 devices (6 block with the \`smufin-nvme\` profile, the NVMe device
+of Call et al., "Disaggregating Non-Volatile Memory for Throughput-Oriented
+Genomics Workloads", 3 memory, 1 accel per node), 30,000 running leases;
+requests mix block writers (some with tight or relaxed deadlines), memory and
+accel, from random borrowers, sharing allowed, composition allowed for half. Wall-clock figures include the time the CPUs
 spent on other people's work; CPU-time figures (user + system time of the
 benchmark process, garbage collector included) do not.
 

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -102,6 +103,10 @@ func runAccelRun(e *env, fs *pflag.FlagSet) runFunc {
 		}
 		if len(pos) == 3 {
 			if in, err = readInput(pos[2], stdinOf(e)); err != nil {
+				if errors.Is(err, os.ErrNotExist) && !strings.HasPrefix(pos[2], "@") {
+					// INPUT is a file; text was probably meant.
+					return fmt.Errorf("input: %w (INPUT names a file; for the text itself, use --data %s)", err, pos[2])
+				}
 				return fmt.Errorf("input: %w", err)
 			}
 		}

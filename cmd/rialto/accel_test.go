@@ -161,6 +161,8 @@ func TestApplianceAndAccelRun(t *testing.T) {
 		{[]string{"accel", "run", sha.ID, "sha256:open", "--data", "x"}, 1, `no entry "open"`},
 		{[]string{"accel", "run", blk.ID, "sha256", "--data", "x"}, 1, "needs an accel lease"},
 		{[]string{"accel", "run", sha.ID, "sha256", filepath.Join(dir, "missing")}, 1, "input:"},
+		// Text where a file is expected: the error points at --data.
+		{[]string{"accel", "run", sha.ID, "sha256", "hello"}, 1, "for the text itself, use --data hello"},
 		{[]string{"accel", "run", sha.ID, "sha256"}, 2, "give one of INPUT, --data and --input-lease"},
 		{[]string{"accel", "run", sha.ID, "sha256", "--data", "x", "--slot", "3"}, 1, "has 1 slot"},
 	} {

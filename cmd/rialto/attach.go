@@ -190,7 +190,7 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 
 		// A part whose lender restarted at another address is redialled at
 		// the URI the control plane has for it now.
-		bar := newProgress(e, -1, fmt.Sprintf("attach: connecting to %d part(s) of lease %s", parts, l.ID))
+		bar := newProgress(e, -1, fmt.Sprintf("attach: connecting to %d %s of lease %s", parts, profPlural(parts, "part"), l.ID))
 		att, err := borrower.Attach(ctx, c, l, borrower.AttachConfig{Listen: where, StripeUnit: su,
 			ConnsPerPart: *conns, RequestTimeout: *timeout, TLS: dataTLS, WriteBack: *writeBack, Logger: log})
 		bar.done()
@@ -213,8 +213,8 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 			if st.WriteBack {
 				cache = ", write-back (durable at FLUSH or FUA)"
 			}
-			fmt.Fprintf(e.stderr, "rialto attach: lease %s (%d part(s), %s%s) served at the URI above; Ctrl-C or `rialto detach %s` ends it\n",
-				l.ID, parts, resource.FormatSize(st.Size), cache, l.ID)
+			fmt.Fprintf(e.stderr, "rialto attach: lease %s (%d %s, %s%s) served at the URI above; Ctrl-C or `rialto detach %s` ends it\n",
+				l.ID, parts, profPlural(parts, "part"), resource.FormatSize(st.Size), cache, l.ID)
 		}
 		return holdAttachment(ctx, c, l, ctl, file, ctlPath, *watch, attachHooks{close: att.Close})
 	}

@@ -26,7 +26,7 @@ func attachFUSE(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l a
 		return err
 	}
 	defer ctl.Close()
-	bar := newProgress(e, -1, fmt.Sprintf("attach: connecting to %d part(s) of lease %s", parts, l.ID))
+	bar := newProgress(e, -1, fmt.Sprintf("attach: connecting to %d %s of lease %s", parts, profPlural(parts, "part"), l.ID))
 	vol, err := borrower.OpenVolume(ctx, c, l, cfg)
 	bar.done()
 	if err != nil {
@@ -62,8 +62,8 @@ func attachFUSE(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l a
 		cf.print(e.stdout, st)
 	} else {
 		fmt.Fprintln(e.stdout, m.Path())
-		fmt.Fprintf(e.stderr, "rialto attach: lease %s (%d part(s), %s) served as the file above (`mount -o loop %s MNT`); unmount MNT, then `rialto detach %s` or Ctrl-C\n",
-			l.ID, parts, resource.FormatSize(st.Size), m.Path(), l.ID)
+		fmt.Fprintf(e.stderr, "rialto attach: lease %s (%d %s, %s) served as the file above (`mount -o loop %s MNT`); unmount MNT, then `rialto detach %s` or Ctrl-C\n",
+			l.ID, parts, profPlural(parts, "part"), resource.FormatSize(st.Size), m.Path(), l.ID)
 	}
 	return holdAttachment(ctx, c, l, ctl, file, ctlPath, watch, attachHooks{close: closeAll, detachable: m.Unmount,
 		gone: m.Done(), goneErr: fmt.Errorf("%s was unmounted; detached lease %s", dir, l.ID)})

@@ -9,9 +9,11 @@ import (
 	"io"
 	"math"
 	"os"
+	"os/signal"
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -49,6 +51,12 @@ func runCharacterize(e *env, fs *pflag.FlagSet) runFunc {
 	model := fs.String("model", "", "store the profile under this model (default: the device's model)")
 	ttl := durationVar(fs, "ttl", 0, time.Second, "lifetime of the measuring lease, e.g. 30m (default: the server's)")
 	return func(ctx context.Context, pos []string) error {
+		// A closed pipe on stdout or stderr (`rialto characterize … 2>&1 |
+		// head`) would kill the process by SIGPIPE at its next line, the
+		// measuring lease held until its TTL: taken as an interruption
+		// instead, it stops the measurement and the lease is released.
+		ctx, stopPipe := signal.NotifyContext(ctx, syscall.SIGPIPE)
+		defer stopPipe()
 		if *streams < 1 || *streams > 1024 {
 			return usagef("--max-streams must be 1..1024, not %d", *streams)
 		}
@@ -65,6 +73,12 @@ func runCharacterize(e *env, fs *pflag.FlagSet) runFunc {
 		}
 		ttlSecs := int64(ttl.d / time.Second)
 		c, err := cf.client()
+		if err != nil {
+			return err
+		}
+		// The lease is served over TLS with the lender's node certificate
+		// (nbds://), verified against the cluster CA of --cacert.
+		dataTLS, err := cf.dataTLS()
 		if err != nil {
 			return err
 		}
@@ -125,7 +139,13 @@ func runCharacterize(e *env, fs *pflag.FlagSet) runFunc {
 				l.ID, nodeLabel, dev.Name, resource.FormatSize(l.Parts[0].Length), *streams, resource.FormatSize(perStep))
 		}
 
-		nc, err := nbd.DialURI(ctx, l.URI)
+		// URI.Dial uses dataTLS for an nbds:// URI and plaintext for the
+		// nbd:// of a lender with --insecure-dataplane.
+		u, err := nbd.ParseURI(l.URI)
+		if err != nil {
+			return fmt.Errorf("lease %s: %w", l.ID, err)
+		}
+		nc, err := u.Dial(ctx, dataTLS)
 		if err != nil {
 			return fmt.Errorf("reach device %s through lease %s: %w", dev.ID, l.ID, err)
 		}

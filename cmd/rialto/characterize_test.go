@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/rialto-project/rialto/api"
@@ -169,6 +170,29 @@ func TestCharacterizeMeasuresStoresAndReleases(t *testing.T) {
 	assertNoLiveLeases(t, c)
 }
 
+// TestCharacterizeOverTLS: in a cluster with a CA the measuring lease is
+// served over TLS (nbds://), and characterize reaches it with the cluster
+// CA of --cacert, as attach and memtest do.
+func TestCharacterizeOverTLS(t *testing.T) {
+	c := testcluster.Start(t, testcluster.Options{TLS: true, Nodes: 1, Devices: []agent.DeviceConfig{
+		{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 32 << 20, Model: "test-disk"},
+	}})
+	ctx := context.Background()
+	out, errs, code := runVerb(ctx, c, nil, append([]string{"characterize", "disk0", "--cacert", c.CA.CertFile(), "-o", "json"}, small...)...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var p api.Profile
+	if err := json.Unmarshal([]byte(out), &p); err != nil || p.Model != "test-disk" || len(p.WriteBps) != 3 {
+		t.Fatalf("profile %+v (%v)\n%s", p, err, out)
+	}
+	ls, err := c.Client().AllLeases(ctx)
+	if err != nil || len(ls) != 1 || !strings.HasPrefix(ls[0].URI, "nbds://") {
+		t.Errorf("want one measuring lease served over TLS, got %+v (%v)", ls, err)
+	}
+	assertNoLiveLeases(t, c)
+}
+
 func TestCharacterizeRefuses(t *testing.T) {
 	c := charCluster(t)
 	ctx := context.Background()
@@ -219,6 +243,24 @@ func TestCharacterizeInterruptedReleasesLease(t *testing.T) {
 	if ps, err := c.Client().Profiles(context.Background()); err != nil || len(ps) != 0 {
 		t.Errorf("interrupted run stored %+v (%v)", ps, err)
 	}
+}
+
+// TestCharacterizeBrokenPipeReleasesLease: the pipe characterize's
+// progress goes to closes (`2>&1 | head`): SIGPIPE stops the measurement
+// as Ctrl-C does, and the measuring lease is released rather than left
+// until its TTL with the process killed.
+func TestCharacterizeBrokenPipeReleasesLease(t *testing.T) {
+	c := charCluster(t)
+	stderr := &lockedBuffer{watch: "1 writer:", fire: func() {
+		if err := syscall.Kill(os.Getpid(), syscall.SIGPIPE); err != nil {
+			t.Error(err)
+		}
+	}}
+	_, errs, code := runVerb(context.Background(), c, stderr, append([]string{"characterize", "disk0"}, small...)...)
+	if code != 1 || !strings.Contains(errs, "interrupted") {
+		t.Fatalf("exit %d, stderr %q; want 1 and interrupted", code, errs)
+	}
+	assertNoLiveLeases(t, c)
 }
 
 func TestCharacterizeProfileDeclare(t *testing.T) {

@@ -229,6 +229,10 @@ func TestOutputFormats(t *testing.T) {
 			t.Errorf("%s -o yaml: exit %d: %s\n%s", verb, code, errs, yout)
 			continue
 		}
+		// Block style, a field per line, not JSON's flow style on one line.
+		if y := strings.TrimSpace(yout); len(y) > 2 && (y[0] == '{' || y[0] == '[' || !strings.Contains(y, "\n")) {
+			t.Errorf("%s -o yaml: flow style:\n%s", verb, yout)
+		}
 		// The same data: compare through JSON (YAML decodes numbers as
 		// ints where JSON has float64).
 		a, _ := json.Marshal(fromJSON)
@@ -375,6 +379,29 @@ func TestHelpGroups(t *testing.T) {
 	}
 	if got := sections["Daemons:"]; len(got) != 4 {
 		t.Errorf("Daemons: %v", got)
+	}
+}
+
+// TestFlagValueNames: the name -h shows for a flag's value (pflag takes
+// the first `quoted` word of its usage) is one word, e.g. "file" or
+// "URL", never a phrase lifted from the text ("--replicas rialto server").
+func TestFlagValueNames(t *testing.T) {
+	var walk func(c *cobra.Command)
+	n := 0
+	walk = func(c *cobra.Command) {
+		c.Flags().VisitAll(func(f *pflag.Flag) {
+			n++
+			if name, _ := pflag.UnquoteUsage(f); strings.ContainsAny(name, " \t") {
+				t.Errorf("%s --%s: value shown as %q in -h", c.CommandPath(), f.Name, name)
+			}
+		})
+		for _, s := range c.Commands() {
+			walk(s)
+		}
+	}
+	walk(newRoot(&env{stdout: new(strings.Builder), stderr: new(strings.Builder), getenv: func(string) string { return "" }}))
+	if n < 100 {
+		t.Fatalf("only %d flags visited", n)
 	}
 }
 

@@ -312,11 +312,15 @@ func (o *output) print(w io.Writer, v any) error {
 		if err != nil {
 			return err
 		}
-		// JSON is YAML: decoding into a node keeps the fields' order.
+		// JSON is YAML: decoding into a node keeps the fields' order. The
+		// node keeps JSON's flow style ({…}, […], "…") unless told
+		// otherwise: block style is what a reader of YAML expects (strings
+		// are still quoted where their tag needs it: "123", "true").
 		var n yaml.Node
 		if err := yaml.Unmarshal(b, &n); err != nil {
 			return err
 		}
+		blockStyle(&n)
 		out, err := yaml.Marshal(&n)
 		if err != nil {
 			return err
@@ -353,6 +357,15 @@ func (o *output) print(w io.Writer, v any) error {
 		return nil
 	}
 	return printJSON(w, v)
+}
+
+// blockStyle clears the styles a node decoded from JSON carries, so it
+// encodes as block YAML.
+func blockStyle(n *yaml.Node) {
+	n.Style = 0
+	for _, c := range n.Content {
+		blockStyle(c)
+	}
 }
 
 // sizeText is a string flag whose value must be a size (checked when

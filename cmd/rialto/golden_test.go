@@ -29,11 +29,16 @@ func TestTablesGolden(t *testing.T) {
 		{ID: "dev-2", NodeID: "node-b", Name: "nvme0", Kind: api.KindBlock, State: "available", Capacity: 2 << 40, Allocated: 512 << 30, Sharing: "partitionable"},
 		{ID: "dev-1", NodeID: "node-a", Name: "accel0", Kind: api.KindAccel, State: "unavailable", Capacity: 4 * api.SlotUnits, Allocated: 2250, Sharing: "exclusive"},
 	}, names)
+	// A lease that asked for a whole device has no size of its own: it
+	// holds its part's length.
+	whole := api.Lease{ID: "lease-5", State: api.LeaseActive, Kind: api.KindBlock, Mode: api.ModeDedicated, Count: 1, NodeID: "node-b", DeviceID: "dev-2", Tenant: "alice",
+		Parts: []api.Part{{NodeID: "node-b", DeviceID: "dev-2", Length: 2 << 40, URI: "nbds://10.0.0.2:10809/x"}}}
 	b.WriteString("== leases\n")
 	printLeases(&b, []api.Lease{
 		{ID: "lease-1", State: api.LeaseReleased, Kind: api.KindBlock, Mode: api.ModeShared, Size: 256 << 20, Count: 1, NodeID: "node-a", DeviceID: "dev-1", Tenant: "alice"},
 		{ID: "lease-2", State: api.LeaseLost, Kind: api.KindMemory, Mode: api.ModeDedicated, Size: 1 << 30, Count: 1, NodeID: "node-gone", Tenant: "bob"},
 		{ID: "lease-4", State: api.LeaseActive, Kind: api.KindAccel, Mode: api.ModeShared, Size: api.SlotUnits / 4, Count: 1, NodeID: "node-a", DeviceID: "dev-1", Tenant: "bob"},
+		whole,
 	}, names)
 	b.WriteString("== lease\n")
 	printLease(&b, api.Lease{ID: "lease-3", State: api.LeaseLost, Reason: "lender node node2 (node-b) is down", Kind: api.KindBlock,
@@ -45,6 +50,19 @@ func TestTablesGolden(t *testing.T) {
 	printLease(&b, api.Lease{ID: "lease-4", State: api.LeaseActive, Kind: api.KindAccel, Mode: api.ModeShared, Size: api.SlotUnits / 4, Count: 1,
 		Tenant: "bob", NodeID: "node-a", DeviceID: "dev-1", TTLSeconds: 3600,
 		Parts: []api.Part{{NodeID: "node-a", DeviceID: "dev-1", Offset: 1250, Length: 250, URI: "rialto-accel://10.0.0.1:7001/x?gateway=sha256"}}}, names)
+
+	b.WriteString("== whole-device lease, with why\n")
+	whole.Plan = &api.Plan{State: "feasible", Explanation: []string{
+		"request: block whole device for alice",
+		"rejected: some devices",
+		"  dev-1: capacity: 0B free of 1GiB, 1 lease",
+		"mode: a whole device was asked for, so dedicated",
+	}}
+	printLease(&b, whole, names)
+
+	b.WriteString("== dedicated lease of a size, on a larger device\n")
+	printLease(&b, api.Lease{ID: "lease-6", State: api.LeaseActive, Kind: api.KindBlock, Mode: api.ModeDedicated, Size: 256 << 20, Count: 1, NodeID: "node-a", DeviceID: "dev-1",
+		Parts: []api.Part{{NodeID: "node-a", DeviceID: "dev-1", Length: 1 << 30}}}, names)
 
 	path := filepath.Join("testdata", "tables.golden")
 	if *rewrite {

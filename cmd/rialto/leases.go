@@ -84,7 +84,7 @@ func printLeases(w io.Writer, ls []api.Lease, names map[string]string) {
 			exp = until(now, l.ExpiresAt)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", l.ID, l.State, l.Kind, dash(string(l.Mode)),
-			capacity(l.Kind, l.Size), l.Count, nodeName(names, l.NodeID), dash(l.DeviceID), dash(l.Tenant), exp)
+			capacity(l.Kind, leaseSize(l)), l.Count, nodeName(names, l.NodeID), dash(l.DeviceID), dash(l.Tenant), exp)
 	}
 	tw.Flush()
 }
@@ -101,7 +101,14 @@ func printLease(w io.Writer, l api.Lease, names map[string]string) {
 	row("Reason", l.Reason)
 	row("Kind", string(l.Kind))
 	row("Mode", string(l.Mode))
-	row("Size", capacity(l.Kind, l.Size))
+	switch n := leaseSize(l); {
+	case n == l.Size:
+		row("Size", capacity(l.Kind, n))
+	case l.Size == 0:
+		row("Size", capacity(l.Kind, n)+" (a whole device)")
+	default:
+		row("Size", capacity(l.Kind, n)+" (asked for "+capacity(l.Kind, l.Size)+")")
+	}
 	row("Count", strconv.Itoa(l.Count))
 	if l.StripeUnit > 0 {
 		row("Stripe unit", resource.FormatSize(l.StripeUnit))
@@ -132,12 +139,39 @@ func printLease(w io.Writer, l api.Lease, names map[string]string) {
 	}
 	// The server sends the plan's explanation with lease show (GET), not
 	// with the answers to create, renew and release.
-	if l.Plan != nil && len(l.Plan.Explanation) > 0 {
-		fmt.Fprintln(w, "\nWhy:")
-		for _, s := range l.Plan.Explanation {
-			fmt.Fprintf(w, "  - %s\n", s)
-		}
+	if l.Plan != nil {
+		printWhy(w, l.Plan.Explanation)
 	}
+}
+
+// printWhy prints a plan's explanation as a list. A line that starts with
+// spaces details the line before it (the devices an infeasible request
+// was refused on) and is indented under it rather than given a bullet.
+func printWhy(w io.Writer, lines []string) {
+	if len(lines) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nWhy:")
+	for _, s := range lines {
+		if t := strings.TrimLeft(s, " "); t != s {
+			fmt.Fprintf(w, "      %s\n", t)
+			continue
+		}
+		fmt.Fprintf(w, "  - %s\n", s)
+	}
+}
+
+// leaseSize is what a lease holds, what its borrower sees: its parts'
+// lengths, which are more than its size when it asked for a whole device
+// (no size: the API's size is 0) or got one (a dedicated lease holds its
+// device whole), or when a composed lease's parts are rounded up to its
+// stripe unit.
+func leaseSize(l api.Lease) int64 {
+	var n int64
+	for _, p := range l.Parts {
+		n += p.Length
+	}
+	return max(n, l.Size)
 }
 
 func printParts(w io.Writer, k api.Kind, parts []api.Part, uri bool, names map[string]string) {
@@ -387,6 +421,21 @@ func leaseByID(op string) func(*env, *pflag.FlagSet) runFunc {
 	}
 }
 
+// mbPerSec shows a predicted rate in bytes/s as the plan's explanation
+// does ("477.0 MB/s"), so the summary and the reasons read the same.
+func mbPerSec(bps float64) string {
+	return strconv.FormatFloat(bps/1e6, 'f', 1, 64) + " MB/s"
+}
+
+// seconds shows a predicted completion time in seconds, "-" for none (a
+// lease that declared no --work has no completion time).
+func seconds(s float64) string {
+	if s <= 0 {
+		return "-"
+	}
+	return strconv.FormatFloat(s, 'f', 1, 64) + "s"
+}
+
 // planOut is a plan as the CLI prints it: plans of dry runs have no ID,
 // so the CLI names them "dry-run".
 type planOut struct {
@@ -410,7 +459,7 @@ func explain(ctx context.Context, e *env, c *api.Client, cf *clientFlags, req ap
 		fmt.Fprintf(tw, "Mode:\t%s\n", p.Mode)
 	}
 	if p.PredictedBandwidth > 0 {
-		fmt.Fprintf(tw, "Predicted bandwidth:\t%s/s\n", resource.FormatSize(int64(p.PredictedBandwidth)))
+		fmt.Fprintf(tw, "Predicted bandwidth:\t%s\n", mbPerSec(p.PredictedBandwidth))
 	}
 	if p.PredictedCompletion > 0 {
 		fmt.Fprintf(tw, "Predicted completion:\t%.1fs\n", p.PredictedCompletion)
@@ -428,16 +477,11 @@ func explain(ctx context.Context, e *env, c *api.Client, cf *clientFlags, req ap
 			if im.LeaseID == "" {
 				im.LeaseID = "(another tenant's)"
 			}
-			fmt.Fprintf(tw, "%s\t%s/s\t%s/s\t%.1fs\t%.1fs\n", im.LeaseID, resource.FormatSize(int64(im.BandwidthBefore)),
-				resource.FormatSize(int64(im.BandwidthAfter)), im.CompletionBefore, im.CompletionAfter)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", im.LeaseID, mbPerSec(im.BandwidthBefore),
+				mbPerSec(im.BandwidthAfter), seconds(im.CompletionBefore), seconds(im.CompletionAfter))
 		}
 		tw.Flush()
 	}
-	if len(p.Explanation) > 0 {
-		fmt.Fprintln(e.stdout, "\nWhy:")
-		for _, s := range p.Explanation {
-			fmt.Fprintf(e.stdout, "  - %s\n", s)
-		}
-	}
+	printWhy(e.stdout, p.Explanation)
 	return nil
 }

@@ -160,10 +160,30 @@ func oneLine(s string) string {
 func printError(w io.Writer, err error) {
 	var ae *api.Error
 	if errors.As(err, &ae) {
-		fmt.Fprintf(w, "rialto: error: %s (code %s, HTTP %d)%s\n", ae.Message, ae.Code, ae.Status, notFoundHint(ae))
+		fmt.Fprintf(w, "rialto: error: %s (code %s, HTTP %d)%s%s\n", ae.Message, ae.Code, ae.Status, notFoundHint(ae), apiHint(ae))
 		return
 	}
-	fmt.Fprintf(w, "rialto: error: %v\n", err)
+	hint := ""
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		// Most often RIALTO_ADDR is not set in this shell, and the
+		// default address has no control plane.
+		hint = "; is a control plane listening there? Set --addr or RIALTO_ADDR (`rialto up` writes it to STATE/env)"
+	}
+	fmt.Fprintf(w, "rialto: error: %v%s\n", err, hint)
+}
+
+// apiHint says how the CLI takes a token, when the API refused
+// the one it sent or there was none, and that the API is HTTPS when it was
+// called over plain HTTP.
+func apiHint(ae *api.Error) string {
+	switch {
+	case ae.Code == api.CodeUnauthorized:
+		return "; the CLI sends the token in RIALTO_TOKEN or in the file of --token-file (`rialto up` writes it to STATE/env)"
+	case strings.Contains(ae.Message, "HTTP request to an HTTPS server"):
+		// Go's HTTPS server answering plain HTTP: --addr has http://.
+		return "; the control plane serves HTTPS: write --addr (RIALTO_ADDR) with https://"
+	}
+	return ""
 }
 
 // notFoundHint says where to find the IDs a not_found answer is about

@@ -36,7 +36,7 @@ type slurmFlags struct {
 
 func (sf *slurmFlags) register(fs *pflag.FlagSet, client bool) {
 	if client {
-		fs.StringVar(&sf.envFile, "env-file", defaultSlurmEnvFile, "file with RIALTO_ADDR=, RIALTO_CACERT= and RIALTO_TOKEN= lines (the `rialto up` env file format; keep it root's only)")
+		fs.StringVar(&sf.envFile, "env-file", defaultSlurmEnvFile, "`file` with RIALTO_ADDR=, RIALTO_CACERT= and RIALTO_TOKEN= lines (the format of rialto up's STATE/env; keep it root's only)")
 		fs.DurationVar(&sf.timeout, "timeout", time.Minute, "give up on the control plane after this long")
 	}
 	fs.StringVar(&sf.stateDir, "state-dir", defaultSlurmStateDir, "where the prolog leaves each job's lease environment for the task prolog")

@@ -85,7 +85,7 @@ func runUp(e *env, fs *pflag.FlagSet) runFunc {
 	uplinks := fs.Bool("uplinks", false, "with --netns: give every agent an uplink (wan0) to an outside network that only the agents reach, lent as NIC \"wan\" (docs/nic.md; needs nft)")
 	uplinkRate := tcRateString(fs, "uplink-rate", "with --uplinks: shape the uplinks with tc tbf to this rate, e.g. 100mbit; the agents lend them at that rate")
 	insecure := insecureDataplaneFlag(fs)
-	replicas := fs.Int("replicas", 1, "control-plane replicas; more than 1 runs a throwaway PostgreSQL in the state dir (needs the machine's PostgreSQL) and that many `rialto server` processes sharing it (docs/operations.md)")
+	replicas := fs.Int("replicas", 1, "control-plane replicas; more than 1 runs a throwaway PostgreSQL in the state dir (needs the machine's PostgreSQL) and that many rialto server processes sharing it (docs/operations.md)")
 	var tm timings
 	tm.register(fs)
 	return func(ctx context.Context, _ []string) error {

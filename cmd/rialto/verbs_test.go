@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -51,7 +52,9 @@ func fakeAPI(t *testing.T) *httptest.Server {
 		json.NewEncoder(w).Encode(lease)
 	})
 	mux.HandleFunc("POST /v1/leases/lease-1/release", reply(api.Lease{ID: "lease-1", State: api.LeaseReleased}))
-	mux.HandleFunc("POST /v1/explain", reply(api.Plan{State: "feasible", Mode: api.ModeDedicated, Parts: lease.Parts, Explanation: []string{"fewest hops"}}))
+	mux.HandleFunc("POST /v1/explain", reply(api.Plan{State: "feasible", Mode: api.ModeDedicated, Parts: lease.Parts, PredictedBandwidth: 477e6,
+		Impacts:     []api.Impact{{LeaseID: "lease-0", BandwidthBefore: 2e9, BandwidthAfter: 1e9}},
+		Explanation: []string{"fewest hops", "chose dedicated node-1/dev-1: predicted 477.0 MB/s"}}))
 	mux.HandleFunc("GET /v1/events", reply([]api.Event{{ID: 1, Type: "node.joined", Subject: "node-1", State: "ready"}}))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
@@ -124,7 +127,10 @@ func TestVerbsTables(t *testing.T) {
 		{[]string{"topology"}, []string{"controlplane", "42µs"}},
 		{[]string{"leases"}, []string{"lease-1", "active", "256MiB"}},
 		{[]string{"lease", "show", "lease-1"}, []string{"URI:", "nbd://", "PART", "Why:", "least loaded lender"}},
-		{[]string{"explain", "--size", "1GiB"}, []string{"feasible", "fewest hops"}},
+		// The summary's rate reads as the reasons' (MB/s, not MiB/s).
+		// A slowed lease that declared no work has no completion time: "-".
+		{[]string{"explain", "--size", "1GiB"}, []string{"feasible", "fewest hops", "Predicted bandwidth:  477.0 MB/s",
+			"lease-0      2000.0 MB/s       1000.0 MB/s  -                  -"}},
 		{[]string{"events"}, []string{"node.joined"}},
 	} {
 		out, errs, code := runCLI(t, srv.URL, tc.args...)
@@ -141,12 +147,18 @@ func TestVerbsTables(t *testing.T) {
 
 func TestVerbErrors(t *testing.T) {
 	srv := fakeAPI(t)
+	tlsSrv := httptest.NewTLSServer(http.NotFoundHandler())
+	t.Cleanup(tlsSrv.Close)
 	for _, tc := range []struct {
 		args []string
 		code int
 		want string
 	}{
-		{[]string{"nodes", "--token-file", secretFileOf(t, "bad")}, 1, "missing or unknown API token (code unauthorized, HTTP 401)"},
+		{[]string{"nodes", "--token-file", secretFileOf(t, "bad")}, 1, "missing or unknown API token (code unauthorized, HTTP 401); the CLI sends the token in RIALTO_TOKEN or in the file of --token-file"},
+		// Nothing listens at --addr (RIALTO_ADDR not set in this shell).
+		{[]string{"nodes", "--addr", closedAddr(t)}, 1, "connection refused; is a control plane listening there? Set --addr or RIALTO_ADDR"},
+		// http:// for an HTTPS control plane.
+		{[]string{"nodes", "--addr", strings.Replace(tlsSrv.URL, "https://", "http://", 1)}, 1, "the control plane serves HTTPS: write --addr (RIALTO_ADDR) with https://"},
 		{[]string{"nodes", "--token", "bad"}, 1, "--token puts a secret on the command line"},
 		{[]string{"lease", "create", "--size", "lots"}, 2, `invalid argument "lots" for "--size"`},
 		{[]string{"lease", "create", "--kind", "floppy"}, 2, "unknown kind (block, memory, accel, nic)"},
@@ -168,6 +180,18 @@ func TestVerbErrors(t *testing.T) {
 			t.Errorf("%v: exit %d, stderr %q; want %d and %q", tc.args, code, errs, tc.code, tc.want)
 		}
 	}
+}
+
+// closedAddr is an https:// URL where nothing listens.
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return "https://" + addr
 }
 
 // pskFileOf writes a key file in psktool's format with mode perm.

@@ -586,7 +586,7 @@ func runVMMove(e *env, fs *pflag.FlagSet) runFunc {
 	var cf clientFlags
 	cf.register(fs, e)
 	sd := stateDirFlag(fs, e)
-	to := fs.String("to", "", "the destination: netns:NAME (a network namespace here, e.g. an emulated rack's host), local, or exec:COMMAND (runs `rialto vm run` there, e.g. exec:ssh host2)")
+	to := fs.String("to", "", "the `destination`: netns:NAME (a network namespace here, e.g. an emulated rack's host), local, or exec:COMMAND (runs rialto vm run there, e.g. exec:ssh host2)")
 	remoteBin := fs.String("remote-rialto", "rialto", "with --to exec:, the rialto binary on the destination")
 	within := fs.Duration("timeout", 90*time.Second, "how long to wait for the VM to stop")
 	return func(ctx context.Context, pos []string) error {

@@ -174,14 +174,14 @@ func (x *Index) explain(q *req, top []*result, nresults int, rejected []Rejectio
 		}
 		e = append(e, c)
 	}
-	e = append(e, "candidates: "+strconv.Itoa(ncand)+" usable devices of "+strconv.Itoa(examined)+" examined; "+
-		strconv.Itoa(nresults+len(rejected))+" options predicted, "+strconv.Itoa(len(rejected))+" rejected")
+	e = append(e, "candidates: "+plural(ncand, "usable device")+" of "+strconv.Itoa(examined)+" examined; "+
+		plural(nresults+len(rejected), "option")+" predicted, "+strconv.Itoa(len(rejected))+" rejected")
 	compl := ""
-	if q.Work > 0 {
+	if q.Work > 0 && !math.IsInf(best.rate, 1) {
 		compl = ", completion " + best.compl.Round(time.Millisecond).String()
 	}
-	e = append(e, "chose "+x.name(best)+": "+strconv.Itoa(best.hops)+" hops, "+best.latency.String()+", predicted "+
-		fmtBW(best.rate)+compl+", link load "+fmtF(100*best.linkUtil, 0)+"%")
+	e = append(e, "chose "+x.name(best)+": "+strconv.Itoa(best.hops)+" hops, "+best.latency.String()+", "+
+		predictedText(best.rate, true)+compl+", link load "+fmtF(100*best.linkUtil, 0)+"%")
 	switch {
 	case q.Whole:
 		e = append(e, "mode: a whole device was asked for, so dedicated")
@@ -212,7 +212,7 @@ func (x *Index) explain(q *req, top []*result, nresults int, rejected []Rejectio
 		e = append(e, s)
 	}
 	for _, ru := range top[1:] {
-		e = append(e, "runner-up "+x.name(ru)+": predicted "+fmtBW(ru.rate)+", lost on "+whyLost(best, ru, q.strategy))
+		e = append(e, "runner-up "+x.name(ru)+": "+predictedText(ru.rate, false)+", lost on "+whyLost(best, ru, q.strategy))
 	}
 	for i, r := range rejected {
 		if i == 4 {
@@ -283,12 +283,35 @@ func fmtBits(b float64) string {
 	return fmtF(b, 0) + " bit/s"
 }
 
-// fmtBW formats a rate in bytes/s as MB/s.
+// fmtBW formats a rate in bytes/s as MB/s ("no known limit" for +Inf:
+// nothing on the path has a known rate).
 func fmtBW(b float64) string {
 	if math.IsInf(b, 1) {
-		return "unbounded"
+		return "no known limit"
 	}
 	return fmtF(b/1e6, 1) + " MB/s"
+}
+
+// predictedText is an option's predicted rate as an explanation gives it:
+// "predicted 477.0 MB/s", or, when neither the device (no profile, no
+// declared bandwidth) nor any link on the path has a known rate, that no
+// rate was predicted, and (why) why not.
+func predictedText(rate float64, why bool) string {
+	if !math.IsInf(rate, 1) {
+		return "predicted " + fmtBW(rate)
+	}
+	if why {
+		return "bandwidth not predicted (no rate known for the device or its links)"
+	}
+	return "bandwidth not predicted"
+}
+
+// plural is "1 option", "3 options".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.Itoa(n) + " " + noun + "s"
 }
 
 // fmtBytes formats a byte count in GB.
