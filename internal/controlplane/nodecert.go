@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -39,6 +40,19 @@ func nodeHosts(address, agentURL string, endpoints map[api.Kind]string) []string
 	return out
 }
 
+// checkNodeHosts refuses hosts a node's certificate must not name: a
+// wildcard (*.example.com) would make it good for every host of the
+// domain — other lenders' addresses, the control plane's — and a node is
+// one host.
+func checkNodeHosts(hosts []string) error {
+	for _, h := range hosts {
+		if strings.Contains(h, "*") {
+			return fmt.Errorf("%w: a node's address, agent URL and endpoints name its own hosts; %q is a wildcard", ErrInvalid, h)
+		}
+	}
+	return nil
+}
+
 // nodeCertRequest is what a node's certificate names.
 func (s *Server) nodeCertRequest(nodeID string, hosts []string) pki.Request {
 	return pki.Request{CommonName: nodeID, Hosts: hosts, Usage: pki.ServerAuth | pki.ClientAuth, Lifetime: s.cfg.NodeCertLifetime}
@@ -57,6 +71,9 @@ func (s *Server) checkJoinCSR(r api.JoinRequest) error {
 	if len(hosts) == 0 {
 		return fmt.Errorf("%w: a node certificate needs the node's address", ErrInvalid)
 	}
+	if err := checkNodeHosts(hosts); err != nil {
+		return err
+	}
 	// The node ID is not known yet; the CSR leaves the name to us.
 	if _, err := pki.CheckCSR([]byte(r.CSR), s.nodeCertRequest("pending", hosts)); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalid, err)
@@ -66,7 +83,11 @@ func (s *Server) checkJoinCSR(r api.JoinRequest) error {
 
 // signNodeCSR issues node n's certificate from a CSR.
 func (s *Server) signNodeCSR(n api.Node, csr string) (api.NodeCertificateResponse, error) {
-	iss, err := s.cfg.CA.SignCSR([]byte(csr), s.nodeCertRequest(n.ID, nodeHosts(n.Address, n.AgentURL, n.Endpoints)))
+	hosts := nodeHosts(n.Address, n.AgentURL, n.Endpoints)
+	if err := checkNodeHosts(hosts); err != nil {
+		return api.NodeCertificateResponse{}, err
+	}
+	iss, err := s.cfg.CA.SignCSR([]byte(csr), s.nodeCertRequest(n.ID, hosts))
 	if err != nil {
 		if errors.Is(err, pki.ErrBadRequest) {
 			return api.NodeCertificateResponse{}, fmt.Errorf("%w: %v", ErrInvalid, err)
