@@ -98,6 +98,29 @@ func (s *Server) signNodeCSR(n api.Node, csr string) (api.NodeCertificateRespons
 	return api.NodeCertificateResponse{Certificate: string(iss.CertPEM), CACertificate: string(s.cfg.CA.CertPEM())}, nil
 }
 
+// APIServerCN is the common name of the API's certificate (APIServerTLS).
+// The cluster CA also issues node certificates, for the hosts a node's
+// join declares (which may be a replica's): a client of the API that
+// holds the cluster's CA checks this name too (verifyAPIPeer), as a node
+// certificate's is its node ID.
+const APIServerCN = "rialto control plane"
+
+// verifyAPIPeer is a tls.Config.VerifyConnection hook for a client of a
+// control plane's API (crypto/tls has checked the chain and the host):
+// the certificate must be the API's, not revoked.
+func verifyAPIPeer(ca *pki.CA, cs tls.ConnectionState) error {
+	if len(cs.PeerCertificates) == 0 {
+		return errors.New("controlplane: the peer presented no certificate")
+	}
+	if err := ca.VerifyPeer(cs); err != nil {
+		return err
+	}
+	if cn := cs.PeerCertificates[0].Subject.CommonName; cn != APIServerCN {
+		return fmt.Errorf("controlplane: the certificate at %s is %q's, not a control plane's", cs.ServerName, cn)
+	}
+	return nil
+}
+
 // APIServerTLS is the API's server TLS configuration with a cluster CA
 // (pki.CA.ServerConfig): a certificate for hosts, renewed before it
 // expires, and client certificates asked for, not required (agents
@@ -111,7 +134,7 @@ func (s *Server) signNodeCSR(n api.Node, csr string) (api.NodeCertificateRespons
 // without an answer, on every new connection, and the agent would never
 // learn to join again; the 401 makes it join again at once.
 func APIServerTLS(ca *pki.CA, hosts []string) (*tls.Config, error) {
-	cfg, err := ca.ServerConfig("rialto control plane", hosts, tls.VerifyClientCertIfGiven, 0)
+	cfg, err := ca.ServerConfig(APIServerCN, hosts, tls.VerifyClientCertIfGiven, 0)
 	if err != nil {
 		return nil, err
 	}
