@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane"
 	"github.com/rialto-project/rialto/internal/pki"
 )
 
@@ -54,7 +57,26 @@ func (cf *clientFlags) client() (*api.Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w (--cacert, RIALTO_CACERT)", err)
 	}
+	if tr, ok := hc.Transport.(*http.Transport); ok && cf.caCert != "" && tr.TLSClientConfig != nil {
+		tr.TLSClientConfig.VerifyConnection = controlPlaneOnly
+	}
 	return api.NewClient(addr, cf.token, hc), nil
+}
+
+// controlPlaneOnly is the VerifyConnection of the CLI's API client with
+// the cluster CA (crypto/tls has checked the chain and the host name):
+// the certificate must be a control plane's. The cluster CA also issues
+// nodes' certificates, for the hosts their joins declare, which may be
+// the control plane's: one of those at the API's address is not the
+// control plane, and gets no token.
+func controlPlaneOnly(cs tls.ConnectionState) error {
+	if len(cs.PeerCertificates) == 0 {
+		return errors.New("the server presented no certificate")
+	}
+	if cn := cs.PeerCertificates[0].Subject.CommonName; cn != controlplane.APIServerCN {
+		return fmt.Errorf("the server at %s presents a certificate of the cluster CA for %q: not a control plane's", cs.ServerName, cn)
+	}
+	return nil
 }
 
 // json reports whether objects are printed as data (-o json, yaml or

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Usage output (a bad flag, -h) may go to service logs: tokens taken
@@ -77,11 +78,17 @@ func TestSecretFlagsRefused(t *testing.T) {
 		{[]string{"appliance", "--bootstrap-token", leaked}, "use --bootstrap-token-file FILE"},
 		{[]string{"nodes", "--token", leaked}, "use --token-file FILE or the environment variable RIALTO_TOKEN"},
 		{[]string{"lease", "create", "--size", "1MiB", "--token", leaked}, "--token puts a secret on the command line"},
+		// A database password, too: the database holds every lease's
+		// credential and every node's agent key.
+		{[]string{"server", "--db", "postgres://rialto:" + leaked + "@127.0.0.1:1/rialto"}, "use the environment variable RIALTO_DB"},
+		{[]string{"server", "--db", "postgresql://rialto@127.0.0.1:1/rialto?sslmode=disable&password=" + leaked}, "use the environment variable RIALTO_DB"},
 	} {
 		t.Run(strings.Join(tc.args[:2], " "), func(t *testing.T) {
 			var out, errb bytes.Buffer
 			e := &env{stdout: &out, stderr: &errb, getenv: func(string) string { return "" }}
-			code := run(context.Background(), tc.args, e)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			code := run(ctx, tc.args, e)
 			all := out.String() + errb.String()
 			if code != 1 || !strings.Contains(all, tc.want) {
 				t.Fatalf("exit %d, output %q; want 1 and %q", code, all, tc.want)
@@ -97,5 +104,32 @@ func TestSecretFlagsRefused(t *testing.T) {
 	empty := secretFileOf(t, "")
 	if code := run(context.Background(), []string{"agent", "--bootstrap-token-file", empty}, e); code != 1 || !strings.Contains(errb.String(), "is empty") {
 		t.Fatalf("empty token file: exit %d, %s", code, errb.String())
+	}
+}
+
+// TestDatabasePasswordNeverShown: the database URL from RIALTO_DB (where
+// its password belongs) shows in messages and logs without the password,
+// given as the user's or as a parameter: a database the server cannot
+// reach is reported with its URL.
+func TestDatabasePasswordNeverShown(t *testing.T) {
+	const leaked = "env-db-password-secret"
+	for _, db := range []string{
+		"postgres://rialto:" + leaked + "@127.0.0.1:1/rialto",
+		"postgresql://rialto@127.0.0.1:1/rialto?sslmode=disable&password=" + leaked,
+		"postgres://rialto@127.0.0.1:1/rialto?sslpassword=" + leaked + "&sslmode=disable",
+	} {
+		var out, errb bytes.Buffer
+		vars := map[string]string{"RIALTO_DB": db, "RIALTO_BOOTSTRAP_TOKEN": "boot-secret", "RIALTO_ADMIN_TOKEN": "admin-secret"}
+		e := &env{stdout: &out, stderr: &errb, getenv: func(k string) string { return vars[k] }}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		code := run(ctx, []string{"server", "--listen", "127.0.0.1:0", "--tls-dir", t.TempDir()}, e)
+		cancel()
+		all := out.String() + errb.String()
+		if code == 0 || !strings.Contains(all, "127.0.0.1:1") {
+			t.Fatalf("exit %d, output %q: want the unreachable database reported", code, all)
+		}
+		if strings.Contains(all, leaked) {
+			t.Errorf("the database password shows: %s", all)
+		}
 	}
 }

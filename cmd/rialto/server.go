@@ -208,7 +208,7 @@ func (cp *controlPlane) stop() error {
 
 func runServer(e *env, fs *pflag.FlagSet) runFunc {
 	listen := fs.String("listen", "127.0.0.1:7070", "address to serve the API on")
-	db := fs.String("db", "rialto.db", "SQLite database file, or a PostgreSQL URL postgres://USER:PASSWORD@HOST:PORT/DB shared by several replicas (env RIALTO_DB: keeps the password out of ps)")
+	db := fs.String("db", "rialto.db", "SQLite database file, or a PostgreSQL URL postgres://USER@HOST:PORT/DB shared by several replicas (with a password: env RIALTO_DB only, which keeps it out of ps)")
 	tlsDir := fs.String("tls-dir", "", "the cluster CA's `directory` (created if absent: ca-cert.pem, ca-key.pem, ca-crl.pem); the API is served over HTTPS with a certificate from it (env RIALTO_TLS_DIR; default: rialto-tls beside --db, or in the working directory for PostgreSQL; replicas share one)")
 	var tlsHosts listFlag
 	fs.Var(&tlsHosts, "tls-host", "a further host name or address clients reach the API by, put in its certificate (repeatable)")
@@ -226,6 +226,11 @@ func runServer(e *env, fs *pflag.FlagSet) runFunc {
 	return func(ctx context.Context, _ []string) error {
 		if err := cfgFile.apply(); err != nil {
 			return err
+		}
+		if flagSet(fs, "db") && dbHasPassword(*db) {
+			// The database holds every lease's credential and every
+			// node's agent key: its password is a secret like a token.
+			return fmt.Errorf("--db puts the database password on the command line (where every user of the machine sees it: ps, /proc/PID/cmdline) or in the configuration file: use the environment variable RIALTO_DB")
 		}
 		if v := e.getenv("RIALTO_DB"); v != "" && !flagSet(fs, "db") {
 			*db = v

@@ -32,7 +32,8 @@ func openStore(ctx context.Context, db string) (store.Store, error) {
 	return st, nil
 }
 
-// dbName is db fit for logs and messages: a URL without its password.
+// dbName is db fit for logs and messages: a URL without its password
+// (the user's, or a password or sslpassword parameter).
 func dbName(db string) string {
 	if !isPostgresURL(db) {
 		return db
@@ -41,5 +42,40 @@ func dbName(db string) string {
 	if err != nil {
 		return "postgres://(unparsable URL)"
 	}
+	if q := u.Query(); dbQueryPassword(q) {
+		for _, k := range dbPasswordParams {
+			if q.Has(k) {
+				q.Set(k, "xxxxx")
+			}
+		}
+		u.RawQuery = q.Encode()
+	}
 	return u.Redacted()
+}
+
+// dbPasswordParams are the PostgreSQL URL parameters that carry a secret.
+var dbPasswordParams = []string{"password", "sslpassword"}
+
+func dbQueryPassword(q url.Values) bool {
+	for _, k := range dbPasswordParams {
+		if q.Has(k) {
+			return true
+		}
+	}
+	return false
+}
+
+// dbHasPassword reports whether a PostgreSQL URL carries a password.
+func dbHasPassword(db string) bool {
+	if !isPostgresURL(db) {
+		return false
+	}
+	u, err := url.Parse(db)
+	if err != nil {
+		return strings.Contains(db, "@") || strings.Contains(db, "password")
+	}
+	if _, ok := u.User.Password(); ok {
+		return true
+	}
+	return dbQueryPassword(u.Query())
 }

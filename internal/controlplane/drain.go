@@ -535,11 +535,10 @@ func (s *Server) finishDrain(ctx context.Context, dr *drainRun, n api.Node, why 
 		s.log.Info("node drained", "node", n.ID, "leases", len(d.Leases))
 		return
 	}
-	ids := make([]string, len(left))
-	for i, e := range left {
-		ids[i] = e.LeaseID
-	}
+	// A node's events are every tenant's: they name no lease (each
+	// lease's tenant has its lease.drain.left above, the operator the
+	// drain's record, GET /v1/nodes/{id}/drain).
 	s.event(ctx, api.Event{Type: "node.drain.incomplete", Subject: n.ID, State: string(n.State),
-		Message: fmt.Sprintf("%s: %d lease(s) left on it (%s): %s", n.Name, len(left), strings.Join(ids, ", "), why)})
+		Message: fmt.Sprintf("%s: %d lease(s) left on it: %s", n.Name, len(left), why)})
 	s.log.Warn("node drain incomplete", "node", n.ID, "left", len(left), "why", why)
 }

@@ -44,7 +44,8 @@ import (
 // header (forwardedHeader) grants nothing: it only stops a second
 // forward, so a client that sends it gets its call served where it
 // landed. Over HTTPS the forward verifies the leader's certificate
-// against the cluster CA (Config.CA) or Config.PeerTLS.
+// against the cluster CA (Config.CA: it must be a control plane's,
+// APIServerCN, not a node's for the same host) or Config.PeerTLS.
 
 // forwardedHeader marks a call forwarded by a replica (its value: the
 // forwarding replica's address). A call that carries it is served where
@@ -96,7 +97,13 @@ func newForwarder(s *Server) *forwarder {
 	}
 	tc := s.cfg.PeerTLS
 	if tc == nil && s.cfg.CA != nil {
-		tc = &tls.Config{RootCAs: s.cfg.CA.Pool(), MinVersion: tls.VersionTLS12}
+		// The leader's certificate must be a control plane's: the CA
+		// also issues nodes' certificates, for hosts their joins declare
+		// (a replica's among them, maybe), and the call carries the
+		// tenant's token.
+		ca := s.cfg.CA
+		tc = &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12,
+			VerifyConnection: func(cs tls.ConnectionState) error { return verifyAPIPeer(ca, cs) }}
 	}
 	tr := &http.Transport{
 		Proxy:                 nil,

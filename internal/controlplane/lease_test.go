@@ -121,7 +121,7 @@ func TestModesAndPartitions(t *testing.T) {
 		t.Fatalf("composed %+v", c)
 	}
 	for i, p := range c.Parts {
-		if !strings.HasSuffix(p.URI, "/"+partExport(c.Credential, i)) {
+		if !strings.HasSuffix(p.URI, "/"+partExport(c.Credential, i, 1)) {
 			t.Fatalf("part %d URI does not carry the part's export name", i)
 		}
 	}

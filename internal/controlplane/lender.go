@@ -216,7 +216,7 @@ func (s *Server) prepareParts(ctx context.Context, l api.Lease, req api.LeaseReq
 		start := time.Now()
 		resp, err := s.lender.Prepare(pctx, n.Node, n.AgentKey, api.PrepareRequest{
 			LeaseID: l.ID, Kind: l.Kind, Mode: l.Mode, DeviceID: p.DeviceID, DeviceName: devNames[p.DeviceID],
-			Offset: p.Offset, Length: p.Length, Export: partExport(l.Credential, i), Role: req.Role,
+			Offset: p.Offset, Length: p.Length, Export: partExport(l.Credential, i, placement), Role: req.Role,
 			RoleConfig: req.RoleConfig, Gateway: req.Kind == api.KindAccel && req.Mode == api.ModeShared,
 			BandwidthCap: l.BandwidthCap, IOPSCap: l.IOPSCap, ExpiresAt: l.ExpiresAt, Now: s.now(),
 			TimeoutSeconds: s.cfg.PrepareTimeout.Seconds(), Placement: placement,
@@ -255,13 +255,20 @@ func (s *Server) prepareParts(ctx context.Context, l api.Lease, req api.LeaseReq
 }
 
 // partExport is the export name (the data-plane secret) of part i of the
-// lease whose credential is given: HMAC-SHA256(credential, "part/"+i),
-// base64url. The lender of one part learns nothing from it about the
-// names of the other parts; the borrower gets every part's name in its
-// URI.
-func partExport(credential string, i int) string {
+// lease whose credential is given, as prepared for placement (1, 2, …
+// as the lease is placed again after lenders that did not confirm):
+// HMAC-SHA256(credential, "part/"+i), and "/placement/"+placement after
+// the first, base64url. The lender of one part learns nothing from it
+// about the names of the other parts; the borrower gets every part's
+// name in its URI. A placement's names are its own: a lender skipped in
+// one round, which was sent its part's name all the same, or the lender
+// of another part there, learns no name a later placement serves.
+func partExport(credential string, i, placement int) string {
 	m := hmac.New(sha256.New, []byte(credential))
 	m.Write([]byte("part/" + strconv.Itoa(i)))
+	if placement > 1 {
+		m.Write([]byte("/placement/" + strconv.Itoa(placement)))
+	}
 	return "rlp_" + base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 

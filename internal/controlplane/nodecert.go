@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -39,6 +40,19 @@ func nodeHosts(address, agentURL string, endpoints map[api.Kind]string) []string
 	return out
 }
 
+// checkNodeHosts refuses hosts a node's certificate must not name: a
+// wildcard (*.example.com) would make it good for every host of the
+// domain — other lenders' addresses, the control plane's — and a node is
+// one host.
+func checkNodeHosts(hosts []string) error {
+	for _, h := range hosts {
+		if strings.Contains(h, "*") {
+			return fmt.Errorf("%w: a node's address, agent URL and endpoints name its own hosts; %q is a wildcard", ErrInvalid, h)
+		}
+	}
+	return nil
+}
+
 // nodeCertRequest is what a node's certificate names.
 func (s *Server) nodeCertRequest(nodeID string, hosts []string) pki.Request {
 	return pki.Request{CommonName: nodeID, Hosts: hosts, Usage: pki.ServerAuth | pki.ClientAuth, Lifetime: s.cfg.NodeCertLifetime}
@@ -57,6 +71,9 @@ func (s *Server) checkJoinCSR(r api.JoinRequest) error {
 	if len(hosts) == 0 {
 		return fmt.Errorf("%w: a node certificate needs the node's address", ErrInvalid)
 	}
+	if err := checkNodeHosts(hosts); err != nil {
+		return err
+	}
 	// The node ID is not known yet; the CSR leaves the name to us.
 	if _, err := pki.CheckCSR([]byte(r.CSR), s.nodeCertRequest("pending", hosts)); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalid, err)
@@ -66,7 +83,11 @@ func (s *Server) checkJoinCSR(r api.JoinRequest) error {
 
 // signNodeCSR issues node n's certificate from a CSR.
 func (s *Server) signNodeCSR(n api.Node, csr string) (api.NodeCertificateResponse, error) {
-	iss, err := s.cfg.CA.SignCSR([]byte(csr), s.nodeCertRequest(n.ID, nodeHosts(n.Address, n.AgentURL, n.Endpoints)))
+	hosts := nodeHosts(n.Address, n.AgentURL, n.Endpoints)
+	if err := checkNodeHosts(hosts); err != nil {
+		return api.NodeCertificateResponse{}, err
+	}
+	iss, err := s.cfg.CA.SignCSR([]byte(csr), s.nodeCertRequest(n.ID, hosts))
 	if err != nil {
 		if errors.Is(err, pki.ErrBadRequest) {
 			return api.NodeCertificateResponse{}, fmt.Errorf("%w: %v", ErrInvalid, err)
@@ -75,6 +96,29 @@ func (s *Server) signNodeCSR(n api.Node, csr string) (api.NodeCertificateRespons
 	}
 	s.log.Info("node certificate issued", "node", n.ID, "serial", iss.Cert.SerialNumber.Text(16), "expires", iss.Cert.NotAfter)
 	return api.NodeCertificateResponse{Certificate: string(iss.CertPEM), CACertificate: string(s.cfg.CA.CertPEM())}, nil
+}
+
+// APIServerCN is the common name of the API's certificate (APIServerTLS).
+// The cluster CA also issues node certificates, for the hosts a node's
+// join declares (which may be a replica's): a client of the API that
+// holds the cluster's CA checks this name too (verifyAPIPeer), as a node
+// certificate's is its node ID.
+const APIServerCN = "rialto control plane"
+
+// verifyAPIPeer is a tls.Config.VerifyConnection hook for a client of a
+// control plane's API (crypto/tls has checked the chain and the host):
+// the certificate must be the API's, not revoked.
+func verifyAPIPeer(ca *pki.CA, cs tls.ConnectionState) error {
+	if len(cs.PeerCertificates) == 0 {
+		return errors.New("controlplane: the peer presented no certificate")
+	}
+	if err := ca.VerifyPeer(cs); err != nil {
+		return err
+	}
+	if cn := cs.PeerCertificates[0].Subject.CommonName; cn != APIServerCN {
+		return fmt.Errorf("controlplane: the certificate at %s is %q's, not a control plane's", cs.ServerName, cn)
+	}
+	return nil
 }
 
 // APIServerTLS is the API's server TLS configuration with a cluster CA
@@ -90,7 +134,7 @@ func (s *Server) signNodeCSR(n api.Node, csr string) (api.NodeCertificateRespons
 // without an answer, on every new connection, and the agent would never
 // learn to join again; the 401 makes it join again at once.
 func APIServerTLS(ca *pki.CA, hosts []string) (*tls.Config, error) {
-	cfg, err := ca.ServerConfig("rialto control plane", hosts, tls.VerifyClientCertIfGiven, 0)
+	cfg, err := ca.ServerConfig(APIServerCN, hosts, tls.VerifyClientCertIfGiven, 0)
 	if err != nil {
 		return nil, err
 	}

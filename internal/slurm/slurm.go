@@ -166,6 +166,20 @@ func (j Job) keyPrefix() string { return "slurm-" + j.Cluster + "-" + j.ID + "-"
 // Key is the idempotency key of request i of this run of the job.
 func (j Job) Key(i int) string { return fmt.Sprintf("%s%d-%d", j.keyPrefix(), j.Restarts, i) }
 
+// runKeyRe is what follows the job's prefix in the key of one of its
+// leases (Key): the run's restart count and the request's index.
+var runKeyRe = regexp.MustCompile(`^[0-9]+-[0-9]+$`)
+
+// owns reports whether key is the idempotency key of a lease of the job,
+// in any run of it: its prefix followed by a run's restart count and a
+// request's index, and nothing else. The prefix alone is not enough:
+// cluster names and job IDs may hold dashes, so job 2 of cluster "hpc-1"
+// (slurm-hpc-1-2-0-0) starts with job 1 of cluster "hpc"'s prefix.
+func (j Job) owns(key string) bool {
+	rest, ok := strings.CutPrefix(key, j.keyPrefix())
+	return ok && runKeyRe.MatchString(rest)
+}
+
 // File is the job's file in the state directory.
 func (j Job) File(stateDir string) string {
 	return filepath.Join(stateDir, j.Cluster+"-"+j.ID+".env")
@@ -214,8 +228,9 @@ func describe(r api.LeaseRequest) string {
 	return s
 }
 
-// Release releases every live lease of the job (every run of it); it
-// returns the IDs released.
+// Release releases every live lease of the job (every run of it: the
+// leases whose idempotency key is one of its Keys); it returns the IDs
+// released.
 func Release(ctx context.Context, c *api.Client, j Job) ([]string, error) {
 	ls, err := c.Leases(ctx)
 	if err != nil {
@@ -224,7 +239,7 @@ func Release(ctx context.Context, c *api.Client, j Job) ([]string, error) {
 	var ids []string
 	var errs []error
 	for _, l := range ls {
-		if !strings.HasPrefix(l.IdempotencyKey, j.keyPrefix()) {
+		if !j.owns(l.IdempotencyKey) {
 			continue
 		}
 		if _, err := c.ReleaseLease(ctx, l.ID); err != nil && !api.IsCode(err, api.CodeNotFound) {

@@ -1,0 +1,49 @@
+package slurm_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/slurm"
+	"github.com/rialto-project/rialto/internal/testcluster"
+)
+
+// TestEpilogReleasesOnlyItsJob: the epilog releases the leases of its
+// job only, also when another cluster's name extends its own with a dash
+// and a job ID (cluster "hpc", job 1 and cluster "hpc-1", job 2 borrowing
+// through one token: keys slurm-hpc-1-… and slurm-hpc-1-2-…). Job 1's
+// epilog released job 2's devices under it.
+func TestEpilogReleasesOnlyItsJob(t *testing.T) {
+	t.Parallel()
+	c := testcluster.Start(t, testcluster.Options{Nodes: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cl := c.Client()
+	req := []api.LeaseRequest{{Kind: api.KindBlock, Size: 4 << 20}}
+	one := slurm.Job{Cluster: "hpc", ID: "1", UID: -1, GID: -1}
+	two := slurm.Job{Cluster: "hpc-1", ID: "2", UID: -1, GID: -1}
+	l1, err := slurm.Ensure(ctx, cl, one, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l2, err := slurm.Ensure(ctx, cl, two, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	released, err := slurm.Release(ctx, cl, one)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(released) != 1 || released[0] != l1[0].ID {
+		t.Errorf("job %s/%s's epilog released %v; want only its lease %s", one.Cluster, one.ID, released, l1[0].ID)
+	}
+	if got, err := cl.Lease(ctx, l2[0].ID); err != nil || got.State != api.LeaseActive {
+		t.Fatalf("job %s/%s's lease after the other job's epilog: %s, %v", two.Cluster, two.ID, got.State, err)
+	}
+	// Its own epilog releases it.
+	if released, err := slurm.Release(ctx, cl, two); err != nil || len(released) != 1 || released[0] != l2[0].ID {
+		t.Errorf("job %s/%s's epilog: %v, %v", two.Cluster, two.ID, released, err)
+	}
+}
