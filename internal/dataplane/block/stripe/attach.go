@@ -315,30 +315,48 @@ func (a *Attachment) WriteBack() bool { return a.wb != nil }
 // and drops the client connections, refuses new writes, waits until every
 // write under way has been answered by its lenders (acknowledged early
 // with write-back, or not yet: a write answered as the connections drop
-// may still reach its client, so it must be in the flush), flushes the
-// volume if a device has writes that no flush covered, then closes the
-// parts and removes the Unix socket, if any. Waiting and flushing take at
-// most the request timeout (AttachConfig.RequestTimeout): past it the
-// parts are closed, which fails what their lenders have not answered, and
-// Close's error then wraps ErrTimeout too. Close reports what a FLUSH that
-// began with it would: an acknowledged write that failed (ErrWriteBack) or
-// writes a lender's restart may have lost (ErrLostWrites) that no FLUSH
-// reported, and its flush's failure; a report that a FLUSH took but whose
-// reply never reached its client (see untold); and errors of serving or
-// closing.
-func (a *Attachment) Close() error {
+// may still reach its client, so it must be in the flush), flushes every
+// part that has writes no flush covered (a failed part does not keep the
+// others from being flushed), then closes the parts and removes the Unix
+// socket, if any. Waiting and flushing take at most the request timeout
+// (AttachConfig.RequestTimeout): past it the parts are closed, which
+// fails what their lenders have not answered (and a write they answer
+// after it: none is acknowledged then), and Close's error wraps
+// ErrTimeout. Parts whose completed writes no flush covered (the deadline
+// passed, or their flush failed) are named with ErrUnflushed: a write
+// acknowledged to a client is covered by Close's flush or named there.
+// Close reports what a FLUSH
+// that began with it would: an acknowledged write that failed
+// (ErrWriteBack) or writes a lender's restart may have lost
+// (ErrLostWrites) that no FLUSH reported, and its flush's failure; a
+// report that a FLUSH took but whose reply never reached its client (see
+// untold), each report once; and errors of serving or closing.
+func (a *Attachment) Close() error { return a.CloseContext(context.Background()) }
+
+// CloseContext is Close, whose wait for the writes not yet acknowledged
+// also ends with ctx: when ctx ends before they are answered, they fail,
+// unacknowledged, whatever their lenders answer later (they are closed
+// with the parts), and Close reports how many, wrapping ctx's error. What
+// was acknowledged keeps the request timeout: the write-back cache's
+// writes in flight and Close's flush (a lender that hangs with a write
+// acknowledged early, or with writes to flush, still holds Close until
+// then). So a write stuck on a hung lender holds Close no longer than ctx
+// allows, unless its part has acknowledged writes to make durable.
+func (a *Attachment) CloseContext(ctx context.Context) error {
 	err := ErrClosed
 	a.once.Do(func() {
 		a.cancel()
-		serr := a.settle()
+		serr := a.settle(ctx)
 		// Requests still blocked on a vanished lender (reads) return at
 		// once when the parts close, instead of after RequestTimeout.
 		a.closeVolume()
 		<-a.done
 		err = errors.Join(serr, a.err, a.volErr)
-		// Every reply has been sent, or never will be.
-		if kept := a.rep.take(); kept != nil {
-			err = errors.Join(err, fmt.Errorf("%w: %w", errUntold, errors.Join(kept...)))
+		// Every reply has been sent, or never will be. A report that
+		// Close took as well as a FLUSH whose reply was lost (both were
+		// under way when it was found) is listed once.
+		if kept := missing(a.rep.take(), reportsIn(serr, nil)); kept != nil {
+			err = errors.Join(err, fmt.Errorf("%w: %w", errUntold, errors.Join(asErrors(kept)...)))
 		}
 		if a.sock != "" {
 			if rerr := os.Remove(a.sock); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
@@ -352,12 +370,12 @@ func (a *Attachment) Close() error {
 // settle is Close's wait for the writes acknowledged early and the other
 // writes under way, and its flush (Volume.settle), under one timer of the
 // request timeout that closes the volume.
-func (a *Attachment) settle() error {
+func (a *Attachment) settle(ctx context.Context) error {
 	if a.wb == nil {
-		return a.vol.settle(nil, a.closeVolume)
+		return a.vol.settle(ctx, nil, a.closeVolume)
 	}
 	seen := a.wb.close()
-	return a.vol.settle(func() error { return a.wb.settle(seen) }, a.closeVolume)
+	return a.vol.settle(ctx, func() error { return a.wb.settle(seen) }, a.closeVolume)
 }
 
 // closeVolume closes the volume once (Close, or settle's timer); volErr
@@ -387,11 +405,12 @@ type backend struct {
 // to end reports it, and so does Close. A report counts as told once the
 // reply carrying it has been written whole to the client's socket, as the
 // server counts it: a reply written by a send that failed after it is
-// counted not sent, and its reports are given again (told twice).
+// counted not sent, and its reports are given again (told twice). A report
+// is kept once, however many FLUSHes took it (lossReport).
 type untold struct {
-	n    atomic.Int32 // len(errs), read without mu by every FLUSH
+	n    atomic.Int32 // len(reps), read without mu by every FLUSH
 	mu   sync.Mutex
-	errs []error
+	reps []*lossReport
 
 	// For tests: called when a FLUSH has its outcome, before it returns
 	// it (atomic: set while the export serves).
@@ -402,24 +421,24 @@ type untold struct {
 var errUntold = errors.New("stripe: reported to a FLUSH whose reply did not reach its client")
 
 // take returns the reports kept (nil if none) and forgets them.
-func (u *untold) take() []error {
+func (u *untold) take() []*lossReport {
 	if u.n.Load() == 0 {
 		return nil
 	}
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	errs := u.errs
-	u.errs = nil
+	reps := u.reps
+	u.reps = nil
 	u.n.Store(0)
-	return errs
+	return reps
 }
 
-// keep keeps reports whose reply was not sent.
-func (u *untold) keep(errs []error) {
+// keep keeps reports whose reply was not sent, those it lacks.
+func (u *untold) keep(reps []*lossReport) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	u.errs = append(u.errs, errs...)
-	u.n.Store(int32(len(u.errs)))
+	u.reps = append(u.reps, missing(reps, u.reps)...)
+	u.n.Store(int32(len(u.reps)))
 }
 
 // flushReport is a FLUSH's error that carries failure reports: own, what
@@ -427,7 +446,7 @@ func (u *untold) keep(errs []error) {
 // is not sent, they go back to untold.
 type flushReport struct {
 	err     error // what the FLUSH returns
-	reports []error
+	reports []*lossReport
 	u       *untold
 }
 
@@ -442,16 +461,13 @@ func (r *flushReport) ReplySent(sent bool) {
 }
 
 // reportFlush returns what a FLUSH of the local export whose flush
-// returned err answers: err, with the reports untold kept, wrapped so
-// that its reports are kept again if its reply is not sent.
+// returned err answers: err, with the reports untold kept that err lacks,
+// wrapped so that its reports are kept again if its reply is not sent.
 func (u *untold) reportFlush(err error) error {
-	var reports []error
-	if errors.Is(err, ErrWriteBack) || errors.Is(err, ErrLostWrites) {
-		reports = append(reports, err)
-	}
-	if kept := u.take(); kept != nil {
+	reports := reportsIn(err, nil)
+	if kept := missing(u.take(), reports); kept != nil {
 		reports = append(reports, kept...)
-		err = errors.Join(err, fmt.Errorf("%w: %w", errUntold, errors.Join(kept...)))
+		err = errors.Join(err, fmt.Errorf("%w: %w", errUntold, errors.Join(asErrors(kept)...)))
 	}
 	if f := u.flushed.Load(); f != nil {
 		(*f)()
@@ -504,7 +520,7 @@ func (b backend) StartWriteAt(p []byte, off int64, done func(error)) bool {
 		return false
 	}
 	startedWrites.Add(1)
-	b.v.startWrite(p, off, done)
+	b.v.startWrite(p, off, false, done)
 	return true
 }
 

@@ -28,9 +28,14 @@
 // writes once sent to the lenders, a volatile write cache: a Flush waits for
 // them and reports a lender's later failure of one with [ErrWriteBack]
 // (writeback.go has the rules: ordering of overlapping requests, bounds).
-// [Attachment.Close] waits for them (within the request timeout), flushes
-// what no flush covered, then closes the parts, and reports a failure or
-// loss that no Flush reported.
+// [Attachment.Close] waits for them and for the writes under way (within
+// the request timeout; [Attachment.CloseContext] stops waiting for the
+// writes not yet acknowledged when its ctx ends), flushes what no flush
+// covered, then closes the parts, and reports, each once, a failure or
+// loss that no client was told of. Past its deadline no write is
+// acknowledged, and the parts with acknowledged writes that no flush
+// covered (the deadline passed, or their flush failed) are named
+// ([ErrUnflushed]).
 //
 // [Attach] dials the parts given as nbd:// URIs, builds the volume and serves
 // it with an nbd.Server on a loopback TCP port or a Unix socket; [Serve] does

@@ -64,7 +64,10 @@ type nbdPart struct {
 	// it began (Linux's errseq), so that every flush under way hears of
 	// one, and the next to begin does.
 	lostGen, lostSeen atomic.Uint64
-	epoch             atomic.Uint64 // counts reconnections
+	// lostRep is the report of the latest loss, stored before lostGen
+	// counts it: every flush that takes it gets this value (lossReport).
+	lostRep atomic.Pointer[lossReport]
+	epoch   atomic.Uint64 // counts reconnections
 	// breaking is the connection the latest reconnection replaces (or
 	// replaced); moved says whether that reconnection found the part
 	// moved (guarded by mu). See count.
@@ -182,8 +185,14 @@ func (p *nbdPart) lateWrite(c *nbd.Client, answered uint64) {
 		return
 	}
 	if !p.moved || p.cur.Load() == c {
-		p.lostGen.Add(1)
+		p.lose()
 	}
+}
+
+// lose records a loss of writes (see lostGen) and its report.
+func (p *nbdPart) lose() {
+	p.lostRep.Store(&lossReport{fmt.Errorf("part %d: %w", p.index, ErrLostWrites)})
+	p.lostGen.Add(1)
 }
 
 // ticket numbers a flush about to be sent on c, which covers the part's
@@ -264,7 +273,7 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 		if err == nil {
 			p.moved = p.uri.Export != from.Export
 			if unflushed && !p.moved {
-				p.lostGen.Add(1)
+				p.lose()
 			}
 			p.epoch.Add(1)
 			p.cur.Store(c)
@@ -277,7 +286,7 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 		}
 		if retry.Wait(ctx) != nil {
 			if unflushed {
-				p.lostGen.Add(1)
+				p.lose()
 			}
 			p.dead.Store(true)
 			p.log.Error("stripe: gave up reconnecting to part", "part", p.index, "addr", p.uri.Address, "attempts", attempt, "after", time.Since(start), "err", err)
@@ -402,23 +411,23 @@ func (p *nbdPart) endFlush(seq, seen uint64, err error) error {
 	if p.beforeReport != nil {
 		p.beforeReport()
 	}
-	if p.lostSince(seen) {
-		return fmt.Errorf("part %d: %w", p.index, ErrLostWrites)
-	}
-	return nil
+	return p.lostSince(seen)
 }
 
-// lostSince reports whether losses were found that no flush had reported
-// when lostSeen was seen, and records them reported.
-func (p *nbdPart) lostSince(seen uint64) bool {
+// lostSince returns the report of the latest loss (wrapping
+// ErrLostWrites) if losses were found that no flush had reported when
+// lostSeen was seen, and records them reported; nil otherwise.
+func (p *nbdPart) lostSince(seen uint64) error {
 	gen := p.lostGen.Load()
 	if gen <= seen {
-		return false
+		return nil
 	}
 	for {
 		s := p.lostSeen.Load()
 		if s >= gen || p.lostSeen.CompareAndSwap(s, gen) {
-			return true
+			// Stored before gen was counted: this loss's report, or
+			// a later one's (which answers for it too).
+			return p.lostRep.Load()
 		}
 	}
 }

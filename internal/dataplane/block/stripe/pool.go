@@ -3,6 +3,7 @@ package stripe
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -152,7 +153,7 @@ func (p *Pool) Flush() error {
 	marks := p.lostMarks(mbuf[:0])
 	seqs, tickets, epoch, ok := p.sharedFlush(buf[:0], tbuf[:0])
 	if !ok {
-		return p.flushEach(marks)
+		return p.flushEach(marks, nil)
 	}
 	// As startFlush, without its closure (an allocation per flush).
 	i := p.pickIndex()
@@ -181,7 +182,7 @@ func (p *Pool) startFlush() func() error {
 	marks := p.lostMarks(make([]uint64, 0, len(p.conns)))
 	seqs, tickets, epoch, ok := p.sharedFlush(nil, nil)
 	if !ok {
-		return func() error { return p.flushEach(marks) }
+		return func() error { return p.flushEach(marks, nil) }
 	}
 	i := p.pickIndex()
 	var wait func() error
@@ -214,19 +215,21 @@ func (p *Pool) sharedFlushed(seqs []uint64, tickets []flushTicket, epoch uint64,
 	if errors.Is(err, ErrLostWrites) {
 		// The connection that flushed for all reconnected and reported
 		// its lost writes (once): the others flush for themselves, and
-		// the report is kept.
-		return errors.Join(err, p.flushEach(marks))
+		// the report is kept (and not given again by flushEach: the
+		// same connection, flushing again, finds it since its mark).
+		return errors.Join(err, p.flushEach(marks, reportsIn(err, nil)))
 	}
-	return p.flushEach(marks)
+	return p.flushEach(marks, nil)
 }
 
 // flushEach flushes every live connection in turn, for a flush that began
 // when marks were taken (lostMarks): a connection's lost writes found
-// since are reported, even if another flush has reported them meanwhile.
-func (p *Pool) flushEach(marks []uint64) error {
+// since are reported, even if another flush has reported them meanwhile,
+// unless this flush has already (known: those reports).
+func (p *Pool) flushEach(marks []uint64, known []*lossReport) error {
 	epoch := p.epochs()
 	var errs []error
-	live, lost, covered := 0, false, false
+	live, lost, covered, reported := 0, false, false, false
 	for _, c := range p.conns {
 		if !alive(c) {
 			lost = true
@@ -236,8 +239,10 @@ func (p *Pool) flushEach(marks []uint64) error {
 		if !alive(c) {
 			// It gave up redialling: a flush elsewhere does not cover
 			// the writes it lost with a lender that restarted.
-			if l, ok := c.(lostReporter); ok && l.lostSince(marks[i]) {
-				errs = append(errs, fmt.Errorf("connection %d: %w", i, ErrLostWrites))
+			if l, ok := c.(lostReporter); ok {
+				if r := l.lostSince(marks[i]); r != nil {
+					errs = append(errs, fmt.Errorf("connection %d: %w", i, r))
+				}
 			}
 			continue
 		}
@@ -248,7 +253,9 @@ func (p *Pool) flushEach(marks []uint64) error {
 		} else {
 			err = c.Flush()
 		}
-		if err != nil {
+		if r, ok := err.(*lossReport); ok && slices.Contains(known, r) {
+			reported = true // flushed; its loss is already in this flush's error
+		} else if err != nil {
 			errs = append(errs, fmt.Errorf("connection %d: %w", i, err))
 		} else if multiConnSafe(c) {
 			covered = true
@@ -260,7 +267,7 @@ func (p *Pool) flushEach(marks []uint64) error {
 	case lost && !covered:
 		errs = append(errs, fmt.Errorf("%w: a broken connection's writes cannot be flushed", ErrDeviceFailed))
 	}
-	if len(errs) == 0 {
+	if len(errs) == 0 && !reported {
 		// Every connection flushed (and reported) for itself: from here
 		// one flush serves them all again, until one reconnects.
 		p.clean.Store(epoch)
@@ -325,11 +332,12 @@ func (p *Pool) epochs() uint64 {
 // lostReporter is a connection that knows it broke with writes no flush
 // had covered (nbdPart), and reports that to every flush under way (see
 // nbdPart.lostGen): lostMark is what it has reported when a flush begins,
-// lostSince reports (and records reported) losses found since a mark,
-// flushSince is Flush for a flush that began at a mark.
+// lostSince returns the report (a *lossReport) of losses found since a
+// mark, or nil, and records them reported, flushSince is Flush for a
+// flush that began at a mark.
 type lostReporter interface {
 	lostMark() uint64
-	lostSince(mark uint64) bool
+	lostSince(mark uint64) error
 	flushSince(mark uint64) error
 }
 

@@ -1,11 +1,13 @@
 package stripe
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -70,7 +72,19 @@ var (
 	ErrDeviceFailed = errors.New("stripe: device failed")
 	ErrUnsupported  = errors.New("stripe: operation not supported by every device")
 	ErrClosed       = errors.New("stripe: volume closed")
+	// ErrUnflushed is reported by Attachment.Close and Volume.Shutdown
+	// when writes (trims, zeroings) that the devices had completed, among
+	// them every one acknowledged to a client, are left that no flush
+	// covered: their deadline passed first, or a device could not be
+	// flushed. The error names each such device and how many requests it
+	// completed since its last successful flush.
+	ErrUnflushed = errors.New("stripe: writes completed at the devices that no flush covered")
 )
+
+// errPastDeadline fails a write (trim, zeroing) whose devices answered
+// once Close or Shutdown had stopped waiting for it (settle's seal): its
+// flush may not cover it, so it is not acknowledged.
+var errPastDeadline = fmt.Errorf("%w: answered after closing stopped waiting for it; not acknowledged", ErrClosed)
 
 // Stripe unit limits and defaults.
 const (
@@ -141,19 +155,33 @@ type Volume struct {
 	// way when one is found hears of it, and the next to begin does.
 	lostFUA                 atomic.Pointer[error]
 	lostFUAGen, lostFUASeen atomic.Uint64
-	// Writes (trims, zeroings) under way, and whether settle has begun:
-	// from then on a new one is refused (ErrClosed), and settle waits
-	// for those under way before it decides whether to flush (see
-	// beginWrite), so that none is answered uncovered by its flush.
+	// Writes (trims, zeroings) under way not yet acknowledged (the
+	// write-back cache's early writes are not counted: it waits for
+	// them itself), and whether settle has begun: from then on a new
+	// one is refused (ErrClosed), and settle waits for those under way
+	// before it decides whether to flush (see beginWrite), so that none
+	// is answered uncovered by its flush, until its deadline seals
+	// writing (sealedBit): a write that ends after that fails
+	// (errPastDeadline), so settle can stop waiting for it.
 	writing   atomic.Int64
 	closing   atomic.Bool
 	drainMu   sync.Mutex
-	drainCond sync.Cond // broadcast when writing falls to 0 while closing
+	drainCond sync.Cond // broadcast when writing falls to 0 while closing, and when it is sealed
+	// Set by the seal (under drainMu): the writes under way it failed,
+	// and why it came (the deadline, or the caller's ctx).
+	sealedWrites int64
+	sealCause    error
 
 	// For tests: called when settle begins to wait for the writes under
 	// way, and once it has decided whether to flush (and flushed).
 	draining, settled func()
 }
+
+// The bit of Volume.writing that seals it; the count is below.
+const (
+	sealedBit    = int64(1) << 62
+	writingCount = sealedBit - 1
+)
 
 // New builds a volume over devs, in order. The order is part of the layout:
 // the same devices must be given in the same order to read the data back.
@@ -364,30 +392,60 @@ func (v *Volume) ReadAt(p []byte, off int64) (int, error) {
 func (v *Volume) beginWrite() bool {
 	v.writing.Add(1)
 	if v.closing.Load() {
-		v.endWrite()
+		v.endWrite(ErrClosed)
 		return false
 	}
 	return true
 }
 
-// endWrite ends a write beginWrite registered.
-func (v *Volume) endWrite() {
-	if v.writing.Add(-1) == 0 && v.closing.Load() {
+// endWrite ends a write beginWrite registered, whose outcome is err (its
+// devices' answers, counted in member.wseq if it succeeded), and returns
+// the outcome to give its client: errPastDeadline instead of success if
+// settle sealed writing before the write ended. A write is counted before
+// it looks at the seal, settle seals before it looks at the counts (to
+// flush, or to report what no flush covered): so every write acknowledged
+// is in what settle sees.
+func (v *Volume) endWrite(err error) error {
+	s := v.writing.Add(-1)
+	if s&sealedBit != 0 && err == nil {
+		err = errPastDeadline
+	}
+	if s&writingCount == 0 && v.closing.Load() {
 		v.drainMu.Lock()
 		v.drainCond.Broadcast()
 		v.drainMu.Unlock()
 	}
+	return err
 }
 
-// drainWrites waits until no write is under way; closing is set, so none
-// begins. Writes end within their devices' bounds, or when the volume is
-// closed (settle's timer).
+// seal makes every write under way fail when it ends (endWrite), whatever
+// its devices answer, and stops drainWrites waiting for them; the first
+// seal records how many there were and cause.
+func (v *Volume) seal(cause error) {
+	v.drainMu.Lock()
+	defer v.drainMu.Unlock()
+	if old := v.writing.Or(sealedBit); old&sealedBit == 0 {
+		v.sealedWrites, v.sealCause = old&writingCount, cause
+	}
+	v.drainCond.Broadcast()
+}
+
+// sealed returns what the first seal recorded (cause nil: none yet).
+func (v *Volume) sealed() (writes int64, cause error) {
+	v.drainMu.Lock()
+	defer v.drainMu.Unlock()
+	return v.sealedWrites, v.sealCause
+}
+
+// drainWrites waits until no write is under way (closing is set, so none
+// begins), or writing is sealed. Writes end within their devices' bounds,
+// or when the volume is closed (settle's timer).
 func (v *Volume) drainWrites() {
 	if v.draining != nil {
 		v.draining()
 	}
 	v.drainMu.Lock()
-	for v.writing.Load() > 0 {
+	for s := v.writing.Load(); s&writingCount > 0 && s&sealedBit == 0; s = v.writing.Load() {
 		v.drainCond.Wait()
 	}
 	v.drainMu.Unlock()
@@ -401,7 +459,6 @@ func (v *Volume) WriteAt(p []byte, off int64) (int, error) {
 	if !v.beginWrite() {
 		return 0, ErrClosed
 	}
-	defer v.endWrite()
 	var err error
 	if c, ok := v.single(off, int64(len(p))); ok {
 		c.buf = p
@@ -415,7 +472,7 @@ func (v *Volume) WriteAt(p []byte, off int64) (int, error) {
 			return writeChunk(d, chunk{dev: c.dev, devOff: c.devOff, buf: p[c.volOff-off : c.volOff-off+c.len]})
 		})
 	}
-	if err != nil {
+	if err = v.endWrite(err); err != nil {
 		return 0, err
 	}
 	return len(p), nil
@@ -440,7 +497,8 @@ func (v *Volume) flushMark() uint64 { return v.lostFUASeen.Load() }
 func (v *Volume) flushSince(mark uint64) error {
 	err := v.flush()
 	if lost := v.lostFUASince(mark); lost != nil {
-		return errors.Join(lost, err)
+		// Its reports that the flush took too are given once.
+		return joinReports(err, lost)
 	}
 	return err
 }
@@ -615,10 +673,9 @@ func (v *Volume) Trim(off, length int64) error {
 	if !v.beginWrite() {
 		return ErrClosed
 	}
-	defer v.endWrite()
-	return v.doWrite(v.perDevice(off, length), func(d Device, c chunk) error {
+	return v.endWrite(v.doWrite(v.perDevice(off, length), func(d Device, c chunk) error {
 		return d.(Trimmer).Trim(c.devOff, c.len)
-	})
+	}))
 }
 
 // WriteZeroes zeroes [off, off+length): with one WriteZeroes per device if
@@ -630,7 +687,11 @@ func (v *Volume) WriteZeroes(off, length int64, noHole bool) error {
 	if !v.beginWrite() {
 		return ErrClosed
 	}
-	defer v.endWrite()
+	return v.endWrite(v.writeZeroes(off, length, noHole))
+}
+
+// writeZeroes is WriteZeroes for a write beginWrite registered.
+func (v *Volume) writeZeroes(off, length int64, noHole bool) error {
 	if !v.canZero {
 		return v.doWrite(v.split(off, length), func(d Device, c chunk) error {
 			z := make([]byte, min(c.len, 1<<20))
@@ -801,59 +862,151 @@ func (v *Volume) fail(i int, why error) {
 
 // Shutdown ends the volume as Close does, once what was written is durable
 // as qemu-nbd makes it on exit: it refuses new writes (trims, zeroings:
-// ErrClosed), waits for those under way, flushes if a device has writes
-// that no flush covered, then closes the devices. Waiting and flushing
-// take at most the request timeout: past it the devices are closed, which
-// fails what their lenders have not answered, and the error wraps
-// ErrTimeout too. Shutdown reports what a FLUSH that began with it would
-// (writes a lender's restart may have lost that no FLUSH reported:
-// ErrLostWrites) and errors of closing. Other requests still in progress
-// (reads) fail; stop issuing them first.
+// ErrClosed), waits for those under way, flushes every device that has
+// writes no flush covered (one that failed does not keep the others from
+// being flushed), then closes the devices. Waiting and flushing take at
+// most the request timeout: past it the devices are closed, which fails
+// what their lenders have not answered (a write answered after that fails
+// too), and the error wraps ErrTimeout. Devices with completed writes
+// that no flush covered are named with ErrUnflushed. Shutdown
+// reports what a FLUSH that began with it would (writes a lender's
+// restart may have lost that no FLUSH reported: ErrLostWrites) and errors
+// of closing. Other requests still in progress (reads) fail; stop issuing
+// them first.
 func (v *Volume) Shutdown() error {
 	var once sync.Once
 	var cerr error
 	closeOnce := func() { once.Do(func() { cerr = v.Close() }) }
-	err := v.settle(nil, closeOnce)
+	err := v.settle(context.Background(), nil, closeOnce)
 	closeOnce()
 	return errors.Join(err, cerr)
 }
 
 // settle makes what was written durable before the volume closes: it
 // refuses new writes (trims, zeroings), runs wait (if any: the write-back
-// cache's wait for its writes), waits for the writes under way (which may
-// be answered to their clients once counted: so none is left out of the
-// flush), then flushes if a device has writes no flush covered, and
-// reports what a FLUSH that began with it would; all under one timer of
-// the request timeout, whose expiry calls expire (which must close the
-// volume, failing what the lenders have not answered). The devices bound
-// each request themselves, but not a write's whole course: a write whose
-// connection broke waits for the redial (RedialTimeout, which may exceed
-// the request timeout) and is then retried under a bound of its own.
-func (v *Volume) settle(wait func() error, expire func()) error {
+// cache's wait for the writes it acknowledged), waits for the writes under
+// way (which may be answered to their clients once counted: so none is
+// left out of the flush), then flushes the devices that have writes no
+// flush covered (flushEvery), and reports what a FLUSH that began with it
+// would, and ErrUnflushed naming the devices whose completed writes no
+// flush covered.
+//
+// Its deadline is one timer of the request timeout, whose expiry seals
+// writing (a write under way fails when it ends, whatever its devices
+// answer: none is acknowledged after the deadline) and then calls expire
+// (which must close the volume, failing what the lenders have not
+// answered); settle then reports ErrTimeout, and no flush runs: every
+// write acknowledged is either covered by the flush or named with
+// ErrUnflushed. When ctx
+// ends first, settle seals writing and stops waiting for the writes under
+// way, which were not acknowledged and now never will be (it reports how
+// many, with ctx's error), but not for what was acknowledged: the
+// write-back cache's writes and the flush keep the request timeout.
+//
+// The devices bound each request themselves, but not a write's whole
+// course: a write whose connection broke waits for the redial
+// (RedialTimeout, which may exceed the request timeout) and is then
+// retried under a bound of its own.
+func (v *Volume) settle(ctx context.Context, wait func() error, expire func()) error {
 	mark := v.flushMark()
 	v.closing.Store(true)
 	var expired atomic.Bool
+	cut := make(chan struct{}) // closed once the timer's function has run
 	t := time.AfterFunc(v.timeout, func() {
-		expired.Store(true)
+		defer close(cut)
+		expired.Store(true) // first: a drain the seal ends does not flush
+		v.seal(ErrTimeout)
 		expire()
 	})
 	defer t.Stop()
+	stop := context.AfterFunc(ctx, func() { v.seal(context.Cause(ctx)) })
+	defer stop()
 	var err error
 	if wait != nil {
 		err = wait()
 	}
 	v.drainWrites()
 	if !expired.Load() && v.unflushed() {
-		err = errors.Join(err, v.flush())
+		err = errors.Join(err, v.flushEvery())
+	}
+	if !t.Stop() {
+		<-cut
 	}
 	if v.settled != nil {
 		v.settled()
 	}
-	err = errors.Join(err, v.lostFUASince(mark))
-	if err != nil && expired.Load() {
-		return fmt.Errorf("stripe: closing: the lenders did not answer within %v (%w): %w", v.timeout, ErrTimeout, err)
+	err = joinReports(err, v.lostFUASince(mark))
+	if n, cause := v.sealed(); n > 0 {
+		what := fmt.Sprintf("writes (trims, zeroings) under way failed, unacknowledged: %d", n)
+		if cause == ErrTimeout { // the expiry's error below says it
+			err = errors.Join(err, errors.New(what))
+		} else {
+			err = errors.Join(err, fmt.Errorf("stripe: closing: %w: %s", cause, what))
+		}
 	}
-	return err
+	// After the flush, or the deadline's seal (cut): a write acknowledged
+	// was counted before them, so is covered or in what this reads.
+	if uerr := v.unflushedErr(); uerr != nil {
+		err = errors.Join(err, uerr)
+	}
+	if !expired.Load() {
+		return err
+	}
+	if err == nil {
+		return fmt.Errorf("stripe: closing: the lenders did not answer within %v (%w)", v.timeout, ErrTimeout)
+	}
+	return fmt.Errorf("stripe: closing: the lenders did not answer within %v (%w): %w", v.timeout, ErrTimeout, err)
+}
+
+// flushEvery is settle's flush: as flush, it flushes in parallel every
+// device with writes (trims, zeroings) no flush covered, but one that has
+// failed, or whose flush fails, does not keep the others from being
+// flushed (a FLUSH fails at once; Close makes durable what it can, and
+// unflushedErr names the rest). A flush that succeeded but reported lost
+// writes (ErrLostWrites alone) covered what the part now holds: the loss
+// is its report. It returns the devices' errors.
+func (v *Volume) flushEvery() error {
+	if v.closed.Load() {
+		return ErrClosed
+	}
+	errs := make([]error, len(v.parts))
+	var wg sync.WaitGroup
+	for i, m := range v.parts {
+		seq := m.wseq.Load()
+		switch {
+		case seq == m.fseq.Load():
+		case m.failed.Load():
+			errs[i] = m.err(i)
+		default:
+			wg.Go(func() {
+				err := v.one(chunk{dev: i}, flushChunk)
+				if err == nil || onlyReports(err) {
+					m.flushedUpTo(seq)
+				}
+				errs[i] = err
+			})
+		}
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// unflushedErr returns an error wrapping ErrUnflushed that names every
+// device with writes (trims, zeroings) completed that no successful flush
+// covered, and how many requests; nil if none has.
+func (v *Volume) unflushedErr() error {
+	var ds []string
+	for i, m := range v.parts {
+		// fseq first: it never passes a wseq read after it.
+		f := m.fseq.Load()
+		if w := m.wseq.Load(); w > f {
+			ds = append(ds, fmt.Sprintf("device %d (%d requests since its last flush)", i, w-f))
+		}
+	}
+	if ds == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: %s", ErrUnflushed, strings.Join(ds, ", "))
 }
 
 // Close closes every device that is an io.Closer. Requests in progress

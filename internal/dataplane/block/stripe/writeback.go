@@ -65,9 +65,10 @@ func canStartWrite(d Device) bool {
 //   - Bounded: at most maxEarlyBytes and maxEarlyWrites are acknowledged
 //     and unanswered; a write beyond waits.
 //   - Close (Attachment.Close) takes no new write, waits for those in
-//     flight (within the request timeout), flushes, and reports a failure
+//     flight (within the request timeout, even when CloseContext's ctx
+//     ends first: they are acknowledged), flushes, and reports a failure
 //     as a Flush that began with it would, and one whose report a Flush's
-//     lost reply carried.
+//     lost reply carried, once (lossReport).
 //
 // A write spanning parts is acknowledged once every part's piece is sent.
 // A crash of the process holding it loses what a volatile cache loses:
@@ -80,7 +81,7 @@ type writeBack struct {
 	inflight []*wbWrite    // acknowledged (or being sent), not yet answered
 	bytes    int64         // their total length
 	seq      uint64        // of the last write registered
-	err      error         // the last failure of an acknowledged write
+	report   *lossReport   // of the last failure of an acknowledged write
 	errGen   uint64        // failures of acknowledged writes so far
 	reported uint64        // errGen when a Flush last reported a failure
 	closed   bool          // Close was called
@@ -180,7 +181,7 @@ func (w *writeBack) WriteAt(p []byte, off int64) (int, error) {
 
 	x.buf = getWBBuf(int(n))
 	copy(*x.buf, p) // the caller's buffer is reused once it returns
-	w.v.startWrite(*x.buf, off, func(err error) { w.answered(x, err) })
+	w.v.startWrite(*x.buf, off, true, func(err error) { w.answered(x, err) })
 	if x.state.CompareAndSwap(wbSending, wbAcked) {
 		w.early.Add(1)
 		return len(p), nil
@@ -211,7 +212,7 @@ func (w *writeBack) answered(x *wbWrite, err error) {
 	}
 	w.bytes -= x.end - x.off
 	if err != nil && early {
-		w.err = err
+		w.report = &lossReport{fmt.Errorf("%w: %w", ErrWriteBack, err)}
 		w.errGen++
 		w.v.log.Error("stripe: an acknowledged write failed; the next flush reports it", "off", x.off, "len", x.end-x.off, "err", err)
 	}
@@ -239,15 +240,16 @@ func (w *writeBack) Flush() error {
 	return errors.Join(werr, w.v.flushSince(mark))
 }
 
-// failedSinceLocked returns an error wrapping ErrWriteBack and the latest
-// failure if an acknowledged write failed that no Flush had reported when
-// reported was seen, and records it reported; nil otherwise.
+// failedSinceLocked returns the report of the latest failure (wrapping
+// ErrWriteBack and the failure) if an acknowledged write failed that no
+// Flush had reported when reported was seen, and records it reported; nil
+// otherwise. Every taker of the same failure gets the same report.
 func (w *writeBack) failedSinceLocked(seen uint64) error {
 	if w.errGen <= seen {
 		return nil
 	}
 	w.reported = max(w.reported, w.errGen)
-	return fmt.Errorf("%w: %w", ErrWriteBack, w.err)
+	return w.report
 }
 
 // pendingUpToLocked reports whether a write registered at or before seq is
@@ -328,16 +330,21 @@ func (v *Volume) startsWrites() bool {
 // startWrite sends p (inside the volume, non-empty) to the devices it
 // spans and calls done once every piece has been answered, with the first
 // error; possibly before it returns. Every device is an asyncWriter and
-// bounds its requests itself (newWriteBack).
-func (v *Volume) startWrite(p []byte, off int64, done func(error)) {
-	if !v.beginWrite() {
+// bounds its requests itself (newWriteBack). early says the write-back
+// cache has (or may have) acknowledged it already and waits for it
+// itself: it is not registered with beginWrite (settle's seal does not
+// fail it, nor does closing refuse it: the cache refuses new writes).
+func (v *Volume) startWrite(p []byte, off int64, early bool, done func(error)) {
+	if !early && !v.beginWrite() {
 		done(ErrClosed)
 		return
 	}
 	n := int64(len(p))
 	if c, ok := v.single(off, n); ok {
 		if err := v.live(c.dev); err != nil {
-			v.endWrite()
+			if !early {
+				err = v.endWrite(err)
+			}
 			done(err)
 			return
 		}
@@ -346,26 +353,34 @@ func (v *Volume) startWrite(p []byte, off int64, done func(error)) {
 			if err = v.outcome(c.dev, err); err == nil {
 				m.wseq.Add(1)
 			}
-			v.endWrite()
+			if !early {
+				err = v.endWrite(err)
+			}
 			done(err)
 		})
 		return
 	}
 	cs := v.split(off, n)
+	var err error
 	if v.closed.Load() {
-		v.endWrite()
-		done(ErrClosed)
-		return
+		err = ErrClosed
 	}
 	for _, c := range cs {
-		if m := v.parts[c.dev]; m.failed.Load() {
-			v.endWrite()
-			done(m.err(c.dev))
-			return
+		if m := v.parts[c.dev]; err == nil && m.failed.Load() {
+			err = m.err(c.dev)
 		}
 	}
+	if err != nil {
+		if !early {
+			err = v.endWrite(err)
+		}
+		done(err)
+		return
+	}
 	piece := join(len(cs), func(err error) {
-		v.endWrite()
+		if !early {
+			err = v.endWrite(err)
+		}
 		done(err)
 	})
 	for _, c := range cs {
