@@ -288,6 +288,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := os.MkdirAll(a.cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("agent: state dir: %w", err)
 	}
+	fresh, err := a.freshState()
+	if err != nil {
+		return err
+	}
 	if err := a.loadIdentity(); err != nil {
 		return err
 	}
@@ -321,6 +325,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fmt.Errorf("agent: %s is unreadable: the ranges it lists may hold tenants' bytes; repair it, or start with --wipe-lost-exports to wipe every block device and set it aside",
 			filepath.Join(a.cfg.StateDir, exportsFile))
 	}
+	var existed map[string]bool
+	if fresh {
+		// Before openDevices creates the missing files (fresh.go).
+		existed = a.existingBlockFiles()
+	}
 	a.reserved.reserve(a.cfg.Listen, a.rememberedPorts(saved))
 	defer a.reserved.releaseAll()
 	if err := a.openDevices(ctx); err != nil {
@@ -333,14 +342,19 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.loadWipes(); err != nil {
 		return err
 	}
-	if !readable {
+	switch {
+	case !readable:
 		if err := a.wipeLostExports(); err != nil {
+			return err
+		}
+	case fresh:
+		if err := a.wipeFreshState(existed); err != nil {
 			return err
 		}
 	}
 	saved = a.loseEphemeral(saved)
 	saved = a.withoutWiped(saved)
-	saved, err := a.journalUnrestorable(saved)
+	saved, err = a.journalUnrestorable(saved)
 	if err != nil {
 		return err
 	}
@@ -680,7 +694,9 @@ func (a *Agent) join(ctx context.Context) error {
 				// Told (a control plane that predates the field ignores
 				// it: its leases here stay until they expire).
 				a.id.LostExports = false
-				a.log.Warn("the control plane recorded the leases of the lost exports lost", "leases", len(resp.LostLeases))
+				if len(resp.LostLeases) > 0 {
+					a.log.Warn("the control plane recorded the leases of the lost exports lost", "leases", len(resp.LostLeases))
+				}
 			}
 			if a.cfg.HeartbeatInterval == 0 && resp.HeartbeatSeconds > 0 {
 				a.interval = time.Duration(resp.HeartbeatSeconds * float64(time.Second))
