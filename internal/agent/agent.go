@@ -34,8 +34,9 @@ type Agent struct {
 	cfg     Config
 	log     *slog.Logger
 	clock   clock.Clock
-	hc      *http.Client
-	tls     *nodeTLS // nil without Config.CAFile; set by Run before anything runs
+	hc      *http.Client // to the control plane
+	peerHC  *http.Client // to peers' agent APIs (link probes); hc without Config.CAFile
+	tls     *nodeTLS     // nil without Config.CAFile; set by Run before anything runs
 	drivers map[api.Kind]Driver
 	reg     *prometheus.Registry // this agent's own (GET /metrics): several agents may share a process
 
@@ -135,6 +136,7 @@ func New(cfg Config) (*Agent, error) {
 		log:      cfg.Logger.With("agent", cfg.Name),
 		clock:    cfg.Clock,
 		hc:       hc,
+		peerHC:   hc,
 		drivers:  map[api.Kind]Driver{},
 		reg:      prometheus.NewRegistry(),
 		ready:    make(chan struct{}),
@@ -299,7 +301,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	if a.tls != nil {
-		a.hc = a.tls.httpClient(a.hc.Timeout)
+		timeout := a.hc.Timeout
+		a.hc, a.peerHC = a.tls.cpClient(timeout), a.tls.peerClient(timeout)
 		var srv *tls.Config
 		if !a.cfg.InsecureDataplane {
 			srv = a.tls.dataServerTLS()
@@ -1123,7 +1126,7 @@ func (a *Agent) probe(ctx context.Context, p api.Node) api.LinkReport {
 		return rep
 	}
 	start := time.Now()
-	resp, err := a.hc.Do(req)
+	resp, err := a.peerHC.Do(req)
 	if err != nil {
 		return rep
 	}
