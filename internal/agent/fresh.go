@@ -78,10 +78,10 @@ func (a *Agent) wipeFreshState(existed map[string]bool) error {
 		return err
 	}
 	if n > 0 {
-		a.log.Warn("the state directory is new but block devices already hold data: they are wiped in full before anything is served, and the join has the control plane record this machine's leases lost",
+		a.log.Warn("the state directory is new but block device files already exist and may hold tenants' bytes: they are wiped in full before anything is served, and the join has the control plane record this machine's leases lost",
 			"devices", n, "state_dir", a.cfg.StateDir)
 	} else {
-		a.log.Info("the state directory is new; no block device held data", "state_dir", a.cfg.StateDir)
+		a.log.Info("the state directory is new; no block device file existed before", "state_dir", a.cfg.StateDir)
 	}
 	return nil
 }
