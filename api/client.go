@@ -40,8 +40,38 @@ func IsCode(err error, code string) bool {
 // another cluster's.
 var ErrUntrustedServer = errors.New("the control plane's certificate is not trusted (is RIALTO_CACERT the cluster's ca-cert.pem?)")
 
-// TLSConfig returns a client TLS configuration that trusts the CA
-// certificates in the PEM file caFile, and only those.
+// ControlPlaneServerCN is the common name of the certificate a control
+// plane's API presents (signed by the cluster CA). The cluster CA also
+// issues the nodes' certificates (common name the node's ID), for the
+// hosts their joins declare, which may be the control plane's address: a
+// client that trusts the cluster CA checks this name as well
+// (VerifyControlPlane), so that it sends its token to a control plane
+// only, never to a node's certificate presented at the API's address.
+const ControlPlaneServerCN = "rialto control plane"
+
+// ErrNotControlPlane means the server's certificate verified against the
+// CA the client was given but is not a control plane's
+// (ControlPlaneServerCN): a node's certificate of the cluster CA, say, at
+// the control plane's address. Nothing was sent to it.
+var ErrNotControlPlane = errors.New("the server's certificate is not a control plane's")
+
+// VerifyControlPlane is a tls.Config.VerifyConnection hook for a client of
+// a control plane's API, run after crypto/tls has verified the chain and
+// the host name: the certificate must be a control plane's
+// (ControlPlaneServerCN). Errors wrap ErrNotControlPlane.
+func VerifyControlPlane(cs tls.ConnectionState) error {
+	if len(cs.PeerCertificates) == 0 {
+		return fmt.Errorf("%w: the server at %s presented no certificate", ErrNotControlPlane, cs.ServerName)
+	}
+	if cn := cs.PeerCertificates[0].Subject.CommonName; cn != ControlPlaneServerCN {
+		return fmt.Errorf("%w: the server at %s presents a certificate for %q", ErrNotControlPlane, cs.ServerName, cn)
+	}
+	return nil
+}
+
+// TLSConfig returns a client TLS configuration for a control plane's API
+// that trusts the CA certificates in the PEM file caFile, and only those,
+// and accepts only a control plane's certificate (VerifyControlPlane).
 func TLSConfig(caFile string) (*tls.Config, error) {
 	b, err := os.ReadFile(caFile)
 	if err != nil {
@@ -51,12 +81,13 @@ func TLSConfig(caFile string) (*tls.Config, error) {
 	if !pool.AppendCertsFromPEM(b) {
 		return nil, fmt.Errorf("rialto api: CA certificate: no PEM certificate in %s", caFile)
 	}
-	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}, nil
+	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, VerifyConnection: VerifyControlPlane}, nil
 }
 
 // HTTPClient returns an HTTP client with the given timeout that verifies
-// HTTPS servers against the CA certificates in caFile ("" trusts the
-// system's CAs).
+// HTTPS servers against the CA certificates in caFile, accepting only a
+// control plane's certificate (TLSConfig), or ("" for caFile) against the
+// system's CAs.
 func HTTPClient(caFile string, timeout time.Duration) (*http.Client, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	if caFile != "" {

@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -16,24 +17,54 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
-// TestHTTPClientCA: a client given the server's CA verifies it; one
-// trusting other CAs gets ErrUntrustedServer.
-func TestHTTPClientCA(t *testing.T) {
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// tlsServer serves HTTPS on 127.0.0.1 with a certificate of ca for
+// commonName, recording the Authorization header of every request.
+func tlsServer(t *testing.T, ca *pki.CA, commonName string) (srv *httptest.Server, seen func() []string) {
+	t.Helper()
+	iss, err := ca.Issue(pki.Request{CommonName: commonName, Hosts: []string{"127.0.0.1"}, Usage: pki.ServerAuth | pki.ClientAuth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := iss.TLSCertificate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var auth []string
+	srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		auth = append(auth, r.Header.Get("Authorization"))
+		mu.Unlock()
 		w.Write([]byte(`[]`))
 	}))
 	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // refused handshakes are expected
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	srv.StartTLS()
-	defer srv.Close()
+	t.Cleanup(srv.Close)
+	return srv, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), auth...)
+	}
+}
+
+// TestHTTPClientCA: a client given the cluster CA verifies a control
+// plane's certificate; one trusting other CAs gets ErrUntrustedServer.
+func TestHTTPClientCA(t *testing.T) {
 	dir := t.TempDir()
-	caFile := filepath.Join(dir, "ca-cert.pem")
-	os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o644)
-	// Another CA: a self-signed certificate of its own (every httptest
-	// server shares one).
+	ca, err := pki.Open(filepath.Join(dir, "tls"), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, _ := tlsServer(t, ca, ControlPlaneServerCN)
+	// Another CA: a self-signed certificate of its own.
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(7), Subject: pkix.Name{CommonName: "other CA"}, IsCA: true,
 		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
@@ -50,7 +81,7 @@ func TestHTTPClientCA(t *testing.T) {
 		name    string
 		caFile  string
 		trusted bool
-	}{{"the server's CA", caFile, true}, {"the system's CAs", "", false}, {"another CA", otherFile, false}} {
+	}{{"the cluster CA", ca.CertFile(), true}, {"the system's CAs", "", false}, {"another CA", otherFile, false}} {
 		hc, err := HTTPClient(tc.caFile, 5*time.Second)
 		if err != nil {
 			t.Fatal(err)
@@ -69,5 +100,44 @@ func TestHTTPClientCA(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "empty.pem"), []byte("not a certificate"), 0o644)
 	if _, err := HTTPClient(filepath.Join(dir, "empty.pem"), time.Second); err == nil {
 		t.Fatal("a file without certificates was accepted")
+	}
+}
+
+// TestHTTPClientRefusesNodeCertificate: the cluster CA also issues nodes'
+// certificates, for the hosts their joins declare (which may be the
+// control plane's): a server presenting one of those at the API's address
+// is not the control plane. A client of HTTPClient (or TLSConfig) with
+// the cluster CA refuses it at the handshake, before it sends its token.
+func TestHTTPClientRefusesNodeCertificate(t *testing.T) {
+	ca, err := pki.Open(t.TempDir(), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rogue, seen := tlsServer(t, ca, "node-x")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	hc, err := HTTPClient(ca.CertFile(), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = NewClient(rogue.URL, "rat_tenant-secret", hc).Nodes(ctx)
+	if got := seen(); len(got) != 0 {
+		t.Fatalf("the client sent its call to a node's certificate: Authorization %q", got)
+	}
+	if !errors.Is(err, ErrNotControlPlane) {
+		t.Fatalf("%v, want ErrNotControlPlane", err)
+	}
+
+	cfg, err := TLSConfig(ca.CertFile())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := tls.Dial("tcp", rogue.Listener.Addr().String(), cfg)
+	if err == nil {
+		c.Close()
+	}
+	if !errors.Is(err, ErrNotControlPlane) {
+		t.Fatalf("TLSConfig's handshake with a node's certificate: %v, want ErrNotControlPlane", err)
 	}
 }

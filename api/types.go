@@ -388,9 +388,12 @@ type JoinRequest struct {
 	// previous minor version. Agents that predate the field send none.
 	Version string `json:"version,omitempty"`
 	// LostExports says the agent lost the record of the exports it
-	// served (`rialto agent --wipe-lost-exports` after an unreadable
-	// exports.json; it wiped its block devices): every lease with a part
-	// on the node is lost. Agents send it at the first join after such a
+	// served and wiped its block devices: `rialto agent
+	// --wipe-lost-exports` after an unreadable exports.json, or a start
+	// with a fresh state directory (no identity.json, no exports.json),
+	// which may be a known machine's whose state was lost. Every lease
+	// with a part on the node is lost (a node the control plane did not
+	// know has none). Agents send it at the first join after such a
 	// start.
 	LostExports bool `json:"lost_exports,omitempty"`
 }

@@ -34,8 +34,9 @@ type Agent struct {
 	cfg     Config
 	log     *slog.Logger
 	clock   clock.Clock
-	hc      *http.Client
-	tls     *nodeTLS // nil without Config.CAFile; set by Run before anything runs
+	hc      *http.Client // to the control plane
+	peerHC  *http.Client // to peers' agent APIs (link probes); hc without Config.CAFile
+	tls     *nodeTLS     // nil without Config.CAFile; set by Run before anything runs
 	drivers map[api.Kind]Driver
 	reg     *prometheus.Registry // this agent's own (GET /metrics): several agents may share a process
 
@@ -135,6 +136,7 @@ func New(cfg Config) (*Agent, error) {
 		log:      cfg.Logger.With("agent", cfg.Name),
 		clock:    cfg.Clock,
 		hc:       hc,
+		peerHC:   hc,
 		drivers:  map[api.Kind]Driver{},
 		reg:      prometheus.NewRegistry(),
 		ready:    make(chan struct{}),
@@ -288,6 +290,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := os.MkdirAll(a.cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("agent: state dir: %w", err)
 	}
+	fresh, err := a.freshState()
+	if err != nil {
+		return err
+	}
 	if err := a.loadIdentity(); err != nil {
 		return err
 	}
@@ -295,7 +301,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	if a.tls != nil {
-		a.hc = a.tls.httpClient(a.hc.Timeout)
+		timeout := a.hc.Timeout
+		a.hc, a.peerHC = a.tls.cpClient(timeout), a.tls.peerClient(timeout)
 		var srv *tls.Config
 		if !a.cfg.InsecureDataplane {
 			srv = a.tls.dataServerTLS()
@@ -321,6 +328,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fmt.Errorf("agent: %s is unreadable: the ranges it lists may hold tenants' bytes; repair it, or start with --wipe-lost-exports to wipe every block device and set it aside",
 			filepath.Join(a.cfg.StateDir, exportsFile))
 	}
+	var existed map[string]bool
+	if fresh {
+		// Before openDevices creates the missing files (fresh.go).
+		existed = a.existingBlockFiles()
+	}
 	a.reserved.reserve(a.cfg.Listen, a.rememberedPorts(saved))
 	defer a.reserved.releaseAll()
 	if err := a.openDevices(ctx); err != nil {
@@ -333,14 +345,19 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.loadWipes(); err != nil {
 		return err
 	}
-	if !readable {
+	switch {
+	case !readable:
 		if err := a.wipeLostExports(); err != nil {
+			return err
+		}
+	case fresh:
+		if err := a.wipeFreshState(existed); err != nil {
 			return err
 		}
 	}
 	saved = a.loseEphemeral(saved)
 	saved = a.withoutWiped(saved)
-	saved, err := a.journalUnrestorable(saved)
+	saved, err = a.journalUnrestorable(saved)
 	if err != nil {
 		return err
 	}
@@ -680,7 +697,9 @@ func (a *Agent) join(ctx context.Context) error {
 				// Told (a control plane that predates the field ignores
 				// it: its leases here stay until they expire).
 				a.id.LostExports = false
-				a.log.Warn("the control plane recorded the leases of the lost exports lost", "leases", len(resp.LostLeases))
+				if len(resp.LostLeases) > 0 {
+					a.log.Warn("the control plane recorded the leases of the lost exports lost", "leases", len(resp.LostLeases))
+				}
 			}
 			if a.cfg.HeartbeatInterval == 0 && resp.HeartbeatSeconds > 0 {
 				a.interval = time.Duration(resp.HeartbeatSeconds * float64(time.Second))
@@ -1107,7 +1126,7 @@ func (a *Agent) probe(ctx context.Context, p api.Node) api.LinkReport {
 		return rep
 	}
 	start := time.Now()
-	resp, err := a.hc.Do(req)
+	resp, err := a.peerHC.Do(req)
 	if err != nil {
 		return rep
 	}

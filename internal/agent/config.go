@@ -88,7 +88,11 @@ type Config struct {
 	// (keeping HTTPClient's timeout).
 	HTTPClient *http.Client
 	// CAFile is the cluster CA's certificate (PEM). With it the agent
-	// verifies the control plane and its peers against the CA, sends a CSR
+	// verifies the control plane and its peers against the CA (and the
+	// revocation list the control plane hands out), the control plane's
+	// certificate being a control plane's (api.ControlPlaneServerCN, not
+	// a node's the CA issued for its address: the join's bootstrap token
+	// and the node's credential go to nothing else), sends a CSR
 	// when it joins and keeps the node certificate it gets (node-key.pem,
 	// 0600, and node-cert.pem in StateDir), presents it on every call,
 	// renews it when a third of its lifetime is left, and serves its API

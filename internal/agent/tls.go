@@ -35,11 +35,11 @@ type nodeTLS struct {
 	crl    *pki.CRL // the revocation list, as the control plane hands it out
 	key    crypto.Signer
 	cert   atomic.Pointer[tls.Certificate] // nil until the first join
-	tr     *http.Transport                 // the agent's client transport
 	log    *slog.Logger
 
 	mu      sync.Mutex
-	changed chan struct{} // closed (and replaced) when the certificate changes
+	changed chan struct{}     // closed (and replaced) when the certificate changes
+	trs     []*http.Transport // the agent's client transports (control plane, peers)
 }
 
 // certWait bounds how long a handshake of the agent's servers waits for
@@ -160,11 +160,12 @@ func (t *nodeTLS) setCert(certPEM []byte) error {
 	t.cert.Store(c)
 	close(t.changed)
 	t.changed = make(chan struct{})
+	trs := t.trs
 	t.mu.Unlock()
 	// Pooled connections carry the certificate (or none) they were made
 	// with: the next calls must present this one.
-	if t.tr != nil {
-		t.tr.CloseIdleConnections()
+	for _, tr := range trs {
+		tr.CloseIdleConnections()
 	}
 	return nil
 }
@@ -265,13 +266,14 @@ func (t *nodeTLS) dataClientTLS() *tls.Config {
 	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: t.pool, VerifyConnection: t.crl.VerifyPeer}
 }
 
-// clientTLS verifies servers against the CA and presents the node
-// certificate (once there is one).
-func (t *nodeTLS) clientTLS() *tls.Config {
+// clientTLS verifies servers against the CA, then with verify (after the
+// chain and the host name), and presents the node certificate (once there
+// is one).
+func (t *nodeTLS) clientTLS(verify func(tls.ConnectionState) error) *tls.Config {
 	return &tls.Config{
 		MinVersion:       tls.VersionTLS12,
 		RootCAs:          t.pool,
-		VerifyConnection: t.crl.VerifyPeer,
+		VerifyConnection: verify,
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			// An expired certificate (the agent was stopped, or missed
 			// its renewal) would fail the handshake, the join's too, and
@@ -290,16 +292,46 @@ func (t *nodeTLS) clientTLS() *tls.Config {
 // default cap (100 s).
 const agentIdleConnTimeout = 15 * time.Minute
 
-// httpClient is the agent's client for the control plane and its peers.
-func (t *nodeTLS) httpClient(timeout time.Duration) *http.Client {
+// verifyControlPlane is the VerifyConnection of the agent's client for the
+// control plane: a certificate the revocation list does not name, and a
+// control plane's (api.ControlPlaneServerCN). The cluster CA also issues
+// nodes' certificates, for the hosts their joins declare, which may be
+// the control plane's address: one of those presented there is not the
+// control plane, and gets neither the bootstrap token nor the node's
+// credential.
+func (t *nodeTLS) verifyControlPlane(cs tls.ConnectionState) error {
+	if err := t.crl.VerifyPeer(cs); err != nil {
+		return err
+	}
+	return api.VerifyControlPlane(cs)
+}
+
+// cpClient is the agent's client for the control plane (join, heartbeats,
+// renewals): it accepts only a control plane's certificate.
+func (t *nodeTLS) cpClient(timeout time.Duration) *http.Client {
+	return t.httpClient(timeout, t.verifyControlPlane)
+}
+
+// peerClient is the agent's client for its peers' agent APIs (the link
+// probes, which carry no credential): any certificate of the cluster CA
+// the revocation list does not name (a peer presents its node's).
+func (t *nodeTLS) peerClient(timeout time.Duration) *http.Client {
+	return t.httpClient(timeout, t.crl.VerifyPeer)
+}
+
+// httpClient is a client of the agent's that verifies servers with verify
+// (clientTLS).
+func (t *nodeTLS) httpClient(timeout time.Duration, verify func(tls.ConnectionState) error) *http.Client {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.TLSClientConfig = t.clientTLS()
+	tr.TLSClientConfig = t.clientTLS(verify)
 	// Keep the connection to the control plane across heartbeats: in a
 	// big cluster the interval stretches past the default 90 s (heartbeat
 	// spreading, docs/operations.md), and a new mutual-TLS handshake per
 	// heartbeat would cost several times the heartbeat itself.
 	tr.IdleConnTimeout = agentIdleConnTimeout
-	t.tr = tr
+	t.mu.Lock()
+	t.trs = append(t.trs, tr)
+	t.mu.Unlock()
 	return &http.Client{Timeout: timeout, Transport: tr}
 }
 

@@ -447,19 +447,8 @@ func sameFile(p, q string) bool {
 // before the file is moved, so a crash in between leaves the agent refusing
 // to start again (or wiping again with the option).
 func (a *Agent) wipeLostExports() error {
-	a.mu.Lock()
-	n := 0
-	for _, d := range a.devices {
-		if d.Kind != api.KindBlock || d.Size <= 0 {
-			continue
-		}
-		a.wipes = append(a.wipes, &pendingWipe{wipeEntry: wipeEntry{LeaseID: "(lost exports)", Kind: api.KindBlock,
-			DeviceName: d.Name, DevicePath: d.Path, Length: d.Size}})
-		n++
-	}
-	a.mPendingWipes.Set(float64(len(a.wipes)))
-	a.mu.Unlock()
-	if err := a.saveWipes(); err != nil {
+	n, err := a.journalWholeDevices("(lost exports)", func(DeviceConfig) bool { return true })
+	if err != nil {
 		return err
 	}
 	// Before the file goes aside: the next join, whenever it comes, tells

@@ -98,12 +98,13 @@ func (s *Server) signNodeCSR(n api.Node, csr string) (api.NodeCertificateRespons
 	return api.NodeCertificateResponse{Certificate: string(iss.CertPEM), CACertificate: string(s.cfg.CA.CertPEM())}, nil
 }
 
-// APIServerCN is the common name of the API's certificate (APIServerTLS).
-// The cluster CA also issues node certificates, for the hosts a node's
-// join declares (which may be a replica's): a client of the API that
-// holds the cluster's CA checks this name too (verifyAPIPeer), as a node
-// certificate's is its node ID.
-const APIServerCN = "rialto control plane"
+// APIServerCN is the common name of the API's certificate (APIServerTLS):
+// api.ControlPlaneServerCN, which clients outside this package check. The
+// cluster CA also issues node certificates, for the hosts a node's join
+// declares (which may be a replica's): a client of the API that holds the
+// cluster's CA checks this name too (verifyAPIPeer, api.TLSConfig, the
+// agent's client), as a node certificate's is its node ID.
+const APIServerCN = api.ControlPlaneServerCN
 
 // verifyAPIPeer is a tls.Config.VerifyConnection hook for a client of a
 // control plane's API (crypto/tls has checked the chain and the host):

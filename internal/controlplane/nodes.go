@@ -218,9 +218,12 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 		ControlPlaneNodes: s.peers.peersOf(n.ID),
 	}
 	if r.LostExports && rejoined {
-		// The agent wiped its devices, knowing no longer which leases
-		// they held: every part on the node is gone.
-		if out.LostLeases, err = s.loseNodeParts(ctx, n.ID, "its lender lost the record of its exports and wiped its devices (rialto agent --wipe-lost-exports)"); err != nil {
+		// The agent wiped its block devices, knowing no longer which
+		// leases they held (an unreadable exports file and
+		// --wipe-lost-exports, or a state directory it started without):
+		// every part on the node is gone, and none of its ranges holds a
+		// tenant's bytes.
+		if out.LostLeases, err = s.loseNodeParts(ctx, n.ID, "its lender lost the record of its exports (an unreadable exports file, or a lost state directory) and wiped its block devices"); err != nil {
 			return api.JoinResponse{}, err
 		}
 	}

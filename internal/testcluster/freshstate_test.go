@@ -1,0 +1,98 @@
+package testcluster
+
+import (
+	"errors"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/agent"
+)
+
+// TestFreshStateDirWipesDevices: an agent restarted with a fresh state
+// directory (no identity.json, no exports.json: a state dir on tmpfs, or
+// the default relative one from another working directory) but the same
+// machine and the same persistent block device no longer knows which of
+// the device's ranges hold a tenant's bytes. It wipes the device before
+// it serves anything, and its join has the control plane record the
+// node's leases lost (nothing serves them); bob's lease on alice's range
+// reads zeroes.
+func TestFreshStateDirWipesDevices(t *testing.T) {
+	t.Parallel()
+	const dev = 8 << 20
+	disk := filepath.Join(t.TempDir(), "disk0.img") // outside the state dir: it stays
+	c := Start(t, Options{Nodes: 1, Tenants: []string{"alice", "bob"},
+		Devices: []agent.DeviceConfig{{Name: "disk0", Kind: api.KindBlock, Path: disk, Size: dev}}})
+	ctx := ctxT(t)
+	alice, bob := c.ClientWithToken(TenantToken("alice")), c.ClientWithToken(TenantToken("bob"))
+	req := api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeDedicated, Size: dev}
+	la, err := alice.CreateLease(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fillParts(ctx, t, la, "alice")
+
+	n := c.Nodes[0]
+	id := n.ID()
+	n.Kill()
+	n.cfg.StateDir = filepath.Join(t.TempDir(), "fresh")
+	n.Launch()
+	n.WaitReady()
+	if got := n.ID(); got != id {
+		t.Fatalf("the node rejoined as %s, not %s (same machine)", got, id)
+	}
+	if got := c.Lease(la.ID); got.State != api.LeaseLost || !strings.Contains(got.Reason, "lost the record of its exports") {
+		t.Fatalf("alice's lease after its lender came back without its state: %s (%q), want lost", got.State, got.Reason)
+	}
+
+	// Alice releases what she holds (a lost lease is ended already).
+	if _, err := alice.ReleaseLease(ctx, la.ID); err != nil && !isConflict(err) {
+		t.Fatal(err)
+	}
+	c.Heartbeat()
+	lb, err := bob.CreateLease(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(partRanges(lb), partRanges(la)) {
+		t.Fatalf("bob's lease %v is not on alice's ranges %v", partRanges(lb), partRanges(la))
+	}
+	if k := leakedBlocks(ctx, t, lb); k != 0 {
+		t.Fatalf("bob reads %d of alice's 4 KiB blocks", k)
+	}
+}
+
+// TestFreshStateDirNewDeviceFilesLosesLeases: with the device inside the
+// state directory (a relative path), a fresh state directory brings a new,
+// empty device file: no bytes can leak, but the old leases' ranges are in
+// the old file, which nothing serves. The join still has them recorded
+// lost rather than left active.
+func TestFreshStateDirNewDeviceFilesLosesLeases(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{Nodes: 1, Devices: []agent.DeviceConfig{
+		{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 8 << 20},
+	}})
+	cl := c.Client()
+	before := createBlock(t, cl, 1<<20, api.ModeShared)
+	n := c.Nodes[0]
+	n.Kill()
+	n.cfg.StateDir = filepath.Join(t.TempDir(), "fresh")
+	n.Launch()
+	n.WaitReady()
+	if got := c.Lease(before.ID); got.State != api.LeaseLost {
+		t.Fatalf("a lease of the node after it came back without its state: %s (%q), want lost", got.State, got.Reason)
+	}
+	after := createBlock(t, cl, 1<<20, api.ModeShared)
+	n.Restart()
+	if s := c.Lease(after.ID).State; s != api.LeaseActive || !n.Serves(after.ID) {
+		t.Fatalf("a lease made after the fresh start, after a restart with the state kept: %s", s)
+	}
+}
+
+// isConflict reports whether err is the API's conflict error.
+func isConflict(err error) bool {
+	var ae *api.Error
+	return errors.As(err, &ae) && ae.Code == api.CodeConflict
+}
