@@ -581,19 +581,15 @@ func (a *Agent) auth(h http.HandlerFunc) http.HandlerFunc {
 		a.mu.Lock()
 		key, lost := a.id.AgentKey, a.id.LostExports
 		a.mu.Unlock()
-		if lost {
-			// The join that tells the control plane the node's leases
-			// are lost (--wipe-lost-exports) has not been answered: a
-			// lease prepared here now, with the last run's key, would be
-			// lost by it.
-			httpx.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "agent has not yet told the control plane that it lost its exports; it takes lease calls after its join")
-			return
-		}
-		if key == "" {
+		if lost || key == "" {
 			// The control plane may call as soon as it has answered the
 			// join, before this agent has taken the answer: wait for it
 			// (briefly: a call from a control plane this agent never
-			// joined gets the error below).
+			// joined gets an error below). Until the join that tells the
+			// control plane the node's leases are lost (a lost state
+			// directory, --wipe-lost-exports) is answered, a lease
+			// prepared here, with the last run's key, would be lost by
+			// it; lost is set only before this process's first join.
 			ctx, cancel := context.WithTimeout(r.Context(), joinWait)
 			select {
 			case <-a.joined:
@@ -601,8 +597,12 @@ func (a *Agent) auth(h http.HandlerFunc) http.HandlerFunc {
 			}
 			cancel()
 			a.mu.Lock()
-			key = a.id.AgentKey
+			key, lost = a.id.AgentKey, a.id.LostExports
 			a.mu.Unlock()
+		}
+		if lost {
+			httpx.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "agent has not yet told the control plane that it lost its exports; it takes lease calls after its join")
+			return
 		}
 		if key == "" {
 			httpx.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "agent has not joined a control plane yet")
