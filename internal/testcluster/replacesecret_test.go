@@ -20,13 +20,39 @@ type sentExports struct {
 	controlplane.Lender
 	mu sync.Mutex
 	m  map[string][]string // node ID → export names
+	// Once armed, the first node sent a prepare is made to refuse it
+	// (refuse is called with its ID before the prepare is forwarded):
+	// whichever lender placement tries first is the skipped one, so the
+	// test does not depend on placement's order (which weighs measured
+	// latencies).
+	armed   bool
+	skipped string
+	refuse  func(nodeID string)
 }
 
 func (s *sentExports) Prepare(ctx context.Context, node api.Node, key string, req api.PrepareRequest) (api.PrepareResponse, error) {
 	s.mu.Lock()
 	s.m[node.ID] = append(s.m[node.ID], req.Export)
+	if s.armed && s.skipped == "" {
+		s.skipped = node.ID
+		s.refuse(node.ID)
+	}
 	s.mu.Unlock()
 	return s.Lender.Prepare(ctx, node, key, req)
+}
+
+// arm makes the next node sent a prepare refuse it, through refuse.
+func (s *sentExports) arm(refuse func(nodeID string)) {
+	s.mu.Lock()
+	s.armed, s.refuse = true, refuse
+	s.mu.Unlock()
+}
+
+// skippedNode is the node armed made refuse ("" if none yet).
+func (s *sentExports) skippedNode() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.skipped
 }
 
 func (s *sentExports) of(nodeID string) []string {
@@ -75,23 +101,23 @@ func TestSkippedLenderLearnsNoLiveSecret(t *testing.T) {
 				}})
 			ctx := ctxT(t)
 			alice := c.ClientWithToken(TenantToken("alice"))
-			skipped := c.Nodes[0]
-			// A lease of another tenant makes the skipped lender's device
-			// the fullest: binpack tries it first.
-			if _, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 4 << 20,
-				Affinity: []string{skipped.ID()}}); err != nil {
-				t.Fatal(err)
+			byID := map[string]*Node{}
+			for _, n := range c.Nodes {
+				byID[n.ID()] = n
 			}
-			skipped.Faults().RefusePrepare.Store(true)
+			// The first lender placement tries refuses the prepare (the
+			// name has been sent to it all the same).
+			rec.arm(func(id string) { byID[id].Faults().RefusePrepare.Store(true) })
 			l, err := alice.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: tc.mode, Size: 8 << 20, Count: tc.count,
 				Strategy: "binpack"})
 			if err != nil {
 				t.Fatal(err)
 			}
-			learned := rec.of(skipped.ID())[1:] // the first is the filler's
-			if len(learned) == 0 {
-				t.Fatalf("the lease was never prepared on %s (parts %v): the test did not place it there first", skipped.Name, partRanges(l))
+			skipped := byID[rec.skippedNode()]
+			if skipped == nil {
+				t.Fatalf("no prepare was sent for the lease (parts %v)", partRanges(l))
 			}
+			learned := rec.of(skipped.ID())
 			for _, p := range l.Parts {
 				if p.NodeID == skipped.ID() {
 					t.Fatalf("lease placed on the refusing lender %s", skipped.Name)
