@@ -15,7 +15,7 @@ import (
 )
 
 func init() {
-	register(&command{Name: "sim list", Summary: "List the simulator's named experiments and the papers they follow.", Flags: runSimList})
+	register(&command{Name: "sim list", Summary: "List the simulator's named experiments and the papers they follow (by authors and title).", Flags: runSimList})
 	register(&command{Name: "sim run", Args: "EXPERIMENT|all", Summary: "Run a simulator experiment (or all of them): write its CSV, SVG and text, and print every figure tagged fit or prediction with its verdict. " +
 		"`all` also writes the fit/prediction table (results.md) and, with --doc, puts it into a document. " +
 		"`scale` is the data-centre run (10,000 nodes and 1,000,000 leases by default).", Flags: runSimRun, MinArgs: 1, MaxArgs: 1})
@@ -25,6 +25,7 @@ type simExperiment struct {
 	ID          string `json:"id"`
 	State       string `json:"state"`
 	Description string `json:"description"`
+	Paper       string `json:"paper,omitempty"` // authors and title of the paper it follows or is after
 }
 
 func runSimList(e *env, fs *pflag.FlagSet) runFunc {
@@ -34,7 +35,7 @@ func runSimList(e *env, fs *pflag.FlagSet) runFunc {
 		if output.structured() {
 			out := make([]simExperiment, 0, len(exps))
 			for _, x := range exps {
-				out = append(out, simExperiment{ID: x.Name, State: "available", Description: x.Description})
+				out = append(out, simExperiment{ID: x.Name, State: "available", Description: x.Description, Paper: sim.Papers[x.Paper].Cite})
 			}
 			return output.print(e.stdout, out)
 		}

@@ -15,17 +15,29 @@ func TestSimList(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "EXPERIMENT") || !strings.Contains(out, "smufin-sharing") {
 		t.Fatalf("sim list: %d %s\n%s", code, errs, out)
 	}
+	// Papers are named by authors and title, never by a short form.
+	if !strings.Contains(out, "Fig. 8 of "+callPaper) || strings.Contains(out, "NVMe-oF genomics paper (Call et al.)") {
+		t.Errorf("sim list does not cite the paper by authors and title:\n%s", out)
+	}
 	out, _, code = runCLI(t, "", "sim", "list", "-o", "json")
 	var xs []simExperiment
 	if code != 0 || json.Unmarshal([]byte(out), &xs) != nil || len(xs) < 5 {
 		t.Fatalf("sim list -o json: %d\n%s", code, out)
 	}
+	papers := map[string]string{}
 	for _, x := range xs {
 		if x.ID == "" || x.State == "" || x.Description == "" {
 			t.Errorf("experiment %+v", x)
 		}
+		papers[x.ID] = x.Paper
+	}
+	if papers["smufin-fig8"] != callPaper || papers["gpu-openb"] != "" {
+		t.Errorf("papers %v", papers)
 	}
 }
+
+// callPaper is how product text cites the NVMe-oF genomics paper.
+const callPaper = `Call et al., "Disaggregating Non-Volatile Memory for Throughput-Oriented Genomics Workloads"`
 
 // TestSimRun runs the quickest experiment and checks its files and its
 // figures, each tagged: the one-device threshold of the NVMe-oF genomics
@@ -37,13 +49,14 @@ func TestSimRun(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("sim run: %d %s", code, errs)
 	}
-	for _, want := range []string{"[fit] degradation threshold, 1 device", "[prediction] degradation threshold, 2 devices", "4.000 instances", "hit", "miss (-17%), explained", "holds while α", "smufin-sharing.svg"} {
+	for _, want := range []string{"[fit]         degradation threshold, 1 device", "[prediction]  degradation threshold, 2 devices", "4.000 instances", "hit", "miss (-17%), explained", "holds while α", "smufin-sharing.svg",
+		"figure: Fig. 6(b) of " + callPaper} {
 		if !strings.Contains(out, want) {
 			t.Errorf("sim run output lacks %q:\n%s", want, out)
 		}
 	}
-	if strings.Contains(strings.ToLower(out), "seed 00") {
-		t.Errorf("output names a paper by number:\n%s", out)
+	if strings.Contains(strings.ToLower(out), "seed 00") || strings.Contains(out, "(NVMe-oF genomics)") {
+		t.Errorf("output names a paper by number or without its title:\n%s", out)
 	}
 	csv, err := os.ReadFile(filepath.Join(dir, "smufin-sharing.csv"))
 	if err != nil || !strings.HasPrefix(string(csv), "devices,instances,") || strings.Count(string(csv), "\n") < 4 {

@@ -337,6 +337,9 @@ func printUp(ctx context.Context, e *env, url, caFile string, st upState, dir, w
 	if err != nil {
 		return err
 	}
+	// An idle HTTP/2 connection left open would hold the control plane's
+	// shutdown (on Ctrl-C) a second, waiting for this client to hang up.
+	defer hc.CloseIdleConnections()
 	c := api.NewClient(url, token, hc)
 	nodes, err := c.Nodes(ctx)
 	if err != nil {

@@ -249,3 +249,22 @@ func TestUpInsecureDataplane(t *testing.T) {
 	}
 	up.Stop(t)
 }
+
+// TestUpStopsPromptly: an idle `rialto up` stops within a bound of SIGTERM.
+// It used to take over a second: the connection its banner's client left
+// idle, and those of its agents, held the control plane's graceful
+// shutdown until the server gave up on them (HTTP/2 waits a second after
+// its GOAWAY for clients to hang up).
+func TestUpStopsPromptly(t *testing.T) {
+	bin := buildBinary(t)
+	up := startUp(t, bin, t.TempDir(), "--agents", "2")
+	var nodes []api.Node
+	up.cli(t, bin, &nodes, "nodes")
+	start := time.Now()
+	up.Stop(t)
+	if took, bound := time.Since(start), 600*time.Millisecond; took > bound {
+		t.Errorf("rialto up took %v to stop (bound %v)", took, bound)
+	} else {
+		t.Logf("rialto up stopped in %v", took)
+	}
+}

@@ -36,6 +36,7 @@ type Agent struct {
 	clock   clock.Clock
 	hc      *http.Client // to the control plane
 	peerHC  *http.Client // to peers' agent APIs (link probes); hc without Config.CAFile
+	ownHC   bool         // hc's and peerHC's transports are the agent's own (Run closes their idle connections)
 	tls     *nodeTLS     // nil without Config.CAFile; set by Run before anything runs
 	drivers map[api.Kind]Driver
 	reg     *prometheus.Registry // this agent's own (GET /metrics): several agents may share a process
@@ -125,9 +126,9 @@ func New(cfg Config) (*Agent, error) {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	cfg.Clock = clock.Or(cfg.Clock)
-	hc := cfg.HTTPClient
+	hc, ownHC := cfg.HTTPClient, false
 	if hc == nil {
-		hc = &http.Client{Timeout: 10 * time.Second}
+		hc, ownHC = &http.Client{Timeout: 10 * time.Second, Transport: http.DefaultTransport.(*http.Transport).Clone()}, true
 	}
 	a := &Agent{
 		joined:   make(chan struct{}),
@@ -137,6 +138,7 @@ func New(cfg Config) (*Agent, error) {
 		clock:    cfg.Clock,
 		hc:       hc,
 		peerHC:   hc,
+		ownHC:    ownHC,
 		drivers:  map[api.Kind]Driver{},
 		reg:      prometheus.NewRegistry(),
 		ready:    make(chan struct{}),
@@ -287,6 +289,20 @@ func (a *Agent) Run(ctx context.Context) error {
 	if !a.ran.CompareAndSwap(false, true) {
 		return fmt.Errorf("%w: Run called twice", ErrConfig)
 	}
+	// When the agent began to stop (zero: it never served; set and read
+	// by Run's deferred calls).
+	var stopping time.Time
+	defer func() {
+		// The connections kept to the control plane and the peers go
+		// with the agent: their servers need not wait for them to close.
+		if a.ownHC {
+			a.hc.CloseIdleConnections()
+			a.peerHC.CloseIdleConnections()
+		}
+		if !stopping.IsZero() {
+			a.log.Info("agent stopped", "took", time.Since(stopping).Round(time.Millisecond))
+		}
+	}()
 	if err := os.MkdirAll(a.cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("agent: state dir: %w", err)
 	}
@@ -303,6 +319,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.tls != nil {
 		timeout := a.hc.Timeout
 		a.hc, a.peerHC = a.tls.cpClient(timeout), a.tls.peerClient(timeout)
+		a.ownHC = true
 		var srv *tls.Config
 		if !a.cfg.InsecureDataplane {
 			srv = a.tls.dataServerTLS()
@@ -370,16 +387,35 @@ func (a *Agent) Run(ctx context.Context) error {
 	// Last, once nothing that starts them runs any more: the wipes under
 	// way in the background are given up (their ranges stay in the
 	// journal, wiped after a restart) and waited for.
-	defer a.bg.stop()
+	defer func() {
+		if n := a.bg.underWay(); n > 0 {
+			a.log.Info("agent stopping: giving up the wipes under way in the background (their ranges stay in the wipe journal, wiped after a restart)", "wipes", n)
+		}
+		a.bg.stop()
+	}()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel() // runs before wg.Wait
+	// The data planes serve until Run stops them, once the moves under
+	// way are given up; the agent API stops taking requests then too
+	// (apiStop: stopAPI).
+	dctx, stopData := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopData()
+	apiStop := make(chan struct{})
+	defer close(apiStop)
 	defer func() {
 		// Before the data planes stop: a move under way is given up, its
 		// part served here as before (until the process ends).
 		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer scancel()
 		a.stopTransfers(sctx)
+	}()
+	up := false // the agent API and the data planes are served
+	defer func() {
+		if up {
+			stopping = time.Now()
+			a.log.Info("agent stopping")
+		}
 	}()
 
 	// Every listener is bound, and the exports the last run kept are
@@ -442,15 +478,19 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.restoreExports(ctx, saved)
 
+	var conns apiConns
 	srv := &http.Server{
 		Handler:           a.Handler(),
+		ConnState:         conns.track,
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 		ErrorLog:          slog.NewLogLogger(a.log.Handler(), slog.LevelDebug),
 	}
+	serving := make(chan struct{})
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		defer close(serving)
 		var err error
 		if a.tls != nil {
 			srv.TLSConfig = a.tls.serverTLS()
@@ -465,20 +505,17 @@ func (a *Agent) Run(ctx context.Context) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		<-ctx.Done()
-		sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer scancel()
-		if srv.Shutdown(sctx) != nil {
-			srv.Close()
-		}
+		<-apiStop
+		a.stopAPI(srv, &conns, serving)
 	}()
 	for k, ln := range dataLns {
 		wg.Add(1)
 		go func(k api.Kind, s Server, ln net.Listener) {
 			defer wg.Done()
-			if err := s.Serve(ctx, ln); err != nil && ctx.Err() == nil {
+			if err := s.Serve(dctx, ln); err != nil && dctx.Err() == nil {
 				a.log.Error("data plane stopped", "kind", k, "err", err)
 			}
+			a.log.Debug("data plane stopped", "kind", k)
 		}(k, a.drivers[k].(Server), ln)
 	}
 	for k := range kinds {
@@ -489,12 +526,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := r.Run(ctx); err != nil && ctx.Err() == nil {
+			if err := r.Run(dctx); err != nil && dctx.Err() == nil {
 				a.log.Error("data plane stopped", "kind", k, "err", err)
 			}
+			a.log.Debug("data plane stopped", "kind", k)
 		}()
 	}
 
+	up = true
 	if err := a.join(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -596,7 +635,10 @@ func (a *Agent) openDevices(ctx context.Context) error {
 }
 
 func (a *Agent) closeDrivers() {
-	a.opMu.Lock()
+	if !a.opMu.TryLock() {
+		a.log.Info("agent stopping: waiting for the lease operation under way (a prepare, or a teardown and its wipe)")
+		a.opMu.Lock()
+	}
 	defer a.opMu.Unlock()
 	for _, d := range a.drivers {
 		if c, ok := d.(Closer); ok {

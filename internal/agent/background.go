@@ -52,6 +52,13 @@ func (b *background) run(task func(ctx context.Context)) bool {
 	return true
 }
 
+// underWay is the number of tasks under way.
+func (b *background) underWay() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.cancels)
+}
+
 // done is closed once no task is under way (at once if none is).
 func (b *background) done() <-chan struct{} {
 	b.mu.Lock()

@@ -319,6 +319,7 @@ func (a *Agent) stopTransfers(ctx context.Context) {
 		if t.status().Done() {
 			continue
 		}
+		a.log.Info("agent stopping: giving up a move under way", "transfer", t.id)
 		switch err := a.abortTransfer(ctx, t, "the agent stopped", true); {
 		case errors.Is(err, errSealed):
 			// Its writes stay held: the lease may point at the

@@ -22,21 +22,36 @@ const (
 	Pending Kind = "pending"
 )
 
-// Paper is one of the source papers, as product text cites it.
+// Paper is one of the source papers, as product text cites it: always by
+// its authors and title (Cite), never by a short name or a number.
 type Paper struct {
-	Key   string
-	Cite  string // full citation: authors and title
-	Short string // short form after the first citation
+	Key  string
+	Cite string // authors and title: Call et al., "Disaggregating …"
+}
+
+// Source names a part of the paper (a figure, a table, a section: "Fig.
+// 8", "§4.2, Fig. 10") with the paper's authors and title, the form every
+// figure source in the simulator's output takes: `Fig. 8 of Call et al.,
+// "Disaggregating …"`.
+func (p Paper) Source(where string) string {
+	if where == "" {
+		return p.Cite
+	}
+	return where + " of " + p.Cite
 }
 
 // Papers are the papers the simulator reproduces figures from, by key.
 var Papers = map[string]Paper{
-	"call":    {"call", `Call et al., "Disaggregating Non-Volatile Memory for Throughput-Oriented Genomics Workloads"`, "Call et al. (NVMe-oF genomics)"},
-	"venice":  {"venice", `Dong et al., "Venice: Exploring Server Architectures for Effective Resource Sharing"`, "Venice (Dong et al.)"},
-	"erbium":  {"erbium", `Maschi and Alonso, "The Difficult Balance Between Modern Hardware and Conventional CPUs"`, "ERBIUM (Maschi and Alonso)"},
-	"lending": {"lending", `Markussen et al., "Flexible device compositions and dynamic resource sharing in PCIe interconnected clusters using Device Lending"`, "Device Lending (Markussen et al.)"},
-	"fpga":    {"fpga", `Weerasinghe et al., "Disaggregated FPGAs: Network Performance Comparison against Bare-Metal Servers, Virtual Machines and Linux Containers"`, "network-attached FPGAs (Weerasinghe et al.)"},
+	"call":    {"call", `Call et al., "Disaggregating Non-Volatile Memory for Throughput-Oriented Genomics Workloads"`},
+	"venice":  {"venice", `Dong et al., "Venice: Exploring Server Architectures for Effective Resource Sharing"`},
+	"erbium":  {"erbium", `Maschi and Alonso, "The Difficult Balance Between Modern Hardware and Conventional CPUs"`},
+	"lending": {"lending", `Markussen et al., "Flexible device compositions and dynamic resource sharing in PCIe interconnected clusters using Device Lending"`},
+	"fpga":    {"fpga", `Weerasinghe et al., "Disaggregated FPGAs: Network Performance Comparison against Bare-Metal Servers, Virtual Machines and Linux Containers"`},
 }
+
+// Source is where the figure is in its paper, with the paper's authors and
+// title (Paper.Source).
+func (f Figure) Source() string { return Papers[f.Paper].Source(f.Where) }
 
 // Figure is a number (or a yes/no finding, as 1) a paper reports, with the
 // precision the paper states it to: Tolerance is relative (0.1 for ±10%; 0
@@ -340,7 +355,7 @@ func check(r *Result) error {
 // Row is one line of the fit/prediction table (docs/simulator.md).
 type Row struct {
 	Experiment string
-	Paper      string // short citation, "—" for Rialto's own findings
+	Paper      string // the paper's authors and title, "—" for Rialto's own findings
 	Where      string // the paper's figure or section
 	Metric     Metric
 }
@@ -351,9 +366,9 @@ func TableRows(r Result) []Row {
 	for _, m := range r.Metrics {
 		row := Row{Experiment: r.Name, Paper: "—", Where: "—", Metric: m}
 		if f, ok := figureIndex[m.Figure]; ok {
-			row.Paper, row.Where = Papers[f.Paper].Short, f.Where
+			row.Paper, row.Where = Papers[f.Paper].Cite, f.Where
 		} else if r.Paper != "" {
-			row.Paper = Papers[r.Paper].Short
+			row.Paper = Papers[r.Paper].Cite
 		}
 		out = append(out, row)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -69,8 +70,43 @@ func TestRegistry(t *testing.T) {
 		}
 	}
 	for _, p := range Papers {
-		if strings.Contains(strings.ToLower(p.Cite+p.Short), "seed") {
+		if strings.Contains(strings.ToLower(p.Cite), "seed") {
 			t.Errorf("paper %q cited by number", p.Key)
+		}
+		if !citation.MatchString(p.Cite) {
+			t.Errorf("paper %q: %q is not `Authors, \"Title\"`", p.Key, p.Cite)
+		}
+	}
+	// Every experiment's description opens with what it follows: a part of
+	// a paper named by authors and title, or Rialto's own (after one).
+	for _, x := range Experiments() {
+		switch {
+		case x.Paper == "" && (x.Source != "Rialto's own" || !strings.HasPrefix(x.Description, "Rialto's own: ")):
+			t.Errorf("%s: %q: neither a paper's nor Rialto's own", x.Name, x.Description)
+		case x.Paper != "" && (!strings.HasPrefix(x.Description, x.Source+": ") || !strings.HasSuffix(x.Source, " of "+Papers[x.Paper].Cite)):
+			t.Errorf("%s: %q does not open with the part of %s it follows", x.Name, x.Description, Papers[x.Paper].Cite)
+		}
+		noShortCite(t, x.Name+" description", x.Description)
+	}
+}
+
+// citation is how product text cites a paper: authors, then the title in
+// quotes.
+var citation = regexp.MustCompile(`^[A-Z][^"]+, "[^"]+"$`)
+
+// authorsAlone matches a paper's authors not followed by its title.
+var authorsAlone = regexp.MustCompile(`(Call et al\.|Dong et al\.|Maschi and Alonso|Markussen et al\.|Weerasinghe et al\.)($|[^,]|,$|,[^ ]|, [^"])`)
+
+// noShortCite fails when text names a paper by its authors without its
+// title, by a short name ("NVMe-oF genomics"), or by a number.
+func noShortCite(t *testing.T, what, text string) {
+	t.Helper()
+	if m := authorsAlone.FindString(text); m != "" {
+		t.Errorf("%s names a paper as %q, without its title:\n%s", what, m, text)
+	}
+	for _, s := range []string{"NVMe-oF genomics", "seed 00"} {
+		if strings.Contains(strings.ToLower(text), strings.ToLower(s)) {
+			t.Errorf("%s names a paper as %q:\n%s", what, s, text)
 		}
 	}
 }
@@ -135,15 +171,13 @@ func TestTable(t *testing.T) {
 		{Name: "void", Value: 1, Kind: Prediction, Real: &Real{Value: 0.5, Tolerance: 0.05, Void: "links busy 60%"}},
 	}})...)
 	md := Markdown(rows)
-	for _, want := range []string{"| smufin-sharing | Call et al. (NVMe-oF genomics) | Fig. 6(b): degradation threshold, 2 devices |", "| prediction |", "| fit |", "| pending |", "miss (-43%), explained",
+	for _, want := range []string{"| smufin-sharing | " + Papers["call"].Cite + " | Fig. 6(b): degradation threshold, 2 devices |", "| prediction |", "| fit |", "| pending |", "miss (-43%), explained",
 		"| no paper figure; real off by 11.1% |", "| no paper figure; real not compared: links busy 60% |"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("table lacks %q:\n%s", want, md)
 		}
 	}
-	if strings.Contains(strings.ToLower(md), "seed 00") {
-		t.Errorf("table names a paper by number:\n%s", md)
-	}
+	noShortCite(t, "table", md)
 	c := Counts(rows)
 	if c["fit"] == 0 || c["prediction"] == 0 || c["hit"] == 0 || c["miss"] < 2 || c["pending"] != 1 || c["real"] != 1 || c["real-void"] != 1 {
 		t.Errorf("counts %v", c)

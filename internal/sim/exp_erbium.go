@@ -7,7 +7,7 @@ import (
 )
 
 func init() {
-	register("erbium-pareto", "Figs. 4–8 of the ERBIUM paper (Maschi and Alonso): p/w/k/e configurations × batch sizes; latency–throughput Pareto choices and peak throughput", runErbiumPareto)
+	register("erbium-pareto", follows("erbium", "Figs. 4–8"), "p/w/k/e configurations × batch sizes; latency–throughput Pareto choices and peak throughput", runErbiumPareto)
 }
 
 // erbiumSweep runs every configuration in cs at every batch size.
@@ -84,8 +84,8 @@ func erbiumSensitivity(ctx context.Context, m ErbiumModel, horizon Time, cs []Er
 func runErbiumPareto(ctx context.Context, o Options) (Result, error) {
 	m := DefaultErbium
 	horizon := 0.05 * o.scale()
-	r := Result{Paper: "erbium", Calibrations: []string{"DefaultErbium"}, Header: []string{"config", "batch", "throughput_qps", "latency_us", "pairs"}}
-	r.Plot = Plot{Title: "ERBIUM latency vs throughput (Maschi and Alonso, Fig. 8)", XLabel: "throughput (queries/s)", YLabel: "request time (µs)", LogY: true}
+	r := Result{Calibrations: []string{"DefaultErbium"}, Header: []string{"config", "batch", "throughput_qps", "latency_us", "pairs"}}
+	r.Plot = Plot{Title: "ERBIUM latency vs throughput", XLabel: "throughput (queries/s)", YLabel: "request time (µs)", LogY: true}
 	all, ev, err := erbiumSweep(ctx, m, ErbiumConfigs, horizon)
 	if err != nil {
 		return r, err

@@ -10,8 +10,8 @@ import (
 )
 
 func init() {
-	register("udp-throughput", "Fig. 6 of the network-attached FPGA paper (Weerasinghe et al.): UDP messages/s and goodput vs payload on 10 GbE, FPGA (line rate) vs native, container and VM software stacks (lent-NIC efficiency by packet size is nic-efficiency)", runUDP)
-	register("hop-latency", "Table 1 and Fig. 14 of the Device Lending paper (Markussen et al.): GPU-to-GPU ping-pong latency per scenario from roots, hops and NTB crossings on the fabric model", runHopLatency)
+	register("udp-throughput", follows("fpga", "Fig. 6"), "UDP messages/s and goodput vs payload on 10 GbE, FPGA (line rate) vs native, container and VM software stacks (lent-NIC efficiency by packet size is nic-efficiency)", runUDP)
+	register("hop-latency", follows("lending", "Table 1 and Fig. 14"), "GPU-to-GPU ping-pong latency per scenario from roots, hops and NTB crossings on the fabric model", runHopLatency)
 }
 
 // udpSender sends messages as fast as its stack allows (perMsg seconds of
@@ -53,8 +53,8 @@ func runUDP(ctx context.Context, o Options) (Result, error) {
 	}
 	payloads := []int{1, 16, 64, 128, 256, 512, 1024, 1472}
 	horizon := 2e-3 * o.scale()
-	r := Result{Paper: "fpga", Calibrations: []string{"fabric.UDPThroughput", "udpStacks"}, Header: []string{"stack", "payload_B", "msgs_per_s", "goodput_Gbps", "formula_Gbps"}}
-	r.Plot = Plot{Title: "UDP throughput vs payload on 10 GbE (Weerasinghe et al.)", XLabel: "payload (bytes)", YLabel: "goodput (Gb/s)", LogX: true, LogY: true}
+	r := Result{Calibrations: []string{"fabric.UDPThroughput", "udpStacks"}, Header: []string{"stack", "payload_B", "msgs_per_s", "goodput_Gbps", "formula_Gbps"}}
+	r.Plot = Plot{Title: "UDP throughput vs payload on 10 GbE", XLabel: "payload (bytes)", YLabel: "goodput (Gb/s)", LogX: true, LogY: true}
 	var at1, at1472, native1 float64
 	for _, st := range stacks {
 		if err := ctx.Err(); err != nil {
@@ -170,8 +170,8 @@ func hopRTTWith(s hopScenario, hop, root time.Duration) (oneWay, rtt time.Durati
 }
 
 func runHopLatency(ctx context.Context, o Options) (Result, error) {
-	r := Result{Paper: "lending", Calibrations: []string{"fabric.NTBCrossingLatency", "hopScenarios"}, Header: []string{"scenario", "transfer", "roots", "hops", "ntb_crossings", "one_way_ns", "pingpong_rtt_ns"}}
-	r.Plot = Plot{Title: "GPU ping-pong latency by data path (Markussen et al., Fig. 14 model)", YLabel: "round trip (ns)"}
+	r := Result{Calibrations: []string{"fabric.NTBCrossingLatency", "hopScenarios"}, Header: []string{"scenario", "transfer", "roots", "hops", "ntb_crossings", "one_way_ns", "pingpong_rtt_ns"}}
+	r.Plot = Plot{Title: "GPU ping-pong latency by data path (model)", YLabel: "round trip (ns)"}
 	s := Series{Name: "modelled RTT"}
 	rtt := map[string]time.Duration{}
 	for i, sc := range hopScenarios {

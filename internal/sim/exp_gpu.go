@@ -8,7 +8,7 @@ import (
 )
 
 func init() {
-	register("gpu-openb", "Rialto's own policy comparison on the Alibaba openb GPU trace (1,523 nodes, 8,152 pods): whole-device allocation (Nomad, Slurm GRES) vs Rialto share/compose/dedicate — utilisation, stranded capacity, deadline misses, slowdown", runGPUOpenb)
+	register("gpu-openb", own, "policy comparison on the Alibaba openb GPU trace (1,523 nodes, 8,152 pods): whole-device allocation (Nomad, Slurm GRES) vs Rialto share/compose/dedicate — utilisation, stranded capacity, deadline misses, slowdown", runGPUOpenb)
 }
 
 const openbDir = "alibaba-gpu-v2023"

@@ -15,8 +15,8 @@ import (
 // scenario, and the table puts both side by side.
 
 func init() {
-	register("hop-relay", "Rialto's own: 4 KiB reads on a block (NBD) lease through 0–3 relays that each delay every byte (a stand-in for the NTB hops of the Device Lending paper, Markussen et al.): round trip added per hop", runHopRelay)
-	register("qpair-credits", "Rialto's own, after Fig. 18 of Venice (Dong et al.): a memory queue pair's link utilisation with its credits returned over a fast path vs a slow one", runQPairCredits)
+	register("hop-relay", after("lending", "Table 1 and Fig. 14"), "4 KiB reads on a block (NBD) lease through 0–3 relays that each delay every byte (a stand-in for the paper's NTB hops): round trip added per hop", runHopRelay)
+	register("qpair-credits", after("venice", "Fig. 18"), "a memory queue pair's link utilisation with its credits returned over a fast path vs a slow one", runQPairCredits)
 }
 
 // HopRelaySpec is the hop-relay scenario: a borrower reads from a lender
@@ -58,7 +58,7 @@ func HopRelayAdded(spec HopRelaySpec, h int) time.Duration {
 
 func runHopRelay(ctx context.Context, o Options) (Result, error) {
 	spec := DefaultHopRelay
-	r := Result{Paper: "lending", Header: []string{"relays", "added_round_trip_us"}}
+	r := Result{Header: []string{"relays", "added_round_trip_us"}}
 	r.Plot = Plot{Title: "Round trip added by relay hops (block lease, 4 KiB reads)", XLabel: "relays", YLabel: "added round trip (µs)"}
 	s := Series{Name: "simulated"}
 	for h := 0; h <= spec.MaxHops; h++ {
@@ -174,9 +174,9 @@ func runQPairCredits(ctx context.Context, o Options) (Result, error) {
 	slow.CreditDelay += SlowCredits
 	fast, ev1 := QPairUtilisation(spec)
 	sl, ev2 := QPairUtilisation(slow)
-	r := Result{Paper: "venice", Events: ev1 + ev2, Header: []string{"credit_path", "credit_delay_ms", "utilisation"}}
+	r := Result{Events: ev1 + ev2, Header: []string{"credit_path", "credit_delay_ms", "utilisation"}}
 	r.Rows = [][]string{{"fast", ftoa(float64(spec.CreditDelay.Microseconds()) / 1e3), ftoa(fast)}, {"slow", ftoa(float64(slow.CreditDelay.Microseconds()) / 1e3), ftoa(sl)}}
-	r.Plot = Plot{Title: "Queue-pair utilisation by credit path (after Venice, Fig. 18)", YLabel: "link utilisation", Categories: []string{"slow credits", "fast credits"},
+	r.Plot = Plot{Title: "Queue-pair utilisation by credit path", YLabel: "link utilisation", Categories: []string{"slow credits", "fast credits"},
 		Series: []Series{{Name: "simulated", X: []float64{0, 1}, Y: []float64{sl, fast}}}}
 	r.Metrics = []Metric{
 		{Name: "utilisation, credits on the fast path", Value: fast, Kind: Prediction},

@@ -6,7 +6,7 @@ import (
 )
 
 func init() {
-	register("link-sharing", "Rialto's own: sequential writers striping over 1–3 lenders whose links tc tbf shapes; per-writer bandwidth from max-min sharing, measured with NBD and stripe volumes in network namespaces (--real, root)", runLinkSharing)
+	register("link-sharing", own, "sequential writers striping over 1–3 lenders whose links tc tbf shapes; per-writer bandwidth from max-min sharing, measured with NBD and stripe volumes in network namespaces (--real, root)", runLinkSharing)
 }
 
 // SimulateWriters predicts the per-writer bandwidth of w writers striping

@@ -6,8 +6,8 @@ import (
 )
 
 func init() {
-	register("remote-memory-modes", "Fig. 15 of Venice (Dong et al.): slowdown vs all-local memory with 75% borrowed memory, direct (CRMA) vs swap (RDMA) vs local swap, per application locality", runMemoryModes)
-	register("redis-memory", "Fig. 14 of Venice (Dong et al.): Redis-like cache, 10,000 Zipf queries with 70–350 MB of borrowed vs local memory", runRedisMemory)
+	register("remote-memory-modes", follows("venice", "Fig. 15"), "slowdown vs all-local memory with 75% borrowed memory, direct (CRMA) vs swap (RDMA) vs local swap, per application locality", runMemoryModes)
+	register("redis-memory", follows("venice", "Fig. 14"), "Redis-like cache, 10,000 Zipf queries with 70–350 MB of borrowed vs local memory", runRedisMemory)
 }
 
 func runRedisMemory(ctx context.Context, o Options) (Result, error) {
@@ -15,8 +15,8 @@ func runRedisMemory(ctx context.Context, o Options) (Result, error) {
 	spec.Queries = int(float64(spec.Queries) * o.scale())
 	const mb = 1e6
 	const localMin = 50 * mb // the paper keeps 50 MB local for Redis to start
-	r := Result{Paper: "venice", Calibrations: []string{"DefaultRedis"}, Header: []string{"memory_MB", "mode", "seconds", "hit_rate"}}
-	r.Plot = Plot{Title: "Redis with borrowed memory (Venice, Fig. 14)", XLabel: "total memory (MB)", YLabel: "seconds for 10,000 queries", LogY: true}
+	r := Result{Calibrations: []string{"DefaultRedis"}, Header: []string{"memory_MB", "mode", "seconds", "hit_rate"}}
+	r.Plot = Plot{Title: "Redis with borrowed memory", XLabel: "total memory (MB)", YLabel: "seconds for 10,000 queries", LogY: true}
 	remote := Series{Name: "50 MB local + borrowed"}
 	local := Series{Name: "all local"}
 	var t70, l70, t350, l350 float64
@@ -93,8 +93,8 @@ func redisSensitivity(spec RedisSpec, seed uint64) []Sensitivity {
 
 func runMemoryModes(ctx context.Context, o Options) (Result, error) {
 	m := DefaultMemoryModel
-	r := Result{Paper: "venice", Calibrations: []string{"VeniceApps"}, Header: []string{"app", "stall_share", "page_reuse", "direct_slowdown", "swap_slowdown", "local_swap_slowdown", "best_mode", "best_slowdown", "mode_ratio"}}
-	r.Plot = Plot{Title: "Remote memory with 75% borrowed (Venice, Fig. 15)", YLabel: "run time / all local", LogY: true}
+	r := Result{Calibrations: []string{"VeniceApps"}, Header: []string{"app", "stall_share", "page_reuse", "direct_slowdown", "swap_slowdown", "local_swap_slowdown", "best_mode", "best_slowdown", "mode_ratio"}}
+	r.Plot = Plot{Title: "Remote memory with 75% borrowed", YLabel: "run time / all local", LogY: true}
 	d, s, l := Series{Name: "direct (CRMA)"}, Series{Name: "swap (RDMA)"}, Series{Name: "local swap"}
 	lo, hi, ratio := 1e9, 0.0, 0.0
 	for i, a := range VeniceApps {

@@ -8,8 +8,8 @@ import (
 )
 
 func init() {
-	register("nic-efficiency", "Fig. 16(b) of Venice (Dong et al.): a lent NIC's goodput against the same interface used directly, by packet size — Venice's two figures from a per-packet model of its IP-over-QPair path, and Rialto's tunnel on the emulated rack (its framing, credits and the links' rates; real counterpart with --real, root)", runNICEfficiency)
-	register("nic-bond", "Rialto's own, after Venice's NIC bonding (Dong et al., §5.2.3): bonds of 1–3 lent NICs placed by internal/placement on the emulated rack, their bandwidth adding over lenders until the borrower's own link binds (real counterpart with --real, root)", runNICBond)
+	register("nic-efficiency", follows("venice", "Fig. 16(b)"), "a lent NIC's goodput against the same interface used directly, by packet size — Venice's two figures from a per-packet model of its IP-over-QPair path, and Rialto's tunnel on the emulated rack (its framing, credits and the links' rates; real counterpart with --real, root)", runNICEfficiency)
+	register("nic-bond", after("venice", "§5.2.3"), "bonds of 1–3 lent NICs (the paper's NIC bonding) placed by internal/placement on the emulated rack, their bandwidth adding over lenders until the borrower's own link binds (real counterpart with --real, root)", runNICBond)
 }
 
 // VeniceNICSpec is Venice's lent-NIC scenario of Fig. 16(b) as the model
@@ -66,8 +66,8 @@ func NICEffMetric(payload int) string {
 func runNICEfficiency(ctx context.Context, o Options) (Result, error) {
 	v := DefaultVeniceNIC
 	fe := v.FrontEnd()
-	r := Result{Paper: "venice", Calibrations: []string{"VeniceVNIC"}, Header: []string{"model", "payload_B", "lent_MBps", "direct_MBps", "efficiency"}}
-	r.Plot = Plot{Title: "Lent-NIC goodput vs the interface used directly (after Venice, Fig. 16(b))", XLabel: "UDP payload (bytes)", YLabel: "goodput / direct", LogX: true}
+	r := Result{Calibrations: []string{"VeniceVNIC"}, Header: []string{"model", "payload_B", "lent_MBps", "direct_MBps", "efficiency"}}
+	r.Plot = Plot{Title: "Lent-NIC goodput vs the interface used directly", XLabel: "UDP payload (bytes)", YLabel: "goodput / direct", LogX: true}
 	ven := Series{Name: fmt.Sprintf("Venice model, %d remote NICs", v.RemoteNICs)}
 	var v4, v256 float64
 	for _, p := range []int{4, 16, 64, 128, 256, 512, 1024, 1472} {
@@ -136,7 +136,7 @@ func NICBondMetric(n int) string {
 
 func runNICBond(ctx context.Context, o Options) (Result, error) {
 	sp := DefaultNICRack
-	r := Result{Paper: "venice", Header: []string{"lenders", "plan", "placement_predicted_Mbps", "goodput_Mbps", "vs_one"}}
+	r := Result{Header: []string{"lenders", "plan", "placement_predicted_Mbps", "goodput_Mbps", "vs_one"}}
 	r.Plot = Plot{Title: "Bonds of lent NICs on the emulated rack", XLabel: "lenders in the bond", YLabel: "UDP goodput (Mbit/s)"}
 	s := Series{Name: "simulated"}
 	var one float64

@@ -8,7 +8,7 @@ import (
 )
 
 func init() {
-	register("rack-fig8", "Rialto's own, after Fig. 8 of the NVMe-oF genomics paper (Call et al.): the layouts (a), (b), (c) of five writers on two rate-limited devices of the emulated rack (internal/rack), per lease, simulated from the devices' characterized profile and measured with real agents (--real, root)", runRackFig8)
+	register("rack-fig8", after("call", "Fig. 8"), "the layouts (a), (b), (c) of five writers on two rate-limited devices of the emulated rack (internal/rack), per lease, simulated from the devices' characterized profile and measured with real agents (--real, root)", runRackFig8)
 }
 
 // WireEfficiency is the share of a tc tbf link's rate left for NBD payload:
@@ -112,7 +112,7 @@ func runRackFig8(ctx context.Context, o Options) (Result, error) {
 	spec := DefaultRackFig8
 	rate := spec.LinkRate / 8 * WireEfficiency
 	pred, ev := Fig8Rates(NominalProfile(rate), spec.Bytes)
-	r := Result{Paper: "call", Events: ev, Header: []string{"layout", "writer", "MBps"}}
+	r := Result{Events: ev, Header: []string{"layout", "writer", "MBps"}}
 	r.Plot = Plot{Title: "Fig. 8 layouts on the emulated rack: per-writer bandwidth", YLabel: "MB/s", Categories: []string{"writer 1", "2", "3", "4", "5"}}
 	for _, l := range Fig8Layouts {
 		s := Series{Name: l.Label}

@@ -7,7 +7,7 @@ import (
 )
 
 func init() {
-	register("erbium-related", "§4.2 and Fig. 10 of the ERBIUM paper (Maschi and Alonso): related-query batching — up to how many queries per user request the CPU's early-exit loop beats a batched accelerator call; on the paper's pipeline model and, with --real, on Rialto's MCT role", runErbiumRelated)
+	register("erbium-related", follows("erbium", "§4.2 and Fig. 10"), "related-query batching — up to how many queries per user request the CPU's early-exit loop beats a batched accelerator call; on the paper's pipeline model and, with --real, on Rialto's MCT role", runErbiumRelated)
 }
 
 // RelatedModel is the related-query batching trade-off: a user request
@@ -77,7 +77,7 @@ func runErbiumRelated(ctx context.Context, o Options) (Result, error) {
 	model := RelatedModel{CPU: cpu, Extra: fig("erbium/related-extra"), Call: ErbiumCallModel(m)}
 	const maxN = 6000
 	n := model.Crossover(maxN)
-	r := Result{Paper: "erbium", Calibrations: []string{"DefaultErbium", "ErbiumRelated"}, Header: []string{"queries_per_request", "cpu_us", "accelerator_us"}}
+	r := Result{Calibrations: []string{"DefaultErbium", "ErbiumRelated"}, Header: []string{"queries_per_request", "cpu_us", "accelerator_us"}}
 	cpuS, accS := Series{Name: "CPU loop"}, Series{Name: "batched accelerator call"}
 	for _, q := range []int{1, 2, 5, 10, 20, 50, 100, 200, 400, 1000, 2000, 6000} {
 		b := int(math.Ceil(float64(q) * (1 + model.Extra)))

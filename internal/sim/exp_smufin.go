@@ -77,8 +77,8 @@ func maxf(xs []float64) float64 {
 }
 
 func init() {
-	register("smufin-sharing", "Fig. 6 and 7 of the NVMe-oF genomics paper (Call et al.): SMUFIN writers sharing 1 NVMe device or a 2-/3-device composition; degradation thresholds predicted from one device's data", runSmufinSharing)
-	register("smufin-fig8", "Fig. 8 of the NVMe-oF genomics paper (Call et al.): 5 SMUFIN instances on (a) 1 shared device, (b) a 2-device composition, (c) 1 dedicated + 4 shared, and as placed by Rialto", runSmufinFig8)
+	register("smufin-sharing", follows("call", "Figs. 6 and 7"), "SMUFIN writers sharing 1 NVMe device or a 2-/3-device composition; degradation thresholds predicted from one device's data", runSmufinSharing)
+	register("smufin-fig8", follows("call", "Fig. 8"), "5 SMUFIN instances on (a) 1 shared device, (b) a 2-device composition, (c) 1 dedicated + 4 shared, and as placed by Rialto", runSmufinFig8)
 }
 
 // deviceIDs names the first k devices of a callSnapshot.
@@ -159,9 +159,9 @@ func runSmufinSharing(ctx context.Context, o Options) (Result, error) {
 	spec := DefaultSmufin
 	spec.Bytes *= o.scale()
 	dev := CallNVMe
-	r := Result{Paper: "call", Calibrations: []string{"CallNVMe", "DefaultSmufin"},
+	r := Result{Calibrations: []string{"CallNVMe", "DefaultSmufin"},
 		Header: []string{"devices", "instances", "mean_slowdown", "max_slowdown", "delivered_GBps", "degraded"}}
-	r.Plot = Plot{Title: "SMUFIN instances sharing NVMe (Call et al., Fig. 6)", XLabel: "concurrent instances", YLabel: "execution time / alone on 1 device", HLines: []float64{degradeAt}}
+	r.Plot = Plot{Title: "SMUFIN instances sharing NVMe", XLabel: "concurrent instances", YLabel: "execution time / alone on 1 device", HLines: []float64{degradeAt}}
 	const maxN = 7
 	var thresholds [4]int
 	var satBelow [4]float64 // delivered / maximum at the first degraded point
@@ -277,8 +277,8 @@ func runSmufinFig8(ctx context.Context, o Options) (Result, error) {
 	spec := DefaultSmufin
 	spec.Bytes *= o.scale()
 	dev := CallNVMe
-	r := Result{Paper: "call", Calibrations: []string{"CallNVMe", "DefaultSmufin"}, Header: []string{"scenario", "instance", "placement", "slowdown", "seconds"}}
-	r.Plot = Plot{Title: "5 SMUFIN instances (Call et al., Fig. 8)", YLabel: "execution time / alone", Categories: []string{"instance 1", "2", "3", "4", "5", "mean"}}
+	r := Result{Calibrations: []string{"CallNVMe", "DefaultSmufin"}, Header: []string{"scenario", "instance", "placement", "slowdown", "seconds"}}
+	r.Plot = Plot{Title: "5 SMUFIN instances", YLabel: "execution time / alone", Categories: []string{"instance 1", "2", "3", "4", "5", "mean"}}
 	fixed, ev := fig8Fixed(dev, spec)
 	r.Events += ev
 	addSeries := func(name, label string, sl []float64, labels []string) {

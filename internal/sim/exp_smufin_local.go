@@ -64,15 +64,15 @@ func runSmufinHost(spec SmufinSpec, h SmufinHost, n int, remote bool) (float64, 
 }
 
 func init() {
-	register("smufin-local-remote", "Fig. 4 of the NVMe-oF genomics paper (Call et al.): 1–3 SMUFIN instances on one node, direct-attached NVMe vs NVMe over Fabrics", runSmufinLocalRemote)
+	register("smufin-local-remote", follows("call", "Fig. 4"), "1–3 SMUFIN instances on one node, direct-attached NVMe vs NVMe over Fabrics", runSmufinLocalRemote)
 }
 
 func runSmufinLocalRemote(ctx context.Context, o Options) (Result, error) {
 	spec := DefaultSmufin
 	spec.Bytes *= o.scale()
 	h := DefaultSmufinHost
-	r := Result{Paper: "call", Calibrations: []string{"CallNVMe", "DefaultSmufin", "DefaultSmufinHost"}, Header: []string{"instances", "das_slowdown", "nvmeof_slowdown", "nvmeof_vs_das"}}
-	r.Plot = Plot{Title: "SMUFIN on one node: DAS vs NVMe-oF (Call et al., Fig. 4)", XLabel: "instances on the node", YLabel: "execution time / 1 instance on DAS"}
+	r := Result{Calibrations: []string{"CallNVMe", "DefaultSmufin", "DefaultSmufinHost"}, Header: []string{"instances", "das_slowdown", "nvmeof_slowdown", "nvmeof_vs_das"}}
+	r.Plot = Plot{Title: "SMUFIN on one node: DAS vs NVMe-oF", XLabel: "instances on the node", YLabel: "execution time / 1 instance on DAS"}
 	das, of := Series{Name: "direct-attached"}, Series{Name: "NVMe-oF"}
 	var gap, ratio [4]float64
 	for n := 1; n <= 3; n++ {

@@ -40,6 +40,8 @@ func runExp(t *testing.T, name string, o Options) Result {
 	} else if string(want) != got {
 		t.Errorf("%s: output differs from %s (run with -rewrite if intended)", name, golden)
 	}
+	checkAligned(t, name, r.Summary(), len(r.Metrics))
+	checkCited(t, r)
 	for _, m := range r.Metrics {
 		if m.Kind != Prediction || m.Figure == "" {
 			continue

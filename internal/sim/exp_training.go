@@ -6,7 +6,7 @@ import (
 )
 
 func init() {
-	register("gpu-training", "§7.5 of the Device Lending paper (Markussen et al.): VGG19-like training on 2 GPUs + NVMe, local vs borrowed over NTB (direct peer-to-peer) vs borrowed with reads through a CPU root", runTraining)
+	register("gpu-training", follows("lending", "§7.5"), "VGG19-like training on 2 GPUs + NVMe, local vs borrowed over NTB (direct peer-to-peer) vs borrowed with reads through a CPU root", runTraining)
 }
 
 func runTraining(ctx context.Context, o Options) (Result, error) {
@@ -17,8 +17,8 @@ func runTraining(ctx context.Context, o Options) (Result, error) {
 		{Name: "borrowed, direct P2P", Remote: true},
 		{Name: "borrowed, via CPU root (IOMMU)", Remote: true, ThroughRoot: true},
 	}
-	r := Result{Paper: "lending", Calibrations: []string{"fabric.NTBCrossingLatency"}, Header: []string{"placement", "seconds", "vs_local"}}
-	r.Plot = Plot{Title: "2-GPU training step time (Markussen et al.)", YLabel: "run time / local", Categories: []string{}}
+	r := Result{Calibrations: []string{"fabric.NTBCrossingLatency"}, Header: []string{"placement", "seconds", "vs_local"}}
+	r.Plot = Plot{Title: "2-GPU training step time", YLabel: "run time / local", Categories: []string{}}
 	s := Series{Name: "run time / local"}
 	var local Time
 	times := map[string]float64{}

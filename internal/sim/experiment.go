@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // ErrUnknownExperiment is returned by Run for a name Experiments does not list.
@@ -79,8 +80,9 @@ type Metric struct {
 type Result struct {
 	Name        string
 	Description string
-	// Paper is the key (of Papers) of the paper the experiment follows, ""
-	// for Rialto's own findings.
+	// Paper is the key (of Papers) of the paper the experiment follows or
+	// is after (Run sets it from the registry), "" for Rialto's own
+	// findings.
 	Paper string
 	// Calibrations names the calibrated constants the run used.
 	Calibrations []string
@@ -93,10 +95,22 @@ type Result struct {
 	Events uint64
 }
 
-// ExperimentInfo names and describes an experiment.
+// ExperimentInfo names and describes an experiment. The description opens
+// with what the experiment follows, its paper named by authors and title:
+// `Fig. 8 of Call et al., "Disaggregating …": …` for an experiment that
+// reproduces a paper's figures, `Rialto's own, after Fig. 18 of Dong et al.,
+// "Venice: …": …` for Rialto's own scenario after one, `Rialto's own: …`
+// for Rialto's own findings.
 type ExperimentInfo struct {
 	Name        string
 	Description string
+	// Paper is the key (of Papers) of the paper the experiment follows or
+	// is after, "" for Rialto's own findings.
+	Paper string
+	// Source is the description's opening: what of which paper the
+	// experiment follows (Paper.Source), "Rialto's own, after " it, or
+	// "Rialto's own".
+	Source string
 }
 
 type experiment struct {
@@ -106,8 +120,35 @@ type experiment struct {
 
 var registry []experiment
 
-func register(name, desc string, run func(context.Context, Options) (Result, error)) {
-	registry = append(registry, experiment{ExperimentInfo{name, desc}, run})
+// origin is what an experiment follows: where in a paper (follows), where
+// in a paper Rialto's own scenario is after (after), or nothing (own).
+type origin struct {
+	paper, where string
+	after        bool
+}
+
+func follows(paper, where string) origin { return origin{paper: paper, where: where} }
+func after(paper, where string) origin   { return origin{paper: paper, where: where, after: true} }
+
+var own = origin{}
+
+func (o origin) source() string {
+	switch {
+	case o.paper == "":
+		return "Rialto's own"
+	case o.after:
+		return "Rialto's own, after " + Papers[o.paper].Source(o.where)
+	default:
+		return Papers[o.paper].Source(o.where)
+	}
+}
+
+func register(name string, from origin, desc string, run func(context.Context, Options) (Result, error)) {
+	if _, ok := Papers[from.paper]; from.paper != "" && !ok {
+		panic("sim: experiment " + name + " follows unknown paper " + from.paper)
+	}
+	src := from.source()
+	registry = append(registry, experiment{ExperimentInfo{Name: name, Description: src + ": " + desc, Paper: from.paper, Source: src}, run})
 }
 
 // Experiments lists the named experiments, sorted by name.
@@ -132,7 +173,10 @@ func Run(ctx context.Context, name string, o Options) (Result, error) {
 			if err != nil {
 				return Result{}, fmt.Errorf("sim: experiment %s: %w", name, err)
 			}
-			r.Name, r.Description = e.Name, e.Description
+			r.Name, r.Description, r.Paper = e.Name, e.Description, e.Paper
+			if r.Plot.Source == "" && e.Paper != "" {
+				r.Plot.Source = e.Source
+			}
 			if err := check(&r); err != nil {
 				return Result{}, err
 			}
@@ -164,46 +208,79 @@ func (r Result) CSV() []byte {
 	return []byte(b.String())
 }
 
-// Summary renders the metrics, each with its tag, and the notes as text.
+// Summary renders the result as text: the description, then the metrics
+// as a table whose columns line up whatever their lengths (kind: fit,
+// prediction or pending; metric; value and unit; the paper's value and its
+// tolerance; verdict, with a miss's explanation, the real counterpart and
+// the note). Under a metric compared with a paper figure comes the figure's
+// source (where it is in which paper, by authors and title), then the
+// prediction's sensitivities. The calibrated constants and the notes close
+// it.
 func (r Result) Summary() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s: %s\n", r.Name, r.Description)
+	type row struct {
+		cells   [5]string // kind, metric, value, unit, paper; the verdict follows
+		verdict string
+		under   []string
+	}
+	rows := []row{{cells: [5]string{"KIND", "METRIC", "VALUE", "UNIT", "PAPER"}, verdict: "VERDICT"}}
 	for _, m := range r.Metrics {
-		val := f3(m.Value)
+		w := row{cells: [5]string{"[" + string(m.Kind) + "]", m.Name, f3(m.Value), m.Unit, "—"}}
 		if m.Kind == Pending {
-			val = "—"
+			w.cells[2] = "—"
 		}
-		fmt.Fprintf(&b, "  [%s] %-44s %12s", m.Kind, m.Name, val)
-		if m.Unit != "" {
-			fmt.Fprintf(&b, " %s", m.Unit)
-		}
+		var v strings.Builder
+		v.WriteString(m.Verdict())
 		if f, ok := figureIndex[m.Figure]; ok {
-			fmt.Fprintf(&b, "   (paper: %s, %s %s", f3(m.Paper), Papers[f.Paper].Short, f.Where)
+			w.cells[4] = f3(m.Paper)
 			if m.Tolerance > 0 {
-				fmt.Fprintf(&b, ", ±%g%%", m.Tolerance*100)
+				w.cells[4] += fmt.Sprintf(" ±%g%%", m.Tolerance*100)
 			}
-			b.WriteString(")")
+			w.under = append(w.under, "figure: "+f.Source())
 		}
-		fmt.Fprintf(&b, ": %s", m.Verdict())
 		if m.Miss != "" {
-			fmt.Fprintf(&b, ": %s", m.Miss)
+			fmt.Fprintf(&v, ": %s", m.Miss)
 		}
 		if m.Real != nil {
-			fmt.Fprintf(&b, " (real: %s", strings.TrimSpace(f3(m.Real.Value)+" "+m.Unit))
+			fmt.Fprintf(&v, " (real: %s", strings.TrimSpace(f3(m.Real.Value)+" "+m.Unit))
 			if m.Real.Sim != 0 {
-				fmt.Fprintf(&b, "; the model fed the lab's characterization: %s", f3(m.Real.Sim))
+				fmt.Fprintf(&v, "; the model fed the lab's characterization: %s", f3(m.Real.Sim))
 			}
 			if m.Real.Note != "" {
-				fmt.Fprintf(&b, "; %s", m.Real.Note)
+				fmt.Fprintf(&v, "; %s", m.Real.Note)
 			}
-			b.WriteString(")")
+			v.WriteString(")")
 		}
 		if m.Note != "" {
-			fmt.Fprintf(&b, " — %s", m.Note)
+			fmt.Fprintf(&v, " — %s", m.Note)
 		}
-		b.WriteByte('\n')
+		w.verdict = v.String()
 		for _, s := range m.Sensitivity {
-			fmt.Fprintf(&b, "      holds while %s\n", s)
+			w.under = append(w.under, "holds while "+s.String())
+		}
+		rows = append(rows, w)
+	}
+	if len(r.Metrics) > 0 {
+		var width [5]int
+		for _, w := range rows {
+			for i, c := range w.cells {
+				width[i] = max(width[i], utf8.RuneCountInString(c))
+			}
+		}
+		pad := func(s string, n int) string { return strings.Repeat(" ", n-utf8.RuneCountInString(s)) }
+		for _, w := range rows {
+			c := w.cells
+			b.WriteString("  ")
+			b.WriteString(c[0] + pad(c[0], width[0]) + "  ")
+			b.WriteString(c[1] + pad(c[1], width[1]) + "  ")
+			b.WriteString(pad(c[2], width[2]) + c[2] + " ") // numbers right-aligned
+			b.WriteString(c[3] + pad(c[3], width[3]) + "  ")
+			b.WriteString(c[4] + pad(c[4], width[4]) + "  ")
+			b.WriteString(w.verdict + "\n")
+			for _, u := range w.under {
+				b.WriteString("  " + pad("", width[0]) + "  " + u + "\n")
+			}
 		}
 	}
 	if len(r.Calibrations) > 0 {

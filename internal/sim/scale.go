@@ -245,7 +245,7 @@ func RunScale(sp ScaleSpec, progress func(done int) error) (ScaleResult, error) 
 }
 
 func init() {
-	register("scale", "Rialto's own scale run: a synthetic data centre (10,000 nodes, 1,000,000 SMUFIN-like block leases by default) whose leases mostly borrow remote devices and compose; placement by internal/placement, bytes through the fabric model", runScale)
+	register("scale", own, "scale run on a synthetic data centre (10,000 nodes, 1,000,000 SMUFIN-like block leases by default) whose leases mostly borrow remote devices and compose; placement by internal/placement, bytes through the fabric model", runScale)
 }
 
 func runScale(ctx context.Context, o Options) (Result, error) {

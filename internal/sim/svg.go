@@ -18,6 +18,10 @@ type Series struct {
 // grouped bars when Categories is set (then X holds category indices).
 type Plot struct {
 	Title, XLabel, YLabel string
+	// Source is a caption under the title: what of which paper the plot
+	// follows, the paper named by authors and title (Run sets it to the
+	// experiment's ExperimentInfo.Source). It wraps to the canvas' width.
+	Source string
 	// XUnit and YUnit name the axes' units; an axis title reads
 	// "label (unit)". A label that already ends in a parenthesised unit
 	// needs none; a ratio label ("a / b") without one is marked "ratio".
@@ -63,9 +67,9 @@ func axisTitle(label, unit string, log bool) string {
 // the right fits the longest series name, category labels that would
 // overlap are slanted, and the title fits the width.
 func (p Plot) SVG() []byte {
-	const fs, titleFS = 12.0, 15.0
+	const fs, titleFS, captionFS, captionLine = 12.0, 15.0, 11.0, 14.0
 	const pw, ph = 470.0, 340.0 // plot area
-	const T = 40.0
+	T := 40.0                   // plot area's top; a source caption pushes it down
 	tx := func(v float64) float64 {
 		if p.LogX {
 			return math.Log10(math.Max(v, 1e-300))
@@ -167,10 +171,6 @@ func (p Plot) SVG() []byte {
 		legendW = 20
 	}
 	W := L + pw + legendW
-	H := T + ph + B
-	if lh := T + 10 + 18*float64(len(p.Series)) + 10; lh > H {
-		H = lh
-	}
 	if slant {
 		// A slanted label reaches left of its category by cos(30°) of its width.
 		if need := maxCat*0.87 + 10 - (L + pw/float64(2*len(p.Categories))); need > 0 {
@@ -188,6 +188,12 @@ func (p Plot) SVG() []byte {
 	if tw := svgtext.Width(xTitle, fs); tw+20 > W {
 		W = tw + 20
 	}
+	caption := wrap(p.Source, captionFS, W-20)
+	T += captionLine * float64(len(caption))
+	H := T + ph + B
+	if lh := T + 10 + 18*float64(len(p.Series)) + 10; lh > H {
+		H = lh
+	}
 
 	px := func(x float64) float64 { return L + (x-xmin)/(xmax-xmin)*pw }
 	py := func(y float64) float64 { return T + ph - (y-ymin)/(ymax-ymin)*ph }
@@ -196,6 +202,13 @@ func (p Plot) SVG() []byte {
 	fmt.Fprintf(&b, "<title>%s</title>\n", esc(p.Title))
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
 	fmt.Fprintf(&b, `<text x="%g" y="22" font-size="%g" text-anchor="middle">%s</text>`+"\n", titleX, titleFS, esc(p.Title))
+	for i, c := range caption {
+		x := titleX // under the title, unless that would cross the canvas' edge
+		if tw := svgtext.Width(c, captionFS); x-tw/2 < 10 || x+tw/2 > W-10 {
+			x = W / 2
+		}
+		fmt.Fprintf(&b, `<text x="%g" y="%g" font-size="%g" text-anchor="middle" fill="#444">%s</text>`+"\n", x, 38+captionLine*float64(i), captionFS, esc(c))
+	}
 	fmt.Fprintf(&b, `<rect x="%g" y="%g" width="%g" height="%g" fill="none" stroke="#333"/>`+"\n", L, T, pw, ph)
 	for _, t := range yticks {
 		y := py(t.at)
@@ -268,6 +281,27 @@ func (p Plot) SVG() []byte {
 	}
 	b.WriteString("</svg>\n")
 	return []byte(b.String())
+}
+
+// wrap breaks s into lines no wider than width at font size size,
+// between words (a word wider than the width gets a line of its own).
+func wrap(s string, size, width float64) []string {
+	var lines []string
+	line := ""
+	for _, w := range strings.Fields(s) {
+		if line != "" && svgtext.Width(line+" "+w, size) > width {
+			lines = append(lines, line)
+			line = ""
+		}
+		if line != "" {
+			line += " "
+		}
+		line += w
+	}
+	if line != "" {
+		lines = append(lines, line)
+	}
+	return lines
 }
 
 // ticks returns about five round tick positions in [lo, hi] (in transformed

@@ -96,3 +96,48 @@ func TestAxisTitle(t *testing.T) {
 		}
 	}
 }
+
+// TestPlotSVGSource: the source caption sits under the title, wraps to the
+// canvas instead of widening it, keeps every word, and stays above the plot
+// area.
+func TestPlotSVGSource(t *testing.T) {
+	src := "Table 1 and Fig. 14 of " + Papers["lending"].Cite
+	p := Plot{Title: "GPU ping-pong latency", Source: src, YLabel: "round trip (ns)", Categories: []string{"a", "b"},
+		Series: []Series{{Name: "model", X: []float64{0, 1}, Y: []float64{1, 2}}}}
+	bare := p
+	bare.Source = ""
+	var with, without struct {
+		svgDoc
+		Rects []struct {
+			Y      float64 `xml:"y,attr"`
+			Stroke string  `xml:"stroke,attr"`
+		} `xml:"rect"`
+	}
+	if err := xml.Unmarshal(p.SVG(), &with); err != nil {
+		t.Fatal(err)
+	}
+	if err := xml.Unmarshal(bare.SVG(), &without); err != nil {
+		t.Fatal(err)
+	}
+	if with.Width != without.Width {
+		t.Errorf("the caption widened the canvas from %g to %g", without.Width, with.Width)
+	}
+	top := 0.0
+	for _, r := range with.Rects {
+		if r.Stroke == "#333" {
+			top = r.Y
+		}
+	}
+	var lines []string
+	for _, tx := range with.Texts {
+		if tx.Size == "11" {
+			lines = append(lines, tx.Body)
+			if tx.Y >= top-4 {
+				t.Errorf("caption line %q at y %g, the plot area starts at %g", tx.Body, tx.Y, top)
+			}
+		}
+	}
+	if len(lines) < 2 || strings.Join(lines, " ") != src {
+		t.Errorf("caption %q, want %q wrapped", lines, src)
+	}
+}
