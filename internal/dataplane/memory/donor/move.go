@@ -257,7 +257,9 @@ func (w *writer) quitServing() { w.quitOnce.Do(func() { close(w.quit) }) }
 // on its way, or hold one a move's pause holds: without this, its bytes
 // could land after the new connection's writes to the same range.
 func (w *writer) replace() func() {
-	w.closed.Store(true)
+	if w.closed.Swap(true) {
+		return w.quitServing // closed by the donor already (Stop)
+	}
 	stop := w.stop
 	return func() {
 		w.d.log.Info("memory: a connection replaced by a new one of its session is closed")
