@@ -225,7 +225,7 @@ func (c *Client) NewQueuePair(ctx context.Context) (*QueuePair, error) {
 	if err := c.err(); err != nil {
 		return nil, err
 	}
-	conn, rep, err := c.handshake(ctx, protocol.KindQueue)
+	conn, rep, err := c.handshake(ctx, protocol.KindQueue, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -581,7 +581,9 @@ func (q *QueuePair) reconnect(ctx context.Context) bool {
 	if q.c.err() != nil {
 		return false
 	}
-	conn, rep, err := q.c.handshake(ctx, protocol.KindQueue)
+	// Named as the one it replaces: the donor ends the old one first
+	// (rejoin.go).
+	conn, rep, err := q.c.handshake(ctx, protocol.KindQueue, q.id)
 	if err != nil {
 		return false
 	}

@@ -139,7 +139,7 @@ type Client struct {
 func Dial(ctx context.Context, addr, credential string, opts Options) (*Client, error) {
 	opts.fill()
 	c := &Client{addr: addr, cred: credential, opts: opts, queues: map[uint32]*QueuePair{}, ctrlDone: make(chan struct{})}
-	ctrl, rep, err := c.handshake(ctx, protocol.KindControl)
+	ctrl, rep, err := c.handshake(ctx, protocol.KindControl, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -155,18 +155,19 @@ func Dial(ctx context.Context, addr, credential string, opts Options) (*Client, 
 		}
 	}()
 	c.sync.kind = protocol.KindSync
-	pg, err := c.newRaw(ctx, protocol.KindSync)
+	pg, id, err := c.newRaw(ctx, protocol.KindSync, 0)
 	if err != nil {
 		return nil, err
 	}
 	c.sync.pg.Store(pg)
+	c.sync.id = id
 	for range opts.Streams {
-		pg, err := c.newRaw(ctx, protocol.KindBulk)
+		pg, id, err := c.newRaw(ctx, protocol.KindBulk, 0)
 		if err != nil {
 			return nil, err
 		}
 		s := &bulkStream{}
-		s.kind = protocol.KindBulk
+		s.kind, s.id = protocol.KindBulk, id
 		s.pg.Store(pg)
 		c.streams = append(c.streams, s)
 	}
@@ -178,40 +179,43 @@ func Dial(ctx context.Context, addr, credential string, opts Options) (*Client, 
 }
 
 // newRaw opens a connection of the session driven with raw syscalls (see
-// rawconn). Over TLS the descriptor is detached before the handshake, so
-// that the session's records travel on the raw syscalls too.
-func (c *Client) newRaw(ctx context.Context, kind uint8) (*rawconn.Conn, error) {
+// rawconn), which replaces the connection whose id is replaces (0: none;
+// see protocol.ReplacedConnection), and returns it with its id. Over TLS
+// the descriptor is detached before the handshake, so that the session's
+// records travel on the raw syscalls too.
+func (c *Client) newRaw(ctx context.Context, kind uint8, replaces uint32) (*rawconn.Conn, uint32, error) {
 	if c.opts.TLS == nil {
-		conn, _, err := c.handshake(ctx, kind)
+		conn, rep, err := c.handshake(ctx, kind, replaces)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		fd, err := rawconn.Detach(conn)
 		_ = conn.Close()
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
-		return rawconn.New(fd, c.opts.Spin, c.opts.Timeout), nil
+		return rawconn.New(fd, c.opts.Spin, c.opts.Timeout), rep.queue, nil
 	}
 	conn, err := c.dial(ctx)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	fd, err := rawconn.Detach(conn)
 	_ = conn.Close()
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	p := rawconn.New(fd, c.opts.Spin, c.opts.Timeout)
 	if err := p.StartTLS(c.tlsConfig(), false); err != nil {
 		p.Close()
-		return nil, tlsDialErr(c.addr, err)
+		return nil, 0, tlsDialErr(c.addr, err)
 	}
-	if _, err := c.hello(p, kind); err != nil {
+	rep, err := c.hello(p, kind, replaces)
+	if err != nil {
 		p.Close()
-		return nil, err
+		return nil, 0, err
 	}
-	return p, nil
+	return p, rep.queue, nil
 }
 
 // tlsConfig is Options.TLS with the donor's host as ServerName when it
@@ -252,7 +256,7 @@ func (c *Client) Join(ctx context.Context, kind uint8) (net.Conn, error) {
 	if err := c.err(); err != nil {
 		return nil, err
 	}
-	conn, _, err := c.handshake(ctx, kind)
+	conn, _, err := c.handshake(ctx, kind, 0)
 	return conn, err
 }
 
@@ -349,8 +353,9 @@ func (c *Client) dial(ctx context.Context) (net.Conn, error) {
 }
 
 // handshake dials one connection, runs TLS over it with Options.TLS, and
-// performs HELLO.
-func (c *Client) handshake(ctx context.Context, kind uint8) (net.Conn, helloReply, error) {
+// performs HELLO (for a connection that replaces the one whose id is
+// replaces: see hello).
+func (c *Client) handshake(ctx context.Context, kind uint8, replaces uint32) (net.Conn, helloReply, error) {
 	var rep helloReply
 	conn, err := c.dial(ctx)
 	if err != nil {
@@ -368,7 +373,7 @@ func (c *Client) handshake(ctx context.Context, kind uint8) (net.Conn, helloRepl
 		}
 		conn = tc
 	}
-	if rep, err = c.hello(conn, kind); err != nil {
+	if rep, err = c.hello(conn, kind, replaces); err != nil {
 		_ = conn.Close()
 		return nil, rep, err
 	}
@@ -377,13 +382,16 @@ func (c *Client) handshake(ctx context.Context, kind uint8) (net.Conn, helloRepl
 }
 
 // hello sends HELLO for a connection of kind and reads the donor's reply.
-func (c *Client) hello(rw io.ReadWriter, kind uint8) (helloReply, error) {
+// A data connection that re-establishes one the client gave up names it
+// (replaces, its id: protocol.ReplacedConnection): the donor ends that
+// one, and answers once nothing more of it can land (rejoin.go).
+func (c *Client) hello(rw io.ReadWriter, kind uint8, replaces uint32) (helloReply, error) {
 	m := protocol.Hello{Kind: kind, Session: c.session, Credential: c.cred}
-	var moveGen uint64
+	offset := uint64(replaces)
 	if kind == protocol.KindControl {
-		m.Session, moveGen = 0, c.opts.MoveGeneration
+		m.Session, offset = 0, c.opts.MoveGeneration
 	}
-	return sendHello(rw, m, moveGen)
+	return sendHello(rw, m, offset)
 }
 
 // Hello sends the HELLO m on rw (a connection to the donor, TLS already
@@ -396,16 +404,17 @@ func Hello(rw io.ReadWriter, m protocol.Hello) error {
 	return err
 }
 
-// sendHello sends the HELLO m, carrying moveGen (protocol.MoveGeneration)
-// in its offset, and reads the reply.
-func sendHello(rw io.ReadWriter, m protocol.Hello, moveGen uint64) (helloReply, error) {
+// sendHello sends the HELLO m, carrying offset (a control HELLO's
+// protocol.MoveGeneration, a data connection's
+// protocol.ReplacedConnection) in its offset, and reads the reply.
+func sendHello(rw io.ReadWriter, m protocol.Hello, offset uint64) (helloReply, error) {
 	var rep helloReply
 	b := make([]byte, protocol.HeaderSize, protocol.HeaderSize+protocol.HelloFixed+len(m.Credential))
 	b = m.Encode(b)
 	// Length: the largest reply this client reads (one with the region's
 	// generation); older donors ignore it, and the offset.
 	h := protocol.Header{Op: protocol.OpHello, Payload: uint32(len(b) - protocol.HeaderSize), Length: protocol.HelloReplyGenSize,
-		Offset: moveGen}
+		Offset: offset}
 	h.Encode(b)
 	if _, err := rw.Write(b); err != nil {
 		return rep, fmt.Errorf("%w: hello: %v", protocol.ErrDonorLost, err)

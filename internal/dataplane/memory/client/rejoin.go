@@ -48,6 +48,17 @@ import (
 //     fence), and the client re-establishes a connection only after it
 //     saw that connection's end.
 //
+// A connection the client gave up itself (a timeout, a cancelled
+// request) may still be served by the donor, which does not know: the
+// late rest of a WRITE's payload, or a WRITE a move's pause holds, would
+// land after a WRITE to the same range acknowledged on the new
+// connection. So every re-established connection names the one it
+// replaces in its HELLO (its id, from that one's HELLO reply:
+// protocol.ReplacedConnection); the donor ends it (a held WRITE gives up)
+// and answers once its handler has returned: the next request on the
+// channel is ordered after whatever the failed one did. A request on
+// another channel is not (docs/memory-protocol.md, "Sequence numbers").
+//
 // Acknowledged writes are never sent again: a bulk stream goes on from
 // its first unacknowledged chunk, a queue pair sends again only the
 // requests still pending.
@@ -92,7 +103,8 @@ type link struct {
 	// pg is the connection now. It changes under mu; shutdown loads it
 	// without mu (to wake the request holding mu).
 	pg  atomic.Pointer[rawconn.Conn]
-	bad error // why the connection broke; nil while it serves (mu)
+	id  uint32 // pg's id in the session (the HELLO reply's; mu)
+	bad error  // why the connection broke; nil while it serves (mu)
 }
 
 // shutdown wakes a request blocked on the link's connection.
@@ -166,13 +178,16 @@ func (l *link) rejoin(ctx context.Context, c *Client, cause error) error {
 	if err := c.err(); err != nil {
 		return err
 	}
-	pg, err := c.newRaw(ctx, l.kind)
+	// The new connection names the old one: the donor ends it, and
+	// answers once nothing more of it can land (see above).
+	pg, id, err := c.newRaw(ctx, l.kind, l.id)
 	if err != nil {
 		return fmt.Errorf("%w (re-establishing the %s connection: %v)", cause, kindName(l.kind), err)
 	}
 	if old := l.pg.Swap(pg); old != nil {
 		old.Close()
 	}
+	l.id = id
 	l.bad = nil
 	c.rejoins.Add(1)
 	if c.closed.Load() {

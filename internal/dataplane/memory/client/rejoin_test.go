@@ -38,6 +38,10 @@ type stallRelay struct {
 	stalled  chan struct{}
 	stallOff int64 // the stalled WRITE's offset
 	conns    []net.Conn
+	// A held stall (armHeld): the rest of the payload goes through to
+	// the donor once release closes, and landed closes once the donor
+	// has ended that connection afterwards.
+	release, landed chan struct{}
 }
 
 const stallSent = 100
@@ -85,6 +89,21 @@ func (r *stallRelay) arm(kind uint8) <-chan struct{} {
 	defer r.mu.Unlock()
 	r.armed, r.stalled = kind, make(chan struct{})
 	return r.stalled
+}
+
+// armHeld is arm for a payload that is late rather than lost: the rest
+// of the stalled WRITE's payload stays on its way until release is
+// closed, then goes through to the donor (as a network delivers a
+// connection's late segments, whatever the borrower did since), and the
+// relay ends its side of that connection; landed closes once the donor
+// has closed its side (its handler has returned). If the donor closes it
+// first, the rest never goes through.
+func (r *stallRelay) armHeld(kind uint8) (stalled <-chan struct{}, release chan<- struct{}, landed <-chan struct{}) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.armed, r.stalled = kind, make(chan struct{})
+	r.release, r.landed = make(chan struct{}), make(chan struct{})
+	return r.stalled, r.release, r.landed
 }
 
 // dials is how many connections of each kind the session opened.
@@ -137,10 +156,13 @@ func (r *stallRelay) relay(cc net.Conn) {
 		}
 		r.mu.Lock()
 		stall := h.Op == protocol.OpWrite && kind == r.armed && len(payload) > stallSent
-		var stalled chan struct{}
+		var stalled, release, landed chan struct{}
+		var rest []byte
 		if stall {
 			r.armed, stalled, r.stallOff = 0, r.stalled, int64(h.Offset)
-			payload = payload[:stallSent]
+			release, landed = r.release, r.landed
+			r.release, r.landed = nil, nil
+			payload, rest = payload[:stallSent], payload[stallSent:]
 		}
 		r.mu.Unlock()
 		if _, err := dc.Write(append(hdr[:], payload...)); err != nil {
@@ -148,7 +170,18 @@ func (r *stallRelay) relay(cc net.Conn) {
 		}
 		if stall {
 			close(stalled)
-			<-ended // the rest never goes through
+			if release == nil {
+				<-ended // the rest never goes through
+				return
+			}
+			defer close(landed)
+			select {
+			case <-release:
+				_, _ = dc.Write(rest)
+				_ = dc.(*net.TCPConn).CloseWrite()
+			case <-ended:
+			}
+			<-ended
 			return
 		}
 	}
@@ -553,5 +586,68 @@ func TestQueuePairRejoin(t *testing.T) {
 	// connection.
 	if c.Rejoins() != 1 || relay.dials()[protocol.KindQueue] != 3 {
 		t.Errorf("rejoins %d, queue connections %d (want 1, 3)", c.Rejoins(), relay.dials()[protocol.KindQueue])
+	}
+}
+
+// TestRejoinAfterOwnBreakKeepsLaterWrite: a WRITE whose context ends
+// while its payload is on its way fails, and the client breaks its
+// connection; the next request re-establishes it. The donor still had
+// the first WRITE under way on the old connection (the rest of its
+// payload late in the network, or the write held by a move's pause):
+// once the new connection's WRITE to the same range is acknowledged,
+// nothing of the failed one may land over it. The donor admitted the new
+// connection without knowing the old one was given up, and the late rest
+// of the failed write landed over the acknowledged one.
+func TestRejoinAfterOwnBreakKeepsLaterWrite(t *testing.T) {
+	for _, tc := range []struct {
+		ch   Channel
+		kind uint8
+	}{{ChannelSync, protocol.KindSync}, {ChannelBulk, protocol.KindBulk}} {
+		t.Run(tc.ch.String(), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+			defer cancel()
+			td := memorytest.Start(t, 4<<20, 0)
+			relay := startStallRelay(t, td.Addr)
+			c := dial(t, td.Addr, Options{Dialer: relay.dial, Streams: 1, ChunkSize: 64 << 10})
+			const n = 64 << 10
+			old := bytes.Repeat([]byte{0xAA}, n)
+			stalled, release, landed := relay.armHeld(tc.kind)
+			wctx, wcancel := context.WithCancel(ctx)
+			res := make(chan error, 1)
+			go func() { res <- c.Write(wctx, tc.ch, old, 0) }()
+			<-stalled
+			wcancel()
+			if err := <-res; !errors.Is(err, context.Canceled) || !errors.Is(err, protocol.ErrDonorLost) {
+				t.Fatalf("the cancelled write: %v", err)
+			}
+
+			// The next write to the range, acknowledged.
+			later := bytes.Repeat([]byte{0xBB}, n)
+			if err := c.Write(ctx, tc.ch, later, 0); err != nil {
+				t.Fatalf("the next %v write: %v", tc.ch, err)
+			}
+			if c.Rejoins() != 1 {
+				t.Errorf("rejoins %d, want 1", c.Rejoins())
+			}
+			// The rest of the failed write arrives late.
+			close(release)
+			select {
+			case <-landed:
+			case <-ctx.Done():
+				t.Fatal("the old connection did not end")
+			}
+			got := make([]byte, n)
+			if _, err := td.D.ReadRegion(testCred, got, 0); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, later) {
+				k := bytes.IndexByte(got, 0xAA)
+				t.Fatalf("the acknowledged write was overwritten by the one that failed before it (first 0xAA at %d)", k)
+			}
+			// And the channel serves.
+			if err := c.Read(ctx, tc.ch, got, 0); err != nil || !bytes.Equal(got, later) {
+				t.Fatalf("read: %v (equal %v)", err, bytes.Equal(got, later))
+			}
+		})
 	}
 }

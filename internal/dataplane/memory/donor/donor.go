@@ -51,7 +51,10 @@ const DefaultCredits = 64
 // session at a time. A session starts with a control connection (HELLO with
 // session 0); the client's other connections join it by its session id, at
 // any time while it lives (a data connection the donor closed, alone, is
-// joined again once that connection's handler has returned: fence). A
+// joined again once that connection's handler has returned: fence; a
+// data connection's HELLO that names one of the session's it replaces,
+// one its client gave up, ends that one and is answered once its handler
+// has returned: protocol.ReplacedConnection, writer.replace). A
 // second client is refused with protocol.ErrBusy while the session's control
 // connection is open; when it closes, every connection of the session is
 // closed and the region can be subscribed again (its contents are kept until
@@ -138,9 +141,15 @@ type session struct {
 	ctrl   net.Conn
 	ctrlMu sync.Mutex // serialises writes on ctrl
 	closed bool
-	// ended is closed when the session ends (endSession): a WRITE a
-	// move holds (writeGate) gives up then, so that its handler returns.
+	// ended is closed when the session ends (endSession), and with it
+	// the quit of every data connection's writer: a WRITE a move holds
+	// (writeGate) gives up then, so that its handler returns.
 	ended chan struct{}
+	// links are the handlers of the session's data connections by
+	// their id (the HELLO reply's; a queue's is its queue id), from
+	// the HELLO until the handler returns (d.mu): a data connection's
+	// HELLO may name one it replaces (see replace).
+	links map[uint32]*writer
 
 	credMu  sync.Mutex
 	queues  map[uint32]*queueCredit
@@ -364,6 +373,9 @@ func (d *Donor) endSession(s *session) {
 	}
 	s.closed = true
 	close(s.ended)
+	for _, w := range s.links {
+		w.quitServing()
+	}
 	if s.reg.sess == s {
 		s.reg.sess = nil
 	}
@@ -470,12 +482,12 @@ func (d *Donor) handle(c net.Conn) {
 		d.log.Info("memory connection refused: plaintext on a donor that requires TLS", "remote", c.RemoteAddr().String())
 		return
 	}
-	s, hello, qid, ok := d.hello(c, c)
+	s, hello, w, ok := d.hello(c, c)
 	if !ok {
 		return
 	}
 	defer s.reg.users.Done()
-	defer d.detach(s, c)
+	defer d.detach(s, c, w)
 	_ = c.SetDeadline(time.Time{})
 	switch hello.Kind {
 	case protocol.KindControl:
@@ -485,13 +497,13 @@ func (d *Donor) handle(c net.Conn) {
 		// connection: bulk streams moved more data, and small sync
 		// requests were answered sooner than from the netpoller (4 KiB
 		// read p50 33–40 µs vs 44–45 µs, docs/memory-protocol.md).
-		d.serveSync(s, c, hello.Kind, d.spin())
+		d.serveSync(s, c, hello.Kind, d.spin(), w)
 	case protocol.KindFault:
 		// A mapping's faults: one request at a time, answered from a
 		// thread that spins for the next one before sleeping.
-		d.serveSync(s, c, hello.Kind, d.faultSpin())
+		d.serveSync(s, c, hello.Kind, d.faultSpin(), w)
 	default:
-		d.serveData(s, c, hello.Kind, qid)
+		d.serveData(s, c, hello.Kind, w)
 	}
 }
 
@@ -549,24 +561,24 @@ func (d *Donor) handleTLS(c net.Conn) {
 		d.log.Debug("memory: TLS handshake failed", "remote", c.RemoteAddr().String(), "err", err)
 		return
 	}
-	s, hello, qid, ok := d.hello(dc, p)
+	s, hello, w, ok := d.hello(dc, p)
 	if !ok {
 		return
 	}
 	defer s.reg.users.Done()
-	defer d.detach(s, dc)
+	defer d.detach(s, dc, w)
 	p.SetTimeout(0)
 	switch hello.Kind {
 	case protocol.KindControl:
 		d.serveControl(s, p.NetConn())
 	case protocol.KindBulk, protocol.KindSync:
 		p.SetSpin(d.spin())
-		d.serveRaw(s, p)
+		d.serveRaw(s, p, w)
 	case protocol.KindFault:
 		p.SetSpin(d.faultSpin())
-		d.serveRaw(s, p)
+		d.serveRaw(s, p, w)
 	default:
-		d.serveData(s, p.NetConn(), hello.Kind, qid)
+		d.serveData(s, p.NetConn(), hello.Kind, w)
 	}
 }
 
@@ -586,8 +598,9 @@ func (d *Donor) replaceConn(old, nu net.Conn) bool {
 // hello reads the HELLO frame from rw, authenticates it and adds c (which
 // names the connection in the session) to its region's session, and
 // answers it. On success the caller owns a users reference of the region
-// and must detach c.
-func (d *Donor) hello(c net.Conn, rw io.ReadWriter) (*session, protocol.Hello, uint32, bool) {
+// and must detach c, with the writer of a data connection (nil for a
+// control connection).
+func (d *Donor) hello(c net.Conn, rw io.ReadWriter) (*session, protocol.Hello, *writer, bool) {
 	var hdr [protocol.HeaderSize]byte
 	f, err := protocol.ReadFrame(rw, hdr[:], nil)
 	if err != nil {
@@ -598,27 +611,33 @@ func (d *Donor) hello(c net.Conn, rw io.ReadWriter) (*session, protocol.Hello, u
 			}
 			_ = writeErr(rw, protocol.OpHello, f.Seq, st, err.Error())
 		}
-		return nil, protocol.Hello{}, 0, false
+		return nil, protocol.Hello{}, nil, false
 	}
 	if f.Op != protocol.OpHello || f.IsResponse() {
 		_ = writeErr(rw, f.Op, f.Seq, protocol.StatusProto, "memory: first frame must be HELLO")
-		return nil, protocol.Hello{}, 0, false
+		return nil, protocol.Hello{}, nil, false
 	}
 	hello, err := protocol.DecodeHello(f.Data)
 	if err != nil {
 		_ = writeErr(rw, protocol.OpHello, f.Seq, protocol.StatusProto, err.Error())
-		return nil, protocol.Hello{}, 0, false
+		return nil, protocol.Hello{}, nil, false
 	}
-	s, qid, st, msg := d.attach(c, hello, f.Header)
+	s, w, replaced, st, msg := d.attach(c, hello, f.Header)
+	if replaced != nil {
+		// The connection this one replaces: its client gave it up.
+		// Ended now, it serves no further request, and a write it
+		// holds for a move gives up; the fence waits for its handler.
+		replaced()
+	}
 	if st == protocol.StatusOK && hello.Kind != protocol.KindControl && !d.fence(s.reg) {
-		d.detach(s, c)
+		d.detach(s, c, w)
 		s.reg.users.Done()
 		st, msg = protocol.StatusBusy, "memory: a connection of the session the donor closed is still being served"
 	}
 	if st != protocol.StatusOK {
 		d.log.Info("memory connection refused", "remote", c.RemoteAddr().String(), "reason", msg)
 		_ = writeErr(rw, protocol.OpHello, f.Seq, st, msg)
-		return nil, protocol.Hello{}, 0, false
+		return nil, protocol.Hello{}, nil, false
 	}
 	// HELLO reply: offset = region size, length = max payload, credits =
 	// initial window (queue connections), payload = session id, queue id
@@ -636,34 +655,40 @@ func (d *Donor) hello(c net.Conn, rw io.ReadWriter) (*session, protocol.Hello, u
 	h := protocol.Header{Op: protocol.OpHello, Flags: protocol.FlagResponse, Seq: f.Seq, Payload: uint32(n),
 		Offset: uint64(len(s.reg.mem)), Length: protocol.MaxPayload, Credits: credits}
 	h.Encode(rep[:])
-	rb := protocol.HelloReply{Session: s.id, Queue: qid, Generation: s.reg.gen.Load()}
+	rb := protocol.HelloReply{Session: s.id, Generation: s.reg.gen.Load()}
+	if w != nil {
+		rb.Queue = w.id
+	}
 	rb.Encode(rep[:protocol.HeaderSize], withGen)
 	if _, err := rw.Write(rep[:protocol.HeaderSize+n]); err != nil {
-		d.detach(s, c)
+		d.detach(s, c, w)
 		s.reg.users.Done()
-		return nil, protocol.Hello{}, 0, false
+		return nil, protocol.Hello{}, nil, false
 	}
-	return s, hello, qid, true
+	return s, hello, w, true
 }
 
 // attach authenticates hello (whose frame header is h) and adds c to the
-// region's session.
-func (d *Donor) attach(c net.Conn, hello protocol.Hello, h protocol.Header) (*session, uint32, uint16, string) {
+// region's session; a data connection gets a writer (its id is the HELLO
+// reply's). A data connection's HELLO that names another connection of
+// the session it replaces (protocol.ReplacedConnection) marks that one's
+// writer closed: the caller calls replaced (not nil then) once d.mu is
+// released, which ends that connection.
+func (d *Donor) attach(c net.Conn, hello protocol.Hello, h protocol.Header) (s *session, w *writer, replaced func(), st uint16, msg string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	r, ok := d.regions[credKey(hello.Credential)]
 	if !ok || r.gone || r.suspended {
-		return nil, 0, protocol.StatusAuth, "memory: credential refused"
+		return nil, nil, nil, protocol.StatusAuth, "memory: credential refused"
 	}
-	var s *session
 	if hello.Kind == protocol.KindControl {
 		if r.sess != nil {
-			return nil, 0, protocol.StatusBusy, "memory: region has another subscriber"
+			return nil, nil, nil, protocol.StatusBusy, "memory: region has another subscriber"
 		}
 		var id [8]byte
 		_, _ = rand.Read(id[:])
 		s = &session{id: binary.BigEndian.Uint64(id[:]) | 1, reg: r, conns: map[net.Conn]struct{}{},
-			ctrl: c, queues: map[uint32]*queueCredit{}, credSig: make(chan struct{}, 1)}
+			ctrl: c, queues: map[uint32]*queueCredit{}, credSig: make(chan struct{}, 1), links: map[uint32]*writer{}}
 		s.ended = make(chan struct{})
 		r.sess = s
 		if g := protocol.MoveGeneration(h); g != 0 && r.receiving {
@@ -673,26 +698,33 @@ func (d *Donor) attach(c net.Conn, hello protocol.Hello, h protocol.Header) (*se
 	} else {
 		s = r.sess
 		if s == nil || s.id != hello.Session || s.closed {
-			return nil, 0, protocol.StatusBusy, "memory: not the region's current session"
+			return nil, nil, nil, protocol.StatusBusy, "memory: not the region's current session"
 		}
-	}
-	var qid uint32
-	if hello.Kind == protocol.KindQueue {
+		if old := s.links[protocol.ReplacedConnection(h)]; old != nil {
+			replaced = old.replace()
+		}
 		s.nextQ++
-		qid = s.nextQ
-		s.credMu.Lock()
-		s.queues[qid] = &queueCredit{granted: uint32(d.credits()), reported: uint32(d.credits())}
-		s.credMu.Unlock()
+		w = d.addWriterLocked(s, s.nextQ)
+		if hello.Kind == protocol.KindQueue {
+			s.credMu.Lock()
+			s.queues[w.id] = &queueCredit{granted: uint32(d.credits()), reported: uint32(d.credits())}
+			s.credMu.Unlock()
+		}
 	}
 	s.conns[c] = struct{}{}
 	r.users.Add(1)
-	return s, qid, protocol.StatusOK, ""
+	return s, w, replaced, protocol.StatusOK, ""
 }
 
-func (d *Donor) detach(s *session, c net.Conn) {
+// detach takes c, and its writer w (nil: none), out of s: w's handler
+// has returned, or never served.
+func (d *Donor) detach(s *session, c net.Conn, w *writer) {
 	d.mu.Lock()
 	delete(s.conns, c)
 	d.mu.Unlock()
+	if w != nil {
+		d.dropWriter(s, w)
+	}
 }
 
 // serveControl reads pings on the control connection and writes credit
@@ -774,10 +806,11 @@ func (s *session) complete(qid uint32, idle bool, batch uint32) {
 	}
 }
 
-// serveData serves READ, WRITE and PING on a sync, bulk or queue connection.
-// Requests are executed in order; responses are buffered and flushed when no
-// further request is already buffered, so pipelined requests share syscalls.
-func (d *Donor) serveData(s *session, c net.Conn, kind uint8, qid uint32) {
+// serveData serves READ, WRITE and PING on a sync, bulk or queue connection
+// (whose writer is w: a queue's id is w.id). Requests are executed in
+// order; responses are buffered and flushed when no further request is
+// already buffered, so pipelined requests share syscalls.
+func (d *Donor) serveData(s *session, c net.Conn, kind uint8, w *writer) {
 	mem := s.reg.mem
 	size := uint64(len(mem))
 	br := bufio.NewReaderSize(c, 64<<10)
@@ -791,8 +824,9 @@ func (d *Donor) serveData(s *session, c net.Conn, kind uint8, qid uint32) {
 		_, err := br.Discard(int(n))
 		return err
 	}
-	w := d.addWriter(s.reg, func() { kill(c) })
-	defer d.dropWriter(s.reg, w)
+	if !d.serving(w, func() { kill(c) }) {
+		return // replaced before it served
+	}
 	for {
 		if w.closed.Load() {
 			return // a request already buffered is not served (fence)
@@ -848,7 +882,7 @@ func (d *Donor) serveData(s *session, c net.Conn, kind uint8, qid uint32) {
 				}
 				break
 			}
-			mv, ok := s.reg.writeGate(s.ended)
+			mv, ok := s.reg.writeGate(w.quit)
 			if !ok {
 				// Moved (RetireRegion): the write is refused, the
 				// session ends.
@@ -874,7 +908,7 @@ func (d *Donor) serveData(s *session, c net.Conn, kind uint8, qid uint32) {
 		}
 		if kind == protocol.KindQueue && h.Op != protocol.OpPing {
 			completed++
-			s.complete(qid, br.Buffered() == 0, batch)
+			s.complete(w.id, br.Buffered() == 0, batch)
 		}
 		if br.Buffered() == 0 {
 			if err := bw.Flush(); err != nil {
@@ -939,10 +973,10 @@ func (d *Donor) swapConn(s *session, old, nu net.Conn, back bool) bool {
 // a duplicate descriptor, one request after another: pipelined requests are
 // answered in order, data going straight between the region and the socket.
 // Non-TCP connections use serveData.
-func (d *Donor) serveSync(s *session, c net.Conn, kind uint8, spin time.Duration) {
+func (d *Donor) serveSync(s *session, c net.Conn, kind uint8, spin time.Duration, w *writer) {
 	fd, err := rawconn.Detach(c)
 	if err != nil {
-		d.serveData(s, c, kind, 0)
+		d.serveData(s, c, kind, w)
 		return
 	}
 	p := rawconn.New(fd, spin, 0)
@@ -956,13 +990,13 @@ func (d *Donor) serveSync(s *session, c net.Conn, kind uint8, spin time.Duration
 	}
 	defer d.swapConn(s, dc, c, true) // handle's cleanup names c
 	_ = c.Close()
-	d.serveRaw(s, p)
+	d.serveRaw(s, p, w)
 }
 
 // serveRaw serves a sync, bulk or fault connection driven with raw
-// syscalls (in plaintext, or inside its TLS session), one request after
-// another.
-func (d *Donor) serveRaw(s *session, p *rawconn.Conn) {
+// syscalls (in plaintext, or inside its TLS session), whose writer is w,
+// one request after another.
+func (d *Donor) serveRaw(s *session, p *rawconn.Conn, w *writer) {
 	mem := s.reg.mem
 	size := uint64(len(mem))
 	var in, out [protocol.HeaderSize]byte
@@ -975,8 +1009,9 @@ func (d *Donor) serveRaw(s *session, p *rawconn.Conn) {
 		return p.SendV([][]byte{out[:], []byte(msg)})
 	}
 	var scratch []byte
-	w := d.addWriter(s.reg, p.Shutdown)
-	defer d.dropWriter(s.reg, w)
+	if !d.serving(w, p.Shutdown) {
+		return // replaced before it served
+	}
 	for {
 		if w.closed.Load() {
 			return // a request already received is not served (fence)
@@ -1014,7 +1049,7 @@ func (d *Donor) serveRaw(s *session, p *rawconn.Conn) {
 			rh.Encode(out[:])
 			err = p.SendV([][]byte{out[:], mem[h.Offset : h.Offset+uint64(h.Length)]})
 		case h.Op == protocol.OpWrite:
-			mv, ok := s.reg.writeGate(s.ended)
+			mv, ok := s.reg.writeGate(w.quit)
 			if !ok {
 				// Moved (RetireRegion): the write is refused, the
 				// session ends.

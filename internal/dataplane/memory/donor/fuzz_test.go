@@ -123,17 +123,22 @@ func FuzzSyncStream(f *testing.F) {
 		defer d.RemoveRegion(testCred)
 		ctrlS, ctrlC := net.Pipe()
 		go func() { _, _ = io.Copy(io.Discard, ctrlC) }()
-		s, _, st, _ := d.attach(ctrlS, protocol.Hello{Kind: protocol.KindControl, Credential: testCred}, protocol.Header{})
+		s, _, _, st, _ := d.attach(ctrlS, protocol.Hello{Kind: protocol.KindControl, Credential: testCred}, protocol.Header{})
 		if st != protocol.StatusOK {
 			t.Fatal(st)
 		}
 		srv, cli := net.Pipe()
-		s2, qid, st, _ := d.attach(srv, protocol.Hello{Kind: protocol.KindQueue, Session: s.id, Credential: testCred}, protocol.Header{})
+		s2, w, _, st, _ := d.attach(srv, protocol.Hello{Kind: protocol.KindQueue, Session: s.id, Credential: testCred}, protocol.Header{})
 		if st != protocol.StatusOK {
 			t.Fatal(st)
 		}
 		done := make(chan struct{})
-		go func() { defer close(done); defer s2.reg.users.Done(); d.serveData(s2, srv, protocol.KindQueue, qid) }()
+		go func() {
+			defer close(done)
+			defer s2.reg.users.Done()
+			defer d.detach(s2, srv, w)
+			d.serveData(s2, srv, protocol.KindQueue, w)
+		}()
 		go func() { _, _ = io.Copy(io.Discard, cli) }()
 		_, _ = cli.Write(in)
 		_ = cli.Close()

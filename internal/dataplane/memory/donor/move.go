@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -41,8 +42,9 @@ import (
 var errRetired = errors.New("memory: region moved")
 
 // writeGate is the data handlers' hook before a WRITE's payload is
-// received: ok=false refuses it (the region moved, or the session, whose
-// end closes ended, ended while the write was held), and the caller
+// received: ok=false refuses it (the region moved, or, while the write
+// was held, ended closed: the session ended, or the connection was
+// replaced; see writer.quit), and the caller
 // answers it GONE, then passes the returned state to writeRefused (the
 // retirer closes the session's connections once the refusals are
 // answered); otherwise the caller passes the returned state (nil when no
@@ -178,17 +180,26 @@ func (d *Donor) stall(r *region) dirty.Stall {
 // writer is the handler of one of a region's data connections as a
 // move's wait sees it (dirty.Writer): whether it has a WRITE under way,
 // admitted by the move's gate or untracked, and how many bytes of
-// payload it received.
+// payload it received. It is registered with the connection's HELLO
+// (attach), under the connection's id in its session, and dropped once
+// its handler has returned (detach).
 type writer struct {
 	d        *Donor
+	id       uint32       // the connection's id in its session (a queue's queue id)
 	writing  atomic.Int32 // notWriting, writingUntracked or writingTracked
 	received atomic.Int64
-	stop     func() // closes the connection
-	// closed: Stop closed the connection, and the handler serves no
-	// further request on it; left closes once the handler has returned
-	// (dropWriter). See fence.
+	// stop closes the connection; nil until the handler serves (d.mu).
+	stop func()
+	// closed: the donor closed the connection (Stop: a move's stalled
+	// write; replace: a connection of the session replaces it), and the
+	// handler serves no further request on it; left closes once the
+	// handler has returned (dropWriter). See fence.
 	closed atomic.Bool
 	left   chan struct{}
+	// quit closes when the session ends or the connection is replaced:
+	// a WRITE a move holds gives up then (writeGate).
+	quit     chan struct{}
+	quitOnce sync.Once
 }
 
 const (
@@ -197,24 +208,66 @@ const (
 	writingTracked
 )
 
-// addWriter registers the handler of a data connection of r, which stop
-// closes.
-func (d *Donor) addWriter(r *region, stop func()) *writer {
-	w := &writer{d: d, stop: stop, left: make(chan struct{})}
-	d.mu.Lock()
+// addWriterLocked registers the writer of a new data connection of s,
+// whose id is id; d.mu is held.
+func (d *Donor) addWriterLocked(s *session, id uint32) *writer {
+	w := &writer{d: d, id: id, left: make(chan struct{}), quit: make(chan struct{})}
+	r := s.reg
 	if r.writers == nil {
 		r.writers = map[*writer]struct{}{}
 	}
 	r.writers[w] = struct{}{}
-	d.mu.Unlock()
+	s.links[id] = w
 	return w
 }
 
-func (d *Donor) dropWriter(r *region, w *writer) {
+// serving gives w the function that closes its connection, as its
+// handler starts serving it; false if the connection was replaced
+// meanwhile (the handler serves nothing then).
+func (d *Donor) serving(w *writer, stop func()) bool {
 	d.mu.Lock()
-	delete(r.writers, w)
+	defer d.mu.Unlock()
+	w.stop = stop
+	return !w.closed.Load()
+}
+
+// dropWriter takes w out of s and its region once its handler has
+// returned (or never served).
+func (d *Donor) dropWriter(s *session, w *writer) {
+	d.mu.Lock()
+	delete(s.reg.writers, w)
+	if s.links[w.id] == w {
+		delete(s.links, w.id)
+	}
 	d.mu.Unlock()
+	w.quitServing()
 	close(w.left)
+}
+
+// quitServing closes w.quit (once).
+func (w *writer) quitServing() { w.quitOnce.Do(func() { close(w.quit) }) }
+
+// replace marks w, whose connection a new connection of its session
+// replaces (its client gave it up: it timed out, or saw it end), closed,
+// and returns what ends it, to be called once d.mu (held) is released:
+// the connection is shut down and a write a move holds on it gives up,
+// so that none of it is served from then on; the new connection's HELLO
+// is answered once w's handler has returned (fence). A connection the
+// client gave up may still be receiving a WRITE whose payload is late
+// on its way, or hold one a move's pause holds: without this, its bytes
+// could land after the new connection's writes to the same range.
+func (w *writer) replace() func() {
+	if w.closed.Swap(true) {
+		return w.quitServing // closed by the donor already (Stop)
+	}
+	stop := w.stop
+	return func() {
+		w.d.log.Info("memory: a connection replaced by a new one of its session is closed")
+		w.quitServing()
+		if stop != nil {
+			stop()
+		}
+	}
 }
 
 // fence waits until the handlers of r's connections the donor closed
@@ -314,7 +367,12 @@ func (w *writer) Stop(why error) {
 	w.d.log.Warn("memory move: closing the connection of a write whose payload stalled",
 		"why", why, "wait", w.d.refusalWait(), "limit", w.d.refusalWaitLimit())
 	w.closed.Store(true) // first: a HELLO the close lets in waits for the handler (fence)
-	w.stop()
+	w.d.mu.Lock()
+	stop := w.stop
+	w.d.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
 }
 
 // ResumeWrites lets the held writes proceed.

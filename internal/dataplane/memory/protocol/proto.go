@@ -297,7 +297,28 @@ func MoveGeneration(h Header) uint64 {
 	return h.Offset
 }
 
-// HelloReply is the payload of a HELLO reply. Generation identifies the
+// ReplacedConnection is the connection a data connection's HELLO
+// request h replaces, carried in its offset field: the id (HelloReply's
+// Queue) of a connection of the same session that its client gave up —
+// it broke, or a request on it timed out or was cancelled — and
+// re-establishes with this one. The donor ends that connection, a WRITE
+// under way or held on it included, and answers the HELLO once its
+// handler has returned, so that nothing of what the client sent on it
+// lands after what it sends on the new one. 0: none (a connection the
+// session adds; older clients send 0, and older donors ignore the field).
+// A control HELLO's offset is its MoveGeneration instead.
+func ReplacedConnection(h Header) uint32 {
+	if h.Op != OpHello || h.IsResponse() || h.Offset > 1<<32-1 {
+		return 0
+	}
+	return uint32(h.Offset)
+}
+
+// HelloReply is the payload of a HELLO reply. Queue is the connection's
+// id within its session (a queue pair's queue id, which CREDIT frames
+// name), which a HELLO that replaces the connection names
+// (ReplacedConnection); 0 for a control connection, and for every
+// connection but a queue's from older donors. Generation identifies the
 // region's instance at its donor: a random non-zero value drawn when the
 // region is created, the same for every session on it, different for a
 // region created again under the same credential (after the donor
