@@ -232,7 +232,7 @@ func (w *candWalk) check(di int32) {
 	}
 	if !((ds.free >= sc.minNeed && !ds.exclusive) || (sc.dedicate && x.dedicable(ds, q))) {
 		if w.detail {
-			constraint, reason := ConstraintCapacity, fmt.Sprintf("%s free, needs %s", x.amount(q.Kind, ds.free), x.amount(q.Kind, sc.minNeed))
+			constraint, reason := ConstraintCapacity, fmt.Sprintf("%s free, needs %s%s", x.amount(q.Kind, ds.free), x.amount(q.Kind, sc.minNeed), sc.minNeedOf(q.Kind))
 			switch {
 			case ds.exclusive && !sc.dedicate:
 				constraint, reason = ConstraintExclusive, "lent whole only, and a "+modeList(false, true, true)+" lease takes a part"
