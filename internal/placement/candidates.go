@@ -282,6 +282,9 @@ func (x *Index) unusableReason(ds *devState) string {
 	if ds.usable == ConstraintCordon {
 		return "node " + ds.dev.Node + " is cordoned"
 	}
+	if n := &x.nodes[ds.node]; n.Excluded != "" && (n.State == "" || n.State == NodeReady) {
+		return "node " + ds.dev.Node + " is " + n.Excluded
+	}
 	return "node " + ds.dev.Node + " is " + x.nodes[ds.node].State
 }
 

@@ -332,9 +332,9 @@ func (sc *scenario) topologyLine(l string) error {
 		return d
 	}
 	switch f[0] {
-	case "node": // node ID [state=S] [cordoned] [label.K=V]... [rack=SW bw=B lat=L]
+	case "node": // node ID [state=S] [cordoned] [excluded=WHY] [label.K=V]... [rack=SW bw=B lat=L]
 		_, cordoned := kv["cordoned"]
-		n := Node{ID: f[1], State: kv["state"], Labels: map[string]string{}, Cordoned: cordoned}
+		n := Node{ID: f[1], State: kv["state"], Labels: map[string]string{}, Cordoned: cordoned, Excluded: kv["excluded"]}
 		for k, v := range kv {
 			if lk, ok := strings.CutPrefix(k, "label."); ok {
 				n.Labels[lk] = v

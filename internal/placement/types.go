@@ -79,6 +79,12 @@ type Node struct {
 	State    string
 	Labels   map[string]string
 	Cordoned bool
+	// Excluded, when set, keeps the node's devices out of this snapshot's
+	// placements and says why, as what follows "node ID is" in a
+	// rejection ("skipped: refused"): the control plane's lenders that did
+	// not confirm a prepare. Unlike State it does not keep the node from
+	// borrowing.
+	Excluded string
 }
 
 // Device is a lendable resource on a node. Capacity is in bytes for block
