@@ -391,8 +391,8 @@ func infeasiblePlan(inv store.Inventory, pins map[string]api.Device, head []stri
 }
 
 // snapshot converts the inventory to placement's model, with the tenants'
-// quotas. Skipped nodes are presented as not ready ("skipped: why") so
-// that they are never chosen.
+// quotas. Skipped nodes are excluded ("skipped: why"): they lend nothing
+// to the request, though a skipped node that borrows still does.
 func snapshot(inv store.Inventory, skip map[string]string, now time.Time, q Quotas) *placement.Snapshot {
 	s := &placement.Snapshot{Now: time.Duration(now.UnixNano()), Nodes: []placement.Node{{ID: cpVertex, State: placement.NodeReady}},
 		Quotas: q.Tenants, DefaultQuota: q.Default, SlotUnits: api.SlotUnits}
@@ -414,11 +414,11 @@ func snapshot(inv store.Inventory, skip map[string]string, now time.Time, q Quot
 	}
 	s.Links = append(s.Links, fabric.Link{ID: "lan-cp", A: lanVertex, B: cpVertex, Kind: fabric.Ethernet})
 	for _, n := range inv.Nodes {
-		st := string(n.State)
+		pn := placement.Node{ID: n.ID, State: string(n.State), Labels: n.Labels, Cordoned: n.Cordoned}
 		if why := skip[n.ID]; why != "" {
-			st = "skipped: " + why
+			pn.Excluded = "skipped: " + why
 		}
-		s.Nodes = append(s.Nodes, placement.Node{ID: n.ID, State: st, Labels: n.Labels, Cordoned: n.Cordoned})
+		s.Nodes = append(s.Nodes, pn)
 		if !hasLink[n.ID] {
 			s.Links = append(s.Links, fabric.Link{ID: n.ID + ">lan", A: n.ID, B: lanVertex, Kind: fabric.Ethernet})
 		}
