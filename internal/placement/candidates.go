@@ -6,6 +6,7 @@ package placement
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"time"
 
@@ -220,6 +221,12 @@ func (w *candWalk) check(di int32) {
 		}
 		return
 	}
+	if q.Role != "" && !offers(ds.dev.Roles, q.Role) {
+		if w.detail {
+			w.rej.add(ds.dev.ID, ConstraintRole, "does not offer role "+q.Role)
+		}
+		return
+	}
 	if ds.dedicated {
 		if w.detail {
 			reason := "dedicated to another lease"
@@ -286,6 +293,30 @@ func (x *Index) unusableReason(ds *devState) string {
 		return "node " + ds.dev.Node + " is " + n.Excluded
 	}
 	return "node " + ds.dev.Node + " is " + x.nodes[ds.node].State
+}
+
+// offers reports whether a device offering roles can load role: it lists
+// it, or lists none (nil: its roles are not known).
+func offers(roles []string, role string) bool {
+	return roles == nil || slices.Contains(roles, role)
+}
+
+// offeredRoles lists the roles the devices of kind offer, sorted.
+func (x *Index) offeredRoles(kind string) []string {
+	seen := map[string]bool{}
+	for i := range x.devs {
+		if d := &x.devs[i].dev; d.Kind == kind {
+			for _, r := range d.Roles {
+				seen[r] = true
+			}
+		}
+	}
+	out := make([]string, 0, len(seen))
+	for r := range seen {
+		out = append(out, r)
+	}
+	sort.Strings(out)
+	return out
 }
 
 func (x *Index) devLatency(ds *devState) time.Duration {
