@@ -47,3 +47,53 @@ func TestBorrowerNodeRefusesPrepare(t *testing.T) {
 		t.Fatalf("the failure blames the borrower: %v", err)
 	}
 }
+
+// TestUnknownRoleInfeasible: every accel device lists the roles it can
+// load (attributes.roles); a request for a role no device offers is
+// infeasible up front — 422, naming the role and the roles the cluster
+// offers, no lease created, no lender asked — as a device constraint no
+// device meets is in Kubernetes DRA or Nomad (a device that offers it may
+// join later). A role only some devices offer is placed on those.
+func TestUnknownRoleInfeasible(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.joinSpecs("n1", nil, api.DeviceSpec{Name: "fpga0", Kind: api.KindAccel, Capacity: 4, Sharing: "partitionable",
+		Attributes: map[string]string{"roles": "echo,sha256"}})
+	aes := e.joinSpecs("n2", nil, api.DeviceSpec{Name: "fpga0", Kind: api.KindAccel, Capacity: 4, Sharing: "partitionable",
+		Attributes: map[string]string{"roles": "aesgcm,echo"}})
+	for _, req := range []api.LeaseRequest{
+		{Kind: api.KindAccel, Role: "nosuch"},
+		{Kind: api.KindAccel, Role: "nosuch", Count: 2},
+		{Kind: api.KindAccel, Mode: api.ModeShared, Role: "nosuch"},
+	} {
+		_, err := e.alice.CreateLease(e.ctx(), req)
+		wantCode(t, err, http.StatusUnprocessableEntity, "role nosuch", "roles offered: aesgcm, echo, sha256")
+		if !api.IsCode(err, api.CodeInfeasible) {
+			t.Fatalf("%+v: %v", req, err)
+		}
+		p, err := e.alice.Explain(e.ctx(), req)
+		if err != nil || p.State != "infeasible" || !strings.Contains(strings.Join(p.Explanation, "\n"), "does not offer role nosuch") {
+			t.Fatalf("explain %+v: %v %+v", req, err, p)
+		}
+	}
+	if ls, _ := e.alice.AllLeases(e.ctx()); len(ls) != 0 {
+		t.Fatalf("leases created: %+v", ls)
+	}
+	e.lender.mu.Lock()
+	asked := len(e.lender.keys)
+	e.lender.mu.Unlock()
+	if asked != 0 {
+		t.Fatalf("%d lender(s) asked to prepare an unknown role", asked)
+	}
+	// aesgcm is on n2 only: both leases go there, whichever device
+	// placement would otherwise prefer.
+	for _, req := range []api.LeaseRequest{
+		{Kind: api.KindAccel, Role: "aesgcm"},
+		{Kind: api.KindAccel, Mode: api.ModeShared, Role: "aesgcm"},
+	} {
+		l, err := e.alice.CreateLease(e.ctx(), req)
+		if err != nil || l.NodeID != aes {
+			t.Fatalf("%+v: %v, on %s, want %s", req, err, l.NodeID, aes)
+		}
+	}
+}

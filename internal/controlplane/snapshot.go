@@ -156,6 +156,7 @@ func placementRequest(inv store.Inventory, req api.LeaseRequest, pins map[string
 		Labels: req.Labels, Strategy: req.Strategy,
 	}
 	if req.Kind == api.KindAccel {
+		preq.Role = req.Role
 		// Slot units (api.SlotUnits a slot): whole slots, or a share of
 		// one for a gateway.
 		preq.Size = int64(count) * api.SlotUnits
@@ -429,7 +430,7 @@ func snapshot(inv store.Inventory, skip map[string]string, now time.Time, q Quot
 			st = d.State
 		}
 		s.Devices = append(s.Devices, placement.Device{ID: d.ID, Node: d.NodeID, Kind: string(d.Kind), Model: d.Model, Capacity: d.Capacity, State: st,
-			Exclusive: d.Sharing == "exclusive"})
+			Exclusive: d.Sharing == "exclusive", Roles: deviceRoles(d)})
 	}
 	byLease := map[string]int{}
 	for _, p := range inv.Parts {
@@ -463,6 +464,24 @@ func snapshot(inv store.Inventory, skip map[string]string, now time.Time, q Quot
 		}
 	}
 	return s
+}
+
+// deviceRoles are the roles an accel device offers, from the list its
+// agent registers (attributes.roles, comma-separated); nil when it
+// registers none (an older agent, a declared device): placement then lets
+// any role through to it.
+func deviceRoles(d api.Device) []string {
+	v, ok := d.Attributes["roles"]
+	if d.Kind != api.KindAccel || !ok {
+		return nil
+	}
+	roles := []string{}
+	for _, r := range strings.Split(v, ",") {
+		if r = strings.TrimSpace(r); r != "" {
+			roles = append(roles, r)
+		}
+	}
+	return roles
 }
 
 // placementProfile converts a stored profile to placement's: the write
