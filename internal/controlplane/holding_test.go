@@ -8,6 +8,30 @@ import (
 	"github.com/rialto-project/rialto/api"
 )
 
+// TestShareOnlyForAccel: a share sizes a shared accel lease; on any other
+// kind it used to be ignored (the lease was created as if none was given).
+// It is refused, and nothing is created.
+func TestShareOnlyForAccel(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.join("n1", 1<<30)
+	for _, req := range []api.LeaseRequest{
+		{Kind: api.KindBlock, Size: 1 << 20, Share: 0.5},
+		{Kind: api.KindMemory, Mode: api.ModeShared, Size: 1 << 20, Share: 0.5},
+	} {
+		_, err := e.alice.CreateLease(e.ctx(), req)
+		wantCode(t, err, http.StatusBadRequest, "share applies to shared accel leases only")
+		if !api.IsCode(err, api.CodeInvalid) {
+			t.Fatalf("%+v: %v, want invalid_request", req, err)
+		}
+		_, err = e.alice.Explain(e.ctx(), req)
+		wantCode(t, err, http.StatusBadRequest, "share applies")
+	}
+	if ls, _ := e.alice.AllLeases(e.ctx()); len(ls) != 0 {
+		t.Fatalf("refused requests left leases: %+v", ls)
+	}
+}
+
 // TestBorrowerNodeRefusesPrepare: a lease borrowed by a node is placed on
 // the node's own device first (nearest of all); when the node refuses to
 // prepare it, the node is skipped as a lender, not as the borrower: the

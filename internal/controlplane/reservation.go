@@ -316,6 +316,9 @@ func validateAccelRequest(r *api.LeaseRequest) error {
 		if r.Role != "" || r.RoleConfig != nil {
 			return fmt.Errorf("%w: role and role_config apply to accel leases only", ErrInvalid)
 		}
+		if r.Share != 0 {
+			return fmt.Errorf("%w: share applies to shared accel leases only, not to a %s lease", ErrInvalid, r.Kind)
+		}
 		return nil
 	}
 	if r.RoleConfig != nil {
