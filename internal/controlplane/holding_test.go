@@ -8,6 +8,59 @@ import (
 	"github.com/rialto-project/rialto/api"
 )
 
+// TestLeaseCountAndHeld: a lease's count is the parts it holds, also when
+// placement chose to compose by itself, and its held is what they hold —
+// a whole device, a dedicated device larger than the size asked for, a
+// composed lease's parts rounded up to its stripe unit — while its size
+// stays what was asked for. GET and the list say the same as the answer
+// to the creation.
+func TestLeaseCountAndHeld(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.join("n1", 1<<30, 1<<30, 1<<30, 1<<30)
+	e.join("n2", 1<<30, 1<<30, 1<<30, 1<<30)
+	for _, tc := range []struct {
+		name       string
+		req        api.LeaseRequest
+		mode       api.Mode
+		count      int
+		size, held int64
+	}{
+		// No device holds 1.5GiB: placement composes two parts of
+		// 768MiB by itself (the request names no count).
+		{"composed by placement", api.LeaseRequest{Kind: api.KindBlock, Size: 3 << 29}, api.ModeComposed, 2, 3 << 29, 3 << 29},
+		{"dedicated of a size", api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeDedicated, Size: 256 << 20}, api.ModeDedicated, 1, 256 << 20, 1 << 30},
+		{"whole device", api.LeaseRequest{Kind: api.KindBlock}, api.ModeDedicated, 1, 0, 1 << 30},
+		// Three parts of 103MiB: 322122546/3 rounded up to the 1MiB
+		// stripe unit.
+		{"composed, rounded up", api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeComposed, Count: 3, Size: 322122546}, api.ModeComposed, 3, 322122546, 324009984},
+	} {
+		l, err := e.alice.CreateLease(e.ctx(), tc.req)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		got, err := e.alice.Lease(e.ctx(), l.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range []api.Lease{l, got} {
+			if x.Mode != tc.mode || x.Count != tc.count || len(x.Parts) != tc.count || x.Size != tc.size || x.Held != tc.held {
+				t.Errorf("%s: mode %s, count %d (%d parts), size %d, held %d; want %s, %d, size %d, held %d",
+					tc.name, x.Mode, x.Count, len(x.Parts), x.Size, x.Held, tc.mode, tc.count, tc.size, tc.held)
+			}
+		}
+	}
+	ls, err := e.alice.Leases(e.ctx())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range ls {
+		if n, held := api.Holding(l.Parts); l.Count != n || l.Held != held || n == 0 {
+			t.Errorf("listed %s: count %d, held %d; its parts: %d, %d", l.ID, l.Count, l.Held, n, held)
+		}
+	}
+}
+
 // TestShareOnlyForAccel: a share sizes a shared accel lease; on any other
 // kind it used to be ignored (the lease was created as if none was given).
 // It is refused, and nothing is created.

@@ -51,13 +51,10 @@ func (r *reservation) hold(id string) hold {
 // reserves it.
 func (r *reservation) lease(id string, plan api.Plan) api.Lease {
 	req := r.req
-	count := req.Count
-	if count == 0 {
-		count = 1
-	}
+	count, held := api.Holding(plan.Parts) // the parts placement chose, not the request's count
 	l := api.Lease{
 		ID: id, State: api.LeaseRequested, Kind: req.Kind, Mode: plan.Mode, Tenant: r.tenant,
-		Borrower: req.Borrower, Size: req.Size, Count: count, StripeUnit: req.StripeUnit, Parts: plan.Parts,
+		Borrower: req.Borrower, Size: req.Size, Held: held, Count: count, StripeUnit: req.StripeUnit, Parts: plan.Parts,
 		BandwidthCap: req.BandwidthCap, IOPSCap: req.IOPSCap,
 		Credential: resource.NewSecret("rlc"), TTLSeconds: int64(r.ttl / time.Second), ExpiresAt: r.now.Add(r.ttl),
 		CreatedAt: r.now, UpdatedAt: r.now, IdempotencyKey: req.IdempotencyKey, Plan: &plan,
@@ -69,10 +66,7 @@ func (r *reservation) lease(id string, plan api.Plan) api.Lease {
 		// A nic lease's size is the rate its parts hold (a whole
 		// interface's is its rate); an accel lease's the slot units its
 		// parts hold (a shared lease's: its share).
-		l.Size = 0
-		for _, p := range plan.Parts {
-			l.Size += p.Length
-		}
+		l.Size = held
 	}
 	return l
 }

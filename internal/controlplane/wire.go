@@ -52,9 +52,15 @@ func wireForm(v any) any {
 	return v
 }
 
+// wireLease also gives a lease its count and held, from its parts: they
+// change when a lease is placed again or a bond loses a part, and the
+// API's figures must say what the lease holds now.
 func wireLease(l api.Lease) api.Lease {
 	if l.Parts == nil {
 		l.Parts = []api.Part{}
+	}
+	if len(l.Parts) > 0 {
+		l.Count, l.Held = api.Holding(l.Parts)
 	}
 	if l.Plan != nil && l.Plan.Parts == nil {
 		pl := wirePlan(*l.Plan)
