@@ -100,6 +100,10 @@ const (
 // Modes are the lease modes a request may name (none: placement chooses).
 var Modes = []Mode{ModeDedicated, ModeShared, ModeComposed}
 
+// HealthUnknown is the health of a node that is not ready: its agent's
+// last report is not current (Node.LastHealth keeps it).
+const HealthUnknown = "unknown"
+
 // Fingerprint is what an agent found on its host.
 type Fingerprint struct {
 	MachineID    string   `json:"machine_id"` // hardware identity; wins on rejoin
@@ -112,17 +116,22 @@ type Fingerprint struct {
 
 // Node is a server running an agent.
 type Node struct {
-	ID            string            `json:"id"`
-	Name          string            `json:"name"`
-	State         NodeState         `json:"state"`
-	Address       string            `json:"address"`   // host the data planes listen on
-	AgentURL      string            `json:"agent_url"` // the agent's lease-execution API
-	Endpoints     map[Kind]string   `json:"endpoints,omitempty"`
-	Labels        map[string]string `json:"labels,omitempty"`
-	Fingerprint   Fingerprint       `json:"fingerprint"`
-	Health        string            `json:"health,omitempty"`
-	LastHeartbeat time.Time         `json:"last_heartbeat"`
-	JoinedAt      time.Time         `json:"joined_at"`
+	ID          string            `json:"id"`
+	Name        string            `json:"name"`
+	State       NodeState         `json:"state"`
+	Address     string            `json:"address"`   // host the data planes listen on
+	AgentURL    string            `json:"agent_url"` // the agent's lease-execution API
+	Endpoints   map[Kind]string   `json:"endpoints,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Fingerprint Fingerprint       `json:"fingerprint"`
+	// Health is what the node's agent reports ("ok" or a description of
+	// trouble) while the node is ready, and HealthUnknown while it is
+	// not (suspect, down, removed): no report is current then, and
+	// LastHealth is the last one, made at LastHeartbeat.
+	Health        string    `json:"health,omitempty"`
+	LastHealth    string    `json:"last_health,omitempty"`
+	LastHeartbeat time.Time `json:"last_heartbeat"`
+	JoinedAt      time.Time `json:"joined_at"`
 	// Cordoned: placement puts no new part on the node (rialto node
 	// cordon, or a drain); its leases stay.
 	Cordoned bool `json:"cordoned,omitempty"`

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rialto-project/rialto/api"
 )
@@ -123,6 +124,64 @@ func TestBorrowerNodeRefusesPrepare(t *testing.T) {
 	if strings.Contains(err.Error(), "borrower") {
 		t.Fatalf("the failure blames the borrower: %v", err)
 	}
+}
+
+// TestNotReadyNodeHealthUnknown: a node's health is its agent's report
+// while it is ready; once it is suspect or down its health is unknown (the
+// last report, no longer current, is last_health), and a heartbeat makes
+// the report current again. Every answer that carries nodes says so.
+func TestNotReadyNodeHealthUnknown(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	j1, n1 := e.join("n1", 1<<30)
+	j2, n2 := e.join("n2", 1<<30)
+	beat := func(c *api.Client, id, health string) {
+		t.Helper()
+		if _, err := c.Heartbeat(e.ctx(), id, api.Heartbeat{Health: health}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(state api.NodeState, health, last string) {
+		t.Helper()
+		n, err := e.alice.Node(e.ctx(), j1.NodeID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ns, err := e.alice.Nodes(e.ctx())
+		if err != nil {
+			t.Fatal(err)
+		}
+		topo, err := e.alice.Topology(e.ctx())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, list := range [][]api.Node{ns, topo.Nodes} {
+			for _, x := range list {
+				if x.ID == j1.NodeID && (x.Health != n.Health || x.LastHealth != n.LastHealth) {
+					t.Fatalf("listed %+v, got %+v", x, n)
+				}
+			}
+		}
+		if n.State != state || n.Health != health || n.LastHealth != last {
+			t.Fatalf("node %s, health %q, last health %q; want %s, %q, %q", n.State, n.Health, n.LastHealth, state, health, last)
+		}
+	}
+	beat(n1, j1.NodeID, "ok")
+	check(api.NodeReady, "ok", "")
+	e.clock.Advance(4 * time.Second) // past SuspectAfter
+	beat(n2, j2.NodeID, "ok")
+	if err := e.srv.Sweep(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	check(api.NodeSuspect, api.HealthUnknown, "ok")
+	e.clock.Advance(7 * time.Second) // past DownAfter
+	beat(n2, j2.NodeID, "ok")
+	if err := e.srv.Sweep(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	check(api.NodeDown, api.HealthUnknown, "ok")
+	beat(n1, j1.NodeID, "disk0: I/O errors")
+	check(api.NodeReady, "disk0: I/O errors", "")
 }
 
 // TestUnknownRoleInfeasible: every accel device lists the roles it can

@@ -37,10 +37,15 @@ func wireForm(v any) any {
 			out[i] = wireProfile(p)
 		}
 		return out
+	case api.Node:
+		return wireNode(x)
+	case []api.Node:
+		return wireNodes(x)
+	case api.NodeRemoval:
+		x.Node = wireNode(x.Node)
+		return x
 	case api.Topology:
-		if x.Nodes == nil {
-			x.Nodes = []api.Node{}
-		}
+		x.Nodes = wireNodes(x.Nodes)
 		if x.Links == nil {
 			x.Links = []api.Link{}
 		}
@@ -67,6 +72,24 @@ func wireLease(l api.Lease) api.Lease {
 		l.Plan = &pl
 	}
 	return l
+}
+
+func wireNodes(ns []api.Node) []api.Node {
+	out := make([]api.Node, len(ns))
+	for i, n := range ns {
+		out[i] = wireNode(n)
+	}
+	return out
+}
+
+// wireNode answers a node that is not ready with its health unknown: the
+// store keeps the agent's last report, which is not current once its
+// heartbeats stopped, and goes in last_health.
+func wireNode(n api.Node) api.Node {
+	if n.State != api.NodeReady {
+		n.LastHealth, n.Health = n.Health, api.HealthUnknown
+	}
+	return n
 }
 
 func wirePlan(p api.Plan) api.Plan {
