@@ -15,6 +15,8 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the golden files under testda
 // TestTablesGolden pins the table layouts people read.
 func TestTablesGolden(t *testing.T) {
 	var b bytes.Buffer
+	// A node that is not ready shows its health unknown, also from a
+	// control plane that still answers its last report.
 	nodes := []api.Node{
 		{ID: "node-b", Name: "node2", State: api.NodeSuspect, Address: "10.0.0.2", Health: "ok",
 			Fingerprint: api.Fingerprint{Cores: 64, MemoryBytes: 256 << 30}},
