@@ -100,6 +100,10 @@ const (
 // Modes are the lease modes a request may name (none: placement chooses).
 var Modes = []Mode{ModeDedicated, ModeShared, ModeComposed}
 
+// HealthUnknown is the health of a node that is not ready: its agent's
+// last report is not current (Node.LastHealth keeps it).
+const HealthUnknown = "unknown"
+
 // Fingerprint is what an agent found on its host.
 type Fingerprint struct {
 	MachineID    string   `json:"machine_id"` // hardware identity; wins on rejoin
@@ -112,17 +116,22 @@ type Fingerprint struct {
 
 // Node is a server running an agent.
 type Node struct {
-	ID            string            `json:"id"`
-	Name          string            `json:"name"`
-	State         NodeState         `json:"state"`
-	Address       string            `json:"address"`   // host the data planes listen on
-	AgentURL      string            `json:"agent_url"` // the agent's lease-execution API
-	Endpoints     map[Kind]string   `json:"endpoints,omitempty"`
-	Labels        map[string]string `json:"labels,omitempty"`
-	Fingerprint   Fingerprint       `json:"fingerprint"`
-	Health        string            `json:"health,omitempty"`
-	LastHeartbeat time.Time         `json:"last_heartbeat"`
-	JoinedAt      time.Time         `json:"joined_at"`
+	ID          string            `json:"id"`
+	Name        string            `json:"name"`
+	State       NodeState         `json:"state"`
+	Address     string            `json:"address"`   // host the data planes listen on
+	AgentURL    string            `json:"agent_url"` // the agent's lease-execution API
+	Endpoints   map[Kind]string   `json:"endpoints,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Fingerprint Fingerprint       `json:"fingerprint"`
+	// Health is what the node's agent reports ("ok" or a description of
+	// trouble) while the node is ready, and HealthUnknown while it is
+	// not (suspect, down, removed): no report is current then, and
+	// LastHealth is the last one, made at LastHeartbeat.
+	Health        string    `json:"health,omitempty"`
+	LastHealth    string    `json:"last_health,omitempty"`
+	LastHeartbeat time.Time `json:"last_heartbeat"`
+	JoinedAt      time.Time `json:"joined_at"`
 	// Cordoned: placement puts no new part on the node (rialto node
 	// cordon, or a drain); its leases stay.
 	Cordoned bool `json:"cordoned,omitempty"`
@@ -218,6 +227,18 @@ const (
 // Lost reports whether the part was lost (see Part.State).
 func (p Part) Lost() bool { return p.State == PartLost }
 
+// Holding is what parts hold: how many are not lost, and the sum of
+// their lengths (a lease's Count and Held).
+func Holding(parts []Part) (count int, held int64) {
+	for _, p := range parts {
+		if !p.Lost() {
+			count++
+			held += p.Length
+		}
+	}
+	return count, held
+}
+
 // PartRef names a range a lender serves for a lease: a part's device,
 // offset and length (never its URI, which is a secret).
 type PartRef struct {
@@ -228,15 +249,27 @@ type PartRef struct {
 
 // Lease is an allocation of devices to a borrower (Resource Allocation Table).
 type Lease struct {
-	ID         string     `json:"id"`
-	State      LeaseState `json:"state"`
-	Kind       Kind       `json:"kind"`
-	Mode       Mode       `json:"mode"`
-	Tenant     string     `json:"tenant"`
-	Borrower   string     `json:"borrower,omitempty"` // node ID or free-form client name
-	Size       int64      `json:"size"`
-	Count      int        `json:"count"`
-	StripeUnit int64      `json:"stripe_unit,omitempty"`
+	ID       string     `json:"id"`
+	State    LeaseState `json:"state"`
+	Kind     Kind       `json:"kind"`
+	Mode     Mode       `json:"mode"`
+	Tenant   string     `json:"tenant"`
+	Borrower string     `json:"borrower,omitempty"` // node ID or free-form client name
+	// Size is what the request asked for: bytes (block, memory; 0 for a
+	// whole device), the rate in bytes/s a nic lease holds, or the slot
+	// units an accel lease holds (api.SlotUnits a slot).
+	Size int64 `json:"size"`
+	// Held is what the lease's parts hold, in the unit of Size: the sum
+	// of their lengths, lost parts left out. It is what a borrower sees:
+	// more than Size for a dedicated lease of a larger device, a whole
+	// device (size 0) or a composed lease whose parts are rounded up to
+	// its stripe unit.
+	Held int64 `json:"held"`
+	// Count is how many parts the lease holds (lost parts left out): the
+	// devices it uses, or a bond's lenders. An accel lease's slots are
+	// its Size and Held, not its Count.
+	Count      int   `json:"count"`
+	StripeUnit int64 `json:"stripe_unit,omitempty"`
 	// BandwidthCap (bytes/s) and IOPSCap are the caps of the request
 	// (block leases): every lender of the lease enforces them, a part
 	// moved to another lender included.

@@ -15,6 +15,8 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the golden files under testda
 // TestTablesGolden pins the table layouts people read.
 func TestTablesGolden(t *testing.T) {
 	var b bytes.Buffer
+	// A node that is not ready shows its health unknown, also from a
+	// control plane that still answers its last report.
 	nodes := []api.Node{
 		{ID: "node-b", Name: "node2", State: api.NodeSuspect, Address: "10.0.0.2", Health: "ok",
 			Fingerprint: api.Fingerprint{Cores: 64, MemoryBytes: 256 << 30}},
@@ -30,24 +32,24 @@ func TestTablesGolden(t *testing.T) {
 		{ID: "dev-1", NodeID: "node-a", Name: "accel0", Kind: api.KindAccel, State: "unavailable", Capacity: 4 * api.SlotUnits, Allocated: 2250, Sharing: "exclusive"},
 	}, names)
 	// A lease that asked for a whole device has no size of its own: it
-	// holds its part's length.
-	whole := api.Lease{ID: "lease-5", State: api.LeaseActive, Kind: api.KindBlock, Mode: api.ModeDedicated, Count: 1, NodeID: "node-b", DeviceID: "dev-2", Tenant: "alice",
+	// holds its part's length (the API's held).
+	whole := api.Lease{ID: "lease-5", State: api.LeaseActive, Kind: api.KindBlock, Mode: api.ModeDedicated, Held: 2 << 40, Count: 1, NodeID: "node-b", DeviceID: "dev-2", Tenant: "alice",
 		Parts: []api.Part{{NodeID: "node-b", DeviceID: "dev-2", Length: 2 << 40, URI: "nbds://10.0.0.2:10809/x"}}}
 	b.WriteString("== leases\n")
 	printLeases(&b, []api.Lease{
-		{ID: "lease-1", State: api.LeaseReleased, Kind: api.KindBlock, Mode: api.ModeShared, Size: 256 << 20, Count: 1, NodeID: "node-a", DeviceID: "dev-1", Tenant: "alice"},
-		{ID: "lease-2", State: api.LeaseLost, Kind: api.KindMemory, Mode: api.ModeDedicated, Size: 1 << 30, Count: 1, NodeID: "node-gone", Tenant: "bob"},
-		{ID: "lease-4", State: api.LeaseActive, Kind: api.KindAccel, Mode: api.ModeShared, Size: api.SlotUnits / 4, Count: 1, NodeID: "node-a", DeviceID: "dev-1", Tenant: "bob"},
+		{ID: "lease-1", State: api.LeaseReleased, Kind: api.KindBlock, Mode: api.ModeShared, Size: 256 << 20, Held: 256 << 20, Count: 1, NodeID: "node-a", DeviceID: "dev-1", Tenant: "alice"},
+		{ID: "lease-2", State: api.LeaseLost, Kind: api.KindMemory, Mode: api.ModeDedicated, Size: 1 << 30, Held: 1 << 30, Count: 1, NodeID: "node-gone", Tenant: "bob"},
+		{ID: "lease-4", State: api.LeaseActive, Kind: api.KindAccel, Mode: api.ModeShared, Size: api.SlotUnits / 4, Held: api.SlotUnits / 4, Count: 1, NodeID: "node-a", DeviceID: "dev-1", Tenant: "bob"},
 		whole,
 	}, names)
 	b.WriteString("== lease\n")
 	printLease(&b, api.Lease{ID: "lease-3", State: api.LeaseLost, Reason: "lender node node2 (node-b) is down", Kind: api.KindBlock,
-		Mode: api.ModeComposed, Size: 3 << 30, Count: 3, StripeUnit: 1 << 20, Tenant: "alice", NodeID: "node-a", DeviceID: "dev-1",
+		Mode: api.ModeComposed, Size: 3 << 30, Held: 3 << 30, Count: 3, StripeUnit: 1 << 20, Tenant: "alice", NodeID: "node-a", DeviceID: "dev-1",
 		TTLSeconds: 3600, IdempotencyKey: "job-7",
 		Parts: []api.Part{{NodeID: "node-a", DeviceID: "dev-1", Length: 1 << 30, URI: "nbd://10.0.0.1:10809/x.0"}, {NodeID: "node-b", DeviceID: "dev-2", Offset: 1 << 30, Length: 1 << 30}}}, names)
 
 	b.WriteString("== shared accel lease\n")
-	printLease(&b, api.Lease{ID: "lease-4", State: api.LeaseActive, Kind: api.KindAccel, Mode: api.ModeShared, Size: api.SlotUnits / 4, Count: 1,
+	printLease(&b, api.Lease{ID: "lease-4", State: api.LeaseActive, Kind: api.KindAccel, Mode: api.ModeShared, Size: api.SlotUnits / 4, Held: api.SlotUnits / 4, Count: 1,
 		Tenant: "bob", NodeID: "node-a", DeviceID: "dev-1", TTLSeconds: 3600,
 		Parts: []api.Part{{NodeID: "node-a", DeviceID: "dev-1", Offset: 1250, Length: 250, URI: "rialto-accel://10.0.0.1:7001/x?gateway=sha256"}}}, names)
 
@@ -61,7 +63,7 @@ func TestTablesGolden(t *testing.T) {
 	printLease(&b, whole, names)
 
 	b.WriteString("== dedicated lease of a size, on a larger device\n")
-	printLease(&b, api.Lease{ID: "lease-6", State: api.LeaseActive, Kind: api.KindBlock, Mode: api.ModeDedicated, Size: 256 << 20, Count: 1, NodeID: "node-a", DeviceID: "dev-1",
+	printLease(&b, api.Lease{ID: "lease-6", State: api.LeaseActive, Kind: api.KindBlock, Mode: api.ModeDedicated, Size: 256 << 20, Held: 1 << 30, Count: 1, NodeID: "node-a", DeviceID: "dev-1",
 		Parts: []api.Part{{NodeID: "node-a", DeviceID: "dev-1", Length: 1 << 30}}}, names)
 
 	path := filepath.Join("testdata", "tables.golden")

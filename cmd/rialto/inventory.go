@@ -62,9 +62,19 @@ func printNodes(w io.Writer, nodes []api.Node) {
 			state += ",cordoned"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", n.ID, n.Name, state, dash(n.Address),
-			n.Fingerprint.Cores, resource.FormatSize(n.Fingerprint.MemoryBytes), dash(n.Health), ago(now, n.LastHeartbeat))
+			n.Fingerprint.Cores, resource.FormatSize(n.Fingerprint.MemoryBytes), dash(nodeHealth(n)), ago(now, n.LastHeartbeat))
 	}
 	tw.Flush()
+}
+
+// nodeHealth is a node's health as the tables show it: unknown while the
+// node is not ready, whose agent's last report is not current (the API
+// says so; a control plane from before it did not).
+func nodeHealth(n api.Node) string {
+	if n.State != api.NodeReady {
+		return api.HealthUnknown
+	}
+	return n.Health
 }
 
 var runDevices = listCommand((*api.Client).Devices, func(ctx context.Context, w io.Writer, c *api.Client, devs []api.Device) {

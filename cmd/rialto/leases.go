@@ -161,17 +161,16 @@ func printWhy(w io.Writer, lines []string) {
 	}
 }
 
-// leaseSize is what a lease holds, what its borrower sees: its parts'
-// lengths, which are more than its size when it asked for a whole device
-// (no size: the API's size is 0) or got one (a dedicated lease holds its
+// leaseSize is what a lease holds, what its borrower sees: the API's
+// held, which is more than its size when it asked for a whole device (no
+// size: the API's size is 0) or got one (a dedicated lease holds its
 // device whole), or when a composed lease's parts are rounded up to its
-// stripe unit.
+// stripe unit. A lease that holds nothing (no parts) shows its size.
 func leaseSize(l api.Lease) int64 {
-	var n int64
-	for _, p := range l.Parts {
-		n += p.Length
+	if l.Held > 0 {
+		return l.Held
 	}
-	return max(n, l.Size)
+	return l.Size
 }
 
 func printParts(w io.Writer, k api.Kind, parts []api.Part, uri bool, names map[string]string) {

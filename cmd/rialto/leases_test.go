@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/agent"
+	"github.com/rialto-project/rialto/internal/testcluster"
 )
 
 // TestLeasesLiveByDefault: `rialto leases` asks the server for live leases
@@ -53,5 +55,71 @@ func TestLeasesLiveByDefault(t *testing.T) {
 				t.Errorf("%v: output has %q:\n%s", tc.args, l, out)
 			}
 		}
+	}
+}
+
+// TestLeaseCreateSaysWhatItHolds: a new user's walkthrough against a
+// cluster of real agents. A block lease too large for one device is
+// composed by placement: its count is its parts and its held what they
+// hold, in -o json and in the lease table; --share on a block lease and
+// an accelerator role no device offers are refused before any lender is
+// asked, with messages that name no package.
+func TestLeaseCreateSaysWhatItHolds(t *testing.T) {
+	c := testcluster.Start(t, testcluster.Options{Nodes: 2, Devices: []agent.DeviceConfig{
+		{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 8 << 20},
+		{Name: "accel0", Kind: api.KindAccel, Size: 2, Attributes: map[string]string{"slot_memory": "1MiB"}},
+	}})
+	rt := t.TempDir()
+	out, errs, code := runIn(t, c, rt, "lease", "create", "--kind", "block", "--size", "12MiB", "-o", "json")
+	if code != 0 {
+		t.Fatalf("lease create: exit %d: %s", code, errs)
+	}
+	var l api.Lease
+	if err := json.Unmarshal([]byte(out), &l); err != nil {
+		t.Fatal(err)
+	}
+	if l.Mode != api.ModeComposed || l.Count != 2 || len(l.Parts) != 2 || l.Size != 12<<20 || l.Held != 12<<20 {
+		t.Fatalf("mode %s, count %d, %d parts, size %d, held %d; want composed, 2, 2, 12MiB, 12MiB", l.Mode, l.Count, len(l.Parts), l.Size, l.Held)
+	}
+	out, errs, code = runIn(t, c, rt, "leases")
+	if code != 0 {
+		t.Fatalf("leases: exit %d: %s", code, errs)
+	}
+	var row []string
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 5 && f[0] == l.ID {
+			row = f
+		}
+	}
+	if len(row) < 6 || row[4] != "12MiB" || row[5] != "2" {
+		t.Fatalf("the lease's row %q, want SIZE 12MiB and COUNT 2:\n%s", row, out)
+	}
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"lease", "create", "--kind", "block", "--size", "1MiB", "--share", "0.5"},
+			[]string{"share applies to shared accel leases only", "invalid_request", "HTTP 400"}},
+		{[]string{"lease", "create", "--kind", "accel", "--role", "nosuch"},
+			[]string{"role nosuch", "roles offered: ", "infeasible", "HTTP 422"}},
+	} {
+		_, errs, code := runIn(t, c, rt, tc.args...)
+		if code == 0 {
+			t.Fatalf("%v: succeeded", tc.args)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(errs, w) {
+				t.Errorf("%v: %q lacks %q", tc.args, errs, w)
+			}
+		}
+		for _, pkg := range []string{"controlplane:", "placement:", "store:"} {
+			if strings.Contains(errs, pkg) {
+				t.Errorf("%v: %q names %s", tc.args, errs, pkg)
+			}
+		}
+	}
+	ls, err := c.Client().AllLeases(t.Context())
+	if err != nil || len(ls) != 1 {
+		t.Fatalf("refused requests left leases: %v %+v", err, ls)
 	}
 }

@@ -26,6 +26,10 @@ func TestValidateAccelRequest(t *testing.T) {
 			RoleConfig: &api.RoleConfig{Config: make([]byte, api.MaxRoleConfig/2), Module: make([]byte, api.MaxRoleConfig/2+1)}}, "more than"},
 		{"role on block", api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Role: "echo"}, "accel leases only"},
 		{"config on memory", api.LeaseRequest{Kind: api.KindMemory, Size: 1 << 20, RoleConfig: key}, "accel leases only"},
+		// A share sizes a shared accel lease only; elsewhere it was ignored.
+		{"share on block", api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Share: 0.5}, "share applies to shared accel leases only"},
+		{"share on shared memory", api.LeaseRequest{Kind: api.KindMemory, Mode: api.ModeShared, Size: 1 << 20, Share: 0.5}, "share applies"},
+		{"share on nic", api.LeaseRequest{Kind: api.KindNIC, Bandwidth: 1e6, Share: 0.5}, "not to a nic lease"},
 	} {
 		err := validateAccelRequest(&tc.req)
 		switch {

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strings"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 	"github.com/rialto-project/rialto/internal/httpx"
+	"github.com/rialto-project/rialto/internal/placement"
 )
 
 // Sentinel errors of the control plane. Every error a handler returns is
@@ -52,5 +54,43 @@ func apiError(err error) (int, api.ErrorInfo) {
 	if m.Code == api.CodeInternal {
 		return m.Status, api.ErrorInfo{Code: api.CodeInternal, Message: "internal error; see the control plane log"}
 	}
-	return m.Status, api.ErrorInfo{Code: m.Code, Message: err.Error()}
+	return m.Status, api.ErrorInfo{Code: m.Code, Message: publicMessage(err)}
+}
+
+// sentinels are the control plane's sentinel errors, whose texts
+// publicMessage leaves out.
+var sentinels = []error{ErrInvalid, ErrUnauthorized, ErrForbidden, ErrNotFound, ErrConflict, ErrInfeasible, ErrQuota, ErrUnavailable}
+
+// prefixed are the other packages' sentinels an answer may carry, each
+// with its text in the answer: the words without the package's name.
+var prefixed = func() *strings.Replacer {
+	var pairs []string
+	for _, e := range []error{store.ErrNotFound, store.ErrConflict, store.ErrCapacity, store.ErrDuplicate, store.ErrQuota,
+		placement.ErrInfeasible, placement.ErrInvalid, httpx.ErrBadBody} {
+		pkg, words, _ := strings.Cut(e.Error(), ": ")
+		if e == store.ErrNotFound {
+			pairs = append(pairs, ": "+e.Error(), " "+words) // "lease x: store: not found" → "lease x not found"
+		}
+		pairs = append(pairs, pkg+": "+words, words)
+	}
+	return strings.NewReplacer(pairs...)
+}()
+
+// publicMessage is err's message as the API answers it. An error carries
+// the texts of the sentinels it wraps, for the log and errors.Is
+// ("controlplane: not found: lease x not found", "node x: store: not
+// found", "controlplane: infeasible: placement: infeasible: mode: …"); the
+// answer's code says what the control plane's sentinels say, so the
+// message leaves them out, and it names no package: "lease x not found",
+// "node x not found", "infeasible: mode: …".
+func publicMessage(err error) string {
+	msg := err.Error()
+	for _, e := range sentinels {
+		t := e.Error()
+		if msg == t {
+			return strings.TrimPrefix(t, "controlplane: ")
+		}
+		msg = strings.ReplaceAll(msg, t+": ", "")
+	}
+	return prefixed.Replace(msg)
 }

@@ -23,7 +23,7 @@ func (s *Server) getLease(ctx context.Context, p principal, id string) (api.Leas
 	}
 	if !p.canSee(l) {
 		// Do not reveal other tenants' lease IDs.
-		return api.Lease{}, fmt.Errorf("%w: lease %s", ErrNotFound, id)
+		return api.Lease{}, fmt.Errorf("%w: lease %s not found", ErrNotFound, id)
 	}
 	return l, nil
 }

@@ -387,7 +387,7 @@ func (s *Server) resolveTarget(ctx context.Context, l api.Lease, parts []int, re
 				return t, nil
 			}
 		}
-		return t, fmt.Errorf("%w: device %s", ErrNotFound, req.ToDevice)
+		return t, fmt.Errorf("%w: device %s not found", ErrNotFound, req.ToDevice)
 	}
 	if req.ToNode != "" {
 		n, err := s.findNode(ctx, req.ToNode)
@@ -415,7 +415,7 @@ func (s *Server) findNode(ctx context.Context, ref string) (api.Node, error) {
 			return n, nil
 		}
 	}
-	return api.Node{}, fmt.Errorf("%w: node %s", ErrNotFound, ref)
+	return api.Node{}, fmt.Errorf("%w: node %s not found", ErrNotFound, ref)
 }
 
 // startMoves places and opens a move for each of l's parts listed (all or
@@ -860,7 +860,7 @@ func (s *Server) getMove(ctx context.Context, p principal, id string) (api.Move,
 	if r := s.mv.run(id); r != nil {
 		m := r.get()
 		if _, err := s.getLease(ctx, p, m.LeaseID); err != nil {
-			return api.Move{}, fmt.Errorf("%w: move %s", ErrNotFound, id)
+			return api.Move{}, fmt.Errorf("%w: move %s not found", ErrNotFound, id)
 		}
 		return m, nil
 	}
@@ -876,7 +876,7 @@ func (s *Server) getMove(ctx context.Context, p principal, id string) (api.Move,
 			return rec.Move, nil
 		}
 	}
-	return api.Move{}, fmt.Errorf("%w: move %s", ErrNotFound, id)
+	return api.Move{}, fmt.Errorf("%w: move %s not found", ErrNotFound, id)
 }
 
 // recoverMoves ends the moves a previous run of the control plane left

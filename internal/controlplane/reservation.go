@@ -51,13 +51,10 @@ func (r *reservation) hold(id string) hold {
 // reserves it.
 func (r *reservation) lease(id string, plan api.Plan) api.Lease {
 	req := r.req
-	count := req.Count
-	if count == 0 {
-		count = 1
-	}
+	count, held := api.Holding(plan.Parts) // the parts placement chose, not the request's count
 	l := api.Lease{
 		ID: id, State: api.LeaseRequested, Kind: req.Kind, Mode: plan.Mode, Tenant: r.tenant,
-		Borrower: req.Borrower, Size: req.Size, Count: count, StripeUnit: req.StripeUnit, Parts: plan.Parts,
+		Borrower: req.Borrower, Size: req.Size, Held: held, Count: count, StripeUnit: req.StripeUnit, Parts: plan.Parts,
 		BandwidthCap: req.BandwidthCap, IOPSCap: req.IOPSCap,
 		Credential: resource.NewSecret("rlc"), TTLSeconds: int64(r.ttl / time.Second), ExpiresAt: r.now.Add(r.ttl),
 		CreatedAt: r.now, UpdatedAt: r.now, IdempotencyKey: req.IdempotencyKey, Plan: &plan,
@@ -69,10 +66,7 @@ func (r *reservation) lease(id string, plan api.Plan) api.Lease {
 		// A nic lease's size is the rate its parts hold (a whole
 		// interface's is its rate); an accel lease's the slot units its
 		// parts hold (a shared lease's: its share).
-		l.Size = 0
-		for _, p := range plan.Parts {
-			l.Size += p.Length
-		}
+		l.Size = held
 	}
 	return l
 }
@@ -315,6 +309,9 @@ func validateAccelRequest(r *api.LeaseRequest) error {
 	if r.Kind != api.KindAccel {
 		if r.Role != "" || r.RoleConfig != nil {
 			return fmt.Errorf("%w: role and role_config apply to accel leases only", ErrInvalid)
+		}
+		if r.Share != 0 {
+			return fmt.Errorf("%w: share applies to shared accel leases only, not to a %s lease", ErrInvalid, r.Kind)
 		}
 		return nil
 	}

@@ -156,6 +156,7 @@ func placementRequest(inv store.Inventory, req api.LeaseRequest, pins map[string
 		Labels: req.Labels, Strategy: req.Strategy,
 	}
 	if req.Kind == api.KindAccel {
+		preq.Role = req.Role
 		// Slot units (api.SlotUnits a slot): whole slots, or a share of
 		// one for a gateway.
 		preq.Size = int64(count) * api.SlotUnits
@@ -391,8 +392,8 @@ func infeasiblePlan(inv store.Inventory, pins map[string]api.Device, head []stri
 }
 
 // snapshot converts the inventory to placement's model, with the tenants'
-// quotas. Skipped nodes are presented as not ready ("skipped: why") so
-// that they are never chosen.
+// quotas. Skipped nodes are excluded ("skipped: why"): they lend nothing
+// to the request, though a skipped node that borrows still does.
 func snapshot(inv store.Inventory, skip map[string]string, now time.Time, q Quotas) *placement.Snapshot {
 	s := &placement.Snapshot{Now: time.Duration(now.UnixNano()), Nodes: []placement.Node{{ID: cpVertex, State: placement.NodeReady}},
 		Quotas: q.Tenants, DefaultQuota: q.Default, SlotUnits: api.SlotUnits}
@@ -414,11 +415,11 @@ func snapshot(inv store.Inventory, skip map[string]string, now time.Time, q Quot
 	}
 	s.Links = append(s.Links, fabric.Link{ID: "lan-cp", A: lanVertex, B: cpVertex, Kind: fabric.Ethernet})
 	for _, n := range inv.Nodes {
-		st := string(n.State)
+		pn := placement.Node{ID: n.ID, State: string(n.State), Labels: n.Labels, Cordoned: n.Cordoned}
 		if why := skip[n.ID]; why != "" {
-			st = "skipped: " + why
+			pn.Excluded = "skipped: " + why
 		}
-		s.Nodes = append(s.Nodes, placement.Node{ID: n.ID, State: st, Labels: n.Labels, Cordoned: n.Cordoned})
+		s.Nodes = append(s.Nodes, pn)
 		if !hasLink[n.ID] {
 			s.Links = append(s.Links, fabric.Link{ID: n.ID + ">lan", A: n.ID, B: lanVertex, Kind: fabric.Ethernet})
 		}
@@ -429,7 +430,7 @@ func snapshot(inv store.Inventory, skip map[string]string, now time.Time, q Quot
 			st = d.State
 		}
 		s.Devices = append(s.Devices, placement.Device{ID: d.ID, Node: d.NodeID, Kind: string(d.Kind), Model: d.Model, Capacity: d.Capacity, State: st,
-			Exclusive: d.Sharing == "exclusive"})
+			Exclusive: d.Sharing == "exclusive", Roles: deviceRoles(d)})
 	}
 	byLease := map[string]int{}
 	for _, p := range inv.Parts {
@@ -463,6 +464,24 @@ func snapshot(inv store.Inventory, skip map[string]string, now time.Time, q Quot
 		}
 	}
 	return s
+}
+
+// deviceRoles are the roles an accel device offers, from the list its
+// agent registers (attributes.roles, comma-separated); nil when it
+// registers none (an older agent, a declared device): placement then lets
+// any role through to it.
+func deviceRoles(d api.Device) []string {
+	v, ok := d.Attributes["roles"]
+	if d.Kind != api.KindAccel || !ok {
+		return nil
+	}
+	roles := []string{}
+	for _, r := range strings.Split(v, ",") {
+		if r = strings.TrimSpace(r); r != "" {
+			roles = append(roles, r)
+		}
+	}
+	return roles
 }
 
 // placementProfile converts a stored profile to placement's: the write

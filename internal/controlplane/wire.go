@@ -37,10 +37,15 @@ func wireForm(v any) any {
 			out[i] = wireProfile(p)
 		}
 		return out
+	case api.Node:
+		return wireNode(x)
+	case []api.Node:
+		return wireNodes(x)
+	case api.NodeRemoval:
+		x.Node = wireNode(x.Node)
+		return x
 	case api.Topology:
-		if x.Nodes == nil {
-			x.Nodes = []api.Node{}
-		}
+		x.Nodes = wireNodes(x.Nodes)
 		if x.Links == nil {
 			x.Links = []api.Link{}
 		}
@@ -52,15 +57,39 @@ func wireForm(v any) any {
 	return v
 }
 
+// wireLease also gives a lease its count and held, from its parts: they
+// change when a lease is placed again or a bond loses a part, and the
+// API's figures must say what the lease holds now.
 func wireLease(l api.Lease) api.Lease {
 	if l.Parts == nil {
 		l.Parts = []api.Part{}
+	}
+	if len(l.Parts) > 0 {
+		l.Count, l.Held = api.Holding(l.Parts)
 	}
 	if l.Plan != nil && l.Plan.Parts == nil {
 		pl := wirePlan(*l.Plan)
 		l.Plan = &pl
 	}
 	return l
+}
+
+func wireNodes(ns []api.Node) []api.Node {
+	out := make([]api.Node, len(ns))
+	for i, n := range ns {
+		out[i] = wireNode(n)
+	}
+	return out
+}
+
+// wireNode answers a node that is not ready with its health unknown: the
+// store keeps the agent's last report, which is not current once its
+// heartbeats stopped, and goes in last_health.
+func wireNode(n api.Node) api.Node {
+	if n.State != api.NodeReady {
+		n.LastHealth, n.Health = n.Health, api.HealthUnknown
+	}
+	return n
 }
 
 func wirePlan(p api.Plan) api.Plan {

@@ -6,6 +6,7 @@ package placement
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"time"
 
@@ -220,6 +221,12 @@ func (w *candWalk) check(di int32) {
 		}
 		return
 	}
+	if q.Role != "" && !offers(ds.dev.Roles, q.Role) {
+		if w.detail {
+			w.rej.add(ds.dev.ID, ConstraintRole, "does not offer role "+q.Role)
+		}
+		return
+	}
 	if ds.dedicated {
 		if w.detail {
 			reason := "dedicated to another lease"
@@ -232,7 +239,7 @@ func (w *candWalk) check(di int32) {
 	}
 	if !((ds.free >= sc.minNeed && !ds.exclusive) || (sc.dedicate && x.dedicable(ds, q))) {
 		if w.detail {
-			constraint, reason := ConstraintCapacity, fmt.Sprintf("%s free, needs %s", x.amount(q.Kind, ds.free), x.amount(q.Kind, sc.minNeed))
+			constraint, reason := ConstraintCapacity, fmt.Sprintf("%s free, needs %s%s", x.amount(q.Kind, ds.free), x.amount(q.Kind, sc.minNeed), sc.minNeedOf(q.Kind))
 			switch {
 			case ds.exclusive && !sc.dedicate:
 				constraint, reason = ConstraintExclusive, "lent whole only, and a "+modeList(false, true, true)+" lease takes a part"
@@ -282,7 +289,34 @@ func (x *Index) unusableReason(ds *devState) string {
 	if ds.usable == ConstraintCordon {
 		return "node " + ds.dev.Node + " is cordoned"
 	}
+	if n := &x.nodes[ds.node]; n.Excluded != "" && (n.State == "" || n.State == NodeReady) {
+		return "node " + ds.dev.Node + " is " + n.Excluded
+	}
 	return "node " + ds.dev.Node + " is " + x.nodes[ds.node].State
+}
+
+// offers reports whether a device offering roles can load role: it lists
+// it, or lists none (nil: its roles are not known).
+func offers(roles []string, role string) bool {
+	return roles == nil || slices.Contains(roles, role)
+}
+
+// offeredRoles lists the roles the devices of kind offer, sorted.
+func (x *Index) offeredRoles(kind string) []string {
+	seen := map[string]bool{}
+	for i := range x.devs {
+		if d := &x.devs[i].dev; d.Kind == kind {
+			for _, r := range d.Roles {
+				seen[r] = true
+			}
+		}
+	}
+	out := make([]string, 0, len(seen))
+	for r := range seen {
+		out = append(out, r)
+	}
+	sort.Strings(out)
+	return out
 }
 
 func (x *Index) devLatency(ds *devState) time.Duration {

@@ -31,7 +31,8 @@ var rewrite = flag.Bool("rewrite", false, "rewrite testdata expectations with ac
 // Commands: topology (input: node/link/device/profile/quota/slotunits lines; resets
 // the snapshot), lease (input: lease lines), now DURATION, place (args: the
 // request — whole, exact, labels=K=V,K=V and pin=DEV,DEV among them; id=NAME
-// records the plan as a running lease; brief prints only the plan),
+// records the plan as a running lease; brief prints only the plan; role=R
+// the accelerator role),
 // predict, remove ID, holds (the calibration table against the NVMe-oF
 // genomics paper).
 func TestScenarios(t *testing.T) {
@@ -332,9 +333,9 @@ func (sc *scenario) topologyLine(l string) error {
 		return d
 	}
 	switch f[0] {
-	case "node": // node ID [state=S] [cordoned] [label.K=V]... [rack=SW bw=B lat=L]
+	case "node": // node ID [state=S] [cordoned] [excluded=WHY] [label.K=V]... [rack=SW bw=B lat=L]
 		_, cordoned := kv["cordoned"]
-		n := Node{ID: f[1], State: kv["state"], Labels: map[string]string{}, Cordoned: cordoned}
+		n := Node{ID: f[1], State: kv["state"], Labels: map[string]string{}, Cordoned: cordoned, Excluded: kv["excluded"]}
 		for k, v := range kv {
 			if lk, ok := strings.CutPrefix(k, "label."); ok {
 				n.Labels[lk] = v
@@ -349,10 +350,17 @@ func (sc *scenario) topologyLine(l string) error {
 		_, down := kv["down"]
 		sc.s.Links = append(sc.s.Links, fabric.Link{ID: f[1] + "-" + f[2], A: f[1], B: f[2], Kind: fabric.Kind(kv["kind"]),
 			Bandwidth: getF("bw"), Latency: getD("lat"), Load: getF("load"), Down: down})
-	case "device": // device ID node=N kind=K [model=M] cap=C [bw=B] [lat=L] [state=S] [attach=V] [exclusive]
+	case "device": // device ID node=N kind=K [model=M] cap=C [bw=B] [lat=L] [state=S] [attach=V] [exclusive] [roles=R,R]
 		_, excl := kv["exclusive"]
+		var roles []string
+		if v, ok := kv["roles"]; ok {
+			roles = strings.FieldsFunc(v, func(r rune) bool { return r == ',' })
+			if roles == nil {
+				roles = []string{}
+			}
+		}
 		sc.s.Devices = append(sc.s.Devices, Device{ID: f[1], Node: kv["node"], Kind: kv["kind"], Model: kv["model"],
-			Capacity: int64(getF("cap")), Bandwidth: getF("bw"), Latency: getD("lat"), State: kv["state"], Attach: kv["attach"], Exclusive: excl})
+			Capacity: int64(getF("cap")), Bandwidth: getF("bw"), Latency: getD("lat"), State: kv["state"], Attach: kv["attach"], Exclusive: excl, Roles: roles})
 	case "devices": // devices PREFIX COUNT node=N ... [exclusive] (numbered PREFIX1..)
 		n, _ := strconv.Atoi(f[2])
 		kv = kvs(f[3:])
@@ -425,7 +433,7 @@ func parseLease(kv map[string]string) (Lease, error) {
 }
 
 func parseRequest(kv map[string]string) (Request, error) {
-	r := Request{Kind: kv["kind"], Borrower: kv["borrower"], Mode: kv["mode"], Tenant: kv["tenant"], Strategy: kv["strategy"], Gateway: kv["gateway"]}
+	r := Request{Kind: kv["kind"], Borrower: kv["borrower"], Mode: kv["mode"], Tenant: kv["tenant"], Strategy: kv["strategy"], Gateway: kv["gateway"], Role: kv["role"]}
 	if r.Kind == "" {
 		r.Kind = KindBlock
 	}

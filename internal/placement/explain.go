@@ -52,7 +52,21 @@ func (x *Index) noCandidate(q *req, bv int32, sc *scope) *InfeasibleError {
 	if len(q.Devices) > 0 {
 		detail = fmt.Sprintf("no %s device for %s among the %d pinned", q.Kind, q.borrowerName(), examined)
 	}
-	return newInfeasible(detail, rej.list, rej.top())
+	top := rej.top()
+	if top == ConstraintRole {
+		// Name what the cluster offers: a role that is not there is most
+		// often a typo.
+		offered := "none lists a role"
+		if rs := x.offeredRoles(q.Kind); len(rs) > 0 {
+			offered = "roles offered: " + strings.Join(rs, ", ")
+		}
+		if n := rej.counts[ConstraintRole]; n < examined {
+			detail += fmt.Sprintf("; %d do not offer role %s (%s)", n, q.Role, offered)
+		} else {
+			detail = fmt.Sprintf("no %s device offers role %s (%s)", q.Kind, q.Role, offered)
+		}
+	}
+	return newInfeasible(detail, rej.list, top)
 }
 
 // noOption explains why no candidate holds any option in q's scope: each

@@ -203,7 +203,7 @@ func NewIndex(s *Snapshot) *Index {
 		switch {
 		case !ok:
 			ds.usable = ConstraintNode
-		case s.Nodes[ni].State != "" && s.Nodes[ni].State != NodeReady:
+		case s.Nodes[ni].State != "" && s.Nodes[ni].State != NodeReady, s.Nodes[ni].Excluded != "":
 			ds.usable = ConstraintNode
 		case s.Nodes[ni].Cordoned:
 			ds.usable = ConstraintCordon

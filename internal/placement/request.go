@@ -134,6 +134,20 @@ type scope struct {
 	shareLen                 int64 // a shared part
 	compAlign                int64 // a composed part is a multiple of this
 	minNeed                  int64 // the smallest part of any allowed sharing option (MaxInt64: none)
+	minNeedW                 int   // the width of the composition minNeed is a part of (0: minNeed is a shared part)
+}
+
+// minNeedOf says what minNeed is a part of, for a rejection's "needs
+// 1280MiB (a part of a 4-way composition)": a request too large for one
+// device asks each device for less than its size, which a reason must say.
+func (sc *scope) minNeedOf(kind string) string {
+	switch {
+	case sc.minNeedW == 0:
+		return ""
+	case kind == KindNIC:
+		return fmt.Sprintf(" (a lender's part of a bond of %d)", sc.minNeedW)
+	}
+	return fmt.Sprintf(" (a part of a %d-way composition)", sc.minNeedW)
 }
 
 // scopeOf works out q's scope. A mode asked for is the only one allowed;
@@ -169,7 +183,7 @@ func scopeOf(q *req) scope {
 	}
 	if sc.compose && sc.maxW >= sc.minW {
 		if n := sc.partLen(r.Size, sc.maxW); n < sc.minNeed {
-			sc.minNeed = n
+			sc.minNeed, sc.minNeedW = n, sc.maxW
 		}
 	}
 	return sc

@@ -3,6 +3,7 @@ package placement
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -79,6 +80,12 @@ type Node struct {
 	State    string
 	Labels   map[string]string
 	Cordoned bool
+	// Excluded, when set, keeps the node's devices out of this snapshot's
+	// placements and says why, as what follows "node ID is" in a
+	// rejection ("skipped: refused"): the control plane's lenders that did
+	// not confirm a prepare. Unlike State it does not keep the node from
+	// borrowing.
+	Excluded string
 }
 
 // Device is a lendable resource on a node. Capacity is in bytes for block
@@ -90,6 +97,9 @@ type Node struct {
 // A device whose State is neither "" nor "healthy" is never chosen.
 // An Exclusive device is lent whole only: it is never shared nor a part of
 // a composition, and any lease on it (whatever its mode) holds all of it.
+// Roles are the accelerator roles the device can load (nil: not known, any
+// role is let through); a request with a Role uses only devices that offer
+// it.
 type Device struct {
 	ID        string
 	Node      string
@@ -101,6 +111,7 @@ type Device struct {
 	Attach    string
 	State     string
 	Exclusive bool
+	Roles     []string
 }
 
 // Part is one piece of a lease: Length units from Offset on a device.
@@ -220,6 +231,9 @@ type Request struct {
 	// inside one slot that is empty or shared only by leases of the same
 	// Gateway. Without it an accel request takes whole slots.
 	Gateway string
+	// Role is the accelerator role the lease loads ("": none): only
+	// devices whose Roles list it (or that list none) are candidates.
+	Role string
 }
 
 // MaxWidth is the widest composition placement considers on its own.
@@ -284,6 +298,7 @@ const (
 	ConstraintExclusive = "exclusive" // exclusive device asked for a part (shared or composed)
 	ConstraintReach     = "reach"     // no fabric path
 	ConstraintMode      = "mode"      // the mode asked for is impossible
+	ConstraintRole      = "role"      // the device does not offer the accelerator role asked for
 	ConstraintQuota     = "quota"     // tenant quota
 	ConstraintDeadline  = "deadline"  // no placement meets the deadline
 )
@@ -315,6 +330,9 @@ func (e *InfeasibleError) Error() string {
 	fmt.Fprintf(&b, "placement: infeasible: %s", e.Constraint)
 	if e.Detail != "" {
 		fmt.Fprintf(&b, ": %s", e.Detail)
+	}
+	if e.Constraint == ConstraintRole && e.Omitted == 0 && !slices.ContainsFunc(e.Rejections, func(r Rejection) bool { return r.Constraint != ConstraintRole }) {
+		return b.String() // the detail names the role and the roles offered; each device would say it again
 	}
 	for i, r := range e.Rejections {
 		if i == 3 {

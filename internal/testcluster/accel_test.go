@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/url"
@@ -17,6 +18,7 @@ import (
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/agent"
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
+	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles/mct"
 )
 
@@ -48,6 +50,39 @@ func TestAccelLease(t *testing.T) {
 	}
 	lender := c.NodeByID(l.NodeID)
 	c.Eventually("slot released", func() bool { return !lender.Serves(l.ID) })
+}
+
+// TestAccelUnknownRole: a role no lender's device offers (each agent
+// registers its devices' roles) is infeasible before any lender is asked:
+// 422 naming the role and the roles the cluster offers, and no lease left
+// behind (it used to be placed, refused by every lender in turn and left
+// failed, with a 503).
+func TestAccelUnknownRole(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{Nodes: 2, Devices: []agent.DeviceConfig{
+		{Name: "accel0", Kind: api.KindAccel, Size: 2, Attributes: map[string]string{"slot_memory": "1MiB"}},
+	}})
+	ctx := ctxT(t)
+	offered := "roles offered: " + strings.Join(roles.Names(), ", ")
+	for _, req := range []api.LeaseRequest{
+		{Kind: api.KindAccel, Role: "nosuch"},
+		{Kind: api.KindAccel, Mode: api.ModeShared, Role: "nosuch"},
+	} {
+		_, err := c.Client().CreateLease(ctx, req)
+		var ae *api.Error
+		if !errors.As(err, &ae) || ae.Code != api.CodeInfeasible || ae.Status != 422 ||
+			!strings.Contains(ae.Message, "role nosuch") || !strings.Contains(ae.Message, offered) {
+			t.Fatalf("%+v: %v, want 422 infeasible naming role nosuch and %s", req, err, offered)
+		}
+	}
+	if ls, err := c.Client().AllLeases(ctx); err != nil || len(ls) != 0 {
+		t.Fatalf("leases left: %v %+v", err, ls)
+	}
+	// A role the devices offer is lent.
+	l, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindAccel, Role: "echo"})
+	if err != nil || l.State != api.LeaseActive {
+		t.Fatalf("%v %+v", err, l)
+	}
 }
 
 // TestAccelSharedLeases: two borrowers' shared MCT leases (with the rule

@@ -381,6 +381,34 @@ func TestConstrained(t *testing.T) {
 	}
 }
 
+// A composed system's volume and memory say what the lease holds (the
+// API's held), not the size asked for: three drives of 10000000 bytes are
+// three parts rounded up to the 1MiB stripe unit; 8MiB of memory
+// dedicated is the 64MiB device.
+func TestCapacityIsHeld(t *testing.T) {
+	e := newEnv(t)
+	for _, tc := range []struct {
+		body, path, field string
+		want              float64
+	}{
+		{`{"Storage":[{"Drives":[{"CapacityBytes":10000000}],"@Redfish.RequestedCount":3}]}`, "/Storage/1/Volumes/1", "CapacityBytes", 3 * 10 << 20},
+		{`{"Memory":[{"CapacityMiB":8}],"Oem":{"Rialto":{"mode":"dedicated"}}}`, "/Memory/1", "CapacityMiB", 64},
+	} {
+		var body map[string]any
+		if err := json.Unmarshal([]byte(tc.body), &body); err != nil {
+			t.Fatal(err)
+		}
+		st, _, sys := e.do("POST", "/redfish/v1/Systems", alice, body)
+		if st != 201 {
+			t.Fatalf("%s: %d %v", tc.body, st, sys)
+		}
+		_, _, res := e.do("GET", sys["@odata.id"].(string)+tc.path, alice, nil)
+		if res[tc.field] != tc.want {
+			t.Errorf("%s: %s %v, want %v", tc.body, tc.field, res[tc.field], tc.want)
+		}
+	}
+}
+
 // The Compose action: Preview holds nothing, PreviewReserve holds the
 // devices as a reservation (not a system) for ReservationDuration, Apply
 // makes it a system; deleting a reservation frees its devices.

@@ -265,7 +265,7 @@ func composedTree(l api.Lease, rest []string, path string) (obj, error) {
 			o["Storage"] = link(sp + "/Storage")
 		case api.KindMemory:
 			o["Memory"] = link(sp + "/Memory")
-			o["MemorySummary"] = obj{"TotalSystemMemoryGiB": float64(l.Size) / (1 << 30)}
+			o["MemorySummary"] = obj{"TotalSystemMemoryGiB": float64(l.Held) / (1 << 30)}
 		case api.KindAccel:
 			o["Processors"] = link(sp + "/Processors")
 		}
@@ -294,7 +294,7 @@ func composedTree(l api.Lease, rest []string, path string) (obj, error) {
 			"@odata.type": typeOf("Memory"),
 			"Id":          "1",
 			"Name":        "Borrowed memory",
-			"CapacityMiB": l.Size >> 20,
+			"CapacityMiB": l.Held >> 20,
 			"MemoryType":  "DRAM",
 			"Status":      leaseStatus(l),
 		}, nil
@@ -326,12 +326,6 @@ func composedTree(l api.Lease, rest []string, path string) (obj, error) {
 // composed one.
 func volume(l api.Lease, sp string) obj {
 	raid := "None"
-	size := l.Size
-	if size == 0 { // a whole device: the parts' lengths
-		for _, p := range l.Parts {
-			size += p.Length
-		}
-	}
 	if l.Mode == api.ModeComposed {
 		raid = "RAID0"
 	}
@@ -340,7 +334,7 @@ func volume(l api.Lease, sp string) obj {
 		"@odata.type":   typeOf("Volume"),
 		"Id":            "1",
 		"Name":          "Volume of " + l.ID,
-		"CapacityBytes": size,
+		"CapacityBytes": l.Held, // what the borrower sees, not the size asked for
 		"RAIDType":      raid,
 		"Status":        leaseStatus(l),
 		"Encrypted":     false,

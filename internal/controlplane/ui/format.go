@@ -16,6 +16,7 @@ import (
 var funcs = template.FuncMap{
 	"size":      resource.FormatSize,
 	"amount":    amount,
+	"held":      held,
 	"rate":      rate,
 	"pct":       pct,
 	"seconds":   seconds,
@@ -48,6 +49,30 @@ func amount(kind api.Kind, n int64) string {
 		return placement.FormatSlots(n, api.SlotUnits)
 	}
 	return resource.FormatSize(n)
+}
+
+// held formats what a lease holds (the API's held): bytes, slots (and
+// shares of one) or, for a nic lease, a rate; with the size asked for
+// beside it where that differs (a dedicated device larger than the size,
+// a composed lease's parts rounded up to its stripe unit) and "a whole
+// device" where none was asked for.
+func held(l api.Lease) string {
+	n := l.Held
+	if n == 0 {
+		n = l.Size
+	}
+	text := amount(l.Kind, n)
+	if l.Kind == api.KindNIC {
+		text = placement.FormatRate(n)
+	}
+	switch {
+	case n == l.Size || l.Kind == api.KindAccel || l.Kind == api.KindNIC:
+	case l.Size == 0:
+		text += " (a whole device)"
+	default:
+		text += " (asked for " + amount(l.Kind, l.Size) + ")"
+	}
+	return text
 }
 
 // rate formats bytes per second in decimal units, as network rates are.

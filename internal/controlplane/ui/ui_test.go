@@ -254,6 +254,26 @@ func TestTenantsSeeTheirOwn(t *testing.T) {
 	}
 }
 
+// A lease's page and the lease list show what the lease holds (the API's
+// held), with the size asked for beside it where they differ: a dedicated
+// lease of 8MiB holds its 64MiB device.
+func TestLeasePagesShowHeld(t *testing.T) {
+	c := start(t)
+	ctx := context.Background()
+	alice := c.ClientWithToken(testcluster.TenantToken("alice"))
+	l, err := alice.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeDedicated, Size: 8 << 20})
+	if err != nil || l.Held != 64<<20 {
+		t.Fatalf("%v %+v", err, l)
+	}
+	v := newVisitor(t, c.URL)
+	v.signIn(alice)
+	for _, page := range []string{"/ui/leases/" + l.ID, "/ui/leases"} {
+		if _, body := v.get(page); !strings.Contains(body, "64MiB (asked for 8MiB)") {
+			t.Errorf("%s does not show what the lease holds:\n%.3000s", page, body)
+		}
+	}
+}
+
 // Forms: CSRF-protected, same-origin only; create, explain and release
 // work; bad input shows a clear error and creates nothing.
 func TestLeaseForms(t *testing.T) {
