@@ -52,9 +52,10 @@ func (b *BlockDriver) ReceiveMove(_ context.Context, e Export, token string) (st
 	return b.scheme + "://" + e.Endpoint + "/" + token, nil
 }
 
-// ActivateMove stops serving the token's export and serves the part's;
+// ActivateMove serves the part's export and stops serving the token's;
 // with e.suspended, the part's export is registered suspended (as
-// Suspend leaves it: no client opens it until Resume).
+// Suspend leaves it: no client opens it until Resume). One that fails
+// leaves the part as received.
 func (b *BlockDriver) ActivateMove(_ context.Context, e Export) (api.PrepareResponse, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -81,10 +82,13 @@ func (b *BlockDriver) ActivateMove(_ context.Context, e Export) (api.PrepareResp
 		}
 		return api.PrepareResponse{URI: uri}, nil
 	}
-	if err := b.srv.RemoveExport(x.incoming); err != nil && !errors.Is(err, nbd.ErrExportNotFound) {
-		return api.PrepareResponse{}, err
-	}
-	x.incoming = ""
+	// The part's export is added first, and x records it only once it
+	// is: an add that fails leaves the part as it was received (the
+	// token's export served, x unchanged), and a commit tried again adds
+	// it. (Removed first, a failed add left neither served, and x saying
+	// activated: the next commit answered the URI of nothing.) Nobody
+	// knows the part's URI before the commit answers, and the token's
+	// export is gone when it does.
 	add := b.srv.AddExport
 	if e.suspended {
 		add = b.srv.AddSuspendedExport
@@ -92,7 +96,13 @@ func (b *BlockDriver) ActivateMove(_ context.Context, e Export) (api.PrepareResp
 	if err := add(x.ex); err != nil {
 		return api.PrepareResponse{}, err
 	}
-	x.suspended = e.suspended
+	if err := b.srv.RemoveExport(x.incoming); err != nil && !errors.Is(err, nbd.ErrExportNotFound) {
+		if rerr := b.srv.RemoveExport(x.ex.Name); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		return api.PrepareResponse{}, fmt.Errorf("agent: stop serving the transfer's export: %w", err)
+	}
+	x.incoming, x.suspended = "", e.suspended
 	return api.PrepareResponse{URI: uri}, nil
 }
 

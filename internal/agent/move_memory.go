@@ -47,7 +47,8 @@ func (m *MemoryDriver) ReceiveMove(_ context.Context, e Export, token string) (s
 
 // ActivateMove serves the received region under the lease's credential;
 // with e.suspended, the region is suspended first (as Suspend leaves it:
-// it takes no connection, under either credential, until Resume).
+// it takes no connection, under either credential, until Resume), and
+// without, it is resumed (a failed commit before may have suspended it).
 func (m *MemoryDriver) ActivateMove(_ context.Context, e Export) (api.PrepareResponse, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -77,6 +78,16 @@ func (m *MemoryDriver) ActivateMove(_ context.Context, e Export) (api.PrepareRes
 		return api.PrepareResponse{}, err
 	}
 	delete(m.incoming, e.Request.Export)
+	if !e.suspended {
+		// A commit before this one, with no time left, may have
+		// suspended the region and failed after: the region is
+		// suspended still, which a commit with time left undoes. (It
+		// resumes the region under the lease's credential only: the
+		// token's connections do not come back.)
+		if err := m.donor.ResumeRegion(e.Request.Export); err != nil {
+			return api.PrepareResponse{}, fmt.Errorf("agent: resume the moved region: %w", err)
+		}
+	}
 	return api.PrepareResponse{URI: uri}, nil
 }
 

@@ -75,7 +75,10 @@ type Mover interface {
 	// (the token's export stops being served). With e.suspended (its
 	// lease's known expiry has passed) it makes it e's export without
 	// serving it, not for a single request: as Suspend (Suspender) leaves
-	// an export, until Resume.
+	// an export, until Resume. It may be called again (a commit tried
+	// again) after one that failed or one that succeeded: each leaves
+	// the part e's export, served or not as its e says, whatever the
+	// calls before did.
 	ActivateMove(ctx context.Context, e Export) (api.PrepareResponse, error)
 	// SendMove starts marking the writes to e (served here) and returns
 	// its side of the copy.
@@ -935,21 +938,25 @@ func (a *Agent) activate(ctx context.Context, t *transfer, exp time.Time) (api.T
 	if err != nil {
 		return api.TransferCommitResponse{}, fmt.Errorf("agent: serve the moved part: %w", err)
 	}
+	name := e.Request.Export
 	e.incoming, e.URI = false, resp.URI
 	a.mu.Lock()
+	received, wasReceived := a.exports[name]
 	a.prepares++
 	e.prepared = a.prepares
-	a.exports[e.Request.Export] = e
+	a.exports[name] = e
 	a.exportsChangedLocked()
 	a.mu.Unlock()
 	// Persist the export before the range leaves the wipe journal: a
 	// crash in between restores nothing and wipes the range (the source
 	// still holds the part: it commits only after this returns).
 	if err := a.saveExportsLocked(); err != nil {
+		a.unactivate(ctx, mv, e, received, wasReceived, false)
 		return api.TransferCommitResponse{}, fmt.Errorf("agent: persist the moved part: %w", err)
 	}
 	if t.wipe != nil {
 		if err := a.persistWipes(t.wipe); err != nil {
+			a.unactivate(ctx, mv, e, received, wasReceived, true)
 			return api.TransferCommitResponse{}, err
 		}
 	}
@@ -966,6 +973,43 @@ func (a *Agent) activate(ctx context.Context, t *transfer, exp time.Time) (api.T
 	}
 	a.log.Info("serving a moved part", "transfer", t.id, "lease", e.Request.LeaseID, "device", e.Device.Name)
 	return api.TransferCommitResponse(resp), nil
+}
+
+// unactivate takes back what activate did for e, a part whose commit
+// failed after its driver activated it; opMu is held. The part is as it
+// was received again (received, the agent's entry of it, if it had one):
+// not reported as the lease's, not served (the driver keeps it its
+// export, suspended: a commit tried again serves it, or not, as that
+// commit says), and an abort or its expiry wipes it and forgets it. Left
+// recorded as served, the part was reported in the heartbeats and served
+// with the transfer still receiving, and the abort that followed wiped
+// its range but kept the entry: the range refused to every prepare, the
+// lease reported here, and restored by a restart if it had been
+// persisted. saved: the exports file lists e (written again without it).
+func (a *Agent) unactivate(ctx context.Context, mv Mover, e Export, received Export, wasReceived, saved bool) {
+	name := e.Request.Export
+	a.mu.Lock()
+	if wasReceived {
+		a.exports[name] = received
+	} else {
+		delete(a.exports, name)
+	}
+	a.exportsChangedLocked()
+	a.mu.Unlock()
+	held := e
+	held.suspended = true
+	if _, err := mv.ActivateMove(context.WithoutCancel(ctx), held); err != nil {
+		a.log.Warn("a moved part whose commit failed could not be suspended", "lease", e.Request.LeaseID,
+			"device", e.Device.Name, "err", err)
+	}
+	if saved {
+		// Or, if this fails too, the range's journal entry (still there)
+		// makes a restart wipe the range and drop the export.
+		if err := a.saveExportsLocked(); err != nil {
+			a.log.Warn("a moved part whose commit failed stays in the exports file", "lease", e.Request.LeaseID,
+				"device", e.Device.Name, "err", err)
+		}
+	}
 }
 
 // commitOut commits a sealed outgoing transfer: it retires the old
