@@ -306,6 +306,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := os.MkdirAll(a.cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("agent: state dir: %w", err)
 	}
+	// The state directory, then the block devices, are this agent's
+	// alone until Run returns (instancelock.go): the locks go last, once
+	// everything Run started has stopped.
+	var locks instanceLocks
+	defer locks.release()
+	if err := a.lockStateDir(&locks); err != nil {
+		return err
+	}
 	fresh, err := a.freshState()
 	if err != nil {
 		return err
@@ -345,10 +353,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fmt.Errorf("agent: %s is unreadable: the ranges it lists may hold tenants' bytes; repair it, or start with --wipe-lost-exports to wipe every block device and set it aside",
 			filepath.Join(a.cfg.StateDir, exportsFile))
 	}
-	var existed map[string]bool
-	if fresh {
-		// Before openDevices creates the missing files (fresh.go).
-		existed = a.existingBlockFiles()
+	// Before a device is opened, wiped or served; the files that
+	// existed before may hold tenants' bytes (fresh.go).
+	existed, err := a.lockBlockDevices(&locks)
+	if err != nil {
+		return err
 	}
 	a.reserved.reserve(a.cfg.Listen, a.rememberedPorts(saved))
 	defer a.reserved.releaseAll()
@@ -592,24 +601,11 @@ func (a *Agent) saveIdentity() error {
 	return writeJSON(filepath.Join(a.cfg.StateDir, identityFile), id)
 }
 
+// openDevices sets up every configured device with its driver. The block
+// devices are open and locked already (lockBlockDevices), which refused
+// two names on one file: it would be lent twice, the ranges of each name
+// being kept apart, not those of the file.
 func (a *Agent) openDevices(ctx context.Context) error {
-	// One file lent under two names would be lent twice: the ranges of
-	// each name are kept apart, not those of the file.
-	var files []DeviceConfig
-	for _, d := range a.cfg.Devices {
-		if d.Kind != api.KindBlock {
-			continue
-		}
-		if !filepath.IsAbs(d.Path) {
-			d.Path = filepath.Join(a.cfg.StateDir, d.Path)
-		}
-		for _, o := range files {
-			if sameFile(o.Path, d.Path) {
-				return fmt.Errorf("%w: block devices %q and %q are the same file, %s", ErrConfig, o.Name, d.Name, d.Path)
-			}
-		}
-		files = append(files, d)
-	}
 	for _, d := range a.cfg.Devices {
 		if d.Kind == api.KindBlock && !filepath.IsAbs(d.Path) {
 			d.Path = filepath.Join(a.cfg.StateDir, d.Path)

@@ -32,6 +32,12 @@
 // fresh accelerator slot port takes one. An export that must move anyway is
 // served at a new address with a warning, and the heartbeats report it
 // ([Export].Moved) until the control plane has recorded it.
+// While Run runs, the agent holds an exclusive flock on its state
+// directory (agent.lock) and on every block device it lends, taken before
+// it reads either: a second agent on the same state directory or device
+// refuses to start ([ErrInUse]) instead of rewriting the first's state or
+// wiping its tenants' bytes as lost state; the kernel drops the locks
+// when the process ends, however it ends.
 //
 // TLS ([Config.CAFile]): the agent trusts the cluster CA, joins with a CSR
 // for its key (node-key.pem, 0600) and keeps the node certificate the

@@ -24,6 +24,10 @@ import (
 // (api.JoinRequest.LostExports), which records the node's leases lost. A
 // file the agent creates (sparse, empty) is not wiped; nor is anything on
 // a genuinely new node's control plane lost (it knows no lease there).
+//
+// Nor is an agent still running on the same devices lost state: a second
+// agent is refused before it looks at them (instancelock.go), whatever its
+// state directory.
 
 // freshState reports whether the state directory holds neither the
 // agent's identity nor its exports file.
@@ -38,26 +42,6 @@ func (a *Agent) freshState() (bool, error) {
 		}
 	}
 	return true, nil
-}
-
-// existingBlockFiles lists the paths of the configured block devices
-// whose files exist (before openDevices creates the missing ones): those
-// may hold bytes. A path that cannot be checked counts as existing.
-func (a *Agent) existingBlockFiles() map[string]bool {
-	out := map[string]bool{}
-	for _, d := range a.cfg.Devices {
-		if d.Kind != api.KindBlock {
-			continue
-		}
-		p := d.Path
-		if !filepath.IsAbs(p) {
-			p = filepath.Join(a.cfg.StateDir, p)
-		}
-		if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
-			out[p] = true
-		}
-	}
-	return out
 }
 
 // wipeFreshState journals a wipe in full of each block device whose file

@@ -1,0 +1,264 @@
+package agent
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rialto-project/rialto/api"
+)
+
+// One agent per state directory, and one per block device. A second agent
+// on the same state directory would overwrite the first's identity,
+// exports and wipe journal; one on the same block device (the same machine
+// started again from another working directory, so with a fresh state
+// directory, or another configuration naming the same file) would take
+// the first's tenants' ranges for lost state and wipe them in full under
+// their live leases (fresh.go), or lend them again. So an agent takes, in
+// Run, before it reads its state or opens, wipes or serves a device, an
+// exclusive flock(2) on a lock file in its state directory and on every
+// block device it lends (the file, or the device node, itself), and holds
+// them until Run returns. A lock another process (or another agent of this
+// process: flock locks belong to open file descriptions) holds stops the
+// start with ErrInUse, naming the path and, where /proc/locks tells, the
+// holder's PID. The kernel drops a process's locks when it exits, however
+// it ends (SIGKILL too): an agent started after the last one ended starts
+// as usual.
+//
+// A lock is on the inode: another path to the same file (a symlink, a hard
+// link, a bind mount) is the same lock, but two device nodes of one block
+// device (a node made elsewhere, another container's /dev) are two, and a
+// partition is not its whole disk.
+
+// ErrInUse is the error of a start whose state directory or block device
+// another rialto agent holds.
+var ErrInUse = errors.New("in use by another rialto agent")
+
+// lockFile is the state directory's lock; it holds the PID of the agent
+// that locked it last.
+const lockFile = "agent.lock"
+
+// instanceLocks are the locks an agent holds while it runs: the
+// descriptors whose open file descriptions hold them.
+type instanceLocks struct {
+	files []*os.File
+}
+
+// release closes the descriptors, which drops their locks.
+func (l *instanceLocks) release() {
+	for _, f := range l.files {
+		f.Close()
+	}
+	l.files = nil
+}
+
+// lockStateDir locks the state directory (its lock file, created if
+// absent) and writes this process's PID into the file.
+func (a *Agent) lockStateDir(l *instanceLocks) error {
+	p := filepath.Join(a.cfg.StateDir, lockFile)
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("agent: lock the state directory: %w", err)
+	}
+	if err := flockExclusive(f); err != nil {
+		defer f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			pid, _ := lockHolder(f)
+			if pid == 0 {
+				pid = pidInFile(f)
+			}
+			return fmt.Errorf("agent: state directory %s is %w%s: two agents on one state directory would overwrite each other's identity, exports and wipe journal; stop that agent first (it holds %s)",
+				a.cfg.StateDir, ErrInUse, holderNote(pid), p)
+		}
+		return fmt.Errorf("agent: lock %s: %w", p, err)
+	}
+	l.files = append(l.files, f)
+	// For the operator (and the message of an agent refused): the lock
+	// itself is what counts.
+	err = f.Truncate(0)
+	if err == nil {
+		_, err = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	if err != nil {
+		a.log.Warn("could not write the PID into the state directory's lock file (the lock is held)", "file", p, "err", err)
+	}
+	return nil
+}
+
+// lockBlockDevices opens every configured block device's file (creating
+// a missing one, empty, as BlockDriver.Open would) and locks it. It
+// returns the paths (relative ones resolved in the state directory) of
+// those whose files existed before: they may hold tenants' bytes
+// (fresh.go). Two devices on one file are a configuration error.
+func (a *Agent) lockBlockDevices(l *instanceLocks) (existed map[string]bool, err error) {
+	existed = map[string]bool{}
+	type opened struct {
+		name     string
+		dev, ino uint64
+	}
+	var seen []opened
+	for _, d := range a.cfg.Devices {
+		if d.Kind != api.KindBlock {
+			continue
+		}
+		p := d.Path
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(a.cfg.StateDir, p)
+		}
+		f, created, err := openDeviceFile(p)
+		if err != nil {
+			return nil, fmt.Errorf("agent: device %s: %w", d.Name, err)
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("agent: device %s: stat %s: %w", d.Name, p, err)
+		}
+		for _, o := range seen {
+			if o.dev == st.Dev && o.ino == st.Ino {
+				f.Close()
+				return nil, fmt.Errorf("%w: block devices %q and %q are the same file, %s", ErrConfig, o.name, d.Name, p)
+			}
+		}
+		seen = append(seen, opened{name: d.Name, dev: st.Dev, ino: st.Ino})
+		if err := flockExclusive(f); err != nil {
+			defer f.Close()
+			if errors.Is(err, unix.EWOULDBLOCK) {
+				pid, shared := lockHolder(f)
+				if shared {
+					return nil, fmt.Errorf("agent: block device %s (%s) is locked by another program%s, with a shared lock, which no rialto agent takes (udev probing the disk, a tool working on it): this agent neither reads, wipes nor serves it; start it again once that is done: %w",
+						d.Name, p, holderNote(pid), err)
+				}
+				return nil, fmt.Errorf("agent: block device %s (%s) is %w%s: this agent neither reads, wipes nor serves it; stop that agent, or lend this one other devices",
+					d.Name, p, ErrInUse, holderNote(pid))
+			}
+			return nil, fmt.Errorf("agent: device %s: lock %s: %w", d.Name, p, err)
+		}
+		l.files = append(l.files, f)
+		if !created {
+			existed[p] = true
+		}
+	}
+	return existed, nil
+}
+
+// openDeviceFile opens a block device's file read-write, creating it
+// (with its directory) if it does not exist; created says it did not.
+func openDeviceFile(p string) (f *os.File, created bool, err error) {
+	f, err = os.OpenFile(p, os.O_RDWR, 0)
+	if err == nil {
+		return f, false, nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return nil, false, err
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return nil, false, err
+	}
+	f, err = os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o600)
+	return f, err == nil, err
+}
+
+// flockExclusive takes an exclusive flock on f without waiting: an error
+// wrapping unix.EWOULDBLOCK if another open file description holds one.
+func flockExclusive(f *os.File) error {
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if !errors.Is(err, unix.EINTR) {
+			return err
+		}
+	}
+}
+
+// lockHolder is the process holding a flock on f's file, as /proc/locks
+// tells it: its PID (0: unknown) and whether its lock is shared (LOCK_SH,
+// which no agent takes: udev probing a disk, say). A line is "ID: FLOCK
+// ADVISORY WRITE|READ PID MAJ:MIN:INODE START END", the device numbers in
+// hex; a waiter's has "->" after the ID.
+func lockHolder(f *os.File) (pid int, shared bool) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return 0, false
+	}
+	pl, err := os.Open("/proc/locks")
+	if err != nil {
+		return 0, false
+	}
+	defer pl.Close()
+	exact := fmt.Sprintf("%02x:%02x:%d", unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
+	inode := ":" + strconv.FormatUint(st.Ino, 10)
+	type holder struct {
+		pid    int
+		shared bool
+	}
+	// On some file systems (btrfs subvolumes, overlayfs) stat's device is
+	// not the one /proc/locks names: then the inode alone, if only one
+	// process locks an inode of that number.
+	var exacts, byInode []holder
+	sc := bufio.NewScanner(pl)
+	for sc.Scan() {
+		fl := strings.Fields(sc.Text())
+		if len(fl) < 6 || fl[1] != "FLOCK" || (fl[3] != "WRITE" && fl[3] != "READ") {
+			continue
+		}
+		pid, err := strconv.Atoi(fl[4])
+		if err != nil || pid <= 0 {
+			continue
+		}
+		h := holder{pid: pid, shared: fl[3] == "READ"}
+		switch {
+		case fl[5] == exact:
+			exacts = append(exacts, h)
+		case strings.HasSuffix(fl[5], inode):
+			byInode = append(byInode, h)
+		}
+	}
+	hs := exacts
+	if len(hs) == 0 && len(byInode) == 1 {
+		hs = byInode
+	}
+	for _, h := range hs {
+		if !h.shared {
+			return h.pid, false
+		}
+	}
+	if len(hs) > 0 {
+		return hs[0].pid, true
+	}
+	return 0, false
+}
+
+// pidInFile is the PID the state directory's lock file holds (0: none).
+func pidInFile(f *os.File) int {
+	b := make([]byte, 32)
+	n, _ := f.ReadAt(b, 0)
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b[:n])))
+	if err != nil || pid <= 0 {
+		return 0
+	}
+	return pid
+}
+
+// holderNote describes a lock's holder for an error message: " (pid N,
+// COMMAND)", " (pid N, this process)", or "" when unknown.
+func holderNote(pid int) string {
+	switch {
+	case pid <= 0:
+		return ""
+	case pid == os.Getpid():
+		return fmt.Sprintf(" (pid %d, this process)", pid)
+	}
+	if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm"); err == nil {
+		if comm := strings.TrimSpace(string(b)); comm != "" {
+			return fmt.Sprintf(" (pid %d, %s)", pid, comm)
+		}
+	}
+	return fmt.Sprintf(" (pid %d)", pid)
+}

@@ -1,0 +1,234 @@
+package testcluster
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/agent"
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+)
+
+// TestSecondAgentOnLentDeviceRefused: a second agent started on the same
+// machine while the first still runs (another working directory, so a
+// fresh state directory) and lending the same block device — the same
+// file, another path to it, or a real block device's node — would take
+// the device's bytes for lost state and wipe them under the first agent's
+// live lease. It refuses to start, naming the device and the process
+// holding it, and touches nothing: the tenant still reads her bytes
+// through the first agent. Once the first has stopped, the second starts.
+func TestSecondAgentOnLentDeviceRefused(t *testing.T) {
+	t.Parallel()
+	const dev = 8 << 20
+	for _, tc := range []struct {
+		name string
+		// device is the path the first agent lends, and the path to the
+		// same device the second one is given.
+		device func(t *testing.T) (first, second string)
+	}{
+		{"file", func(t *testing.T) (string, string) {
+			p := filepath.Join(t.TempDir(), "disk0.img")
+			return p, p
+		}},
+		{"another path to the file", func(t *testing.T) (string, string) {
+			p := filepath.Join(t.TempDir(), "disk0.img")
+			if err := os.WriteFile(p, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			link := filepath.Join(t.TempDir(), "link.img")
+			if err := os.Symlink(p, link); err != nil {
+				t.Fatal(err)
+			}
+			return p, link
+		}},
+		{"block device", func(t *testing.T) (string, string) {
+			p := filepath.Join(t.TempDir(), "backing.img")
+			if err := os.WriteFile(p, make([]byte, dev), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			d := loopDevice(t, p)
+			return d, d
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			first, second := tc.device(t)
+			c := Start(t, Options{Nodes: 1, Tenants: []string{"alice"},
+				Devices: []agent.DeviceConfig{{Name: "disk0", Kind: api.KindBlock, Path: first, Size: dev}}})
+			ctx := ctxT(t)
+			alice := c.ClientWithToken(TenantToken("alice"))
+			la, err := alice.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeDedicated, Size: dev})
+			if err != nil {
+				t.Fatal(err)
+			}
+			fillParts(ctx, t, la, "alice")
+
+			n := c.Nodes[0]
+			cfg := n.cfg
+			cfg.StateDir = filepath.Join(t.TempDir(), "elsewhere")
+			cfg.Devices = []agent.DeviceConfig{{Name: "disk0", Kind: api.KindBlock, Path: second, Size: dev}}
+			err = refusedAgent(t, cfg)
+			if !errors.Is(err, agent.ErrInUse) {
+				t.Fatalf("a second agent lending %s: %v, want ErrInUse", second, err)
+			}
+			for _, want := range []string{second, "in use by another rialto agent", fmt.Sprintf("pid %d", os.Getpid())} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("the refusal %q does not say %q", err, want)
+				}
+			}
+			if got := c.Lease(la.ID); got.State != api.LeaseActive {
+				t.Fatalf("alice's lease after the refused start: %s (%q)", got.State, got.Reason)
+			}
+			if !partsHold(ctx, t, la, "alice") {
+				t.Fatal("alice's bytes changed under her lease")
+			}
+
+			n.Kill()
+			n.cfg = cfg
+			n.Launch()
+			n.WaitReady()
+		})
+	}
+}
+
+// TestSecondAgentOnStateDirRefused: a second agent on the state directory
+// of a running one (started twice by mistake) would rewrite its identity,
+// exports and wipe journal under it. It refuses to start, naming the
+// directory and the process holding it, and changes none of its files;
+// the first keeps serving. Restarted once the first has stopped, the agent
+// starts on the directory as usual and serves the lease again.
+func TestSecondAgentOnStateDirRefused(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{Nodes: 1, Tenants: []string{"alice"}})
+	ctx := ctxT(t)
+	alice := c.ClientWithToken(TenantToken("alice"))
+	la, err := alice.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fillParts(ctx, t, la, "alice")
+	n := c.Nodes[0]
+	files := func() map[string]string {
+		m := map[string]string{}
+		for _, f := range []string{"identity.json", "exports.json", "wipes.json"} {
+			b, err := os.ReadFile(filepath.Join(n.StateDir, f))
+			if err != nil && !errors.Is(err, os.ErrNotExist) {
+				t.Fatal(err)
+			}
+			m[f] = string(b)
+		}
+		return m
+	}
+	before := files()
+
+	err = refusedAgent(t, n.cfg)
+	if !errors.Is(err, agent.ErrInUse) {
+		t.Fatalf("a second agent on the state directory: %v, want ErrInUse", err)
+	}
+	for _, want := range []string{"state directory " + n.StateDir, "in use by another rialto agent", fmt.Sprintf("pid %d", os.Getpid())} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the refusal %q does not say %q", err, want)
+		}
+	}
+	for f, b := range files() {
+		if b != before[f] {
+			t.Errorf("%s changed by the refused start:\n%s\nwas\n%s", f, b, before[f])
+		}
+	}
+	if !n.Serves(la.ID) || !partsHold(ctx, t, la, "alice") {
+		t.Fatal("the running agent no longer serves alice's bytes")
+	}
+
+	n.Restart()
+	if got := c.Lease(la.ID); got.State != api.LeaseActive || !n.Serves(la.ID) {
+		t.Fatalf("alice's lease after the restart: %s, served %v", got.State, n.Serves(la.ID))
+	}
+	if !partsHold(ctx, t, la, "alice") {
+		t.Fatal("alice's bytes changed by the restart")
+	}
+}
+
+// refusedAgent runs an agent on cfg and returns the error it stops with;
+// an agent that gets ready instead fails the test.
+func refusedAgent(t *testing.T, cfg agent.Config) error {
+	t.Helper()
+	a, err := agent.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("the second agent stopped without an error")
+		}
+		t.Logf("refused: %v", err)
+		return err
+	case <-a.Ready():
+		cancel()
+		<-done
+		t.Fatal("a second agent started")
+	case <-time.After(15 * time.Second):
+		cancel()
+		<-done
+		t.Fatal("a second agent neither started nor stopped")
+	}
+	return nil
+}
+
+// partsHold reports whether every part of l reads back as fillParts wrote
+// it for tenant.
+func partsHold(ctx context.Context, t *testing.T, l api.Lease, tenant string) bool {
+	t.Helper()
+	for i, uri := range partURIs(l) {
+		nc, err := nbd.DialURI(ctx, uri)
+		if err != nil {
+			t.Fatalf("part %d: %v", i, err)
+		}
+		b := make([]byte, nc.Size())
+		_, err = nc.ReadAtContext(ctx, b, 0)
+		nc.Close()
+		if err != nil {
+			t.Fatalf("part %d: read: %v", i, err)
+		}
+		if !bytes.Equal(b, bytes.Repeat([]byte(tenant+" secret "), len(b)/len(tenant)+1)[:len(b)]) {
+			return false
+		}
+	}
+	return true
+}
+
+// loopDevice attaches p to a loop device for the test, or skips the test
+// where that is not possible (not root, no loop driver).
+func loopDevice(t *testing.T, p string) string {
+	t.Helper()
+	losetup, err := exec.LookPath("losetup")
+	if err != nil {
+		t.Skip("losetup not installed")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("loop devices need root")
+	}
+	out, err := exec.Command(losetup, "-f", "--show", p).CombinedOutput()
+	if err != nil {
+		t.Skipf("no loop device: %v: %s", err, out)
+	}
+	dev := strings.TrimSpace(string(out))
+	t.Cleanup(func() {
+		if out, err := exec.Command(losetup, "-d", dev).CombinedOutput(); err != nil {
+			t.Errorf("detaching %s: %v: %s", dev, err, out)
+		}
+	})
+	return dev
+}
