@@ -298,6 +298,14 @@ func (q *QueuePair) lose(err error) {
 	q.mu.Unlock()
 }
 
+// fail ends the pair with err: no request is posted any more, and the
+// pending ones fail with err, once the connection is closed and the
+// writer lock (wmu) is free. A post writing a request, or a resend
+// (reconnect) writing the pending ones again, reads the callers'
+// buffers; closing the connection ends their writes, and once they let
+// wmu go no buffer of a request is read any more, so a caller may reuse
+// its buffer as soon as the request completes. (Completing the requests
+// first let a resend go on reading a buffer its caller had back.)
 func (q *QueuePair) fail(err error) {
 	q.mu.Lock()
 	if q.err != nil {
@@ -311,10 +319,13 @@ func (q *QueuePair) fail(err error) {
 	q.wake = make(chan struct{})
 	conn := q.conn
 	q.mu.Unlock()
+	_ = conn.Close()
+	q.wmu.Lock()
+	//lint:ignore SA2001 an empty critical section waits for the writers
+	q.wmu.Unlock()
 	for _, o := range pend {
 		q.finish(o, err)
 	}
-	_ = conn.Close()
 }
 
 func (q *QueuePair) finish(o *qop, err error) {
@@ -522,8 +533,8 @@ func (q *QueuePair) reader(ctx context.Context) {
 			// write a read's data into the source of a write.
 			err := fmt.Errorf("%w: reply op %d of %d bytes for seq %d op %d of %d bytes",
 				protocol.ErrBadFrame, h.Op, h.Payload, h.Seq, want, len(o.op.Buf))
+			q.fail(err) // first: see fail
 			q.finish(o, err)
-			q.fail(err)
 			return
 		} else if h.Payload > 0 {
 			if o == nil {
@@ -539,10 +550,10 @@ func (q *QueuePair) reader(ctx context.Context) {
 					continue
 				}
 				err = transportErr(err)
+				q.fail(err)
 				if o != nil && !repended {
 					q.finish(o, err)
 				}
-				q.fail(err)
 				return
 			}
 		}
