@@ -246,7 +246,8 @@ func TestQueueFailWaitsForResend(t *testing.T) {
 			t.Errorf("write %d: %v, want the pair's failure", tag-100, err)
 		}
 	}
-	// The session serves on.
+	// The pair's connection was ended at the donor (its WRITEs' fate
+	// unknown): the session serves on.
 	if err := c.Write(ctx, ChannelSync, make([]byte, 4096), 0); err != nil {
 		t.Fatalf("the session after the pair failed: %v", err)
 	}

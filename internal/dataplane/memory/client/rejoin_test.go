@@ -265,10 +265,11 @@ func TestDonorClosesOneConnection(t *testing.T) {
 
 // TestBrokenConnectionRejoinedByNextRequest: a request whose context
 // ends while it waits (here: a write a move holds) breaks its connection
-// — its reply would come later, out of turn. The next request on that
-// channel re-establishes that connection alone and is served; no other
-// connection is dialled again. That channel failed every later request
-// of the session, with the first one's error.
+// — its reply would come later, out of turn. That connection alone is
+// re-established (before the failure is returned: see
+// TestCancelledHeldWriteDoesNotLand) and the next request on that
+// channel is served; no other connection is dialled again. That channel
+// failed every later request of the session, with the first one's error.
 func TestBrokenConnectionRejoinedByNextRequest(t *testing.T) {
 	for _, tc := range []struct {
 		ch   Channel
