@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"cmp"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -214,6 +215,13 @@ type QueuePair struct {
 	// from what the connection holds and fails the pair once none is
 	// left or the connection ends.
 	lost error
+	// unsettled: a WRITE was abandoned on conn (do: its caller's
+	// context ended) and conn has not been replaced since; renewing: do
+	// asked the reader to re-establish conn for it (renew). settled
+	// closes once fail has ended the pair's connection at the donor, if
+	// it had to, before it completes the requests.
+	unsettled, renewing bool
+	settled             chan struct{}
 
 	cq     chan Completion
 	done   chan struct{}
@@ -231,7 +239,7 @@ func (c *Client) NewQueuePair(ctx context.Context) (*QueuePair, error) {
 	}
 	q := &QueuePair{c: c, id: rep.queue, conn: conn, br: bufio.NewReaderSize(conn, 64<<10),
 		granted: rep.Credits, wake: make(chan struct{}), pending: map[uint32]*qop{},
-		cq: make(chan Completion, max(int(rep.Credits), 1)), done: make(chan struct{})}
+		cq: make(chan Completion, max(int(rep.Credits), 1)), done: make(chan struct{}), settled: make(chan struct{})}
 	c.qmu.Lock()
 	c.queues[q.id] = q
 	c.qmu.Unlock()
@@ -298,6 +306,21 @@ func (q *QueuePair) lose(err error) {
 	q.mu.Unlock()
 }
 
+// fail ends the pair with err: no request is posted any more, and the
+// pending ones fail with err, once
+//
+//   - the connection is closed and the writer lock (wmu) is free: a post
+//     writing a request, or a resend (reconnect) writing the pending ones
+//     again, reads the callers' buffers; closing the connection ends
+//     their writes, and once they let wmu go no buffer of a request is
+//     read any more, so a caller may reuse its buffer as soon as the
+//     request completes;
+//   - the donor has ended the connection, if WRITEs were in flight on it
+//     or abandoned there (unsettled) and the session lives: a new
+//     connection names it (protocol.ReplacedConnection) and is closed
+//     once answered (Client.endConn), so that no WRITE that fails here
+//     lands after a request issued once it failed, on any channel. If
+//     that cannot be done, the session is lost (Client.unsettled).
 func (q *QueuePair) fail(err error) {
 	q.mu.Lock()
 	if q.err != nil {
@@ -309,12 +332,24 @@ func (q *QueuePair) fail(err error) {
 	q.pending = map[uint32]*qop{}
 	close(q.wake)
 	q.wake = make(chan struct{})
-	conn := q.conn
+	conn, id, writes := q.conn, q.id, q.unsettled
+	for _, o := range pend {
+		writes = writes || o.op.Write
+	}
 	q.mu.Unlock()
+	_ = conn.Close()
+	q.wmu.Lock()
+	//lint:ignore SA2001 an empty critical section waits for the writers
+	q.wmu.Unlock()
+	if writes {
+		// fail has no context of its own; the HELLO is bounded by
+		// Options.Timeout.
+		q.c.endConn(context.Background(), protocol.KindQueue, id)
+	}
+	close(q.settled)
 	for _, o := range pend {
 		q.finish(o, err)
 	}
-	_ = conn.Close()
 }
 
 func (q *QueuePair) finish(o *qop, err error) {
@@ -423,7 +458,7 @@ func (q *QueuePair) do(ctx context.Context, op uint8, p []byte, off int64, chunk
 		}
 		ops = append(ops, o)
 	}
-	abandoned := false
+	abandoned, write := false, false
 	for _, o := range ops {
 		select {
 		case e := <-o.done:
@@ -437,6 +472,9 @@ func (q *QueuePair) do(ctx context.Context, op uint8, p []byte, off int64, chunk
 		q.mu.Lock()
 		if _, ok := q.pending[o.seq]; ok {
 			delete(q.pending, o.seq) // the reader will discard its reply
+			if o.op.Write {
+				q.unsettled, write = true, true
+			}
 			q.mu.Unlock()
 			abandoned = true
 			if err == nil {
@@ -450,6 +488,11 @@ func (q *QueuePair) do(ctx context.Context, op uint8, p []byte, off int64, chunk
 		}
 		qopPool.Put(o)
 	}
+	if write {
+		// An abandoned WRITE may still land (its payload late, or held
+		// by a move's pause): its connection is ended first (renew).
+		q.renew()
+	}
 	if abandoned {
 		// A re-established connection's resend may be sending the
 		// abandoned requests: p is the caller's again once it is done.
@@ -460,14 +503,82 @@ func (q *QueuePair) do(ctx context.Context, op uint8, p []byte, off int64, chunk
 	return err
 }
 
+// renew has the pair's connection re-established, naming the old one
+// (protocol.ReplacedConnection), after do abandoned a WRITE on it: the
+// donor ends the old connection, a WRITE under way or held there
+// included, and answers the new one's HELLO once nothing more of it can
+// land. It returns once that is done, or once the pair failed (fail
+// ends the connection too: renew waits for it) or the session was lost
+// (no request goes out on it any more). The reader re-establishes the
+// connection: renew marks it wanted and ends the connection for reading,
+// which wakes the reader; the requests still pending are sent again on
+// the new connection, as when the donor ends one.
+func (q *QueuePair) renew() {
+	q.mu.Lock()
+	gen, conn := q.cgen, q.conn
+	// A pair that failed needs none; one whose session was lost goes on
+	// reading the answers its connection holds (lose).
+	live := q.err == nil && q.lost == nil
+	q.renewing = live
+	q.mu.Unlock()
+	if live {
+		closeRead(conn)
+	}
+	q.mu.Lock()
+	for q.cgen == gen && q.err == nil && q.lost == nil {
+		w := q.wake
+		q.mu.Unlock()
+		<-w
+		q.mu.Lock()
+	}
+	failed := q.cgen == gen && q.err != nil
+	q.mu.Unlock()
+	if failed {
+		<-q.settled
+	}
+}
+
+// closeRead ends conn (a TCP connection, or TLS over one) for reading
+// only: its reader finds the end, while requests may still be written
+// on it until it is replaced. Any other connection is closed.
+func closeRead(conn net.Conn) {
+	if tc, ok := conn.(*tls.Conn); ok {
+		conn = tc.NetConn()
+	}
+	if cr, ok := conn.(interface{ CloseRead() error }); ok && cr.CloseRead() == nil {
+		return
+	}
+	_ = conn.Close()
+}
+
+// takeRenewing reports whether renew asked for the connection to be
+// re-established (mu held), and takes the request.
+func (q *QueuePair) takeRenewing() bool {
+	r := q.renewing
+	q.renewing = false
+	return r
+}
+
 func (q *QueuePair) reader(ctx context.Context) {
 	defer close(q.done)
 	var hdr [protocol.HeaderSize]byte
 	// rejoins counts the connections re-established since the last
-	// reply: a donor that keeps ending them fails the pair.
+	// reply: a donor that keeps ending them fails the pair. One renew
+	// asked for is not counted.
 	rejoins := 0
-	rejoin := func() bool {
-		if rejoins >= maxRejoins || q.c.closed.Load() || q.isClosed() {
+	// rejoin re-establishes the connection after it ended (ended), or
+	// when renew asked for it.
+	rejoin := func(ended bool) bool {
+		if q.c.closed.Load() || q.isClosed() {
+			return false
+		}
+		q.mu.Lock()
+		renewing := q.takeRenewing()
+		q.mu.Unlock()
+		if renewing {
+			return q.reconnect(ctx)
+		}
+		if !ended || rejoins >= maxRejoins {
 			return false
 		}
 		rejoins++
@@ -488,7 +599,7 @@ func (q *QueuePair) reader(ctx context.Context) {
 		if err != nil {
 			if q.c.closed.Load() || q.isClosed() {
 				err = protocol.ErrClosed
-			} else if ended && rejoin() {
+			} else if rejoin(ended) {
 				continue
 			}
 			q.fail(err)
@@ -496,6 +607,7 @@ func (q *QueuePair) reader(ctx context.Context) {
 		}
 		rejoins = 0
 		q.mu.Lock()
+		renewing := q.renewing // taken once this reply is read (rejoin)
 		o := q.pending[h.Seq]
 		delete(q.pending, h.Seq)
 		if len(q.pending) == 0 {
@@ -522,8 +634,13 @@ func (q *QueuePair) reader(ctx context.Context) {
 			// write a read's data into the source of a write.
 			err := fmt.Errorf("%w: reply op %d of %d bytes for seq %d op %d of %d bytes",
 				protocol.ErrBadFrame, h.Op, h.Payload, h.Seq, want, len(o.op.Buf))
+			if o.op.Write {
+				q.mu.Lock()
+				q.unsettled = true // its fate unknown: see fail
+				q.mu.Unlock()
+			}
+			q.fail(err) // first: see fail
 			q.finish(o, err)
-			q.fail(err)
 			return
 		} else if h.Payload > 0 {
 			if o == nil {
@@ -535,14 +652,14 @@ func (q *QueuePair) reader(ctx context.Context) {
 				// o, a READ whose data the connection's end cut short,
 				// is pending again: sent again, or failed with the pair.
 				repended := connEnded(err) && q.repend(o)
-				if repended && rejoin() {
+				if repended && rejoin(true) {
 					continue
 				}
 				err = transportErr(err)
+				q.fail(err)
 				if o != nil && !repended {
 					q.finish(o, err)
 				}
-				q.fail(err)
 				return
 			}
 		}
@@ -551,6 +668,14 @@ func (q *QueuePair) reader(ctx context.Context) {
 		}
 		if lost != nil {
 			q.fail(lost)
+			return
+		}
+		if renewing && !rejoin(false) {
+			err := fmt.Errorf("%w: the queue connection could not be re-established", protocol.ErrDonorLost)
+			if q.c.closed.Load() || q.isClosed() {
+				err = protocol.ErrClosed
+			}
+			q.fail(err)
 			return
 		}
 	}
@@ -597,6 +722,9 @@ func (q *QueuePair) reconnect(ctx context.Context) bool {
 	}
 	old, oldID := q.conn, q.id
 	q.conn, q.id, q.cgen = conn, rep.queue, q.cgen+1
+	// The new connection named the old one: nothing abandoned there
+	// lands any more, and a renew asked for is done.
+	q.unsettled, q.renewing = false, false
 	q.br = bufio.NewReaderSize(conn, 64<<10)
 	ops := make([]*qop, 0, len(q.pending))
 	for _, o := range q.pending {

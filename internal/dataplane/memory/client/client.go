@@ -250,14 +250,48 @@ func (c *Client) TLS() bool { return c.opts.TLS != nil }
 // connection. A mapping's fault handler takes one of kind
 // protocol.KindFault.
 func (c *Client) Join(ctx context.Context, kind uint8) (net.Conn, error) {
+	conn, _, err := c.JoinReplacing(ctx, kind, ConnRef{})
+	return conn, err
+}
+
+// ConnRef names a data connection of a session: the session's id and
+// the connection's id in it (its HELLO reply's, protocol.HelloReply). The
+// zero ConnRef names none.
+type ConnRef struct {
+	Session uint64
+	ID      uint32
+}
+
+// JoinReplacing is Join for a connection that replaces old, one its
+// owner gave up (a mapping's fault connection whose write-back timed
+// out): if old is a connection of this session, the HELLO names it
+// (protocol.ReplacedConnection), and the donor ends it, a WRITE under
+// way or held on it included, before it answers, so that nothing more
+// of old lands after what the new connection carries. A connection of
+// another session (one the session followed from) is not named: its id
+// means nothing here. It returns the new connection's ConnRef (ID 0 from
+// an older donor, which ignores the name).
+func (c *Client) JoinReplacing(ctx context.Context, kind uint8, old ConnRef) (net.Conn, ConnRef, error) {
 	if kind == protocol.KindControl {
-		return nil, fmt.Errorf("memory: a session has one control connection")
+		return nil, ConnRef{}, fmt.Errorf("memory: a session has one control connection")
 	}
 	if err := c.err(); err != nil {
-		return nil, err
+		return nil, ConnRef{}, err
 	}
-	conn, _, err := c.handshake(ctx, kind, 0)
-	return conn, err
+	conn, rep, err := c.handshake(ctx, kind, c.replaces(old))
+	if err != nil {
+		return nil, ConnRef{}, err
+	}
+	return conn, ConnRef{Session: c.session, ID: rep.queue}, nil
+}
+
+// replaces is the id a HELLO of this session names for old (0: none,
+// old being of another session).
+func (c *Client) replaces(old ConnRef) uint32 {
+	if old.Session != c.session {
+		return 0
+	}
+	return old.ID
 }
 
 // Handoff lets another process open a connection of this session by
@@ -273,6 +307,10 @@ type Handoff struct {
 	// PeerKey is the SHA-256 of the donor certificate's public key (its
 	// SubjectPublicKeyInfo), as the session's control connection saw it.
 	PeerKey [32]byte
+	// Replaces is the id of the connection of the same session the new
+	// one replaces (0: none), which its HELLO names (see JoinReplacing;
+	// Following.RejoinHandoff sets it).
+	Replaces uint32 `json:",omitempty"`
 }
 
 // DialHandoff dials a connection to the donor for a connection of kind
@@ -395,13 +433,18 @@ func (c *Client) hello(rw io.ReadWriter, kind uint8, replaces uint32) (helloRepl
 }
 
 // Hello sends the HELLO m on rw (a connection to the donor, TLS already
-// running if it must) and reads the donor's reply; a refusal is returned
-// as its status's error (protocol.ErrAuth, ErrBusy, ErrTLSRequired, …). A
-// process that opens a connection of a session on its own (a mapping's
-// fault handler, see Handoff) uses it.
-func Hello(rw io.ReadWriter, m protocol.Hello) error {
-	_, err := sendHello(rw, m, 0)
-	return err
+// running if it must), naming the connection of the session it replaces
+// (replaces, its id; 0: none; see JoinReplacing), reads the donor's reply
+// and returns the new connection's id in the session; a refusal is
+// returned as its status's error (protocol.ErrAuth, ErrBusy,
+// ErrTLSRequired, …). A process that opens a connection of a session on
+// its own (a mapping's fault handler, see Handoff) uses it.
+func Hello(rw io.ReadWriter, m protocol.Hello, replaces uint32) (uint32, error) {
+	if m.Kind == protocol.KindControl {
+		replaces = 0
+	}
+	rep, err := sendHello(rw, m, uint64(replaces))
+	return rep.queue, err
 }
 
 // sendHello sends the HELLO m, carrying offset (a control HELLO's

@@ -19,7 +19,10 @@
 // closes the connection of a WRITE whose payload stalls) is re-established
 // alone, joining the same session, and the requests in flight on it are
 // sent again; the session's other connections serve on (rejoin.go,
-// Client.Rejoins).
+// Client.Rejoins). A request that fails with its connection given up (a
+// timeout, a cancelled context) returns its failure only once the donor
+// has ended that connection: nothing of it lands after a request issued
+// later, on any channel.
 //
 // A Following (DialFollowing) is a session that follows its region when
 // the lease moves to another donor: a request that finds the region gone

@@ -197,15 +197,23 @@ func (f *Following) WriteAt(p []byte, off int64) (int, error) {
 // Join opens one more connection of the current session (see
 // Client.Join), following the region first if that session ended.
 func (f *Following) Join(ctx context.Context, kind uint8) (net.Conn, error) {
+	conn, _, err := f.JoinReplacing(ctx, kind, ConnRef{})
+	return conn, err
+}
+
+// JoinReplacing is Join for a connection that replaces old (see
+// Client.JoinReplacing): old is named only to the session it belongs
+// to, not to one the session followed the region to since.
+func (f *Following) JoinReplacing(ctx context.Context, kind uint8, old ConnRef) (net.Conn, ConnRef, error) {
 	p := f.cur.Load()
-	conn, err := p.c.Join(ctx, kind)
+	conn, ref, err := p.c.JoinReplacing(ctx, kind, old)
 	if err == nil || !f.followable(err) {
-		return conn, err
+		return conn, ref, err
 	}
 	if ferr := f.follow(ctx, p.gen, true); ferr != nil {
-		return nil, errors.Join(err, ferr)
+		return nil, ConnRef{}, errors.Join(err, ferr)
 	}
-	return f.cur.Load().c.Join(ctx, kind)
+	return f.cur.Load().c.JoinReplacing(ctx, kind, old)
 }
 
 // TLS reports whether the session runs over TLS (Options.TLS).
@@ -232,25 +240,36 @@ func (f *Following) DialHandoff(ctx context.Context, kind uint8) (net.Conn, Hand
 // at its new place if it did — with Options.TLS, whose handshake verifies
 // the new donor's certificate against the CA — then dials a connection
 // there. The Handoff pins the key that new session verified, not the old
-// donor's.
-func (f *Following) RejoinHandoff(ctx context.Context, kind uint8) (net.Conn, Handoff, error) {
+// donor's, and names old (Handoff.Replaces) if the session is still
+// old's.
+func (f *Following) RejoinHandoff(ctx context.Context, kind uint8, old ConnRef) (net.Conn, Handoff, error) {
 	p := f.cur.Load()
 	if err := f.follow(ctx, p.gen, p.c.err() != nil); err != nil {
 		return nil, Handoff{}, err
 	}
-	return f.DialHandoff(ctx, kind)
+	conn, h, err := f.DialHandoff(ctx, kind)
+	if err != nil {
+		return nil, Handoff{}, err
+	}
+	if old.Session == h.Hello.Session {
+		h.Replaces = old.ID
+	}
+	return conn, h, nil
 }
 
-// Rejoin is Join for a connection of the session that ended (its donor
-// answered GONE or went away): the region may have moved, so it asks
-// where it is first, and opens a session at its new place if it did. A
-// mapping's fault handler gets its next connection this way.
-func (f *Following) Rejoin(ctx context.Context, kind uint8) (net.Conn, error) {
+// Rejoin is Join for a connection of the session that ended or was
+// given up, old (its donor answered GONE or went away, or a request on
+// it timed out): the region may have moved, so it asks where it is
+// first, and opens a session at its new place if it did. If the session
+// is still old's, the new connection names old, which the donor ends
+// before it answers (see JoinReplacing). A mapping's fault handler gets
+// its next connection this way.
+func (f *Following) Rejoin(ctx context.Context, kind uint8, old ConnRef) (net.Conn, ConnRef, error) {
 	p := f.cur.Load()
 	if err := f.follow(ctx, p.gen, p.c.err() != nil); err != nil {
-		return nil, err
+		return nil, ConnRef{}, err
 	}
-	return f.Join(ctx, kind)
+	return f.JoinReplacing(ctx, kind, old)
 }
 
 // follow replaces the session of generation gen by one at the region's

@@ -190,7 +190,7 @@ func TestFollowingRefusesRecreatedRegion(t *testing.T) {
 			t.Fatalf("%v read after the region was recreated: %v (zeroes: %v), want ErrRecreated", ch, err, bytes.Equal(got, make([]byte, len(got))))
 		}
 	}
-	if _, err := f.Rejoin(ctx, protocol.KindSync); !errors.Is(err, protocol.ErrRecreated) {
+	if _, _, err := f.Rejoin(ctx, protocol.KindSync, ConnRef{}); !errors.Is(err, protocol.ErrRecreated) {
 		t.Fatalf("Rejoin after the region was recreated: %v, want ErrRecreated", err)
 	}
 	// The refused session's connection closes; the donor lets the region

@@ -42,7 +42,7 @@ func FuzzQueueReplies(f *testing.F) {
 		// donor to dial.
 		refuse := func(context.Context, string) (net.Conn, error) { return nil, errors.New("no donor here") }
 		q := &QueuePair{c: &Client{opts: Options{Timeout: 10 * time.Second, Dialer: refuse}}, conn: cli, br: bufio.NewReader(cli),
-			wake: make(chan struct{}), pending: map[uint32]*qop{1: rd, 2: wr}, done: make(chan struct{})}
+			wake: make(chan struct{}), pending: map[uint32]*qop{1: rd, 2: wr}, done: make(chan struct{}), settled: make(chan struct{})}
 		q.reader(context.Background())
 		rerr, werr := <-rd.done, <-wr.done
 

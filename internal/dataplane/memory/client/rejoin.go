@@ -52,12 +52,17 @@ import (
 // request) may still be served by the donor, which does not know: the
 // late rest of a WRITE's payload, or a WRITE a move's pause holds, would
 // land after a WRITE to the same range acknowledged on the new
-// connection. So every re-established connection names the one it
-// replaces in its HELLO (its id, from that one's HELLO reply:
-// protocol.ReplacedConnection); the donor ends it (a held WRITE gives up)
-// and answers once its handler has returned: the next request on the
-// channel is ordered after whatever the failed one did. A request on
-// another channel is not (docs/memory-protocol.md, "Sequence numbers").
+// connection, or on any other of the session. So every re-established
+// connection names the one it replaces in its HELLO (its id, from that
+// one's HELLO reply: protocol.ReplacedConnection); the donor ends it (a
+// held WRITE gives up) and answers once its handler has returned. And a
+// request that fails with its connection broken has that connection
+// re-established before the failure is returned (link.settle; a queue
+// pair's abandoned or failed WRITEs likewise: QueuePair.renew, fail):
+// whatever the caller issues next, on any channel, is ordered after
+// whatever the failed request did (docs/memory-protocol.md, "Sequence
+// numbers"). A connection that cannot be re-established then leaves the
+// session lost.
 //
 // Acknowledged writes are never sent again: a bulk stream goes on from
 // its first unacknowledged chunk, a queue pair sends again only the
@@ -159,16 +164,76 @@ func (l *link) broke(ctx context.Context, err error) error {
 // above): only if the donor ended the connection, ctx lives and the
 // request has rejoined fewer than maxRejoins times (*tries), and the
 // connection could be re-established. Otherwise it returns the error the
-// request fails with.
+// request fails with, once the broken connection is replaced (settle).
 func (l *link) recover(ctx context.Context, c *Client, err error, tries *int) (bool, error) {
 	if !connEnded(err) || ctx.Err() != nil || *tries >= maxRejoins {
-		return false, err
+		return false, l.settle(ctx, c, err)
 	}
 	*tries++
 	if rerr := l.rejoin(ctx, c, err); rerr != nil {
+		c.unsettled(l.kind, rerr)
 		return false, rerr
 	}
 	return true, nil
+}
+
+// settle re-establishes the link's connection (mu held), which broke
+// under a request that fails with err, before the failure is returned:
+// the new connection names the broken one, so the donor ends it and
+// answers once nothing more of it can land. A WRITE given up — its
+// payload late on its way, or held by a move's pause — then never lands
+// after a request the caller issues once it has the failure, on this
+// channel or any other of the session (docs/memory-protocol.md,
+// "Sequence numbers"). It costs a failed request one HELLO round trip;
+// requests that succeed pay nothing. A connection that cannot be
+// re-established leaves the session lost (unsettled). A refusal (GONE,
+// a malformed frame) is not settled: the donor answered the request.
+func (l *link) settle(ctx context.Context, c *Client, err error) error {
+	if l.bad == nil || !errors.Is(l.bad, protocol.ErrDonorLost) || c.err() != nil {
+		return err
+	}
+	// The caller's context may have ended (that is why the request
+	// failed); the HELLO is bounded by Options.Timeout. (A cancellation
+	// that ends the request for another reason may shut the new
+	// connection down as it comes, from the request's AfterFunc: the
+	// next request finds it ended and re-establishes it, recover.)
+	if rerr := l.rejoin(context.WithoutCancel(ctx), c, l.bad); rerr != nil {
+		c.unsettled(l.kind, rerr)
+	}
+	return err
+}
+
+// endConn has the donor end the session's data connection id, of kind,
+// whose requests failed while WRITEs were in flight on it (a queue
+// pair's: QueuePair.fail), without re-establishing it: a new connection
+// names it (protocol.ReplacedConnection) and is closed once answered —
+// the donor answers once nothing more of the old one can land. The new
+// one is a sync connection, which leaves no state at the donor (a queue
+// connection's credit window would stay in the session). If that cannot
+// be done, the session is lost (unsettled). Nothing if the session ended.
+func (c *Client) endConn(ctx context.Context, kind uint8, id uint32) {
+	if c.err() != nil {
+		return
+	}
+	conn, _, err := c.handshake(ctx, protocol.KindSync, id)
+	if err != nil {
+		c.unsettled(kind, err)
+		return
+	}
+	_ = conn.Close()
+}
+
+// unsettled ends the session after a data connection of kind whose
+// requests failed could not be ended at the donor (err: why): what was
+// in flight on it might still land after a later request, so no later
+// request goes out on the session (ErrDonorLost; a Following opens the
+// region's session again). Nothing if the session ended already.
+func (c *Client) unsettled(kind uint8, err error) {
+	if c.err() != nil {
+		return
+	}
+	c.lost(fmt.Errorf("%w: the %s connection of a failed request could not be ended at the donor: %v",
+		protocol.ErrDonorLost, kindName(kind), err))
 }
 
 // rejoin re-establishes the link's connection as a new connection of the

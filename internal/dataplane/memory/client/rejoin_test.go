@@ -5,9 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,175 +15,6 @@ import (
 	"github.com/rialto-project/rialto/internal/dataplane/memory/memorytest"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 )
-
-// stallRelay stands between a session and a real donor, one relayed TCP
-// connection for each of the session's: bytes go through both ways as
-// they come, except that once armed for a kind of connection, the first
-// WRITE on a connection of that kind goes through with only the first
-// stallSent bytes of its payload, and nothing of that connection after
-// them — a payload stalled on its way, as a donor moving the region sees
-// one. When the donor closes its side of a connection, the relay closes
-// the session's side. It counts the connections of each kind (from their
-// HELLO).
-type stallRelay struct {
-	donor string
-	ln    net.Listener
-	wg    sync.WaitGroup
-
-	mu       sync.Mutex
-	kinds    map[uint8]int
-	armed    uint8 // 0: none
-	stalled  chan struct{}
-	stallOff int64 // the stalled WRITE's offset
-	conns    []net.Conn
-	// A held stall (armHeld): the rest of the payload goes through to
-	// the donor once release closes, and landed closes once the donor
-	// has ended that connection afterwards.
-	release, landed chan struct{}
-}
-
-const stallSent = 100
-
-func startStallRelay(t *testing.T, donor string) *stallRelay {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &stallRelay{donor: donor, ln: ln, kinds: map[uint8]int{}}
-	r.wg.Go(func() {
-		for {
-			cc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			r.wg.Go(func() { r.relay(cc) })
-		}
-	})
-	t.Cleanup(func() {
-		ln.Close()
-		r.mu.Lock()
-		for _, c := range r.conns {
-			c.Close()
-		}
-		r.mu.Unlock()
-		r.wg.Wait()
-	})
-	return r
-}
-
-// dial is the session's Options.Dialer: every connection through the
-// relay.
-func (r *stallRelay) dial(ctx context.Context, _ string) (net.Conn, error) {
-	var d net.Dialer
-	return d.DialContext(ctx, "tcp", r.ln.Addr().String())
-}
-
-// arm makes the next WRITE on a connection of kind stall; the channel
-// returned closes once its first bytes went through (stallOff is then
-// its offset).
-func (r *stallRelay) arm(kind uint8) <-chan struct{} {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.armed, r.stalled = kind, make(chan struct{})
-	return r.stalled
-}
-
-// armHeld is arm for a payload that is late rather than lost: the rest
-// of the stalled WRITE's payload stays on its way until release is
-// closed, then goes through to the donor (as a network delivers a
-// connection's late segments, whatever the borrower did since), and the
-// relay ends its side of that connection; landed closes once the donor
-// has closed its side (its handler has returned). If the donor closes it
-// first, the rest never goes through.
-func (r *stallRelay) armHeld(kind uint8) (stalled <-chan struct{}, release chan<- struct{}, landed <-chan struct{}) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.armed, r.stalled = kind, make(chan struct{})
-	r.release, r.landed = make(chan struct{}), make(chan struct{})
-	return r.stalled, r.release, r.landed
-}
-
-// dials is how many connections of each kind the session opened.
-func (r *stallRelay) dials() map[uint8]int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	m := make(map[uint8]int, len(r.kinds))
-	for k, n := range r.kinds {
-		m[k] = n
-	}
-	return m
-}
-
-func (r *stallRelay) relay(cc net.Conn) {
-	dc, err := net.Dial("tcp", r.donor)
-	if err != nil {
-		cc.Close()
-		return
-	}
-	r.mu.Lock()
-	r.conns = append(r.conns, cc, dc)
-	r.mu.Unlock()
-	defer cc.Close()
-	defer dc.Close()
-	ended := make(chan struct{})
-	r.wg.Go(func() { // the donor's side, as it comes
-		defer close(ended)
-		_, _ = io.Copy(cc, dc)
-		cc.Close() // the donor closed: so does the session's side
-	})
-	var hdr [protocol.HeaderSize]byte
-	kind := uint8(0)
-	for {
-		if _, err := io.ReadFull(cc, hdr[:]); err != nil {
-			return
-		}
-		h, err := protocol.DecodeHeader(hdr[:])
-		if err != nil {
-			return
-		}
-		payload := make([]byte, h.Payload)
-		if _, err := io.ReadFull(cc, payload); err != nil {
-			return
-		}
-		if h.Op == protocol.OpHello && kind == 0 && len(payload) > 0 {
-			kind = payload[0]
-			r.mu.Lock()
-			r.kinds[kind]++
-			r.mu.Unlock()
-		}
-		r.mu.Lock()
-		stall := h.Op == protocol.OpWrite && kind == r.armed && len(payload) > stallSent
-		var stalled, release, landed chan struct{}
-		var rest []byte
-		if stall {
-			r.armed, stalled, r.stallOff = 0, r.stalled, int64(h.Offset)
-			release, landed = r.release, r.landed
-			r.release, r.landed = nil, nil
-			payload, rest = payload[:stallSent], payload[stallSent:]
-		}
-		r.mu.Unlock()
-		if _, err := dc.Write(append(hdr[:], payload...)); err != nil {
-			return
-		}
-		if stall {
-			close(stalled)
-			if release == nil {
-				<-ended // the rest never goes through
-				return
-			}
-			defer close(landed)
-			select {
-			case <-release:
-				_, _ = dc.Write(rest)
-				_ = dc.(*net.TCPConn).CloseWrite()
-			case <-ended:
-			}
-			<-ended
-			return
-		}
-	}
-}
 
 // waitUntil polls cond every millisecond until it holds, or fails the
 // test at ctx's end.
@@ -238,10 +67,10 @@ func TestDonorClosesOneConnection(t *testing.T) {
 				defer cancel()
 				td := memorytest.Start(t, size, 0)
 				td.D.RefusalWait = 50 * time.Millisecond
-				relay := startStallRelay(t, td.Addr)
+				relay := memorytest.StartRelay(t, td.Addr)
 				w := &where{addr: td.Addr, cred: testCred}
 				f, err := DialFollowing(ctx, td.Addr, testCred,
-					Options{Dialer: relay.dial, ChunkSize: 64 << 10, QueueChunk: 16 << 10},
+					Options{Dialer: relay.Dial, ChunkSize: 64 << 10, QueueChunk: 16 << 10},
 					FollowConfig{Relocate: w.relocate})
 				if err != nil {
 					t.Fatal(err)
@@ -328,24 +157,22 @@ func TestDonorClosesOneConnection(t *testing.T) {
 					payload[j] = 0xA5 ^ byte(j/4093)
 				}
 				const off = 4096
-				stalled := relay.arm(tg.kind)
+				stalled := relay.Arm(tg.kind)
 				res := make(chan error, 1)
 				go func() { res <- f.Write(ctx, tg.ch, payload, off) }()
 				<-stalled
 				// Its first bytes are in the region: the donor has the
 				// write under way.
-				relay.mu.Lock()
-				at := relay.stallOff
-				relay.mu.Unlock()
+				at := relay.StallOffset()
 				waitUntil(ctx, t, "the stalled write's first bytes in the region", func() bool {
-					got := make([]byte, stallSent)
+					got := make([]byte, memorytest.StallSent)
 					if _, err := td.D.ReadRegion(testCred, got, at); err != nil {
 						t.Fatal(err)
 					}
-					return bytes.Equal(got, payload[at-off:at-off+stallSent])
+					return bytes.Equal(got, payload[at-off:at-off+memorytest.StallSent])
 				})
 				progress("the other channels to serve while one write stalls")
-				before := relay.dials()
+				before := relay.Dials()
 
 				// The move gives up on the stalled payload: the donor
 				// closes that connection, and only it.
@@ -356,7 +183,7 @@ func TestDonorClosesOneConnection(t *testing.T) {
 					// The connection is re-established and the write sent
 					// again is held, like any.
 					waitUntil(ctx, t, "the write sent again to be held", func() bool {
-						return relay.dials()[tg.kind] > before[tg.kind] && td.D.Waiting(testCred) >= 1
+						return relay.Dials()[tg.kind] > before[tg.kind] && td.D.Waiting(testCred) >= 1
 					})
 					if err := td.D.ResumeWrites(testCred); err != nil {
 						t.Fatal(err)
@@ -378,7 +205,7 @@ func TestDonorClosesOneConnection(t *testing.T) {
 				}
 
 				// Only the lost connection was dialled again.
-				after := relay.dials()
+				after := relay.Dials()
 				for _, k := range []uint8{protocol.KindControl, protocol.KindSync, protocol.KindBulk, protocol.KindQueue} {
 					want := before[k]
 					if k == tg.kind {
@@ -438,10 +265,11 @@ func TestDonorClosesOneConnection(t *testing.T) {
 
 // TestBrokenConnectionRejoinedByNextRequest: a request whose context
 // ends while it waits (here: a write a move holds) breaks its connection
-// — its reply would come later, out of turn. The next request on that
-// channel re-establishes that connection alone and is served; no other
-// connection is dialled again. That channel failed every later request
-// of the session, with the first one's error.
+// — its reply would come later, out of turn. That connection alone is
+// re-established (before the failure is returned: see
+// TestCancelledHeldWriteDoesNotLand) and the next request on that
+// channel is served; no other connection is dialled again. That channel
+// failed every later request of the session, with the first one's error.
 func TestBrokenConnectionRejoinedByNextRequest(t *testing.T) {
 	for _, tc := range []struct {
 		ch   Channel
@@ -452,12 +280,12 @@ func TestBrokenConnectionRejoinedByNextRequest(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 			defer cancel()
 			td := memorytest.Start(t, 4<<20, 0)
-			relay := startStallRelay(t, td.Addr)
-			c := dial(t, td.Addr, Options{Dialer: relay.dial, ChunkSize: 64 << 10})
+			relay := memorytest.StartRelay(t, td.Addr)
+			c := dial(t, td.Addr, Options{Dialer: relay.Dial, ChunkSize: 64 << 10})
 			if err := td.D.PauseWrites(ctx, testCred); err != nil {
 				t.Fatal(err)
 			}
-			before := relay.dials()
+			before := relay.Dials()
 			wctx, wcancel := context.WithCancel(ctx)
 			res := make(chan error, 1)
 			go func() { res <- c.Write(wctx, tc.ch, make([]byte, 256<<10), 0) }()
@@ -477,7 +305,7 @@ func TestBrokenConnectionRejoinedByNextRequest(t *testing.T) {
 			if err := c.Read(ctx, tc.ch, got, 1<<20); err != nil || !bytes.Equal(got, p) {
 				t.Fatalf("the next %v read: %v (equal %v)", tc.ch, err, bytes.Equal(got, p))
 			}
-			after := relay.dials()
+			after := relay.Dials()
 			for _, k := range []uint8{protocol.KindControl, protocol.KindSync, protocol.KindBulk, protocol.KindQueue} {
 				want := before[k]
 				if k == tc.kind {
@@ -506,8 +334,8 @@ func TestQueuePairRejoin(t *testing.T) {
 	defer cancel()
 	td := memorytest.Start(t, size, 0)
 	td.D.RefusalWait = 50 * time.Millisecond
-	relay := startStallRelay(t, td.Addr)
-	c := dial(t, td.Addr, Options{Dialer: relay.dial})
+	relay := memorytest.StartRelay(t, td.Addr)
+	c := dial(t, td.Addr, Options{Dialer: relay.Dial})
 	q, err := c.NewQueuePair(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -516,7 +344,7 @@ func TestQueuePairRejoin(t *testing.T) {
 	if err := c.Write(ctx, ChannelBulk, bytes.Repeat([]byte{0x11}, 64<<10), 512<<10); err != nil {
 		t.Fatal(err)
 	}
-	stalled := relay.arm(protocol.KindQueue)
+	stalled := relay.Arm(protocol.KindQueue)
 	const ops = 8
 	bufs := make([][]byte, ops)
 	seqs := map[uint64]uint32{}
@@ -536,9 +364,9 @@ func TestQueuePairRejoin(t *testing.T) {
 	}
 	<-stalled
 	waitUntil(ctx, t, "the stalled write's first bytes in the region", func() bool {
-		got := make([]byte, stallSent)
+		got := make([]byte, memorytest.StallSent)
 		_, err := td.D.ReadRegion(testCred, got, 0)
-		return err == nil && got[stallSent-1] == 0x80
+		return err == nil && got[memorytest.StallSent-1] == 0x80
 	})
 	if err := td.D.TrackWrites(ctx, testCred, dirty.New(size, 4096)); err != nil {
 		t.Fatal(err)
@@ -584,8 +412,8 @@ func TestQueuePairRejoin(t *testing.T) {
 	}
 	// The session's own queue pair, this one, and this one's new
 	// connection.
-	if c.Rejoins() != 1 || relay.dials()[protocol.KindQueue] != 3 {
-		t.Errorf("rejoins %d, queue connections %d (want 1, 3)", c.Rejoins(), relay.dials()[protocol.KindQueue])
+	if c.Rejoins() != 1 || relay.Dials()[protocol.KindQueue] != 3 {
+		t.Errorf("rejoins %d, queue connections %d (want 1, 3)", c.Rejoins(), relay.Dials()[protocol.KindQueue])
 	}
 }
 
@@ -607,11 +435,11 @@ func TestRejoinAfterOwnBreakKeepsLaterWrite(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 			defer cancel()
 			td := memorytest.Start(t, 4<<20, 0)
-			relay := startStallRelay(t, td.Addr)
-			c := dial(t, td.Addr, Options{Dialer: relay.dial, Streams: 1, ChunkSize: 64 << 10})
+			relay := memorytest.StartRelay(t, td.Addr)
+			c := dial(t, td.Addr, Options{Dialer: relay.Dial, Streams: 1, ChunkSize: 64 << 10})
 			const n = 64 << 10
 			old := bytes.Repeat([]byte{0xAA}, n)
-			stalled, release, landed := relay.armHeld(tc.kind)
+			stalled, release, landed := relay.ArmHeld(tc.kind)
 			wctx, wcancel := context.WithCancel(ctx)
 			res := make(chan error, 1)
 			go func() { res <- c.Write(wctx, tc.ch, old, 0) }()

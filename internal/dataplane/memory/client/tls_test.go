@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -113,5 +115,87 @@ func TestTLSRefusals(t *testing.T) {
 	late.Time = func() time.Time { return time.Now().Add(time.Hour) }
 	if _, err := Dial(ctx, expired.Addr, testCred, Options{TLS: late}); err == nil || !strings.Contains(err.Error(), "expired") {
 		t.Errorf("expired donor certificate: %v", err)
+	}
+}
+
+// TestRejoinHandoffNamesGivenUpConnection: over TLS a mapping's fault
+// handler completes its connections itself (Handoff). A new connection
+// that replaces one of the same session (Following.RejoinHandoff, the
+// region where it was) carries the old one's id in its handoff
+// (Replaces), its HELLO names it, and the donor ends the old connection
+// before it answers; a connection named from another session (one the
+// session followed the region from) is not named, and the connection of
+// that id here serves on.
+func TestRejoinHandoffNamesGivenUpConnection(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	ca := memorytest.NewCA(t)
+	td := memorytest.StartTLS(t, memorytest.ServerTLS(t, ca), 1<<20, 0)
+	here := func(context.Context) (string, string, error) { return td.Addr, testCred, nil }
+	f, err := DialFollowing(ctx, td.Addr, testCred, Options{TLS: memorytest.ClientTLS(t, ca)}, FollowConfig{Relocate: here})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	// complete does what the handler does with a handoff.
+	complete := func(conn net.Conn, h Handoff) (*tls.Conn, ConnRef) {
+		t.Helper()
+		tc := tls.Client(conn, h.TLSConfig())
+		t.Cleanup(func() { tc.Close() })
+		if err := tc.HandshakeContext(ctx); err != nil {
+			t.Fatal(err)
+		}
+		id, err := Hello(tc, h.Hello, h.Replaces)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tc, ConnRef{Session: h.Hello.Session, ID: id}
+	}
+	ping := func(c net.Conn) error {
+		var b [protocol.HeaderSize]byte
+		h := protocol.Header{Op: protocol.OpPing, Seq: 7}
+		h.Encode(b[:])
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := c.Write(b[:]); err != nil {
+			return err
+		}
+		_, err := protocol.ReadFrame(c, b[:], nil)
+		return err
+	}
+	conn, h, err := f.DialHandoff(ctx, protocol.KindFault)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, ref := complete(conn, h)
+	if ref.ID == 0 {
+		t.Fatal("the donor gave the connection no id")
+	}
+
+	other := ConnRef{Session: ref.Session ^ 2, ID: ref.ID}
+	conn, h, err = f.RejoinHandoff(ctx, protocol.KindFault, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Replaces != 0 {
+		t.Fatalf("a connection of another session named: replaces %d", h.Replaces)
+	}
+	complete(conn, h)
+	if err := ping(first); err != nil {
+		t.Fatalf("the connection of that id in this session: %v", err)
+	}
+
+	conn, h, err = f.RejoinHandoff(ctx, protocol.KindFault, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Replaces != ref.ID {
+		t.Fatalf("replaces %d, want %d", h.Replaces, ref.ID)
+	}
+	_, nref := complete(conn, h)
+	if nref.ID == ref.ID || nref.Session != ref.Session {
+		t.Fatalf("the new connection %+v, the old %+v", nref, ref)
+	}
+	if err := ping(first); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the replaced connection after the new one was answered: %v, want its end", err)
 	}
 }

@@ -16,10 +16,13 @@
 // raw syscalls on its main thread (internal/rawconn).
 //
 // On a Follower (client.Following) the mapping follows its region to
-// another donor: when the fault connection ends (GONE, closed), the handler
-// asks the program for a new connection of the session at the region's new
-// place (over the control socket, the descriptor passed with SCM_RIGHTS)
-// and serves again what was under way. Over TLS the handler runs each
+// another donor: when the fault connection ends (GONE, closed, or a
+// request on it timed out), the handler asks the program for a new
+// connection of the session at the region's new place (over the control
+// socket, the descriptor passed with SCM_RIGHTS) and serves again what
+// was under way. A new connection of the same session names the old one,
+// which the donor ends before it answers: a write-back given up on the
+// old one never lands after the page's next one. Over TLS the handler runs each
 // connection's TLS session itself: the program opens the session at the
 // new place (verifying the new donor's certificate against the CA) and
 // passes a bare connection with a handoff that pins the key it verified,

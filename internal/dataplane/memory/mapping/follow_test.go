@@ -15,6 +15,7 @@ import (
 
 	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/memorytest"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 )
 
 // The mapping's bytes are touched with plain loops below, not copy or
@@ -172,6 +173,72 @@ func testMappingFollowsMove(t *testing.T, overTLS bool) {
 		}
 	}
 	t.Logf("%d pages written across the move; %d new connection(s), %d write-backs", written.Load(), st.Follows, st.WriteBacks)
+}
+
+// TestMappingNewConnectionEndsGivenUpOne: a write-back whose answer does
+// not come in time (the rest of its payload late on its way: a relay
+// holds it) makes the fault handler take a new connection of the
+// session (the region did not move) and send the page again there. A
+// newer write-back of the page is acknowledged on the new connection;
+// then the late rest of the first one reaches the donor. The donor must
+// keep the newer bytes: the new connection named the one it replaces,
+// which the donor ended before it answered. The new connection named
+// none, and the late rest landed over the newer write-back (the page
+// read back after its eviction would have been stale).
+func TestMappingNewConnectionEndsGivenUpOne(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	td := memorytest.Start(t, 1<<20, 0)
+	relay := memorytest.StartRelay(t, td.Addr)
+	r := &relocation{addr: td.Addr, cred: memorytest.Credential}
+	f, err := client.DialFollowing(ctx, td.Addr, memorytest.Credential,
+		client.Options{Dialer: relay.Dial, Timeout: time.Second}, client.FollowConfig{Relocate: r.relocate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m, err := Map(ctx, f, Options{CacheBytes: 64 * 4096})
+	if err != nil {
+		if errorsIsUffd(err) {
+			t.Skip(err)
+		}
+		t.Fatal(err)
+	}
+	defer m.Close()
+	b := m.Bytes()
+	stamp(b, 0, 1) // cached, dirty
+	faults := relay.Dials()[protocol.KindFault]
+	stalled, release, landed := relay.ArmHeld(protocol.KindFault)
+	// The write-back stalls, times out, and goes again on a new
+	// connection.
+	if err := m.Flush(); err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+	<-stalled
+	if st := m.Stats(); st.Follows != 1 || relay.Dials()[protocol.KindFault] != faults+1 {
+		t.Fatalf("follows %d, fault connections %d, then %d", st.Follows, faults, relay.Dials()[protocol.KindFault])
+	}
+	stamp(b, 0, 2)
+	if err := m.Flush(); err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+	// The rest of the first write-back arrives late.
+	close(release)
+	select {
+	case <-landed:
+	case <-ctx.Done():
+		t.Fatal("the given-up connection did not end")
+	}
+	got := make([]byte, 4096)
+	if _, err := td.D.ReadRegion(memorytest.Credential, got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if g := stamped(got, 0); g != 2 {
+		t.Fatalf("the donor's page holds generation %d (-1: mixed), want 2: the given-up write-back landed over the newer one", g)
+	}
+	if err := m.Err(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestMappingOverTLSRefusesUntrustedNewPlace: over TLS, the region's new

@@ -72,6 +72,10 @@ type handlerConfig struct {
 	// ctlConn.
 	TLS    bool
 	Follow bool // the session follows its region: ask for a new connection when it ends
+	// Conn names the donor connection (over TLS the handler learns it
+	// from its own HELLO): a new connection that replaces it names it
+	// (client.ConnRef, ctlReopen).
+	Conn client.ConnRef
 }
 
 // Control protocol between a Mapping and its handler over a unix stream
@@ -85,8 +89,10 @@ const (
 	ctlErr                    // reply: error
 	ctlClose                  // flush and exit; reply: error
 	// ctlConn (parent → handler, unasked, the answer to ctlReopen): a new
-	// donor connection, its descriptor passed with the frame (SCM_RIGHTS);
-	// with a payload instead, why there is none.
+	// donor connection, its descriptor passed with the frame (SCM_RIGHTS),
+	// payload connOK and its client.ConnRef (refSize bytes: session u64,
+	// id u32; none over TLS, where the handler's own HELLO tells it); or
+	// connFailed and why there is none.
 	ctlConn
 	// ctlHandoff (parent → handler): client.Handoff as JSON, for a session
 	// over TLS: before the handler starts (for its first connection), and
@@ -97,12 +103,39 @@ const (
 	ctlFailed uint8 = 0x80 // handler → parent, unasked: the mapping failed
 	ctlReady  uint8 = 0x81 // handler → parent, first frame: serving faults
 	// ctlReopen (handler → parent, unasked): the donor connection ended
-	// (payload: the error); the region may have moved: send a new one.
+	// or was given up (payload: its client.ConnRef, refSize bytes, then
+	// the error); the region may have moved: send a new one, which names
+	// it if it is of the same session (the donor ends it first: nothing
+	// of a write-back given up on it lands after the ones sent again).
 	ctlReopen      uint8 = 0x82
 	ctlStartFailed uint8 = 0x83 // handler → parent, first frame instead of ctlReady: why it cannot serve
 )
 
 const ctlHeader = 5
+
+// A ctlConn frame's payload starts with connOK or connFailed.
+const (
+	connOK uint8 = iota
+	connFailed
+)
+
+// refSize is the size of a client.ConnRef in a control frame.
+const refSize = 12
+
+// appendRef appends r to b (session u64, id u32, big-endian).
+func appendRef(b []byte, r client.ConnRef) []byte {
+	b = binary.BigEndian.AppendUint64(b, r.Session)
+	return binary.BigEndian.AppendUint32(b, r.ID)
+}
+
+// readRef reads a client.ConnRef at the start of b (the zero one if b is
+// shorter) and returns the rest.
+func readRef(b []byte) (client.ConnRef, []byte) {
+	if len(b) < refSize {
+		return client.ConnRef{}, nil
+	}
+	return client.ConnRef{Session: binary.BigEndian.Uint64(b), ID: binary.BigEndian.Uint32(b[8:])}, b[refSize:]
+}
 
 // faultHandler is the state of a handler process. Nothing in it waits for
 // the parent: the control socket is non-blocking both ways, so a parent
@@ -115,6 +148,7 @@ type faultHandler struct {
 	mem   []byte // the region, mapped shared here (read for write-back)
 	ctrl  int
 	pg    *rawconn.Conn
+	conn  client.ConnRef            // pg's connection in its session (ctlReopen names it)
 	rhdr  [protocol.HeaderSize]byte // reply headers of fault READs
 	stage []byte                    // staging buffer for UFFDIO_COPY
 
@@ -181,7 +215,7 @@ func runFaultHandler(cfgText string) error {
 		ctrl: handlerFdCtrl, base: uintptr(cfg.Base), ps: cfg.PageSize, pages: cfg.Pages,
 		resident: make([]bool, cfg.Pages), dirty: make([]bool, cfg.Pages), probedAt: make([]uint64, cfg.Pages),
 		prev: make([]int32, cfg.Pages+1), next: make([]int32, cfg.Pages+1), raWin: 1, seqNext: -1,
-		svc: make([]time.Duration, 0, 1<<16)}
+		svc: make([]time.Duration, 0, 1<<16), conn: cfg.Conn}
 	h.prev[h.pages], h.next[h.pages] = int32(h.pages), int32(h.pages)
 	for _, fd := range []int{handlerFdUffd, handlerFdDonor, handlerFdCtrl} {
 		if err := unix.SetNonblock(fd, true); err != nil {
@@ -203,9 +237,11 @@ func runFaultHandler(cfgText string) error {
 		if err := h.pg.StartTLS(handoff.TLSConfig(), false); err != nil {
 			return startFailed(err)
 		}
-		if err := client.Hello(h.pg, handoff.Hello); err != nil {
+		id, err := client.Hello(h.pg, handoff.Hello, handoff.Replaces)
+		if err != nil {
 			return startFailed(err)
 		}
+		h.conn = client.ConnRef{Session: handoff.Hello.Session, ID: id}
 	}
 	h.reply(ctlReady, nil)
 	return h.loop()
@@ -561,17 +597,26 @@ func connLost(err error) bool {
 // and waits for it, at most followWait (serving nothing meanwhile: every
 // fault needs the donor). *tries counts the follows of one operation. It
 // returns cause when it cannot.
+//
+// The connection may have ended at the handler only: a write-back whose
+// acknowledgement did not come in time (held by a move's pause, its
+// payload late on its way) may still land at the donor, after the same
+// page's next write-back on the new connection, and leave the donor with
+// the older bytes. So the request names the connection (h.conn), and the
+// new one, if of the same session, names it in its HELLO
+// (protocol.ReplacedConnection): the donor ends it, and answers once
+// nothing more of it can land.
 func (h *faultHandler) follow(cause error, tries *int) error {
 	if !h.cfg.Follow || h.err != nil || !connLost(cause) || *tries >= maxFollows {
 		return cause
 	}
 	*tries++
 	h.pg.Close()
-	h.reply(ctlReopen, h.errPayload(cause))
+	h.reply(ctlReopen, append(appendRef(nil, h.conn), h.errPayload(cause)...))
 	deadline := time.Now().Add(followWait)
 	for {
 		_ = h.flushOut(false)
-		if fd, err, ok := h.connFrame(); ok {
+		if fd, ref, err, ok := h.connFrame(); ok {
 			if err != nil {
 				return fmt.Errorf("%w (and no new connection: %v)", cause, err)
 			}
@@ -588,6 +633,8 @@ func (h *faultHandler) follow(cause error, tries *int) error {
 					}
 					return fmt.Errorf("%w (new connection: %v)", cause, err)
 				}
+			} else {
+				h.conn = ref
 			}
 			h.stats.Follows++
 			return nil
@@ -612,7 +659,8 @@ func (h *faultHandler) follow(cause error, tries *int) error {
 // startTLS completes a new connection of a session over TLS, as the
 // handler's first one was (runFaultHandler): the TLS session from the
 // handoff that came with it (pinning the key of the new donor, which the
-// program's session there verified against the CA), then the HELLO.
+// program's session there verified against the CA), then the HELLO,
+// naming the connection it replaces if the handoff says so.
 func (h *faultHandler) startTLS() error {
 	ho := h.handoff
 	h.handoff = nil
@@ -622,18 +670,24 @@ func (h *faultHandler) startTLS() error {
 	if err := h.pg.StartTLS(ho.TLSConfig(), false); err != nil {
 		return err
 	}
-	return client.Hello(h.pg, ho.Hello)
+	id, err := client.Hello(h.pg, ho.Hello, ho.Replaces)
+	if err != nil {
+		return err
+	}
+	h.conn = client.ConnRef{Session: ho.Hello.Session, ID: id}
+	return nil
 }
 
 // connFrame takes the first ctlConn frame out of h.in, leaving the
-// commands around it in order: the connection's descriptor, or why the
-// parent has none. ok is false while there is none. A ctlHandoff frame
-// before it (a session over TLS) is taken into h.handoff.
-func (h *faultHandler) connFrame() (fd int, err error, ok bool) {
+// commands around it in order: the connection's descriptor and ConnRef
+// (the zero one over TLS), or why the parent has none. ok is false while
+// there is none. A ctlHandoff frame before it (a session over TLS) is
+// taken into h.handoff.
+func (h *faultHandler) connFrame() (fd int, ref client.ConnRef, err error, ok bool) {
 	for k := 0; k+ctlHeader <= len(h.in); {
 		n := int(binary.BigEndian.Uint32(h.in[k+1:]))
 		if k+ctlHeader+n > len(h.in) {
-			return -1, nil, false
+			return -1, client.ConnRef{}, nil, false
 		}
 		if h.in[k] == ctlHandoff {
 			var ho client.Handoff
@@ -649,17 +703,22 @@ func (h *faultHandler) connFrame() (fd int, err error, ok bool) {
 			k += ctlHeader + n
 			continue
 		}
-		msg := string(h.in[k+ctlHeader : k+ctlHeader+n])
+		p := slices.Clone(h.in[k+ctlHeader : k+ctlHeader+n])
 		h.in = append(h.in[:k], h.in[k+ctlHeader+n:]...)
-		if msg != "" {
-			return -1, errors.New(msg), true
+		if len(p) == 0 || p[0] != connOK {
+			msg := "no reason given"
+			if len(p) > 1 {
+				msg = string(p[1:])
+			}
+			return -1, client.ConnRef{}, errors.New(msg), true
 		}
 		if fd = h.takeFd(); fd < 0 {
-			return -1, errors.New("no descriptor came with it"), true
+			return -1, client.ConnRef{}, errors.New("no descriptor came with it"), true
 		}
-		return fd, nil, true
+		ref, _ = readRef(p[1:])
+		return fd, ref, nil, true
 	}
-	return -1, nil, false
+	return -1, client.ConnRef{}, nil, false
 }
 
 // restore puts dirty pages whose write-back was sent but not acknowledged

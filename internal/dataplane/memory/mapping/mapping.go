@@ -54,23 +54,28 @@ type tlsSession interface {
 // Follower is a Session that follows its region when the lease moves to
 // another donor (client.Following). A mapping on one follows too: when
 // its fault connection ends — the old donor retired the region, answering
-// GONE and closing the session's connections — the handler asks the
-// program for a new one (Rejoin: the session at the region's new place)
-// and serves the faults and write-backs that were under way there, so
-// that no touch of the mapping fails.
+// GONE and closing the session's connections, or a request on it timed
+// out — the handler asks the program for a new one (Rejoin: the session
+// at the region's new place, or the same session, where the new
+// connection names the old one, which the donor ends first) and serves
+// the faults and write-backs that were under way there, so that no touch
+// of the mapping fails. JoinReplacing opens the first one (old: none),
+// telling its client.ConnRef.
 type Follower interface {
 	Session
-	Rejoin(ctx context.Context, kind uint8) (net.Conn, error)
+	JoinReplacing(ctx context.Context, kind uint8, old client.ConnRef) (net.Conn, client.ConnRef, error)
+	Rejoin(ctx context.Context, kind uint8, old client.ConnRef) (net.Conn, client.ConnRef, error)
 }
 
 // tlsFollower is a Follower whose session may run over TLS
 // (client.Following): over TLS the handler gets its new connection as it
 // got its first, a bare connection and a handoff (RejoinHandoff: the
 // session at the region's new place verified the new donor's certificate
-// against the CA, and the handoff pins that key).
+// against the CA, and the handoff pins that key; on the same session the
+// handoff names the old connection, Handoff.Replaces).
 type tlsFollower interface {
 	Follower
-	RejoinHandoff(ctx context.Context, kind uint8) (net.Conn, client.Handoff, error)
+	RejoinHandoff(ctx context.Context, kind uint8, old client.ConnRef) (net.Conn, client.Handoff, error)
 }
 
 // followWait bounds how long a mapping's handler waits for a new fault
@@ -237,7 +242,7 @@ func Map(ctx context.Context, c Session, opts Options) (*Mapping, error) {
 		return nil, fmt.Errorf("%w: %w", ErrUffdUnavailable, err)
 	}
 	m := &Mapping{u: u, memfd: -1, s: c, replies: make(chan ctlFrame, 1), exited: make(chan struct{}), closing: make(chan struct{})}
-	_, follow := c.(Follower)
+	f, follow := c.(Follower)
 	ts, overTLS := c.(tlsSession)
 	overTLS = overTLS && ts.TLS()
 	if overTLS {
@@ -263,18 +268,17 @@ func Map(ctx context.Context, c Session, opts Options) (*Mapping, error) {
 	if err := u.Register(m.base, uintptr(size), uffd.ModeMissing|uffd.ModeWP); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUffdUnavailable, err)
 	}
-	cfg, err := json.Marshal(handlerConfig{Base: uint64(m.base), Pages: pages, PageSize: ps, CapPages: capPages,
+	hcfg := handlerConfig{Base: uint64(m.base), Pages: pages, PageSize: ps, CapPages: capPages,
 		MaxRA: max(opts.Readahead, 1), Batch: min(opts.EvictBatch, capPages/2), Spin: opts.Spin,
-		Timeout: c.Timeout(), Features: u.Features, TLS: overTLS, Follow: follow})
-	if err != nil {
-		return nil, err
-	}
+		Timeout: c.Timeout(), Features: u.Features, TLS: overTLS, Follow: follow}
 	// Over TLS the handler runs the session's connection itself (a TLS
 	// session cannot cross processes): it gets the bare TCP connection and,
-	// on the control socket, the handoff.
+	// on the control socket, the handoff. A follower's handler names its
+	// connection when it asks for a new one (ctlReopen).
 	var conn net.Conn
 	var handoff []byte
-	if overTLS {
+	switch {
+	case overTLS:
 		var h client.Handoff
 		if conn, h, err = ts.DialHandoff(ctx, protocol.KindFault); err != nil {
 			return nil, err
@@ -283,12 +287,23 @@ func Map(ctx context.Context, c Session, opts Options) (*Mapping, error) {
 			conn.Close()
 			return nil, err
 		}
-	} else if conn, err = c.Join(ctx, protocol.KindFault); err != nil {
-		return nil, err
+	case follow:
+		if conn, hcfg.Conn, err = f.JoinReplacing(ctx, protocol.KindFault, client.ConnRef{}); err != nil {
+			return nil, err
+		}
+	default:
+		if conn, err = c.Join(ctx, protocol.KindFault); err != nil {
+			return nil, err
+		}
 	}
 	donor, err := connFile(conn)
 	_ = conn.Close()
 	if err != nil {
+		return nil, err
+	}
+	cfg, err := json.Marshal(hcfg)
+	if err != nil {
+		_ = donor.Close()
 		return nil, err
 	}
 	passed := []*os.File{donor}
@@ -444,10 +459,11 @@ func (m *Mapping) watch() {
 		if f.op == ctlReopen {
 			// The fault connection ended: the region may have moved. The
 			// handler waits for a new one (followWait).
+			old, _ := readRef(f.payload)
 			m.follows.Add(1)
 			go func() {
 				defer m.follows.Done()
-				m.reopen()
+				m.reopen(old)
 			}()
 			continue
 		}
@@ -486,15 +502,19 @@ func decodeErr(p []byte) error {
 	return &remoteError{msg: string(p[1:]), lost: p[0] == 1}
 }
 
-// reopen answers the handler's ctlReopen: a new fault connection, of the
-// session where the region is now (Follower.Rejoin), passed with ctlConn;
-// or why there is none, which fails the mapping. Over TLS the connection
-// is a bare one to the region's new donor (tlsFollower.RejoinHandoff),
-// and a ctlHandoff frame goes right before the ctlConn, as before the
-// handler started: the handler runs the TLS session and the HELLO itself.
-func (m *Mapping) reopen() {
+// reopen answers the handler's ctlReopen for its connection old: a new
+// fault connection, of the session where the region is now
+// (Follower.Rejoin; on old's session it names old, which the donor ends
+// first), passed with ctlConn and its ConnRef; or why there is none,
+// which fails the mapping. Over TLS the connection is a bare one to the
+// region's new donor (tlsFollower.RejoinHandoff), and a ctlHandoff frame
+// (naming old on old's session) goes right before the ctlConn, as before
+// the handler started: the handler runs the TLS session and the HELLO
+// itself.
+func (m *Mapping) reopen(old client.ConnRef) {
 	var file *os.File
 	var handoff []byte
+	var ref client.ConnRef
 	err := errors.New("memory: the mapping's session does not follow its region")
 	if f, ok := m.s.(Follower); ok {
 		ctx, cancel := context.WithTimeout(context.Background(), followWait)
@@ -510,7 +530,7 @@ func (m *Mapping) reopen() {
 		var conn net.Conn
 		if tf, ok := f.(tlsFollower); m.tls && ok {
 			var h client.Handoff
-			if conn, h, err = tf.RejoinHandoff(ctx, protocol.KindFault); err == nil {
+			if conn, h, err = tf.RejoinHandoff(ctx, protocol.KindFault, old); err == nil {
 				if handoff, err = json.Marshal(h); err != nil {
 					_ = conn.Close()
 				}
@@ -518,7 +538,7 @@ func (m *Mapping) reopen() {
 		} else if m.tls {
 			err = errors.New("memory: the mapping's session does not follow its region over TLS")
 		} else {
-			conn, err = f.Rejoin(ctx, protocol.KindFault)
+			conn, ref, err = f.Rejoin(ctx, protocol.KindFault, old)
 		}
 		if err == nil {
 			file, err = connFile(conn)
@@ -531,7 +551,7 @@ func (m *Mapping) reopen() {
 	m.wmu.Lock()
 	defer m.wmu.Unlock()
 	if err != nil {
-		msg := []byte(err.Error())
+		msg := append([]byte{connFailed}, err.Error()...)
 		binary.BigEndian.PutUint32(hdr[1:], uint32(len(msg)))
 		_, _ = m.ctrl.Write(append(hdr[:], msg...))
 		return
@@ -541,13 +561,16 @@ func (m *Mapping) reopen() {
 	if !ok {
 		return
 	}
-	// One message: the handoff (over TLS), then the ctlConn frame, the
-	// descriptor attached.
+	// One message: the handoff (over TLS), then the ctlConn frame with
+	// the connection's ConnRef (over TLS the handler's HELLO tells it),
+	// the descriptor attached.
 	var msg []byte
 	if handoff != nil {
 		msg = handoffFrame(handoff)
 	}
-	msg = append(msg, hdr[:]...)
+	payload := appendRef([]byte{connOK}, ref)
+	binary.BigEndian.PutUint32(hdr[1:], uint32(len(payload)))
+	msg = append(append(msg, hdr[:]...), payload...)
 	n, _, err := uc.WriteMsgUnix(msg, unix.UnixRights(int(file.Fd())), nil)
 	if err == nil && n < len(msg) { // a stream socket may take part of it
 		_, _ = m.ctrl.Write(msg[n:])

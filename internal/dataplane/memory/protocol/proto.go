@@ -301,10 +301,12 @@ func MoveGeneration(h Header) uint64 {
 // request h replaces, carried in its offset field: the id (HelloReply's
 // Queue) of a connection of the same session that its client gave up —
 // it broke, or a request on it timed out or was cancelled — and
-// re-establishes with this one. The donor ends that connection, a WRITE
-// under way or held on it included, and answers the HELLO once its
-// handler has returned, so that nothing of what the client sent on it
-// lands after what it sends on the new one. 0: none (a connection the
+// re-establishes with this one (or, for a queue pair that failed, only
+// wants ended: the new connection is closed once answered). The donor
+// ends that connection, a WRITE under way or held on it included, and
+// answers the HELLO once its handler has returned, so that nothing of
+// what the client sent on it lands after what it sends next, on this
+// connection or another of the session. 0: none (a connection the
 // session adds; older clients send 0, and older donors ignore the field).
 // A control HELLO's offset is its MoveGeneration instead.
 func ReplacedConnection(h Header) uint32 {
