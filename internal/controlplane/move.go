@@ -337,7 +337,7 @@ func (s *Server) moveLease(ctx context.Context, p principal, id string, req api.
 		return nil, fmt.Errorf("%w: lease %s is %s; only an active lease moves", ErrConflict, id, l.State)
 	}
 	if l.Kind != api.KindBlock && l.Kind != api.KindMemory {
-		return nil, fmt.Errorf("%w: lease %s is a %s lease; block and memory leases move (an accelerator lease's slot is placed again by a node's drain)", ErrInvalid, id, l.Kind)
+		return nil, fmt.Errorf("%w: lease %s is %s %s lease; block and memory leases move (an accelerator lease's slot is placed again by a node's drain)", ErrInvalid, id, l.Kind.Article(), l.Kind)
 	}
 	var parts []int
 	if req.Part != nil {
