@@ -52,6 +52,15 @@ func KindNames() string {
 	return b.String()
 }
 
+// Article is the indefinite article messages put before the kind's name:
+// "an accel lease", "a block lease".
+func (k Kind) Article() string {
+	if k != "" && strings.IndexByte("aeiou", k[0]) >= 0 {
+		return "an"
+	}
+	return "a"
+}
+
 // Valid reports whether k is one of Kinds.
 func (k Kind) Valid() bool {
 	for _, v := range Kinds {

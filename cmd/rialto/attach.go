@@ -145,7 +145,7 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 			return notActive(l)
 		}
 		if *fuseDir != "" && l.Kind != api.KindBlock {
-			return usagef("--fuse serves block leases; lease %s is a %s lease", l.ID, l.Kind)
+			return usagef("--fuse serves block leases; lease %s is %s %s lease", l.ID, l.Kind.Article(), l.Kind)
 		}
 		if l.Kind == api.KindNIC {
 			return attachNIC(ctx, e, c, &cf, l, nf, *conns, *watch, log)

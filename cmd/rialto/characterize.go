@@ -95,7 +95,7 @@ func runCharacterize(e *env, fs *pflag.FlagSet) runFunc {
 		}
 		switch {
 		case dev.Kind != api.KindBlock:
-			return fmt.Errorf("device %s is a %s device: characterize measures block devices", dev.ID, dev.Kind)
+			return fmt.Errorf("device %s is %s %s device: characterize measures block devices", dev.ID, dev.Kind.Article(), dev.Kind)
 		case dev.State != "available":
 			return fmt.Errorf("device %s is %s, not available", dev.ID, dev.State)
 		case dev.Allocated > 0:

@@ -170,7 +170,7 @@ func activeLease(ctx context.Context, c *api.Client, id string, kind api.Kind, v
 		return l, err
 	}
 	if l.Kind != kind {
-		return l, fmt.Errorf("lease %s is a %s lease; %s", l.ID, l.Kind, verb)
+		return l, fmt.Errorf("lease %s is %s %s lease; %s", l.ID, l.Kind.Article(), l.Kind, verb)
 	}
 	if l.State != api.LeaseActive {
 		return l, notActive(l)

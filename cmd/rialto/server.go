@@ -18,6 +18,7 @@ import (
 
 	"github.com/rialto-project/rialto/internal/controlplane"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/httpx"
 	"github.com/rialto-project/rialto/internal/pki"
 )
 
@@ -59,12 +60,19 @@ func parseTokens(specs []string) ([]controlplane.Token, error) {
 	return out, nil
 }
 
+// apiStopTimeout bounds how long a stopping control plane lets the
+// requests its API is serving finish and answer (a lease creation waits
+// for its lenders' prepares: --prepare-timeout).
+const apiStopTimeout = 5 * time.Second
+
 // controlPlane is a running control plane: its HTTP server and sweeper.
 type controlPlane struct {
 	URL   string
 	srv   *controlplane.Server
 	st    store.Store
 	hs    *http.Server
+	conns *httpx.Conns // hs's connections serving a request
+	log   *slog.Logger
 	done  chan error
 	sweep context.CancelFunc
 	swept chan struct{}
@@ -85,10 +93,10 @@ func startControlPlane(ctx context.Context, ln net.Listener, db string, cfg cont
 		return nil, err
 	}
 	cp := &controlPlane{
-		URL: "http://" + ln.Addr().String(), srv: srv, st: st, done: make(chan error, 1),
-		hs: &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second,
-			ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug), TLSConfig: tlsCfg},
+		URL: "http://" + ln.Addr().String(), srv: srv, st: st, done: make(chan error, 1), conns: &httpx.Conns{}, log: cfg.Logger,
 	}
+	cp.hs = &http.Server{Handler: srv.Handler(), ConnState: cp.conns.Track, ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug), TLSConfig: tlsCfg}
 	cp.hs.RegisterOnShutdown(srv.CloseStreams) // event streams never go idle
 	if tlsCfg != nil {
 		cp.URL = "https://" + ln.Addr().String()
@@ -187,23 +195,28 @@ func (cp *controlPlane) startSweeping(ctx context.Context) {
 	}()
 }
 
-// stop shuts the control plane down and waits for its goroutines.
+// stop shuts the control plane down and waits for its goroutines: the
+// API takes no new request, the requests under way get their answers (for
+// at most apiStopTimeout), and the connections clients keep idle (every
+// agent's, HTTP/2) are closed without waiting for the clients to hang up
+// (httpx.Conns.Stop).
 func (cp *controlPlane) stop() error {
+	start := time.Now()
 	if cp.sweep != nil {
 		cp.sweep()
 		<-cp.swept
 	}
 	cp.srv.Close() // moves and drains under way are given up
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	sctx, cancel := context.WithTimeout(context.Background(), apiStopTimeout)
 	defer cancel()
-	if err := cp.hs.Shutdown(sctx); err != nil {
-		cp.hs.Close()
-	}
+	cp.conns.Stop(sctx, cp.hs, cp.log, "control plane API")
 	err := <-cp.done
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
 	}
-	return errors.Join(err, cp.st.Close())
+	err = errors.Join(err, cp.st.Close())
+	cp.log.Info("control plane stopped", "took", time.Since(start).Round(time.Millisecond))
+	return err
 }
 
 func runServer(e *env, fs *pflag.FlagSet) runFunc {

@@ -61,7 +61,7 @@ func AttachParts(l api.Lease) (int, error) {
 // layout order (a lease of one part may carry its URI on the lease only).
 func BlockURIs(l api.Lease) ([]string, error) {
 	if l.Kind != api.KindBlock {
-		return nil, fmt.Errorf("lease %s is a %s lease; attach serves block and memory leases", l.ID, l.Kind)
+		return nil, fmt.Errorf("lease %s is %s %s lease; attach serves block and memory leases", l.ID, l.Kind.Article(), l.Kind)
 	}
 	if l.State != api.LeaseActive {
 		return nil, fmt.Errorf("lease %s is %s, not active", l.ID, l.State)

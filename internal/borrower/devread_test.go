@@ -32,7 +32,7 @@ func TestBlockRangeOfLease(t *testing.T) {
 		{"past the end", one, 1, 1 << 20, accel.BlockRange{}, "range [1, +1048576) is outside lease lease-1 (1048576 bytes)"},
 		{"negative", one, -1, 1, accel.BlockRange{}, "outside lease lease-1"},
 		{"offset beyond", one, 2 << 20, 0, accel.BlockRange{}, "outside lease lease-1"},
-		{"not block", lease(api.KindAccel, api.LeaseActive, a), 0, 1, accel.BlockRange{}, "is a accel lease"},
+		{"not block", lease(api.KindAccel, api.LeaseActive, a), 0, 1, accel.BlockRange{}, "is an accel lease"},
 	} {
 		got, err := BlockRange(tc.l, tc.off, tc.n)
 		if checkErr(t, tc.name, err, tc.err) && !reflect.DeepEqual(got, tc.want) {

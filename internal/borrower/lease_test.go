@@ -52,7 +52,7 @@ func TestBlockURIs(t *testing.T) {
 		{"a part without URI", lease(api.KindBlock, api.LeaseActive, a, a, ""), 0, nil, "lease lease-1: part 1 has no URI"},
 		{"no URI", lease(api.KindBlock, api.LeaseActive, ""), 0, nil, "lease lease-1 has no URI"},
 		{"released", lease(api.KindBlock, api.LeaseReleased, a), 0, nil, "lease lease-1 is released, not active"},
-		{"accelerator", lease(api.KindAccel, api.LeaseActive, a), 0, nil, "lease lease-1 is a accel lease; attach serves block and memory leases"},
+		{"accelerator", lease(api.KindAccel, api.LeaseActive, a), 0, nil, "lease lease-1 is an accel lease; attach serves block and memory leases"},
 	} {
 		got, err := BlockURIs(tc.l)
 		if checkErr(t, tc.name, err, tc.err) && !reflect.DeepEqual(got, tc.want) {

@@ -29,7 +29,7 @@ func NICURIs(l api.Lease) ([]nic.URI, error) {
 // nicLenders returns the parts of l that are not lost and their lenders.
 func nicLenders(l api.Lease) ([]int, []nic.URI, error) {
 	if l.Kind != api.KindNIC {
-		return nil, nil, fmt.Errorf("lease %s is a %s lease, not a nic lease", l.ID, l.Kind)
+		return nil, nil, fmt.Errorf("lease %s is %s %s lease, not a nic lease", l.ID, l.Kind.Article(), l.Kind)
 	}
 	if l.State != api.LeaseActive {
 		return nil, nil, fmt.Errorf("lease %s is %s, not active", l.ID, l.State)

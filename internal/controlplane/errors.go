@@ -94,3 +94,12 @@ func publicMessage(err error) string {
 	}
 	return prefixed.Replace(msg)
 }
+
+// withArticle puts the indefinite article before s for a message: "an
+// admin tenant token", "a node credential".
+func withArticle(s string) string {
+	if s != "" && strings.IndexByte("aeiou", s[0]) >= 0 {
+		return "an " + s
+	}
+	return "a " + s
+}

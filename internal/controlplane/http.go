@@ -186,7 +186,7 @@ func (s *Server) wrap(rt route) http.Handler {
 		if rt.access != accessPublic {
 			p, err = s.authenticate(ctx, r)
 			if err == nil && !rt.access.allows(p) {
-				err = fmt.Errorf("%w: %s needs a %s; this is a %s", ErrForbidden, name, rt.access, p.role)
+				err = fmt.Errorf("%w: %s needs %s; this is %s", ErrForbidden, name, withArticle(rt.access.String()), withArticle(p.role.String()))
 			}
 		}
 		if err == nil && fwd && s.forward(w, r, p) {

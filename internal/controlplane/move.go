@@ -312,8 +312,9 @@ func exportOf(uri string) (string, error) {
 type moveTarget struct {
 	node, device string
 	exclusive    bool
-	// role is a shared accel part's role and config (read from its
-	// lender): its new slot must be empty or serve the same gateway.
+	// role is an accel part's role and config (read from its lender):
+	// its new slot must be on a device that offers the role and, for a
+	// share, be empty or serve the same gateway.
 	role *api.RoleConfigResponse
 }
 
@@ -336,7 +337,7 @@ func (s *Server) moveLease(ctx context.Context, p principal, id string, req api.
 		return nil, fmt.Errorf("%w: lease %s is %s; only an active lease moves", ErrConflict, id, l.State)
 	}
 	if l.Kind != api.KindBlock && l.Kind != api.KindMemory {
-		return nil, fmt.Errorf("%w: lease %s is a %s lease; block and memory leases move (an accelerator lease's slot is placed again by a node's drain)", ErrInvalid, id, l.Kind)
+		return nil, fmt.Errorf("%w: lease %s is %s %s lease; block and memory leases move (an accelerator lease's slot is placed again by a node's drain)", ErrInvalid, id, l.Kind.Article(), l.Kind)
 	}
 	var parts []int
 	if req.Part != nil {
@@ -500,12 +501,16 @@ func (s *Server) placeMove(ctx context.Context, l api.Lease, i int, t moveTarget
 	}
 	if l.Kind == api.KindAccel {
 		req.Mode, req.Size, req.Count = "", 0, int(p.Length/api.SlotUnits)
+		if t.role != nil {
+			// Dedicated slots too: only a device that offers the role
+			// (placement.Device.Roles) may take them.
+			req.Role, req.RoleConfig = t.role.Role, t.role.RoleConfig
+		}
 		if l.Mode == api.ModeShared {
 			if t.role == nil {
 				return api.Part{}, fmt.Errorf("%w: part %d of lease %s is a share of a gateway's slot: it moves only with its role (a drain places it again)", ErrInvalid, i, l.ID)
 			}
 			req.Mode, req.Count, req.Share = api.ModeShared, 1, float64(p.Length)/api.SlotUnits
-			req.Role, req.RoleConfig = t.role.Role, t.role.RoleConfig
 		}
 	}
 	var plan api.Plan

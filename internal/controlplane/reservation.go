@@ -311,7 +311,7 @@ func validateAccelRequest(r *api.LeaseRequest) error {
 			return fmt.Errorf("%w: role and role_config apply to accel leases only", ErrInvalid)
 		}
 		if r.Share != 0 {
-			return fmt.Errorf("%w: share applies to shared accel leases only, not to a %s lease", ErrInvalid, r.Kind)
+			return fmt.Errorf("%w: share applies to shared accel leases only, not to %s %s lease", ErrInvalid, r.Kind.Article(), r.Kind)
 		}
 		return nil
 	}

@@ -28,7 +28,7 @@ func moveStarted(l api.Lease, e MoveStarted, now time.Time) (api.Lease, []Action
 	case m.Part < 0 || m.Part >= len(l.Parts):
 		return l, nil, refuse("lease %s has %d part(s), not a part %d", l.ID, len(l.Parts), m.Part)
 	case l.Kind != api.KindBlock && l.Kind != api.KindMemory && l.Kind != api.KindAccel:
-		return l, nil, refuse("lease %s is a %s lease; block, memory and accelerator leases move", l.ID, l.Kind)
+		return l, nil, refuse("lease %s is %s %s lease; block, memory and accelerator leases move", l.ID, l.Kind.Article(), l.Kind)
 	}
 	p := l.Parts[m.Part]
 	if p.Lost() {
