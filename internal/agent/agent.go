@@ -22,6 +22,7 @@ import (
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/backoff"
 	"github.com/rialto-project/rialto/internal/clock"
+	"github.com/rialto-project/rialto/internal/httpx"
 	"github.com/rialto-project/rialto/internal/metrics"
 	"github.com/rialto-project/rialto/internal/resource"
 )
@@ -281,6 +282,11 @@ func (a *Agent) Devices() []DeviceConfig {
 // Metrics is the agent's metrics registry (also served at /metrics).
 func (a *Agent) Metrics() *prometheus.Registry { return a.reg }
 
+// apiStopTimeout bounds how long a stopping agent lets the requests its
+// API is serving finish (their context is cancelled as the agent stops;
+// a prepare or a teardown under way ends its wipe or gives it up).
+const apiStopTimeout = 2 * time.Second
+
 // Run joins the control plane, serves the agent API and the data planes
 // and heartbeats until ctx is cancelled or the join is rejected. It
 // returns after every goroutine it started has exited; a cancelled ctx is
@@ -407,7 +413,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer cancel() // runs before wg.Wait
 	// The data planes serve until Run stops them, once the moves under
 	// way are given up; the agent API stops taking requests then too
-	// (apiStop: stopAPI).
+	// (apiStop: httpx.Conns.Stop).
 	dctx, stopData := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopData()
 	apiStop := make(chan struct{})
@@ -487,10 +493,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.restoreExports(ctx, saved)
 
-	var conns apiConns
+	var conns httpx.Conns
 	srv := &http.Server{
 		Handler:           a.Handler(),
-		ConnState:         conns.track,
+		ConnState:         conns.Track,
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 		ErrorLog:          slog.NewLogLogger(a.log.Handler(), slog.LevelDebug),
@@ -515,7 +521,15 @@ func (a *Agent) Run(ctx context.Context) error {
 	go func() {
 		defer wg.Done()
 		<-apiStop
-		a.stopAPI(srv, &conns, serving)
+		// No new connection or request; the requests under way (their
+		// context cancelled: their callers must expect the call to fail)
+		// answer for up to apiStopTimeout; idle connections are closed
+		// without waiting for clients to hang up.
+		sctx, scancel := context.WithTimeout(context.Background(), apiStopTimeout)
+		defer scancel()
+		conns.Stop(sctx, srv, a.log, "agent API")
+		<-serving
+		a.log.Debug("agent API stopped")
 	}()
 	for k, ln := range dataLns {
 		wg.Add(1)

@@ -8,7 +8,7 @@
 // and the gateway answer through it; the Redfish facade keeps Redfish's
 // own error format. Conns stops a server promptly: it waits for the
 // requests under way, not for clients to close their idle connections
-// (`rialto server` stops its API with it).
+// (`rialto server` and the agent stop their APIs with it).
 //
 // It imports nothing from Rialto, so the data planes (internal/dataplane/...)
 // answer in the API's error shape without importing api; api.ErrorBody has

@@ -73,7 +73,7 @@ func TestStopIdleHTTP2(t *testing.T) {
 // TestStopAnswersRequestsInFlight: stopping takes no new connection but
 // lets a request under way finish and get its whole answer, over HTTP/1
 // and over HTTP/2, where a connection turns idle before its answer is
-// flushed (closing it then, as the agent API's stop does, cut the answer
+// flushed (closing it then, as the agent API's stop used to, cut the answer
 // off in most of these runs), and returns then.
 func TestStopAnswersRequestsInFlight(t *testing.T) {
 	t.Parallel()
