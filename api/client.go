@@ -60,11 +60,15 @@ var ErrNotControlPlane = errors.New("the server's certificate is not a control p
 // the host name: the certificate must be a control plane's
 // (ControlPlaneServerCN). Errors wrap ErrNotControlPlane.
 func VerifyControlPlane(cs tls.ConnectionState) error {
+	server := "the server"
+	if cs.ServerName != "" { // empty when dialled by IP address (no SNI)
+		server += " at " + cs.ServerName
+	}
 	if len(cs.PeerCertificates) == 0 {
-		return fmt.Errorf("%w: the server at %s presented no certificate", ErrNotControlPlane, cs.ServerName)
+		return fmt.Errorf("%w: %s presented no certificate", ErrNotControlPlane, server)
 	}
 	if cn := cs.PeerCertificates[0].Subject.CommonName; cn != ControlPlaneServerCN {
-		return fmt.Errorf("%w: the server at %s presents a certificate for %q", ErrNotControlPlane, cs.ServerName, cn)
+		return fmt.Errorf("%w: %s presents a certificate for %q, not %q", ErrNotControlPlane, server, cn, ControlPlaneServerCN)
 	}
 	return nil
 }

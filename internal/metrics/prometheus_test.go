@@ -184,7 +184,9 @@ func TestPrometheusScrapesUp(t *testing.T) {
 		return nil
 	}, prom.log)
 	byNode := map[string]bool{}
-	hc := u.HTTPClient(t)
+	// The targets are the control plane and the agents (node
+	// certificates): trust what the cluster CA issued.
+	hc := u.ClusterHTTPClient(t)
 	for _, tg := range targets {
 		if !strings.HasPrefix(tg.ScrapeURL, "https://") {
 			t.Errorf("target %s is not scraped over HTTPS", tg.ScrapeURL)

@@ -176,6 +176,21 @@ func (u *Up) HTTPClient(t testing.TB) *http.Client {
 	return hc
 }
 
+// ClusterHTTPClient is an HTTP client that trusts the cluster CA and any
+// certificate it issued, a node's included: for an agent's endpoints (its
+// /metrics), which HTTPClient refuses (it accepts only a control plane's).
+func (u *Up) ClusterHTTPClient(t testing.TB) *http.Client {
+	t.Helper()
+	cfg, err := api.TLSConfig(u.CACert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.VerifyConnection = nil
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = cfg
+	return &http.Client{Timeout: time.Minute, Transport: tr}
+}
+
 // ServerSPKIHash is the base64 SHA-256 of the API certificate's public key
 // (what chromium's --ignore-certificate-errors-spki-list takes), read from
 // a TLS connection verified against the cluster CA.
