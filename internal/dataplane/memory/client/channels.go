@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -230,10 +231,17 @@ type QueuePair struct {
 
 // NewQueuePair opens another queue pair on the session.
 func (c *Client) NewQueuePair(ctx context.Context) (*QueuePair, error) {
+	return c.newQueuePair(ctx, 0)
+}
+
+// newQueuePair opens a queue pair on the session whose connection
+// replaces the session's connection replaces (0: none; see
+// protocol.ReplacedConnection).
+func (c *Client) newQueuePair(ctx context.Context, replaces uint32) (*QueuePair, error) {
 	if err := c.err(); err != nil {
 		return nil, err
 	}
-	conn, rep, err := c.handshake(ctx, protocol.KindQueue, 0)
+	conn, rep, err := c.handshake(ctx, protocol.KindQueue, replaces)
 	if err != nil {
 		return nil, err
 	}
@@ -246,7 +254,59 @@ func (c *Client) NewQueuePair(ctx context.Context) (*QueuePair, error) {
 	rctx, cancel := context.WithCancel(context.Background())
 	q.cancel = cancel
 	go q.reader(rctx)
+	if err := c.err(); err != nil {
+		// The session was closed or lost meanwhile, past the pairs it
+		// ends (Close, lost).
+		_ = q.Close()
+		return nil, err
+	}
 	return q, nil
+}
+
+// broken reports whether the pair failed with its connection broken
+// (ErrDonorLost: a timeout, a connection that could not be
+// re-established), rather than closed or refused.
+func (q *QueuePair) broken() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.err != nil && errors.Is(q.err, protocol.ErrDonorLost)
+}
+
+// ownQueue is the client's own queue pair for a request. One that broke
+// under an earlier request (a reply that did not come within the
+// request's deadline fails the pair) is replaced first by a new pair
+// whose connection names the broken one's (protocol.ReplacedConnection),
+// as a sync or bulk connection is re-established by the next request
+// (rejoin.go): the donor ends the old connection, if it still serves it,
+// and answers once nothing more of it can land (fail has had the donor
+// end it already if WRITEs were in flight). Unless the session ended. A
+// pair that failed otherwise (a malformed frame) stays failed.
+func (c *Client) ownQueue(ctx context.Context) (*QueuePair, error) {
+	q := c.qp.Load()
+	if !q.broken() {
+		return q, nil
+	}
+	c.qpmu.Lock()
+	defer c.qpmu.Unlock()
+	if q = c.qp.Load(); !q.broken() {
+		return q, nil
+	}
+	if err := c.err(); err != nil {
+		return nil, err
+	}
+	<-q.settled
+	_ = q.Close() // its reader and resends are done; it leaves c.queues
+	q.mu.Lock()
+	id, cause := q.id, q.err
+	q.mu.Unlock()
+	nq, err := c.newQueuePair(ctx, id)
+	if err != nil {
+		// The old pair stays: the next request tries again.
+		return nil, fmt.Errorf("%w (re-establishing the queue connection: %v)", cause, err)
+	}
+	c.qp.Store(nq)
+	c.rejoins.Add(1)
+	return nq, nil
 }
 
 // Completions is the completion queue of operations posted with Post.

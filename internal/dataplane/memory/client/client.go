@@ -119,7 +119,10 @@ type Client struct {
 
 	sync    syncConn
 	streams []*bulkStream
-	qp      *QueuePair
+	// qp is the client's own queue pair; ownQueue replaces one that
+	// broke, under qpmu.
+	qp   atomic.Pointer[QueuePair]
+	qpmu sync.Mutex
 
 	qmu    sync.Mutex
 	queues map[uint32]*QueuePair
@@ -171,9 +174,11 @@ func Dial(ctx context.Context, addr, credential string, opts Options) (*Client, 
 		s.pg.Store(pg)
 		c.streams = append(c.streams, s)
 	}
-	if c.qp, err = c.NewQueuePair(ctx); err != nil {
+	qp, err := c.NewQueuePair(ctx)
+	if err != nil {
 		return nil, err
 	}
+	c.qp.Store(qp)
 	ok = true
 	return c, nil
 }
@@ -603,7 +608,11 @@ func (c *Client) do(ctx context.Context, ch Channel, op uint8, p []byte, off int
 	case ChannelBulk:
 		return c.bulk(ctx, op, p, off)
 	case ChannelQueue:
-		return c.qp.do(ctx, op, p, off, c.opts.QueueChunk)
+		q, err := c.ownQueue(ctx)
+		if err != nil {
+			return err
+		}
+		return q.do(ctx, op, p, off, c.opts.QueueChunk)
 	}
 	return fmt.Errorf("memory: unknown channel %d", ch)
 }

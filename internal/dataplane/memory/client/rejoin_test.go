@@ -479,3 +479,56 @@ func TestRejoinAfterOwnBreakKeepsLaterWrite(t *testing.T) {
 		})
 	}
 }
+
+// TestOwnQueuePairRejoinedAfterTimeout: the client's own queue pair,
+// whose WRITE times out (its payload held on its way by a relay), fails;
+// the next request on the queue channel re-establishes it — a new queue
+// connection naming the failed one — and succeeds, its write read back,
+// while the late rest of the failed WRITE, once delivered, does not land
+// over it. Before, the pair stayed failed for the session's life.
+func TestOwnQueuePairRejoinedAfterTimeout(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	td := memorytest.Start(t, 4<<20, 0)
+	relay := memorytest.StartRelay(t, td.Addr)
+	c := dial(t, td.Addr, Options{Dialer: relay.Dial, Timeout: time.Second})
+	const n = 4 << 10
+	before := relay.Dials()
+	stalled, release, landed := relay.ArmHeld(protocol.KindQueue)
+	res := make(chan error, 1)
+	go func() { res <- c.Write(ctx, ChannelQueue, bytes.Repeat([]byte{0xAA}, n), 0) }()
+	<-stalled
+	if err := <-res; !errors.Is(err, protocol.ErrDonorLost) {
+		t.Fatalf("the write that timed out: %v", err)
+	}
+
+	later := bytes.Repeat([]byte{0xBB}, n)
+	if err := c.Write(ctx, ChannelQueue, later, 0); err != nil {
+		t.Fatalf("the next queue write: %v", err)
+	}
+	got := make([]byte, n)
+	if err := c.Read(ctx, ChannelQueue, got, 0); err != nil || !bytes.Equal(got, later) {
+		t.Fatalf("the next queue read: %v (equal %v)", err, bytes.Equal(got, later))
+	}
+	close(release)
+	select {
+	case <-landed:
+	case <-ctx.Done():
+		t.Fatal("the failed write's connection did not end")
+	}
+	if _, err := td.D.ReadRegion(testCred, got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, later) {
+		t.Fatalf("the region does not hold the write acknowledged after the timeout (first 0xAA at %d)", bytes.IndexByte(got, 0xAA))
+	}
+	if d := relay.Dials()[protocol.KindQueue] - before[protocol.KindQueue]; d != 1 {
+		t.Errorf("%d new queue connection(s), want 1", d)
+	}
+	if c.Rejoins() != 1 {
+		t.Errorf("rejoins %d, want 1", c.Rejoins())
+	}
+	if err := c.err(); err != nil {
+		t.Fatalf("the session: %v", err)
+	}
+}
