@@ -90,13 +90,7 @@ func TestForwardRefusesNodeCertificate(t *testing.T) {
 	rogueLn, rogueURL := listen()
 	lnA, urlA := listen()
 	a := start(lnA, rogueURL)
-	deadline := time.Now().Add(15 * time.Second)
-	for !a.Leading() {
-		if time.Now().After(deadline) {
-			t.Fatal("A does not lead")
-		}
-		time.Sleep(20 * time.Millisecond) // polling with a deadline
-	}
+	waitLeading(t, a, "A")
 	csr, keyPEM, err := pki.NewCSR("", []string{"127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)

@@ -98,13 +98,7 @@ func TestForwardingOverTLS(t *testing.T) {
 	t.Cleanup(hc.CloseIdleConnections)
 
 	urlA, a := start(ca.Pool())
-	deadline := time.Now().Add(15 * time.Second)
-	for !a.Leading() {
-		if time.Now().After(deadline) {
-			t.Fatal("A does not lead")
-		}
-		time.Sleep(20 * time.Millisecond) // polling with a deadline
-	}
+	waitLeading(t, a, "A")
 	urlB, b := start(other.Pool())
 	urlC, c := start(ca.Pool())
 
@@ -156,5 +150,17 @@ func TestForwardingOverTLS(t *testing.T) {
 	}
 	if got := metricOf(t, c, forwarded); got != 2 {
 		t.Errorf("C forwarded a call with a bad token (%v forwarded)", got)
+	}
+}
+
+// waitLeading waits (polling, up to 15 s) until s leads its replicas.
+func waitLeading(t *testing.T, s interface{ Leading() bool }, name string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !s.Leading() {
+		if time.Now().After(deadline) {
+			t.Fatal(name + " does not lead")
+		}
+		time.Sleep(20 * time.Millisecond) // polling with a deadline
 	}
 }
