@@ -185,22 +185,30 @@ type qop struct {
 // session's control connection as it completes requests. A connection
 // the donor ends while the session lives is re-established alone: the
 // requests pending on it are sent again on the new one (same sequence
-// numbers, completed once; rejoin.go).
+// numbers, completed once; rejoin.go). A pair that failed with its
+// connection broken (a reply that did not come in time, a malformed
+// frame) is re-established by the next Post (revive): its failed
+// requests stay failed.
 type QueuePair struct {
 	c *Client
 	// id is the queue's id at the donor and conn its connection: both
 	// change when the connection is re-established (under wmu and mu;
 	// read under either), and cgen counts those changes. br reads conn,
-	// from the reader goroutine only.
+	// from the reader goroutine only (revive sets it while none runs).
 	id   uint32
 	conn net.Conn
 	cgen uint32
 	br   *bufio.Reader
 	// cancel ends the reader's re-establishment of the connection
 	// (Close); resends are the goroutines sending the pending requests
-	// again on a new connection, which Close waits for.
+	// again on a new connection, which Close waits for. done closes
+	// when the reader returns. cancel and done change when revive
+	// starts a new reader (mu).
 	cancel  context.CancelFunc
 	resends sync.WaitGroup
+	done    chan struct{}
+	// rmu serialises revive.
+	rmu sync.Mutex
 
 	wmu sync.Mutex // serialises frame writes
 
@@ -225,7 +233,6 @@ type QueuePair struct {
 	settled             chan struct{}
 
 	cq     chan Completion
-	done   chan struct{}
 	closed bool
 }
 
@@ -253,7 +260,7 @@ func (c *Client) newQueuePair(ctx context.Context, replaces uint32) (*QueuePair,
 	c.qmu.Unlock()
 	rctx, cancel := context.WithCancel(context.Background())
 	q.cancel = cancel
-	go q.reader(rctx)
+	go q.reader(rctx, q.done)
 	if err := c.err(); err != nil {
 		// The session was closed or lost meanwhile, past the pairs it
 		// ends (Close, lost).
@@ -263,50 +270,109 @@ func (c *Client) newQueuePair(ctx context.Context, replaces uint32) (*QueuePair,
 	return q, nil
 }
 
-// broken reports whether the pair failed with its connection broken
-// (ErrDonorLost: a timeout, a connection that could not be
-// re-established), rather than closed or refused.
-func (q *QueuePair) broken() bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.err != nil && errors.Is(q.err, protocol.ErrDonorLost)
+// rejoinable reports whether a pair that failed with err is
+// re-established by its next request: its connection broke (ErrDonorLost:
+// a reply that did not come in time, a connection that could not be
+// re-established) or carried a malformed frame (ErrBadFrame) — not a pair
+// closed, or whose session ended.
+func rejoinable(err error) bool {
+	return errors.Is(err, protocol.ErrDonorLost) || errors.Is(err, protocol.ErrBadFrame)
 }
 
-// ownQueue is the client's own queue pair for a request. One that broke
-// under an earlier request (a reply that did not come within the
-// request's deadline fails the pair) is replaced first by a new pair
-// whose connection names the broken one's (protocol.ReplacedConnection),
-// as a sync or bulk connection is re-established by the next request
-// (rejoin.go): the donor ends the old connection, if it still serves it,
-// and answers once nothing more of it can land (fail has had the donor
-// end it already if WRITEs were in flight). Unless the session ended. A
-// pair that failed otherwise (a malformed frame) stays failed.
-func (c *Client) ownQueue(ctx context.Context) (*QueuePair, error) {
-	q := c.qp.Load()
-	if !q.broken() {
-		return q, nil
-	}
-	c.qpmu.Lock()
-	defer c.qpmu.Unlock()
-	if q = c.qp.Load(); !q.broken() {
-		return q, nil
-	}
-	if err := c.err(); err != nil {
-		return nil, err
-	}
-	<-q.settled
-	_ = q.Close() // its reader and resends are done; it leaves c.queues
+// revive re-establishes the pair's connection after the pair failed with
+// it broken (rejoinable), for the request about to be posted: a new queue
+// connection of the session that names the failed one
+// (protocol.ReplacedConnection), so that the donor ends that one, if it
+// still serves it, and answers once nothing more of it can land (fail has
+// had the donor end it already if WRITEs were in flight). The requests
+// that failed stay failed (fail completed them); the pair serves on with
+// a fresh credit window, under a new queue id, its completion queue the
+// same. Nothing if the pair does not need it (another request revived
+// it, or it never failed); an error if the pair was closed, its session
+// ended, or the connection could not be re-established (the pair stays
+// failed, and the next request tries again).
+func (q *QueuePair) revive(ctx context.Context) error {
+	q.rmu.Lock()
+	defer q.rmu.Unlock()
 	q.mu.Lock()
-	id, cause := q.id, q.err
+	cause, closed, lost := q.err, q.closed, q.lost
+	settled, done, oldID := q.settled, q.done, q.id
 	q.mu.Unlock()
-	nq, err := c.newQueuePair(ctx, id)
-	if err != nil {
-		// The old pair stays: the next request tries again.
-		return nil, fmt.Errorf("%w (re-establishing the queue connection: %v)", cause, err)
+	switch {
+	case closed:
+		return protocol.ErrClosed
+	case cause == nil:
+		return nil // revived meanwhile
+	case lost != nil || !rejoinable(cause):
+		return cause
 	}
-	c.qp.Store(nq)
-	c.rejoins.Add(1)
-	return nq, nil
+	if err := q.c.err(); err != nil {
+		return err
+	}
+	// fail has ended the failed connection at the donor if it had to,
+	// and completed its requests; the reader and the resends are done
+	// with the old connection. (The reader may wait for room on the
+	// completion queue for the failed requests' completions: bounded by
+	// ctx and Options.Timeout.)
+	t := time.NewTimer(q.c.opts.Timeout)
+	defer t.Stop()
+	for _, ch := range []chan struct{}{settled, done} {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("%w (waiting to re-establish the queue connection: %w)", cause, ctx.Err())
+		case <-t.C:
+			return fmt.Errorf("%w (the failed requests' completions were not taken within %v: drain Completions)", cause, q.c.opts.Timeout)
+		}
+	}
+	q.resends.Wait()
+	conn, rep, err := q.c.handshake(ctx, protocol.KindQueue, oldID)
+	if err != nil {
+		return fmt.Errorf("%w (re-establishing the queue connection: %v)", cause, err)
+	}
+	// Registered first: a CREDIT for the new queue finds the pair (it
+	// comes once a request posted on it completes, after q.id is the
+	// new one below).
+	q.c.qmu.Lock()
+	delete(q.c.queues, oldID)
+	q.c.queues[rep.queue] = q
+	q.c.qmu.Unlock()
+	rctx, cancel := context.WithCancel(context.Background())
+	q.wmu.Lock()
+	q.mu.Lock()
+	if q.closed || q.c.closed.Load() {
+		q.mu.Unlock()
+		q.wmu.Unlock()
+		cancel()
+		_ = conn.Close()
+		q.c.qmu.Lock()
+		delete(q.c.queues, rep.queue)
+		q.c.qmu.Unlock()
+		return protocol.ErrClosed
+	}
+	q.conn, q.id, q.cgen = conn, rep.queue, q.cgen+1
+	q.br = bufio.NewReaderSize(conn, 64<<10)
+	q.granted, q.sent = rep.Credits, 0
+	q.err, q.unsettled, q.renewing = nil, false, false
+	q.settled, q.done, q.cancel = make(chan struct{}), make(chan struct{}), cancel
+	close(q.wake)
+	q.wake = make(chan struct{})
+	done = q.done
+	q.mu.Unlock()
+	q.wmu.Unlock()
+	q.c.rejoins.Add(1)
+	go q.reader(rctx, done)
+	if err := q.c.err(); err != nil {
+		// The session was closed or lost meanwhile, past the pairs it
+		// ends (Client.Close, lost).
+		if errors.Is(err, protocol.ErrClosed) {
+			_ = q.Close()
+		} else {
+			q.lose(err)
+		}
+		return err
+	}
+	return nil
 }
 
 // Completions is the completion queue of operations posted with Post.
@@ -392,7 +458,7 @@ func (q *QueuePair) fail(err error) {
 	q.pending = map[uint32]*qop{}
 	close(q.wake)
 	q.wake = make(chan struct{})
-	conn, id, writes := q.conn, q.id, q.unsettled
+	conn, id, writes, settled := q.conn, q.id, q.unsettled, q.settled
 	for _, o := range pend {
 		writes = writes || o.op.Write
 	}
@@ -406,7 +472,7 @@ func (q *QueuePair) fail(err error) {
 		// Options.Timeout.
 		q.c.endConn(context.Background(), protocol.KindQueue, id)
 	}
-	close(q.settled)
+	close(settled)
 	for _, o := range pend {
 		q.finish(o, err)
 	}
@@ -432,8 +498,23 @@ func (q *QueuePair) post(ctx context.Context, o *qop) (uint32, error) {
 		return 0, err
 	}
 	var timer <-chan time.Time
+	// A pair that failed with its connection broken is re-established
+	// first (revive), once per request.
+	mayRevive := true
 	q.mu.Lock()
-	for q.err == nil && q.lost == nil && int32(q.granted-q.sent) <= 0 {
+	for {
+		if q.err != nil && mayRevive && q.lost == nil && !q.closed && rejoinable(q.err) {
+			q.mu.Unlock()
+			mayRevive = false
+			if err := q.revive(ctx); err != nil {
+				return 0, err
+			}
+			q.mu.Lock()
+			continue
+		}
+		if q.err != nil || q.lost != nil || int32(q.granted-q.sent) > 0 {
+			break
+		}
 		w := q.wake
 		q.mu.Unlock()
 		if timer == nil {
@@ -446,6 +527,7 @@ func (q *QueuePair) post(ctx context.Context, o *qop) (uint32, error) {
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		case <-timer:
+			mayRevive = false // this request fails
 			q.fail(fmt.Errorf("%w: no credit granted within %v", protocol.ErrDonorLost, q.c.opts.Timeout))
 		}
 		q.mu.Lock()
@@ -591,10 +673,10 @@ func (q *QueuePair) renew() {
 		<-w
 		q.mu.Lock()
 	}
-	failed := q.cgen == gen && q.err != nil
+	failed, settled := q.cgen == gen && q.err != nil, q.settled
 	q.mu.Unlock()
 	if failed {
-		<-q.settled
+		<-settled
 	}
 }
 
@@ -619,8 +701,8 @@ func (q *QueuePair) takeRenewing() bool {
 	return r
 }
 
-func (q *QueuePair) reader(ctx context.Context) {
-	defer close(q.done)
+func (q *QueuePair) reader(ctx context.Context, done chan struct{}) {
+	defer close(done)
 	var hdr [protocol.HeaderSize]byte
 	// rejoins counts the connections re-established since the last
 	// reply: a donor that keeps ending them fails the pair. One renew
@@ -851,16 +933,21 @@ func (q *QueuePair) isClosed() bool {
 func (q *QueuePair) Close() error {
 	q.mu.Lock()
 	q.closed = true
-	conn := q.conn
+	conn, cancel, done := q.conn, q.cancel, q.done
 	q.mu.Unlock()
-	if q.cancel != nil {
-		q.cancel()
+	if cancel != nil {
+		cancel()
 	}
 	_ = conn.Close()
-	<-q.done
+	<-done
 	q.resends.Wait()
+	// A revive under way finds the pair closed, and does not register
+	// it again.
+	q.mu.Lock()
+	id := q.id
+	q.mu.Unlock()
 	q.c.qmu.Lock()
-	delete(q.c.queues, q.id)
+	delete(q.c.queues, id)
 	q.c.qmu.Unlock()
 	return nil
 }

@@ -119,10 +119,9 @@ type Client struct {
 
 	sync    syncConn
 	streams []*bulkStream
-	// qp is the client's own queue pair; ownQueue replaces one that
-	// broke, under qpmu.
-	qp   atomic.Pointer[QueuePair]
-	qpmu sync.Mutex
+	// qp is the client's own queue pair (the queue channel's); one that
+	// broke is re-established by its next request (QueuePair.revive).
+	qp *QueuePair
 
 	qmu    sync.Mutex
 	queues map[uint32]*QueuePair
@@ -178,7 +177,7 @@ func Dial(ctx context.Context, addr, credential string, opts Options) (*Client, 
 	if err != nil {
 		return nil, err
 	}
-	c.qp.Store(qp)
+	c.qp = qp
 	ok = true
 	return c, nil
 }
@@ -608,11 +607,7 @@ func (c *Client) do(ctx context.Context, ch Channel, op uint8, p []byte, off int
 	case ChannelBulk:
 		return c.bulk(ctx, op, p, off)
 	case ChannelQueue:
-		q, err := c.ownQueue(ctx)
-		if err != nil {
-			return err
-		}
-		return q.do(ctx, op, p, off, c.opts.QueueChunk)
+		return c.qp.do(ctx, op, p, off, c.opts.QueueChunk)
 	}
 	return fmt.Errorf("memory: unknown channel %d", ch)
 }

@@ -43,7 +43,7 @@ func FuzzQueueReplies(f *testing.F) {
 		refuse := func(context.Context, string) (net.Conn, error) { return nil, errors.New("no donor here") }
 		q := &QueuePair{c: &Client{opts: Options{Timeout: 10 * time.Second, Dialer: refuse}}, conn: cli, br: bufio.NewReader(cli),
 			wake: make(chan struct{}), pending: map[uint32]*qop{1: rd, 2: wr}, done: make(chan struct{}), settled: make(chan struct{})}
-		q.reader(context.Background())
+		q.reader(context.Background(), q.done)
 		rerr, werr := <-rd.done, <-wr.done
 
 		if !bytes.Equal(wr.op.Buf, src) {

@@ -133,8 +133,8 @@ func (l *link) close() {
 }
 
 // ready readies the link for a request (mu held): a connection that broke
-// under an earlier request (its timeout, its context) is re-established
-// first, unless the session ended.
+// under an earlier request (its timeout, its context, a malformed reply)
+// is re-established first, unless the session ended.
 func (l *link) ready(ctx context.Context, c *Client) error {
 	if l.bad == nil {
 		return nil
@@ -142,18 +142,32 @@ func (l *link) ready(ctx context.Context, c *Client) error {
 	if err := c.err(); err != nil {
 		return err
 	}
-	if !errors.Is(l.bad, protocol.ErrDonorLost) {
-		return l.bad // a refusal (GONE) or a malformed frame: it stands
+	if !broken(l.bad) {
+		return l.bad // a refusal (GONE): it stands
 	}
 	return l.rejoin(ctx, c, fmt.Errorf("%w: the %s connection broke earlier", protocol.ErrDonorLost, kindName(l.kind)))
 }
 
+// broken reports whether err, which ended a request, left its connection
+// to be re-established: the connection broke or timed out (ErrDonorLost),
+// or a reply on it was malformed (ErrBadFrame: a wrong sequence number
+// or opcode, a bad length, an unknown opcode; what follows on the stream
+// cannot be trusted). Not a refusal the donor answered (GONE), which
+// ends the session.
+func broken(err error) bool {
+	return errors.Is(err, protocol.ErrDonorLost) || errors.Is(err, protocol.ErrBadFrame)
+}
+
 // broke records err, which ended a request on the link (mu held), and
 // shuts the connection down; err is returned wrapped with ctx's error if
-// ctx ended.
+// ctx ended, and a malformed reply's naming the connection.
 func (l *link) broke(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
+	switch {
+	case ctx.Err() != nil:
 		err = fmt.Errorf("%w: %w", protocol.ErrDonorLost, ctx.Err())
+	case errors.Is(err, protocol.ErrBadFrame):
+		err = fmt.Errorf("%w (a reply on the %s connection; the request's effect is unknown, and the connection is replaced)",
+			err, kindName(l.kind))
 	}
 	l.bad = err
 	l.pg.Load().Shutdown()
@@ -186,10 +200,13 @@ func (l *link) recover(ctx context.Context, c *Client, err error, tries *int) (b
 // channel or any other of the session (docs/memory-protocol.md,
 // "Sequence numbers"). It costs a failed request one HELLO round trip;
 // requests that succeed pay nothing. A connection that cannot be
-// re-established leaves the session lost (unsettled). A refusal (GONE,
-// a malformed frame) is not settled: the donor answered the request.
+// re-established leaves the session lost (unsettled). A malformed reply
+// is settled so too: the replies after it cannot be read, and the
+// requests behind it (a bulk stream's window) may still land. A refusal
+// (GONE) is not settled: the donor answered the request, and ends the
+// session.
 func (l *link) settle(ctx context.Context, c *Client, err error) error {
-	if l.bad == nil || !errors.Is(l.bad, protocol.ErrDonorLost) || c.err() != nil {
+	if l.bad == nil || !broken(l.bad) || c.err() != nil {
 		return err
 	}
 	// The caller's context may have ended (that is why the request

@@ -58,7 +58,8 @@ const DefaultCredits = 64
 // second client is refused with protocol.ErrBusy while the session's control
 // connection is open; when it closes, every connection of the session is
 // closed and the region can be subscribed again (its contents are kept until
-// RemoveRegion).
+// RemoveRegion); the next session's data connections are answered their
+// HELLO once the ended session's handlers have returned (fence).
 type Donor struct {
 	log *slog.Logger
 	// TLS, if set, makes the donor require TLS (set before Serve): a
@@ -374,6 +375,13 @@ func (d *Donor) endSession(s *session) {
 	s.closed = true
 	close(s.ended)
 	for _, w := range s.links {
+		// Closed, as a connection the donor ends alone is: its handler
+		// serves no further request, and a data connection's HELLO —
+		// of a session opened next, too — is answered once the handler
+		// has returned (fence): a WRITE the handler still takes in (the
+		// payload bytes that had arrived before the close) must not
+		// land after a write the next session had acknowledged.
+		w.closed.Store(true)
 		w.quitServing()
 	}
 	if s.reg.sess == s {
@@ -795,6 +803,10 @@ func (d *Donor) serveControl(s *session, c net.Conn) {
 func (s *session) complete(qid uint32, idle bool, batch uint32) {
 	s.credMu.Lock()
 	qc := s.queues[qid]
+	if qc == nil { // dropped with its connection (dropWriter)
+		s.credMu.Unlock()
+		return
+	}
 	qc.granted++
 	send := idle || qc.granted-qc.reported >= batch
 	s.credMu.Unlock()
@@ -916,6 +928,27 @@ func (d *Donor) serveData(s *session, c net.Conn, kind uint8, w *writer) {
 			}
 		}
 	}
+}
+
+// QueueWindows reports how many queue credit windows the current session
+// of the region whose credential is given holds: one per queue connection
+// of the session whose handler has not returned (0 without a session).
+// A queue connection the client re-establishes takes a new window, and
+// the window of the one it replaces goes with that one's handler.
+func (d *Donor) QueueWindows(credential string) int {
+	d.mu.Lock()
+	r := d.regions[credKey(credential)]
+	var s *session
+	if r != nil {
+		s = r.sess
+	}
+	d.mu.Unlock()
+	if s == nil {
+		return 0
+	}
+	s.credMu.Lock()
+	defer s.credMu.Unlock()
+	return len(s.queues)
 }
 
 // Regions reports the number of regions reserved.

@@ -191,9 +191,10 @@ type writer struct {
 	// stop closes the connection; nil until the handler serves (d.mu).
 	stop func()
 	// closed: the donor closed the connection (Stop: a move's stalled
-	// write; replace: a connection of the session replaces it), and the
-	// handler serves no further request on it; left closes once the
-	// handler has returned (dropWriter). See fence.
+	// write; replace: a connection of the session replaces it;
+	// endSession: its session ended), and the handler serves no further
+	// request on it; left closes once the handler has returned
+	// (dropWriter). See fence.
 	closed atomic.Bool
 	left   chan struct{}
 	// quit closes when the session ends or the connection is replaced:
@@ -240,6 +241,12 @@ func (d *Donor) dropWriter(s *session, w *writer) {
 		delete(s.links, w.id)
 	}
 	d.mu.Unlock()
+	// A queue connection's credit window goes with it (ids are unique
+	// in the session; before left closes: the HELLO of a connection
+	// that replaces it finds it gone).
+	s.credMu.Lock()
+	delete(s.queues, w.id)
+	s.credMu.Unlock()
 	w.quitServing()
 	close(w.left)
 }
@@ -271,14 +278,16 @@ func (w *writer) replace() func() {
 }
 
 // fence waits until the handlers of r's connections the donor closed
-// itself (Stop: a move's stalled write) have returned, before a new data
-// connection of r's session is answered its HELLO: a client sends again
-// on the new connection the requests the closed one left unanswered
-// (client.Client re-establishes a lost connection alone), and what the
-// closed one's handler still received — the bytes that had arrived
-// before the close — must not land in the region after them. Such a
-// handler returns as soon as it has read those: false (the HELLO is
-// refused) if it has not within errHandshakeLimit.
+// itself (Stop: a move's stalled write; replace; endSession: those of a
+// session that ended, r's earlier sessions' included) have returned,
+// before a new data connection of r's session is answered its HELLO: a
+// client sends again on the new connection the requests the closed one
+// left unanswered (client.Client re-establishes a lost connection
+// alone), or the region's next session writes where the ended one did,
+// and what the closed one's handler still received — the bytes that had
+// arrived before the close — must not land in the region after them.
+// Such a handler returns as soon as it has read those: false (the HELLO
+// is refused) if it has not within errHandshakeLimit.
 func (d *Donor) fence(r *region) bool {
 	d.mu.Lock()
 	var wait []chan struct{}

@@ -2,9 +2,11 @@ package memorytest
 
 import (
 	"context"
+	"encoding/binary"
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
@@ -18,7 +20,8 @@ import (
 // after them — a payload stalled on its way, as a donor moving the region
 // sees one. When the donor closes its side of a connection, the relay
 // closes the session's side. It counts the connections of each kind (from
-// their HELLO).
+// their HELLO). Armed with Corrupt, it spoils the next reply the donor
+// sends on a connection of a kind.
 type Relay struct {
 	donor string
 	ln    net.Listener
@@ -34,6 +37,74 @@ type Relay struct {
 	// the donor once release closes, and landed closes once the donor
 	// has ended that connection afterwards.
 	release, landed chan struct{}
+	// A reply to spoil (Corrupt): on a connection of corruptKind, the
+	// next reply but a HELLO's; corrupted closes once it went through.
+	corruptKind uint8
+	corruptHow  Corruption
+	corrupted   chan struct{}
+}
+
+// Corruption is how Corrupt spoils a reply's header (its payload goes
+// through as the donor sent it).
+type Corruption int
+
+// Corruptions.
+const (
+	// CorruptSeq gives the reply another request's sequence number.
+	CorruptSeq Corruption = iota + 1
+	// CorruptLength gives it a payload length over protocol.MaxPayload.
+	CorruptLength
+	// CorruptOpcode gives it an opcode the protocol does not know.
+	CorruptOpcode
+)
+
+func (c Corruption) String() string {
+	switch c {
+	case CorruptSeq:
+		return "seq"
+	case CorruptLength:
+		return "length"
+	case CorruptOpcode:
+		return "opcode"
+	}
+	return "corruption"
+}
+
+// Corrupt spoils, as how says, the header of the next reply (not a
+// HELLO's) the donor sends on a connection of kind; the channel returned
+// closes once it went through to the session.
+func (r *Relay) Corrupt(kind uint8, how Corruption) <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.corruptKind, r.corruptHow, r.corrupted = kind, how, make(chan struct{})
+	return r.corrupted
+}
+
+// spoil corrupts h, the header of a reply on a connection of kind, in
+// place if Corrupt armed the relay for it, and returns the channel to
+// close once it went through (nil: untouched).
+func (r *Relay) spoil(kind uint8, h []byte) chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.corrupted == nil || kind != r.corruptKind || h[3] == protocol.OpHello {
+		return nil
+	}
+	rh, err := protocol.DecodeHeader(h)
+	if err != nil {
+		return nil
+	}
+	switch r.corruptHow {
+	case CorruptSeq:
+		rh.Seq += 1000
+	case CorruptLength:
+		rh.Payload = protocol.MaxPayload + 1
+	case CorruptOpcode:
+		rh.Op = 0x7f
+	}
+	rh.Encode(h)
+	done := r.corrupted
+	r.corrupted = nil
+	return done
 }
 
 // StallSent is how many bytes of a stalled WRITE's payload go through.
@@ -131,10 +202,28 @@ func (r *Relay) relay(cc net.Conn) {
 	defer cc.Close()
 	defer dc.Close()
 	ended := make(chan struct{})
-	r.wg.Go(func() { // the donor's side, as it comes
+	// The connection's kind, from its HELLO, known before any reply.
+	var kindOf atomic.Uint32
+	r.wg.Go(func() { // the donor's side, frame by frame as it comes
 		defer close(ended)
-		_, _ = io.Copy(cc, dc)
-		cc.Close() // the donor closed: so does the session's side
+		defer cc.Close() // the donor closed: so does the session's side
+		var hdr [protocol.HeaderSize]byte
+		for {
+			if _, err := io.ReadFull(dc, hdr[:]); err != nil {
+				return
+			}
+			payload := int64(binary.BigEndian.Uint32(hdr[12:]))
+			done := r.spoil(uint8(kindOf.Load()), hdr[:])
+			if _, err := cc.Write(hdr[:]); err != nil {
+				return
+			}
+			if done != nil {
+				close(done)
+			}
+			if _, err := io.CopyN(cc, dc, payload); err != nil {
+				return
+			}
+		}
 	})
 	var hdr [protocol.HeaderSize]byte
 	kind := uint8(0)
@@ -152,6 +241,7 @@ func (r *Relay) relay(cc net.Conn) {
 		}
 		if h.Op == protocol.OpHello && kind == 0 && len(payload) > 0 {
 			kind = payload[0]
+			kindOf.Store(uint32(kind))
 			r.mu.Lock()
 			r.kinds[kind]++
 			r.mu.Unlock()
