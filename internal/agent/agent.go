@@ -366,6 +366,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := a.lockNICs(&locks); err != nil {
+		return err
+	}
 	a.reserved.reserve(a.cfg.Listen, a.rememberedPorts(saved))
 	defer a.reserved.releaseAll()
 	if err := a.openDevices(ctx); err != nil {
