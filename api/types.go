@@ -433,7 +433,8 @@ type JoinRequest struct {
 	// served and wiped its block devices: `rialto agent
 	// --wipe-lost-exports` after an unreadable exports.json, or a start
 	// with a fresh state directory (no identity.json, no exports.json),
-	// which may be a known machine's whose state was lost. Every lease
+	// which may be a known machine's whose state was lost, or with its
+	// identity.json but without the exports.json it kept. Every lease
 	// with a part on the node is lost (a node the control plane did not
 	// know has none). Agents send it at the first join after such a
 	// start.

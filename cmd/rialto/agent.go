@@ -136,7 +136,7 @@ func runAgent(e *env, fs *pflag.FlagSet) runFunc {
 	host, _ := os.Hostname()
 	cp, bootS, caCert := joinFlags(fs, e)
 	name := fs.String("name", host, "node name, unique in the cluster")
-	stateDir := fs.String("state-dir", "rialto-agent", "identity, exports and relative backing files; keep it (an absolute path on persistent storage): a start without identity.json and exports.json wipes the block devices that exist and has the node's leases recorded lost")
+	stateDir := fs.String("state-dir", "rialto-agent", "identity, exports and relative backing files; keep it (an absolute path on persistent storage): a start without identity.json and exports.json, or with identity.json but without exports.json, wipes the block devices that exist and has the node's leases recorded lost")
 	wipeLost := fs.Bool("wipe-lost-exports", false, "if the state dir's exports.json cannot be read, wipe every block device in full and set the file aside instead of refusing to start (the exports it listed are lost either way)")
 	listen := fs.String("listen", "127.0.0.1", "host the agent API and data planes bind to (0.0.0.0 needs --advertise)")
 	advertise := fs.String("advertise", "", "host put into URLs (default: --listen)")

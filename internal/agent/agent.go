@@ -320,13 +320,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.lockStateDir(&locks); err != nil {
 		return err
 	}
-	fresh, err := a.freshState()
+	files, err := a.statStateFiles()
 	if err != nil {
 		return err
 	}
 	if err := a.loadIdentity(); err != nil {
 		return err
 	}
+	lost := a.lostState(files)
 	if err := a.setupTLS(); err != nil {
 		return err
 	}
@@ -365,6 +366,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := a.lockNICs(&locks); err != nil {
+		return err
+	}
 	a.reserved.reserve(a.cfg.Listen, a.rememberedPorts(saved))
 	defer a.reserved.releaseAll()
 	if err := a.openDevices(ctx); err != nil {
@@ -382,10 +386,15 @@ func (a *Agent) Run(ctx context.Context) error {
 		if err := a.wipeLostExports(); err != nil {
 			return err
 		}
-	case fresh:
-		if err := a.wipeFreshState(existed); err != nil {
+	case lost != "":
+		if err := a.wipeLostState(existed, lost); err != nil {
 			return err
 		}
+	}
+	// From here on exports.json exists as long as identity.json does: a
+	// start that finds only the identity has lost it (fresh.go).
+	if err := a.keepExportsRecord(files); err != nil {
+		return err
 	}
 	saved = a.loseEphemeral(saved)
 	saved = a.withoutWiped(saved)

@@ -25,33 +25,75 @@ import (
 // file the agent creates (sparse, empty) is not wiped; nor is anything on
 // a genuinely new node's control plane lost (it knows no lease there).
 //
+// The record alone can be lost too: identity.json kept, exports.json
+// deleted (by hand, a backup restored in part, a clean-up script). An
+// agent that took that for "no exports" would join as the node it was,
+// lending nothing as far as it knows, while the control plane keeps its
+// leases active and their bytes stay on the devices, which no teardown
+// would wipe: a teardown only wipes the ranges of exports the agent knows.
+// So exports.json exists, even empty, for as long as identity.json does:
+// every start writes it if absent once it knows its state (before its
+// identity says so: identity.ExportsKept), and a start that finds an
+// identity saying so but no exports.json treats its state as lost, as a
+// fresh one. A state directory written by an agent that predates
+// ExportsKept has no exports.json until its first export: there an absent
+// file is taken for what it was then, no export ever, and kept from then
+// on.
+//
 // Nor is an agent still running on the same devices lost state: a second
 // agent is refused before it looks at them (instancelock.go), whatever its
 // state directory.
 
-// freshState reports whether the state directory holds neither the
-// agent's identity nor its exports file.
-func (a *Agent) freshState() (bool, error) {
-	for _, f := range []string{identityFile, exportsFile} {
-		_, err := os.Lstat(filepath.Join(a.cfg.StateDir, f))
-		if err == nil {
-			return false, nil
-		}
-		if !errors.Is(err, fs.ErrNotExist) {
-			return false, fmt.Errorf("agent: state: %w", err)
-		}
-	}
-	return true, nil
+// stateFiles says which of the state files exist.
+type stateFiles struct {
+	identity, exports bool
 }
 
-// wipeFreshState journals a wipe in full of each block device whose file
+// statStateFiles looks for the state directory's identity and exports
+// files.
+func (a *Agent) statStateFiles() (stateFiles, error) {
+	var s stateFiles
+	for _, f := range []struct {
+		name string
+		have *bool
+	}{{identityFile, &s.identity}, {exportsFile, &s.exports}} {
+		_, err := os.Lstat(filepath.Join(a.cfg.StateDir, f.name))
+		switch {
+		case err == nil:
+			*f.have = true
+		case !errors.Is(err, fs.ErrNotExist):
+			return s, fmt.Errorf("agent: state: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// lostState says why the state directory does not tell what the devices
+// hold ("": it does): fresh (neither file), or its exports record gone
+// while the identity, which says it kept one, is there. Call it once the
+// identity is loaded.
+func (a *Agent) lostState(s stateFiles) string {
+	a.mu.Lock()
+	kept := a.id.ExportsKept
+	a.mu.Unlock()
+	switch {
+	case !s.identity && !s.exports:
+		return "fresh"
+	case s.identity && !s.exports && kept:
+		return "exports record missing"
+	}
+	return ""
+}
+
+// wipeLostState journals a wipe in full of each block device whose file
 // existed before this start, then records in the identity that the next
-// join tells the control plane the node's exports are lost. The journal
-// is written first: a crash in between starts fresh again (and wipes
-// again); once the identity is written, a restart is no longer fresh and
-// finishes the journalled wipes like any others.
-func (a *Agent) wipeFreshState(existed map[string]bool) error {
-	n, err := a.journalWholeDevices("(fresh state)", func(d DeviceConfig) bool { return existed[d.Path] })
+// join tells the control plane the node's exports are lost; why is
+// lostState's. The journal is written first: a crash in between starts
+// fresh again, or finds the record missing again (and wipes again); once
+// the identity is written, a restart (exports.json being written next,
+// keepExportsRecord) finishes the journalled wipes like any others.
+func (a *Agent) wipeLostState(existed map[string]bool, why string) error {
+	n, err := a.journalWholeDevices("("+why+")", func(d DeviceConfig) bool { return existed[d.Path] })
 	if err != nil {
 		return err
 	}
@@ -61,13 +103,47 @@ func (a *Agent) wipeFreshState(existed map[string]bool) error {
 	if err := a.saveIdentity(); err != nil {
 		return err
 	}
-	if n > 0 {
+	switch {
+	case why != "fresh":
+		a.log.Warn("identity.json is there but exports.json, which it says was kept, is missing: the exports this agent served are unknown, so every block device file that already existed is wiped in full before anything is served, and the join has the control plane record this machine's leases lost",
+			"devices", n, "state_dir", a.cfg.StateDir)
+	case n > 0:
 		a.log.Warn("the state directory is new but block device files already exist and may hold tenants' bytes: they are wiped in full before anything is served, and the join has the control plane record this machine's leases lost",
 			"devices", n, "state_dir", a.cfg.StateDir)
-	} else {
+	default:
 		a.log.Info("the state directory is new; no block device file existed before", "state_dir", a.cfg.StateDir)
 	}
 	return nil
+}
+
+// keepExportsRecord writes exports.json, with no export in it, if it is
+// absent, then has the identity say the file is kept (ExportsKept): from
+// then on a start without the file has lost it. In that order: a crash
+// in between leaves a file and an identity that does not say so yet,
+// which the next start takes as kept.
+func (a *Agent) keepExportsRecord(s stateFiles) error {
+	a.mu.Lock()
+	kept := a.id.ExportsKept
+	a.id.ExportsKept = true
+	a.mu.Unlock()
+	if _, err := os.Lstat(filepath.Join(a.cfg.StateDir, exportsFile)); errors.Is(err, fs.ErrNotExist) {
+		if s.identity && !s.exports && !kept {
+			a.log.Info("the state directory was written by an earlier version, which wrote exports.json at the first export only: taking its absence for no export ever, and keeping the file from now on",
+				"state_dir", a.cfg.StateDir)
+		}
+		a.opMu.Lock()
+		err := a.saveExportsLocked()
+		a.opMu.Unlock()
+		if err != nil {
+			return err
+		}
+	} else if err != nil {
+		return fmt.Errorf("agent: state: %w", err)
+	}
+	if kept {
+		return nil
+	}
+	return a.saveIdentity()
 }
 
 // journalWholeDevices journals a wipe of every block device in full that

@@ -35,7 +35,13 @@ import (
 // A lock is on the inode: another path to the same file (a symlink, a hard
 // link, a bind mount) is the same lock, but two device nodes of one block
 // device (a node made elsewhere, another container's /dev) are two, and a
-// partition is not its whole disk.
+// partition is not its whole disk. So a block device node (not a regular
+// file) is also opened with O_EXCL, and that descriptor kept as long as the
+// locks: the kernel's exclusive claim is on the device, whatever node
+// names it, and covers a partition and its whole disk; it also refuses a
+// device that is mounted or otherwise claimed (claimBlockDevice). The flock
+// comes first, so that another agent on the same node is named with its
+// PID.
 
 // ErrInUse is the error of a start whose state directory or block device
 // another rialto agent holds.
@@ -142,11 +148,91 @@ func (a *Agent) lockBlockDevices(l *instanceLocks) (existed map[string]bool, err
 			return nil, fmt.Errorf("agent: device %s: lock %s: %w", d.Name, p, err)
 		}
 		l.files = append(l.files, f)
+		if st.Mode&unix.S_IFMT == unix.S_IFBLK {
+			x, err := claimBlockDevice(p)
+			if err != nil {
+				if errors.Is(err, unix.EBUSY) {
+					note := blockBusyNote(st.Rdev)
+					if note == "" {
+						note = " (a file system, swap, LVM or RAID, a partition of it or its whole disk, another rialto agent through another device node)"
+					}
+					return nil, fmt.Errorf("agent: block device %s (%s) is in use: mounted or claimed by another process%s: this agent neither reads, wipes nor serves it: %w",
+						d.Name, p, note, err)
+				}
+				return nil, fmt.Errorf("agent: device %s: claim %s: %w", d.Name, p, err)
+			}
+			l.files = append(l.files, x)
+		}
 		if !created {
 			existed[p] = true
 		}
 	}
 	return existed, nil
+}
+
+// claimBlockDevice opens the block device node p with O_EXCL, Linux's
+// exclusive claim of the device itself, whatever node names it: it fails
+// with EBUSY if the device is mounted, is swap, is held by a device
+// mapper, MD or loop stack, is claimed by another exclusive opener (another
+// agent, through any node of it), or is a partition of a claimed whole
+// disk or the whole disk of a claimed partition. The claim lasts until the
+// descriptor is closed; other opens (the agent's own, without O_EXCL) are
+// not affected.
+func claimBlockDevice(p string) (*os.File, error) {
+	for {
+		f, err := os.OpenFile(p, os.O_RDONLY|unix.O_EXCL, 0)
+		if !errors.Is(err, unix.EINTR) {
+			return f, err
+		}
+	}
+}
+
+// blockBusyNote says, as far as /proc/self/mountinfo and sysfs tell, what
+// holds the block device rdev: " (mounted at M)", " (its partition P is
+// mounted at M)", " (held by H)", or "".
+func blockBusyNote(rdev uint64) string {
+	majmin := fmt.Sprintf("%d:%d", unix.Major(rdev), unix.Minor(rdev))
+	sys := "/sys/dev/block/" + majmin
+	// The device and its partitions (a whole disk's directory has one
+	// per partition, with its dev file).
+	devs := map[string]string{majmin: ""}
+	if ents, err := os.ReadDir(sys); err == nil {
+		for _, e := range ents {
+			if b, err := os.ReadFile(filepath.Join(sys, e.Name(), "partition")); err != nil || len(b) == 0 {
+				continue
+			}
+			if b, err := os.ReadFile(filepath.Join(sys, e.Name(), "dev")); err == nil {
+				devs[strings.TrimSpace(string(b))] = e.Name()
+			}
+		}
+	}
+	if f, err := os.Open("/proc/self/mountinfo"); err == nil {
+		defer f.Close()
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			// ID PARENT MAJ:MIN ROOT MOUNTPOINT ...
+			fl := strings.Fields(sc.Text())
+			if len(fl) < 5 {
+				continue
+			}
+			part, ok := devs[fl[2]]
+			if !ok {
+				continue
+			}
+			if part != "" {
+				return fmt.Sprintf(" (its partition %s is mounted at %s)", part, fl[4])
+			}
+			return fmt.Sprintf(" (mounted at %s)", fl[4])
+		}
+	}
+	if ents, err := os.ReadDir(filepath.Join(sys, "holders")); err == nil && len(ents) > 0 {
+		var hs []string
+		for _, e := range ents {
+			hs = append(hs, e.Name())
+		}
+		return fmt.Sprintf(" (held by %s)", strings.Join(hs, ", "))
+	}
+	return ""
 }
 
 // openDeviceFile opens a block device's file read-write, creating it

@@ -24,6 +24,12 @@ type identity struct {
 	// (--wipe-lost-exports); the next join tells the control plane that
 	// the node's leases are lost (api.JoinRequest.LostExports).
 	LostExports bool `json:"lost_exports,omitempty"`
+	// ExportsKept: exports.json exists, even with no export in it, for
+	// as long as this identity does (fresh.go), so that a start that
+	// finds this identity and no exports.json knows the record is lost.
+	// Unset in a state directory written by an agent that did not keep
+	// the file before its first export.
+	ExportsKept bool `json:"exports_kept,omitempty"`
 }
 
 const (

@@ -2,6 +2,7 @@ package testcluster
 
 import (
 	"errors"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -48,6 +49,60 @@ func TestFreshStateDirWipesDevices(t *testing.T) {
 	}
 
 	// Alice releases what she holds (a lost lease is ended already).
+	if _, err := alice.ReleaseLease(ctx, la.ID); err != nil && !isConflict(err) {
+		t.Fatal(err)
+	}
+	c.Heartbeat()
+	lb, err := bob.CreateLease(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(partRanges(lb), partRanges(la)) {
+		t.Fatalf("bob's lease %v is not on alice's ranges %v", partRanges(lb), partRanges(la))
+	}
+	if k := leakedBlocks(ctx, t, lb); k != 0 {
+		t.Fatalf("bob reads %d of alice's 4 KiB blocks", k)
+	}
+}
+
+// TestMissingExportsRecordWipesDevices: an agent restarted with its
+// identity.json but without its exports.json (deleted) rejoins as the same
+// node but no longer knows which ranges hold a tenant's bytes; alice's
+// release then tears down an export it does not know, which it cannot
+// wipe. So the start wipes the device before it serves anything and has
+// the control plane record the node's leases lost: bob's lease on alice's
+// range reads zeroes.
+func TestMissingExportsRecordWipesDevices(t *testing.T) {
+	t.Parallel()
+	const dev = 8 << 20
+	c := Start(t, Options{Nodes: 1, Tenants: []string{"alice", "bob"},
+		Devices: []agent.DeviceConfig{{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: dev}}})
+	ctx := ctxT(t)
+	alice, bob := c.ClientWithToken(TenantToken("alice")), c.ClientWithToken(TenantToken("bob"))
+	req := api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeDedicated, Size: dev}
+	la, err := alice.CreateLease(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fillParts(ctx, t, la, "alice")
+
+	n := c.Nodes[0]
+	id := n.ID()
+	n.Kill()
+	if err := os.Remove(filepath.Join(n.cfg.StateDir, "exports.json")); err != nil {
+		t.Fatal(err)
+	}
+	n.Launch()
+	n.WaitReady()
+	if got := n.ID(); got != id {
+		t.Fatalf("the node rejoined as %s, not %s", got, id)
+	}
+	if got := c.Lease(la.ID); got.State != api.LeaseLost || !strings.Contains(got.Reason, "lost the record of its exports") {
+		t.Fatalf("alice's lease after its lender lost its exports record: %s (%q), want lost", got.State, got.Reason)
+	}
+
+	// Alice releases what she holds: a teardown of an export the agent
+	// does not know.
 	if _, err := alice.ReleaseLease(ctx, la.ID); err != nil && !isConflict(err) {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package testcluster
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/agent"
@@ -211,7 +214,7 @@ func partsHold(ctx context.Context, t *testing.T, l api.Lease, tenant string) bo
 
 // loopDevice attaches p to a loop device for the test, or skips the test
 // where that is not possible (not root, no loop driver).
-func loopDevice(t *testing.T, p string) string {
+func loopDevice(t *testing.T, p string, opts ...string) string {
 	t.Helper()
 	losetup, err := exec.LookPath("losetup")
 	if err != nil {
@@ -220,7 +223,7 @@ func loopDevice(t *testing.T, p string) string {
 	if os.Geteuid() != 0 {
 		t.Skip("loop devices need root")
 	}
-	out, err := exec.Command(losetup, "-f", "--show", p).CombinedOutput()
+	out, err := exec.Command(losetup, append(append([]string{"-f", "--show"}, opts...), p)...).CombinedOutput()
 	if err != nil {
 		t.Skipf("no loop device: %v: %s", err, out)
 	}
@@ -231,4 +234,175 @@ func loopDevice(t *testing.T, p string) string {
 		}
 	})
 	return dev
+}
+
+// TestBlockDeviceClaimedElsewhereRefused: a lock on a block device node
+// (flock) is the node's, not the device's. An agent lending a real block
+// device also claims the device itself (O_EXCL), so that a second agent
+// naming it through another node (made with mknod elsewhere, another
+// container's /dev), or lending the whole disk of a partition the first
+// lends, is refused naming the device, not left to wipe the first's
+// tenant's bytes under her live lease; and a device that is mounted is
+// refused, naming the mount point, its file system untouched.
+func TestBlockDeviceClaimedElsewhereRefused(t *testing.T) {
+	t.Parallel()
+	const dev = 8 << 20
+	backing := func(t *testing.T) string {
+		p := filepath.Join(t.TempDir(), "backing.img")
+		if err := os.WriteFile(p, make([]byte, dev), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	// secondRefused runs a second agent, elsewhere, lending path while
+	// the cluster's agent lends first to alice.
+	secondRefused := func(t *testing.T, first, second string) {
+		t.Helper()
+		c := Start(t, Options{Nodes: 1, Tenants: []string{"alice"},
+			Devices: []agent.DeviceConfig{{Name: "disk0", Kind: api.KindBlock, Path: first}}})
+		ctx := ctxT(t)
+		alice := c.ClientWithToken(TenantToken("alice"))
+		la, err := alice.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeDedicated, Size: 1 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fillParts(ctx, t, la, "alice")
+		n := c.Nodes[0]
+		cfg := n.cfg
+		cfg.StateDir = filepath.Join(t.TempDir(), "elsewhere")
+		cfg.Devices = []agent.DeviceConfig{{Name: "disk0", Kind: api.KindBlock, Path: second}}
+		err = refusedAgent(t, cfg)
+		if !errors.Is(err, unix.EBUSY) {
+			t.Fatalf("a second agent lending %s: %v, want EBUSY", second, err)
+		}
+		for _, want := range []string{"block device disk0 (" + second + ") is in use: mounted or claimed by another process"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("the refusal %q does not say %q", err, want)
+			}
+		}
+		if got := c.Lease(la.ID); got.State != api.LeaseActive {
+			t.Fatalf("alice's lease after the refused start: %s (%q)", got.State, got.Reason)
+		}
+		if !partsHold(ctx, t, la, "alice") {
+			t.Fatal("alice's bytes changed under her lease")
+		}
+		// Once the first has stopped, the device is the second's.
+		n.Kill()
+		n.cfg = cfg
+		n.Launch()
+		n.WaitReady()
+	}
+
+	t.Run("another device node", func(t *testing.T) {
+		t.Parallel()
+		d := loopDevice(t, backing(t))
+		var st unix.Stat_t
+		if err := unix.Stat(d, &st); err != nil {
+			t.Fatal(err)
+		}
+		node := filepath.Join(t.TempDir(), "node")
+		if err := unix.Mknod(node, unix.S_IFBLK|0o600, int(st.Rdev)); err != nil {
+			t.Skipf("mknod %s: %v", node, err)
+		}
+		secondRefused(t, d, node)
+	})
+	t.Run("whole disk of a lent partition", func(t *testing.T) {
+		t.Parallel()
+		disk, part := partitionedLoop(t, backing(t))
+		secondRefused(t, part, disk)
+	})
+	t.Run("partition of a lent whole disk", func(t *testing.T) {
+		t.Parallel()
+		disk, part := partitionedLoop(t, backing(t))
+		secondRefused(t, disk, part)
+	})
+	t.Run("mounted", func(t *testing.T) {
+		t.Parallel()
+		d := loopDevice(t, backing(t))
+		mkfs, err := exec.LookPath("mkfs.ext4")
+		if err != nil {
+			t.Skip("mkfs.ext4 not installed")
+		}
+		if out, err := exec.Command(mkfs, "-q", d).CombinedOutput(); err != nil {
+			t.Fatalf("mkfs.ext4: %v: %s", err, out)
+		}
+		mnt := t.TempDir()
+		if err := unix.Mount(d, mnt, "ext4", 0, ""); err != nil {
+			t.Skipf("mount %s: %v", d, err)
+		}
+		defer func() {
+			if err := unix.Unmount(mnt, 0); err != nil {
+				t.Errorf("unmount %s: %v", mnt, err)
+			}
+		}()
+		if err := os.WriteFile(filepath.Join(mnt, "data"), []byte("a file system's data"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		c := Start(t, Options{Nodes: 1})
+		cfg := c.Nodes[0].cfg
+		cfg.StateDir = filepath.Join(t.TempDir(), "fresh") // would wipe the device
+		cfg.Devices = []agent.DeviceConfig{{Name: "disk0", Kind: api.KindBlock, Path: d}}
+		err = refusedAgent(t, cfg)
+		if !errors.Is(err, unix.EBUSY) {
+			t.Fatalf("an agent lending the mounted %s: %v, want EBUSY", d, err)
+		}
+		for _, want := range []string{"block device disk0 (" + d + ") is in use: mounted or claimed by another process (mounted at " + mnt + ")"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("the refusal %q does not say %q", err, want)
+			}
+		}
+		if b, err := os.ReadFile(filepath.Join(mnt, "data")); err != nil || string(b) != "a file system's data" {
+			t.Fatalf("the file system's data after the refused start: %q (%v)", b, err)
+		}
+	})
+}
+
+// partitionedLoop writes an MBR with one partition (1 MiB on) into the
+// file p, attaches it to a loop device with its partitions scanned, and
+// returns the disk's and the partition's nodes; it skips the test where
+// that is not possible.
+func partitionedLoop(t *testing.T, p string) (disk, part string) {
+	t.Helper()
+	fi, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mbr := make([]byte, 512)
+	e := mbr[446:462]
+	e[4] = 0x83 // Linux
+	binary.LittleEndian.PutUint32(e[8:], 2048)
+	binary.LittleEndian.PutUint32(e[12:], uint32(fi.Size()/512-2048))
+	mbr[510], mbr[511] = 0x55, 0xaa
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.WriteAt(mbr, 0)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	disk = loopDevice(t, p, "-P")
+	// The partition scan is part of attaching (LOOP_CONFIGURE).
+	name := filepath.Base(disk) + "p1"
+	b, err := os.ReadFile(filepath.Join("/sys/class/block", name, "dev"))
+	if err != nil {
+		t.Skipf("the kernel found no partition on %s (no MBR partition support, CONFIG_MSDOS_PARTITION?): %v", disk, err)
+	}
+	var maj, min uint32
+	if _, err := fmt.Sscanf(strings.TrimSpace(string(b)), "%d:%d", &maj, &min); err != nil {
+		t.Fatalf("%s/dev: %q: %v", name, b, err)
+	}
+	// devtmpfs makes its node; a node of its own where it does not.
+	part = filepath.Join("/dev", name)
+	var st unix.Stat_t
+	if unix.Stat(part, &st) != nil || st.Rdev != unix.Mkdev(maj, min) {
+		part = filepath.Join(t.TempDir(), name)
+		if err := unix.Mknod(part, unix.S_IFBLK|0o600, int(unix.Mkdev(maj, min))); err != nil {
+			t.Skipf("mknod %s: %v", part, err)
+		}
+	}
+	return disk, part
 }
