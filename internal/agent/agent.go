@@ -158,6 +158,9 @@ func New(cfg Config) (*Agent, error) {
 		if m, ok := d.(MetricsUser); ok {
 			m.UseMetrics(a.reg)
 		}
+		if b, ok := d.(*BlockDriver); ok {
+			b.srv.MovePending = cfg.MovePendingBytes // before Serve
+		}
 	}
 	if !cfg.OmitRuntimeMetrics {
 		metrics.RegisterRuntime(a.reg)
