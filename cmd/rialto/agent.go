@@ -147,6 +147,7 @@ func runAgent(e *env, fs *pflag.FlagSet) runFunc {
 	mem := sizeString(fs, "memory", "", "memory budget to lend, e.g. 512MiB")
 	accel := fs.Int("accel", 0, "accelerator slots to lend (an appliance; each slot gets --slot-memory)")
 	slotMem := sizeString(fs, "slot-memory", "16MiB", "memory of each accelerator slot")
+	movePending := sizeString(fs, "move-pending", "64MiB", "memory a block part moving from here may spend on its borrower's writes not yet written (held by the move's switch, or on their way to the file); past it the borrower's writes wait (docs/operations.md)")
 	fs.Var(&labels, "label", "node label KEY=VALUE (repeatable)")
 	hb := fs.Duration("heartbeat", 0, "heartbeat interval (default: the control plane's)")
 	machine := fs.String("machine-id", "", "override the hardware identity")
@@ -198,6 +199,9 @@ func runAgent(e *env, fs *pflag.FlagSet) runFunc {
 				return err
 			}
 			cfg.Devices = append(cfg.Devices, d)
+		}
+		if cfg.MovePendingBytes, err = resource.ParseSize(*movePending); err != nil || cfg.MovePendingBytes <= 0 {
+			return usagef("bad --move-pending %q: want a size such as 64MiB", *movePending)
 		}
 		if *mem != "" {
 			n, err := resource.ParseSize(*mem)

@@ -158,6 +158,9 @@ func New(cfg Config) (*Agent, error) {
 		if m, ok := d.(MetricsUser); ok {
 			m.UseMetrics(a.reg)
 		}
+		if b, ok := d.(*BlockDriver); ok {
+			b.srv.MovePending = cfg.MovePendingBytes // before Serve
+		}
 	}
 	if !cfg.OmitRuntimeMetrics {
 		metrics.RegisterRuntime(a.reg)
@@ -833,6 +836,13 @@ func (a *Agent) heartbeatInterval() time.Duration {
 //   - a round expiryAskAhead before the earliest known expiry of a served
 //     export, unless one began since then, so that a renewal the control
 //     plane has by then reaches the agent before the expiry;
+//   - likewise for an export prepared (or moved here) after the last
+//     round began, once that round has ended, whenever it began: the
+//     answer to a round judges only the exports prepared before its
+//     heartbeat left (reconcile), so a part whose move committed during
+//     a round that began in the last expiryAskAhead before its expiry
+//     was stopped at that expiry though the lease had been renewed, and
+//     served again only after the next round;
 //   - at the instant that expiry passes, it stops serving the exports
 //     whose known expiry has passed (enforceExpiry), whether a round is
 //     under way or not, then asks again (a round, at once or once the one
@@ -851,6 +861,9 @@ func (a *Agent) heartbeatLoop(ctx context.Context, firstDone func()) {
 		again   = true        // a round is wanted once the one under way ends
 		beatDue bool          // the interval since the last round has passed
 		began   time.Time     // when the last round began
+		// The exports prepared (or moved here) up to when the last round
+		// began (Export.prepared): its answer judges no later one.
+		beganMark uint64
 	)
 	// The interval is timed, not compared with the time: on a clock
 	// whose time moves apart from its timers (clock.FakeNow) rounds
@@ -881,9 +894,21 @@ func (a *Agent) heartbeatLoop(ctx context.Context, firstDone func()) {
 		if hasExp && !now.Before(ask) && began.Before(ask) {
 			again = true
 		}
+		// An export prepared after the last round began (a part whose
+		// move committed while it was under way) was not asked about by
+		// it, whenever it began: asked expiryAskAhead before its expiry,
+		// once that round has ended.
+		uexp, hasU := a.nextExpiryAfter(beganMark)
+		uask := uexp.Add(-expiryAskAhead)
+		if hasU && !now.Before(uask) {
+			again = true
+		}
 		xfer, hasXfer := a.nextTransferExpiry()
 		if done == nil && (again || beatDue || (hasXfer && !now.Before(xfer) && began.Before(xfer))) {
-			again, beatDue, began = false, false, now
+			a.mu.Lock()
+			beganMark = a.prepares
+			a.mu.Unlock()
+			again, beatDue, began, hasU = false, false, now, false
 			beat.Stop()
 			done = make(chan struct{})
 			go func(done chan<- struct{}) {
@@ -909,6 +934,9 @@ func (a *Agent) heartbeatLoop(ctx context.Context, firstDone func()) {
 		}
 		if done == nil && hasXfer && began.Before(xfer) && (at.IsZero() || xfer.Before(at)) {
 			at = xfer
+		}
+		if done == nil && hasU && (at.IsZero() || uask.Before(at)) {
+			at = uask
 		}
 		a.mu.Lock()
 		a.loopPlanned, a.loopExpiry = true, exp

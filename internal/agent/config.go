@@ -111,6 +111,15 @@ type Config struct {
 	// certificate; the export name is still the lease credential checked.
 	// Unused when the data planes are plaintext.
 	TLSPSK *tlspsk.Keys
+	// MovePendingBytes bounds the memory a block part moving from here
+	// (a lease move, a drain) spends on its borrower's writes: the
+	// payload bytes taken in and not yet written (held while the move's
+	// last pass and switch hold the writes, or on their way to the
+	// file), over all the export's connections. Past it the NBD server
+	// takes no more in (the borrower's writes wait in its sends) until
+	// some are written or refused. 0: 64 MiB (nbd.DefaultMovePending);
+	// less than 0: no bound but each connection's own (64 MiB).
+	MovePendingBytes int64
 	// SysRoot is prefixed to /proc, /sys and /etc paths while
 	// fingerprinting (tests point it at a fake tree).
 	SysRoot string

@@ -328,6 +328,20 @@ func (a *Agent) nextExpiryLocked() (time.Time, bool) {
 	return next, !next.IsZero()
 }
 
+// nextExpiryAfter is the earliest known expiry of a served export
+// prepared (or moved here) after mark (Export.prepared).
+func (a *Agent) nextExpiryAfter(mark uint64) (time.Time, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var next time.Time
+	for _, e := range a.exports {
+		if exp := e.Request.ExpiresAt; e.prepared > mark && e.serving() && !exp.IsZero() && (next.IsZero() || exp.Before(next)) {
+			next = exp
+		}
+	}
+	return next, !next.IsZero()
+}
+
 // wakeLoop wakes the heartbeat loop to plan again.
 func (a *Agent) wakeLoop() {
 	select {

@@ -37,6 +37,13 @@ func (a *Agent) registerMetrics(r prometheus.Registerer) {
 	a.mHeld = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "rialto_agent_move_hold_seconds",
 		Help:    "How long a moving part's writes were held for its last pass and the switch, by kind.",
 		Buckets: []float64{0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}}, []string{"kind"})
+	for _, d := range a.drivers {
+		if b, ok := d.(*BlockDriver); ok {
+			r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rialto_agent_move_pending_bytes",
+				Help: "Payload bytes of borrowers' writes to block parts moving from here that the agent holds in memory, not yet written (bounded per part by --move-pending)."},
+				func() float64 { return float64(b.movePending()) }))
+		}
+	}
 	r.MustRegister(a.mHeartbeats, a.mPrepares, a.mExports, a.mWithheld, a.mRestored, a.mWipes, a.mPendingWipes, a.mSuspends,
 		a.mTransfers, a.mMoved, a.mSkipped, a.mHeld, usageCollector{a})
 	for _, re := range [][2]string{{"out", "started"}, {"out", "committed"}, {"out", "aborted"}, {"out", "failed"},

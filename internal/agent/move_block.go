@@ -186,6 +186,26 @@ func (s *blockSource) Layout() ([]Span, error) {
 	return out, nil
 }
 
+// movePending sums the payload bytes of the borrowers' writes the moving
+// parts' exports hold in memory (nbd.Server.MovePending bounds each).
+func (b *BlockDriver) movePending() int64 {
+	b.mu.Lock()
+	names := make([]string, 0, len(b.live))
+	for _, x := range b.live {
+		if n := x.registered(); n != "" && x.incoming == "" {
+			names = append(names, n)
+		}
+	}
+	b.mu.Unlock()
+	var sum int64
+	for _, n := range names {
+		if st, ok := b.srv.MoveStats(n); ok {
+			sum += st.Pending
+		}
+	}
+	return sum
+}
+
 func (s *blockSource) Take() []dirty.Range { return s.d.Take() }
 func (s *blockSource) Dirty() int64        { return s.d.Bytes() }
 

@@ -141,10 +141,18 @@ type Gate struct {
 	mu       sync.Mutex
 	paused   bool
 	retired  bool
+	ended    bool          // End was called: the gate is no longer the range's
 	active   int           // writes admitted and not yet left
 	waiting  int           // writes held by a pause
 	refusing int           // writes EnterUntil refused, not yet Answered
 	wake     chan struct{} // closed and replaced at every change of the above
+
+	// The payload bytes of writes the lender has taken in while the
+	// range moves and not yet written (Reserve, Unreserve): held by a
+	// pause, or on their way to the range.
+	pending     int64
+	peak        int64 // the most pending has been
+	reserveWait int   // writers waiting in Reserve
 }
 
 // changedLocked wakes the waiters; g.mu is held.
@@ -196,9 +204,16 @@ func (g *Gate) Answered() {
 // means done closed first. On true g.mu is held (admitted releases it).
 func (g *Gate) enter(done <-chan struct{}) bool {
 	g.mu.Lock()
-	for g.paused && !g.retired {
+	for first := true; g.paused && !g.retired; first = false {
 		ch := g.wake
 		g.waiting++
+		if first {
+			// A write newly held (WaitChange's watchers); one woken
+			// and held again is not news, and must not wake the others
+			// again, which would wake it again.
+			g.changedLocked()
+			ch = g.wake
+		}
 		g.mu.Unlock()
 		select {
 		case <-ch:
@@ -257,9 +272,13 @@ func (g *Gate) setPaused(p bool) {
 // Resume lets the writes held by a pause proceed.
 func (g *Gate) Resume() { g.setPaused(false) }
 
-// End stops marking and resumes the writes (a move given up or removed).
+// End stops marking and resumes the writes (a move given up or removed);
+// writers waiting in Reserve go on, unreserved.
 func (g *Gate) End() {
 	g.dirty.Store(nil)
+	g.mu.Lock()
+	g.ended = true
+	g.mu.Unlock()
 	g.Resume()
 }
 
@@ -311,4 +330,99 @@ func (g *Gate) Waiting() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.waiting
+}
+
+// Reserve counts n bytes of a write's payload that the lender is about to
+// take in (read off its connection into memory) while the range moves,
+// until [Gate.Unreserve]: the write is then held by a pause, or on its way
+// to the range. It first waits while limit bytes or more would be
+// pending, which back-pressures the writer (it takes nothing more in; its
+// client's sends wait): a pause that holds the writes for long, or a
+// borrower writing faster than the range takes it, then costs the lender
+// at most limit bytes, whatever the number of connections. A write
+// larger than limit is taken in alone (with nothing else pending). It
+// waits until ctx ends (its error is returned then, nothing reserved), or
+// the gate is retired or ended: it then reserves nothing and reports
+// false (the write is refused, or untracked, when it reaches the gate),
+// as it does without waiting once it is. A limit of zero or less does
+// not bound.
+func (g *Gate) Reserve(ctx context.Context, n, limit int64) (bool, error) {
+	g.mu.Lock()
+	for first := true; limit > 0 && g.pending > 0 && g.pending+n > limit && !g.retired && !g.ended; first = false {
+		ch := g.wake
+		g.reserveWait++
+		if first {
+			g.changedLocked() // a writer newly waiting (WaitChange)
+			ch = g.wake
+		}
+		g.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			g.mu.Lock()
+			g.reserveWait--
+			g.mu.Unlock()
+			return false, ctx.Err()
+		}
+		g.mu.Lock()
+		g.reserveWait--
+	}
+	defer g.mu.Unlock()
+	if g.retired || g.ended {
+		return false, nil
+	}
+	g.pending += n
+	g.peak = max(g.peak, g.pending)
+	return true, nil
+}
+
+// Unreserve ends n bytes Reserve counted: the write has been written to
+// the range (or refused, or dropped).
+func (g *Gate) Unreserve(n int64) {
+	g.mu.Lock()
+	g.pending -= n
+	if g.reserveWait > 0 {
+		g.changedLocked()
+	}
+	g.mu.Unlock()
+}
+
+// Stats is a gate's state, as [Gate.Stats] reports it.
+type Stats struct {
+	// Held is how many writes a pause holds.
+	Held int
+	// Pending is the bytes reserved now ([Gate.Reserve]), Peak the most
+	// they have been.
+	Pending, Peak int64
+	// Reserving is how many writers wait in Reserve.
+	Reserving int
+}
+
+// Stats reports g's writes held and bytes pending.
+func (g *Gate) Stats() Stats {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return Stats{Held: g.waiting, Pending: g.pending, Peak: g.peak, Reserving: g.reserveWait}
+}
+
+// WaitChange waits until cond holds for g's [Stats], or ctx ends (its
+// error is returned then). cond is looked at again whenever a write is
+// newly held, a writer newly waits in Reserve, bytes are unreserved with
+// writers waiting, or the gate's pause, retirement or writes admitted
+// change; not at every reservation.
+func (g *Gate) WaitChange(ctx context.Context, cond func(Stats) bool) error {
+	for {
+		g.mu.Lock()
+		ch := g.wake
+		st := Stats{Held: g.waiting, Pending: g.pending, Peak: g.peak, Reserving: g.reserveWait}
+		g.mu.Unlock()
+		if cond(st) {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }

@@ -178,3 +178,90 @@ func TestDrainWaitsForRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestGateReserve: Reserve waits while the bytes pending would pass the
+// limit (a write larger than it goes alone), until bytes are unreserved,
+// its context ends, or the gate is retired or ended (then it reserves
+// nothing); WaitChange sees a writer wait.
+func TestGateReserve(t *testing.T) {
+	ctx := context.Background()
+	var w Writes
+	g := w.Install()
+	reserve := func(n int64) <-chan error {
+		ch := make(chan error, 1)
+		go func() {
+			ok, err := g.Reserve(ctx, n, 100)
+			if err == nil && !ok {
+				err = errors.New("not reserved")
+			}
+			ch <- err
+		}()
+		return ch
+	}
+	if ok, err := g.Reserve(ctx, 150, 100); !ok || err != nil {
+		t.Fatalf("a write over the limit, alone: %v %v", ok, err)
+	}
+	g.Unreserve(150)
+	if ok, _ := g.Reserve(ctx, 60, 100); !ok {
+		t.Fatal("not reserved")
+	}
+	second := reserve(60)
+	if err := g.WaitChange(ctx, func(st Stats) bool { return st.Reserving == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-second:
+		t.Fatalf("reserved past the limit: %v", err)
+	default:
+	}
+	g.Unreserve(60)
+	if err := <-second; err != nil {
+		t.Fatal(err)
+	}
+	if st := g.Stats(); st.Pending != 60 || st.Peak != 150 || st.Reserving != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+
+	// Its context ends: nothing reserved.
+	short, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { _, err := g.Reserve(short, 60, 100); done <- err }()
+	if err := g.WaitChange(ctx, func(st Stats) bool { return st.Reserving == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Reserve after its context ended: %v", err)
+	}
+
+	// Retired (or ended): the waiter goes on, unreserved.
+	go func() {
+		ok, err := g.Reserve(ctx, 60, 100)
+		done <- errors.Join(err, map[bool]error{true: errors.New("reserved")}[ok])
+	}()
+	if err := g.WaitChange(ctx, func(st Stats) bool { return st.Reserving == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	g.Retire()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if st := g.Stats(); st.Pending != 60 {
+		t.Fatalf("pending %d after the retirement, want the 60 reserved before", st.Pending)
+	}
+
+	var w2 Writes
+	g2 := w2.Install()
+	g2.Reserve(ctx, 100, 100)
+	go func() {
+		ok, err := g2.Reserve(ctx, 1, 100)
+		done <- errors.Join(err, map[bool]error{true: errors.New("reserved")}[ok])
+	}()
+	if err := g2.WaitChange(ctx, func(st Stats) bool { return st.Reserving == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	w2.Remove().End()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/rialto-project/rialto/internal/dataplane/dirty"
 	"golang.org/x/sys/unix"
 )
 
@@ -45,6 +46,10 @@ type op struct {
 	started bool // started on the backend's ReadStarter or WriteStarter (counted in conn.nstarted)
 
 	watch ReplyWatcher // the backend's error in the reply wants to know whether it was sent
+
+	// pend is the move's gate o's payload is counted pending at
+	// (conn.reservePending), until o is executed or freed.
+	pend *dirty.Gate
 }
 
 var opPool = sync.Pool{New: func() any { return new(op) }}
@@ -621,6 +626,13 @@ func (c *conn) reader(ctx context.Context) error {
 				}
 				served = true
 			} else {
+				// While the export moves, the payload is counted at the
+				// move's gate, which may make this reader wait first
+				// (move.go).
+				if err := c.reservePending(ctx, o); err != nil {
+					c.freeOp(o)
+					return err
+				}
 				if err := c.acquire(o, int64(req.Length)); err != nil {
 					c.freeOp(o)
 					return err
@@ -957,6 +969,7 @@ func (c *conn) freeOp(o *op) {
 	if o.started {
 		c.nstarted.Add(-1)
 	}
+	c.unpend(o)
 	putBuf(o.buf)
 	c.bud.release(o.held)
 	*o = op{hdr: o.hdr, ext: o.ext[:0]}
@@ -1043,6 +1056,11 @@ func errnoOf(err error) uint32 {
 // execute performs o against the backend and encodes its reply.
 func (c *conn) execute(ctx context.Context, o *op) {
 	r := o.req
+	if o.pend != nil {
+		// Written (or refused) once execute returns: no longer pending
+		// at the move's gate.
+		defer c.unpend(o)
+	}
 	if ctx.Err() != nil || c.abandoned.Load() {
 		// The connection is ending (its export removed, or its client
 		// gone without a disconnect): requests still queued must not

@@ -43,6 +43,25 @@ import (
 // closed: the export's other connections are served on, their writes
 // held by the pause as usual.
 //
+// While the export moves, every write's payload is read into a buffer of
+// the server's (none is spliced nor served from the reader's buffer) and
+// waits there while PauseWrites holds it: the writes held are ops, with
+// their pooled payload buffers, parked at the gate in the connection's
+// workers (and its queue to them). Each connection's payload budget (64
+// MiB) bounded one connection, but not the export: a borrower's other
+// connections (multi-conn, an attachment's redials) each held as much
+// again. The bytes taken in are counted at the move's gate
+// (dirty.Gate.Reserve) from the reader's read of the payload until the
+// write has been executed (written, or refused) or dropped; past
+// [Server.MovePending] (64 MiB) the readers wait before reading a
+// payload, so the client's sends wait (its requests stay in its socket),
+// and an acknowledged write is never dropped nor one refused for it. A
+// connection whose reader waits so sees its reads behind the write wait
+// too (its requests are read in order). Writes taken in before the move
+// began are not counted (each connection's budget bounds them, and they
+// end within TrackWrites' wait or are held with the others).
+// [Server.MoveStats] reports the bytes pending and their peak.
+//
 // Without a move an export pays two atomic additions per write for this
 // (the count of writes that started without seeing a move, which
 // TrackWrites waits for), nothing per read. The gate is dirty.Writes and
@@ -326,4 +345,91 @@ func (s *Server) Connections(name string) int {
 		return len(e.conns)
 	}
 	return 0
+}
+
+// DefaultMovePending is Server.MovePending's default: the bytes of writes
+// a moving export may hold in memory, over all its connections.
+const DefaultMovePending = 64 << 20
+
+func (s *Server) movePending() int64 {
+	switch {
+	case s.MovePending > 0:
+		return s.MovePending
+	case s.MovePending < 0:
+		return 0 // no bound
+	}
+	return DefaultMovePending
+}
+
+// reservePending counts o's payload, about to be read, at the export's
+// move gate (if it moves), waiting while Server.MovePending bytes are
+// pending there; an error (the connection ends) leaves nothing counted.
+func (c *conn) reservePending(ctx context.Context, o *op) error {
+	g := c.e.writes.Gate()
+	if g == nil {
+		return nil
+	}
+	n := int64(o.req.Length)
+	limit := c.s.movePending()
+	if st := g.Stats(); limit > 0 && st.Pending > 0 && st.Pending+n > limit {
+		// About to wait: hand over the requests parsed and send the
+		// replies held first, and let the workers watch for the
+		// client's end meanwhile (abandon.go), as for the budget.
+		if err := c.flushBatch(); err != nil {
+			return err
+		}
+		c.blockBegin()
+		defer c.blockEnd()
+	}
+	ok, err := g.Reserve(ctx, n, limit)
+	if err != nil {
+		return fmt.Errorf("nbd: waiting for the move's pending writes: %w", err)
+	}
+	if ok {
+		o.pend = g
+	}
+	return nil
+}
+
+// unpend ends o's count at its move's gate, if it has one.
+func (c *conn) unpend(o *op) {
+	if o.pend != nil {
+		o.pend.Unreserve(int64(o.req.Length))
+		o.pend = nil
+	}
+}
+
+// MoveStats reports the state of export name's move: the writes held, the
+// payload bytes pending (Server.MovePending) and their peak since the
+// move began, the connections waiting to take more in. ok is false when
+// the export is unknown or does not move.
+func (s *Server) MoveStats(name string) (st dirty.Stats, ok bool) {
+	s.mu.Lock()
+	e, found := s.exports[name]
+	s.mu.Unlock()
+	if !found {
+		return dirty.Stats{}, false
+	}
+	g := e.writes.Gate()
+	if g == nil {
+		return dirty.Stats{}, false
+	}
+	return g.Stats(), true
+}
+
+// WaitMove waits until cond holds for export name's move (MoveStats), or
+// ctx ends; it fails at once if the export is unknown or does not move.
+// See dirty.Gate.WaitChange for when cond is looked at.
+func (s *Server) WaitMove(ctx context.Context, name string, cond func(dirty.Stats) bool) error {
+	s.mu.Lock()
+	e, found := s.exports[name]
+	s.mu.Unlock()
+	if !found {
+		return ErrExportNotFound
+	}
+	g := e.writes.Gate()
+	if g == nil {
+		return fmt.Errorf("nbd: export %s does not move", NameTag(name))
+	}
+	return g.WaitChange(ctx, cond)
 }

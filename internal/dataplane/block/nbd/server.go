@@ -214,6 +214,15 @@ type Server struct {
 	// Clock times MoveWait and MoveWaitLimit (internal/clock); nil: the
 	// real clock.
 	Clock clock.Clock
+	// MovePending bounds the payload bytes of the writes to a moving
+	// export that the server has taken in and not yet written (held by
+	// PauseWrites, or on their way to the backend), over all the
+	// export's connections: past it a connection's reader waits before it
+	// reads the next write's payload (the client's sends wait), until
+	// enough are written or refused, or the connection ends. Zero means
+	// DefaultMovePending; less than zero, no bound (each connection's
+	// own 64 MiB still holds).
+	MovePending int64
 
 	mu      sync.Mutex
 	exports map[string]*export
