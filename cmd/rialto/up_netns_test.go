@@ -274,6 +274,14 @@ func TestUpNetnsCrash(t *testing.T) {
 
 	up2 := startUp(t, bin, dir, args...)
 	id2, reaper2 := rackRecord(t, dir)
+	// With its reaper killed, only the third run removes this lab: if the
+	// test stops before, it must not leave the lab's namespaces, links and
+	// processes running (Purge of a lab already gone does nothing).
+	t.Cleanup(func() {
+		if err := netns.Purge(context.Background(), id2, nil); err != nil {
+			t.Errorf("purging lab %s: %v", id2, err)
+		}
+	})
 	if id2 == id || up2.Addr != up.Addr {
 		t.Errorf("second run: lab %s at %s, first %s at %s", id2, up2.Addr, id, up.Addr)
 	}
