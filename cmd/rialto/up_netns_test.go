@@ -155,8 +155,8 @@ func labGone(id string) func() bool {
 // TestUpNetns runs `rialto up --netns` as a user would: the banner names
 // the namespaces, the env file points at the control plane's namespace
 // address, the CLI from this (root) namespace sees the agents ready at
-// theirs, a block lease it creates is readable with nbdinfo, the links are
-// shaped; SIGTERM removes everything, and a restart on the same state dir
+// theirs, a block lease it creates is readable with nbdinfo, offers trim
+// and maps as one hole, the links are shaped; SIGTERM removes everything, and a restart on the same state dir
 // has the same address and token and still serves the lease.
 func TestUpNetns(t *testing.T) {
 	needNetns(t)
@@ -208,8 +208,17 @@ func TestUpNetns(t *testing.T) {
 	if !strings.HasPrefix(l.URI, "nbds://") {
 		t.Fatalf("block lease of the rack: %s", strings.SplitN(l.URI, "/", 4)[2])
 	}
-	if out, err := exec.Command("nbdinfo", "--size", l.URI+"?tls-certificates="+tlsDir).CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "16777216" {
+	tlsURI := l.URI + "?tls-certificates=" + tlsDir
+	if out, err := exec.Command("nbdinfo", "--size", tlsURI).CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "16777216" {
 		t.Fatalf("nbdinfo over TLS: %v %s", err, out)
+	}
+	// The agent process serves the lease with trim, and maps the fresh
+	// lease as one hole that reads as zeroes.
+	if out, err := exec.Command("nbdinfo", "--can", "trim", tlsURI).CombinedOutput(); err != nil {
+		t.Errorf("nbdinfo --can trim: %v %s", err, out)
+	}
+	if out, err := exec.Command("nbdinfo", "--map", tlsURI).CombinedOutput(); err != nil || strings.Join(strings.Fields(string(out)), " ") != "0 16777216 3 hole,zero" {
+		t.Errorf("nbdinfo --map of a fresh lease: %v %q, want one hole,zero extent", err, out)
 	}
 
 	up.Stop(t)
@@ -265,6 +274,14 @@ func TestUpNetnsCrash(t *testing.T) {
 
 	up2 := startUp(t, bin, dir, args...)
 	id2, reaper2 := rackRecord(t, dir)
+	// With its reaper killed, only the third run removes this lab: if the
+	// test stops before, it must not leave the lab's namespaces, links and
+	// processes running (Purge of a lab already gone does nothing).
+	t.Cleanup(func() {
+		if err := netns.Purge(context.Background(), id2, nil); err != nil {
+			t.Errorf("purging lab %s: %v", id2, err)
+		}
+	})
 	if id2 == id || up2.Addr != up.Addr {
 		t.Errorf("second run: lab %s at %s, first %s at %s", id2, up2.Addr, id, up.Addr)
 	}

@@ -83,18 +83,28 @@ func equalExtents(a, b []extent) bool {
 	return true
 }
 
-// TestLeaseTrimAndMap: through a shared lease and a composed volume,
-// nbdinfo sees trim offered and maps a fresh lease as one hole that reads
-// as zeroes; after a write, exactly the written range is data.
+// TestLeaseTrimAndMap: through a dedicated lease (a whole device), a
+// shared lease with bandwidth and IOPS caps, and a composed volume, nbdinfo
+// sees trim, write-zeroes, FUA and flush offered and maps a fresh lease as
+// one hole that reads as zeroes; after a write, exactly the written range
+// is data.
 func TestLeaseTrimAndMap(t *testing.T) {
 	t.Parallel()
 	nbdinfo, err := exec.LookPath("nbdinfo")
 	if err != nil {
 		t.Skip("nbdinfo not installed")
 	}
-	c := Start(t, Options{Devices: []agent.DeviceConfig{{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 16 << 20}}})
+	c := Start(t, Options{Devices: []agent.DeviceConfig{
+		{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 16 << 20},
+		{Name: "disk1", Kind: api.KindBlock, Path: "disk1.img", Size: 4 << 20},
+	}})
 	ctx := ctxT(t)
-	shared := createBlock(t, c.Client(), 8<<20, api.ModeShared)
+	dedicated := createBlock(t, c.Client(), 4<<20, api.ModeDedicated)
+	shared, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 8 << 20,
+		BandwidthCap: 1 << 30, IOPSCap: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
 	composed, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeComposed, Count: 3, Size: 12 << 20})
 	if err != nil {
 		t.Fatal(err)
@@ -110,11 +120,15 @@ func TestLeaseTrimAndMap(t *testing.T) {
 		uri  string
 		size int64
 	}{
-		{"shared", shared.URI, 8 << 20},
+		{"dedicated", dedicated.URI, dedicated.Parts[0].Length}, // a whole device, whichever
+		{"shared with caps", shared.URI, 8 << 20},
 		{"composed", att.URI(), 12 << 20},
 	} {
-		if out, err := exec.CommandContext(ctx, nbdinfo, "--can", "trim", tc.uri).CombinedOutput(); err != nil {
-			t.Errorf("%s: nbdinfo --can trim: %v %s", tc.name, err, out)
+		// nbdinfo --can X exits 0 when the export offers X, 2 when not.
+		for _, can := range []string{"trim", "zero", "fua", "flush"} {
+			if out, err := exec.CommandContext(ctx, nbdinfo, "--can", can, tc.uri).CombinedOutput(); err != nil {
+				t.Errorf("%s: nbdinfo --can %s: %v %s", tc.name, can, err, out)
+			}
 		}
 		if got, want := nbdinfoMap(ctx, t, nbdinfo, tc.uri), mapOf(tc.size); !equalExtents(got, want) {
 			t.Errorf("%s: fresh lease maps as %v, want %v", tc.name, got, want)

@@ -89,6 +89,34 @@ func leakedBlocks(ctx context.Context, t *testing.T, l api.Lease) int {
 	return leaked
 }
 
+// dataExtents reads every part of l's block status and returns the
+// extents that are not reported hole and zero, as "part N [off,+len)".
+func dataExtents(ctx context.Context, t *testing.T, l api.Lease) []string {
+	t.Helper()
+	var out []string
+	for i, uri := range partURIs(l) {
+		nc, err := nbd.DialURI(ctx, uri)
+		if err != nil {
+			t.Fatalf("part %d: %v", i, err)
+		}
+		const want = nbd.StateHole | nbd.StateZero
+		for off := int64(0); off < nc.Size(); { // an answer may cover less than asked
+			ext, err := nc.ExtentsContext(ctx, off, nc.Size()-off)
+			if err != nil {
+				t.Fatalf("part %d: block status: %v", i, err)
+			}
+			for _, e := range ext {
+				if e.Flags&want != want {
+					out = append(out, fmt.Sprintf("part %d [%d,+%d) flags %#x", i, off, e.Length, e.Flags))
+				}
+				off += e.Length
+			}
+		}
+		nc.Close()
+	}
+	return out
+}
+
 // lenders are the cluster nodes serving l's parts.
 func lenders(c *Cluster, l api.Lease) []*Node {
 	var out []*Node
@@ -104,7 +132,9 @@ func lenders(c *Cluster, l api.Lease) []*Node {
 // Tenant alice fills a dedicated, a shared or a composed lease whose parts
 // are whole devices, and her lease ends by release, by expiry or by the
 // loss of a lender (which comes back); bob's next lease lands on the same
-// ranges and reads zeroes in every 4 KiB block.
+// ranges and reads zeroes in every 4 KiB block, and its block status
+// reports every part as one hole reading as zeroes (the wipe punched
+// holes: nbdcopy and qemu-img skip them).
 func TestNextTenantReadsOnlyZeroes(t *testing.T) {
 	t.Parallel()
 	const dev = 4 << 20
@@ -180,6 +210,9 @@ func TestNextTenantReadsOnlyZeroes(t *testing.T) {
 				}
 				if n := leakedBlocks(ctx, t, lb); n != 0 {
 					t.Fatalf("bob reads %d of alice's 4 KiB blocks", n)
+				}
+				if d := dataExtents(ctx, t, lb); len(d) != 0 {
+					t.Fatalf("bob's fresh lease is not reported hole and zero: %v", d)
 				}
 			})
 		}
@@ -264,8 +297,8 @@ func TestNextTenantMemoryAndSlotsZero(t *testing.T) {
 
 // TestCrashMidWipeLeavesRangeUnlendable: a lender that stops in the middle
 // of wiping a released lease's range lends it to no one (the next lease
-// finds no room) until, restarted, it has finished the wipe; the next
-// tenant then reads zeroes.
+// finds no room: the lender refuses the range as being wiped) until,
+// restarted, it has finished the wipe; the next tenant then reads zeroes.
 func TestCrashMidWipeLeavesRangeUnlendable(t *testing.T) {
 	t.Parallel()
 	const dev = 4 << 20
@@ -293,6 +326,8 @@ func TestCrashMidWipeLeavesRangeUnlendable(t *testing.T) {
 	}
 	if _, err := bob.CreateLease(ctx, req); err == nil {
 		t.Fatal("a range whose wipe did not finish was lent")
+	} else if !strings.Contains(err.Error(), "the range is being wiped") {
+		t.Fatalf("bob's lease failed for another reason than the unfinished wipe: %v", err)
 	}
 	lender.Restart() // a new agent, without the fault
 	lb, err := bob.CreateLease(ctx, req)
