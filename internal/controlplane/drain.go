@@ -333,7 +333,8 @@ func (s *Server) drainMove(ctx context.Context, dr *drainRun, l api.Lease, n api
 	defer dr.mu.Unlock()
 	e = dr.lease(l)
 	if err != nil {
-		e.State, e.Reason = api.DrainLeasePending, "cannot move yet: "+err.Error()
+		s.log.Info("drain: a lease cannot move yet", "node", n.ID, "lease", l.ID, "err", err)
+		e.State, e.Reason = api.DrainLeasePending, "cannot move yet: "+plainText(err)
 		dr.next[l.ID] = s.now().Add(drainRetry)
 		return
 	}
@@ -352,7 +353,13 @@ func (s *Server) drainMove(ctx context.Context, dr *drainRun, l api.Lease, n api
 // event; the lease's URI changes.
 func (s *Server) drainReplace(ctx context.Context, dr *drainRun, l api.Lease, n api.Node, parts []int) {
 	leave := func(why string) { s.setDrainLease(dr, l.ID, api.DrainLeaseLeft, why) }
-	retry := func(why string) {
+	// A drain's record says why in plain words (plainText); the log has
+	// the whole error.
+	retry := func(why string, err error) {
+		if err != nil {
+			s.log.Info("drain: a lease cannot be placed again yet", "node", n.ID, "lease", l.ID, "err", err)
+			why += plainText(err)
+		}
 		s.setDrainLease(dr, l.ID, api.DrainLeasePending, why)
 		dr.mu.Lock()
 		dr.next[l.ID] = s.now().Add(drainRetry)
@@ -360,7 +367,7 @@ func (s *Server) drainReplace(ctx context.Context, dr *drainRun, l api.Lease, n 
 	}
 	src, err := s.nodeRecord(ctx, n.ID)
 	if err != nil {
-		retry(err.Error())
+		retry("", err)
 		return
 	}
 	export, err := exportOf(l.Parts[parts[0]].URI)
@@ -373,7 +380,7 @@ func (s *Server) drainReplace(ctx context.Context, dr *drainRun, l api.Lease, n 
 	cancel()
 	switch {
 	case err != nil:
-		retry("reading its role from the lender: " + err.Error())
+		retry("reading its role from the lender: ", err)
 		return
 	case rc.Role == "":
 		leave("no role was loaded through the control plane: what its slot holds is unknown, so it is not placed again")
@@ -387,12 +394,12 @@ func (s *Server) drainReplace(ctx context.Context, dr *drainRun, l api.Lease, n 
 	for _, i := range parts {
 		to, err := s.replaceSlot(ctx, l, i, n, rc)
 		if err != nil {
-			retry("cannot place its slot again yet: " + err.Error())
+			retry("cannot place its slot again yet: ", err)
 			return
 		}
 		moved = append(moved, to)
 		if l, err = s.st.Lease(ctx, l.ID); err != nil {
-			retry(err.Error())
+			retry("", err)
 			return
 		}
 	}
@@ -426,7 +433,8 @@ func (s *Server) replaceSlot(ctx context.Context, l api.Lease, i int, n api.Node
 	r := &moveRun{m: m}
 	s.mv.add(r)
 	fail := func(err error) (string, error) {
-		if _, todo, _ := s.apply(ctx, l, lifecycle.MoveFailed{Move: m, Why: err.Error()}); len(todo) > 0 {
+		s.log.Warn("placing an accelerator slot again failed; it stays", "move", m.ID, "lease", l.ID, "part", i, "err", err)
+		if _, todo, _ := s.apply(ctx, l, lifecycle.MoveFailed{Move: m, Why: plainText(err)}); len(todo) > 0 {
 			s.moveActions(todo)
 		}
 		return "", err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"regexp"
 	"strings"
 
 	"github.com/rialto-project/rialto/api"
@@ -83,8 +84,10 @@ var prefixed = func() *strings.Replacer {
 // answer's code says what the control plane's sentinels say, so the
 // message leaves them out, and it names no package: "lease x not found",
 // "node x not found", "infeasible: mode: …".
-func publicMessage(err error) string {
-	msg := err.Error()
+func publicMessage(err error) string { return publicText(err.Error()) }
+
+// publicText is publicMessage of an error's text.
+func publicText(msg string) string {
 	for _, e := range sentinels {
 		t := e.Error()
 		if msg == t {
@@ -94,6 +97,45 @@ func publicMessage(err error) string {
 	}
 	return prefixed.Replace(msg)
 }
+
+// plainText is err as a user reads it in a lease's reason, a drain's
+// record, a move's error or an event: publicMessage, each lender's answer
+// or failure in plain words (lenderError.plain: "lender node2 refused the
+// part: …", not "controlplane: agent node-… /agent/v1/prepare: 500
+// Internal Server Error: internal: agent: …"), and no package's name
+// (packagePrefixes: a lender's words quote the agent's errors, which
+// name theirs). The whole error goes to the control plane's log.
+func plainText(err error) string {
+	msg := err.Error()
+	var le *lenderError
+	if errors.As(err, &le) {
+		msg = strings.Replace(msg, le.Error(), le.plain(), 1)
+	}
+	return plainWords(msg)
+}
+
+// plainWords is publicText without the names of packages.
+func plainWords(msg string) string {
+	msg = publicText(msg)
+	for {
+		next := packagePrefixes.ReplaceAllString(msg, "$1")
+		if next == msg {
+			return msg
+		}
+		msg = next
+	}
+}
+
+// prefixedPackages are the module's packages whose errors may reach a
+// lease's reason, a drain's record or a move's error, from the control
+// plane or quoted in a lender's answer, their texts starting with the
+// package's name ("agent: prepare …: nbd: open backend: …").
+var prefixedPackages = []string{"agent", "nbd", "stripe", "tlspsk", "memory", "donor", "mapping", "nic", "accel", "roles", "gateway", "mct", "uffd",
+	"controlplane", "lifecycle", "store", "sqlstore", "sqlite", "postgres", "placement", "httpx", "pki", "fabric", "resource"}
+
+// packagePrefixes finds a package's name that starts a message or one of
+// its clauses.
+var packagePrefixes = regexp.MustCompile(`(^|: |; |\()(?:` + strings.Join(prefixedPackages, "|") + `): `)
 
 // withArticle puts the indefinite article before s for a message: "an
 // admin tenant token", "a node credential".

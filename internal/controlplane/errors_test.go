@@ -1,14 +1,19 @@
 package controlplane
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/http"
+	"net/url"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/placement"
 )
 
 // TestAPIErrorMessages: an error answer's message is for people: it names
@@ -104,6 +109,55 @@ func TestPublicMessageKeepsChain(t *testing.T) {
 		}
 		if !errors.Is(tc.err, tc.sentinel) || !strings.Contains(tc.err.Error(), tc.sentinel.Error()) {
 			t.Errorf("%v: lost %v", tc.err, tc.sentinel)
+		}
+	}
+}
+
+// TestPlainText: a lender's answer or failure reads as the lender's name
+// and its words, without packages, paths, statuses or codes, and with the
+// control plane's sentinels left out; the error keeps the whole story.
+func TestPlainText(t *testing.T) {
+	n := api.Node{ID: "node-abc", Name: "n2"}
+	refused := answerError(n, "/agent/v1/prepare", "500 Internal Server Error",
+		[]byte(`{"error":{"code":"internal","message":"agent: prepare lease-x on d0: nbd: open backend: device busy"}}`))
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{refused, "lender n2 refused the part: prepare lease-x on d0: open backend: device busy"},
+		{fmt.Errorf("the destination did not receive: %w", refused), "the destination did not receive: lender n2 refused the part: prepare lease-x on d0: open backend: device busy"},
+		{&lenderError{node: n, path: "/agent/v1/prepare", err: context.DeadlineExceeded}, "lender n2 did not answer in time"},
+		{&lenderError{node: api.Node{ID: "node-abc"}, path: "/agent/v1/transfers/in", err: &url.Error{Op: "Post", URL: "https://x/agent/v1/transfers/in", Err: errors.New("dial tcp: connection refused")}},
+			"lender node-abc could not be reached: dial tcp: connection refused"},
+		{fmt.Errorf("%w: no destination for part 0 of lease x: %w", ErrInfeasible, fmt.Errorf("%w: %w: mode: none", ErrInfeasible, placement.ErrInfeasible)),
+			"no destination for part 0 of lease x: infeasible: mode: none"},
+		{errors.New("agent: copy: stripe: device 0: nbd: short read"), "copy: device 0: short read"},
+	} {
+		if got := plainText(c.err); got != c.want {
+			t.Errorf("plainText(%q) = %q, want %q", c.err, got, c.want)
+		}
+	}
+	if !strings.Contains(refused.Error(), "node-abc /agent/v1/prepare: 500 Internal Server Error: internal: agent: prepare") {
+		t.Errorf("the lender's error for the log lost its detail: %v", refused)
+	}
+}
+
+// TestPrefixedPackagesExist: every name plainWords removes is a package
+// of the module's.
+func TestPrefixedPackagesExist(t *testing.T) {
+	pkgs := map[string]bool{}
+	err := filepath.WalkDir("../..", func(path string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			pkgs[d.Name()] = true
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range prefixedPackages {
+		if !pkgs[p] {
+			t.Errorf("%q is no package of the module's", p)
 		}
 	}
 }

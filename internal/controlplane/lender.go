@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -114,7 +115,7 @@ func (h *HTTPLender) post(ctx context.Context, node api.Node, agentKey, path str
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return fmt.Errorf("controlplane: agent %s %s: %w", node.ID, path, err)
+		return &lenderError{node: node, path: path, err: err}
 	}
 	defer resp.Body.Close()
 	buf := lenderBufs.Get().(*bytes.Buffer)
@@ -125,26 +126,94 @@ func (h *HTTPLender) post(ctx context.Context, node api.Node, agentKey, path str
 	}()
 	buf.Reset()
 	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, 1<<20)); err != nil {
-		return fmt.Errorf("controlplane: agent %s %s: %w", node.ID, path, err)
+		return &lenderError{node: node, path: path, err: err}
 	}
 	data := buf.Bytes()
 	if resp.StatusCode/100 != 2 {
-		msg := strings.TrimSpace(string(data))
-		var eb api.ErrorBody
-		if json.Unmarshal(data, &eb) == nil && eb.Error.Message != "" {
-			msg = eb.Error.Code + ": " + eb.Error.Message
-		}
-		if len(msg) > 200 {
-			msg = msg[:200]
-		}
-		return fmt.Errorf("controlplane: agent %s %s: %s: %s", node.ID, path, resp.Status, msg)
+		return answerError(node, path, resp.Status, data)
 	}
 	if out != nil {
 		if err := json.Unmarshal(data, out); err != nil {
-			return fmt.Errorf("controlplane: agent %s %s: decode: %w", node.ID, path, err)
+			return &lenderError{node: node, path: path, err: fmt.Errorf("decode: %w", err)}
 		}
 	}
 	return nil
+}
+
+// lenderError is a lender's error answer to a call of its API (status
+// set), or the call's failure (err). Its Error is the whole story, for
+// the control plane's log; plain is what a user reads (plainText).
+type lenderError struct {
+	node   api.Node
+	path   string // the API's path called
+	status string // the answer's HTTP status; "" if the call failed
+	code   string // the answer's error code, if it had one
+	msg    string // the answer's message (at most 200 bytes)
+	err    error  // why the call failed
+}
+
+// answerError is the lenderError of an error answer whose body is data.
+func answerError(node api.Node, path, status string, data []byte) *lenderError {
+	e := &lenderError{node: node, path: path, status: status, msg: strings.TrimSpace(string(data))}
+	var eb api.ErrorBody
+	if json.Unmarshal(data, &eb) == nil && eb.Error.Message != "" {
+		e.code, e.msg = eb.Error.Code, eb.Error.Message
+	}
+	if len(e.msg) > 200 {
+		e.msg = e.msg[:200]
+	}
+	return e
+}
+
+func (e *lenderError) Error() string {
+	if e.status == "" {
+		return fmt.Sprintf("controlplane: agent %s %s: %v", e.node.ID, e.path, e.err)
+	}
+	msg := e.msg
+	if e.code != "" {
+		msg = e.code + ": " + msg
+	}
+	return fmt.Sprintf("controlplane: agent %s %s: %s: %s", e.node.ID, e.path, e.status, msg)
+}
+
+func (e *lenderError) Unwrap() error { return e.err }
+
+// plain is the error as a user reads it: the lender by name, and what it
+// answered in its words (without the packages they name: plainWords) or
+// why it could not be asked. No path, status or code: "lender node2
+// refused the part: prepare lease-… on disk0: open backend: open
+// /srv/disk0.img: no such file or directory".
+func (e *lenderError) plain() string {
+	name := e.node.Name
+	if name == "" {
+		name = e.node.ID
+	}
+	if e.status != "" {
+		return fmt.Sprintf("lender %s refused %s: %s", name, lenderCall(e.path), plainWords(e.msg))
+	}
+	var ue *url.Error
+	switch {
+	case errors.Is(e.err, context.DeadlineExceeded):
+		return fmt.Sprintf("lender %s did not answer in time", name)
+	case errors.Is(e.err, context.Canceled):
+		return fmt.Sprintf("the call to lender %s was given up", name)
+	case errors.As(e.err, &ue):
+		return fmt.Sprintf("lender %s could not be reached: %s", name, plainWords(ue.Err.Error()))
+	}
+	return fmt.Sprintf("lender %s: %s", name, plainWords(e.err.Error()))
+}
+
+// lenderCall says what a call of the agent API at path asks for.
+func lenderCall(path string) string {
+	switch {
+	case path == "/agent/v1/prepare", strings.HasPrefix(path, "/agent/v1/transfers"):
+		return "the part"
+	case path == "/agent/v1/teardown":
+		return "the teardown"
+	case path == "/agent/v1/role-config":
+		return "to tell the slot's role"
+	}
+	return "the call"
 }
 
 // nodeCache keeps the node records lender calls need (address, agent key,
@@ -183,7 +252,9 @@ func (s *Server) nodeRecord(ctx context.Context, id string) (store.NodeRecord, e
 }
 
 // prepareParts asks every part's lender to prepare its export, in parallel,
-// each within PrepareTimeout. It returns the URIs, or the nodes that failed.
+// each within PrepareTimeout. It returns the URIs, or the nodes that failed
+// (node ID → why, in plain words naming the lender: plainText; the whole
+// error is logged).
 // req supplies what the lease record does not keep: the role and its
 // config (the caps are the lease's); placement counts the lease's
 // placements (api.PrepareRequest.Placement).
@@ -198,7 +269,8 @@ func (s *Server) prepareParts(ctx context.Context, l api.Lease, req api.LeaseReq
 		}
 		n, err := s.nodeRecord(ctx, p.NodeID)
 		if err != nil {
-			failed[p.NodeID] = err.Error()
+			s.log.Warn("lender did not confirm: its record", "lease", l.ID, "node", p.NodeID, "err", err)
+			failed[p.NodeID] = "lender " + p.NodeID + ": " + plainText(err)
 			continue
 		}
 		nodes[p.NodeID] = n
@@ -241,12 +313,23 @@ func (s *Server) prepareParts(ctx context.Context, l api.Lease, req api.LeaseReq
 		wg.Wait()
 	}
 	for i, err := range errs {
-		if err != nil {
-			if errors.Is(err, context.DeadlineExceeded) {
-				err = fmt.Errorf("no confirmation within %v", s.cfg.PrepareTimeout)
-			}
-			failed[l.Parts[i].NodeID] = err.Error()
+		if err == nil {
+			continue
 		}
+		id := l.Parts[i].NodeID
+		s.log.Warn("lender did not confirm; skipping it", "lease", l.ID, "node", id, "err", err)
+		name := nodes[id].Name
+		if name == "" {
+			name = id
+		}
+		why := plainText(err)
+		switch {
+		case errors.Is(err, context.DeadlineExceeded):
+			why = fmt.Sprintf("lender %s gave no confirmation within %v", name, s.cfg.PrepareTimeout)
+		case !strings.HasPrefix(why, "lender "):
+			why = "lender " + name + ": " + why // each reason names its lender
+		}
+		failed[id] = why
 	}
 	if len(failed) > 0 {
 		return nil, failed

@@ -95,25 +95,21 @@ func (h *HTTPLender) TransferStatus(ctx context.Context, node api.Node, agentKey
 			return out, err
 		}
 	}
+	path := "/agent/v1/transfers/" + url.PathEscape(id)
 	resp, err := hc.Do(req)
 	if err != nil {
-		return out, fmt.Errorf("controlplane: agent %s transfer status: %w", node.ID, err)
+		return out, &lenderError{node: node, path: path, err: err}
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return out, fmt.Errorf("controlplane: agent %s transfer status: %w", node.ID, err)
+		return out, &lenderError{node: node, path: path, err: err}
 	}
 	if resp.StatusCode/100 != 2 {
-		var eb api.ErrorBody
-		msg := strings.TrimSpace(string(data))
-		if json.Unmarshal(data, &eb) == nil && eb.Error.Message != "" {
-			msg = eb.Error.Code + ": " + eb.Error.Message
-		}
-		return out, fmt.Errorf("controlplane: agent %s transfer status: %s: %.200s", node.ID, resp.Status, msg)
+		return out, answerError(node, path, resp.Status, data)
 	}
 	if err := json.Unmarshal(data, &out); err != nil {
-		return out, fmt.Errorf("controlplane: agent %s transfer status: decode: %w", node.ID, err)
+		return out, &lenderError{node: node, path: path, err: fmt.Errorf("decode: %w", err)}
 	}
 	return out, nil
 }

@@ -572,7 +572,9 @@ func (s *Server) runMove(ctx context.Context, r *moveRun) {
 		if lerr != nil {
 			l = api.Lease{ID: m.LeaseID}
 		}
-		if _, todo, _ := s.apply(actx, l, lifecycle.MoveFailed{Move: m, Why: err.Error()}); len(todo) > 0 {
+		// The move's error and event say it in plain words (the log has
+		// the whole error).
+		if _, todo, _ := s.apply(actx, l, lifecycle.MoveFailed{Move: m, Why: plainText(err)}); len(todo) > 0 {
 			s.moveActions(todo)
 		}
 	}
@@ -752,7 +754,7 @@ func (s *Server) releaseSource(ctx context.Context, r *moveRun, src store.NodeRe
 	}
 	why := ""
 	if err != nil {
-		why = "moved; the old lender did not confirm it let go of the part: " + err.Error()
+		why = "moved; the old lender did not confirm it let go of the part: " + plainText(err)
 		s.log.Warn("the old lender of a moved part did not confirm", "move", m.ID, "node", src.ID, "err", err)
 	}
 	l, lerr := s.st.Lease(ctx, m.LeaseID)

@@ -406,7 +406,9 @@ func (s *Server) recordLost(ctx context.Context, nodeID string, lost []api.LostE
 			done = append(done, id) // not known here: nothing to lose
 			continue
 		}
-		ev := lifecycle.PartsLost{NodeID: nodeID, Why: byLease[id][0].Reason}
+		// The agent's reason, in the lease's reason: without the names
+		// of its packages.
+		ev := lifecycle.PartsLost{NodeID: nodeID, Why: plainWords(byLease[id][0].Reason)}
 		for _, x := range byLease[id] {
 			ev.Parts = append(ev.Parts, api.PartRef{DeviceID: x.DeviceID, Offset: x.Offset})
 		}

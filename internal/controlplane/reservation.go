@@ -116,7 +116,8 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 		l, todo, err = s.apply(ctx, prev, ev)
 		if pl, ok := ev.(lifecycle.Placed); ok && err != nil {
 			// The store refused the new parts: there is no other placement.
-			l, todo, err = s.apply(ctx, prev, lifecycle.Unplaceable{Failed: r.failed, Err: err, Plan: &pl.Plan})
+			s.log.Warn("placing a lease again", "lease", prev.ID, "err", err)
+			l, todo, err = s.apply(ctx, prev, lifecycle.Unplaceable{Failed: r.failed, Err: errors.New(plainText(err)), Plan: &pl.Plan})
 		}
 		if err != nil {
 			// Released, expired or lost while its lenders prepared it
@@ -149,16 +150,13 @@ func (s *Server) outcome(ctx context.Context, r *reservation, l api.Lease, todo 
 			if len(failed) == 0 {
 				return lifecycle.Confirm{URIs: uris}
 			}
-			for nodeID, why := range failed {
-				s.log.Warn("lender did not confirm; skipping it", "lease", l.ID, "node", nodeID, "err", why)
-			}
-			r.failed = failed
+			r.failed = failed // (prepareParts logged each failure)
 			return lifecycle.PrepareFailed{Failed: failed, Round: round}
 		case lifecycle.Place:
 			maps.Copy(r.skip, a.Skip)
 			plan, err := s.res.Place(ctx, r.hold(l.ID), r.req, r.skip, s.now())
 			if err != nil {
-				return lifecycle.Unplaceable{Failed: a.Skip, Err: err, Plan: &plan}
+				return lifecycle.Unplaceable{Failed: a.Skip, Err: errors.New(plainText(err)), Plan: &plan}
 			}
 			return lifecycle.Placed{Plan: plan, Skipped: len(a.Skip)}
 		}

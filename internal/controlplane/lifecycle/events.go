@@ -23,7 +23,8 @@ type Reserve struct {
 type Confirm struct{ URIs []string }
 
 // PrepareFailed: in prepare round Round (from 0), the lenders in Failed
-// (node ID → why) did not confirm.
+// (node ID → why, in words a user reads, naming the lender: "lender
+// node2 refused the part: …") did not confirm.
 type PrepareFailed struct {
 	Failed map[string]string
 	Round  int
@@ -38,8 +39,8 @@ type Placed struct {
 // Unplaceable: a new placement found no parts for the lease, or writing
 // them was refused.
 type Unplaceable struct {
-	Failed map[string]string // the lenders that did not confirm (node ID → why)
-	Err    error             // why there is no other placement
+	Failed map[string]string // the lenders that did not confirm (node ID → why, as in PrepareFailed)
+	Err    error             // why there is no other placement, in words a user reads
 	Plan   *api.Plan         // the plan that could not be used, recorded with the failure
 }
 

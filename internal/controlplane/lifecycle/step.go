@@ -412,7 +412,8 @@ func onNode(l api.Lease, id string) bool {
 	return false
 }
 
-// joinReasons lists node ID → why, sorted by node.
+// joinReasons lists the whys of node ID → why, sorted by node: each why
+// names its lender ("lender node2 refused the part: …").
 func joinReasons(m map[string]string) string {
 	ks := make([]string, 0, len(m))
 	for k := range m {
@@ -424,7 +425,7 @@ func joinReasons(m map[string]string) string {
 		if b.Len() > 0 {
 			b.WriteString("; ")
 		}
-		b.WriteString(k + ": " + m[k])
+		b.WriteString(m[k])
 	}
 	return b.String()
 }

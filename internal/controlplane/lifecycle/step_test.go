@@ -45,10 +45,10 @@ var events = []struct {
 }{
 	{"reserve", Reserve{Size: "1 MiB"}, t0, nil},
 	{"confirm", Confirm{URIs: []string{"nbd://10.0.0.1:10809/rlc_x.0", "nbd://10.0.0.2:10809/rlc_x.1"}}, t0.Add(time.Minute), nil},
-	{"prepare-failed round 0", PrepareFailed{Failed: map[string]string{"n2": "refused"}, Round: 0}, t0.Add(time.Minute), nil},
-	{"prepare-failed last round", PrepareFailed{Failed: map[string]string{"n2": "refused"}, Round: MaxPrepareRounds - 1}, t0.Add(time.Minute), nil},
+	{"prepare-failed round 0", PrepareFailed{Failed: map[string]string{"n2": "lender n2 refused the part: busy"}, Round: 0}, t0.Add(time.Minute), nil},
+	{"prepare-failed last round", PrepareFailed{Failed: map[string]string{"n2": "lender n2 refused the part: busy"}, Round: MaxPrepareRounds - 1}, t0.Add(time.Minute), nil},
 	{"placed", Placed{Plan: api.Plan{Mode: api.ModeComposed, Parts: []api.Part{{NodeID: "n1", DeviceID: "d1", Length: 1 << 20}, {NodeID: "n3", DeviceID: "d3", Length: 1 << 20}}}, Skipped: 1}, t0.Add(time.Minute), nil},
-	{"unplaceable", Unplaceable{Failed: map[string]string{"n2": "refused"}, Err: errors.New("placement: infeasible")}, t0.Add(time.Minute), nil},
+	{"unplaceable", Unplaceable{Failed: map[string]string{"n2": "lender n2 refused the part: busy"}, Err: errors.New("placement: infeasible")}, t0.Add(time.Minute), nil},
 	{"renew", Renew{TTLSeconds: 60}, t0.Add(time.Minute), nil},
 	{"renew (own TTL)", Renew{}, t0.Add(time.Minute), nil},
 	{"release", Release{By: "alice", Tenant: "alice"}, t0.Add(time.Minute), nil},
@@ -404,7 +404,7 @@ func TestReservationWalk(t *testing.T) {
 		}
 	}
 	step(Reserve{Size: "1 MiB"}, "Create", "Prepare")
-	step(PrepareFailed{Failed: map[string]string{"n2": "no confirmation within 2s"}}, "Teardown", "Place")
+	step(PrepareFailed{Failed: map[string]string{"n2": "lender n2 gave no confirmation within 2s"}}, "Teardown", "Place")
 	if p := acts[1].(Place); p.Skip["n2"] == "" {
 		t.Fatalf("place skips %v", p.Skip)
 	}

@@ -430,7 +430,7 @@ func createSQL(n store.NewLease, text sqlstore.OpText, checked bool) (string, []
 	if checked {
 		q = checkedCreateSQL(len(l.Parts))
 	}
-	args := []any{l.ID, string(l.State), string(l.Kind), string(l.Mode), l.Tenant, l.Borrower, l.Size, l.Count, l.StripeUnit, l.BandwidthCap, l.IOPSCap, l.URI, l.Credential, l.TTLSeconds,
+	args := []any{l.ID, string(l.State), string(l.Kind), string(l.Mode), l.Tenant, l.Borrower, l.Size, l.StripeUnit, l.BandwidthCap, l.IOPSCap, l.URI, l.Credential, l.TTLSeconds,
 		ns(l.ExpiresAt), ns(l.CreatedAt), ns(l.UpdatedAt), l.Reason, l.IdempotencyKey, text.Parts, d.Bandwidth, d.Work, ns(d.Deadline), d.Gateway,
 		ns(l.CreatedAt), l.ID, text.Plan, text.Plan,
 		l.ID, nodes, devs, offs, lens,
@@ -447,7 +447,7 @@ func createSQL(n store.NewLease, text sqlstore.OpText, checked bool) (string, []
 
 // createCTEs write a new lease (createSQL).
 const createCTEs = `WITH l AS (INSERT INTO leases (` + sqlstore.LeaseInsertCols + `, demand_bps, work_bytes, deadline_at, gateway)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)),
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)),
 		p AS (INSERT INTO lease_plans (created_at, lease_id, plan) SELECT ?, ?, ?::text WHERE ?::text <> ''),
 		x AS (INSERT INTO lease_parts (lease_id, idx, node_id, device_id, off, length, uri, live)
 			SELECT ?, t.i - 1, t.node, t.dev, t.off, t.len, '', 1

@@ -82,8 +82,8 @@ func (s *Store) EndMove(ctx context.Context, id, state, errMsg string, copied in
 // statement each (prepared once: sqlite.go).
 func (d dialect) InsertLease(ctx context.Context, tx execer, n store.NewLease, text sqlstore.OpText) error {
 	l, dm := n.Lease, n.Demand
-	_, err := tx.ExecContext(ctx, `INSERT INTO leases (`+sqlstore.LeaseInsertCols+`, demand_bps, work_bytes, deadline_at, gateway) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		l.ID, l.State, l.Kind, l.Mode, l.Tenant, l.Borrower, l.Size, l.Count, l.StripeUnit, l.BandwidthCap, l.IOPSCap, l.URI, l.Credential, l.TTLSeconds,
+	_, err := tx.ExecContext(ctx, `INSERT INTO leases (`+sqlstore.LeaseInsertCols+`, demand_bps, work_bytes, deadline_at, gateway) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		l.ID, l.State, l.Kind, l.Mode, l.Tenant, l.Borrower, l.Size, l.StripeUnit, l.BandwidthCap, l.IOPSCap, l.URI, l.Credential, l.TTLSeconds,
 		ns(l.ExpiresAt), ns(l.CreatedAt), ns(l.UpdatedAt), l.Reason, l.IdempotencyKey, text.Parts, dm.Bandwidth, dm.Work, ns(dm.Deadline), dm.Gateway)
 	if err != nil {
 		return fmt.Errorf("sqlite: create lease: %w", err)
@@ -134,6 +134,7 @@ func (s *Store) applyChange(l api.Lease, ch store.LeaseChange, plan string) (api
 			l.Parts[i].State = api.PartLost
 		}
 	}
+	sqlstore.FillDerived(&l)
 	return l, true
 }
 

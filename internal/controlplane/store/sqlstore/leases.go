@@ -17,20 +17,20 @@ import (
 // lease_plans (migrations 6 and 7: keyed by creation time, so that new
 // plans are appended), so that the lease row, rewritten on every
 // transition, stays small.
-const LeaseCols = `id, state, kind, mode, tenant, borrower, size, count, stripe_unit, bandwidth_cap, iops_cap, uri, credential, ttl_seconds, expires_at, created_at, updated_at, reason, idempotency_key, ` +
+const LeaseCols = `id, state, kind, mode, tenant, borrower, size, stripe_unit, bandwidth_cap, iops_cap, uri, credential, ttl_seconds, expires_at, created_at, updated_at, reason, idempotency_key, ` +
 	`COALESCE((SELECT plan FROM lease_plans WHERE lease_plans.created_at = leases.created_at AND lease_plans.lease_id = leases.id), ''), parts`
 
 // LeaseInsertCols are the columns of leases a creation writes
 // (Dialect.InsertLease), but for the demand's (demand_bps, work_bytes,
 // deadline_at, gateway).
-const LeaseInsertCols = `id, state, kind, mode, tenant, borrower, size, count, stripe_unit, bandwidth_cap, iops_cap, uri, credential, ttl_seconds, expires_at, created_at, updated_at, reason, idempotency_key, parts`
+const LeaseInsertCols = `id, state, kind, mode, tenant, borrower, size, stripe_unit, bandwidth_cap, iops_cap, uri, credential, ttl_seconds, expires_at, created_at, updated_at, reason, idempotency_key, parts`
 
 // ScanLease reads a lease from a row of LeaseCols.
 func (s *Core) ScanLease(sc interface{ Scan(...any) error }) (api.Lease, error) {
 	var l api.Lease
 	var exp, created, updated int64
 	var plan, parts string
-	if err := sc.Scan(&l.ID, &l.State, &l.Kind, &l.Mode, &l.Tenant, &l.Borrower, &l.Size, &l.Count, &l.StripeUnit, &l.BandwidthCap, &l.IOPSCap, &l.URI,
+	if err := sc.Scan(&l.ID, &l.State, &l.Kind, &l.Mode, &l.Tenant, &l.Borrower, &l.Size, &l.StripeUnit, &l.BandwidthCap, &l.IOPSCap, &l.URI,
 		&l.Credential, &l.TTLSeconds, &exp, &created, &updated, &l.Reason, &l.IdempotencyKey, &plan, &parts); err != nil {
 		return l, err
 	}
@@ -47,7 +47,7 @@ func (s *Core) ScanLease(sc interface{ Scan(...any) error }) (api.Lease, error) 
 		return l, err
 	}
 	l.Parts = ps
-	fillFirst(&l)
+	FillDerived(&l)
 	return l, nil
 }
 
@@ -63,7 +63,11 @@ func (s *Core) GetLease(ctx context.Context, q Execer, id string) (api.Lease, er
 	return l, nil
 }
 
-func fillFirst(l *api.Lease) {
+// FillDerived sets what a lease's row does not store but its parts say:
+// its first part's node and device, and its count and held (api.Holding:
+// they change as the lease is placed again or loses a part).
+func FillDerived(l *api.Lease) {
+	l.Count, l.Held = api.Holding(l.Parts)
 	l.NodeID, l.DeviceID = "", ""
 	if len(l.Parts) > 0 {
 		l.NodeID, l.DeviceID = l.Parts[0].NodeID, l.Parts[0].DeviceID
@@ -144,7 +148,7 @@ func CreatedLease(l api.Lease) api.Lease {
 	if l.Plan != nil {
 		l.Plan = ClonePlan(l.Plan)
 	}
-	fillFirst(&l)
+	FillDerived(&l)
 	return l
 }
 

@@ -49,20 +49,26 @@ func testReplaceParts(t *testing.T, o Options) {
 		t.Fatalf("refused replacements changed the lease:\n%+v\nwas\n%+v (%v)", got, before, err)
 	}
 
-	plan := &api.Plan{State: "feasible", Mode: api.ModeDedicated, At: at, Explanation: []string{"placed again"}, Parts: part(20, 30)}
+	// Placed again on two parts: the lease's count and held are its new
+	// parts' (not the creation's).
+	two := append(part(20, 15), part(35, 15)...)
+	plan := &api.Plan{State: "feasible", Mode: api.ModeDedicated, At: at, Explanation: []string{"placed again"}, Parts: two}
 	var last int64
 	if evs, err := s.Events(ctx, 0, 1000, ""); err != nil {
 		t.Fatal(err)
 	} else if len(evs) > 0 {
 		last = evs[len(evs)-1].ID
 	}
-	out, err := s.ReplaceParts(ctx, "a", part(20, 30), plan, at, api.Event{Type: "lease.replaced", Subject: "a"})
+	out, err := s.ReplaceParts(ctx, "a", two, plan, at, api.Event{Type: "lease.replaced", Subject: "a"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if out.State != api.LeaseReserved || out.Mode != api.ModeDedicated || !out.UpdatedAt.Equal(at) ||
-		len(out.Parts) != 1 || out.Parts[0].Offset != 20 || out.Parts[0].Length != 30 || out.Plan == nil || out.Plan.Explanation[0] != "placed again" {
+		len(out.Parts) != 2 || out.Parts[0].Offset != 20 || out.Parts[1].Length != 15 || out.Plan == nil || out.Plan.Explanation[0] != "placed again" {
 		t.Fatalf("replaced: %+v", out)
+	}
+	if out.Count != 2 || out.Held != 30 {
+		t.Fatalf("replaced on two parts of 15: count %d, held %d; want 2 and 30", out.Count, out.Held)
 	}
 	if got, err := s.Lease(ctx, "a"); err != nil || !reflect.DeepEqual(got, out) {
 		t.Fatalf("read back\n%+v\nreturned\n%+v (%v)", got, out, err)

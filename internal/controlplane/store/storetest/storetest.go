@@ -325,6 +325,9 @@ func testLostPartsAndCaps(t *testing.T, o Options) {
 			l.Parts[0].Lost() || !l.Parts[1].Lost() || l.Parts[0].URI != "nbd://x/"+id+"0" {
 			t.Fatalf("lease %s after losing part 1: %+v %v", id, l, err)
 		}
+		if l.Count != 1 || l.Held != 25 {
+			t.Fatalf("lease %s after losing part 1: count %d, held %d; want what its part left holds (1, 25)", id, l.Count, l.Held)
+		}
 	}
 	if devs, _ := s.Devices(ctx); devs[0].Allocated != 50 {
 		t.Fatalf("allocated %d, want the two parts left (50)", devs[0].Allocated)

@@ -480,8 +480,8 @@ func (v *Volume) WriteAt(p []byte, off int64) (int, error) {
 
 // Flush makes every write completed on the volume durable: it flushes, in
 // parallel, every device with writes (trims, zeroings) completed since its
-// last successful flush began, and every failed device (which fails the
-// flush). A database's commit writes a few KiB to one device and flushes:
+// last successful flush began; a failed device fails the flush, once the
+// others are flushed. A database's commit writes a few KiB to one device and flushes:
 // that is then one FLUSH, to that device, instead of one per device.
 // A loss of writes that a FUA request's flush found (flushFUA) is
 // reported again, as lostFUAGen says.
@@ -545,58 +545,71 @@ func (v *Volume) unflushed() bool {
 	return false
 }
 
-// flush is Flush without the loss a FUA request's flush found.
+// flush is Flush without the loss a FUA request's flush found. A failed
+// part fails it, but only once every other part with writes no flush
+// covered has been flushed: their acknowledged writes become durable
+// whatever happened to the failed part. A part's flush covers its writes
+// when it succeeded, reports of losses (ErrLostWrites) aside: what the
+// part holds now is durable, and the loss is the report.
 func (v *Volume) flush() error {
 	// Most flushes (a database's commit) have one device to flush: that
 	// one is flushed without the slices and closures of the general
 	// case, which allocated on every flush.
-	only, n := -1, 0
+	only, n, failed := -1, 0, false
 	var seq uint64
 	for i, m := range v.parts {
-		s := m.wseq.Load()
-		if s != m.fseq.Load() || m.failed.Load() {
+		if m.failed.Load() {
+			failed = true
+			continue
+		}
+		if s := m.wseq.Load(); s != m.fseq.Load() {
 			only, seq, n = i, s, n+1
 		}
 	}
-	switch n {
-	case 0:
-		if v.closed.Load() {
-			return ErrClosed
-		}
+	if v.closed.Load() {
+		return ErrClosed
+	}
+	switch {
+	case n == 0 && !failed:
 		return nil
-	case 1:
-		if v.closed.Load() {
-			return ErrClosed
-		}
+	case n == 1 && !failed:
 		m := v.parts[only]
-		if m.failed.Load() {
-			return m.err(only)
+		err := v.one(chunk{dev: only}, flushChunk)
+		if err == nil || onlyReports(err) {
+			m.flushedUpTo(seq)
 		}
-		if err := v.one(chunk{dev: only}, flushChunk); err != nil {
-			return err
-		}
-		m.flushedUpTo(seq)
-		return nil
+		return err
 	}
 	var cs []chunk
 	seqs := make([]uint64, len(v.parts))
+	errs := []error{nil}
 	for i, m := range v.parts {
 		seqs[i] = m.wseq.Load()
-		if seqs[i] != m.fseq.Load() || m.failed.Load() {
+		switch {
+		case m.failed.Load():
+			// It fails the flush, after the others were flushed.
+			errs = append(errs, m.err(i))
+		case seqs[i] != m.fseq.Load():
 			cs = append(cs, chunk{dev: i})
 		}
 	}
 	flushed := func(dev int) { v.parts[dev].flushedUpTo(seqs[dev]) }
-	if len(cs) > 1 && v.pipelined(cs) {
-		return v.flushPipelined(cs, flushed)
-	}
-	return v.do(cs, func(d Device, c chunk) error {
-		if err := d.Flush(); err != nil {
+	var err error
+	switch {
+	case len(cs) == 0:
+	case len(cs) > 1 && v.pipelined(cs):
+		err = v.flushPipelined(cs, flushed)
+	default:
+		err = v.do(cs, func(d Device, c chunk) error {
+			err := d.Flush()
+			if err == nil || onlyReports(err) {
+				flushed(c.dev)
+			}
 			return err
-		}
-		flushed(c.dev)
-		return nil
-	})
+		})
+	}
+	errs[0] = err
+	return errors.Join(errs...)
 }
 
 // flushChunk flushes d (Flush's operation for one device).
@@ -635,30 +648,34 @@ func (v *Volume) pipelined(cs []chunk) bool {
 // every flush and then awaits them in turn. A composed lease's FLUSH at
 // queue depth 1 then costs the slowest part's round trip with no goroutine
 // started or woken: the caller (the local export's reader) reads each
-// part's reply itself. It returns the first error, as do does.
+// part's reply itself. A part that has failed is not sent a flush (its
+// error is the outcome); the others are. It returns every part's error.
 func (v *Volume) flushPipelined(cs []chunk, flushed func(dev int)) error {
 	if v.closed.Load() {
 		return ErrClosed
 	}
+	var errs []error
+	live := cs[:0:0]
 	for _, c := range cs {
 		if m := v.parts[c.dev]; m.failed.Load() {
-			return m.err(c.dev)
+			errs = append(errs, m.err(c.dev))
+		} else {
+			live = append(live, c)
 		}
 	}
+	cs = live
 	waits := make([]func() error, len(cs))
 	for i, c := range cs {
 		waits[i] = v.parts[c.dev].dev.(flushStarter).startFlush()
 	}
-	var first error
 	for i, c := range cs {
 		err := v.outcome(c.dev, waits[i]())
-		if err == nil {
+		if err == nil || onlyReports(err) {
 			flushed(c.dev)
-		} else if first == nil {
-			first = err
 		}
+		errs = append(errs, err)
 	}
-	return first
+	return errors.Join(errs...)
 }
 
 // Trim discards [off, off+length) on every device it spans. It returns an
@@ -961,7 +978,7 @@ func (v *Volume) settle(ctx context.Context, wait func() error, expire func()) e
 // flushEvery is settle's flush: as flush, it flushes in parallel every
 // device with writes (trims, zeroings) no flush covered, but one that has
 // failed, or whose flush fails, does not keep the others from being
-// flushed (a FLUSH fails at once; Close makes durable what it can, and
+// flushed (as in a FLUSH: Close makes durable what it can, and
 // unflushedErr names the rest). A flush that succeeded but reported lost
 // writes (ErrLostWrites alone) covered what the part now holds: the loss
 // is its report. It returns the devices' errors.
