@@ -207,7 +207,7 @@ func TestLenderSkipped(t *testing.T) {
 	if err != nil || l2.NodeID != first || l2.Plan == nil {
 		t.Fatalf("%v %+v", err, l2)
 	}
-	if x := strings.Join(l2.Plan.Explanation, "\n"); !strings.Contains(x, "skipped node "+other+": lender n2 gave no confirmation within") {
+	if x := strings.Join(l2.Plan.Explanation, "\n"); !strings.Contains(x, "skipped node "+other+": lender ") || !strings.Contains(x, " gave no confirmation within") {
 		t.Fatalf("plan does not explain the timeout: %s", x)
 	}
 	// Nobody confirms: the lease fails with the reasons, capacity is freed.
