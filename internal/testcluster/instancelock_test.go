@@ -18,6 +18,8 @@ import (
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/agent"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+
+	"github.com/rialto-project/rialto/internal/loopdevtest"
 )
 
 // TestSecondAgentOnLentDeviceRefused: a second agent started on the same
@@ -57,7 +59,7 @@ func TestSecondAgentOnLentDeviceRefused(t *testing.T) {
 			if err := os.WriteFile(p, make([]byte, dev), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			d := loopDevice(t, p)
+			d := loopdevtest.Attach(t, p)
 			return d, d
 		}},
 	} {
@@ -212,30 +214,6 @@ func partsHold(ctx context.Context, t *testing.T, l api.Lease, tenant string) bo
 	return true
 }
 
-// loopDevice attaches p to a loop device for the test, or skips the test
-// where that is not possible (not root, no loop driver).
-func loopDevice(t *testing.T, p string, opts ...string) string {
-	t.Helper()
-	losetup, err := exec.LookPath("losetup")
-	if err != nil {
-		t.Skip("losetup not installed")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("loop devices need root")
-	}
-	out, err := exec.Command(losetup, append(append([]string{"-f", "--show"}, opts...), p)...).CombinedOutput()
-	if err != nil {
-		t.Skipf("no loop device: %v: %s", err, out)
-	}
-	dev := strings.TrimSpace(string(out))
-	t.Cleanup(func() {
-		if out, err := exec.Command(losetup, "-d", dev).CombinedOutput(); err != nil {
-			t.Errorf("detaching %s: %v: %s", dev, err, out)
-		}
-	})
-	return dev
-}
-
 // TestBlockDeviceClaimedElsewhereRefused: a lock on a block device node
 // (flock) is the node's, not the device's. An agent lending a real block
 // device also claims the device itself (O_EXCL), so that a second agent
@@ -295,7 +273,7 @@ func TestBlockDeviceClaimedElsewhereRefused(t *testing.T) {
 
 	t.Run("another device node", func(t *testing.T) {
 		t.Parallel()
-		d := loopDevice(t, backing(t))
+		d := loopdevtest.Attach(t, backing(t))
 		var st unix.Stat_t
 		if err := unix.Stat(d, &st); err != nil {
 			t.Fatal(err)
@@ -318,7 +296,7 @@ func TestBlockDeviceClaimedElsewhereRefused(t *testing.T) {
 	})
 	t.Run("mounted", func(t *testing.T) {
 		t.Parallel()
-		d := loopDevice(t, backing(t))
+		d := loopdevtest.Attach(t, backing(t))
 		mkfs, err := exec.LookPath("mkfs.ext4")
 		if err != nil {
 			t.Skip("mkfs.ext4 not installed")
@@ -384,7 +362,7 @@ func partitionedLoop(t *testing.T, p string) (disk, part string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	disk = loopDevice(t, p, "-P")
+	disk = loopdevtest.Attach(t, p, "-P")
 	// The partition scan is part of attaching (LOOP_CONFIGURE).
 	name := filepath.Base(disk) + "p1"
 	b, err := os.ReadFile(filepath.Join("/sys/class/block", name, "dev"))

@@ -4,10 +4,10 @@ import (
 	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
+
+	"github.com/rialto-project/rialto/internal/loopdevtest"
 )
 
 // filledFile is a file of size bytes, every one of them fill.
@@ -18,30 +18,6 @@ func filledFile(t testing.TB, size int, fill byte) string {
 		t.Fatal(err)
 	}
 	return p
-}
-
-// loopDevice attaches p to a loop device for the test, or skips the test
-// where that is not possible (not root, no loop driver).
-func loopDevice(t *testing.T, p string) string {
-	t.Helper()
-	losetup, err := exec.LookPath("losetup")
-	if err != nil {
-		t.Skip("losetup not installed")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("loop devices need root")
-	}
-	out, err := exec.Command(losetup, "-f", "--show", p).CombinedOutput()
-	if err != nil {
-		t.Skipf("no loop device: %v: %s", err, out)
-	}
-	dev := strings.TrimSpace(string(out))
-	t.Cleanup(func() {
-		if out, err := exec.Command(losetup, "-d", dev).CombinedOutput(); err != nil {
-			t.Errorf("detaching %s: %v: %s", dev, err, out)
-		}
-	})
-	return dev
 }
 
 // TestPartitionOpsStayInside: trim and write-zeroes through a partition of
@@ -57,7 +33,7 @@ func TestPartitionOpsStayInside(t *testing.T) {
 	}
 	targets := []target{
 		{"file", func(_ *testing.T, file string) string { return file }},
-		{"block device", loopDevice},
+		{"block device", func(t *testing.T, file string) string { return loopdevtest.Attach(t, file) }},
 	}
 	// Each mechanism in turn: the first choice, then with the earlier
 	// ones marked unsupported.
@@ -139,7 +115,7 @@ func TestPartitionOpsStayInside(t *testing.T) {
 // TestBlockDeviceCapabilities: a block device is served with trim and
 // reports its whole range as data.
 func TestBlockDeviceCapabilities(t *testing.T) {
-	dev := loopDevice(t, filledFile(t, 1<<20, 0))
+	dev := loopdevtest.Attach(t, filledFile(t, 1<<20, 0))
 	b, err := OpenFile(dev, FileOptions{Offset: 64 << 10, Length: 512 << 10})
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rialto-project/rialto/internal/loopdevtest"
 )
 
 // serveUnix serves s on a Unix socket until the test ends and returns its
@@ -145,7 +147,7 @@ func TestZeroCopyReadsOnlyOfWholeWipeSafePages(t *testing.T) {
 	}{
 		{"tmpfs file", func(t *testing.T) string { return shmFile(t, fileSize) }, true},
 		{"block device", func(t *testing.T) string {
-			return loopDevice(t, filledFile(t, int(fileSize), 0))
+			return loopdevtest.Attach(t, filledFile(t, int(fileSize), 0))
 		}, false},
 	}
 	for _, tg := range targets {
@@ -219,7 +221,7 @@ func TestWipeDropsPages(t *testing.T) {
 		}
 	})
 	t.Run("block device", func(t *testing.T) {
-		if !classify(t, loopDevice(t, filledFile(t, 1<<20, 0))) {
+		if !classify(t, loopdevtest.Attach(t, filledFile(t, 1<<20, 0))) {
 			t.Error("a block device classified as not dropping wiped pages")
 		}
 	})
@@ -270,7 +272,7 @@ func TestZeroCopyRange(t *testing.T) {
 		copies bool // every read copied
 	}{
 		{"tmpfs file", func(t *testing.T) string { return shmFile(t, 4*u) }, false},
-		{"block device", func(t *testing.T) string { return loopDevice(t, filledFile(t, int(4*u), 0)) }, true},
+		{"block device", func(t *testing.T) string { return loopdevtest.Attach(t, filledFile(t, int(4*u), 0)) }, true},
 	} {
 		t.Run(tg.name, func(t *testing.T) {
 			path := tg.path(t)
