@@ -12,6 +12,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"golang.org/x/sync/semaphore"
 )
 
 // Target is what a Server exposes: an appliance slot, or a gateway (which
@@ -63,6 +65,40 @@ type Server struct {
 	// connection must start with a TLS handshake, and a plaintext HELLO is
 	// answered CodeTLSRequired without its credential being looked at.
 	TLS *tls.Config
+	// MaxTaskInput bounds the bytes of mailbox task inputs the server
+	// holds copied out of the target's memory at once, over all its
+	// connections (0: 2 × MaxPayload). A task reads its input only once
+	// the budget has room, and holds it until it returns: a START is a few
+	// dozen bytes, but its input may be the target's whole memory, so
+	// without a bound a borrower's queued tasks (MaxOutstanding per
+	// connection, on any number of connections) would make the server
+	// hold any amount of memory. Set before Serve.
+	MaxTaskInput int64
+
+	inputOnce sync.Once
+	inputs    *semaphore.Weighted
+	inputCap  int64
+}
+
+// holdInput waits until n bytes of task input fit the server's budget
+// (all of it for an input larger than the budget) and returns the
+// function that gives them back; it fails when ctx ends first.
+func (s *Server) holdInput(ctx context.Context, n int64) (func(), error) {
+	s.inputOnce.Do(func() {
+		s.inputCap = s.MaxTaskInput
+		if s.inputCap <= 0 {
+			s.inputCap = 2 * int64(s.maxPayload())
+		}
+		s.inputs = semaphore.NewWeighted(s.inputCap)
+	})
+	n = min(n, s.inputCap)
+	if n <= 0 {
+		return func() {}, nil
+	}
+	if err := s.inputs.Acquire(ctx, n); err != nil {
+		return nil, err
+	}
+	return func() { s.inputs.Release(n) }, nil
 }
 
 func (s *Server) logger() *slog.Logger {
@@ -448,7 +484,11 @@ func (c *conn) run(ctx context.Context, flags uint8, st Start) ([]byte, error) {
 		}
 	}
 	if flags&FlagInline == 0 {
-		var err error
+		release, err := c.s.holdInput(ctx, int64(st.InLen))
+		if err != nil {
+			return nil, err
+		}
+		defer release()
 		if in, err = t.ReadMem(st.In, st.InLen); err != nil {
 			return nil, err
 		}

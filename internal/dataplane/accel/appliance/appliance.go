@@ -1,6 +1,7 @@
 package appliance
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"crypto/tls"
@@ -560,8 +561,9 @@ func (a *Appliance) Reset(ctx context.Context, id int) error {
 // SetCredential sets the lease credential slot id accepts, ending the
 // previous lease: its connections are closed and its running tasks
 // interrupted, and SetCredential returns once they have stopped. An empty
-// credential leaves the slot unleased and zeroes its memory, so the next
-// borrower sees nothing of the last one.
+// credential leaves the slot unleased; either way, unless credential is
+// the one already set, the slot's memory is zeroed, so the next borrower
+// sees nothing of the last one.
 func (a *Appliance) SetCredential(id int, credential []byte) error {
 	s, err := a.slot(id)
 	if err != nil {
@@ -571,7 +573,9 @@ func (a *Appliance) SetCredential(id int, credential []byte) error {
 	// Close the old lease's connections and wait for their tasks, so that
 	// no late task output lands in memory after it is wiped.
 	old.end()
-	if len(credential) == 0 {
+	// A new lease (or none) starts with zeroed memory; setting the same
+	// credential again keeps the lease's bytes.
+	if len(credential) == 0 || !bytes.Equal(credential, old.cred) {
 		s.memMu.Lock()
 		clear(s.mem)
 		s.memGen, s.memo = s.memGen+1, nil
@@ -781,7 +785,11 @@ func (s *slot) currentLease() *lease {
 // serve accepts mailbox connections; each lives at most as long as the lease
 // that was current when it was accepted (and must present its credential).
 func (s *slot) serve(ctx context.Context) error {
-	srv := &accel.Server{Target: (*slotTarget)(s), Logger: s.a.log.With("slot", s.id), MaxPayload: s.a.cfg.MaxPayload, TLS: s.a.cfg.TLS}
+	// A task's input is at most the slot's memory: two slots' worth of
+	// queued tasks' inputs is enough to keep the workers busy, and bounds
+	// what a lease's queued tasks make the appliance hold.
+	srv := &accel.Server{Target: (*slotTarget)(s), Logger: s.a.log.With("slot", s.id), MaxPayload: s.a.cfg.MaxPayload, TLS: s.a.cfg.TLS,
+		MaxTaskInput: 2 * int64(max(len(s.mem), 1))}
 	stop := context.AfterFunc(ctx, s.closeListener)
 	defer stop()
 	var wg sync.WaitGroup
@@ -825,8 +833,12 @@ func (s *slot) serve(ctx context.Context) error {
 type slotTarget slot
 
 func (t *slotTarget) Authenticate(cred []byte) error {
+	return t.authenticate((*slot)(t).currentLease(), cred)
+}
+
+// authenticate checks cred against lease l of the slot.
+func (t *slotTarget) authenticate(l *lease, cred []byte) error {
 	s := (*slot)(t)
-	l := s.currentLease()
 	if len(l.cred) == 0 {
 		return fmt.Errorf("%w: slot %d is not leased", accel.ErrAuth, s.id)
 	}

@@ -349,8 +349,10 @@ func (u *udpSlot) hello(p []byte, from netip.Addr) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	t := (*slotTarget)(u.s)
-	if err := t.Authenticate(cred); err != nil {
+	// The session is bound to the lease its credential was checked
+	// against, not to whichever is current a moment later.
+	l := u.s.currentLease()
+	if err := (*slotTarget)(u.s).authenticate(l, cred); err != nil {
 		return 0, err
 	}
 	var b [8]byte
@@ -362,7 +364,7 @@ func (u *udpSlot) hello(p []byte, from netip.Addr) (uint64, error) {
 		delete(u.sess, u.order[0])
 		u.order = u.order[1:]
 	}
-	u.sess[id] = &udpSession{entry: entry, from: from, lease: u.s.currentLease()}
+	u.sess[id] = &udpSession{entry: entry, from: from, lease: l}
 	u.order = append(u.order, id)
 	return id, nil
 }
