@@ -118,7 +118,9 @@ type Config struct {
 	// file), over all the export's connections. Past it the NBD server
 	// takes no more in (the borrower's writes wait in its sends) until
 	// some are written or refused. 0: 64 MiB (nbd.DefaultMovePending);
-	// less than 0: no bound but each connection's own (64 MiB).
+	// less than 0: no bound but each connection's own (64 MiB). A
+	// moving memory part needs no bound: its donor holds a write before
+	// it reads its payload (docs/memory-protocol.md).
 	MovePendingBytes int64
 	// SysRoot is prefixed to /proc, /sys and /etc paths while
 	// fingerprinting (tests point it at a fake tree).

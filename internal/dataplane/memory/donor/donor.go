@@ -1026,6 +1026,10 @@ func (d *Donor) serveSync(s *session, c net.Conn, kind uint8, spin time.Duration
 	d.serveRaw(s, p, w)
 }
 
+// discardChunk is the most of a payload not applied that serveRaw reads
+// at once (a TLS record's plaintext).
+const discardChunk = 16 << 10
+
 // serveRaw serves a sync, bulk or fault connection driven with raw
 // syscalls (in plaintext, or inside its TLS session), whose writer is w,
 // one request after another.
@@ -1041,7 +1045,25 @@ func (d *Donor) serveRaw(s *session, p *rawconn.Conn, w *writer) {
 		rh.Encode(out[:])
 		return p.SendV([][]byte{out[:], []byte(msg)})
 	}
+	// A WRITE's payload that is not applied (out of the region, or
+	// refused: the region moved) is read through scratch, a chunk at a
+	// time: the refusals of a move's held writes, one on each of the
+	// session's connections at once, cost the donor a chunk each, not
+	// their payloads (up to protocol.MaxPayload each).
 	var scratch []byte
+	discard := func(n uint32) error {
+		if scratch == nil {
+			scratch = make([]byte, discardChunk)
+		}
+		for n > 0 {
+			k := min(n, discardChunk)
+			if err := p.RecvV([][]byte{scratch[:k]}); err != nil {
+				return err
+			}
+			n -= k
+		}
+		return nil
+	}
 	if !d.serving(w, p.Shutdown) {
 		return // replaced before it served
 	}
@@ -1069,10 +1091,7 @@ func (d *Donor) serveRaw(s *session, p *rawconn.Conn, w *writer) {
 			err = p.SendV([][]byte{out[:]})
 		case !inRange:
 			if h.Op == protocol.OpWrite {
-				if cap(scratch) < int(h.Length) {
-					scratch = make([]byte, h.Length)
-				}
-				if err = p.RecvV([][]byte{scratch[:h.Length]}); err != nil {
+				if err = discard(h.Length); err != nil {
 					return
 				}
 			}
@@ -1086,10 +1105,7 @@ func (d *Donor) serveRaw(s *session, p *rawconn.Conn, w *writer) {
 			if !ok {
 				// Moved (RetireRegion): the write is refused, the
 				// session ends.
-				if cap(scratch) < int(h.Length) {
-					scratch = make([]byte, h.Length)
-				}
-				if p.RecvV([][]byte{scratch[:h.Length]}) == nil {
+				if discard(h.Length) == nil {
 					_ = fail(h, protocol.StatusGone, errRetired.Error())
 				}
 				s.reg.writeRefused(mv)

@@ -423,6 +423,24 @@ func (d *Donor) Waiting(credential string) int {
 	return 0
 }
 
+// WaitMove waits until cond holds for the write gate of the move of the
+// region of credential (dirty.Gate.WaitChange says when cond is looked
+// at), or ctx ends; it fails at once if the region is unknown or does
+// not move.
+func (d *Donor) WaitMove(ctx context.Context, credential string, cond func(dirty.Stats) bool) error {
+	d.mu.Lock()
+	r, ok := d.regions[credKey(credential)]
+	d.mu.Unlock()
+	if !ok {
+		return ErrNoRegion
+	}
+	g := r.writes.Gate()
+	if g == nil {
+		return errors.New("memory: the region does not move")
+	}
+	return g.WaitChange(ctx, cond)
+}
+
 // RetireRegion ends the service of a region that moved: held writes and
 // later ones are refused with StatusGone, the writes under way complete,
 // then (after RefusalWait at most) the session's connections are closed
