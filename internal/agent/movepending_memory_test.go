@@ -13,8 +13,8 @@ import (
 	"testing"
 
 	"github.com/rialto-project/rialto/api"
-	memclient "github.com/rialto-project/rialto/internal/dataplane/memory/client"
 	"github.com/rialto-project/rialto/internal/dataplane/dirty"
+	memclient "github.com/rialto-project/rialto/internal/dataplane/memory/client"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 )
 
@@ -26,7 +26,7 @@ import (
 type rawMemWriter struct {
 	conn  net.Conn
 	slot  int64
-	frame []byte // a WRITE's header and payload
+	frame []byte        // a WRITE's header and payload
 	acked atomic.Uint64 // the last generation acknowledged (0: none)
 	err   error         // why it stopped (after wg)
 }
