@@ -142,7 +142,7 @@ func runAgent(e *env, fs *pflag.FlagSet) runFunc {
 	advertise := fs.String("advertise", "", "host put into URLs (default: --listen)")
 	port := fs.Int("port", 0, "agent API port (0: as before, or free)")
 	var blocks, labels, nics listFlag
-	fs.Var(&blocks, "block", "lend a file-backed block device: [NAME=]PATH[:SIZE] (repeatable; created sparse)")
+	fs.Var(&blocks, "block", "lend a block device: [NAME=]PATH[:SIZE], PATH a file (created sparse, extended to SIZE) or a block device node such as /dev/sdb (SIZE: at most its size; default: all of it) (repeatable)")
 	fs.Var(&nics, "nic", "lend a network interface: NAME=IFACE[:RATE], RATE what it may lend in tc's syntax (200mbit, 1gbit; default: the interface's speed, else 1gbit) (repeatable; needs root and nft)")
 	mem := sizeString(fs, "memory", "", "memory budget to lend, e.g. 512MiB")
 	accel := fs.Int("accel", 0, "accelerator slots to lend (an appliance; each slot gets --slot-memory)")

@@ -171,3 +171,43 @@ func TestOperationsListsConfigKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestGuidesShowEveryDaemonFlag: the synopsis of each daemon in the guides
+// (the first ```sh block that starts with `rialto VERB `) shows every flag
+// of `rialto VERB -h`, but the refused secret flags (their -file flags are
+// shown) and -h.
+func TestGuidesShowEveryDaemonFlag(t *testing.T) {
+	flagLine := regexp.MustCompile(`(?m)^\s+(?:-[a-z], )?--([a-z][a-z0-9-]*)`)
+	refused := map[string]bool{"bootstrap-token": true, "admin-token": true, "token": true, "help": true}
+	for _, c := range []struct{ doc, verb string }{
+		{"user-guide.md", "up"}, {"user-guide.md", "server"}, {"user-guide.md", "agent"},
+		{"cli-dataplanes.md", "appliance"},
+	} {
+		doc, err := os.ReadFile(filepath.Join("..", "..", "docs", c.doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := strings.Index(string(doc), "```sh\nrialto "+c.verb+" ")
+		if start < 0 {
+			t.Errorf("docs/%s has no synopsis of rialto %s (a ```sh block starting with it)", c.doc, c.verb)
+			continue
+		}
+		block := string(doc)[start+len("```sh\n"):]
+		block = block[:strings.Index(block, "```")]
+		var out, errb bytes.Buffer
+		run(context.Background(), []string{c.verb, "-h"}, &env{stdout: &out, stderr: &errb, getenv: func(string) string { return "" }})
+		n := 0
+		for _, m := range flagLine.FindAllStringSubmatch(out.String()+errb.String(), -1) {
+			if refused[m[1]] {
+				continue
+			}
+			n++
+			if !regexp.MustCompile(`--` + regexp.QuoteMeta(m[1]) + `\b([^-]|$)`).MatchString(block) {
+				t.Errorf("docs/%s: the synopsis of rialto %s does not show --%s", c.doc, c.verb, m[1])
+			}
+		}
+		if n < 10 {
+			t.Fatalf("rialto %s -h: %d flags found:\n%s", c.verb, n, errb.String())
+		}
+	}
+}

@@ -73,11 +73,11 @@ func TestEventsTenantIsolation(t *testing.T) {
 func TestPlanHidesOtherTenantsLeases(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.joinModel("n1", placement.Seed000Model, 64<<30)
+	e.joinModel("n1", placement.SMUFINModel, 64<<30)
 	if _, err := e.admin.PutProfile(e.ctx(), seed000APIProfile()); err != nil {
 		t.Fatal(err)
 	}
-	writer := api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 1 << 30, Bandwidth: placement.Seed000WriterDemand, Work: 150e9}
+	writer := api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 1 << 30, Bandwidth: placement.SMUFINWriterDemand, Work: 150e9}
 	la, err := e.alice.CreateLease(e.ctx(), writer)
 	if err != nil {
 		t.Fatal(err)

@@ -116,14 +116,21 @@ func newForwarder(s *Server) *forwarder {
 		ResponseHeaderTimeout: 30 * time.Second,
 	}
 	f := &forwarder{self: strings.TrimSuffix(s.cfg.AdvertiseURL, "/"), dir: dir, client: &http.Client{Transport: tr}, clock: s.now,
-		calls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rialto_forwarded_calls_total",
-			Help: "Calls that must be serialized (lease creations and releases) by where they were served: forwarded (to the placement leader), local (this replica leads, or no leader was known or reachable), ambiguous (the leader failed mid-call; answered 503)."},
-			[]string{"outcome"})}
-	for _, o := range []string{"forwarded", "local", "ambiguous"} {
-		f.calls.WithLabelValues(o)
-	}
-	s.reg.MustRegister(f.calls)
+		calls: newForwardedCalls(s.reg)}
 	return f
+}
+
+// newForwardedCalls registers with r the forwarder's counter of the calls
+// that must be serialized, by outcome (each starting at 0).
+func newForwardedCalls(r prometheus.Registerer) *prometheus.CounterVec {
+	calls := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rialto_forwarded_calls_total",
+		Help: "Calls that must be serialized (lease creations and releases) by where they were served: forwarded (to the placement leader), local (this replica leads, or no leader was known or reachable), ambiguous (the leader failed mid-call; answered 503)."},
+		[]string{"outcome"})
+	for _, o := range []string{"forwarded", "local", "ambiguous"} {
+		calls.WithLabelValues(o)
+	}
+	r.MustRegister(calls)
+	return calls
 }
 
 // close closes the forwarder's idle connections.

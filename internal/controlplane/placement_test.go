@@ -36,7 +36,7 @@ func (e *env) joinModel(name, model string, sizes ...int64) []api.Device {
 }
 
 func seed000APIProfile() api.Profile {
-	p := placement.Seed000Profile()
+	p := placement.SMUFINProfile()
 	return api.Profile{Model: p.Model, WriteBps: p.Delivered, Source: "declared"}
 }
 
@@ -46,11 +46,11 @@ func seed000APIProfile() api.Profile {
 func TestProfilesAndDemandReachPlacement(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	devs := e.joinModel("n1", placement.Seed000Model, 64<<30)
+	devs := e.joinModel("n1", placement.SMUFINModel, 64<<30)
 	if _, err := e.admin.PutProfile(e.ctx(), seed000APIProfile()); err != nil {
 		t.Fatal(err)
 	}
-	writer := api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 1 << 30, Bandwidth: placement.Seed000WriterDemand, Work: 150e9}
+	writer := api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 1 << 30, Bandwidth: placement.SMUFINWriterDemand, Work: 150e9}
 	for i := 0; i < 2; i++ {
 		l, err := e.alice.CreateLease(e.ctx(), writer)
 		if err != nil {

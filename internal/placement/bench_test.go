@@ -15,7 +15,7 @@ import (
 // spine switches, 10 devices per node (6 block, 3 memory, 1 accel) = 100,000
 // devices, and `leases` running leases placed by the policy itself.
 func largeSnapshot(tb testing.TB, racks, perRack, leases int) (*Snapshot, *Index) {
-	s := &Snapshot{Profiles: map[string]Profile{Seed000Model: Seed000Profile()}, Quotas: map[string]Quota{}}
+	s := &Snapshot{Profiles: map[string]Profile{SMUFINModel: SMUFINProfile()}, Quotas: map[string]Quota{}}
 	for r := 0; r < racks; r++ {
 		tor := fmt.Sprintf("tor%03d", r)
 		for sp := 0; sp < 4; sp++ {
@@ -34,7 +34,7 @@ func largeSnapshot(tb testing.TB, racks, perRack, leases int) (*Snapshot, *Index
 				dev := Device{ID: fmt.Sprintf("%s-d%d", id, d), Node: id}
 				switch {
 				case d < 6:
-					dev.Kind, dev.Model, dev.Capacity = KindBlock, Seed000Model, 4<<40
+					dev.Kind, dev.Model, dev.Capacity = KindBlock, SMUFINModel, 4<<40
 				case d < 9:
 					dev.Kind, dev.Capacity, dev.Bandwidth = KindMemory, 256<<30, 20e9
 				default:
@@ -65,7 +65,7 @@ func largeSnapshot(tb testing.TB, racks, perRack, leases int) (*Snapshot, *Index
 			switch {
 			case kind < 6:
 				d, size = rng.Intn(6), 100<<30
-				l.Kind, l.Demand, l.Remaining = KindBlock, Seed000WriterDemand, Seed000WriterWork
+				l.Kind, l.Demand, l.Remaining = KindBlock, SMUFINWriterDemand, SMUFINWriterWork
 			case kind < 9:
 				d, size = 6+rng.Intn(3), 8<<30
 				l.Kind, l.Demand = KindMemory, 1e9
@@ -97,7 +97,7 @@ func benchRequest(rng *rand.Rand, s *Snapshot) Request {
 	}
 	switch k := rng.Intn(10); {
 	case k < 6:
-		r.Kind, r.Size, r.Bandwidth, r.Work = KindBlock, 200<<30, Seed000WriterDemand, Seed000WriterWork
+		r.Kind, r.Size, r.Bandwidth, r.Work = KindBlock, 200<<30, SMUFINWriterDemand, SMUFINWriterWork
 		if k == 0 {
 			r.Deadline = 330 * time.Second
 		} else if k < 3 {

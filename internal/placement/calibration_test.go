@@ -9,11 +9,11 @@ func writerRate(k, n int) float64 {
 	return Predict(seed000Snapshot(k, n))[0].Bandwidth
 }
 
-func slowdown(k, n int) float64 { return 1 - writerRate(k, n)/Seed000WriterDemand }
+func slowdown(k, n int) float64 { return 1 - writerRate(k, n)/SMUFINWriterDemand }
 
-// TestSeed000Calibration pins the profile against seed 000's findings; the
+// TestSMUFINCalibration pins the profile against seed 000's findings; the
 // tolerance is explained in docs/placement.md.
-func TestSeed000Calibration(t *testing.T) {
+func TestSMUFINCalibration(t *testing.T) {
 	cases := []struct {
 		devices, holds int
 		nextMin        float64 // the first writer beyond holds slows at least this much
@@ -54,8 +54,8 @@ func TestSeed000Calibration(t *testing.T) {
 	}
 	// Composition scales the maximum linearly: one writer alone on k devices
 	// could use k × 2 GB/s.
-	p := Seed000Profile()
-	if p.Capacity(1) != Seed000MaxBandwidth {
+	p := SMUFINProfile()
+	if p.Capacity(1) != SMUFINMaxBandwidth {
 		t.Fatalf("single-stream capacity %v", p.Capacity(1))
 	}
 	// Delivered bandwidth falls below the maximum as writers are added.
@@ -83,7 +83,7 @@ func TestFig8(t *testing.T) {
 		s.Nodes = append(s.Nodes, Node{ID: node})
 		s.Links = append(s.Links, s.Links[0])
 		s.Links[len(s.Links)-1].A = node
-		r := Request{Kind: KindBlock, Size: 200 << 30, Borrower: node, Bandwidth: Seed000WriterDemand, Work: Seed000WriterWork,
+		r := Request{Kind: KindBlock, Size: 200 << 30, Borrower: node, Bandwidth: SMUFINWriterDemand, Work: SMUFINWriterWork,
 			AllowShare: true, AllowCompose: true, Strategy: Spread}
 		p, err := Place(s, r)
 		if err != nil {

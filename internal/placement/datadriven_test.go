@@ -246,7 +246,7 @@ func holdsTable() string {
 			s := seed000Snapshot(k, n)
 			p := Predict(s)
 			rate := p[0].Bandwidth
-			slow := 1 - rate/Seed000WriterDemand
+			slow := 1 - rate/SMUFINWriterDemand
 			if slow <= 1e-9 && hold == n-1 {
 				hold = n
 			}
@@ -260,17 +260,17 @@ func holdsTable() string {
 // seed000Snapshot has n writers on one node composed over k seed-000 devices
 // of another (shared when k = 1).
 func seed000Snapshot(k, n int) *Snapshot {
-	s := &Snapshot{Profiles: map[string]Profile{Seed000Model: Seed000Profile()}}
+	s := &Snapshot{Profiles: map[string]Profile{SMUFINModel: SMUFINProfile()}}
 	s.Nodes = []Node{{ID: "pool"}}
 	s.Links = []fabric.Link{{A: "pool", B: "sw", Bandwidth: 12.5e9}}
 	for d := 0; d < k; d++ {
-		s.Devices = append(s.Devices, Device{ID: fmt.Sprintf("nvme%d", d), Node: "pool", Kind: KindBlock, Model: Seed000Model, Capacity: 4 << 40})
+		s.Devices = append(s.Devices, Device{ID: fmt.Sprintf("nvme%d", d), Node: "pool", Kind: KindBlock, Model: SMUFINModel, Capacity: 4 << 40})
 	}
 	for w := 0; w < n; w++ {
 		node := fmt.Sprintf("c%d", w)
 		s.Nodes = append(s.Nodes, Node{ID: node})
 		s.Links = append(s.Links, fabric.Link{A: node, B: "sw", Bandwidth: 12.5e9})
-		l := Lease{ID: fmt.Sprintf("w%d", w), Kind: KindBlock, Borrower: node, Mode: ModeComposed, Demand: Seed000WriterDemand, Remaining: Seed000WriterWork}
+		l := Lease{ID: fmt.Sprintf("w%d", w), Kind: KindBlock, Borrower: node, Mode: ModeComposed, Demand: SMUFINWriterDemand, Remaining: SMUFINWriterWork}
 		if k == 1 {
 			l.Mode = ModeShared
 		}
@@ -370,8 +370,8 @@ func (sc *scenario) topologyLine(l string) error {
 				Capacity: int64(getF("cap")), Bandwidth: getF("bw"), Exclusive: excl})
 		}
 	case "profile": // profile smufin | profile MODEL max=B [curve=b1,b2,...]
-		if f[1] == "smufin" { // Seed000Profile
-			sc.s.Profiles[Seed000Model] = Seed000Profile()
+		if f[1] == "smufin" { // SMUFINProfile
+			sc.s.Profiles[SMUFINModel] = SMUFINProfile()
 			break
 		}
 		p := Profile{Model: f[1], MaxBandwidth: getF("max")}

@@ -12,7 +12,7 @@ func TestIndexClock(t *testing.T) {
 	s.Leases[0].Deadline = 400 * time.Second
 	x := NewIndex(s)
 	p, ok := x.Prediction("w0")
-	if !ok || p.Bandwidth != Seed000WriterDemand || p.Late {
+	if !ok || p.Bandwidth != SMUFINWriterDemand || p.Late {
 		t.Fatalf("before: %+v", p)
 	}
 	x.Advance(100 * time.Second)
@@ -20,14 +20,14 @@ func TestIndexClock(t *testing.T) {
 		t.Fatalf("now %v", x.Now())
 	}
 	p, _ = x.Prediction("w0")
-	secs := (Seed000WriterWork - 100*Seed000WriterDemand) / Seed000WriterDemand
+	secs := (SMUFINWriterWork - 100*SMUFINWriterDemand) / SMUFINWriterDemand
 	want := time.Duration(int64(secs * 1e9))
 	if d := p.Completion - want; d < -time.Millisecond || d > time.Millisecond {
 		t.Fatalf("completion after 100 s: %v, want %v", p.Completion, want)
 	}
 	// A third writer would slow w0 to 417 MB/s: 102.3 GB left takes 245 s,
 	// finishing at 345 s < 400 s, so it is placed.
-	r := Request{Kind: KindBlock, Size: 1 << 30, Borrower: "c0", Bandwidth: Seed000WriterDemand, Mode: ModeShared}
+	r := Request{Kind: KindBlock, Size: 1 << 30, Borrower: "c0", Bandwidth: SMUFINWriterDemand, Mode: ModeShared}
 	if _, err := x.Place(r); err != nil {
 		t.Fatalf("place after advance: %v", err)
 	}

@@ -10,22 +10,23 @@ import "math"
 // holds 2 writers but not 3, a 2-device composition 3 but not 4, and a
 // 3-device composition 5, with the 6th slowing writers by about 2.5%.
 const (
-	Seed000Model         = "smufin-nvme"
-	Seed000MaxBandwidth  = 2.0e9
-	Seed000WriterDemand  = 477e6
-	Seed000WriterWork    = 150e9
+	SMUFINModel          = "smufin-nvme"
+	SMUFINMaxBandwidth   = 2.0e9
+	SMUFINWriterDemand   = 477e6
+	SMUFINWriterWork     = 150e9
 	SlowdownTolerance    = 0.01 // a rate within 1% of the need meets it
 	TightDeadlineRatio   = 0.8  // needing ≥ 80% of the alone rate is tight
 	defaultAlignBytes    = 4096
 	defaultCandidateGoal = 16
 )
 
-// Seed000Profile returns the NVMe profile calibrated against the NVMe-oF
-// genomics paper.
-func Seed000Profile() Profile {
+// SMUFINProfile returns the NVMe profile calibrated against the NVMe-oF
+// genomics paper (Call et al., "Disaggregating Non-Volatile Memory for
+// Throughput-Oriented Genomics Workloads"; SMUFIN).
+func SMUFINProfile() Profile {
 	return Profile{
-		Model:        Seed000Model,
-		MaxBandwidth: Seed000MaxBandwidth,
+		Model:        SMUFINModel,
+		MaxBandwidth: SMUFINMaxBandwidth,
 		Delivered:    []float64{2.0e9, 1.7e9, 1.25e9, 0.94e9, 0.935e9, 0.93e9, 0.925e9, 0.92e9},
 	}
 }

@@ -18,7 +18,7 @@ import (
 // randomSnapshot builds a two-level fabric (racks under a spine) with mixed
 // devices, some nodes down or suspect, and quotas.
 func randomSnapshot(rng *rand.Rand) *Snapshot {
-	s := &Snapshot{Profiles: map[string]Profile{Seed000Model: Seed000Profile()}, Quotas: map[string]Quota{}}
+	s := &Snapshot{Profiles: map[string]Profile{SMUFINModel: SMUFINProfile()}, Quotas: map[string]Quota{}}
 	racks := 1 + rng.Intn(3)
 	for r := 0; r < racks; r++ {
 		s.Links = append(s.Links, fabric.Link{ID: fmt.Sprintf("up%d", r), A: fmt.Sprintf("tor%d", r), B: "spine",
@@ -41,7 +41,7 @@ func randomSnapshot(rng *rand.Rand) *Snapshot {
 			dev := Device{ID: fmt.Sprintf("%s-d%d", id, d), Node: id, Capacity: int64(1+rng.Intn(8)) << 30}
 			switch rng.Intn(4) {
 			case 0:
-				dev.Kind, dev.Model = KindBlock, Seed000Model
+				dev.Kind, dev.Model = KindBlock, SMUFINModel
 			case 1:
 				dev.Kind, dev.Bandwidth = KindMemory, 10e9
 			case 2:
@@ -75,7 +75,7 @@ func randomRequest(rng *rand.Rand, s *Snapshot) Request {
 		}
 	case 0:
 		r.Kind, r.Size = KindBlock, int64(1+rng.Intn(3))<<30
-		r.Bandwidth = float64(rng.Intn(3)) * Seed000WriterDemand
+		r.Bandwidth = float64(rng.Intn(3)) * SMUFINWriterDemand
 	case 1:
 		r.Kind, r.Size = KindMemory, int64(1+rng.Intn(4))<<28
 		r.Bandwidth = float64(rng.Intn(3)) * 1e9

@@ -146,7 +146,7 @@ type Lease struct {
 // Profile is a device model's characterization: Delivered[i] is the
 // aggregate bandwidth in bytes/s the device delivers with i+1 concurrent
 // streams (leases); beyond the table the last entry holds. With no table the
-// device delivers MaxBandwidth at any concurrency. Seed000Profile is the
+// device delivers MaxBandwidth at any concurrency. SMUFINProfile is the
 // calibration of the NVMe device of the NVMe-oF genomics paper (Call et
 // al.).
 type Profile struct {
