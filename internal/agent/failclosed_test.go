@@ -3,8 +3,11 @@ package agent
 import (
 	"bytes"
 	"context"
+	"errors"
+	"net"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,47 +36,134 @@ func served(t *testing.T, uri string) bool {
 	return true
 }
 
+// exportAt reports whether the data plane at addr serves the export
+// name: true if it opens, false if the data plane answers that it knows
+// no such export. Any other outcome (nothing listening, a handshake that
+// fails otherwise) fails the test: it would tell nothing about the
+// export.
+func exportAt(t *testing.T, addr, name string) bool {
+	t.Helper()
+	c, err := nbd.Dial(ctxFor(t), "tcp", addr, name)
+	switch {
+	case err == nil:
+		c.Close()
+		return true
+	case errors.Is(err, nbd.ErrExportNotFound):
+		return false
+	}
+	t.Fatalf("the data plane at %s did not answer for the export: %v", addr, err)
+	return false
+}
+
 // TestRestoredExportHeldUntilConfirmed: a restarted agent restores its
 // exports held: while the control plane does not answer its heartbeats
-// not even a first request reaches one; the answer that lists the lease
-// serves it, bytes intact.
+// not even a first request reaches one, wherever the restarted agent's
+// data plane listens (at its last address, or at a new one when that is
+// taken); the answer that lists the lease serves it, bytes intact.
 func TestRestoredExportHeldUntilConfirmed(t *testing.T) {
-	cp, srv := newFakeCP(t)
-	dir := t.TempDir()
-	cfg := testConfig(srv.URL, dir)
-	r := start(t, cfg)
-	ua := prepareBlock(t, r.a, "lease-a", 0, leaseSize)
-	data := bytes.Repeat([]byte("kept "), leaseSize/5+1)[:leaseSize]
-	nbdWrite(t, ua, data, 0)
-	r.halt(t)
+	for _, taken := range []bool{false, true} {
+		t.Run(map[bool]string{false: "same address", true: "address taken"}[taken], func(t *testing.T) {
+			cp, srv := newFakeCP(t)
+			dir := t.TempDir()
+			cfg := testConfig(srv.URL, dir)
+			r := start(t, cfg)
+			ua := prepareBlock(t, r.a, "lease-a", 0, leaseSize)
+			u, err := nbd.ParseURI(ua)
+			if err != nil {
+				t.Fatal(err)
+			}
+			data := bytes.Repeat([]byte("kept "), leaseSize/5+1)[:leaseSize]
+			nbdWrite(t, ua, data, 0)
+			old := r.a.Endpoint(api.KindBlock)
+			r.halt(t)
 
-	cp.set(func(f *fakeCP) { f.down = true })
-	a := start(t, cfg).a
-	if got := a.Leases(); len(got) != 1 || got[0] != "lease-a" {
-		t.Fatalf("leases after the restart: %v", got)
-	}
-	if served(t, ua) {
-		t.Fatal("a restored export is served before the control plane confirmed it")
-	}
-	if n := testutil.ToFloat64(a.mWithheld.WithLabelValues("held")); n != 1 {
-		t.Errorf("%v exports held, want 1", n)
-	}
-	if err := a.Heartbeat(ctxFor(t)); err == nil {
-		t.Fatal("heartbeat to a control plane that is down succeeded")
-	}
-	if served(t, ua) {
-		t.Fatal("a restored export is served while the control plane is down")
-	}
+			var squatter net.Listener
+			if taken {
+				// Someone else took the data plane's port meanwhile.
+				if squatter, err = net.Listen("tcp", old); err != nil {
+					t.Fatal(err)
+				}
+				defer squatter.Close()
+			}
+			cp.set(func(f *fakeCP) { f.down = true })
+			a, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The first request is made before the agent's join: its
+			// data plane serves, the restored exports are held, and no
+			// heartbeat has been sent.
+			reached, release := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			hold := func(ctx context.Context) {
+				once.Do(func() {
+					close(reached)
+					select {
+					case <-release:
+					case <-ctx.Done():
+					}
+				})
+			}
+			a.Faults.BeforeJoin.Store(&hold)
+			ctx, cancel := context.WithCancel(context.Background())
+			rr := &running{a: a, stop: cancel, done: make(chan error, 1)}
+			go func() { rr.done <- a.Run(ctx) }()
+			t.Cleanup(func() { rr.halt(t) })
+			select {
+			case <-reached:
+			case err := <-rr.done:
+				rr.done <- err
+				t.Fatalf("agent stopped before its join: %v", err)
+			case <-time.After(10 * time.Second):
+				t.Fatal("the restarted agent did not join")
+			}
+			addr := a.Endpoint(api.KindBlock)
+			if taken == (addr == old) {
+				t.Fatalf("address taken %v: the restarted data plane is at %s, it was at %s", taken, addr, old)
+			}
+			if exportAt(t, addr, u.Export) {
+				t.Fatal("a restored export answered the first request, before the control plane confirmed it")
+			}
+			close(release)
+			select {
+			case <-a.Ready():
+			case err := <-rr.done:
+				rr.done <- err
+				t.Fatalf("agent stopped before ready: %v", err)
+			case <-time.After(10 * time.Second):
+				t.Fatal("agent not ready")
+			}
+			if squatter != nil {
+				squatter.Close() // the old address refuses connections from now on
+			}
+			if got := a.Leases(); len(got) != 1 || got[0] != "lease-a" {
+				t.Fatalf("leases after the restart: %v", got)
+			}
+			if exportAt(t, addr, u.Export) {
+				t.Fatal("a restored export is served before the control plane confirmed it")
+			}
+			if !taken && served(t, ua) {
+				t.Fatal("a restored export is served at its old URI before the control plane confirmed it")
+			}
+			if err := a.Heartbeat(ctxFor(t)); err == nil {
+				t.Fatal("heartbeat to a control plane that is down succeeded")
+			}
+			if exportAt(t, addr, u.Export) {
+				t.Fatal("a restored export is served while the control plane is down")
+			}
 
-	cp.set(func(f *fakeCP) { f.down = false })
-	if err := a.Heartbeat(ctxFor(t)); err != nil {
-		t.Fatal(err)
-	}
-	if got := nbdRead(t, ua, leaseSize, 0); !bytes.Equal(got, data) {
-		t.Fatal("the confirmed export lost its bytes")
-	}
-	if n := testutil.ToFloat64(a.mWithheld.WithLabelValues("held")); n != 0 {
-		t.Errorf("%v exports still held", n)
+			cp.set(func(f *fakeCP) { f.down = false })
+			if err := a.Heartbeat(ctxFor(t)); err != nil {
+				t.Fatal(err)
+			}
+			uri := (&url.URL{Scheme: "nbd", Host: addr, Path: "/" + u.Export}).String()
+			if got := nbdRead(t, uri, leaseSize, 0); !bytes.Equal(got, data) {
+				t.Fatal("the confirmed export lost its bytes")
+			}
+			if n := testutil.ToFloat64(a.mWithheld.WithLabelValues("held")); n != 0 {
+				t.Errorf("%v exports still held", n)
+			}
+		})
 	}
 }
 
