@@ -257,7 +257,11 @@ type GatewayStatus struct {
 }
 
 // gatewayKey is the gateway a shared lease joins: same device, role and
-// role config (by digest; the config itself may be a key).
+// role config (by digest; the config itself may be a key). Leases of
+// different tenants uploading the same Wasm module share the gateway and
+// its slots' instances of the module; they share no memory: a batch is one
+// lease's, and the wasm role runs each execution on a fresh instance
+// (internal/dataplane/accel/roles).
 func gatewayKey(r api.PrepareRequest, device string) string {
 	h := sha256.New()
 	h.Write([]byte(r.Role))

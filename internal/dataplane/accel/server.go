@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/semaphore"
@@ -74,10 +75,81 @@ type Server struct {
 	// connection, on any number of connections) would make the server
 	// hold any amount of memory. Set before Serve.
 	MaxTaskInput int64
+	// MaxQueuedReplies bounds the bytes of READ replies (DATA frames) the
+	// server holds queued for its connections' writers, over all its
+	// connections (0: 2 × MaxPayload; a READ larger than the budget takes
+	// all of it). A connection's reader takes a READ's share before it
+	// copies the target's memory and the writer gives it back once the
+	// reply is written to the socket: a READ is 12 bytes, its reply up to
+	// MaxPayload, so a client that sends READs and stops reading its
+	// socket would otherwise make the server hold MaxPayload per queued
+	// reply. When the budget is spent, the reader waits — it stops
+	// reading the connection (back-pressure) — until written replies give
+	// some back. While it waits it reads no other frame either (a CANCEL,
+	// a POLL): that happens only when replies are not being taken off the
+	// socket, by this client or by another connection of the same server
+	// (an appliance slot's server serves one lease). Set before Serve.
+	MaxQueuedReplies int64
 
 	inputOnce sync.Once
 	inputs    *semaphore.Weighted
 	inputCap  int64
+
+	replyOnce sync.Once
+	replies   *semaphore.Weighted
+	replyCap  int64
+	queued    atomic.Int64 // READ reply bytes held against the budget
+	waiting   atomic.Int32 // readers waiting for the reply budget
+}
+
+// replyBudget returns the reply budget's semaphore and size.
+func (s *Server) replyBudget() (*semaphore.Weighted, int64) {
+	s.replyOnce.Do(func() {
+		s.replyCap = s.MaxQueuedReplies
+		if s.replyCap <= 0 {
+			s.replyCap = 2 * int64(s.maxPayload())
+		}
+		s.replies = semaphore.NewWeighted(s.replyCap)
+	})
+	return s.replies, s.replyCap
+}
+
+// holdReply waits until a READ reply of n bytes fits the server's reply
+// budget (all of it for a reply larger than the budget) and returns the
+// share taken, to be given back with releaseReply; it fails when ctx ends
+// first.
+func (s *Server) holdReply(ctx context.Context, n int64) (int64, error) {
+	sem, capacity := s.replyBudget()
+	n = min(n, capacity)
+	if n <= 0 {
+		return 0, nil
+	}
+	if !sem.TryAcquire(n) {
+		s.waiting.Add(1)
+		err := sem.Acquire(ctx, n)
+		s.waiting.Add(-1)
+		if err != nil {
+			return 0, err
+		}
+	}
+	s.queued.Add(n)
+	return n, nil
+}
+
+func (s *Server) releaseReply(n int64) {
+	if n > 0 {
+		s.queued.Add(-n)
+		s.replies.Release(n)
+	}
+}
+
+// ReplyBudget reports the server's READ reply budget (MaxQueuedReplies
+// or its default), the bytes of it held now (replies read and not yet
+// written to their sockets), and the number of connections whose reader
+// waits for it.
+func (s *Server) ReplyBudget() (capacity, held int64, waiting int) {
+	_, capacity = s.replyBudget()
+	return capacity, s.queued.Load(), int(s.waiting.Load())
 }
 
 // holdInput waits until n bytes of task input fit the server's budget
@@ -148,10 +220,21 @@ type taskState struct {
 
 type runningTask struct{ cancel context.CancelFunc }
 
+// reply is a frame queued for the writer, with the share of the server's
+// reply budget it holds (released once it is written).
+type reply struct {
+	b    []byte
+	held int64
+}
+
 type conn struct {
-	s     *Server
-	nc    net.Conn
-	out   chan []byte
+	s   *Server
+	nc  net.Conn
+	out chan reply
+	// stop ends the connection's task context; the writer calls it when
+	// the socket fails, so that a reader waiting for the reply budget
+	// stops waiting.
+	stop  context.CancelFunc
 	sem   chan struct{}
 	mu    sync.Mutex
 	tasks map[uint32]*taskState
@@ -246,7 +329,8 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 	if mo <= 0 {
 		mo = 1024
 	}
-	c := &conn{s: s, nc: nc, out: make(chan []byte, 256), sem: make(chan struct{}, mo),
+	tctx, cancel := context.WithCancel(ctx)
+	c := &conn{s: s, nc: nc, out: make(chan reply, 256), stop: cancel, sem: make(chan struct{}, mo),
 		tasks: map[uint32]*taskState{}, running: map[uint32]*runningTask{}, failed: make(chan struct{})}
 	var wwg sync.WaitGroup
 	wwg.Add(1)
@@ -254,7 +338,6 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 		defer wwg.Done()
 		c.writer()
 	}()
-	tctx, cancel := context.WithCancel(ctx)
 	var twg sync.WaitGroup
 	for {
 		f, err := ReadFrame(br, s.maxPayload())
@@ -294,28 +377,40 @@ func errFrame(tag uint32, err error) []byte {
 	return AppendFrame(nil, Frame{Op: OpError, Tag: tag, Payload: append(p, err.Error()...)})
 }
 
-func (c *conn) send(b []byte) {
+func (c *conn) send(b []byte) { c.sendHeld(b, 0) }
+
+// sendHeld queues b, which holds held bytes of the server's reply budget:
+// the writer releases them once b is written (or dropped).
+func (c *conn) sendHeld(b []byte, held int64) {
 	select {
-	case c.out <- b:
+	case c.out <- reply{b, held}:
 	case <-c.failed:
+		c.s.releaseReply(held)
 	}
 }
 
-// writer coalesces queued replies into one flush.
+// writer coalesces queued replies into one flush, and gives their share
+// of the reply budget back once they are written.
 func (c *conn) writer() {
 	bw := bufio.NewWriterSize(c.nc, 64<<10)
-	for b := range c.out {
-		_, err := bw.Write(b)
+	for r := range c.out {
+		held := r.held
+		_, err := bw.Write(r.b)
 		for err == nil && len(c.out) > 0 {
-			_, err = bw.Write(<-c.out)
+			r = <-c.out
+			held += r.held
+			_, err = bw.Write(r.b)
 		}
 		if err == nil {
 			err = bw.Flush()
 		}
+		c.s.releaseReply(held)
 		if err != nil {
 			c.once.Do(func() { close(c.failed) })
 			_ = c.nc.Close()
-			for range c.out {
+			c.stop()
+			for r := range c.out {
+				c.s.releaseReply(r.held)
 			}
 			return
 		}
@@ -347,12 +442,19 @@ func (c *conn) handle(ctx context.Context, wg *sync.WaitGroup, f Frame) {
 			c.send(errFrame(f.Tag, fmt.Errorf("%w: read of %d bytes above %d", ErrTooLarge, n, c.s.maxPayload())))
 			return
 		}
+		// Back-pressure: the reply's bytes are held against the server's
+		// budget before they are copied, until the writer has sent them.
+		held, err := c.s.holdReply(ctx, int64(n))
+		if err != nil {
+			return // the connection is ending
+		}
 		p, err := t.ReadMem(binary.LittleEndian.Uint64(f.Payload), n)
 		if err != nil {
+			c.s.releaseReply(held)
 			c.send(errFrame(f.Tag, err))
 			return
 		}
-		c.send(AppendFrame(nil, Frame{Op: OpData, Tag: f.Tag, Payload: p}))
+		c.sendHeld(AppendFrame(nil, Frame{Op: OpData, Tag: f.Tag, Payload: p}), held)
 	case OpStart:
 		st, err := ParseStart(f.Payload, f.Flags)
 		if err != nil {

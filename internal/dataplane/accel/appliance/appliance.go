@@ -788,8 +788,14 @@ func (s *slot) serve(ctx context.Context) error {
 	// A task's input is at most the slot's memory: two slots' worth of
 	// queued tasks' inputs is enough to keep the workers busy, and bounds
 	// what a lease's queued tasks make the appliance hold.
+	// Likewise a READ's reply is at most the slot's memory (and a frame):
+	// two of them queued, and not yet written to a socket, is enough to
+	// keep a reading client busy, and bounds what a client that stops
+	// reading makes the appliance hold (at least 1 MiB, for pipelined
+	// small reads of a small slot).
+	reply := max(min(int64(len(s.mem)), int64(s.a.cfg.MaxPayload)), 512<<10)
 	srv := &accel.Server{Target: (*slotTarget)(s), Logger: s.a.log.With("slot", s.id), MaxPayload: s.a.cfg.MaxPayload, TLS: s.a.cfg.TLS,
-		MaxTaskInput: 2 * int64(max(len(s.mem), 1))}
+		MaxTaskInput: 2 * int64(max(len(s.mem), 1)), MaxQueuedReplies: 2 * reply}
 	stop := context.AfterFunc(ctx, s.closeListener)
 	defer stop()
 	var wg sync.WaitGroup

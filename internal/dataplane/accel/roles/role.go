@@ -32,6 +32,20 @@ type Batcher interface {
 	RunBatch(ctx context.Context, entry string, ins [][]byte) ([][]byte, error)
 }
 
+// executor is implemented by roles whose invocations leave state behind (a
+// Wasm module's linear memory): execution returns the state of one
+// execution — the items of one RunBatch — which starts from the role's
+// initial state, runs the items in turn, and is discarded by end, so that
+// no execution sees another's bytes.
+type executor interface {
+	execution() execution
+}
+
+type execution interface {
+	run(ctx context.Context, entry string, in []byte) ([]byte, error)
+	end(ctx context.Context)
+}
+
 // Streamer is implemented by roles whose entry can consume its input in
 // pieces, in order, as it arrives (a hash): NewStream returns a fresh
 // stream for entry, or nil when entry does not stream. Writing the input
@@ -53,7 +67,9 @@ type Stream interface {
 // RunBatch runs ins through r as one invocation when r is a Batcher and one
 // by one otherwise. The result has one output per input. With maxOut > 0,
 // outputs adding up to more than maxOut bytes fail the batch with
-// ErrBadInput (the reply could not carry them); run one by one, it stops
+// ErrBadInput (the reply could not carry them); run one by one (on state of
+// the batch's own when the role keeps state between invocations: a Wasm
+// module's instance serves one batch and is then discarded), it stops
 // when ctx ends (a cancellation point per item: the context's error) and at
 // the item that passes the budget, so a few bytes of input asking for large
 // outputs (a matmul with k = 0) cannot make it hold many of them.
@@ -71,6 +87,12 @@ func RunBatch(ctx context.Context, r Role, entry string, ins [][]byte, maxOut in
 		}
 		return outs, err
 	}
+	run := r.Run
+	if e, ok := r.(executor); ok {
+		x := e.execution()
+		defer x.end(context.WithoutCancel(ctx))
+		run = x.run
+	}
 	outs := make([][]byte, len(ins))
 	total := 0
 	for i, in := range ins {
@@ -79,7 +101,7 @@ func RunBatch(ctx context.Context, r Role, entry string, ins [][]byte, maxOut in
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("item %d: %w", i, err)
 		}
-		out, err := r.Run(ctx, entry, in)
+		out, err := run(ctx, entry, in)
 		if err != nil {
 			return nil, fmt.Errorf("item %d: %w", i, err)
 		}

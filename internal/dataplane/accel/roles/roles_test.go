@@ -343,3 +343,28 @@ func TestRunBatchCancellationPoint(t *testing.T) {
 		t.Fatalf("cancelled batch: %v, want context.Canceled", err)
 	}
 }
+
+// Each execution of a Wasm role (one Run, one RunBatch) starts from the
+// module's initial memory: dump shows nothing an earlier execution wrote.
+// Within a batch the items share the instance, in turn.
+func TestWasmExecutionsStartFresh(t *testing.T) {
+	ctx := context.Background()
+	r := mustNew(t, Spec{Name: "wasm", Module: wasmtest.DumpModule()})
+	secret := []byte("an earlier execution's input")
+	zeros := make([]byte, wasmtest.DumpLen)
+	for i := range 3 {
+		if _, err := RunBatch(ctx, r, "echo", [][]byte{secret, secret}, 0); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := r.Run(ctx, "dump", nil); err != nil || !bytes.Equal(out, zeros) {
+			t.Fatalf("round %d: Run dump after a batch: %q %v", i, out, err)
+		}
+		if _, err := r.Run(ctx, "echo", secret); err != nil {
+			t.Fatal(err)
+		}
+		outs, err := RunBatch(ctx, r, "dump", [][]byte{nil}, 0)
+		if err != nil || !bytes.Equal(outs[0], zeros) {
+			t.Fatalf("round %d: RunBatch dump after a Run: %q %v", i, outs, err)
+		}
+	}
+}

@@ -16,7 +16,6 @@ import (
 const (
 	DefaultWasmMemoryPages = 256
 	MaxWasmMemoryPages     = 16384 // 1 GiB
-	maxIdleInstances       = 16
 )
 
 // wasmRole runs a user module; see docs/accelerators.md for the ABI:
@@ -29,8 +28,19 @@ const (
 //   - an optional export reset() is called after each invocation so the
 //     module can free its arena.
 //
+// Each execution — one Run, or one RunBatch (roles.RunBatch): the items of
+// one task, which on a shared gateway are one lease's, as its batches never
+// mix leases — runs on an instance of its own, instantiated for it, whose
+// memory and globals are the module's initial state; its items run on that
+// instance in turn, and the instance is closed when the execution ends. An
+// instance that ran one execution never runs another: a module that
+// returns memory it did not write this call (what an earlier input left)
+// shows only its own execution's bytes, never another lease's. The
+// instantiation is paid once per execution, so a gateway's batches amortise
+// it over their items.
+//
 // Calls are interrupted when their context ends. A trap discards the
-// instance; the next call gets a fresh one.
+// instance; the execution's next item gets a fresh one.
 type wasmRole struct {
 	rt      wazero.Runtime
 	cm      wazero.CompiledModule
@@ -38,7 +48,7 @@ type wasmRole struct {
 	reset   bool
 
 	mu     sync.Mutex
-	idle   []api.Module
+	spare  api.Module // instantiated at load time and never called: the first execution's
 	closed bool
 }
 
@@ -102,7 +112,7 @@ func newWasm(ctx context.Context, s Spec) (Role, error) {
 	if err != nil {
 		return fail(err)
 	}
-	r.idle = append(r.idle, m)
+	r.spare = m
 	return r, nil
 }
 
@@ -129,51 +139,72 @@ func (r *wasmRole) instantiate(ctx context.Context) (api.Module, error) {
 func (r *wasmRole) Name() string      { return "wasm" }
 func (r *wasmRole) Entries() []string { return append([]string(nil), r.entries...) }
 
-func (r *wasmRole) get(ctx context.Context) (api.Module, error) {
+// fresh returns an instance in the module's initial state: the one
+// instantiated at load time, which never ran, or a new one.
+func (r *wasmRole) fresh(ctx context.Context) (api.Module, error) {
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
 		return nil, ErrClosed
 	}
-	if n := len(r.idle); n > 0 {
-		m := r.idle[n-1]
-		r.idle = r.idle[:n-1]
-		r.mu.Unlock()
+	m := r.spare
+	r.spare = nil
+	r.mu.Unlock()
+	if m != nil {
 		return m, nil
 	}
-	r.mu.Unlock()
 	return r.instantiate(ctx)
-}
-
-func (r *wasmRole) put(ctx context.Context, m api.Module) {
-	r.mu.Lock()
-	if !r.closed && len(r.idle) < maxIdleInstances {
-		r.idle = append(r.idle, m)
-		r.mu.Unlock()
-		return
-	}
-	r.mu.Unlock()
-	_ = m.Close(ctx)
 }
 
 // ErrWasmTrap wraps a module's trap or an interrupted call.
 var ErrWasmTrap = errors.New("roles: wasm call failed")
 
+// Run runs one item as an execution of its own, on a fresh instance.
 func (r *wasmRole) Run(ctx context.Context, entry string, in []byte) ([]byte, error) {
+	x := r.execution()
+	defer x.end(context.WithoutCancel(ctx))
+	return x.run(ctx, entry, in)
+}
+
+// execution implements executor: the items of one execution share an
+// instance that no other execution ever uses.
+func (r *wasmRole) execution() execution { return &wasmExecution{r: r} }
+
+// wasmExecution is one execution's instance, instantiated at its first
+// item.
+type wasmExecution struct {
+	r *wasmRole
+	m api.Module
+}
+
+func (x *wasmExecution) run(ctx context.Context, entry string, in []byte) ([]byte, error) {
+	r := x.r
 	if !r.hasEntry(entry) {
 		return nil, fmt.Errorf("%w %q (module exports %v)", ErrUnknownEntry, entry, r.entries)
 	}
-	m, err := r.get(ctx)
+	if x.m == nil {
+		m, err := r.fresh(ctx)
+		if err != nil {
+			return nil, err
+		}
+		x.m = m
+	}
+	out, err := r.call(ctx, x.m, entry, in)
 	if err != nil {
+		_ = x.m.Close(context.WithoutCancel(ctx))
+		x.m = nil
 		return nil, err
 	}
-	out, err := r.call(ctx, m, entry, in)
-	if err != nil {
-		_ = m.Close(context.WithoutCancel(ctx))
-		return nil, err
-	}
-	r.put(ctx, m)
 	return out, nil
+}
+
+// end closes the execution's instance: its memory holds the execution's
+// inputs, and no other execution may see them.
+func (x *wasmExecution) end(ctx context.Context) {
+	if x.m != nil {
+		_ = x.m.Close(ctx)
+		x.m = nil
+	}
 }
 
 func (r *wasmRole) hasEntry(e string) bool {
@@ -216,7 +247,7 @@ func (r *wasmRole) call(ctx context.Context, m api.Module, entry string, in []by
 func (r *wasmRole) Close(ctx context.Context) error {
 	r.mu.Lock()
 	r.closed = true
-	r.idle = nil
+	r.spare = nil
 	r.mu.Unlock()
 	return r.rt.Close(ctx)
 }
