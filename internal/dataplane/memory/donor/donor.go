@@ -40,6 +40,11 @@ var (
 	errHandshakeLimit = 10 * time.Second
 )
 
+// DefaultMaxSessionConns is the default of Donor.MaxSessionConns: many
+// times what a client opens (a sync connection, its bulk streams, its
+// queue pairs, a fault connection per mapping).
+const DefaultMaxSessionConns = 256
+
 // DefaultCredits is the number of requests a queue pair may have
 // outstanding at the donor (its receive buffers).
 const DefaultCredits = 64
@@ -95,6 +100,15 @@ type Donor struct {
 	// their connections are closed then. Zero means
 	// DefaultRefusalWaitLimit.
 	RefusalWaitLimit time.Duration
+	// MaxSessionConns bounds the data connections (sync, bulk, queue,
+	// fault) one session has at once; a HELLO past it is refused with
+	// StatusBusy, unless it replaces one of the session's connections.
+	// A sync, bulk or fault connection holds one of the donor's threads
+	// while it waits for its next request (poll(2) on a raw descriptor),
+	// and the Go runtime ends the process past 10000 threads: one tenant
+	// must not be able to take the donor, and every region it holds,
+	// down. Set before Serve; zero means DefaultMaxSessionConns.
+	MaxSessionConns int
 	// Clock times the moves' waits (RefusalWait and RefusalWaitLimit in
 	// TrackWrites and PauseWrites; internal/clock); nil: the real clock.
 	Clock clock.Clock
@@ -171,6 +185,13 @@ func New(logger *slog.Logger) *Donor {
 }
 
 func credKey(credential string) [32]byte { return sha256.Sum256([]byte(credential)) }
+
+func (d *Donor) maxSessionConns() int {
+	if d.MaxSessionConns > 0 {
+		return d.MaxSessionConns
+	}
+	return DefaultMaxSessionConns
+}
 
 func (d *Donor) spin() time.Duration { return max(d.Spin, 0) }
 
@@ -481,8 +502,7 @@ func (d *Donor) handle(c net.Conn) {
 			return
 		}
 		// A plaintext HELLO: refused without looking at its credential.
-		var hdr [protocol.HeaderSize]byte
-		f, err := protocol.ReadFrame(c, hdr[:], nil)
+		f, err := readHello(c)
 		if err == nil || f.Op != 0 {
 			_ = writeErr(c, protocol.OpHello, f.Seq, protocol.StatusTLSRequired,
 				"memory: this donor requires TLS: connect with the lease's rialto-mems:// URI and the cluster CA")
@@ -546,36 +566,43 @@ func peekByte(c net.Conn) (byte, error) {
 	return b[0], nil
 }
 
-// handleTLS serves a connection that starts a TLS handshake: its
-// descriptor is detached at once (see rawconn) and the whole connection —
-// handshake, HELLO and requests — runs on raw syscalls inside the
-// session, from this goroutine's thread. Sync, bulk and fault connections
-// are then served as serveSync serves plaintext ones; control and queue
-// connections through the session as a net.Conn.
+// handleTLS serves a connection that starts a TLS handshake. The
+// handshake and the HELLO run on the netpoller, bounded by the
+// connection's deadline: a peer that has not presented a credential costs
+// a goroutine, never a thread (a handshake on a raw descriptor waited in
+// poll(2), and anyone who could reach the donor held a thread per
+// connection). Once the HELLO is answered, the descriptor is detached
+// (see rawconn) and the session goes on on raw syscalls, from this
+// goroutine's thread: sync, bulk and fault connections are then served as
+// serveSync serves plaintext ones; control and queue connections through
+// the session as a net.Conn.
 func (d *Donor) handleTLS(c net.Conn) {
-	fd, err := rawconn.Detach(c)
-	if err != nil {
-		return
-	}
-	p := rawconn.New(fd, 0, errHandshakeLimit)
-	defer p.Close()
-	dc := detachedConn{Conn: c, p: p}
-	if !d.replaceConn(c, dc) {
-		return // the donor is stopping
-	}
-	defer d.replaceConn(dc, c) // dropConn names c
-	_ = c.Close()
-	if err := p.StartTLS(d.TLS, true); err != nil {
+	ho := rawconn.NewHandover(c)
+	tc := tls.Server(ho, d.TLS)
+	if err := tc.HandshakeContext(context.Background()); err != nil {
 		d.log.Debug("memory: TLS handshake failed", "remote", c.RemoteAddr().String(), "err", err)
 		return
 	}
-	s, hello, w, ok := d.hello(dc, p)
+	s, hello, w, ok := d.hello(c, tc)
 	if !ok {
 		return
 	}
 	defer s.reg.users.Done()
-	defer d.detach(s, dc, w)
-	p.SetTimeout(0)
+	defer d.detach(s, c, w)
+	_ = c.SetDeadline(time.Time{})
+	fd, err := rawconn.Detach(c)
+	if err != nil {
+		return
+	}
+	p := rawconn.New(fd, 0, 0)
+	defer p.Close()
+	p.Adopt(ho, tc)
+	dc := detachedConn{Conn: c, p: p}
+	if !d.swapConn(s, c, dc, false) {
+		return // the session ended meanwhile
+	}
+	defer d.swapConn(s, dc, c, true) // handle's cleanup names c
+	_ = c.Close()
 	switch hello.Kind {
 	case protocol.KindControl:
 		d.serveControl(s, p.NetConn())
@@ -590,27 +617,13 @@ func (d *Donor) handleTLS(c net.Conn) {
 	}
 }
 
-// replaceConn puts nu in old's place in the donor's connection set; false
-// (nothing changed) once the donor stops.
-func (d *Donor) replaceConn(old, nu net.Conn) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.stopping {
-		return false
-	}
-	delete(d.conns, old)
-	d.conns[nu] = struct{}{}
-	return true
-}
-
 // hello reads the HELLO frame from rw, authenticates it and adds c (which
 // names the connection in the session) to its region's session, and
 // answers it. On success the caller owns a users reference of the region
 // and must detach c, with the writer of a data connection (nil for a
 // control connection).
 func (d *Donor) hello(c net.Conn, rw io.ReadWriter) (*session, protocol.Hello, *writer, bool) {
-	var hdr [protocol.HeaderSize]byte
-	f, err := protocol.ReadFrame(rw, hdr[:], nil)
+	f, err := readHello(rw)
 	if err != nil {
 		if f.Op != 0 || !errors.Is(err, io.EOF) {
 			st := protocol.StatusProto
@@ -676,6 +689,28 @@ func (d *Donor) hello(c net.Conn, rw io.ReadWriter) (*session, protocol.Hello, *
 	return s, hello, w, true
 }
 
+// readHello reads a connection's first frame: a HELLO request's payload
+// (at most protocol.HelloFixed+protocol.MaxCredential bytes), or only the
+// header of any other frame (the caller refuses it), so that a peer that
+// has not authenticated never has the donor take in a payload (up to
+// protocol.MaxPayload) it withholds or trickles.
+func readHello(r io.Reader) (protocol.Frame, error) {
+	var hdr [protocol.HeaderSize]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return protocol.Frame{}, err
+	}
+	h, err := protocol.DecodeHeader(hdr[:])
+	f := protocol.Frame{Header: h}
+	if err != nil || h.Op != protocol.OpHello || h.IsResponse() {
+		return f, err
+	}
+	f.Data = make([]byte, h.Payload) // bounded by DecodeHeader
+	if _, err := io.ReadFull(r, f.Data); err != nil {
+		return f, fmt.Errorf("%w: payload: %v", protocol.ErrBadFrame, err)
+	}
+	return f, nil
+}
+
 // attach authenticates hello (whose frame header is h) and adds c to the
 // region's session; a data connection gets a writer (its id is the HELLO
 // reply's). A data connection's HELLO that names another connection of
@@ -710,6 +745,9 @@ func (d *Donor) attach(c net.Conn, hello protocol.Hello, h protocol.Header) (s *
 		}
 		if old := s.links[protocol.ReplacedConnection(h)]; old != nil {
 			replaced = old.replace()
+		} else if lim := d.maxSessionConns(); len(s.links) >= lim {
+			return nil, nil, nil, protocol.StatusBusy,
+				fmt.Sprintf("memory: the session has %d data connections, the donor's limit", lim)
 		}
 		s.nextQ++
 		w = d.addWriterLocked(s, s.nextQ)

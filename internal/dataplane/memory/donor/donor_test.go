@@ -98,9 +98,10 @@ func TestRawDescriptorsOffNetpoller(t *testing.T) {
 }
 
 // TestTLSOffNetpoller: a donor that requires TLS detaches every connection
-// before its handshake, so that the TLS records of each (control, sync,
-// bulk, queue) travel on raw syscalls off the netpoller as plaintext sync
-// and bulk connections do.
+// once its HELLO is answered (the handshake and the HELLO run on the
+// netpoller: TestHandshakesHoldNoThreads), so that the TLS records of
+// each (control, sync, bulk, queue) travel on raw syscalls off the
+// netpoller as plaintext sync and bulk connections do.
 func TestTLSOffNetpoller(t *testing.T) {
 	ca := memorytest.NewCA(t)
 	td := memorytest.StartTLS(t, memorytest.ServerTLS(t, ca), 1<<20, 0)

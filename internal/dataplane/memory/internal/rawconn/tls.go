@@ -210,3 +210,48 @@ type netConn struct{ fdConn }
 
 func (c *netConn) Read(b []byte) (int, error)  { return c.p.Read(b) }
 func (c *netConn) Write(b []byte) (int, error) { return c.p.Write(b) }
+
+// Handover is the transport of a TLS session that starts on a connection
+// Go's netpoller serves (its handshake, and whatever is read before the
+// peer is authenticated, cost a goroutine, not a thread blocked in
+// poll(2)) and goes on, once Adopt has run, on a Conn's raw descriptor.
+// Its owner uses it from one goroutine at a time.
+type Handover struct {
+	net.Conn
+	p *Conn // set by Adopt
+}
+
+// NewHandover returns a Handover on c.
+func NewHandover(c net.Conn) *Handover { return &Handover{Conn: c} }
+
+func (h *Handover) Read(b []byte) (int, error) {
+	if h.p != nil {
+		return (&fdConn{p: h.p}).Read(b)
+	}
+	return h.Conn.Read(b)
+}
+
+func (h *Handover) Write(b []byte) (int, error) {
+	if h.p != nil {
+		return (&fdConn{p: h.p}).Write(b)
+	}
+	return h.Conn.Write(b)
+}
+
+// Close shuts p's socket down once adopted (see fdConn.Close), else
+// closes the connection.
+func (h *Handover) Close() error {
+	if h.p != nil {
+		return (&fdConn{p: h.p}).Close()
+	}
+	return h.Conn.Close()
+}
+
+// Adopt makes tc, a TLS session whose handshake ran over h, p's: from now
+// on h's records travel on p's descriptor (a duplicate of h's connection's,
+// see Detach) and p's sends and receives go through tc. What tc has
+// already read from the socket stays in tc.
+func (p *Conn) Adopt(h *Handover, tc *tls.Conn) {
+	h.p = p
+	p.tc = tc
+}

@@ -1,0 +1,113 @@
+package donor
+
+import (
+	"errors"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
+)
+
+// TestHelloRefusedBeforeItsPayload: an unauthenticated peer whose first
+// frame is not a HELLO is answered at once, before its payload (up to
+// protocol.MaxPayload) is read. The donor allocated and read the whole
+// payload first, holding a MiB per connection for the handshake's 10 s:
+// a few thousand connections from anyone on the network took gigabytes
+// of the donor's memory, which holds every tenant's region.
+func TestHelloRefusedBeforeItsPayload(t *testing.T) {
+	_, addr := startDonor(t, 1<<20, 0)
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var b [protocol.HeaderSize]byte
+	(&protocol.Header{Op: protocol.OpWrite, Seq: 9, Length: protocol.MaxPayload, Payload: protocol.MaxPayload}).Encode(b[:])
+	if _, err := c.Write(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	// Well within the donor's handshake limit (errHandshakeLimit), after
+	// which it answered too, with the payload's timeout.
+	_ = c.SetReadDeadline(time.Now().Add(errHandshakeLimit / 2))
+	var rb [protocol.HeaderSize]byte
+	if _, err := c.Read(rb[:1]); err != nil {
+		t.Fatalf("no answer to a WRITE in place of a HELLO while its payload is withheld: %v", err)
+	}
+	st, msg, err := answer(&prefixConn{Conn: c, first: rb[0]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st != protocol.StatusProto || !strings.Contains(string(msg), "HELLO") {
+		t.Fatalf("answer %d %q, want a protocol error naming the HELLO", st, msg)
+	}
+}
+
+// prefixConn is a connection with one byte already read back in front.
+type prefixConn struct {
+	net.Conn
+	first byte
+	done  bool
+}
+
+func (c *prefixConn) Read(b []byte) (int, error) {
+	if !c.done && len(b) > 0 {
+		c.done = true
+		b[0] = c.first
+		return 1, nil
+	}
+	return c.Conn.Read(b)
+}
+
+// TestSessionConnectionLimit: one session (one lease's credential) opens
+// at most MaxSessionConns data connections at once; the next HELLO is
+// refused with StatusBusy and the session's connections serve on. A HELLO
+// that replaces one of them is admitted. Each sync, bulk or fault
+// connection holds a thread of the donor while it waits for its next
+// request (poll(2) on a raw descriptor): with no limit, a tenant opening
+// connections took the donor past the Go runtime's 10000 threads, which
+// kills the process and every tenant's region with it.
+func TestSessionConnectionLimit(t *testing.T) {
+	d, addr := startDonor(t, 1<<20, 0)
+	ctrl, sess := dialHello(t, addr, protocol.KindControl, 0, testCred)
+	defer ctrl.Close()
+	const tries = 2 * DefaultMaxSessionConns
+	var first net.Conn
+	var firstID uint32
+	admitted := 0
+	for i := 0; i < tries; i++ {
+		kind := protocol.KindSync
+		if i%2 == 1 {
+			kind = protocol.KindQueue
+		}
+		c, st, id := helloReplacing(t, addr, kind, sess, 0)
+		if st != protocol.StatusOK {
+			if st != protocol.StatusBusy {
+				t.Fatalf("HELLO %d refused with status %d, want busy", i, st)
+			}
+			break
+		}
+		if first == nil {
+			first, firstID = c, id
+		}
+		admitted++
+	}
+	if admitted != DefaultMaxSessionConns {
+		t.Fatalf("%d data connections of one session admitted, want %d", admitted, DefaultMaxSessionConns)
+	}
+	// The session lives: its first connection reads.
+	st, data := request(t, first, protocol.Header{Op: protocol.OpRead, Seq: 1, Length: 16}, nil)
+	if st != protocol.StatusOK || len(data) != 16 {
+		t.Fatalf("read on an admitted connection: status %d, %d bytes", st, len(data))
+	}
+	// A connection that replaces one of the session's is admitted.
+	if _, st, _ := helloReplacing(t, addr, protocol.KindSync, sess, firstID); st != protocol.StatusOK {
+		t.Fatalf("a replacing HELLO at the limit: status %d", st)
+	}
+	var ne net.Error
+	if _, _, err := answer(first); err == nil || errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("the replaced connection still served: %v", err)
+	}
+	_ = d
+}
