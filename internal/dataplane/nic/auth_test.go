@@ -304,3 +304,49 @@ func TestHelloRacingRemoveLease(t *testing.T) {
 		t.Errorf("the racing HELLO got status %d (%s), want %d (gone)", rep.Status, rep.Message, StatusGone)
 	}
 }
+
+// TestVersion1HelloRefused: a borrower of version 1 (whose HELLO carries
+// the credential) is answered StatusVersion as soon as its first 8 bytes
+// arrive, before its credential is read.
+func TestVersion1HelloRefused(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		serveConn(b, func([LeaseIDSize]byte) *lease { t.Error("a version 1 HELLO was looked up"); return nil })
+		b.Close()
+	}()
+	v1 := make([]byte, 8)
+	binary.BigEndian.PutUint32(v1, Magic)
+	v1[4], v1[5] = 1, 1
+	if _, err := a.Write(v1); err != nil {
+		t.Fatal(err)
+	}
+	w, err := ReadWelcome(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Status != StatusVersion {
+		t.Fatalf("status %d (%s), want %d", w.Status, w.Message, StatusVersion)
+	}
+	<-done
+}
+
+// TestProofBindsHello: the proof changes with the credential, the
+// challenge and every byte of the HELLO.
+func TestProofBindsHello(t *testing.T) {
+	h := (&Hello{Conns: 2, Index: 1, Session: 42, Window: 1 << 20, MTU: 1500, Lease: LeaseID("cred")}).Encode(nil)
+	ch := [ChallengeSize]byte{9}
+	p := Proof("cred", ch, h)
+	if Proof("cred2", ch, h) == p || Proof("cred", [ChallengeSize]byte{8}, h) == p {
+		t.Fatal("the proof ignores the credential or the challenge")
+	}
+	for i := range h {
+		h2 := bytes.Clone(h)
+		h2[i] ^= 1
+		if Proof("cred", ch, h2) == p {
+			t.Fatalf("the proof ignores HELLO byte %d", i)
+		}
+	}
+}
