@@ -504,15 +504,30 @@ func (m *member) dial(ctx context.Context, want netip.Addr) (*session, Welcome, 
 			_ = tc.SetNoDelay(true)
 		}
 		_ = c.SetDeadline(time.Now().Add(helloTimeout))
-		h := Hello{Conns: uint8(cfg.Conns), Index: uint8(k), Session: id, Window: cfg.Window, MTU: uint16(cfg.MTU), Addr: want, Credential: m.m.Credential}
-		if _, err := c.Write(h.Encode(nil)); err != nil {
+		h := Hello{Conns: uint8(cfg.Conns), Index: uint8(k), Session: id, Window: cfg.Window, MTU: uint16(cfg.MTU), Addr: want, Lease: LeaseID(m.m.Credential)}
+		hb := h.Encode(nil)
+		if _, err := c.Write(hb); err != nil {
 			c.Close()
 			return fail(fmt.Errorf("%w: %v", ErrLost, err))
 		}
-		w, err := ReadWelcome(c)
+		challenge, refused, err := ReadChallenge(c)
 		if err != nil {
 			c.Close()
-			return fail(fmt.Errorf("%w: welcome: %v", ErrLost, err))
+			return fail(fmt.Errorf("%w: challenge: %v", ErrLost, err))
+		}
+		var w Welcome
+		if refused != nil {
+			w = *refused
+		} else {
+			proof := Proof(m.m.Credential, challenge, hb)
+			if _, err := c.Write(proof[:]); err != nil {
+				c.Close()
+				return fail(fmt.Errorf("%w: %v", ErrLost, err))
+			}
+			if w, err = ReadWelcome(c); err != nil {
+				c.Close()
+				return fail(fmt.Errorf("%w: welcome: %v", ErrLost, err))
+			}
 		}
 		if w.Status != StatusOK {
 			c.Close()

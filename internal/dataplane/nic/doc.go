@@ -17,15 +17,17 @@
 // so bandwidth adds over flows and losing a lender moves only its flows; ModePacket also stripes packets
 // over several connections to each lender, the receiver restoring order.
 //
-// The tunnel (proto.go) is a HELLO/WELCOME handshake that presents the
-// lease credential, then frames: DATA (one IP packet, numbered), CREDIT
-// (cumulative bytes the peer may have sent), PING/PONG and ERROR. Each
+// The tunnel (proto.go) is a handshake — HELLO naming the lease, the
+// lender's random CHALLENGE, the borrower's PROOF (an HMAC keyed by the
+// lease credential, which never crosses the wire), WELCOME — then
+// frames: DATA (one IP packet, numbered), CREDIT (cumulative bytes the
+// peer may have sent), PING/PONG and ERROR. Each
 // connection has a credit window in each direction, as the memory data
 // plane's queue pairs do: a sender without credit drops the packet (a
 // full transmit ring) rather than queueing it, so queues stay bounded by
 // the window; a sender that exceeds its credit is cut off. DecodeHeader,
-// DecodeHello and DecodeWelcome are the parsers of untrusted input and are
-// fuzzed.
+// DecodeHello, DecodeChallenge and DecodeWelcome are the parsers of
+// untrusted input and are fuzzed.
 //
 // Lending and attaching need root (CAP_NET_ADMIN), /dev/net/tun and, on
 // the lender, nft(8); Available says whether the machine has them.

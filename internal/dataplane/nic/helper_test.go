@@ -30,6 +30,8 @@ func TestMain(m *testing.M) {
 		os.Exit(helperLender())
 	case "borrower":
 		os.Exit(helperBorrower())
+	case "race":
+		os.Exit(helperRace())
 	}
 	os.Exit(m.Run())
 }

@@ -2,12 +2,14 @@ package nic
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -81,10 +83,14 @@ type Lender struct {
 	mtu  int
 
 	mu     sync.Mutex
-	leases map[string]*lease   // by ID
-	byCred map[[32]byte]*lease // by credential hash
+	leases map[string]*lease            // by ID
+	byCred map[[LeaseIDSize]byte]*lease // by LeaseID of the credential
 	closed bool
 	wg     sync.WaitGroup
+
+	// hook, if set (tests), is called at the named points of a HELLO and
+	// of a lease's removal, to order them.
+	hook func(point string)
 }
 
 type lease struct {
@@ -99,7 +105,7 @@ type lease struct {
 	up      *rate.Limiter
 	down    *rate.Limiter
 	ctr     counters
-	done    chan struct{} // closed when the lease ends
+	done    chan struct{} // closed, under l.mu, when the lease ends
 
 	mu   sync.Mutex
 	sess *session
@@ -139,7 +145,7 @@ func NewLender(ctx context.Context, cfg LenderConfig) (*Lender, error) {
 		return nil, fmt.Errorf("nic: window %d below four mtus", cfg.Window)
 	}
 	return &Lender{cfg: cfg, log: cfg.Logger, host: h, mtu: min(mtu, MaxMTU),
-		leases: map[string]*lease{}, byCred: map[[32]byte]*lease{}}, nil
+		leases: map[string]*lease{}, byCred: map[[LeaseIDSize]byte]*lease{}}, nil
 }
 
 // Iface is the lent interface.
@@ -147,8 +153,6 @@ func (l *Lender) Iface() string { return l.cfg.Iface }
 
 // Routes are the prefixes the lent interface reaches.
 func (l *Lender) Routes() []netip.Prefix { return append([]netip.Prefix(nil), l.host.routes...) }
-
-func credKey(c string) [32]byte { return sha256.Sum256([]byte(c)) }
 
 // tunName names a lease's TUN interface: "rn" and 10 hex digits of a hash
 // of the lease and the lent interface.
@@ -181,7 +185,7 @@ func (l *Lender) AddLease(ctx context.Context, spec LeaseSpec) error {
 		}
 		return fmt.Errorf("nic: lease %s exists with another spec", spec.ID)
 	}
-	if _, ok := l.byCred[credKey(spec.Credential)]; ok {
+	if _, ok := l.byCred[LeaseID(spec.Credential)]; ok {
 		return fmt.Errorf("nic: credential of lease %s already in use", spec.ID)
 	}
 	addr := spec.Addr
@@ -220,7 +224,7 @@ func (l *Lender) AddLease(ctx context.Context, spec LeaseSpec) error {
 	}
 	ls.done = make(chan struct{})
 	l.leases[spec.ID] = ls
-	l.byCred[credKey(spec.Credential)] = ls
+	l.byCred[LeaseID(spec.Credential)] = ls
 	l.wg.Add(1)
 	go func() {
 		defer l.wg.Done()
@@ -293,23 +297,37 @@ func (l *Lender) RemoveLease(ctx context.Context, id string) error {
 	ls, ok := l.leases[id]
 	if ok {
 		delete(l.leases, id)
-		delete(l.byCred, credKey(ls.spec.Credential))
+		delete(l.byCred, LeaseID(ls.spec.Credential))
+		// Under l.mu, as join checks it: a HELLO that found the lease
+		// before it was removed either started its session before this
+		// (end closes it) or sees the lease ended.
+		close(ls.done)
 	}
 	l.mu.Unlock()
 	if !ok {
 		return nil
 	}
+	l.at("remove.unlocked")
 	ls.end(ctx)
 	l.log.Info("nic: lease removed", "lease", id)
 	return nil
 }
 
+// at calls the test hook.
+func (l *Lender) at(point string) {
+	if l.hook != nil {
+		l.hook(point)
+	}
+}
+
+// end closes the session and the TUN interface of a lease whose done
+// channel its caller closed under l.mu.
 func (ls *lease) end(ctx context.Context) {
-	close(ls.done)
 	ls.mu.Lock()
 	s := ls.sess
 	ls.sess = nil
 	ls.mu.Unlock()
+	ls.l.at("end.taken")
 	if s != nil {
 		s.close(fmt.Errorf("%w: lease %s ended", ErrGone, ls.spec.ID))
 	}
@@ -344,7 +362,10 @@ func (l *Lender) Close() error {
 	}
 	l.closed = true
 	leases := l.leases
-	l.leases, l.byCred = map[string]*lease{}, map[[32]byte]*lease{}
+	l.leases, l.byCred = map[string]*lease{}, map[[LeaseIDSize]byte]*lease{}
+	for _, ls := range leases {
+		close(ls.done)
+	}
 	l.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -359,15 +380,15 @@ func (l *Lender) Close() error {
 // Serve accepts borrower connections on ln until ctx ends (then it closes
 // ln) or ln fails, and waits for the connections it served.
 func (l *Lender) Serve(ctx context.Context, ln net.Listener) error {
-	return serve(ctx, ln, func(cred string) *lease {
+	return serve(ctx, ln, func(id [LeaseIDSize]byte) *lease {
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		return l.byCred[credKey(cred)]
+		return l.byCred[id]
 	})
 }
 
 // Mux serves the leases of several Lenders (one per lent interface) on one
-// listener: a connection goes to the lender holding its credential. The
+// listener: a connection goes to the lender holding the lease it names. The
 // zero Mux is ready to use; its methods are safe for concurrent use.
 type Mux struct {
 	mu      sync.Mutex
@@ -383,8 +404,7 @@ func (m *Mux) Add(l *Lender) {
 
 // Serve is Lender.Serve over every added lender.
 func (m *Mux) Serve(ctx context.Context, ln net.Listener) error {
-	return serve(ctx, ln, func(cred string) *lease {
-		k := credKey(cred)
+	return serve(ctx, ln, func(k [LeaseIDSize]byte) *lease {
 		m.mu.Lock()
 		ls := slices.Clone(m.lenders)
 		m.mu.Unlock()
@@ -400,7 +420,7 @@ func (m *Mux) Serve(ctx context.Context, ln net.Listener) error {
 	})
 }
 
-func serve(ctx context.Context, ln net.Listener, lookup func(cred string) *lease) error {
+func serve(ctx context.Context, ln net.Listener, lookup func(id [LeaseIDSize]byte) *lease) error {
 	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
 	defer stop()
 	var wg sync.WaitGroup
@@ -442,9 +462,13 @@ func refuse(c net.Conn, err error) {
 	_, _ = c.Write(w.Encode(nil))
 }
 
-// serveConn authenticates one connection and joins it to its lease's
-// session; it returns when the connection ends.
-func serveConn(c net.Conn, lookup func(cred string) *lease) {
+// errProof is the one answer to a HELLO naming an unknown lease and to a
+// wrong proof, so that the answer does not tell which lease ids exist.
+var errProof = fmt.Errorf("%w: no NIC lease has this credential", ErrAuth)
+
+// serveConn authenticates one connection (HELLO, CHALLENGE, PROOF) and
+// joins it to its lease's session; it returns when the connection ends.
+func serveConn(c net.Conn, lookup func(id [LeaseIDSize]byte) *lease) {
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
@@ -456,13 +480,31 @@ func serveConn(c net.Conn, lookup func(cred string) *lease) {
 		}
 		return
 	}
-	ls := lookup(h.Credential)
+	var challenge [ChallengeSize]byte
+	if _, err := rand.Read(challenge[:]); err != nil {
+		refuse(c, fmt.Errorf("nic: challenge: %w", err))
+		return
+	}
+	if _, err := c.Write(EncodeChallenge(nil, challenge)); err != nil {
+		return
+	}
+	var proof [ProofSize]byte
+	if _, err := io.ReadFull(c, proof[:]); err != nil {
+		return
+	}
+	ls := lookup(h.Lease)
 	if ls == nil {
-		refuse(c, fmt.Errorf("%w: no NIC lease has this credential", ErrAuth))
+		refuse(c, errProof)
+		return
+	}
+	if want := Proof(ls.spec.Credential, challenge, h.Encode(nil)); !hmac.Equal(proof[:], want[:]) {
+		refuse(c, errProof)
 		return
 	}
 	l := ls.l
+	l.at("hello.found")
 	s, addr, err := ls.join(h)
+	l.at("hello.joined")
 	if err != nil {
 		refuse(c, err)
 		return
@@ -500,6 +542,7 @@ func (ls *lease) join(h Hello) (*session, netip.Addr, error) {
 	if ls.ended() {
 		return nil, netip.Addr{}, fmt.Errorf("%w: lease %s ended", ErrGone, ls.spec.ID)
 	}
+	l.at("join.checked")
 	if h.Addr.IsValid() && h.Addr != ls.addr {
 		if ls.fixed || ls.used || !l.cfg.Pool.Contains(h.Addr) || l.addrInUse(h.Addr) {
 			return nil, netip.Addr{}, fmt.Errorf("%w: %v (this lease's borrower is %v)", ErrAddr, h.Addr, ls.addr)

@@ -1,6 +1,9 @@
 package nic
 
 import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -8,11 +11,12 @@ import (
 	"net/netip"
 )
 
-// Wire constants of the NIC tunnel, version 1 (docs/nic.md).
+// Wire constants of the NIC tunnel, version 2 (docs/nic.md). Version 1
+// sent the lease credential itself in the HELLO.
 const (
-	// Magic opens HELLO and WELCOME ("RNIC").
+	// Magic opens HELLO, CHALLENGE and WELCOME ("RNIC").
 	Magic   = 0x524E4943
-	Version = 1
+	Version = 2
 
 	// HeaderSize is the size of a frame header.
 	HeaderSize = 8
@@ -21,7 +25,7 @@ const (
 	// MinMTU and MaxMTU bound the MTU a tunnel agrees on.
 	MinMTU = 576
 	MaxMTU = 9000
-	// MaxCredential bounds the credential presented in HELLO.
+	// MaxCredential bounds a lease credential.
 	MaxCredential = 256
 	// MaxMessage bounds an error message.
 	MaxMessage = 512
@@ -30,8 +34,16 @@ const (
 	// MaxConns bounds the connections (queue pairs) of one session.
 	MaxConns = 16
 
-	// HelloFixed is the size of a HELLO before the credential.
-	HelloFixed = 28
+	// HelloSize is the size of a HELLO.
+	HelloSize = 60
+	// LeaseIDSize is the size of the lease id a HELLO names (LeaseID).
+	LeaseIDSize = 32
+	// ChallengeSize is the size of the lender's random challenge, and
+	// ChallengeMsgSize that of the CHALLENGE that carries it.
+	ChallengeSize    = 32
+	ChallengeMsgSize = 8 + ChallengeSize
+	// ProofSize is the size of the borrower's PROOF (HMAC-SHA256).
+	ProofSize = 32
 	// WelcomeFixed is the size of a WELCOME before its routes and message.
 	WelcomeFixed = 32
 )
@@ -49,7 +61,7 @@ const (
 // Status codes of WELCOME and ERROR.
 const (
 	StatusOK      uint8 = 0
-	StatusAuth    uint8 = 1 // credential unknown
+	StatusAuth    uint8 = 1 // lease unknown, or the proof of its credential wrong
 	StatusProto   uint8 = 2 // malformed or unexpected frame
 	StatusCredit  uint8 = 3 // data beyond the granted credits
 	StatusGone    uint8 = 4 // lease ended or lender shutting down
@@ -158,27 +170,52 @@ func DecodeHeader(b []byte) (Header, error) {
 // Hello is the first message a borrower sends on every connection:
 //
 //	0 u32 magic  4 u8 version  5 u8 conns  6 u8 index  7 u8 reserved
-//	8 u64 session  16 u32 window  20 u16 mtu  22 u16 credential length
-//	24 [4] requested address (0.0.0.0: the lender chooses)  28 credential
+//	8 u64 session  16 u32 window  20 u16 mtu  22 u16 reserved
+//	24 [4] requested address (0.0.0.0: the lender chooses)
+//	28 [32] lease (LeaseID of the credential)
 //
 // Session is the borrower's random name for the set of Conns connections
 // (queue pairs) it opens; Index is this connection's place in it. Window
 // is the download credit (bytes) the borrower grants the lender on this
-// connection. Addr asks for a borrower address (a bond asks every lender
-// for the address the first one gave).
+// connection. Addr asks for a borrower address (a bond asks for the address
+// the first lender gave). Lease names the lease without revealing its
+// credential: the lender answers with a CHALLENGE, and the borrower proves
+// it holds the credential with Proof, over the challenge and this HELLO.
 type Hello struct {
-	Conns      uint8
-	Index      uint8
-	Session    uint64
-	Window     uint32
-	MTU        uint16
-	Addr       netip.Addr
-	Credential string
+	Conns   uint8
+	Index   uint8
+	Session uint64
+	Window  uint32
+	MTU     uint16
+	Addr    netip.Addr
+	Lease   [LeaseIDSize]byte
+}
+
+// LeaseID is what a HELLO names a lease by: a hash of its credential,
+// which a passive observer may learn without learning the credential.
+func LeaseID(credential string) [LeaseIDSize]byte {
+	return sha256.Sum256([]byte("rialto-nic lease id\x00" + credential))
+}
+
+// Proof is the borrower's answer to a CHALLENGE: HMAC-SHA256 keyed by the
+// lease credential over a label naming the direction (the borrower proves),
+// the lender's challenge and the HELLO as sent (so the session id, the
+// connection's index and the requested address are bound to it). A
+// recorded proof is worth nothing on another connection: the lender draws a
+// fresh challenge for each.
+func Proof(credential string, challenge [ChallengeSize]byte, hello []byte) [ProofSize]byte {
+	m := hmac.New(sha256.New, []byte(credential))
+	m.Write([]byte("rialto-nic v2 borrower proof\x00"))
+	m.Write(challenge[:])
+	m.Write(hello)
+	var p [ProofSize]byte
+	m.Sum(p[:0])
+	return p
 }
 
 // Encode appends the HELLO to b.
 func (m *Hello) Encode(b []byte) []byte {
-	var f [HelloFixed]byte
+	var f [HelloSize]byte
 	binary.BigEndian.PutUint32(f[0:], Magic)
 	f[4] = Version
 	f[5] = m.Conns
@@ -186,80 +223,128 @@ func (m *Hello) Encode(b []byte) []byte {
 	binary.BigEndian.PutUint64(f[8:], m.Session)
 	binary.BigEndian.PutUint32(f[16:], m.Window)
 	binary.BigEndian.PutUint16(f[20:], m.MTU)
-	binary.BigEndian.PutUint16(f[22:], uint16(len(m.Credential)))
 	if m.Addr.Is4() {
 		a := m.Addr.As4()
 		copy(f[24:28], a[:])
 	}
-	return append(append(b, f[:]...), m.Credential...)
+	copy(f[28:], m.Lease[:])
+	return append(b, f[:]...)
 }
 
-// DecodeHelloFixed validates the fixed part of a HELLO and returns it with
-// the credential's length, which the caller then reads.
-func DecodeHelloFixed(f []byte) (Hello, int, error) {
-	var m Hello
-	if len(f) < HelloFixed {
-		return m, 0, fmt.Errorf("%w: short hello", ErrBadFrame)
-	}
+// checkPreamble validates the 8 bytes every HELLO, CHALLENGE and WELCOME
+// start with: the magic and the version.
+func checkPreamble(f []byte) error {
 	if mg := binary.BigEndian.Uint32(f); mg != Magic {
-		return m, 0, fmt.Errorf("%w: bad magic %#08x", ErrBadFrame, mg)
+		return fmt.Errorf("%w: bad magic %#08x", ErrBadFrame, mg)
 	}
 	if f[4] != Version {
-		return m, 0, fmt.Errorf("%w: version %d", ErrVersion, f[4])
+		return fmt.Errorf("%w: version %d", ErrVersion, f[4])
+	}
+	return nil
+}
+
+// DecodeHello parses and validates a HELLO.
+func DecodeHello(f []byte) (Hello, error) {
+	var m Hello
+	if len(f) != HelloSize {
+		return m, fmt.Errorf("%w: hello of %d bytes, want %d", ErrBadFrame, len(f), HelloSize)
+	}
+	if err := checkPreamble(f); err != nil {
+		return m, err
 	}
 	m.Conns, m.Index = f[5], f[6]
 	m.Session = binary.BigEndian.Uint64(f[8:])
 	m.Window = binary.BigEndian.Uint32(f[16:])
 	m.MTU = binary.BigEndian.Uint16(f[20:])
-	n := int(binary.BigEndian.Uint16(f[22:]))
 	if a := netip.AddrFrom4([4]byte(f[24:28])); !a.IsUnspecified() {
 		m.Addr = a
 	}
+	copy(m.Lease[:], f[28:])
 	switch {
-	case f[7] != 0:
-		return m, 0, fmt.Errorf("%w: reserved hello byte set", ErrBadFrame)
+	case f[7] != 0 || f[22] != 0 || f[23] != 0:
+		return m, fmt.Errorf("%w: reserved hello bytes set", ErrBadFrame)
 	case m.Conns == 0 || m.Conns > MaxConns || m.Index >= m.Conns:
-		return m, 0, fmt.Errorf("%w: connection %d of %d", ErrBadFrame, m.Index, m.Conns)
+		return m, fmt.Errorf("%w: connection %d of %d", ErrBadFrame, m.Index, m.Conns)
 	case m.Session == 0:
-		return m, 0, fmt.Errorf("%w: session 0", ErrBadFrame)
+		return m, fmt.Errorf("%w: session 0", ErrBadFrame)
 	case m.MTU < MinMTU || m.MTU > MaxMTU:
-		return m, 0, fmt.Errorf("%w: mtu %d outside %d..%d", ErrBadFrame, m.MTU, MinMTU, MaxMTU)
+		return m, fmt.Errorf("%w: mtu %d outside %d..%d", ErrBadFrame, m.MTU, MinMTU, MaxMTU)
 	case m.Window < uint32(m.MTU):
-		return m, 0, fmt.Errorf("%w: window %d below one mtu", ErrBadFrame, m.Window)
-	case n == 0 || n > MaxCredential:
-		return m, 0, fmt.Errorf("%w: credential length %d", ErrBadFrame, n)
+		return m, fmt.Errorf("%w: window %d below one mtu", ErrBadFrame, m.Window)
 	}
-	return m, n, nil
-}
-
-// DecodeHello parses a whole HELLO (fixed part and credential).
-func DecodeHello(p []byte) (Hello, error) {
-	m, n, err := DecodeHelloFixed(p)
-	if err != nil {
-		return m, err
-	}
-	if len(p) != HelloFixed+n {
-		return m, fmt.Errorf("%w: hello of %d bytes, credential of %d", ErrBadFrame, len(p), n)
-	}
-	m.Credential = string(p[HelloFixed:])
 	return m, nil
 }
 
-// ReadHello reads a HELLO from r.
+// ReadHello reads a HELLO from r. It checks the magic and the version
+// before it waits for the rest, so that a peer speaking another version
+// is answered at once.
 func ReadHello(r io.Reader) (Hello, error) {
-	var f [HelloFixed + MaxCredential]byte
-	if _, err := io.ReadFull(r, f[:HelloFixed]); err != nil {
+	var f [HelloSize]byte
+	if _, err := io.ReadFull(r, f[:8]); err != nil {
 		return Hello{}, err
 	}
-	m, n, err := DecodeHelloFixed(f[:HelloFixed])
-	if err != nil {
-		return m, err
+	if err := checkPreamble(f[:8]); err != nil {
+		return Hello{}, err
 	}
-	if _, err := io.ReadFull(r, f[HelloFixed:HelloFixed+n]); err != nil {
-		return m, fmt.Errorf("%w: credential: %v", ErrBadFrame, err)
+	if _, err := io.ReadFull(r, f[8:]); err != nil {
+		return Hello{}, fmt.Errorf("%w: hello: %v", ErrBadFrame, err)
 	}
-	m.Credential = string(f[HelloFixed : HelloFixed+n])
-	return m, nil
+	return DecodeHello(f[:])
+}
+
+// EncodeChallenge appends a CHALLENGE, the lender's answer to a
+// well-formed HELLO:
+//
+//	0 u32 magic  4 u8 version  5 u8 status (0)  6 u16 reserved  8 [32] challenge
+//
+// Its first 6 bytes are a WELCOME's: a lender that refuses a HELLO
+// outright answers a WELCOME with a status other than StatusOK instead.
+func EncodeChallenge(b []byte, c [ChallengeSize]byte) []byte {
+	var f [ChallengeMsgSize]byte
+	binary.BigEndian.PutUint32(f[0:], Magic)
+	f[4] = Version
+	copy(f[8:], c[:])
+	return append(b, f[:]...)
+}
+
+// DecodeChallenge parses a whole CHALLENGE.
+func DecodeChallenge(p []byte) ([ChallengeSize]byte, error) {
+	var c [ChallengeSize]byte
+	if len(p) != ChallengeMsgSize {
+		return c, fmt.Errorf("%w: challenge of %d bytes, want %d", ErrBadFrame, len(p), ChallengeMsgSize)
+	}
+	if err := checkPreamble(p); err != nil {
+		return c, err
+	}
+	if p[5] != StatusOK || p[6] != 0 || p[7] != 0 {
+		return c, fmt.Errorf("%w: challenge status %d, reserved %#x", ErrBadFrame, p[5], p[6:8])
+	}
+	copy(c[:], p[8:])
+	return c, nil
+}
+
+// ReadChallenge reads the lender's answer to a HELLO: a CHALLENGE, or a
+// WELCOME refusing the HELLO (refused, its Status not StatusOK).
+func ReadChallenge(r io.Reader) (c [ChallengeSize]byte, refused *Welcome, err error) {
+	var f [ChallengeMsgSize]byte
+	if _, err := io.ReadFull(r, f[:8]); err != nil {
+		return c, nil, err
+	}
+	if err := checkPreamble(f[:8]); err != nil {
+		return c, nil, err
+	}
+	if f[5] != StatusOK {
+		w, err := ReadWelcome(io.MultiReader(bytes.NewReader(f[:8]), r))
+		if err != nil {
+			return c, nil, err
+		}
+		return c, &w, nil
+	}
+	if _, err := io.ReadFull(r, f[8:]); err != nil {
+		return c, nil, fmt.Errorf("%w: challenge: %v", ErrBadFrame, err)
+	}
+	c, err = DecodeChallenge(f[:])
+	return c, nil, err
 }
 
 // Welcome is the lender's answer to a HELLO:
@@ -350,11 +435,8 @@ func decodeWelcomeFixed(f []byte) (Welcome, int, int, error) {
 	if len(f) < WelcomeFixed {
 		return w, 0, 0, fmt.Errorf("%w: short welcome", ErrBadFrame)
 	}
-	if mg := binary.BigEndian.Uint32(f); mg != Magic {
-		return w, 0, 0, fmt.Errorf("%w: bad magic %#08x", ErrBadFrame, mg)
-	}
-	if f[4] != Version {
-		return w, 0, 0, fmt.Errorf("%w: version %d", ErrVersion, f[4])
+	if err := checkPreamble(f); err != nil {
+		return w, 0, 0, err
 	}
 	w.Status = f[5]
 	w.MTU = binary.BigEndian.Uint16(f[6:])
