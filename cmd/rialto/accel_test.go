@@ -187,9 +187,9 @@ func TestApplianceFlags(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"appliance"}, 1, "bootstrap token is required"},
-		{[]string{"appliance", "--bootstrap-token", "x"}, 1, "--bootstrap-token puts a secret on the command line"},
-		{[]string{"appliance", "--bootstrap-token-file", secretFileOf(t, "x")}, 1, "--cacert or RIALTO_CACERT"},
+		{[]string{"appliance"}, 2, "bootstrap token is required"},
+		{[]string{"appliance", "--bootstrap-token", "x"}, 2, "--bootstrap-token puts a secret on the command line"},
+		{[]string{"appliance", "--bootstrap-token-file", secretFileOf(t, "x")}, 2, "--cacert or RIALTO_CACERT"},
 		{[]string{"appliance", "--bootstrap-token-file", secretFileOf(t, "x"), "--insecure-dataplane", "--slots", "0"}, 2, "--slots"},
 		{[]string{"appliance", "--bootstrap-token-file", secretFileOf(t, "x"), "--insecure-dataplane", "--slot-memory", "big"}, 2, `invalid argument "big" for "--slot-memory"`},
 		{[]string{"appliance", "--frob"}, 2, "unknown flag: --frob"},

@@ -111,7 +111,7 @@ func bootstrapToken(s *secret) (string, error) {
 		return "", err
 	}
 	if tok == "" {
-		return "", fmt.Errorf("a bootstrap token is required (--bootstrap-token-file FILE or RIALTO_BOOTSTRAP_TOKEN)")
+		return "", usagef("a bootstrap token is required (--bootstrap-token-file FILE or RIALTO_BOOTSTRAP_TOKEN)")
 	}
 	return tok, nil
 }
@@ -127,7 +127,7 @@ func insecureDataplaneFlag(fs *pflag.FlagSet) *bool {
 // which needs the cluster CA.
 func checkDataplaneTLS(caCert string, insecure bool) error {
 	if caCert == "" && !insecure {
-		return fmt.Errorf("the data planes are served over TLS with a node certificate from the cluster CA: give the CA's certificate (--cacert or RIALTO_CACERT; `rialto up` writes it to STATE/tls/ca-cert.pem), or --insecure-dataplane on a fabric you trust")
+		return usagef("the data planes are served over TLS with a node certificate from the cluster CA: give the CA's certificate (--cacert or RIALTO_CACERT; `rialto up` writes it to STATE/tls/ca-cert.pem), or --insecure-dataplane on a fabric you trust")
 	}
 	return nil
 }
@@ -169,7 +169,7 @@ func runAgent(e *env, fs *pflag.FlagSet) runFunc {
 		var psk *tlspsk.Keys
 		if *pskFile != "" {
 			if *insecure {
-				return fmt.Errorf("--tls-psk needs TLS on the data planes: drop --insecure-dataplane")
+				return usagef("--tls-psk needs TLS on the data planes: drop --insecure-dataplane")
 			}
 			if psk, err = tlspsk.LoadKeyFile(*pskFile); err != nil {
 				return fmt.Errorf("--tls-psk: %w", err)
@@ -206,7 +206,7 @@ func runAgent(e *env, fs *pflag.FlagSet) runFunc {
 		if *mem != "" {
 			n, err := resource.ParseSize(*mem)
 			if err != nil {
-				return fmt.Errorf("bad --memory: %w", err)
+				return usagef("bad --memory: %w", err)
 			}
 			cfg.Devices = append(cfg.Devices, agent.DeviceConfig{Name: "mem0", Kind: api.KindMemory, Size: n})
 		}

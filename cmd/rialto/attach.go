@@ -409,6 +409,19 @@ func controlAnswers(ctx context.Context, ctl string) bool {
 	return strings.HasPrefix(line, "attached ")
 }
 
+// stillFlushing is detach's error when the attachment st has not ended
+// within wait: it is waiting for its lenders to answer writes (it ends
+// once they have, or its own --timeout has passed). It says what is safe
+// and what the user can do.
+func stillFlushing(st attachState, wait time.Duration) error {
+	return fmt.Errorf("detach %s: the attachment (process %d) has not ended after %v: it is still waiting for a lender to answer a write "+
+		"(the lender named by `rialto lease show %s` whose part is slow or unreachable). Writes it acknowledged are on the lenders "+
+		"(with --write-back: those before the last flush); a write not yet acknowledged is not. "+
+		"It ends by itself once the lenders answer or its own --timeout passes: run `rialto detach --timeout 10m %s` to wait longer, "+
+		"or `kill %d` to give up the writes not yet on the lenders",
+		st.ID, st.PID, wait, st.ID, st.ID, st.PID)
+}
+
 func runDetach(e *env, fs *pflag.FlagSet) runFunc {
 	output := outputVar(fs)
 	wait := fs.Duration("timeout", time.Minute, "how long to wait for the attachment to end (it waits up to its --timeout for the lenders to answer the writes it acknowledged, and flushes them)")
@@ -445,6 +458,9 @@ func runDetach(e *env, fs *pflag.FlagSet) runFunc {
 			if strings.HasPrefix(line, "error ") {
 				return fmt.Errorf("detach %s: %s", st.ID, strings.TrimSpace(strings.TrimPrefix(line, "error ")))
 			}
+			if errors.Is(rerr, os.ErrDeadlineExceeded) {
+				return stillFlushing(st, *wait)
+			}
 			if !strings.HasPrefix(line, "detached") {
 				return fmt.Errorf("detach %s: no answer from process %d: %v", st.ID, st.PID, rerr)
 			}
@@ -469,7 +485,7 @@ func runDetach(e *env, fs *pflag.FlagSet) runFunc {
 				break
 			}
 			if time.Now().After(deadline) {
-				return fmt.Errorf("detach %s: process %d still running after %v", st.ID, st.PID, *wait)
+				return stillFlushing(st, *wait)
 			}
 			select {
 			case <-ctx.Done():

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -479,5 +480,56 @@ func TestDetachReportsCloseError(t *testing.T) {
 	}
 	if err := <-held; !errors.Is(err, stripe.ErrWriteBack) {
 		t.Errorf("attach returned %v, want Close's error", err)
+	}
+}
+
+// TestDetachDeadlineSaysWhatToDo: when the attachment does not end within
+// detach's --timeout (its close waits for a lender that does not answer a
+// write), `rialto detach` exits 1 saying what happened — the attachment is
+// still waiting for a lender, which `rialto lease show` names — what is
+// safe (the writes it acknowledged) and what the user can do (wait longer,
+// or kill the process and give up the writes not yet on the lenders). It read
+// "detach ID: no answer from process N: read unix …: i/o timeout".
+func TestDetachDeadlineSaysWhatToDo(t *testing.T) {
+	runtime := t.TempDir()
+	var out, errb syncBuffer
+	e := &env{stdout: &out, stderr: &errb, getenv: func(k string) string {
+		if k == "XDG_RUNTIME_DIR" {
+			return runtime
+		}
+		return ""
+	}}
+	ctx := context.Background()
+	const id = "lease-stuckwrite"
+	file, ctlPath, ctl, err := openAttachment(ctx, e, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctl.Close()
+	if err := recordAttachment(file, attachState{ID: id, State: "attached", PID: os.Getpid(), Control: ctlPath}); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	held := make(chan error, 1)
+	go func() {
+		held <- holdAttachment(ctx, nil, api.Lease{ID: id}, ctl, file, ctlPath, 0, attachHooks{close: func() error { <-release; return nil }})
+	}()
+	if code := run(ctx, []string{"detach", id, "--timeout", "200ms"}, e); code != 1 {
+		t.Errorf("detach exited %d, want 1 (%s)", code, errb.String())
+	}
+	close(release)
+	if err := <-held; err != nil {
+		t.Errorf("attach returned %v once its writes were answered", err)
+	}
+	msg := errb.String()
+	for _, want := range []string{"detach " + id + ": the attachment (process " + strconv.Itoa(os.Getpid()) + ") has not ended after 200ms",
+		"still waiting for a lender to answer a write", "`rialto lease show " + id + "`", "Writes it acknowledged are on the lenders",
+		"`rialto detach --timeout 10m " + id + "`", "`kill " + strconv.Itoa(os.Getpid()) + "` to give up the writes not yet on the lenders"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("detach printed %q, want %q", msg, want)
+		}
+	}
+	if strings.Contains(msg, "i/o timeout") {
+		t.Errorf("detach printed its socket's error: %q", msg)
 	}
 }

@@ -68,10 +68,17 @@ func (c *daemonConfig) apply() error {
 		return nil
 	}
 	file, err := c.load()
-	if err != nil {
-		return err
+	if err == nil {
+		err = file.Apply(c.fs, c.known, func(name string) bool { _, ok := c.cmdline[name]; return ok })
 	}
-	return file.Apply(c.fs, c.known, func(name string) bool { _, ok := c.cmdline[name]; return ok })
+	if ce := (*config.Error)(nil); errors.As(err, &ce) {
+		// A key no flag has, a value that does not parse, a secret
+		// written in the file: a mistake in the daemon's settings, as
+		// on its command line (exit 2). A file that cannot be read is
+		// a failure (exit 1).
+		return usageError{err}
+	}
+	return err
 }
 
 // flagValues returns a flag's value as the texts that would set it again.

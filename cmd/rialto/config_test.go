@@ -231,3 +231,52 @@ cacert = "`+caFile+`"
 		}
 	}
 }
+
+// TestDaemonRefusalsExitTwo: a daemon (server, agent, up, appliance)
+// that refuses its settings — a flag's value, flags that do not go
+// together, a required setting missing, a mistake in its configuration
+// file — exits 2 with the usage line that names its help, as every verb
+// does for a mistake on its command line; a file it cannot read is a
+// failure (1). `rialto server --db postgres://u:PASSWORD@…` and a bad
+// --quota, token spec or configuration key exited 1.
+func TestDaemonRefusalsExitTwo(t *testing.T) {
+	dir := t.TempDir()
+	conf := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		writeFile(t, p, text)
+		return p
+	}
+	tok := secretFileOf(t, "x")
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"server", "--db", "postgres://rialto:pw@127.0.0.1:1/rialto"}, 2, "--db puts the database password on the command line"},
+		{[]string{"server", "--quota", "leases=lots"}, 2, "leases"},
+		{[]string{"server", "--token-file", secretFileOf(t, "just-a-token")}, 2, "bad token spec"},
+		{[]string{"server", "--config", conf("unknown.toml", "quotas = [\"leases=1\"]\n")}, 2, `unknown.toml:1: unknown key "quotas"`},
+		{[]string{"server", "--config", conf("badval.toml", "default-ttl = \"soon\"\n")}, 2, "badval.toml:1: default-ttl"},
+		{[]string{"server", "--config", conf("secret.toml", "admin-token = \"x\"\n")}, 2, "a secret is not written in the configuration file"},
+		{[]string{"server", "--config", filepath.Join(dir, "absent.toml")}, 1, "absent.toml"},
+		{[]string{"server", "--admin-token-file", filepath.Join(dir, "absent")}, 1, "--admin-token-file: open "},
+		{[]string{"agent"}, 2, "a bootstrap token is required"},
+		{[]string{"agent", "--bootstrap-token-file", tok}, 2, "--cacert or RIALTO_CACERT"},
+		{[]string{"agent", "--bootstrap-token-file", tok, "--insecure-dataplane", "--memory", "lots"}, 2, "--memory"},
+		{[]string{"agent", "--bootstrap-token-file", tok, "--insecure-dataplane", "--block", "d0="}, 2, "bad --block"},
+		{[]string{"agent", "--bootstrap-token-file", tok, "--insecure-dataplane", "--log-level", "loud"}, 2, "bad --log-level"},
+		{[]string{"agent", "--config", conf("agent.toml", "blocks = [\"x\"]\n")}, 2, `agent.toml:1: unknown key "blocks"`},
+		{[]string{"up", "--quota", "nonsense"}, 2, "nonsense"},
+		{[]string{"up", "--replicas", "0"}, 2, "--replicas must be 1 to 16"},
+		{[]string{"appliance", "--bootstrap-token-file", tok, "--insecure-dataplane", "--slots", "0"}, 2, "--slots must be at least 1"},
+		{[]string{"appliance", "--bootstrap-token", "x"}, 2, "--bootstrap-token puts a secret on the command line"},
+	} {
+		_, errs, code := runCLI(t, "http://127.0.0.1:1", tc.args...)
+		if code != tc.code || !strings.Contains(errs, tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want %d and %q", tc.args, code, errs, tc.code, tc.want)
+		}
+		if tc.code == 2 && !strings.Contains(errs, "; see 'rialto "+tc.args[0]+" -h'") {
+			t.Errorf("%v: the refusal does not name the help: %q", tc.args, errs)
+		}
+	}
+}

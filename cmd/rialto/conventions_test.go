@@ -289,16 +289,19 @@ func TestAtFile(t *testing.T) {
 	if out, errs, code := runCLI(t, srv.URL, "nodes", "--token", "@"+tok); code != 0 || !strings.Contains(out, "node-1") {
 		t.Errorf("--token @FILE: exit %d: %s", code, errs)
 	}
-	// A secret itself on the command line is refused, @@TEXT (literal
-	// text) included; a file that is not there is an error, not a usage
-	// mistake.
-	for _, tc := range []struct{ arg, want string }{
-		{"@@" + tok, "--token puts a secret on the command line"},
-		{"tok", "--token puts a secret on the command line"},
-		{"@" + filepath.Join(dir, "none"), "no such file"},
+	// A secret itself on the command line is refused as a usage mistake
+	// (exit 2), @@TEXT (literal text) included; a file that is not there
+	// is an error (exit 1), not a usage mistake.
+	for _, tc := range []struct {
+		arg, want string
+		code      int
+	}{
+		{"@@" + tok, "--token puts a secret on the command line", 2},
+		{"tok", "--token puts a secret on the command line", 2},
+		{"@" + filepath.Join(dir, "none"), "no such file", 1},
 	} {
-		if _, errs, code := runCLI(t, srv.URL, "nodes", "--token", tc.arg); code != 1 || !strings.Contains(errs, tc.want) {
-			t.Errorf("--token %s: exit %d: %s; want 1 and %q", tc.arg, code, errs, tc.want)
+		if _, errs, code := runCLI(t, srv.URL, "nodes", "--token", tc.arg); code != tc.code || !strings.Contains(errs, tc.want) {
+			t.Errorf("--token %s: exit %d: %s; want %d and %q", tc.arg, code, errs, tc.code, tc.want)
 		}
 	}
 	for _, tc := range []struct{ in, want string }{

@@ -95,7 +95,7 @@ func secretFile(fs *pflag.FlagSet, e *env, name, env, what string) *secret {
 // environment's value ("" if neither).
 func (s *secret) get() (string, error) {
 	if s.refused {
-		return "", fmt.Errorf("--%s puts a secret on the command line, where every user of the machine sees it (ps, /proc/PID/cmdline): use --%s-file FILE or the environment variable %s (or --%s @FILE)", s.name, s.name, s.env, s.name)
+		return "", usagef("--%s puts a secret on the command line, where every user of the machine sees it (ps, /proc/PID/cmdline): use --%s-file FILE or the environment variable %s (or --%s @FILE)", s.name, s.name, s.env, s.name)
 	}
 	if s.file == "" {
 		return strings.TrimSpace(s.envValue), nil

@@ -90,8 +90,8 @@ func TestSecretFlagsRefused(t *testing.T) {
 			defer cancel()
 			code := run(ctx, tc.args, e)
 			all := out.String() + errb.String()
-			if code != 1 || !strings.Contains(all, tc.want) {
-				t.Fatalf("exit %d, output %q; want 1 and %q", code, all, tc.want)
+			if code != 2 || !strings.Contains(all, tc.want) {
+				t.Fatalf("exit %d, output %q; want 2 and %q", code, all, tc.want)
 			}
 			if strings.Contains(all, leaked) {
 				t.Fatalf("the refused value shows in the output: %s", all)

@@ -243,7 +243,7 @@ func runServer(e *env, fs *pflag.FlagSet) runFunc {
 		if flagSet(fs, "db") && dbHasPassword(*db) {
 			// The database holds every lease's credential and every
 			// node's agent key: its password is a secret like a token.
-			return fmt.Errorf("--db puts the database password on the command line (where every user of the machine sees it: ps, /proc/PID/cmdline) or in the configuration file: use the environment variable RIALTO_DB")
+			return usagef("--db puts the database password on the command line (where every user of the machine sees it: ps, /proc/PID/cmdline) or in the configuration file: use the environment variable RIALTO_DB")
 		}
 		if v := e.getenv("RIALTO_DB"); v != "" && !flagSet(fs, "db") {
 			*db = v
@@ -273,14 +273,14 @@ func runServer(e *env, fs *pflag.FlagSet) runFunc {
 		}
 		tokens, err := parseTokens(strings.FieldsFunc(specs, func(r rune) bool { return r == '\n' || r == ',' }))
 		if err != nil {
-			return err
+			return usageError{err}
 		}
 		if admin != "" {
 			tokens = append(tokens, controlplane.Token{Token: admin, Tenant: "admin", Admin: true})
 		}
 		quotas, err := parseQuotas(quotaSpecs)
 		if err != nil {
-			return err
+			return usageError{err}
 		}
 		if boot == "" {
 			fmt.Fprintln(e.stderr, "rialto server: no bootstrap token (--bootstrap-token-file, RIALTO_BOOTSTRAP_TOKEN): agents cannot join")

@@ -106,7 +106,7 @@ func runUp(e *env, fs *pflag.FlagSet) runFunc {
 		}
 		quotas, err := parseQuotas(quotaSpecs)
 		if err != nil {
-			return err
+			return usageError{err}
 		}
 		if *agents < 0 || *disks < 0 {
 			return usagef("--agents and --disks must not be negative")

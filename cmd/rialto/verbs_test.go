@@ -159,7 +159,7 @@ func TestVerbErrors(t *testing.T) {
 		{[]string{"nodes", "--addr", closedAddr(t)}, 1, "connection refused; is a control plane listening there? Set --addr or RIALTO_ADDR"},
 		// http:// for an HTTPS control plane.
 		{[]string{"nodes", "--addr", strings.Replace(tlsSrv.URL, "https://", "http://", 1)}, 1, "the control plane serves HTTPS: write --addr (RIALTO_ADDR) with https://"},
-		{[]string{"nodes", "--token", "bad"}, 1, "--token puts a secret on the command line"},
+		{[]string{"nodes", "--token", "bad"}, 2, "--token puts a secret on the command line"},
 		{[]string{"lease", "create", "--size", "lots"}, 2, `invalid argument "lots" for "--size"`},
 		{[]string{"lease", "create", "--kind", "floppy"}, 2, "unknown kind (block, memory, accel, nic)"},
 		{[]string{"lease", "create", "--ttl", "soon"}, 2, `invalid argument "soon" for "--ttl"`},
@@ -173,7 +173,7 @@ func TestVerbErrors(t *testing.T) {
 		{[]string{"server", "--tls-psk-file=keys.psk"}, 2, "`rialto agent --tls-psk FILE`"},
 		{[]string{"agent", "--bootstrap-token-file", secretFileOf(t, "x"), "--cacert", "ca.pem", "--tls-psk", pskFileOf(t, 0o644)}, 1, "mode 0644 lets group or others in: chmod 600 it"},
 		{[]string{"agent", "--bootstrap-token-file", secretFileOf(t, "x"), "--cacert", "ca.pem", "--tls-psk", filepath.Join(t.TempDir(), "none.psk")}, 1, "--tls-psk: tlspsk: open"},
-		{[]string{"agent", "--bootstrap-token-file", secretFileOf(t, "x"), "--insecure-dataplane", "--tls-psk", pskFileOf(t, 0o600)}, 1, "--tls-psk needs TLS on the data planes"},
+		{[]string{"agent", "--bootstrap-token-file", secretFileOf(t, "x"), "--insecure-dataplane", "--tls-psk", pskFileOf(t, 0o600)}, 2, "--tls-psk needs TLS on the data planes"},
 	} {
 		_, errs, code := runCLI(t, srv.URL, tc.args...)
 		if code != tc.code || !strings.Contains(errs, tc.want) {

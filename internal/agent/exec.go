@@ -77,7 +77,8 @@ func (a *Agent) validate(req api.PrepareRequest) (api.PrepareRequest, DeviceConf
 		size *= api.SlotUnits // ranges count slot units (shares of a slot)
 	}
 	if req.Offset < 0 || req.Length < 0 || req.Offset > size || req.Length > size-req.Offset {
-		return req, dev, nil, fmt.Errorf("%w: offset %d length %d on %s of %d", ErrOutOfRange, req.Offset, req.Length, dev.Name, size)
+		return req, dev, nil, refuse(fmt.Sprintf("device %s has no room for the part (offset %d, length %d; the device has %d)", dev.Name, req.Offset, req.Length, size),
+			fmt.Errorf("%w: offset %d length %d on %s of %d", ErrOutOfRange, req.Offset, req.Length, dev.Name, size))
 	}
 	if req.Length == 0 {
 		req.Length = size - req.Offset
@@ -158,7 +159,7 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 		return api.PrepareResponse{}, fmt.Errorf("%w: the range overlaps one this agent still serves for another lease", ErrOverlap)
 	case wiping:
 		a.log.Warn("refused a range whose wipe has not finished", "lease", req.LeaseID, "device", dev.Name)
-		return api.PrepareResponse{}, fmt.Errorf("%w: the range is being wiped", ErrOverlap)
+		return api.PrepareResponse{}, refuse(wipingWords(dev.Name), fmt.Errorf("%w: the range is being wiped", ErrOverlap))
 	}
 	if exists {
 		if req.ExpiresAt.IsZero() {
@@ -181,7 +182,7 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 			// Suspended by a Suspender: serve it again, same URI.
 			if err := drv.(Suspender).Resume(ctx, old); err != nil {
 				a.mPrepares.WithLabelValues("error").Inc()
-				return api.PrepareResponse{}, fmt.Errorf("agent: resume %s on %s: %w", req.LeaseID, dev.Name, err)
+				return api.PrepareResponse{}, deviceRefusal("resume", req, dev.Name, err)
 			}
 			old.Request, old.suspended = req, false
 			if err := a.storeLocked(old); err != nil {
@@ -198,7 +199,7 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 	resp, err := drv.Prepare(ctx, e)
 	if err != nil {
 		a.mPrepares.WithLabelValues("error").Inc()
-		return api.PrepareResponse{}, fmt.Errorf("agent: prepare %s on %s: %w", req.LeaseID, dev.Name, err)
+		return api.PrepareResponse{}, deviceRefusal("prepare", req, dev.Name, err)
 	}
 	switch {
 	case !restoring || prevURI == "":
@@ -227,7 +228,7 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 				a.log.Warn("persisting exports", "err", err)
 			}
 			a.mPrepares.WithLabelValues("error").Inc()
-			return api.PrepareResponse{}, fmt.Errorf("agent: prepare %s on %s: holding it back: %w", req.LeaseID, dev.Name, err)
+			return api.PrepareResponse{}, deviceRefusal("prepare", req, dev.Name, fmt.Errorf("holding it back: %w", err))
 		}
 		e = stopped
 	}
@@ -244,7 +245,7 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 				a.log.Warn("undoing an export that could not be recorded", "lease", req.LeaseID, "err", terr)
 			}
 			a.mPrepares.WithLabelValues("error").Inc()
-			return api.PrepareResponse{}, fmt.Errorf("agent: prepare %s on %s: %w", req.LeaseID, dev.Name, err)
+			return api.PrepareResponse{}, deviceRefusal("prepare", req, dev.Name, err)
 		}
 		a.log.Warn("persisting exports", "err", err) // recorded before
 	}
@@ -575,7 +576,7 @@ const joinWait = 10 * time.Second
 func (a *Agent) auth(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if err := a.requireCP(r); err != nil {
-			httpx.WriteError(w, http.StatusForbidden, api.CodeForbidden, err.Error())
+			httpx.WriteError(w, http.StatusForbidden, api.CodeForbidden, "the control plane's certificate was not accepted: "+err.Error())
 			return
 		}
 		a.mu.Lock()
@@ -610,11 +611,11 @@ func (a *Agent) auth(h http.HandlerFunc) http.HandlerFunc {
 		}
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || got == "" {
-			httpx.WriteError(w, http.StatusUnauthorized, api.CodeUnauthorized, "missing bearer agent key")
+			httpx.WriteError(w, http.StatusUnauthorized, api.CodeUnauthorized, "the call carried no agent key")
 			return
 		}
 		if subtle.ConstantTimeCompare([]byte(got), []byte(key)) != 1 {
-			httpx.WriteError(w, http.StatusUnauthorized, api.CodeUnauthorized, "wrong agent key")
+			httpx.WriteError(w, http.StatusUnauthorized, api.CodeUnauthorized, "the control plane's agent key is not the one this lender was given at its last join")
 			return
 		}
 		h(w, r)
@@ -639,7 +640,7 @@ func (a *Agent) handlePrepare(w http.ResponseWriter, r *http.Request) {
 	}
 	resp, err := a.Prepare(r.Context(), req)
 	if err != nil {
-		errorMap.Write(w, err)
+		a.answerError(w, r, err)
 		return
 	}
 	httpx.WriteJSON(w, http.StatusOK, resp)
@@ -670,7 +671,7 @@ func (a *Agent) handleTeardown(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := a.TeardownPlacement(r.Context(), req.LeaseID, req.Placement); err != nil {
-		httpx.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
+		a.answerError(w, r, err)
 		return
 	}
 	httpx.WriteJSON(w, http.StatusOK, map[string]string{"id": req.LeaseID, "state": "released"})

@@ -30,6 +30,6 @@ func (a *Agent) roleConfigRoute(mux *http.ServeMux) {
 			return
 		}
 		resp, err := a.RoleConfig(req)
-		answer(w, http.StatusOK, resp, err)
+		a.answer(w, r, http.StatusOK, resp, err)
 	}))
 }

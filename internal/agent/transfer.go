@@ -400,7 +400,7 @@ func (a *Agent) ReceiveTransfer(ctx context.Context, req api.TransferInRequest) 
 		a.log.Warn("refused a transfer into a range in use", "lease", part.LeaseID, "device", dev.Name, "served_for", other)
 		return fail(fmt.Errorf("%w: the range overlaps one this agent serves for another lease", ErrOverlap))
 	case wiping:
-		return fail(fmt.Errorf("%w: the range is being wiped", ErrOverlap))
+		return fail(refuse(wipingWords(dev.Name), fmt.Errorf("%w: the range is being wiped", ErrOverlap)))
 	}
 	e := Export{Request: part, Device: dev, Endpoint: endpoint, Host: host, incoming: true}
 	// The received bytes are a tenant's: journal the range before the
@@ -415,7 +415,7 @@ func (a *Agent) ReceiveTransfer(ctx context.Context, req api.TransferInRequest) 
 	uri, err := mv.ReceiveMove(ctx, e, req.Token)
 	if err != nil {
 		a.dropWipe(w)
-		return fail(fmt.Errorf("agent: receive %s on %s: %w", part.LeaseID, dev.Name, err))
+		return fail(deviceRefusal("receive", part, dev.Name, err))
 	}
 	gaveUp := ctx.Err()
 	t.mu.Lock()
@@ -1279,7 +1279,7 @@ func (a *Agent) transferRoutes(mux *http.ServeMux) {
 			return
 		}
 		resp, err := a.ReceiveTransfer(r.Context(), req)
-		answer(w, http.StatusOK, resp, err)
+		a.answer(w, r, http.StatusOK, resp, err)
 	}))
 	mux.HandleFunc("POST /agent/v1/transfers/out", a.auth(func(w http.ResponseWriter, r *http.Request) {
 		var req api.TransferOutRequest
@@ -1287,10 +1287,10 @@ func (a *Agent) transferRoutes(mux *http.ServeMux) {
 			return
 		}
 		resp, err := a.SendTransfer(r.Context(), req)
-		answer(w, http.StatusAccepted, resp, err)
+		a.answer(w, r, http.StatusAccepted, resp, err)
 	}))
 	mux.HandleFunc("GET /agent/v1/transfers", a.auth(func(w http.ResponseWriter, r *http.Request) {
-		answer(w, http.StatusOK, a.Transfers(), nil)
+		a.answer(w, r, http.StatusOK, a.Transfers(), nil)
 	}))
 	mux.HandleFunc("GET /agent/v1/transfers/{id}", a.auth(func(w http.ResponseWriter, r *http.Request) {
 		// ?while=STATE waits until the transfer leaves STATE, or a
@@ -1299,20 +1299,20 @@ func (a *Agent) transferRoutes(mux *http.ServeMux) {
 		if from := r.URL.Query().Get("while"); from != "" {
 			t, err := a.xfers.get(r.PathValue("id"))
 			if err != nil {
-				answer(w, 0, nil, err)
+				a.answer(w, r, 0, nil, err)
 				return
 			}
 			ctx, cancel := context.WithTimeout(r.Context(), statusWait)
 			defer cancel()
-			answer(w, http.StatusOK, t.waitChange(ctx, from), nil)
+			a.answer(w, r, http.StatusOK, t.waitChange(ctx, from), nil)
 			return
 		}
 		resp, err := a.Transfer(r.PathValue("id"))
-		answer(w, http.StatusOK, resp, err)
+		a.answer(w, r, http.StatusOK, resp, err)
 	}))
 	mux.HandleFunc("POST /agent/v1/transfers/{id}/seal", a.auth(func(w http.ResponseWriter, r *http.Request) {
 		resp, err := a.SealTransfer(r.Context(), r.PathValue("id"))
-		answer(w, http.StatusOK, resp, err)
+		a.answer(w, r, http.StatusOK, resp, err)
 	}))
 	mux.HandleFunc("POST /agent/v1/transfers/{id}/commit", a.auth(func(w http.ResponseWriter, r *http.Request) {
 		// No body, or an empty one (an older control plane's): no
@@ -1324,11 +1324,11 @@ func (a *Agent) transferRoutes(mux *http.ServeMux) {
 			return
 		}
 		resp, err := a.CommitTransfer(r.Context(), r.PathValue("id"), req)
-		answer(w, http.StatusOK, resp, err)
+		a.answer(w, r, http.StatusOK, resp, err)
 	}))
 	mux.HandleFunc("POST /agent/v1/transfers/{id}/abort", a.auth(func(w http.ResponseWriter, r *http.Request) {
 		resp, err := a.AbortTransfer(r.Context(), r.PathValue("id"))
-		answer(w, http.StatusOK, resp, err)
+		a.answer(w, r, http.StatusOK, resp, err)
 	}))
 }
 
@@ -1342,10 +1342,10 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
 	return true
 }
 
-// answer writes v with status, or err mapped by errorMap.
-func answer(w http.ResponseWriter, status int, v any, err error) {
+// answer writes v with status, or err as answerError does.
+func (a *Agent) answer(w http.ResponseWriter, r *http.Request, status int, v any, err error) {
 	if err != nil {
-		errorMap.Write(w, err)
+		a.answerError(w, r, err)
 		return
 	}
 	httpx.WriteJSON(w, status, v)

@@ -63,7 +63,10 @@ func apiError(err error) (int, api.ErrorInfo) {
 var sentinels = []error{ErrInvalid, ErrUnauthorized, ErrForbidden, ErrNotFound, ErrConflict, ErrInfeasible, ErrQuota, ErrUnavailable}
 
 // prefixed are the other packages' sentinels an answer may carry, each
-// with its text in the answer: the words without the package's name.
+// with its text in the answer: the words without the package's name. A
+// package's name is removed only where it starts a clause (after ": ",
+// "; " or "("; publicText makes the message's start one): "no other
+// placement: infeasible", a reason's words, keeps its "placement".
 var prefixed = func() *strings.Replacer {
 	var pairs []string
 	for _, e := range []error{store.ErrNotFound, store.ErrConflict, store.ErrCapacity, store.ErrDuplicate, store.ErrQuota,
@@ -72,7 +75,9 @@ var prefixed = func() *strings.Replacer {
 		if e == store.ErrNotFound {
 			pairs = append(pairs, ": "+e.Error(), " "+words) // "lease x: store: not found" → "lease x not found"
 		}
-		pairs = append(pairs, pkg+": "+words, words)
+		for _, b := range []string{": ", "; ", "("} {
+			pairs = append(pairs, b+pkg+": "+words, b+words)
+		}
 	}
 	return strings.NewReplacer(pairs...)
 }()
@@ -95,7 +100,11 @@ func publicText(msg string) string {
 		}
 		msg = strings.ReplaceAll(msg, t+": ", "")
 	}
-	return prefixed.Replace(msg)
+	msg = prefixed.Replace(": " + msg)
+	if m, ok := strings.CutPrefix(msg, ": "); ok {
+		return m
+	}
+	return strings.TrimPrefix(msg, " ") // "store: not found" → " not found"
 }
 
 // plainText is err as a user reads it in a lease's reason, a drain's

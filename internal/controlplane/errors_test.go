@@ -102,6 +102,12 @@ func TestPublicMessageKeepsChain(t *testing.T) {
 		{fmt.Errorf("%w: lease x failed: lenders did not confirm (n: refused) and no other placement: %v: placement: infeasible: capacity: none",
 			ErrUnavailable, ErrInfeasible), ErrUnavailable, api.CodeUnavailable,
 			"lease x failed: lenders did not confirm (n: refused) and no other placement: infeasible: capacity: none"},
+		// A failed lease's reason, already in plain words, keeps them: its
+		// "placement" is no package's name (it read "no other infeasible").
+		{fmt.Errorf("%w: lease x failed: lenders did not confirm (n: refused) and no other placement: infeasible: capacity: none", ErrUnavailable),
+			ErrUnavailable, api.CodeUnavailable, "lease x failed: lenders did not confirm (n: refused) and no other placement: infeasible: capacity: none"},
+		{store.ErrNotFound, store.ErrNotFound, api.CodeNotFound, "not found"},
+		{fmt.Errorf("%w: %w", ErrInfeasible, placement.ErrInfeasible), placement.ErrInfeasible, api.CodeInfeasible, "infeasible"},
 	} {
 		_, info := apiError(tc.err)
 		if info.Code != tc.code || info.Message != tc.msg {
@@ -119,13 +125,13 @@ func TestPublicMessageKeepsChain(t *testing.T) {
 func TestPlainText(t *testing.T) {
 	n := api.Node{ID: "node-abc", Name: "n2"}
 	refused := answerError(n, "/agent/v1/prepare", "500 Internal Server Error",
-		[]byte(`{"error":{"code":"internal","message":"agent: prepare lease-x on d0: nbd: open backend: device busy"}}`))
+		[]byte(`{"error":{"code":"internal","message":"device d0 is busy (another program holds it)"}}`))
 	for _, c := range []struct {
 		err  error
 		want string
 	}{
-		{refused, "lender n2 refused the part: prepare lease-x on d0: open backend: device busy"},
-		{fmt.Errorf("the destination did not receive: %w", refused), "the destination did not receive: lender n2 refused the part: prepare lease-x on d0: open backend: device busy"},
+		{refused, "lender n2 refused the part: device d0 is busy (another program holds it)"},
+		{fmt.Errorf("the destination did not receive: %w", refused), "the destination did not receive: lender n2 refused the part: device d0 is busy (another program holds it)"},
 		{&lenderError{node: n, path: "/agent/v1/prepare", err: context.DeadlineExceeded}, "lender n2 did not answer in time"},
 		{&lenderError{node: api.Node{ID: "node-abc"}, path: "/agent/v1/transfers/in", err: &url.Error{Op: "Post", URL: "https://x/agent/v1/transfers/in", Err: errors.New("dial tcp: connection refused")}},
 			"lender node-abc could not be reached: dial tcp: connection refused"},
@@ -137,7 +143,7 @@ func TestPlainText(t *testing.T) {
 			t.Errorf("plainText(%q) = %q, want %q", c.err, got, c.want)
 		}
 	}
-	if !strings.Contains(refused.Error(), "node-abc /agent/v1/prepare: 500 Internal Server Error: internal: agent: prepare") {
+	if !strings.Contains(refused.Error(), "node-abc /agent/v1/prepare: 500 Internal Server Error: internal: device d0 is busy") {
 		t.Errorf("the lender's error for the log lost its detail: %v", refused)
 	}
 }

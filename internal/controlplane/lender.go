@@ -181,8 +181,8 @@ func (e *lenderError) Unwrap() error { return e.err }
 // plain is the error as a user reads it: the lender by name, and what it
 // answered in its words (without the packages they name: plainWords) or
 // why it could not be asked. No path, status or code: "lender node2
-// refused the part: prepare lease-… on disk0: open backend: open
-// /srv/disk0.img: no such file or directory".
+// refused the part: device disk0 cannot be opened (no such file or
+// directory)" (the agent answers in words for the tenant: agent.Refusal).
 func (e *lenderError) plain() string {
 	name := e.node.Name
 	if name == "" {

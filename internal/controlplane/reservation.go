@@ -39,7 +39,7 @@ type reservation struct {
 	now    time.Time
 	rounds int               // prepare rounds so far
 	failed map[string]string // the lenders that did not confirm in the last round (node ID → why)
-	skip   map[string]string // ... and in every round
+	skip   map[string]string // ... and in every round (what a lease that fails to be placed again names)
 }
 
 // hold names lease id to the reserver.
@@ -117,7 +117,7 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 		if pl, ok := ev.(lifecycle.Placed); ok && err != nil {
 			// The store refused the new parts: there is no other placement.
 			s.log.Warn("placing a lease again", "lease", prev.ID, "err", err)
-			l, todo, err = s.apply(ctx, prev, lifecycle.Unplaceable{Failed: r.failed, Err: errors.New(plainText(err)), Plan: &pl.Plan})
+			l, todo, err = s.apply(ctx, prev, lifecycle.Unplaceable{Failed: r.skip, Err: errors.New(plainText(err)), Plan: &pl.Plan})
 		}
 		if err != nil {
 			// Released, expired or lost while its lenders prepared it
@@ -156,7 +156,7 @@ func (s *Server) outcome(ctx context.Context, r *reservation, l api.Lease, todo 
 			maps.Copy(r.skip, a.Skip)
 			plan, err := s.res.Place(ctx, r.hold(l.ID), r.req, r.skip, s.now())
 			if err != nil {
-				return lifecycle.Unplaceable{Failed: a.Skip, Err: errors.New(plainText(err)), Plan: &plan}
+				return lifecycle.Unplaceable{Failed: r.skip, Err: errors.New(plainText(err)), Plan: &plan}
 			}
 			return lifecycle.Placed{Plan: plan, Skipped: len(a.Skip)}
 		}

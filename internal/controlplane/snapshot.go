@@ -392,7 +392,8 @@ func infeasiblePlan(inv store.Inventory, pins map[string]api.Device, head []stri
 }
 
 // snapshot converts the inventory to placement's model, with the tenants'
-// quotas. Skipped nodes are excluded ("skipped: why"): they lend nothing
+// quotas. Skipped nodes are excluded ("skipped (it did not confirm the
+// part)"; their whys are the plan's head and the reason's): they lend nothing
 // to the request, though a skipped node that borrows still does.
 func snapshot(inv store.Inventory, skip map[string]string, now time.Time, q Quotas) *placement.Snapshot {
 	s := &placement.Snapshot{Now: time.Duration(now.UnixNano()), Nodes: []placement.Node{{ID: cpVertex, State: placement.NodeReady}},
@@ -416,8 +417,10 @@ func snapshot(inv store.Inventory, skip map[string]string, now time.Time, q Quot
 	s.Links = append(s.Links, fabric.Link{ID: "lan-cp", A: lanVertex, B: cpVertex, Kind: fabric.Ethernet})
 	for _, n := range inv.Nodes {
 		pn := placement.Node{ID: n.ID, State: string(n.State), Labels: n.Labels, Cordoned: n.Cordoned}
-		if why := skip[n.ID]; why != "" {
-			pn.Excluded = "skipped: " + why
+		if skip[n.ID] != "" {
+			// Why is the failed lease's reason's (lenders did not
+			// confirm (…)): the rejection says it once.
+			pn.Excluded = "skipped (it did not confirm the part)"
 		}
 		s.Nodes = append(s.Nodes, pn)
 		if !hasLink[n.ID] {

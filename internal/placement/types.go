@@ -82,9 +82,9 @@ type Node struct {
 	Cordoned bool
 	// Excluded, when set, keeps the node's devices out of this snapshot's
 	// placements and says why, as what follows "node ID is" in a
-	// rejection ("skipped: refused"): the control plane's lenders that did
-	// not confirm a prepare. Unlike State it does not keep the node from
-	// borrowing.
+	// rejection ("skipped (it did not confirm the part)"): the control
+	// plane's lenders that did not confirm a prepare. Unlike State it does
+	// not keep the node from borrowing.
 	Excluded string
 }
 

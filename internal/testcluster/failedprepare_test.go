@@ -178,7 +178,7 @@ func TestFailedPrepareWipedBeforeLentAgain(t *testing.T) {
 				}
 				if _, err := bob.CreateLease(ctx, bobReq); err == nil {
 					t.Fatal("a range whose wipe did not finish was lent")
-				} else if !strings.Contains(err.Error(), "the range is being wiped") {
+				} else if !strings.Contains(err.Error(), "is still being wiped after an earlier lease") {
 					t.Fatalf("bob's lease failed for another reason than the unfinished wipe: %v", err)
 				}
 				// Bob's failed attempt left its own unfinished wipe on

@@ -37,32 +37,37 @@ func plainly(t *testing.T, what, msg string, want ...string) {
 // oneDisk is a node's one 16 MiB block device.
 var oneDisk = []agent.DeviceConfig{{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 16 << 20}}
 
-// TestLenderRefusalReadsPlainly: a lease whose only lender refuses its
-// part (its device's backing file is gone) fails, and what the tenant
-// reads — the creation's error, the lease's reason, its lease.failed
-// event — names the lender and its words, not the control plane's and
-// agent's packages, the agent API's path or HTTP's status. They read
-// "controlplane: agent node-… /agent/v1/prepare: 500 Internal Server
-// Error: internal: agent: prepare lease-… on disk0: nbd: open backend: …".
+// TestLenderRefusalReadsPlainly: a lease whose lenders refuse its part
+// (their device's backing file is gone) fails, and what the tenant reads —
+// the creation's error, the lease's reason, its lease.failed event — names
+// each lender once and says what is wrong with its device, not the
+// control plane's and agent's packages, the agent API's path, HTTP's
+// status, the agent's steps, the lease's ID again or the lender's host
+// paths. They read "controlplane: agent node-… /agent/v1/prepare: 500
+// Internal Server Error: internal: agent: prepare lease-… on disk0: nbd:
+// open backend: open /…/disk0.img: …", then "lender node1 refused the
+// part: prepare lease-… on disk0: open backend: open /…/disk0.img: …",
+// each lender's words again in the placement's ("node node-… is skipped:
+// lender node1 refused …"), and the creation's error "no other
+// infeasible".
 func TestLenderRefusalReadsPlainly(t *testing.T) {
 	t.Parallel()
-	c := Start(t, Options{Nodes: 1, Devices: oneDisk})
+	c := Start(t, Options{Nodes: 2, Devices: oneDisk})
 	ctx := ctxT(t)
-	if err := os.Remove(filepath.Join(c.Nodes[0].StateDir, "disk0.img")); err != nil {
-		t.Fatal(err)
+	for _, n := range c.Nodes {
+		if err := os.Remove(filepath.Join(n.StateDir, "disk0.img")); err != nil {
+			t.Fatal(err)
+		}
 	}
 	_, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 8 << 20})
 	var ae *api.Error
 	if !errors.As(err, &ae) {
-		t.Fatalf("create on a lender that refuses: %v", err)
+		t.Fatalf("create on lenders that refuse: %v", err)
 	}
-	const want = "lender node1 refused the part: "
-	plainly(t, "the creation's error", ae.Message, want, "no such file or directory")
 	ls, err := c.Client().AllLeases(ctx)
 	if err != nil || len(ls) != 1 || ls[0].State != api.LeaseFailed {
 		t.Fatalf("leases: %v, %v", leaseStates(ls), err)
 	}
-	plainly(t, "the lease's reason", ls[0].Reason, want)
 	var failed []string
 	for _, e := range allEvents(ctx, t, c.Client()) {
 		if e.Type == "lease.failed" {
@@ -72,7 +77,25 @@ func TestLenderRefusalReadsPlainly(t *testing.T) {
 	if len(failed) != 1 {
 		t.Fatalf("lease.failed events: %q", failed)
 	}
-	plainly(t, "the lease.failed event", failed[0], want)
+	for _, m := range []struct{ what, msg string }{
+		{"the creation's error", ae.Message}, {"the lease's reason", ls[0].Reason}, {"the lease.failed event", failed[0]},
+	} {
+		plainly(t, m.what, m.msg, "lenders did not confirm (", "and no other placement: ")
+		for _, n := range c.Nodes {
+			want := "lender " + n.Name + " refused the part: device disk0 cannot be opened (no such file or directory)"
+			if k := strings.Count(m.msg, want); k != 1 {
+				t.Errorf("%s says %d times %q: %s", m.what, k, want, m.msg)
+			}
+			if strings.Contains(m.msg, n.StateDir) {
+				t.Errorf("%s names lender %s's path %s: %s", m.what, n.Name, n.StateDir, m.msg)
+			}
+		}
+		for _, w := range []string{"prepare " + ls[0].ID, "open backend"} {
+			if strings.Contains(m.msg, w) {
+				t.Errorf("%s carries %q: %s", m.what, w, m.msg)
+			}
+		}
+	}
 }
 
 // TestDrainReasonsReadPlainly: what a drain says of a lease it cannot

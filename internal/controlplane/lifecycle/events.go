@@ -39,7 +39,7 @@ type Placed struct {
 // Unplaceable: a new placement found no parts for the lease, or writing
 // them was refused.
 type Unplaceable struct {
-	Failed map[string]string // the lenders that did not confirm (node ID → why, as in PrepareFailed)
+	Failed map[string]string // the lenders that did not confirm, in any round (node ID → why, as in PrepareFailed)
 	Err    error             // why there is no other placement, in words a user reads
 	Plan   *api.Plan         // the plan that could not be used, recorded with the failure
 }
