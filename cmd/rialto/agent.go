@@ -148,6 +148,8 @@ func runAgent(e *env, fs *pflag.FlagSet) runFunc {
 	accel := fs.Int("accel", 0, "accelerator slots to lend (an appliance; each slot gets --slot-memory)")
 	slotMem := sizeString(fs, "slot-memory", "16MiB", "memory of each accelerator slot")
 	movePending := sizeString(fs, "move-pending", "64MiB", "memory a block part moving from here may spend on its borrower's writes not yet written (held by the move's switch, or on their way to the file); past it the borrower's writes wait (docs/operations.md)")
+	maxConns := fs.Int("max-export-conns", 64, "NBD connections one block lease may have open at once (each may hold up to 64 MiB of buffers); further ones are refused at NBD_OPT_GO (docs/operations.md)")
+	maxHandshakes := fs.Int("max-handshakes", 256, "NBD connections in the option phase (no lease credential presented yet) at once; past it the one waiting longest is closed (docs/operations.md)")
 	fs.Var(&labels, "label", "node label KEY=VALUE (repeatable)")
 	hb := fs.Duration("heartbeat", 0, "heartbeat interval (default: the control plane's)")
 	machine := fs.String("machine-id", "", "override the hardware identity")
@@ -203,6 +205,13 @@ func runAgent(e *env, fs *pflag.FlagSet) runFunc {
 		if cfg.MovePendingBytes, err = resource.ParseSize(*movePending); err != nil || cfg.MovePendingBytes <= 0 {
 			return usagef("bad --move-pending %q: want a size such as 64MiB", *movePending)
 		}
+		if *maxConns <= 0 {
+			return usagef("bad --max-export-conns %d: want at least 1", *maxConns)
+		}
+		if *maxHandshakes <= 0 {
+			return usagef("bad --max-handshakes %d: want at least 1", *maxHandshakes)
+		}
+		cfg.MaxExportConns, cfg.MaxHandshakes = *maxConns, *maxHandshakes
 		if *mem != "" {
 			n, err := resource.ParseSize(*mem)
 			if err != nil {

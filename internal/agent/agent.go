@@ -160,6 +160,8 @@ func New(cfg Config) (*Agent, error) {
 		}
 		if b, ok := d.(*BlockDriver); ok {
 			b.srv.MovePending = cfg.MovePendingBytes // before Serve
+			b.srv.MaxExportConns = cfg.MaxExportConns
+			b.srv.MaxHandshakes = cfg.MaxHandshakes
 		}
 	}
 	if !cfg.OmitRuntimeMetrics {

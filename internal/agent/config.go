@@ -122,6 +122,16 @@ type Config struct {
 	// moving memory part needs no bound: its donor holds a write before
 	// it reads its payload (docs/memory-protocol.md).
 	MovePendingBytes int64
+	// MaxExportConns bounds the NBD connections one block lease's export
+	// serves at once (each may hold up to 64 MiB of buffers); past it a
+	// client is refused at NBD_OPT_GO with NBD_REP_ERR_POLICY. 0: 64
+	// (nbd.DefaultMaxExportConns); less than 0: no bound.
+	MaxExportConns int
+	// MaxHandshakes bounds the block data plane's connections in the NBD
+	// option phase at once (peers that have presented no lease
+	// credential yet); past it the one waiting longest is closed. 0: 256
+	// (nbd.DefaultMaxHandshakes); less than 0: no bound.
+	MaxHandshakes int
 	// SysRoot is prefixed to /proc, /sys and /etc paths while
 	// fingerprinting (tests point it at a fake tree).
 	SysRoot string

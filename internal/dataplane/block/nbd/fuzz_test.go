@@ -178,3 +178,23 @@ func FuzzClientHandshake(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseMetaRequest: parseMetaRequest never panics, and what it
+// accepts is exactly the encoding of what it returns (nothing left over,
+// nothing read past the data).
+func FuzzParseMetaRequest(f *testing.F) {
+	f.Add(metaData(testName, MetaContextBaseAllocation))
+	f.Add(metaData(testName))
+	f.Add(metaData("", "base:", "qemu:dirty-bitmap:b"))
+	f.Add([]byte{0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 9})
+	f.Add([]byte{0xff, 0xff, 0xff, 0xf8, 0, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, d []byte) {
+		name, queries, ok := parseMetaRequest(d)
+		if !ok {
+			return
+		}
+		if enc := metaData(name, queries...); !bytes.Equal(enc, d) {
+			t.Fatalf("parsed %q %q from %x, which encode as %x", name, queries, d, enc)
+		}
+	})
+}

@@ -35,7 +35,46 @@ type session struct {
 // (crypto/tls) or a pre-shared key (tlspsk).
 func (s *session) encrypted() bool { return s.tls != nil || s.psk != nil }
 
-func newConnReader(r io.Reader) *bufio.Reader { return bufio.NewReaderSize(r, 64<<10) }
+func newConnReader(r io.Reader) *bufio.Reader { return bufio.NewReaderSize(r, connReadBuf) }
+
+// connReadBuf is a connection's read buffer in the transmission phase.
+const connReadBuf = 64 << 10
+
+// newHandshakeReader is the option phase's reader over r: a small buffer,
+// so that a connection whose peer has not yet entered transmission (has
+// presented no export name, the credential) holds little (Server.MaxHandshakes).
+func newHandshakeReader(r io.Reader) *bufio.Reader {
+	return bufio.NewReaderSize(r, handshakeReadBuf)
+}
+
+// transmissionReader returns the transmission phase's reader over src,
+// which r, the option phase's smaller reader, has read until now: the
+// bytes r read ahead (a client that sent requests right behind its
+// NBD_OPT_EXPORT_NAME) are in the new reader's buffer before it returns,
+// so that code that reads the socket directly once the buffer is empty
+// (splice) misses none of them. Those connections read the socket
+// through an io.MultiReader from then on; the others, nearly all (a
+// client waits for NBD_OPT_GO's reply), read src as before.
+func transmissionReader(r *bufio.Reader, src io.Reader) *bufio.Reader {
+	if r.Size() >= connReadBuf {
+		return r
+	}
+	n := r.Buffered()
+	if n == 0 {
+		return newConnReader(src)
+	}
+	ahead, _ := r.Peek(n)
+	nr := newConnReader(io.MultiReader(bytes.NewReader(bytes.Clone(ahead)), src))
+	// One read of the bytes.Reader brings them all (n <= handshakeReadBuf
+	// < connReadBuf).
+	nr.Peek(n)
+	return nr
+}
+
+// errTooManyConns ends a handshake whose NBD_OPT_EXPORT_NAME asks for an
+// export that has Server.MaxExportConns connections already (that option
+// has no error reply).
+var errTooManyConns = errors.New("nbd: the export has as many connections as it may")
 
 // optWriter writes option replies.
 type optWriter struct {
@@ -109,8 +148,21 @@ func (s *Server) negotiate(nc net.Conn, r *bufio.Reader) (*session, error) {
 		}
 		opt := binary.BigEndian.Uint32(hdr[8:])
 		n := binary.BigEndian.Uint32(hdr[12:])
-		if n > maxOptionLen {
-			return nil, fmt.Errorf("%w: option %d length %d too large", ErrProtocol, opt, n)
+		if n > maxOptionData || (opt == optExportName && n > maxNameLen) {
+			if opt == optExportName || !fixed || n > maxOptionSkip {
+				// No error reply to send (the spec's limit on names
+				// is 4096 bytes), or not worth reading: hang up.
+				return nil, fmt.Errorf("%w: option %d length %d too large", ErrProtocol, opt, n)
+			}
+			// Read past it without holding it, and say why.
+			if _, err := io.CopyN(io.Discard, r, int64(n)); err != nil {
+				return nil, err
+			}
+			msg := fmt.Sprintf("option data of %d bytes: this server takes at most %d", n, maxOptionData)
+			if err := ow.reply(opt, repErrTooBig, []byte(msg)); err != nil {
+				return nil, err
+			}
+			continue
 		}
 		if cap(data) < int(n) {
 			data = make([]byte, n)
@@ -161,9 +213,9 @@ func (s *Server) negotiate(nc net.Conn, r *bufio.Reader) (*session, error) {
 				}
 				// Nothing negotiated before STARTTLS survives it.
 				if pc != nil {
-					r, w = newConnReader(pc), pc
+					r, w = newHandshakeReader(pc), pc
 				} else {
-					r, w = newConnReader(tc), tc
+					r, w = newHandshakeReader(tc), tc
 				}
 				ow.w = w
 				structured, metaSet, metaName = false, false, ""
@@ -173,6 +225,9 @@ func (s *Server) negotiate(nc net.Conn, r *bufio.Reader) (*session, error) {
 			e := s.lookup(string(data))
 			if e == nil {
 				return nil, ErrExportNotFound
+			}
+			if s.exportFull(e) {
+				return nil, errTooManyConns
 			}
 			sess := &session{name: e.Name, exp: e, structured: structured, meta: metaSet && metaName == e.Name, tls: tc, psk: pc, r: r, rec: rec}
 			sess.flags = e.transmissionFlags(structured)
@@ -216,6 +271,13 @@ func (s *Server) negotiate(nc net.Conn, r *bufio.Reader) (*session, error) {
 			e := s.lookup(name)
 			if e == nil {
 				err = ow.reply(opt, repErrUnknown)
+				break
+			}
+			if opt == optGo && s.exportFull(e) {
+				// The client may try again once one of the export's
+				// connections has ended.
+				err = ow.reply(opt, repErrPolicy, []byte(fmt.Sprintf(
+					"the export has %d connections, as many as this server allows one export: close one first", s.maxExportConns())))
 				break
 			}
 			flags := e.transmissionFlags(structured)

@@ -1,6 +1,7 @@
 package nbd
 
 import (
+	"container/list"
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
@@ -223,9 +224,31 @@ type Server struct {
 	// DefaultMovePending; less than zero, no bound (each connection's
 	// own 64 MiB still holds).
 	MovePending int64
+	// MaxExportConns bounds the connections one export serves at once:
+	// each may hold up to 64 MiB of request payloads and read replies
+	// (a client that sends large reads and never reads its socket keeps
+	// them), so one tenant's connections would otherwise hold as much
+	// memory as they are many. A client asking for an export that has as
+	// many is refused at NBD_OPT_GO with NBD_REP_ERR_POLICY and a message
+	// (at NBD_OPT_EXPORT_NAME, which has no error reply, the server hangs
+	// up); it may try again once one has ended. Zero means
+	// DefaultMaxExportConns; less than zero, no bound.
+	MaxExportConns int
+	// MaxHandshakes bounds the connections in the option phase at once,
+	// TLS handshake included: peers that have presented no export name
+	// (no credential) yet. Each holds little (a 4 KiB read buffer, the
+	// option data, at most 16 KiB, TLS state) but for up to
+	// HandshakeTimeout. At the bound, Serve closes the connection that
+	// has been in its option phase longest before it starts the next
+	// one's, so that peers holding their handshakes open cannot keep a
+	// client that completes its own promptly out; ServeConn does the
+	// same. Zero means DefaultMaxHandshakes; less than zero, no bound.
+	MaxHandshakes int
 
 	mu      sync.Mutex
 	exports map[string]*export
+
+	hs handshakes
 
 	// testHookAbandoned, if set, runs when a connection's reader has
 	// ended without a disconnect and its queued requests are abandoned.
@@ -355,8 +378,39 @@ func (s *Server) attach(name string, c *conn) *export {
 	if e == nil || e.suspended {
 		return nil
 	}
+	if m := s.maxExportConns(); m > 0 && len(e.conns) >= m {
+		// Others won the race since the option phase checked.
+		return nil
+	}
 	e.conns[c] = struct{}{}
 	return e
+}
+
+// DefaultMaxExportConns is Server.MaxExportConns's default: above the
+// connections a multi-conn client opens (nbdcopy's 4, fio jobs of 32 to
+// 64), far below what would let one tenant hold the agent's memory (each
+// connection up to 64 MiB of buffers).
+const DefaultMaxExportConns = 64
+
+func (s *Server) maxExportConns() int {
+	switch {
+	case s.MaxExportConns > 0:
+		return s.MaxExportConns
+	case s.MaxExportConns < 0:
+		return 0 // no bound
+	}
+	return DefaultMaxExportConns
+}
+
+// exportFull reports whether e has as many connections as it may.
+func (s *Server) exportFull(e *export) bool {
+	m := s.maxExportConns()
+	if m == 0 {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(e.conns) >= m
 }
 
 func (s *Server) detach(e *export, c *conn) {
@@ -396,10 +450,15 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			return fmt.Errorf("nbd: accept: %w", err)
 		}
 		delay = 0
+		hs, ok := s.hs.start(ctx, s.maxHandshakes(), nc)
+		if !ok {
+			nc.Close()
+			return nil // ctx is done
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s.serveConn(ctx, nc)
+			s.serveConn(ctx, nc, hs)
 		}()
 	}
 }
@@ -407,10 +466,18 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 // ServeConn serves one already-accepted connection until it ends or ctx is
 // done. It closes nc.
 func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
-	s.serveConn(ctx, nc)
+	hs, ok := s.hs.start(ctx, s.maxHandshakes(), nc)
+	if !ok {
+		nc.Close()
+		return
+	}
+	s.serveConn(ctx, nc, hs)
 }
 
-func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
+// serveConn serves nc, whose option phase holds hs (handshakes.start).
+func (s *Server) serveConn(ctx context.Context, nc net.Conn, hs *list.Element) {
+	hsDone := sync.OnceFunc(func() { s.hs.end(hs) })
+	defer hsDone()
 	// done is closed last, once the socket is closed too: RemoveExport
 	// waits for it.
 	done := make(chan struct{})
@@ -430,11 +497,12 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 	}
 	nc.SetDeadline(time.Now().Add(ht))
 	sr := newSocketReader(nc)
-	r := newConnReader(sr)
+	r := newHandshakeReader(sr)
 	// TLS, if the client starts it, reads the socket through sr too, and
 	// writes it through sc, whose socket changes to the raw one below.
 	sc := &readerConn{Conn: nc, r: sr}
 	sess, err := s.negotiate(sc, r)
+	hsDone()
 	if err != nil {
 		if !errors.Is(err, errAbort) {
 			log.Debug("nbd: handshake ended", "err", err)
@@ -442,6 +510,17 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 		return
 	}
 	nc.SetDeadline(time.Time{})
+	// The transmission phase's larger buffer, now that the client has
+	// presented an export name.
+	switch {
+	case sess.psk != nil:
+		sess.r = transmissionReader(sess.r, sess.psk)
+	case sess.tls != nil:
+		sess.r = transmissionReader(sess.r, sess.tls)
+	default:
+		sess.r = transmissionReader(sess.r, sr)
+	}
+	r = sess.r
 	var c *conn
 	fr, _ := sr.(*fastReader)
 	var rs *rawSock

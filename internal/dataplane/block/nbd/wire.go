@@ -145,11 +145,25 @@ const (
 
 // Limits on the option phase.
 const (
-	maxOptionLen   = 64 << 10 // larger options end the connection
-	maxNameLen     = 4096     // the spec's limit on strings
-	maxOptions     = 256      // options per connection before we hang up
-	maxExtentsList = 1 << 12  // descriptors per block-status reply
-	metaContextID  = 1
+	maxOptionLen = 64 << 10 // the client's limit on an option reply or error chunk
+	maxNameLen   = 4096     // the spec's limit on strings
+	// maxOptionData bounds the option data the server holds: an export
+	// name and a meta context query at the spec's limit on strings
+	// (4096 bytes each) with room to spare for more queries or info
+	// requests. Longer options are read past, not held, and refused with
+	// NBD_REP_ERR_TOO_BIG (NBD_OPT_EXPORT_NAME, which has no error reply,
+	// ends the connection past maxNameLen).
+	maxOptionData = 16 << 10
+	// maxOptionSkip bounds the options read past that way; longer ones
+	// end the connection.
+	maxOptionSkip = 1 << 20
+	// handshakeReadBuf is the read buffer of a connection in its option
+	// phase (and over TLS, of the TLS session's then); it becomes
+	// newConnReader's 64 KiB once the client enters transmission.
+	handshakeReadBuf = 4 << 10
+	maxOptions       = 256     // options per connection before we hang up
+	maxExtentsList   = 1 << 12 // descriptors per block-status reply
+	metaContextID    = 1
 )
 
 // Sentinel errors.
