@@ -85,11 +85,25 @@ type Transfer struct {
 	Pass    int   `json:"pass,omitempty"`
 	// HeldMillis is how long the borrower's writes were held for the
 	// last pass and the switch (so far, while they are).
-	HeldMillis float64   `json:"held_ms,omitempty"`
-	Error      string    `json:"error,omitempty"`
-	StartedAt  time.Time `json:"started_at"`
-	UpdatedAt  time.Time `json:"updated_at"`
+	HeldMillis float64 `json:"held_ms,omitempty"`
+	// Error is why the transfer failed or was aborted, in words for the
+	// tenant and the admins who read the move's error (the whole error is
+	// in the lender's agent log): no lease ID, step of the agent or path
+	// of the lender's. The source's agent calls the other lender
+	// TransferDestination and itself TransferThisLender, which the control
+	// plane replaces with the lenders' names ("the destination could not
+	// be reached from this lender: connection refused" reads "the
+	// destination n3 could not be reached from n1: connection refused").
+	Error     string    `json:"error,omitempty"`
+	StartedAt time.Time `json:"started_at"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
+
+// The names a source's Transfer.Error gives the two lenders of the move.
+const (
+	TransferDestination = "the destination"
+	TransferThisLender  = "this lender"
+)
 
 // Done reports whether the transfer has ended (committed, aborted or
 // failed).

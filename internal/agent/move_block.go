@@ -137,7 +137,7 @@ func (b *BlockDriver) DialMove(ctx context.Context, _ Export, uri string) (MoveD
 		cfg := b.cliTLS
 		b.mu.Unlock()
 		if cfg == nil {
-			return nil, errors.New("agent: the destination serves TLS and this agent has no cluster CA (--cacert)")
+			return nil, errNoCA
 		}
 		opts = append(opts, nbd.WithTLS(cfg))
 	}

@@ -132,7 +132,7 @@ func (m *MemoryDriver) DialMove(ctx context.Context, e Export, uri string) (Move
 		opts.TLS = m.cli
 		m.mu.Unlock()
 		if opts.TLS == nil {
-			return nil, errors.New("agent: the destination serves TLS and this agent has no cluster CA (--cacert)")
+			return nil, errNoCA
 		}
 	}
 	c, err := memclient.Dial(ctx, u.Address, u.Credential, opts)

@@ -368,6 +368,9 @@ func TestMoveHoldLapses(t *testing.T) {
 	for {
 		st, _ := r.src.Transfer("t3")
 		if st.State == api.TransferFailed {
+			if want := "not sealed within 50ms of the copy's end; the part is served here again"; st.Error != want {
+				t.Errorf("the transfer's error: %q, want %q", st.Error, want)
+			}
 			break
 		}
 		if time.Now().After(deadline) {

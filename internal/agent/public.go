@@ -11,6 +11,7 @@ import (
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
 	"github.com/rialto-project/rialto/internal/httpx"
+	"github.com/rialto-project/rialto/internal/networds"
 )
 
 // Refusal is an error of the agent API's with two texts: Err, the whole
@@ -50,8 +51,11 @@ func publicMessage(err error) string {
 			return strings.ReplaceAll(err.Error(), "agent: ", "")
 		}
 	}
-	return "it failed on its side (its agent's log says why)"
+	return failedWords
 }
+
+// failedWords is publicMessage's answer for a failure of the agent's own.
+const failedWords = "it failed on its side (its agent's log says why)"
 
 // publicSentinels are the agent's errors whose texts an answer may quote
 // (publicMessage).
@@ -134,3 +138,75 @@ func (a *Agent) answerError(w http.ResponseWriter, r *http.Request, err error) {
 func wipingWords(dev string) string {
 	return fmt.Sprintf("the range of device %s is still being wiped after an earlier lease", dev)
 }
+
+// destError is a failure of the destination of a part moving from here:
+// reaching it (reach), or writing the copy to it. Its text is err's.
+type destError struct {
+	reach bool
+	err   error
+}
+
+func (e *destError) Error() string { return e.err.Error() }
+func (e *destError) Unwrap() error { return e.err }
+
+// sourceError is a failure to read the part moving from here, for the
+// copy. Its text is err's.
+type sourceError struct{ err error }
+
+func (e *sourceError) Error() string { return e.err.Error() }
+func (e *sourceError) Unwrap() error { return e.err }
+
+// transferWords is what the status of a transfer of a part of device dev
+// that failed with err says (api.Transfer.Error), in the words of
+// publicMessage: a Refusal its Public words; a failure to reach or write
+// to the destination what it was, when it is one of the network's or of
+// TLS's (networds: "the destination could not be reached from this
+// lender: connection refused"), calling the lenders
+// api.TransferDestination and api.TransferThisLender, which the control
+// plane replaces with their names; a failure to read the part what is
+// wrong with the device; anything else as publicMessage says it. The
+// whole error is for the agent's log (failOut).
+func transferWords(dev string, err error) string {
+	var r *Refusal
+	var de *destError
+	var se *sourceError
+	switch {
+	case errors.As(err, &r):
+		return r.Public
+	case errors.As(err, &de):
+		return destWords(de)
+	case errors.As(err, &se):
+		var errno syscall.Errno
+		if errors.As(se.err, &errno) {
+			return fmt.Sprintf("device %s could not be read for the copy (%v)", dev, errno)
+		}
+		return fmt.Sprintf("device %s could not be read for the copy (%s's agent log says why)", dev, api.TransferThisLender)
+	}
+	return publicMessage(err)
+}
+
+// destWords says what a failure of the destination was (transferWords).
+func destWords(e *destError) string {
+	dst, here := api.TransferDestination, api.TransferThisLender
+	kind, words := networds.Describe(e.err)
+	switch {
+	case kind == networds.Unreachable, kind == networds.Broken && e.reach:
+		return fmt.Sprintf("%s could not be reached from %s: %s", dst, here, words)
+	case kind == networds.Broken:
+		return fmt.Sprintf("the connection from %s to %s broke during the copy: %s", here, dst, words)
+	case kind == networds.PeerCertificate:
+		return fmt.Sprintf("%s's certificate was not accepted by %s (%s)", dst, here, words)
+	case kind == networds.OwnCertificate:
+		return fmt.Sprintf("%s did not accept %s's certificate (%s)", dst, here, words)
+	case kind == networds.NotTLS:
+		return fmt.Sprintf("%s does not speak TLS (its URI says it does)", dst)
+	case e.reach:
+		return fmt.Sprintf("%s could not be reached from %s (%s's agent log says why)", dst, here, here)
+	}
+	return fmt.Sprintf("%s did not take the copy (%s's agent log says why)", dst, here)
+}
+
+// errNoCA is DialMove's refusal of a destination that serves TLS, from an
+// agent with no cluster CA to verify it with.
+var errNoCA = refuse(api.TransferDestination+" serves TLS and "+api.TransferThisLender+" has no cluster CA (its agent's --cacert)",
+	errors.New("agent: the destination serves TLS and this agent has no cluster CA (--cacert)"))

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"strings"
 	"testing"
 	"time"
 
@@ -114,8 +113,9 @@ func TestSendTransferStartFails(t *testing.T) {
 		sending: func(context.Context) error { return errors.New("the writes cannot be marked") }})
 	startBlockMove(t, src, dst, id, 0, api.TransferOutRequest{})
 	st := waitTransfer(t, src, id, api.TransferFailed)
-	if !strings.Contains(st.Error, "the writes cannot be marked") {
-		t.Errorf("the failed transfer says %q", st.Error)
+	// In words for the tenant; the agent's log has the error.
+	if want := "this lender could not start marking the borrower's writes to the part (its agent's log says why)"; st.Error != want {
+		t.Errorf("the failed transfer says %q, want %q", st.Error, want)
 	}
 	writesServed(t, uri, "the failed start") // served here as before
 }

@@ -544,12 +544,16 @@ func (a *Agent) beginOut(ctx context.Context, t *transfer, mv Mover, uri string)
 	dst, err := mv.DialMove(dctx, t.e, uri)
 	cancel()
 	if err != nil {
-		return nil, nil, fmt.Errorf("agent: reach the destination: %w", err)
+		return nil, nil, fmt.Errorf("agent: reach the destination: %w", &destError{reach: true, err: err})
 	}
 	src, err := mv.SendMove(ctx, t.e)
 	if err != nil {
 		dst.Close()
-		return nil, nil, fmt.Errorf("agent: start the move: %w", err)
+		err = fmt.Errorf("agent: start the move: %w", err)
+		if publicMessage(err) == failedWords {
+			err = refuse(api.TransferThisLender+" could not start marking the borrower's writes to the part (its agent's log says why)", err)
+		}
+		return nil, nil, err
 	}
 	return src, dst, nil
 }
@@ -625,7 +629,7 @@ func (a *Agent) runOut(ctx context.Context, t *transfer, req api.TransferOutRequ
 			return err
 		}
 		if err := t.dst.Flush(ctx); err != nil {
-			return fmt.Errorf("agent: flush the destination: %w", err)
+			return fmt.Errorf("agent: flush the destination: %w", &destError{err: err})
 		}
 		return nil
 	}()
@@ -655,7 +659,8 @@ func (a *Agent) runOut(ctx context.Context, t *transfer, req api.TransferOutRequ
 	select {
 	case <-t.sealed:
 	case <-timer.C:
-		a.failOut(t, fmt.Errorf("agent: not sealed within %v of the copy's end; the part is served here again", hold))
+		why := fmt.Sprintf("not sealed within %v of the copy's end; the part is served here again", hold)
+		a.failOut(t, refuse(why, errors.New("agent: "+why)))
 		return
 	case <-t.finish:
 		return
@@ -676,7 +681,9 @@ func (a *Agent) failOut(t *transfer, err error) {
 		t.mu.Unlock()
 		return
 	}
-	t.st.Error = err.Error()
+	// The status says it in words for the tenant (transferWords); the
+	// log below has the whole error.
+	t.st.Error = transferWords(t.e.Device.Name, err)
 	t.setLocked(api.TransferFailed)
 	t.mu.Unlock()
 	a.endOut(t)
@@ -748,11 +755,16 @@ func (a *Agent) copySpans(ctx context.Context, t *transfer, spans []Span, first 
 					if fz != nil {
 						sent += n // the destination takes zeroes as bytes
 					}
-					return t.dst.Zero(ctx, off, n)
+					if err := t.dst.Zero(ctx, off, n); err != nil {
+						return &destError{err: err}
+					}
+					return nil
 				}
 				if c.zero {
 					err = zero(c.off, c.n)
-				} else if _, err = t.src.ReadAt(buf[:c.n], c.off); err == nil {
+				} else if _, err = t.src.ReadAt(buf[:c.n], c.off); err != nil {
+					err = &sourceError{err}
+				} else {
 					// Runs of zero pages and of data, sent apart.
 					p := buf[:c.n]
 					for i := int64(0); i < c.n && err == nil; {
@@ -765,7 +777,9 @@ func (a *Agent) copySpans(ctx context.Context, t *transfer, spans []Span, first 
 						if z {
 							err = zero(c.off+i, j-i)
 						} else {
-							err = t.dst.WriteAt(ctx, p[i:j], c.off+i)
+							if err = t.dst.WriteAt(ctx, p[i:j], c.off+i); err != nil {
+								err = &destError{err: err}
+							}
 							sent += j - i
 						}
 						i = j

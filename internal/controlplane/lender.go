@@ -20,6 +20,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/networds"
 )
 
 // HTTPLender is the default Lender: it calls the agent's lease-execution API
@@ -197,10 +198,36 @@ func (e *lenderError) plain() string {
 		return fmt.Sprintf("lender %s did not answer in time", name)
 	case errors.Is(e.err, context.Canceled):
 		return fmt.Sprintf("the call to lender %s was given up", name)
-	case errors.As(e.err, &ue):
+	}
+	if w, ok := connWords(name, e.err); ok {
+		return w
+	}
+	if errors.As(e.err, &ue) {
 		return fmt.Sprintf("lender %s could not be reached: %s", name, plainWords(ue.Err.Error()))
 	}
 	return fmt.Sprintf("lender %s: %s", name, plainWords(e.err.Error()))
+}
+
+// connWords says what err, the failure of a call to lender name, was
+// when it is the network's or TLS's (networds): "lender n2 could not be
+// reached: connection refused", "lender n2's certificate was not accepted
+// (signed by an unknown authority)". The addresses and x509's words are
+// the control plane's log's.
+func connWords(name string, err error) (string, bool) {
+	kind, words := networds.Describe(err)
+	switch kind {
+	case networds.Unreachable:
+		return fmt.Sprintf("lender %s could not be reached: %s", name, words), true
+	case networds.Broken:
+		return fmt.Sprintf("the connection to lender %s broke: %s", name, words), true
+	case networds.PeerCertificate:
+		return fmt.Sprintf("lender %s's certificate was not accepted (%s)", name, words), true
+	case networds.OwnCertificate:
+		return fmt.Sprintf("lender %s did not accept the control plane's certificate (%s)", name, words), true
+	case networds.NotTLS:
+		return fmt.Sprintf("lender %s does not speak TLS (its agent URL says it does)", name), true
+	}
+	return "", false
 }
 
 // lenderCall says what a call of the agent API at path asks for.

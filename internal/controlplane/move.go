@@ -686,11 +686,7 @@ func (s *Server) transfer(ctx context.Context, r *moveRun) error {
 		case api.TransferCopying, api.TransferReady:
 			state = st.State
 		default:
-			why := st.Error
-			if why == "" {
-				why = "the source gave the copy up (" + st.State + ")"
-			}
-			return errors.New(why)
+			return errors.New(transferError(src.Node, dst.Node, st))
 		}
 	}
 	s.setMoveState(ctx, r, api.MoveSwitching)
@@ -996,4 +992,30 @@ func (s *Server) incomingParts(ctx context.Context, nodeID string) (map[string][
 		}
 	}
 	return in, nil
+}
+
+// transferError is what the source's status st of a move from src to dst
+// that did not end ready says, the lenders named: the agent calls them
+// api.TransferThisLender and api.TransferDestination ("the destination n3
+// could not be reached from n1: connection refused"); words that name
+// neither say which lender gave the copy up ("the source n1 gave the copy
+// up: it failed on its side (its agent's log says why)").
+func transferError(src, dst api.Node, st api.Transfer) string {
+	if st.Error == "" {
+		return fmt.Sprintf("the source %s gave the copy up (%s)", nodeName(src), st.State)
+	}
+	named := strings.ReplaceAll(st.Error, api.TransferDestination, api.TransferDestination+" "+nodeName(dst))
+	named = strings.ReplaceAll(named, api.TransferThisLender, nodeName(src))
+	if named == st.Error {
+		return fmt.Sprintf("the source %s gave the copy up: %s", nodeName(src), st.Error)
+	}
+	return named
+}
+
+// nodeName is how a user's words name node n: by its name, else its ID.
+func nodeName(n api.Node) string {
+	if n.Name != "" {
+		return n.Name
+	}
+	return n.ID
 }

@@ -241,9 +241,9 @@ func (c *Client) tlsConfig() *tls.Config {
 func tlsDialErr(addr string, err error) error {
 	var rh tls.RecordHeaderError
 	if errors.As(err, &rh) {
-		return fmt.Errorf("%w: TLS handshake with %s: the donor does not speak TLS (its URI is rialto-mem://, not rialto-mems://): %v", protocol.ErrDonorLost, addr, err)
+		return fmt.Errorf("%w: TLS handshake with %s: the donor does not speak TLS (its URI is rialto-mem://, not rialto-mems://): %w", protocol.ErrDonorLost, addr, err)
 	}
-	return fmt.Errorf("%w: TLS handshake with %s: %v", protocol.ErrDonorLost, addr, err)
+	return fmt.Errorf("%w: TLS handshake with %s: %w", protocol.ErrDonorLost, addr, err)
 }
 
 // TLS reports whether the session runs over TLS (Options.TLS).
@@ -386,7 +386,7 @@ func (c *Client) dial(ctx context.Context) (net.Conn, error) {
 	defer cancel()
 	conn, err := c.opts.Dialer(ctx, c.addr)
 	if err != nil {
-		return nil, fmt.Errorf("%w: dial %s: %v", protocol.ErrDonorLost, c.addr, err)
+		return nil, fmt.Errorf("%w: dial %s: %w", protocol.ErrDonorLost, c.addr, err)
 	}
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
