@@ -31,6 +31,12 @@ func BlockRange(l api.Lease, off, n int64) (accel.BlockRange, error) {
 		if su == 0 {
 			su = stripe.DefaultStripeUnit
 		}
+		// The slot stripes the parts with this unit: one Attach would
+		// refuse (stripe.New) must not reach it truncated to 32 bits.
+		if su < stripe.MinStripeUnit || su > stripe.MaxStripeUnit || su&(su-1) != 0 {
+			return accel.BlockRange{}, fmt.Errorf("lease %s: stripe unit %d is not a power of two in [%d, %d]",
+				l.ID, su, stripe.MinStripeUnit, stripe.MaxStripeUnit)
+		}
 		r.StripeUnit = uint32(su)
 	}
 	return r, nil

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 )
 
@@ -65,13 +66,15 @@ func ParseRate(s string) (uint64, error) {
 	for i < len(t) && (t[i] >= '0' && t[i] <= '9' || t[i] == '.') {
 		i++
 	}
-	var v float64
-	if _, err := fmt.Sscanf(t[:i], "%g", &v); err != nil || v <= 0 {
+	// The whole number: "1..2mbit" is not 1mbit.
+	v, err := strconv.ParseFloat(t[:i], 64)
+	if err != nil || v <= 0 {
 		return 0, fmt.Errorf("nic: rate %q", s)
 	}
 	mult := map[string]float64{"": 1, "bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
 		"bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9}[t[i:]]
-	if mult == 0 || v*mult < 8 {
+	// Below 2^64 bits/s: a larger rate would wrap around in uint64.
+	if mult == 0 || v*mult < 8 || v*mult >= 1<<64 {
 		return 0, fmt.Errorf("nic: rate %q (want e.g. 200mbit, 1gbit, 50mbps)", s)
 	}
 	return uint64(v * mult), nil

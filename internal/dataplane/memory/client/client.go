@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -493,13 +494,19 @@ func sendHello(rw io.ReadWriter, m protocol.Hello, offset uint64) (helloReply, e
 func (c *Client) readControl() {
 	defer close(c.ctrlDone)
 	var hdr [protocol.HeaderSize]byte
+	var buf []byte // the payloads of frames ignored, reused (at most protocol.MaxPayload)
 	for {
-		f, err := protocol.ReadFrame(c.ctrl, hdr[:], nil)
+		f, err := protocol.ReadFrame(c.ctrl, hdr[:], buf)
 		if err != nil {
 			c.lost(fmt.Errorf("%w: control connection: %v", protocol.ErrDonorLost, err))
 			return
 		}
-		if f.Op != protocol.OpCredit {
+		if cap(f.Data) > cap(buf) {
+			buf = f.Data
+		}
+		// A credit update is an OK CREDIT response naming a queue id (32
+		// bits); an error response carries no credits.
+		if f.Op != protocol.OpCredit || f.Status != protocol.StatusOK || f.Offset > math.MaxUint32 {
 			continue
 		}
 		c.qmu.Lock()

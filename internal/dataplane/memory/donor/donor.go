@@ -814,7 +814,13 @@ func (d *Donor) serveControl(s *session, c net.Conn) {
 	defer func() { close(done); wg.Wait() }()
 	var hdr [protocol.HeaderSize]byte
 	for {
-		f, err := protocol.ReadFrame(c, hdr[:], nil)
+		// The header alone: a PING carries no payload (DecodeHeader), and
+		// any other frame is refused without taking its payload in (up
+		// to protocol.MaxPayload, which the donor would allocate).
+		if _, err := io.ReadFull(c, hdr[:]); err != nil {
+			return
+		}
+		f, err := protocol.DecodeHeader(hdr[:])
 		if err != nil {
 			return
 		}
