@@ -571,10 +571,33 @@ func (c *Client) Close() error {
 		s.close()
 	}
 	if c.ctrl != nil {
+		c.endControl()
 		_ = c.ctrl.Close()
 		<-c.ctrlDone
 	}
 	return nil
+}
+
+// closeWait bounds how long Close waits for the donor to end the session.
+const closeWait = time.Second
+
+// endControl half-closes the control connection and waits (at most
+// closeWait, or the request timeout if shorter) until the donor, having
+// read its end, has ended the session and closed its side: once Close
+// returns, the region takes a new session at once, where a Dial racing
+// the donor's reading of the end was refused as a second subscriber
+// (protocol.ErrBusy).
+func (c *Client) endControl() {
+	cw, ok := c.ctrl.(interface{ CloseWrite() error })
+	if !ok || cw.CloseWrite() != nil {
+		return
+	}
+	t := time.NewTimer(min(closeWait, c.opts.Timeout))
+	defer t.Stop()
+	select {
+	case <-c.ctrlDone:
+	case <-t.C:
+	}
 }
 
 func (c *Client) check(n int, off int64) error {
