@@ -113,7 +113,7 @@ func TestBorrowerNodeRefusesPrepare(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if x := strings.Join(got.Plan.Explanation, "\n"); !strings.Contains(x, "skipped node "+j1.NodeID) || strings.Contains(x, "borrower") && strings.Contains(x, "is skipped") {
+	if x := strings.Join(got.Plan.Explanation, "\n"); !strings.Contains(x, "skipped node n1 ("+j1.NodeID+")") || strings.Contains(x, "borrower") && strings.Contains(x, "is skipped") {
 		t.Fatalf("explanation:\n%s", x)
 	}
 	// Every lender refuses: the lease fails, and its reason is about

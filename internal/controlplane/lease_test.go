@@ -195,7 +195,8 @@ func TestLenderSkipped(t *testing.T) {
 	if l.Plan == nil || len(l.Plan.Explanation) != 0 || len(l.Plan.Parts) == 0 {
 		t.Fatalf("create answered with the explanation: %+v", l.Plan)
 	}
-	if l, err = e.alice.Lease(e.ctx(), l.ID); err != nil || l.Plan == nil || !strings.Contains(strings.Join(l.Plan.Explanation, "\n"), "skipped node "+first) {
+	if l, err = e.alice.Lease(e.ctx(), l.ID); err != nil || l.Plan == nil || !strings.Contains(strings.Join(l.Plan.Explanation, "\n"), "skipped node n") ||
+		!strings.Contains(strings.Join(l.Plan.Explanation, "\n"), " ("+first+"): lender n") {
 		t.Fatalf("plan does not explain the skip: %v %+v", err, l.Plan)
 	}
 	// A lender that never answers is skipped after PrepareTimeout (binpack
@@ -207,7 +208,7 @@ func TestLenderSkipped(t *testing.T) {
 	if err != nil || l2.NodeID != first || l2.Plan == nil {
 		t.Fatalf("%v %+v", err, l2)
 	}
-	if x := strings.Join(l2.Plan.Explanation, "\n"); !strings.Contains(x, "skipped node "+other+": lender ") || !strings.Contains(x, " gave no confirmation within") {
+	if x := strings.Join(l2.Plan.Explanation, "\n"); !strings.Contains(x, " ("+other+"): lender ") || !strings.Contains(x, " gave no confirmation within") {
 		t.Fatalf("plan does not explain the timeout: %s", x)
 	}
 	// Nobody confirms: the lease fails with the reasons, capacity is freed.

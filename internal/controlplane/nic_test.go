@@ -39,7 +39,7 @@ func TestNICLeases(t *testing.T) {
 		t.Fatalf("explain: %v %+v", err, plan)
 	}
 	text := strings.Join(plan.Explanation, "\n")
-	for _, want := range []string{"request: nic 40 Mbit/s", "chose shared", "nic: 40 Mbit/s of", "lent interface dev-"} {
+	for _, want := range []string{"request: nic 40 Mbit/s", "chose shared", "nic: 40 Mbit/s of", "lent interface n", "/wan0 (dev-"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("explanation lacks %q:\n%s", want, text)
 		}

@@ -123,7 +123,7 @@ func TestDevicePinning(t *testing.T) {
 		req.Affinity = []string{b[0].ID}
 		_, err = e.alice.CreateLease(e.ctx(), req)
 		var ae *api.Error
-		if !errors.As(err, &ae) || ae.Status != http.StatusUnprocessableEntity || !strings.Contains(ae.Message, "pinned device "+b[0].ID) {
+		if !errors.As(err, &ae) || ae.Status != http.StatusUnprocessableEntity || !strings.Contains(ae.Message, "pinned device n2/disk0 ("+b[0].ID+")") {
 			t.Fatalf("%+v on a held pinned device: %v", req, err)
 		}
 	}

@@ -86,7 +86,7 @@ func placeRequest(inv store.Inventory, req api.LeaseRequest, tenant string, quot
 	preq.Tenant = tenant
 	var head []string
 	for _, id := range sortedKeys(skip) {
-		head = append(head, fmt.Sprintf("skipped node %s: %s", id, skip[id]))
+		head = append(head, fmt.Sprintf("skipped %s: %s", nodeText(inv, id), skip[id]))
 	}
 	pp, err := x.Place(preq)
 	if err != nil {
@@ -98,7 +98,7 @@ func placeRequest(inv store.Inventory, req api.LeaseRequest, tenant string, quot
 	case api.KindAccel:
 		plan.Explanation = append(plan.Explanation, accelNote(req, pp))
 	case api.KindNIC:
-		plan.Explanation = append(plan.Explanation, nicNote(pp))
+		plan.Explanation = append(plan.Explanation, nicNote(inv, pp))
 	}
 	for _, p := range pp.Parts {
 		plan.Parts = append(plan.Parts, api.Part{NodeID: p.NodeID, DeviceID: p.DeviceID, Offset: p.Offset, Length: p.Length})
@@ -255,11 +255,11 @@ func requestGateway(req api.LeaseRequest) string {
 }
 
 // nicNote explains a nic plan in the lease's terms (docs/nic.md).
-func nicNote(pp placement.Plan) string {
+func nicNote(inv store.Inventory, pp placement.Plan) string {
 	if len(pp.Parts) == 1 {
 		p := pp.Parts[0]
-		return fmt.Sprintf("nic: %s of %s's lent interface %s; the lender caps the lease there, in both directions, and translates its traffic to the interface's address",
-			placement.FormatRate(p.Length), p.NodeID, p.DeviceID)
+		return fmt.Sprintf("nic: %s of lent interface %s; the lender caps the lease there, in both directions, and translates its traffic to the interface's address",
+			placement.FormatRate(p.Length), deviceText(inv, p.DeviceID))
 	}
 	var total int64
 	for _, p := range pp.Parts {
@@ -366,9 +366,9 @@ func infeasiblePlan(inv store.Inventory, pins map[string]api.Device, head []stri
 			if r.Constraint == placement.ConstraintQuota && len(quota) == 0 {
 				quota = append(quota, r.Reason)
 			}
-			plan.Explanation = append(plan.Explanation, fmt.Sprintf("  %s: %s: %s", r.Candidate, r.Constraint, r.Reason))
-			if d, ok := pins[r.Candidate]; ok {
-				why = append(why, fmt.Sprintf("pinned device %s (%s): %s", d.ID, d.Name, r.Reason))
+			plan.Explanation = append(plan.Explanation, fmt.Sprintf("  %s: %s: %s", r.Text(), r.Constraint, r.Reason))
+			if _, ok := pins[r.Candidate]; ok {
+				why = append(why, fmt.Sprintf("pinned device %s: %s", r.Text(), r.Reason))
 			}
 		}
 		if ie.Omitted > 0 {
@@ -416,7 +416,7 @@ func snapshot(inv store.Inventory, skip map[string]string, now time.Time, q Quot
 	}
 	s.Links = append(s.Links, fabric.Link{ID: "lan-cp", A: lanVertex, B: cpVertex, Kind: fabric.Ethernet})
 	for _, n := range inv.Nodes {
-		pn := placement.Node{ID: n.ID, State: string(n.State), Labels: n.Labels, Cordoned: n.Cordoned}
+		pn := placement.Node{ID: n.ID, Name: n.Name, State: string(n.State), Labels: n.Labels, Cordoned: n.Cordoned}
 		if skip[n.ID] != "" {
 			// Why is the failed lease's reason's (lenders did not
 			// confirm (…)): the rejection says it once.
@@ -432,7 +432,7 @@ func snapshot(inv store.Inventory, skip map[string]string, now time.Time, q Quot
 		if d.State != "available" {
 			st = d.State
 		}
-		s.Devices = append(s.Devices, placement.Device{ID: d.ID, Node: d.NodeID, Kind: string(d.Kind), Model: d.Model, Capacity: d.Capacity, State: st,
+		s.Devices = append(s.Devices, placement.Device{ID: d.ID, Name: d.Name, Node: d.NodeID, Kind: string(d.Kind), Model: d.Model, Capacity: d.Capacity, State: st,
 			Exclusive: d.Sharing == "exclusive", Roles: deviceRoles(d)})
 	}
 	byLease := map[string]int{}
@@ -467,6 +467,36 @@ func snapshot(inv store.Inventory, skip map[string]string, now time.Time, q Quot
 		}
 	}
 	return s
+}
+
+// nodeText is how explanations name node id, as placement's do: "node
+// n2 (node-…)", or "node <id>" when it has no name.
+func nodeText(inv store.Inventory, id string) string {
+	for _, n := range inv.Nodes {
+		if n.ID == id && n.Name != "" && n.Name != id {
+			return "node " + n.Name + " (" + id + ")"
+		}
+	}
+	return "node " + id
+}
+
+// deviceText is how explanations name device id, as placement's do:
+// "n2/disk0 (dev-…)" (its node's name, its name, its ID), or the ID when
+// it has no name.
+func deviceText(inv store.Inventory, id string) string {
+	for _, d := range inv.Devices {
+		if d.ID != id || d.Name == "" || d.Name == id {
+			continue
+		}
+		node := d.NodeID
+		for _, n := range inv.Nodes {
+			if n.ID == d.NodeID && n.Name != "" {
+				node = n.Name
+			}
+		}
+		return node + "/" + d.Name + " (" + id + ")"
+	}
+	return id
 }
 
 // deviceRoles are the roles an accel device offers, from the list its

@@ -32,12 +32,26 @@ type rejections struct {
 }
 
 func (r *rejections) add(c, constraint, reason string) {
+	r.addRejection(Rejection{Candidate: c, Constraint: constraint, Reason: reason})
+}
+
+// addDev records why device ds was ruled out, naming it as explanations
+// do.
+func (r *rejections) addDev(x *Index, ds *devState, constraint, reason string) {
+	if len(r.list) >= MaxRejections {
+		r.counts[constraint]++ // not listed: no need to name it
+		return
+	}
+	r.addRejection(x.devRejection(ds, constraint, reason))
+}
+
+func (r *rejections) addRejection(rj Rejection) {
 	if r.counts == nil {
 		r.counts = map[string]int{}
 	}
-	r.counts[constraint]++
+	r.counts[rj.Constraint]++
 	if len(r.list) < MaxRejections {
-		r.list = append(r.list, Rejection{Candidate: c, Constraint: constraint, Reason: reason})
+		r.list = append(r.list, rj)
 	}
 }
 
@@ -152,7 +166,7 @@ func (w *candWalk) pinned() {
 		case x.devs[di].dev.Kind != q.Kind:
 			w.examined++
 			if w.detail {
-				w.rej.add(id, ConstraintPin, "pinned device is "+x.devs[di].dev.Kind+", not "+q.Kind)
+				w.rej.addDev(x, &x.devs[di], ConstraintPin, "pinned device is "+x.devs[di].dev.Kind+", not "+q.Kind)
 			}
 		default:
 			w.check(int32(di))
@@ -183,7 +197,7 @@ func (w *candWalk) nearest(kg *kindGroups, order []int32) {
 			n := len(kg.devs[a])
 			w.examined += n
 			if w.detail {
-				w.rej.add(fmt.Sprintf("%d devices at %s", n, x.g.ID(int(a))), ConstraintCapacity, "none free or usable enough")
+				w.rej.add(fmt.Sprintf("%d devices at %s", n, x.vertexText(x.g.ID(int(a)))), ConstraintCapacity, "none free or usable enough")
 			}
 			continue
 		}
@@ -191,7 +205,7 @@ func (w *candWalk) nearest(kg *kindGroups, order []int32) {
 			n := len(kg.devs[a])
 			w.examined += n
 			if w.detail {
-				w.rej.add(fmt.Sprintf("%d devices at %s", n, x.g.ID(int(a))), ConstraintLabels, "no node there carries every selected label")
+				w.rej.add(fmt.Sprintf("%d devices at %s", n, x.vertexText(x.g.ID(int(a)))), ConstraintLabels, "no node there carries every selected label")
 			}
 			continue
 		}
@@ -217,13 +231,13 @@ func (w *candWalk) check(di int32) {
 	ds := &x.devs[di]
 	if ds.usable != "" {
 		if w.detail {
-			w.rej.add(ds.dev.ID, ds.usable, x.unusableReason(ds))
+			w.rej.addDev(x, ds, ds.usable, x.unusableReason(ds))
 		}
 		return
 	}
 	if q.Role != "" && !offers(ds.dev.Roles, q.Role) {
 		if w.detail {
-			w.rej.add(ds.dev.ID, ConstraintRole, "does not offer role "+q.Role)
+			w.rej.addDev(x, ds, ConstraintRole, "does not offer role "+q.Role)
 		}
 		return
 	}
@@ -233,7 +247,7 @@ func (w *candWalk) check(di int32) {
 			if ds.exclusive {
 				reason = fmt.Sprintf("exclusive, held whole by %d lease(s)", len(ds.leases))
 			}
-			w.rej.add(ds.dev.ID, ConstraintCapacity, reason)
+			w.rej.addDev(x, ds, ConstraintCapacity, reason)
 		}
 		return
 	}
@@ -246,33 +260,33 @@ func (w *candWalk) check(di int32) {
 			case sc.minNeed == math.MaxInt64 || ds.exclusive:
 				reason = x.notWholeReason(ds, q.Size)
 			}
-			w.rej.add(ds.dev.ID, constraint, reason)
+			w.rej.addDev(x, ds, constraint, reason)
 		}
 		return
 	}
 	if !x.affine(q.Request, ds) {
 		if w.detail {
-			w.rej.add(ds.dev.ID, ConstraintAffinity, "node "+ds.dev.Node+" fails affinity")
+			w.rej.addDev(x, ds, ConstraintAffinity, x.nodeText(ds.dev.Node)+" fails affinity")
 		}
 		return
 	}
 	if len(q.Labels) > 0 && !x.labelled(q.Labels, ds) {
 		if w.detail {
-			w.rej.add(ds.dev.ID, ConstraintLabels, "node "+ds.dev.Node+" lacks label "+x.missingLabel(q.Labels, ds))
+			w.rej.addDev(x, ds, ConstraintLabels, x.nodeText(ds.dev.Node)+" lacks label "+x.missingLabel(q.Labels, ds))
 		}
 		return
 	}
 	d := x.distFrom(w.bt, w.bv, ds.vertex)
 	if d == fabric.Unreachable {
 		if w.detail {
-			w.rej.add(ds.dev.ID, ConstraintReach, "no fabric path")
+			w.rej.addDev(x, ds, ConstraintReach, "no fabric path")
 		}
 		return
 	}
 	lat := d.Latency + x.devLatency(ds)
 	if q.MaxLatency > 0 && lat > q.MaxLatency {
 		if w.detail {
-			w.rej.add(ds.dev.ID, ConstraintLatency, fmt.Sprintf("latency %v > %v", lat, q.MaxLatency))
+			w.rej.addDev(x, ds, ConstraintLatency, fmt.Sprintf("latency %v > %v", lat, q.MaxLatency))
 		}
 		return
 	}
@@ -284,15 +298,15 @@ func (x *Index) unusableReason(ds *devState) string {
 		return "device is " + ds.dev.State
 	}
 	if ds.node < 0 {
-		return "node " + ds.dev.Node + " unknown"
+		return x.nodeText(ds.dev.Node) + " unknown"
 	}
 	if ds.usable == ConstraintCordon {
-		return "node " + ds.dev.Node + " is cordoned"
+		return x.nodeText(ds.dev.Node) + " is cordoned"
 	}
 	if n := &x.nodes[ds.node]; n.Excluded != "" && (n.State == "" || n.State == NodeReady) {
-		return "node " + ds.dev.Node + " is " + n.Excluded
+		return x.nodeText(ds.dev.Node) + " is " + n.Excluded
 	}
-	return "node " + ds.dev.Node + " is " + x.nodes[ds.node].State
+	return x.nodeText(ds.dev.Node) + " is " + x.nodes[ds.node].State
 }
 
 // offers reports whether a device offering roles can load role: it lists

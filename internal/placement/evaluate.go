@@ -169,7 +169,7 @@ func (x *Index) release(results []result) {
 func (x *Index) eval(q *req, bv int32, o option, cands []cand) result {
 	res := result{opt: o, offStart: int32(len(x.offArena))}
 	reject := func(c, reason string) result {
-		res.rejection = &Rejection{Candidate: x.name(&res), Constraint: c, Reason: reason}
+		res.rejection = &Rejection{Candidate: x.name(&res), Name: x.label(&res), Constraint: c, Reason: reason}
 		return res
 	}
 	ch, c, why := x.evalParts(&res, q, cands)
@@ -203,13 +203,13 @@ func (x *Index) evalParts(res *result, q *req, cands []cand) (ch usage, constrai
 			off, ok = x.slotHole(di, o.partLen, q.Gateway)
 			if !ok {
 				return ch, ConstraintCapacity, fmt.Sprintf("%s has %s free but no slot with %s free that is empty or shared by the same gateway (a shared slot serves one role and role config)",
-					ds.dev.ID, x.amount(q.Kind, ds.free), x.amount(q.Kind, o.partLen))
+					x.devText(ds), x.amount(q.Kind, ds.free), x.amount(q.Kind, o.partLen))
 			}
 		} else if o.mode != ModeDedicated {
 			var ok bool
 			off, ok = x.hole(di, o.partLen, q.align)
 			if !ok {
-				return ch, ConstraintCapacity, fmt.Sprintf("%s has %s free but no contiguous %s", ds.dev.ID, x.amount(q.Kind, ds.free), x.amount(q.Kind, o.partLen))
+				return ch, ConstraintCapacity, fmt.Sprintf("%s has %s free but no contiguous %s", x.devText(ds), x.amount(q.Kind, ds.free), x.amount(q.Kind, o.partLen))
 			}
 		}
 		x.offArena = append(x.offArena, off)

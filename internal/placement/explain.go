@@ -108,10 +108,10 @@ func (x *Index) modeRejections(cands []cand) []Rejection {
 	var out []Rejection
 	for _, c := range cands {
 		ds := &x.devs[c.dev]
-		r := Rejection{Candidate: ds.dev.ID, Constraint: ConstraintCapacity,
-			Reason: fmt.Sprintf("%s free of %s, %s", x.amount(ds.dev.Kind, ds.free), x.amount(ds.dev.Kind, ds.dev.Capacity), leasesText(len(ds.leases)))}
-		if ds.dev.Kind == KindNIC {
-			r.Reason += " (on " + ds.dev.Node + ")"
+		r := x.devRejection(ds, ConstraintCapacity,
+			fmt.Sprintf("%s free of %s, %s", x.amount(ds.dev.Kind, ds.free), x.amount(ds.dev.Kind, ds.dev.Capacity), leasesText(len(ds.leases))))
+		if ds.dev.Kind == KindNIC && r.Name == "" {
+			r.Reason += " (on " + ds.dev.Node + ")" // a name says the node
 		}
 		if ds.exclusive {
 			r.Constraint, r.Reason = ConstraintExclusive, "exclusive (lent whole only): "+r.Reason
@@ -184,7 +184,14 @@ func (x *Index) explain(q *req, top []*result, nresults int, rejected []Rejectio
 			c += " labels " + strings.Join(sel, ",")
 		}
 		if len(q.Devices) > 0 {
-			c += " pinned to " + strings.Join(q.Devices, ",")
+			pins := make([]string, len(q.Devices))
+			for i, id := range q.Devices {
+				pins[i] = id
+				if di, ok := x.devByID[id]; ok {
+					pins[i] = x.devText(&x.devs[di])
+				}
+			}
+			c += " pinned to " + strings.Join(pins, ",")
 		}
 		e = append(e, c)
 	}
@@ -194,7 +201,7 @@ func (x *Index) explain(q *req, top []*result, nresults int, rejected []Rejectio
 	if q.Work > 0 && !math.IsInf(best.rate, 1) {
 		compl = ", completion " + best.compl.Round(time.Millisecond).String()
 	}
-	e = append(e, "chose "+x.name(best)+": "+strconv.Itoa(best.hops)+" hops, "+best.latency.String()+", "+
+	e = append(e, "chose "+x.optionText(best)+": "+strconv.Itoa(best.hops)+" hops, "+best.latency.String()+", "+
 		predictedText(best.rate, true)+compl+", link load "+fmtF(100*best.linkUtil, 0)+"%")
 	switch {
 	case q.Whole:
@@ -226,14 +233,14 @@ func (x *Index) explain(q *req, top []*result, nresults int, rejected []Rejectio
 		e = append(e, s)
 	}
 	for _, ru := range top[1:] {
-		e = append(e, "runner-up "+x.name(ru)+": "+predictedText(ru.rate, false)+", lost on "+whyLost(best, ru, q.strategy))
+		e = append(e, "runner-up "+x.optionText(ru)+": "+predictedText(ru.rate, false)+", lost on "+whyLost(best, ru, q.strategy))
 	}
 	for i, r := range rejected {
 		if i == 4 {
 			e = append(e, fmt.Sprintf("rejected: … %d more", len(rejected)-4))
 			break
 		}
-		e = append(e, "rejected "+r.Candidate+": "+r.Reason)
+		e = append(e, "rejected "+r.Text()+": "+r.Reason)
 	}
 	return e
 }
@@ -347,10 +354,11 @@ func leasesText(n int) string {
 	return strconv.Itoa(n) + " leases"
 }
 
-// borrowerName is how explanations name q's borrower.
-func (q *req) borrowerName() string {
-	if q.BorrowerName != "" {
-		return q.BorrowerName
+// borrowerName is how explanations name r's borrower: its BorrowerName
+// (Index.admit sets it to "node n2 (node-…)" for a named node), or its ID.
+func (r *Request) borrowerName() string {
+	if r.BorrowerName != "" {
+		return r.BorrowerName
 	}
-	return q.Borrower
+	return r.Borrower
 }

@@ -46,7 +46,7 @@ func (x *Index) Place(r Request) (Plan, error) {
 	results, rejected := x.evalAll(&q, bv, opts, cands)
 	defer x.release(results)
 	if len(results) == 0 {
-		return Plan{}, newInfeasible(fmt.Sprintf("all %d options for %s rejected", len(rejected), r.Borrower), rejected, "")
+		return Plan{}, newInfeasible(fmt.Sprintf("all %d options for %s rejected", len(rejected), q.borrowerName()), rejected, "")
 	}
 	var topBuf [4]*result
 	top := x.rank(topBuf[:0], results, q.strategy)

@@ -115,8 +115,11 @@ func (x *Index) admit(r *Request) (int32, error) {
 	if !ok || !nok {
 		return 0, newInfeasible("borrower "+r.Borrower+" is not a known node", nil, ConstraintBorrower)
 	}
+	if r.BorrowerName == "" && x.nodes[bn].Name != "" && x.nodes[bn].Name != r.Borrower {
+		r.BorrowerName = x.nodeText(r.Borrower)
+	}
 	if st := x.nodes[bn].State; st != "" && st != NodeReady {
-		return 0, newInfeasible("borrower "+r.Borrower+" is "+st, nil, ConstraintBorrower)
+		return 0, newInfeasible("borrower "+r.borrowerName()+" is "+st, nil, ConstraintBorrower)
 	}
 	if qt, ok := x.quota(r.Tenant); ok && qt.Leases > 0 {
 		if u := x.tenants[r.Tenant]; u != nil && u.leases+1 > qt.Leases {

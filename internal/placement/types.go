@@ -76,7 +76,10 @@ type Snapshot struct {
 // (`rialto node cordon`, or being drained) gets no new part either, though
 // its running leases stay and it may still borrow.
 type Node struct {
-	ID       string
+	ID string
+	// Name is what users call the node ("n2"); explanations name it
+	// "node n2 (node-…)". "" (or the ID): the ID alone.
+	Name     string
 	State    string
 	Labels   map[string]string
 	Cordoned bool
@@ -99,9 +102,12 @@ type Node struct {
 // a composition, and any lease on it (whatever its mode) holds all of it.
 // Roles are the accelerator roles the device can load (nil: not known, any
 // role is let through); a request with a Role uses only devices that offer
-// it.
+// it. Name is what users call the device on its node ("disk0"):
+// explanations name a named device "n2/disk0 (dev-…)" (its node's name,
+// its name, its ID); "" keeps the ID alone.
 type Device struct {
 	ID        string
+	Name      string
 	Node      string
 	Kind      string
 	Model     string
@@ -304,11 +310,23 @@ const (
 )
 
 // Rejection says why a candidate (a device, or an option such as
-// "composed d1+d2") was not chosen.
+// "composed n1/d1+n2/d2") was not chosen. Candidate is by ID (a device
+// ID, or the option with node and device IDs); Name is how explanations
+// name it, with the names users know ("n2/disk0 (dev-…)"; "": Candidate).
 type Rejection struct {
 	Candidate  string
+	Name       string
 	Constraint string
 	Reason     string
+}
+
+// Text is how explanations name the rejected candidate: Name, or
+// Candidate without one.
+func (r Rejection) Text() string {
+	if r.Name != "" {
+		return r.Name
+	}
+	return r.Candidate
 }
 
 // InfeasibleError explains a request that cannot be placed. Constraint is
@@ -339,7 +357,7 @@ func (e *InfeasibleError) Error() string {
 			fmt.Fprintf(&b, "; … %d more", len(e.Rejections)-3+e.Omitted)
 			break
 		}
-		fmt.Fprintf(&b, "; %s: %s", r.Candidate, r.Reason)
+		fmt.Fprintf(&b, "; %s: %s", r.Text(), r.Reason)
 	}
 	return b.String()
 }
