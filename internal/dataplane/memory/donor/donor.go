@@ -45,6 +45,13 @@ var (
 // queue pairs, a fault connection per mapping).
 const DefaultMaxSessionConns = 256
 
+// DefaultMaxConns is the default of Donor.MaxConns: well below the Go
+// runtime's limit of 10000 threads (debug.SetMaxThreads), since a sync,
+// bulk or fault connection holds a thread while it waits and the runtime
+// and the agent's other work need theirs; 16 sessions at
+// DefaultMaxSessionConns.
+const DefaultMaxConns = 4096
+
 // DefaultCredits is the number of requests a queue pair may have
 // outstanding at the donor (its receive buffers).
 const DefaultCredits = 64
@@ -109,6 +116,15 @@ type Donor struct {
 	// must not be able to take the donor, and every region it holds,
 	// down. Set before Serve; zero means DefaultMaxSessionConns.
 	MaxSessionConns int
+	// MaxConns bounds the data connections of every session together
+	// (those of ended sessions whose handlers have not returned yet
+	// included): a HELLO past it is refused with StatusBusy ("the donor
+	// serves its limit of N data connections"), unless it replaces one
+	// of its session's connections. MaxSessionConns alone let some 40
+	// tenants at their limit take the donor past the runtime's 10000
+	// threads, which ends the process and every tenant's region. Set
+	// before Serve; zero means DefaultMaxConns.
+	MaxConns int
 	// Clock times the moves' waits (RefusalWait and RefusalWaitLimit in
 	// TrackWrites and PauseWrites; internal/clock); nil: the real clock.
 	Clock clock.Clock
@@ -116,11 +132,15 @@ type Donor struct {
 	// fenceWaits counts the HELLOs waiting at a fence (move.go) now.
 	fenceWaits atomic.Int32
 
-	mu       sync.Mutex
-	regions  map[[32]byte]*region
-	conns    map[net.Conn]struct{}
-	stopping bool // Serve is closing every connection
-	wg       sync.WaitGroup
+	mu      sync.Mutex
+	regions map[[32]byte]*region
+	conns   map[net.Conn]struct{}
+	// dataConns counts the data connections' writers, of every session,
+	// from the HELLO until their handlers return (addWriterLocked,
+	// dropWriter): what MaxConns bounds.
+	dataConns int
+	stopping  bool // Serve is closing every connection
+	wg        sync.WaitGroup
 }
 
 type region struct {
@@ -191,6 +211,13 @@ func (d *Donor) maxSessionConns() int {
 		return d.MaxSessionConns
 	}
 	return DefaultMaxSessionConns
+}
+
+func (d *Donor) maxConns() int {
+	if d.MaxConns > 0 {
+		return d.MaxConns
+	}
+	return DefaultMaxConns
 }
 
 func (d *Donor) spin() time.Duration { return max(d.Spin, 0) }
@@ -748,6 +775,9 @@ func (d *Donor) attach(c net.Conn, hello protocol.Hello, h protocol.Header) (s *
 		} else if lim := d.maxSessionConns(); len(s.links) >= lim {
 			return nil, nil, nil, protocol.StatusBusy,
 				fmt.Sprintf("memory: the session has %d data connections, the donor's limit", lim)
+		} else if lim := d.maxConns(); d.dataConns >= lim {
+			return nil, nil, nil, protocol.StatusBusy,
+				fmt.Sprintf("memory: the donor serves its limit of %d data connections", lim)
 		}
 		s.nextQ++
 		w = d.addWriterLocked(s, s.nextQ)

@@ -22,8 +22,18 @@ const testCred = "lease-cred-0123456789abcdef"
 // packages; it cannot be imported here.)
 func startDonor(t testing.TB, size int64, credits int) (*Donor, string) {
 	t.Helper()
+	return startDonorWith(t, size, credits, nil)
+}
+
+// startDonorWith is startDonor with set (nil: none) setting the donor's
+// fields before it serves.
+func startDonorWith(t testing.TB, size int64, credits int, set func(*Donor)) (*Donor, string) {
+	t.Helper()
 	d := New(nil)
 	d.Credits = credits
+	if set != nil {
+		set(d)
+	}
 	if err := d.AddRegion(testCred, size); err != nil {
 		t.Fatal(err)
 	}

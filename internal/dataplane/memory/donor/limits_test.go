@@ -2,6 +2,7 @@ package donor
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -110,4 +111,92 @@ func TestSessionConnectionLimit(t *testing.T) {
 		t.Fatalf("the replaced connection still served: %v", err)
 	}
 	_ = d
+}
+
+// TestDonorConnectionLimit: the donor serves at most MaxConns data
+// connections of every session together; the next HELLO is refused with
+// StatusBusy (ErrBusy) saying so, though its session is well under
+// MaxSessionConns, while one that replaces a connection of its session is
+// admitted, and a connection that ends makes room for another.
+// MaxSessionConns alone bounded each tenant: some 40 of them at their
+// limit took the donor past the Go runtime's 10000 threads (a sync, bulk
+// or fault connection holds one while it waits), which kills the process
+// and every tenant's region with it.
+func TestDonorConnectionLimit(t *testing.T) {
+	const limit = 8
+	creds := []string{testCred, testCred + "-b", testCred + "-c"}
+	d, addr := startDonorWith(t, 1<<20, 0, func(d *Donor) { d.MaxConns = limit })
+	for _, cred := range creds[1:] {
+		if err := d.AddRegion(cred, 1<<20); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = d.RemoveRegion(cred) })
+	}
+	sess := make([]uint64, len(creds))
+	for i, cred := range creds {
+		ctrl, s := dialHello(t, addr, protocol.KindControl, 0, cred)
+		t.Cleanup(func() { ctrl.Close() })
+		sess[i] = s
+	}
+	kinds := []uint8{protocol.KindSync, protocol.KindQueue, protocol.KindBulk, protocol.KindFault}
+	type conn struct {
+		c    net.Conn
+		sess int
+		id   uint32
+	}
+	var conns []conn
+	for i := 0; i < limit; i++ {
+		s := i % len(creds)
+		c, st, id, msg := helloAs(t, addr, kinds[i%len(kinds)], creds[s], sess[s], 0)
+		if st != protocol.StatusOK {
+			t.Fatalf("data connection %d (session %d) refused under the donor's limit: status %d %q", i, s, st, msg)
+		}
+		conns = append(conns, conn{c, s, id})
+	}
+	// refused checks that a new data connection of session s is refused
+	// for the donor's limit.
+	refused := func(s int) {
+		t.Helper()
+		_, st, _, msg := helloAs(t, addr, protocol.KindSync, creds[s], sess[s], 0)
+		if err := protocol.StatusError(st, []byte(msg)); st == protocol.StatusOK || !errors.Is(err, protocol.ErrBusy) {
+			t.Fatalf("a data connection past the donor's %d (session %d) admitted or not refused busy: status %d %q",
+				limit, s, st, msg)
+		}
+		if want := fmt.Sprintf("the donor serves its limit of %d data connections", limit); !strings.Contains(msg, want) {
+			t.Fatalf("refusal %q, want it to say %q", msg, want)
+		}
+	}
+	refused(2) // session 2 has 2 connections, far from MaxSessionConns
+	// The connections at the limit serve.
+	if st, _ := request(t, conns[0].c, protocol.Header{Op: protocol.OpRead, Seq: 1, Length: 16}, nil); st != protocol.StatusOK {
+		t.Fatalf("read on an admitted connection: status %d", st)
+	}
+	// A HELLO that replaces one of its session's connections is admitted
+	// (answered once the replaced one's handler has returned), and takes
+	// its place: the donor is still at its limit.
+	old := conns[0]
+	nc, st, id, msg := helloAs(t, addr, protocol.KindSync, creds[old.sess], sess[old.sess], old.id)
+	if st != protocol.StatusOK {
+		t.Fatalf("a replacing HELLO at the donor's limit: status %d %q", st, msg)
+	}
+	conns[0] = conn{nc, old.sess, id}
+	refused(1)
+	// A connection that ends makes room for one, of any session.
+	gone := conns[1]
+	d.mu.Lock()
+	w := d.regions[credKey(creds[gone.sess])].sess.links[gone.id]
+	d.mu.Unlock()
+	if w == nil {
+		t.Fatalf("no handler for connection %d of session %d", gone.id, gone.sess)
+	}
+	gone.c.Close()
+	select {
+	case <-w.left:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler of a closed connection did not return")
+	}
+	if _, st, _, msg := helloAs(t, addr, protocol.KindQueue, creds[2], sess[2], 0); st != protocol.StatusOK {
+		t.Fatalf("a HELLO after a connection ended, under the donor's limit again: status %d %q", st, msg)
+	}
+	refused(0)
 }

@@ -219,6 +219,7 @@ func (d *Donor) addWriterLocked(s *session, id uint32) *writer {
 	}
 	r.writers[w] = struct{}{}
 	s.links[id] = w
+	d.dataConns++
 	return w
 }
 
@@ -237,6 +238,7 @@ func (d *Donor) serving(w *writer, stop func()) bool {
 func (d *Donor) dropWriter(s *session, w *writer) {
 	d.mu.Lock()
 	delete(s.reg.writers, w)
+	d.dataConns--
 	if s.links[w.id] == w {
 		delete(s.links, w.id)
 	}

@@ -13,12 +13,20 @@ import (
 // returns it with the status of the HELLO's answer and its id.
 func helloReplacing(t *testing.T, addr string, kind uint8, sess uint64, replaces uint32) (net.Conn, uint16, uint32) {
 	t.Helper()
+	c, st, id, _ := helloAs(t, addr, kind, testCred, sess, replaces)
+	return c, st, id
+}
+
+// helloAs is helloReplacing under the credential cred; it returns the
+// refusal's message too.
+func helloAs(t *testing.T, addr string, kind uint8, cred string, sess uint64, replaces uint32) (net.Conn, uint16, uint32, string) {
+	t.Helper()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	p := (&protocol.Hello{Kind: kind, Session: sess, Credential: testCred}).Encode(nil)
+	p := (&protocol.Hello{Kind: kind, Session: sess, Credential: cred}).Encode(nil)
 	b := make([]byte, protocol.HeaderSize, protocol.HeaderSize+len(p))
 	(&protocol.Header{Op: protocol.OpHello, Payload: uint32(len(p)), Offset: uint64(replaces)}).Encode(b)
 	if _, err := c.Write(append(b, p...)); err != nil {
@@ -29,7 +37,7 @@ func helloReplacing(t *testing.T, addr string, kind uint8, sess uint64, replaces
 		t.Fatalf("the HELLO's answer: %v", err)
 	}
 	if st != protocol.StatusOK {
-		return c, st, 0
+		return c, st, 0, string(data)
 	}
 	rep, err := protocol.DecodeHelloReply(data)
 	if err != nil {
@@ -38,7 +46,7 @@ func helloReplacing(t *testing.T, addr string, kind uint8, sess uint64, replaces
 	if rep.Queue == 0 {
 		t.Fatal("a data connection's HELLO reply carries no connection id")
 	}
-	return c, st, rep.Queue
+	return c, st, rep.Queue, ""
 }
 
 // TestHelloReplacesConnection: a data connection's HELLO that names
