@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -28,7 +30,8 @@ func init() {
 
 // attachState is what attach records for detach: one file per lease,
 // LEASE.json (0600, it holds the local URI, which names a secret export),
-// beside a control socket LEASE.ctl on which attach accepts "detach".
+// beside a control socket LEASE.ctl on which attach accepts "detach" (and
+// answers "pending" with the parts whose lenders have not answered writes).
 type attachState struct {
 	ID    string `json:"id"`
 	State string `json:"state"`
@@ -216,7 +219,7 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 			fmt.Fprintf(e.stderr, "rialto attach: lease %s (%d %s, %s%s) served at the URI above; Ctrl-C or `rialto detach %s` ends it\n",
 				l.ID, parts, profPlural(parts, "part"), resource.FormatSize(st.Size), cache, l.ID)
 		}
-		return holdAttachment(ctx, c, l, ctl, file, ctlPath, *watch, attachHooks{close: att.Close})
+		return holdAttachment(ctx, c, l, ctl, file, ctlPath, *watch, attachHooks{close: att.Close, pending: att.Volume().UnansweredWrites})
 	}
 }
 
@@ -234,6 +237,11 @@ type attachHooks struct {
 	gone <-chan struct{}
 	// goneErr is what holdAttachment returns then.
 	goneErr error
+	// pending, if set, returns per part (in layout order) how many writes
+	// its lender has not answered: what a "pending" on the control socket
+	// is answered with (detach asks when the attachment did not end in
+	// time).
+	pending func() []int64
 }
 
 // holdAttachment keeps an attachment (its state in file, its control
@@ -243,6 +251,9 @@ type attachHooks struct {
 // closes the attachment with h.close, removes its state and answers
 // detach. It returns why the lease or the attachment ended, if it did.
 func holdAttachment(ctx context.Context, c *api.Client, l api.Lease, ctl net.Listener, file, ctlPath string, watch time.Duration, h attachHooks) error {
+	// The lease's latest record: which lender a part is on now.
+	var rec atomic.Pointer[api.Lease]
+	rec.Store(&l)
 	// Serve until the context ends or detach asks on the control socket.
 	detach := make(chan net.Conn)
 	quit := make(chan struct{})
@@ -256,6 +267,13 @@ func holdAttachment(ctx context.Context, c *api.Client, l api.Lease, ctl net.Lis
 			}
 			conn.SetDeadline(time.Now().Add(5 * time.Second))
 			line, _ := bufio.NewReader(conn).ReadString('\n')
+			if strings.TrimSpace(line) == "pending" && h.pending != nil {
+				// Asked by detach while the attachment is closing: answered
+				// until the control socket closes, once the close is done.
+				fmt.Fprintf(conn, "pending %s\n", pendingParts(*rec.Load(), h.pending()))
+				conn.Close()
+				continue
+			}
 			if strings.TrimSpace(line) != "detach" {
 				// A probe (or junk): answer who we are and go on.
 				fmt.Fprintf(conn, "attached %s\n", l.ID)
@@ -305,8 +323,11 @@ wait:
 				ended = fmt.Errorf("lease %s is %s; detached", l.ID, cur.State)
 				break wait
 			}
-			if err == nil && h.follow != nil {
-				h.follow(cur)
+			if err == nil {
+				rec.Store(&cur)
+				if h.follow != nil {
+					h.follow(cur)
+				}
 			}
 			var ae *api.Error
 			if errors.As(err, &ae) && ae.Code == api.CodeNotFound {
@@ -409,17 +430,82 @@ func controlAnswers(ctx context.Context, ctl string) bool {
 	return strings.HasPrefix(line, "attached ")
 }
 
+// pendingParts says which parts of lease l have writes their lenders
+// have not answered, given per part (layout order) how many: "part 1
+// (lender n2) has 3 writes unanswered; ...", "" if none. A part is named
+// by its lender's node, or without one by its lender's address: never by
+// its URI, whose export name is a secret.
+func pendingParts(l api.Lease, unanswered []int64) string {
+	var ps []string
+	for i, n := range unanswered {
+		if n <= 0 {
+			continue
+		}
+		var part api.Part
+		if i < len(l.Parts) {
+			part = l.Parts[i]
+		}
+		if part.URI == "" && len(l.Parts) <= 1 {
+			part.URI = l.URI
+		}
+		who := ""
+		switch {
+		case part.NodeID != "":
+			who = fmt.Sprintf(" (lender %s)", part.NodeID)
+		case lenderAddr(part.URI) != "":
+			who = fmt.Sprintf(" (lender at %s)", lenderAddr(part.URI))
+		}
+		ps = append(ps, fmt.Sprintf("part %d%s has %d %s unanswered", i, who, n, profPlural(int(n), "write")))
+	}
+	return strings.Join(ps, "; ")
+}
+
+// lenderAddr is the host:port of a part's URI ("" if it has none): not
+// its path (the export name) nor anything else of it.
+func lenderAddr(uri string) string {
+	u, err := url.Parse(uri)
+	if err != nil {
+		return ""
+	}
+	return u.Host
+}
+
+// askPending asks the attach process on control which parts have writes
+// their lenders have not answered (pendingParts); "" if it does not say.
+func askPending(ctx context.Context, control string) string {
+	var d net.Dialer
+	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	conn, err := d.DialContext(dctx, "unix", control)
+	if err != nil {
+		return ""
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(2 * time.Second))
+	fmt.Fprintln(conn, "pending")
+	line, _ := bufio.NewReader(conn).ReadString('\n')
+	if !strings.HasPrefix(line, "pending ") {
+		return ""
+	}
+	return strings.TrimSpace(strings.TrimPrefix(line, "pending "))
+}
+
 // stillFlushing is detach's error when the attachment st has not ended
 // within wait: it is waiting for its lenders to answer writes (it ends
-// once they have, or its own --timeout has passed). It says what is safe
-// and what the user can do.
-func stillFlushing(st attachState, wait time.Duration) error {
+// once they have, or its own --timeout has passed). It says which parts
+// wait (pending, from askPending; "" if unknown), what is safe and what
+// the user can do.
+func stillFlushing(st attachState, wait time.Duration, pending string) error {
+	which := fmt.Sprintf("(the lender named by `rialto lease show %s` whose part is slow or unreachable)", st.ID)
+	if pending != "" {
+		which = fmt.Sprintf("(%s; `rialto lease show %s` shows its parts)", pending, st.ID)
+	}
 	return fmt.Errorf("detach %s: the attachment (process %d) has not ended after %v: it is still waiting for a lender to answer a write "+
-		"(the lender named by `rialto lease show %s` whose part is slow or unreachable). Writes it acknowledged are on the lenders "+
+		"%s. Writes it acknowledged are on the lenders "+
 		"(with --write-back: those before the last flush); a write not yet acknowledged is not. "+
 		"It ends by itself once the lenders answer or its own --timeout passes: run `rialto detach --timeout 10m %s` to wait longer, "+
 		"or `kill %d` to give up the writes not yet on the lenders",
-		st.ID, st.PID, wait, st.ID, st.ID, st.PID)
+		st.ID, st.PID, wait, which, st.ID, st.PID)
 }
 
 func runDetach(e *env, fs *pflag.FlagSet) runFunc {
@@ -459,7 +545,7 @@ func runDetach(e *env, fs *pflag.FlagSet) runFunc {
 				return fmt.Errorf("detach %s: %s", st.ID, strings.TrimSpace(strings.TrimPrefix(line, "error ")))
 			}
 			if errors.Is(rerr, os.ErrDeadlineExceeded) {
-				return stillFlushing(st, *wait)
+				return stillFlushing(st, *wait, askPending(ctx, st.Control))
 			}
 			if !strings.HasPrefix(line, "detached") {
 				return fmt.Errorf("detach %s: no answer from process %d: %v", st.ID, st.PID, rerr)
@@ -485,7 +571,7 @@ func runDetach(e *env, fs *pflag.FlagSet) runFunc {
 				break
 			}
 			if time.Now().After(deadline) {
-				return stillFlushing(st, *wait)
+				return stillFlushing(st, *wait, askPending(ctx, st.Control))
 			}
 			select {
 			case <-ctx.Done():

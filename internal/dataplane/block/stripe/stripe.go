@@ -124,6 +124,9 @@ type member struct {
 	// them a successful flush covered: a flush skips a device that has
 	// nothing new to make durable.
 	wseq, fseq atomic.Uint64
+	// Writes (trims, zeroings, pieces of them) sent to the device and not
+	// answered yet (Volume.UnansweredWrites).
+	unanswered atomic.Int64
 }
 
 func (m *member) err(i int) error {
@@ -463,8 +466,12 @@ func (v *Volume) WriteAt(p []byte, off int64) (int, error) {
 	if c, ok := v.single(off, int64(len(p))); ok {
 		c.buf = p
 		if err = v.live(c.dev); err == nil {
-			if err = v.one(c, writeChunk); err == nil {
-				v.parts[c.dev].wseq.Add(1)
+			m := v.parts[c.dev]
+			m.unanswered.Add(1)
+			err = v.one(c, writeChunk)
+			m.unanswered.Add(-1)
+			if err == nil {
+				m.wseq.Add(1)
 			}
 		}
 	} else {
@@ -795,12 +802,27 @@ func (v *Volume) do(cs []chunk, op func(Device, chunk) error) error {
 // counts as a write its device's next flush must cover.
 func (v *Volume) doWrite(cs []chunk, op func(Device, chunk) error) error {
 	return v.do(cs, func(d Device, c chunk) error {
+		m := v.parts[c.dev]
+		m.unanswered.Add(1)
 		err := op(d, c)
+		m.unanswered.Add(-1)
 		if err == nil {
-			v.parts[c.dev].wseq.Add(1)
+			m.wseq.Add(1)
 		}
 		return err
 	})
+}
+
+// UnansweredWrites returns, per device in layout order, how many writes
+// (trims, zeroings, and the pieces of those that span devices) were sent
+// to it that it has not answered yet, the write-back cache's included:
+// what Shutdown or Close waits for while a lender does not answer.
+func (v *Volume) UnansweredWrites() []int64 {
+	n := make([]int64, len(v.parts))
+	for i, m := range v.parts {
+		n[i] = m.unanswered.Load()
+	}
+	return n
 }
 
 // selfTimer is implemented by devices that bound each request themselves

@@ -349,7 +349,9 @@ func (v *Volume) startWrite(p []byte, off int64, early bool, done func(error)) {
 			return
 		}
 		m := v.parts[c.dev]
+		m.unanswered.Add(1)
 		m.dev.(asyncWriter).startWrite(p, c.devOff, func(err error) {
+			m.unanswered.Add(-1)
 			if err = v.outcome(c.dev, err); err == nil {
 				m.wseq.Add(1)
 			}
@@ -385,7 +387,9 @@ func (v *Volume) startWrite(p []byte, off int64, early bool, done func(error)) {
 	})
 	for _, c := range cs {
 		m := v.parts[c.dev]
+		m.unanswered.Add(1)
 		m.dev.(asyncWriter).startWrite(p[c.volOff-off:c.volOff-off+c.len], c.devOff, func(err error) {
+			m.unanswered.Add(-1)
 			if err = v.outcome(c.dev, err); err == nil {
 				m.wseq.Add(1)
 			}

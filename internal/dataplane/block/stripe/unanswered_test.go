@@ -1,0 +1,43 @@
+package stripe
+
+import (
+	"slices"
+	"testing"
+)
+
+// TestUnansweredWritesNamesHeldPart: a write whose lender holds it is
+// counted against its part, and only that part, until the lender answers
+// it; with a write-back cache too, which has acknowledged it already.
+func TestUnansweredWritesNamesHeldPart(t *testing.T) {
+	for _, wb := range []bool{false, true} {
+		name := "write-through"
+		if wb {
+			name = "write-back"
+		}
+		t.Run(name, func(t *testing.T) {
+			const unit = 64 << 10
+			m0, m1 := newGatedMem(4<<20), newGatedMem(4<<20)
+			l0, l1 := startLenderWith(t, m0), startLenderWith(t, m1)
+			a := attach(t, AttachConfig{URIs: []string{l0.uri, l1.uri}, StripeUnit: unit, ConnsPerPart: 1, WriteBack: wb})
+			c := dialAttachment(t, a)
+			if got := a.Volume().UnansweredWrites(); !slices.Equal(got, []int64{0, 0}) {
+				t.Fatalf("unanswered writes before any write: %v, want [0 0]", got)
+			}
+			release := m1.hold(t)
+			written := make(chan error, 1)
+			go func() {
+				_, err := c.WriteAt(pattern(4096, 7), unit) // part 1's first unit
+				written <- err
+			}()
+			waitFor(t, "the write to reach part 1's lender", func() bool { return m1.in.Load() == 1 })
+			if got := a.Volume().UnansweredWrites(); !slices.Equal(got, []int64{0, 1}) {
+				t.Errorf("unanswered writes while part 1's lender holds one: %v, want [0 1]", got)
+			}
+			release()
+			if err := <-written; err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the write to be answered", func() bool { return slices.Equal(a.Volume().UnansweredWrites(), []int64{0, 0}) })
+		})
+	}
+}
