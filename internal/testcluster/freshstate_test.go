@@ -22,47 +22,10 @@ import (
 // reads zeroes.
 func TestFreshStateDirWipesDevices(t *testing.T) {
 	t.Parallel()
-	const dev = 8 << 20
 	disk := filepath.Join(t.TempDir(), "disk0.img") // outside the state dir: it stays
-	c := Start(t, Options{Nodes: 1, Tenants: []string{"alice", "bob"},
-		Devices: []agent.DeviceConfig{{Name: "disk0", Kind: api.KindBlock, Path: disk, Size: dev}}})
-	ctx := ctxT(t)
-	alice, bob := c.ClientWithToken(TenantToken("alice")), c.ClientWithToken(TenantToken("bob"))
-	req := api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeDedicated, Size: dev}
-	la, err := alice.CreateLease(ctx, req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fillParts(ctx, t, la, "alice")
-
-	n := c.Nodes[0]
-	id := n.ID()
-	n.Kill()
-	n.cfg.StateDir = filepath.Join(t.TempDir(), "fresh")
-	n.Launch()
-	n.WaitReady()
-	if got := n.ID(); got != id {
-		t.Fatalf("the node rejoined as %s, not %s (same machine)", got, id)
-	}
-	if got := c.Lease(la.ID); got.State != api.LeaseLost || !strings.Contains(got.Reason, "lost the record of its exports") {
-		t.Fatalf("alice's lease after its lender came back without its state: %s (%q), want lost", got.State, got.Reason)
-	}
-
-	// Alice releases what she holds (a lost lease is ended already).
-	if _, err := alice.ReleaseLease(ctx, la.ID); err != nil && !isConflict(err) {
-		t.Fatal(err)
-	}
-	c.Heartbeat()
-	lb, err := bob.CreateLease(ctx, req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(partRanges(lb), partRanges(la)) {
-		t.Fatalf("bob's lease %v is not on alice's ranges %v", partRanges(lb), partRanges(la))
-	}
-	if k := leakedBlocks(ctx, t, lb); k != 0 {
-		t.Fatalf("bob reads %d of alice's 4 KiB blocks", k)
-	}
+	lostStateNextTenantReadsZeroes(t, disk, "its lender came back without its state", func(n *Node) {
+		n.cfg.StateDir = filepath.Join(t.TempDir(), "fresh")
+	})
 }
 
 // TestMissingExportsRecordWipesDevices: an agent restarted with its
@@ -74,9 +37,23 @@ func TestFreshStateDirWipesDevices(t *testing.T) {
 // range reads zeroes.
 func TestMissingExportsRecordWipesDevices(t *testing.T) {
 	t.Parallel()
+	lostStateNextTenantReadsZeroes(t, "disk0.img", "its lender lost its exports record", func(n *Node) {
+		if err := os.Remove(filepath.Join(n.cfg.StateDir, "exports.json")); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// lostStateNextTenantReadsZeroes: alice fills a dedicated lease on the
+// one node's device at path; the node is killed, lose takes away what it
+// knew of its exports, and it is started again. It must rejoin as the same
+// node with alice's lease recorded lost (what says how it lost its state),
+// and bob's lease on alice's range, after her release, must read zeroes.
+func lostStateNextTenantReadsZeroes(t *testing.T, path, what string, lose func(n *Node)) {
+	t.Helper()
 	const dev = 8 << 20
 	c := Start(t, Options{Nodes: 1, Tenants: []string{"alice", "bob"},
-		Devices: []agent.DeviceConfig{{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: dev}}})
+		Devices: []agent.DeviceConfig{{Name: "disk0", Kind: api.KindBlock, Path: path, Size: dev}}})
 	ctx := ctxT(t)
 	alice, bob := c.ClientWithToken(TenantToken("alice")), c.ClientWithToken(TenantToken("bob"))
 	req := api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeDedicated, Size: dev}
@@ -89,20 +66,18 @@ func TestMissingExportsRecordWipesDevices(t *testing.T) {
 	n := c.Nodes[0]
 	id := n.ID()
 	n.Kill()
-	if err := os.Remove(filepath.Join(n.cfg.StateDir, "exports.json")); err != nil {
-		t.Fatal(err)
-	}
+	lose(n)
 	n.Launch()
 	n.WaitReady()
 	if got := n.ID(); got != id {
-		t.Fatalf("the node rejoined as %s, not %s", got, id)
+		t.Fatalf("the node rejoined as %s, not %s (same machine)", got, id)
 	}
 	if got := c.Lease(la.ID); got.State != api.LeaseLost || !strings.Contains(got.Reason, "lost the record of its exports") {
-		t.Fatalf("alice's lease after its lender lost its exports record: %s (%q), want lost", got.State, got.Reason)
+		t.Fatalf("alice's lease after %s: %s (%q), want lost", what, got.State, got.Reason)
 	}
 
-	// Alice releases what she holds: a teardown of an export the agent
-	// does not know.
+	// Alice releases what she holds (a lost lease is ended already; the
+	// agent tears down an export it does not know).
 	if _, err := alice.ReleaseLease(ctx, la.ID); err != nil && !isConflict(err) {
 		t.Fatal(err)
 	}
