@@ -255,6 +255,12 @@ func TestUpNetnsCrash(t *testing.T) {
 	args := []string{"--netns", "--agents", "2", "--disks", "1", "--disk-size", "16MiB"}
 
 	up := startUp(t, bin, dir, args...)
+	t.Cleanup(func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(filepath.Join(dir, "logs", "reaper.log"))
+			t.Logf("reaper.log:\n%s", b)
+		}
+	})
 	id, reaper := rackRecord(t, dir)
 	pids := labPids(t, id)
 	if len(pids) != 3 || gone(reaper) {

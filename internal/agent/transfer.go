@@ -682,13 +682,14 @@ func (a *Agent) failOut(t *transfer, err error) {
 		return
 	}
 	// The status says it in words for the tenant (transferWords); the
-	// log below has the whole error.
+	// log has the whole error, written (and counted) before the failure
+	// is visible, so that whoever sees it finds it in the log.
+	a.log.Warn("moving a part failed; it is served here as before", "transfer", t.id, "lease", t.e.Request.LeaseID, "err", err)
+	a.mTransfers.WithLabelValues("out", "failed").Inc()
 	t.st.Error = transferWords(t.e.Device.Name, err)
 	t.setLocked(api.TransferFailed)
 	t.mu.Unlock()
 	a.endOut(t)
-	a.mTransfers.WithLabelValues("out", "failed").Inc()
-	a.log.Warn("moving a part failed; it is served here as before", "transfer", t.id, "lease", t.e.Request.LeaseID, "err", err)
 }
 
 // endOut releases an outgoing transfer's resources (not after a commit:

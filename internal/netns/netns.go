@@ -454,6 +454,15 @@ func Purge(ctx context.Context, id string, log *slog.Logger) error {
 			errs = append(errs, err)
 		}
 	}
+	if len(errs) > 0 {
+		// A step may fail on what went meanwhile (a namespace or link
+		// another process removed, a link gone with its namespace): what
+		// counts is whether anything of the lab is left.
+		if nss, links, err := Leftovers(ctx, id); err == nil && len(nss) == 0 && len(links) == 0 {
+			log.Warn("purge: steps failed but nothing of the lab is left", "lab", id, "err", errors.Join(errs...))
+			return nil
+		}
+	}
 	return errors.Join(errs...)
 }
 
