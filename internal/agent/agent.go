@@ -162,6 +162,7 @@ func New(cfg Config) (*Agent, error) {
 			b.srv.MovePending = cfg.MovePendingBytes // before Serve
 			b.srv.MaxExportConns = cfg.MaxExportConns
 			b.srv.MaxHandshakes = cfg.MaxHandshakes
+			b.srv.MaxHandshakesPerSource = cfg.MaxHandshakesPerSource
 		}
 	}
 	if !cfg.OmitRuntimeMetrics {
