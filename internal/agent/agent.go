@@ -399,7 +399,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	// From here on exports.json exists as long as identity.json does: a
 	// start that finds only the identity has lost it (fresh.go).
-	if err := a.keepExportsRecord(files); err != nil {
+	if err := a.keepExportsRecord(); err != nil {
 		return err
 	}
 	saved = a.loseEphemeral(saved)
