@@ -149,7 +149,8 @@ func runAgent(e *env, fs *pflag.FlagSet) runFunc {
 	slotMem := sizeString(fs, "slot-memory", "16MiB", "memory of each accelerator slot")
 	movePending := sizeString(fs, "move-pending", "64MiB", "memory a block part moving from here may spend on its borrower's writes not yet written (held by the move's switch, or on their way to the file); past it the borrower's writes wait (docs/operations.md)")
 	maxConns := fs.Int("max-export-conns", 64, "NBD connections one block lease may have open at once (each may hold up to 64 MiB of buffers); further ones are refused at NBD_OPT_GO (docs/operations.md)")
-	maxHandshakes := fs.Int("max-handshakes", 256, "NBD connections in the option phase (no lease credential presented yet) at once; past it the one waiting longest is closed (docs/operations.md)")
+	maxHandshakes := fs.Int("max-handshakes", 256, "NBD connections in the option phase (no lease credential presented yet) at once; past it the one waiting longest of the source with the most is closed (docs/operations.md)")
+	maxHandshakesSrc := fs.Int("max-handshakes-per-source", 64, "NBD connections in the option phase at once from one source (an IPv4 address, an IPv6 /64); past it that source's longest waiting is closed (docs/operations.md)")
 	fs.Var(&labels, "label", "node label KEY=VALUE (repeatable)")
 	hb := fs.Duration("heartbeat", 0, "heartbeat interval (default: the control plane's)")
 	machine := fs.String("machine-id", "", "override the hardware identity")
@@ -211,7 +212,10 @@ func runAgent(e *env, fs *pflag.FlagSet) runFunc {
 		if *maxHandshakes <= 0 {
 			return usagef("bad --max-handshakes %d: want at least 1", *maxHandshakes)
 		}
-		cfg.MaxExportConns, cfg.MaxHandshakes = *maxConns, *maxHandshakes
+		if *maxHandshakesSrc <= 0 {
+			return usagef("bad --max-handshakes-per-source %d: want at least 1", *maxHandshakesSrc)
+		}
+		cfg.MaxExportConns, cfg.MaxHandshakes, cfg.MaxHandshakesPerSource = *maxConns, *maxHandshakes, *maxHandshakesSrc
 		if *mem != "" {
 			n, err := resource.ParseSize(*mem)
 			if err != nil {

@@ -162,6 +162,7 @@ func New(cfg Config) (*Agent, error) {
 			b.srv.MovePending = cfg.MovePendingBytes // before Serve
 			b.srv.MaxExportConns = cfg.MaxExportConns
 			b.srv.MaxHandshakes = cfg.MaxHandshakes
+			b.srv.MaxHandshakesPerSource = cfg.MaxHandshakesPerSource
 		}
 	}
 	if !cfg.OmitRuntimeMetrics {
@@ -398,7 +399,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	// From here on exports.json exists as long as identity.json does: a
 	// start that finds only the identity has lost it (fresh.go).
-	if err := a.keepExportsRecord(files); err != nil {
+	if err := a.keepExportsRecord(); err != nil {
 		return err
 	}
 	saved = a.loseEphemeral(saved)

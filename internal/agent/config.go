@@ -129,9 +129,15 @@ type Config struct {
 	MaxExportConns int
 	// MaxHandshakes bounds the block data plane's connections in the NBD
 	// option phase at once (peers that have presented no lease
-	// credential yet); past it the one waiting longest is closed. 0: 256
-	// (nbd.DefaultMaxHandshakes); less than 0: no bound.
+	// credential yet); past it the one waiting longest of the source
+	// with the most is closed. 0: 256 (nbd.DefaultMaxHandshakes); less
+	// than 0: no bound.
 	MaxHandshakes int
+	// MaxHandshakesPerSource bounds those from one source (an IPv4
+	// address, an IPv6 /64); past it that source's longest waiting is
+	// closed. 0: 64 (nbd.DefaultMaxHandshakesPerSource); less than 0: no
+	// bound.
+	MaxHandshakesPerSource int
 	// SysRoot is prefixed to /proc, /sys and /etc paths while
 	// fingerprinting (tests point it at a fake tree).
 	SysRoot string

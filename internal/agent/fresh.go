@@ -34,11 +34,16 @@ import (
 // So exports.json exists, even empty, for as long as identity.json does:
 // every start writes it if absent once it knows its state (before its
 // identity says so: identity.ExportsKept), and a start that finds an
-// identity saying so but no exports.json treats its state as lost, as a
-// fresh one. A state directory written by an agent that predates
-// ExportsKept has no exports.json until its first export: there an absent
-// file is taken for what it was then, no export ever, and kept from then
-// on.
+// identity but no exports.json treats its state as lost, as a fresh one.
+// That holds whether or not the identity says the file was kept: a state
+// directory written by an agent that predates ExportsKept has no
+// exports.json until its first export, but its exports.json may as well
+// have been deleted before this version first started there, and nothing
+// tells the two apart. Taking the absence for "no export ever" would lend
+// the ranges of the leases it listed on unwiped; taking it for lost costs,
+// once, a wipe of devices that held no tenant's bytes and a join that has
+// the control plane record the node's leases lost (it has none, if
+// there was never an export).
 //
 // Nor is an agent still running on the same devices lost state: a second
 // agent is refused before it looks at them (instancelock.go), whatever its
@@ -70,8 +75,10 @@ func (a *Agent) statStateFiles() (stateFiles, error) {
 
 // lostState says why the state directory does not tell what the devices
 // hold ("": it does): fresh (neither file), or its exports record gone
-// while the identity, which says it kept one, is there. Call it once the
-// identity is loaded.
+// while the identity is there, whether or not the identity says it kept
+// one (an identity without the marker: an earlier version's state
+// directory, whose exports.json may have been deleted too). Call it once
+// the identity is loaded.
 func (a *Agent) lostState(s stateFiles) string {
 	a.mu.Lock()
 	kept := a.id.ExportsKept
@@ -81,6 +88,8 @@ func (a *Agent) lostState(s stateFiles) string {
 		return "fresh"
 	case s.identity && !s.exports && kept:
 		return "exports record missing"
+	case s.identity && !s.exports:
+		return "no exports record"
 	}
 	return ""
 }
@@ -104,6 +113,9 @@ func (a *Agent) wipeLostState(existed map[string]bool, why string) error {
 		return err
 	}
 	switch {
+	case why == "no exports record":
+		a.log.Warn("identity.json is there but exports.json is not, and the identity, written by an earlier version or before its first export, does not say whether it ever had one: it may have been deleted, so the exports this agent served are unknown; every block device file that already existed is wiped in full before anything is served, and the join has the control plane record this machine's leases lost (once: the file is kept from now on)",
+			"devices", n, "state_dir", a.cfg.StateDir)
 	case why != "fresh":
 		a.log.Warn("identity.json is there but exports.json, which it says was kept, is missing: the exports this agent served are unknown, so every block device file that already existed is wiped in full before anything is served, and the join has the control plane record this machine's leases lost",
 			"devices", n, "state_dir", a.cfg.StateDir)
@@ -121,16 +133,12 @@ func (a *Agent) wipeLostState(existed map[string]bool, why string) error {
 // then on a start without the file has lost it. In that order: a crash
 // in between leaves a file and an identity that does not say so yet,
 // which the next start takes as kept.
-func (a *Agent) keepExportsRecord(s stateFiles) error {
+func (a *Agent) keepExportsRecord() error {
 	a.mu.Lock()
 	kept := a.id.ExportsKept
 	a.id.ExportsKept = true
 	a.mu.Unlock()
 	if _, err := os.Lstat(filepath.Join(a.cfg.StateDir, exportsFile)); errors.Is(err, fs.ErrNotExist) {
-		if s.identity && !s.exports && !kept {
-			a.log.Info("the state directory was written by an earlier version, which wrote exports.json at the first export only: taking its absence for no export ever, and keeping the file from now on",
-				"state_dir", a.cfg.StateDir)
-		}
 		a.opMu.Lock()
 		err := a.saveExportsLocked()
 		a.opMu.Unlock()

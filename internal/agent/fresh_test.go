@@ -155,15 +155,17 @@ func TestMissingExportsRecordWipes(t *testing.T) {
 
 // TestEarlierStateDirWithoutExportsRecord: a state directory written by an
 // agent that wrote exports.json only at its first export (identity.json
-// without exports_kept, no exports.json) is taken for what it meant then:
-// no export ever. Nothing is wiped and nothing is said lost; the file is
-// written, and the identity then says it is kept, so that losing it later
-// is noticed.
+// without exports_kept, no exports.json) may have had its exports.json
+// deleted before this version first started there: the device may hold a
+// tenant's bytes. So it is taken for a lost record, as when the marker
+// says the file was kept: the device is wiped before anything is served
+// and the join says lost_exports. The file is written, the identity
+// then says it is kept, and the next start loses nothing.
 func TestEarlierStateDirWithoutExportsRecord(t *testing.T) {
 	f, srv := newFakeCP(t)
 	cfg := testConfig(srv.URL, t.TempDir())
-	mine := bytes.Repeat([]byte{0x77}, 4096) // not a tenant's: no export ever
-	if err := os.WriteFile(filepath.Join(cfg.StateDir, "disk0.img"), append(mine, make([]byte, (1<<20)-4096)...), 0o600); err != nil {
+	tenant := bytes.Repeat([]byte{0x77}, 4096) // a lease's, listed by the deleted exports.json
+	if err := os.WriteFile(filepath.Join(cfg.StateDir, "disk0.img"), append(tenant, make([]byte, (1<<20)-4096)...), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	old := `{"machine_id":"m-earlier","node_id":"node-n1","credential":"cred-1","agent_key":"key-1"}`
@@ -171,14 +173,14 @@ func TestEarlierStateDirWithoutExportsRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := start(t, cfg)
-	if n := testutil.ToFloat64(r.a.mWipes.WithLabelValues("ok")); n != 0 {
-		t.Fatalf("%v wipes on an earlier version's state directory, want 0", n)
+	if n := testutil.ToFloat64(r.a.mWipes.WithLabelValues("ok")); n != 1 {
+		t.Fatalf("%v wipes on an earlier version's state directory without exports.json, want 1", n)
 	}
-	if !bytes.Equal(diskBytes(t, cfg.StateDir, 0, 4096), mine) {
-		t.Fatal("the device was wiped")
+	if !bytes.Equal(diskBytes(t, cfg.StateDir, 0, 4096), make([]byte, 4096)) {
+		t.Fatal("the device keeps the bytes a deleted exports.json may have listed")
 	}
-	if j := joinsOf(f); len(j) != 1 || j[0].LostExports || j[0].Fingerprint.MachineID != "m-earlier" {
-		t.Fatalf("joins %+v, want one not saying lost_exports, as machine m-earlier", j)
+	if j := joinsOf(f); len(j) != 1 || !j[0].LostExports || j[0].Fingerprint.MachineID != "m-earlier" {
+		t.Fatalf("joins %+v, want one saying lost_exports, as machine m-earlier", j)
 	}
 	r.halt(t)
 	var id identity
@@ -188,6 +190,27 @@ func TestEarlierStateDirWithoutExportsRecord(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(cfg.StateDir, exportsFile)); err != nil {
 		t.Fatalf("exports.json not written: %v", err)
 	}
+	// The next start, with the record kept, loses nothing: bytes written
+	// to the device since (by the agent, say) stay.
+	df, err := os.OpenFile(filepath.Join(cfg.StateDir, "disk0.img"), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := df.WriteAt(tenant, 0); err != nil {
+		t.Fatal(err)
+	}
+	df.Close()
+	r = start(t, cfg)
+	if n := testutil.ToFloat64(r.a.mWipes.WithLabelValues("ok")); n != 0 {
+		t.Fatalf("%v wipes after a restart with the record kept, want 0", n)
+	}
+	if !bytes.Equal(diskBytes(t, cfg.StateDir, 0, 4096), tenant) {
+		t.Fatal("a restart with the record kept wiped the device")
+	}
+	if j := joinsOf(f); j[len(j)-1].LostExports {
+		t.Fatal("a restart with the record kept said its exports were lost")
+	}
+	r.halt(t)
 
 	if err := os.Remove(filepath.Join(cfg.StateDir, exportsFile)); err != nil {
 		t.Fatal(err)

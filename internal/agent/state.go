@@ -25,10 +25,11 @@ type identity struct {
 	// the node's leases are lost (api.JoinRequest.LostExports).
 	LostExports bool `json:"lost_exports,omitempty"`
 	// ExportsKept: exports.json exists, even with no export in it, for
-	// as long as this identity does (fresh.go), so that a start that
-	// finds this identity and no exports.json knows the record is lost.
-	// Unset in a state directory written by an agent that did not keep
-	// the file before its first export.
+	// as long as this identity does (fresh.go). Unset in a state
+	// directory written by an agent that did not keep the file before its
+	// first export. A start that finds an identity and no exports.json
+	// takes the record for lost either way; the marker only says which
+	// (the log's and the wipe journal's reason).
 	ExportsKept bool `json:"exports_kept,omitempty"`
 }
 

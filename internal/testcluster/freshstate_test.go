@@ -1,6 +1,7 @@
 package testcluster
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -39,6 +40,43 @@ func TestMissingExportsRecordWipesDevices(t *testing.T) {
 	t.Parallel()
 	lostStateNextTenantReadsZeroes(t, "disk0.img", "its lender lost its exports record", func(n *Node) {
 		if err := os.Remove(filepath.Join(n.cfg.StateDir, "exports.json")); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestEarlierVersionMissingExportsRecordWipesDevices: the state directory
+// an earlier version left (identity.json without exports_kept: it wrote
+// exports.json only at its first export) whose exports.json was deleted
+// before the upgrade: identity only, alice's bytes on the device. The
+// start cannot tell it from a node that never had an export, so it takes
+// the record for lost: it wipes the device and has alice's lease recorded
+// lost, and bob's lease on her range reads zeroes.
+func TestEarlierVersionMissingExportsRecordWipesDevices(t *testing.T) {
+	t.Parallel()
+	lostStateNextTenantReadsZeroes(t, "disk0.img", "its lender, upgraded, lost its exports record", func(n *Node) {
+		if err := os.Remove(filepath.Join(n.cfg.StateDir, "exports.json")); err != nil {
+			t.Fatal(err)
+		}
+		// What the earlier version wrote: the identity without the
+		// marker (the only field it lacked).
+		path := filepath.Join(n.cfg.StateDir, "identity.json")
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var id map[string]any
+		if err := json.Unmarshal(b, &id); err != nil {
+			t.Fatal(err)
+		}
+		if id["exports_kept"] != true {
+			t.Fatalf("identity.json %s: no exports_kept to take away", b)
+		}
+		delete(id, "exports_kept")
+		if b, err = json.Marshal(id); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, b, 0o600); err != nil {
 			t.Fatal(err)
 		}
 	})

@@ -23,6 +23,11 @@ var (
 	// ErrTLSRequired: the target requires TLS and the client connected in
 	// plaintext (a rialto-accel:// URI, or no TLS configuration).
 	ErrTLSRequired = errors.New("accel: the target requires TLS (use its rialto-accels:// URI and the cluster CA)")
+	// ErrInputBudget: an INLINE START refused because the connection's
+	// running tasks hold as many bytes of inline input as the server
+	// allows one connection (Server.MaxInlineInput); it may be sent again
+	// once one of them has finished.
+	ErrInputBudget = errors.New("accel: inline input budget of the connection spent")
 )
 
 // Code is the u16 error code of an ERROR frame.
@@ -47,6 +52,7 @@ const (
 	CodeUnsupported    Code = 15
 	CodeBlockIO        Code = 16
 	CodeTLSRequired    Code = 17
+	CodeInputBudget    Code = 18
 )
 
 var codeErrs = []struct {
@@ -68,6 +74,7 @@ var codeErrs = []struct {
 	{CodeUnsupported, ErrUnsupported},
 	{CodeBlockIO, ErrBlockIO},
 	{CodeTLSRequired, ErrTLSRequired},
+	{CodeInputBudget, ErrInputBudget},
 	{CodeCanceled, context.Canceled},
 	{CodeCanceled, context.DeadlineExceeded},
 }

@@ -90,6 +90,18 @@ type Server struct {
 	// socket, by this client or by another connection of the same server
 	// (an appliance slot's server serves one lease). Set before Serve.
 	MaxQueuedReplies int64
+	// MaxInlineInput bounds the bytes of INLINE task inputs one
+	// connection's tasks hold at once (0: DefaultInlineInputFactor ×
+	// MaxPayload; never below MaxPayload). An INLINE START carries its
+	// input in the frame, up to MaxPayload, and the server holds it until
+	// the task returns, so without a bound a connection's MaxOutstanding
+	// tasks would hold MaxOutstanding × MaxPayload. A START whose input
+	// would take the connection past it, while the connection's tasks
+	// hold some, is refused with ErrInputBudget (code InputBudget); one
+	// on a connection that holds none is always taken. The reader does
+	// not wait for it: a CANCEL must still reach a task that holds the
+	// budget. Set before Serve.
+	MaxInlineInput int64
 
 	inputOnce sync.Once
 	inputs    *semaphore.Weighted
@@ -150,6 +162,21 @@ func (s *Server) releaseReply(n int64) {
 func (s *Server) ReplyBudget() (capacity, held int64, waiting int) {
 	_, capacity = s.replyBudget()
 	return capacity, s.queued.Load(), int(s.waiting.Load())
+}
+
+// DefaultInlineInputFactor × MaxPayload is Server.MaxInlineInput's
+// default: a few calls of the largest input each in flight on one
+// connection (a gateway's workers share one connection to a slot).
+const DefaultInlineInputFactor = 4
+
+// inlineBudget is the bytes of INLINE inputs one connection's tasks may
+// hold at once (MaxInlineInput).
+func (s *Server) inlineBudget() int64 {
+	b := s.MaxInlineInput
+	if b <= 0 {
+		b = DefaultInlineInputFactor * int64(s.maxPayload())
+	}
+	return max(b, int64(s.maxPayload()))
 }
 
 // holdInput waits until n bytes of task input fit the server's budget
@@ -241,8 +268,11 @@ type conn struct {
 	// running holds the cancel of every START still executing, by tag
 	// (guarded by mu), for CANCEL.
 	running map[uint32]*runningTask
-	failed  chan struct{}
-	once    sync.Once
+	// inline counts the bytes of INLINE inputs the connection's tasks
+	// hold (guarded by mu; Server.MaxInlineInput).
+	inline int64
+	failed chan struct{}
+	once   sync.Once
 }
 
 // ServeConn serves one already-accepted connection until it ends or ctx
@@ -468,6 +498,28 @@ func (c *conn) handle(ctx context.Context, wg *sync.WaitGroup, f Frame) {
 			c.send(errFrame(f.Tag, fmt.Errorf("%w (%d in flight)", ErrBusy, cap(c.sem))))
 			return
 		}
+		// An INLINE input is held until the task returns: within the
+		// connection's budget, or refused.
+		var inl int64
+		if f.Flags&FlagInline != 0 {
+			inl = int64(len(st.Payload))
+		}
+		if inl > 0 {
+			budget := c.s.inlineBudget()
+			c.mu.Lock()
+			held := c.inline
+			over := held > 0 && held+inl > budget
+			if !over {
+				c.inline += inl
+			}
+			c.mu.Unlock()
+			if over {
+				<-c.sem
+				c.send(errFrame(f.Tag, fmt.Errorf("%w: this connection's running tasks hold %d bytes of inline input, %d more would pass its %d: wait for a task to finish",
+					ErrInputBudget, held, inl, budget)))
+				return
+			}
+		}
 		if !notify {
 			c.mu.Lock()
 			_, dup := c.tasks[f.Tag]
@@ -477,6 +529,7 @@ func (c *conn) handle(ctx context.Context, wg *sync.WaitGroup, f Frame) {
 			}
 			c.mu.Unlock()
 			if dup || full {
+				c.releaseInline(inl)
 				<-c.sem
 				c.send(errFrame(f.Tag, fmt.Errorf("%w: task tag %d in use or too many unpolled tasks", ErrBusy, f.Tag)))
 				return
@@ -500,6 +553,9 @@ func (c *conn) handle(ctx context.Context, wg *sync.WaitGroup, f Frame) {
 			if c.running[f.Tag] == rt {
 				delete(c.running, f.Tag)
 			}
+			// Given back before the completion is sent: a client that
+			// has seen it may start the next task within the budget.
+			c.inline -= inl
 			c.mu.Unlock()
 			if notify {
 				if err != nil {
@@ -573,6 +629,16 @@ func (c *conn) handle(ctx context.Context, wg *sync.WaitGroup, f Frame) {
 		c.send(AppendFrame(nil, Frame{Op: OpStatus, Tag: f.Tag, Payload: p}))
 	default:
 		c.send(errFrame(f.Tag, fmt.Errorf("%w: unexpected op %#x", ErrFrame, f.Op)))
+	}
+}
+
+// releaseInline gives back n bytes of the connection's INLINE input
+// budget.
+func (c *conn) releaseInline(n int64) {
+	if n > 0 {
+		c.mu.Lock()
+		c.inline -= n
+		c.mu.Unlock()
 	}
 }
 

@@ -51,6 +51,7 @@ var httpErrors = httpx.ErrorMap{
 	{Err: accel.ErrAuth, Status: http.StatusForbidden, Code: "credential_rejected"},
 	{Err: ErrQueueFull, Status: http.StatusTooManyRequests, Code: "queue_full"},
 	{Err: ErrLeaseQueueFull, Status: http.StatusTooManyRequests, Code: "lease_queue_full"},
+	{Err: accel.ErrInputBudget, Status: http.StatusTooManyRequests, Code: "input_budget"},
 	{Err: ErrQueueTimeout, Status: http.StatusServiceUnavailable, Code: "queue_timeout"},
 	{Err: ErrStopped, Status: http.StatusServiceUnavailable, Code: "stopped"},
 	{Err: accel.ErrTooLarge, Status: http.StatusRequestEntityTooLarge, Code: "too_large"},

@@ -243,7 +243,19 @@ type Server struct {
 	// one's, so that peers holding their handshakes open cannot keep a
 	// client that completes its own promptly out; ServeConn does the
 	// same. Zero means DefaultMaxHandshakes; less than zero, no bound.
+	// The connection closed is the oldest of the source (below) that has
+	// the most connections in their option phase, so that one peer's
+	// stalled handshakes push out its own, not a client's from
+	// elsewhere on a slow link.
 	MaxHandshakes int
+	// MaxHandshakesPerSource bounds the connections in the option phase
+	// at once from one source: an IPv4 address, or an IPv6 /64 (peers
+	// without an IP address, on a Unix socket, are not bounded so). A
+	// connection from a source that has as many has that source's
+	// connection longest in its option phase closed first, as at
+	// MaxHandshakes. Zero means DefaultMaxHandshakesPerSource; less than
+	// zero, no bound.
+	MaxHandshakesPerSource int
 
 	mu      sync.Mutex
 	exports map[string]*export
@@ -450,7 +462,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			return fmt.Errorf("nbd: accept: %w", err)
 		}
 		delay = 0
-		hs, ok := s.hs.start(ctx, s.maxHandshakes(), nc)
+		hs, ok := s.hs.start(ctx, s.maxHandshakes(), s.maxHandshakesPerSource(), nc)
 		if !ok {
 			nc.Close()
 			return nil // ctx is done
@@ -466,7 +478,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 // ServeConn serves one already-accepted connection until it ends or ctx is
 // done. It closes nc.
 func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
-	hs, ok := s.hs.start(ctx, s.maxHandshakes(), nc)
+	hs, ok := s.hs.start(ctx, s.maxHandshakes(), s.maxHandshakesPerSource(), nc)
 	if !ok {
 		nc.Close()
 		return
