@@ -231,6 +231,13 @@ type QueuePair struct {
 	// it had to, before it completes the requests.
 	unsettled, renewing bool
 	settled             chan struct{}
+	// gaveUp holds the sequence numbers of requests given up on conn
+	// (do: their caller's context ended) whose replies have not come,
+	// oldest first, at most maxGivenUp: the reader skips a reply to
+	// one, and fails the pair (ErrBadFrame) on a reply no request on
+	// conn is waiting for and none was given up for. Cleared when conn
+	// is replaced: the new connection carries no reply of the old one.
+	gaveUp []uint32
 
 	cq     chan Completion
 	closed bool
@@ -268,6 +275,34 @@ func (c *Client) newQueuePair(ctx context.Context, replaces uint32) (*QueuePair,
 		return nil, err
 	}
 	return q, nil
+}
+
+// maxGivenUp bounds QueuePair.gaveUp. The replies of requests given up
+// come in order with the others, within the credit window (DefaultCredits
+// at a donor: 64); past this many given up without a reply, the oldest
+// is forgotten, and its reply, if it ever comes, fails the pair as one
+// no request was waiting for (ErrBadFrame: the pair is re-established by
+// its next request; nothing is lost but the requests then pending).
+const maxGivenUp = 1024
+
+// giveUp records seq, the sequence number of a request given up on
+// conn, whose reply the reader skips (mu held).
+func (q *QueuePair) giveUp(seq uint32) {
+	if len(q.gaveUp) >= maxGivenUp {
+		q.gaveUp = append(q.gaveUp[:0], q.gaveUp[1:]...)
+	}
+	q.gaveUp = append(q.gaveUp, seq)
+}
+
+// forget reports whether seq is that of a request given up on conn, and
+// forgets it: its reply has come (mu held).
+func (q *QueuePair) forget(seq uint32) bool {
+	i := slices.Index(q.gaveUp, seq)
+	if i < 0 {
+		return false
+	}
+	q.gaveUp = slices.Delete(q.gaveUp, i, i+1)
+	return true
 }
 
 // rejoinable reports whether a pair that failed with err is
@@ -353,7 +388,7 @@ func (q *QueuePair) revive(ctx context.Context) error {
 	q.conn, q.id, q.cgen = conn, rep.queue, q.cgen+1
 	q.br = bufio.NewReaderSize(conn, 64<<10)
 	q.granted, q.sent = rep.Credits, 0
-	q.err, q.unsettled, q.renewing = nil, false, false
+	q.err, q.unsettled, q.renewing, q.gaveUp = nil, false, false, nil
 	q.settled, q.done, q.cancel = make(chan struct{}), make(chan struct{}), cancel
 	close(q.wake)
 	q.wake = make(chan struct{})
@@ -614,6 +649,7 @@ func (q *QueuePair) do(ctx context.Context, op uint8, p []byte, off int64, chunk
 		q.mu.Lock()
 		if _, ok := q.pending[o.seq]; ok {
 			delete(q.pending, o.seq) // the reader will discard its reply
+			q.giveUp(o.seq)
 			if o.op.Write {
 				q.unsettled, write = true, true
 			}
@@ -751,6 +787,16 @@ func (q *QueuePair) reader(ctx context.Context, done chan struct{}) {
 		q.mu.Lock()
 		renewing := q.renewing // taken once this reply is read (rejoin)
 		o := q.pending[h.Seq]
+		if o == nil && !q.forget(h.Seq) {
+			// No request on the connection is waiting for it, and none
+			// was given up: a donor's bug, or a corrupted stream. The
+			// replies after it cannot be trusted either; the requests
+			// pending fail at once rather than at their deadline.
+			q.mu.Unlock()
+			q.fail(fmt.Errorf("%w: a reply (op %d) for seq %d, which no request on the queue connection is waiting for",
+				protocol.ErrBadFrame, h.Op, h.Seq))
+			return
+		}
 		delete(q.pending, h.Seq)
 		if len(q.pending) == 0 {
 			_ = q.conn.SetReadDeadline(time.Time{})
@@ -866,7 +912,7 @@ func (q *QueuePair) reconnect(ctx context.Context) bool {
 	q.conn, q.id, q.cgen = conn, rep.queue, q.cgen+1
 	// The new connection named the old one: nothing abandoned there
 	// lands any more, and a renew asked for is done.
-	q.unsettled, q.renewing = false, false
+	q.unsettled, q.renewing, q.gaveUp = false, false, nil
 	q.br = bufio.NewReaderSize(conn, 64<<10)
 	ops := make([]*qop, 0, len(q.pending))
 	for _, o := range q.pending {
