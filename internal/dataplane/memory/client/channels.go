@@ -238,9 +238,20 @@ type QueuePair struct {
 	// conn is waiting for and none was given up for. Cleared when conn
 	// is replaced: the new connection carries no reply of the old one.
 	gaveUp []uint32
+	// spare is the connection fail opened to have the donor end the
+	// failed one (a queue connection naming it), kept for revive,
+	// which serves on it without a HELLO of its own (mu); nil: none.
+	spare *spareConn
 
 	cq     chan Completion
 	closed bool
+}
+
+// spareConn is a queue connection of the session opened for a pair
+// that failed, and its HELLO reply.
+type spareConn struct {
+	conn net.Conn
+	rep  helloReply
 }
 
 // NewQueuePair opens another queue pair on the session.
@@ -318,8 +329,9 @@ func rejoinable(err error) bool {
 // it broken (rejoinable), for the request about to be posted: a new queue
 // connection of the session that names the failed one
 // (protocol.ReplacedConnection), so that the donor ends that one, if it
-// still serves it, and answers once nothing more of it can land (fail has
-// had the donor end it already if WRITEs were in flight). The requests
+// still serves it, and answers once nothing more of it can land; if
+// WRITEs were in flight, fail has opened that connection already
+// (spare), and the pair goes on on it without a HELLO more. The requests
 // that failed stay failed (fail completed them); the pair serves on with
 // a fresh credit window, under a new queue id, its completion queue the
 // same. Nothing if the pair does not need it (another request revived
@@ -361,9 +373,21 @@ func (q *QueuePair) revive(ctx context.Context) error {
 		}
 	}
 	q.resends.Wait()
-	conn, rep, err := q.c.handshake(ctx, protocol.KindQueue, oldID)
-	if err != nil {
-		return fmt.Errorf("%w (re-establishing the queue connection: %v)", cause, err)
+	// The connection fail opened to end the failed one, if it did:
+	// the pair goes on on it (one HELLO, not two).
+	q.mu.Lock()
+	sp := q.spare
+	q.spare = nil
+	q.mu.Unlock()
+	var conn net.Conn
+	var rep helloReply
+	if sp != nil {
+		conn, rep = sp.conn, sp.rep
+	} else {
+		var err error
+		if conn, rep, err = q.c.handshake(ctx, protocol.KindQueue, oldID); err != nil {
+			return fmt.Errorf("%w (re-establishing the queue connection: %v)", cause, err)
+		}
 	}
 	// Registered first: a CREDIT for the new queue finds the pair (it
 	// comes once a request posted on it completes, after q.id is the
@@ -477,11 +501,16 @@ func (q *QueuePair) lose(err error) {
 //     read any more, so a caller may reuse its buffer as soon as the
 //     request completes;
 //   - the donor has ended the connection, if WRITEs were in flight on it
-//     or abandoned there (unsettled) and the session lives: a new
-//     connection names it (protocol.ReplacedConnection) and is closed
-//     once answered (Client.endConn), so that no WRITE that fails here
-//     lands after a request issued once it failed, on any channel. If
-//     that cannot be done, the session is lost (Client.unsettled).
+//     or abandoned there (unsettled) and the session lives: a new queue
+//     connection names it (protocol.ReplacedConnection), so that no
+//     WRITE that fails here lands after a request issued once it
+//     failed, on any channel. The pair keeps that connection (spare)
+//     and its next request goes on on it (revive): one HELLO ends the
+//     failed connection and re-establishes the pair, admitted at the
+//     donor's connection limits since it replaces one (two did: a sync
+//     connection closed once answered, then the pair's new one, which
+//     the limits could refuse). If that cannot be done, the session is
+//     lost (Client.unsettled).
 func (q *QueuePair) fail(err error) {
 	q.mu.Lock()
 	if q.err != nil {
@@ -505,11 +534,41 @@ func (q *QueuePair) fail(err error) {
 	if writes {
 		// fail has no context of its own; the HELLO is bounded by
 		// Options.Timeout.
-		q.c.endConn(context.Background(), protocol.KindQueue, id)
+		q.endConn(id)
 	}
 	close(settled)
 	for _, o := range pend {
 		q.finish(o, err)
+	}
+}
+
+// endConn has the donor end the pair's failed connection id, on which
+// WRITEs were in flight, with a new queue connection that names it
+// (protocol.ReplacedConnection): the donor answers once nothing more of
+// the old one can land. The new connection is kept for the pair's next
+// request (spare, revive); closed if the pair was closed meanwhile. If
+// the donor cannot be made to end the old one, the session is lost
+// (Client.unsettled). Nothing if the session ended.
+func (q *QueuePair) endConn(id uint32) {
+	if q.c.err() != nil {
+		return
+	}
+	conn, rep, err := q.c.handshake(context.Background(), protocol.KindQueue, id)
+	if err != nil {
+		q.c.unsettled(protocol.KindQueue, err)
+		return
+	}
+	q.mu.Lock()
+	if q.closed || q.c.closed.Load() {
+		q.mu.Unlock()
+		_ = conn.Close()
+		return
+	}
+	old := q.spare
+	q.spare = &spareConn{conn: conn, rep: rep}
+	q.mu.Unlock()
+	if old != nil { // not reached: revive takes it before the pair can fail again
+		_ = old.conn.Close()
 	}
 }
 
@@ -979,12 +1038,16 @@ func (q *QueuePair) isClosed() bool {
 func (q *QueuePair) Close() error {
 	q.mu.Lock()
 	q.closed = true
-	conn, cancel, done := q.conn, q.cancel, q.done
+	conn, cancel, done, sp := q.conn, q.cancel, q.done, q.spare
+	q.spare = nil
 	q.mu.Unlock()
 	if cancel != nil {
 		cancel()
 	}
 	_ = conn.Close()
+	if sp != nil {
+		_ = sp.conn.Close()
+	}
 	<-done
 	q.resends.Wait()
 	// A revive under way finds the pair closed, and does not register

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rialto-project/rialto/internal/dataplane/memory/donor"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/memorytest"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 )
@@ -208,11 +209,11 @@ func TestMalformedReplyReplacesConnection(t *testing.T) {
 					if k == tg.kind {
 						want++
 					}
-					if tg.ch == ChannelQueue && k == protocol.KindSync {
-						// The pair that failed with WRITEs in flight
-						// had the donor end its connection (fail).
-						want++
-					}
+					// The pair that failed with WRITEs in flight had
+					// the donor end its connection with a new queue
+					// connection (fail), which it serves on (revive): one
+					// HELLO. There were two: a sync connection closed
+					// once answered, then the pair's new one.
 					if after[k] != want {
 						t.Errorf("connections of kind %d: %d, then %d (want %d)", k, before[k], after[k], want)
 					}
@@ -270,6 +271,43 @@ func TestQueueLateReplyOfGivenUpRequest(t *testing.T) {
 	}
 	if after := relay.Dials(); after[protocol.KindQueue] != before[protocol.KindQueue] || after[protocol.KindSync] != before[protocol.KindSync] {
 		t.Errorf("connections opened: %v, then %v", before, after)
+	}
+	if err := c.err(); err != nil {
+		t.Fatalf("the session: %v", err)
+	}
+}
+
+// TestFailedQueuePairRevivedAtConnectionLimit: a queue pair that fails
+// with WRITEs in flight (a malformed reply) while its session holds the
+// donor's MaxSessionConns data connections is re-established by its next
+// request, which succeeds. The one HELLO that has the donor end the
+// failed connection replaces it, and is admitted at the limit; the pair
+// goes on on that connection. It was a sync connection closed once
+// answered, and the pair's new connection, a HELLO of its own that
+// replaced nothing any more, was refused at the limit (ErrConnLimit):
+// the queue channel failed until another connection of the session
+// ended.
+func TestFailedQueuePairRevivedAtConnectionLimit(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	// A sync connection, a bulk stream, the queue pair: the session's
+	// limit.
+	td := memorytest.StartWith(t, 4<<20, 0, func(d *donor.Donor) { d.MaxSessionConns = 3 })
+	relay := memorytest.StartRelay(t, td.Addr)
+	c := dial(t, td.Addr, Options{Dialer: relay.Dial, Streams: 1, QueueChunk: 16 << 10})
+	const n = 64 << 10
+	spoilt := relay.Corrupt(protocol.KindQueue, memorytest.CorruptLength)
+	if err := c.Write(ctx, ChannelQueue, bytes.Repeat([]byte{0x44}, n), 0); !errors.Is(err, protocol.ErrBadFrame) {
+		t.Fatalf("the write whose reply was spoilt: %v", err)
+	}
+	<-spoilt
+	want := bytes.Repeat([]byte{0x55}, n)
+	if err := c.Write(ctx, ChannelQueue, want, 0); err != nil {
+		t.Fatalf("the next queue write, the session at its connection limit: %v", err)
+	}
+	got := make([]byte, n)
+	if err := c.Read(ctx, ChannelQueue, got, 0); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("the next queue read: %v (equal %v)", err, bytes.Equal(got, want))
 	}
 	if err := c.err(); err != nil {
 		t.Fatalf("the session: %v", err)

@@ -313,8 +313,9 @@ func MoveGeneration(h Header) uint64 {
 // request h replaces, carried in its offset field: the id (HelloReply's
 // Queue) of a connection of the same session that its client gave up —
 // it broke, or a request on it timed out or was cancelled — and
-// re-establishes with this one (or, for a queue pair that failed, only
-// wants ended: the new connection is closed once answered). The donor
+// re-establishes with this one (a queue pair that failed with WRITEs in
+// flight has it ended at once, and goes on on the new connection with
+// its next request, or closes it). The donor
 // ends that connection, a WRITE under way or held on it included, and
 // answers the HELLO once its handler has returned, so that nothing of
 // what the client sent on it lands after what it sends next, on this
