@@ -231,9 +231,27 @@ type QueuePair struct {
 	// it had to, before it completes the requests.
 	unsettled, renewing bool
 	settled             chan struct{}
+	// gaveUp holds the sequence numbers of requests given up on conn
+	// (do: their caller's context ended) whose replies have not come,
+	// oldest first, at most maxGivenUp: the reader skips a reply to
+	// one, and fails the pair (ErrBadFrame) on a reply no request on
+	// conn is waiting for and none was given up for. Cleared when conn
+	// is replaced: the new connection carries no reply of the old one.
+	gaveUp []uint32
+	// spare is the connection fail opened to have the donor end the
+	// failed one (a queue connection naming it), kept for revive,
+	// which serves on it without a HELLO of its own (mu); nil: none.
+	spare *spareConn
 
 	cq     chan Completion
 	closed bool
+}
+
+// spareConn is a queue connection of the session opened for a pair
+// that failed, and its HELLO reply.
+type spareConn struct {
+	conn net.Conn
+	rep  helloReply
 }
 
 // NewQueuePair opens another queue pair on the session.
@@ -270,6 +288,34 @@ func (c *Client) newQueuePair(ctx context.Context, replaces uint32) (*QueuePair,
 	return q, nil
 }
 
+// maxGivenUp bounds QueuePair.gaveUp. The replies of requests given up
+// come in order with the others, within the credit window (DefaultCredits
+// at a donor: 64); past this many given up without a reply, the oldest
+// is forgotten, and its reply, if it ever comes, fails the pair as one
+// no request was waiting for (ErrBadFrame: the pair is re-established by
+// its next request; nothing is lost but the requests then pending).
+const maxGivenUp = 1024
+
+// giveUp records seq, the sequence number of a request given up on
+// conn, whose reply the reader skips (mu held).
+func (q *QueuePair) giveUp(seq uint32) {
+	if len(q.gaveUp) >= maxGivenUp {
+		q.gaveUp = append(q.gaveUp[:0], q.gaveUp[1:]...)
+	}
+	q.gaveUp = append(q.gaveUp, seq)
+}
+
+// forget reports whether seq is that of a request given up on conn, and
+// forgets it: its reply has come (mu held).
+func (q *QueuePair) forget(seq uint32) bool {
+	i := slices.Index(q.gaveUp, seq)
+	if i < 0 {
+		return false
+	}
+	q.gaveUp = slices.Delete(q.gaveUp, i, i+1)
+	return true
+}
+
 // rejoinable reports whether a pair that failed with err is
 // re-established by its next request: its connection broke (ErrDonorLost:
 // a reply that did not come in time, a connection that could not be
@@ -283,8 +329,9 @@ func rejoinable(err error) bool {
 // it broken (rejoinable), for the request about to be posted: a new queue
 // connection of the session that names the failed one
 // (protocol.ReplacedConnection), so that the donor ends that one, if it
-// still serves it, and answers once nothing more of it can land (fail has
-// had the donor end it already if WRITEs were in flight). The requests
+// still serves it, and answers once nothing more of it can land; if
+// WRITEs were in flight, fail has opened that connection already
+// (spare), and the pair goes on on it without a HELLO more. The requests
 // that failed stay failed (fail completed them); the pair serves on with
 // a fresh credit window, under a new queue id, its completion queue the
 // same. Nothing if the pair does not need it (another request revived
@@ -326,9 +373,21 @@ func (q *QueuePair) revive(ctx context.Context) error {
 		}
 	}
 	q.resends.Wait()
-	conn, rep, err := q.c.handshake(ctx, protocol.KindQueue, oldID)
-	if err != nil {
-		return fmt.Errorf("%w (re-establishing the queue connection: %v)", cause, err)
+	// The connection fail opened to end the failed one, if it did:
+	// the pair goes on on it (one HELLO, not two).
+	q.mu.Lock()
+	sp := q.spare
+	q.spare = nil
+	q.mu.Unlock()
+	var conn net.Conn
+	var rep helloReply
+	if sp != nil {
+		conn, rep = sp.conn, sp.rep
+	} else {
+		var err error
+		if conn, rep, err = q.c.handshake(ctx, protocol.KindQueue, oldID); err != nil {
+			return fmt.Errorf("%w (re-establishing the queue connection: %v)", cause, err)
+		}
 	}
 	// Registered first: a CREDIT for the new queue finds the pair (it
 	// comes once a request posted on it completes, after q.id is the
@@ -353,7 +412,7 @@ func (q *QueuePair) revive(ctx context.Context) error {
 	q.conn, q.id, q.cgen = conn, rep.queue, q.cgen+1
 	q.br = bufio.NewReaderSize(conn, 64<<10)
 	q.granted, q.sent = rep.Credits, 0
-	q.err, q.unsettled, q.renewing = nil, false, false
+	q.err, q.unsettled, q.renewing, q.gaveUp = nil, false, false, nil
 	q.settled, q.done, q.cancel = make(chan struct{}), make(chan struct{}), cancel
 	close(q.wake)
 	q.wake = make(chan struct{})
@@ -442,11 +501,16 @@ func (q *QueuePair) lose(err error) {
 //     read any more, so a caller may reuse its buffer as soon as the
 //     request completes;
 //   - the donor has ended the connection, if WRITEs were in flight on it
-//     or abandoned there (unsettled) and the session lives: a new
-//     connection names it (protocol.ReplacedConnection) and is closed
-//     once answered (Client.endConn), so that no WRITE that fails here
-//     lands after a request issued once it failed, on any channel. If
-//     that cannot be done, the session is lost (Client.unsettled).
+//     or abandoned there (unsettled) and the session lives: a new queue
+//     connection names it (protocol.ReplacedConnection), so that no
+//     WRITE that fails here lands after a request issued once it
+//     failed, on any channel. The pair keeps that connection (spare)
+//     and its next request goes on on it (revive): one HELLO ends the
+//     failed connection and re-establishes the pair, admitted at the
+//     donor's connection limits since it replaces one (two did: a sync
+//     connection closed once answered, then the pair's new one, which
+//     the limits could refuse). If that cannot be done, the session is
+//     lost (Client.unsettled).
 func (q *QueuePair) fail(err error) {
 	q.mu.Lock()
 	if q.err != nil {
@@ -470,11 +534,41 @@ func (q *QueuePair) fail(err error) {
 	if writes {
 		// fail has no context of its own; the HELLO is bounded by
 		// Options.Timeout.
-		q.c.endConn(context.Background(), protocol.KindQueue, id)
+		q.endConn(id)
 	}
 	close(settled)
 	for _, o := range pend {
 		q.finish(o, err)
+	}
+}
+
+// endConn has the donor end the pair's failed connection id, on which
+// WRITEs were in flight, with a new queue connection that names it
+// (protocol.ReplacedConnection): the donor answers once nothing more of
+// the old one can land. The new connection is kept for the pair's next
+// request (spare, revive); closed if the pair was closed meanwhile. If
+// the donor cannot be made to end the old one, the session is lost
+// (Client.unsettled). Nothing if the session ended.
+func (q *QueuePair) endConn(id uint32) {
+	if q.c.err() != nil {
+		return
+	}
+	conn, rep, err := q.c.handshake(context.Background(), protocol.KindQueue, id)
+	if err != nil {
+		q.c.unsettled(protocol.KindQueue, err)
+		return
+	}
+	q.mu.Lock()
+	if q.closed || q.c.closed.Load() {
+		q.mu.Unlock()
+		_ = conn.Close()
+		return
+	}
+	old := q.spare
+	q.spare = &spareConn{conn: conn, rep: rep}
+	q.mu.Unlock()
+	if old != nil { // not reached: revive takes it before the pair can fail again
+		_ = old.conn.Close()
 	}
 }
 
@@ -614,6 +708,7 @@ func (q *QueuePair) do(ctx context.Context, op uint8, p []byte, off int64, chunk
 		q.mu.Lock()
 		if _, ok := q.pending[o.seq]; ok {
 			delete(q.pending, o.seq) // the reader will discard its reply
+			q.giveUp(o.seq)
 			if o.op.Write {
 				q.unsettled, write = true, true
 			}
@@ -751,6 +846,16 @@ func (q *QueuePair) reader(ctx context.Context, done chan struct{}) {
 		q.mu.Lock()
 		renewing := q.renewing // taken once this reply is read (rejoin)
 		o := q.pending[h.Seq]
+		if o == nil && !q.forget(h.Seq) {
+			// No request on the connection is waiting for it, and none
+			// was given up: a donor's bug, or a corrupted stream. The
+			// replies after it cannot be trusted either; the requests
+			// pending fail at once rather than at their deadline.
+			q.mu.Unlock()
+			q.fail(fmt.Errorf("%w: a reply (op %d) for seq %d, which no request on the queue connection is waiting for",
+				protocol.ErrBadFrame, h.Op, h.Seq))
+			return
+		}
 		delete(q.pending, h.Seq)
 		if len(q.pending) == 0 {
 			_ = q.conn.SetReadDeadline(time.Time{})
@@ -866,7 +971,7 @@ func (q *QueuePair) reconnect(ctx context.Context) bool {
 	q.conn, q.id, q.cgen = conn, rep.queue, q.cgen+1
 	// The new connection named the old one: nothing abandoned there
 	// lands any more, and a renew asked for is done.
-	q.unsettled, q.renewing = false, false
+	q.unsettled, q.renewing, q.gaveUp = false, false, nil
 	q.br = bufio.NewReaderSize(conn, 64<<10)
 	ops := make([]*qop, 0, len(q.pending))
 	for _, o := range q.pending {
@@ -933,12 +1038,16 @@ func (q *QueuePair) isClosed() bool {
 func (q *QueuePair) Close() error {
 	q.mu.Lock()
 	q.closed = true
-	conn, cancel, done := q.conn, q.cancel, q.done
+	conn, cancel, done, sp := q.conn, q.cancel, q.done, q.spare
+	q.spare = nil
 	q.mu.Unlock()
 	if cancel != nil {
 		cancel()
 	}
 	_ = conn.Close()
+	if sp != nil {
+		_ = sp.conn.Close()
+	}
 	<-done
 	q.resends.Wait()
 	// A revive under way finds the pair closed, and does not register

@@ -17,7 +17,8 @@ import (
 // The write's source is never written to, and an operation succeeds only
 // when the first reply for its sequence number is the right one: an OK
 // response of its opcode carrying, for the read, exactly the bytes asked
-// for, which land in its buffer.
+// for, which land in its buffer. A reply for neither fails both as a
+// malformed frame.
 func FuzzQueueReplies(f *testing.F) {
 	reply := func(h protocol.Header, payload []byte) []byte {
 		h.Flags, h.Payload = protocol.FlagResponse, uint32(len(payload))
@@ -76,6 +77,15 @@ func FuzzQueueReplies(f *testing.F) {
 		}
 		if werr == nil && !ok(2, protocol.OpWrite, 0) {
 			t.Fatalf("write succeeded without its reply: %x", first[2])
+		}
+		// A first reply for neither request (none was given up) fails
+		// both, at once, as a malformed frame.
+		if len(in) >= protocol.HeaderSize {
+			h, err := protocol.DecodeHeader(in[:protocol.HeaderSize])
+			if err == nil && h.IsResponse() && (h.Op == protocol.OpRead || h.Op == protocol.OpWrite) && h.Seq != 1 && h.Seq != 2 &&
+				(!errors.Is(rerr, protocol.ErrBadFrame) || !errors.Is(werr, protocol.ErrBadFrame)) {
+				t.Fatalf("a reply for seq %d, which no request waits for: read %v, write %v", h.Seq, rerr, werr)
+			}
 		}
 	})
 }

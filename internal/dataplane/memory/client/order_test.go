@@ -89,15 +89,22 @@ func TestFailedWriteOrderedBeforeOtherChannels(t *testing.T) {
 					tc.next, tc.ch, bytes.IndexByte(got, 0xAA))
 			}
 			// One new connection named the failed write's: the failed
-			// request's re-established, or, for a queue pair that failed,
-			// a sync connection closed once answered.
-			kind := tc.kind
-			if tc.ch == ChannelQueue && tc.timeout {
-				kind = protocol.KindSync
+			// request's re-established, or, for a queue pair that
+			// failed, the one its next request goes on on (below).
+			newConns := func(when string) {
+				t.Helper()
+				after := relay.Dials()
+				for _, k := range []uint8{protocol.KindSync, protocol.KindBulk, protocol.KindQueue} {
+					want := 0
+					if k == tc.kind {
+						want = 1
+					}
+					if d := after[k] - before[k]; d != want {
+						t.Errorf("%s: %d new connection(s) of kind %d, want %d", when, d, k, want)
+					}
+				}
 			}
-			if d := relay.Dials()[kind] - before[kind]; d != 1 {
-				t.Errorf("%d new connection(s) of kind %d, want 1", d, kind)
-			}
+			newConns("after the failure")
 			if err := c.err(); err != nil {
 				t.Fatalf("the session after the failed write: %v", err)
 			}
@@ -106,6 +113,9 @@ func TestFailedWriteOrderedBeforeOtherChannels(t *testing.T) {
 			if err := c.Read(ctx, tc.ch, got, 0); err != nil || !bytes.Equal(got, later) {
 				t.Fatalf("%v read: %v (equal %v)", tc.ch, err, bytes.Equal(got, later))
 			}
+			// A queue pair that timed out goes on on the connection that
+			// ended the failed one: no HELLO more.
+			newConns("after the channel served again")
 			if c.Rejoins() != 1 {
 				t.Errorf("rejoins %d, want 1", c.Rejoins())
 			}

@@ -220,26 +220,6 @@ func (l *link) settle(ctx context.Context, c *Client, err error) error {
 	return err
 }
 
-// endConn has the donor end the session's data connection id, of kind,
-// whose requests failed while WRITEs were in flight on it (a queue
-// pair's: QueuePair.fail), without re-establishing it: a new connection
-// names it (protocol.ReplacedConnection) and is closed once answered —
-// the donor answers once nothing more of the old one can land. The new
-// one is a sync connection, which leaves no state at the donor (a queue
-// connection's credit window would stay in the session). If that cannot
-// be done, the session is lost (unsettled). Nothing if the session ended.
-func (c *Client) endConn(ctx context.Context, kind uint8, id uint32) {
-	if c.err() != nil {
-		return
-	}
-	conn, _, err := c.handshake(ctx, protocol.KindSync, id)
-	if err != nil {
-		c.unsettled(kind, err)
-		return
-	}
-	_ = conn.Close()
-}
-
 // unsettled ends the session after a data connection of kind whose
 // requests failed could not be ended at the donor (err: why): what was
 // in flight on it might still land after a later request, so no later

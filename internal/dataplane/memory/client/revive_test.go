@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rialto-project/rialto/internal/dataplane/memory/donor"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/memorytest"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 )
@@ -160,13 +161,6 @@ func TestMalformedReplyReplacesConnection(t *testing.T) {
 	hows := []memorytest.Corruption{memorytest.CorruptSeq, memorytest.CorruptLength, memorytest.CorruptOpcode}
 	for _, tg := range targets {
 		for _, how := range hows {
-			if tg.ch == ChannelQueue && how == memorytest.CorruptSeq {
-				// A queue reply with an unknown sequence number is
-				// taken as that of a request given up (do), and the
-				// request it was for times out: see
-				// TestAppQueuePairRejoinedAfterTimeout.
-				continue
-			}
 			t.Run(fmt.Sprintf("%v/%v", tg.ch, how), func(t *testing.T) {
 				ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 				defer cancel()
@@ -215,11 +209,11 @@ func TestMalformedReplyReplacesConnection(t *testing.T) {
 					if k == tg.kind {
 						want++
 					}
-					if tg.ch == ChannelQueue && k == protocol.KindSync {
-						// The pair that failed with WRITEs in flight
-						// had the donor end its connection (fail).
-						want++
-					}
+					// The pair that failed with WRITEs in flight had
+					// the donor end its connection with a new queue
+					// connection (fail), which it serves on (revive): one
+					// HELLO. There were two: a sync connection closed
+					// once answered, then the pair's new one.
 					if after[k] != want {
 						t.Errorf("connections of kind %d: %d, then %d (want %d)", k, before[k], after[k], want)
 					}
@@ -232,5 +226,90 @@ func TestMalformedReplyReplacesConnection(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestQueueLateReplyOfGivenUpRequest: the reply to a queue READ its
+// caller gave up (its context cancelled while the reply was on its way,
+// held by a relay) arrives late and is skipped: the pair serves on, its
+// connection neither failed nor re-established. Replies no request is
+// waiting for, and none was given up for, fail the pair at once
+// (TestMalformedReplyReplacesConnection, queue/seq): the given-up
+// sequence numbers tell the two apart.
+func TestQueueLateReplyOfGivenUpRequest(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	td := memorytest.Start(t, 4<<20, 0)
+	relay := memorytest.StartRelay(t, td.Addr)
+	c := dial(t, td.Addr, Options{Dialer: relay.Dial, QueueChunk: 16 << 10})
+	want := bytes.Repeat([]byte{0x5a}, 32<<10)
+	if err := c.Write(ctx, ChannelQueue, want, 0); err != nil {
+		t.Fatal(err)
+	}
+	before := relay.Dials()
+	held, release := relay.Hold(protocol.KindQueue)
+	rctx, rcancel := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() { errc <- c.Read(rctx, ChannelQueue, make([]byte, len(want)), 0) }()
+	select {
+	case <-held:
+	case <-ctx.Done():
+		t.Fatal("the READ's reply never came")
+	}
+	rcancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the READ given up: %v, want its context's end", err)
+	}
+	close(release)
+	// Its replies come first on the connection, then this READ's.
+	got := make([]byte, len(want))
+	if err := c.Read(ctx, ChannelQueue, got, 0); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("the next queue read: %v (equal %v)", err, bytes.Equal(got, want))
+	}
+	if n := c.Rejoins(); n != 0 {
+		t.Errorf("%d connections re-established, want none", n)
+	}
+	if after := relay.Dials(); after[protocol.KindQueue] != before[protocol.KindQueue] || after[protocol.KindSync] != before[protocol.KindSync] {
+		t.Errorf("connections opened: %v, then %v", before, after)
+	}
+	if err := c.err(); err != nil {
+		t.Fatalf("the session: %v", err)
+	}
+}
+
+// TestFailedQueuePairRevivedAtConnectionLimit: a queue pair that fails
+// with WRITEs in flight (a malformed reply) while its session holds the
+// donor's MaxSessionConns data connections is re-established by its next
+// request, which succeeds. The one HELLO that has the donor end the
+// failed connection replaces it, and is admitted at the limit; the pair
+// goes on on that connection. It was a sync connection closed once
+// answered, and the pair's new connection, a HELLO of its own that
+// replaced nothing any more, was refused at the limit (ErrConnLimit):
+// the queue channel failed until another connection of the session
+// ended.
+func TestFailedQueuePairRevivedAtConnectionLimit(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	// A sync connection, a bulk stream, the queue pair: the session's
+	// limit.
+	td := memorytest.StartWith(t, 4<<20, 0, func(d *donor.Donor) { d.MaxSessionConns = 3 })
+	relay := memorytest.StartRelay(t, td.Addr)
+	c := dial(t, td.Addr, Options{Dialer: relay.Dial, Streams: 1, QueueChunk: 16 << 10})
+	const n = 64 << 10
+	spoilt := relay.Corrupt(protocol.KindQueue, memorytest.CorruptLength)
+	if err := c.Write(ctx, ChannelQueue, bytes.Repeat([]byte{0x44}, n), 0); !errors.Is(err, protocol.ErrBadFrame) {
+		t.Fatalf("the write whose reply was spoilt: %v", err)
+	}
+	<-spoilt
+	want := bytes.Repeat([]byte{0x55}, n)
+	if err := c.Write(ctx, ChannelQueue, want, 0); err != nil {
+		t.Fatalf("the next queue write, the session at its connection limit: %v", err)
+	}
+	got := make([]byte, n)
+	if err := c.Read(ctx, ChannelQueue, got, 0); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("the next queue read: %v (equal %v)", err, bytes.Equal(got, want))
+	}
+	if err := c.err(); err != nil {
+		t.Fatalf("the session: %v", err)
 	}
 }

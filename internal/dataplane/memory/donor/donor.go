@@ -52,6 +52,11 @@ const DefaultMaxSessionConns = 256
 // DefaultMaxSessionConns.
 const DefaultMaxConns = 4096
 
+// DefaultMinSessionConns is the default of Donor.MinSessionConns: what a
+// client opens with its defaults (a sync connection, two bulk streams, a
+// queue pair) and a few mappings' fault connections or queue pairs more.
+const DefaultMinSessionConns = 8
+
 // DefaultCredits is the number of requests a queue pair may have
 // outstanding at the donor (its receive buffers).
 const DefaultCredits = 64
@@ -109,7 +114,7 @@ type Donor struct {
 	RefusalWaitLimit time.Duration
 	// MaxSessionConns bounds the data connections (sync, bulk, queue,
 	// fault) one session has at once; a HELLO past it is refused with
-	// StatusBusy, unless it replaces one of the session's connections.
+	// StatusLimit, unless it replaces one of the session's connections.
 	// A sync, bulk or fault connection holds one of the donor's threads
 	// while it waits for its next request (poll(2) on a raw descriptor),
 	// and the Go runtime ends the process past 10000 threads: one tenant
@@ -118,13 +123,25 @@ type Donor struct {
 	MaxSessionConns int
 	// MaxConns bounds the data connections of every session together
 	// (those of ended sessions whose handlers have not returned yet
-	// included): a HELLO past it is refused with StatusBusy ("the donor
+	// included): a HELLO past it is refused with StatusLimit ("the donor
 	// serves its limit of N data connections"), unless it replaces one
 	// of its session's connections. MaxSessionConns alone let some 40
 	// tenants at their limit take the donor past the runtime's 10000
 	// threads, which ends the process and every tenant's region. Set
 	// before Serve; zero means DefaultMaxConns.
 	MaxConns int
+	// MinSessionConns is every session's guaranteed share of MaxConns:
+	// its first MinSessionConns data connections (at most
+	// MaxSessionConns) are admitted while the donor serves fewer than
+	// MaxConns, and the donor keeps room for them. A connection past its
+	// session's first MinSessionConns is admitted only while the donor's
+	// data connections, plus the guaranteed ones the other live sessions
+	// have not opened yet, plus a reserve of MaxConns/8 for sessions
+	// still to come, stay under MaxConns: one tenant (a session, or a
+	// few) cannot take the whole of MaxConns and lock the others out
+	// (StatusLimit; admitShare). Set before Serve; zero means
+	// DefaultMinSessionConns.
+	MinSessionConns int
 	// Clock times the moves' waits (RefusalWait and RefusalWaitLimit in
 	// TrackWrites and PauseWrites; internal/clock); nil: the real clock.
 	Clock clock.Clock
@@ -218,6 +235,14 @@ func (d *Donor) maxConns() int {
 		return d.MaxConns
 	}
 	return DefaultMaxConns
+}
+
+func (d *Donor) minSessionConns() int {
+	n := DefaultMinSessionConns
+	if d.MinSessionConns > 0 {
+		n = d.MinSessionConns
+	}
+	return min(n, d.maxSessionConns())
 }
 
 func (d *Donor) spin() time.Duration { return max(d.Spin, 0) }
@@ -772,12 +797,8 @@ func (d *Donor) attach(c net.Conn, hello protocol.Hello, h protocol.Header) (s *
 		}
 		if old := s.links[protocol.ReplacedConnection(h)]; old != nil {
 			replaced = old.replace()
-		} else if lim := d.maxSessionConns(); len(s.links) >= lim {
-			return nil, nil, nil, protocol.StatusBusy,
-				fmt.Sprintf("memory: the session has %d data connections, the donor's limit", lim)
-		} else if lim := d.maxConns(); d.dataConns >= lim {
-			return nil, nil, nil, protocol.StatusBusy,
-				fmt.Sprintf("memory: the donor serves its limit of %d data connections", lim)
+		} else if msg := d.admitLocked(s); msg != "" {
+			return nil, nil, nil, protocol.StatusLimit, msg
 		}
 		s.nextQ++
 		w = d.addWriterLocked(s, s.nextQ)
@@ -790,6 +811,45 @@ func (d *Donor) attach(c net.Conn, hello protocol.Hello, h protocol.Header) (s *
 	s.conns[c] = struct{}{}
 	r.users.Add(1)
 	return s, w, replaced, protocol.StatusOK, ""
+}
+
+// admitLocked decides whether session s may add a data connection
+// (d.mu held): "" if it may, else the refusal's message (StatusLimit).
+// The limits, in order: MaxSessionConns for the session, MaxConns for
+// the donor, and past the session's guaranteed share (MinSessionConns)
+// the room the donor keeps for the other sessions' (admitShare).
+func (d *Donor) admitLocked(s *session) string {
+	const refused = "memory: the donor's connection limit is reached: "
+	n, lim := len(s.links), d.maxConns()
+	if sl := d.maxSessionConns(); n >= sl {
+		return refused + fmt.Sprintf("%d data connections per session", sl)
+	}
+	if d.dataConns >= lim {
+		return refused + fmt.Sprintf("the donor serves its limit of %d data connections", lim)
+	}
+	if g := d.minSessionConns(); n >= g && !d.admitShareLocked(s, g, lim) {
+		return refused + fmt.Sprintf("the session has %d data connections, and the donor (serving %d of %d) keeps the rest for other sessions' first %d",
+			n, d.dataConns, lim, g)
+	}
+	return ""
+}
+
+// admitShareLocked reports whether session s, which has its guaranteed
+// g data connections already, may add one (d.mu held): only while the
+// donor's data connections, plus the guaranteed ones the other live
+// sessions have not opened yet, plus a reserve of lim/8 for sessions
+// still to come, stay under lim (MaxConns). Without it one tenant
+// holding a few leases took all of MaxConns, and every other tenant's
+// session was refused its connections until that one let some go.
+func (d *Donor) admitShareLocked(s *session, g, lim int) bool {
+	held := d.dataConns + lim/8
+	for _, r := range d.regions {
+		o := r.sess
+		if o != nil && o != s && !o.closed {
+			held += max(g-len(o.links), 0)
+		}
+	}
+	return held < lim
 }
 
 // detach takes c, and its writer w (nil: none), out of s: w's handler

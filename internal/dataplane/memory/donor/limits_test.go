@@ -1,6 +1,8 @@
 package donor
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -8,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 )
 
@@ -63,7 +66,7 @@ func (c *prefixConn) Read(b []byte) (int, error) {
 
 // TestSessionConnectionLimit: one session (one lease's credential) opens
 // at most MaxSessionConns data connections at once; the next HELLO is
-// refused with StatusBusy and the session's connections serve on. A HELLO
+// refused with StatusLimit and the session's connections serve on. A HELLO
 // that replaces one of them is admitted. Each sync, bulk or fault
 // connection holds a thread of the donor while it waits for its next
 // request (poll(2) on a raw descriptor): with no limit, a tenant opening
@@ -84,8 +87,8 @@ func TestSessionConnectionLimit(t *testing.T) {
 		}
 		c, st, id := helloReplacing(t, addr, kind, sess, 0)
 		if st != protocol.StatusOK {
-			if st != protocol.StatusBusy {
-				t.Fatalf("HELLO %d refused with status %d, want busy", i, st)
+			if st != protocol.StatusLimit {
+				t.Fatalf("HELLO %d refused with status %d, want the connection limit's", i, st)
 			}
 			break
 		}
@@ -115,7 +118,7 @@ func TestSessionConnectionLimit(t *testing.T) {
 
 // TestDonorConnectionLimit: the donor serves at most MaxConns data
 // connections of every session together; the next HELLO is refused with
-// StatusBusy (ErrBusy) saying so, though its session is well under
+// StatusLimit (ErrConnLimit, not ErrBusy) saying so, though its session is well under
 // MaxSessionConns, while one that replaces a connection of its session is
 // admitted, and a connection that ends makes room for another.
 // MaxSessionConns alone bounded each tenant: some 40 of them at their
@@ -158,8 +161,9 @@ func TestDonorConnectionLimit(t *testing.T) {
 	refused := func(s int) {
 		t.Helper()
 		_, st, _, msg := helloAs(t, addr, protocol.KindSync, creds[s], sess[s], 0)
-		if err := protocol.StatusError(st, []byte(msg)); st == protocol.StatusOK || !errors.Is(err, protocol.ErrBusy) {
-			t.Fatalf("a data connection past the donor's %d (session %d) admitted or not refused busy: status %d %q",
+		err := protocol.StatusError(st, []byte(msg))
+		if st == protocol.StatusOK || !errors.Is(err, protocol.ErrConnLimit) || errors.Is(err, protocol.ErrBusy) {
+			t.Fatalf("a data connection past the donor's %d (session %d) admitted or not refused for the limit: status %d %q",
 				limit, s, st, msg)
 		}
 		if want := fmt.Sprintf("the donor serves its limit of %d data connections", limit); !strings.Contains(msg, want) {
@@ -199,4 +203,107 @@ func TestDonorConnectionLimit(t *testing.T) {
 		t.Fatalf("a HELLO after a connection ended, under the donor's limit again: status %d %q", st, msg)
 	}
 	refused(0)
+}
+
+// TestConnectionLimitFairShare: tenant A, holding a few leases, opens
+// data connections on each until the donor refuses them; tenant B then
+// opens a session with a real client and does I/O on every channel. A
+// session's first MinSessionConns connections are its guaranteed share
+// and the donor keeps room for them: A is refused (ErrConnLimit, never
+// ErrBusy) before it takes the donor's whole MaxConns. A took all of
+// MaxConns, and B's session was refused its data connections (the
+// client's Dial failed) until A let some go.
+func TestConnectionLimitFairShare(t *testing.T) {
+	const limit, perSession, share = 128, 48, 8
+	d, addr := startDonorWith(t, 1<<20, 0, func(d *Donor) {
+		d.MaxConns, d.MaxSessionConns, d.MinSessionConns = limit, perSession, share
+	})
+	credsA := []string{testCred, testCred + "-a1", testCred + "-a2"}
+	credB := testCred + "-b"
+	for _, cred := range append(credsA[1:], credB) {
+		if err := d.AddRegion(cred, 1<<20); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = d.RemoveRegion(cred) })
+	}
+	total, shareRefused := 0, false
+	for _, cred := range credsA {
+		ctrl, sess := dialHello(t, addr, protocol.KindControl, 0, cred)
+		t.Cleanup(func() { ctrl.Close() })
+		for n := 0; ; n++ {
+			// Queue connections: served from the netpoller, no thread
+			// each.
+			_, st, _, msg := helloAs(t, addr, protocol.KindQueue, cred, sess, 0)
+			if st == protocol.StatusOK {
+				total++
+				if total > limit {
+					t.Fatalf("the donor admitted %d data connections, over its limit of %d", total, limit)
+				}
+				continue
+			}
+			err := protocol.StatusError(st, []byte(msg))
+			if !errors.Is(err, protocol.ErrConnLimit) || errors.Is(err, protocol.ErrBusy) {
+				t.Fatalf("tenant A's connection %d of %s refused with %v, want the connection limit's error", n, cred, err)
+			}
+			if n < share {
+				t.Fatalf("tenant A's session %s refused its connection %d, within its guaranteed %d: %v", cred, n, share, err)
+			}
+			if strings.Contains(msg, fmt.Sprintf("keeps the rest for other sessions' first %d", share)) {
+				shareRefused = true
+			}
+			break
+		}
+	}
+	if !shareRefused {
+		t.Errorf("no refusal of tenant A named the share kept for other sessions")
+	}
+	// Tenant B: a session of its own, with the client's defaults (a sync
+	// connection, bulk streams, a queue pair), reads and writes.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, addr, credB, client.Options{})
+	if err != nil {
+		t.Fatalf("tenant B's session, with tenant A at the donor's limits (%d data connections): %v", total, err)
+	}
+	defer c.Close()
+	for i, ch := range []client.Channel{client.ChannelSync, client.ChannelBulk, client.ChannelQueue} {
+		want := bytes.Repeat([]byte{byte(i + 1)}, 64<<10)
+		if err := c.Write(ctx, ch, want, int64(i)<<16); err != nil {
+			t.Fatalf("tenant B's %v write: %v", ch, err)
+		}
+		got := make([]byte, len(want))
+		if err := c.Read(ctx, ch, got, int64(i)<<16); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("tenant B's %v read: %v (equal %v)", ch, err, bytes.Equal(got, want))
+		}
+	}
+}
+
+// TestConnectionLimitError: a client whose data connection the donor
+// refuses for a connection limit reads that limit (ErrConnLimit), not
+// that the region has another subscriber (ErrBusy): the refusal was
+// answered BUSY, and the client's error read "memory: region has
+// another subscriber: the session has 4 data connections, the donor's
+// limit".
+func TestConnectionLimitError(t *testing.T) {
+	const perSession = 4 // a sync connection, two bulk streams, a queue pair
+	_, addr := startDonorWith(t, 1<<20, 0, func(d *Donor) { d.MaxSessionConns = perSession })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, addr, testCred, client.Options{Streams: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = c.NewQueuePair(ctx)
+	if !errors.Is(err, protocol.ErrConnLimit) || errors.Is(err, protocol.ErrBusy) {
+		t.Fatalf("a queue pair past the session's limit: %v, want ErrConnLimit and not ErrBusy", err)
+	}
+	if want := fmt.Sprintf("the donor's connection limit is reached: %d data connections per session", perSession); !strings.Contains(err.Error(), want) ||
+		strings.Contains(err.Error(), "subscriber") {
+		t.Fatalf("a queue pair past the session's limit: %q, want it to say %q (and nothing of a subscriber)", err, want)
+	}
+	// The session serves on.
+	if err := c.Write(ctx, client.ChannelSync, []byte("still"), 0); err != nil {
+		t.Fatal(err)
+	}
 }

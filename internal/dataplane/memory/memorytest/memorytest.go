@@ -34,14 +34,21 @@ type Donor struct {
 // the given queue credit window (0: the default), until the test ends.
 func Start(t testing.TB, size int64, credits int) *Donor {
 	t.Helper()
-	return start(t, size, credits, nil)
+	return start(t, size, credits, nil, nil)
+}
+
+// StartWith is Start with set (nil: none) setting the donor's fields
+// (its connection limits, say) before it serves.
+func StartWith(t testing.TB, size int64, credits int, set func(*donor.Donor)) *Donor {
+	t.Helper()
+	return start(t, size, credits, nil, set)
 }
 
 // StartTLS is Start with a donor that requires TLS with cfg (ServerTLS,
 // or a configuration of the test's own).
 func StartTLS(t testing.TB, cfg *tls.Config, size int64, credits int) *Donor {
 	t.Helper()
-	return start(t, size, credits, cfg)
+	return start(t, size, credits, cfg, nil)
 }
 
 // NewCA makes a cluster CA in a temporary directory.
@@ -75,11 +82,14 @@ func ClientTLS(t testing.TB, ca *pki.CA) *tls.Config {
 	return cfg
 }
 
-func start(t testing.TB, size int64, credits int, tlsCfg *tls.Config) *Donor {
+func start(t testing.TB, size int64, credits int, tlsCfg *tls.Config, set func(*donor.Donor)) *Donor {
 	t.Helper()
 	d := donor.New(nil)
 	d.TLS = tlsCfg
 	d.Credits = credits
+	if set != nil {
+		set(d)
+	}
 	if err := d.AddRegion(Credential, size); err != nil {
 		t.Fatal(err)
 	}

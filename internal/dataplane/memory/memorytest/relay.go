@@ -21,7 +21,8 @@ import (
 // sees one. When the donor closes its side of a connection, the relay
 // closes the session's side. It counts the connections of each kind (from
 // their HELLO). Armed with Corrupt, it spoils the next reply the donor
-// sends on a connection of a kind.
+// sends on a connection of a kind; armed with Hold, it holds that reply
+// back until released.
 type Relay struct {
 	donor string
 	ln    net.Listener
@@ -42,6 +43,13 @@ type Relay struct {
 	corruptKind uint8
 	corruptHow  Corruption
 	corrupted   chan struct{}
+	// A reply to hold (Hold): on a connection of holdKind, the next
+	// reply but a HELLO's waits until holdRelease closes; holding
+	// closes once it waits.
+	holdKind             uint8
+	holding, holdRelease chan struct{}
+	// stop closes when the test ends: a held reply goes no further.
+	stop chan struct{}
 }
 
 // Corruption is how Corrupt spoils a reply's header (its payload goes
@@ -107,6 +115,38 @@ func (r *Relay) spoil(kind uint8, h []byte) chan struct{} {
 	return done
 }
 
+// Hold holds back the next reply (not a HELLO's) the donor sends on a
+// connection of kind, and what follows it on that connection: held
+// closes once the reply is held, and the reply goes through once
+// release is closed (late, as a slow network or donor delivers it).
+func (r *Relay) Hold(kind uint8) (held <-chan struct{}, release chan<- struct{}) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.holdKind, r.holding, r.holdRelease = kind, make(chan struct{}), make(chan struct{})
+	return r.holding, r.holdRelease
+}
+
+// hold waits, if Hold armed the relay for a reply on a connection of
+// kind whose header is h, until the reply may go through; false if the
+// test ended first.
+func (r *Relay) hold(kind uint8, h []byte) bool {
+	r.mu.Lock()
+	if r.holding == nil || kind != r.holdKind || h[3] == protocol.OpHello {
+		r.mu.Unlock()
+		return true
+	}
+	holding, release := r.holding, r.holdRelease
+	r.holding, r.holdRelease = nil, nil
+	r.mu.Unlock()
+	close(holding)
+	select {
+	case <-release:
+		return true
+	case <-r.stop:
+		return false
+	}
+}
+
 // StallSent is how many bytes of a stalled WRITE's payload go through.
 const StallSent = 100
 
@@ -118,7 +158,7 @@ func StartRelay(t testing.TB, donor string) *Relay {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &Relay{donor: donor, ln: ln, kinds: map[uint8]int{}}
+	r := &Relay{donor: donor, ln: ln, kinds: map[uint8]int{}, stop: make(chan struct{})}
 	r.wg.Go(func() {
 		for {
 			cc, err := ln.Accept()
@@ -130,6 +170,7 @@ func StartRelay(t testing.TB, donor string) *Relay {
 	})
 	t.Cleanup(func() {
 		ln.Close()
+		close(r.stop)
 		r.mu.Lock()
 		for _, c := range r.conns {
 			c.Close()
@@ -213,6 +254,9 @@ func (r *Relay) relay(cc net.Conn) {
 				return
 			}
 			payload := int64(binary.BigEndian.Uint32(hdr[12:]))
+			if !r.hold(uint8(kindOf.Load()), hdr[:]) {
+				return
+			}
 			done := r.spoil(uint8(kindOf.Load()), hdr[:])
 			if _, err := cc.Write(hdr[:]); err != nil {
 				return

@@ -64,7 +64,13 @@ const (
 	// StatusTLSRequired answers a plaintext HELLO on a donor that requires
 	// TLS (the credential is not looked at).
 	StatusTLSRequired uint16 = 8
-	statusMaxKnown           = StatusTLSRequired
+	// StatusLimit refuses a data connection's HELLO past the donor's
+	// connection limits (per session, donor-wide, or a session's share
+	// while the donor is near its limit). Older clients (before this
+	// status) read it as a malformed frame: their connection is refused
+	// either way.
+	StatusLimit    uint16 = 9
+	statusMaxKnown        = StatusLimit
 )
 
 // Connection kinds named in HELLO.
@@ -89,6 +95,10 @@ var (
 	// plaintext (a rialto-mem:// URI, or Options.TLS unset).
 	ErrTLSRequired = errors.New("memory: the donor requires TLS (use its rialto-mems:// URI and the cluster CA)")
 	ErrDonorLost   = errors.New("memory: donor connection lost")
+	// ErrConnLimit: the donor refused a data connection past its
+	// connection limits (StatusLimit); the session's other connections
+	// serve on. Not ErrBusy: the region has no other subscriber.
+	ErrConnLimit = errors.New("memory: the donor's connection limit is reached")
 	// ErrRecreated: the donor serves the region's credential at the same
 	// place with another generation than the session first saw: the
 	// region was created again (its donor restarted) and its contents are
@@ -114,6 +124,8 @@ func statusErr(s uint16) error {
 		return ErrVersion
 	case StatusTLSRequired:
 		return ErrTLSRequired
+	case StatusLimit:
+		return ErrConnLimit
 	default:
 		return ErrBadFrame
 	}
@@ -301,8 +313,9 @@ func MoveGeneration(h Header) uint64 {
 // request h replaces, carried in its offset field: the id (HelloReply's
 // Queue) of a connection of the same session that its client gave up —
 // it broke, or a request on it timed out or was cancelled — and
-// re-establishes with this one (or, for a queue pair that failed, only
-// wants ended: the new connection is closed once answered). The donor
+// re-establishes with this one (a queue pair that failed with WRITEs in
+// flight has it ended at once, and goes on on the new connection with
+// its next request, or closes it). The donor
 // ends that connection, a WRITE under way or held on it included, and
 // answers the HELLO once its handler has returned, so that nothing of
 // what the client sent on it lands after what it sends next, on this
