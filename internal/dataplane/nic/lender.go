@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -50,7 +51,11 @@ type LenderConfig struct {
 	Window uint32
 	// Keepalive is the PING interval (default DefaultKeepalive).
 	Keepalive time.Duration
-	Logger    *slog.Logger
+	// TLS, if set, is the server configuration of the tunnel (the node
+	// certificate): Serve runs every connection under TLS 1.3 before its
+	// HELLO, and leases' URIs are rialto-nics://. Nil: plaintext.
+	TLS    *tls.Config
+	Logger *slog.Logger
 }
 
 // LeaseSpec is one NIC lease at a lender.
@@ -380,7 +385,7 @@ func (l *Lender) Close() error {
 // Serve accepts borrower connections on ln until ctx ends (then it closes
 // ln) or ln fails, and waits for the connections it served.
 func (l *Lender) Serve(ctx context.Context, ln net.Listener) error {
-	return serve(ctx, ln, func(id [LeaseIDSize]byte) *lease {
+	return serve(ctx, ln, l.cfg.TLS, func(id [LeaseIDSize]byte) *lease {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		return l.byCred[id]
@@ -389,10 +394,20 @@ func (l *Lender) Serve(ctx context.Context, ln net.Listener) error {
 
 // Mux serves the leases of several Lenders (one per lent interface) on one
 // listener: a connection goes to the lender holding the lease it names. The
-// zero Mux is ready to use; its methods are safe for concurrent use.
+// zero Mux is ready to use; its methods are safe for concurrent use. The
+// lenders' own LenderConfig.TLS is not used: the Mux's is.
 type Mux struct {
 	mu      sync.Mutex
 	lenders []*Lender
+	tls     *tls.Config
+}
+
+// UseTLS runs the tunnels Serve accepts under TLS with cfg (the node
+// certificate), as LenderConfig.TLS does; call it before Serve.
+func (m *Mux) UseTLS(cfg *tls.Config) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.tls = cfg
 }
 
 // Add serves l's leases too.
@@ -404,7 +419,10 @@ func (m *Mux) Add(l *Lender) {
 
 // Serve is Lender.Serve over every added lender.
 func (m *Mux) Serve(ctx context.Context, ln net.Listener) error {
-	return serve(ctx, ln, func(k [LeaseIDSize]byte) *lease {
+	m.mu.Lock()
+	cfg := m.tls
+	m.mu.Unlock()
+	return serve(ctx, ln, cfg, func(k [LeaseIDSize]byte) *lease {
 		m.mu.Lock()
 		ls := slices.Clone(m.lenders)
 		m.mu.Unlock()
@@ -420,7 +438,13 @@ func (m *Mux) Serve(ctx context.Context, ln net.Listener) error {
 	})
 }
 
-func serve(ctx context.Context, ln net.Listener, lookup func(id [LeaseIDSize]byte) *lease) error {
+// serve accepts connections on ln, under TLS with cfg if set, and serves
+// them (serveConn).
+func serve(ctx context.Context, ln net.Listener, cfg *tls.Config, lookup func(id [LeaseIDSize]byte) *lease) error {
+	if cfg != nil {
+		cfg = cfg.Clone()
+		cfg.MinVersion = max(cfg.MinVersion, tls.VersionTLS13)
+	}
 	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
 	defer stop()
 	var wg sync.WaitGroup
@@ -448,7 +472,17 @@ func serve(ctx context.Context, ln net.Listener, lookup func(id [LeaseIDSize]byt
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			serveConn(c, lookup)
+			if cfg != nil {
+				// The handshake runs in serveConn's first read, under
+				// its HELLO deadline.
+				tc, ok := c.(*net.TCPConn)
+				if ok {
+					_ = tc.SetNoDelay(true)
+				}
+				serveConn(tls.Server(c, cfg), lookup)
+			} else {
+				serveConn(c, lookup)
+			}
 			cmu.Lock()
 			delete(conns, c)
 			cmu.Unlock()

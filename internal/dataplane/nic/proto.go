@@ -82,6 +82,11 @@ var (
 	ErrAddr     = errors.New("nic: address unavailable")
 	ErrClosed   = errors.New("nic: closed")
 	ErrLost     = errors.New("nic: lender connection lost")
+	// ErrTLS: the lender's tunnel is not under TLS with a certificate
+	// the borrower accepts (Config.TLS).
+	ErrTLS = errors.New("nic: lender refused over TLS")
+	// ErrNoCA: a member's tunnel runs under TLS and Config.TLS is nil.
+	ErrNoCA = errors.New("nic: no cluster CA")
 )
 
 // StatusErr maps a status code to its sentinel error (nil for StatusOK).
