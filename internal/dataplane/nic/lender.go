@@ -1,6 +1,7 @@
 package nic
 
 import (
+	"bufio"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -473,13 +474,11 @@ func serve(ctx context.Context, ln net.Listener, cfg *tls.Config, lookup func(id
 		go func() {
 			defer wg.Done()
 			if cfg != nil {
-				// The handshake runs in serveConn's first read, under
-				// its HELLO deadline.
-				tc, ok := c.(*net.TCPConn)
-				if ok {
-					_ = tc.SetNoDelay(true)
+				if pc, ok := plaintextHello(c); ok {
+					// The handshake runs in serveConn's first read,
+					// under its HELLO deadline.
+					serveConn(tls.Server(pc, cfg), lookup)
 				}
-				serveConn(tls.Server(c, cfg), lookup)
 			} else {
 				serveConn(c, lookup)
 			}
@@ -489,6 +488,37 @@ func serve(ctx context.Context, ln net.Listener, cfg *tls.Config, lookup func(id
 			_ = c.Close()
 		}()
 	}
+}
+
+// peekedConn is a connection whose first bytes were peeked at.
+type peekedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (p *peekedConn) Read(b []byte) (int, error) { return p.r.Read(b) }
+
+// plaintextHello peeks at what a borrower sends first on a connection to a
+// lender that requires TLS: a plaintext HELLO (its magic) is answered with
+// a plaintext WELCOME of StatusTLS, and ok is false; else the connection
+// to run TLS on is returned.
+func plaintextHello(c net.Conn) (net.Conn, bool) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+	}
+	_ = c.SetDeadline(time.Now().Add(helloTimeout))
+	// Reads larger than the buffer, as the TLS records' are once the
+	// peeked bytes are consumed, bypass it.
+	br := bufio.NewReaderSize(c, 16)
+	head, err := br.Peek(4)
+	if err != nil {
+		return nil, false
+	}
+	if binary.BigEndian.Uint32(head) == Magic {
+		refuse(c, ErrTLSRequired)
+		return nil, false
+	}
+	return &peekedConn{Conn: c, r: br}, true
 }
 
 func refuse(c net.Conn, err error) {

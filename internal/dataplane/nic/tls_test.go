@@ -312,7 +312,8 @@ func TestOnPathAttackerOfPlaintextTunnel(t *testing.T) {
 
 // TestBorrowerRefusesUntrustedLender: a borrower whose lease names a TLS
 // tunnel refuses a lender whose certificate another CA signed, and one
-// that does not speak TLS, saying so; without a CA it refuses to dial.
+// that does not speak TLS, saying so; a TLS lender answers a plaintext
+// HELLO with StatusTLS.
 func TestBorrowerRefusesUntrustedLender(t *testing.T) {
 	r := newRack(t, 2, "")
 	cluster, other := newTestCA(t), newTestCA(t)
@@ -326,12 +327,16 @@ func TestBorrowerRefusesUntrustedLender(t *testing.T) {
 	for _, c := range []struct {
 		what string
 		m    Member
+		sent error
 		want string
 	}{
 		{"a lender with another CA's certificate", Member{Addr: r.lenderAddr(0), Credential: la.Credential, TLS: true},
-			"certificate was not accepted (signed by an unknown authority)"},
+			ErrTLS, "certificate was not accepted (signed by an unknown authority)"},
 		{"a plaintext lender", Member{Addr: r.lenderAddr(1), Credential: lb.Credential, TLS: true},
-			"does not speak TLS"},
+			ErrTLS, "does not speak TLS"},
+		// The other way round: a plaintext HELLO to a TLS lender.
+		{"a plaintext borrower of a TLS lender", Member{Addr: r.lenderAddr(0), Credential: la.Credential},
+			ErrTLSRequired, "rialto-nics://"},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		var ifc *Interface
@@ -346,8 +351,8 @@ func TestBorrowerRefusesUntrustedLender(t *testing.T) {
 			t.Errorf("%s: attached", c.what)
 			continue
 		}
-		if !errors.Is(err, ErrTLS) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), c.m.Addr) {
-			t.Errorf("%s: %v, want ErrTLS naming the lender and saying %q", c.what, err, c.want)
+		if !errors.Is(err, c.sent) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), c.m.Addr) {
+			t.Errorf("%s: %v, want %v naming the lender and saying %q", c.what, err, c.sent, c.want)
 		}
 		if strings.Contains(err.Error(), c.m.Credential) {
 			t.Errorf("%s: the error quotes the credential: %v", c.what, err)
