@@ -119,7 +119,7 @@ func bootstrapToken(s *secret) (string, error) {
 // insecureDataplaneFlag registers --insecure-dataplane, the opt-out from
 // TLS on the data planes for a fabric the operator trusts.
 func insecureDataplaneFlag(fs *pflag.FlagSet) *bool {
-	return fs.Bool("insecure-dataplane", false, "serve the data planes (NBD, memory, accelerators) without TLS, on a fabric you trust: lease credentials are still checked, but they and the data cross the network in clear (docs/operations.md)")
+	return fs.Bool("insecure-dataplane", false, "serve the data planes (NBD, memory, accelerators, NIC tunnels) without TLS, on a fabric you trust: lease credentials are still checked, but they and the data cross the network in clear (docs/operations.md)")
 }
 
 // checkDataplaneTLS refuses an agent that could serve its data planes

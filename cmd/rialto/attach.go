@@ -151,7 +151,7 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 			return usagef("--fuse serves block leases; lease %s is %s %s lease", l.ID, l.Kind.Article(), l.Kind)
 		}
 		if l.Kind == api.KindNIC {
-			return attachNIC(ctx, e, c, &cf, l, nf, *conns, *watch, log)
+			return attachNIC(ctx, e, c, &cf, l, nf, *conns, dataTLS, *watch, log)
 		}
 		parts, err := borrower.AttachParts(l)
 		if err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"os"
@@ -32,7 +33,9 @@ func (f *nicAttachFlags) register(fs *pflag.FlagSet) {
 // when the lease has several parts, docs/nic.md), with the address they
 // give and routes to what they reach; it holds it until Ctrl-C, detach or
 // the lease's end, then removes it.
-func attachNIC(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l api.Lease, nf nicAttachFlags, conns int, watch time.Duration, log *slog.Logger) error {
+// Lenders serving rialto-nics:// are verified with dataTLS (the cluster
+// CA, --cacert).
+func attachNIC(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l api.Lease, nf nicAttachFlags, conns int, dataTLS *tls.Config, watch time.Duration, log *slog.Logger) error {
 	mode, err := nic.ParseMode(nf.mode)
 	if err != nil {
 		return usagef("bad --bond-mode: %w", err)
@@ -45,7 +48,7 @@ func attachNIC(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l ap
 		return err
 	}
 	defer ctl.Close()
-	ifc, err := borrower.AttachNIC(ctx, l, borrower.NICConfig{Name: nf.iface, Mode: mode, Conns: conns, DefaultRoute: nf.defaultRoute, Logger: log})
+	ifc, err := borrower.AttachNIC(ctx, l, borrower.NICConfig{Name: nf.iface, Mode: mode, Conns: conns, DefaultRoute: nf.defaultRoute, TLS: dataTLS, Logger: log})
 	if err != nil {
 		os.Remove(ctlPath)
 		return fmt.Errorf("attach %s: %w", l.ID, err)

@@ -101,9 +101,10 @@ func (cf *clientFlags) resolveToken() error {
 }
 
 // dataTLS is the client configuration for the data planes of leases that
-// require TLS (nbds://, rialto-mems://, rialto-accels://): the cluster CA
-// of --cacert (RIALTO_CACERT), and the revocation list beside it
-// (ca-crl.pem) if there is one; without --cacert, the system's CAs.
+// require TLS (nbds://, rialto-mems://, rialto-accels://, rialto-nics://):
+// the cluster CA of --cacert (RIALTO_CACERT), and the revocation list
+// beside it (ca-crl.pem) if there is one; without --cacert, the system's
+// CAs (a NIC lease's lenders are refused then: borrower.AttachNIC).
 func (cf *clientFlags) dataTLS() (*tls.Config, error) {
 	if cf.caCert == "" {
 		return nil, nil

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/borrower"
 	"github.com/rialto-project/rialto/internal/dataplane/nic"
 	"github.com/rialto-project/rialto/internal/rack"
 )
@@ -242,6 +243,21 @@ func (n *nicRack) rxPackets(ctx context.Context, b rack.Node, iface string) int6
 	return v
 }
 
+// checkNICTLS checks that every lender of nic lease l serves its tunnel
+// under TLS (rialto-nics://).
+func checkNICTLS(t *testing.T, l api.Lease) {
+	t.Helper()
+	uris, err := borrower.NICURIs(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range uris {
+		if !u.TLS {
+			t.Errorf("lease %s: lender %s serves %s, want %s://", l.ID, u.Address, u.Redacted(), nic.SchemeTLS)
+		}
+	}
+}
+
 // TestNICLeaseOnRack is a lent NIC through the product path: `rialto lease
 // create --kind nic --bandwidth` places a share of node1's uplink, `rialto
 // attach` in a borrower's namespace creates its interface, and iperf3 (TCP
@@ -264,6 +280,9 @@ func TestNICLeaseOnRack(t *testing.T) {
 	if la.Mode != api.ModeShared || la.Size != 3_000_000 || len(la.Parts) != 1 || la.Parts[0].Length != 3_000_000 {
 		t.Fatalf("lease: %+v", la)
 	}
+	// The agents run with TLS on their data planes (the rack's default):
+	// the tunnel too, verified by attach with the cluster CA.
+	checkNICTLS(t, la)
 	show, err := n.cli(ctx, "lease", "show", la.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -362,6 +381,7 @@ func TestNICBondOnRack(t *testing.T) {
 	if l.Mode != api.ModeComposed || len(lenders) != 3 {
 		t.Fatalf("bond: %+v", l)
 	}
+	checkNICTLS(t, l)
 	a := n.attach(ctx, b, l.ID, "rnic0")
 	bps, _, err := n.iperf(ctx, b, 5301, "-t", "3", "-P", "6")
 	if err != nil {

@@ -391,7 +391,7 @@ func printUp(ctx context.Context, e *env, url, caFile string, st upState, dir, w
 	if insecure {
 		fmt.Fprintln(w, "data planes: plaintext (--insecure-dataplane): lease credentials and data cross the network in clear.")
 	} else {
-		fmt.Fprintln(w, "data planes: TLS with certificates from the cluster CA (nbds://, rialto-mems://, rialto-accels://);")
+		fmt.Fprintln(w, "data planes: TLS with certificates from the cluster CA (nbds://, rialto-mems://, rialto-accels://, rialto-nics://);")
 		fmt.Fprintf(w, "             third-party NBD clients add the CA's directory: nbdinfo 'nbds://…?tls-certificates=%s'\n", filepath.Dir(caFile))
 	}
 	for _, d := range devs {

@@ -52,7 +52,7 @@
 // CA's revocation list (ca-crl.pem) that the join and heartbeat answers
 // bring, and refuses the certificates it names at its API and when it
 // dials data planes. Its data planes require TLS with the node certificate
-// (drivers implementing [TLSUser]: nbds://, rialto-mems://,
+// (drivers implementing [TLSUser]: nbds://, rialto-mems://, rialto-nics://,
 // rialto-accels:// URIs, no client certificate asked for, accelerator
 // slots without their UDP path) unless [Config.InsecureDataplane].
 //

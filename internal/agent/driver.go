@@ -92,7 +92,7 @@ type Opener interface {
 // dialling data planes that require TLS (the cluster CA and the revocation
 // list the control plane hands out; the dialler sets ServerName). With a
 // server configuration, URIs name the kind's TLS scheme (nbds://,
-// rialto-mems://, rialto-accels://).
+// rialto-mems://, rialto-accels://, rialto-nics://).
 type TLSUser interface {
 	UseTLS(server, client *tls.Config)
 }

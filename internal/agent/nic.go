@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,6 +29,7 @@ func init() {
 type NICDriver struct {
 	log *slog.Logger
 	mux nic.Mux
+	tls bool // tunnels run under TLS: URIs are rialto-nics:// (UseTLS)
 
 	mu      sync.Mutex
 	lenders map[string]*nic.Lender // by device name
@@ -36,6 +38,20 @@ type NICDriver struct {
 // NewNICDriver returns a NIC driver logging to log.
 func NewNICDriver(log *slog.Logger) *NICDriver {
 	return &NICDriver{log: log, lenders: map[string]*nic.Lender{}}
+}
+
+// UseTLS implements TLSUser: with a server configuration the tunnels run
+// under TLS with the node certificate (the lease credential's
+// challenge-response inside it), and URIs are rialto-nics://. The NIC
+// driver dials no data plane: client is unused. Call it before Serve.
+func (d *NICDriver) UseTLS(server, _ *tls.Config) {
+	if server == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.mux.UseTLS(server)
+	d.tls = true
 }
 
 // Open configures the lender's kernel for the interface (nftables table,
@@ -90,7 +106,10 @@ func (d *NICDriver) Prepare(ctx context.Context, e Export) (api.PrepareResponse,
 		}
 		return api.PrepareResponse{}, err
 	}
-	return api.PrepareResponse{URI: nic.URI{Address: e.Endpoint, Credential: e.Request.Export}.String()}, nil
+	d.mu.Lock()
+	useTLS := d.tls
+	d.mu.Unlock()
+	return api.PrepareResponse{URI: nic.URI{Address: e.Endpoint, Credential: e.Request.Export, TLS: useTLS}.String()}, nil
 }
 
 // Teardown ends the lease's session and deletes its TUN interface.

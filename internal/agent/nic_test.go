@@ -2,20 +2,25 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"log/slog"
 	"net"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/nic"
 	"github.com/rialto-project/rialto/internal/netns"
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
-// TestNICDriver: the driver lends host 1's uplink; a borrower on host 0
-// attaches the lease's URI and reaches the outside through it until the
-// lease is torn down.
+// TestNICDriver: the driver lends host 1's uplink under TLS with a node
+// certificate (UseTLS, as an agent enrolled with the cluster CA does); a
+// borrower on host 0 attaches the lease's rialto-nics:// URI with the
+// cluster CA and reaches the outside through it until the lease is torn
+// down.
 func TestNICDriver(t *testing.T) {
 	if err := netns.Available(); err != nil {
 		t.Skip(err)
@@ -40,7 +45,16 @@ func TestNICDriver(t *testing.T) {
 	ping := func() bool {
 		return lab.Command(ctx, 0, "busybox", "ping", "-c", "1", "-W", "1", out.Server.String()).Run() == nil
 	}
+	ca, err := pki.Open(t.TempDir(), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := ca.ServerConfig("node1", []string{lab.Host(1).Addr.String()}, tls.NoClientCert, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
 	d := NewNICDriver(slog.New(slog.DiscardHandler))
+	d.UseTLS(srv, ca.ClientConfig(nil))
 	defer d.Close()
 	var dev DeviceConfig
 	var resp api.PrepareResponse
@@ -72,8 +86,8 @@ func TestNICDriver(t *testing.T) {
 	defer func() { scancel(); <-served }()
 
 	u, err := nic.ParseURI(resp.URI)
-	if err != nil {
-		t.Fatalf("URI: %v", err)
+	if err != nil || !u.TLS || !strings.HasPrefix(resp.URI, "rialto-nics://") {
+		t.Fatalf("URI %s (%v), want rialto-nics://", u.Redacted(), err)
 	}
 	if ping() {
 		t.Fatal("the outside answers before the attach")
@@ -81,7 +95,7 @@ func TestNICDriver(t *testing.T) {
 	var ifc *nic.Interface
 	if err := lab.Do(0, func() error {
 		var err error
-		ifc, err = nic.Attach(ctx, nic.Config{Members: []nic.Member{u.Member()}})
+		ifc, err = nic.Attach(ctx, nic.Config{Members: []nic.Member{u.Member()}, TLS: ca.ClientConfig(nil)})
 		return err
 	}); err != nil {
 		t.Fatal(err)

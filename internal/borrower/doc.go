@@ -7,9 +7,8 @@
 // batching gateway, and have a slot read and write ranges of block leases
 // itself (BlockRange), or relay them through the borrower for comparison
 // (RelayLoad, RelayStore); attach a NIC lease as a TUN interface, bonded
-// over its lenders (AttachNIC; `rialto attach` does not offer it yet, as the
-// control plane does not place NIC leases yet). `rialto attach`, `rialto
-// memtest` and `rialto accel run`
+// over its lenders (AttachNIC). `rialto attach`, `rialto memtest` and
+// `rialto accel run`
 // are thin command-line wrappers over it; other programs can use it the
 // same way.
 //
@@ -19,10 +18,12 @@
 // planes' URI types (nbd.ParseURI, protocol.ParseURI, accel.ParseURI,
 // nic.ParseURI);
 // their credentials never reach an error message or a log line. URIs that
-// ask for TLS (nbds://, rialto-mems://, rialto-accels://) are dialled with
-// the client configuration the caller passes (AttachConfig.TLS and the
-// like: normally pki.LoadClientTLS of the cluster CA's certificate); the
-// others in plaintext, as the lease says.
+// ask for TLS (nbds://, rialto-mems://, rialto-accels://, rialto-nics://)
+// are dialled with the client configuration the caller passes
+// (AttachConfig.TLS, NICConfig.TLS and the like: normally
+// pki.LoadClientTLS of the cluster CA's certificate; a NIC lease's
+// lenders are refused without one); the others in plaintext, as the
+// lease says.
 //
 // The package holds no state: its functions may be called concurrently.
 // What they return (a *stripe.Attachment, a *client.Client, a

@@ -28,6 +28,7 @@ func FuzzLeaseURIs(f *testing.F) {
 		mem  = "rialto-mem://10.0.0.1:7100/" + secret
 		mems = "rialto-mems://[::1]:7100/" + secret
 		nc   = "rialto-nic://10.0.0.3:7200/" + secret
+		ncs  = "rialto-nics://10.0.0.5:7200/" + secret
 		acc  = "rialto-accel://10.0.0.4:7300/" + secret + "?slots=10.0.0.4:7301,,10.0.0.4:7302"
 		accg = "rialto-accels://10.0.0.4:7300/" + secret + "?gateway=fft"
 	)
@@ -40,6 +41,7 @@ func FuzzLeaseURIs(f *testing.F) {
 	f.Add(uint8(1), true, int64(0), int64(1<<30), "", "rialto-mem://h:1/", uint8(0), int64(0), int64(0))
 	f.Add(uint8(2), true, int64(0), int64(0), "", nc+"\n"+nc+"\n"+nc, uint8(2), int64(0), int64(0))
 	f.Add(uint8(2), true, int64(0), int64(0), nc, "", uint8(0), int64(0), int64(0))
+	f.Add(uint8(2), true, int64(0), int64(0), "", ncs+"\n"+nc, uint8(1), int64(0), int64(0))
 	f.Add(uint8(2), true, int64(0), int64(0), "", "rialto-nic://h/"+secret, uint8(0), int64(0), int64(0))
 	f.Add(uint8(3), true, int64(0), int64(2000), "", acc, uint8(0), int64(0), int64(0))
 	f.Add(uint8(3), true, int64(0), int64(250), accg, "", uint8(0), int64(0), int64(0))

@@ -135,7 +135,7 @@ func TestAccelSlots(t *testing.T) {
 }
 
 func TestNICURIs(t *testing.T) {
-	const a, b = "rialto-nic://10.0.0.1:7300/" + secret + ".0", "rialto-nic://10.0.0.2:7300/" + secret + ".1"
+	const a, b = "rialto-nic://10.0.0.1:7300/" + secret + ".0", "rialto-nics://10.0.0.2:7300/" + secret + ".1"
 	for _, tc := range []struct {
 		name  string
 		l     api.Lease
@@ -156,6 +156,9 @@ func TestNICURIs(t *testing.T) {
 		var addrs []string
 		for _, u := range got {
 			addrs = append(addrs, u.Address)
+			if want := u.Address == "10.0.0.2:7300"; u.TLS != want {
+				t.Errorf("%s: %s: TLS %v", tc.name, u.Redacted(), u.TLS)
+			}
 			if !strings.HasPrefix(u.Credential, secret) {
 				t.Errorf("%s: credential %q", tc.name, u.Credential)
 			}

@@ -2,6 +2,7 @@ package borrower
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -16,7 +17,13 @@ type NICConfig struct {
 	Mode         nic.Mode // a composed lease's bond mode (default flow)
 	Conns        int      // connections per lender
 	DefaultRoute bool     // also route everything else through it
-	Logger       *slog.Logger
+	// TLS is the client configuration for lenders whose tunnels run under
+	// TLS (rialto-nics://, the default): normally pki.LoadClientTLS of
+	// the cluster CA's certificate; the lender's node certificate must
+	// chain to it and name the host of the lender's URI. Without it, a
+	// lease with such a lender is refused.
+	TLS    *tls.Config
+	Logger *slog.Logger
 }
 
 // NICURIs returns the lenders of active NIC lease l, one per part that is
@@ -118,9 +125,13 @@ func AttachNIC(ctx context.Context, l api.Lease, cfg NICConfig) (*NICAttachment,
 	ms := make([]nic.Member, len(uris))
 	for i, u := range uris {
 		ms[i] = u.Member()
+		if u.TLS && cfg.TLS == nil {
+			return nil, fmt.Errorf("lease %s: %w: its lender %s serves its tunnel under TLS (%s://) and no cluster CA is configured to verify it (--cacert or RIALTO_CACERT)",
+				l.ID, nic.ErrNoCA, u.Address, nic.SchemeTLS)
+		}
 	}
 	i, err := nic.Attach(ctx, nic.Config{Members: ms, Mode: cfg.Mode, Conns: cfg.Conns, Name: cfg.Name,
-		DefaultRoute: cfg.DefaultRoute, Logger: cfg.Logger})
+		DefaultRoute: cfg.DefaultRoute, TLS: cfg.TLS, Logger: cfg.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("lease %s: %w", l.ID, err)
 	}

@@ -2,18 +2,44 @@ package borrower
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
 	"net"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/nic"
 	"github.com/rialto-project/rialto/internal/netns"
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
-// TestAttachNIC: a NIC lease record with its lender's URI attaches as an
-// interface through which the borrower's namespace reaches the outside.
+// TestAttachNICNeedsCA: a NIC lease whose lender serves rialto-nics:// is
+// refused without a cluster CA, saying how to give one, before anything
+// is dialled; the credential stays out of the error.
+func TestAttachNICNeedsCA(t *testing.T) {
+	const cred = "rlc_nic-needs-ca.0"
+	uri := nic.URI{Address: "192.0.2.7:7300", Credential: cred, TLS: true}.String()
+	l := api.Lease{ID: "lease-nic", Kind: api.KindNIC, State: api.LeaseActive, URI: uri, Parts: []api.Part{{URI: uri}}}
+	_, err := AttachNIC(context.Background(), l, NICConfig{})
+	if !errors.Is(err, nic.ErrNoCA) {
+		t.Fatalf("AttachNIC without a CA: %v, want nic.ErrNoCA", err)
+	}
+	for _, want := range []string{"lease-nic", "192.0.2.7:7300", "rialto-nics://", "--cacert"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), cred) {
+		t.Errorf("error quotes the credential: %v", err)
+	}
+}
+
+// TestAttachNIC: a NIC lease record with its lender's rialto-nics:// URI
+// attaches, verified with the cluster CA, as an interface through which
+// the borrower's namespace reaches the outside.
 func TestAttachNIC(t *testing.T) {
 	if err := netns.Available(); err != nil {
 		t.Skip(err)
@@ -36,10 +62,18 @@ func TestAttachNIC(t *testing.T) {
 		t.Fatal(err)
 	}
 	const cred = "rlc_nic-test-credential.0"
+	ca, err := pki.Open(t.TempDir(), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := ca.ServerConfig("node1", []string{lab.Host(1).Addr.String()}, tls.NoClientCert, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var lender *nic.Lender
 	if err := lab.Do(1, func() error {
 		var err error
-		if lender, err = nic.NewLender(ctx, nic.LenderConfig{Iface: "wan0"}); err != nil {
+		if lender, err = nic.NewLender(ctx, nic.LenderConfig{Iface: "wan0", TLS: srv}); err != nil {
 			return err
 		}
 		return lender.AddLease(ctx, nic.LeaseSpec{ID: "lease-nic", Credential: cred})
@@ -56,12 +90,12 @@ func TestAttachNIC(t *testing.T) {
 	go func() { served <- lender.Serve(sctx, ln) }()
 	defer func() { scancel(); <-served }()
 
-	uri := nic.URI{Address: ln.Addr().String(), Credential: cred}.String()
+	uri := nic.URI{Address: ln.Addr().String(), Credential: cred, TLS: true}.String()
 	l := api.Lease{ID: "lease-nic", Kind: api.KindNIC, State: api.LeaseActive, URI: uri, Parts: []api.Part{{URI: uri}}}
 	var ifc *NICAttachment
 	if err := lab.Do(0, func() error {
 		var err error
-		ifc, err = AttachNIC(ctx, l, NICConfig{Name: "rnic7"})
+		ifc, err = AttachNIC(ctx, l, NICConfig{Name: "rnic7", TLS: ca.ClientConfig(nil)})
 		return err
 	}); err != nil {
 		t.Fatal(err)

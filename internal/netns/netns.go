@@ -332,7 +332,12 @@ func (l *Lab) Command(ctx context.Context, i int, name string, args ...string) *
 // Sockets f creates stay in that namespace after Do returns. Goroutines that
 // f starts do not run in the namespace.
 func (l *Lab) Do(i int, f func() error) error {
-	target, err := unix.Open(filepath.Join("/run/netns", l.hosts[i].Namespace), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	return doIn(l.hosts[i].Namespace, f)
+}
+
+// doIn runs f on an OS thread that has entered network namespace ns.
+func doIn(ns string, f func() error) error {
+	target, err := unix.Open(filepath.Join("/run/netns", ns), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("netns: open namespace: %w", err)
 	}
@@ -346,13 +351,13 @@ func (l *Lab) Do(i int, f func() error) error {
 	defer unix.Close(orig)
 	if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
 		runtime.UnlockOSThread()
-		return fmt.Errorf("netns: enter %s: %w", l.hosts[i].Namespace, err)
+		return fmt.Errorf("netns: enter %s: %w", ns, err)
 	}
 	ferr := f()
 	if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
 		// Leave the thread locked: the runtime discards it when this
 		// goroutine exits, so no other goroutine runs in the wrong namespace.
-		return fmt.Errorf("netns: leave %s: %w", l.hosts[i].Namespace, err)
+		return fmt.Errorf("netns: leave %s: %w", ns, err)
 	}
 	runtime.UnlockOSThread()
 	return ferr

@@ -109,3 +109,7 @@ func (l *Lab) AddOutside(ctx context.Context, cfg OutsideConfig) (*Outside, erro
 func (o *Outside) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
 	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", o.Namespace, name}, args...)...)
 }
+
+// Do runs f on an OS thread that has entered the outside namespace, as
+// Lab.Do does for a host.
+func (o *Outside) Do(f func() error) error { return doIn(o.Namespace, f) }

@@ -210,7 +210,8 @@ func (u *Up) ServerSPKIHash(t testing.TB) string {
 }
 
 // DataTLS is a borrower's TLS configuration for the cluster's data planes
-// (nbds://, rialto-mems://, rialto-accels://): it trusts the cluster CA.
+// (nbds://, rialto-mems://, rialto-accels://, rialto-nics://): it trusts
+// the cluster CA.
 func (u *Up) DataTLS(t testing.TB) *tls.Config {
 	t.Helper()
 	cfg, err := pki.LoadClientTLS(u.CACert)

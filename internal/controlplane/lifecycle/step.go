@@ -433,7 +433,7 @@ func joinReasons(m map[string]string) string {
 // plainScheme is a data plane's plaintext scheme for its TLS one.
 func plainScheme(s string) string {
 	switch s {
-	case "nbds", "rialto-mems", "rialto-accels":
+	case "nbds", "rialto-mems", "rialto-accels", "rialto-nics":
 		return strings.TrimSuffix(s, "s")
 	}
 	return s
@@ -446,9 +446,9 @@ const maxURI = 4096
 // protocol, export name — the URI's path, the lease's secret — and query
 // keys, and for an accel gateway the same role) at some other address. A
 // protocol's plaintext and TLS schemes (nbd and nbds, rialto-mem and
-// rialto-mems, rialto-accel and rialto-accels) are the same protocol: a
-// lender restarted with or without --insecure-dataplane serves the export
-// under the other one.
+// rialto-mems, rialto-accel and rialto-accels, rialto-nic and
+// rialto-nics) are the same protocol: a lender restarted with or without
+// --insecure-dataplane serves the export under the other one.
 func sameExport(prev, next string) bool {
 	if len(next) > maxURI || prev == "" {
 		return false

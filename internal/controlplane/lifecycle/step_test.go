@@ -438,6 +438,8 @@ func TestSameExport(t *testing.T) {
 		{"nbd://10.0.0.1:10809/rlc_x.0", "nbds://10.0.0.9:10810/rlc_x.0", true},
 		{"nbds://10.0.0.1:10809/rlc_x.0", "nbd://10.0.0.1:10809/rlc_x.0", true},
 		{"rialto-mems://10.0.0.1:1/rlc_x.0", "rialto-mem://10.0.0.1:1/rlc_x.0", true},
+		{"rialto-nic://10.0.0.1:1/rlc_x.0", "rialto-nics://10.0.0.1:1/rlc_x.0", true},
+		{"rialto-nics://10.0.0.1:1/rlc_x.0", "rialto-mems://10.0.0.1:1/rlc_x.0", false},
 		{"nbds://10.0.0.1:10809/rlc_x.0", "rialto-mems://10.0.0.9:1/rlc_x.0", false},
 		{"rialto-accel://h:1/rlc_x.0?gateway=sha256", "rialto-accels://h:2/rlc_x.0?gateway=sha256", true},
 		{"nbd://10.0.0.1:10809/rlc_x.0", "nbd://user@10.0.0.9/rlc_x.0", false},

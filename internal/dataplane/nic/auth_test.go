@@ -1,6 +1,7 @@
 package nic
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/binary"
@@ -16,26 +17,155 @@ import (
 	"time"
 )
 
-// relay forwards connections to a lender and records what the first one's
-// borrower sent: a passive observer of the wire.
+// relay forwards connections to a lender: an attacker on the path. It
+// records what crosses, each way, and on request tampers with the latest
+// connection's streams (pipe.inject, pipe.flipNext) at a boundary of
+// what they carry, as cut by its framing.
 type relay struct {
 	ln      net.Listener
 	to      string
+	framing framing
 	accepts atomic.Int32
 	wg      sync.WaitGroup
 
 	mu    sync.Mutex
-	sent  []byte // borrower → lender bytes of the first connection
+	sent  []byte    // borrower → lender bytes of the first connection
+	all   [2][]byte // every connection's bytes: [0] borrower → lender, [1] lender → borrower
 	conns []net.Conn
+	last  *relayConn // the latest connection
 }
 
+// framing is how a relay cuts a stream into the units it tampers
+// between.
+type framing int
+
+const (
+	rawBytes  framing = iota // no cutting: pipes cannot tamper
+	tlsRecord                // TLS records (5-byte headers)
+	plainNIC                 // the plaintext tunnel's HELLO, PROOF, then frames (borrower → lender only)
+)
+
+// relayConn is one relayed connection: its two pipes and done, closed
+// once both have ended (the connection is over).
+type relayConn struct {
+	pipes [2]*pipe // [0] borrower → lender, [1] lender → borrower
+	done  chan struct{}
+}
+
+// pipe is one direction of a relayed connection.
+type pipe struct {
+	mu   sync.Mutex
+	w    net.Conn
+	flip bool   // flip a byte of the next TLS application-data record
+	off  uint32 // plainNIC: added to the seq of DATA frames after injections
+	next uint32 // plainNIC: the seq the next DATA frame has, as forwarded
+}
+
+// inject writes b into the stream between two units.
+func (p *pipe) inject(b []byte) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, err := p.w.Write(b)
+	return err
+}
+
+// injectData injects a DATA frame carrying pkt, numbered to be the next
+// packet (plainNIC: the frames after it are renumbered).
+func (p *pipe) injectData(pkt []byte) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var h [HeaderSize]byte
+	Header{Type: FrameData, Length: uint16(len(pkt)), Seq: p.next}.Encode(h[:])
+	if _, err := p.w.Write(append(h[:], pkt...)); err != nil {
+		return err
+	}
+	p.off++
+	p.next++
+	return nil
+}
+
+// flipNext flips a byte in the body of the next application-data record.
+func (p *pipe) flipNext() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.flip = true
+}
+
+// forward copies r to p.w unit by unit, recording what it forwards.
+func (p *pipe) forward(r io.Reader, f framing, record func([]byte)) {
+	if f == rawBytes {
+		_, _ = io.Copy(io.MultiWriter(writerFunc(func(b []byte) (int, error) { record(b); return len(b), nil }), p.w), r)
+		return
+	}
+	br := bufio.NewReader(r)
+	units := 0
+	for {
+		var unit []byte
+		switch {
+		case f == tlsRecord:
+			var h [5]byte
+			if _, err := io.ReadFull(br, h[:]); err != nil {
+				return
+			}
+			unit = make([]byte, 5+int(binary.BigEndian.Uint16(h[3:])))
+			copy(unit, h[:])
+			if _, err := io.ReadFull(br, unit[5:]); err != nil {
+				return
+			}
+		case units < 2: // plainNIC: HELLO, PROOF
+			unit = make([]byte, HelloSize)
+			if units == 1 {
+				unit = unit[:ProofSize]
+			}
+			if _, err := io.ReadFull(br, unit); err != nil {
+				return
+			}
+		default: // plainNIC: a frame
+			var h [HeaderSize]byte
+			if _, err := io.ReadFull(br, h[:]); err != nil {
+				return
+			}
+			unit = make([]byte, HeaderSize+int(binary.BigEndian.Uint16(h[2:])))
+			copy(unit, h[:])
+			if _, err := io.ReadFull(br, unit[HeaderSize:]); err != nil {
+				return
+			}
+		}
+		units++
+		record(unit)
+		p.mu.Lock()
+		switch {
+		case f == tlsRecord && p.flip && unit[0] == 23 && len(unit) > 5:
+			unit[5+(len(unit)-5)/2] ^= 0x40
+			p.flip = false
+		case f == plainNIC && units > 2 && unit[0] == FrameData:
+			seq := binary.BigEndian.Uint32(unit[4:]) + p.off
+			binary.BigEndian.PutUint32(unit[4:], seq)
+			p.next = seq + 1
+		}
+		_, err := p.w.Write(unit)
+		p.mu.Unlock()
+		if err != nil {
+			return
+		}
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
 func startRelay(t *testing.T, listen, to string) *relay {
+	return startFramingRelay(t, listen, to, rawBytes)
+}
+
+func startFramingRelay(t *testing.T, listen, to string, f framing) *relay {
 	t.Helper()
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &relay{ln: ln, to: to}
+	r := &relay{ln: ln, to: to, framing: f}
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
@@ -50,23 +180,45 @@ func startRelay(t *testing.T, listen, to string) *relay {
 				c.Close()
 				continue
 			}
+			rc := &relayConn{pipes: [2]*pipe{{w: u}, {w: c}}, done: make(chan struct{})}
 			r.mu.Lock()
 			r.conns = append(r.conns, c, u)
+			r.last = rc
 			r.mu.Unlock()
-			r.wg.Add(2)
+			var both sync.WaitGroup
+			both.Add(2)
+			r.wg.Add(3)
 			go func() {
 				defer r.wg.Done()
-				defer u.Close()
-				var w io.Writer = u
-				if first {
-					w = io.MultiWriter(r, u) // recorded before the lender gets it
-				}
-				_, _ = io.Copy(w, c)
+				both.Wait()
+				close(rc.done)
 			}()
 			go func() {
 				defer r.wg.Done()
+				defer both.Done()
+				defer u.Close()
+				rc.pipes[0].forward(c, f, func(b []byte) {
+					r.mu.Lock()
+					defer r.mu.Unlock()
+					if first {
+						r.sent = append(r.sent, b...) // recorded before the lender gets it
+					}
+					r.all[0] = append(r.all[0], b...)
+				})
+			}()
+			go func() {
+				defer r.wg.Done()
+				defer both.Done()
 				defer c.Close()
-				_, _ = io.Copy(c, u)
+				df := f
+				if df == plainNIC {
+					df = rawBytes
+				}
+				rc.pipes[1].forward(u, df, func(b []byte) {
+					r.mu.Lock()
+					defer r.mu.Unlock()
+					r.all[1] = append(r.all[1], b...)
+				})
 			}()
 		}
 	}()
@@ -82,18 +234,25 @@ func startRelay(t *testing.T, listen, to string) *relay {
 	return r
 }
 
-// Write records borrower bytes.
-func (r *relay) Write(p []byte) (int, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.sent = append(r.sent, p...)
-	return len(p), nil
-}
-
 func (r *relay) recorded() []byte {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return bytes.Clone(r.sent)
+}
+
+// recordedAll is what crossed the relay in direction dir (0: borrower →
+// lender, 1: lender → borrower) on every connection.
+func (r *relay) recordedAll(dir int) []byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return bytes.Clone(r.all[dir])
+}
+
+// latest is the latest connection.
+func (r *relay) latest() *relayConn {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.last
 }
 
 // replayHandshake dials the lender and sends a recorded HELLO, then the

@@ -3,6 +3,7 @@ package nic
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/internal/backoff"
+	"github.com/rialto-project/rialto/internal/networds"
 	"github.com/vishvananda/netlink"
 )
 
@@ -48,10 +50,12 @@ func ParseMode(s string) (Mode, error) {
 }
 
 // Member is one lender of an attached interface: its tunnel endpoint
-// ("host:port") and the lease's credential.
+// ("host:port"), the lease's credential, and whether its tunnel runs
+// under TLS (a rialto-nics:// URI: dialled with Config.TLS).
 type Member struct {
 	Addr       string
 	Credential string
+	TLS        bool
 }
 
 // String keeps the credential out of logs.
@@ -81,7 +85,13 @@ type Config struct {
 	// Keepalive is the PING interval (default DefaultKeepalive).
 	Keepalive time.Duration
 	// Dial opens connections (default: a net.Dialer with a 5 s timeout).
-	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// TLS is the client configuration for members whose tunnel runs under
+	// TLS (Member.TLS): the cluster CA, which the lender's node
+	// certificate must chain to (pki.LoadClientTLS). An empty ServerName
+	// is the host of the member's address. TLS 1.3 is the minimum. Attach
+	// refuses a TLS member without it.
+	TLS    *tls.Config
 	Logger *slog.Logger
 }
 
@@ -169,6 +179,11 @@ func Attach(ctx context.Context, cfg Config) (_ *Interface, err error) {
 	}
 	if cfg.Keepalive == 0 {
 		cfg.Keepalive = DefaultKeepalive
+	}
+	for _, m := range cfg.Members {
+		if m.TLS && cfg.TLS == nil {
+			return nil, fmt.Errorf("%w: lender %s serves its tunnel under TLS (%s://) and no cluster CA is configured to verify it", ErrNoCA, m.Addr, SchemeTLS)
+		}
 	}
 	if cfg.Dial == nil {
 		d := &net.Dialer{Timeout: 5 * time.Second}
@@ -504,6 +519,14 @@ func (m *member) dial(ctx context.Context, want netip.Addr) (*session, Welcome, 
 			_ = tc.SetNoDelay(true)
 		}
 		_ = c.SetDeadline(time.Now().Add(helloTimeout))
+		if m.m.TLS {
+			tc := tls.Client(c, clientTLS(cfg.TLS, m.m.Addr))
+			if err := tc.HandshakeContext(ctx); err != nil {
+				c.Close()
+				return fail(tlsDialErr(m.m.Addr, err))
+			}
+			c = tc
+		}
 		h := Hello{Conns: uint8(cfg.Conns), Index: uint8(k), Session: id, Window: cfg.Window, MTU: uint16(cfg.MTU), Addr: want, Lease: LeaseID(m.m.Credential)}
 		hb := h.Encode(nil)
 		if _, err := c.Write(hb); err != nil {
@@ -618,6 +641,41 @@ func (m *member) serve(ctx context.Context, s *session) error {
 		<-errc
 	}
 	return err
+}
+
+// clientTLS is cfg for dialling the lender at addr: its host as
+// ServerName when cfg names none, TLS 1.3 at least.
+func clientTLS(cfg *tls.Config, addr string) *tls.Config {
+	cfg = cfg.Clone()
+	if cfg.ServerName == "" {
+		cfg.ServerName = addr
+		if host, _, err := net.SplitHostPort(addr); err == nil {
+			cfg.ServerName = host
+		}
+	}
+	if cfg.MinVersion < tls.VersionTLS13 {
+		cfg.MinVersion = tls.VersionTLS13
+	}
+	return cfg
+}
+
+// tlsDialErr is a failed TLS handshake with the lender at addr, in words
+// (networds): a certificate not accepted or a lender that does not speak
+// TLS is ErrTLS, the lender is not who the URI says (or not the lender
+// the borrower can trust); anything else is a lost connection.
+func tlsDialErr(addr string, err error) error {
+	kind, words := networds.Describe(err)
+	switch kind {
+	case networds.PeerCertificate:
+		return fmt.Errorf("%w: lender %s's certificate was not accepted (%s): %w", ErrTLS, addr, words, err)
+	case networds.NotTLS:
+		return fmt.Errorf("%w: lender %s does not speak TLS (the lease's URI is %s://, its tunnel is plaintext): %w", ErrTLS, addr, SchemeTLS, err)
+	case networds.OwnCertificate:
+		return fmt.Errorf("%w: lender %s refused the TLS handshake (%s): %w", ErrTLS, addr, words, err)
+	case networds.Unreachable, networds.Broken:
+		return fmt.Errorf("%w: TLS handshake with lender %s: %s: %w", ErrLost, addr, words, err)
+	}
+	return fmt.Errorf("%w: TLS handshake with lender %s: %w", ErrLost, addr, err)
 }
 
 func prefixNet(p netip.Prefix) *net.IPNet {

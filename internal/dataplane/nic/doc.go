@@ -17,11 +17,14 @@
 // so bandwidth adds over flows and losing a lender moves only its flows; ModePacket also stripes packets
 // over several connections to each lender, the receiver restoring order.
 //
-// The tunnel (proto.go) is a handshake — HELLO naming the lease, the
-// lender's random CHALLENGE, the borrower's PROOF (an HMAC keyed by the
-// lease credential, which never crosses the wire), WELCOME — then
-// frames: DATA (one IP packet, numbered), CREDIT (cumulative bytes the
-// peer may have sent), PING/PONG and ERROR. Each
+// The tunnel runs under TLS 1.3 with the lender's node certificate
+// (LenderConfig.TLS, Mux.UseTLS; rialto-nics:// URIs), which the borrower
+// verifies against the cluster CA (Config.TLS), or in plaintext
+// (rialto-nic://). Inside it (proto.go) is a handshake — HELLO naming the
+// lease, the lender's random CHALLENGE, the borrower's PROOF (an HMAC
+// keyed by the lease credential, which never crosses the wire), WELCOME —
+// then frames: DATA (one IP packet, numbered), CREDIT (cumulative bytes
+// the peer may have sent), PING/PONG and ERROR. Each
 // connection has a credit window in each direction, as the memory data
 // plane's queue pairs do: a sender without credit drops the packet (a
 // full transmit ring) rather than queueing it, so queues stay bounded by

@@ -3,6 +3,8 @@ package nic
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -41,6 +43,10 @@ type lenderSpec struct {
 	Listen string      `json:"listen"`
 	Rate   uint64      `json:"rate"`
 	Leases []LeaseSpec `json:"leases"`
+	// CertPEM and KeyPEM, if set, are the lender's certificate: its
+	// tunnel runs under TLS.
+	CertPEM []byte `json:"cert,omitempty"`
+	KeyPEM  []byte `json:"key,omitempty"`
 }
 
 func helperLender() int {
@@ -52,7 +58,16 @@ func helperLender() int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	l, err := NewLender(ctx, LenderConfig{Iface: spec.Iface, Rate: spec.Rate, Logger: log})
+	var srv *tls.Config
+	if spec.CertPEM != nil {
+		cert, err := tls.X509KeyPair(spec.CertPEM, spec.KeyPEM)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		srv = &tls.Config{Certificates: []tls.Certificate{cert}}
+	}
+	l, err := NewLender(ctx, LenderConfig{Iface: spec.Iface, Rate: spec.Rate, TLS: srv, Logger: log})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -86,6 +101,23 @@ type borrowerSpec struct {
 	Mode    Mode     `json:"mode"`
 	Conns   int      `json:"conns"`
 	Name    string   `json:"name"`
+	// CAPEM, if set, is the cluster CA that TLS members' certificates
+	// must chain to, for ServerName (empty: the host dialled).
+	CAPEM      []byte `json:"ca,omitempty"`
+	ServerName string `json:"server_name,omitempty"`
+}
+
+// clientTLSConfig is the borrower's TLS configuration for the CA in caPEM
+// (nil if none).
+func clientTLSConfig(caPEM []byte, serverName string) (*tls.Config, error) {
+	if caPEM == nil {
+		return nil, nil
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, fmt.Errorf("no CA certificate in %q", caPEM)
+	}
+	return &tls.Config{RootCAs: pool, ServerName: serverName}, nil
 }
 
 type borrowerReport struct {
@@ -102,8 +134,13 @@ func helperBorrower() int {
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	tcfg, err := clientTLSConfig(spec.CAPEM, spec.ServerName)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	i, err := Attach(ctx, Config{Members: spec.Members, Mode: spec.Mode, Conns: spec.Conns, Name: spec.Name, Logger: log})
+	i, err := Attach(ctx, Config{Members: spec.Members, Mode: spec.Mode, Conns: spec.Conns, Name: spec.Name, TLS: tcfg, Logger: log})
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -1,10 +1,12 @@
 package nic
 
 import (
+	"bufio"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -50,7 +52,11 @@ type LenderConfig struct {
 	Window uint32
 	// Keepalive is the PING interval (default DefaultKeepalive).
 	Keepalive time.Duration
-	Logger    *slog.Logger
+	// TLS, if set, is the server configuration of the tunnel (the node
+	// certificate): Serve runs every connection under TLS 1.3 before its
+	// HELLO, and leases' URIs are rialto-nics://. Nil: plaintext.
+	TLS    *tls.Config
+	Logger *slog.Logger
 }
 
 // LeaseSpec is one NIC lease at a lender.
@@ -380,7 +386,7 @@ func (l *Lender) Close() error {
 // Serve accepts borrower connections on ln until ctx ends (then it closes
 // ln) or ln fails, and waits for the connections it served.
 func (l *Lender) Serve(ctx context.Context, ln net.Listener) error {
-	return serve(ctx, ln, func(id [LeaseIDSize]byte) *lease {
+	return serve(ctx, ln, l.cfg.TLS, func(id [LeaseIDSize]byte) *lease {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		return l.byCred[id]
@@ -389,10 +395,20 @@ func (l *Lender) Serve(ctx context.Context, ln net.Listener) error {
 
 // Mux serves the leases of several Lenders (one per lent interface) on one
 // listener: a connection goes to the lender holding the lease it names. The
-// zero Mux is ready to use; its methods are safe for concurrent use.
+// zero Mux is ready to use; its methods are safe for concurrent use. The
+// lenders' own LenderConfig.TLS is not used: the Mux's is.
 type Mux struct {
 	mu      sync.Mutex
 	lenders []*Lender
+	tls     *tls.Config
+}
+
+// UseTLS runs the tunnels Serve accepts under TLS with cfg (the node
+// certificate), as LenderConfig.TLS does; call it before Serve.
+func (m *Mux) UseTLS(cfg *tls.Config) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.tls = cfg
 }
 
 // Add serves l's leases too.
@@ -404,7 +420,10 @@ func (m *Mux) Add(l *Lender) {
 
 // Serve is Lender.Serve over every added lender.
 func (m *Mux) Serve(ctx context.Context, ln net.Listener) error {
-	return serve(ctx, ln, func(k [LeaseIDSize]byte) *lease {
+	m.mu.Lock()
+	cfg := m.tls
+	m.mu.Unlock()
+	return serve(ctx, ln, cfg, func(k [LeaseIDSize]byte) *lease {
 		m.mu.Lock()
 		ls := slices.Clone(m.lenders)
 		m.mu.Unlock()
@@ -420,7 +439,13 @@ func (m *Mux) Serve(ctx context.Context, ln net.Listener) error {
 	})
 }
 
-func serve(ctx context.Context, ln net.Listener, lookup func(id [LeaseIDSize]byte) *lease) error {
+// serve accepts connections on ln, under TLS with cfg if set, and serves
+// them (serveConn).
+func serve(ctx context.Context, ln net.Listener, cfg *tls.Config, lookup func(id [LeaseIDSize]byte) *lease) error {
+	if cfg != nil {
+		cfg = cfg.Clone()
+		cfg.MinVersion = max(cfg.MinVersion, tls.VersionTLS13)
+	}
 	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
 	defer stop()
 	var wg sync.WaitGroup
@@ -448,13 +473,52 @@ func serve(ctx context.Context, ln net.Listener, lookup func(id [LeaseIDSize]byt
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			serveConn(c, lookup)
+			if cfg != nil {
+				if pc, ok := plaintextHello(c); ok {
+					// The handshake runs in serveConn's first read,
+					// under its HELLO deadline.
+					serveConn(tls.Server(pc, cfg), lookup)
+				}
+			} else {
+				serveConn(c, lookup)
+			}
 			cmu.Lock()
 			delete(conns, c)
 			cmu.Unlock()
 			_ = c.Close()
 		}()
 	}
+}
+
+// peekedConn is a connection whose first bytes were peeked at.
+type peekedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (p *peekedConn) Read(b []byte) (int, error) { return p.r.Read(b) }
+
+// plaintextHello peeks at what a borrower sends first on a connection to a
+// lender that requires TLS: a plaintext HELLO (its magic) is answered with
+// a plaintext WELCOME of StatusTLS, and ok is false; else the connection
+// to run TLS on is returned.
+func plaintextHello(c net.Conn) (net.Conn, bool) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+	}
+	_ = c.SetDeadline(time.Now().Add(helloTimeout))
+	// Reads larger than the buffer, as the TLS records' are once the
+	// peeked bytes are consumed, bypass it.
+	br := bufio.NewReaderSize(c, 16)
+	head, err := br.Peek(4)
+	if err != nil {
+		return nil, false
+	}
+	if binary.BigEndian.Uint32(head) == Magic {
+		refuse(c, ErrTLSRequired)
+		return nil, false
+	}
+	return &peekedConn{Conn: c, r: br}, true
 }
 
 func refuse(c net.Conn, err error) {

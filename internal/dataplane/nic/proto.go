@@ -68,7 +68,8 @@ const (
 	StatusVersion uint8 = 5 // unsupported version
 	StatusBusy    uint8 = 6 // the session is full or replaced
 	StatusAddr    uint8 = 7 // the requested address cannot be given
-	maxStatus           = StatusAddr
+	StatusTLS     uint8 = 8 // the lender serves its tunnel under TLS only
+	maxStatus           = StatusTLS
 )
 
 // Sentinel errors. Errors returned by this package wrap one of these.
@@ -82,6 +83,14 @@ var (
 	ErrAddr     = errors.New("nic: address unavailable")
 	ErrClosed   = errors.New("nic: closed")
 	ErrLost     = errors.New("nic: lender connection lost")
+	// ErrTLS: the lender's tunnel is not under TLS with a certificate
+	// the borrower accepts (Config.TLS).
+	ErrTLS = errors.New("nic: lender refused over TLS")
+	// ErrTLSRequired: the lender serves its tunnel under TLS only, and
+	// was sent a plaintext HELLO (StatusTLS).
+	ErrTLSRequired = errors.New("nic: the lender requires TLS (use the lease's rialto-nics:// URI and the cluster CA)")
+	// ErrNoCA: a member's tunnel runs under TLS and Config.TLS is nil.
+	ErrNoCA = errors.New("nic: no cluster CA")
 )
 
 // StatusErr maps a status code to its sentinel error (nil for StatusOK).
@@ -101,6 +110,8 @@ func StatusErr(s uint8) error {
 		return ErrBusy
 	case StatusAddr:
 		return ErrAddr
+	case StatusTLS:
+		return ErrTLSRequired
 	default:
 		return ErrBadFrame
 	}
@@ -112,7 +123,7 @@ func statusOf(err error) uint8 {
 		e error
 		s uint8
 	}{{ErrAuth, StatusAuth}, {ErrCredit, StatusCredit}, {ErrGone, StatusGone}, {ErrVersion, StatusVersion},
-		{ErrBusy, StatusBusy}, {ErrAddr, StatusAddr}} {
+		{ErrBusy, StatusBusy}, {ErrAddr, StatusAddr}, {ErrTLSRequired, StatusTLS}} {
 		if errors.Is(err, c.e) {
 			return c.s
 		}

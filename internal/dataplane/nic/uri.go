@@ -10,28 +10,36 @@ import (
 	"strings"
 )
 
-// Scheme is the URI scheme of a NIC lease's lender.
-const Scheme = "rialto-nic"
+// URI schemes of a NIC lease's lender: Scheme for a plaintext tunnel
+// (an agent with --insecure-dataplane), SchemeTLS for one under TLS with
+// the lender's node certificate.
+const (
+	Scheme    = "rialto-nic"
+	SchemeTLS = "rialto-nics"
+)
 
 // URI names one lender of a NIC lease: its tunnel endpoint and the lease
-// credential, rialto-nic://HOST:PORT/CREDENTIAL (a bond has one per
-// lender). The credential is a secret: log Redacted, never String; a URI
-// logged through log/slog is redacted.
+// credential, rialto-nics://HOST:PORT/CREDENTIAL (rialto-nic:// for a
+// plaintext tunnel; a bond has one per lender). The credential is a
+// secret: log Redacted, never String; a URI logged through log/slog is
+// redacted.
 type URI struct {
 	Address    string
 	Credential string
+	TLS        bool // rialto-nics://: the tunnel runs under TLS
 }
 
 var (
-	errNotNICURI       = errors.New("nic: not a NIC URI (want rialto-nic://HOST:PORT/CREDENTIAL)")
+	errNotNICURI       = errors.New("nic: not a NIC URI (want rialto-nics:// or rialto-nic://HOST:PORT/CREDENTIAL)")
 	errNoURICredential = errors.New("nic: NIC URI without a credential")
 )
 
-// ParseURI parses rialto-nic://HOST:PORT/CREDENTIAL. Errors never quote
-// the input, which carries the credential.
+// ParseURI parses rialto-nics://HOST:PORT/CREDENTIAL and its plaintext
+// form rialto-nic://. Errors never quote the input, which carries the
+// credential.
 func ParseURI(s string) (URI, error) {
 	u, err := url.Parse(s)
-	if err != nil || u.Scheme != Scheme || u.Host == "" || u.Port() == "" {
+	if err != nil || (u.Scheme != Scheme && u.Scheme != SchemeTLS) || u.Host == "" || u.Port() == "" {
 		return URI{}, errNotNICURI
 	}
 	cred := strings.TrimPrefix(u.Path, "/")
@@ -41,22 +49,28 @@ func ParseURI(s string) (URI, error) {
 	if len(cred) > MaxCredential {
 		return URI{}, errNotNICURI
 	}
-	return URI{Address: u.Host, Credential: cred}, nil
+	return URI{Address: u.Host, Credential: cred, TLS: u.Scheme == SchemeTLS}, nil
 }
 
 // String is the wire form.
 func (u URI) String() string {
-	return (&url.URL{Scheme: Scheme, Host: u.Address, Path: "/" + u.Credential}).String()
+	v := url.URL{Scheme: Scheme, Host: u.Address, Path: "/" + u.Credential}
+	if u.TLS {
+		v.Scheme = SchemeTLS
+	}
+	return v.String()
 }
 
 // Redacted is String with the credential replaced by "xxxxx".
-func (u URI) Redacted() string { return URI{Address: u.Address, Credential: "xxxxx"}.String() }
+func (u URI) Redacted() string {
+	return URI{Address: u.Address, Credential: "xxxxx", TLS: u.TLS}.String()
+}
 
 // LogValue logs the URI redacted.
 func (u URI) LogValue() slog.Value { return slog.StringValue(u.Redacted()) }
 
 // Member is the bond member the URI names.
-func (u URI) Member() Member { return Member{Addr: u.Address, Credential: u.Credential} }
+func (u URI) Member() Member { return Member{Addr: u.Address, Credential: u.Credential, TLS: u.TLS} }
 
 // ParseRate parses a rate in tc's syntax ("200mbit", "1gbit", "50mbps" =
 // 50 megabytes/s, a bare number = bits/s) into bits/s.
