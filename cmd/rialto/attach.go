@@ -219,7 +219,7 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 			fmt.Fprintf(e.stderr, "rialto attach: lease %s (%d %s, %s%s) served at the URI above; Ctrl-C or `rialto detach %s` ends it\n",
 				l.ID, parts, profPlural(parts, "part"), resource.FormatSize(st.Size), cache, l.ID)
 		}
-		return holdAttachment(ctx, c, l, ctl, file, ctlPath, *watch, attachHooks{close: att.Close, pending: att.Volume().UnansweredWrites})
+		return holdAttachment(ctx, c, l, ctl, file, ctlPath, *watch, attachHooks{close: att.Close, pending: volumeWaits(att.Volume())})
 	}
 }
 
@@ -237,11 +237,40 @@ type attachHooks struct {
 	gone <-chan struct{}
 	// goneErr is what holdAttachment returns then.
 	goneErr error
-	// pending, if set, returns per part (in layout order) how many writes
-	// its lender has not answered: what a "pending" on the control socket
-	// is answered with (detach asks when the attachment did not end in
-	// time).
-	pending func() []int64
+	// pending, if set, returns per part (in layout order) what its lender
+	// has not answered (writes, the final flush): what a "pending" on the
+	// control socket is answered with (detach asks when the attachment did
+	// not end in time).
+	pending func() []partWait
+}
+
+// partWait is what a part's lender has not answered yet.
+type partWait struct {
+	// writes is how many writes (trims, zeroings) it has not answered.
+	writes int64
+	// flush: the close's final flush, sent once every write was
+	// answered, was not answered.
+	flush bool
+}
+
+// unansweredReporter is what a volume (stripe.Volume) says of what its
+// parts' lenders have not answered.
+type unansweredReporter interface {
+	UnansweredWrites() []int64
+	UnansweredFinalFlush() []bool
+}
+
+// volumeWaits is the pending hook of an attachment of v.
+func volumeWaits(v unansweredReporter) func() []partWait {
+	return func() []partWait {
+		w, f := v.UnansweredWrites(), v.UnansweredFinalFlush()
+		ws := make([]partWait, len(w))
+		for i := range ws {
+			ws[i].writes = w[i]
+			ws[i].flush = i < len(f) && f[i]
+		}
+		return ws
+	}
 }
 
 // holdAttachment keeps an attachment (its state in file, its control
@@ -255,9 +284,13 @@ func holdAttachment(ctx context.Context, c *api.Client, l api.Lease, ctl net.Lis
 	var rec atomic.Pointer[api.Lease]
 	rec.Store(&l)
 	// Serve until the context ends or detach asks on the control socket.
+	// A detach asked once the attachment is closing (another `rialto
+	// detach`, waiting longer) is held in late, the accept loop's until it
+	// ends, and answered as the first.
 	detach := make(chan net.Conn)
 	quit := make(chan struct{})
 	acceptDone := make(chan struct{})
+	var late []net.Conn
 	go func() {
 		defer close(acceptDone)
 		for {
@@ -270,7 +303,8 @@ func holdAttachment(ctx context.Context, c *api.Client, l api.Lease, ctl net.Lis
 			if strings.TrimSpace(line) == "pending" && h.pending != nil {
 				// Asked by detach while the attachment is closing: answered
 				// until the control socket closes, once the close is done.
-				fmt.Fprintf(conn, "pending %s\n", pendingParts(*rec.Load(), h.pending()))
+				ws := h.pending()
+				fmt.Fprintf(conn, "pending %s %s\n", pendingKind(ws), pendingParts(*rec.Load(), ws))
 				conn.Close()
 				continue
 			}
@@ -280,11 +314,13 @@ func holdAttachment(ctx context.Context, c *api.Client, l api.Lease, ctl net.Lis
 				conn.Close()
 				continue
 			}
+			// Answered when the close ends, however long it takes (the
+			// asker has a deadline of its own).
+			conn.SetDeadline(time.Time{})
 			select {
 			case detach <- conn:
 			case <-quit:
-				conn.Close()
-				return
+				late = append(late, conn)
 			}
 		}
 	}()
@@ -343,13 +379,16 @@ wait:
 	os.Remove(file)
 	os.Remove(ctlPath)
 	if asker != nil {
+		late = append(late, asker)
+	}
+	for _, a := range late {
 		if cerr != nil {
 			// One line: detach reads one (errors.Join's have several).
-			fmt.Fprintf(asker, "error %s\n", strings.ReplaceAll(strings.TrimSpace(cerr.Error()), "\n", "; "))
+			fmt.Fprintf(a, "error %s\n", strings.ReplaceAll(strings.TrimSpace(cerr.Error()), "\n", "; "))
 		} else {
-			fmt.Fprintln(asker, "detached")
+			fmt.Fprintln(a, "detached")
 		}
-		asker.Close()
+		a.Close()
 	}
 	if cerr != nil {
 		return fmt.Errorf("detach %s: %w", l.ID, cerr)
@@ -430,15 +469,32 @@ func controlAnswers(ctx context.Context, ctl string) bool {
 	return strings.HasPrefix(line, "attached ")
 }
 
-// pendingParts says which parts of lease l have writes their lenders
-// have not answered, given per part (layout order) how many: "part 1
-// (lender n2) has 3 writes unanswered; ...", "" if none. A part is named
-// by its lender's node, or without one by its lender's address: never by
-// its URI, whose export name is a secret.
-func pendingParts(l api.Lease, unanswered []int64) string {
+// pendingKind is what the close waits for, given what each part's lender
+// has not answered: "writes" while a write is unanswered, "flush" once
+// every write was answered and the final flush is not, "none" otherwise.
+func pendingKind(ws []partWait) string {
+	kind := "none"
+	for _, w := range ws {
+		if w.writes > 0 {
+			return "writes"
+		}
+		if w.flush {
+			kind = "flush"
+		}
+	}
+	return kind
+}
+
+// pendingParts says which parts of lease l wait for their lenders, given
+// per part (layout order) what its lender has not answered: "part 1
+// (lender n2) has 3 writes unanswered; part 2 (lender n3) has not
+// answered the final flush", "" if none. A part is named by its lender's
+// node, or without one by its lender's address: never by its URI, whose
+// export name is a secret.
+func pendingParts(l api.Lease, ws []partWait) string {
 	var ps []string
-	for i, n := range unanswered {
-		if n <= 0 {
+	for i, w := range ws {
+		if w.writes <= 0 && !w.flush {
 			continue
 		}
 		var part api.Part
@@ -455,7 +511,12 @@ func pendingParts(l api.Lease, unanswered []int64) string {
 		case lenderAddr(part.URI) != "":
 			who = fmt.Sprintf(" (lender at %s)", lenderAddr(part.URI))
 		}
-		ps = append(ps, fmt.Sprintf("part %d%s has %d %s unanswered", i, who, n, profPlural(int(n), "write")))
+		if w.writes > 0 {
+			ps = append(ps, fmt.Sprintf("part %d%s has %d %s unanswered", i, who, w.writes, profPlural(int(w.writes), "write")))
+		}
+		if w.flush {
+			ps = append(ps, fmt.Sprintf("part %d%s has not answered the final flush", i, who))
+		}
 	}
 	return strings.Join(ps, "; ")
 }
@@ -470,35 +531,55 @@ func lenderAddr(uri string) string {
 	return u.Host
 }
 
-// askPending asks the attach process on control which parts have writes
-// their lenders have not answered (pendingParts); "" if it does not say.
-func askPending(ctx context.Context, control string) string {
+// askPending asks the attach process on control what its close waits
+// for: kind ("writes", "flush", or "" if it does not say) and which parts
+// (pendingParts; "" if unknown). An attach process that answers without a
+// kind (an older one) spoke of writes.
+func askPending(ctx context.Context, control string) (kind, parts string) {
 	var d net.Dialer
 	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	conn, err := d.DialContext(dctx, "unix", control)
 	if err != nil {
-		return ""
+		return "", ""
 	}
 	defer conn.Close()
 	conn.SetDeadline(time.Now().Add(2 * time.Second))
 	fmt.Fprintln(conn, "pending")
 	line, _ := bufio.NewReader(conn).ReadString('\n')
-	if !strings.HasPrefix(line, "pending ") {
-		return ""
+	rest, ok := strings.CutPrefix(line, "pending ")
+	if !ok {
+		return "", ""
 	}
-	return strings.TrimSpace(strings.TrimPrefix(line, "pending "))
+	rest = strings.TrimSpace(rest)
+	first, tail, _ := strings.Cut(rest, " ")
+	switch first {
+	case "writes", "flush":
+		return first, strings.TrimSpace(tail)
+	case "none":
+		return "", ""
+	}
+	return "writes", rest
 }
 
 // stillFlushing is detach's error when the attachment st has not ended
-// within wait: it is waiting for its lenders to answer writes (it ends
-// once they have, or its own --timeout has passed). It says which parts
-// wait (pending, from askPending; "" if unknown), what is safe and what
-// the user can do.
-func stillFlushing(st attachState, wait time.Duration, pending string) error {
+// within wait: it is waiting for its lenders to answer writes or, once
+// they have, the final flush (kind, from askPending; "" if unknown: then
+// writes are assumed); it ends once they have answered, or its own
+// --timeout has passed. It says which parts wait (parts, from askPending;
+// "" if unknown), what is safe and what the user can do.
+func stillFlushing(st attachState, wait time.Duration, kind, parts string) error {
 	which := fmt.Sprintf("(the lender named by `rialto lease show %s` whose part is slow or unreachable)", st.ID)
-	if pending != "" {
-		which = fmt.Sprintf("(%s; `rialto lease show %s` shows its parts)", pending, st.ID)
+	if parts != "" {
+		which = fmt.Sprintf("(%s; `rialto lease show %s` shows its parts)", parts, st.ID)
+	}
+	if kind == "flush" {
+		return fmt.Errorf("detach %s: the attachment (process %d) has not ended after %v: every write was answered, and it is still waiting for a lender to answer the final flush "+
+			"%s. The writes are on the lenders; those on a part whose lender has not answered the flush are not confirmed durable there "+
+			"(a crash of that lender's machine could lose them). "+
+			"It ends by itself once the lender answers or its own --timeout passes: run `rialto detach --timeout 10m %s` to wait longer, "+
+			"or `kill %d` to stop waiting (the writes stay on the lenders, unconfirmed)",
+			st.ID, st.PID, wait, which, st.ID, st.PID)
 	}
 	return fmt.Errorf("detach %s: the attachment (process %d) has not ended after %v: it is still waiting for a lender to answer a write "+
 		"%s. Writes it acknowledged are on the lenders "+
@@ -545,7 +626,8 @@ func runDetach(e *env, fs *pflag.FlagSet) runFunc {
 				return fmt.Errorf("detach %s: %s", st.ID, strings.TrimSpace(strings.TrimPrefix(line, "error ")))
 			}
 			if errors.Is(rerr, os.ErrDeadlineExceeded) {
-				return stillFlushing(st, *wait, askPending(ctx, st.Control))
+				kind, parts := askPending(ctx, st.Control)
+				return stillFlushing(st, *wait, kind, parts)
 			}
 			if !strings.HasPrefix(line, "detached") {
 				return fmt.Errorf("detach %s: no answer from process %d: %v", st.ID, st.PID, rerr)
@@ -571,7 +653,8 @@ func runDetach(e *env, fs *pflag.FlagSet) runFunc {
 				break
 			}
 			if time.Now().After(deadline) {
-				return stillFlushing(st, *wait, askPending(ctx, st.Control))
+				kind, parts := askPending(ctx, st.Control)
+				return stillFlushing(st, *wait, kind, parts)
 			}
 			select {
 			case <-ctx.Done():

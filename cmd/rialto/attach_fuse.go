@@ -65,6 +65,6 @@ func attachFUSE(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l a
 		fmt.Fprintf(e.stderr, "rialto attach: lease %s (%d %s, %s) served as the file above (`mount -o loop %s MNT`); unmount MNT, then `rialto detach %s` or Ctrl-C\n",
 			l.ID, parts, profPlural(parts, "part"), resource.FormatSize(st.Size), m.Path(), l.ID)
 	}
-	return holdAttachment(ctx, c, l, ctl, file, ctlPath, watch, attachHooks{close: closeAll, detachable: m.Unmount, pending: vol.UnansweredWrites,
+	return holdAttachment(ctx, c, l, ctl, file, ctlPath, watch, attachHooks{close: closeAll, detachable: m.Unmount, pending: volumeWaits(vol),
 		gone: m.Done(), goneErr: fmt.Errorf("%s was unmounted; detached lease %s", dir, l.ID)})
 }

@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net/http"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 	"github.com/rialto-project/rialto/internal/httpx"
 	"github.com/rialto-project/rialto/internal/networds"
 )
@@ -202,6 +204,17 @@ func destWords(e *destError) string {
 		return fmt.Sprintf("%s does not speak TLS (its URI says it does)", dst)
 	case e.reach:
 		return fmt.Sprintf("%s could not be reached from %s (%s's agent log says why)", dst, here, here)
+	case errors.Is(e.err, nbd.ErrShutdown), errors.Is(e.err, io.EOF):
+		// Its data plane ended the copy's connection: its agent stopped
+		// (or restarted), or it gave the move up.
+		return fmt.Sprintf("%s closed the copy's connection from %s during the copy (its agent stopped, or it gave the move up)", dst, here)
+	case errors.Is(e.err, nbd.ErrTimeout):
+		return fmt.Sprintf("%s did not answer a write of the copy from %s within %v", dst, here, moveRequestTimeout)
+	}
+	var ne *nbd.Error
+	if errors.As(e.err, &ne) {
+		// NBD's error numbers are Linux's.
+		return fmt.Sprintf("%s could not write the copy to its device (%v)", dst, syscall.Errno(ne.Errno))
 	}
 	return fmt.Sprintf("%s did not take the copy (%s's agent log says why)", dst, here)
 }

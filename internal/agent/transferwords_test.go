@@ -1,12 +1,15 @@
 package agent
 
 import (
+	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"strings"
 	"testing"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 )
 
 // TestFailedTransferReadsPlainly: a move whose source cannot reach its
@@ -74,6 +77,31 @@ func transferEnd(t *testing.T, a *Agent, id string) api.Transfer {
 		}
 		if st.State != api.TransferCopying {
 			t.Fatalf("transfer %s is %s", id, st.State)
+		}
+	}
+}
+
+// TestDestinationFailureWords: a destination that ends the copy's
+// connection (its agent stopped, or it gave the move up), does not
+// answer a write of the copy, or refuses one, says so, where each read
+// "the destination did not take the copy (this lender's agent log says
+// why)".
+func TestDestinationFailureWords(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("%w: %w", nbd.ErrClosed, io.EOF),
+			"the destination closed the copy's connection from this lender during the copy (its agent stopped, or it gave the move up)"},
+		{fmt.Errorf("%w: %w", nbd.ErrShutdown, &nbd.Error{Errno: nbd.ESHUTDOWN}),
+			"the destination closed the copy's connection from this lender during the copy (its agent stopped, or it gave the move up)"},
+		{fmt.Errorf("nbd: write: %w", nbd.ErrTimeout),
+			"the destination did not answer a write of the copy from this lender within " + moveRequestTimeout.String()},
+		{&nbd.Error{Errno: nbd.ENOSPC, Message: "/srv/disk0.img: no space"},
+			"the destination could not write the copy to its device (no space left on device)"},
+	} {
+		if got := transferWords("disk0", &destError{err: c.err}); got != c.want {
+			t.Errorf("%v: %q, want %q", c.err, got, c.want)
 		}
 	}
 }

@@ -997,6 +997,13 @@ func (c *Client) startDone(typ, flags uint16, off uint64, length uint32, payload
 		if onDone != nil {
 			return cl, nil // failed meanwhile: done has been called
 		}
+		if cl.err == nil {
+			// It reached the server whole and was answered before the
+			// failure: await returns the completed call. (A nil call
+			// and a nil error made doCall's await dereference nil: a
+			// move's copy whose connection was cut crashed its agent.)
+			return cl, nil
+		}
 		return nil, cl.err
 	}
 	return cl, nil

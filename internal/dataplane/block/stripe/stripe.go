@@ -127,6 +127,9 @@ type member struct {
 	// Writes (trims, zeroings, pieces of them) sent to the device and not
 	// answered yet (Volume.UnansweredWrites).
 	unanswered atomic.Int64
+	// Final flushes (settle's, of Shutdown or an Attachment's Close) sent
+	// to the device and not answered yet (Volume.UnansweredFinalFlush).
+	finalFlush atomic.Int64
 }
 
 func (m *member) err(i int) error {
@@ -825,6 +828,18 @@ func (v *Volume) UnansweredWrites() []int64 {
 	return n
 }
 
+// UnansweredFinalFlush returns, per device in layout order, whether the
+// final flush (the one Shutdown, or an Attachment's Close, sends
+// once every write was answered) was sent to it and not answered yet:
+// what the close waits for once no write is unanswered.
+func (v *Volume) UnansweredFinalFlush() []bool {
+	f := make([]bool, len(v.parts))
+	for i, m := range v.parts {
+		f[i] = m.finalFlush.Load() > 0
+	}
+	return f
+}
+
 // selfTimer is implemented by devices that bound each request themselves
 // (an NBD connection's request timeout, enforced by its watchdog) and fail
 // one that misses the bound with an error wrapping nbd.ErrTimeout.
@@ -1018,7 +1033,9 @@ func (v *Volume) flushEvery() error {
 			errs[i] = m.err(i)
 		default:
 			wg.Go(func() {
+				m.finalFlush.Add(1)
 				err := v.one(chunk{dev: i}, flushChunk)
+				m.finalFlush.Add(-1)
 				if err == nil || onlyReports(err) {
 					m.flushedUpTo(seq)
 				}

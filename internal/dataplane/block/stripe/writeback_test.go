@@ -23,6 +23,7 @@ type gatedMem struct {
 	*nbd.MemBackend
 	mu     sync.Mutex
 	gate   chan struct{} // non-nil: writes wait until it is closed
+	fgate  chan struct{} // non-nil: flushes wait until it is closed
 	fail   atomic.Bool   // writes, zeroings and trims fail with EIO
 	in     atomic.Int32  // writes that reached the backend
 	events []string
@@ -88,7 +89,36 @@ func (g *gatedMem) at(off, n int) []byte {
 	return append([]byte(nil), g.Bytes()[off:off+n]...)
 }
 
-func (g *gatedMem) Flush() error { g.log("flush"); return nil }
+func (g *gatedMem) Flush() error {
+	g.log("flush")
+	g.mu.Lock()
+	ch := g.fgate
+	g.mu.Unlock()
+	if ch != nil {
+		<-ch
+	}
+	return nil
+}
+
+// holdFlushes makes flushes wait until the returned function is called
+// (once; also at cleanup, so that the lender can stop).
+func (g *gatedMem) holdFlushes(t *testing.T) (release func()) {
+	ch := make(chan struct{})
+	g.mu.Lock()
+	g.fgate = ch
+	g.mu.Unlock()
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			g.mu.Lock()
+			g.fgate = nil
+			g.mu.Unlock()
+			close(ch)
+		})
+	}
+	t.Cleanup(release)
+	return release
+}
 
 func (g *gatedMem) WriteZeroes(off, n int64, noHole bool) error {
 	if g.fail.Load() {
