@@ -1,0 +1,114 @@
+package controlplane
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/rialto-project/rialto/api"
+)
+
+// This file holds the probes of an adversarial review of the API (a
+// tenant or an agent trying what it should not): each sends what a
+// hostile or careless client would, over a real socket, and checks the
+// answer and that nothing changed.
+
+// raw sends a request with token tok (none when empty) and returns the
+// answer's status and body.
+func (e *env) raw(tok, method, path, body string, hdr ...string) (int, string) {
+	e.t.Helper()
+	req, err := http.NewRequestWithContext(e.ctx(), method, e.ts.URL+path, strings.NewReader(body))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := e.ts.Client().Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
+}
+
+// errorOf decodes an API error body.
+func errorOf(t *testing.T, body string) api.ErrorInfo {
+	t.Helper()
+	var eb api.ErrorBody
+	if err := json.Unmarshal([]byte(body), &eb); err != nil {
+		t.Fatalf("not an error body: %v: %q", err, body)
+	}
+	return eb.Error
+}
+
+// TestHostileLeaseRequests: sizes, stripe units and deadlines at the
+// edge of their types, and oversized labels, are refused with a 400 that
+// says which field is wrong, before anything is placed or written. A size
+// near the int64 limit used to overflow placement's rounding into a part
+// of negative length, which the store refused again and again until the
+// creation answered 503 "devices kept being taken by concurrent leases";
+// a huge deadline overflowed into a "negative deadline".
+func TestHostileLeaseRequests(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.join("n1", 64<<30)
+	e.join("n2", 64<<30)
+	before, err := e.admin.Events(e.ctx(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("x", 100000)
+	for _, c := range []struct{ body, want string }{
+		{`{"kind":"block","size":9223372036854775807}`, "size"},
+		{`{"kind":"block","size":9223372036854771712}`, "size"},
+		{`{"kind":"memory","size":9223372036854775807}`, "size"},
+		{`{"kind":"block","mode":"composed","count":2,"size":9223372036854775807}`, "size"},
+		{`{"kind":"block","mode":"composed","count":64,"size":1048576,"stripe_unit":4611686018427387904}`, "stripe_unit"},
+		{`{"kind":"block","size":1048576,"work":1048576,"deadline_seconds":1e300}`, "deadline_seconds"},
+		{`{"kind":"block","size":1048576,"labels":{"` + long + `":"y"}}`, "label"},
+		{`{"kind":"block","size":1048576,"labels":{"k":"` + long + `"}}`, "label"},
+		{`{"kind":"block","size":1048576,"labels":{"":"y"}}`, "label"},
+		{`{"kind":"block","size":1048576,"affinity":["` + long + `"]}`, "affinity"},
+	} {
+		for _, path := range []string{"/v1/leases", "/v1/explain"} {
+			code, body := e.raw(aliceTok, "POST", path, c.body)
+			if code != http.StatusBadRequest {
+				t.Errorf("POST %s %.90s: %d %.300s; want 400", path, c.body, code, body)
+				continue
+			}
+			if info := errorOf(t, body); info.Code != api.CodeInvalid || !strings.Contains(info.Message, c.want) {
+				t.Errorf("POST %s %.90s: %+v; want %s naming %q", path, c.body, info, api.CodeInvalid, c.want)
+			}
+		}
+	}
+	if ls, err := e.alice.Leases(e.ctx()); err != nil || len(ls) != 0 {
+		t.Errorf("alice's leases after refused requests: %v, %v", ls, err)
+	}
+	after, err := e.admin.Events(e.ctx(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after) != len(before) {
+		t.Errorf("refused requests wrote %d event(s): %+v", len(after)-len(before), after[len(before):])
+	}
+	// The largest size allowed is refused for room, as any other too
+	// large a lease: 422, not 400 or 503.
+	code, body := e.raw(aliceTok, "POST", "/v1/leases", fmt.Sprintf(`{"kind":"block","size":%d}`, int64(maxLeaseSize)))
+	if code != http.StatusUnprocessableEntity {
+		t.Errorf("size %d: %d %s; want 422", int64(maxLeaseSize), code, body)
+	}
+}
+
+var _ = bufio.NewReader
