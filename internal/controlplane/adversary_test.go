@@ -1,7 +1,7 @@
 package controlplane
 
 import (
-	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -111,4 +111,47 @@ func TestHostileLeaseRequests(t *testing.T) {
 	}
 }
 
-var _ = bufio.NewReader
+// TestStreamsPerToken: one token may hold maxFollowersPerCaller event
+// streams; its next is 429 while other tenants still get theirs. Before,
+// only the server-wide bound (4096) held, so one tenant could take every
+// stream and lock every other tenant, the admin and the dashboard out.
+func TestStreamsPerToken(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx, cancel := context.WithCancel(e.ctx())
+	defer cancel()
+	var open []*http.Response
+	defer func() {
+		cancel()
+		for _, r := range open {
+			r.Body.Close()
+		}
+	}()
+	for i := range maxFollowersPerCaller {
+		resp := openStream(t, ctx, e.ts.URL+"/v1/events?follow=1&since=end", bobTok)
+		open = append(open, resp)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("bob's stream %d: %d", i, resp.StatusCode)
+		}
+	}
+	resp := openStream(t, ctx, e.ts.URL+"/v1/events?follow=1&since=end", bobTok)
+	if resp.StatusCode == http.StatusOK {
+		resp.Body.Close() // a stream: its body does not end
+		t.Fatalf("bob's stream %d: 200; want 429", maxFollowersPerCaller+1)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("bob's stream %d: %d %s; want 429", maxFollowersPerCaller+1, resp.StatusCode, body)
+	}
+	if info := errorOf(t, string(body)); info.Code != api.CodeQuota || !strings.Contains(info.Message, "event streams") {
+		t.Errorf("refusal: %+v", info)
+	}
+	for _, tok := range []string{aliceTok, adminTok} {
+		resp := openStream(t, ctx, e.ts.URL+"/v1/events?follow=1&since=end", tok)
+		open = append(open, resp)
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("another token's stream while bob holds %d: %d", maxFollowersPerCaller, resp.StatusCode)
+		}
+	}
+}

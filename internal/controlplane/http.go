@@ -63,7 +63,7 @@ func (s *Server) routeTable() []route {
 				{Name: "limit", Type: "integer", Description: "at most this many (default and maximum 1000)"},
 				{Name: "follow", Type: "boolean", Description: "stream the events after since, then each new one as it is appended (SSE with Accept: text/event-stream or format=sse, else newline-delimited JSON); Last-Event-ID resumes"},
 				{Name: "format", Type: "string", Description: "with follow: sse or ndjson"}}, Streams: []string{"text/event-stream", "application/x-ndjson"},
-			Errors: []int{400, 401, 403, 500, 503}}, accessReader, s.hEvents},
+			Errors: []int{400, 401, 403, 429, 500, 503}}, accessReader, s.hEvents},
 		{httpapi.Route{Method: "GET", Path: "/v1/profiles", Summary: "List device profiles.", Response: []api.Profile{}, Errors: readErrors}, accessReader, s.hProfiles},
 		{httpapi.Route{Method: "PUT", Path: "/v1/profiles/{model}", Summary: "Store a measured or declared device profile.",
 			Request: api.Profile{}, Response: api.Profile{}, Errors: []int{400, 401, 403, 500}}, accessWriter, s.hPutProfile},

@@ -8,8 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"slices"
 	"math"
+	"slices"
 	"strconv"
 	"time"
 
