@@ -1,13 +1,16 @@
 package controlplane
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rialto-project/rialto/api"
 )
@@ -153,5 +156,49 @@ func TestStreamsPerToken(t *testing.T) {
 		if resp.StatusCode != http.StatusOK {
 			t.Errorf("another token's stream while bob holds %d: %d", maxFollowersPerCaller, resp.StatusCode)
 		}
+	}
+}
+
+// TestSlowBody: a client that sends its headers and then its body slowly
+// (or never) is answered 400 once Config.BodyTimeout has passed, and its
+// connection is closed; before, only the headers had a deadline
+// (http.Server.ReadHeaderTimeout) and such a client held a connection and
+// a handler as long as it liked (slowloris).
+func TestSlowBody(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *Config) { c.BodyTimeout, c.PrepareTimeout = 200*time.Millisecond, time.Second })
+	for _, tc := range []struct{ name, head, body string }{
+		{"content-length", "Content-Length: 100\r\n", `{"kind":`},
+		{"chunked", "Transfer-Encoding: chunked\r\n", "8\r\n{\"kind\":\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", e.ts.Listener.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			// A bound on the test, not a synchronisation: the server
+			// answers within BodyTimeout.
+			conn.SetDeadline(time.Now().Add(20 * time.Second))
+			fmt.Fprintf(conn, "POST /v1/leases HTTP/1.1\r\nHost: rialto\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n%s\r\n%s", aliceTok, tc.head, tc.body)
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatalf("no answer to a body that never ends: %v", err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "did not arrive within 200ms") {
+				t.Fatalf("%d %s; want 400 saying the body did not arrive", resp.StatusCode, b)
+			}
+		})
+	}
+	// A body that arrives in time, then a handler that outlives the
+	// timeout (its lender does not answer; PrepareTimeout is 1s), gets
+	// its own answer: the deadline went with the body.
+	jr, _ := e.join("n1", 1<<30)
+	e.lender.set(e.lender.hang, jr.NodeID, true)
+	_, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+	if !api.IsCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "no confirmation") {
+		t.Fatalf("a creation whose lender hangs: %v; want 503 naming the lender", err)
 	}
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
+	"os"
 	"net/http"
 	"strconv"
 	"strings"
@@ -225,6 +227,58 @@ func (s *Server) wrap(rt route) http.Handler {
 
 // maxBody is the request-body limit.
 const maxBody = 1 << 20
+
+// defaultBodyTimeout is Config.BodyTimeout's default.
+const defaultBodyTimeout = 30 * time.Second
+
+// bodyDeadline gives every request with a body Config.BodyTimeout to
+// send it: the connection's read deadline is set before the handler runs
+// and cleared once the body has been read to its end (or failed), so that
+// the rest of the handler (a lease creation waits for its lenders) and a
+// stream (GET /v1/events?follow=1, which has no body) are not cut. A body
+// that does not arrive in time fails its read: the handler answers 400 and
+// the connection closes. Deadlines are set on the network connection, in
+// real time, whatever Config.Clock is.
+func (s *Server) bodyDeadline(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
+			h.ServeHTTP(w, r)
+			return
+		}
+		rc := http.NewResponseController(w)
+		if rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout)) != nil {
+			h.ServeHTTP(w, r) // not a network connection (a test's recorder)
+			return
+		}
+		r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc, timeout: s.cfg.BodyTimeout}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// deadlineBody clears its connection's read deadline when the body ends,
+// and words a body that did not arrive in time.
+type deadlineBody struct {
+	io.ReadCloser
+	rc      *http.ResponseController
+	timeout time.Duration
+	done    bool
+}
+
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		// The deadline stays: the server's read of what is left of the
+		// body, before it answers, fails at once and the connection
+		// closes.
+		b.done = true
+		return n, fmt.Errorf("the body did not arrive within %s", b.timeout)
+	}
+	if err != nil && !b.done {
+		b.done = true
+		b.rc.SetReadDeadline(time.Time{})
+	}
+	return n, err
+}
 
 // decode reads a request body strictly (httpx.DecodeJSON); with allowEmpty
 // an empty or null body is no error and leaves v as it is.
