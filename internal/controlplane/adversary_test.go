@@ -202,3 +202,41 @@ func TestSlowBody(t *testing.T) {
 		t.Fatalf("a creation whose lender hangs: %v; want 503 naming the lender", err)
 	}
 }
+
+// TestDuplicateKeys: a body that names a field twice — also in another
+// case, which encoding/json takes for the same field — is 400 and changes
+// nothing; before, the last one silently won ({"kind":"block",
+// "kind":"memory"} asked for memory). Nested objects and arrays of objects
+// may repeat their keys across elements.
+func TestDuplicateKeys(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.join("n1", 64<<30)
+	for _, b := range []string{
+		`{"kind":"block","size":1048576,"kind":"memory"}`,
+		`{"kind":"block","size":1048576,"Kind":"memory"}`,
+		`{"kind":"block","size":1048576,"labels":{"a":"1","a":"2"}}`,
+		`{"kind":"block","size":1048576,"ttl_seconds":60,"TTL_Seconds":3600}`,
+	} {
+		code, body := e.raw(aliceTok, "POST", "/v1/leases", b)
+		if code != http.StatusBadRequest || !strings.Contains(errorOf(t, body).Message, "duplicate key") {
+			t.Errorf("%s: %d %.200s; want 400 duplicate key", b, code, body)
+		}
+	}
+	if ls, err := e.alice.Leases(e.ctx()); err != nil || len(ls) != 0 {
+		t.Errorf("alice's leases after refused requests: %d, %v", len(ls), err)
+	}
+	// The same keys in different objects are no duplicates.
+	code, body := e.raw(aliceTok, "POST", "/v1/explain", `{"kind":"block","size":1048576,"labels":{},"affinity":[],"role_config":null}`)
+	if code != http.StatusOK {
+		t.Errorf("a body without duplicates: %d %s", code, body)
+	}
+	code, body = e.raw(adminTok, "PUT", "/v1/profiles/m1", `{"model":"m1","write_bps":[1,2],"read_bps":[1,2]}`)
+	if code != http.StatusOK {
+		t.Errorf("a profile without duplicates: %d %s", code, body)
+	}
+	code, body = e.raw(adminTok, "PUT", "/v1/profiles/m1", `{"model":"m1","write_bps":[1,2],"read_bps":[1,2],"write_bps":[5]}`)
+	if code != http.StatusBadRequest {
+		t.Errorf("a profile with a duplicate: %d %s", code, body)
+	}
+}

@@ -1,7 +1,9 @@
 package controlplane
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -282,12 +284,78 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 
 // decode reads a request body strictly (httpx.DecodeJSON); with allowEmpty
 // an empty or null body is no error and leaves v as it is.
+//
+// A body that names a field twice (also in other cases: Go's decoder
+// matches names regardless of case, "kind" and "Kind" are one field) is
+// refused: which of the two counts differs between parsers, and a proxy or
+// an audit log that reads the other could be fooled.
 func decode(w http.ResponseWriter, r *http.Request, allowEmpty bool, v any) error {
+	var body bytes.Buffer
+	r.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.TeeReader(r.Body, &body), r.Body}
 	err := httpx.DecodeJSON(w, r, maxBody, v)
 	if allowEmpty && errors.Is(err, httpx.ErrEmptyBody) {
 		return nil
 	}
+	if err == nil {
+		err = duplicateKey(body.Bytes())
+	}
 	return err
+}
+
+// duplicateKey refuses a JSON document with an object that has a key
+// twice (compared without case, as encoding/json matches them). data
+// decoded without error.
+func duplicateKey(data []byte) error {
+	type object struct {
+		keys    map[string]bool
+		wantKey bool
+	}
+	var stack []*object // nil for an array
+	dec := json.NewDecoder(bytes.NewReader(data))
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil // the end (the decoder proper judged the syntax)
+		}
+		var top *object
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		switch t := tok.(type) {
+		case json.Delim:
+			switch t {
+			case '{':
+				stack = append(stack, &object{keys: map[string]bool{}, wantKey: true})
+			case '[':
+				stack = append(stack, nil)
+			default:
+				stack = stack[:len(stack)-1]
+				if len(stack) > 0 && stack[len(stack)-1] != nil {
+					stack[len(stack)-1].wantKey = true
+				}
+			}
+		case string:
+			if top != nil && top.wantKey {
+				k := strings.ToLower(t)
+				if top.keys[k] {
+					return fmt.Errorf("%w: duplicate key %q", httpx.ErrBadBody, t)
+				}
+				top.keys[k] = true
+				top.wantKey = false
+				continue
+			}
+			if top != nil {
+				top.wantKey = true
+			}
+		default:
+			if top != nil {
+				top.wantKey = true
+			}
+		}
+	}
 }
 
 func (s *Server) hJoin(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
