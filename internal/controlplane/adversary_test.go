@@ -240,3 +240,25 @@ func TestDuplicateKeys(t *testing.T) {
 		t.Errorf("a profile with a duplicate: %d %s", code, body)
 	}
 }
+
+// TestRedfishSessionsPerToken: one token may open 64 Redfish sessions;
+// its next login is 429 while another tenant still logs in. Before, only
+// the process-wide bound (10000) held, which one tenant could fill.
+func TestRedfishSessionsPerToken(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	login := func(tok string) (int, string) {
+		return e.raw("", "POST", "/redfish/v1/SessionService/Sessions", `{"UserName":"u","Password":"`+tok+`"}`)
+	}
+	for i := range 64 {
+		if code, body := login(bobTok); code != http.StatusCreated {
+			t.Fatalf("bob's session %d: %d %s", i, code, body)
+		}
+	}
+	if code, body := login(bobTok); code != http.StatusTooManyRequests || !strings.Contains(body, "SessionLimitExceeded") {
+		t.Fatalf("bob's session 65: %d %.300s; want 429 SessionLimitExceeded", code, body)
+	}
+	if code, body := login(aliceTok); code != http.StatusCreated {
+		t.Fatalf("alice's session while bob holds 64: %d %s", code, body)
+	}
+}
