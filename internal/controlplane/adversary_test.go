@@ -262,3 +262,26 @@ func TestRedfishSessionsPerToken(t *testing.T) {
 		t.Fatalf("alice's session while bob holds 64: %d %s", code, body)
 	}
 }
+
+// TestLoginLinksPerToken: a tenant asking for login links again and again
+// replaces only its own oldest; another tenant's pending link still signs
+// in. Before, the 1024 links kept in all were shared: the 1024th of one
+// tenant's links evicted the oldest pending link of anyone.
+func TestLoginLinksPerToken(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	link, err := e.alice.LoginLink(e.ctx())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Second) // alice's link is the oldest (it has 10 minutes)
+	for i := range 1100 {
+		if _, err := e.bob.LoginLink(e.ctx()); err != nil {
+			t.Fatalf("bob's link %d: %v", i, err)
+		}
+	}
+	code, body := e.raw("", "GET", link.Path, "")
+	if code != http.StatusOK || !strings.Contains(body, "Signed in") {
+		t.Fatalf("alice's link after bob asked for 1100: %d %.300s", code, body)
+	}
+}
