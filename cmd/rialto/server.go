@@ -95,7 +95,10 @@ func startControlPlane(ctx context.Context, ln net.Listener, db string, cfg cont
 	cp := &controlPlane{
 		URL: "http://" + ln.Addr().String(), srv: srv, st: st, done: make(chan error, 1), conns: &httpx.Conns{}, log: cfg.Logger,
 	}
-	cp.hs = &http.Server{Handler: srv.Handler(), ConnState: cp.conns.Track, ReadHeaderTimeout: 10 * time.Second,
+	// ReadHeaderTimeout bounds the headers, Config.BodyTimeout the body
+	// (a ReadTimeout would end the event streams too); IdleTimeout closes
+	// keep-alive connections left idle.
+	cp.hs = &http.Server{Handler: srv.Handler(), ConnState: cp.conns.Track, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug), TLSConfig: tlsCfg}
 	cp.hs.RegisterOnShutdown(srv.CloseStreams) // event streams never go idle
 	if tlsCfg != nil {

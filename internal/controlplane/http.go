@@ -1,11 +1,15 @@
 package controlplane
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -63,7 +67,7 @@ func (s *Server) routeTable() []route {
 				{Name: "limit", Type: "integer", Description: "at most this many (default and maximum 1000)"},
 				{Name: "follow", Type: "boolean", Description: "stream the events after since, then each new one as it is appended (SSE with Accept: text/event-stream or format=sse, else newline-delimited JSON); Last-Event-ID resumes"},
 				{Name: "format", Type: "string", Description: "with follow: sse or ndjson"}}, Streams: []string{"text/event-stream", "application/x-ndjson"},
-			Errors: []int{400, 401, 403, 500, 503}}, accessReader, s.hEvents},
+			Errors: []int{400, 401, 403, 429, 500, 503}}, accessReader, s.hEvents},
 		{httpapi.Route{Method: "GET", Path: "/v1/profiles", Summary: "List device profiles.", Response: []api.Profile{}, Errors: readErrors}, accessReader, s.hProfiles},
 		{httpapi.Route{Method: "PUT", Path: "/v1/profiles/{model}", Summary: "Store a measured or declared device profile.",
 			Request: api.Profile{}, Response: api.Profile{}, Errors: []int{400, 401, 403, 500}}, accessWriter, s.hPutProfile},
@@ -226,14 +230,132 @@ func (s *Server) wrap(rt route) http.Handler {
 // maxBody is the request-body limit.
 const maxBody = 1 << 20
 
+// defaultBodyTimeout is Config.BodyTimeout's default.
+const defaultBodyTimeout = 30 * time.Second
+
+// bodyDeadline gives every request with a body Config.BodyTimeout to
+// send it: the connection's read deadline is set before the handler runs
+// and cleared once the body has been read to its end (or failed), so that
+// the rest of the handler (a lease creation waits for its lenders) and a
+// stream (GET /v1/events?follow=1, which has no body) are not cut. A body
+// that does not arrive in time fails its read: the handler answers 400 and
+// the connection closes. Deadlines are set on the network connection, in
+// real time, whatever Config.Clock is.
+func (s *Server) bodyDeadline(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
+			h.ServeHTTP(w, r)
+			return
+		}
+		rc := http.NewResponseController(w)
+		if rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout)) != nil {
+			h.ServeHTTP(w, r) // not a network connection (a test's recorder)
+			return
+		}
+		r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc, timeout: s.cfg.BodyTimeout}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// deadlineBody clears its connection's read deadline when the body ends,
+// and words a body that did not arrive in time.
+type deadlineBody struct {
+	io.ReadCloser
+	rc      *http.ResponseController
+	timeout time.Duration
+	done    bool
+}
+
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		// The deadline stays: the server's read of what is left of the
+		// body, before it answers, fails at once and the connection
+		// closes.
+		b.done = true
+		return n, fmt.Errorf("the body did not arrive within %s", b.timeout)
+	}
+	if err != nil && !b.done {
+		b.done = true
+		b.rc.SetReadDeadline(time.Time{})
+	}
+	return n, err
+}
+
 // decode reads a request body strictly (httpx.DecodeJSON); with allowEmpty
 // an empty or null body is no error and leaves v as it is.
+//
+// A body that names a field twice (also in other cases: Go's decoder
+// matches names regardless of case, "kind" and "Kind" are one field) is
+// refused: which of the two counts differs between parsers, and a proxy or
+// an audit log that reads the other could be fooled.
 func decode(w http.ResponseWriter, r *http.Request, allowEmpty bool, v any) error {
+	var body bytes.Buffer
+	r.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.TeeReader(r.Body, &body), r.Body}
 	err := httpx.DecodeJSON(w, r, maxBody, v)
 	if allowEmpty && errors.Is(err, httpx.ErrEmptyBody) {
 		return nil
 	}
+	if err == nil {
+		err = duplicateKey(body.Bytes())
+	}
 	return err
+}
+
+// duplicateKey refuses a JSON document with an object that has a key
+// twice (compared without case, as encoding/json matches them). data
+// decoded without error.
+func duplicateKey(data []byte) error {
+	type object struct {
+		keys    map[string]bool
+		wantKey bool
+	}
+	var stack []*object // nil for an array
+	dec := json.NewDecoder(bytes.NewReader(data))
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil // the end (the decoder proper judged the syntax)
+		}
+		var top *object
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		switch t := tok.(type) {
+		case json.Delim:
+			switch t {
+			case '{':
+				stack = append(stack, &object{keys: map[string]bool{}, wantKey: true})
+			case '[':
+				stack = append(stack, nil)
+			default:
+				stack = stack[:len(stack)-1]
+				if len(stack) > 0 && stack[len(stack)-1] != nil {
+					stack[len(stack)-1].wantKey = true
+				}
+			}
+		case string:
+			if top != nil && top.wantKey {
+				k := strings.ToLower(t)
+				if top.keys[k] {
+					return fmt.Errorf("%w: duplicate key %q", httpx.ErrBadBody, t)
+				}
+				top.keys[k] = true
+				top.wantKey = false
+				continue
+			}
+			if top != nil {
+				top.wantKey = true
+			}
+		default:
+			if top != nil {
+				top.wantKey = true
+			}
+		}
+	}
 }
 
 func (s *Server) hJoin(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {

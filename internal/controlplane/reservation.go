@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"slices"
 	"strconv"
 	"time"
 
@@ -28,6 +29,18 @@ const (
 	maxParts          = 64
 	maxIdempotencyKey = 200
 	idempotencyHeader = "Idempotency-Key"
+	// maxLeaseSize bounds a request's size (bytes; slot units for accel;
+	// bytes/s for nic): 1 EiB, far above any device, and far enough below
+	// the int64 limit that placement's rounding (to alignment, to stripe
+	// units, over up to maxParts parts) cannot overflow.
+	maxLeaseSize = 1 << 60
+	// maxStripeUnit bounds a composed lease's stripe unit (1 TiB).
+	maxStripeUnit = 1 << 40
+	// maxDeadlineSeconds bounds deadline_seconds (about 31 years), so that
+	// it converts to a time.Duration without overflowing.
+	maxDeadlineSeconds = 1e9
+	// maxLabel bounds a requested label's key and its value (bytes).
+	maxLabel = 256
 )
 
 // reservation is what a lease request's pipeline keeps between its steps.
@@ -231,6 +244,15 @@ func (s *Server) validateLeaseRequest(r *api.LeaseRequest) error {
 		r.BandwidthCap < 0 || r.IOPSCap < 0 {
 		return fmt.Errorf("%w: sizes, counts, durations and rates must not be negative", ErrInvalid)
 	}
+	if r.Size > maxLeaseSize {
+		return fmt.Errorf("%w: size %d is more than the maximum %d", ErrInvalid, r.Size, int64(maxLeaseSize))
+	}
+	if r.StripeUnit > maxStripeUnit {
+		return fmt.Errorf("%w: stripe_unit %d is more than the maximum %d", ErrInvalid, r.StripeUnit, int64(maxStripeUnit))
+	}
+	if r.DeadlineSecond > maxDeadlineSeconds {
+		return fmt.Errorf("%w: deadline_seconds %g is more than the maximum %g", ErrInvalid, r.DeadlineSecond, float64(maxDeadlineSeconds))
+	}
 	if (r.BandwidthCap > 0 || r.IOPSCap > 0) && r.Kind != api.KindBlock {
 		return fmt.Errorf("%w: bandwidth_cap and iops_cap apply to block leases only", ErrInvalid)
 	}
@@ -251,6 +273,16 @@ func (s *Server) validateLeaseRequest(r *api.LeaseRequest) error {
 	}
 	if len(r.Borrower) > 256 || len(r.Role) > 256 || len(r.Affinity) > 64 || len(r.AntiAffinity) > 64 || len(r.Labels) > 64 {
 		return fmt.Errorf("%w: borrower, role, affinities or labels too long", ErrInvalid)
+	}
+	for k, v := range r.Labels {
+		if k == "" || len(k) > maxLabel || len(v) > maxLabel {
+			return fmt.Errorf("%w: a label's key must be 1 to %d bytes and its value at most %d", ErrInvalid, maxLabel, maxLabel)
+		}
+	}
+	for _, a := range slices.Concat(r.Affinity, r.AntiAffinity) {
+		if len(a) > 2*maxLabel+1 { // a node ID or name, or key=value
+			return fmt.Errorf("%w: an affinity or anti-affinity term is at most %d bytes", ErrInvalid, 2*maxLabel+1)
+		}
 	}
 	if err := validateNICRequest(r); err != nil {
 		return err

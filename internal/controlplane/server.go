@@ -88,6 +88,13 @@ type Config struct {
 	// PeerTLS verifies the placement leader's certificate when
 	// forwarding to it; nil: the cluster CA's (CA), else the system's.
 	PeerTLS *tls.Config
+
+	// BodyTimeout bounds how long a request's body takes to arrive once
+	// its headers have (default 30s): a client that sends a body slowly
+	// or not at all is cut off rather than holding a connection and a
+	// handler for ever (http.Server.ReadHeaderTimeout bounds the headers
+	// only, and ReadTimeout would also end the event streams).
+	BodyTimeout time.Duration
 }
 
 // Server is a control plane.
@@ -150,6 +157,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.MaxHeartbeatsPerSecond == 0 {
 		cfg.MaxHeartbeatsPerSecond = 100
+	}
+	if cfg.BodyTimeout <= 0 {
+		cfg.BodyTimeout = defaultBodyTimeout
 	}
 	if cfg.PrepareTimeout <= 0 {
 		cfg.PrepareTimeout = 2 * time.Second
@@ -217,7 +227,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if s.res.shared {
 		s.fwd = newForwarder(s)
 	}
-	s.h = s.routes()
+	s.h = s.bodyDeadline(s.routes())
 	return s, nil
 }
 

@@ -39,6 +39,9 @@ const (
 	streamPage = 1000
 	// maxFollowers bounds concurrent followers per server.
 	maxFollowers = 4096
+	// maxFollowersPerCaller bounds one token's (or node's) concurrent
+	// followers, so that one tenant cannot take every stream.
+	maxFollowersPerCaller = 64
 )
 
 // streamed is what a handler returns when it wrote the answer itself.
@@ -61,6 +64,7 @@ type eventHub struct {
 	interval  time.Duration // store poll interval (default 100ms)
 	keepalive time.Duration // idle time after which a follower gets a keep-alive (default 15s)
 	ringSize  int           // events kept for followers (default streamRing)
+	perCaller int           // followers one caller may have (default maxFollowersPerCaller)
 
 	startMu sync.Mutex // serializes starting and stopping the tailer
 	cancel  context.CancelFunc
@@ -68,6 +72,7 @@ type eventHub struct {
 
 	mu      sync.Mutex
 	subs    int
+	callers map[string]int // followers by caller (followerKey)
 	closed  bool
 	closing chan struct{} // closed by closeAll
 	changed chan struct{} // closed (and replaced) when last moves
@@ -117,9 +122,19 @@ func lastEventID(ctx context.Context, st store.Store) (int64, error) {
 	}
 }
 
-// subscribe registers a follower, starting the tailer for the first one;
-// the follower calls the returned function when it ends.
-func (h *eventHub) subscribe(ctx context.Context, st store.Store, clk clock.Clock, log *slog.Logger) (func(), error) {
+// followerKey names the caller whose followers count against
+// maxFollowersPerCaller: the token (by fingerprint), or the node.
+func followerKey(p principal) string {
+	if p.role == roleNode {
+		return "node " + p.nodeID
+	}
+	return "token " + p.fp
+}
+
+// subscribe registers a follower of caller (followerKey), starting the
+// tailer for the first one; the follower calls the returned function when
+// it ends.
+func (h *eventHub) subscribe(ctx context.Context, caller string, st store.Store, clk clock.Clock, log *slog.Logger) (func(), error) {
 	h.startMu.Lock()
 	defer h.startMu.Unlock()
 	h.mu.Lock()
@@ -132,7 +147,19 @@ func (h *eventHub) subscribe(ctx context.Context, st store.Store, clk clock.Cloc
 		h.mu.Unlock()
 		return nil, fmt.Errorf("%w: %d event followers already; try again later", ErrUnavailable, maxFollowers)
 	}
+	per := h.perCaller
+	if per <= 0 {
+		per = maxFollowersPerCaller
+	}
+	if h.callers[caller] >= per {
+		h.mu.Unlock()
+		return nil, fmt.Errorf("%w: this %s already has %d event streams open; close one first", ErrQuota, strings.Fields(caller)[0], per)
+	}
+	if h.callers == nil {
+		h.callers = map[string]int{}
+	}
 	h.subs++
+	h.callers[caller]++
 	first := h.subs == 1
 	h.mu.Unlock()
 	if first {
@@ -140,6 +167,7 @@ func (h *eventHub) subscribe(ctx context.Context, st store.Store, clk clock.Cloc
 		if err != nil {
 			h.mu.Lock()
 			h.subs--
+			h.dropCallerLocked(caller)
 			h.mu.Unlock()
 			return nil, err
 		}
@@ -150,14 +178,22 @@ func (h *eventHub) subscribe(ctx context.Context, st store.Store, clk clock.Cloc
 		h.cancel, h.done = cancel, make(chan struct{})
 		go h.tail(tctx, st, clk, log, h.done)
 	}
-	return h.unsubscribe, nil
+	return func() { h.unsubscribe(caller) }, nil
 }
 
-func (h *eventHub) unsubscribe() {
+// dropCallerLocked counts one follower of caller less.
+func (h *eventHub) dropCallerLocked(caller string) {
+	if h.callers[caller]--; h.callers[caller] <= 0 {
+		delete(h.callers, caller)
+	}
+}
+
+func (h *eventHub) unsubscribe(caller string) {
 	h.startMu.Lock()
 	defer h.startMu.Unlock()
 	h.mu.Lock()
 	h.subs--
+	h.dropCallerLocked(caller)
 	last := h.subs == 0
 	h.mu.Unlock()
 	if last {
@@ -430,18 +466,18 @@ func (s *Server) hFollow(ctx context.Context, p principal, r *http.Request, w ht
 	if err != nil {
 		return 0, nil, err
 	}
-	if err := s.follow(ctx, streamTenant(p), since, w, format); err != nil {
+	if err := s.follow(ctx, followerKey(p), streamTenant(p), since, w, format); err != nil {
 		return 0, nil, err
 	}
 	return 0, streamed{}, nil
 }
 
 // follow writes tenant's view of the event log after since to w in
-// format, until ctx ends or the server closes its streams. Errors before
+// format, as a follower of caller (followerKey), until ctx ends or the server closes its streams. Errors before
 // the first byte is written are returned (the caller answers them); later
 // ones end the stream.
-func (s *Server) follow(ctx context.Context, tenant string, since int64, w http.ResponseWriter, format streamFormat) error {
-	unsub, err := s.events.subscribe(ctx, s.st, s.clock, s.log)
+func (s *Server) follow(ctx context.Context, caller, tenant string, since int64, w http.ResponseWriter, format streamFormat) error {
+	unsub, err := s.events.subscribe(ctx, caller, s.st, s.clock, s.log)
 	if err != nil {
 		return err
 	}

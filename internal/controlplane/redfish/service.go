@@ -54,6 +54,7 @@ type Service struct {
 type session struct {
 	id, hash string
 	rialto   string // the Rialto token the session stands for (secret)
+	owner    string // hashToken(rialto)
 	user     string
 	created  time.Time
 	seen     time.Time

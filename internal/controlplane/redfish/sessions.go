@@ -3,6 +3,7 @@ package redfish
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net/http"
 	"sort"
 
@@ -10,6 +11,10 @@ import (
 )
 
 const maxSessions = 10000
+
+// maxSessionsPerToken bounds one token's sessions, so that one tenant
+// cannot take every session (maxSessions) from the others.
+const maxSessionsPerToken = 64
 
 func randomHex(n int) string {
 	b := make([]byte, n)
@@ -42,12 +47,21 @@ func (s *Service) login(w http.ResponseWriter, r *http.Request) {
 	}
 	token := "rfs_" + randomHex(24)
 	now := s.cfg.Now()
-	sess := &session{id: randomHex(8), hash: hashToken(token), rialto: body.Password, user: body.UserName, created: now, seen: now}
+	sess := &session{id: randomHex(8), hash: hashToken(token), rialto: body.Password, owner: hashToken(body.Password), user: body.UserName, created: now, seen: now}
 	s.mu.Lock()
+	own := 0
 	for h, old := range s.sessions {
 		if now.Sub(old.seen) > s.cfg.SessionTimeout {
 			delete(s.sessions, h)
+		} else if old.owner == sess.owner {
+			own++
 		}
+	}
+	if own >= maxSessionsPerToken {
+		s.mu.Unlock()
+		writeError(w, &rfError{status: http.StatusTooManyRequests, id: "SessionLimitExceeded",
+			msg: fmt.Sprintf("this token already has %d open sessions; delete some or use Basic auth", maxSessionsPerToken)})
+		return
 	}
 	if len(s.sessions) >= maxSessions {
 		s.mu.Unlock()
@@ -81,7 +95,7 @@ func (s *Service) ownSessions(c *caller) []*session {
 	defer s.mu.Unlock()
 	var out []*session
 	for _, sess := range s.sessions {
-		if hashToken(sess.rialto) == h {
+		if sess.owner == h {
 			out = append(out, sess)
 		}
 	}

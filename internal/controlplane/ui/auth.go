@@ -21,13 +21,18 @@ const (
 	loginCookie   = "rialto_login" // the login form's CSRF token, before a session exists
 	maxCodes      = 1024
 	maxSessions   = 10000
-	maxForm       = 64 << 10 // bytes of a posted form
+	// maxPerToken bounds one token's login codes and its sessions: a
+	// token's next one replaces its oldest, so that one tenant signing in
+	// again and again ends only its own sessions, not others'.
+	maxPerToken = 64
+	maxForm     = 64 << 10 // bytes of a posted form
 )
 
 // session is a signed-in browser. token is the API token it acts with: a
 // secret that stays in this process.
 type session struct {
 	key     string // hash of the cookie value
+	owner   string // hash of token
 	token   string
 	who     api.Whoami
 	csrf    string
@@ -51,6 +56,7 @@ func (s *session) Tenant() string { return s.who.Tenant }
 
 type loginCode struct {
 	token string
+	owner string // hash of token
 	exp   time.Time
 }
 
@@ -88,6 +94,19 @@ func (u *UI) NewLoginCode(token string) (code string, expires time.Time) {
 	if a.codes == nil {
 		a.codes = map[string]loginCode{}
 	}
+	owner := hashOf(token)
+	own, oldestOwn := 0, ""
+	for k, c := range a.codes {
+		if c.owner == owner && !now.After(c.exp) {
+			own++
+			if oldestOwn == "" || c.exp.Before(a.codes[oldestOwn].exp) {
+				oldestOwn = k
+			}
+		}
+	}
+	if own >= maxPerToken {
+		delete(a.codes, oldestOwn)
+	}
 	if len(a.codes) >= maxCodes {
 		for k, c := range a.codes {
 			if now.After(c.exp) {
@@ -104,7 +123,7 @@ func (u *UI) NewLoginCode(token string) (code string, expires time.Time) {
 		}
 		delete(a.codes, oldest)
 	}
-	a.codes[hashOf(code)] = loginCode{token: token, exp: expires}
+	a.codes[hashOf(code)] = loginCode{token: token, owner: owner, exp: expires}
 	return code, expires
 }
 
@@ -124,11 +143,26 @@ func (a *authState) takeCode(code string, now time.Time) (string, bool) {
 // newSession signs token in and returns the cookie value.
 func (a *authState) newSession(token string, who api.Whoami, now time.Time, sessionTTL, idleTTL time.Duration) string {
 	cookie := newSecret()
-	s := &session{key: hashOf(cookie), token: token, who: who, csrf: newSecret(), created: now, seen: now}
+	s := &session{key: hashOf(cookie), owner: hashOf(token), token: token, who: who, csrf: newSecret(), created: now, seen: now}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.sessions == nil {
 		a.sessions = map[string]*session{}
+	}
+	var own []*session
+	for _, o := range a.sessions {
+		if o.owner == s.owner {
+			own = append(own, o)
+		}
+	}
+	if len(own) >= maxPerToken {
+		oldest := own[0]
+		for _, o := range own[1:] {
+			if o.seen.Before(oldest.seen) {
+				oldest = o
+			}
+		}
+		delete(a.sessions, oldest.key)
 	}
 	if len(a.sessions) >= maxSessions {
 		var oldest *session
