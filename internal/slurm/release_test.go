@@ -2,6 +2,7 @@ package slurm_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -45,5 +46,40 @@ func TestEpilogReleasesOnlyItsJob(t *testing.T) {
 	// Its own epilog releases it.
 	if released, err := slurm.Release(ctx, cl, two); err != nil || len(released) != 1 || released[0] != l2[0].ID {
 		t.Errorf("job %s/%s's epilog: %v, %v", two.Cluster, two.ID, released, err)
+	}
+}
+
+// TestConcurrentEpilogs: the Epilog (on the node) and EpilogSlurmctld (on
+// the controller) run at the same time when a job ends, and both release
+// its leases. The one that loses the race found the lease released under
+// it (409, "lease … is released") and failed, and a failing Epilog drains
+// the node. Each must succeed, whichever wins.
+func TestConcurrentEpilogs(t *testing.T) {
+	t.Parallel()
+	c := testcluster.Start(t, testcluster.Options{Nodes: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cl := c.Client()
+	// Every job's leases first: a range released is wiped before it is
+	// lent again.
+	req := []api.LeaseRequest{{Kind: api.KindBlock, Size: 1 << 20}, {Kind: api.KindBlock, Size: 1 << 20}}
+	var jobs []slurm.Job
+	for n := 0; n < 16; n++ {
+		j := slurm.Job{Cluster: "c", ID: strconv.Itoa(100 + n), UID: 1000, GID: 1000}
+		if _, err := slurm.Ensure(ctx, cl, j, req); err != nil {
+			t.Fatal(err)
+		}
+		jobs = append(jobs, j)
+	}
+	for _, j := range jobs {
+		errs := make(chan error, 2)
+		for range 2 {
+			go func() { _, err := slurm.Release(ctx, cl, j); errs <- err }()
+		}
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Fatalf("job %s: an epilog racing the other: %v", j.ID, err)
+			}
+		}
 	}
 }

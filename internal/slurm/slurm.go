@@ -242,7 +242,7 @@ func Release(ctx context.Context, c *api.Client, j Job) ([]string, error) {
 		if !j.owns(l.IdempotencyKey) {
 			continue
 		}
-		if _, err := c.ReleaseLease(ctx, l.ID); err != nil && !api.IsCode(err, api.CodeNotFound) {
+		if err := release(ctx, c, l.ID); err != nil {
 			errs = append(errs, fmt.Errorf("release %s: %w", l.ID, err))
 			continue
 		}
@@ -250,6 +250,25 @@ func Release(ctx context.Context, c *api.Client, j Job) ([]string, error) {
 	}
 	sort.Strings(ids)
 	return ids, errors.Join(errs...)
+}
+
+// release releases one lease. The node's Epilog and the controller's
+// EpilogSlurmctld run at once when a job ends: a release that finds the
+// lease released (or releasing, or gone) under it by the other has done
+// its work, not failed (a failing Epilog drains the node).
+func release(ctx context.Context, c *api.Client, id string) error {
+	_, err := c.ReleaseLease(ctx, id)
+	if err == nil || api.IsCode(err, api.CodeNotFound) {
+		return nil
+	}
+	if !api.IsCode(err, api.CodeConflict) {
+		return err
+	}
+	l, gerr := c.Lease(ctx, id)
+	if api.IsCode(gerr, api.CodeNotFound) || gerr == nil && (l.State.Terminal() || l.State == api.LeaseReleasing) {
+		return nil
+	}
+	return err
 }
 
 // Env is what the job's environment gets for its leases, as TaskProlog
