@@ -334,7 +334,7 @@ func TestRealSlurm(t *testing.T) {
 		t.Fatalf("job %s's leases: %+v", cancel, before)
 	}
 	prolog := exec.Command(filepath.Join(c.dir, "prolog.sh"))
-	prolog.Env = append(os.Environ(), "SLURM_CLUSTER_NAME=rialtotest", "SLURM_JOB_ID="+cancel, "SLURM_JOB_RESTART_COUNT=0",
+	prolog.Env = append(os.Environ(), "SLURM_CLUSTER_NAME=rialtotest", "SLURM_JOB_ID="+cancel, "SLURM_JOB_RESTART_COUNT=0", "SLURM_JOB_UID=0",
 		"SLURM_JOB_COMMENT=rialto: memory 8MiB; block 16MiB")
 	if out, err := prolog.CombinedOutput(); err != nil {
 		t.Fatalf("prolog again: %v\n%s", err, out)

@@ -136,32 +136,52 @@ type Job struct {
 	UID, GID int    // SLURM_JOB_UID, SLURM_JOB_GID (-1: unknown)
 }
 
-var safeRe = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+var (
+	clusterRe = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+	numRe     = regexp.MustCompile(`^[0-9]{1,10}$`)
+)
 
-// JobFromEnv reads a Job from Slurm's prolog/epilog environment.
+// JobFromEnv reads a Job from Slurm's prolog/epilog environment. Slurm
+// sets these variables (the job's user cannot): the job ID, the uid and
+// the restart count are numbers, the uid is required (a lease is the
+// user's as much as the job's: keyPrefix).
 func JobFromEnv(getenv func(string) string) (Job, error) {
 	j := Job{Cluster: getenv("SLURM_CLUSTER_NAME"), ID: getenv("SLURM_JOB_ID"), Comment: getenv("SLURM_JOB_COMMENT"), UID: -1, GID: -1}
 	if j.Cluster == "" {
 		j.Cluster = "slurm"
 	}
-	if !safeRe.MatchString(j.ID) || !safeRe.MatchString(j.Cluster) {
+	if !numRe.MatchString(j.ID) || !clusterRe.MatchString(j.Cluster) {
 		return j, fmt.Errorf("slurm: SLURM_JOB_ID %q or SLURM_CLUSTER_NAME %q missing or malformed (run from a Slurm prolog or epilog)", j.ID, j.Cluster)
 	}
+	uid := getenv("SLURM_JOB_UID")
+	if !numRe.MatchString(uid) {
+		return j, fmt.Errorf("slurm: SLURM_JOB_UID %q missing or malformed (run from a Slurm prolog or epilog)", uid)
+	}
+	j.UID, _ = strconv.Atoi(uid)
 	if v := getenv("SLURM_JOB_RESTART_COUNT"); v != "" {
-		j.Restarts, _ = strconv.Atoi(v)
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return j, fmt.Errorf("slurm: SLURM_JOB_RESTART_COUNT %q is not a count", v)
+		}
+		j.Restarts = n
 	}
-	if v, err := strconv.Atoi(getenv("SLURM_JOB_UID")); err == nil {
-		j.UID = v
-	}
-	if v, err := strconv.Atoi(getenv("SLURM_JOB_GID")); err == nil {
-		j.GID = v
+	if v := getenv("SLURM_JOB_GID"); numRe.MatchString(v) {
+		j.GID, _ = strconv.Atoi(v)
 	}
 	return j, nil
 }
 
 // keyPrefix starts the idempotency keys of every lease of the job, in
-// every run of it.
-func (j Job) keyPrefix() string { return "slurm-" + j.Cluster + "-" + j.ID + "-" }
+// every run of it: the cluster, the job ID and the job's user. The user
+// is there because job IDs are reused (a controller that lost its state
+// starts again at FirstJobId; IDs wrap at MaxJobId) while a lease may
+// outlive its job to its TTL, and every user borrows through the one
+// token: with the ID alone, another user's job with the same ID would get
+// the earlier job's lease (credential and all) from the idempotent create,
+// and its epilog would release it.
+func (j Job) keyPrefix() string {
+	return "slurm-" + j.Cluster + "-" + j.ID + "-u" + strconv.Itoa(j.UID) + "-"
+}
 
 // Key is the idempotency key of request i of this run of the job.
 func (j Job) Key(i int) string { return fmt.Sprintf("%s%d-%d", j.keyPrefix(), j.Restarts, i) }
@@ -173,8 +193,9 @@ var runKeyRe = regexp.MustCompile(`^[0-9]+-[0-9]+$`)
 // owns reports whether key is the idempotency key of a lease of the job,
 // in any run of it: its prefix followed by a run's restart count and a
 // request's index, and nothing else. The prefix alone is not enough:
-// cluster names and job IDs may hold dashes, so job 2 of cluster "hpc-1"
-// (slurm-hpc-1-2-0-0) starts with job 1 of cluster "hpc"'s prefix.
+// cluster names may hold dashes, so job 2 of cluster "hpc-1-u0" (user 0:
+// slurm-hpc-1-u0-2-u0-0-0) starts with job 1 of cluster "hpc"'s prefix
+// (slurm-hpc-1-u0-).
 func (j Job) owns(key string) bool {
 	rest, ok := strings.CutPrefix(key, j.keyPrefix())
 	return ok && runKeyRe.MatchString(rest)
@@ -189,10 +210,13 @@ func (j Job) File(stateDir string) string {
 // comment asks for. When one cannot be placed, those already made for
 // this run are released and the error carries the control plane's reason.
 func Ensure(ctx context.Context, c *api.Client, j Job, reqs []api.LeaseRequest) ([]api.Lease, error) {
+	if j.UID < 0 {
+		return nil, fmt.Errorf("slurm: job %s has no uid: its leases could not be told from another user's job of the same ID", j.ID)
+	}
 	var out []api.Lease
 	for i, r := range reqs {
 		r.IdempotencyKey = j.Key(i)
-		r.Borrower = "slurm job " + j.ID + " (" + j.Cluster + ")"
+		r.Borrower = "slurm job " + j.ID + " (" + j.Cluster + ", uid " + strconv.Itoa(j.UID) + ")"
 		// The job is in the key and the borrower: a request's labels are
 		// node selectors in Rialto, not tags of the lease.
 		l, err := c.CreateLease(ctx, r)
@@ -232,6 +256,9 @@ func describe(r api.LeaseRequest) string {
 // leases whose idempotency key is one of its Keys); it returns the IDs
 // released.
 func Release(ctx context.Context, c *api.Client, j Job) ([]string, error) {
+	if j.UID < 0 {
+		return nil, fmt.Errorf("slurm: job %s has no uid: its leases could not be told from another user's job of the same ID", j.ID)
+	}
 	ls, err := c.Leases(ctx)
 	if err != nil {
 		return nil, err

@@ -61,13 +61,20 @@ func TestParseComment(t *testing.T) {
 func TestJobFromEnv(t *testing.T) {
 	env := map[string]string{"SLURM_CLUSTER_NAME": "c1", "SLURM_JOB_ID": "42", "SLURM_JOB_RESTART_COUNT": "2", "SLURM_JOB_UID": "1000", "SLURM_JOB_GID": "100"}
 	j, err := slurm.JobFromEnv(func(k string) string { return env[k] })
-	if err != nil || j.Key(1) != "slurm-c1-42-2-1" || j.UID != 1000 || j.GID != 100 {
+	if err != nil || j.Key(1) != "slurm-c1-42-u1000-2-1" || j.UID != 1000 || j.GID != 100 {
 		t.Fatalf("%+v %v %s", j, err, j.Key(1))
 	}
-	for _, bad := range []string{"", "../42", "4 2"} {
+	for _, bad := range []string{"", "../42", "4 2", "42-u1", "42\n"} {
 		env["SLURM_JOB_ID"] = bad
 		if _, err := slurm.JobFromEnv(func(k string) string { return env[k] }); err == nil {
 			t.Errorf("job ID %q accepted", bad)
+		}
+	}
+	env["SLURM_JOB_ID"] = "42"
+	for _, bad := range []string{"", "-1", "nobody"} {
+		env["SLURM_JOB_UID"] = bad
+		if _, err := slurm.JobFromEnv(func(k string) string { return env[k] }); err == nil {
+			t.Errorf("uid %q accepted", bad)
 		}
 	}
 }
