@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
@@ -19,6 +20,10 @@ import (
 
 // Prefix starts a job comment that asks Rialto for devices.
 const Prefix = "rialto:"
+
+// releaseBudget bounds how long a prolog that failed spends releasing
+// the leases it made.
+const releaseBudget = 30 * time.Second
 
 // MaxLeases bounds the leases one job may ask for.
 const MaxLeases = 8
@@ -224,9 +229,13 @@ func Ensure(ctx context.Context, c *api.Client, j Job, reqs []api.LeaseRequest) 
 			err = fmt.Errorf("lease %s of this job is already %s (%s)", l.ID, l.State, l.Reason)
 		}
 		if err != nil {
+			// Bounded: a control plane that hangs must not hang the
+			// prolog (the epilogs release by key what this leaves).
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseBudget)
 			for _, m := range out {
-				c.ReleaseLease(context.WithoutCancel(ctx), m.ID)
+				release(rctx, c, m.ID)
 			}
+			cancel()
 			var ae *api.Error
 			if errors.As(err, &ae) {
 				return nil, fmt.Errorf("lease %d (%s) could not be placed: %s (%s)", i+1, describe(r), ae.Message, ae.Code)
@@ -354,32 +363,80 @@ func Env(ls []api.Lease, caFile string) []string {
 // failLine marks a job file that records a failure.
 const failLine = "error "
 
+// CheckStateDir makes the state directory (mode 0711) or checks the one
+// there: the prolog writes job files there as root and gives them to the
+// jobs' users, so a directory anyone else may write to (or that is not
+// the prolog's) would let a user plant a link or a file of theirs where a
+// job file goes.
+func CheckStateDir(stateDir string) error {
+	if err := os.MkdirAll(stateDir, 0o711); err != nil {
+		return fmt.Errorf("slurm: state directory: %w", err)
+	}
+	st, err := os.Stat(stateDir)
+	if err != nil {
+		return fmt.Errorf("slurm: state directory: %w", err)
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	switch {
+	case !st.IsDir():
+		return fmt.Errorf("slurm: state directory %s is not a directory", stateDir)
+	case st.Mode().Perm()&0o022 != 0:
+		return fmt.Errorf("slurm: state directory %s is writable by others (mode %04o): it must be the prolog's only (chmod 711)", stateDir, st.Mode().Perm())
+	case ok && int(sys.Uid) != os.Geteuid():
+		return fmt.Errorf("slurm: state directory %s is owned by uid %d, not the prolog's (%d)", stateDir, sys.Uid, os.Geteuid())
+	}
+	return nil
+}
+
+// maxReason bounds the failure reason a job file keeps: a comment of any
+// length may be quoted in it, and the TaskProlog prints it as one line.
+const maxReason = 2000
+
 // WriteFile records, for the TaskProlog, the job's environment lines or
 // the reason its leases could not be made. The file is the job user's
-// only (it holds data-plane URIs, which are secrets).
+// only (it holds data-plane URIs, which are secrets); it is written under
+// a fresh name (never through a link) and renamed into place.
 func WriteFile(stateDir string, j Job, lines []string, failure error) error {
-	if err := os.MkdirAll(stateDir, 0o711); err != nil {
+	if err := CheckStateDir(stateDir); err != nil {
 		return err
 	}
 	var b strings.Builder
 	if failure != nil {
-		b.WriteString(failLine + strings.ReplaceAll(failure.Error(), "\n", " ") + "\n")
+		reason := strings.Map(func(r rune) rune {
+			if r < ' ' || r == 0x7f {
+				return ' '
+			}
+			return r
+		}, failure.Error())
+		if len(reason) > maxReason {
+			reason = strings.ToValidUTF8(reason[:maxReason], "") + " ..."
+		}
+		b.WriteString(failLine + reason + "\n")
 	}
 	for _, l := range lines {
 		b.WriteString(l + "\n")
 	}
 	p := j.File(stateDir)
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, []byte(b.String()), 0o600); err != nil {
+	f, err := os.CreateTemp(stateDir, filepath.Base(p)+".tmp*") // O_EXCL, mode 0600
+	if err != nil {
 		return err
 	}
-	if j.UID >= 0 && os.Geteuid() == 0 {
-		if err := os.Chown(tmp, j.UID, j.GID); err != nil {
-			os.Remove(tmp)
-			return err
-		}
+	tmp := f.Name()
+	_, err = f.WriteString(b.String())
+	if err == nil && j.UID >= 0 && os.Geteuid() == 0 {
+		err = f.Chown(j.UID, j.GID)
 	}
-	return os.Rename(tmp, p)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, p)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("slurm: job file: %w", err)
+	}
+	return nil
 }
 
 // TaskPrologLines turns the job file into TaskProlog output: export lines,
