@@ -102,9 +102,15 @@ func runSlurmProlog(e *env, fs *pflag.FlagSet) runFunc {
 		}
 		// Before any lease: the job file is how the node's epilog knows
 		// there is something to release, and how the task prolog fails
-		// the job should this prolog not finish.
-		if err := slurm.WriteFile(sf.stateDir, j, nil, errors.New("the prolog did not finish")); err != nil {
+		// the job should this prolog not finish. A prolog run again keeps
+		// the file it finds (its steps may be starting) until it rewrites it.
+		if err := slurm.CheckStateDir(sf.stateDir); err != nil {
 			return err
+		}
+		if _, err := os.Lstat(j.File(sf.stateDir)); errors.Is(err, os.ErrNotExist) {
+			if err := slurm.WriteFile(sf.stateDir, j, nil, errors.New("the prolog did not finish")); err != nil {
+				return err
+			}
 		}
 		var lines []string
 		failure := perr
