@@ -48,6 +48,14 @@ func (sf *slurmFlags) register(fs *pflag.FlagSet, client bool) {
 func (sf *slurmFlags) slurmClient(e *env) (*api.Client, error) {
 	vals := map[string]string{}
 	if f, err := os.Open(sf.envFile); err == nil {
+		// It holds the token every job borrows with.
+		if st, err := f.Stat(); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("env file: %w", err)
+		} else if st.Mode().Perm()&0o077 != 0 {
+			f.Close()
+			return nil, fmt.Errorf("env file %s holds the cluster's token and others may read it (mode %04o): chmod 600 it (root's on the nodes, SlurmUser's on the controller)", sf.envFile, st.Mode().Perm())
+		}
 		sc := bufio.NewScanner(f)
 		for sc.Scan() {
 			line := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(sc.Text()), "export "))
@@ -85,7 +93,24 @@ func runSlurmProlog(e *env, fs *pflag.FlagSet) runFunc {
 		}
 		reqs, perr := slurm.ParseComment(j.Comment)
 		if perr == nil && len(reqs) == 0 {
-			return nil // the job asks for no devices
+			// The job asks for no devices. A file of an earlier job of
+			// the same ID (Slurm reuses IDs) must not reach this one.
+			if err := os.Remove(j.File(sf.stateDir)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return err
+			}
+			return nil
+		}
+		// Before any lease: the job file is how the node's epilog knows
+		// there is something to release, and how the task prolog fails
+		// the job should this prolog not finish. A prolog run again keeps
+		// the file it finds (its steps may be starting) until it rewrites it.
+		if err := slurm.CheckStateDir(sf.stateDir); err != nil {
+			return err
+		}
+		if _, err := os.Lstat(j.File(sf.stateDir)); errors.Is(err, os.ErrNotExist) {
+			if err := slurm.WriteFile(sf.stateDir, j, nil, errors.New("the prolog did not finish")); err != nil {
+				return err
+			}
 		}
 		var lines []string
 		failure := perr
@@ -141,7 +166,12 @@ func runSlurmTaskProlog(e *env, fs *pflag.FlagSet) runFunc {
 	}
 }
 
-// runSlurmEpilog releases the job's leases and removes its file.
+// runSlurmEpilog releases the job's leases and removes its file. On a
+// node (Epilog) it asks the control plane only when the prolog left a job
+// file there: every job's end runs it, and a failing Epilog drains the
+// node, so a control plane that is down must not drain nodes that ran
+// jobs without devices. EpilogSlurmctld (which runs also when the job's
+// node died) always asks.
 func runSlurmEpilog(e *env, fs *pflag.FlagSet) runFunc {
 	var sf slurmFlags
 	sf.register(fs, true)
@@ -150,7 +180,12 @@ func runSlurmEpilog(e *env, fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		os.Remove(j.File(sf.stateDir))
+		file := j.File(sf.stateDir)
+		if e.getenv("SLURM_SCRIPT_CONTEXT") == "epilog_slurmd" {
+			if _, err := os.Lstat(file); errors.Is(err, os.ErrNotExist) {
+				return nil
+			}
+		}
 		c, err := sf.slurmClient(e)
 		if err != nil {
 			return err
@@ -161,6 +196,12 @@ func runSlurmEpilog(e *env, fs *pflag.FlagSet) runFunc {
 		if len(ids) > 0 {
 			fmt.Fprintf(e.stderr, "rialto slurm epilog: job %s: released %s\n", j.ID, strings.Join(ids, " "))
 		}
-		return err
+		if err != nil {
+			return err // the file stays: an epilog run again tries again
+		}
+		if err := os.Remove(file); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		return nil
 	}
 }

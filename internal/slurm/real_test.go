@@ -84,6 +84,12 @@ func startSlurm(t *testing.T, bin string, up *uptest.Up) *cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Jobs of users other than root run the task prolog: the directory
+	// and the binary are theirs to reach (the munge key, the env file and
+	// the job files are not).
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, f := range []string{"slurmctld.log", "slurmd.log"} {
@@ -97,6 +103,17 @@ func startSlurm(t *testing.T, bin string, up *uptest.Up) *cluster {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if err := os.Chmod(filepath.Join(dir, "jobs"), 0o711); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin = filepath.Join(dir, "rialto")
+	if err := os.WriteFile(bin, b, 0o755); err != nil {
+		t.Fatal(err)
 	}
 	key := make([]byte, 1024)
 	for i := range key {
@@ -118,7 +135,11 @@ func startSlurm(t *testing.T, bin string, up *uptest.Up) *cluster {
 	}
 	jobs := filepath.Join(dir, "jobs")
 	scripts := map[string]string{
-		"prolog":      fmt.Sprintf("exec %s slurm prolog --env-file %s --state-dir %s", bin, envFile, jobs),
+		// A job with a FIFO hold-JOBID holds its prolog until the test
+		// writes to it (after touching inprolog-JOBID): a job cancelled
+		// while its prolog runs.
+		"prolog": fmt.Sprintf("if [ -p %[1]s/hold-$SLURM_JOB_ID ]; then touch %[1]s/inprolog-$SLURM_JOB_ID; read x < %[1]s/hold-$SLURM_JOB_ID; fi\n", dir) +
+			fmt.Sprintf("exec %s slurm prolog --env-file %s --state-dir %s", bin, envFile, jobs),
 		"task-prolog": fmt.Sprintf("exec %s slurm task-prolog --state-dir %s", bin, jobs),
 		"epilog":      fmt.Sprintf("exec %s slurm epilog --env-file %s --state-dir %s", bin, envFile, jobs),
 	}
@@ -334,7 +355,7 @@ func TestRealSlurm(t *testing.T) {
 		t.Fatalf("job %s's leases: %+v", cancel, before)
 	}
 	prolog := exec.Command(filepath.Join(c.dir, "prolog.sh"))
-	prolog.Env = append(os.Environ(), "SLURM_CLUSTER_NAME=rialtotest", "SLURM_JOB_ID="+cancel, "SLURM_JOB_RESTART_COUNT=0",
+	prolog.Env = append(os.Environ(), "SLURM_CLUSTER_NAME=rialtotest", "SLURM_JOB_ID="+cancel, "SLURM_JOB_RESTART_COUNT=0", "SLURM_JOB_UID=0",
 		"SLURM_JOB_COMMENT=rialto: memory 8MiB; block 16MiB")
 	if out, err := prolog.CombinedOutput(); err != nil {
 		t.Fatalf("prolog again: %v\n%s", err, out)
@@ -347,10 +368,61 @@ func TestRealSlurm(t *testing.T) {
 	}
 	waitFor(t, 30*time.Second, "job "+cancel+"'s leases to be released after scancel", func() bool { return allReleased(jobLeases(t, cl, cancel)) })
 
+	// A job of another user than root: its job file is its user's, the
+	// task prolog (run as that user) reads it.
+	userOut, err := os.MkdirTemp("", "rialto-slurm-nobody-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(userOut)
+	if err := os.Chmod(userOut, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	nobody := c.submit("rialto: block 8MiB", `echo lease=$RIALTO_LEASE_ID uid=$(id -u); stat -c '%u %a' `+filepath.Join(c.dir, "jobs")+`/rialtotest-$SLURM_JOB_ID.env`,
+		"--uid=nobody", "-o", filepath.Join(userOut, "%j.out"), "-D", userOut)
+	waitFor(t, 60*time.Second, "nobody's job "+nobody+" to end", func() bool { s := c.state(nobody); return s == "COMPLETED" || s == "FAILED" })
+	nout, _ := os.ReadFile(filepath.Join(userOut, nobody+".out"))
+	nls := jobLeases(t, cl, nobody)
+	if c.state(nobody) != "COMPLETED" || len(nls) != 1 || !strings.Contains(string(nout), "lease="+nls[0].ID+" uid=65534") ||
+		!strings.Contains(string(nout), "65534 600") {
+		t.Errorf("nobody's job %s: %s, leases %+v, output:\n%s", nobody, c.state(nobody), nls, nout)
+	}
+	waitFor(t, 30*time.Second, "nobody's job "+nobody+"'s lease to be released", func() bool { return allReleased(jobLeases(t, cl, nobody)) })
+
+	// A job cancelled while its prolog runs: the prolog makes the lease
+	// after EpilogSlurmctld ran; the node's epilog releases it.
+	held := c.submit("rialto: block 8MiB", `echo should not run`, "--hold")
+	fifo := filepath.Join(c.dir, "hold-"+held)
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := c.run("scontrol", "release", held); err != nil {
+		t.Fatalf("scontrol release: %v %s", err, out)
+	}
+	waitFor(t, 60*time.Second, "job "+held+"'s prolog to start", func() bool {
+		_, err := os.Stat(filepath.Join(c.dir, "inprolog-"+held))
+		return err == nil
+	})
+	if out, err := c.run("scancel", held); err != nil {
+		t.Fatalf("scancel: %v %s", err, out)
+	}
+	if err := os.WriteFile(fifo, []byte("go\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "job "+held+" to be cancelled", func() bool { return strings.HasPrefix(c.state(held), "CANCELLED") })
+	waitFor(t, 60*time.Second, "job "+held+"'s lease, made after it was cancelled, to be released", func() bool {
+		return allReleased(jobLeases(t, cl, held))
+	})
+
 	// The time limit.
 	waitFor(t, 150*time.Second, "job "+timeout+" to time out", func() bool { return c.state(timeout) == "TIMEOUT" })
 	waitFor(t, 30*time.Second, "job "+timeout+"'s lease to be released after its time limit", func() bool { return allReleased(jobLeases(t, cl, timeout)) })
 	if ls := jobLeases(t, cl, timeout); !strings.Contains(c.output(timeout), "lease="+ls[0].ID) {
 		t.Errorf("timed-out job's output: %q", c.output(timeout))
+	}
+	// No epilog failed: a failing Epilog drains the node (the Epilog and
+	// EpilogSlurmctld, racing to release, did).
+	if out, _ := c.run("sinfo", "-h", "-o", "%T %E"); strings.Contains(out, "drain") {
+		t.Errorf("the node was drained: %s", out)
 	}
 }

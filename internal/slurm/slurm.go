@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
@@ -19,6 +20,10 @@ import (
 
 // Prefix starts a job comment that asks Rialto for devices.
 const Prefix = "rialto:"
+
+// releaseBudget bounds how long a prolog that failed spends releasing
+// the leases it made.
+const releaseBudget = 30 * time.Second
 
 // MaxLeases bounds the leases one job may ask for.
 const MaxLeases = 8
@@ -136,32 +141,52 @@ type Job struct {
 	UID, GID int    // SLURM_JOB_UID, SLURM_JOB_GID (-1: unknown)
 }
 
-var safeRe = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+var (
+	clusterRe = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+	numRe     = regexp.MustCompile(`^[0-9]{1,10}$`)
+)
 
-// JobFromEnv reads a Job from Slurm's prolog/epilog environment.
+// JobFromEnv reads a Job from Slurm's prolog/epilog environment. Slurm
+// sets these variables (the job's user cannot): the job ID, the uid and
+// the restart count are numbers, the uid is required (a lease is the
+// user's as much as the job's: keyPrefix).
 func JobFromEnv(getenv func(string) string) (Job, error) {
 	j := Job{Cluster: getenv("SLURM_CLUSTER_NAME"), ID: getenv("SLURM_JOB_ID"), Comment: getenv("SLURM_JOB_COMMENT"), UID: -1, GID: -1}
 	if j.Cluster == "" {
 		j.Cluster = "slurm"
 	}
-	if !safeRe.MatchString(j.ID) || !safeRe.MatchString(j.Cluster) {
+	if !numRe.MatchString(j.ID) || !clusterRe.MatchString(j.Cluster) {
 		return j, fmt.Errorf("slurm: SLURM_JOB_ID %q or SLURM_CLUSTER_NAME %q missing or malformed (run from a Slurm prolog or epilog)", j.ID, j.Cluster)
 	}
+	uid := getenv("SLURM_JOB_UID")
+	if !numRe.MatchString(uid) {
+		return j, fmt.Errorf("slurm: SLURM_JOB_UID %q missing or malformed (run from a Slurm prolog or epilog)", uid)
+	}
+	j.UID, _ = strconv.Atoi(uid)
 	if v := getenv("SLURM_JOB_RESTART_COUNT"); v != "" {
-		j.Restarts, _ = strconv.Atoi(v)
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return j, fmt.Errorf("slurm: SLURM_JOB_RESTART_COUNT %q is not a count", v)
+		}
+		j.Restarts = n
 	}
-	if v, err := strconv.Atoi(getenv("SLURM_JOB_UID")); err == nil {
-		j.UID = v
-	}
-	if v, err := strconv.Atoi(getenv("SLURM_JOB_GID")); err == nil {
-		j.GID = v
+	if v := getenv("SLURM_JOB_GID"); numRe.MatchString(v) {
+		j.GID, _ = strconv.Atoi(v)
 	}
 	return j, nil
 }
 
 // keyPrefix starts the idempotency keys of every lease of the job, in
-// every run of it.
-func (j Job) keyPrefix() string { return "slurm-" + j.Cluster + "-" + j.ID + "-" }
+// every run of it: the cluster, the job ID and the job's user. The user
+// is there because job IDs are reused (a controller that lost its state
+// starts again at FirstJobId; IDs wrap at MaxJobId) while a lease may
+// outlive its job to its TTL, and every user borrows through the one
+// token: with the ID alone, another user's job with the same ID would get
+// the earlier job's lease (credential and all) from the idempotent create,
+// and its epilog would release it.
+func (j Job) keyPrefix() string {
+	return "slurm-" + j.Cluster + "-" + j.ID + "-u" + strconv.Itoa(j.UID) + "-"
+}
 
 // Key is the idempotency key of request i of this run of the job.
 func (j Job) Key(i int) string { return fmt.Sprintf("%s%d-%d", j.keyPrefix(), j.Restarts, i) }
@@ -173,8 +198,9 @@ var runKeyRe = regexp.MustCompile(`^[0-9]+-[0-9]+$`)
 // owns reports whether key is the idempotency key of a lease of the job,
 // in any run of it: its prefix followed by a run's restart count and a
 // request's index, and nothing else. The prefix alone is not enough:
-// cluster names and job IDs may hold dashes, so job 2 of cluster "hpc-1"
-// (slurm-hpc-1-2-0-0) starts with job 1 of cluster "hpc"'s prefix.
+// cluster names may hold dashes, so job 2 of cluster "hpc-1-u0" (user 0:
+// slurm-hpc-1-u0-2-u0-0-0) starts with job 1 of cluster "hpc"'s prefix
+// (slurm-hpc-1-u0-).
 func (j Job) owns(key string) bool {
 	rest, ok := strings.CutPrefix(key, j.keyPrefix())
 	return ok && runKeyRe.MatchString(rest)
@@ -189,10 +215,13 @@ func (j Job) File(stateDir string) string {
 // comment asks for. When one cannot be placed, those already made for
 // this run are released and the error carries the control plane's reason.
 func Ensure(ctx context.Context, c *api.Client, j Job, reqs []api.LeaseRequest) ([]api.Lease, error) {
+	if j.UID < 0 {
+		return nil, fmt.Errorf("slurm: job %s has no uid: its leases could not be told from another user's job of the same ID", j.ID)
+	}
 	var out []api.Lease
 	for i, r := range reqs {
 		r.IdempotencyKey = j.Key(i)
-		r.Borrower = "slurm job " + j.ID + " (" + j.Cluster + ")"
+		r.Borrower = "slurm job " + j.ID + " (" + j.Cluster + ", uid " + strconv.Itoa(j.UID) + ")"
 		// The job is in the key and the borrower: a request's labels are
 		// node selectors in Rialto, not tags of the lease.
 		l, err := c.CreateLease(ctx, r)
@@ -200,9 +229,13 @@ func Ensure(ctx context.Context, c *api.Client, j Job, reqs []api.LeaseRequest) 
 			err = fmt.Errorf("lease %s of this job is already %s (%s)", l.ID, l.State, l.Reason)
 		}
 		if err != nil {
+			// Bounded: a control plane that hangs must not hang the
+			// prolog (the epilogs release by key what this leaves).
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseBudget)
 			for _, m := range out {
-				c.ReleaseLease(context.WithoutCancel(ctx), m.ID)
+				release(rctx, c, m.ID)
 			}
+			cancel()
 			var ae *api.Error
 			if errors.As(err, &ae) {
 				return nil, fmt.Errorf("lease %d (%s) could not be placed: %s (%s)", i+1, describe(r), ae.Message, ae.Code)
@@ -232,6 +265,9 @@ func describe(r api.LeaseRequest) string {
 // leases whose idempotency key is one of its Keys); it returns the IDs
 // released.
 func Release(ctx context.Context, c *api.Client, j Job) ([]string, error) {
+	if j.UID < 0 {
+		return nil, fmt.Errorf("slurm: job %s has no uid: its leases could not be told from another user's job of the same ID", j.ID)
+	}
 	ls, err := c.Leases(ctx)
 	if err != nil {
 		return nil, err
@@ -242,7 +278,7 @@ func Release(ctx context.Context, c *api.Client, j Job) ([]string, error) {
 		if !j.owns(l.IdempotencyKey) {
 			continue
 		}
-		if _, err := c.ReleaseLease(ctx, l.ID); err != nil && !api.IsCode(err, api.CodeNotFound) {
+		if err := release(ctx, c, l.ID); err != nil {
 			errs = append(errs, fmt.Errorf("release %s: %w", l.ID, err))
 			continue
 		}
@@ -250,6 +286,25 @@ func Release(ctx context.Context, c *api.Client, j Job) ([]string, error) {
 	}
 	sort.Strings(ids)
 	return ids, errors.Join(errs...)
+}
+
+// release releases one lease. The node's Epilog and the controller's
+// EpilogSlurmctld run at once when a job ends: a release that finds the
+// lease released (or releasing, or gone) under it by the other has done
+// its work, not failed (a failing Epilog drains the node).
+func release(ctx context.Context, c *api.Client, id string) error {
+	_, err := c.ReleaseLease(ctx, id)
+	if err == nil || api.IsCode(err, api.CodeNotFound) {
+		return nil
+	}
+	if !api.IsCode(err, api.CodeConflict) {
+		return err
+	}
+	l, gerr := c.Lease(ctx, id)
+	if api.IsCode(gerr, api.CodeNotFound) || gerr == nil && (l.State.Terminal() || l.State == api.LeaseReleasing) {
+		return nil
+	}
+	return err
 }
 
 // Env is what the job's environment gets for its leases, as TaskProlog
@@ -308,32 +363,80 @@ func Env(ls []api.Lease, caFile string) []string {
 // failLine marks a job file that records a failure.
 const failLine = "error "
 
+// CheckStateDir makes the state directory (mode 0711) or checks the one
+// there: the prolog writes job files there as root and gives them to the
+// jobs' users, so a directory anyone else may write to (or that is not
+// the prolog's) would let a user plant a link or a file of theirs where a
+// job file goes.
+func CheckStateDir(stateDir string) error {
+	if err := os.MkdirAll(stateDir, 0o711); err != nil {
+		return fmt.Errorf("slurm: state directory: %w", err)
+	}
+	st, err := os.Stat(stateDir)
+	if err != nil {
+		return fmt.Errorf("slurm: state directory: %w", err)
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	switch {
+	case !st.IsDir():
+		return fmt.Errorf("slurm: state directory %s is not a directory", stateDir)
+	case st.Mode().Perm()&0o022 != 0:
+		return fmt.Errorf("slurm: state directory %s is writable by others (mode %04o): it must be the prolog's only (chmod 711)", stateDir, st.Mode().Perm())
+	case ok && int(sys.Uid) != os.Geteuid():
+		return fmt.Errorf("slurm: state directory %s is owned by uid %d, not the prolog's (%d)", stateDir, sys.Uid, os.Geteuid())
+	}
+	return nil
+}
+
+// maxReason bounds the failure reason a job file keeps: a comment of any
+// length may be quoted in it, and the TaskProlog prints it as one line.
+const maxReason = 2000
+
 // WriteFile records, for the TaskProlog, the job's environment lines or
 // the reason its leases could not be made. The file is the job user's
-// only (it holds data-plane URIs, which are secrets).
+// only (it holds data-plane URIs, which are secrets); it is written under
+// a fresh name (never through a link) and renamed into place.
 func WriteFile(stateDir string, j Job, lines []string, failure error) error {
-	if err := os.MkdirAll(stateDir, 0o711); err != nil {
+	if err := CheckStateDir(stateDir); err != nil {
 		return err
 	}
 	var b strings.Builder
 	if failure != nil {
-		b.WriteString(failLine + strings.ReplaceAll(failure.Error(), "\n", " ") + "\n")
+		reason := strings.Map(func(r rune) rune {
+			if r < ' ' || r == 0x7f {
+				return ' '
+			}
+			return r
+		}, failure.Error())
+		if len(reason) > maxReason {
+			reason = strings.ToValidUTF8(reason[:maxReason], "") + " ..."
+		}
+		b.WriteString(failLine + reason + "\n")
 	}
 	for _, l := range lines {
 		b.WriteString(l + "\n")
 	}
 	p := j.File(stateDir)
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, []byte(b.String()), 0o600); err != nil {
+	f, err := os.CreateTemp(stateDir, filepath.Base(p)+".tmp*") // O_EXCL, mode 0600
+	if err != nil {
 		return err
 	}
-	if j.UID >= 0 && os.Geteuid() == 0 {
-		if err := os.Chown(tmp, j.UID, j.GID); err != nil {
-			os.Remove(tmp)
-			return err
-		}
+	tmp := f.Name()
+	_, err = f.WriteString(b.String())
+	if err == nil && j.UID >= 0 && os.Geteuid() == 0 {
+		err = f.Chown(j.UID, j.GID)
 	}
-	return os.Rename(tmp, p)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, p)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("slurm: job file: %w", err)
+	}
+	return nil
 }
 
 // TaskPrologLines turns the job file into TaskProlog output: export lines,

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/rialto-project/rialto/api"
@@ -61,13 +62,20 @@ func TestParseComment(t *testing.T) {
 func TestJobFromEnv(t *testing.T) {
 	env := map[string]string{"SLURM_CLUSTER_NAME": "c1", "SLURM_JOB_ID": "42", "SLURM_JOB_RESTART_COUNT": "2", "SLURM_JOB_UID": "1000", "SLURM_JOB_GID": "100"}
 	j, err := slurm.JobFromEnv(func(k string) string { return env[k] })
-	if err != nil || j.Key(1) != "slurm-c1-42-2-1" || j.UID != 1000 || j.GID != 100 {
+	if err != nil || j.Key(1) != "slurm-c1-42-u1000-2-1" || j.UID != 1000 || j.GID != 100 {
 		t.Fatalf("%+v %v %s", j, err, j.Key(1))
 	}
-	for _, bad := range []string{"", "../42", "4 2"} {
+	for _, bad := range []string{"", "../42", "4 2", "42-u1", "42\n"} {
 		env["SLURM_JOB_ID"] = bad
 		if _, err := slurm.JobFromEnv(func(k string) string { return env[k] }); err == nil {
 			t.Errorf("job ID %q accepted", bad)
+		}
+	}
+	env["SLURM_JOB_ID"] = "42"
+	for _, bad := range []string{"", "-1", "nobody"} {
+		env["SLURM_JOB_UID"] = bad
+		if _, err := slurm.JobFromEnv(func(k string) string { return env[k] }); err == nil {
+			t.Errorf("uid %q accepted", bad)
 		}
 	}
 }
@@ -138,4 +146,52 @@ func FuzzParseComment(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestWriteFileStateDir: the prolog writes the job file as root and gives
+// it to the job's user. In a state directory others can write (a
+// --state-dir of /tmp, say), a user planted a symlink where the prolog
+// writes (CLUSTER-JOBID.env.tmp) and the prolog wrote through it and
+// chowned its target to the user: any file of root's became the user's.
+// The prolog refuses such a directory, and never writes through a link.
+func TestWriteFileStateDir(t *testing.T) {
+	j := slurm.Job{Cluster: "c", ID: "7", UID: 4242, GID: 4242}
+	victim := filepath.Join(t.TempDir(), "shadow")
+	if err := os.WriteFile(victim, []byte("root's\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	open := t.TempDir()
+	if err := os.Chmod(open, 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, filepath.Join(open, "c-7.env.tmp")); err != nil {
+		t.Fatal(err)
+	}
+	err := slurm.WriteFile(open, j, []string{"export RIALTO_LEASE_ID=x"}, nil)
+	if err == nil || !strings.Contains(err.Error(), "writable") {
+		t.Errorf("a state directory others can write: %v", err)
+	}
+	if b, _ := os.ReadFile(victim); string(b) != "root's\n" {
+		t.Errorf("the prolog wrote through a planted link: %q", b)
+	}
+	if st, err := os.Stat(victim); err != nil || st.Sys().(*syscall.Stat_t).Uid == 4242 {
+		t.Errorf("the prolog gave the link's target to the job's user: %v", err)
+	}
+	// In a sound directory, a link left where the file goes is replaced,
+	// not followed.
+	dir := t.TempDir()
+	for _, name := range []string{"c-7.env.tmp", "c-7.env"} {
+		if err := os.Symlink(victim, filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := slurm.WriteFile(dir, j, []string{"export RIALTO_LEASE_ID=x"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(victim); string(b) != "root's\n" {
+		t.Errorf("the prolog wrote through a link: %q", b)
+	}
+	if st, err := os.Lstat(filepath.Join(dir, "c-7.env")); err != nil || !st.Mode().IsRegular() || st.Mode().Perm() != 0o600 {
+		t.Errorf("job file: %v %v", st, err)
+	}
 }
