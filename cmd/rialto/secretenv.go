@@ -1,0 +1,30 @@
+package main
+
+import "os"
+
+// secretEnv are the environment variables that carry secrets: API and
+// bootstrap tokens, the appliance's management token, a PostgreSQL URL
+// with its password.
+var secretEnv = []string{"RIALTO_TOKEN", "RIALTO_TOKENS", "RIALTO_BOOTSTRAP_TOKEN", "RIALTO_ADMIN_TOKEN",
+	"RIALTO_APPLIANCE_TOKEN", "RIALTO_DB"}
+
+// withholdSecretEnv takes the secret variables out of this process's
+// environment, so that no child inherits them (nft, qemu, PostgreSQL, a
+// memory mapping's fault handler, …: none needs them), and returns the
+// getenv of the verbs, which still sees them. A child that needs one (a
+// replica, a VM's supervisor) is given it by name.
+func withholdSecretEnv() func(string) string {
+	kept := map[string]string{}
+	for _, k := range secretEnv {
+		if v, ok := os.LookupEnv(k); ok {
+			kept[k] = v
+			os.Unsetenv(k)
+		}
+	}
+	return func(k string) string {
+		if v, ok := kept[k]; ok {
+			return v
+		}
+		return os.Getenv(k)
+	}
+}
