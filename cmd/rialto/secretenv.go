@@ -1,6 +1,10 @@
 package main
 
-import "os"
+import (
+	"fmt"
+	"io"
+	"os"
+)
 
 // secretEnv are the environment variables that carry secrets: API and
 // bootstrap tokens, the appliance's management token, a PostgreSQL URL
@@ -27,4 +31,24 @@ func withholdSecretEnv() func(string) string {
 		}
 		return os.Getenv(k)
 	}
+}
+
+// readSecretFile reads a file holding a secret, refusing one that every
+// user of the machine may read or write (a token in it is no longer a
+// secret, and a writable one lets anyone swap it): group access is left
+// to the operator (the control plane's token files are root:rialto 0640).
+func readSecretFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if st.Mode().IsRegular() && st.Mode().Perm()&0o006 != 0 {
+		return nil, fmt.Errorf("%s holds a secret but every user of the machine may read or write it (mode %04o): chmod o-rwx %s", path, st.Mode().Perm(), path)
+	}
+	return io.ReadAll(io.LimitReader(f, maxInline))
 }

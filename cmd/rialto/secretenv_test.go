@@ -194,3 +194,104 @@ func TestUpReplicasChildrenGetOnlyTheirSecrets(t *testing.T) {
 		t.Errorf("rialto up's own environment lacks the operator's token: the test is not testing")
 	}
 }
+
+// TestSecretFilesReadableByOthersRefused: a token file, the Slurm hooks'
+// env file or an appliance's management token file that every user of
+// the machine may read was used as it was; each is now refused with the
+// chmod that fixes it, without the secret in the message, and a file of
+// its owner and group (root:rialto 0640) still works.
+func TestSecretFilesReadableByOthersRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the binary")
+	}
+	bin := buildBinary(t)
+	const tok = "rat_world-readable-token-0123456789"
+	dir := t.TempDir()
+	fileOf := func(name, text string, mode os.FileMode) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	runBin := func(env []string, args ...string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, bin, args...)
+		cmd.Env = append(os.Environ(), env...)
+		cmd.Dir = dir
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	unreachable := "https://127.0.0.1:1"
+	for _, tc := range []struct {
+		name string
+		mode os.FileMode
+		env  []string
+		args func(file string) []string
+		text string
+	}{
+		{"client token file", 0o644, []string{"RIALTO_ADDR=" + unreachable},
+			func(f string) []string { return []string{"nodes", "--token-file", f} }, tok + "\n"},
+		{"client token file, other-writable", 0o602, []string{"RIALTO_ADDR=" + unreachable},
+			func(f string) []string { return []string{"nodes", "--token-file", f} }, tok + "\n"},
+		{"server bootstrap token file", 0o604, nil,
+			func(f string) []string {
+				return []string{"server", "--listen", "127.0.0.1:0", "--db", filepath.Join(dir, "cp.db"), "--bootstrap-token-file", f}
+			}, tok + "\n"},
+		{"server tenant token file", 0o644, nil,
+			func(f string) []string {
+				return []string{"server", "--listen", "127.0.0.1:0", "--db", filepath.Join(dir, "cp.db"), "--token-file", f}
+			}, tok + ":alice\n"},
+		{"agent bootstrap token file", 0o644, []string{"RIALTO_ADDR=" + unreachable},
+			func(f string) []string {
+				return []string{"agent", "--insecure-dataplane", "--state-dir", filepath.Join(dir, "agent"), "--bootstrap-token-file", f}
+			}, tok + "\n"},
+		{"appliance management token file", 0o644, []string{"RIALTO_ADDR=" + unreachable, "RIALTO_BOOTSTRAP_TOKEN=rbt_x-0123456789abcdef"},
+			func(f string) []string {
+				return []string{"appliance", "--insecure-dataplane", "--state-dir", filepath.Join(dir, "appliance"), "--management-token-file", f}
+			}, tok + "\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := fileOf(strings.ReplaceAll(tc.name, " ", "-"), tc.text, tc.mode)
+			out, err := runBin(tc.env, tc.args(f)...)
+			if err == nil {
+				t.Fatalf("accepted a secret file of mode %04o:\n%s", tc.mode, out)
+			}
+			if !strings.Contains(out, "chmod o-rwx "+f) {
+				t.Errorf("the refusal does not say how to fix it:\n%s", out)
+			}
+			if strings.Contains(out, tok) {
+				t.Errorf("the refusal shows the secret:\n%s", out)
+			}
+		})
+	}
+
+	// The group's (root:rialto 0640) is the operator's choice: used.
+	f := fileOf("group-token", tok+"\n", 0o640)
+	out, err := runBin([]string{"RIALTO_ADDR=" + unreachable}, "nodes", "--token-file", f)
+	if err == nil || strings.Contains(out, "chmod") || !strings.Contains(out, "127.0.0.1:1") {
+		t.Errorf("a 0640 token file: want the unreachable control plane as the error, got %v:\n%s", err, out)
+	}
+
+	// The Slurm prolog records why the job's devices could not be leased
+	// (it exits 0 so that the node is not drained); the task prolog fails
+	// the job with it.
+	envFile := fileOf("slurm.env", "RIALTO_ADDR="+unreachable+"\nRIALTO_TOKEN="+tok+"\n", 0o644)
+	spool := filepath.Join(dir, "spool")
+	slurmEnv := []string{"SLURM_JOB_ID=42", "SLURM_CLUSTER_NAME=c1", "SLURM_JOB_COMMENT=rialto: block 1GiB"}
+	out, err = runBin(slurmEnv, "slurm", "prolog", "--env-file", envFile, "--state-dir", spool)
+	if err != nil || strings.Contains(out, tok) {
+		t.Fatalf("prolog: %v:\n%s", err, out)
+	}
+	job, err := os.ReadFile(filepath.Join(spool, "c1-42.env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(job), "chmod o-rwx "+envFile) || strings.Contains(string(job), tok) {
+		t.Errorf("the job's file: want the env file refused, without its token:\n%s", job)
+	}
+}

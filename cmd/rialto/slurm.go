@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -47,15 +48,14 @@ func (sf *slurmFlags) register(fs *pflag.FlagSet, client bool) {
 // environment, so the file is the usual way).
 func (sf *slurmFlags) slurmClient(e *env) (*api.Client, error) {
 	vals := map[string]string{}
-	if f, err := os.Open(sf.envFile); err == nil {
-		sc := bufio.NewScanner(f)
+	if b, err := readSecretFile(sf.envFile); err == nil {
+		sc := bufio.NewScanner(bytes.NewReader(b))
 		for sc.Scan() {
 			line := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(sc.Text()), "export "))
 			if k, v, ok := strings.Cut(line, "="); ok {
 				vals[k] = strings.Trim(v, `"'`)
 			}
 		}
-		f.Close()
 	} else if !errors.Is(err, fs.ErrNotExist) || sf.envFile != defaultSlurmEnvFile {
 		return nil, fmt.Errorf("env file: %w", err)
 	}
