@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
@@ -315,6 +316,20 @@ func WriteFile(stateDir string, j Job, lines []string, failure error) error {
 	if err := os.MkdirAll(stateDir, 0o711); err != nil {
 		return err
 	}
+	// Another user who may create files in the directory could read a
+	// job's URIs (a file put there before, which the write would keep),
+	// or replace a job's file with lines of theirs, which the task prolog
+	// puts in that job's environment.
+	st, err := os.Lstat(stateDir)
+	if err != nil {
+		return err
+	}
+	if !st.IsDir() || st.Mode().Perm()&0o022 != 0 {
+		return fmt.Errorf("slurm: state directory %s must be a directory only its owner can write (mode %04o): chmod 0711 %s", stateDir, st.Mode().Perm(), stateDir)
+	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok && int(sys.Uid) != os.Geteuid() {
+		return fmt.Errorf("slurm: state directory %s belongs to user %d, not to this process's (%d)", stateDir, sys.Uid, os.Geteuid())
+	}
 	var b strings.Builder
 	if failure != nil {
 		b.WriteString(failLine + strings.ReplaceAll(failure.Error(), "\n", " ") + "\n")
@@ -324,7 +339,21 @@ func WriteFile(stateDir string, j Job, lines []string, failure error) error {
 	}
 	p := j.File(stateDir)
 	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, []byte(b.String()), 0o600); err != nil {
+	// A file left at tmp (a prolog killed midway) keeps its mode and
+	// owner under O_TRUNC: remove it, and make a new one.
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(b.String())
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(tmp)
 		return err
 	}
 	if j.UID >= 0 && os.Geteuid() == 0 {
