@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/internal/pgserver"
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 // environ is the environment a process was started with, as its user
@@ -293,5 +294,41 @@ func TestSecretFilesReadableByOthersRefused(t *testing.T) {
 	}
 	if !strings.Contains(string(job), "chmod o-rwx "+envFile) || strings.Contains(string(job), tok) {
 		t.Errorf("the job's file: want the env file refused, without its token:\n%s", job)
+	}
+}
+
+// TestCAKeyReadableByOthersRefused: a CA directory restored with the key
+// readable by everyone (cp without -p, a tar extracted under umask 022)
+// was used as it was: every user of the machine could sign certificates
+// the cluster trusts. The server now refuses to start and says the chmod.
+func TestCAKeyReadableByOthersRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the binary")
+	}
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	tlsDir := filepath.Join(dir, "tls")
+	if _, err := pki.Open(tlsDir, pki.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	key := filepath.Join(tlsDir, pki.CAKeyFile)
+	if err := os.Chmod(key, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "server", "--listen", "127.0.0.1:0", "--db", filepath.Join(dir, "cp.db"), "--tls-dir", tlsDir)
+	out, err := cmd.CombinedOutput()
+	if err == nil || ctx.Err() != nil {
+		t.Fatalf("the server ran with a CA key of mode 0644 (%v):\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "chmod 600 "+key) {
+		t.Errorf("the refusal does not say how to fix it:\n%s", out)
+	}
+	if err := os.Chmod(key, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pki.Open(tlsDir, pki.Options{}); err != nil {
+		t.Errorf("the CA of mode 0600 again: %v", err)
 	}
 }
