@@ -143,7 +143,7 @@ func managementToken(e *env, stateDir, file string) (tok, where string, err erro
 	if file == "" {
 		file = filepath.Join(stateDir, "management.token")
 	}
-	if b, err := os.ReadFile(file); err == nil {
+	if b, err := readSecretFile(file); err == nil {
 		if t := strings.TrimSpace(string(b)); t != "" {
 			return t, file, nil
 		}

@@ -100,7 +100,7 @@ func (s *secret) get() (string, error) {
 	if s.file == "" {
 		return strings.TrimSpace(s.envValue), nil
 	}
-	b, err := os.ReadFile(s.file)
+	b, err := readSecretFile(s.file)
 	if err != nil {
 		return "", fmt.Errorf("--%s-file: %w", s.name, err)
 	}

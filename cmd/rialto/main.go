@@ -108,7 +108,7 @@ func main() {
 	// the hidden argument rack-reaper (internal/rack).
 	rack.RunReaperIfChild()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], &env{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv})
+	code := run(ctx, os.Args[1:], &env{stdout: os.Stdout, stderr: os.Stderr, getenv: withholdSecretEnv()})
 	stop()
 	os.Exit(code)
 }

@@ -48,12 +48,13 @@ func (sf *slurmFlags) register(fs *pflag.FlagSet, client bool) {
 func (sf *slurmFlags) slurmClient(e *env) (*api.Client, error) {
 	vals := map[string]string{}
 	if f, err := os.Open(sf.envFile); err == nil {
+		defer f.Close()
 		// It holds the token every job borrows with.
-		if st, err := f.Stat(); err != nil {
-			f.Close()
+		st, err := f.Stat()
+		if err != nil {
 			return nil, fmt.Errorf("env file: %w", err)
-		} else if st.Mode().Perm()&0o077 != 0 {
-			f.Close()
+		}
+		if st.Mode().Perm()&0o077 != 0 {
 			return nil, fmt.Errorf("env file %s holds the cluster's token and others may read it (mode %04o): chmod 600 it (root's on the nodes, SlurmUser's on the controller)", sf.envFile, st.Mode().Perm())
 		}
 		sc := bufio.NewScanner(f)
@@ -63,7 +64,6 @@ func (sf *slurmFlags) slurmClient(e *env) (*api.Client, error) {
 				vals[k] = strings.Trim(v, `"'`)
 			}
 		}
-		f.Close()
 	} else if !errors.Is(err, fs.ErrNotExist) || sf.envFile != defaultSlurmEnvFile {
 		return nil, fmt.Errorf("env file: %w", err)
 	}

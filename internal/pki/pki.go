@@ -169,9 +169,14 @@ func open(dir string, opts Options, create bool) (*CA, error) {
 		return nil, err
 	}
 	defer unlock()
-	_, kerr := os.Stat(filepath.Join(dir, CAKeyFile))
+	kst, kerr := os.Stat(filepath.Join(dir, CAKeyFile))
 	_, cerr := os.Stat(filepath.Join(dir, CACertFile))
 	switch {
+	case kerr == nil && kst.Mode().Perm()&0o006 != 0:
+		// A copy restored with the wrong mode: every user of the machine
+		// could sign certificates the whole cluster trusts.
+		key := filepath.Join(dir, CAKeyFile)
+		return nil, fmt.Errorf("pki: %s is the CA's private key but every user of the machine may read or write it (mode %04o): chmod 600 %s", key, kst.Mode().Perm(), key)
 	case kerr == nil:
 	case !errors.Is(kerr, fs.ErrNotExist):
 		return nil, fmt.Errorf("pki: %w", kerr)

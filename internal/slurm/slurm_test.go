@@ -126,6 +126,68 @@ func TestJobFile(t *testing.T) {
 	}
 }
 
+// TestJobFileNeverReadableByOthers: the job's file holds its lease URIs
+// (credentials). A .tmp left in the state directory (a prolog killed
+// midway, or put there) kept its mode and owner under the write, so the
+// job's file came out 0644; a symbolic link there was followed. A
+// directory others may write is refused: they could read a job's file as
+// it is written, or put lines of theirs in another user's job.
+func TestJobFileNeverReadableByOthers(t *testing.T) {
+	ls := []api.Lease{{ID: "lease-a", Kind: api.KindBlock, URI: "nbds://h:1/rlc_secret-export-name"}}
+	j := slurm.Job{Cluster: "c", ID: "8", UID: -1, GID: -1}
+
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "c-8.env.tmp"), []byte("left over\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(dir, "c-8.env.tmp"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := slurm.WriteFile(dir, j, slurm.Env(ls, ""), nil); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(filepath.Join(dir, "c-8.env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o600 {
+		t.Errorf("the job's file is %04o after a left-over .tmp of mode 0644, want 0600", st.Mode().Perm())
+	}
+
+	elsewhere := filepath.Join(t.TempDir(), "elsewhere")
+	if err := os.WriteFile(elsewhere, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(filepath.Join(dir, "c-8.env.tmp"))
+	if err := os.Symlink(elsewhere, filepath.Join(dir, "c-8.env.tmp")); err != nil {
+		t.Fatal(err)
+	}
+	if err := slurm.WriteFile(dir, j, slurm.Env(ls, ""), nil); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(elsewhere); strings.Contains(string(b), "rlc_secret") {
+		t.Errorf("the write followed a symbolic link at .tmp: the URIs are in %s", elsewhere)
+	}
+	if st, err := os.Lstat(filepath.Join(dir, "c-8.env")); err != nil || !st.Mode().IsRegular() || st.Mode().Perm() != 0o600 {
+		t.Errorf("the job's file after a .tmp link: %v %v", st, err)
+	}
+
+	open := filepath.Join(t.TempDir(), "spool")
+	if err := os.Mkdir(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	err = slurm.WriteFile(open, j, slurm.Env(ls, ""), nil)
+	if err == nil || !strings.Contains(err.Error(), "chmod 711") {
+		t.Errorf("a state directory every user may write: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(open, "c-8.env")); err == nil {
+		t.Errorf("the job's file was written into a directory every user may write")
+	}
+}
+
 // FuzzParseComment: any comment parses or is refused with an error,
 // never a crash, and what parses is a request of a known kind.
 func FuzzParseComment(f *testing.F) {
