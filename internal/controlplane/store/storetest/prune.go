@@ -30,7 +30,9 @@ func testPrune(t *testing.T, o Options) {
 	nodes, devs := twoNodes(t, s, 1000)
 	t0 := time.Now().UTC()
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
-	part := func(off int64) api.Part { return api.Part{NodeID: nodes[0], DeviceID: devs[0], Offset: off, Length: 10} }
+	part := func(off int64) api.Part {
+		return api.Part{NodeID: nodes[0], DeviceID: devs[0], Offset: off, Length: 10}
+	}
 	create := func(id string, off int64, idem *store.Idempotency) {
 		t.Helper()
 		l := lease(id, "t", nodes[0], devs[0], off, 10)
