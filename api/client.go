@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -278,15 +279,39 @@ func (c *Client) Topology(ctx context.Context) (Topology, error) {
 // hold or are taking devices. The answer stays as small as what is lent
 // now, however long the history.
 func (c *Client) Leases(ctx context.Context) ([]Lease, error) {
-	var out []Lease
-	return out, c.Do(ctx, http.MethodGet, "/v1/leases?live=1", nil, &out)
+	return c.leasePages(ctx, "live=1&")
 }
 
 // AllLeases lists every lease, including ended ones (released, expired,
 // failed, lost): the whole history, oldest first.
 func (c *Client) AllLeases(ctx context.Context) ([]Lease, error) {
-	var out []Lease
-	return out, c.Do(ctx, http.MethodGet, "/v1/leases", nil, &out)
+	return c.leasePages(ctx, "")
+}
+
+// leasePage is the page size of the lease listings.
+const leasePage = 1000
+
+// leasePages reads GET /v1/leases?<query> page by page (each a
+// request; a lease that ends or is pruned meanwhile may be missing, none
+// is listed twice).
+func (c *Client) leasePages(ctx context.Context, query string) ([]Lease, error) {
+	out := []Lease{}
+	var after Cursor
+	for {
+		var page []Lease
+		path := "/v1/leases?" + query + "limit=" + strconv.Itoa(leasePage)
+		if !after.IsZero() {
+			path += "&after=" + url.QueryEscape(after.String())
+		}
+		if err := c.Do(ctx, http.MethodGet, path, nil, &page); err != nil {
+			return nil, err
+		}
+		out = append(out, page...)
+		if len(page) < leasePage {
+			return out, nil
+		}
+		after = LeaseCursor(page[len(page)-1])
+	}
 }
 
 // Lease returns one lease.

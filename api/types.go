@@ -731,4 +731,9 @@ const (
 	CodeQuota        = "quota_exceeded"  // 429
 	CodeUnavailable  = "unavailable"     // 503: lenders did not confirm
 	CodeInternal     = "internal"        // 500
+	// CodeGone: an event cursor (since, Last-Event-ID) below the events
+	// the control plane pruned (history retention): the events after it
+	// are no longer all there. Start again from the cursor the message
+	// names, or from 0 (the oldest event kept).
+	CodeGone = "gone" // 410
 )

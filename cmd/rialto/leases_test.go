@@ -25,7 +25,7 @@ func TestLeasesLiveByDefault(t *testing.T) {
 			json.NewEncoder(w).Encode([]api.Node{})
 		case r.URL.Path == "/v1/leases" && r.URL.Query().Get("live") == "1":
 			json.NewEncoder(w).Encode([]api.Lease{live})
-		case r.URL.Path == "/v1/leases" && r.URL.RawQuery == "":
+		case r.URL.Path == "/v1/leases" && !r.URL.Query().Has("live") && !r.URL.Query().Has("after"): // one page
 			json.NewEncoder(w).Encode([]api.Lease{ended, live})
 		default:
 			http.NotFound(w, r)

@@ -238,6 +238,7 @@ func runServer(e *env, fs *pflag.FlagSet) runFunc {
 	var tm timings
 	tm.register(fs)
 	level := fs.String("log-level", "info", "debug, info, warn or error")
+	retain := fs.Duration("retain-history", 7*24*time.Hour, "how long ended leases (released, expired, lost, failed) and events are kept before the sweep prunes them (docs/operations.md, \"History retention\"); 0: for ever")
 	cfgFile := configFlag(fs, e)
 	return func(ctx context.Context, _ []string) error {
 		if err := cfgFile.apply(); err != nil {
@@ -253,6 +254,9 @@ func runServer(e *env, fs *pflag.FlagSet) runFunc {
 		}
 		if v := e.getenv("RIALTO_TLS_DIR"); v != "" && *tlsDir == "" {
 			*tlsDir = v
+		}
+		if *retain < 0 {
+			return usagef("--retain-history must not be negative (0 keeps the history for ever)")
 		}
 		if *insecureHTTP && (*tlsDir != "" || len(tlsHosts) > 0) {
 			return usagef("--insecure-http serves no TLS: it does not go with --tls-dir, RIALTO_TLS_DIR or --tls-host")
@@ -320,6 +324,7 @@ func runServer(e *env, fs *pflag.FlagSet) runFunc {
 			Logger: log, BootstrapToken: boot, Tokens: tokens, AdvertiseURL: adv,
 			HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down, MaxHeartbeatsPerSecond: tm.maxBeats,
 			PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas, CA: ca, Version: versionString(),
+			RetainHistory: *retain,
 		}, tlsCfg)
 		if err != nil {
 			ln.Close()

@@ -25,6 +25,9 @@ var (
 	ErrInfeasible   = errors.New("controlplane: infeasible")
 	ErrQuota        = errors.New("controlplane: quota exceeded")
 	ErrUnavailable  = errors.New("controlplane: unavailable")
+	// ErrGone: what the request resumes from was pruned (history
+	// retention): an event cursor below the pruned events.
+	ErrGone = errors.New("controlplane: gone")
 )
 
 // errorMap is the one place where errors become HTTP statuses and codes.
@@ -41,6 +44,7 @@ var errorMap = httpx.ErrorMap{
 	{Err: store.ErrCapacity, Status: http.StatusUnprocessableEntity, Code: api.CodeInfeasible},
 	{Err: ErrQuota, Status: http.StatusTooManyRequests, Code: api.CodeQuota},
 	{Err: ErrUnavailable, Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable},
+	{Err: ErrGone, Status: http.StatusGone, Code: api.CodeGone},
 	{Err: context.DeadlineExceeded, Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable},
 }
 
@@ -60,7 +64,7 @@ func apiError(err error) (int, api.ErrorInfo) {
 
 // sentinels are the control plane's sentinel errors, whose texts
 // publicMessage leaves out.
-var sentinels = []error{ErrInvalid, ErrUnauthorized, ErrForbidden, ErrNotFound, ErrConflict, ErrInfeasible, ErrQuota, ErrUnavailable}
+var sentinels = []error{ErrInvalid, ErrUnauthorized, ErrForbidden, ErrNotFound, ErrConflict, ErrInfeasible, ErrQuota, ErrUnavailable, ErrGone}
 
 // prefixed are the other packages' sentinels an answer may carry, each
 // with its text in the answer: the words without the package's name. A

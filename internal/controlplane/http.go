@@ -52,7 +52,9 @@ func (s *Server) routeTable() []route {
 		{httpapi.Route{Method: "GET", Path: "/v1/topology", Summary: "Nodes and measured links (the Topology Status Table).", Response: api.Topology{}, Errors: readErrors}, accessReader, s.hTopology},
 		{httpapi.Route{Method: "GET", Path: "/v1/leases", Summary: "List the caller's leases (an admin token sees all).", Response: []api.Lease{},
 			Query: []httpapi.Param{{Name: "state", Type: "string", Description: "only leases in this state"},
-				{Name: "live", Type: "boolean", Description: "only leases that hold or are taking devices (reserved, active, releasing)"}}, Errors: listErrors}, accessTenant, s.hLeases},
+				{Name: "live", Type: "boolean", Description: "only leases that hold or are taking devices (reserved, active, releasing)"},
+				{Name: "limit", Type: "integer", Description: "at most this many (default and maximum 1000); a full page has a Link header (rel=next) to the next"},
+				{Name: "after", Type: "string", Description: "the leases after this cursor, in the listing's order (creation time, then ID): the Link header's, or <created_at in Unix nanoseconds>.<id> of a page's last lease"}}, Errors: listErrors}, accessTenant, s.hLeases},
 		{httpapi.Route{Method: "POST", Path: "/v1/leases", Summary: "Place, reserve and activate a lease (two-phase with the lenders).",
 			Request: api.LeaseRequest{}, Response: api.Lease{}, Status: http.StatusCreated, Also: []int{http.StatusOK}, Query: explainParam, Errors: createErrors}, accessTenant, s.hCreateLease},
 		{httpapi.Route{Method: "GET", Path: "/v1/leases/{id}", Summary: "Show a lease.", Response: api.Lease{}, Errors: []int{401, 403, 404, 500}}, accessTenant, s.hLease},
@@ -63,11 +65,11 @@ func (s *Server) routeTable() []route {
 		{httpapi.Route{Method: "POST", Path: "/v1/explain", Summary: "Dry run: the plan a lease request would get; reserves nothing.",
 			Request: api.LeaseRequest{}, Response: api.Plan{}, Errors: []int{400, 401, 403, 500}}, accessTenant, s.hExplain},
 		{httpapi.Route{Method: "GET", Path: "/v1/events", Summary: "Audit events after an ID, oldest first (a tenant sees its own leases' and the cluster's; an admin all); with follow=1, a stream of them that stays open (docs/api.md).", Response: []api.Event{},
-			Query: []httpapi.Param{{Name: "since", Type: "integer", Description: "return events with a greater ID"},
+			Query: []httpapi.Param{{Name: "since", Type: "integer", Description: "return events with a greater ID (410 if events after it were pruned: history retention)"},
 				{Name: "limit", Type: "integer", Description: "at most this many (default and maximum 1000)"},
 				{Name: "follow", Type: "boolean", Description: "stream the events after since, then each new one as it is appended (SSE with Accept: text/event-stream or format=sse, else newline-delimited JSON); Last-Event-ID resumes"},
 				{Name: "format", Type: "string", Description: "with follow: sse or ndjson"}}, Streams: []string{"text/event-stream", "application/x-ndjson"},
-			Errors: []int{400, 401, 403, 429, 500, 503}}, accessReader, s.hEvents},
+			Errors: []int{400, 401, 403, 410, 429, 500, 503}}, accessReader, s.hEvents},
 		{httpapi.Route{Method: "GET", Path: "/v1/profiles", Summary: "List device profiles.", Response: []api.Profile{}, Errors: readErrors}, accessReader, s.hProfiles},
 		{httpapi.Route{Method: "PUT", Path: "/v1/profiles/{model}", Summary: "Store a measured or declared device profile.",
 			Request: api.Profile{}, Response: api.Profile{}, Errors: []int{400, 401, 403, 500}}, accessWriter, s.hPutProfile},
@@ -436,15 +438,37 @@ func (s *Server) hLeases(ctx context.Context, p principal, r *http.Request, w ht
 			f.States = keep
 		}
 	}
+	// Pages (docs/api.md, "Paging"): at most limit leases, after the
+	// cursor; a full page links to the next.
+	f.Limit = maxLeasePage
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 || n > maxLeasePage {
+			return 0, nil, fmt.Errorf("%w: limit must be between 1 and %d", ErrInvalid, maxLeasePage)
+		}
+		f.Limit = n
+	}
+	after, err := api.ParseCursor(q.Get("after"))
+	if err != nil {
+		return 0, nil, fmt.Errorf("%w: after: %v", ErrInvalid, err)
+	}
+	f.After = after
 	ls, err := s.st.Leases(ctx, f)
 	if err != nil {
 		return 0, nil, err
+	}
+	if len(ls) == f.Limit {
+		q.Set("after", api.LeaseCursor(ls[len(ls)-1]).String())
+		w.Header().Set("Link", "</v1/leases?"+q.Encode()+`>; rel="next"`)
 	}
 	for i := range ls {
 		ls[i] = p.redact(ls[i])
 	}
 	return http.StatusOK, ls, nil
 }
+
+// maxLeasePage is GET /v1/leases's default and greatest limit.
+const maxLeasePage = 1000
 
 func (s *Server) hCreateLease(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
 	var req api.LeaseRequest
@@ -549,7 +573,15 @@ func (s *Server) hEvents(ctx context.Context, p principal, r *http.Request, w ht
 		tenant = p.tenant
 	}
 	out, err := s.st.Events(ctx, since, limit, tenant)
-	return http.StatusOK, out, err
+	if err != nil {
+		return 0, nil, err
+	}
+	// Read after the events: a prune that took events after since
+	// committed before the read shows here.
+	if err := s.checkCursor(ctx, since); err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, out, nil
 }
 
 func (s *Server) hProfiles(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -95,6 +96,12 @@ type Config struct {
 	// handler for ever (http.Server.ReadHeaderTimeout bounds the headers
 	// only, and ReadTimeout would also end the event streams).
 	BodyTimeout time.Duration
+
+	// RetainHistory is how long ended leases (released, expired, lost,
+	// failed) and events are kept: the sweep prunes older ones
+	// (retain.go, docs/operations.md "History retention"). 0 keeps them
+	// for ever; `rialto server` defaults to 7 days.
+	RetainHistory time.Duration
 }
 
 // Server is a control plane.
@@ -131,6 +138,8 @@ type Server struct {
 	reloadMu sync.Mutex // serializes Reload (reload.go)
 
 	fwd *forwarder // the route to the placement leader (forward.go); nil: none
+
+	lastPrune atomic.Int64 // when the sweep last pruned history to the end (retain.go; Unix ns)
 }
 
 // New returns a Server; it stores the configured tokens (hashed) within

@@ -477,6 +477,9 @@ func (s *Server) hFollow(ctx context.Context, p principal, r *http.Request, w ht
 // the first byte is written are returned (the caller answers them); later
 // ones end the stream.
 func (s *Server) follow(ctx context.Context, caller, tenant string, since int64, w http.ResponseWriter, format streamFormat) error {
+	if err := s.checkCursor(ctx, since); err != nil {
+		return err // 410: the events after since were pruned
+	}
 	unsub, err := s.events.subscribe(ctx, caller, s.st, s.clock, s.log)
 	if err != nil {
 		return err
@@ -518,6 +521,14 @@ func (s *Server) follow(ctx context.Context, caller, tenant string, since int64,
 				s.log.Warn("event stream: read", "err", err)
 			}
 			return nil // the client resumes from the last ID it got
+		}
+		if len(evs) > 0 && evs[0].ID > cursor+1 && cursor > 0 {
+			// A gap: another tenant's events, or pruned ones (history
+			// retention). For the latter the stream ends, and the
+			// client's resumption gets 410.
+			if s.checkCursor(ctx, cursor) != nil {
+				return nil
+			}
 		}
 		if len(evs) > 0 {
 			if sw.events(evs) != nil {

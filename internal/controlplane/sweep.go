@@ -18,8 +18,9 @@ import (
 const prepareStaleFactor = lifecycle.MaxPrepareRounds + 2
 
 // Sweep runs one pass of the background duties: node liveness (ready →
-// suspect → down; a down node's leases become lost), TTL expiry, and
-// clean-up of reservations or releases interrupted by a restart. The
+// suspect → down; a down node's leases become lost), TTL expiry,
+// clean-up of reservations or releases interrupted by a restart, and
+// history retention (retain.go). The
 // leases' changes are steps of the lease state machine (NodeDown, Expire,
 // Interrupted), performed by apply; a lease that moved on meanwhile is
 // left alone (the machine refuses the event, or the store the write).
@@ -66,6 +67,11 @@ func (s *Server) Sweep(ctx context.Context) error {
 		if _, _, err := s.apply(ctx, l, lifecycle.Interrupted{Before: stale}); !movedOn(err) {
 			errs = append(errs, err)
 		}
+	}
+
+	// History retention (retain.go).
+	if err := s.pruneHistory(ctx, now); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -102,6 +102,11 @@ type LeaseFilter struct {
 	States        []api.LeaseState
 	IDs           []string
 	ExpiresBefore time.Time // expires_at < ExpiresBefore
+	// After, when non-zero, keeps the leases after it in the listing's
+	// order (created_at, then ID): a page's cursor (api.LeaseCursor).
+	After api.Cursor
+	// Limit, when positive, returns at most this many leases.
+	Limit int
 }
 
 // Demand is what a lease's request asked of its devices, kept so that
@@ -325,6 +330,36 @@ type LeaseOp struct {
 // when the call returns.
 type LeaseBatcher interface {
 	LeaseOps(ctx context.Context, ops []LeaseOp) (out []api.Lease, errs []error, err error)
+}
+
+// Pruned is what one Prune removed.
+type Pruned struct {
+	Leases int
+	Events int
+	// EventsThrough is the greatest event ID pruned so far (by this call
+	// or an earlier one): see Pruner.PrunedEvents.
+	EventsThrough int64
+}
+
+// Pruner is an optional Store capability: forgetting history (the
+// server's retention, docs/operations.md "History retention").
+type Pruner interface {
+	// Prune deletes, in one write transaction, at most limit leases and
+	// limit events:
+	//   - leases in a terminal state whose last change (updated_at) is
+	//     before before, that hold no live part (a move's destination
+	//     included) and have no open move, with their parts, plan,
+	//     idempotency key and moves;
+	//   - events appended before before: the oldest ones, up to (not
+	//     including) the first event at or after before, and never the
+	//     newest event (event IDs only grow).
+	// A live lease, or one still tearing down (releasing), is never
+	// pruned. The greatest pruned event ID is recorded in the same
+	// transaction.
+	Prune(ctx context.Context, before time.Time, limit int) (Pruned, error)
+	// PrunedEvents returns the greatest event ID ever pruned (0: none):
+	// a reader whose cursor is below it may have missed events.
+	PrunedEvents(ctx context.Context) (int64, error)
 }
 
 // NodeRemover is implemented by stores that can retire a node (an

@@ -361,12 +361,23 @@ func (s *Core) Leases(ctx context.Context, f store.LeaseFilter) ([]api.Lease, er
 		where = append(where, `expires_at < ?`)
 		args = append(args, ns(f.ExpiresBefore))
 	}
+	if !f.After.IsZero() {
+		at := ns(f.After.CreatedAt)
+		where = append(where, `(created_at > ? OR (created_at = ? AND id > ?))`)
+		args = append(args, at, at, f.After.ID)
+	}
 	cond := ""
 	if len(where) > 0 {
 		cond = ` WHERE ` + strings.Join(where, ` AND `)
 	}
+	if f.Limit > 0 {
+		cond += ` ORDER BY created_at, id LIMIT ?`
+		args = append(args, f.Limit)
+	} else {
+		cond += ` ORDER BY created_at, id`
+	}
 	// One statement: the parts are on the lease rows.
-	rows, err := s.rd().QueryContext(ctx, `SELECT `+LeaseCols+` FROM leases`+cond+` ORDER BY created_at, id`, args...)
+	rows, err := s.rd().QueryContext(ctx, `SELECT `+LeaseCols+` FROM leases`+cond, args...)
 	if err != nil {
 		return nil, s.wrap("leases", err)
 	}

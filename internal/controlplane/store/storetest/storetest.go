@@ -52,6 +52,8 @@ func Run(t *testing.T, o Options) {
 		{"HeartbeatAfterRemove", testHeartbeatAfterRemove},
 		{"ReplaceParts", testReplaceParts},
 		{"GatewayKey", testGatewayKey},
+		{"Prune", testPrune},
+		{"LeasePages", testLeasePages},
 	} {
 		if o.Only != nil && !slices.Contains(o.Only, tc.name) {
 			continue
