@@ -125,6 +125,11 @@ func (a *Agent) setupTLS() error {
 	case err != nil:
 		return fmt.Errorf("agent: node key: %w", err)
 	default:
+		// Whoever reads the key can present the node's certificate: serve
+		// its leases' data planes to borrowers, heartbeat as it.
+		if st, err := os.Stat(keyPath); err == nil && st.Mode().Perm()&0o077 != 0 {
+			return fmt.Errorf("agent: %s holds the node's private key and other users may read it (mode %04o): chmod 600 %s", keyPath, st.Mode().Perm(), keyPath)
+		}
 		if t.key, err = pki.ParseKey(b); err != nil {
 			return fmt.Errorf("agent: %s: %w", nodeKeyFile, err)
 		}

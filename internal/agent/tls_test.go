@@ -6,6 +6,8 @@ import (
 	"crypto/x509"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -171,5 +173,40 @@ func TestServingWaitsForCertificate(t *testing.T) {
 				t.Fatalf("server: %v", err)
 			}
 		})
+	}
+}
+
+// TestNodeKeyReadableByOthersRefused: a node key restored without its
+// mode (cp without -p, a tar extracted under umask 022) let every user
+// of the lender present the node's certificate. The agent refuses it and
+// names the chmod; at 0600 the same key is used.
+func TestNodeKeyReadableByOthersRefused(t *testing.T) {
+	t.Parallel()
+	ca, err := pki.Open(t.TempDir(), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := ca.CertFile()
+	_, keyPEM, err := pki.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := t.TempDir()
+	keyPath := filepath.Join(state, nodeKeyFile)
+	if err := os.WriteFile(keyPath, keyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(keyPath, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a := &Agent{cfg: Config{CAFile: caFile, StateDir: state}, log: slog.New(&msgRecorder{})}
+	if err := a.setupTLS(); err == nil || !strings.Contains(err.Error(), "chmod 600 "+keyPath) {
+		t.Fatalf("a node key of mode 0644: %v, want a refusal naming chmod 600", err)
+	}
+	if err := os.Chmod(keyPath, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.setupTLS(); err != nil || a.tls == nil {
+		t.Fatalf("the same key at 0600: %v", err)
 	}
 }
