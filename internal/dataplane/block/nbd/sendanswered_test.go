@@ -155,6 +155,7 @@ func TestSendFailsAfterReply(t *testing.T) {
 	select {
 	case <-p.first:
 	case err := <-p.finished:
+		p.finished <- err // for the cleanup
 		t.Fatalf("peer ended before the read: %v", err)
 	}
 
