@@ -283,6 +283,21 @@ func holdAttachment(ctx context.Context, c *api.Client, l api.Lease, ctl net.Lis
 	// The lease's latest record: which lender a part is on now.
 	var rec atomic.Pointer[api.Lease]
 	rec.Store(&l)
+	// Its lenders' node names (the nodes list, the names the control
+	// plane's own messages give lenders): detach names a part's lender by
+	// them. Read now, and again when a record names a node not in them
+	// (a part moved). Unknown, a lender is named by its node's ID.
+	var names atomic.Pointer[map[string]string]
+	learnNames := func(l api.Lease) {
+		if c == nil || knowsLenders(names.Load(), l) {
+			return
+		}
+		nctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		m := nodeNames(nctx, c)
+		cancel()
+		names.Store(&m)
+	}
+	learnNames(l)
 	// Serve until the context ends or detach asks on the control socket.
 	// A detach asked once the attachment is closing (another `rialto
 	// detach`, waiting longer) is held in late, the accept loop's until it
@@ -304,7 +319,11 @@ func holdAttachment(ctx context.Context, c *api.Client, l api.Lease, ctl net.Lis
 				// Asked by detach while the attachment is closing: answered
 				// until the control socket closes, once the close is done.
 				ws := h.pending()
-				fmt.Fprintf(conn, "pending %s %s\n", pendingKind(ws), pendingParts(*rec.Load(), ws))
+				var nm map[string]string
+				if p := names.Load(); p != nil {
+					nm = *p
+				}
+				fmt.Fprintf(conn, "pending %s %s\n", pendingKind(ws), pendingParts(*rec.Load(), ws, nm))
 				conn.Close()
 				continue
 			}
@@ -361,6 +380,7 @@ wait:
 			}
 			if err == nil {
 				rec.Store(&cur)
+				learnNames(cur)
 				if h.follow != nil {
 					h.follow(cur)
 				}
@@ -485,13 +505,28 @@ func pendingKind(ws []partWait) string {
 	return kind
 }
 
+// knowsLenders reports whether names (node ID to name; nil: not read)
+// has the node of every part of l.
+func knowsLenders(names *map[string]string, l api.Lease) bool {
+	if names == nil {
+		return false
+	}
+	for _, p := range l.Parts {
+		if p.NodeID != "" && (*names)[p.NodeID] == "" {
+			return false
+		}
+	}
+	return true
+}
+
 // pendingParts says which parts of lease l wait for their lenders, given
 // per part (layout order) what its lender has not answered: "part 1
 // (lender n2) has 3 writes unanswered; part 2 (lender n3) has not
 // answered the final flush", "" if none. A part is named by its lender's
-// node, or without one by its lender's address: never by its URI, whose
+// node name (names: node ID to name), or its node's ID if names lacks it,
+// or without a node by its lender's address: never by its URI, whose
 // export name is a secret.
-func pendingParts(l api.Lease, ws []partWait) string {
+func pendingParts(l api.Lease, ws []partWait, names map[string]string) string {
 	var ps []string
 	for i, w := range ws {
 		if w.writes <= 0 && !w.flush {
@@ -507,7 +542,7 @@ func pendingParts(l api.Lease, ws []partWait) string {
 		who := ""
 		switch {
 		case part.NodeID != "":
-			who = fmt.Sprintf(" (lender %s)", part.NodeID)
+			who = fmt.Sprintf(" (lender %s)", nodeName(names, part.NodeID))
 		case lenderAddr(part.URI) != "":
 			who = fmt.Sprintf(" (lender at %s)", lenderAddr(part.URI))
 		}

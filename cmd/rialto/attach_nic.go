@@ -48,7 +48,16 @@ func attachNIC(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l ap
 		return err
 	}
 	defer ctl.Close()
-	ifc, err := borrower.AttachNIC(ctx, l, borrower.NICConfig{Name: nf.iface, Mode: mode, Conns: conns, DefaultRoute: nf.defaultRoute, TLS: dataTLS, Logger: log})
+	// A lender restarted with the other --insecure-dataplane setting
+	// serves the other scheme: its redial reads the lease again for its
+	// current URI.
+	readLease := func(ctx context.Context) (api.Lease, error) {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		return c.Lease(ctx, l.ID)
+	}
+	ifc, err := borrower.AttachNIC(ctx, l, borrower.NICConfig{Name: nf.iface, Mode: mode, Conns: conns, DefaultRoute: nf.defaultRoute, TLS: dataTLS,
+		Lease: readLease, Logger: log})
 	if err != nil {
 		os.Remove(ctlPath)
 		return fmt.Errorf("attach %s: %w", l.ID, err)

@@ -483,10 +483,13 @@ func TestDetachReportsCloseError(t *testing.T) {
 }
 
 // TestPendingPartsNamesLender: a part whose lender has not answered
-// writes or the final flush is named by its lender's node, or without one
-// by its lender's address, never by the export name in its URI (nor any
-// credential in it); parts with none are left out.
+// writes or the final flush is named by its lender's node name (as the
+// control plane's messages name lenders), or by its node's ID when the
+// name is not known, or without a node by its lender's address, never by
+// the export name in its URI (nor any credential in it); parts with none
+// are left out.
 func TestPendingPartsNamesLender(t *testing.T) {
+	names := map[string]string{"node-a1b2": "n1", "node-c3d4": "n2"}
 	for _, tc := range []struct {
 		name string
 		l    api.Lease
@@ -494,20 +497,22 @@ func TestPendingPartsNamesLender(t *testing.T) {
 		kind string
 		want string
 	}{
-		{"node", api.Lease{Parts: []api.Part{{NodeID: "n1", URI: "nbds://10.0.0.1:10809/sec0"}, {NodeID: "n2", URI: "nbds://10.0.0.2:10809/sec1"}}},
+		{"node", api.Lease{Parts: []api.Part{{NodeID: "node-a1b2", URI: "nbds://10.0.0.1:10809/sec0"}, {NodeID: "node-c3d4", URI: "nbds://10.0.0.2:10809/sec1"}}},
 			[]partWait{{writes: 1}, {writes: 2}}, "writes", "part 0 (lender n1) has 1 write unanswered; part 1 (lender n2) has 2 writes unanswered"},
+		{"node name unknown", api.Lease{Parts: []api.Part{{NodeID: "node-a1b2"}, {NodeID: "node-e5f6", URI: "nbds://10.0.0.3:10809/sec1"}}},
+			[]partWait{{writes: 1}, {writes: 2}}, "writes", "part 0 (lender n1) has 1 write unanswered; part 1 (lender node-e5f6) has 2 writes unanswered"},
 		{"address", api.Lease{Parts: []api.Part{{URI: "nbd://10.0.0.1:10809/sec0"}, {URI: "nbd://user:pw@10.0.0.2:10810/sec1?tls=1"}}},
 			[]partWait{{}, {writes: 4}}, "writes", "part 1 (lender at 10.0.0.2:10810) has 4 writes unanswered"},
 		{"lease URI", api.Lease{URI: "nbd://10.0.0.3:10809/sec"}, []partWait{{writes: 1}}, "writes", "part 0 (lender at 10.0.0.3:10809) has 1 write unanswered"},
-		{"final flush", api.Lease{Parts: []api.Part{{NodeID: "n1", URI: "nbds://10.0.0.1:10809/sec0"}, {NodeID: "n2", URI: "nbds://10.0.0.2:10809/sec1"}}},
+		{"final flush", api.Lease{Parts: []api.Part{{NodeID: "node-a1b2", URI: "nbds://10.0.0.1:10809/sec0"}, {NodeID: "node-c3d4", URI: "nbds://10.0.0.2:10809/sec1"}}},
 			[]partWait{{}, {flush: true}}, "flush", "part 1 (lender n2) has not answered the final flush"},
 		{"final flush by address", api.Lease{Parts: []api.Part{{URI: "nbd://u:pw@10.0.0.1:10809/sec0"}, {URI: "nbd://10.0.0.2:10809/sec1"}}},
 			[]partWait{{flush: true}, {}}, "flush", "part 0 (lender at 10.0.0.1:10809) has not answered the final flush"},
-		{"writes first", api.Lease{Parts: []api.Part{{NodeID: "n1"}, {NodeID: "n2"}}},
+		{"writes first", api.Lease{Parts: []api.Part{{NodeID: "node-a1b2"}, {NodeID: "node-c3d4"}}},
 			[]partWait{{flush: true}, {writes: 1}}, "writes", "part 0 (lender n1) has not answered the final flush; part 1 (lender n2) has 1 write unanswered"},
-		{"none", api.Lease{Parts: []api.Part{{NodeID: "n1"}}}, []partWait{{}}, "none", ""},
+		{"none", api.Lease{Parts: []api.Part{{NodeID: "node-a1b2"}}}, []partWait{{}}, "none", ""},
 	} {
-		got := pendingParts(tc.l, tc.ws)
+		got := pendingParts(tc.l, tc.ws, names)
 		if got != tc.want {
 			t.Errorf("%s: pendingParts = %q, want %q", tc.name, got, tc.want)
 		}

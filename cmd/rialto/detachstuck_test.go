@@ -23,7 +23,8 @@ type stuckLenderRig struct {
 	lease   api.Lease
 	e       *env
 	errb    *syncBuffer
-	agents  map[string]*proc // by node ID
+	agents  map[string]*proc  // by node ID
+	names   map[string]string // node names by node ID
 	runtime string
 }
 
@@ -53,6 +54,7 @@ func startStuckLenderRig(t *testing.T) *stuckLenderRig {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	agents := map[string]*proc{}
+	names := map[string]string{}
 	poll(t, "both agents ready", 60*time.Second, func() bool {
 		ns, err := cl.Nodes(ctx)
 		if err != nil {
@@ -63,6 +65,7 @@ func startStuckLenderRig(t *testing.T) *stuckLenderRig {
 			if n.State == api.NodeReady {
 				ready++
 				agents[n.ID] = byName[n.Name]
+				names[n.ID] = n.Name
 			}
 		}
 		return ready == 2
@@ -74,7 +77,7 @@ func startStuckLenderRig(t *testing.T) *stuckLenderRig {
 	if len(l.Parts) != 2 || l.Parts[0].NodeID == l.Parts[1].NodeID || agents[l.Parts[1].NodeID] == nil {
 		t.Fatalf("composed lease's parts are not one on each agent: %+v", l.Parts)
 	}
-	r := &stuckLenderRig{id: l.ID, lease: l, agents: agents, runtime: t.TempDir(), errb: &syncBuffer{}}
+	r := &stuckLenderRig{id: l.ID, lease: l, agents: agents, names: names, runtime: t.TempDir(), errb: &syncBuffer{}}
 	r.e = &env{stdout: &syncBuffer{}, stderr: r.errb, getenv: func(k string) string {
 		switch k {
 		case "RIALTO_ADDR":
@@ -163,7 +166,7 @@ func (r *stuckLenderRig) checkStuckMessage(t *testing.T, msg string, want ...str
 	}
 	bad := []string{"nbd://", "part 0", "i/o timeout", "no answer"}
 	for _, p := range r.lease.Parts {
-		bad = append(bad, p.URI[strings.LastIndexByte(p.URI, '/')+1:])
+		bad = append(bad, p.URI[strings.LastIndexByte(p.URI, '/')+1:], p.NodeID) // its node by name
 	}
 	for _, b := range bad {
 		if strings.Contains(msg, b) {
@@ -204,7 +207,9 @@ func TestDetachNamesStuckLender(t *testing.T) {
 		t.Skip("builds and runs the binary")
 	}
 	r := startStuckLenderRig(t)
-	lender := "part 1 (lender " + r.lease.Parts[1].NodeID + ")"
+	// By its node's name (a2, say), as the control plane names lenders,
+	// not its ID.
+	lender := "part 1 (lender " + r.names[r.lease.Parts[1].NodeID] + ")"
 	const unit = 64 << 10
 	data := bytes.Repeat([]byte("acknowledged "), unit/13+1)[:unit]
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

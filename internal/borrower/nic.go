@@ -22,7 +22,13 @@ type NICConfig struct {
 	// the cluster CA's certificate; the lender's node certificate must
 	// chain to it and name the host of the lender's URI. Without it, a
 	// lease with such a lender is refused.
-	TLS    *tls.Config
+	TLS *tls.Config
+	// Lease, if set, reads the lease's current record (from the control
+	// plane): a lender that refuses its URI's scheme on a redial (it was
+	// restarted with the other --insecure-dataplane setting, and serves
+	// rialto-nic:// where it served rialto-nics://, or the other way) is
+	// redialled with its part's URI in it (nic.Config.Refresh).
+	Lease  func(ctx context.Context) (api.Lease, error)
 	Logger *slog.Logger
 }
 
@@ -70,6 +76,26 @@ func nicLenders(l api.Lease) ([]int, []nic.URI, error) {
 		uris[k] = u
 	}
 	return parts, uris, nil
+}
+
+// nicPartURI is the lender of part i of NIC lease l, as its record has it
+// now (a lease of one part may carry its URI on the lease only).
+func nicPartURI(l api.Lease, i int) (nic.URI, error) {
+	raw := ""
+	if i < len(l.Parts) {
+		raw = l.Parts[i].URI
+	}
+	if raw == "" && len(l.Parts) <= 1 {
+		raw = l.URI
+	}
+	if raw == "" {
+		return nic.URI{}, fmt.Errorf("lease %s: part %d has no URI", l.ID, i)
+	}
+	u, err := nic.ParseURI(raw)
+	if err != nil {
+		return nic.URI{}, fmt.Errorf("lease %s part %d: %w", l.ID, i, err)
+	}
+	return u, nil
 }
 
 // NICAttachment is an attached NIC lease: its interface (a bond when the
@@ -130,8 +156,22 @@ func AttachNIC(ctx context.Context, l api.Lease, cfg NICConfig) (*NICAttachment,
 				l.ID, nic.ErrNoCA, u.Address, nic.SchemeTLS)
 		}
 	}
+	var refresh func(context.Context, int) (nic.Member, error)
+	if cfg.Lease != nil {
+		refresh = func(ctx context.Context, k int) (nic.Member, error) {
+			cur, err := cfg.Lease(ctx)
+			if err != nil {
+				return nic.Member{}, err
+			}
+			u, err := nicPartURI(cur, parts[k])
+			if err != nil {
+				return nic.Member{}, err
+			}
+			return u.Member(), nil
+		}
+	}
 	i, err := nic.Attach(ctx, nic.Config{Members: ms, Mode: cfg.Mode, Conns: cfg.Conns, Name: cfg.Name,
-		DefaultRoute: cfg.DefaultRoute, TLS: cfg.TLS, Logger: cfg.Logger})
+		DefaultRoute: cfg.DefaultRoute, TLS: cfg.TLS, Refresh: refresh, Logger: cfg.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("lease %s: %w", l.ID, err)
 	}

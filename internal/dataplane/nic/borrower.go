@@ -91,8 +91,17 @@ type Config struct {
 	// certificate must chain to (pki.LoadClientTLS). An empty ServerName
 	// is the host of the member's address. TLS 1.3 is the minimum. Attach
 	// refuses a TLS member without it.
-	TLS    *tls.Config
-	Logger *slog.Logger
+	TLS *tls.Config
+	// Refresh, if set, is asked for member k's current Member (Members'
+	// index) when a redial of it is refused for its URI's scheme: a TLS
+	// lender was sent a plaintext HELLO (ErrTLSRequired), or a plaintext
+	// lender a TLS handshake. Its lender was restarted with the other
+	// --insecure-dataplane setting, and its lease's URI changed scheme
+	// (rialto-nic:// and rialto-nics://): the member is redialled with
+	// what Refresh returns (normally the lease's current URI, read from
+	// the control plane). It is called on the member's own goroutine.
+	Refresh func(ctx context.Context, k int) (Member, error)
+	Logger  *slog.Logger
 }
 
 // MemberStatus is one lender's state.
@@ -208,7 +217,7 @@ func Attach(ctx context.Context, cfg Config) (_ *Interface, err error) {
 			first, w, firstM = s, ww, m
 			break
 		}
-		errs = append(errs, fmt.Errorf("%s: %w", m.m.Addr, err))
+		errs = append(errs, fmt.Errorf("%s: %w", m.member().Addr, err))
 		if errors.Is(err, ErrAuth) || ctx.Err() != nil {
 			break
 		}
@@ -387,7 +396,7 @@ func (i *Interface) Drop(k int) error {
 		s.close(ErrClosed)
 	}
 	m.up.Store(false)
-	i.log.Warn("nic: lender dropped from the bond", "lender", m.m.Addr, "left", len(i.members)-i.droppedCount())
+	i.log.Warn("nic: lender dropped from the bond", "lender", m.member().Addr, "left", len(i.members)-i.droppedCount())
 	return nil
 }
 
@@ -498,6 +507,7 @@ func (m *member) deliver(pkt []byte) {
 // dial opens a session of Conns connections to the member's lender.
 func (m *member) dial(ctx context.Context, want netip.Addr) (*session, Welcome, error) {
 	cfg := m.i.cfg
+	mm := m.member()
 	var sid [8]byte
 	_, _ = rand.Read(sid[:])
 	id := binary.BigEndian.Uint64(sid[:]) | 1
@@ -511,7 +521,7 @@ func (m *member) dial(ctx context.Context, want netip.Addr) (*session, Welcome, 
 		return nil, Welcome{}, err
 	}
 	for k := range cfg.Conns {
-		c, err := cfg.Dial(ctx, "tcp", m.m.Addr)
+		c, err := cfg.Dial(ctx, "tcp", mm.Addr)
 		if err != nil {
 			return fail(fmt.Errorf("%w: %v", ErrLost, err))
 		}
@@ -519,15 +529,15 @@ func (m *member) dial(ctx context.Context, want netip.Addr) (*session, Welcome, 
 			_ = tc.SetNoDelay(true)
 		}
 		_ = c.SetDeadline(time.Now().Add(helloTimeout))
-		if m.m.TLS {
-			tc := tls.Client(c, clientTLS(cfg.TLS, m.m.Addr))
+		if mm.TLS {
+			tc := tls.Client(c, clientTLS(cfg.TLS, mm.Addr))
 			if err := tc.HandshakeContext(ctx); err != nil {
 				c.Close()
-				return fail(tlsDialErr(m.m.Addr, err))
+				return fail(tlsDialErr(mm.Addr, err))
 			}
 			c = tc
 		}
-		h := Hello{Conns: uint8(cfg.Conns), Index: uint8(k), Session: id, Window: cfg.Window, MTU: uint16(cfg.MTU), Addr: want, Lease: LeaseID(m.m.Credential)}
+		h := Hello{Conns: uint8(cfg.Conns), Index: uint8(k), Session: id, Window: cfg.Window, MTU: uint16(cfg.MTU), Addr: want, Lease: LeaseID(mm.Credential)}
 		hb := h.Encode(nil)
 		if _, err := c.Write(hb); err != nil {
 			c.Close()
@@ -542,7 +552,7 @@ func (m *member) dial(ctx context.Context, want netip.Addr) (*session, Welcome, 
 		if refused != nil {
 			w = *refused
 		} else {
-			proof := Proof(m.m.Credential, challenge, hb)
+			proof := Proof(mm.Credential, challenge, hb)
 			if _, err := c.Write(proof[:]); err != nil {
 				c.Close()
 				return fail(fmt.Errorf("%w: %v", ErrLost, err))
@@ -580,6 +590,7 @@ func (m *member) dial(ctx context.Context, want netip.Addr) (*session, Welcome, 
 // (if given, else dials one), and after a loss dials again with backoff.
 func (m *member) run(ctx context.Context, s *session) {
 	retry := backoff.Backoff{Min: 50 * time.Millisecond, Max: 2 * time.Second}
+	refreshed := false // since the member was last up
 	for ctx.Err() == nil {
 		if s == nil {
 			var w Welcome
@@ -587,6 +598,13 @@ func (m *member) run(ctx context.Context, s *session) {
 			s, w, err = m.dial(ctx, m.i.addr)
 			if err != nil {
 				m.setDown(err)
+				if !refreshed && refusedForScheme(err) && m.refresh(ctx) {
+					// The lease's URI changed scheme: redial it at once
+					// (once: a second refusal waits like any other).
+					refreshed = true
+					continue
+				}
+				refreshed = false
 				if retry.Wait(ctx) != nil {
 					return
 				}
@@ -594,7 +612,7 @@ func (m *member) run(ctx context.Context, s *session) {
 			}
 			if m.i.cfg.Routes == nil {
 				if err := m.i.addRoutes(w.Routes); err != nil {
-					m.i.log.Warn("nic: routes of a lender", "lender", m.m.Addr, "err", err)
+					m.i.log.Warn("nic: routes of a lender", "lender", m.member().Addr, "err", err)
 				}
 			}
 			m.setUp(s, w)
@@ -603,10 +621,54 @@ func (m *member) run(ctx context.Context, s *session) {
 		err := m.serve(ctx, s)
 		m.setDown(err)
 		if ctx.Err() == nil {
-			m.i.log.Warn("nic: lender lost", "lender", m.m.Addr, "err", err)
+			m.i.log.Warn("nic: lender lost", "lender", m.member().Addr, "err", err)
 		}
 		s = nil
 	}
+}
+
+// member is the member's lender as last given (Config.Members, then
+// Config.Refresh).
+func (m *member) member() Member {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.m
+}
+
+// refusedForScheme reports whether a dial failed for the scheme of the
+// member's URI: a TLS lender sent a plaintext HELLO, or a plaintext lender
+// a TLS handshake.
+func refusedForScheme(err error) bool {
+	var ws wrongScheme
+	return errors.Is(err, ErrTLSRequired) || errors.As(err, &ws)
+}
+
+// refresh asks Config.Refresh for the member's current lender after a
+// dial refused for its scheme, and reports whether it changed (then the
+// member is redialled with it).
+func (m *member) refresh(ctx context.Context) bool {
+	cfg := m.i.cfg
+	if cfg.Refresh == nil {
+		return false
+	}
+	old := m.member()
+	nm, err := cfg.Refresh(ctx, m.idx)
+	if err != nil {
+		m.i.log.Warn("nic: a lender refused its URI's scheme, and the lease could not be read again", "lender", old.Addr, "err", err)
+		return false
+	}
+	if nm == old {
+		return false
+	}
+	if nm.TLS && cfg.TLS == nil {
+		m.setDown(fmt.Errorf("%w: lender %s now serves its tunnel under TLS (%s://) and no cluster CA is configured to verify it", ErrNoCA, nm.Addr, SchemeTLS))
+		return false
+	}
+	m.mu.Lock()
+	m.m = nm
+	m.mu.Unlock()
+	m.i.log.Info("nic: a lender's URI changed scheme; redialling it", "lender", nm.Addr, "tls", nm.TLS)
+	return true
 }
 
 func (m *member) setUp(s *session, w Welcome) {
@@ -669,7 +731,7 @@ func tlsDialErr(addr string, err error) error {
 	case networds.PeerCertificate:
 		return fmt.Errorf("%w: lender %s's certificate was not accepted (%s): %w", ErrTLS, addr, words, err)
 	case networds.NotTLS:
-		return fmt.Errorf("%w: lender %s does not speak TLS (the lease's URI is %s://, its tunnel is plaintext): %w", ErrTLS, addr, SchemeTLS, err)
+		return wrongScheme{fmt.Errorf("%w: lender %s does not speak TLS (the lease's URI is %s://, its tunnel is plaintext): %w", ErrTLS, addr, SchemeTLS, err)}
 	case networds.OwnCertificate:
 		return fmt.Errorf("%w: lender %s refused the TLS handshake (%s): %w", ErrTLS, addr, words, err)
 	case networds.Unreachable, networds.Broken:
@@ -677,6 +739,13 @@ func tlsDialErr(addr string, err error) error {
 	}
 	return fmt.Errorf("%w: TLS handshake with lender %s: %w", ErrLost, addr, err)
 }
+
+// wrongScheme is a dial that failed because the lender does not speak
+// TLS although its URI says it does (refusedForScheme).
+type wrongScheme struct{ err error }
+
+func (e wrongScheme) Error() string { return e.err.Error() }
+func (e wrongScheme) Unwrap() error { return e.err }
 
 func prefixNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
