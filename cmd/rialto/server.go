@@ -222,6 +222,10 @@ func (cp *controlPlane) stop() error {
 	return err
 }
 
+// defaultRetainHistory is how long `rialto server` (and `rialto up`)
+// keep ended leases and events by default.
+const defaultRetainHistory = 7 * 24 * time.Hour
+
 func runServer(e *env, fs *pflag.FlagSet) runFunc {
 	listen := fs.String("listen", "127.0.0.1:7070", "address to serve the API on")
 	db := fs.String("db", "rialto.db", "SQLite database file, or a PostgreSQL URL postgres://USER@HOST:PORT/DB shared by several replicas (with a password: env RIALTO_DB only, which keeps it out of ps)")
@@ -238,7 +242,7 @@ func runServer(e *env, fs *pflag.FlagSet) runFunc {
 	var tm timings
 	tm.register(fs)
 	level := fs.String("log-level", "info", "debug, info, warn or error")
-	retain := fs.Duration("retain-history", 7*24*time.Hour, "how long ended leases (released, expired, lost, failed) and events are kept before the sweep prunes them (docs/operations.md, \"History retention\"); 0: for ever")
+	retain := fs.Duration("retain-history", defaultRetainHistory, "how long ended leases (released, expired, lost, failed) and events are kept before the sweep prunes them (docs/operations.md, \"History retention\"); 0: for ever")
 	cfgFile := configFlag(fs, e)
 	return func(ctx context.Context, _ []string) error {
 		if err := cfgFile.apply(); err != nil {

@@ -198,6 +198,7 @@ func runUp(e *env, fs *pflag.FlagSet) runFunc {
 					{Token: st.MetricsToken, Tenant: "prometheus"}},
 				HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down, MaxHeartbeatsPerSecond: tm.maxBeats,
 				PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas, CA: ca,
+				RetainHistory: defaultRetainHistory, // as `rialto server`'s replicas above
 			}, tlsCfg)
 		}
 		if err != nil {
