@@ -120,9 +120,11 @@ type Server struct {
 	beats   beatBatcher
 	live    liveness // heartbeats kept in memory (liveness.go)
 	leases  leaseBatcher
-	events  eventHub // the event stream's tail of the store (stream.go)
-	usage   usageTracker
-	ui      *ui.UI // the dashboard (ui.go)
+	// releases are the lease releases under way (lease.go).
+	releases releaseFlights
+	events   eventHub // the event stream's tail of the store (stream.go)
+	usage    usageTracker
+	ui       *ui.UI // the dashboard (ui.go)
 
 	xfer   transferLender // the agents' transfer API, when Lender has none (lender_move.go)
 	mv     movers         // lease part moves (move.go)
