@@ -120,17 +120,17 @@ type Server struct {
 	beats   beatBatcher
 	live    liveness // heartbeats kept in memory (liveness.go)
 	leases  leaseBatcher
-	// releases are the lease releases under way (lease.go).
-	releases releaseFlights
-	events   eventHub // the event stream's tail of the store (stream.go)
-	usage    usageTracker
-	ui       *ui.UI // the dashboard (ui.go)
+	events  eventHub // the event stream's tail of the store (stream.go)
+	usage   usageTracker
+	ui      *ui.UI // the dashboard (ui.go)
 
 	xfer   transferLender // the agents' transfer API, when Lender has none (lender_move.go)
 	mv     movers         // lease part moves (move.go)
 	drains drains         // node drains (drain.go)
 
 	reloadMu sync.Mutex // serializes Reload (reload.go)
+
+	releases releaseFlights // the lease releases under way (lease.go)
 
 	fwd *forwarder // the route to the placement leader (forward.go); nil: none
 }
