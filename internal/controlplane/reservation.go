@@ -224,14 +224,9 @@ func (s *Server) reserve(ctx context.Context, r *reservation, idem *store.Idempo
 	}
 }
 
-// maxWipeWait bounds how long a lease request that finds no room waits
-// for lenders to confirm the wipes of ranges released before it (within
-// its own deadline, ctx's).
-const maxWipeWait = time.Minute
-
 // placeOrWait places req for h (Place). When there is no room while ranges
 // released before are still being wiped, it waits until a lender confirms
-// a wipe and places again, within ctx and maxWipeWait: the wiped range
+// a wipe and places again, within ctx and Config.WipeWait: the wiped range
 // may be the room the request lacked.
 func (s *Server) placeOrWait(ctx context.Context, h hold, req api.LeaseRequest, skip map[string]string) (api.Plan, error) {
 	var wctx context.Context
@@ -243,7 +238,7 @@ func (s *Server) placeOrWait(ctx context.Context, h hold, req api.LeaseRequest, 
 		}
 		if wctx == nil {
 			var cancel context.CancelFunc
-			wctx, cancel = context.WithTimeout(ctx, maxWipeWait)
+			wctx, cancel = context.WithTimeout(ctx, s.cfg.WipeWait)
 			defer cancel()
 		}
 		if !s.waitWipes(wctx, wiped) {

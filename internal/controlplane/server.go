@@ -73,6 +73,12 @@ type Config struct {
 	// enforces them); beyond them lease creation answers 429.
 	Quotas Quotas
 
+	// WipeWait bounds how long a lease request that finds no room waits
+	// for lenders to confirm the wipes of block ranges that would fit
+	// (default 15s: within a client's usual 30s; docs/placement.md,
+	// "Ranges being wiped").
+	WipeWait time.Duration
+
 	// Version is the control plane's release version (rialto version):
 	// agents of another major version, an older minor than the previous
 	// one or a newer minor are refused at join and heartbeat
@@ -165,6 +171,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.PrepareTimeout <= 0 {
 		cfg.PrepareTimeout = 2 * time.Second
+	}
+	if cfg.WipeWait <= 0 {
+		cfg.WipeWait = 15 * time.Second
 	}
 	if cfg.DefaultTTL <= 0 {
 		cfg.DefaultTTL = time.Hour
