@@ -484,6 +484,12 @@ type Heartbeat struct {
 	Health string       `json:"health"` // "ok" or a description of trouble
 	Links  []LinkReport `json:"links,omitempty"`
 	Leases []string     `json:"leases"` // lease IDs whose exports the agent serves
+	// Wiping lists the lease IDs whose torn-down block ranges the agent
+	// is still wiping (its wipe journal): ranges it refuses to lend. The
+	// control plane keeps a released lease's ranges out of placement
+	// until a heartbeat lists the lease neither here nor in Leases
+	// (docs/placement.md, "Ranges being wiped").
+	Wiping []string `json:"wiping,omitempty"`
 	// Moved lists exports the agent serves at another address than the
 	// URI the control plane was given (an export restored after a restart
 	// whose port was taken). The control plane records the new URIs of
@@ -692,6 +698,13 @@ type LeaseExpiry struct {
 type PrepareResponse struct {
 	URI string `json:"uri"`
 }
+
+// RangeBeingWiped ends a lender's refusal of a prepare whose block range
+// it is still wiping after an earlier lease ("the range of device disk1 is
+// still being wiped after an earlier lease"): the control plane places the
+// lease around the range (or waits for the wipe) rather than skip the
+// lender.
+const RangeBeingWiped = "is still being wiped after an earlier lease"
 
 // TeardownRequest asks a lender to stop serving a lease.
 type TeardownRequest struct {

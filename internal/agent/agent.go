@@ -1000,6 +1000,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	cpRTT, cpUp := a.cpRTT, a.cpUp
 	measured := !a.lastBeatAt.IsZero()
 	leases := a.leasesLocked()
+	wiping := a.wipingLocked() // with the leases: a range leaves one for the other under a.mu
 	moved := a.movedLocked()
 	lost := a.lostLocked()
 	// The answer says what the control plane wanted when it read the
@@ -1010,7 +1011,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	if nodeID == "" {
 		return ErrNotJoined
 	}
-	hb := api.Heartbeat{Health: a.health(), Leases: leases, Moved: moved, Lost: lost, Links: a.probePeers(ctx, a.probeRound(peers)), Usage: a.usage(),
+	hb := api.Heartbeat{Health: a.health(), Leases: leases, Wiping: wiping, Moved: moved, Lost: lost, Links: a.probePeers(ctx, a.probeRound(peers)), Usage: a.usage(),
 		CRLNumber: a.crlNumber(), Version: a.cfg.Version}
 	if measured && cpUp {
 		hb.Links = append(hb.Links, api.LinkReport{To: "controlplane", RTTMicros: cpRTT, Up: true})

@@ -138,7 +138,7 @@ func (a *Agent) answerError(w http.ResponseWriter, r *http.Request, err error) {
 // wipingWords is the refusal of a range of device dev whose wipe (after
 // an earlier lease) has not finished.
 func wipingWords(dev string) string {
-	return fmt.Sprintf("the range of device %s is still being wiped after an earlier lease", dev)
+	return fmt.Sprintf("the range of device %s %s", dev, api.RangeBeingWiped)
 }
 
 // destError is a failure of the destination of a part moving from here:

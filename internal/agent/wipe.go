@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 
 	"github.com/rialto-project/rialto/api"
@@ -214,6 +215,19 @@ func (a *Agent) wipe(ctx context.Context, w *pendingWipe, dev DeviceConfig, ok b
 		return errCrashInjected
 	}
 	return wp.Wipe(ctx, e)
+}
+
+// wipingLocked lists the leases whose ranges are in the wipe journal, for
+// the heartbeat (api.Heartbeat.Wiping); a.mu is held.
+func (a *Agent) wipingLocked() []string {
+	var out []string
+	for _, w := range a.wipes {
+		if !slices.Contains(out, w.LeaseID) {
+			out = append(out, w.LeaseID)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // retryWipes runs every pending wipe not under way, returning their errors.

@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"strings"
 
 	"github.com/rialto-project/rialto/api"
@@ -26,7 +27,17 @@ import (
 func (s *Server) apply(ctx context.Context, l api.Lease, ev lifecycle.Event) (api.Lease, []lifecycle.Action, error) {
 	next, acts, err := lifecycle.Step(l, ev, s.now())
 	var rest []lifecycle.Action
+	wipes := slices.ContainsFunc(acts, func(a lifecycle.Action) bool {
+		t, ok := a.(lifecycle.Teardown)
+		return ok && t.Placement == 0
+	})
 	for _, a := range acts {
+		if _, ok := a.(lifecycle.Free); ok && wipes {
+			// A teardown follows: the lease's ranges stay out of
+			// placement (being wiped) from before it leaves the view.
+			s.res.Wiping(next, teardownExcept(acts))
+			wipes = false
+		}
 		var out api.Lease
 		var werr error
 		switch a := a.(type) {
@@ -75,6 +86,11 @@ func (s *Server) effects(ctx context.Context, l api.Lease, acts ...lifecycle.Act
 	for _, a := range acts {
 		switch a := a.(type) {
 		case lifecycle.Teardown:
+			if a.Placement == 0 {
+				// The lenders wipe the lease's block ranges: they stay
+				// out of placement until a lender confirms (wiping.go).
+				s.res.Wiping(l, a.Except)
+			}
 			s.teardownParts(ctx, l, a.Placement, a.Except)
 		case lifecycle.Free:
 			s.res.Release(l.ID)
@@ -87,6 +103,16 @@ func (s *Server) effects(ctx context.Context, l api.Lease, acts ...lifecycle.Act
 		}
 	}
 	return rest
+}
+
+// teardownExcept is the node the full teardown among acts leaves out.
+func teardownExcept(acts []lifecycle.Action) string {
+	for _, a := range acts {
+		if t, ok := a.(lifecycle.Teardown); ok && t.Placement == 0 {
+			return t.Except
+		}
+	}
+	return ""
 }
 
 // settle tells the reserver the outcome of the write of a placement it

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
@@ -29,8 +30,26 @@ func (s *Server) getLease(ctx context.Context, p principal, id string) (api.Leas
 }
 
 // releaseLease ends a lease: releasing → lenders tear down → released.
-// Releasing a released lease returns it unchanged.
+// Releasing a released (or releasing) lease returns it unchanged.
+//
+// Releases of one lease are idempotent under concurrency: a release that
+// finds another one of the same lease under way on this replica waits for
+// it to end (within ctx) and then answers the lease as that release left
+// it, so the lenders are told to tear the lease down (and wipe its block
+// ranges) once, and every caller gets the released lease. A release that
+// loses the compare-and-set to another replica's re-reads the lease and
+// returns it when it is releasing or released.
 func (s *Server) releaseLease(ctx context.Context, p principal, id string) (api.Lease, error) {
+	done, err := s.releases.begin(ctx, id)
+	if err != nil {
+		return api.Lease{}, err
+	}
+	defer done()
+	return s.releaseOnce(ctx, p, id)
+}
+
+// releaseOnce is releaseLease, the one release of lease id under way here.
+func (s *Server) releaseOnce(ctx context.Context, p principal, id string) (api.Lease, error) {
 	// The usual case, a reserved or active lease of the caller's, needs no
 	// read first: the state machine plans the write blind, and its
 	// compare-and-set checks state and tenant. Anything else takes the slow
@@ -54,6 +73,9 @@ func (s *Server) releaseLease(ctx context.Context, p principal, id string) (api.
 	}
 	l, _, err = s.apply(ctx, l, lifecycle.Release{By: p.tenant})
 	if err != nil {
+		if cur, ok := s.releasedMeanwhile(ctx, id, err); ok {
+			return cur, nil
+		}
 		return l, s.conflictState(ctx, id, refused(err))
 	}
 	if l.State != api.LeaseReleasing {
@@ -67,9 +89,62 @@ func (s *Server) releaseLease(ctx context.Context, p principal, id string) (api.
 func (s *Server) finishRelease(ctx context.Context, l api.Lease) (api.Lease, error) {
 	out, _, err := s.apply(ctx, l, lifecycle.TornDown{})
 	if err != nil {
+		if cur, ok := s.releasedMeanwhile(ctx, l.ID, err); ok {
+			return cur, nil
+		}
 		return out, s.conflictState(ctx, l.ID, refused(err))
 	}
 	return out, nil
+}
+
+// releasedMeanwhile reports whether a release that lost its
+// compare-and-set (err) lost it to another release: the lease, re-read,
+// is releasing or released. Its caller, which may see the lease, then
+// answers that lease, as a release of a released lease does.
+func (s *Server) releasedMeanwhile(ctx context.Context, id string, err error) (api.Lease, bool) {
+	if !errors.Is(err, store.ErrConflict) {
+		return api.Lease{}, false
+	}
+	cur, gerr := s.st.Lease(ctx, id)
+	if gerr != nil || (cur.State != api.LeaseReleasing && cur.State != api.LeaseReleased) {
+		return api.Lease{}, false
+	}
+	return cur, true
+}
+
+// releaseFlights are the releases under way on this replica, by lease ID.
+type releaseFlights struct {
+	mu sync.Mutex
+	m  map[string]chan struct{} // closed when the release ends
+}
+
+// begin waits (within ctx) until no other release of lease id is under
+// way here, and makes the caller's the one: done ends it.
+func (f *releaseFlights) begin(ctx context.Context, id string) (done func(), err error) {
+	for {
+		f.mu.Lock()
+		ch, busy := f.m[id]
+		if !busy {
+			if f.m == nil {
+				f.m = map[string]chan struct{}{}
+			}
+			ch = make(chan struct{})
+			f.m[id] = ch
+			f.mu.Unlock()
+			return func() {
+				f.mu.Lock()
+				delete(f.m, id)
+				f.mu.Unlock()
+				close(ch)
+			}, nil
+		}
+		f.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: another release of lease %s is under way: %w", ErrUnavailable, id, ctx.Err())
+		}
+	}
 }
 
 // renewLease extends a reserved or active lease's TTL from now.

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -281,11 +282,12 @@ func (s *Server) nodeRecord(ctx context.Context, id string) (store.NodeRecord, e
 // prepareParts asks every part's lender to prepare its export, in parallel,
 // each within PrepareTimeout. It returns the URIs, or the nodes that failed
 // (node ID → why, in plain words naming the lender: plainText; the whole
-// error is logged).
+// error is logged), and the parts whose lenders refused them only because
+// they are still wiping their ranges after an earlier lease.
 // req supplies what the lease record does not keep: the role and its
 // config (the caps are the lease's); placement counts the lease's
 // placements (api.PrepareRequest.Placement).
-func (s *Server) prepareParts(ctx context.Context, l api.Lease, req api.LeaseRequest, placement int) ([]string, map[string]string) {
+func (s *Server) prepareParts(ctx context.Context, l api.Lease, req api.LeaseRequest, placement int) ([]string, map[string]string, []api.Part) {
 	uris := make([]string, len(l.Parts))
 	errs := make([]error, len(l.Parts))
 	nodes := map[string]store.NodeRecord{}
@@ -303,7 +305,7 @@ func (s *Server) prepareParts(ctx context.Context, l api.Lease, req api.LeaseReq
 		nodes[p.NodeID] = n
 	}
 	if len(failed) > 0 {
-		return nil, failed
+		return nil, failed, nil
 	}
 	devNames := s.res.DeviceNames(ctx)
 	prepare := func(i int, p api.Part) {
@@ -339,6 +341,8 @@ func (s *Server) prepareParts(ctx context.Context, l api.Lease, req api.LeaseReq
 		}
 		wg.Wait()
 	}
+	var wiping []api.Part
+	other := map[string]bool{} // lenders that failed otherwise
 	for i, err := range errs {
 		if err == nil {
 			continue
@@ -356,12 +360,23 @@ func (s *Server) prepareParts(ctx context.Context, l api.Lease, req api.LeaseReq
 		case !strings.HasPrefix(why, "lender "):
 			why = "lender " + name + ": " + why // each reason names its lender
 		}
+		if strings.Contains(why, api.RangeBeingWiped) {
+			wiping = append(wiping, l.Parts[i])
+			if _, other := failed[id]; other {
+				continue // the other failure names the lender
+			}
+		} else {
+			other[id] = true
+		}
 		failed[id] = why
 	}
+	// A lender that refused only ranges it is still wiping is not to be
+	// skipped: the lease is placed around those ranges (wiping.go).
+	wiping = slices.DeleteFunc(wiping, func(p api.Part) bool { return other[p.NodeID] })
 	if len(failed) > 0 {
-		return nil, failed
+		return nil, failed, wiping
 	}
-	return uris, nil
+	return uris, nil, nil
 }
 
 // partExport is the export name (the data-plane secret) of part i of the
@@ -414,6 +429,11 @@ func (s *Server) teardownParts(ctx context.Context, l api.Lease, placement int, 
 		s.m.lenderLatency.WithLabelValues("teardown").Observe(time.Since(start).Seconds())
 		if err != nil {
 			s.log.Warn("teardown failed; the lender's heartbeat will reconcile", "lease", l.ID, "node", n.ID, "err", err)
+			return // its ranges stay marked as being wiped until a heartbeat says otherwise
+		}
+		if placement == 0 {
+			// The lender answers a teardown once its wipes are done.
+			s.res.Wiped(l.ID, n.ID)
 		}
 	}
 	if len(lenders) == 1 {

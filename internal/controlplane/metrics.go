@@ -21,6 +21,7 @@ type serverMetrics struct {
 	leaseTransitions *prometheus.CounterVec
 	lenderLatency    *prometheus.HistogramVec
 	placeRetries     prometheus.Counter
+	wipeWaits        prometheus.Gauge
 	batchSize        *prometheus.HistogramVec
 	leader           prometheus.Gauge
 	hbInterval       prometheus.Gauge
@@ -50,6 +51,8 @@ func newServerMetrics(r prometheus.Registerer) serverMetrics {
 			Help: "Calls to lender agents by operation.", Buckets: metrics.LatencyBuckets}, []string{"op"}),
 		placeRetries: prometheus.NewCounter(prometheus.CounterOpts{Name: "rialto_placement_retries_total",
 			Help: "Reservations retried after losing a race for a device."}),
+		wipeWaits: prometheus.NewGauge(prometheus.GaugeOpts{Name: "rialto_placement_wipe_waits",
+			Help: "Lease requests waiting, for want of room, until a lender confirms the wipe of a range released before (docs/placement.md)."}),
 		batchSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "rialto_store_batch_size",
 			Help:    "Writes group-committed in one store transaction, by kind (lease: creations and transitions; heartbeat).",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256}}, []string{"kind"}),
@@ -58,7 +61,7 @@ func newServerMetrics(r prometheus.Registerer) serverMetrics {
 		hbInterval: prometheus.NewGauge(prometheus.GaugeOpts{Name: "rialto_heartbeat_interval_seconds",
 			Help: "The heartbeat interval agents are told (stretched with the number of nodes: docs/operations.md)."}),
 	}
-	r.MustRegister(m.requests, m.latency, m.leases, m.nodes, m.leaseTransitions, m.lenderLatency, m.placeRetries, m.batchSize,
+	r.MustRegister(m.requests, m.latency, m.leases, m.nodes, m.leaseTransitions, m.lenderLatency, m.placeRetries, m.wipeWaits, m.batchSize,
 		m.leader, m.hbInterval)
 	for _, st := range metricLeaseStates {
 		m.leaseTransitions.WithLabelValues(string(st))

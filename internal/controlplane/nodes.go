@@ -242,7 +242,7 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 // lease the agent serves is reconciled by the lease state machine
 // (Reconcile), and the exports it moved are recorded (Moved).
 func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) (api.HeartbeatResponse, error) {
-	if len(h.Links) > 4096 || len(h.Leases) > 65536 || len(h.Moved) > 65536 || len(h.Lost) > 65536 || len(h.Health) > 1024 {
+	if len(h.Links) > 4096 || len(h.Leases) > 65536 || len(h.Wiping) > 65536 || len(h.Moved) > 65536 || len(h.Lost) > 65536 || len(h.Health) > 1024 {
 		return api.HeartbeatResponse{}, fmt.Errorf("%w: heartbeat too large", ErrInvalid)
 	}
 	if err := CheckAgentVersion(s.cfg.Version, h.Version); err != nil {
@@ -280,6 +280,7 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 	if prev != api.NodeReady {
 		s.readyAgain(ctx, nodeID, prev)
 	}
+	s.heartbeatWipes(ctx, nodeID, h)
 	resp := api.HeartbeatResponse{Now: now, HeartbeatSeconds: s.heartbeatInterval().Seconds()}
 	if len(h.Leases) > 0 {
 		// The moves coming to this node, read before the leases: a move

@@ -52,7 +52,12 @@ type reservation struct {
 	now    time.Time
 	rounds int               // prepare rounds so far
 	failed map[string]string // the lenders that did not confirm in the last round (node ID → why)
-	skip   map[string]string // ... and in every round (what a lease that fails to be placed again names)
+	skip   map[string]string // the lenders placed around, for not confirming in a round
+	why    map[string]string // every lender that did not confirm, in any round (what a lease that fails to be placed again names)
+	// wiping are the parts of the last round that their lenders refused
+	// only because they were still wiping the ranges: their lenders are
+	// not skipped, the ranges are placed around (wiping.go).
+	wiping []api.Part
 }
 
 // hold names lease id to the reserver.
@@ -104,7 +109,7 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 		// store (clients of several replicas key every creation: api).
 		idem = &store.Idempotency{Tenant: p.tenant, Key: req.IdempotencyKey, RequestHash: requestHash(req)}
 	}
-	r := &reservation{tenant: p.tenant, req: req, now: s.now(), skip: map[string]string{},
+	r := &reservation{tenant: p.tenant, req: req, now: s.now(), skip: map[string]string{}, why: map[string]string{},
 		ttl: time.Duration(req.TTLSeconds) * time.Second, demand: store.Demand{Bandwidth: req.Bandwidth, Work: req.Work}}
 	if r.ttl == 0 {
 		r.ttl = s.cfg.DefaultTTL
@@ -130,7 +135,7 @@ func (s *Server) createLease(ctx context.Context, p principal, req api.LeaseRequ
 		if pl, ok := ev.(lifecycle.Placed); ok && err != nil {
 			// The store refused the new parts: there is no other placement.
 			s.log.Warn("placing a lease again", "lease", prev.ID, "err", err)
-			l, todo, err = s.apply(ctx, prev, lifecycle.Unplaceable{Failed: r.skip, Err: errors.New(plainText(err)), Plan: &pl.Plan})
+			l, todo, err = s.apply(ctx, prev, lifecycle.Unplaceable{Failed: r.why, Err: errors.New(plainText(err)), Plan: &pl.Plan})
 		}
 		if err != nil {
 			// Released, expired or lost while its lenders prepared it
@@ -157,19 +162,28 @@ func (s *Server) outcome(ctx context.Context, r *reservation, l api.Lease, todo 
 	for _, a := range todo {
 		switch a := a.(type) {
 		case lifecycle.Prepare:
-			uris, failed := s.prepareParts(ctx, l, r.req, r.rounds+1)
+			uris, failed, wiping := s.prepareParts(ctx, l, r.req, r.rounds+1)
 			round := r.rounds
 			r.rounds++
 			if len(failed) == 0 {
 				return lifecycle.Confirm{URIs: uris}
 			}
-			r.failed = failed // (prepareParts logged each failure)
+			r.failed, r.wiping = failed, wiping // (prepareParts logged each failure)
 			return lifecycle.PrepareFailed{Failed: failed, Round: round}
 		case lifecycle.Place:
-			maps.Copy(r.skip, a.Skip)
-			plan, err := s.res.Place(ctx, r.hold(l.ID), r.req, r.skip, s.now())
+			maps.Copy(r.why, a.Skip)
+			for id, why := range a.Skip {
+				if !slices.ContainsFunc(r.wiping, func(p api.Part) bool { return p.NodeID == id }) {
+					r.skip[id] = why
+				}
+			}
+			for _, p := range r.wiping {
+				s.res.refusedWiping(l.ID, p) // placed around until the lender's wipes are done
+			}
+			r.wiping = nil
+			plan, err := s.placeOrWait(ctx, r.hold(l.ID), r.req, r.skip)
 			if err != nil {
-				return lifecycle.Unplaceable{Failed: r.skip, Err: errors.New(plainText(err)), Plan: &plan}
+				return lifecycle.Unplaceable{Failed: r.why, Err: errors.New(plainText(err)), Plan: &plan}
 			}
 			return lifecycle.Placed{Plan: plan, Skipped: len(a.Skip)}
 		}
@@ -187,7 +201,7 @@ func (s *Server) outcome(ctx context.Context, r *reservation, l api.Lease, todo 
 func (s *Server) reserve(ctx context.Context, r *reservation, idem *store.Idempotency) (api.Lease, []lifecycle.Action, error) {
 	for attempt := 0; ; attempt++ {
 		id := resource.NewID("lease")
-		plan, err := s.res.Place(ctx, r.hold(id), r.req, nil, r.now)
+		plan, err := s.placeOrWait(ctx, r.hold(id), r.req, nil)
 		if err != nil {
 			return api.Lease{}, nil, err
 		}
@@ -206,6 +220,29 @@ func (s *Server) reserve(ctx context.Context, r *reservation, idem *store.Idempo
 			return api.Lease{}, nil, fmt.Errorf("%w: devices kept being taken by concurrent leases; try again", ErrUnavailable)
 		default:
 			return api.Lease{}, nil, err
+		}
+	}
+}
+
+// placeOrWait places req for h (Place). When there is no room while ranges
+// released before are still being wiped, it waits until a lender confirms
+// a wipe and places again, within ctx and Config.WipeWait: the wiped range
+// may be the room the request lacked.
+func (s *Server) placeOrWait(ctx context.Context, h hold, req api.LeaseRequest, skip map[string]string) (api.Plan, error) {
+	var wctx context.Context
+	for {
+		wiped, wiping := s.res.wipesPending()
+		plan, err := s.res.Place(ctx, h, req, skip, s.now())
+		if err == nil || !wiping || !errors.Is(err, ErrInfeasible) || !s.res.roomAfterWipes(ctx, h, req, skip, s.now()) {
+			return plan, err
+		}
+		if wctx == nil {
+			var cancel context.CancelFunc
+			wctx, cancel = context.WithTimeout(ctx, s.cfg.WipeWait)
+			defer cancel()
+		}
+		if !s.waitWipes(wctx, wiped) {
+			return plan, fmt.Errorf("%w (a range that would fit is still being wiped after an earlier lease)", err)
 		}
 	}
 }

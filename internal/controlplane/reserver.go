@@ -68,6 +68,12 @@ type reserver struct {
 	// remaining work, which a rebuilt snapshot does not.
 	idx   *placement.Index
 	timed map[string]bool // lease IDs with work or a deadline
+
+	// wiping are the block ranges being wiped, by lease ID and node ID
+	// (wiping.go): in the view (under wipeKey) once their lease left it.
+	wiping map[string]map[string][]store.LivePart
+	// wipeDone is closed when a range being wiped is confirmed wiped.
+	wipeDone chan struct{}
 }
 
 // maxShare bounds a replica's share of the nodes (reserver.share).
@@ -202,6 +208,7 @@ func (r *reserver) Release(id string) {
 		}
 		delete(r.parts, id)
 		delete(r.timed, id)
+		r.enterWipes(id) // its ranges being wiped stay
 	}
 	r.mu.Unlock()
 }
@@ -258,6 +265,14 @@ func (r *reserver) load(ctx context.Context) error {
 		delete(r.timed, id)
 		if len(ps) > 0 && timedDemand(ps[0].Demand) {
 			r.timed[id] = true
+		}
+	}
+	for id, m := range r.wiping {
+		if _, live := r.parts[id]; live {
+			continue // its parts hold the ranges
+		}
+		for n, ps := range m {
+			r.parts[wipeKey(id, n)] = ps
 		}
 	}
 	r.share = nil

@@ -74,6 +74,12 @@ type Config struct {
 	// enforces them); beyond them lease creation answers 429.
 	Quotas Quotas
 
+	// WipeWait bounds how long a lease request that finds no room waits
+	// for lenders to confirm the wipes of block ranges that would fit
+	// (default 15s: within a client's usual 30s; docs/placement.md,
+	// "Ranges being wiped").
+	WipeWait time.Duration
+
 	// Version is the control plane's release version (rialto version):
 	// agents of another major version, an older minor than the previous
 	// one or a newer minor are refused at join and heartbeat
@@ -137,6 +143,8 @@ type Server struct {
 
 	reloadMu sync.Mutex // serializes Reload (reload.go)
 
+	releases releaseFlights // the lease releases under way (lease.go)
+
 	fwd *forwarder // the route to the placement leader (forward.go); nil: none
 
 	lastPrune atomic.Int64 // when the sweep last pruned history to the end (retain.go; Unix ns)
@@ -172,6 +180,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.PrepareTimeout <= 0 {
 		cfg.PrepareTimeout = 2 * time.Second
+	}
+	if cfg.WipeWait <= 0 {
+		cfg.WipeWait = 15 * time.Second
 	}
 	if cfg.DefaultTTL <= 0 {
 		cfg.DefaultTTL = time.Hour

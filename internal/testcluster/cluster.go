@@ -45,6 +45,7 @@ type Options struct {
 	SuspectAfter      time.Duration // 3s of fake time
 	DownAfter         time.Duration // 10s of fake time
 	PrepareTimeout    time.Duration // 10s (real time)
+	WipeWait          time.Duration // 5s (real time): a request's wait for a wipe (controlplane.Config)
 	DefaultTTL        time.Duration // 1h
 
 	// Configure, if set, adjusts node i's agent configuration (0-based)
@@ -127,6 +128,9 @@ func Start(t testing.TB, opts Options) *Cluster {
 	if opts.DefaultTTL == 0 {
 		opts.DefaultTTL = time.Hour
 	}
+	if opts.WipeWait == 0 {
+		opts.WipeWait = 5 * time.Second
+	}
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -159,7 +163,7 @@ func Start(t testing.TB, opts Options) *Cluster {
 		Logger: log.With("component", "controlplane"), Clock: c.Clock, Lender: lender,
 		BootstrapToken: BootstrapToken, Tokens: tokens,
 		HeartbeatInterval: opts.HeartbeatInterval, SuspectAfter: opts.SuspectAfter, DownAfter: opts.DownAfter,
-		PrepareTimeout: opts.PrepareTimeout, DefaultTTL: opts.DefaultTTL,
+		PrepareTimeout: opts.PrepareTimeout, DefaultTTL: opts.DefaultTTL, WipeWait: opts.WipeWait,
 		CA: c.CA, NodeCertLifetime: opts.NodeCertLifetime,
 	}
 	host, ln := listenLoopback(t)

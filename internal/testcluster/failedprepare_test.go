@@ -181,9 +181,10 @@ func TestFailedPrepareWipedBeforeLentAgain(t *testing.T) {
 				} else if !strings.Contains(err.Error(), "is still being wiped after an earlier lease") {
 					t.Fatalf("bob's lease failed for another reason than the unfinished wipe: %v", err)
 				}
-				// Bob's failed attempt left its own unfinished wipe on
-				// the lender that did prepare his part (the fault is still
-				// set there): every lender restarts.
+				// Bob's lease waited for the wipes (Options.WipeWait) and
+				// failed; an attempt that prepared a part would have left
+				// its own unfinished wipe (the fault is still set): every
+				// lender restarts.
 				for _, n := range c.Nodes {
 					n.Restart() // a new agent, without the fault
 				}

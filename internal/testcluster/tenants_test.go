@@ -322,8 +322,9 @@ func TestNextTenantMemoryAndSlotsZero(t *testing.T) {
 
 // TestCrashMidWipeLeavesRangeUnlendable: a lender that stops in the middle
 // of wiping a released lease's range lends it to no one (the next lease
-// finds no room: the lender refuses the range as being wiped) until,
-// restarted, it has finished the wipe; the next tenant then reads zeroes.
+// waits for the wipe, Options.WipeWait, then finds no room: the range is
+// still being wiped) until, restarted, it has finished the wipe; the next
+// tenant then reads zeroes.
 func TestCrashMidWipeLeavesRangeUnlendable(t *testing.T) {
 	t.Parallel()
 	const dev = 4 << 20
