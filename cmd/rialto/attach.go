@@ -193,23 +193,12 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 			return err
 		}
 		defer ctl.Close()
-		// By default the export is a Unix socket in the attachment's own
-		// 0700 directory, created 0600: only its user (and root) connects,
-		// whoever learns the URI. Over TCP, anyone on the machine who
-		// learns it can.
-		var privDir string
+		// By default the export is a Unix socket beside the control socket,
+		// in the attachment's own 0700 directory, created 0600: only its
+		// user (and root) connects, whoever learns the URI. Over TCP,
+		// anyone on the machine who learns it can.
 		if where == "" {
-			var sock string
-			if sock, privDir, err = attachSocket(filepath.Dir(ctlPath), l.ID); err != nil {
-				os.Remove(ctlPath)
-				return err
-			}
-			where = "unix:" + sock
-		}
-		removePrivDir := func() {
-			if privDir != "" {
-				os.RemoveAll(privDir)
-			}
+			where = "unix:" + attachSocket(filepath.Dir(ctlPath), l.ID)
 		}
 
 		// A part whose lender restarted at another address is redialled at
@@ -220,7 +209,6 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 		bar.done()
 		if err != nil {
 			os.Remove(ctlPath)
-			removePrivDir()
 			return fmt.Errorf("attach %s: %w", l.ID, err)
 		}
 		st := attachState{ID: l.ID, State: "attached", PID: os.Getpid(), URI: att.URI(), Size: att.Volume().Size(),
@@ -228,7 +216,6 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 		if err := recordAttachment(file, st); err != nil {
 			att.Close()
 			os.Remove(ctlPath)
-			removePrivDir()
 			return err
 		}
 		if cf.json() {
@@ -242,42 +229,17 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 			fmt.Fprintf(e.stderr, "rialto attach: lease %s (%d %s, %s%s) served at the URI above; Ctrl-C or `rialto detach %s` ends it\n",
 				l.ID, parts, profPlural(parts, "part"), resource.FormatSize(st.Size), cache, l.ID)
 		}
-		closeAtt := func() error {
-			// Close removes the socket; the directory made for it, if any,
-			// goes with it.
-			err := att.Close()
-			removePrivDir()
-			return err
-		}
-		return holdAttachment(ctx, c, l, ctl, file, ctlPath, *watch, attachHooks{close: closeAtt, pending: volumeWaits(att.Volume())})
+		// Close removes the socket.
+		return holdAttachment(ctx, c, l, ctl, file, ctlPath, *watch, attachHooks{close: att.Close, pending: volumeWaits(att.Volume())})
 	}
 }
 
-// maxSocketPath is the longest path a Unix socket can be bound to
-// (sockaddr_un's sun_path, 108 bytes with its NUL).
-const maxSocketPath = 107
-
-// attachSocket is where attach serves lease id by default: dir/ID.nbd, in
-// the attach state directory (0700, made so by openAttachment, which also
-// removed a stale socket of a killed attach of the lease). When that path
-// is too long for a Unix socket, it is a socket in a new 0700 directory
-// under the system's temporary directory, privDir, which the caller
-// removes when the attachment ends.
-func attachSocket(dir, id string) (sock, privDir string, err error) {
-	sock = filepath.Join(dir, id+".nbd")
-	if len(sock) <= maxSocketPath {
-		return sock, "", nil
-	}
-	privDir, err = os.MkdirTemp("", "rialto-attach-")
-	if err != nil {
-		return "", "", fmt.Errorf("attach socket: %w", err)
-	}
-	sock = filepath.Join(privDir, id+".nbd")
-	if len(sock) > maxSocketPath {
-		os.Remove(privDir)
-		return "", "", fmt.Errorf("attach socket: %s is too long for a Unix socket: use --socket PATH or a shorter XDG_RUNTIME_DIR", sock)
-	}
-	return sock, privDir, nil
+// attachSocket is where attach serves lease id by default: ID.nbd in dir,
+// the attach state directory, beside the control socket (so no longer a
+// path than the one already bound). openAttachment made dir 0700 and
+// removed a stale socket a killed attach of the lease left there.
+func attachSocket(dir, id string) string {
+	return filepath.Join(dir, id+".nbd")
 }
 
 // attachHooks are what holdAttachment calls on an attachment.
@@ -501,7 +463,7 @@ func openAttachment(ctx context.Context, e *env, id string) (file, ctlPath strin
 	// What a killed attach of the lease left: its control socket and its
 	// NBD socket (attachSocket).
 	os.Remove(ctlPath)
-	os.Remove(filepath.Join(dir, id+".nbd"))
+	os.Remove(attachSocket(dir, id))
 	ctl, err = net.Listen("unix", ctlPath)
 	if err != nil {
 		return "", "", nil, fmt.Errorf("attach control socket: %w", err)
@@ -513,7 +475,8 @@ func openAttachment(ctx context.Context, e *env, id string) (file, ctlPath strin
 // privateDir makes dir, the attach state directory, if it is not there,
 // and makes it 0700 if it is: it holds the state files (URIs naming
 // secret exports) and the sockets of the exports. A directory another
-// user owns, or something else at dir, is refused.
+// user owns (unless we are root: `sudo -E rialto attach` of a nic lease
+// keeps the user's XDG_RUNTIME_DIR), or something else at dir, is refused.
 func privateDir(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
@@ -525,7 +488,7 @@ func privateDir(dir string) error {
 	if !fi.IsDir() {
 		return fmt.Errorf("%s is not a directory", dir)
 	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() && os.Geteuid() != 0 {
 		return fmt.Errorf("%s belongs to user %d, not to you (%d): set XDG_RUNTIME_DIR to a directory of your own", dir, st.Uid, os.Geteuid())
 	}
 	if fi.Mode().Perm()&0o077 != 0 {
