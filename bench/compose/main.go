@@ -212,7 +212,9 @@ func (b *bench) lease(ctx context.Context, k int) (*config, error) {
 	if len(l.Parts) != k {
 		return nil, fmt.Errorf("lease has %d parts, want %d", len(l.Parts), k)
 	}
-	var attachArgs []string
+	// On loopback TCP (rialto attach's default is a Unix socket): the
+	// rows' sampler reads the attach's TCP backlog (attachPort).
+	attachArgs := []string{"--listen", "127.0.0.1:0"}
 	if b.conns > 0 {
 		attachArgs = append(attachArgs, "--conns", strconv.Itoa(b.conns))
 	}

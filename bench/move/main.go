@@ -201,7 +201,9 @@ func fill(ctx context.Context, uri string, size int64) error {
 
 // attach runs `rialto attach` on the borrower and returns its URI.
 func (b *bench) attach(ctx context.Context) (*exec.Cmd, string, error) {
-	cmd := b.r.Command(ctx, b.borrower, b.bin, "attach", b.lease.ID)
+	// On loopback TCP, as the measurements before the Unix-socket default
+	// were (rialto attach's default is a Unix socket).
+	cmd := b.r.Command(ctx, b.borrower, b.bin, "attach", b.lease.ID, "--listen", "127.0.0.1:0")
 	cmd.Env = b.env
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -445,7 +447,7 @@ func report(path, rate string, sizeMiB int64, fioSecs, iperfSecs, reps int, res 
 	fmt.Fprintf(&b, "would trade migration time for the borrower's tail latency.\n\n")
 	fmt.Fprintf(&b, "Commands (NODE3 is the borrower's namespace; LEASE and NODE are the run's):\n\n```\n")
 	fmt.Fprintf(&b, "bench/move/run.sh   # RATE=%s SIZE_MIB=%d REPS=%d FIO_SECS=%d\n", rate, sizeMiB, reps, fioSecs)
-	fmt.Fprintf(&b, "ip netns exec NODE3 rialto attach LEASE\n")
+	fmt.Fprintf(&b, "ip netns exec NODE3 rialto attach LEASE --listen 127.0.0.1:0\n")
 	fmt.Fprintf(&b, "ip netns exec NODE3 fio --name=lat --ioengine=nbd --uri=ATTACH_URI --rw=randrw --rwmixread=70 --bs=4k --iodepth=1 \\\n")
 	fmt.Fprintf(&b, "    --time_based --runtime=%d --size=%dm --randrepeat=0 --output-format=json\n", fioSecs, sizeMiB)
 	fmt.Fprintf(&b, "rialto lease move LEASE --to NODE\n")

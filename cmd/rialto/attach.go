@@ -110,8 +110,8 @@ func processAlive(pid int) bool {
 func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 	var cf clientFlags
 	cf.register(fs, e)
-	listen := fs.String("listen", "127.0.0.1:0", "loopback TCP address to serve the volume on")
-	socket := fs.String("socket", "", "serve on this Unix socket instead of TCP")
+	listen := fs.String("listen", "", "serve on this loopback TCP `ADDR` (e.g. 127.0.0.1:0) instead of the private Unix socket: then any local user who learns the URI (a command line in `ps` shows it) can connect and read or write the lease")
+	socket := fs.String("socket", "", "serve on the Unix socket `PATH` (created 0600) instead of LEASE.nbd in the private attach state directory ($XDG_RUNTIME_DIR/rialto, or ~/.rialto/attach)")
 	fuseDir := fs.String("fuse", "", "block: serve the lease as the file DIR/disk in a FUSE mount at the empty directory `DIR`, instead of over NBD (then: mount -o loop DIR/disk MNT)")
 	unit := sizeString(fs, "stripe-unit", "", "stripe unit, e.g. 128KiB (default: the lease's)")
 	conns := fs.Int("conns", 0, "NBD connections to each part (default 2); nic: tunnel connections to each lender (default 1, 2 with --bond-mode packet)")
@@ -176,6 +176,9 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 			}
 			return attachFUSE(ctx, e, c, &cf, l, *fuseDir, borrower.AttachConfig{StripeUnit: su, ConnsPerPart: *conns, RequestTimeout: *timeout, TLS: dataTLS, Logger: log}, parts, *watch)
 		}
+		if *socket != "" && *listen != "" {
+			return usagef("--listen and --socket do not go together: one serves on TCP, the other on a Unix socket")
+		}
 		where := *listen
 		if *socket != "" {
 			abs, err := filepath.Abs(*socket)
@@ -190,6 +193,13 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 			return err
 		}
 		defer ctl.Close()
+		// By default the export is a Unix socket beside the control socket,
+		// in the attachment's own 0700 directory, created 0600: only its
+		// user (and root) connects, whoever learns the URI. Over TCP,
+		// anyone on the machine who learns it can.
+		if where == "" {
+			where = "unix:" + attachSocket(filepath.Dir(ctlPath), l.ID)
+		}
 
 		// A part whose lender restarted at another address is redialled at
 		// the URI the control plane has for it now.
@@ -219,8 +229,17 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 			fmt.Fprintf(e.stderr, "rialto attach: lease %s (%d %s, %s%s) served at the URI above; Ctrl-C or `rialto detach %s` ends it\n",
 				l.ID, parts, profPlural(parts, "part"), resource.FormatSize(st.Size), cache, l.ID)
 		}
+		// Close removes the socket.
 		return holdAttachment(ctx, c, l, ctl, file, ctlPath, *watch, attachHooks{close: att.Close, pending: volumeWaits(att.Volume())})
 	}
+}
+
+// attachSocket is where attach serves lease id by default: ID.nbd in dir,
+// the attach state directory, beside the control socket (so no longer a
+// path than the one already bound). openAttachment made dir 0700 and
+// removed a stale socket a killed attach of the lease left there.
+func attachSocket(dir, id string) string {
+	return filepath.Join(dir, id+".nbd")
 }
 
 // attachHooks are what holdAttachment calls on an attachment.
@@ -424,7 +443,7 @@ func openAttachment(ctx context.Context, e *env, id string) (file, ctlPath strin
 	if err != nil {
 		return "", "", nil, err
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := privateDir(dir); err != nil {
 		return "", "", nil, fmt.Errorf("attach state: %w", err)
 	}
 	file, ctlPath, err = statePaths(dir, id)
@@ -441,13 +460,43 @@ func openAttachment(ctx context.Context, e *env, id string) (file, ctlPath strin
 		}
 		return "", "", nil, fmt.Errorf("lease %s is already attached at %s by process %d (run `rialto detach %s` first)", id, where, old.PID, id)
 	}
+	// What a killed attach of the lease left: its control socket and its
+	// NBD socket (attachSocket).
 	os.Remove(ctlPath)
+	os.Remove(attachSocket(dir, id))
 	ctl, err = net.Listen("unix", ctlPath)
 	if err != nil {
 		return "", "", nil, fmt.Errorf("attach control socket: %w", err)
 	}
 	os.Chmod(ctlPath, 0o600)
 	return file, ctlPath, ctl, nil
+}
+
+// privateDir makes dir, the attach state directory, if it is not there,
+// and makes it 0700 if it is: it holds the state files (URIs naming
+// secret exports) and the sockets of the exports. A directory another
+// user owns (unless we are root: `sudo -E rialto attach` of a nic lease
+// keeps the user's XDG_RUNTIME_DIR), or something else at dir, is refused.
+func privateDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory", dir)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() && os.Geteuid() != 0 {
+		return fmt.Errorf("%s belongs to user %d, not to you (%d): set XDG_RUNTIME_DIR to a directory of your own", dir, st.Uid, os.Geteuid())
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		if err := os.Chmod(dir, 0o700); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // recordAttachment writes an attachment's state to file (mode 0600).

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -125,8 +126,9 @@ func TestAttachComposedLease(t *testing.T) {
 	}
 	runtime := t.TempDir()
 	uri, done := attached(t, c, runtime, l.ID)
-	if !strings.HasPrefix(uri, "nbd://127.0.0.1:") {
-		t.Fatalf("attach printed %q", uri)
+	sock := filepath.Join(runtime, "rialto", l.ID+".nbd")
+	if u, err := url.Parse(uri); err != nil || u.Scheme != "nbd+unix" || u.Host != "" || len(u.Path) < 2 || u.Query().Get("socket") != sock {
+		t.Fatalf("attach printed %q (%v), want nbd+unix:///NAME?socket=%s", uri, err, sock)
 	}
 	st, err := os.Stat(filepath.Join(runtime, "rialto", l.ID+".json"))
 	if err != nil || st.Mode().Perm() != 0o600 {
@@ -207,6 +209,9 @@ func TestAttachComposedLease(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(runtime, "rialto", l.ID+".json")); !os.IsNotExist(err) {
 		t.Errorf("state file left behind: %v", err)
 	}
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Errorf("socket left behind after detach: %v", err)
+	}
 	if c, err := nbd.DialURI(ctx, uri); err == nil {
 		c.Close()
 		t.Error("attachment still serves after detach")
@@ -270,6 +275,7 @@ func TestAttachUnixSocketAndErrors(t *testing.T) {
 		{[]string{"detach", "lease-nope"}, 1, "not attached"},
 		{[]string{"attach", "--conns", "-1", "lease-nope"}, 2, "bad --conns"},
 		{[]string{"attach", "--timeout", "-5s", "lease-nope"}, 2, "bad --timeout"},
+		{[]string{"attach", l.ID, "--listen", "127.0.0.1:0", "--socket", sock}, 2, "--listen and --socket do not go together"},
 	} {
 		_, errs, code := runIn(t, c, runtime, tc.args...)
 		if code != tc.code || !strings.Contains(errs, tc.want) {
@@ -307,8 +313,12 @@ func TestAttachProcess(t *testing.T) {
 	runtime := t.TempDir()
 	procEnv := []string{"RIALTO_ADDR=" + c.URL, "RIALTO_TOKEN=" + testcluster.AdminToken, "XDG_RUNTIME_DIR=" + runtime}
 
-	p, uri := startProc(t, bin, procEnv, "nbd://", "attach", l.ID)
-	uri = "nbd://" + uri
+	p, uri := startProc(t, bin, procEnv, "nbd+unix://", "attach", l.ID)
+	uri = "nbd+unix://" + uri
+	sock := filepath.Join(runtime, "rialto", l.ID+".nbd")
+	if !strings.HasSuffix(uri, "?socket="+sock) {
+		t.Fatalf("attach printed %q, want its socket %s", uri, sock)
+	}
 	nc, err := nbd.DialURI(ctx, uri)
 	if err != nil {
 		t.Fatal(err)
@@ -329,7 +339,31 @@ func TestAttachProcess(t *testing.T) {
 		t.Fatal("attach process still running after detach returned")
 	}
 
-	p, _ = startProc(t, bin, procEnv, "nbd://", "attach", l.ID)
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Errorf("socket left behind after detach: %v", err)
+	}
+
+	// A killed attach leaves its socket (and state) behind: they do not
+	// keep the next attach of the lease from serving at the same socket.
+	p, _ = startProc(t, bin, procEnv, "nbd+unix://", "attach", l.ID)
+	p.cmd.Process.Kill()
+	<-p.done
+	if fi, err := os.Stat(sock); err != nil || fi.Mode()&os.ModeSocket == 0 {
+		t.Fatalf("a killed attach left no socket: %v %v", fi, err)
+	}
+	p, uri2 := startProc(t, bin, procEnv, "nbd+unix://", "attach", l.ID)
+	if uri2 = "nbd+unix://" + uri2; !strings.HasSuffix(uri2, "?socket="+sock) {
+		t.Fatalf("attach after a killed one printed %q, want its socket %s", uri2, sock)
+	}
+	nc, err = nbd.DialURI(ctx, uri2)
+	if err != nil {
+		t.Fatalf("dial the attach that followed a killed one: %v", err)
+	}
+	got := make([]byte, len("process"))
+	if _, err := nc.ReadAt(got, 0); err != nil || string(got) != "process" {
+		t.Errorf("read through the attach that followed a killed one: %q %v", got, err)
+	}
+	nc.Close()
 	p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case err := <-p.done:

@@ -194,8 +194,8 @@ func TestNoSecretsInLogsOrArgs(t *testing.T) {
 	// rialto attach, in the background, written and read through.
 	att := startLogged(t, bin, filepath.Join(dir, "attach.log"), append(tenantEnv, "RIALTO_TOKEN="+alice, "XDG_RUNTIME_DIR="+dir),
 		"attach", blk.ID, "--log-level", "debug")
-	localURI := att.waitLine(t, "nbd://")
-	nc, err := nbd.DialURI(ctx, "nbd://"+localURI)
+	localURI := att.waitLine(t, "nbd+unix://")
+	nc, err := nbd.DialURI(ctx, "nbd+unix://"+localURI)
 	if err != nil {
 		t.Fatal(err)
 	}

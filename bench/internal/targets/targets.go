@@ -311,7 +311,9 @@ func StartRialto(ctx context.Context, c *lab.Cluster, dir string, sizeMiB int64,
 			ls.LeaseIDs["dedicated"] = l.ID
 		}
 		if want["attach"] {
-			at, err := c.Attach(ctx, l.ID)
+			// On loopback TCP, as the peers are served (rialto attach's
+			// default is a Unix socket: the attach-unix row).
+			at, err := c.Attach(ctx, l.ID, "--listen", "127.0.0.1:0")
 			if err != nil {
 				return nil, err
 			}
@@ -398,7 +400,9 @@ func StartRialto(ctx context.Context, c *lab.Cluster, dir string, sizeMiB int64,
 		if err != nil {
 			return nil, err
 		}
-		var args []string
+		// On loopback TCP, as the peers are served, unless the row says
+		// otherwise (rialto attach's default is a Unix socket).
+		args := []string{"--listen", "127.0.0.1:0"}
 		where := "on 127.0.0.1"
 		switch k.name {
 		case "composed-unix":
