@@ -59,6 +59,8 @@ func TestUsageMistakesExitTwo(t *testing.T) {
 		{[]string{"agent", "--memory", "lots"}, `invalid argument "lots" for "--memory"`, "agent"},
 		{[]string{"up", "--disk-size", "big"}, `invalid argument "big" for "--disk-size"`, "up"},
 		{[]string{"up", "--link-rate", "fast"}, "want a rate", "up"},
+		{[]string{"server", "--wipe-wait", "-1s"}, "--wipe-wait must not be negative", "server"},
+		{[]string{"server", "--wipe-wait", "soon"}, `invalid argument "soon" for "--wipe-wait"`, "server"},
 		{[]string{"characterize", "dev-1", "--request-size", "x"}, `invalid argument "x"`, "characterize"},
 		{[]string{"memtest", "lease-1", "--span", "0"}, "--span must be positive", "memtest"},
 		{[]string{"node", "drain", "n1", "--deadline", "soon"}, `invalid argument "soon"`, "node drain"},

@@ -243,10 +243,14 @@ func runServer(e *env, fs *pflag.FlagSet) runFunc {
 	tm.register(fs)
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	retain := fs.Duration("retain-history", defaultRetainHistory, "how long ended leases (released, expired, lost, failed) and events are kept before the sweep prunes them (docs/operations.md, \"History retention\"); 0: for ever")
+	wipeWait := fs.Duration("wipe-wait", 15*time.Second, "how long a lease request that finds no room waits for lenders to wipe the released block ranges that would fit it (docs/placement.md, \"Ranges being wiped\"); 0: the default")
 	cfgFile := configFlag(fs, e)
 	return func(ctx context.Context, _ []string) error {
 		if err := cfgFile.apply(); err != nil {
 			return err
+		}
+		if *wipeWait < 0 {
+			return usagef("--wipe-wait must not be negative")
 		}
 		if flagSet(fs, "db") && dbHasPassword(*db) {
 			// The database holds every lease's credential and every
@@ -328,7 +332,7 @@ func runServer(e *env, fs *pflag.FlagSet) runFunc {
 			Logger: log, BootstrapToken: boot, Tokens: tokens, AdvertiseURL: adv,
 			HeartbeatInterval: tm.heartbeat, SuspectAfter: tm.suspect, DownAfter: tm.down, MaxHeartbeatsPerSecond: tm.maxBeats,
 			PrepareTimeout: tm.prepare, DefaultTTL: tm.ttl, Quotas: quotas, CA: ca, Version: versionString(),
-			RetainHistory: *retain,
+			RetainHistory: *retain, WipeWait: *wipeWait,
 		}, tlsCfg)
 		if err != nil {
 			ln.Close()

@@ -590,11 +590,16 @@ func (s *Server) hProfiles(ctx context.Context, p principal, r *http.Request, w 
 }
 
 func (s *Server) hPutProfile(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
+	model := r.PathValue("model")
+	if p.role == roleNode {
+		if err := s.nodeHasModel(ctx, p.nodeID, model); err != nil {
+			return 0, nil, err
+		}
+	}
 	var prof api.Profile
 	if err := decode(w, r, false, &prof); err != nil {
 		return 0, nil, err
 	}
-	model := r.PathValue("model")
 	if prof.Model == "" {
 		prof.Model = model
 	}
@@ -620,6 +625,22 @@ func (s *Server) hPutProfile(ctx context.Context, p principal, r *http.Request, 
 	out, err := s.st.PutProfile(ctx, prof, api.Event{At: s.now(), Type: "profile.stored", Subject: prof.Model, Message: prof.Source, State: "ready"})
 	s.invalidate() // placement reads profiles with the inventory
 	return http.StatusOK, out, err
+}
+
+// nodeHasModel refuses a node's profile for a model none of its devices
+// (those it joined with) is: a node characterizes its own devices only,
+// and a profile steers placement on every node with that model.
+func (s *Server) nodeHasModel(ctx context.Context, nodeID, model string) error {
+	devs, err := s.st.Devices(ctx)
+	if err != nil {
+		return fmt.Errorf("profile: devices: %w", err)
+	}
+	for _, d := range devs {
+		if d.NodeID == nodeID && d.Model != "" && d.Model == model {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: node %s has no device of model %q: a node credential stores profiles only for the models of its own devices (an admin token stores any)", ErrForbidden, nodeID, model)
 }
 
 // leaseFilter limits a listing to what p may see.

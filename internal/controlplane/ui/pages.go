@@ -285,7 +285,15 @@ type leasesData struct {
 	Tenants []string
 	States  []string
 	Kinds   []api.Kind
+	// Next links to the page after this one when the API's page was full
+	// (its Link rel=next cursor); First to the first page when this one
+	// is not.
+	Next, First string
 }
+
+// leasePage is the lease list's page size: GET /v1/leases's default and
+// greatest limit (a limit query parameter asks for fewer).
+const leasePage = 1000
 
 func (u *UI) leasesPage(w http.ResponseWriter, r *http.Request, s *session) {
 	ctx, cancel := u.ctx(r)
@@ -293,17 +301,30 @@ func (u *UI) leasesPage(w http.ResponseWriter, r *http.Request, s *session) {
 	c := u.client(s.token)
 	q := r.URL.Query()
 	f := leaseFilter{Tenant: q.Get("tenant"), Kind: q.Get("kind"), State: q.Get("state")}
-	path := "/v1/leases?live=1"
+	aq := url.Values{}
 	switch {
 	case f.State == "all":
-		path = "/v1/leases"
 	case f.State != "" && f.State != "live":
-		path = "/v1/leases?state=" + url.QueryEscape(f.State)
+		aq.Set("state", f.State)
 	default:
 		f.State = "live"
+		aq.Set("live", "1")
+	}
+	// The API's pages (oldest first): limit and the after cursor pass
+	// through, and the API refuses bad ones.
+	limit := leasePage
+	if v := q.Get("limit"); v != "" {
+		aq.Set("limit", v)
+		if n, err := strconv.Atoi(v); err == nil {
+			limit = n
+		}
+	}
+	after := q.Get("after")
+	if after != "" {
+		aq.Set("after", after)
 	}
 	var ls []api.Lease
-	if err := c.Do(ctx, http.MethodGet, path, nil, &ls); err != nil {
+	if err := c.Do(ctx, http.MethodGet, "/v1/leases?"+aq.Encode(), nil, &ls); err != nil {
 		u.apiFailed(w, r, s, err)
 		return
 	}
@@ -313,6 +334,20 @@ func (u *UI) leasesPage(w http.ResponseWriter, r *http.Request, s *session) {
 		return
 	}
 	d := leasesData{Now: u.cfg.Now(), Filter: f, Names: map[string]string{}, States: leaseStates, Kinds: kindOrder[:3]}
+	pq := url.Values{}
+	for k, v := range map[string]string{"tenant": f.Tenant, "kind": f.Kind, "state": f.State, "limit": q.Get("limit")} {
+		if v != "" {
+			pq.Set(k, v)
+		}
+	}
+	if after != "" {
+		d.First = "/ui/leases?" + pq.Encode()
+	}
+	if len(ls) > 0 && len(ls) >= limit {
+		// A full page: the API's Link rel=next has this cursor.
+		pq.Set("after", api.LeaseCursor(ls[len(ls)-1]).String())
+		d.Next = "/ui/leases?" + pq.Encode()
+	}
 	for _, n := range nodes {
 		d.Names[n.ID] = n.Name
 	}

@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"html"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -428,4 +430,56 @@ func TestEventStream(t *testing.T) {
 		}
 	}
 	t.Fatalf("the stream ended before alice's lease was active: %v", sc.Err())
+}
+
+// The lease list pages as GET /v1/leases does: a full page links to the
+// next with the API's cursor, and the next page has the rest.
+func TestLeaseListPages(t *testing.T) {
+	c := start(t)
+	ctx := context.Background()
+	alice := c.ClientWithToken(testcluster.TenantToken("alice"))
+	var ids []string
+	for range 3 {
+		l, err := alice.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, l.ID)
+	}
+	v := newVisitor(t, c.URL)
+	v.signIn(alice)
+	shown := func(body string) []string {
+		var out []string
+		for _, id := range ids {
+			if strings.Contains(body, `href="/ui/leases/`+id+`"`) {
+				out = append(out, id)
+			}
+		}
+		return out
+	}
+	next := regexp.MustCompile(`<a id="leases-next" rel="next" href="([^"]+)"`)
+	resp, body := v.get("/ui/leases?state=all&limit=2")
+	m := next.FindStringSubmatch(body)
+	if resp.StatusCode != http.StatusOK || len(shown(body)) != 2 || m == nil {
+		t.Fatalf("first page: %d, shows %v, next link %v:\n%.4000s", resp.StatusCode, shown(body), m, body)
+	}
+	first := shown(body)
+	var page []api.Lease
+	if err := alice.Do(ctx, "GET", "/v1/leases?limit=2", nil, &page); err != nil || len(page) != 2 {
+		t.Fatalf("%v %d", err, len(page))
+	}
+	u, err := url.Parse(html.UnescapeString(m[1]))
+	if err != nil || u.Path != "/ui/leases" || u.Query().Get("after") != api.LeaseCursor(page[1]).String() ||
+		u.Query().Get("limit") != "2" || u.Query().Get("state") != "all" {
+		t.Fatalf("next link %q (%v), want the API's cursor %s and the filter", m[1], err, api.LeaseCursor(page[1]))
+	}
+	resp, body = v.get(u.String())
+	rest := shown(body)
+	if resp.StatusCode != http.StatusOK || len(rest) != 1 || slices.Contains(first, rest[0]) || next.MatchString(body) ||
+		!strings.Contains(body, `href="/ui/leases?limit=2&amp;state=all">First page`) {
+		t.Fatalf("second page: %d, shows %v after %v:\n%.4000s", resp.StatusCode, rest, first, body)
+	}
+	if resp, _ := v.get("/ui/leases?after=nonsense"); resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("a bad cursor: %d", resp.StatusCode)
+	}
 }
