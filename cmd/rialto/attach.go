@@ -511,12 +511,26 @@ func recordAttachment(file string, st attachState) error {
 	return nil
 }
 
+// writeFile0600 replaces path with b through a fresh temporary file of
+// mode 0600 in its directory (os.CreateTemp: O_EXCL, so a file left at
+// some fixed temporary name, of whatever mode, is never written into).
 func writeFile0600(path string, b []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp*")
+	if err != nil {
 		return err
 	}
-	return os.Rename(tmp, path)
+	tmp := f.Name()
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+	}
+	return err
 }
 
 // controlAnswers reports whether an attach process answers on ctl.
