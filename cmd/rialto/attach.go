@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/url"
 	"os"
@@ -179,13 +180,12 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 		if *socket != "" && *listen != "" {
 			return usagef("--listen and --socket do not go together: one serves on TCP, the other on a Unix socket")
 		}
-		where := *listen
+		where, sockPath := *listen, ""
 		if *socket != "" {
-			abs, err := filepath.Abs(*socket)
-			if err != nil {
+			if sockPath, err = filepath.Abs(*socket); err != nil {
 				return err
 			}
-			where = "unix:" + abs
+			where = "unix:" + sockPath
 		}
 
 		file, ctlPath, ctl, err := openAttachment(ctx, e, l.ID)
@@ -193,6 +193,12 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 			return err
 		}
 		defer ctl.Close()
+		if sockPath != "" {
+			if err := clearStaleSocket(ctx, sockPath); err != nil {
+				os.Remove(ctlPath)
+				return err
+			}
+		}
 		// By default the export is a Unix socket beside the control socket,
 		// in the attachment's own 0700 directory, created 0600: only its
 		// user (and root) connects, whoever learns the URI. Over TCP,
@@ -472,6 +478,42 @@ func openAttachment(ctx context.Context, e *env, id string) (file, ctlPath strin
 	return file, ctlPath, ctl, nil
 }
 
+// clearStaleSocket readies path, an attach's --socket, to be bound: a
+// socket nobody listens on (connect is refused: what a killed attach
+// left) is removed. A socket some process listens on, or anything but a
+// socket at path, is refused and left as it is.
+func clearStaleSocket(ctx context.Context, path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("--socket %s: %w", path, err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		what := "a file"
+		if fi.IsDir() {
+			what = "a directory"
+		}
+		return fmt.Errorf("--socket %s: %s is there, not a socket: name a path that does not exist", path, what)
+	}
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	conn, err := (&net.Dialer{}).DialContext(dctx, "unix", path)
+	if err == nil {
+		conn.Close()
+		return fmt.Errorf("--socket %s: another process listens on it (another attach?): stop it, or name another path", path)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("--socket %s: is it in use? %w", path, err)
+	}
+	// Nobody listens: a killed attach's socket.
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("--socket %s: remove the stale socket: %w", path, err)
+	}
+	return nil
+}
+
 // privateDir makes dir, the attach state directory, if it is not there,
 // and makes it 0700 if it is: it holds the state files (URIs naming
 // secret exports) and the sockets of the exports. A directory another
@@ -511,12 +553,26 @@ func recordAttachment(file string, st attachState) error {
 	return nil
 }
 
+// writeFile0600 replaces path with b through a fresh temporary file of
+// mode 0600 in its directory (os.CreateTemp: O_EXCL, so a file left at
+// some fixed temporary name, of whatever mode, is never written into).
 func writeFile0600(path string, b []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp*")
+	if err != nil {
 		return err
 	}
-	return os.Rename(tmp, path)
+	tmp := f.Name()
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+	}
+	return err
 }
 
 // controlAnswers reports whether an attach process answers on ctl.

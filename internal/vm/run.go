@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/rialto-project/rialto/internal/childenv"
 )
 
 // Timeouts of a VM's life.
@@ -190,11 +192,7 @@ func startProcess(bin string, args []string) (*process, error) {
 	p := &process{cmd: exec.Command(bin, args...), done: make(chan struct{}), stderr: &capBuffer{max: 8 << 10}}
 	p.cmd.Stdout, p.cmd.Stderr = p.stderr, p.stderr
 	// qemu needs none of Rialto's settings (the API token among them).
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "RIALTO_") {
-			p.cmd.Env = append(p.cmd.Env, kv)
-		}
-	}
+	p.cmd.Env = childenv.Environ()
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	started := make(chan error, 1)
 	go func() {

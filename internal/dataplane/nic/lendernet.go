@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strings"
 
+	"github.com/rialto-project/rialto/internal/childenv"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -45,6 +46,7 @@ func Available() error {
 
 func nft(ctx context.Context, script string) error {
 	cmd := exec.CommandContext(ctx, "nft", "-f", "-")
+	cmd.Env = childenv.Environ() // nft needs none of Rialto's settings or secrets
 	cmd.Stdin = strings.NewReader(script)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

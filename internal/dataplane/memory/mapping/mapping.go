@@ -16,6 +16,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/rialto-project/rialto/internal/childenv"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/client"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/uffd"
@@ -345,7 +346,7 @@ func Map(ctx context.Context, c Session, opts Options) (*Mapping, error) {
 	// handle, and a program that shuts down gracefully still needs its
 	// mapping meanwhile. The handler exits when the program goes.
 	m.cmd = &exec.Cmd{Path: exe, Args: []string{HandlerArg}, Stderr: os.Stderr,
-		Env:         append(os.Environ(), HandlerEnv+"="+string(cfg)),
+		Env:         childenv.Environ(HandlerEnv + "=" + string(cfg)),
 		ExtraFiles:  []*os.File{ufile, mfile, donor, theirs},
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true}}
 	if err := m.cmd.Start(); err != nil {
