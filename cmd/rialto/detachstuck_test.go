@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -145,9 +146,32 @@ func (r *stuckLenderRig) pending() (string, string) {
 // signal stops or continues part i's lender's agent process.
 func (r *stuckLenderRig) signal(t *testing.T, i int, sig syscall.Signal) {
 	t.Helper()
-	if err := r.agents[r.lease.Parts[i].NodeID].cmd.Process.Signal(sig); err != nil {
+	p := r.agents[r.lease.Parts[i].NodeID].cmd.Process
+	if err := p.Signal(sig); err != nil {
 		t.Fatal(err)
 	}
+	if sig != syscall.SIGSTOP {
+		return
+	}
+	// kill(2) returns before the process has stopped: until every
+	// thread has, the lender may still answer what the test sends next.
+	poll(t, "the lender's threads to stop", 30*time.Second, func() bool {
+		tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", p.Pid))
+		if err != nil || len(tasks) == 0 {
+			return false
+		}
+		for _, f := range tasks {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				return false
+			}
+			i := strings.LastIndexByte(string(b), ')')
+			if i < 0 || i+2 >= len(b) || b[i+2] != 'T' && b[i+2] != 't' {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // checkStuckMessage checks detach's message: it names part 1 and its

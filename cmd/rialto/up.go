@@ -61,12 +61,9 @@ func saveUpState(dir string, s upState) error {
 	if err != nil {
 		return err
 	}
-	p := filepath.Join(dir, "cluster.json")
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, p)
+	// It holds the cluster's tokens: a fresh 0600 file, never a
+	// leftover one's mode.
+	return writeFile0600(filepath.Join(dir, "cluster.json"), append(b, '\n'))
 }
 
 func runUp(e *env, fs *pflag.FlagSet) runFunc {
