@@ -129,7 +129,7 @@ type Client struct {
 
 	syncBusy    atomic.Int32 // callers inside the sync channel
 	inflight    atomic.Int32 // adaptive requests in progress
-	lastOverlap atomic.Int64 // unix ns when adaptive requests last overlapped
+	lastOverlap atomic.Int64 // monoNow when adaptive requests last overlapped; 0: not within concurrencyMemory
 	closed      atomic.Bool
 	errOnce     sync.Once
 	lostErr     atomic.Pointer[error]
@@ -649,16 +649,23 @@ func (c *Client) do(ctx context.Context, ch Channel, op uint8, p []byte, off int
 // concurrent pattern, remembered for concurrencyMemory — small requests are
 // pipelined on the queue pair instead of queueing for the synchronous
 // connection, and larger ones take the bulk streams.
+//
+// A caller alone with no overlap remembered reads no clock: lastOverlap is
+// 0 then (it is cleared once its memory has passed), so that one thread's
+// requests run the synchronous channel's code plus four atomic operations.
 func (c *Client) choose(n int) Channel {
 	if n >= c.opts.BulkThreshold {
 		return ChannelBulk
 	}
-	now := time.Now().UnixNano()
 	overlap := c.inflight.Load() > 1 || c.syncBusy.Load() > 0
 	if overlap {
-		c.lastOverlap.Store(now)
-	} else {
-		overlap = now-c.lastOverlap.Load() < int64(concurrencyMemory)
+		c.lastOverlap.Store(monoNow())
+	} else if last := c.lastOverlap.Load(); last != 0 {
+		if monoNow()-last < int64(concurrencyMemory) {
+			overlap = true
+		} else {
+			c.lastOverlap.CompareAndSwap(last, 0) // forgotten
+		}
 	}
 	switch {
 	case !overlap:
@@ -673,6 +680,15 @@ func (c *Client) choose(n int) Channel {
 // concurrencyMemory is how long the adaptive chooser remembers overlapping
 // requests.
 const concurrencyMemory = 2 * time.Millisecond
+
+// monoEpoch is the origin of monoNow.
+var monoEpoch = time.Now()
+
+// monoNow is the monotonic clock in nanoseconds since monoEpoch, at least
+// 1 (0 is "never" in Client.lastOverlap): one clock reading where
+// time.Now takes two (wall and monotonic), immune to steps of the wall
+// clock.
+func monoNow() int64 { return int64(time.Since(monoEpoch)) + 1 }
 
 // ReadAt implements io.ReaderAt over the adaptive channel with the client's
 // request timeout. Reads past the end return io.EOF.
