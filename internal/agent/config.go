@@ -212,6 +212,9 @@ type Faults struct {
 	// stays and the range stays unlendable (until a restart without the
 	// fault finishes it).
 	CrashMidWipe atomic.Bool
+	// BeforeWipe, when set, is called as each wipe starts, with its
+	// context and lease, before it writes anything.
+	BeforeWipe atomic.Pointer[func(ctx context.Context, leaseID string)]
 	// HoldJoinAnswer, when set, makes the agent wait after a join was
 	// answered, before it takes the answer (node certificate, identity,
 	// agent key), until the channel is closed or the agent stops: the

@@ -44,6 +44,12 @@ type wipeEntry struct {
 type pendingWipe struct {
 	wipeEntry
 	running bool
+	// done is closed when the run under way ends (set while running);
+	// err is the outcome of the last run; waiting counts the callers
+	// waiting for the run under way (a.mu guards the four).
+	done    chan struct{}
+	err     error
+	waiting int
 	// live: the range of a part being received (transfer.go), whose
 	// transfer decides: its commit drops the entry, its abort wipes. Not
 	// retried meanwhile; a restart (which forgets transfers) wipes it.
@@ -170,31 +176,65 @@ func (a *Agent) loadWipes() error {
 }
 
 // runWipe zeroes w's range and, once the zeroes are durable, removes its
-// journal entry. A wipe already under way elsewhere is left to finish
-// there.
+// journal entry. If a wipe of w is already under way (a heartbeat's
+// retry), it waits for that one and returns its outcome: a teardown
+// answers only once its range is wiped.
 func (a *Agent) runWipe(ctx context.Context, w *pendingWipe) error {
+	return a.runWipeOr(ctx, w, true)
+}
+
+// runWipeOr is runWipe; with wait false, a wipe under way elsewhere is
+// left to finish there (nil at once): what the heartbeat's retry does,
+// which must not hold the heartbeat.
+func (a *Agent) runWipeOr(ctx context.Context, w *pendingWipe, wait bool) error {
 	a.mu.Lock()
-	if w.running || w.live {
+	switch {
+	case w.live:
 		a.mu.Unlock()
 		return nil
+	case w.running && !wait:
+		a.mu.Unlock()
+		return nil
+	case w.running:
+		done := w.done
+		w.waiting++
+		a.mu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+		}
+		a.mu.Lock()
+		w.waiting--
+		err := w.err
+		a.mu.Unlock()
+		select {
+		case <-done:
+			return err
+		default:
+			return fmt.Errorf("agent: wipe of lease %s on %s: waiting for the wipe under way: %w", w.LeaseID, w.DeviceName, ctx.Err())
+		}
 	}
 	w.running = true
+	w.done = make(chan struct{})
 	dev, ok := a.wipeDeviceLocked(w.wipeEntry)
 	a.mu.Unlock()
 	err := a.wipe(ctx, w, dev, ok)
 	if err == nil {
 		err = a.persistWipes(w)
 	}
-	a.mu.Lock()
-	w.running = false
-	a.mu.Unlock()
 	if err != nil {
 		a.mWipes.WithLabelValues("failed").Inc()
-		return fmt.Errorf("agent: wipe of lease %s on %s: %w", w.LeaseID, w.DeviceName, err)
+		err = fmt.Errorf("agent: wipe of lease %s on %s: %w", w.LeaseID, w.DeviceName, err)
+	} else {
+		a.mWipes.WithLabelValues("ok").Inc()
+		a.log.Info("wiped", "lease", w.LeaseID, "device", w.DeviceName, "offset", w.Offset, "length", w.Length)
 	}
-	a.mWipes.WithLabelValues("ok").Inc()
-	a.log.Info("wiped", "lease", w.LeaseID, "device", w.DeviceName, "offset", w.Offset, "length", w.Length)
-	return nil
+	a.mu.Lock()
+	w.running = false
+	w.err = err
+	close(w.done)
+	a.mu.Unlock()
+	return err
 }
 
 func (a *Agent) wipe(ctx context.Context, w *pendingWipe, dev DeviceConfig, ok bool) error {
@@ -207,6 +247,9 @@ func (a *Agent) wipe(ctx context.Context, w *pendingWipe, dev DeviceConfig, ok b
 	}
 	e := Export{Request: api.PrepareRequest{LeaseID: w.LeaseID, Kind: dev.Kind, DeviceName: dev.Name,
 		Offset: w.Offset, Length: w.Length}, Device: dev}
+	if f := a.Faults.BeforeWipe.Load(); f != nil {
+		(*f)(ctx, w.LeaseID)
+	}
 	if a.Faults.CrashMidWipe.Load() {
 		e.Request.Length = (w.Length / 2) &^ 4095
 		if err := wp.Wipe(ctx, e); err != nil {
@@ -237,7 +280,7 @@ func (a *Agent) retryWipes(ctx context.Context) error {
 	a.mu.Unlock()
 	var errs []error
 	for _, w := range ws {
-		if err := a.runWipe(ctx, w); err != nil {
+		if err := a.runWipeOr(ctx, w, false); err != nil {
 			errs = append(errs, err)
 		}
 	}

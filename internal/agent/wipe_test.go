@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"testing"
 	"time"
 
@@ -825,4 +826,78 @@ func haltedExports(t *testing.T, r *running, dir string, n int) []persistedExpor
 		t.Fatalf("exports: %+v, %v", saved, err)
 	}
 	return saved
+}
+
+// TestTeardownWaitsForWipeUnderWay: a teardown whose range a heartbeat's
+// retry is already wiping answered at once, before the range was zero,
+// and the control plane took it as free. The teardown's run now waits
+// for the one under way and answers with its outcome; the heartbeat's
+// retry still does not wait for a teardown's.
+func TestTeardownWaitsForWipeUnderWay(t *testing.T) {
+	r, cfg, _ := withTenant(t, 0, 0x5a)
+	dir := cfg.StateDir
+	a := r.a
+
+	// A failed wipe leaves the entry for the heartbeat's retry.
+	a.Faults.CrashMidWipe.Store(true)
+	if err := a.Teardown(ctxFor(t), "lease-a"); !errors.Is(err, errCrashInjected) {
+		t.Fatalf("teardown under the fault: %v", err)
+	}
+	a.Faults.CrashMidWipe.Store(false)
+	a.mu.Lock()
+	if len(a.wipes) != 1 {
+		a.mu.Unlock()
+		t.Fatalf("%d pending wipes, want 1", len(a.wipes))
+	}
+	w := a.wipes[0]
+	a.mu.Unlock()
+
+	entered, release := make(chan struct{}), make(chan struct{})
+	hold := func(ctx context.Context, lease string) {
+		close(entered)
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+	}
+	a.Faults.BeforeWipe.Store(&hold)
+	retried := make(chan error, 1)
+	go func() { retried <- a.retryWipes(ctxFor(t)) }()
+	<-entered
+	a.Faults.BeforeWipe.Store(nil)
+
+	// The heartbeat's retry holds the entry: another retry skips it.
+	if err := a.retryWipes(ctxFor(t)); err != nil {
+		t.Fatalf("a second retry: %v", err)
+	}
+	torn := make(chan error, 1)
+	go func() { torn <- a.runWipe(ctxFor(t), w) }()
+	deadline := time.Now().Add(20 * time.Second)
+	for waiting := false; !waiting; {
+		select {
+		case err := <-torn:
+			t.Fatalf("the teardown's wipe answered (%v) while the retry's was under way: the range still holds the tenant's bytes", err)
+		default:
+		}
+		a.mu.Lock()
+		waiting = w.waiting == 1
+		a.mu.Unlock()
+		if time.Now().After(deadline) {
+			t.Fatal("the teardown's wipe neither answered nor waited")
+		}
+		runtime.Gosched()
+	}
+	close(release)
+	if err := <-torn; err != nil {
+		t.Fatalf("the teardown's wipe: %v", err)
+	}
+	if !bytes.Equal(diskBytes(t, dir, 0, leaseSize), make([]byte, leaseSize)) {
+		t.Fatal("the teardown answered before its range was zero")
+	}
+	if err := <-retried; err != nil {
+		t.Fatalf("the retry: %v", err)
+	}
+	if j := journal(t, dir); len(j) != 0 {
+		t.Fatalf("journal after the wipe: %+v", j)
+	}
 }
