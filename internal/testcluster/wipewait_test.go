@@ -30,6 +30,84 @@ func cpMetric(t *testing.T, c *Cluster, name string) string {
 	return ""
 }
 
+// wipeRig is a one-node cluster whose lender cannot finish wiping (its
+// wipes stop half-way and stay in its journal), with a dedicated lease
+// (first) on disk0 released; with two devices, a shared lease (other) on
+// disk1 is live. unknown: the lender's heartbeats are paused before the
+// release and the control plane restarted after it, so that it does not
+// know the range is being wiped.
+type wipeRig struct {
+	c            *Cluster
+	cl           *api.Client
+	lender       *Node
+	first, other api.Lease
+}
+
+func newWipeRig(t *testing.T, devices int, unknown bool) *wipeRig {
+	t.Helper()
+	devs := []agent.DeviceConfig{{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 16 << 20}}
+	if devices == 2 {
+		devs = append(devs, agent.DeviceConfig{Name: "disk1", Kind: api.KindBlock, Path: "disk1.img", Size: 16 << 20})
+	}
+	c := Start(t, Options{Nodes: 1, Devices: devs})
+	r := &wipeRig{c: c, cl: c.Client(), lender: c.Nodes[0]}
+	ctx := ctxT(t)
+	r.first = createBlock(t, r.cl, 16<<20, api.ModeDedicated)
+	if devices == 2 {
+		var err error
+		r.other, err = r.cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20, Mode: api.ModeShared})
+		if err != nil || r.other.DeviceID == r.first.DeviceID {
+			t.Fatalf("second lease: %+v %v", r.other, err)
+		}
+	}
+	r.lender.Faults().CrashMidWipe.Store(true)
+	t.Cleanup(func() { r.lender.Faults().CrashMidWipe.Store(false) })
+	if unknown {
+		r.lender.PauseHeartbeats(true)
+		t.Cleanup(func() { r.lender.PauseHeartbeats(false) })
+	}
+	if _, err := r.cl.ReleaseLease(ctx, r.first.ID); err != nil {
+		t.Fatal(err)
+	}
+	if unknown {
+		r.c.RestartControlPlane() // forgets the range being wiped
+	}
+	return r
+}
+
+// createWaiting creates a lease of the whole of disk0 and returns once
+// placement counts it waiting for a wipe (failing the test if it ended
+// before); wait returns its outcome.
+func (r *wipeRig) createWaiting(t *testing.T, what string) (wait func() (api.Lease, error)) {
+	t.Helper()
+	type result struct {
+		l   api.Lease
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		l, err := r.cl.CreateLease(ctxT(t), api.LeaseRequest{Kind: api.KindBlock, Size: 16 << 20, Mode: api.ModeDedicated})
+		done <- result{l, err}
+	}()
+	var early *result
+	r.c.Eventually(what+" to wait for the wipe", func() bool {
+		select {
+		case res := <-done:
+			early = &res
+			return true
+		default:
+		}
+		return cpMetric(t, r.c, "rialto_placement_wipe_waits") == "1"
+	})
+	if early != nil {
+		t.Fatalf("%s ended before the wipe: %+v, %v", what, early.l, early.err)
+	}
+	return func() (api.Lease, error) {
+		res := <-done
+		return res.l, res.err
+	}
+}
+
 // TestPlacementWaitsForWipe: a lease released while its lender cannot
 // finish wiping its range (the wipe fails half-way and stays in the
 // lender's journal) keeps the range out of placement: a lease created at
@@ -38,46 +116,15 @@ func cpMetric(t *testing.T, c *Cluster, name string) string {
 // the wipe done, and is placed there.
 func TestPlacementWaitsForWipe(t *testing.T) {
 	t.Parallel()
-	c := Start(t, Options{Nodes: 1, Devices: []agent.DeviceConfig{
-		{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 16 << 20},
-	}})
-	cl := c.Client()
-	ctx := ctxT(t)
-	lender := c.Nodes[0]
-	first := createBlock(t, cl, 16<<20, api.ModeDedicated)
-	lender.Faults().CrashMidWipe.Store(true)
-	if _, err := cl.ReleaseLease(ctx, first.ID); err != nil {
-		t.Fatal(err)
+	r := newWipeRig(t, 1, false)
+	wait := r.createWaiting(t, "the lease created while the only range was being wiped")
+	r.lender.Faults().CrashMidWipe.Store(false) // the next heartbeat round finishes the wipe
+	l, err := wait()
+	if err != nil {
+		t.Fatalf("the lease created while the only range was being wiped: %v", err)
 	}
-	type result struct {
-		l   api.Lease
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		l, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 16 << 20, Mode: api.ModeDedicated})
-		done <- result{l, err}
-	}()
-	var early *result
-	c.Eventually("the new lease to wait for the wipe", func() bool {
-		select {
-		case r := <-done:
-			early = &r
-			return true
-		default:
-		}
-		return cpMetric(t, c, "rialto_placement_wipe_waits") == "1"
-	})
-	if early != nil {
-		t.Fatalf("the lease created while the only range was being wiped ended before the wipe: %+v, %v", early.l, early.err)
-	}
-	lender.Faults().CrashMidWipe.Store(false) // the next heartbeat round finishes the wipe
-	r := <-done
-	if r.err != nil {
-		t.Fatalf("the lease created while the only range was being wiped: %v", r.err)
-	}
-	if r.l.State != api.LeaseActive || r.l.DeviceID != first.DeviceID {
-		t.Fatalf("the lease created while the only range was being wiped: %s on %s", r.l.State, r.l.DeviceID)
+	if l.State != api.LeaseActive || l.DeviceID != r.first.DeviceID {
+		t.Fatalf("the lease created while the only range was being wiped: %s on %s", l.State, l.DeviceID)
 	}
 }
 
@@ -87,29 +134,13 @@ func TestPlacementWaitsForWipe(t *testing.T) {
 // rather than on the range the lender refuses.
 func TestPlacementAvoidsRangeBeingWiped(t *testing.T) {
 	t.Parallel()
-	c := Start(t, Options{Nodes: 1, Devices: []agent.DeviceConfig{
-		{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 16 << 20},
-		{Name: "disk1", Kind: api.KindBlock, Path: "disk1.img", Size: 16 << 20},
-	}})
-	cl := c.Client()
-	ctx := ctxT(t)
-	lender := c.Nodes[0]
-	a := createBlock(t, cl, 16<<20, api.ModeDedicated)
-	b, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20, Mode: api.ModeShared})
-	if err != nil || b.DeviceID == a.DeviceID {
-		t.Fatalf("second lease: %+v %v", b, err)
-	}
-	lender.Faults().CrashMidWipe.Store(true)
-	t.Cleanup(func() { lender.Faults().CrashMidWipe.Store(false) })
-	if _, err := cl.ReleaseLease(ctx, a.ID); err != nil {
-		t.Fatal(err)
-	}
-	l, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20, Mode: api.ModeShared, Strategy: "spread"})
+	r := newWipeRig(t, 2, false)
+	l, err := r.cl.CreateLease(ctxT(t), api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20, Mode: api.ModeShared, Strategy: "spread"})
 	if err != nil {
 		t.Fatalf("a lease created while a device's range was being wiped: %v", err)
 	}
-	if l.State != api.LeaseActive || l.DeviceID != b.DeviceID {
-		t.Fatalf("a lease created while %s was being wiped: %s on %s", a.DeviceID, l.State, l.DeviceID)
+	if l.State != api.LeaseActive || l.DeviceID != r.other.DeviceID {
+		t.Fatalf("a lease created while %s was being wiped: %s on %s", r.first.DeviceID, l.State, l.DeviceID)
 	}
 }
 
@@ -121,32 +152,13 @@ func TestPlacementAvoidsRangeBeingWiped(t *testing.T) {
 // failed with the lender skipped.
 func TestPlacementAroundAnUnknownWipe(t *testing.T) {
 	t.Parallel()
-	c := Start(t, Options{Nodes: 1, Devices: []agent.DeviceConfig{
-		{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 16 << 20},
-		{Name: "disk1", Kind: api.KindBlock, Path: "disk1.img", Size: 16 << 20},
-	}})
-	cl := c.Client()
-	ctx := ctxT(t)
-	lender := c.Nodes[0]
-	a := createBlock(t, cl, 16<<20, api.ModeDedicated)
-	b, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20, Mode: api.ModeShared})
-	if err != nil || b.DeviceID == a.DeviceID {
-		t.Fatalf("second lease: %+v %v", b, err)
-	}
-	lender.Faults().CrashMidWipe.Store(true)
-	t.Cleanup(func() { lender.Faults().CrashMidWipe.Store(false) })
-	lender.PauseHeartbeats(true)
-	t.Cleanup(func() { lender.PauseHeartbeats(false) })
-	if _, err := cl.ReleaseLease(ctx, a.ID); err != nil {
-		t.Fatal(err)
-	}
-	c.RestartControlPlane() // forgets the range being wiped
-	l, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20, Mode: api.ModeShared, Strategy: "spread"})
+	r := newWipeRig(t, 2, true)
+	l, err := r.cl.CreateLease(ctxT(t), api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20, Mode: api.ModeShared, Strategy: "spread"})
 	if err != nil {
 		t.Fatalf("a lease placed on a range its lender was still wiping: %v", err)
 	}
-	if l.State != api.LeaseActive || l.DeviceID != b.DeviceID {
-		t.Fatalf("a lease placed on a range its lender was still wiping: %s on %s, want active on %s", l.State, l.DeviceID, b.DeviceID)
+	if l.State != api.LeaseActive || l.DeviceID != r.other.DeviceID {
+		t.Fatalf("a lease placed on a range its lender was still wiping: %s on %s, want active on %s", l.State, l.DeviceID, r.other.DeviceID)
 	}
 }
 
@@ -155,48 +167,15 @@ func TestPlacementAroundAnUnknownWipe(t *testing.T) {
 // wipe (its heartbeats, resumed, show it done) and is placed there.
 func TestPlacementWaitsForAnUnknownWipe(t *testing.T) {
 	t.Parallel()
-	c := Start(t, Options{Nodes: 1, Devices: []agent.DeviceConfig{
-		{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 16 << 20},
-	}})
-	cl := c.Client()
-	ctx := ctxT(t)
-	lender := c.Nodes[0]
-	first := createBlock(t, cl, 16<<20, api.ModeDedicated)
-	lender.Faults().CrashMidWipe.Store(true)
-	lender.PauseHeartbeats(true)
-	if _, err := cl.ReleaseLease(ctx, first.ID); err != nil {
-		t.Fatal(err)
+	r := newWipeRig(t, 1, true)
+	wait := r.createWaiting(t, "the lease refused a range being wiped")
+	r.lender.Faults().CrashMidWipe.Store(false)
+	r.lender.PauseHeartbeats(false)
+	l, err := wait()
+	if err != nil {
+		t.Fatalf("the lease refused a range being wiped: %v", err)
 	}
-	c.RestartControlPlane()
-	type result struct {
-		l   api.Lease
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		l, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 16 << 20, Mode: api.ModeDedicated})
-		done <- result{l, err}
-	}()
-	var early *result
-	c.Eventually("the refused lease to wait for the wipe", func() bool {
-		select {
-		case r := <-done:
-			early = &r
-			return true
-		default:
-		}
-		return cpMetric(t, c, "rialto_placement_wipe_waits") == "1"
-	})
-	if early != nil {
-		t.Fatalf("the lease refused a range being wiped ended before the wipe: %v", early.err)
-	}
-	lender.Faults().CrashMidWipe.Store(false)
-	lender.PauseHeartbeats(false)
-	r := <-done
-	if r.err != nil {
-		t.Fatalf("the lease refused a range being wiped: %v", r.err)
-	}
-	if r.l.State != api.LeaseActive || r.l.DeviceID != first.DeviceID {
-		t.Fatalf("the lease refused a range being wiped: %s on %s", r.l.State, r.l.DeviceID)
+	if l.State != api.LeaseActive || l.DeviceID != r.first.DeviceID {
+		t.Fatalf("the lease refused a range being wiped: %s on %s", l.State, l.DeviceID)
 	}
 }
