@@ -1,15 +1,10 @@
 package accel
 
 import (
-	"bufio"
 	"bytes"
-	"context"
-	"encoding/binary"
 	"errors"
-	"net"
 	"strings"
 	"testing"
-	"time"
 )
 
 // An INLINE START carries its input, up to MaxPayload, and the server
@@ -23,39 +18,9 @@ func TestInlineInputsWithinBudget(t *testing.T) {
 	const mem = 1 << 20
 	const budget = 3 * mem
 	const starts = 16
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
 	tgt := &memTarget{mem: make([]byte, 64), release: make(chan struct{})}
 	srv := &Server{Target: tgt, MaxPayload: mem, MaxInlineInput: budget}
-	go func() { done <- srv.Serve(ctx, ln) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	}()
-
-	nc, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	_ = nc.SetDeadline(time.Now().Add(time.Minute))
-	br := bufio.NewReader(nc)
-	cred := []byte("lease-secret")
-	hello := binary.LittleEndian.AppendUint16(nil, Version)
-	hello = binary.LittleEndian.AppendUint16(hello, uint16(len(cred)))
-	hello = append(hello, cred...)
-	if _, err := nc.Write(AppendFrame(nil, Frame{Op: OpHello, Tag: 1, Payload: hello})); err != nil {
-		t.Fatal(err)
-	}
-	if f, err := ReadFrame(br, mem); err != nil || f.Op != OpReady {
-		t.Fatalf("hello: %+v %v", f, err)
-	}
+	nc, br := serveHello(t, srv, mem)
 	// Inputs as large as a frame carries, each to a task that waits.
 	in := bytes.Repeat([]byte{0x5a}, mem-64)
 	start := func(tag uint32) []byte {

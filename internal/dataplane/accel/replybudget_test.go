@@ -20,38 +20,8 @@ func TestReadRepliesWithinBudget(t *testing.T) {
 	const mem = 1 << 20
 	const budget = 3 * mem
 	const reads = 64
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
 	srv := &Server{Target: &memTarget{mem: make([]byte, mem)}, MaxPayload: mem, MaxQueuedReplies: budget}
-	go func() { done <- srv.Serve(ctx, ln) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	}()
-
-	nc, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	_ = nc.SetDeadline(time.Now().Add(time.Minute))
-	br := bufio.NewReader(nc)
-	cred := []byte("lease-secret")
-	hello := binary.LittleEndian.AppendUint16(nil, Version)
-	hello = binary.LittleEndian.AppendUint16(hello, uint16(len(cred)))
-	hello = append(hello, cred...)
-	if _, err := nc.Write(AppendFrame(nil, Frame{Op: OpHello, Tag: 1, Payload: hello})); err != nil {
-		t.Fatal(err)
-	}
-	if f, err := ReadFrame(br, mem); err != nil || f.Op != OpReady {
-		t.Fatalf("hello: %+v %v", f, err)
-	}
+	nc, br := serveHello(t, srv, mem)
 	sendReads := func(tag0 uint32) {
 		t.Helper()
 		var b []byte
@@ -108,4 +78,42 @@ func TestReadRepliesWithinBudget(t *testing.T) {
 	// waiting reader must not keep Serve from returning.
 	sendReads(1000)
 	stalls()
+}
+
+// serveHello serves srv on a loopback port for the test's length and
+// returns a raw connection to it past its HELLO (credential
+// "lease-secret") and READY, with a reader of frames up to max bytes.
+func serveHello(t *testing.T, srv *Server, max uint32) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	_ = nc.SetDeadline(time.Now().Add(time.Minute))
+	br := bufio.NewReader(nc)
+	cred := []byte("lease-secret")
+	hello := binary.LittleEndian.AppendUint16(nil, Version)
+	hello = binary.LittleEndian.AppendUint16(hello, uint16(len(cred)))
+	hello = append(hello, cred...)
+	if _, err := nc.Write(AppendFrame(nil, Frame{Op: OpHello, Tag: 1, Payload: hello})); err != nil {
+		t.Fatal(err)
+	}
+	if f, err := ReadFrame(br, max); err != nil || f.Op != OpReady {
+		t.Fatalf("hello: %+v %v", f, err)
+	}
+	return nc, br
 }
