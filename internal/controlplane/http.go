@@ -71,7 +71,7 @@ func (s *Server) routeTable() []route {
 				{Name: "format", Type: "string", Description: "with follow: sse or ndjson"}}, Streams: []string{"text/event-stream", "application/x-ndjson"},
 			Errors: []int{400, 401, 403, 410, 429, 500, 503}}, accessReader, s.hEvents},
 		{httpapi.Route{Method: "GET", Path: "/v1/profiles", Summary: "List device profiles.", Response: []api.Profile{}, Errors: readErrors}, accessReader, s.hProfiles},
-		{httpapi.Route{Method: "PUT", Path: "/v1/profiles/{model}", Summary: "Store a measured or declared device profile.",
+		{httpapi.Route{Method: "PUT", Path: "/v1/profiles/{model}", Summary: "Store a measured or declared device profile. A node's token may store only profiles of models of its own devices (403 otherwise).",
 			Request: api.Profile{}, Response: api.Profile{}, Errors: []int{400, 401, 403, 500}}, accessWriter, s.hPutProfile},
 		{httpapi.Route{Method: "GET", Path: "/v1/usage", Summary: "Devices' measured use: what they hold and their data-plane bandwidth over the last minutes (from heartbeats; in memory).",
 			Response: []api.DeviceUsage{}, Errors: readErrors}, accessReader, s.hUsage},
