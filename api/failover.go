@@ -228,3 +228,27 @@ func newIdempotencyKey() string {
 	rand.Read(b[:])
 	return "auto-" + hex.EncodeToString(b[:])
 }
+
+// Unanswered reports whether err is that of a request the control plane
+// did not answer: it could not be reached (connection refused, no route,
+// a name not resolved), the connection broke before the answer, the
+// request timed out, or a proxy in front of it answered 502 or 504. An
+// idempotent request (a creation with an idempotency key, a renewal, a
+// release) may be sent again. Not an answer of the control plane's, an
+// untrusted certificate, nor a cancelled request. (A request whose
+// context's deadline passed is unanswered: the caller that retries checks
+// its own context.)
+func Unanswered(err error) bool {
+	if err == nil || errors.Is(err, ErrUntrustedServer) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	var ae *Error
+	if errors.As(err, &ae) {
+		return ae.Status == http.StatusBadGateway || ae.Status == http.StatusGatewayTimeout
+	}
+	var op *net.OpError
+	var ne net.Error
+	return errors.As(err, &op) || errors.As(err, &ne) && ne.Timeout() ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}

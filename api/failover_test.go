@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -198,4 +199,38 @@ func TestPlacementLeader(t *testing.T) {
 		}
 	}
 	expect("one address", [3]int64{8, 2, 2})
+}
+
+// TestUnanswered: which errors of a request say the control plane did not
+// answer it (an idempotent request may be sent again).
+func TestUnanswered(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	c := NewClient("http://"+addr, "", &http.Client{Timeout: 5 * time.Second})
+	_, refused := c.Leases(context.Background())
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, ctxErr := c.Leases(cancelled)
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"connection refused", refused, true},
+		{"a proxy's 502", &Error{Status: http.StatusBadGateway, Code: CodeInternal}, true},
+		{"a proxy's 504", &Error{Status: http.StatusGatewayTimeout, Code: CodeInternal}, true},
+		{"the control plane's 503", &Error{Status: http.StatusServiceUnavailable, Code: CodeUnavailable}, false},
+		{"the control plane's 409", &Error{Status: http.StatusConflict, Code: CodeConflict}, false},
+		{"an untrusted certificate", fmt.Errorf("rialto api: GET /v1/leases: %w: x509", ErrUntrustedServer), false},
+		{"the caller cancelled", ctxErr, false},
+		{"nil", nil, false},
+	} {
+		if got := Unanswered(tc.err); got != tc.want {
+			t.Errorf("%s (%v): Unanswered = %v, want %v", tc.name, tc.err, got, tc.want)
+		}
+	}
 }

@@ -50,7 +50,7 @@ func writeEnvFile(t *testing.T, addr string, mode os.FileMode) string {
 func TestSlurmEpilogOutage(t *testing.T) {
 	envFile := writeEnvFile(t, deadAddr(t), 0o600)
 	state := t.TempDir()
-	args := []string{"slurm", "epilog", "--env-file", envFile, "--state-dir", state, "--timeout", "5s"}
+	args := []string{"slurm", "epilog", "--env-file", envFile, "--state-dir", state, "--timeout", "1s"}
 	var out, errb bytes.Buffer
 	if code := run(context.Background(), args, &env{stdout: &out, stderr: &errb, getenv: slurmEnv("epilog_slurmd", "")}); code != 0 {
 		t.Errorf("the node's epilog of a job without devices, control plane down: exit %d: %s", code, errb.String())

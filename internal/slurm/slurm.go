@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/backoff"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 	"github.com/rialto-project/rialto/internal/resource"
 )
@@ -211,6 +212,26 @@ func (j Job) File(stateDir string) string {
 	return filepath.Join(stateDir, j.Cluster+"-"+j.ID+".env")
 }
 
+// retry calls f until it returns an error other than one of a request
+// the control plane did not answer (api.Unanswered), or ctx ends: a
+// control plane restarting (an upgrade, a failover to a standby) must not
+// fail the jobs that start or end meanwhile, nor drain their nodes. Every
+// request retried is idempotent (a creation carries the job's key). The
+// error after ctx ends says how long the control plane was unreachable.
+func retry(ctx context.Context, f func() error) error {
+	b := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
+	start := time.Now()
+	for {
+		err := f()
+		if !api.Unanswered(err) {
+			return err
+		}
+		if werr := b.Wait(ctx); werr != nil {
+			return fmt.Errorf("the control plane did not answer for %s: %w", time.Since(start).Round(100*time.Millisecond), err)
+		}
+	}
+}
+
 // Ensure creates (or, on a retry, finds again) the leases the job's
 // comment asks for. When one cannot be placed, those already made for
 // this run are released and the error carries the control plane's reason.
@@ -224,7 +245,8 @@ func Ensure(ctx context.Context, c *api.Client, j Job, reqs []api.LeaseRequest) 
 		r.Borrower = "slurm job " + j.ID + " (" + j.Cluster + ", uid " + strconv.Itoa(j.UID) + ")"
 		// The job is in the key and the borrower: a request's labels are
 		// node selectors in Rialto, not tags of the lease.
-		l, err := c.CreateLease(ctx, r)
+		var l api.Lease
+		err := retry(ctx, func() (err error) { l, err = c.CreateLease(ctx, r); return err })
 		if err == nil && l.State.Terminal() {
 			err = fmt.Errorf("lease %s of this job is already %s (%s)", l.ID, l.State, l.Reason)
 		}
@@ -268,8 +290,8 @@ func Release(ctx context.Context, c *api.Client, j Job) ([]string, error) {
 	if j.UID < 0 {
 		return nil, fmt.Errorf("slurm: job %s has no uid: its leases could not be told from another user's job of the same ID", j.ID)
 	}
-	ls, err := c.Leases(ctx)
-	if err != nil {
+	var ls []api.Lease
+	if err := retry(ctx, func() (err error) { ls, err = c.Leases(ctx); return err }); err != nil {
 		return nil, err
 	}
 	var ids []string
@@ -293,7 +315,7 @@ func Release(ctx context.Context, c *api.Client, j Job) ([]string, error) {
 // lease released (or releasing, or gone) under it by the other has done
 // its work, not failed (a failing Epilog drains the node).
 func release(ctx context.Context, c *api.Client, id string) error {
-	_, err := c.ReleaseLease(ctx, id)
+	err := retry(ctx, func() error { _, err := c.ReleaseLease(ctx, id); return err })
 	if err == nil || api.IsCode(err, api.CodeNotFound) {
 		return nil
 	}
