@@ -52,6 +52,8 @@ func (s *Server) routeTable() []route {
 		{httpapi.Route{Method: "GET", Path: "/v1/topology", Summary: "Nodes and measured links (the Topology Status Table).", Response: api.Topology{}, Errors: readErrors}, accessReader, s.hTopology},
 		{httpapi.Route{Method: "GET", Path: "/v1/leases", Summary: "List the caller's leases (an admin token sees all).", Response: []api.Lease{},
 			Query: []httpapi.Param{{Name: "state", Type: "string", Description: "only leases in this state"},
+				{Name: "kind", Type: "string", Description: "only leases of this kind (block, memory, accel, nic)"},
+				{Name: "tenant", Type: "string", Description: "only this tenant's leases (an admin token; a tenant's token may name only its own tenant)"},
 				{Name: "live", Type: "boolean", Description: "only leases that hold or are taking devices (reserved, active, releasing)"},
 				{Name: "limit", Type: "integer", Description: "at most this many (default and maximum 1000); a full page has a Link header (rel=next) to the next"},
 				{Name: "after", Type: "string", Description: "the leases after this cursor, in the listing's order (creation time, then ID): the Link header's, or <created_at in Unix nanoseconds>.<id> of a page's last lease"}}, Errors: listErrors}, accessTenant, s.hLeases},
@@ -418,6 +420,18 @@ func (s *Server) hTopology(ctx context.Context, p principal, r *http.Request, w 
 func (s *Server) hLeases(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
 	f := leaseFilter(p)
 	q := r.URL.Query()
+	if t := q.Get("tenant"); t != "" {
+		if !p.admin && t != p.tenant {
+			return 0, nil, fmt.Errorf("%w: a tenant's token lists its own tenant's leases only", ErrForbidden)
+		}
+		f.Tenant = t
+	}
+	if k := api.Kind(q.Get("kind")); k != "" {
+		if !k.Valid() {
+			return 0, nil, fmt.Errorf("%w: kind=%q is not one of %v", ErrInvalid, k, api.Kinds)
+		}
+		f.Kind = k
+	}
 	if st := q.Get("state"); st != "" {
 		f.States = []api.LeaseState{api.LeaseState(st)}
 	}

@@ -98,7 +98,8 @@ type LeaseChange struct {
 // LeaseFilter selects leases; zero fields do not filter.
 type LeaseFilter struct {
 	Tenant        string
-	NodeID        string // leases with a live part on this node
+	Kind          api.Kind // leases of this kind
+	NodeID        string   // leases with a live part on this node
 	States        []api.LeaseState
 	IDs           []string
 	ExpiresBefore time.Time // expires_at < ExpiresBefore

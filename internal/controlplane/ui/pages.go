@@ -310,8 +310,15 @@ func (u *UI) leasesPage(w http.ResponseWriter, r *http.Request, s *session) {
 		f.State = "live"
 		aq.Set("live", "1")
 	}
-	// The API's pages (oldest first): limit and the after cursor pass
-	// through, and the API refuses bad ones.
+	// The API filters (so that a full page holds limit leases of the
+	// filter's, not fewer) and pages (oldest first): the filter, limit and
+	// the after cursor pass through, and the API refuses bad ones.
+	if f.Tenant != "" {
+		aq.Set("tenant", f.Tenant)
+	}
+	if f.Kind != "" {
+		aq.Set("kind", f.Kind)
+	}
 	limit := leasePage
 	if v := q.Get("limit"); v != "" {
 		aq.Set("limit", v)
@@ -354,10 +361,8 @@ func (u *UI) leasesPage(w http.ResponseWriter, r *http.Request, s *session) {
 	tenants := map[string]bool{}
 	for _, l := range ls {
 		tenants[l.Tenant] = true
-		if (f.Tenant == "" || l.Tenant == f.Tenant) && (f.Kind == "" || string(l.Kind) == f.Kind) {
-			d.Leases = append(d.Leases, l)
-		}
 	}
+	d.Leases = ls
 	if f.Tenant != "" {
 		tenants[f.Tenant] = true
 	}

@@ -483,3 +483,72 @@ func TestLeaseListPages(t *testing.T) {
 		t.Errorf("a bad cursor: %d", resp.StatusCode)
 	}
 }
+
+// A filtered lease list fills its pages: the filter went to the API's
+// page and was applied to it afterwards, so an admin's list of alice's
+// leases, two a page, showed one lease on a page (the other was bob's)
+// and the list ended early. The API now filters by tenant and kind.
+func TestLeaseListFilterFillsPages(t *testing.T) {
+	c := start(t)
+	ctx := context.Background()
+	alice := c.ClientWithToken(testcluster.TenantToken("alice"))
+	bob := c.ClientWithToken(testcluster.TenantToken("bob"))
+	var mine []string
+	for range 3 { // alice, bob, alice, bob, …
+		for _, cl := range []*api.Client{alice, bob} {
+			l, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cl == alice {
+				mine = append(mine, l.ID)
+			}
+		}
+	}
+	v := newVisitor(t, c.URL)
+	v.signIn(c.Client())
+	rows := regexp.MustCompile(`href="/ui/leases/(lease-[^"]+)"`)
+	next := regexp.MustCompile(`<a id="leases-next" rel="next" href="([^"]+)"`)
+	var seen []string
+	for path, pages := "/ui/leases?tenant=alice&limit=2", 0; path != ""; pages++ {
+		if pages > 3 {
+			t.Fatalf("more than 3 pages of alice's 3 leases, two a page: %v", seen)
+		}
+		resp, body := v.get(path)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d", path, resp.StatusCode)
+		}
+		var page []string
+		for _, m := range rows.FindAllStringSubmatch(body, -1) {
+			page = append(page, m[1])
+		}
+		path = ""
+		if m := next.FindStringSubmatch(body); m != nil {
+			path = html.UnescapeString(m[1])
+			if len(page) != 2 {
+				t.Errorf("a page with a next link shows %v; want 2 of alice's leases", page)
+			}
+		}
+		seen = append(seen, page...)
+	}
+	slices.Sort(seen)
+	slices.Sort(mine)
+	if !slices.Equal(seen, mine) {
+		t.Errorf("the pages of alice's leases show %v; want %v", seen, mine)
+	}
+	// The API's filters: a tenant names only its own tenant; kinds are
+	// checked.
+	var ls []api.Lease
+	if err := alice.Do(ctx, "GET", "/v1/leases?tenant=bob", nil, &ls); !api.IsCode(err, api.CodeForbidden) {
+		t.Errorf("alice listing bob's leases: %v", err)
+	}
+	if err := alice.Do(ctx, "GET", "/v1/leases?kind=gpu", nil, &ls); !api.IsCode(err, api.CodeInvalid) {
+		t.Errorf("an unknown kind: %v", err)
+	}
+	if err := alice.Do(ctx, "GET", "/v1/leases?kind=memory&tenant=alice", nil, &ls); err != nil || len(ls) != 0 {
+		t.Errorf("alice's memory leases: %v, %v", ls, err)
+	}
+	if err := alice.Do(ctx, "GET", "/v1/leases?kind=block", nil, &ls); err != nil || len(ls) != 3 {
+		t.Errorf("alice's block leases: %d, %v", len(ls), err)
+	}
+}

@@ -335,6 +335,10 @@ func (s *Core) Leases(ctx context.Context, f store.LeaseFilter) ([]api.Lease, er
 		where = append(where, `tenant = ?`)
 		args = append(args, f.Tenant)
 	}
+	if f.Kind != "" {
+		where = append(where, `kind = ?`)
+		args = append(args, string(f.Kind))
+	}
 	if f.NodeID != "" {
 		where = append(where, `id IN (SELECT lease_id FROM lease_parts WHERE node_id = ? AND live = 1)`)
 		args = append(args, f.NodeID)

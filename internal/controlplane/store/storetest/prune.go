@@ -213,6 +213,12 @@ func testLeasePages(t *testing.T, o Options) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("pages %v, want %v", got, want)
 	}
+	// The kind filter applies before the limit.
+	for kind, n := range map[api.Kind]int{all[0].Kind: 4, api.KindNIC: 0} {
+		if ls, err := s.Leases(ctx, store.LeaseFilter{Kind: kind, Limit: 4}); err != nil || len(ls) != n {
+			t.Errorf("kind %s, limit 4: %d leases, %v; want %d", kind, len(ls), err, n)
+		}
+	}
 	c, err := api.ParseCursor(api.LeaseCursor(all[3]).String())
 	if err != nil || !c.CreatedAt.Equal(all[3].CreatedAt) || c.ID != all[3].ID {
 		t.Fatalf("cursor round trip: %+v %v", c, err)
