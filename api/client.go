@@ -279,13 +279,41 @@ func (c *Client) Topology(ctx context.Context) (Topology, error) {
 // hold or are taking devices. The answer stays as small as what is lent
 // now, however long the history.
 func (c *Client) Leases(ctx context.Context) ([]Lease, error) {
-	return c.leasePages(ctx, "live=1&")
+	return c.ListLeases(ctx, LeaseQuery{})
 }
 
 // AllLeases lists every lease, including ended ones (released, expired,
 // failed, lost): the whole history, oldest first.
 func (c *Client) AllLeases(ctx context.Context) ([]Lease, error) {
-	return c.leasePages(ctx, "")
+	return c.ListLeases(ctx, LeaseQuery{All: true})
+}
+
+// LeaseQuery selects leases for ListLeases; its zero value lists the
+// live ones of every kind the token may see.
+type LeaseQuery struct {
+	All    bool   // also ended leases: the whole history
+	Kind   Kind   // only this kind's
+	Tenant string // only this tenant's (an admin token; a tenant's may name only its own)
+}
+
+// ListLeases lists the leases q selects, oldest first; the control plane
+// applies the filters.
+func (c *Client) ListLeases(ctx context.Context, q LeaseQuery) ([]Lease, error) {
+	v := url.Values{}
+	if !q.All {
+		v.Set("live", "1")
+	}
+	if q.Kind != "" {
+		v.Set("kind", string(q.Kind))
+	}
+	if q.Tenant != "" {
+		v.Set("tenant", q.Tenant)
+	}
+	query := v.Encode()
+	if query != "" {
+		query += "&"
+	}
+	return c.leasePages(ctx, query)
 }
 
 // leasePage is the page size of the lease listings.

@@ -32,6 +32,9 @@ func runLeases(e *env, fs *pflag.FlagSet) runFunc {
 	var all bool
 	const allHelp = "also list ended leases (released, expired, failed, lost): the whole history"
 	fs.BoolVarP(&all, "all", "a", false, allHelp)
+	var kind, tenant string
+	fs.StringVar(&kind, "kind", "", "only leases of this kind (block, memory, accel, nic)")
+	fs.StringVar(&tenant, "tenant", "", "only this tenant's leases (an admin token)")
 	return func(ctx context.Context, _ []string) error {
 		c, err := cf.client()
 		if err != nil {
@@ -39,11 +42,7 @@ func runLeases(e *env, fs *pflag.FlagSet) runFunc {
 		}
 		// By default only live leases (reserved, active, releasing) are asked
 		// for: the server answers with what is lent now, not the history.
-		list := c.Leases
-		if all {
-			list = c.AllLeases
-		}
-		ls, err := list(ctx)
+		ls, err := c.ListLeases(ctx, api.LeaseQuery{All: all, Kind: api.Kind(kind), Tenant: tenant})
 		if err != nil {
 			return err
 		}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -121,5 +122,49 @@ func TestLeaseCreateSaysWhatItHolds(t *testing.T) {
 	ls, err := c.Client().AllLeases(t.Context())
 	if err != nil || len(ls) != 1 {
 		t.Fatalf("refused requests left leases: %v %+v", err, ls)
+	}
+}
+
+// TestLeasesFilters: `rialto leases --tenant T --kind K` lists what the
+// control plane selects; an unknown kind is refused with its words.
+func TestLeasesFilters(t *testing.T) {
+	c := testcluster.Start(t, testcluster.Options{Nodes: 1, Tenants: []string{"alice"}})
+	ctx := context.Background()
+	mine, err := c.ClientWithToken(testcluster.TenantToken("alice")).CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := t.TempDir()
+	ids := func(args ...string) []string {
+		t.Helper()
+		out, errs, code := runIn(t, c, rt, append([]string{"leases", "-o", "json"}, args...)...)
+		if code != 0 {
+			t.Fatalf("leases %v: exit %d: %s", args, code, errs)
+		}
+		var ls []api.Lease
+		if err := json.Unmarshal([]byte(out), &ls); err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, l := range ls {
+			ids = append(ids, l.ID)
+		}
+		return ids
+	}
+	if got := ids("--tenant", "alice"); len(got) != 1 || got[0] != mine.ID {
+		t.Errorf("--tenant alice: %v; want %s (not %s)", got, mine.ID, other.ID)
+	}
+	if got := ids("--kind", "memory"); len(got) != 0 {
+		t.Errorf("--kind memory: %v", got)
+	}
+	if got := ids("--kind", "block", "--all"); len(got) != 2 {
+		t.Errorf("--kind block --all: %v", got)
+	}
+	if _, errs, code := runIn(t, c, rt, "leases", "--kind", "gpu"); code == 0 || !strings.Contains(errs, `kind="gpu" is not one of`) {
+		t.Errorf("--kind gpu: exit %d: %s", code, errs)
 	}
 }
