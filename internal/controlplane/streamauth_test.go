@@ -3,6 +3,8 @@ package controlplane
 import (
 	"bufio"
 	"encoding/json"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,7 +20,15 @@ type streamReader struct {
 
 func openFollow(t *testing.T, e *env, name, token string) *streamReader {
 	t.Helper()
-	resp := openStream(t, e.ctx(), e.ts.URL+"/v1/events?follow=1&since=end&format=ndjson", token)
+	return openFollowAt(t, e, name, "/v1/events?follow=1&since=end&format=ndjson", token)
+}
+
+// openFollowAt opens the stream at path: the API's (ndjson) or one that
+// passes it on as Server-Sent Events (Redfish's), whose id: lines next
+// reads.
+func openFollowAt(t *testing.T, e *env, name, path, token string) *streamReader {
+	t.Helper()
+	resp := openStream(t, e.ctx(), e.ts.URL+path, token)
 	t.Cleanup(func() { resp.Body.Close() })
 	if resp.StatusCode != 200 {
 		t.Fatalf("%s: follow: status %d", name, resp.StatusCode)
@@ -31,8 +41,16 @@ func openFollow(t *testing.T, e *env, name, token string) *streamReader {
 func (r *streamReader) next() (api.Event, bool) {
 	r.t.Helper()
 	for r.sc.Scan() {
-		if len(r.sc.Bytes()) == 0 {
-			continue
+		line := r.sc.Text()
+		if id, ok := strings.CutPrefix(line, "id: "); ok {
+			n, err := strconv.ParseInt(id, 10, 64)
+			if err != nil {
+				r.t.Fatalf("%s: %q: %v", r.name, line, err)
+			}
+			return api.Event{ID: n}, true
+		}
+		if line == "" || !strings.HasPrefix(line, "{") {
+			continue // keep-alives, SSE's retry:, data: and comments
 		}
 		var ev api.Event
 		if err := json.Unmarshal(r.sc.Bytes(), &ev); err != nil {
@@ -60,10 +78,11 @@ func TestRevokedStreamsEnd(t *testing.T) {
 	alice := openFollow(t, e, "alice (token taken out)", aliceTok)
 	carol := openFollow(t, e, "carol (admin flag taken away)", "carol-secret-token")
 	removed := openFollow(t, e, "n1 (node removed)", j.Credential)
+	redfish := openFollowAt(t, e, "alice's Redfish EventService stream", "/redfish/v1/EventService/SSE", aliceTok)
 
 	// Every stream is live: each gets an event appended now.
 	first := e.appendEvents(1, "test.before")[0]
-	for _, r := range []*streamReader{kept, alice, carol, removed} {
+	for _, r := range []*streamReader{kept, alice, carol, removed, redfish} {
 		if ev, ok := r.next(); !ok || ev.ID != first.ID {
 			t.Fatalf("%s: got %+v (open %v), want event %d", r.name, ev, ok, first.ID)
 		}
@@ -87,7 +106,7 @@ func TestRevokedStreamsEnd(t *testing.T) {
 			break
 		}
 	}
-	for _, r := range []*streamReader{alice, carol, removed} {
+	for _, r := range []*streamReader{alice, carol, removed, redfish} {
 		for {
 			ev, ok := r.next()
 			if !ok {
