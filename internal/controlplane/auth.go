@@ -243,6 +243,9 @@ type authCache struct {
 	mu  sync.Mutex
 	m   map[string]authEntry
 	gen uint64
+	// changed is closed (and replaced) by every drop: an open event
+	// stream then checks its caller again (stream.go).
+	changed chan struct{}
 	// life, when set (New sets it), is how long an entry is used after
 	// its lookup, read when the entry is read; authCacheTTL otherwise.
 	life func() time.Duration
@@ -270,6 +273,28 @@ func (c *authCache) get(hash string, now time.Time) (principal, bool) {
 	return e.p, true
 }
 
+// changes returns a channel closed at the cache's next drop (a reload of
+// the tokens, a node's rejoin or removal, here or on another replica, a
+// replica listening anew).
+func (c *authCache) changes() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.changed == nil {
+		c.changed = make(chan struct{})
+	}
+	return c.changed
+}
+
+// nextGenLocked moves the cache to a new generation and wakes those
+// waiting on changes.
+func (c *authCache) nextGenLocked() {
+	c.gen++
+	if c.changed != nil {
+		close(c.changed)
+		c.changed = nil
+	}
+}
+
 // generation is the cache's generation, for put.
 func (c *authCache) generation() uint64 {
 	c.mu.Lock()
@@ -295,7 +320,7 @@ func (c *authCache) put(hash string, p principal, at time.Time, gen uint64) {
 func (c *authCache) dropNode(id string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.gen++
+	c.nextGenLocked()
 	for h, e := range c.m {
 		if e.p.role == roleNode && e.p.nodeID == id {
 			delete(c.m, h)
@@ -307,6 +332,6 @@ func (c *authCache) dropNode(id string) {
 func (c *authCache) clear() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.gen++
+	c.nextGenLocked()
 	c.m = nil
 }

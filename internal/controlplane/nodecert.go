@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -14,7 +15,9 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
 	"github.com/rialto-project/rialto/internal/pki"
+	"github.com/rialto-project/rialto/internal/resource"
 )
 
 // nodeHosts are the hosts a node's certificate may name: those of its
@@ -81,21 +84,22 @@ func (s *Server) checkJoinCSR(r api.JoinRequest) error {
 	return nil
 }
 
-// signNodeCSR issues node n's certificate from a CSR.
-func (s *Server) signNodeCSR(n api.Node, csr string) (api.NodeCertificateResponse, error) {
+// signNodeCSR issues node n's certificate from a CSR; serial is its
+// serial number.
+func (s *Server) signNodeCSR(n api.Node, csr string) (out api.NodeCertificateResponse, serial *big.Int, err error) {
 	hosts := nodeHosts(n.Address, n.AgentURL, n.Endpoints)
 	if err := checkNodeHosts(hosts); err != nil {
-		return api.NodeCertificateResponse{}, err
+		return api.NodeCertificateResponse{}, nil, err
 	}
 	iss, err := s.cfg.CA.SignCSR([]byte(csr), s.nodeCertRequest(n.ID, hosts))
 	if err != nil {
 		if errors.Is(err, pki.ErrBadRequest) {
-			return api.NodeCertificateResponse{}, fmt.Errorf("%w: %v", ErrInvalid, err)
+			return api.NodeCertificateResponse{}, nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 		}
-		return api.NodeCertificateResponse{}, fmt.Errorf("controlplane: sign node certificate: %w", err)
+		return api.NodeCertificateResponse{}, nil, fmt.Errorf("controlplane: sign node certificate: %w", err)
 	}
 	s.log.Info("node certificate issued", "node", n.ID, "serial", iss.Cert.SerialNumber.Text(16), "expires", iss.Cert.NotAfter)
-	return api.NodeCertificateResponse{Certificate: string(iss.CertPEM), CACertificate: string(s.cfg.CA.CertPEM())}, nil
+	return api.NodeCertificateResponse{Certificate: string(iss.CertPEM), CACertificate: string(s.cfg.CA.CertPEM())}, iss.Cert.SerialNumber, nil
 }
 
 // APIServerCN is the common name of the API's certificate (APIServerTLS):
@@ -176,12 +180,44 @@ func (s *Server) hNodeCertificate(ctx context.Context, p principal, r *http.Requ
 	if err := decode(w, r, false, &req); err != nil {
 		return 0, nil, err
 	}
-	n, err := s.st.Node(ctx, id)
+	// The node as its credential names it in the store now, not as the
+	// (cached) authentication found it: removed meanwhile, it is not.
+	n, err := s.nodeOfCredential(ctx, r, id)
 	if err != nil {
 		return 0, nil, err
 	}
-	out, err := s.signNodeCSR(n.Node, req.CSR)
-	return http.StatusOK, out, err
+	out, serial, err := s.signNodeCSR(n, req.CSR)
+	if err != nil {
+		return 0, nil, err
+	}
+	// A removal that committed since the read above revoked the node's
+	// certificates before it, maybe not this one: read again, after the
+	// certificate is in the CA's index. The removal revokes what the
+	// index holds once more after its commit (removeNode), so either it
+	// revokes this certificate or this read sees the node removed.
+	if _, err := s.nodeOfCredential(ctx, r, id); err != nil {
+		if rerr := s.cfg.CA.Revoke(serial); rerr != nil {
+			return 0, nil, fmt.Errorf("controlplane: node %s: revoke the certificate issued while it was removed: %w", id, rerr)
+		}
+		s.log.Warn("node certificate revoked at once: the node was removed while it was issued", "node", id, "serial", serial.Text(16))
+		return 0, nil, err
+	}
+	return http.StatusOK, out, nil
+}
+
+// nodeOfCredential reads, from the store (not the token cache), the node
+// whose credential r presents, which must be node id: ErrUnauthorized
+// once the node was removed or joined again with a new credential.
+func (s *Server) nodeOfCredential(ctx context.Context, r *http.Request, id string) (api.Node, error) {
+	_, tok, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+	n, err := s.st.NodeByCredential(ctx, resource.HashSecret(strings.TrimSpace(tok)))
+	if errors.Is(err, store.ErrNotFound) || (err == nil && n.ID != id) {
+		return api.Node{}, fmt.Errorf("%w: node %s was removed, or joined again with another credential", ErrUnauthorized, id)
+	}
+	if err != nil {
+		return api.Node{}, fmt.Errorf("controlplane: node %s: %w", id, err)
+	}
+	return n, nil
 }
 
 // TLSLender is the Lender of a control plane with a cluster CA: it calls

@@ -75,6 +75,18 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 	s.live.forget(n.ID)
 	s.auth.dropNode(n.ID) // its credential stops working at once
 	s.invalidate()
+	if s.cfg.CA != nil {
+		// A renewal authenticated before the removal may have issued a
+		// certificate since the revocation above; one that issues from
+		// now on sees the node removed and revokes its certificate
+		// itself (hNodeCertificate).
+		more, err := s.cfg.CA.RevokeIssuedTo(n.ID)
+		if err != nil {
+			return api.NodeRemoval{}, fmt.Errorf("controlplane: node %s removed, but revoking the certificates issued to it during the removal failed: %w", n.ID, err)
+		}
+		serials = append(serials, more...)
+		revoked += len(more)
+	}
 	// And on every other replica before this returns (revoke.go).
 	if late := s.broadcastRevocation(ctx, n.ID, serials); len(late) > 0 {
 		s.log.Warn("replicas did not acknowledge the node's removal in time; they trust no cache until they hear the others again",

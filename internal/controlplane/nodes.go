@@ -228,7 +228,7 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 		}
 	}
 	if s.cfg.CA != nil {
-		c, err := s.signNodeCSR(n, r.CSR)
+		c, _, err := s.signNodeCSR(n, r.CSR)
 		if err != nil {
 			return api.JoinResponse{}, err
 		}

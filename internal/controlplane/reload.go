@@ -117,7 +117,7 @@ func (s *Server) Reload(ctx context.Context, set Settings) error {
 func (c *authCache) dropTokens() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.gen++
+	c.nextGenLocked()
 	for h, e := range c.m {
 		if e.p.role == roleTenant || e.p.role == roleBootstrap {
 			delete(c.m, h)

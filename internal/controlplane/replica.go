@@ -190,14 +190,16 @@ func stretch(d time.Duration, f float64) time.Duration {
 }
 
 // limit is the tenant's quota as the store re-checks it, when the store
-// is shared (nil otherwise: the one process's placement view is exact).
+// is shared (nil otherwise: the one process's placement view is exact):
+// placement's, the last Reload's if there was one.
 func (s *Server) limit(tenant string) *store.Limit {
 	if !s.shared() {
 		return nil
 	}
-	q, ok := s.cfg.Quotas.Tenants[tenant]
+	qs := s.res.Quotas()
+	q, ok := qs.Tenants[tenant]
 	if !ok {
-		q = s.cfg.Quotas.Default
+		q = qs.Default
 	}
 	if q == (Quota{}) {
 		return nil

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
@@ -45,6 +46,10 @@ type reserver struct {
 	// share is a lost race and a retry).
 	seed  uint64
 	share []string // node IDs, from the view
+
+	// cur is quotas, for readers that must not wait for a placement
+	// (the store's re-check of a creation: Server.limit).
+	cur atomic.Pointer[Quotas]
 
 	mu       sync.Mutex // serializes placements; guards the fields below
 	quotas   Quotas
@@ -89,7 +94,9 @@ type hold struct {
 }
 
 func newReserver(st store.Store, quotas Quotas) *reserver {
-	return &reserver{st: st, quotas: quotas}
+	r := &reserver{st: st, quotas: quotas}
+	r.cur.Store(&quotas)
+	return r
 }
 
 // Place places req for the lease h names, avoiding the nodes in skip
@@ -218,8 +225,18 @@ func (r *reserver) Release(id string) {
 func (r *reserver) SetQuotas(q Quotas) {
 	r.mu.Lock()
 	r.quotas = q
+	r.cur.Store(&q)
 	r.idx = nil // it was built with the old quotas
 	r.mu.Unlock()
+}
+
+// Quotas are the quotas placement enforces (New's, or the last
+// SetQuotas's), read without waiting for a placement.
+func (r *reserver) Quotas() Quotas {
+	if q := r.cur.Load(); q != nil {
+		return *q
+	}
+	return Quotas{}
 }
 
 // Invalidate makes the next placement reload the view from the store.

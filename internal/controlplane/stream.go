@@ -466,17 +466,46 @@ func (s *Server) hFollow(ctx context.Context, p principal, r *http.Request, w ht
 	if err != nil {
 		return 0, nil, err
 	}
-	if err := s.follow(ctx, followerKey(p), streamTenant(p), since, w, format); err != nil {
+	if err := s.follow(ctx, followerKey(p), streamTenant(p), since, w, format, s.stillCaller(r, p)); err != nil {
 		return 0, nil, err
 	}
 	return 0, streamed{}, nil
 }
 
+// streamRecheck is how often an open stream checks its caller again
+// when nothing told it to (a token taken out by another replica's reload,
+// a certificate revoked by another process sharing the CA directory):
+// the token cache's least lifetime, the bound of those changes on the
+// other calls.
+const streamRecheck = authCacheTTL
+
+// stillCaller returns the check an open stream of p's request r makes
+// when the token cache drops entries (a reload, a node's rejoin or
+// removal, a revocation on another replica) and every streamRecheck:
+// r's credentials must still authenticate, as the same principal (a
+// token made a tenant's instead of an admin's would see less). An error
+// ends the stream; the client's reconnection gets the answer.
+func (s *Server) stillCaller(r *http.Request, p principal) func(context.Context) error {
+	return func(ctx context.Context) error {
+		q, err := s.authenticate(ctx, r)
+		if err != nil {
+			return err
+		}
+		if q.role != p.role || q.nodeID != p.nodeID || q.tenant != p.tenant || q.admin != p.admin {
+			return fmt.Errorf("%w: this token is %s now", ErrUnauthorized, withArticle(q.role.String()))
+		}
+		return nil
+	}
+}
+
 // follow writes tenant's view of the event log after since to w in
-// format, as a follower of caller (followerKey), until ctx ends or the server closes its streams. Errors before
-// the first byte is written are returned (the caller answers them); later
-// ones end the stream.
-func (s *Server) follow(ctx context.Context, caller, tenant string, since int64, w http.ResponseWriter, format streamFormat) error {
+// format, as a follower of caller (followerKey), until ctx ends, the
+// server closes its streams or recheck fails (run when the token cache
+// drops entries, and every streamRecheck: a revoked token's stream ends
+// before it writes any event appended after the revocation). Errors
+// before the first byte is written are returned (the caller answers
+// them); later ones end the stream.
+func (s *Server) follow(ctx context.Context, caller, tenant string, since int64, w http.ResponseWriter, format streamFormat, recheck func(context.Context) error) error {
 	if err := s.checkCursor(ctx, since); err != nil {
 		return err // 410: the events after since were pruned
 	}
@@ -513,8 +542,36 @@ func (s *Server) follow(ctx context.Context, caller, tenant string, since int64,
 	}
 	idle := s.clock.NewTimer(s.events.keepaliveInterval())
 	defer idle.Stop()
+	again := s.clock.NewTimer(streamRecheck)
+	defer again.Stop()
+	// A drop between the request's authentication and here: the first
+	// turn checks the caller (from the cache, normally).
+	var changed <-chan struct{} = closedChan
+	// still checks the caller again when the cache dropped entries since
+	// the last check (or force), and reports whether the stream goes on.
+	still := func(force bool) bool {
+		select {
+		case <-changed:
+		default:
+			if !force {
+				return true
+			}
+		}
+		changed = s.auth.changes() // before the check: a drop during it is seen next time
+		if err := recheck(ctx); err != nil {
+			if ctx.Err() == nil {
+				s.log.Info("event stream ended: its caller no longer authenticates as it did", "caller", caller, "err", err)
+			}
+			return false
+		}
+		again.Reset(streamRecheck)
+		return true
+	}
 	cursor := since
 	for {
+		if !still(false) {
+			return nil
+		}
 		evs, next, wait, err := s.events.read(ctx, s.st, cursor, tenant)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -531,6 +588,9 @@ func (s *Server) follow(ctx context.Context, caller, tenant string, since int64,
 			}
 		}
 		if len(evs) > 0 {
+			if !still(false) {
+				return nil // what was read may be after a revocation
+			}
 			if sw.events(evs) != nil {
 				return nil
 			}
@@ -549,6 +609,11 @@ func (s *Server) follow(ctx context.Context, caller, tenant string, since int64,
 		case <-closing:
 			return nil
 		case <-wait:
+		case <-changed:
+		case <-again.C():
+			if !still(true) {
+				return nil
+			}
 		case <-idle.C():
 			if sw.keepalive() != nil {
 				return nil
@@ -557,6 +622,9 @@ func (s *Server) follow(ctx context.Context, caller, tenant string, since int64,
 		}
 	}
 }
+
+// closedChan is a closed channel.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // CloseStreams ends every event stream and refuses new ones; call it when
 // the HTTP server shuts down (http.Server.RegisterOnShutdown), which
