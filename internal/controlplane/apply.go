@@ -35,7 +35,7 @@ func (s *Server) apply(ctx context.Context, l api.Lease, ev lifecycle.Event) (ap
 		if _, ok := a.(lifecycle.Free); ok && wipes {
 			// A teardown follows: the lease's ranges stay out of
 			// placement (being wiped) from before it leaves the view.
-			s.res.Wiping(next, teardownExcept(acts))
+			s.markWiping(ctx, next, teardownExcept(acts))
 			wipes = false
 		}
 		var out api.Lease
@@ -89,7 +89,7 @@ func (s *Server) effects(ctx context.Context, l api.Lease, acts ...lifecycle.Act
 			if a.Placement == 0 {
 				// The lenders wipe the lease's block ranges: they stay
 				// out of placement until a lender confirms (wiping.go).
-				s.res.Wiping(l, a.Except)
+				s.markWiping(ctx, l, a.Except)
 			}
 			s.teardownParts(ctx, l, a.Placement, a.Except)
 		case lifecycle.Free:

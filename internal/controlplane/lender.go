@@ -433,7 +433,7 @@ func (s *Server) teardownParts(ctx context.Context, l api.Lease, placement int, 
 		}
 		if placement == 0 {
 			// The lender answers a teardown once its wipes are done.
-			s.res.Wiped(l.ID, n.ID)
+			s.wiped(ctx, l.ID, n.ID)
 		}
 	}
 	if len(lenders) == 1 {

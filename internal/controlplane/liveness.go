@@ -57,6 +57,19 @@ type liveEntry struct {
 	at     time.Time // the last heartbeat recorded here
 	health string
 	links  string // linkKey of its links
+	wiping string // wipingKey of the leases its lender wipes
+}
+
+// wipingKey is a heartbeat's list of leases being wiped, written before
+// the answer when it changes: the store's marks of ranges being wiped
+// are forgotten by what it records (wiping.go).
+func wipingKey(ids []string) string {
+	if len(ids) == 0 {
+		return ""
+	}
+	ids = slices.Clone(ids)
+	slices.Sort(ids)
+	return strings.Join(ids, ",")
 }
 
 // linkKey is what of a heartbeat's links is written before the answer
@@ -85,10 +98,10 @@ func (l *liveness) deferBeat(b store.Beat, window time.Duration) bool {
 		return false
 	}
 	lk := linkKey(b.Links)
-	if lk != e.links {
+	if lk != e.links || wipingKey(b.Wiping) != e.wiping {
 		return false
 	}
-	l.seen[b.NodeID] = liveEntry{at: b.At, health: b.Health, links: lk}
+	l.seen[b.NodeID] = liveEntry{at: b.At, health: b.Health, links: lk, wiping: e.wiping}
 	if l.pending == nil {
 		l.pending = map[string]store.Beat{}
 	}
@@ -104,7 +117,7 @@ func (l *liveness) wrote(b store.Beat) {
 		l.seen = map[string]liveEntry{}
 	}
 	if e, ok := l.seen[b.NodeID]; !ok || !b.At.Before(e.at) {
-		l.seen[b.NodeID] = liveEntry{at: b.At, health: b.Health, links: linkKey(b.Links)}
+		l.seen[b.NodeID] = liveEntry{at: b.At, health: b.Health, links: linkKey(b.Links), wiping: wipingKey(b.Wiping)}
 	}
 }
 

@@ -273,7 +273,7 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 	if health == "" {
 		health = "ok"
 	}
-	prev, err := s.recordBeat(ctx, store.Beat{NodeID: nodeID, At: now, Health: health, Links: links})
+	prev, err := s.recordBeat(ctx, store.Beat{NodeID: nodeID, At: now, Health: health, Links: links, Wiping: h.Wiping})
 	if err != nil {
 		return api.HeartbeatResponse{}, err
 	}

@@ -178,7 +178,7 @@ func (s *Server) outcome(ctx context.Context, r *reservation, l api.Lease, todo 
 				}
 			}
 			for _, p := range r.wiping {
-				s.res.refusedWiping(l.ID, p) // placed around until the lender's wipes are done
+				s.refusedWiping(ctx, l.ID, p) // placed around until the lender's wipes are done
 			}
 			r.wiping = nil
 			plan, err := s.placeOrWait(ctx, r.hold(l.ID), r.req, r.skip)
@@ -231,7 +231,7 @@ func (s *Server) reserve(ctx context.Context, r *reservation, idem *store.Idempo
 func (s *Server) placeOrWait(ctx context.Context, h hold, req api.LeaseRequest, skip map[string]string) (api.Plan, error) {
 	var wctx context.Context
 	for {
-		wiped, wiping := s.res.wipesPending()
+		wiped, wiping := s.res.wipesPending(ctx)
 		plan, err := s.res.Place(ctx, h, req, skip, s.now())
 		if err == nil || !wiping || !errors.Is(err, ErrInfeasible) || !s.res.roomAfterWipes(ctx, h, req, skip, s.now()) {
 			return plan, err

@@ -277,6 +277,11 @@ func (r *reserver) load(ctx context.Context) error {
 			r.timed[p.LeaseID] = true
 		}
 	}
+	if w, ok := r.st.(store.Wiper); ok && r.shared {
+		if err := r.loadWipes(ctx, w); err != nil {
+			return err
+		}
+	}
 	for id, ps := range r.held {
 		r.parts[id] = ps
 		delete(r.timed, id)

@@ -69,6 +69,11 @@ func (s *Server) Sweep(ctx context.Context) error {
 		}
 	}
 
+	// Ranges being wiped that their lenders no longer list (wiping.go).
+	if err := s.clearWipes(ctx); err != nil {
+		errs = append(errs, err)
+	}
+
 	// History retention (retain.go).
 	if err := s.pruneHistory(ctx, now); err != nil {
 		errs = append(errs, err)

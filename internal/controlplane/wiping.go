@@ -23,6 +23,16 @@ import (
 // mark goes (reserver.Wiped) when the lender answers the teardown (it
 // answers once its wipes are done), or when a heartbeat of the lender no
 // longer lists the lease as served or being wiped (api.Heartbeat.Wiping).
+//
+// Replicas of a shared store (store.Wiper) keep the marks in the store
+// too, so that each replica's placement sees the others' marks and the
+// store refuses a range being wiped to a new part (ErrCapacity) as it
+// refuses a live one: a mark is written before its lender is told to
+// tear the lease down; it goes when the lender answers the teardown, or
+// when the elected replica's sweep finds that the node's last heartbeat
+// (recorded by any replica, with its wiping list) no longer lists it
+// (clearWipes). A replica's view takes the stored marks at each load, in
+// place of its own.
 
 // wipeKey is the view's lease ID for the ranges of lease id on node
 // being wiped.
@@ -35,15 +45,11 @@ const wipePrefix = "wiping:"
 // node except) as being wiped, until Wiped. Parts of other kinds are not
 // wiped: they are not marked.
 func (r *reserver) Wiping(l api.Lease, except string) {
-	if l.Kind != api.KindBlock {
-		return
-	}
 	byNode := map[string][]store.LivePart{}
-	for _, p := range l.Parts {
-		if p.Lost() || p.NodeID == except || p.Length <= 0 {
-			continue
+	for _, w := range wipesOf(l, except, time.Time{}) {
+		for _, p := range w.Parts {
+			byNode[w.NodeID] = append(byNode[w.NodeID], store.LivePart{Part: p, LeaseID: wipeKey(l.ID, w.NodeID), Mode: l.Mode})
 		}
-		byNode[p.NodeID] = append(byNode[p.NodeID], store.LivePart{Part: p, LeaseID: wipeKey(l.ID, p.NodeID), Mode: l.Mode})
 	}
 	if len(byNode) == 0 {
 		return
@@ -64,6 +70,55 @@ func (r *reserver) Wiping(l api.Lease, except string) {
 	if _, live := r.parts[l.ID]; r.valid && !live {
 		r.enterWipes(l.ID) // the lease left the view already
 	}
+}
+
+// wipesOf are lease l's block parts (but the lost ones, and those on node
+// except) by node, as the store records them being wiped at at.
+func wipesOf(l api.Lease, except string, at time.Time) []store.Wipe {
+	if l.Kind != api.KindBlock {
+		return nil
+	}
+	var out []store.Wipe
+	idx := map[string]int{}
+	for _, p := range l.Parts {
+		if p.Lost() || p.NodeID == except || p.Length <= 0 {
+			continue
+		}
+		i, ok := idx[p.NodeID]
+		if !ok {
+			i = len(out)
+			idx[p.NodeID] = i
+			out = append(out, store.Wipe{LeaseID: l.ID, NodeID: p.NodeID, Mode: l.Mode, At: at})
+		}
+		out[i].Parts = append(out[i].Parts, api.Part{NodeID: p.NodeID, DeviceID: p.DeviceID, Offset: p.Offset, Length: p.Length})
+	}
+	return out
+}
+
+// loadWipes replaces the view's marks with the store's (a shared store):
+// the marks of every replica, as the store keeps them, read after the
+// view's live parts (a lease that ended in between is then read either
+// live or marked). r.mu is held.
+func (r *reserver) loadWipes(ctx context.Context, w store.Wiper) error {
+	ws, err := w.Wipes(ctx)
+	if err != nil {
+		return fmt.Errorf("reading the ranges being wiped: %w", err)
+	}
+	r.wiping = nil
+	for _, x := range ws {
+		if r.wiping == nil {
+			r.wiping = map[string]map[string][]store.LivePart{}
+		}
+		m := r.wiping[x.LeaseID]
+		if m == nil {
+			m = map[string][]store.LivePart{}
+			r.wiping[x.LeaseID] = m
+		}
+		for _, p := range x.Parts {
+			m[x.NodeID] = append(m[x.NodeID], store.LivePart{Part: p, LeaseID: wipeKey(x.LeaseID, x.NodeID), Mode: x.Mode})
+		}
+	}
+	return nil
 }
 
 // enterWipes enters lease id's ranges being wiped in the view, which no
@@ -170,10 +225,14 @@ func (r *reserver) roomAfterWipes(ctx context.Context, h hold, req api.LeaseRequ
 }
 
 // wipesPending returns whether ranges are marked as being wiped and, if
-// so, a channel closed when a mark goes.
-func (r *reserver) wipesPending() (<-chan struct{}, bool) {
+// so, a channel closed when a mark goes. A view to be reloaded is loaded
+// first: on a shared store the marks come with it.
+func (r *reserver) wipesPending(ctx context.Context) (<-chan struct{}, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.shared {
+		r.load(ctx) // an error is Place's to report
+	}
 	if len(r.wiping) == 0 {
 		return nil, false
 	}
@@ -189,9 +248,66 @@ func (r *reserver) wipesPending() (<-chan struct{}, bool) {
 // since) as being wiped, under the refused lease's ID and the node, until
 // the node's heartbeats no longer list a wipe. The placement that follows
 // places around it.
-func (r *reserver) refusedWiping(id string, p api.Part) {
+func (s *Server) refusedWiping(ctx context.Context, id string, p api.Part) {
 	key := refusedPrefix + id + "/" + p.DeviceID + "/" + fmt.Sprint(p.Offset)
-	r.Wiping(api.Lease{ID: key, Kind: api.KindBlock, Mode: api.ModeDedicated, Parts: []api.Part{p}}, "")
+	s.markWiping(ctx, api.Lease{ID: key, Kind: api.KindBlock, Mode: api.ModeDedicated, Parts: []api.Part{p}}, "")
+}
+
+// markWiping marks lease l's block parts (but those on node except) as
+// being wiped (reserver.Wiping) and, on a shared store, records them
+// there for the other replicas, before the caller tells the lenders to
+// tear the lease down. A mark the store did not take is logged: the
+// lender refusing the range (refusedWiping) remains.
+func (s *Server) markWiping(ctx context.Context, l api.Lease, except string) {
+	if w, ok := s.wiper(); ok {
+		if ws := wipesOf(l, except, s.now()); len(ws) > 0 {
+			if err := w.MarkWiping(ctx, ws); err != nil {
+				s.log.Warn("recording the ranges being wiped for the other replicas", "lease", l.ID, "err", err)
+			}
+		}
+	}
+	s.res.Wiping(l, except)
+}
+
+// wiped drops the marks of lease id's ranges on node, here and in a
+// shared store: its lender confirmed their wipe.
+func (s *Server) wiped(ctx context.Context, id, node string) {
+	s.res.Wiped(id, node)
+	if w, ok := s.wiper(); ok {
+		if err := w.Unwipe(ctx, id, node); err != nil {
+			s.log.Warn("forgetting a wiped range for the other replicas (the sweep forgets it after the lender's next heartbeat)", "lease", id, "node", node, "err", err)
+		}
+	}
+}
+
+// wiper is the store's record of ranges being wiped, when the store is
+// shared with other replicas.
+func (s *Server) wiper() (store.Wiper, bool) {
+	if !s.shared() {
+		return nil, false
+	}
+	w, ok := s.st.(store.Wiper)
+	return w, ok
+}
+
+// clearWipes (the elected replica's sweep) forgets the stored marks that
+// the nodes' last heartbeats no longer list as being wiped. settle covers
+// a teardown on its way to the lender when its heartbeat was sent, and
+// the replicas' clocks (the mark's time is one replica's, the
+// heartbeat's another's).
+func (s *Server) clearWipes(ctx context.Context) error {
+	w, ok := s.wiper()
+	if !ok {
+		return nil
+	}
+	n, err := w.ClearWipes(ctx, s.cfg.PrepareTimeout+s.cfg.HeartbeatInterval)
+	if err != nil {
+		return fmt.Errorf("forgetting the wiped ranges: %w", err)
+	}
+	if n > 0 {
+		s.res.Invalidate() // the view reloads the marks left
+	}
+	return nil
 }
 
 // refusedPrefix begins the marks of ranges a lender refused as being
@@ -202,11 +318,25 @@ const refusedPrefix = "refused/"
 // the caller's placement found no room) is closed: a range marked as
 // being wiped was confirmed wiped, and may be the room the placement
 // lacked. It reports false when ctx ended first.
+//
+// On a shared store another replica may see the wipe confirmed (its
+// lender's teardown answer or heartbeat): the wait then also ends after
+// a heartbeat interval, with the view to be reloaded with the store's
+// marks.
 func (s *Server) waitWipes(ctx context.Context, ch <-chan struct{}) bool {
 	s.m.wipeWaits.Inc()
 	defer s.m.wipeWaits.Dec()
+	var recheck <-chan time.Time
+	if _, ok := s.wiper(); ok {
+		t := s.clock.NewTimer(s.cfg.HeartbeatInterval)
+		defer t.Stop()
+		recheck = t.C()
+	}
 	select {
 	case <-ch:
+		return true
+	case <-recheck:
+		s.res.Invalidate()
 		return true
 	case <-ctx.Done():
 		return false
@@ -251,6 +381,6 @@ func (s *Server) heartbeatWipes(ctx context.Context, nodeID string, h api.Heartb
 		}
 		on := l
 		on.Parts = slices.DeleteFunc(slices.Clone(l.Parts), func(p api.Part) bool { return p.NodeID != nodeID })
-		s.res.Wiping(on, "")
+		s.markWiping(ctx, on, "")
 	}
 }

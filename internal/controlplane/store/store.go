@@ -55,6 +55,9 @@ type Beat struct {
 	At     time.Time
 	Health string
 	Links  []api.Link
+	// Wiping are the leases the node's lender reports being wiped (its
+	// heartbeat's list), recorded on the node (see Wiper.ClearWipes).
+	Wiping []string
 }
 
 // NodeRecord is a node with the secret the control plane presents to its
@@ -372,4 +375,36 @@ type Pruner interface {
 // first); a later join of the same machine brings it back.
 type NodeRemover interface {
 	RemoveNode(ctx context.Context, id string, ev api.Event) (api.Node, error)
+}
+
+// Wipe is the block ranges of one lease on one node that the node's
+// lender is wiping (docs/placement.md, "Ranges being wiped"). LeaseID may
+// also name a range a lender refused as being wiped after a lease the
+// control plane did not know (its prefix "refused/").
+type Wipe struct {
+	LeaseID string
+	NodeID  string
+	Parts   []api.Part
+	Mode    api.Mode  // the lease's
+	At      time.Time // when the mark was written
+}
+
+// Wiper is an optional Store capability: the block ranges being wiped,
+// kept in the store so that every replica of a shared store sees them.
+// A range being wiped is refused to a new part (ErrCapacity), as a live
+// part's range is.
+type Wiper interface {
+	// MarkWiping records ranges being wiped; those already recorded
+	// (lease, node) are left as they are.
+	MarkWiping(ctx context.Context, ws []Wipe) error
+	// Unwipe forgets lease id's ranges on node: its lender confirmed
+	// their wipe.
+	Unwipe(ctx context.Context, leaseID, nodeID string) error
+	// Wipes returns every range recorded as being wiped.
+	Wipes(ctx context.Context) ([]Wipe, error)
+	// ClearWipes forgets the ranges whose node's last recorded heartbeat
+	// (Beat.Wiping), received more than settle after the mark was
+	// written, no longer lists their lease as being wiped (a refused
+	// range: lists none). It returns how many marks it forgot.
+	ClearWipes(ctx context.Context, settle time.Duration) (int, error)
 }

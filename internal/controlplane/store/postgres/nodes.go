@@ -31,17 +31,17 @@ func (s *Store) Heartbeats(ctx context.Context, beats []store.Beat) ([]api.NodeS
 		ids = append(ids, id)
 	}
 	sort.Strings(ids) // rows are locked in node ID order (doc.go)
-	health, at := make([]string, len(ids)), make([]int64, len(ids))
+	health, at, wiping := make([]string, len(ids)), make([]int64, len(ids)), make([]string, len(ids))
 	for k, id := range ids {
 		b := beats[last[id]]
-		health[k], at[k] = b.Health, ns(b.At)
+		health[k], at[k], wiping[k] = b.Health, ns(b.At), sqlstore.WipingText(b.Wiping)
 	}
 	err := s.tx(ctx, func(tx sqlstore.Execer) error {
 		before := map[string]api.NodeState{}
 		removed := map[string]bool{}
-		rows, err := tx.QueryContext(ctx, `UPDATE nodes n SET health = v.h, last_heartbeat = v.at
-			FROM (SELECT * FROM unnest(?::text[], ?::text[], ?::bigint[]) AS t(id, h, at) ORDER BY id) v
-			WHERE n.id = v.id AND n.state = 'ready' RETURNING n.id`, ids, health, at)
+		rows, err := tx.QueryContext(ctx, `UPDATE nodes n SET health = v.h, last_heartbeat = v.at, wiping = v.w
+			FROM (SELECT * FROM unnest(?::text[], ?::text[], ?::bigint[], ?::text[]) AS t(id, h, at, w) ORDER BY id) v
+			WHERE n.id = v.id AND n.state = 'ready' RETURNING n.id`, ids, health, at, wiping)
 		if err != nil {
 			return wrap("heartbeat", err)
 		}
@@ -75,7 +75,7 @@ func (s *Store) Heartbeats(ctx context.Context, beats []store.Beat) ([]api.NodeS
 				removed[id] = true
 				continue
 			}
-			if _, err := tx.ExecContext(ctx, `UPDATE nodes SET state = 'ready', health = ?, last_heartbeat = ? WHERE id = ?`, health[k], at[k], id); err != nil {
+			if _, err := tx.ExecContext(ctx, `UPDATE nodes SET state = 'ready', health = ?, last_heartbeat = ?, wiping = ? WHERE id = ?`, health[k], at[k], wiping[k], id); err != nil {
 				return wrap("heartbeat", err)
 			}
 			before[id] = st

@@ -252,7 +252,7 @@ func (s *Store) readForCreations(ctx context.Context, c *pgx.Conn, ops []store.L
 			b.Queue(`SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND key = $2`, n.Idem.Tenant, n.Idem.Key)
 		}
 		for _, p := range n.Lease.Parts {
-			b.Queue(partSQL, p.Offset+p.Length, p.Offset, p.DeviceID)
+			b.Queue(partSQL, sqlstore.PartCheckArgs(p)...)
 		}
 		if n.Limit != nil {
 			b.Queue(rebind(sqlstore.LimitSQL), n.Lease.Tenant)
@@ -478,6 +478,7 @@ func checkedCreateSQL(n int) string {
 		ok AS (SELECT bool_and(coalesce((SELECT d.node_id = t.node AND d.state = 'available' AND n.state = 'ready'
 				AND n.cordoned = 0 AND d.kind = ?::text AND t.off >= 0 AND t.len > 0 AND t.off <= d.capacity - t.len
 				AND (SELECT 1 FROM lease_parts lp WHERE lp.device_id = d.id AND lp.live = 1 AND lp.off < t.off + t.len AND lp.off + lp.length > t.off LIMIT 1) IS NULL
+				AND (SELECT 1 FROM wipes w WHERE w.device_id = d.id AND w.off < t.off + t.len AND w.off + w.length > t.off LIMIT 1) IS NULL
 				FROM devices d JOIN nodes n ON n.id = d.node_id WHERE d.id = t.dev), false)) AS pass
 			FROM (VALUES `)
 	for i := range n {

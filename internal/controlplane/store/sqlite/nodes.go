@@ -8,6 +8,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/controlplane/store/sqlstore"
 )
 
 // Heartbeats records many heartbeats in one transaction. A heartbeat of
@@ -19,7 +20,7 @@ func (s *Store) Heartbeats(ctx context.Context, beats []store.Beat) ([]api.NodeS
 		for i, b := range beats {
 			// The usual case, a ready node, is one statement; a node that
 			// was not ready (or is unknown) is read first.
-			res, err := tx.ExecContext(ctx, `UPDATE nodes SET health = ?, last_heartbeat = ? WHERE id = ? AND state = 'ready'`, b.Health, ns(b.At), b.NodeID)
+			res, err := tx.ExecContext(ctx, `UPDATE nodes SET health = ?, last_heartbeat = ?, wiping = ? WHERE id = ? AND state = 'ready'`, b.Health, ns(b.At), sqlstore.WipingText(b.Wiping), b.NodeID)
 			var n int64
 			if err == nil {
 				n, err = res.RowsAffected()
@@ -43,7 +44,7 @@ func (s *Store) Heartbeats(ctx context.Context, beats []store.Beat) ([]api.NodeS
 					errs[i] = fmt.Errorf("node %s was removed: %w", b.NodeID, store.ErrNotFound)
 					continue
 				}
-				if _, err := tx.ExecContext(ctx, `UPDATE nodes SET state = 'ready', health = ?, last_heartbeat = ? WHERE id = ?`, b.Health, ns(b.At), b.NodeID); err != nil {
+				if _, err := tx.ExecContext(ctx, `UPDATE nodes SET state = 'ready', health = ?, last_heartbeat = ?, wiping = ? WHERE id = ?`, b.Health, ns(b.At), sqlstore.WipingText(b.Wiping), b.NodeID); err != nil {
 					return fmt.Errorf("sqlite: heartbeat: %w", err)
 				}
 			}

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -36,5 +37,54 @@ func TestNewerSchemaRefused(t *testing.T) {
 	var v int
 	if err := db.QueryRowContext(ctx, `SELECT MAX(version) FROM schema_version`).Scan(&v); err != nil || v != newer {
 		t.Fatalf("schema version %d (%v) after the refusal, want %d", v, err, newer)
+	}
+}
+
+// TestConcurrentMigrations: processes opening one database at once (a
+// server and `rialto` store commands, or a second server started by
+// mistake) each see the migrations the others applied while they waited
+// for the write lock: every open succeeds, on a fresh database and on one
+// an older binary left at version 5, and each migration is recorded once.
+func TestConcurrentMigrations(t *testing.T) {
+	ctx := context.Background()
+	ms, _ := migrations()
+	for round := range 8 {
+		path := filepath.Join(t.TempDir(), "cp.db")
+		if round%2 == 1 {
+			old, err := open(ctx, path, 5)
+			if err != nil {
+				t.Fatal(err)
+			}
+			old.Close()
+		}
+		var wg sync.WaitGroup
+		errs := make([]error, 3)
+		for i := range errs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s, err := Open(ctx, path)
+				if err == nil {
+					err = s.Close()
+				}
+				errs[i] = err
+			}()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("round %d, opener %d: %v", round, i, err)
+			}
+		}
+		s, err := Open(ctx, path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rows, v int
+		err = s.w.QueryRowContext(ctx, `SELECT COUNT(*), MAX(version) FROM schema_version`).Scan(&rows, &v)
+		s.Close()
+		if err != nil || rows != len(ms) || v != len(ms) {
+			t.Fatalf("round %d: schema_version has %d rows up to %d (%v), want %d", round, rows, v, err, len(ms))
+		}
 	}
 }

@@ -27,7 +27,7 @@ func (s *Core) reserve(ctx context.Context, tx Execer, leaseID string, kind api.
 func (s *Core) checkParts(ctx context.Context, tx Execer, kind api.Kind, parts []api.Part) error {
 	for i, p := range parts {
 		var r PartRow
-		err := tx.QueryRowContext(ctx, PartCheckSQL, p.Offset+p.Length, p.Offset, p.DeviceID).
+		err := tx.QueryRowContext(ctx, PartCheckSQL, PartCheckArgs(p)...).
 			Scan(&r.DState, &r.DKind, &r.Capacity, &r.NodeID, &r.NState, &r.Cordoned, &r.Taken)
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("device %s: %w", p.DeviceID, store.ErrCapacity)
@@ -43,11 +43,17 @@ func (s *Core) checkParts(ctx context.Context, tx Execer, kind api.Kind, parts [
 }
 
 // PartCheckSQL reads what a part's check needs: its device's state, kind,
-// capacity and node, the node's state and cordon, and whether a live part overlaps
-// the range (arguments: range end, range start, device ID).
+// capacity and node, the node's state and cordon, and whether a live part
+// or a range being wiped overlaps the range (arguments: PartCheckArgs).
 const PartCheckSQL = `SELECT d.state, d.kind, d.capacity, d.node_id, n.state, n.cordoned <> 0,
 	EXISTS (SELECT 1 FROM lease_parts p WHERE p.device_id = d.id AND p.live = 1 AND p.off < ? AND p.off + p.length > ?)
+	OR EXISTS (SELECT 1 FROM wipes w WHERE w.device_id = d.id AND w.off < ? AND w.off + w.length > ?)
 	FROM devices d JOIN nodes n ON n.id = d.node_id WHERE d.id = ?`
+
+// PartCheckArgs are PartCheckSQL's arguments for part p.
+func PartCheckArgs(p api.Part) []any {
+	return []any{p.Offset + p.Length, p.Offset, p.Offset + p.Length, p.Offset, p.DeviceID}
+}
 
 // PartRow is PartCheckSQL's answer.
 type PartRow struct {
@@ -73,7 +79,7 @@ func JudgePart(kind api.Kind, parts []api.Part, i int, r PartRow) error {
 	case p.Offset < 0 || p.Length <= 0 || p.Offset > r.Capacity-p.Length:
 		return fmt.Errorf("device %s: range %d+%d outside capacity %d: %w", p.DeviceID, p.Offset, p.Length, r.Capacity, store.ErrCapacity)
 	case r.Taken:
-		return fmt.Errorf("device %s: range %d+%d is taken: %w", p.DeviceID, p.Offset, p.Length, store.ErrCapacity)
+		return fmt.Errorf("device %s: range %d+%d is taken (by a live lease, or being wiped after one): %w", p.DeviceID, p.Offset, p.Length, store.ErrCapacity)
 	}
 	for _, q := range parts[:i] {
 		if q.DeviceID == p.DeviceID && q.Offset < p.Offset+p.Length && q.Offset+q.Length > p.Offset {

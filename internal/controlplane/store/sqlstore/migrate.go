@@ -63,29 +63,50 @@ type MigrationDB interface {
 // Migrate applies the migrations of ms that db's schema_version table
 // does not list, up to version max (-1: all), each in its own transaction
 // that also records it. A database whose version is newer than ms is
-// refused, untouched. appliedAt is the SQL type of the table's time
-// column; insert records a migration (its version and name, in the
+// refused, untouched. Each transaction reads the applied versions again
+// before it changes anything: another process may have migrated the
+// database meanwhile (two SQLite processes opening one file at once; a
+// PostgreSQL store holds an advisory lock as well), and a migration it
+// applied is not applied again. appliedAt is the SQL type of the table's
+// time column; insert records a migration (its version and name, in the
 // dialect's placeholders). Errors are wrapped by wrap, but for the
 // refusal, which names the store (who).
 func Migrate(ctx context.Context, db MigrationDB, ms []Migration, max int, appliedAt, insert, who string, wrap func(string, error) error) error {
-	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_version (
-		version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at `+appliedAt+` NOT NULL DEFAULT CURRENT_TIMESTAMP)`); err != nil {
+	// In a transaction: on SQLite it takes the write lock (BEGIN
+	// IMMEDIATE), so that a concurrent opener waits for it rather than
+	// failing to upgrade a read to a write.
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
 		return wrap("schema_version", err)
 	}
-	var cur sql.NullInt64
-	if err := db.QueryRowContext(ctx, `SELECT MAX(version) FROM schema_version`).Scan(&cur); err != nil {
-		return wrap("schema version", err)
+	if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_version (
+		version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at `+appliedAt+` NOT NULL DEFAULT CURRENT_TIMESTAMP)`); err != nil {
+		tx.Rollback()
+		return wrap("schema_version", err)
 	}
-	if int(cur.Int64) > len(ms) {
-		return fmt.Errorf("%s: database schema version %d is newer than this binary (%d)", who, cur.Int64, len(ms))
+	cur, err := schemaVersion(ctx, tx, ms, who, wrap)
+	if err != nil {
+		tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return wrap("schema_version", err)
 	}
 	for _, m := range ms {
-		if m.Version <= int(cur.Int64) || (max >= 0 && m.Version > max) {
+		if m.Version <= cur || (max >= 0 && m.Version > max) {
 			continue
 		}
 		tx, err := db.BeginTx(ctx, nil)
 		if err != nil {
 			return wrap("migration "+m.Name, err)
+		}
+		if cur, err = schemaVersion(ctx, tx, ms, who, wrap); err != nil {
+			tx.Rollback()
+			return err
+		}
+		if m.Version <= cur {
+			tx.Rollback() // applied by another process meanwhile
+			continue
 		}
 		if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
 			tx.Rollback()
@@ -100,4 +121,17 @@ func Migrate(ctx context.Context, db MigrationDB, ms []Migration, max int, appli
 		}
 	}
 	return nil
+}
+
+// schemaVersion reads the highest applied migration in tx, and refuses a
+// database newer than ms.
+func schemaVersion(ctx context.Context, tx *sql.Tx, ms []Migration, who string, wrap func(string, error) error) (int, error) {
+	var cur sql.NullInt64
+	if err := tx.QueryRowContext(ctx, `SELECT MAX(version) FROM schema_version`).Scan(&cur); err != nil {
+		return 0, wrap("schema version", err)
+	}
+	if int(cur.Int64) > len(ms) {
+		return 0, fmt.Errorf("%s: database schema version %d is newer than this binary (%d)", who, cur.Int64, len(ms))
+	}
+	return int(cur.Int64), nil
 }

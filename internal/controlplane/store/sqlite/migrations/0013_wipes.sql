@@ -1,0 +1,25 @@
+-- Block ranges being wiped (docs/placement.md, "Ranges being wiped"),
+-- kept in the store so that every control-plane replica places around
+-- them and the store refuses them (ErrCapacity), as it refuses a live
+-- part: a row per range of an ended lease (or a range a lender refused
+-- as being wiped, lease_id 'refused/…') on one node, written before its
+-- lender is told to tear the lease down, deleted when the lender answers
+-- the teardown or a heartbeat of the node, recorded after the mark, no
+-- longer lists it as being wiped. mode is the lease's; at is when the
+-- mark was written.
+CREATE TABLE wipes (
+    lease_id  TEXT NOT NULL,
+    node_id   TEXT NOT NULL,
+    idx       INTEGER NOT NULL,
+    device_id TEXT NOT NULL,
+    off       INTEGER NOT NULL,
+    length    INTEGER NOT NULL,
+    mode      TEXT NOT NULL DEFAULT '',
+    at        INTEGER NOT NULL,
+    PRIMARY KEY (lease_id, node_id, idx)
+);
+CREATE INDEX wipes_by_device ON wipes (device_id);
+CREATE INDEX wipes_by_node ON wipes (node_id);
+-- The leases a node's lender last reported being wiped (its heartbeat's
+-- wiping list), as ',id1,id2,' ('' for none).
+ALTER TABLE nodes ADD COLUMN wiping TEXT NOT NULL DEFAULT '';
