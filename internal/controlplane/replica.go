@@ -190,15 +190,13 @@ func stretch(d time.Duration, f float64) time.Duration {
 }
 
 // limit is the tenant's quota as the store re-checks it, when the store
-// is shared (nil otherwise: the one process's placement view is exact).
+// is shared (nil otherwise: the one process's placement view is exact):
+// the one placement enforces, which a Reload replaces.
 func (s *Server) limit(tenant string) *store.Limit {
 	if !s.shared() {
 		return nil
 	}
-	q, ok := s.cfg.Quotas.Tenants[tenant]
-	if !ok {
-		q = s.cfg.Quotas.Default
-	}
+	q := s.res.Quota(tenant)
 	if q == (Quota{}) {
 		return nil
 	}

@@ -222,6 +222,17 @@ func (r *reserver) SetQuotas(q Quotas) {
 	r.mu.Unlock()
 }
 
+// Quota is tenant's quota as placement enforces it now (the zero Quota:
+// unlimited).
+func (r *reserver) Quota(tenant string) Quota {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if q, ok := r.quotas.Tenants[tenant]; ok {
+		return q
+	}
+	return r.quotas.Default
+}
+
 // Invalidate makes the next placement reload the view from the store.
 func (r *reserver) Invalidate() {
 	r.mu.Lock()
