@@ -710,6 +710,11 @@ func (s *Server) transfer(ctx context.Context, r *moveRun) error {
 	if l, err = s.st.Lease(ctx, m.LeaseID); err != nil {
 		return err
 	}
+	if l.State != api.LeaseActive {
+		// Lost (its source removed or down), released or expired while it
+		// moved: the destination does not serve it, not for a moment.
+		return fmt.Errorf("the lease became %s during the move", l.State)
+	}
 	cctx, cancel = call()
 	cr, err := x.TransferCommit(cctx, dst.Node, dst.AgentKey, m.ID, api.TransferCommitRequest{ExpiresAt: l.ExpiresAt, Now: s.now(),
 		TimeoutSeconds: moveCallTimeout.Seconds()})

@@ -1,7 +1,10 @@
 package testcluster
 
 import (
+	"context"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/rialto-project/rialto/api"
@@ -77,5 +80,81 @@ func TestRemovedMoveDestinationTakesNoPart(t *testing.T) {
 	b := make([]byte, 5)
 	if _, err := vol.ReadAt(b, 4096); err != nil || string(b) != "hello" {
 		t.Fatalf("the part at its source reads %q (%v)", b, err)
+	}
+}
+
+// sealHold is the control plane's lender, whose first transfer seal (a
+// move's source, ready) waits until release is closed: entered is closed
+// when it arrives.
+type sealHold struct {
+	*controlplane.HTTPLender
+	once             sync.Once
+	entered, release chan struct{}
+}
+
+func (h *sealHold) TransferSeal(ctx context.Context, node api.Node, agentKey, id string) (api.Transfer, error) {
+	first := false
+	h.once.Do(func() { first = true })
+	if first {
+		close(h.entered)
+		select {
+		case <-h.release:
+		case <-ctx.Done():
+			return api.Transfer{}, ctx.Err()
+		}
+	}
+	return h.HTTPLender.TransferSeal(ctx, node, agentKey, id)
+}
+
+// TestRemovedMoveSourceCommitsNothing: a node removed (--force) while it
+// is the source of a move whose copy is ready loses the lease (its part
+// was there), and the move ends without the destination ever serving the
+// lost lease's part: it is aborted there and its range wiped. The
+// control plane committed the destination first (the lease, lost, could
+// not point at it, and a committed destination refuses the abort), which
+// served the lost lease's part until a heartbeat answer told it
+// otherwise (here its heartbeats are paused), its range free in the
+// store meanwhile.
+func TestRemovedMoveSourceCommitsNothing(t *testing.T) {
+	t.Parallel()
+	h := &sealHold{entered: make(chan struct{}), release: make(chan struct{})}
+	c := Start(t, Options{Nodes: 2, Devices: moveDevices(), Lender: func(l controlplane.Lender) controlplane.Lender {
+		h.HTTPLender = l.(*controlplane.HTTPLender)
+		return h
+	}})
+	ctx := ctxT(t)
+	cl := c.Client()
+	l, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := cl.MoveLease(ctx, l.ID, api.MoveRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-h.entered:
+	case <-ctx.Done():
+		t.Fatal("the move did not reach its seal")
+	}
+	src, dst := c.NodeByID(l.NodeID), c.NodeByID(ms[0].To.NodeID)
+	src.PauseHeartbeats(true)
+	dst.PauseHeartbeats(true) // no heartbeat answer tears anything down
+	r, err := cl.RemoveNode(ctx, src.ID(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(r.Lost, l.ID) {
+		t.Fatalf("the removal of the source does not list the lease lost: %+v", r.Lost)
+	}
+	close(h.release)
+	if ms := waitMoves(t, c, l.ID, 1); ms[0].State != api.MoveFailed {
+		t.Errorf("the move of the lost lease: %+v", ms[0])
+	}
+	if dst.Serves(l.ID) {
+		t.Error("the destination serves the lost lease's part")
+	}
+	if got := c.Lease(l.ID); got.State != api.LeaseLost || !strings.Contains(got.Reason, "was removed") {
+		t.Errorf("the lease: %s (%s)", got.State, got.Reason)
 	}
 }
