@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -132,6 +133,9 @@ func (s *Server) drainNode(ctx context.Context, ref string, req api.DrainRequest
 	n, err := s.findNode(ctx, ref)
 	if err != nil {
 		return api.Drain{}, err
+	}
+	if n.State == api.NodeRemoved {
+		return api.Drain{}, fmt.Errorf("%w: node %s (%s) is removed: it holds no lease to drain", ErrConflict, n.Name, n.ID)
 	}
 	deadline := defaultDrainDeadline
 	if req.DeadlineSeconds > 0 {
@@ -275,19 +279,75 @@ func (s *Server) drainRound(ctx context.Context, dr *drainRun, n api.Node) (left
 		}
 	}
 	// Leases no longer on the node: moved, or ended meanwhile.
+	s.drainGone(ctx, dr, still)
 	dr.mu.Lock()
 	stuck = left > 0
 	for i := range dr.d.Leases {
 		e := &dr.d.Leases[i]
-		if !still[e.LeaseID] && e.State != api.DrainLeaseDone && e.State != api.DrainLeaseLeft {
-			e.State, e.Reason = api.DrainLeaseDone, ""
-		}
 		if still[e.LeaseID] && e.State != api.DrainLeaseLeft {
 			stuck = false
 		}
 	}
 	dr.mu.Unlock()
 	return left, stuck, nil
+}
+
+// drainGone marks done the drain's leases that are no longer on the node
+// (still: those that are), each with what became of it: moved off (no
+// reason), or ended there without moving — lost with the node (it went
+// down or was removed), released, expired — which its reason says, so
+// that the drain's record does not count it moved.
+func (s *Server) drainGone(ctx context.Context, dr *drainRun, still map[string]bool) {
+	dr.mu.Lock()
+	var gone []string
+	for _, e := range dr.d.Leases {
+		if !still[e.LeaseID] && e.State != api.DrainLeaseDone && e.State != api.DrainLeaseLeft {
+			gone = append(gone, e.LeaseID)
+		}
+	}
+	dr.mu.Unlock()
+	if len(gone) == 0 {
+		return
+	}
+	ended := map[string]string{}
+	ls, err := s.st.Leases(ctx, store.LeaseFilter{IDs: gone})
+	if err != nil {
+		s.log.Warn("drain: reading the leases that left the node", "err", err)
+	}
+	for _, l := range ls {
+		switch l.State {
+		case api.LeaseReserved, api.LeaseActive, api.LeaseReleasing:
+			continue
+		}
+		why := "not moved: the lease became " + string(l.State)
+		if l.Reason != "" {
+			why += " (" + l.Reason + ")"
+		}
+		ended[l.ID] = why
+	}
+	dr.mu.Lock()
+	defer dr.mu.Unlock()
+	for i := range dr.d.Leases {
+		e := &dr.d.Leases[i]
+		if !slices.Contains(gone, e.LeaseID) || e.State == api.DrainLeaseDone || e.State == api.DrainLeaseLeft {
+			continue
+		}
+		e.State, e.Reason = api.DrainLeaseDone, ""
+		if why, ok := ended[e.LeaseID]; ok && !s.movedOff(e.Moves) {
+			e.Reason = why
+		}
+	}
+}
+
+// movedOff reports whether one of the moves ids (a drain's of a lease)
+// is done: the lease left the node by it, whatever became of it after.
+func (s *Server) movedOff(ids []string) bool {
+	for _, id := range ids {
+		if r := s.mv.run(id); r != nil && r.get().State == api.MoveDone {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *Server) setDrainLease(dr *drainRun, id, state, reason string) {
@@ -502,13 +562,22 @@ func (s *Server) finishDrain(ctx context.Context, dr *drainRun, n api.Node, why 
 			}
 		}
 	}
+	s.drainGone(ctx, dr, onNode)
 	dr.mu.Lock()
 	var left []api.DrainLease
+	moved, ended := 0, 0
 	for i := range dr.d.Leases {
 		e := &dr.d.Leases[i]
 		switch {
 		case !onNode[e.LeaseID]:
-			e.State = api.DrainLeaseDone
+			if e.State != api.DrainLeaseDone {
+				e.State, e.Reason = api.DrainLeaseDone, ""
+			}
+			if e.Reason == "" {
+				moved++
+			} else {
+				ended++
+			}
 		case e.State != api.DrainLeaseLeft:
 			e.State = api.DrainLeaseLeft
 			reason := why
@@ -538,9 +607,19 @@ func (s *Server) finishDrain(ctx context.Context, dr *drainRun, n api.Node, why 
 			Message: fmt.Sprintf("node %s is being drained, but this lease stays on it: %s", n.Name, e.Reason)})
 	}
 	if d.State == api.DrainDone {
+		var what []string
+		if moved > 0 || ended == 0 {
+			what = append(what, fmt.Sprintf("%d lease(s) moved off it", moved))
+		}
+		if ended > 0 {
+			// Lost with the node, released or expired: the drain's record
+			// says which (GET /v1/nodes/{id}/drain), each tenant its
+			// lease's events.
+			what = append(what, fmt.Sprintf("%d lease(s) ended on it without moving", ended))
+		}
 		s.event(ctx, api.Event{Type: "node.drained", Subject: n.ID, State: string(n.State),
-			Message: fmt.Sprintf("%s holds nothing: %d lease(s) moved off it in %v; it stays cordoned", n.Name, len(d.Leases), d.FinishedAt.Sub(d.StartedAt).Round(time.Millisecond))})
-		s.log.Info("node drained", "node", n.ID, "leases", len(d.Leases))
+			Message: fmt.Sprintf("%s holds nothing: %s in %v; it stays cordoned", n.Name, strings.Join(what, ", "), d.FinishedAt.Sub(d.StartedAt).Round(time.Millisecond))})
+		s.log.Info("node drained", "node", n.ID, "leases", len(d.Leases), "moved", moved, "ended", ended)
 		return
 	}
 	// A node's events are every tenant's: they name no lease (each

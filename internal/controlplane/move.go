@@ -689,6 +689,12 @@ func (s *Server) transfer(ctx context.Context, r *moveRun) error {
 			return errors.New(transferError(src.Node, dst.Node, st))
 		}
 	}
+	// A destination removed (or down) meanwhile does not take the part:
+	// the store would refuse the commit point anyway (Core.FinishMove),
+	// after the destination began to serve it.
+	if err := s.destinationUsable(ctx, dst.Node); err != nil {
+		return err
+	}
 	s.setMoveState(ctx, r, api.MoveSwitching)
 	cctx, cancel = call()
 	_, err = x.TransferSeal(cctx, src.Node, src.AgentKey, m.ID)
@@ -703,6 +709,11 @@ func (s *Server) transfer(ctx context.Context, r *moveRun) error {
 	// prepare's (Now stamped after the call's bound starts).
 	if l, err = s.st.Lease(ctx, m.LeaseID); err != nil {
 		return err
+	}
+	if l.State != api.LeaseActive {
+		// Lost (its source removed or down), released or expired while it
+		// moved: the destination does not serve it, not for a moment.
+		return fmt.Errorf("the lease became %s during the move", l.State)
 	}
 	cctx, cancel = call()
 	cr, err := x.TransferCommit(cctx, dst.Node, dst.AgentKey, m.ID, api.TransferCommitRequest{ExpiresAt: l.ExpiresAt, Now: s.now(),
@@ -721,6 +732,23 @@ func (s *Server) transfer(ctx context.Context, r *moveRun) error {
 		return fmt.Errorf("pointing the lease at the destination: %w", err)
 	}
 	s.releaseSource(ctx, r, src)
+	return nil
+}
+
+// destinationUsable returns an error that says why a move's destination,
+// node dst as the move read it, may not take the part now: it was removed
+// or went down since.
+func (s *Server) destinationUsable(ctx context.Context, dst api.Node) error {
+	rec, err := s.st.Node(ctx, dst.ID)
+	if err != nil {
+		return fmt.Errorf("reading the destination %s: %w", nodeName(dst), err)
+	}
+	switch rec.State {
+	case api.NodeRemoved:
+		return fmt.Errorf("the destination %s was removed during the move", nodeName(rec.Node))
+	case api.NodeDown:
+		return fmt.Errorf("the destination %s went down during the move", nodeName(rec.Node))
+	}
 	return nil
 }
 

@@ -46,17 +46,25 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 		return api.NodeRemoval{}, fmt.Errorf("%w: node %s (%s) is %s: stop its agent first, or force the removal (its leases are lost, and a running agent joins again as this node with the bootstrap token)",
 			ErrConflict, n.Name, n.ID, n.State)
 	}
-	// Its leases are lost, as when a node goes down.
+	// Its leases are lost, as when a node goes down: those with a part
+	// on it. A lease whose only tie to the node is a move's destination
+	// there is not (the move fails at its commit, the part stays at its
+	// source: Core.FinishMove refuses a removed node), nor one that ended
+	// meanwhile; a lease that takes a part there in a race with the
+	// removal is lost by the next sweep (sweepNodes).
 	var lost []string
 	ls, err := s.st.Leases(ctx, store.LeaseFilter{NodeID: n.ID, States: []api.LeaseState{api.LeaseReserved, api.LeaseActive, api.LeaseReleasing}})
 	if err != nil {
 		return api.NodeRemoval{}, err
 	}
 	for _, l := range ls {
-		if _, _, err := s.apply(ctx, l, lifecycle.NodeDown{NodeID: n.ID, Name: n.Name}); !movedOn(err) {
+		_, _, err := s.apply(ctx, l, lifecycle.NodeDown{NodeID: n.ID, Name: n.Name, Removed: true})
+		if !movedOn(err) {
 			return api.NodeRemoval{}, err
 		}
-		lost = append(lost, l.ID)
+		if err == nil {
+			lost = append(lost, l.ID)
+		}
 	}
 	// Its certificates go on the revocation list before its credential is
 	// forgotten: from here on neither opens anything.

@@ -114,7 +114,11 @@ func (s *Server) sweepNodes(ctx context.Context, now time.Time) error {
 	for i := range nodes {
 		n := &nodes[i]
 		if n.State == api.NodeRemoved {
-			continue // its leases were lost when it was removed
+			// Its leases were lost when it was removed; one that took a
+			// part there in a race with the removal (a reservation or a
+			// move's commit that read the node before it) is lost now.
+			errs = append(errs, s.loseNodeLeases(ctx, *n, true)...)
+			continue
 		}
 		// A control-plane restart gives every agent a full grace period
 		// again: silence while the control plane was away does not count.
@@ -147,16 +151,7 @@ func (s *Server) sweepNodes(ctx context.Context, now time.Time) error {
 		}
 		if n.State == api.NodeDown {
 			// Its leases (also ones reserved in a race with the sweep) are lost.
-			ls, err := s.st.Leases(ctx, store.LeaseFilter{NodeID: n.ID, States: []api.LeaseState{api.LeaseReserved, api.LeaseActive, api.LeaseReleasing}})
-			if err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			for _, l := range ls {
-				if _, _, err := s.apply(ctx, l, lifecycle.NodeDown{NodeID: n.ID, Name: n.Name}); !movedOn(err) {
-					errs = append(errs, err)
-				}
-			}
+			errs = append(errs, s.loseNodeLeases(ctx, *n, false)...)
 		}
 	}
 	s.peers.set(nodes)
@@ -181,4 +176,21 @@ func (s *Server) livenessDue(now time.Time) bool {
 	}
 	s.rep.lastLiveness.Store(now.UnixNano())
 	return true
+}
+
+// loseNodeLeases loses the parts on node n, down or removed, of the leases
+// that hold a live part there (lifecycle.NodeDown); it returns the errors
+// of the leases that did not move on meanwhile.
+func (s *Server) loseNodeLeases(ctx context.Context, n api.Node, removed bool) []error {
+	ls, err := s.st.Leases(ctx, store.LeaseFilter{NodeID: n.ID, States: []api.LeaseState{api.LeaseReserved, api.LeaseActive, api.LeaseReleasing}})
+	if err != nil {
+		return []error{err}
+	}
+	var errs []error
+	for _, l := range ls {
+		if _, _, err := s.apply(ctx, l, lifecycle.NodeDown{NodeID: n.ID, Name: n.Name, Removed: removed}); !movedOn(err) {
+			errs = append(errs, err)
+		}
+	}
+	return errs
 }

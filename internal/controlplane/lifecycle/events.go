@@ -59,10 +59,14 @@ type TornDown struct{}
 type Expire struct{}
 
 // NodeDown: a lender of the lease (NodeID, named Name) missed its
-// heartbeats past the grace period. A lease whose kind may lose a part
-// (Degrades) goes on without the parts on that node while other parts
-// are left; any other lease is lost.
-type NodeDown struct{ NodeID, Name string }
+// heartbeats past the grace period, or (Removed) was removed by the
+// operator. A lease whose kind may lose a part (Degrades) goes on without
+// the parts on that node while other parts are left; any other lease is
+// lost.
+type NodeDown struct {
+	NodeID, Name string
+	Removed      bool
+}
 
 // PartsLost: lender NodeID lost the exports of the lease's parts on it
 // at Parts (device ID and offset; lengths are not compared) with their

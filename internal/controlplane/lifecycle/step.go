@@ -219,6 +219,9 @@ func nodeDown(l api.Lease, e NodeDown, now time.Time) (api.Lease, []Action, erro
 		return l, nil, refuse("lease %s has no part on node %s", l.ID, e.NodeID)
 	}
 	reason := fmt.Sprintf("lender node %s (%s) is down", e.Name, e.NodeID)
+	if e.Removed {
+		reason = fmt.Sprintf("lender node %s (%s) was removed", e.Name, e.NodeID)
+	}
 	return loseParts(l, func(p api.Part) bool { return p.NodeID == e.NodeID }, e.NodeID, reason, now)
 }
 

@@ -140,6 +140,20 @@ func (s *Core) FinishMove(ctx context.Context, id, uri string, at time.Time, ev 
 		if m.Part >= len(l.Parts) {
 			return fmt.Errorf("lease %s has no part %d: %w", l.ID, m.Part, store.ErrConflict)
 		}
+		// A destination on a node removed or down since the move began
+		// does not become the part: the lease would be lost with it
+		// (the sweep loses a down or removed node's leases), while its
+		// source still holds the part.
+		var nstate string
+		if err := tx.QueryRowContext(ctx, `SELECT state FROM nodes WHERE id = ?`, m.To.NodeID).Scan(&nstate); err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return s.wrap("finish move", err)
+		}
+		if st := api.NodeState(nstate); st == api.NodeRemoved || st == api.NodeDown || st == "" {
+			if st == "" {
+				st = "unknown"
+			}
+			return fmt.Errorf("the destination node %s is %s: %w", m.To.NodeID, st, store.ErrConflict)
+		}
 		parts := append([]api.Part(nil), l.Parts...)
 		parts[m.Part] = api.Part{NodeID: m.To.NodeID, DeviceID: m.To.DeviceID, Offset: m.To.Offset, Length: m.To.Length, URI: uri}
 		set := `parts = ?, updated_at = ?`

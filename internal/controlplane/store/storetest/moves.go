@@ -240,6 +240,53 @@ func testMoves(t *testing.T, o Options) {
 	}
 }
 
+// testFinishMoveToGoneNode: a move whose destination's node went down or
+// was removed after the move began does not commit (the lease would be
+// lost with that node while its source still holds the part): conflict,
+// the lease keeps its part, and the move ends failed, freeing the
+// destination.
+func testFinishMoveToGoneNode(t *testing.T, o Options) {
+	ctx := context.Background()
+	for _, gone := range []api.NodeState{api.NodeDown, api.NodeRemoved} {
+		t.Run(string(gone), func(t *testing.T) {
+			s := open(t, o)
+			mv := mover(t, s)
+			now := time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC)
+			nodes, devs := twoNodes(t, s, 100)
+			from := api.Part{NodeID: nodes[0], DeviceID: devs[0], Offset: 0, Length: 40}
+			activeLease(t, s, "l1", from)
+			to := api.Part{NodeID: nodes[1], DeviceID: devs[1], Offset: 0, Length: 40}
+			if err := mv.BeginMove(ctx, api.Move{ID: "mv1", LeaseID: "l1", Part: 0, Kind: api.KindBlock, State: api.MoveCopying,
+				From: from, To: to, Size: 40, StartedAt: now}, api.Event{At: now}); err != nil {
+				t.Fatal(err)
+			}
+			if gone == api.NodeRemoved {
+				rm, ok := s.(store.NodeRemover)
+				if !ok {
+					t.Skipf("%T does not remove nodes", s)
+				}
+				if _, err := rm.RemoveNode(ctx, nodes[1], api.Event{At: now, Type: "node.removed"}); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := s.SetNodeState(ctx, nodes[1], api.NodeReady, api.NodeDown, api.Event{At: now, Type: "node.down"}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := mv.FinishMove(ctx, "mv1", "nbd://b/x", now, api.Event{At: now, Type: "lease.moved"}); !errors.Is(err, store.ErrConflict) {
+				t.Fatalf("a move onto a %s node committed: %v", gone, err)
+			}
+			if l, err := s.Lease(ctx, "l1"); err != nil || len(l.Parts) != 1 || l.Parts[0].NodeID != nodes[0] {
+				t.Fatalf("the lease after the refused commit: %v %+v", err, l.Parts)
+			}
+			if err := mv.EndMove(ctx, "mv1", api.MoveFailed, "the destination is gone", 0, now, nil); err != nil {
+				t.Fatal(err)
+			}
+			if got := allocated(t, s); got[devs[0]] != 40 || got[devs[1]] != 0 {
+				t.Fatalf("allocated after the failed move: %v", got)
+			}
+		})
+	}
+}
+
 // testCordon: a node cordoned stays so across a rejoin and shows in
 // Nodes, Node and the inventory, and gets no new part; unknown nodes are
 // not found.
