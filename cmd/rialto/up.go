@@ -28,6 +28,10 @@ func init() {
 	register(&command{Name: "up", Summary: "Run a local cluster: a control plane and 3 agents lending file-backed disks, in one process (--netns: an emulated rack, each in its own network namespace).", Flags: runUp})
 }
 
+// maxUpDisks bounds --disks: each is a file of its own in every node's
+// state dir, and every node holds them all open.
+const maxUpDisks = 64
+
 // upState is what `rialto up` keeps in its state dir (cluster.json, 0600).
 type upState struct {
 	BootstrapToken string `json:"bootstrap_token"`
@@ -70,7 +74,7 @@ func runUp(e *env, fs *pflag.FlagSet) runFunc {
 	dir := fs.String("state-dir", "rialto-state", "where the database, tokens, agent state and disk images live")
 	port := fs.Int("port", 0, "API port (default: the one used last time, else a free one)")
 	agents := fs.Int("agents", 3, "number of agents (nodes)")
-	disks := fs.Int("disks", 2, "block devices per node")
+	disks := fs.Int("disks", 2, "block devices per node (at most 64)")
 	diskSize := sizeString(fs, "disk-size", "1GiB", "size of each block device (sparse files)")
 	memSize := sizeString(fs, "memory", "256MiB", "memory budget each node lends (0 for none)")
 	slots := fs.Int("accel", 2, "accelerator slots each node lends (0 for none)")
@@ -107,6 +111,15 @@ func runUp(e *env, fs *pflag.FlagSet) runFunc {
 		}
 		if *agents < 0 || *disks < 0 {
 			return usagef("--agents and --disks must not be negative")
+		}
+		if *disks > maxUpDisks {
+			return usagef("--disks: at most %d per node", maxUpDisks)
+		}
+		if *slots < 0 {
+			return usagef("--accel must not be negative (0 for none)")
+		}
+		if *port < 0 || *port > 65535 {
+			return usagef("--port must be 0 to 65535 (0: the one used last time, else a free one)")
 		}
 		dsize, err := resource.ParseSize(*diskSize)
 		if err != nil || dsize < 1<<20 {
