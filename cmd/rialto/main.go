@@ -107,6 +107,9 @@ func main() {
 	// An emulated rack's reaper (`rialto up --netns`) is this binary with
 	// the hidden argument rack-reaper (internal/rack).
 	rack.RunReaperIfChild()
+	// So is the reaper of `rialto up --replicas`, with the hidden argument
+	// up-replicas-reaper (replicas.go).
+	runReplicaReaperIfChild()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], &env{stdout: os.Stdout, stderr: os.Stderr, getenv: withholdSecretEnv()})
 	stop()

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -165,9 +166,21 @@ func TestUpReplicasChildrenGetOnlyTheirSecrets(t *testing.T) {
 	}
 	secrets := map[string]string{"the operator's token": shellToken, "the bootstrap token": st.BootstrapToken,
 		"the admin token": st.AdminToken, "the metrics token": st.MetricsToken, "the database password": strings.TrimSpace(string(password))}
-	replicas := children(t, up.Pid())
+	replicas := replicaPids(t, up.Pid())
 	if len(replicas) != 2 {
-		t.Fatalf("rialto up has %d children, want its 2 replicas", len(replicas))
+		t.Fatalf("rialto up has %d replica processes, want 2", len(replicas))
+	}
+	// Its other child, the reaper, needs no secret either.
+	for _, pid := range children(t, up.Pid()) {
+		if slices.Contains(replicas, pid) {
+			continue
+		}
+		env, args := environ(t, pid), cmdline(t, pid)
+		for what, s := range secrets {
+			if strings.Contains(env, s) || strings.Contains(args, s) {
+				t.Errorf("rialto up's child %d (%q) was given %s", pid, args, what)
+			}
+		}
 	}
 	for _, pid := range replicas {
 		env, args := environ(t, pid), cmdline(t, pid)

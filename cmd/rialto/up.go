@@ -28,6 +28,10 @@ func init() {
 	register(&command{Name: "up", Summary: "Run a local cluster: a control plane and 3 agents lending file-backed disks, in one process (--netns: an emulated rack, each in its own network namespace).", Flags: runUp})
 }
 
+// maxUpDisks bounds --disks: each is a file of its own in every node's
+// state dir, and every node holds them all open.
+const maxUpDisks = 64
+
 // upState is what `rialto up` keeps in its state dir (cluster.json, 0600).
 type upState struct {
 	BootstrapToken string `json:"bootstrap_token"`
@@ -70,7 +74,7 @@ func runUp(e *env, fs *pflag.FlagSet) runFunc {
 	dir := fs.String("state-dir", "rialto-state", "where the database, tokens, agent state and disk images live")
 	port := fs.Int("port", 0, "API port (default: the one used last time, else a free one)")
 	agents := fs.Int("agents", 3, "number of agents (nodes)")
-	disks := fs.Int("disks", 2, "block devices per node")
+	disks := fs.Int("disks", 2, "block devices per node (at most 64)")
 	diskSize := sizeString(fs, "disk-size", "1GiB", "size of each block device (sparse files)")
 	memSize := sizeString(fs, "memory", "256MiB", "memory budget each node lends (0 for none)")
 	slots := fs.Int("accel", 2, "accelerator slots each node lends (0 for none)")
@@ -108,6 +112,15 @@ func runUp(e *env, fs *pflag.FlagSet) runFunc {
 		if *agents < 0 || *disks < 0 {
 			return usagef("--agents and --disks must not be negative")
 		}
+		if *disks > maxUpDisks {
+			return usagef("--disks: at most %d per node", maxUpDisks)
+		}
+		if *slots < 0 {
+			return usagef("--accel must not be negative (0 for none)")
+		}
+		if *port < 0 || *port > 65535 {
+			return usagef("--port must be 0 to 65535 (0: the one used last time, else a free one)")
+		}
 		dsize, err := resource.ParseSize(*diskSize)
 		if err != nil || dsize < 1<<20 {
 			return usagef("bad --disk-size %q (at least 1MiB)", *diskSize)
@@ -138,7 +151,7 @@ func runUp(e *env, fs *pflag.FlagSet) runFunc {
 		if err := os.MkdirAll(*dir, 0o700); err != nil {
 			return err
 		}
-		lock, err := lockStateDir(*dir)
+		lock, err := lockStateDir(ctx, *dir)
 		if err != nil {
 			return err
 		}
@@ -187,7 +200,7 @@ func runUp(e *env, fs *pflag.FlagSet) runFunc {
 			// The replicas are `rialto server` processes sharing the state
 			// dir's CA (replicas.go).
 			ln.Close()
-			cp, err = startReplicas(ctx, *dir, *replicas, st, caFile, replicaArgs(tm, quotaSpecs, *level, upTLSDir(*dir)))
+			cp, err = startReplicas(ctx, *dir, *replicas, st, caFile, replicaArgs(tm, quotaSpecs, *level, upTLSDir(*dir)), lock)
 		} else {
 			cp, err = startControlPlane(ctx, ln, filepath.Join(*dir, "rialto.db"), controlplane.Config{
 				Logger: log.With("component", "controlplane"), BootstrapToken: st.BootstrapToken,
@@ -295,17 +308,56 @@ func runUp(e *env, fs *pflag.FlagSet) runFunc {
 }
 
 // lockStateDir takes an exclusive lock on dir/lock, so that two clusters
-// never share a state dir. Closing the file releases it.
-func lockStateDir(dir string) (*os.File, error) {
-	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE, 0o600)
+// never share a state dir. Closing the file releases it. If the holder is
+// the reaper of a killed `rialto up --replicas` (it says so in the file),
+// it waits, up to a minute, for the reaper to stop that run's PostgreSQL;
+// any other holder is an error at once.
+func lockStateDir(ctx context.Context, dir string) (*os.File, error) {
+	p := filepath.Join(dir, "lock")
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, err
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("state dir %s is in use by another rialto up", dir)
+	deadline := time.Now().Add(time.Minute)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			// A reaper's note is stale once its lock is free.
+			_ = f.Truncate(0)
+			return f, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("lock state dir %s: %w", dir, err)
+		}
+		if !heldByReaper(p) || time.Now().After(deadline) {
+			f.Close()
+			return nil, fmt.Errorf("state dir %s is in use by another rialto up", dir)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, ctx.Err()
+		case <-tick.C:
+		}
 	}
-	return f, nil
+}
+
+// heldByReaper reports whether the lock file at p names a live reaper of
+// `rialto up --replicas` (reapReplicas writes "up-replicas-reaper PID").
+func heldByReaper(p string) bool {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return false
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 || f[0] != replicaReaperArg {
+		return false
+	}
+	cmdline, err := os.ReadFile("/proc/" + f[1] + "/cmdline")
+	return err == nil && strings.Contains(string(cmdline), "\x00"+replicaReaperArg+"\x00")
 }
 
 // listenUp binds the API port: the requested one, else the remembered one

@@ -268,3 +268,38 @@ func TestUpStopsPromptly(t *testing.T) {
 		t.Logf("rialto up stopped in %v", took)
 	}
 }
+
+// TestUpBadFlags: flags out of range are usage mistakes (exit 2, one line
+// naming the flag) refused before anything starts or is written: a port
+// out of range said only "listen tcp: address 99999: invalid port" (exit
+// 1), a negative --accel and a --disks in the thousands were taken (the
+// latter failed with "too many open files" after creating thousands of
+// disk images).
+func TestUpBadFlags(t *testing.T) {
+	bin := buildBinary(t)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--port", "99999"}, "--port must be 0 to 65535"},
+		{[]string{"--port", "-1"}, "--port must be 0 to 65535"},
+		{[]string{"--netns", "--port", "70000"}, "--port must be 0 to 65535"},
+		{[]string{"--accel", "-1"}, "--accel must not be negative"},
+		{[]string{"--disks", "65"}, "--disks: at most 64 per node"},
+	} {
+		dir := filepath.Join(t.TempDir(), "state")
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		cmd := exec.CommandContext(ctx, bin, append([]string{"up", "--state-dir", dir}, tc.args...)...)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		cancel()
+		msg := strings.TrimSuffix(stderr.String(), "\n")
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || strings.Contains(msg, "\n") || !strings.Contains(msg, tc.want) {
+			t.Errorf("%v: %v, stderr %q; want exit 2 and one line with %q", tc.args, err, msg, tc.want)
+		}
+		if _, err := os.Stat(dir); err == nil {
+			t.Errorf("%v: the state dir was created", tc.args)
+		}
+	}
+}

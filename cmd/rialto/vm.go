@@ -149,7 +149,21 @@ func runVMRun(e *env, fs *pflag.FlagSet) runFunc {
 				})
 			}
 		}
-		err = superviseVM(ctx, e, &cf, f, mem>>20, dir, ready)
+		// The VM's lock, held until this supervisor exits: a second `vm
+		// run` of the name (started at the same moment, before this one
+		// has a record) is refused rather than boot the disk twice.
+		lock, err := vm.Lock(f.stateDir, f.name)
+		if err == nil {
+			defer lock.Close()
+			// The qemu of a supervisor killed a moment ago may still be
+			// shutting down (its parent-death signal).
+			if old, lerr := vm.LoadRecord(f.stateDir, f.name); lerr == nil && old.QEMURunning() {
+				err = fmt.Errorf("VM %s: qemu %d of its previous supervisor still runs; `rialto vm stop %s` first", f.name, old.QEMUPID, f.name)
+			}
+		}
+		if err == nil {
+			err = superviseVM(ctx, e, &cf, f, mem>>20, dir, ready)
+		}
 		if err != nil {
 			fail(err)
 		}
@@ -233,6 +247,11 @@ func superviseVM(ctx context.Context, e *env, cf *clientFlags, f vmRunFlags, mem
 			return err
 		}
 		sock := filepath.Join(dir, "disk.sock")
+		// A socket left by a killed supervisor is nobody's: this process
+		// holds the VM's lock.
+		if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("VM %s: stale disk socket: %w", f.name, err)
+		}
 		att, err := borrower.Attach(ctx, c, l, borrower.AttachConfig{Listen: "unix:" + sock, TLS: dataTLS, Logger: log})
 		if err != nil {
 			return fmt.Errorf("attach %s: %w", l.ID, err)

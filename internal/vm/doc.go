@@ -20,5 +20,6 @@
 // (DialQMP). Concurrency: Run owns qemu and the goroutines it starts and
 // waits for them before it returns; a QMP's methods are safe for
 // concurrent use (commands run one at a time). The record helpers do no
-// locking: one `rialto vm run` owns a VM's record at a time.
+// locking: one `rialto vm run` owns a VM's record at a time, the one that
+// holds its Lock.
 package vm

@@ -15,6 +15,9 @@ import (
 // ErrNoVM is a VM name with no record in the state dir.
 var ErrNoVM = errors.New("vm: no such VM")
 
+// ErrInUse is a VM whose lock another supervisor holds (Lock).
+var ErrInUse = errors.New("vm: in use")
+
 // Record is what `rialto vm run` keeps about a VM in its state dir
 // (STATE/NAME/vm.json, mode 0600): enough for `vm list`, `vm stop` and
 // `vm move` to find it and start it again elsewhere. It holds no secret:
@@ -49,7 +52,49 @@ func VMDir(stateDir, name string) (string, error) {
 	return filepath.Join(stateDir, name), nil
 }
 
-const recordFile = "vm.json"
+const (
+	recordFile = "vm.json"
+	lockFile   = "lock"
+)
+
+// Lock takes the VM's lock, STATE/NAME/lock: the supervisor (`rialto vm
+// run`) holds it for as long as it runs, so that two supervisors never run
+// one VM (one disk under two guests, one QMP socket path), and whatever a
+// killed supervisor left in the directory (its composed disk's socket) is
+// known to be nobody's once the lock is taken. The kernel releases it when
+// the holder exits, however it exits; Close releases it too. A lock held
+// by another process is ErrInUse, naming it.
+func Lock(stateDir, name string) (*os.File, error) {
+	dir, err := VMDir(stateDir, name)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("vm: %w", err)
+	}
+	p := filepath.Join(dir, lockFile)
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("vm: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		holder, _ := os.ReadFile(p)
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			who := "another `rialto vm run`"
+			if pid := strings.TrimSpace(string(holder)); pid != "" {
+				who += " (process " + pid + ")"
+			}
+			return nil, fmt.Errorf("%w: VM %s is supervised by %s; `rialto vm stop %s` first", ErrInUse, name, who, name)
+		}
+		return nil, fmt.Errorf("vm: lock %s: %w", p, err)
+	}
+	// The holder's pid, for the message above (written only under the lock).
+	if err := f.Truncate(0); err == nil {
+		_, _ = f.WriteAt([]byte(fmt.Sprintf("%d\n", os.Getpid())), 0)
+	}
+	return f, nil
+}
 
 // SaveRecord writes r into its VM's directory (atomically, mode 0600).
 func SaveRecord(stateDir string, r Record) error {
