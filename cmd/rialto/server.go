@@ -70,6 +70,7 @@ type controlPlane struct {
 	URL   string
 	srv   *controlplane.Server
 	st    store.Store
+	lock  *os.File // a SQLite database's lock (lockSQLite); nil with PostgreSQL
 	hs    *http.Server
 	conns *httpx.Conns // hs's connections serving a request
 	log   *slog.Logger
@@ -82,18 +83,24 @@ type controlPlane struct {
 // ln, over HTTPS when tlsCfg is set (else plain HTTP). Sweeping starts with
 // startSweeping.
 func startControlPlane(ctx context.Context, ln net.Listener, db string, cfg controlplane.Config, tlsCfg *tls.Config) (*controlPlane, error) {
+	lock, err := lockSQLite(db)
+	if err != nil {
+		return nil, err
+	}
 	st, err := openStore(ctx, db)
 	if err != nil {
+		closeLock(lock)
 		return nil, err
 	}
 	cfg.Store = st
 	srv, err := controlplane.New(ctx, cfg)
 	if err != nil {
 		st.Close()
+		closeLock(lock)
 		return nil, err
 	}
 	cp := &controlPlane{
-		URL: "http://" + ln.Addr().String(), srv: srv, st: st, done: make(chan error, 1), conns: &httpx.Conns{}, log: cfg.Logger,
+		URL: "http://" + ln.Addr().String(), srv: srv, st: st, lock: lock, done: make(chan error, 1), conns: &httpx.Conns{}, log: cfg.Logger,
 	}
 	// ReadHeaderTimeout bounds the headers, Config.BodyTimeout the body
 	// (a ReadTimeout would end the event streams too); IdleTimeout closes
@@ -218,6 +225,7 @@ func (cp *controlPlane) stop() error {
 		err = nil
 	}
 	err = errors.Join(err, cp.st.Close())
+	closeLock(cp.lock)
 	cp.log.Info("control plane stopped", "took", time.Since(start).Round(time.Millisecond))
 	return err
 }

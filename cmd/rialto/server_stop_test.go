@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptrace"
@@ -83,6 +85,7 @@ func (l *lineLog) wait(ctx context.Context, t *testing.T, sub string) string {
 type inProcessServer struct {
 	url            string
 	ca             *x509.CertPool
+	dir            string // its state: cp.db, tls/
 	stdout, stderr *lineLog
 	cancel         context.CancelFunc
 	exited         chan struct{} // closed when run has returned
@@ -99,8 +102,13 @@ const stopTestAdmin = "stop-test-admin-token"
 
 func startInProcessServer(t *testing.T) *inProcessServer {
 	t.Helper()
-	dir := t.TempDir()
-	s := &inProcessServer{stdout: newLineLog(), stderr: newLineLog(), exited: make(chan struct{})}
+	return startInProcessServerIn(t, t.TempDir())
+}
+
+// startInProcessServerIn starts `rialto server` on the state in dir.
+func startInProcessServerIn(t *testing.T, dir string) *inProcessServer {
+	t.Helper()
+	s := &inProcessServer{dir: dir, stdout: newLineLog(), stderr: newLineLog(), exited: make(chan struct{})}
 	vars := map[string]string{"RIALTO_BOOTSTRAP_TOKEN": "stop-test-boot", "RIALTO_ADMIN_TOKEN": stopTestAdmin}
 	e := &env{stdout: s.stdout, stderr: s.stderr, getenv: func(k string) string { return vars[k] }}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -241,5 +249,38 @@ func TestServerStopAnswersRequestsInFlight(t *testing.T) {
 		t.Errorf("rialto server took %v to stop once the request had its body (bound %v)", took, serverStopBound)
 	} else {
 		t.Logf("rialto server stopped %v after the request had its body", took)
+	}
+}
+
+// TestSecondServerOnOneSQLiteRefused: two `rialto server`s on one SQLite
+// file each kept their own view of the leases and lent the same ranges to
+// two tenants. The second is refused, naming the first; once the first
+// has stopped, the file is free again.
+func TestSecondServerOnOneSQLiteRefused(t *testing.T) {
+	first := startInProcessServer(t)
+	second := func(ctx context.Context) (int, string) {
+		var out, errb bytes.Buffer
+		vars := map[string]string{"RIALTO_BOOTSTRAP_TOKEN": "stop-test-boot", "RIALTO_ADMIN_TOKEN": stopTestAdmin}
+		code := run(ctx, []string{"server", "--listen", "127.0.0.1:0", "--db", filepath.Join(first.dir, "cp.db"),
+			"--tls-dir", filepath.Join(first.dir, "tls")}, &env{stdout: &out, stderr: &errb, getenv: func(k string) string { return vars[k] }})
+		return code, errb.String()
+	}
+	// Bounded: a second server that is not refused serves until then.
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	code, errs := second(ctx)
+	want := fmt.Sprintf("is served by another rialto server (pid %d, this process)", os.Getpid())
+	if code == 0 || !strings.Contains(errs, want) {
+		t.Fatalf("a second server on the file: exit %d, %q; want it refused with %q", code, errs, want)
+	}
+	first.cancel()
+	if c := first.wait(); c != 0 {
+		t.Fatalf("the first server exited %d", c)
+	}
+	// Free now: the next one serves.
+	next := startInProcessServerIn(t, first.dir)
+	next.cancel()
+	if c := next.wait(); c != 0 {
+		t.Errorf("a server on the file after the first stopped: exit %d", c)
 	}
 }

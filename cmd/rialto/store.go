@@ -2,13 +2,16 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"strings"
 
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 	"github.com/rialto-project/rialto/internal/controlplane/store/postgres"
 	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
+	"github.com/rialto-project/rialto/internal/filelock"
 )
 
 // isPostgresURL reports whether --db names a PostgreSQL database.
@@ -30,6 +33,33 @@ func openStore(ctx context.Context, db string) (store.Store, error) {
 		return nil, fmt.Errorf("open database %s: %w", db, err)
 	}
 	return st, nil
+}
+
+// lockSQLite takes the lock that makes this process the only server of
+// the SQLite database db (nil for PostgreSQL): a second `rialto server`
+// on the file would keep its own view of the leases and lend the ranges
+// the first lends. The lock is the file db.lock; the kernel drops it when
+// the process ends, however it ends.
+func lockSQLite(db string) (*os.File, error) {
+	if isPostgresURL(db) || db == ":memory:" {
+		return nil, nil
+	}
+	f, err := filelock.Open(db + ".lock")
+	var held *filelock.HeldError
+	if errors.As(err, &held) {
+		return nil, fmt.Errorf("database %s is served by another rialto server%s: a SQLite database has one server; replicas share a PostgreSQL database (--db postgres://…, docs/operations.md)", db, filelock.HolderNote(held.PID))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("lock database %s: %w", db, err)
+	}
+	return f, nil
+}
+
+// closeLock releases a lock lockSQLite took (nil: none).
+func closeLock(f *os.File) {
+	if f != nil {
+		f.Close()
+	}
 }
 
 // dbName is db fit for logs and messages: a URL without its password

@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -21,6 +20,7 @@ import (
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/agent"
 	"github.com/rialto-project/rialto/internal/controlplane"
+	"github.com/rialto-project/rialto/internal/filelock"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -314,35 +314,17 @@ func runUp(e *env, fs *pflag.FlagSet) runFunc {
 // any other holder is an error at once.
 func lockStateDir(ctx context.Context, dir string) (*os.File, error) {
 	p := filepath.Join(dir, "lock")
-	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, err
-	}
 	deadline := time.Now().Add(time.Minute)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			// A reaper's note is stale once its lock is free.
-			_ = f.Truncate(0)
-			return f, nil
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("lock state dir %s: %w", dir, err)
-		}
-		if !heldByReaper(p) || time.Now().After(deadline) {
-			f.Close()
-			return nil, fmt.Errorf("state dir %s is in use by another rialto up", dir)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, ctx.Err()
-		case <-tick.C:
-		}
+	f, err := filelock.Wait(ctx, p, 50*time.Millisecond, func() bool { return heldByReaper(p) && time.Now().Before(deadline) })
+	if errors.Is(err, filelock.ErrLocked) {
+		return nil, fmt.Errorf("state dir %s is in use by another rialto up", dir)
 	}
+	if err != nil {
+		return nil, fmt.Errorf("lock state dir %s: %w", dir, err)
+	}
+	// A reaper's note is stale once its lock is free.
+	_ = f.Truncate(0)
+	return f, nil
 }
 
 // heldByReaper reports whether the lock file at p names a live reaper of

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/filelock"
 )
 
 // One agent per state directory, and one per block device. A second agent
@@ -73,15 +74,15 @@ func (a *Agent) lockStateDir(l *instanceLocks) error {
 	if err != nil {
 		return fmt.Errorf("agent: lock the state directory: %w", err)
 	}
-	if err := flockExclusive(f); err != nil {
+	if err := filelock.TryLock(f); err != nil {
 		defer f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			pid, _ := lockHolder(f)
+			pid, _ := filelock.Holder(f)
 			if pid == 0 {
 				pid = pidInFile(f)
 			}
 			return fmt.Errorf("agent: state directory %s is %w%s: two agents on one state directory would overwrite each other's identity, exports and wipe journal; stop that agent first (it holds %s)",
-				a.cfg.StateDir, ErrInUse, holderNote(pid), p)
+				a.cfg.StateDir, ErrInUse, filelock.HolderNote(pid), p)
 		}
 		return fmt.Errorf("agent: lock %s: %w", p, err)
 	}
@@ -134,16 +135,16 @@ func (a *Agent) lockBlockDevices(l *instanceLocks) (existed map[string]bool, err
 			}
 		}
 		seen = append(seen, opened{name: d.Name, dev: st.Dev, ino: st.Ino})
-		if err := flockExclusive(f); err != nil {
+		if err := filelock.TryLock(f); err != nil {
 			defer f.Close()
 			if errors.Is(err, unix.EWOULDBLOCK) {
-				pid, shared := lockHolder(f)
+				pid, shared := filelock.Holder(f)
 				if shared {
 					return nil, fmt.Errorf("agent: block device %s (%s) is locked by another program%s, with a shared lock, which no rialto agent takes (udev probing the disk, a tool working on it): this agent neither reads, wipes nor serves it; start it again once that is done: %w",
-						d.Name, p, holderNote(pid), err)
+						d.Name, p, filelock.HolderNote(pid), err)
 				}
 				return nil, fmt.Errorf("agent: block device %s (%s) is %w%s: this agent neither reads, wipes nor serves it; stop that agent, or lend this one other devices",
-					d.Name, p, ErrInUse, holderNote(pid))
+					d.Name, p, ErrInUse, filelock.HolderNote(pid))
 			}
 			return nil, fmt.Errorf("agent: device %s: lock %s: %w", d.Name, p, err)
 		}
@@ -252,75 +253,6 @@ func openDeviceFile(p string) (f *os.File, created bool, err error) {
 	return f, err == nil, err
 }
 
-// flockExclusive takes an exclusive flock on f without waiting: an error
-// wrapping unix.EWOULDBLOCK if another open file description holds one.
-func flockExclusive(f *os.File) error {
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if !errors.Is(err, unix.EINTR) {
-			return err
-		}
-	}
-}
-
-// lockHolder is the process holding a flock on f's file, as /proc/locks
-// tells it: its PID (0: unknown) and whether its lock is shared (LOCK_SH,
-// which no agent takes: udev probing a disk, say). A line is "ID: FLOCK
-// ADVISORY WRITE|READ PID MAJ:MIN:INODE START END", the device numbers in
-// hex; a waiter's has "->" after the ID.
-func lockHolder(f *os.File) (pid int, shared bool) {
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return 0, false
-	}
-	pl, err := os.Open("/proc/locks")
-	if err != nil {
-		return 0, false
-	}
-	defer pl.Close()
-	exact := fmt.Sprintf("%02x:%02x:%d", unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
-	inode := ":" + strconv.FormatUint(st.Ino, 10)
-	type holder struct {
-		pid    int
-		shared bool
-	}
-	// On some file systems (btrfs subvolumes, overlayfs) stat's device is
-	// not the one /proc/locks names: then the inode alone, if only one
-	// process locks an inode of that number.
-	var exacts, byInode []holder
-	sc := bufio.NewScanner(pl)
-	for sc.Scan() {
-		fl := strings.Fields(sc.Text())
-		if len(fl) < 6 || fl[1] != "FLOCK" || (fl[3] != "WRITE" && fl[3] != "READ") {
-			continue
-		}
-		pid, err := strconv.Atoi(fl[4])
-		if err != nil || pid <= 0 {
-			continue
-		}
-		h := holder{pid: pid, shared: fl[3] == "READ"}
-		switch {
-		case fl[5] == exact:
-			exacts = append(exacts, h)
-		case strings.HasSuffix(fl[5], inode):
-			byInode = append(byInode, h)
-		}
-	}
-	hs := exacts
-	if len(hs) == 0 && len(byInode) == 1 {
-		hs = byInode
-	}
-	for _, h := range hs {
-		if !h.shared {
-			return h.pid, false
-		}
-	}
-	if len(hs) > 0 {
-		return hs[0].pid, true
-	}
-	return 0, false
-}
-
 // pidInFile is the PID the state directory's lock file holds (0: none).
 func pidInFile(f *os.File) int {
 	b := make([]byte, 32)
@@ -330,21 +262,4 @@ func pidInFile(f *os.File) int {
 		return 0
 	}
 	return pid
-}
-
-// holderNote describes a lock's holder for an error message: " (pid N,
-// COMMAND)", " (pid N, this process)", or "" when unknown.
-func holderNote(pid int) string {
-	switch {
-	case pid <= 0:
-		return ""
-	case pid == os.Getpid():
-		return fmt.Sprintf(" (pid %d, this process)", pid)
-	}
-	if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm"); err == nil {
-		if comm := strings.TrimSpace(string(b)); comm != "" {
-			return fmt.Sprintf(" (pid %d, %s)", pid, comm)
-		}
-	}
-	return fmt.Sprintf(" (pid %d)", pid)
 }

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/filelock"
 )
 
 // One agent per lent NIC, too. Two agents lending one interface would each
@@ -52,7 +53,7 @@ func (a *Agent) lockNICs(l *instanceLocks) error {
 		if err != nil {
 			if errors.Is(err, unix.EADDRINUSE) {
 				return fmt.Errorf("agent: NIC %s (%s) is %w%s: two agents lending one interface would each configure it and lend its bandwidth twice; stop that agent, or lend this one another interface (it holds the socket %s)",
-					d.Name, d.Path, ErrInUse, holderNote(abstractSocketHolder(name)), name)
+					d.Name, d.Path, ErrInUse, filelock.HolderNote(abstractSocketHolder(name)), name)
 			}
 			return fmt.Errorf("agent: NIC %s: lock %s: %w", d.Name, d.Path, err)
 		}

@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rialto-project/rialto/internal/filelock"
 )
 
 // Sentinel errors.
@@ -572,26 +574,11 @@ func run(ctx context.Context, log *slog.Logger, args ...string) ([]byte, error) 
 
 // lockFile takes an exclusive flock on path, polling until ctx is done.
 func lockFile(ctx context.Context, path string) (func(), error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	f, err := filelock.Wait(ctx, path, 10*time.Millisecond, func() bool { return true })
 	if err != nil {
 		return nil, fmt.Errorf("netns: lock: %w", err)
 	}
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { _ = unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() }, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("netns: lock: %w", err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, ctx.Err()
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+	return func() { f.Close() }, nil
 }
 
 // ParseRate converts a tc rate ("400mbit", "1gbit", "10mbps", "125000bps",

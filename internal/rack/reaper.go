@@ -19,8 +19,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rialto-project/rialto/internal/filelock"
 	"github.com/rialto-project/rialto/internal/netns"
-	"golang.org/x/sys/unix"
 )
 
 // reaperArg is the hidden first argument that makes the rialto binary a
@@ -191,35 +191,19 @@ func writeRecord(dir string, rec record) error {
 // (up to a minute) for the reaper to finish cleaning up; any other holder
 // is an error at once.
 func lockStateDir(ctx context.Context, dir string) (*os.File, error) {
-	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("rack: %w", err)
-	}
 	deadline := time.Now().Add(time.Minute)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return f, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("rack: lock %s: %w", dir, err)
-		}
+	f, err := filelock.Wait(ctx, filepath.Join(dir, "lock"), 50*time.Millisecond, func() bool {
 		rec, _ := readRecord(dir)
 		orphanedReaper := rec.Reaper != 0 && isReaper(rec.Reaper) && (rec.PID == 0 || !alive(rec.PID))
-		if !orphanedReaper || time.Now().After(deadline) {
-			f.Close()
-			return nil, fmt.Errorf("%w: state dir %s is in use by another rialto up", ErrInUse, dir)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, ctx.Err()
-		case <-tick.C:
-		}
+		return orphanedReaper && time.Now().Before(deadline)
+	})
+	if errors.Is(err, filelock.ErrLocked) {
+		return nil, fmt.Errorf("%w: state dir %s is in use by another rialto up", ErrInUse, dir)
 	}
+	if err != nil {
+		return nil, fmt.Errorf("rack: lock %s: %w", dir, err)
+	}
+	return f, nil
 }
 
 // alive reports whether pid is a live (not zombie) process.

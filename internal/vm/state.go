@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/rialto-project/rialto/internal/filelock"
 )
 
 // ErrNoVM is a VM name with no record in the state dir.
@@ -73,25 +75,13 @@ func Lock(stateDir, name string) (*os.File, error) {
 		return nil, fmt.Errorf("vm: %w", err)
 	}
 	p := filepath.Join(dir, lockFile)
-	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := filelock.Open(p)
+	var held *filelock.HeldError
+	if errors.As(err, &held) {
+		return nil, fmt.Errorf("%w: VM %s is supervised by another `rialto vm run`%s; `rialto vm stop %s` first", ErrInUse, name, filelock.HolderNote(held.PID), name)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("vm: %w", err)
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		holder, _ := os.ReadFile(p)
-		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			who := "another `rialto vm run`"
-			if pid := strings.TrimSpace(string(holder)); pid != "" {
-				who += " (process " + pid + ")"
-			}
-			return nil, fmt.Errorf("%w: VM %s is supervised by %s; `rialto vm stop %s` first", ErrInUse, name, who, name)
-		}
 		return nil, fmt.Errorf("vm: lock %s: %w", p, err)
-	}
-	// The holder's pid, for the message above (written only under the lock).
-	if err := f.Truncate(0); err == nil {
-		_, _ = f.WriteAt([]byte(fmt.Sprintf("%d\n", os.Getpid())), 0)
 	}
 	return f, nil
 }

@@ -105,7 +105,7 @@ func TestOneSupervisorPerVM(t *testing.T) {
 	if len(ran) != 1 || len(refused) != 1 {
 		t.Fatalf("two `vm run` of one name at once: %d ran %+v, %d refused %q; want one each", len(ran), ran, len(refused), refused)
 	}
-	if want := fmt.Sprintf("VM single is supervised by another `rialto vm run` (process %d)", ran[0].PID); !strings.Contains(refused[0], want) {
+	if want := fmt.Sprintf("VM single is supervised by another `rialto vm run` (pid %d", ran[0].PID); !strings.Contains(refused[0], want) {
 		t.Errorf("the refused run says %q, want %q", refused[0], want)
 	}
 
