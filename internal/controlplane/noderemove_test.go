@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -129,5 +130,45 @@ func TestRemovalIsFinal(t *testing.T) {
 	e.srv.flushBeats(e.ctx())
 	if n, err := e.srv.st.Node(e.ctx(), j2.NodeID); err != nil || n.State != api.NodeReady {
 		t.Fatalf("the other node: %v %+v", err, n.State)
+	}
+}
+
+// TestRemoveRefusalSaysWhen: an operator who stopped a node's agent and
+// runs `rialto node remove` at once finds the node still ready, then
+// suspect; the refusal says how long the node has been silent and after
+// how much silence it is down and can be removed, and it then can.
+func TestRemoveRefusalSaysWhen(t *testing.T) {
+	e := newEnv(t)
+	j, c := e.join("n1", 1<<30)
+	if _, err := c.Heartbeat(e.ctx(), j.NodeID, api.Heartbeat{Health: "ok"}); err != nil {
+		t.Fatal(err)
+	}
+	// The agent stops; the operator removes the node a second later.
+	e.clock.Advance(time.Second)
+	refused := func(want ...string) {
+		t.Helper()
+		_, err := e.admin.RemoveNode(e.ctx(), j.NodeID, false)
+		var ae *api.Error
+		if !errors.As(err, &ae) || ae.Code != "conflict" {
+			t.Fatalf("remove: %v, want conflict", err)
+		}
+		for _, w := range want {
+			if !strings.Contains(ae.Message, w) {
+				t.Errorf("refusal %q does not say %q", ae.Message, w)
+			}
+		}
+	}
+	refused("n1 (", "is ready", "heartbeated 1s ago", "once it is down (after 10s without a heartbeat)", "force the removal")
+	e.clock.Advance(4 * time.Second)
+	if err := e.srv.Sweep(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	refused("is suspect", "no heartbeat for 5s", "can be removed, after 10s without one", "force the removal")
+	e.clock.Advance(6 * time.Second)
+	if err := e.srv.Sweep(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.admin.RemoveNode(e.ctx(), j.NodeID, false); err != nil {
+		t.Fatalf("remove once down: %v", err)
 	}
 }
