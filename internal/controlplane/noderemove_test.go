@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -170,5 +171,30 @@ func TestRemoveRefusalSaysWhen(t *testing.T) {
 	}
 	if _, err := e.admin.RemoveNode(e.ctx(), j.NodeID, false); err != nil {
 		t.Fatalf("remove once down: %v", err)
+	}
+}
+
+// TestMetricsTargetsLeaveRemovedNodesOut: a removed node's agent is no
+// longer a scrape target (Prometheus would report it down for ever),
+// while a node that is down still is.
+func TestMetricsTargetsLeaveRemovedNodesOut(t *testing.T) {
+	e := newEnv(t)
+	j1, _ := e.join("n1", 1<<30)
+	e.join("n2", 1<<30)
+	if _, err := e.admin.RemoveNode(e.ctx(), j1.NodeID, true); err != nil {
+		t.Fatal(err)
+	}
+	groups, err := e.alice.MetricsTargets(e.ctx())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nodes []string
+	for _, g := range groups {
+		if g.Labels["component"] == "agent" {
+			nodes = append(nodes, g.Labels["node"])
+		}
+	}
+	if !slices.Equal(nodes, []string{"n2"}) {
+		t.Fatalf("agent targets of nodes %v, want [n2] (n1 was removed)", nodes)
 	}
 }
