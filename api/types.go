@@ -284,7 +284,8 @@ type Lease struct {
 	// moved to another lender included.
 	BandwidthCap int64 `json:"bandwidth_cap,omitempty"`
 	IOPSCap      int64 `json:"iops_cap,omitempty"`
-	// NodeID and DeviceID name the first part's lender and device.
+	// NodeID and DeviceID name the first part's lender and device (the
+	// first part that is not lost: a bond that lost a lender).
 	NodeID   string `json:"node_id,omitempty"`
 	DeviceID string `json:"device_id,omitempty"`
 	Parts    []Part `json:"parts"`

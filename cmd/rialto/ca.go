@@ -4,7 +4,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -39,6 +42,10 @@ func caVerb(fn func(e *env, ca *pki.CA, o *output) error, objects bool) func(e *
 		return func(context.Context, []string) error {
 			ca, err := pki.Load(*dir, pki.Options{})
 			if err != nil {
+				if errors.Is(err, pki.ErrNoCA) && !fs.Changed("tls-dir") && e.getenv("RIALTO_TLS_DIR") == "" {
+					return fmt.Errorf("%w; name the CA's directory with --tls-dir or RIALTO_TLS_DIR (rialto server's --tls-dir; rialto up's STATE-DIR/tls)%s",
+						err, caCertDirHint(e))
+				}
 				return err
 			}
 			return fn(e, ca, o)
@@ -105,4 +112,18 @@ func runCADropOld(e *env, ca *pki.CA, _ *output) error {
 	}
 	fmt.Fprintf(e.stdout, "%s now trusts only %s. Restart the control plane and give clients the new file.\n", ca.CertFile(), ca.Certificate().Subject.CommonName)
 	return nil
+}
+
+// caCertDirHint names the directory of RIALTO_CACERT when it holds a CA's
+// key too (rialto up's env sets RIALTO_CACERT, not RIALTO_TLS_DIR).
+func caCertDirHint(e *env) string {
+	cert := e.getenv("RIALTO_CACERT")
+	if cert == "" {
+		return ""
+	}
+	dir := filepath.Dir(cert)
+	if _, err := os.Stat(filepath.Join(dir, pki.CAKeyFile)); err != nil {
+		return ""
+	}
+	return fmt.Sprintf(": RIALTO_CACERT's is --tls-dir %s", dir)
 }

@@ -54,3 +54,36 @@ func TestCAVerbs(t *testing.T) {
 		t.Fatalf("show of an empty dir: exit %d\n%s", code, errb.String())
 	}
 }
+
+// TestCAShowHintsTheDirectory: `rialto ca show` in a shell set up by
+// rialto up's env (RIALTO_CACERT, no RIALTO_TLS_DIR) finds no CA in the
+// default rialto-tls; the error says how to name the directory and
+// names RIALTO_CACERT's, which holds the CA.
+func TestCAShowHintsTheDirectory(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "rialto-state", "tls")
+	if _, err := pki.Open(dir, pki.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(t.TempDir()) // no rialto-tls here
+	var out, errb bytes.Buffer
+	e := &env{stdout: &out, stderr: &errb, getenv: func(k string) string {
+		if k == "RIALTO_CACERT" {
+			return filepath.Join(dir, pki.CACertFile)
+		}
+		return ""
+	}}
+	code := run(context.Background(), []string{"ca", "show"}, e)
+	if code == 0 {
+		t.Fatalf("ca show with no rialto-tls: exit 0\n%s", out.String())
+	}
+	for _, w := range []string{"no CA in rialto-tls", "--tls-dir or RIALTO_TLS_DIR", "RIALTO_CACERT's is --tls-dir " + dir} {
+		if !strings.Contains(errb.String(), w) {
+			t.Errorf("error %q does not say %q", errb.String(), w)
+		}
+	}
+	out.Reset()
+	errb.Reset()
+	if code := run(context.Background(), []string{"ca", "show", "--tls-dir", dir}, e); code != 0 {
+		t.Fatalf("ca show --tls-dir %s: exit %d\n%s", dir, code, errb.String())
+	}
+}

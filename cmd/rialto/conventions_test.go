@@ -588,3 +588,24 @@ func TestSecretAtFileIsTheFileFlag(t *testing.T) {
 		t.Errorf("--token @FILE: token-file changed %v, %+v", fs.Changed("token-file"), s)
 	}
 }
+
+// TestGroupSummariesNameTheirVerbs: the summary `rialto -h` shows for a
+// two-word verb's first word ("node") names each of its verbs ("node
+// remove" too), so that none is found only by reading `rialto node -h`.
+func TestGroupSummariesNameTheirVerbs(t *testing.T) {
+	for name := range commands {
+		group, verb, ok := strings.Cut(name, " ")
+		if !ok {
+			continue
+		}
+		sum, ok := groupSummaries[group]
+		if !ok {
+			t.Errorf("%q: no summary for %q", name, group)
+			continue
+		}
+		words := strings.ToLower(sum)
+		if !strings.Contains(words, strings.ReplaceAll(verb, "-", " ")) && !strings.Contains(words, verb) {
+			t.Errorf("the summary of %q (%q) does not name %q", group, sum, verb)
+		}
+	}
+}

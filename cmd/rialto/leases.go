@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -172,15 +173,29 @@ func leaseSize(l api.Lease) int64 {
 	return l.Size
 }
 
+// printParts prints a lease's (or a plan's) parts; a STATE column says
+// which are lost when a part is (a bond that lost a lender goes on
+// without it, and the lost part's URI is served by no one).
 func printParts(w io.Writer, k api.Kind, parts []api.Part, uri bool, names map[string]string) {
 	tw := newTable(w)
+	lost := slices.ContainsFunc(parts, api.Part.Lost)
 	hdr := "PART\tNODE\tDEVICE\tOFFSET\tLENGTH"
+	if lost {
+		hdr += "\tSTATE"
+	}
 	if uri {
 		hdr += "\tURI"
 	}
 	fmt.Fprintln(tw, hdr)
 	for i, p := range parts {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s", i, nodeName(names, p.NodeID), p.DeviceID, capacity(k, p.Offset), capacity(k, p.Length))
+		if lost {
+			st := "served"
+			if p.Lost() {
+				st = "lost"
+			}
+			fmt.Fprintf(tw, "\t%s", st)
+		}
 		if uri {
 			fmt.Fprintf(tw, "\t%s", dash(p.URI))
 		}

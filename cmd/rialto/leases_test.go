@@ -168,3 +168,28 @@ func TestLeasesFilters(t *testing.T) {
 		t.Errorf("--kind gpu: exit %d: %s", code, errs)
 	}
 }
+
+// TestPartsSayWhichAreLost: lease show of a bond that lost a lender says
+// which part is lost (its URI is served by no one); a lease whose parts
+// are all served has no STATE column.
+func TestPartsSayWhichAreLost(t *testing.T) {
+	parts := []api.Part{
+		{NodeID: "node-a", DeviceID: "dev-a", Length: 6_250_000, URI: "rialto-nics://10.0.0.3:1/x", State: api.PartLost},
+		{NodeID: "node-b", DeviceID: "dev-b", Length: 6_250_000, URI: "rialto-nics://10.0.0.4:1/y"},
+	}
+	names := map[string]string{"node-a": "n1", "node-b": "n2"}
+	var b strings.Builder
+	printParts(&b, api.KindNIC, parts, true, names)
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[0], "STATE") ||
+		!strings.Contains(lines[1], "n1") || !strings.Contains(lines[1], " lost ") ||
+		!strings.Contains(lines[2], "n2") || !strings.Contains(lines[2], " served ") {
+		t.Fatalf("parts of a bond that lost n1:\n%s", b.String())
+	}
+	parts[0].State = ""
+	b.Reset()
+	printParts(&b, api.KindNIC, parts, true, names)
+	if strings.Contains(b.String(), "STATE") || strings.Contains(b.String(), "served") {
+		t.Fatalf("parts all served:\n%s", b.String())
+	}
+}

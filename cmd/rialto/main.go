@@ -74,9 +74,9 @@ func groupOf(word string) string {
 // groupSummaries describe the two-word verbs' first words.
 var groupSummaries = map[string]string{
 	"lease":   "Create, show, renew, move and release leases.",
-	"node":    "Cordon, uncordon and drain nodes.",
+	"node":    "Cordon, uncordon, drain and remove nodes.",
 	"profile": "Show or declare a device model's performance profile.",
-	"ca":      "Show and rotate the cluster CA of a TLS directory.",
+	"ca":      "Manage the cluster CA of a TLS directory: show, rotate, drop-old.",
 	"sim":     "List and run the simulator's experiments.",
 	"slurm":   "Slurm hooks: prolog, task prolog and epilog.",
 	"vm":      "Run, stop, list and move virtual machines on leased devices.",

@@ -112,6 +112,9 @@ func (s *Server) hMetricsTargets(ctx context.Context, p principal, r *http.Reque
 	out := []api.MetricsTargetGroup{{Targets: []string{r.Host},
 		Labels: map[string]string{"__scheme__": scheme, "__metrics_path__": "/metrics", "component": "controlplane"}}}
 	for _, n := range nodes {
+		if n.State == api.NodeRemoved {
+			continue // retired: its agent is gone for good, not down
+		}
 		u, err := url.Parse(n.AgentURL)
 		if err != nil || u.Host == "" {
 			continue

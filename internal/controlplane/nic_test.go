@@ -269,3 +269,60 @@ func TestNICBondLosesPart(t *testing.T) {
 		t.Fatalf("with every lender lost: %+v", got)
 	}
 }
+
+// TestNICBondLostFirstPartNotShownAsItsNode: once a bond lost the lender
+// of its first part, the lease (show and list) names the node and device
+// of the first part it still holds, not the lost one's.
+func TestNICBondLostFirstPartNotShownAsItsNode(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var ids []string
+	var cls []*api.Client
+	for i := 1; i <= 2; i++ {
+		name := fmt.Sprintf("n%d", i)
+		jr, err := e.boot.Join(e.ctx(), api.JoinRequest{Name: name, Address: "127.0.0.1", AgentURL: "http://127.0.0.1:1",
+			Fingerprint: api.Fingerprint{MachineID: "mid-" + name, Hostname: name},
+			Devices:     []api.DeviceSpec{{Name: "wan0", Kind: api.KindNIC, Capacity: 12_500_000, Model: "lent-nic", Sharing: "partitionable"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, cls = append(ids, jr.NodeID), append(cls, e.boot.WithToken(jr.Credential))
+	}
+	bond, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindNIC, Bandwidth: 2e6, Count: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, second := bond.Parts[0], bond.Parts[1]
+	if bond.NodeID != first.NodeID {
+		t.Fatalf("a new bond on %s, its first part on %s", bond.NodeID, first.NodeID)
+	}
+	// The first part's lender goes silent past the grace period.
+	e.clock.Advance(11 * time.Second)
+	for i, id := range ids {
+		if id == second.NodeID {
+			if _, err := cls[i].Heartbeat(e.ctx(), id, api.Heartbeat{Health: "ok", Leases: []string{bond.ID}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := e.srv.Sweep(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	got, err := e.alice.Lease(e.ctx(), bond.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != api.LeaseActive || !got.Parts[0].Lost() || got.Count != 1 {
+		t.Fatalf("after the first lender's loss: %+v", got)
+	}
+	if got.NodeID != second.NodeID || got.DeviceID != second.DeviceID {
+		t.Errorf("lease show: node %s device %s, want the surviving part's %s %s", got.NodeID, got.DeviceID, second.NodeID, second.DeviceID)
+	}
+	list, err := e.alice.Leases(e.ctx())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 || list[0].NodeID != second.NodeID || list[0].DeviceID != second.DeviceID {
+		t.Errorf("leases: %+v, want it on the surviving part's %s %s", list, second.NodeID, second.DeviceID)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"math/big"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/lifecycle"
@@ -43,8 +44,8 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 	}
 	n := rec.Node
 	if (n.State == api.NodeReady || n.State == api.NodeSuspect) && !force {
-		return api.NodeRemoval{}, fmt.Errorf("%w: node %s (%s) is %s: stop its agent first, or force the removal (its leases are lost, and a running agent joins again as this node with the bootstrap token)",
-			ErrConflict, n.Name, n.ID, n.State)
+		return api.NodeRemoval{}, fmt.Errorf("%w: %s; or force the removal (its leases are lost, and a running agent joins again as this node with the bootstrap token)",
+			ErrConflict, s.notDownYet(n))
 	}
 	// Its leases are lost, as when a node goes down: those with a part
 	// on it. A lease whose only tie to the node is a move's destination
@@ -109,4 +110,23 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 		lost = []string{}
 	}
 	return api.NodeRemoval{Node: removed, Revoked: revoked, Lost: lost}, nil
+}
+
+// notDownYet says why a node that is ready or suspect cannot be removed
+// without force, and when it can be: an agent that has just stopped
+// leaves its node ready, then suspect, until its silence passes the
+// grace period (the stretched DownAfter the sweep judges by).
+func (s *Server) notDownYet(n api.Node) string {
+	last := n.LastHeartbeat
+	if t, ok := s.live.lastSeen(n.ID); ok && t.After(last) {
+		last = t
+	}
+	silent := max(s.now().Sub(last), 0).Round(time.Second)
+	downAfter := stretch(s.cfg.DownAfter, s.heartbeatStretch())
+	if n.State == api.NodeReady {
+		return fmt.Sprintf("node %s (%s) is ready: its agent heartbeated %v ago; stop the agent, and remove the node once it is down (after %v without a heartbeat)",
+			n.Name, n.ID, silent, downAfter)
+	}
+	return fmt.Sprintf("node %s (%s) is %s: no heartbeat for %v; it is down, and can be removed, after %v without one",
+		n.Name, n.ID, n.State, silent, downAfter)
 }

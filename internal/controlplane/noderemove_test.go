@@ -2,6 +2,8 @@ package controlplane
 
 import (
 	"errors"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -129,5 +131,70 @@ func TestRemovalIsFinal(t *testing.T) {
 	e.srv.flushBeats(e.ctx())
 	if n, err := e.srv.st.Node(e.ctx(), j2.NodeID); err != nil || n.State != api.NodeReady {
 		t.Fatalf("the other node: %v %+v", err, n.State)
+	}
+}
+
+// TestRemoveRefusalSaysWhen: an operator who stopped a node's agent and
+// runs `rialto node remove` at once finds the node still ready, then
+// suspect; the refusal says how long the node has been silent and after
+// how much silence it is down and can be removed, and it then can.
+func TestRemoveRefusalSaysWhen(t *testing.T) {
+	e := newEnv(t)
+	j, c := e.join("n1", 1<<30)
+	if _, err := c.Heartbeat(e.ctx(), j.NodeID, api.Heartbeat{Health: "ok"}); err != nil {
+		t.Fatal(err)
+	}
+	// The agent stops; the operator removes the node a second later.
+	e.clock.Advance(time.Second)
+	refused := func(want ...string) {
+		t.Helper()
+		_, err := e.admin.RemoveNode(e.ctx(), j.NodeID, false)
+		var ae *api.Error
+		if !errors.As(err, &ae) || ae.Code != "conflict" {
+			t.Fatalf("remove: %v, want conflict", err)
+		}
+		for _, w := range want {
+			if !strings.Contains(ae.Message, w) {
+				t.Errorf("refusal %q does not say %q", ae.Message, w)
+			}
+		}
+	}
+	refused("n1 (", "is ready", "heartbeated 1s ago", "once it is down (after 10s without a heartbeat)", "force the removal")
+	e.clock.Advance(4 * time.Second)
+	if err := e.srv.Sweep(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	refused("is suspect", "no heartbeat for 5s", "can be removed, after 10s without one", "force the removal")
+	e.clock.Advance(6 * time.Second)
+	if err := e.srv.Sweep(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.admin.RemoveNode(e.ctx(), j.NodeID, false); err != nil {
+		t.Fatalf("remove once down: %v", err)
+	}
+}
+
+// TestMetricsTargetsLeaveRemovedNodesOut: a removed node's agent is no
+// longer a scrape target (Prometheus would report it down for ever),
+// while a node that is down still is.
+func TestMetricsTargetsLeaveRemovedNodesOut(t *testing.T) {
+	e := newEnv(t)
+	j1, _ := e.join("n1", 1<<30)
+	e.join("n2", 1<<30)
+	if _, err := e.admin.RemoveNode(e.ctx(), j1.NodeID, true); err != nil {
+		t.Fatal(err)
+	}
+	groups, err := e.alice.MetricsTargets(e.ctx())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nodes []string
+	for _, g := range groups {
+		if g.Labels["component"] == "agent" {
+			nodes = append(nodes, g.Labels["node"])
+		}
+	}
+	if !slices.Equal(nodes, []string{"n2"}) {
+		t.Fatalf("agent targets of nodes %v, want [n2] (n1 was removed)", nodes)
 	}
 }

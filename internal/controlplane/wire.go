@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"reflect"
+	"slices"
 
 	"github.com/rialto-project/rialto/api"
 )
@@ -59,13 +60,20 @@ func wireForm(v any) any {
 
 // wireLease also gives a lease its count and held, from its parts: they
 // change when a lease is placed again or a bond loses a part, and the
-// API's figures must say what the lease holds now.
+// API's figures must say what the lease holds now. For the same reason
+// its node and device are those of its first part that is not lost: a
+// bond that lost its first lender is not shown on it.
 func wireLease(l api.Lease) api.Lease {
 	if l.Parts == nil {
 		l.Parts = []api.Part{}
 	}
 	if len(l.Parts) > 0 {
 		l.Count, l.Held = api.Holding(l.Parts)
+		if l.Parts[0].Lost() {
+			if i := slices.IndexFunc(l.Parts, func(p api.Part) bool { return !p.Lost() }); i > 0 {
+				l.NodeID, l.DeviceID = l.Parts[i].NodeID, l.Parts[i].DeviceID
+			}
+		}
 	}
 	if l.Plan != nil && l.Plan.Parts == nil {
 		pl := wirePlan(*l.Plan)

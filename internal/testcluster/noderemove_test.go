@@ -34,7 +34,7 @@ func TestTLSNodeRemoval(t *testing.T) {
 	cert := nodeCert(t, gone)
 	cred := readIdentity(t, gone).Credential
 
-	if _, err := c.Client().RemoveNode(ctx, gone.ID(), false); !api.IsCode(err, api.CodeConflict) || !strings.Contains(err.Error(), "stop its agent first") {
+	if _, err := c.Client().RemoveNode(ctx, gone.ID(), false); !api.IsCode(err, api.CodeConflict) || !strings.Contains(err.Error(), "stop the agent, and remove the node once it is down") {
 		t.Fatalf("removing a ready node without force: %v", err)
 	}
 	if _, err := c.ClientWithToken("rat_not-a-token").RemoveNode(ctx, gone.ID(), true); !api.IsCode(err, api.CodeUnauthorized) {
