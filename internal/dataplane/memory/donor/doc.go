@@ -5,14 +5,17 @@
 // credential in the first frame of every connection. A region has one
 // subscriber at a time, and is wiped before it is freed.
 //
-// The zero Donor is not usable; build one with New. Set Credits, Spin and
-// FaultSpin before Serve.
+// The zero Donor is not usable; build one with New. Set Credits, Spin,
+// FaultSpin, IdleWait and the limits before Serve.
 //
 // Threads: the donor serves each sync connection, bulk stream and
-// mapping's fault connection on a thread of its own with raw syscalls on a
-// descriptor the netpoller does not know (internal/rawconn), so segments
-// arriving on it do not wake an idle runtime thread; control and queue
-// connections are served on the Go netpoller. Serve owns every goroutine it
+// mapping's fault connection (under TLS, every connection) on a thread of
+// its own with raw syscalls on a descriptor the netpoller does not know
+// (internal/rawconn), so segments arriving on it do not wake an idle
+// runtime thread; control and queue connections are served on the Go
+// netpoller. A raw connection idle for IdleWait lets its thread go and
+// waits on the netpoller until its next request, and MaxPollThreads
+// bounds the threads the others hold. Serve owns every goroutine it
 // starts and waits for them before it returns.
 //
 // Concurrency: Donor methods are safe for concurrent use.

@@ -45,12 +45,29 @@ var (
 // queue pairs, a fault connection per mapping).
 const DefaultMaxSessionConns = 256
 
-// DefaultMaxConns is the default of Donor.MaxConns: well below the Go
-// runtime's limit of 10000 threads (debug.SetMaxThreads), since a sync,
-// bulk or fault connection holds a thread while it waits and the runtime
-// and the agent's other work need theirs; 16 sessions at
-// DefaultMaxSessionConns.
-const DefaultMaxConns = 4096
+// DefaultMaxConns is the default of Donor.MaxConns: 32 sessions at
+// DefaultMaxSessionConns. An idle connection holds no thread (IdleWait)
+// and the threads the busy ones sleep on are bounded by MaxPollThreads,
+// so the bound is that of what every connection holds, thread or not: a
+// descriptor (two while it is idle: its own and its registration with
+// the netpoller; the agent runs with 65536, shared by its data planes),
+// a goroutine and its buffers (some 50 KiB under TLS).
+const DefaultMaxConns = 8192
+
+// DefaultMaxPollThreads is the default of Donor.MaxPollThreads: well
+// below the Go runtime's limit of 10000 threads (debug.SetMaxThreads),
+// which the runtime and the agent's other work share (the bound
+// DefaultMaxConns was when every data connection held a thread).
+const DefaultMaxPollThreads = 4096
+
+// DefaultIdleWait is the default of Donor.IdleWait. A request after a
+// pause of at least IdleWait pays for the move back from the netpoller
+// (a netpoller wake-up, an epoll_ctl and a close: tens of µs, a fraction
+// of a thousandth of the pause); a connection with a request at least
+// every 20 ms (50 a second: an application's faults, a benchmark's round
+// trips) never moves, and the threads the donor holds at once are those
+// of the connections that had a request in the last 20 ms.
+const DefaultIdleWait = 20 * time.Millisecond
 
 // DefaultMinSessionConns is the default of Donor.MinSessionConns: what a
 // client opens with its defaults (a sync connection, two bulk streams, a
@@ -112,23 +129,37 @@ type Donor struct {
 	// their connections are closed then. Zero means
 	// DefaultRefusalWaitLimit.
 	RefusalWaitLimit time.Duration
+	// IdleWait is how long the thread serving a sync, bulk or fault
+	// connection (or, under TLS, any connection) waits in poll(2) for the
+	// next request before the connection moves to Go's netpoller, where
+	// its goroutine waits holding no thread; the next request moves it
+	// back (rawconn.Idle). Zero means DefaultIdleWait; negative: never
+	// (every such connection holds a thread while it waits, as before).
+	// Set before Serve.
+	IdleWait time.Duration
+	// MaxPollThreads bounds the threads the donor's connections sleep
+	// in poll(2) on at once: a connection that was not idle for
+	// IdleWait holds one. Past it, connections wait on the netpoller
+	// (their requests pay a netpoller wake-up each) until a thread is
+	// free: however many connections are busy at once, the Go runtime's
+	// 10000 threads, past which it ends the process and every tenant's
+	// region, are not reached. Set before Serve; zero means
+	// DefaultMaxPollThreads.
+	MaxPollThreads int
 	// MaxSessionConns bounds the data connections (sync, bulk, queue,
 	// fault) one session has at once; a HELLO past it is refused with
 	// StatusLimit, unless it replaces one of the session's connections.
-	// A sync, bulk or fault connection holds one of the donor's threads
-	// while it waits for its next request (poll(2) on a raw descriptor),
-	// and the Go runtime ends the process past 10000 threads: one tenant
-	// must not be able to take the donor, and every region it holds,
-	// down. Set before Serve; zero means DefaultMaxSessionConns.
+	// Every connection costs the donor a descriptor, a goroutine and its
+	// buffers (a busy one a thread too, see MaxPollThreads): one tenant
+	// must not take them all. Set before Serve; zero means
+	// DefaultMaxSessionConns.
 	MaxSessionConns int
 	// MaxConns bounds the data connections of every session together
 	// (those of ended sessions whose handlers have not returned yet
 	// included): a HELLO past it is refused with StatusLimit ("the donor
 	// serves its limit of N data connections"), unless it replaces one
-	// of its session's connections. MaxSessionConns alone let some 40
-	// tenants at their limit take the donor past the runtime's 10000
-	// threads, which ends the process and every tenant's region. Set
-	// before Serve; zero means DefaultMaxConns.
+	// of its session's connections. Set before Serve; zero means
+	// DefaultMaxConns (see there).
 	MaxConns int
 	// MinSessionConns is every session's guaranteed share of MaxConns:
 	// its first MinSessionConns data connections (at most
@@ -148,6 +179,13 @@ type Donor struct {
 
 	// fenceWaits counts the HELLOs waiting at a fence (move.go) now.
 	fenceWaits atomic.Int32
+
+	// idle is what the raw connections share to hold no thread while
+	// idle (nil: IdleWait negative); made by the first Serve (idleOnce).
+	idle     *rawconn.Idle
+	idleOnce sync.Once
+	// moved, if set (tests), is the idle connections' rawconn.Idle.Moved.
+	moved func(fd int, parked bool)
 
 	mu      sync.Mutex
 	regions map[[32]byte]*region
@@ -246,6 +284,45 @@ func (d *Donor) minSessionConns() int {
 }
 
 func (d *Donor) spin() time.Duration { return max(d.Spin, 0) }
+
+// idleConns is what the raw connections share to hold no thread while
+// idle (nil: they never move to the netpoller).
+func (d *Donor) idleConns() *rawconn.Idle {
+	d.idleOnce.Do(func() {
+		if d.IdleWait < 0 {
+			return
+		}
+		wait := d.IdleWait
+		if wait == 0 {
+			wait = DefaultIdleWait
+		}
+		lim := d.MaxPollThreads
+		if lim <= 0 {
+			lim = DefaultMaxPollThreads
+		}
+		d.idle = &rawconn.Idle{Wait: wait, Max: lim, Moved: d.moved}
+	})
+	return d.idle
+}
+
+// setIdle makes p, a raw connection the donor serves, hold no thread
+// while idle (IdleWait).
+func (d *Donor) setIdle(p *rawconn.Conn) {
+	if i := d.idleConns(); i != nil {
+		p.SetIdle(i)
+	}
+}
+
+// ParkedConns reports how many of the donor's raw connections (sync,
+// bulk, fault; under TLS every kind) wait for their next request on the
+// netpoller now, holding no thread (IdleWait), and how many threads the
+// others hold for poll(2) (at most MaxPollThreads).
+func (d *Donor) ParkedConns() (parked, polling int) {
+	if i := d.idleConns(); i != nil {
+		return i.Parked(), i.Polling()
+	}
+	return 0, 0
+}
 
 // DefaultRefusalWait is the donor's default RefusalWait: a borrower's
 // requests time out sooner (the client's default Options.Timeout).
@@ -574,7 +651,8 @@ func (d *Donor) handle(c net.Conn) {
 		d.serveControl(s, c)
 	case protocol.KindBulk, protocol.KindSync:
 		// Raw syscalls on a detached descriptor, one thread per
-		// connection: bulk streams moved more data, and small sync
+		// connection in use (an idle one waits on the netpoller:
+		// IdleWait): bulk streams moved more data, and small sync
 		// requests were answered sooner than from the netpoller (4 KiB
 		// read p50 33–40 µs vs 44–45 µs, docs/memory-protocol.md).
 		d.serveSync(s, c, hello.Kind, d.spin(), w)
@@ -625,9 +703,10 @@ func peekByte(c net.Conn) (byte, error) {
 // poll(2), and anyone who could reach the donor held a thread per
 // connection). Once the HELLO is answered, the descriptor is detached
 // (see rawconn) and the session goes on on raw syscalls, from this
-// goroutine's thread: sync, bulk and fault connections are then served as
-// serveSync serves plaintext ones; control and queue connections through
-// the session as a net.Conn.
+// goroutine's thread while in use (idle, on the netpoller: IdleWait):
+// sync, bulk and fault connections are then served as serveSync serves
+// plaintext ones; control and queue connections through the session as a
+// net.Conn.
 func (d *Donor) handleTLS(c net.Conn) {
 	ho := rawconn.NewHandover(c)
 	tc := tls.Server(ho, d.TLS)
@@ -649,6 +728,7 @@ func (d *Donor) handleTLS(c net.Conn) {
 	p := rawconn.New(fd, 0, 0)
 	defer p.Close()
 	p.Adopt(ho, tc)
+	d.setIdle(p)
 	dc := detachedConn{Conn: c, p: p}
 	if !d.swapConn(s, c, dc, false) {
 		return // the session ended meanwhile
@@ -1148,6 +1228,7 @@ func (d *Donor) serveSync(s *session, c net.Conn, kind uint8, spin time.Duration
 	}
 	p := rawconn.New(fd, spin, 0)
 	defer p.Close()
+	d.setIdle(p)
 	// The connection sets name the connection by a stand-in whose Close
 	// shuts the socket down; c itself is closed, taking it off the
 	// netpoller (see rawconn).

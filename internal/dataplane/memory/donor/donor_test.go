@@ -67,10 +67,12 @@ func TestRemoveRegionEndsSession(t *testing.T) {
 
 // TestRawDescriptorsOffNetpoller: the sockets the donor serves sync and
 // bulk connections on with raw syscalls are registered with no epoll
-// instance of the process (docs/memory-protocol.md). The client's end is
-// checked by the client's test of the same name.
+// instance of the process (docs/memory-protocol.md) while they are in
+// use (an idle one waits on the netpoller, registered under another
+// descriptor, until its next request: TestIdleConnectionLeavesNetpoller).
+// The client's end is checked by the client's test of the same name.
 func TestRawDescriptorsOffNetpoller(t *testing.T) {
-	td := memorytest.Start(t, 1<<20, 0)
+	td := memorytest.StartWith(t, 1<<20, 0, func(d *donor.Donor) { d.IdleWait = time.Hour })
 	c := dial(t, td.Addr, client.Options{})
 	if err := c.Read(context.Background(), client.ChannelBulk, make([]byte, 1<<20), 0); err != nil {
 		t.Fatal(err)
@@ -101,10 +103,11 @@ func TestRawDescriptorsOffNetpoller(t *testing.T) {
 // once its HELLO is answered (the handshake and the HELLO run on the
 // netpoller: TestHandshakesHoldNoThreads), so that the TLS records of
 // each (control, sync, bulk, queue) travel on raw syscalls off the
-// netpoller as plaintext sync and bulk connections do.
+// netpoller as plaintext sync and bulk connections do (while in use, as
+// there).
 func TestTLSOffNetpoller(t *testing.T) {
 	ca := memorytest.NewCA(t)
-	td := memorytest.StartTLS(t, memorytest.ServerTLS(t, ca), 1<<20, 0)
+	td := memorytest.StartTLSWith(t, memorytest.ServerTLS(t, ca), 1<<20, 0, func(d *donor.Donor) { d.IdleWait = time.Hour })
 	c := dial(t, td.Addr, client.Options{TLS: memorytest.ClientTLS(t, ca)})
 	ctx := context.Background()
 	buf := make([]byte, 1<<20)

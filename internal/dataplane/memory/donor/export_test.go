@@ -13,3 +13,8 @@ func (d *Donor) RawFds() []int {
 	}
 	return fds
 }
+
+// SetMoved has f called (before Serve) as a raw connection's waits move
+// to the netpoller (parked) and back, from its serving goroutine, with its
+// descriptor (rawconn.Idle.Moved): a test may send requests then.
+func (d *Donor) SetMoved(f func(fd int, parked bool)) { d.moved = f }

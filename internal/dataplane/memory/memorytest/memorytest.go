@@ -51,6 +51,13 @@ func StartTLS(t testing.TB, cfg *tls.Config, size int64, credits int) *Donor {
 	return start(t, size, credits, cfg, nil)
 }
 
+// StartTLSWith is StartTLS with set (nil: none) setting the donor's
+// fields before it serves.
+func StartTLSWith(t testing.TB, cfg *tls.Config, size int64, credits int, set func(*donor.Donor)) *Donor {
+	t.Helper()
+	return start(t, size, credits, cfg, set)
+}
+
 // NewCA makes a cluster CA in a temporary directory.
 func NewCA(t testing.TB) *pki.CA {
 	t.Helper()
@@ -206,6 +213,16 @@ func startChild(t testing.TB, tlsDir string, size ...int64) (*exec.Cmd, string) 
 // would wake that instance's idle thread (docs/memory-protocol.md).
 func CheckOffNetpoller(t testing.TB, fds map[int]string) {
 	t.Helper()
+	for _, r := range Registrations(t, fds) {
+		t.Error(r)
+	}
+}
+
+// Registrations describes each registration of a socket of one of fds
+// (descriptor → what it is) with an epoll instance of this process, under
+// any descriptor (none: the sockets are off the netpoller).
+func Registrations(t testing.TB, fds map[int]string) []string {
+	t.Helper()
 	// Sockets by inode: a registration under another descriptor of the
 	// same socket counts too.
 	socks := map[uint64]string{}
@@ -221,6 +238,7 @@ func CheckOffNetpoller(t testing.TB, fds map[int]string) {
 		t.Fatal(err)
 	}
 	polls := 0
+	var regs []string
 	for _, e := range ents {
 		if target, _ := os.Readlink("/proc/self/fd/" + e.Name()); target != "anon_inode:[eventpoll]" {
 			continue
@@ -237,11 +255,12 @@ func CheckOffNetpoller(t testing.TB, fds map[int]string) {
 			}
 			ino, err := strconv.ParseUint(strings.Fields(rest)[0], 16, 64)
 			if err == nil && socks[ino] != "" {
-				t.Errorf("%s is registered with epoll instance %s: %s", socks[ino], e.Name(), line)
+				regs = append(regs, fmt.Sprintf("%s is registered with epoll instance %s: %s", socks[ino], e.Name(), line))
 			}
 		}
 	}
 	if polls == 0 {
 		t.Fatal("no epoll instance found: the Go netpoller should have one")
 	}
+	return regs
 }

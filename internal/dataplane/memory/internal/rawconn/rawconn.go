@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"time"
 
@@ -25,7 +26,8 @@ var ErrPeerClosed = errors.New("EOF")
 // which keeps the round trip free of a sleep and wake-up when the donor
 // answers quickly, then blocks in poll(2) for at most timeout.
 //
-// The descriptor is not registered with Go's netpoller (see Detach): an
+// The descriptor is not registered with Go's netpoller (see Detach; a
+// server's idle Conn registers a duplicate while it waits, see Idle): an
 // idle runtime thread sleeping in epoll_wait would otherwise be woken by
 // every segment that arrives, and on a 2-vCPU VM that wake-up sat in every
 // round trip (loopback p50 24–29 µs registered, 15–18 µs detached;
@@ -48,6 +50,16 @@ type Conn struct {
 	// written through fdConn, on the same raw syscalls.
 	tc   *tls.Conn
 	wbuf []byte // SendV's record buffer over TLS
+
+	// idle, if set (SetIdle), moves the Conn's waits to Go's netpoller
+	// once the connection is idle (idle.go). held and park are the
+	// reading goroutine's: held, its waits for input sleep in poll(2)
+	// (it holds one of idle's threads); else they wait on the netpoller,
+	// through park (a duplicate of fd the netpoller knows, nil until the
+	// first such wait).
+	idle *Idle
+	held bool
+	park *os.File
 }
 
 // New returns a Conn on fd, a non-blocking socket descriptor the netpoller
@@ -97,12 +109,14 @@ func (p *Conn) Shutdown() {
 	p.life.Unlock()
 }
 
-// Close closes the descriptor; nothing may use the Conn afterwards but
-// Shutdown and Close.
+// Close closes the descriptor (and gives back the thread the Conn held,
+// see SetIdle); nothing may use the Conn afterwards but Shutdown and
+// Close.
 func (p *Conn) Close() {
 	p.life.Lock()
 	if !p.closed {
 		p.closed = true
+		p.dropIdle()
 		_ = unix.Close(p.fd)
 	}
 	p.life.Unlock()
@@ -110,6 +124,12 @@ func (p *Conn) Close() {
 
 // wait blocks until the socket is ready for events or the timeout passes.
 func (p *Conn) wait(events int16) error {
+	if p.idle != nil && p.timeout == 0 {
+		if events == unix.POLLIN {
+			return p.waitInput()
+		}
+		return p.waitOutput()
+	}
 	ms := -1
 	if p.timeout > 0 {
 		ms = int(p.timeout.Milliseconds()) + 1

@@ -1,0 +1,232 @@
+package rawconn
+
+import (
+	"fmt"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
+	"golang.org/x/sys/unix"
+)
+
+// Idle lets the Conns that share it (a server's, SetIdle) hold no thread
+// while they are idle. A Conn's wait in poll(2) holds an OS thread, and
+// the Go runtime ends the process past 10000 of them: a server with a
+// thread blocked per idle connection had its connections bounded by its
+// threads. With an Idle, a wait for input that found none for Wait moves
+// to Go's netpoller — a duplicate of the descriptor registered there, the
+// goroutine parked in a syscall.RawConn's Read, holding no thread — and
+// the next wait after it woke goes back to poll(2), the descriptor off the
+// netpoller again (its registration closed). While requests keep coming
+// (one at least every Wait) nothing changes: the waits sleep in poll(2)
+// as before, only with Wait as their deadline.
+//
+// The move changes how the Conn waits, never what it reads: no byte is
+// read but by the Conn's own readv on its descriptor, whichever way it
+// waited, so a request that arrives as a Conn moves either way is read as
+// any other, in order. A Shutdown wakes a Conn waiting on the netpoller as
+// it wakes one in poll(2).
+//
+// Max bounds the threads the Conns sleep in poll(2) on at once: a Conn
+// whose reads wait in poll(2) holds one of them, from SetIdle (or its
+// return from the netpoller) until it moves to the netpoller or closes;
+// a wait for output (a full socket buffer) holds one while it sleeps.
+// Past Max a Conn's waits stay on the netpoller (each request then pays a
+// netpoller wake-up) until one is free again.
+type Idle struct {
+	// Wait is how long a wait for input stays in poll(2) before it moves
+	// to the netpoller (at least a nanosecond: zero moves at once).
+	Wait time.Duration
+	// Max bounds the threads sleeping in poll(2) at once (0: none).
+	Max int
+	// Moved, if set, is called from a Conn's reading goroutine, with its
+	// descriptor, as its waits for input move to the netpoller (parked,
+	// before it registers there) and back (after the netpoller woke it,
+	// before it leaves it): the moments a request may arrive in between.
+	Moved func(fd int, parked bool)
+
+	polling atomic.Int64 // threads held for poll(2)
+	parked  atomic.Int64 // Conns whose waits for input are on the netpoller
+}
+
+// Polling is how many threads the Conns hold for poll(2) now.
+func (i *Idle) Polling() int { return int(i.polling.Load()) }
+
+// Parked is how many Conns wait for input on the netpoller (holding no
+// thread) now.
+func (i *Idle) Parked() int { return int(i.parked.Load()) }
+
+// take takes a thread for poll(2); false past Max.
+func (i *Idle) take() bool {
+	if i.Max <= 0 {
+		i.polling.Add(1)
+		return true
+	}
+	for {
+		n := i.polling.Load()
+		if n >= int64(i.Max) {
+			return false
+		}
+		if i.polling.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+func (i *Idle) give() { i.polling.Add(-1) }
+
+// SetIdle makes the Conn, a server's without a timeout, hold no thread
+// while idle (see Idle); its owner calls it once, before it serves, from
+// the goroutine that reads it. A Conn with a timeout ignores it.
+func (p *Conn) SetIdle(i *Idle) {
+	p.idle = i
+	p.held = i.take()
+	if !p.held {
+		i.parked.Add(1)
+	}
+}
+
+// dropIdle gives back what the Conn holds of its Idle (Close, life held).
+func (p *Conn) dropIdle() {
+	i := p.idle
+	if i == nil {
+		return
+	}
+	p.idle = nil
+	if p.held {
+		i.give()
+	} else {
+		i.parked.Add(-1)
+	}
+	if p.park != nil {
+		_ = p.park.Close()
+		p.park = nil
+	}
+}
+
+// waitInput waits for input, from the Conn's reading goroutine: in
+// poll(2) for up to Wait while it holds a thread, else (or then) on the
+// netpoller, and back to poll(2) for the next wait once woken, if a
+// thread is free.
+func (p *Conn) waitInput() error {
+	i := p.idle
+	if p.held {
+		ready, err := p.pollFor(unix.POLLIN, i.Wait)
+		if err != nil || ready {
+			return err
+		}
+		// Idle for Wait: let the thread go.
+		p.held = false
+		i.give()
+		i.parked.Add(1)
+		if i.Moved != nil {
+			i.Moved(p.fd, true)
+		}
+	}
+	if err := p.netpollWait(&p.park, unix.POLLIN); err != nil {
+		return err
+	}
+	if i.take() {
+		p.held = true
+		i.parked.Add(-1)
+		if i.Moved != nil {
+			i.Moved(p.fd, false)
+		}
+		// Off the netpoller: the next segments wake no runtime thread.
+		_ = p.park.Close()
+		p.park = nil
+	}
+	return nil
+}
+
+// waitOutput waits until the socket takes more bytes: in poll(2) for up
+// to Wait if a thread is free, else (or then) on the netpoller. It holds
+// nothing of the Conn's (a goroutine writing while another reads, as a
+// TLS control connection's, may call it).
+func (p *Conn) waitOutput() error {
+	i := p.idle
+	if i.take() {
+		ready, err := p.pollFor(unix.POLLOUT, i.Wait)
+		i.give()
+		if err != nil || ready {
+			return err
+		}
+	}
+	var f *os.File
+	err := p.netpollWait(&f, unix.POLLOUT)
+	if f != nil {
+		_ = f.Close()
+	}
+	return err
+}
+
+// pollFor waits in poll(2) until the socket is ready for events (true) or
+// d passes (false).
+func (p *Conn) pollFor(events int16, d time.Duration) (bool, error) {
+	ts := unix.NsecToTimespec(int64(max(d, 0)))
+	for {
+		fds := [1]unix.PollFd{{Fd: int32(p.fd), Events: events}}
+		n, err := unix.Ppoll(fds[:], &ts, nil) // ts: what is left, after EINTR
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return false, fmt.Errorf("%w: poll: %v", protocol.ErrDonorLost, err)
+		}
+		return n > 0, nil
+	}
+}
+
+// netpollWait waits on Go's netpoller, holding no thread, until the
+// socket is ready for events (or shut down, or failed). *f is the
+// registration, a duplicate of the descriptor made if nil (the caller
+// closes it, which takes it off the netpoller). If the descriptor cannot
+// be registered (out of descriptors, say), it waits in poll(2) instead.
+func (p *Conn) netpollWait(f **os.File, events int16) error {
+	if *f == nil {
+		nfd, err := unix.FcntlInt(uintptr(p.fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return p.pollBlock(events)
+		}
+		// Non-blocking (the flag is the socket's): os.NewFile registers
+		// it with the netpoller.
+		*f = os.NewFile(uintptr(nfd), "rawconn")
+	}
+	rc, err := (*f).SyscallConn()
+	if err == nil {
+		ready := func(fd uintptr) bool {
+			for {
+				fds := [1]unix.PollFd{{Fd: int32(fd), Events: events}}
+				n, err := unix.Poll(fds[:], 0)
+				if err != unix.EINTR {
+					return n > 0 || err != nil // an error: the readv or writev says which
+				}
+			}
+		}
+		if events == unix.POLLIN {
+			err = rc.Read(ready)
+		} else {
+			err = rc.Write(ready)
+		}
+	}
+	if err != nil {
+		return p.pollBlock(events)
+	}
+	return nil
+}
+
+// pollBlock waits in poll(2) until the socket is ready for events.
+func (p *Conn) pollBlock(events int16) error {
+	for {
+		fds := [1]unix.PollFd{{Fd: int32(p.fd), Events: events}}
+		_, err := unix.Poll(fds[:], -1)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("%w: poll: %v", protocol.ErrDonorLost, err)
+		}
+		return nil
+	}
+}
