@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/rialto-project/rialto/api"
 )
@@ -122,8 +123,10 @@ func (a *Agent) wipeLostState(existed map[string]bool, why string) error {
 	case n > 0:
 		a.log.Warn("the state directory is new but block device files already exist and may hold tenants' bytes: they are wiped in full before anything is served, and the join has the control plane record this machine's leases lost",
 			"devices", n, "state_dir", a.cfg.StateDir)
-	default:
+	case slices.ContainsFunc(a.cfg.Devices, func(d DeviceConfig) bool { return d.Kind == api.KindBlock }):
 		a.log.Info("the state directory is new; no block device file existed before", "state_dir", a.cfg.StateDir)
+	default:
+		a.log.Info("the state directory is new", "state_dir", a.cfg.StateDir)
 	}
 	return nil
 }

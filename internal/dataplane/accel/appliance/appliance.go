@@ -432,7 +432,13 @@ func (a *Appliance) Run(ctx context.Context) error {
 			a.register(ctx)
 		}()
 	}
-	a.log.Info("appliance: running", "id", a.cfg.ID, "slots", len(a.slots), "management", a.ManagementAddr())
+	attrs := []any{"id", a.cfg.ID, "slots", len(a.slots)}
+	if m := a.ManagementAddr(); m != "" {
+		// Else there is none, or its owner serves it (`rialto appliance`
+		// says where).
+		attrs = append(attrs, "management", m)
+	}
+	a.log.Info("appliance: running", attrs...)
 	<-ctx.Done()
 	for _, s := range a.slots {
 		s.closeListener() // Rebind refuses from here on: nothing left to serve
