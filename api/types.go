@@ -115,7 +115,11 @@ const HealthUnknown = "unknown"
 
 // Fingerprint is what an agent found on its host.
 type Fingerprint struct {
-	MachineID    string   `json:"machine_id"` // hardware identity; wins on rejoin
+	// MachineID is the hardware identity a rejoin is matched by (a join
+	// takes over the machine's node with the node's credential, or while
+	// it is down or removed). Shown only to admins and in the node's own
+	// answers: empty for other tokens.
+	MachineID    string   `json:"machine_id,omitempty"`
 	Hostname     string   `json:"hostname"`
 	Cores        int      `json:"cores"`
 	MemoryBytes  int64    `json:"memory_bytes"`
@@ -440,6 +444,14 @@ type JoinRequest struct {
 	// know has none). Agents send it at the first join after such a
 	// start.
 	LostExports bool `json:"lost_exports,omitempty"`
+	// Credential is the node's current credential (the one its last
+	// join answered, which the agent keeps in its state directory): a
+	// secret, which proves that a join of a known machine ID is made by
+	// the node's own agent. A known machine's node is taken over by a
+	// join only with it (or over mutual TLS with the node's certificate,
+	// still valid), or while the node is down or removed; otherwise the
+	// join is refused (409). The first join of a machine has none.
+	Credential string `json:"credential,omitempty"`
 }
 
 // JoinResponse carries the node's credential; the agent uses it as its

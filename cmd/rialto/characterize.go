@@ -244,6 +244,19 @@ func characterizeTarget(ctx context.Context, c *api.Client, arg string) (api.Dev
 			found = append(found, d)
 		}
 	}
+	if len(found) > 1 {
+		// Names are not unique: a removed node's devices (unavailable)
+		// keep theirs, and another machine may join under its name.
+		var avail []api.Device
+		for _, d := range found {
+			if d.State != "unavailable" {
+				avail = append(avail, d)
+			}
+		}
+		if len(avail) > 0 {
+			found = avail
+		}
+	}
 	switch len(found) {
 	case 1:
 		return found[0], label(found[0]), nil

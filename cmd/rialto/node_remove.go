@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/spf13/pflag"
@@ -40,7 +41,10 @@ func runNodeRemove(e *env, fs *pflag.FlagSet) runFunc {
 	}
 }
 
-// nodeID resolves a node given by ID or by name.
+// nodeID resolves a node given by ID or by name. Names are not unique
+// (another machine may join under a removed node's name): a node that is
+// not removed is taken over removed ones, and a name that still names
+// several is ambiguous.
 func nodeID(ctx context.Context, c *api.Client, s string) (string, error) {
 	if _, err := c.Node(ctx, s); err == nil {
 		return s, nil
@@ -51,10 +55,27 @@ func nodeID(ctx context.Context, c *api.Client, s string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	var named, kept []api.Node
 	for _, n := range nodes {
 		if n.Name == s {
-			return n.ID, nil
+			named = append(named, n)
+			if n.State != api.NodeRemoved {
+				kept = append(kept, n)
+			}
 		}
 	}
-	return "", fmt.Errorf("no node %q (by ID or name)", s)
+	if len(kept) == 0 {
+		kept = named
+	}
+	switch len(kept) {
+	case 0:
+		return "", fmt.Errorf("no node %q (by ID or name)", s)
+	case 1:
+		return kept[0].ID, nil
+	}
+	alts := make([]string, len(kept))
+	for i, n := range kept {
+		alts[i] = fmt.Sprintf("%s (%s)", n.ID, n.State)
+	}
+	return "", fmt.Errorf("node name %q is ambiguous: give one of the IDs %s", s, strings.Join(alts, ", "))
 }

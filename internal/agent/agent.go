@@ -699,6 +699,11 @@ func (a *Agent) joinRequest() api.JoinRequest {
 	req.Address = a.host
 	req.AgentURL = a.agentURL
 	req.LostExports = a.id.LostExports
+	// The node's current credential proves that this is its agent, not
+	// another machine claiming its machine ID (a known machine's live
+	// node is taken over only with it): it goes in the body, never in a
+	// log line or an argument.
+	req.Credential = a.id.Credential
 	if len(a.endpoints) > 0 {
 		req.Endpoints = map[api.Kind]string{}
 		for k, v := range a.endpoints {
@@ -792,7 +797,16 @@ func (a *Agent) join(ctx context.Context) error {
 			// Try again by the next known expiry, not after it.
 			wait = min(wait, max(next.Sub(a.clock.Now()), 50*time.Millisecond))
 		}
-		a.log.Warn("join failed; retrying", "err", err, "in", wait)
+		if errors.As(err, &ae) && ae.Code == api.CodeConflict {
+			// This machine's node is live, and this join could not prove
+			// it is that node's agent (its state directory was lost, or
+			// the node was taken over meanwhile): it is accepted once the
+			// node is down, or removed.
+			a.log.Warn("join refused: this machine's node is live and this agent does not hold its credential; retrying until the node is down or removed",
+				"err", err, "in", wait)
+		} else {
+			a.log.Warn("join failed; retrying", "err", err, "in", wait)
+		}
 		if err := retry.Sleep(ctx, wait); err != nil {
 			return err
 		}

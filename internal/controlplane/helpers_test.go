@@ -143,16 +143,29 @@ func (e *env) ctx() context.Context { return e.t.Context() }
 // join registers a node named name with block devices of the given sizes.
 func (e *env) join(name string, sizes ...int64) (api.JoinResponse, *api.Client) {
 	e.t.Helper()
-	req := api.JoinRequest{Name: name, Address: "127.0.0.1", AgentURL: "http://127.0.0.1:1",
-		Fingerprint: api.Fingerprint{MachineID: "mid-" + name, Hostname: name, Cores: 2, MemoryBytes: 1 << 30}}
-	for i, sz := range sizes {
-		req.Devices = append(req.Devices, api.DeviceSpec{Name: fmt.Sprintf("disk%d", i), Kind: api.KindBlock, Capacity: sz, Sharing: "partitionable"})
-	}
-	jr, err := e.boot.Join(e.ctx(), req)
+	return e.rejoin(name, "", sizes...)
+}
+
+// rejoin is join presenting the node credential cred (that of the node's
+// last join: its agent restarted with its state).
+func (e *env) rejoin(name, cred string, sizes ...int64) (api.JoinResponse, *api.Client) {
+	e.t.Helper()
+	jr, err := e.boot.Join(e.ctx(), joinRequest(name, cred, sizes...))
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	return jr, e.boot.WithToken(jr.Credential)
+}
+
+// joinRequest is the join of node name (machine ID "mid-"+name) with
+// block devices of the given sizes, presenting the credential cred.
+func joinRequest(name, cred string, sizes ...int64) api.JoinRequest {
+	req := api.JoinRequest{Name: name, Address: "127.0.0.1", AgentURL: "http://127.0.0.1:1", Credential: cred,
+		Fingerprint: api.Fingerprint{MachineID: "mid-" + name, Hostname: name, Cores: 2, MemoryBytes: 1 << 30}}
+	for i, sz := range sizes {
+		req.Devices = append(req.Devices, api.DeviceSpec{Name: fmt.Sprintf("disk%d", i), Kind: api.KindBlock, Capacity: sz, Sharing: "partitionable"})
+	}
+	return req
 }
 
 var storeAll = store.LeaseFilter{}

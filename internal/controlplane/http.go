@@ -43,7 +43,7 @@ var (
 func (s *Server) routeTable() []route {
 	rts := []route{
 		{httpapi.Route{Method: "POST", Path: "/v1/join", Summary: "Register an agent's node and devices; returns the node credential.",
-			Request: api.JoinRequest{}, Response: api.JoinResponse{}, Errors: []int{400, 401, 403, 500}}, accessBootstrap, s.hJoin},
+			Request: api.JoinRequest{}, Response: api.JoinResponse{}, Errors: []int{400, 401, 403, 409, 500}}, accessBootstrap, s.hJoin},
 		{httpapi.Route{Method: "POST", Path: "/v1/nodes/{id}/heartbeat", Summary: "Report an agent's health, links and served leases; answers what to tear down.",
 			Request: api.Heartbeat{}, Response: api.HeartbeatResponse{}, Errors: []int{400, 401, 403, 404, 500}}, accessNode, s.hHeartbeat},
 		{httpapi.Route{Method: "GET", Path: "/v1/nodes", Summary: "List nodes.", Response: []api.Node{}, Errors: readErrors}, accessReader, s.hNodes},
@@ -367,8 +367,29 @@ func (s *Server) hJoin(ctx context.Context, p principal, r *http.Request, w http
 	if err := decode(w, r, false, &req); err != nil {
 		return 0, nil, err
 	}
-	out, err := s.join(ctx, req)
+	out, err := s.joinAs(ctx, req, s.joinCertNode(r))
 	return http.StatusOK, out, err
+}
+
+// joinCertNode is the node whose certificate a join's connection
+// presented ("" for none): a certificate of the cluster CA for client
+// use, valid and not revoked, which proves the join is that node's agent
+// (an agent restarted with its state presents the one it holds).
+func (s *Server) joinCertNode(r *http.Request) string {
+	if s.cfg.CA == nil || r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
+		return ""
+	}
+	if !s.cacheTrusted() {
+		if _, err := s.cfg.CA.ReloadIfChanged(); err != nil {
+			s.log.Warn("reading the revocation list", "err", err)
+			return ""
+		}
+	}
+	leaf := r.TLS.PeerCertificates[0]
+	if err := s.cfg.CA.Verify(leaf, pki.ClientAuth); err != nil {
+		return ""
+	}
+	return leaf.Subject.CommonName
 }
 
 func (s *Server) hHeartbeat(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
@@ -395,12 +416,35 @@ func (s *Server) hHeartbeat(ctx context.Context, p principal, r *http.Request, w
 
 func (s *Server) hNodes(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
 	out, err := s.st.Nodes(ctx)
-	return http.StatusOK, out, err
+	return http.StatusOK, redactNodes(p, out), err
 }
 
 func (s *Server) hNode(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
 	n, err := s.st.Node(ctx, r.PathValue("id"))
-	return http.StatusOK, n.Node, err
+	return http.StatusOK, redactNode(p, n.Node), err
+}
+
+// redactNode leaves out of a node shown to p what identifies its machine
+// and only an administrator needs: the machine ID (with which a join,
+// given the bootstrap token, claims a node that is down or removed) and
+// the host's block devices and NICs. A tenant (or an agent) keeps what
+// placement and its leases show anyway: the node's name, address,
+// hostname, cores and memory.
+func redactNode(p principal, n api.Node) api.Node {
+	if p.role == roleTenant && p.admin {
+		return n
+	}
+	n.Fingerprint.MachineID = ""
+	n.Fingerprint.BlockDevices, n.Fingerprint.NICs = nil, nil
+	return n
+}
+
+// redactNodes is redactNode over a list (in place).
+func redactNodes(p principal, ns []api.Node) []api.Node {
+	for i := range ns {
+		ns[i] = redactNode(p, ns[i])
+	}
+	return ns
 }
 
 func (s *Server) hDevices(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
@@ -414,7 +458,7 @@ func (s *Server) hTopology(ctx context.Context, p principal, r *http.Request, w 
 		return 0, nil, err
 	}
 	links, err := s.st.Links(ctx)
-	return http.StatusOK, api.Topology{Nodes: nodes, Links: s.usage.withLoad(links, s.now())}, err
+	return http.StatusOK, api.Topology{Nodes: redactNodes(p, nodes), Links: s.usage.withLoad(links, s.now())}, err
 }
 
 func (s *Server) hLeases(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {

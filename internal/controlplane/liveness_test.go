@@ -134,11 +134,12 @@ func TestLivenessInMemory(t *testing.T) {
 		t.Fatalf("after a flush: stored %v, want the newer %v", at, t4)
 	}
 
-	// A rejoin forgets what was kept in memory: the old credential's
-	// heartbeats cannot revive anything later.
+	// A rejoin (its agent restarted, with its credential) forgets what
+	// was kept in memory: the old credential's heartbeats cannot revive
+	// anything later.
 	e.clock.Advance(time.Second)
 	beat("degraded")
-	e.join("n1", 1<<30)
+	e.rejoin("n1", j.Credential, 1<<30)
 	if _, ok := e.srv.live.lastSeen(j.NodeID); ok {
 		t.Fatal("a rejoined node's heartbeat still kept in memory")
 	}

@@ -400,23 +400,47 @@ func (s *Server) resolveTarget(ctx context.Context, l api.Lease, parts []int, re
 	return t, nil
 }
 
-// findNode finds a node by ID or name.
+// findNode finds a node by ID or name (pickNode).
 func (s *Server) findNode(ctx context.Context, ref string) (api.Node, error) {
 	nodes, err := s.st.Nodes(ctx)
 	if err != nil {
 		return api.Node{}, err
 	}
+	return pickNode(nodes, ref)
+}
+
+// pickNode finds the node ref names among nodes: the node of that ID, or
+// else the one of that name. Names are not unique (another machine may
+// join under a removed node's name): a node that is not removed is
+// preferred to removed ones, and a name that still names several is
+// ambiguous (409: give the ID).
+func pickNode(nodes []api.Node, ref string) (api.Node, error) {
+	var named, kept []api.Node
 	for _, n := range nodes {
 		if n.ID == ref {
 			return n, nil
 		}
-	}
-	for _, n := range nodes {
 		if n.Name == ref {
-			return n, nil
+			named = append(named, n)
+			if n.State != api.NodeRemoved {
+				kept = append(kept, n)
+			}
 		}
 	}
-	return api.Node{}, fmt.Errorf("%w: node %s not found", ErrNotFound, ref)
+	if len(kept) == 0 {
+		kept = named
+	}
+	switch len(kept) {
+	case 0:
+		return api.Node{}, fmt.Errorf("%w: node %s not found", ErrNotFound, ref)
+	case 1:
+		return kept[0], nil
+	}
+	alts := make([]string, len(kept))
+	for i, n := range kept {
+		alts[i] = fmt.Sprintf("%s (%s)", n.ID, n.State)
+	}
+	return api.Node{}, fmt.Errorf("%w: node name %s is ambiguous: nodes %s have it; give the node's ID", ErrConflict, ref, strings.Join(alts, ", "))
 }
 
 // startMoves places and opens a move for each of l's parts listed (all or

@@ -43,7 +43,7 @@ func (c *peerCache) set(nodes []api.Node) {
 	var ready []api.Node
 	for _, n := range nodes {
 		if n.State == api.NodeReady {
-			n.Fingerprint = api.Fingerprint{MachineID: n.Fingerprint.MachineID, Hostname: n.Fingerprint.Hostname}
+			n.Fingerprint = api.Fingerprint{Hostname: n.Fingerprint.Hostname} // no machine ID: agents need none of their peers'
 			ready = append(ready, n)
 		}
 	}
@@ -60,7 +60,7 @@ func (c *peerCache) add(n api.Node) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	i := sort.Search(len(c.nodes), func(i int) bool { return c.nodes[i].ID >= n.ID })
-	n.Fingerprint = api.Fingerprint{MachineID: n.Fingerprint.MachineID, Hostname: n.Fingerprint.Hostname}
+	n.Fingerprint = api.Fingerprint{Hostname: n.Fingerprint.Hostname} // no machine ID: agents need none of their peers'
 	c.version++
 	if i < len(c.nodes) && c.nodes[i].ID == n.ID {
 		c.nodes[i] = n
@@ -170,8 +170,21 @@ func slotUnitDevices(ds []api.DeviceSpec) []api.DeviceSpec {
 	return out
 }
 
-// join registers an agent; a known machine ID keeps its node ID.
+// join registers an agent; a known machine ID keeps its node ID (joinAs
+// with no certificate).
 func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse, error) {
+	return s.joinAs(ctx, r, "")
+}
+
+// joinAs registers an agent whose connection presented a valid client
+// certificate of node certNode ("" for none). A known machine ID keeps
+// its node ID; the join takes the node over (new credential, agent key
+// and certificate) when it proves it is the node's agent (the node's
+// current credential in r.Credential, or its certificate), or when the
+// node is down or removed: such a takeover without proof is a lost-state
+// join (the node's leases are lost, its earlier certificates revoked).
+// A join without proof while the node is live is refused (409).
+func (s *Server) joinAs(ctx context.Context, r api.JoinRequest, certNode string) (api.JoinResponse, error) {
 	if err := validateJoin(r); err != nil {
 		return api.JoinResponse{}, err
 	}
@@ -189,12 +202,26 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 		ID: resource.NewID("node"), Name: r.Name, State: api.NodeReady, Address: r.Address, AgentURL: r.AgentURL,
 		Endpoints: r.Endpoints, Labels: r.Labels, Fingerprint: r.Fingerprint, Health: "ok", LastHeartbeat: now, JoinedAt: now,
 	}
-	n, rejoined, err := s.st.JoinNode(ctx, store.JoinNode{Node: n, CredentialHash: resource.HashSecret(cred), AgentKey: key, Devices: slotUnitDevices(r.Devices)},
+	j := store.JoinNode{Node: n, CredentialHash: resource.HashSecret(cred), AgentKey: key, Devices: slotUnitDevices(r.Devices), ProofNodeID: certNode}
+	if r.Credential != "" {
+		j.ProofHash = resource.HashSecret(r.Credential)
+	}
+	n, how, err := s.st.JoinNode(ctx, j,
 		api.Event{At: now, Type: "node.joined", Message: fmt.Sprintf("%s joined with %d device(s)", r.Name, len(r.Devices)), State: string(api.NodeReady)})
+	var live *store.NodeLive
+	if errors.As(err, &live) {
+		s.log.Warn("join refused: its machine's node is live and the join did not present the node's credential",
+			"name", r.Name, "node", live.Node.ID, "node_name", live.Node.Name, "state", live.Node.State, "address", r.Address,
+			"presented_credential", r.Credential != "", "presented_certificate", certNode != "")
+		return api.JoinResponse{}, fmt.Errorf("%w: machine %s is node %s (%s), which is %s: a join without %s's credential (its agent's state directory) is accepted once %s is down (%s without a heartbeat), or after `rialto node remove --force %s`",
+			ErrConflict, r.Fingerprint.MachineID, live.Node.ID, live.Node.Name, live.Node.State, live.Node.ID, live.Node.ID, stretch(s.cfg.DownAfter, s.heartbeatStretch()), live.Node.ID)
+	}
 	if err != nil {
 		return api.JoinResponse{}, err
 	}
-	s.log.Info("node joined", "node", n.ID, "name", n.Name, "rejoined", rejoined, "devices", len(r.Devices), "credential", resource.Fingerprint(cred), "agent_version", r.Version)
+	rejoined := how.Rejoined()
+	s.log.Info("node joined", "node", n.ID, "name", n.Name, "rejoined", rejoined, "proven", how == store.JoinedProven,
+		"devices", len(r.Devices), "credential", resource.Fingerprint(cred), "agent_version", r.Version)
 	// The agent's heartbeats to this replica find its credential.
 	defer s.cachePrincipal(resource.HashSecret(cred), principal{role: roleNode, nodeID: n.ID, fp: resource.Fingerprint(cred)})
 	if rejoined {
@@ -217,7 +244,21 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 		NodeID: n.ID, Credential: cred, AgentKey: key, HeartbeatSeconds: s.heartbeatInterval().Seconds(),
 		ControlPlaneNodes: s.peers.peersOf(n.ID),
 	}
-	if r.LostExports && rejoined {
+	switch {
+	case how == store.JoinedTakeover:
+		// Nothing says the newcomer is the machine that served the
+		// node's leases (an agent that lost its state, or another
+		// machine claiming the machine ID): none of them is served by it,
+		// and no certificate issued to the node before opens anything.
+		s.log.Warn("a join without the node's credential took the node over (it was down or removed): its leases are lost, its earlier certificates revoked",
+			"node", n.ID, "name", n.Name, "address", r.Address)
+		if out.LostLeases, err = s.loseNodeParts(ctx, n.ID, "its node was taken over by a join without the node's credential (a lender that lost its state, or another machine)"); err != nil {
+			return api.JoinResponse{}, err
+		}
+		if err := s.revokeTakenOver(ctx, n.ID); err != nil {
+			return api.JoinResponse{}, err
+		}
+	case r.LostExports && rejoined:
 		// The agent wiped its block devices, knowing no longer which
 		// leases they held (an unreadable exports file and
 		// --wipe-lost-exports, or a state directory it started without):
@@ -236,6 +277,25 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 		out.CRL = string(s.cfg.CA.CRLPEM())
 	}
 	return out, nil
+}
+
+// revokeTakenOver revokes the certificates issued to node id before a
+// join without its credential took it over (before the new one is
+// signed), here and on the other replicas, which also forget its old
+// credential at once.
+func (s *Server) revokeTakenOver(ctx context.Context, id string) error {
+	var serials []*big.Int
+	if s.cfg.CA != nil {
+		var err error
+		if serials, err = s.cfg.CA.RevokeIssuedTo(id); err != nil {
+			return fmt.Errorf("controlplane: node %s taken over: revoke its earlier certificates: %w", id, err)
+		}
+	}
+	if late := s.broadcastRevocation(ctx, id, serials); len(late) > 0 {
+		s.log.Warn("replicas did not acknowledge the revocation of a taken-over node's certificates in time; they trust no cache until they hear the others again",
+			"node", id, "replicas", late)
+	}
+	return nil
 }
 
 // heartbeat records an agent's report and answers what to tear down: each

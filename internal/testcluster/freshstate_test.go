@@ -3,6 +3,7 @@ package testcluster
 import (
 	"encoding/json"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,9 +19,9 @@ import (
 // the default relative one from another working directory) but the same
 // machine and the same persistent block device no longer knows which of
 // the device's ranges hold a tenant's bytes. It wipes the device before
-// it serves anything, and its join has the control plane record the
-// node's leases lost (nothing serves them); bob's lease on alice's range
-// reads zeroes.
+// it serves anything; holding no credential of the node, it joins once
+// the node is down (its leases recorded lost: nothing serves them), not
+// while it is ready; bob's lease on alice's range reads zeroes.
 func TestFreshStateDirWipesDevices(t *testing.T) {
 	t.Parallel()
 	disk := filepath.Join(t.TempDir(), "disk0.img") // outside the state dir: it stays
@@ -85,7 +86,8 @@ func TestEarlierVersionMissingExportsRecordWipesDevices(t *testing.T) {
 // lostStateNextTenantReadsZeroes: alice fills a dedicated lease on the
 // one node's device at path; the node is killed, lose takes away what it
 // knew of its exports, and it is started again. It must rejoin as the same
-// node with alice's lease recorded lost (what says how it lost its state),
+// node (at once with its identity.json, once the node is down without
+// it) with alice's lease recorded lost (what says how it lost its state),
 // and bob's lease on alice's range, after her release, must read zeroes.
 func lostStateNextTenantReadsZeroes(t *testing.T, path, what string, lose func(n *Node)) {
 	t.Helper()
@@ -105,12 +107,21 @@ func lostStateNextTenantReadsZeroes(t *testing.T, path, what string, lose func(n
 	id := n.ID()
 	n.Kill()
 	lose(n)
-	n.Launch()
-	n.WaitReady()
+	reason := "lost the record of its exports"
+	if _, err := os.Stat(filepath.Join(n.cfg.StateDir, "identity.json")); errors.Is(err, fs.ErrNotExist) {
+		// Without its identity the agent has no credential to prove it is
+		// the node's: it joins once the node is down (whose leases the
+		// sweep recorded lost).
+		launchRefused(t, c, n, id)
+		reason = "is down"
+	} else {
+		n.Launch()
+		n.WaitReady()
+	}
 	if got := n.ID(); got != id {
 		t.Fatalf("the node rejoined as %s, not %s (same machine)", got, id)
 	}
-	if got := c.Lease(la.ID); got.State != api.LeaseLost || !strings.Contains(got.Reason, "lost the record of its exports") {
+	if got := c.Lease(la.ID); got.State != api.LeaseLost || !strings.Contains(got.Reason, reason) {
 		t.Fatalf("alice's lease after %s: %s (%q), want lost", what, got.State, got.Reason)
 	}
 
@@ -135,8 +146,9 @@ func lostStateNextTenantReadsZeroes(t *testing.T, path, what string, lose func(n
 // TestFreshStateDirNewDeviceFilesLosesLeases: with the device inside the
 // state directory (a relative path), a fresh state directory brings a new,
 // empty device file: no bytes can leak, but the old leases' ranges are in
-// the old file, which nothing serves. The join still has them recorded
-// lost rather than left active.
+// the old file, which nothing serves. The agent joins once the node is
+// down (it holds no credential of the node), its leases recorded lost
+// rather than left active.
 func TestFreshStateDirNewDeviceFilesLosesLeases(t *testing.T) {
 	t.Parallel()
 	c := Start(t, Options{Nodes: 1, Devices: []agent.DeviceConfig{
@@ -145,10 +157,10 @@ func TestFreshStateDirNewDeviceFilesLosesLeases(t *testing.T) {
 	cl := c.Client()
 	before := createBlock(t, cl, 1<<20, api.ModeShared)
 	n := c.Nodes[0]
+	id := n.ID()
 	n.Kill()
 	n.cfg.StateDir = filepath.Join(t.TempDir(), "fresh")
-	n.Launch()
-	n.WaitReady()
+	launchRefused(t, c, n, id) // no credential: it joins once the node is down
 	if got := c.Lease(before.ID); got.State != api.LeaseLost {
 		t.Fatalf("a lease of the node after it came back without its state: %s (%q), want lost", got.State, got.Reason)
 	}

@@ -96,10 +96,11 @@ func TestSecondAgentOnLentDeviceRefused(t *testing.T) {
 				t.Fatal("alice's bytes changed under her lease")
 			}
 
+			// (A fresh state directory: it joins once the node is down.)
+			id := n.ID()
 			n.Kill()
 			n.cfg = cfg
-			n.Launch()
-			n.WaitReady()
+			launchRefused(t, c, n, id)
 		})
 	}
 }
@@ -264,11 +265,12 @@ func TestBlockDeviceClaimedElsewhereRefused(t *testing.T) {
 		if !partsHold(ctx, t, la, "alice") {
 			t.Fatal("alice's bytes changed under her lease")
 		}
-		// Once the first has stopped, the device is the second's.
+		// Once the first has stopped, the device is the second's (a
+		// fresh state directory: it joins once the node is down).
+		id := n.ID()
 		n.Kill()
 		n.cfg = cfg
-		n.Launch()
-		n.WaitReady()
+		launchRefused(t, c, n, id)
 	}
 
 	t.Run("another device node", func(t *testing.T) {

@@ -42,12 +42,60 @@ type Token struct {
 // Node.Fingerprint.MachineID) the stored node keeps its ID and its devices
 // keep theirs (matched by name); devices no longer reported become
 // "unavailable".
+//
+// A rejoin takes the node over (its credential and agent key replaced)
+// only when the join proves it is the node's agent, by ProofHash or
+// ProofNodeID (JoinedProven), or when the node is not live: down or
+// removed (JoinedTakeover). Otherwise nothing is written and JoinNode
+// returns a *NodeLive error (errors.Is ErrConflict).
 type JoinNode struct {
 	Node           api.Node // ID is used only for a new node
 	CredentialHash string
 	AgentKey       string
 	Devices        []api.DeviceSpec
+	// ProofHash is the hash (resource.HashSecret) of the node credential
+	// the join presented, "" for none: it proves the join is the node's
+	// when it is the stored credential's hash.
+	ProofHash string
+	// ProofNodeID is the node a valid, unrevoked client certificate of
+	// the join's connection names, "" for none: it proves the join is
+	// that node's.
+	ProofNodeID string
 }
+
+// Joined says how JoinNode registered a node.
+type Joined int
+
+// How a node joined.
+const (
+	// JoinedNew: the machine ID was not known; a new node.
+	JoinedNew Joined = iota
+	// JoinedProven: the machine's node, whose credential or certificate
+	// the join presented (an agent restarted with its state).
+	JoinedProven
+	// JoinedTakeover: the machine's node, down or removed, taken over by
+	// a join without its credential (an agent that lost its state, or
+	// another machine claiming its machine ID).
+	JoinedTakeover
+)
+
+// Rejoined reports whether the machine ID was known.
+func (j Joined) Rejoined() bool { return j != JoinedNew }
+
+// NodeLive is JoinNode's refusal of a join of a known machine ID that
+// proves nothing while its node is live (ready or suspect).
+type NodeLive struct {
+	MachineID string
+	Node      api.Node // ID, Name and State
+}
+
+func (e *NodeLive) Error() string {
+	return "machine " + e.MachineID + " is node " + e.Node.ID + " (" + e.Node.Name + "), which is " + string(e.Node.State) +
+		": a join without its credential is accepted once it is down or removed"
+}
+
+// Unwrap makes a NodeLive an ErrConflict.
+func (e *NodeLive) Unwrap() error { return ErrConflict }
 
 // Beat is one heartbeat to record.
 type Beat struct {
@@ -160,9 +208,11 @@ type Store interface {
 	PutToken(ctx context.Context, t Token) error
 	LookupToken(ctx context.Context, hash string) (Token, error)
 
-	// JoinNode registers or re-registers a node; rejoined reports that the
-	// machine ID was known.
-	JoinNode(ctx context.Context, j JoinNode, ev api.Event) (n api.Node, rejoined bool, err error)
+	// JoinNode registers or re-registers a node; how says whether the
+	// machine ID was known and the join proved it is the node's (see
+	// JoinNode). A join that may not take over a live node writes
+	// nothing and returns a *NodeLive.
+	JoinNode(ctx context.Context, j JoinNode, ev api.Event) (n api.Node, how Joined, err error)
 	// NodeByCredential returns the node whose credential hash matches.
 	NodeByCredential(ctx context.Context, credHash string) (api.Node, error)
 	// Heartbeat records liveness and links; it moves the node to ready and

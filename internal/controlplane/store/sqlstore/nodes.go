@@ -2,6 +2,7 @@ package sqlstore
 
 import (
 	"context"
+	"crypto/subtle"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -33,18 +34,35 @@ func scanNode(sc interface{ Scan(...any) error }) (store.NodeRecord, error) {
 	return n, nil
 }
 
-// JoinNode registers or re-registers a node by machine ID.
-func (s *Core) JoinNode(ctx context.Context, j store.JoinNode, ev api.Event) (api.Node, bool, error) {
+// JoinNode registers or re-registers a node by machine ID: a known
+// machine's node is taken over only by a join that proves it is the
+// node's (store.JoinNode), or while the node is down or removed. The
+// node's row is locked (PostgreSQL) while the rule is checked, so that a
+// heartbeat or a sweep of it commits before or after, not in between.
+func (s *Core) JoinNode(ctx context.Context, j store.JoinNode, ev api.Event) (api.Node, store.Joined, error) {
 	var out api.Node
-	var rejoined bool
+	var how store.Joined
 	err := s.tx(ctx, func(tx Execer) error {
-		n := j.Node
-		var id string
+		how = store.JoinedNew
+		n, ev := j.Node, ev // (a retried transaction starts again from the caller's)
+		var id, name, credHash string
+		var state api.NodeState
 		var joined int64
-		err := tx.QueryRowContext(ctx, `SELECT id, joined_at FROM nodes WHERE machine_id = ?`, n.Fingerprint.MachineID).Scan(&id, &joined)
+		err := tx.QueryRowContext(ctx, `SELECT id, name, state, credential_hash, joined_at FROM nodes WHERE machine_id = ?`+s.d.ForUpdate(),
+			n.Fingerprint.MachineID).Scan(&id, &name, &state, &credHash, &joined)
 		switch {
 		case err == nil:
-			rejoined = true
+			proven := (j.ProofHash != "" && subtle.ConstantTimeCompare([]byte(j.ProofHash), []byte(credHash)) == 1) ||
+				(j.ProofNodeID != "" && j.ProofNodeID == id)
+			switch {
+			case proven:
+				how = store.JoinedProven
+			case state == api.NodeDown || state == api.NodeRemoved:
+				how = store.JoinedTakeover
+				ev.Message += fmt.Sprintf("; it did not present the node's credential, and took the %s node over", state)
+			default:
+				return &store.NodeLive{MachineID: n.Fingerprint.MachineID, Node: api.Node{ID: id, Name: name, State: state}}
+			}
 			n.ID = id
 			n.JoinedAt = tm(joined)
 			_, err = tx.ExecContext(ctx, `UPDATE nodes SET name = ?, state = ?, address = ?, agent_url = ?, endpoints = ?, labels = ?,
@@ -69,7 +87,7 @@ func (s *Core) JoinNode(ctx context.Context, j store.JoinNode, ev api.Event) (ap
 		out = n
 		return nil
 	})
-	return out, rejoined, err
+	return out, how, err
 }
 
 // NodeByCredential finds a node by its credential hash.

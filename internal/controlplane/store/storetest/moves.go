@@ -298,7 +298,8 @@ func testCordon(t *testing.T, o Options) {
 	join := func() api.Node {
 		n, _, err := s.JoinNode(ctx, store.JoinNode{Node: api.Node{ID: "node-1", Name: "n1", State: api.NodeReady,
 			Fingerprint: api.Fingerprint{MachineID: "m1"}, LastHeartbeat: now, JoinedAt: now}, CredentialHash: "h1", AgentKey: "k1",
-			Devices: []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 100}}}, api.Event{})
+			ProofHash: "h1", // its agent, restarted with its credential
+			Devices:   []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 100}}}, api.Event{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -51,6 +51,7 @@ func Run(t *testing.T, o Options) {
 		{"ReplaceTokens", testReplaceTokens},
 		{"RemoveNode", testRemoveNode},
 		{"HeartbeatAfterRemove", testHeartbeatAfterRemove},
+		{"JoinTakeover", testJoinTakeover},
 		{"ReplaceParts", testReplaceParts},
 		{"GatewayKey", testGatewayKey},
 		{"Prune", testPrune},

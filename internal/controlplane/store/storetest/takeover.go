@@ -1,0 +1,94 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
+)
+
+// testJoinTakeover: a join of a known machine ID takes its node over
+// (same ID, the new credential) when it presents the node's credential
+// hash or names the node by its certificate (JoinedProven), or when the
+// node is down or removed (JoinedTakeover); while the node is ready or
+// suspect a join without either is refused with a *NodeLive (an
+// ErrConflict) and writes nothing: the node keeps its credential, name
+// and agent key.
+func testJoinTakeover(t *testing.T, o Options) {
+	ctx := context.Background()
+	s := open(t, o)
+	now := time.Now()
+	join := func(name, cred, proof, proofNode string) (api.Node, store.Joined, error) {
+		return s.JoinNode(ctx, store.JoinNode{Node: api.Node{ID: "node-" + name, Name: name, State: api.NodeReady,
+			Fingerprint: api.Fingerprint{MachineID: "m1"}, LastHeartbeat: now, JoinedAt: now}, CredentialHash: cred, AgentKey: "k-" + cred,
+			ProofHash: proof, ProofNodeID: proofNode,
+			Devices: []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 100}}}, api.Event{Type: "node.joined"})
+	}
+	n, how, err := join("n1", "h1", "", "")
+	if err != nil || how != store.JoinedNew {
+		t.Fatalf("first join: %v %v", how, err)
+	}
+	refused := func(what string, state api.NodeState, proof, proofNode string) {
+		t.Helper()
+		_, _, err := join("impostor", "h-bad", proof, proofNode)
+		var live *store.NodeLive
+		if !errors.As(err, &live) || !errors.Is(err, store.ErrConflict) || live.Node.ID != n.ID || live.Node.State != state || live.Node.Name != "n1" {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if got, err := s.NodeByCredential(ctx, "h1"); err != nil || got.ID != n.ID || got.Name != "n1" {
+			t.Fatalf("%s: the node's credential after the refusal: %v %+v", what, err, got)
+		}
+		if rec, _ := s.Node(ctx, n.ID); rec.AgentKey != "k-h1" {
+			t.Fatalf("%s: the refusal changed the agent key", what)
+		}
+	}
+	refused("a join without proof of a ready node", api.NodeReady, "", "")
+	refused("a join with another credential", api.NodeReady, "h-other", "")
+	refused("a join with another node's certificate", api.NodeReady, "", "node-other")
+	if err := s.SetNodeState(ctx, n.ID, api.NodeReady, api.NodeSuspect, api.Event{Type: "node.suspect"}); err != nil {
+		t.Fatal(err)
+	}
+	refused("a join without proof of a suspect node", api.NodeSuspect, "", "")
+
+	// Its agent, with its credential: the same node, the new credential.
+	got, how, err := join("n1", "h2", "h1", "")
+	if err != nil || how != store.JoinedProven || got.ID != n.ID {
+		t.Fatalf("a join with the credential: %v %v %+v", how, err, got)
+	}
+	if _, err := s.NodeByCredential(ctx, "h1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the old credential after a rejoin: %v", err)
+	}
+	// With its certificate.
+	if got, how, err = join("n1", "h3", "", n.ID); err != nil || how != store.JoinedProven || got.ID != n.ID {
+		t.Fatalf("a join with the certificate: %v %v %+v", how, err, got)
+	}
+
+	// Down: taken over without proof.
+	if err := s.SetNodeState(ctx, n.ID, api.NodeReady, api.NodeDown, api.Event{Type: "node.down"}); err != nil {
+		t.Fatal(err)
+	}
+	got, how, err = join("n1", "h4", "", "")
+	if err != nil || how != store.JoinedTakeover || got.ID != n.ID || got.State != api.NodeReady {
+		t.Fatalf("a join without proof of a down node: %v %v %+v", how, err, got)
+	}
+	if bc, err := s.NodeByCredential(ctx, "h4"); err != nil || bc.ID != n.ID {
+		t.Fatalf("the new credential after a takeover: %v %+v", err, bc)
+	}
+	evs, _ := s.Events(ctx, 0, 100, "")
+	if last := evs[len(evs)-1]; last.Type != "node.joined" || last.Subject != n.ID {
+		t.Fatalf("last event %+v", last)
+	}
+
+	// Removed: taken over without proof too.
+	if rm, ok := s.(store.NodeRemover); ok {
+		if _, err := rm.RemoveNode(ctx, n.ID, api.Event{Type: "node.removed", Subject: n.ID}); err != nil {
+			t.Fatal(err)
+		}
+		if got, how, err = join("n1", "h5", "h4", ""); err != nil || how != store.JoinedTakeover || got.ID != n.ID {
+			t.Fatalf("a join of a removed node (its old credential forgotten): %v %v %+v", how, err, got)
+		}
+	}
+}
