@@ -1,7 +1,9 @@
 package donor_test
 
 import (
+	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"os"
 	"runtime"
@@ -170,4 +172,84 @@ func TestIdleConnectionOutOfDescriptors(t *testing.T) {
 	c.send(t, protocol.Header{Op: protocol.OpPing, Seq: 1}, nil)
 	close(nextMove(t, moves, false).release)
 	c.reply(t, 1, protocol.OpPing)
+}
+
+// acceptLog is a log handler that reports the donor's records about a
+// failed accept.
+type acceptLog struct {
+	slog.Handler
+	seen chan<- string
+}
+
+func (h acceptLog) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h acceptLog) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, "accept") {
+		select {
+		case h.seen <- r.Message:
+		default:
+		}
+	}
+	return nil
+}
+
+func (h acceptLog) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h acceptLog) WithGroup(string) slog.Handler      { return h }
+
+// TestServeOutOfDescriptors: a connection the donor cannot accept, the
+// process out of descriptors (EMFILE: idle data connections hold two
+// each, connections before their HELLO one, and the agent's data planes
+// share its limit), leaves the donor serving: it accepts again once
+// descriptors are free, that connection too. Serve returned the accept's
+// error, and the agent's memory data plane stopped for good, ending every
+// tenant's sessions, at the first descriptor short.
+func TestServeOutOfDescriptors(t *testing.T) {
+	seen := make(chan string, 1)
+	d := donor.New(slog.New(acceptLog{Handler: slog.DiscardHandler, seen: seen}))
+	if err := d.AddRegion(testCred, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+		_ = d.RemoveRegion(testCred)
+	})
+	restore := exhaustFds(t, 1) // the client's socket
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		restore()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	select {
+	case err := <-done:
+		restore()
+		done <- nil
+		t.Fatalf("Serve returned, out of descriptors: %v", err)
+	case <-seen: // the accept failed, and the donor goes on
+	case <-time.After(10 * time.Second):
+		restore()
+		t.Fatal("the donor did not try to accept the connection")
+	}
+	restore()
+	// The connection it could not accept is served.
+	b := (&protocol.Hello{Kind: protocol.KindControl, Credential: testCred}).Encode(make([]byte, protocol.HeaderSize))
+	(&protocol.Header{Op: protocol.OpHello, Payload: uint32(len(b) - protocol.HeaderSize)}).Encode(b)
+	if _, err := nc.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var hdr [protocol.HeaderSize]byte
+	if fr, err := protocol.ReadFrame(nc, hdr[:], nil); err != nil || fr.Status != protocol.StatusOK {
+		t.Fatalf("hello: %v %d %s", err, fr.Status, fr.Data)
+	}
 }
