@@ -134,8 +134,10 @@ func (p *Conn) waitInput() error {
 			i.Moved(p.fd, false)
 		}
 		// Off the netpoller: the next segments wake no runtime thread.
-		_ = p.park.Close()
-		p.park = nil
+		if p.park != nil { // nil: it could not register (netpollWait)
+			_ = p.park.Close()
+			p.park = nil
+		}
 	}
 	return nil
 }
