@@ -553,7 +553,10 @@ func (d *Donor) endSession(s *session) {
 
 // Serve accepts connections on ln until ctx is cancelled, then closes ln and
 // every connection and waits for their handlers. It returns nil after
-// cancellation, or the accept error that stopped it.
+// cancellation, or the accept error that stopped it; an accept that
+// failed for want of a descriptor or memory (EMFILE, ENFILE, ENOBUFS,
+// ENOMEM) is retried after a wait (5 ms, doubling up to 1 s), the
+// connections served going on.
 func (d *Donor) Serve(ctx context.Context, ln net.Listener) error {
 	d.mu.Lock()
 	d.stopping = false
@@ -561,6 +564,7 @@ func (d *Donor) Serve(ctx context.Context, ln net.Listener) error {
 	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
 	defer stop()
 	var err error
+	var delay time.Duration // before the next accept, after a shortage
 	for {
 		c, aerr := ln.Accept()
 		if aerr != nil {
@@ -569,10 +573,25 @@ func (d *Donor) Serve(ctx context.Context, ln net.Listener) error {
 				if errors.As(aerr, &ne) && ne.Timeout() {
 					continue
 				}
+				if acceptShortage(aerr) {
+					// Out of descriptors or memory, for now: the
+					// connection waits in the backlog, and the
+					// sessions served go on (returning ended them all).
+					delay = min(max(2*delay, acceptRetryMin), acceptRetryMax)
+					d.log.Warn("memory: accept failed; retrying", "err", aerr, "in", delay)
+					t := time.NewTimer(delay)
+					select {
+					case <-t.C:
+					case <-ctx.Done():
+						t.Stop()
+					}
+					continue
+				}
 				err = fmt.Errorf("memory: accept: %w", aerr)
 			}
 			break
 		}
+		delay = 0
 		d.mu.Lock()
 		d.conns[c] = struct{}{}
 		d.wg.Add(1)
@@ -593,6 +612,20 @@ func (d *Donor) Serve(ctx context.Context, ln net.Listener) error {
 	d.mu.Unlock()
 	d.wg.Wait()
 	return err
+}
+
+// Bounds of the wait before Serve accepts again after a shortage.
+const (
+	acceptRetryMin = 5 * time.Millisecond
+	acceptRetryMax = time.Second
+)
+
+// acceptShortage reports whether an accept failed for want of a resource
+// the process may have again soon: a descriptor (EMFILE: each data
+// connection holds one, two while idle; ENFILE) or kernel memory.
+func acceptShortage(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
+		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
 }
 
 func (d *Donor) dropConn(c net.Conn) {

@@ -134,8 +134,10 @@ func (p *Conn) waitInput() error {
 			i.Moved(p.fd, false)
 		}
 		// Off the netpoller: the next segments wake no runtime thread.
-		_ = p.park.Close()
-		p.park = nil
+		if p.park != nil { // nil: it could not register (netpollWait)
+			_ = p.park.Close()
+			p.park = nil
+		}
 	}
 	return nil
 }
@@ -178,55 +180,66 @@ func (p *Conn) pollFor(events int16, d time.Duration) (bool, error) {
 	}
 }
 
+// Bounds of the interval at which a wait that cannot register with the
+// netpoller (out of descriptors) checks its socket, holding no thread.
+const (
+	unregisteredCheckMin = time.Millisecond
+	unregisteredCheckMax = 100 * time.Millisecond
+)
+
 // netpollWait waits on Go's netpoller, holding no thread, until the
 // socket is ready for events (or shut down, or failed). *f is the
 // registration, a duplicate of the descriptor made if nil (the caller
-// closes it, which takes it off the netpoller). If the descriptor cannot
-// be registered (out of descriptors, say), it waits in poll(2) instead.
+// closes it, which takes it off the netpoller).
+//
+// If the descriptor cannot be registered (the process is out of
+// descriptors, say: EMFILE), it still holds no thread: it checks the
+// socket without blocking at growing intervals (unregisteredCheckMin to
+// unregisteredCheckMax; time.Sleep parks the goroutine) and retries the
+// registration each time. A wait in poll(2) there held a thread Max does
+// not count until the next request, however long: every connection that
+// went idle during a shortage of descriptors held one, past Max, for
+// good. A request that arrives then waits up to unregisteredCheckMax.
 func (p *Conn) netpollWait(f **os.File, events int16) error {
-	if *f == nil {
-		nfd, err := unix.FcntlInt(uintptr(p.fd), unix.F_DUPFD_CLOEXEC, 0)
-		if err != nil {
-			return p.pollBlock(events)
-		}
-		// Non-blocking (the flag is the socket's): os.NewFile registers
-		// it with the netpoller.
-		*f = os.NewFile(uintptr(nfd), "rawconn")
-	}
-	rc, err := (*f).SyscallConn()
-	if err == nil {
-		ready := func(fd uintptr) bool {
-			for {
-				fds := [1]unix.PollFd{{Fd: int32(fd), Events: events}}
-				n, err := unix.Poll(fds[:], 0)
-				if err != unix.EINTR {
-					return n > 0 || err != nil // an error: the readv or writev says which
-				}
+	ready := func(fd uintptr) bool {
+		for {
+			fds := [1]unix.PollFd{{Fd: int32(fd), Events: events}}
+			n, err := unix.Poll(fds[:], 0)
+			if err != unix.EINTR {
+				return n > 0 || err != nil // an error: the readv or writev says which
 			}
 		}
-		if events == unix.POLLIN {
-			err = rc.Read(ready)
-		} else {
-			err = rc.Write(ready)
-		}
 	}
-	if err != nil {
-		return p.pollBlock(events)
-	}
-	return nil
-}
-
-// pollBlock waits in poll(2) until the socket is ready for events.
-func (p *Conn) pollBlock(events int16) error {
+	var delay time.Duration
 	for {
-		fds := [1]unix.PollFd{{Fd: int32(p.fd), Events: events}}
-		_, err := unix.Poll(fds[:], -1)
-		if err == unix.EINTR {
-			continue
+		if *f == nil {
+			if nfd, err := unix.FcntlInt(uintptr(p.fd), unix.F_DUPFD_CLOEXEC, 0); err == nil {
+				// Non-blocking (the flag is the socket's): os.NewFile
+				// registers it with the netpoller.
+				*f = os.NewFile(uintptr(nfd), "rawconn")
+			}
 		}
-		if err != nil {
-			return fmt.Errorf("%w: poll: %v", protocol.ErrDonorLost, err)
+		if *f != nil {
+			rc, err := (*f).SyscallConn()
+			if err == nil {
+				if events == unix.POLLIN {
+					err = rc.Read(ready)
+				} else {
+					err = rc.Write(ready)
+				}
+			}
+			if err == nil {
+				return nil
+			}
+			// Not registered (epoll_ctl failed), or the netpoller
+			// reported an error on it: a new one next time.
+			_ = (*f).Close()
+			*f = nil
 		}
-		return nil
+		if ready(uintptr(p.fd)) {
+			return nil
+		}
+		delay = min(max(2*delay, unregisteredCheckMin), unregisteredCheckMax)
+		time.Sleep(delay)
 	}
 }

@@ -1,0 +1,255 @@
+package donor_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/dataplane/memory/donor"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/memorytest"
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
+	"golang.org/x/sys/unix"
+)
+
+// exhaustFds lowers the process's descriptor limit to a little above the
+// descriptors it has open and opens descriptors until no more can be
+// (EMFILE), then closes leave of them: the next descriptors the process
+// makes past those fail with EMFILE. The returned function (also run at
+// the test's end) closes them and restores the limit.
+func exhaustFds(t *testing.T, leave int) (restore func()) {
+	t.Helper()
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("no /proc/self/fd: %v", err)
+	}
+	top := 0
+	for _, e := range ents {
+		if n, err := strconv.Atoi(e.Name()); err == nil && n > top {
+			top = n
+		}
+	}
+	lim := syscall.Rlimit{Cur: uint64(top) + 64, Max: old.Max}
+	if lim.Cur > old.Cur {
+		t.Skipf("descriptor limit %d too low", old.Cur)
+	}
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	var fds []int
+	done := false
+	restore = func() {
+		if done {
+			return
+		}
+		done = true
+		for _, fd := range fds {
+			_ = unix.Close(fd)
+		}
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+			t.Error(err)
+		}
+	}
+	t.Cleanup(restore)
+	for {
+		fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if errors.Is(err, unix.EMFILE) {
+			break
+		}
+		if err != nil {
+			restore()
+			t.Fatal(err)
+		}
+		fds = append(fds, fd)
+	}
+	for range leave {
+		_ = unix.Close(fds[len(fds)-1])
+		fds = fds[:len(fds)-1]
+	}
+	return restore
+}
+
+// goroutineState waits until the goroutine whose stack holds frame, and
+// no frame of this package's tests (a hook holding it), is blocked, and
+// returns its state ("syscall": its thread is blocked in poll(2);
+// "sleep", "IO wait", …: it holds none) and stack. A goroutine in
+// poll(2) counts as blocked once every look for 100 ms (and 10 looks)
+// found it there: a poll(2) that does not block is over sooner.
+func goroutineState(t *testing.T, frame string) (string, string) {
+	t.Helper()
+	buf := make([]byte, 1<<20)
+	var polling time.Time // since when every look found it in poll(2)
+	looks := 0
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); runtime.Gosched() {
+		n := runtime.Stack(buf, true)
+		found := false
+		for _, g := range strings.Split(string(buf[:n]), "\n\n") {
+			if !strings.Contains(g, frame) || strings.Contains(g, "donor_test.") {
+				continue
+			}
+			head, _, _ := strings.Cut(g, "\n")
+			_, state, _ := strings.Cut(head, "[")
+			state, _, _ = strings.Cut(state, "]")
+			state, _, _ = strings.Cut(state, ",")
+			switch state {
+			case "running", "runnable":
+			case "syscall":
+				// In poll(2), or another system call (the duplicate of
+				// the descriptor): poll(2) for long is a wait.
+				if !strings.Contains(g, "Ppoll") {
+					break
+				}
+				found = true
+				if looks == 0 {
+					polling = time.Now()
+				}
+				if looks++; looks >= 10 && time.Since(polling) >= 100*time.Millisecond {
+					return state, g
+				}
+			default:
+				return state, g
+			}
+		}
+		if !found {
+			looks = 0
+		}
+	}
+	t.Fatalf("no goroutine blocked in %s", frame)
+	return "", ""
+}
+
+// TestIdleConnectionOutOfDescriptors: a connection that goes idle while
+// the process is out of descriptors (its duplicate for the netpoller
+// fails with EMFILE: idle connections hold two each, and the agent's
+// other data planes share the limit) still holds no thread: it watches
+// its socket from a goroutine that holds none, registers with the
+// netpoller once descriptors are free again, and serves its next
+// request. It slept in poll(2) until its next request, however long, on
+// a thread MaxPollThreads did not count: every connection that went idle
+// during a shortage of descriptors held one, past the bound, for good.
+func TestIdleConnectionOutOfDescriptors(t *testing.T) {
+	var port atomic.Int32
+	var moves <-chan move
+	td := memorytest.StartWith(t, 1<<20, 0, func(d *donor.Donor) {
+		d.IdleWait = 1
+		moves = watchMoves(t, d, &port)
+	})
+	_, sess := dialConn(t, td.Addr, nil, protocol.KindControl, 0, nil)
+	c, _ := dialConn(t, td.Addr, nil, protocol.KindSync, sess, func(nc net.Conn) {
+		port.Store(int32(nc.LocalAddr().(*net.TCPAddr).Port))
+	})
+	m := nextMove(t, moves, true) // before it registers
+	restore := exhaustFds(t, 0)
+	close(m.release)
+	state, stack := goroutineState(t, "rawconn.(*Conn).waitInput")
+	restore()
+	if state == "syscall" {
+		t.Errorf("an idle connection out of descriptors holds a thread, blocked in poll(2):\n%s", stack)
+	}
+	if parked, polling := td.D.ParkedConns(); parked != 1 || polling != 0 {
+		t.Errorf("%d connections parked, %d threads held; want 1 and 0", parked, polling)
+	}
+	// Descriptors free again, it waits on the netpoller.
+	named := map[int]string{m.fd: "an idle connection"}
+	for deadline := time.Now().Add(10 * time.Second); len(memorytest.Registrations(t, named)) == 0; runtime.Gosched() {
+		if time.Now().After(deadline) {
+			t.Fatal("an idle connection did not register with the netpoller once descriptors were free")
+		}
+	}
+	// It serves its next request.
+	c.send(t, protocol.Header{Op: protocol.OpPing, Seq: 1}, nil)
+	close(nextMove(t, moves, false).release)
+	c.reply(t, 1, protocol.OpPing)
+}
+
+// acceptLog is a log handler that reports the donor's records about a
+// failed accept.
+type acceptLog struct {
+	slog.Handler
+	seen chan<- string
+}
+
+func (h acceptLog) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h acceptLog) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, "accept") {
+		select {
+		case h.seen <- r.Message:
+		default:
+		}
+	}
+	return nil
+}
+
+func (h acceptLog) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h acceptLog) WithGroup(string) slog.Handler      { return h }
+
+// TestServeOutOfDescriptors: a connection the donor cannot accept, the
+// process out of descriptors (EMFILE: idle data connections hold two
+// each, connections before their HELLO one, and the agent's data planes
+// share its limit), leaves the donor serving: it accepts again once
+// descriptors are free, that connection too. Serve returned the accept's
+// error, and the agent's memory data plane stopped for good, ending every
+// tenant's sessions, at the first descriptor short.
+func TestServeOutOfDescriptors(t *testing.T) {
+	seen := make(chan string, 1)
+	d := donor.New(slog.New(acceptLog{Handler: slog.DiscardHandler, seen: seen}))
+	if err := d.AddRegion(testCred, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+		_ = d.RemoveRegion(testCred)
+	})
+	restore := exhaustFds(t, 1) // the client's socket
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		restore()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	select {
+	case err := <-done:
+		restore()
+		done <- nil
+		t.Fatalf("Serve returned, out of descriptors: %v", err)
+	case <-seen: // the accept failed, and the donor goes on
+	case <-time.After(10 * time.Second):
+		restore()
+		t.Fatal("the donor did not try to accept the connection")
+	}
+	restore()
+	// The connection it could not accept is served.
+	b := (&protocol.Hello{Kind: protocol.KindControl, Credential: testCred}).Encode(make([]byte, protocol.HeaderSize))
+	(&protocol.Header{Op: protocol.OpHello, Payload: uint32(len(b) - protocol.HeaderSize)}).Encode(b)
+	if _, err := nc.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var hdr [protocol.HeaderSize]byte
+	if fr, err := protocol.ReadFrame(nc, hdr[:], nil); err != nil || fr.Status != protocol.StatusOK {
+		t.Fatalf("hello: %v %d %s", err, fr.Status, fr.Data)
+	}
+}
