@@ -57,11 +57,11 @@ func runCharacterize(e *env, fs *pflag.FlagSet) runFunc {
 		// instead, it stops the measurement and the lease is released.
 		ctx, stopPipe := signal.NotifyContext(ctx, syscall.SIGPIPE)
 		defer stopPipe()
-		if *streams < 1 || *streams > 1024 {
-			return usagef("--max-streams must be 1..1024, not %d", *streams)
+		if *streams < 1 || *streams > characterize.MaxStreams {
+			return usagef("--max-streams must be 1..%d, not %d", characterize.MaxStreams, *streams)
 		}
-		if *ops < 1 {
-			return usagef("--latency-ops must be positive, not %d", *ops)
+		if *ops < 1 || *ops > characterize.MaxLatencyOps {
+			return usagef("--latency-ops must be 1..%d, not %d", characterize.MaxLatencyOps, *ops)
 		}
 		perStep, err := resource.ParseSize(*bytesFlag)
 		if err != nil || perStep <= 0 {
@@ -70,6 +70,11 @@ func runCharacterize(e *env, fs *pflag.FlagSet) runFunc {
 		reqSize, err := resource.ParseSize(*reqFlag)
 		if err != nil || reqSize < 4096 || reqSize > 32<<20 || reqSize%4096 != 0 {
 			return usagef("bad --request-size %q: use a multiple of 4KiB up to 32MiB", *reqFlag)
+		}
+		// Every stream holds a request's buffer.
+		if reqSize*int64(*streams) > characterize.MaxBuffered {
+			return usagef("--max-streams %d of --request-size %s would hold %s of buffers: at most %s", *streams, resource.FormatSize(reqSize),
+				resource.FormatSize(reqSize*int64(*streams)), resource.FormatSize(characterize.MaxBuffered))
 		}
 		ttlSecs := int64(ttl.d / time.Second)
 		c, err := cf.client()
@@ -305,7 +310,7 @@ func runProfileDeclare(e *env, fs *pflag.FlagSet) runFunc {
 	cf.register(fs, e)
 	force := fs.Bool("force", false, "replace a measured profile of the same model")
 	return func(ctx context.Context, pos []string) error {
-		data, err := os.ReadFile(pos[0])
+		data, err := readDeclared(pos[0])
 		if err != nil {
 			return err
 		}
@@ -346,6 +351,28 @@ func runProfileDeclare(e *env, fs *pflag.FlagSet) runFunc {
 		printProfile(e.stdout, stored)
 		return nil
 	}
+}
+
+// maxDeclaredBytes bounds a declared profile's file: two curves of 1,024
+// points are under 60 KiB of JSON.
+const maxDeclaredBytes = 1 << 20
+
+// readDeclared reads a declared profile's file, refusing one larger than
+// maxDeclaredBytes (or endless: /dev/zero) rather than reading it all.
+func readDeclared(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxDeclaredBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	if len(data) > maxDeclaredBytes {
+		return nil, fmt.Errorf("%s: larger than %s: a profile is one JSON object such as %s", path, resource.FormatSize(maxDeclaredBytes), profDeclaredExample)
+	}
+	return data, nil
 }
 
 // profMinBps is the smallest bandwidth a declaration may carry; below

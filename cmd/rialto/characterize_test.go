@@ -211,6 +211,10 @@ func TestCharacterizeRefuses(t *testing.T) {
 		{[]string{"characterize", "nope"}, 1, `no device "nope"`},
 		{[]string{"characterize", "disk1", "--max-streams", "0"}, 2, "--max-streams"},
 		{[]string{"characterize", "disk1", "--bytes", "lots"}, 2, `invalid argument "lots" for "--bytes"`},
+		// Bounds on what a run holds in memory: a sample per latency read,
+		// a request's buffer per stream.
+		{[]string{"characterize", "disk1", "--latency-ops", "1000000000000"}, 2, "--latency-ops must be 1..1000000"},
+		{[]string{"characterize", "disk1", "--max-streams", "1024", "--request-size", "32MiB"}, 2, "would hold 32GiB of buffers: at most 1GiB"},
 	} {
 		_, errs, code := runVerb(ctx, c, nil, tc.args...)
 		if code != tc.code || !strings.Contains(errs, tc.want) {
@@ -308,6 +312,7 @@ func TestCharacterizeProfileDeclare(t *testing.T) {
 		{"measuredsrc", `{"model": "m", "write_bps": [1e9], "source": "measured"}`, []string{"rialto characterize"}},
 		{"latency", `{"model": "m", "write_bps": [1e9], "latency_4k_us": -3}`, []string{"latency_4k_us"}},
 		{"slash", `{"model": "a/b", "write_bps": [1e9]}`, []string{`model "a/b"`}},
+		{"huge", `{"model": "m", "write_bps": [1e9]}` + strings.Repeat(" ", 1<<20), []string{"larger than 1MiB"}},
 	} {
 		_, errs, code := runVerb(ctx, c, nil, "profile", "declare", write(tc.name+".json", tc.body))
 		if code != 1 {

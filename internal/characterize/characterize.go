@@ -24,6 +24,18 @@ type Device interface {
 // ErrTooSmall is returned when the device cannot hold the requested streams.
 var ErrTooSmall = errors.New("characterize: device too small for the requested streams")
 
+// ErrOptions is returned for options beyond what a measurement may ask.
+var ErrOptions = errors.New("characterize: bad options")
+
+// Bounds of a measurement's options: every stream holds a request's
+// buffer (MaxBuffered in all, e.g. 1,024 streams of 1 MiB), and the
+// latency probe keeps every sample.
+const (
+	MaxStreams    = 1024
+	MaxBuffered   = 1 << 30
+	MaxLatencyOps = 1_000_000
+)
+
 // Options controls a measurement. Zero values take the defaults.
 type Options struct {
 	MaxStreams   int              // concurrent streams to try, 1..MaxStreams (default 8)
@@ -58,6 +70,14 @@ func (o *Options) defaults() {
 // It overwrites the device's contents.
 func Measure(ctx context.Context, dev Device, o Options) (api.Profile, error) {
 	o.defaults()
+	switch {
+	case o.MaxStreams > MaxStreams:
+		return api.Profile{}, fmt.Errorf("%w: %d streams (at most %d)", ErrOptions, o.MaxStreams, MaxStreams)
+	case int64(o.MaxStreams)*int64(o.RequestSize) > MaxBuffered:
+		return api.Profile{}, fmt.Errorf("%w: %d streams of %d-byte requests hold more than %d MiB of buffers", ErrOptions, o.MaxStreams, o.RequestSize, MaxBuffered>>20)
+	case o.LatencyOps > MaxLatencyOps:
+		return api.Profile{}, fmt.Errorf("%w: %d latency reads (at most %d)", ErrOptions, o.LatencyOps, MaxLatencyOps)
+	}
 	size := dev.Size()
 	p := api.Profile{ID: o.Model, Model: o.Model, State: "measured", Source: "measured"}
 	for n := 1; n <= o.MaxStreams; n++ {

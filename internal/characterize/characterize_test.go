@@ -81,3 +81,24 @@ func TestMeasureDeviceError(t *testing.T) {
 		t.Fatalf("err = %v, want errBoom", err)
 	}
 }
+
+// TestMeasureRefusesOptions: options whose buffers or samples would not fit
+// in memory (1,024 streams of 32 MiB hold 32 GiB; a latency probe of 2^40
+// reads keeps 8 TiB of samples) are refused before anything is measured.
+func TestMeasureRefusesOptions(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	dev := fileDev{f, 8 << 20}
+	for _, o := range []Options{
+		{MaxStreams: 1, BytesPerStep: 1 << 20, RequestSize: 1 << 20, LatencyOps: 1 << 40},
+		{MaxStreams: MaxStreams, RequestSize: 32 << 20},
+		{MaxStreams: MaxStreams + 1, RequestSize: 4096},
+	} {
+		if _, err := Measure(context.Background(), dev, o); !errors.Is(err, ErrOptions) {
+			t.Errorf("%+v: err = %v, want ErrOptions", o, err)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"container/heap"
+	"context"
 	"os"
 	"runtime"
 	"strconv"
@@ -81,7 +82,7 @@ func BenchmarkOpenbReplay(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				cfg := DefaultGPUReplay
 				cfg.Policy = pol
-				res, err := ReplayGPU(nodes, pods, cfg)
+				res, err := ReplayGPU(context.Background(), nodes, pods, cfg)
 				if err != nil {
 					b.Fatal(err)
 				}

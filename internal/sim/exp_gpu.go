@@ -66,7 +66,7 @@ func runGPUOpenb(ctx context.Context, o Options) (Result, error) {
 			}
 			cfg := DefaultGPUReplay
 			cfg.Policy, cfg.Window, cfg.Seed = pol, win, o.Seed
-			res, err := ReplayGPU(nodes, pods, cfg)
+			res, err := ReplayGPU(ctx, nodes, pods, cfg)
 			if err != nil {
 				return r, err
 			}
@@ -94,7 +94,7 @@ func runGPUOpenb(ctx context.Context, o Options) (Result, error) {
 	}
 	c := DefaultGPUReplay
 	r.Notes = append(r.Notes,
-		fmt.Sprintf("arrivals in trace order compressed into the window; durations clamped to [%.0f h, %.0f h] so the trace's pods overlap (they ask for 98%% of the GPUs, 120%% in whole GPUs); utilisation etc. averaged over window + %.0f h; deadline = arrival + %g × duration + %.0f s; racks of %d nodes on PCIe NTB; remote GPUs ×%.2f", c.MinDuration/3600, c.MaxDuration/3600, c.MinDuration/3600, c.DeadlineFactor, c.DeadlineSlack, c.RackSize, c.RemoteSlowdown),
+		fmt.Sprintf("%d nodes, %d pods; arrivals in trace order compressed into the window; durations clamped to [%.0f h, %.0f h] so the trace's pods overlap (they ask for %.0f%% of the GPUs, %.0f%% in whole GPUs); utilisation etc. averaged over window + %.0f h; deadline = arrival + %g × duration + %.0f s; racks of %d nodes on PCIe NTB; remote GPUs ×%.2f", len(nodes), len(pods), c.MinDuration/3600, c.MaxDuration/3600, 100*out[PolicyRialto].Demand, 100*out[PolicyRialto].WholeDemand, c.MinDuration/3600, c.DeadlineFactor, c.DeadlineSlack, c.RackSize, c.RemoteSlowdown),
 		"whole-device: a pod holds whole GPUs of its own node (a 0.2-GPU pod holds one); rialto: GPUs leased through internal/placement (shared slots, dedicated, or composed across the rack)")
 	if o.Sample > 1 {
 		r.Notes = append(r.Notes, fmt.Sprintf("sampled: every %d-th node and pod", o.Sample))

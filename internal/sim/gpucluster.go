@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"sort"
@@ -75,6 +76,10 @@ type GPUReplayResult struct {
 	MeanSlowdown, P95Slowdown float64 // (finish − arrival) / duration
 	Events                    uint64
 	PlaceCalls                int
+	// Demand is the GPU capacity the pods ask for together, WholeDemand the
+	// same with every GPU request rounded up to whole GPUs, as fractions of
+	// the cluster's GPUs.
+	Demand, WholeDemand float64
 }
 
 type gpuPod struct {
@@ -185,8 +190,9 @@ func gpuSnapshot(nodes []TraceNode, rackSize int) (*placement.Snapshot, [][]stri
 	return s, ids
 }
 
-// ReplayGPU replays pods on nodes under cfg. It is deterministic.
-func ReplayGPU(nodes []TraceNode, pods []TracePod, cfg GPUReplay) (GPUReplayResult, error) {
+// ReplayGPU replays pods on nodes under cfg. It is deterministic; it stops
+// with ctx's error when ctx is done (a large trace replays for minutes).
+func ReplayGPU(ctx context.Context, nodes []TraceNode, pods []TracePod, cfg GPUReplay) (GPUReplayResult, error) {
 	if cfg.RackSize <= 0 {
 		cfg.RackSize = 16
 	}
@@ -212,7 +218,7 @@ func ReplayGPU(nodes []TraceNode, pods []TracePod, cfg GPUReplay) (GPUReplayResu
 	}
 	// Pods: durations, demand, arrivals compressed to the offered load.
 	ps := make([]*gpuPod, 0, len(pods))
-	offered := 0.0
+	offered, demand, whole := 0.0, 0.0, 0.0
 	for i, p := range pods {
 		d := p.Duration()
 		if cfg.MaxDuration > 0 && d > cfg.MaxDuration {
@@ -236,6 +242,10 @@ func ReplayGPU(nodes []TraceNode, pods []TracePod, cfg GPUReplay) (GPUReplayResu
 			}
 		}
 		offered += float64(gp.need) * d
+		if p.NumGPU > 0 {
+			demand += float64(gp.need)
+			whole += float64(p.NumGPU) * 1000
+		}
 		ps = append(ps, gp)
 	}
 	sort.SliceStable(ps, func(i, j int) bool { return ps[i].Created < ps[j].Created })
@@ -289,6 +299,9 @@ func ReplayGPU(nodes []TraceNode, pods []TracePod, cfg GPUReplay) (GPUReplayResu
 	var e Engine
 	var queue []*gpuPod
 	res := GPUReplayResult{Policy: cfg.Policy, Pods: len(ps), Window: window}
+	if s.totalGPU > 0 {
+		res.Demand, res.WholeDemand = demand/s.totalGPU, whole/s.totalGPU
+	}
 	var slow []float64
 	var tryQueue func()
 	start := func(p *gpuPod) {
@@ -351,7 +364,13 @@ func ReplayGPU(nodes []TraceNode, pods []TracePod, cfg GPUReplay) (GPUReplayResu
 			queue = append(queue, p)
 		})
 	}
-	e.Run(0)
+	for e.Step() {
+		if e.Events()%4096 == 0 {
+			if err := ctx.Err(); err != nil {
+				return GPUReplayResult{}, err
+			}
+		}
+	}
 	s.account(e.Now())
 	res.Makespan = e.Now()
 	for _, p := range ps {

@@ -32,8 +32,8 @@ func ReadLeaseTrace(r io.Reader) ([]LeaseRecord, error) {
 	if err != nil {
 		return nil, err
 	}
-	num := func(row map[string]string, col string, line int) (float64, error) {
-		s := row[col]
+	num := func(row csvRow, col string, line int) (float64, error) {
+		s := row.get(col)
 		if s == "" {
 			return 0, nil
 		}
@@ -46,7 +46,7 @@ func ReadLeaseTrace(r io.Reader) ([]LeaseRecord, error) {
 	out := make([]LeaseRecord, 0, len(rows))
 	for i, row := range rows {
 		line := i + 2
-		rec := LeaseRecord{Borrower: row["borrower"]}
+		rec := LeaseRecord{Borrower: row.get("borrower")}
 		if rec.Borrower == "" {
 			return nil, fmt.Errorf("%w: row %d: no borrower", ErrTrace, line)
 		}

@@ -48,25 +48,106 @@ func (p TracePod) Duration() float64 {
 	return p.Deleted - start
 }
 
-// csvTable reads a CSV with a header into column lookups.
-func csvTable(r io.Reader, need ...string) ([]map[string]string, error) {
-	cr := csv.NewReader(r)
+// Limits of what a trace parser reads from one file. The shared traces'
+// largest file is 2.1 MB with lines under 200 bytes and 8,152 rows; a file
+// far beyond them is not a trace (or is /dev/zero), and parsing it whole
+// would hold it all in memory (a line of commas is a field per byte).
+const (
+	MaxTraceBytes = 64 << 20
+	MaxTraceLine  = 64 << 10
+	MaxTraceRows  = 1 << 20
+)
+
+// MaxTraceGPUs bounds the GPUs of a node list (openb's has 6,212): every
+// GPU is a device of the replay's placement snapshots.
+const MaxTraceGPUs = 1 << 20
+
+// traceLimits are the limits csvTable applies (tests lower them).
+var traceLimits = struct{ bytes, line, rows int64 }{MaxTraceBytes, MaxTraceLine, MaxTraceRows}
+
+// limitedReader fails, rather than ends, past its limits (a truncated
+// trace would parse as a shorter one): n bytes in all, line bytes without
+// a newline.
+type limitedReader struct {
+	r       io.Reader
+	n, line int64
+	cur     int64
+	err     error
+}
+
+func (l *limitedReader) Read(p []byte) (int, error) {
+	if l.err != nil {
+		return 0, l.err
+	}
+	if l.n <= 0 {
+		l.err = fmt.Errorf("%w: larger than %d bytes", ErrTrace, traceLimits.bytes)
+		return 0, l.err
+	}
+	if int64(len(p)) > l.n {
+		p = p[:l.n]
+	}
+	n, err := l.r.Read(p)
+	l.n -= int64(n)
+	for i, b := range p[:n] {
+		if b == '\n' {
+			l.cur = 0
+			continue
+		}
+		if l.cur++; l.cur > l.line {
+			// Hand over what precedes the long line; fail the next read.
+			l.err = fmt.Errorf("%w: a line longer than %d bytes", ErrTrace, l.line)
+			if i == 0 {
+				return 0, l.err
+			}
+			return i, nil
+		}
+	}
+	return n, err
+}
+
+// csvRow is one record of a csvTable, its cells looked up by column name.
+type csvRow struct {
+	idx map[string]int
+	rec []string
+}
+
+// get returns the named column's cell, trimmed ("" when the record is
+// shorter than the header).
+func (r csvRow) get(col string) string {
+	if i, ok := r.idx[col]; ok && i < len(r.rec) {
+		return strings.TrimSpace(r.rec[i])
+	}
+	return ""
+}
+
+// csvTable reads a CSV with a header (at most MaxTraceBytes of it) into
+// rows looked up by column name.
+func csvTable(r io.Reader, need ...string) ([]csvRow, error) {
+	lr := &limitedReader{r: r, n: traceLimits.bytes, line: traceLimits.line}
+	cr := csv.NewReader(lr)
 	cr.FieldsPerRecord = -1
 	cr.ReuseRecord = false
 	head, err := cr.Read()
+	if lr.err != nil {
+		return nil, lr.err
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: header: %v", ErrTrace, err)
 	}
 	idx := map[string]int{}
 	for i, h := range head {
-		idx[strings.TrimSpace(h)] = i
+		h = strings.TrimSpace(h)
+		if _, dup := idx[h]; dup && h != "" {
+			return nil, fmt.Errorf("%w: header: column %q twice", ErrTrace, h)
+		}
+		idx[h] = i
 	}
 	for _, n := range need {
 		if _, ok := idx[n]; !ok {
 			return nil, fmt.Errorf("%w: missing column %q", ErrTrace, n)
 		}
 	}
-	var out []map[string]string
+	var out []csvRow
 	line := 1
 	for {
 		rec, err := cr.Read()
@@ -74,22 +155,22 @@ func csvTable(r io.Reader, need ...string) ([]map[string]string, error) {
 			break
 		}
 		line++
+		if lr.err != nil {
+			return nil, fmt.Errorf("line %d: %w", line, lr.err)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%w: line %d: %v", ErrTrace, line, err)
 		}
-		row := make(map[string]string, len(idx))
-		for name, i := range idx {
-			if i < len(rec) {
-				row[name] = strings.TrimSpace(rec[i])
-			}
+		if int64(len(out)) >= traceLimits.rows {
+			return nil, fmt.Errorf("%w: more than %d rows", ErrTrace, traceLimits.rows)
 		}
-		out = append(out, row)
+		out = append(out, csvRow{idx: idx, rec: rec})
 	}
 	return out, nil
 }
 
-func parseInt(row map[string]string, col string, line int) (int64, error) {
-	s := row[col]
+func parseInt(row csvRow, col string, line int) (int64, error) {
+	s := row.get(col)
 	if s == "" {
 		return 0, nil
 	}
@@ -114,8 +195,19 @@ func ReadTraceNodes(r io.Reader) ([]TraceNode, error) {
 		return nil, err
 	}
 	out := make([]TraceNode, 0, len(rows))
+	seen := make(map[string]int, len(rows))
+	gpus := int64(0)
 	for i, row := range rows {
-		n := TraceNode{Name: row["sn"], Model: row["model"]}
+		n := TraceNode{Name: row.get("sn"), Model: row.get("model")}
+		// A node's name is its identity in the replay (placement's node
+		// and device IDs): an empty or repeated one would merge nodes.
+		if n.Name == "" {
+			return nil, fmt.Errorf("%w: row %d: node without a name (sn)", ErrTrace, i+2)
+		}
+		if first, dup := seen[n.Name]; dup {
+			return nil, fmt.Errorf("%w: row %d: node %q already on row %d", ErrTrace, i+2, n.Name, first)
+		}
+		seen[n.Name] = i + 2
 		var g int64
 		if n.CPUMilli, err = parseInt(row, "cpu_milli", i+2); err != nil {
 			return nil, err
@@ -130,6 +222,9 @@ func ReadTraceNodes(r io.Reader) ([]TraceNode, error) {
 			return nil, fmt.Errorf("%w: row %d: %d GPUs", ErrTrace, i+2, g)
 		}
 		n.GPUs = int(g)
+		if gpus += g; gpus > MaxTraceGPUs {
+			return nil, fmt.Errorf("%w: row %d: more than %d GPUs in the node list", ErrTrace, i+2, MaxTraceGPUs)
+		}
 		if n.Model == "nan" {
 			n.Model = ""
 		}
@@ -148,7 +243,7 @@ func ReadTracePods(r io.Reader) ([]TracePod, error) {
 	out := make([]TracePod, 0, len(rows))
 	for i, row := range rows {
 		line := i + 2
-		p := TracePod{Name: row["name"], QoS: row["qos"], Phase: row["pod_phase"]}
+		p := TracePod{Name: row.get("name"), QoS: row.get("qos"), Phase: row.get("pod_phase")}
 		var v int64
 		if p.CPUMilli, err = parseInt(row, "cpu_milli", line); err != nil {
 			return nil, err
@@ -169,7 +264,7 @@ func ReadTracePods(r io.Reader) ([]TracePod, error) {
 		if p.GPUMilli > 1000 {
 			return nil, fmt.Errorf("%w: row %d: gpu_milli %d", ErrTrace, line, p.GPUMilli)
 		}
-		if s := row["gpu_spec"]; s != "" && s != "nan" {
+		if s := row.get("gpu_spec"); s != "" && s != "nan" {
 			p.GPUSpec = strings.Split(s, "|")
 		}
 		for _, c := range []struct {

@@ -1,10 +1,15 @@
 package sim
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"testing/fstest"
 )
 
 // sharedTraces is the trace directory: $RIALTO_TRACES, or that of the
@@ -78,4 +83,110 @@ func FuzzReadTracePods(f *testing.F) {
 			}
 		}
 	})
+}
+
+// endless is a file that never ends (a trace option pointed at /dev/zero,
+// or a line without end): parsers must give up at MaxTraceBytes.
+type endless struct{ b byte }
+
+func (e endless) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = e.b
+	}
+	return len(p), nil
+}
+
+// TestReadTraceNodesRejects: a node list whose nodes cannot be told apart
+// (the replay's placement knows nodes and their GPUs by name), one with
+// more GPUs than a replay holds, and a file larger than any trace are
+// refused with what is wrong, not replayed on merged nodes or read until
+// memory runs out.
+func TestReadTraceNodesRejects(t *testing.T) {
+	const head = "sn,cpu_milli,memory_mib,gpu,model\n"
+	for _, tc := range []struct{ in, want string }{
+		{head + "n0,1000,1000,2,A\nn0,1000,1000,2,A\n", `row 3: node "n0" already on row 2`},
+		{head + "n0,1000,1000,2,A\n,1000,1000,2,A\n", "row 3: node without a name"},
+		{head + strings.Repeat("n,1,1,1024,A\n", 1), ""},
+		{"sn,cpu_milli,memory_mib,gpu,gpu\nn0,1,1,1,1\n", `column "gpu" twice`},
+	} {
+		_, err := ReadTraceNodes(strings.NewReader(tc.in))
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%q: %v", tc.in, err)
+		case tc.want != "" && (err == nil || !errors.Is(err, ErrTrace) || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%q: got %v, want %q", tc.in, err, tc.want)
+		}
+	}
+	var many strings.Builder
+	many.WriteString(head)
+	for i := 0; i <= MaxTraceGPUs/1024; i++ {
+		fmt.Fprintf(&many, "n%d,1,1,1024,A\n", i)
+	}
+	if _, err := ReadTraceNodes(strings.NewReader(many.String())); err == nil || !strings.Contains(err.Error(), "GPUs in the node list") {
+		t.Errorf("%d GPUs: %v", MaxTraceGPUs+1024, err)
+	}
+	// A line without end (a field per comma) stops at MaxTraceLine.
+	for _, r := range []io.Reader{endless{'x'}, endless{','}, io.MultiReader(strings.NewReader(head+"n0,1,1,1,"), endless{'a'})} {
+		if _, err := ReadTraceNodes(r); !errors.Is(err, ErrTrace) || !strings.Contains(err.Error(), "a line longer than") {
+			t.Errorf("endless line: %v", err)
+		}
+	}
+	// Endless rows or bytes stop at the (here lowered) limits.
+	saved := traceLimits
+	t.Cleanup(func() { traceLimits = saved })
+	traceLimits.rows, traceLimits.bytes = 100, 1<<20
+	if _, err := ReadTracePods(io.MultiReader(strings.NewReader("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"), endless{'\n'})); !errors.Is(err, ErrTrace) || !strings.Contains(err.Error(), "larger than") {
+		t.Errorf("endless empty lines: %v", err)
+	}
+	var rows strings.Builder
+	rows.WriteString("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n")
+	for i := 0; i <= 100; i++ {
+		rows.WriteString("p,1,1,0,0\n")
+	}
+	if _, err := ReadTracePods(strings.NewReader(rows.String())); !errors.Is(err, ErrTrace) || !strings.Contains(err.Error(), "more than 100 rows") {
+		t.Errorf("101 rows: %v", err)
+	}
+}
+
+// openbFS is a trace directory holding one node list and one pod list.
+func openbFS(nodes, pods string) fstest.MapFS {
+	return fstest.MapFS{
+		"alibaba-gpu-v2023/openb_node_list_all_node.csv": {Data: []byte(nodes)},
+		"alibaba-gpu-v2023/openb_pod_list_default.csv":   {Data: []byte(pods)},
+	}
+}
+
+// TestGPUOpenbUserTrace: gpu-openb replays any pod list on any node list
+// of openb's format, and its notes describe the trace it replayed (not the
+// shared trace's 98% of the GPUs); a cancelled run stops.
+func TestGPUOpenbUserTrace(t *testing.T) {
+	const pods = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n" +
+		"p0,1000,1000,1,500,,LS,Running,0,100,0\n"
+	traces := openbFS("sn,cpu_milli,memory_mib,gpu,model\nn0,8000,8000,2,A\n", pods)
+	r, err := Run(context.Background(), "gpu-openb", Options{Traces: traces})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(strings.Join(r.Notes, "\n"), "1 nodes, 1 pods; ") || !strings.Contains(strings.Join(r.Notes, "\n"), "they ask for 25% of the GPUs, 50% in whole GPUs") {
+		t.Errorf("notes do not describe the replayed trace:\n%s", strings.Join(r.Notes, "\n"))
+	}
+	dup := openbFS("sn,cpu_milli,memory_mib,gpu,model\nn0,8000,8000,2,A\nn0,8000,8000,2,A\n", pods)
+	if _, err := Run(context.Background(), "gpu-openb", Options{Traces: dup}); !errors.Is(err, ErrTrace) {
+		t.Errorf("duplicate node names: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	nodes, ps, err := LoadOpenb(traces, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	many := make([]TracePod, 10000)
+	for i := range many {
+		many[i] = ps[0]
+	}
+	cfg := DefaultGPUReplay
+	cfg.Policy = PolicyRialto
+	if _, err := ReplayGPU(ctx, nodes, many, cfg); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled replay: %v", err)
+	}
 }
