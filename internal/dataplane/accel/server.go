@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sync/semaphore"
+
+	"github.com/rialto-project/rialto/internal/accept"
 )
 
 // Target is what a Server exposes: an appliance slot, or a gateway (which
@@ -223,14 +225,21 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	defer stop()
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	var retry accept.Backoff
 	for {
 		nc, err := ln.Accept()
 		if err != nil {
+			// A timeout, or out of descriptors or memory for now: the
+			// connection waits in the backlog; the tasks served go on.
+			if retry.Retry(ctx, err, s.logger()) {
+				continue
+			}
 			if ctx.Err() != nil {
 				return nil
 			}
 			return fmt.Errorf("accel: accept: %w", err)
 		}
+		retry.Reset()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/rialto-project/rialto/internal/accept"
 )
 
 // Defaults.
@@ -459,14 +461,21 @@ func serve(ctx context.Context, ln net.Listener, cfg *tls.Config, lookup func(id
 		}
 		cmu.Unlock()
 	}()
+	var retry accept.Backoff
 	for {
 		c, err := ln.Accept()
 		if err != nil {
+			// A timeout, or out of descriptors or memory for now: the
+			// connection waits in the backlog; the tunnels go on.
+			if retry.Retry(ctx, err, nil) {
+				continue
+			}
 			if ctx.Err() != nil {
 				return nil
 			}
 			return fmt.Errorf("nic: accept: %w", err)
 		}
+		retry.Reset()
 		cmu.Lock()
 		conns[c] = struct{}{}
 		cmu.Unlock()

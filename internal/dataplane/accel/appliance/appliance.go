@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rialto-project/rialto/internal/accept"
 
 	"github.com/rialto-project/rialto/internal/backoff"
 	"github.com/rialto-project/rialto/internal/clock"
@@ -806,6 +807,7 @@ func (s *slot) serve(ctx context.Context) error {
 	defer stop()
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	var retry accept.Backoff
 	for {
 		s.lnMu.Lock()
 		ln, rebound := s.ln, s.lnSet
@@ -820,8 +822,16 @@ func (s *slot) serve(ctx context.Context) error {
 				continue
 			default:
 			}
+			// A timeout, or out of descriptors or memory for now.
+			if retry.Retry(ctx, err, s.a.log) {
+				continue
+			}
+			if ctx.Err() != nil {
+				return nil
+			}
 			return fmt.Errorf("appliance: slot %d accept: %w", s.id, err)
 		}
+		retry.Reset()
 		cctx, cancel := context.WithCancel(ctx)
 		exit, ok := s.currentLease().enter(cancel)
 		if !ok { // ended between the two calls: the new one is current

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rialto-project/rialto/internal/accept"
 	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/dataplane/dirty"
 	"github.com/rialto-project/rialto/internal/dataplane/tlspsk"
@@ -433,7 +434,8 @@ func (s *Server) detach(e *export, c *conn) {
 
 // Serve accepts connections on ln until ctx is done, then closes ln and every
 // connection it accepted, waits for their goroutines and returns nil. It
-// returns earlier with an error if Accept fails permanently.
+// returns earlier with an error if Accept fails permanently; a timeout or
+// a shortage of descriptors or memory is retried (internal/accept).
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -441,27 +443,24 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
-	var delay time.Duration
+	var retry accept.Backoff
 	for {
 		nc, err := ln.Accept()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-				t := time.NewTimer(delay)
-				select {
-				case <-t.C:
-				case <-ctx.Done():
-					t.Stop()
-				}
+			// A timeout, or out of descriptors or memory for now: the
+			// connection waits in the backlog; the exports served go on.
+			if retry.Retry(ctx, err, s.logger()) {
 				continue
+			}
+			if ctx.Err() != nil {
+				return nil
 			}
 			return fmt.Errorf("nbd: accept: %w", err)
 		}
-		delay = 0
+		retry.Reset()
 		hs, ok := s.hs.start(ctx, s.maxHandshakes(), s.maxHandshakesPerSource(), nc)
 		if !ok {
 			nc.Close()

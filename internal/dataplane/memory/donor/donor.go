@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rialto-project/rialto/internal/accept"
 	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/dataplane/dirty"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/internal/rawconn"
@@ -564,34 +565,22 @@ func (d *Donor) Serve(ctx context.Context, ln net.Listener) error {
 	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
 	defer stop()
 	var err error
-	var delay time.Duration // before the next accept, after a shortage
+	var retry accept.Backoff
 	for {
 		c, aerr := ln.Accept()
 		if aerr != nil {
+			// Out of descriptors or memory, for now: the connection waits
+			// in the backlog, and the sessions served go on (returning
+			// ended them all).
+			if retry.Retry(ctx, aerr, d.log) {
+				continue
+			}
 			if ctx.Err() == nil {
-				var ne net.Error
-				if errors.As(aerr, &ne) && ne.Timeout() {
-					continue
-				}
-				if acceptShortage(aerr) {
-					// Out of descriptors or memory, for now: the
-					// connection waits in the backlog, and the
-					// sessions served go on (returning ended them all).
-					delay = min(max(2*delay, acceptRetryMin), acceptRetryMax)
-					d.log.Warn("memory: accept failed; retrying", "err", aerr, "in", delay)
-					t := time.NewTimer(delay)
-					select {
-					case <-t.C:
-					case <-ctx.Done():
-						t.Stop()
-					}
-					continue
-				}
 				err = fmt.Errorf("memory: accept: %w", aerr)
 			}
 			break
 		}
-		delay = 0
+		retry.Reset()
 		d.mu.Lock()
 		d.conns[c] = struct{}{}
 		d.wg.Add(1)
@@ -612,20 +601,6 @@ func (d *Donor) Serve(ctx context.Context, ln net.Listener) error {
 	d.mu.Unlock()
 	d.wg.Wait()
 	return err
-}
-
-// Bounds of the wait before Serve accepts again after a shortage.
-const (
-	acceptRetryMin = 5 * time.Millisecond
-	acceptRetryMax = time.Second
-)
-
-// acceptShortage reports whether an accept failed for want of a resource
-// the process may have again soon: a descriptor (EMFILE: each data
-// connection holds one, two while idle; ENFILE) or kernel memory.
-func acceptShortage(err error) bool {
-	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
-		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
 }
 
 func (d *Donor) dropConn(c net.Conn) {

@@ -2,84 +2,19 @@ package donor_test
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"net"
-	"os"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/rialto-project/rialto/internal/accept/accepttest"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/donor"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/memorytest"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
-	"golang.org/x/sys/unix"
 )
-
-// exhaustFds lowers the process's descriptor limit to a little above the
-// descriptors it has open and opens descriptors until no more can be
-// (EMFILE), then closes leave of them: the next descriptors the process
-// makes past those fail with EMFILE. The returned function (also run at
-// the test's end) closes them and restores the limit.
-func exhaustFds(t *testing.T, leave int) (restore func()) {
-	t.Helper()
-	var old syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
-		t.Fatal(err)
-	}
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Skipf("no /proc/self/fd: %v", err)
-	}
-	top := 0
-	for _, e := range ents {
-		if n, err := strconv.Atoi(e.Name()); err == nil && n > top {
-			top = n
-		}
-	}
-	lim := syscall.Rlimit{Cur: uint64(top) + 64, Max: old.Max}
-	if lim.Cur > old.Cur {
-		t.Skipf("descriptor limit %d too low", old.Cur)
-	}
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
-		t.Fatal(err)
-	}
-	var fds []int
-	done := false
-	restore = func() {
-		if done {
-			return
-		}
-		done = true
-		for _, fd := range fds {
-			_ = unix.Close(fd)
-		}
-		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
-			t.Error(err)
-		}
-	}
-	t.Cleanup(restore)
-	for {
-		fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if errors.Is(err, unix.EMFILE) {
-			break
-		}
-		if err != nil {
-			restore()
-			t.Fatal(err)
-		}
-		fds = append(fds, fd)
-	}
-	for range leave {
-		_ = unix.Close(fds[len(fds)-1])
-		fds = fds[:len(fds)-1]
-	}
-	return restore
-}
 
 // goroutineState waits until the goroutine whose stack holds frame, and
 // no frame of this package's tests (a hook holding it), is blocked, and
@@ -151,7 +86,7 @@ func TestIdleConnectionOutOfDescriptors(t *testing.T) {
 		port.Store(int32(nc.LocalAddr().(*net.TCPAddr).Port))
 	})
 	m := nextMove(t, moves, true) // before it registers
-	restore := exhaustFds(t, 0)
+	restore := accepttest.ExhaustFds(t, 0)
 	close(m.release)
 	state, stack := goroutineState(t, "rawconn.(*Conn).waitInput")
 	restore()
@@ -223,7 +158,7 @@ func TestServeOutOfDescriptors(t *testing.T) {
 		}
 		_ = d.RemoveRegion(testCred)
 	})
-	restore := exhaustFds(t, 1) // the client's socket
+	restore := accepttest.ExhaustFds(t, 1) // the client's socket
 	nc, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		restore()

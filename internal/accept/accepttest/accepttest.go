@@ -1,0 +1,73 @@
+package accepttest
+
+import (
+	"errors"
+	"os"
+	"strconv"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// ExhaustFds lowers the process's descriptor limit to a little above the
+// descriptors it has open and opens descriptors until no more can be
+// (EMFILE), then closes leave of them: the next descriptors the process
+// makes past those fail with EMFILE. The returned function (also run at
+// the test's end) closes them and restores the limit. The limit is the
+// whole process's: tests that call it must not run in parallel.
+func ExhaustFds(t testing.TB, leave int) (restore func()) {
+	t.Helper()
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("no /proc/self/fd: %v", err)
+	}
+	top := 0
+	for _, e := range ents {
+		if n, err := strconv.Atoi(e.Name()); err == nil && n > top {
+			top = n
+		}
+	}
+	lim := syscall.Rlimit{Cur: uint64(top) + 64, Max: old.Max}
+	if lim.Cur > old.Cur {
+		t.Skipf("descriptor limit %d too low", old.Cur)
+	}
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	var fds []int
+	done := false
+	restore = func() {
+		if done {
+			return
+		}
+		done = true
+		for _, fd := range fds {
+			_ = unix.Close(fd)
+		}
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+			t.Error(err)
+		}
+	}
+	t.Cleanup(restore)
+	for {
+		fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if errors.Is(err, unix.EMFILE) {
+			break
+		}
+		if err != nil {
+			restore()
+			t.Fatal(err)
+		}
+		fds = append(fds, fd)
+	}
+	for range leave {
+		_ = unix.Close(fds[len(fds)-1])
+		fds = fds[:len(fds)-1]
+	}
+	return restore
+}
