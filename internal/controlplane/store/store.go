@@ -394,8 +394,9 @@ type Wipe struct {
 // A range being wiped is refused to a new part (ErrCapacity), as a live
 // part's range is.
 type Wiper interface {
-	// MarkWiping records ranges being wiped; those already recorded
-	// (lease, node) are left as they are.
+	// MarkWiping records ranges being wiped, at the time given; those
+	// already recorded (lease, node) take that time: a lender told again
+	// to tear a lease down is given settle again (ClearWipes).
 	MarkWiping(ctx context.Context, ws []Wipe) error
 	// Unwipe forgets lease id's ranges on node: its lender confirmed
 	// their wipe.
@@ -405,6 +406,8 @@ type Wiper interface {
 	// ClearWipes forgets the ranges whose node's last recorded heartbeat
 	// (Beat.Wiping), received more than settle after the mark was
 	// written, no longer lists their lease as being wiped (a refused
-	// range: lists none). It returns how many marks it forgot.
+	// range: lists none). A join is no such heartbeat: the marks of a
+	// node that joined again stay until a heartbeat of it is recorded.
+	// It returns how many marks it forgot.
 	ClearWipes(ctx context.Context, settle time.Duration) (int, error)
 }

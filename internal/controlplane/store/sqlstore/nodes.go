@@ -48,9 +48,9 @@ func (s *Core) JoinNode(ctx context.Context, j store.JoinNode, ev api.Event) (ap
 			n.ID = id
 			n.JoinedAt = tm(joined)
 			_, err = tx.ExecContext(ctx, `UPDATE nodes SET name = ?, state = ?, address = ?, agent_url = ?, endpoints = ?, labels = ?,
-				fingerprint = ?, health = ?, credential_hash = ?, agent_key = ?, last_heartbeat = ? WHERE id = ?`,
+				fingerprint = ?, health = ?, credential_hash = ?, agent_key = ?, last_heartbeat = ?, wiping = ? WHERE id = ?`,
 				n.Name, n.State, n.Address, n.AgentURL, js(n.Endpoints), js(n.Labels), js(n.Fingerprint), n.Health,
-				j.CredentialHash, j.AgentKey, ns(n.LastHeartbeat), id)
+				j.CredentialHash, j.AgentKey, ns(n.LastHeartbeat), WipingUnknown, id)
 		case errors.Is(err, sql.ErrNoRows):
 			_, err = tx.ExecContext(ctx, `INSERT INTO nodes (`+nodeCols+`, credential_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 				n.ID, n.Fingerprint.MachineID, n.Name, n.State, n.Address, n.AgentURL, js(n.Endpoints), js(n.Labels), js(n.Fingerprint),
