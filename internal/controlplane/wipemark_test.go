@@ -47,7 +47,7 @@ func newWipeMarkEnv(t *testing.T) *wipeMarkEnv {
 	t.Cleanup(func() { st.Close() })
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	clk := clock.NewFakeNow(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	srv, err := New(ctx, Config{Store: st, Logger: log, Clock: clk, BootstrapToken: bootTok, Tokens: []Token{{Token: aliceTok, Tenant: "alice"}},
+	srv, err := New(ctx, Config{Store: st, Logger: log, Clock: clk, BootstrapToken: bootTok, Tokens: []Token{{Token: aliceTok, Tenant: "alice"}, {Token: adminTok, Tenant: "admin", Admin: true}},
 		PrepareTimeout: 10 * time.Second, HeartbeatInterval: 100 * time.Millisecond, SuspectAfter: 10 * time.Minute, DownAfter: 20 * time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -243,5 +243,32 @@ func TestWipeMarkHeldAcrossRejoin(t *testing.T) {
 	}
 	if !e.marked(l.ID) {
 		t.Fatal("the sweep forgot the mark of a range of a lender that rejoined and has not listed its wipes yet")
+	}
+}
+
+// TestRemovedNodeWipeMarksGo: the marks of ranges being wiped on a node
+// that is removed go with it. No heartbeat of it is recorded again (a
+// removed node's are refused), so the sweep never forgot them: they stayed
+// in the store for good, each replica's view kept a wipe pending (every
+// placement that found no room weighed waiting for it), and the sweep's
+// every pass read them again.
+func TestRemovedNodeWipeMarksGo(t *testing.T) {
+	t.Parallel()
+	e := newWipeMarkEnv(t)
+	l := e.releasedUnreachable()
+	node := l.Parts[0].NodeID
+	e.clk.Advance(e.srv.cfg.DownAfter + time.Minute)
+	if err := e.srv.Sweep(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	admin := api.NewClient(e.url, adminTok, nil)
+	if _, err := admin.RemoveNode(e.ctx, node, false); err != nil {
+		t.Fatal(err)
+	}
+	if e.marked(l.ID) {
+		t.Fatal("the marks of ranges being wiped on a removed node stay")
+	}
+	if _, pending := e.srv.res.wipesPending(e.ctx); pending {
+		t.Fatal("the control plane still waits for wipes on a removed node")
 	}
 }

@@ -369,7 +369,8 @@ type Pruner interface {
 // NodeRemover is implemented by stores that can retire a node (an
 // optional capability): RemoveNode moves it to api.NodeRemoved, replaces
 // its credential hash with one no token hashes to (so that its credential
-// stops working), makes its devices unavailable and forgets its links, in
+// stops working), makes its devices unavailable and forgets its links and
+// its ranges being wiped (Wiper), in
 // one transaction with ev. ErrNotFound for an unknown node. The node's
 // leases are the caller's (they are lost through the lease state machine
 // first); a later join of the same machine brings it back.

@@ -142,7 +142,7 @@ func (s *Core) Nodes(ctx context.Context) ([]api.Node, error) { return s.nodes(c
 
 // RemoveNode retires a node (store.NodeRemover): state removed, a
 // credential hash no token hashes to (hashes are hex; this one is not),
-// devices unavailable, links gone.
+// devices unavailable, links and marks of ranges being wiped gone.
 func (s *Core) RemoveNode(ctx context.Context, id string, ev api.Event) (api.Node, error) {
 	var out api.Node
 	err := s.tx(ctx, func(tx Execer) error {
@@ -158,6 +158,12 @@ func (s *Core) RemoveNode(ctx context.Context, id string, ev api.Event) (api.Nod
 			return s.wrap("remove node", err)
 		}
 		if _, err := tx.ExecContext(ctx, `DELETE FROM links WHERE from_node = ? OR to_node = ?`, id, id); err != nil {
+			return s.wrap("remove node", err)
+		}
+		// Its ranges being wiped: no heartbeat of it is recorded again to
+		// forget them (ClearWipes). Should its agent join again, its
+		// heartbeats list what it still wipes, marked again then.
+		if _, err := tx.ExecContext(ctx, `DELETE FROM wipes WHERE node_id = ?`, id); err != nil {
 			return s.wrap("remove node", err)
 		}
 		if _, err := s.AppendEventTx(ctx, tx, ev); err != nil {
