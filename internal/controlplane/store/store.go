@@ -100,9 +100,12 @@ type LeaseChange struct {
 
 // LeaseFilter selects leases; zero fields do not filter.
 type LeaseFilter struct {
-	Tenant        string
-	Kind          api.Kind // leases of this kind
-	NodeID        string   // leases with a live part on this node
+	Tenant string
+	Kind   api.Kind // leases of this kind
+	NodeID string   // leases with a live part on this node
+	// NodeStates, when set, keeps the leases with a live part on a node
+	// in one of these states.
+	NodeStates    []api.NodeState
 	States        []api.LeaseState
 	IDs           []string
 	ExpiresBefore time.Time // expires_at < ExpiresBefore
