@@ -83,6 +83,9 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 	}
 	s.live.forget(n.ID)
 	s.auth.dropNode(n.ID) // its credential stops working at once
+	// Its ranges being wiped are no longer waited for (the store forgot
+	// them with the node; a view in memory forgets them here).
+	s.res.WipedOn(n.ID, func(string) bool { return false })
 	s.invalidate()
 	if s.cfg.CA != nil {
 		// A renewal authenticated before the removal may have issued a

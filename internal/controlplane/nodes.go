@@ -369,6 +369,9 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 				switch a := a.(type) {
 				case lifecycle.TeardownOn:
 					resp.Teardown = append(resp.Teardown, id)
+					if ok {
+						s.markTeardownOn(ctx, l, nodeID)
+					}
 				case lifecycle.KeepOn:
 					if !listed[id] {
 						listed[id] = true

@@ -111,13 +111,14 @@ func (s *Server) sweepNodes(ctx context.Context, now time.Time) error {
 	}
 	var errs []error
 	changed := false
+	gone := map[string]api.Node{} // the nodes down or removed
 	for i := range nodes {
 		n := &nodes[i]
 		if n.State == api.NodeRemoved {
 			// Its leases were lost when it was removed; one that took a
 			// part there in a race with the removal (a reservation or a
 			// move's commit that read the node before it) is lost now.
-			errs = append(errs, s.loseNodeLeases(ctx, *n, true)...)
+			gone[n.ID] = *n
 			continue
 		}
 		// A control-plane restart gives every agent a full grace period
@@ -151,8 +152,11 @@ func (s *Server) sweepNodes(ctx context.Context, now time.Time) error {
 		}
 		if n.State == api.NodeDown {
 			// Its leases (also ones reserved in a race with the sweep) are lost.
-			errs = append(errs, s.loseNodeLeases(ctx, *n, false)...)
+			gone[n.ID] = *n
 		}
+	}
+	if len(gone) > 0 {
+		errs = append(errs, s.loseNodeLeases(ctx, gone)...)
 	}
 	s.peers.set(nodes)
 	if changed {
@@ -178,18 +182,34 @@ func (s *Server) livenessDue(now time.Time) bool {
 	return true
 }
 
-// loseNodeLeases loses the parts on node n, down or removed, of the leases
-// that hold a live part there (lifecycle.NodeDown); it returns the errors
-// of the leases that did not move on meanwhile.
-func (s *Server) loseNodeLeases(ctx context.Context, n api.Node, removed bool) []error {
-	ls, err := s.st.Leases(ctx, store.LeaseFilter{NodeID: n.ID, States: []api.LeaseState{api.LeaseReserved, api.LeaseActive, api.LeaseReleasing}})
+// loseNodeLeases loses the parts on the nodes gone (down or removed) of
+// the leases that hold a live part there (lifecycle.NodeDown), read in
+// one listing however many nodes are gone (removed nodes are kept for
+// good); it returns the errors of the leases that did not move on
+// meanwhile.
+func (s *Server) loseNodeLeases(ctx context.Context, gone map[string]api.Node) []error {
+	ls, err := s.st.Leases(ctx, store.LeaseFilter{NodeStates: []api.NodeState{api.NodeDown, api.NodeRemoved},
+		States: []api.LeaseState{api.LeaseReserved, api.LeaseActive, api.LeaseReleasing}})
 	if err != nil {
 		return []error{err}
 	}
 	var errs []error
 	for _, l := range ls {
-		if _, _, err := s.apply(ctx, l, lifecycle.NodeDown{NodeID: n.ID, Name: n.Name, Removed: removed}); !movedOn(err) {
-			errs = append(errs, err)
+		done := map[string]bool{}
+		for _, p := range l.Parts {
+			n, ok := gone[p.NodeID]
+			if !ok || done[n.ID] || p.Lost() {
+				continue
+			}
+			done[n.ID] = true
+			next, _, err := s.apply(ctx, l, lifecycle.NodeDown{NodeID: n.ID, Name: n.Name, Removed: n.State == api.NodeRemoved})
+			if err != nil {
+				if !movedOn(err) {
+					errs = append(errs, err)
+				}
+				break // the next sweep reads it again
+			}
+			l = next
 		}
 	}
 	return errs

@@ -269,6 +269,24 @@ func (s *Server) markWiping(ctx context.Context, l api.Lease, except string) {
 	s.res.Wiping(l, except)
 }
 
+// markTeardownOn marks the ranges on node of ended lease l as being
+// wiped, before a heartbeat's answer tells its lender to tear the lease
+// down (the lender missed the teardown, or the control plane forgot its
+// mark): the lender wipes them from then on, and its heartbeat, which
+// listed the lease as served, did not list them as being wiped. On a
+// shared store the mark takes the time of this answer, so that the sweep
+// forgets it only on a heartbeat sent after the lender had the answer
+// (clearWipes); it stays in the view until a heartbeat of the node lists
+// the lease neither as served nor as being wiped (heartbeatWipes).
+func (s *Server) markTeardownOn(ctx context.Context, l api.Lease, node string) {
+	if l.Kind != api.KindBlock || l.State == api.LeaseReserved || l.State == api.LeaseActive {
+		return // a live lease's parts are in the view
+	}
+	on := l
+	on.Parts = slices.DeleteFunc(slices.Clone(l.Parts), func(p api.Part) bool { return p.NodeID != node })
+	s.markWiping(ctx, on, "")
+}
+
 // wiped drops the marks of lease id's ranges on node, here and in a
 // shared store: its lender confirmed their wipe.
 func (s *Server) wiped(ctx context.Context, id, node string) {

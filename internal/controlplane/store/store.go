@@ -148,9 +148,12 @@ type LeaseChange struct {
 
 // LeaseFilter selects leases; zero fields do not filter.
 type LeaseFilter struct {
-	Tenant        string
-	Kind          api.Kind // leases of this kind
-	NodeID        string   // leases with a live part on this node
+	Tenant string
+	Kind   api.Kind // leases of this kind
+	NodeID string   // leases with a live part on this node
+	// NodeStates, when set, keeps the leases with a live part on a node
+	// in one of these states.
+	NodeStates    []api.NodeState
 	States        []api.LeaseState
 	IDs           []string
 	ExpiresBefore time.Time // expires_at < ExpiresBefore
@@ -419,7 +422,8 @@ type Pruner interface {
 // NodeRemover is implemented by stores that can retire a node (an
 // optional capability): RemoveNode moves it to api.NodeRemoved, replaces
 // its credential hash with one no token hashes to (so that its credential
-// stops working), makes its devices unavailable and forgets its links, in
+// stops working), makes its devices unavailable and forgets its links and
+// its ranges being wiped (Wiper), in
 // one transaction with ev. ErrNotFound for an unknown node. The node's
 // leases are the caller's (they are lost through the lease state machine
 // first); a later join of the same machine brings it back.
@@ -444,8 +448,9 @@ type Wipe struct {
 // A range being wiped is refused to a new part (ErrCapacity), as a live
 // part's range is.
 type Wiper interface {
-	// MarkWiping records ranges being wiped; those already recorded
-	// (lease, node) are left as they are.
+	// MarkWiping records ranges being wiped, at the time given; those
+	// already recorded (lease, node) take that time: a lender told again
+	// to tear a lease down is given settle again (ClearWipes).
 	MarkWiping(ctx context.Context, ws []Wipe) error
 	// Unwipe forgets lease id's ranges on node: its lender confirmed
 	// their wipe.
@@ -455,6 +460,8 @@ type Wiper interface {
 	// ClearWipes forgets the ranges whose node's last recorded heartbeat
 	// (Beat.Wiping), received more than settle after the mark was
 	// written, no longer lists their lease as being wiped (a refused
-	// range: lists none). It returns how many marks it forgot.
+	// range: lists none). A join is no such heartbeat: the marks of a
+	// node that joined again stay until a heartbeat of it is recorded.
+	// It returns how many marks it forgot.
 	ClearWipes(ctx context.Context, settle time.Duration) (int, error)
 }

@@ -343,6 +343,13 @@ func (s *Core) Leases(ctx context.Context, f store.LeaseFilter) ([]api.Lease, er
 		where = append(where, `id IN (SELECT lease_id FROM lease_parts WHERE node_id = ? AND live = 1)`)
 		args = append(args, f.NodeID)
 	}
+	if len(f.NodeStates) > 0 {
+		where = append(where, `id IN (SELECT lp.lease_id FROM lease_parts lp JOIN nodes n ON n.id = lp.node_id
+			WHERE lp.live = 1 AND n.state IN (`+Placeholders(len(f.NodeStates))+`))`)
+		for _, st := range f.NodeStates {
+			args = append(args, string(st))
+		}
+	}
 	if f.States != nil {
 		where = append(where, `state IN (`+Placeholders(len(f.States))+`)`)
 		for _, st := range f.States {

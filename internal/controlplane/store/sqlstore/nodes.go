@@ -66,9 +66,9 @@ func (s *Core) JoinNode(ctx context.Context, j store.JoinNode, ev api.Event) (ap
 			n.ID = id
 			n.JoinedAt = tm(joined)
 			_, err = tx.ExecContext(ctx, `UPDATE nodes SET name = ?, state = ?, address = ?, agent_url = ?, endpoints = ?, labels = ?,
-				fingerprint = ?, health = ?, credential_hash = ?, agent_key = ?, last_heartbeat = ? WHERE id = ?`,
+				fingerprint = ?, health = ?, credential_hash = ?, agent_key = ?, last_heartbeat = ?, wiping = ? WHERE id = ?`,
 				n.Name, n.State, n.Address, n.AgentURL, js(n.Endpoints), js(n.Labels), js(n.Fingerprint), n.Health,
-				j.CredentialHash, j.AgentKey, ns(n.LastHeartbeat), id)
+				j.CredentialHash, j.AgentKey, ns(n.LastHeartbeat), WipingUnknown, id)
 		case errors.Is(err, sql.ErrNoRows):
 			_, err = tx.ExecContext(ctx, `INSERT INTO nodes (`+nodeCols+`, credential_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 				n.ID, n.Fingerprint.MachineID, n.Name, n.State, n.Address, n.AgentURL, js(n.Endpoints), js(n.Labels), js(n.Fingerprint),
@@ -160,7 +160,7 @@ func (s *Core) Nodes(ctx context.Context) ([]api.Node, error) { return s.nodes(c
 
 // RemoveNode retires a node (store.NodeRemover): state removed, a
 // credential hash no token hashes to (hashes are hex; this one is not),
-// devices unavailable, links gone.
+// devices unavailable, links and marks of ranges being wiped gone.
 func (s *Core) RemoveNode(ctx context.Context, id string, ev api.Event) (api.Node, error) {
 	var out api.Node
 	err := s.tx(ctx, func(tx Execer) error {
@@ -176,6 +176,12 @@ func (s *Core) RemoveNode(ctx context.Context, id string, ev api.Event) (api.Nod
 			return s.wrap("remove node", err)
 		}
 		if _, err := tx.ExecContext(ctx, `DELETE FROM links WHERE from_node = ? OR to_node = ?`, id, id); err != nil {
+			return s.wrap("remove node", err)
+		}
+		// Its ranges being wiped: no heartbeat of it is recorded again to
+		// forget them (ClearWipes). Should its agent join again, its
+		// heartbeats list what it still wipes, marked again then.
+		if _, err := tx.ExecContext(ctx, `DELETE FROM wipes WHERE node_id = ?`, id); err != nil {
 			return s.wrap("remove node", err)
 		}
 		if _, err := s.AppendEventTx(ctx, tx, ev); err != nil {

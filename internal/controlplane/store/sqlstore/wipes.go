@@ -14,6 +14,10 @@ var _ store.Wiper = (*Core)(nil)
 // WipingText is a heartbeat's list of leases being wiped as nodes.wiping
 // keeps it: ",id1,id2," ("" for none), so that a lease is found with
 // LIKE '%,' || id || ',%' in either dialect.
+//
+// A node that joined again and whose heartbeats have not been recorded
+// since keeps WipingUnknown: its lender's wipes are not known, and no
+// mark on it goes (ClearWipes) until a heartbeat says.
 func WipingText(ids []string) string {
 	if len(ids) == 0 {
 		return ""
@@ -21,7 +25,12 @@ func WipingText(ids []string) string {
 	return "," + strings.Join(ids, ",") + ","
 }
 
-// MarkWiping records ranges being wiped (store.Wiper).
+// WipingUnknown is nodes.wiping of a node that joined again and whose
+// heartbeats have not been recorded since (WipingText).
+const WipingUnknown = "*"
+
+// MarkWiping records ranges being wiped (store.Wiper); a mark already
+// recorded takes the new time.
 func (s *Core) MarkWiping(ctx context.Context, ws []store.Wipe) error {
 	if len(ws) == 0 {
 		return nil
@@ -30,7 +39,7 @@ func (s *Core) MarkWiping(ctx context.Context, ws []store.Wipe) error {
 		for _, w := range ws {
 			for i, p := range w.Parts {
 				if _, err := tx.ExecContext(ctx, `INSERT INTO wipes (lease_id, node_id, idx, device_id, off, length, mode, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-					ON CONFLICT (lease_id, node_id, idx) DO NOTHING`, w.LeaseID, w.NodeID, i, p.DeviceID, p.Offset, p.Length, string(w.Mode), ns(w.At)); err != nil {
+					ON CONFLICT (lease_id, node_id, idx) DO UPDATE SET at = excluded.at`, w.LeaseID, w.NodeID, i, p.DeviceID, p.Offset, p.Length, string(w.Mode), ns(w.At)); err != nil {
 					return s.wrap("mark wiping", err)
 				}
 			}
@@ -78,14 +87,17 @@ func (s *Core) Wipes(ctx context.Context) ([]store.Wipe, error) {
 }
 
 // ClearWipes forgets the ranges whose node's last recorded heartbeat, at
-// least settle after the mark, no longer lists them (store.Wiper).
+// least settle after the mark, no longer lists them (store.Wiper). A
+// node that joined again and has not had a heartbeat recorded since
+// (WipingUnknown) keeps its marks.
 func (s *Core) ClearWipes(ctx context.Context, settle time.Duration) (int, error) {
 	var n int64
 	err := s.tx(ctx, func(tx Execer) error {
 		res, err := tx.ExecContext(ctx, `DELETE FROM wipes WHERE EXISTS (SELECT 1 FROM nodes n WHERE n.id = wipes.node_id
 			AND n.last_heartbeat > wipes.at + ?
+			AND n.wiping <> ?
 			AND n.wiping NOT LIKE '%,' || wipes.lease_id || ',%'
-			AND (n.wiping = '' OR wipes.lease_id NOT LIKE 'refused/%'))`, int64(settle))
+			AND (n.wiping = '' OR wipes.lease_id NOT LIKE 'refused/%'))`, int64(settle), WipingUnknown)
 		if err == nil {
 			n, err = res.RowsAffected()
 		}

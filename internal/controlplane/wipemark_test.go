@@ -1,0 +1,274 @@
+package controlplane
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/agent"
+	"github.com/rialto-project/rialto/internal/clock"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/controlplane/store/postgres"
+	"github.com/rialto-project/rialto/internal/pgserver/pgtest"
+)
+
+// wipeMarkEnv is a control plane on a real PostgreSQL store (a shared
+// store: the marks of ranges being wiped are kept there) with a fake
+// clock, and one real agent lending a block device, which can be killed
+// and started again on its state directory.
+type wipeMarkEnv struct {
+	t     *testing.T
+	ctx   context.Context
+	st    *postgres.Store
+	srv   *Server
+	clk   *clock.FakeNow
+	url   string
+	acfg  agent.Config
+	stop  context.CancelFunc
+	done  chan error
+	agent *agent.Agent
+}
+
+func newWipeMarkEnv(t *testing.T) *wipeMarkEnv {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	st, err := postgres.Open(ctx, pgtest.DB(t), postgres.Options{MaxConns: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	clk := clock.NewFakeNow(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	srv, err := New(ctx, Config{Store: st, Logger: log, Clock: clk, BootstrapToken: bootTok, Tokens: []Token{{Token: aliceTok, Tenant: "alice"}, {Token: adminTok, Tenant: "admin", Admin: true}},
+		PrepareTimeout: 10 * time.Second, HeartbeatInterval: 100 * time.Millisecond, SuspectAfter: 10 * time.Minute, DownAfter: 20 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { // stopped and waited for at cleanup
+		defer close(done)
+		srv.Run(rctx)
+	}()
+	t.Cleanup(func() { stop(); <-done; srv.Close() })
+	ts := httptest.NewServer(srv.Handler())
+	t.Cleanup(ts.Close)
+	e := &wipeMarkEnv{t: t, ctx: ctx, st: st, srv: srv, clk: clk, url: ts.URL,
+		acfg: agent.Config{ControlPlane: ts.URL, BootstrapToken: bootTok, Name: "n1", StateDir: filepath.Join(t.TempDir(), "n1"),
+			Listen: "127.0.0.1", HeartbeatInterval: 100 * time.Millisecond, Logger: log, Clock: clk,
+			Devices: []agent.DeviceConfig{{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 64 << 20}}}}
+	t.Cleanup(e.kill)
+	return e
+}
+
+// launch starts the agent with setup applied to it first, and returns at
+// once.
+func (e *wipeMarkEnv) launch(setup func(*agent.Agent)) {
+	e.t.Helper()
+	a, err := agent.New(e.acfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if setup != nil {
+		setup(a)
+	}
+	actx, stop := context.WithCancel(e.ctx)
+	done := make(chan error, 1)
+	go func() { done <- a.Run(actx) }() // stopped and waited for by kill
+	e.agent, e.stop, e.done = a, stop, done
+}
+
+// waitReady waits until the launched agent has joined.
+func (e *wipeMarkEnv) waitReady() {
+	e.t.Helper()
+	select {
+	case <-e.agent.Ready():
+	case err := <-e.done:
+		e.done <- err
+		e.t.Fatalf("the agent stopped: %v", err)
+	case <-e.ctx.Done():
+		e.t.Fatal("the agent did not join")
+	}
+}
+
+// kill stops the agent, as a crash would look to the control plane.
+func (e *wipeMarkEnv) kill() {
+	if e.stop == nil {
+		return
+	}
+	e.stop()
+	<-e.done
+	e.stop = nil
+}
+
+// marked reports whether the store keeps lease id's ranges as being
+// wiped.
+func (e *wipeMarkEnv) marked(id string) bool {
+	e.t.Helper()
+	ws, err := e.st.Wipes(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return slices.ContainsFunc(ws, func(w store.Wipe) bool { return w.LeaseID == id })
+}
+
+// releasedUnreachable leases a block range, kills its lender and releases
+// the lease: the teardown does not reach the lender, which keeps the
+// tenant's export (its exports file), and the range stays marked as being
+// wiped. The clock then passes the marks' settling time.
+func (e *wipeMarkEnv) releasedUnreachable() api.Lease {
+	e.t.Helper()
+	e.launch(nil)
+	e.waitReady()
+	alice := api.NewClient(e.url, aliceTok, nil)
+	l, err := alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+	if err != nil || l.State != api.LeaseActive {
+		e.t.Fatalf("lease: %+v %v", l, err)
+	}
+	e.kill()
+	if _, err := alice.ReleaseLease(e.ctx, l.ID); err != nil {
+		e.t.Fatal(err)
+	}
+	if !e.marked(l.ID) {
+		e.t.Fatalf("the released lease's range, its lender unreachable, is not marked as being wiped")
+	}
+	e.clk.Advance(e.srv.cfg.PrepareTimeout + e.srv.cfg.HeartbeatInterval + time.Second)
+	return l
+}
+
+// TestWipeMarkHeldWhileLenderServes: a range whose lender missed the
+// teardown (unreachable at the release) stays marked as being wiped when
+// the lender comes back still serving the ended lease. Its heartbeat lists
+// the lease as served, not as being wiped, and its answer tells it to tear
+// the lease down (its wipe starts then): the sweep forgot the mark on that
+// heartbeat, so the store and every replica took the range, still holding
+// the tenant's bytes, for free.
+func TestWipeMarkHeldWhileLenderServes(t *testing.T) {
+	t.Parallel()
+	e := newWipeMarkEnv(t)
+	l := e.releasedUnreachable()
+
+	started, finish := make(chan string, 1), make(chan struct{})
+	hook := func(ctx context.Context, id string) {
+		select {
+		case started <- id:
+		default:
+		}
+		select {
+		case <-finish:
+		case <-ctx.Done():
+		}
+	}
+	e.launch(func(a *agent.Agent) { a.Faults.BeforeWipe.Store(&hook) })
+	var once sync.Once
+	done := func() { once.Do(func() { close(finish) }) }
+	t.Cleanup(done) // before kill (cleanups run last-in first-out)
+	// The agent is ready once it has applied its first heartbeat's
+	// answer: the teardown, whose wipe waits.
+	select {
+	case id := <-started:
+		if id != l.ID {
+			t.Fatalf("the lender wipes %s, want %s", id, l.ID)
+		}
+	case <-e.ctx.Done():
+		t.Fatal("the lender, told by its heartbeat's answer, did not start wiping the released lease")
+	}
+	// The heartbeat that listed the lease as served was recorded before
+	// its answer; the lender is wiping now.
+	if err := e.srv.Sweep(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !e.marked(l.ID) {
+		t.Fatal("the sweep forgot the mark of a range whose lender still served the ended lease, and is wiping it now")
+	}
+
+	// The wipe done, the mark goes on the lender's heartbeats once they
+	// come settle after the answer.
+	done()
+	e.waitReady()
+	e.clk.Advance(e.srv.cfg.PrepareTimeout + e.srv.cfg.HeartbeatInterval + time.Second)
+	tick := time.NewTicker(5 * time.Millisecond) // polling the store while the lender beats, with the test's deadline
+	defer tick.Stop()
+	for e.marked(l.ID) {
+		select {
+		case <-tick.C:
+		case <-e.ctx.Done():
+			t.Fatal("the mark of a wiped range never went")
+		}
+	}
+}
+
+// TestWipeMarkHeldAcrossRejoin: a rejoin is not a heartbeat listing the
+// lender's wipes: a lender that comes back after missing a teardown and
+// has not yet heartbeat keeps its ranges marked as being wiped. The join
+// recorded the node as heard from, with the wipes of its last heartbeat
+// before (none), and the sweep forgot the marks on that.
+func TestWipeMarkHeldAcrossRejoin(t *testing.T) {
+	t.Parallel()
+	e := newWipeMarkEnv(t)
+	l := e.releasedUnreachable()
+
+	node := l.Parts[0].NodeID
+	hold := make(chan struct{})
+	e.launch(func(a *agent.Agent) { a.Faults.HoldJoinAnswer.Store(&hold) })
+	t.Cleanup(func() { close(hold) }) // before kill
+	// The join is answered (and its answer held by the agent) once the
+	// node is recorded as heard from again.
+	tick := time.NewTicker(5 * time.Millisecond) // polling the store, with the test's deadline
+	defer tick.Stop()
+	for {
+		n, err := e.st.Node(e.ctx, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !n.LastHeartbeat.Before(e.clk.Now()) {
+			break
+		}
+		select {
+		case <-tick.C:
+		case <-e.ctx.Done():
+			t.Fatal("the lender did not join again")
+		}
+	}
+	if err := e.srv.Sweep(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !e.marked(l.ID) {
+		t.Fatal("the sweep forgot the mark of a range of a lender that rejoined and has not listed its wipes yet")
+	}
+}
+
+// TestRemovedNodeWipeMarksGo: the marks of ranges being wiped on a node
+// that is removed go with it. No heartbeat of it is recorded again (a
+// removed node's are refused), so the sweep never forgot them: they stayed
+// in the store for good, each replica's view kept a wipe pending (every
+// placement that found no room weighed waiting for it), and the sweep's
+// every pass read them again.
+func TestRemovedNodeWipeMarksGo(t *testing.T) {
+	t.Parallel()
+	e := newWipeMarkEnv(t)
+	l := e.releasedUnreachable()
+	node := l.Parts[0].NodeID
+	e.clk.Advance(e.srv.cfg.DownAfter + time.Minute)
+	if err := e.srv.Sweep(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	admin := api.NewClient(e.url, adminTok, nil)
+	if _, err := admin.RemoveNode(e.ctx, node, false); err != nil {
+		t.Fatal(err)
+	}
+	if e.marked(l.ID) {
+		t.Fatal("the marks of ranges being wiped on a removed node stay")
+	}
+	if _, pending := e.srv.res.wipesPending(e.ctx); pending {
+		t.Fatal("the control plane still waits for wipes on a removed node")
+	}
+}
