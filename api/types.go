@@ -150,6 +150,40 @@ type Node struct {
 	Cordoned bool `json:"cordoned,omitempty"`
 }
 
+// NodesNamed are the nodes ref names among nodes: the node of that ID, or
+// else those of that name. Names are not unique (another machine may join
+// under a removed node's name): nodes that are not removed are taken over
+// removed ones. One node is an answer; none is not found, and several are
+// ambiguous (the caller asks for an ID).
+func NodesNamed(nodes []Node, ref string) []Node {
+	var named, kept []Node
+	for _, n := range nodes {
+		if n.ID == ref {
+			return []Node{n}
+		}
+		if n.Name == ref {
+			named = append(named, n)
+			if n.State != NodeRemoved {
+				kept = append(kept, n)
+			}
+		}
+	}
+	if len(kept) == 0 {
+		return named
+	}
+	return kept
+}
+
+// NodeIDsAndStates lists nodes as "ID (state), …", for a message that
+// asks for one of them.
+func NodeIDsAndStates(nodes []Node) string {
+	alts := make([]string, len(nodes))
+	for i, n := range nodes {
+		alts[i] = fmt.Sprintf("%s (%s)", n.ID, n.State)
+	}
+	return strings.Join(alts, ", ")
+}
+
 // Device is a lendable resource on a node (Resource Registration Table).
 type Device struct {
 	ID     string `json:"id"`

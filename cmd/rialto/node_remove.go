@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/spf13/pflag"
@@ -55,27 +54,12 @@ func nodeID(ctx context.Context, c *api.Client, s string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	var named, kept []api.Node
-	for _, n := range nodes {
-		if n.Name == s {
-			named = append(named, n)
-			if n.State != api.NodeRemoved {
-				kept = append(kept, n)
-			}
-		}
-	}
-	if len(kept) == 0 {
-		kept = named
-	}
-	switch len(kept) {
+	switch ns := api.NodesNamed(nodes, s); len(ns) {
 	case 0:
 		return "", fmt.Errorf("no node %q (by ID or name)", s)
 	case 1:
-		return kept[0].ID, nil
+		return ns[0].ID, nil
+	default:
+		return "", fmt.Errorf("node name %q is ambiguous: give one of the IDs %s", s, api.NodeIDsAndStates(ns))
 	}
-	alts := make([]string, len(kept))
-	for i, n := range kept {
-		alts[i] = fmt.Sprintf("%s (%s)", n.ID, n.State)
-	}
-	return "", fmt.Errorf("node name %q is ambiguous: give one of the IDs %s", s, strings.Join(alts, ", "))
 }

@@ -415,32 +415,14 @@ func (s *Server) findNode(ctx context.Context, ref string) (api.Node, error) {
 // preferred to removed ones, and a name that still names several is
 // ambiguous (409: give the ID).
 func pickNode(nodes []api.Node, ref string) (api.Node, error) {
-	var named, kept []api.Node
-	for _, n := range nodes {
-		if n.ID == ref {
-			return n, nil
-		}
-		if n.Name == ref {
-			named = append(named, n)
-			if n.State != api.NodeRemoved {
-				kept = append(kept, n)
-			}
-		}
-	}
-	if len(kept) == 0 {
-		kept = named
-	}
-	switch len(kept) {
+	switch ns := api.NodesNamed(nodes, ref); len(ns) {
 	case 0:
 		return api.Node{}, fmt.Errorf("%w: node %s not found", ErrNotFound, ref)
 	case 1:
-		return kept[0], nil
+		return ns[0], nil
+	default:
+		return api.Node{}, fmt.Errorf("%w: node name %s is ambiguous: nodes %s have it; give the node's ID", ErrConflict, ref, api.NodeIDsAndStates(ns))
 	}
-	alts := make([]string, len(kept))
-	for i, n := range kept {
-		alts[i] = fmt.Sprintf("%s (%s)", n.ID, n.State)
-	}
-	return api.Node{}, fmt.Errorf("%w: node name %s is ambiguous: nodes %s have it; give the node's ID", ErrConflict, ref, strings.Join(alts, ", "))
 }
 
 // startMoves places and opens a move for each of l's parts listed (all or

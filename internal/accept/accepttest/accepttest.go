@@ -1,9 +1,12 @@
 package accepttest
 
 import (
+	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -71,3 +74,28 @@ func ExhaustFds(t testing.TB, leave int) (restore func()) {
 	}
 	return restore
 }
+
+// Failures returns a logger whose records about a failed accept (the
+// warning Backoff.Retry logs) are sent to the channel it returns, which
+// holds one; later ones are dropped while it is full.
+func Failures() (*slog.Logger, <-chan string) {
+	seen := make(chan string, 1)
+	return slog.New(failures{seen: seen}), seen
+}
+
+type failures struct{ seen chan<- string }
+
+func (h failures) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h failures) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, "accept") {
+		select {
+		case h.seen <- r.Message:
+		default:
+		}
+	}
+	return nil
+}
+
+func (h failures) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h failures) WithGroup(string) slog.Handler      { return h }

@@ -4,35 +4,12 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"log/slog"
 	"net"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/rialto-project/rialto/internal/accept/accepttest"
 )
-
-// acceptLog reports the server's log records about a failed accept.
-type acceptLog struct {
-	slog.Handler
-	seen chan<- string
-}
-
-func (h acceptLog) Enabled(context.Context, slog.Level) bool { return true }
-
-func (h acceptLog) Handle(_ context.Context, r slog.Record) error {
-	if strings.Contains(r.Message, "accept") {
-		select {
-		case h.seen <- r.Message:
-		default:
-		}
-	}
-	return nil
-}
-
-func (h acceptLog) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h acceptLog) WithGroup(string) slog.Handler      { return h }
 
 // TestServeOutOfDescriptors: an accept that failed for want of a
 // descriptor (EMFILE) made Serve return, and the agent's block data plane
@@ -41,8 +18,8 @@ func (h acceptLog) WithGroup(string) slog.Handler      { return h }
 // greeting once descriptors are free. Not parallel: it lowers the
 // process's descriptor limit.
 func TestServeOutOfDescriptors(t *testing.T) {
-	seen := make(chan string, 1)
-	s := &Server{Logger: slog.New(acceptLog{Handler: slog.DiscardHandler, seen: seen})}
+	log, seen := accepttest.Failures()
+	s := &Server{Logger: log}
 	if err := s.AddExport(Export{Name: testName, Backend: NewMemBackend(1 << 20)}); err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package donor_test
 
 import (
 	"context"
-	"log/slog"
 	"net"
 	"runtime"
 	"strings"
@@ -109,28 +108,6 @@ func TestIdleConnectionOutOfDescriptors(t *testing.T) {
 	c.reply(t, 1, protocol.OpPing)
 }
 
-// acceptLog is a log handler that reports the donor's records about a
-// failed accept.
-type acceptLog struct {
-	slog.Handler
-	seen chan<- string
-}
-
-func (h acceptLog) Enabled(context.Context, slog.Level) bool { return true }
-
-func (h acceptLog) Handle(_ context.Context, r slog.Record) error {
-	if strings.Contains(r.Message, "accept") {
-		select {
-		case h.seen <- r.Message:
-		default:
-		}
-	}
-	return nil
-}
-
-func (h acceptLog) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h acceptLog) WithGroup(string) slog.Handler      { return h }
-
 // TestServeOutOfDescriptors: a connection the donor cannot accept, the
 // process out of descriptors (EMFILE: idle data connections hold two
 // each, connections before their HELLO one, and the agent's data planes
@@ -139,8 +116,8 @@ func (h acceptLog) WithGroup(string) slog.Handler      { return h }
 // error, and the agent's memory data plane stopped for good, ending every
 // tenant's sessions, at the first descriptor short.
 func TestServeOutOfDescriptors(t *testing.T) {
-	seen := make(chan string, 1)
-	d := donor.New(slog.New(acceptLog{Handler: slog.DiscardHandler, seen: seen}))
+	log, seen := accepttest.Failures()
+	d := donor.New(log)
 	if err := d.AddRegion(testCred, 1<<20); err != nil {
 		t.Fatal(err)
 	}
