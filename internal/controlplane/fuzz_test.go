@@ -4,6 +4,8 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -92,6 +94,67 @@ func FuzzDecodeHeartbeat(f *testing.F) {
 		var h api.Heartbeat
 		if err := httpx.Decode(strings.NewReader(in), maxBody, &h); err != nil && !errors.Is(err, httpx.ErrBadBody) {
 			t.Fatalf("error not wrapped: %v", err)
+		}
+	})
+}
+
+// FuzzFollowParams reads arbitrary event-stream cursors and formats (the
+// since and format query parameters, an EventSource's Last-Event-ID and
+// Accept headers): no panics, every refusal is an invalid-request error,
+// and a cursor accepted is the start (0), "end", or the non-negative
+// integer the request gave, Last-Event-ID winning over since.
+func FuzzFollowParams(f *testing.F) {
+	for _, c := range [][4]string{{"12", "", "ndjson", ""}, {"", "41", "", "text/event-stream"}, {"end", "", "sse", ""},
+		{"3", "end", "jsonl", ""}, {"-1", "", "", ""}, {" 7 ", "", "xml", ""}, {"9223372036854775808", "", "", ""}, {"", "0x10", "", ""}} {
+		f.Add(c[0], c[1], c[2], c[3])
+	}
+	f.Fuzz(func(t *testing.T, since, lastID, format, accept string) {
+		q := url.Values{}
+		if since != "" {
+			q.Set("since", since)
+		}
+		if format != "" {
+			q.Set("format", format)
+		}
+		r := httptest.NewRequest(http.MethodGet, "/v1/events", nil)
+		r.URL.RawQuery = q.Encode()
+		if strings.ContainsAny(lastID+accept, "\r\n\x00") {
+			return // not a header value a request can carry
+		}
+		if lastID != "" {
+			r.Header.Set("Last-Event-ID", lastID)
+		}
+		if accept != "" {
+			r.Header.Set("Accept", accept)
+		}
+		fm, n, err := followParams(r)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("refusal is not ErrInvalid: %v", err)
+			}
+			return
+		}
+		if fm != formatNDJSON && fm != formatSSE {
+			t.Fatalf("format %d", fm)
+		}
+		want := since
+		if v := r.Header.Get("Last-Event-ID"); v != "" {
+			want = v
+		}
+		switch {
+		case want == "":
+			if n != 0 {
+				t.Fatalf("no cursor read as %d", n)
+			}
+		case want == "end":
+			if n != sinceEnd {
+				t.Fatalf("end read as %d", n)
+			}
+		default:
+			v, perr := strconv.ParseInt(strings.TrimSpace(want), 10, 64)
+			if perr != nil || v < 0 || v != n {
+				t.Fatalf("cursor %q read as %d", want, n)
+			}
 		}
 	})
 }
