@@ -158,3 +158,29 @@ func FuzzFollowParams(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseQuota reads arbitrary quota specs (--quota, the config file's
+// quota lines, reloaded on SIGHUP): no panics, every refusal quotes the
+// spec, and an accepted quota has no negative limit and names a tenant
+// without the separator.
+func FuzzParseQuota(f *testing.F) {
+	for _, s := range []string{"leases=10,bytes=100GiB", "acme:slots=2.5,bandwidth=1GB", "*:leases=1", ":leases=1", "t:",
+		"leases=-1", "slots=NaN", "slots=1e300", "bytes=5EiB", "x=1", "leases", "t:leases=1,,bytes=1"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, spec string) {
+		tenant, q, err := ParseQuota(spec)
+		if err != nil {
+			if !strings.Contains(err.Error(), "quota "+strconv.Quote(spec)) {
+				t.Fatalf("refusal does not quote the spec: %v", err)
+			}
+			return
+		}
+		if strings.Contains(tenant, ":") || tenant == "*" {
+			t.Fatalf("tenant %q", tenant)
+		}
+		if q.Leases < 0 || q.Bytes < 0 || q.Slots < 0 || q.Bandwidth < 0 || q.Bandwidth != q.Bandwidth {
+			t.Fatalf("quota %q has a negative limit: %+v", spec, q)
+		}
+	})
+}
