@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -37,7 +38,9 @@ func FuzzTokenFile(f *testing.F) {
 		if specs != strings.TrimSpace(specs) || specs == "" {
 			t.Fatalf("secret %q not trimmed", specs)
 		}
-		split := func(s string) []string { return strings.FieldsFunc(s, func(r rune) bool { return r == '\n' || r == ',' }) }
+		split := func(s string) []string {
+			return strings.FieldsFunc(s, func(r rune) bool { return r == '\n' || r == ',' })
+		}
 		tokens, err := parseTokens(split(specs))
 		if err != nil {
 			// The same words whatever the file holds: nothing of it.
@@ -128,4 +131,45 @@ func normalAttach(st attachState) attachState {
 		st.Routes = nil
 	}
 	return st
+}
+
+// FuzzParseDeclared reads arbitrary declared-profile files (`rialto
+// characterize --declare FILE`): no panics, a refusal says something,
+// and a profile accepted is one the documentation allows: a model of at
+// most 256 characters without / \ ? # % or control characters, write
+// points, every bandwidth a finite number of at least 100 kB/s, at most
+// 1024 points a curve, a finite non-negative latency, and its ID the
+// model.
+func FuzzParseDeclared(f *testing.F) {
+	f.Add([]byte(profDeclaredExample))
+	f.Add([]byte(`{"model":" nvme ","write_bps":[1e5],"latency_4k_us":0}`))
+	f.Add([]byte(`{"model":"a/b","write_bps":[2000]}`))
+	f.Add([]byte(`{"model":"m","write_bps":[1e9],"read_bps":[-1],"latency_4k_us":-5,"source":"measured","id":"x"}`))
+	f.Add([]byte(`{"model":"m","write_bps":[1e9]} {}`))
+	f.Add([]byte(`{"model":"m","write_bps":"fast"}`))
+	f.Add([]byte(``))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		p, err := parseDeclared(data)
+		if err != nil {
+			if strings.TrimSpace(err.Error()) == "" {
+				t.Fatal("an empty refusal")
+			}
+			return
+		}
+		if p.Model == "" || p.Model != strings.TrimSpace(p.Model) || len(p.Model) > 256 || strings.ContainsAny(p.Model, "/\\?#%") ||
+			strings.IndexFunc(p.Model, func(r rune) bool { return r < ' ' }) >= 0 || p.ID != p.Model || p.Source != "declared" {
+			t.Fatalf("accepted profile %+v", p)
+		}
+		if len(p.WriteBps) == 0 || len(p.WriteBps) > 1024 || len(p.ReadBps) > 1024 {
+			t.Fatalf("accepted curves of %d and %d points", len(p.WriteBps), len(p.ReadBps))
+		}
+		for _, x := range append(append([]float64(nil), p.WriteBps...), p.ReadBps...) {
+			if math.IsNaN(x) || math.IsInf(x, 0) || x < profMinBps {
+				t.Fatalf("accepted bandwidth %g", x)
+			}
+		}
+		if math.IsNaN(p.Latency4KUs) || math.IsInf(p.Latency4KUs, 0) || p.Latency4KUs < 0 {
+			t.Fatalf("accepted latency %g", p.Latency4KUs)
+		}
+	})
 }
