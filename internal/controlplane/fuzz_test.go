@@ -184,3 +184,29 @@ func FuzzParseQuota(f *testing.F) {
 		}
 	})
 }
+
+// FuzzCheckAgentVersion: an agent's version comes in its join request.
+// No panics; a refusal wraps ErrInvalid and names both versions; an
+// agent of the control plane's own version is accepted, and so is one
+// that is not a release.
+func FuzzCheckAgentVersion(f *testing.F) {
+	for _, c := range [][2]string{{"v1.4.0", "v1.3.9"}, {"v1.4.0", "v1.5.0"}, {"v1.4.0", "v2.4.0"}, {"v1.0.0", "v1.0.0-rc1+abc"},
+		{"v0.0.0-2024", "v9.9.9"}, {"devel", "v1.2.3"}, {"v1.2.3", "1.+2.3"}, {"v1.99999999999999999999.0", "v1.1.1"}, {"v1.2", "v1.2.3.4"}} {
+		f.Add(c[0], c[1])
+	}
+	f.Fuzz(func(t *testing.T, server, agent string) {
+		if err := CheckAgentVersion(server, server); err != nil {
+			t.Fatalf("an agent of the control plane's version %q refused: %v", server, err)
+		}
+		err := CheckAgentVersion(server, agent)
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), server) || !strings.Contains(err.Error(), agent) {
+			t.Fatalf("unclear refusal of %q by %q: %v", agent, server, err)
+		}
+		if _, ok := parseRelease(agent); !ok {
+			t.Fatalf("refused %q, which is not a release", agent)
+		}
+	})
+}
