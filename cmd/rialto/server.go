@@ -50,7 +50,12 @@ func parseTokens(specs []string) ([]controlplane.Token, error) {
 			if one == "" {
 				continue
 			}
+			// "tok : acme" is tok of acme: a space around a part is
+			// not the token's (a client never sends it) nor the tenant's.
 			parts := strings.Split(one, ":")
+			for i := range parts {
+				parts[i] = strings.TrimSpace(parts[i])
+			}
 			if len(parts) < 2 || len(parts) > 3 || parts[0] == "" || parts[1] == "" || (len(parts) == 3 && parts[2] != "admin") {
 				return nil, fmt.Errorf("bad token spec (want TOKEN:TENANT or TOKEN:TENANT:admin)")
 			}

@@ -61,10 +61,15 @@ func nicLenders(l api.Lease) ([]int, []nic.URI, error) {
 		}
 		parts, raw = append(parts, i), append(raw, p.URI)
 	}
-	if len(raw) == 0 && l.URI != "" && len(l.Parts) <= 1 {
+	// A lease of one part may carry its URI on the lease only; not one
+	// whose part is lost (the lease's URI names the lost lender).
+	if len(raw) == 0 && l.URI != "" && (len(l.Parts) == 0 || len(l.Parts) == 1 && !l.Parts[0].Lost()) {
 		parts, raw = []int{0}, []string{l.URI}
 	}
 	if len(raw) == 0 {
+		if len(l.Parts) > 0 {
+			return nil, nil, fmt.Errorf("lease %s: every part is lost", l.ID)
+		}
 		return nil, nil, fmt.Errorf("lease %s has no URI", l.ID)
 	}
 	uris := make([]nic.URI, len(raw))

@@ -99,11 +99,23 @@ type Result struct {
 // ErrInputs reports inconsistent inputs.
 var ErrInputs = errors.New("costplan: bad inputs")
 
+// maxCount bounds the counts of the inputs (servers, vCPUs, accelerators
+// per unit, …): products of two of them are far from overflowing.
+const maxCount = 1 << 20
+
+// maxUnits bounds a count Compute derives (units, accelerators,
+// appliances) before it converts it to an int.
+const maxUnits = 1 << 52
+
 // Validate checks in.
 func (in Inputs) Validate() error {
 	switch {
 	case in.Servers <= 0 || in.ServerVCPUs <= 0:
 		return fmt.Errorf("%w: servers and vCPUs per server must be positive", ErrInputs)
+	case in.Servers > maxCount || in.ServerVCPUs > maxCount || in.SlotsPerAccel > maxCount:
+		return fmt.Errorf("%w: servers, vCPUs per server and slots per accelerator must be at most %d", ErrInputs, maxCount)
+	case in.SlotThroughput < 0 || in.SlotsPerAccel < 0 || in.HoursPerYear < 0:
+		return fmt.Errorf("%w: slot throughput, slots per accelerator and hours per year cannot be negative", ErrInputs)
 	case in.FunctionShare < 0 || in.FunctionShare >= 1 || in.ResidualShare < 0 || in.ResidualShare > in.FunctionShare:
 		return fmt.Errorf("%w: want 0 <= residual share <= function share < 1", ErrInputs)
 	case in.Load < 0 || (in.Load > 0 && in.SlotThroughput <= 0):
@@ -112,6 +124,12 @@ func (in Inputs) Validate() error {
 		return fmt.Errorf("%w: rounding %q", ErrInputs, in.Rounding)
 	}
 	for _, o := range in.Options {
+		if o.VCPUs < 0 || o.AccelsPerUnit < 0 || o.AccelsPerAppl < 0 || o.UnitCost < 0 || o.Hourly < 0 || o.ApplianceCost < 0 || o.ApplianceHourly < 0 {
+			return fmt.Errorf("%w: option %q/%q: counts and prices cannot be negative", ErrInputs, o.Site, o.Element)
+		}
+		if o.VCPUs > maxCount || o.AccelsPerUnit > maxCount || o.AccelsPerAppl > maxCount {
+			return fmt.Errorf("%w: option %q/%q: counts must be at most %d", ErrInputs, o.Site, o.Element, maxCount)
+		}
 		if (o.UnitCost > 0) == (o.Hourly > 0) {
 			return fmt.Errorf("%w: option %q/%q needs exactly one of unit cost and hourly price", ErrInputs, o.Site, o.Element)
 		}
@@ -168,6 +186,9 @@ func Compute(in Inputs) (Result, error) {
 			r.Units = in.round(res.CPUDemand / float64(vcpus))
 			r.Accels = r.Units * per
 			if in.Load > 0 {
+				if in.Load/accelCap > maxUnits {
+					return Result{}, tooLarge(o)
+				}
 				if need := int(math.Ceil(in.Load / accelCap)); need > r.Accels {
 					r.Units = int(math.Ceil(float64(need) / float64(per)))
 					r.Accels = r.Units * per
@@ -181,6 +202,9 @@ func Compute(in Inputs) (Result, error) {
 			r.Units = in.round(res.CPUDemand / float64(vcpus))
 			appls := 1
 			if in.Load > 0 {
+				if in.Load/(accelCap*float64(per)) > maxUnits {
+					return Result{}, tooLarge(o)
+				}
 				appls = int(math.Ceil(in.Load / (accelCap * float64(per))))
 			}
 			r.Accels = appls * per
@@ -194,9 +218,20 @@ func Compute(in Inputs) (Result, error) {
 			r.Total = float64(r.Units)*price + float64(appls)*ap
 			r.Note = fmt.Sprintf("+ %d appliance(s)", appls)
 		}
+		if !finite(r.Total) || !finite(r.Utilisation) || r.Units < 0 || r.Accels < 0 {
+			return Result{}, tooLarge(o)
+		}
 		res.Rows = append(res.Rows, r)
 	}
 	return res, nil
+}
+
+// finite reports whether x is a number, not infinite or NaN.
+func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
+
+// tooLarge is Compute's refusal of inputs whose plan for o overflows.
+func tooLarge(o Option) error {
+	return fmt.Errorf("%w: option %q/%q: the prices, load or throughput are too large to compute a plan", ErrInputs, o.Site, o.Element)
 }
 
 // ParseInputs reads Inputs as JSON (the format of testdata/paper.json),

@@ -195,3 +195,31 @@ func FuzzParseCRL(f *testing.F) {
 		_, _ = NewCRL(roots).Update(b)
 	})
 }
+
+// TestRevokeAfterALongIndexLine: a line of the index too long for a
+// line scanner (a damaged file, a holder with a very long name) does not
+// hide the entries after it: RevokeIssuedTo still revokes them.
+func TestRevokeAfterALongIndexLine(t *testing.T) {
+	clk := newClock()
+	dir := t.TempDir()
+	ca := openCA(t, dir, clk)
+	f, err := os.OpenFile(filepath.Join(dir, IndexFile), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.WriteString(strings.Repeat("x", 100<<10) + "\n")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	iss, err := ca.Issue(Request{CommonName: "node-a", Hosts: []string{"127.0.0.1"}, Usage: ServerAuth | ClientAuth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serials, err := ca.RevokeIssuedTo("node-a")
+	if err != nil || len(serials) != 1 || serials[0].Cmp(iss.Cert.SerialNumber) != 0 {
+		t.Fatalf("RevokeIssuedTo after a long line: %v, %v", serials, err)
+	}
+}

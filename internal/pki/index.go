@@ -1,7 +1,6 @@
 package pki
 
 import (
-	"bufio"
 	"bytes"
 	"crypto/x509"
 	"errors"
@@ -83,9 +82,12 @@ func (ca *CA) readIndex() ([]indexEntry, error) {
 	}
 	now := ca.now()
 	var out []indexEntry
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		f := strings.SplitN(sc.Text(), " ", 3)
+	// Line by line, whatever their length: a line too long for a
+	// bufio.Scanner would end the read there and drop the entries after
+	// it, which the next compaction would then drop from the file.
+	for line := range bytes.Lines(b) {
+		text := strings.TrimSuffix(strings.TrimSuffix(string(line), "\n"), "\r")
+		f := strings.SplitN(text, " ", 3)
 		if len(f) != 3 {
 			continue
 		}

@@ -19,14 +19,15 @@ var units = []struct {
 	suffix string
 	mult   int64
 }{
-	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
-	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}, {"PiB", 1 << 50}, {"EiB", 1 << 60},
+	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"PB", 1e15}, {"EB", 1e18},
 	{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40},
 	{"B", 1},
 }
 
-// ParseSize parses sizes such as "256MiB", "2GiB", "1.5G", "4096" (bytes).
-// Single-letter suffixes are binary, as in dd and qemu-img.
+// ParseSize parses sizes such as "256MiB", "2GiB", "1.5G", "4096" (bytes),
+// and whatever FormatSize prints ("2PiB"). Single-letter suffixes are
+// binary, as in dd and qemu-img.
 func ParseSize(s string) (int64, error) {
 	t := strings.TrimSpace(s)
 	mult := int64(1)

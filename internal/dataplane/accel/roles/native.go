@@ -158,6 +158,11 @@ func decodeF32(p []byte) []float32 {
 // float32 in i-p-j order (cache friendly, vectorisable).
 func MatMul(a, b []float32, m, k, n int) []float32 {
 	c := make([]float32, m*n)
+	if len(c) == 0 {
+		// Nothing to compute, however many rows of nothing: a matmul
+		// of 2³²−1 rows of no column is 12 bytes of input.
+		return c
+	}
 	for i := 0; i < m; i++ {
 		ci := c[i*n : (i+1)*n]
 		for p := 0; p < k; p++ {

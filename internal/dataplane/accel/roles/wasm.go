@@ -69,7 +69,13 @@ func newWasm(ctx context.Context, s Spec) (Role, error) {
 		_ = rt.Close(ctx)
 		return nil, err
 	}
-	cm, err := rt.CompileModule(ctx, s.Module)
+	// The counts the module declares, checked before the runtime
+	// allocates by them (wasmcheck.go).
+	mod, err := checkModule(s.Module)
+	if err != nil {
+		return fail(err)
+	}
+	cm, err := rt.CompileModule(ctx, mod)
 	if err != nil {
 		return fail(fmt.Errorf("%w: %v", ErrBadModule, err))
 	}

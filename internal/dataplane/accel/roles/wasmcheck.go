@@ -1,0 +1,365 @@
+package roles
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// The runtime sizes what it decodes by the counts a module declares,
+// before it reads the entries: a 16-byte module whose global section
+// claims 2²⁸ globals made it allocate 10 GiB, one whose export section
+// claims as many 21 GiB, and a tenant's module must not take the process
+// down. checkModule reads a module's sections first and refuses one that
+// declares more entries, locals or data than its bytes can hold (every
+// entry takes at least a byte), so that what the runtime allocates is
+// bounded by the module's size; it drops the custom sections (names and
+// other debugging data, which a role does not need and the runtime would
+// decode the same way).
+
+// Section ids (WebAssembly core specification, 5.5.2).
+const (
+	secCustom    = 0
+	secType      = 1
+	secImport    = 2
+	secTable     = 4
+	secExport    = 7
+	secElement   = 9
+	secCode      = 10
+	secData      = 11
+	secDataCount = 12
+)
+
+// vectorSections are the sections whose content is a vector of entries.
+var vectorSections = map[byte]bool{1: true, 2: true, 3: true, 4: true, 5: true, 6: true, 7: true, 9: true, secCode: true, 11: true}
+
+// uleb reads an unsigned LEB128 value of at most 32 bits at the start of b
+// and returns it and its length (0 if b holds none).
+func uleb(b []byte) (uint32, int) {
+	v, n := binary.Uvarint(b)
+	if n <= 0 || n > 5 || v > 1<<32-1 {
+		return 0, 0
+	}
+	return uint32(v), n
+}
+
+// checkModule checks the counts of module m (see above) and returns it
+// without its custom sections; what is not a module (no header) is
+// returned as it is, for the runtime to refuse.
+func checkModule(m []byte) ([]byte, error) {
+	const header = 8
+	if len(m) < header {
+		return m, nil
+	}
+	out := append(make([]byte, 0, len(m)), m[:header]...)
+	for b := m[header:]; len(b) > 0; {
+		id := b[0]
+		size, n := uleb(b[1:])
+		if n == 0 || uint64(size) > uint64(len(b)-1-n) {
+			return nil, fmt.Errorf("%w: section %d: size beyond the module's end", ErrBadModule, id)
+		}
+		whole, body := b[:1+n+int(size)], b[1+n:1+n+int(size)]
+		b = b[len(whole):]
+		switch {
+		case id == secCustom:
+			continue
+		case id == secDataCount:
+			if c, k := uleb(body); k == 0 || uint64(c) > uint64(len(m)) {
+				return nil, fmt.Errorf("%w: data count section: more data segments than the module has bytes", ErrBadModule)
+			}
+		case vectorSections[id]:
+			c, k := uleb(body)
+			if k == 0 || uint64(c) > uint64(len(body)-k) {
+				return nil, fmt.Errorf("%w: section %d declares %d entries in %d bytes", ErrBadModule, id, c, len(body)-k)
+			}
+			var err error
+			switch id {
+			case secCode:
+				err = checkCode(body[k:], c)
+			case secType, secImport, secTable, secExport, secElement, secData:
+				err = checkEntries(id, &vecReader{b: body[k:]}, c)
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
+		out = append(out, whole...)
+	}
+	return out, nil
+}
+
+// MaxWasmTableEntries bounds the initial size of a Wasm role's tables
+// (of function references: a role's indirect calls), which every
+// instance allocates: the runtime's own bound, 2²⁷, is a gigabyte an
+// execution.
+const MaxWasmTableEntries = 1 << 20
+
+// MaxWasmLocals bounds the locals a function of a Wasm role declares:
+// the limit of the browsers' engines (V8's and SpiderMonkey's), which
+// compilers stay within. The runtime reserves a function's locals as it
+// compiles it: a body of a few bytes declaring 2³²−1 of them made it
+// allocate 32 GiB.
+const MaxWasmLocals = 50000
+
+// checkCode checks the n function bodies of a code section: each its
+// declared size within the section, and declaring at most MaxWasmLocals
+// locals.
+func checkCode(b []byte, n uint32) error {
+	for i := uint32(0); i < n; i++ {
+		size, k := uleb(b)
+		if k == 0 || uint64(size) > uint64(len(b)-k) {
+			return fmt.Errorf("%w: code of function %d: size beyond its section", ErrBadModule, i)
+		}
+		body := b[k : k+int(size)]
+		b = b[k+int(size):]
+		groups, g := uleb(body)
+		if g == 0 || uint64(groups) > uint64(len(body)-g) {
+			return fmt.Errorf("%w: code of function %d: more local declarations than bytes", ErrBadModule, i)
+		}
+		rest, total := body[g:], uint64(0)
+		for j := uint32(0); j < groups; j++ {
+			c, l := uleb(rest)
+			if l == 0 || len(rest) < l+1 {
+				return fmt.Errorf("%w: code of function %d: truncated locals", ErrBadModule, i)
+			}
+			if total += uint64(c); total > MaxWasmLocals {
+				return fmt.Errorf("%w: function %d declares more than %d locals", ErrBadModule, i, MaxWasmLocals)
+			}
+			rest = rest[l+1:] // the count, then the type
+		}
+	}
+	return nil
+}
+
+// errStop ends the check of a section at a construct it does not know
+// (a later proposal's): the runtime decodes the rest, or refuses it.
+var errStop = errors.New("roles: stop checking")
+
+// vecReader reads a section's entries for checkEntries.
+type vecReader struct{ b []byte }
+
+func (r *vecReader) u32() (uint32, error) {
+	v, n := uleb(r.b)
+	if n == 0 {
+		return 0, errStop
+	}
+	r.b = r.b[n:]
+	return v, nil
+}
+
+func (r *vecReader) byte() (byte, error) {
+	if len(r.b) == 0 {
+		return 0, errStop
+	}
+	c := r.b[0]
+	r.b = r.b[1:]
+	return c, nil
+}
+
+// vec reads a vector's length and checks that its n entries, of at least
+// each bytes, fit in what is left.
+func (r *vecReader) vec(each int) (uint32, error) {
+	n, err := r.u32()
+	if err != nil {
+		return 0, err
+	}
+	if uint64(n)*uint64(each) > uint64(len(r.b)) {
+		return 0, fmt.Errorf("a vector of %d entries in %d bytes", n, len(r.b))
+	}
+	return n, nil
+}
+
+// skip reads a vector of n single bytes (a name, value types, data).
+func (r *vecReader) skip() error {
+	n, err := r.vec(1)
+	if err != nil {
+		return err
+	}
+	r.b = r.b[n:]
+	return nil
+}
+
+// expr skips a constant expression, through its end.
+func (r *vecReader) expr() error {
+	for {
+		op, err := r.byte()
+		if err != nil {
+			return err
+		}
+		switch op {
+		case 0x0b: // end
+			return nil
+		case 0x41, 0x42, 0x23, 0xd2: // i32.const, i64.const, global.get, ref.func
+			if _, n := binary.Uvarint(r.b); n <= 0 || n > 10 {
+				return errStop
+			} else {
+				r.b = r.b[n:]
+			}
+		case 0x43, 0x44: // f32.const, f64.const
+			w := 4 << (op - 0x43)
+			if len(r.b) < w {
+				return errStop
+			}
+			r.b = r.b[w:]
+		case 0xd0: // ref.null
+			if _, err := r.byte(); err != nil {
+				return err
+			}
+		default:
+			return errStop
+		}
+	}
+}
+
+// limits skips a table's or memory's limits.
+func (r *vecReader) limits() error {
+	flag, err := r.byte()
+	if err != nil || flag > 1 {
+		return errStop
+	}
+	for range 1 + int(flag) {
+		if _, err := r.u32(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkEntries checks the n entries of a type, import, table, export,
+// element or data section: every vector they declare (parameters and
+// results, names, an element segment's functions or expressions, a data
+// segment's bytes) fits in what is left of the section, and a table's
+// initial size is at most MaxWasmTableEntries.
+func checkEntries(id byte, r *vecReader, n uint32) error {
+	for range n {
+		err := checkEntry(id, r)
+		if errors.Is(err, errStop) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("%w: section %d: %v", ErrBadModule, id, err)
+		}
+	}
+	return nil
+}
+
+func checkEntry(id byte, r *vecReader) error {
+	switch id {
+	case secType:
+		if form, err := r.byte(); err != nil || form != 0x60 {
+			return errStop
+		}
+		if err := r.skip(); err != nil { // parameters
+			return err
+		}
+		return r.skip() // results
+	case secImport:
+		if err := r.skip(); err != nil { // module
+			return err
+		}
+		if err := r.skip(); err != nil { // name
+			return err
+		}
+		kind, err := r.byte()
+		if err != nil {
+			return err
+		}
+		switch kind {
+		case 0x00: // function: its type
+			_, err = r.u32()
+		case 0x01: // table: reference type, limits
+			if _, err = r.byte(); err == nil {
+				err = r.limits()
+			}
+		case 0x02: // memory
+			err = r.limits()
+		case 0x03: // global: value type, mutability
+			if _, err = r.byte(); err == nil {
+				_, err = r.byte()
+			}
+		default:
+			err = errStop
+		}
+		return err
+	case secTable:
+		if _, err := r.byte(); err != nil { // reference type
+			return err
+		}
+		flag, err := r.byte()
+		if err != nil || flag > 1 {
+			return errStop
+		}
+		min, err := r.u32()
+		if err != nil {
+			return err
+		}
+		if min > MaxWasmTableEntries {
+			return fmt.Errorf("a table of at least %d entries, above %d", min, MaxWasmTableEntries)
+		}
+		if flag == 1 {
+			_, err = r.u32()
+		}
+		return err
+	case secExport:
+		if err := r.skip(); err != nil { // name
+			return err
+		}
+		if _, err := r.byte(); err != nil { // kind
+			return err
+		}
+		_, err := r.u32() // index
+		return err
+	case secElement:
+		flags, err := r.u32()
+		if err != nil || flags > 7 {
+			return errStop
+		}
+		if flags&3 == 2 { // a table index
+			if _, err := r.u32(); err != nil {
+				return err
+			}
+		}
+		if flags&1 == 0 { // active: an offset
+			if err := r.expr(); err != nil {
+				return err
+			}
+		}
+		if flags&3 != 0 { // an element kind or reference type
+			if _, err := r.byte(); err != nil {
+				return err
+			}
+		}
+		items, err := r.vec(1)
+		if err != nil {
+			return err
+		}
+		for range items {
+			if flags&4 != 0 {
+				err = r.expr()
+			} else {
+				_, err = r.u32()
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	case secData:
+		flags, err := r.u32()
+		if err != nil || flags > 2 {
+			return errStop
+		}
+		if flags == 2 { // a memory index
+			if _, err := r.u32(); err != nil {
+				return err
+			}
+		}
+		if flags != 1 { // active: an offset
+			if err := r.expr(); err != nil {
+				return err
+			}
+		}
+		return r.skip() // the bytes
+	}
+	return errStop
+}
