@@ -147,6 +147,9 @@ func FuzzParseDeclared(f *testing.F) {
 	f.Add([]byte(`{"model":"m","write_bps":[1e9],"read_bps":[-1],"latency_4k_us":-5,"source":"measured","id":"x"}`))
 	f.Add([]byte(`{"model":"m","write_bps":[1e9]} {}`))
 	f.Add([]byte(`{"model":"m","write_bps":"fast"}`))
+	f.Add([]byte(`{"model": "m", "write_bps": [1e9, -5e8]}`))
+	f.Add([]byte(`{"model": "m", "write_bps": [1e9], "latency_4k_us": 1e309}`))
+	f.Add([]byte(`{"id": "x", "model": " m ", "write_bps": [1e9], "source": "declared", "measured_at": "2026-01-01T00:00:00Z"}`))
 	f.Add([]byte(``))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		p, err := parseDeclared(data)
