@@ -298,6 +298,8 @@ func TestManagementAPI(t *testing.T) {
 		{"GET", "/v1/slots", "", false, 401, "unauthorized"},
 		{"GET", "/v1/slots", "", true, 200, `"addr"`},
 		{"GET", "/v1/slots/9", "", true, 404, "no_such_slot"},
+		{"GET", "/v1/nonsense", "", true, 404, `"code":"not_found"`},
+		{"GET", "/v1/nonsense", "", false, 401, "unauthorized"},
 		{"GET", "/v1/slots/x", "", true, 404, "no_such_slot"},
 		{"PUT", "/v1/slots/0/role", `{"name":"gpu"}`, true, 400, "unknown_role"},
 		{"PUT", "/v1/slots/0/role", string(badWasm), true, 400, "bad_module"},

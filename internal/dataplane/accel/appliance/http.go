@@ -107,6 +107,10 @@ func (a *Appliance) Handler() http.Handler {
 		mux.Handle("GET /metrics", h)
 		mux.Handle("GET /v1/metrics", h)
 	}
+	// Every other route: the documented JSON error, not the mux's text.
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		httpx.WriteError(w, http.StatusNotFound, httpx.CodeNotFound, "appliance: no route "+r.Method+" "+r.URL.Path)
+	})
 	call := a.withSlot(a.httpCall)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost && isCallPath(r.URL.Path) {
