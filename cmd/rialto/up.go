@@ -339,7 +339,10 @@ func heldByReaper(p string) bool {
 		return false
 	}
 	cmdline, err := os.ReadFile("/proc/" + f[1] + "/cmdline")
-	return err == nil && strings.Contains(string(cmdline), "\x00"+replicaReaperArg+"\x00")
+	// An exiting process's command line reads empty (its memory is gone)
+	// while it still holds its descriptors, the lock among them: the
+	// reaper, ending.
+	return err == nil && (len(cmdline) == 0 || strings.Contains(string(cmdline), "\x00"+replicaReaperArg+"\x00"))
 }
 
 // listenUp binds the API port: the requested one, else the remembered one

@@ -592,14 +592,22 @@ func (s *Server) finishDrain(ctx context.Context, dr *drainRun, n api.Node, why 
 			left = append(left, *e)
 		}
 	}
-	dr.d.FinishedAt = s.now()
-	if len(left) == 0 {
-		dr.d.State = api.DrainDone
-	} else {
-		dr.d.State = api.DrainIncomplete
-	}
+	// The drain's record shows its end only once its events are in the
+	// log: a client that sees the drain incomplete (rialto node drain
+	// exits then) finds each left lease's lease.drain.left already there.
 	d := dr.d
+	d.FinishedAt = s.now()
+	if len(left) == 0 {
+		d.State = api.DrainDone
+	} else {
+		d.State = api.DrainIncomplete
+	}
 	dr.mu.Unlock()
+	defer func() {
+		dr.mu.Lock()
+		dr.d.FinishedAt, dr.d.State = d.FinishedAt, d.State
+		dr.mu.Unlock()
+	}()
 	sort.Slice(left, func(i, j int) bool { return left[i].LeaseID < left[j].LeaseID })
 	for _, e := range left {
 		// The tenant's event stream is how its borrower learns.

@@ -25,7 +25,6 @@ import (
 // and started again on its state directory.
 type wipeMarkEnv struct {
 	t     *testing.T
-	ctx   context.Context
 	st    *postgres.Store
 	srv   *Server
 	clk   *clock.FakeNow
@@ -61,13 +60,16 @@ func newWipeMarkEnv(t *testing.T) *wipeMarkEnv {
 	t.Cleanup(func() { stop(); <-done; srv.Close() })
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
-	e := &wipeMarkEnv{t: t, ctx: ctx, st: st, srv: srv, clk: clk, url: ts.URL,
+	e := &wipeMarkEnv{t: t, st: st, srv: srv, clk: clk, url: ts.URL,
 		acfg: agent.Config{ControlPlane: ts.URL, BootstrapToken: bootTok, Name: "n1", StateDir: filepath.Join(t.TempDir(), "n1"),
 			Listen: "127.0.0.1", HeartbeatInterval: 100 * time.Millisecond, Logger: log, Clock: clk,
 			Devices: []agent.DeviceConfig{{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 64 << 20}}}}
 	t.Cleanup(e.kill)
 	return e
 }
+
+// ctx is the test's context (ended when the test ends).
+func (e *wipeMarkEnv) ctx() context.Context { return e.t.Context() }
 
 // launch starts the agent with setup applied to it first, and returns at
 // once.
@@ -80,7 +82,7 @@ func (e *wipeMarkEnv) launch(setup func(*agent.Agent)) {
 	if setup != nil {
 		setup(a)
 	}
-	actx, stop := context.WithCancel(e.ctx)
+	actx, stop := context.WithCancel(e.ctx())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(actx) }() // stopped and waited for by kill
 	e.agent, e.stop, e.done = a, stop, done
@@ -94,7 +96,7 @@ func (e *wipeMarkEnv) waitReady() {
 	case err := <-e.done:
 		e.done <- err
 		e.t.Fatalf("the agent stopped: %v", err)
-	case <-e.ctx.Done():
+	case <-e.ctx().Done():
 		e.t.Fatal("the agent did not join")
 	}
 }
@@ -113,7 +115,7 @@ func (e *wipeMarkEnv) kill() {
 // wiped.
 func (e *wipeMarkEnv) marked(id string) bool {
 	e.t.Helper()
-	ws, err := e.st.Wipes(e.ctx)
+	ws, err := e.st.Wipes(e.ctx())
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -129,12 +131,12 @@ func (e *wipeMarkEnv) releasedUnreachable() api.Lease {
 	e.launch(nil)
 	e.waitReady()
 	alice := api.NewClient(e.url, aliceTok, nil)
-	l, err := alice.CreateLease(e.ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+	l, err := alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
 	if err != nil || l.State != api.LeaseActive {
 		e.t.Fatalf("lease: %+v %v", l, err)
 	}
 	e.kill()
-	if _, err := alice.ReleaseLease(e.ctx, l.ID); err != nil {
+	if _, err := alice.ReleaseLease(e.ctx(), l.ID); err != nil {
 		e.t.Fatal(err)
 	}
 	if !e.marked(l.ID) {
@@ -178,12 +180,12 @@ func TestWipeMarkHeldWhileLenderServes(t *testing.T) {
 		if id != l.ID {
 			t.Fatalf("the lender wipes %s, want %s", id, l.ID)
 		}
-	case <-e.ctx.Done():
+	case <-e.ctx().Done():
 		t.Fatal("the lender, told by its heartbeat's answer, did not start wiping the released lease")
 	}
 	// The heartbeat that listed the lease as served was recorded before
 	// its answer; the lender is wiping now.
-	if err := e.srv.Sweep(e.ctx); err != nil {
+	if err := e.srv.Sweep(e.ctx()); err != nil {
 		t.Fatal(err)
 	}
 	if !e.marked(l.ID) {
@@ -200,7 +202,7 @@ func TestWipeMarkHeldWhileLenderServes(t *testing.T) {
 	for e.marked(l.ID) {
 		select {
 		case <-tick.C:
-		case <-e.ctx.Done():
+		case <-e.ctx().Done():
 			t.Fatal("the mark of a wiped range never went")
 		}
 	}
@@ -225,7 +227,7 @@ func TestWipeMarkHeldAcrossRejoin(t *testing.T) {
 	tick := time.NewTicker(5 * time.Millisecond) // polling the store, with the test's deadline
 	defer tick.Stop()
 	for {
-		n, err := e.st.Node(e.ctx, node)
+		n, err := e.st.Node(e.ctx(), node)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -234,11 +236,11 @@ func TestWipeMarkHeldAcrossRejoin(t *testing.T) {
 		}
 		select {
 		case <-tick.C:
-		case <-e.ctx.Done():
+		case <-e.ctx().Done():
 			t.Fatal("the lender did not join again")
 		}
 	}
-	if err := e.srv.Sweep(e.ctx); err != nil {
+	if err := e.srv.Sweep(e.ctx()); err != nil {
 		t.Fatal(err)
 	}
 	if !e.marked(l.ID) {
@@ -258,17 +260,17 @@ func TestRemovedNodeWipeMarksGo(t *testing.T) {
 	l := e.releasedUnreachable()
 	node := l.Parts[0].NodeID
 	e.clk.Advance(e.srv.cfg.DownAfter + time.Minute)
-	if err := e.srv.Sweep(e.ctx); err != nil {
+	if err := e.srv.Sweep(e.ctx()); err != nil {
 		t.Fatal(err)
 	}
 	admin := api.NewClient(e.url, adminTok, nil)
-	if _, err := admin.RemoveNode(e.ctx, node, false); err != nil {
+	if _, err := admin.RemoveNode(e.ctx(), node, false); err != nil {
 		t.Fatal(err)
 	}
 	if e.marked(l.ID) {
 		t.Fatal("the marks of ranges being wiped on a removed node stay")
 	}
-	if _, pending := e.srv.res.wipesPending(e.ctx); pending {
+	if _, pending := e.srv.res.wipesPending(e.ctx()); pending {
 		t.Fatal("the control plane still waits for wipes on a removed node")
 	}
 }

@@ -226,6 +226,11 @@ func isReaper(pid int) bool {
 	if err != nil {
 		return false
 	}
+	if len(b) == 0 {
+		// Exiting: its memory is gone, its descriptors (the lock among
+		// them) not yet.
+		return true
+	}
 	args := strings.Split(string(b), "\x00")
 	return len(args) >= 2 && args[1] == reaperArg
 }
