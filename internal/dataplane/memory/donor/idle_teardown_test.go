@@ -1,9 +1,7 @@
 package donor_test
 
 import (
-	"crypto/tls"
 	"fmt"
-	"net"
 	"os"
 	"runtime"
 	"sync/atomic"
@@ -39,23 +37,11 @@ func TestTeardownAtIdleSwitch(t *testing.T) {
 			t.Run(fmt.Sprintf("tls=%v/parking=%v", withTLS, parking), func(t *testing.T) {
 				var port atomic.Int32
 				var moves <-chan move
-				set := func(d *donor.Donor) {
-					d.IdleWait = 1
+				td, cfg := startIdle(t, ca, withTLS, func(d *donor.Donor) {
 					moves = watchMoves(t, d, &port)
-				}
-				var cfg *tls.Config
-				var td *memorytest.Donor
-				if withTLS {
-					cfg = memorytest.ClientTLS(t, ca)
-					td = memorytest.StartTLSWith(t, memorytest.ServerTLS(t, ca), 1<<20, 0, set)
-				} else {
-					td = memorytest.StartWith(t, 1<<20, 0, set)
-				}
-				before := openFds(t)
-				ctl, sess := dialConn(t, td.Addr, cfg, protocol.KindControl, 0, nil)
-				c, _ := dialConn(t, td.Addr, cfg, protocol.KindSync, sess, func(nc net.Conn) {
-					port.Store(int32(nc.LocalAddr().(*net.TCPAddr).Port))
 				})
+				before := openFds(t)
+				ctl, c := dialWatched(t, td.Addr, cfg, &port)
 				m := nextMove(t, moves, true)
 				if !parking {
 					close(m.release)
@@ -112,25 +98,11 @@ func TestIdleSwitchesLeaveNoDescriptors(t *testing.T) {
 	for _, withTLS := range []bool{false, true} {
 		t.Run(fmt.Sprintf("tls=%v", withTLS), func(t *testing.T) {
 			const n = 4
-			moved := make(chan struct{}, 1)
-			set := func(d *donor.Donor) {
-				d.IdleWait = 1
-				d.SetMoved(func(int, bool) {
-					select {
-					case moved <- struct{}{}:
-					default:
-					}
-				})
-			}
-			var cfg *tls.Config
-			var td *memorytest.Donor
+			var moved <-chan struct{}
+			td, cfg := startIdle(t, ca, withTLS, func(d *donor.Donor) { moved = signalMoves(d) })
 			want := n
 			if withTLS {
-				cfg = memorytest.ClientTLS(t, ca)
-				td = memorytest.StartTLSWith(t, memorytest.ServerTLS(t, ca), 1<<20, 0, set)
 				want++ // the control connection is a raw one too
-			} else {
-				td = memorytest.StartWith(t, 1<<20, 0, set)
 			}
 			before := openFds(t)
 			for range 3 {
@@ -141,17 +113,7 @@ func TestIdleSwitchesLeaveNoDescriptors(t *testing.T) {
 					cs = append(cs, c)
 				}
 				for k := range 10 {
-					for {
-						if parked, _ := td.D.ParkedConns(); parked == want {
-							break
-						}
-						select {
-						case <-moved:
-						case <-time.After(10 * time.Second):
-							parked, _ := td.D.ParkedConns()
-							t.Fatalf("%d of %d connections parked", parked, want)
-						}
-					}
+					awaitParked(t, td, moved, want)
 					for _, c := range cs {
 						c.ping(t, uint32(k+1))
 					}
