@@ -4,7 +4,6 @@ import (
 	"net"
 	"runtime"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -73,13 +72,9 @@ func goroutineState(t *testing.T, frame string) (string, string) {
 // a thread MaxPollThreads did not count: every connection that went idle
 // during a shortage of descriptors held one, past the bound, for good.
 func TestIdleConnectionOutOfDescriptors(t *testing.T) {
-	var port atomic.Int32
-	var moves <-chan move
-	td, _ := startIdle(t, nil, false, func(d *donor.Donor) {
-		moves = watchMoves(t, d, &port)
-	})
-	_, c := dialWatched(t, td.Addr, nil, &port)
-	m := nextMove(t, moves, true) // before it registers
+	td, _, w := startWatched(t, nil, false)
+	_, c := w.dial(t, td.Addr, nil)
+	m := w.next(t, true) // before it registers
 	restore := accepttest.ExhaustFds(t, 0)
 	close(m.release)
 	state, stack := goroutineState(t, "rawconn.(*Conn).waitInput")
@@ -99,7 +94,7 @@ func TestIdleConnectionOutOfDescriptors(t *testing.T) {
 	}
 	// It serves its next request.
 	c.send(t, protocol.Header{Op: protocol.OpPing, Seq: 1}, nil)
-	close(nextMove(t, moves, false).release)
+	close(w.next(t, false).release)
 	c.reply(t, 1, protocol.OpPing)
 }
 

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -35,18 +34,14 @@ func TestTeardownAtIdleSwitch(t *testing.T) {
 	for _, withTLS := range []bool{false, true} {
 		for _, parking := range []bool{true, false} {
 			t.Run(fmt.Sprintf("tls=%v/parking=%v", withTLS, parking), func(t *testing.T) {
-				var port atomic.Int32
-				var moves <-chan move
-				td, cfg := startIdle(t, ca, withTLS, func(d *donor.Donor) {
-					moves = watchMoves(t, d, &port)
-				})
+				td, cfg, w := startWatched(t, ca, withTLS)
 				before := openFds(t)
-				ctl, c := dialWatched(t, td.Addr, cfg, &port)
-				m := nextMove(t, moves, true)
+				ctl, c := w.dial(t, td.Addr, cfg)
+				m := w.next(t, true)
 				if !parking {
 					close(m.release)
 					c.send(t, protocol.Header{Op: protocol.OpPing, Seq: 1}, nil)
-					m = nextMove(t, moves, false)
+					m = w.next(t, false)
 				}
 				removed := make(chan error, 1)
 				go func() { removed <- td.D.RemoveRegion(testCred) }()
@@ -63,7 +58,7 @@ func TestTeardownAtIdleSwitch(t *testing.T) {
 				}
 				close(m.release)
 				go func() { // a move back, woken by the shutdown
-					for m := range moves {
+					for m := range w.moves {
 						close(m.release)
 					}
 				}()

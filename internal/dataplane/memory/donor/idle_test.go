@@ -137,19 +137,26 @@ type move struct {
 	release chan struct{}
 }
 
-// watchMoves has the donor's raw connections whose peer's port is
-// *port report their moves on the returned channel, each held until the
-// test releases it (or ends); the others go on.
-func watchMoves(t *testing.T, d *donor.Donor, port *atomic.Int32) <-chan move {
-	moves := make(chan move)
+// watch reports the moves of one of a donor's raw connections (the one
+// whose peer's port is port: dial's sync connection) on moves, each held
+// until the test releases it (or ends); the others go on.
+type watch struct {
+	port  atomic.Int32
+	moves chan move
+}
+
+// watchMoves has d report the moves of the connection the watch returned
+// dials.
+func watchMoves(t *testing.T, d *donor.Donor) *watch {
+	w := &watch{moves: make(chan move)}
 	done := t.Context().Done() // before the donor stops (its cleanup)
 	d.SetMoved(func(fd int, parked bool) {
-		if int32(peerPort(fd)) != port.Load() {
+		if int32(peerPort(fd)) != w.port.Load() {
 			return
 		}
 		m := move{fd: fd, parked: parked, release: make(chan struct{})}
 		select {
-		case moves <- m:
+		case w.moves <- m:
 		case <-done:
 			return
 		}
@@ -158,14 +165,25 @@ func watchMoves(t *testing.T, d *donor.Donor, port *atomic.Int32) <-chan move {
 		case <-done:
 		}
 	})
-	return moves
+	return w
 }
 
-// nextMove waits for the next move reported and checks which way it goes.
-func nextMove(t *testing.T, moves <-chan move, parked bool) move {
+// dial opens a session on the donor at addr (with TLS when cfg is set):
+// its control connection, and a sync connection, the one watched.
+func (w *watch) dial(t *testing.T, addr string, cfg *tls.Config) (ctl, c *conn) {
+	t.Helper()
+	ctl, sess := dialConn(t, addr, cfg, protocol.KindControl, 0, nil)
+	c, _ = dialConn(t, addr, cfg, protocol.KindSync, sess, func(nc net.Conn) {
+		w.port.Store(int32(nc.LocalAddr().(*net.TCPAddr).Port))
+	})
+	return ctl, c
+}
+
+// next waits for the next move reported and checks which way it goes.
+func (w *watch) next(t *testing.T, parked bool) move {
 	t.Helper()
 	select {
-	case m := <-moves:
+	case m := <-w.moves:
 		if m.parked != parked {
 			t.Fatalf("a move parked=%v, want parked=%v", m.parked, parked)
 		}
@@ -213,16 +231,12 @@ func startIdle(t *testing.T, ca *pki.CA, withTLS bool, set func(*donor.Donor)) (
 	return memorytest.StartTLSWith(t, memorytest.ServerTLS(t, ca), 1<<20, 0, idle), memorytest.ClientTLS(t, ca)
 }
 
-// dialWatched opens a session on the donor at addr (with TLS when cfg is
-// set): its control connection, and a sync connection whose moves the
-// donor reports (watchMoves given port).
-func dialWatched(t *testing.T, addr string, cfg *tls.Config, port *atomic.Int32) (ctl, c *conn) {
+// startWatched is startIdle with its moves watched (watchMoves).
+func startWatched(t *testing.T, ca *pki.CA, withTLS bool) (*memorytest.Donor, *tls.Config, *watch) {
 	t.Helper()
-	ctl, sess := dialConn(t, addr, cfg, protocol.KindControl, 0, nil)
-	c, _ = dialConn(t, addr, cfg, protocol.KindSync, sess, func(nc net.Conn) {
-		port.Store(int32(nc.LocalAddr().(*net.TCPAddr).Port))
-	})
-	return ctl, c
+	var w *watch
+	td, cfg := startIdle(t, ca, withTLS, func(d *donor.Donor) { w = watchMoves(t, d) })
+	return td, cfg, w
 }
 
 // signalMoves has d signal each move of its raw connections to the
@@ -324,15 +338,11 @@ func TestRequestsAroundIdleSwitch(t *testing.T) {
 	ca := memorytest.NewCA(t)
 	for _, withTLS := range []bool{false, true} {
 		t.Run(fmt.Sprintf("tls=%v", withTLS), func(t *testing.T) {
-			var port atomic.Int32
-			var moves <-chan move
-			td, cfg := startIdle(t, ca, withTLS, func(d *donor.Donor) {
-				moves = watchMoves(t, d, &port)
-			})
-			_, c := dialWatched(t, td.Addr, cfg, &port)
+			td, cfg, w := startWatched(t, ca, withTLS)
+			_, c := w.dial(t, td.Addr, cfg)
 			seq := uint32(0)
 			for k := range 60 {
-				m := nextMove(t, moves, true)
+				m := w.next(t, true)
 				// Nothing is left to read at the donor: its wait found
 				// no request.
 				start := c.wrote.Load()
@@ -354,7 +364,7 @@ func TestRequestsAroundIdleSwitch(t *testing.T) {
 					close(m.release)
 					c.send(t, protocol.Header{Op: protocol.OpWrite, Seq: seq, Offset: off, Length: uint32(len(payload))}, payload)
 				}
-				back := nextMove(t, moves, false)
+				back := w.next(t, false)
 				// Woken by the request: another behind it, as it
 				// leaves the netpoller.
 				seq++
@@ -381,26 +391,22 @@ func TestRequestsAroundIdleSwitch(t *testing.T) {
 // is read), as TestRawDescriptorsOffNetpoller wants of a connection in
 // use: every segment of a registered socket wakes the netpoller's thread.
 func TestIdleConnectionLeavesNetpoller(t *testing.T) {
-	var port atomic.Int32
-	var moves <-chan move
-	td, _ := startIdle(t, nil, false, func(d *donor.Donor) {
-		moves = watchMoves(t, d, &port)
-	})
-	_, c := dialWatched(t, td.Addr, nil, &port)
-	m := nextMove(t, moves, true)
+	td, _, w := startWatched(t, nil, false)
+	_, c := w.dial(t, td.Addr, nil)
+	m := w.next(t, true)
 	named := map[int]string{m.fd: "an idle connection"}
 	if regs := memorytest.Registrations(t, named); len(regs) != 0 {
 		t.Fatalf("registered before it moved: %v", regs)
 	}
 	close(m.release)
 	c.send(t, protocol.Header{Op: protocol.OpPing, Seq: 1}, nil)
-	m = nextMove(t, moves, false)
+	m = w.next(t, false)
 	if regs := memorytest.Registrations(t, named); len(regs) != 1 {
 		t.Fatalf("an idle connection woken on the netpoller has %d registrations, want 1: %v", len(regs), regs)
 	}
 	close(m.release)
 	c.reply(t, 1, protocol.OpPing)
-	m = nextMove(t, moves, true) // its next wait, after the answer
+	m = w.next(t, true) // its next wait, after the answer
 	memorytest.CheckOffNetpoller(t, named)
 	close(m.release)
 }
