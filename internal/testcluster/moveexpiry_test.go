@@ -62,13 +62,19 @@ func (h *commitHold) TransferCommit(ctx context.Context, node api.Node, agentKey
 }
 
 // startHeld starts a cluster of two nodes with moveDevices whose control
-// plane's lender is h, wrapping its HTTPLender.
-func startHeld(t *testing.T, h heldLender) *Cluster {
+// plane's lender is h, wrapping its HTTPLender, and creates the lease of
+// req there.
+func startHeld(ctx context.Context, t *testing.T, h heldLender, req api.LeaseRequest) (*Cluster, api.Lease) {
 	t.Helper()
-	return Start(t, Options{Nodes: 2, Devices: moveDevices(), Lender: func(l controlplane.Lender) controlplane.Lender {
+	c := Start(t, Options{Nodes: 2, Devices: moveDevices(), Lender: func(l controlplane.Lender) controlplane.Lender {
 		h.held().HTTPLender = l.(*controlplane.HTTPLender)
 		return h
 	}})
+	l, err := c.Client().CreateLease(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, l
 }
 
 // moveHeld starts lease id's move on c and waits until it reached the
@@ -129,13 +135,9 @@ func checkHello(ctx context.Context, t *testing.T, uri, what string) {
 func TestMovedPartKnowsTheRenewedExpiry(t *testing.T) {
 	t.Parallel()
 	h := newCommitHold()
-	c := startHeld(t, h)
 	ctx := ctxT(t)
+	c, l := startHeld(ctx, t, h, api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20, TTLSeconds: 600})
 	cl := c.Client()
-	l, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20, TTLSeconds: 600})
-	if err != nil {
-		t.Fatal(err)
-	}
 	writeHello(ctx, t, l.URI)
 	ms := moveHeld(ctx, t, c, l.ID, h)
 	// While the move waits to commit: the lease is renewed, and time

@@ -21,13 +21,9 @@ import (
 func TestRemovedMoveDestinationTakesNoPart(t *testing.T) {
 	t.Parallel()
 	h := newCommitHold()
-	c := startHeld(t, h)
 	ctx := ctxT(t)
+	c, l := startHeld(ctx, t, h, api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20})
 	cl := c.Client()
-	l, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
 	writeHello(ctx, t, l.URI)
 	ms := moveHeld(ctx, t, c, l.ID, h)
 	dst := c.NodeByID(ms[0].To.NodeID)
@@ -78,13 +74,9 @@ func (h *sealHold) TransferSeal(ctx context.Context, node api.Node, agentKey, id
 func TestRemovedMoveSourceCommitsNothing(t *testing.T) {
 	t.Parallel()
 	h := newSealHold()
-	c := startHeld(t, h)
 	ctx := ctxT(t)
+	c, l := startHeld(ctx, t, h, api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20})
 	cl := c.Client()
-	l, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ms := moveHeld(ctx, t, c, l.ID, h)
 	src, dst := c.NodeByID(l.NodeID), c.NodeByID(ms[0].To.NodeID)
 	src.PauseHeartbeats(true)
