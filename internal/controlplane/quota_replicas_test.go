@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/rialto-project/rialto/api"
-	"github.com/rialto-project/rialto/internal/controlplane/store/postgres"
 	"github.com/rialto-project/rialto/internal/pgserver/pgtest"
 )
 
@@ -31,12 +30,7 @@ func TestReloadedQuotaHoldsAcrossReplicas(t *testing.T) {
 			quota := Quotas{Default: Quota{Leases: 1}}
 			tokens := []Token{{Token: aliceTok, Tenant: "alice"}, {Token: bobTok, Tenant: "bob"}}
 			replica := func() (*api.Client, *Server) {
-				st, err := postgres.Open(ctx, url, postgres.Options{MaxConns: 4})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { st.Close() })
-				cfg := Config{Store: st, Lender: lender, BootstrapToken: bootTok, Tokens: tokens}
+				cfg := Config{Store: openPG(ctx, t, url, 4), Lender: lender, BootstrapToken: bootTok, Tokens: tokens}
 				if !reload {
 					cfg.Quotas = quota
 				}

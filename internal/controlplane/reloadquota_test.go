@@ -5,13 +5,10 @@ import (
 	"io"
 	"log/slog"
 	"net/http/httptest"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
-	"github.com/rialto-project/rialto/internal/agent"
-	"github.com/rialto-project/rialto/internal/controlplane/store/postgres"
 	"github.com/rialto-project/rialto/internal/pgserver/pgtest"
 )
 
@@ -26,46 +23,17 @@ func TestReloadedQuotaBindsTheStore(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	st, err := postgres.Open(ctx, pgtest.DB(t), postgres.Options{MaxConns: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := openPG(ctx, t, pgtest.DB(t), 4)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	tokens := []Token{{Token: aliceTok, Tenant: "alice"}}
-	srv, err := New(ctx, Config{Store: st, Logger: log, BootstrapToken: bootTok, Tokens: tokens, PrepareTimeout: 10 * time.Second,
+	srv := runServer(ctx, t, Config{Store: st, Logger: log, BootstrapToken: bootTok, Tokens: tokens, PrepareTimeout: 10 * time.Second,
 		HeartbeatInterval: 100 * time.Millisecond, Quotas: Quotas{Tenants: map[string]Quota{"alice": {Leases: 1}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { // stopped and waited for at cleanup
-		defer close(done)
-		srv.Run(rctx)
-	}()
-	t.Cleanup(func() { stop(); <-done; srv.Close() })
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
 
-	dir := t.TempDir()
-	a, err := agent.New(agent.Config{ControlPlane: ts.URL, BootstrapToken: bootTok, Name: "n1", StateDir: filepath.Join(dir, "n1"),
-		Listen: "127.0.0.1", HeartbeatInterval: 100 * time.Millisecond, Logger: log,
-		Devices: []agent.DeviceConfig{{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 64 << 20}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	actx, stopAgent := context.WithCancel(ctx)
-	agentDone := make(chan error, 1)
-	go func() { agentDone <- a.Run(actx) }() // stopped and waited for at cleanup
-	t.Cleanup(func() { stopAgent(); <-agentDone })
-	select {
-	case <-a.Ready():
-	case err := <-agentDone:
-		t.Fatalf("the agent stopped: %v", err)
-	case <-ctx.Done():
-		t.Fatal("the agent did not join")
-	}
+	a := newTestAgent(t, diskAgentConfig(t, ts.URL, log))
+	a.launch(nil)
+	a.waitReady()
 
 	alice := api.NewClient(ts.URL, aliceTok, nil)
 	small := api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20}

@@ -8,7 +8,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/rialto-project/rialto/internal/controlplane/store/postgres"
 	"github.com/rialto-project/rialto/internal/pgserver/pgtest"
 )
 
@@ -27,23 +26,7 @@ func TestReplicaRevocationBus(t *testing.T) {
 	defer cancel()
 	url := pgtest.DB(t)
 	replica := func() *Server {
-		st, err := postgres.Open(ctx, url, postgres.Options{MaxConns: 4})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { st.Close() })
-		s, err := New(ctx, Config{Store: st, BootstrapToken: bootTok})
-		if err != nil {
-			t.Fatal(err)
-		}
-		rctx, stop := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() { // stopped and waited for at cleanup
-			defer close(done)
-			s.Run(rctx)
-		}()
-		t.Cleanup(func() { stop(); <-done })
-		return s
+		return runServer(ctx, t, Config{Store: openPG(ctx, t, url, 4), BootstrapToken: bootTok})
 	}
 	a, b := replica(), replica()
 	waitFor := func(what string, cond func() bool) {
@@ -120,12 +103,7 @@ func TestCacheUntrustedWithoutBus(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	st, err := postgres.Open(ctx, pgtest.DB(t), postgres.Options{MaxConns: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	s, err := New(ctx, Config{Store: st, BootstrapToken: bootTok})
+	s, err := New(ctx, Config{Store: openPG(ctx, t, pgtest.DB(t), 2), BootstrapToken: bootTok})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,12 +38,7 @@ func TestSweepReadsGoneNodesLeasesOnce(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	pg, err := postgres.Open(ctx, pgtest.DB(t), postgres.Options{MaxConns: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pg.Close() })
-	st := &leaseReads{Store: pg}
+	st := &leaseReads{Store: openPG(ctx, t, pgtest.DB(t), 4)}
 	clk := clock.NewFakeNow(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	srv, err := New(ctx, Config{Store: st, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Clock: clk, BootstrapToken: bootTok,
 		Tokens: []Token{{Token: adminTok, Tenant: "admin", Admin: true}}, HeartbeatInterval: time.Second, SuspectAfter: time.Minute, DownAfter: 2 * time.Minute})

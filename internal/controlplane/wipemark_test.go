@@ -5,7 +5,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http/httptest"
-	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -24,91 +23,46 @@ import (
 // clock, and one real agent lending a block device, which can be killed
 // and started again on its state directory.
 type wipeMarkEnv struct {
-	t     *testing.T
-	st    *postgres.Store
-	srv   *Server
-	clk   *clock.FakeNow
-	url   string
-	acfg  agent.Config
-	stop  context.CancelFunc
-	done  chan error
-	agent *agent.Agent
+	*testAgent
+	t   *testing.T
+	st  *postgres.Store
+	srv *Server
+	clk *clock.FakeNow
+	url string
 }
 
 func newWipeMarkEnv(t *testing.T) *wipeMarkEnv {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
-	st, err := postgres.Open(ctx, pgtest.DB(t), postgres.Options{MaxConns: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := openPG(ctx, t, pgtest.DB(t), 4)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	clk := clock.NewFakeNow(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	srv, err := New(ctx, Config{Store: st, Logger: log, Clock: clk, BootstrapToken: bootTok, Tokens: []Token{{Token: aliceTok, Tenant: "alice"}, {Token: adminTok, Tenant: "admin", Admin: true}},
+	srv := runServer(ctx, t, Config{Store: st, Logger: log, Clock: clk, BootstrapToken: bootTok, Tokens: []Token{{Token: aliceTok, Tenant: "alice"}, {Token: adminTok, Tenant: "admin", Admin: true}},
 		PrepareTimeout: 10 * time.Second, HeartbeatInterval: 100 * time.Millisecond, SuspectAfter: 10 * time.Minute, DownAfter: 20 * time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { // stopped and waited for at cleanup
-		defer close(done)
-		srv.Run(rctx)
-	}()
-	t.Cleanup(func() { stop(); <-done; srv.Close() })
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
-	e := &wipeMarkEnv{t: t, st: st, srv: srv, clk: clk, url: ts.URL,
-		acfg: agent.Config{ControlPlane: ts.URL, BootstrapToken: bootTok, Name: "n1", StateDir: filepath.Join(t.TempDir(), "n1"),
-			Listen: "127.0.0.1", HeartbeatInterval: 100 * time.Millisecond, Logger: log, Clock: clk,
-			Devices: []agent.DeviceConfig{{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 64 << 20}}}}
-	t.Cleanup(e.kill)
-	return e
+	acfg := diskAgentConfig(t, ts.URL, log)
+	acfg.Clock = clk
+	return &wipeMarkEnv{testAgent: newTestAgent(t, acfg), t: t, st: st, srv: srv, clk: clk, url: ts.URL}
 }
 
 // ctx is the test's context (ended when the test ends).
 func (e *wipeMarkEnv) ctx() context.Context { return e.t.Context() }
 
-// launch starts the agent with setup applied to it first, and returns at
-// once.
-func (e *wipeMarkEnv) launch(setup func(*agent.Agent)) {
+// until polls cond every 5 ms (the store, while the lender beats) until
+// it holds, failing the test with msg at the test's deadline.
+func (e *wipeMarkEnv) until(msg string, cond func() bool) {
 	e.t.Helper()
-	a, err := agent.New(e.acfg)
-	if err != nil {
-		e.t.Fatal(err)
+	tick := time.NewTicker(5 * time.Millisecond) // polling with the test's deadline
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-e.ctx().Done():
+			e.t.Fatal(msg)
+		}
 	}
-	if setup != nil {
-		setup(a)
-	}
-	actx, stop := context.WithCancel(e.ctx())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(actx) }() // stopped and waited for by kill
-	e.agent, e.stop, e.done = a, stop, done
-}
-
-// waitReady waits until the launched agent has joined.
-func (e *wipeMarkEnv) waitReady() {
-	e.t.Helper()
-	select {
-	case <-e.agent.Ready():
-	case err := <-e.done:
-		e.done <- err
-		e.t.Fatalf("the agent stopped: %v", err)
-	case <-e.ctx().Done():
-		e.t.Fatal("the agent did not join")
-	}
-}
-
-// kill stops the agent, as a crash would look to the control plane.
-func (e *wipeMarkEnv) kill() {
-	if e.stop == nil {
-		return
-	}
-	e.stop()
-	<-e.done
-	e.stop = nil
 }
 
 // marked reports whether the store keeps lease id's ranges as being
@@ -197,15 +151,7 @@ func TestWipeMarkHeldWhileLenderServes(t *testing.T) {
 	done()
 	e.waitReady()
 	e.clk.Advance(e.srv.cfg.PrepareTimeout + e.srv.cfg.HeartbeatInterval + time.Second)
-	tick := time.NewTicker(5 * time.Millisecond) // polling the store while the lender beats, with the test's deadline
-	defer tick.Stop()
-	for e.marked(l.ID) {
-		select {
-		case <-tick.C:
-		case <-e.ctx().Done():
-			t.Fatal("the mark of a wiped range never went")
-		}
-	}
+	e.until("the mark of a wiped range never went", func() bool { return !e.marked(l.ID) })
 }
 
 // TestWipeMarkHeldAcrossRejoin: a rejoin is not a heartbeat listing the
@@ -224,22 +170,13 @@ func TestWipeMarkHeldAcrossRejoin(t *testing.T) {
 	t.Cleanup(func() { close(hold) }) // before kill
 	// The join is answered (and its answer held by the agent) once the
 	// node is recorded as heard from again.
-	tick := time.NewTicker(5 * time.Millisecond) // polling the store, with the test's deadline
-	defer tick.Stop()
-	for {
+	e.until("the lender did not join again", func() bool {
 		n, err := e.st.Node(e.ctx(), node)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !n.LastHeartbeat.Before(e.clk.Now()) {
-			break
-		}
-		select {
-		case <-tick.C:
-		case <-e.ctx().Done():
-			t.Fatal("the lender did not join again")
-		}
-	}
+		return !n.LastHeartbeat.Before(e.clk.Now())
+	})
 	if err := e.srv.Sweep(e.ctx()); err != nil {
 		t.Fatal(err)
 	}

@@ -4,12 +4,9 @@ import (
 	"context"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/rialto-project/rialto/api"
-	"github.com/rialto-project/rialto/internal/controlplane"
-	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 )
 
 // TestRemovedMoveDestinationTakesNoPart: a node removed (--force) while
@@ -23,37 +20,12 @@ import (
 // listing it lost all the same.
 func TestRemovedMoveDestinationTakesNoPart(t *testing.T) {
 	t.Parallel()
-	h := &commitHold{entered: make(chan struct{}), release: make(chan struct{})}
-	c := Start(t, Options{Nodes: 2, Devices: moveDevices(), Lender: func(l controlplane.Lender) controlplane.Lender {
-		h.HTTPLender = l.(*controlplane.HTTPLender)
-		return h
-	}})
+	h := newCommitHold()
 	ctx := ctxT(t)
+	c, l := startHeld(ctx, t, h, api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20})
 	cl := c.Client()
-	l, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	vol, err := nbd.DialURI(ctx, l.URI)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := vol.WriteAt([]byte("hello"), 4096); err != nil {
-		t.Fatal(err)
-	}
-	if err := vol.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	vol.Close()
-	ms, err := cl.MoveLease(ctx, l.ID, api.MoveRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-h.entered:
-	case <-ctx.Done():
-		t.Fatal("the move did not reach its commit")
-	}
+	writeHello(ctx, t, l.URI)
+	ms := moveHeld(ctx, t, c, l.ID, h)
 	dst := c.NodeByID(ms[0].To.NodeID)
 	dst.PauseHeartbeats(true) // it does not join again
 	r, err := cl.RemoveNode(ctx, dst.ID(), true)
@@ -72,36 +44,20 @@ func TestRemovedMoveDestinationTakesNoPart(t *testing.T) {
 	if got.State != api.LeaseActive || got.NodeID != l.NodeID {
 		t.Fatalf("after the removal of the move's destination the lease is %s on %s (its source is %s)", got.State, got.NodeID, l.NodeID)
 	}
-	vol, err = nbd.DialURI(ctx, got.URI)
-	if err != nil {
-		t.Fatalf("the part at its source: %v", err)
-	}
-	defer vol.Close()
-	b := make([]byte, 5)
-	if _, err := vol.ReadAt(b, 4096); err != nil || string(b) != "hello" {
-		t.Fatalf("the part at its source reads %q (%v)", b, err)
-	}
+	checkHello(ctx, t, got.URI, "the part at its source")
 }
 
-// sealHold is the control plane's lender, whose first transfer seal (a
-// move's source, ready) waits until release is closed: entered is closed
-// when it arrives.
-type sealHold struct {
-	*controlplane.HTTPLender
-	once             sync.Once
-	entered, release chan struct{}
+// sealHold is a lenderHold of the first transfer seal (a move's source,
+// ready).
+type sealHold struct{ lenderHold }
+
+func newSealHold() *sealHold {
+	return &sealHold{lenderHold{step: "seal", entered: make(chan struct{}), release: make(chan struct{})}}
 }
 
 func (h *sealHold) TransferSeal(ctx context.Context, node api.Node, agentKey, id string) (api.Transfer, error) {
-	first := false
-	h.once.Do(func() { first = true })
-	if first {
-		close(h.entered)
-		select {
-		case <-h.release:
-		case <-ctx.Done():
-			return api.Transfer{}, ctx.Err()
-		}
+	if err := h.hold(ctx); err != nil {
+		return api.Transfer{}, err
 	}
 	return h.HTTPLender.TransferSeal(ctx, node, agentKey, id)
 }
@@ -117,26 +73,11 @@ func (h *sealHold) TransferSeal(ctx context.Context, node api.Node, agentKey, id
 // store meanwhile.
 func TestRemovedMoveSourceCommitsNothing(t *testing.T) {
 	t.Parallel()
-	h := &sealHold{entered: make(chan struct{}), release: make(chan struct{})}
-	c := Start(t, Options{Nodes: 2, Devices: moveDevices(), Lender: func(l controlplane.Lender) controlplane.Lender {
-		h.HTTPLender = l.(*controlplane.HTTPLender)
-		return h
-	}})
+	h := newSealHold()
 	ctx := ctxT(t)
+	c, l := startHeld(ctx, t, h, api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20})
 	cl := c.Client()
-	l, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ms, err := cl.MoveLease(ctx, l.ID, api.MoveRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-h.entered:
-	case <-ctx.Done():
-		t.Fatal("the move did not reach its seal")
-	}
+	ms := moveHeld(ctx, t, c, l.ID, h)
 	src, dst := c.NodeByID(l.NodeID), c.NodeByID(ms[0].To.NodeID)
 	src.PauseHeartbeats(true)
 	dst.PauseHeartbeats(true) // no heartbeat answer tears anything down

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"os"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -73,6 +75,45 @@ func ExhaustFds(t testing.TB, leave int) (restore func()) {
 		fds = fds[:len(fds)-1]
 	}
 	return restore
+}
+
+// DialThroughShortage serves ln with serve until the test ends (an error
+// serve returns then fails the test) and dials ln with the process out of
+// descriptors but the client's socket (ExhaustFds), so that the server's
+// accept of the connection fails (EMFILE). It returns the connection once
+// the failed accept was logged to seen (by Failures' logger, the
+// server's) and descriptors are free again. serve returning during the
+// shortage, or no failure logged within 10 s, fails the test.
+func DialThroughShortage(t testing.TB, ln net.Listener, seen <-chan string, serve func(context.Context, net.Listener) error) net.Conn {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	restore := ExhaustFds(t, 1) // the client's socket
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		restore()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	select {
+	case err := <-done:
+		restore()
+		done <- nil
+		t.Fatalf("Serve returned, out of descriptors: %v", err)
+	case <-seen: // the accept failed, and the server goes on
+	case <-time.After(10 * time.Second):
+		restore()
+		t.Fatal("the server did not try to accept the connection")
+	}
+	restore()
+	return nc
 }
 
 // Failures returns a logger whose records about a failed accept (the

@@ -1,11 +1,6 @@
 package redfish_test
 
-import (
-	"encoding/json"
-	"net/http"
-	"strings"
-	"testing"
-)
+import "testing"
 
 // FuzzActionBodies: the Redfish bodies other than a system's (that is
 // FuzzSystemRequest's): the CompositionService.Compose action (Preview,
@@ -38,23 +33,11 @@ func FuzzActionBodies(f *testing.F) {
 		if login {
 			path, tok = "/redfish/v1/SessionService/Sessions", ""
 		}
-		req, _ := http.NewRequest("POST", e.url+path, strings.NewReader(body))
-		if tok != "" {
-			req.SetBasicAuth("a", tok)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var out map[string]any
-		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-			t.Fatalf("%d answer is not JSON: %v", resp.StatusCode, err)
-		}
+		status, out := e.postRaw(path, tok, body)
 		switch {
-		case resp.StatusCode >= 500:
-			t.Fatalf("%d for %q: %v", resp.StatusCode, body, out)
-		case resp.StatusCode >= 300:
+		case status >= 500:
+			t.Fatalf("%d for %q: %v", status, body, out)
+		case status >= 300:
 			redfishError(t, out)
 		}
 	})

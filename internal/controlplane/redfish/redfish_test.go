@@ -138,6 +138,27 @@ func (e *env) do(method, path, token string, body any, hdr ...string) (int, http
 	return resp.StatusCode, resp.Header, out
 }
 
+// postRaw posts body, as it is (a fuzzer's: JSON or not), to path with
+// token (none: "") as basic auth, and returns the answer's status and
+// body, which must be JSON whatever the status.
+func (e *env) postRaw(path, token, body string) (int, map[string]any) {
+	e.t.Helper()
+	req, _ := http.NewRequest("POST", e.url+path, strings.NewReader(body))
+	if token != "" {
+		req.SetBasicAuth("a", token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		e.t.Fatalf("%d answer is not JSON: %v", resp.StatusCode, err)
+	}
+	return resp.StatusCode, out
+}
+
 func (e *env) block(name string) map[string]any {
 	return map[string]any{"@odata.id": "/redfish/v1/CompositionService/ResourceBlocks/" + e.dev[name].ID}
 }
@@ -683,24 +704,14 @@ func FuzzSystemRequest(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body string) {
 		e := newEnv(t)
-		req, _ := http.NewRequest("POST", e.url+"/redfish/v1/Systems", strings.NewReader(body))
-		req.SetBasicAuth("a", admin)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var out map[string]any
-		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-			t.Fatalf("answer is not JSON: %v", err)
-		}
+		status, out := e.postRaw("/redfish/v1/Systems", admin, body)
 		switch {
-		case resp.StatusCode == 201:
+		case status == 201:
 			if _, err := e.v1[admin].ReleaseLease(e.ctx(), out["Id"].(string)); err != nil {
 				t.Fatal(err)
 			}
-		case resp.StatusCode >= 500:
-			t.Fatalf("%d for %q: %v", resp.StatusCode, body, out)
+		case status >= 500:
+			t.Fatalf("%d for %q: %v", status, body, out)
 		default:
 			redfishError(t, out)
 		}

@@ -2,9 +2,7 @@ package nbd
 
 import (
 	"bytes"
-	"context"
 	"io"
-	"net"
 	"testing"
 	"time"
 
@@ -23,34 +21,7 @@ func TestServeOutOfDescriptors(t *testing.T) {
 	if err := s.AddExport(Export{Name: testName, Backend: NewMemBackend(1 << 20)}); err != nil {
 		t.Fatal(err)
 	}
-	ln := listen(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	restore := accepttest.ExhaustFds(t, 1) // the client's socket
-	nc, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		restore()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { nc.Close() })
-	select {
-	case err := <-done:
-		restore()
-		done <- nil
-		t.Fatalf("Serve returned, out of descriptors: %v", err)
-	case <-seen: // the accept failed, and the server goes on
-	case <-time.After(10 * time.Second):
-		restore()
-		t.Fatal("the server did not try to accept the connection")
-	}
-	restore()
+	nc := accepttest.DialThroughShortage(t, listen(t), seen, s.Serve)
 	_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
 	greeting := make([]byte, 16)
 	if _, err := io.ReadFull(nc, greeting); err != nil || !bytes.Equal(greeting, []byte("NBDMAGICIHAVEOPT")) {

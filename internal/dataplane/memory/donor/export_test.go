@@ -1,5 +1,12 @@
 package donor
 
+import (
+	"net"
+	"testing"
+
+	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
+)
+
 // RawFds returns the descriptors of the connections the donor serves with
 // raw syscalls (sync connections, bulk streams, fault connections).
 func (d *Donor) RawFds() []int {
@@ -18,3 +25,16 @@ func (d *Donor) RawFds() []int {
 // to the netpoller (parked) and back, from its serving goroutine, with its
 // descriptor (rawconn.Idle.Moved): a test may send requests then.
 func (d *Donor) SetMoved(f func(fd int, parked bool)) { d.moved = f }
+
+// SendFrame is send (h with payload on c), for the external tests.
+func SendFrame(t *testing.T, c net.Conn, h protocol.Header, payload []byte) {
+	t.Helper()
+	send(t, c, h, payload)
+}
+
+// SendHello is helloRaw (HELLO m on c; the reply's session id), for the
+// external tests.
+func SendHello(t *testing.T, c net.Conn, m protocol.Hello) uint64 {
+	t.Helper()
+	return helloRaw(t, c, m)
+}

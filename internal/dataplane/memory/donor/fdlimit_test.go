@@ -1,11 +1,9 @@
 package donor_test
 
 import (
-	"context"
 	"net"
 	"runtime"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -74,17 +72,9 @@ func goroutineState(t *testing.T, frame string) (string, string) {
 // a thread MaxPollThreads did not count: every connection that went idle
 // during a shortage of descriptors held one, past the bound, for good.
 func TestIdleConnectionOutOfDescriptors(t *testing.T) {
-	var port atomic.Int32
-	var moves <-chan move
-	td := memorytest.StartWith(t, 1<<20, 0, func(d *donor.Donor) {
-		d.IdleWait = 1
-		moves = watchMoves(t, d, &port)
-	})
-	_, sess := dialConn(t, td.Addr, nil, protocol.KindControl, 0, nil)
-	c, _ := dialConn(t, td.Addr, nil, protocol.KindSync, sess, func(nc net.Conn) {
-		port.Store(int32(nc.LocalAddr().(*net.TCPAddr).Port))
-	})
-	m := nextMove(t, moves, true) // before it registers
+	td, _, w := startWatched(t, nil, false)
+	_, c := w.dial(t, td.Addr, nil)
+	m := w.next(t, true) // before it registers
 	restore := accepttest.ExhaustFds(t, 0)
 	close(m.release)
 	state, stack := goroutineState(t, "rawconn.(*Conn).waitInput")
@@ -104,7 +94,7 @@ func TestIdleConnectionOutOfDescriptors(t *testing.T) {
 	}
 	// It serves its next request.
 	c.send(t, protocol.Header{Op: protocol.OpPing, Seq: 1}, nil)
-	close(nextMove(t, moves, false).release)
+	close(w.next(t, false).release)
 	c.reply(t, 1, protocol.OpPing)
 }
 
@@ -121,47 +111,13 @@ func TestServeOutOfDescriptors(t *testing.T) {
 	if err := d.AddRegion(testCred, 1<<20); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = d.RemoveRegion(testCred) }) // after Serve returns
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-		_ = d.RemoveRegion(testCred)
-	})
-	restore := accepttest.ExhaustFds(t, 1) // the client's socket
-	nc, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		restore()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { nc.Close() })
-	select {
-	case err := <-done:
-		restore()
-		done <- nil
-		t.Fatalf("Serve returned, out of descriptors: %v", err)
-	case <-seen: // the accept failed, and the donor goes on
-	case <-time.After(10 * time.Second):
-		restore()
-		t.Fatal("the donor did not try to accept the connection")
-	}
-	restore()
+	nc := accepttest.DialThroughShortage(t, ln, seen, d.Serve)
 	// The connection it could not accept is served.
-	b := (&protocol.Hello{Kind: protocol.KindControl, Credential: testCred}).Encode(make([]byte, protocol.HeaderSize))
-	(&protocol.Header{Op: protocol.OpHello, Payload: uint32(len(b) - protocol.HeaderSize)}).Encode(b)
-	if _, err := nc.Write(b); err != nil {
-		t.Fatal(err)
-	}
 	_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
-	var hdr [protocol.HeaderSize]byte
-	if fr, err := protocol.ReadFrame(nc, hdr[:], nil); err != nil || fr.Status != protocol.StatusOK {
-		t.Fatalf("hello: %v %d %s", err, fr.Status, fr.Data)
-	}
+	donor.SendHello(t, nc, protocol.Hello{Kind: protocol.KindControl, Credential: testCred})
 }

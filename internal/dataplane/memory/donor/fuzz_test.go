@@ -202,9 +202,20 @@ func FuzzSyncRaw(f *testing.F) {
 	})
 }
 
+// helloRaw sends HELLO m on c and returns the reply's session id.
 func helloRaw(t *testing.T, c net.Conn, m protocol.Hello) uint64 {
+	t.Helper()
+	return binary.BigEndian.Uint64(helloFrame(t, c, m, protocol.Header{}))
+}
+
+// helloFrame sends HELLO m on c in header h (its op and payload length
+// set here; the rest, a reply length or a move's generation, as given)
+// and returns the reply's payload. A reply other than OK fails the test.
+func helloFrame(t *testing.T, c net.Conn, m protocol.Hello, h protocol.Header) []byte {
+	t.Helper()
 	b := m.Encode(make([]byte, protocol.HeaderSize))
-	h := protocol.Header{Op: protocol.OpHello, Payload: uint32(len(b) - protocol.HeaderSize)}
+	h.Op = protocol.OpHello
+	h.Payload = uint32(len(b) - protocol.HeaderSize)
 	h.Encode(b)
 	if _, err := c.Write(b); err != nil {
 		t.Fatal(err)
@@ -214,5 +225,5 @@ func helloRaw(t *testing.T, c net.Conn, m protocol.Hello) uint64 {
 	if err != nil || fr.Status != protocol.StatusOK {
 		t.Fatalf("hello: %v %d %s", err, fr.Status, fr.Data)
 	}
-	return binary.BigEndian.Uint64(fr.Data)
+	return fr.Data
 }

@@ -24,20 +24,9 @@ func helloMove(t *testing.T, addr, cred string, replyLen uint32, moveGen uint64)
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	m := protocol.Hello{Kind: protocol.KindControl, Credential: cred}
-	b := m.Encode(make([]byte, protocol.HeaderSize))
-	h := protocol.Header{Op: protocol.OpHello, Payload: uint32(len(b) - protocol.HeaderSize), Length: replyLen, Offset: moveGen}
-	h.Encode(b)
-	if _, err := c.Write(b); err != nil {
-		t.Fatal(err)
-	}
-	var hdr [protocol.HeaderSize]byte
-	f, err := protocol.ReadFrame(c, hdr[:], nil)
-	if err != nil || f.Status != protocol.StatusOK {
-		t.Fatalf("hello: %v %d %s", err, f.Status, f.Data)
-	}
+	data := helloFrame(t, c, protocol.Hello{Kind: protocol.KindControl, Credential: cred}, protocol.Header{Length: replyLen, Offset: moveGen})
 	c.Close() // ends the session: the next control HELLO is admitted
-	return f.Data
+	return data
 }
 
 // TestHelloReplyGeneration: a client that reads the region's generation

@@ -1,12 +1,9 @@
 package donor_test
 
 import (
-	"crypto/tls"
 	"fmt"
-	"net"
 	"os"
 	"runtime"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -37,30 +34,14 @@ func TestTeardownAtIdleSwitch(t *testing.T) {
 	for _, withTLS := range []bool{false, true} {
 		for _, parking := range []bool{true, false} {
 			t.Run(fmt.Sprintf("tls=%v/parking=%v", withTLS, parking), func(t *testing.T) {
-				var port atomic.Int32
-				var moves <-chan move
-				set := func(d *donor.Donor) {
-					d.IdleWait = 1
-					moves = watchMoves(t, d, &port)
-				}
-				var cfg *tls.Config
-				var td *memorytest.Donor
-				if withTLS {
-					cfg = memorytest.ClientTLS(t, ca)
-					td = memorytest.StartTLSWith(t, memorytest.ServerTLS(t, ca), 1<<20, 0, set)
-				} else {
-					td = memorytest.StartWith(t, 1<<20, 0, set)
-				}
+				td, cfg, w := startWatched(t, ca, withTLS)
 				before := openFds(t)
-				ctl, sess := dialConn(t, td.Addr, cfg, protocol.KindControl, 0, nil)
-				c, _ := dialConn(t, td.Addr, cfg, protocol.KindSync, sess, func(nc net.Conn) {
-					port.Store(int32(nc.LocalAddr().(*net.TCPAddr).Port))
-				})
-				m := nextMove(t, moves, true)
+				ctl, c := w.dial(t, td.Addr, cfg)
+				m := w.next(t, true)
 				if !parking {
 					close(m.release)
 					c.send(t, protocol.Header{Op: protocol.OpPing, Seq: 1}, nil)
-					m = nextMove(t, moves, false)
+					m = w.next(t, false)
 				}
 				removed := make(chan error, 1)
 				go func() { removed <- td.D.RemoveRegion(testCred) }()
@@ -77,7 +58,7 @@ func TestTeardownAtIdleSwitch(t *testing.T) {
 				}
 				close(m.release)
 				go func() { // a move back, woken by the shutdown
-					for m := range moves {
+					for m := range w.moves {
 						close(m.release)
 					}
 				}()
@@ -112,25 +93,11 @@ func TestIdleSwitchesLeaveNoDescriptors(t *testing.T) {
 	for _, withTLS := range []bool{false, true} {
 		t.Run(fmt.Sprintf("tls=%v", withTLS), func(t *testing.T) {
 			const n = 4
-			moved := make(chan struct{}, 1)
-			set := func(d *donor.Donor) {
-				d.IdleWait = 1
-				d.SetMoved(func(int, bool) {
-					select {
-					case moved <- struct{}{}:
-					default:
-					}
-				})
-			}
-			var cfg *tls.Config
-			var td *memorytest.Donor
+			var moved <-chan struct{}
+			td, cfg := startIdle(t, ca, withTLS, func(d *donor.Donor) { moved = signalMoves(d) })
 			want := n
 			if withTLS {
-				cfg = memorytest.ClientTLS(t, ca)
-				td = memorytest.StartTLSWith(t, memorytest.ServerTLS(t, ca), 1<<20, 0, set)
 				want++ // the control connection is a raw one too
-			} else {
-				td = memorytest.StartWith(t, 1<<20, 0, set)
 			}
 			before := openFds(t)
 			for range 3 {
@@ -141,17 +108,7 @@ func TestIdleSwitchesLeaveNoDescriptors(t *testing.T) {
 					cs = append(cs, c)
 				}
 				for k := range 10 {
-					for {
-						if parked, _ := td.D.ParkedConns(); parked == want {
-							break
-						}
-						select {
-						case <-moved:
-						case <-time.After(10 * time.Second):
-							parked, _ := td.D.ParkedConns()
-							t.Fatalf("%d of %d connections parked", parked, want)
-						}
-					}
+					awaitParked(t, td, moved, want)
 					for _, c := range cs {
 						c.ping(t, uint32(k+1))
 					}

@@ -3,7 +3,6 @@ package donor_test
 import (
 	"bytes"
 	"crypto/tls"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -19,6 +18,7 @@ import (
 	"github.com/rialto-project/rialto/internal/dataplane/memory/donor"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/memorytest"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
+	"github.com/rialto-project/rialto/internal/pki"
 	"golang.org/x/sys/unix"
 )
 
@@ -85,28 +85,13 @@ func dialConn(t *testing.T, addr string, cfg *tls.Config, kind uint8, session ui
 		cfg.ServerName = "127.0.0.1"
 		c.Conn = tls.Client(c.Conn, cfg)
 	}
-	b := (&protocol.Hello{Kind: kind, Session: session, Credential: testCred}).Encode(make([]byte, protocol.HeaderSize))
-	(&protocol.Header{Op: protocol.OpHello, Payload: uint32(len(b) - protocol.HeaderSize)}).Encode(b)
-	if _, err := c.Write(b); err != nil {
-		t.Fatal(err)
-	}
-	var hdr [protocol.HeaderSize]byte
-	fr, err := protocol.ReadFrame(c, hdr[:], nil)
-	if err != nil || fr.Status != protocol.StatusOK {
-		t.Fatalf("hello: %v %d %s", err, fr.Status, fr.Data)
-	}
-	return c, binary.BigEndian.Uint64(fr.Data)
+	return c, donor.SendHello(t, c, protocol.Hello{Kind: kind, Session: session, Credential: testCred})
 }
 
 // send sends h with payload on c.
 func (c *conn) send(t *testing.T, h protocol.Header, payload []byte) {
 	t.Helper()
-	h.Payload = uint32(len(payload))
-	b := make([]byte, protocol.HeaderSize, protocol.HeaderSize+len(payload))
-	h.Encode(b)
-	if _, err := c.Write(append(b, payload...)); err != nil {
-		t.Fatalf("op %d: %v", h.Op, err)
-	}
+	donor.SendFrame(t, c, h, payload)
 }
 
 // reply reads the reply to request seq of op on c and returns its data.
@@ -152,19 +137,26 @@ type move struct {
 	release chan struct{}
 }
 
-// watchMoves has the donor's raw connections whose peer's port is
-// *port report their moves on the returned channel, each held until the
-// test releases it (or ends); the others go on.
-func watchMoves(t *testing.T, d *donor.Donor, port *atomic.Int32) <-chan move {
-	moves := make(chan move)
+// watch reports the moves of one of a donor's raw connections (the one
+// whose peer's port is port: dial's sync connection) on moves, each held
+// until the test releases it (or ends); the others go on.
+type watch struct {
+	port  atomic.Int32
+	moves chan move
+}
+
+// watchMoves has d report the moves of the connection the watch returned
+// dials.
+func watchMoves(t *testing.T, d *donor.Donor) *watch {
+	w := &watch{moves: make(chan move)}
 	done := t.Context().Done() // before the donor stops (its cleanup)
 	d.SetMoved(func(fd int, parked bool) {
-		if int32(peerPort(fd)) != port.Load() {
+		if int32(peerPort(fd)) != w.port.Load() {
 			return
 		}
 		m := move{fd: fd, parked: parked, release: make(chan struct{})}
 		select {
-		case moves <- m:
+		case w.moves <- m:
 		case <-done:
 			return
 		}
@@ -173,14 +165,25 @@ func watchMoves(t *testing.T, d *donor.Donor, port *atomic.Int32) <-chan move {
 		case <-done:
 		}
 	})
-	return moves
+	return w
 }
 
-// nextMove waits for the next move reported and checks which way it goes.
-func nextMove(t *testing.T, moves <-chan move, parked bool) move {
+// dial opens a session on the donor at addr (with TLS when cfg is set):
+// its control connection, and a sync connection, the one watched.
+func (w *watch) dial(t *testing.T, addr string, cfg *tls.Config) (ctl, c *conn) {
+	t.Helper()
+	ctl, sess := dialConn(t, addr, cfg, protocol.KindControl, 0, nil)
+	c, _ = dialConn(t, addr, cfg, protocol.KindSync, sess, func(nc net.Conn) {
+		w.port.Store(int32(nc.LocalAddr().(*net.TCPAddr).Port))
+	})
+	return ctl, c
+}
+
+// next waits for the next move reported and checks which way it goes.
+func (w *watch) next(t *testing.T, parked bool) move {
 	t.Helper()
 	select {
-	case m := <-moves:
+	case m := <-w.moves:
 		if m.parked != parked {
 			t.Fatalf("a move parked=%v, want parked=%v", m.parked, parked)
 		}
@@ -209,6 +212,65 @@ func arrived(t *testing.T, fd int, n int64) {
 	}
 }
 
+// startIdle serves a donor whose connections move to the netpoller as soon
+// as a wait finds no request (IdleWait 1), set (nil: none) setting its
+// other fields. With withTLS it requires TLS with a certificate from ca,
+// and the configuration returned is its client's; without, it is
+// plaintext and the configuration nil.
+func startIdle(t *testing.T, ca *pki.CA, withTLS bool, set func(*donor.Donor)) (*memorytest.Donor, *tls.Config) {
+	t.Helper()
+	idle := func(d *donor.Donor) {
+		d.IdleWait = 1
+		if set != nil {
+			set(d)
+		}
+	}
+	if !withTLS {
+		return memorytest.StartWith(t, 1<<20, 0, idle), nil
+	}
+	return memorytest.StartTLSWith(t, memorytest.ServerTLS(t, ca), 1<<20, 0, idle), memorytest.ClientTLS(t, ca)
+}
+
+// startWatched is startIdle with its moves watched (watchMoves).
+func startWatched(t *testing.T, ca *pki.CA, withTLS bool) (*memorytest.Donor, *tls.Config, *watch) {
+	t.Helper()
+	var w *watch
+	td, cfg := startIdle(t, ca, withTLS, func(d *donor.Donor) { w = watchMoves(t, d) })
+	return td, cfg, w
+}
+
+// signalMoves has d signal each move of its raw connections to the
+// netpoller and back on the returned channel, which holds one signal
+// (more are dropped while it is full): a look at the connections parked
+// is due.
+func signalMoves(d *donor.Donor) <-chan struct{} {
+	moved := make(chan struct{}, 1)
+	d.SetMoved(func(int, bool) {
+		select {
+		case moved <- struct{}{}:
+		default:
+		}
+	})
+	return moved
+}
+
+// awaitParked waits until want of td's connections are parked on the
+// netpoller, looking again at each signal on moved (signalMoves).
+func awaitParked(t *testing.T, td *memorytest.Donor, moved <-chan struct{}, want int) {
+	t.Helper()
+	for {
+		if parked, _ := td.D.ParkedConns(); parked == want {
+			return
+		}
+		select {
+		case <-moved:
+		case <-time.After(10 * time.Second):
+			parked, polling := td.D.ParkedConns()
+			t.Fatalf("%d of %d connections parked (%d threads held)", parked, want, polling)
+		}
+	}
+}
+
 // TestIdleConnectionsHoldNoThreads: data connections that wait for their
 // next request hold none of the donor's threads once idle for IdleWait:
 // their goroutines wait on the netpoller. Each held a thread sleeping in
@@ -223,15 +285,10 @@ func TestIdleConnectionsHoldNoThreads(t *testing.T) {
 		idle time.Duration
 	}{{"IdleWait negative: held, as before", -1}, {"IdleWait 1ms", time.Millisecond}} {
 		t.Run(tc.name, func(t *testing.T) {
-			moved := make(chan struct{}, 1)
+			var moved <-chan struct{}
 			td := memorytest.StartWith(t, 1<<20, 0, func(d *donor.Donor) {
 				d.IdleWait = tc.idle
-				d.SetMoved(func(int, bool) {
-					select {
-					case moved <- struct{}{}:
-					default:
-					}
-				})
+				moved = signalMoves(d)
 			})
 			_, sess := dialConn(t, td.Addr, nil, protocol.KindControl, 0, nil)
 			before := pollThreads(t)
@@ -256,17 +313,7 @@ func TestIdleConnectionsHoldNoThreads(t *testing.T) {
 				t.Logf("%d idle connections hold %d threads in poll(2)", n, got)
 				return
 			}
-			for {
-				if parked, _ := td.D.ParkedConns(); parked == n {
-					break
-				}
-				select {
-				case <-moved:
-				case <-time.After(10 * time.Second):
-					parked, polling := td.D.ParkedConns()
-					t.Fatalf("%d of %d idle connections parked (%d threads held)", parked, n, polling)
-				}
-			}
+			awaitParked(t, td, moved, n)
 			if _, polling := td.D.ParkedConns(); polling != 0 {
 				t.Fatalf("%d threads held for poll(2) with every connection parked", polling)
 			}
@@ -291,27 +338,11 @@ func TestRequestsAroundIdleSwitch(t *testing.T) {
 	ca := memorytest.NewCA(t)
 	for _, withTLS := range []bool{false, true} {
 		t.Run(fmt.Sprintf("tls=%v", withTLS), func(t *testing.T) {
-			var port atomic.Int32
-			var moves <-chan move
-			set := func(d *donor.Donor) {
-				d.IdleWait = 1 // moves as soon as a wait finds no request
-				moves = watchMoves(t, d, &port)
-			}
-			var cfg *tls.Config
-			var td *memorytest.Donor
-			if withTLS {
-				cfg = memorytest.ClientTLS(t, ca)
-				td = memorytest.StartTLSWith(t, memorytest.ServerTLS(t, ca), 1<<20, 0, set)
-			} else {
-				td = memorytest.StartWith(t, 1<<20, 0, set)
-			}
-			_, sess := dialConn(t, td.Addr, cfg, protocol.KindControl, 0, nil)
-			c, _ := dialConn(t, td.Addr, cfg, protocol.KindSync, sess, func(nc net.Conn) {
-				port.Store(int32(nc.LocalAddr().(*net.TCPAddr).Port))
-			})
+			td, cfg, w := startWatched(t, ca, withTLS)
+			_, c := w.dial(t, td.Addr, cfg)
 			seq := uint32(0)
 			for k := range 60 {
-				m := nextMove(t, moves, true)
+				m := w.next(t, true)
 				// Nothing is left to read at the donor: its wait found
 				// no request.
 				start := c.wrote.Load()
@@ -333,7 +364,7 @@ func TestRequestsAroundIdleSwitch(t *testing.T) {
 					close(m.release)
 					c.send(t, protocol.Header{Op: protocol.OpWrite, Seq: seq, Offset: off, Length: uint32(len(payload))}, payload)
 				}
-				back := nextMove(t, moves, false)
+				back := w.next(t, false)
 				// Woken by the request: another behind it, as it
 				// leaves the netpoller.
 				seq++
@@ -360,30 +391,22 @@ func TestRequestsAroundIdleSwitch(t *testing.T) {
 // is read), as TestRawDescriptorsOffNetpoller wants of a connection in
 // use: every segment of a registered socket wakes the netpoller's thread.
 func TestIdleConnectionLeavesNetpoller(t *testing.T) {
-	var port atomic.Int32
-	var moves <-chan move
-	td := memorytest.StartWith(t, 1<<20, 0, func(d *donor.Donor) {
-		d.IdleWait = 1
-		moves = watchMoves(t, d, &port)
-	})
-	_, sess := dialConn(t, td.Addr, nil, protocol.KindControl, 0, nil)
-	c, _ := dialConn(t, td.Addr, nil, protocol.KindSync, sess, func(nc net.Conn) {
-		port.Store(int32(nc.LocalAddr().(*net.TCPAddr).Port))
-	})
-	m := nextMove(t, moves, true)
+	td, _, w := startWatched(t, nil, false)
+	_, c := w.dial(t, td.Addr, nil)
+	m := w.next(t, true)
 	named := map[int]string{m.fd: "an idle connection"}
 	if regs := memorytest.Registrations(t, named); len(regs) != 0 {
 		t.Fatalf("registered before it moved: %v", regs)
 	}
 	close(m.release)
 	c.send(t, protocol.Header{Op: protocol.OpPing, Seq: 1}, nil)
-	m = nextMove(t, moves, false)
+	m = w.next(t, false)
 	if regs := memorytest.Registrations(t, named); len(regs) != 1 {
 		t.Fatalf("an idle connection woken on the netpoller has %d registrations, want 1: %v", len(regs), regs)
 	}
 	close(m.release)
 	c.reply(t, 1, protocol.OpPing)
-	m = nextMove(t, moves, true) // its next wait, after the answer
+	m = w.next(t, true) // its next wait, after the answer
 	memorytest.CheckOffNetpoller(t, named)
 	close(m.release)
 }
@@ -440,25 +463,11 @@ func TestTeardownWakesParkedConnections(t *testing.T) {
 	for _, withTLS := range []bool{false, true} {
 		t.Run(fmt.Sprintf("tls=%v", withTLS), func(t *testing.T) {
 			const n = 6
-			moved := make(chan struct{}, 1)
-			set := func(d *donor.Donor) {
-				d.IdleWait = 1
-				d.SetMoved(func(int, bool) {
-					select {
-					case moved <- struct{}{}:
-					default:
-					}
-				})
-			}
-			var cfg *tls.Config
-			var td *memorytest.Donor
+			var moved <-chan struct{}
+			td, cfg := startIdle(t, ca, withTLS, func(d *donor.Donor) { moved = signalMoves(d) })
 			want := n
 			if withTLS {
-				cfg = memorytest.ClientTLS(t, ca)
-				td = memorytest.StartTLSWith(t, memorytest.ServerTLS(t, ca), 1<<20, 0, set)
 				want++ // the control connection is a raw one too
-			} else {
-				td = memorytest.StartWith(t, 1<<20, 0, set)
 			}
 			_, sess := dialConn(t, td.Addr, cfg, protocol.KindControl, 0, nil)
 			var cs []*conn
@@ -467,17 +476,7 @@ func TestTeardownWakesParkedConnections(t *testing.T) {
 				c.ping(t, 1)
 				cs = append(cs, c)
 			}
-			for {
-				if parked, _ := td.D.ParkedConns(); parked == want {
-					break
-				}
-				select {
-				case <-moved:
-				case <-time.After(10 * time.Second):
-					parked, _ := td.D.ParkedConns()
-					t.Fatalf("%d of %d connections parked", parked, want)
-				}
-			}
+			awaitParked(t, td, moved, want)
 			if err := td.D.RemoveRegion(testCred); err != nil {
 				t.Fatal(err)
 			}
