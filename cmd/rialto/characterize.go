@@ -268,12 +268,14 @@ func characterizeTarget(ctx context.Context, c *api.Client, arg string) (api.Dev
 	case 0:
 		return api.Device{}, "", fmt.Errorf("no device %q: give a device ID, NODE/NAME or a unique name (see `rialto devices`)", arg)
 	}
+	// Each by its ID too: NODE/NAME is the same for devices of nodes that
+	// share a name.
 	var alts []string
 	for _, d := range found {
-		alts = append(alts, label(d)+"/"+d.Name)
+		alts = append(alts, d.ID+" ("+label(d)+"/"+d.Name+")")
 	}
 	sort.Strings(alts)
-	return api.Device{}, "", fmt.Errorf("device name %q is ambiguous: use one of %s", arg, strings.Join(alts, ", "))
+	return api.Device{}, "", fmt.Errorf("device name %q is ambiguous: give one of the device IDs %s", arg, strings.Join(alts, ", "))
 }
 
 var runProfiles = listCommand((*api.Client).Profiles, func(_ context.Context, w io.Writer, _ *api.Client, ps []api.Profile) {

@@ -65,7 +65,7 @@ func (s *Server) routeTable() []route {
 		{httpapi.Route{Method: "POST", Path: "/v1/leases/{id}/release", Summary: "Release a lease; lenders tear its exports down.",
 			Response: api.Lease{}, Query: explainParam, Errors: []int{400, 401, 403, 404, 409, 500}}, accessTenant, s.hRelease},
 		{httpapi.Route{Method: "POST", Path: "/v1/explain", Summary: "Dry run: the plan a lease request would get; reserves nothing.",
-			Request: api.LeaseRequest{}, Response: api.Plan{}, Errors: []int{400, 401, 403, 500}}, accessTenant, s.hExplain},
+			Request: api.LeaseRequest{}, Response: api.Plan{}, Errors: []int{400, 401, 403, 409, 500}}, accessTenant, s.hExplain},
 		{httpapi.Route{Method: "GET", Path: "/v1/events", Summary: "Audit events after an ID, oldest first (a tenant sees its own leases' and the cluster's; an admin all); with follow=1, a stream of them that stays open (docs/api.md).", Response: []api.Event{},
 			Query: []httpapi.Param{{Name: "since", Type: "integer", Description: "return events with a greater ID (410 if events after it were pruned: history retention)"},
 				{Name: "limit", Type: "integer", Description: "at most this many (default and maximum 1000)"},

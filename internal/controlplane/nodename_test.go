@@ -1,10 +1,12 @@
 package controlplane
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
 )
 
 // TestNodeNameAfterRemoval: names are not unique. Another machine joins
@@ -41,5 +43,33 @@ func TestNodeNameAfterRemoval(t *testing.T) {
 	}
 	if n, err := e.admin.CordonNode(e.ctx(), fresh.NodeID); err != nil || n.ID != fresh.NodeID {
 		t.Fatalf("cordon by ID: %v %+v", err, n)
+	}
+}
+
+// TestNodeTermsNames: an affinity term that is a node name means the node
+// of that name that is not removed, whichever order the nodes come in; a
+// name two live nodes have is ambiguous as affinity (ErrConflict) and
+// means both as anti-affinity; IDs, labels and unknown terms pass through.
+func TestNodeTermsNames(t *testing.T) {
+	t.Parallel()
+	removed := api.Node{ID: "node-a", Name: "n1", State: api.NodeRemoved}
+	live := api.Node{ID: "node-b", Name: "n1", State: api.NodeReady}
+	down := api.Node{ID: "node-c", Name: "n2", State: api.NodeDown}
+	for _, nodes := range [][]api.Node{{removed, live, down}, {down, live, removed}} {
+		inv := store.Inventory{Nodes: nodes}
+		for _, anti := range []bool{false, true} {
+			got, err := nodeTerms(inv, []string{"n1", "n2", "node-a", "rack=r1", "nothing"}, nil, anti)
+			if err != nil || strings.Join(got, " ") != "node-b node-c node-a rack=r1 nothing" {
+				t.Fatalf("anti %v, nodes %v: %v %v", anti, nodes, got, err)
+			}
+		}
+	}
+	other := api.Node{ID: "node-d", Name: "n1", State: api.NodeSuspect}
+	inv := store.Inventory{Nodes: []api.Node{removed, live, other}}
+	if _, err := nodeTerms(inv, []string{"n1"}, nil, false); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "node-b") || !strings.Contains(err.Error(), "node-d") {
+		t.Fatalf("affinity to a name two live nodes have: %v", err)
+	}
+	if got, err := nodeTerms(inv, []string{"n1"}, nil, true); err != nil || strings.Join(got, " ") != "node-b node-d" {
+		t.Fatalf("anti-affinity to a name two live nodes have: %v %v", got, err)
 	}
 }

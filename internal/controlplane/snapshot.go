@@ -82,7 +82,10 @@ func placeRequest(inv store.Inventory, req api.LeaseRequest, tenant string, quot
 	if x == nil {
 		x = placement.NewIndex(snapshot(inv, skip, now, quotas))
 	}
-	preq := placementRequest(inv, req, pins)
+	preq, err := placementRequest(inv, req, pins)
+	if err != nil {
+		return api.Plan{At: now, State: "infeasible", Explanation: []string{err.Error()}}, nil, err
+	}
 	preq.Tenant = tenant
 	var head []string
 	for _, id := range sortedKeys(skip) {
@@ -131,7 +134,15 @@ func borrowerName(borrower string) string {
 // the lender's gateway). Affinity terms that name devices become pins,
 // terms that name nodes by name are matched by node ID; labels are a
 // selector.
-func placementRequest(inv store.Inventory, req api.LeaseRequest, pins map[string]api.Device) placement.Request {
+func placementRequest(inv store.Inventory, req api.LeaseRequest, pins map[string]api.Device) (placement.Request, error) {
+	affinity, err := nodeTerms(inv, req.Affinity, pins, false)
+	if err != nil {
+		return placement.Request{}, err
+	}
+	anti, err := nodeTerms(inv, req.AntiAffinity, nil, true)
+	if err != nil {
+		return placement.Request{}, err
+	}
 	borrower, name := cpVertex, borrowerName(req.Borrower)
 	for _, n := range inv.Nodes {
 		if n.ID == req.Borrower && n.State == api.NodeReady {
@@ -152,7 +163,7 @@ func placementRequest(inv store.Inventory, req api.LeaseRequest, pins map[string
 		// "Disaggregating Non-Volatile Memory for Throughput-Oriented
 		// Genomics Workloads").
 		AllowCompose: req.Mode == api.ModeComposed || count > 1 || (req.Mode == "" && req.Kind == api.KindBlock),
-		Affinity:     nodeTerms(inv, req.Affinity, pins), AntiAffinity: nodeTerms(inv, req.AntiAffinity, nil),
+		Affinity:     affinity, AntiAffinity: anti,
 		Labels: req.Labels, Strategy: req.Strategy,
 	}
 	if req.Kind == api.KindAccel {
@@ -193,7 +204,7 @@ func placementRequest(inv store.Inventory, req api.LeaseRequest, pins map[string
 			preq.StripeUnit = defaultStripeUnit
 		}
 	}
-	return preq
+	return preq, nil
 }
 
 // leaseMode is the lease's mode for placement's: an accel lease is
@@ -288,24 +299,55 @@ func placementMode(kind api.Kind, mode api.Mode, parts []api.Part, capacity func
 
 // nodeTerms returns affinity terms as placement matches them: node names
 // become node IDs, device pins are left out (they are Request.Devices).
-func nodeTerms(inv store.Inventory, terms []string, pins map[string]api.Device) []string {
+// Names are not unique (another machine may join under a removed node's
+// name, or under a live one's, with the bootstrap token): a name means
+// its nodes that are not removed (the removed ones if it has no other). A
+// name several such nodes have means them all as an anti-affinity term
+// (anti), which keeps every one out; as an affinity term it is ambiguous
+// (ErrConflict, the IDs listed), not whichever came first, which could be
+// a newcomer's node handed the tenant's bytes meant for another.
+func nodeTerms(inv store.Inventory, terms []string, pins map[string]api.Device, anti bool) ([]string, error) {
 	if len(terms) == 0 {
-		return nil
+		return nil, nil
 	}
 	out := make([]string, 0, len(terms))
 	for _, t := range terms {
 		if _, ok := pins[t]; ok {
 			continue
 		}
+		var named, kept []api.Node
+		byID := false
 		for _, n := range inv.Nodes {
-			if n.Name == t && n.ID != t {
-				t = n.ID
+			if n.ID == t {
+				byID = true
 				break
 			}
+			if n.Name == t {
+				named = append(named, n)
+				if n.State != api.NodeRemoved {
+					kept = append(kept, n)
+				}
+			}
 		}
-		out = append(out, t)
+		if len(kept) == 0 {
+			kept = named
+		}
+		switch {
+		case byID || len(kept) == 0:
+			out = append(out, t)
+		case len(kept) == 1 || anti:
+			for _, n := range kept {
+				out = append(out, n.ID)
+			}
+		default:
+			alts := make([]string, len(kept))
+			for i, n := range kept {
+				alts[i] = fmt.Sprintf("%s (%s)", n.ID, n.State)
+			}
+			return nil, fmt.Errorf("%w: affinity term %s is ambiguous: nodes %s have that name; give the node's ID", ErrConflict, t, strings.Join(alts, ", "))
+		}
 	}
-	return out
+	return out, nil
 }
 
 // devicePins returns the devices a request is pinned to: affinity terms

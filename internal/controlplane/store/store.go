@@ -55,7 +55,12 @@ type JoinNode struct {
 	Devices        []api.DeviceSpec
 	// ProofHash is the hash (resource.HashSecret) of the node credential
 	// the join presented, "" for none: it proves the join is the node's
-	// when it is the stored credential's hash.
+	// when it is the stored credential's hash, or the hash the node's
+	// last proven join presented (that join's answer may never have
+	// reached its agent's state directory: it crashed before writing it,
+	// or the answer was lost on the way), until a heartbeat of the node
+	// later than that join is recorded (its agent holds the answer) or
+	// the node is taken over or removed.
 	ProofHash string
 	// ProofNodeID is the node a valid, unrevoked client certificate of
 	// the join's connection names, "" for none: it proves the join is

@@ -39,7 +39,8 @@ func (s *Store) Heartbeats(ctx context.Context, beats []store.Beat) ([]api.NodeS
 	err := s.tx(ctx, func(tx sqlstore.Execer) error {
 		before := map[string]api.NodeState{}
 		removed := map[string]bool{}
-		rows, err := tx.QueryContext(ctx, `UPDATE nodes n SET health = v.h, last_heartbeat = v.at, wiping = v.w
+		rows, err := tx.QueryContext(ctx, `UPDATE nodes n SET health = v.h, last_heartbeat = v.at, wiping = v.w,
+				prev_credential_hash = CASE WHEN v.at > n.last_heartbeat THEN '' ELSE n.prev_credential_hash END
 			FROM (SELECT * FROM unnest(?::text[], ?::text[], ?::bigint[], ?::text[]) AS t(id, h, at, w) ORDER BY id) v
 			WHERE n.id = v.id AND n.state = 'ready' RETURNING n.id`, ids, health, at, wiping)
 		if err != nil {
@@ -75,7 +76,7 @@ func (s *Store) Heartbeats(ctx context.Context, beats []store.Beat) ([]api.NodeS
 				removed[id] = true
 				continue
 			}
-			if _, err := tx.ExecContext(ctx, `UPDATE nodes SET state = 'ready', health = ?, last_heartbeat = ?, wiping = ? WHERE id = ?`, health[k], at[k], wiping[k], id); err != nil {
+			if _, err := tx.ExecContext(ctx, `UPDATE nodes SET prev_credential_hash = CASE WHEN ? > last_heartbeat THEN '' ELSE prev_credential_hash END, state = 'ready', health = ?, last_heartbeat = ?, wiping = ? WHERE id = ?`, at[k], health[k], at[k], wiping[k], id); err != nil {
 				return wrap("heartbeat", err)
 			}
 			before[id] = st

@@ -11,6 +11,13 @@ import (
 	"github.com/rialto-project/rialto/internal/controlplane/store/sqlstore"
 )
 
+// clearPrevCredential is the assignment by which a heartbeat at a time
+// (its argument) after the node's last one (its join's, for the first
+// after a join) forgets the credential the node's last proven join
+// presented: the agent holds that join's answer (store.JoinNode). A
+// heartbeat of the agent before, written late, forgets nothing.
+const clearPrevCredential = `prev_credential_hash = CASE WHEN ? > last_heartbeat THEN '' ELSE prev_credential_hash END`
+
 // Heartbeats records many heartbeats in one transaction. A heartbeat of
 // a removed node is refused (store.ErrNotFound) and writes nothing.
 func (s *Store) Heartbeats(ctx context.Context, beats []store.Beat) ([]api.NodeState, []error, error) {
@@ -20,7 +27,7 @@ func (s *Store) Heartbeats(ctx context.Context, beats []store.Beat) ([]api.NodeS
 		for i, b := range beats {
 			// The usual case, a ready node, is one statement; a node that
 			// was not ready (or is unknown) is read first.
-			res, err := tx.ExecContext(ctx, `UPDATE nodes SET health = ?, last_heartbeat = ?, wiping = ? WHERE id = ? AND state = 'ready'`, b.Health, ns(b.At), sqlstore.WipingText(b.Wiping), b.NodeID)
+			res, err := tx.ExecContext(ctx, `UPDATE nodes SET `+clearPrevCredential+`, health = ?, last_heartbeat = ?, wiping = ? WHERE id = ? AND state = 'ready'`, ns(b.At), b.Health, ns(b.At), sqlstore.WipingText(b.Wiping), b.NodeID)
 			var n int64
 			if err == nil {
 				n, err = res.RowsAffected()
@@ -44,7 +51,7 @@ func (s *Store) Heartbeats(ctx context.Context, beats []store.Beat) ([]api.NodeS
 					errs[i] = fmt.Errorf("node %s was removed: %w", b.NodeID, store.ErrNotFound)
 					continue
 				}
-				if _, err := tx.ExecContext(ctx, `UPDATE nodes SET state = 'ready', health = ?, last_heartbeat = ?, wiping = ? WHERE id = ?`, b.Health, ns(b.At), sqlstore.WipingText(b.Wiping), b.NodeID); err != nil {
+				if _, err := tx.ExecContext(ctx, `UPDATE nodes SET `+clearPrevCredential+`, state = 'ready', health = ?, last_heartbeat = ?, wiping = ? WHERE id = ?`, ns(b.At), b.Health, ns(b.At), sqlstore.WipingText(b.Wiping), b.NodeID); err != nil {
 					return fmt.Errorf("sqlite: heartbeat: %w", err)
 				}
 			}

@@ -27,7 +27,19 @@ func TestMigrationsOnExistingDB(t *testing.T) {
 		t.Fatalf("version %d, want 1", v)
 	}
 	now := time.Unix(1700000000, 0).UTC()
-	n := joinNode(t, old, now, []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30}}, api.Event{At: now, Type: "node.joined"})
+	// A node that binary joined, in its schema's columns (this binary's
+	// JoinNode reads columns later migrations added).
+	n := api.Node{ID: "node-1"}
+	if _, err := old.w.ExecContext(ctx, `INSERT INTO nodes (id, machine_id, name, state, credential_hash, agent_key, last_heartbeat, joined_at) VALUES (?, 'm1', 'n1', 'ready', 'h1', 'k1', ?, ?)`,
+		n.ID, now.UnixNano(), now.UnixNano()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.w.ExecContext(ctx, `INSERT INTO devices (id, node_id, name, kind, state, capacity) VALUES ('dev-1', ?, 'disk0', 'block', 'available', ?)`, n.ID, 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.w.ExecContext(ctx, `INSERT INTO events (at, type, subject, state) VALUES (?, 'node.joined', ?, 'ready')`, now.UnixNano(), n.ID); err != nil {
+		t.Fatal(err)
+	}
 	// A lease written by that binary, parts in lease_parts only.
 	if _, err := old.w.ExecContext(ctx, `INSERT INTO leases (id, state, kind, mode, tenant, expires_at, created_at, updated_at, plan) VALUES ('old', 'active', 'block', 'shared', 't', 1, 1, 1, '{"state":"feasible","explanation":["old plan"]}')`); err != nil {
 		t.Fatal(err)

@@ -45,18 +45,27 @@ func (s *Core) JoinNode(ctx context.Context, j store.JoinNode, ev api.Event) (ap
 	err := s.tx(ctx, func(tx Execer) error {
 		how = store.JoinedNew
 		n, ev := j.Node, ev // (a retried transaction starts again from the caller's)
-		var id, name, credHash string
+		var id, name, credHash, prevHash string
 		var state api.NodeState
 		var joined int64
-		err := tx.QueryRowContext(ctx, `SELECT id, name, state, credential_hash, joined_at FROM nodes WHERE machine_id = ?`+s.d.ForUpdate(),
-			n.Fingerprint.MachineID).Scan(&id, &name, &state, &credHash, &joined)
+		err := tx.QueryRowContext(ctx, `SELECT id, name, state, credential_hash, prev_credential_hash, joined_at FROM nodes WHERE machine_id = ?`+s.d.ForUpdate(),
+			n.Fingerprint.MachineID).Scan(&id, &name, &state, &credHash, &prevHash, &joined)
 		switch {
 		case err == nil:
-			proven := (j.ProofHash != "" && subtle.ConstantTimeCompare([]byte(j.ProofHash), []byte(credHash)) == 1) ||
-				(j.ProofNodeID != "" && j.ProofNodeID == id)
+			// The credential the node's agent holds: the current one, or
+			// the one the last proven join presented while the agent has
+			// not been heard with that join's answer (it may have lost
+			// it: see store.JoinNode).
+			byCred := j.ProofHash != "" && (subtle.ConstantTimeCompare([]byte(j.ProofHash), []byte(credHash)) == 1 ||
+				(prevHash != "" && subtle.ConstantTimeCompare([]byte(j.ProofHash), []byte(prevHash)) == 1))
+			proven := byCred || (j.ProofNodeID != "" && j.ProofNodeID == id)
+			prevHash = ""
 			switch {
 			case proven:
 				how = store.JoinedProven
+				if byCred {
+					prevHash = j.ProofHash
+				}
 			case state == api.NodeDown || state == api.NodeRemoved:
 				how = store.JoinedTakeover
 				ev.Message += fmt.Sprintf("; it did not present the node's credential, and took the %s node over", state)
@@ -66,9 +75,9 @@ func (s *Core) JoinNode(ctx context.Context, j store.JoinNode, ev api.Event) (ap
 			n.ID = id
 			n.JoinedAt = tm(joined)
 			_, err = tx.ExecContext(ctx, `UPDATE nodes SET name = ?, state = ?, address = ?, agent_url = ?, endpoints = ?, labels = ?,
-				fingerprint = ?, health = ?, credential_hash = ?, agent_key = ?, last_heartbeat = ?, wiping = ? WHERE id = ?`,
+				fingerprint = ?, health = ?, credential_hash = ?, prev_credential_hash = ?, agent_key = ?, last_heartbeat = ?, wiping = ? WHERE id = ?`,
 				n.Name, n.State, n.Address, n.AgentURL, js(n.Endpoints), js(n.Labels), js(n.Fingerprint), n.Health,
-				j.CredentialHash, j.AgentKey, ns(n.LastHeartbeat), WipingUnknown, id)
+				j.CredentialHash, prevHash, j.AgentKey, ns(n.LastHeartbeat), WipingUnknown, id)
 		case errors.Is(err, sql.ErrNoRows):
 			_, err = tx.ExecContext(ctx, `INSERT INTO nodes (`+nodeCols+`, credential_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 				n.ID, n.Fingerprint.MachineID, n.Name, n.State, n.Address, n.AgentURL, js(n.Endpoints), js(n.Labels), js(n.Fingerprint),
@@ -164,7 +173,7 @@ func (s *Core) Nodes(ctx context.Context) ([]api.Node, error) { return s.nodes(c
 func (s *Core) RemoveNode(ctx context.Context, id string, ev api.Event) (api.Node, error) {
 	var out api.Node
 	err := s.tx(ctx, func(tx Execer) error {
-		n, err := scanNode(tx.QueryRowContext(ctx, `UPDATE nodes SET state = ?, credential_hash = ? WHERE id = ? RETURNING `+nodeReadCols,
+		n, err := scanNode(tx.QueryRowContext(ctx, `UPDATE nodes SET state = ?, credential_hash = ?, prev_credential_hash = '' WHERE id = ? RETURNING `+nodeReadCols,
 			api.NodeRemoved, "removed:"+id, id))
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("node %s: %w", id, store.ErrNotFound)

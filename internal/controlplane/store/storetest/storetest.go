@@ -52,6 +52,7 @@ func Run(t *testing.T, o Options) {
 		{"RemoveNode", testRemoveNode},
 		{"HeartbeatAfterRemove", testHeartbeatAfterRemove},
 		{"JoinTakeover", testJoinTakeover},
+		{"JoinPrevCredential", testJoinPrevCredential},
 		{"ReplaceParts", testReplaceParts},
 		{"GatewayKey", testGatewayKey},
 		{"Prune", testPrune},

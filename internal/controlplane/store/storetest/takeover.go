@@ -92,3 +92,73 @@ func testJoinTakeover(t *testing.T, o Options) {
 		}
 	}
 }
+
+// testJoinPrevCredential: the credential a proven join presented still
+// proves a join of the node (its agent may have lost that join's answer)
+// until a heartbeat of the node after that join is recorded; a takeover
+// and a removal forget it. A credential older than that proves nothing.
+func testJoinPrevCredential(t *testing.T, o Options) {
+	ctx := context.Background()
+	s := open(t, o)
+	now := time.Now()
+	join := func(cred, proof string) (api.Node, store.Joined, error) {
+		return s.JoinNode(ctx, store.JoinNode{Node: api.Node{ID: "node-n1", Name: "n1", State: api.NodeReady,
+			Fingerprint: api.Fingerprint{MachineID: "m1"}, LastHeartbeat: now, JoinedAt: now}, CredentialHash: cred, AgentKey: "k-" + cred,
+			ProofHash: proof, Devices: []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 100}}}, api.Event{Type: "node.joined"})
+	}
+	proven := func(what, cred, proof string) {
+		t.Helper()
+		if _, how, err := join(cred, proof); err != nil || how != store.JoinedProven {
+			t.Fatalf("%s: %v %v", what, how, err)
+		}
+	}
+	refused := func(what, proof string) {
+		t.Helper()
+		if _, _, err := join("h-bad", proof); !errors.Is(err, store.ErrConflict) {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	n, _, err := join("h1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proven("a join with the current credential", "h2", "h1")
+	// Its answer (h2) lost: h1 proves the node's again, and again.
+	proven("a join with the credential the last join presented", "h3", "h1")
+	proven("the same, once more", "h4", "h1")
+	refused("a join with a credential the agent never presented", "h2")
+	// A heartbeat of its agent from before that join, written late,
+	// leaves h1 a proof.
+	if _, err := s.Heartbeat(ctx, n.ID, now.Add(-time.Second), "ok", nil); err != nil {
+		t.Fatal(err)
+	}
+	proven("a join with the credential the last join presented, after an earlier heartbeat", "h4", "h1")
+	// Its agent heard with the answer (h4): h1 proves nothing any more.
+	if _, err := s.Heartbeat(ctx, n.ID, now.Add(time.Second), "ok", nil); err != nil {
+		t.Fatal(err)
+	}
+	refused("a join with the credential presented before the heartbeat", "h1")
+	proven("a join with the current credential after the heartbeat", "h5", "h4")
+
+	// A takeover forgets it.
+	if err := s.SetNodeState(ctx, n.ID, api.NodeReady, api.NodeDown, api.Event{Type: "node.down"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, how, err := join("h6", ""); err != nil || how != store.JoinedTakeover {
+		t.Fatalf("a takeover: %v %v", how, err)
+	}
+	refused("a join with the credential the last proven join presented, after a takeover", "h4")
+
+	// So does a removal.
+	rm, ok := s.(store.NodeRemover)
+	if !ok {
+		return
+	}
+	proven("a join with the current credential after the takeover", "h7", "h6")
+	if _, err := rm.RemoveNode(ctx, n.ID, api.Event{Type: "node.removed", Subject: n.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if _, how, err := join("h8", "h6"); err != nil || how != store.JoinedTakeover {
+		t.Fatalf("a join of a removed node with the credential its last join presented: %v %v", how, err)
+	}
+}
