@@ -17,6 +17,7 @@ import (
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
+	"github.com/rialto-project/rialto/internal/backoff"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 	"github.com/rialto-project/rialto/internal/controlplane/store/sqlstore"
 )
@@ -55,7 +56,7 @@ func Open(ctx context.Context, path string) (*Store, error) {
 
 // open applies migrations up to version max (-1: all).
 func open(ctx context.Context, path string, max int) (*Store, error) {
-	pragmas := []string{"busy_timeout(10000)", "foreign_keys(1)", "synchronous(NORMAL)"}
+	pragmas := []string{"busy_timeout(10000)" /* busyWait */, "foreign_keys(1)", "synchronous(NORMAL)"}
 	mem := path == ":memory:"
 	if strings.ContainsAny(path, "?#") {
 		return nil, fmt.Errorf("sqlite: path %q must not contain '?' or '#'", path)
@@ -229,8 +230,32 @@ func (s *Store) migrate(ctx context.Context, max int) error {
 	if err != nil {
 		return err
 	}
-	return sqlstore.Migrate(ctx, s.w, ms, max, "TEXT", `INSERT INTO schema_version (version, name) VALUES (?, ?)`, "sqlite",
-		func(what string, err error) error { return fmt.Errorf("sqlite: %s: %w", what, err) })
+	// Another process opening the file at the same moment may hold it
+	// where SQLite answers BUSY without waiting (switching a new file to
+	// WAL): try again, for as long as a busy statement would wait.
+	b := backoff.Backoff{Min: 10 * time.Millisecond, Max: 500 * time.Millisecond}
+	deadline := time.Now().Add(busyWait)
+	for {
+		err := sqlstore.Migrate(ctx, s.w, ms, max, "TEXT", `INSERT INTO schema_version (version, name) VALUES (?, ?)`, "sqlite",
+			func(what string, err error) error { return fmt.Errorf("sqlite: %s: %w", what, err) })
+		if !isBusy(err) || time.Now().After(deadline) {
+			return err
+		}
+		if werr := b.Wait(ctx); werr != nil {
+			return err
+		}
+	}
+}
+
+// busyWait is how long a statement waits for another connection's lock
+// (the busy_timeout pragma).
+const busyWait = 10 * time.Second
+
+// isBusy reports whether err is SQLite's SQLITE_BUSY (5, with any extended
+// code).
+func isBusy(err error) bool {
+	var c interface{ Code() int }
+	return errors.As(err, &c) && c.Code()&0xff == 5
 }
 
 // tx runs f in a write transaction.
