@@ -219,6 +219,10 @@ func (s *Server) joinAs(ctx context.Context, r api.JoinRequest, certNode string)
 	if err != nil {
 		return api.JoinResponse{}, err
 	}
+	// The join is committed: what follows from it (a takeover's leases
+	// lost and certificates revoked, a lost-state join's leases lost)
+	// must not be given up with a request whose caller went away.
+	ctx = context.WithoutCancel(ctx)
 	rejoined := how.Rejoined()
 	s.log.Info("node joined", "node", n.ID, "name", n.Name, "rejoined", rejoined, "proven", how == store.JoinedProven,
 		"devices", len(r.Devices), "credential", resource.Fingerprint(cred), "agent_version", r.Version)
