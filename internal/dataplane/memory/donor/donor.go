@@ -175,7 +175,9 @@ type Donor struct {
 	// DefaultMinSessionConns.
 	MinSessionConns int
 	// Clock times the moves' waits (RefusalWait and RefusalWaitLimit in
-	// TrackWrites and PauseWrites; internal/clock); nil: the real clock.
+	// TrackWrites and PauseWrites) and a control connection's grace for
+	// its writes under way once it ended (controlGrace; internal/clock);
+	// nil: the real clock.
 	Clock clock.Clock
 
 	// fenceWaits counts the HELLOs waiting at a fence (move.go) now.
@@ -951,15 +953,28 @@ func (d *Donor) detach(s *session, c net.Conn, w *writer) {
 	}
 }
 
+// controlGrace bounds how long the end of a control connection (its
+// peer's end read, or a frame refused) waits for the writes still under
+// way on it, the credit sender's and the refusal's, before the donor
+// shuts the connection down under them and ends the session. A peer that
+// reads (a client's Close: it half-closes and reads until the donor's
+// end) takes a 32-byte frame in well within it, so the normal end is as
+// before, the session ended before the connection is closed; a peer that
+// has not drained the connection in a second has stopped reading, and its
+// writes would wait for ever, the session (and the region's subscription:
+// a new session is BUSY) with them.
+const controlGrace = time.Second
+
 // serveControl reads pings on the control connection and writes credit
-// updates; when the connection ends, so does the session.
+// updates; when the connection ends, so does the session: once the
+// writes under way on it are done, or after controlGrace (its peer
+// stopped reading) with the connection shut down under them.
 func (d *Donor) serveControl(s *session, c net.Conn) {
 	defer d.endSession(s)
 	done := make(chan struct{})
+	// wg: the credit sender, and a refusal's write.
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { // credit sender: coalesces updates (overwriteable, cumulative)
-		defer wg.Done()
+	wg.Go(func() { // credit sender: coalesces updates (overwriteable, cumulative)
 		var b [protocol.HeaderSize]byte
 		for {
 			select {
@@ -988,8 +1003,8 @@ func (d *Donor) serveControl(s *session, c net.Conn) {
 				}
 			}
 		}
-	}()
-	defer func() { close(done); wg.Wait() }()
+	})
+	defer d.endControl(c, done, &wg)
 	var hdr [protocol.HeaderSize]byte
 	for {
 		// The header alone: a PING carries no payload (DecodeHeader), and
@@ -1003,9 +1018,14 @@ func (d *Donor) serveControl(s *session, c net.Conn) {
 			return
 		}
 		if f.Op != protocol.OpPing || f.IsResponse() {
-			s.ctrlMu.Lock()
-			_ = writeErr(c, f.Op, f.Seq, protocol.StatusProto, "memory: only PING on the control connection")
-			s.ctrlMu.Unlock()
+			// Written alongside the credit sender, and bounded as its
+			// writes are (endControl): a peer that does not read has
+			// it wait.
+			wg.Go(func() {
+				s.ctrlMu.Lock()
+				_ = writeErr(c, f.Op, f.Seq, protocol.StatusProto, "memory: only PING on the control connection")
+				s.ctrlMu.Unlock()
+			})
 			return
 		}
 		h := protocol.Header{Op: protocol.OpPing, Flags: protocol.FlagResponse, Seq: f.Seq}
@@ -1017,6 +1037,27 @@ func (d *Donor) serveControl(s *session, c net.Conn) {
 		if err != nil {
 			return
 		}
+	}
+}
+
+// endControl ends the writes on control connection c once its reads
+// have: it stops the credit sender (done) and waits for wg's writers, up
+// to controlGrace; then it shuts c down (kill), so that a write its peer
+// does not take in returns, and waits for them.
+func (d *Donor) endControl(c net.Conn, done chan struct{}, wg *sync.WaitGroup) {
+	close(done)
+	left := make(chan struct{})
+	go func() { // owned here: waited for below
+		wg.Wait()
+		close(left)
+	}()
+	t := clock.Or(d.Clock).NewTimer(controlGrace)
+	defer t.Stop()
+	select {
+	case <-left:
+	case <-t.C():
+		kill(c)
+		<-left
 	}
 }
 
