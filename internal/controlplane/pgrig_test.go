@@ -99,6 +99,8 @@ func (a *testAgent) waitReady() {
 		a.t.Fatalf("the agent stopped: %v", err)
 	case <-a.t.Context().Done():
 		a.t.Fatal("the agent did not join")
+	case <-time.After(2 * time.Minute): // fail with words, not at go test's timeout
+		a.t.Fatal("the agent did not join in 2 minutes")
 	}
 }
 

@@ -24,11 +24,12 @@ import (
 // and started again on its state directory.
 type wipeMarkEnv struct {
 	*testAgent
-	t   *testing.T
-	st  *postgres.Store
-	srv *Server
-	clk *clock.FakeNow
-	url string
+	t        *testing.T
+	deadline time.Time // of ctx
+	st       *postgres.Store
+	srv      *Server
+	clk      *clock.FakeNow
+	url      string
 }
 
 func newWipeMarkEnv(t *testing.T) *wipeMarkEnv {
@@ -44,11 +45,17 @@ func newWipeMarkEnv(t *testing.T) *wipeMarkEnv {
 	t.Cleanup(ts.Close)
 	acfg := diskAgentConfig(t, ts.URL, log)
 	acfg.Clock = clk
-	return &wipeMarkEnv{testAgent: newTestAgent(t, acfg), t: t, st: st, srv: srv, clk: clk, url: ts.URL}
+	return &wipeMarkEnv{testAgent: newTestAgent(t, acfg), t: t, deadline: time.Now().Add(2 * time.Minute), st: st, srv: srv, clk: clk, url: ts.URL}
 }
 
-// ctx is the test's context (ended when the test ends).
-func (e *wipeMarkEnv) ctx() context.Context { return e.t.Context() }
+// ctx is the test's context, ended when the test ends or 2 minutes after
+// the env was made: a wait that fails does so with its message, not at go
+// test's timeout.
+func (e *wipeMarkEnv) ctx() context.Context {
+	ctx, cancel := context.WithDeadline(e.t.Context(), e.deadline)
+	e.t.Cleanup(cancel)
+	return ctx
+}
 
 // until polls cond every 5 ms (the store, while the lender beats) until
 // it holds, failing the test with msg at the test's deadline.
@@ -59,6 +66,9 @@ func (e *wipeMarkEnv) until(msg string, cond func() bool) {
 	for !cond() {
 		select {
 		case <-tick.C:
+		case err := <-e.done: // the agent ended: nothing it was to do comes
+			e.done <- err
+			e.t.Fatalf("%s: the agent stopped: %v", msg, err)
 		case <-e.ctx().Done():
 			e.t.Fatal(msg)
 		}
