@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/testcluster"
 )
 
@@ -18,11 +17,7 @@ func TestCharacterizeAmbiguousNodeName(t *testing.T) {
 	c := testcluster.Start(t, testcluster.Options{Nodes: 1})
 	ctx := context.Background()
 	rt := t.TempDir()
-	boot := api.NewClient(c.URL, testcluster.BootstrapToken, c.HTTPClient())
-	if _, err := boot.Join(ctx, api.JoinRequest{Name: c.Nodes[0].Name, Address: "127.0.0.1", AgentURL: "http://127.0.0.1:1",
-		Fingerprint: api.Fingerprint{MachineID: "another-machine"}, Devices: []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 20}}}); err != nil {
-		t.Fatal(err)
-	}
+	c.JoinAgentless(c.Nodes[0].Name, "another-machine", 1<<20)
 	devs, err := c.Client().Devices(ctx)
 	if err != nil {
 		t.Fatal(err)

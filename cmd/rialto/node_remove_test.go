@@ -24,16 +24,8 @@ func TestNodeRemoveByNameSkipsRemoved(t *testing.T) {
 	if _, err := c.Client().RemoveNode(ctx, old, true); err != nil {
 		t.Fatal(err)
 	}
-	boot := api.NewClient(c.URL, testcluster.BootstrapToken, c.HTTPClient())
-	join := func(mid string) string {
-		t.Helper()
-		jr, err := boot.Join(ctx, api.JoinRequest{Name: "node1", Address: "127.0.0.1", AgentURL: "http://127.0.0.1:1",
-			Fingerprint: api.Fingerprint{MachineID: mid}, Devices: []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 20}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return jr.NodeID
-	}
+	join := func(mid string) string { return c.JoinAgentless("node1", mid, 1<<20) }
+
 	// Several times: a new node's ID sorts either side of the removed one's.
 	for i := range 4 {
 		id := join(fmt.Sprintf("another-machine-%d", i))

@@ -19,21 +19,15 @@ func TestAffinityNodeNameNotAmbiguous(t *testing.T) {
 	c := Start(t, Options{Nodes: 2, Tenants: []string{"alice"}})
 	ctx := ctxT(t)
 	lender, other := c.Nodes[0], c.Nodes[1]
-	req := api.JoinRequest{Name: lender.Name, Address: "127.0.0.1", AgentURL: "http://127.0.0.1:1",
-		Fingerprint: api.Fingerprint{MachineID: "another-machine", Hostname: "another"},
-		Devices:     []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 64 << 20}}}
-	jr, err := api.NewClient(c.URL, BootstrapToken, c.HTTPClient()).Join(ctx, req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	newcomer := c.JoinAgentless(lender.Name, "another-machine", 64<<20)
 	alice := c.ClientWithToken(TenantToken("alice"))
 	create := func(aff, anti []string) (api.Lease, error) {
 		return alice.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20, Mode: api.ModeShared, Affinity: aff, AntiAffinity: anti})
 	}
 
-	_, err = create([]string{lender.Name}, nil)
+	_, err := create([]string{lender.Name}, nil)
 	if !api.IsCode(err, api.CodeConflict) || !strings.Contains(err.Error(), "ambiguous") ||
-		!strings.Contains(err.Error(), lender.ID()) || !strings.Contains(err.Error(), jr.NodeID) {
+		!strings.Contains(err.Error(), lender.ID()) || !strings.Contains(err.Error(), newcomer) {
 		t.Fatalf("a lease with affinity to a name two live nodes have: %v", err)
 	}
 	if l, err := create([]string{lender.ID()}, nil); err != nil || l.NodeID != lender.ID() {
@@ -45,7 +39,7 @@ func TestAffinityNodeNameNotAmbiguous(t *testing.T) {
 		}
 	}
 
-	if _, err := c.Client().RemoveNode(ctx, jr.NodeID, true); err != nil {
+	if _, err := c.Client().RemoveNode(ctx, newcomer, true); err != nil {
 		t.Fatal(err)
 	}
 	for range 3 {

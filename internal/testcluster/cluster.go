@@ -529,3 +529,20 @@ func (n *Node) WaitReady() {
 		n.c.t.Fatalf("testcluster: agent %s did not join", n.Name)
 	}
 }
+
+// JoinAgentless joins, with the bootstrap token, a machine that runs no
+// agent (its agent URL answers nothing) under name, with machine ID mid
+// and one block device disk0 of capacity bytes, and returns its node ID:
+// another machine joined under a name already in use, say.
+func (c *Cluster) JoinAgentless(name, mid string, capacity int64) string {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	jr, err := api.NewClient(c.URL, BootstrapToken, c.HTTPClient()).Join(ctx, api.JoinRequest{Name: name, Address: "127.0.0.1", AgentURL: "http://127.0.0.1:1",
+		Fingerprint: api.Fingerprint{MachineID: mid, Hostname: mid},
+		Devices:     []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: capacity}}})
+	if err != nil {
+		c.t.Fatalf("testcluster: join %s as %s: %v", mid, name, err)
+	}
+	return jr.NodeID
+}
