@@ -103,8 +103,10 @@ func TestStreamOnItsClock(t *testing.T) {
 	if got := readBlock(); got != "retry: 1000\n" {
 		t.Fatalf("preamble %q", got)
 	}
-	// The tailer's ticker and the stream's idle timer.
-	if err := fake.BlockUntil(ctx, 2); err != nil {
+	// The tailer's ticker, and the stream's idle timer and caller
+	// recheck timer: the tailer starts its ticker on its own goroutine,
+	// which may come after the stream's two timers.
+	if err := fake.BlockUntil(ctx, 3); err != nil {
 		t.Fatal(err)
 	}
 	ev := e.appendEvents(1, "test.clock")[0]
