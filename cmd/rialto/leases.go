@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -24,7 +25,8 @@ func init() {
 	register(&command{Name: "lease show", Args: "ID", Summary: "Show a lease, its parts and their URIs.", Flags: leaseByID("show"), MinArgs: 1, MaxArgs: 1})
 	register(&command{Name: "lease release", Args: "ID", Summary: "End a lease and free its devices.", Flags: leaseByID("release"), MinArgs: 1, MaxArgs: 1})
 	register(&command{Name: "lease renew", Args: "ID", Summary: "Extend a lease's TTL (--ttl, default the lease's own).", Flags: leaseByID("renew"), MinArgs: 1, MaxArgs: 1})
-	register(&command{Name: "explain", Summary: "Show the plan a lease request would get and why, reserving nothing (lease create --dry-run).", Flags: leaseCreate(true)})
+	register(&command{Name: "explain", Summary: "Show the plan a lease request would get and why, reserving nothing (lease create --dry-run).",
+		Help: explainStatus, Flags: leaseCreate(true)})
 }
 
 func runLeases(e *env, fs *pflag.FlagSet) runFunc {
@@ -371,7 +373,7 @@ func leaseCreate(explainOnly bool) func(*env, *pflag.FlagSet) runFunc {
 		var rf requestFlags
 		cf.register(fs, e)
 		rf.register(fs)
-		fs.BoolVar(&dry, "dry-run", dry, "print the plan and why, reserving nothing (rialto explain)")
+		fs.BoolVar(&dry, "dry-run", dry, "print the plan and why, reserving nothing (rialto explain); exit status 3 if the request is infeasible")
 		if dry {
 			fs.MarkHidden("dry-run")
 		}
@@ -455,6 +457,14 @@ type planOut struct {
 	api.Plan
 }
 
+// explainStatus is explain's help on its exit status.
+const explainStatus = `Exit status: 0 if the request is feasible; 3 if it is infeasible (no placement
+satisfies it, or it is over the tenant's quota), after printing the plan and
+why; 1 if no plan could be had (the control plane refused the request or could
+not be reached); 2 for a mistake on the command line.`
+
+// explain prints the plan req would get; an infeasible one ends with
+// exitInfeasible, after the plan.
 func explain(ctx context.Context, e *env, c *api.Client, cf *clientFlags, req api.LeaseRequest) error {
 	p, err := c.Explain(ctx, req)
 	if err != nil {
@@ -463,6 +473,16 @@ func explain(ctx context.Context, e *env, c *api.Client, cf *clientFlags, req ap
 	if p.ID == "" {
 		p.ID = "dry-run"
 	}
+	if err := printPlan(ctx, e, c, cf, req, p); err != nil {
+		return err
+	}
+	if p.State == "infeasible" {
+		return statusError{exitInfeasible, errors.New("infeasible: no placement satisfies the request; the plan's explanation says why")}
+	}
+	return nil
+}
+
+func printPlan(ctx context.Context, e *env, c *api.Client, cf *clientFlags, req api.LeaseRequest, p api.Plan) error {
 	if cf.json() {
 		return cf.print(e.stdout, planOut{p})
 	}

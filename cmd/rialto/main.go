@@ -31,6 +31,9 @@ type command struct {
 	// Args is the synopsis of positional arguments, e.g. "ID".
 	Args    string
 	Summary string
+	// Help, when set, is printed by the verb's -h after Summary: what
+	// the one line leaves out (an exit status of its own).
+	Help string
 	// Aliases are other names of the verb's last word.
 	Aliases []string
 	// Deprecated, when set, is printed (to stderr) when the verb is
@@ -100,6 +103,21 @@ func (u usageError) Unwrap() error { return u.err }
 // usagef returns a usageError.
 func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
 
+// exitInfeasible is the exit status of explain (lease create --dry-run)
+// when the plan it printed is infeasible: scripts tell it from a failure
+// to get a plan (1).
+const exitInfeasible = 3
+
+// statusError ends a verb with an exit status other than 1: rialto prints
+// err as it prints a failure's, and exits with status.
+type statusError struct {
+	status int
+	err    error
+}
+
+func (s statusError) Error() string { return s.err.Error() }
+func (s statusError) Unwrap() error { return s.err }
+
 func main() {
 	// A memory mapping's fault handler is this binary re-executed with the
 	// hidden argument memory-fault-handler (docs/memory-protocol.md).
@@ -117,7 +135,8 @@ func main() {
 }
 
 // run dispatches args to a verb and returns the exit code: 0, 1 for a
-// failure, 2 for a usage mistake.
+// failure, 2 for a usage mistake, or a verb's own (a statusError's:
+// exitInfeasible).
 func run(ctx context.Context, args []string, e *env) int {
 	root := newRoot(e)
 	root.SetArgs(args)
@@ -131,6 +150,10 @@ func run(ctx context.Context, args []string, e *env) int {
 		return 2
 	}
 	printError(e.stderr, err)
+	var se statusError
+	if errors.As(err, &se) {
+		return se.status
+	}
 	return 1
 }
 
@@ -296,6 +319,9 @@ func verbCommand(e *env, c *command, word string) *cobra.Command {
 		Short:   c.Summary,
 		Aliases: c.Aliases,
 		Args:    posArgs(c),
+	}
+	if c.Help != "" {
+		cc.Long = c.Summary + "\n\n" + c.Help
 	}
 	fs := cc.Flags()
 	fs.SortFlags = false

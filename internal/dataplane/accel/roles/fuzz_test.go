@@ -104,6 +104,7 @@ func FuzzWasmModule(f *testing.F) {
 	f.Add(wasmtest.DumpModule(), byte(1), []byte("x"))
 	f.Add(wasmtest.WorkModule(), byte(0), []byte{0xff, 0xff, 0xff, 0x7f})
 	f.Add(wasmtest.MemoryModule(300), byte(2), []byte{})
+	f.Add(wasmtest.TableModule(0), byte(0), []byte{0xff, 0xff, 0xff, 0xff}) // grows its table until table.grow fails
 	f.Add(wasmtest.ImportingModule(), byte(0), []byte{})
 	f.Add([]byte{0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00}, byte(0), []byte{})
 	f.Fuzz(func(t *testing.T, module []byte, pages byte, in []byte) {

@@ -52,6 +52,7 @@ func checkModule(m []byte) ([]byte, error) {
 		return m, nil
 	}
 	out := append(make([]byte, 0, len(m)), m[:header]...)
+	tables := false
 	for b := m[header:]; len(b) > 0; {
 		id := b[0]
 		size, n := uleb(b[1:])
@@ -76,7 +77,20 @@ func checkModule(m []byte) ([]byte, error) {
 			switch id {
 			case secCode:
 				err = checkCode(body[k:], c)
-			case secType, secImport, secTable, secExport, secElement, secData:
+			case secTable:
+				if tables {
+					return nil, fmt.Errorf("%w: a second table section", ErrBadModule)
+				}
+				tables = true
+				var bounded []byte
+				if bounded, err = boundTables(body[k:], c); err != nil {
+					return nil, err
+				}
+				out = append(out, secTable)
+				out = binary.AppendUvarint(out, uint64(k+len(bounded)))
+				out = append(append(out, body[:k]...), bounded...)
+				continue
+			case secType, secImport, secExport, secElement, secData:
 				err = checkEntries(id, &vecReader{b: body[k:]}, c)
 			}
 			if err != nil {
@@ -88,11 +102,117 @@ func checkModule(m []byte) ([]byte, error) {
 	return out, nil
 }
 
-// MaxWasmTableEntries bounds the initial size of a Wasm role's tables
-// (of function references: a role's indirect calls), which every
-// instance allocates: the runtime's own bound, 2²⁷, is a gigabyte an
+// MaxWasmTableEntries bounds the entries of a Wasm role's tables (of
+// function references: a role's indirect calls), in all, at
+// instantiation and at run time: every instance allocates its tables
+// (8 bytes an entry), and the runtime's own bounds, 2²⁷ entries a table
+// declared and 2³²−1 grown (table.grow), are a gigabyte and 32 GiB an
 // execution.
 const MaxWasmTableEntries = 1 << 20
+
+// boundTables reads the n tables of a table section, b (after its
+// count), refuses them if their initial sizes add up to more than
+// MaxWasmTableEntries, and returns them with a maximum each, so that the
+// runtime grows none past it (table.grow returns -1, as the
+// specification lets an engine answer, as it does for memory.grow past
+// WasmMemoryPages): what the initial sizes leave of MaxWasmTableEntries
+// is split equally between the tables, and a table keeps a maximum it
+// declares below its share. A table the check cannot read whole is
+// refused: it could not be bounded.
+func boundTables(b []byte, n uint32) ([]byte, error) {
+	tabs := make([]tableType, 0, n) // n is at most len(b): checked by the caller
+	var total uint64
+	r := &vecReader{b: b}
+	for i := range n {
+		t, err := readTable(r)
+		if err != nil {
+			return nil, fmt.Errorf("%w: table %d: %v", ErrBadModule, i, err)
+		}
+		if total += t.min; total > MaxWasmTableEntries {
+			return nil, fmt.Errorf("%w: tables of at least %d entries in all, above %d", ErrBadModule, total, MaxWasmTableEntries)
+		}
+		tabs = append(tabs, t)
+	}
+	share := uint64(0)
+	if n > 0 {
+		share = (MaxWasmTableEntries - total) / uint64(n)
+	}
+	out := make([]byte, 0, len(b)+int(n)*8)
+	for _, t := range tabs {
+		max := t.min + share
+		if t.hasMax && t.max < max {
+			max = t.max
+		}
+		out = append(out, t.head...)
+		out = append(out, 0x01) // limits: a minimum and a maximum
+		out = binary.AppendUvarint(out, t.min)
+		out = binary.AppendUvarint(out, max)
+		out = append(out, t.init...)
+	}
+	// Bytes past the last table: the runtime refuses the section.
+	return append(out, r.b...), nil
+}
+
+// tableType is a table of a table section, as boundTables reads it.
+type tableType struct {
+	head, init []byte // its bytes through its reference type; its initializer's
+	min, max   uint64
+	hasMax     bool
+}
+
+// readTable reads a table (with the function-references proposal's
+// forms: a reference type (ref null? ht), and 0x40 0x00 before a table
+// with an initializer).
+func readTable(r *vecReader) (tableType, error) {
+	var t tableType
+	start := r.b
+	c, err := r.byte()
+	if err != nil {
+		return t, errors.New("truncated")
+	}
+	hasInit := c == 0x40
+	if hasInit {
+		if c, err = r.byte(); err != nil || c != 0x00 {
+			return t, errors.New("a table prefix 0x40 not followed by 0x00")
+		}
+		if c, err = r.byte(); err != nil {
+			return t, errors.New("truncated")
+		}
+	}
+	if c == 0x63 || c == 0x64 { // (ref null? heap type)
+		if err := r.heapType(); err != nil {
+			return t, errors.New("a reference type without its heap type")
+		}
+	}
+	t.head = start[:len(start)-len(r.b)]
+	flag, err := r.byte()
+	if err != nil {
+		return t, errors.New("truncated")
+	}
+	if flag > 1 {
+		return t, fmt.Errorf("limits of form %#x, not 0 or 1 (a shared table?)", flag)
+	}
+	min, err := r.u32()
+	if err != nil {
+		return t, errors.New("truncated limits")
+	}
+	t.min = uint64(min)
+	if flag == 1 {
+		max, err := r.u32()
+		if err != nil {
+			return t, errors.New("truncated limits")
+		}
+		t.max, t.hasMax = uint64(max), true
+	}
+	if hasInit {
+		e := r.b
+		if err := r.expr(); err != nil {
+			return t, errors.New("an initializer the check does not read")
+		}
+		t.init = e[:len(e)-len(r.b)]
+	}
+	return t, nil
+}
 
 // MaxWasmLocals bounds the locals a function of a Wasm role declares:
 // the limit of the browsers' engines (V8's and SpiderMonkey's), which
@@ -156,6 +276,16 @@ func (r *vecReader) byte() (byte, error) {
 	return c, nil
 }
 
+// heapType skips a heap type (a signed LEB128 of at most 33 bits).
+func (r *vecReader) heapType() error {
+	_, n := binary.Uvarint(r.b)
+	if n <= 0 || n > 5 {
+		return errStop
+	}
+	r.b = r.b[n:]
+	return nil
+}
+
 // vec reads a vector's length and checks that its n entries, of at least
 // each bytes, fit in what is left.
 func (r *vecReader) vec(each int) (uint32, error) {
@@ -202,7 +332,7 @@ func (r *vecReader) expr() error {
 			}
 			r.b = r.b[w:]
 		case 0xd0: // ref.null
-			if _, err := r.byte(); err != nil {
+			if err := r.heapType(); err != nil {
 				return err
 			}
 		default:
@@ -225,11 +355,10 @@ func (r *vecReader) limits() error {
 	return nil
 }
 
-// checkEntries checks the n entries of a type, import, table, export,
-// element or data section: every vector they declare (parameters and
-// results, names, an element segment's functions or expressions, a data
-// segment's bytes) fits in what is left of the section, and a table's
-// initial size is at most MaxWasmTableEntries.
+// checkEntries checks the n entries of a type, import, export, element
+// or data section: every vector they declare (parameters and results,
+// names, an element segment's functions or expressions, a data segment's
+// bytes) fits in what is left of the section.
 func checkEntries(id byte, r *vecReader, n uint32) error {
 	for range n {
 		err := checkEntry(id, r)
@@ -279,25 +408,6 @@ func checkEntry(id byte, r *vecReader) error {
 			}
 		default:
 			err = errStop
-		}
-		return err
-	case secTable:
-		if _, err := r.byte(); err != nil { // reference type
-			return err
-		}
-		flag, err := r.byte()
-		if err != nil || flag > 1 {
-			return errStop
-		}
-		min, err := r.u32()
-		if err != nil {
-			return err
-		}
-		if min > MaxWasmTableEntries {
-			return fmt.Errorf("a table of at least %d entries, above %d", min, MaxWasmTableEntries)
-		}
-		if flag == 1 {
-			_, err = r.u32()
 		}
 		return err
 	case secExport:
