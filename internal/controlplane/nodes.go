@@ -206,8 +206,20 @@ func (s *Server) joinAs(ctx context.Context, r api.JoinRequest, certNode string)
 	if r.Credential != "" {
 		j.ProofHash = resource.HashSecret(r.Credential)
 	}
+	// The join is written as a heartbeat is (liveness.go): a flush under
+	// way, which may have taken a heartbeat of the node's last run from
+	// memory, writes it before the join, never over it (its older time,
+	// and its list of wipes, would replace the join's: the sweep would
+	// take the node for silent since then and forget the marks of the
+	// ranges it has still to wipe), and the node's heartbeat kept in
+	// memory, if any, is forgotten before a flush can take it.
+	s.live.wmu.RLock()
 	n, how, err := s.st.JoinNode(ctx, j,
 		api.Event{At: now, Type: "node.joined", Message: fmt.Sprintf("%s joined with %d device(s)", r.Name, len(r.Devices)), State: string(api.NodeReady)})
+	if err == nil {
+		s.live.forget(n.ID)
+	}
+	s.live.wmu.RUnlock()
 	var live *store.NodeLive
 	if errors.As(err, &live) {
 		s.log.Warn("join refused: its machine's node is live and the join did not present the node's credential",
@@ -234,7 +246,6 @@ func (s *Server) joinAs(ctx context.Context, r api.JoinRequest, certNode string)
 		// node's entries go: with thousands of agents, emptying the cache
 		// on every join would cost each of them a lookup.
 		s.auth.dropNode(n.ID)
-		s.live.forget(n.ID)
 	}
 	// Joined ready: its first heartbeat here, on time, need not be
 	// written before the answer (liveness.go).
