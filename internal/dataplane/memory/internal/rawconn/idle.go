@@ -1,6 +1,7 @@
 package rawconn
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"sync/atomic"
@@ -124,7 +125,7 @@ func (p *Conn) waitInput() error {
 			i.Moved(p.fd, true)
 		}
 	}
-	if err := p.netpollWait(&p.park, unix.POLLIN); err != nil {
+	if err := p.netpollWait(&p.park, unix.POLLIN, time.Time{}); err != nil {
 		return err
 	}
 	if i.take() {
@@ -142,21 +143,34 @@ func (p *Conn) waitInput() error {
 	return nil
 }
 
-// waitOutput waits until the socket takes more bytes: in poll(2) for up
-// to Wait if a thread is free, else (or then) on the netpoller. It holds
-// nothing of the Conn's (a goroutine writing while another reads, as a
-// TLS control connection's, may call it).
-func (p *Conn) waitOutput() error {
+// waitOutput waits until the socket takes more bytes, for at most bound
+// (0: for ever; then ErrStalled): in poll(2) for up to Wait if a thread
+// is free, else (or then) on the netpoller. It holds nothing of the
+// Conn's (a goroutine writing while another reads, as a TLS control
+// connection's, may call it).
+func (p *Conn) waitOutput(bound time.Duration) error {
 	i := p.idle
+	var deadline time.Time
+	first := i.Wait
+	if bound > 0 {
+		deadline = time.Now().Add(bound)
+		first = min(first, bound)
+	}
 	if i.take() {
-		ready, err := p.pollFor(unix.POLLOUT, i.Wait)
+		ready, err := p.pollFor(unix.POLLOUT, first)
 		i.give()
 		if err != nil || ready {
 			return err
 		}
 	}
+	return p.waitOutputNetpoll(deadline)
+}
+
+// waitOutputNetpoll waits on the netpoller until the socket takes more
+// bytes, or deadline (zero: none) passes (ErrStalled).
+func (p *Conn) waitOutputNetpoll(deadline time.Time) error {
 	var f *os.File
-	err := p.netpollWait(&f, unix.POLLOUT)
+	err := p.netpollWait(&f, unix.POLLOUT, deadline)
 	if f != nil {
 		_ = f.Close()
 	}
@@ -188,7 +202,8 @@ const (
 )
 
 // netpollWait waits on Go's netpoller, holding no thread, until the
-// socket is ready for events (or shut down, or failed). *f is the
+// socket is ready for events (or shut down, or failed), or deadline (zero:
+// none) passes: ErrStalled (deadlines bound waits for output). *f is the
 // registration, a duplicate of the descriptor made if nil (the caller
 // closes it, which takes it off the netpoller).
 //
@@ -200,7 +215,7 @@ const (
 // not count until the next request, however long: every connection that
 // went idle during a shortage of descriptors held one, past Max, for
 // good. A request that arrives then waits up to unregisteredCheckMax.
-func (p *Conn) netpollWait(f **os.File, events int16) error {
+func (p *Conn) netpollWait(f **os.File, events int16, deadline time.Time) error {
 	ready := func(fd uintptr) bool {
 		for {
 			fds := [1]unix.PollFd{{Fd: int32(fd), Events: events}}
@@ -224,12 +239,15 @@ func (p *Conn) netpollWait(f **os.File, events int16) error {
 			if err == nil {
 				if events == unix.POLLIN {
 					err = rc.Read(ready)
-				} else {
+				} else if err = (*f).SetWriteDeadline(deadline); err == nil {
 					err = rc.Write(ready)
 				}
 			}
 			if err == nil {
 				return nil
+			}
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return p.stalled()
 			}
 			// Not registered (epoll_ctl failed), or the netpoller
 			// reported an error on it: a new one next time.
@@ -240,6 +258,13 @@ func (p *Conn) netpollWait(f **os.File, events int16) error {
 			return nil
 		}
 		delay = min(max(2*delay, unregisteredCheckMin), unregisteredCheckMax)
+		if !deadline.IsZero() {
+			left := time.Until(deadline)
+			if left <= 0 {
+				return p.stalled()
+			}
+			delay = min(delay, left)
+		}
 		time.Sleep(delay)
 	}
 }

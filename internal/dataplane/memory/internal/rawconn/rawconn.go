@@ -19,6 +19,11 @@ import (
 // Not io.EOF: a lost donor must never read as a region's end.
 var ErrPeerClosed = errors.New("EOF")
 
+// ErrStalled is wrapped (with protocol.ErrDonorLost) by a send that
+// waited longer than the Conn's send wait (SetSendWait) for its socket
+// to take more of it: the peer stopped reading.
+var ErrStalled = errors.New("the peer took none of it")
+
 // Conn is a synchronous connection driven with raw syscalls, so the thread
 // driving it (a client's caller, a donor's serving thread, a mapping's
 // fault handler) never waits on the Go scheduler's netpoller. The socket is
@@ -42,6 +47,9 @@ type Conn struct {
 	iov     [2][]byte
 	spin    time.Duration
 	timeout time.Duration
+	// sendWait, if set, bounds each wait of a send for its socket to
+	// take more bytes (SetSendWait), in place of timeout.
+	sendWait time.Duration
 
 	life   sync.Mutex // orders shutdown against close: fd is never reused under shutdown
 	closed bool
@@ -122,17 +130,22 @@ func (p *Conn) Close() {
 	p.life.Unlock()
 }
 
-// wait blocks until the socket is ready for events or the timeout passes.
+// wait blocks until the socket is ready for events or the timeout (for
+// output, the send wait if set) passes.
 func (p *Conn) wait(events int16) error {
+	bound := p.timeout
+	if events == unix.POLLOUT && p.sendWait > 0 {
+		bound = p.sendWait
+	}
 	if p.idle != nil && p.timeout == 0 {
 		if events == unix.POLLIN {
 			return p.waitInput()
 		}
-		return p.waitOutput()
+		return p.waitOutput(bound)
 	}
 	ms := -1
-	if p.timeout > 0 {
-		ms = int(p.timeout.Milliseconds()) + 1
+	if bound > 0 {
+		ms = int(bound.Milliseconds()) + 1
 	}
 	for {
 		fds := [1]unix.PollFd{{Fd: int32(p.fd), Events: events}}
@@ -144,11 +157,28 @@ func (p *Conn) wait(events int16) error {
 			return fmt.Errorf("%w: poll: %v", protocol.ErrDonorLost, err)
 		}
 		if n == 0 {
+			if events == unix.POLLOUT && p.sendWait > 0 {
+				return p.stalled()
+			}
 			return fmt.Errorf("%w: no reply within %v", protocol.ErrDonorLost, p.timeout)
 		}
 		return nil
 	}
 }
+
+// stalled is the error of a send whose socket took nothing for the send
+// wait.
+func (p *Conn) stalled() error {
+	return fmt.Errorf("%w: write: %w for %v", protocol.ErrDonorLost, ErrStalled, p.sendWait)
+}
+
+// SetSendWait bounds how long a send waits for the socket to take more
+// of its bytes (a full socket buffer: the peer does not read): past d
+// the send fails (ErrStalled), whatever the timeout. Zero: the timeout
+// bounds it (none if zero). A server's Conn, whose reads wait for ever
+// (timeout 0), sets it so that a peer that stopped reading its replies
+// holds no goroutine for ever.
+func (p *Conn) SetSendWait(d time.Duration) { p.sendWait = max(d, 0) }
 
 func advance(bufs [][]byte, n int) [][]byte {
 	for n > 0 && len(bufs) > 0 {

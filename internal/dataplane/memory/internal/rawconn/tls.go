@@ -72,7 +72,7 @@ func (p *Conn) Write(b []byte) (int, error) {
 // (the donor's control and queue connections over TLS): reads and writes
 // go through the Conn (inside the TLS session), Close shuts the socket
 // down (the owner closes the Conn). Deadlines are not supported: the
-// Conn's timeout bounds each wait.
+// Conn's timeout (for writes, its send wait) bounds each wait.
 func (p *Conn) NetConn() net.Conn { return &netConn{fdConn{p: p}} }
 
 // SetTimeout changes the bound of each wait (0: none).
