@@ -8,6 +8,7 @@ import (
 	"net"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -163,5 +164,62 @@ func TestDeafPeerEndsItsConnection(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestWriteBlockedConnectionHoldsNoThread: a connection whose reply waits
+// on the netpoller for a peer that does not read gives back the thread it
+// held for poll(2) while it waits there — MaxPollThreads counts it as
+// parked, not as holding one — and a connection in use takes that thread:
+// at MaxPollThreads 1, with one connection blocked so, another's requests
+// are answered from poll(2). Its thread was counted as held (its
+// goroutine waits on the netpoller, holding none) until the peer read or
+// the connection ended, and the other connections' waits stayed on the
+// netpoller (each request paying a netpoller wake-up), as if the donor
+// had no thread left.
+func TestWriteBlockedConnectionHoldsNoThread(t *testing.T) {
+	ca := memorytest.NewCA(t)
+	for _, withTLS := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tls=%v", withTLS), func(t *testing.T) {
+			moved := make(chan struct{}, 1)
+			// port is the busy connection's peer's; back counts its
+			// moves back to poll(2).
+			var port, back atomic.Int32
+			td, cfg := startIdle(t, ca, withTLS, func(d *donor.Donor) {
+				d.MaxPollThreads = 1
+				d.SendWait = time.Hour // the deaf connection's reply waits on
+				d.SetMoved(func(fd int, parked bool) {
+					if p := port.Load(); !parked && p != 0 && int32(peerPort(fd)) == p {
+						back.Add(1)
+					}
+					select {
+					case moved <- struct{}{}:
+					default:
+					}
+				})
+			})
+			_, sess := dialConn(t, td.Addr, cfg, protocol.KindControl, 0, nil)
+			deaf, _ := dialDeaf(t, td.Addr, cfg, protocol.KindSync, sess)
+			flood(t, deaf, protocol.Header{Op: protocol.OpRead, Length: 64 << 10})
+			if state, stack := goroutineState(t, "rawconn.(*Conn).waitOutput"); state != "IO wait" {
+				t.Fatalf("the deaf connection's reply waits in state %q, want on the netpoller (IO wait):\n%s", state, stack)
+			}
+
+			busy, _ := dialConn(t, td.Addr, cfg, protocol.KindSync, sess, func(nc net.Conn) {
+				port.Store(int32(nc.LocalAddr().(*net.TCPAddr).Port))
+			})
+			want := 2 // the deaf connection, waiting for output, and the busy one, idle
+			if withTLS {
+				want++ // the control connection is a raw one too
+			}
+			awaitParked(t, td, moved, want)
+			if _, polling := td.D.ParkedConns(); polling != 0 {
+				t.Fatalf("%d threads held for poll(2) with every connection on the netpoller", polling)
+			}
+			busy.ping(t, 1)
+			if back.Load() == 0 {
+				t.Fatal("the busy connection's request was not served from poll(2): the deaf one's thread was counted")
+			}
+		})
 	}
 }

@@ -148,11 +148,12 @@ type Donor struct {
 	IdleWait time.Duration
 	// MaxPollThreads bounds the threads the donor's connections sleep
 	// in poll(2) on at once: a connection that was not idle for
-	// IdleWait holds one. Past it, connections wait on the netpoller
-	// (their requests pay a netpoller wake-up each) until a thread is
-	// free: however many connections are busy at once, the Go runtime's
-	// 10000 threads, past which it ends the process and every tenant's
-	// region, are not reached. Set before Serve; zero means
+	// IdleWait holds one (not while a reply waits on the netpoller for
+	// its peer to read: rawconn.Idle). Past it, connections wait on the
+	// netpoller (their requests pay a netpoller wake-up each) until a
+	// thread is free: however many connections are busy at once, the Go
+	// runtime's 10000 threads, past which it ends the process and every
+	// tenant's region, are not reached. Set before Serve; zero means
 	// DefaultMaxPollThreads.
 	MaxPollThreads int
 	// SendWait bounds how long a write of the donor's on a connection
@@ -710,7 +711,7 @@ func (d *Donor) handle(c net.Conn) {
 	_ = c.SetDeadline(time.Time{})
 	switch hello.Kind {
 	case protocol.KindControl:
-		d.serveControl(s, c)
+		d.serveControl(s, c, nil)
 	case protocol.KindBulk, protocol.KindSync:
 		// Raw syscalls on a detached descriptor, one thread per
 		// connection in use (an idle one waits on the netpoller:
@@ -800,7 +801,8 @@ func (d *Donor) handleTLS(c net.Conn) {
 	_ = c.Close()
 	switch hello.Kind {
 	case protocol.KindControl:
-		d.serveControl(s, p.NetConn())
+		// The credit sender writes while the reading goroutine reads.
+		d.serveControl(s, p.NetConn(), p.Sender())
 	case protocol.KindBulk, protocol.KindSync:
 		p.SetSpin(d.spin())
 		d.serveRaw(s, p, w)
@@ -1019,15 +1021,20 @@ func (d *Donor) detach(s *session, c net.Conn, w *writer) {
 const controlGrace = time.Second
 
 // serveControl reads pings on the control connection c and answers
-// them, and writes credit updates; when the connection ends, so does the
-// session: once the writes under way on it are done, or after
-// controlGrace (its peer stopped reading) with the connection shut down
-// under them. Every write is bounded by SendWait: a peer that stopped
-// reading has the connection end, a PING's answer or a credit update
-// that it took none of for SendWait failing.
-func (d *Donor) serveControl(s *session, c net.Conn) {
+// them, and writes credit updates (through send, for the writes of
+// goroutines other than the reading one: nil, c's own); when the
+// connection ends, so does the session: once the writes under way on it
+// are done, or after controlGrace (its peer stopped reading) with the
+// connection shut down under them. Every write is bounded by SendWait:
+// a peer that stopped reading has the connection end, a PING's answer
+// or a credit update that it took none of for SendWait failing.
+func (d *Donor) serveControl(s *session, c net.Conn, send io.Writer) {
 	defer d.endSession(s)
-	out := boundedWriter{c: c, wait: d.sendWait()}
+	// out: the reading goroutine's writes (PING answers).
+	out := io.Writer(boundedWriter{c: c, wait: d.sendWait()})
+	if send == nil {
+		send = out
+	}
 	done := make(chan struct{})
 	// wg: the credit sender, and a refusal's write.
 	var wg sync.WaitGroup
@@ -1053,7 +1060,7 @@ func (d *Donor) serveControl(s *session, c net.Conn) {
 				h := protocol.Header{Op: protocol.OpCredit, Flags: protocol.FlagResponse, Offset: uint64(u.q), Credits: u.v}
 				h.Encode(b[:])
 				s.ctrlMu.Lock()
-				_, err := out.Write(b[:])
+				_, err := send.Write(b[:])
 				s.ctrlMu.Unlock()
 				if err != nil {
 					// Its peer stopped reading (SendWait), or the
@@ -1084,7 +1091,7 @@ func (d *Donor) serveControl(s *session, c net.Conn) {
 			// it wait.
 			wg.Go(func() {
 				s.ctrlMu.Lock()
-				_ = writeErr(out, f.Op, f.Seq, protocol.StatusProto, "memory: only PING on the control connection")
+				_ = writeErr(send, f.Op, f.Seq, protocol.StatusProto, "memory: only PING on the control connection")
 				s.ctrlMu.Unlock()
 			})
 			return

@@ -31,10 +31,18 @@ import (
 //
 // Max bounds the threads the Conns sleep in poll(2) on at once: a Conn
 // whose reads wait in poll(2) holds one of them, from SetIdle (or its
-// return from the netpoller) until it moves to the netpoller or closes;
-// a wait for output (a full socket buffer) holds one while it sleeps.
+// return from the netpoller) until it moves to the netpoller or closes.
 // Past Max a Conn's waits stay on the netpoller (each request then pays a
 // netpoller wake-up) until one is free again.
+//
+// A wait for output (a full socket buffer: the peer does not read) moves
+// the same way. The reading goroutine's sleeps in poll(2) for up to Wait
+// on the thread it holds, then moves to the netpoller and gives that
+// thread back meanwhile (the Conn counts as parked: a peer that does not
+// read must not keep a thread from the Conns that serve), and takes one
+// again, if one is free, once the socket took more. A Conn that holds
+// none, or a write from another goroutine (Sender), takes one for its
+// sleep in poll(2) if one is free, and gives it back after.
 type Idle struct {
 	// Wait is how long a wait for input stays in poll(2) before it moves
 	// to the netpoller (at least a nanosecond: zero moves at once).
@@ -44,7 +52,9 @@ type Idle struct {
 	// Moved, if set, is called from a Conn's reading goroutine, with its
 	// descriptor, as its waits for input move to the netpoller (parked,
 	// before it registers there) and back (after the netpoller woke it,
-	// before it leaves it): the moments a request may arrive in between.
+	// before it leaves it): the moments a request may arrive in between;
+	// and as a wait for output of that goroutine's gives its thread back
+	// (parked) and takes one again.
 	Moved func(fd int, parked bool)
 
 	polling atomic.Int64 // threads held for poll(2)
@@ -144,10 +154,11 @@ func (p *Conn) waitInput() error {
 }
 
 // waitOutput waits until the socket takes more bytes, for at most bound
-// (0: for ever; then ErrStalled): in poll(2) for up to Wait if a thread
-// is free, else (or then) on the netpoller. It holds nothing of the
-// Conn's (a goroutine writing while another reads, as a TLS control
-// connection's, may call it).
+// (0: for ever; then ErrStalled): in poll(2) for up to Wait, on the
+// thread the reading goroutine holds if it is that goroutine's (no send
+// through Sender is under way), else on one it takes if one is free;
+// then on the netpoller, the reading goroutine's thread given back
+// meanwhile (see Idle).
 func (p *Conn) waitOutput(bound time.Duration) error {
 	i := p.idle
 	var deadline time.Time
@@ -155,6 +166,30 @@ func (p *Conn) waitOutput(bound time.Duration) error {
 	if bound > 0 {
 		deadline = time.Now().Add(bound)
 		first = min(first, bound)
+	}
+	// senders first: a Sender's goroutine must not look at held, the
+	// reading goroutine's.
+	if p.senders.Load() == 0 && p.held {
+		ready, err := p.pollFor(unix.POLLOUT, first)
+		if err != nil || ready {
+			return err
+		}
+		// Its peer does not read: let the thread go while it waits.
+		p.held = false
+		i.give()
+		i.parked.Add(1)
+		if i.Moved != nil {
+			i.Moved(p.fd, true)
+		}
+		err = p.waitOutputNetpoll(deadline)
+		if err == nil && i.take() {
+			p.held = true
+			i.parked.Add(-1)
+			if i.Moved != nil {
+				i.Moved(p.fd, false)
+			}
+		}
+		return err
 	}
 	if i.take() {
 		ready, err := p.pollFor(unix.POLLOUT, first)

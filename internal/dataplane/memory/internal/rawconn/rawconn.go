@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
@@ -50,6 +51,10 @@ type Conn struct {
 	// sendWait, if set, bounds each wait of a send for its socket to
 	// take more bytes (SetSendWait), in place of timeout.
 	sendWait time.Duration
+	// senders counts the sends under way through Sender (goroutines
+	// other than the reading one's): their waits for output leave the
+	// reading goroutine's thread alone (see Idle).
+	senders atomic.Int32
 
 	life   sync.Mutex // orders shutdown against close: fd is never reused under shutdown
 	closed bool
