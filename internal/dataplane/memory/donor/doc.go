@@ -15,8 +15,13 @@
 // runtime thread; control and queue connections are served on the Go
 // netpoller. A raw connection idle for IdleWait lets its thread go and
 // waits on the netpoller until its next request, and MaxPollThreads
-// bounds the threads the others hold. Serve owns every goroutine it
-// starts and waits for them before it returns.
+// bounds the threads the others hold; one whose reply waits for a peer
+// that does not read lets it go too, while it waits on the netpoller.
+// Every write of the donor is bounded by SendWait: a connection whose
+// peer took none of a reply (or of a credit update) for that long
+// stopped reading, and ends (a control connection with its session).
+// Serve owns every goroutine it starts and waits for them before it
+// returns.
 //
 // Concurrency: Donor methods are safe for concurrent use.
 package donor

@@ -70,6 +70,14 @@ const DefaultMaxPollThreads = 4096
 // of the connections that had a request in the last 20 ms.
 const DefaultIdleWait = 20 * time.Millisecond
 
+// DefaultSendWait is the default of Donor.SendWait: twice the client's
+// default request timeout (its Options.Timeout). A client that has taken
+// none of a reply for that long has given up the request it answers, and
+// a client that reads takes what the donor writes at once: each of its
+// connections has a reader waiting for it (a control connection's for
+// the credit updates).
+const DefaultSendWait = 10 * time.Second
+
 // DefaultMinSessionConns is the default of Donor.MinSessionConns: what a
 // client opens with its defaults (a sync connection, two bulk streams, a
 // queue pair) and a few mappings' fault connections or queue pairs more.
@@ -140,13 +148,25 @@ type Donor struct {
 	IdleWait time.Duration
 	// MaxPollThreads bounds the threads the donor's connections sleep
 	// in poll(2) on at once: a connection that was not idle for
-	// IdleWait holds one. Past it, connections wait on the netpoller
-	// (their requests pay a netpoller wake-up each) until a thread is
-	// free: however many connections are busy at once, the Go runtime's
-	// 10000 threads, past which it ends the process and every tenant's
-	// region, are not reached. Set before Serve; zero means
+	// IdleWait holds one (not while a reply waits on the netpoller for
+	// its peer to read: rawconn.Idle). Past it, connections wait on the
+	// netpoller (their requests pay a netpoller wake-up each) until a
+	// thread is free: however many connections are busy at once, the Go
+	// runtime's 10000 threads, past which it ends the process and every
+	// tenant's region, are not reached. Set before Serve; zero means
 	// DefaultMaxPollThreads.
 	MaxPollThreads int
+	// SendWait bounds how long a write of the donor's on a connection
+	// (a reply, a control connection's credit update) waits for its
+	// peer to take more of it: a peer that took none for SendWait (up to
+	// twice that on the control and queue connections of a plaintext
+	// donor, whose writes wait on the netpoller) stopped reading, and its
+	// connection is closed; a control connection's end ends its session.
+	// Without it the handler waited for ever, and with it the session
+	// (the region's subscription) or the connection (its share of
+	// MaxConns), until the region was removed. Set before Serve; zero
+	// means DefaultSendWait.
+	SendWait time.Duration
 	// MaxSessionConns bounds the data connections (sync, bulk, queue,
 	// fault) one session has at once; a HELLO past it is refused with
 	// StatusLimit, unless it replaces one of the session's connections.
@@ -287,6 +307,39 @@ func (d *Donor) minSessionConns() int {
 }
 
 func (d *Donor) spin() time.Duration { return max(d.Spin, 0) }
+
+func (d *Donor) sendWait() time.Duration {
+	if d.SendWait > 0 {
+		return d.SendWait
+	}
+	return DefaultSendWait
+}
+
+// boundedWriter is a connection served on the netpoller (a plaintext
+// control or queue connection) as its handler writes to it: a write
+// fails once its peer took none of it for wait (SendWait: the write's
+// deadline, wait from its start, is renewed each time it passes with
+// bytes taken meanwhile, so a peer that stops taking them mid-write has
+// it fail within twice wait). A connection whose deadlines do nothing
+// (rawconn's NetConn) bounds its own writes (rawconn.Conn.SetSendWait).
+type boundedWriter struct {
+	c    net.Conn
+	wait time.Duration
+}
+
+func (b boundedWriter) Write(p []byte) (int, error) {
+	done := 0
+	for {
+		if err := b.c.SetWriteDeadline(time.Now().Add(b.wait)); err != nil {
+			return done, err
+		}
+		n, err := b.c.Write(p[done:])
+		done += n
+		if err == nil || n == 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+			return done, err
+		}
+	}
+}
 
 // idleConns is what the raw connections share to hold no thread while
 // idle (nil: they never move to the netpoller).
@@ -658,7 +711,7 @@ func (d *Donor) handle(c net.Conn) {
 	_ = c.SetDeadline(time.Time{})
 	switch hello.Kind {
 	case protocol.KindControl:
-		d.serveControl(s, c)
+		d.serveControl(s, c, nil)
 	case protocol.KindBulk, protocol.KindSync:
 		// Raw syscalls on a detached descriptor, one thread per
 		// connection in use (an idle one waits on the netpoller:
@@ -738,6 +791,7 @@ func (d *Donor) handleTLS(c net.Conn) {
 	p := rawconn.New(fd, 0, 0)
 	defer p.Close()
 	p.Adopt(ho, tc)
+	p.SetSendWait(d.sendWait())
 	d.setIdle(p)
 	dc := detachedConn{Conn: c, p: p}
 	if !d.swapConn(s, c, dc, false) {
@@ -747,7 +801,8 @@ func (d *Donor) handleTLS(c net.Conn) {
 	_ = c.Close()
 	switch hello.Kind {
 	case protocol.KindControl:
-		d.serveControl(s, p.NetConn())
+		// The credit sender writes while the reading goroutine reads.
+		d.serveControl(s, p.NetConn(), p.Sender())
 	case protocol.KindBulk, protocol.KindSync:
 		p.SetSpin(d.spin())
 		d.serveRaw(s, p, w)
@@ -961,16 +1016,25 @@ func (d *Donor) detach(s *session, c net.Conn, w *writer) {
 // end) takes a 32-byte frame in well within it, so the normal end is as
 // before, the session ended before the connection is closed; a peer that
 // has not drained the connection in a second has stopped reading, and its
-// writes would wait for ever, the session (and the region's subscription:
-// a new session is BUSY) with them.
+// writes would wait for SendWait (before it, for ever), the session (and
+// the region's subscription: a new session is BUSY) with them.
 const controlGrace = time.Second
 
-// serveControl reads pings on the control connection and writes credit
-// updates; when the connection ends, so does the session: once the
-// writes under way on it are done, or after controlGrace (its peer
-// stopped reading) with the connection shut down under them.
-func (d *Donor) serveControl(s *session, c net.Conn) {
+// serveControl reads pings on the control connection c and answers
+// them, and writes credit updates (through send, for the writes of
+// goroutines other than the reading one: nil, c's own); when the
+// connection ends, so does the session: once the writes under way on it
+// are done, or after controlGrace (its peer stopped reading) with the
+// connection shut down under them. Every write is bounded by SendWait:
+// a peer that stopped reading has the connection end, a PING's answer
+// or a credit update that it took none of for SendWait failing.
+func (d *Donor) serveControl(s *session, c net.Conn, send io.Writer) {
 	defer d.endSession(s)
+	// out: the reading goroutine's writes (PING answers).
+	out := io.Writer(boundedWriter{c: c, wait: d.sendWait()})
+	if send == nil {
+		send = out
+	}
 	done := make(chan struct{})
 	// wg: the credit sender, and a refusal's write.
 	var wg sync.WaitGroup
@@ -996,9 +1060,13 @@ func (d *Donor) serveControl(s *session, c net.Conn) {
 				h := protocol.Header{Op: protocol.OpCredit, Flags: protocol.FlagResponse, Offset: uint64(u.q), Credits: u.v}
 				h.Encode(b[:])
 				s.ctrlMu.Lock()
-				_, err := c.Write(b[:])
+				_, err := send.Write(b[:])
 				s.ctrlMu.Unlock()
 				if err != nil {
+					// Its peer stopped reading (SendWait), or the
+					// connection ended: the reads end too, and the
+					// session with them.
+					kill(c)
 					return
 				}
 			}
@@ -1023,7 +1091,7 @@ func (d *Donor) serveControl(s *session, c net.Conn) {
 			// it wait.
 			wg.Go(func() {
 				s.ctrlMu.Lock()
-				_ = writeErr(c, f.Op, f.Seq, protocol.StatusProto, "memory: only PING on the control connection")
+				_ = writeErr(send, f.Op, f.Seq, protocol.StatusProto, "memory: only PING on the control connection")
 				s.ctrlMu.Unlock()
 			})
 			return
@@ -1032,10 +1100,10 @@ func (d *Donor) serveControl(s *session, c net.Conn) {
 		var b [protocol.HeaderSize]byte
 		h.Encode(b[:])
 		s.ctrlMu.Lock()
-		_, err = c.Write(b[:])
+		_, err = out.Write(b[:])
 		s.ctrlMu.Unlock()
 		if err != nil {
-			return
+			return // its peer stopped reading (SendWait), or the connection ended
 		}
 	}
 }
@@ -1084,12 +1152,14 @@ func (s *session) complete(qid uint32, idle bool, batch uint32) {
 // serveData serves READ, WRITE and PING on a sync, bulk or queue connection
 // (whose writer is w: a queue's id is w.id). Requests are executed in
 // order; responses are buffered and flushed when no further request is
-// already buffered, so pipelined requests share syscalls.
+// already buffered, so pipelined requests share syscalls. A write its
+// peer takes none of for SendWait ends the connection.
 func (d *Donor) serveData(s *session, c net.Conn, kind uint8, w *writer) {
 	mem := s.reg.mem
 	size := uint64(len(mem))
 	br := bufio.NewReaderSize(c, 64<<10)
-	bw := bufio.NewWriterSize(c, 64<<10)
+	cw := boundedWriter{c: c, wait: d.sendWait()}
+	bw := bufio.NewWriterSize(cw, 64<<10)
 	var hdr, out [protocol.HeaderSize]byte
 	var received uint32 // queue requests received
 	var completed uint32
@@ -1144,7 +1214,7 @@ func (d *Donor) serveData(s *session, c net.Conn, kind uint8, w *writer) {
 				data := mem[h.Offset : h.Offset+uint64(h.Length)]
 				if len(data) > bw.Available() {
 					if err = bw.Flush(); err == nil {
-						_, err = c.Write(data)
+						_, err = cw.Write(data)
 					}
 				} else {
 					_, err = bw.Write(data)
@@ -1277,6 +1347,7 @@ func (d *Donor) serveSync(s *session, c net.Conn, kind uint8, spin time.Duration
 	}
 	p := rawconn.New(fd, spin, 0)
 	defer p.Close()
+	p.SetSendWait(d.sendWait())
 	d.setIdle(p)
 	// The connection sets name the connection by a stand-in whose Close
 	// shuts the socket down; c itself is closed, taking it off the

@@ -38,3 +38,20 @@ func SendHello(t *testing.T, c net.Conn, m protocol.Hello) uint64 {
 	t.Helper()
 	return helloRaw(t, c, m)
 }
+
+// DataConns is how many data connections the donor serves now, of every
+// session (from their HELLO until their handlers return: what MaxConns
+// bounds).
+func (d *Donor) DataConns() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.dataConns
+}
+
+// Subscribed reports whether the region of credential has a session now.
+func (d *Donor) Subscribed(credential string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r := d.regions[credKey(credential)]
+	return r != nil && r.sess != nil
+}

@@ -70,7 +70,13 @@ func (cc countingConn) Write(b []byte) (int, error) {
 // the socket. It returns the HELLO reply's session id.
 func dialConn(t *testing.T, addr string, cfg *tls.Config, kind uint8, session uint64, before func(net.Conn)) (*conn, uint64) {
 	t.Helper()
-	nc, err := net.Dial("tcp", addr)
+	return dialConnWith(t, &net.Dialer{}, addr, cfg, kind, session, before)
+}
+
+// dialConnWith is dialConn through dl.
+func dialConnWith(t *testing.T, dl *net.Dialer, addr string, cfg *tls.Config, kind uint8, session uint64, before func(net.Conn)) (*conn, uint64) {
+	t.Helper()
+	nc, err := dl.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}

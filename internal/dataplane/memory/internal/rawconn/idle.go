@@ -1,6 +1,7 @@
 package rawconn
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"sync/atomic"
@@ -30,10 +31,18 @@ import (
 //
 // Max bounds the threads the Conns sleep in poll(2) on at once: a Conn
 // whose reads wait in poll(2) holds one of them, from SetIdle (or its
-// return from the netpoller) until it moves to the netpoller or closes;
-// a wait for output (a full socket buffer) holds one while it sleeps.
+// return from the netpoller) until it moves to the netpoller or closes.
 // Past Max a Conn's waits stay on the netpoller (each request then pays a
 // netpoller wake-up) until one is free again.
+//
+// A wait for output (a full socket buffer: the peer does not read) moves
+// the same way. The reading goroutine's sleeps in poll(2) for up to Wait
+// on the thread it holds, then moves to the netpoller and gives that
+// thread back meanwhile (the Conn counts as parked: a peer that does not
+// read must not keep a thread from the Conns that serve), and takes one
+// again, if one is free, once the socket took more. A Conn that holds
+// none, or a write from another goroutine (Sender), takes one for its
+// sleep in poll(2) if one is free, and gives it back after.
 type Idle struct {
 	// Wait is how long a wait for input stays in poll(2) before it moves
 	// to the netpoller (at least a nanosecond: zero moves at once).
@@ -43,7 +52,9 @@ type Idle struct {
 	// Moved, if set, is called from a Conn's reading goroutine, with its
 	// descriptor, as its waits for input move to the netpoller (parked,
 	// before it registers there) and back (after the netpoller woke it,
-	// before it leaves it): the moments a request may arrive in between.
+	// before it leaves it): the moments a request may arrive in between;
+	// and as a wait for output of that goroutine's gives its thread back
+	// (parked) and takes one again.
 	Moved func(fd int, parked bool)
 
 	polling atomic.Int64 // threads held for poll(2)
@@ -124,7 +135,7 @@ func (p *Conn) waitInput() error {
 			i.Moved(p.fd, true)
 		}
 	}
-	if err := p.netpollWait(&p.park, unix.POLLIN); err != nil {
+	if err := p.netpollWait(&p.park, unix.POLLIN, time.Time{}); err != nil {
 		return err
 	}
 	if i.take() {
@@ -142,21 +153,59 @@ func (p *Conn) waitInput() error {
 	return nil
 }
 
-// waitOutput waits until the socket takes more bytes: in poll(2) for up
-// to Wait if a thread is free, else (or then) on the netpoller. It holds
-// nothing of the Conn's (a goroutine writing while another reads, as a
-// TLS control connection's, may call it).
-func (p *Conn) waitOutput() error {
+// waitOutput waits until the socket takes more bytes, for at most bound
+// (0: for ever; then ErrStalled): in poll(2) for up to Wait, on the
+// thread the reading goroutine holds if it is that goroutine's (no send
+// through Sender is under way), else on one it takes if one is free;
+// then on the netpoller, the reading goroutine's thread given back
+// meanwhile (see Idle).
+func (p *Conn) waitOutput(bound time.Duration) error {
 	i := p.idle
+	var deadline time.Time
+	first := i.Wait
+	if bound > 0 {
+		deadline = time.Now().Add(bound)
+		first = min(first, bound)
+	}
+	// senders first: a Sender's goroutine must not look at held, the
+	// reading goroutine's.
+	if p.senders.Load() == 0 && p.held {
+		ready, err := p.pollFor(unix.POLLOUT, first)
+		if err != nil || ready {
+			return err
+		}
+		// Its peer does not read: let the thread go while it waits.
+		p.held = false
+		i.give()
+		i.parked.Add(1)
+		if i.Moved != nil {
+			i.Moved(p.fd, true)
+		}
+		err = p.waitOutputNetpoll(deadline)
+		if err == nil && i.take() {
+			p.held = true
+			i.parked.Add(-1)
+			if i.Moved != nil {
+				i.Moved(p.fd, false)
+			}
+		}
+		return err
+	}
 	if i.take() {
-		ready, err := p.pollFor(unix.POLLOUT, i.Wait)
+		ready, err := p.pollFor(unix.POLLOUT, first)
 		i.give()
 		if err != nil || ready {
 			return err
 		}
 	}
+	return p.waitOutputNetpoll(deadline)
+}
+
+// waitOutputNetpoll waits on the netpoller until the socket takes more
+// bytes, or deadline (zero: none) passes (ErrStalled).
+func (p *Conn) waitOutputNetpoll(deadline time.Time) error {
 	var f *os.File
-	err := p.netpollWait(&f, unix.POLLOUT)
+	err := p.netpollWait(&f, unix.POLLOUT, deadline)
 	if f != nil {
 		_ = f.Close()
 	}
@@ -188,7 +237,8 @@ const (
 )
 
 // netpollWait waits on Go's netpoller, holding no thread, until the
-// socket is ready for events (or shut down, or failed). *f is the
+// socket is ready for events (or shut down, or failed), or deadline (zero:
+// none) passes: ErrStalled (deadlines bound waits for output). *f is the
 // registration, a duplicate of the descriptor made if nil (the caller
 // closes it, which takes it off the netpoller).
 //
@@ -200,7 +250,7 @@ const (
 // not count until the next request, however long: every connection that
 // went idle during a shortage of descriptors held one, past Max, for
 // good. A request that arrives then waits up to unregisteredCheckMax.
-func (p *Conn) netpollWait(f **os.File, events int16) error {
+func (p *Conn) netpollWait(f **os.File, events int16, deadline time.Time) error {
 	ready := func(fd uintptr) bool {
 		for {
 			fds := [1]unix.PollFd{{Fd: int32(fd), Events: events}}
@@ -224,12 +274,15 @@ func (p *Conn) netpollWait(f **os.File, events int16) error {
 			if err == nil {
 				if events == unix.POLLIN {
 					err = rc.Read(ready)
-				} else {
+				} else if err = (*f).SetWriteDeadline(deadline); err == nil {
 					err = rc.Write(ready)
 				}
 			}
 			if err == nil {
 				return nil
+			}
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return p.stalled()
 			}
 			// Not registered (epoll_ctl failed), or the netpoller
 			// reported an error on it: a new one next time.
@@ -240,6 +293,13 @@ func (p *Conn) netpollWait(f **os.File, events int16) error {
 			return nil
 		}
 		delay = min(max(2*delay, unregisteredCheckMin), unregisteredCheckMax)
+		if !deadline.IsZero() {
+			left := time.Until(deadline)
+			if left <= 0 {
+				return p.stalled()
+			}
+			delay = min(delay, left)
+		}
 		time.Sleep(delay)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
@@ -18,6 +19,11 @@ import (
 // or send the peer reset wraps the errno (ECONNRESET, EPIPE) instead.
 // Not io.EOF: a lost donor must never read as a region's end.
 var ErrPeerClosed = errors.New("EOF")
+
+// ErrStalled is wrapped (with protocol.ErrDonorLost) by a send that
+// waited longer than the Conn's send wait (SetSendWait) for its socket
+// to take more of it: the peer stopped reading.
+var ErrStalled = errors.New("the peer took none of it")
 
 // Conn is a synchronous connection driven with raw syscalls, so the thread
 // driving it (a client's caller, a donor's serving thread, a mapping's
@@ -42,6 +48,13 @@ type Conn struct {
 	iov     [2][]byte
 	spin    time.Duration
 	timeout time.Duration
+	// sendWait, if set, bounds each wait of a send for its socket to
+	// take more bytes (SetSendWait), in place of timeout.
+	sendWait time.Duration
+	// senders counts the sends under way through Sender (goroutines
+	// other than the reading one's): their waits for output leave the
+	// reading goroutine's thread alone (see Idle).
+	senders atomic.Int32
 
 	life   sync.Mutex // orders shutdown against close: fd is never reused under shutdown
 	closed bool
@@ -122,17 +135,22 @@ func (p *Conn) Close() {
 	p.life.Unlock()
 }
 
-// wait blocks until the socket is ready for events or the timeout passes.
+// wait blocks until the socket is ready for events or the timeout (for
+// output, the send wait if set) passes.
 func (p *Conn) wait(events int16) error {
+	bound := p.timeout
+	if events == unix.POLLOUT && p.sendWait > 0 {
+		bound = p.sendWait
+	}
 	if p.idle != nil && p.timeout == 0 {
 		if events == unix.POLLIN {
 			return p.waitInput()
 		}
-		return p.waitOutput()
+		return p.waitOutput(bound)
 	}
 	ms := -1
-	if p.timeout > 0 {
-		ms = int(p.timeout.Milliseconds()) + 1
+	if bound > 0 {
+		ms = int(bound.Milliseconds()) + 1
 	}
 	for {
 		fds := [1]unix.PollFd{{Fd: int32(p.fd), Events: events}}
@@ -144,11 +162,28 @@ func (p *Conn) wait(events int16) error {
 			return fmt.Errorf("%w: poll: %v", protocol.ErrDonorLost, err)
 		}
 		if n == 0 {
+			if events == unix.POLLOUT && p.sendWait > 0 {
+				return p.stalled()
+			}
 			return fmt.Errorf("%w: no reply within %v", protocol.ErrDonorLost, p.timeout)
 		}
 		return nil
 	}
 }
+
+// stalled is the error of a send whose socket took nothing for the send
+// wait.
+func (p *Conn) stalled() error {
+	return fmt.Errorf("%w: write: %w for %v", protocol.ErrDonorLost, ErrStalled, p.sendWait)
+}
+
+// SetSendWait bounds how long a send waits for the socket to take more
+// of its bytes (a full socket buffer: the peer does not read): past d
+// the send fails (ErrStalled), whatever the timeout. Zero: the timeout
+// bounds it (none if zero). A server's Conn, whose reads wait for ever
+// (timeout 0), sets it so that a peer that stopped reading its replies
+// holds no goroutine for ever.
+func (p *Conn) SetSendWait(d time.Duration) { p.sendWait = max(d, 0) }
 
 func advance(bufs [][]byte, n int) [][]byte {
 	for n > 0 && len(bufs) > 0 {

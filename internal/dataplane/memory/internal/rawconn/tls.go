@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"time"
 
@@ -72,8 +73,25 @@ func (p *Conn) Write(b []byte) (int, error) {
 // (the donor's control and queue connections over TLS): reads and writes
 // go through the Conn (inside the TLS session), Close shuts the socket
 // down (the owner closes the Conn). Deadlines are not supported: the
-// Conn's timeout bounds each wait.
+// Conn's timeout (for writes, its send wait) bounds each wait. Its
+// writes are the reading goroutine's, as the Conn's own: a goroutine
+// that writes while another reads writes through Sender.
 func (p *Conn) NetConn() net.Conn { return &netConn{fdConn{p: p}} }
+
+// Sender writes on the Conn (as Write) for a goroutine other than the
+// one that reads it (a TLS control connection's credit updates): its
+// waits for output never use, or give back, the poll(2) thread the
+// reading goroutine holds (see Idle). Its writes and the Conn's others
+// are serialised by the caller, as any writes of one Conn.
+func (p *Conn) Sender() io.Writer { return sender{p} }
+
+type sender struct{ p *Conn }
+
+func (s sender) Write(b []byte) (int, error) {
+	s.p.senders.Add(1)
+	defer s.p.senders.Add(-1)
+	return s.p.Write(b)
+}
 
 // SetTimeout changes the bound of each wait (0: none).
 func (p *Conn) SetTimeout(d time.Duration) { p.timeout = d }
