@@ -533,9 +533,10 @@ type Heartbeat struct {
 	Leases []string     `json:"leases"` // lease IDs whose exports the agent serves
 	// Wiping lists the lease IDs whose torn-down block ranges the agent
 	// is still wiping (its wipe journal): ranges it refuses to lend. The
-	// control plane keeps a released lease's ranges out of placement
-	// until a heartbeat lists the lease neither here nor in Leases
-	// (docs/placement.md, "Ranges being wiped").
+	// control plane keeps an ended lease's ranges (released, expired, or
+	// lost while this lender was away) out of placement until a heartbeat
+	// lists the lease neither here nor in Leases (docs/placement.md,
+	// "Ranges being wiped").
 	Wiping []string `json:"wiping,omitempty"`
 	// Moved lists exports the agent serves at another address than the
 	// URI the control plane was given (an export restored after a restart
