@@ -754,6 +754,15 @@ type PrepareResponse struct {
 // lender.
 const RangeBeingWiped = "is still being wiped after an earlier lease"
 
+// RangeStillServed ends a lender's refusal of a prepare whose block range
+// overlaps an export it still serves for another lease ("the range
+// overlaps one this agent still serves for another lease"): typically a
+// lease lost while its lender was away, which the lender tears down and
+// wipes once a heartbeat answer tells it. The control plane places the
+// lease around the range, as around one being wiped, rather than skip the
+// lender.
+const RangeStillServed = "still serves for another lease"
+
 // TeardownRequest asks a lender to stop serving a lease.
 type TeardownRequest struct {
 	LeaseID string `json:"lease_id"`

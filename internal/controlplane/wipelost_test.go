@@ -243,3 +243,49 @@ func (e *lostRangeEnv) wipedThenLentAgain(lost api.Lease) {
 		e.t.Fatalf("the next tenant of the lost lease's range reads %q", got)
 	}
 }
+
+// TestStillServedRangePlacedAround: a lender that refuses a range because
+// it still serves it for another lease (a lost one, not torn down yet
+// there, whose range the control plane has no mark for: here the node was
+// removed while down, and its agent joined again, before its first
+// heartbeat) is not skipped: the lease is placed around the range, as
+// around one it is still wiping. The refusal skipped the lender, and with
+// no other the lease failed.
+func TestStillServedRangePlacedAround(t *testing.T) {
+	for _, pg := range []bool{false, true} {
+		name := "sqlite"
+		if pg {
+			name = "postgres"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := newLostRangeEnv(t, pg)
+			lost := e.lostWhileDown()
+			node := lost.Parts[0].NodeID
+			admin := api.NewClient(e.url, adminTok, nil)
+			if _, err := admin.RemoveNode(e.ctx(), node, false); err != nil {
+				t.Fatal(err)
+			}
+			e.launch(func(a *agent.Agent) { a.Faults.PauseHeartbeats.Store(true) })
+			e.waitReady()
+			if n, err := e.st.Node(e.ctx(), node); err != nil || n.State != api.NodeReady {
+				t.Fatalf("the removed node after its agent joined again: %+v %v", n.Node, err)
+			}
+			if e.marked(lost.ID, node) {
+				t.Fatal("the lost lease's range on the removed node is still marked")
+			}
+			bob := api.NewClient(e.url, bobTok, nil)
+			l2, err := bob.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+			if err != nil {
+				t.Fatalf("a lease refused a range its lender still serves for a lost lease failed: %v", err)
+			}
+			if p := l2.Parts[0]; p.Offset < 1<<20 {
+				t.Fatalf("the new lease is at offset %d, over the lost lease's unwiped range", p.Offset)
+			}
+			if got := e.readAt(l2.URI, len(secret), 0); !bytes.Equal(got, make([]byte, len(secret))) {
+				t.Fatalf("the new lease reads %q", got)
+			}
+			e.wipedThenLentAgain(lost)
+		})
+	}
+}

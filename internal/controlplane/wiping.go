@@ -250,12 +250,19 @@ func (r *reserver) wipesPending(ctx context.Context) (<-chan struct{}, bool) {
 // refusedWiping marks a range lender node refused to lease id because it
 // is being wiped (after another lease, which this control plane may not
 // know of: another replica released it, or the control plane restarted
-// since) as being wiped, under the refused lease's ID and the node, until
-// the node's heartbeats no longer list a wipe. The placement that follows
-// places around it.
-func (s *Server) refusedWiping(ctx context.Context, id string, p api.Part) {
-	key := refusedPrefix + id + "/" + p.DeviceID + "/" + fmt.Sprint(p.Offset)
-	s.markWiping(ctx, api.Lease{ID: key, Kind: api.KindBlock, Mode: api.ModeDedicated, Parts: []api.Part{p}}, "")
+// since), or because the lender still serves it for another lease (a
+// lost lease it has not been told to tear down yet: a removed node that
+// joined again, a control plane that forgot its marks in a restart), as
+// being wiped, under the refused lease's ID and the node, until the
+// node's heartbeats no longer list a wipe (the answer to a heartbeat
+// listing a lost lease as served marks its ranges: markTeardownOn). The
+// placement that follows places around it. The mark takes the refused
+// lease's mode: that of a partition holds the range only (a dedicated
+// mark would hold the whole device, and leave a lease that fits beside
+// the range no room).
+func (s *Server) refusedWiping(ctx context.Context, l api.Lease, p api.Part) {
+	key := refusedPrefix + l.ID + "/" + p.DeviceID + "/" + fmt.Sprint(p.Offset)
+	s.markWiping(ctx, api.Lease{ID: key, Kind: api.KindBlock, Mode: l.Mode, Parts: []api.Part{p}}, "")
 }
 
 // markWiping marks lease l's block parts (but those on node except: a
