@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/rialto-project/rialto/api"
@@ -55,4 +56,45 @@ func rangeZero(t *testing.T, n *Node, off int64) bool {
 		t.Fatal(err)
 	}
 	return bytes.Equal(b, make([]byte, 5))
+}
+
+// TestRemovedNodeDropsMovedPart: a node removed (--force) whose agent
+// still runs, cut off from the control plane, just after a lease's part
+// moved to it is told by the removal to tear down the lease lost with it:
+// its heartbeats, whose answers would tell it, are refused from then on.
+// It served the lost lease's part, and kept its bytes on its device,
+// until the lease's expiry or until its agent joined again.
+func TestRemovedNodeDropsMovedPart(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{Nodes: 2, Devices: moveDevices()})
+	ctx := ctxT(t)
+	cl := c.Client()
+	l, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeHello(ctx, t, l.URI)
+	if _, err := cl.MoveLease(ctx, l.ID, api.MoveRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	ms := waitMoves(t, c, l.ID, 1)
+	if ms[0].State != api.MoveDone {
+		t.Fatalf("the move: %+v", ms[0])
+	}
+	dst := c.NodeByID(ms[0].To.NodeID)
+	checkHello(ctx, t, c.Lease(l.ID).URI, "the part at its destination")
+	dst.PauseHeartbeats(true) // it does not join again
+	r, err := cl.RemoveNode(ctx, dst.ID(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(r.Lost, l.ID) {
+		t.Fatalf("the removal does not list the moved lease lost: %+v", r.Lost)
+	}
+	if dst.Serves(l.ID) {
+		t.Error("the removed node still serves the lease lost with it")
+	}
+	if !rangeZero(t, dst, ms[0].To.Offset+4096) {
+		t.Error("the removed node's range of the lost lease is not wiped")
+	}
 }
