@@ -533,9 +533,10 @@ type Heartbeat struct {
 	Leases []string     `json:"leases"` // lease IDs whose exports the agent serves
 	// Wiping lists the lease IDs whose torn-down block ranges the agent
 	// is still wiping (its wipe journal): ranges it refuses to lend. The
-	// control plane keeps a released lease's ranges out of placement
-	// until a heartbeat lists the lease neither here nor in Leases
-	// (docs/placement.md, "Ranges being wiped").
+	// control plane keeps an ended lease's ranges (released, expired, or
+	// lost while this lender was away) out of placement until a heartbeat
+	// lists the lease neither here nor in Leases (docs/placement.md,
+	// "Ranges being wiped").
 	Wiping []string `json:"wiping,omitempty"`
 	// Moved lists exports the agent serves at another address than the
 	// URI the control plane was given (an export restored after a restart
@@ -752,6 +753,15 @@ type PrepareResponse struct {
 // lease around the range (or waits for the wipe) rather than skip the
 // lender.
 const RangeBeingWiped = "is still being wiped after an earlier lease"
+
+// RangeStillServed ends a lender's refusal of a prepare whose block range
+// overlaps an export it still serves for another lease ("the range
+// overlaps one this agent still serves for another lease"): typically a
+// lease lost while its lender was away, which the lender tears down and
+// wipes once a heartbeat answer tells it. The control plane places the
+// lease around the range, as around one being wiped, rather than skip the
+// lender.
+const RangeStillServed = "still serves for another lease"
 
 // TeardownRequest asks a lender to stop serving a lease.
 type TeardownRequest struct {

@@ -156,7 +156,8 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 		if other == req.LeaseID {
 			return api.PrepareResponse{}, fmt.Errorf("%w: the range overlaps an export this agent still serves from an earlier placement of the lease", ErrOverlap)
 		}
-		return api.PrepareResponse{}, fmt.Errorf("%w: the range overlaps one this agent still serves for another lease", ErrOverlap)
+		// (The control plane places around the range: api.RangeStillServed.)
+		return api.PrepareResponse{}, fmt.Errorf("%w: the range overlaps one this agent %s", ErrOverlap, api.RangeStillServed)
 	case wiping:
 		a.log.Warn("refused a range whose wipe has not finished", "lease", req.LeaseID, "device", dev.Name)
 		return api.PrepareResponse{}, refuse(wipingWords(dev.Name), fmt.Errorf("%w: the range is being wiped", ErrOverlap))

@@ -35,7 +35,7 @@ func (s *Server) apply(ctx context.Context, l api.Lease, ev lifecycle.Event) (ap
 		if _, ok := a.(lifecycle.Free); ok && wipes {
 			// A teardown follows: the lease's ranges stay out of
 			// placement (being wiped) from before it leaves the view.
-			s.markWiping(ctx, next, teardownExcept(acts))
+			s.markWiping(ctx, next, teardownUnmarked(acts))
 			wipes = false
 		}
 		var out api.Lease
@@ -88,8 +88,9 @@ func (s *Server) effects(ctx context.Context, l api.Lease, acts ...lifecycle.Act
 		case lifecycle.Teardown:
 			if a.Placement == 0 {
 				// The lenders wipe the lease's block ranges: they stay
-				// out of placement until a lender confirms (wiping.go).
-				s.markWiping(ctx, l, a.Except)
+				// out of placement until a lender confirms (wiping.go),
+				// those of a lender not told now (Except) too.
+				s.markWiping(ctx, l, unmarked(a))
 			}
 			s.teardownParts(ctx, l, a.Placement, a.Except)
 		case lifecycle.Free:
@@ -105,12 +106,25 @@ func (s *Server) effects(ctx context.Context, l api.Lease, acts ...lifecycle.Act
 	return rest
 }
 
-// teardownExcept is the node the full teardown among acts leaves out.
-func teardownExcept(acts []lifecycle.Action) string {
+// teardownUnmarked is the node whose ranges the full teardown among acts
+// leaves unmarked (unmarked).
+func teardownUnmarked(acts []lifecycle.Action) string {
 	for _, a := range acts {
 		if t, ok := a.(lifecycle.Teardown); ok && t.Placement == 0 {
-			return t.Except
+			return unmarked(t)
 		}
+	}
+	return ""
+}
+
+// unmarked is the node whose block ranges teardown t leaves unmarked as
+// being wiped: a removed node left out of it, whose ranges left the pool
+// with it ("" for none). A node left out because it is down, or lost the
+// lease's exports, still holds the lease's bytes: its ranges are marked
+// until it confirms their wipe (its heartbeats, once an answer told it).
+func unmarked(t lifecycle.Teardown) string {
+	if t.Removed {
+		return t.Except
 	}
 	return ""
 }

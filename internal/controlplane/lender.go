@@ -360,7 +360,7 @@ func (s *Server) prepareParts(ctx context.Context, l api.Lease, req api.LeaseReq
 		case !strings.HasPrefix(why, "lender "):
 			why = "lender " + name + ": " + why // each reason names its lender
 		}
-		if strings.Contains(why, api.RangeBeingWiped) {
+		if strings.Contains(why, api.RangeBeingWiped) || strings.Contains(why, api.RangeStillServed) {
 			wiping = append(wiping, l.Parts[i])
 			if _, other := failed[id]; other {
 				continue // the other failure names the lender
@@ -370,8 +370,10 @@ func (s *Server) prepareParts(ctx context.Context, l api.Lease, req api.LeaseReq
 		}
 		failed[id] = why
 	}
-	// A lender that refused only ranges it is still wiping is not to be
-	// skipped: the lease is placed around those ranges (wiping.go).
+	// A lender that refused only ranges it is still wiping, or still
+	// serves for another lease (a lost lease's export it has not been told
+	// to tear down yet), is not to be skipped: the lease is placed around
+	// those ranges (wiping.go).
 	wiping = slices.DeleteFunc(wiping, func(p api.Part) bool { return other[p.NodeID] })
 	if len(failed) > 0 {
 		return nil, failed, wiping

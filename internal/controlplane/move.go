@@ -574,6 +574,7 @@ func (s *Server) runMove(ctx context.Context, r *moveRun) {
 		s.abortMove(m)
 		actx, cancel := context.WithTimeout(context.Background(), moveCallTimeout)
 		defer cancel()
+		s.dropDestination(actx, m)
 		l, lerr := s.st.Lease(actx, m.LeaseID)
 		if lerr != nil {
 			l = api.Lease{ID: m.LeaseID}
@@ -593,6 +594,68 @@ func (s *Server) moveActions(todo []lifecycle.Action) {
 			s.abortMove(a.Move)
 		}
 	}
+}
+
+// dropDestination tears lease m.LeaseID down on the destination of move
+// m, which failed, when nothing of the lease is to stay there: its node
+// was removed (whatever of a lease is on a removed node is lost), or the
+// lease is no longer reserved or active. A destination that took the
+// part over (its commit answered) before the lease could be pointed at it
+// serves the part under the move's export name, which no lease names, and
+// refuses the move's abort (a committed transfer is done); the answers to
+// its heartbeats would tell it to drop the export (it serves no part of
+// the lease), but a removed node's heartbeats are refused, and its agent,
+// cut off from the control plane, would keep the part, served, until the
+// lease's expiry or until it joined again. The teardown wipes the range
+// (and an agent that never took the part over has nothing of the lease to
+// tear down). The range, which the move's end frees, stays marked as being
+// wiped until the destination answers (a removed node's ranges left the
+// pool with it; a node down is told by its heartbeats' answers once it is
+// back). The destination of a live lease on a node that is not removed is
+// left to its heartbeats' answers, which keep only the lease's parts
+// there: a teardown of the lease there would also tear down a part the
+// lease may have there.
+func (s *Server) dropDestination(ctx context.Context, m api.Move) {
+	rec, err := s.st.Node(ctx, m.To.NodeID)
+	if err != nil {
+		s.log.Warn("a failed move's destination: its node", "move", m.ID, "node", m.To.NodeID, "err", err)
+		return
+	}
+	l, err := s.st.Lease(ctx, m.LeaseID)
+	if err != nil {
+		s.log.Warn("a failed move's destination: its lease", "move", m.ID, "lease", m.LeaseID, "err", err)
+		return
+	}
+	removed := rec.State == api.NodeRemoved
+	if !removed && (l.State == api.LeaseReserved || l.State == api.LeaseActive) {
+		return
+	}
+	to := api.Part{NodeID: m.To.NodeID, DeviceID: m.To.DeviceID, Offset: m.To.Offset, Length: m.To.Length}
+	if !removed {
+		// With the lease's own ranges there, marked by its end already:
+		// the mark of the lease on a node is one.
+		on := api.Lease{ID: l.ID, Kind: l.Kind, Mode: l.Mode}
+		for _, p := range l.Parts {
+			if p.NodeID == to.NodeID && !p.Lost() && (p.DeviceID != to.DeviceID || p.Offset != to.Offset) {
+				on.Parts = append(on.Parts, p)
+			}
+		}
+		on.Parts = append(on.Parts, to)
+		s.markWiping(ctx, on, "")
+	}
+	if rec.State == api.NodeDown {
+		return
+	}
+	tctx, cancel := context.WithTimeout(ctx, s.cfg.PrepareTimeout)
+	defer cancel()
+	if err := s.lender.Teardown(tctx, rec.Node, rec.AgentKey, api.TeardownRequest{LeaseID: l.ID}); err != nil {
+		s.log.Warn("a failed move's destination did not tear its lease down; its heartbeats' answers will tell it", "move", m.ID, "lease", l.ID, "node", rec.ID, "err", err)
+		return
+	}
+	if !removed {
+		s.wiped(ctx, l.ID, rec.ID) // the lender answers a teardown once its wipes are done
+	}
+	s.log.Info("a failed move's destination tore its lease down", "move", m.ID, "lease", l.ID, "node", rec.ID, "removed", removed)
 }
 
 // abortMove tells both lenders to give move m up (best effort: a lender
@@ -963,6 +1026,7 @@ func (s *Server) recoverMoves(ctx context.Context) error {
 			why = "the control-plane replica that ran the move stopped"
 		}
 		s.abortMove(rec.Move)
+		s.dropDestination(ctx, rec.Move)
 		if _, todo, _ := s.apply(ctx, l, lifecycle.MoveFailed{Move: rec.Move, Why: why}); len(todo) > 0 {
 			s.moveActions(todo)
 		}

@@ -6,6 +6,7 @@ import (
 	"math/big"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
@@ -83,6 +84,9 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 	}
 	s.live.forget(n.ID)
 	s.auth.dropNode(n.ID) // its credential stops working at once
+	if n.State != api.NodeDown {
+		s.dropRemoved(ctx, rec, lost) // (forced: its agent may still run)
+	}
 	// Its ranges being wiped are no longer waited for (the store forgot
 	// them with the node; a view in memory forgets them here).
 	s.res.WipedOn(n.ID, func(string) bool { return false })
@@ -113,6 +117,31 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 		lost = []string{}
 	}
 	return api.NodeRemoval{Node: removed, Revoked: revoked, Lost: lost}, nil
+}
+
+// dropRemoved tells the agent of node rec, removed while it was ready or
+// suspect (--force: its agent may still run), to tear down the leases
+// lost with it, each within PrepareTimeout, in parallel: its heartbeats, whose
+// answers would tell it, are refused from now on, and an agent cut off
+// from the control plane (the bootstrap token rotated as well) would
+// serve them, and keep their tenants' bytes on its devices, until their
+// expiry, or until it joined again. The teardowns wipe their ranges. A
+// lender that does not answer is left to its next join, whose
+// heartbeats' answers tell it.
+func (s *Server) dropRemoved(ctx context.Context, rec store.NodeRecord, lost []string) {
+	var wg sync.WaitGroup
+	for _, id := range lost {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tctx, cancel := context.WithTimeout(ctx, s.cfg.PrepareTimeout)
+			defer cancel()
+			if err := s.lender.Teardown(tctx, rec.Node, rec.AgentKey, api.TeardownRequest{LeaseID: id}); err != nil {
+				s.log.Warn("the agent of a removed node did not tear a lost lease down; it is told once it joins again", "node", rec.ID, "lease", id, "err", err)
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // notDownYet says why a node that is ready or suspect cannot be removed

@@ -178,7 +178,7 @@ func (s *Server) outcome(ctx context.Context, r *reservation, l api.Lease, todo 
 				}
 			}
 			for _, p := range r.wiping {
-				s.refusedWiping(ctx, l.ID, p) // placed around until the lender's wipes are done
+				s.refusedWiping(ctx, l, p) // placed around until the lender's wipes are done
 			}
 			r.wiping = nil
 			plan, err := s.placeOrWait(ctx, r.hold(l.ID), r.req, r.skip)

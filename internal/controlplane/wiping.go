@@ -23,6 +23,11 @@ import (
 // mark goes (reserver.Wiped) when the lender answers the teardown (it
 // answers once its wipes are done), or when a heartbeat of the lender no
 // longer lists the lease as served or being wiped (api.Heartbeat.Wiping).
+// A lease lost with its lender (down, taken over, its exports lost) is
+// torn down on its other lenders only; the lost lender's ranges are
+// marked all the same (lifecycle.Teardown): it still holds the tenant's
+// bytes, wipes them once a heartbeat answer tells it to tear the lease
+// down, and only its heartbeats (or its node's removal) drop the marks.
 //
 // Replicas of a shared store (store.Wiper) keep the marks in the store
 // too, so that each replica's placement sees the others' marks and the
@@ -42,8 +47,8 @@ func wipeKey(id, node string) string { return wipePrefix + id + ":" + node }
 const wipePrefix = "wiping:"
 
 // Wiping marks lease id's block parts (but the lost ones, and those on
-// node except) as being wiped, until Wiped. Parts of other kinds are not
-// wiped: they are not marked.
+// node except: a removed node's) as being wiped, until Wiped. Parts of
+// other kinds are not wiped: they are not marked.
 func (r *reserver) Wiping(l api.Lease, except string) {
 	byNode := map[string][]store.LivePart{}
 	for _, w := range wipesOf(l, except, time.Time{}) {
@@ -245,19 +250,26 @@ func (r *reserver) wipesPending(ctx context.Context) (<-chan struct{}, bool) {
 // refusedWiping marks a range lender node refused to lease id because it
 // is being wiped (after another lease, which this control plane may not
 // know of: another replica released it, or the control plane restarted
-// since) as being wiped, under the refused lease's ID and the node, until
-// the node's heartbeats no longer list a wipe. The placement that follows
-// places around it.
-func (s *Server) refusedWiping(ctx context.Context, id string, p api.Part) {
-	key := refusedPrefix + id + "/" + p.DeviceID + "/" + fmt.Sprint(p.Offset)
-	s.markWiping(ctx, api.Lease{ID: key, Kind: api.KindBlock, Mode: api.ModeDedicated, Parts: []api.Part{p}}, "")
+// since), or because the lender still serves it for another lease (a
+// lost lease it has not been told to tear down yet: a removed node that
+// joined again, a control plane that forgot its marks in a restart), as
+// being wiped, under the refused lease's ID and the node, until the
+// node's heartbeats no longer list a wipe (the answer to a heartbeat
+// listing a lost lease as served marks its ranges: markTeardownOn). The
+// placement that follows places around it. The mark takes the refused
+// lease's mode: that of a partition holds the range only (a dedicated
+// mark would hold the whole device, and leave a lease that fits beside
+// the range no room).
+func (s *Server) refusedWiping(ctx context.Context, l api.Lease, p api.Part) {
+	key := refusedPrefix + l.ID + "/" + p.DeviceID + "/" + fmt.Sprint(p.Offset)
+	s.markWiping(ctx, api.Lease{ID: key, Kind: api.KindBlock, Mode: l.Mode, Parts: []api.Part{p}}, "")
 }
 
-// markWiping marks lease l's block parts (but those on node except) as
-// being wiped (reserver.Wiping) and, on a shared store, records them
-// there for the other replicas, before the caller tells the lenders to
-// tear the lease down. A mark the store did not take is logged: the
-// lender refusing the range (refusedWiping) remains.
+// markWiping marks lease l's block parts (but those on node except: a
+// removed node's) as being wiped (reserver.Wiping) and, on a shared
+// store, records them there for the other replicas, before the caller
+// tells the lenders to tear the lease down. A mark the store did not
+// take is logged: the lender refusing the range (refusedWiping) remains.
 func (s *Server) markWiping(ctx context.Context, l api.Lease, except string) {
 	if w, ok := s.wiper(); ok {
 		if ws := wipesOf(l, except, s.now()); len(ws) > 0 {

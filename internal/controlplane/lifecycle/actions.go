@@ -51,8 +51,17 @@ type Place struct{ Skip map[string]string }
 // placed again: a teardown arriving late must leave the new exports). A
 // lender that misses it is told again in the answer to its next heartbeat
 // (Reconcile).
+//
+// The lenders wipe the block ranges they tear down, and those ranges stay
+// marked as being wiped (out of placement) until each lender confirms:
+// Except's too, whose lender is not told now (it is down, or lost the
+// lease's exports) but still holds what it held of the lease, and wipes
+// it once a heartbeat answer tells it to tear the lease down. Unless
+// Removed: node Except was removed, and its ranges left the pool with it
+// (a join that brings it back is answered by its heartbeats).
 type Teardown struct {
 	Except    string
+	Removed   bool
 	Placement int
 }
 

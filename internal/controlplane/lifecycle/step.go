@@ -222,7 +222,7 @@ func nodeDown(l api.Lease, e NodeDown, now time.Time) (api.Lease, []Action, erro
 	if e.Removed {
 		reason = fmt.Sprintf("lender node %s (%s) was removed", e.Name, e.NodeID)
 	}
-	return loseParts(l, func(p api.Part) bool { return p.NodeID == e.NodeID }, e.NodeID, reason, now)
+	return loseParts(l, func(p api.Part) bool { return p.NodeID == e.NodeID }, e.NodeID, e.Removed, reason, now)
 }
 
 func partsLost(l api.Lease, e PartsLost, now time.Time) (api.Lease, []Action, error) {
@@ -238,13 +238,13 @@ func partsLost(l api.Lease, e PartsLost, now time.Time) (api.Lease, []Action, er
 		return l, nil, refuse("lease %s has no such part on node %s", l.ID, e.NodeID)
 	}
 	reason := fmt.Sprintf("lender node %s lost the part's export: %s", e.NodeID, e.Why)
-	return loseParts(l, pick, e.NodeID, reason, now)
+	return loseParts(l, pick, e.NodeID, false, reason, now)
 }
 
 // loseParts loses the parts of l that pick selects (on node nodeID, for
-// reason): a lease that Degrades goes on without them while others are
-// left; any other lease is lost.
-func loseParts(l api.Lease, pick func(api.Part) bool, nodeID, reason string, now time.Time) (api.Lease, []Action, error) {
+// reason; removed: the node was removed): a lease that Degrades goes on
+// without them while others are left; any other lease is lost.
+func loseParts(l api.Lease, pick func(api.Part) bool, nodeID string, removed bool, reason string, now time.Time) (api.Lease, []Action, error) {
 	var lost []int
 	left, before := 0, 0
 	for i, p := range l.Parts {
@@ -269,7 +269,7 @@ func loseParts(l api.Lease, pick func(api.Part) bool, nodeID, reason string, now
 		reason += fmt.Sprintf("; %d other part(s) were lost before", before)
 	}
 	n, w := write(l, states(api.LeaseReserved, api.LeaseActive, api.LeaseReleasing), api.LeaseLost, store.LeaseChange{Reason: reason}, "", now)
-	return n, []Action{w, Free{}, Teardown{Except: nodeID}}, nil // the other lenders of a composed lease
+	return n, []Action{w, Free{}, Teardown{Except: nodeID, Removed: removed}}, nil // the other lenders of a composed lease
 }
 
 // Degrades reports whether lease l may lose a part and go on with the

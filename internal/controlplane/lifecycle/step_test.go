@@ -57,6 +57,7 @@ var events = []struct {
 	{"expire", Expire{}, t0.Add(2 * time.Hour), nil},
 	{"node n2 down", NodeDown{NodeID: "n2", Name: "rack1-2"}, t0.Add(time.Minute), nil},
 	{"node n9 down", NodeDown{NodeID: "n9", Name: "rack9-9"}, t0.Add(time.Minute), nil},
+	{"node n2 removed", NodeDown{NodeID: "n2", Name: "rack1-2", Removed: true}, t0.Add(time.Minute), nil},
 	{"parts lost n2", PartsLost{NodeID: "n2", Parts: []api.PartRef{{DeviceID: "d2"}}, Why: "its memory region did not survive the agent's restart"}, t0.Add(time.Minute), nil},
 	{"parts lost n2 (other part)", PartsLost{NodeID: "n2", Parts: []api.PartRef{{DeviceID: "d2", Offset: 4096}}, Why: "gone"}, t0.Add(time.Minute), nil},
 	{"parts lost n1 (a nic bond)", PartsLost{NodeID: "n1", Parts: []api.PartRef{{DeviceID: "d1"}}, Why: "gone"}, t0.Add(time.Minute), nicBond},
@@ -278,6 +279,9 @@ func action(a Action) string {
 		s := "Teardown"
 		if a.Except != "" {
 			s += " except " + a.Except
+		}
+		if a.Removed {
+			s += " (removed)"
 		}
 		if a.Placement != 0 {
 			s += fmt.Sprintf(" placement ≤ %d", a.Placement)
