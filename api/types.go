@@ -486,7 +486,24 @@ type JoinRequest struct {
 	// still valid), or while the node is down or removed; otherwise the
 	// join is refused (409). The first join of a machine has none.
 	Credential string `json:"credential,omitempty"`
+	// PreviousCredentials are node credentials earlier joins answered the
+	// agent (newest first, at most MaxPreviousCredentials, each at most
+	// MaxCredentialLen bytes), secrets like Credential, which the agent
+	// keeps with it. Any of them proves the join as Credential does while
+	// it is the node's credential the control plane holds: a control
+	// plane whose database was restored from a backup knows the one
+	// issued before the backup, not the agent's current one. A credential
+	// replaced by a takeover (a join without proof, or a node removed)
+	// is not the node's any more and proves nothing.
+	PreviousCredentials []string `json:"previous_credentials,omitempty"`
 }
+
+// Bounds of a join's credentials (JoinRequest): a join beyond them is
+// refused (400).
+const (
+	MaxPreviousCredentials = 8
+	MaxCredentialLen       = 256
+)
 
 // JoinResponse carries the node's credential; the agent uses it as its
 // bearer token from then on.

@@ -250,6 +250,15 @@ func TestNoSecretsInLogsOrArgs(t *testing.T) {
 		}
 		return err == nil && ready == 2
 	})
+	// Its agent writes the join's answer, and keeps the credential it
+	// replaced, once it has it.
+	poll(t, "the removed node's agent to keep its previous credential", 30*time.Second, func() bool {
+		var id struct {
+			PreviousCredentials []string `json:"previous_credentials"`
+		}
+		b, err := os.ReadFile(filepath.Join(dir, ns[0].Name, "identity.json"))
+		return err == nil && json.Unmarshal(b, &id) == nil && len(id.PreviousCredentials) > 0
+	})
 
 	// Every secret handed out.
 	for i, l := range leases {
@@ -270,14 +279,20 @@ func TestNoSecretsInLogsOrArgs(t *testing.T) {
 	}
 	for _, name := range []string{"a1", "a2"} {
 		var id struct {
-			Credential string `json:"credential"`
-			AgentKey   string `json:"agent_key"`
+			Credential          string   `json:"credential"`
+			PreviousCredentials []string `json:"previous_credentials"`
+			AgentKey            string   `json:"agent_key"`
 		}
 		b, err := os.ReadFile(filepath.Join(dir, name, "identity.json"))
 		if err != nil || json.Unmarshal(b, &id) != nil || id.Credential == "" || id.AgentKey == "" {
 			t.Fatalf("%s identity: %v", name, err)
 		}
 		secrets[name+"'s node credential"], secrets[name+"'s agent key"] = id.Credential, id.AgentKey
+		// Those its joins presented with it (the removed node's agent's
+		// rejoin replaced one).
+		for i, c := range id.PreviousCredentials {
+			secrets[fmt.Sprintf("%s's previous node credential %d", name, i)] = c
+		}
 		secrets[name+"'s node key"] = pemBody(t, filepath.Join(dir, name, "node-key.pem"))
 	}
 	secrets["the CA key"] = pemBody(t, filepath.Join(dir, "tls", "ca-key.pem"))

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -702,8 +703,11 @@ func (a *Agent) joinRequest() api.JoinRequest {
 	// The node's current credential proves that this is its agent, not
 	// another machine claiming its machine ID (a known machine's live
 	// node is taken over only with it): it goes in the body, never in a
-	// log line or an argument.
+	// log line or an argument. So do the credentials earlier joins
+	// answered, while the control plane holds one of them as the node's
+	// (its database restored from a backup older than the last join).
 	req.Credential = a.id.Credential
+	req.PreviousCredentials = slices.Clone(a.id.PreviousCredentials)
 	if len(a.endpoints) > 0 {
 		req.Endpoints = map[api.Kind]string{}
 		for k, v := range a.endpoints {
@@ -718,6 +722,23 @@ func (a *Agent) joinRequest() api.JoinRequest {
 		})
 	}
 	return req
+}
+
+// previousCredentials returns the credentials to keep after a join
+// replaced the node credential cur with next: cur, then those kept
+// before (prev, newest first), without next or repeats, at most
+// api.MaxPreviousCredentials.
+func previousCredentials(cur string, prev []string, next string) []string {
+	out := make([]string, 0, api.MaxPreviousCredentials)
+	for _, c := range append([]string{cur}, prev...) {
+		if len(out) == api.MaxPreviousCredentials {
+			break
+		}
+		if c != "" && c != next && !slices.Contains(out, c) {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // join registers with the control plane, retrying transient failures
@@ -763,6 +784,7 @@ func (a *Agent) join(ctx context.Context) error {
 		if err == nil {
 			a.mu.Lock()
 			a.id.NodeID = resp.NodeID
+			a.id.PreviousCredentials = previousCredentials(a.id.Credential, a.id.PreviousCredentials, resp.Credential)
 			a.id.Credential = resp.Credential
 			a.id.AgentKey = resp.AgentKey
 			if req.LostExports {

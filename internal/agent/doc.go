@@ -16,11 +16,11 @@
 // leases);
 // [Config.Drivers] replaces or adds drivers.
 //
-// Identity (node ID, node credential, agent key, machine ID, ports) and the
-// exports the agent serves, each with the URI the control plane was given,
-// are persisted in [Config.StateDir] with mode 0600, so a restarted agent
-// rejoins with the same identity and serves the same exports, at the same
-// addresses when it can bind them again ([Export].URI). It fails closed: a
+// Identity (node ID, node credential and the last few it replaced, agent
+// key, machine ID, ports) and the exports the agent serves, each with the
+// URI the control plane was given, are persisted in [Config.StateDir] with
+// mode 0600, so a restarted agent rejoins with the same identity and serves
+// the same exports, at the same addresses when it can bind them again ([Export].URI). It fails closed: a
 // restored export is held, not served, until the control plane's first
 // heartbeat answer confirms its lease (a lease it no longer wants is torn
 // down unserved), and an export whose lease's known expiry passes without a

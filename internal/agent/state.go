@@ -20,6 +20,12 @@ type identity struct {
 	AgentKey   string           `json:"agent_key,omitempty"`
 	APIPort    int              `json:"api_port,omitempty"`
 	DataPorts  map[api.Kind]int `json:"data_ports,omitempty"`
+	// PreviousCredentials are the node credentials earlier joins
+	// answered, newest first, at most api.MaxPreviousCredentials: a join
+	// presents them with Credential (api.JoinRequest), so that a control
+	// plane whose database was restored from a backup, which knows one of
+	// them and not the current one, takes the join for the node's agent's.
+	PreviousCredentials []string `json:"previous_credentials,omitempty"`
 	// LostExports: exports.json was unreadable and set aside
 	// (--wipe-lost-exports); the next join tells the control plane that
 	// the node's leases are lost (api.JoinRequest.LostExports).

@@ -132,6 +132,17 @@ func validateJoin(r api.JoinRequest) error {
 	if len(r.Devices) > 1024 {
 		return fmt.Errorf("%w: at most 1024 devices per node", ErrInvalid)
 	}
+	if len(r.Credential) > api.MaxCredentialLen {
+		return fmt.Errorf("%w: credential is longer than %d bytes", ErrInvalid, api.MaxCredentialLen)
+	}
+	if len(r.PreviousCredentials) > api.MaxPreviousCredentials {
+		return fmt.Errorf("%w: at most %d previous_credentials", ErrInvalid, api.MaxPreviousCredentials)
+	}
+	for i, c := range r.PreviousCredentials {
+		if c == "" || len(c) > api.MaxCredentialLen {
+			return fmt.Errorf("%w: previous_credentials[%d] is empty or longer than %d bytes", ErrInvalid, i, api.MaxCredentialLen)
+		}
+	}
 	seen := map[string]bool{}
 	for i, d := range r.Devices {
 		switch {
@@ -180,7 +191,9 @@ func (s *Server) join(ctx context.Context, r api.JoinRequest) (api.JoinResponse,
 // certificate of node certNode ("" for none). A known machine ID keeps
 // its node ID; the join takes the node over (new credential, agent key
 // and certificate) when it proves it is the node's agent (the node's
-// current credential in r.Credential, or its certificate), or when the
+// current credential in r.Credential or, after a restore of the
+// database from a backup, in r.PreviousCredentials, or its certificate),
+// or when the
 // node is down or removed: such a takeover without proof is a lost-state
 // join (the node's leases are lost, its earlier certificates revoked).
 // A join without proof while the node is live is refused (409).
@@ -202,7 +215,7 @@ func (s *Server) joinAs(ctx context.Context, r api.JoinRequest, certNode string)
 		ID: resource.NewID("node"), Name: r.Name, State: api.NodeReady, Address: r.Address, AgentURL: r.AgentURL,
 		Endpoints: r.Endpoints, Labels: r.Labels, Fingerprint: r.Fingerprint, Health: "ok", LastHeartbeat: now, JoinedAt: now,
 	}
-	j := store.JoinNode{Node: n, CredentialHash: resource.HashSecret(cred), AgentKey: key, Devices: slotUnitDevices(r.Devices), ProofNodeID: certNode}
+	j := store.JoinNode{Node: n, CredentialHash: resource.HashSecret(cred), AgentKey: key, Devices: slotUnitDevices(r.Devices), ProofNodeID: certNode, EarlierProofHashes: hashSecrets(r.PreviousCredentials)}
 	if r.Credential != "" {
 		j.ProofHash = resource.HashSecret(r.Credential)
 	}
@@ -224,7 +237,7 @@ func (s *Server) joinAs(ctx context.Context, r api.JoinRequest, certNode string)
 	if errors.As(err, &live) {
 		s.log.Warn("join refused: its machine's node is live and the join did not present the node's credential",
 			"name", r.Name, "node", live.Node.ID, "node_name", live.Node.Name, "state", live.Node.State, "address", r.Address,
-			"presented_credential", r.Credential != "", "presented_certificate", certNode != "")
+			"presented_credential", r.Credential != "", "previous_credentials", len(r.PreviousCredentials), "presented_certificate", certNode != "")
 		return api.JoinResponse{}, fmt.Errorf("%w: machine %s is node %s (%s), which is %s: a join without %s's credential (its agent's state directory) is accepted once %s is down (%s without a heartbeat), or after `rialto node remove --force %s`",
 			ErrConflict, r.Fingerprint.MachineID, live.Node.ID, live.Node.Name, live.Node.State, live.Node.ID, live.Node.ID, stretch(s.cfg.DownAfter, s.heartbeatStretch()), live.Node.ID)
 	}
@@ -292,6 +305,15 @@ func (s *Server) joinAs(ctx context.Context, r api.JoinRequest, certNode string)
 		out.CRL = string(s.cfg.CA.CRLPEM())
 	}
 	return out, nil
+}
+
+// hashSecrets hashes each secret (resource.HashSecret).
+func hashSecrets(secrets []string) []string {
+	out := make([]string, len(secrets))
+	for i, x := range secrets {
+		out[i] = resource.HashSecret(x)
+	}
+	return out
 }
 
 // revokeTakenOver revokes the certificates issued to node id before a

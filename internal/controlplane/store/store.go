@@ -62,6 +62,14 @@ type JoinNode struct {
 	// later than that join is recorded (its agent holds the answer) or
 	// the node is taken over or removed.
 	ProofHash string
+	// EarlierProofHashes are the hashes of the credentials earlier joins
+	// issued to the agent, which the join presented too: each proves the
+	// join as ProofHash does (the node's stored credential, or the one
+	// its last proven join presented). A database restored from a backup
+	// holds a credential issued before the backup, which the agent
+	// replaced since. A credential replaced by a takeover or a removal
+	// matches neither any more.
+	EarlierProofHashes []string
 	// ProofNodeID is the node a valid, unrevoked client certificate of
 	// the join's connection names, "" for none: it proves the join is
 	// that node's.

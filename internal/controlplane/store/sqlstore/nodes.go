@@ -55,16 +55,20 @@ func (s *Core) JoinNode(ctx context.Context, j store.JoinNode, ev api.Event) (ap
 			// The credential the node's agent holds: the current one, or
 			// the one the last proven join presented while the agent has
 			// not been heard with that join's answer (it may have lost
-			// it: see store.JoinNode).
-			byCred := j.ProofHash != "" && (subtle.ConstantTimeCompare([]byte(j.ProofHash), []byte(credHash)) == 1 ||
-				(prevHash != "" && subtle.ConstantTimeCompare([]byte(j.ProofHash), []byte(prevHash)) == 1))
+			// it: see store.JoinNode). The agent presents the one it
+			// holds now and those it held before (a restored database
+			// knows an older one).
+			matched := provingHash(credHash, prevHash, j.ProofHash, j.EarlierProofHashes)
+			byCred := matched != ""
 			proven := byCred || (j.ProofNodeID != "" && j.ProofNodeID == id)
 			prevHash = ""
 			switch {
 			case proven:
 				how = store.JoinedProven
 				if byCred {
-					prevHash = j.ProofHash
+					// What the agent presented and holds still, should
+					// this join's answer be lost.
+					prevHash = matched
 				}
 			case state == api.NodeDown || state == api.NodeRemoved:
 				how = store.JoinedTakeover
@@ -97,6 +101,27 @@ func (s *Core) JoinNode(ctx context.Context, j store.JoinNode, ev api.Event) (ap
 		return nil
 	})
 	return out, how, err
+}
+
+// provingHash returns the first of the presented credential hashes
+// (proof, then earlier) that is the node's stored credential hash or its
+// last proven join's (prev, "" for none), "" if none is. Each comparison
+// takes constant time.
+func provingHash(stored, prev, proof string, earlier []string) string {
+	matched := ""
+	for _, h := range append([]string{proof}, earlier...) {
+		if h == "" {
+			continue
+		}
+		m := subtle.ConstantTimeCompare([]byte(h), []byte(stored))
+		if prev != "" {
+			m |= subtle.ConstantTimeCompare([]byte(h), []byte(prev))
+		}
+		if m == 1 && matched == "" {
+			matched = h
+		}
+	}
+	return matched
 }
 
 // NodeByCredential finds a node by its credential hash.

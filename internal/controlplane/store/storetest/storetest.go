@@ -53,6 +53,7 @@ func Run(t *testing.T, o Options) {
 		{"HeartbeatAfterRemove", testHeartbeatAfterRemove},
 		{"JoinTakeover", testJoinTakeover},
 		{"JoinPrevCredential", testJoinPrevCredential},
+		{"JoinEarlierCredential", testJoinEarlierCredential},
 		{"ReplaceParts", testReplaceParts},
 		{"GatewayKey", testGatewayKey},
 		{"Prune", testPrune},

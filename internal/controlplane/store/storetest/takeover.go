@@ -162,3 +162,78 @@ func testJoinPrevCredential(t *testing.T, o Options) {
 		t.Fatalf("a join of a removed node with the credential its last join presented: %v %v", how, err)
 	}
 }
+
+// testJoinEarlierCredential: a join presents, with its credential, those
+// earlier joins issued to its agent (EarlierProofHashes). One that is the
+// node's stored credential proves the join (a database restored from a
+// backup knows a credential its agent has replaced since), and so does
+// one the node's last proven join presented, until a heartbeat after that
+// join; neither proves anything once a takeover or a removal replaced the
+// node's credential.
+func testJoinEarlierCredential(t *testing.T, o Options) {
+	ctx := context.Background()
+	s := open(t, o)
+	now := time.Now()
+	join := func(cred, proof string, earlier ...string) (api.Node, store.Joined, error) {
+		return s.JoinNode(ctx, store.JoinNode{Node: api.Node{ID: "node-n1", Name: "n1", State: api.NodeReady,
+			Fingerprint: api.Fingerprint{MachineID: "m1"}, LastHeartbeat: now, JoinedAt: now}, CredentialHash: cred, AgentKey: "k-" + cred,
+			ProofHash: proof, EarlierProofHashes: earlier, Devices: []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 100}}}, api.Event{Type: "node.joined"})
+	}
+	proven := func(what, cred, proof string, earlier ...string) {
+		t.Helper()
+		if _, how, err := join(cred, proof, earlier...); err != nil || how != store.JoinedProven {
+			t.Fatalf("%s: %v %v", what, how, err)
+		}
+		if got, err := s.NodeByCredential(ctx, cred); err != nil || got.ID != "node-n1" {
+			t.Fatalf("%s: the new credential: %v %+v", what, err, got)
+		}
+	}
+	refused := func(what, proof string, earlier ...string) {
+		t.Helper()
+		var live *store.NodeLive
+		if _, _, err := join("h-bad", proof, earlier...); !errors.As(err, &live) || !errors.Is(err, store.ErrConflict) {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	n, _, err := join("h1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The database knows h1; the agent holds hA since (a join the
+	// restored database never saw), and h1 before it.
+	refused("a join with a credential the node does not have, and none earlier", "hA")
+	refused("a join with credentials the node does not have", "hA", "hB", "hC")
+	proven("a join with an earlier credential that is the node's", "h2", "hA", "hB", "h1")
+	// Its answer (h2) lost: the agent presents what it did, which proves
+	// the node's again.
+	proven("the same join again, its answer lost", "h3", "hA", "hB", "h1")
+	// Heard with the answer (h3): h1 is no proof any more, h3 is.
+	if _, err := s.Heartbeat(ctx, n.ID, now.Add(time.Second), "ok", nil); err != nil {
+		t.Fatal(err)
+	}
+	refused("an earlier credential no longer the node's", "hA", "hB", "h1")
+	proven("a join with the node's credential among the earlier ones", "h4", "hA", "h3", "h1")
+
+	// Taken over (down, a join without proof): none of the credentials
+	// the node had before proves anything, current or earlier.
+	if err := s.SetNodeState(ctx, n.ID, api.NodeReady, api.NodeDown, api.Event{Type: "node.down"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, how, err := join("h5", "hZ"); err != nil || how != store.JoinedTakeover {
+		t.Fatalf("a takeover: %v %v", how, err)
+	}
+	refused("the old agent's credentials after a takeover", "h4", "h3", "h2", "h1", "hA")
+	refused("the old agent's credentials after a takeover, without a current one", "", "h4", "h3")
+
+	// Removed: its credential forgotten, the earlier ones prove nothing.
+	rm, ok := s.(store.NodeRemover)
+	if !ok {
+		return
+	}
+	if _, err := rm.RemoveNode(ctx, n.ID, api.Event{Type: "node.removed", Subject: n.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if _, how, err := join("h6", "hY", "h5"); err != nil || how != store.JoinedTakeover {
+		t.Fatalf("a join of a removed node with its credential among the earlier ones: %v %v", how, err)
+	}
+}

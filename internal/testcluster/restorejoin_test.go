@@ -1,0 +1,194 @@
+package testcluster
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+)
+
+// backupDB backs the running control plane's database up online, as
+// docs/operations.md ("Backups and restore") says (VACUUM INTO), and
+// returns the backup's path.
+func backupDB(t *testing.T, c *Cluster) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "rialto-backup.db")
+	db, err := sql.Open("sqlite", "file:"+c.dbPath+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(ctxT(t), `VACUUM INTO ?`, path); err != nil {
+		t.Fatalf("backup: %v", err)
+	}
+	return path
+}
+
+// restoreDB restores a backup as docs/operations.md says: the server
+// stopped, the .db file replaced, stale -wal and -shm deleted, the server
+// started.
+func restoreDB(t *testing.T, c *Cluster, backup string) {
+	t.Helper()
+	c.StopControlPlane()
+	b, err := os.ReadFile(backup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(c.dbPath, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, ext := range []string{"-wal", "-shm"} {
+		if err := os.Remove(c.dbPath + ext); err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+	}
+	c.StartControlPlane()
+}
+
+// identityFile is the part of an agent's identity.json these tests read,
+// with the file's mode.
+type identityFile struct {
+	Credential          string   `json:"credential"`
+	PreviousCredentials []string `json:"previous_credentials"`
+	mode                os.FileMode
+}
+
+func readIdentityFile(t *testing.T, n *Node) identityFile {
+	t.Helper()
+	path := filepath.Join(n.StateDir, "identity.json")
+	var id identityFile
+	b, err := os.ReadFile(path)
+	if err == nil {
+		err = json.Unmarshal(b, &id)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id.mode = fi.Mode().Perm()
+	return id
+}
+
+// TestRestoredDatabaseRejoinProven: the control plane's database is
+// restored from a backup taken before the lender's agent last rejoined
+// (a restart: a new credential), in a cluster without a cluster CA. The
+// restored database knows the credential issued before the backup, which
+// the agent replaced since but keeps among its previous credentials
+// (identity.json, 0600) and presents with its current one. Its rejoin
+// (its heartbeat refused, 401) is accepted at once, as the node's agent's:
+// the same node, still ready, its lease active and served with its bytes,
+// not refused while the node is live and then taken over as a lost-state
+// join.
+func TestRestoredDatabaseRejoinProven(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{Nodes: 1})
+	ctx := ctxT(t)
+	l := createBlock(t, c.Client(), 4<<20, api.ModeShared)
+	n := c.Nodes[0]
+	id := n.ID()
+	pat := bytes.Repeat([]byte("restored "), 512)
+	nc, err := nbd.DialURI(ctx, l.URI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nc.WriteAtContext(ctx, pat, 0, true); err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+
+	backup := backupDB(t, c)
+	old := readIdentityFile(t, n).Credential
+	n.Restart()
+	cur := readIdentityFile(t, n)
+	if cur.Credential == old || len(cur.PreviousCredentials) == 0 || cur.PreviousCredentials[0] != old || cur.mode != 0o600 {
+		t.Fatalf("after the rejoin: a new credential %v, the previous one kept first %v, mode %v",
+			cur.Credential != old, len(cur.PreviousCredentials) > 0 && cur.PreviousCredentials[0] == old, cur.mode)
+	}
+
+	// From here on the agent's joins are counted.
+	var tries atomic.Int32
+	hook := func(context.Context) { tries.Add(1) }
+	n.Faults().BeforeJoin.Store(&hook)
+	restoreDB(t, c, backup)
+	c.Eventually("the agent's rejoin, accepted or tried again", func() bool {
+		return tries.Load() >= 2 || readIdentityFile(t, n).Credential != cur.Credential
+	})
+	if k := tries.Load(); k != 1 {
+		t.Fatalf("the agent tried %d joins: its credentials did not prove it is the node's agent", k)
+	}
+	if got := n.ID(); got != id {
+		t.Fatalf("rejoined as %s, not %s", got, id)
+	}
+	if s := c.NodeState(id); s != api.NodeReady {
+		t.Fatalf("node %s", s)
+	}
+	if got := c.Lease(l.ID); got.State != api.LeaseActive {
+		t.Fatalf("the lease after the rejoin: %s (%q)", got.State, got.Reason)
+	}
+	evs, err := c.Client().Events(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var joined api.Event
+	for _, e := range evs {
+		if e.Type == "node.joined" && e.Subject == id {
+			joined = e
+		}
+	}
+	if !strings.Contains(joined.Message, "joined") || strings.Contains(joined.Message, "took") {
+		t.Fatalf("the rejoin's event: %+v", joined)
+	}
+	c.Eventually("the lease served again", func() bool { return n.Serves(l.ID) })
+	nc, err = nbd.DialURI(ctx, c.Lease(l.ID).URI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	got := make([]byte, len(pat))
+	if _, err := nc.ReadAtContext(ctx, got, 0); err != nil || !bytes.Equal(got, pat) {
+		t.Fatalf("the lease's bytes after the restore: %v", err)
+	}
+	if now := readIdentityFile(t, n); len(now.PreviousCredentials) < 2 || now.PreviousCredentials[0] != cur.Credential || now.PreviousCredentials[1] != old {
+		t.Fatal("the agent's previous credentials after the rejoin are not its last two, newest first")
+	}
+}
+
+// TestTakenOverCredentialsRefused: a lender's agent, restarted once (its
+// previous credential kept), is down; another machine claiming its
+// machine ID takes the node over. The agent, restarted with its state,
+// presents its current and previous credentials, none of which is the
+// node's any more: its joins are refused while the newcomer's node is
+// ready, and it takes the node back, as a lost-state join, only once that
+// is down.
+func TestTakenOverCredentialsRefused(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{Nodes: 2})
+	l := createBlock(t, c.Client(), 4<<20, api.ModeShared)
+	lender := c.NodeByID(l.NodeID)
+	id := lender.ID()
+	node, err := c.Client().Node(ctxT(t), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lender.Restart()
+	if prev := readIdentityFile(t, lender).PreviousCredentials; len(prev) != 1 {
+		t.Fatalf("%d previous credentials after one rejoin", len(prev))
+	}
+	lender.Kill()
+	makeDown(t, c, id)
+	if got := c.JoinAgentless("impostor", node.Fingerprint.MachineID, 64<<20); got != id {
+		t.Fatalf("the takeover joined as %s, not %s", got, id)
+	}
+	launchRefused(t, c, lender, id)
+}
