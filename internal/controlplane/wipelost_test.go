@@ -76,10 +76,16 @@ func (e *lostRangeEnv) until(msg string, cond func() bool) {
 	e.t.Helper()
 	tick := time.NewTicker(5 * time.Millisecond) // polling with the test's deadline
 	defer tick.Stop()
-	for !cond() {
+	for {
+		if e.ctx().Err() != nil { // a cond that reads the store would fail with the context's error
+			e.t.Fatal(msg)
+		}
+		if cond() {
+			return
+		}
 		select {
 		case <-tick.C:
-		case err := <-e.done:
+		case err := <-e.done: // the agent ended: nothing it was to do comes
 			e.done <- err
 			e.t.Fatalf("%s: the agent stopped: %v", msg, err)
 		case <-e.ctx().Done():

@@ -2,101 +2,19 @@ package controlplane
 
 import (
 	"context"
-	"io"
-	"log/slog"
-	"net/http/httptest"
-	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/agent"
-	"github.com/rialto-project/rialto/internal/clock"
-	"github.com/rialto-project/rialto/internal/controlplane/store"
-	"github.com/rialto-project/rialto/internal/controlplane/store/postgres"
-	"github.com/rialto-project/rialto/internal/pgserver/pgtest"
 )
-
-// wipeMarkEnv is a control plane on a real PostgreSQL store (a shared
-// store: the marks of ranges being wiped are kept there) with a fake
-// clock, and one real agent lending a block device, which can be killed
-// and started again on its state directory.
-type wipeMarkEnv struct {
-	*testAgent
-	t        *testing.T
-	deadline time.Time // of ctx
-	st       *postgres.Store
-	srv      *Server
-	clk      *clock.FakeNow
-	url      string
-}
-
-func newWipeMarkEnv(t *testing.T) *wipeMarkEnv {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	st := openPG(ctx, t, pgtest.DB(t), 4)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	clk := clock.NewFakeNow(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	srv := runServer(ctx, t, Config{Store: st, Logger: log, Clock: clk, BootstrapToken: bootTok, Tokens: []Token{{Token: aliceTok, Tenant: "alice"}, {Token: adminTok, Tenant: "admin", Admin: true}},
-		PrepareTimeout: 10 * time.Second, HeartbeatInterval: 100 * time.Millisecond, SuspectAfter: 10 * time.Minute, DownAfter: 20 * time.Minute})
-	ts := httptest.NewServer(srv.Handler())
-	t.Cleanup(ts.Close)
-	acfg := diskAgentConfig(t, ts.URL, log)
-	acfg.Clock = clk
-	return &wipeMarkEnv{testAgent: newTestAgent(t, acfg), t: t, deadline: time.Now().Add(2 * time.Minute), st: st, srv: srv, clk: clk, url: ts.URL}
-}
-
-// ctx is the test's context, ended when the test ends or 2 minutes after
-// the env was made: a wait that fails does so with its message, not at go
-// test's timeout.
-func (e *wipeMarkEnv) ctx() context.Context {
-	ctx, cancel := context.WithDeadline(e.t.Context(), e.deadline)
-	e.t.Cleanup(cancel)
-	return ctx
-}
-
-// until polls cond every 5 ms (the store, while the lender beats) until
-// it holds, failing the test with msg at the test's deadline.
-func (e *wipeMarkEnv) until(msg string, cond func() bool) {
-	e.t.Helper()
-	tick := time.NewTicker(5 * time.Millisecond) // polling with the test's deadline
-	defer tick.Stop()
-	for {
-		if e.ctx().Err() != nil { // a cond that reads the store would fail with the context's error
-			e.t.Fatal(msg)
-		}
-		if cond() {
-			return
-		}
-		select {
-		case <-tick.C:
-		case err := <-e.done: // the agent ended: nothing it was to do comes
-			e.done <- err
-			e.t.Fatalf("%s: the agent stopped: %v", msg, err)
-		case <-e.ctx().Done():
-			e.t.Fatal(msg)
-		}
-	}
-}
-
-// marked reports whether the store keeps lease id's ranges as being
-// wiped.
-func (e *wipeMarkEnv) marked(id string) bool {
-	e.t.Helper()
-	ws, err := e.st.Wipes(e.ctx())
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return slices.ContainsFunc(ws, func(w store.Wipe) bool { return w.LeaseID == id })
-}
 
 // releasedUnreachable leases a block range, kills its lender and releases
 // the lease: the teardown does not reach the lender, which keeps the
 // tenant's export (its exports file), and the range stays marked as being
 // wiped. The clock then passes the marks' settling time.
-func (e *wipeMarkEnv) releasedUnreachable() api.Lease {
+func (e *lostRangeEnv) releasedUnreachable() api.Lease {
 	e.t.Helper()
 	e.launch(nil)
 	e.waitReady()
@@ -109,7 +27,7 @@ func (e *wipeMarkEnv) releasedUnreachable() api.Lease {
 	if _, err := alice.ReleaseLease(e.ctx(), l.ID); err != nil {
 		e.t.Fatal(err)
 	}
-	if !e.marked(l.ID) {
+	if !e.marked(l.ID, l.Parts[0].NodeID) {
 		e.t.Fatalf("the released lease's range, its lender unreachable, is not marked as being wiped")
 	}
 	e.clk.Advance(e.srv.cfg.PrepareTimeout + e.srv.cfg.HeartbeatInterval + time.Second)
@@ -125,7 +43,7 @@ func (e *wipeMarkEnv) releasedUnreachable() api.Lease {
 // the tenant's bytes, for free.
 func TestWipeMarkHeldWhileLenderServes(t *testing.T) {
 	t.Parallel()
-	e := newWipeMarkEnv(t)
+	e := newLostRangeEnv(t, true)
 	l := e.releasedUnreachable()
 
 	started, finish := make(chan string, 1), make(chan struct{})
@@ -158,7 +76,7 @@ func TestWipeMarkHeldWhileLenderServes(t *testing.T) {
 	if err := e.srv.Sweep(e.ctx()); err != nil {
 		t.Fatal(err)
 	}
-	if !e.marked(l.ID) {
+	if !e.marked(l.ID, l.Parts[0].NodeID) {
 		t.Fatal("the sweep forgot the mark of a range whose lender still served the ended lease, and is wiping it now")
 	}
 
@@ -167,7 +85,7 @@ func TestWipeMarkHeldWhileLenderServes(t *testing.T) {
 	done()
 	e.waitReady()
 	e.clk.Advance(e.srv.cfg.PrepareTimeout + e.srv.cfg.HeartbeatInterval + time.Second)
-	e.until("the mark of a wiped range never went", func() bool { return !e.marked(l.ID) })
+	e.until("the mark of a wiped range never went", func() bool { return !e.marked(l.ID, l.Parts[0].NodeID) })
 }
 
 // TestWipeMarkHeldAcrossRejoin: a rejoin is not a heartbeat listing the
@@ -177,7 +95,7 @@ func TestWipeMarkHeldWhileLenderServes(t *testing.T) {
 // before (none), and the sweep forgot the marks on that.
 func TestWipeMarkHeldAcrossRejoin(t *testing.T) {
 	t.Parallel()
-	e := newWipeMarkEnv(t)
+	e := newLostRangeEnv(t, true)
 	l := e.releasedUnreachable()
 
 	node := l.Parts[0].NodeID
@@ -196,7 +114,7 @@ func TestWipeMarkHeldAcrossRejoin(t *testing.T) {
 	if err := e.srv.Sweep(e.ctx()); err != nil {
 		t.Fatal(err)
 	}
-	if !e.marked(l.ID) {
+	if !e.marked(l.ID, l.Parts[0].NodeID) {
 		t.Fatal("the sweep forgot the mark of a range of a lender that rejoined and has not listed its wipes yet")
 	}
 }
@@ -209,7 +127,7 @@ func TestWipeMarkHeldAcrossRejoin(t *testing.T) {
 // every pass read them again.
 func TestRemovedNodeWipeMarksGo(t *testing.T) {
 	t.Parallel()
-	e := newWipeMarkEnv(t)
+	e := newLostRangeEnv(t, true)
 	l := e.releasedUnreachable()
 	node := l.Parts[0].NodeID
 	e.clk.Advance(e.srv.cfg.DownAfter + time.Minute)
@@ -220,7 +138,7 @@ func TestRemovedNodeWipeMarksGo(t *testing.T) {
 	if _, err := admin.RemoveNode(e.ctx(), node, false); err != nil {
 		t.Fatal(err)
 	}
-	if e.marked(l.ID) {
+	if e.marked(l.ID, l.Parts[0].NodeID) {
 		t.Fatal("the marks of ranges being wiped on a removed node stay")
 	}
 	if _, pending := e.srv.res.wipesPending(e.ctx()); pending {
