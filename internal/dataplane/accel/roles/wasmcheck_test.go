@@ -133,7 +133,8 @@ func TestWasmCustomSectionsDropped(t *testing.T) {
 // the runtime's own bound (2³²−1 entries, 32 GiB, each execution: the
 // child's 4 GiB ran out); the module traps, the call fails, and the
 // role's next call works. A module declaring tables of more than the
-// budget in all is refused at load time.
+// budget in all is refused at load time. A maximum the module declares
+// above the budget is lowered to it.
 func TestWasmTableGrowth(t *testing.T) {
 	if !inCappedChild(t, "TestWasmTableGrowth", "ROLES_TEST_TABLE_GROWTH") {
 		return
@@ -159,6 +160,15 @@ func TestWasmTableGrowth(t *testing.T) {
 	}
 	if _, err := r.Run(ctx, "grow", wasmtest.TableGrowInput(MaxWasmTableEntries+1)); !errors.Is(err, ErrWasmTrap) {
 		t.Fatalf("growing the table past %d entries: %v", MaxWasmTableEntries, err)
+	}
+	// A table that declares a maximum above the budget (here 2³²−1)
+	// grows to the budget, not to its maximum.
+	rmax := mustNew(t, Spec{Name: "wasm", Module: wasmtest.TableModuleOf([]byte{0x70, 1, 0, 0xff, 0xff, 0xff, 0xff, 0x0f})})
+	if out, err := rmax.Run(ctx, "grow", wasmtest.TableGrowInput(MaxWasmTableEntries)); err != nil || binary.LittleEndian.Uint32(out) != MaxWasmTableEntries {
+		t.Fatalf("growing a table declared of at most 2³²−1 entries to %d: %x %v", MaxWasmTableEntries, out, err)
+	}
+	if _, err := rmax.Run(ctx, "grow", wasmtest.TableGrowInput(MaxWasmTableEntries+1)); !errors.Is(err, ErrWasmTrap) {
+		t.Fatalf("growing a table declared of at most 2³²−1 entries past %d: %v", MaxWasmTableEntries, err)
 	}
 	// Two tables share it: what is left beyond their initial sizes is
 	// split between them.
