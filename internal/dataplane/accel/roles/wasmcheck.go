@@ -16,6 +16,18 @@ import (
 // bounded by the module's size; it drops the custom sections (names and
 // other debugging data, which a role does not need and the runtime would
 // decode the same way).
+//
+// The check reads each entry whole, in every form the runtime decodes
+// (the function-references proposal's reference types (ref null? ht) as
+// value types, rec groups of types, v128.const and the extended-const
+// operators in constant expressions), and refuses an entry it cannot
+// read: an entry it misread, or stopped at while the runtime decodes on,
+// left the entries after it unchecked. A (ref null func) parameter read
+// as one byte, or a data segment's offset given as a v128.const, let a
+// later entry of a module of a hundred bytes claim 2²⁸ parameters, data
+// bytes or element expressions, and the runtime allocated 256 MiB to
+// 6 GiB (of 2³²−1, tens of gigabytes); a (ref null func) local let a
+// function declare 2³²−1 locals past MaxWasmLocals.
 
 // Section ids (WebAssembly core specification, 5.5.2).
 const (
@@ -236,24 +248,28 @@ func checkCode(b []byte, n uint32) error {
 		if g == 0 || uint64(groups) > uint64(len(body)-g) {
 			return fmt.Errorf("%w: code of function %d: more local declarations than bytes", ErrBadModule, i)
 		}
-		rest, total := body[g:], uint64(0)
+		r, total := &vecReader{b: body[g:]}, uint64(0)
 		for j := uint32(0); j < groups; j++ {
-			c, l := uleb(rest)
-			if l == 0 || len(rest) < l+1 {
-				return fmt.Errorf("%w: code of function %d: truncated locals", ErrBadModule, i)
+			c, err := r.u32() // the count, then the type
+			if err == nil {
+				err = r.valType()
+			}
+			if err != nil {
+				return fmt.Errorf("%w: code of function %d: locals: %v", ErrBadModule, i, err)
 			}
 			if total += uint64(c); total > MaxWasmLocals {
 				return fmt.Errorf("%w: function %d declares more than %d locals", ErrBadModule, i, MaxWasmLocals)
 			}
-			rest = rest[l+1:] // the count, then the type
 		}
 	}
 	return nil
 }
 
-// errStop ends the check of a section at a construct it does not know
-// (a later proposal's): the runtime decodes the rest, or refuses it.
-var errStop = errors.New("roles: stop checking")
+// errUnread is what the check cannot read: truncated, or a construct it
+// does not know (a later proposal's). The module is refused: were the
+// check to stop there while the runtime decodes on, the entries after it
+// would go unchecked (see above).
+var errUnread = errors.New("a construct the check does not read, or truncated")
 
 // vecReader reads a section's entries for checkEntries.
 type vecReader struct{ b []byte }
@@ -261,7 +277,7 @@ type vecReader struct{ b []byte }
 func (r *vecReader) u32() (uint32, error) {
 	v, n := uleb(r.b)
 	if n == 0 {
-		return 0, errStop
+		return 0, errUnread
 	}
 	r.b = r.b[n:]
 	return v, nil
@@ -269,7 +285,7 @@ func (r *vecReader) u32() (uint32, error) {
 
 func (r *vecReader) byte() (byte, error) {
 	if len(r.b) == 0 {
-		return 0, errStop
+		return 0, errUnread
 	}
 	c := r.b[0]
 	r.b = r.b[1:]
@@ -280,10 +296,51 @@ func (r *vecReader) byte() (byte, error) {
 func (r *vecReader) heapType() error {
 	_, n := binary.Uvarint(r.b)
 	if n <= 0 || n > 5 {
-		return errStop
+		return errUnread
 	}
 	r.b = r.b[n:]
 	return nil
+}
+
+// valType skips a value type: a number, vector or reference type's
+// byte, or a reference type (ref null? ht) and its heap type.
+func (r *vecReader) valType() error {
+	c, err := r.byte()
+	if err != nil {
+		return err
+	}
+	switch c {
+	case 0x7f, 0x7e, 0x7d, 0x7c, 0x7b, 0x70, 0x6f, 0x69: // i32 i64 f32 f64 v128 funcref externref exnref
+		return nil
+	case 0x63, 0x64: // (ref null ht), (ref ht)
+		return r.heapType()
+	}
+	return errUnread
+}
+
+// valTypes skips a vector of value types (parameters, results).
+func (r *vecReader) valTypes() error {
+	n, err := r.vec(1)
+	if err != nil {
+		return err
+	}
+	for range n {
+		if err := r.valType(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// funcType skips a function type, its form (0x60) first.
+func (r *vecReader) funcType() error {
+	if form, err := r.byte(); err != nil || form != 0x60 {
+		return errUnread
+	}
+	if err := r.valTypes(); err != nil { // parameters
+		return err
+	}
+	return r.valTypes() // results
 }
 
 // vec reads a vector's length and checks that its n entries, of at least
@@ -319,16 +376,22 @@ func (r *vecReader) expr() error {
 		switch op {
 		case 0x0b: // end
 			return nil
+		case 0x6a, 0x6b, 0x6c, 0x7c, 0x7d, 0x7e: // extended-const: i32 and i64 add, sub, mul
+		case 0xfd: // v128.const: its opcode, 16 bytes
+			if op, err := r.byte(); err != nil || op != 0x0c || len(r.b) < 16 {
+				return errUnread
+			}
+			r.b = r.b[16:]
 		case 0x41, 0x42, 0x23, 0xd2: // i32.const, i64.const, global.get, ref.func
 			if _, n := binary.Uvarint(r.b); n <= 0 || n > 10 {
-				return errStop
+				return errUnread
 			} else {
 				r.b = r.b[n:]
 			}
 		case 0x43, 0x44: // f32.const, f64.const
 			w := 4 << (op - 0x43)
 			if len(r.b) < w {
-				return errStop
+				return errUnread
 			}
 			r.b = r.b[w:]
 		case 0xd0: // ref.null
@@ -336,18 +399,19 @@ func (r *vecReader) expr() error {
 				return err
 			}
 		default:
-			return errStop
+			return errUnread
 		}
 	}
 }
 
-// limits skips a table's or memory's limits.
+// limits skips a memory's limits (0x02 and 0x03: shared, which the
+// runtime refuses without the threads feature).
 func (r *vecReader) limits() error {
 	flag, err := r.byte()
-	if err != nil || flag > 1 {
-		return errStop
+	if err != nil || flag > 3 {
+		return errUnread
 	}
-	for range 1 + int(flag) {
+	for range 1 + int(flag&1) {
 		if _, err := r.u32(); err != nil {
 			return err
 		}
@@ -360,13 +424,9 @@ func (r *vecReader) limits() error {
 // names, an element segment's functions or expressions, a data segment's
 // bytes) fits in what is left of the section.
 func checkEntries(id byte, r *vecReader, n uint32) error {
-	for range n {
-		err := checkEntry(id, r)
-		if errors.Is(err, errStop) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("%w: section %d: %v", ErrBadModule, id, err)
+	for i := range n {
+		if err := checkEntry(id, r); err != nil {
+			return fmt.Errorf("%w: section %d: entry %d: %v", ErrBadModule, id, i, err)
 		}
 	}
 	return nil
@@ -375,13 +435,20 @@ func checkEntries(id byte, r *vecReader, n uint32) error {
 func checkEntry(id byte, r *vecReader) error {
 	switch id {
 	case secType:
-		if form, err := r.byte(); err != nil || form != 0x60 {
-			return errStop
+		if len(r.b) > 0 && r.b[0] == 0x4e { // a rec group: its function types
+			r.b = r.b[1:]
+			n, err := r.vec(1)
+			if err != nil {
+				return err
+			}
+			for range n {
+				if err := r.funcType(); err != nil {
+					return err
+				}
+			}
+			return nil
 		}
-		if err := r.skip(); err != nil { // parameters
-			return err
-		}
-		return r.skip() // results
+		return r.funcType()
 	case secImport:
 		if err := r.skip(); err != nil { // module
 			return err
@@ -396,18 +463,16 @@ func checkEntry(id byte, r *vecReader) error {
 		switch kind {
 		case 0x00: // function: its type
 			_, err = r.u32()
-		case 0x01: // table: reference type, limits
-			if _, err = r.byte(); err == nil {
-				err = r.limits()
-			}
+		case 0x01: // table: as the table section's
+			_, err = readTable(r)
 		case 0x02: // memory
 			err = r.limits()
 		case 0x03: // global: value type, mutability
-			if _, err = r.byte(); err == nil {
+			if err = r.valType(); err == nil {
 				_, err = r.byte()
 			}
 		default:
-			err = errStop
+			err = errUnread
 		}
 		return err
 	case secExport:
@@ -422,7 +487,7 @@ func checkEntry(id byte, r *vecReader) error {
 	case secElement:
 		flags, err := r.u32()
 		if err != nil || flags > 7 {
-			return errStop
+			return errUnread
 		}
 		if flags&3 == 2 { // a table index
 			if _, err := r.u32(); err != nil {
@@ -434,7 +499,12 @@ func checkEntry(id byte, r *vecReader) error {
 				return err
 			}
 		}
-		if flags&3 != 0 { // an element kind or reference type
+		switch {
+		case flags&3 != 0 && flags&4 != 0: // a reference type
+			if err := r.valType(); err != nil {
+				return err
+			}
+		case flags&3 != 0: // an element kind
 			if _, err := r.byte(); err != nil {
 				return err
 			}
@@ -457,7 +527,7 @@ func checkEntry(id byte, r *vecReader) error {
 	case secData:
 		flags, err := r.u32()
 		if err != nil || flags > 2 {
-			return errStop
+			return errUnread
 		}
 		if flags == 2 { // a memory index
 			if _, err := r.u32(); err != nil {
@@ -471,5 +541,5 @@ func checkEntry(id byte, r *vecReader) error {
 		}
 		return r.skip() // the bytes
 	}
-	return errStop
+	return errUnread
 }

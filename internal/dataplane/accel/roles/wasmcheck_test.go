@@ -53,6 +53,11 @@ func inCappedChild(t *testing.T, test, env string) bool {
 // function with 2³²−1 locals or a table of 2²⁷ entries are refused as
 // bad modules without allocating what they claim: the runtime allocated
 // from 256 MiB to 32 GiB for them (FuzzWasmModule's worker was killed).
+// So are such claims after a construct of the function-references
+// proposal (a (ref null func) parameter, global or local, a rec group)
+// or a v128.const offset, which the runtime decodes and the check
+// misread or stopped at, leaving what followed unchecked: 256 MiB to
+// 6 GiB, and 32 GiB for the locals.
 // The loads run in a child process whose address space is capped at
 // 4 GiB, so that a regression fails the test instead of taking the
 // machine's memory.
@@ -71,9 +76,11 @@ func TestWasmClaimedSizes(t *testing.T) {
 	}
 	sec := func(id byte, body ...[]byte) []byte {
 		b := cat(body...)
-		return append([]byte{id, byte(len(b))}, b...)
+		return append(binary.AppendUvarint([]byte{id}, uint64(len(b))), b...)
 	}
 	fn := cat(sec(1, []byte{1, 0x60, 0, 0}), sec(3, []byte{1, 0}))
+	v128 := cat([]byte{0xfd, 0x0c}, make([]byte, 16), []byte{0x0b}) // v128.const 0
+	refNullFunc := []byte{0x63, 0x70}                               // (ref null func), as the function-references proposal writes it
 	for name, mod := range map[string][]byte{
 		"globals":       cat(hdr, sec(6, big, []byte{0x7f})),
 		"exports":       cat(hdr, sec(7, big, []byte{0})),
@@ -86,6 +93,15 @@ func TestWasmClaimedSizes(t *testing.T) {
 		"table":         cat(hdr, sec(4, []byte{1, 0x70, 0, 0x80, 0x80, 0x80, 0x40})),
 		"data count":    cat(hdr, sec(12, big)),
 		"section size":  cat(hdr, []byte{1, 0xff, 0xff, 0xff, 0xff, 0x0f}),
+		// Claims after a construct the check misread or did not read,
+		// which the runtime decodes.
+		"parameters after a (ref null func) parameter": cat(hdr, sec(1, []byte{2, 0x60, 1}, refNullFunc, []byte{0, 0x60}, big, make([]byte, 120))),
+		"parameters after a rec group":                 cat(hdr, sec(1, []byte{2, 0x4e, 1, 0x60, 0, 0, 0x60}, big)),
+		"import name after a (ref null func) global":   cat(hdr, sec(2, []byte{2, 1, 'a', 1, 'b', 0x03}, refNullFunc, []byte{0, 1, 'a'}, big)),
+		"locals after a (ref null func) local": cat(hdr, fn, sec(10, []byte{1, 11, 2, 1}, refNullFunc,
+			[]byte{0xfe, 0xff, 0xff, 0xff, 0x0f, 0x7f, 0x0b})),
+		"data bytes after a v128.const offset":    cat(hdr, sec(5, []byte{1, 0, 1}), sec(11, []byte{2, 0}, v128, []byte{0, 0, 0x41, 0, 0x0b}, big)),
+		"element items after a v128.const offset": cat(hdr, sec(4, []byte{1, 0x70, 0, 1}), sec(9, []byte{2, 0}, v128, []byte{0, 0, 0x41, 0, 0x0b}, big)),
 	} {
 		var err error
 		n := allocated(func() { _, err = New(context.Background(), Spec{Name: "wasm", Module: mod}) })
@@ -117,7 +133,8 @@ func TestWasmCustomSectionsDropped(t *testing.T) {
 // the runtime's own bound (2³²−1 entries, 32 GiB, each execution: the
 // child's 4 GiB ran out); the module traps, the call fails, and the
 // role's next call works. A module declaring tables of more than the
-// budget in all is refused at load time.
+// budget in all is refused at load time. A maximum the module declares
+// above the budget is lowered to it.
 func TestWasmTableGrowth(t *testing.T) {
 	if !inCappedChild(t, "TestWasmTableGrowth", "ROLES_TEST_TABLE_GROWTH") {
 		return
@@ -143,6 +160,15 @@ func TestWasmTableGrowth(t *testing.T) {
 	}
 	if _, err := r.Run(ctx, "grow", wasmtest.TableGrowInput(MaxWasmTableEntries+1)); !errors.Is(err, ErrWasmTrap) {
 		t.Fatalf("growing the table past %d entries: %v", MaxWasmTableEntries, err)
+	}
+	// A table that declares a maximum above the budget (here 2³²−1)
+	// grows to the budget, not to its maximum.
+	rmax := mustNew(t, Spec{Name: "wasm", Module: wasmtest.TableModuleOf([]byte{0x70, 1, 0, 0xff, 0xff, 0xff, 0xff, 0x0f})})
+	if out, err := rmax.Run(ctx, "grow", wasmtest.TableGrowInput(MaxWasmTableEntries)); err != nil || binary.LittleEndian.Uint32(out) != MaxWasmTableEntries {
+		t.Fatalf("growing a table declared of at most 2³²−1 entries to %d: %x %v", MaxWasmTableEntries, out, err)
+	}
+	if _, err := rmax.Run(ctx, "grow", wasmtest.TableGrowInput(MaxWasmTableEntries+1)); !errors.Is(err, ErrWasmTrap) {
+		t.Fatalf("growing a table declared of at most 2³²−1 entries past %d: %v", MaxWasmTableEntries, err)
 	}
 	// Two tables share it: what is left beyond their initial sizes is
 	// split between them.

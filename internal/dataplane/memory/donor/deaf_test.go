@@ -223,3 +223,59 @@ func TestWriteBlockedConnectionHoldsNoThread(t *testing.T) {
 		})
 	}
 }
+
+// TestWriteBlockedEpisodesLeaveNoCount: the threads and parked
+// connections MaxPollThreads counts come back to none once the
+// connections end, after many replies that waited for their peer to
+// read (each wait moving to the netpoller and back), one that its peer
+// never read (ended by SendWait), and a TLS control connection's
+// credit updates (written through Sender while its reading goroutine
+// reads): no episode leaves a count behind.
+func TestWriteBlockedEpisodesLeaveNoCount(t *testing.T) {
+	ca := memorytest.NewCA(t)
+	for _, withTLS := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tls=%v", withTLS), func(t *testing.T) {
+			td, cfg := startIdle(t, ca, withTLS, func(d *donor.Donor) {
+				d.MaxPollThreads = 2
+				d.SendWait = 300 * time.Millisecond
+			})
+			ctl, sess := dialConn(t, td.Addr, cfg, protocol.KindControl, 0, nil)
+			go func() { _, _ = io.Copy(io.Discard, ctl) }() // credit updates
+			q, _ := dialConn(t, td.Addr, cfg, protocol.KindQueue, sess, nil)
+			slow, _ := dialDeaf(t, td.Addr, cfg, protocol.KindSync, sess)
+			const batch = 64
+			buf := make([]byte, 1<<20)
+			for ep := range 5 {
+				for i := range batch {
+					slow.send(t, protocol.Header{Op: protocol.OpRead, Seq: uint32(ep*batch + i + 1), Length: 64 << 10}, nil)
+				}
+				waitFor(t, "a reply waiting for its peer to read", func() bool { return writeBlocked(buf) })
+				// The queue's replies (and credit updates) meanwhile.
+				for i := range 4 {
+					q.send(t, protocol.Header{Op: protocol.OpRead, Seq: uint32(ep*4 + i + 1), Length: 4096}, nil)
+					q.reply(t, uint32(ep*4+i+1), protocol.OpRead)
+				}
+				for i := range batch {
+					slow.reply(t, uint32(ep*batch+i+1), protocol.OpRead)
+				}
+			}
+			deaf, _ := dialDeaf(t, td.Addr, cfg, protocol.KindSync, sess)
+			conns := td.D.DataConns()
+			flood(t, deaf, protocol.Header{Op: protocol.OpRead, Length: 64 << 10})
+			waitFor(t, "the deaf connection's end", func() bool { return td.D.DataConns() == conns-1 })
+			for _, c := range []*conn{slow, q, ctl} {
+				_ = c.sock.Close()
+			}
+			waitFor(t, "the session's end", func() bool { return !td.D.Subscribed(testCred) && td.D.DataConns() == 0 })
+			for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(time.Millisecond) {
+				parked, polling := td.D.ParkedConns()
+				if parked == 0 && polling == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("with no connection left, %d counted as parked and %d threads as held", parked, polling)
+				}
+			}
+		})
+	}
+}

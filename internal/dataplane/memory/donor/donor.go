@@ -158,7 +158,9 @@ type Donor struct {
 	MaxPollThreads int
 	// SendWait bounds how long a write of the donor's on a connection
 	// (a reply, a control connection's credit update) waits for its
-	// peer to take more of it: a peer that took none for SendWait (up to
+	// peer to take more of it (bytes its peer acknowledges, whether or
+	// not the socket reports room for more: a slow reader's connection
+	// lives on): a peer that took none for SendWait (up to
 	// twice that on the control and queue connections of a plaintext
 	// donor, whose writes wait on the netpoller) stopped reading, and its
 	// connection is closed; a control connection's end ends its session.

@@ -163,9 +163,11 @@ func (p *Conn) waitOutput(bound time.Duration) error {
 	i := p.idle
 	var deadline time.Time
 	first := i.Wait
+	q := -1 // the socket's unacknowledged bytes as the wait starts
 	if bound > 0 {
 		deadline = time.Now().Add(bound)
 		first = min(first, bound)
+		q = p.unacked()
 	}
 	// senders first: a Sender's goroutine must not look at held, the
 	// reading goroutine's.
@@ -181,7 +183,7 @@ func (p *Conn) waitOutput(bound time.Duration) error {
 		if i.Moved != nil {
 			i.Moved(p.fd, true)
 		}
-		err = p.waitOutputNetpoll(deadline)
+		err = p.waitOutputNetpoll(deadline, bound, q)
 		if err == nil && i.take() {
 			p.held = true
 			i.parked.Add(-1)
@@ -198,18 +200,28 @@ func (p *Conn) waitOutput(bound time.Duration) error {
 			return err
 		}
 	}
-	return p.waitOutputNetpoll(deadline)
+	return p.waitOutputNetpoll(deadline, bound, q)
 }
 
 // waitOutputNetpoll waits on the netpoller until the socket takes more
-// bytes, or deadline (zero: none) passes (ErrStalled).
-func (p *Conn) waitOutputNetpoll(deadline time.Time) error {
+// bytes, or deadline (zero: none) passes with its peer having taken
+// none of them (ErrStalled): while the peer acknowledges more of what
+// the socket holds (q, unacked's count at the wait's start: -1 if
+// unknown), the deadline is renewed by bound (see tookMore).
+func (p *Conn) waitOutputNetpoll(deadline time.Time, bound time.Duration, q int) error {
 	var f *os.File
-	err := p.netpollWait(&f, unix.POLLOUT, deadline)
-	if f != nil {
-		_ = f.Close()
+	defer func() {
+		if f != nil {
+			_ = f.Close()
+		}
+	}()
+	for {
+		err := p.netpollWait(&f, unix.POLLOUT, deadline)
+		if !errors.Is(err, ErrStalled) || !p.tookMore(&q) {
+			return err
+		}
+		deadline = time.Now().Add(bound)
 	}
-	return err
 }
 
 // pollFor waits in poll(2) until the socket is ready for events (true) or

@@ -152,6 +152,10 @@ func (p *Conn) wait(events int16) error {
 	if bound > 0 {
 		ms = int(bound.Milliseconds()) + 1
 	}
+	q := -1 // the socket's unacknowledged bytes as the wait starts
+	if events == unix.POLLOUT && p.sendWait > 0 {
+		q = p.unacked()
+	}
 	for {
 		fds := [1]unix.PollFd{{Fd: int32(p.fd), Events: events}}
 		n, err := unix.Poll(fds[:], ms)
@@ -163,6 +167,9 @@ func (p *Conn) wait(events int16) error {
 		}
 		if n == 0 {
 			if events == unix.POLLOUT && p.sendWait > 0 {
+				if p.tookMore(&q) {
+					continue // a slow reader's: see tookMore
+				}
 				return p.stalled()
 			}
 			return fmt.Errorf("%w: no reply within %v", protocol.ErrDonorLost, p.timeout)
@@ -177,9 +184,41 @@ func (p *Conn) stalled() error {
 	return fmt.Errorf("%w: write: %w for %v", protocol.ErrDonorLost, ErrStalled, p.sendWait)
 }
 
+// unacked is how many of the bytes written to the socket its peer has
+// not acknowledged yet, sent or not (SIOCOUTQ); -1 if the socket does
+// not say.
+func (p *Conn) unacked() int {
+	n, err := unix.IoctlGetInt(p.fd, unix.SIOCOUTQ)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// tookMore reports whether the socket's peer acknowledged bytes since
+// *q was unacked's count (and sets *q to the count now), as a send's
+// wait for output reaches the send wait: then the peer reads, only
+// slowly, and the wait goes on. A full socket buffer reports room for
+// more (POLLOUT) only once a third of it is free again: a peer reading
+// over a slow link (a borrower's bulk reads over a shaped link) takes
+// the replies' bytes all along, yet may free that third in more than
+// the send wait; that wait, taken as the peer's having stopped reading,
+// ended its connection.
+func (p *Conn) tookMore(q *int) bool {
+	n := p.unacked()
+	if n < 0 || *q < 0 || n >= *q {
+		return false
+	}
+	*q = n
+	return true
+}
+
 // SetSendWait bounds how long a send waits for the socket to take more
 // of its bytes (a full socket buffer: the peer does not read): past d
-// the send fails (ErrStalled), whatever the timeout. Zero: the timeout
+// with its peer having acknowledged none of the socket's bytes
+// meanwhile the send fails (ErrStalled), whatever the timeout; a peer
+// that acknowledged some reads, slowly, and the wait goes on (see
+// tookMore). Zero: the timeout
 // bounds it (none if zero). A server's Conn, whose reads wait for ever
 // (timeout 0), sets it so that a peer that stopped reading its replies
 // holds no goroutine for ever.
