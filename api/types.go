@@ -574,6 +574,19 @@ type Heartbeat struct {
 	// CRLNumber is the number of the revocation list the agent holds (0:
 	// none); the answer brings the current list when it is newer.
 	CRLNumber int64 `json:"crl_number,omitempty"`
+	// LeasesComplete says that Leases, Wiping and Lost list every lease
+	// the agent holds anything of (an export served, held until
+	// confirmed or stopped at its expiry; a range being wiped; a part
+	// lost), but the parts moving here: a lease with a part on this node
+	// that they do not list is not served here. The control plane then
+	// answers with a Check, and records lost the active leases with a
+	// part here that a heartbeat echoing it does not list either, as the
+	// one it answered did not (docs/operations.md, "Backups and
+	// restore").
+	LeasesComplete bool `json:"leases_complete,omitempty"`
+	// Check is the HeartbeatResponse.Check of the last answer the agent
+	// read before it made this heartbeat's lists (empty: none yet).
+	Check string `json:"check,omitempty"`
 }
 
 // DeviceCounters is an agent's running count of one device's data-plane
@@ -687,6 +700,12 @@ type HeartbeatResponse struct {
 	// the heartbeats of all agents stay under its cap
 	// (docs/operations.md, "Heartbeat spreading").
 	HeartbeatSeconds float64 `json:"heartbeat_seconds,omitempty"`
+	// Check, in the answer to a heartbeat with LeasesComplete, names this
+	// answer: the agent sends it back in the next heartbeat (Heartbeat.
+	// Check), whose lists it made after reading this answer, so after the
+	// control plane read the leases it answered with. Absent: keep the
+	// last one.
+	Check string `json:"check,omitempty"`
 }
 
 // NodeRemoval is the answer to DELETE /v1/nodes/{id}.

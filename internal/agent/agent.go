@@ -70,6 +70,9 @@ type Agent struct {
 	interval   time.Duration
 	lastBeatAt time.Time
 	probeNext  int // rotation cursor over peers
+	// check is the last check a heartbeat answer brought
+	// (api.HeartbeatResponse.Check): the next heartbeat sends it back.
+	check string
 
 	wipes []*pendingWipe // the wipe journal (a.mu)
 
@@ -1010,7 +1013,11 @@ func (a *Agent) heartbeatLoop(ctx context.Context, firstDone func()) {
 }
 
 // Heartbeat runs one heartbeat round now: it probes peers, reports health,
-// links and the leases it holds exports of, tears down what the answer
+// links and the leases it holds exports of (all of them, with the ranges
+// it wipes and the exports it lost: api.Heartbeat.LeasesComplete, made
+// after it read the last answer, whose check it sends back, so that the
+// control plane may take a lease they do not list as not served here),
+// tears down what the answer
 // lists, serves the held exports the answer confirms, records the leases'
 // expiries, stops serving any export whose lease's known expiry has passed
 // (and serves it again once an answer shows it renewed), and retries
@@ -1039,6 +1046,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	wiping := a.wipingLocked() // with the leases: a range leaves one for the other under a.mu
 	moved := a.movedLocked()
 	lost := a.lostLocked()
+	check := a.check
 	// The answer says what the control plane wanted when it read the
 	// leases, which may be before a prepare that arrives meanwhile: it
 	// judges only the exports prepared by now.
@@ -1048,7 +1056,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 		return ErrNotJoined
 	}
 	hb := api.Heartbeat{Health: a.health(), Leases: leases, Wiping: wiping, Moved: moved, Lost: lost, Links: a.probePeers(ctx, a.probeRound(peers)), Usage: a.usage(),
-		CRLNumber: a.crlNumber(), Version: a.cfg.Version}
+		CRLNumber: a.crlNumber(), Version: a.cfg.Version, LeasesComplete: true, Check: check}
 	if measured && cpUp {
 		hb.Links = append(hb.Links, api.LinkReport{To: "controlplane", RTTMicros: cpRTT, Up: true})
 	}
@@ -1091,6 +1099,9 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	if a.cfg.HeartbeatInterval == 0 && resp.HeartbeatSeconds > 0 {
 		// The control plane spreads heartbeats as the cluster grows.
 		a.interval = time.Duration(resp.HeartbeatSeconds * float64(time.Second))
+	}
+	if resp.Check != "" {
+		a.check = resp.Check
 	}
 	a.mu.Unlock()
 	if len(resp.Moved) > 0 {

@@ -337,7 +337,9 @@ func (s *Server) revokeTakenOver(ctx context.Context, id string) error {
 
 // heartbeat records an agent's report and answers what to tear down: each
 // lease the agent serves is reconciled by the lease state machine
-// (Reconcile), and the exports it moved are recorded (Moved).
+// (Reconcile), the exports it moved are recorded (Moved), those it lost
+// too (PartsLost), and so are the active leases on the node it does not
+// serve (loseUnserved).
 func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) (api.HeartbeatResponse, error) {
 	if len(h.Links) > 4096 || len(h.Leases) > 65536 || len(h.Wiping) > 65536 || len(h.Moved) > 65536 || len(h.Lost) > 65536 || len(h.Health) > 1024 {
 		return api.HeartbeatResponse{}, fmt.Errorf("%w: heartbeat too large", ErrInvalid)
@@ -423,6 +425,10 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 	}
 	if len(h.Lost) > 0 {
 		resp.Lost = s.recordLost(ctx, nodeID, h.Lost)
+	}
+	if h.LeasesComplete {
+		// The active leases on the node it does not serve (unserved.go).
+		resp.Check = s.loseUnserved(ctx, nodeID, h)
 	}
 	// Peers only when they changed since this node last heard them (an
 	// agent keeps its list when the field is absent).

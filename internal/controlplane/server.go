@@ -145,6 +145,10 @@ type Server struct {
 
 	releases releaseFlights // the lease releases under way (lease.go)
 
+	// unserved are the active leases the nodes' heartbeats did not list
+	// (unserved.go).
+	unserved unservedWatch
+
 	fwd *forwarder // the route to the placement leader (forward.go); nil: none
 
 	lastPrune atomic.Int64 // when the sweep last pruned history to the end (retain.go; Unix ns)
