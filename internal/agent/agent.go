@@ -372,7 +372,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	// Before a device is opened, wiped or served; the files that
 	// existed before may hold tenants' bytes (fresh.go).
-	existed, err := a.lockBlockDevices(&locks)
+	existed, err := a.lockBlockDevices(ctx, &locks)
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -9,10 +10,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/backoff"
 	"github.com/rialto-project/rialto/internal/filelock"
 )
 
@@ -58,9 +61,18 @@ type instanceLocks struct {
 	files []*os.File
 }
 
-// release closes the descriptors, which drops their locks.
+// release lets go of the locks and closes the descriptors. A flock is
+// the open file description's, and a child process forked meanwhile (by
+// any goroutine of the process: an exec.Command) shares that description
+// until its exec closes its copy of the descriptor: closing ours alone
+// left the lock held while it did, and an agent started right after this
+// one returned (a restart within the process) was refused as if another
+// agent ran. LOCK_UN drops the lock whoever else shares the description.
+// (A block device's O_EXCL claim has no such call: it goes with the last
+// descriptor; claimBlockDevice waits for a moment for it.)
 func (l *instanceLocks) release() {
 	for _, f := range l.files {
+		_ = unix.Flock(int(f.Fd()), unix.LOCK_UN) // none on a claim or a NIC's socket: a no-op
 		f.Close()
 	}
 	l.files = nil
@@ -104,7 +116,7 @@ func (a *Agent) lockStateDir(l *instanceLocks) error {
 // returns the paths (relative ones resolved in the state directory) of
 // those whose files existed before: they may hold tenants' bytes
 // (fresh.go). Two devices on one file are a configuration error.
-func (a *Agent) lockBlockDevices(l *instanceLocks) (existed map[string]bool, err error) {
+func (a *Agent) lockBlockDevices(ctx context.Context, l *instanceLocks) (existed map[string]bool, err error) {
 	existed = map[string]bool{}
 	type opened struct {
 		name     string
@@ -150,10 +162,9 @@ func (a *Agent) lockBlockDevices(l *instanceLocks) (existed map[string]bool, err
 		}
 		l.files = append(l.files, f)
 		if st.Mode&unix.S_IFMT == unix.S_IFBLK {
-			x, err := claimBlockDevice(p)
+			x, note, err := a.claimBlockDevice(ctx, d.Name, p, st.Rdev)
 			if err != nil {
 				if errors.Is(err, unix.EBUSY) {
-					note := blockBusyNote(st.Rdev)
 					if note == "" {
 						note = " (a file system, swap, LVM or RAID, a partition of it or its whole disk, another rialto agent through another device node)"
 					}
@@ -171,15 +182,51 @@ func (a *Agent) lockBlockDevices(l *instanceLocks) (existed map[string]bool, err
 	return existed, nil
 }
 
-// claimBlockDevice opens the block device node p with O_EXCL, Linux's
-// exclusive claim of the device itself, whatever node names it: it fails
-// with EBUSY if the device is mounted, is swap, is held by a device
-// mapper, MD or loop stack, is claimed by another exclusive opener (another
-// agent, through any node of it), or is a partition of a claimed whole
-// disk or the whole disk of a claimed partition. The claim lasts until the
+// claimBlockDevice claims the block device node p (device name, of
+// device number rdev) with claimOnce. A claim that mountinfo and sysfs do
+// not explain (note: blockBusyNote) may be a moment's: the claim goes with
+// the last descriptor of its open file description, and a child process
+// that the holder forked (an exec.Command of any goroutine) keeps a copy
+// of every descriptor until its exec closes it — for tens of
+// milliseconds on a loaded machine. So the agent that held the device
+// before this one, in this process (a restart within it) or in the
+// process that just ended, may still hold it for a moment: such a claim
+// is tried again for up to claimSettle before the device is refused.
+// The wait is real time, as the exec it waits for is.
+func (a *Agent) claimBlockDevice(ctx context.Context, name, p string, rdev uint64) (f *os.File, note string, err error) {
+	b := backoff.Backoff{Min: 5 * time.Millisecond, Max: 100 * time.Millisecond}
+	deadline := time.Now().Add(claimSettle)
+	for tries := 0; ; tries++ {
+		f, err = claimOnce(p)
+		if !errors.Is(err, unix.EBUSY) {
+			return f, "", err
+		}
+		if note = blockBusyNote(rdev); note != "" || time.Now().After(deadline) {
+			return nil, note, err
+		}
+		if tries == 0 {
+			a.log.Info("block device claimed by another, for now: trying again for a moment (the holder may be a process that just stopped, or its child)",
+				"device", name, "path", p, "for", claimSettle)
+		}
+		if werr := b.Wait(ctx); werr != nil {
+			return nil, "", err
+		}
+	}
+}
+
+// claimSettle is how long claimBlockDevice tries again a claim held by
+// another that nothing it can see explains.
+const claimSettle = 2 * time.Second
+
+// claimOnce opens the block device node p with O_EXCL, Linux's exclusive
+// claim of the device itself, whatever node names it: it fails with EBUSY
+// if the device is mounted, is swap, is held by a device mapper, MD or
+// loop stack, is claimed by another exclusive opener (another agent,
+// through any node of it), or is a partition of a claimed whole disk or
+// the whole disk of a claimed partition. The claim lasts until the
 // descriptor is closed; other opens (the agent's own, without O_EXCL) are
 // not affected.
-func claimBlockDevice(p string) (*os.File, error) {
+func claimOnce(p string) (*os.File, error) {
 	for {
 		f, err := os.OpenFile(p, os.O_RDONLY|unix.O_EXCL, 0)
 		if !errors.Is(err, unix.EINTR) {

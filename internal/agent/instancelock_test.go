@@ -2,15 +2,22 @@ package agent
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/loopdevtest"
 )
 
 // TestDeviceSharedLockRefused: a block device another program holds a
@@ -56,5 +63,125 @@ func TestDeviceSharedLockRefused(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(dir, lockFile))
 	if err != nil || strings.TrimSpace(string(b)) != strconv.Itoa(os.Getpid()) {
 		t.Fatalf("%s: %q (%v), want this process's PID", lockFile, b, err)
+	}
+}
+
+// sharer is a child process given copies of descriptors: it stands for a
+// child that another goroutine of the process forked while they were open,
+// which shares their open file descriptions until its exec closes its
+// copies (tens of milliseconds on a loaded machine), for as long as the
+// test needs. end ends it.
+func sharer(t *testing.T, files ...*os.File) (end func()) {
+	t.Helper()
+	cmd := exec.Command("cat")
+	cmd.ExtraFiles = files
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Skipf("no child process: %v", err)
+	}
+	var once sync.Once
+	end = func() {
+		once.Do(func() {
+			in.Close()
+			if err := cmd.Wait(); err != nil {
+				t.Errorf("the child sharing the descriptors: %v", err)
+			}
+		})
+	}
+	t.Cleanup(end)
+	return end
+}
+
+// TestLocksLetGoWhileAChildSharesThem: an agent's locks (its state
+// directory's, its block device file's) are let go when it stops, though
+// a child process shares their open file descriptions: an agent started
+// right after on the same state directory and device starts. Closing the
+// descriptors left the locks with the child until its exec, and the next
+// agent of the process (a restart in the test cluster) was refused as if
+// another agent ran.
+func TestLocksLetGoWhileAChildSharesThem(t *testing.T) {
+	_, srv := newFakeCP(t)
+	cfg := testConfig(srv.URL, t.TempDir())
+	first, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held instanceLocks
+	if err := first.lockStateDir(&held); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := first.lockBlockDevices(ctxFor(t), &held); err != nil {
+		held.release()
+		t.Fatal(err)
+	}
+	sharer(t, held.files...)
+	held.release()
+	start(t, cfg)
+}
+
+// recorder is a slog handler that sends each record's message on msgs
+// while there is room.
+type recorder struct{ msgs chan string }
+
+func (r recorder) Enabled(context.Context, slog.Level) bool { return true }
+func (r recorder) WithAttrs([]slog.Attr) slog.Handler       { return r }
+func (r recorder) WithGroup(string) slog.Handler            { return r }
+func (r recorder) Handle(_ context.Context, rec slog.Record) error {
+	select {
+	case r.msgs <- rec.Message:
+	default:
+	}
+	return nil
+}
+
+// TestClaimWaitsForAChildsCopy: a block device whose O_EXCL claim the
+// agent that held it before let go, but a child process of that agent's
+// process still shares until its exec, is claimed once the child lets
+// go, within claimSettle: the claim is tried again while nothing (no
+// mount, no holder in sysfs) explains it. The agent was refused at once,
+// the device "in use by another process".
+func TestClaimWaitsForAChildsCopy(t *testing.T) {
+	backing := filepath.Join(t.TempDir(), "backing.img")
+	if err := os.WriteFile(backing, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dev := loopdevtest.Attach(t, backing)
+	x, err := claimOnce(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	end := sharer(t, x)
+	x.Close()
+
+	_, srv := newFakeCP(t)
+	cfg := testConfig(srv.URL, t.TempDir())
+	cfg.Devices = []DeviceConfig{{Name: "disk0", Kind: api.KindBlock, Path: dev}}
+	log := recorder{msgs: make(chan string, 16)}
+	cfg.Logger = slog.New(log)
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var l instanceLocks
+	defer l.release()
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.lockBlockDevices(ctxFor(t), &l)
+		done <- err
+	}()
+	for tried := false; !tried; {
+		select {
+		case m := <-log.msgs:
+			tried = strings.HasPrefix(m, "block device claimed by another, for now")
+		case err := <-done:
+			t.Fatalf("the claim a child shares for now: %v, want it tried again", err)
+		}
+	}
+	end()
+	if err := within(t, done, "the claim not taken once the child let go"); err != nil {
+		t.Fatalf("the claim once the child let go: %v", err)
 	}
 }

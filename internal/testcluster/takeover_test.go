@@ -19,7 +19,7 @@ import (
 )
 
 // makeDown moves the clock past the grace period, has every joined agent
-// but node id's heartbeat, and sweeps: node id, silent, is down (its
+// but node id's heartbeat, and sweeps: node id, silent, goes down (its
 // leases lost), the others stay ready.
 func makeDown(t *testing.T, c *Cluster, id string) {
 	t.Helper()
@@ -28,6 +28,11 @@ func makeDown(t *testing.T, c *Cluster, id string) {
 	// finishes a request it has read): it is on time then, and the node
 	// stays ready for one more grace period. So once more, at most.
 	for try := 0; ; try++ {
+		// An agent whose join is refused while the node is live
+		// (launchRefused's) tries again, and takes the node over as soon
+		// as it is down: maybe before its state is read below, and then
+		// it heartbeats. The sweep's node.down event says it went down.
+		before := downEvents(t, c, id)
 		c.Advance(c.opts.DownAfter + 1e9)
 		for _, o := range c.Nodes {
 			if a := o.Agent(); a != nil && a.NodeID() != "" && a.NodeID() != id {
@@ -38,13 +43,25 @@ func makeDown(t *testing.T, c *Cluster, id string) {
 		}
 		c.Sweep()
 		s := c.NodeState(id)
-		if s == api.NodeDown {
+		if s == api.NodeDown || downEvents(t, c, id) > before {
 			return
 		}
 		if try == 1 {
 			t.Fatalf("node %s is %s after the grace period, want down", id, s)
 		}
 	}
+}
+
+// downEvents counts the node.down events of node id.
+func downEvents(t *testing.T, c *Cluster, id string) int {
+	t.Helper()
+	n := 0
+	for _, e := range allEvents(ctxT(t), t, c.Client()) {
+		if e.Type == "node.down" && e.Subject == id {
+			n++
+		}
+	}
+	return n
 }
 
 // launchRefused launches n's agent, which cannot prove it is node id's

@@ -109,11 +109,17 @@ func TestReplicasKeepEachOthersMoves(t *testing.T) {
 		return api.Part{}
 	}
 	now := time.Now().UTC()
-	// The touched move started first (the sweep looks at it first), and
-	// was touched just now.
+	// The touched move started first (the sweep, which takes the open
+	// moves in the order they started, looks at it first), and was
+	// touched just now; the orphan was last touched an hour ago. Both
+	// begin just now: BeginMove records a move's start as its last touch,
+	// and a move begun "two hours ago" looked abandoned until it was
+	// touched, to the elected replica, which sweeps every 500 ms: a sweep
+	// that read it before the touch ended it after, and the destination's
+	// heartbeat was told to tear the lease down.
 	moves := []api.Move{
-		{ID: "mv-touched", StartedAt: now.Add(-2 * time.Hour)},
-		{ID: "mv-orphan", StartedAt: now.Add(-time.Hour)},
+		{ID: "mv-touched", StartedAt: now.Add(-2 * time.Second)},
+		{ID: "mv-orphan", StartedAt: now.Add(-time.Second)},
 	}
 	for i := range moves {
 		l := leases[i]
@@ -127,6 +133,9 @@ func TestReplicasKeepEachOthersMoves(t *testing.T) {
 	}
 
 	if err := st.SetMoveState(ctx, "mv-touched", api.MoveCopying, 1<<20, now); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SetMoveState(ctx, "mv-orphan", api.MoveCopying, 0, now.Add(-time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 
