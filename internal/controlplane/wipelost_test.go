@@ -144,11 +144,23 @@ func (e *lostRangeEnv) readAt(uri string, n int, off int64) []byte {
 	return b
 }
 
-// lostWhileDown leases the first MiB of the device to alice, who writes
-// secret at its start, kills the lender and lets its node go down: the
-// lease is lost, its range left unwiped on the lender (its exports file
-// keeps the export). It returns the lease as lost.
-func (e *lostRangeEnv) lostWhileDown() api.Lease {
+// onEachStore runs f, in parallel, on a lostRangeEnv of each store:
+// SQLite and PostgreSQL.
+func onEachStore(t *testing.T, f func(t *testing.T, e *lostRangeEnv)) {
+	for _, pg := range []bool{false, true} {
+		name := "sqlite"
+		if pg {
+			name = "postgres"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			f(t, newLostRangeEnv(t, pg))
+		})
+	}
+}
+
+// leased launches the lender and leases alice a MiB of its device.
+func (e *lostRangeEnv) leased() api.Lease {
 	e.t.Helper()
 	e.launch(nil)
 	e.waitReady()
@@ -157,6 +169,34 @@ func (e *lostRangeEnv) lostWhileDown() api.Lease {
 	if err != nil || l.State != api.LeaseActive {
 		e.t.Fatalf("lease: %+v %v", l, err)
 	}
+	return l
+}
+
+// placedBeside leases bob a MiB while the device's first MiB holds a lost
+// lease's unwiped bytes: the lease, failing with msg if it is refused, is
+// placed beside that range and reads zeroes.
+func (e *lostRangeEnv) placedBeside(msg string) {
+	e.t.Helper()
+	bob := api.NewClient(e.url, bobTok, nil)
+	l, err := bob.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+	if err != nil {
+		e.t.Fatalf("%s: %v", msg, err)
+	}
+	if p := l.Parts[0]; p.Offset < 1<<20 {
+		e.t.Fatalf("the new lease is at offset %d, over the lost lease's unwiped range", p.Offset)
+	}
+	if got := e.readAt(l.URI, len(secret), 0); !bytes.Equal(got, make([]byte, len(secret))) {
+		e.t.Fatalf("the new lease reads %q", got)
+	}
+}
+
+// lostWhileDown leases the first MiB of the device to alice, who writes
+// secret at its start, kills the lender and lets its node go down: the
+// lease is lost, its range left unwiped on the lender (its exports file
+// keeps the export). It returns the lease as lost.
+func (e *lostRangeEnv) lostWhileDown() api.Lease {
+	e.t.Helper()
+	l := e.leased()
 	if l.Parts[0].Offset != 0 {
 		e.t.Fatalf("the first lease is at offset %d of its device, want 0", l.Parts[0].Offset)
 	}
@@ -192,39 +232,21 @@ func (e *lostRangeEnv) lostWhileDown() api.Lease {
 // whose prepare the lender refused (it still served the lost lease's
 // export there), and with no other room the lease failed.
 func TestLostRangeMarkedUntilWiped(t *testing.T) {
-	for _, pg := range []bool{false, true} {
-		name := "sqlite"
-		if pg {
-			name = "postgres"
+	onEachStore(t, func(t *testing.T, e *lostRangeEnv) {
+		lost := e.lostWhileDown()
+		node := lost.Parts[0].NodeID
+		if !e.marked(lost.ID, node) {
+			t.Error("the range of a lease lost with its node is not marked as being wiped")
 		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			e := newLostRangeEnv(t, pg)
-			lost := e.lostWhileDown()
-			node := lost.Parts[0].NodeID
-			if !e.marked(lost.ID, node) {
-				t.Error("the range of a lease lost with its node is not marked as being wiped")
-			}
 
-			// The lender comes back: it joins again, serving nothing yet
-			// (the lost lease's export is held), and does not heartbeat.
-			e.launch(func(a *agent.Agent) { a.Faults.PauseHeartbeats.Store(true) })
-			e.waitReady()
-			bob := api.NewClient(e.url, bobTok, nil)
-			l2, err := bob.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
-			if err != nil {
-				t.Fatalf("a lease placed while a lost lease's range is not wiped yet failed: %v", err)
-			}
-			if p := l2.Parts[0]; p.Offset < 1<<20 {
-				t.Fatalf("the new lease is at offset %d, over the lost lease's unwiped range", p.Offset)
-			}
-			if got := e.readAt(l2.URI, len(secret), 0); !bytes.Equal(got, make([]byte, len(secret))) {
-				t.Fatalf("the new lease reads %q", got)
-			}
+		// The lender comes back: it joins again, serving nothing yet
+		// (the lost lease's export is held), and does not heartbeat.
+		e.launch(func(a *agent.Agent) { a.Faults.PauseHeartbeats.Store(true) })
+		e.waitReady()
+		e.placedBeside("a lease placed while a lost lease's range is not wiped yet failed")
 
-			e.wipedThenLentAgain(lost)
-		})
-	}
+		e.wipedThenLentAgain(lost)
+	})
 }
 
 // wipedThenLentAgain lets the lender, which came back with its heartbeats
@@ -266,40 +288,22 @@ func (e *lostRangeEnv) wipedThenLentAgain(lost api.Lease) {
 // around one it is still wiping. The refusal skipped the lender, and with
 // no other the lease failed.
 func TestStillServedRangePlacedAround(t *testing.T) {
-	for _, pg := range []bool{false, true} {
-		name := "sqlite"
-		if pg {
-			name = "postgres"
+	onEachStore(t, func(t *testing.T, e *lostRangeEnv) {
+		lost := e.lostWhileDown()
+		node := lost.Parts[0].NodeID
+		admin := api.NewClient(e.url, adminTok, nil)
+		if _, err := admin.RemoveNode(e.ctx(), node, false); err != nil {
+			t.Fatal(err)
 		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			e := newLostRangeEnv(t, pg)
-			lost := e.lostWhileDown()
-			node := lost.Parts[0].NodeID
-			admin := api.NewClient(e.url, adminTok, nil)
-			if _, err := admin.RemoveNode(e.ctx(), node, false); err != nil {
-				t.Fatal(err)
-			}
-			e.launch(func(a *agent.Agent) { a.Faults.PauseHeartbeats.Store(true) })
-			e.waitReady()
-			if n, err := e.st.Node(e.ctx(), node); err != nil || n.State != api.NodeReady {
-				t.Fatalf("the removed node after its agent joined again: %+v %v", n.Node, err)
-			}
-			if e.marked(lost.ID, node) {
-				t.Fatal("the lost lease's range on the removed node is still marked")
-			}
-			bob := api.NewClient(e.url, bobTok, nil)
-			l2, err := bob.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
-			if err != nil {
-				t.Fatalf("a lease refused a range its lender still serves for a lost lease failed: %v", err)
-			}
-			if p := l2.Parts[0]; p.Offset < 1<<20 {
-				t.Fatalf("the new lease is at offset %d, over the lost lease's unwiped range", p.Offset)
-			}
-			if got := e.readAt(l2.URI, len(secret), 0); !bytes.Equal(got, make([]byte, len(secret))) {
-				t.Fatalf("the new lease reads %q", got)
-			}
-			e.wipedThenLentAgain(lost)
-		})
-	}
+		e.launch(func(a *agent.Agent) { a.Faults.PauseHeartbeats.Store(true) })
+		e.waitReady()
+		if n, err := e.st.Node(e.ctx(), node); err != nil || n.State != api.NodeReady {
+			t.Fatalf("the removed node after its agent joined again: %+v %v", n.Node, err)
+		}
+		if e.marked(lost.ID, node) {
+			t.Fatal("the lost lease's range on the removed node is still marked")
+		}
+		e.placedBeside("a lease refused a range its lender still serves for a lost lease failed")
+		e.wipedThenLentAgain(lost)
+	})
 }

@@ -16,14 +16,9 @@ import (
 // wiped. The clock then passes the marks' settling time.
 func (e *lostRangeEnv) releasedUnreachable() api.Lease {
 	e.t.Helper()
-	e.launch(nil)
-	e.waitReady()
-	alice := api.NewClient(e.url, aliceTok, nil)
-	l, err := alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
-	if err != nil || l.State != api.LeaseActive {
-		e.t.Fatalf("lease: %+v %v", l, err)
-	}
+	l := e.leased()
 	e.kill()
+	alice := api.NewClient(e.url, aliceTok, nil)
 	if _, err := alice.ReleaseLease(e.ctx(), l.ID); err != nil {
 		e.t.Fatal(err)
 	}
