@@ -128,22 +128,12 @@ func (p *Conn) waitInput() error {
 			return err
 		}
 		// Idle for Wait: let the thread go.
-		p.held = false
-		i.give()
-		i.parked.Add(1)
-		if i.Moved != nil {
-			i.Moved(p.fd, true)
-		}
+		p.letGo()
 	}
 	if err := p.netpollWait(&p.park, unix.POLLIN, time.Time{}); err != nil {
 		return err
 	}
-	if i.take() {
-		p.held = true
-		i.parked.Add(-1)
-		if i.Moved != nil {
-			i.Moved(p.fd, false)
-		}
+	if p.takeBack() {
 		// Off the netpoller: the next segments wake no runtime thread.
 		if p.park != nil { // nil: it could not register (netpollWait)
 			_ = p.park.Close()
@@ -151,6 +141,33 @@ func (p *Conn) waitInput() error {
 		}
 	}
 	return nil
+}
+
+// letGo gives the thread the reading goroutine holds back: the
+// connection waits parked on the netpoller.
+func (p *Conn) letGo() {
+	i := p.idle
+	p.held = false
+	i.give()
+	i.parked.Add(1)
+	if i.Moved != nil {
+		i.Moved(p.fd, true)
+	}
+}
+
+// takeBack takes a thread for the reading goroutine of a parked
+// connection, if one is free, and reports whether it did.
+func (p *Conn) takeBack() bool {
+	i := p.idle
+	if !i.take() {
+		return false
+	}
+	p.held = true
+	i.parked.Add(-1)
+	if i.Moved != nil {
+		i.Moved(p.fd, false)
+	}
+	return true
 }
 
 // waitOutput waits until the socket takes more bytes, for at most bound
@@ -177,19 +194,10 @@ func (p *Conn) waitOutput(bound time.Duration) error {
 			return err
 		}
 		// Its peer does not read: let the thread go while it waits.
-		p.held = false
-		i.give()
-		i.parked.Add(1)
-		if i.Moved != nil {
-			i.Moved(p.fd, true)
-		}
+		p.letGo()
 		err = p.waitOutputNetpoll(deadline, bound, q)
-		if err == nil && i.take() {
-			p.held = true
-			i.parked.Add(-1)
-			if i.Moved != nil {
-				i.Moved(p.fd, false)
-			}
+		if err == nil {
+			p.takeBack()
 		}
 		return err
 	}
