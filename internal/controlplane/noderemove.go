@@ -84,9 +84,6 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 	}
 	s.live.forget(n.ID)
 	s.auth.dropNode(n.ID) // its credential stops working at once
-	if n.State != api.NodeDown {
-		s.dropRemoved(ctx, rec, serials, lost) // (forced: its agent may still run)
-	}
 	// Its ranges being wiped are no longer waited for (the store forgot
 	// them with the node; a view in memory forgets them here).
 	s.res.WipedOn(n.ID, func(string) bool { return false })
@@ -111,6 +108,12 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 	nodes, err := s.st.Nodes(ctx)
 	if err == nil {
 		s.peers.set(nodes)
+	}
+	if n.State != api.NodeDown {
+		// Forced: its agent may still run. Once the removal holds
+		// everywhere (this replica's view, the other replicas): the
+		// teardowns may take PrepareTimeout.
+		s.dropRemoved(ctx, rec, serials, lost)
 	}
 	s.log.Warn("node removed", "node", n.ID, "name", n.Name, "revoked_certificates", revoked, "lost_leases", len(lost))
 	if lost == nil {
