@@ -94,6 +94,18 @@ func (h *HTTPLender) Teardown(ctx context.Context, node api.Node, agentKey strin
 }
 
 func (h *HTTPLender) post(ctx context.Context, node api.Node, agentKey, path string, in, out any) error {
+	hc := h.hc
+	if h.client != nil {
+		var err error
+		if hc, err = h.client(node); err != nil {
+			return err
+		}
+	}
+	return postVia(ctx, hc, node, agentKey, path, in, out)
+}
+
+// postVia is post through the HTTP client hc.
+func postVia(ctx context.Context, hc *http.Client, node api.Node, agentKey, path string, in, out any) error {
 	if node.AgentURL == "" {
 		return fmt.Errorf("controlplane: node %s has no agent URL", node.ID)
 	}
@@ -109,12 +121,6 @@ func (h *HTTPLender) post(ctx context.Context, node api.Node, agentKey, path str
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+agentKey)
-	hc := h.hc
-	if h.client != nil {
-		if hc, err = h.client(node); err != nil {
-			return err
-		}
-	}
 	resp, err := hc.Do(req)
 	if err != nil {
 		return &lenderError{node: node, path: path, err: err}

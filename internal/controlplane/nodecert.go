@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -253,23 +254,61 @@ func (l *TLSLender) clientFor(node api.Node) (*http.Client, error) {
 		return nil, fmt.Errorf("controlplane: agent %s serves its API without TLS (%s); this control plane calls agents over mutual TLS only", node.ID, u.Redacted())
 	}
 	return l.clients.get(node.ID, func() *http.Client {
-		tr := newLenderTransport()
-		tr.TLSClientConfig = &tls.Config{
-			MinVersion:           tls.VersionTLS12,
-			RootCAs:              l.ca.Pool(),
-			GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return l.cert() },
-			VerifyConnection: func(cs tls.ConnectionState) error {
+		return &http.Client{Transport: handshakeRetry{l.transport(node, u, nil)}}
+	}), nil
+}
+
+// transport is a lender transport whose connections verify that the
+// agent at u is node: its certificate, signed by the cluster CA, names
+// the node and is not revoked, unless its serial number is one of
+// revoked (nil: none).
+func (l *TLSLender) transport(node api.Node, u *url.URL, revoked []*big.Int) *http.Transport {
+	tr := newLenderTransport()
+	tr.TLSClientConfig = &tls.Config{
+		MinVersion:           tls.VersionTLS12,
+		RootCAs:              l.ca.Pool(),
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return l.cert() },
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return fmt.Errorf("controlplane: the agent at %s presented no certificate", u.Host)
+			}
+			leaf := cs.PeerCertificates[0]
+			if !slices.ContainsFunc(revoked, func(n *big.Int) bool { return n.Cmp(leaf.SerialNumber) == 0 }) {
 				if err := l.ca.VerifyPeer(cs); err != nil {
 					return err
 				}
-				if cn := cs.PeerCertificates[0].Subject.CommonName; cn != node.ID {
-					return fmt.Errorf("controlplane: the agent at %s presented the certificate of node %q, not %s", u.Host, cn, node.ID)
-				}
-				return nil
-			},
-		}
-		return &http.Client{Transport: handshakeRetry{tr}}
-	}), nil
+			}
+			if cn := leaf.Subject.CommonName; cn != node.ID {
+				return fmt.Errorf("controlplane: the agent at %s presented the certificate of node %q, not %s", u.Host, cn, node.ID)
+			}
+			return nil
+		},
+	}
+	return tr
+}
+
+// TeardownRemoved is Teardown for the agent of node, whose removal has
+// just revoked its certificates (revoked: their serial numbers), which
+// Teardown's connections refuse: the removal tells the agent, which may
+// still run, to tear down the leases lost with the node (removeNode). The
+// agent may present one of those certificates (its own, not one revoked
+// before: a certificate of a machine the node was taken over from, say,
+// is refused); this call's connection is its own, kept for no other call.
+// What it sends the agent, the lease's ID and the node's agent key, the
+// holder of that certificate's key has already: both are in the node's
+// state directory.
+func (l *TLSLender) TeardownRemoved(ctx context.Context, node api.Node, agentKey string, revoked []*big.Int, req api.TeardownRequest) error {
+	u, err := url.Parse(node.AgentURL)
+	if err != nil {
+		return fmt.Errorf("controlplane: agent %s: bad agent URL: %w", node.ID, err)
+	}
+	if u.Scheme != "https" {
+		return fmt.Errorf("controlplane: agent %s serves its API without TLS (%s); this control plane calls agents over mutual TLS only", node.ID, u.Redacted())
+	}
+	tr := l.transport(node, u, revoked)
+	tr.DisableKeepAlives = true
+	defer tr.CloseIdleConnections()
+	return postVia(ctx, &http.Client{Transport: handshakeRetry{tr}}, node, agentKey, "/agent/v1/teardown", req, nil)
 }
 
 // handshakeRetries bounds the attempts of a request whose connection

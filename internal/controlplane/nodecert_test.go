@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log"
+	"math/big"
 	"net"
 	"net/http"
 	"strings"
@@ -117,5 +118,78 @@ func TestTLSLenderRetriesInternalErrorAlert(t *testing.T) {
 	}
 	if h, r := other.handshakes.Load(), other.requests.Load(); h != 1 || r != 0 {
 		t.Errorf("another node's certificate: %d handshakes, %d requests; want 1, 0", h, r)
+	}
+}
+
+// TestTLSLenderTeardownRemoved: the teardowns a node's removal sends its
+// agent (TeardownRemoved) accept the certificate the removal revoked,
+// which the agent still presents, and no other revoked one: not one
+// revoked before (a machine the node was taken over from, say), nor
+// another node's. Any other call refuses it before a byte of the request
+// (and its agent key) is sent.
+func TestTLSLenderTeardownRemoved(t *testing.T) {
+	t.Parallel()
+	ca, err := pki.Open(t.TempDir(), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	issue := func() *pki.Issued {
+		t.Helper()
+		iss, err := ca.Issue(pki.Request{CommonName: "node-a", Hosts: []string{"127.0.0.1"}, Usage: pki.ServerAuth | pki.ClientAuth})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ca.Revoke(iss.Cert.SerialNumber); err != nil {
+			t.Fatal(err)
+		}
+		return iss
+	}
+	earlier, current := issue(), issue()
+	cert, err := current.TLSCertificate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lender, err := NewTLSLender(ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var requests atomic.Int32
+	var auth atomic.Value
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		auth.Store(r.Header.Get("Authorization"))
+		w.Write([]byte(`{}`))
+	}), ErrorLog: log.New(io.Discard, "", 0)}
+	srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca.Pool()}
+	go srv.ServeTLS(ln, "", "")
+	t.Cleanup(func() { srv.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	node := api.Node{ID: "node-a", AgentURL: "https://" + ln.Addr().String()}
+	req := api.TeardownRequest{LeaseID: "l1"}
+
+	if err := lender.Teardown(ctx, node, "rak_secret", req); !errors.Is(err, pki.ErrRevoked) {
+		t.Errorf("a teardown of a revoked node: %v", err)
+	}
+	if err := lender.TeardownRemoved(ctx, node, "rak_secret", []*big.Int{earlier.Cert.SerialNumber}, req); !errors.Is(err, pki.ErrRevoked) {
+		t.Errorf("a removal's teardown, the agent presenting a certificate revoked before: %v", err)
+	}
+	other := node
+	other.ID = "node-b"
+	if err := lender.TeardownRemoved(ctx, other, "rak_secret", []*big.Int{current.Cert.SerialNumber}, req); err == nil || !strings.Contains(err.Error(), `node "node-a"`) {
+		t.Errorf("a removal's teardown, the agent presenting another node's certificate: %v", err)
+	}
+	if n := requests.Load(); n != 0 {
+		t.Fatalf("%d requests reached an agent whose certificate was refused", n)
+	}
+	if err := lender.TeardownRemoved(ctx, node, "rak_secret", []*big.Int{current.Cert.SerialNumber}, req); err != nil {
+		t.Fatalf("a removal's teardown, the agent presenting the certificate the removal revoked: %v", err)
+	}
+	if n, a := requests.Load(), auth.Load(); n != 1 || a != "Bearer rak_secret" {
+		t.Fatalf("%d requests (authorization %q)", n, a)
 	}
 }

@@ -84,9 +84,6 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 	}
 	s.live.forget(n.ID)
 	s.auth.dropNode(n.ID) // its credential stops working at once
-	if n.State != api.NodeDown {
-		s.dropRemoved(ctx, rec, lost) // (forced: its agent may still run)
-	}
 	// Its ranges being wiped are no longer waited for (the store forgot
 	// them with the node; a view in memory forgets them here).
 	s.res.WipedOn(n.ID, func(string) bool { return false })
@@ -112,6 +109,12 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 	if err == nil {
 		s.peers.set(nodes)
 	}
+	if n.State != api.NodeDown {
+		// Forced: its agent may still run. Once the removal holds
+		// everywhere (this replica's view, the other replicas): the
+		// teardowns may take PrepareTimeout.
+		s.dropRemoved(ctx, rec, serials, lost)
+	}
 	s.log.Warn("node removed", "node", n.ID, "name", n.Name, "revoked_certificates", revoked, "lost_leases", len(lost))
 	if lost == nil {
 		lost = []string{}
@@ -127,8 +130,11 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 // serve them, and keep their tenants' bytes on its devices, until their
 // expiry, or until it joined again. The teardowns wipe their ranges. A
 // lender that does not answer is left to its next join, whose
-// heartbeats' answers tell it.
-func (s *Server) dropRemoved(ctx context.Context, rec store.NodeRecord, lost []string) {
+// heartbeats' answers tell it. The removal has revoked the node's
+// certificates (revoked: their serial numbers), which the agent presents
+// to a control plane with a cluster CA: these calls accept them
+// (removalLender).
+func (s *Server) dropRemoved(ctx context.Context, rec store.NodeRecord, revoked []*big.Int, lost []string) {
 	var wg sync.WaitGroup
 	for _, id := range lost {
 		wg.Add(1)
@@ -136,12 +142,27 @@ func (s *Server) dropRemoved(ctx context.Context, rec store.NodeRecord, lost []s
 			defer wg.Done()
 			tctx, cancel := context.WithTimeout(ctx, s.cfg.PrepareTimeout)
 			defer cancel()
-			if err := s.lender.Teardown(tctx, rec.Node, rec.AgentKey, api.TeardownRequest{LeaseID: id}); err != nil {
+			req := api.TeardownRequest{LeaseID: id}
+			var err error
+			if rl, ok := s.lender.(removalLender); ok {
+				err = rl.TeardownRemoved(tctx, rec.Node, rec.AgentKey, revoked, req)
+			} else {
+				err = s.lender.Teardown(tctx, rec.Node, rec.AgentKey, req)
+			}
+			if err != nil {
 				s.log.Warn("the agent of a removed node did not tear a lost lease down; it is told once it joins again", "node", rec.ID, "lease", id, "err", err)
 			}
 		}()
 	}
 	wg.Wait()
+}
+
+// removalLender is a Lender that still reaches the agent of a node whose
+// removal revoked its certificates (revoked: their serial numbers), to
+// tell it to tear a lease down (TLSLender). A Lender without it is called
+// with Teardown.
+type removalLender interface {
+	TeardownRemoved(ctx context.Context, node api.Node, agentKey string, revoked []*big.Int, req api.TeardownRequest) error
 }
 
 // notDownYet says why a node that is ready or suspect cannot be removed

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/agent"
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 )
 
 // TestRemovedMoveDestinationDropsThePart: a move's destination that took
@@ -95,6 +97,60 @@ func TestRemovedNodeDropsMovedPart(t *testing.T) {
 		t.Error("the removed node still serves the lease lost with it")
 	}
 	if !rangeZero(t, dst, ms[0].To.Offset+4096) {
+		t.Error("the removed node's range of the lost lease is not wiped")
+	}
+}
+
+// TestRemovedNodeDropsLostLeaseTLS: TestRemovedNodeDropsMovedPart's
+// removal in a cluster with a CA, as `rialto server --tls-dir` runs. The
+// removal revokes the node's certificate, which its agent presents when
+// the control plane calls it: the teardowns the removal sends it accept
+// that certificate (the one the removal revoked, no other), so the agent
+// tears down the lease lost with the node and wipes its range. They were
+// refused (certificate revoked) unless a connection made before the
+// removal was still open: the control plane restarts first, so that
+// none is.
+func TestRemovedNodeDropsLostLeaseTLS(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{Nodes: 1, TLS: true, Devices: []agent.DeviceConfig{{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 64 << 20}}})
+	ctx := ctxT(t)
+	cl := c.Client()
+	l, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := nbd.ParseURI(l.URI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vol, err := u.Dial(ctx, dataTLS(t, c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := vol.WriteAt([]byte("hello"), 4096); err != nil {
+		t.Fatal(err)
+	}
+	if err := vol.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	vol.Close()
+	n := c.NodeByID(l.Parts[0].NodeID)
+	if rangeZero(t, n, l.Parts[0].Offset+4096) {
+		t.Fatal("the lease's bytes are not on its lender's device")
+	}
+	c.RestartControlPlane()
+	n.PauseHeartbeats(true) // it does not join again
+	r, err := cl.RemoveNode(ctx, n.ID(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Revoked == 0 || !slices.Contains(r.Lost, l.ID) {
+		t.Fatalf("the removal: %+v", r)
+	}
+	if n.Serves(l.ID) {
+		t.Error("the removed node still serves the lease lost with it")
+	}
+	if !rangeZero(t, n, l.Parts[0].Offset+4096) {
 		t.Error("the removed node's range of the lost lease is not wiped")
 	}
 }

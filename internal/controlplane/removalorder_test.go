@@ -1,0 +1,127 @@
+package controlplane
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/agent"
+	"github.com/rialto-project/rialto/internal/pgserver/pgtest"
+)
+
+// TestForcedRemovalHoldsEverywhereBeforeTeardowns: two replicas on one
+// PostgreSQL database; a real agent, joined through the first, lends a
+// lease, and the second has its node credential cached. A forced removal
+// through the first tells the agent to tear the lost lease down, which
+// may take up to PrepareTimeout (here the agent's wipe waits): by the
+// time the agent is asked, the other replica refuses the node's
+// credential already (the removal's revocation broadcast is
+// acknowledged). Before, the teardowns ran first, and the other replica
+// answered the removed node from its cache until they were done.
+func TestForcedRemovalHoldsEverywhereBeforeTeardowns(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	url := pgtest.DB(t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	replica := func() (*Server, string) {
+		s := runServer(ctx, t, Config{Store: openPG(ctx, t, url, 8), Logger: log, BootstrapToken: bootTok,
+			Tokens:         []Token{{Token: aliceTok, Tenant: "alice"}, {Token: adminTok, Tenant: "admin", Admin: true}},
+			PrepareTimeout: time.Minute, HeartbeatInterval: 100 * time.Millisecond})
+		ts := httptest.NewServer(s.Handler())
+		t.Cleanup(ts.Close)
+		return s, ts.URL
+	}
+	a, aURL := replica()
+	b, bURL := replica()
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for !cond() {
+			if ctx.Err() != nil {
+				t.Fatalf("%s: not within the test's deadline", what)
+			}
+			time.Sleep(20 * time.Millisecond) // polling with a deadline
+		}
+	}
+	heard := func(s, other *Server) bool {
+		s.bus.mu.Lock()
+		defer s.bus.mu.Unlock()
+		_, ok := s.bus.seen[other.bus.id]
+		return ok
+	}
+	waitFor("the replicas trust their caches and hear each other", func() bool {
+		return a.cacheTrusted() && b.cacheTrusted() && heard(a, b) && heard(b, a)
+	})
+
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	ag := newTestAgent(t, diskAgentConfig(t, aURL, log))
+	ag.launch(func(x *agent.Agent) {
+		f := func(ctx context.Context, _ string) {
+			select {
+			case entered <- struct{}{}:
+			default:
+			}
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		}
+		x.Faults.BeforeWipe.Store(&f)
+	})
+	ag.waitReady()
+	l, err := api.NewClient(aURL, aliceTok, nil).CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var id struct {
+		NodeID     string `json:"node_id"`
+		Credential string `json:"credential"`
+	}
+	raw, err := os.ReadFile(filepath.Join(ag.cfg.StateDir, "identity.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &id); err != nil || id.NodeID != l.Parts[0].NodeID {
+		t.Fatalf("the agent's identity: %v (node %q, the lease's %q)", err, id.NodeID, l.Parts[0].NodeID)
+	}
+	asNode := api.NewClient(bURL, id.Credential, nil)
+	if _, err := asNode.Node(ctx, id.NodeID); err != nil {
+		t.Fatalf("the node's credential on the other replica: %v", err)
+	}
+
+	removed := make(chan error, 1)
+	go func() { // waited for below
+		r, err := api.NewClient(aURL, adminTok, nil).RemoveNode(ctx, id.NodeID, true)
+		if err == nil && !slices.Equal(r.Lost, []string{l.ID}) {
+			err = fmt.Errorf("the removal lost %v, want %s", r.Lost, l.ID)
+		}
+		removed <- err
+	}()
+	select {
+	case <-entered:
+	case err := <-removed:
+		t.Fatalf("the removal returned (%v) without the agent wiping the lost lease", err)
+	case <-ctx.Done():
+		t.Fatal("the agent was not asked to tear the lost lease down")
+	}
+	_, err = asNode.Node(ctx, id.NodeID)
+	close(release)
+	if !api.IsCode(err, api.CodeUnauthorized) {
+		t.Errorf("while the removal's teardowns run, the other replica answers the removed node's credential with %v, want 401", err)
+	}
+	if err := <-removed; err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(ag.agent.Leases(), l.ID) {
+		t.Error("the removed node's agent still serves the lease lost with it")
+	}
+}
