@@ -135,6 +135,9 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 // to a control plane with a cluster CA: these calls accept them
 // (removalLender).
 func (s *Server) dropRemoved(ctx context.Context, rec store.NodeRecord, revoked []*big.Int, lost []string) {
+	// The removal is committed: its teardowns are not given up with a
+	// request whose caller went away.
+	ctx = context.WithoutCancel(ctx)
 	var wg sync.WaitGroup
 	for _, id := range lost {
 		wg.Add(1)
