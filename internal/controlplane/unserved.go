@@ -110,6 +110,16 @@ func (w *unservedWatch) set(node, check string, missing map[string]string) {
 	}
 }
 
+// forget drops node's entry: the node was removed, or taken over by a
+// join that lost its leases (a takeover without proof, a lost-state
+// join), which its suspicions were about. A node heard again starts
+// anew: its next heartbeat with complete lists is checked, as its first.
+func (w *unservedWatch) forget(node string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.nodes, node)
+}
+
 // unservedKey names lease l's live parts on node (their URIs): a lease
 // whose parts there changed since it was suspected (a move away and back)
 // is suspected anew. "" if it has none there.
