@@ -38,6 +38,11 @@ import (
 // longer serves it. A restarted agent restores its exports before it
 // joins, held until confirmed, and lists them from its first heartbeat,
 // as it lists those a restart lost (Lost), which recordLost records.
+//
+// The check is per lease, not per part: heartbeats list lease IDs. A
+// lease with several parts on one node (a composed lease on two of its
+// devices) whose lender serves only some of them is not found
+// (docs/operations.md, "Backups and restore").
 
 // unservedEvery is how often (in heartbeats of a node with complete lists
 // handled by this replica) the leases on the node are read to find those
