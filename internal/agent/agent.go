@@ -621,6 +621,13 @@ func (a *Agent) loadIdentity() error {
 	if id.MachineID == "" {
 		id.MachineID = MachineID(a.cfg.SysRoot, a.cfg.Name)
 	}
+	if kept, dropped := validPreviousCredentials(id.Credential, id.PreviousCredentials); dropped > 0 {
+		// A hand-edited or damaged file: a join presenting them all would
+		// be refused (400), for good. The count only: they are secrets.
+		a.log.Warn("identity.json: dropped previous credentials a join cannot present (empty, repeated, the current one, longer than the control plane takes, or beyond the newest it takes)",
+			"dropped", dropped, "kept", len(kept), "max", api.MaxPreviousCredentials, "max_len", api.MaxCredentialLen)
+		id.PreviousCredentials = kept
+	}
 	a.mu.Lock()
 	a.id = id
 	a.mu.Unlock()
@@ -742,6 +749,24 @@ func previousCredentials(cur string, prev []string, next string) []string {
 		}
 	}
 	return out
+}
+
+// validPreviousCredentials returns the previous credentials prev (newest
+// first), as identity.json holds them, that a join can present
+// (api.JoinRequest.PreviousCredentials): the newest
+// api.MaxPreviousCredentials of those that are neither empty, nor longer
+// than api.MaxCredentialLen, nor the current credential cur, nor a repeat;
+// and how many it dropped.
+func validPreviousCredentials(cur string, prev []string) (kept []string, dropped int) {
+	kept = make([]string, 0, min(len(prev), api.MaxPreviousCredentials))
+	for _, c := range prev {
+		if c == "" || len(c) > api.MaxCredentialLen || c == cur || slices.Contains(kept, c) || len(kept) == api.MaxPreviousCredentials {
+			dropped++
+			continue
+		}
+		kept = append(kept, c)
+	}
+	return kept, dropped
 }
 
 // join registers with the control plane, retrying transient failures

@@ -25,6 +25,9 @@ type identity struct {
 	// presents them with Credential (api.JoinRequest), so that a control
 	// plane whose database was restored from a backup, which knows one of
 	// them and not the current one, takes the join for the node's agent's.
+	// Loading keeps only those a join can present
+	// (validPreviousCredentials): a file edited by hand or damaged would
+	// otherwise have every join refused.
 	PreviousCredentials []string `json:"previous_credentials,omitempty"`
 	// LostExports: exports.json was unreadable and set aside
 	// (--wipe-lost-exports); the next join tells the control plane that

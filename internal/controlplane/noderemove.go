@@ -83,6 +83,7 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 		return api.NodeRemoval{}, err
 	}
 	s.live.forget(n.ID)
+	s.unserved.forget(n.ID)
 	s.auth.dropNode(n.ID) // its credential stops working at once
 	// Its ranges being wiped are no longer waited for (the store forgot
 	// them with the node; a view in memory forgets them here).

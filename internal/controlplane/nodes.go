@@ -272,6 +272,12 @@ func (s *Server) joinAs(ctx context.Context, r api.JoinRequest, certNode string)
 		NodeID: n.ID, Credential: cred, AgentKey: key, HeartbeatSeconds: s.heartbeatInterval().Seconds(),
 		ControlPlaneNodes: s.peers.peersOf(n.ID),
 	}
+	if how == store.JoinedTakeover || (r.LostExports && rejoined) {
+		// Its leases are lost below: what the watch of those it does
+		// not serve suspected is moot, and its new agent's first
+		// heartbeat is checked (unserved.go).
+		s.unserved.forget(n.ID)
+	}
 	switch {
 	case how == store.JoinedTakeover:
 		// Nothing says the newcomer is the machine that served the

@@ -385,6 +385,17 @@ func (r *reserver) capacity(deviceID string) int64 {
 	return 0
 }
 
+// kind is a device's kind in the view (block for one it does not hold).
+// r.mu is held.
+func (r *reserver) kind(deviceID string) api.Kind {
+	for _, d := range r.devices {
+		if d.ID == deviceID {
+			return d.Kind
+		}
+	}
+	return api.KindBlock
+}
+
 // index is the indexSource over the view: the cached index, advanced to
 // now, or nil when the view has timed leases or the clock went back (the
 // caller then builds one for its request). inv must be the whole view

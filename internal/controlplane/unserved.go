@@ -38,6 +38,11 @@ import (
 // longer serves it. A restarted agent restores its exports before it
 // joins, held until confirmed, and lists them from its first heartbeat,
 // as it lists those a restart lost (Lost), which recordLost records.
+//
+// The check is per lease, not per part: heartbeats list lease IDs. A
+// lease with several parts on one node (a composed lease on two of its
+// devices) whose lender serves only some of them is not found
+// (docs/operations.md, "Backups and restore").
 
 // unservedEvery is how often (in heartbeats of a node with complete lists
 // handled by this replica) the leases on the node are read to find those
@@ -108,6 +113,16 @@ func (w *unservedWatch) set(node, check string, missing map[string]string) {
 	if n := w.nodes[node]; n != nil {
 		n.check, n.missing = check, missing
 	}
+}
+
+// forget drops node's entry: the node was removed, or taken over by a
+// join that lost its leases (a takeover without proof, a lost-state
+// join), which its suspicions were about. A node heard again starts
+// anew: its next heartbeat with complete lists is checked, as its first.
+func (w *unservedWatch) forget(node string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.nodes, node)
 }
 
 // unservedKey names lease l's live parts on node (their URIs): a lease

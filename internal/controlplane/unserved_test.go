@@ -93,3 +93,93 @@ func TestUnservedLeaseLost(t *testing.T) {
 		t.Fatal("the lost lease's range still marked once its lender wiped it")
 	}
 }
+
+// TestUnservedWatchForgetsNode: the watch of the leases a node does not
+// serve forgets the node when the node is removed (its entry was kept
+// for good), and when a join takes the node over or says its agent lost
+// its exports: the node's leases are lost then, and its new agent's first
+// heartbeat with complete lists is checked, as a node's first is, not
+// counted on from the run before (unservedEvery).
+func TestUnservedWatchForgetsNode(t *testing.T) {
+	t.Parallel()
+	tracked := func(e *env, node string) bool {
+		e.srv.unserved.mu.Lock()
+		defer e.srv.unserved.mu.Unlock()
+		_, ok := e.srv.unserved.nodes[node]
+		return ok
+	}
+	// run joins n1 and sends two heartbeats with complete lists, the
+	// first checked, the second not; then again removes the node or
+	// joins it again, and the next heartbeat, sent with the client again
+	// returns (none: nothing more to send), is to be checked.
+	run := func(t *testing.T, again func(e *env, j api.JoinResponse) *api.Client) {
+		e := newEnv(t)
+		j, node := e.join("n1", 1<<30)
+		beat := func(c *api.Client) api.HeartbeatResponse {
+			t.Helper()
+			r, err := c.Heartbeat(e.ctx(), j.NodeID, api.Heartbeat{Health: "ok", LeasesComplete: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}
+		if r := beat(node); r.Check == "" {
+			t.Fatal("the node's first heartbeat with complete lists was not checked")
+		}
+		if r := beat(node); r.Check != "" {
+			t.Fatal("the node's second heartbeat was checked: the test expects one in unservedEvery")
+		}
+		if !tracked(e, j.NodeID) {
+			t.Fatal("the watch has no entry for a node it checked")
+		}
+		c := again(e, j)
+		if c == nil {
+			return
+		}
+		if r := beat(c); r.Check == "" {
+			t.Fatal("the first heartbeat after the join was not checked: the watch counted on from the node's run before")
+		}
+	}
+	down := func(t *testing.T, e *env, id string) {
+		t.Helper()
+		if err := e.srv.st.SetNodeState(e.ctx(), id, api.NodeReady, api.NodeDown, api.Event{At: e.clock.Now(), Type: "node.down", Subject: id}); err != nil {
+			t.Fatal(err)
+		}
+		e.srv.live.forget(id)
+	}
+	t.Run("removed", func(t *testing.T) {
+		t.Parallel()
+		run(t, func(e *env, j api.JoinResponse) *api.Client {
+			if _, err := e.admin.RemoveNode(e.ctx(), j.NodeID, true); err != nil {
+				t.Fatal(err)
+			}
+			if tracked(e, j.NodeID) {
+				t.Fatal("the watch kept its entry for a removed node")
+			}
+			return nil
+		})
+	})
+	t.Run("taken over", func(t *testing.T) {
+		t.Parallel()
+		run(t, func(e *env, j api.JoinResponse) *api.Client {
+			down(t, e, j.NodeID)
+			j2, c := e.join("n1", 1<<30)
+			if j2.NodeID != j.NodeID {
+				t.Fatalf("the takeover joined as %s", j2.NodeID)
+			}
+			return c
+		})
+	})
+	t.Run("lost exports", func(t *testing.T) {
+		t.Parallel()
+		run(t, func(e *env, j api.JoinResponse) *api.Client {
+			req := joinRequest("n1", j.Credential, 1<<30)
+			req.LostExports = true
+			j2, err := e.boot.Join(e.ctx(), req)
+			if err != nil || j2.NodeID != j.NodeID {
+				t.Fatalf("the lost-state join: %v %+v", err, j2)
+			}
+			return e.boot.WithToken(j2.Credential)
+		})
+	})
+}

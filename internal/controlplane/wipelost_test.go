@@ -307,3 +307,83 @@ func TestStillServedRangePlacedAround(t *testing.T) {
 		e.wipedThenLentAgain(lost)
 	})
 }
+
+// TestStillServedAccelSlotPlacedAround: a lender's refusal of an accel
+// slot it still serves for a lost lease (the lender was down; an accel
+// lease lost with it leaves no mark, and its agent, back, holds the
+// export) marks that slot, a mark of the refused lease's kind (accel,
+// not block: wipesOf marks refused ranges of any kind), and the lease is
+// placed on another slot of the device, not skipping the lender.
+func TestStillServedAccelSlotPlacedAround(t *testing.T) {
+	onEachStore(t, func(t *testing.T, e *lostRangeEnv) {
+		e.cfg.Devices = append(e.cfg.Devices, agent.DeviceConfig{Name: "fpga0", Kind: api.KindAccel, Size: 4,
+			Attributes: map[string]string{"slot_memory": "1MiB"}})
+		e.launch(nil)
+		e.waitReady()
+		alice := api.NewClient(e.url, aliceTok, nil)
+		l, err := alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindAccel})
+		if err != nil || l.State != api.LeaseActive || l.Mode != api.ModeDedicated || len(l.Parts) != 1 ||
+			l.Parts[0].Offset != 0 || l.Parts[0].Length != api.SlotUnits {
+			t.Fatalf("the first accel lease, want the device's first slot, dedicated: %v %+v", err, l)
+		}
+		node := l.Parts[0].NodeID
+		e.kill()
+		e.until("the lease of a node gone down is not lost", func() bool {
+			e.clk.Advance(e.srv.cfg.DownAfter + time.Minute)
+			if err := e.srv.Sweep(e.ctx()); err != nil {
+				t.Fatal(err)
+			}
+			got, err := e.st.Lease(e.ctx(), l.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return got.State == api.LeaseLost
+		})
+		// Back, holding the lost lease's export, its heartbeats (whose
+		// answers would tell it to tear it down) paused.
+		e.launch(func(a *agent.Agent) { a.Faults.PauseHeartbeats.Store(true) })
+		e.waitReady()
+		if !slices.Contains(e.agent.Leases(), l.ID) {
+			t.Fatal("the lender came back without the lost lease's export")
+		}
+		bob := api.NewClient(e.url, bobTok, nil)
+		b, err := bob.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindAccel})
+		if err != nil {
+			t.Fatalf("an accel lease beside the slot its lender still serves for a lost lease: %v", err)
+		}
+		if p := b.Parts[0]; p.NodeID != node || p.Offset < api.SlotUnits {
+			t.Fatalf("the new lease's part %+v, want another slot of the device", p)
+		}
+		if !e.marked(refusedPrefix+b.ID+"/"+l.Parts[0].DeviceID+"/0", node) {
+			t.Fatal("the refused slot is not marked")
+		}
+	})
+}
+
+// TestRefusedAccelSlotHoldsItsSlot: the mark of an accel slot a lender
+// refused to a dedicated lease (still served for another lease), made
+// while the placement view is loaded (another request reloaded it since
+// the failed prepare freed the lease's parts), holds that slot only, as
+// the view reads it once loaded again: a lease is placed on another slot
+// of the device. It was entered as a block range of a dedicated lease,
+// which holds its whole device: the lease waited for a wipe (WipeWait),
+// then failed.
+func TestRefusedAccelSlotHoldsItsSlot(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *Config) { c.WipeWait = 50 * time.Millisecond })
+	node := e.joinSpecs("n1", nil, api.DeviceSpec{Name: "fpga0", Kind: api.KindAccel, Capacity: 4, Sharing: "partitionable"})
+	// A lease placed: the view is loaded, its placement index built.
+	first, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindAccel})
+	if err != nil || first.Mode != api.ModeDedicated || first.Parts[0].Offset != 0 {
+		t.Fatalf("the first accel lease, want the first slot, dedicated: %v %+v", err, first)
+	}
+	refused := api.Part{NodeID: node, DeviceID: first.Parts[0].DeviceID, Offset: api.SlotUnits, Length: api.SlotUnits}
+	e.srv.refusedWiping(e.ctx(), api.Lease{ID: "lease-refused", Kind: api.KindAccel, Mode: api.ModeDedicated}, refused)
+	l, err := e.bob.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindAccel})
+	if err != nil {
+		t.Fatalf("an accel lease beside a refused slot: %v", err)
+	}
+	if p := l.Parts[0]; p.Offset < 2*api.SlotUnits {
+		t.Fatalf("the lease's part %+v is on a slot taken or refused", p)
+	}
+}

@@ -48,7 +48,8 @@ const wipePrefix = "wiping:"
 
 // Wiping marks lease id's block parts (but the lost ones, and those on
 // node except: a removed node's) as being wiped, until Wiped. Parts of
-// other kinds are not wiped: they are not marked.
+// other kinds are not wiped: they are not marked, but in a range a lender
+// refused (refusedWiping), whatever its kind.
 func (r *reserver) Wiping(l api.Lease, except string) {
 	byNode := map[string][]store.LivePart{}
 	for _, w := range wipesOf(l, except, time.Time{}) {
@@ -78,9 +79,10 @@ func (r *reserver) Wiping(l api.Lease, except string) {
 }
 
 // wipesOf are lease l's block parts (but the lost ones, and those on node
-// except) by node, as the store records them being wiped at at.
+// except) by node, as the store records them being wiped at at; a range a
+// lender refused (refusedWiping) whatever its kind.
 func wipesOf(l api.Lease, except string, at time.Time) []store.Wipe {
-	if l.Kind != api.KindBlock {
+	if l.Kind != api.KindBlock && !strings.HasPrefix(l.ID, refusedPrefix) {
 		return nil
 	}
 	var out []store.Wipe
@@ -127,12 +129,15 @@ func (r *reserver) loadWipes(ctx context.Context, w store.Wiper) error {
 }
 
 // enterWipes enters lease id's ranges being wiped in the view, which no
-// longer holds the lease's parts. r.mu is held and the view loaded.
+// longer holds the lease's parts, as ranges of their device's kind (as a
+// view loaded afresh reads them: snapshot): a refused accel slot
+// taken for a block range of a dedicated lease would hold its whole
+// device. r.mu is held and the view loaded.
 func (r *reserver) enterWipes(id string) {
 	for n, ps := range r.wiping[id] {
 		k := wipeKey(id, n)
-		if _, ok := r.parts[k]; !ok {
-			r.enter(k, api.KindBlock, ps)
+		if _, ok := r.parts[k]; !ok && len(ps) > 0 {
+			r.enter(k, r.kind(ps[0].DeviceID), ps)
 		}
 	}
 }
@@ -257,12 +262,14 @@ func (r *reserver) wipesPending(ctx context.Context) (<-chan struct{}, bool) {
 // node's heartbeats no longer list a wipe (the answer to a heartbeat
 // listing a lost lease as served marks its ranges: markTeardownOn). The
 // placement that follows places around it. The mark takes the refused
-// lease's mode: that of a partition holds the range only (a dedicated
-// mark would hold the whole device, and leave a lease that fits beside
-// the range no room).
+// lease's kind (a range of a memory, accel or NIC device is refused when
+// still served too) and mode: that of a partition holds the range only (a
+// dedicated mark would hold the whole device, and leave a lease that fits
+// beside the range no room; a dedicated accel lease's slots are a
+// partition of their device).
 func (s *Server) refusedWiping(ctx context.Context, l api.Lease, p api.Part) {
 	key := refusedPrefix + l.ID + "/" + p.DeviceID + "/" + fmt.Sprint(p.Offset)
-	s.markWiping(ctx, api.Lease{ID: key, Kind: api.KindBlock, Mode: l.Mode, Parts: []api.Part{p}}, "")
+	s.markWiping(ctx, api.Lease{ID: key, Kind: l.Kind, Mode: l.Mode, Parts: []api.Part{p}}, "")
 }
 
 // markWiping marks lease l's block parts (but those on node except: a

@@ -5,13 +5,17 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/agent"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 )
 
@@ -191,4 +195,82 @@ func TestTakenOverCredentialsRefused(t *testing.T) {
 		t.Fatalf("the takeover joined as %s, not %s", got, id)
 	}
 	launchRefused(t, c, lender, id)
+}
+
+// TestDamagedPreviousCredentialsRejoin: an agent whose identity.json was
+// edited by hand or damaged holds previous credentials a join cannot
+// present (empty ones, repeats, its current credential, ones longer than
+// api.MaxCredentialLen, more than api.MaxPreviousCredentials). It loads
+// the newest valid ones, drops the rest with a warning that names no
+// credential, and joins: here, after a restore of the control plane's
+// database from a backup, proven by the credential the backup knows,
+// which comes after more than api.MaxPreviousCredentials entries in the
+// file. It presented them all: the control plane refused the join (400),
+// and the agent, taking that for final, never joined.
+func TestDamagedPreviousCredentialsRejoin(t *testing.T) {
+	t.Parallel()
+	logs := &lockedBuffer{}
+	c := Start(t, Options{Nodes: 1, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	l := createBlock(t, c.Client(), 4<<20, api.ModeShared)
+	n := c.Nodes[0]
+	id := n.ID()
+	backup := backupDB(t, c)
+	old := readIdentityFile(t, n).Credential
+	n.Restart()
+	cur := readIdentityFile(t, n).Credential
+	n.Kill()
+
+	// The credential the backup knows comes tenth; the newest valid ones
+	// are gone1, gone2, gone3, it, and gone4 to gone7.
+	long := "rnc_" + strings.Repeat("x", api.MaxCredentialLen)
+	gone := func(i int) string { return "rnc_gone-" + strconv.Itoa(i) }
+	damaged := []string{"", long, cur, gone(1), gone(1), "", gone(2), long, gone(3), old}
+	for i := 4; i <= 9; i++ {
+		damaged = append(damaged, gone(i))
+	}
+	path := filepath.Join(n.StateDir, "identity.json")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw map[string]any
+	if err := json.Unmarshal(b, &raw); err != nil {
+		t.Fatal(err)
+	}
+	raw["previous_credentials"] = damaged
+	if b, err = json.Marshal(raw); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	restoreDB(t, c, backup)
+
+	var tries atomic.Int32
+	hook := func(context.Context) { tries.Add(1) }
+	n.LaunchWith(func(a *agent.Agent) { a.Faults.BeforeJoin.Store(&hook) })
+	n.WaitReady()
+	if k := tries.Load(); k != 1 {
+		t.Fatalf("the agent tried %d joins: the credential the backup knows did not prove it is the node's agent", k)
+	}
+	if got := n.ID(); got != id {
+		t.Fatalf("rejoined as %s, not %s", got, id)
+	}
+	if got := c.Lease(l.ID); got.State != api.LeaseActive {
+		t.Fatalf("the lease after the rejoin: %s (%q)", got.State, got.Reason)
+	}
+	now := readIdentityFile(t, n)
+	want := []string{cur, gone(1), gone(2), gone(3), old, gone(4), gone(5), gone(6)}
+	if !slices.Equal(now.PreviousCredentials, want) {
+		t.Fatalf("previous credentials after the rejoin: %d of them, want the one it replaced, then the newest valid ones of the file", len(now.PreviousCredentials))
+	}
+	out := logs.String()
+	if !strings.Contains(out, "dropped previous credentials") {
+		t.Fatal("no warning of the dropped previous credentials")
+	}
+	for _, s := range append([]string{long, old, cur}, want[1:]...) {
+		if strings.Contains(out, s) {
+			t.Fatal("a credential reached the log")
+		}
+	}
 }
