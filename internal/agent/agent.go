@@ -376,7 +376,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := a.lockNICs(&locks); err != nil {
+	if err := a.lockNICs(ctx, &locks); err != nil {
 		return err
 	}
 	a.reserved.reserve(a.cfg.Listen, a.rememberedPorts(saved))
