@@ -90,7 +90,7 @@ func letGo(f *os.File) {
 		_ = unix.Shutdown(fd, unix.SHUT_RDWR)
 		return
 	}
-	_ = unix.Flock(fd, unix.LOCK_UN) // none on a claim: a no-op
+	_ = filelock.Unlock(f) // none on a claim: a no-op
 }
 
 // lockStateDir locks the state directory (its lock file, created if
