@@ -21,7 +21,8 @@ import (
 
 // listeningFiles are duplicates of this process's descriptors of the TCP
 // sockets that listen on ports (as /proc/net/tcp and tcp6 and
-// /proc/self/fd tell), one or more per port.
+// /proc/self/fd tell), one or more per port. Once given to a child
+// (exec.Cmd.ExtraFiles), they go to shareListeners.
 func listeningFiles(t *testing.T, ports ...int) []*os.File {
 	t.Helper()
 	want := map[int]bool{}
@@ -77,6 +78,23 @@ func listeningFiles(t *testing.T, ports ...int) []*os.File {
 	return files
 }
 
+// shareListeners gives a child process (sharer) copies of the listening
+// sockets' descriptors files (listeningFiles), and closes files. The
+// child's start took them out of non-blocking mode (File.Fd), and with
+// them the listeners, whose open file descriptions they share: an
+// Accept would block in accept(2), and Close wait for it. A child forked
+// by another goroutine changes nothing: back as they were.
+func shareListeners(t *testing.T, files []*os.File) {
+	t.Helper()
+	sharer(t, files...)
+	for _, f := range files {
+		if err := unix.SetNonblock(int(f.Fd()), true); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+}
+
 // urlPort is the port of URL u (0: none).
 func urlPort(t *testing.T, u string) int {
 	t.Helper()
@@ -113,10 +131,7 @@ func TestPortsLetGoWhileAChildSharesThem(t *testing.T) {
 	}
 	bp, _ := strconv.Atoi(blockPort)
 	files := listeningFiles(t, urlPort(t, apiURL), bp)
-	sharer(t, files...)
-	for _, f := range files {
-		f.Close()
-	}
+	shareListeners(t, files)
 	r.halt(t)
 
 	r2 := start(t, cfg)
@@ -150,10 +165,7 @@ func TestReservedPortLetGoWhileAChildSharesIt(t *testing.T) {
 		t.Skipf("port %d taken meanwhile", port)
 	}
 	files := listeningFiles(t, port)
-	sharer(t, files...)
-	for _, f := range files {
-		f.Close()
-	}
+	shareListeners(t, files)
 	r.release(p)
 	owner, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 	if err != nil {

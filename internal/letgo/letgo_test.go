@@ -6,6 +6,8 @@ import (
 	"os"
 	"os/exec"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // shared starts a child process (cat) given a copy of ln's socket, as a
@@ -26,6 +28,13 @@ func shared(t *testing.T, ln net.Listener) {
 	}
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("no child process: %v", err)
+	}
+	// Start took f's descriptor out of non-blocking mode (File.Fd), and
+	// with it the listener's, whose open file description it shares: an
+	// Accept would block in accept(2), and Close wait for it. A child
+	// forked by another goroutine changes nothing: back as it was.
+	if err := unix.SetNonblock(int(f.Fd()), true); err != nil {
+		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		in.Close()
