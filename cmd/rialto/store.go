@@ -55,11 +55,11 @@ func lockSQLite(db string) (*os.File, error) {
 	return f, nil
 }
 
-// closeLock releases a lock lockSQLite took (nil: none).
+// closeLock releases a lock lockSQLite took (nil: none), though a child
+// process forked meanwhile shares it (filelock.Close): a server started
+// right after in this process (a restart) takes it.
 func closeLock(f *os.File) {
-	if f != nil {
-		f.Close()
-	}
+	_ = filelock.Close(f)
 }
 
 // dbName is db fit for logs and messages: a URL without its password

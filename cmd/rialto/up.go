@@ -155,7 +155,9 @@ func runUp(e *env, fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		defer lock.Close()
+		// Let go once the reaper of --replicas, which shares it, is
+		// dismissed: every return below stops the control plane first.
+		defer filelock.Close(lock)
 		st, err := loadUpState(*dir)
 		if err != nil {
 			return err
@@ -308,7 +310,7 @@ func runUp(e *env, fs *pflag.FlagSet) runFunc {
 }
 
 // lockStateDir takes an exclusive lock on dir/lock, so that two clusters
-// never share a state dir. Closing the file releases it. If the holder is
+// never share a state dir. filelock.Close releases it. If the holder is
 // the reaper of a killed `rialto up --replicas` (it says so in the file),
 // it waits, up to a minute, for the reaper to stop that run's PostgreSQL;
 // any other holder is an error at once.

@@ -22,6 +22,7 @@ import (
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/borrower"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/filelock"
 	"github.com/rialto-project/rialto/internal/pki"
 	"github.com/rialto-project/rialto/internal/resource"
 	"github.com/rialto-project/rialto/internal/vm"
@@ -154,7 +155,7 @@ func runVMRun(e *env, fs *pflag.FlagSet) runFunc {
 		// has a record) is refused rather than boot the disk twice.
 		lock, err := vm.Lock(f.stateDir, f.name)
 		if err == nil {
-			defer lock.Close()
+			defer filelock.Close(lock)
 			// The qemu of a supervisor killed a moment ago may still be
 			// shutting down (its parent-death signal).
 			if old, lerr := vm.LoadRecord(f.stateDir, f.name); lerr == nil && old.QEMURunning() {

@@ -24,6 +24,7 @@ import (
 	"github.com/rialto-project/rialto/internal/backoff"
 	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/httpx"
+	"github.com/rialto-project/rialto/internal/letgo"
 	"github.com/rialto-project/rialto/internal/metrics"
 	"github.com/rialto-project/rialto/internal/resource"
 )
@@ -376,7 +377,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := a.lockNICs(&locks); err != nil {
+	if err := a.lockNICs(ctx, &locks); err != nil {
 		return err
 	}
 	a.reserved.reserve(a.cfg.Listen, a.rememberedPorts(saved))
@@ -595,19 +596,21 @@ func (a *Agent) Run(ctx context.Context) error {
 }
 
 // listen binds the configured port, else the remembered one if it is
-// free, else any free port.
+// free, else any free port. The listener lets go of its port as it
+// closes, though a child process shares its socket (letgo): the next
+// agent (a restart in this process) binds the port again.
 func (a *Agent) listen(configured, remembered int) (net.Listener, error) {
 	if configured != 0 {
-		return net.Listen("tcp", net.JoinHostPort(a.cfg.Listen, strconv.Itoa(configured)))
+		return letgo.Listen("tcp", net.JoinHostPort(a.cfg.Listen, strconv.Itoa(configured)))
 	}
 	if remembered != 0 {
 		a.reserved.release(strconv.Itoa(remembered))
-		if ln, err := net.Listen("tcp", net.JoinHostPort(a.cfg.Listen, strconv.Itoa(remembered))); err == nil {
+		if ln, err := letgo.Listen("tcp", net.JoinHostPort(a.cfg.Listen, strconv.Itoa(remembered))); err == nil {
 			return ln, nil
 		}
 		a.log.Warn("remembered port is busy; using a new one", "port", remembered)
 	}
-	return net.Listen("tcp", net.JoinHostPort(a.cfg.Listen, "0"))
+	return letgo.Listen("tcp", net.JoinHostPort(a.cfg.Listen, "0"))
 }
 
 func (a *Agent) loadIdentity() error {

@@ -23,6 +23,7 @@ import (
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/gateway"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
+	"github.com/rialto-project/rialto/internal/letgo"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -313,13 +314,13 @@ func (p *gatewayPool) start(ctx context.Context, e Export, gc gwConfig, reg *pro
 	// if it can.
 	var ln net.Listener
 	if port := gatewayPort(e); port != "" {
-		if ln, err = net.Listen("tcp", net.JoinHostPort(p.host, port)); err != nil {
+		if ln, err = letgo.Listen("tcp", net.JoinHostPort(p.host, port)); err != nil {
 			p.log.Warn("cannot serve a restored gateway at its previous port", "gateway", name, "port", port, "err", err)
 			ln = nil
 		}
 	}
 	if ln == nil {
-		if ln, err = net.Listen("tcp", net.JoinHostPort(p.host, "0")); err != nil {
+		if ln, err = letgo.Listen("tcp", net.JoinHostPort(p.host, "0")); err != nil {
 			return nil, fmt.Errorf("accel: gateway listen: %w", err)
 		}
 	}

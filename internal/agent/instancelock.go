@@ -67,15 +67,30 @@ type instanceLocks struct {
 // until its exec closes its copy of the descriptor: closing ours alone
 // left the lock held while it did, and an agent started right after this
 // one returned (a restart within the process) was refused as if another
-// agent ran. LOCK_UN drops the lock whoever else shares the description.
+// agent ran. letGo drops each lock whoever else shares its description.
 // (A block device's O_EXCL claim has no such call: it goes with the last
 // descriptor; claimBlockDevice waits for a moment for it.)
 func (l *instanceLocks) release() {
 	for _, f := range l.files {
-		_ = unix.Flock(int(f.Fd()), unix.LOCK_UN) // none on a claim or a NIC's socket: a no-op
+		letGo(f)
 		f.Close()
 	}
 	l.files = nil
+}
+
+// letGo lets go of the lock f holds, however many descriptors share its
+// open file description: a flock is unlocked (LOCK_UN); a NIC's socket,
+// whose name only its last descriptor's close unbinds, is shut down,
+// which tells the next agent that it may have the name in a moment
+// (niclock.go). On a block device's claim it does nothing.
+func letGo(f *os.File) {
+	fd := int(f.Fd())
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFSOCK {
+		_ = unix.Shutdown(fd, unix.SHUT_RDWR)
+		return
+	}
+	_ = filelock.Unlock(f) // none on a claim: a no-op
 }
 
 // lockStateDir locks the state directory (its lock file, created if

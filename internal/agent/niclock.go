@@ -2,16 +2,19 @@ package agent
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/backoff"
 	"github.com/rialto-project/rialto/internal/filelock"
 )
 
@@ -31,6 +34,19 @@ import (
 // of this one) holds stops the start with ErrInUse, naming the NIC and,
 // where /proc tells, the holder's PID. `ss -xap | grep rialto/nic` lists
 // them with their processes.
+//
+// The name goes with the socket's last descriptor, though, not with the
+// agent's: a child process that any goroutine of the process forked (an
+// exec.Command) shares every descriptor until its exec closes its copies,
+// tens of milliseconds on a loaded machine, and no call unbinds a name.
+// So the socket also listens, and an agent that stops shuts it down
+// (shutdown(2), which acts on the socket whoever shares it) before it
+// closes it: a connection to the name is accepted (queued) while a
+// running agent holds it, and refused once that agent has let go. A start
+// that finds the name taken asks so: a lock that accepts is a running
+// agent's, refused at once; one that refuses (let go and shared for a
+// moment, or bound by a program that is no agent) is tried again for up
+// to claimSettle before the start stops.
 
 // nicLockName is the abstract socket name that locks the interface
 // ifname.
@@ -38,7 +54,7 @@ func nicLockName(ifname string) string { return "@rialto/nic/" + ifname }
 
 // lockNICs takes the lock of every configured NIC. Two devices on one
 // interface are a configuration error.
-func (a *Agent) lockNICs(l *instanceLocks) error {
+func (a *Agent) lockNICs(ctx context.Context, l *instanceLocks) error {
 	seen := map[string]string{}
 	for _, d := range a.cfg.Devices {
 		if d.Kind != api.KindNIC || d.Path == "" {
@@ -49,11 +65,15 @@ func (a *Agent) lockNICs(l *instanceLocks) error {
 		}
 		seen[d.Path] = d.Name
 		name := nicLockName(d.Path)
-		f, err := bindAbstract(name)
+		f, live, err := a.lockNIC(ctx, d.Name, name)
 		if err != nil {
-			if errors.Is(err, unix.EADDRINUSE) {
+			switch {
+			case errors.Is(err, unix.EADDRINUSE) && live:
 				return fmt.Errorf("agent: NIC %s (%s) is %w%s: two agents lending one interface would each configure it and lend its bandwidth twice; stop that agent, or lend this one another interface (it holds the socket %s)",
 					d.Name, d.Path, ErrInUse, filelock.HolderNote(abstractSocketHolder(name)), name)
+			case errors.Is(err, unix.EADDRINUSE):
+				return fmt.Errorf("agent: NIC %s (%s): the socket %s that locks it is still bound%s after %s, though no running agent holds it (a child process of an agent that stopped, not yet running its program, or a program that is no rialto agent): this agent does not configure the interface; start it again once that process has let go: %w",
+					d.Name, d.Path, name, filelock.HolderNote(abstractSocketHolder(name)), claimSettle, err)
 			}
 			return fmt.Errorf("agent: NIC %s: lock %s: %w", d.Name, d.Path, err)
 		}
@@ -62,9 +82,37 @@ func (a *Agent) lockNICs(l *instanceLocks) error {
 	return nil
 }
 
+// lockNIC binds the abstract name (of the NIC device) with bindAbstract.
+// A name taken but not by a running agent (nicLockLive) may be a
+// moment's: it is tried again for up to claimSettle, as
+// claimBlockDevice's claim is. live says the last refusal's holder was a
+// running agent's lock. The wait is real time, as the exec it waits for
+// is.
+func (a *Agent) lockNIC(ctx context.Context, device, name string) (f *os.File, live bool, err error) {
+	b := backoff.Backoff{Min: 5 * time.Millisecond, Max: 100 * time.Millisecond}
+	deadline := time.Now().Add(claimSettle)
+	for tries := 0; ; tries++ {
+		f, err = bindAbstract(name)
+		if !errors.Is(err, unix.EADDRINUSE) {
+			return f, false, err
+		}
+		if live = nicLockLive(name); live || time.Now().After(deadline) {
+			return nil, live, err
+		}
+		if tries == 0 {
+			a.log.Info("NIC lock let go but still bound, for now: trying again for a moment (the holder may be a child process of an agent that just stopped)",
+				"device", device, "socket", name, "for", claimSettle)
+		}
+		if werr := b.Wait(ctx); werr != nil {
+			return nil, false, err
+		}
+	}
+}
+
 // bindAbstract binds a new Unix socket to the abstract name (with its
-// leading "@"): an error wrapping EADDRINUSE if a socket of this network
-// namespace has it.
+// leading "@") and listens on it: an error wrapping EADDRINUSE if a
+// socket of this network namespace has the name. Nothing accepts: a
+// connection is only asked whether the lock is held (nicLockLive).
 func bindAbstract(name string) (*os.File, error) {
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -74,13 +122,37 @@ func bindAbstract(name string) (*os.File, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("bind %s: %w", name, err)
 	}
+	if err := unix.Listen(fd, 1); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("listen %s: %w", name, err)
+	}
 	return os.NewFile(uintptr(fd), name), nil
+}
+
+// nicLockLive reports whether the socket bound to the abstract name is a
+// running agent's lock: it accepts a connection (queues it, or has its
+// queue full). One shut down (by an agent that let it go: letGo), or
+// that does not listen, refuses it.
+func nicLockLive(name string) bool {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		return true // cannot tell: as held
+	}
+	defer unix.Close(fd)
+	for {
+		err = unix.Connect(fd, &unix.SockaddrUnix{Name: name})
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	return err == nil || errors.Is(err, unix.EAGAIN)
 }
 
 // abstractSocketHolder is the PID of a process with a descriptor of the
 // Unix socket bound to the abstract name, as /proc tells it (0: unknown):
 // the socket's inode from /proc/net/unix (this network namespace's), then
-// the process whose descriptor links to it.
+// the process whose descriptor links to it. The connections nicLockLive
+// left queued on the socket have its name too, and no descriptor.
 func abstractSocketHolder(name string) int {
 	f, err := os.Open("/proc/net/unix")
 	if err != nil {
@@ -88,19 +160,17 @@ func abstractSocketHolder(name string) int {
 	}
 	defer f.Close()
 	// Num RefCount Protocol Flags Type St Inode Path
-	var inode string
+	want := map[string]bool{}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fl := strings.Fields(sc.Text())
 		if len(fl) == 8 && fl[7] == name {
-			inode = fl[6]
-			break
+			want["socket:["+fl[6]+"]"] = true
 		}
 	}
-	if inode == "" {
+	if len(want) == 0 {
 		return 0
 	}
-	want := "socket:[" + inode + "]"
 	procs, err := os.ReadDir("/proc")
 	if err != nil {
 		return 0
@@ -116,7 +186,7 @@ func abstractSocketHolder(name string) int {
 			continue
 		}
 		for _, fd := range fds {
-			if l, err := os.Readlink(filepath.Join(dir, fd.Name())); err == nil && l == want {
+			if l, err := os.Readlink(filepath.Join(dir, fd.Name())); err == nil && want[l] {
 				return pid
 			}
 		}

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/rialto-project/rialto/internal/letgo"
 )
 
 // portReservations holds the ports a previous run of the agent served at
@@ -32,7 +34,9 @@ func (r *portReservations) reserve(host string, ports []string) {
 		if p == "" || p == "0" || r.lns[p] != nil {
 			continue
 		}
-		ln, err := net.Listen("tcp", net.JoinHostPort(host, p))
+		// Released by closing, right before the owner binds the port:
+		// a child process forked meanwhile must not keep it (letgo).
+		ln, err := letgo.Listen("tcp", net.JoinHostPort(host, p))
 		if err != nil {
 			continue
 		}

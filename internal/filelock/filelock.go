@@ -49,6 +49,34 @@ func TryLock(f *os.File) error {
 	}
 }
 
+// Unlock lets go of the lock f holds (LOCK_UN), whoever else shares its
+// open file description: a child process forked meanwhile (by any
+// goroutine: an exec.Command) shares it until its exec closes its copy,
+// and the lock went with the last copy's close, not with f's. A lock
+// shared on purpose with a child that holds it after this process (a
+// reaper's) is the child's too: unlock it only once the child is done.
+func Unlock(f *os.File) error {
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_UN)
+		if !errors.Is(err, unix.EINTR) {
+			if err != nil {
+				return fmt.Errorf("filelock: unlock %s: %w", f.Name(), err)
+			}
+			return nil
+		}
+	}
+}
+
+// Close lets go of the lock f holds (Unlock) and closes f; nil does
+// nothing. This, not f.Close, releases a lock: see Unlock.
+func Close(f *os.File) error {
+	if f == nil {
+		return nil
+	}
+	uerr := Unlock(f)
+	return errors.Join(uerr, f.Close())
+}
+
 // Open opens path (creating it, mode 0600) and locks it without waiting.
 // A lock another holds is a *HeldError; the file is then closed.
 func Open(path string) (*os.File, error) {

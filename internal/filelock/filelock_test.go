@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -49,5 +50,46 @@ func TestHolderOfAnUnlockedFile(t *testing.T) {
 	defer f.Close()
 	if pid, shared := Holder(f); pid != 0 || shared {
 		t.Errorf("Holder of an unlocked file: %d, %v", pid, shared)
+	}
+}
+
+// TestCloseLetsGoWhileAChildSharesIt: a lock Close let go is another's at
+// once, though a child process (cat, given a copy of the descriptor, as a
+// child forked by any goroutine has one until its exec) still shares its
+// open file description. Closing the file alone left the lock with the
+// child: the next Open of the process was refused as if another held it.
+func TestCloseLetsGoWhileAChildSharesIt(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "lock")
+	f, err := Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("cat")
+	cmd.ExtraFiles = []*os.File{f}
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("no child process: %v", err)
+	}
+	defer func() {
+		in.Close()
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("the child sharing the lock: %v", err)
+		}
+	}()
+	if err := Close(f); err != nil {
+		t.Fatal(err)
+	}
+	g, err := Open(p)
+	if err != nil {
+		t.Fatalf("the lock Close let go, a child sharing it: %v", err)
+	}
+	if err := Close(g); err != nil {
+		t.Fatal(err)
+	}
+	if err := Close(nil); err != nil {
+		t.Errorf("Close(nil): %v", err)
 	}
 }

@@ -578,7 +578,7 @@ func lockFile(ctx context.Context, path string) (func(), error) {
 	if err != nil {
 		return nil, fmt.Errorf("netns: lock: %w", err)
 	}
-	return func() { f.Close() }, nil
+	return func() { _ = filelock.Close(f) }, nil
 }
 
 // ParseRate converts a tc rate ("400mbit", "1gbit", "10mbps", "125000bps",

@@ -25,6 +25,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/rialto-project/rialto/internal/filelock"
 )
 
 // File names in a CA directory and in a certificate directory written by
@@ -212,7 +214,7 @@ func lockDir(dir string) (func(), error) {
 		f.Close()
 		return nil, fmt.Errorf("pki: lock %s: %w", dir, err)
 	}
-	return func() { f.Close() }, nil
+	return func() { _ = filelock.Close(f) }, nil
 }
 
 // newCACert makes a CA key and self-signed certificate.

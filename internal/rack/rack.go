@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/filelock"
 	"github.com/rialto-project/rialto/internal/netns"
 	"github.com/rialto-project/rialto/internal/pki"
 	"github.com/rialto-project/rialto/internal/resource"
@@ -859,9 +860,9 @@ func (r *Rack) close() error {
 			errs = append(errs, err)
 		}
 	}
-	if r.lock != nil {
-		r.lock.Close()
-	}
+	// The reaper, which shares the lock, is gone: let go of it, though
+	// a child process forked meanwhile shares it too.
+	_ = filelock.Close(r.lock)
 	return errors.Join(errs...)
 }
 

@@ -401,7 +401,8 @@ func TestRack(t *testing.T) {
 // TestStartRemovesLeftovers: a lab recorded in the state dir by a run whose
 // process and reaper both died is removed, with the process inside it, by
 // the next Start, which gets the same subnet; a second rack on the same
-// state dir is refused; Close clears the record and the lock.
+// state dir is refused; Close clears the record and the lock, though a
+// child process shares the lock's descriptor.
 func TestStartRemovesLeftovers(t *testing.T) {
 	bin := needRack(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -449,6 +450,24 @@ func TestStartRemovesLeftovers(t *testing.T) {
 	if _, err := Start(ctx, Config{Binary: bin, StateDir: dir}); !errors.Is(err, ErrInUse) {
 		t.Errorf("second rack on the state dir: %v", err)
 	}
+	// A child process shares the lock's descriptor, as one that any
+	// goroutine forks does until its exec: Close lets go of the lock all
+	// the same (closing the file alone left it with the child).
+	sharer := exec.Command("cat")
+	sharer.ExtraFiles = []*os.File{r.lock}
+	sharerIn, err := sharer.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sharer.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		sharerIn.Close()
+		if err := sharer.Wait(); err != nil {
+			t.Errorf("the child sharing the lock: %v", err)
+		}
+	}()
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}

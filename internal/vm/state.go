@@ -64,8 +64,9 @@ const (
 // one VM (one disk under two guests, one QMP socket path), and whatever a
 // killed supervisor left in the directory (its composed disk's socket) is
 // known to be nobody's once the lock is taken. The kernel releases it when
-// the holder exits, however it exits; Close releases it too. A lock held
-// by another process is ErrInUse, naming it.
+// the holder exits, however it exits; filelock.Close releases it too (the
+// file's Close alone leaves it with a child process forked meanwhile,
+// until its exec). A lock held by another process is ErrInUse, naming it.
 func Lock(stateDir, name string) (*os.File, error) {
 	dir, err := VMDir(stateDir, name)
 	if err != nil {

@@ -232,7 +232,7 @@ func Attach(ctx context.Context, cfg Config) (_ *Interface, err error) {
 	}
 	if err := i.configure(firstM, w); err != nil {
 		first.close(ErrClosed)
-		i.tun.Close()
+		_ = closeTUN(i.tun, cfg.Name)
 		return nil, err
 	}
 	rctx, cancel := context.WithCancel(context.Background())
@@ -414,7 +414,7 @@ func (i *Interface) droppedCount() int {
 func (i *Interface) Close() error {
 	i.once.Do(func() {
 		i.cancel()
-		_ = i.tun.Close() // ends upLoop's read
+		_ = closeTUN(i.tun, i.cfg.Name) // ends upLoop's read; deletes the interface
 		for _, m := range i.members {
 			m.mu.Lock()
 			s := m.sess

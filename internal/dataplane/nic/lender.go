@@ -219,15 +219,15 @@ func (l *Lender) AddLease(ctx context.Context, spec LeaseSpec) error {
 	}
 	ls.tun = tun
 	if _, err := linkUp(ls.tunName, l.mtu, 256); err != nil {
-		tun.Close()
+		_ = closeTUN(tun, ls.tunName)
 		return err
 	}
 	if err := l.host.syncRoutes(); err != nil {
-		tun.Close()
+		_ = closeTUN(tun, ls.tunName)
 		return err
 	}
 	if err := l.host.addTUN(ctx, ls.tunName, addr); err != nil {
-		tun.Close()
+		_ = closeTUN(tun, ls.tunName)
 		return err
 	}
 	ls.done = make(chan struct{})
@@ -340,7 +340,7 @@ func (ls *lease) end(ctx context.Context) {
 		s.close(fmt.Errorf("%w: lease %s ended", ErrGone, ls.spec.ID))
 	}
 	ls.l.host.removeTUN(ctx, ls.tunName)
-	_ = ls.tun.Close() // deletes the interface and its routes
+	_ = closeTUN(ls.tun, ls.tunName) // deletes the interface and its routes
 }
 
 // Lease returns a lease's state.

@@ -14,6 +14,7 @@ import (
 // returns it as a pollable file: Read and Write carry one IP packet each,
 // and Close unblocks a pending Read. The interface is not persistent: it
 // disappears with the last descriptor, so a crashed process leaves none.
+// closeTUN, not Close, ends it: see there.
 func openTUN(name string) (*os.File, error) {
 	if len(name) == 0 || len(name) >= unix.IFNAMSIZ {
 		return nil, fmt.Errorf("nic: interface name %q (1..%d bytes)", name, unix.IFNAMSIZ-1)
@@ -34,6 +35,36 @@ func openTUN(name string) (*os.File, error) {
 		return nil, fmt.Errorf("nic: TUNSETIFF %s: %w", name, e)
 	}
 	return os.NewFile(uintptr(fd), "/dev/net/tun:"+name), nil
+}
+
+// closeTUN closes the TUN interface f (named name) and deletes it. Its
+// descriptor's close alone does not, for a moment: the interface goes
+// with the last descriptor of its open file description, which a child
+// process that any goroutine forked (an nft, an exec.Command) shares until
+// its exec closes its copy, tens of milliseconds on a loaded machine.
+// Meanwhile the interface kept its address and routes, and opening it
+// again (the lease served again: restored by the next agent of the
+// process, or attached again) failed with EBUSY. So the interface is
+// deleted (netlink) once f is closed, through a duplicate of the
+// descriptor taken first, which keeps the name this interface's until
+// then; a pending Read returns os.ErrClosed as after Close.
+func closeTUN(f *os.File, name string) error {
+	dup := -1
+	if rc, err := f.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) {
+			if d, err := unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0); err == nil {
+				dup = d
+			}
+		})
+	}
+	err := f.Close()
+	if dup >= 0 {
+		if l, lerr := netlink.LinkByName(name); lerr == nil {
+			_ = netlink.LinkDel(l)
+		}
+		_ = unix.Close(dup)
+	}
+	return err
 }
 
 // linkUp sets the interface's MTU and a short transmit queue (the queue

@@ -23,6 +23,7 @@ import (
 	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
+	"github.com/rialto-project/rialto/internal/letgo"
 	"github.com/rialto-project/rialto/internal/metrics"
 )
 
@@ -227,7 +228,10 @@ func New(cfg Config) (*Appliance, error) {
 		if cfg.BasePort > 0 {
 			port = cfg.BasePort + i
 		}
-		ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(port)))
+		// A slot's port is bound again where a lease was served
+		// (Rebind, by the next agent): its listener lets go of it as it
+		// closes, though a child process shares the socket.
+		ln, err := letgo.Listen("tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(port)))
 		if err != nil {
 			a.closeListeners()
 			return nil, fmt.Errorf("appliance: slot %d listen: %w", i, err)
@@ -245,7 +249,7 @@ func New(cfg Config) (*Appliance, error) {
 		}
 	}
 	if cfg.ManagementAddr != "" {
-		ln, err := net.Listen("tcp", cfg.ManagementAddr)
+		ln, err := letgo.Listen("tcp", cfg.ManagementAddr)
 		if err != nil {
 			a.closeListeners()
 			return nil, fmt.Errorf("appliance: management listen: %w", err)
@@ -310,7 +314,7 @@ func (a *Appliance) Rebind(id int, addr string) error {
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", addr)
+	ln, err := letgo.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("appliance: slot %d rebind: %w", id, err)
 	}
