@@ -1,10 +1,10 @@
 package main
 
 import (
-	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/rialto-project/rialto/internal/sharertest"
 )
 
 // TestSQLiteLockLetGoWhileAChildSharesIt: the SQLite database's lock a
@@ -19,21 +19,7 @@ func TestSQLiteLockLetGoWhileAChildSharesIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("cat")
-	cmd.ExtraFiles = []*os.File{f}
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("no child process: %v", err)
-	}
-	defer func() {
-		in.Close()
-		if err := cmd.Wait(); err != nil {
-			t.Errorf("the child sharing the lock: %v", err)
-		}
-	}()
+	sharertest.Share(t, f)
 	closeLock(f)
 	g, err := lockSQLite(db)
 	if err != nil {

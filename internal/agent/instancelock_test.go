@@ -7,17 +7,16 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/loopdevtest"
+	"github.com/rialto-project/rialto/internal/sharertest"
 )
 
 // TestDeviceSharedLockRefused: a block device another program holds a
@@ -66,35 +65,6 @@ func TestDeviceSharedLockRefused(t *testing.T) {
 	}
 }
 
-// sharer is a child process given copies of descriptors: it stands for a
-// child that another goroutine of the process forked while they were open,
-// which shares their open file descriptions until its exec closes its
-// copies (tens of milliseconds on a loaded machine), for as long as the
-// test needs. end ends it.
-func sharer(t *testing.T, files ...*os.File) (end func()) {
-	t.Helper()
-	cmd := exec.Command("cat")
-	cmd.ExtraFiles = files
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Skipf("no child process: %v", err)
-	}
-	var once sync.Once
-	end = func() {
-		once.Do(func() {
-			in.Close()
-			if err := cmd.Wait(); err != nil {
-				t.Errorf("the child sharing the descriptors: %v", err)
-			}
-		})
-	}
-	t.Cleanup(end)
-	return end
-}
-
 // TestLocksLetGoWhileAChildSharesThem: an agent's locks (its state
 // directory's, its block device file's) are let go when it stops, though
 // a child process shares their open file descriptions: an agent started
@@ -117,7 +87,7 @@ func TestLocksLetGoWhileAChildSharesThem(t *testing.T) {
 		held.release()
 		t.Fatal(err)
 	}
-	sharer(t, held.files...)
+	sharertest.Share(t, held.files...)
 	held.release()
 	start(t, cfg)
 }
@@ -153,7 +123,7 @@ func TestClaimWaitsForAChildsCopy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	end := sharer(t, x)
+	end := sharertest.Share(t, x)
 	x.Close()
 
 	_, srv := newFakeCP(t)

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/sharertest"
 )
 
 // TestSecondAgentOnLentNICRefused: a NIC an agent lends (its lock held,
@@ -91,7 +92,7 @@ func TestNICLockLetGoWhileAChildSharesIt(t *testing.T) {
 	if err := first.lockNICs(ctxFor(t), &held); err != nil {
 		t.Fatal(err)
 	}
-	end := sharer(t, held.files...)
+	end := sharertest.Share(t, held.files...)
 	held.release()
 
 	cfg := nicCfg()

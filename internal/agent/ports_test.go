@@ -17,6 +17,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/metrics"
+	"github.com/rialto-project/rialto/internal/sharertest"
 )
 
 // listeningFiles are duplicates of this process's descriptors of the TCP
@@ -86,7 +87,7 @@ func listeningFiles(t *testing.T, ports ...int) []*os.File {
 // by another goroutine changes nothing: back as they were.
 func shareListeners(t *testing.T, files []*os.File) {
 	t.Helper()
-	sharer(t, files...)
+	sharertest.Share(t, files...)
 	for _, f := range files {
 		if err := unix.SetNonblock(int(f.Fd()), true); err != nil {
 			t.Fatal(err)

@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/rialto-project/rialto/internal/sharertest"
 )
 
 func TestOpenExcludesAndNamesTheHolder(t *testing.T) {
@@ -64,21 +65,7 @@ func TestCloseLetsGoWhileAChildSharesIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("cat")
-	cmd.ExtraFiles = []*os.File{f}
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("no child process: %v", err)
-	}
-	defer func() {
-		in.Close()
-		if err := cmd.Wait(); err != nil {
-			t.Errorf("the child sharing the lock: %v", err)
-		}
-	}()
+	sharertest.Share(t, f)
 	if err := Close(f); err != nil {
 		t.Fatal(err)
 	}

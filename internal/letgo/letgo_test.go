@@ -4,9 +4,9 @@ import (
 	"errors"
 	"net"
 	"os"
-	"os/exec"
 	"testing"
 
+	"github.com/rialto-project/rialto/internal/sharertest"
 	"golang.org/x/sys/unix"
 )
 
@@ -20,15 +20,7 @@ func shared(t *testing.T, ln net.Listener) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	cmd := exec.Command("cat")
-	cmd.ExtraFiles = []*os.File{f}
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("no child process: %v", err)
-	}
+	sharertest.Share(t, f)
 	// Start took f's descriptor out of non-blocking mode (File.Fd), and
 	// with it the listener's, whose open file description it shares: an
 	// Accept would block in accept(2), and Close wait for it. A child
@@ -36,12 +28,6 @@ func shared(t *testing.T, ln net.Listener) {
 	if err := unix.SetNonblock(int(f.Fd()), true); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		in.Close()
-		if err := cmd.Wait(); err != nil {
-			t.Errorf("the child sharing the socket: %v", err)
-		}
-	})
 }
 
 // TestPortLetGoWhileAChildSharesIt: the port of a listener closed while a

@@ -20,6 +20,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/netns"
+	"github.com/rialto-project/rialto/internal/sharertest"
 	"golang.org/x/sys/unix"
 )
 
@@ -453,21 +454,7 @@ func TestStartRemovesLeftovers(t *testing.T) {
 	// A child process shares the lock's descriptor, as one that any
 	// goroutine forks does until its exec: Close lets go of the lock all
 	// the same (closing the file alone left it with the child).
-	sharer := exec.Command("cat")
-	sharer.ExtraFiles = []*os.File{r.lock}
-	sharerIn, err := sharer.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sharer.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		sharerIn.Close()
-		if err := sharer.Wait(); err != nil {
-			t.Errorf("the child sharing the lock: %v", err)
-		}
-	}()
+	sharertest.Share(t, r.lock)
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}

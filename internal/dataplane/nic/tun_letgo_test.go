@@ -2,12 +2,13 @@ package nic
 
 import (
 	"os"
-	"os/exec"
 	"runtime"
 	"testing"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/rialto-project/rialto/internal/sharertest"
 )
 
 // TestTUNLetGoWhileAChildSharesIt: a TUN interface closeTUN closed is
@@ -32,21 +33,7 @@ func TestTUNLetGoWhileAChildSharesIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("cat")
-	cmd.ExtraFiles = []*os.File{f}
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("no child process: %v", err)
-	}
-	defer func() {
-		in.Close()
-		if err := cmd.Wait(); err != nil {
-			t.Errorf("the child sharing the interface: %v", err)
-		}
-	}()
+	sharertest.Share(t, f)
 	if err := closeTUN(f, name); err != nil {
 		t.Fatal(err)
 	}
