@@ -12,16 +12,14 @@ import (
 	"github.com/rialto-project/rialto/internal/sharertest"
 )
 
-// TestSecondAgentOnLentNICRefused: a NIC an agent lends (its lock held,
-// as a running agent holds it) is refused to a second agent on another
-// state directory, naming the NIC and the process holding it, before the
-// second opens (configures) anything. Once the first lets go, the second
-// gets past the lock. Two devices of one agent on one interface are a
-// configuration error.
-func TestSecondAgentOnLentNICRefused(t *testing.T) {
+// lentNIC is the config of an agent lending a NIC, iface (prefix and a
+// number: no such interface, nothing opens it), and the locks a first
+// agent of it holds on the NIC.
+func lentNIC(t *testing.T, prefix string) (nicCfg func() Config, held *instanceLocks, iface string) {
+	t.Helper()
 	_, srv := newFakeCP(t)
-	iface := fmt.Sprintf("rt-lock%d", os.Getpid()%100000) // no such interface: nothing opens it
-	nicCfg := func() Config {
+	iface = fmt.Sprintf("%s%d", prefix, os.Getpid()%100000)
+	nicCfg = func() Config {
 		cfg := testConfig(srv.URL, t.TempDir())
 		cfg.Devices = append(cfg.Devices, DeviceConfig{Name: "wan", Kind: api.KindNIC, Path: iface, Size: 1 << 20})
 		return cfg
@@ -30,17 +28,28 @@ func TestSecondAgentOnLentNICRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var held instanceLocks
-	if err := first.lockNICs(ctxFor(t), &held); err != nil {
+	held = new(instanceLocks)
+	if err := first.lockNICs(ctxFor(t), held); err != nil {
 		t.Fatal(err)
 	}
+	return nicCfg, held, iface
+}
+
+// TestSecondAgentOnLentNICRefused: a NIC an agent lends (its lock held,
+// as a running agent holds it) is refused to a second agent on another
+// state directory, naming the NIC and the process holding it, before the
+// second opens (configures) anything. Once the first lets go, the second
+// gets past the lock. Two devices of one agent on one interface are a
+// configuration error.
+func TestSecondAgentOnLentNICRefused(t *testing.T) {
+	nicCfg, held, iface := lentNIC(t, "rt-lock")
 	defer held.release()
 
 	// A running agent's lock is refused at once, not tried again.
 	cfg := nicCfg()
 	log := recorder{msgs: make(chan string, 64)}
 	cfg.Logger = slog.New(log)
-	err = refusedStart(t, cfg)
+	err := refusedStart(t, cfg)
 	if !errors.Is(err, ErrInUse) {
 		t.Fatalf("a second agent lending %s: %v, want ErrInUse", iface, err)
 	}
@@ -77,21 +86,7 @@ const nicRetried = "NIC lock let go but still bound, for now"
 // agent of the process (a restart in the test cluster) was refused at
 // once as if another agent lent the NIC.
 func TestNICLockLetGoWhileAChildSharesIt(t *testing.T) {
-	_, srv := newFakeCP(t)
-	iface := fmt.Sprintf("rt-let%d", os.Getpid()%100000) // no such interface: nothing opens it
-	nicCfg := func() Config {
-		cfg := testConfig(srv.URL, t.TempDir())
-		cfg.Devices = append(cfg.Devices, DeviceConfig{Name: "wan", Kind: api.KindNIC, Path: iface, Size: 1 << 20})
-		return cfg
-	}
-	first, err := New(nicCfg())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var held instanceLocks
-	if err := first.lockNICs(ctxFor(t), &held); err != nil {
-		t.Fatal(err)
-	}
+	nicCfg, held, _ := lentNIC(t, "rt-let")
 	end := sharertest.Share(t, held.files...)
 	held.release()
 
