@@ -228,22 +228,7 @@ func TestDamagedPreviousCredentialsRejoin(t *testing.T) {
 	for i := 4; i <= 9; i++ {
 		damaged = append(damaged, gone(i))
 	}
-	path := filepath.Join(n.StateDir, "identity.json")
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var raw map[string]any
-	if err := json.Unmarshal(b, &raw); err != nil {
-		t.Fatal(err)
-	}
-	raw["previous_credentials"] = damaged
-	if b, err = json.Marshal(raw); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	editIdentity(t, n.StateDir, func(idf map[string]any) { idf["previous_credentials"] = damaged })
 	restoreDB(t, c, backup)
 
 	var tries atomic.Int32

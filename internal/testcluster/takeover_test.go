@@ -252,7 +252,19 @@ func TestTLSRestartWithStateRejoinsAtOnce(t *testing.T) {
 
 	// Without the credential (its certificate, still valid, proves it).
 	n.Kill()
-	path := filepath.Join(n.StateDir, "identity.json")
+	editIdentity(t, n.StateDir, func(idf map[string]any) { delete(idf, "credential") })
+	n.Restart()
+	check("a restart without the credential, with the certificate")
+	if s := c.NodeState(id); s != api.NodeReady {
+		t.Fatalf("node %s", s)
+	}
+}
+
+// editIdentity rewrites the identity.json of the agent state directory
+// dir (its agent stopped) with edit applied to its fields.
+func editIdentity(t *testing.T, dir string, edit func(idf map[string]any)) {
+	t.Helper()
+	path := filepath.Join(dir, "identity.json")
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -261,16 +273,11 @@ func TestTLSRestartWithStateRejoinsAtOnce(t *testing.T) {
 	if err := json.Unmarshal(b, &idf); err != nil {
 		t.Fatal(err)
 	}
-	delete(idf, "credential")
+	edit(idf)
 	if b, err = json.Marshal(idf); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(path, b, 0o600); err != nil {
 		t.Fatal(err)
-	}
-	n.Restart()
-	check("a restart without the credential, with the certificate")
-	if s := c.NodeState(id); s != api.NodeReady {
-		t.Fatalf("node %s", s)
 	}
 }
