@@ -587,6 +587,36 @@ type Heartbeat struct {
 	// Check is the HeartbeatResponse.Check of the last answer the agent
 	// read before it made this heartbeat's lists (empty: none yet).
 	Check string `json:"check,omitempty"`
+	// Exports lists, with ExportsComplete, every export of the leases in
+	// Leases, by part: the control plane then checks the parts it places
+	// here one by one (a lease with two parts here whose lender serves
+	// one is not served, for that check), and may adopt an export of an
+	// active lease it places elsewhere, whose recorded lender does not
+	// serve it (docs/operations.md, "Backups and restore"). Without
+	// ExportsComplete (an older agent) the check is per lease.
+	Exports         []ServedExport `json:"exports,omitempty"`
+	ExportsComplete bool           `json:"exports_complete,omitempty"`
+}
+
+// ServedExport is an export a lender holds for a part of a lease (served,
+// or held until confirmed or stopped at its expiry), as its heartbeat
+// lists it (Heartbeat.Exports).
+type ServedExport struct {
+	LeaseID  string `json:"lease_id"`
+	DeviceID string `json:"device_id"`
+	Offset   int64  `json:"offset"`
+	Length   int64  `json:"length"`
+	// Move is the move that brought the part here (PrepareRequest.Move),
+	// for an export a move brought: its URI is listed too. Empty for a
+	// prepared export.
+	Move string `json:"move,omitempty"`
+	// URI, for an export a move brought, is where the lender serves it.
+	// It embeds the export's name, derived from the lease's credential
+	// and the move, so it is a secret like the lease's own, and proves
+	// that a control plane gave the lender the part: the control plane
+	// adopts an export only if its name is the one it derives for the part
+	// and Move (docs/operations.md, "Backups and restore").
+	URI string `json:"uri,omitempty"`
 }
 
 // DeviceCounters is an agent's running count of one device's data-plane
@@ -761,6 +791,11 @@ type PrepareRequest struct {
 	// confirm): a teardown of an earlier placement (TeardownRequest)
 	// leaves this export alone. 0: unknown (an older control plane).
 	Placement int `json:"placement,omitempty"`
+	// Move is the move (its ID: TransferInRequest.ID) that brought the
+	// part to the lender, whose export name derives from it; the
+	// destination of a move sets it from the transfer, and lists it in
+	// its heartbeats (ServedExport.Move). Empty for a prepared export.
+	Move string `json:"move,omitempty"`
 }
 
 // LeaseExpiry is a lease a lender serves that the control plane still
@@ -776,6 +811,12 @@ type LeaseExpiry struct {
 	// (a control plane older than this field): every export of the lease
 	// is wanted.
 	Parts []PartRef `json:"parts,omitempty"`
+	// Doubt are ranges of the lease the lender holds that the control
+	// plane does not place there but may adopt (Heartbeat.Exports: a
+	// database restored from a backup taken before the part moved here):
+	// the lender keeps them as they are, neither served anew nor torn
+	// down, until an answer lists them in Parts or leaves them out.
+	Doubt []PartRef `json:"doubt,omitempty"`
 }
 
 // PrepareResponse is the lender's confirmation.

@@ -232,6 +232,38 @@ func (a *Agent) leasesLocked() []string {
 	return out
 }
 
+// exportsLocked lists the exports of leasesLocked's leases, by part (api.
+// Heartbeat.Exports): those a move brought with the move and the address
+// they are served at, which a control plane whose database does not know
+// the move may adopt them with; a.mu is held.
+func (a *Agent) exportsLocked() []api.ServedExport {
+	out := make([]api.ServedExport, 0, len(a.exports))
+	for _, e := range a.exports {
+		if e.incoming {
+			continue
+		}
+		r := e.Request
+		x := api.ServedExport{LeaseID: r.LeaseID, DeviceID: r.DeviceID, Offset: r.Offset, Length: r.Length, Move: r.Move}
+		if r.Move != "" {
+			x.URI = e.URI
+			if e.Moved != "" {
+				x.URI = e.Moved
+			}
+		}
+		out = append(out, x)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].LeaseID != out[j].LeaseID {
+			return out[i].LeaseID < out[j].LeaseID
+		}
+		if out[i].DeviceID != out[j].DeviceID {
+			return out[i].DeviceID < out[j].DeviceID
+		}
+		return out[i].Offset < out[j].Offset
+	})
+	return out
+}
+
 // movedLocked lists the exports served at another address than their
 // lease's URI; a.mu is held.
 func (a *Agent) movedLocked() []api.MovedExport {
@@ -1044,7 +1076,8 @@ func (a *Agent) heartbeatLoop(ctx context.Context, firstDone func()) {
 // links and the leases it holds exports of (all of them, with the ranges
 // it wipes and the exports it lost: api.Heartbeat.LeasesComplete, made
 // after it read the last answer, whose check it sends back, so that the
-// control plane may take a lease they do not list as not served here),
+// control plane may take a lease they do not list as not served here;
+// and the exports of those leases, by part: api.Heartbeat.Exports),
 // tears down what the answer
 // lists, serves the held exports the answer confirms, records the leases'
 // expiries, stops serving any export whose lease's known expiry has passed
@@ -1071,6 +1104,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	cpRTT, cpUp := a.cpRTT, a.cpUp
 	measured := !a.lastBeatAt.IsZero()
 	leases := a.leasesLocked()
+	exports := a.exportsLocked()
 	wiping := a.wipingLocked() // with the leases: a range leaves one for the other under a.mu
 	moved := a.movedLocked()
 	lost := a.lostLocked()
@@ -1084,7 +1118,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 		return ErrNotJoined
 	}
 	hb := api.Heartbeat{Health: a.health(), Leases: leases, Wiping: wiping, Moved: moved, Lost: lost, Links: a.probePeers(ctx, a.probeRound(peers)), Usage: a.usage(),
-		CRLNumber: a.crlNumber(), Version: a.cfg.Version, LeasesComplete: true, Check: check}
+		CRLNumber: a.crlNumber(), Version: a.cfg.Version, LeasesComplete: true, Check: check, Exports: exports, ExportsComplete: true}
 	if measured && cpUp {
 		hb.Links = append(hb.Links, api.LinkReport{To: "controlplane", RTTMicros: cpRTT, Up: true})
 	}

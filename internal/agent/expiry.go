@@ -128,8 +128,10 @@ func (a *Agent) stopServing(ctx context.Context, drv Driver, e Export) (Export, 
 // reconcile applies a heartbeat answer's leases: their expiries (cpNow is
 // the control plane's clock in the answer, sent the agent's clock when
 // the heartbeat left), and the confirmation of held or suspended exports
-// whose lease has not expired. Expiries are kept in memory only: a restart
-// holds every export until the next answer brings them again. The answer
+// whose lease has not expired; an export whose range the answer lists in
+// its lease's Doubt is left as it is (api.LeaseExpiry.Doubt). Expiries
+// are kept in memory only: a restart holds every export until the next
+// answer brings them again. The answer
 // judges only the exports prepared before the heartbeat left
 // (Export.prepared ≤ mark): it may have been computed before a later
 // prepare was sent, so it neither drops such an export for a range it does
@@ -142,6 +144,7 @@ func (a *Agent) reconcile(ctx context.Context, leases []api.LeaseExpiry, cpNow, 
 	}
 	wanted := make(map[string]time.Time, len(leases))
 	ranges := map[string]map[api.PartRef]bool{} // lease → the ranges wanted here (absent: all)
+	doubt := map[string]map[api.PartRef]bool{}  // lease → the ranges to leave as they are
 	for _, l := range leases {
 		wanted[l.ID] = localExpiry(l.ExpiresAt, cpNow, sent)
 		if l.Parts != nil {
@@ -150,6 +153,12 @@ func (a *Agent) reconcile(ctx context.Context, leases []api.LeaseExpiry, cpNow, 
 				set[p] = true
 			}
 			ranges[l.ID] = set
+		}
+		for _, p := range l.Doubt {
+			if doubt[l.ID] == nil {
+				doubt[l.ID] = map[api.PartRef]bool{}
+			}
+			doubt[l.ID][p] = true
 		}
 	}
 	a.opMu.Lock()
@@ -163,6 +172,12 @@ func (a *Agent) reconcile(ctx context.Context, leases []api.LeaseExpiry, cpNow, 
 		if !ok || e.prepared > mark {
 			// Not listed, or prepared after the heartbeat left (a
 			// placement the answer may not know of yet).
+			continue
+		}
+		if doubt[e.Request.LeaseID][partRef(e.Request)] && !ranges[e.Request.LeaseID][partRef(e.Request)] {
+			// The control plane does not place it here, and may adopt
+			// it (its database restored from an older backup): left as
+			// it is until an answer says.
 			continue
 		}
 		if set, ok := ranges[e.Request.LeaseID]; ok && !e.incoming && !set[partRef(e.Request)] {

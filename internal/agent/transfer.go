@@ -358,6 +358,11 @@ func (a *Agent) ReceiveTransfer(ctx context.Context, req api.TransferInRequest) 
 	exp := requestExpiry(req.ExpiresAt, req.Now, now, part.TimeoutSeconds)
 	part.ExpiresAt = requestExpiry(part.ExpiresAt, part.Now, now, part.TimeoutSeconds)
 	part.Now, part.TimeoutSeconds = time.Time{}, 0
+	// The part's export name derives from the move (the transfer's ID):
+	// kept with the export, and listed in heartbeats, so that a control
+	// plane whose database does not know the move (restored from an
+	// older backup) can check the name (api.ServedExport).
+	part.Move = req.ID
 	if exp.IsZero() {
 		exp = now.Add(time.Hour)
 	}

@@ -67,6 +67,8 @@ func (s *Server) apply(ctx context.Context, l api.Lease, ev lifecycle.Event) (ap
 		case lifecycle.EndMove:
 			s.endMove(ctx, a)
 			continue
+		case lifecycle.AdoptPart:
+			out, werr = s.adoptPart(ctx, a)
 		default:
 			rest = append(rest, s.effects(ctx, next, a)...)
 			continue

@@ -234,6 +234,10 @@ func (s *Server) wrap(rt route) http.Handler {
 // maxBody is the request-body limit.
 const maxBody = 1 << 20
 
+// maxHeartbeatBody is a heartbeat's: it lists a lender's exports by part
+// (api.Heartbeat.Exports), up to 65536 of them.
+const maxHeartbeatBody = 16 << 20
+
 // defaultBodyTimeout is Config.BodyTimeout's default.
 const defaultBodyTimeout = 30 * time.Second
 
@@ -294,12 +298,17 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 // refused: which of the two counts differs between parsers, and a proxy or
 // an audit log that reads the other could be fooled.
 func decode(w http.ResponseWriter, r *http.Request, allowEmpty bool, v any) error {
+	return decodeLimit(w, r, allowEmpty, maxBody, v)
+}
+
+// decodeLimit is decode with a body limit of limit bytes.
+func decodeLimit(w http.ResponseWriter, r *http.Request, allowEmpty bool, limit int64, v any) error {
 	var body bytes.Buffer
 	r.Body = struct {
 		io.Reader
 		io.Closer
 	}{io.TeeReader(r.Body, &body), r.Body}
-	err := httpx.DecodeJSON(w, r, maxBody, v)
+	err := httpx.DecodeJSON(w, r, limit, v)
 	if allowEmpty && errors.Is(err, httpx.ErrEmptyBody) {
 		return nil
 	}
@@ -401,7 +410,7 @@ func (s *Server) hHeartbeat(ctx context.Context, p principal, r *http.Request, w
 		return 0, nil, err
 	}
 	var h api.Heartbeat
-	if err := decode(w, r, true, &h); err != nil {
+	if err := decodeLimit(w, r, true, maxHeartbeatBody, &h); err != nil {
 		return 0, nil, err
 	}
 	if err := checkUsage(h.Usage); err != nil {

@@ -264,6 +264,21 @@ func (s *Server) finishMove(ctx context.Context, l api.Lease, a lifecycle.Finish
 	return out, err
 }
 
+// adoptPart performs lifecycle.AdoptPart.
+func (s *Server) adoptPart(ctx context.Context, a lifecycle.AdoptPart) (api.Lease, error) {
+	mv, err := s.mover()
+	if err != nil {
+		return api.Lease{}, err
+	}
+	out, err := mv.AdoptPart(ctx, a.Move, a.URI, a.Event)
+	s.res.Invalidate()
+	if err == nil {
+		s.log.Warn("lease part adopted where it is served: its recorded lender does not serve it (the control plane's database restored from an older backup?)",
+			"lease", a.Move.LeaseID, "part", a.Move.Part, "from", a.Move.From.NodeID, "to", a.Move.To.NodeID)
+	}
+	return out, err
+}
+
 // endMove performs lifecycle.EndMove (failures are logged: the move's
 // record stays open and the next restart's recovery ends it).
 func (s *Server) endMove(ctx context.Context, a lifecycle.EndMove) {

@@ -343,11 +343,13 @@ func (s *Server) revokeTakenOver(ctx context.Context, id string) error {
 
 // heartbeat records an agent's report and answers what to tear down: each
 // lease the agent serves is reconciled by the lease state machine
-// (Reconcile), the exports it moved are recorded (Moved), those it lost
-// too (PartsLost), and so are the active leases on the node it does not
-// serve (loseUnserved).
+// (Reconcile; its exports of parts placed elsewhere that may be adopted
+// are left in doubt: doubted), the exports it moved are recorded (Moved),
+// those it lost too (PartsLost), and so are the active leases on the node
+// it does not serve (loseUnserved), or their parts adopted where they are
+// served.
 func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) (api.HeartbeatResponse, error) {
-	if len(h.Links) > 4096 || len(h.Leases) > 65536 || len(h.Wiping) > 65536 || len(h.Moved) > 65536 || len(h.Lost) > 65536 || len(h.Health) > 1024 {
+	if len(h.Links) > 4096 || len(h.Leases) > 65536 || len(h.Wiping) > 65536 || len(h.Moved) > 65536 || len(h.Lost) > 65536 || len(h.Exports) > 65536 || len(h.Health) > 1024 {
 		return api.HeartbeatResponse{}, fmt.Errorf("%w: heartbeat too large", ErrInvalid)
 	}
 	if err := CheckAgentVersion(s.cfg.Version, h.Version); err != nil {
@@ -387,6 +389,17 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 	}
 	s.heartbeatWipes(ctx, nodeID, h)
 	resp := api.HeartbeatResponse{Now: now, HeartbeatSeconds: s.heartbeatInterval().Seconds()}
+	// The exports the node holds of active leases' parts placed elsewhere
+	// that it may be adopted with (unserved.go): its claims, made anew.
+	var claims, prevClaims map[string]map[int]claim
+	var exports map[string][]api.ServedExport
+	if h.LeasesComplete && h.ExportsComplete {
+		claims, prevClaims = map[string]map[int]claim{}, s.unserved.claimsOf(nodeID)
+		exports = make(map[string][]api.ServedExport, len(h.Leases))
+		for _, x := range h.Exports {
+			exports[x.LeaseID] = append(exports[x.LeaseID], x)
+		}
+	}
 	if len(h.Leases) > 0 {
 		// The moves coming to this node, read before the leases: a move
 		// that ends after this read committed before it (or failed), so
@@ -409,7 +422,11 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 			if !ok {
 				l = api.Lease{ID: id} // unknown here: not live
 			}
-			_, todo, _ := s.apply(ctx, l, lifecycle.Reconcile{NodeID: nodeID, Incoming: incoming[id]})
+			var doubt []api.PartRef
+			if claims != nil && ok {
+				doubt = s.doubted(l, nodeID, exports[id], incoming[id], prevClaims, claims)
+			}
+			_, todo, _ := s.apply(ctx, l, lifecycle.Reconcile{NodeID: nodeID, Incoming: incoming[id], Doubt: doubt})
 			for _, a := range todo {
 				switch a := a.(type) {
 				case lifecycle.TeardownOn:
@@ -420,7 +437,7 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 				case lifecycle.KeepOn:
 					if !listed[id] {
 						listed[id] = true
-						resp.Leases = append(resp.Leases, api.LeaseExpiry{ID: id, ExpiresAt: a.ExpiresAt, Parts: a.Parts})
+						resp.Leases = append(resp.Leases, api.LeaseExpiry{ID: id, ExpiresAt: a.ExpiresAt, Parts: a.Parts, Doubt: a.Doubt})
 					}
 				}
 			}
@@ -431,6 +448,9 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 	}
 	if len(h.Lost) > 0 {
 		resp.Lost = s.recordLost(ctx, nodeID, h.Lost)
+	}
+	if claims != nil {
+		s.unserved.setClaims(nodeID, claims)
 	}
 	if h.LeasesComplete {
 		// The active leases on the node it does not serve (unserved.go).

@@ -78,6 +78,9 @@ type KeepOn struct {
 	NodeID    string
 	ExpiresAt time.Time
 	Parts     []api.PartRef
+	// Doubt are the node's exports of the lease it is to leave as they
+	// are (Reconcile.Doubt).
+	Doubt []api.PartRef
 }
 
 // Free takes the lease's parts out of the placement view: the lease ended
@@ -125,6 +128,17 @@ type EndMove struct {
 	Error string
 	Event api.Event
 }
+
+// AdoptPart makes what a lender holds a part of the lease at once
+// (store.Mover.AdoptPart), with its event: Move recorded done. If the
+// store refuses it, nothing changes.
+type AdoptPart struct {
+	Move  api.Move
+	URI   string
+	Event api.Event
+}
+
+func (AdoptPart) action() {}
 
 // AbortMove asks both lenders of a move to give it up: the source serves
 // the part as before, the destination wipes what it received.

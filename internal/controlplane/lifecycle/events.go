@@ -89,6 +89,11 @@ type Interrupted struct{ Before time.Time }
 type Reconcile struct {
 	NodeID   string
 	Incoming []api.PartRef
+	// Doubt are exports the node holds of the lease, which the store
+	// places elsewhere, that the control plane may adopt (PartAdopted):
+	// while the lease is active, the node is told neither to serve nor to
+	// tear them down.
+	Doubt []api.PartRef
 }
 
 // Moved: lender NodeID serves exports of the lease at new addresses after
@@ -132,6 +137,19 @@ type MoveFailed struct {
 	Move api.Move
 	Why  string
 }
+
+// PartAdopted: the recorded lender of part Move.Part (at Move.From) was
+// shown not to serve it (its heartbeats, checked twice), and node
+// Move.To.NodeID holds an export of it at Move.To, served at URI, whose
+// name the control plane derived for that part (the destination of a move
+// the store does not know: its database was restored from a backup taken
+// before it). The part is Move.To from now on, with Move recorded done.
+type PartAdopted struct {
+	Move api.Move
+	URI  string
+}
+
+func (PartAdopted) event() {}
 
 func (MoveStarted) event() {}
 func (MoveDone) event()    {}

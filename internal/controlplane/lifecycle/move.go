@@ -78,6 +78,40 @@ func moveDone(l api.Lease, e MoveDone, now time.Time) (api.Lease, []Action, erro
 	return n, []Action{fin}, nil
 }
 
+func partAdopted(l api.Lease, e PartAdopted, now time.Time) (api.Lease, []Action, error) {
+	m := e.Move
+	switch {
+	case l.State != api.LeaseActive:
+		return l, nil, refuse("lease %s is %s; only an active lease's part is adopted", l.ID, word(l.State))
+	case m.Part < 0 || m.Part >= len(l.Parts):
+		return l, nil, refuse("lease %s has %d part(s), not a part %d", l.ID, len(l.Parts), m.Part)
+	case e.URI == "":
+		return l, nil, refuse("lease %s part %d: the adopted export has no URI", l.ID, m.Part)
+	}
+	p := l.Parts[m.Part]
+	if p.Lost() {
+		return l, nil, refuse("lease %s part %d was lost; it is not adopted", l.ID, m.Part)
+	}
+	if p.NodeID != m.From.NodeID || p.DeviceID != m.From.DeviceID || p.Offset != m.From.Offset || p.Length != m.From.Length {
+		return l, nil, refuse("lease %s part %d is not at %s", l.ID, m.Part, where(m.From))
+	}
+	if m.To.Length != p.Length {
+		return l, nil, refuse("lease %s part %d is %d long; the export adopted is %d", l.ID, m.Part, p.Length, m.To.Length)
+	}
+	n := l
+	n.Parts = slices.Clone(l.Parts)
+	n.Parts[m.Part] = api.Part{NodeID: m.To.NodeID, DeviceID: m.To.DeviceID, Offset: m.To.Offset, Length: m.To.Length, URI: e.URI}
+	if len(n.Parts) == 1 {
+		n.URI = e.URI
+	}
+	n.NodeID, n.DeviceID = n.Parts[0].NodeID, n.Parts[0].DeviceID
+	n.UpdatedAt = now
+	msg := fmt.Sprintf("part %d adopted at %s, which serves it: its recorded lender node %s does not (the control plane's database restored from a backup taken before the part moved to node %s?); the part's URI is the one node %s serves it at",
+		m.Part, where(m.To), m.From.NodeID, m.To.NodeID, m.To.NodeID)
+	ev := api.Event{At: now, Type: "lease.part.adopted", Subject: l.ID, State: string(l.State), Message: msg}
+	return n, []Action{AdoptPart{Move: m, URI: e.URI, Event: ev}}, nil
+}
+
 func moveFailed(l api.Lease, e MoveFailed, now time.Time) (api.Lease, []Action, error) {
 	return l, []Action{endMove(l, e.Move, api.MoveFailed, e.Why, now)}, nil
 }

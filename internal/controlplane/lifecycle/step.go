@@ -86,6 +86,8 @@ func Step(l api.Lease, ev Event, now time.Time) (api.Lease, []Action, error) {
 		return reconcile(l, ev)
 	case Moved:
 		return moved(l, ev, now)
+	case PartAdopted:
+		return partAdopted(l, ev, now)
 	case MoveStarted:
 		return moveStarted(l, ev, now)
 	case MoveDone:
@@ -319,11 +321,16 @@ func reconcile(l api.Lease, e Reconcile) (api.Lease, []Action, error) {
 				keep = append(keep, api.PartRef{DeviceID: p.DeviceID, Offset: p.Offset, Length: p.Length})
 			}
 		}
+		var doubt []api.PartRef
 		if l.State == api.LeaseActive {
 			keep = append(keep, e.Incoming...)
+			doubt = e.Doubt
 		}
 		if len(keep) > 0 {
-			return l, []Action{KeepOn{NodeID: e.NodeID, ExpiresAt: l.ExpiresAt, Parts: keep}}, nil
+			return l, []Action{KeepOn{NodeID: e.NodeID, ExpiresAt: l.ExpiresAt, Parts: keep, Doubt: doubt}}, nil
+		}
+		if len(doubt) > 0 {
+			return l, nil, nil // the node's exports of it are left as they are
 		}
 	}
 	return l, []Action{TeardownOn{NodeID: e.NodeID}}, nil // the reporting node stops serving it

@@ -83,7 +83,20 @@ var events = []struct {
 	{"move started (onto itself)", MoveStarted{Move: func() api.Move { m := move1; m.To = m.From; return m }()}, t0.Add(time.Minute), nil},
 	{"move done part 1", MoveDone{Move: move1, URI: "nbd://10.0.0.3:10809/rlm_z"}, t0.Add(time.Minute), nil},
 	{"move failed part 1", MoveFailed{Move: move1, Why: "the destination did not answer"}, t0.Add(time.Minute), nil},
+	{"reconcile n3 (doubt)", Reconcile{NodeID: "n3", Doubt: []api.PartRef{{DeviceID: "d3", Offset: 4096, Length: 1 << 20}}}, t0.Add(time.Minute), nil},
+	{"reconcile n1 (doubt)", Reconcile{NodeID: "n1", Doubt: []api.PartRef{{DeviceID: "d1", Offset: 1 << 20, Length: 1 << 20}}}, t0.Add(time.Minute), nil},
+	{"part adopted part 1", PartAdopted{Move: adopt1, URI: "nbd://10.0.0.3:10809/rlm_z"}, t0.Add(time.Minute), nil},
+	{"part adopted (stale part)", PartAdopted{Move: func() api.Move { m := adopt1; m.From.NodeID = "n9"; return m }(), URI: "nbd://10.0.0.3:10809/rlm_z"}, t0.Add(time.Minute), nil},
+	{"part adopted (other length)", PartAdopted{Move: func() api.Move { m := adopt1; m.To.Length = 4096; return m }(), URI: "nbd://10.0.0.3:10809/rlm_z"}, t0.Add(time.Minute), nil},
+	{"part adopted part 1 (lost)", PartAdopted{Move: adopt1, URI: "nbd://10.0.0.3:10809/rlm_z"}, t0.Add(time.Minute), lostPart1},
 }
+
+// adopt1 adopts part 1 of lease() at n3, which holds it.
+var adopt1 = func() api.Move {
+	m := move1
+	m.ID, m.State, m.Reason = "move-2", api.MoveDone, "its lender does not serve it"
+	return m
+}()
 
 // nicBond is l as a bond of two lent NICs (parts on n1 and n2).
 func nicBond(l api.Lease) api.Lease {
@@ -294,7 +307,15 @@ func action(a Action) string {
 		for _, p := range a.Parts {
 			ps = append(ps, fmt.Sprintf("%s[%d+%d]", p.DeviceID, p.Offset, p.Length))
 		}
-		return "KeepOn " + a.NodeID + " until " + a.ExpiresAt.Format(time.RFC3339) + " parts " + strings.Join(ps, " ")
+		s := "KeepOn " + a.NodeID + " until " + a.ExpiresAt.Format(time.RFC3339) + " parts " + strings.Join(ps, " ")
+		if len(a.Doubt) > 0 {
+			var ds []string
+			for _, p := range a.Doubt {
+				ds = append(ds, fmt.Sprintf("%s[%d+%d]", p.DeviceID, p.Offset, p.Length))
+			}
+			s += " doubt " + strings.Join(ds, " ")
+		}
+		return s
 	case Free:
 		return "Free"
 	case FreeParts:
@@ -311,6 +332,8 @@ func action(a Action) string {
 		return s + fmt.Sprintf(" %s %q", a.Event.Type, a.Event.Message)
 	case AbortMove:
 		return "AbortMove " + a.Move.ID
+	case AdoptPart:
+		return fmt.Sprintf("AdoptPart %s part %d → %s/%s[%d+%d] uri=%s %s %q", a.Move.ID, a.Move.Part, a.Move.To.NodeID, a.Move.To.DeviceID, a.Move.To.Offset, a.Move.To.Length, a.URI, a.Event.Type, a.Event.Message)
 	}
 	return fmt.Sprintf("%T", a)
 }

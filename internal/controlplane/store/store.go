@@ -313,6 +313,15 @@ type Mover interface {
 	// the lease is still active (ErrConflict otherwise): the source range
 	// is freed, the move committed. It returns the lease.
 	FinishMove(ctx context.Context, id, uri string, at time.Time, ev api.Event) (api.Lease, error)
+	// AdoptPart makes what a lender holds the part m.Part of an active
+	// lease at once, with uri: the part, still at m.From (ErrConflict
+	// otherwise, and if it moves), becomes m.To, checked as BeginMove
+	// checks a destination (ErrCapacity), a cordoned node accepted (the
+	// bytes are there already); m.From's range is freed and m recorded
+	// as a move done. The control plane adopts a part its recorded
+	// lender does not serve, which another holds (a database restored
+	// from a backup taken before the part moved). It returns the lease.
+	AdoptPart(ctx context.Context, m api.Move, uri string, ev api.Event) (api.Lease, error)
 	// EndMove records the end of a move: state done or failed (with
 	// errMsg), copied bytes. A failed move that did not commit frees its
 	// destination. ev may be nil.

@@ -71,6 +71,14 @@ func (s *Store) FinishMove(ctx context.Context, id, uri string, at time.Time, ev
 	return l, err
 }
 
+// AdoptPart makes what a lender holds of an active lease its part.
+func (s *Store) AdoptPart(ctx context.Context, m api.Move, uri string, ev api.Event) (api.Lease, error) {
+	s.leaseMu.Lock()
+	defer s.leaseMu.Unlock()
+	defer s.live.drop(m.LeaseID) // read back from the row next time
+	return s.Core.AdoptPart(ctx, m, uri, ev)
+}
+
 // EndMove records a move's end.
 func (s *Store) EndMove(ctx context.Context, id, state, errMsg string, copied int64, at time.Time, ev *api.Event) error {
 	s.leaseMu.Lock()

@@ -187,6 +187,89 @@ func (s *Core) FinishMove(ctx context.Context, id, uri string, at time.Time, ev 
 	return CopyLease(out), err
 }
 
+// AdoptPart makes what a lender holds of an active lease its part at once
+// (store.Mover.AdoptPart): the destination is checked as a move's, on a
+// cordoned node too, under the same locks; the part's row is replaced,
+// the source range freed with it, and the move recorded done.
+func (s *Core) AdoptPart(ctx context.Context, m api.Move, uri string, ev api.Event) (api.Lease, error) {
+	to := api.Part{NodeID: m.To.NodeID, DeviceID: m.To.DeviceID, Offset: m.To.Offset, Length: m.To.Length}
+	var out api.Lease
+	err := s.tx(ctx, func(tx Execer) error {
+		if err := s.d.LockParts(ctx, tx, nil, []api.Part{to}); err != nil {
+			return err
+		}
+		l, err := s.lockLease(ctx, tx, m.LeaseID)
+		if err != nil {
+			return err
+		}
+		if l.State != api.LeaseActive {
+			return fmt.Errorf("lease %s is %s, not active: %w", l.ID, l.State, store.ErrConflict)
+		}
+		if m.Part < 0 || m.Part >= len(l.Parts) {
+			return fmt.Errorf("lease %s has no part %d: %w", l.ID, m.Part, store.ErrConflict)
+		}
+		p := l.Parts[m.Part]
+		if p.Lost() || p.NodeID != m.From.NodeID || p.DeviceID != m.From.DeviceID || p.Offset != m.From.Offset || p.Length != m.From.Length {
+			return fmt.Errorf("lease %s part %d is no longer at %s %s [%d+%d]: %w", l.ID, m.Part, m.From.NodeID, m.From.DeviceID, m.From.Offset, m.From.Length, store.ErrConflict)
+		}
+		if to.Length != p.Length {
+			return fmt.Errorf("lease %s part %d is %d long, not %d: %w", l.ID, m.Part, p.Length, to.Length, store.ErrConflict)
+		}
+		var open int
+		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM lease_moves WHERE lease_id = ? AND part = ? AND state NOT IN ('done', 'failed')`,
+			m.LeaseID, m.Part).Scan(&open); err != nil {
+			return s.wrap("adopt part", err)
+		}
+		if open > 0 {
+			return fmt.Errorf("lease %s part %d is moving: %w", l.ID, m.Part, store.ErrConflict)
+		}
+		// The part's own row does not count against its new range (a
+		// part adopted on its device, next to where it was recorded).
+		if _, err := tx.ExecContext(ctx, `DELETE FROM lease_parts WHERE lease_id = ? AND idx = ?`, m.LeaseID, m.Part); err != nil {
+			return s.wrap("adopt part", err)
+		}
+		var r PartRow
+		err = tx.QueryRowContext(ctx, PartCheckSQL, PartCheckArgs(to)...).Scan(&r.DState, &r.DKind, &r.Capacity, &r.NodeID, &r.NState, &r.Cordoned, &r.Taken)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("device %s: %w", to.DeviceID, store.ErrCapacity)
+		}
+		if err != nil {
+			return s.wrap("adopt part", err)
+		}
+		r.Cordoned = false // no new part: the bytes are there already
+		if err := JudgePart(l.Kind, []api.Part{to}, 0, r); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO lease_parts (lease_id, idx, node_id, device_id, off, length, uri, live) VALUES (?, ?, ?, ?, ?, ?, ?, 1)`,
+			m.LeaseID, m.Part, to.NodeID, to.DeviceID, to.Offset, to.Length, uri); err != nil {
+			return s.wrap("adopt part", err)
+		}
+		parts := append([]api.Part(nil), l.Parts...)
+		parts[m.Part] = api.Part{NodeID: to.NodeID, DeviceID: to.DeviceID, Offset: to.Offset, Length: to.Length, URI: uri}
+		set := `parts = ?, updated_at = ?`
+		args := []any{s.PartsJSON(parts), ns(ev.At)}
+		if len(parts) == 1 {
+			set += `, uri = ?`
+			args = append(args, uri)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE leases SET `+set+` WHERE id = ?`, append(args, m.LeaseID)...); err != nil {
+			return s.wrap("adopt part", err)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO lease_moves (id, lease_id, part, kind, state, from_part, to_part, size, reason, committed, started_at, updated_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?)`, m.ID, m.LeaseID, m.Part, m.Kind, api.MoveDone, js(m.From), js(to), m.Size, m.Reason,
+			ns(ev.At), ns(ev.At)); err != nil {
+			return s.wrap("adopt part", err)
+		}
+		ev.Subject = m.LeaseID
+		if _, err := s.AppendEventTx(ctx, tx, ev); err != nil {
+			return err
+		}
+		out, err = s.GetLease(ctx, tx, m.LeaseID)
+		return err
+	})
+	return CopyLease(out), err
+}
+
 // EndMove records a move's end.
 func (s *Core) EndMove(ctx context.Context, id, state, errMsg string, copied int64, at time.Time, ev *api.Event) error {
 	if state != api.MoveDone && state != api.MoveFailed {

@@ -518,3 +518,110 @@ func testConcurrentMoves(t *testing.T, o Options) {
 		}
 	}
 }
+
+// testAdoptPart adopts a part where a lender holds it: the part becomes
+// the range adopted (a cordoned node's too), the recorded range is freed,
+// the adoption is recorded as a move done, with its event, in one write;
+// a lease that is not active, a part that is no longer where it was read,
+// one that moves, and a range taken by another lease's part are refused,
+// nothing changed.
+func testAdoptPart(t *testing.T, o Options) {
+	ctx := context.Background()
+	s := open(t, o)
+	mv := mover(t, s)
+	now := time.Date(2026, 11, 27, 10, 0, 0, 0, time.UTC)
+	nodes, devs := twoNodes(t, s, 100)
+	from := api.Part{NodeID: nodes[0], DeviceID: devs[0], Offset: 0, Length: 40}
+	activeLease(t, s, "l1", from)
+	activeLease(t, s, "other", api.Part{NodeID: nodes[1], DeviceID: devs[1], Offset: 0, Length: 20})
+	to := api.Part{NodeID: nodes[1], DeviceID: devs[1], Offset: 20, Length: 40}
+	m := api.Move{ID: "adopt-1", LeaseID: "l1", Part: 0, Kind: api.KindBlock, State: api.MoveDone, From: from, To: to, Size: 40,
+		Reason: "adopted", StartedAt: now, UpdatedAt: now}
+	ev := api.Event{At: now, Type: "lease.part.adopted", Message: "adopted"}
+	unchanged := func(what string) {
+		t.Helper()
+		l, err := s.Lease(ctx, "l1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Parts[0].NodeID != from.NodeID || l.Parts[0].Offset != from.Offset {
+			t.Fatalf("%s: the part moved to %+v", what, l.Parts[0])
+		}
+		if got := allocated(t, s); got[devs[0]] != 40 || got[devs[1]] != 20 {
+			t.Fatalf("%s: devices hold %v", what, got)
+		}
+	}
+	stale := m
+	stale.From.Offset = 4
+	if _, err := mv.AdoptPart(ctx, stale, "nbd://b/y", ev); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("adopting a part that is not where it was read: %v", err)
+	}
+	taken := m
+	taken.To.Offset = 10
+	if _, err := mv.AdoptPart(ctx, taken, "nbd://b/y", ev); !errors.Is(err, store.ErrCapacity) {
+		t.Fatalf("adopting over another lease's part: %v", err)
+	}
+	unchanged("refusals")
+	// A part that moves is not adopted.
+	if err := mv.BeginMove(ctx, api.Move{ID: "mv1", LeaseID: "l1", Part: 0, Kind: api.KindBlock, State: api.MoveCopying, From: from,
+		To: api.Part{NodeID: nodes[1], DeviceID: devs[1], Offset: 60, Length: 40}, StartedAt: now}, api.Event{At: now}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mv.AdoptPart(ctx, m, "nbd://b/y", ev); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("adopting a moving part: %v", err)
+	}
+	if err := mv.EndMove(ctx, "mv1", api.MoveFailed, "given up", 0, now, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mv.SetNodeCordon(ctx, nodes[1], true, api.Event{At: now, Type: "node.cordoned"}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := mv.AdoptPart(ctx, m, "nbd://b/y", ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := got.Parts[0]; p.NodeID != to.NodeID || p.DeviceID != to.DeviceID || p.Offset != to.Offset || p.Length != to.Length ||
+		p.URI != "nbd://b/y" || got.URI != "nbd://b/y" || got.State != api.LeaseActive {
+		t.Fatalf("the adopted lease: %+v", got)
+	}
+	if stored, err := s.Lease(ctx, "l1"); err != nil || stored.Parts[0].NodeID != to.NodeID || stored.URI != "nbd://b/y" {
+		t.Fatalf("the adopted lease as stored: %+v %v", stored, err)
+	}
+	if got := allocated(t, s); got[devs[0]] != 0 || got[devs[1]] != 60 {
+		t.Fatalf("after the adoption devices hold %v", got)
+	}
+	ms, err := mv.Moves(ctx, store.MoveFilter{LeaseID: "l1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec store.MoveRecord
+	for _, r := range ms {
+		if r.ID == m.ID {
+			rec = r
+		}
+	}
+	if rec.State != api.MoveDone || !rec.Committed || rec.From.NodeID != from.NodeID || rec.To.NodeID != to.NodeID || rec.Reason != "adopted" {
+		t.Fatalf("the adoption's move record: %+v", rec)
+	}
+	evs, err := s.Events(ctx, 0, 1000, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := evs[len(evs)-1]; e.Type != "lease.part.adopted" || e.Subject != "l1" {
+		t.Fatalf("the last event: %+v", e)
+	}
+	// Adopted again from where it was: the part is no longer there.
+	if _, err := mv.AdoptPart(ctx, m, "nbd://b/y", ev); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("adopting a part again from where it was: %v", err)
+	}
+	if _, err := s.TransitionLease(ctx, "other", store.LeaseChange{From: []api.LeaseState{api.LeaseActive}, To: api.LeaseReleased, At: now}, api.Event{}); err != nil {
+		t.Fatal(err)
+	}
+	back := api.Move{ID: "adopt-2", LeaseID: "l1", Part: 0, Kind: api.KindBlock, State: api.MoveDone, From: to, To: from, Size: 40, StartedAt: now}
+	if _, err := s.TransitionLease(ctx, "l1", store.LeaseChange{From: []api.LeaseState{api.LeaseActive}, To: api.LeaseReleased, At: now}, api.Event{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mv.AdoptPart(ctx, back, "nbd://a/x", ev); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("adopting a part of a released lease: %v", err)
+	}
+}

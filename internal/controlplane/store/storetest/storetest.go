@@ -45,6 +45,7 @@ func Run(t *testing.T, o Options) {
 		{"ConcurrentWriters", testConcurrentWriters},
 		{"ConcurrentIdempotencyKey", testConcurrentKey},
 		{"Moves", testMoves},
+		{"AdoptPart", testAdoptPart},
 		{"FinishMoveToGoneNode", testFinishMoveToGoneNode},
 		{"Cordon", testCordon},
 		{"ConcurrentMoves", testConcurrentMoves},

@@ -1,0 +1,322 @@
+package controlplane
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
+)
+
+// beater is a node of an env whose heartbeats the test makes: with
+// complete lists, by part (api.Heartbeat.ExportsComplete) unless old, each
+// sending back the check of the answer before.
+type beater struct {
+	t     *testing.T
+	e     *env
+	id    string
+	c     *api.Client
+	check string
+	old   bool // an agent older than the lists by part
+}
+
+func (e *env) beater(name string, sizes ...int64) *beater {
+	e.t.Helper()
+	j, c := e.join(name, sizes...)
+	return &beater{t: e.t, e: e, id: j.NodeID, c: c}
+}
+
+// beat sends a heartbeat listing xs (their leases in Leases) and returns
+// the answer.
+func (n *beater) beat(xs ...api.ServedExport) api.HeartbeatResponse {
+	n.t.Helper()
+	h := api.Heartbeat{Health: "ok", LeasesComplete: true, Check: n.check, ExportsComplete: !n.old}
+	for _, x := range xs {
+		if !slices.Contains(h.Leases, x.LeaseID) {
+			h.Leases = append(h.Leases, x.LeaseID)
+		}
+		if !n.old {
+			h.Exports = append(h.Exports, x)
+		}
+	}
+	r, err := n.c.Heartbeat(n.e.ctx(), n.id, h)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	if r.Check != "" {
+		n.check = r.Check
+	}
+	return r
+}
+
+// device is the ID of the node's device name.
+func (n *beater) device(name string) string {
+	n.t.Helper()
+	ds, err := n.e.srv.st.Devices(n.e.ctx())
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	for _, d := range ds {
+		if d.NodeID == n.id && d.Name == name {
+			return d.ID
+		}
+	}
+	n.t.Fatalf("node %s has no device %s", n.id, name)
+	return ""
+}
+
+// served is the export of part i of lease l as its lender lists it (one
+// it prepared: no move, no URI).
+func served(l api.Lease, i int) api.ServedExport {
+	p := l.Parts[i]
+	return api.ServedExport{LeaseID: l.ID, DeviceID: p.DeviceID, Offset: p.Offset, Length: p.Length}
+}
+
+// movedHere is the export of part i of lease l that a move the store does
+// not know (move) brought to device dev of a node, at off.
+func movedHere(l api.Lease, i int, move, dev string, off int64) api.ServedExport {
+	return api.ServedExport{LeaseID: l.ID, DeviceID: dev, Offset: off, Length: l.Parts[i].Length, Move: move,
+		URI: "nbd://127.0.0.2:10809/" + movedExport(l.Credential, i, move)}
+}
+
+func (e *env) lease(id string) api.Lease {
+	e.t.Helper()
+	l, err := e.alice.Lease(e.ctx(), id)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return l
+}
+
+func tearsDown(r api.HeartbeatResponse, id string) bool { return slices.Contains(r.Teardown, id) }
+
+func keeps(r api.HeartbeatResponse, id string) (api.LeaseExpiry, bool) {
+	i := slices.IndexFunc(r.Leases, func(x api.LeaseExpiry) bool { return x.ID == id })
+	if i < 0 {
+		return api.LeaseExpiry{}, false
+	}
+	return r.Leases[i], true
+}
+
+// TestUnservedPartAdopted: an active lease's part is recorded on n1,
+// which does not serve it; n2 serves it (a move the restored database does
+// not know brought it there), under the name the control plane derives
+// for the part and that move. n2 is not told to tear the export down, nor
+// to serve it: it is left as it is. n1's checked heartbeats do not list
+// the part: while n2 was not heard yet the part waits (a lender not heard
+// may hold it); once n2 lists it, the part is adopted there (the range n2
+// serves, n2's URI; a move recorded done; event lease.part.adopted), and
+// n2's next answer keeps it.
+func TestUnservedPartAdopted(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	n1, n2 := e.beater("n1", 1<<30), e.beater("n2", 1<<30)
+	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n1.id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n1.beat()
+	n1.beat()
+	if got := e.lease(l.ID); got.State != api.LeaseActive || got.Parts[0].NodeID != n1.id {
+		t.Fatalf("lost (or adopted) before n2, which may hold it, was heard: %s on %s (%q)", got.State, got.Parts[0].NodeID, got.Reason)
+	}
+	x := movedHere(l, 0, "move-after-the-backup", n2.device("disk0"), 4<<20)
+	r := n2.beat(x)
+	if tearsDown(r, l.ID) {
+		t.Fatal("n2 was told to tear down the only copy of the part")
+	}
+	if k, ok := keeps(r, l.ID); ok {
+		t.Fatalf("n2 was told to serve the part the store does not place there: %+v", k)
+	}
+	n1.beat()
+	got := e.lease(l.ID)
+	p := got.Parts[0]
+	if got.State != api.LeaseActive || p.NodeID != n2.id || p.DeviceID != x.DeviceID || p.Offset != x.Offset || p.Length != x.Length || p.URI != x.URI || got.URI != x.URI {
+		t.Fatalf("after n1's heartbeats: %s (%q), part on %s device %s [%d+%d]", got.State, got.Reason, p.NodeID, p.DeviceID, p.Offset, p.Length)
+	}
+	r = n2.beat(x)
+	if k, ok := keeps(r, l.ID); tearsDown(r, l.ID) || !ok || len(k.Parts) != 1 || k.Parts[0] != (api.PartRef{DeviceID: x.DeviceID, Offset: x.Offset, Length: x.Length}) {
+		t.Fatalf("n2's answer after the adoption: teardown %v, leases %+v", r.Teardown, r.Leases)
+	}
+	ms, err := e.alice.Moves(e.ctx(), l.ID)
+	if err != nil || len(ms) != 1 || ms[0].State != api.MoveDone || ms[0].From.NodeID != n1.id || ms[0].To.NodeID != n2.id {
+		t.Fatalf("the lease's moves: %+v %v", ms, err)
+	}
+	evs, err := e.alice.Events(e.ctx(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(evs, func(ev api.Event) bool {
+		return ev.Type == "lease.part.adopted" && ev.Subject == l.ID && strings.Contains(ev.Message, n1.id) && strings.Contains(ev.Message, n2.id)
+	}) {
+		t.Fatal("no lease.part.adopted event naming both lenders")
+	}
+}
+
+// TestUnservedPartNotAdoptedOnALie: a lender that lists an export of a
+// part the store places on another lender, under a name the control
+// plane does not derive for that part (one made up, another lease's, the
+// part's name for another part, a range of another length), is told to
+// tear it down, and the part its recorded lender does not serve is lost,
+// not adopted.
+func TestUnservedPartNotAdoptedOnALie(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	n1, n2 := e.beater("n1", 1<<30), e.beater("n2", 1<<30)
+	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n1.id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n1.id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := n2.device("disk0")
+	madeUp := movedHere(l, 0, "m", dev, 0)
+	madeUp.URI = "nbd://127.0.0.2:10809/rlp_made-up"
+	anothers := movedHere(other, 0, "m", dev, 0)
+	anothers.LeaseID = l.ID
+	otherPart := movedHere(l, 0, "m", dev, 0)
+	otherPart.URI = "nbd://127.0.0.2:10809/" + movedExport(l.Credential, 1, "m")
+	shorter := movedHere(l, 0, "m", dev, 0)
+	shorter.Length = 4096
+	for what, x := range map[string]api.ServedExport{"a made-up name": madeUp, "another lease's name": anothers, "another part's name": otherPart, "another length": shorter} {
+		if r := n2.beat(x); !tearsDown(r, l.ID) {
+			t.Errorf("n2 listing the part under %s was not told to tear it down", what)
+		}
+	}
+	n1.beat(served(other, 0))
+	n1.beat(served(other, 0))
+	got := e.lease(l.ID)
+	if got.State != api.LeaseLost || !strings.Contains(got.Reason, "does not serve the lease") || !strings.Contains(got.Reason, n1.id) {
+		t.Fatalf("the lease no lender serves: %s (%q), part on %s", got.State, got.Reason, got.Parts[0].NodeID)
+	}
+}
+
+// TestUnservedStaleCopyTornDown: a lender holds a copy of a part the
+// store places on another lender (a move's source that did not let go):
+// left in doubt while the recorded lender was not heard, it is torn down
+// once the recorded lender's checked heartbeat lists the part.
+func TestUnservedStaleCopyTornDown(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	n1, n2 := e.beater("n1", 1<<30), e.beater("n2", 1<<30)
+	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n1.id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := movedHere(l, 0, "m", n2.device("disk0"), 0)
+	if r := n2.beat(x); tearsDown(r, l.ID) {
+		t.Fatal("the copy was torn down before the recorded lender was heard")
+	}
+	n1.beat(served(l, 0))
+	if r := n2.beat(x); !tearsDown(r, l.ID) {
+		t.Fatal("the stale copy was not torn down once the recorded lender listed the part")
+	}
+	if got := e.lease(l.ID); got.State != api.LeaseActive || got.Parts[0].NodeID != n1.id {
+		t.Fatalf("the lease: %s on %s", got.State, got.Parts[0].NodeID)
+	}
+}
+
+// TestUnservedPartNotAdoptedOverATakenRange: the range the holder of a
+// part serves was placed since for another lease (on the holder's device,
+// by the restored database, which found it free): the part cannot be
+// adopted there, and is recorded lost, saying so, rather than torn down
+// in silence.
+func TestUnservedPartNotAdoptedOverATakenRange(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	n1, n2 := e.beater("n1", 1<<30), e.beater("n2", 1<<30)
+	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n1.id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	since, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n2.id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := movedHere(l, 0, "m", since.Parts[0].DeviceID, since.Parts[0].Offset)
+	if r := n2.beat(x, served(since, 0)); tearsDown(r, l.ID) {
+		t.Fatal("n2 was told to tear down its copy before the recorded lender was heard")
+	}
+	n1.beat()
+	n2.beat(x, served(since, 0))
+	n1.beat()
+	got := e.lease(l.ID)
+	if got.State != api.LeaseLost || !strings.Contains(got.Reason, "could not be adopted") || !strings.Contains(got.Reason, n2.id) {
+		t.Fatalf("the lease whose copy cannot be adopted: %s (%q)", got.State, got.Reason)
+	}
+	if got := e.lease(since.ID); got.State != api.LeaseActive || got.Parts[0].NodeID != n2.id {
+		t.Fatalf("the lease placed since: %s on %s", got.State, got.Parts[0].NodeID)
+	}
+}
+
+// TestUnservedPartLost: a composed lease has its two parts on n1's two
+// devices; n1 serves part 0 only. An agent older than the lists by part
+// lists the lease: served, for its check. One that lists its exports by
+// part does not list part 1: the part is recorded lost (and the lease with
+// it), saying which part; first after waiting, a few checks at most, for
+// n2 (ready, not heard: it may hold the part) to be heard.
+func TestUnservedPartLost(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	n1 := e.beater("n1", 1<<30, 1<<30)
+	e.beater("n2", 1<<30)
+	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeComposed, Count: 2, Size: 2 << 20, Affinity: []string{n1.id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Parts[0].NodeID != n1.id || l.Parts[1].NodeID != n1.id {
+		t.Fatalf("parts on %s and %s", l.Parts[0].NodeID, l.Parts[1].NodeID)
+	}
+	n1.old = true
+	for range 3 {
+		n1.beat(served(l, 0))
+	}
+	if got := e.lease(l.ID); got.State != api.LeaseActive {
+		t.Fatalf("an older agent listing the lease: %s (%q)", got.State, got.Reason)
+	}
+	n1.old, n1.check = false, ""
+	beats := 0
+	for e.lease(l.ID).State == api.LeaseActive && beats < 3+unservedEvery {
+		r := n1.beat(served(l, 0))
+		if r.Check == "" {
+			continue // not checked: the next is
+		}
+		beats++
+	}
+	got := e.lease(l.ID)
+	if got.State != api.LeaseLost || !strings.Contains(got.Reason, "does not serve part 1 of the lease") || !strings.Contains(got.Reason, n1.id) {
+		t.Fatalf("the lease whose part 1 its lender does not serve: %s (%q)", got.State, got.Reason)
+	}
+	if beats <= 2 {
+		t.Fatalf("lost after %d checked heartbeats, without waiting for n2 to be heard", beats)
+	}
+	if ls, err := e.srv.st.Leases(e.ctx(), store.LeaseFilter{NodeID: n1.id, States: []api.LeaseState{api.LeaseActive}}); err != nil || len(ls) != 0 {
+		t.Fatalf("active leases on n1: %d %v", len(ls), err)
+	}
+}
+
+// TestHeartbeatListsManyExports: a heartbeat that lists its lender's
+// exports by part is larger than other requests: one listing 12,000
+// exports (more than a 1 MiB body) is taken.
+func TestHeartbeatListsManyExports(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	n := e.beater("n1", 1<<40)
+	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n.id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	xs := []api.ServedExport{served(l, 0)}
+	for i := range 12000 {
+		x := movedHere(l, 0, fmt.Sprintf("move-%d", i), l.Parts[0].DeviceID, int64(i+1)<<20)
+		xs = append(xs, x)
+	}
+	r := n.beat(xs...)
+	if k, ok := keeps(r, l.ID); !ok || len(k.Parts) != 1 {
+		t.Fatalf("the answer: %+v", k)
+	}
+}
