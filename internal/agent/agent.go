@@ -647,7 +647,8 @@ func (a *Agent) listen(configured, remembered int) (net.Listener, error) {
 
 func (a *Agent) loadIdentity() error {
 	var id identity
-	if err := readJSON(filepath.Join(a.cfg.StateDir, identityFile), &id); err != nil {
+	path := filepath.Join(a.cfg.StateDir, identityFile)
+	if err := readJSON(path, &id); err != nil {
 		return err
 	}
 	if a.cfg.MachineID != "" {
@@ -655,6 +656,16 @@ func (a *Agent) loadIdentity() error {
 	}
 	if id.MachineID == "" {
 		id.MachineID = MachineID(a.cfg.SysRoot, a.cfg.Name)
+	}
+	if len(id.Credential) > api.MaxCredentialLen {
+		// A hand-edited or damaged file: the control plane issues none
+		// that long, and refuses (400) every join presenting one. Without
+		// it the join is unproven (unless a previous credential or the
+		// node certificate proves it), as an agent's whose identity lost
+		// its credential. Its length only: it is a secret.
+		a.log.Warn("identity.json: dropped its current credential, longer than the control plane takes; joining without it (unless a previous credential or the node certificate proves the join, the node is taken over once it is down, its leases lost)",
+			"file", path, "len", len(id.Credential), "max_len", api.MaxCredentialLen)
+		id.Credential = ""
 	}
 	if kept, dropped := validPreviousCredentials(id.Credential, id.PreviousCredentials); dropped > 0 {
 		// A hand-edited or damaged file: a join presenting them all would

@@ -14,8 +14,11 @@ import (
 
 // identity is what the agent persists about itself (identity.json, 0600).
 type identity struct {
-	MachineID  string           `json:"machine_id"`
-	NodeID     string           `json:"node_id,omitempty"`
+	MachineID string `json:"machine_id"`
+	NodeID    string `json:"node_id,omitempty"`
+	// Credential is the node credential the last join answered. Loading
+	// drops one longer than api.MaxCredentialLen (a file edited by hand
+	// or damaged), which the control plane refuses in every join.
 	Credential string           `json:"credential,omitempty"`
 	AgentKey   string           `json:"agent_key,omitempty"`
 	APIPort    int              `json:"api_port,omitempty"`

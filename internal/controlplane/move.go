@@ -661,6 +661,16 @@ func (s *Server) dropDestination(ctx context.Context, m api.Move) {
 	if rec.State == api.NodeDown {
 		return
 	}
+	if removed {
+		// With the node's other teardowns (its removal's, other failed
+		// moves'): maxRemovedTeardowns at a time.
+		release, err := s.removed.acquire(ctx, rec.ID)
+		if err != nil {
+			s.log.Warn("a failed move's destination, removed, was not told to tear its lease down", "move", m.ID, "lease", l.ID, "node", rec.ID, "err", err)
+			return
+		}
+		defer release()
+	}
 	tctx, cancel := context.WithTimeout(ctx, s.cfg.PrepareTimeout)
 	defer cancel()
 	if err := s.lender.Teardown(tctx, rec.Node, rec.AgentKey, api.TeardownRequest{LeaseID: l.ID}); err != nil {

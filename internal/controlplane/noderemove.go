@@ -113,7 +113,8 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 	if n.State != api.NodeDown {
 		// Forced: its agent may still run. Once the removal holds
 		// everywhere (this replica's view, the other replicas): the
-		// teardowns may take PrepareTimeout.
+		// teardowns may take PrepareTimeout for every
+		// maxRemovedTeardowns of them.
 		s.dropRemoved(ctx, rec, serials, lost)
 	}
 	s.log.Warn("node removed", "node", n.ID, "name", n.Name, "revoked_certificates", revoked, "lost_leases", len(lost))
@@ -125,16 +126,19 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 
 // dropRemoved tells the agent of node rec, removed while it was ready or
 // suspect (--force: its agent may still run), to tear down the leases
-// lost with it, each within PrepareTimeout, in parallel: its heartbeats, whose
-// answers would tell it, are refused from now on, and an agent cut off
-// from the control plane (the bootstrap token rotated as well) would
-// serve them, and keep their tenants' bytes on its devices, until their
-// expiry, or until it joined again. The teardowns wipe their ranges. A
-// lender that does not answer is left to its next join, whose
-// heartbeats' answers tell it. The removal has revoked the node's
-// certificates (revoked: their serial numbers), which the agent presents
-// to a control plane with a cluster CA: these calls accept them
-// (removalLender).
+// lost with it: its heartbeats, whose answers would tell it, are refused
+// from now on, and an agent cut off from the control plane (the bootstrap
+// token rotated as well) would serve them, and keep their tenants' bytes
+// on its devices, until their expiry, or until it joined again. The
+// teardowns wipe their ranges. At most maxRemovedTeardowns calls are under
+// way at once (removedCalls), each within PrepareTimeout from its start;
+// dropRemoved returns once every lease was torn down or its call timed
+// out: against an agent that does not answer, the removal takes
+// PrepareTimeout for every maxRemovedTeardowns leases. A lender that does
+// not answer is left to its next join, whose heartbeats' answers tell it.
+// The removal has revoked the node's certificates (revoked: their serial
+// numbers), which the agent presents to a control plane with a cluster
+// CA: these calls accept them (removalLender).
 func (s *Server) dropRemoved(ctx context.Context, rec store.NodeRecord, revoked []*big.Int, lost []string) {
 	// The removal is committed: its teardowns are not given up with a
 	// request whose caller went away.
@@ -144,10 +148,16 @@ func (s *Server) dropRemoved(ctx context.Context, rec store.NodeRecord, revoked 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			// Never given up (ctx is not cancelled): a call that hangs
+			// holds its slot for PrepareTimeout at most.
+			release, err := s.removed.acquire(ctx, rec.ID)
+			if err != nil {
+				return
+			}
+			defer release()
 			tctx, cancel := context.WithTimeout(ctx, s.cfg.PrepareTimeout)
 			defer cancel()
 			req := api.TeardownRequest{LeaseID: id}
-			var err error
 			if rl, ok := s.lender.(removalLender); ok {
 				err = rl.TeardownRemoved(tctx, rec.Node, rec.AgentKey, revoked, req)
 			} else {
@@ -159,6 +169,76 @@ func (s *Server) dropRemoved(ctx context.Context, rec store.NodeRecord, revoked 
 		}()
 	}
 	wg.Wait()
+}
+
+// maxRemovedTeardowns is how many teardown calls the control plane has
+// under way at once to the agent of a removed node (removedCalls): a
+// forced removal loses every lease on the node at once (dropRemoved), and
+// the moves to the node fail together (dropDestination). One call each,
+// all at once, would open as many connections to the agent and have it
+// tear down and wipe as many leases at once, each call's PrepareTimeout
+// running while it waits there for the others.
+const maxRemovedTeardowns = 8
+
+// removedCalls bounds the teardown calls under way to each removed node's
+// agent (maxRemovedTeardowns); a call waits for a slot, and its own
+// timeout starts once it has one.
+type removedCalls struct {
+	mu    sync.Mutex
+	nodes map[string]*removedSlots // forgotten once no call holds or waits for a slot
+}
+
+type removedSlots struct {
+	sem     chan struct{}
+	users   int // calls holding or waiting for a slot
+	waiting int // calls waiting for one
+}
+
+// acquire waits until a call to node's agent may start, or ctx ends; the
+// call returns its slot with release.
+func (r *removedCalls) acquire(ctx context.Context, node string) (release func(), err error) {
+	r.mu.Lock()
+	if r.nodes == nil {
+		r.nodes = map[string]*removedSlots{}
+	}
+	sl := r.nodes[node]
+	if sl == nil {
+		sl = &removedSlots{sem: make(chan struct{}, maxRemovedTeardowns)}
+		r.nodes[node] = sl
+	}
+	sl.users++
+	sl.waiting++
+	r.mu.Unlock()
+	leave := func(waited bool) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if waited {
+			sl.waiting--
+		}
+		if sl.users--; sl.users == 0 {
+			delete(r.nodes, node)
+		}
+	}
+	select {
+	case sl.sem <- struct{}{}:
+		r.mu.Lock()
+		sl.waiting--
+		r.mu.Unlock()
+		return func() { <-sl.sem; leave(false) }, nil
+	case <-ctx.Done():
+		leave(true)
+		return nil, fmt.Errorf("controlplane: waiting to call removed node %s's agent: %w", node, context.Cause(ctx))
+	}
+}
+
+// waiting returns how many calls to node's agent wait for a slot.
+func (r *removedCalls) waiting(node string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if sl := r.nodes[node]; sl != nil {
+		return sl.waiting
+	}
+	return 0
 }
 
 // removalLender is a Lender that still reaches the agent of a node whose

@@ -145,6 +145,8 @@ type Server struct {
 
 	releases releaseFlights // the lease releases under way (lease.go)
 
+	removed removedCalls // the teardowns under way to removed nodes' agents (noderemove.go)
+
 	// unserved are the active leases the nodes' heartbeats did not list
 	// (unserved.go).
 	unserved unservedWatch

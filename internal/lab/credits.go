@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"time"
 
@@ -19,10 +20,14 @@ import (
 // with spec.Delay each way and delays its control connection — which
 // carries the credit updates — by spec.CreditDelay each way; the client
 // posts spec.Ops writes of spec.OpBytes on a queue pair. It returns the
-// share of the link's rate the writes used in steady state, from the
-// completion times as sim.QPairSteady counts it.
-// With spec.Rate 0 there is no relay (the client dials the donor) and it
-// returns the seconds per write instead.
+// share of the link's rate the writes used in steady state: spec.Window
+// writes per credit loop, the time from a write's post to the post its
+// credit lets go (the spec.Window-th after it), past the first tenth, the
+// loop taken undisturbed (its 10th percentile: a loaded machine's
+// scheduler only ever lengthens a loop, in a busy second many of them,
+// while the credits and the link set its shortest). With spec.Rate 0
+// there is no relay (the client dials the donor) and it returns the
+// seconds per write instead, likewise undisturbed.
 func RunQPair(ctx context.Context, spec sim.QPairSpec) (float64, error) {
 	d := donor.New(nil)
 	d.Credits = spec.Window
@@ -71,11 +76,6 @@ func RunQPair(ctx context.Context, spec sim.QPairSpec) (float64, error) {
 	}
 	buf := make([]byte, spec.OpBytes)
 	done := make(chan error, 1)
-	// Completions arrive a fixed delay after their write reached the
-	// donor, so differences between completion times are differences
-	// between arrivals, which is what the simulator counts.
-	at := make([]float64, 0, spec.Ops)
-	t0 := time.Now()
 	go func() {
 		for i := 0; i < spec.Ops; i++ {
 			select {
@@ -88,45 +88,61 @@ func RunQPair(ctx context.Context, spec sim.QPairSpec) (float64, error) {
 				done <- ctx.Err()
 				return
 			}
-			at = append(at, time.Since(t0).Seconds())
 		}
 		done <- nil
 	}()
+	// A write is posted once a credit is back: when the one the
+	// spec.Window-th before it took comes back from the donor. The times
+	// of the posts, not of the completions: the loop from one post to the
+	// next it lets go is what the credits and the link make it, plus what
+	// the machine adds, never less; the time between two completions is
+	// also shortened when the first is delivered late.
+	posted := make([]float64, 0, spec.Ops)
+	t0 := time.Now()
 	for i := 0; i < spec.Ops; i++ {
 		off := int64(i%64) * int64(spec.OpBytes)
 		if _, err := q.Post(ctx, client.Op{Write: true, Off: off, Buf: buf, Tag: uint64(i)}); err != nil {
 			return 0, fmt.Errorf("lab: post: %w", err)
 		}
+		posted = append(posted, time.Since(t0).Seconds())
 	}
 	if err := <-done; err != nil {
 		return 0, err
 	}
-	if spec.Rate == 0 {
-		return at[len(at)-1] / float64(spec.Ops), nil
+	w := max(spec.Window, 1)
+	var loops []float64
+	for i := len(posted) / 10; i+w < len(posted); i++ {
+		loops = append(loops, posted[i+w]-posted[i])
 	}
-	u := sim.QPairSteady(spec, at)
-	if u == 0 {
+	if len(loops) == 0 {
 		return 0, errors.New("lab: too few writes to measure")
 	}
-	return u, nil
+	loop := undisturbed(loops)
+	if spec.Rate == 0 {
+		return loop / float64(w), nil
+	}
+	return math.Min(1, float64(w*spec.OpBytes)/loop/spec.Rate), nil
 }
 
 // MeasuredQPair is spec with the one-way delays its relays actually
-// deliver on this machine (half a ping's round trip through each), which
-// the simulator then runs as the scenario that ran.
+// deliver on this machine, undisturbed (hopOneWay), which the simulator
+// then runs as the scenario that ran: the data relay's for a message of a
+// write's size (its pieces paced at the link's rate, each on a timer of
+// its own, as a write's), the credit relay's for a small one (as a credit
+// update).
 func MeasuredQPair(ctx context.Context, spec sim.QPairSpec) (sim.QPairSpec, error) {
-	data, err := hopRoundTrip(ctx, Hop{Delay: spec.Delay, Rate: spec.Rate}, 20)
+	data, err := hopOneWay(ctx, Hop{Delay: spec.Delay, Rate: spec.Rate}, 20, spec.OpBytes)
 	if err != nil {
 		return spec, err
 	}
-	credit, err := hopRoundTrip(ctx, Hop{Delay: spec.CreditDelay}, 20)
+	credit, err := hopOneWay(ctx, Hop{Delay: spec.CreditDelay}, 20, creditBytes)
 	if err != nil {
 		return spec, err
 	}
-	// The data relay also serialises the ping's 32 bytes at the link's
-	// rate: take that out, the model adds it per write.
-	spec.Delay = data/2 - time.Duration(32/spec.Rate*float64(time.Second))
-	spec.CreditDelay = credit / 2
+	// The data relay also serialises the message at the link's rate:
+	// take that out, the model adds it per write.
+	spec.Delay = data - seconds(float64(spec.OpBytes)/spec.Rate)
+	spec.CreditDelay = credit
 	// The ends' own cost per write: one credit, no relay, so every write
 	// waits for the previous one's credit.
 	direct := spec
@@ -135,9 +151,12 @@ func MeasuredQPair(ctx context.Context, spec sim.QPairSpec) (sim.QPairSpec, erro
 	if err != nil {
 		return spec, err
 	}
-	spec.Service = time.Duration(per * float64(time.Second))
+	spec.Service = seconds(per)
 	return spec, nil
 }
+
+// creditBytes is about the size of a credit update on the wire.
+const creditBytes = 32
 
 // QPairMeasurement is the queue-pair scenario measured with fast and slow
 // credits, and the simulator's prediction for the links as measured.

@@ -51,10 +51,14 @@ func TestHopRelay(t *testing.T) {
 
 // TestQPairCredits: Rialto's memory queue pair, its credits returned over
 // a fast or a slow control path, uses the share of its link the simulator
-// predicts for the relays as measured, within 15% (typically 5–9% below
-// it: every write's credit crosses four goroutine hand-offs the model does
-// not have, which a loaded machine, and -race, stretch), and the fast path
-// raises it.
+// predicts for the relays and ends as measured, within 15% (typically 2–6%
+// below it), and the fast path raises it. Both sides are taken
+// undisturbed (RunQPair, MeasuredQPair: the lowest tenth of the credit
+// loops, of the relays' messages, of the ends' writes), so that a machine
+// loaded meanwhile, which only ever lengthens them, does not move them:
+// with medians, two busy loops on two processors had the utilisation and
+// the prediction, measured a second apart, 15–40% apart now and then,
+// either way, and -race more often.
 func TestQPairCredits(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

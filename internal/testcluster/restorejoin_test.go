@@ -259,3 +259,66 @@ func TestDamagedPreviousCredentialsRejoin(t *testing.T) {
 		}
 	}
 }
+
+// TestOverlongCredentialJoinsUnproven: an agent whose identity.json holds
+// a current credential longer than api.MaxCredentialLen (edited by hand,
+// damaged), which the control plane would refuse (400) in every join,
+// drops it as it loads the file, with a warning that names the file and
+// not the credential, and joins without it: unproven (no cluster CA
+// here), so as a lost-state join, refused while the node is live and
+// taking it over once it is down, its lease lost. It presented the
+// credential: the join was refused (400) and the agent stopped, and
+// stopped again at every restart.
+func TestOverlongCredentialJoinsUnproven(t *testing.T) {
+	t.Parallel()
+	logs := &lockedBuffer{}
+	c := Start(t, Options{Nodes: 1, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	l := createBlock(t, c.Client(), 4<<20, api.ModeShared)
+	n := c.Nodes[0]
+	id := n.ID()
+	n.Kill()
+	long := "rnc_" + strings.Repeat("z", api.MaxCredentialLen)
+	editIdentity(t, n.StateDir, func(idf map[string]any) { idf["credential"] = long })
+
+	launchRefused(t, c, n, id)
+	if got := c.Lease(l.ID); got.State != api.LeaseLost {
+		t.Fatalf("the lease after the unproven join: %s (%q)", got.State, got.Reason)
+	}
+	now := readIdentityFile(t, n)
+	if now.Credential == "" || len(now.Credential) > api.MaxCredentialLen || slices.Contains(now.PreviousCredentials, long) {
+		t.Fatalf("identity.json after the join: a credential of %d bytes, the dropped one kept among the previous ones: %v",
+			len(now.Credential), slices.Contains(now.PreviousCredentials, long))
+	}
+	out := logs.String()
+	if !strings.Contains(out, "dropped its current credential") || !strings.Contains(out, filepath.Join(n.StateDir, "identity.json")) {
+		t.Fatal("no warning naming identity.json of the dropped credential")
+	}
+	if strings.Contains(out, long[:64]) {
+		t.Fatal("the credential reached the log")
+	}
+}
+
+// TestTLSOverlongCredentialRejoinsAtOnce: with a cluster CA, an agent
+// whose identity.json holds an over-long current credential drops it and
+// proves its join with its node certificate, still valid: it rejoins at
+// once, the same node, its lease kept.
+func TestTLSOverlongCredentialRejoinsAtOnce(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{TLS: true, Nodes: 1})
+	l := createBlock(t, c.Client(), 4<<20, api.ModeShared)
+	n := c.Nodes[0]
+	id := n.ID()
+	n.Kill()
+	editIdentity(t, n.StateDir, func(idf map[string]any) {
+		idf["credential"] = "rnc_" + strings.Repeat("z", api.MaxCredentialLen)
+	})
+	n.Launch()
+	n.WaitReady()
+	if got := n.ID(); got != id {
+		t.Fatalf("rejoined as %s, not %s", got, id)
+	}
+	if got := c.Lease(l.ID); got.State != api.LeaseActive {
+		t.Fatalf("the lease after the rejoin: %s (%q)", got.State, got.Reason)
+	}
+	c.Eventually("the lease served again", func() bool { return n.Serves(l.ID) })
+}
