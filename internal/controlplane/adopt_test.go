@@ -320,3 +320,55 @@ func TestHeartbeatListsManyExports(t *testing.T) {
 		t.Fatalf("the answer: %+v", k)
 	}
 }
+
+// TestUnservedPartNotAdoptedAtAnotherKindOfURI: a lender that holds a part
+// under the name the control plane derives for it (a move the store does
+// not know brought it) but lists it at a URI the part could not be served
+// at — another protocol than the lease's, user information, a fragment,
+// no host — is not adopted there: the borrower would be sent to that
+// address. The part its lender does not serve is lost.
+func TestUnservedPartNotAdoptedAtAnotherKindOfURI(t *testing.T) {
+	t.Parallel()
+	for what, uri := range map[string]string{
+		"another protocol": "http://127.0.0.2:8080/",
+		"user information": "nbd://someone:secret@127.0.0.2:10809/",
+		"a fragment":       "nbd://127.0.0.2:10809/%s#frag",
+		"no host":          "nbd:///",
+		"a query":          "nbd://127.0.0.2:10809/?tls=off",
+	} {
+		t.Run(what, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			n1, n2 := e.beater("n1", 1<<30), e.beater("n2", 1<<30)
+			l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n1.id}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			x := movedHere(l, 0, "m", n2.device("disk0"), 4<<20)
+			name := movedExport(l.Credential, 0, "m")
+			if strings.Contains(uri, "%s") {
+				x.URI = fmt.Sprintf(uri, name)
+			} else if i := strings.Index(uri, "/?"); i >= 0 {
+				x.URI = uri[:i+1] + name + uri[i+1:]
+			} else {
+				x.URI = uri + name
+			}
+			if i := partOfExport(l, api.ServedExport{Move: "m", URI: "nbd://127.0.0.2:10809/" + name}); i != 0 {
+				t.Fatalf("the proper URI names part %d", i)
+			}
+			var told bool
+			for range 3 {
+				r := n2.beat(x)
+				told = told || tearsDown(r, l.ID)
+				n1.beat()
+			}
+			got := e.lease(l.ID)
+			if got.Parts[0].NodeID == n2.id {
+				t.Fatalf("adopted at %q", got.URI)
+			}
+			if !told || got.State != api.LeaseLost {
+				t.Fatalf("told to tear down: %v; the lease: %s (%q)", told, got.State, got.Reason)
+			}
+		})
+	}
+}

@@ -289,6 +289,9 @@ func partOfExport(l api.Lease, x api.ServedExport) int {
 	}
 	for i := range l.Parts {
 		if hmac.Equal([]byte(name), []byte(movedExport(l.Credential, i, x.Move))) {
+			if !lifecycle.AdoptableURI(l.Parts[i].URI, x.URI) {
+				return -1 // not an address to send the borrower to
+			}
 			return i
 		}
 	}
