@@ -321,6 +321,74 @@ func TestHeartbeatListsManyExports(t *testing.T) {
 	}
 }
 
+// recordMove records, in the store, a move of part i of lease l to dev at
+// off on node to, committed (done) and returns its ID: the lease's part is
+// there since, served under the name the control plane derives for the
+// part and that move.
+func (e *env) recordMove(l api.Lease, i int, id, to, dev string, off int64) api.Lease {
+	e.t.Helper()
+	mv := e.srv.st.(store.Mover)
+	l = e.lease(l.ID)
+	now := e.clock.Now()
+	p := l.Parts[i]
+	m := api.Move{ID: id, LeaseID: l.ID, Part: i, Kind: l.Kind, State: api.MoveCopying, From: stripURI(p),
+		To: api.Part{NodeID: to, DeviceID: dev, Offset: off, Length: p.Length}, Size: p.Length, StartedAt: now}
+	if err := mv.BeginMove(e.ctx(), m, api.Event{At: now, Type: "lease.move.started"}); err != nil {
+		e.t.Fatal(err)
+	}
+	uri := "nbd://127.0.0.2:10809/" + movedExport(l.Credential, i, id)
+	if _, err := mv.FinishMove(e.ctx(), id, uri, now, api.Event{At: now, Type: "lease.moved"}); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := mv.EndMove(e.ctx(), id, api.MoveDone, "", p.Length, now, nil); err != nil {
+		e.t.Fatal(err)
+	}
+	e.srv.res.Invalidate()
+	return e.lease(l.ID)
+}
+
+// TestUnservedStaleCopyOfAnEarlierMoveNotAdopted: a part moved from n1 to
+// n2 and then back to n1, both moves recorded. n2 still lists the export
+// the first move brought it (a move's source that did not let go, or a
+// lender replaying the URI it was once given): the name is the one the
+// control plane derives for the part and that move, but the store knows
+// the move, and that the part left n2 since. When n1 does not serve the
+// part, n2's stale copy is not adopted (its borrower would read what the
+// part held before it left n2): n2 is told to tear it down, and the part
+// is lost.
+func TestUnservedStaleCopyOfAnEarlierMoveNotAdopted(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	n1, n2 := e.beater("n1", 1<<30), e.beater("n2", 1<<30)
+	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n1.id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev2 := n2.device("disk0")
+	e.recordMove(l, 0, "move-there", n2.id, dev2, 8<<20)
+	back := e.recordMove(l, 0, "move-back", n1.id, l.Parts[0].DeviceID, 16<<20)
+	if back.Parts[0].NodeID != n1.id {
+		t.Fatalf("after the moves the part is on %s", back.Parts[0].NodeID)
+	}
+	stale := movedHere(l, 0, "move-there", dev2, 8<<20)
+	var told bool
+	for range 3 {
+		r := n2.beat(stale)
+		told = told || tearsDown(r, l.ID)
+		n1.beat()
+	}
+	got := e.lease(l.ID)
+	if got.Parts[0].NodeID == n2.id {
+		t.Fatalf("the stale copy of an earlier move was adopted on n2: %s (%q)", got.State, got.Reason)
+	}
+	if !told {
+		t.Fatal("n2 was never told to tear its stale copy down")
+	}
+	if got.State != api.LeaseLost {
+		t.Fatalf("the part its lender does not serve: %s (%q)", got.State, got.Reason)
+	}
+}
+
 // TestUnservedPartNotAdoptedAtAnotherKindOfURI: a lender that holds a part
 // under the name the control plane derives for it (a move the store does
 // not know brought it) but lists it at a URI the part could not be served
@@ -370,5 +438,45 @@ func TestUnservedPartNotAdoptedAtAnotherKindOfURI(t *testing.T) {
 				t.Fatalf("told to tear down: %v; the lease: %s (%q)", told, got.State, got.Reason)
 			}
 		})
+	}
+}
+
+// TestUnservedStaleCopyOfAnAdoptedPartNotAdopted: a part adopted on n2
+// (a move the store did not know brought it there) moves on to n1, and
+// n2 lists its old copy still: the adoption was recorded as that move,
+// done, so the copy is known to be stale. When n1 does not serve the part,
+// n2's copy is not adopted again.
+func TestUnservedStaleCopyOfAnAdoptedPartNotAdopted(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	n1, n2 := e.beater("n1", 1<<30), e.beater("n2", 1<<30)
+	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n1.id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := movedHere(l, 0, "move-after-the-backup", n2.device("disk0"), 4<<20)
+	n1.beat()
+	n2.beat(x)
+	n1.beat()
+	if got := e.lease(l.ID); got.Parts[0].NodeID != n2.id {
+		t.Fatalf("not adopted: %s on %s (%q)", got.State, got.Parts[0].NodeID, got.Reason)
+	}
+	ms, err := e.alice.Moves(e.ctx(), l.ID)
+	if err != nil || len(ms) != 1 || ms[0].ID != x.Move {
+		t.Fatalf("the adoption's move: %+v %v, want it recorded as %s", ms, err, x.Move)
+	}
+	e.recordMove(l, 0, "move-on", n1.id, l.Parts[0].DeviceID, 32<<20)
+	var told bool
+	for range 2*unservedEvery + 2 { // n1 is checked every unservedEvery-th heartbeat
+		r := n2.beat(x)
+		told = told || tearsDown(r, l.ID)
+		n1.beat()
+	}
+	got := e.lease(l.ID)
+	if got.Parts[0].NodeID == n2.id {
+		t.Fatal("the stale copy of an adopted part was adopted again")
+	}
+	if !told || got.State != api.LeaseLost {
+		t.Fatalf("told to tear down: %v; the lease: %s (%q)", told, got.State, got.Reason)
 	}
 }

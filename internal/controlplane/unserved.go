@@ -55,8 +55,9 @@ import (
 // list an export of an active lease the store does not place there; if a
 // move brought it and its name is the one the control plane derives for a
 // part of the lease and that move (the export's URI carries it:
-// partOfExport), the holder is not told to tear
-// it down while the part's recorded lender is not known to serve it
+// partOfExport), and the store does not record that move as committed
+// (the part left the holder since: a stale copy), the holder is not told
+// to tear it down while the part's recorded lender is not known to serve it
 // (unservedWatch.inDoubt): the export is a claim on the part
 // (unservedNode.claims). When the recorded lender's heartbeats show it
 // does not serve the part, the part is adopted where it is served
@@ -127,6 +128,10 @@ type suspect struct {
 type claim struct {
 	x     api.ServedExport
 	beats int // heartbeats of the node that left it in doubt
+	// known: the store records x.Move, not committed (a move it took
+	// for failed: the database restored from a backup taken while it was
+	// under way). The adoption is recorded under another ID.
+	known bool
 }
 
 // claimant is a node's claim on a part.
@@ -303,13 +308,15 @@ func partOfExport(l api.Lease, x api.ServedExport) int {
 // under way there (incoming), and that the control plane may adopt: each
 // carries the name it derives for a part of l that is not lost, of the
 // part's length, whose recorded lender is not known to serve it
-// (inDoubt), and was left in doubt for at most maxDoubt heartbeats of the
+// (inDoubt), brought by a move the store does not record as committed
+// (recordedMoves), and was left in doubt for at most maxDoubt heartbeats of the
 // node (prev: its claims before this heartbeat). It records them in
 // claims. The node is told neither to serve nor to tear them down.
-func (s *Server) doubted(l api.Lease, nodeID string, xs []api.ServedExport, incoming []api.PartRef, prev, claims map[string]map[int]claim) []api.PartRef {
+func (s *Server) doubted(ctx context.Context, l api.Lease, nodeID string, xs []api.ServedExport, incoming []api.PartRef, prev, claims map[string]map[int]claim) []api.PartRef {
 	if l.State != api.LeaseActive {
 		return nil
 	}
+	var moves map[string]bool // the lease's recorded moves: ID → committed
 	var out []api.PartRef
 	for _, x := range xs {
 		ref := api.PartRef{DeviceID: x.DeviceID, Offset: x.Offset, Length: x.Length}
@@ -335,6 +342,26 @@ func (s *Server) doubted(l api.Lease, nodeID string, xs []api.ServedExport, inco
 		if !s.unserved.inDoubt(p.NodeID, l.ID, partPiece(p)) {
 			continue // a stale copy (a move's source that did not let go)
 		}
+		if moves == nil {
+			var err error
+			if moves, err = s.recordedMoves(ctx, l.ID); err != nil {
+				// Left in doubt without a claim: this heartbeat adopts
+				// nothing, the next reads again.
+				s.log.Warn("heartbeat: reading the moves of a lease a lender holds a part of that the store places elsewhere", "node", nodeID, "lease", l.ID, "err", err)
+				out = append(out, ref)
+				continue
+			}
+		}
+		committed, known := moves[x.Move]
+		if committed {
+			// The store knows the move that brought it there, and that the
+			// part left since: a stale copy (a move's source that did not
+			// let go, or a lender replaying the address it was once given).
+			s.log.Warn("a lender holds a copy of an active lease's part from a move the part left since; the copy is torn down",
+				"node", nodeID, "lease", l.ID, "part", i, "move", x.Move, "recorded_on", p.NodeID)
+			continue
+		}
+		c.known = known
 		if claims[l.ID] == nil {
 			claims[l.ID] = map[int]claim{}
 		}
@@ -506,12 +533,36 @@ func (s *Server) settleUnserved(ctx context.Context, nodeID string, u unservedLe
 	return suspect{}, false
 }
 
+// recordedMoves returns lease id's recorded moves: ID → committed.
+func (s *Server) recordedMoves(ctx context.Context, id string) (map[string]bool, error) {
+	mv, ok := s.st.(store.Mover)
+	if !ok {
+		return map[string]bool{}, nil // no moves recorded (nor adoptions)
+	}
+	ms, err := mv.Moves(ctx, store.MoveFilter{LeaseID: id})
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]bool, len(ms))
+	for _, m := range ms {
+		out[m.ID] = m.Committed
+	}
+	return out, nil
+}
+
 // adopt makes c's export part i of active lease l (lifecycle.PartAdopted)
-// and returns the lease as stored after it.
+// and returns the lease as stored after it. The adoption is recorded as
+// the move that brought the export there (its ID, which the store does
+// not know), done: a copy that this move brought is known as stale once
+// the part moves on (doubted).
 func (s *Server) adopt(ctx context.Context, l api.Lease, i int, c claimant) (api.Lease, error) {
 	now := s.now()
 	p := l.Parts[i]
-	m := api.Move{ID: resource.NewID("move"), LeaseID: l.ID, Part: i, Kind: l.Kind, State: api.MoveDone,
+	id := c.x.Move
+	if c.known {
+		id = resource.NewID("move")
+	}
+	m := api.Move{ID: id, LeaseID: l.ID, Part: i, Kind: l.Kind, State: api.MoveDone,
 		From: stripURI(p), To: api.Part{NodeID: c.node, DeviceID: c.x.DeviceID, Offset: c.x.Offset, Length: c.x.Length},
 		Size: p.Length, Reason: "adopted where it is served: its recorded lender does not serve it",
 		StartedAt: now, UpdatedAt: now}
