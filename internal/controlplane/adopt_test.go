@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
@@ -478,5 +479,91 @@ func TestUnservedStaleCopyOfAnAdoptedPartNotAdopted(t *testing.T) {
 	}
 	if !told || got.State != api.LeaseLost {
 		t.Fatalf("told to tear down: %v; the lease: %s (%q)", told, got.State, got.Reason)
+	}
+}
+
+// replicaBeat sends, to server srv (another replica on the env's store),
+// node n's heartbeat listing xs, with complete lists and the check of
+// srv's last answer to n (*check), and returns the answer.
+func replicaBeat(t *testing.T, srv *Server, n *beater, check *string, xs ...api.ServedExport) api.HeartbeatResponse {
+	t.Helper()
+	h := api.Heartbeat{Health: "ok", LeasesComplete: true, ExportsComplete: true, Check: *check, Exports: xs}
+	for _, x := range xs {
+		if !slices.Contains(h.Leases, x.LeaseID) {
+			h.Leases = append(h.Leases, x.LeaseID)
+		}
+	}
+	r, err := srv.heartbeat(t.Context(), n.id, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Check != "" {
+		*check = r.Check
+	}
+	return r
+}
+
+// TestUnservedClaimOfANodeGoneElsewhereNotAdopted: n2 claims a part on
+// replica B (its export of the part, which a move the store does not know
+// brought), then goes: removed on replica A (B hears of it on the
+// revocation bus), or silent until it is down, and then taken over by a
+// join on A, as a machine that holds nothing of the part. When the part's
+// recorded lender n1 is shown on B not to serve it, B does not adopt the
+// part on the node taken over from n2's claim of before: its borrower
+// would be sent to a node that does not serve it.
+func TestUnservedClaimOfANodeGoneElsewhereNotAdopted(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"removed", "down"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			b, err := New(e.ctx(), Config{Store: e.srv.st, Clock: e.clock, Lender: e.lender, BootstrapToken: bootTok, Tokens: e.srv.cfg.Tokens})
+			if err != nil {
+				t.Fatal(err)
+			}
+			n1, n2 := e.beater("n1", 1<<30), e.beater("n2", 1<<30)
+			l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n1.id}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var check1, check2 string
+			x := movedHere(l, 0, "move-after-the-backup", n2.device("disk0"), 4<<20)
+			if r := replicaBeat(t, b, n2, &check2, x); tearsDown(r, l.ID) {
+				t.Fatal("n2 was told to tear down its copy before n1 was heard")
+			}
+			switch how {
+			case "removed":
+				if _, err := e.admin.RemoveNode(e.ctx(), n2.id, true); err != nil {
+					t.Fatal(err)
+				}
+				b.applyRevocation(n2.id, nil) // as B hears it on the bus
+			case "down":
+				// n2 is silent (A's sweep finds it down: its leases, none,
+				// are lost); n1 heartbeats meanwhile.
+				e.clock.Advance(b.cfg.DownAfter + time.Second)
+				n1.beat()
+				if err := e.srv.sweepNodes(e.ctx(), e.clock.Now()); err != nil {
+					t.Fatal(err)
+				}
+				if got, err := e.srv.st.Node(e.ctx(), n2.id); err != nil || got.State != api.NodeDown {
+					t.Fatalf("n2: %v %v, want down", got.State, err)
+				}
+			}
+			// Another machine takes n2 over on A (it does not present n2's
+			// credential).
+			if _, err := e.boot.Join(e.ctx(), joinRequest("n2", "", 1<<30)); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := e.srv.st.Node(e.ctx(), n2.id); err != nil || got.State != api.NodeReady {
+				t.Fatalf("n2 after the takeover: %v %v", got.State, err)
+			}
+			for range 3 {
+				replicaBeat(t, b, n1, &check1)
+			}
+			got := e.lease(l.ID)
+			if got.Parts[0].NodeID == n2.id {
+				t.Fatalf("the part was adopted on the node taken over, from the claim of the node it was: %s (%q)", got.State, got.Reason)
+			}
+		})
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/lifecycle"
@@ -127,7 +128,8 @@ type suspect struct {
 // claim is an export a node holds of a part the store places elsewhere.
 type claim struct {
 	x     api.ServedExport
-	beats int // heartbeats of the node that left it in doubt
+	beats int       // heartbeats of the node that left it in doubt
+	at    time.Time // when the node's last heartbeat made it
 	// known: the store records x.Move, not committed (a move it took
 	// for failed: the database restored from a backup taken while it was
 	// under way). The adoption is recorded under another ID.
@@ -222,13 +224,16 @@ func (w *unservedWatch) setClaims(node string, claims map[string]map[int]claim) 
 	w.entry(node).claims = claims
 }
 
-// claimants returns the nodes that claim part i of lease id.
-func (w *unservedWatch) claimants(id string, i int) []claimant {
+// claimants returns the nodes that claim part i of lease id, with a
+// heartbeat heard here since since: a node silent here since then may
+// have gone (down, and taken over by a join on another replica), or
+// report to another replica, where it may have let the part go.
+func (w *unservedWatch) claimants(id string, i int, since time.Time) []claimant {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var out []claimant
 	for node, n := range w.nodes {
-		if c, ok := n.claims[id][i]; ok {
+		if c, ok := n.claims[id][i]; ok && !c.at.Before(since) {
 			out = append(out, claimant{node: node, claim: c})
 		}
 	}
@@ -329,7 +334,7 @@ func (s *Server) doubted(ctx context.Context, l api.Lease, nodeID string, xs []a
 		if i < 0 || l.Parts[i].Lost() || l.Parts[i].Length != x.Length {
 			continue
 		}
-		c := claim{x: x, beats: 1}
+		c := claim{x: x, beats: 1, at: s.now()}
 		if was, ok := prev[l.ID][i]; ok && was.x == x {
 			c.beats = was.beats + 1
 		}
@@ -466,8 +471,11 @@ func (s *Server) settleUnserved(ctx context.Context, nodeID string, u unservedLe
 	claimed := map[int]claimant{}
 	var unclaimed []int
 	var ambiguous []string
+	// A claim is that of a node heard lately: one silent for longer is
+	// suspect at least, and may be down and taken over since.
+	since := s.now().Add(-stretch(s.cfg.SuspectAfter, s.heartbeatStretch()))
 	for _, i := range u.parts {
-		switch cs := s.unserved.claimants(l.ID, i); len(cs) {
+		switch cs := s.unserved.claimants(l.ID, i, since); len(cs) {
 		case 0:
 			unclaimed = append(unclaimed, i)
 		case 1:
