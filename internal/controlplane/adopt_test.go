@@ -224,8 +224,9 @@ func TestUnservedStaleCopyTornDown(t *testing.T) {
 // TestUnservedPartNotAdoptedOverATakenRange: the range the holder of a
 // part serves was placed since for another lease (on the holder's device,
 // by the restored database, which found it free): the part cannot be
-// adopted there, and is recorded lost, saying so, rather than torn down
-// in silence.
+// adopted there, and after a few checks (the range may be freed
+// meanwhile: TestUnservedPartAdoptedOverARangeFreedSince) is recorded
+// lost, saying so, rather than torn down in silence.
 func TestUnservedPartNotAdoptedOverATakenRange(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -242,9 +243,10 @@ func TestUnservedPartNotAdoptedOverATakenRange(t *testing.T) {
 	if r := n2.beat(x, served(since, 0)); tearsDown(r, l.ID) {
 		t.Fatal("n2 was told to tear down its copy before the recorded lender was heard")
 	}
-	n1.beat()
-	n2.beat(x, served(since, 0))
-	n1.beat()
+	for range unservedEvery + 2 {
+		n1.beat()
+		n2.beat(x, served(since, 0))
+	}
 	got := e.lease(l.ID)
 	if got.State != api.LeaseLost || !strings.Contains(got.Reason, "could not be adopted") || !strings.Contains(got.Reason, n2.id) {
 		t.Fatalf("the lease whose copy cannot be adopted: %s (%q)", got.State, got.Reason)
@@ -565,5 +567,42 @@ func TestUnservedClaimOfANodeGoneElsewhereNotAdopted(t *testing.T) {
 				t.Fatalf("the part was adopted on the node taken over, from the claim of the node it was: %s (%q)", got.State, got.Reason)
 			}
 		})
+	}
+}
+
+// TestUnservedPartAdoptedOverARangeFreedSince: n2 holds the only copy of
+// a part recorded on n1 at the range of another lease the restored
+// database places there, which n2 no longer serves (it ended after the
+// backup, and the move that brought the part took its range). The part's
+// check on n1 may end before that other lease's on n2: the range is
+// taken then, and the part waits, not lost; once the other lease is
+// recorded lost (its range freed), the part is adopted.
+func TestUnservedPartAdoptedOverARangeFreedSince(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	n1, n2 := e.beater("n1", 1<<30), e.beater("n2", 1<<30)
+	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n1.id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended, err := e.bob.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n2.id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := movedHere(l, 0, "move-after-the-backup", ended.Parts[0].DeviceID, ended.Parts[0].Offset)
+	n1.beat()  // checked: l's part suspected
+	n2.beat(x) // checked: the ended lease suspected; x claims l's part
+	n1.beat()  // l's part not served: its copy's range is taken still
+	if got := e.lease(l.ID); got.State != api.LeaseActive || got.Parts[0].NodeID != n1.id {
+		t.Fatalf("while the copy's range is taken: %s on %s (%q)", got.State, got.Parts[0].NodeID, got.Reason)
+	}
+	n2.beat(x) // the ended lease recorded lost, its range freed
+	if got, err := e.bob.Lease(e.ctx(), ended.ID); err != nil || got.State != api.LeaseLost {
+		t.Fatalf("the lease n2 does not serve: %s (%q) %v", got.State, got.Reason, err)
+	}
+	n1.beat()
+	got := e.lease(l.ID)
+	if got.State != api.LeaseActive || got.Parts[0].NodeID != n2.id || got.Parts[0].Offset != x.Offset {
+		t.Fatalf("once the range is free: %s on %s [%d] (%q)", got.State, got.Parts[0].NodeID, got.Parts[0].Offset, got.Reason)
 	}
 }

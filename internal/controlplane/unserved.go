@@ -464,8 +464,8 @@ type unservedLease struct {
 // lender, or records them lost; heard reports whether every live lender
 // was heard here. It returns the lease's suspicion to keep, and true, if
 // it is to be decided at the next check: some part is claimed by no
-// lender heard while others were not heard yet (for at most
-// unservedEvery checks), or the write failed.
+// lender heard while others were not heard yet, or a copy's range is
+// taken (both for at most unservedEvery checks), or the write failed.
 func (s *Server) settleUnserved(ctx context.Context, nodeID string, u unservedLease, heard func() bool) (suspect, bool) {
 	l := u.l
 	claimed := map[int]claimant{}
@@ -505,6 +505,13 @@ func (s *Server) settleUnserved(ctx context.Context, nodeID string, u unservedLe
 			var err error
 			if l, err = s.adopt(ctx, l, i, claimed[i]); err != nil {
 				switch {
+				case errors.Is(err, store.ErrCapacity) && u.sus.waits < unservedEvery:
+					// The copy's range may be freed soon: the restored
+					// database may place there a lease its holder no
+					// longer serves, lost at the holder's own check.
+					s.log.Info("a lease part's copy cannot be adopted yet; tried again at the next check",
+						"node", nodeID, "lease", l.ID, "part", i, "to", claimed[i].node, "err", err)
+					return suspect{key: u.sus.key, waits: u.sus.waits + 1}, true
 				case errors.Is(err, store.ErrCapacity):
 					why = fmt.Sprintf("it does not serve part %d of the lease, and the copy node %s holds could not be adopted: %s", i, claimed[i].node, plainText(err))
 				case movedOn(err):
