@@ -606,3 +606,31 @@ func TestUnservedPartAdoptedOverARangeFreedSince(t *testing.T) {
 		t.Fatalf("once the range is free: %s on %s [%d] (%q)", got.State, got.Parts[0].NodeID, got.Parts[0].Offset, got.Reason)
 	}
 }
+
+// TestUnservedPartHeldTwiceByOneLenderNotAdopted: n2 holds two copies of
+// a part recorded on n1, at two ranges, each brought by a move the store
+// does not know (the part moved there, away and back, and the first copy
+// was not let go). Which one the borrower wrote last is not known: as
+// for two lenders that claim a part, neither is adopted, and the part is
+// lost, saying so.
+func TestUnservedPartHeldTwiceByOneLenderNotAdopted(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	n1, n2 := e.beater("n1", 1<<30), e.beater("n2", 1<<30)
+	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n1.id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := n2.device("disk0")
+	first, second := movedHere(l, 0, "move-1", dev, 4<<20), movedHere(l, 0, "move-2", dev, 8<<20)
+	n1.beat()
+	n2.beat(first, second)
+	n1.beat()
+	got := e.lease(l.ID)
+	if got.Parts[0].NodeID == n2.id {
+		t.Fatalf("one of two copies on n2 was adopted: [%d]", got.Parts[0].Offset)
+	}
+	if got.State != api.LeaseLost || !strings.Contains(got.Reason, "none is adopted") || !strings.Contains(got.Reason, n2.id) {
+		t.Fatalf("the part held twice: %s (%q)", got.State, got.Reason)
+	}
+}

@@ -130,6 +130,10 @@ type claim struct {
 	x     api.ServedExport
 	beats int       // heartbeats of the node that left it in doubt
 	at    time.Time // when the node's last heartbeat made it
+	// copies the node holds of the part (at several ranges: moves brought
+	// it there twice, the first copy not let go). More than one is no
+	// claim: which the borrower wrote last is not known.
+	copies int
 	// known: the store records x.Move, not committed (a move it took
 	// for failed: the database restored from a backup taken while it was
 	// under way). The adoption is recorded under another ID.
@@ -366,9 +370,12 @@ func (s *Server) doubted(ctx context.Context, l api.Lease, nodeID string, xs []a
 				"node", nodeID, "lease", l.ID, "part", i, "move", x.Move, "recorded_on", p.NodeID)
 			continue
 		}
-		c.known = known
+		c.known, c.copies = known, 1
 		if claims[l.ID] == nil {
 			claims[l.ID] = map[int]claim{}
+		}
+		if was, ok := claims[l.ID][i]; ok {
+			c.copies = was.copies + 1
 		}
 		claims[l.ID][i] = c
 		out = append(out, ref)
@@ -479,6 +486,10 @@ func (s *Server) settleUnserved(ctx context.Context, nodeID string, u unservedLe
 		case 0:
 			unclaimed = append(unclaimed, i)
 		case 1:
+			if cs[0].copies > 1 {
+				ambiguous = append(ambiguous, fmt.Sprintf("part %d is held by node %s at %d ranges, and none is adopted", i, cs[0].node, cs[0].copies))
+				break
+			}
 			claimed[i] = cs[0]
 		default:
 			nodes := make([]string, len(cs))
