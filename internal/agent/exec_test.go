@@ -43,6 +43,7 @@ func FuzzPrepareRequest(f *testing.F) {
 	for _, s := range []string{
 		`{"lease_id":"l","kind":"block","device_name":"disk0","offset":0,"length":4096,"export":"e"}`,
 		`{"lease_id":"l","kind":"memory","device_name":"mem0","length":1048576,"export":"e"}`,
+		`{"lease_id":"l","kind":"block","device_name":"disk0","offset":0,"length":4096,"export":"e","move":"move-1"}`,
 		`{"lease_id":"l","device_name":"disk0","offset":-1,"length":4096,"export":"e"}`,
 		`{"lease_id":"l","device_name":"disk0","offset":9223372036854775807,"length":9223372036854775807,"export":"e"}`,
 		`{"lease_id":"","export":""}`, `{}`, `[]`, `null`, ``, `{"lease_id":1}`,

@@ -26,6 +26,7 @@ func FuzzStateFiles(f *testing.F) {
 	f.Add([]byte(``), []byte(`[{"lease_id":"a","device_name":"disk0","export":"x","uri":"rialto-accel://h:1/x?slots=h:2,h:3"},`+
 		`{"lease_id":"b","device_name":"disk0","offset":0,"length":8192,"export":"y"}]`))
 	f.Add([]byte(`{"api_port":-1}`), []byte(`[{"lease_id":"a","device_name":"disk0","export":"x","uri":"rialto-accel://h:1/x?gateway=g"}]`))
+	f.Add([]byte(`{}`), []byte(`[{"lease_id":"l","kind":"block","device_name":"disk0","offset":8192,"length":4096,"export":"rlp_m","move":"move-1","uri":"nbd://h:10809/rlp_m"}]`))
 	f.Add([]byte(`null`), []byte(`{"lease_id":1}`))
 	f.Fuzz(func(t *testing.T, identity, exports []byte) {
 		a := offlineAgent(t)

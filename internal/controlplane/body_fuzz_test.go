@@ -78,6 +78,8 @@ func FuzzAPIBodies(f *testing.F) {
 		{6, `{"id":"m","model":"other","write_bps":[-1],"read_bps":[],"source":"x"}`},
 		{7, string(join)}, {7, `{"name":"n2","fingerprint":{"machine_id":"m2"},"agent_url":"::bad"}`},
 		{8, `{"health":"ok","leases":["` + l.ID + `"],"links":[{"to":"controlplane","rtt_us":12.5,"up":true}]}`},
+		{8, `{"health":"ok","leases":["` + l.ID + `"],"leases_complete":true,"exports_complete":true,"exports":[{"lease_id":"` + l.ID +
+			`","device_id":"` + l.Parts[0].DeviceID + `","offset":4194304,"length":1048576,"move":"move-1","uri":"nbd://127.0.0.1:10809/rlp_x"}]}`},
 		{8, `{"usage":[{"device":"disk0","read_bps":-1}]}`}, {0, `null`}, {3, `[]`}, {8, `{"leases":1}`},
 	} {
 		f.Add(s.route, "", []byte(s.body))

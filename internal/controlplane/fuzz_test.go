@@ -87,12 +87,17 @@ func TestDecodeEmpty(t *testing.T) {
 // FuzzDecodeHeartbeat decodes arbitrary heartbeats: every refusal wraps
 // httpx.ErrBadBody.
 func FuzzDecodeHeartbeat(f *testing.F) {
-	for _, s := range []string{`{"health":"ok","leases":["lease-1"],"links":[{"to":"controlplane","rtt_us":12.5,"up":true}]}`, `{"leases":null}`, `null`, ``} {
+	for _, s := range []string{`{"health":"ok","leases":["lease-1"],"links":[{"to":"controlplane","rtt_us":12.5,"up":true}]}`, `{"leases":null}`, `null`, ``,
+		`{"health":"ok","leases":["lease-1"],"leases_complete":true,"check":"c.1","exports_complete":true,"exports":[` +
+			`{"lease_id":"lease-1","device_id":"dev-1","offset":0,"length":1048576},` +
+			`{"lease_id":"lease-1","device_id":"dev-1","offset":1048576,"length":1048576,"move":"move-1","uri":"nbd://10.0.0.2:10809/rlp_x"}]}`,
+		`{"exports":[{"lease_id":"","offset":-1,"length":-1,"move":"","uri":"::"}],"exports_complete":false}`, `{"exports":{}}`,
+	} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
 		var h api.Heartbeat
-		if err := httpx.Decode(strings.NewReader(in), maxBody, &h); err != nil && !errors.Is(err, httpx.ErrBadBody) {
+		if err := httpx.Decode(strings.NewReader(in), maxHeartbeatBody, &h); err != nil && !errors.Is(err, httpx.ErrBadBody) {
 			t.Fatalf("error not wrapped: %v", err)
 		}
 	})

@@ -424,7 +424,7 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 			}
 			var doubt []api.PartRef
 			if claims != nil && ok {
-				doubt = s.doubted(l, nodeID, exports[id], incoming[id], prevClaims, claims)
+				doubt = s.doubted(ctx, l, nodeID, exports[id], incoming[id], prevClaims, claims)
 			}
 			_, todo, _ := s.apply(ctx, l, lifecycle.Reconcile{NodeID: nodeID, Incoming: incoming[id], Doubt: doubt})
 			for _, a := range todo {

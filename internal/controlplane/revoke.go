@@ -197,6 +197,9 @@ func (s *Server) busMessage(ctx context.Context, b store.Broadcaster, raw string
 func (s *Server) applyRevocation(node string, serials []string) {
 	s.auth.dropNode(node)
 	s.live.forget(node) // its heartbeats in flight are written (and refused) at once
+	// Its claims on parts (unserved.go) are moot: a node that takes it
+	// over does not hold what it held.
+	s.unserved.forget(node)
 	s.invalidate()
 	if s.cfg.CA == nil {
 		return

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/lifecycle"
@@ -55,8 +56,9 @@ import (
 // list an export of an active lease the store does not place there; if a
 // move brought it and its name is the one the control plane derives for a
 // part of the lease and that move (the export's URI carries it:
-// partOfExport), the holder is not told to tear
-// it down while the part's recorded lender is not known to serve it
+// partOfExport), and the store does not record that move as committed
+// (the part left the holder since: a stale copy), the holder is not told
+// to tear it down while the part's recorded lender is not known to serve it
 // (unservedWatch.inDoubt): the export is a claim on the part
 // (unservedNode.claims). When the recorded lender's heartbeats show it
 // does not serve the part, the part is adopted where it is served
@@ -126,7 +128,16 @@ type suspect struct {
 // claim is an export a node holds of a part the store places elsewhere.
 type claim struct {
 	x     api.ServedExport
-	beats int // heartbeats of the node that left it in doubt
+	beats int       // heartbeats of the node that left it in doubt
+	at    time.Time // when the node's last heartbeat made it
+	// copies the node holds of the part (at several ranges: moves brought
+	// it there twice, the first copy not let go). More than one is no
+	// claim: which the borrower wrote last is not known.
+	copies int
+	// known: the store records x.Move, not committed (a move it took
+	// for failed: the database restored from a backup taken while it was
+	// under way). The adoption is recorded under another ID.
+	known bool
 }
 
 // claimant is a node's claim on a part.
@@ -217,13 +228,16 @@ func (w *unservedWatch) setClaims(node string, claims map[string]map[int]claim) 
 	w.entry(node).claims = claims
 }
 
-// claimants returns the nodes that claim part i of lease id.
-func (w *unservedWatch) claimants(id string, i int) []claimant {
+// claimants returns the nodes that claim part i of lease id, with a
+// heartbeat heard here since since: a node silent here since then may
+// have gone (down, and taken over by a join on another replica), or
+// report to another replica, where it may have let the part go.
+func (w *unservedWatch) claimants(id string, i int, since time.Time) []claimant {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var out []claimant
 	for node, n := range w.nodes {
-		if c, ok := n.claims[id][i]; ok {
+		if c, ok := n.claims[id][i]; ok && !c.at.Before(since) {
 			out = append(out, claimant{node: node, claim: c})
 		}
 	}
@@ -289,6 +303,9 @@ func partOfExport(l api.Lease, x api.ServedExport) int {
 	}
 	for i := range l.Parts {
 		if hmac.Equal([]byte(name), []byte(movedExport(l.Credential, i, x.Move))) {
+			if !lifecycle.AdoptableURI(l.Parts[i].URI, x.URI) {
+				return -1 // not an address to send the borrower to
+			}
 			return i
 		}
 	}
@@ -300,13 +317,15 @@ func partOfExport(l api.Lease, x api.ServedExport) int {
 // under way there (incoming), and that the control plane may adopt: each
 // carries the name it derives for a part of l that is not lost, of the
 // part's length, whose recorded lender is not known to serve it
-// (inDoubt), and was left in doubt for at most maxDoubt heartbeats of the
+// (inDoubt), brought by a move the store does not record as committed
+// (recordedMoves), and was left in doubt for at most maxDoubt heartbeats of the
 // node (prev: its claims before this heartbeat). It records them in
 // claims. The node is told neither to serve nor to tear them down.
-func (s *Server) doubted(l api.Lease, nodeID string, xs []api.ServedExport, incoming []api.PartRef, prev, claims map[string]map[int]claim) []api.PartRef {
+func (s *Server) doubted(ctx context.Context, l api.Lease, nodeID string, xs []api.ServedExport, incoming []api.PartRef, prev, claims map[string]map[int]claim) []api.PartRef {
 	if l.State != api.LeaseActive {
 		return nil
 	}
+	var moves map[string]bool // the lease's recorded moves: ID → committed
 	var out []api.PartRef
 	for _, x := range xs {
 		ref := api.PartRef{DeviceID: x.DeviceID, Offset: x.Offset, Length: x.Length}
@@ -319,7 +338,7 @@ func (s *Server) doubted(l api.Lease, nodeID string, xs []api.ServedExport, inco
 		if i < 0 || l.Parts[i].Lost() || l.Parts[i].Length != x.Length {
 			continue
 		}
-		c := claim{x: x, beats: 1}
+		c := claim{x: x, beats: 1, at: s.now()}
 		if was, ok := prev[l.ID][i]; ok && was.x == x {
 			c.beats = was.beats + 1
 		}
@@ -332,8 +351,31 @@ func (s *Server) doubted(l api.Lease, nodeID string, xs []api.ServedExport, inco
 		if !s.unserved.inDoubt(p.NodeID, l.ID, partPiece(p)) {
 			continue // a stale copy (a move's source that did not let go)
 		}
+		if moves == nil {
+			var err error
+			if moves, err = s.recordedMoves(ctx, l.ID); err != nil {
+				// Left in doubt without a claim: this heartbeat adopts
+				// nothing, the next reads again.
+				s.log.Warn("heartbeat: reading the moves of a lease a lender holds a part of that the store places elsewhere", "node", nodeID, "lease", l.ID, "err", err)
+				out = append(out, ref)
+				continue
+			}
+		}
+		committed, known := moves[x.Move]
+		if committed {
+			// The store knows the move that brought it there, and that the
+			// part left since: a stale copy (a move's source that did not
+			// let go, or a lender replaying the address it was once given).
+			s.log.Warn("a lender holds a copy of an active lease's part from a move the part left since; the copy is torn down",
+				"node", nodeID, "lease", l.ID, "part", i, "move", x.Move, "recorded_on", p.NodeID)
+			continue
+		}
+		c.known, c.copies = known, 1
 		if claims[l.ID] == nil {
 			claims[l.ID] = map[int]claim{}
+		}
+		if was, ok := claims[l.ID][i]; ok {
+			c.copies = was.copies + 1
 		}
 		claims[l.ID][i] = c
 		out = append(out, ref)
@@ -429,18 +471,25 @@ type unservedLease struct {
 // lender, or records them lost; heard reports whether every live lender
 // was heard here. It returns the lease's suspicion to keep, and true, if
 // it is to be decided at the next check: some part is claimed by no
-// lender heard while others were not heard yet (for at most
-// unservedEvery checks), or the write failed.
+// lender heard while others were not heard yet, or a copy's range is
+// taken (both for at most unservedEvery checks), or the write failed.
 func (s *Server) settleUnserved(ctx context.Context, nodeID string, u unservedLease, heard func() bool) (suspect, bool) {
 	l := u.l
 	claimed := map[int]claimant{}
 	var unclaimed []int
 	var ambiguous []string
+	// A claim is that of a node heard lately: one silent for longer is
+	// suspect at least, and may be down and taken over since.
+	since := s.now().Add(-stretch(s.cfg.SuspectAfter, s.heartbeatStretch()))
 	for _, i := range u.parts {
-		switch cs := s.unserved.claimants(l.ID, i); len(cs) {
+		switch cs := s.unserved.claimants(l.ID, i, since); len(cs) {
 		case 0:
 			unclaimed = append(unclaimed, i)
 		case 1:
+			if cs[0].copies > 1 {
+				ambiguous = append(ambiguous, fmt.Sprintf("part %d is held by node %s at %d ranges, and none is adopted", i, cs[0].node, cs[0].copies))
+				break
+			}
 			claimed[i] = cs[0]
 		default:
 			nodes := make([]string, len(cs))
@@ -467,6 +516,13 @@ func (s *Server) settleUnserved(ctx context.Context, nodeID string, u unservedLe
 			var err error
 			if l, err = s.adopt(ctx, l, i, claimed[i]); err != nil {
 				switch {
+				case errors.Is(err, store.ErrCapacity) && u.sus.waits < unservedEvery:
+					// The copy's range may be freed soon: the restored
+					// database may place there a lease its holder no
+					// longer serves, lost at the holder's own check.
+					s.log.Info("a lease part's copy cannot be adopted yet; tried again at the next check",
+						"node", nodeID, "lease", l.ID, "part", i, "to", claimed[i].node, "err", err)
+					return suspect{key: u.sus.key, waits: u.sus.waits + 1}, true
 				case errors.Is(err, store.ErrCapacity):
 					why = fmt.Sprintf("it does not serve part %d of the lease, and the copy node %s holds could not be adopted: %s", i, claimed[i].node, plainText(err))
 				case movedOn(err):
@@ -503,12 +559,36 @@ func (s *Server) settleUnserved(ctx context.Context, nodeID string, u unservedLe
 	return suspect{}, false
 }
 
+// recordedMoves returns lease id's recorded moves: ID → committed.
+func (s *Server) recordedMoves(ctx context.Context, id string) (map[string]bool, error) {
+	mv, ok := s.st.(store.Mover)
+	if !ok {
+		return map[string]bool{}, nil // no moves recorded (nor adoptions)
+	}
+	ms, err := mv.Moves(ctx, store.MoveFilter{LeaseID: id})
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]bool, len(ms))
+	for _, m := range ms {
+		out[m.ID] = m.Committed
+	}
+	return out, nil
+}
+
 // adopt makes c's export part i of active lease l (lifecycle.PartAdopted)
-// and returns the lease as stored after it.
+// and returns the lease as stored after it. The adoption is recorded as
+// the move that brought the export there (its ID, which the store does
+// not know), done: a copy that this move brought is known as stale once
+// the part moves on (doubted).
 func (s *Server) adopt(ctx context.Context, l api.Lease, i int, c claimant) (api.Lease, error) {
 	now := s.now()
 	p := l.Parts[i]
-	m := api.Move{ID: resource.NewID("move"), LeaseID: l.ID, Part: i, Kind: l.Kind, State: api.MoveDone,
+	id := c.x.Move
+	if c.known {
+		id = resource.NewID("move")
+	}
+	m := api.Move{ID: id, LeaseID: l.ID, Part: i, Kind: l.Kind, State: api.MoveDone,
 		From: stripURI(p), To: api.Part{NodeID: c.node, DeviceID: c.x.DeviceID, Offset: c.x.Offset, Length: c.x.Length},
 		Size: p.Length, Reason: "adopted where it is served: its recorded lender does not serve it",
 		StartedAt: now, UpdatedAt: now}

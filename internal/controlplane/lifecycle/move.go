@@ -98,6 +98,9 @@ func partAdopted(l api.Lease, e PartAdopted, now time.Time) (api.Lease, []Action
 	if m.To.Length != p.Length {
 		return l, nil, refuse("lease %s part %d is %d long; the export adopted is %d", l.ID, m.Part, p.Length, m.To.Length)
 	}
+	if !AdoptableURI(p.URI, e.URI) {
+		return l, nil, fmt.Errorf("%w: lender %s serves part %d of lease %s at a URI its borrower is not to be sent to", ErrBadReport, m.To.NodeID, m.Part, l.ID)
+	}
 	n := l
 	n.Parts = slices.Clone(l.Parts)
 	n.Parts[m.Part] = api.Part{NodeID: m.To.NodeID, DeviceID: m.To.DeviceID, Offset: m.To.Offset, Length: m.To.Length, URI: e.URI}

@@ -460,23 +460,41 @@ const maxURI = 4096
 // rialto-nics) are the same protocol: a lender restarted with or without
 // --insecure-dataplane serves the export under the other one.
 func sameExport(prev, next string) bool {
+	p, n, ok := servedURIs(prev, next)
+	return ok && n.EscapedPath() == p.EscapedPath()
+}
+
+// AdoptableURI reports whether next may be where another lender serves,
+// after a move, the export of a part whose URI is prev: what sameExport
+// checks, the path (the export's name, which a move changes) aside. The
+// control plane adopts a part at such a URI only (PartAdopted).
+func AdoptableURI(prev, next string) bool {
+	_, _, ok := servedURIs(prev, next)
+	return ok
+}
+
+// servedURIs parses prev and next, and reports whether next is a URI an
+// export of prev's may be served at: the same protocol (plaintext or
+// TLS), a host, no user information or fragment, the same query keys and
+// accel gateway.
+func servedURIs(prev, next string) (*url.URL, *url.URL, bool) {
 	if len(next) > maxURI || prev == "" {
-		return false
+		return nil, nil, false
 	}
 	p, err1 := url.Parse(prev)
 	n, err2 := url.Parse(next)
 	if err1 != nil || err2 != nil || n.Host == "" || n.User != nil || n.Fragment != "" ||
-		plainScheme(n.Scheme) != plainScheme(p.Scheme) || n.EscapedPath() != p.EscapedPath() {
-		return false
+		plainScheme(n.Scheme) != plainScheme(p.Scheme) {
+		return nil, nil, false
 	}
 	pq, nq := p.Query(), n.Query()
 	if len(pq) != len(nq) || pq.Get("gateway") != nq.Get("gateway") {
-		return false
+		return nil, nil, false
 	}
 	for k := range pq {
 		if _, ok := nq[k]; !ok {
-			return false
+			return nil, nil, false
 		}
 	}
-	return true
+	return p, n, true
 }

@@ -88,6 +88,8 @@ var events = []struct {
 	{"part adopted part 1", PartAdopted{Move: adopt1, URI: "nbd://10.0.0.3:10809/rlm_z"}, t0.Add(time.Minute), nil},
 	{"part adopted (stale part)", PartAdopted{Move: func() api.Move { m := adopt1; m.From.NodeID = "n9"; return m }(), URI: "nbd://10.0.0.3:10809/rlm_z"}, t0.Add(time.Minute), nil},
 	{"part adopted (other length)", PartAdopted{Move: func() api.Move { m := adopt1; m.To.Length = 4096; return m }(), URI: "nbd://10.0.0.3:10809/rlm_z"}, t0.Add(time.Minute), nil},
+	{"part adopted (another protocol)", PartAdopted{Move: adopt1, URI: "http://10.0.0.3:8080/rlm_z"}, t0.Add(time.Minute), nil},
+	{"part adopted (user information)", PartAdopted{Move: adopt1, URI: "nbd://u:p@10.0.0.3:10809/rlm_z"}, t0.Add(time.Minute), nil},
 	{"part adopted part 1 (lost)", PartAdopted{Move: adopt1, URI: "nbd://10.0.0.3:10809/rlm_z"}, t0.Add(time.Minute), lostPart1},
 }
 
