@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -341,19 +342,43 @@ func (a *Agent) TeardownPlacement(ctx context.Context, leaseID string, placement
 	if placement <= 0 {
 		return a.teardownLease(ctx, leaseID)
 	}
-	return a.teardownExports(ctx, leaseID, func(e Export) bool {
+	wipes, err := a.retireExports(ctx, leaseID, func(e Export) bool {
 		return !e.incoming && e.Request.Placement <= placement
 	})
+	return errors.Join(err, a.runWipes(ctx, a.withWipesUnderWay(leaseID, wipes)))
 }
 
 // teardownLease tears a lease's exports down. Each block range is entered
 // in the wipe journal before its export stops, and wiped once no request
 // of the lease can reach it any more; a wipe that fails stays in the
 // journal (its range refused) and is retried with every heartbeat round.
+// A call answers only once the lease's ranges are wiped: those of a
+// teardown of the lease under way elsewhere (a heartbeat answer's, say,
+// which retired the exports first) as well (withWipesUnderWay).
 func (a *Agent) teardownLease(ctx context.Context, leaseID string) error {
 	// A part of the lease moving to or from here is given up first.
 	a.abortLeaseTransfers(ctx, leaseID, "the lease is being torn down", true)
-	return a.teardownExports(ctx, leaseID, func(e Export) bool { return !e.incoming })
+	wipes, err := a.retireExports(ctx, leaseID, func(e Export) bool { return !e.incoming })
+	return errors.Join(err, a.runWipes(ctx, a.withWipesUnderWay(leaseID, wipes)))
+}
+
+// withWipesUnderWay is own, the wipes a teardown of lease leaseID owes,
+// with the lease's wipes another teardown owes or runs: journalled, their
+// exports torn down, and not failed yet. runWipes waits for one under way
+// and runs one not started yet (its owner's run then waits for this one):
+// without them, a teardown call that came second found no export left and
+// answered while the range still held the tenant's bytes. A wipe that
+// failed is left to the heartbeats' retries, as before.
+func (a *Agent) withWipesUnderWay(leaseID string, own []*pendingWipe) []*pendingWipe {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := own
+	for _, w := range a.wipes {
+		if w.LeaseID == leaseID && !w.live && (w.running || w.done == nil) && !slices.Contains(own, w) {
+			out = append(out, w)
+		}
+	}
+	return out
 }
 
 // teardownAnswered is teardownLease for a heartbeat answer, which judges

@@ -192,6 +192,11 @@ func (a *Agent) runWipeOr(ctx context.Context, w *pendingWipe, wait bool) error 
 	case w.live:
 		a.mu.Unlock()
 		return nil
+	case !w.running && w.done != nil && w.err == nil:
+		// Wiped by another run, its entry dropped: the range may be
+		// another lease's by now.
+		a.mu.Unlock()
+		return nil
 	case w.running && !wait:
 		a.mu.Unlock()
 		return nil

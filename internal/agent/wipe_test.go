@@ -901,3 +901,93 @@ func TestTeardownWaitsForWipeUnderWay(t *testing.T) {
 		t.Fatalf("journal after the wipe: %+v", j)
 	}
 }
+
+// TestSecondTeardownWaitsForTheFirstsWipe: a teardown call of a lease
+// whose exports another teardown (a heartbeat answer's, say) has already
+// retired found nothing left to tear down and answered at once, while
+// the other's wipe was under way, or not even started: the range still
+// held the tenant's bytes, and a forced removal returned before the
+// agent had wiped the lease lost with the node. The call now waits for
+// the wipe under way, and runs one not started yet.
+func TestSecondTeardownWaitsForTheFirstsWipe(t *testing.T) {
+	t.Run("under way", func(t *testing.T) {
+		r, cfg, _ := withTenant(t, 0, 0x5a)
+		a := r.a
+		entered, release := make(chan struct{}), make(chan struct{})
+		hold := func(ctx context.Context, lease string) {
+			close(entered)
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		}
+		a.Faults.BeforeWipe.Store(&hold)
+		first := make(chan error, 1)
+		go func() { first <- a.teardownAnswered(ctxFor(t), "lease-a", math.MaxUint64) }()
+		<-entered
+		a.Faults.BeforeWipe.Store(nil)
+		a.mu.Lock()
+		if len(a.wipes) != 1 {
+			a.mu.Unlock()
+			t.Fatalf("%d pending wipes, want 1", len(a.wipes))
+		}
+		w := a.wipes[0]
+		a.mu.Unlock()
+
+		second := make(chan error, 1)
+		go func() { second <- a.Teardown(ctxFor(t), "lease-a") }()
+		deadline := time.Now().Add(20 * time.Second)
+		for waiting := false; !waiting; {
+			select {
+			case err := <-second:
+				t.Fatalf("the second teardown answered (%v) while the first's wipe was under way: the range still holds the tenant's bytes", err)
+			default:
+			}
+			a.mu.Lock()
+			waiting = w.waiting == 1
+			a.mu.Unlock()
+			if time.Now().After(deadline) {
+				t.Fatal("the second teardown neither answered nor waited")
+			}
+			runtime.Gosched()
+		}
+		close(release)
+		if err := <-second; err != nil {
+			t.Fatalf("the second teardown: %v", err)
+		}
+		if !bytes.Equal(diskBytes(t, cfg.StateDir, 0, leaseSize), make([]byte, leaseSize)) {
+			t.Fatal("the second teardown answered before the range was zero")
+		}
+		if err := <-first; err != nil {
+			t.Fatalf("the first teardown: %v", err)
+		}
+		if j := journal(t, cfg.StateDir); len(j) != 0 {
+			t.Fatalf("journal after the wipe: %+v", j)
+		}
+	})
+	t.Run("not started", func(t *testing.T) {
+		r, cfg, _ := withTenant(t, 0, 0x5a)
+		a := r.a
+		// The first teardown has retired the export and not started
+		// its wipe yet.
+		owed, err := a.retireExports(ctxFor(t), "lease-a", func(Export) bool { return true })
+		if err != nil || len(owed) != 1 {
+			t.Fatalf("retire: %d wipes owed, %v", len(owed), err)
+		}
+		if err := a.TeardownPlacement(ctxFor(t), "lease-a", 1); err != nil {
+			t.Fatalf("the second teardown: %v", err)
+		}
+		if !bytes.Equal(diskBytes(t, cfg.StateDir, 0, leaseSize), make([]byte, leaseSize)) {
+			t.Fatal("the second teardown answered before the range was zero")
+		}
+		if err := a.runWipes(ctxFor(t), owed); err != nil {
+			t.Fatalf("the first teardown's wipe, run after: %v", err)
+		}
+		if n := testutil.ToFloat64(a.mWipes.WithLabelValues("ok")); n != 1 {
+			t.Errorf("%v wipes of the range, want 1: the first teardown's ran again, once the range was free", n)
+		}
+		if j := journal(t, cfg.StateDir); len(j) != 0 {
+			t.Fatalf("journal after the wipe: %+v", j)
+		}
+	})
+}

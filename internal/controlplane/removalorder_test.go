@@ -26,7 +26,9 @@ import (
 // time the agent is asked, the other replica refuses the node's
 // credential already (the removal's revocation broadcast is
 // acknowledged). Before, the teardowns ran first, and the other replica
-// answered the removed node from its cache until they were done.
+// answered the removed node from its cache until they were done. The
+// agent's heartbeats are paused (see below): the agent hears of the lost
+// lease from the removal's call alone.
 func TestForcedRemovalHoldsEverywhereBeforeTeardowns(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -36,7 +38,7 @@ func TestForcedRemovalHoldsEverywhereBeforeTeardowns(t *testing.T) {
 	replica := func() (*Server, string) {
 		s := runServer(ctx, t, Config{Store: openPG(ctx, t, url, 8), Logger: log, BootstrapToken: bootTok,
 			Tokens:         []Token{{Token: aliceTok, Tenant: "alice"}, {Token: adminTok, Tenant: "admin", Admin: true}},
-			PrepareTimeout: time.Minute, HeartbeatInterval: 100 * time.Millisecond})
+			PrepareTimeout: time.Minute, HeartbeatInterval: 100 * time.Millisecond, SuspectAfter: 10 * time.Minute, DownAfter: 20 * time.Minute})
 		ts := httptest.NewServer(s.Handler())
 		t.Cleanup(ts.Close)
 		return s, ts.URL
@@ -98,6 +100,13 @@ func TestForcedRemovalHoldsEverywhereBeforeTeardowns(t *testing.T) {
 		t.Fatalf("the node's credential on the other replica: %v", err)
 	}
 
+	// The removal's call is the only teardown the agent gets: a
+	// heartbeat answered once the lease is lost (the removal loses it
+	// before it revokes anything) would tear it down too, and its wipe
+	// enter the hook before the other replica heard of the removal, or
+	// wipe the lease before the removal's call found anything to wipe.
+	// The node stays ready (SuspectAfter), so the removal is forced.
+	ag.agent.PauseHeartbeats(true)
 	removed := make(chan error, 1)
 	go func() { // waited for below
 		r, err := api.NewClient(aURL, adminTok, nil).RemoveNode(ctx, id.NodeID, true)
