@@ -872,21 +872,7 @@ func TestTeardownWaitsForWipeUnderWay(t *testing.T) {
 	}
 	torn := make(chan error, 1)
 	go func() { torn <- a.runWipe(ctxFor(t), w) }()
-	deadline := time.Now().Add(20 * time.Second)
-	for waiting := false; !waiting; {
-		select {
-		case err := <-torn:
-			t.Fatalf("the teardown's wipe answered (%v) while the retry's was under way: the range still holds the tenant's bytes", err)
-		default:
-		}
-		a.mu.Lock()
-		waiting = w.waiting == 1
-		a.mu.Unlock()
-		if time.Now().After(deadline) {
-			t.Fatal("the teardown's wipe neither answered nor waited")
-		}
-		runtime.Gosched()
-	}
+	waitsForWipe(t, a, w, torn, "the teardown's wipe", "the retry's")
 	close(release)
 	if err := <-torn; err != nil {
 		t.Fatalf("the teardown's wipe: %v", err)
@@ -899,6 +885,29 @@ func TestTeardownWaitsForWipeUnderWay(t *testing.T) {
 	}
 	if j := journal(t, dir); len(j) != 0 {
 		t.Fatalf("journal after the wipe: %+v", j)
+	}
+}
+
+// waitsForWipe returns once a call (what), whose answer is to come on
+// done, waits for wipe w, under way for another (whose): the test fails
+// if the call answers first, or neither answers nor waits within 20
+// seconds.
+func waitsForWipe(t *testing.T, a *Agent, w *pendingWipe, done <-chan error, what, whose string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for waiting := false; !waiting; {
+		select {
+		case err := <-done:
+			t.Fatalf("%s answered (%v) while %s wipe was under way: the range still holds the tenant's bytes", what, err, whose)
+		default:
+		}
+		a.mu.Lock()
+		waiting = w.waiting == 1
+		a.mu.Unlock()
+		if time.Now().After(deadline) {
+			t.Fatalf("%s neither answered nor waited", what)
+		}
+		runtime.Gosched()
 	}
 }
 
@@ -936,21 +945,7 @@ func TestSecondTeardownWaitsForTheFirstsWipe(t *testing.T) {
 
 		second := make(chan error, 1)
 		go func() { second <- a.Teardown(ctxFor(t), "lease-a") }()
-		deadline := time.Now().Add(20 * time.Second)
-		for waiting := false; !waiting; {
-			select {
-			case err := <-second:
-				t.Fatalf("the second teardown answered (%v) while the first's wipe was under way: the range still holds the tenant's bytes", err)
-			default:
-			}
-			a.mu.Lock()
-			waiting = w.waiting == 1
-			a.mu.Unlock()
-			if time.Now().After(deadline) {
-				t.Fatal("the second teardown neither answered nor waited")
-			}
-			runtime.Gosched()
-		}
+		waitsForWipe(t, a, w, second, "the second teardown", "the first's")
 		close(release)
 		if err := <-second; err != nil {
 			t.Fatalf("the second teardown: %v", err)

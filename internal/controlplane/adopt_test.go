@@ -101,6 +101,54 @@ func keeps(r api.HeartbeatResponse, id string) (api.LeaseExpiry, bool) {
 	return r.Leases[i], true
 }
 
+// blockLease is a 1 MiB block lease c creates on lender n.
+func (e *env) blockLease(c *api.Client, n *beater) api.Lease {
+	e.t.Helper()
+	l, err := c.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n.id}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return l
+}
+
+// lenders is an env with two lenders, n1 and n2, and alice's lease l on
+// n1.
+func lenders(t *testing.T) (e *env, n1, n2 *beater, l api.Lease) {
+	t.Helper()
+	e = newEnv(t)
+	n1, n2 = e.beater("n1", 1<<30), e.beater("n2", 1<<30)
+	return e, n1, n2, e.blockLease(e.alice, n1)
+}
+
+// contest has holder list xs, and then lender list nothing, rounds times,
+// and reports whether holder was ever told to tear lease id down.
+func contest(holder, lender *beater, id string, rounds int, xs ...api.ServedExport) (told bool) {
+	for range rounds {
+		if tearsDown(holder.beat(xs...), id) {
+			told = true
+		}
+		lender.beat()
+	}
+	return told
+}
+
+// notAdopted fails the test unless holder's copy of lease id's part was
+// not adopted, holder was told to tear it down, and the part its lender
+// does not serve was lost.
+func (e *env) notAdopted(id string, holder *beater, told bool) {
+	e.t.Helper()
+	got := e.lease(id)
+	if got.Parts[0].NodeID == holder.id {
+		e.t.Fatalf("the copy on %s was adopted, at %q: %s (%q)", holder.id, got.URI, got.State, got.Reason)
+	}
+	if !told {
+		e.t.Fatalf("%s was never told to tear its copy down", holder.id)
+	}
+	if got.State != api.LeaseLost {
+		e.t.Fatalf("the part its lender does not serve: %s (%q)", got.State, got.Reason)
+	}
+}
+
 // TestUnservedPartAdopted: an active lease's part is recorded on n1,
 // which does not serve it; n2 serves it (a move the restored database does
 // not know brought it there), under the name the control plane derives
@@ -112,12 +160,7 @@ func keeps(r api.HeartbeatResponse, id string) (api.LeaseExpiry, bool) {
 // n2's next answer keeps it.
 func TestUnservedPartAdopted(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	n1, n2 := e.beater("n1", 1<<30), e.beater("n2", 1<<30)
-	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n1.id}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, n1, n2, l := lenders(t)
 	n1.beat()
 	n1.beat()
 	if got := e.lease(l.ID); got.State != api.LeaseActive || got.Parts[0].NodeID != n1.id {
@@ -164,16 +207,8 @@ func TestUnservedPartAdopted(t *testing.T) {
 // not adopted.
 func TestUnservedPartNotAdoptedOnALie(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	n1, n2 := e.beater("n1", 1<<30), e.beater("n2", 1<<30)
-	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n1.id}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n1.id}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, n1, n2, l := lenders(t)
+	other := e.blockLease(e.alice, n1)
 	dev := n2.device("disk0")
 	madeUp := movedHere(l, 0, "m", dev, 0)
 	madeUp.URI = "nbd://127.0.0.2:10809/rlp_made-up"
@@ -202,12 +237,7 @@ func TestUnservedPartNotAdoptedOnALie(t *testing.T) {
 // once the recorded lender's checked heartbeat lists the part.
 func TestUnservedStaleCopyTornDown(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	n1, n2 := e.beater("n1", 1<<30), e.beater("n2", 1<<30)
-	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n1.id}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, n1, n2, l := lenders(t)
 	x := movedHere(l, 0, "m", n2.device("disk0"), 0)
 	if r := n2.beat(x); tearsDown(r, l.ID) {
 		t.Fatal("the copy was torn down before the recorded lender was heard")
@@ -229,16 +259,8 @@ func TestUnservedStaleCopyTornDown(t *testing.T) {
 // lost, saying so, rather than torn down in silence.
 func TestUnservedPartNotAdoptedOverATakenRange(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	n1, n2 := e.beater("n1", 1<<30), e.beater("n2", 1<<30)
-	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n1.id}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	since, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n2.id}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, n1, n2, l := lenders(t)
+	since := e.blockLease(e.alice, n2)
 	x := movedHere(l, 0, "m", since.Parts[0].DeviceID, since.Parts[0].Offset)
 	if r := n2.beat(x, served(since, 0)); tearsDown(r, l.ID) {
 		t.Fatal("n2 was told to tear down its copy before the recorded lender was heard")
@@ -309,10 +331,7 @@ func TestHeartbeatListsManyExports(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	n := e.beater("n1", 1<<40)
-	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n.id}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := e.blockLease(e.alice, n)
 	xs := []api.ServedExport{served(l, 0)}
 	for i := range 12000 {
 		x := movedHere(l, 0, fmt.Sprintf("move-%d", i), l.Parts[0].DeviceID, int64(i+1)<<20)
@@ -361,12 +380,7 @@ func (e *env) recordMove(l api.Lease, i int, id, to, dev string, off int64) api.
 // is lost.
 func TestUnservedStaleCopyOfAnEarlierMoveNotAdopted(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	n1, n2 := e.beater("n1", 1<<30), e.beater("n2", 1<<30)
-	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n1.id}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, n1, n2, l := lenders(t)
 	dev2 := n2.device("disk0")
 	e.recordMove(l, 0, "move-there", n2.id, dev2, 8<<20)
 	back := e.recordMove(l, 0, "move-back", n1.id, l.Parts[0].DeviceID, 16<<20)
@@ -374,22 +388,7 @@ func TestUnservedStaleCopyOfAnEarlierMoveNotAdopted(t *testing.T) {
 		t.Fatalf("after the moves the part is on %s", back.Parts[0].NodeID)
 	}
 	stale := movedHere(l, 0, "move-there", dev2, 8<<20)
-	var told bool
-	for range 3 {
-		r := n2.beat(stale)
-		told = told || tearsDown(r, l.ID)
-		n1.beat()
-	}
-	got := e.lease(l.ID)
-	if got.Parts[0].NodeID == n2.id {
-		t.Fatalf("the stale copy of an earlier move was adopted on n2: %s (%q)", got.State, got.Reason)
-	}
-	if !told {
-		t.Fatal("n2 was never told to tear its stale copy down")
-	}
-	if got.State != api.LeaseLost {
-		t.Fatalf("the part its lender does not serve: %s (%q)", got.State, got.Reason)
-	}
+	e.notAdopted(l.ID, n2, contest(n2, n1, l.ID, 3, stale))
 }
 
 // TestUnservedPartNotAdoptedAtAnotherKindOfURI: a lender that holds a part
@@ -409,12 +408,7 @@ func TestUnservedPartNotAdoptedAtAnotherKindOfURI(t *testing.T) {
 	} {
 		t.Run(what, func(t *testing.T) {
 			t.Parallel()
-			e := newEnv(t)
-			n1, n2 := e.beater("n1", 1<<30), e.beater("n2", 1<<30)
-			l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n1.id}})
-			if err != nil {
-				t.Fatal(err)
-			}
+			e, n1, n2, l := lenders(t)
 			x := movedHere(l, 0, "m", n2.device("disk0"), 4<<20)
 			name := movedExport(l.Credential, 0, "m")
 			if strings.Contains(uri, "%s") {
@@ -427,19 +421,7 @@ func TestUnservedPartNotAdoptedAtAnotherKindOfURI(t *testing.T) {
 			if i := partOfExport(l, api.ServedExport{Move: "m", URI: "nbd://127.0.0.2:10809/" + name}); i != 0 {
 				t.Fatalf("the proper URI names part %d", i)
 			}
-			var told bool
-			for range 3 {
-				r := n2.beat(x)
-				told = told || tearsDown(r, l.ID)
-				n1.beat()
-			}
-			got := e.lease(l.ID)
-			if got.Parts[0].NodeID == n2.id {
-				t.Fatalf("adopted at %q", got.URI)
-			}
-			if !told || got.State != api.LeaseLost {
-				t.Fatalf("told to tear down: %v; the lease: %s (%q)", told, got.State, got.Reason)
-			}
+			e.notAdopted(l.ID, n2, contest(n2, n1, l.ID, 3, x))
 		})
 	}
 }
@@ -451,12 +433,7 @@ func TestUnservedPartNotAdoptedAtAnotherKindOfURI(t *testing.T) {
 // n2's copy is not adopted again.
 func TestUnservedStaleCopyOfAnAdoptedPartNotAdopted(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	n1, n2 := e.beater("n1", 1<<30), e.beater("n2", 1<<30)
-	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n1.id}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, n1, n2, l := lenders(t)
 	x := movedHere(l, 0, "move-after-the-backup", n2.device("disk0"), 4<<20)
 	n1.beat()
 	n2.beat(x)
@@ -469,19 +446,8 @@ func TestUnservedStaleCopyOfAnAdoptedPartNotAdopted(t *testing.T) {
 		t.Fatalf("the adoption's move: %+v %v, want it recorded as %s", ms, err, x.Move)
 	}
 	e.recordMove(l, 0, "move-on", n1.id, l.Parts[0].DeviceID, 32<<20)
-	var told bool
-	for range 2*unservedEvery + 2 { // n1 is checked every unservedEvery-th heartbeat
-		r := n2.beat(x)
-		told = told || tearsDown(r, l.ID)
-		n1.beat()
-	}
-	got := e.lease(l.ID)
-	if got.Parts[0].NodeID == n2.id {
-		t.Fatal("the stale copy of an adopted part was adopted again")
-	}
-	if !told || got.State != api.LeaseLost {
-		t.Fatalf("told to tear down: %v; the lease: %s (%q)", told, got.State, got.Reason)
-	}
+	// n1 is checked every unservedEvery-th heartbeat.
+	e.notAdopted(l.ID, n2, contest(n2, n1, l.ID, 2*unservedEvery+2, x))
 }
 
 // replicaBeat sends, to server srv (another replica on the env's store),
@@ -524,10 +490,7 @@ func TestUnservedClaimOfANodeGoneElsewhereNotAdopted(t *testing.T) {
 				t.Fatal(err)
 			}
 			n1, n2 := e.beater("n1", 1<<30), e.beater("n2", 1<<30)
-			l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n1.id}})
-			if err != nil {
-				t.Fatal(err)
-			}
+			l := e.blockLease(e.alice, n1)
 			var check1, check2 string
 			x := movedHere(l, 0, "move-after-the-backup", n2.device("disk0"), 4<<20)
 			if r := replicaBeat(t, b, n2, &check2, x); tearsDown(r, l.ID) {
@@ -579,16 +542,8 @@ func TestUnservedClaimOfANodeGoneElsewhereNotAdopted(t *testing.T) {
 // recorded lost (its range freed), the part is adopted.
 func TestUnservedPartAdoptedOverARangeFreedSince(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	n1, n2 := e.beater("n1", 1<<30), e.beater("n2", 1<<30)
-	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n1.id}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ended, err := e.bob.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n2.id}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, n1, n2, l := lenders(t)
+	ended := e.blockLease(e.bob, n2)
 	x := movedHere(l, 0, "move-after-the-backup", ended.Parts[0].DeviceID, ended.Parts[0].Offset)
 	n1.beat()  // checked: l's part suspected
 	n2.beat(x) // checked: the ended lease suspected; x claims l's part
@@ -615,12 +570,7 @@ func TestUnservedPartAdoptedOverARangeFreedSince(t *testing.T) {
 // lost, saying so.
 func TestUnservedPartHeldTwiceByOneLenderNotAdopted(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	n1, n2 := e.beater("n1", 1<<30), e.beater("n2", 1<<30)
-	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Affinity: []string{n1.id}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, n1, n2, l := lenders(t)
 	dev := n2.device("disk0")
 	first, second := movedHere(l, 0, "move-1", dev, 4<<20), movedHere(l, 0, "move-2", dev, 8<<20)
 	n1.beat()

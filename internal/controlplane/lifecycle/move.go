@@ -20,6 +20,38 @@ func where(p api.Part) string {
 	return fmt.Sprintf("node %s device %s [%d+%d]", p.NodeID, p.DeviceID, p.Offset, p.Length)
 }
 
+// source returns part m.Part of lease l, which l has, for move or
+// adoption m: refused if the part was lost (lost says what it then is
+// not), is not where m starts from, or is not as long as m's destination
+// (dest names it).
+func source(l api.Lease, m api.Move, lost, dest string) (api.Part, error) {
+	p := l.Parts[m.Part]
+	if p.Lost() {
+		return p, refuse("lease %s part %d was lost; %s", l.ID, m.Part, lost)
+	}
+	if p.NodeID != m.From.NodeID || p.DeviceID != m.From.DeviceID || p.Offset != m.From.Offset || p.Length != m.From.Length {
+		return p, refuse("lease %s part %d is not at %s", l.ID, m.Part, where(m.From))
+	}
+	if m.To.Length != p.Length {
+		return p, refuse("lease %s part %d is %d long; %s is %d", l.ID, m.Part, p.Length, dest, m.To.Length)
+	}
+	return p, nil
+}
+
+// withPart is lease l with to, at uri, as its part i (and uri as its URI
+// where i is its only part), updated at now.
+func withPart(l api.Lease, i int, to api.Part, uri string, now time.Time) api.Lease {
+	n := l
+	n.Parts = slices.Clone(l.Parts)
+	n.Parts[i] = api.Part{NodeID: to.NodeID, DeviceID: to.DeviceID, Offset: to.Offset, Length: to.Length, URI: uri}
+	if len(n.Parts) == 1 {
+		n.URI = uri
+	}
+	n.NodeID, n.DeviceID = n.Parts[0].NodeID, n.Parts[0].DeviceID
+	n.UpdatedAt = now
+	return n
+}
+
 func moveStarted(l api.Lease, e MoveStarted, now time.Time) (api.Lease, []Action, error) {
 	m := e.Move
 	switch {
@@ -30,15 +62,9 @@ func moveStarted(l api.Lease, e MoveStarted, now time.Time) (api.Lease, []Action
 	case l.Kind != api.KindBlock && l.Kind != api.KindMemory && l.Kind != api.KindAccel:
 		return l, nil, refuse("lease %s is %s %s lease; block, memory and accelerator leases move", l.ID, l.Kind.Article(), l.Kind)
 	}
-	p := l.Parts[m.Part]
-	if p.Lost() {
-		return l, nil, refuse("lease %s part %d was lost; it does not move", l.ID, m.Part)
-	}
-	if p.NodeID != m.From.NodeID || p.DeviceID != m.From.DeviceID || p.Offset != m.From.Offset || p.Length != m.From.Length {
-		return l, nil, refuse("lease %s part %d is not at %s", l.ID, m.Part, where(m.From))
-	}
-	if m.To.Length != p.Length {
-		return l, nil, refuse("lease %s part %d is %d long; its destination is %d", l.ID, m.Part, p.Length, m.To.Length)
+	p, err := source(l, m, "it does not move", "its destination")
+	if err != nil {
+		return l, nil, err
 	}
 	if m.To.DeviceID == p.DeviceID && m.To.Offset < p.Offset+p.Length && p.Offset < m.To.Offset+m.To.Length {
 		return l, nil, refuse("lease %s part %d's destination overlaps it", l.ID, m.Part)
@@ -63,14 +89,7 @@ func moveDone(l api.Lease, e MoveDone, now time.Time) (api.Lease, []Action, erro
 		return l, []Action{AbortMove{Move: m}, endMove(l, m, api.MoveFailed, "the lease has no such part", now)},
 			refuse("lease %s has %d part(s), not a part %d", l.ID, len(l.Parts), m.Part)
 	}
-	n := l
-	n.Parts = slices.Clone(l.Parts)
-	n.Parts[m.Part] = api.Part{NodeID: m.To.NodeID, DeviceID: m.To.DeviceID, Offset: m.To.Offset, Length: m.To.Length, URI: e.URI}
-	if len(n.Parts) == 1 {
-		n.URI = e.URI
-	}
-	n.NodeID, n.DeviceID = n.Parts[0].NodeID, n.Parts[0].DeviceID
-	n.UpdatedAt = now
+	n := withPart(l, m.Part, m.To, e.URI, now)
 	ev := api.Event{At: now, Type: "lease.moved", Subject: l.ID, State: string(l.State),
 		Message: fmt.Sprintf("part %d moved from %s to %s; its URI changed (borrowers through rialto attach follow it)", m.Part, where(m.From), where(m.To))}
 	fin := FinishMove{Move: m, URI: e.URI, Event: ev,
@@ -88,27 +107,14 @@ func partAdopted(l api.Lease, e PartAdopted, now time.Time) (api.Lease, []Action
 	case e.URI == "":
 		return l, nil, refuse("lease %s part %d: the adopted export has no URI", l.ID, m.Part)
 	}
-	p := l.Parts[m.Part]
-	if p.Lost() {
-		return l, nil, refuse("lease %s part %d was lost; it is not adopted", l.ID, m.Part)
-	}
-	if p.NodeID != m.From.NodeID || p.DeviceID != m.From.DeviceID || p.Offset != m.From.Offset || p.Length != m.From.Length {
-		return l, nil, refuse("lease %s part %d is not at %s", l.ID, m.Part, where(m.From))
-	}
-	if m.To.Length != p.Length {
-		return l, nil, refuse("lease %s part %d is %d long; the export adopted is %d", l.ID, m.Part, p.Length, m.To.Length)
+	p, err := source(l, m, "it is not adopted", "the export adopted")
+	if err != nil {
+		return l, nil, err
 	}
 	if !AdoptableURI(p.URI, e.URI) {
 		return l, nil, fmt.Errorf("%w: lender %s serves part %d of lease %s at a URI its borrower is not to be sent to", ErrBadReport, m.To.NodeID, m.Part, l.ID)
 	}
-	n := l
-	n.Parts = slices.Clone(l.Parts)
-	n.Parts[m.Part] = api.Part{NodeID: m.To.NodeID, DeviceID: m.To.DeviceID, Offset: m.To.Offset, Length: m.To.Length, URI: e.URI}
-	if len(n.Parts) == 1 {
-		n.URI = e.URI
-	}
-	n.NodeID, n.DeviceID = n.Parts[0].NodeID, n.Parts[0].DeviceID
-	n.UpdatedAt = now
+	n := withPart(l, m.Part, m.To, e.URI, now)
 	msg := fmt.Sprintf("part %d adopted at %s, which serves it: its recorded lender node %s does not (the control plane's database restored from a backup taken before the part moved to node %s?); the part's URI is the one node %s serves it at",
 		m.Part, where(m.To), m.From.NodeID, m.To.NodeID, m.To.NodeID)
 	ev := api.Event{At: now, Type: "lease.part.adopted", Subject: l.ID, State: string(l.State), Message: msg}

@@ -61,34 +61,77 @@ func (s *Core) lockLease(ctx context.Context, tx Execer, id string) (api.Lease, 
 	return s.GetLease(ctx, tx, id)
 }
 
+// lockActivePart takes the locks a move or an adoption of part m.Part of
+// lease m.LeaseID onto to takes: to's device (Dialect.LockParts, as a
+// creation does), then the lease's row. It returns the lease, refused
+// (store.ErrConflict) unless it is active, and its part m.Part, refused
+// unless the lease has it.
+func (s *Core) lockActivePart(ctx context.Context, tx Execer, m api.Move, to api.Part) (api.Lease, api.Part, error) {
+	if err := s.d.LockParts(ctx, tx, nil, []api.Part{to}); err != nil {
+		return api.Lease{}, api.Part{}, err
+	}
+	l, err := s.lockLease(ctx, tx, m.LeaseID)
+	if err != nil {
+		return l, api.Part{}, err
+	}
+	if l.State != api.LeaseActive {
+		return l, api.Part{}, fmt.Errorf("lease %s is %s, not active: %w", l.ID, l.State, store.ErrConflict)
+	}
+	if m.Part < 0 || m.Part >= len(l.Parts) {
+		return l, api.Part{}, fmt.Errorf("lease %s has no part %d: %w", l.ID, m.Part, store.ErrConflict)
+	}
+	return l, l.Parts[m.Part], nil
+}
+
+// samePlace reports whether parts p and q are the same range of the same
+// device of the same node (their URIs and states aside).
+func samePlace(p, q api.Part) bool {
+	return p.NodeID == q.NodeID && p.DeviceID == q.DeviceID && p.Offset == q.Offset && p.Length == q.Length
+}
+
+// notMoving refuses (store.ErrConflict, the lease's part and then what
+// in its message) part m.Part of lease m.LeaseID while a move of it is
+// open; op names the write in the error of the read.
+func (s *Core) notMoving(ctx context.Context, tx Execer, m api.Move, op, what string) error {
+	var open int
+	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM lease_moves WHERE lease_id = ? AND part = ? AND state NOT IN ('done', 'failed')`,
+		m.LeaseID, m.Part).Scan(&open); err != nil {
+		return s.wrap(op, err)
+	}
+	if open > 0 {
+		return fmt.Errorf("lease %s part %d %s: %w", m.LeaseID, m.Part, what, store.ErrConflict)
+	}
+	return nil
+}
+
+// setPart points lease l's row at to, with uri, as its part i (and at uri
+// as the lease's URI where i is its only part), updated at at.
+func (s *Core) setPart(ctx context.Context, tx Execer, l api.Lease, i int, to api.Part, uri string, at time.Time) error {
+	parts := append([]api.Part(nil), l.Parts...)
+	parts[i] = api.Part{NodeID: to.NodeID, DeviceID: to.DeviceID, Offset: to.Offset, Length: to.Length, URI: uri}
+	set := `parts = ?, updated_at = ?`
+	args := []any{s.PartsJSON(parts), ns(at)}
+	if len(parts) == 1 {
+		set += `, uri = ?`
+		args = append(args, uri)
+	}
+	_, err := tx.ExecContext(ctx, `UPDATE leases SET `+set+` WHERE id = ?`, append(args, l.ID)...)
+	return err
+}
+
 // BeginMove records an open move and reserves its destination.
 func (s *Core) BeginMove(ctx context.Context, m api.Move, ev api.Event) error {
 	to := api.Part{NodeID: m.To.NodeID, DeviceID: m.To.DeviceID, Offset: m.To.Offset, Length: m.To.Length}
 	return s.tx(ctx, func(tx Execer) error {
-		if err := s.d.LockParts(ctx, tx, nil, []api.Part{to}); err != nil {
-			return err
-		}
-		l, err := s.lockLease(ctx, tx, m.LeaseID)
+		l, p, err := s.lockActivePart(ctx, tx, m, to)
 		if err != nil {
 			return err
 		}
-		if l.State != api.LeaseActive {
-			return fmt.Errorf("lease %s is %s, not active: %w", l.ID, l.State, store.ErrConflict)
-		}
-		if m.Part < 0 || m.Part >= len(l.Parts) {
-			return fmt.Errorf("lease %s has no part %d: %w", l.ID, m.Part, store.ErrConflict)
-		}
-		p := l.Parts[m.Part]
-		if p.NodeID != m.From.NodeID || p.DeviceID != m.From.DeviceID || p.Offset != m.From.Offset || p.Length != m.From.Length {
+		if !samePlace(p, m.From) {
 			return fmt.Errorf("lease %s part %d is no longer where the move starts from: %w", l.ID, m.Part, store.ErrConflict)
 		}
-		var open int
-		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM lease_moves WHERE lease_id = ? AND part = ? AND state NOT IN ('done', 'failed')`,
-			m.LeaseID, m.Part).Scan(&open); err != nil {
-			return s.wrap("begin move", err)
-		}
-		if open > 0 {
-			return fmt.Errorf("lease %s part %d is already moving: %w", l.ID, m.Part, store.ErrConflict)
+		if err := s.notMoving(ctx, tx, m, "begin move", "is already moving"); err != nil {
+			return err
 		}
 		if err := s.checkParts(ctx, tx, l.Kind, []api.Part{to}); err != nil {
 			return err
@@ -154,14 +197,6 @@ func (s *Core) FinishMove(ctx context.Context, id, uri string, at time.Time, ev 
 			}
 			return fmt.Errorf("the destination node %s is %s: %w", m.To.NodeID, st, store.ErrConflict)
 		}
-		parts := append([]api.Part(nil), l.Parts...)
-		parts[m.Part] = api.Part{NodeID: m.To.NodeID, DeviceID: m.To.DeviceID, Offset: m.To.Offset, Length: m.To.Length, URI: uri}
-		set := `parts = ?, updated_at = ?`
-		args := []any{s.PartsJSON(parts), ns(at)}
-		if len(parts) == 1 {
-			set += `, uri = ?`
-			args = append(args, uri)
-		}
 		// The source's row goes before the destination's takes its index
 		// (the key (lease_id, idx) is checked row by row).
 		if _, err := tx.ExecContext(ctx, `DELETE FROM lease_parts WHERE lease_id = ? AND idx = ?`, m.LeaseID, m.Part); err != nil {
@@ -171,7 +206,7 @@ func (s *Core) FinishMove(ctx context.Context, id, uri string, at time.Time, ev 
 			m.Part, uri, m.LeaseID, shadowIdx(m.Part)); err != nil {
 			return s.wrap("finish move", err)
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE leases SET `+set+` WHERE id = ?`, append(args, m.LeaseID)...); err != nil {
+		if err := s.setPart(ctx, tx, l, m.Part, m.To, uri, at); err != nil {
 			return s.wrap("finish move", err)
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE lease_moves SET committed = 1, updated_at = ? WHERE id = ?`, ns(at), id); err != nil {
@@ -195,33 +230,18 @@ func (s *Core) AdoptPart(ctx context.Context, m api.Move, uri string, ev api.Eve
 	to := api.Part{NodeID: m.To.NodeID, DeviceID: m.To.DeviceID, Offset: m.To.Offset, Length: m.To.Length}
 	var out api.Lease
 	err := s.tx(ctx, func(tx Execer) error {
-		if err := s.d.LockParts(ctx, tx, nil, []api.Part{to}); err != nil {
-			return err
-		}
-		l, err := s.lockLease(ctx, tx, m.LeaseID)
+		l, p, err := s.lockActivePart(ctx, tx, m, to)
 		if err != nil {
 			return err
 		}
-		if l.State != api.LeaseActive {
-			return fmt.Errorf("lease %s is %s, not active: %w", l.ID, l.State, store.ErrConflict)
-		}
-		if m.Part < 0 || m.Part >= len(l.Parts) {
-			return fmt.Errorf("lease %s has no part %d: %w", l.ID, m.Part, store.ErrConflict)
-		}
-		p := l.Parts[m.Part]
-		if p.Lost() || p.NodeID != m.From.NodeID || p.DeviceID != m.From.DeviceID || p.Offset != m.From.Offset || p.Length != m.From.Length {
+		if p.Lost() || !samePlace(p, m.From) {
 			return fmt.Errorf("lease %s part %d is no longer at %s %s [%d+%d]: %w", l.ID, m.Part, m.From.NodeID, m.From.DeviceID, m.From.Offset, m.From.Length, store.ErrConflict)
 		}
 		if to.Length != p.Length {
 			return fmt.Errorf("lease %s part %d is %d long, not %d: %w", l.ID, m.Part, p.Length, to.Length, store.ErrConflict)
 		}
-		var open int
-		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM lease_moves WHERE lease_id = ? AND part = ? AND state NOT IN ('done', 'failed')`,
-			m.LeaseID, m.Part).Scan(&open); err != nil {
-			return s.wrap("adopt part", err)
-		}
-		if open > 0 {
-			return fmt.Errorf("lease %s part %d is moving: %w", l.ID, m.Part, store.ErrConflict)
+		if err := s.notMoving(ctx, tx, m, "adopt part", "is moving"); err != nil {
+			return err
 		}
 		// The part's own row does not count against its new range (a
 		// part adopted on its device, next to where it was recorded).
@@ -244,15 +264,7 @@ func (s *Core) AdoptPart(ctx context.Context, m api.Move, uri string, ev api.Eve
 			m.LeaseID, m.Part, to.NodeID, to.DeviceID, to.Offset, to.Length, uri); err != nil {
 			return s.wrap("adopt part", err)
 		}
-		parts := append([]api.Part(nil), l.Parts...)
-		parts[m.Part] = api.Part{NodeID: to.NodeID, DeviceID: to.DeviceID, Offset: to.Offset, Length: to.Length, URI: uri}
-		set := `parts = ?, updated_at = ?`
-		args := []any{s.PartsJSON(parts), ns(ev.At)}
-		if len(parts) == 1 {
-			set += `, uri = ?`
-			args = append(args, uri)
-		}
-		if _, err := tx.ExecContext(ctx, `UPDATE leases SET `+set+` WHERE id = ?`, append(args, m.LeaseID)...); err != nil {
+		if err := s.setPart(ctx, tx, l, m.Part, to, uri, ev.At); err != nil {
 			return s.wrap("adopt part", err)
 		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO lease_moves (id, lease_id, part, kind, state, from_part, to_part, size, reason, committed, started_at, updated_at)
