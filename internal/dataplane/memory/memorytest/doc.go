@@ -4,7 +4,9 @@
 // TestMain calls RunChildIfAsked first). A child donor is also what a
 // mapping under test needs: an in-process donor would need a scheduler P
 // that a faulting goroutine holds. CheckOffNetpoller asserts that
-// descriptors driven with raw syscalls stay off every epoll instance.
+// descriptors driven with raw syscalls stay off every epoll instance;
+// AwaitChildParked waits until a child donor's end of a connection waits
+// on its netpoller (idle for Donor.IdleWait).
 // StartTLS and StartChildTLS serve donors that require TLS, with a
 // certificate from a test CA (NewCA); ClientTLS is a borrower's
 // configuration trusting it.

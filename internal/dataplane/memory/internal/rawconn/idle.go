@@ -123,6 +123,7 @@ func (p *Conn) dropIdle() {
 func (p *Conn) waitInput() error {
 	i := p.idle
 	if p.held {
+		p.leaveNetpoller()
 		ready, err := p.pollFor(unix.POLLIN, i.Wait)
 		if err != nil || ready {
 			return err
@@ -133,6 +134,7 @@ func (p *Conn) waitInput() error {
 	if err := p.netpollWait(&p.park, unix.POLLIN, time.Time{}); err != nil {
 		return err
 	}
+	p.netpolled = true
 	if p.takeBack() {
 		// Off the netpoller: the next segments wake no runtime thread.
 		if p.park != nil { // nil: it could not register (netpollWait)
@@ -197,6 +199,7 @@ func (p *Conn) waitOutput(bound time.Duration) error {
 		p.letGo()
 		err = p.waitOutputNetpoll(deadline, bound, q)
 		if err == nil {
+			p.netpolled = true
 			p.takeBack()
 		}
 		return err

@@ -73,13 +73,18 @@ type Conn struct {
 	idle *Idle
 	held bool
 	park *os.File
+	// netpolled is the reading goroutine's too: it came from a wait on
+	// Go's netpoller (the HELLO read before New, a wait of Idle's) and
+	// has not slept in poll(2) for input since; its next such sleep
+	// hands the netpoller to another thread first (kickNetpoller).
+	netpolled bool
 }
 
 // New returns a Conn on fd, a non-blocking socket descriptor the netpoller
 // does not know (see Detach), that spins for up to spin before sleeping in
 // poll(2) for a reply and fails a wait longer than timeout (0: none).
 func New(fd int, spin, timeout time.Duration) *Conn {
-	return &Conn{fd: fd, spin: spin, timeout: timeout}
+	return &Conn{fd: fd, spin: spin, timeout: timeout, netpolled: true}
 }
 
 // Fd is the descriptor.
@@ -156,6 +161,9 @@ func (p *Conn) wait(events int16) error {
 	if events == unix.POLLOUT && p.sendWait > 0 {
 		q = p.unacked()
 	}
+	if events == unix.POLLIN { // the reading goroutine's
+		p.leaveNetpoller()
+	}
 	for {
 		fds := [1]unix.PollFd{{Fd: int32(p.fd), Events: events}}
 		n, err := unix.Poll(fds[:], ms)
@@ -176,6 +184,49 @@ func (p *Conn) wait(events int16) error {
 		}
 		return nil
 	}
+}
+
+// leaveNetpoller is called by the reading goroutine as it goes to sleep
+// in poll(2) for input: if it came from a wait on the netpoller, its
+// thread may be the one that waited there, and another takes its place
+// (kickNetpoller).
+func (p *Conn) leaveNetpoller() {
+	if p.netpolled {
+		p.netpolled = false
+		kickNetpoller()
+	}
+}
+
+// kickNetpoller has another thread of the process wait on Go's
+// netpoller, for the caller is about to sleep in poll(2) on a thread
+// that may be the one waiting there.
+//
+// The thread that waits in epoll_wait for the netpoller runs the first
+// goroutine it wakes: a goroutine that came from the netpoller (a
+// connection's HELLO; a parked connection's next request, see Idle)
+// often runs on it. A goroutine in a system call keeps its thread and
+// its P, and while other Ps are idle the runtime's monitor (sysmon)
+// leaves them so for 10 ms; no thread goes to wait on the netpoller
+// meanwhile, so the process's goroutines that wait for the network —
+// a donor's queue and control connections, its accept loop — are woken
+// only when sysmon polls it itself, 10 ms after the last poll. A
+// donor's connection that serves a request waits in poll(2) for the
+// next one for up to Idle.Wait (20 ms): measured against a donor in
+// another process, a queue request right after a sync request that had
+// woken the parked sync connection took 10–15 ms instead of 0.1–0.3
+// (TestQueueRequestAfterSyncWakeUp), and a Dial, whose connections'
+// HELLOs are read on the netpoller, 11–21 ms instead of 1 in 3 to 5
+// tries of 8. The memory bench's adaptive chooser on 8 threads sends
+// the first request of each round (35 ms) to the sync connection,
+// parked since its last round: the donor then served none of the
+// round's queue requests for most of 10 ms.
+//
+// Starting a goroutine has the runtime wake a thread for an idle P (its
+// wakep), which runs it and, finding nothing else to do, waits on the
+// netpoller. If no P is idle, the others' threads look at the netpoller
+// as they run out of work.
+func kickNetpoller() {
+	go func() {}()
 }
 
 // stalled is the error of a send whose socket took nothing for the send
