@@ -503,6 +503,8 @@ type JoinRequest struct {
 const (
 	MaxPreviousCredentials = 8
 	MaxCredentialLen       = 256
+	// MaxMachineIDLen bounds Fingerprint.MachineID.
+	MaxMachineIDLen = 256
 )
 
 // JoinResponse carries the node's credential; the agent uses it as its

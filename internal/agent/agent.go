@@ -654,6 +654,14 @@ func (a *Agent) loadIdentity() error {
 	if a.cfg.MachineID != "" {
 		id.MachineID = a.cfg.MachineID
 	}
+	if len(id.MachineID) > api.MaxMachineIDLen {
+		// A hand-edited or damaged file: the control plane refuses (400)
+		// every join presenting it. The derived one is what this host
+		// and name had, unless an earlier configuration set another.
+		a.log.Warn("identity.json: its machine_id is longer than the control plane takes; using the one derived from this host and the node name",
+			"file", path, "len", len(id.MachineID), "max_len", api.MaxMachineIDLen)
+		id.MachineID = ""
+	}
 	if id.MachineID == "" {
 		id.MachineID = MachineID(a.cfg.SysRoot, a.cfg.Name)
 	}

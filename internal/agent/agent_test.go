@@ -325,6 +325,7 @@ func TestConfigValidation(t *testing.T) {
 		{"bad kind", func(c *Config) { c.Devices[0].Kind = "floppy" }},
 		{"wildcard listen without advertise", func(c *Config) { c.Listen = "0.0.0.0" }},
 		{"memory without size", func(c *Config) { c.Devices[1] = DeviceConfig{Name: "m", Kind: api.KindMemory} }},
+		{"machine id too long", func(c *Config) { c.MachineID = strings.Repeat("m", api.MaxMachineIDLen+1) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := testConfig("http://x", "d")

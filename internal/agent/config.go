@@ -163,6 +163,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: Name is required", ErrConfig)
 	case c.StateDir == "":
 		return fmt.Errorf("%w: StateDir is required", ErrConfig)
+	case len(c.MachineID) > api.MaxMachineIDLen:
+		return fmt.Errorf("%w: MachineID is %d bytes; the control plane takes at most %d", ErrConfig, len(c.MachineID), api.MaxMachineIDLen)
 	}
 	if ip := net.ParseIP(c.Listen); ip != nil && ip.IsUnspecified() && c.Advertise == "" {
 		return fmt.Errorf("%w: listening on %s needs Advertise, the address peers and borrowers use", ErrConfig, c.Listen)

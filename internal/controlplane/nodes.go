@@ -120,8 +120,8 @@ func validateJoin(r api.JoinRequest) error {
 	if r.Name == "" || len(r.Name) > 128 {
 		return fmt.Errorf("%w: name is required (at most 128 bytes)", ErrInvalid)
 	}
-	if r.Fingerprint.MachineID == "" || len(r.Fingerprint.MachineID) > 256 {
-		return fmt.Errorf("%w: fingerprint.machine_id is required (at most 256 bytes)", ErrInvalid)
+	if r.Fingerprint.MachineID == "" || len(r.Fingerprint.MachineID) > api.MaxMachineIDLen {
+		return fmt.Errorf("%w: fingerprint.machine_id is required (at most %d bytes)", ErrInvalid, api.MaxMachineIDLen)
 	}
 	if r.AgentURL != "" {
 		u, err := url.Parse(r.AgentURL)

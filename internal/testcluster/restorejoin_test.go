@@ -60,6 +60,7 @@ func restoreDB(t *testing.T, c *Cluster, backup string) {
 // identityFile is the part of an agent's identity.json these tests read,
 // with the file's mode.
 type identityFile struct {
+	MachineID           string   `json:"machine_id"`
 	Credential          string   `json:"credential"`
 	PreviousCredentials []string `json:"previous_credentials"`
 	mode                os.FileMode
@@ -295,6 +296,39 @@ func TestOverlongCredentialJoinsUnproven(t *testing.T) {
 	}
 	if strings.Contains(out, long[:64]) {
 		t.Fatal("the credential reached the log")
+	}
+}
+
+// TestOverlongMachineIDRejoinsAtOnce: an agent whose identity.json holds
+// a machine_id longer than the control plane takes (a hand edit, damage)
+// uses the one derived from its host and name, which is what it joined
+// with: it rejoins at once, the same node, its lease kept, and says so.
+// Before, every join was refused (400) and the agent stopped.
+func TestOverlongMachineIDRejoinsAtOnce(t *testing.T) {
+	t.Parallel()
+	logs := &lockedBuffer{}
+	c := Start(t, Options{Nodes: 1, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	l := createBlock(t, c.Client(), 4<<20, api.ModeShared)
+	n := c.Nodes[0]
+	id := n.ID()
+	before := readIdentityFile(t, n).MachineID
+	n.Kill()
+	editIdentity(t, n.StateDir, func(idf map[string]any) {
+		idf["machine_id"] = strings.Repeat("m", api.MaxMachineIDLen+1)
+	})
+	n.Launch()
+	n.WaitReady()
+	if got := n.ID(); got != id {
+		t.Fatalf("rejoined as %s, not %s", got, id)
+	}
+	if got := c.Lease(l.ID); got.State != api.LeaseActive {
+		t.Fatalf("the lease after the rejoin: %s (%q)", got.State, got.Reason)
+	}
+	if now := readIdentityFile(t, n).MachineID; now != before {
+		t.Fatalf("identity.json's machine_id after the rejoin: %q, want %q", now, before)
+	}
+	if out := logs.String(); !strings.Contains(out, "its machine_id is longer") || !strings.Contains(out, filepath.Join(n.StateDir, "identity.json")) {
+		t.Fatal("no warning naming identity.json of the machine_id replaced")
 	}
 }
 
