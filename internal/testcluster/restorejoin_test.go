@@ -261,6 +261,37 @@ func TestDamagedPreviousCredentialsRejoin(t *testing.T) {
 	}
 }
 
+// editedIdentity starts a one-node cluster (opts, with its log in
+// logs), gives the node a block lease, stops its agent and edits its
+// identity.json; the node's ID before is id.
+func editedIdentity(t *testing.T, opts Options, edit func(map[string]any)) (c *Cluster, n *Node, l api.Lease, id string, logs *lockedBuffer) {
+	t.Helper()
+	logs = &lockedBuffer{}
+	opts.Nodes = 1
+	opts.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	c = Start(t, opts)
+	l = createBlock(t, c.Client(), 4<<20, api.ModeShared)
+	n = c.Nodes[0]
+	id = n.ID()
+	n.Kill()
+	editIdentity(t, n.StateDir, edit)
+	return c, n, l, id, logs
+}
+
+// rejoinsAtOnce launches n again and checks that it rejoins at once as
+// node id, its lease l kept.
+func rejoinsAtOnce(t *testing.T, c *Cluster, n *Node, id string, l api.Lease) {
+	t.Helper()
+	n.Launch()
+	n.WaitReady()
+	if got := n.ID(); got != id {
+		t.Fatalf("rejoined as %s, not %s", got, id)
+	}
+	if got := c.Lease(l.ID); got.State != api.LeaseActive {
+		t.Fatalf("the lease after the rejoin: %s (%q)", got.State, got.Reason)
+	}
+}
+
 // TestOverlongCredentialJoinsUnproven: an agent whose identity.json holds
 // a current credential longer than api.MaxCredentialLen (edited by hand,
 // damaged), which the control plane would refuse (400) in every join,
@@ -272,14 +303,8 @@ func TestDamagedPreviousCredentialsRejoin(t *testing.T) {
 // stopped again at every restart.
 func TestOverlongCredentialJoinsUnproven(t *testing.T) {
 	t.Parallel()
-	logs := &lockedBuffer{}
-	c := Start(t, Options{Nodes: 1, Logger: slog.New(slog.NewTextHandler(logs, nil))})
-	l := createBlock(t, c.Client(), 4<<20, api.ModeShared)
-	n := c.Nodes[0]
-	id := n.ID()
-	n.Kill()
 	long := "rnc_" + strings.Repeat("z", api.MaxCredentialLen)
-	editIdentity(t, n.StateDir, func(idf map[string]any) { idf["credential"] = long })
+	c, n, l, id, logs := editedIdentity(t, Options{}, func(idf map[string]any) { idf["credential"] = long })
 
 	launchRefused(t, c, n, id)
 	if got := c.Lease(l.ID); got.State != api.LeaseLost {
@@ -306,25 +331,13 @@ func TestOverlongCredentialJoinsUnproven(t *testing.T) {
 // Before, every join was refused (400) and the agent stopped.
 func TestOverlongMachineIDRejoinsAtOnce(t *testing.T) {
 	t.Parallel()
-	logs := &lockedBuffer{}
-	c := Start(t, Options{Nodes: 1, Logger: slog.New(slog.NewTextHandler(logs, nil))})
-	l := createBlock(t, c.Client(), 4<<20, api.ModeShared)
-	n := c.Nodes[0]
-	id := n.ID()
-	before := readIdentityFile(t, n).MachineID
-	n.Kill()
-	editIdentity(t, n.StateDir, func(idf map[string]any) {
+	var before string
+	c, n, l, id, logs := editedIdentity(t, Options{}, func(idf map[string]any) {
+		before, _ = idf["machine_id"].(string)
 		idf["machine_id"] = strings.Repeat("m", api.MaxMachineIDLen+1)
 	})
-	n.Launch()
-	n.WaitReady()
-	if got := n.ID(); got != id {
-		t.Fatalf("rejoined as %s, not %s", got, id)
-	}
-	if got := c.Lease(l.ID); got.State != api.LeaseActive {
-		t.Fatalf("the lease after the rejoin: %s (%q)", got.State, got.Reason)
-	}
-	if now := readIdentityFile(t, n).MachineID; now != before {
+	rejoinsAtOnce(t, c, n, id, l)
+	if now := readIdentityFile(t, n).MachineID; before == "" || now != before {
 		t.Fatalf("identity.json's machine_id after the rejoin: %q, want %q", now, before)
 	}
 	if out := logs.String(); !strings.Contains(out, "its machine_id is longer") || !strings.Contains(out, filepath.Join(n.StateDir, "identity.json")) {
@@ -338,21 +351,9 @@ func TestOverlongMachineIDRejoinsAtOnce(t *testing.T) {
 // once, the same node, its lease kept.
 func TestTLSOverlongCredentialRejoinsAtOnce(t *testing.T) {
 	t.Parallel()
-	c := Start(t, Options{TLS: true, Nodes: 1})
-	l := createBlock(t, c.Client(), 4<<20, api.ModeShared)
-	n := c.Nodes[0]
-	id := n.ID()
-	n.Kill()
-	editIdentity(t, n.StateDir, func(idf map[string]any) {
+	c, n, l, id, _ := editedIdentity(t, Options{TLS: true}, func(idf map[string]any) {
 		idf["credential"] = "rnc_" + strings.Repeat("z", api.MaxCredentialLen)
 	})
-	n.Launch()
-	n.WaitReady()
-	if got := n.ID(); got != id {
-		t.Fatalf("rejoined as %s, not %s", got, id)
-	}
-	if got := c.Lease(l.ID); got.State != api.LeaseActive {
-		t.Fatalf("the lease after the rejoin: %s (%q)", got.State, got.Reason)
-	}
+	rejoinsAtOnce(t, c, n, id, l)
 	c.Eventually("the lease served again", func() bool { return n.Serves(l.ID) })
 }
