@@ -24,26 +24,7 @@ import (
 // an error body with a code.
 func FuzzAPIBodies(f *testing.F) {
 	ctx := f.Context()
-	st, err := sqlite.Open(ctx, filepath.Join(f.TempDir(), "rialto.db"))
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { st.Close() })
-	srv, err := New(ctx, Config{Store: st, Clock: clock.NewFakeNow(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)), Lender: newFakeLender(),
-		BootstrapToken: bootTok, PrepareTimeout: 200 * time.Millisecond,
-		Tokens: []Token{{Token: aliceTok, Tenant: "alice"}, {Token: adminTok, Tenant: "ops", Admin: true}}})
-	if err != nil {
-		f.Fatal(err)
-	}
-	h := srv.Handler()
-	call := func(method, path, tok string, body []byte) *httptest.ResponseRecorder {
-		req := httptest.NewRequest(method, path, bytes.NewReader(body)).WithContext(ctx)
-		req.Header.Set("Authorization", "Bearer "+tok)
-		req.Header.Set("Content-Type", "application/json")
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		return rec
-	}
+	h, call := sqliteHandler(ctx, f)
 	join, _ := json.Marshal(api.JoinRequest{Name: "n1", Address: "127.0.0.1", AgentURL: "http://127.0.0.1:1",
 		Fingerprint: api.Fingerprint{MachineID: "mid-n1", Hostname: "n1", Cores: 2, MemoryBytes: 1 << 30},
 		Devices:     []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"}}})
@@ -142,4 +123,31 @@ func FuzzAPIBodies(f *testing.F) {
 
 func replaceAll(s, old, new string) string {
 	return string(bytes.ReplaceAll([]byte(s), []byte(old), []byte(new)))
+}
+
+// sqliteHandler is a control plane on a fresh SQLite store (a fake
+// lender, the bootstrap token, alice's and the admin's tokens) served
+// in process as h: call sends it one request as tok.
+func sqliteHandler(ctx context.Context, tb testing.TB) (h http.Handler, call func(method, path, tok string, body []byte) *httptest.ResponseRecorder) {
+	tb.Helper()
+	st, err := sqlite.Open(ctx, filepath.Join(tb.TempDir(), "rialto.db"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { st.Close() })
+	srv, err := New(ctx, Config{Store: st, Clock: clock.NewFakeNow(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)), Lender: newFakeLender(),
+		BootstrapToken: bootTok, PrepareTimeout: 200 * time.Millisecond,
+		Tokens: []Token{{Token: aliceTok, Tenant: "alice"}, {Token: adminTok, Tenant: "ops", Admin: true}}})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	h = srv.Handler()
+	return h, func(method, path, tok string, body []byte) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(method, path, bytes.NewReader(body)).WithContext(ctx)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		req.Header.Set("Content-Type", "application/json")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
 }

@@ -1,18 +1,12 @@
 package controlplane
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
-	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/rialto-project/rialto/api"
-	"github.com/rialto-project/rialto/internal/clock"
-	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
 )
 
 // BenchmarkHeartbeatHandler measures the heartbeat route (on SQLite) of
@@ -28,26 +22,7 @@ func BenchmarkHeartbeatHandler(b *testing.B) {
 
 func benchHeartbeat(b *testing.B, n int, exports bool) {
 	ctx := b.Context()
-	st, err := sqlite.Open(ctx, filepath.Join(b.TempDir(), "rialto.db"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer st.Close()
-	srv, err := New(ctx, Config{Store: st, Clock: clock.NewFakeNow(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)), Lender: newFakeLender(),
-		BootstrapToken: bootTok, PrepareTimeout: 200 * time.Millisecond,
-		Tokens: []Token{{Token: aliceTok, Tenant: "alice"}}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	h := srv.Handler()
-	call := func(method, path, tok string, body []byte) *httptest.ResponseRecorder {
-		req := httptest.NewRequest(method, path, bytes.NewReader(body)).WithContext(ctx)
-		req.Header.Set("Authorization", "Bearer "+tok)
-		req.Header.Set("Content-Type", "application/json")
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		return rec
-	}
+	_, call := sqliteHandler(ctx, b)
 	join, _ := json.Marshal(joinRequest("n1", "", 1<<40))
 	rec := call(http.MethodPost, "/v1/join", bootTok, join)
 	var jr api.JoinResponse
