@@ -54,16 +54,15 @@ func serve(args []string) {
 	fs := flag.NewFlagSet("serve", flag.ExitOnError)
 	addr := fs.String("addr", "127.0.0.1:0", "listen address")
 	size := fs.Int64("size", 1<<30, "region bytes")
-	cred := fs.String("cred", "", "lease credential (or $RIALTO_BENCH_CRED)")
 	spin := fs.Duration("spin", 0, "busy-poll budget of synchronous connections (donor.Donor.Spin)")
 	faultSpin := fs.Duration("fault-spin", 0, "busy-poll budget of fault connections (donor.Donor.FaultSpin; 0 = default)")
 	pair := fs.Bool("pair", false, "also serve a second region from a donor that never spins on fault connections, and the platform-floor probe (floor.go); print the three addresses")
 	side := fs.Bool("side", false, "serve only what a lease of `rialto agent` cannot: the donor that never spins on fault connections and the floor probe; print their two addresses")
 	floorOnly := fs.Bool("floor-only", false, "serve only the platform-floor probe; print its address")
 	_ = fs.Parse(args)
-	if *cred == "" {
-		*cred = os.Getenv("RIALTO_BENCH_CRED")
-	}
+	// The credential comes from the environment, never the command line
+	// (ps shows a command line to every user of the machine).
+	cred := os.Getenv("RIALTO_BENCH_CRED")
 	// Only SIGTERM (run.sh's cleanup) ends a donor: an interrupt from the
 	// terminal reaches memory-bench run too, which stops between parts,
 	// and the donor must not go away under a mapping in use meanwhile.
@@ -73,7 +72,7 @@ func serve(args []string) {
 	start := func(faultSpin time.Duration) string {
 		d := donor.New(slog.New(slog.NewTextHandler(os.Stderr, nil)))
 		d.Spin, d.FaultSpin = *spin, faultSpin
-		if err := d.AddRegion(*cred, *size); err != nil {
+		if err := d.AddRegion(cred, *size); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
@@ -86,7 +85,7 @@ func serve(args []string) {
 			if err := d.Serve(ctx, ln); err != nil {
 				fmt.Fprintln(os.Stderr, err)
 			}
-			_ = d.RemoveRegion(*cred)
+			_ = d.RemoveRegion(cred)
 		}()
 		return ln.Addr().String()
 	}
@@ -176,7 +175,6 @@ func run(args []string) {
 	fs := flag.NewFlagSet("run", flag.ExitOnError)
 	var c cfg
 	fs.StringVar(&c.addr, "addr", "", "donor address (experiments; default: a memory lease of a `rialto agent` started here)")
-	fs.StringVar(&c.cred, "cred", "", "credential of -addr (or $RIALTO_BENCH_CRED)")
 	fs.StringVar(&c.bin, "bin", "bin/rialto", "the rialto binary (rialto server and rialto agent processes)")
 	fs.StringVar(&c.work, "work", "/dev/shm", "where the cluster keeps its state")
 	fs.StringVar(&c.redis, "redis", "", "redis-server address")
@@ -192,11 +190,10 @@ func run(args []string) {
 	fs.IntVar(&c.blockPid, "block-pid", 0, "process id of -addr-block's donor")
 	fs.DurationVar(&c.mapSpin, "map-spin", 0, "fault handler busy-poll budget (mapping.Options.Spin; 0 = default)")
 	_ = fs.Parse(args)
-	// The side processes' credential (the side donor's region).
+	// The side processes' credential (the side donor's region; also
+	// -addr's), from the environment: never on a command line.
 	sideCred := os.Getenv("RIALTO_BENCH_CRED")
-	if c.cred == "" {
-		c.cred = sideCred
-	}
+	c.cred = sideCred
 	ctx := context.Background()
 	if c.addr == "" {
 		cl, err := startCluster(ctx, &c)
