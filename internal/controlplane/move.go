@@ -621,15 +621,28 @@ func (s *Server) moveActions(todo []lifecycle.Action) {
 // its heartbeats would tell it to drop the export (it serves no part of
 // the lease), but a removed node's heartbeats are refused, and its agent,
 // cut off from the control plane, would keep the part, served, until the
-// lease's expiry or until it joined again. The teardown wipes the range
-// (and an agent that never took the part over has nothing of the lease to
-// tear down). The range, which the move's end frees, stays marked as being
-// wiped until the destination answers (a removed node's ranges left the
-// pool with it; a node down is told by its heartbeats' answers once it is
-// back). The destination of a live lease on a node that is not removed is
-// left to its heartbeats' answers, which keep only the lease's parts
-// there: a teardown of the lease there would also tear down a part the
-// lease may have there.
+// lease's expiry or until it joined again. The teardown wipes the range;
+// an agent that had not taken the part over gives the transfer up and
+// wipes what it received, as the abort would have had it (an abort a
+// removed node's agent may not have had: see below). The range, which the
+// move's end frees, stays marked as being wiped until the destination
+// answers (a removed node's ranges left the pool with it; a node down is
+// told by its heartbeats' answers once it is back). The destination of a
+// live lease on a node that is not removed is left to its heartbeats'
+// answers, which keep only the lease's parts there: a teardown of the
+// lease there would also tear down a part the lease may have there.
+//
+// With a cluster CA, the removal revoked the certificates of the node,
+// which its agent still presents: the move's other calls to it are
+// refused on any connection opened since (the abort among them), and so
+// would a plain Teardown be. The teardown of a removed destination is
+// teardownRemoved's, as a removal's own are (dropRemoved): with the
+// node's other teardowns, at most maxRemovedTeardowns at a time, it
+// accepts the certificates the removal revoked, as the store recorded
+// them with the removal (removalRevoked), whichever replica removed the
+// node and whichever runs the move, before or after a restart
+// (recoverMoves). A node that joined again since is not removed: it is
+// called as any other, its agent presenting the certificate of that join.
 func (s *Server) dropDestination(ctx context.Context, m api.Move) {
 	rec, err := s.st.Node(ctx, m.To.NodeID)
 	if err != nil {
@@ -661,21 +674,24 @@ func (s *Server) dropDestination(ctx context.Context, m api.Move) {
 	if rec.State == api.NodeDown {
 		return
 	}
+	req := api.TeardownRequest{LeaseID: l.ID}
 	if removed {
 		// With the node's other teardowns (its removal's, other failed
-		// moves'): maxRemovedTeardowns at a time.
-		release, err := s.removed.acquire(ctx, rec.ID)
-		if err != nil {
-			s.log.Warn("a failed move's destination, removed, was not told to tear its lease down", "move", m.ID, "lease", l.ID, "node", rec.ID, "err", err)
+		// moves'), accepting the certificates its removal revoked, as
+		// the store recorded them: this replica may not be the one that
+		// removed the node.
+		if err := s.teardownRemoved(ctx, rec, s.removalRevoked(ctx, rec.ID), req); err != nil {
+			s.log.Warn("a failed move's destination, removed, did not tear its lease down; it is told once it joins again", "move", m.ID, "lease", l.ID, "node", rec.ID, "err", err)
 			return
 		}
-		defer release()
-	}
-	tctx, cancel := context.WithTimeout(ctx, s.cfg.PrepareTimeout)
-	defer cancel()
-	if err := s.lender.Teardown(tctx, rec.Node, rec.AgentKey, api.TeardownRequest{LeaseID: l.ID}); err != nil {
-		s.log.Warn("a failed move's destination did not tear its lease down; its heartbeats' answers will tell it", "move", m.ID, "lease", l.ID, "node", rec.ID, "err", err)
-		return
+	} else {
+		tctx, cancel := context.WithTimeout(ctx, s.cfg.PrepareTimeout)
+		err := s.lender.Teardown(tctx, rec.Node, rec.AgentKey, req)
+		cancel()
+		if err != nil {
+			s.log.Warn("a failed move's destination did not tear its lease down; its heartbeats' answers will tell it", "move", m.ID, "lease", l.ID, "node", rec.ID, "err", err)
+			return
+		}
 	}
 	if !removed {
 		s.wiped(ctx, l.ID, rec.ID) // the lender answers a teardown once its wipes are done

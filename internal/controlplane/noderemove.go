@@ -77,7 +77,10 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 		}
 	}
 	revoked := len(serials)
-	removed, err := rm.RemoveNode(ctx, n.ID, api.Event{At: s.now(), Type: "node.removed", Subject: n.ID, State: string(api.NodeRemoved),
+	// The serials go with the removal into the store: the replica that
+	// calls the removed node's agent later (a failed move's destination
+	// there: dropDestination) accepts them.
+	removed, err := rm.RemoveNode(ctx, n.ID, serialTexts(serials), api.Event{At: s.now(), Type: "node.removed", Subject: n.ID, State: string(api.NodeRemoved),
 		Message: fmt.Sprintf("%s removed; %d certificate(s) revoked, %d lease(s) lost", n.Name, revoked, len(lost))})
 	if err != nil {
 		return api.NodeRemoval{}, err
@@ -100,6 +103,13 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 		}
 		serials = append(serials, more...)
 		revoked += len(more)
+		if err := rm.AddRemovalRevoked(ctx, n.ID, serialTexts(more)); err != nil {
+			// This replica's teardowns below accept them; a failed
+			// move's destination torn down later, here or on another
+			// replica, does not (its agent, should it present one of
+			// these, is told after its next join).
+			s.log.Warn("recording the certificates revoked during a node's removal", "node", n.ID, "certificates", len(more), "err", err)
+		}
 	}
 	// And on every other replica before this returns (revoke.go).
 	if late := s.broadcastRevocation(ctx, n.ID, serials); len(late) > 0 {
@@ -130,15 +140,14 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 // from now on, and an agent cut off from the control plane (the bootstrap
 // token rotated as well) would serve them, and keep their tenants' bytes
 // on its devices, until their expiry, or until it joined again. The
-// teardowns wipe their ranges. At most maxRemovedTeardowns calls are under
-// way at once (removedCalls), each within PrepareTimeout from its start;
-// dropRemoved returns once every lease was torn down or its call timed
-// out: against an agent that does not answer, the removal takes
-// PrepareTimeout for every maxRemovedTeardowns leases. A lender that does
-// not answer is left to its next join, whose heartbeats' answers tell it.
-// The removal has revoked the node's certificates (revoked: their serial
-// numbers), which the agent presents to a control plane with a cluster
-// CA: these calls accept them (removalLender).
+// teardowns wipe their ranges. They are teardownRemoved's calls (at most
+// maxRemovedTeardowns under way, each within PrepareTimeout from its
+// start, accepting the certificates the removal revoked: revoked, their
+// serial numbers); dropRemoved returns once every lease was torn down or
+// its call timed out: against an agent that does not answer, the removal
+// takes PrepareTimeout for every maxRemovedTeardowns leases. A lender that
+// does not answer is left to its next join, whose heartbeats' answers
+// tell it.
 func (s *Server) dropRemoved(ctx context.Context, rec store.NodeRecord, revoked []*big.Int, lost []string) {
 	// The removal is committed: its teardowns are not given up with a
 	// request whose caller went away.
@@ -150,25 +159,54 @@ func (s *Server) dropRemoved(ctx context.Context, rec store.NodeRecord, revoked 
 			defer wg.Done()
 			// Never given up (ctx is not cancelled): a call that hangs
 			// holds its slot for PrepareTimeout at most.
-			release, err := s.removed.acquire(ctx, rec.ID)
-			if err != nil {
-				return
-			}
-			defer release()
-			tctx, cancel := context.WithTimeout(ctx, s.cfg.PrepareTimeout)
-			defer cancel()
-			req := api.TeardownRequest{LeaseID: id}
-			if rl, ok := s.lender.(removalLender); ok {
-				err = rl.TeardownRemoved(tctx, rec.Node, rec.AgentKey, revoked, req)
-			} else {
-				err = s.lender.Teardown(tctx, rec.Node, rec.AgentKey, req)
-			}
-			if err != nil {
+			if err := s.teardownRemoved(ctx, rec, revoked, api.TeardownRequest{LeaseID: id}); err != nil {
 				s.log.Warn("the agent of a removed node did not tear a lost lease down; it is told once it joins again", "node", rec.ID, "lease", id, "err", err)
 			}
 		}()
 	}
 	wg.Wait()
+}
+
+// teardownRemoved tells the agent of rec, a removed node, to tear a lease
+// down (req): a lease lost with the node (dropRemoved), a failed move's
+// destination there (dropDestination). The call waits for one of the
+// node's maxRemovedTeardowns slots (removedCalls), or for ctx to end, and
+// is bounded by PrepareTimeout from when it has one. The node's removal
+// has revoked its certificates (revoked: their serial numbers), which the
+// agent presents to a control plane with a cluster CA: the call accepts
+// them, and no other revoked one (removalLender).
+func (s *Server) teardownRemoved(ctx context.Context, rec store.NodeRecord, revoked []*big.Int, req api.TeardownRequest) error {
+	release, err := s.removed.acquire(ctx, rec.ID)
+	if err != nil {
+		return err
+	}
+	defer release()
+	tctx, cancel := context.WithTimeout(ctx, s.cfg.PrepareTimeout)
+	defer cancel()
+	if rl, ok := s.lender.(removalLender); ok {
+		return rl.TeardownRemoved(tctx, rec.Node, rec.AgentKey, revoked, req)
+	}
+	return s.lender.Teardown(tctx, rec.Node, rec.AgentKey, req)
+}
+
+// removalRevoked returns the serial numbers of the certificates that the
+// removal of node id revoked (those of its removals since its last join),
+// as the store recorded them (RemoveNode, AddRemovalRevoked): whichever
+// replica removed the node, before or after this one started. None
+// without a cluster CA, or for a node that is not removed; a store that
+// cannot say is logged, and none returned (the call then refuses the
+// agent's revoked certificate, as before).
+func (s *Server) removalRevoked(ctx context.Context, id string) []*big.Int {
+	rm, ok := s.st.(store.NodeRemover)
+	if !ok || s.cfg.CA == nil {
+		return nil
+	}
+	texts, err := rm.RemovalRevoked(ctx, id)
+	if err != nil {
+		s.log.Warn("reading the certificates a node's removal revoked", "node", id, "err", err)
+		return nil
+	}
+	return parseSerials(texts)
 }
 
 // maxRemovedTeardowns is how many teardown calls the control plane has

@@ -207,17 +207,13 @@ func (s *Server) applyRevocation(node string, serials []string) {
 	if _, err := s.cfg.CA.ReloadIfChanged(); err != nil {
 		s.log.Warn("reading the revocation list", "err", err)
 	}
-	for _, h := range serials {
-		n, ok := new(big.Int).SetString(h, 16)
-		if !ok || n.Sign() <= 0 {
-			continue
-		}
+	for _, n := range parseSerials(serials) {
 		if s.cfg.CA.Revoked(n) {
 			continue
 		}
 		// This replica's CA directory is a copy: revoke it here too.
 		if err := s.cfg.CA.Revoke(n); err != nil {
-			s.log.Error("revoking a removed node's certificate on this replica", "node", node, "serial", h, "err", err)
+			s.log.Error("revoking a removed node's certificate on this replica", "node", node, "serial", n.Text(16), "err", err)
 		}
 	}
 	s.log.Info("node removed on another replica: its credential and certificates refused here", "node", node, "certificates", len(serials))
@@ -234,10 +230,7 @@ func (s *Server) broadcastRevocation(ctx context.Context, node string, serials [
 	}
 	var seq [8]byte
 	rand.Read(seq[:])
-	m := busMsg{T: "revoke", From: s.bus.id, Seq: hex.EncodeToString(seq[:]), Node: node}
-	for _, n := range serials {
-		m.Serials = append(m.Serials, n.Text(16))
-	}
+	m := busMsg{T: "revoke", From: s.bus.id, Seq: hex.EncodeToString(seq[:]), Node: node, Serials: serialTexts(serials)}
 	raw, _ := json.Marshal(m)
 	ch := make(chan string, 16)
 	s.bus.mu.Lock()
@@ -283,5 +276,27 @@ func missing(want map[string]bool) []string {
 		out = append(out, id)
 	}
 	sort.Strings(out)
+	return out
+}
+
+// serialTexts is serials as the broadcast channel and the store carry
+// them: hexadecimal.
+func serialTexts(serials []*big.Int) []string {
+	out := make([]string, 0, len(serials))
+	for _, n := range serials {
+		out = append(out, n.Text(16))
+	}
+	return out
+}
+
+// parseSerials reads serialTexts back, leaving out what is not a serial
+// number.
+func parseSerials(texts []string) []*big.Int {
+	var out []*big.Int
+	for _, h := range texts {
+		if n, ok := new(big.Int).SetString(h, 16); ok && n.Sign() > 0 {
+			out = append(out, n)
+		}
+	}
 	return out
 }

@@ -449,8 +449,19 @@ type Pruner interface {
 // one transaction with ev. ErrNotFound for an unknown node. The node's
 // leases are the caller's (they are lost through the lease state machine
 // first); a later join of the same machine brings it back.
+//
+// The store also keeps the serial numbers (hex) of the node certificates
+// the removal revoked, for whichever replica later calls the removed
+// node's agent (which presents one of them): RemoveNode records revoked
+// in its transaction; AddRemovalRevoked adds those revoked after its
+// commit while the node is still removed (a no-op otherwise);
+// RemovalRevoked returns those of the node's removals since its last
+// join while it is removed, none once a join brought it back (a join
+// forgets them). ErrNotFound for an unknown node.
 type NodeRemover interface {
-	RemoveNode(ctx context.Context, id string, ev api.Event) (api.Node, error)
+	RemoveNode(ctx context.Context, id string, revoked []string, ev api.Event) (api.Node, error)
+	AddRemovalRevoked(ctx context.Context, id string, revoked []string) error
+	RemovalRevoked(ctx context.Context, id string) ([]string, error)
 }
 
 // Wipe is the block ranges of one lease on one node that the node's

@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -32,10 +33,10 @@ func testRemoveNode(t *testing.T, o Options) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := rm.RemoveNode(ctx, "nope", api.Event{}); !errors.Is(err, store.ErrNotFound) {
+	if _, err := rm.RemoveNode(ctx, "nope", nil, api.Event{}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("removing an unknown node: %v", err)
 	}
-	got, err := rm.RemoveNode(ctx, n.ID, api.Event{At: now, Type: "node.removed", Subject: n.ID, State: string(api.NodeRemoved)})
+	got, err := rm.RemoveNode(ctx, n.ID, nil, api.Event{At: now, Type: "node.removed", Subject: n.ID, State: string(api.NodeRemoved)})
 	if err != nil || got.State != api.NodeRemoved || got.ID != n.ID {
 		t.Fatalf("remove: %v %+v", err, got)
 	}
@@ -64,6 +65,73 @@ func testRemoveNode(t *testing.T, o Options) {
 	}
 	if !found {
 		t.Error("no node.removed event")
+	}
+}
+
+// testRemovalRevoked: the serials of the certificates a node's removal
+// revoked are kept with the removed node, through this store and another
+// replica on the same database: those RemoveNode recorded, with those
+// added after its commit (each once); none for a node that is not
+// removed, nor for one that joined again since (its join, a takeover,
+// forgets them, so that its next removal's are the only ones); added to
+// a node not removed, nothing; an unknown node is not found.
+func testRemovalRevoked(t *testing.T, o Options) {
+	ctx := context.Background()
+	s := open(t, o)
+	rm, ok := s.(store.NodeRemover)
+	if !ok {
+		t.Fatalf("%T does not implement store.NodeRemover", s)
+	}
+	now := time.Now()
+	join := func() {
+		t.Helper()
+		if _, _, err := s.JoinNode(ctx, store.JoinNode{Node: api.Node{ID: "node-1", Name: "n1", State: api.NodeReady,
+			Fingerprint: api.Fingerprint{MachineID: "m1"}, LastHeartbeat: now, JoinedAt: now}, CredentialHash: "h-" + now.String(), AgentKey: "k1"},
+			api.Event{At: now, Type: "node.joined"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	join()
+	readers := []store.Store{s}
+	if o.Reopen != nil {
+		r := o.Reopen(t, s)
+		t.Cleanup(func() { r.Close() })
+		readers = append(readers, r)
+	}
+	want := func(what string, serials ...string) {
+		t.Helper()
+		for i, r := range readers {
+			got, err := r.(store.NodeRemover).RemovalRevoked(ctx, "node-1")
+			if err != nil || !slices.Equal(got, serials) {
+				t.Fatalf("%s (reader %d): %v %v, want %v", what, i, got, err, serials)
+			}
+		}
+	}
+	want("a node not removed")
+	if err := rm.AddRemovalRevoked(ctx, "node-1", []string{"ab"}); err != nil {
+		t.Fatal(err)
+	}
+	want("serials added to a node not removed")
+	if _, err := rm.RemoveNode(ctx, "node-1", []string{"a1", "b2"}, api.Event{At: now, Type: "node.removed", Subject: "node-1"}); err != nil {
+		t.Fatal(err)
+	}
+	want("the removal's", "a1", "b2")
+	if err := rm.AddRemovalRevoked(ctx, "node-1", []string{"b2", "c3"}); err != nil {
+		t.Fatal(err)
+	}
+	want("with those revoked after the removal", "a1", "b2", "c3")
+	now = now.Add(time.Second)
+	join()
+	want("a node that joined again")
+	if _, err := rm.RemoveNode(ctx, "node-1", []string{"d4"}, api.Event{At: now, Type: "node.removed", Subject: "node-1"}); err != nil {
+		t.Fatal(err)
+	}
+	want("its next removal's", "d4")
+	if _, err := rm.RemovalRevoked(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("an unknown node's: %v", err)
+	}
+	if err := rm.AddRemovalRevoked(ctx, "nope", []string{"e5"}); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("added to an unknown node: %v", err)
 	}
 }
 
@@ -96,7 +164,7 @@ func testHeartbeatAfterRemove(t *testing.T, o Options) {
 	if err := s.SetNodeState(ctx, "node-2", api.NodeReady, api.NodeSuspect, api.Event{At: joined, Type: "node.suspect", Subject: "node-2"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := rm.RemoveNode(ctx, "node-1", api.Event{At: joined, Type: "node.removed", Subject: "node-1", State: string(api.NodeRemoved)}); err != nil {
+	if _, err := rm.RemoveNode(ctx, "node-1", nil, api.Event{At: joined, Type: "node.removed", Subject: "node-1", State: string(api.NodeRemoved)}); err != nil {
 		t.Fatal(err)
 	}
 	writers := []struct {

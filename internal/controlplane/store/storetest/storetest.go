@@ -51,6 +51,7 @@ func Run(t *testing.T, o Options) {
 		{"ConcurrentMoves", testConcurrentMoves},
 		{"ReplaceTokens", testReplaceTokens},
 		{"RemoveNode", testRemoveNode},
+		{"RemovalRevoked", testRemovalRevoked},
 		{"HeartbeatAfterRemove", testHeartbeatAfterRemove},
 		{"JoinTakeover", testJoinTakeover},
 		{"JoinPrevCredential", testJoinPrevCredential},
