@@ -82,6 +82,9 @@ func runUpNetns(ctx context.Context, e *env, o upNetns) error {
 		if errors.Is(err, rack.ErrBadConfig) {
 			return fmt.Errorf("rialto up --netns: %w", err)
 		}
+		if errors.Is(err, rack.ErrInUse) {
+			return stateDirInUse(o.dir, err)
+		}
 		return err
 	}
 	if err := saveUpState(o.dir, st); err != nil {
