@@ -559,7 +559,12 @@ func (s *Server) placeMove(ctx context.Context, l api.Lease, i int, t moveTarget
 	if err != nil {
 		why := err.Error()
 		if len(plan.Explanation) > 0 {
-			why = strings.Join(plan.Explanation, "; ")
+			// One line: the explanation's indented lines, unindented.
+			lines := make([]string, len(plan.Explanation))
+			for k, e := range plan.Explanation {
+				lines[k] = strings.TrimSpace(e)
+			}
+			why = strings.Join(lines, "; ")
 		}
 		return api.Part{}, fmt.Errorf("%w: no destination for part %d of lease %s: %s", ErrInfeasible, i, l.ID, why)
 	}

@@ -132,6 +132,10 @@ func TestDrainReasonsReadPlainly(t *testing.T) {
 		if strings.Contains(d.Leases[0].Reason, "did not confirm") {
 			t.Errorf("the drain's reason says the part's lender did not confirm: %s", d.Leases[0].Reason)
 		}
+		// One line, not the explanation's indented lines joined.
+		if strings.Contains(d.Leases[0].Reason, ";  ") {
+			t.Errorf("the drain's reason keeps the explanation's indentation: %q", d.Leases[0].Reason)
+		}
 		endDrain(t, c, n, l)
 	})
 	t.Run("destination refuses", func(t *testing.T) {
