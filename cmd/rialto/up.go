@@ -282,9 +282,9 @@ func runUp(e *env, fs *pflag.FlagSet) runFunc {
 		// take the downtime for node failures.
 		cp.startSweeping(ctx)
 
-		where := fmt.Sprintf("a control plane and %d agents on loopback", *agents)
+		where := fmt.Sprintf("a control plane and %s on loopback", agentsText(*agents))
 		if *replicas > 1 {
-			where = fmt.Sprintf("%d control-plane replicas sharing a PostgreSQL in the state dir, and %d agents on loopback", *replicas, *agents)
+			where = fmt.Sprintf("%d control-plane replicas sharing a PostgreSQL in the state dir, and %s on loopback", *replicas, agentsText(*agents))
 		}
 		promCfg, err := writePrometheusConfig(*dir, cp.url(), caFile, st.MetricsToken)
 		if err != nil {
@@ -398,6 +398,14 @@ func listenUp(port, remembered int, warn io.Writer) (net.Listener, error) {
 		return ln, nil
 	}
 	return net.Listen("tcp", "127.0.0.1:0")
+}
+
+// agentsText is "1 agent" or "N agents", for the banner.
+func agentsText(n int) string {
+	if n == 1 {
+		return "1 agent"
+	}
+	return fmt.Sprintf("%d agents", n)
 }
 
 // upTLSDir is where `rialto up` keeps the cluster CA.

@@ -383,8 +383,8 @@ func TestUpBusyStateDirAndPort(t *testing.T) {
 	refused([]string{fmt.Sprintf("--port %d: 127.0.0.1:%d is in use by another program", port, port), "leave --port out"}, "--port", strconv.Itoa(port))
 
 	// The remembered port is taken: a free one, said on stderr before the
-	// banner.
-	cmd := exec.Command(bin, "up", "--state-dir", dir, "--agents", "0")
+	// banner. (The banner counts its one agent as one: it said "1 agents".)
+	cmd := exec.Command(bin, "up", "--state-dir", dir, "--agents", "1", "--disks", "1", "--disk-size", "64MiB", "--memory", "0", "--accel", "0")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdout, err := cmd.StdoutPipe()
@@ -394,9 +394,12 @@ func TestUpBusyStateDirAndPort(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	var addr string
+	var addr, first string
 	sc := bufio.NewScanner(stdout)
 	for sc.Scan() {
+		if first == "" {
+			first = sc.Text()
+		}
 		if v, ok := strings.CutPrefix(sc.Text(), "export RIALTO_ADDR="); ok {
 			addr = v
 			break
@@ -406,6 +409,9 @@ func TestUpBusyStateDirAndPort(t *testing.T) {
 	io.Copy(io.Discard, stdout) // until it exits
 	if err := cmd.Wait(); err != nil {
 		t.Errorf("rialto up after SIGINT: %v\n%s", err, stderr.String())
+	}
+	if want := "Rialto is up: a control plane and 1 agent on loopback."; first != want {
+		t.Errorf("banner's first line %q, want %q", first, want)
 	}
 	warning, _, _ := strings.Cut(stderr.String(), "\n")
 	if !strings.Contains(warning, fmt.Sprintf("port %d, which this state dir used last time, is taken", port)) ||
