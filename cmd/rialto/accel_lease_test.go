@@ -170,4 +170,23 @@ func TestAccelRunLeaseIO(t *testing.T) {
 	}
 }
 
+// TestAttachAccelLease: `rialto attach` of an accelerator lease names the
+// kinds attach serves and the verb that uses the lease; it named block and
+// memory only (attach serves nic leases too) and no way forward.
+func TestAttachAccelLease(t *testing.T) {
+	c := testcluster.Start(t, testcluster.Options{Nodes: 1, Devices: []agent.DeviceConfig{
+		{Name: "accel0", Kind: api.KindAccel, Size: 1},
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sha, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindAccel, Role: "sha256"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, errs, code := runIn(t, c, t.TempDir(), "attach", sha.ID)
+	if want := "lease " + sha.ID + " is an accel lease; attach serves block, memory and nic leases: run an accelerator lease's role with `rialto accel run " + sha.ID + " ROLE INPUT`"; code != 1 || !strings.Contains(errs, want) {
+		t.Errorf("attach of an accel lease: exit %d, %q; want 1 and %q", code, errs, want)
+	}
+}
+
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }

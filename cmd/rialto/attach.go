@@ -25,7 +25,7 @@ import (
 )
 
 func init() {
-	register(&command{Name: "attach", Args: "LEASE", Summary: "Serve a block lease (composed or not) as a local NBD export or, with --fuse, as a file to loop-mount, or attach a nic lease (a bond or not) as a network interface, until Ctrl-C or detach.", Flags: runAttach, MinArgs: 1, MaxArgs: 1})
+	register(&command{Name: "attach", Args: "LEASE", Summary: "Serve a block lease (composed or not) or a memory lease as a local NBD export or, with --fuse, a block lease as a file to loop-mount, or attach a nic lease (a bond or not) as a network interface, until Ctrl-C or detach.", Flags: runAttach, MinArgs: 1, MaxArgs: 1})
 	register(&command{Name: "detach", Args: "LEASE", Summary: "Stop the `rialto attach` of a lease and wait until it is gone.", Flags: runDetach, MinArgs: 1, MaxArgs: 1})
 }
 
@@ -153,6 +153,9 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 		}
 		if l.Kind == api.KindNIC {
 			return attachNIC(ctx, e, c, &cf, l, nf, *conns, dataTLS, *watch, log)
+		}
+		if l.Kind == api.KindAccel {
+			return fmt.Errorf("lease %s is an accel lease; attach serves block, memory and nic leases: run an accelerator lease's role with `rialto accel run %s ROLE INPUT`", l.ID, l.ID)
 		}
 		parts, err := borrower.AttachParts(l)
 		if err != nil {

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -112,7 +115,7 @@ func runSimRun(e *env, fs *pflag.FlagSet) runFunc {
 	outDir := fs.String("out", "sim-out", "directory for EXPERIMENT.csv, .svg and .txt (and results.md with all)")
 	seed := fs.Uint64("seed", 0, "random seed (the same seed gives the same result)")
 	scale := fs.Float64("scale", 1, "size multiplier of the run (headline ratios do not depend on it)")
-	traces := fs.String("traces", e.getenv("RIALTO_TRACES"), "trace directory for trace-driven experiments (env RIALTO_TRACES; default "+report.DefaultTraceDir+")")
+	traces := fs.String("traces", e.getenv("RIALTO_TRACES"), "trace directory for trace-driven experiments (env RIALTO_TRACES; default "+report.DefaultTraceDir+", from the current directory)")
 	podList := fs.String("pod-list", "", "openb pod list to replay (default openb_pod_list_default.csv)")
 	sample := fs.Int("sample", 0, "replay every Nth node and pod of a trace (quick runs)")
 	sens := fs.Bool("sensitivity", true, "report how far each prediction's inputs may move before its conclusion changes (reruns the model)")
@@ -155,8 +158,8 @@ func runSimRun(e *env, fs *pflag.FlagSet) runFunc {
 			}
 			return fmt.Errorf("unknown experiment %q (rialto sim list: %s, or all)", pos[0], strings.Join(names, ", "))
 		}
-		if errors.Is(err, sim.ErrNoTraces) {
-			return fmt.Errorf("%w: pass --traces DIR or set RIALTO_TRACES", err)
+		if errors.Is(err, sim.ErrNoTraces) || isTraceFileMissing(err) {
+			return traceDirError(fs, pos[0], *traces, err)
 		}
 		if err != nil {
 			return err
@@ -175,6 +178,42 @@ func runSimRun(e *env, fs *pflag.FlagSet) runFunc {
 		fmt.Fprintf(e.stdout, "wrote %s, %s and %s\n", files.CSV, files.SVG, files.Summary)
 		return nil
 	}
+}
+
+// isTraceFileMissing reports whether err is a trace-driven experiment's
+// failure to find a file in its trace directory (a name relative to it).
+func isTraceFileMissing(err error) bool {
+	var pe *fs.PathError
+	return errors.As(err, &pe) && errors.Is(err, fs.ErrNotExist) && !filepath.IsAbs(pe.Path)
+}
+
+// traceDirError explains a trace-driven experiment's failure to find its
+// traces (err): which directory it looked in, where that came from, and
+// what to pass instead. dir is --traces (whose default is $RIALTO_TRACES).
+func traceDirError(flags *pflag.FlagSet, name, dir string, err error) error {
+	from := "--traces"
+	switch {
+	case flagSet(flags, "traces"):
+	case dir != "":
+		from = "RIALTO_TRACES"
+	default:
+		dir, from = report.DefaultTraceDir, "the default, "+report.DefaultTraceDir+" from the current directory"
+	}
+	abs, aerr := filepath.Abs(dir)
+	if aerr != nil {
+		abs = dir
+	}
+	const layout = "alibaba-gpu-v2023/openb_node_list_all_node.csv and the openb pod lists beside it (the csv/ folder of cluster-trace-gpu-v2023 in github.com/alibaba/clusterdata; docs/simulator.md)"
+	if !errors.Is(err, sim.ErrNoTraces) {
+		return fmt.Errorf("%w, in the trace directory %s (%s): pass --traces DIR or set RIALTO_TRACES, DIR holding %s; --pod-list names a pod list beside the node list", err, abs, from, layout)
+	}
+	what := "does not exist"
+	if st, serr := os.Stat(dir); serr == nil && !st.IsDir() {
+		what = "is not a directory"
+	} else if serr != nil && !errors.Is(serr, fs.ErrNotExist) {
+		what = "cannot be read (" + serr.Error() + ")"
+	}
+	return fmt.Errorf("experiment %s replays a trace, and its trace directory %s (%s) %s: pass --traces DIR or set RIALTO_TRACES, DIR holding %s", name, abs, from, what, layout)
 }
 
 // printScaleRates prints what only the caller can measure: the rates of

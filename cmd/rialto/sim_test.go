@@ -88,6 +88,10 @@ func TestSimRun(t *testing.T) {
 		t.Error("same seed, different CSV")
 	}
 
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		code int
@@ -96,11 +100,23 @@ func TestSimRun(t *testing.T) {
 		{[]string{"sim", "run", "nope", "--out", dir}, 1, "unknown experiment \"nope\""},
 		{[]string{"sim", "run"}, 2, "wrong number of arguments"},
 		{[]string{"sim", "run", "hop-latency", "--scale", "-1"}, 2, "--scale"},
-		{[]string{"sim", "run", "gpu-openb", "--out", dir, "--traces", filepath.Join(dir, "none")}, 1, "--traces"},
+		// A trace directory that is not there, or lacks the files, is
+		// named, with where it came from and what it must hold: the
+		// first said "trace directory not set", the second named only the
+		// file.
+		{[]string{"sim", "run", "gpu-openb", "--out", dir, "--traces", filepath.Join(dir, "none")}, 1,
+			"its trace directory " + filepath.Join(dir, "none") + " (--traces) does not exist: pass --traces DIR or set RIALTO_TRACES, DIR holding alibaba-gpu-v2023/openb_node_list_all_node.csv"},
+		{[]string{"sim", "run", "gpu-openb", "--out", dir}, 1,
+			"its trace directory " + filepath.Join(filepath.Dir(wd), "shared", "data", "traces") + " (the default, ../shared/data/traces from the current directory) does not exist"},
+		{[]string{"sim", "run", "gpu-openb", "--out", dir, "--traces", dir}, 1,
+			"open alibaba-gpu-v2023/openb_node_list_all_node.csv: no such file or directory, in the trace directory " + dir + " (--traces): pass --traces DIR"},
 		{[]string{"sim"}, 2, "needs a verb (list, run)"},
 		{[]string{"sim", "run", "scale", "--remote-share", "2"}, 2, "--remote-share"},
 		{[]string{"sim", "run", "udp-throughput", "--doc", filepath.Join(dir, "x.md")}, 2, "--doc goes with"},
 	} {
+		if len(tc.args) == 5 && tc.args[2] == "gpu-openb" && os.Getenv("RIALTO_TRACES") != "" {
+			continue // the default trace directory is not the one looked in
+		}
 		_, errs, code := runCLI(t, "", tc.args...)
 		if code != tc.code || !strings.Contains(errs, tc.want) {
 			t.Errorf("%v: exit %d, %q; want %d and %q", tc.args, code, errs, tc.code, tc.want)

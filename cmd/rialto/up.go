@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -172,7 +173,7 @@ func runUp(e *env, fs *pflag.FlagSet) runFunc {
 			st.MetricsToken = resource.NewSecret("rat")
 		}
 
-		ln, err := listenUp(*port, st.Port)
+		ln, err := listenUp(*port, st.Port, e.stderr)
 		if err != nil {
 			return err
 		}
@@ -281,9 +282,9 @@ func runUp(e *env, fs *pflag.FlagSet) runFunc {
 		// take the downtime for node failures.
 		cp.startSweeping(ctx)
 
-		where := fmt.Sprintf("a control plane and %d agents on loopback", *agents)
+		where := fmt.Sprintf("a control plane and %s on loopback", agentsText(*agents))
 		if *replicas > 1 {
-			where = fmt.Sprintf("%d control-plane replicas sharing a PostgreSQL in the state dir, and %d agents on loopback", *replicas, *agents)
+			where = fmt.Sprintf("%d control-plane replicas sharing a PostgreSQL in the state dir, and %s on loopback", *replicas, agentsText(*agents))
 		}
 		promCfg, err := writePrometheusConfig(*dir, cp.url(), caFile, st.MetricsToken)
 		if err != nil {
@@ -319,7 +320,7 @@ func lockStateDir(ctx context.Context, dir string) (*os.File, error) {
 	deadline := time.Now().Add(time.Minute)
 	f, err := filelock.Wait(ctx, p, 50*time.Millisecond, func() bool { return heldByReaper(p) && time.Now().Before(deadline) })
 	if errors.Is(err, filelock.ErrLocked) {
-		return nil, fmt.Errorf("state dir %s is in use by another rialto up", dir)
+		return nil, stateDirInUse(dir, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("lock state dir %s: %w", dir, err)
@@ -327,6 +328,24 @@ func lockStateDir(ctx context.Context, dir string) (*os.File, error) {
 	// A reaper's note is stale once its lock is free.
 	_ = f.Truncate(0)
 	return f, nil
+}
+
+// stateDirInUse is the refusal of a state dir whose lock another
+// `rialto up` (or its reaper) holds: err is the lock's refusal, a
+// *filelock.HeldError naming the holder when /proc/locks tells it. The
+// refused run has changed nothing there.
+func stateDirInUse(dir string, err error) error {
+	pid := 0
+	var held *filelock.HeldError
+	if errors.As(err, &held) {
+		pid = held.PID
+	}
+	stop := "Ctrl-C where it runs"
+	if pid > 0 && pid != os.Getpid() {
+		stop += fmt.Sprintf(", or kill -INT %d", pid)
+	}
+	return fmt.Errorf("state dir %s is in use by another rialto up%s: stop that one first (%s; its cluster keeps its state), or give this one another --state-dir",
+		dir, filelock.HolderNote(pid), stop)
 }
 
 // heldByReaper reports whether the lock file at p names a live reaper of
@@ -348,17 +367,45 @@ func heldByReaper(p string) bool {
 }
 
 // listenUp binds the API port: the requested one, else the remembered one
-// if free, else a free one.
-func listenUp(port, remembered int) (net.Listener, error) {
+// if free, else a free one. A requested port that is taken is an error
+// that says so; a remembered one that is taken is said on warn, since the
+// RIALTO_ADDR of the shells that talked to the last run no longer reaches
+// this one.
+func listenUp(port, remembered int, warn io.Writer) (net.Listener, error) {
 	if port != 0 {
-		return net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return nil, fmt.Errorf("--port %d: 127.0.0.1:%d is in use by another program (another rialto up?): choose another --port, or leave --port out for the one this state dir used last time or else a free one", port, port)
+		}
+		return ln, err
 	}
 	if remembered != 0 {
-		if ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(remembered))); err == nil {
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(remembered)))
+		if err == nil {
 			return ln, nil
 		}
+		ln, err2 := net.Listen("tcp", "127.0.0.1:0")
+		if err2 != nil {
+			return nil, err2
+		}
+		why := err.Error()
+		var errno syscall.Errno
+		if errors.As(err, &errno) {
+			why = errno.Error()
+		}
+		fmt.Fprintf(warn, "rialto up: port %d, which this state dir used last time, is taken (%s): the API is on port %d now, so shells that exported RIALTO_ADDR for the last run need the new export lines below\n",
+			remembered, why, ln.Addr().(*net.TCPAddr).Port)
+		return ln, nil
 	}
 	return net.Listen("tcp", "127.0.0.1:0")
+}
+
+// agentsText is "1 agent" or "N agents", for the banner.
+func agentsText(n int) string {
+	if n == 1 {
+		return "1 agent"
+	}
+	return fmt.Sprintf("%d agents", n)
 }
 
 // upTLSDir is where `rialto up` keeps the cluster CA.

@@ -82,12 +82,15 @@ func runUpNetns(ctx context.Context, e *env, o upNetns) error {
 		if errors.Is(err, rack.ErrBadConfig) {
 			return fmt.Errorf("rialto up --netns: %w", err)
 		}
+		if errors.Is(err, rack.ErrInUse) {
+			return stateDirInUse(o.dir, err)
+		}
 		return err
 	}
 	if err := saveUpState(o.dir, st); err != nil {
 		return errors.Join(err, r.Close())
 	}
-	where := fmt.Sprintf("a control plane and %d agents, each a process in its own network namespace", o.agents)
+	where := fmt.Sprintf("a control plane and %s, each a process in its own network namespace", agentsText(o.agents))
 	if o.linkRate != "" {
 		where += ", links shaped to " + o.linkRate
 	}

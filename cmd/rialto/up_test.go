@@ -1,19 +1,26 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/memory/mapping"
+	"github.com/rialto-project/rialto/internal/filelock"
+	"github.com/rialto-project/rialto/internal/rack"
 	"github.com/rialto-project/rialto/internal/uptest"
 
 	"github.com/rialto-project/rialto/api"
@@ -301,5 +308,117 @@ func TestUpBadFlags(t *testing.T) {
 		if _, err := os.Stat(dir); err == nil {
 			t.Errorf("%v: the state dir was created", tc.args)
 		}
+	}
+}
+
+// TestUpBusyStateDirAndPort: a state dir another process holds and a
+// --port another program listens on are refused, each in one line that
+// names the holder or the port and what to do, and the refused runs leave
+// the state dir as it was; a port the state dir used last time that
+// another program took since is replaced by a free one, and rialto up says
+// so on stderr (the RIALTO_ADDR exported for the last run is stale). Both
+// refusals said only what was wrong ("in use by another rialto up",
+// "listen tcp 127.0.0.1:P: bind: address already in use"), and the new
+// port came with no word.
+func TestUpBusyStateDirAndPort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := buildBinary(t)
+	dir := filepath.Join(t.TempDir(), "state")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	// What the last run left: the port it served on.
+	last := fmt.Sprintf("{\"port\": %d}\n", port)
+	if err := os.WriteFile(filepath.Join(dir, "cluster.json"), []byte(last), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	refused := func(want []string, args ...string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, bin, append([]string{"up", "--state-dir", dir}, args...)...)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		msg := strings.TrimSuffix(stderr.String(), "\n")
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || strings.Contains(msg, "\n") {
+			t.Errorf("%v: %v, stderr %q; want exit 1 and one line", args, err, msg)
+		}
+		for _, w := range want {
+			if !strings.Contains(msg, w) {
+				t.Errorf("%v: stderr %q lacks %q", args, msg, w)
+			}
+		}
+		ents, _ := os.ReadDir(dir)
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		if b, _ := os.ReadFile(filepath.Join(dir, "cluster.json")); string(b) != last || len(names) > 3 {
+			t.Errorf("%v: the refused run changed the state dir: cluster.json %q, entries %v", args, b, names)
+		}
+	}
+
+	// The state dir, held by this process as another rialto up holds it.
+	lock, err := filelock.Open(filepath.Join(dir, "lock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inUse := []string{"state dir " + dir + " is in use by another rialto up", fmt.Sprintf("(pid %d", os.Getpid()),
+		fmt.Sprintf("kill -INT %d", os.Getpid()), "another --state-dir"}
+	refused(inUse)
+	if os.Geteuid() == 0 && rack.Available() == nil {
+		refused(inUse, "--netns")
+	}
+	filelock.Close(lock)
+
+	refused([]string{fmt.Sprintf("--port %d: 127.0.0.1:%d is in use by another program", port, port), "leave --port out"}, "--port", strconv.Itoa(port))
+
+	// The remembered port is taken: a free one, said on stderr before the
+	// banner. (The banner counts its one agent as one: it said "1 agents".)
+	cmd := exec.Command(bin, "up", "--state-dir", dir, "--agents", "1", "--disks", "1", "--disk-size", "64MiB", "--memory", "0", "--accel", "0")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var addr, first string
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		if first == "" {
+			first = sc.Text()
+		}
+		if v, ok := strings.CutPrefix(sc.Text(), "export RIALTO_ADDR="); ok {
+			addr = v
+			break
+		}
+	}
+	cmd.Process.Signal(os.Interrupt)
+	io.Copy(io.Discard, stdout) // until it exits
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("rialto up after SIGINT: %v\n%s", err, stderr.String())
+	}
+	if want := "Rialto is up: a control plane and 1 agent on loopback."; first != want {
+		t.Errorf("banner's first line %q, want %q", first, want)
+	}
+	warning, _, _ := strings.Cut(stderr.String(), "\n")
+	if !strings.Contains(warning, fmt.Sprintf("port %d, which this state dir used last time, is taken", port)) ||
+		!strings.Contains(warning, "export lines") {
+		t.Errorf("rialto up with its port taken: stderr %q", stderr.String())
+	}
+	if i := strings.LastIndex(addr, ":"); i < 0 || addr[i+1:] == strconv.Itoa(port) || !strings.Contains(warning, "port "+addr[i+1:]+" now") {
+		t.Errorf("rialto up with its port taken serves at %q; its warning: %q", addr, warning)
 	}
 }

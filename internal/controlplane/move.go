@@ -508,6 +508,10 @@ func stripURI(p api.Part) api.Part { p.URI = ""; return p }
 // large, exclusive ones included (named by t, or when no range fits):
 // it then takes that device whole, its first Length bytes holding the
 // part, so the lease keeps its size.
+// skipPartLender is why a move's placement skips the part's own node
+// (snapshot says it per device in its own words).
+const skipPartLender = "the part's lender"
+
 func (s *Server) placeMove(ctx context.Context, l api.Lease, i int, t moveTarget) (api.Part, error) {
 	p := l.Parts[i]
 	req := api.LeaseRequest{Kind: l.Kind, Mode: api.ModeShared, Size: p.Length, Count: 1, Borrower: l.Borrower}
@@ -518,7 +522,7 @@ func (s *Server) placeMove(ctx context.Context, l api.Lease, i int, t moveTarget
 	case t.node != "":
 		req.Affinity = []string{t.node}
 	default:
-		skip = map[string]string{p.NodeID: "the part's lender"}
+		skip = map[string]string{p.NodeID: skipPartLender}
 	}
 	if l.Kind == api.KindAccel {
 		req.Mode, req.Size, req.Count = "", 0, int(p.Length/api.SlotUnits)
@@ -555,7 +559,12 @@ func (s *Server) placeMove(ctx context.Context, l api.Lease, i int, t moveTarget
 	if err != nil {
 		why := err.Error()
 		if len(plan.Explanation) > 0 {
-			why = strings.Join(plan.Explanation, "; ")
+			// One line: the explanation's indented lines, unindented.
+			lines := make([]string, len(plan.Explanation))
+			for k, e := range plan.Explanation {
+				lines[k] = strings.TrimSpace(e)
+			}
+			why = strings.Join(lines, "; ")
 		}
 		return api.Part{}, fmt.Errorf("%w: no destination for part %d of lease %s: %s", ErrInfeasible, i, l.ID, why)
 	}

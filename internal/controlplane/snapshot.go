@@ -459,7 +459,11 @@ func snapshot(inv store.Inventory, skip map[string]string, now time.Time, q Quot
 	s.Links = append(s.Links, fabric.Link{ID: "lan-cp", A: lanVertex, B: cpVertex, Kind: fabric.Ethernet})
 	for _, n := range inv.Nodes {
 		pn := placement.Node{ID: n.ID, Name: n.Name, State: string(n.State), Labels: n.Labels, Cordoned: n.Cordoned}
-		if skip[n.ID] != "" {
+		switch why := skip[n.ID]; why {
+		case "":
+		case skipPartLender:
+			pn.Excluded = "skipped (it is the part's lender, which the part moves away from)"
+		default:
 			// Why is the failed lease's reason's (lenders did not
 			// confirm (…)): the rejection says it once.
 			pn.Excluded = "skipped (it did not confirm the part)"

@@ -198,7 +198,9 @@ func lockStateDir(ctx context.Context, dir string) (*os.File, error) {
 		return orphanedReaper && time.Now().Before(deadline)
 	})
 	if errors.Is(err, filelock.ErrLocked) {
-		return nil, fmt.Errorf("%w: state dir %s is in use by another rialto up", ErrInUse, dir)
+		// err, a *filelock.HeldError, names the holder when /proc/locks
+		// tells it.
+		return nil, fmt.Errorf("%w: state dir %s is in use by another rialto up: %w", ErrInUse, dir, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("rack: lock %s: %w", dir, err)

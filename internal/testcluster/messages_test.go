@@ -124,7 +124,18 @@ func TestDrainReasonsReadPlainly(t *testing.T) {
 			d, err = c.Client().NodeDrain(ctx, n.ID())
 			return err == nil && len(d.Leases) == 1 && strings.Contains(d.Leases[0].Reason, "cannot move yet")
 		})
-		plainly(t, "the drain's reason", d.Leases[0].Reason, "cannot move yet: no destination for part 0 of lease "+l.ID)
+		// The lender the part moves away from is skipped as such; it read
+		// "skipped (it did not confirm the part)", which it had not been
+		// asked to.
+		plainly(t, "the drain's reason", d.Leases[0].Reason, "cannot move yet: no destination for part 0 of lease "+l.ID,
+			"is skipped (it is the part's lender, which the part moves away from)")
+		if strings.Contains(d.Leases[0].Reason, "did not confirm") {
+			t.Errorf("the drain's reason says the part's lender did not confirm: %s", d.Leases[0].Reason)
+		}
+		// One line, not the explanation's indented lines joined.
+		if strings.Contains(d.Leases[0].Reason, ";  ") {
+			t.Errorf("the drain's reason keeps the explanation's indentation: %q", d.Leases[0].Reason)
+		}
 		endDrain(t, c, n, l)
 	})
 	t.Run("destination refuses", func(t *testing.T) {
