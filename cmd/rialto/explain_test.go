@@ -39,19 +39,30 @@ func TestExplainInfeasibleExitStatus(t *testing.T) {
 		return out.String(), errb.String(), cmd.ProcessState.ExitCode()
 	}
 
+	// A lease of 5000KiB leaves 3192KiB of the 8MiB: explanations print it
+	// as every size is printed, in the largest unit ("3.1MiB"), not as
+	// "3192KiB".
+	if out, errs, code := cli("lease", "create", "--kind", "block", "--size", "5000KiB"); code != 0 {
+		t.Fatalf("lease create: exit %d\n%s%s", code, out, errs)
+	}
 	for _, verb := range [][]string{{"explain"}, {"lease", "create", "--dry-run"}} {
 		args := append(verb, "--kind", "block", "--size", "1GiB")
 		out, errs, code := cli(args...)
 		if code != 3 {
 			t.Errorf("%v of an infeasible request: exit %d, want 3\n%s%s", args, code, out, errs)
 		}
-		for _, w := range []string{"Plan:  infeasible", "Why:", "capacity", "disk0"} {
+		for _, w := range []string{"Plan:  infeasible", "Why:", "capacity", "disk0", "3.1MiB free, needs"} {
 			if !strings.Contains(out, w) {
 				t.Errorf("%v: the plan printed lacks %q:\n%s", args, w, out)
 			}
 		}
 		if !strings.Contains(errs, "infeasible") {
 			t.Errorf("%v: stderr %q does not say the request is infeasible", args, errs)
+		}
+		// Two parts need two devices with room: the one there is says
+		// what it has free of what.
+		if out, errs, _ := cli(append(verb, "--kind", "block", "--size", "2MiB", "--mode", "composed", "--count", "2")...); !strings.Contains(out, "3.1MiB free of 8MiB, 1 lease") {
+			t.Errorf("%v of a 2-way composition: the plan does not give the device's free capacity as 3.1MiB of 8MiB:\n%s%s", verb, out, errs)
 		}
 
 		out, errs, code = cli(append(args, "-o", "json")...)
