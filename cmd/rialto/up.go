@@ -56,7 +56,14 @@ func loadUpState(dir string) (upState, error) {
 		return s, err
 	}
 	if err := json.Unmarshal(b, &s); err != nil {
-		return s, fmt.Errorf("%s: %w", p, err)
+		what := "is not valid JSON"
+		var se *json.SyntaxError
+		if !errors.As(err, &se) {
+			what = "is not the JSON rialto up writes" // valid JSON, other fields' types
+		}
+		return s, fmt.Errorf("%s %s (%w): it holds the cluster's tokens and API port; "+
+			"remove it and run rialto up again, which makes new ones and keeps the nodes, devices and leases "+
+			"(shells then need the new export lines)", p, what, err)
 	}
 	return s, nil
 }
