@@ -68,6 +68,25 @@ func loadUpState(dir string) (upState, error) {
 	return s, nil
 }
 
+// makeStateDir creates rialto up's --state-dir (0700), or says which path
+// in the way is not a directory (mkdir's "not a directory" names neither
+// --state-dir nor what to do).
+func makeStateDir(dir string) error {
+	err := os.MkdirAll(dir, 0o700)
+	if err == nil {
+		return nil
+	}
+	const todo = "give --state-dir a directory, or a path to create"
+	if fi, serr := os.Stat(filepath.Clean(dir)); serr == nil && !fi.IsDir() {
+		return fmt.Errorf("state dir %s exists and is not a directory: %s (%w)", dir, todo, err)
+	}
+	var pe *fs.PathError
+	if errors.Is(err, syscall.ENOTDIR) && errors.As(err, &pe) {
+		return fmt.Errorf("state dir %s cannot be made: %s exists and is not a directory; %s (%w)", dir, pe.Path, todo, err)
+	}
+	return err
+}
+
 func saveUpState(dir string, s upState) error {
 	b, err := json.MarshalIndent(s, "", "  ")
 	if err != nil {
@@ -156,7 +175,7 @@ func runUp(e *env, fs *pflag.FlagSet) runFunc {
 				memory: msize, slots: *slots, linkRate: *linkRate, uplinks: *uplinks, uplinkRate: *uplinkRate,
 				level: *level, quotas: quotaSpecs, tm: tm, log: log, insecureDataplane: *insecure})
 		}
-		if err := os.MkdirAll(*dir, 0o700); err != nil {
+		if err := makeStateDir(*dir); err != nil {
 			return err
 		}
 		lock, err := lockStateDir(ctx, *dir)

@@ -282,10 +282,10 @@ func TestUpStopsPromptly(t *testing.T) {
 // out of range said only "listen tcp: address 99999: invalid port" (exit
 // 1), a negative --accel and a --disks in the thousands were taken (the
 // latter failed with "too many open files" after creating thousands of
-// disk images). A --state-dir whose cluster.json is damaged is refused
-// (exit 1, one line) saying what is wrong with which file and what to do,
-// and left as it was: it said only "F/cluster.json: unexpected end of
-// JSON input".
+// disk images). A --state-dir that is a file, or whose cluster.json is
+// damaged, is refused (exit 1, one line) saying what is wrong with which
+// path and what to do, and left as it was: they said only "mkdir F: not a
+// directory" and "F/cluster.json: unexpected end of JSON input".
 func TestUpBadFlags(t *testing.T) {
 	bin := buildBinary(t)
 	const notJSON = `{"bootstrap_token": "rbt_x", "port": 1`
@@ -302,6 +302,10 @@ func TestUpBadFlags(t *testing.T) {
 		{args: []string{"--netns", "--port", "70000"}, want: []string{"--port must be 0 to 65535"}},
 		{args: []string{"--accel", "-1"}, want: []string{"--accel must not be negative"}},
 		{args: []string{"--disks", "65"}, want: []string{"--disks: at most 64 per node"}},
+		{path: "state", content: "a file\n", code: 1,
+			want: []string{"state dir DIR exists and is not a directory: give --state-dir a directory, or a path to create"}},
+		{args: []string{"--state-dir", "DIR/sub"}, path: "state", content: "a file\n", code: 1,
+			want: []string{"state dir DIR/sub cannot be made: DIR exists and is not a directory"}},
 		{path: "state/cluster.json", content: notJSON, code: 1,
 			want: []string{"DIR/cluster.json is not valid JSON (unexpected end of JSON input)", "remove it and run rialto up again"}},
 		{path: "state/cluster.json", content: `{"port": "7070"}`, code: 1,
