@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -63,6 +64,17 @@ func TestAttachFUSE(t *testing.T) {
 	st, err := os.Stat(path)
 	if err != nil || st.Size() != l.Size {
 		t.Fatalf("stat %s: %v %v", path, st, err)
+	}
+	// The file's times are the attach's start (they were the epoch).
+	as, err := readAttachState(filepath.Join(runtime, "rialto", l.ID+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sst := st.Sys().(*syscall.Stat_t)
+	for name, ts := range map[string]syscall.Timespec{"atime": sst.Atim, "mtime": sst.Mtim, "ctime": sst.Ctim} {
+		if got := time.Unix(ts.Unix()); !got.Equal(as.Started) || time.Since(got) > time.Minute {
+			t.Errorf("%s: %s %v, want the attach's start %v", path, name, got.UTC(), as.Started)
+		}
 	}
 	// A second attach of the same lease is refused while the first runs.
 	if _, errs, code := runIn(t, c, runtime, "attach", l.ID); code != 1 || !strings.Contains(errs, "already attached at "+path) {

@@ -39,19 +39,33 @@ func TestExplainInfeasibleExitStatus(t *testing.T) {
 		return out.String(), errb.String(), cmd.ProcessState.ExitCode()
 	}
 
+	// A lease of 5000KiB leaves 3192KiB of the 8MiB: explanations print it
+	// as every size is printed, in the largest unit ("3.1MiB"), not as
+	// "3192KiB".
+	if out, errs, code := cli("lease", "create", "--kind", "block", "--size", "5000KiB"); code != 0 {
+		t.Fatalf("lease create: exit %d\n%s%s", code, out, errs)
+	}
 	for _, verb := range [][]string{{"explain"}, {"lease", "create", "--dry-run"}} {
 		args := append(verb, "--kind", "block", "--size", "1GiB")
 		out, errs, code := cli(args...)
 		if code != 3 {
 			t.Errorf("%v of an infeasible request: exit %d, want 3\n%s%s", args, code, out, errs)
 		}
-		for _, w := range []string{"Plan:  infeasible", "Why:", "capacity", "disk0"} {
+		for _, w := range []string{"Plan:  infeasible", "Why:", "capacity", "disk0", "3.1MiB free, needs"} {
 			if !strings.Contains(out, w) {
 				t.Errorf("%v: the plan printed lacks %q:\n%s", args, w, out)
 			}
 		}
-		if !strings.Contains(errs, "infeasible") {
-			t.Errorf("%v: stderr %q does not say the request is infeasible", args, errs)
+		// The plan says why; stderr says where to look next.
+		for _, w := range []string{"infeasible", "`rialto devices` lists each device's capacity and allocation"} {
+			if !strings.Contains(errs, w) {
+				t.Errorf("%v: stderr %q lacks %q", args, errs, w)
+			}
+		}
+		// Two parts need two devices with room: the one there is says
+		// what it has free of what.
+		if out, errs, _ := cli(append(verb, "--kind", "block", "--size", "2MiB", "--mode", "composed", "--count", "2")...); !strings.Contains(out, "3.1MiB free of 8MiB, 1 lease") {
+			t.Errorf("%v of a 2-way composition: the plan does not give the device's free capacity as 3.1MiB of 8MiB:\n%s%s", verb, out, errs)
 		}
 
 		out, errs, code = cli(append(args, "-o", "json")...)
@@ -66,6 +80,16 @@ func TestExplainInfeasibleExitStatus(t *testing.T) {
 		args = append(verb, "--kind", "block", "--size", "1MiB")
 		if out, errs, code := cli(args...); code != 0 || !strings.Contains(out, "Plan:  feasible") {
 			t.Errorf("%v of a feasible request: exit %d, want 0\n%s%s", args, code, out, errs)
+		}
+	}
+	// An infeasible lease create keeps the control plane's explanation
+	// and adds where to look: the devices, and explain for every device's
+	// reason (the message gives the first three).
+	out, errs, code := cli("lease", "create", "--kind", "block", "--size", "1GiB")
+	for _, w := range []string{"(code infeasible, HTTP 422)", "disk0", "3.1MiB free, needs",
+		"; `rialto devices` lists each device's capacity and allocation, `rialto explain` with the same flags each device's reason"} {
+		if code != 1 || !strings.Contains(errs, w) {
+			t.Errorf("lease create of an infeasible request: exit %d, stderr lacks %q:\n%s%s", code, w, out, errs)
 		}
 	}
 	// A request the control plane refuses gets no plan: status 1.

@@ -477,7 +477,7 @@ func explain(ctx context.Context, e *env, c *api.Client, cf *clientFlags, req ap
 		return err
 	}
 	if p.State == "infeasible" {
-		return statusError{exitInfeasible, errors.New("infeasible: no placement satisfies the request; the plan's explanation says why")}
+		return statusError{exitInfeasible, errors.New("infeasible: no placement satisfies the request; the plan's explanation says why; " + devicesHint)}
 	}
 	return nil
 }

@@ -149,7 +149,7 @@ func run(ctx context.Context, args []string, e *env) int {
 		fmt.Fprintf(e.stderr, "rialto: %s%s; see '%s -h'\n", oneLine(err.Error()), pskHint(err), cmd.CommandPath())
 		return 2
 	}
-	printError(e.stderr, err)
+	printError(e.stderr, cmd.CommandPath(), err)
 	var se statusError
 	if errors.As(err, &se) {
 		return se.status
@@ -183,10 +183,11 @@ func oneLine(s string) string {
 	return s
 }
 
-func printError(w io.Writer, err error) {
+// printError prints err of the verb at path ("rialto lease create").
+func printError(w io.Writer, path string, err error) {
 	var ae *api.Error
 	if errors.As(err, &ae) {
-		fmt.Fprintf(w, "rialto: error: %s (code %s, HTTP %d)%s%s\n", ae.Message, ae.Code, ae.Status, notFoundHint(ae), apiHint(ae))
+		fmt.Fprintf(w, "rialto: error: %s (code %s, HTTP %d)%s%s%s\n", ae.Message, ae.Code, ae.Status, notFoundHint(ae), apiHint(ae), infeasibleHint(ae, path))
 		return
 	}
 	hint := ""
@@ -210,6 +211,22 @@ func apiHint(ae *api.Error) string {
 		return "; the control plane serves HTTPS: write --addr (RIALTO_ADDR) with https://"
 	}
 	return ""
+}
+
+// devicesHint is where to look when no device has room for a request.
+const devicesHint = "`rialto devices` lists each device's capacity and allocation"
+
+// infeasibleHint says where to look after the control plane's explanation
+// of a request no device can hold (which gives the first devices' reasons
+// only): the devices, and for lease create, explain with the same flags.
+func infeasibleHint(ae *api.Error, path string) string {
+	if ae.Code != api.CodeInfeasible {
+		return ""
+	}
+	if path == "rialto lease create" {
+		return "; " + devicesHint + ", `rialto explain` with the same flags each device's reason"
+	}
+	return "; " + devicesHint
 }
 
 // notFoundHint says where to find the IDs a not_found answer is about

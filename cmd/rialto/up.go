@@ -56,9 +56,35 @@ func loadUpState(dir string) (upState, error) {
 		return s, err
 	}
 	if err := json.Unmarshal(b, &s); err != nil {
-		return s, fmt.Errorf("%s: %w", p, err)
+		what := "is not valid JSON"
+		var se *json.SyntaxError
+		if !errors.As(err, &se) {
+			what = "is not the JSON rialto up writes" // valid JSON, other fields' types
+		}
+		return s, fmt.Errorf("%s %s (%w): it holds the cluster's tokens and API port; "+
+			"remove it and run rialto up again, which makes new ones and keeps the nodes, devices and leases "+
+			"(shells then need the new export lines)", p, what, err)
 	}
 	return s, nil
+}
+
+// makeStateDir creates rialto up's --state-dir (0700), or says which path
+// in the way is not a directory (mkdir's "not a directory" names neither
+// --state-dir nor what to do).
+func makeStateDir(dir string) error {
+	err := os.MkdirAll(dir, 0o700)
+	if err == nil {
+		return nil
+	}
+	const todo = "give --state-dir a directory, or a path to create"
+	if fi, serr := os.Stat(filepath.Clean(dir)); serr == nil && !fi.IsDir() {
+		return fmt.Errorf("state dir %s exists and is not a directory: %s (%w)", dir, todo, err)
+	}
+	var pe *fs.PathError
+	if errors.Is(err, syscall.ENOTDIR) && errors.As(err, &pe) {
+		return fmt.Errorf("state dir %s cannot be made: %s exists and is not a directory; %s (%w)", dir, pe.Path, todo, err)
+	}
+	return err
 }
 
 func saveUpState(dir string, s upState) error {
@@ -149,7 +175,7 @@ func runUp(e *env, fs *pflag.FlagSet) runFunc {
 				memory: msize, slots: *slots, linkRate: *linkRate, uplinks: *uplinks, uplinkRate: *uplinkRate,
 				level: *level, quotas: quotaSpecs, tm: tm, log: log, insecureDataplane: *insecure})
 		}
-		if err := os.MkdirAll(*dir, 0o700); err != nil {
+		if err := makeStateDir(*dir); err != nil {
 			return err
 		}
 		lock, err := lockStateDir(ctx, *dir)

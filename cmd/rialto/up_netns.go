@@ -49,7 +49,7 @@ func runUpNetns(ctx context.Context, e *env, o upNetns) error {
 	if err != nil {
 		return fmt.Errorf("rialto up --netns: cannot find its own binary: %w", err)
 	}
-	if err := os.MkdirAll(o.dir, 0o700); err != nil {
+	if err := makeStateDir(o.dir); err != nil {
 		return err
 	}
 	// The tokens are saved only once the rack holds the state dir, so a

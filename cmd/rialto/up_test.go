@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -281,32 +282,71 @@ func TestUpStopsPromptly(t *testing.T) {
 // out of range said only "listen tcp: address 99999: invalid port" (exit
 // 1), a negative --accel and a --disks in the thousands were taken (the
 // latter failed with "too many open files" after creating thousands of
-// disk images).
+// disk images). A --state-dir that is a file, or whose cluster.json is
+// damaged, is refused (exit 1, one line) saying what is wrong with which
+// path and what to do, and left as it was: they said only "mkdir F: not a
+// directory" and "F/cluster.json: unexpected end of JSON input".
 func TestUpBadFlags(t *testing.T) {
 	bin := buildBinary(t)
+	const notJSON = `{"bootstrap_token": "rbt_x", "port": 1`
 	for _, tc := range []struct {
 		args []string
-		want string
+		want []string // DIR stands for --state-dir
+		code int      // 2 unless said
+		// what is there before: content written at path (under
+		// --state-dir's parent); it must be left as it was
+		path, content string
 	}{
-		{[]string{"--port", "99999"}, "--port must be 0 to 65535"},
-		{[]string{"--port", "-1"}, "--port must be 0 to 65535"},
-		{[]string{"--netns", "--port", "70000"}, "--port must be 0 to 65535"},
-		{[]string{"--accel", "-1"}, "--accel must not be negative"},
-		{[]string{"--disks", "65"}, "--disks: at most 64 per node"},
+		{args: []string{"--port", "99999"}, want: []string{"--port must be 0 to 65535"}},
+		{args: []string{"--port", "-1"}, want: []string{"--port must be 0 to 65535"}},
+		{args: []string{"--netns", "--port", "70000"}, want: []string{"--port must be 0 to 65535"}},
+		{args: []string{"--accel", "-1"}, want: []string{"--accel must not be negative"}},
+		{args: []string{"--disks", "65"}, want: []string{"--disks: at most 64 per node"}},
+		{path: "state", content: "a file\n", code: 1,
+			want: []string{"state dir DIR exists and is not a directory: give --state-dir a directory, or a path to create"}},
+		{args: []string{"--state-dir", "DIR/sub"}, path: "state", content: "a file\n", code: 1,
+			want: []string{"state dir DIR/sub cannot be made: DIR exists and is not a directory"}},
+		{path: "state/cluster.json", content: notJSON, code: 1,
+			want: []string{"DIR/cluster.json is not valid JSON (unexpected end of JSON input)", "remove it and run rialto up again"}},
+		{path: "state/cluster.json", content: `{"port": "7070"}`, code: 1,
+			want: []string{"DIR/cluster.json is not the JSON rialto up writes (json: cannot unmarshal string", "remove it and run rialto up again"}},
 	} {
-		dir := filepath.Join(t.TempDir(), "state")
+		parent := t.TempDir()
+		dir := filepath.Join(parent, "state")
+		if tc.path != "" {
+			if err := os.MkdirAll(filepath.Dir(filepath.Join(parent, tc.path)), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(parent, tc.path), []byte(tc.content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		code := cmp.Or(tc.code, 2)
+		args := []string{"up", "--state-dir", dir}
+		for _, a := range tc.args {
+			args = append(args, strings.ReplaceAll(a, "DIR", dir))
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		cmd := exec.CommandContext(ctx, bin, append([]string{"up", "--state-dir", dir}, tc.args...)...)
+		cmd := exec.CommandContext(ctx, bin, args...)
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		err := cmd.Run()
 		cancel()
 		msg := strings.TrimSuffix(stderr.String(), "\n")
-		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || strings.Contains(msg, "\n") || !strings.Contains(msg, tc.want) {
-			t.Errorf("%v: %v, stderr %q; want exit 2 and one line with %q", tc.args, err, msg, tc.want)
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != code || strings.Contains(msg, "\n") {
+			t.Errorf("%v: %v, stderr %q; want exit %d and one line", tc.args, err, msg, code)
 		}
-		if _, err := os.Stat(dir); err == nil {
-			t.Errorf("%v: the state dir was created", tc.args)
+		for _, w := range tc.want {
+			if w = strings.ReplaceAll(w, "DIR", dir); !strings.Contains(msg, w) {
+				t.Errorf("%v: stderr %q lacks %q", args, msg, w)
+			}
+		}
+		if tc.path == "" {
+			if _, err := os.Stat(dir); err == nil {
+				t.Errorf("%v: the state dir was created", tc.args)
+			}
+		} else if b, err := os.ReadFile(filepath.Join(parent, tc.path)); err != nil || string(b) != tc.content {
+			t.Errorf("%v: %s was changed: %q, %v", args, tc.path, b, err)
 		}
 	}
 }

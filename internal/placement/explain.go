@@ -255,26 +255,9 @@ func (x *Index) amount(kind string, n int64) string {
 	case kind == KindAccel && x.slotUnits > 1:
 		return FormatSlots(n, x.slotUnits)
 	case kind == KindBlock || kind == KindMemory:
-		return sizeText(n)
+		return resource.FormatSize(n)
 	}
 	return strconv.FormatInt(n, 10)
-}
-
-// sizeText formats a byte count in binary units, exactly: "768MiB",
-// "1.2MiB (1234567 B)" where a unit would round it, "512B".
-func sizeText(n int64) string {
-	for _, u := range []struct {
-		shift uint
-		name  string
-	}{{40, "TiB"}, {30, "GiB"}, {20, "MiB"}, {10, "KiB"}} {
-		if m := int64(1) << u.shift; n >= m && n%m == 0 {
-			return strconv.FormatInt(n/m, 10) + u.name
-		}
-	}
-	if n < 1024 {
-		return strconv.FormatInt(n, 10) + "B"
-	}
-	return resource.FormatSize(n) + " (" + strconv.FormatInt(n, 10) + " B)"
 }
 
 // FormatSlots formats n accel units, units a slot, as slots: "0.25 slot",

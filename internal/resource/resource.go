@@ -49,21 +49,37 @@ func ParseSize(s string) (int64, error) {
 	return int64(v), nil
 }
 
-// FormatSize prints n bytes with a binary unit, e.g. "256MiB", "1.5GiB".
+// FormatSize prints n bytes in the largest binary unit it reaches: the one
+// way sizes are printed (the CLI, the dashboard, explanations). The figure
+// is exact where two decimals at most give it ("256MiB", "1.5GiB",
+// "1.25GiB"), and otherwise rounded to one decimal ("523.9MiB", not
+// "536432KiB"). A rounded figure never reads as a whole one: it keeps the
+// decimals, up to three, that tell it from one ("1023.999MiB" a KiB short
+// of 1GiB, not "1024MiB"; "3.001TiB", not "3TiB"), so that "free, needs"
+// never shows the same figure twice.
 func FormatSize(n int64) string {
-	const units = "KMGTPE"
+	const names = "KMGTPE"
 	if n < 1024 {
 		return strconv.FormatInt(n, 10) + "B"
 	}
-	f := float64(n)
-	i := -1
-	for f >= 1024 && i < len(units)-1 {
-		f /= 1024
-		i++
+	i, u := 0, int64(1024)
+	for i < len(names)-1 && n/u >= 1024 {
+		i, u = i+1, u*1024
 	}
-	s := strconv.FormatFloat(f, 'f', 1, 64)
-	s = strings.TrimSuffix(s, ".0")
-	return s + string(units[i]) + "iB"
+	unit := string(names[i]) + "iB"
+	q, r := n/u, n%u
+	f := float64(q) + float64(r)/float64(u)
+	if r%(u/4) == 0 { // r/u is a multiple of 1/4: exact in two decimals
+		return strconv.FormatFloat(f, 'f', -1, 64) + unit
+	}
+	s := ""
+	for prec := 1; prec <= 3; prec++ {
+		s = strconv.FormatFloat(f, 'f', prec, 64)
+		if strings.TrimRight(s[strings.IndexByte(s, '.')+1:], "0") != "" {
+			break
+		}
+	}
+	return s + unit
 }
 
 var idEnc = base32.NewEncoding("0123456789abcdefghjkmnpqrstvwxyz").WithPadding(base32.NoPadding)

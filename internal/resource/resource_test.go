@@ -2,6 +2,7 @@ package resource
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 )
@@ -42,7 +43,17 @@ func TestParseSize(t *testing.T) {
 }
 
 func TestFormatSize(t *testing.T) {
-	for n, want := range map[int64]string{0: "0B", 1023: "1023B", 1024: "1KiB", 256 << 20: "256MiB", 3 << 29: "1.5GiB"} {
+	for n, want := range map[int64]string{0: "0B", 1023: "1023B", 1024: "1KiB", 256 << 20: "256MiB", 3 << 29: "1.5GiB",
+		5 << 28:               "1.25GiB",
+		536432 << 10:          "523.9MiB", // not "536432KiB": the largest unit, rounded
+		1234567:               "1.2MiB",
+		1<<30 - 1<<10:         "1023.999MiB", // rounded, yet not as a whole figure
+		1<<30 - 40<<10:        "1023.96MiB",  // nor as the next unit's "1024MiB"
+		3<<40 + 1<<30:         "3.001TiB",
+		1 << 40:               "1TiB",
+		1<<62 + 1<<61:         "6EiB",
+		math.MaxInt64 &^ 1023: "8.000EiB", // three decimals still round it: they say so
+	} {
 		if got := FormatSize(n); got != want {
 			t.Errorf("FormatSize(%d) = %q, want %q", n, got, want)
 		}

@@ -10,9 +10,12 @@
 // the page cache of the FUSE file (direct I/O, parallel writes), fsync is
 // the device's Flush, and fallocate's PUNCH_HOLE and ZERO_RANGE are its
 // WriteZeroes (a loop device's discard and write-zeroes arrive that way).
-// The file cannot be resized. The mount is private to the user who made it
-// (no allow_other): other local users, root included, cannot open the file.
-// The mount point must be an empty directory that is not a mount point.
+// The file cannot be resized. Its access, modification and change times,
+// and the mount point's, are the time Serve mounted it, by Config.Clock
+// (`rialto attach`: the attach's start), not the epoch. The mount is
+// private to the user who made it (no allow_other): other local users,
+// root included, cannot open the file. The mount point must be an empty
+// directory that is not a mount point.
 //
 // Zero values: a zero Mount is not usable; use [Serve]. A Mount is safe for
 // concurrent use; the FUSE server's goroutines call the Device concurrently,

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rialto-project/rialto/internal/backoff"
+	"github.com/rialto-project/rialto/internal/clock"
 )
 
 // Device is what a Mount serves: a block device of a fixed size.
@@ -58,6 +59,10 @@ type Config struct {
 	FsName string
 	// Logger receives I/O errors (the kernel sees only EIO); nil discards.
 	Logger *slog.Logger
+	// Clock tells the time of Serve, which is the file's (and the mount
+	// point's) access, modification and change time; nil is the real
+	// clock.
+	Clock clock.Clock
 }
 
 // Mount is a device served as Dir/disk.
@@ -70,6 +75,8 @@ type Mount struct {
 	once sync.Once
 	err  error
 	done chan struct{} // closed when the server has stopped
+	// started is the time of Serve: the file's times.
+	started time.Time
 
 	afterBusy func() // tests: called after each unmount refused as busy
 }
@@ -108,13 +115,14 @@ func Serve(dev Device, cfg Config) (*Mount, error) {
 	if name == "" {
 		name = "rialto"
 	}
-	f := &file{dev: dev, log: log}
+	at := clock.Or(cfg.Clock).Now()
+	f := &file{dev: dev, log: log, at: at}
 	if z, ok := dev.(Zeroer); ok {
 		if c, ok := dev.(canZeroer); !ok || c.CanWriteZeroes() {
 			f.zero = z
 		}
 	}
-	root := &fs.Inode{}
+	root := &rootDir{at: at}
 	// The size never changes: let the kernel keep attributes and the entry.
 	forever := time.Duration(1<<62 - 1)
 	srv, err := fs.Mount(dir, root, &fs.Options{
@@ -145,13 +153,17 @@ func Serve(dev Device, cfg Config) (*Mount, error) {
 		srv.Unmount()
 		return nil, fmt.Errorf("fusefile: mount %s: %w", dir, err)
 	}
-	m := &Mount{srv: srv, file: f, dir: dir, dev: sst.Dev, conn: uint64(unix.Minor(sst.Dev)), done: make(chan struct{})}
+	m := &Mount{srv: srv, file: f, dir: dir, dev: sst.Dev, conn: uint64(unix.Minor(sst.Dev)), done: make(chan struct{}), started: at}
 	go func() { srv.Wait(); close(m.done) }()
 	return m, nil
 }
 
 // Path is the file's path: Dir/disk.
 func (m *Mount) Path() string { return filepath.Join(m.dir, FileName) }
+
+// Started is the time Serve mounted the file, by Config.Clock: the file's
+// access, modification and change time, and the mount point's.
+func (m *Mount) Started() time.Time { return m.started }
 
 // Done is closed once the server has stopped: after Close, or when the
 // mount went away otherwise (`fusermount3 -u DIR`, `umount DIR`).
@@ -244,6 +256,7 @@ type file struct {
 	dev  Device
 	zero Zeroer // nil: fallocate's zeroing modes are refused
 	log  *slog.Logger
+	at   time.Time // its atime, mtime and ctime: the time of Serve
 	// closed: Close detached the mount while in use; every request fails.
 	closed atomic.Bool
 }
@@ -292,6 +305,21 @@ func (f *file) attr(out *fuse.AttrOut) {
 	out.Blksize = 4096
 	out.Blocks = (size + 511) / 512
 	out.Uid, out.Gid = uint32(os.Getuid()), uint32(os.Getgid())
+	out.SetTimes(&f.at, &f.at, &f.at)
+}
+
+// rootDir is the mount point's directory, whose times are the file's (a
+// plain Inode's are the epoch).
+type rootDir struct {
+	fs.Inode
+	at time.Time
+}
+
+var _ fs.NodeGetattrer = (*rootDir)(nil)
+
+func (d *rootDir) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.SetTimes(&d.at, &d.at, &d.at) // the rest as before: go-fuse's defaults
+	return 0
 }
 
 // Setattr refuses to resize the file; other changes (times, mode) are

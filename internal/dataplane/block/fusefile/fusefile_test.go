@@ -10,9 +10,11 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/dataplane/block/fusefile"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 )
@@ -39,8 +41,11 @@ func (f *flushCounter) Flush() error {
 	return f.FileBackend.Flush()
 }
 
-// serve mounts a size-byte file-backed device and returns it, the backing
-// file's path and the mount.
+// served is the time of serve's clock: the times its files carry.
+var served = time.Date(2026, 3, 14, 15, 9, 26, 535897932, time.UTC)
+
+// serve mounts a size-byte file-backed device, with a clock at served, and
+// returns it, the backing file's path and the mount.
 func serve(t *testing.T, size int64) (*flushCounter, string, *fusefile.Mount) {
 	t.Helper()
 	needFUSE(t)
@@ -57,7 +62,7 @@ func serve(t *testing.T, size int64) (*flushCounter, string, *fusefile.Mount) {
 	}
 	t.Cleanup(func() { fb.Close() })
 	dev := &flushCounter{FileBackend: fb}
-	m, err := fusefile.Serve(dev, fusefile.Config{Dir: t.TempDir(), FsName: "rialto:test"})
+	m, err := fusefile.Serve(dev, fusefile.Config{Dir: t.TempDir(), FsName: "rialto:test", Clock: clock.NewFake(served)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,6 +82,22 @@ func TestFileIO(t *testing.T) {
 	}
 	if st.Size() != size || st.Mode().Perm() != 0o600 || !st.Mode().IsRegular() {
 		t.Errorf("stat: size %d mode %v", st.Size(), st.Mode())
+	}
+	// The file and the mount point carry the time of Serve, by its clock
+	// (they were the epoch: 1970 in ls -l).
+	if !m.Started().Equal(served) {
+		t.Errorf("Started %v, want the clock's %v", m.Started(), served)
+	}
+	for _, p := range []string{m.Path(), filepath.Dir(m.Path())} {
+		var sst syscall.Stat_t
+		if err := syscall.Stat(p, &sst); err != nil {
+			t.Fatal(err)
+		}
+		for name, ts := range map[string]syscall.Timespec{"atime": sst.Atim, "mtime": sst.Mtim, "ctime": sst.Ctim} {
+			if got := time.Unix(ts.Unix()); !got.Equal(served) {
+				t.Errorf("%s: %s %v, want the time of Serve %v", p, name, got.UTC(), served)
+			}
+		}
 	}
 	f, err := os.OpenFile(m.Path(), os.O_RDWR, 0)
 	if err != nil {
