@@ -429,6 +429,7 @@ type newLeaseData struct {
 	Names map[string]string
 	Devs  map[string]string
 	Kinds []api.Kind
+	Kind  api.Kind // the form's, in which the plan's parts count
 }
 
 func (u *UI) newLeasePage(w http.ResponseWriter, r *http.Request, s *session) {
@@ -498,7 +499,7 @@ func (f leaseForm) request() (api.LeaseRequest, error) {
 
 func (u *UI) formPage(w http.ResponseWriter, status int, s *session, f leaseForm, plan *api.Plan, names, devs map[string]string, msg string) {
 	u.render(w, status, "newlease", page{Title: "New lease", Nav: "new", Session: s, Error: msg,
-		Data: newLeaseData{Key: newSecret(), Form: f, Plan: plan, Names: names, Devs: devs, Kinds: kindOrder[:3]}})
+		Data: newLeaseData{Key: newSecret(), Form: f, Plan: plan, Names: names, Devs: devs, Kinds: kindOrder[:3], Kind: api.Kind(f.Kind)}})
 }
 
 // names maps node IDs to names and device IDs to "node/device"; what it
