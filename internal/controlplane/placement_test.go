@@ -481,6 +481,11 @@ func TestParseQuota(t *testing.T) {
 		{"cpus=1", "", Quota{}, "unknown limit"},
 		{"leases=-1", "", Quota{}, "bad leases"},
 		{"bytes=lots", "", Quota{}, "bad bytes"},
+		// bandwidth= takes a rate as --bandwidth does, and as a refusal
+		// prints it ("would use 200MB/s of 100MB/s").
+		{"bandwidth=100MB/s", "", Quota{Bandwidth: 100e6}, ""},
+		{"bandwidth=800Mbit/s", "", Quota{Bandwidth: 100e6}, ""},
+		{"bandwidth=fast", "", Quota{}, "bad bandwidth"},
 	} {
 		tenant, q, err := ParseQuota(c.spec)
 		if c.err != "" {
