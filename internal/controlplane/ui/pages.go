@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"sort"
@@ -478,11 +479,13 @@ func (f leaseForm) request() (api.LeaseRequest, error) {
 		req.TTLSeconds = int64(d / time.Second)
 	}
 	if f.Bandwidth != "" {
-		mb, err := strconv.ParseFloat(f.Bandwidth, 64)
-		if err != nil || mb < 0 {
-			return req, errors.New("bandwidth: MB/s, a number")
+		// A rate as the CLI's --bandwidth takes it and as the pages print
+		// it (500MB/s, 1Gbit/s); a bare number is MB/s.
+		if mb, err := strconv.ParseFloat(strings.TrimSpace(f.Bandwidth), 64); err == nil && mb >= 0 && !math.IsInf(mb, 0) {
+			req.Bandwidth = mb * 1e6
+		} else if req.Bandwidth, err = resource.ParseRate(f.Bandwidth); err != nil {
+			return req, errors.New("bandwidth: a rate such as 500MB/s or 1Gbit/s, or a number of MB/s")
 		}
-		req.Bandwidth = mb * 1e6
 	}
 	if f.Work != "" {
 		if req.Work, err = resource.ParseSize(f.Work); err != nil {
