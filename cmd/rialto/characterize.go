@@ -165,7 +165,7 @@ func runCharacterize(e *env, fs *pflag.FlagSet) runFunc {
 		bar := newProgress(e, 2**streams+1, "characterize: 1 writer")
 		if bar != nil {
 			opts.Progress = func(op string, n int, bps float64) {
-				next := fmt.Sprintf("characterize: %d %s (%s MB/s)", n, profPlural(n, "reader"), profMBps(bps))
+				next := fmt.Sprintf("characterize: %d %s (%s)", n, profPlural(n, "reader"), resource.FormatRate(bps))
 				if op == "read" {
 					next = "characterize: 4 KiB latency"
 					if n < *streams {
@@ -176,7 +176,7 @@ func runCharacterize(e *env, fs *pflag.FlagSet) runFunc {
 			}
 		} else if !cf.json() {
 			opts.Progress = func(op string, n int, bps float64) {
-				fmt.Fprintf(e.stderr, "characterize: %d %s: %s MB/s\n", n, profPlural(n, strings.TrimSuffix(op, "e")+"er"), profMBps(bps))
+				fmt.Fprintf(e.stderr, "characterize: %d %s: %s\n", n, profPlural(n, strings.TrimSuffix(op, "e")+"er"), resource.FormatRate(bps))
 			}
 		}
 		p, err := characterize.Measure(ctx, nc, opts)

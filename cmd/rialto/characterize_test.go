@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/agent"
+	"github.com/rialto-project/rialto/internal/resource"
 	"github.com/rialto-project/rialto/internal/testcluster"
 )
 
@@ -162,6 +164,17 @@ func TestCharacterizeMeasuresStoresAndReleases(t *testing.T) {
 	}
 	if !strings.Contains(errs, "3 readers:") {
 		t.Errorf("no progress on stderr: %s", errs)
+	}
+	// Each step's rate prints as rates do (resource.FormatRate: decimal,
+	// no space), and reads back as one.
+	steps := regexp.MustCompile(`(?m)^characterize: [1-3] (?:writer|reader)s?: (.*)$`).FindAllStringSubmatch(errs, -1)
+	if len(steps) != 6 {
+		t.Errorf("want 6 steps' rates on stderr, got %d: %s", len(steps), errs)
+	}
+	for _, st := range steps {
+		if _, err := resource.ParseRate(st[1]); err != nil || !regexp.MustCompile(`^[0-9]+(\.[0-9]+)?(B|kB|MB|GB|TB)/s$`).MatchString(st[1]) {
+			t.Errorf("progress %q: want the step's rate as resource.FormatRate prints it (%v)", st[0], err)
+		}
 	}
 	out, _, code = runVerb(ctx, c, nil, "profiles")
 	if code != 0 || !strings.Contains(out, "other-disk") || !strings.Contains(out, "test-disk") || !strings.Contains(out, "measured") {

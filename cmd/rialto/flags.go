@@ -165,7 +165,7 @@ func (f *rateFlag) String() string {
 	if !f.set {
 		return ""
 	}
-	return resource.FormatSize(int64(f.v)) + "/s"
+	return resource.FormatRate(f.v)
 }
 func (f *rateFlag) Type() string { return "rate" }
 func (f *rateFlag) Set(s string) error {

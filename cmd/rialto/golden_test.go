@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/rialto-project/rialto/api"
 )
@@ -65,6 +66,24 @@ func TestTablesGolden(t *testing.T) {
 	b.WriteString("== dedicated lease of a size, on a larger device\n")
 	printLease(&b, api.Lease{ID: "lease-6", State: api.LeaseActive, Kind: api.KindBlock, Mode: api.ModeDedicated, Size: 256 << 20, Held: 1 << 30, Count: 1, NodeID: "node-a", DeviceID: "dev-1",
 		Parts: []api.Part{{NodeID: "node-a", DeviceID: "dev-1", Length: 1 << 30}}}, names)
+
+	// A nic lease is sized by its rate, shown as a link rate
+	// (resource.FormatLinkRate): a bond's thirds rounded, not "666.666664Mbit/s".
+	b.WriteString("== nic bond\n")
+	printLease(&b, api.Lease{ID: "lease-7", State: api.LeaseActive, Kind: api.KindNIC, Mode: api.ModeShared, Size: 250e6, Held: 250e6, Count: 3, NodeID: "node-a", DeviceID: "dev-3",
+		Parts: []api.Part{{NodeID: "node-a", DeviceID: "dev-3", Length: 83_333_333}, {NodeID: "node-b", DeviceID: "dev-4", Length: 83_333_333},
+			{NodeID: "node-b", DeviceID: "dev-5", Length: 83_333_334}}}, names)
+
+	// Links' bandwidths print as every rate does (resource.FormatRate);
+	// one whose bandwidth is not known shows "-".
+	b.WriteString("== topology\n")
+	if err := printTopology(&b, api.Topology{Nodes: nodes, Links: []api.Link{
+		{ID: "node-b>controlplane", From: "node-b", To: "controlplane", Kind: "ethernet", Status: "up", RTTMicros: 310},
+		{ID: "node-a>node-b", From: "node-a", To: "node-b", Kind: "ethernet", Status: "up", RTTMicros: 95.4, BandwidthBps: 1_250_000_000},
+		{ID: "node-a>controlplane", From: "node-a", To: "controlplane", Kind: "ethernet", Status: "down", RTTMicros: 1200, BandwidthBps: 117_187_500},
+	}}, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
 
 	path := filepath.Join("testdata", "tables.golden")
 	if *rewrite {

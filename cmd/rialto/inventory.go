@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"sort"
-	"strconv"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -94,22 +93,9 @@ func capacity(k api.Kind, n int64) string {
 		return placement.FormatSlots(n, api.SlotUnits)
 	}
 	if k == api.KindNIC { // bytes/s, shown as a link rate
-		return formatBitRate(n * 8)
+		return resource.FormatLinkRate(float64(n))
 	}
 	return resource.FormatSize(n)
-}
-
-// formatBitRate shows bits/s as a link rate ("500Mbit/s", "10Gbit/s").
-func formatBitRate(bps int64) string {
-	for _, u := range []struct {
-		div  float64
-		name string
-	}{{1e12, "Tbit/s"}, {1e9, "Gbit/s"}, {1e6, "Mbit/s"}, {1e3, "kbit/s"}} {
-		if float64(bps) >= u.div {
-			return strconv.FormatFloat(float64(bps)/u.div, 'f', -1, 64) + u.name
-		}
-	}
-	return strconv.FormatInt(bps, 10) + "bit/s"
 }
 
 func printDevices(w io.Writer, devs []api.Device, nodeNames map[string]string) {
@@ -157,37 +143,42 @@ func runTopology(e *env, fs *pflag.FlagSet) runFunc {
 		if cf.json() {
 			return cf.print(e.stdout, topologyOut{ID: "topology", State: "ok", Topology: t})
 		}
-		printNodes(e.stdout, t.Nodes)
-		fmt.Fprintln(e.stdout)
-		names := map[string]string{"controlplane": "controlplane"}
-		for _, n := range t.Nodes {
-			names[n.ID] = n.Name
-		}
-		name := func(id string) string {
-			if n := names[id]; n != "" {
-				return n
-			}
-			return id
-		}
-		sort.Slice(t.Links, func(i, j int) bool {
-			if t.Links[i].From != t.Links[j].From {
-				return name(t.Links[i].From) < name(t.Links[j].From)
-			}
-			return name(t.Links[i].To) < name(t.Links[j].To)
-		})
-		tw := newTable(e.stdout)
-		fmt.Fprintln(tw, "LINK\tFROM\tTO\tKIND\tSTATE\tRTT\tBANDWIDTH\tMEASURED")
-		now := time.Now()
-		for _, l := range t.Links {
-			bw := "-"
-			if l.BandwidthBps > 0 {
-				bw = resource.FormatSize(l.BandwidthBps) + "/s"
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0fµs\t%s\t%s\n", l.ID, name(l.From), name(l.To), dash(l.Kind),
-				dash(l.Status), l.RTTMicros, bw, ago(now, l.MeasuredAt))
-		}
-		return tw.Flush()
+		return printTopology(e.stdout, t, time.Now())
 	}
+}
+
+// printTopology prints the nodes, then the links between them, a link's
+// bandwidth as rates print (resource.FormatRate).
+func printTopology(w io.Writer, t api.Topology, now time.Time) error {
+	printNodes(w, t.Nodes)
+	fmt.Fprintln(w)
+	names := map[string]string{"controlplane": "controlplane"}
+	for _, n := range t.Nodes {
+		names[n.ID] = n.Name
+	}
+	name := func(id string) string {
+		if n := names[id]; n != "" {
+			return n
+		}
+		return id
+	}
+	sort.Slice(t.Links, func(i, j int) bool {
+		if t.Links[i].From != t.Links[j].From {
+			return name(t.Links[i].From) < name(t.Links[j].From)
+		}
+		return name(t.Links[i].To) < name(t.Links[j].To)
+	})
+	tw := newTable(w)
+	fmt.Fprintln(tw, "LINK\tFROM\tTO\tKIND\tSTATE\tRTT\tBANDWIDTH\tMEASURED")
+	for _, l := range t.Links {
+		bw := "-"
+		if l.BandwidthBps > 0 {
+			bw = resource.FormatRate(float64(l.BandwidthBps))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0fµs\t%s\t%s\n", l.ID, name(l.From), name(l.To), dash(l.Kind),
+			dash(l.Status), l.RTTMicros, bw, ago(now, l.MeasuredAt))
+	}
+	return tw.Flush()
 }
 
 // nonNil makes JSON print [] rather than null.

@@ -77,6 +77,7 @@ func TestRequestFlagsBandwidth(t *testing.T) {
 		{"fast", -1},
 		{"-5Mbit/s", -1},
 		{"Mbit/s", -1},
+		{"\xbb\xbb/s", -1}, // not UTF-8: refused, not a panic
 	} {
 		var rf requestFlags
 		fs := pflag.NewFlagSet("create", pflag.ContinueOnError)
@@ -92,6 +93,32 @@ func TestRequestFlagsBandwidth(t *testing.T) {
 			t.Errorf("%q: accepted as %g", c.in, r.Bandwidth)
 		case c.want >= 0 && (err != nil || r.Bandwidth != c.want || r.Kind != "nic" || r.Count != 2):
 			t.Errorf("%q: %+v %v, want %g bytes/s", c.in, r, err, c.want)
+		}
+	}
+}
+
+// TestRateFlagsPrintAsRates: --bandwidth and --bandwidth-cap show their
+// value as rates print (resource.FormatRate), which they read back: not a
+// size ("100MiB" for --bandwidth-cap 100MiB/s) nor binary units.
+func TestRateFlagsPrintAsRates(t *testing.T) {
+	for _, c := range []struct{ flag, in, want string }{
+		{"bandwidth", "500Mbit/s", "62.5MB/s"},
+		{"bandwidth", "1.43GB/s", "1.43GB/s"},
+		{"bandwidth-cap", "100MiB/s", "104.9MB/s"},
+		{"bandwidth-cap", "800Mbit/s", "100MB/s"},
+	} {
+		var rf requestFlags
+		fs := pflag.NewFlagSet("create", pflag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		rf.register(fs)
+		if err := fs.Parse([]string{"--" + c.flag, c.in}); err != nil {
+			t.Fatal(err)
+		}
+		if got := fs.Lookup(c.flag).Value.String(); got != c.want {
+			t.Errorf("--%s %s shows as %q, want %q", c.flag, c.in, got, c.want)
+		}
+		if err := fs.Set(c.flag, c.want); err != nil {
+			t.Errorf("--%s does not read back %q: %v", c.flag, c.want, err)
 		}
 	}
 }

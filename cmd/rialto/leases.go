@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"slices"
 	"sort"
@@ -251,8 +250,13 @@ func (rf *requestFlags) register(fs *pflag.FlagSet) {
 // rateAsSize is a rate flag stored as whole bytes/s.
 type rateAsSize struct{ f *sizeFlag }
 
-func (r *rateAsSize) String() string { return r.f.String() }
-func (r *rateAsSize) Type() string   { return "rate" }
+func (r *rateAsSize) String() string {
+	if !r.f.set {
+		return ""
+	}
+	return resource.FormatRate(float64(r.f.n))
+}
+func (r *rateAsSize) Type() string { return "rate" }
 func (r *rateAsSize) Set(s string) error {
 	v, err := parseRate(s)
 	if err != nil {
@@ -308,42 +312,14 @@ func (rf *requestFlags) request() (api.LeaseRequest, error) {
 	return r, nil
 }
 
-// parseRate parses a rate into bytes/s: bits with a unit ending in "bit"
-// ("500Mbit/s", "1gbit", "100 kbit/s"; decimal prefixes), else bytes as
-// sizes are written ("200MB/s", "64MiB/s", "2e9": a bare number is bytes/s).
+// parseRate is resource.ParseRate refusing as a flag does: the flag's
+// name and the text given are pflag's to quote.
 func parseRate(s string) (float64, error) {
-	t := strings.TrimSpace(s)
-	lt := strings.ToLower(t)
-	if u, ok := strings.CutSuffix(lt, "/s"); ok {
-		lt, t = u, t[:len(u)]
-	} else if u, ok := strings.CutSuffix(lt, "ps"); ok && strings.HasSuffix(u, "bit") {
-		lt, t = u, t[:len(u)] // "500mbitps"
-	}
-	if num, ok := strings.CutSuffix(lt, "bit"); ok {
-		mult := 1.0
-		if n := len(num); n > 0 {
-			switch num[n-1] {
-			case 'k':
-				mult, num = 1e3, num[:n-1]
-			case 'm':
-				mult, num = 1e6, num[:n-1]
-			case 'g':
-				mult, num = 1e9, num[:n-1]
-			case 't':
-				mult, num = 1e12, num[:n-1]
-			}
-		}
-		v, err := strconv.ParseFloat(strings.TrimSpace(num), 64)
-		if err != nil || v < 0 || math.IsInf(v, 0) || math.IsNaN(v) {
-			return 0, fmt.Errorf("%q: want a rate such as 500Mbit/s, 1Gbit/s or 200MB/s", s)
-		}
-		return v * mult / 8, nil
-	}
-	n, err := resource.ParseSize(t)
+	v, err := resource.ParseRate(s)
 	if err != nil {
-		return 0, fmt.Errorf("%q: want a rate such as 500Mbit/s, 1Gbit/s or 200MB/s", s)
+		return 0, errors.New("want a rate such as 500Mbit/s, 1Gbit/s or 200MB/s")
 	}
-	return float64(n), nil
+	return v, nil
 }
 
 // readLimited reads a file of at most limit bytes (without quoting it in
@@ -436,12 +412,6 @@ func leaseByID(op string) func(*env, *pflag.FlagSet) runFunc {
 	}
 }
 
-// mbPerSec shows a predicted rate in bytes/s as the plan's explanation
-// does ("477.0 MB/s"), so the summary and the reasons read the same.
-func mbPerSec(bps float64) string {
-	return strconv.FormatFloat(bps/1e6, 'f', 1, 64) + " MB/s"
-}
-
 // seconds shows a predicted completion time in seconds, "-" for none (a
 // lease that declared no --work has no completion time).
 func seconds(s float64) string {
@@ -492,7 +462,7 @@ func printPlan(ctx context.Context, e *env, c *api.Client, cf *clientFlags, req 
 		fmt.Fprintf(tw, "Mode:\t%s\n", p.Mode)
 	}
 	if p.PredictedBandwidth > 0 {
-		fmt.Fprintf(tw, "Predicted bandwidth:\t%s\n", mbPerSec(p.PredictedBandwidth))
+		fmt.Fprintf(tw, "Predicted bandwidth:\t%s\n", resource.FormatRate(p.PredictedBandwidth))
 	}
 	if p.PredictedCompletion > 0 {
 		fmt.Fprintf(tw, "Predicted completion:\t%.1fs\n", p.PredictedCompletion)
@@ -510,8 +480,8 @@ func printPlan(ctx context.Context, e *env, c *api.Client, cf *clientFlags, req 
 			if im.LeaseID == "" {
 				im.LeaseID = "(another tenant's)"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", im.LeaseID, mbPerSec(im.BandwidthBefore),
-				mbPerSec(im.BandwidthAfter), seconds(im.CompletionBefore), seconds(im.CompletionAfter))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", im.LeaseID, resource.FormatRate(im.BandwidthBefore),
+				resource.FormatRate(im.BandwidthAfter), seconds(im.CompletionBefore), seconds(im.CompletionAfter))
 		}
 		tw.Flush()
 	}

@@ -36,7 +36,7 @@ func fakeAPI(t *testing.T) *httptest.Server {
 	mux.HandleFunc("GET /v1/nodes", reply([]api.Node{{ID: "node-1", Name: "n1", State: api.NodeReady, LastHeartbeat: now}}))
 	mux.HandleFunc("GET /v1/devices", reply([]api.Device{{ID: "dev-1", NodeID: "node-1", Name: "disk0", Kind: api.KindBlock, State: "available", Capacity: 1 << 30}}))
 	mux.HandleFunc("GET /v1/topology", reply(api.Topology{Nodes: []api.Node{{ID: "node-1", Name: "n1", State: api.NodeReady}},
-		Links: []api.Link{{ID: "l1", From: "node-1", To: "controlplane", RTTMicros: 42, Status: "up", State: "up"}}}))
+		Links: []api.Link{{ID: "l1", From: "node-1", To: "controlplane", RTTMicros: 42, BandwidthBps: 1_250_000_000, Status: "up", State: "up"}}}))
 	mux.HandleFunc("GET /v1/leases", reply([]api.Lease{lease}))
 	shown := lease // lease show gets the plan's explanation
 	shown.Plan = &api.Plan{State: "feasible", Mode: lease.Mode, Parts: lease.Parts, Explanation: []string{"least loaded lender"}}
@@ -54,7 +54,7 @@ func fakeAPI(t *testing.T) *httptest.Server {
 	mux.HandleFunc("POST /v1/leases/lease-1/release", reply(api.Lease{ID: "lease-1", State: api.LeaseReleased}))
 	mux.HandleFunc("POST /v1/explain", reply(api.Plan{State: "feasible", Mode: api.ModeDedicated, Parts: lease.Parts, PredictedBandwidth: 477e6,
 		Impacts:     []api.Impact{{LeaseID: "lease-0", BandwidthBefore: 2e9, BandwidthAfter: 1e9}},
-		Explanation: []string{"fewest hops", "chose dedicated node-1/dev-1: predicted 477.0 MB/s"}}))
+		Explanation: []string{"fewest hops", "chose dedicated node-1/dev-1: predicted 477MB/s"}}))
 	mux.HandleFunc("GET /v1/events", reply([]api.Event{{ID: 1, Type: "node.joined", Subject: "node-1", State: "ready"}}))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
@@ -124,13 +124,16 @@ func TestVerbsTables(t *testing.T) {
 	}{
 		{[]string{"nodes"}, []string{"ID", "NAME", "STATE", "node-1", "ready"}},
 		{[]string{"devices"}, []string{"disk0", "n1", "1GiB"}},
-		{[]string{"topology"}, []string{"controlplane", "42µs"}},
+		// A link's bandwidth prints as every rate (decimal: 10Gbit/s is
+		// 1.25GB/s, not 1.164GiB/s).
+		{[]string{"topology"}, []string{"controlplane", "42µs", "  1.25GB/s  "}},
 		{[]string{"leases"}, []string{"lease-1", "active", "256MiB"}},
 		{[]string{"lease", "show", "lease-1"}, []string{"URI:", "nbd://", "PART", "Why:", "least loaded lender"}},
-		// The summary's rate reads as the reasons' (MB/s, not MiB/s).
+		// The summary's rate reads as the reasons' (resource.FormatRate:
+		// decimal, as --bandwidth 477MB/s reads it).
 		// A slowed lease that declared no work has no completion time: "-".
-		{[]string{"explain", "--size", "1GiB"}, []string{"feasible", "fewest hops", "Predicted bandwidth:  477.0 MB/s",
-			"lease-0      2000.0 MB/s       1000.0 MB/s  -                  -"}},
+		{[]string{"explain", "--size", "1GiB"}, []string{"feasible", "fewest hops", "Predicted bandwidth:  477MB/s\n",
+			"lease-0      2GB/s             1GB/s  -                  -"}},
 		{[]string{"events"}, []string{"node.joined"}},
 	} {
 		out, errs, code := runCLI(t, srv.URL, tc.args...)

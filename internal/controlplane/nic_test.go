@@ -39,7 +39,8 @@ func TestNICLeases(t *testing.T) {
 		t.Fatalf("explain: %v %+v", err, plan)
 	}
 	text := strings.Join(plan.Explanation, "\n")
-	for _, want := range []string{"request: nic 40 Mbit/s", "chose shared", "nic: 40 Mbit/s of", "lent interface n", "/wan0 (dev-"} {
+	// Its rate is a link rate as the CLI prints it (resource.FormatLinkRate).
+	for _, want := range []string{"request: nic 40Mbit/s", "chose shared", "nic: 40Mbit/s of", "lent interface n", "/wan0 (dev-"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("explanation lacks %q:\n%s", want, text)
 		}
@@ -77,7 +78,7 @@ func TestNICLeases(t *testing.T) {
 	// the layout, 70 Mbit/s fits nowhere and the refusal names each
 	// interface's free rate.
 	_, err = e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindNIC, Bandwidth: 8.75e6})
-	wantCode(t, err, http.StatusUnprocessableEntity, "free, needs 70 Mbit/s")
+	wantCode(t, err, http.StatusUnprocessableEntity, "free, needs 70Mbit/s")
 	// A bond wider than the lenders there are.
 	_, err = e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindNIC, Bandwidth: 1e6, Count: 4})
 	wantCode(t, err, http.StatusUnprocessableEntity, "a bond of 4 needs as many different lenders")
@@ -125,7 +126,7 @@ func TestNICValidation(t *testing.T) {
 		{api.LeaseRequest{Kind: api.KindNIC, Whole: true, Mode: api.ModeShared}, "dedicated, not shared"},
 		{api.LeaseRequest{Kind: api.KindNIC, Bandwidth: 1e6, StripeUnit: 4096}, "stripe_unit"},
 		{api.LeaseRequest{Kind: api.KindNIC, Bandwidth: 1e6, BandwidthCap: 1e6}, "block leases only"},
-		{api.LeaseRequest{Kind: api.KindNIC, Bandwidth: 1e18}, "more than any interface"},
+		{api.LeaseRequest{Kind: api.KindNIC, Bandwidth: 1e18}, "bandwidth 8Ebit/s is more than any interface carries (at most 9.01Pbit/s)"},
 		{api.LeaseRequest{Kind: api.KindNIC, Bandwidth: 1e6, Role: "echo"}, "accel leases only"},
 		{api.LeaseRequest{Kind: "wifi"}, "block, memory, accel or nic"},
 	} {

@@ -438,7 +438,7 @@ func TestQuota(t *testing.T) {
 	// bob's own quota replaces the default: no lease count, but bytes,
 	// slots and bandwidth.
 	_, err = e.bob.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Bandwidth: 200e6})
-	wantQuota(t, err, "would use 200.0 MB/s of 100.0 MB/s")
+	wantQuota(t, err, "would use 200MB/s of 100MB/s")
 	for i := 0; i < 3; i++ {
 		if _, err := e.bob.CreateLease(e.ctx(), small); err != nil {
 			t.Fatalf("bob lease %d: %v", i, err)
@@ -481,6 +481,11 @@ func TestParseQuota(t *testing.T) {
 		{"cpus=1", "", Quota{}, "unknown limit"},
 		{"leases=-1", "", Quota{}, "bad leases"},
 		{"bytes=lots", "", Quota{}, "bad bytes"},
+		// bandwidth= takes a rate as --bandwidth does, and as a refusal
+		// prints it ("would use 200MB/s of 100MB/s").
+		{"bandwidth=100MB/s", "", Quota{Bandwidth: 100e6}, ""},
+		{"bandwidth=800Mbit/s", "", Quota{Bandwidth: 100e6}, ""},
+		{"bandwidth=fast", "", Quota{}, "bad bandwidth"},
 	} {
 		tenant, q, err := ParseQuota(c.spec)
 		if c.err != "" {

@@ -28,8 +28,9 @@ type Quotas struct {
 
 // ParseQuota parses a quota spec, "[TENANT:]KEY=VALUE,…" with keys leases
 // (a count), bytes (a size such as 100GiB), slots (slots, fractions
-// counting shared leases' shares: 2.5) and bandwidth
-// (bytes/s, a size such as 1GB). Without a tenant, or with "*", it is the
+// counting shared leases' shares: 2.5) and bandwidth (a rate as
+// --bandwidth takes it, resource.ParseRate: 2GB/s, 800Mbit/s, or bytes/s
+// written as a size, 1GB). Without a tenant, or with "*", it is the
 // default quota (tenant "").
 func ParseQuota(spec string) (tenant string, q Quota, err error) {
 	body := spec
@@ -64,8 +65,12 @@ func ParseQuota(spec string) (tenant string, q Quota, err error) {
 				err = errors.New("out of range")
 			}
 			n = int64(math.Round(f * api.SlotUnits))
-		case "bytes", "bandwidth":
+		case "bytes":
 			n, err = resource.ParseSize(v)
+		case "bandwidth":
+			var f float64
+			f, err = resource.ParseRate(v)
+			n = int64(math.Round(f))
 		default:
 			return "", q, fmt.Errorf("quota %q: unknown limit %q (leases, bytes, slots, bandwidth)", spec, k)
 		}

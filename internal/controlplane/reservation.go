@@ -344,7 +344,7 @@ func validateNICRequest(r *api.LeaseRequest) error {
 	case r.StripeUnit != 0:
 		return fmt.Errorf("%w: stripe_unit applies to composed block and memory leases, not nic (a bond spreads flows)", ErrInvalid)
 	case r.Bandwidth > maxRate || math.IsNaN(r.Bandwidth):
-		return fmt.Errorf("%w: bandwidth %g bytes/s is more than any interface carries", ErrInvalid, r.Bandwidth)
+		return fmt.Errorf("%w: bandwidth %s is more than any interface carries (at most %s)", ErrInvalid, resource.FormatLinkRate(r.Bandwidth), resource.FormatLinkRate(maxRate))
 	case r.Bandwidth > 0 && r.Bandwidth < 1:
 		return fmt.Errorf("%w: bandwidth below 1 byte/s", ErrInvalid)
 	}
@@ -446,7 +446,7 @@ func sizeText(req api.LeaseRequest) string {
 		if req.Size == 0 {
 			return "a whole interface"
 		}
-		return placement.FormatRate(req.Size)
+		return resource.FormatLinkRate(float64(req.Size))
 	}
 	if req.Kind == api.KindAccel {
 		if req.Whole {

@@ -15,6 +15,7 @@ import (
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 	"github.com/rialto-project/rialto/internal/fabric"
 	"github.com/rialto-project/rialto/internal/placement"
+	"github.com/rialto-project/rialto/internal/resource"
 )
 
 // This file is the adapter between the control plane's inventory and
@@ -270,14 +271,14 @@ func nicNote(inv store.Inventory, pp placement.Plan) string {
 	if len(pp.Parts) == 1 {
 		p := pp.Parts[0]
 		return fmt.Sprintf("nic: %s of lent interface %s; the lender caps the lease there, in both directions, and translates its traffic to the interface's address",
-			placement.FormatRate(p.Length), deviceText(inv, p.DeviceID))
+			resource.FormatLinkRate(float64(p.Length)), deviceText(inv, p.DeviceID))
 	}
 	var total int64
 	for _, p := range pp.Parts {
 		total += p.Length
 	}
 	return fmt.Sprintf("nic: a bond of %d lenders, %s each (%s in all): each flow is pinned to one lender, so bandwidth adds over flows, and losing a lender moves only its flows",
-		len(pp.Parts), placement.FormatRate(pp.Parts[0].Length), placement.FormatRate(total))
+		len(pp.Parts), resource.FormatLinkRate(float64(pp.Parts[0].Length)), resource.FormatLinkRate(float64(total)))
 }
 
 // placementMode is the mode placement knows a running lease by: an accel

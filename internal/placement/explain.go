@@ -161,7 +161,7 @@ func (x *Index) explain(q *req, top []*result, nresults int, rejected []Rejectio
 		if q.tight {
 			kind = "tight"
 		}
-		need = "deadline " + q.Deadline.String() + " for " + fmtBytes(q.Work) + " needs " + fmtBW(q.need) + " (" + kind + ")"
+		need = "deadline " + q.Deadline.String() + " for " + resource.FormatSize(q.Work) + " needs " + fmtBW(q.need) + " (" + kind + ")"
 	case q.need > 0:
 		need = "wants " + fmtBW(q.need) + " without slowdown"
 	}
@@ -251,7 +251,7 @@ func (x *Index) explain(q *req, top []*result, nresults int, rejected []Rejectio
 func (x *Index) amount(kind string, n int64) string {
 	switch {
 	case kind == KindNIC:
-		return fmtBits(float64(n) * 8)
+		return resource.FormatLinkRate(float64(n))
 	case kind == KindAccel && x.slotUnits > 1:
 		return FormatSlots(n, x.slotUnits)
 	case kind == KindBlock || kind == KindMemory:
@@ -270,34 +270,18 @@ func FormatSlots(n, units int64) string {
 	return s + " slots"
 }
 
-// FormatRate formats a rate in bytes/s as a link rate in bits/s ("500
-// Mbit/s"), as explanations show nic capacities and sizes.
-func FormatRate(bytesPerSec int64) string { return fmtBits(float64(bytesPerSec) * 8) }
-
-// fmtBits formats bits/s as a link rate ("500 Mbit/s", "1.2 Gbit/s").
-func fmtBits(b float64) string {
-	for _, u := range [...]struct {
-		div  float64
-		name string
-	}{{1e12, " Tbit/s"}, {1e9, " Gbit/s"}, {1e6, " Mbit/s"}, {1e3, " kbit/s"}} {
-		if b >= u.div {
-			return strings.TrimSuffix(fmtF(b/u.div, 1), ".0") + u.name
-		}
-	}
-	return fmtF(b, 0) + " bit/s"
-}
-
-// fmtBW formats a rate in bytes/s as MB/s ("no known limit" for +Inf:
-// nothing on the path has a known rate).
+// fmtBW formats a rate in bytes/s as rates print (resource.FormatRate:
+// "477MB/s"), or "no known limit" for +Inf: nothing on the path has a
+// known rate.
 func fmtBW(b float64) string {
 	if math.IsInf(b, 1) {
 		return "no known limit"
 	}
-	return fmtF(b/1e6, 1) + " MB/s"
+	return resource.FormatRate(b)
 }
 
 // predictedText is an option's predicted rate as an explanation gives it:
-// "predicted 477.0 MB/s", or, when neither the device (no profile, no
+// "predicted 477MB/s", or, when neither the device (no profile, no
 // declared bandwidth) nor any link on the path has a known rate, that no
 // rate was predicted, and (why) why not.
 func predictedText(rate float64, why bool) string {
@@ -316,11 +300,6 @@ func plural(n int, noun string) string {
 		return "1 " + noun
 	}
 	return strconv.Itoa(n) + " " + noun + "s"
-}
-
-// fmtBytes formats a byte count in GB.
-func fmtBytes(n int64) string {
-	return fmtF(float64(n)/1e9, 1) + " GB"
 }
 
 // fmtF is fmt's %.<prec>f (strconv formats floats the same way, Inf and

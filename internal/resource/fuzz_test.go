@@ -38,3 +38,41 @@ func FuzzParseSize(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseRate: rates come from flags (--bandwidth, --bandwidth-cap,
+// --nic), quotas and the UI's form. ParseRate never panics, refuses with
+// ErrBadRate quoting what it was given, accepts only rates in [0, 2⁶²]
+// bytes/s, and reads FormatRate's and FormatLinkRate's text of what it
+// accepted back to within their rounding (one decimal of the unit; below
+// 95% of the bound, as a figure rounded up may print just over it).
+func FuzzParseRate(f *testing.F) {
+	for _, s := range []string{"500Mbit/s", "1gbit", "200MB/s", "64MiB/s", "2e9", "0", "-1", "NaN", "Inf", "1e300gbit",
+		"mbit", "/s", "bit/s", "1.5 kbit/s", "100mbitps", " 3 GB/s ", "36893488147419103232bit"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		v, err := ParseRate(s)
+		if err != nil {
+			if !errors.Is(err, ErrBadRate) || !strings.Contains(err.Error(), "want a rate such as") {
+				t.Fatalf("ParseRate(%q): unclear refusal %v", s, err)
+			}
+			return
+		}
+		if v < 0 || v > 1<<62 || math.IsNaN(v) {
+			t.Fatalf("ParseRate(%q) = %g", s, v)
+		}
+		if v > 0.95*(1<<62) {
+			return // a figure rounded up may print just over the bound
+		}
+		for _, format := range []func(float64) string{FormatRate, FormatLinkRate} {
+			text := format(v)
+			back, err := ParseRate(text)
+			if err != nil {
+				t.Fatalf("%q is %g bytes/s, printed %q, which ParseRate refuses: %v", s, v, text, err)
+			}
+			if d := math.Abs(back - v); d > 0.05*v+1 {
+				t.Fatalf("%q is %g bytes/s, printed %q, read back as %g", s, v, text, back)
+			}
+		}
+	})
+}

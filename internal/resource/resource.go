@@ -82,6 +82,128 @@ func FormatSize(n int64) string {
 	return s + unit
 }
 
+// ErrBadRate is returned for a rate that cannot be parsed.
+var ErrBadRate = errors.New("resource: bad rate")
+
+// ParseRate parses a rate into bytes/s, as the CLI's --bandwidth and the
+// quotas' bandwidth= take it: bits with a unit ending in "bit" ("500Mbit/s",
+// "1gbit", "100 kbit/s"; decimal prefixes), else bytes as sizes are written
+// ("200MB/s", "64MiB/s", "2e9": a bare number is bytes/s; "/s" may be left
+// out). Like sizes, rates are at most 2⁶² bytes/s. It reads back what
+// FormatRate and FormatLinkRate print.
+func ParseRate(s string) (float64, error) {
+	t := strings.TrimSpace(s)
+	// Suffixes are cut from t itself: lowering first would misplace them
+	// in text that is not UTF-8, whose bytes ToLower turns into U+FFFD.
+	if hasSuffixFold(t, "/s") {
+		t = t[:len(t)-2]
+	} else if hasSuffixFold(t, "bitps") {
+		t = t[:len(t)-2] // "500mbitps"
+	}
+	lt := strings.ToLower(t)
+	bad := func() error {
+		return fmt.Errorf("%w: %q: want a rate such as 500Mbit/s, 1Gbit/s or 200MB/s", ErrBadRate, s)
+	}
+	if num, ok := strings.CutSuffix(lt, "bit"); ok {
+		mult := 1.0
+		if n := len(num); n > 0 {
+			switch num[n-1] {
+			case 'k':
+				mult, num = 1e3, num[:n-1]
+			case 'm':
+				mult, num = 1e6, num[:n-1]
+			case 'g':
+				mult, num = 1e9, num[:n-1]
+			case 't':
+				mult, num = 1e12, num[:n-1]
+			case 'p':
+				mult, num = 1e15, num[:n-1]
+			case 'e':
+				mult, num = 1e18, num[:n-1]
+			}
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(num), 64)
+		if err != nil || v < 0 || math.IsInf(v, 0) || math.IsNaN(v) || v*mult/8 > math.MaxInt64/2 {
+			return 0, bad() // bounded as sizes are: room for sums, and whole bytes/s fit an int64
+		}
+		return v * mult / 8, nil
+	}
+	n, err := ParseSize(t)
+	if err != nil {
+		return 0, bad()
+	}
+	return float64(n), nil
+}
+
+// hasSuffixFold is strings.HasSuffix ignoring ASCII case.
+func hasSuffixFold(s, suffix string) bool {
+	return len(s) >= len(suffix) && strings.EqualFold(s[len(s)-len(suffix):], suffix)
+}
+
+// FormatRate prints a rate of bytes/s in the largest decimal unit it
+// reaches ("477MB/s", "1.25GB/s", "476.8MB/s", "4.17GB/s", "0B/s"): the
+// one way bandwidths are printed (the CLI, the dashboard, explanations,
+// errors). Decimal, as the API's bytes/s and storage and network rates
+// are, and as --bandwidth 500MB/s reads it; ParseRate reads it back. The
+// figure is exact where two decimals at most give it, as FormatSize's;
+// else rounded to one decimal, but two below 10 (three figures at least,
+// as explanations compare rates: "needs 1.43GB/s", "predicted
+// 1.40GB/s"), keeping the decimals, up to three, that tell it from a
+// whole figure. A nic's rate, which flags and tc write in bits, is
+// FormatLinkRate's.
+func FormatRate(bytesPerSec float64) string {
+	return formatDecimal(bytesPerSec, []string{"B/s", "kB/s", "MB/s", "GB/s", "TB/s", "PB/s", "EB/s"})
+}
+
+// FormatLinkRate prints a rate of bytes/s as a link rate in bits/s, in
+// the largest decimal unit it reaches ("500Mbit/s", "1.25Gbit/s",
+// "666.7Mbit/s"), exact or rounded as FormatRate: how a nic's capacity
+// and a nic lease's share print, as --bandwidth 500Mbit/s and an agent's
+// --nic wan=eth1:500mbit write them. ParseRate reads it back.
+func FormatLinkRate(bytesPerSec float64) string {
+	return formatDecimal(bytesPerSec*8, []string{"bit/s", "kbit/s", "Mbit/s", "Gbit/s", "Tbit/s", "Pbit/s", "Ebit/s"})
+}
+
+// formatDecimal prints v in the largest of units (each 1000 times the
+// one before) it reaches, exact where two decimals give it (within
+// float64's noise: 99999999.99999997 is 100M), else rounded to one
+// decimal, two below 10 (three figures at least, as explanations compare
+// rates: 1.43GB/s needed, 1.40GB/s predicted), with more, up to three,
+// where those would read as a whole figure. Non-finite values print as
+// strconv does.
+func formatDecimal(v float64, units []string) string {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return strconv.FormatFloat(v, 'f', -1, 64) + units[0]
+	}
+	if v < 0 {
+		return "-" + formatDecimal(-v, units)
+	}
+	i, u := 0, 1.0
+	for i < len(units)-1 && v >= u*1000 {
+		i, u = i+1, u*1000
+	}
+	f := v / u
+	if c := f * 100; math.Abs(c-math.Round(c)) <= 1e-12*max(1, c) {
+		r := math.Round(c) / 100
+		if r >= 1000 && i < len(units)-1 { // 999999999.9999995: 1G, not 1000M
+			i, r = i+1, r/1000
+		}
+		return strconv.FormatFloat(r, 'f', -1, 64) + units[i]
+	}
+	prec := 1
+	if f < 10 {
+		prec = 2 // three figures at least: 1.43GB/s, not 1.4GB/s beside 1.4GB/s
+	}
+	s := ""
+	for ; prec <= 3; prec++ {
+		s = strconv.FormatFloat(f, 'f', prec, 64)
+		if strings.TrimRight(s[strings.IndexByte(s, '.')+1:], "0") != "" {
+			break
+		}
+	}
+	return s + units[i]
+}
+
 var idEnc = base32.NewEncoding("0123456789abcdefghjkmnpqrstvwxyz").WithPadding(base32.NoPadding)
 
 // NewID returns a random identifier with a prefix, e.g. "lease-k3j9x2m1q8".

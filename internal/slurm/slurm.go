@@ -32,11 +32,12 @@ const MaxLeases = 8
 // ParseComment reads the lease requests of a job comment:
 //
 //	rialto: REQUEST [; REQUEST]...
-//	REQUEST = KIND [SIZE] [dedicated|shared|composed|whole] [COUNT] [ttl=DURATION] [stripe=SIZE] [role=NAME] [strategy=binpack|spread] [bandwidth=SIZE]
+//	REQUEST = KIND [SIZE] [dedicated|shared|composed|whole] [COUNT] [ttl=DURATION] [stripe=SIZE] [role=NAME] [strategy=binpack|spread] [bandwidth=RATE]
 //
 // KIND is block, memory or accel; SIZE is a size such as 100GiB (block,
-// memory); COUNT the number of parts (composed) or slots (accel). A
-// comment without the prefix asks for nothing (nil, nil).
+// memory); COUNT the number of parts (composed) or slots (accel); RATE a
+// rate as --bandwidth takes it (477MB/s, 800Mbit/s). A comment without
+// the prefix asks for nothing (nil, nil).
 func ParseComment(comment string) ([]api.LeaseRequest, error) {
 	c := strings.TrimSpace(comment)
 	if !strings.HasPrefix(strings.ToLower(c), Prefix) {
@@ -107,11 +108,11 @@ func parseRequest(f []string) (api.LeaseRequest, error) {
 			case "strategy":
 				r.Strategy = v
 			case "bandwidth":
-				n, err := resource.ParseSize(v)
+				bw, err := resource.ParseRate(v)
 				if err != nil {
 					return r, fmt.Errorf("bandwidth: %w", err)
 				}
-				r.Bandwidth = float64(n)
+				r.Bandwidth = bw
 			default:
 				return r, fmt.Errorf("unknown option %q (ttl, stripe, role, strategy, bandwidth)", k)
 			}

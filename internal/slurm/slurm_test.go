@@ -25,6 +25,10 @@ func TestParseComment(t *testing.T) {
 		{"rialto: block whole", []api.LeaseRequest{{Kind: api.KindBlock, Whole: true}}, ""},
 		{"rialto: block 1GiB shared bandwidth=100MiB stripe=128KiB strategy=spread", []api.LeaseRequest{
 			{Kind: api.KindBlock, Size: 1 << 30, Mode: api.ModeShared, Bandwidth: 100 << 20, StripeUnit: 128 << 10, Strategy: "spread"}}, ""},
+		// bandwidth= takes a rate as --bandwidth does, decimal or bits.
+		{"rialto: block 1GiB bandwidth=477MB/s; block 1GiB bandwidth=800Mbit/s", []api.LeaseRequest{
+			{Kind: api.KindBlock, Size: 1 << 30, Bandwidth: 477e6}, {Kind: api.KindBlock, Size: 1 << 30, Bandwidth: 100e6}}, ""},
+		{"rialto: block 1GiB bandwidth=fast", nil, "bandwidth"},
 		{"rialto:", nil, "asks for nothing"},
 		{"rialto: gpu 1", nil, "unknown kind"},
 		{"rialto: block", nil, "a size is required"},

@@ -17,7 +17,7 @@ var funcs = template.FuncMap{
 	"size":      resource.FormatSize,
 	"amount":    amount,
 	"held":      held,
-	"rate":      rate,
+	"rate":      resource.FormatRate,
 	"pct":       pct,
 	"seconds":   seconds,
 	"ago":       ago,
@@ -42,11 +42,16 @@ var funcs = template.FuncMap{
 	},
 }
 
-// amount formats a device quantity: bytes, or slots (and shares of one)
-// for accelerators, whose quantities are slot units (api.SlotUnits a slot).
+// amount formats a device quantity as the CLI does: bytes; slots (and
+// shares of one) for accelerators, whose quantities are slot units
+// (api.SlotUnits a slot); a link rate for a nic, whose quantities are
+// bytes/s.
 func amount(kind api.Kind, n int64) string {
-	if kind == api.KindAccel {
+	switch kind {
+	case api.KindAccel:
 		return placement.FormatSlots(n, api.SlotUnits)
+	case api.KindNIC:
+		return resource.FormatLinkRate(float64(n))
 	}
 	return resource.FormatSize(n)
 }
@@ -62,9 +67,6 @@ func held(l api.Lease) string {
 		n = l.Size
 	}
 	text := amount(l.Kind, n)
-	if l.Kind == api.KindNIC {
-		text = placement.FormatRate(n)
-	}
 	switch {
 	case n == l.Size || l.Kind == api.KindAccel || l.Kind == api.KindNIC:
 	case l.Size == 0:
@@ -73,21 +75,6 @@ func held(l api.Lease) string {
 		text += " (asked for " + amount(l.Kind, l.Size) + ")"
 	}
 	return text
-}
-
-// rate formats bytes per second in decimal units, as network rates are.
-func rate(bps float64) string {
-	switch a := math.Abs(bps); {
-	case a >= 1e9:
-		return fmt.Sprintf("%.2f GB/s", bps/1e9)
-	case a >= 1e6:
-		return fmt.Sprintf("%.1f MB/s", bps/1e6)
-	case a >= 1e3:
-		return fmt.Sprintf("%.1f kB/s", bps/1e3)
-	case a == 0:
-		return "0 B/s"
-	}
-	return fmt.Sprintf("%.0f B/s", bps)
 }
 
 // pct is part of whole in percent, "0%" for an empty whole.

@@ -43,3 +43,43 @@ func TestLeasePageMarksLostParts(t *testing.T) {
 		t.Errorf("the served part's row: %q", served)
 	}
 }
+
+// TestPagesShowQuantitiesInTheirUnits: a nic lease's size and parts are
+// link rates and an accel lease's parts slots, as the CLI prints them, on
+// the lease page and in a dry run's plan; the parts' lengths were shown as
+// bytes ("79.5MiB" for 666.7Mbit/s, "250B" for a quarter slot).
+func TestPagesShowQuantitiesInTheirUnits(t *testing.T) {
+	u, err := New(Config{API: http.NotFoundHandler()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bond := []api.Part{{NodeID: "n1", DeviceID: "d1", Length: 83_333_333}, {NodeID: "n2", DeviceID: "d2", Length: 83_333_333},
+		{NodeID: "n2", DeviceID: "d3", Length: 83_333_334}}
+	for _, c := range []struct {
+		l    api.Lease
+		want []string
+	}{
+		{api.Lease{ID: "lease-n", State: api.LeaseActive, Kind: api.KindNIC, Mode: api.ModeComposed, Count: 3, Size: 250e6, Held: 250e6, Parts: bond},
+			[]string{"<dd>2Gbit/s over 3 devices</dd>", `<td class="num">666.7Mbit/s</td>`}},
+		{api.Lease{ID: "lease-a", State: api.LeaseActive, Kind: api.KindAccel, Mode: api.ModeShared, Count: 1, Size: 250, Held: 250,
+			Parts: []api.Part{{NodeID: "n1", DeviceID: "d1", Offset: 1250, Length: 250}}},
+			[]string{"<dd>0.25 slot</dd>", `<td class="num">1.25 slots</td><td class="num">0.25 slot</td>`}},
+	} {
+		w := httptest.NewRecorder()
+		u.render(w, http.StatusOK, "lease", page{Title: "Lease", Session: &session{}, Data: leaseData{Now: time.Now(), Lease: c.l,
+			Names: map[string]string{}, Devs: map[string]string{}, Live: true}})
+		for _, want := range c.want {
+			if !strings.Contains(w.Body.String(), want) {
+				t.Errorf("%s page lacks %q:\n%s", c.l.Kind, want, w.Body.String())
+			}
+		}
+	}
+	w := httptest.NewRecorder()
+	u.formPage(w, http.StatusOK, &session{}, leaseForm{Kind: "nic", Count: "3", Bandwidth: "2Gbit/s"},
+		&api.Plan{State: "feasible", Mode: api.ModeComposed, Parts: bond, PredictedBandwidth: 250e6}, map[string]string{}, map[string]string{}, "")
+	for _, want := range []string{`<td class="num">666.7Mbit/s</td>`, "<dd>250MB/s</dd>"} {
+		if !strings.Contains(w.Body.String(), want) {
+			t.Errorf("the dry run's plan lacks %q:\n%s", want, w.Body.String())
+		}
+	}
+}

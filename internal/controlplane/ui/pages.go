@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"sort"
@@ -429,6 +430,7 @@ type newLeaseData struct {
 	Names map[string]string
 	Devs  map[string]string
 	Kinds []api.Kind
+	Kind  api.Kind // the form's, in which the plan's parts count
 }
 
 func (u *UI) newLeasePage(w http.ResponseWriter, r *http.Request, s *session) {
@@ -477,11 +479,13 @@ func (f leaseForm) request() (api.LeaseRequest, error) {
 		req.TTLSeconds = int64(d / time.Second)
 	}
 	if f.Bandwidth != "" {
-		mb, err := strconv.ParseFloat(f.Bandwidth, 64)
-		if err != nil || mb < 0 {
-			return req, errors.New("bandwidth: MB/s, a number")
+		// A rate as the CLI's --bandwidth takes it and as the pages print
+		// it (500MB/s, 1Gbit/s); a bare number is MB/s.
+		if mb, err := strconv.ParseFloat(strings.TrimSpace(f.Bandwidth), 64); err == nil && mb >= 0 && !math.IsInf(mb, 0) {
+			req.Bandwidth = mb * 1e6
+		} else if req.Bandwidth, err = resource.ParseRate(f.Bandwidth); err != nil {
+			return req, errors.New("bandwidth: a rate such as 500MB/s or 1Gbit/s, or a number of MB/s")
 		}
-		req.Bandwidth = mb * 1e6
 	}
 	if f.Work != "" {
 		if req.Work, err = resource.ParseSize(f.Work); err != nil {
@@ -498,7 +502,7 @@ func (f leaseForm) request() (api.LeaseRequest, error) {
 
 func (u *UI) formPage(w http.ResponseWriter, status int, s *session, f leaseForm, plan *api.Plan, names, devs map[string]string, msg string) {
 	u.render(w, status, "newlease", page{Title: "New lease", Nav: "new", Session: s, Error: msg,
-		Data: newLeaseData{Key: newSecret(), Form: f, Plan: plan, Names: names, Devs: devs, Kinds: kindOrder[:3]}})
+		Data: newLeaseData{Key: newSecret(), Form: f, Plan: plan, Names: names, Devs: devs, Kinds: kindOrder[:3], Kind: api.Kind(f.Kind)}})
 }
 
 // names maps node IDs to names and device IDs to "node/device"; what it

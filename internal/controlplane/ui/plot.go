@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rialto-project/rialto/internal/resource"
 	"github.com/rialto-project/rialto/internal/svgtext"
 )
 
@@ -279,7 +280,7 @@ func topologyGraph(id, title, desc string, nodes []graphNode, edges []graphEdge)
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s" stroke-width="%.1f"%s/>`, pa[0], pa[1], pb[0], pb[1], col, width, dash)
 		label := rtt(e.RTT)
 		if e.HasLoad {
-			label += " · " + rate(e.Load)
+			label += " · " + resource.FormatRate(e.Load)
 		}
 		if !e.Up {
 			label = "down"

@@ -326,6 +326,19 @@ func TestLeaseForms(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "feasible") || !strings.Contains(body, `class="explanation"`) {
 		t.Errorf("explain: %d", resp.StatusCode)
 	}
+	// Bandwidth: a rate as the CLI's --bandwidth takes it and the pages
+	// print it, or a bare number of MB/s; the plan shows the rates as
+	// every rate prints (resource.FormatRate).
+	for _, bw := range []string{"100MB/s", "800Mbit/s", "100"} {
+		resp, body = v.post("/ui/explain", form("size", "8MiB", "bandwidth", bw, "bw"))
+		if resp.StatusCode != http.StatusOK || !strings.Contains(body, "<dd>100MB/s</dd>") || !strings.Contains(body, "wants 100MB/s without slowdown") {
+			t.Errorf("explain with bandwidth %s: %d\n%.4000s", bw, resp.StatusCode, body)
+		}
+	}
+	if resp, body := v.post("/ui/explain", form("size", "8MiB", "bandwidth", "fast", "bw")); resp.StatusCode != http.StatusBadRequest ||
+		!strings.Contains(body, "bandwidth: a rate such as 500MB/s or 1Gbit/s, or a number of MB/s") {
+		t.Errorf("bad bandwidth: %d", resp.StatusCode)
+	}
 	if ls, _ := alice.AllLeases(ctx); len(ls) != 0 {
 		t.Fatalf("explain made a lease")
 	}

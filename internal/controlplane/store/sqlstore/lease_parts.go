@@ -10,6 +10,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/resource"
 )
 
 // reserve checks the parts of a lease inside tx (device available on a
@@ -156,7 +157,7 @@ func JudgeLimit(l api.Lease, d store.Demand, lim store.Limit, u Usage, devs []Pa
 	case lim.Slots > 0 && slots > lim.Slots:
 		return fmt.Errorf("tenant %s would hold %s of %s slots: %w", l.Tenant, slotText(slots), slotText(lim.Slots), store.ErrQuota)
 	case lim.Bandwidth > 0 && bw > lim.Bandwidth:
-		return fmt.Errorf("tenant %s would use %.0f of %.0f bytes/s: %w", l.Tenant, bw, lim.Bandwidth, store.ErrQuota)
+		return fmt.Errorf("tenant %s would use %s of %s: %w", l.Tenant, resource.FormatRate(bw), resource.FormatRate(lim.Bandwidth), store.ErrQuota)
 	}
 	return nil
 }

@@ -24,3 +24,19 @@ func TestJudgeLimitSlots(t *testing.T) {
 		t.Fatalf("2.25 of 2 slots: %v", err)
 	}
 }
+
+// TestJudgeLimitBandwidth: a refusal over the bandwidth quota gives the
+// rates as every rate prints (resource.FormatRate), as placement's does,
+// not bytes/s figures.
+func TestJudgeLimitBandwidth(t *testing.T) {
+	l := api.Lease{ID: "l", Tenant: "t", Kind: api.KindBlock, Parts: []api.Part{{DeviceID: "d", Length: 1 << 20}}}
+	devs := []PartRow{{DKind: string(api.KindBlock), Capacity: 1 << 30}}
+	lim := store.Limit{Bandwidth: 250e6}
+	if err := JudgeLimit(l, store.Demand{Bandwidth: 50e6}, lim, Usage{BW: 200e6}, devs); err != nil {
+		t.Fatalf("250MB/s of 250MB/s refused: %v", err)
+	}
+	err := JudgeLimit(l, store.Demand{Bandwidth: 62.5e6}, lim, Usage{BW: 200e6}, devs)
+	if !errors.Is(err, store.ErrQuota) || !strings.Contains(err.Error(), "tenant t would use 262.5MB/s of 250MB/s") {
+		t.Fatalf("262.5MB/s of 250MB/s: %v", err)
+	}
+}
