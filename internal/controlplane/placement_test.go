@@ -445,7 +445,7 @@ func TestQuota(t *testing.T) {
 		}
 	}
 	_, err = e.bob.CreateLease(e.ctx(), small)
-	wantQuota(t, err, "would hold 4194304 of 3145728 bytes")
+	wantQuota(t, err, "would hold 4MiB of 3MiB")
 	if _, err := e.bob.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindAccel}); err != nil {
 		t.Fatal(err)
 	}

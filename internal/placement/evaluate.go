@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/internal/fabric"
+	"github.com/rialto-project/rialto/internal/resource"
 )
 
 // result is an option's predicted outcome and ranking figures (less), or
@@ -254,7 +255,7 @@ func (x *Index) overQuota(q *req, ch *usage) (constraint, reason string) {
 	}
 	switch {
 	case qt.Bytes > 0 && u.bytes+ch.bytes > qt.Bytes:
-		return ConstraintQuota, fmt.Sprintf("tenant %s would hold %d of %d bytes", q.Tenant, u.bytes+ch.bytes, qt.Bytes)
+		return ConstraintQuota, fmt.Sprintf("tenant %s would hold %s of %s", q.Tenant, resource.FormatSize(u.bytes+ch.bytes), resource.FormatSize(qt.Bytes))
 	case qt.Slots > 0 && u.slots+ch.slots > qt.Slots:
 		if x.slotUnits > 1 {
 			return ConstraintQuota, fmt.Sprintf("tenant %s would hold %s of %s", q.Tenant, x.amount(KindAccel, u.slots+ch.slots), x.amount(KindAccel, qt.Slots))
