@@ -114,6 +114,14 @@ func printLease(w io.Writer, l api.Lease, names map[string]string) {
 	if l.StripeUnit > 0 {
 		row("Stripe unit", resource.FormatSize(l.StripeUnit))
 	}
+	// The caps of --bandwidth-cap and --iops-cap, which every lender of
+	// the lease enforces.
+	if l.BandwidthCap > 0 {
+		row("Bandwidth cap", resource.FormatRate(float64(l.BandwidthCap)))
+	}
+	if l.IOPSCap > 0 {
+		row("IOPS cap", strconv.FormatInt(l.IOPSCap, 10)+"/s")
+	}
 	row("Tenant", l.Tenant)
 	row("Borrower", l.Borrower)
 	if n := names[l.NodeID]; n != "" {
