@@ -129,7 +129,7 @@ func (x *Index) finish(res *result) {
 	for _, ir := range x.impArena[res.impStart:res.impEnd] {
 		ls := &x.leases[ir.lease]
 		before, after := ls.rate, ir.after
-		im := Impact{LeaseID: ls.l.ID, BandwidthBefore: before, BandwidthAfter: after,
+		im := Impact{LeaseID: ls.l.ID, Kind: x.leaseKind(&ls.l), BandwidthBefore: before, BandwidthAfter: after,
 			CompletionBefore: completion(ls.l.Remaining, before), CompletionAfter: completion(ls.l.Remaining, after)}
 		im.MissesDeadline = ls.l.Deadline > 0 && ls.l.Remaining > 0 && x.now+im.CompletionAfter > ls.l.Deadline
 		res.impacts = append(res.impacts, im)
@@ -276,7 +276,7 @@ func (x *Index) evalRates(res *result, q *req, sol *localSol) (constraint, reaso
 	res.rate = sol.newRate
 	res.compl = completion(q.Work, res.rate)
 	if q.hard && res.rate < q.need*(1-1e-9) {
-		return ConstraintDeadline, fmt.Sprintf("predicted %s, completion %v > deadline %v", fmtBW(res.rate), res.compl.Round(time.Second), q.Deadline)
+		return ConstraintDeadline, fmt.Sprintf("predicted %s, completion %v > deadline %v", rateText(q.Kind, res.rate), res.compl.Round(time.Second), q.Deadline)
 	}
 	if !q.hard && q.need > 0 && res.rate < q.need*(1-SlowdownTolerance) {
 		res.unmet++
