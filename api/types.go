@@ -415,9 +415,12 @@ type Plan struct {
 	At                  time.Time `json:"at"`
 }
 
-// Impact is how a plan would slow a running lease.
+// Impact is how a plan would slow a running lease. Kind is that lease's
+// (its bandwidths are bytes/s whatever the kind; a nic's print as link
+// rates).
 type Impact struct {
 	LeaseID          string  `json:"lease_id"`
+	Kind             Kind    `json:"kind,omitempty"`
 	BandwidthBefore  float64 `json:"bandwidth_before"`
 	BandwidthAfter   float64 `json:"bandwidth_after"`
 	CompletionBefore float64 `json:"completion_before_seconds,omitempty"`

@@ -43,10 +43,12 @@ func TestTablesGolden(t *testing.T) {
 		{ID: "lease-4", State: api.LeaseActive, Kind: api.KindAccel, Mode: api.ModeShared, Size: api.SlotUnits / 4, Held: api.SlotUnits / 4, Count: 1, NodeID: "node-a", DeviceID: "dev-1", Tenant: "bob"},
 		whole,
 	}, names)
+	// A lease's caps (--bandwidth-cap, --iops-cap) show, the bandwidth as
+	// every rate prints (resource.FormatRate).
 	b.WriteString("== lease\n")
 	printLease(&b, api.Lease{ID: "lease-3", State: api.LeaseLost, Reason: "lender node node2 (node-b) is down", Kind: api.KindBlock,
 		Mode: api.ModeComposed, Size: 3 << 30, Held: 3 << 30, Count: 3, StripeUnit: 1 << 20, Tenant: "alice", NodeID: "node-a", DeviceID: "dev-1",
-		TTLSeconds: 3600, IdempotencyKey: "job-7",
+		TTLSeconds: 3600, IdempotencyKey: "job-7", BandwidthCap: 100 << 20, IOPSCap: 2000,
 		Parts: []api.Part{{NodeID: "node-a", DeviceID: "dev-1", Length: 1 << 30, URI: "nbd://10.0.0.1:10809/x.0"}, {NodeID: "node-b", DeviceID: "dev-2", Offset: 1 << 30, Length: 1 << 30}}}, names)
 
 	b.WriteString("== shared accel lease\n")

@@ -114,6 +114,14 @@ func printLease(w io.Writer, l api.Lease, names map[string]string) {
 	if l.StripeUnit > 0 {
 		row("Stripe unit", resource.FormatSize(l.StripeUnit))
 	}
+	// The caps of --bandwidth-cap and --iops-cap, which every lender of
+	// the lease enforces.
+	if l.BandwidthCap > 0 {
+		row("Bandwidth cap", resource.FormatRate(float64(l.BandwidthCap)))
+	}
+	if l.IOPSCap > 0 {
+		row("IOPS cap", strconv.FormatInt(l.IOPSCap, 10)+"/s")
+	}
 	row("Tenant", l.Tenant)
 	row("Borrower", l.Borrower)
 	if n := names[l.NodeID]; n != "" {
@@ -412,6 +420,16 @@ func leaseByID(op string) func(*env, *pflag.FlagSet) runFunc {
 	}
 }
 
+// kindRate shows a rate in bytes/s of a lease of kind k: a nic's as a
+// link rate (resource.FormatLinkRate, "500Mbit/s", as its size shows),
+// any other's as rates print (resource.FormatRate, "477MB/s").
+func kindRate(k api.Kind, bytesPerSec float64) string {
+	if k == api.KindNIC {
+		return resource.FormatLinkRate(bytesPerSec)
+	}
+	return resource.FormatRate(bytesPerSec)
+}
+
 // seconds shows a predicted completion time in seconds, "-" for none (a
 // lease that declared no --work has no completion time).
 func seconds(s float64) string {
@@ -462,7 +480,7 @@ func printPlan(ctx context.Context, e *env, c *api.Client, cf *clientFlags, req 
 		fmt.Fprintf(tw, "Mode:\t%s\n", p.Mode)
 	}
 	if p.PredictedBandwidth > 0 {
-		fmt.Fprintf(tw, "Predicted bandwidth:\t%s\n", resource.FormatRate(p.PredictedBandwidth))
+		fmt.Fprintf(tw, "Predicted bandwidth:\t%s\n", kindRate(req.Kind, p.PredictedBandwidth))
 	}
 	if p.PredictedCompletion > 0 {
 		fmt.Fprintf(tw, "Predicted completion:\t%.1fs\n", p.PredictedCompletion)
@@ -480,8 +498,8 @@ func printPlan(ctx context.Context, e *env, c *api.Client, cf *clientFlags, req 
 			if im.LeaseID == "" {
 				im.LeaseID = "(another tenant's)"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", im.LeaseID, resource.FormatRate(im.BandwidthBefore),
-				resource.FormatRate(im.BandwidthAfter), seconds(im.CompletionBefore), seconds(im.CompletionAfter))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", im.LeaseID, kindRate(im.Kind, im.BandwidthBefore),
+				kindRate(im.Kind, im.BandwidthAfter), seconds(im.CompletionBefore), seconds(im.CompletionAfter))
 		}
 		tw.Flush()
 	}

@@ -287,7 +287,7 @@ func TestNICLeaseOnRack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"24Mbit/s", "request: nic 24Mbit/s", "lent interface"} {
+	for _, want := range []string{"24Mbit/s", "request: nic 24Mbit/s", "wants 24Mbit/s", "lent interface"} {
 		if !strings.Contains(show, want) {
 			t.Errorf("lease show lacks %q:\n%s", want, show)
 		}

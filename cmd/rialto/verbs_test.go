@@ -52,9 +52,20 @@ func fakeAPI(t *testing.T) *httptest.Server {
 		json.NewEncoder(w).Encode(lease)
 	})
 	mux.HandleFunc("POST /v1/leases/lease-1/release", reply(api.Lease{ID: "lease-1", State: api.LeaseReleased}))
-	mux.HandleFunc("POST /v1/explain", reply(api.Plan{State: "feasible", Mode: api.ModeDedicated, Parts: lease.Parts, PredictedBandwidth: 477e6,
-		Impacts:     []api.Impact{{LeaseID: "lease-0", BandwidthBefore: 2e9, BandwidthAfter: 1e9}},
-		Explanation: []string{"fewest hops", "chose dedicated node-1/dev-1: predicted 477MB/s"}}))
+	// A nic request is predicted its rate; a slowed nic lease's rates are
+	// bytes/s in the API, as every rate.
+	mux.HandleFunc("POST /v1/explain", func(w http.ResponseWriter, r *http.Request) {
+		var req api.LeaseRequest
+		json.NewDecoder(r.Body).Decode(&req)
+		p := api.Plan{State: "feasible", Mode: api.ModeDedicated, Parts: lease.Parts, PredictedBandwidth: 477e6,
+			Impacts:     []api.Impact{{LeaseID: "lease-0", BandwidthBefore: 2e9, BandwidthAfter: 1e9}},
+			Explanation: []string{"fewest hops", "chose dedicated node-1/dev-1: predicted 477MB/s"}}
+		if req.Kind == api.KindNIC {
+			p.PredictedBandwidth = req.Bandwidth
+			p.Impacts = append(p.Impacts, api.Impact{LeaseID: "lease-9", Kind: api.KindNIC, BandwidthBefore: 62.5e6, BandwidthAfter: 50e6})
+		}
+		json.NewEncoder(w).Encode(p)
+	})
 	mux.HandleFunc("GET /v1/events", reply([]api.Event{{ID: 1, Type: "node.joined", Subject: "node-1", State: "ready"}}))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
@@ -134,6 +145,11 @@ func TestVerbsTables(t *testing.T) {
 		// A slowed lease that declared no work has no completion time: "-".
 		{[]string{"explain", "--size", "1GiB"}, []string{"feasible", "fewest hops", "Predicted bandwidth:  477MB/s\n",
 			"lease-0      2GB/s             1GB/s  -                  -"}},
+		// A nic request's rate, and a nic lease's, are link rates, as a
+		// nic lease's size (resource.FormatLinkRate); other leases' rates
+		// are bytes/s.
+		{[]string{"explain", "--kind", "nic", "--bandwidth", "500Mbit/s"}, []string{"Predicted bandwidth:  500Mbit/s\n",
+			"lease-0      2GB/s             1GB/s      -                  -", "lease-9      500Mbit/s         400Mbit/s  -                  -"}},
 		{[]string{"events"}, []string{"node.joined"}},
 	} {
 		out, errs, code := runCLI(t, srv.URL, tc.args...)

@@ -39,8 +39,9 @@ func TestNICLeases(t *testing.T) {
 		t.Fatalf("explain: %v %+v", err, plan)
 	}
 	text := strings.Join(plan.Explanation, "\n")
-	// Its rate is a link rate as the CLI prints it (resource.FormatLinkRate).
-	for _, want := range []string{"request: nic 40Mbit/s", "chose shared", "nic: 40Mbit/s of", "lent interface n", "/wan0 (dev-"} {
+	// Its rate is a link rate as the CLI prints it (resource.FormatLinkRate),
+	// the rate it wants and the one predicted too.
+	for _, want := range []string{"request: nic 40Mbit/s", "wants 40Mbit/s without slowdown", "predicted 40Mbit/s", "chose shared", "nic: 40Mbit/s of", "lent interface n", "/wan0 (dev-"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("explanation lacks %q:\n%s", want, text)
 		}

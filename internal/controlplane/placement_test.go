@@ -68,6 +68,11 @@ func TestProfilesAndDemandReachPlacement(t *testing.T) {
 	if len(plan.Impacts) != 2 || plan.Impacts[0].BandwidthAfter >= plan.Impacts[0].BandwidthBefore || plan.Impacts[0].CompletionAfter <= 0 {
 		t.Fatalf("no predicted impact on the running leases: %+v\n%s", plan, text)
 	}
+	// An impact names the slowed lease's kind, in whose units the CLI
+	// and the UI print its rates.
+	if plan.Impacts[0].Kind != api.KindBlock || plan.Impacts[1].Kind != api.KindBlock {
+		t.Fatalf("impacts without the leases' kind: %+v", plan.Impacts)
+	}
 	if strings.Contains(text, "no running lease slowed") {
 		t.Fatalf("explanation says no running lease slowed:\n%s", text)
 	}
@@ -445,7 +450,7 @@ func TestQuota(t *testing.T) {
 		}
 	}
 	_, err = e.bob.CreateLease(e.ctx(), small)
-	wantQuota(t, err, "would hold 4194304 of 3145728 bytes")
+	wantQuota(t, err, "would hold 4MiB of 3MiB")
 	if _, err := e.bob.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindAccel}); err != nil {
 		t.Fatal(err)
 	}

@@ -112,7 +112,7 @@ func placeRequest(inv store.Inventory, req api.LeaseRequest, tenant string, quot
 	}
 	plan.PredictedCompletion = pp.PredictedCompletion.Seconds()
 	for _, im := range pp.Impacts {
-		plan.Impacts = append(plan.Impacts, api.Impact{LeaseID: im.LeaseID, BandwidthBefore: im.BandwidthBefore, BandwidthAfter: im.BandwidthAfter,
+		plan.Impacts = append(plan.Impacts, api.Impact{LeaseID: im.LeaseID, Kind: api.Kind(im.Kind), BandwidthBefore: im.BandwidthBefore, BandwidthAfter: im.BandwidthAfter,
 			CompletionBefore: im.CompletionBefore.Seconds(), CompletionAfter: im.CompletionAfter.Seconds()})
 	}
 	return plan, x, nil

@@ -217,7 +217,7 @@ func (sc *scenario) run(b block) (string, error) {
 		}
 		var out strings.Builder
 		fmt.Fprintf(&out, "plan: %s\n", p)
-		fmt.Fprintf(&out, "predicted: %s", fmtBW(p.PredictedBandwidth))
+		fmt.Fprintf(&out, "predicted: %s", rateText(r.Kind, p.PredictedBandwidth))
 		if p.PredictedCompletion > 0 {
 			fmt.Fprintf(&out, ", completion %v", p.PredictedCompletion.Round(time.Millisecond))
 		}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/internal/fabric"
+	"github.com/rialto-project/rialto/internal/resource"
 )
 
 // result is an option's predicted outcome and ranking figures (less), or
@@ -128,7 +129,7 @@ func (x *Index) finish(res *result) {
 	for _, ir := range x.impArena[res.impStart:res.impEnd] {
 		ls := &x.leases[ir.lease]
 		before, after := ls.rate, ir.after
-		im := Impact{LeaseID: ls.l.ID, BandwidthBefore: before, BandwidthAfter: after,
+		im := Impact{LeaseID: ls.l.ID, Kind: x.leaseKind(&ls.l), BandwidthBefore: before, BandwidthAfter: after,
 			CompletionBefore: completion(ls.l.Remaining, before), CompletionAfter: completion(ls.l.Remaining, after)}
 		im.MissesDeadline = ls.l.Deadline > 0 && ls.l.Remaining > 0 && x.now+im.CompletionAfter > ls.l.Deadline
 		res.impacts = append(res.impacts, im)
@@ -254,7 +255,7 @@ func (x *Index) overQuota(q *req, ch *usage) (constraint, reason string) {
 	}
 	switch {
 	case qt.Bytes > 0 && u.bytes+ch.bytes > qt.Bytes:
-		return ConstraintQuota, fmt.Sprintf("tenant %s would hold %d of %d bytes", q.Tenant, u.bytes+ch.bytes, qt.Bytes)
+		return ConstraintQuota, fmt.Sprintf("tenant %s would hold %s of %s", q.Tenant, resource.FormatSize(u.bytes+ch.bytes), resource.FormatSize(qt.Bytes))
 	case qt.Slots > 0 && u.slots+ch.slots > qt.Slots:
 		if x.slotUnits > 1 {
 			return ConstraintQuota, fmt.Sprintf("tenant %s would hold %s of %s", q.Tenant, x.amount(KindAccel, u.slots+ch.slots), x.amount(KindAccel, qt.Slots))
@@ -275,7 +276,7 @@ func (x *Index) evalRates(res *result, q *req, sol *localSol) (constraint, reaso
 	res.rate = sol.newRate
 	res.compl = completion(q.Work, res.rate)
 	if q.hard && res.rate < q.need*(1-1e-9) {
-		return ConstraintDeadline, fmt.Sprintf("predicted %s, completion %v > deadline %v", fmtBW(res.rate), res.compl.Round(time.Second), q.Deadline)
+		return ConstraintDeadline, fmt.Sprintf("predicted %s, completion %v > deadline %v", rateText(q.Kind, res.rate), res.compl.Round(time.Second), q.Deadline)
 	}
 	if !q.hard && q.need > 0 && res.rate < q.need*(1-SlowdownTolerance) {
 		res.unmet++

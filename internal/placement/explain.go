@@ -161,9 +161,9 @@ func (x *Index) explain(q *req, top []*result, nresults int, rejected []Rejectio
 		if q.tight {
 			kind = "tight"
 		}
-		need = "deadline " + q.Deadline.String() + " for " + resource.FormatSize(q.Work) + " needs " + fmtBW(q.need) + " (" + kind + ")"
+		need = "deadline " + q.Deadline.String() + " for " + resource.FormatSize(q.Work) + " needs " + rateText(q.Kind, q.need) + " (" + kind + ")"
 	case q.need > 0:
-		need = "wants " + fmtBW(q.need) + " without slowdown"
+		need = "wants " + rateText(q.Kind, q.need) + " without slowdown"
 	}
 	size := x.amount(q.Kind, q.Size)
 	if q.Whole {
@@ -202,7 +202,7 @@ func (x *Index) explain(q *req, top []*result, nresults int, rejected []Rejectio
 		compl = ", completion " + best.compl.Round(time.Millisecond).String()
 	}
 	e = append(e, "chose "+x.optionText(best)+": "+strconv.Itoa(best.hops)+" hops, "+best.latency.String()+", "+
-		predictedText(best.rate, true)+compl+", link load "+fmtF(100*best.linkUtil, 0)+"%")
+		predictedText(q.Kind, best.rate, true)+compl+", link load "+fmtF(100*best.linkUtil, 0)+"%")
 	switch {
 	case q.Whole:
 		e = append(e, "mode: a whole device was asked for, so dedicated")
@@ -223,7 +223,7 @@ func (x *Index) explain(q *req, top []*result, nresults int, rejected []Rejectio
 			e = append(e, fmt.Sprintf("impact: … %d more", len(best.impacts)-8))
 			break
 		}
-		s := "impact: " + im.LeaseID + " " + fmtBW(im.BandwidthBefore) + " → " + fmtBW(im.BandwidthAfter)
+		s := "impact: " + im.LeaseID + " " + rateText(im.Kind, im.BandwidthBefore) + " → " + rateText(im.Kind, im.BandwidthAfter)
 		if im.CompletionAfter > 0 {
 			s += ", completion " + im.CompletionBefore.Round(time.Millisecond).String() + " → " + im.CompletionAfter.Round(time.Millisecond).String()
 		}
@@ -233,7 +233,7 @@ func (x *Index) explain(q *req, top []*result, nresults int, rejected []Rejectio
 		e = append(e, s)
 	}
 	for _, ru := range top[1:] {
-		e = append(e, "runner-up "+x.optionText(ru)+": "+predictedText(ru.rate, false)+", lost on "+whyLost(best, ru, q.strategy))
+		e = append(e, "runner-up "+x.optionText(ru)+": "+predictedText(q.Kind, ru.rate, false)+", lost on "+whyLost(best, ru, q.strategy))
 	}
 	for i, r := range rejected {
 		if i == 4 {
@@ -280,13 +280,24 @@ func fmtBW(b float64) string {
 	return resource.FormatRate(b)
 }
 
-// predictedText is an option's predicted rate as an explanation gives it:
-// "predicted 477MB/s", or, when neither the device (no profile, no
-// declared bandwidth) nor any link on the path has a known rate, that no
-// rate was predicted, and (why) why not.
-func predictedText(rate float64, why bool) string {
+// rateText formats a rate in bytes/s of a lease of kind: a nic's as a
+// link rate (resource.FormatLinkRate: "500Mbit/s", as its size prints),
+// any other's as fmtBW does.
+func rateText(kind string, b float64) string {
+	if kind == KindNIC && !math.IsInf(b, 1) {
+		return resource.FormatLinkRate(b)
+	}
+	return fmtBW(b)
+}
+
+// predictedText is an option's predicted rate, of a lease of kind, as an
+// explanation gives it: "predicted 477MB/s" ("predicted 500Mbit/s" for a
+// nic), or, when neither the device (no profile, no declared bandwidth)
+// nor any link on the path has a known rate, that no rate was predicted,
+// and (why) why not.
+func predictedText(kind string, rate float64, why bool) string {
 	if !math.IsInf(rate, 1) {
-		return "predicted " + fmtBW(rate)
+		return "predicted " + rateText(kind, rate)
 	}
 	if why {
 		return "bandwidth not predicted (no rate known for the device or its links)"

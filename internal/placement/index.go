@@ -545,11 +545,7 @@ func (x *Index) nicDemand(l *Lease) {
 	if len(l.Parts) == 0 {
 		return
 	}
-	kind := l.Kind
-	if di, ok := x.devByID[l.Parts[0].DeviceID]; ok {
-		kind = x.devs[di].dev.Kind
-	}
-	if kind != KindNIC {
+	if x.leaseKind(l) != KindNIC {
 		return
 	}
 	var held int64
@@ -559,6 +555,16 @@ func (x *Index) nicDemand(l *Lease) {
 	if held > 0 && (l.Demand <= 0 || l.Demand > float64(held)) {
 		l.Demand = float64(held)
 	}
+}
+
+// leaseKind is l's kind: its first part's device's, else Lease.Kind.
+func (x *Index) leaseKind(l *Lease) string {
+	if len(l.Parts) > 0 {
+		if di, ok := x.devByID[l.Parts[0].DeviceID]; ok {
+			return x.devs[di].dev.Kind
+		}
+	}
+	return l.Kind
 }
 
 func cmpSpan(a, b span) int {

@@ -263,9 +263,11 @@ type Plan struct {
 }
 
 // Impact is a running lease slowed by a plan. Completions are from Now
-// (0 for open-ended leases).
+// (0 for open-ended leases). Kind is the lease's (its rates print as its
+// kind's do: a nic's as link rates).
 type Impact struct {
 	LeaseID          string
+	Kind             string
 	BandwidthBefore  float64
 	BandwidthAfter   float64
 	CompletionBefore time.Duration

@@ -18,6 +18,8 @@ var funcs = template.FuncMap{
 	"amount":    amount,
 	"held":      held,
 	"rate":      resource.FormatRate,
+	"kindRate":  kindRate,
+	"planOf":    func(k api.Kind, p *api.Plan) planView { return planView{p, k} },
 	"pct":       pct,
 	"seconds":   seconds,
 	"ago":       ago,
@@ -54,6 +56,22 @@ func amount(kind api.Kind, n int64) string {
 		return resource.FormatLinkRate(float64(n))
 	}
 	return resource.FormatSize(n)
+}
+
+// kindRate formats a rate in bytes/s of a lease of kind as the CLI
+// does: a nic's as a link rate (as its size), any other's in bytes/s.
+func kindRate(kind api.Kind, bytesPerSec float64) string {
+	if kind == api.KindNIC {
+		return resource.FormatLinkRate(bytesPerSec)
+	}
+	return resource.FormatRate(bytesPerSec)
+}
+
+// planView is a plan with the kind of its request, in which its predicted
+// bandwidth prints (the "plan" template's data).
+type planView struct {
+	*api.Plan
+	Kind api.Kind
 }
 
 // held formats what a lease holds (the API's held): bytes, slots (and

@@ -59,8 +59,15 @@ func TestPagesShowQuantitiesInTheirUnits(t *testing.T) {
 		l    api.Lease
 		want []string
 	}{
-		{api.Lease{ID: "lease-n", State: api.LeaseActive, Kind: api.KindNIC, Mode: api.ModeComposed, Count: 3, Size: 250e6, Held: 250e6, Parts: bond},
-			[]string{"<dd>2Gbit/s over 3 devices</dd>", `<td class="num">666.7Mbit/s</td>`}},
+		// A nic lease's plan predicts a link rate, as its size reads; a
+		// lease it slows shows its rates as its kind's (a nic's in bits,
+		// a block lease's in bytes).
+		{api.Lease{ID: "lease-n", State: api.LeaseActive, Kind: api.KindNIC, Mode: api.ModeComposed, Count: 3, Size: 250e6, Held: 250e6, Parts: bond,
+			Plan: &api.Plan{State: "feasible", Mode: api.ModeComposed, Parts: bond, PredictedBandwidth: 250e6, Impacts: []api.Impact{
+				{LeaseID: "lease-b", Kind: api.KindBlock, BandwidthBefore: 200e6, BandwidthAfter: 150e6},
+				{LeaseID: "lease-m", Kind: api.KindNIC, BandwidthBefore: 62.5e6, BandwidthAfter: 50e6}}}},
+			[]string{"<dd>2Gbit/s over 3 devices</dd>", `<td class="num">666.7Mbit/s</td>`, "<dd>2Gbit/s</dd>",
+				`<td class="num">200MB/s</td><td class="num">150MB/s</td>`, `<td class="num">500Mbit/s</td><td class="num">400Mbit/s</td>`}},
 		{api.Lease{ID: "lease-a", State: api.LeaseActive, Kind: api.KindAccel, Mode: api.ModeShared, Count: 1, Size: 250, Held: 250,
 			Parts: []api.Part{{NodeID: "n1", DeviceID: "d1", Offset: 1250, Length: 250}}},
 			[]string{"<dd>0.25 slot</dd>", `<td class="num">1.25 slots</td><td class="num">0.25 slot</td>`}},
@@ -77,7 +84,7 @@ func TestPagesShowQuantitiesInTheirUnits(t *testing.T) {
 	w := httptest.NewRecorder()
 	u.formPage(w, http.StatusOK, &session{}, leaseForm{Kind: "nic", Count: "3", Bandwidth: "2Gbit/s"},
 		&api.Plan{State: "feasible", Mode: api.ModeComposed, Parts: bond, PredictedBandwidth: 250e6}, map[string]string{}, map[string]string{}, "")
-	for _, want := range []string{`<td class="num">666.7Mbit/s</td>`, "<dd>250MB/s</dd>"} {
+	for _, want := range []string{`<td class="num">666.7Mbit/s</td>`, "<dd>2Gbit/s</dd>"} {
 		if !strings.Contains(w.Body.String(), want) {
 			t.Errorf("the dry run's plan lacks %q:\n%s", want, w.Body.String())
 		}

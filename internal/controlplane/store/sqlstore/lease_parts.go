@@ -153,7 +153,7 @@ func JudgeLimit(l api.Lease, d store.Demand, lim store.Limit, u Usage, devs []Pa
 	case lim.Leases > 0 && leases > lim.Leases:
 		return fmt.Errorf("tenant %s would hold %d of %d leases: %w", l.Tenant, leases, lim.Leases, store.ErrQuota)
 	case lim.Bytes > 0 && bytes > lim.Bytes:
-		return fmt.Errorf("tenant %s would hold %d of %d bytes: %w", l.Tenant, bytes, lim.Bytes, store.ErrQuota)
+		return fmt.Errorf("tenant %s would hold %s of %s: %w", l.Tenant, resource.FormatSize(bytes), resource.FormatSize(lim.Bytes), store.ErrQuota)
 	case lim.Slots > 0 && slots > lim.Slots:
 		return fmt.Errorf("tenant %s would hold %s of %s slots: %w", l.Tenant, slotText(slots), slotText(lim.Slots), store.ErrQuota)
 	case lim.Bandwidth > 0 && bw > lim.Bandwidth:

@@ -40,3 +40,24 @@ func TestJudgeLimitBandwidth(t *testing.T) {
 		t.Fatalf("262.5MB/s of 250MB/s: %v", err)
 	}
 }
+
+// TestJudgeLimitBytes: a refusal over the byte quota gives the sizes as
+// every size prints (resource.FormatSize), as placement's does, not byte
+// counts; a dedicated part charges its whole device.
+func TestJudgeLimitBytes(t *testing.T) {
+	l := api.Lease{ID: "l", Tenant: "t", Kind: api.KindBlock, Parts: []api.Part{{DeviceID: "d", Length: 1 << 20}}}
+	devs := []PartRow{{DKind: string(api.KindBlock), Capacity: 1 << 30}}
+	lim := store.Limit{Bytes: 3 << 20}
+	if err := JudgeLimit(l, store.Demand{}, lim, Usage{Bytes: 2 << 20}, devs); err != nil {
+		t.Fatalf("3MiB of 3MiB refused: %v", err)
+	}
+	err := JudgeLimit(l, store.Demand{}, lim, Usage{Bytes: 3 << 20}, devs)
+	if !errors.Is(err, store.ErrQuota) || !strings.Contains(err.Error(), "tenant t would hold 4MiB of 3MiB:") {
+		t.Fatalf("4MiB of 3MiB: %v", err)
+	}
+	l.Mode = api.ModeDedicated
+	err = JudgeLimit(l, store.Demand{}, store.Limit{Bytes: 1 << 30}, Usage{Bytes: 512 << 20}, devs)
+	if !errors.Is(err, store.ErrQuota) || !strings.Contains(err.Error(), "tenant t would hold 1.5GiB of 1GiB:") {
+		t.Fatalf("1.5GiB of 1GiB: %v", err)
+	}
+}
