@@ -59,8 +59,18 @@ func TestCallerDeadlineCancelsTask(t *testing.T) {
 			waitUntil(t, "the target's execution to stop", func() bool {
 				return tgt.interrupted.Load() == 1 && tgt.blocked.Load() == 0
 			})
-			// The connection's only task slot is free: a new call runs.
-			if out, err := c.Call(context.Background(), "echo", []byte("next")); err != nil || !bytes.Equal(out, []byte("next")) {
+			// The connection's only task slot is free again: a new call
+			// runs. The server gives the slot back just after the
+			// target's execution returns, so a call sent in between is
+			// refused as busy (the slot still held): such a call is sent
+			// again; any other failure, or a slot never given back, fails.
+			var out []byte
+			var err error
+			waitUntil(t, "a call after the cancellation to be admitted", func() bool {
+				out, err = c.Call(context.Background(), "echo", []byte("next"))
+				return !errors.Is(err, ErrBusy)
+			})
+			if err != nil || !bytes.Equal(out, []byte("next")) {
 				t.Fatalf("call after the cancellation: %q %v", out, err)
 			}
 		})
