@@ -81,24 +81,7 @@ func TestRemovedMoveDestinationTornDownTLS(t *testing.T) {
 	}
 	a, aURL := replica(caA, nil)
 	b, bURL := replica(caB, hold)
-	waitFor := func(what string, cond func() bool) {
-		t.Helper()
-		for !cond() {
-			if ctx.Err() != nil {
-				t.Fatalf("%s: not within the test's deadline", what)
-			}
-			time.Sleep(20 * time.Millisecond) // polling with a deadline
-		}
-	}
-	heard := func(s, other *Server) bool {
-		s.bus.mu.Lock()
-		defer s.bus.mu.Unlock()
-		_, ok := s.bus.seen[other.bus.id]
-		return ok
-	}
-	waitFor("the replicas trust their caches and hear each other", func() bool {
-		return a.cacheTrusted() && b.cacheTrusted() && heard(a, b) && heard(b, a)
-	})
+	awaitReplicasMeet(ctx, t, a, b)
 
 	agents := map[string]*testAgent{}
 	for _, name := range []string{"n1", "n2"} {
@@ -174,7 +157,7 @@ func TestRemovedMoveDestinationTornDownTLS(t *testing.T) {
 	tlsB.clients.closeIdle()
 	hold.let()
 	var m api.Move
-	waitFor("the move to end", func() bool {
+	pollUntil(ctx, t, "the move to end", func() bool {
 		m, err = alice.Move(ctx, ms[0].ID)
 		return err == nil && m.Done()
 	})

@@ -45,24 +45,7 @@ func TestForcedRemovalHoldsEverywhereBeforeTeardowns(t *testing.T) {
 	}
 	a, aURL := replica()
 	b, bURL := replica()
-	waitFor := func(what string, cond func() bool) {
-		t.Helper()
-		for !cond() {
-			if ctx.Err() != nil {
-				t.Fatalf("%s: not within the test's deadline", what)
-			}
-			time.Sleep(20 * time.Millisecond) // polling with a deadline
-		}
-	}
-	heard := func(s, other *Server) bool {
-		s.bus.mu.Lock()
-		defer s.bus.mu.Unlock()
-		_, ok := s.bus.seen[other.bus.id]
-		return ok
-	}
-	waitFor("the replicas trust their caches and hear each other", func() bool {
-		return a.cacheTrusted() && b.cacheTrusted() && heard(a, b) && heard(b, a)
-	})
+	awaitReplicasMeet(ctx, t, a, b)
 
 	entered, release := make(chan struct{}, 1), make(chan struct{})
 	ag := newTestAgent(t, diskAgentConfig(t, aURL, log))

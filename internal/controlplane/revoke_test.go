@@ -29,25 +29,8 @@ func TestReplicaRevocationBus(t *testing.T) {
 		return runServer(ctx, t, Config{Store: openPG(ctx, t, url, 4), BootstrapToken: bootTok})
 	}
 	a, b := replica(), replica()
-	waitFor := func(what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 20 s", what)
-			}
-			time.Sleep(20 * time.Millisecond) // polling with a deadline
-		}
-	}
-	waitFor("both replicas hear themselves", func() bool { return a.cacheTrusted() && b.cacheTrusted() })
 	// Each has heard the other's hello (the remover waits for those it heard).
-	heard := func(s, other *Server) bool {
-		s.bus.mu.Lock()
-		defer s.bus.mu.Unlock()
-		_, ok := s.bus.seen[other.bus.id]
-		return ok
-	}
-	waitFor("the replicas hear each other", func() bool { return heard(a, b) && heard(b, a) })
+	awaitReplicasMeet(ctx, t, a, b)
 
 	node := principal{role: roleNode, nodeID: "n-gone"}
 	keep := principal{role: roleNode, nodeID: "n-kept"}
@@ -86,7 +69,7 @@ func TestReplicaRevocationBus(t *testing.T) {
 	if _, err := c.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'rialto-listen' AND datname = current_database()`); err != nil {
 		t.Fatal(err)
 	}
-	waitFor("both listen again", func() bool {
+	pollUntil(ctx, t, "both listen again", func() bool {
 		return a.bus.freshAt.Load() > killed.UnixNano() && b.bus.freshAt.Load() > killed.UnixNano()
 	})
 	if _, ok := b.auth.get("h-kept", time.Now()); ok {
@@ -110,4 +93,43 @@ func TestCacheUntrustedWithoutBus(t *testing.T) {
 	if s.cacheTrusted() {
 		t.Fatal("a replica that does not listen trusts its cache")
 	}
+}
+
+// pollUntil polls cond until it holds, failing the test once ctx ends.
+func pollUntil(ctx context.Context, t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for !cond() {
+		if ctx.Err() != nil {
+			t.Fatalf("%s: not within the test's deadline", what)
+		}
+		time.Sleep(20 * time.Millisecond) // polling with a deadline
+	}
+}
+
+// awaitReplicasMeet waits until every replica of rs trusts its cache
+// and has heard every other's hello (a removal waits for the replicas it
+// heard).
+func awaitReplicasMeet(ctx context.Context, t *testing.T, rs ...*Server) {
+	t.Helper()
+	heard := func(s, other *Server) bool {
+		s.bus.mu.Lock()
+		defer s.bus.mu.Unlock()
+		_, ok := s.bus.seen[other.bus.id]
+		return ok
+	}
+	pollUntil(ctx, t, "the replicas trust their caches and hear each other", func() bool {
+		for _, s := range rs {
+			if !s.cacheTrusted() { // then its bus.id is set
+				return false
+			}
+		}
+		for _, s := range rs {
+			for _, o := range rs {
+				if o != s && !heard(s, o) {
+					return false
+				}
+			}
+		}
+		return true
+	})
 }
