@@ -852,19 +852,8 @@ func TestTeardownWaitsForWipeUnderWay(t *testing.T) {
 	w := a.wipes[0]
 	a.mu.Unlock()
 
-	entered, release := make(chan struct{}), make(chan struct{})
-	hold := func(ctx context.Context, lease string) {
-		close(entered)
-		select {
-		case <-release:
-		case <-ctx.Done():
-		}
-	}
-	a.Faults.BeforeWipe.Store(&hold)
 	retried := make(chan error, 1)
-	go func() { retried <- a.retryWipes(ctxFor(t)) }()
-	<-entered
-	a.Faults.BeforeWipe.Store(nil)
+	release := holdNextWipe(a, func() { retried <- a.retryWipes(ctxFor(t)) })
 
 	// The heartbeat's retry holds the entry: another retry skips it.
 	if err := a.retryWipes(ctxFor(t)); err != nil {
@@ -886,6 +875,26 @@ func TestTeardownWaitsForWipeUnderWay(t *testing.T) {
 	if j := journal(t, dir); len(j) != 0 {
 		t.Fatalf("journal after the wipe: %+v", j)
 	}
+}
+
+// holdNextWipe runs start on a goroutine of its own and returns once the
+// wipe it starts is held just before it writes (Faults.BeforeWipe; later
+// wipes are not held); the wipe goes on once release is closed, or its
+// context ends.
+func holdNextWipe(a *Agent, start func()) (release chan struct{}) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	hold := func(ctx context.Context, lease string) {
+		close(entered)
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+	}
+	a.Faults.BeforeWipe.Store(&hold)
+	go start()
+	<-entered
+	a.Faults.BeforeWipe.Store(nil)
+	return release
 }
 
 // waitsForWipe returns once a call (what), whose answer is to come on
@@ -922,19 +931,8 @@ func TestSecondTeardownWaitsForTheFirstsWipe(t *testing.T) {
 	t.Run("under way", func(t *testing.T) {
 		r, cfg, _ := withTenant(t, 0, 0x5a)
 		a := r.a
-		entered, release := make(chan struct{}), make(chan struct{})
-		hold := func(ctx context.Context, lease string) {
-			close(entered)
-			select {
-			case <-release:
-			case <-ctx.Done():
-			}
-		}
-		a.Faults.BeforeWipe.Store(&hold)
 		first := make(chan error, 1)
-		go func() { first <- a.teardownAnswered(ctxFor(t), "lease-a", math.MaxUint64) }()
-		<-entered
-		a.Faults.BeforeWipe.Store(nil)
+		release := holdNextWipe(a, func() { first <- a.teardownAnswered(ctxFor(t), "lease-a", math.MaxUint64) })
 		a.mu.Lock()
 		if len(a.wipes) != 1 {
 			a.mu.Unlock()
