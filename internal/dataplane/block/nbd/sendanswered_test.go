@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -159,6 +160,13 @@ func TestSendFailsAfterReply(t *testing.T) {
 		t.Fatalf("peer ended before the read: %v", err)
 	}
 
+	// The read's sender must be done writing before the write is sent:
+	// a request queued while another caller writes leaves in that
+	// caller's writev, and the read's caller would then carry the write's
+	// payload (which the peer does not read until told to hang up) and
+	// never return.
+	awaitWriterIdle(t, c)
+
 	// Not recovered: the nil dereference panicked holding c.mu, and the
 	// test could not go on; a panic fails the test binary.
 	writeDone := make(chan error, 1)
@@ -180,5 +188,25 @@ func TestSendFailsAfterReply(t *testing.T) {
 	err := c.FlushContext(context.Background())
 	if !errors.Is(err, ErrClosed) {
 		t.Fatalf("a request after the failed send: %v, want ErrClosed", err)
+	}
+}
+
+// awaitWriterIdle waits until no caller of c is writing requests (the
+// read's header has reached the peer, but its sender may not yet have
+// seen that nothing more is queued).
+func awaitWriterIdle(t *testing.T, c *Client) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c.wmu.Lock()
+		busy := c.flushing
+		c.wmu.Unlock()
+		if !busy {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the read's sender is still writing after 10s")
+		}
+		runtime.Gosched()
 	}
 }
