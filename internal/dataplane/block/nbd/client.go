@@ -81,6 +81,11 @@ type Client struct {
 	wspare   writeQueue // the flusher's other queue, guarded by wmu
 	flushing bool       // a caller is writing, guarded by wmu
 	werr     error      // the first failed write's error, guarded by wmu: nothing is written after it
+	// wsince is when the write under way began (monoNow), 0 when none
+	// is: the watchdog bounds a write as it bounds a request, since a
+	// write can stall with every request answered (a server that replied
+	// before reading a payload, then stopped reading).
+	wsince atomic.Int64
 
 	mu      sync.Mutex
 	pending map[uint64]*call
@@ -314,12 +319,13 @@ func watchdogPeriod(d time.Duration) time.Duration {
 	return min(max(d/4, time.Millisecond), time.Second)
 }
 
-// watchdog enforces the request timeout for every pending request with
-// one ticker per connection, instead of a timer per request (arming and
-// stopping a runtime timer, and resetting the socket's write deadline, per
-// request cost `rialto attach` a few per cent of its CPU). A request past
-// its deadline fails the connection with ErrTimeout, as a timer would
-// have. It stops when the connection has failed or closed.
+// watchdog enforces the request timeout for every pending request, and
+// for the write under way, with one ticker per connection, instead of a
+// timer per request (arming and stopping a runtime timer, and resetting
+// the socket's write deadline, per request cost `rialto attach` a few per
+// cent of its CPU). A request or a write past the timeout fails the
+// connection with ErrTimeout, as a timer would have. It stops when the
+// connection has failed or closed.
 func (c *Client) watchdog() {
 	defer close(c.wdDone)
 	if c.timeout <= 0 {
@@ -334,7 +340,8 @@ func (c *Client) watchdog() {
 		case <-t.C:
 		}
 		now := monoNow()
-		late := false
+		w := c.wsince.Load()
+		late := w != 0 && now-w > int64(c.timeout)
 		c.mu.Lock()
 		for _, cl := range c.pending {
 			if cl.deadline != 0 && now > cl.deadline {
@@ -1225,7 +1232,9 @@ func (c *Client) send(r Request, payload []byte, deep bool) error {
 		c.wmu.Unlock()
 		q.out = q.buffers()
 		c.rsMu.RLock()
+		c.wsince.Store(monoNow())
 		_, err := writeBuffers(c.nc, &q.out)
+		c.wsince.Store(0)
 		c.rsMu.RUnlock()
 		c.wmu.Lock()
 		q.reset()

@@ -210,3 +210,51 @@ func awaitWriterIdle(t *testing.T, c *Client) {
 		runtime.Gosched()
 	}
 }
+
+// TestStalledSendAfterReplyTimesOut: a send the server stops reading after
+// it answered every request (so none is pending) is bounded by the
+// request timeout as a pending request is: the connection fails with
+// ErrTimeout, the sender returns the server's answer, and the next
+// request fails. The watchdog looked only at pending requests, so the
+// sender stayed in its writev, whatever its context said, until another
+// request came and timed out.
+func TestStalledSendAfterReplyTimesOut(t *testing.T) {
+	p := startAnsweringPeer(t)
+	c := dial(t, p.ln.Addr().String(), "x", WithoutStructuredReplies(), WithRequestTimeout(300*time.Millisecond))
+
+	readDone := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err := c.ReadAtContext(ctx, make([]byte, 512), 0)
+		readDone <- err
+	}()
+	select {
+	case <-p.first:
+	case err := <-p.finished:
+		p.finished <- err // for the cleanup
+		t.Fatalf("peer ended before the read: %v", err)
+	}
+	awaitWriterIdle(t, c)
+	writeDone := make(chan error, 1)
+	go func() {
+		_, err := c.WriteAtContext(context.Background(), make([]byte, DefaultMaxBlock), 0, false)
+		writeDone <- err
+	}()
+	if err := <-readDone; err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	// The peer never reads the write's payload (it hangs up only at the
+	// test's end): the write's send stalls with nothing pending.
+	select {
+	case err := <-writeDone:
+		if err != nil {
+			t.Fatalf("write: %v, want the server's answer (success)", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the stalled send still blocks the write 20s past a 300ms request timeout")
+	}
+	if err := c.FlushContext(context.Background()); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("a request after the stalled send: %v, want ErrTimeout", err)
+	}
+}
