@@ -140,3 +140,32 @@ func FuzzParseCancel(f *testing.F) {
 		}
 	})
 }
+
+// A settled call (a gateway's: it counts the slot free once the call has
+// returned) whose context ends returns once the target has ended the task,
+// and by then the server has given the task's slot back: the next call on
+// the connection is admitted, never refused as busy. The server sent the
+// task's final frame before giving its slot back, so a call sent at once
+// could be refused in between.
+func TestSettledCallFreesSlot(t *testing.T) {
+	tgt := &memTarget{mem: make([]byte, 64), release: make(chan struct{})}
+	addr := startServer(t, tgt, 1) // one task at a time
+	c := dial(t, addr)
+	for i := range 20 {
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() {
+			_, err := c.CallBatchSettled(ctx, "block", [][]byte{[]byte("a")}, 10*time.Second)
+			errc <- err
+		}()
+		waitUntil(t, "the task to run", func() bool { return tgt.blocked.Load() == 1 })
+		cancel()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Fatalf("round %d: settled call: %v, want context.Canceled", i, err)
+		}
+		out, err := c.Call(context.Background(), "echo", []byte("next"))
+		if err != nil || !bytes.Equal(out, []byte("next")) {
+			t.Fatalf("round %d: call after the settled cancellation: %q %v", i, out, err)
+		}
+	}
+}

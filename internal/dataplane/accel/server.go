@@ -555,17 +555,18 @@ func (c *conn) handle(ctx context.Context, wg *sync.WaitGroup, f Frame) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer func() { <-c.sem }()
-			defer rcancel()
 			out, err := c.run(rctx, f.Flags, st)
+			rcancel()
 			c.mu.Lock()
 			if c.running[f.Tag] == rt {
 				delete(c.running, f.Tag)
 			}
-			// Given back before the completion is sent: a client that
-			// has seen it may start the next task within the budget.
+			// The slot and the inline input are given back before the
+			// completion is sent (or the polled state says done): a
+			// client that has seen it may start the next task at once.
 			c.inline -= inl
 			c.mu.Unlock()
+			<-c.sem
 			if notify {
 				if err != nil {
 					c.send(errFrame(f.Tag, err))
