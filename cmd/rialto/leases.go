@@ -21,7 +21,7 @@ import (
 func init() {
 	register(&command{Name: "leases", Summary: "List live leases (--all: also ended ones).", Flags: runLeases})
 	register(&command{Name: "lease create", Summary: "Borrow a device: place, reserve and activate a lease.", Flags: leaseCreate(false)})
-	register(&command{Name: "lease show", Args: "ID", Summary: "Show a lease, its parts and their URIs.", Flags: leaseByID("show"), MinArgs: 1, MaxArgs: 1})
+	register(&command{Name: "lease show", Args: "ID", Summary: "Show a lease, its parts and their URIs.", Help: leaseSizeHelp, Flags: leaseByID("show"), MinArgs: 1, MaxArgs: 1})
 	register(&command{Name: "lease release", Args: "ID", Summary: "End a lease and free its devices.", Flags: leaseByID("release"), MinArgs: 1, MaxArgs: 1})
 	register(&command{Name: "lease renew", Args: "ID", Summary: "Extend a lease's TTL (--ttl, default the lease's own).", Flags: leaseByID("renew"), MinArgs: 1, MaxArgs: 1})
 	register(&command{Name: "explain", Summary: "Show the plan a lease request would get and why, reserving nothing (lease create --dry-run).",
@@ -152,6 +152,13 @@ func printLease(w io.Writer, l api.Lease, names map[string]string) {
 		printWhy(w, l.Plan.Explanation)
 	}
 }
+
+// leaseSizeHelp is lease show's help on a lease's size in its JSON.
+const leaseSizeHelp = `Size: what the lease holds, what its borrower sees, with the size asked for
+beside it when they differ ("1GiB (asked for 256MiB)", "1GiB (a whole device)").
+With -o json, .held is what it holds and .size what its request asked for
+(0 for a whole device); in the kind's unit: bytes, a nic's rate in bytes/s,
+an accel lease's slot units (1000 a slot).`
 
 // printWhy prints a plan's explanation as a list. A line that starts with
 // spaces details the line before it (the devices an infeasible request
