@@ -250,7 +250,7 @@ func (rf *requestFlags) register(fs *pflag.FlagSet) {
 	fs.Float64Var(&rf.share, "share", 0, "with --kind accel --mode shared: the share of one slot the lease takes, e.g. 0.25 (default 0.25: four leases a slot); also its weight at the gateway")
 	fs.StringVar(&rf.roleConfig, "role-config", "", "`file` holding the role's config: the AES-GCM key (raw 16, 24 or 32 bytes), the MCT rule set (JSON)")
 	fs.StringVar(&rf.roleModule, "role-module", "", "`file` holding a wasm role's WebAssembly module")
-	rf.bandwidth = &rateFlag{}
+	rf.bandwidth = &rateFlag{kind: rf.kind}
 	fs.Var(rf.bandwidth, "bandwidth", "bandwidth wanted, e.g. 500Mbit/s, 1Gbit/s, 500MB/s, or bytes/s (nic: the share of a lent interface to reserve, a bond's total; its lenders cap the lease there)")
 	rf.deadline = durationVar(fs, "deadline", 0, time.Millisecond, "completion deadline, e.g. 90s, 20m (a bare number is seconds)")
 	rf.bwCap = &sizeFlag{}
