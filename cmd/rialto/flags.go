@@ -155,15 +155,21 @@ func sizeVar(fs *pflag.FlagSet, name, def, usage string) *sizeFlag {
 }
 
 // rateFlag is a rate in bytes/s: "500MB/s", "64MiB/s", "500Mbit/s",
-// "1Gbit/s", or bytes/s.
+// "1Gbit/s", or bytes/s. kind, when set, is the request's --kind: the
+// rate of a nic request shows as a link rate (resource.FormatLinkRate),
+// as its lease's size prints, any other as rates print.
 type rateFlag struct {
-	v   float64
-	set bool
+	v    float64
+	set  bool
+	kind *choiceFlag
 }
 
 func (f *rateFlag) String() string {
 	if !f.set {
 		return ""
+	}
+	if f.kind != nil {
+		return kindRate(api.Kind(f.kind.v), f.v)
 	}
 	return resource.FormatRate(f.v)
 }

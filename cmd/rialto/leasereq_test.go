@@ -99,23 +99,33 @@ func TestRequestFlagsBandwidth(t *testing.T) {
 
 // TestRateFlagsPrintAsRates: --bandwidth and --bandwidth-cap show their
 // value as rates print (resource.FormatRate), which they read back: not a
-// size ("100MiB" for --bandwidth-cap 100MiB/s) nor binary units.
+// size ("100MiB" for --bandwidth-cap 100MiB/s) nor binary units. A nic
+// request's --bandwidth shows as a link rate (resource.FormatLinkRate), as
+// its lease's size and its plan print: 500Mbit/s, not 62.5MB/s, whichever
+// of --kind and --bandwidth comes first.
 func TestRateFlagsPrintAsRates(t *testing.T) {
-	for _, c := range []struct{ flag, in, want string }{
-		{"bandwidth", "500Mbit/s", "62.5MB/s"},
-		{"bandwidth", "1.43GB/s", "1.43GB/s"},
-		{"bandwidth-cap", "100MiB/s", "104.9MB/s"},
-		{"bandwidth-cap", "800Mbit/s", "100MB/s"},
+	for _, c := range []struct {
+		flag, in, want string
+		more           []string
+	}{
+		{"bandwidth", "500Mbit/s", "62.5MB/s", nil},
+		{"bandwidth", "1.43GB/s", "1.43GB/s", nil},
+		{"bandwidth", "500Mbit/s", "62.5MB/s", []string{"--kind", "memory"}},
+		{"bandwidth", "500Mbit/s", "500Mbit/s", []string{"--kind", "nic"}},
+		{"bandwidth", "62.5MB/s", "500Mbit/s", []string{"--kind", "nic"}},
+		{"bandwidth", "1.25GB/s", "10Gbit/s", []string{"--kind", "nic"}},
+		{"bandwidth-cap", "100MiB/s", "104.9MB/s", nil},
+		{"bandwidth-cap", "800Mbit/s", "100MB/s", nil},
 	} {
 		var rf requestFlags
 		fs := pflag.NewFlagSet("create", pflag.ContinueOnError)
 		fs.SetOutput(io.Discard)
 		rf.register(fs)
-		if err := fs.Parse([]string{"--" + c.flag, c.in}); err != nil {
+		if err := fs.Parse(append([]string{"--" + c.flag, c.in}, c.more...)); err != nil {
 			t.Fatal(err)
 		}
 		if got := fs.Lookup(c.flag).Value.String(); got != c.want {
-			t.Errorf("--%s %s shows as %q, want %q", c.flag, c.in, got, c.want)
+			t.Errorf("--%s %s %v shows as %q, want %q", c.flag, c.in, c.more, got, c.want)
 		}
 		if err := fs.Set(c.flag, c.want); err != nil {
 			t.Errorf("--%s does not read back %q: %v", c.flag, c.want, err)

@@ -21,7 +21,7 @@ import (
 func init() {
 	register(&command{Name: "leases", Summary: "List live leases (--all: also ended ones).", Flags: runLeases})
 	register(&command{Name: "lease create", Summary: "Borrow a device: place, reserve and activate a lease.", Flags: leaseCreate(false)})
-	register(&command{Name: "lease show", Args: "ID", Summary: "Show a lease, its parts and their URIs.", Flags: leaseByID("show"), MinArgs: 1, MaxArgs: 1})
+	register(&command{Name: "lease show", Args: "ID", Summary: "Show a lease, its parts and their URIs.", Help: leaseSizeHelp, Flags: leaseByID("show"), MinArgs: 1, MaxArgs: 1})
 	register(&command{Name: "lease release", Args: "ID", Summary: "End a lease and free its devices.", Flags: leaseByID("release"), MinArgs: 1, MaxArgs: 1})
 	register(&command{Name: "lease renew", Args: "ID", Summary: "Extend a lease's TTL (--ttl, default the lease's own).", Flags: leaseByID("renew"), MinArgs: 1, MaxArgs: 1})
 	register(&command{Name: "explain", Summary: "Show the plan a lease request would get and why, reserving nothing (lease create --dry-run).",
@@ -153,6 +153,13 @@ func printLease(w io.Writer, l api.Lease, names map[string]string) {
 	}
 }
 
+// leaseSizeHelp is lease show's help on a lease's size in its JSON.
+const leaseSizeHelp = `Size: what the lease holds, what its borrower sees, with the size asked for
+beside it when they differ ("1GiB (asked for 256MiB)", "1GiB (a whole device)").
+With -o json, .held is what it holds and .size what its request asked for
+(0 for a whole device); in the kind's unit: bytes, a nic's rate in bytes/s,
+an accel lease's slot units (1000 a slot).`
+
 // printWhy prints a plan's explanation as a list. A line that starts with
 // spaces details the line before it (the devices an infeasible request
 // was refused on) and is indented under it rather than given a bullet.
@@ -243,7 +250,7 @@ func (rf *requestFlags) register(fs *pflag.FlagSet) {
 	fs.Float64Var(&rf.share, "share", 0, "with --kind accel --mode shared: the share of one slot the lease takes, e.g. 0.25 (default 0.25: four leases a slot); also its weight at the gateway")
 	fs.StringVar(&rf.roleConfig, "role-config", "", "`file` holding the role's config: the AES-GCM key (raw 16, 24 or 32 bytes), the MCT rule set (JSON)")
 	fs.StringVar(&rf.roleModule, "role-module", "", "`file` holding a wasm role's WebAssembly module")
-	rf.bandwidth = &rateFlag{}
+	rf.bandwidth = &rateFlag{kind: rf.kind}
 	fs.Var(rf.bandwidth, "bandwidth", "bandwidth wanted, e.g. 500Mbit/s, 1Gbit/s, 500MB/s, or bytes/s (nic: the share of a lent interface to reserve, a bond's total; its lenders cap the lease there)")
 	rf.deadline = durationVar(fs, "deadline", 0, time.Millisecond, "completion deadline, e.g. 90s, 20m (a bare number is seconds)")
 	rf.bwCap = &sizeFlag{}

@@ -328,3 +328,34 @@ func TestNICBondLostFirstPartNotShownAsItsNode(t *testing.T) {
 		t.Errorf("leases: %+v, want it on the surviving part's %s %s", list, second.NodeID, second.DeviceID)
 	}
 }
+
+// TestQuotaBandwidthNIC: the bandwidth quota counts every kind together in
+// bytes/s, and its refusal says so in bytes/s; a nic request's own rate is
+// a link rate everywhere else (its size, explain), so the refusal gives it
+// as one too, with the bytes/s the quota counts it as. A block request's
+// refusal stays in bytes/s alone.
+func TestQuotaBandwidthNIC(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *Config) {
+		c.Quotas = Quotas{Tenants: map[string]Quota{"bob": {Bandwidth: 100e6}}}
+	})
+	e.joinSpecs("n1", nil,
+		api.DeviceSpec{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"},
+		api.DeviceSpec{Name: "wan0", Kind: api.KindNIC, Capacity: 125e6, Model: "lent-nic", Sharing: "partitionable"})
+	if _, err := e.bob.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Bandwidth: 50e6}); err != nil {
+		t.Fatal(err)
+	}
+	nic := api.LeaseRequest{Kind: api.KindNIC, Bandwidth: 62.5e6} // 500Mbit/s
+	const want = "tenant bob would use 112.5MB/s of 100MB/s with this nic lease's 500Mbit/s (62.5MB/s)"
+	_, err := e.bob.CreateLease(e.ctx(), nic)
+	wantQuota(t, err, want)
+	plan, err := e.bob.Explain(e.ctx(), nic)
+	if text := strings.Join(plan.Explanation, "\n"); err != nil || plan.State != "infeasible" || !strings.Contains(text, want) {
+		t.Fatalf("explain over quota: %v %s\n%s", err, plan.State, text)
+	}
+	_, err = e.bob.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, Bandwidth: 62.5e6})
+	wantQuota(t, err, "tenant bob would use 112.5MB/s of 100MB/s")
+	if strings.Contains(err.Error(), "bit/s") || strings.Contains(err.Error(), "with this") {
+		t.Errorf("a block request's refusal: %v", err)
+	}
+}

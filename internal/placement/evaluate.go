@@ -262,9 +262,20 @@ func (x *Index) overQuota(q *req, ch *usage) (constraint, reason string) {
 		}
 		return ConstraintQuota, fmt.Sprintf("tenant %s would hold %d of %d slots", q.Tenant, u.slots+ch.slots, qt.Slots)
 	case qt.Bandwidth > 0 && u.bandwidth+ch.bandwidth > qt.Bandwidth:
-		return ConstraintQuota, fmt.Sprintf("tenant %s would use %s of %s", q.Tenant, fmtBW(u.bandwidth+ch.bandwidth), fmtBW(qt.Bandwidth))
+		return ConstraintQuota, fmt.Sprintf("tenant %s would use %s of %s%s", q.Tenant, fmtBW(u.bandwidth+ch.bandwidth), fmtBW(qt.Bandwidth), nicCharge(q.Kind, ch.bandwidth))
 	}
 	return "", ""
+}
+
+// nicCharge is what a refusal over the bandwidth quota adds for a nic
+// request: its rate as a link rate, as a nic lease's size prints, with
+// the bytes/s the quota (every kind's rates together) counts it as
+// (" with this nic lease's 500Mbit/s (62.5MB/s)"). Other kinds: nothing.
+func nicCharge(kind string, b float64) string {
+	if kind != KindNIC {
+		return ""
+	}
+	return fmt.Sprintf(" with this nic lease's %s (%s)", resource.FormatLinkRate(b), resource.FormatRate(b))
 }
 
 // evalRates takes the new lease's rate and completion from sol, counts the

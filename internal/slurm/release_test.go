@@ -3,6 +3,7 @@ package slurm_test
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -122,5 +123,33 @@ func TestJobIDReuse(t *testing.T) {
 	// told from another user's.
 	if _, err := slurm.Ensure(ctx, cl, slurm.Job{Cluster: "hpc", ID: "6", UID: -1, GID: -1}, req); err == nil {
 		t.Error("a job without a uid got a lease")
+	}
+}
+
+// TestEnvSizeIsHeld: a job's RIALTO_LEASE_i_SIZE is what its lease holds
+// (the API's held: what nbdinfo --size says), not what the comment asked
+// for. "block 16MiB dedicated" on 64 MiB disks holds a whole disk; the
+// job was told 16 MiB.
+func TestEnvSizeIsHeld(t *testing.T) {
+	t.Parallel()
+	c := testcluster.Start(t, testcluster.Options{Nodes: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	reqs, err := slurm.ParseComment("rialto: block 16MiB dedicated; block whole")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := slurm.Ensure(ctx, c.Client(), slurm.Job{Cluster: "hpc", ID: "9", UID: 0, GID: 0}, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := strings.Join(slurm.Env(ls, ""), "\n")
+	for i, l := range ls {
+		if l.Held != 64<<20 {
+			t.Fatalf("lease %d (%s) holds %d; want a whole 64MiB disk", i, l.ID, l.Held)
+		}
+		if want := "export RIALTO_LEASE_" + strconv.Itoa(i) + "_SIZE=" + strconv.FormatInt(l.Held, 10); !strings.Contains(env, want) {
+			t.Errorf("lacks %q (size asked for %d):\n%s", want, l.Size, env)
+		}
 	}
 }

@@ -332,7 +332,7 @@ func release(ctx context.Context, c *api.Client, id string) error {
 
 // Env is what the job's environment gets for its leases, as TaskProlog
 // lines ("export NAME=value"): for lease i, RIALTO_LEASE_<i>_ID, _KIND,
-// _MODE, _SIZE, _URI (a single part's NBD or accel URI) and _PART_URIS
+// _MODE, _SIZE (what the lease holds, the API's held), _URI (a single part's NBD or accel URI) and _PART_URIS
 // (every part's, space-separated); RIALTO_LEASE_ID, RIALTO_LEASE_URI and
 // RIALTO_LEASE_PART_URIS repeat lease 0's; RIALTO_LEASES lists the IDs.
 // caFile, if set, is the cluster CA's certificate: the job gets it as
@@ -363,11 +363,13 @@ func Env(ls []api.Lease, caFile string) []string {
 				parts = append(parts, withTLS(p.URI))
 			}
 		}
-		size := l.Size
+		// What the lease holds (what nbdinfo --size says): more than
+		// the size asked for when it holds a whole device, a device
+		// larger than the size (dedicated) or parts rounded up to its
+		// stripe unit. A lease that holds nothing says its size.
+		size := l.Held
 		if size == 0 {
-			for _, p := range l.Parts {
-				size += p.Length
-			}
+			size = l.Size
 		}
 		vals := [][2]string{{"ID", l.ID}, {"KIND", string(l.Kind)}, {"MODE", string(l.Mode)}, {"SIZE", strconv.FormatInt(size, 10)},
 			{"URI", withTLS(l.URI)}, {"PART_URIS", strings.Join(parts, " ")}}

@@ -157,7 +157,14 @@ func JudgeLimit(l api.Lease, d store.Demand, lim store.Limit, u Usage, devs []Pa
 	case lim.Slots > 0 && slots > lim.Slots:
 		return fmt.Errorf("tenant %s would hold %s of %s slots: %w", l.Tenant, slotText(slots), slotText(lim.Slots), store.ErrQuota)
 	case lim.Bandwidth > 0 && bw > lim.Bandwidth:
-		return fmt.Errorf("tenant %s would use %s of %s: %w", l.Tenant, resource.FormatRate(bw), resource.FormatRate(lim.Bandwidth), store.ErrQuota)
+		// The quota counts every kind's rates together in bytes/s; a
+		// nic lease's own rate is a link rate, as its size prints, with
+		// the bytes/s counted (placement's refusal says the same).
+		with := ""
+		if l.Kind == api.KindNIC {
+			with = fmt.Sprintf(" with this nic lease's %s (%s)", resource.FormatLinkRate(c.BW), resource.FormatRate(c.BW))
+		}
+		return fmt.Errorf("tenant %s would use %s of %s%s: %w", l.Tenant, resource.FormatRate(bw), resource.FormatRate(lim.Bandwidth), with, store.ErrQuota)
 	}
 	return nil
 }

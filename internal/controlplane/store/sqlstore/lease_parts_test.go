@@ -36,8 +36,15 @@ func TestJudgeLimitBandwidth(t *testing.T) {
 		t.Fatalf("250MB/s of 250MB/s refused: %v", err)
 	}
 	err := JudgeLimit(l, store.Demand{Bandwidth: 62.5e6}, lim, Usage{BW: 200e6}, devs)
-	if !errors.Is(err, store.ErrQuota) || !strings.Contains(err.Error(), "tenant t would use 262.5MB/s of 250MB/s") {
+	if !errors.Is(err, store.ErrQuota) || !strings.Contains(err.Error(), "tenant t would use 262.5MB/s of 250MB/s") || strings.Contains(err.Error(), "bit/s") {
 		t.Fatalf("262.5MB/s of 250MB/s: %v", err)
+	}
+	// A nic lease's rate is a link rate, with the bytes/s the quota
+	// counts; the quota's figures stay bytes/s.
+	l = api.Lease{ID: "n", Tenant: "t", Kind: api.KindNIC, Mode: api.ModeShared, Parts: []api.Part{{DeviceID: "w", Length: 62.5e6}}}
+	err = JudgeLimit(l, store.Demand{Bandwidth: 62.5e6}, lim, Usage{BW: 200e6}, []PartRow{{DKind: string(api.KindNIC), Capacity: 125e6}})
+	if !errors.Is(err, store.ErrQuota) || !strings.Contains(err.Error(), "tenant t would use 262.5MB/s of 250MB/s with this nic lease's 500Mbit/s (62.5MB/s):") {
+		t.Fatalf("a nic lease's 500Mbit/s over 250MB/s: %v", err)
 	}
 }
 
