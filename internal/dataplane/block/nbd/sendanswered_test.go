@@ -143,13 +143,32 @@ func (p *answeringPeer) serve() error {
 func TestSendFailsAfterReply(t *testing.T) {
 	p := startAnsweringPeer(t)
 	c := dial(t, p.ln.Addr().String(), "x", WithoutStructuredReplies())
+	// Not recovered: the nil dereference panicked holding c.mu, and the
+	// test could not go on; a panic fails the test binary.
+	writeDone := writeAnsweredBeforeSent(t, p, c)
+	close(p.hangUp)
+	if err := <-writeDone; err != nil {
+		t.Fatalf("the write answered before its send failed: %v, want the server's answer (success)", err)
+	}
+	err := c.FlushContext(context.Background())
+	if !errors.Is(err, ErrClosed) {
+		t.Fatalf("a request after the failed send: %v, want ErrClosed", err)
+	}
+}
 
+// writeAnsweredBeforeSent has c read, then write DefaultMaxBlock bytes
+// through the answering peer p, and returns once the read is answered:
+// the write has then been answered too, and its payload is still being
+// sent (more than the socket buffers hold, and p reads none of it). The
+// write's outcome goes to the channel returned.
+func writeAnsweredBeforeSent(t *testing.T, p *answeringPeer, c *Client) <-chan error {
+	t.Helper()
 	// A read awaited with a cancellable context: the background reader
 	// reads, so the write's reply is read while its send is under way.
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	readDone := make(chan error, 1)
 	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
 		_, err := c.ReadAtContext(ctx, make([]byte, 512), 0)
 		readDone <- err
 	}()
@@ -166,9 +185,6 @@ func TestSendFailsAfterReply(t *testing.T) {
 	// payload (which the peer does not read until told to hang up) and
 	// never return.
 	awaitWriterIdle(t, c)
-
-	// Not recovered: the nil dereference panicked holding c.mu, and the
-	// test could not go on; a panic fails the test binary.
 	writeDone := make(chan error, 1)
 	go func() {
 		_, err := c.WriteAtContext(context.Background(), make([]byte, DefaultMaxBlock), 0, false)
@@ -176,19 +192,11 @@ func TestSendFailsAfterReply(t *testing.T) {
 	}()
 
 	// The read's reply follows the write's: once the read is answered,
-	// the write has been completed by the reader, and its payload is still
-	// being sent (more than the socket buffers hold).
+	// the write has been completed by the reader.
 	if err := <-readDone; err != nil {
 		t.Fatalf("read: %v", err)
 	}
-	close(p.hangUp)
-	if err := <-writeDone; err != nil {
-		t.Fatalf("the write answered before its send failed: %v, want the server's answer (success)", err)
-	}
-	err := c.FlushContext(context.Background())
-	if !errors.Is(err, ErrClosed) {
-		t.Fatalf("a request after the failed send: %v, want ErrClosed", err)
-	}
+	return writeDone
 }
 
 // awaitWriterIdle waits until no caller of c is writing requests (the
@@ -221,29 +229,7 @@ func awaitWriterIdle(t *testing.T, c *Client) {
 func TestStalledSendAfterReplyTimesOut(t *testing.T) {
 	p := startAnsweringPeer(t)
 	c := dial(t, p.ln.Addr().String(), "x", WithoutStructuredReplies(), WithRequestTimeout(300*time.Millisecond))
-
-	readDone := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_, err := c.ReadAtContext(ctx, make([]byte, 512), 0)
-		readDone <- err
-	}()
-	select {
-	case <-p.first:
-	case err := <-p.finished:
-		p.finished <- err // for the cleanup
-		t.Fatalf("peer ended before the read: %v", err)
-	}
-	awaitWriterIdle(t, c)
-	writeDone := make(chan error, 1)
-	go func() {
-		_, err := c.WriteAtContext(context.Background(), make([]byte, DefaultMaxBlock), 0, false)
-		writeDone <- err
-	}()
-	if err := <-readDone; err != nil {
-		t.Fatalf("read: %v", err)
-	}
+	writeDone := writeAnsweredBeforeSent(t, p, c)
 	// The peer never reads the write's payload (it hangs up only at the
 	// test's end): the write's send stalls with nothing pending.
 	select {
