@@ -169,24 +169,50 @@ func (s *Server) dropRemoved(ctx context.Context, rec store.NodeRecord, revoked 
 
 // teardownRemoved tells the agent of rec, a removed node, to tear a lease
 // down (req): a lease lost with the node (dropRemoved), a failed move's
-// destination there (dropDestination). The call waits for one of the
-// node's maxRemovedTeardowns slots (removedCalls), or for ctx to end, and
-// is bounded by PrepareTimeout from when it has one. The node's removal
-// has revoked its certificates (revoked: their serial numbers), which the
-// agent presents to a control plane with a cluster CA: the call accepts
-// them, and no other revoked one (removalLender).
+// destination there (dropDestination). It is callRemoved's call: the
+// node's removal has revoked its certificates (revoked: their serial
+// numbers), which the agent presents to a control plane with a cluster
+// CA, and the call accepts them, and no other revoked one
+// (removalLender).
 func (s *Server) teardownRemoved(ctx context.Context, rec store.NodeRecord, revoked []*big.Int, req api.TeardownRequest) error {
-	release, err := s.removed.acquire(ctx, rec.ID)
+	return s.callRemoved(ctx, rec.ID, func(ctx context.Context) error {
+		if rl, ok := s.lender.(removalLender); ok {
+			return rl.TeardownRemoved(ctx, rec.Node, rec.AgentKey, revoked, req)
+		}
+		return s.lender.Teardown(ctx, rec.Node, rec.AgentKey, req)
+	})
+}
+
+// abortRemoved tells the agent of rec, a removed node, to give transfer
+// id up: a failed move's, with an end on the node (abortMove). It is
+// callRemoved's call, accepting the certificates the node's removal
+// revoked (revoked: their serial numbers), as teardownRemoved's does
+// (removalAborter).
+func (s *Server) abortRemoved(ctx context.Context, rec store.NodeRecord, revoked []*big.Int, id string) error {
+	return s.callRemoved(ctx, rec.ID, func(ctx context.Context) error {
+		x := s.xlender()
+		if ra, ok := x.(removalAborter); ok {
+			_, err := ra.TransferAbortRemoved(ctx, rec.Node, rec.AgentKey, revoked, id)
+			return err
+		}
+		_, err := x.TransferAbort(ctx, rec.Node, rec.AgentKey, id)
+		return err
+	})
+}
+
+// callRemoved makes call, a call to the agent of node, a removed node:
+// it waits for one of the node's maxRemovedTeardowns slots
+// (removedCalls), or for ctx to end, and is bounded by PrepareTimeout
+// from when it has one.
+func (s *Server) callRemoved(ctx context.Context, node string, call func(ctx context.Context) error) error {
+	release, err := s.removed.acquire(ctx, node)
 	if err != nil {
 		return err
 	}
 	defer release()
 	tctx, cancel := context.WithTimeout(ctx, s.cfg.PrepareTimeout)
 	defer cancel()
-	if rl, ok := s.lender.(removalLender); ok {
-		return rl.TeardownRemoved(tctx, rec.Node, rec.AgentKey, revoked, req)
-	}
-	return s.lender.Teardown(tctx, rec.Node, rec.AgentKey, req)
+	return call(tctx)
 }
 
 // removalRevoked returns the serial numbers of the certificates that the
@@ -209,18 +235,19 @@ func (s *Server) removalRevoked(ctx context.Context, id string) []*big.Int {
 	return parseSerials(texts)
 }
 
-// maxRemovedTeardowns is how many teardown calls the control plane has
-// under way at once to the agent of a removed node (removedCalls): a
-// forced removal loses every lease on the node at once (dropRemoved), and
-// the moves to the node fail together (dropDestination). One call each,
-// all at once, would open as many connections to the agent and have it
-// tear down and wipe as many leases at once, each call's PrepareTimeout
-// running while it waits there for the others.
+// maxRemovedTeardowns is how many teardown (and abort) calls the control
+// plane has under way at once to the agent of a removed node
+// (removedCalls): a forced removal loses every lease on the node at once
+// (dropRemoved), and the moves to the node fail together (abortMove,
+// dropDestination). One call each, all at once, would open as many
+// connections to the agent and have it tear down and wipe as many leases
+// at once, each call's PrepareTimeout running while it waits there for
+// the others.
 const maxRemovedTeardowns = 8
 
-// removedCalls bounds the teardown calls under way to each removed node's
-// agent (maxRemovedTeardowns); a call waits for a slot, and its own
-// timeout starts once it has one.
+// removedCalls bounds the teardown and abort calls under way to each
+// removed node's agent (maxRemovedTeardowns); a call waits for a slot,
+// and its own timeout starts once it has one.
 type removedCalls struct {
 	mu    sync.Mutex
 	nodes map[string]*removedSlots // forgotten once no call holds or waits for a slot
@@ -285,6 +312,14 @@ func (r *removedCalls) waiting(node string) int {
 // with Teardown.
 type removalLender interface {
 	TeardownRemoved(ctx context.Context, node api.Node, agentKey string, revoked []*big.Int, req api.TeardownRequest) error
+}
+
+// removalAborter is a transferLender that still reaches the agent of a
+// node whose removal revoked its certificates (revoked: their serial
+// numbers), to tell it to give a transfer up (TLSLender). One without it
+// is called with TransferAbort.
+type removalAborter interface {
+	TransferAbortRemoved(ctx context.Context, node api.Node, agentKey string, revoked []*big.Int, id string) (api.Transfer, error)
 }
 
 // notDownYet says why a node that is ready or suspect cannot be removed
