@@ -642,15 +642,15 @@ func (s *Server) moveActions(todo []lifecycle.Action) {
 // lease there would also tear down a part the lease may have there.
 //
 // With a cluster CA, the removal revoked the certificates of the node,
-// which its agent still presents: the move's other calls to it are
-// refused on any connection opened since (the abort among them), and so
-// would a plain Teardown be. The teardown of a removed destination is
-// teardownRemoved's, as a removal's own are (dropRemoved): with the
-// node's other teardowns, at most maxRemovedTeardowns at a time, it
-// accepts the certificates the removal revoked, as the store recorded
-// them with the removal (removalRevoked), whichever replica removed the
-// node and whichever runs the move, before or after a restart
-// (recoverMoves). A node that joined again since is not removed: it is
+// which its agent still presents: the move's calls to it (its commit) are
+// refused on any connection opened since, and so would a plain Teardown
+// be. The teardown of a removed destination is teardownRemoved's, as a
+// removal's own are (dropRemoved), and the move's abort before it is
+// abortRemoved's: with the node's other calls of the kind, at most
+// maxRemovedTeardowns at a time, each accepts the certificates the
+// removal revoked, as the store recorded them with the removal
+// (removalRevoked), whichever replica removed the node and whichever runs
+// the move, before or after a restart (recoverMoves). A node that joined again since is not removed: it is
 // called as any other, its agent presenting the certificate of that join.
 func (s *Server) dropDestination(ctx context.Context, m api.Move) {
 	rec, err := s.st.Node(ctx, m.To.NodeID)
@@ -711,6 +711,16 @@ func (s *Server) dropDestination(ctx context.Context, m api.Move) {
 // abortMove tells both lenders to give move m up (best effort: a lender
 // that misses it gives up on its own, the destination at the transfer's
 // expiry, the source when its hold lapses or its export's teardown).
+//
+// A lender whose node was removed meanwhile (the destination, typically:
+// a move onto a node removed before its commit) is told as the store
+// reads it now, not as the move's cache of nodes may still hold it, with
+// abortRemoved: with a cluster CA, the removal revoked the certificates
+// its agent still presents, which a plain TransferAbort refuses on any
+// connection opened since, and the abort accepts those the store
+// recorded with the removal (removalRevoked), on whichever replica runs
+// the move. The agent stops receiving and wipes what it received at
+// once, before the failed move's teardown (dropDestination) comes.
 func (s *Server) abortMove(m api.Move) {
 	ctx, cancel := context.WithTimeout(context.Background(), moveCallTimeout)
 	defer cancel()
@@ -718,6 +728,12 @@ func (s *Server) abortMove(m api.Move) {
 	for _, nodeID := range []string{m.From.NodeID, m.To.NodeID} {
 		n, err := s.nodeRecord(ctx, nodeID)
 		if err != nil {
+			continue
+		}
+		if now, err := s.st.Node(ctx, nodeID); err == nil && now.State == api.NodeRemoved {
+			if err := s.abortRemoved(ctx, now, s.removalRevoked(ctx, nodeID), m.ID); err != nil {
+				s.log.Debug("aborting a transfer on a removed node", "move", m.ID, "node", nodeID, "err", err)
+			}
 			continue
 		}
 		if _, err := x.TransferAbort(ctx, n.Node, n.AgentKey, m.ID); err != nil {

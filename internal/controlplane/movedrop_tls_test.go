@@ -27,11 +27,11 @@ import (
 // issued.txt, not in the second's). The second replica moves a lease's
 // part; the first removes the destination's node (--force: its agent
 // still runs, cut off from the control plane) once the destination holds
-// the copy, the commit not sent yet. By then the second replica has no
-// connection open to the destination (closed here, as the lender's idle
-// ones are after 90 s of a long copy), and every new one meets the
-// certificate the removal revoked: the commit and the abort are refused
-// in the handshake. The failed move's teardown of the destination still
+// the copy, the commit not sent yet (moveOntoRemovedTLS). By then the
+// second replica has no connection open to the destination (closed here,
+// as the lender's idle ones are after 90 s of a long copy), and every new
+// one meets the certificate the removal revoked: the commit is refused in
+// the handshake. The failed move's teardown of the destination still
 // reaches it, accepting the certificates that removal revoked (recorded
 // with the removal in the store), so the destination gives the transfer
 // up and wipes the copy. Before, the teardown was refused too, and the
@@ -41,6 +41,67 @@ func TestRemovedMoveDestinationTornDownTLS(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	dst, m, helloAt := moveOntoRemovedTLS(ctx, t)
+	// The move ends after its destination's teardown answered (runMove).
+	for _, x := range dst.agent.Transfers() {
+		if x.ID == m.ID && !x.Done() {
+			t.Errorf("the removed destination still holds the move's transfer, %s", x.State)
+		}
+	}
+	if helloAt() {
+		t.Error("the removed destination's range still holds the tenant's bytes")
+	}
+}
+
+// TestRemovedMoveDestinationAbortedTLS: the same move onto a node removed
+// before its commit (moveOntoRemovedTLS). The move's abort reaches the
+// removed destination as its teardown does, on a connection of its own
+// that accepts the certificates the removal revoked (as the store
+// recorded them: the removal was the other replica's): the destination
+// gives the transfer up as the control plane's abort (not later, as the
+// lease's teardown), and wipes the copy. Before, the abort was refused in
+// the handshake, and only the teardown that follows it reached the agent.
+func TestRemovedMoveDestinationAbortedTLS(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dst, m, helloAt := moveOntoRemovedTLS(ctx, t)
+	found := false
+	for _, x := range dst.agent.Transfers() {
+		if x.ID != m.ID {
+			continue
+		}
+		found = true
+		// The agent's words for a transfer its abort ended (a teardown's
+		// are "the lease is being torn down").
+		if x.State != api.TransferAborted || x.Error != "aborted by the control plane" {
+			t.Errorf("the removed destination's transfer: %s (%q), not aborted by the move's abort", x.State, x.Error)
+		}
+	}
+	if !found {
+		t.Errorf("the removed destination does not know the move's transfer %s", m.ID)
+	}
+	if helloAt() {
+		t.Error("the removed destination's range still holds the tenant's bytes")
+	}
+}
+
+// moveOntoRemovedTLS runs a move onto a node removed before its commit:
+// two replicas on one PostgreSQL database, each with its own copy of the
+// cluster CA's directory (as on two hosts), and two real agents with node
+// certificates, joined through the first replica (which issued their
+// certificates: they are in its issued.txt, not in the second's). The
+// second replica moves a lease's part; the first removes the
+// destination's node (--force: its agent still runs, cut off from the
+// control plane) once the destination holds the copy, the commit not sent
+// yet, and the second replica's idle connections to the agents are closed
+// (as the lender's are after 90 s of a long copy): every call to the
+// destination from then on opens a connection that meets the certificate
+// the removal revoked. It returns once the move ended, failed (checked):
+// the destination's agent, the move, and whether the destination's range
+// still holds the bytes the tenant wrote.
+func moveOntoRemovedTLS(ctx context.Context, t *testing.T) (dst *testAgent, m api.Move, helloAt func() bool) {
+	t.Helper()
 	url := pgtest.DB(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	dirA := filepath.Join(t.TempDir(), "tls")
@@ -127,11 +188,11 @@ func TestRemovedMoveDestinationTornDownTLS(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the move did not reach the destination's commit")
 	}
-	dst := agents[ms[0].To.NodeID]
+	dst = agents[ms[0].To.NodeID]
 	if dst == nil {
 		t.Fatalf("the move's destination %s is not one of the agents", ms[0].To.NodeID)
 	}
-	helloAt := func() bool {
+	helloAt = func() bool {
 		f, err := os.Open(filepath.Join(dst.cfg.StateDir, "disk0.img"))
 		if err != nil {
 			t.Fatal(err)
@@ -156,7 +217,6 @@ func TestRemovedMoveDestinationTornDownTLS(t *testing.T) {
 	}
 	tlsB.clients.closeIdle()
 	hold.let()
-	var m api.Move
 	pollUntil(ctx, t, "the move to end", func() bool {
 		m, err = alice.Move(ctx, ms[0].ID)
 		return err == nil && m.Done()
@@ -164,15 +224,7 @@ func TestRemovedMoveDestinationTornDownTLS(t *testing.T) {
 	if m.State != api.MoveFailed {
 		t.Fatalf("the move onto the removed node: %+v", m)
 	}
-	// The move ends after its destination's teardown answered (runMove).
-	for _, x := range dst.agent.Transfers() {
-		if x.ID == m.ID && !x.Done() {
-			t.Errorf("the removed destination still holds the move's transfer, %s", x.State)
-		}
-	}
-	if helloAt() {
-		t.Error("the removed destination's range still holds the tenant's bytes")
-	}
+	return dst, m, helloAt
 }
 
 // commitHoldTLS is a TLSLender whose first transfer commit (a move's

@@ -288,16 +288,35 @@ func (l *TLSLender) transport(node api.Node, u *url.URL, revoked []*big.Int) *ht
 }
 
 // TeardownRemoved is Teardown for the agent of node, whose removal has
-// just revoked its certificates (revoked: their serial numbers), which
+// revoked its certificates (revoked: their serial numbers), which
 // Teardown's connections refuse: the removal tells the agent, which may
-// still run, to tear down the leases lost with the node (removeNode). The
-// agent may present one of those certificates (its own, not one revoked
-// before: a certificate of a machine the node was taken over from, say,
-// is refused); this call's connection is its own, kept for no other call.
-// What it sends the agent, the lease's ID and the node's agent key, the
-// holder of that certificate's key has already: both are in the node's
-// state directory.
+// still run, to tear down the leases lost with it (removeNode), and a
+// failed move tells it to drop its destination there (dropDestination).
+// The call is postRemoved's.
 func (l *TLSLender) TeardownRemoved(ctx context.Context, node api.Node, agentKey string, revoked []*big.Int, req api.TeardownRequest) error {
+	return l.postRemoved(ctx, node, agentKey, revoked, "/agent/v1/teardown", req, nil)
+}
+
+// TransferAbortRemoved is TransferAbort for the agent of node, whose
+// removal has revoked its certificates (revoked: their serial numbers),
+// which TransferAbort's connections refuse: a move that fails with an end
+// on the node gives its transfer up there (abortMove). The call is
+// postRemoved's.
+func (l *TLSLender) TransferAbortRemoved(ctx context.Context, node api.Node, agentKey string, revoked []*big.Int, id string) (api.Transfer, error) {
+	var out api.Transfer
+	err := l.postRemoved(ctx, node, agentKey, revoked, "/agent/v1/transfers/"+url.PathEscape(id)+"/abort", struct{}{}, &out)
+	return out, err
+}
+
+// postRemoved is post to the agent of node, whose removal has revoked its
+// certificates (revoked: their serial numbers). The agent may present one
+// of those certificates (its own, not one revoked before: a certificate
+// of a machine the node was taken over from, say, is refused); the call's
+// connection is its own, kept for no other call. What it sends the
+// agent, a lease's or a transfer's ID and the node's agent key, the
+// holder of that certificate's key has already: all are in the node's
+// state directory.
+func (l *TLSLender) postRemoved(ctx context.Context, node api.Node, agentKey string, revoked []*big.Int, path string, in, out any) error {
 	u, err := url.Parse(node.AgentURL)
 	if err != nil {
 		return fmt.Errorf("controlplane: agent %s: bad agent URL: %w", node.ID, err)
@@ -308,7 +327,7 @@ func (l *TLSLender) TeardownRemoved(ctx context.Context, node api.Node, agentKey
 	tr := l.transport(node, u, revoked)
 	tr.DisableKeepAlives = true
 	defer tr.CloseIdleConnections()
-	return postVia(ctx, &http.Client{Transport: handshakeRetry{tr}}, node, agentKey, "/agent/v1/teardown", req, nil)
+	return postVia(ctx, &http.Client{Transport: handshakeRetry{tr}}, node, agentKey, path, in, out)
 }
 
 // handshakeRetries bounds the attempts of a request whose connection

@@ -2,9 +2,11 @@ package controlplane
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/big"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -101,15 +103,11 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 		if err != nil {
 			return api.NodeRemoval{}, fmt.Errorf("controlplane: node %s removed, but revoking the certificates issued to it during the removal failed: %w", n.ID, err)
 		}
-		serials = append(serials, more...)
 		revoked += len(more)
-		if err := rm.AddRemovalRevoked(ctx, n.ID, serialTexts(more)); err != nil {
-			// This replica's teardowns below accept them; a failed
-			// move's destination torn down later, here or on another
-			// replica, does not (its agent, should it present one of
-			// these, is told after its next join).
-			s.log.Warn("recording the certificates revoked during a node's removal", "node", n.ID, "certificates", len(more), "err", err)
-		}
+		// Recorded with the removal's own (a store that fails the write
+		// is tried again: recordLateRevoked).
+		s.recordLateRevoked(ctx, rm, n.ID, serialTexts(serials), serialTexts(more))
+		serials = append(serials, more...)
 	}
 	// And on every other replica before this returns (revoke.go).
 	if late := s.broadcastRevocation(ctx, n.ID, serials); len(late) > 0 {
@@ -169,33 +167,61 @@ func (s *Server) dropRemoved(ctx context.Context, rec store.NodeRecord, revoked 
 
 // teardownRemoved tells the agent of rec, a removed node, to tear a lease
 // down (req): a lease lost with the node (dropRemoved), a failed move's
-// destination there (dropDestination). The call waits for one of the
-// node's maxRemovedTeardowns slots (removedCalls), or for ctx to end, and
-// is bounded by PrepareTimeout from when it has one. The node's removal
-// has revoked its certificates (revoked: their serial numbers), which the
-// agent presents to a control plane with a cluster CA: the call accepts
-// them, and no other revoked one (removalLender).
+// destination there (dropDestination). It is callRemoved's call: the
+// node's removal has revoked its certificates (revoked: their serial
+// numbers), which the agent presents to a control plane with a cluster
+// CA, and the call accepts them, and no other revoked one
+// (removalLender).
 func (s *Server) teardownRemoved(ctx context.Context, rec store.NodeRecord, revoked []*big.Int, req api.TeardownRequest) error {
-	release, err := s.removed.acquire(ctx, rec.ID)
+	return s.callRemoved(ctx, rec.ID, func(ctx context.Context) error {
+		if rl, ok := s.lender.(removalLender); ok {
+			return rl.TeardownRemoved(ctx, rec.Node, rec.AgentKey, revoked, req)
+		}
+		return s.lender.Teardown(ctx, rec.Node, rec.AgentKey, req)
+	})
+}
+
+// abortRemoved tells the agent of rec, a removed node, to give transfer
+// id up: a failed move's, with an end on the node (abortMove). It is
+// callRemoved's call, accepting the certificates the node's removal
+// revoked (revoked: their serial numbers), as teardownRemoved's does
+// (removalAborter).
+func (s *Server) abortRemoved(ctx context.Context, rec store.NodeRecord, revoked []*big.Int, id string) error {
+	return s.callRemoved(ctx, rec.ID, func(ctx context.Context) error {
+		x := s.xlender()
+		if ra, ok := x.(removalAborter); ok {
+			_, err := ra.TransferAbortRemoved(ctx, rec.Node, rec.AgentKey, revoked, id)
+			return err
+		}
+		_, err := x.TransferAbort(ctx, rec.Node, rec.AgentKey, id)
+		return err
+	})
+}
+
+// callRemoved makes call, a call to the agent of node, a removed node:
+// it waits for one of the node's maxRemovedTeardowns slots
+// (removedCalls), or for ctx to end, and is bounded by PrepareTimeout
+// from when it has one.
+func (s *Server) callRemoved(ctx context.Context, node string, call func(ctx context.Context) error) error {
+	release, err := s.removed.acquire(ctx, node)
 	if err != nil {
 		return err
 	}
 	defer release()
 	tctx, cancel := context.WithTimeout(ctx, s.cfg.PrepareTimeout)
 	defer cancel()
-	if rl, ok := s.lender.(removalLender); ok {
-		return rl.TeardownRemoved(tctx, rec.Node, rec.AgentKey, revoked, req)
-	}
-	return s.lender.Teardown(tctx, rec.Node, rec.AgentKey, req)
+	return call(tctx)
 }
 
 // removalRevoked returns the serial numbers of the certificates that the
 // removal of node id revoked (those of its removals since its last join),
 // as the store recorded them (RemoveNode, AddRemovalRevoked): whichever
-// replica removed the node, before or after this one started. None
-// without a cluster CA, or for a node that is not removed; a store that
-// cannot say is logged, and none returned (the call then refuses the
-// agent's revoked certificate, as before).
+// replica removed the node, before or after this one started; with those
+// a removal on this replica revoked after its commit that the store has
+// not taken yet (unrecordedRevoked). None without a cluster CA, or for a
+// node that is not removed; a store that cannot say is logged, and only
+// those held here returned (the call then refuses the agent's other
+// revoked certificates, as before).
 func (s *Server) removalRevoked(ctx context.Context, id string) []*big.Int {
 	rm, ok := s.st.(store.NodeRemover)
 	if !ok || s.cfg.CA == nil {
@@ -204,23 +230,175 @@ func (s *Server) removalRevoked(ctx context.Context, id string) []*big.Int {
 	texts, err := rm.RemovalRevoked(ctx, id)
 	if err != nil {
 		s.log.Warn("reading the certificates a node's removal revoked", "node", id, "err", err)
-		return nil
+		texts = nil
+	}
+	if u, ok := s.unrecorded.get(id); ok && (err != nil || u.current(texts)) {
+		// Held here for a removal that the store still has, or that the
+		// store cannot say.
+		for _, x := range u.late {
+			if !slices.Contains(texts, x) {
+				texts = append(texts, x)
+			}
+		}
 	}
 	return parseSerials(texts)
 }
 
-// maxRemovedTeardowns is how many teardown calls the control plane has
-// under way at once to the agent of a removed node (removedCalls): a
-// forced removal loses every lease on the node at once (dropRemoved), and
-// the moves to the node fail together (dropDestination). One call each,
-// all at once, would open as many connections to the agent and have it
-// tear down and wipe as many leases at once, each call's PrepareTimeout
-// running while it waits there for the others.
+// lateRevokedTries bounds the attempts a removal makes to record the
+// serials its second revocation pass revoked (recordLateRevoked), and
+// lateRevokedBackoff is the first wait between them (doubled each time).
+const (
+	lateRevokedTries   = 5
+	lateRevokedBackoff = 50 * time.Millisecond
+)
+
+// recordLateRevoked records late, the serials (hex) of the certificates
+// the removal of node id revoked after its commit, with those it recorded
+// with the removal (first): the replicas that call the removed node's
+// agent later accept them (removalRevoked). A write the store fails is
+// tried again, lateRevokedTries times at most, with a backoff, while ctx
+// (the removal's request) lasts; then the serials are held here
+// (unrecordedRevoked), accepted by this replica's calls meanwhile, and
+// written again by its background duties (retryLateRevoked: every sweep,
+// or every followRefresh on a replica that does not sweep) until the
+// store takes them. A restart of this replica before then forgets them:
+// an agent presenting one of those certificates is then told after its
+// next join.
+func (s *Server) recordLateRevoked(ctx context.Context, rm store.NodeRemover, id string, first, late []string) {
+	if len(late) == 0 {
+		return
+	}
+	wait := lateRevokedBackoff
+	var err error
+	for attempt := 1; ; attempt++ {
+		if err = rm.AddRemovalRevoked(ctx, id, late); err == nil || errors.Is(err, store.ErrNotFound) {
+			return
+		}
+		if attempt == lateRevokedTries || ctx.Err() != nil {
+			break
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+		wait *= 2
+	}
+	s.unrecorded.add(id, first, late)
+	s.log.Warn("recording the certificates revoked during a node's removal failed; this replica holds them, accepts them, and records them at its next sweep",
+		"node", id, "certificates", len(late), "err", err)
+}
+
+// retryLateRevoked records the serials held in unrecordedRevoked, and
+// forgets those recorded, and those of a removal the store no longer has
+// (the node joined again since, or is unknown: it holds none of the
+// serials recorded with that removal).
+func (s *Server) retryLateRevoked(ctx context.Context) error {
+	rm, ok := s.st.(store.NodeRemover)
+	if !ok {
+		return nil
+	}
+	var errs []error
+	for id, u := range s.unrecorded.all() {
+		have, err := rm.RemovalRevoked(ctx, id)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			s.unrecorded.done(id, u)
+			continue
+		case err != nil:
+			errs = append(errs, fmt.Errorf("controlplane: the certificates revoked during node %s's removal: %w", id, err))
+			continue
+		case !u.current(have):
+			s.unrecorded.done(id, u)
+			continue
+		}
+		if err := rm.AddRemovalRevoked(ctx, id, u.late); err != nil && !errors.Is(err, store.ErrNotFound) {
+			errs = append(errs, fmt.Errorf("controlplane: recording the certificates revoked during node %s's removal: %w", id, err))
+			continue
+		}
+		s.unrecorded.done(id, u)
+		s.log.Info("recorded the certificates revoked during a node's removal", "node", id, "certificates", len(u.late))
+	}
+	return errors.Join(errs...)
+}
+
+// unrecordedRevoked holds, per removed node, the serials (hex) of the
+// certificates its removal on this replica revoked after its commit that
+// the store did not take (recordLateRevoked), until it does.
+type unrecordedRevoked struct {
+	mu sync.Mutex
+	m  map[string]*lateRevoked
+}
+
+// lateRevoked is what a removal revoked: first, recorded with it; late,
+// after its commit, not recorded yet.
+type lateRevoked struct {
+	first, late []string
+}
+
+// current reports whether recorded, the serials the store holds for the
+// node, are those of this removal: they hold one recorded with it (a join
+// since cleared them; a later removal records its own). A removal that
+// recorded none cannot tell, and takes them for its own.
+func (l lateRevoked) current(recorded []string) bool {
+	return len(l.first) == 0 || slices.ContainsFunc(l.first, func(x string) bool { return slices.Contains(recorded, x) })
+}
+
+func (u *unrecordedRevoked) add(id string, first, late []string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.m == nil {
+		u.m = map[string]*lateRevoked{}
+	}
+	// A later removal of the node (it joined again meanwhile) replaces
+	// an earlier one's.
+	u.m[id] = &lateRevoked{first: slices.Clone(first), late: slices.Clone(late)}
+}
+
+func (u *unrecordedRevoked) get(id string) (lateRevoked, bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if l := u.m[id]; l != nil {
+		return *l, true
+	}
+	return lateRevoked{}, false
+}
+
+// all returns what is held, per node.
+func (u *unrecordedRevoked) all() map[string]*lateRevoked {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	out := make(map[string]*lateRevoked, len(u.m))
+	for id, l := range u.m {
+		out[id] = l
+	}
+	return out
+}
+
+// done forgets what was held for node id, if it is still l (not replaced
+// by a later removal's).
+func (u *unrecordedRevoked) done(id string, l *lateRevoked) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.m[id] == l {
+		delete(u.m, id)
+	}
+}
+
+// maxRemovedTeardowns is how many teardown (and abort) calls the control
+// plane has under way at once to the agent of a removed node
+// (removedCalls): a forced removal loses every lease on the node at once
+// (dropRemoved), and the moves to the node fail together (abortMove,
+// dropDestination). One call each, all at once, would open as many
+// connections to the agent and have it tear down and wipe as many leases
+// at once, each call's PrepareTimeout running while it waits there for
+// the others.
 const maxRemovedTeardowns = 8
 
-// removedCalls bounds the teardown calls under way to each removed node's
-// agent (maxRemovedTeardowns); a call waits for a slot, and its own
-// timeout starts once it has one.
+// removedCalls bounds the teardown and abort calls under way to each
+// removed node's agent (maxRemovedTeardowns); a call waits for a slot,
+// and its own timeout starts once it has one.
 type removedCalls struct {
 	mu    sync.Mutex
 	nodes map[string]*removedSlots // forgotten once no call holds or waits for a slot
@@ -285,6 +463,14 @@ func (r *removedCalls) waiting(node string) int {
 // with Teardown.
 type removalLender interface {
 	TeardownRemoved(ctx context.Context, node api.Node, agentKey string, revoked []*big.Int, req api.TeardownRequest) error
+}
+
+// removalAborter is a transferLender that still reaches the agent of a
+// node whose removal revoked its certificates (revoked: their serial
+// numbers), to tell it to give a transfer up (TLSLender). One without it
+// is called with TransferAbort.
+type removalAborter interface {
+	TransferAbortRemoved(ctx context.Context, node api.Node, agentKey string, revoked []*big.Int, id string) (api.Transfer, error)
 }
 
 // notDownYet says why a node that is ready or suspect cannot be removed

@@ -146,6 +146,12 @@ func (s *Server) followLoop(ctx context.Context) {
 			}
 		}
 		s.touchMoves(ctx) // every followRefresh: moveTouch
+		if !s.Leading() {
+			// The elected replica's sweep does it there.
+			if err := s.retryLateRevoked(ctx); err != nil && ctx.Err() == nil {
+				s.log.Warn("recording the certificates revoked during a node's removal", "err", err)
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return

@@ -145,7 +145,10 @@ type Server struct {
 
 	releases releaseFlights // the lease releases under way (lease.go)
 
-	removed removedCalls // the teardowns under way to removed nodes' agents (noderemove.go)
+	removed removedCalls // the teardowns and aborts under way to removed nodes' agents (noderemove.go)
+	// unrecorded are the serials of certificates removals revoked after
+	// their commit that the store did not take yet (noderemove.go).
+	unrecorded unrecordedRevoked
 
 	// unserved are the active leases the nodes' heartbeats did not list
 	// (unserved.go).

@@ -19,8 +19,10 @@ const prepareStaleFactor = lifecycle.MaxPrepareRounds + 2
 
 // Sweep runs one pass of the background duties: node liveness (ready →
 // suspect → down; a down node's leases become lost), TTL expiry,
-// clean-up of reservations or releases interrupted by a restart, and
-// history retention (retain.go). The
+// clean-up of reservations or releases interrupted by a restart,
+// history retention (retain.go), and the recording of the certificates a
+// removal revoked after its commit that the store did not take then
+// (retryLateRevoked). The
 // leases' changes are steps of the lease state machine (NodeDown, Expire,
 // Interrupted), performed by apply; a lease that moved on meanwhile is
 // left alone (the machine refuses the event, or the store the write).
@@ -76,6 +78,12 @@ func (s *Server) Sweep(ctx context.Context) error {
 
 	// History retention (retain.go).
 	if err := s.pruneHistory(ctx, now); err != nil {
+		errs = append(errs, err)
+	}
+
+	// Certificates a removal here revoked after its commit that the store
+	// did not take then (noderemove.go).
+	if err := s.retryLateRevoked(ctx); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
