@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -78,7 +79,8 @@ type Mount struct {
 	// started is the time of Serve: the file's times.
 	started time.Time
 
-	afterBusy func() // tests: called after each unmount refused as busy
+	afterBusy func()        // tests: called after each unmount refused as busy
+	busyGrace time.Duration // tests: 0 is the package's busyGrace
 }
 
 // Serve mounts dev at cfg.Dir and serves it until Close. The caller must
@@ -178,16 +180,31 @@ var ErrBusy = errors.New("in use (a loop device or an open file)")
 // otherwise find the file still in use.
 const busyGrace = 2 * time.Second
 
+// loopGrace is how long, at most, Unmount waits for a loop device that is
+// going away: one on the file, set to clear itself on its last close (as
+// `mount -o loop` sets it), that no file system mounts any more. Another
+// opener of the device (udev's probe after the `umount`, say) holds its
+// release back, by more than busyGrace on a loaded machine.
+const loopGrace = 20 * time.Second
+
 // Unmount unmounts if the file is not in use; otherwise, once it has been in
-// use for busyGrace, it returns an error wrapping ErrBusy and the mount
-// stays, serving. A mount already gone (the user unmounted it) is no error,
-// unless it was detached lazily (`umount -l DIR`) while the file is still in
-// use: the server then serves on until the last user lets go, and Unmount
-// waits for that as for a busy mount.
+// use for busyGrace (loopGrace while the only user is a loop device going
+// away), it returns an error wrapping ErrBusy and the mount stays, serving.
+// A mount already gone (the user unmounted it) is no error, unless it was
+// detached lazily (`umount -l DIR`) while the file is still in use: the
+// server then serves on until the last user lets go, and Unmount waits for
+// that as for a busy mount.
 func (m *Mount) Unmount() error {
-	ctx, cancel := context.WithTimeout(context.Background(), busyGrace)
+	grace := m.busyGrace
+	if grace == 0 {
+		grace = busyGrace
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
+	loopCtx, loopCancel := context.WithTimeout(context.Background(), max(loopGrace, grace))
+	defer loopCancel()
 	retry := backoff.Backoff{Min: 10 * time.Millisecond, Max: 200 * time.Millisecond}
+	wait := ctx
 	for {
 		if !m.mounted() {
 			select {
@@ -208,10 +225,59 @@ func (m *Mount) Unmount() error {
 		if m.afterBusy != nil {
 			m.afterBusy()
 		}
-		if retry.Wait(ctx) != nil {
+		// A loop device seen going away is waited for until it has let
+		// go of the file, which is a moment after it has gone from
+		// /sys/block.
+		if wait == ctx && ctx.Err() != nil && loopGoingAway(m.Path()) {
+			wait = loopCtx
+		}
+		if retry.Wait(wait) != nil {
 			return fmt.Errorf("fusefile: %s is %w: unmount what uses it first: %v", m.dir, ErrBusy, err)
 		}
 	}
+}
+
+// loopGoingAway reports whether a loop device on the file at path will
+// let go of it by itself: it clears itself on its last close, and no file
+// system of this mount namespace is on it. A loop device that does not
+// clear itself (`losetup`), or that is mounted, stays until its user acts.
+func loopGoingAway(path string) bool {
+	devs, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	if len(devs) == 0 {
+		return false
+	}
+	mountinfo, _ := os.ReadFile("/proc/self/mountinfo")
+	going := false
+	for _, bf := range devs {
+		b, err := os.ReadFile(bf)
+		if err != nil || strings.TrimSuffix(string(b), "\n") != path {
+			continue
+		}
+		dir := filepath.Dir(filepath.Dir(bf)) // /sys/block/loopN
+		auto, err := os.ReadFile(filepath.Join(dir, "loop", "autoclear"))
+		if err != nil || strings.TrimSpace(string(auto)) != "1" {
+			return false
+		}
+		num, err := os.ReadFile(filepath.Join(dir, "dev")) // "7:N"
+		if err != nil || mountedFrom(string(mountinfo), strings.TrimSpace(string(num))) {
+			return false
+		}
+		going = true
+	}
+	return going
+}
+
+// mountedFrom reports whether a line of mountinfo has the device majmin
+// ("7:0") as its file system's device.
+func mountedFrom(mountinfo, majmin string) bool {
+	for line := range strings.Lines(mountinfo) {
+		// ID PARENT MAJ:MIN ROOT MOUNTPOINT ...
+		f := strings.Fields(line)
+		if len(f) > 2 && f[2] == majmin {
+			return true
+		}
+	}
+	return false
 }
 
 // mounted reports whether this mount is still at its directory.

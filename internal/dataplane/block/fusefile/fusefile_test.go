@@ -370,3 +370,79 @@ func TestUnmountDetachedInUse(t *testing.T) {
 		t.Error("a read after Close succeeded")
 	}
 }
+
+// TestUnmountWaitsForAClearingLoopDevice: after `umount` of a file system
+// loop-mounted on the file, the loop device lets go of the file only once
+// its last opener closes it (udev's probe, say), which on a loaded machine
+// comes after the busy grace: Unmount waits for a loop device that is going
+// away, while a loop device still mounted is refused after the grace.
+func TestUnmountWaitsForAClearingLoopDevice(t *testing.T) {
+	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
+		t.Skip("no mkfs.ext4")
+	}
+	_, _, m := serve(t, 16<<20)
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", m.Path()).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.ext4: %v: %s", err, out)
+	}
+	const grace = 100 * time.Millisecond
+	fusefile.SetBusyGrace(m, grace)
+	mnt := t.TempDir()
+	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() }) // after a failure midway
+	sh := func(name string, args ...string) {
+		t.Helper()
+		if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
+			t.Fatalf("%s %v: %v: %s", name, args, err, out)
+		}
+	}
+
+	// Mounted: refused once the grace is over, not after the loop grace.
+	sh("mount", "-o", "loop", m.Path(), mnt)
+	start := time.Now()
+	if err := m.Unmount(); !errors.Is(err, fusefile.ErrBusy) {
+		t.Fatalf("Unmount with the file loop-mounted: %v, want ErrBusy", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("Unmount with the file loop-mounted took %v to refuse (grace %v)", d, grace)
+	}
+
+	// Unmounted, the loop device held open by another opener: Unmount
+	// waits past the grace until the opener closes it.
+	dev := loopOn(t, m.Path())
+	holder, err := os.Open(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	sh("umount", mnt)
+	var first time.Time
+	released := false
+	fusefile.SetAfterBusy(m, func() {
+		if first.IsZero() {
+			first = time.Now()
+		}
+		if !released && time.Since(first) > 5*grace {
+			released = true
+			holder.Close()
+		}
+	})
+	if err := m.Unmount(); err != nil {
+		t.Fatalf("Unmount with a loop device going away: %v", err)
+	}
+	if !released {
+		t.Fatal("the first unmount was not refused: the test shows nothing")
+	}
+	<-m.Done()
+}
+
+// loopOn is the loop device whose backing file is path.
+func loopOn(t *testing.T, path string) string {
+	t.Helper()
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, f := range files {
+		if b, err := os.ReadFile(f); err == nil && strings.TrimSpace(string(b)) == path {
+			return "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(f)))
+		}
+	}
+	t.Fatalf("no loop device on %s", path)
+	return ""
+}
