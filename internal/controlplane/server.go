@@ -146,6 +146,7 @@ type Server struct {
 	releases releaseFlights // the lease releases under way (lease.go)
 
 	removed removedCalls // the teardowns under way to removed nodes' agents (noderemove.go)
+	crl     crlSync      // signing the revocation list from the store (crlstore.go)
 
 	// unserved are the active leases the nodes' heartbeats did not list
 	// (unserved.go).
