@@ -501,7 +501,7 @@ func TestUnservedClaimOfANodeGoneElsewhereNotAdopted(t *testing.T) {
 				if _, err := e.admin.RemoveNode(e.ctx(), n2.id, true); err != nil {
 					t.Fatal(err)
 				}
-				b.applyRevocation(n2.id, nil) // as B hears it on the bus
+				b.applyRevocation(e.ctx(), n2.id, nil) // as B hears it on the bus
 			case "down":
 				// n2 is silent (A's sweep finds it down: its leases, none,
 				// are lost); n1 heartbeats meanwhile.

@@ -94,7 +94,7 @@ func (s *Server) checkPeerRevoked(r *http.Request) error {
 		return nil
 	}
 	if !s.cacheTrusted() {
-		if _, err := s.cfg.CA.ReloadIfChanged(); err != nil {
+		if _, err := s.syncCRL(r.Context()); err != nil {
 			return fmt.Errorf("%w: cannot read the revocation list: %v", ErrUnavailable, err)
 		}
 	}

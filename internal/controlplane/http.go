@@ -448,7 +448,7 @@ func (s *Server) joinCertNode(r *http.Request) string {
 		return ""
 	}
 	if !s.cacheTrusted() {
-		if _, err := s.cfg.CA.ReloadIfChanged(); err != nil {
+		if _, err := s.syncCRL(r.Context()); err != nil {
 			s.log.Warn("reading the revocation list", "err", err)
 			return ""
 		}

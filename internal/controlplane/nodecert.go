@@ -87,7 +87,7 @@ func (s *Server) checkJoinCSR(r api.JoinRequest) error {
 
 // signNodeCSR issues node n's certificate from a CSR; serial is its
 // serial number.
-func (s *Server) signNodeCSR(n api.Node, csr string) (out api.NodeCertificateResponse, serial *big.Int, err error) {
+func (s *Server) signNodeCSR(ctx context.Context, n api.Node, csr string) (out api.NodeCertificateResponse, serial *big.Int, err error) {
 	hosts := nodeHosts(n.Address, n.AgentURL, n.Endpoints)
 	if err := checkNodeHosts(hosts); err != nil {
 		return api.NodeCertificateResponse{}, nil, err
@@ -98,6 +98,11 @@ func (s *Server) signNodeCSR(n api.Node, csr string) (out api.NodeCertificateRes
 			return api.NodeCertificateResponse{}, nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 		}
 		return api.NodeCertificateResponse{}, nil, fmt.Errorf("controlplane: sign node certificate: %w", err)
+	}
+	// In the store before it is handed out: any replica removing the
+	// node revokes it (crlstore.go).
+	if err := s.recordIssued(ctx, iss); err != nil {
+		return api.NodeCertificateResponse{}, nil, err
 	}
 	s.log.Info("node certificate issued", "node", n.ID, "serial", iss.Cert.SerialNumber.Text(16), "expires", iss.Cert.NotAfter)
 	return api.NodeCertificateResponse{Certificate: string(iss.CertPEM), CACertificate: string(s.cfg.CA.CertPEM())}, iss.Cert.SerialNumber, nil
@@ -187,17 +192,18 @@ func (s *Server) hNodeCertificate(ctx context.Context, p principal, r *http.Requ
 	if err != nil {
 		return 0, nil, err
 	}
-	out, serial, err := s.signNodeCSR(n, req.CSR)
+	out, serial, err := s.signNodeCSR(ctx, n, req.CSR)
 	if err != nil {
 		return 0, nil, err
 	}
 	// A removal that committed since the read above revoked the node's
 	// certificates before it, maybe not this one: read again, after the
-	// certificate is in the CA's index. The removal revokes what the
-	// index holds once more after its commit (removeNode), so either it
-	// revokes this certificate or this read sees the node removed.
+	// certificate is in the CA's index and the store's record of issues.
+	// The removal, on whichever replica, revokes what the store records
+	// once more after its commit (removeNode), so either it revokes this
+	// certificate or this read sees the node removed.
 	if _, err := s.nodeOfCredential(ctx, r, id); err != nil {
-		if rerr := s.cfg.CA.Revoke(serial); rerr != nil {
+		if _, rerr := s.revokeCerts(ctx, "", []*big.Int{serial}); rerr != nil {
 			return 0, nil, fmt.Errorf("controlplane: node %s: revoke the certificate issued while it was removed: %w", id, rerr)
 		}
 		s.log.Warn("node certificate revoked at once: the node was removed while it was issued", "node", id, "serial", serial.Text(16))

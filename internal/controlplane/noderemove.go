@@ -74,7 +74,7 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 	// forgotten: from here on neither opens anything.
 	var serials []*big.Int
 	if s.cfg.CA != nil {
-		if serials, err = s.cfg.CA.RevokeIssuedTo(n.ID); err != nil {
+		if serials, err = s.revokeCerts(ctx, n.ID, nil); err != nil {
 			return api.NodeRemoval{}, fmt.Errorf("controlplane: revoke node %s's certificates: %w", n.ID, err)
 		}
 	}
@@ -99,7 +99,7 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 		// certificate since the revocation above; one that issues from
 		// now on sees the node removed and revokes its certificate
 		// itself (hNodeCertificate).
-		more, err := s.cfg.CA.RevokeIssuedTo(n.ID)
+		more, err := s.revokeCerts(ctx, n.ID, nil)
 		if err != nil {
 			return api.NodeRemoval{}, fmt.Errorf("controlplane: node %s removed, but revoking the certificates issued to it during the removal failed: %w", n.ID, err)
 		}

@@ -114,7 +114,7 @@ func TestRemovalIsFinal(t *testing.T) {
 	if _, err := e.admin.RemoveNode(e.ctx(), j3.NodeID, true); err != nil {
 		t.Fatal(err)
 	}
-	srv2.applyRevocation(j3.NodeID, nil)
+	srv2.applyRevocation(e.ctx(), j3.NodeID, nil)
 	e.clock.Advance(200 * time.Millisecond)
 	if _, err := srv2.heartbeat(e.ctx(), j3.NodeID, api.Heartbeat{Health: "ok"}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("a heartbeat in flight to a replica that heard of the removal: %v, want not found", err)

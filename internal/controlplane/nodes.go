@@ -303,7 +303,7 @@ func (s *Server) joinAs(ctx context.Context, r api.JoinRequest, certNode string)
 		}
 	}
 	if s.cfg.CA != nil {
-		c, _, err := s.signNodeCSR(n, r.CSR)
+		c, _, err := s.signNodeCSR(ctx, n, r.CSR)
 		if err != nil {
 			return api.JoinResponse{}, err
 		}
@@ -330,7 +330,7 @@ func (s *Server) revokeTakenOver(ctx context.Context, id string) error {
 	var serials []*big.Int
 	if s.cfg.CA != nil {
 		var err error
-		if serials, err = s.cfg.CA.RevokeIssuedTo(id); err != nil {
+		if serials, err = s.revokeCerts(ctx, id, nil); err != nil {
 			return fmt.Errorf("controlplane: node %s taken over: revoke its earlier certificates: %w", id, err)
 		}
 	}

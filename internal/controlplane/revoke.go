@@ -24,15 +24,16 @@ import (
 //     list) only while the newest hello of its own that came back was sent
 //     within busStale. Messages arrive in the order they committed, so a
 //     replica that missed a revocation is one that has not heard itself
-//     since: it looks every token up in the store and re-reads ca-crl.pem
-//     before checking a certificate, until it hears itself again (and, on
-//     listening anew, forgets its whole cache first);
+//     since: it looks every token up in the store and signs its
+//     revocation list from the store's (crlstore.go) before checking a
+//     certificate, until it hears itself again (and, on listening anew,
+//     forgets its whole cache first);
 //   - the replica that removes a node broadcasts the revocation (the node,
-//     the serial numbers of the certificates it revoked); every other
-//     replica forgets the node's cached credential, revokes those serials
-//     in its CA directory (re-read first: a no-op where the directory is
-//     shared, the revocation itself where a host holds a copy) and answers
-//     with an acknowledgement;
+//     the serial numbers of the certificates it revoked, recorded in the
+//     store before); every other replica forgets the node's cached
+//     credential, signs its revocation list from the store's (revoking
+//     those serials in its CA directory itself should it not read the
+//     store) and answers with an acknowledgement;
 //   - the remover waits for the acknowledgements of every replica it heard
 //     within 2×busStale, at most busStale after its broadcast: by then a
 //     replica that has not handled the revocation has not heard itself
@@ -112,9 +113,9 @@ func (s *Server) runBus(ctx context.Context, b store.Broadcaster) (wait func()) 
 
 func (s *Server) sayHello(ctx context.Context, b store.Broadcaster) {
 	if s.cfg.CA != nil {
-		// Revocations by another process sharing the CA directory
-		// (`rialto ca`, another replica) within a hello.
-		if _, err := s.cfg.CA.ReloadIfChanged(); err != nil {
+		// Revocations by another replica (recorded in the store) or
+		// another process sharing the CA directory, within a hello.
+		if _, err := s.syncCRL(ctx); err != nil {
 			s.log.Warn("reading the revocation list", "err", err)
 		}
 	}
@@ -129,7 +130,7 @@ func (s *Server) sayHello(ctx context.Context, b store.Broadcaster) {
 // listenBus listens until ctx ends, again after each failure.
 func (s *Server) listenBus(ctx context.Context, b store.Broadcaster) {
 	for {
-		err := b.Listen(ctx, s.busListening, func(msg string) { s.busMessage(ctx, b, msg) })
+		err := b.Listen(ctx, func() { s.busListening(ctx) }, func(msg string) { s.busMessage(ctx, b, msg) })
 		if ctx.Err() != nil {
 			return
 		}
@@ -145,10 +146,10 @@ func (s *Server) listenBus(ctx context.Context, b store.Broadcaster) {
 // busListening runs when the replica listens (again): what it missed
 // meanwhile may have been revocations, so it forgets its cache and
 // re-reads the revocation list.
-func (s *Server) busListening() {
+func (s *Server) busListening(ctx context.Context) {
 	s.auth.clear()
 	if s.cfg.CA != nil {
-		if _, err := s.cfg.CA.ReloadIfChanged(); err != nil {
+		if _, err := s.syncCRL(ctx); err != nil {
 			s.log.Warn("reading the revocation list", "err", err)
 		}
 	}
@@ -173,7 +174,7 @@ func (s *Server) busMessage(ctx context.Context, b store.Broadcaster, raw string
 		if self {
 			return // applied before it was sent
 		}
-		s.applyRevocation(m.Node, m.Serials)
+		s.applyRevocation(ctx, m.Node, m.Serials)
 		a, _ := json.Marshal(busMsg{T: "ack", From: s.bus.id, Seq: m.Seq})
 		actx, cancel := context.WithTimeout(ctx, busStale)
 		defer cancel()
@@ -194,7 +195,7 @@ func (s *Server) busMessage(ctx context.Context, b store.Broadcaster, raw string
 }
 
 // applyRevocation makes another replica's removal of node effective here.
-func (s *Server) applyRevocation(node string, serials []string) {
+func (s *Server) applyRevocation(ctx context.Context, node string, serials []string) {
 	s.auth.dropNode(node)
 	s.live.forget(node) // its heartbeats in flight are written (and refused) at once
 	// Its claims on parts (unserved.go) are moot: a node that takes it
@@ -204,14 +205,17 @@ func (s *Server) applyRevocation(node string, serials []string) {
 	if s.cfg.CA == nil {
 		return
 	}
-	if _, err := s.cfg.CA.ReloadIfChanged(); err != nil {
-		s.log.Warn("reading the revocation list", "err", err)
+	// The remover recorded them in the store before it broadcast them:
+	// this replica's list, signed from the store's, names them.
+	if _, err := s.syncCRL(ctx); err != nil {
+		s.log.Warn("signing the revocation list from the store; revoking the removed node's certificates in this replica's CA directory only meanwhile", "err", err)
 	}
 	for _, n := range parseSerials(serials) {
 		if s.cfg.CA.Revoked(n) {
 			continue
 		}
-		// This replica's CA directory is a copy: revoke it here too.
+		// Not in the store's list (a store that does not keep it, or
+		// unreachable): revoke it here.
 		if err := s.cfg.CA.Revoke(n); err != nil {
 			s.log.Error("revoking a removed node's certificate on this replica", "node", node, "serial", n.Text(16), "err", err)
 		}

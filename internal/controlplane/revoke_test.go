@@ -52,7 +52,7 @@ func TestReplicaRevocationBus(t *testing.T) {
 	// A lookup that began before the revocation does not put its (stale)
 	// answer into the cache.
 	gen := b.auth.generation()
-	b.applyRevocation("n-gone", nil)
+	b.applyRevocation(ctx, "n-gone", nil)
 	b.auth.put("h-gone", node, time.Now().Add(time.Hour), gen)
 	if _, ok := b.auth.get("h-gone", time.Now()); ok {
 		t.Fatal("a lookup older than the revocation was cached")

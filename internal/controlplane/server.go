@@ -149,6 +149,7 @@ type Server struct {
 	// unrecorded are the serials of certificates removals revoked after
 	// their commit that the store did not take yet (noderemove.go).
 	unrecorded unrecordedRevoked
+	crl        crlSync // signing the revocation list from the store (crlstore.go)
 
 	// unserved are the active leases the nodes' heartbeats did not list
 	// (unserved.go).

@@ -32,9 +32,9 @@ func (s *Server) Sweep(ctx context.Context) error {
 	}
 	now := s.now()
 	if s.cfg.CA != nil {
-		// Revocations made by another process sharing the CA directory
-		// (another replica, `rialto node remove` through it).
-		if changed, err := s.cfg.CA.ReloadIfChanged(); err != nil {
+		// Revocations made by another replica (recorded in the store)
+		// or another process sharing the CA directory.
+		if changed, err := s.syncCRL(ctx); err != nil {
 			s.log.Warn("reading the revocation list", "err", err)
 		} else if changed {
 			s.log.Info("revocation list reloaded", "crl_number", s.cfg.CA.CRLNumber().String())

@@ -28,7 +28,12 @@
 // numbers are 128 random bits, so one list covers certificates of every CA
 // generation. Processes that hold only the CA's certificates check peers
 // with a [CRL]: [LoadClientTLS] (a borrower) watches the ca-crl.pem beside
-// ca-cert.pem, an agent keeps the list the control plane hands it.
+// ca-cert.pem, an agent keeps the list the control plane hands it. Holders
+// of copies of one CA directory that share a record of the list elsewhere
+// (the control plane's replicas, in their store) sign that list with its
+// own number ([CA.Adopt]), so that each copy's ca-crl.pem is the same
+// list under the same number; [CA.IssuedTo] lists a holder's certificates
+// in the index.
 //
 // Rotation: [CA.Rotate] makes a new signing key and certificate and keeps
 // the old CA certificate in ca-cert.pem, so that certificates issued before

@@ -361,10 +361,16 @@ func (ca *CA) writeCerts() error {
 	return writeAtomic(filepath.Join(ca.dir, CACertFile), b.Bytes(), 0o644)
 }
 
-// writeCRL signs the current revocation list and writes it.
+// writeCRL signs the current revocation list and writes it, numbered
+// one more than the one it replaces.
 func (ca *CA) writeCRL() error {
+	return ca.writeCRLNumbered(new(big.Int).Add(ca.crlNum, big.NewInt(1)))
+}
+
+// writeCRLNumbered signs the current revocation list with number num and
+// writes it.
+func (ca *CA) writeCRLNumbered(num *big.Int) error {
 	now := ca.now()
-	num := new(big.Int).Add(ca.crlNum, big.NewInt(1))
 	tmpl := &x509.RevocationList{Number: num, ThisUpdate: now, NextUpdate: now.Add(crlLifetime)}
 	for s, at := range ca.revoked {
 		n, ok := new(big.Int).SetString(s, 16)

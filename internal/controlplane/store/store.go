@@ -464,6 +464,36 @@ type NodeRemover interface {
 	RemovalRevoked(ctx context.Context, id string) ([]string, error)
 }
 
+// Revocations is an optional Store capability: the cluster CA's
+// revocation list, kept in the store so that control-plane replicas each
+// holding a copy of the CA directory agree on it (docs/operations.md,
+// "Revocation across replicas"). Serial numbers are hex.
+type Revocations interface {
+	// RecordIssued records a certificate the CA issued (serial, common
+	// name: a node's ID, expiry), so that any replica can revoke it by
+	// its common name. Records expired at now are forgotten.
+	RecordIssued(ctx context.Context, serial, commonName string, notAfter, now time.Time) error
+	// Revoke revokes serials and every certificate recorded as issued to
+	// commonName ("": none) not yet expired at at, and returns those it
+	// revoked that were not revoked already. A call that revoked any
+	// raises the list's number by one.
+	Revoke(ctx context.Context, serials []string, commonName string, at time.Time) ([]string, error)
+	// RevocationList returns the serials revoked and the list's number,
+	// as one snapshot: every replica signs the same entries with the same
+	// number.
+	RevocationList(ctx context.Context) (RevocationList, error)
+	// RaiseRevocationNumber makes the list's number at least min (a CA
+	// directory whose own list has a higher one: written before the store
+	// kept the list, or by `rialto ca`).
+	RaiseRevocationNumber(ctx context.Context, min int64) error
+}
+
+// RevocationList is the store's revocation list (Revocations).
+type RevocationList struct {
+	Number  int64
+	Revoked map[string]time.Time // serial → when it was revoked
+}
+
 // Wipe is the block ranges of one lease on one node that the node's
 // lender is wiping (docs/placement.md, "Ranges being wiped"). LeaseID may
 // also name a range a lender refused as being wiped after a lease the

@@ -1,0 +1,188 @@
+package controlplane
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"io"
+	"log/slog"
+	"math/big"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/pgserver/pgtest"
+	"github.com/rialto-project/rialto/internal/pki"
+)
+
+// TestReplicaCopiesShareRevocations: two replicas on one PostgreSQL
+// database, each with its own copy of the cluster CA's directory (as on
+// two hosts). A node joins through the first and renews its certificate
+// there (both certificates are in the first copy's issued.txt only); an
+// admin removes the node through the second. Once the removal returns,
+// both replicas refuse both certificates, and an agent heartbeating to
+// either is handed the same revocation list: one number, naming both
+// (so one holding either replica's list takes nothing older or other
+// from the other), and naming too what the second copy's own list had
+// revoked, under a higher number, before the replicas started. Before the
+// store kept the revocation list, the second replica's removal revoked
+// nothing (its issued.txt lists none of the node's certificates), and the
+// replicas' copies numbered their lists independently.
+func TestReplicaCopiesShareRevocations(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	url := pgtest.DB(t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	dirA := filepath.Join(t.TempDir(), "tls")
+	caA, err := pki.Open(dirA, pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dirB := filepath.Join(t.TempDir(), "tls")
+	copyDir(t, dirA, dirB)
+	caB, err := pki.Open(dirB, pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The second copy's own list revokes a certificate the first's does
+	// not, under a higher number (as written before the store kept the
+	// list, or by `rialto ca`): both replicas' lists name it too.
+	earlier := big.NewInt(0x5eed)
+	for _, n := range []*big.Int{earlier, big.NewInt(0x5eee)} {
+		if err := caB.Revoke(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	replica := func(ca *pki.CA) (*Server, string) {
+		s := runServer(ctx, t, Config{Store: openPG(ctx, t, url, 8), Logger: log, CA: ca, Lender: newFakeLender(), BootstrapToken: bootTok,
+			Tokens:            []Token{{Token: adminTok, Tenant: "admin", Admin: true}},
+			HeartbeatInterval: 100 * time.Millisecond, SuspectAfter: 10 * time.Minute, DownAfter: 20 * time.Minute})
+		hs := httptest.NewUnstartedServer(s.Handler())
+		cfg, err := APIServerTLS(ca, []string{"127.0.0.1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cert, err := cfg.GetCertificate(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Certificates, cfg.GetCertificate = []tls.Certificate{*cert}, nil
+		hs.TLS = cfg
+		hs.StartTLS()
+		t.Cleanup(hs.Close)
+		return s, hs.URL
+	}
+	a, aURL := replica(caA)
+	b, bURL := replica(caB)
+	awaitReplicasMeet(ctx, t, a, b)
+
+	client := func(base, token string, cert *tls.Certificate) *api.Client {
+		tc := &tls.Config{RootCAs: caA.Pool(), ServerName: "127.0.0.1"}
+		if cert != nil {
+			tc.Certificates = []tls.Certificate{*cert}
+		}
+		return api.NewClient(base, token, &http.Client{Transport: &http.Transport{TLSClientConfig: tc}, Timeout: time.Minute})
+	}
+	type node struct {
+		id, cred string
+		cert     tls.Certificate
+	}
+	join := func(base, name string) node {
+		t.Helper()
+		csr, keyPEM, err := pki.NewCSR("", []string{"127.0.0.1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		j, err := client(base, bootTok, nil).Join(ctx, api.JoinRequest{Name: name, Address: "127.0.0.1", AgentURL: "https://127.0.0.1:1",
+			Fingerprint: api.Fingerprint{MachineID: "mid-" + name, Hostname: name, Cores: 2, MemoryBytes: 1 << 30},
+			Devices:     []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"}},
+			CSR:         string(csr)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cert, err := tls.X509KeyPair([]byte(j.Certificate), keyPEM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return node{j.NodeID, j.Credential, cert}
+	}
+	n1 := join(aURL, "n1")
+	// Renewed through the first replica too.
+	csr, _, err := pki.NewCSR("", []string{"127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	renewed, err := client(aURL, n1.cred, &n1.cert).NodeCertificate(ctx, n1.id, api.NodeCertificateRequest{CSR: string(csr)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs, err := pki.ParseCerts([]byte(renewed.Certificate))
+	if err != nil || len(certs) == 0 {
+		t.Fatalf("the renewed certificate: %v", err)
+	}
+	issued := []*x509.Certificate{n1.cert.Leaf, certs[0]}
+	// Another node, to heartbeat: its agent is handed the list.
+	n2 := join(bURL, "n2")
+
+	r, err := client(bURL, adminTok, nil).RemoveNode(ctx, n1.id, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Revoked != len(issued) {
+		t.Errorf("the removal through the other replica revoked %d certificate(s), want %d", r.Revoked, len(issued))
+	}
+	// At once, on both replicas: no polling.
+	for name, ca := range map[string]*pki.CA{"the issuing replica": caA, "the removing replica": caB} {
+		for i, c := range issued {
+			if err := ca.Verify(c, pki.ClientAuth); !errors.Is(err, pki.ErrRevoked) {
+				t.Errorf("%s, the removed node's certificate %d: %v, want revoked", name, i, err)
+			}
+		}
+	}
+	roots, err := pki.ParseCerts(caA.CertPEM())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var numbers []*big.Int
+	for _, base := range []string{aURL, bURL} {
+		hb, err := client(base, n2.cred, &n2.cert).Heartbeat(ctx, n2.id, api.Heartbeat{Health: "ok"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		crl, err := pki.ParseCRL([]byte(hb.CRL), roots)
+		if err != nil {
+			t.Fatalf("the list %s hands an agent: %v", base, err)
+		}
+		named := map[string]bool{}
+		for _, e := range crl.RevokedCertificateEntries {
+			named[e.SerialNumber.Text(16)] = true
+		}
+		for i, c := range issued {
+			if !named[c.SerialNumber.Text(16)] {
+				t.Errorf("the list %s hands an agent (number %v) does not name the removed node's certificate %d", base, crl.Number, i)
+			}
+		}
+		if !named[earlier.Text(16)] {
+			t.Errorf("the list %s hands an agent (number %v) does not name the certificate the second copy revoked before", base, crl.Number)
+		}
+		numbers = append(numbers, crl.Number)
+	}
+	if numbers[0].Cmp(numbers[1]) != 0 {
+		t.Errorf("the replicas hand agents lists numbered %v and %v", numbers[0], numbers[1])
+	}
+	// An agent holding one replica's list is handed nothing by the other.
+	for _, base := range []string{aURL, bURL} {
+		hb, err := client(base, n2.cred, &n2.cert).Heartbeat(ctx, n2.id, api.Heartbeat{Health: "ok", CRLNumber: numbers[0].Int64()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hb.CRL != "" {
+			t.Errorf("%s hands an agent holding list %v another list", base, numbers[0])
+		}
+	}
+}

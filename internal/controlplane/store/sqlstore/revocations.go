@@ -1,0 +1,117 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/controlplane/store"
+)
+
+// RecordIssued records a certificate the CA issued, and forgets the
+// records expired at now (store.Revocations).
+func (s *Core) RecordIssued(ctx context.Context, serial, commonName string, notAfter, now time.Time) error {
+	return s.tx(ctx, func(tx Execer) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO issued_certs (serial, common_name, not_after) VALUES (?, ?, ?)
+			ON CONFLICT (serial) DO NOTHING`, serial, commonName, notAfter.Unix()); err != nil {
+			return s.wrap("record issued certificate", err)
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM issued_certs WHERE not_after < ?`, now.Unix()); err != nil {
+			return s.wrap("record issued certificate", err)
+		}
+		return nil
+	})
+}
+
+// Revoke revokes serials and the certificates recorded as issued to
+// commonName, raising the list's number once if it revoked any
+// (store.Revocations). Revocations are serial: each holds the number's
+// row.
+func (s *Core) Revoke(ctx context.Context, serials []string, commonName string, at time.Time) ([]string, error) {
+	var out []string
+	err := s.tx(ctx, func(tx Execer) error {
+		out = nil
+		var num int64
+		if err := tx.QueryRowContext(ctx, `SELECT number FROM crl_number WHERE one = 1`+s.d.ForUpdate()).Scan(&num); err != nil {
+			return s.wrap("revoke", err)
+		}
+		all := append([]string(nil), serials...)
+		if commonName != "" {
+			rows, err := tx.QueryContext(ctx, `SELECT serial FROM issued_certs WHERE common_name = ? AND not_after > ? ORDER BY serial`, commonName, at.Unix())
+			if err != nil {
+				return s.wrap("revoke", err)
+			}
+			for rows.Next() {
+				var x string
+				if err := rows.Scan(&x); err != nil {
+					rows.Close()
+					return s.wrap("revoke", err)
+				}
+				all = append(all, x)
+			}
+			if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+				return s.wrap("revoke", err)
+			}
+		}
+		seen := map[string]bool{}
+		for _, x := range all {
+			if x == "" || seen[x] {
+				continue
+			}
+			seen[x] = true
+			r, err := tx.ExecContext(ctx, `INSERT INTO revoked_certs (serial, revoked_at) VALUES (?, ?) ON CONFLICT (serial) DO NOTHING`, x, at.Unix())
+			if err != nil {
+				return s.wrap("revoke", err)
+			}
+			if n, err := r.RowsAffected(); err != nil {
+				return s.wrap("revoke", err)
+			} else if n > 0 {
+				out = append(out, x)
+			}
+		}
+		if len(out) > 0 {
+			if _, err := tx.ExecContext(ctx, `UPDATE crl_number SET number = ? WHERE one = 1`, num+1); err != nil {
+				return s.wrap("revoke", err)
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// RevocationList returns the revocation list, its entries and number
+// read by one statement (store.Revocations).
+func (s *Core) RevocationList(ctx context.Context) (store.RevocationList, error) {
+	rows, err := s.rd().QueryContext(ctx, `SELECT c.number, r.serial, r.revoked_at FROM crl_number c LEFT JOIN revoked_certs r ON 1 = 1 WHERE c.one = 1`)
+	if err != nil {
+		return store.RevocationList{}, s.wrap("revocation list", err)
+	}
+	defer rows.Close()
+	out := store.RevocationList{Revoked: map[string]time.Time{}}
+	for rows.Next() {
+		var serial sql.NullString
+		var at sql.NullInt64
+		if err := rows.Scan(&out.Number, &serial, &at); err != nil {
+			return store.RevocationList{}, s.wrap("revocation list", err)
+		}
+		if serial.Valid {
+			out.Revoked[serial.String] = time.Unix(at.Int64, 0).UTC()
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return store.RevocationList{}, s.wrap("revocation list", err)
+	}
+	return out, nil
+}
+
+// RaiseRevocationNumber makes the list's number at least min
+// (store.Revocations).
+func (s *Core) RaiseRevocationNumber(ctx context.Context, min int64) error {
+	return s.tx(ctx, func(tx Execer) error {
+		if _, err := tx.ExecContext(ctx, `UPDATE crl_number SET number = ? WHERE one = 1 AND number < ?`, min, min); err != nil {
+			return s.wrap("raise revocation number", err)
+		}
+		return nil
+	})
+}

@@ -1,0 +1,132 @@
+package storetest
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/controlplane/store"
+)
+
+// testRevocations: the revocation list kept in the store, through this
+// store and another replica on the same database. A certificate recorded
+// as issued through one is revoked through the other by its common name
+// (only its holder's, only those not expired); serials are revoked once
+// (a second revocation returns none and leaves the number); each call
+// that revoked any raises the number by one, and every reader sees the
+// same entries with the same number; the number is raised to a minimum,
+// never lowered; concurrent revocations of other serials each raise it.
+func testRevocations(t *testing.T, o Options) {
+	ctx := context.Background()
+	s := open(t, o)
+	rv, ok := s.(store.Revocations)
+	if !ok {
+		t.Fatalf("%T does not implement store.Revocations", s)
+	}
+	other := rv
+	readers := []store.Revocations{rv}
+	if o.Reopen != nil {
+		r := o.Reopen(t, s)
+		t.Cleanup(func() { r.Close() })
+		other = r.(store.Revocations)
+		readers = append(readers, other)
+	}
+	now := time.Unix(1_800_000_000, 0).UTC()
+	want := func(what string, number int64, serials ...string) {
+		t.Helper()
+		for i, r := range readers {
+			l, err := r.RevocationList(ctx)
+			if err != nil {
+				t.Fatalf("%s (reader %d): %v", what, i, err)
+			}
+			got := slices.Sorted(maps.Keys(l.Revoked))
+			slices.Sort(serials)
+			if l.Number != number || !slices.Equal(got, serials) {
+				t.Fatalf("%s (reader %d): number %d %v, want %d %v", what, i, l.Number, got, number, serials)
+			}
+		}
+	}
+	want("an empty list", 0)
+	for _, c := range []struct {
+		serial, cn string
+		notAfter   time.Time
+	}{
+		{"a1", "node-1", now.Add(time.Hour)},
+		{"a2", "node-1", now.Add(2 * time.Hour)},
+		{"a0", "node-1", now.Add(-time.Hour)}, // expired
+		{"b1", "node-2", now.Add(time.Hour)},
+	} {
+		if err := rv.RecordIssued(ctx, c.serial, c.cn, c.notAfter, now.Add(-2*time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := other.Revoke(ctx, nil, "node-1", now)
+	slices.Sort(got)
+	if err != nil || !slices.Equal(got, []string{"a1", "a2"}) {
+		t.Fatalf("revoking node-1's certificates through the other replica: %v %v", got, err)
+	}
+	want("node-1's", 1, "a1", "a2")
+	l, err := rv.RevocationList(ctx)
+	if err != nil || !l.Revoked["a1"].Equal(now) {
+		t.Fatalf("a1's revocation time: %v %v, want %v", l.Revoked["a1"], err, now)
+	}
+	if got, err := rv.Revoke(ctx, []string{"a2"}, "node-1", now); err != nil || len(got) != 0 {
+		t.Fatalf("revoking them again: %v %v", got, err)
+	}
+	want("revoked again", 1, "a1", "a2")
+	if got, err := rv.Revoke(ctx, []string{"c1", "a1", "c1"}, "", now); err != nil || !slices.Equal(got, []string{"c1"}) {
+		t.Fatalf("revoking serials: %v %v", got, err)
+	}
+	want("a serial more", 2, "a1", "a2", "c1")
+	if err := other.RaiseRevocationNumber(ctx, 40); err != nil {
+		t.Fatal(err)
+	}
+	want("raised", 40, "a1", "a2", "c1")
+	if err := rv.RaiseRevocationNumber(ctx, 7); err != nil {
+		t.Fatal(err)
+	}
+	want("not lowered", 40, "a1", "a2", "c1")
+	// Records expired at a later issue are forgotten: node-2's b1 is no
+	// longer revoked by its common name once it expired.
+	if err := rv.RecordIssued(ctx, "b2", "node-2", now.Add(4*time.Hour), now.Add(2*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := other.Revoke(ctx, nil, "node-2", now.Add(2*time.Hour)); err != nil || !slices.Equal(got, []string{"b2"}) {
+		t.Fatalf("revoking node-2's: %v %v", got, err)
+	}
+	want("node-2's", 41, "a1", "a2", "c1", "b2")
+
+	// Concurrent revocations, through both replicas: each raises the
+	// number.
+	const n = 8
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := readers[i%len(readers)]
+			got, err := r.Revoke(ctx, []string{fmt.Sprintf("d%d", i)}, "", now)
+			if err == nil && len(got) != 1 {
+				err = fmt.Errorf("revoking d%d: %v", i, got)
+			}
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	all := []string{"a1", "a2", "c1", "b2"}
+	for i := range n {
+		all = append(all, fmt.Sprintf("d%d", i))
+	}
+	want("after concurrent revocations", 41+n, all...)
+}

@@ -1,0 +1,122 @@
+package pki
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/big"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+)
+
+// SharedList is a revocation list kept outside the CA directory, in a
+// record that several holders of copies of the directory share (the
+// control plane's store): every copy that adopts it (CA.Adopt) signs the
+// same entries with the same number, so a reader taking the list with the
+// higher number (an agent) takes the same list from any of them.
+type SharedList struct {
+	Number  *big.Int
+	Revoked map[string]time.Time // hex serial → revocation time
+}
+
+// Adoption is what CA.Adopt did, or what the shared list needs first.
+type Adoption struct {
+	// Changed: ca-crl.pem now holds the shared list.
+	Changed bool
+	// Missing are serials this directory's list revokes that the shared
+	// list does not: add them to it, then adopt it again.
+	Missing []*big.Int
+	// MinNumber, when set, is the number the shared list must reach
+	// before it is adopted: this directory's list has a higher one (or
+	// as high, with fewer entries), and readers holding it would not
+	// take a lower one.
+	MinNumber *big.Int
+}
+
+// Adopt makes the CA directory's revocation list (ca-crl.pem, re-read
+// first) the shared list l, signed with l's number and l's entries, once
+// l holds every serial the directory's list revokes (Missing otherwise)
+// and its number is higher than the directory's (MinNumber otherwise; as
+// high will do for the same entries). A directory already holding l is
+// left as it is.
+func (ca *CA) Adopt(l SharedList) (Adoption, error) {
+	if l.Number == nil || l.Number.Sign() < 0 {
+		return Adoption{}, fmt.Errorf("%w: a shared revocation list needs a number", ErrBadRequest)
+	}
+	unlock, err := lockDir(ca.dir)
+	if err != nil {
+		return Adoption{}, err
+	}
+	defer unlock()
+	ca.mu.Lock()
+	defer ca.mu.Unlock()
+	b, err := os.ReadFile(filepath.Join(ca.dir, CRLFile))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return Adoption{}, fmt.Errorf("pki: %w", err)
+	}
+	if err != nil || !bytes.Equal(b, ca.crlPEM) {
+		if err := ca.loadCRL(); err != nil {
+			return Adoption{}, err
+		}
+	}
+	var out Adoption
+	for s := range ca.revoked {
+		if _, ok := l.Revoked[s]; !ok {
+			if n, ok := new(big.Int).SetString(s, 16); ok {
+				out.Missing = append(out.Missing, n)
+			}
+		}
+	}
+	if len(out.Missing) > 0 {
+		sort.Slice(out.Missing, func(i, j int) bool { return out.Missing[i].Cmp(out.Missing[j]) < 0 })
+		return out, nil
+	}
+	same := len(l.Revoked) == len(ca.revoked)
+	switch c := l.Number.Cmp(ca.crlNum); {
+	case c == 0 && same:
+		return out, nil
+	case c < 0 && same:
+		out.MinNumber = new(big.Int).Set(ca.crlNum)
+		return out, nil
+	case c <= 0:
+		out.MinNumber = new(big.Int).Add(ca.crlNum, big.NewInt(1))
+		return out, nil
+	}
+	ca.revoked = make(map[string]time.Time, len(l.Revoked))
+	for s, at := range l.Revoked {
+		ca.revoked[s] = at
+	}
+	if err := ca.writeCRLNumbered(new(big.Int).Set(l.Number)); err != nil {
+		return Adoption{}, err
+	}
+	out.Changed = true
+	return out, nil
+}
+
+// IssuedTo returns the serial numbers of the certificates in the index,
+// not yet expired, whose common name is commonName (RevokeIssuedTo's,
+// without revoking them).
+func (ca *CA) IssuedTo(commonName string) ([]*big.Int, error) {
+	if commonName == "" {
+		return nil, fmt.Errorf("%w: no common name", ErrBadRequest)
+	}
+	unlock, err := lockDir(ca.dir)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	entries, err := ca.readIndex()
+	if err != nil {
+		return nil, err
+	}
+	var out []*big.Int
+	for _, e := range entries {
+		if e.cn == commonName {
+			out = append(out, e.serial)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,90 @@
+package pki
+
+import (
+	"crypto/x509"
+	"errors"
+	"math/big"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// TestAdopt: two copies of a CA directory adopting one shared revocation
+// list sign the same entries with the same number, which a reader taking
+// the higher number takes from either, and refuse the certificates it
+// names. A copy whose own list revokes what the shared one does not, or
+// has a higher number, says so (Missing, MinNumber) and is left as it
+// is; adopting the list it holds changes nothing; IssuedTo lists a
+// holder's certificates without revoking them.
+func TestAdopt(t *testing.T) {
+	clk := newClock()
+	dirA := t.TempDir()
+	a := openCA(t, dirA, clk)
+	dirB := t.TempDir()
+	for _, f := range []string{CACertFile, CAKeyFile, CRLFile} {
+		b, err := os.ReadFile(filepath.Join(dirA, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dirB, f), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := openCA(t, dirB, clk)
+	iss, err := a.Issue(Request{CommonName: "node-a", Hosts: []string{"127.0.0.1"}, Usage: ClientAuth, Lifetime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := a.IssuedTo("node-a"); err != nil || len(got) != 1 || got[0].Cmp(iss.Cert.SerialNumber) != 0 {
+		t.Fatalf("IssuedTo: %v %v", got, err)
+	}
+	if err := a.Verify(iss.Cert, ClientAuth); err != nil {
+		t.Fatalf("IssuedTo revoked it: %v", err)
+	}
+	// B revokes a serial of its own, in its directory only (number 2).
+	local := big.NewInt(0x77)
+	if err := b.Revoke(local); err != nil {
+		t.Fatal(err)
+	}
+	at := clk.Now().UTC().Truncate(time.Second)
+	shared := SharedList{Number: big.NewInt(5), Revoked: map[string]time.Time{iss.Cert.SerialNumber.Text(16): at}}
+	ad, err := b.Adopt(shared)
+	if err != nil || len(ad.Missing) != 1 || ad.Missing[0].Cmp(local) != 0 || ad.Changed {
+		t.Fatalf("adopting a list without B's own revocation: %+v %v", ad, err)
+	}
+	shared.Revoked[local.Text(16)] = at
+	// A's list is numbered 1 (as created): a list as high with other
+	// entries needs a higher number.
+	if ad, err := a.Adopt(SharedList{Number: big.NewInt(1), Revoked: shared.Revoked}); err != nil || ad.MinNumber == nil || ad.MinNumber.Int64() != 2 || ad.Changed {
+		t.Fatalf("adopting a list numbered as A's: %+v %v", ad, err)
+	}
+	for _, ca := range []*CA{a, b} {
+		ad, err := ca.Adopt(shared)
+		if err != nil || !ad.Changed {
+			t.Fatalf("adopting the shared list: %+v %v", ad, err)
+		}
+		if n := ca.CRLNumber(); n.Cmp(shared.Number) != 0 {
+			t.Fatalf("adopted, numbered %v, want %v", n, shared.Number)
+		}
+		if err := ca.Verify(iss.Cert, ClientAuth); !errors.Is(err, ErrRevoked) {
+			t.Fatalf("the shared list's certificate: %v", err)
+		}
+		again, err := openCA(t, ca.Dir(), clk).Adopt(shared)
+		if err != nil || again.Changed || again.Missing != nil || again.MinNumber != nil {
+			t.Fatalf("adopting it again: %+v %v", again, err)
+		}
+	}
+	// A reader holding one copy's list takes nothing from the other.
+	r := NewCRL([]*x509.Certificate{a.Certificate()})
+	if ok, err := r.Update(a.CRLPEM()); !ok || err != nil {
+		t.Fatalf("a reader takes A's list: %v %v", ok, err)
+	}
+	if ok, err := r.Update(b.CRLPEM()); ok || err != nil {
+		t.Fatalf("a reader holding A's list took B's: %v %v", ok, err)
+	}
+	// A lower number for the same entries: the directory's number first.
+	if ad, err := a.Adopt(SharedList{Number: big.NewInt(3), Revoked: shared.Revoked}); err != nil || ad.MinNumber == nil || ad.MinNumber.Int64() != 5 {
+		t.Fatalf("adopting a lower number: %+v %v", ad, err)
+	}
+}
