@@ -1,15 +1,12 @@
 package controlplane
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"database/sql"
-	"encoding/json"
-	"io"
+	"math/big"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httptrace"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -20,19 +17,21 @@ import (
 	"github.com/rialto-project/rialto/internal/pki"
 )
 
-// TestLateRemovalRevokedRecorded: a certificate renewal authenticated
-// before a node's forced removal signs while the removal's commit waits
-// for the database (another connection holds its write lock): the
-// removal's second revocation pass, after its commit, revokes that
-// certificate, and the write that records its serial with the removal
-// (AddRemovalRevoked) fails — the database refuses it (a trigger of its
-// own raises an error on it, and on no other write). The serial is not
-// lost to the replicas that call the removed node's agent later (a failed
-// move's destination there): the removing replica accepts it at once (it
-// holds it), and records it once the database takes the write again, at
-// its next sweep. Before, the failure was only logged: the store never
-// had the serial, and a teardown or abort on another replica, or on this
-// one after a restart, refused the agent presenting that certificate.
+// TestLateRemovalRevokedRecorded: the serials a removal's second
+// revocation pass revokes after its commit (a renewal signed during the
+// removal) are written with the removal's (AddRemovalRevoked); when the
+// database refuses that write (a trigger of the test's own raises an error
+// on it, and on no other write), the serials are not lost to the replicas
+// that call the removed node's agent later (a failed move's destination
+// there): the removing replica accepts them at once (it holds them), and
+// records them once the database takes the write again, at its next sweep.
+// Before, the failure was only logged: the store never had the serials,
+// and a teardown or abort on another replica, or on this one after a
+// restart, refused the agent presenting that certificate. (The renewal's
+// race with the removal itself is TestRenewalDuringRemovalIsRevoked's; since
+// the store keeps the revocation list, its first pass waits for the
+// database as the commit does, so this test calls the second pass's
+// recording itself.)
 func TestLateRemovalRevokedRecorded(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -65,17 +64,8 @@ func TestLateRemovalRevokedRecorded(t *testing.T) {
 	hs.TLS = cfg
 	hs.StartTLS()
 	t.Cleanup(hs.Close)
-	client := func(cert *tls.Certificate) *http.Client {
-		tc := &tls.Config{RootCAs: ca.Pool(), ServerName: "127.0.0.1"}
-		if cert != nil {
-			tc.Certificates = []tls.Certificate{*cert}
-		}
-		// A request with Expect: 100-continue sends its body only once
-		// the handler reads it.
-		return &http.Client{Transport: &http.Transport{TLSClientConfig: tc, ExpectContinueTimeout: time.Minute}}
-	}
-	anon := api.NewClient(hs.URL, "", client(nil))
-	csr, keyPEM, err := pki.NewCSR("", []string{"127.0.0.1"})
+	anon := api.NewClient(hs.URL, "", &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool(), ServerName: "127.0.0.1"}}})
+	csr, _, err := pki.NewCSR("", []string{"127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,106 +80,16 @@ func TestLateRemovalRevokedRecorded(t *testing.T) {
 	if err != nil || len(joined) == 0 {
 		t.Fatalf("the join's certificate: %v", err)
 	}
-	cert, err := tls.X509KeyPair([]byte(j.Certificate), keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
 
-	// The renewal: authenticated now (credential and certificate), its
-	// body sent once the removal has revoked the node's certificates.
-	csr2, _, err := pki.NewCSR("", []string{"127.0.0.1"})
+	// Removed (forced: its agent may still run): the join's certificate
+	// is revoked and recorded with the removal.
+	rm, err := anon.WithToken(adminTok).RemoveNode(ctx, j.NodeID, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, _ := json.Marshal(api.NodeCertificateRequest{CSR: string(csr2)})
-	pr, pw := io.Pipe()
-	reading := make(chan struct{})
-	rctx := httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{Got100Continue: func() { close(reading) }})
-	req, err := http.NewRequestWithContext(rctx, http.MethodPost, hs.URL+"/v1/nodes/"+j.NodeID+"/certificate", pr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+j.Credential)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Expect", "100-continue")
-	type answer struct {
-		resp *http.Response
-		err  error
-	}
-	renewed := make(chan answer, 1)
-	go func() { // the test waits for it below
-		resp, err := client(&cert).Do(req)
-		renewed <- answer{resp, err}
-	}()
-	select {
-	case <-reading:
-	case a := <-renewed:
-		t.Fatalf("the renewal was answered before it sent its body: %v", a.err)
-	}
-
-	// The database's write lock, held by a connection of the test's own:
-	// the removal's commit waits for it.
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := conn.ExecContext(ctx, `BEGIN IMMEDIATE`); err != nil {
-		t.Fatal(err)
-	}
-	type removal struct {
-		r   api.NodeRemoval
-		err error
-	}
-	removed := make(chan removal, 1)
-	go func() { // the test waits for it below
-		r, err := anon.WithToken(adminTok).RemoveNode(ctx, j.NodeID, true)
-		removed <- removal{r, err}
-	}()
-	pollUntil(ctx, t, "the removal's first revocation", func() bool { return ca.Revoked(joined[0].SerialNumber) })
-	if _, err := io.Copy(pw, bytes.NewReader(body)); err != nil {
-		t.Fatal(err)
-	}
-	pw.Close()
-	a := <-renewed
-	if a.err != nil {
-		t.Fatal(a.err)
-	}
-	defer a.resp.Body.Close()
-	if a.resp.StatusCode != http.StatusOK {
-		data, _ := io.ReadAll(a.resp.Body)
-		t.Fatalf("the renewal before the removal's commit: %s %s", a.resp.Status, data)
-	}
-	var out api.NodeCertificateResponse
-	if err := json.NewDecoder(a.resp.Body).Decode(&out); err != nil {
-		t.Fatal(err)
-	}
-	renewal, err := pki.ParseCerts([]byte(out.Certificate))
-	if err != nil || len(renewal) == 0 {
-		t.Fatalf("the renewal's certificate: %v", err)
-	}
-	late := renewal[0].SerialNumber.Text(16)
-	// From the commit of the lock on, the database refuses any write of
-	// the serials that names the renewal's: the second pass's.
-	if _, err := conn.ExecContext(ctx, `CREATE TRIGGER test_refuse_late_serial BEFORE UPDATE OF removal_revoked ON nodes
-		WHEN instr(NEW.removal_revoked, '`+late+`') > 0 BEGIN SELECT RAISE(ABORT, 'the serials cannot be written (test)'); END`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.ExecContext(ctx, `COMMIT`); err != nil {
-		t.Fatal(err)
-	}
-	rm := <-removed
-	if rm.err != nil {
-		t.Fatal(rm.err)
-	}
-	if rm.r.Revoked != 2 || !ca.Revoked(renewal[0].SerialNumber) {
-		t.Fatalf("the removal revoked %d certificate(s), the renewal's revoked: %v; want 2, the join's and the renewal's",
-			rm.r.Revoked, ca.Revoked(renewal[0].SerialNumber))
+	first := joined[0].SerialNumber.Text(16)
+	if rm.Revoked != 1 || !ca.Revoked(joined[0].SerialNumber) {
+		t.Fatalf("the removal revoked %d certificate(s), the join's revoked: %v; want 1, the join's", rm.Revoked, ca.Revoked(joined[0].SerialNumber))
 	}
 	recorded := func() []string {
 		t.Helper()
@@ -199,22 +99,38 @@ func TestLateRemovalRevokedRecorded(t *testing.T) {
 		}
 		return got
 	}
-	if got := recorded(); slices.Contains(got, late) || !slices.Contains(got, joined[0].SerialNumber.Text(16)) {
-		t.Fatalf("recorded with the removal: %v; want the join's certificate's serial, not yet the renewal's %s", got, late)
+	if got := recorded(); !slices.Equal(got, []string{first}) {
+		t.Fatalf("recorded with the removal: %v; want the join's certificate's serial %s", got, first)
+	}
+
+	// A serial of the second pass that the database refuses to record.
+	late := new(big.Int).Lsh(big.NewInt(0x5eed), 100).Text(16)
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, `CREATE TRIGGER test_refuse_late_serial BEFORE UPDATE OF removal_revoked ON nodes
+		WHEN instr(NEW.removal_revoked, '`+late+`') > 0 BEGIN SELECT RAISE(ABORT, 'the serials cannot be written (test)'); END`); err != nil {
+		t.Fatal(err)
+	}
+	srv.recordLateRevoked(ctx, st, j.NodeID, []string{first}, []string{late})
+	if got := recorded(); slices.Contains(got, late) {
+		t.Fatalf("recorded with the removal: %v; the database refused the late serial %s", got, late)
 	}
 	// Meanwhile this replica's calls to the node's agent accept it.
-	if got := serialTexts(srv.removalRevoked(ctx, j.NodeID)); !slices.Contains(got, late) {
-		t.Errorf("this replica accepts %v of the removed node's certificates, not the renewal's %s", got, late)
+	if got := serialTexts(srv.removalRevoked(ctx, j.NodeID)); !slices.Contains(got, late) || !slices.Contains(got, first) {
+		t.Errorf("this replica accepts %v of the removed node's certificates, want the join's %s and the late %s", got, first, late)
 	}
 
 	// The database takes the write again: the next sweep records it.
-	if _, err := conn.ExecContext(ctx, `DROP TRIGGER test_refuse_late_serial`); err != nil {
+	if _, err := db.ExecContext(ctx, `DROP TRIGGER test_refuse_late_serial`); err != nil {
 		t.Fatal(err)
 	}
 	if err := srv.Sweep(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := recorded(); !slices.Contains(got, late) || !slices.Contains(got, joined[0].SerialNumber.Text(16)) {
-		t.Errorf("recorded after the sweep: %v; want the join's certificate's serial and the renewal's %s", got, late)
+	if got := recorded(); !slices.Contains(got, late) || !slices.Contains(got, first) {
+		t.Errorf("recorded after the sweep: %v; want the join's certificate's serial and the late %s", got, late)
 	}
 }
