@@ -81,6 +81,7 @@ type Mount struct {
 
 	afterBusy func()        // tests: called after each unmount refused as busy
 	busyGrace time.Duration // tests: 0 is the package's busyGrace
+	busyWait  time.Duration // tests: the wait between tries; 0: a backoff
 }
 
 // Serve mounts dev at cfg.Dir and serves it until Close. The caller must
@@ -204,6 +205,9 @@ func (m *Mount) Unmount() error {
 	loopCtx, loopCancel := context.WithTimeout(context.Background(), max(loopGrace, grace))
 	defer loopCancel()
 	retry := backoff.Backoff{Min: 10 * time.Millisecond, Max: 200 * time.Millisecond}
+	if m.busyWait > 0 {
+		retry.Min, retry.Max = m.busyWait, m.busyWait
+	}
 	wait := ctx
 	for {
 		if !m.mounted() {
@@ -225,13 +229,15 @@ func (m *Mount) Unmount() error {
 		if m.afterBusy != nil {
 			m.afterBusy()
 		}
-		// A loop device seen going away is waited for until it has let
-		// go of the file, which is a moment after it has gone from
-		// /sys/block.
-		if wait == ctx && ctx.Err() != nil && loopGoingAway(m.Path()) {
-			wait = loopCtx
-		}
 		if retry.Wait(wait) != nil {
+			// The grace is over (during a try, or, more often, during
+			// the wait after one): a loop device seen going away is
+			// waited for until it has let go of the file, which is a
+			// moment after it has gone from /sys/block.
+			if wait == ctx && loopGoingAway(m.Path()) {
+				wait = loopCtx
+				continue
+			}
 			return fmt.Errorf("fusefile: %s is %w: unmount what uses it first: %v", m.dir, ErrBusy, err)
 		}
 	}

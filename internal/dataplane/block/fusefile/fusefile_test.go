@@ -446,3 +446,58 @@ func loopOn(t *testing.T, path string) string {
 	t.Fatalf("no loop device on %s", path)
 	return ""
 }
+
+// TestUnmountWaitsForAClearingLoopDevicePastAWait: the busy grace usually
+// ends while Unmount waits between two tries, not while it tries (the
+// grace is 2s, a try a fraction of a second): a loop device going away is
+// waited for then too. Unmount looked for one only when the grace had
+// ended during a try, and otherwise refused at the grace's end.
+func TestUnmountWaitsForAClearingLoopDevicePastAWait(t *testing.T) {
+	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
+		t.Skip("no mkfs.ext4")
+	}
+	_, _, m := serve(t, 16<<20)
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", m.Path()).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.ext4: %v: %s", err, out)
+	}
+	// The grace outlasts the first try (a busy try takes some 0.3s: the
+	// FUSE library tries fusermount 5 times), and ends during the wait
+	// after it.
+	const grace = 1500 * time.Millisecond
+	fusefile.SetBusyGrace(m, grace)
+	fusefile.SetBusyWait(m, 2*grace)
+	mnt := t.TempDir()
+	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() })
+	if out, err := exec.Command("mount", "-o", "loop", m.Path(), mnt).CombinedOutput(); err != nil {
+		t.Fatalf("mount -o loop: %v: %s", err, out)
+	}
+	dev := loopOn(t, m.Path())
+	holder, err := os.Open(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+		t.Fatalf("umount: %v: %s", err, out)
+	}
+	start := time.Now()
+	var firstBusy time.Duration
+	tries := 0
+	fusefile.SetAfterBusy(m, func() {
+		tries++
+		if tries == 1 {
+			firstBusy = time.Since(start)
+		}
+		if tries == 2 { // past the grace: the loop device lets go now
+			holder.Close()
+		}
+	})
+	err = m.Unmount()
+	if firstBusy >= grace {
+		t.Skipf("the first try took %v, past the %v grace: the test shows nothing", firstBusy, grace)
+	}
+	if err != nil {
+		t.Fatalf("Unmount with a loop device going away (%d tries refused as busy): %v", tries, err)
+	}
+	<-m.Done()
+}
