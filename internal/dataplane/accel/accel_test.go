@@ -23,6 +23,9 @@ type memTarget struct {
 	mu      sync.Mutex
 	mem     []byte
 	release chan struct{}
+	// stubborn, if set, is what "stubborn" waits for, whatever its
+	// context says (a role with no cancellation point).
+	stubborn chan struct{}
 	// blocked counts "block" calls under way; interrupted those that
 	// ended because their context did.
 	blocked, interrupted atomic.Int64
@@ -36,7 +39,7 @@ func (t *memTarget) Authenticate(c []byte) error {
 }
 
 func (t *memTarget) Info() Info {
-	return Info{MemSize: uint64(len(t.mem)), Role: "test", Entries: []string{"block", "echo"}}
+	return Info{MemSize: uint64(len(t.mem)), Role: "test", Entries: []string{"block", "echo", "stubborn"}}
 }
 
 func (t *memTarget) WriteMem(addr uint64, p []byte) error {
@@ -62,6 +65,9 @@ func (t *memTarget) Execute(ctx context.Context, entry string, ins [][]byte) ([]
 	switch entry {
 	case "echo":
 		return ins, nil
+	case "stubborn":
+		<-t.stubborn
+		return nil, ctx.Err()
 	case "block":
 		t.blocked.Add(1)
 		defer t.blocked.Add(-1)

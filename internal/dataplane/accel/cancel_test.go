@@ -3,6 +3,7 @@ package accel
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"testing"
 	"time"
@@ -168,4 +169,67 @@ func TestSettledCallFreesSlot(t *testing.T) {
 			t.Fatalf("round %d: call after the settled cancellation: %q %v", i, out, err)
 		}
 	}
+}
+
+// A polled task cancelled while its role runs on (no cancellation point)
+// does not touch a later task given the same tag: the new task is running
+// until it ends, whatever the cancelled one does when it finally returns.
+// The cancelled task's end marked the tag's current task done (with its
+// own outcome) while the new one still ran. (The Go client never reuses a
+// tag; other clients may.)
+func TestCancelledTagReused(t *testing.T) {
+	const mem = 1 << 20
+	tgt := &memTarget{mem: make([]byte, 64), release: make(chan struct{}), stubborn: make(chan struct{})}
+	srv := &Server{Target: tgt, MaxPayload: mem, MaxOutstanding: 2}
+	nc, br := serveHello(t, srv, mem)
+	exchange := func(f Frame) Frame {
+		t.Helper()
+		if _, err := nc.Write(AppendFrame(nil, f)); err != nil {
+			t.Fatal(err)
+		}
+		r, err := ReadFrame(br, mem)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Tag != f.Tag {
+			t.Fatalf("answer to tag %d: %+v", f.Tag, r)
+		}
+		return r
+	}
+	start := func(tag uint32, entry string) {
+		t.Helper()
+		r := exchange(Frame{Op: OpStart, Flags: FlagInline, Tag: tag, Payload: AppendStart(nil, Start{Entry: entry, Payload: []byte("x")})})
+		if r.Op != OpAccepted {
+			t.Fatalf("START %d %s: %+v", tag, entry, r)
+		}
+	}
+	poll := func(tag uint32) byte {
+		t.Helper()
+		r := exchange(Frame{Op: OpPoll, Tag: 99, Payload: binary.LittleEndian.AppendUint32(nil, tag)})
+		if r.Op != OpStatus || len(r.Payload) < 1 {
+			t.Fatalf("POLL %d: %+v", tag, r)
+		}
+		return r.Payload[0]
+	}
+	start(5, "stubborn")
+	if r := exchange(Frame{Op: OpCancel, Tag: 6, Payload: AppendCancel(nil, 5)}); r.Op != OpOK {
+		t.Fatalf("CANCEL 5: %+v", r)
+	}
+	start(5, "block") // tag 5 again, a task that waits for release
+	waitUntil(t, "the new task to run", func() bool { return tgt.blocked.Load() == 1 })
+	close(tgt.stubborn) // the cancelled task returns
+	// Its slot given back (with two slots, a third task is admitted
+	// beside the new one only once the cancelled one has left), and a
+	// task started after that has ended: the cancelled one's end has been
+	// handled by then.
+	waitUntil(t, "the cancelled task's slot to be given back", func() bool {
+		r := exchange(Frame{Op: OpStart, Flags: FlagInline, Tag: 7, Payload: AppendStart(nil, Start{Entry: "echo", Payload: []byte("y")})})
+		return r.Op == OpAccepted
+	})
+	waitUntil(t, "the echo task to end", func() bool { return poll(7) == StateDone })
+	if st := poll(5); st != StateRunning {
+		t.Fatalf("tag 5's new task: state %d after the cancelled one ended, want running (%d)", st, StateRunning)
+	}
+	close(tgt.release)
+	waitUntil(t, "the new task to end", func() bool { return poll(5) == StateDone })
 }

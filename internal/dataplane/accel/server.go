@@ -529,12 +529,17 @@ func (c *conn) handle(ctx context.Context, wg *sync.WaitGroup, f Frame) {
 				return
 			}
 		}
+		// A polled task's state: written only while the tag still names
+		// it (a cancelled task is forgotten, and its tag may be reused
+		// before its role returns).
+		var ts *taskState
 		if !notify {
 			c.mu.Lock()
 			_, dup := c.tasks[f.Tag]
 			full := len(c.tasks) >= 4*cap(c.sem)
 			if !dup && !full {
-				c.tasks[f.Tag] = &taskState{}
+				ts = &taskState{}
+				c.tasks[f.Tag] = ts
 			}
 			c.mu.Unlock()
 			if dup || full {
@@ -580,7 +585,7 @@ func (c *conn) handle(ctx context.Context, wg *sync.WaitGroup, f Frame) {
 				return
 			}
 			c.mu.Lock()
-			if ts := c.tasks[f.Tag]; ts != nil {
+			if c.tasks[f.Tag] == ts {
 				ts.done, ts.outLen, ts.err = true, uint32(len(out)), err
 			}
 			c.mu.Unlock()
