@@ -103,8 +103,9 @@ const maxCRLSyncRounds = 4
 
 // syncCRL signs this replica's revocation list (ca-crl.pem, re-read)
 // from the store's (pki.CA.Adopt), after recording in the store what the
-// directory's list revokes that the store's does not (`rialto ca`, a
-// replica's revocation before the store kept them) and raising the
+// directory's list revokes that the store's does not (another process
+// sharing the directory, a replica's revocation before the store kept
+// them) and raising the
 // store's number above the directory's where that is higher. It reports
 // whether this replica's list changed. Without a store that keeps the
 // list, it re-reads ca-crl.pem (another process sharing the directory may
