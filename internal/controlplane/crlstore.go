@@ -103,12 +103,15 @@ const maxCRLSyncRounds = 4
 
 // syncCRL signs this replica's revocation list (ca-crl.pem, re-read)
 // from the store's (pki.CA.Adopt), after recording in the store what the
-// directory's list revokes that the store's does not (`rialto ca`, a
-// replica's revocation before the store kept them) and raising the
+// directory's list revokes that the store's does not (another process
+// sharing the directory, a replica's revocation before the store kept
+// them) and raising the
 // store's number above the directory's where that is higher. It reports
 // whether this replica's list changed. Without a store that keeps the
 // list, it re-reads ca-crl.pem (another process sharing the directory may
-// have written it).
+// have written it); so it does when the store fails, which it reports:
+// a revocation by such a process takes effect here meanwhile, as it did
+// before the store kept the list.
 func (s *Server) syncCRL(ctx context.Context) (bool, error) {
 	ca := s.cfg.CA
 	if ca == nil {
@@ -120,6 +123,19 @@ func (s *Server) syncCRL(ctx context.Context) (bool, error) {
 	}
 	s.crl.mu.Lock()
 	defer s.crl.mu.Unlock()
+	changed, err := s.adoptStoreCRL(ctx, ca, rv)
+	if err != nil {
+		if reloaded, rerr := ca.ReloadIfChanged(); rerr != nil {
+			err = errors.Join(err, rerr)
+		} else {
+			changed = changed || reloaded
+		}
+	}
+	return changed, err
+}
+
+// adoptStoreCRL is syncCRL's work with a store that keeps the list.
+func (s *Server) adoptStoreCRL(ctx context.Context, ca *pki.CA, rv store.Revocations) (bool, error) {
 	for range maxCRLSyncRounds {
 		l, err := rv.RevocationList(ctx)
 		if err != nil {

@@ -14,7 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
 	"github.com/rialto-project/rialto/internal/pgserver/pgtest"
 	"github.com/rialto-project/rialto/internal/pki"
 )
@@ -184,5 +187,75 @@ func TestReplicaCopiesShareRevocations(t *testing.T) {
 		if hb.CRL != "" {
 			t.Errorf("%s hands an agent holding list %v another list", base, numbers[0])
 		}
+	}
+}
+
+// TestStoreFailingKeepsLocalRevocations: a replica whose store answers
+// errors for the revocation list (here its tables gone) still re-reads
+// its CA directory's ca-crl.pem at each sweep, so that a revocation by
+// another process sharing the directory (`rialto ca`, pki.CA.Revoke)
+// takes effect there as it did before the store kept the list. Before,
+// syncCRL returned at the store's error without reading the file, and
+// the replica accepted the revoked certificate until the store answered
+// again.
+func TestStoreFailingKeepsLocalRevocations(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	url := pgtest.DB(t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	dir := filepath.Join(t.TempDir(), "tls")
+	ca, err := pki.Open(dir, pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(ctx, Config{Store: openPG(ctx, t, url, 4), Logger: log, CA: ca, Lender: newFakeLender(), BootstrapToken: bootTok,
+		Tokens: []Token{{Token: adminTok, Tenant: "admin", Admin: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	iss, err := ca.Issue(pki.Request{CommonName: "n-1", Hosts: []string{"127.0.0.1"}, Usage: pki.ClientAuth, Lifetime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.syncCRL(ctx); err != nil {
+		t.Fatalf("signing the list from the store: %v", err)
+	}
+	c, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	if _, err := c.Exec(ctx, `ALTER TABLE crl_number RENAME TO crl_number_gone`); err != nil {
+		t.Fatal(err)
+	}
+	// Another process sharing the directory revokes the certificate.
+	other, err := pki.Open(dir, pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Revoke(iss.Cert.SerialNumber); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.syncCRL(ctx); err == nil {
+		t.Fatal("signing the list from a store without its tables: no error")
+	}
+	if err := ca.Verify(iss.Cert, pki.ClientAuth); !errors.Is(err, pki.ErrRevoked) {
+		t.Fatalf("the certificate revoked in the CA directory while the store failed: %v, want revoked", err)
+	}
+	// The store back: the directory's revocation goes into it.
+	if _, err := c.Exec(ctx, `ALTER TABLE crl_number_gone RENAME TO crl_number`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.syncCRL(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l, err := s.st.(store.Revocations).RevocationList(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := l.Revoked[iss.Cert.SerialNumber.Text(16)]; !ok || l.Number != ca.CRLNumber().Int64() {
+		t.Fatalf("the store's list after it came back: %+v, want the serial under number %v", l, ca.CRLNumber())
 	}
 }

@@ -1,6 +1,7 @@
 package pki
 
 import (
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"math/big"
@@ -86,5 +87,71 @@ func TestAdopt(t *testing.T) {
 	// A lower number for the same entries: the directory's number first.
 	if ad, err := a.Adopt(SharedList{Number: big.NewInt(3), Revoked: shared.Revoked}); err != nil || ad.MinNumber == nil || ad.MinNumber.Int64() != 5 {
 		t.Fatalf("adopting a lower number: %+v %v", ad, err)
+	}
+}
+
+// TestUnreadableCRLKeepsRevocations: a ca-crl.pem that cannot be read
+// back (a list another CA signed, as a copy of the directory rotated
+// elsewhere writes it; a truncated copy) is an error for Adopt,
+// ReloadIfChanged and Revoke, and the list the CA held stays in force:
+// the certificates it revoked are still refused, under the same number.
+// Before, the failed re-read had emptied the list in memory first, and
+// the CA accepted every certificate it had revoked.
+func TestUnreadableCRLKeepsRevocations(t *testing.T) {
+	clk := newClock()
+	dir := t.TempDir()
+	ca := openCA(t, dir, clk)
+	other := openCA(t, t.TempDir(), clk)
+	iss, err := ca.Issue(Request{CommonName: "node-a", Hosts: []string{"127.0.0.1"}, Usage: ClientAuth, Lifetime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.Revoke(iss.Cert.SerialNumber); err != nil {
+		t.Fatal(err)
+	}
+	num := ca.CRLNumber()
+	good, err := os.ReadFile(filepath.Join(dir, CRLFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		what string
+		b    []byte
+	}{
+		{"signed by another CA", other.CRLPEM()},
+		{"truncated", good[:len(good)/2]},
+	} {
+		if err := os.WriteFile(filepath.Join(dir, CRLFile), c.b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		shared := SharedList{Number: big.NewInt(num.Int64() + 5), Revoked: map[string]time.Time{}}
+		if ad, err := ca.Adopt(shared); err == nil {
+			t.Fatalf("%s: Adopt: %+v, want an error", c.what, ad)
+		}
+		if _, err := ca.ReloadIfChanged(); err == nil {
+			t.Fatalf("%s: ReloadIfChanged: no error", c.what)
+		}
+		if err := ca.Revoke(big.NewInt(0x99)); err == nil {
+			t.Fatalf("%s: Revoke: no error", c.what)
+		}
+		if err := ca.Verify(iss.Cert, ClientAuth); !errors.Is(err, ErrRevoked) {
+			t.Fatalf("%s: the revoked certificate after the failed re-reads: %v, want %v", c.what, err, ErrRevoked)
+		}
+		if err := ca.VerifyPeer(tls.ConnectionState{PeerCertificates: []*x509.Certificate{iss.Cert}}); !errors.Is(err, ErrRevoked) {
+			t.Fatalf("%s: VerifyPeer after the failed re-reads: %v", c.what, err)
+		}
+		if n := ca.CRLNumber(); n.Cmp(num) != 0 {
+			t.Fatalf("%s: number %v, want %v", c.what, n, num)
+		}
+	}
+	// The list written back is read again.
+	if err := os.WriteFile(filepath.Join(dir, CRLFile), good, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ca.ReloadIfChanged(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.Verify(iss.Cert, ClientAuth); !errors.Is(err, ErrRevoked) {
+		t.Fatalf("re-read: %v", err)
 	}
 }

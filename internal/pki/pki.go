@@ -298,12 +298,13 @@ func (ca *CA) load() error {
 }
 
 // loadCRL reads ca-crl.pem (absent: an empty list) and checks that one of
-// the trusted CA certificates signed it.
+// the trusted CA certificates signed it. A list it cannot read (not
+// signed by a trusted CA certificate, cut short) is an error, and the
+// list held before stays in force: what it revoked is still refused.
 func (ca *CA) loadCRL() error {
-	ca.revoked = map[string]time.Time{}
-	ca.crlNum = big.NewInt(0)
 	b, err := os.ReadFile(filepath.Join(ca.dir, CRLFile))
 	if errors.Is(err, fs.ErrNotExist) {
+		ca.revoked, ca.crlNum = map[string]time.Time{}, big.NewInt(0)
 		return nil
 	}
 	if err != nil {
@@ -327,13 +328,15 @@ func (ca *CA) loadCRL() error {
 	if !signed {
 		return fmt.Errorf("pki: %s is not signed by the CA", CRLFile)
 	}
+	revoked := make(map[string]time.Time, len(crl.RevokedCertificateEntries))
 	for _, e := range crl.RevokedCertificateEntries {
-		ca.revoked[e.SerialNumber.Text(16)] = e.RevocationTime
+		revoked[e.SerialNumber.Text(16)] = e.RevocationTime
 	}
+	num := big.NewInt(0)
 	if crl.Number != nil {
-		ca.crlNum = crl.Number
+		num = crl.Number
 	}
-	ca.crlPEM, ca.crlAt = b, crl.ThisUpdate
+	ca.revoked, ca.crlNum, ca.crlPEM, ca.crlAt = revoked, num, b, crl.ThisUpdate
 	return nil
 }
 
