@@ -211,10 +211,12 @@ func (m *Mount) Unmount() error {
 	wait := ctx
 	for {
 		if !m.mounted() {
+			// Detached lazily: waited for as long as the mount was
+			// (the grace, or a loop device's going away past it).
 			select {
 			case <-m.done:
 				return nil
-			case <-ctx.Done():
+			case <-wait.Done():
 				return fmt.Errorf("fusefile: %s was detached, but its file is still %w: unmount what uses it first", m.dir, ErrBusy)
 			}
 		}

@@ -377,26 +377,12 @@ func TestUnmountDetachedInUse(t *testing.T) {
 // comes after the busy grace: Unmount waits for a loop device that is going
 // away, while a loop device still mounted is refused after the grace.
 func TestUnmountWaitsForAClearingLoopDevice(t *testing.T) {
-	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
-		t.Skip("no mkfs.ext4")
-	}
 	_, _, m := serve(t, 16<<20)
-	if out, err := exec.Command("mkfs.ext4", "-q", "-F", m.Path()).CombinedOutput(); err != nil {
-		t.Fatalf("mkfs.ext4: %v: %s", err, out)
-	}
 	const grace = 100 * time.Millisecond
 	fusefile.SetBusyGrace(m, grace)
-	mnt := t.TempDir()
-	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() }) // after a failure midway
-	sh := func(name string, args ...string) {
-		t.Helper()
-		if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
-			t.Fatalf("%s %v: %v: %s", name, args, err, out)
-		}
-	}
+	mnt := loopMounted(t, m)
 
 	// Mounted: refused once the grace is over, not after the loop grace.
-	sh("mount", "-o", "loop", m.Path(), mnt)
 	start := time.Now()
 	if err := m.Unmount(); !errors.Is(err, fusefile.ErrBusy) {
 		t.Fatalf("Unmount with the file loop-mounted: %v, want ErrBusy", err)
@@ -407,13 +393,7 @@ func TestUnmountWaitsForAClearingLoopDevice(t *testing.T) {
 
 	// Unmounted, the loop device held open by another opener: Unmount
 	// waits past the grace until the opener closes it.
-	dev := loopOn(t, m.Path())
-	holder, err := os.Open(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close()
-	sh("umount", mnt)
+	holder := unmountHeld(t, m, mnt)
 	var first time.Time
 	released := false
 	fusefile.SetAfterBusy(m, func() {
@@ -432,6 +412,77 @@ func TestUnmountWaitsForAClearingLoopDevice(t *testing.T) {
 		t.Fatal("the first unmount was not refused: the test shows nothing")
 	}
 	<-m.Done()
+}
+
+// TestUnmountWaitsForALazilyDetachedMountPastTheGrace: a mount detached
+// lazily (`umount -l`) while Unmount waits, past the busy grace, for a
+// loop device going away is waited for until its last user lets go, as
+// the loop device was. Unmount then waited on the grace already over, and
+// refused at once.
+func TestUnmountWaitsForALazilyDetachedMountPastTheGrace(t *testing.T) {
+	_, _, m := serve(t, 16<<20)
+	const grace = 100 * time.Millisecond
+	fusefile.SetBusyGrace(m, grace)
+	// No wait between tries: the next looks at the mount at once, before
+	// the last user's release has ended the server.
+	fusefile.SetBusyWait(m, time.Microsecond)
+	holder := unmountHeld(t, m, loopMounted(t, m))
+	var first time.Time
+	detached := false
+	fusefile.SetAfterBusy(m, func() {
+		if first.IsZero() {
+			first = time.Now()
+		}
+		if !detached && time.Since(first) > 3*grace {
+			detached = true
+			if out, err := exec.Command("umount", "-l", filepath.Dir(m.Path())).CombinedOutput(); err != nil {
+				t.Errorf("umount -l: %v: %s", err, out)
+			}
+			holder.Close()
+		}
+	})
+	if err := m.Unmount(); err != nil {
+		t.Fatalf("Unmount of a mount detached lazily while a loop device went away: %v", err)
+	}
+	if !detached {
+		t.Fatal("the unmount was not refused past the grace: the test shows nothing")
+	}
+	<-m.Done()
+}
+
+// loopMounted puts ext4 on m's file and mounts it through a loop device
+// (`mount -o loop`: one that clears itself on its last close) at a new
+// directory, which it returns.
+func loopMounted(t *testing.T, m *fusefile.Mount) string {
+	t.Helper()
+	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
+		t.Skip("no mkfs.ext4")
+	}
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", m.Path()).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.ext4: %v: %s", err, out)
+	}
+	mnt := t.TempDir()
+	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() }) // after a failure midway
+	if out, err := exec.Command("mount", "-o", "loop", m.Path(), mnt).CombinedOutput(); err != nil {
+		t.Fatalf("mount -o loop: %v: %s", err, out)
+	}
+	return mnt
+}
+
+// unmountHeld opens the loop device of mnt, a loopMounted directory, and
+// unmounts mnt: the loop device is going away, held back by the file
+// returned (as by udev's probe) until it is closed.
+func unmountHeld(t *testing.T, m *fusefile.Mount, mnt string) *os.File {
+	t.Helper()
+	holder, err := os.Open(loopOn(t, m.Path()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { holder.Close() })
+	if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+		t.Fatalf("umount: %v: %s", err, out)
+	}
+	return holder
 }
 
 // loopOn is the loop device whose backing file is path.
@@ -453,33 +504,14 @@ func loopOn(t *testing.T, path string) string {
 // waited for then too. Unmount looked for one only when the grace had
 // ended during a try, and otherwise refused at the grace's end.
 func TestUnmountWaitsForAClearingLoopDevicePastAWait(t *testing.T) {
-	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
-		t.Skip("no mkfs.ext4")
-	}
 	_, _, m := serve(t, 16<<20)
-	if out, err := exec.Command("mkfs.ext4", "-q", "-F", m.Path()).CombinedOutput(); err != nil {
-		t.Fatalf("mkfs.ext4: %v: %s", err, out)
-	}
 	// The grace outlasts the first try (a busy try takes some 0.3s: the
 	// FUSE library tries fusermount 5 times), and ends during the wait
 	// after it.
 	const grace = 1500 * time.Millisecond
 	fusefile.SetBusyGrace(m, grace)
 	fusefile.SetBusyWait(m, 2*grace)
-	mnt := t.TempDir()
-	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() })
-	if out, err := exec.Command("mount", "-o", "loop", m.Path(), mnt).CombinedOutput(); err != nil {
-		t.Fatalf("mount -o loop: %v: %s", err, out)
-	}
-	dev := loopOn(t, m.Path())
-	holder, err := os.Open(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close()
-	if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
-		t.Fatalf("umount: %v: %s", err, out)
-	}
+	holder := unmountHeld(t, m, loopMounted(t, m))
 	start := time.Now()
 	var firstBusy time.Duration
 	tries := 0
@@ -492,7 +524,7 @@ func TestUnmountWaitsForAClearingLoopDevicePastAWait(t *testing.T) {
 			holder.Close()
 		}
 	})
-	err = m.Unmount()
+	err := m.Unmount()
 	if firstBusy >= grace {
 		t.Skipf("the first try took %v, past the %v grace: the test shows nothing", firstBusy, grace)
 	}
