@@ -30,18 +30,21 @@ type Adoption struct {
 	// list does not: add them to it, then adopt it again.
 	Missing []*big.Int
 	// MinNumber, when set, is the number the shared list must reach
-	// before it is adopted: this directory's list has a higher one (or
-	// as high, with fewer entries), and readers holding it would not
-	// take a lower one.
+	// before it is adopted: this directory's list has a number as high or
+	// higher, and readers holding it would not take a lower one. It is
+	// one more than this directory's, even when the shared list has the
+	// same entries: another holder's revocation may land in the shared
+	// list before it is raised, and the list raised with it must not be
+	// signed with the number this directory's list, without it, has.
 	MinNumber *big.Int
 }
 
 // Adopt makes the CA directory's revocation list (ca-crl.pem, re-read
 // first) the shared list l, signed with l's number and l's entries, once
 // l holds every serial the directory's list revokes (Missing otherwise)
-// and its number is higher than the directory's (MinNumber otherwise; as
-// high will do for the same entries). A directory already holding l is
-// left as it is.
+// and its number is higher than the directory's (MinNumber otherwise). A
+// directory already holding l (its entries, its number) is left as it
+// is.
 func (ca *CA) Adopt(l SharedList) (Adoption, error) {
 	if l.Number == nil || l.Number.Sign() < 0 {
 		return Adoption{}, fmt.Errorf("%w: a shared revocation list needs a number", ErrBadRequest)
@@ -77,9 +80,6 @@ func (ca *CA) Adopt(l SharedList) (Adoption, error) {
 	same := len(l.Revoked) == len(ca.revoked)
 	switch c := l.Number.Cmp(ca.crlNum); {
 	case c == 0 && same:
-		return out, nil
-	case c < 0 && same:
-		out.MinNumber = new(big.Int).Set(ca.crlNum)
 		return out, nil
 	case c <= 0:
 		out.MinNumber = new(big.Int).Add(ca.crlNum, big.NewInt(1))
