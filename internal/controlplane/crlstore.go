@@ -41,30 +41,37 @@ func (s *Server) recordIssued(ctx context.Context, iss *pki.Issued) error {
 }
 
 // revokeCerts revokes serials and, with node set, every certificate
-// issued to node (those the store recorded, whichever replica issued
-// them, and those in this replica's issued.txt), and returns those it
-// revoked that were not revoked already. With a store that keeps the list
-// it records them there and signs this replica's list from it; this
-// replica refuses them once revokeCerts returns without an error.
+// issued to node not expired (those the store recorded, whichever replica
+// issued them, and those in this replica's issued.txt), and returns every
+// one of them, revoked already or now: a removal tried again (an earlier
+// attempt recorded them in the store, then failed) reports, records and
+// broadcasts them too. With a store that keeps the list it records them
+// there and signs this replica's list from it, or, should that fail,
+// revokes them in this replica's CA directory; this replica refuses them
+// once revokeCerts returns without an error.
 func (s *Server) revokeCerts(ctx context.Context, node string, serials []*big.Int) ([]*big.Int, error) {
 	ca := s.cfg.CA
 	rv, ok := s.st.(store.Revocations)
 	if !ok {
-		var out []*big.Int
+		out := slices.Clone(serials)
 		if node != "" {
-			var err error
-			if out, err = ca.RevokeIssuedTo(node); err != nil {
+			if _, err := ca.RevokeIssuedTo(node); err != nil {
 				return nil, err
 			}
+			issued, err := ca.IssuedTo(node)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, issued...)
 		}
-		for _, n := range serials {
+		out = uniqueSerials(out)
+		for _, n := range out {
 			if ca.Revoked(n) {
 				continue
 			}
 			if err := ca.Revoke(n); err != nil {
 				return out, err
 			}
-			out = append(out, n)
 		}
 		return out, nil
 	}
@@ -77,16 +84,20 @@ func (s *Server) revokeCerts(ctx context.Context, node string, serials []*big.In
 		}
 		all = append(all, local...)
 	}
-	texts, err := rv.Revoke(ctx, serialTexts(all), node, s.now())
+	_, named, err := rv.Revoke(ctx, serialTexts(all), node, s.now())
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: record the revocation: %w", err)
 	}
-	out := parseSerials(texts)
+	out := parseSerials(named)
 	if _, err := s.syncCRL(ctx); err != nil {
 		// The store holds them: the next sync signs them. Refuse them
-		// here meanwhile.
+		// here meanwhile: every one named, those the store held already
+		// too (this replica may not have signed them yet).
 		s.log.Warn("signing the revocation list from the store; revoking in this replica's CA directory only meanwhile", "err", err)
 		for _, n := range out {
+			if ca.Revoked(n) {
+				continue
+			}
 			if err := ca.Revoke(n); err != nil {
 				return out, fmt.Errorf("controlplane: revoke in the CA directory: %w", err)
 			}
@@ -147,7 +158,7 @@ func (s *Server) adoptStoreCRL(ctx context.Context, ca *pki.CA, rv store.Revocat
 		}
 		switch {
 		case len(a.Missing) > 0:
-			if _, err := rv.Revoke(ctx, serialTexts(a.Missing), "", s.now()); err != nil {
+			if _, _, err := rv.Revoke(ctx, serialTexts(a.Missing), "", s.now()); err != nil {
 				return false, fmt.Errorf("controlplane: record the revocations of the CA directory: %w", err)
 			}
 		case a.MinNumber != nil:
@@ -162,4 +173,17 @@ func (s *Server) adoptStoreCRL(ctx context.Context, ca *pki.CA, rv store.Revocat
 		}
 	}
 	return false, errors.New("controlplane: the revocation list kept changing while this replica signed it")
+}
+
+// uniqueSerials is serials without repeats, in their first order.
+func uniqueSerials(serials []*big.Int) []*big.Int {
+	seen := map[string]bool{}
+	out := serials[:0:0]
+	for _, n := range serials {
+		if k := n.Text(16); !seen[k] {
+			seen[k] = true
+			out = append(out, n)
+		}
+	}
+	return out
 }

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
 	"github.com/rialto-project/rialto/internal/pgserver/pgtest"
 	"github.com/rialto-project/rialto/internal/pki"
 )
@@ -257,5 +259,80 @@ func TestStoreFailingKeepsLocalRevocations(t *testing.T) {
 	}
 	if _, ok := l.Revoked[iss.Cert.SerialNumber.Text(16)]; !ok || l.Number != ca.CRLNumber().Int64() {
 		t.Fatalf("the store's list after it came back: %+v, want the serial under number %v", l, ca.CRLNumber())
+	}
+}
+
+// TestRemovalStoreRevokedSyncFailing: a removal that finds the node's
+// certificates already revoked in the store (an earlier attempt recorded
+// them there, then failed) while this replica cannot sign its list from
+// the store's (here its CA directory's list has a number the store cannot
+// hold) still revokes them in its CA directory, reports them, and records
+// them with the removal (for the replicas that call the removed node's
+// agent later). Before, it took only the serials new to the store: it
+// revoked none locally, so the replica accepted the node's certificate,
+// and reported and recorded none.
+func TestRemovalStoreRevokedSyncFailing(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ca, err := pki.Open(t.TempDir(), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "rialto.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	srv, err := New(ctx, Config{Store: st, CA: ca, Lender: newFakeLender(), BootstrapToken: bootTok,
+		Tokens: []Token{{Token: adminTok, Tenant: "ops", Admin: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	csr, _, err := pki.NewCSR("", []string{"127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := srv.joinAs(ctx, api.JoinRequest{Name: "n1", Address: "127.0.0.1", AgentURL: "https://127.0.0.1:1",
+		Fingerprint: api.Fingerprint{MachineID: "mid-n1", Hostname: "n1", Cores: 2, MemoryBytes: 1 << 30},
+		Devices:     []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"}},
+		CSR:         string(csr)}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs, err := pki.ParseCerts([]byte(j.Certificate))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert := certs[0]
+	// An earlier attempt recorded the revocation in the store.
+	if got, _, err := st.Revoke(ctx, nil, j.NodeID, time.Now()); err != nil || len(got) != 1 {
+		t.Fatalf("revoking in the store: %v %v", got, err)
+	}
+	// The directory's list numbered beyond what the store holds: every
+	// sync from the store fails.
+	huge := new(big.Int).Lsh(big.NewInt(1), 63)
+	if _, err := ca.Adopt(pki.SharedList{Number: huge, Revoked: map[string]time.Time{}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.syncCRL(ctx); err == nil {
+		t.Fatal("signing the list from the store: no error")
+	}
+	if err := ca.Verify(cert, pki.ClientAuth); err != nil {
+		t.Fatalf("before the removal: %v", err)
+	}
+	out, err := srv.removeNode(ctx, j.NodeID, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.Verify(cert, pki.ClientAuth); !errors.Is(err, pki.ErrRevoked) {
+		t.Errorf("the removed node's certificate on this replica: %v, want revoked", err)
+	}
+	if out.Revoked != 1 {
+		t.Errorf("the removal reports %d certificate(s) revoked, want 1", out.Revoked)
+	}
+	if got, err := st.RemovalRevoked(ctx, j.NodeID); err != nil || !slices.Equal(got, []string{cert.SerialNumber.Text(16)}) {
+		t.Errorf("recorded with the removal: %v %v, want %s", got, err, cert.SerialNumber.Text(16))
 	}
 }

@@ -99,9 +99,16 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 		// certificate since the revocation above; one that issues from
 		// now on sees the node removed and revokes its certificate
 		// itself (hNodeCertificate).
-		more, err := s.revokeCerts(ctx, n.ID, nil)
+		again, err := s.revokeCerts(ctx, n.ID, nil)
 		if err != nil {
 			return api.NodeRemoval{}, fmt.Errorf("controlplane: node %s removed, but revoking the certificates issued to it during the removal failed: %w", n.ID, err)
+		}
+		// Those the first pass did not name.
+		var more []*big.Int
+		for _, x := range again {
+			if !slices.ContainsFunc(serials, func(y *big.Int) bool { return x.Cmp(y) == 0 }) {
+				more = append(more, x)
+			}
 		}
 		revoked += len(more)
 		// Recorded with the removal's own (a store that fails the write

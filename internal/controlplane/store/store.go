@@ -475,9 +475,10 @@ type Revocations interface {
 	RecordIssued(ctx context.Context, serial, commonName string, notAfter, now time.Time) error
 	// Revoke revokes serials and every certificate recorded as issued to
 	// commonName ("": none) not yet expired at at, and returns those it
-	// revoked that were not revoked already. A call that revoked any
-	// raises the list's number by one.
-	Revoke(ctx context.Context, serials []string, commonName string, at time.Time) ([]string, error)
+	// revoked that were not revoked already (added), and every serial it
+	// named (named: serials and commonName's, revoked already or now). A
+	// call that revoked any raises the list's number by one.
+	Revoke(ctx context.Context, serials []string, commonName string, at time.Time) (added, named []string, err error)
 	// RevocationList returns the serials revoked and the list's number,
 	// as one snapshot: every replica signs the same entries with the same
 	// number.

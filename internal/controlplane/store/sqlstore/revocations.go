@@ -25,13 +25,13 @@ func (s *Core) RecordIssued(ctx context.Context, serial, commonName string, notA
 }
 
 // Revoke revokes serials and the certificates recorded as issued to
-// commonName, raising the list's number once if it revoked any
-// (store.Revocations). Revocations are serial: each holds the number's
-// row.
-func (s *Core) Revoke(ctx context.Context, serials []string, commonName string, at time.Time) ([]string, error) {
+// commonName, raising the list's number once if it revoked any, and
+// returns those it revoked and those it named (store.Revocations).
+// Revocations are serial: each holds the number's row.
+func (s *Core) Revoke(ctx context.Context, serials []string, commonName string, at time.Time) (added, named []string, err error) {
 	var out []string
-	err := s.tx(ctx, func(tx Execer) error {
-		out = nil
+	err = s.tx(ctx, func(tx Execer) error {
+		out, named = nil, nil
 		var num int64
 		if err := tx.QueryRowContext(ctx, `SELECT number FROM crl_number WHERE one = 1`+s.d.ForUpdate()).Scan(&num); err != nil {
 			return s.wrap("revoke", err)
@@ -60,6 +60,7 @@ func (s *Core) Revoke(ctx context.Context, serials []string, commonName string, 
 				continue
 			}
 			seen[x] = true
+			named = append(named, x)
 			r, err := tx.ExecContext(ctx, `INSERT INTO revoked_certs (serial, revoked_at) VALUES (?, ?) ON CONFLICT (serial) DO NOTHING`, x, at.Unix())
 			if err != nil {
 				return s.wrap("revoke", err)
@@ -77,7 +78,10 @@ func (s *Core) Revoke(ctx context.Context, serials []string, commonName string, 
 		}
 		return nil
 	})
-	return out, err
+	if err != nil {
+		return nil, nil, err
+	}
+	return out, named, nil
 }
 
 // RevocationList returns the revocation list, its entries and number

@@ -64,22 +64,25 @@ func testRevocations(t *testing.T, o Options) {
 			t.Fatal(err)
 		}
 	}
-	got, err := other.Revoke(ctx, nil, "node-1", now)
+	got, named, err := other.Revoke(ctx, nil, "node-1", now)
 	slices.Sort(got)
-	if err != nil || !slices.Equal(got, []string{"a1", "a2"}) {
-		t.Fatalf("revoking node-1's certificates through the other replica: %v %v", got, err)
+	slices.Sort(named)
+	if err != nil || !slices.Equal(got, []string{"a1", "a2"}) || !slices.Equal(named, got) {
+		t.Fatalf("revoking node-1's certificates through the other replica: %v (named %v) %v", got, named, err)
 	}
 	want("node-1's", 1, "a1", "a2")
 	l, err := rv.RevocationList(ctx)
 	if err != nil || !l.Revoked["a1"].Equal(now) {
 		t.Fatalf("a1's revocation time: %v %v, want %v", l.Revoked["a1"], err, now)
 	}
-	if got, err := rv.Revoke(ctx, []string{"a2"}, "node-1", now); err != nil || len(got) != 0 {
-		t.Fatalf("revoking them again: %v %v", got, err)
+	// Named again: none added, every one named (a removal tried again
+	// reports them).
+	if got, named, err := rv.Revoke(ctx, []string{"a2"}, "node-1", now); err != nil || len(got) != 0 || !slices.Equal(slices.Sorted(slices.Values(named)), []string{"a1", "a2"}) {
+		t.Fatalf("revoking them again: %v (named %v) %v", got, named, err)
 	}
 	want("revoked again", 1, "a1", "a2")
-	if got, err := rv.Revoke(ctx, []string{"c1", "a1", "c1"}, "", now); err != nil || !slices.Equal(got, []string{"c1"}) {
-		t.Fatalf("revoking serials: %v %v", got, err)
+	if got, named, err := rv.Revoke(ctx, []string{"c1", "a1", "c1"}, "", now); err != nil || !slices.Equal(got, []string{"c1"}) || !slices.Equal(named, []string{"c1", "a1"}) {
+		t.Fatalf("revoking serials: %v (named %v) %v", got, named, err)
 	}
 	want("a serial more", 2, "a1", "a2", "c1")
 	if err := other.RaiseRevocationNumber(ctx, 40); err != nil {
@@ -95,7 +98,7 @@ func testRevocations(t *testing.T, o Options) {
 	if err := rv.RecordIssued(ctx, "b2", "node-2", now.Add(4*time.Hour), now.Add(2*time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := other.Revoke(ctx, nil, "node-2", now.Add(2*time.Hour)); err != nil || !slices.Equal(got, []string{"b2"}) {
+	if got, _, err := other.Revoke(ctx, nil, "node-2", now.Add(2*time.Hour)); err != nil || !slices.Equal(got, []string{"b2"}) {
 		t.Fatalf("revoking node-2's: %v %v", got, err)
 	}
 	want("node-2's", 41, "a1", "a2", "c1", "b2")
@@ -110,7 +113,7 @@ func testRevocations(t *testing.T, o Options) {
 		go func() {
 			defer wg.Done()
 			r := readers[i%len(readers)]
-			got, err := r.Revoke(ctx, []string{fmt.Sprintf("d%d", i)}, "", now)
+			got, _, err := r.Revoke(ctx, []string{fmt.Sprintf("d%d", i)}, "", now)
 			if err == nil && len(got) != 1 {
 				err = fmt.Errorf("revoking d%d: %v", i, got)
 			}
