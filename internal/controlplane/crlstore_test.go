@@ -332,7 +332,7 @@ func TestRemovalStoreRevokedSyncFailing(t *testing.T) {
 	if out.Revoked != 1 {
 		t.Errorf("the removal reports %d certificate(s) revoked, want 1", out.Revoked)
 	}
-	if got, err := st.RemovalRevoked(ctx, j.NodeID); err != nil || !slices.Equal(got, []string{cert.SerialNumber.Text(16)}) {
+	if got, err := st.RemovalRevoked(ctx, j.NodeID); err != nil || !slices.Equal(got.Revoked, []string{cert.SerialNumber.Text(16)}) {
 		t.Errorf("recorded with the removal: %v %v, want %s", got, err, cert.SerialNumber.Text(16))
 	}
 }

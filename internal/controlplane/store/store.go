@@ -453,15 +453,28 @@ type Pruner interface {
 // The store also keeps the serial numbers (hex) of the node certificates
 // the removal revoked, for whichever replica later calls the removed
 // node's agent (which presents one of them): RemoveNode records revoked
-// in its transaction; AddRemovalRevoked adds those revoked after its
-// commit while the node is still removed (a no-op otherwise);
-// RemovalRevoked returns those of the node's removals since its last
-// join while it is removed, none once a join brought it back (a join
-// forgets them). ErrNotFound for an unknown node.
+// in its transaction, and returns the generation of the node's removal
+// record (RemovalRecord.Gen); AddRemovalRevoked adds those revoked after
+// its commit while the node is still removed and its record is still of
+// generation gen (a no-op otherwise: the node joined again since);
+// RemovalRevoked returns the record of the node's removals since its
+// last join while it is removed, no serials once a join brought it back
+// (a join forgets them, and raises the generation). ErrNotFound for an
+// unknown node.
 type NodeRemover interface {
-	RemoveNode(ctx context.Context, id string, revoked []string, ev api.Event) (api.Node, error)
-	AddRemovalRevoked(ctx context.Context, id string, revoked []string) error
-	RemovalRevoked(ctx context.Context, id string) ([]string, error)
+	RemoveNode(ctx context.Context, id string, revoked []string, ev api.Event) (api.Node, int64, error)
+	AddRemovalRevoked(ctx context.Context, id string, gen int64, revoked []string) error
+	RemovalRevoked(ctx context.Context, id string) (RemovalRecord, error)
+}
+
+// RemovalRecord is what a store keeps of a removed node's removals since
+// its last join (NodeRemover).
+type RemovalRecord struct {
+	// Gen tells the records of one node apart: every join raises it.
+	Gen int64
+	// Revoked are the serials (hex) the removals revoked; none for a
+	// node that is not removed.
+	Revoked []string
 }
 
 // Revocations is an optional Store capability: the cluster CA's
