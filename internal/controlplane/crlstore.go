@@ -23,8 +23,79 @@ import (
 // same list from any replica. A store without the capability leaves the
 // CA directory the only record, as before.
 
-// crlSync serializes a Server's syncCRL.
-type crlSync struct{ mu sync.Mutex }
+// crlSync shares a Server's syncCRL among its concurrent callers (every
+// request with a client certificate calls it while the replica does not
+// trust its cache): one sync runs at a time, and the callers arriving
+// while it runs wait for the next one, which starts once it ended, and
+// which they all share. None takes for its own a sync that read the store
+// before it arrived, and each sees that sync's error (fail closed).
+type crlSync struct {
+	mu      sync.Mutex
+	token   chan struct{} // held by the sync running (capacity 1)
+	pending *crlRun       // the next sync, not started yet (nil: none)
+	runs    int           // syncs run
+	joined  func()        // tests: called once a caller waits for a sync
+}
+
+// crlRun is one sync, shared by the callers that wait for it.
+type crlRun struct {
+	done    chan struct{} // closed once it ran
+	changed bool
+	err     error
+}
+
+// do runs run, or waits for the sync that the callers arriving since the
+// last one started share, and returns its result.
+func (c *crlSync) do(ctx context.Context, run func(context.Context) (bool, error)) (bool, error) {
+	for {
+		c.mu.Lock()
+		if c.token == nil {
+			c.token = make(chan struct{}, 1)
+		}
+		r := c.pending
+		if r == nil {
+			r = &crlRun{done: make(chan struct{})}
+			c.pending = r
+		}
+		token, joined := c.token, c.joined
+		c.mu.Unlock()
+		if joined != nil {
+			joined()
+		}
+		select {
+		case token <- struct{}{}:
+		case <-r.done:
+			if ctx.Err() == nil && isContextErr(r.err) {
+				continue // its runner's request ended, not this one's
+			}
+			return r.changed, r.err
+		case <-ctx.Done():
+			return false, fmt.Errorf("controlplane: waiting to sign the revocation list: %w", context.Cause(ctx))
+		}
+		c.mu.Lock()
+		if c.pending != r {
+			// Another caller ran r and let the token go: it is done.
+			c.mu.Unlock()
+			<-token
+			if ctx.Err() == nil && isContextErr(r.err) {
+				continue
+			}
+			return r.changed, r.err
+		}
+		c.pending = nil
+		c.runs++
+		c.mu.Unlock()
+		r.changed, r.err = run(ctx)
+		close(r.done)
+		<-token
+		return r.changed, r.err
+	}
+}
+
+// isContextErr reports whether err is a context's end.
+func isContextErr(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
 
 // recordIssued records a node certificate this replica issued in the
 // store, before it is handed out: another replica removing the node then
@@ -122,7 +193,8 @@ const maxCRLSyncRounds = 4
 // list, it re-reads ca-crl.pem (another process sharing the directory may
 // have written it); so it does when the store fails, which it reports:
 // a revocation by such a process takes effect here meanwhile, as it did
-// before the store kept the list.
+// before the store kept the list. Concurrent callers share one sync that
+// started after they called (crlSync).
 func (s *Server) syncCRL(ctx context.Context) (bool, error) {
 	ca := s.cfg.CA
 	if ca == nil {
@@ -132,17 +204,17 @@ func (s *Server) syncCRL(ctx context.Context) (bool, error) {
 	if !ok {
 		return ca.ReloadIfChanged()
 	}
-	s.crl.mu.Lock()
-	defer s.crl.mu.Unlock()
-	changed, err := s.adoptStoreCRL(ctx, ca, rv)
-	if err != nil {
-		if reloaded, rerr := ca.ReloadIfChanged(); rerr != nil {
-			err = errors.Join(err, rerr)
-		} else {
-			changed = changed || reloaded
+	return s.crl.do(ctx, func(ctx context.Context) (bool, error) {
+		changed, err := s.adoptStoreCRL(ctx, ca, rv)
+		if err != nil {
+			if reloaded, rerr := ca.ReloadIfChanged(); rerr != nil {
+				err = errors.Join(err, rerr)
+			} else {
+				changed = changed || reloaded
+			}
 		}
-	}
-	return changed, err
+		return changed, err
+	})
 }
 
 // adoptStoreCRL is syncCRL's work with a store that keeps the list.

@@ -10,8 +10,11 @@ import (
 	"math/big"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"slices"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -334,5 +337,74 @@ func TestRemovalStoreRevokedSyncFailing(t *testing.T) {
 	}
 	if got, err := st.RemovalRevoked(ctx, j.NodeID); err != nil || !slices.Equal(got.Revoked, []string{cert.SerialNumber.Text(16)}) {
 		t.Errorf("recorded with the removal: %v %v, want %s", got, err, cert.SerialNumber.Text(16))
+	}
+}
+
+// TestConcurrentCRLSyncsShared: callers of syncCRL arriving while one
+// sync runs (as every request with a client certificate does on a replica
+// that does not trust its cache) share the next one, which starts after
+// they arrived, instead of each running its own behind the other: here
+// eight callers arrive while the running sync waits for the CA
+// directory's lock (held by the test), and at most two syncs run. Before,
+// each ran a full sync in turn: eight.
+func TestConcurrentCRLSyncsShared(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	ca, err := pki.Open(dir, pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "rialto.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	srv, err := New(ctx, Config{Store: st, CA: ca, Lender: newFakeLender(), BootstrapToken: bootTok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	if _, err := srv.syncCRL(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Another process holds the CA directory: the sync that runs waits.
+	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	const n = 8
+	var arrived sync.WaitGroup
+	arrived.Add(n)
+	srv.crl.mu.Lock()
+	srv.crl.joined = arrived.Done
+	runs := srv.crl.runs
+	srv.crl.mu.Unlock()
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			_, err := srv.syncCRL(ctx)
+			errs <- err
+		}()
+	}
+	arrived.Wait()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_UN); err != nil {
+		t.Fatal(err)
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv.crl.mu.Lock()
+	runs = srv.crl.runs - runs
+	srv.crl.mu.Unlock()
+	if runs > 2 {
+		t.Errorf("%d callers arriving while a sync ran ran %d syncs, want at most 2", n, runs)
 	}
 }
