@@ -7,6 +7,7 @@ import (
 	"math/big"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 	"github.com/rialto-project/rialto/internal/pki"
@@ -224,7 +225,7 @@ func (s *Server) adoptStoreCRL(ctx context.Context, ca *pki.CA, rv store.Revocat
 		if err != nil {
 			return false, fmt.Errorf("controlplane: revocation list: %w", err)
 		}
-		a, err := ca.Adopt(pki.SharedList{Number: big.NewInt(l.Number), Revoked: l.Revoked})
+		a, err := ca.Adopt(pki.SharedList{Number: big.NewInt(l.Number), Revoked: l.Revoked, Expired: l.Expired})
 		if err != nil {
 			return false, err
 		}
@@ -258,4 +259,28 @@ func uniqueSerials(serials []*big.Int) []*big.Int {
 		}
 	}
 	return out
+}
+
+// revokedExpiryGrace is how long after a revoked certificate's expiry the
+// store's list keeps naming it: a peer whose clock is behind the control
+// plane's by less still refuses it.
+const revokedExpiryGrace = time.Hour
+
+// expireRevoked drops from the store's revocation list the certificates
+// that expired more than revokedExpiryGrace before now (an expired
+// certificate is refused anyway: the control plane, the agents and the
+// data planes verify a peer's certificate against the CA and its validity
+// period before they look it up in the list), under a higher number;
+// the next sync signs each replica's list without them. Those revoked
+// without a known expiry stay.
+func (s *Server) expireRevoked(ctx context.Context, now time.Time) {
+	rv, ok := s.st.(store.Revocations)
+	if !ok {
+		return
+	}
+	if n, err := rv.ExpireRevoked(ctx, now.Add(-revokedExpiryGrace)); err != nil {
+		s.log.Warn("dropping expired certificates from the revocation list", "err", err)
+	} else if n > 0 {
+		s.log.Info("expired certificates dropped from the revocation list", "certificates", n)
+	}
 }

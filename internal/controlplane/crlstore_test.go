@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
 	"github.com/rialto-project/rialto/internal/pgserver/pgtest"
@@ -406,5 +407,88 @@ func TestConcurrentCRLSyncsShared(t *testing.T) {
 	srv.crl.mu.Unlock()
 	if runs > 2 {
 		t.Errorf("%d callers arriving while a sync ran ran %d syncs, want at most 2", n, runs)
+	}
+}
+
+// TestExpiredRevocationsDropped: a revoked certificate that has expired
+// leaves the store's revocation list (an expired certificate is refused
+// anyway: every check of a peer verifies its validity period), at a
+// sweep, under a higher number, and the replica's ca-crl.pem with it; it
+// is not recorded again from the replica's copy of the list that still
+// named it. A serial revoked without a known expiry stays. Before, the
+// list only grew.
+func TestExpiredRevocationsDropped(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ca, err := pki.Open(t.TempDir(), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "rialto.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	clk := clock.NewFake(time.Now())
+	srv, err := New(ctx, Config{Store: st, Clock: clk, CA: ca, Lender: newFakeLender(), BootstrapToken: bootTok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	csr, _, err := pki.NewCSR("", []string{"127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := srv.joinAs(ctx, api.JoinRequest{Name: "n1", Address: "127.0.0.1", AgentURL: "https://127.0.0.1:1",
+		Fingerprint: api.Fingerprint{MachineID: "mid-n1", Hostname: "n1", Cores: 2, MemoryBytes: 1 << 30},
+		Devices:     []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"}},
+		CSR:         string(csr)}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs, err := pki.ParseCerts([]byte(j.Certificate))
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial := certs[0].SerialNumber
+	if _, err := srv.removeNode(ctx, j.NodeID, true); err != nil {
+		t.Fatal(err)
+	}
+	unknown := big.NewInt(0x5eed)
+	if _, err := srv.revokeCerts(ctx, "", []*big.Int{unknown}); err != nil {
+		t.Fatal(err)
+	}
+	list := func() store.RevocationList {
+		t.Helper()
+		l, err := st.RevocationList(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	before := list()
+	if _, ok := before.Revoked[serial.Text(16)]; !ok || !ca.Revoked(serial) {
+		t.Fatalf("the removed node's certificate is not revoked: %+v", before)
+	}
+	// Past the certificate's expiry.
+	clk.Advance(certs[0].NotAfter.Sub(clk.Now()) + 2*time.Hour)
+	for i := range 2 {
+		if err := srv.Sweep(ctx); err != nil {
+			t.Fatal(err)
+		}
+		l := list()
+		if _, ok := l.Revoked[serial.Text(16)]; ok {
+			t.Fatalf("sweep %d: the expired certificate is still on the list (number %d)", i, l.Number)
+		}
+		if _, ok := l.Revoked[unknown.Text(16)]; !ok {
+			t.Fatalf("sweep %d: the serial of unknown expiry left the list", i)
+		}
+		if l.Number != before.Number+1 {
+			t.Fatalf("sweep %d: number %d, want %d", i, l.Number, before.Number+1)
+		}
+		if ca.Revoked(serial) || !ca.Revoked(unknown) || ca.CRLNumber().Int64() != l.Number {
+			t.Fatalf("sweep %d: ca-crl.pem (number %v) names the expired certificate: %v, the other: %v", i, ca.CRLNumber(), ca.Revoked(serial), ca.Revoked(unknown))
+		}
 	}
 }

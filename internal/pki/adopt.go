@@ -20,6 +20,11 @@ import (
 type SharedList struct {
 	Number  *big.Int
 	Revoked map[string]time.Time // hex serial → revocation time
+	// Expired are serials (hex) the shared list dropped because their
+	// certificates expired: a directory's list naming one of them does
+	// not need it added (Missing), and adopting the list drops it there
+	// too.
+	Expired map[string]bool
 }
 
 // Adoption is what CA.Adopt did, or what the shared list needs first.
@@ -41,7 +46,8 @@ type Adoption struct {
 
 // Adopt makes the CA directory's revocation list (ca-crl.pem, re-read
 // first) the shared list l, signed with l's number and l's entries, once
-// l holds every serial the directory's list revokes (Missing otherwise)
+// l holds every serial the directory's list revokes but those l dropped
+// as expired (Missing otherwise)
 // and its number is higher than the directory's (MinNumber otherwise). A
 // directory already holding l (its entries, its number) is left as it
 // is.
@@ -66,18 +72,23 @@ func (ca *CA) Adopt(l SharedList) (Adoption, error) {
 		}
 	}
 	var out Adoption
+	same := len(l.Revoked) == len(ca.revoked)
 	for s := range ca.revoked {
-		if _, ok := l.Revoked[s]; !ok {
-			if n, ok := new(big.Int).SetString(s, 16); ok {
-				out.Missing = append(out.Missing, n)
-			}
+		if _, ok := l.Revoked[s]; ok {
+			continue
+		}
+		same = false
+		if l.Expired[s] {
+			continue
+		}
+		if n, ok := new(big.Int).SetString(s, 16); ok {
+			out.Missing = append(out.Missing, n)
 		}
 	}
 	if len(out.Missing) > 0 {
 		sort.Slice(out.Missing, func(i, j int) bool { return out.Missing[i].Cmp(out.Missing[j]) < 0 })
 		return out, nil
 	}
-	same := len(l.Revoked) == len(ca.revoked)
 	switch c := l.Number.Cmp(ca.crlNum); {
 	case c == 0 && same:
 		return out, nil

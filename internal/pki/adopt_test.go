@@ -209,3 +209,32 @@ func TestAdoptRaiseRacingRevocation(t *testing.T) {
 		t.Fatalf("A adopting the raised list: %+v %v (number %v, B's %v)", ad, err, a.CRLNumber(), b.CRLNumber())
 	}
 }
+
+// TestAdoptExpired: a serial the shared list dropped as expired
+// (SharedList.Expired) is not asked for (Missing) though this directory's
+// list names it, and adopting the list drops it here too; a list with as
+// many entries, one of them other, is not taken for this directory's.
+func TestAdoptExpired(t *testing.T) {
+	clk := newClock()
+	ca := openCA(t, t.TempDir(), clk)
+	old, kept := big.NewInt(0xe1), big.NewInt(0xe2)
+	for _, n := range []*big.Int{old, kept} {
+		if err := ca.Revoke(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	at := clk.Now().UTC().Truncate(time.Second)
+	num := ca.CRLNumber()
+	l := SharedList{Number: new(big.Int).Set(num), Revoked: map[string]time.Time{kept.Text(16): at, "e3": at}, Expired: map[string]bool{old.Text(16): true}}
+	ad, err := ca.Adopt(l)
+	if err != nil || ad.Missing != nil || ad.MinNumber == nil || ad.MinNumber.Cmp(num) <= 0 {
+		t.Fatalf("adopting a list as high, with the expired serial dropped: %+v %v", ad, err)
+	}
+	l.Number = ad.MinNumber
+	if ad, err := ca.Adopt(l); err != nil || !ad.Changed {
+		t.Fatalf("adopting it raised: %+v %v", ad, err)
+	}
+	if ca.Revoked(old) || !ca.Revoked(kept) || !ca.Revoked(big.NewInt(0xe3)) {
+		t.Fatalf("after adopting: %v %v %v, want the expired dropped", ca.Revoked(old), ca.Revoked(kept), ca.Revoked(big.NewInt(0xe3)))
+	}
+}

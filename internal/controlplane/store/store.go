@@ -500,12 +500,24 @@ type Revocations interface {
 	// directory whose own list has a higher one: written before the store
 	// kept the list, or by `rialto ca`).
 	RaiseRevocationNumber(ctx context.Context, min int64) error
+	// ExpireRevoked drops from the list the serials whose certificates
+	// expired before before (their expiry known: recorded as issued when
+	// they were revoked; those of unknown expiry stay), raising the
+	// list's number by one if it dropped any, and returns how many it
+	// dropped. They stay recorded as expired (RevocationList.Expired),
+	// and a later Revoke of one of them leaves it so. A certificate
+	// expired is refused by every check of a peer, which verifies its
+	// validity period.
+	ExpireRevoked(ctx context.Context, before time.Time) (int, error)
 }
 
 // RevocationList is the store's revocation list (Revocations).
 type RevocationList struct {
 	Number  int64
 	Revoked map[string]time.Time // serial → when it was revoked
+	// Expired are the serials dropped from the list because their
+	// certificates expired (ExpireRevoked).
+	Expired map[string]bool
 }
 
 // Wipe is the block ranges of one lease on one node that the node's

@@ -19,7 +19,9 @@ import (
 // (a second revocation returns none and leaves the number); each call
 // that revoked any raises the number by one, and every reader sees the
 // same entries with the same number; the number is raised to a minimum,
-// never lowered; concurrent revocations of other serials each raise it.
+// never lowered; concurrent revocations of other serials each raise it;
+// the serials whose certificates expired (expiry known from their issue)
+// leave the list, under a higher number, and stay recorded as expired.
 func testRevocations(t *testing.T, o Options) {
 	ctx := context.Background()
 	s := open(t, o)
@@ -132,4 +134,26 @@ func testRevocations(t *testing.T, o Options) {
 		all = append(all, fmt.Sprintf("d%d", i))
 	}
 	want("after concurrent revocations", 41+n, all...)
+
+	// Expired certificates leave the list (a1: its expiry recorded with
+	// its issue), under a higher number; those of unknown expiry (c1, the
+	// d's) stay; a1 is recorded as expired, and revoking it again leaves
+	// it so.
+	if got, err := other.ExpireRevoked(ctx, now.Add(90*time.Minute)); err != nil || got != 1 {
+		t.Fatalf("expiring: %d %v, want 1", got, err)
+	}
+	live := slices.DeleteFunc(slices.Clone(all), func(x string) bool { return x == "a1" })
+	want("expired", 42+n, live...)
+	if got, err := rv.ExpireRevoked(ctx, now.Add(90*time.Minute)); err != nil || got != 0 {
+		t.Fatalf("expiring again: %d %v, want none", got, err)
+	}
+	if got, _, err := rv.Revoke(ctx, []string{"a1"}, "", now); err != nil || len(got) != 0 {
+		t.Fatalf("revoking an expired serial again: %v %v, want none added", got, err)
+	}
+	want("expired, revoked again", 42+n, live...)
+	for i, r := range readers {
+		if l, err := r.RevocationList(ctx); err != nil || !l.Expired["a1"] || len(l.Expired) != 1 {
+			t.Fatalf("the expired (reader %d): %v %v, want a1", i, l.Expired, err)
+		}
+	}
 }
