@@ -746,7 +746,8 @@ type HeartbeatResponse struct {
 // NodeRemoval is the answer to DELETE /v1/nodes/{id}.
 type NodeRemoval struct {
 	Node Node `json:"node"`
-	// Revoked counts the node's certificates put on the revocation list.
+	// Revoked counts the node's certificates on the revocation list:
+	// those this removal put there, and those an earlier attempt did.
 	Revoked int `json:"revoked_certificates"`
 	// Lost lists the leases that had a part on the node, now lost.
 	Lost []string `json:"lost_leases"`

@@ -7,6 +7,7 @@ import (
 	"math/big"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 	"github.com/rialto-project/rialto/internal/pki"
@@ -23,8 +24,79 @@ import (
 // same list from any replica. A store without the capability leaves the
 // CA directory the only record, as before.
 
-// crlSync serializes a Server's syncCRL.
-type crlSync struct{ mu sync.Mutex }
+// crlSync shares a Server's syncCRL among its concurrent callers (every
+// request with a client certificate calls it while the replica does not
+// trust its cache): one sync runs at a time, and the callers arriving
+// while it runs wait for the next one, which starts once it ended, and
+// which they all share. None takes for its own a sync that read the store
+// before it arrived, and each sees that sync's error (fail closed).
+type crlSync struct {
+	mu      sync.Mutex
+	token   chan struct{} // held by the sync running (capacity 1)
+	pending *crlRun       // the next sync, not started yet (nil: none)
+	runs    int           // syncs run
+	joined  func()        // tests: called once a caller waits for a sync
+}
+
+// crlRun is one sync, shared by the callers that wait for it.
+type crlRun struct {
+	done    chan struct{} // closed once it ran
+	changed bool
+	err     error
+}
+
+// do runs run, or waits for the sync that the callers arriving since the
+// last one started share, and returns its result.
+func (c *crlSync) do(ctx context.Context, run func(context.Context) (bool, error)) (bool, error) {
+	for {
+		c.mu.Lock()
+		if c.token == nil {
+			c.token = make(chan struct{}, 1)
+		}
+		r := c.pending
+		if r == nil {
+			r = &crlRun{done: make(chan struct{})}
+			c.pending = r
+		}
+		token, joined := c.token, c.joined
+		c.mu.Unlock()
+		if joined != nil {
+			joined()
+		}
+		select {
+		case token <- struct{}{}:
+		case <-r.done:
+			if ctx.Err() == nil && isContextErr(r.err) {
+				continue // its runner's request ended, not this one's
+			}
+			return r.changed, r.err
+		case <-ctx.Done():
+			return false, fmt.Errorf("controlplane: waiting to sign the revocation list: %w", context.Cause(ctx))
+		}
+		c.mu.Lock()
+		if c.pending != r {
+			// Another caller ran r and let the token go: it is done.
+			c.mu.Unlock()
+			<-token
+			if ctx.Err() == nil && isContextErr(r.err) {
+				continue
+			}
+			return r.changed, r.err
+		}
+		c.pending = nil
+		c.runs++
+		c.mu.Unlock()
+		r.changed, r.err = run(ctx)
+		close(r.done)
+		<-token
+		return r.changed, r.err
+	}
+}
+
+// isContextErr reports whether err is a context's end.
+func isContextErr(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
 
 // recordIssued records a node certificate this replica issued in the
 // store, before it is handed out: another replica removing the node then
@@ -41,30 +113,37 @@ func (s *Server) recordIssued(ctx context.Context, iss *pki.Issued) error {
 }
 
 // revokeCerts revokes serials and, with node set, every certificate
-// issued to node (those the store recorded, whichever replica issued
-// them, and those in this replica's issued.txt), and returns those it
-// revoked that were not revoked already. With a store that keeps the list
-// it records them there and signs this replica's list from it; this
-// replica refuses them once revokeCerts returns without an error.
+// issued to node not expired (those the store recorded, whichever replica
+// issued them, and those in this replica's issued.txt), and returns every
+// one of them, revoked already or now: a removal tried again (an earlier
+// attempt recorded them in the store, then failed) reports, records and
+// broadcasts them too. With a store that keeps the list it records them
+// there and signs this replica's list from it, or, should that fail,
+// revokes them in this replica's CA directory; this replica refuses them
+// once revokeCerts returns without an error.
 func (s *Server) revokeCerts(ctx context.Context, node string, serials []*big.Int) ([]*big.Int, error) {
 	ca := s.cfg.CA
 	rv, ok := s.st.(store.Revocations)
 	if !ok {
-		var out []*big.Int
+		out := slices.Clone(serials)
 		if node != "" {
-			var err error
-			if out, err = ca.RevokeIssuedTo(node); err != nil {
+			if _, err := ca.RevokeIssuedTo(node); err != nil {
 				return nil, err
 			}
+			issued, err := ca.IssuedTo(node)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, issued...)
 		}
-		for _, n := range serials {
+		out = uniqueSerials(out)
+		for _, n := range out {
 			if ca.Revoked(n) {
 				continue
 			}
 			if err := ca.Revoke(n); err != nil {
 				return out, err
 			}
-			out = append(out, n)
 		}
 		return out, nil
 	}
@@ -77,16 +156,20 @@ func (s *Server) revokeCerts(ctx context.Context, node string, serials []*big.In
 		}
 		all = append(all, local...)
 	}
-	texts, err := rv.Revoke(ctx, serialTexts(all), node, s.now())
+	_, named, err := rv.Revoke(ctx, serialTexts(all), node, s.now())
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: record the revocation: %w", err)
 	}
-	out := parseSerials(texts)
+	out := parseSerials(named)
 	if _, err := s.syncCRL(ctx); err != nil {
 		// The store holds them: the next sync signs them. Refuse them
-		// here meanwhile.
+		// here meanwhile: every one named, those the store held already
+		// too (this replica may not have signed them yet).
 		s.log.Warn("signing the revocation list from the store; revoking in this replica's CA directory only meanwhile", "err", err)
 		for _, n := range out {
+			if ca.Revoked(n) {
+				continue
+			}
 			if err := ca.Revoke(n); err != nil {
 				return out, fmt.Errorf("controlplane: revoke in the CA directory: %w", err)
 			}
@@ -111,7 +194,8 @@ const maxCRLSyncRounds = 4
 // list, it re-reads ca-crl.pem (another process sharing the directory may
 // have written it); so it does when the store fails, which it reports:
 // a revocation by such a process takes effect here meanwhile, as it did
-// before the store kept the list.
+// before the store kept the list. Concurrent callers share one sync that
+// started after they called (crlSync).
 func (s *Server) syncCRL(ctx context.Context) (bool, error) {
 	ca := s.cfg.CA
 	if ca == nil {
@@ -121,17 +205,17 @@ func (s *Server) syncCRL(ctx context.Context) (bool, error) {
 	if !ok {
 		return ca.ReloadIfChanged()
 	}
-	s.crl.mu.Lock()
-	defer s.crl.mu.Unlock()
-	changed, err := s.adoptStoreCRL(ctx, ca, rv)
-	if err != nil {
-		if reloaded, rerr := ca.ReloadIfChanged(); rerr != nil {
-			err = errors.Join(err, rerr)
-		} else {
-			changed = changed || reloaded
+	return s.crl.do(ctx, func(ctx context.Context) (bool, error) {
+		changed, err := s.adoptStoreCRL(ctx, ca, rv)
+		if err != nil {
+			if reloaded, rerr := ca.ReloadIfChanged(); rerr != nil {
+				err = errors.Join(err, rerr)
+			} else {
+				changed = changed || reloaded
+			}
 		}
-	}
-	return changed, err
+		return changed, err
+	})
 }
 
 // adoptStoreCRL is syncCRL's work with a store that keeps the list.
@@ -141,13 +225,13 @@ func (s *Server) adoptStoreCRL(ctx context.Context, ca *pki.CA, rv store.Revocat
 		if err != nil {
 			return false, fmt.Errorf("controlplane: revocation list: %w", err)
 		}
-		a, err := ca.Adopt(pki.SharedList{Number: big.NewInt(l.Number), Revoked: l.Revoked})
+		a, err := ca.Adopt(pki.SharedList{Number: big.NewInt(l.Number), Revoked: l.Revoked, Expired: l.Expired})
 		if err != nil {
 			return false, err
 		}
 		switch {
 		case len(a.Missing) > 0:
-			if _, err := rv.Revoke(ctx, serialTexts(a.Missing), "", s.now()); err != nil {
+			if _, _, err := rv.Revoke(ctx, serialTexts(a.Missing), "", s.now()); err != nil {
 				return false, fmt.Errorf("controlplane: record the revocations of the CA directory: %w", err)
 			}
 		case a.MinNumber != nil:
@@ -162,4 +246,41 @@ func (s *Server) adoptStoreCRL(ctx context.Context, ca *pki.CA, rv store.Revocat
 		}
 	}
 	return false, errors.New("controlplane: the revocation list kept changing while this replica signed it")
+}
+
+// uniqueSerials is serials without repeats, in their first order.
+func uniqueSerials(serials []*big.Int) []*big.Int {
+	seen := map[string]bool{}
+	out := serials[:0:0]
+	for _, n := range serials {
+		if k := n.Text(16); !seen[k] {
+			seen[k] = true
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// revokedExpiryGrace is how long after a revoked certificate's expiry the
+// store's list keeps naming it: a peer whose clock is behind the control
+// plane's by less still refuses it.
+const revokedExpiryGrace = time.Hour
+
+// expireRevoked drops from the store's revocation list the certificates
+// that expired more than revokedExpiryGrace before now (an expired
+// certificate is refused anyway: the control plane, the agents and the
+// data planes verify a peer's certificate against the CA and its validity
+// period before they look it up in the list), under a higher number;
+// the next sync signs each replica's list without them. Those revoked
+// without a known expiry stay.
+func (s *Server) expireRevoked(ctx context.Context, now time.Time) {
+	rv, ok := s.st.(store.Revocations)
+	if !ok {
+		return
+	}
+	if n, err := rv.ExpireRevoked(ctx, now.Add(-revokedExpiryGrace)); err != nil {
+		s.log.Warn("dropping expired certificates from the revocation list", "err", err)
+	} else if n > 0 {
+		s.log.Info("expired certificates dropped from the revocation list", "certificates", n)
+	}
 }

@@ -10,14 +10,20 @@ import (
 	"math/big"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
+	"slices"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
 	"github.com/rialto-project/rialto/internal/pgserver/pgtest"
 	"github.com/rialto-project/rialto/internal/pki"
 )
@@ -257,5 +263,232 @@ func TestStoreFailingKeepsLocalRevocations(t *testing.T) {
 	}
 	if _, ok := l.Revoked[iss.Cert.SerialNumber.Text(16)]; !ok || l.Number != ca.CRLNumber().Int64() {
 		t.Fatalf("the store's list after it came back: %+v, want the serial under number %v", l, ca.CRLNumber())
+	}
+}
+
+// TestRemovalStoreRevokedSyncFailing: a removal that finds the node's
+// certificates already revoked in the store (an earlier attempt recorded
+// them there, then failed) while this replica cannot sign its list from
+// the store's (here its CA directory's list has a number the store cannot
+// hold) still revokes them in its CA directory, reports them, and records
+// them with the removal (for the replicas that call the removed node's
+// agent later). Before, it took only the serials new to the store: it
+// revoked none locally, so the replica accepted the node's certificate,
+// and reported and recorded none.
+func TestRemovalStoreRevokedSyncFailing(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ca, err := pki.Open(t.TempDir(), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "rialto.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	srv, err := New(ctx, Config{Store: st, CA: ca, Lender: newFakeLender(), BootstrapToken: bootTok,
+		Tokens: []Token{{Token: adminTok, Tenant: "ops", Admin: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	csr, _, err := pki.NewCSR("", []string{"127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := srv.joinAs(ctx, api.JoinRequest{Name: "n1", Address: "127.0.0.1", AgentURL: "https://127.0.0.1:1",
+		Fingerprint: api.Fingerprint{MachineID: "mid-n1", Hostname: "n1", Cores: 2, MemoryBytes: 1 << 30},
+		Devices:     []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"}},
+		CSR:         string(csr)}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs, err := pki.ParseCerts([]byte(j.Certificate))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert := certs[0]
+	// An earlier attempt recorded the revocation in the store.
+	if got, _, err := st.Revoke(ctx, nil, j.NodeID, time.Now()); err != nil || len(got) != 1 {
+		t.Fatalf("revoking in the store: %v %v", got, err)
+	}
+	// The directory's list numbered beyond what the store holds: every
+	// sync from the store fails.
+	huge := new(big.Int).Lsh(big.NewInt(1), 63)
+	if _, err := ca.Adopt(pki.SharedList{Number: huge, Revoked: map[string]time.Time{}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.syncCRL(ctx); err == nil {
+		t.Fatal("signing the list from the store: no error")
+	}
+	if err := ca.Verify(cert, pki.ClientAuth); err != nil {
+		t.Fatalf("before the removal: %v", err)
+	}
+	out, err := srv.removeNode(ctx, j.NodeID, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.Verify(cert, pki.ClientAuth); !errors.Is(err, pki.ErrRevoked) {
+		t.Errorf("the removed node's certificate on this replica: %v, want revoked", err)
+	}
+	if out.Revoked != 1 {
+		t.Errorf("the removal reports %d certificate(s) revoked, want 1", out.Revoked)
+	}
+	if got, err := st.RemovalRevoked(ctx, j.NodeID); err != nil || !slices.Equal(got.Revoked, []string{cert.SerialNumber.Text(16)}) {
+		t.Errorf("recorded with the removal: %v %v, want %s", got, err, cert.SerialNumber.Text(16))
+	}
+}
+
+// TestConcurrentCRLSyncsShared: callers of syncCRL arriving while one
+// sync runs (as every request with a client certificate does on a replica
+// that does not trust its cache) share the next one, which starts after
+// they arrived, instead of each running its own behind the other: here
+// eight callers arrive while the running sync waits for the CA
+// directory's lock (held by the test), and at most two syncs run. Before,
+// each ran a full sync in turn: eight.
+func TestConcurrentCRLSyncsShared(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	ca, err := pki.Open(dir, pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "rialto.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	srv, err := New(ctx, Config{Store: st, CA: ca, Lender: newFakeLender(), BootstrapToken: bootTok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	if _, err := srv.syncCRL(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Another process holds the CA directory: the sync that runs waits.
+	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	const n = 8
+	var arrived sync.WaitGroup
+	arrived.Add(n)
+	srv.crl.mu.Lock()
+	srv.crl.joined = arrived.Done
+	runs := srv.crl.runs
+	srv.crl.mu.Unlock()
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			_, err := srv.syncCRL(ctx)
+			errs <- err
+		}()
+	}
+	arrived.Wait()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_UN); err != nil {
+		t.Fatal(err)
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv.crl.mu.Lock()
+	runs = srv.crl.runs - runs
+	srv.crl.mu.Unlock()
+	if runs > 2 {
+		t.Errorf("%d callers arriving while a sync ran ran %d syncs, want at most 2", n, runs)
+	}
+}
+
+// TestExpiredRevocationsDropped: a revoked certificate that has expired
+// leaves the store's revocation list (an expired certificate is refused
+// anyway: every check of a peer verifies its validity period), at a
+// sweep, under a higher number, and the replica's ca-crl.pem with it; it
+// is not recorded again from the replica's copy of the list that still
+// named it. A serial revoked without a known expiry stays. Before, the
+// list only grew.
+func TestExpiredRevocationsDropped(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ca, err := pki.Open(t.TempDir(), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "rialto.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	clk := clock.NewFake(time.Now())
+	srv, err := New(ctx, Config{Store: st, Clock: clk, CA: ca, Lender: newFakeLender(), BootstrapToken: bootTok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	csr, _, err := pki.NewCSR("", []string{"127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := srv.joinAs(ctx, api.JoinRequest{Name: "n1", Address: "127.0.0.1", AgentURL: "https://127.0.0.1:1",
+		Fingerprint: api.Fingerprint{MachineID: "mid-n1", Hostname: "n1", Cores: 2, MemoryBytes: 1 << 30},
+		Devices:     []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"}},
+		CSR:         string(csr)}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs, err := pki.ParseCerts([]byte(j.Certificate))
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial := certs[0].SerialNumber
+	if _, err := srv.removeNode(ctx, j.NodeID, true); err != nil {
+		t.Fatal(err)
+	}
+	unknown := big.NewInt(0x5eed)
+	if _, err := srv.revokeCerts(ctx, "", []*big.Int{unknown}); err != nil {
+		t.Fatal(err)
+	}
+	list := func() store.RevocationList {
+		t.Helper()
+		l, err := st.RevocationList(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	before := list()
+	if _, ok := before.Revoked[serial.Text(16)]; !ok || !ca.Revoked(serial) {
+		t.Fatalf("the removed node's certificate is not revoked: %+v", before)
+	}
+	// Past the certificate's expiry.
+	clk.Advance(certs[0].NotAfter.Sub(clk.Now()) + 2*time.Hour)
+	for i := range 2 {
+		if err := srv.Sweep(ctx); err != nil {
+			t.Fatal(err)
+		}
+		l := list()
+		if _, ok := l.Revoked[serial.Text(16)]; ok {
+			t.Fatalf("sweep %d: the expired certificate is still on the list (number %d)", i, l.Number)
+		}
+		if _, ok := l.Revoked[unknown.Text(16)]; !ok {
+			t.Fatalf("sweep %d: the serial of unknown expiry left the list", i)
+		}
+		if l.Number != before.Number+1 {
+			t.Fatalf("sweep %d: number %d, want %d", i, l.Number, before.Number+1)
+		}
+		if ca.Revoked(serial) || !ca.Revoked(unknown) || ca.CRLNumber().Int64() != l.Number {
+			t.Fatalf("sweep %d: ca-crl.pem (number %v) names the expired certificate: %v, the other: %v", i, ca.CRLNumber(), ca.Revoked(serial), ca.Revoked(unknown))
+		}
 	}
 }

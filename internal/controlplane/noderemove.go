@@ -82,7 +82,7 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 	// The serials go with the removal into the store: the replica that
 	// calls the removed node's agent later (a failed move's destination
 	// there: dropDestination) accepts them.
-	removed, err := rm.RemoveNode(ctx, n.ID, serialTexts(serials), api.Event{At: s.now(), Type: "node.removed", Subject: n.ID, State: string(api.NodeRemoved),
+	removed, gen, err := rm.RemoveNode(ctx, n.ID, serialTexts(serials), api.Event{At: s.now(), Type: "node.removed", Subject: n.ID, State: string(api.NodeRemoved),
 		Message: fmt.Sprintf("%s removed; %d certificate(s) revoked, %d lease(s) lost", n.Name, revoked, len(lost))})
 	if err != nil {
 		return api.NodeRemoval{}, err
@@ -99,14 +99,21 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 		// certificate since the revocation above; one that issues from
 		// now on sees the node removed and revokes its certificate
 		// itself (hNodeCertificate).
-		more, err := s.revokeCerts(ctx, n.ID, nil)
+		again, err := s.revokeCerts(ctx, n.ID, nil)
 		if err != nil {
 			return api.NodeRemoval{}, fmt.Errorf("controlplane: node %s removed, but revoking the certificates issued to it during the removal failed: %w", n.ID, err)
+		}
+		// Those the first pass did not name.
+		var more []*big.Int
+		for _, x := range again {
+			if !slices.ContainsFunc(serials, func(y *big.Int) bool { return x.Cmp(y) == 0 }) {
+				more = append(more, x)
+			}
 		}
 		revoked += len(more)
 		// Recorded with the removal's own (a store that fails the write
 		// is tried again: recordLateRevoked).
-		s.recordLateRevoked(ctx, rm, n.ID, serialTexts(serials), serialTexts(more))
+		s.recordLateRevoked(ctx, rm, n.ID, gen, serialTexts(more))
 		serials = append(serials, more...)
 	}
 	// And on every other replica before this returns (revoke.go).
@@ -227,12 +234,13 @@ func (s *Server) removalRevoked(ctx context.Context, id string) []*big.Int {
 	if !ok || s.cfg.CA == nil {
 		return nil
 	}
-	texts, err := rm.RemovalRevoked(ctx, id)
+	rec, err := rm.RemovalRevoked(ctx, id)
 	if err != nil {
 		s.log.Warn("reading the certificates a node's removal revoked", "node", id, "err", err)
-		texts = nil
+		rec = store.RemovalRecord{}
 	}
-	if u, ok := s.unrecorded.get(id); ok && (err != nil || u.current(texts)) {
+	texts := rec.Revoked
+	if u, ok := s.unrecorded.get(id); ok && (err != nil || u.gen == rec.Gen) {
 		// Held here for a removal that the store still has, or that the
 		// store cannot say.
 		for _, x := range u.late {
@@ -254,8 +262,9 @@ const (
 
 // recordLateRevoked records late, the serials (hex) of the certificates
 // the removal of node id revoked after its commit, with those it recorded
-// with the removal (first): the replicas that call the removed node's
-// agent later accept them (removalRevoked). A write the store fails is
+// with the removal (in the node's removal record of generation gen, which
+// RemoveNode returned; none once the node joined again): the replicas that
+// call the removed node's agent later accept them (removalRevoked). A write the store fails is
 // tried again, lateRevokedTries times at most, with a backoff, while ctx
 // (the removal's request) lasts; then the serials are held here
 // (unrecordedRevoked), accepted by this replica's calls meanwhile, and
@@ -264,14 +273,14 @@ const (
 // store takes them. A restart of this replica before then forgets them:
 // an agent presenting one of those certificates is then told after its
 // next join.
-func (s *Server) recordLateRevoked(ctx context.Context, rm store.NodeRemover, id string, first, late []string) {
+func (s *Server) recordLateRevoked(ctx context.Context, rm store.NodeRemover, id string, gen int64, late []string) {
 	if len(late) == 0 {
 		return
 	}
 	wait := lateRevokedBackoff
 	var err error
 	for attempt := 1; ; attempt++ {
-		if err = rm.AddRemovalRevoked(ctx, id, late); err == nil || errors.Is(err, store.ErrNotFound) {
+		if err = rm.AddRemovalRevoked(ctx, id, gen, late); err == nil || errors.Is(err, store.ErrNotFound) {
 			return
 		}
 		if attempt == lateRevokedTries || ctx.Err() != nil {
@@ -285,15 +294,15 @@ func (s *Server) recordLateRevoked(ctx context.Context, rm store.NodeRemover, id
 		}
 		wait *= 2
 	}
-	s.unrecorded.add(id, first, late)
+	s.unrecorded.add(id, gen, late)
 	s.log.Warn("recording the certificates revoked during a node's removal failed; this replica holds them, accepts them, and records them at its next sweep",
 		"node", id, "certificates", len(late), "err", err)
 }
 
 // retryLateRevoked records the serials held in unrecordedRevoked, and
 // forgets those recorded, and those of a removal the store no longer has
-// (the node joined again since, or is unknown: it holds none of the
-// serials recorded with that removal).
+// (the node joined again since: its removal record is of another
+// generation; or it is unknown).
 func (s *Server) retryLateRevoked(ctx context.Context) error {
 	rm, ok := s.st.(store.NodeRemover)
 	if !ok {
@@ -301,7 +310,7 @@ func (s *Server) retryLateRevoked(ctx context.Context) error {
 	}
 	var errs []error
 	for id, u := range s.unrecorded.all() {
-		have, err := rm.RemovalRevoked(ctx, id)
+		rec, err := rm.RemovalRevoked(ctx, id)
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			s.unrecorded.done(id, u)
@@ -309,11 +318,12 @@ func (s *Server) retryLateRevoked(ctx context.Context) error {
 		case err != nil:
 			errs = append(errs, fmt.Errorf("controlplane: the certificates revoked during node %s's removal: %w", id, err))
 			continue
-		case !u.current(have):
+		case rec.Gen != u.gen:
 			s.unrecorded.done(id, u)
 			continue
 		}
-		if err := rm.AddRemovalRevoked(ctx, id, u.late); err != nil && !errors.Is(err, store.ErrNotFound) {
+		// Added only to that record still (the store checks it again).
+		if err := rm.AddRemovalRevoked(ctx, id, u.gen, u.late); err != nil && !errors.Is(err, store.ErrNotFound) {
 			errs = append(errs, fmt.Errorf("controlplane: recording the certificates revoked during node %s's removal: %w", id, err))
 			continue
 		}
@@ -331,21 +341,15 @@ type unrecordedRevoked struct {
 	m  map[string]*lateRevoked
 }
 
-// lateRevoked is what a removal revoked: first, recorded with it; late,
-// after its commit, not recorded yet.
+// lateRevoked is what a removal revoked after its commit, not recorded
+// yet (late), and the generation of the node's removal record it belongs
+// to (gen: a join since raised it, and a later removal records its own).
 type lateRevoked struct {
-	first, late []string
+	gen  int64
+	late []string
 }
 
-// current reports whether recorded, the serials the store holds for the
-// node, are those of this removal: they hold one recorded with it (a join
-// since cleared them; a later removal records its own). A removal that
-// recorded none cannot tell, and takes them for its own.
-func (l lateRevoked) current(recorded []string) bool {
-	return len(l.first) == 0 || slices.ContainsFunc(l.first, func(x string) bool { return slices.Contains(recorded, x) })
-}
-
-func (u *unrecordedRevoked) add(id string, first, late []string) {
+func (u *unrecordedRevoked) add(id string, gen int64, late []string) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.m == nil {
@@ -353,7 +357,7 @@ func (u *unrecordedRevoked) add(id string, first, late []string) {
 	}
 	// A later removal of the node (it joined again meanwhile) replaces
 	// an earlier one's.
-	u.m[id] = &lateRevoked{first: slices.Clone(first), late: slices.Clone(late)}
+	u.m[id] = &lateRevoked{gen: gen, late: slices.Clone(late)}
 }
 
 func (u *unrecordedRevoked) get(id string) (lateRevoked, bool) {

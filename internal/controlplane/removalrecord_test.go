@@ -97,7 +97,7 @@ func TestLateRemovalRevokedRecorded(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return got
+		return got.Revoked
 	}
 	if got := recorded(); !slices.Equal(got, []string{first}) {
 		t.Fatalf("recorded with the removal: %v; want the join's certificate's serial %s", got, first)
@@ -114,7 +114,11 @@ func TestLateRemovalRevokedRecorded(t *testing.T) {
 		WHEN instr(NEW.removal_revoked, '`+late+`') > 0 BEGIN SELECT RAISE(ABORT, 'the serials cannot be written (test)'); END`); err != nil {
 		t.Fatal(err)
 	}
-	srv.recordLateRevoked(ctx, st, j.NodeID, []string{first}, []string{late})
+	rec, err := st.RemovalRevoked(ctx, j.NodeID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.recordLateRevoked(ctx, st, j.NodeID, rec.Gen, []string{late})
 	if got := recorded(); slices.Contains(got, late) {
 		t.Fatalf("recorded with the removal: %v; the database refused the late serial %s", got, late)
 	}
@@ -132,5 +136,89 @@ func TestLateRemovalRevokedRecorded(t *testing.T) {
 	}
 	if got := recorded(); !slices.Contains(got, late) || !slices.Contains(got, first) {
 		t.Errorf("recorded after the sweep: %v; want the join's certificate's serial and the late %s", got, late)
+	}
+}
+
+// TestLateRevokedNotAddedToLaterRemoval: serials a removal revoked after
+// its commit, held by this replica because the database refused them,
+// belong to that removal only. Here the removal recorded none at its
+// commit; the node then joins again and is removed again (elsewhere,
+// with serials of its own): this replica's next sweep must not add the
+// first removal's serials to the second's record, nor its calls to the
+// node's agent accept them. Before, a removal that recorded none took
+// whatever the store held for the node as its own.
+func TestLateRevokedNotAddedToLaterRemoval(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ca, err := pki.Open(t.TempDir(), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "rialto.db")
+	st, err := sqlite.Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	srv, err := New(ctx, Config{Store: st, CA: ca, Lender: newFakeLender(), BootstrapToken: bootTok,
+		Tokens: []Token{{Token: adminTok, Tenant: "ops", Admin: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	join := func() string {
+		t.Helper()
+		csr, _, err := pki.NewCSR("", []string{"127.0.0.1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		j, err := srv.joinAs(ctx, api.JoinRequest{Name: "n1", Address: "127.0.0.1", AgentURL: "https://127.0.0.1:1",
+			Fingerprint: api.Fingerprint{MachineID: "mid-n1", Hostname: "n1", Cores: 2, MemoryBytes: 1 << 30},
+			Devices:     []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"}},
+			CSR:         string(csr)}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j.NodeID
+	}
+	id := join()
+	// The first removal records no serial at its commit; the one its
+	// second pass revoked the database refuses.
+	_, gen, err := st.RemoveNode(ctx, id, nil, api.Event{At: time.Now(), Type: "node.removed", Subject: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	late := new(big.Int).Lsh(big.NewInt(0x1a7e), 100).Text(16)
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, `CREATE TRIGGER test_refuse_late_serial BEFORE UPDATE OF removal_revoked ON nodes
+		WHEN instr(NEW.removal_revoked, '`+late+`') > 0 BEGIN SELECT RAISE(ABORT, 'the serials cannot be written (test)'); END`); err != nil {
+		t.Fatal(err)
+	}
+	srv.recordLateRevoked(ctx, st, id, gen, []string{late})
+	if _, err := db.ExecContext(ctx, `DROP TRIGGER test_refuse_late_serial`); err != nil {
+		t.Fatal(err)
+	}
+	// The node joins again (taking the removed node over), and is
+	// removed again, elsewhere.
+	if again := join(); again != id {
+		t.Fatalf("joined again as %s, want %s", again, id)
+	}
+	second := new(big.Int).Lsh(big.NewInt(0x5ec0), 100).Text(16)
+	if _, _, err := st.RemoveNode(ctx, id, []string{second}, api.Event{At: time.Now(), Type: "node.removed", Subject: id}); err != nil {
+		t.Fatal(err)
+	}
+	if got := serialTexts(srv.removalRevoked(ctx, id)); !slices.Equal(got, []string{second}) {
+		t.Errorf("this replica accepts %v of the node's certificates, want the second removal's %s only", got, second)
+	}
+	if err := srv.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := st.RemovalRevoked(ctx, id); err != nil || !slices.Equal(got.Revoked, []string{second}) {
+		t.Errorf("recorded with the second removal: %v %v, want %s only", got, err, second)
 	}
 }

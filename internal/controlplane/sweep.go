@@ -32,6 +32,8 @@ func (s *Server) Sweep(ctx context.Context) error {
 	}
 	now := s.now()
 	if s.cfg.CA != nil {
+		// Revoked certificates expired: off the list (crlstore.go).
+		s.expireRevoked(ctx, now)
 		// Revocations made by another replica (recorded in the store)
 		// or another process sharing the CA directory.
 		if changed, err := s.syncCRL(ctx); err != nil {

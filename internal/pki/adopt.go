@@ -20,6 +20,11 @@ import (
 type SharedList struct {
 	Number  *big.Int
 	Revoked map[string]time.Time // hex serial → revocation time
+	// Expired are serials (hex) the shared list dropped because their
+	// certificates expired: a directory's list naming one of them does
+	// not need it added (Missing), and adopting the list drops it there
+	// too.
+	Expired map[string]bool
 }
 
 // Adoption is what CA.Adopt did, or what the shared list needs first.
@@ -30,18 +35,22 @@ type Adoption struct {
 	// list does not: add them to it, then adopt it again.
 	Missing []*big.Int
 	// MinNumber, when set, is the number the shared list must reach
-	// before it is adopted: this directory's list has a higher one (or
-	// as high, with fewer entries), and readers holding it would not
-	// take a lower one.
+	// before it is adopted: this directory's list has a number as high or
+	// higher, and readers holding it would not take a lower one. It is
+	// one more than this directory's, even when the shared list has the
+	// same entries: another holder's revocation may land in the shared
+	// list before it is raised, and the list raised with it must not be
+	// signed with the number this directory's list, without it, has.
 	MinNumber *big.Int
 }
 
 // Adopt makes the CA directory's revocation list (ca-crl.pem, re-read
 // first) the shared list l, signed with l's number and l's entries, once
-// l holds every serial the directory's list revokes (Missing otherwise)
-// and its number is higher than the directory's (MinNumber otherwise; as
-// high will do for the same entries). A directory already holding l is
-// left as it is.
+// l holds every serial the directory's list revokes but those l dropped
+// as expired (Missing otherwise)
+// and its number is higher than the directory's (MinNumber otherwise). A
+// directory already holding l (its entries, its number) is left as it
+// is.
 func (ca *CA) Adopt(l SharedList) (Adoption, error) {
 	if l.Number == nil || l.Number.Sign() < 0 {
 		return Adoption{}, fmt.Errorf("%w: a shared revocation list needs a number", ErrBadRequest)
@@ -63,23 +72,25 @@ func (ca *CA) Adopt(l SharedList) (Adoption, error) {
 		}
 	}
 	var out Adoption
+	same := len(l.Revoked) == len(ca.revoked)
 	for s := range ca.revoked {
-		if _, ok := l.Revoked[s]; !ok {
-			if n, ok := new(big.Int).SetString(s, 16); ok {
-				out.Missing = append(out.Missing, n)
-			}
+		if _, ok := l.Revoked[s]; ok {
+			continue
+		}
+		same = false
+		if l.Expired[s] {
+			continue
+		}
+		if n, ok := new(big.Int).SetString(s, 16); ok {
+			out.Missing = append(out.Missing, n)
 		}
 	}
 	if len(out.Missing) > 0 {
 		sort.Slice(out.Missing, func(i, j int) bool { return out.Missing[i].Cmp(out.Missing[j]) < 0 })
 		return out, nil
 	}
-	same := len(l.Revoked) == len(ca.revoked)
 	switch c := l.Number.Cmp(ca.crlNum); {
 	case c == 0 && same:
-		return out, nil
-	case c < 0 && same:
-		out.MinNumber = new(big.Int).Set(ca.crlNum)
 		return out, nil
 	case c <= 0:
 		out.MinNumber = new(big.Int).Add(ca.crlNum, big.NewInt(1))

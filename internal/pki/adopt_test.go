@@ -84,8 +84,9 @@ func TestAdopt(t *testing.T) {
 	if ok, err := r.Update(b.CRLPEM()); ok || err != nil {
 		t.Fatalf("a reader holding A's list took B's: %v %v", ok, err)
 	}
-	// A lower number for the same entries: the directory's number first.
-	if ad, err := a.Adopt(SharedList{Number: big.NewInt(3), Revoked: shared.Revoked}); err != nil || ad.MinNumber == nil || ad.MinNumber.Int64() != 5 {
+	// A lower number for the same entries: above the directory's number
+	// first (TestAdoptRaiseRacingRevocation).
+	if ad, err := a.Adopt(SharedList{Number: big.NewInt(3), Revoked: shared.Revoked}); err != nil || ad.MinNumber == nil || ad.MinNumber.Int64() != 6 {
 		t.Fatalf("adopting a lower number: %+v %v", ad, err)
 	}
 }
@@ -153,5 +154,87 @@ func TestUnreadableCRLKeepsRevocations(t *testing.T) {
 	}
 	if err := ca.Verify(iss.Cert, ClientAuth); !errors.Is(err, ErrRevoked) {
 		t.Fatalf("re-read: %v", err)
+	}
+}
+
+// TestAdoptRaiseRacingRevocation: a copy of the CA directory whose list
+// has the shared list's entries under a higher number M asks for the
+// shared number to be raised; another copy's revocation may land in the
+// shared list between that answer and the raise. Two different lists
+// must never be signed with one number (a reader holding one would never
+// take the other): the raise asked for is above M, so the shared list
+// raised after the revocation is not signed as M. Before, MinNumber was M
+// itself, and the other copy signed the list with the revocation as M
+// while this copy held the list without it as M.
+func TestAdoptRaiseRacingRevocation(t *testing.T) {
+	clk := newClock()
+	dirA := t.TempDir()
+	a := openCA(t, dirA, clk)
+	dirB := t.TempDir()
+	for _, f := range []string{CACertFile, CAKeyFile, CRLFile} {
+		b, err := os.ReadFile(filepath.Join(dirA, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dirB, f), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := openCA(t, dirB, clk)
+	at := clk.Now().UTC().Truncate(time.Second)
+	// A holds the shared entries (none) as 5; the shared list is at 3.
+	if ad, err := a.Adopt(SharedList{Number: big.NewInt(5), Revoked: map[string]time.Time{}}); err != nil || !ad.Changed {
+		t.Fatalf("A adopting 5: %+v %v", ad, err)
+	}
+	shared := SharedList{Number: big.NewInt(3), Revoked: map[string]time.Time{}}
+	ad, err := a.Adopt(shared)
+	if err != nil || ad.MinNumber == nil {
+		t.Fatalf("A adopting a lower number with the same entries: %+v %v", ad, err)
+	}
+	// Another replica revokes through the shared list (its number raised
+	// by one), before A's raise lands.
+	shared.Revoked["abc"] = at
+	shared.Number = big.NewInt(4)
+	if shared.Number.Cmp(ad.MinNumber) < 0 {
+		shared.Number = new(big.Int).Set(ad.MinNumber)
+	}
+	if ad, err := b.Adopt(shared); err != nil || !ad.Changed {
+		t.Fatalf("B adopting the raised list: %+v %v", ad, err)
+	}
+	if b.CRLNumber().Cmp(a.CRLNumber()) == 0 {
+		t.Fatalf("A's list (no entries) and B's (one entry) are both numbered %v", a.CRLNumber())
+	}
+	// A adopts the raised list in turn: both sign it, as one number.
+	if ad, err := a.Adopt(shared); err != nil || !ad.Changed || a.CRLNumber().Cmp(b.CRLNumber()) != 0 {
+		t.Fatalf("A adopting the raised list: %+v %v (number %v, B's %v)", ad, err, a.CRLNumber(), b.CRLNumber())
+	}
+}
+
+// TestAdoptExpired: a serial the shared list dropped as expired
+// (SharedList.Expired) is not asked for (Missing) though this directory's
+// list names it, and adopting the list drops it here too; a list with as
+// many entries, one of them other, is not taken for this directory's.
+func TestAdoptExpired(t *testing.T) {
+	clk := newClock()
+	ca := openCA(t, t.TempDir(), clk)
+	old, kept := big.NewInt(0xe1), big.NewInt(0xe2)
+	for _, n := range []*big.Int{old, kept} {
+		if err := ca.Revoke(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	at := clk.Now().UTC().Truncate(time.Second)
+	num := ca.CRLNumber()
+	l := SharedList{Number: new(big.Int).Set(num), Revoked: map[string]time.Time{kept.Text(16): at, "e3": at}, Expired: map[string]bool{old.Text(16): true}}
+	ad, err := ca.Adopt(l)
+	if err != nil || ad.Missing != nil || ad.MinNumber == nil || ad.MinNumber.Cmp(num) <= 0 {
+		t.Fatalf("adopting a list as high, with the expired serial dropped: %+v %v", ad, err)
+	}
+	l.Number = ad.MinNumber
+	if ad, err := ca.Adopt(l); err != nil || !ad.Changed {
+		t.Fatalf("adopting it raised: %+v %v", ad, err)
+	}
+	if ca.Revoked(old) || !ca.Revoked(kept) || !ca.Revoked(big.NewInt(0xe3)) {
+		t.Fatalf("after adopting: %v %v %v, want the expired dropped", ca.Revoked(old), ca.Revoked(kept), ca.Revoked(big.NewInt(0xe3)))
 	}
 }

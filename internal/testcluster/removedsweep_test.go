@@ -28,7 +28,7 @@ func TestSweepLosesLeaseOnRemovedNode(t *testing.T) {
 	gone := c.NodeByID(l.Parts[0].NodeID)
 	other := c.NodeByID(l.Parts[1].NodeID)
 	gone.Kill()
-	if _, err := c.st.RemoveNode(ctx, gone.ID(), nil, api.Event{At: c.Clock.Now(), Type: "node.removed", Subject: gone.ID(), State: string(api.NodeRemoved)}); err != nil {
+	if _, _, err := c.st.RemoveNode(ctx, gone.ID(), nil, api.Event{At: c.Clock.Now(), Type: "node.removed", Subject: gone.ID(), State: string(api.NodeRemoved)}); err != nil {
 		t.Fatal(err)
 	}
 	c.Sweep()

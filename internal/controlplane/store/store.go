@@ -453,15 +453,28 @@ type Pruner interface {
 // The store also keeps the serial numbers (hex) of the node certificates
 // the removal revoked, for whichever replica later calls the removed
 // node's agent (which presents one of them): RemoveNode records revoked
-// in its transaction; AddRemovalRevoked adds those revoked after its
-// commit while the node is still removed (a no-op otherwise);
-// RemovalRevoked returns those of the node's removals since its last
-// join while it is removed, none once a join brought it back (a join
-// forgets them). ErrNotFound for an unknown node.
+// in its transaction, and returns the generation of the node's removal
+// record (RemovalRecord.Gen); AddRemovalRevoked adds those revoked after
+// its commit while the node is still removed and its record is still of
+// generation gen (a no-op otherwise: the node joined again since);
+// RemovalRevoked returns the record of the node's removals since its
+// last join while it is removed, no serials once a join brought it back
+// (a join forgets them, and raises the generation). ErrNotFound for an
+// unknown node.
 type NodeRemover interface {
-	RemoveNode(ctx context.Context, id string, revoked []string, ev api.Event) (api.Node, error)
-	AddRemovalRevoked(ctx context.Context, id string, revoked []string) error
-	RemovalRevoked(ctx context.Context, id string) ([]string, error)
+	RemoveNode(ctx context.Context, id string, revoked []string, ev api.Event) (api.Node, int64, error)
+	AddRemovalRevoked(ctx context.Context, id string, gen int64, revoked []string) error
+	RemovalRevoked(ctx context.Context, id string) (RemovalRecord, error)
+}
+
+// RemovalRecord is what a store keeps of a removed node's removals since
+// its last join (NodeRemover).
+type RemovalRecord struct {
+	// Gen tells the records of one node apart: every join raises it.
+	Gen int64
+	// Revoked are the serials (hex) the removals revoked; none for a
+	// node that is not removed.
+	Revoked []string
 }
 
 // Revocations is an optional Store capability: the cluster CA's
@@ -475,9 +488,10 @@ type Revocations interface {
 	RecordIssued(ctx context.Context, serial, commonName string, notAfter, now time.Time) error
 	// Revoke revokes serials and every certificate recorded as issued to
 	// commonName ("": none) not yet expired at at, and returns those it
-	// revoked that were not revoked already. A call that revoked any
-	// raises the list's number by one.
-	Revoke(ctx context.Context, serials []string, commonName string, at time.Time) ([]string, error)
+	// revoked that were not revoked already (added), and every serial it
+	// named (named: serials and commonName's, revoked already or now). A
+	// call that revoked any raises the list's number by one.
+	Revoke(ctx context.Context, serials []string, commonName string, at time.Time) (added, named []string, err error)
 	// RevocationList returns the serials revoked and the list's number,
 	// as one snapshot: every replica signs the same entries with the same
 	// number.
@@ -486,12 +500,24 @@ type Revocations interface {
 	// directory whose own list has a higher one: written before the store
 	// kept the list, or by `rialto ca`).
 	RaiseRevocationNumber(ctx context.Context, min int64) error
+	// ExpireRevoked drops from the list the serials whose certificates
+	// expired before before (their expiry known: recorded as issued when
+	// they were revoked; those of unknown expiry stay), raising the
+	// list's number by one if it dropped any, and returns how many it
+	// dropped. They stay recorded as expired (RevocationList.Expired),
+	// and a later Revoke of one of them leaves it so. A certificate
+	// expired is refused by every check of a peer, which verifies its
+	// validity period.
+	ExpireRevoked(ctx context.Context, before time.Time) (int, error)
 }
 
 // RevocationList is the store's revocation list (Revocations).
 type RevocationList struct {
 	Number  int64
 	Revoked map[string]time.Time // serial → when it was revoked
+	// Expired are the serials dropped from the list because their
+	// certificates expired (ExpireRevoked).
+	Expired map[string]bool
 }
 
 // Wipe is the block ranges of one lease on one node that the node's

@@ -80,7 +80,7 @@ func (s *Core) JoinNode(ctx context.Context, j store.JoinNode, ev api.Event) (ap
 			n.ID = id
 			n.JoinedAt = tm(joined)
 			_, err = tx.ExecContext(ctx, `UPDATE nodes SET name = ?, state = ?, address = ?, agent_url = ?, endpoints = ?, labels = ?,
-				fingerprint = ?, health = ?, credential_hash = ?, prev_credential_hash = ?, agent_key = ?, last_heartbeat = ?, wiping = ?, removal_revoked = '' WHERE id = ?`,
+				fingerprint = ?, health = ?, credential_hash = ?, prev_credential_hash = ?, agent_key = ?, last_heartbeat = ?, wiping = ?, removal_revoked = '', removal_gen = removal_gen + 1 WHERE id = ?`,
 				n.Name, n.State, n.Address, n.AgentURL, js(n.Endpoints), js(n.Labels), js(n.Fingerprint), n.Health,
 				j.CredentialHash, prevHash, j.AgentKey, ns(n.LastHeartbeat), WipingUnknown, id)
 		case errors.Is(err, sql.ErrNoRows):
@@ -196,9 +196,11 @@ func (s *Core) Nodes(ctx context.Context) ([]api.Node, error) { return s.nodes(c
 // RemoveNode retires a node (store.NodeRemover): state removed, a
 // credential hash no token hashes to (hashes are hex; this one is not),
 // devices unavailable, links and marks of ranges being wiped gone, the
-// serials of the certificates the removal revoked recorded.
-func (s *Core) RemoveNode(ctx context.Context, id string, revoked []string, ev api.Event) (api.Node, error) {
+// serials of the certificates the removal revoked recorded; it returns
+// the generation of the node's removal record.
+func (s *Core) RemoveNode(ctx context.Context, id string, revoked []string, ev api.Event) (api.Node, int64, error) {
 	var out api.Node
+	var gen int64
 	err := s.tx(ctx, func(tx Execer) error {
 		n, err := scanNode(tx.QueryRowContext(ctx, `UPDATE nodes SET state = ?, credential_hash = ?, prev_credential_hash = '' WHERE id = ? RETURNING `+nodeReadCols,
 			api.NodeRemoved, "removed:"+id, id))
@@ -220,7 +222,10 @@ func (s *Core) RemoveNode(ctx context.Context, id string, revoked []string, ev a
 		if _, err := tx.ExecContext(ctx, `DELETE FROM wipes WHERE node_id = ?`, id); err != nil {
 			return s.wrap("remove node", err)
 		}
-		if err := s.addRemovalRevoked(ctx, tx, id, revoked); err != nil {
+		if err := tx.QueryRowContext(ctx, `SELECT removal_gen FROM nodes WHERE id = ?`, id).Scan(&gen); err != nil {
+			return s.wrap("remove node", err)
+		}
+		if err := s.addRemovalRevoked(ctx, tx, id, gen, revoked); err != nil {
 			return err
 		}
 		if _, err := s.AppendEventTx(ctx, tx, ev); err != nil {
@@ -229,71 +234,74 @@ func (s *Core) RemoveNode(ctx context.Context, id string, revoked []string, ev a
 		out = n.Node
 		return nil
 	})
-	return out, err
+	return out, gen, err
 }
 
 // AddRemovalRevoked adds serials revoked after a node's removal committed
-// to those recorded, while the node is removed (store.NodeRemover).
-func (s *Core) AddRemovalRevoked(ctx context.Context, id string, revoked []string) error {
+// to those recorded, while the node is removed and its record is of
+// generation gen (store.NodeRemover).
+func (s *Core) AddRemovalRevoked(ctx context.Context, id string, gen int64, revoked []string) error {
 	if len(revoked) == 0 {
 		return nil
 	}
-	return s.tx(ctx, func(tx Execer) error { return s.addRemovalRevoked(ctx, tx, id, revoked) })
+	return s.tx(ctx, func(tx Execer) error { return s.addRemovalRevoked(ctx, tx, id, gen, revoked) })
 }
 
 // addRemovalRevoked adds revoked to the serials recorded for node id in
-// tx, if the node is removed: those of the removals since its last join
-// (which clears them).
-func (s *Core) addRemovalRevoked(ctx context.Context, tx Execer, id string, revoked []string) error {
+// tx, if the node is removed and its record is of generation gen: those
+// of the removals since its last join (which clears them, and raises the
+// generation).
+func (s *Core) addRemovalRevoked(ctx context.Context, tx Execer, id string, gen int64, revoked []string) error {
 	if len(revoked) == 0 {
 		return nil
 	}
 	var state api.NodeState
 	var text string
-	err := tx.QueryRowContext(ctx, `SELECT state, removal_revoked FROM nodes WHERE id = ?`+s.d.ForUpdate(), id).Scan(&state, &text)
+	var have int64
+	err := tx.QueryRowContext(ctx, `SELECT state, removal_revoked, removal_gen FROM nodes WHERE id = ?`+s.d.ForUpdate(), id).Scan(&state, &text, &have)
 	if errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("node %s: %w", id, store.ErrNotFound)
 	}
 	if err != nil {
 		return s.wrap("removal revoked", err)
 	}
-	if state != api.NodeRemoved {
+	if state != api.NodeRemoved || have != gen {
 		return nil // joined again since
 	}
-	var have []string
-	if err := unjs(text, &have); err != nil {
+	var serials []string
+	if err := unjs(text, &serials); err != nil {
 		return err
 	}
 	for _, x := range revoked {
-		if !slices.Contains(have, x) {
-			have = append(have, x)
+		if !slices.Contains(serials, x) {
+			serials = append(serials, x)
 		}
 	}
-	if _, err := tx.ExecContext(ctx, `UPDATE nodes SET removal_revoked = ? WHERE id = ?`, js(have), id); err != nil {
+	if _, err := tx.ExecContext(ctx, `UPDATE nodes SET removal_revoked = ? WHERE id = ?`, js(serials), id); err != nil {
 		return s.wrap("removal revoked", err)
 	}
 	return nil
 }
 
-// RemovalRevoked returns the serials of the certificates a removed node's
-// removals since its last join revoked; none for a node that is not
-// removed (store.NodeRemover).
-func (s *Core) RemovalRevoked(ctx context.Context, id string) ([]string, error) {
+// RemovalRevoked returns the record of a node's removals since its last
+// join: its generation, and the serials of the certificates they revoked
+// (none for a node that is not removed) (store.NodeRemover).
+func (s *Core) RemovalRevoked(ctx context.Context, id string) (store.RemovalRecord, error) {
 	var state api.NodeState
 	var text string
-	err := s.rd().QueryRowContext(ctx, `SELECT state, removal_revoked FROM nodes WHERE id = ?`, id).Scan(&state, &text)
+	var out store.RemovalRecord
+	err := s.rd().QueryRowContext(ctx, `SELECT state, removal_revoked, removal_gen FROM nodes WHERE id = ?`, id).Scan(&state, &text, &out.Gen)
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("node %s: %w", id, store.ErrNotFound)
+		return store.RemovalRecord{}, fmt.Errorf("node %s: %w", id, store.ErrNotFound)
 	}
 	if err != nil {
-		return nil, s.wrap("removal revoked", err)
+		return store.RemovalRecord{}, s.wrap("removal revoked", err)
 	}
 	if state != api.NodeRemoved {
-		return nil, nil
+		return out, nil
 	}
-	var out []string
-	if err := unjs(text, &out); err != nil {
-		return nil, err
+	if err := unjs(text, &out.Revoked); err != nil {
+		return store.RemovalRecord{}, err
 	}
 	return out, nil
 }

@@ -25,13 +25,13 @@ func (s *Core) RecordIssued(ctx context.Context, serial, commonName string, notA
 }
 
 // Revoke revokes serials and the certificates recorded as issued to
-// commonName, raising the list's number once if it revoked any
-// (store.Revocations). Revocations are serial: each holds the number's
-// row.
-func (s *Core) Revoke(ctx context.Context, serials []string, commonName string, at time.Time) ([]string, error) {
+// commonName, raising the list's number once if it revoked any, and
+// returns those it revoked and those it named (store.Revocations).
+// Revocations are serial: each holds the number's row.
+func (s *Core) Revoke(ctx context.Context, serials []string, commonName string, at time.Time) (added, named []string, err error) {
 	var out []string
-	err := s.tx(ctx, func(tx Execer) error {
-		out = nil
+	err = s.tx(ctx, func(tx Execer) error {
+		out, named = nil, nil
 		var num int64
 		if err := tx.QueryRowContext(ctx, `SELECT number FROM crl_number WHERE one = 1`+s.d.ForUpdate()).Scan(&num); err != nil {
 			return s.wrap("revoke", err)
@@ -60,7 +60,9 @@ func (s *Core) Revoke(ctx context.Context, serials []string, commonName string, 
 				continue
 			}
 			seen[x] = true
-			r, err := tx.ExecContext(ctx, `INSERT INTO revoked_certs (serial, revoked_at) VALUES (?, ?) ON CONFLICT (serial) DO NOTHING`, x, at.Unix())
+			named = append(named, x)
+			r, err := tx.ExecContext(ctx, `INSERT INTO revoked_certs (serial, revoked_at, not_after)
+				VALUES (?, ?, (SELECT i.not_after FROM issued_certs i WHERE i.serial = ?)) ON CONFLICT (serial) DO NOTHING`, x, at.Unix(), x)
 			if err != nil {
 				return s.wrap("revoke", err)
 			}
@@ -77,25 +79,32 @@ func (s *Core) Revoke(ctx context.Context, serials []string, commonName string, 
 		}
 		return nil
 	})
-	return out, err
+	if err != nil {
+		return nil, nil, err
+	}
+	return out, named, nil
 }
 
-// RevocationList returns the revocation list, its entries and number
-// read by one statement (store.Revocations).
+// RevocationList returns the revocation list, its entries, those expired
+// off it and its number, read by one statement (store.Revocations).
 func (s *Core) RevocationList(ctx context.Context) (store.RevocationList, error) {
-	rows, err := s.rd().QueryContext(ctx, `SELECT c.number, r.serial, r.revoked_at FROM crl_number c LEFT JOIN revoked_certs r ON 1 = 1 WHERE c.one = 1`)
+	rows, err := s.rd().QueryContext(ctx, `SELECT c.number, r.serial, r.revoked_at, r.expired FROM crl_number c LEFT JOIN revoked_certs r ON 1 = 1 WHERE c.one = 1`)
 	if err != nil {
 		return store.RevocationList{}, s.wrap("revocation list", err)
 	}
 	defer rows.Close()
-	out := store.RevocationList{Revoked: map[string]time.Time{}}
+	out := store.RevocationList{Revoked: map[string]time.Time{}, Expired: map[string]bool{}}
 	for rows.Next() {
 		var serial sql.NullString
-		var at sql.NullInt64
-		if err := rows.Scan(&out.Number, &serial, &at); err != nil {
+		var at, expired sql.NullInt64
+		if err := rows.Scan(&out.Number, &serial, &at, &expired); err != nil {
 			return store.RevocationList{}, s.wrap("revocation list", err)
 		}
-		if serial.Valid {
+		switch {
+		case !serial.Valid:
+		case expired.Int64 != 0:
+			out.Expired[serial.String] = true
+		default:
 			out.Revoked[serial.String] = time.Unix(at.Int64, 0).UTC()
 		}
 	}
@@ -114,4 +123,32 @@ func (s *Core) RaiseRevocationNumber(ctx context.Context, min int64) error {
 		}
 		return nil
 	})
+}
+
+// ExpireRevoked drops from the list the serials whose certificates
+// expired before before, raising its number once if it dropped any
+// (store.Revocations). It holds the number's row, as Revoke does.
+func (s *Core) ExpireRevoked(ctx context.Context, before time.Time) (int, error) {
+	var n int64
+	err := s.tx(ctx, func(tx Execer) error {
+		n = 0
+		var num int64
+		if err := tx.QueryRowContext(ctx, `SELECT number FROM crl_number WHERE one = 1`+s.d.ForUpdate()).Scan(&num); err != nil {
+			return s.wrap("expire revoked", err)
+		}
+		r, err := tx.ExecContext(ctx, `UPDATE revoked_certs SET expired = 1 WHERE expired = 0 AND not_after IS NOT NULL AND not_after < ?`, before.Unix())
+		if err != nil {
+			return s.wrap("expire revoked", err)
+		}
+		if n, err = r.RowsAffected(); err != nil {
+			return s.wrap("expire revoked", err)
+		}
+		if n > 0 {
+			if _, err := tx.ExecContext(ctx, `UPDATE crl_number SET number = ? WHERE one = 1`, num+1); err != nil {
+				return s.wrap("expire revoked", err)
+			}
+		}
+		return nil
+	})
+	return int(n), err
 }

@@ -265,7 +265,7 @@ func testFinishMoveToGoneNode(t *testing.T, o Options) {
 				if !ok {
 					t.Skipf("%T does not remove nodes", s)
 				}
-				if _, err := rm.RemoveNode(ctx, nodes[1], nil, api.Event{At: now, Type: "node.removed"}); err != nil {
+				if _, _, err := rm.RemoveNode(ctx, nodes[1], nil, api.Event{At: now, Type: "node.removed"}); err != nil {
 					t.Fatal(err)
 				}
 			} else if err := s.SetNodeState(ctx, nodes[1], api.NodeReady, api.NodeDown, api.Event{At: now, Type: "node.down"}); err != nil {

@@ -33,10 +33,10 @@ func testRemoveNode(t *testing.T, o Options) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := rm.RemoveNode(ctx, "nope", nil, api.Event{}); !errors.Is(err, store.ErrNotFound) {
+	if _, _, err := rm.RemoveNode(ctx, "nope", nil, api.Event{}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("removing an unknown node: %v", err)
 	}
-	got, err := rm.RemoveNode(ctx, n.ID, nil, api.Event{At: now, Type: "node.removed", Subject: n.ID, State: string(api.NodeRemoved)})
+	got, _, err := rm.RemoveNode(ctx, n.ID, nil, api.Event{At: now, Type: "node.removed", Subject: n.ID, State: string(api.NodeRemoved)})
 	if err != nil || got.State != api.NodeRemoved || got.ID != n.ID {
 		t.Fatalf("remove: %v %+v", err, got)
 	}
@@ -74,7 +74,9 @@ func testRemoveNode(t *testing.T, o Options) {
 // added after its commit (each once); none for a node that is not
 // removed, nor for one that joined again since (its join, a takeover,
 // forgets them, so that its next removal's are the only ones); added to
-// a node not removed, nothing; an unknown node is not found.
+// a node not removed, nothing; added for an earlier removal record (its
+// generation, which RemoveNode returns and every join raises), nothing;
+// an unknown node is not found.
 func testRemovalRevoked(t *testing.T, o Options) {
 	ctx := context.Background()
 	s := open(t, o)
@@ -98,39 +100,50 @@ func testRemovalRevoked(t *testing.T, o Options) {
 		t.Cleanup(func() { r.Close() })
 		readers = append(readers, r)
 	}
-	want := func(what string, serials ...string) {
+	want := func(what string, gen int64, serials ...string) {
 		t.Helper()
 		for i, r := range readers {
 			got, err := r.(store.NodeRemover).RemovalRevoked(ctx, "node-1")
-			if err != nil || !slices.Equal(got, serials) {
-				t.Fatalf("%s (reader %d): %v %v, want %v", what, i, got, err, serials)
+			if err != nil || !slices.Equal(got.Revoked, serials) || got.Gen != gen {
+				t.Fatalf("%s (reader %d): %+v %v, want %v of generation %d", what, i, got, err, serials, gen)
 			}
 		}
 	}
-	want("a node not removed")
-	if err := rm.AddRemovalRevoked(ctx, "node-1", []string{"ab"}); err != nil {
+	rec, err := rm.RemovalRevoked(ctx, "node-1")
+	if err != nil {
 		t.Fatal(err)
 	}
-	want("serials added to a node not removed")
-	if _, err := rm.RemoveNode(ctx, "node-1", []string{"a1", "b2"}, api.Event{At: now, Type: "node.removed", Subject: "node-1"}); err != nil {
+	gen := rec.Gen
+	want("a node not removed", gen)
+	if err := rm.AddRemovalRevoked(ctx, "node-1", gen, []string{"ab"}); err != nil {
 		t.Fatal(err)
 	}
-	want("the removal's", "a1", "b2")
-	if err := rm.AddRemovalRevoked(ctx, "node-1", []string{"b2", "c3"}); err != nil {
+	want("serials added to a node not removed", gen)
+	_, g, err := rm.RemoveNode(ctx, "node-1", []string{"a1", "b2"}, api.Event{At: now, Type: "node.removed", Subject: "node-1"})
+	if err != nil || g != gen {
+		t.Fatalf("removing: generation %d %v, want %d", g, err, gen)
+	}
+	want("the removal's", gen, "a1", "b2")
+	if err := rm.AddRemovalRevoked(ctx, "node-1", gen, []string{"b2", "c3"}); err != nil {
 		t.Fatal(err)
 	}
-	want("with those revoked after the removal", "a1", "b2", "c3")
+	want("with those revoked after the removal", gen, "a1", "b2", "c3")
 	now = now.Add(time.Second)
 	join()
-	want("a node that joined again")
-	if _, err := rm.RemoveNode(ctx, "node-1", []string{"d4"}, api.Event{At: now, Type: "node.removed", Subject: "node-1"}); err != nil {
+	want("a node that joined again", gen+1)
+	if _, g, err = rm.RemoveNode(ctx, "node-1", []string{"d4"}, api.Event{At: now, Type: "node.removed", Subject: "node-1"}); err != nil || g != gen+1 {
+		t.Fatalf("removing again: generation %d %v, want %d", g, err, gen+1)
+	}
+	want("its next removal's", gen+1, "d4")
+	// The first removal's late serials go to its record only.
+	if err := rm.AddRemovalRevoked(ctx, "node-1", gen, []string{"e0"}); err != nil {
 		t.Fatal(err)
 	}
-	want("its next removal's", "d4")
+	want("added for the earlier removal", gen+1, "d4")
 	if _, err := rm.RemovalRevoked(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("an unknown node's: %v", err)
 	}
-	if err := rm.AddRemovalRevoked(ctx, "nope", []string{"e5"}); !errors.Is(err, store.ErrNotFound) {
+	if err := rm.AddRemovalRevoked(ctx, "nope", 0, []string{"e5"}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("added to an unknown node: %v", err)
 	}
 }
@@ -164,7 +177,7 @@ func testHeartbeatAfterRemove(t *testing.T, o Options) {
 	if err := s.SetNodeState(ctx, "node-2", api.NodeReady, api.NodeSuspect, api.Event{At: joined, Type: "node.suspect", Subject: "node-2"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := rm.RemoveNode(ctx, "node-1", nil, api.Event{At: joined, Type: "node.removed", Subject: "node-1", State: string(api.NodeRemoved)}); err != nil {
+	if _, _, err := rm.RemoveNode(ctx, "node-1", nil, api.Event{At: joined, Type: "node.removed", Subject: "node-1", State: string(api.NodeRemoved)}); err != nil {
 		t.Fatal(err)
 	}
 	writers := []struct {

@@ -19,7 +19,9 @@ import (
 // (a second revocation returns none and leaves the number); each call
 // that revoked any raises the number by one, and every reader sees the
 // same entries with the same number; the number is raised to a minimum,
-// never lowered; concurrent revocations of other serials each raise it.
+// never lowered; concurrent revocations of other serials each raise it;
+// the serials whose certificates expired (expiry known from their issue)
+// leave the list, under a higher number, and stay recorded as expired.
 func testRevocations(t *testing.T, o Options) {
 	ctx := context.Background()
 	s := open(t, o)
@@ -64,22 +66,25 @@ func testRevocations(t *testing.T, o Options) {
 			t.Fatal(err)
 		}
 	}
-	got, err := other.Revoke(ctx, nil, "node-1", now)
+	got, named, err := other.Revoke(ctx, nil, "node-1", now)
 	slices.Sort(got)
-	if err != nil || !slices.Equal(got, []string{"a1", "a2"}) {
-		t.Fatalf("revoking node-1's certificates through the other replica: %v %v", got, err)
+	slices.Sort(named)
+	if err != nil || !slices.Equal(got, []string{"a1", "a2"}) || !slices.Equal(named, got) {
+		t.Fatalf("revoking node-1's certificates through the other replica: %v (named %v) %v", got, named, err)
 	}
 	want("node-1's", 1, "a1", "a2")
 	l, err := rv.RevocationList(ctx)
 	if err != nil || !l.Revoked["a1"].Equal(now) {
 		t.Fatalf("a1's revocation time: %v %v, want %v", l.Revoked["a1"], err, now)
 	}
-	if got, err := rv.Revoke(ctx, []string{"a2"}, "node-1", now); err != nil || len(got) != 0 {
-		t.Fatalf("revoking them again: %v %v", got, err)
+	// Named again: none added, every one named (a removal tried again
+	// reports them).
+	if got, named, err := rv.Revoke(ctx, []string{"a2"}, "node-1", now); err != nil || len(got) != 0 || !slices.Equal(slices.Sorted(slices.Values(named)), []string{"a1", "a2"}) {
+		t.Fatalf("revoking them again: %v (named %v) %v", got, named, err)
 	}
 	want("revoked again", 1, "a1", "a2")
-	if got, err := rv.Revoke(ctx, []string{"c1", "a1", "c1"}, "", now); err != nil || !slices.Equal(got, []string{"c1"}) {
-		t.Fatalf("revoking serials: %v %v", got, err)
+	if got, named, err := rv.Revoke(ctx, []string{"c1", "a1", "c1"}, "", now); err != nil || !slices.Equal(got, []string{"c1"}) || !slices.Equal(named, []string{"c1", "a1"}) {
+		t.Fatalf("revoking serials: %v (named %v) %v", got, named, err)
 	}
 	want("a serial more", 2, "a1", "a2", "c1")
 	if err := other.RaiseRevocationNumber(ctx, 40); err != nil {
@@ -95,7 +100,7 @@ func testRevocations(t *testing.T, o Options) {
 	if err := rv.RecordIssued(ctx, "b2", "node-2", now.Add(4*time.Hour), now.Add(2*time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := other.Revoke(ctx, nil, "node-2", now.Add(2*time.Hour)); err != nil || !slices.Equal(got, []string{"b2"}) {
+	if got, _, err := other.Revoke(ctx, nil, "node-2", now.Add(2*time.Hour)); err != nil || !slices.Equal(got, []string{"b2"}) {
 		t.Fatalf("revoking node-2's: %v %v", got, err)
 	}
 	want("node-2's", 41, "a1", "a2", "c1", "b2")
@@ -110,7 +115,7 @@ func testRevocations(t *testing.T, o Options) {
 		go func() {
 			defer wg.Done()
 			r := readers[i%len(readers)]
-			got, err := r.Revoke(ctx, []string{fmt.Sprintf("d%d", i)}, "", now)
+			got, _, err := r.Revoke(ctx, []string{fmt.Sprintf("d%d", i)}, "", now)
 			if err == nil && len(got) != 1 {
 				err = fmt.Errorf("revoking d%d: %v", i, got)
 			}
@@ -129,4 +134,26 @@ func testRevocations(t *testing.T, o Options) {
 		all = append(all, fmt.Sprintf("d%d", i))
 	}
 	want("after concurrent revocations", 41+n, all...)
+
+	// Expired certificates leave the list (a1: its expiry recorded with
+	// its issue), under a higher number; those of unknown expiry (c1, the
+	// d's) stay; a1 is recorded as expired, and revoking it again leaves
+	// it so.
+	if got, err := other.ExpireRevoked(ctx, now.Add(90*time.Minute)); err != nil || got != 1 {
+		t.Fatalf("expiring: %d %v, want 1", got, err)
+	}
+	live := slices.DeleteFunc(slices.Clone(all), func(x string) bool { return x == "a1" })
+	want("expired", 42+n, live...)
+	if got, err := rv.ExpireRevoked(ctx, now.Add(90*time.Minute)); err != nil || got != 0 {
+		t.Fatalf("expiring again: %d %v, want none", got, err)
+	}
+	if got, _, err := rv.Revoke(ctx, []string{"a1"}, "", now); err != nil || len(got) != 0 {
+		t.Fatalf("revoking an expired serial again: %v %v, want none added", got, err)
+	}
+	want("expired, revoked again", 42+n, live...)
+	for i, r := range readers {
+		if l, err := r.RevocationList(ctx); err != nil || !l.Expired["a1"] || len(l.Expired) != 1 {
+			t.Fatalf("the expired (reader %d): %v %v, want a1", i, l.Expired, err)
+		}
+	}
 }

@@ -84,7 +84,7 @@ func testJoinTakeover(t *testing.T, o Options) {
 
 	// Removed: taken over without proof too.
 	if rm, ok := s.(store.NodeRemover); ok {
-		if _, err := rm.RemoveNode(ctx, n.ID, nil, api.Event{Type: "node.removed", Subject: n.ID}); err != nil {
+		if _, _, err := rm.RemoveNode(ctx, n.ID, nil, api.Event{Type: "node.removed", Subject: n.ID}); err != nil {
 			t.Fatal(err)
 		}
 		if got, how, err = join("n1", "h5", "h4", ""); err != nil || how != store.JoinedTakeover || got.ID != n.ID {
@@ -155,7 +155,7 @@ func testJoinPrevCredential(t *testing.T, o Options) {
 		return
 	}
 	proven("a join with the current credential after the takeover", "h7", "h6")
-	if _, err := rm.RemoveNode(ctx, n.ID, nil, api.Event{Type: "node.removed", Subject: n.ID}); err != nil {
+	if _, _, err := rm.RemoveNode(ctx, n.ID, nil, api.Event{Type: "node.removed", Subject: n.ID}); err != nil {
 		t.Fatal(err)
 	}
 	if _, how, err := join("h8", "h6"); err != nil || how != store.JoinedTakeover {
@@ -230,7 +230,7 @@ func testJoinEarlierCredential(t *testing.T, o Options) {
 	if !ok {
 		return
 	}
-	if _, err := rm.RemoveNode(ctx, n.ID, nil, api.Event{Type: "node.removed", Subject: n.ID}); err != nil {
+	if _, _, err := rm.RemoveNode(ctx, n.ID, nil, api.Event{Type: "node.removed", Subject: n.ID}); err != nil {
 		t.Fatal(err)
 	}
 	if _, how, err := join("h6", "hY", "h5"); err != nil || how != store.JoinedTakeover {
