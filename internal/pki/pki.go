@@ -856,7 +856,10 @@ func (ca *CA) Rotate() error {
 	return ca.writeCRL()
 }
 
-// DropOld stops trusting the CA certificates that Rotate kept.
+// DropOld stops trusting the CA certificates that Rotate kept. The
+// revocation list is signed anew with the signing key: a control plane
+// that ran on the old key after the rotation may have signed it with
+// that key, which the directory no longer trusts.
 func (ca *CA) DropOld() error {
 	unlock, err := lockDir(ca.dir)
 	if err != nil {
@@ -865,6 +868,14 @@ func (ca *CA) DropOld() error {
 	defer unlock()
 	ca.mu.Lock()
 	defer ca.mu.Unlock()
+	if err := ca.loadCRL(); err != nil { // what others revoked since
+		return err
+	}
+	// The list first: a reader that still trusts the old certificate
+	// takes one signed with the new key too.
+	if err := ca.writeCRL(); err != nil {
+		return err
+	}
 	ca.trusted = []*x509.Certificate{ca.signer}
 	ca.rebuildPool()
 	return ca.writeCerts()

@@ -606,3 +606,36 @@ func TestRunningCAFollowsARotation(t *testing.T) {
 		t.Fatal("the list held was dropped")
 	}
 }
+
+// TestDropOldResignsTheList: a revocation list signed with the old key
+// (by a control plane still running on it after the rotation, which
+// keeps signing with its key until restarted) is signed anew by
+// `rialto ca drop-old`, so that the directory, trusting only the new CA,
+// still opens and keeps the list. DropOld rewrote the certificates only:
+// the next start refused the directory ("not signed by the CA").
+func TestDropOldResignsTheList(t *testing.T) {
+	clk := newClock()
+	dir := t.TempDir()
+	running := openCA(t, dir, clk)
+	gone, err := running.Issue(Request{CommonName: "gone", Usage: ClientAuth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := openCA(t, dir, clk).Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := running.Revoke(gone.Cert.SerialNumber); err != nil { // signed with the old key
+		t.Fatal(err)
+	}
+	num := openCA(t, dir, clk).CRLNumber()
+	if err := openCA(t, dir, clk).DropOld(); err != nil {
+		t.Fatal(err)
+	}
+	again, err := Open(dir, Options{Now: clk.Now})
+	if err != nil {
+		t.Fatalf("the directory after drop-old: %v", err)
+	}
+	if !again.Revoked(gone.Cert.SerialNumber) || again.CRLNumber().Cmp(num) <= 0 {
+		t.Fatalf("the list after drop-old: revoked %v, number %v (was %v)", again.Revoked(gone.Cert.SerialNumber), again.CRLNumber(), num)
+	}
+}
