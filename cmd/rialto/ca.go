@@ -3,11 +3,13 @@ package main
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -94,6 +96,59 @@ func runCAShow(e *env, ca *pki.CA, o *output) error {
 	}
 	tw.Flush()
 	fmt.Fprintf(e.stdout, "\nCertificate for clients: %s\n", ca.CertFile())
+	return showCRL(e, ca, certs, now)
+}
+
+// maxCRLShown bounds the serial numbers ca show lists.
+const maxCRLShown = 10
+
+// showCRL prints the revocation list of ca's directory: its number (the
+// same on every replica's copy once they agree), who signed it and the
+// newest serial numbers it revokes.
+func showCRL(e *env, ca *pki.CA, certs []*x509.Certificate, now time.Time) error {
+	path := filepath.Join(ca.Dir(), pki.CRLFile)
+	b := ca.CRLPEM()
+	if len(b) == 0 {
+		fmt.Fprintf(e.stdout, "Revocation list: none (no %s yet; the control plane writes it)\n", path)
+		return nil
+	}
+	crl, err := pki.ParseCRL(b, certs)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	signer := "?"
+	for _, c := range certs {
+		if crl.CheckSignatureFrom(c) == nil {
+			signer = c.Subject.CommonName
+			break
+		}
+	}
+	num := "0"
+	if crl.Number != nil {
+		num = crl.Number.String()
+	}
+	entries := slices.Clone(crl.RevokedCertificateEntries)
+	fmt.Fprintf(e.stdout, "Revocation list: %s, number %s, signed by %s, updated %s (%s ago): ", path, num, signer,
+		crl.ThisUpdate.UTC().Format(time.DateTime), now.Sub(crl.ThisUpdate).Truncate(time.Second))
+	switch len(entries) {
+	case 0:
+		fmt.Fprintln(e.stdout, "no certificate revoked")
+		return nil
+	case 1:
+		fmt.Fprintln(e.stdout, "1 certificate revoked")
+	default:
+		fmt.Fprintf(e.stdout, "%d certificates revoked\n", len(entries))
+	}
+	slices.SortFunc(entries, func(a, b x509.RevocationListEntry) int { return b.RevocationTime.Compare(a.RevocationTime) })
+	tw := newTable(e.stdout)
+	fmt.Fprintln(tw, "SERIAL\tREVOKED")
+	for _, r := range entries[:min(len(entries), maxCRLShown)] {
+		fmt.Fprintf(tw, "%s\t%s\n", r.SerialNumber.Text(16), r.RevocationTime.UTC().Format(time.DateTime))
+	}
+	tw.Flush()
+	if n := len(entries) - maxCRLShown; n > 0 {
+		fmt.Fprintf(e.stdout, "… and %d earlier (openssl crl -in %s -noout -text lists them all)\n", n, path)
+	}
 	return nil
 }
 

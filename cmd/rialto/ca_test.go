@@ -31,7 +31,10 @@ func TestCAVerbs(t *testing.T) {
 		}
 		return out.String()
 	}
-	rows := func(show string) int { return strings.Count(show, "Rialto cluster CA ") }
+	rows := func(show string) int { // the certificates' rows, above the revocation list
+		table, _, _ := strings.Cut(show, "Certificate for clients")
+		return strings.Count(table, "Rialto cluster CA ")
+	}
 	if s := ca("show"); rows(s) != 1 || !strings.Contains(s, "signing") || !strings.Contains(s, filepath.Join(dir, "ca-cert.pem")) {
 		t.Fatalf("show:\n%s", s)
 	}
@@ -85,5 +88,52 @@ func TestCAShowHintsTheDirectory(t *testing.T) {
 	errb.Reset()
 	if code := run(context.Background(), []string{"ca", "show", "--tls-dir", dir}, e); code != 0 {
 		t.Fatalf("ca show --tls-dir %s: exit %d\n%s", dir, code, errb.String())
+	}
+}
+
+// TestCAShowRevocationList: `rialto ca show` shows the revocation list it
+// says it shows (its number, who signed it, the certificates it revokes),
+// so that an operator can compare the copies of the CA directory that
+// replicas on several hosts hold. It showed only the CA certificates.
+func TestCAShowRevocationList(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "tls")
+	ca, err := pki.Open(dir, pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	show := func() string {
+		t.Helper()
+		var out, errb bytes.Buffer
+		e := &env{stdout: &out, stderr: &errb, getenv: func(string) string { return "" }}
+		if code := run(context.Background(), []string{"ca", "show", "--tls-dir", dir}, e); code != 0 {
+			t.Fatalf("rialto ca show: exit %d\n%s%s", code, out.String(), errb.String())
+		}
+		return out.String()
+	}
+	crlFile := filepath.Join(dir, pki.CRLFile)
+	if s := show(); !strings.Contains(s, "Revocation list: "+crlFile+", number ") || !strings.Contains(s, "no certificate revoked") {
+		t.Fatalf("show of a new CA does not show its empty revocation list:\n%s", s)
+	}
+	var serials []string
+	for _, cn := range []string{"node-a", "node-b"} {
+		is, err := ca.Issue(pki.Request{CommonName: cn, Hosts: []string{"127.0.0.1"}, Usage: pki.ClientAuth | pki.ServerAuth})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ca.Revoke(is.Cert.SerialNumber); err != nil {
+			t.Fatal(err)
+		}
+		serials = append(serials, is.Cert.SerialNumber.Text(16))
+	}
+	s := show()
+	want := []string{
+		"Revocation list: " + crlFile + ", number " + ca.CRLNumber().String() + ",",
+		"signed by " + ca.Certificate().Subject.CommonName,
+		"2 certificates revoked",
+	}
+	for _, w := range append(want, serials...) {
+		if !strings.Contains(s, w) {
+			t.Errorf("show does not say %q:\n%s", w, s)
+		}
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
 	"github.com/rialto-project/rialto/internal/config"
@@ -133,6 +132,7 @@ func (c *daemonConfig) serverSettings() (controlplane.Settings, error) {
 		s := &secret{name: name, env: env, envValue: c.e.getenv(env), file: last(vals[name+"-file"])}
 		return s.get()
 	}
+	tokensS := &secret{name: "token", env: "RIALTO_TOKENS", envValue: c.e.getenv("RIALTO_TOKENS"), file: last(vals["token-file"])}
 	boot, err := secretOf("bootstrap-token", "RIALTO_BOOTSTRAP_TOKEN")
 	if err != nil {
 		return controlplane.Settings{}, err
@@ -141,14 +141,14 @@ func (c *daemonConfig) serverSettings() (controlplane.Settings, error) {
 	if err != nil {
 		return controlplane.Settings{}, err
 	}
-	specs, err := secretOf("token", "RIALTO_TOKENS")
+	specs, err := tokensS.get()
 	if err != nil {
 		return controlplane.Settings{}, err
 	}
-	tokens, err := parseTokens(strings.FieldsFunc(specs, func(r rune) bool { return r == '\n' || r == ',' }))
+	tokens, err := parseTokens(tokensFrom(tokensS), specs)
 	if err != nil {
-		// Which line of the token file is not said: the line is a secret.
-		return controlplane.Settings{}, fmt.Errorf("tenant tokens (--token-file or RIALTO_TOKENS): %w", err)
+		// The line's number, not its text: it is a secret.
+		return controlplane.Settings{}, fmt.Errorf("tenant tokens: %w", err)
 	}
 	if admin != "" {
 		tokens = append(tokens, controlplane.Token{Token: admin, Tenant: "admin", Admin: true})

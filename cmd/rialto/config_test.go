@@ -207,7 +207,7 @@ cacert = "`+caFile+`"
 		writeFile(t, tokens, alice+":alice\n"+bob+":bob\n")
 	}
 	for _, want := range []string{"server.toml:8: toml: array is incomplete", `server.toml:8: quota: quota \"alice:gpus=1\": unknown limit`,
-		"tenant tokens (--token-file or RIALTO_TOKENS): bad token spec", `server.toml:8: unknown key \"quotas\"`,
+		"tenant tokens: --token-file " + tokens + ": line 2: bad token spec", `server.toml:8: unknown key \"quotas\"`,
 		"server.toml:8: token: a secret is not written in the configuration file", "is also tenant bob", "--token-file: open "} {
 		if !strings.Contains(srv.log.String(), want) {
 			t.Errorf("no refusal %q in the log:\n%s", want, srv.log.String())
@@ -278,5 +278,28 @@ func TestDaemonRefusalsExitTwo(t *testing.T) {
 		if tc.code == 2 && !strings.Contains(errs, "; see 'rialto "+tc.args[0]+" -h'") {
 			t.Errorf("%v: the refusal does not name the help: %q", tc.args, errs)
 		}
+	}
+}
+
+// TestTokenFileRefusalNamesTheLine: a token file with a line that does
+// not parse is refused naming the file and the line's number (counted
+// as an editor counts, blank lines included), never the line's text (a
+// secret): at start and on reload. The refusal named neither, which left
+// an operator to search a long token file by hand; and a comment line,
+// which a token file cannot have, was as hard to find. RIALTO_TOKENS's
+// comma-separated entries are named by number.
+func TestTokenFileRefusalNamesTheLine(t *testing.T) {
+	secretText := "s3cret-not-a-spec"
+	f := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(f, []byte("\n\nt0k-alice:alice\n\n"+secretText+"\nt0k-bob:bob\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, errs, code := runCLI(t, "http://127.0.0.1:1", "server", "--token-file", f)
+	if want := "--token-file " + f + ": line 5: bad token spec"; code != 2 || !strings.Contains(errs, want) || strings.Contains(errs, secretText) {
+		t.Errorf("start: exit %d, stderr %q; want 2 and %q, without the line", code, errs, want)
+	}
+	if _, err := parseTokens(tokenSource{name: "RIALTO_TOKENS"}, "t0k-alice:alice, "+secretText); err == nil ||
+		!strings.Contains(err.Error(), "RIALTO_TOKENS: entry 2: bad token spec") || strings.Contains(err.Error(), secretText) {
+		t.Errorf("RIALTO_TOKENS: %v; want entry 2 named, without it", err)
 	}
 }

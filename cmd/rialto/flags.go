@@ -10,6 +10,7 @@ import (
 	"strings"
 	"text/template"
 	"time"
+	"unicode"
 
 	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v4"
@@ -59,6 +60,9 @@ type secret struct {
 	file      string
 	envValue  string
 	refused   bool
+	// leadingLines: the lines get trimmed before the file's text (blank
+	// ones), for a refusal to number the file's lines as an editor does.
+	leadingLines int
 }
 
 // refusedFlag is --NAME of a secret: @FILE names the file holding it;
@@ -108,6 +112,7 @@ func (s *secret) get() (string, error) {
 	if v == "" {
 		return "", fmt.Errorf("--%s-file: %s is empty", s.name, s.file)
 	}
+	s.leadingLines = strings.Count(string(b[:len(b)-len(strings.TrimLeftFunc(string(b), unicode.IsSpace))]), "\n")
 	return v, nil
 }
 

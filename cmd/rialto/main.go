@@ -187,7 +187,7 @@ func oneLine(s string) string {
 func printError(w io.Writer, path string, err error) {
 	var ae *api.Error
 	if errors.As(err, &ae) {
-		fmt.Fprintf(w, "rialto: error: %s (code %s, HTTP %d)%s%s%s\n", ae.Message, ae.Code, ae.Status, notFoundHint(ae), apiHint(ae), infeasibleHint(ae, path))
+		fmt.Fprintf(w, "rialto: error: %s (code %s, HTTP %d)%s%s%s\n", ae.Message, ae.Code, ae.Status, notFoundHint(ae), apiHint(ae, path), infeasibleHint(ae, path))
 		return
 	}
 	hint := ""
@@ -200,10 +200,13 @@ func printError(w io.Writer, path string, err error) {
 }
 
 // apiHint says how the CLI takes a token, when the API refused
-// the one it sent or there was none, and that the API is HTTPS when it was
-// called over plain HTTP.
-func apiHint(ae *api.Error) string {
+// the one it sent or there was none (a daemon's join: where it takes the
+// bootstrap token), and that the API is HTTPS when it was called over
+// plain HTTP.
+func apiHint(ae *api.Error, path string) string {
 	switch {
+	case ae.Code == api.CodeUnauthorized && (path == "rialto agent" || path == "rialto appliance"):
+		return "; the join sends the bootstrap token of --bootstrap-token-file or RIALTO_BOOTSTRAP_TOKEN, which must be the control plane's (rialto server --bootstrap-token-file): after its rotation, give this host the new one"
 	case ae.Code == api.CodeUnauthorized:
 		return "; the CLI sends the token in RIALTO_TOKEN or in the file of --token-file (`rialto up` writes it to STATE/env)"
 	case strings.Contains(ae.Message, "HTTP request to an HTTPS server"):

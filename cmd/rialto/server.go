@@ -41,23 +41,53 @@ func (tm *timings) register(fs *pflag.FlagSet) {
 	fs.Float64Var(&tm.maxBeats, "max-heartbeats-per-second", 100, "cap on all agents' heartbeats: past it each agent is told a longer interval, and --suspect-after and --down-after stretch alike (docs/operations.md; negative: no cap)")
 }
 
-// parseTokens parses TOKEN:TENANT[:admin] specs.
-func parseTokens(specs []string) ([]controlplane.Token, error) {
+// tokenSource is where tenant tokens come from, for a refusal to name:
+// a token file (whose lines it numbers, from firstLine: the lines trimmed
+// before the text) or RIALTO_TOKENS (whose comma-separated entries it
+// numbers).
+type tokenSource struct {
+	name      string // "--token-file FILE" or "RIALTO_TOKENS"
+	file      bool
+	firstLine int
+}
+
+// tokensFrom is the source of the tenant tokens s holds.
+func tokensFrom(s *secret) tokenSource {
+	if s.file == "" {
+		return tokenSource{name: s.env}
+	}
+	return tokenSource{name: "--" + s.name + "-file " + s.file, file: true, firstLine: 1 + s.leadingLines}
+}
+
+// parseTokens parses TOKEN:TENANT[:admin] specs, one a line or separated
+// by commas. A spec that does not parse is named by its line (a file's)
+// or entry number, never by its text: it holds a token.
+func parseTokens(src tokenSource, text string) ([]controlplane.Token, error) {
 	var out []controlplane.Token
-	for _, s := range specs {
-		for _, one := range strings.Split(s, ",") {
+	entry := 0
+	for i, line := range strings.Split(text, "\n") {
+		specs := strings.Split(line, ",")
+		for j, one := range specs {
 			one = strings.TrimSpace(one)
 			if one == "" {
 				continue
 			}
+			entry++
 			// "tok : acme" is tok of acme: a space around a part is
 			// not the token's (a client never sends it) nor the tenant's.
 			parts := strings.Split(one, ":")
-			for i := range parts {
-				parts[i] = strings.TrimSpace(parts[i])
+			for k := range parts {
+				parts[k] = strings.TrimSpace(parts[k])
 			}
 			if len(parts) < 2 || len(parts) > 3 || parts[0] == "" || parts[1] == "" || (len(parts) == 3 && parts[2] != "admin") {
-				return nil, fmt.Errorf("bad token spec (want TOKEN:TENANT or TOKEN:TENANT:admin)")
+				where := fmt.Sprintf("entry %d", entry)
+				if src.file {
+					where = fmt.Sprintf("line %d", src.firstLine+i)
+					if len(specs) > 1 {
+						where += fmt.Sprintf(", entry %d", j+1)
+					}
+				}
+				return nil, fmt.Errorf("%s: %s: bad token spec (want TOKEN:TENANT or TOKEN:TENANT:admin, one a line, no comments; the text is not shown: it holds a token)", src.name, where)
 			}
 			out = append(out, controlplane.Token{Token: parts[0], Tenant: parts[1], Admin: len(parts) == 3})
 		}
@@ -299,7 +329,7 @@ func runServer(e *env, fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		tokens, err := parseTokens(strings.FieldsFunc(specs, func(r rune) bool { return r == '\n' || r == ',' }))
+		tokens, err := parseTokens(tokensFrom(specsS), specs)
 		if err != nil {
 			return usageError{err}
 		}

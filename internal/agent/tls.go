@@ -135,13 +135,36 @@ func (a *Agent) setupTLS() error {
 		}
 	}
 	if b, err := os.ReadFile(filepath.Join(a.cfg.StateDir, nodeCertFile)); err == nil {
-		if err := t.setCert(b); err != nil {
+		if err := t.checkStoredCert(b); err != nil {
+			a.log.Warn("the stored node certificate is unusable; the next join replaces it", "err", err)
+		} else if err := t.setCert(b); err != nil {
 			a.log.Warn("the stored node certificate is unusable; the next join replaces it", "err", err)
 		}
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("agent: node certificate: %w", err)
 	}
 	a.tls = t
+	return nil
+}
+
+// checkStoredCert refuses a stored node certificate, still valid, that
+// no certificate of the CA file issued: one of a CA `rialto ca drop-old`
+// dropped since, which the control plane refuses at the handshake, so
+// that every join presenting it would fail while it is valid. Without
+// it the join proves the node by its credential and brings a new one.
+// An expired one is never presented (usable): it is kept as before.
+func (t *nodeTLS) checkStoredCert(certPEM []byte) error {
+	certs, err := pki.ParseCerts(certPEM)
+	if err != nil {
+		return err
+	}
+	leaf := certs[0]
+	if !time.Now().Before(leaf.NotAfter) {
+		return nil
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: t.pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+		return fmt.Errorf("it was issued by %q, not by a CA of %s (dropped since?): %w", leaf.Issuer.CommonName, t.caFile, err)
+	}
 	return nil
 }
 

@@ -207,7 +207,9 @@ func (s *Server) syncCRL(ctx context.Context) (bool, error) {
 	}
 	return s.crl.do(ctx, func(ctx context.Context) (bool, error) {
 		changed, err := s.adoptStoreCRL(ctx, ca, rv)
-		if err != nil {
+		var cerr caListError
+		if err != nil && !errors.As(err, &cerr) {
+			// The store failed: the directory's list may still be read.
 			if reloaded, rerr := ca.ReloadIfChanged(); rerr != nil {
 				err = errors.Join(err, rerr)
 			} else {
@@ -218,6 +220,13 @@ func (s *Server) syncCRL(ctx context.Context) (bool, error) {
 	})
 }
 
+// caListError is an error of the CA directory's list (pki.CA.Adopt), not
+// the store's: re-reading the directory would only repeat it.
+type caListError struct{ err error }
+
+func (e caListError) Error() string { return e.err.Error() }
+func (e caListError) Unwrap() error { return e.err }
+
 // adoptStoreCRL is syncCRL's work with a store that keeps the list.
 func (s *Server) adoptStoreCRL(ctx context.Context, ca *pki.CA, rv store.Revocations) (bool, error) {
 	for range maxCRLSyncRounds {
@@ -227,7 +236,7 @@ func (s *Server) adoptStoreCRL(ctx context.Context, ca *pki.CA, rv store.Revocat
 		}
 		a, err := ca.Adopt(pki.SharedList{Number: big.NewInt(l.Number), Revoked: l.Revoked, Expired: l.Expired})
 		if err != nil {
-			return false, err
+			return false, caListError{err}
 		}
 		switch {
 		case len(a.Missing) > 0:

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -490,5 +491,88 @@ func TestExpiredRevocationsDropped(t *testing.T) {
 		if ca.Revoked(serial) || !ca.Revoked(unknown) || ca.CRLNumber().Int64() != l.Number {
 			t.Fatalf("sweep %d: ca-crl.pem (number %v) names the expired certificate: %v, the other: %v", i, ca.CRLNumber(), ca.Revoked(serial), ca.Revoked(unknown))
 		}
+	}
+}
+
+// TestRotationWhileRunningKeepsRevocations: `rialto ca rotate` on the CA
+// directory of running replicas (step 1 of "Rotating the CA", before
+// their restart) re-signs ca-crl.pem with the new key. A replica sharing
+// the directory still signs its list from the store's, so a node removed
+// through another replica meanwhile has its certificate refused there.
+// Before, each sweep failed ("ca-crl.pem is not signed by the CA", the
+// error twice in one log line) and the replica accepted the certificate
+// until it restarted. The list it hands out stays signed with its own
+// key (agents may not hold the new CA yet). A directory that holds
+// another CA is one error, saying to restart.
+func TestRotationWhileRunningKeepsRevocations(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	url := pgtest.DB(t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	dir := filepath.Join(t.TempDir(), "tls")
+	ca, err := pki.Open(dir, pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(ctx, Config{Store: openPG(ctx, t, url, 4), Logger: log, CA: ca, Lender: newFakeLender(), BootstrapToken: bootTok,
+		Tokens: []Token{{Token: adminTok, Tenant: "admin", Admin: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	iss, err := ca.Issue(pki.Request{CommonName: "n-1", Hosts: []string{"127.0.0.1"}, Usage: pki.ClientAuth, Lifetime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.syncCRL(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rot, err := pki.Load(dir, pki.Options{}) // rialto ca rotate
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldSigner := ca.Certificate()
+	if err := rot.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	// What the replica hands agents, which may hold only the old
+	// ca-cert.pem until step 2, is signed with the key it signs with.
+	if _, err := s.syncCRL(ctx); err != nil {
+		t.Fatalf("re-reading the list a rotation signed: %v", err)
+	}
+	if _, err := pki.ParseCRL(ca.CRLPEM(), []*x509.Certificate{oldSigner}); err != nil {
+		t.Fatalf("the list handed out after a rotation: %v", err)
+	}
+	// Another replica removes the node: the store records its certificate.
+	if _, _, err := s.st.(store.Revocations).Revoke(ctx, []string{iss.Cert.SerialNumber.Text(16)}, "", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.syncCRL(ctx); err != nil {
+		t.Fatalf("signing the list from the store after a rotation: %v", err)
+	}
+	if err := ca.Verify(iss.Cert, pki.ClientAuth); !errors.Is(err, pki.ErrRevoked) {
+		t.Fatalf("a certificate the store revoked after a rotation: %v, want revoked", err)
+	}
+	// The directory replaced by another CA's.
+	other := t.TempDir()
+	if _, err := pki.Open(other, pki.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{pki.CACertFile, pki.CAKeyFile, pki.CRLFile} {
+		b, err := os.ReadFile(filepath.Join(other, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err = s.syncCRL(ctx)
+	if err == nil || strings.Count(err.Error(), "restart the process") != 1 {
+		t.Fatalf("the list of another CA: %v, want one error saying to restart", err)
+	}
+	if err := ca.Verify(iss.Cert, pki.ClientAuth); !errors.Is(err, pki.ErrRevoked) {
+		t.Fatalf("the list held dropped: %v", err)
 	}
 }

@@ -77,7 +77,7 @@ func (s *Server) putTokens(ctx context.Context, ts []store.Token) error {
 // touched: a tenant over a lowered quota keeps what it holds and is
 // refused more until it is under. Tokens taken out stop working at once
 // (with a TokenReplacer store). It logs what changed without a secret:
-// counts, tenants and token fingerprints.
+// counts, tenants and token fingerprints (the bootstrap token's too).
 func (s *Server) Reload(ctx context.Context, set Settings) error {
 	s.reloadMu.Lock()
 	defer s.reloadMu.Unlock()
@@ -106,8 +106,12 @@ func (s *Server) Reload(ctx context.Context, set Settings) error {
 		qt = append(qt, t)
 	}
 	sort.Strings(qt)
+	boot := "none" // no machine joins
+	if set.BootstrapToken != "" {
+		boot = resource.Fingerprint(set.BootstrapToken)
+	}
 	s.log.Info("settings reloaded", "tokens", len(set.Tokens), "admin_tokens", admins, "tenants", len(tenants),
-		"token_fingerprints", fps, "bootstrap_token", set.BootstrapToken != "",
+		"token_fingerprints", fps, "bootstrap_token", boot,
 		"default_quota", fmt.Sprintf("%+v", set.Quotas.Default), "quota_tenants", qt)
 	return nil
 }

@@ -104,6 +104,14 @@ func TestReload(t *testing.T) {
 	if !strings.Contains(out, "settings reloaded") {
 		t.Fatalf("no reload log line:\n%s", out)
 	}
+	// The bootstrap token by its fingerprint, the one an agent refused
+	// with another token is told of its own: an operator rotating it
+	// checks which one each side holds.
+	for _, w := range []string{"bootstrap_token=" + resource.Fingerprint(bootTok), "bootstrap_token=none"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("the reload log does not say %q:\n%s", w, out)
+		}
+	}
 	for _, s := range []string{aliceTok, bobTok, carolTok, adminTok, bootTok} {
 		if strings.Contains(out, s) {
 			t.Fatalf("the log shows a token:\n%s", out)

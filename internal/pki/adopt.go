@@ -71,6 +71,14 @@ func (ca *CA) Adopt(l SharedList) (Adoption, error) {
 			return Adoption{}, err
 		}
 	}
+	if ca.crlForeign {
+		// A rotation signed it with a key clients may not trust yet: hand
+		// out (and leave in the directory) the same list signed with this
+		// process's key, which they do.
+		if err := ca.writeCRLNumbered(new(big.Int).Set(ca.crlNum)); err != nil {
+			return Adoption{}, err
+		}
+	}
 	var out Adoption
 	same := len(l.Revoked) == len(ca.revoked)
 	for s := range ca.revoked {

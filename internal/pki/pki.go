@@ -21,6 +21,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -135,7 +136,11 @@ type CA struct {
 	revoked map[string]time.Time // hex serial → revocation time
 	crlNum  *big.Int
 	crlPEM  []byte
-	crlAt   time.Time // ThisUpdate of the CRL on disk
+	// crlForeign: the list held was signed by a CA certificate a rotation
+	// added since this process loaded the CA (followRotation); Adopt signs
+	// it again with this process's key, which every client verifies.
+	crlForeign bool
+	crlAt      time.Time // ThisUpdate of the CRL on disk
 }
 
 // Open opens the CA in dir, creating the directory (0700) and a new CA
@@ -325,8 +330,22 @@ func (ca *CA) loadCRL() error {
 			break
 		}
 	}
+	foreign := false
 	if !signed {
-		return fmt.Errorf("pki: %s is not signed by the CA", CRLFile)
+		followed, another := ca.followRotation(crl)
+		if !followed {
+			names := make([]string, len(ca.trusted))
+			for i, c := range ca.trusted {
+				names[i] = c.Subject.CommonName
+			}
+			hint := ""
+			if another {
+				hint = fmt.Sprintf("; %s holds another CA than the one this process loaded: restart the process to load it (docs/operations.md, \"Rotating the CA\")", ca.dir)
+			}
+			return fmt.Errorf("pki: %s is not signed by the CA: it is signed by %q, and this process trusts %s%s",
+				CRLFile, crl.Issuer.CommonName, strings.Join(names, ", "), hint)
+		}
+		foreign = true
 	}
 	revoked := make(map[string]time.Time, len(crl.RevokedCertificateEntries))
 	for _, e := range crl.RevokedCertificateEntries {
@@ -337,7 +356,46 @@ func (ca *CA) loadCRL() error {
 		num = crl.Number
 	}
 	ca.revoked, ca.crlNum, ca.crlPEM, ca.crlAt = revoked, num, b, crl.ThisUpdate
+	ca.crlForeign = foreign
 	return nil
+}
+
+// followRotation handles a list that no CA certificate this process
+// trusts signed: when the directory's ca-cert.pem still holds this
+// process's signing certificate (a `rialto ca rotate` by another process
+// since this one loaded the CA keeps it) and one of its certificates
+// signed crl, the process trusts what ca-cert.pem holds from then on, as
+// it would after a restart, and reports followed. It still signs with its
+// own key until it restarts (clients may not hold the new certificate
+// yet). A directory that holds another CA (ca-cert.pem without this
+// process's signing certificate) is not followed: another reports it. The
+// caller holds ca.mu, or owns ca.
+func (ca *CA) followRotation(crl *x509.RevocationList) (followed, another bool) {
+	if ca.signer == nil {
+		return false, false
+	}
+	certs, err := ReadCerts(filepath.Join(ca.dir, CACertFile))
+	if err != nil {
+		return false, false
+	}
+	if !slices.ContainsFunc(certs, ca.signer.Equal) {
+		return false, true
+	}
+	trusted := []*x509.Certificate{ca.signer} // signer first, as ever
+	signed := false
+	for _, c := range certs {
+		if !c.IsCA || c.Equal(ca.signer) {
+			continue
+		}
+		trusted = append(trusted, c)
+		signed = signed || crl.CheckSignatureFrom(c) == nil
+	}
+	if !signed {
+		return false, false
+	}
+	ca.trusted = trusted
+	ca.rebuildPool()
+	return true, false
 }
 
 func (ca *CA) rebuildPool() {
@@ -390,7 +448,7 @@ func (ca *CA) writeCRLNumbered(num *big.Int) error {
 	if err := writeAtomic(filepath.Join(ca.dir, CRLFile), b, 0o644); err != nil {
 		return err
 	}
-	ca.crlNum, ca.crlPEM, ca.crlAt = num, b, now
+	ca.crlNum, ca.crlPEM, ca.crlAt, ca.crlForeign = num, b, now, false
 	return nil
 }
 
@@ -798,7 +856,10 @@ func (ca *CA) Rotate() error {
 	return ca.writeCRL()
 }
 
-// DropOld stops trusting the CA certificates that Rotate kept.
+// DropOld stops trusting the CA certificates that Rotate kept. The
+// revocation list is signed anew with the signing key: a control plane
+// that ran on the old key after the rotation may have signed it with
+// that key, which the directory no longer trusts.
 func (ca *CA) DropOld() error {
 	unlock, err := lockDir(ca.dir)
 	if err != nil {
@@ -807,6 +868,14 @@ func (ca *CA) DropOld() error {
 	defer unlock()
 	ca.mu.Lock()
 	defer ca.mu.Unlock()
+	if err := ca.loadCRL(); err != nil { // what others revoked since
+		return err
+	}
+	// The list first: a reader that still trusts the old certificate
+	// takes one signed with the new key too.
+	if err := ca.writeCRL(); err != nil {
+		return err
+	}
 	ca.trusted = []*x509.Certificate{ca.signer}
 	ca.rebuildPool()
 	return ca.writeCerts()

@@ -540,3 +540,102 @@ func TestOpenSSLAccepts(t *testing.T) {
 		t.Fatalf("openssl verify with the CRL: %v\n%s", err, out)
 	}
 }
+
+// TestRunningCAFollowsARotation: `rialto ca rotate` run while control
+// planes share the directory re-signs ca-crl.pem with the new key. A
+// running process (which signs with the old key until it restarts) still
+// reads the list, revokes and verifies the new CA's certificates: it
+// trusts what the directory's ca-cert.pem now holds beside its own
+// signing certificate. It refused the list ("not signed by the CA")
+// until restarted: a node removed through another replica meanwhile kept
+// its certificates there. A directory whose ca-cert.pem no longer holds
+// the process's signing certificate (a new CA) is still refused, saying
+// to restart.
+func TestRunningCAFollowsARotation(t *testing.T) {
+	clk := newClock()
+	dir := t.TempDir()
+	running := openCA(t, dir, clk)
+	oldSigner := running.Certificate()
+	gone, err := running.Issue(Request{CommonName: "gone", Usage: ClientAuth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rot := openCA(t, dir, clk) // rialto ca rotate, another process
+	if err := rot.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	fresh, err := rot.Issue(Request{CommonName: "fresh", Usage: ClientAuth}) // a restarted replica's
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := running.ReloadIfChanged(); err != nil {
+		t.Fatalf("re-reading the list a rotation signed: %v", err)
+	}
+	if err := running.Verify(fresh.Cert, ClientAuth); err != nil {
+		t.Fatalf("a certificate of the rotated CA: %v", err)
+	}
+	if !running.Certificate().Equal(oldSigner) {
+		t.Fatal("the running CA took the new signing key before its restart")
+	}
+	if err := running.Revoke(gone.Cert.SerialNumber); err != nil {
+		t.Fatalf("revoking after a rotation: %v", err)
+	}
+	// A restarted process (the new signer) reads what the running one wrote.
+	if again := openCA(t, dir, clk); !again.Revoked(gone.Cert.SerialNumber) || !again.Certificate().Equal(rot.Certificate()) {
+		t.Fatal("the revocation by the running process is not in the directory")
+	}
+	// A new CA in the directory (moved away, created anew) is not this one.
+	other := t.TempDir()
+	if _, err := Open(other, Options{Now: clk.Now}); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{CACertFile, CAKeyFile, CRLFile} {
+		b, err := os.ReadFile(filepath.Join(other, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err = running.ReloadIfChanged()
+	if err == nil || !strings.Contains(err.Error(), "restart") {
+		t.Fatalf("a new CA's list: %v, want an error saying to restart", err)
+	}
+	if !running.Revoked(gone.Cert.SerialNumber) {
+		t.Fatal("the list held was dropped")
+	}
+}
+
+// TestDropOldResignsTheList: a revocation list signed with the old key
+// (by a control plane still running on it after the rotation, which
+// keeps signing with its key until restarted) is signed anew by
+// `rialto ca drop-old`, so that the directory, trusting only the new CA,
+// still opens and keeps the list. DropOld rewrote the certificates only:
+// the next start refused the directory ("not signed by the CA").
+func TestDropOldResignsTheList(t *testing.T) {
+	clk := newClock()
+	dir := t.TempDir()
+	running := openCA(t, dir, clk)
+	gone, err := running.Issue(Request{CommonName: "gone", Usage: ClientAuth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := openCA(t, dir, clk).Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := running.Revoke(gone.Cert.SerialNumber); err != nil { // signed with the old key
+		t.Fatal(err)
+	}
+	num := openCA(t, dir, clk).CRLNumber()
+	if err := openCA(t, dir, clk).DropOld(); err != nil {
+		t.Fatal(err)
+	}
+	again, err := Open(dir, Options{Now: clk.Now})
+	if err != nil {
+		t.Fatalf("the directory after drop-old: %v", err)
+	}
+	if !again.Revoked(gone.Cert.SerialNumber) || again.CRLNumber().Cmp(num) <= 0 {
+		t.Fatalf("the list after drop-old: revoked %v, number %v (was %v)", again.Revoked(gone.Cert.SerialNumber), again.CRLNumber(), num)
+	}
+}

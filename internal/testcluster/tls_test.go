@@ -333,3 +333,38 @@ func readIdentity(t *testing.T, n *Node) struct{ Credential, AgentKey string } {
 	}
 	return struct{ Credential, AgentKey string }{id.Credential, id.AgentKey}
 }
+
+// TestAgentWithDroppedCACertificateRejoins: an agent whose stored node
+// certificate comes from a CA its --cacert file no longer holds (`rialto
+// ca drop-old` before the certificate was renewed, the agent given the
+// new file and restarted) joins without it, by its credential, its
+// leases kept. It presented that certificate, which the control plane
+// refused at the handshake ("unknown certificate authority"), at every
+// join for as long as the certificate was valid: a restart could not
+// bring the node back.
+func TestAgentWithDroppedCACertificateRejoins(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{TLS: true, Nodes: 1})
+	ctx := ctxT(t)
+	l, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := c.Nodes[0]
+	old := nodeCert(t, n)
+	if err := c.CA.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CA.DropOld(); err != nil {
+		t.Fatal(err)
+	}
+	n.Kill()
+	c.RestartControlPlane() // issues from the new CA, trusts it alone
+	n.Restart()             // reads the new ca-cert.pem
+	if cur := nodeCert(t, n); cur.Leaf.SerialNumber.Cmp(old.Leaf.SerialNumber) == 0 || cur.Leaf.Issuer.CommonName != c.CA.Certificate().Subject.CommonName {
+		t.Fatalf("the node's certificate after its join: issued by %q, want the new CA %q", cur.Leaf.Issuer.CommonName, c.CA.Certificate().Subject.CommonName)
+	}
+	if got := c.Lease(l.ID); got.State != api.LeaseActive {
+		t.Fatalf("the lease after the rejoin: %s, want active (a join proven by the credential)", got.State)
+	}
+}
