@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/rialto-project/rialto/api"
@@ -26,6 +27,13 @@ func runNodeRemove(e *env, fs *pflag.FlagSet) runFunc {
 			return err
 		}
 		r, err := c.RemoveNode(ctx, id, *force)
+		var ae *api.Error
+		if errors.As(err, &ae) && ae.Code == api.CodeConflict && !*force {
+			// The control plane says "force the removal": the flag.
+			fe := *ae
+			fe.Message += fmt.Sprintf("; force it with `rialto node remove --force %s`", id)
+			return &fe
+		}
 		if err != nil {
 			return err
 		}

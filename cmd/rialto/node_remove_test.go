@@ -45,3 +45,19 @@ func TestNodeRemoveByNameSkipsRemoved(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeRemoveLiveNamesForce: removing a node whose agent heartbeats is
+// refused (the node stays ready), and the refusal names the flag that
+// forces it: the control plane's message says "force the removal", which
+// a CLI user must translate.
+func TestNodeRemoveLiveNamesForce(t *testing.T) {
+	c := testcluster.Start(t, testcluster.Options{Nodes: 1})
+	id := c.Nodes[0].ID()
+	_, errs, code := runIn(t, c, t.TempDir(), "node", "remove", id)
+	if code != 1 || !strings.Contains(errs, "rialto node remove --force "+id) {
+		t.Fatalf("node remove of a ready node: exit %d: %s", code, errs)
+	}
+	if n, err := c.Client().Node(context.Background(), id); err != nil || n.State != api.NodeReady {
+		t.Fatalf("node %s after the refused removal: %v %v", id, n.State, err)
+	}
+}
