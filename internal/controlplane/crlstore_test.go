@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"math/big"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -24,7 +23,6 @@ import (
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
-	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
 	"github.com/rialto-project/rialto/internal/pgserver/pgtest"
 	"github.com/rialto-project/rialto/internal/pki"
 )
@@ -72,20 +70,7 @@ func TestReplicaCopiesShareRevocations(t *testing.T) {
 		s := runServer(ctx, t, Config{Store: openPG(ctx, t, url, 8), Logger: log, CA: ca, Lender: newFakeLender(), BootstrapToken: bootTok,
 			Tokens:            []Token{{Token: adminTok, Tenant: "admin", Admin: true}},
 			HeartbeatInterval: 100 * time.Millisecond, SuspectAfter: 10 * time.Minute, DownAfter: 20 * time.Minute})
-		hs := httptest.NewUnstartedServer(s.Handler())
-		cfg, err := APIServerTLS(ca, []string{"127.0.0.1"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cert, err := cfg.GetCertificate(nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.Certificates, cfg.GetCertificate = []tls.Certificate{*cert}, nil
-		hs.TLS = cfg
-		hs.StartTLS()
-		t.Cleanup(hs.Close)
-		return s, hs.URL
+		return s, serveTLS(t, s, ca)
 	}
 	a, aURL := replica(caA)
 	b, bURL := replica(caB)
@@ -280,21 +265,8 @@ func TestRemovalStoreRevokedSyncFailing(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ca, err := pki.Open(t.TempDir(), pki.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "rialto.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	srv, err := New(ctx, Config{Store: st, CA: ca, Lender: newFakeLender(), BootstrapToken: bootTok,
-		Tokens: []Token{{Token: adminTok, Tenant: "ops", Admin: true}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
+	r := newCASQLite(ctx, t, Config{})
+	ca, st, srv := r.ca, r.st, r.srv
 	csr, _, err := pki.NewCSR("", []string{"127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)
@@ -353,21 +325,8 @@ func TestConcurrentCRLSyncsShared(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dir := t.TempDir()
-	ca, err := pki.Open(dir, pki.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "rialto.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	srv, err := New(ctx, Config{Store: st, CA: ca, Lender: newFakeLender(), BootstrapToken: bootTok})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
+	r := newCASQLite(ctx, t, Config{})
+	srv, dir := r.srv, r.ca.Dir()
 	if _, err := srv.syncCRL(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -422,21 +381,9 @@ func TestExpiredRevocationsDropped(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ca, err := pki.Open(t.TempDir(), pki.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "rialto.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
 	clk := clock.NewFake(time.Now())
-	srv, err := New(ctx, Config{Store: st, Clock: clk, CA: ca, Lender: newFakeLender(), BootstrapToken: bootTok})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
+	r := newCASQLite(ctx, t, Config{Clock: clk})
+	ca, st, srv := r.ca, r.st, r.srv
 	csr, _, err := pki.NewCSR("", []string{"127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)

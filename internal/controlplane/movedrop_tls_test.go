@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"sync"
@@ -125,20 +124,7 @@ func moveOntoRemovedTLS(ctx context.Context, t *testing.T) (dst *testAgent, m ap
 		s := runServer(ctx, t, Config{Store: openPG(ctx, t, url, 8), Logger: log, CA: ca, Lender: lender, BootstrapToken: bootTok,
 			Tokens:         []Token{{Token: aliceTok, Tenant: "alice"}, {Token: adminTok, Tenant: "admin", Admin: true}},
 			PrepareTimeout: 30 * time.Second, HeartbeatInterval: 100 * time.Millisecond, SuspectAfter: 10 * time.Minute, DownAfter: 20 * time.Minute})
-		hs := httptest.NewUnstartedServer(s.Handler())
-		cfg, err := APIServerTLS(ca, []string{"127.0.0.1"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cert, err := cfg.GetCertificate(nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.Certificates, cfg.GetCertificate = []tls.Certificate{*cert}, nil
-		hs.TLS = cfg
-		hs.StartTLS()
-		t.Cleanup(hs.Close)
-		return s, hs.URL
+		return s, serveTLS(t, s, ca)
 	}
 	a, aURL := replica(caA, nil)
 	b, bURL := replica(caB, hold)

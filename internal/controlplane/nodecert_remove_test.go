@@ -7,14 +7,11 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"net/http/httptrace"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
-	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
 	"github.com/rialto-project/rialto/internal/pki"
 )
 
@@ -29,34 +26,9 @@ func TestRenewalDuringRemovalIsRevoked(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ca, err := pki.Open(t.TempDir(), pki.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "rialto.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	srv, err := New(ctx, Config{Store: st, CA: ca, Lender: newFakeLender(), BootstrapToken: bootTok,
-		Tokens: []Token{{Token: adminTok, Tenant: "ops", Admin: true}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewUnstartedServer(srv.Handler())
-	cfg, err := APIServerTLS(ca, []string{"127.0.0.1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Its certificate fixed: httptest would put its own first.
-	apiCert, err := cfg.GetCertificate(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Certificates, cfg.GetCertificate = []tls.Certificate{*apiCert}, nil
-	hs.TLS = cfg
-	hs.StartTLS()
-	t.Cleanup(hs.Close)
+	r := newCASQLite(ctx, t, Config{})
+	ca, srv := r.ca, r.srv
+	base := serveTLS(t, srv, ca)
 
 	client := func(cert *tls.Certificate) *http.Client {
 		tc := &tls.Config{RootCAs: ca.Pool(), ServerName: "127.0.0.1"}
@@ -67,7 +39,7 @@ func TestRenewalDuringRemovalIsRevoked(t *testing.T) {
 		// sends its body only once the handler reads it.
 		return &http.Client{Transport: &http.Transport{TLSClientConfig: tc, ExpectContinueTimeout: time.Minute}}
 	}
-	anon := api.NewClient(hs.URL, "", client(nil))
+	anon := api.NewClient(base, "", client(nil))
 	csr, keyPEM, err := pki.NewCSR("", []string{"127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +67,7 @@ func TestRenewalDuringRemovalIsRevoked(t *testing.T) {
 	pr, pw := io.Pipe()
 	reading := make(chan struct{})
 	rctx := httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{Got100Continue: func() { close(reading) }})
-	req, err := http.NewRequestWithContext(rctx, http.MethodPost, hs.URL+"/v1/nodes/"+j.NodeID+"/certificate", pr)
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, base+"/v1/nodes/"+j.NodeID+"/certificate", pr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,14 +6,11 @@ import (
 	"database/sql"
 	"math/big"
 	"net/http"
-	"net/http/httptest"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
-	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
 	"github.com/rialto-project/rialto/internal/pki"
 )
 
@@ -36,35 +33,9 @@ func TestLateRemovalRevokedRecorded(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ca, err := pki.Open(t.TempDir(), pki.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "rialto.db")
-	st, err := sqlite.Open(ctx, path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	srv, err := New(ctx, Config{Store: st, CA: ca, Lender: newFakeLender(), BootstrapToken: bootTok,
-		Tokens: []Token{{Token: adminTok, Tenant: "ops", Admin: true}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewUnstartedServer(srv.Handler())
-	cfg, err := APIServerTLS(ca, []string{"127.0.0.1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	apiCert, err := cfg.GetCertificate(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Certificates, cfg.GetCertificate = []tls.Certificate{*apiCert}, nil
-	hs.TLS = cfg
-	hs.StartTLS()
-	t.Cleanup(hs.Close)
-	anon := api.NewClient(hs.URL, "", &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool(), ServerName: "127.0.0.1"}}})
+	r := newCASQLite(ctx, t, Config{})
+	ca, st, path, srv := r.ca, r.st, r.path, r.srv
+	anon := api.NewClient(serveTLS(t, srv, ca), "", &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool(), ServerName: "127.0.0.1"}}})
 	csr, _, err := pki.NewCSR("", []string{"127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)
@@ -151,22 +122,8 @@ func TestLateRevokedNotAddedToLaterRemoval(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ca, err := pki.Open(t.TempDir(), pki.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "rialto.db")
-	st, err := sqlite.Open(ctx, path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	srv, err := New(ctx, Config{Store: st, CA: ca, Lender: newFakeLender(), BootstrapToken: bootTok,
-		Tokens: []Token{{Token: adminTok, Tenant: "ops", Admin: true}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
+	r := newCASQLite(ctx, t, Config{})
+	st, path, srv := r.st, r.path, r.srv
 	join := func() string {
 		t.Helper()
 		csr, _, err := pki.NewCSR("", []string{"127.0.0.1"})

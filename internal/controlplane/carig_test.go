@@ -1,0 +1,76 @@
+package controlplane
+
+import (
+	"context"
+	"crypto/tls"
+	"net/http/httptest"
+	"path/filepath"
+	"testing"
+
+	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
+	"github.com/rialto-project/rialto/internal/pki"
+)
+
+// caSQLite is a control plane with a cluster CA of its own on a SQLite
+// store of its own (newCASQLite).
+type caSQLite struct {
+	ca   *pki.CA
+	st   *sqlite.Store
+	path string // the database file
+	srv  *Server
+}
+
+// newCASQLite starts a control plane with cfg, given a new CA directory
+// and SQLite database (cfg's Store and CA are set here); a nil Lender is a
+// fake one, an empty BootstrapToken bootTok, no Tokens the admin token. It
+// and its store close when the test ends.
+func newCASQLite(ctx context.Context, t *testing.T, cfg Config) caSQLite {
+	t.Helper()
+	ca, err := pki.Open(t.TempDir(), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "rialto.db")
+	st, err := sqlite.Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	cfg.Store, cfg.CA = st, ca
+	if cfg.Lender == nil {
+		cfg.Lender = newFakeLender()
+	}
+	if cfg.BootstrapToken == "" {
+		cfg.BootstrapToken = bootTok
+	}
+	if cfg.Tokens == nil {
+		cfg.Tokens = []Token{{Token: adminTok, Tenant: "ops", Admin: true}}
+	}
+	srv, err := New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return caSQLite{ca: ca, st: st, path: path, srv: srv}
+}
+
+// serveTLS serves s's API over HTTPS on loopback with a certificate of
+// ca (for 127.0.0.1), until the test ends, and returns its URL.
+func serveTLS(t *testing.T, s *Server, ca *pki.CA) string {
+	t.Helper()
+	hs := httptest.NewUnstartedServer(s.Handler())
+	cfg, err := APIServerTLS(ca, []string{"127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Its certificate fixed: httptest would put its own first.
+	cert, err := cfg.GetCertificate(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Certificates, cfg.GetCertificate = []tls.Certificate{*cert}, nil
+	hs.TLS = cfg
+	hs.StartTLS()
+	t.Cleanup(hs.Close)
+	return hs.URL
+}
