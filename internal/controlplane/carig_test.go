@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
 	"github.com/rialto-project/rialto/internal/pki"
 )
@@ -73,4 +74,13 @@ func serveTLS(t *testing.T, s *Server, ca *pki.CA) string {
 	hs.StartTLS()
 	t.Cleanup(hs.Close)
 	return hs.URL
+}
+
+// joinN1 is the join of node n1 (machine mid-n1, one partitionable 1 GiB
+// disk) with csr.
+func joinN1(csr []byte) api.JoinRequest {
+	return api.JoinRequest{Name: "n1", Address: "127.0.0.1", AgentURL: "https://127.0.0.1:1",
+		Fingerprint: api.Fingerprint{MachineID: "mid-n1", Hostname: "n1", Cores: 2, MemoryBytes: 1 << 30},
+		Devices:     []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"}},
+		CSR:         string(csr)}
 }

@@ -194,23 +194,7 @@ func TestStoreFailingKeepsLocalRevocations(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	url := pgtest.DB(t)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	dir := filepath.Join(t.TempDir(), "tls")
-	ca, err := pki.Open(dir, pki.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := New(ctx, Config{Store: openPG(ctx, t, url, 4), Logger: log, CA: ca, Lender: newFakeLender(), BootstrapToken: bootTok,
-		Tokens: []Token{{Token: adminTok, Tenant: "admin", Admin: true}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	iss, err := ca.Issue(pki.Request{CommonName: "n-1", Hosts: []string{"127.0.0.1"}, Usage: pki.ClientAuth, Lifetime: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+	url, dir, ca, s, iss := newCAPG(ctx, t)
 	if _, err := s.syncCRL(ctx); err != nil {
 		t.Fatalf("signing the list from the store: %v", err)
 	}
@@ -271,10 +255,7 @@ func TestRemovalStoreRevokedSyncFailing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	j, err := srv.joinAs(ctx, api.JoinRequest{Name: "n1", Address: "127.0.0.1", AgentURL: "https://127.0.0.1:1",
-		Fingerprint: api.Fingerprint{MachineID: "mid-n1", Hostname: "n1", Cores: 2, MemoryBytes: 1 << 30},
-		Devices:     []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"}},
-		CSR:         string(csr)}, "")
+	j, err := srv.joinAs(ctx, joinN1(csr), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -388,10 +369,7 @@ func TestExpiredRevocationsDropped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	j, err := srv.joinAs(ctx, api.JoinRequest{Name: "n1", Address: "127.0.0.1", AgentURL: "https://127.0.0.1:1",
-		Fingerprint: api.Fingerprint{MachineID: "mid-n1", Hostname: "n1", Cores: 2, MemoryBytes: 1 << 30},
-		Devices:     []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"}},
-		CSR:         string(csr)}, "")
+	j, err := srv.joinAs(ctx, joinN1(csr), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -455,23 +433,7 @@ func TestRotationWhileRunningKeepsRevocations(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	url := pgtest.DB(t)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	dir := filepath.Join(t.TempDir(), "tls")
-	ca, err := pki.Open(dir, pki.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := New(ctx, Config{Store: openPG(ctx, t, url, 4), Logger: log, CA: ca, Lender: newFakeLender(), BootstrapToken: bootTok,
-		Tokens: []Token{{Token: adminTok, Tenant: "admin", Admin: true}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	iss, err := ca.Issue(pki.Request{CommonName: "n-1", Hosts: []string{"127.0.0.1"}, Usage: pki.ClientAuth, Lifetime: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, dir, ca, s, iss := newCAPG(ctx, t)
 	if _, err := s.syncCRL(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -522,4 +484,28 @@ func TestRotationWhileRunningKeepsRevocations(t *testing.T) {
 	if err := ca.Verify(iss.Cert, pki.ClientAuth); !errors.Is(err, pki.ErrRevoked) {
 		t.Fatalf("the list held dropped: %v", err)
 	}
+}
+
+// newCAPG starts a control plane on a PostgreSQL database of its own
+// (url) with a CA directory (dir) of its own, closed when the test ends,
+// and issues a client certificate to node n-1.
+func newCAPG(ctx context.Context, t *testing.T) (url, dir string, ca *pki.CA, s *Server, iss *pki.Issued) {
+	t.Helper()
+	url = pgtest.DB(t)
+	dir = filepath.Join(t.TempDir(), "tls")
+	ca, err := pki.Open(dir, pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err = New(ctx, Config{Store: openPG(ctx, t, url, 4), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), CA: ca,
+		Lender: newFakeLender(), BootstrapToken: bootTok, Tokens: []Token{{Token: adminTok, Tenant: "admin", Admin: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	iss, err = ca.Issue(pki.Request{CommonName: "n-1", Hosts: []string{"127.0.0.1"}, Usage: pki.ClientAuth, Lifetime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return url, dir, ca, s, iss
 }

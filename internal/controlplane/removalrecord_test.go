@@ -40,10 +40,7 @@ func TestLateRemovalRevokedRecorded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	j, err := anon.WithToken(bootTok).Join(ctx, api.JoinRequest{Name: "n1", Address: "127.0.0.1", AgentURL: "https://127.0.0.1:1",
-		Fingerprint: api.Fingerprint{MachineID: "mid-n1", Hostname: "n1", Cores: 2, MemoryBytes: 1 << 30},
-		Devices:     []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"}},
-		CSR:         string(csr)})
+	j, err := anon.WithToken(bootTok).Join(ctx, joinN1(csr))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,10 +127,7 @@ func TestLateRevokedNotAddedToLaterRemoval(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		j, err := srv.joinAs(ctx, api.JoinRequest{Name: "n1", Address: "127.0.0.1", AgentURL: "https://127.0.0.1:1",
-			Fingerprint: api.Fingerprint{MachineID: "mid-n1", Hostname: "n1", Cores: 2, MemoryBytes: 1 << 30},
-			Devices:     []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"}},
-			CSR:         string(csr)}, "")
+		j, err := srv.joinAs(ctx, joinN1(csr), "")
 		if err != nil {
 			t.Fatal(err)
 		}
