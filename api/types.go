@@ -524,7 +524,9 @@ type JoinResponse struct {
 	// CA from the join's CSR: common name the node ID, subject
 	// alternative names the node's hosts, valid for a short time (the
 	// agent renews it with POST /v1/nodes/{id}/certificate).
-	// CACertificate is the cluster CA's certificate (PEM).
+	// CACertificate is the cluster CA's certificates (PEM): those the
+	// control plane trusts (ca-cert.pem), which the agent verifies the
+	// control plane and other lenders with from then on.
 	Certificate   string `json:"certificate,omitempty"`
 	CACertificate string `json:"ca_certificate,omitempty"`
 	// CRL is the cluster CA's current revocation list (PEM): the agent
@@ -579,6 +581,11 @@ type Heartbeat struct {
 	// CRLNumber is the number of the revocation list the agent holds (0:
 	// none); the answer brings the current list when it is newer.
 	CRLNumber int64 `json:"crl_number,omitempty"`
+	// CAHash identifies the CA certificates the agent verifies the
+	// control plane and other lenders with: the hex SHA-256 of their DER,
+	// in order (pki.CertsHash; empty: no TLS, or an agent before this
+	// field). The answer brings the control plane's when they differ.
+	CAHash string `json:"ca_hash,omitempty"`
 	// LeasesComplete says that Leases, Wiping and Lost list every lease
 	// the agent holds anything of (an export served, held until
 	// confirmed or stopped at its expiry; a range being wiped; a part
@@ -730,6 +737,11 @@ type HeartbeatResponse struct {
 	// CRL is the cluster CA's revocation list (PEM) when it is newer than
 	// the heartbeat's CRLNumber.
 	CRL string `json:"crl,omitempty"`
+	// CACertificate is the cluster CA's certificates (PEM, as
+	// JoinResponse.CACertificate) when their hash is not the heartbeat's
+	// CAHash: after a `rialto ca rotate`, the new CA's and the old one's.
+	// The agent verifies with them from then on, and keeps them.
+	CACertificate string `json:"ca_certificate,omitempty"`
 	// HeartbeatSeconds is the interval the agent is to beat at from now
 	// on: the control plane stretches it as the cluster grows, so that
 	// the heartbeats of all agents stay under its cap

@@ -858,6 +858,7 @@ func (a *Agent) join(ctx context.Context) error {
 			if resp.Certificate == "" {
 				return fmt.Errorf("agent: the control plane issued no node certificate (it runs without a cluster CA, and this agent was given one)")
 			}
+			a.useCA(resp.CACertificate)
 			if err := a.useCert(resp.Certificate); err != nil {
 				return err
 			}
@@ -1137,7 +1138,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 		return ErrNotJoined
 	}
 	hb := api.Heartbeat{Health: a.health(), Leases: leases, Wiping: wiping, Moved: moved, Lost: lost, Links: a.probePeers(ctx, a.probeRound(peers)), Usage: a.usage(),
-		CRLNumber: a.crlNumber(), Version: a.cfg.Version, LeasesComplete: true, Check: check, Exports: exports, ExportsComplete: true}
+		CRLNumber: a.crlNumber(), CAHash: a.caHash(), Version: a.cfg.Version, LeasesComplete: true, Check: check, Exports: exports, ExportsComplete: true}
 	if measured && cpUp {
 		hb.Links = append(hb.Links, api.LinkReport{To: "controlplane", RTTMicros: cpRTT, Up: true})
 	}
@@ -1172,6 +1173,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 		return err
 	}
 	a.mHeartbeats.WithLabelValues("ok").Inc()
+	a.useCA(resp.CACertificate)
 	a.useCRL(resp.CRL)
 	a.mu.Lock()
 	if resp.Peers != nil {

@@ -51,7 +51,11 @@
 // again. The agent keeps the
 // CA's revocation list (ca-crl.pem) that the join and heartbeat answers
 // bring, and refuses the certificates it names at its API and when it
-// dials data planes. Its data planes require TLS with the node certificate
+// dials data planes. It verifies with the CA certificates those answers
+// bring too (after a `rialto ca rotate`, the new CA's and the old one's:
+// useCA), kept as ca-cert.pem in the state dir and used at start instead
+// of Config.CAFile's while that file is unchanged, so that a control
+// plane restarted with a certificate of the new CA is still trusted. Its data planes require TLS with the node certificate
 // (drivers implementing [TLSUser]: nbds://, rialto-mems://, rialto-nics://,
 // rialto-accels:// URIs, no client certificate asked for, accelerator
 // slots without their UDP path) unless [Config.InsecureDataplane].

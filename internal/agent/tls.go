@@ -21,26 +21,63 @@ import (
 	"github.com/rialto-project/rialto/internal/pki"
 )
 
-// The node's TLS key and certificate, in the state dir.
+// The node's TLS key and certificate, and the CA certificates the
+// control plane handed out, in the state dir.
 const (
 	nodeKeyFile  = "node-key.pem"  // 0600
 	nodeCertFile = "node-cert.pem" // the certificate the control plane issued
+	// caCertFile holds the CA certificates of the control plane's last
+	// answer that changed them (0644), used at start instead of the
+	// --cacert file's while that file holds what it held then (caBaseFile:
+	// its pki.CertsHash). An operator's new --cacert file wins.
+	caCertFile = "ca-cert.pem"
+	caBaseFile = "ca-cert.base"
 )
+
+// trust is a set of CA certificates the agent verifies peers with.
+type trust struct {
+	certs []*x509.Certificate
+	pool  *x509.CertPool
+	hash  string // pki.CertsHash(certs)
+}
+
+func newTrust(certs []*x509.Certificate) *trust {
+	pool := x509.NewCertPool()
+	for _, c := range certs {
+		pool.AddCert(c)
+	}
+	return &trust{certs: certs, pool: pool, hash: pki.CertsHash(certs)}
+}
 
 // nodeTLS is the agent's side of the cluster's TLS (Config.CAFile): the CA
 // it trusts, its key, and the certificate the control plane signed for it.
 type nodeTLS struct {
 	caFile string
-	pool   *x509.CertPool
-	crl    *pki.CRL // the revocation list, as the control plane hands it out
+	base   string                // pki.CertsHash of caFile's certificates, at start
+	roots  atomic.Pointer[trust] // the CA certificates in use: caFile's, or the control plane's since
+	crl    *pki.CRL              // the revocation list, as the control plane hands it out
 	key    crypto.Signer
 	cert   atomic.Pointer[tls.Certificate] // nil until the first join
 	log    *slog.Logger
 
 	mu      sync.Mutex
-	changed chan struct{}     // closed (and replaced) when the certificate changes
-	trs     []*http.Transport // the agent's client transports (control plane, peers)
+	changed chan struct{}    // closed (and replaced) when the certificate changes
+	clients []*swapTransport // the agent's client transports (control plane, peers)
 }
+
+// swapTransport is an http.RoundTripper whose transport is made anew, with
+// the CA certificates of then, when they change (useCA).
+type swapTransport struct {
+	verify func(tls.ConnectionState) error
+	cur    atomic.Pointer[http.Transport]
+}
+
+func (s *swapTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	return s.cur.Load().RoundTrip(r)
+}
+
+// CloseIdleConnections is what http.Client.CloseIdleConnections calls.
+func (s *swapTransport) CloseIdleConnections() { s.cur.Load().CloseIdleConnections() }
 
 // certWait bounds how long a handshake of the agent's servers waits for
 // a node certificate (the join's answer, on the first join or after the
@@ -100,11 +137,14 @@ func (a *Agent) setupTLS() error {
 	if err != nil {
 		return fmt.Errorf("agent: CA certificate: %w", err)
 	}
-	pool := x509.NewCertPool()
-	for _, c := range roots {
-		pool.AddCert(c)
+	base := pki.CertsHash(roots)
+	if stored, err := a.storedCA(base); err != nil {
+		a.log.Warn("the CA certificates the control plane handed out are set aside; using "+a.cfg.CAFile, "err", err)
+	} else if stored != nil {
+		roots = stored
 	}
-	t := &nodeTLS{caFile: a.cfg.CAFile, pool: pool, crl: pki.NewCRL(roots), log: a.log, changed: make(chan struct{})}
+	t := &nodeTLS{caFile: a.cfg.CAFile, base: base, crl: pki.NewCRL(roots), log: a.log, changed: make(chan struct{})}
+	t.roots.Store(newTrust(roots))
 	if b, err := os.ReadFile(filepath.Join(a.cfg.StateDir, pki.CRLFile)); err == nil {
 		if _, err := t.crl.Update(b); err != nil {
 			a.log.Warn("the stored revocation list is unusable; the next heartbeat replaces it", "err", err)
@@ -147,6 +187,110 @@ func (a *Agent) setupTLS() error {
 	return nil
 }
 
+// storedCA returns the CA certificates a control plane handed out
+// (caCertFile) if the --cacert file still holds what it held then (its
+// hash is base); nil if there are none, or the file changed since (the
+// operator's file wins).
+func (a *Agent) storedCA(base string) ([]*x509.Certificate, error) {
+	b, err := os.ReadFile(filepath.Join(a.cfg.StateDir, caBaseFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	if string(bytes.TrimSpace(b)) != base {
+		a.log.Info("the --cacert file changed since the control plane handed out CA certificates: using it", "file", a.cfg.CAFile)
+		return nil, nil
+	}
+	certs, err := pki.ReadCerts(filepath.Join(a.cfg.StateDir, caCertFile))
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	if err := checkCAs(certs); err != nil {
+		return nil, fmt.Errorf("agent: %s: %w", caCertFile, err)
+	}
+	return certs, nil
+}
+
+// checkCAs refuses a bundle with a certificate that is not a CA's.
+func checkCAs(certs []*x509.Certificate) error {
+	for _, c := range certs {
+		if !c.IsCA || !c.BasicConstraintsValid {
+			return fmt.Errorf("%q is not a CA certificate", c.Subject.CommonName)
+		}
+	}
+	return nil
+}
+
+// useCA takes the CA certificates of an answer of the control plane (a
+// join's, a renewal's, a heartbeat's): the agent verifies the control
+// plane, its peers and other lenders' data planes with them from then on
+// (after a `rialto ca rotate`, the new CA's and the old one's, so that a
+// control plane restarted with a certificate of the new CA is still
+// trusted), and keeps them in the state dir. They came over a connection
+// verified with the certificates in use, from a certificate of the
+// control plane's (verifyControlPlane) that the revocation list does not
+// name: only the control plane widens or narrows what the agent trusts.
+func (a *Agent) useCA(caPEM string) {
+	if a.tls == nil || caPEM == "" {
+		return
+	}
+	certs, err := pki.ParseCerts([]byte(caPEM))
+	if err == nil {
+		err = checkCAs(certs)
+	}
+	if err != nil {
+		a.log.Warn("the control plane's CA certificates are unusable", "err", err)
+		return
+	}
+	cur := a.tls.roots.Load()
+	tr := newTrust(certs)
+	if tr.hash == cur.hash {
+		return
+	}
+	// The file first: a restart takes what the agent verified with last.
+	// The base after it, so that a crash between keeps the --cacert file.
+	dir := a.cfg.StateDir
+	err = writeFileMode(filepath.Join(dir, caCertFile), []byte(caPEM), 0o644)
+	if err == nil {
+		err = writeFileMode(filepath.Join(dir, caBaseFile), []byte(a.tls.base+"\n"), 0o644)
+	}
+	if err != nil {
+		a.log.Warn("keeping the control plane's CA certificates", "err", err)
+	}
+	a.tls.setTrust(tr)
+	names := make([]string, len(certs))
+	for i, c := range certs {
+		names[i] = c.Subject.CommonName
+	}
+	a.log.Info("CA certificates updated by the control plane", "cas", names, "hash", tr.hash)
+}
+
+// setTrust makes tr the CA certificates in use: the revocation list's
+// signers, the servers' client CAs from the next handshake on, and the
+// clients' transports made anew (pooled connections keep the server they
+// verified).
+func (t *nodeTLS) setTrust(tr *trust) {
+	t.roots.Store(tr)
+	t.crl.SetRoots(tr.certs)
+	t.mu.Lock()
+	clients := t.clients
+	t.mu.Unlock()
+	for _, c := range clients {
+		old := c.cur.Swap(t.transport(c.verify))
+		old.CloseIdleConnections()
+	}
+}
+
+// caHash identifies the CA certificates in use (api.Heartbeat.CAHash).
+func (a *Agent) caHash() string {
+	if a.tls == nil {
+		return ""
+	}
+	return a.tls.roots.Load().hash
+}
+
 // checkStoredCert refuses a stored node certificate, still valid, that
 // no certificate of the CA file issued: one of a CA `rialto ca drop-old`
 // dropped since, which the control plane refuses at the handshake, so
@@ -162,7 +306,7 @@ func (t *nodeTLS) checkStoredCert(certPEM []byte) error {
 	if !time.Now().Before(leaf.NotAfter) {
 		return nil
 	}
-	if _, err := leaf.Verify(x509.VerifyOptions{Roots: t.pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: t.roots.Load().pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
 		return fmt.Errorf("it was issued by %q, not by a CA of %s (dropped since?): %w", leaf.Issuer.CommonName, t.caFile, err)
 	}
 	return nil
@@ -188,12 +332,12 @@ func (t *nodeTLS) setCert(certPEM []byte) error {
 	t.cert.Store(c)
 	close(t.changed)
 	t.changed = make(chan struct{})
-	trs := t.trs
+	clients := t.clients
 	t.mu.Unlock()
 	// Pooled connections carry the certificate (or none) they were made
 	// with: the next calls must present this one.
-	for _, tr := range trs {
-		tr.CloseIdleConnections()
+	for _, c := range clients {
+		c.CloseIdleConnections()
 	}
 	return nil
 }
@@ -204,8 +348,8 @@ func (a *Agent) useCert(certPEM string) error {
 	if err != nil {
 		return fmt.Errorf("agent: node certificate from the control plane: %w", err)
 	}
-	if _, err := certs[0].Verify(x509.VerifyOptions{Roots: a.tls.pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
-		return fmt.Errorf("agent: the node certificate does not verify against %s: %w", a.tls.caFile, err)
+	if _, err := certs[0].Verify(x509.VerifyOptions{Roots: a.tls.roots.Load().pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+		return fmt.Errorf("agent: the node certificate does not verify against the CA certificates in use (%s, or the control plane's since): %w", a.tls.caFile, err)
 	}
 	if err := a.tls.setCert([]byte(certPEM)); err != nil {
 		return fmt.Errorf("agent: node certificate from the control plane: %w", err)
@@ -260,15 +404,27 @@ func (a *Agent) csr(host string) (string, error) {
 // serverTLS is the agent API's TLS configuration: the node certificate,
 // and client certificates of the cluster CA asked for (the control
 // plane's is required by the lease-execution routes, see requireCP).
+// The client CAs are those in use at the handshake (useCA). The agent API
+// (net/http's ServeTLS) speaks HTTP/2: the configuration of each
+// handshake names it, as ServeTLS adds it to the first one only.
 func (t *nodeTLS) serverTLS() *tls.Config {
+	cfg := t.serverTLSWith(t.roots.Load().pool)
+	cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		return t.serverTLSWith(t.roots.Load().pool), nil
+	}
+	return cfg
+}
+
+func (t *nodeTLS) serverTLSWith(pool *x509.CertPool) *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		GetCertificate: func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
 			return t.serving(hello.Context())
 		},
 		ClientAuth:       tls.VerifyClientCertIfGiven,
-		ClientCAs:        t.pool,
+		ClientCAs:        pool,
 		VerifyConnection: t.crl.VerifyPeer,
+		NextProtos:       []string{"h2", "http/1.1"},
 	}
 }
 
@@ -289,18 +445,19 @@ func (t *nodeTLS) dataServerTLS() *tls.Config {
 // dataClientTLS is the configuration for dialling data planes (a slot
 // reading a block lease of another lender, a gateway dialling its slots):
 // servers verify against the CA and are refused when the revocation list
-// names them. The dialler sets ServerName.
+// names them. The dialler sets ServerName. The CA certificates are those
+// in use when the agent starts: the drivers keep the configuration.
 func (t *nodeTLS) dataClientTLS() *tls.Config {
-	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: t.pool, VerifyConnection: t.crl.VerifyPeer}
+	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: t.roots.Load().pool, VerifyConnection: t.crl.VerifyPeer}
 }
 
-// clientTLS verifies servers against the CA, then with verify (after the
-// chain and the host name), and presents the node certificate (once there
-// is one).
+// clientTLS verifies servers against the CA certificates in use, then
+// with verify (after the chain and the host name), and presents the node
+// certificate (once there is one).
 func (t *nodeTLS) clientTLS(verify func(tls.ConnectionState) error) *tls.Config {
 	return &tls.Config{
 		MinVersion:       tls.VersionTLS12,
-		RootCAs:          t.pool,
+		RootCAs:          t.roots.Load().pool,
 		VerifyConnection: verify,
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			// An expired certificate (the agent was stopped, or missed
@@ -348,8 +505,19 @@ func (t *nodeTLS) peerClient(timeout time.Duration) *http.Client {
 }
 
 // httpClient is a client of the agent's that verifies servers with verify
-// (clientTLS).
+// (clientTLS), its transport made anew when the CA certificates change.
 func (t *nodeTLS) httpClient(timeout time.Duration, verify func(tls.ConnectionState) error) *http.Client {
+	st := &swapTransport{verify: verify}
+	t.mu.Lock()
+	st.cur.Store(t.transport(verify))
+	t.clients = append(t.clients, st)
+	t.mu.Unlock()
+	return &http.Client{Timeout: timeout, Transport: st}
+}
+
+// transport is a transport of httpClient's, with the CA certificates in
+// use.
+func (t *nodeTLS) transport(verify func(tls.ConnectionState) error) *http.Transport {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = t.clientTLS(verify)
 	// Keep the connection to the control plane across heartbeats: in a
@@ -357,10 +525,7 @@ func (t *nodeTLS) httpClient(timeout time.Duration, verify func(tls.ConnectionSt
 	// spreading, docs/operations.md), and a new mutual-TLS handshake per
 	// heartbeat would cost several times the heartbeat itself.
 	tr.IdleConnTimeout = agentIdleConnTimeout
-	t.mu.Lock()
-	t.trs = append(t.trs, tr)
-	t.mu.Unlock()
-	return &http.Client{Timeout: timeout, Transport: tr}
+	return tr
 }
 
 // requireCP refuses a lease-execution call that did not come over TLS
@@ -403,6 +568,7 @@ func (a *Agent) renewCert(ctx context.Context, nodeID, cred string) error {
 	if err != nil {
 		return fmt.Errorf("agent: renew the node certificate: %w", err)
 	}
+	a.useCA(resp.CACertificate)
 	if err := a.useCert(resp.Certificate); err != nil {
 		return err
 	}
@@ -415,12 +581,17 @@ func (a *Agent) renewCert(ctx context.Context, nodeID, cred string) error {
 
 // writeFile replaces path atomically with data, readable by the owner only.
 func writeFile(path string, data []byte) error {
+	return writeFileMode(path, data, 0o600)
+}
+
+// writeFileMode replaces path atomically with data, with mode perm.
+func writeFileMode(path string, data []byte, perm os.FileMode) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {
 		return fmt.Errorf("agent: write %s: %w", filepath.Base(path), err)
 	}
 	defer os.Remove(tmp.Name())
-	err = tmp.Chmod(0o600)
+	err = tmp.Chmod(perm)
 	if err == nil {
 		_, err = bytes.NewReader(data).WriteTo(tmp)
 	}

@@ -93,8 +93,9 @@ func TestServingWaitsForCertificate(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			logs := &msgRecorder{}
-			nt := &nodeTLS{pool: ca.Pool(), crl: pki.NewCRL([]*x509.Certificate{ca.Certificate()}), key: key,
+			nt := &nodeTLS{crl: pki.NewCRL([]*x509.Certificate{ca.Certificate()}), key: key,
 				log: slog.New(logs), changed: make(chan struct{})}
+			nt.roots.Store(newTrust([]*x509.Certificate{ca.Certificate()}))
 			if tc.held != nil {
 				if err := nt.setCert(tc.held); err != nil {
 					t.Fatal(err)
@@ -209,4 +210,89 @@ func TestNodeKeyReadableByOthersRefused(t *testing.T) {
 	if err := a.setupTLS(); err != nil || a.tls == nil {
 		t.Fatalf("the same key at 0600: %v", err)
 	}
+}
+
+// TestCACertificatesFromTheControlPlane: the CA certificates of a
+// control plane's answer (useCA) replace those in use, are kept in the
+// state dir (0644) and used at the next start while the --cacert file
+// holds what it held when they came; an operator's new --cacert file wins
+// over them. A bundle with a certificate that is not a CA's (a node's,
+// which would make every holder of that key a trusted server) is refused.
+func TestCACertificatesFromTheControlPlane(t *testing.T) {
+	t.Parallel()
+	caDir := t.TempDir()
+	ca, err := pki.Open(caDir, pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(t.TempDir(), "carotate-ca-cert.pem")
+	if err := os.WriteFile(caFile, ca.CertPEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	state := t.TempDir()
+	start := func() *Agent {
+		t.Helper()
+		a := &Agent{cfg: Config{CAFile: caFile, StateDir: state}, log: slog.New(&msgRecorder{})}
+		if err := a.setupTLS(); err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	a := start()
+	before := a.caHash()
+	leaf, err := ca.Issue(pki.Request{CommonName: "node-x", Hosts: []string{"127.0.0.1"}, Usage: pki.ServerAuth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.useCA(string(leaf.CertPEM) + string(ca.CertPEM()))
+	if a.caHash() != before {
+		t.Fatal("a bundle with a node's certificate was taken")
+	}
+	if _, err := os.Stat(filepath.Join(state, caCertFile)); err == nil {
+		t.Fatal("a bundle with a node's certificate was kept")
+	}
+
+	if err := ca.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	a.useCA(string(ca.CertPEM()))
+	if a.caHash() != ca.CertHash() {
+		t.Fatal("the rotated CA certificates are not in use")
+	}
+	if st, err := os.Stat(filepath.Join(state, caCertFile)); err != nil || st.Mode().Perm() != 0o644 {
+		t.Fatalf("the kept CA certificates: %v (mode %v), want 0644", err, st.Mode().Perm())
+	}
+	// A node certificate of the new CA verifies (renewals after the
+	// control plane's restart).
+	iss, err := ca.SignCSR(mustCSR(t, a), pki.Request{CommonName: "node-a", Hosts: []string{"127.0.0.1"}, Usage: pki.ServerAuth | pki.ClientAuth, Lifetime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.useCert(string(iss.CertPEM)); err != nil {
+		t.Fatalf("a node certificate of the rotated CA: %v", err)
+	}
+
+	if b := start(); b.caHash() != ca.CertHash() {
+		t.Fatal("restarted with the same --cacert file, the agent does not use the kept CA certificates")
+	}
+	// The operator gives the agent another file: it wins.
+	other, err := pki.Open(t.TempDir(), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(caFile, other.CertPEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if c := start(); c.caHash() != other.CertHash() {
+		t.Fatal("restarted with a new --cacert file, the agent does not use it")
+	}
+}
+
+func mustCSR(t *testing.T, a *Agent) []byte {
+	t.Helper()
+	csr, err := a.csr("127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []byte(csr)
 }

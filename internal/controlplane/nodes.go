@@ -463,6 +463,11 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 	if s.cfg.CA != nil && s.cfg.CA.CRLNumber().Cmp(big.NewInt(h.CRLNumber)) > 0 {
 		resp.CRL = string(s.cfg.CA.CRLPEM())
 	}
+	// The CA's certificates, when the agent's are others (a rotation since
+	// it started): it verifies with them from then on.
+	if s.cfg.CA != nil && h.CAHash != "" && h.CAHash != s.cfg.CA.CertHash() {
+		resp.CACertificate = string(s.cfg.CA.CertPEM())
+	}
 	return resp, nil
 }
 

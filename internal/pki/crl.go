@@ -25,9 +25,8 @@ import (
 //
 // Zero value: not usable; use NewCRL. Methods are safe for concurrent use.
 type CRL struct {
-	roots []*x509.Certificate
-
 	mu      sync.Mutex
+	roots   []*x509.Certificate
 	path    string    // watched file ("" none)
 	mod     time.Time // of the watched file when last read
 	size    int64
@@ -64,13 +63,22 @@ func ParseCRL(b []byte, roots []*x509.Certificate) (*x509.RevocationList, error)
 // Update replaces the list with the PEM CRL b if it verifies and is newer
 // than the one held (by CRL number); it reports whether it replaced it.
 func (c *CRL) Update(b []byte) (bool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	crl, err := ParseCRL(b, c.roots)
 	if err != nil {
 		return false, err
 	}
+	return c.setLocked(crl, b), nil
+}
+
+// SetRoots makes roots the certificates that must sign later updates (a
+// CA bundle that replaced the one the list was made with, after a `rialto
+// ca rotate`). The list held stays in force.
+func (c *CRL) SetRoots(roots []*x509.Certificate) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.setLocked(crl, b), nil
+	c.roots = roots
 }
 
 func (c *CRL) setLocked(crl *x509.RevocationList, b []byte) bool {

@@ -526,6 +526,25 @@ func (ca *CA) CertPEM() []byte {
 	return b.Bytes()
 }
 
+// CertHash is CertsHash of the trusted CA certificates (CertPEM): a
+// heartbeat reports the hash of the bundle its agent trusts, and the
+// answer brings CertPEM when it differs.
+func (ca *CA) CertHash() string {
+	ca.mu.RLock()
+	defer ca.mu.RUnlock()
+	return CertsHash(ca.trusted)
+}
+
+// CertsHash identifies a CA bundle: the hex SHA-256 of its certificates'
+// DER, in order.
+func CertsHash(certs []*x509.Certificate) string {
+	h := sha256.New()
+	for _, c := range certs {
+		h.Write(c.Raw)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
 // Pool returns a pool of the trusted CA certificates.
 func (ca *CA) Pool() *x509.CertPool {
 	ca.mu.RLock()

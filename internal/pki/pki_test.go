@@ -639,3 +639,51 @@ func TestDropOldResignsTheList(t *testing.T) {
 		t.Fatalf("the list after drop-old: revoked %v, number %v (was %v)", again.Revoked(gone.Cert.SerialNumber), again.CRLNumber(), num)
 	}
 }
+
+// TestServerConfigFollowsARotation: a server configuration made before
+// `rialto ca rotate` (a replica that was not restarted) accepts client
+// certificates of the new CA once its CA followed the rotation (the
+// sweep's ReloadIfChanged): a replica restarted first issues those to
+// agents, which present them to every replica. Its ClientCAs were fixed
+// when it was made: the handshake refused them.
+func TestServerConfigFollowsARotation(t *testing.T) {
+	clk := newClock()
+	dir := t.TempDir()
+	running := openCA(t, dir, clk)
+	scfg, err := running.ServerConfig("controlplane", []string{"127.0.0.1"}, tls.VerifyClientCertIfGiven, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rot := openCA(t, dir, clk)
+	if err := rot.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	iss, err := rot.Issue(Request{CommonName: "node-1", Usage: ClientAuth, Lifetime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh, err := iss.TLSCertificate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := running.ReloadIfChanged(); err != nil {
+		t.Fatal(err)
+	}
+	serr, cerr := handshake(t, scfg, forced(running.ClientConfig(nil), &fresh))
+	if serr != nil || cerr != nil {
+		t.Fatalf("a client certificate of the rotated CA: server %v, client %v", serr, cerr)
+	}
+	// Still refused: one of another CA.
+	other := openCA(t, t.TempDir(), clk)
+	iss, err = other.Issue(Request{CommonName: "node-2", Usage: ClientAuth, Lifetime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign, err := iss.TLSCertificate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if serr, cerr := handshake(t, scfg, forced(running.ClientConfig(nil), &foreign)); serr == nil && cerr == nil {
+		t.Fatal("a client certificate of another CA was accepted")
+	}
+}

@@ -13,20 +13,41 @@ import (
 // given lifetime (0: DefaultLifetime). The certificate is renewed in memory
 // when a third of its lifetime is left, or after a Rotate. Clients are
 // asked for certificates as clientAuth says; those they present must chain
-// to the CA and not be revoked. TLS 1.2 is the minimum.
+// to the CA and not be revoked: the CA certificates it trusts at the
+// handshake (a process that follows a `rialto ca rotate` of its directory
+// accepts the new CA's from then on, GetConfigForClient). TLS 1.2 is the
+// minimum.
 func (ca *CA) ServerConfig(commonName string, hosts []string, clientAuth tls.ClientAuthType, lifetime time.Duration) (*tls.Config, error) {
 	get, err := ca.Renewing(Request{CommonName: commonName, Hosts: hosts, Usage: ServerAuth, Lifetime: lifetime})
 	if err != nil {
 		return nil, err
 	}
-	return &tls.Config{
+	cfg := &tls.Config{
 		MinVersion:       tls.VersionTLS12,
 		Time:             ca.now,
 		GetCertificate:   func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return get() },
 		ClientAuth:       clientAuth,
 		ClientCAs:        ca.Pool(),
 		VerifyConnection: ca.VerifyPeer,
-	}, nil
+	}
+	if clientAuth != tls.NoClientCert {
+		// Once the CA trusts other certificates: the configuration as the
+		// caller left it (cfg, changed after this returns), with the pool
+		// of now. Without the NextProtos a server (net/http) adds to its
+		// copy: such a handshake speaks HTTP/1.1, until a restart.
+		start := cfg.ClientCAs
+		cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			pool := ca.Pool()
+			if pool == start {
+				return nil, nil
+			}
+			c := cfg.Clone()
+			c.GetConfigForClient = nil
+			c.ClientCAs = pool
+			return c, nil
+		}
+	}
+	return cfg, nil
 }
 
 // ClientConfig returns a TLS client configuration that trusts the CA (and

@@ -1,0 +1,123 @@
+package testcluster
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/agent"
+	"github.com/rialto-project/rialto/internal/pki"
+)
+
+// TestRunningAgentFollowsCARotation: after `rialto ca rotate`, a running
+// agent whose --cacert file holds the old CA alone takes the rotated CA
+// certificates from a heartbeat's answer (verified with the old CA), so
+// that it still trusts the control plane once that restarts with an API
+// certificate of the new CA: the node stays ready and its lease served,
+// without the agent being restarted. Restarted with the same old file
+// later, it verifies with the certificates it kept. Before, the agent
+// read --cacert only at start and refused the restarted control plane
+// ("certificate signed by unknown authority"), and its node went down.
+func TestRunningAgentFollowsCARotation(t *testing.T) {
+	t.Parallel()
+	// The agent's own copy of ca-cert.pem, as on a lender's host: the
+	// rotation below does not touch it.
+	caCopy := filepath.Join(t.TempDir(), "carotate-ca-cert.pem")
+	c := Start(t, Options{TLS: true, Nodes: 1, Configure: func(_ int, cfg *agent.Config) {
+		b, err := os.ReadFile(cfg.CAFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(caCopy, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cfg.CAFile = caCopy
+	}})
+	ctx := ctxT(t)
+	l, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := c.Nodes[0]
+	oldCA := c.CA.Certificate()
+	// `rialto ca rotate`, another process: the running control plane
+	// follows it at its next sweep (the list the new key signed).
+	rotated, err := pki.Load(c.CA.Dir(), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rotated.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	newCA := rotated.Certificate()
+	c.Sweep()
+	c.Heartbeat() // the answer brings the rotated certificates
+
+	kept := filepath.Join(n.StateDir, "ca-cert.pem")
+	certs, err := pki.ReadCerts(kept)
+	if err != nil {
+		t.Fatalf("the CA certificates the agent keeps: %v", err)
+	}
+	if !slices.ContainsFunc(certs, newCA.Equal) || !slices.ContainsFunc(certs, oldCA.Equal) {
+		t.Fatalf("the agent keeps %d CA certificates, want the new CA's and the old one's", len(certs))
+	}
+	if st, err := os.Stat(kept); err != nil || st.Mode().Perm() != 0o644 {
+		t.Fatalf("%s: %v, mode %v, want 0644", kept, err, st.Mode().Perm())
+	}
+
+	// The control plane restarts on the rotated directory: its API
+	// certificate now comes from the new CA.
+	c.StopControlPlane()
+	c.CA, c.cpCfg.CA = rotated, rotated
+	c.StartControlPlane()
+	if got := apiIssuer(t, c); !got.Equal(newCA) {
+		t.Fatalf("the restarted control plane's API certificate is issued by %q, want the new CA", got.Subject.CommonName)
+	}
+	c.Heartbeat() // fails the test if the agent refuses it
+	if st := c.NodeState(n.ID()); st != api.NodeReady {
+		t.Fatalf("the node after the control plane's restart: %s, want ready", st)
+	}
+	if got := c.Lease(l.ID); got.State != api.LeaseActive || !n.Serves(l.ID) {
+		t.Fatalf("the lease after the control plane's restart: %s (served: %v), want active and served", got.State, n.Serves(l.ID))
+	}
+
+	// The control plane calls the agent with a client certificate of the
+	// new CA now (a lease's prepare): the agent's API takes it.
+	l2, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+	if err != nil {
+		t.Fatalf("a lease after the control plane's restart: %v", err)
+	}
+	if got := c.Lease(l2.ID); got.State != api.LeaseActive || !n.Serves(l2.ID) {
+		t.Fatalf("a lease made after the control plane's restart: %s (served: %v), want active and served", got.State, n.Serves(l2.ID))
+	}
+
+	// Restarted, still given the old file, the agent verifies with the
+	// certificates it kept, and joins.
+	n.Restart()
+	c.Heartbeat()
+	if got := c.Lease(l.ID); got.State != api.LeaseActive || !n.Serves(l.ID) {
+		t.Fatalf("the lease after the agent's restart: %s (served: %v), want active and served", got.State, n.Serves(l.ID))
+	}
+}
+
+// apiIssuer is the CA certificate (of c.CA) that issued the control
+// plane's API certificate.
+func apiIssuer(t *testing.T, c *Cluster) *x509.Certificate {
+	t.Helper()
+	u, err := url.Parse(c.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := tls.Dial("tcp", u.Host, c.CA.ClientConfig(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	chains := conn.ConnectionState().VerifiedChains
+	return chains[0][len(chains[0])-1]
+}
