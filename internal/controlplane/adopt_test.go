@@ -1,14 +1,17 @@
 package controlplane
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
 )
 
 // beater is a node of an env whose heartbeats the test makes: with
@@ -196,6 +199,137 @@ func TestUnservedPartAdopted(t *testing.T) {
 		return ev.Type == "lease.part.adopted" && ev.Subject == l.ID && strings.Contains(ev.Message, n1.id) && strings.Contains(ev.Message, n2.id)
 	}) {
 		t.Fatal("no lease.part.adopted event naming both lenders")
+	}
+}
+
+// gate stops a store call, once armed, until resume is closed, closing
+// reached when it does.
+type gate struct {
+	armed   atomic.Bool
+	reached chan struct{}
+	resume  chan struct{}
+}
+
+func newGate() *gate { return &gate{reached: make(chan struct{}), resume: make(chan struct{})} }
+
+func (g *gate) pass(ctx context.Context) {
+	if g.armed.CompareAndSwap(true, false) {
+		close(g.reached)
+		select {
+		case <-g.resume:
+		case <-ctx.Done():
+		}
+	}
+}
+
+// pausingStore is a SQLite store whose reading of lease pause's leases by
+// ID (a heartbeat's, api.Heartbeat.Leases) stops after the read at gate
+// read, and whose adoptions stop after their commit at gate adopted.
+type pausingStore struct {
+	*sqlite.Store
+	pause         string
+	read, adopted *gate
+}
+
+func (p *pausingStore) Leases(ctx context.Context, f store.LeaseFilter) ([]api.Lease, error) {
+	ls, err := p.Store.Leases(ctx, f)
+	if slices.Equal(f.IDs, []string{p.pause}) {
+		p.read.pass(ctx)
+	}
+	return ls, err
+}
+
+func (p *pausingStore) AdoptPart(ctx context.Context, m api.Move, uri string, ev api.Event) (api.Lease, error) {
+	l, err := p.Store.AdoptPart(ctx, m, uri, ev)
+	p.adopted.pass(ctx)
+	return l, err
+}
+
+// TestUnservedAnswerReadBeforeAnAdoption: n2 holds the copy of a part the
+// store places on n1, which does not serve it, and is left in doubt. n2's
+// next heartbeat reads the lease, the part still on n1; before it
+// answers, n1's checked heartbeat adopts n2's copy: all of n1's check
+// done (its result known), or only the adoption committed (the move it
+// records as done readable). The answer made then, from the lease as read
+// (the part on n1) and the check or the move (the copy adopted, or a
+// stale one from a move the part left since), does not have n2 tear the
+// copy down (nor drop it): it is decided from the lease read again. n2's
+// next answer keeps it, adopted.
+func TestUnservedAnswerReadBeforeAnAdoption(t *testing.T) {
+	t.Parallel()
+	for _, whole := range []bool{true, false} {
+		name := "check done"
+		if !whole {
+			name = "adoption committed"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ps := &pausingStore{read: newGate(), adopted: newGate()}
+			e := newEnv(t, func(c *Config) {
+				ps.Store = c.Store.(*sqlite.Store)
+				c.Store = ps
+			})
+			n1, n2 := e.beater("n1", 1<<30), e.beater("n2", 1<<30)
+			l := e.blockLease(e.alice, n1)
+			ps.pause = l.ID
+			n1.beat()
+			n1.beat()
+			x := movedHere(l, 0, "move-after-the-backup", n2.device("disk0"), 4<<20)
+			if r := n2.beat(x); tearsDown(r, l.ID) {
+				t.Fatal("n2 was told to tear down the only copy of the part")
+			}
+
+			type answer struct {
+				r   api.HeartbeatResponse
+				err error
+			}
+			answered, checked := make(chan answer, 1), make(chan answer, 1)
+			ps.read.armed.Store(true)
+			go func() {
+				r, err := n2.c.Heartbeat(e.ctx(), n2.id, api.Heartbeat{Health: "ok", LeasesComplete: true, ExportsComplete: true, Check: n2.check,
+					Leases: []string{l.ID}, Exports: []api.ServedExport{x}})
+				answered <- answer{r, err}
+			}()
+			<-ps.read.reached // n2's heartbeat read the lease, on n1
+			if whole {
+				n1.beat() // adopts n2's copy
+			} else {
+				ps.adopted.armed.Store(true)
+				go func() {
+					r, err := n1.c.Heartbeat(e.ctx(), n1.id, api.Heartbeat{Health: "ok", LeasesComplete: true, ExportsComplete: true, Check: n1.check})
+					checked <- answer{r, err}
+				}()
+				<-ps.adopted.reached // n1's check adopted n2's copy, and goes on after n2's answer
+			}
+			if got := e.lease(l.ID); got.Parts[0].NodeID != n2.id {
+				t.Fatalf("n1's check did not adopt n2's copy: %s on %s (%q)", got.State, got.Parts[0].NodeID, got.Reason)
+			}
+			close(ps.read.resume)
+			a := <-answered
+			if a.err != nil {
+				t.Fatal(a.err)
+			}
+			if !whole {
+				close(ps.adopted.resume)
+				if c := <-checked; c.err != nil {
+					t.Fatal(c.err)
+				}
+			}
+			ref := api.PartRef{DeviceID: x.DeviceID, Offset: x.Offset, Length: x.Length}
+			if tearsDown(a.r, l.ID) {
+				t.Fatal("the answer to the heartbeat that read the lease before the adoption has n2 tear down the copy adopted meanwhile")
+			}
+			if k, ok := keeps(a.r, l.ID); ok && !slices.Contains(k.Parts, ref) && !slices.Contains(k.Doubt, ref) {
+				t.Fatalf("the answer to the heartbeat that read the lease before the adoption has n2 drop the copy adopted meanwhile: %+v", k)
+			}
+			if a.r.Check != "" {
+				n2.check = a.r.Check
+			}
+			r := n2.beat(x)
+			if k, ok := keeps(r, l.ID); tearsDown(r, l.ID) || !ok || !slices.Equal(k.Parts, []api.PartRef{ref}) {
+				t.Fatalf("n2's answer after the adoption: teardown %v, leases %+v", r.Teardown, r.Leases)
+			}
+		})
 	}
 }
 

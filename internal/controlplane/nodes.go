@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/big"
 	"net/url"
+	"slices"
 	"sort"
 	"sync"
 
@@ -422,11 +423,27 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 			if !ok {
 				l = api.Lease{ID: id} // unknown here: not live
 			}
-			var doubt []api.PartRef
-			if claims != nil && ok {
-				doubt = s.doubted(ctx, l, nodeID, exports[id], incoming[id], prevClaims, claims)
+			todo := s.reconcileOn(ctx, l, ok, nodeID, exports[id], incoming[id], prevClaims, claims)
+			if ok && claims != nil && l.State == api.LeaseActive && dropsExport(todo, exports[id]) {
+				// The answer would have the node drop an export of an
+				// active lease: decided from the lease as read above,
+				// which a check of another node may have changed since
+				// by adopting that very export (unserved.go), the
+				// decision seeing the adoption (the check's result, the
+				// move it recorded) but the lease not. Decided again from
+				// the lease read after: it shows any adoption that
+				// the first decision saw.
+				fresh, err := s.st.Lease(ctx, id)
+				if err != nil {
+					// Left out of the answer: the node leaves its
+					// exports of the lease as they are.
+					s.log.Warn("heartbeat: reading again a lease whose export the lender is to drop; the next heartbeat decides", "node", nodeID, "lease", id, "err", err)
+					continue
+				}
+				delete(claims, id)
+				l = fresh
+				todo = s.reconcileOn(ctx, l, true, nodeID, exports[id], incoming[id], prevClaims, claims)
 			}
-			_, todo, _ := s.apply(ctx, l, lifecycle.Reconcile{NodeID: nodeID, Incoming: incoming[id], Doubt: doubt})
 			for _, a := range todo {
 				switch a := a.(type) {
 				case lifecycle.TeardownOn:
@@ -469,6 +486,40 @@ func (s *Server) heartbeat(ctx context.Context, nodeID string, h api.Heartbeat) 
 		resp.CACertificate = string(s.cfg.CA.CertPEM())
 	}
 	return resp, nil
+}
+
+// reconcileOn returns what node nodeID is to do with its exports xs of
+// lease l (known: the store holds l; incoming: the parts moves under way
+// bring there): lifecycle.Reconcile, told the exports to leave in doubt
+// (doubted, when claims are made: prev and claims).
+func (s *Server) reconcileOn(ctx context.Context, l api.Lease, known bool, nodeID string, xs []api.ServedExport, incoming []api.PartRef, prev, claims map[string]map[int]claim) []lifecycle.Action {
+	var doubt []api.PartRef
+	if claims != nil && known {
+		doubt = s.doubted(ctx, l, nodeID, xs, incoming, prev, claims)
+	}
+	_, todo, _ := s.apply(ctx, l, lifecycle.Reconcile{NodeID: nodeID, Incoming: incoming, Doubt: doubt})
+	return todo
+}
+
+// dropsExport reports whether todo, Reconcile's actions for a lease, has
+// its node drop one of its exports xs of it: tear the lease down, or keep
+// it without listing the export's range among those to serve or to leave
+// in doubt.
+func dropsExport(todo []lifecycle.Action, xs []api.ServedExport) bool {
+	for _, a := range todo {
+		switch a := a.(type) {
+		case lifecycle.TeardownOn:
+			return true
+		case lifecycle.KeepOn:
+			for _, x := range xs {
+				ref := api.PartRef{DeviceID: x.DeviceID, Offset: x.Offset, Length: x.Length}
+				if !slices.Contains(a.Parts, ref) && !slices.Contains(a.Doubt, ref) {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // recordMoved makes the URIs a lender reports for restored exports (see
