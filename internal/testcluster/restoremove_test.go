@@ -98,8 +98,10 @@ func TestRestoredDatabaseAdoptsMovedPart(t *testing.T) {
 	writeURI(ctx, t, moved.URI, after, 1<<20)
 
 	restoreDB(t, c, backup)
-	if got := c.Lease(l.ID); got.NodeID != x.ID() {
-		t.Fatalf("the restored database places the lease on %s, not on X %s", got.NodeID, x.ID())
+	// On X as the backup had it, or on Y already (a loaded machine may
+	// be slower than the adoption).
+	if got := c.Lease(l.ID); got.NodeID != x.ID() && got.NodeID != y.ID() {
+		t.Fatalf("the restored database places the lease on %s, not on X %s (nor adopted on Y)", got.NodeID, x.ID())
 	}
 	c.Eventually("the part adopted (or the lease lost)", func() bool {
 		got := c.Lease(l.ID)
@@ -242,7 +244,8 @@ func TestRestoredDatabaseAdoptsPartNextToAnother(t *testing.T) {
 	writeURI(ctx, t, after.Parts[1].URI, later, 1<<20)
 
 	restoreDB(t, c, backup)
-	if got := c.Lease(l.ID); got.Parts[1].NodeID != x.ID() || got.Parts[0].NodeID != y.ID() {
+	// Part 1 on X as the backup had it, or on Y already (adopted).
+	if got := c.Lease(l.ID); got.Parts[0].NodeID != y.ID() || (got.Parts[1].NodeID != x.ID() && got.Parts[1].NodeID != y.ID()) {
 		t.Fatalf("the restored database places the parts on %s and %s", got.Parts[0].NodeID, got.Parts[1].NodeID)
 	}
 	c.Eventually("part 1 adopted on Y (or the lease lost)", func() bool {
