@@ -55,7 +55,7 @@ type AccelDriver struct {
 
 	mu     sync.Mutex
 	srvTLS *tls.Config                     // slots and gateways require TLS with it (UseTLS)
-	cliTLS *tls.Config                     // for dialling TLS data planes (UseTLS)
+	cliTLS func() *tls.Config              // for dialling TLS data planes (UseTLS)
 	apps   map[string]*appliance.Appliance // by device name
 	gwCfg  map[string]gwConfig             // by device name
 	live   map[string]Export               // by export name
@@ -91,7 +91,7 @@ func (d *AccelDriver) Appliance(device string) *appliance.Appliance {
 // gateways dial their slots over TLS, and slots serve no UDP message path
 // (datagrams are not encrypted); slots dial block leases with client.
 // Call it before Open.
-func (d *AccelDriver) UseTLS(server, client *tls.Config) {
+func (d *AccelDriver) UseTLS(server *tls.Config, client func() *tls.Config) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.srvTLS, d.cliTLS = server, client

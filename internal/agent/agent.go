@@ -382,7 +382,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		if !a.cfg.InsecureDataplane {
 			srv = a.tls.dataServerTLS()
 		}
-		cli := a.tls.dataClientTLS()
+		cli := a.tls.dataClientTLS
 		for _, d := range a.drivers {
 			if u, ok := d.(TLSUser); ok {
 				u.UseTLS(srv, cli)

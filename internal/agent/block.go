@@ -41,8 +41,8 @@ func init() {
 // returns to the pool) and [Suspender].
 type BlockDriver struct {
 	srv    nbd.Server
-	scheme string      // of the URIs: nbd, or nbds once UseTLS is called
-	cliTLS *tls.Config // for dialling a move's nbds:// destination (UseTLS)
+	scheme string             // of the URIs: nbd, or nbds once UseTLS is called
+	cliTLS func() *tls.Config // for dialling a move's nbds:// destination (UseTLS)
 
 	mu    sync.Mutex
 	paths map[string]bool         // backing paths opened (created and sized)
@@ -98,7 +98,7 @@ func NewBlockDriver(log *slog.Logger) *BlockDriver {
 // (NBD_OPT_STARTTLS, the protocol's FORCEDTLS mode) with the node
 // certificate, and URIs are nbds://; client verifies the destinations of
 // moves that serve nbds://. Call it before Serve.
-func (b *BlockDriver) UseTLS(server, client *tls.Config) {
+func (b *BlockDriver) UseTLS(server *tls.Config, client func() *tls.Config) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.cliTLS = client

@@ -55,7 +55,11 @@
 // bring too (after a `rialto ca rotate`, the new CA's and the old one's:
 // useCA), kept as ca-cert.pem in the state dir and used at start instead
 // of Config.CAFile's while that file is unchanged, so that a control
-// plane restarted with a certificate of the new CA is still trusted. Its data planes require TLS with the node certificate
+// plane restarted with a certificate of the new CA is still trusted, and
+// so are the data planes it dials (a move's destination, a block lease an
+// accelerator slot reads, a gateway's slots) once their certificates come
+// from it: the drivers take the client configuration of the CA
+// certificates in use at each dial ([TLSUser]). Its data planes require TLS with the node certificate
 // (drivers implementing [TLSUser]: nbds://, rialto-mems://, rialto-nics://,
 // rialto-accels:// URIs, no client certificate asked for, accelerator
 // slots without their UDP path) unless [Config.InsecureDataplane].

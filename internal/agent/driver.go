@@ -88,13 +88,16 @@ type Opener interface {
 // opens devices. server is the data planes' server configuration (the node
 // certificate, renewed in place; no client certificates, as the lease
 // credential authenticates the borrower), nil when the data planes run in
-// plaintext (Config.InsecureDataplane). client is the configuration for
-// dialling data planes that require TLS (the cluster CA and the revocation
-// list the control plane hands out; the dialler sets ServerName). With a
-// server configuration, URIs name the kind's TLS scheme (nbds://,
-// rialto-mems://, rialto-accels://, rialto-nics://).
+// plaintext (Config.InsecureDataplane). client returns the configuration
+// for dialling data planes that require TLS (the CA certificates in use
+// and the revocation list the control plane hands out; the dialler sets
+// ServerName): call it at each dial, as the CA certificates change at run
+// time (a `rialto ca rotate`, then a retired CA dropped), and keep no
+// configuration it returned for later dials. With a server configuration,
+// URIs name the kind's TLS scheme (nbds://, rialto-mems://,
+// rialto-accels://, rialto-nics://).
 type TLSUser interface {
-	UseTLS(server, client *tls.Config)
+	UseTLS(server *tls.Config, client func() *tls.Config)
 }
 
 // Closer is implemented by drivers holding resources after Run ends.

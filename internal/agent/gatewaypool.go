@@ -93,10 +93,10 @@ func gatewayConfig(dev DeviceConfig) (gwConfig, error) {
 // pool. A gateway returned by takeAll is stopped outside that lock.
 type gatewayPool struct {
 	log     *slog.Logger
-	host    string        // gateways listen on it
-	srvTLS  *tls.Config   // gateways require TLS with it (nil: plaintext)
-	slotTLS *tls.Config   // gateways dial their slots with it (nil: plaintext)
-	secret  func() string // a new credential for a lease's slots
+	host    string             // gateways listen on it
+	srvTLS  *tls.Config        // gateways require TLS with it (nil: plaintext)
+	slotTLS func() *tls.Config // gateways dial their slots with it, at each dial (nil: plaintext)
+	secret  func() string      // a new credential for a lease's slots
 	gws     map[string]*sharedGateway
 	owner   map[slotRef]string // the gateway (key) each held slot serves
 	seq     int                // gateways named so far with a role config

@@ -21,8 +21,8 @@ func init() {
 // region reachable with the lease's export name as its credential.
 type MemoryDriver struct {
 	donor *donor.Donor
-	tls   bool        // the donor requires TLS: URIs are rialto-mems://
-	cli   *tls.Config // for dialling a move's rialto-mems:// destination
+	tls   bool               // the donor requires TLS: URIs are rialto-mems://
+	cli   func() *tls.Config // for dialling a move's rialto-mems:// destination
 
 	mu   sync.Mutex
 	live map[string]bool
@@ -46,7 +46,7 @@ func (m *MemoryDriver) Ephemeral() string {
 // UseTLS implements TLSUser: the donor requires TLS with the node
 // certificate, and URIs are rialto-mems://; client verifies the
 // destinations of moves that serve rialto-mems://. Call it before Serve.
-func (m *MemoryDriver) UseTLS(server, client *tls.Config) {
+func (m *MemoryDriver) UseTLS(server *tls.Config, client func() *tls.Config) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.cli = client

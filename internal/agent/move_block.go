@@ -139,7 +139,7 @@ func (b *BlockDriver) DialMove(ctx context.Context, _ Export, uri string) (MoveD
 		if cfg == nil {
 			return nil, errNoCA
 		}
-		opts = append(opts, nbd.WithTLS(cfg))
+		opts = append(opts, nbd.WithTLS(cfg()))
 	}
 	c, err := nbd.DialURI(ctx, uri, opts...)
 	if err != nil {

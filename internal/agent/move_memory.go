@@ -129,11 +129,12 @@ func (m *MemoryDriver) DialMove(ctx context.Context, e Export, uri string) (Move
 	opts := memclient.Options{Timeout: moveRequestTimeout, MoveGeneration: gen}
 	if u.TLS {
 		m.mu.Lock()
-		opts.TLS = m.cli
+		cli := m.cli
 		m.mu.Unlock()
-		if opts.TLS == nil {
+		if cli == nil {
 			return nil, errNoCA
 		}
+		opts.TLS = cli()
 	}
 	c, err := memclient.Dial(ctx, u.Address, u.Credential, opts)
 	if err != nil {

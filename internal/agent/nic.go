@@ -44,7 +44,7 @@ func NewNICDriver(log *slog.Logger) *NICDriver {
 // under TLS with the node certificate (the lease credential's
 // challenge-response inside it), and URIs are rialto-nics://. The NIC
 // driver dials no data plane: client is unused. Call it before Serve.
-func (d *NICDriver) UseTLS(server, _ *tls.Config) {
+func (d *NICDriver) UseTLS(server *tls.Config, _ func() *tls.Config) {
 	if server == nil {
 		return
 	}

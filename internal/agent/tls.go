@@ -446,7 +446,7 @@ func (t *nodeTLS) dataServerTLS() *tls.Config {
 // reading a block lease of another lender, a gateway dialling its slots):
 // servers verify against the CA and are refused when the revocation list
 // names them. The dialler sets ServerName. The CA certificates are those
-// in use when the agent starts: the drivers keep the configuration.
+// in use now (useCA): the drivers call it at each dial (TLSUser).
 func (t *nodeTLS) dataClientTLS() *tls.Config {
 	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: t.roots.Load().pool, VerifyConnection: t.crl.VerifyPeer}
 }

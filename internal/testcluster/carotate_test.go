@@ -1,6 +1,7 @@
 package testcluster
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"net/url"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/agent"
+	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 	"github.com/rialto-project/rialto/internal/pki"
 )
 
@@ -120,4 +122,100 @@ func apiIssuer(t *testing.T, c *Cluster) *x509.Certificate {
 	defer conn.Close()
 	chains := conn.ConnectionState().VerifiedChains
 	return chains[0][len(chains[0])-1]
+}
+
+// TestRunningAgentMovesToARenewedLender: after `rialto ca rotate` and the
+// control plane's restart, a lender restarted (its node certificate now
+// from the new CA) takes a block lease's part and a memory lease moved
+// from a lender that kept running since before the rotation: the running
+// one dials the newcomer's transfer export (nbds://) and move endpoint
+// (rialto-mems://) with the CA certificates it verifies with now, and the
+// bytes arrive intact. Before, its drivers kept the client configuration
+// built at its start (the old CA alone) and refused the destination's
+// certificate ("certificate signed by unknown authority") until it was
+// restarted too.
+func TestRunningAgentMovesToARenewedLender(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{TLS: true, Nodes: 2, Devices: moveDevices()})
+	ctx := ctxT(t)
+	cl := c.Client()
+	src, dst := c.Nodes[0], c.Nodes[1]
+	l, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20, Affinity: []string{src.Name}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ml, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindMemory, Size: 4 << 20, Affinity: []string{src.Name}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.NodeID != src.ID() || ml.NodeID != src.ID() {
+		t.Fatalf("leases on %s and %s, want %s", l.NodeID, ml.NodeID, src.ID())
+	}
+	want := bytes.Repeat([]byte("moved after the CA rotation "), 2048)
+	nc, err := nbd.DialURI(ctx, l.URI, nbd.WithTLS(dataTLS(t, c)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nc.WriteAtContext(ctx, want, 8192, true); err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+
+	rotated, err := pki.Load(c.CA.Dir(), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rotated.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	newCA := rotated.Certificate()
+	c.Sweep()
+	c.Heartbeat() // both agents take the rotated certificates
+	c.StopControlPlane()
+	c.CA, c.cpCfg.CA = rotated, rotated
+	c.StartControlPlane()
+	c.Heartbeat()
+
+	// The destination restarts: its node certificate now comes from the
+	// new CA. The source keeps running.
+	dst.Restart()
+	if iss := nodeCert(t, dst).Leaf; iss.CheckSignatureFrom(newCA) != nil {
+		t.Fatalf("the restarted destination's certificate is issued by %q, want the new CA", iss.Issuer.CommonName)
+	}
+	c.Heartbeat()
+	cl = c.Client()      // trusting the restarted control plane
+	cfg := dataTLS(t, c) // the rotated file: either CA
+
+	if _, err := cl.MoveLease(ctx, l.ID, api.MoveRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if ms := waitMoves(t, c, l.ID, 1); ms[0].State != api.MoveDone {
+		t.Fatalf("the block move: %+v", ms[0])
+	}
+	got := c.Lease(l.ID)
+	if got.NodeID != dst.ID() {
+		t.Fatalf("the moved block lease is on %s, want %s", got.NodeID, dst.ID())
+	}
+	nc, err = nbd.DialURI(ctx, got.URI, nbd.WithTLS(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	p := make([]byte, len(want))
+	if _, err := nc.ReadAt(p, 8192); err != nil || !bytes.Equal(p, want) {
+		t.Fatalf("the moved block lease: %v (bytes intact: %v)", err, bytes.Equal(p, want))
+	}
+
+	w := attachWriter(ctx, t, cl, ml, 4<<20, cfg)
+	if _, err := cl.MoveLease(ctx, ml.ID, api.MoveRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	ms := waitMoves(t, c, ml.ID, 1)
+	w.finish(t)
+	if ms[0].State != api.MoveDone {
+		t.Fatalf("the memory move: %+v", ms[0])
+	}
+	if mg := c.Lease(ml.ID); mg.NodeID != dst.ID() {
+		t.Fatalf("the moved memory lease is on %s, want %s", mg.NodeID, dst.ID())
+	}
 }

@@ -65,9 +65,11 @@ type Config struct {
 	// carries no TLS (datagrams are not encrypted): leave UDPQueues 0 with
 	// it, as the agent does.
 	TLS *tls.Config
-	// BlockTLS is the client configuration a slot dials nbds:// block
-	// parts with (Load, Store, RunBlockTask); nil trusts the system's CAs.
-	BlockTLS   *tls.Config
+	// BlockTLS returns the client configuration a slot dials nbds://
+	// block parts with (Load, Store, RunBlockTask), called at each
+	// opening of a range's volume, so that the CA certificates it trusts
+	// may change while the appliance runs; nil trusts the system's CAs.
+	BlockTLS   func() *tls.Config
 	MaxPayload uint32 // frame payload limit; 0: accel.DefaultMaxPayload
 	Logger     *slog.Logger
 	// Metrics, if set, gets the slots' metrics (appliances sharing one

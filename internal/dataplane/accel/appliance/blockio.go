@@ -2,6 +2,7 @@ package appliance
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -234,8 +235,12 @@ func (a *Appliance) moveBlock(ctx context.Context, r accel.BlockRange, n uint64,
 	move func(vol *stripe.Volume, off uint64, buf []byte) error) error {
 	t0 := time.Now()
 	defer func() { tm.total = time.Since(t0) }()
+	var tc *tls.Config
+	if a.cfg.BlockTLS != nil {
+		tc = a.cfg.BlockTLS()
+	}
 	vol, err := stripe.Open(ctx, stripe.OpenConfig{URIs: r.Parts, StripeUnit: int64(r.StripeUnit),
-		RequestTimeout: blockTimeout, Check: partPolicy(a.cfg.Host), TLS: a.cfg.BlockTLS})
+		RequestTimeout: blockTimeout, Check: partPolicy(a.cfg.Host), TLS: tc})
 	if err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("%w: interrupted: %w", accel.ErrBlockIO, ctx.Err())

@@ -18,9 +18,10 @@ import (
 type Redialer struct {
 	Addr       string
 	Credential []byte
-	// TLS, if set, is the client configuration for a slot that requires
-	// TLS (see accel.WithTLS).
-	TLS *tls.Config
+	// TLS, if set, returns the client configuration for a slot that
+	// requires TLS (see accel.WithTLS); it is called at each dial, so that
+	// the CA certificates it trusts may change while the gateway runs.
+	TLS func() *tls.Config
 	// Settle bounds how long a call whose context ended waits for the slot
 	// to end the cancelled execution (0: DefaultSettle); see CallBatch.
 	Settle time.Duration
@@ -40,7 +41,11 @@ func (r *Redialer) conn(ctx context.Context) (*accel.Conn, error) {
 	if r.c != nil {
 		return r.c, nil
 	}
-	c, err := accel.Dial(ctx, r.Addr, r.Credential, accel.WithTLS(r.TLS))
+	var tc *tls.Config
+	if r.TLS != nil {
+		tc = r.TLS()
+	}
+	c, err := accel.Dial(ctx, r.Addr, r.Credential, accel.WithTLS(tc))
 	if err != nil {
 		return nil, err
 	}
