@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"net/http/httptest"
 	"path/filepath"
 	"testing"
@@ -83,4 +84,23 @@ func joinN1(csr []byte) api.JoinRequest {
 		Fingerprint: api.Fingerprint{MachineID: "mid-n1", Hostname: "n1", Cores: 2, MemoryBytes: 1 << 30},
 		Devices:     []api.DeviceSpec{{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "partitionable"}},
 		CSR:         string(csr)}
+}
+
+// joinN1Cert joins node n1 to s with a CSR of its own and returns the
+// answer and the node certificate it carries.
+func joinN1Cert(ctx context.Context, t *testing.T, s *Server) (api.JoinResponse, *x509.Certificate) {
+	t.Helper()
+	csr, _, err := pki.NewCSR("", []string{"127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := s.joinAs(ctx, joinN1(csr), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs, err := pki.ParseCerts([]byte(j.Certificate))
+	if err != nil || len(certs) == 0 {
+		t.Fatalf("the join's certificate: %v", err)
+	}
+	return j, certs[0]
 }

@@ -251,19 +251,7 @@ func TestRemovalStoreRevokedSyncFailing(t *testing.T) {
 	defer cancel()
 	r := newCASQLite(ctx, t, Config{})
 	ca, st, srv := r.ca, r.st, r.srv
-	csr, _, err := pki.NewCSR("", []string{"127.0.0.1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	j, err := srv.joinAs(ctx, joinN1(csr), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	certs, err := pki.ParseCerts([]byte(j.Certificate))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert := certs[0]
+	j, cert := joinN1Cert(ctx, t, srv)
 	// An earlier attempt recorded the revocation in the store.
 	if got, _, err := st.Revoke(ctx, nil, j.NodeID, time.Now()); err != nil || len(got) != 1 {
 		t.Fatalf("revoking in the store: %v %v", got, err)
@@ -365,19 +353,8 @@ func TestExpiredRevocationsDropped(t *testing.T) {
 	clk := clock.NewFake(time.Now())
 	r := newCASQLite(ctx, t, Config{Clock: clk})
 	ca, st, srv := r.ca, r.st, r.srv
-	csr, _, err := pki.NewCSR("", []string{"127.0.0.1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	j, err := srv.joinAs(ctx, joinN1(csr), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	certs, err := pki.ParseCerts([]byte(j.Certificate))
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial := certs[0].SerialNumber
+	j, cert := joinN1Cert(ctx, t, srv)
+	serial := cert.SerialNumber
 	if _, err := srv.removeNode(ctx, j.NodeID, true); err != nil {
 		t.Fatal(err)
 	}
@@ -398,7 +375,7 @@ func TestExpiredRevocationsDropped(t *testing.T) {
 		t.Fatalf("the removed node's certificate is not revoked: %+v", before)
 	}
 	// Past the certificate's expiry.
-	clk.Advance(certs[0].NotAfter.Sub(clk.Now()) + 2*time.Hour)
+	clk.Advance(cert.NotAfter.Sub(clk.Now()) + 2*time.Hour)
 	for i := range 2 {
 		if err := srv.Sweep(ctx); err != nil {
 			t.Fatal(err)

@@ -20,19 +20,7 @@ import (
 // holder's certificates without revoking them.
 func TestAdopt(t *testing.T) {
 	clk := newClock()
-	dirA := t.TempDir()
-	a := openCA(t, dirA, clk)
-	dirB := t.TempDir()
-	for _, f := range []string{CACertFile, CAKeyFile, CRLFile} {
-		b, err := os.ReadFile(filepath.Join(dirA, f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dirB, f), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	b := openCA(t, dirB, clk)
+	a, b := caAndCopy(t, clk)
 	iss, err := a.Issue(Request{CommonName: "node-a", Hosts: []string{"127.0.0.1"}, Usage: ClientAuth, Lifetime: time.Hour})
 	if err != nil {
 		t.Fatal(err)
@@ -168,19 +156,7 @@ func TestUnreadableCRLKeepsRevocations(t *testing.T) {
 // while this copy held the list without it as M.
 func TestAdoptRaiseRacingRevocation(t *testing.T) {
 	clk := newClock()
-	dirA := t.TempDir()
-	a := openCA(t, dirA, clk)
-	dirB := t.TempDir()
-	for _, f := range []string{CACertFile, CAKeyFile, CRLFile} {
-		b, err := os.ReadFile(filepath.Join(dirA, f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dirB, f), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	b := openCA(t, dirB, clk)
+	a, b := caAndCopy(t, clk)
 	at := clk.Now().UTC().Truncate(time.Second)
 	// A holds the shared entries (none) as 5; the shared list is at 3.
 	if ad, err := a.Adopt(SharedList{Number: big.NewInt(5), Revoked: map[string]time.Time{}}); err != nil || !ad.Changed {
@@ -237,4 +213,23 @@ func TestAdoptExpired(t *testing.T) {
 	if ca.Revoked(old) || !ca.Revoked(kept) || !ca.Revoked(big.NewInt(0xe3)) {
 		t.Fatalf("after adopting: %v %v %v, want the expired dropped", ca.Revoked(old), ca.Revoked(kept), ca.Revoked(big.NewInt(0xe3)))
 	}
+}
+
+// caAndCopy opens a new CA directory and a copy of it (certificate, key,
+// revocation list), as replicas on two hosts hold.
+func caAndCopy(t *testing.T, clk *clock) (*CA, *CA) {
+	t.Helper()
+	dirA := t.TempDir()
+	a := openCA(t, dirA, clk)
+	dirB := t.TempDir()
+	for _, f := range []string{CACertFile, CAKeyFile, CRLFile} {
+		b, err := os.ReadFile(filepath.Join(dirA, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dirB, f), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return a, openCA(t, dirB, clk)
 }
