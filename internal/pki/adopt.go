@@ -119,23 +119,10 @@ func (ca *CA) Adopt(l SharedList) (Adoption, error) {
 // not yet expired, whose common name is commonName (RevokeIssuedTo's,
 // without revoking them).
 func (ca *CA) IssuedTo(commonName string) ([]*big.Int, error) {
-	if commonName == "" {
-		return nil, fmt.Errorf("%w: no common name", ErrBadRequest)
-	}
-	unlock, err := lockDir(ca.dir)
+	unlock, _, issued, err := ca.lockIssuedTo(commonName)
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
-	entries, err := ca.readIndex()
-	if err != nil {
-		return nil, err
-	}
-	var out []*big.Int
-	for _, e := range entries {
-		if e.cn == commonName {
-			out = append(out, e.serial)
-		}
-	}
-	return out, nil
+	unlock()
+	return issued, nil
 }

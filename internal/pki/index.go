@@ -112,24 +112,39 @@ func (ca *CA) writeIndex(entries []indexEntry) error {
 	return writeAtomic(filepath.Join(ca.dir, IndexFile), b.Bytes(), 0o600)
 }
 
+// lockIssuedTo locks the CA directory and reads its index: every entry
+// not yet expired, and the serial numbers of those whose common name is
+// commonName. The caller calls unlock (when err is nil).
+func (ca *CA) lockIssuedTo(commonName string) (unlock func(), entries []indexEntry, issued []*big.Int, err error) {
+	if commonName == "" {
+		return nil, nil, nil, fmt.Errorf("%w: no common name", ErrBadRequest)
+	}
+	if unlock, err = lockDir(ca.dir); err != nil {
+		return nil, nil, nil, err
+	}
+	if entries, err = ca.readIndex(); err != nil {
+		unlock()
+		return nil, nil, nil, err
+	}
+	for _, e := range entries {
+		if e.cn == commonName {
+			issued = append(issued, e.serial)
+		}
+	}
+	return unlock, entries, issued, nil
+}
+
 // RevokeIssuedTo revokes every certificate in the index, not yet expired,
 // whose common name is commonName (a node's ID: its certificates, current
 // and renewed), writes the CRL once, and returns how many it revoked that
 // were not revoked already (their serial numbers: replicas holding a copy
 // of the CA directory revoke them in theirs).
 func (ca *CA) RevokeIssuedTo(commonName string) ([]*big.Int, error) {
-	if commonName == "" {
-		return nil, fmt.Errorf("%w: no common name", ErrBadRequest)
-	}
-	unlock, err := lockDir(ca.dir)
+	unlock, entries, issued, err := ca.lockIssuedTo(commonName)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	entries, err := ca.readIndex()
-	if err != nil {
-		return nil, err
-	}
 	ca.mu.Lock()
 	defer ca.mu.Unlock()
 	if err := ca.loadCRL(); err != nil {
@@ -137,15 +152,12 @@ func (ca *CA) RevokeIssuedTo(commonName string) ([]*big.Int, error) {
 	}
 	at := ca.now().UTC().Truncate(time.Second)
 	var out []*big.Int
-	for _, e := range entries {
-		if e.cn != commonName {
+	for _, serial := range issued {
+		if _, ok := ca.revoked[serial.Text(16)]; ok {
 			continue
 		}
-		if _, ok := ca.revoked[e.serial.Text(16)]; ok {
-			continue
-		}
-		ca.revoked[e.serial.Text(16)] = at
-		out = append(out, e.serial)
+		ca.revoked[serial.Text(16)] = at
+		out = append(out, serial)
 	}
 	if len(out) > 0 {
 		if err := ca.writeCRL(); err != nil {
