@@ -73,15 +73,7 @@ func TestLateRemovalRevokedRecorded(t *testing.T) {
 
 	// A serial of the second pass that the database refuses to record.
 	late := new(big.Int).Lsh(big.NewInt(0x5eed), 100).Text(16)
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if _, err := db.ExecContext(ctx, `CREATE TRIGGER test_refuse_late_serial BEFORE UPDATE OF removal_revoked ON nodes
-		WHEN instr(NEW.removal_revoked, '`+late+`') > 0 BEGIN SELECT RAISE(ABORT, 'the serials cannot be written (test)'); END`); err != nil {
-		t.Fatal(err)
-	}
+	db := refuseSerial(ctx, t, path, late)
 	rec, err := st.RemovalRevoked(ctx, j.NodeID)
 	if err != nil {
 		t.Fatal(err)
@@ -141,15 +133,7 @@ func TestLateRevokedNotAddedToLaterRemoval(t *testing.T) {
 		t.Fatal(err)
 	}
 	late := new(big.Int).Lsh(big.NewInt(0x1a7e), 100).Text(16)
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if _, err := db.ExecContext(ctx, `CREATE TRIGGER test_refuse_late_serial BEFORE UPDATE OF removal_revoked ON nodes
-		WHEN instr(NEW.removal_revoked, '`+late+`') > 0 BEGIN SELECT RAISE(ABORT, 'the serials cannot be written (test)'); END`); err != nil {
-		t.Fatal(err)
-	}
+	db := refuseSerial(ctx, t, path, late)
 	srv.recordLateRevoked(ctx, st, id, gen, []string{late})
 	if _, err := db.ExecContext(ctx, `DROP TRIGGER test_refuse_late_serial`); err != nil {
 		t.Fatal(err)
@@ -172,4 +156,22 @@ func TestLateRevokedNotAddedToLaterRemoval(t *testing.T) {
 	if got, err := st.RemovalRevoked(ctx, id); err != nil || !slices.Equal(got.Revoked, []string{second}) {
 		t.Errorf("recorded with the second removal: %v %v, want %s only", got, err, second)
 	}
+}
+
+// refuseSerial makes the SQLite database at path refuse any write of a
+// removal's serials that names serial (a trigger the test drops with
+// DROP TRIGGER test_refuse_late_serial on the database returned, which
+// closes when the test ends): a real write failure, of that write only.
+func refuseSerial(ctx context.Context, t *testing.T, path, serial string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if _, err := db.ExecContext(ctx, `CREATE TRIGGER test_refuse_late_serial BEFORE UPDATE OF removal_revoked ON nodes
+		WHEN instr(NEW.removal_revoked, '`+serial+`') > 0 BEGIN SELECT RAISE(ABORT, 'the serials cannot be written (test)'); END`); err != nil {
+		t.Fatal(err)
+	}
+	return db
 }
