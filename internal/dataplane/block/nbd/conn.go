@@ -579,7 +579,18 @@ func (c *conn) reader(ctx context.Context) error {
 				// socket: the client may have gone meanwhile.
 				live = live && c.writable()
 			}
-			if o.errno == 0 && live && c.canSplice(req) {
+			if o.errno == 0 && live && req.Length > 0 && c.r.Buffered() < int(req.Length) {
+				// A file in memory (tmpfs): the payload goes from the
+				// socket (or crypto/tls) straight into its mapping
+				// (mapwrite.go); o is answered.
+				handled, err := c.mappedWrite(ctx, o, live)
+				if err != nil {
+					c.freeOp(o)
+					return err
+				}
+				served = handled
+			}
+			if !served && o.errno == 0 && live && c.canSplice(req) {
 				handled, err := c.spliceCounted(o)
 				if err != nil {
 					c.freeOp(o)
@@ -587,7 +598,9 @@ func (c *conn) reader(ctx context.Context) error {
 				}
 				spliced = handled
 			}
-			if spliced {
+			if served {
+				// Read into the mapping and answered above.
+			} else if spliced {
 				// Payload already in the file; o.errno is set on failure.
 				c.spliced = true
 			} else if o.errno != 0 || req.Length == 0 {
@@ -616,14 +629,6 @@ func (c *conn) reader(ctx context.Context) error {
 				c.execute(ctx, o)
 				o.data = nil
 				c.r.Discard(int(req.Length))
-				served = true
-			} else if handled, err := c.mappedWrite(ctx, o, live); handled || err != nil {
-				// Over TLS, decrypted straight into a tmpfs file's
-				// mapping (tls.go); o is answered.
-				if err != nil {
-					c.freeOp(o)
-					return err
-				}
 				served = true
 			} else {
 				// While the export moves, the payload is counted at the
