@@ -171,7 +171,7 @@ type conn struct {
 	bufs    net.Buffers          // guarded by wmu
 	fr      *fastReader          // nil unless nc is a TCP or Unix socket
 	burst   int                  // requests read since the reader last waited
-	spliced bool                 // the last request was a write whose payload was spliced
+	spliced bool                 // the last request was a write whose payload came straight from the socket (spliced, or read into a mapping)
 	mp      mappedSource         // nil unless the backend is mapped and nc is a socket
 	sp      spliceTarget
 	// splice pipe for large writes (0 until first used)
@@ -589,6 +589,10 @@ func (c *conn) reader(ctx context.Context) error {
 					return err
 				}
 				served = handled
+				// As after a spliced payload, the next header is read
+				// on its own (plaintext only: over TLS the socket's
+				// bytes are records).
+				c.spliced = handled && (c.sess == nil || !c.sess.encrypted())
 			}
 			if !served && o.errno == 0 && live && c.canSplice(req) {
 				handled, err := c.spliceCounted(o)
