@@ -171,7 +171,7 @@ type conn struct {
 	bufs    net.Buffers          // guarded by wmu
 	fr      *fastReader          // nil unless nc is a TCP or Unix socket
 	burst   int                  // requests read since the reader last waited
-	spliced bool                 // the last request was a write whose payload was spliced
+	spliced bool                 // the last request was a write whose payload came straight from the socket (spliced, or read into a mapping)
 	mp      mappedSource         // nil unless the backend is mapped and nc is a socket
 	sp      spliceTarget
 	// splice pipe for large writes (0 until first used)
@@ -579,7 +579,22 @@ func (c *conn) reader(ctx context.Context) error {
 				// socket: the client may have gone meanwhile.
 				live = live && c.writable()
 			}
-			if o.errno == 0 && live && c.canSplice(req) {
+			if o.errno == 0 && live && req.Length > 0 && c.r.Buffered() < int(req.Length) {
+				// A file in memory (tmpfs): the payload goes from the
+				// socket (or crypto/tls) straight into its mapping
+				// (mapwrite.go); o is answered.
+				handled, err := c.mappedWrite(ctx, o, live)
+				if err != nil {
+					c.freeOp(o)
+					return err
+				}
+				served = handled
+				// As after a spliced payload, the next header is read
+				// on its own (plaintext only: over TLS the socket's
+				// bytes are records).
+				c.spliced = handled && (c.sess == nil || !c.sess.encrypted())
+			}
+			if !served && o.errno == 0 && live && c.canSplice(req) {
 				handled, err := c.spliceCounted(o)
 				if err != nil {
 					c.freeOp(o)
@@ -587,7 +602,9 @@ func (c *conn) reader(ctx context.Context) error {
 				}
 				spliced = handled
 			}
-			if spliced {
+			if served {
+				// Read into the mapping and answered above.
+			} else if spliced {
 				// Payload already in the file; o.errno is set on failure.
 				c.spliced = true
 			} else if o.errno != 0 || req.Length == 0 {
@@ -616,14 +633,6 @@ func (c *conn) reader(ctx context.Context) error {
 				c.execute(ctx, o)
 				o.data = nil
 				c.r.Discard(int(req.Length))
-				served = true
-			} else if handled, err := c.mappedWrite(ctx, o, live); handled || err != nil {
-				// Over TLS, decrypted straight into a tmpfs file's
-				// mapping (tls.go); o is answered.
-				if err != nil {
-					c.freeOp(o)
-					return err
-				}
 				served = true
 			} else {
 				// While the export moves, the payload is counted at the

@@ -18,8 +18,9 @@
 // certificates and, unless TLSOptional, requires it (the protocol's
 // FORCEDTLS mode: NBD_REP_ERR_TLS_REQD before the upgrade). [WithTLS] and
 // nbds:// URIs make the Client upgrade first and refuse a server that will
-// not. Over TLS the bytes pass through crypto/tls, so the zero-copy paths
-// (sendfile, splice, mapped writes) are not used. With [Server.PSK] the
+// not. Over TLS the bytes pass through crypto/tls, so sendfile, splice and
+// replies pointing into a mapping are not used (large writes to a tmpfs
+// file are still decrypted straight into its mapping). With [Server.PSK] the
 // server also takes TLS 1.3 with pre-shared keys (nbdkit's --tls-psk,
 // libnbd's tls-psk-file; package tlspsk, as crypto/tls has no external
 // PSKs): the client's ClientHello decides which handshake runs. The Client

@@ -12,7 +12,8 @@ import (
 )
 
 // TestMoveWithheldPayload: a write over TLS decrypted straight into a
-// tmpfs file's mapping, or in plaintext spliced into the file, is under
+// tmpfs file's mapping, or in plaintext read into it (spliced into a
+// file on disk), is under
 // way (and untracked) from its header on, while its payload arrives. A
 // client that sends the header and part of
 // the payload and withholds the rest does not hold TrackWrites or

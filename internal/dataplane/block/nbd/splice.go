@@ -38,6 +38,40 @@ func (c *conn) setRcvLowat(n int) {
 	})
 }
 
+// lowat is a TCP socket's SO_RCVLOWAT while the reader takes a payload
+// straight from it (spliced, or read into a mapping): raised once the
+// payload trickles in, never above what the payload still owes, and set
+// back to 1 once it is in. The zero value is the socket's default, 1.
+type lowat struct{ n int }
+
+// await is called with the socket's descriptor when it has nothing to
+// read and left bytes of the payload are owed.
+func (l *lowat) await(c *conn, fd uintptr, left int) {
+	if !c.tcp {
+		return
+	}
+	if want := min(left, maxRcvLowat); want != max(l.n, 1) {
+		unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVLOWAT, want)
+		l.n = want
+	}
+}
+
+// owed lowers the mark to the left bytes the payload still owes.
+func (l *lowat) owed(c *conn, left int) {
+	if l.n > 1 && l.n > left && left > 0 {
+		c.setRcvLowat(left)
+		l.n = left
+	}
+}
+
+// reset sets the socket's mark back to 1 if it was raised.
+func (l *lowat) reset(c *conn) {
+	if l.n > 1 {
+		c.setRcvLowat(1)
+		l.n = 0
+	}
+}
+
 func (c *conn) canSplice(r Request) bool {
 	return c.sp != nil && c.rawc != nil && c.limit == nil && !c.noSplice && r.Length >= spliceMin
 }
@@ -90,12 +124,8 @@ func (c *conn) spliceWrite(o *op) (handled bool, err error) {
 		foff += int64(k)
 		n -= k
 	}
-	lowat := 1 // the socket's SO_RCVLOWAT
-	defer func() {
-		if lowat > 1 {
-			c.setRcvLowat(1)
-		}
-	}()
+	var lw lowat
+	defer lw.reset(c)
 	for n > 0 {
 		var (
 			m    int
@@ -109,14 +139,10 @@ func (c *conn) spliceWrite(o *op) (handled bool, err error) {
 				if serr == unix.EINTR {
 					continue
 				}
-				if serr == unix.EAGAIN && c.tcp {
+				if serr == unix.EAGAIN {
 					// The payload trickles in (a slow link): wake up
-					// when much of it is there, not per segment. Never
-					// wait for more than this payload still owes.
-					if want := min(n, maxRcvLowat); want != lowat {
-						unix.SetsockoptInt(int(sfd), unix.SOL_SOCKET, unix.SO_RCVLOWAT, want)
-						lowat = want
-					}
+					// when much of it is there, not per segment.
+					lw.await(c, sfd, n)
 				}
 				return serr != unix.EAGAIN
 			}
@@ -138,10 +164,7 @@ func (c *conn) spliceWrite(o *op) (handled bool, err error) {
 		}
 		c.recv.Add(int64(m))
 		n -= m
-		if lowat > 1 && lowat > n && n > 0 {
-			c.setRcvLowat(n)
-			lowat = n
-		}
+		lw.owed(c, n)
 		for m > 0 {
 			if ferr == nil {
 				k, err := unix.Splice(c.pipeR, nil, fd, &foff, m, unix.SPLICE_F_MOVE)

@@ -1,7 +1,6 @@
 package nbd
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/binary"
@@ -12,8 +11,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"runtime"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -304,75 +301,6 @@ func (c *conn) readPayload(p []byte) error {
 		err = io.ErrUnexpectedEOF
 	}
 	return err
-}
-
-// mappedTarget is implemented by backends that can hand out a writable
-// mapping of a range (a FileBackend on tmpfs or ramfs): a write's payload
-// is then decrypted straight into the page cache.
-type mappedTarget interface {
-	mapWrite(off, n int64) (p []byte, ok bool)
-	unmapRange()
-}
-
-// tlsMappedWrites counts the writes over TLS whose payload crypto/tls
-// copied straight into the backend's mapping.
-var tlsMappedWrites atomic.Int64
-
-// mappedWrite serves o, a write over TLS whose payload has not been read
-// yet, by reading the payload from crypto/tls straight into the backend's
-// mapping: the copy out of crypto/tls's record buffer is then the write,
-// with no pooled buffer and no pwrite (which copied the payload once more,
-// page by page, under the file's lock). Only under the conditions of the
-// reader's other writes (a memory-speed backend, no rate limit, no FUA)
-// and, as spliced writes, counted as an untracked write while the export
-// has no move state. handled=false leaves o to the ordinary path. Bytes
-// land only after crypto/tls has authenticated their record; a payload cut
-// short leaves part of it written, as an unacknowledged write may.
-func (c *conn) mappedWrite(ctx context.Context, o *op, live bool) (handled bool, err error) {
-	if !live || c.sess == nil || c.sess.tls == nil || c.maxGroup <= 1 || c.limit != nil ||
-		o.req.Flags&CmdFlagFUA != 0 || ctx.Err() != nil {
-		return false, nil
-	}
-	mt, ok := c.be.(mappedTarget)
-	if !ok {
-		return false, nil
-	}
-	if c.e.writes.Begin() != nil {
-		return false, nil // the export moves: writes go through its gate
-	}
-	defer c.e.writes.EndUntracked()
-	c.paying.Store(true)
-	defer c.paying.Store(false)
-	p, ok := mt.mapWrite(int64(o.req.Offset), int64(o.req.Length))
-	if !ok {
-		return false, nil
-	}
-	defer mt.unmapRange()
-	if err := c.readPayloadMapped(p); err != nil {
-		return true, err
-	}
-	tlsMappedWrites.Add(1)
-	c.encodeOK(o)
-	return true, nil
-}
-
-// readPayloadMapped is readPayload into mapped memory: a fault (the file
-// truncated under the mapping) ends the connection instead of the process.
-func (c *conn) readPayloadMapped(p []byte) (err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			re, ok := r.(interface {
-				runtime.Error
-				Addr() uintptr
-			})
-			if !ok {
-				panic(r)
-			}
-			err = fmt.Errorf("nbd: write into the file's mapping: %w", re)
-		}
-	}()
-	return c.readPayload(p)
 }
 
 // writeBuffers writes v to w, consuming it: with one writev on a plain

@@ -57,12 +57,23 @@ func trickleProxy(t *testing.T, addr string) string {
 	return ln.Addr().String()
 }
 
-// TestLargePayloadsTrickling: large writes (spliced into the file) and
-// large reads whose bytes arrive a segment at a time are received whole:
-// the raised SO_RCVLOWAT never waits for more than a payload still owes,
-// and is back to normal for the small requests after them.
+// TestLargePayloadsTrickling: large writes (spliced into a file on disk,
+// read into a tmpfs file's mapping) and large reads whose bytes arrive a
+// segment at a time are received whole: the raised SO_RCVLOWAT never waits
+// for more than a payload still owes, and is back to normal for the small
+// requests after them.
 func TestLargePayloadsTrickling(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "disk")
+	for _, tc := range []struct {
+		name   string
+		dir    func(*testing.T) string
+		mapped bool
+	}{{"disk", (*testing.T).TempDir, false}, {"tmpfs", fastDir, true}} {
+		t.Run(tc.name, func(t *testing.T) { testLargePayloadsTrickling(t, tc.dir(t), tc.mapped) })
+	}
+}
+
+func testLargePayloadsTrickling(t *testing.T, dir string, mapped bool) {
+	path := filepath.Join(dir, "disk")
 	if err := os.WriteFile(path, make([]byte, 2<<20), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -74,6 +85,7 @@ func TestLargePayloadsTrickling(t *testing.T) {
 	_, addr := startServer(t, Export{Name: testName, Backend: be})
 	c := dial(t, trickleProxy(t, addr), testName)
 	rng := rand.New(rand.NewPCG(7, 7))
+	m0 := mappedWrites.Load()
 	for i, n := range []int{256 << 10, 64 << 10, 4096, 512<<10 + 12345, 100 << 10} {
 		data := make([]byte, n)
 		for j := range data {
@@ -93,6 +105,9 @@ func TestLargePayloadsTrickling(t *testing.T) {
 		if err := c.Flush(); err != nil { // a small request after a large one
 			t.Fatal(err)
 		}
+	}
+	if mapped && memoryBacked(t, path) && mappedWrites.Load()-m0 < 4 {
+		t.Errorf("%d of the 4 large writes were read into the mapping", mappedWrites.Load()-m0)
 	}
 	onDisk, err := os.ReadFile(path)
 	if err != nil {

@@ -1,0 +1,112 @@
+package nbd
+
+import (
+	"bytes"
+	"crypto/rand"
+	"os"
+	"testing"
+)
+
+// mappedTransports are the connections whose large writes to a tmpfs file
+// go straight into its mapping: over TLS (decrypted into it) and on a
+// plain socket (read(2) into it, in place of splice).
+var mappedTransports = []struct {
+	name string
+	tls  bool
+}{{"tls", true}, {"plain", false}}
+
+// serveMapped serves a sparse size-byte file on tmpfs over tr and returns
+// its path, the server's address and the client's dial options.
+func serveMapped(t *testing.T, tr bool, size int64) (path, addr string, opts []DialOption) {
+	t.Helper()
+	dir := fastDir(t)
+	if !tr {
+		path, b := sparseFile(t, dir, size)
+		_, addr := startServer(t, Export{Name: testName, Backend: b})
+		return path, addr, nil
+	}
+	pk := newTestPKI(t)
+	path, addr, _ = serveFileTLS(t, pk, dir, size)
+	return path, addr, []DialOption{WithTLS(pk.clientConfig())}
+}
+
+// TestMappedWrite: a write to a tmpfs file is read (over TLS, decrypted)
+// straight into the file's mapping (one whose payload the reader's buffer
+// already holds, as a 4 KiB one may, is written from there); the bytes are
+// in the file, around them nothing changed, and a read returns them.
+func TestMappedWrite(t *testing.T) {
+	for _, tr := range mappedTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			path, addr, opts := serveMapped(t, tr.tls, 4<<20)
+			if !memoryBacked(t, path) {
+				t.Skip("no tmpfs at /dev/shm")
+			}
+			c := dial(t, addr, testName, opts...)
+			for _, tc := range []struct {
+				off, n int
+				mapped bool
+			}{{0, 4096, false}, {12345, 300 << 10, true}, {4<<20 - 1<<20, 1 << 20, true}} {
+				p := make([]byte, tc.n)
+				rand.Read(p)
+				m0 := mappedWrites.Load()
+				if _, err := c.WriteAt(p, int64(tc.off)); err != nil {
+					t.Fatal(err)
+				}
+				if tc.mapped && mappedWrites.Load() == m0 {
+					t.Errorf("write [%d,+%d) was not read into the mapping", tc.off, tc.n)
+				}
+				f, err := os.ReadFile(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(f[tc.off:tc.off+tc.n], p) {
+					t.Fatalf("write [%d,+%d): the file does not hold it", tc.off, tc.n)
+				}
+				got := make([]byte, tc.n)
+				if _, err := c.ReadAt(got, int64(tc.off)); err != nil || !bytes.Equal(got, p) {
+					t.Fatalf("read back [%d,+%d): %v", tc.off, tc.n, err)
+				}
+			}
+			if f, _ := os.ReadFile(path); len(f) != 4<<20 || !bytes.Equal(f[4096:12345], make([]byte, 12345-4096)) {
+				t.Fatal("bytes outside the writes changed")
+			}
+		})
+	}
+}
+
+// TestMappedWriteTruncated: a file truncated under the mapping makes the
+// write fail (a fault over TLS, EFAULT from read(2) on a plain socket); the
+// connection ends with an error, the process does not, and the server
+// serves the next connection.
+func TestMappedWriteTruncated(t *testing.T) {
+	for _, tr := range mappedTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			path, addr, opts := serveMapped(t, tr.tls, 4<<20)
+			if !memoryBacked(t, path) {
+				t.Skip("no tmpfs at /dev/shm")
+			}
+			c := dial(t, addr, testName, opts...)
+			p := make([]byte, 256<<10)
+			rand.Read(p)
+			if _, err := c.WriteAt(p, 1<<20); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Truncate(path, 0); err != nil {
+				t.Fatal(err)
+			}
+			m0 := mappedWrites.Load()
+			_, err := c.WriteAt(p, 2<<20)
+			if err == nil {
+				t.Fatal("a write into a truncated file's mapping succeeded")
+			}
+			if mappedWrites.Load() != m0 {
+				t.Fatal("a failed write was counted as written")
+			}
+			t.Logf("the write failed: %v", err)
+			c2 := dial(t, addr, testName, opts...)
+			if _, err := c2.ReadAt(make([]byte, 4096), 0); err != nil {
+				t.Fatalf("the next connection: %v", err)
+			}
+		})
+	}
+}
