@@ -344,8 +344,9 @@ func TestConcurrentCRLSyncsShared(t *testing.T) {
 // anyway: every check of a peer verifies its validity period), at a
 // sweep, under a higher number, and the replica's ca-crl.pem with it; it
 // is not recorded again from the replica's copy of the list that still
-// named it. A serial revoked without a known expiry stays. Before, the
-// list only grew.
+// named it. A serial of no certificate issued stays (until the CA
+// certificate's expiry: TestLocalRevocationsExpire). Before, the list
+// only grew.
 func TestExpiredRevocationsDropped(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -385,7 +386,7 @@ func TestExpiredRevocationsDropped(t *testing.T) {
 			t.Fatalf("sweep %d: the expired certificate is still on the list (number %d)", i, l.Number)
 		}
 		if _, ok := l.Revoked[unknown.Text(16)]; !ok {
-			t.Fatalf("sweep %d: the serial of unknown expiry left the list", i)
+			t.Fatalf("sweep %d: the serial of no certificate issued left the list", i)
 		}
 		if l.Number != before.Number+1 {
 			t.Fatalf("sweep %d: number %d, want %d", i, l.Number, before.Number+1)
@@ -393,6 +394,84 @@ func TestExpiredRevocationsDropped(t *testing.T) {
 		if ca.Revoked(serial) || !ca.Revoked(unknown) || ca.CRLNumber().Int64() != l.Number {
 			t.Fatalf("sweep %d: ca-crl.pem (number %v) names the expired certificate: %v, the other: %v", i, ca.CRLNumber(), ca.Revoked(serial), ca.Revoked(unknown))
 		}
+	}
+}
+
+// TestLocalRevocationsExpire: serials revoked in the CA directory only
+// (pki.CA.Revoke, RevokeIssuedTo: another process sharing it, a replica
+// whose store failed, a version before the store kept the list) and a
+// node's certificates only the directory's issued.txt lists (issued
+// before the store recorded issues) go into the store's list with their
+// certificates' expiry from issued.txt, and leave it once expired, as
+// those whose issue the store recorded do; a serial issued.txt does not
+// list goes in with the latest expiry of the CA certificates, which
+// bounds every certificate the CA signed, and leaves the list after it.
+// Before, all of them went in without an expiry and stayed for ever.
+func TestLocalRevocationsExpire(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	clk := clock.NewFake(time.Now())
+	r := newCASQLite(ctx, t, Config{Clock: clk})
+	ca, st, srv := r.ca, r.st, r.srv
+	issue := func(cn string) *x509.Certificate {
+		t.Helper()
+		iss, err := ca.Issue(pki.Request{CommonName: cn, Hosts: []string{"127.0.0.1"}, Usage: pki.ClientAuth, Lifetime: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return iss.Cert
+	}
+	byRevoke, byHolder, byRemoval := issue("n-7"), issue("n-8"), issue("n-9")
+	if err := ca.Revoke(byRevoke.SerialNumber); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ca.RevokeIssuedTo("n-8"); err != nil {
+		t.Fatal(err)
+	}
+	unknown := big.NewInt(0x5eed)
+	if err := ca.Revoke(unknown); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.syncCRL(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.revokeCerts(ctx, "n-9", nil); err != nil {
+		t.Fatal(err)
+	}
+	local := []*big.Int{byRevoke.SerialNumber, byHolder.SerialNumber, byRemoval.SerialNumber}
+	list := func() store.RevocationList {
+		t.Helper()
+		l, err := st.RevocationList(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	if l := list(); len(l.Revoked) != len(local)+1 {
+		t.Fatalf("the store's list: %v, want the %d serials revoked", l.Revoked, len(local)+1)
+	}
+	// Past the certificates' expiry.
+	clk.Advance(byRemoval.NotAfter.Sub(clk.Now()) + 2*time.Hour)
+	if err := srv.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l := list()
+	for i, n := range local {
+		if _, ok := l.Revoked[n.Text(16)]; ok || ca.Revoked(n) {
+			t.Errorf("certificate %d, revoked in the CA directory, is still on the list (number %d) after its expiry", i, l.Number)
+		}
+	}
+	if _, ok := l.Revoked[unknown.Text(16)]; !ok || !ca.Revoked(unknown) {
+		t.Fatal("the serial issued.txt does not list left the list before the CA certificate expired")
+	}
+	// Past the CA certificate's expiry.
+	clk.Advance(ca.Certificate().NotAfter.Sub(clk.Now()) + 2*time.Hour)
+	if err := srv.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l := list(); len(l.Revoked) != 0 || ca.Revoked(unknown) {
+		t.Errorf("after the CA certificate's expiry: %v on the list, want none", l.Revoked)
 	}
 }
 
@@ -431,7 +510,7 @@ func TestRotationWhileRunningKeepsRevocations(t *testing.T) {
 		t.Fatalf("the list handed out after a rotation: %v", err)
 	}
 	// Another replica removes the node: the store records its certificate.
-	if _, _, err := s.st.(store.Revocations).Revoke(ctx, []string{iss.Cert.SerialNumber.Text(16)}, "", time.Now()); err != nil {
+	if _, _, err := s.st.(store.Revocations).Revoke(ctx, []store.RevokedCert{{Serial: iss.Cert.SerialNumber.Text(16), NotAfter: iss.Cert.NotAfter}}, "", time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.syncCRL(ctx); err != nil {
