@@ -160,7 +160,7 @@ func (s *Server) revokeCerts(ctx context.Context, node string, serials []*big.In
 	if err != nil {
 		return nil, err
 	}
-	_, named, err := rv.Revoke(ctx, certs, node, s.now())
+	_, named, err := rv.Revoke(ctx, certs, node, s.now(), 0)
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: record the revocation: %w", err)
 	}
@@ -183,9 +183,10 @@ func (s *Server) revokeCerts(ctx context.Context, node string, serials []*big.In
 }
 
 // maxCRLSyncRounds bounds syncCRL's rounds: each round adds to the store
-// what this replica's directory revoked that the store lacks, or raises
-// the store's number to the directory's, and another process may change
-// either meanwhile.
+// what this replica's directory revoked that the store lacks (with the
+// store's number raised above the directory's), or raises the store's
+// number above the directory's, and another process may change either
+// meanwhile.
 const maxCRLSyncRounds = 4
 
 // syncCRL signs this replica's revocation list (ca-crl.pem, re-read)
@@ -242,20 +243,27 @@ func (s *Server) adoptStoreCRL(ctx context.Context, ca *pki.CA, rv store.Revocat
 		if err != nil {
 			return false, caListError{err}
 		}
+		var minNum int64
+		if a.MinNumber != nil {
+			if !a.MinNumber.IsInt64() {
+				return false, fmt.Errorf("controlplane: the CA directory's revocation list number %s is too large for the store", a.MinNumber)
+			}
+			minNum = a.MinNumber.Int64()
+		}
 		switch {
 		case len(a.Missing) > 0:
 			certs, err := revokedCerts(ca, a.Missing)
 			if err != nil {
 				return false, fmt.Errorf("controlplane: the expiry of the CA directory's revocations: %w", err)
 			}
-			if _, _, err := rv.Revoke(ctx, certs, "", s.now()); err != nil {
+			// Under the directory's list's number raised at once (minNum):
+			// raised by one, the store's list could take that number
+			// without what it held that the directory's lacks.
+			if _, _, err := rv.Revoke(ctx, certs, "", s.now(), minNum); err != nil {
 				return false, fmt.Errorf("controlplane: record the revocations of the CA directory: %w", err)
 			}
 		case a.MinNumber != nil:
-			if !a.MinNumber.IsInt64() {
-				return false, fmt.Errorf("controlplane: the CA directory's revocation list number %s is too large for the store", a.MinNumber)
-			}
-			if err := rv.RaiseRevocationNumber(ctx, a.MinNumber.Int64()); err != nil {
+			if err := rv.RaiseRevocationNumber(ctx, minNum); err != nil {
 				return false, fmt.Errorf("controlplane: revocation list: %w", err)
 			}
 		default:

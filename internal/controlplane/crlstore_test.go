@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"database/sql"
 	"errors"
 	"io"
 	"log/slog"
@@ -253,7 +254,7 @@ func TestRemovalStoreRevokedSyncFailing(t *testing.T) {
 	ca, st, srv := r.ca, r.st, r.srv
 	j, cert := joinN1Cert(ctx, t, srv)
 	// An earlier attempt recorded the revocation in the store.
-	if got, _, err := st.Revoke(ctx, nil, j.NodeID, time.Now()); err != nil || len(got) != 1 {
+	if got, _, err := st.Revoke(ctx, nil, j.NodeID, time.Now(), 0); err != nil || len(got) != 1 {
 		t.Fatalf("revoking in the store: %v %v", got, err)
 	}
 	// The directory's list numbered beyond what the store holds: every
@@ -475,6 +476,79 @@ func TestLocalRevocationsExpire(t *testing.T) {
 	}
 }
 
+// TestDirectoryListAheadRecordedAbove: a replica whose CA directory's
+// list is ahead of the store's (a higher number: written before the
+// store kept the list) and revokes what the store's lacks records that
+// in the store under a number above its own list's at once: the store's
+// list, which holds a revocation the directory's lacks, never takes the
+// directory's list's number (another replica would sign it so, and an
+// agent holding the directory's list would never take it). Before, the
+// store's list took the revocation under its number raised by one, here
+// the directory's, and was raised above it only in the next round.
+func TestDirectoryListAheadRecordedAbove(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r := newCASQLite(ctx, t, Config{})
+	ca, st, srv := r.ca, r.st, r.srv
+	local := big.NewInt(0x5eed)
+	if err := ca.Revoke(local); err != nil {
+		t.Fatal(err)
+	}
+	dirNum := ca.CRLNumber().Int64()
+	// Another replica's revocation, in the store's list numbered one
+	// below the directory's.
+	if err := st.RaiseRevocationNumber(ctx, dirNum-2); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := st.Revoke(ctx, []store.RevokedCert{{Serial: "abc"}}, "", time.Now(), 0); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := st.RevocationList(ctx); err != nil || l.Number != dirNum-1 {
+		t.Fatalf("the store's list: %+v %v, want number %d", l, err, dirNum-1)
+	}
+	// Every number the store's list takes, as it commits.
+	db, err := sql.Open("sqlite", "file:"+r.path+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for _, q := range []string{`CREATE TABLE test_crl_numbers (number INTEGER NOT NULL)`,
+		`CREATE TRIGGER test_crl_numbers AFTER UPDATE OF number ON crl_number BEGIN INSERT INTO test_crl_numbers VALUES (NEW.number); END`} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := srv.syncCRL(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := db.QueryContext(ctx, `SELECT number FROM test_crl_numbers`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var numbers []int64
+	for rows.Next() {
+		var n int64
+		if err := rows.Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		numbers = append(numbers, n)
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(numbers, dirNum) {
+		t.Errorf("the store's list took the numbers %v: %d, the CA directory's list's, with a revocation that list lacks", numbers, dirNum)
+	}
+	l, err := st.RevocationList(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := l.Revoked[local.Text(16)]; !ok || l.Number <= dirNum || ca.CRLNumber().Int64() != l.Number || !ca.Revoked(big.NewInt(0xabc)) {
+		t.Errorf("after the sync: the store's list %+v, the directory's numbered %v; want both, one number above %d", l, ca.CRLNumber(), dirNum)
+	}
+}
+
 // TestRotationWhileRunningKeepsRevocations: `rialto ca rotate` on the CA
 // directory of running replicas (step 1 of "Rotating the CA", before
 // their restart) re-signs ca-crl.pem with the new key. A replica sharing
@@ -510,7 +584,7 @@ func TestRotationWhileRunningKeepsRevocations(t *testing.T) {
 		t.Fatalf("the list handed out after a rotation: %v", err)
 	}
 	// Another replica removes the node: the store records its certificate.
-	if _, _, err := s.st.(store.Revocations).Revoke(ctx, []store.RevokedCert{{Serial: iss.Cert.SerialNumber.Text(16), NotAfter: iss.Cert.NotAfter}}, "", time.Now()); err != nil {
+	if _, _, err := s.st.(store.Revocations).Revoke(ctx, []store.RevokedCert{{Serial: iss.Cert.SerialNumber.Text(16), NotAfter: iss.Cert.NotAfter}}, "", time.Now(), 0); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.syncCRL(ctx); err != nil {

@@ -490,11 +490,14 @@ type Revocations interface {
 	// commonName ("": none) not yet expired at at, and returns those it
 	// revoked that were not revoked already (added), and every serial it
 	// named (named: certs' and commonName's, revoked already or now). A
-	// call that revoked any raises the list's number by one. Each is
+	// call that revoked any raises the list's number by one, or to
+	// minNumber if that is higher (a CA directory whose own list has a
+	// number as high records what it revokes under one above it at once,
+	// never under its own list's number: RaiseRevocationNumber). Each is
 	// recorded with its certificate's expiry (ExpireRevoked): the one
 	// recorded with its issue (RecordIssued), or else the one certs
 	// gives.
-	Revoke(ctx context.Context, certs []RevokedCert, commonName string, at time.Time) (added, named []string, err error)
+	Revoke(ctx context.Context, certs []RevokedCert, commonName string, at time.Time, minNumber int64) (added, named []string, err error)
 	// RevocationList returns the serials revoked and the list's number,
 	// as one snapshot: every replica signs the same entries with the same
 	// number.

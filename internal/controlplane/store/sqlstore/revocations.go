@@ -28,8 +28,9 @@ func (s *Core) RecordIssued(ctx context.Context, serial, commonName string, notA
 // commonName, raising the list's number once if it revoked any, and
 // returns those it revoked and those it named (store.Revocations). Each
 // takes the expiry recorded with its issue, or else the one certs gives.
-// Revocations are serial: each holds the number's row.
-func (s *Core) Revoke(ctx context.Context, certs []store.RevokedCert, commonName string, at time.Time) (added, named []string, err error) {
+// The number raised is at least minNumber. Revocations are serial: each
+// holds the number's row.
+func (s *Core) Revoke(ctx context.Context, certs []store.RevokedCert, commonName string, at time.Time, minNumber int64) (added, named []string, err error) {
 	var out []string
 	err = s.tx(ctx, func(tx Execer) error {
 		out, named = nil, nil
@@ -81,7 +82,7 @@ func (s *Core) Revoke(ctx context.Context, certs []store.RevokedCert, commonName
 			}
 		}
 		if len(out) > 0 {
-			if _, err := tx.ExecContext(ctx, `UPDATE crl_number SET number = ? WHERE one = 1`, num+1); err != nil {
+			if _, err := tx.ExecContext(ctx, `UPDATE crl_number SET number = ? WHERE one = 1`, max(num+1, minNumber)); err != nil {
 				return s.wrap("revoke", err)
 			}
 		}
