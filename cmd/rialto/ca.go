@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/big"
 	"os"
 	"path/filepath"
 	"slices"
@@ -64,23 +65,46 @@ type caCertOut struct {
 	CertFile string    `json:"cert_file"`
 }
 
+// caCRLOut is the revocation list of the CA's directory in ca show's -o
+// output: the last object, after the certificates.
+type caCRLOut struct {
+	ID       string         `json:"id"`    // revocation-list
+	State    string         `json:"state"` // signed, or none (no ca-crl.pem yet)
+	CRLFile  string         `json:"crl_file"`
+	Number   *big.Int       `json:"number,omitempty"`
+	Signer   string         `json:"signer,omitempty"`    // the subject of the CA certificate that signed it
+	SignerID string         `json:"signer_id,omitempty"` // that certificate's id
+	Updated  time.Time      `json:"updated_at,omitzero"`
+	Revoked  int            `json:"revoked"` // how many certificates it revokes
+	Newest   []caRevokedOut `json:"newest"`  // the newest revocations (at most maxCRLShown), newest first
+}
+
+// caRevokedOut is one certificate a revocation list revokes.
+type caRevokedOut struct {
+	Serial    string    `json:"serial"` // hex
+	RevokedAt time.Time `json:"revoked_at"`
+}
+
 func runCAShow(e *env, ca *pki.CA, o *output) error {
 	certs, err := pki.ParseCerts(ca.CertPEM())
 	if err != nil {
 		return err
 	}
 	if o.structured() {
-		out := make([]caCertOut, 0, len(certs))
+		crl, err := readCRL(ca, certs)
+		if err != nil {
+			return err
+		}
+		out := make([]any, 0, len(certs)+1)
 		for i, c := range certs {
-			sum := sha256.Sum256(c.Raw)
 			state := "signing"
 			if i > 0 {
 				state = "kept"
 			}
-			out = append(out, caCertOut{ID: hex.EncodeToString(sum[:]), State: state, Subject: c.Subject.CommonName,
+			out = append(out, caCertOut{ID: certID(c), State: state, Subject: c.Subject.CommonName,
 				Expires: c.NotAfter.UTC(), CertFile: ca.CertFile()})
 		}
-		return o.print(e.stdout, out)
+		return o.print(e.stdout, append(out, crl))
 	}
 	now := time.Now()
 	tw := newTable(e.stdout)
@@ -90,66 +114,87 @@ func runCAShow(e *env, ca *pki.CA, o *output) error {
 		if i > 0 {
 			role = "kept by a rotation"
 		}
-		sum := sha256.Sum256(c.Raw)
 		fmt.Fprintf(tw, "%s\t%s\t%s (%s)\t%s\n", role, c.Subject.CommonName, c.NotAfter.UTC().Format(time.DateOnly),
-			until(now, c.NotAfter), hex.EncodeToString(sum[:]))
+			until(now, c.NotAfter), certID(c))
 	}
 	tw.Flush()
 	fmt.Fprintf(e.stdout, "\nCertificate for clients: %s\n", ca.CertFile())
-	return showCRL(e, ca, certs, now)
+	crl, err := readCRL(ca, certs)
+	if err != nil {
+		return err
+	}
+	showCRL(e, crl, now)
+	return nil
+}
+
+// certID is a CA certificate's id in ca show: its SHA-256 fingerprint.
+func certID(c *x509.Certificate) string {
+	sum := sha256.Sum256(c.Raw)
+	return hex.EncodeToString(sum[:])
 }
 
 // maxCRLShown bounds the serial numbers ca show lists.
 const maxCRLShown = 10
 
-// showCRL prints the revocation list of ca's directory: its number (the
-// same on every replica's copy once they agree), who signed it and the
-// newest serial numbers it revokes.
-func showCRL(e *env, ca *pki.CA, certs []*x509.Certificate, now time.Time) error {
-	path := filepath.Join(ca.Dir(), pki.CRLFile)
+// readCRL reads the revocation list of ca's directory, which one of
+// certs must have signed, as ca show shows it: its number (the same on
+// every replica's copy once they agree), who signed it and the newest
+// serial numbers it revokes.
+func readCRL(ca *pki.CA, certs []*x509.Certificate) (caCRLOut, error) {
+	out := caCRLOut{ID: "revocation-list", State: "none", CRLFile: filepath.Join(ca.Dir(), pki.CRLFile), Newest: []caRevokedOut{}}
 	b := ca.CRLPEM()
 	if len(b) == 0 {
-		fmt.Fprintf(e.stdout, "Revocation list: none (no %s yet; the control plane writes it)\n", path)
-		return nil
+		return out, nil
 	}
 	crl, err := pki.ParseCRL(b, certs)
 	if err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+		return out, fmt.Errorf("%s: %w", out.CRLFile, err)
 	}
-	signer := "?"
+	out.State, out.Signer, out.Number, out.Updated = "signed", "?", big.NewInt(0), crl.ThisUpdate.UTC()
 	for _, c := range certs {
 		if crl.CheckSignatureFrom(c) == nil {
-			signer = c.Subject.CommonName
+			out.Signer, out.SignerID = c.Subject.CommonName, certID(c)
 			break
 		}
 	}
-	num := "0"
 	if crl.Number != nil {
-		num = crl.Number.String()
+		out.Number = crl.Number
 	}
 	entries := slices.Clone(crl.RevokedCertificateEntries)
-	fmt.Fprintf(e.stdout, "Revocation list: %s, number %s, signed by %s, updated %s (%s ago): ", path, num, signer,
-		crl.ThisUpdate.UTC().Format(time.DateTime), now.Sub(crl.ThisUpdate).Truncate(time.Second))
-	switch len(entries) {
+	slices.SortFunc(entries, func(a, b x509.RevocationListEntry) int { return b.RevocationTime.Compare(a.RevocationTime) })
+	out.Revoked = len(entries)
+	for _, r := range entries[:min(len(entries), maxCRLShown)] {
+		out.Newest = append(out.Newest, caRevokedOut{Serial: r.SerialNumber.Text(16), RevokedAt: r.RevocationTime.UTC()})
+	}
+	return out, nil
+}
+
+// showCRL prints the revocation list readCRL read.
+func showCRL(e *env, crl caCRLOut, now time.Time) {
+	if crl.State == "none" {
+		fmt.Fprintf(e.stdout, "Revocation list: none (no %s yet; the control plane writes it)\n", crl.CRLFile)
+		return
+	}
+	fmt.Fprintf(e.stdout, "Revocation list: %s, number %s, signed by %s, updated %s (%s ago): ", crl.CRLFile, crl.Number, crl.Signer,
+		crl.Updated.Format(time.DateTime), now.Sub(crl.Updated).Truncate(time.Second))
+	switch crl.Revoked {
 	case 0:
 		fmt.Fprintln(e.stdout, "no certificate revoked")
-		return nil
+		return
 	case 1:
 		fmt.Fprintln(e.stdout, "1 certificate revoked")
 	default:
-		fmt.Fprintf(e.stdout, "%d certificates revoked\n", len(entries))
+		fmt.Fprintf(e.stdout, "%d certificates revoked\n", crl.Revoked)
 	}
-	slices.SortFunc(entries, func(a, b x509.RevocationListEntry) int { return b.RevocationTime.Compare(a.RevocationTime) })
 	tw := newTable(e.stdout)
 	fmt.Fprintln(tw, "SERIAL\tREVOKED")
-	for _, r := range entries[:min(len(entries), maxCRLShown)] {
-		fmt.Fprintf(tw, "%s\t%s\n", r.SerialNumber.Text(16), r.RevocationTime.UTC().Format(time.DateTime))
+	for _, r := range crl.Newest {
+		fmt.Fprintf(tw, "%s\t%s\n", r.Serial, r.RevokedAt.Format(time.DateTime))
 	}
 	tw.Flush()
-	if n := len(entries) - maxCRLShown; n > 0 {
-		fmt.Fprintf(e.stdout, "… and %d earlier (openssl crl -in %s -noout -text lists them all)\n", n, path)
+	if n := crl.Revoked - len(crl.Newest); n > 0 {
+		fmt.Fprintf(e.stdout, "… and %d earlier (openssl crl -in %s -noout -text lists them all)\n", n, crl.CRLFile)
 	}
-	return nil
 }
 
 func runCARotate(e *env, ca *pki.CA, _ *output) error {

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rialto-project/rialto/internal/pki"
 )
@@ -42,9 +45,9 @@ func TestCAVerbs(t *testing.T) {
 	if s := ca("show"); rows(s) != 2 || !strings.Contains(s, "kept by a rotation") {
 		t.Fatalf("show after rotate:\n%s", s)
 	}
-	var certs []caCertOut
-	if s := ca("show", "-o", "json"); json.Unmarshal([]byte(s), &certs) != nil || len(certs) != 2 ||
-		certs[0].State != "signing" || certs[1].State != "kept" || len(certs[0].ID) != 64 {
+	var certs []caCertOut // and the revocation list, last
+	if s := ca("show", "-o", "json"); json.Unmarshal([]byte(s), &certs) != nil || len(certs) != 3 ||
+		certs[0].State != "signing" || certs[1].State != "kept" || len(certs[0].ID) != 64 || certs[2].ID != "revocation-list" {
 		t.Fatalf("show -o json after rotate:\n%s", s)
 	}
 	ca("drop-old")
@@ -94,18 +97,19 @@ func TestCAShowHintsTheDirectory(t *testing.T) {
 // TestCAShowRevocationList: `rialto ca show` shows the revocation list it
 // says it shows (its number, who signed it, the certificates it revokes),
 // so that an operator can compare the copies of the CA directory that
-// replicas on several hosts hold. It showed only the CA certificates.
+// replicas on several hosts hold; so does `-o json`, for a script. It
+// showed only the CA certificates; then -o json still did.
 func TestCAShowRevocationList(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "tls")
 	ca, err := pki.Open(dir, pki.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	show := func() string {
+	show := func(args ...string) string {
 		t.Helper()
 		var out, errb bytes.Buffer
 		e := &env{stdout: &out, stderr: &errb, getenv: func(string) string { return "" }}
-		if code := run(context.Background(), []string{"ca", "show", "--tls-dir", dir}, e); code != 0 {
+		if code := run(context.Background(), append([]string{"ca", "show", "--tls-dir", dir}, args...), e); code != 0 {
 			t.Fatalf("rialto ca show: exit %d\n%s%s", code, out.String(), errb.String())
 		}
 		return out.String()
@@ -135,5 +139,43 @@ func TestCAShowRevocationList(t *testing.T) {
 		if !strings.Contains(s, w) {
 			t.Errorf("show does not say %q:\n%s", w, s)
 		}
+	}
+	// -o json: the same, as the last object.
+	js := show("-o", "json")
+	var objs []json.RawMessage
+	if err := json.Unmarshal([]byte(js), &objs); err != nil || len(objs) != 2 {
+		t.Fatalf("show -o json: %v, want the certificate and the revocation list:\n%s", err, js)
+	}
+	var cert caCertOut
+	var crl struct { // the fields docs/operations.md names
+		ID       string      `json:"id"`
+		State    string      `json:"state"`
+		CRLFile  string      `json:"crl_file"`
+		Number   json.Number `json:"number"`
+		Signer   string      `json:"signer"`
+		SignerID string      `json:"signer_id"`
+		Updated  time.Time   `json:"updated_at"`
+		Revoked  int         `json:"revoked"`
+		Newest   []struct {
+			Serial    string    `json:"serial"`
+			RevokedAt time.Time `json:"revoked_at"`
+		} `json:"newest"`
+	}
+	if err := errors.Join(json.Unmarshal(objs[0], &cert), json.Unmarshal(objs[1], &crl)); err != nil {
+		t.Fatal(err)
+	}
+	if crl.ID != "revocation-list" || crl.State != "signed" || crl.CRLFile != crlFile || crl.Number.String() != ca.CRLNumber().String() ||
+		crl.Signer != ca.Certificate().Subject.CommonName || crl.SignerID != cert.ID || crl.Revoked != 2 || crl.Updated.IsZero() {
+		t.Errorf("show -o json, the revocation list:\n%s", objs[1])
+	}
+	var newest []string
+	for _, r := range crl.Newest {
+		if r.RevokedAt.IsZero() {
+			t.Errorf("show -o json: %s revoked at no time", r.Serial)
+		}
+		newest = append(newest, r.Serial)
+	}
+	if slices.Sort(serials); !slices.Equal(slices.Sorted(slices.Values(newest)), serials) {
+		t.Errorf("show -o json names %v, want %v", newest, serials)
 	}
 }

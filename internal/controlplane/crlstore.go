@@ -156,7 +156,11 @@ func (s *Server) revokeCerts(ctx context.Context, node string, serials []*big.In
 		}
 		all = append(all, local...)
 	}
-	_, named, err := rv.Revoke(ctx, serialTexts(all), node, s.now())
+	certs, err := revokedCerts(ca, all)
+	if err != nil {
+		return nil, err
+	}
+	_, named, err := rv.Revoke(ctx, certs, node, s.now(), 0)
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: record the revocation: %w", err)
 	}
@@ -179,9 +183,10 @@ func (s *Server) revokeCerts(ctx context.Context, node string, serials []*big.In
 }
 
 // maxCRLSyncRounds bounds syncCRL's rounds: each round adds to the store
-// what this replica's directory revoked that the store lacks, or raises
-// the store's number to the directory's, and another process may change
-// either meanwhile.
+// what this replica's directory revoked that the store lacks (with the
+// store's number raised above the directory's), or raises the store's
+// number above the directory's, and another process may change either
+// meanwhile.
 const maxCRLSyncRounds = 4
 
 // syncCRL signs this replica's revocation list (ca-crl.pem, re-read)
@@ -238,16 +243,27 @@ func (s *Server) adoptStoreCRL(ctx context.Context, ca *pki.CA, rv store.Revocat
 		if err != nil {
 			return false, caListError{err}
 		}
-		switch {
-		case len(a.Missing) > 0:
-			if _, _, err := rv.Revoke(ctx, serialTexts(a.Missing), "", s.now()); err != nil {
-				return false, fmt.Errorf("controlplane: record the revocations of the CA directory: %w", err)
-			}
-		case a.MinNumber != nil:
+		var minNum int64
+		if a.MinNumber != nil {
 			if !a.MinNumber.IsInt64() {
 				return false, fmt.Errorf("controlplane: the CA directory's revocation list number %s is too large for the store", a.MinNumber)
 			}
-			if err := rv.RaiseRevocationNumber(ctx, a.MinNumber.Int64()); err != nil {
+			minNum = a.MinNumber.Int64()
+		}
+		switch {
+		case len(a.Missing) > 0:
+			certs, err := revokedCerts(ca, a.Missing)
+			if err != nil {
+				return false, fmt.Errorf("controlplane: the expiry of the CA directory's revocations: %w", err)
+			}
+			// Under the directory's list's number raised at once (minNum):
+			// raised by one, the store's list could take that number
+			// without what it held that the directory's lacks.
+			if _, _, err := rv.Revoke(ctx, certs, "", s.now(), minNum); err != nil {
+				return false, fmt.Errorf("controlplane: record the revocations of the CA directory: %w", err)
+			}
+		case a.MinNumber != nil:
+			if err := rv.RaiseRevocationNumber(ctx, minNum); err != nil {
 				return false, fmt.Errorf("controlplane: revocation list: %w", err)
 			}
 		default:
@@ -255,6 +271,23 @@ func (s *Server) adoptStoreCRL(ctx context.Context, ca *pki.CA, rv store.Revocat
 		}
 	}
 	return false, errors.New("controlplane: the revocation list kept changing while this replica signed it")
+}
+
+// revokedCerts are serials with their certificates' expiry as ca knows
+// it (pki.CA.NotAfter: its issued.txt, or the latest expiry of its CA
+// certificates for a serial it does not list), for the store's list,
+// which drops them once expired (expireRevoked); the store prefers the
+// expiry it recorded with an issue.
+func revokedCerts(ca *pki.CA, serials []*big.Int) ([]store.RevokedCert, error) {
+	notAfter, err := ca.NotAfter(serials)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]store.RevokedCert, len(serials))
+	for i, n := range serials {
+		out[i] = store.RevokedCert{Serial: n.Text(16), NotAfter: notAfter[i]}
+	}
+	return out, nil
 }
 
 // uniqueSerials is serials without repeats, in their first order.
@@ -281,7 +314,7 @@ const revokedExpiryGrace = time.Hour
 // data planes verify a peer's certificate against the CA and its validity
 // period before they look it up in the list), under a higher number;
 // the next sync signs each replica's list without them. Those revoked
-// without a known expiry stay.
+// without a known expiry (before the store recorded it) stay.
 func (s *Server) expireRevoked(ctx context.Context, now time.Time) {
 	rv, ok := s.st.(store.Revocations)
 	if !ok {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"database/sql"
 	"errors"
 	"io"
 	"log/slog"
@@ -253,7 +254,7 @@ func TestRemovalStoreRevokedSyncFailing(t *testing.T) {
 	ca, st, srv := r.ca, r.st, r.srv
 	j, cert := joinN1Cert(ctx, t, srv)
 	// An earlier attempt recorded the revocation in the store.
-	if got, _, err := st.Revoke(ctx, nil, j.NodeID, time.Now()); err != nil || len(got) != 1 {
+	if got, _, err := st.Revoke(ctx, nil, j.NodeID, time.Now(), 0); err != nil || len(got) != 1 {
 		t.Fatalf("revoking in the store: %v %v", got, err)
 	}
 	// The directory's list numbered beyond what the store holds: every
@@ -344,8 +345,9 @@ func TestConcurrentCRLSyncsShared(t *testing.T) {
 // anyway: every check of a peer verifies its validity period), at a
 // sweep, under a higher number, and the replica's ca-crl.pem with it; it
 // is not recorded again from the replica's copy of the list that still
-// named it. A serial revoked without a known expiry stays. Before, the
-// list only grew.
+// named it. A serial of no certificate issued stays (until the CA
+// certificate's expiry: TestLocalRevocationsExpire). Before, the list
+// only grew.
 func TestExpiredRevocationsDropped(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -385,7 +387,7 @@ func TestExpiredRevocationsDropped(t *testing.T) {
 			t.Fatalf("sweep %d: the expired certificate is still on the list (number %d)", i, l.Number)
 		}
 		if _, ok := l.Revoked[unknown.Text(16)]; !ok {
-			t.Fatalf("sweep %d: the serial of unknown expiry left the list", i)
+			t.Fatalf("sweep %d: the serial of no certificate issued left the list", i)
 		}
 		if l.Number != before.Number+1 {
 			t.Fatalf("sweep %d: number %d, want %d", i, l.Number, before.Number+1)
@@ -393,6 +395,157 @@ func TestExpiredRevocationsDropped(t *testing.T) {
 		if ca.Revoked(serial) || !ca.Revoked(unknown) || ca.CRLNumber().Int64() != l.Number {
 			t.Fatalf("sweep %d: ca-crl.pem (number %v) names the expired certificate: %v, the other: %v", i, ca.CRLNumber(), ca.Revoked(serial), ca.Revoked(unknown))
 		}
+	}
+}
+
+// TestLocalRevocationsExpire: serials revoked in the CA directory only
+// (pki.CA.Revoke, RevokeIssuedTo: another process sharing it, a replica
+// whose store failed, a version before the store kept the list) and a
+// node's certificates only the directory's issued.txt lists (issued
+// before the store recorded issues) go into the store's list with their
+// certificates' expiry from issued.txt, and leave it once expired, as
+// those whose issue the store recorded do; a serial issued.txt does not
+// list goes in with the latest expiry of the CA certificates, which
+// bounds every certificate the CA signed, and leaves the list after it.
+// Before, all of them went in without an expiry and stayed for ever.
+func TestLocalRevocationsExpire(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	clk := clock.NewFake(time.Now())
+	r := newCASQLite(ctx, t, Config{Clock: clk})
+	ca, st, srv := r.ca, r.st, r.srv
+	issue := func(cn string) *x509.Certificate {
+		t.Helper()
+		iss, err := ca.Issue(pki.Request{CommonName: cn, Hosts: []string{"127.0.0.1"}, Usage: pki.ClientAuth, Lifetime: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return iss.Cert
+	}
+	byRevoke, byHolder, byRemoval := issue("n-7"), issue("n-8"), issue("n-9")
+	if err := ca.Revoke(byRevoke.SerialNumber); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ca.RevokeIssuedTo("n-8"); err != nil {
+		t.Fatal(err)
+	}
+	unknown := big.NewInt(0x5eed)
+	if err := ca.Revoke(unknown); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.syncCRL(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.revokeCerts(ctx, "n-9", nil); err != nil {
+		t.Fatal(err)
+	}
+	local := []*big.Int{byRevoke.SerialNumber, byHolder.SerialNumber, byRemoval.SerialNumber}
+	list := func() store.RevocationList {
+		t.Helper()
+		l, err := st.RevocationList(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	if l := list(); len(l.Revoked) != len(local)+1 {
+		t.Fatalf("the store's list: %v, want the %d serials revoked", l.Revoked, len(local)+1)
+	}
+	// Past the certificates' expiry.
+	clk.Advance(byRemoval.NotAfter.Sub(clk.Now()) + 2*time.Hour)
+	if err := srv.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l := list()
+	for i, n := range local {
+		if _, ok := l.Revoked[n.Text(16)]; ok || ca.Revoked(n) {
+			t.Errorf("certificate %d, revoked in the CA directory, is still on the list (number %d) after its expiry", i, l.Number)
+		}
+	}
+	if _, ok := l.Revoked[unknown.Text(16)]; !ok || !ca.Revoked(unknown) {
+		t.Fatal("the serial issued.txt does not list left the list before the CA certificate expired")
+	}
+	// Past the CA certificate's expiry.
+	clk.Advance(ca.Certificate().NotAfter.Sub(clk.Now()) + 2*time.Hour)
+	if err := srv.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l := list(); len(l.Revoked) != 0 || ca.Revoked(unknown) {
+		t.Errorf("after the CA certificate's expiry: %v on the list, want none", l.Revoked)
+	}
+}
+
+// TestDirectoryListAheadRecordedAbove: a replica whose CA directory's
+// list is ahead of the store's (a higher number: written before the
+// store kept the list) and revokes what the store's lacks records that
+// in the store under a number above its own list's at once: the store's
+// list, which holds a revocation the directory's lacks, never takes the
+// directory's list's number (another replica would sign it so, and an
+// agent holding the directory's list would never take it). Before, the
+// store's list took the revocation under its number raised by one, here
+// the directory's, and was raised above it only in the next round.
+func TestDirectoryListAheadRecordedAbove(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r := newCASQLite(ctx, t, Config{})
+	ca, st, srv := r.ca, r.st, r.srv
+	local := big.NewInt(0x5eed)
+	if err := ca.Revoke(local); err != nil {
+		t.Fatal(err)
+	}
+	dirNum := ca.CRLNumber().Int64()
+	// Another replica's revocation, in the store's list numbered one
+	// below the directory's.
+	if err := st.RaiseRevocationNumber(ctx, dirNum-2); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := st.Revoke(ctx, []store.RevokedCert{{Serial: "abc"}}, "", time.Now(), 0); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := st.RevocationList(ctx); err != nil || l.Number != dirNum-1 {
+		t.Fatalf("the store's list: %+v %v, want number %d", l, err, dirNum-1)
+	}
+	// Every number the store's list takes, as it commits.
+	db, err := sql.Open("sqlite", "file:"+r.path+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for _, q := range []string{`CREATE TABLE test_crl_numbers (number INTEGER NOT NULL)`,
+		`CREATE TRIGGER test_crl_numbers AFTER UPDATE OF number ON crl_number BEGIN INSERT INTO test_crl_numbers VALUES (NEW.number); END`} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := srv.syncCRL(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := db.QueryContext(ctx, `SELECT number FROM test_crl_numbers`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var numbers []int64
+	for rows.Next() {
+		var n int64
+		if err := rows.Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		numbers = append(numbers, n)
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(numbers, dirNum) {
+		t.Errorf("the store's list took the numbers %v: %d, the CA directory's list's, with a revocation that list lacks", numbers, dirNum)
+	}
+	l, err := st.RevocationList(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := l.Revoked[local.Text(16)]; !ok || l.Number <= dirNum || ca.CRLNumber().Int64() != l.Number || !ca.Revoked(big.NewInt(0xabc)) {
+		t.Errorf("after the sync: the store's list %+v, the directory's numbered %v; want both, one number above %d", l, ca.CRLNumber(), dirNum)
 	}
 }
 
@@ -431,7 +584,7 @@ func TestRotationWhileRunningKeepsRevocations(t *testing.T) {
 		t.Fatalf("the list handed out after a rotation: %v", err)
 	}
 	// Another replica removes the node: the store records its certificate.
-	if _, _, err := s.st.(store.Revocations).Revoke(ctx, []string{iss.Cert.SerialNumber.Text(16)}, "", time.Now()); err != nil {
+	if _, _, err := s.st.(store.Revocations).Revoke(ctx, []store.RevokedCert{{Serial: iss.Cert.SerialNumber.Text(16), NotAfter: iss.Cert.NotAfter}}, "", time.Now(), 0); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.syncCRL(ctx); err != nil {

@@ -143,13 +143,18 @@ func verifyAPIPeer(ca *pki.CA, cs tls.ConnectionState) error {
 // it. Refused in the handshake, the heartbeat of an agent whose node was
 // removed, or whose certificate was revoked, while it ran would fail
 // without an answer, on every new connection, and the agent would never
-// learn to join again; the 401 makes it join again at once.
+// learn to join again; the 401 makes it join again at once. It names the
+// protocols the API speaks (HTTP/2, HTTP/1.1) itself, and so does the
+// configuration a handshake takes once the CA trusts other certificates
+// (a rotation followed: pki.CA.ServerConfig's GetConfigForClient, a copy
+// of this one): it does not count on the server adding them to it.
 func APIServerTLS(ca *pki.CA, hosts []string) (*tls.Config, error) {
 	cfg, err := ca.ServerConfig(APIServerCN, hosts, tls.VerifyClientCertIfGiven, 0)
 	if err != nil {
 		return nil, err
 	}
 	cfg.VerifyConnection = nil
+	cfg.NextProtos = []string{"h2", "http/1.1"}
 	return cfg, nil
 }
 

@@ -41,16 +41,20 @@ type Adoption struct {
 	// same entries: another holder's revocation may land in the shared
 	// list before it is raised, and the list raised with it must not be
 	// signed with the number this directory's list, without it, has.
+	// With Missing, the shared list must reach it as it takes them, in one
+	// step: taking them under its number raised by one could number it as
+	// this directory's list, which lacks what the shared list held, and
+	// another holder would sign that list with that number.
 	MinNumber *big.Int
 }
 
 // Adopt makes the CA directory's revocation list (ca-crl.pem, re-read
 // first) the shared list l, signed with l's number and l's entries, once
 // l holds every serial the directory's list revokes but those l dropped
-// as expired (Missing otherwise)
-// and its number is higher than the directory's (MinNumber otherwise). A
-// directory already holding l (its entries, its number) is left as it
-// is.
+// as expired (Missing otherwise, with MinNumber when l's number is not
+// higher than the directory's) and its number is higher than the
+// directory's (MinNumber otherwise). A directory already holding l (its
+// entries, its number) is left as it is.
 func (ca *CA) Adopt(l SharedList) (Adoption, error) {
 	if l.Number == nil || l.Number.Sign() < 0 {
 		return Adoption{}, fmt.Errorf("%w: a shared revocation list needs a number", ErrBadRequest)
@@ -93,15 +97,15 @@ func (ca *CA) Adopt(l SharedList) (Adoption, error) {
 			out.Missing = append(out.Missing, n)
 		}
 	}
+	c := l.Number.Cmp(ca.crlNum)
+	if c < 0 || (c == 0 && !same) {
+		out.MinNumber = new(big.Int).Add(ca.crlNum, big.NewInt(1))
+	}
 	if len(out.Missing) > 0 {
 		sort.Slice(out.Missing, func(i, j int) bool { return out.Missing[i].Cmp(out.Missing[j]) < 0 })
 		return out, nil
 	}
-	switch c := l.Number.Cmp(ca.crlNum); {
-	case c == 0 && same:
-		return out, nil
-	case c <= 0:
-		out.MinNumber = new(big.Int).Add(ca.crlNum, big.NewInt(1))
+	if c <= 0 {
 		return out, nil
 	}
 	ca.revoked = make(map[string]time.Time, len(l.Revoked))

@@ -15,8 +15,8 @@ import (
 // list sign the same entries with the same number, which a reader taking
 // the higher number takes from either, and refuse the certificates it
 // names. A copy whose own list revokes what the shared one does not, or
-// has a higher number, says so (Missing, MinNumber) and is left as it
-// is; adopting the list it holds changes nothing; IssuedTo lists a
+// has a higher number, says so (Missing, MinNumber; both when both) and
+// is left as it is; adopting the list it holds changes nothing; IssuedTo lists a
 // holder's certificates without revoking them.
 func TestAdopt(t *testing.T) {
 	clk := newClock()
@@ -41,6 +41,11 @@ func TestAdopt(t *testing.T) {
 	ad, err := b.Adopt(shared)
 	if err != nil || len(ad.Missing) != 1 || ad.Missing[0].Cmp(local) != 0 || ad.Changed {
 		t.Fatalf("adopting a list without B's own revocation: %+v %v", ad, err)
+	}
+	// Numbered as B's list: B's revocation must go into it with a number
+	// above B's, at once.
+	if ad, err := b.Adopt(SharedList{Number: big.NewInt(2), Revoked: shared.Revoked}); err != nil || len(ad.Missing) != 1 || ad.MinNumber == nil || ad.MinNumber.Int64() != 3 || ad.Changed {
+		t.Fatalf("adopting a list numbered as B's, without B's own revocation: %+v %v", ad, err)
 	}
 	shared.Revoked[local.Text(16)] = at
 	// A's list is numbered 1 (as created): a list as high with other

@@ -4,12 +4,41 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 )
+
+// TestNotAfter: the expiry of a serial the index lists is the one it
+// records, expired already too (still in the file); of one it does not
+// list, the latest expiry of the CA certificates trusted, a rotation's
+// new one included.
+func TestNotAfter(t *testing.T) {
+	clk := newClock()
+	ca := openCA(t, t.TempDir(), clk)
+	iss, err := ca.Issue(Request{CommonName: "node-a", Hosts: []string{"127.0.0.1"}, Usage: ClientAuth, Lifetime: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.Add(time.Hour) // it has expired
+	if err := ca.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	unknown := big.NewInt(0x5eed)
+	got, err := ca.NotAfter([]*big.Int{iss.Cert.SerialNumber, unknown})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got[0].Equal(iss.Cert.NotAfter) {
+		t.Errorf("the expiry of an issued certificate: %v, want %v", got[0], iss.Cert.NotAfter)
+	}
+	if bound := ca.Certificate().NotAfter; !got[1].Equal(bound) || !bound.After(iss.Cert.NotAfter) {
+		t.Errorf("the expiry of an unknown serial: %v, want the new CA certificate's %v", got[1], bound)
+	}
+}
 
 // TestRevokeIssuedTo: every unexpired certificate issued to a holder is
 // revoked at once (a removed node's current and renewed certificates),

@@ -73,6 +73,12 @@ func (ca *CA) record(cert *x509.Certificate) error {
 
 // readIndex reads the index, without the entries already expired.
 func (ca *CA) readIndex() ([]indexEntry, error) {
+	return ca.readIndexAfter(ca.now())
+}
+
+// readIndexAfter reads the index, without the entries expired at t (the
+// zero time: none left out).
+func (ca *CA) readIndexAfter(t time.Time) ([]indexEntry, error) {
 	b, err := os.ReadFile(filepath.Join(ca.dir, IndexFile))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -80,7 +86,6 @@ func (ca *CA) readIndex() ([]indexEntry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pki: index: %w", err)
 	}
-	now := ca.now()
 	var out []indexEntry
 	// Line by line, whatever their length: a line too long for a
 	// bufio.Scanner would end the read there and drop the entries after
@@ -97,7 +102,7 @@ func (ca *CA) readIndex() ([]indexEntry, error) {
 			continue
 		}
 		e := indexEntry{serial: serial, notAfter: time.Unix(sec, 0), cn: f[2]}
-		if e.notAfter.After(now) {
+		if e.notAfter.After(t) {
 			out = append(out, e)
 		}
 	}
@@ -165,6 +170,49 @@ func (ca *CA) RevokeIssuedTo(commonName string) ([]*big.Int, error) {
 		}
 	}
 	return out, ca.writeIndex(entries)
+}
+
+// NotAfter returns when the certificate of each of serials expires: as
+// the index records it, or, for a serial it does not list (issued by
+// another copy of the directory, or dropped from the index once
+// expired), the latest expiry of the CA certificates trusted. That bounds
+// every certificate they signed: sign caps a certificate's expiry at its
+// signer's, and a chain through an expired CA certificate verifies
+// nowhere. (A certificate of a CA this directory does not trust, such as
+// one a rotation in another copy made that this copy has not taken yet,
+// is not bounded so: its issue must be known, as a replica's store
+// records it.)
+func (ca *CA) NotAfter(serials []*big.Int) ([]time.Time, error) {
+	unlock, err := lockDir(ca.dir)
+	if err != nil {
+		return nil, err
+	}
+	entries, err := ca.readIndexAfter(time.Time{})
+	unlock()
+	if err != nil {
+		return nil, err
+	}
+	known := make(map[string]time.Time, len(entries))
+	for _, e := range entries {
+		known[e.serial.Text(16)] = e.notAfter
+	}
+	var bound time.Time
+	ca.mu.RLock()
+	for _, c := range ca.trusted {
+		if c.NotAfter.After(bound) {
+			bound = c.NotAfter
+		}
+	}
+	ca.mu.RUnlock()
+	out := make([]time.Time, len(serials))
+	for i, n := range serials {
+		if t, ok := known[n.Text(16)]; ok {
+			out[i] = t
+		} else {
+			out[i] = bound
+		}
+	}
+	return out, nil
 }
 
 // CRLNumber is the number of the current revocation list (it grows with

@@ -33,8 +33,11 @@ func (ca *CA) ServerConfig(commonName string, hosts []string, clientAuth tls.Cli
 	if clientAuth != tls.NoClientCert {
 		// Once the CA trusts other certificates: the configuration as the
 		// caller left it (cfg, changed after this returns), with the pool
-		// of now. Without the NextProtos a server (net/http) adds to its
-		// copy: such a handshake speaks HTTP/1.1, until a restart.
+		// of now. It has the NextProtos the caller set on cfg, not those
+		// a server set on a copy of its own: a caller serving HTTP/2
+		// names them on cfg (controlplane.APIServerTLS). (net/http's
+		// ServeTLS adds h2 and http/1.1 to the configuration it is given
+		// too, but that is its way, not its promise.)
 		start := cfg.ClientCAs
 		cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
 			pool := ca.Pool()

@@ -486,12 +486,18 @@ type Revocations interface {
 	// name: a node's ID, expiry), so that any replica can revoke it by
 	// its common name. Records expired at now are forgotten.
 	RecordIssued(ctx context.Context, serial, commonName string, notAfter, now time.Time) error
-	// Revoke revokes serials and every certificate recorded as issued to
+	// Revoke revokes certs and every certificate recorded as issued to
 	// commonName ("": none) not yet expired at at, and returns those it
 	// revoked that were not revoked already (added), and every serial it
-	// named (named: serials and commonName's, revoked already or now). A
-	// call that revoked any raises the list's number by one.
-	Revoke(ctx context.Context, serials []string, commonName string, at time.Time) (added, named []string, err error)
+	// named (named: certs' and commonName's, revoked already or now). A
+	// call that revoked any raises the list's number by one, or to
+	// minNumber if that is higher (a CA directory whose own list has a
+	// number as high records what it revokes under one above it at once,
+	// never under its own list's number: RaiseRevocationNumber). Each is
+	// recorded with its certificate's expiry (ExpireRevoked): the one
+	// recorded with its issue (RecordIssued), or else the one certs
+	// gives.
+	Revoke(ctx context.Context, certs []RevokedCert, commonName string, at time.Time, minNumber int64) (added, named []string, err error)
 	// RevocationList returns the serials revoked and the list's number,
 	// as one snapshot: every replica signs the same entries with the same
 	// number.
@@ -502,13 +508,23 @@ type Revocations interface {
 	RaiseRevocationNumber(ctx context.Context, min int64) error
 	// ExpireRevoked drops from the list the serials whose certificates
 	// expired before before (their expiry known: recorded as issued when
-	// they were revoked; those of unknown expiry stay), raising the
+	// they were revoked, or given to Revoke; those of unknown expiry
+	// stay), raising the
 	// list's number by one if it dropped any, and returns how many it
 	// dropped. They stay recorded as expired (RevocationList.Expired),
 	// and a later Revoke of one of them leaves it so. A certificate
 	// expired is refused by every check of a peer, which verifies its
 	// validity period.
 	ExpireRevoked(ctx context.Context, before time.Time) (int, error)
+}
+
+// RevokedCert is a certificate to revoke (Revocations.Revoke): its
+// serial number (hex) and its expiry, which the list drops it after
+// (ExpireRevoked). A zero NotAfter is an expiry unknown: unless its issue
+// was recorded, the serial stays on the list for ever.
+type RevokedCert struct {
+	Serial   string
+	NotAfter time.Time
 }
 
 // RevocationList is the store's revocation list (Revocations).

@@ -24,11 +24,13 @@ func (s *Core) RecordIssued(ctx context.Context, serial, commonName string, notA
 	})
 }
 
-// Revoke revokes serials and the certificates recorded as issued to
+// Revoke revokes certs and the certificates recorded as issued to
 // commonName, raising the list's number once if it revoked any, and
-// returns those it revoked and those it named (store.Revocations).
-// Revocations are serial: each holds the number's row.
-func (s *Core) Revoke(ctx context.Context, serials []string, commonName string, at time.Time) (added, named []string, err error) {
+// returns those it revoked and those it named (store.Revocations). Each
+// takes the expiry recorded with its issue, or else the one certs gives.
+// The number raised is at least minNumber. Revocations are serial: each
+// holds the number's row.
+func (s *Core) Revoke(ctx context.Context, certs []store.RevokedCert, commonName string, at time.Time, minNumber int64) (added, named []string, err error) {
 	var out []string
 	err = s.tx(ctx, func(tx Execer) error {
 		out, named = nil, nil
@@ -36,7 +38,14 @@ func (s *Core) Revoke(ctx context.Context, serials []string, commonName string, 
 		if err := tx.QueryRowContext(ctx, `SELECT number FROM crl_number WHERE one = 1`+s.d.ForUpdate()).Scan(&num); err != nil {
 			return s.wrap("revoke", err)
 		}
-		all := append([]string(nil), serials...)
+		var all []string
+		notAfter := map[string]sql.NullInt64{}
+		for _, c := range certs {
+			all = append(all, c.Serial)
+			if !c.NotAfter.IsZero() {
+				notAfter[c.Serial] = sql.NullInt64{Int64: c.NotAfter.Unix(), Valid: true}
+			}
+		}
 		if commonName != "" {
 			rows, err := tx.QueryContext(ctx, `SELECT serial FROM issued_certs WHERE common_name = ? AND not_after > ? ORDER BY serial`, commonName, at.Unix())
 			if err != nil {
@@ -62,7 +71,7 @@ func (s *Core) Revoke(ctx context.Context, serials []string, commonName string, 
 			seen[x] = true
 			named = append(named, x)
 			r, err := tx.ExecContext(ctx, `INSERT INTO revoked_certs (serial, revoked_at, not_after)
-				VALUES (?, ?, (SELECT i.not_after FROM issued_certs i WHERE i.serial = ?)) ON CONFLICT (serial) DO NOTHING`, x, at.Unix(), x)
+				VALUES (?, ?, COALESCE((SELECT i.not_after FROM issued_certs i WHERE i.serial = ?), ?)) ON CONFLICT (serial) DO NOTHING`, x, at.Unix(), x, notAfter[x])
 			if err != nil {
 				return s.wrap("revoke", err)
 			}
@@ -73,7 +82,7 @@ func (s *Core) Revoke(ctx context.Context, serials []string, commonName string, 
 			}
 		}
 		if len(out) > 0 {
-			if _, err := tx.ExecContext(ctx, `UPDATE crl_number SET number = ? WHERE one = 1`, num+1); err != nil {
+			if _, err := tx.ExecContext(ctx, `UPDATE crl_number SET number = ? WHERE one = 1`, max(num+1, minNumber)); err != nil {
 				return s.wrap("revoke", err)
 			}
 		}

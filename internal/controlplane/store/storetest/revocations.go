@@ -17,11 +17,12 @@ import (
 // as issued through one is revoked through the other by its common name
 // (only its holder's, only those not expired); serials are revoked once
 // (a second revocation returns none and leaves the number); each call
-// that revoked any raises the number by one, and every reader sees the
-// same entries with the same number; the number is raised to a minimum,
+// that revoked any raises the number by one (or to the minimum it is
+// given), and every reader sees the same entries with the same number; the number is raised to a minimum,
 // never lowered; concurrent revocations of other serials each raise it;
-// the serials whose certificates expired (expiry known from their issue)
-// leave the list, under a higher number, and stay recorded as expired.
+// the serials whose certificates expired (expiry known from their issue,
+// or else given with the serial) leave the list, under a higher number,
+// and stay recorded as expired.
 func testRevocations(t *testing.T, o Options) {
 	ctx := context.Background()
 	s := open(t, o)
@@ -66,7 +67,7 @@ func testRevocations(t *testing.T, o Options) {
 			t.Fatal(err)
 		}
 	}
-	got, named, err := other.Revoke(ctx, nil, "node-1", now)
+	got, named, err := other.Revoke(ctx, nil, "node-1", now, 0)
 	slices.Sort(got)
 	slices.Sort(named)
 	if err != nil || !slices.Equal(got, []string{"a1", "a2"}) || !slices.Equal(named, got) {
@@ -79,31 +80,46 @@ func testRevocations(t *testing.T, o Options) {
 	}
 	// Named again: none added, every one named (a removal tried again
 	// reports them).
-	if got, named, err := rv.Revoke(ctx, []string{"a2"}, "node-1", now); err != nil || len(got) != 0 || !slices.Equal(slices.Sorted(slices.Values(named)), []string{"a1", "a2"}) {
+	if got, named, err := rv.Revoke(ctx, unknownExpiry("a2"), "node-1", now, 0); err != nil || len(got) != 0 || !slices.Equal(slices.Sorted(slices.Values(named)), []string{"a1", "a2"}) {
 		t.Fatalf("revoking them again: %v (named %v) %v", got, named, err)
 	}
 	want("revoked again", 1, "a1", "a2")
-	if got, named, err := rv.Revoke(ctx, []string{"c1", "a1", "c1"}, "", now); err != nil || !slices.Equal(got, []string{"c1"}) || !slices.Equal(named, []string{"c1", "a1"}) {
+	if got, named, err := rv.Revoke(ctx, unknownExpiry("c1", "a1", "c1"), "", now, 0); err != nil || !slices.Equal(got, []string{"c1"}) || !slices.Equal(named, []string{"c1", "a1"}) {
 		t.Fatalf("revoking serials: %v (named %v) %v", got, named, err)
 	}
 	want("a serial more", 2, "a1", "a2", "c1")
+	// A minimum number below the number raised by one is no more; one
+	// above is the number (a CA directory whose list is ahead); a call
+	// that revoked none raises nothing.
+	if got, _, err := rv.Revoke(ctx, unknownExpiry("c2"), "", now, 1); err != nil || !slices.Equal(got, []string{"c2"}) {
+		t.Fatalf("revoking with a lower minimum number: %v %v", got, err)
+	}
+	want("a lower minimum", 3, "a1", "a2", "c1", "c2")
+	if got, _, err := other.Revoke(ctx, unknownExpiry("c3"), "", now, 10); err != nil || !slices.Equal(got, []string{"c3"}) {
+		t.Fatalf("revoking with a higher minimum number: %v %v", got, err)
+	}
+	want("a higher minimum", 10, "a1", "a2", "c1", "c2", "c3")
+	if got, _, err := rv.Revoke(ctx, unknownExpiry("c1"), "", now, 20); err != nil || len(got) != 0 {
+		t.Fatalf("revoking a revoked serial with a minimum number: %v %v", got, err)
+	}
+	want("none revoked", 10, "a1", "a2", "c1", "c2", "c3")
 	if err := other.RaiseRevocationNumber(ctx, 40); err != nil {
 		t.Fatal(err)
 	}
-	want("raised", 40, "a1", "a2", "c1")
+	want("raised", 40, "a1", "a2", "c1", "c2", "c3")
 	if err := rv.RaiseRevocationNumber(ctx, 7); err != nil {
 		t.Fatal(err)
 	}
-	want("not lowered", 40, "a1", "a2", "c1")
+	want("not lowered", 40, "a1", "a2", "c1", "c2", "c3")
 	// Records expired at a later issue are forgotten: node-2's b1 is no
 	// longer revoked by its common name once it expired.
 	if err := rv.RecordIssued(ctx, "b2", "node-2", now.Add(4*time.Hour), now.Add(2*time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	if got, _, err := other.Revoke(ctx, nil, "node-2", now.Add(2*time.Hour)); err != nil || !slices.Equal(got, []string{"b2"}) {
+	if got, _, err := other.Revoke(ctx, nil, "node-2", now.Add(2*time.Hour), 0); err != nil || !slices.Equal(got, []string{"b2"}) {
 		t.Fatalf("revoking node-2's: %v %v", got, err)
 	}
-	want("node-2's", 41, "a1", "a2", "c1", "b2")
+	want("node-2's", 41, "a1", "a2", "c1", "c2", "c3", "b2")
 
 	// Concurrent revocations, through both replicas: each raises the
 	// number.
@@ -115,7 +131,7 @@ func testRevocations(t *testing.T, o Options) {
 		go func() {
 			defer wg.Done()
 			r := readers[i%len(readers)]
-			got, _, err := r.Revoke(ctx, []string{fmt.Sprintf("d%d", i)}, "", now)
+			got, _, err := r.Revoke(ctx, unknownExpiry(fmt.Sprintf("d%d", i)), "", now, 0)
 			if err == nil && len(got) != 1 {
 				err = fmt.Errorf("revoking d%d: %v", i, got)
 			}
@@ -129,31 +145,52 @@ func testRevocations(t *testing.T, o Options) {
 			t.Fatal(err)
 		}
 	}
-	all := []string{"a1", "a2", "c1", "b2"}
+	all := []string{"a1", "a2", "c1", "c2", "c3", "b2"}
 	for i := range n {
 		all = append(all, fmt.Sprintf("d%d", i))
 	}
 	want("after concurrent revocations", 41+n, all...)
 
-	// Expired certificates leave the list (a1: its expiry recorded with
-	// its issue), under a higher number; those of unknown expiry (c1, the
-	// d's) stay; a1 is recorded as expired, and revoking it again leaves
-	// it so.
-	if got, err := other.ExpireRevoked(ctx, now.Add(90*time.Minute)); err != nil || got != 1 {
-		t.Fatalf("expiring: %d %v, want 1", got, err)
+	// An expiry given with a serial counts where the store recorded none
+	// with its issue (e1); the recorded one wins (f1, recorded as issued
+	// to expire in three hours, is given one of now).
+	if err := rv.RecordIssued(ctx, "f1", "node-3", now.Add(3*time.Hour), now); err != nil {
+		t.Fatal(err)
 	}
-	live := slices.DeleteFunc(slices.Clone(all), func(x string) bool { return x == "a1" })
-	want("expired", 42+n, live...)
+	if got, _, err := other.Revoke(ctx, []store.RevokedCert{{Serial: "e1", NotAfter: now.Add(time.Hour)}, {Serial: "f1", NotAfter: now}}, "", now, 0); err != nil || len(got) != 2 {
+		t.Fatalf("revoking serials with their expiry: %v %v", got, err)
+	}
+	all = append(all, "e1", "f1")
+	want("with their expiry", 42+n, all...)
+
+	// Expired certificates leave the list (a1: its expiry recorded with
+	// its issue; e1: given), under a higher number; those of unknown
+	// expiry (c1, the d's) stay; a1 is recorded as expired, and revoking
+	// it again leaves it so.
+	if got, err := other.ExpireRevoked(ctx, now.Add(90*time.Minute)); err != nil || got != 2 {
+		t.Fatalf("expiring: %d %v, want 2", got, err)
+	}
+	live := slices.DeleteFunc(slices.Clone(all), func(x string) bool { return x == "a1" || x == "e1" })
+	want("expired", 43+n, live...)
 	if got, err := rv.ExpireRevoked(ctx, now.Add(90*time.Minute)); err != nil || got != 0 {
 		t.Fatalf("expiring again: %d %v, want none", got, err)
 	}
-	if got, _, err := rv.Revoke(ctx, []string{"a1"}, "", now); err != nil || len(got) != 0 {
+	if got, _, err := rv.Revoke(ctx, unknownExpiry("a1"), "", now, 0); err != nil || len(got) != 0 {
 		t.Fatalf("revoking an expired serial again: %v %v, want none added", got, err)
 	}
-	want("expired, revoked again", 42+n, live...)
+	want("expired, revoked again", 43+n, live...)
 	for i, r := range readers {
-		if l, err := r.RevocationList(ctx); err != nil || !l.Expired["a1"] || len(l.Expired) != 1 {
-			t.Fatalf("the expired (reader %d): %v %v, want a1", i, l.Expired, err)
+		if l, err := r.RevocationList(ctx); err != nil || !l.Expired["a1"] || !l.Expired["e1"] || len(l.Expired) != 2 {
+			t.Fatalf("the expired (reader %d): %v %v, want a1 and e1", i, l.Expired, err)
 		}
 	}
+}
+
+// unknownExpiry are serials to revoke, their expiry not given.
+func unknownExpiry(serials ...string) []store.RevokedCert {
+	out := make([]store.RevokedCert, len(serials))
+	for i, s := range serials {
+		out[i] = store.RevokedCert{Serial: s}
+	}
+	return out
 }
