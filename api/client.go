@@ -224,6 +224,14 @@ func (c *Client) NodeCertificate(ctx context.Context, nodeID string, r NodeCerti
 	return out, err
 }
 
+// CACertificates returns the cluster CA's certificates the control plane
+// trusts, without them (only their hash) when their hash is caHash.
+func (c *Client) CACertificates(ctx context.Context, caHash string) (CACertificates, error) {
+	var out CACertificates
+	err := c.Do(ctx, http.MethodGet, "/v1/ca-certificates?ca_hash="+url.QueryEscape(caHash), nil, &out)
+	return out, err
+}
+
 // Heartbeat reports an agent's health (c must carry the node credential).
 func (c *Client) Heartbeat(ctx context.Context, nodeID string, h Heartbeat) (HeartbeatResponse, error) {
 	var out HeartbeatResponse

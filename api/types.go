@@ -550,6 +550,20 @@ type NodeCertificateResponse struct {
 	CACertificate string `json:"ca_certificate"`
 }
 
+// CACertificates is the answer of GET /v1/ca-certificates: the cluster
+// CA's certificates the control plane trusts (its ca-cert.pem: after a
+// `rialto ca rotate`, the new CA's and the old one's), which a
+// long-running client (rialto attach) verifies the control plane and
+// lenders' data planes with from then on.
+type CACertificates struct {
+	// CAHash identifies them: the hex SHA-256 of their DER, in order (as
+	// Heartbeat.CAHash).
+	CAHash string `json:"ca_hash"`
+	// CACertificate is them (PEM); absent when CAHash is the request's
+	// ca_hash (the caller has them).
+	CACertificate string `json:"ca_certificate,omitempty"`
+}
+
 // Heartbeat is an agent's periodic report.
 type Heartbeat struct {
 	Health string       `json:"health"` // "ok" or a description of trouble

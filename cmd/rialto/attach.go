@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -51,6 +52,11 @@ type attachState struct {
 	Iface  string   `json:"iface,omitempty"`
 	Addr   string   `json:"addr,omitempty"`
 	Routes []string `json:"routes,omitempty"`
+	// CACertificates are the SHA-256 fingerprints (hex, as `rialto ca
+	// show` prints them) of the CA certificates the attachment verifies
+	// the control plane and lenders with: those of --cacert, or the
+	// control plane's since a CA rotation (caFollower).
+	CACertificates []string `json:"ca_certificates,omitempty"`
 }
 
 // attachDir is where attachments are recorded: $XDG_RUNTIME_DIR/rialto, or
@@ -120,7 +126,7 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 	nf.register(fs)
 	writeBack := fs.Bool("write-back", false, "block: acknowledge a plain write once sent to its lenders, before their replies (faster writes, slower FLUSH; FLUSH and FUA stay durable; docs/composition.md)")
 	timeout := fs.Duration("timeout", 0, "declare a part failed when a request takes longer (default 30s)")
-	watch := fs.Duration("watch", 5*time.Second, "how often to check that the lease is still active (0: never)")
+	watch := fs.Duration("watch", 5*time.Second, "how often to check that the lease is still active, and with --cacert whether the control plane's CA certificates changed (a CA rotation: attach verifies with them from then on) (0: never)")
 	level := fs.String("log-level", "warn", "debug, info, warn or error")
 	return func(ctx context.Context, pos []string) error {
 		switch {
@@ -133,11 +139,16 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
+		// The CA certificates follow a CA rotation while attach runs
+		// (holdAttachment asks the control plane at each --watch).
+		if err := cf.followRoots(); err != nil {
+			return err
+		}
 		c, err := cf.client()
 		if err != nil {
 			return err
 		}
-		dataTLS, err := cf.dataTLS()
+		dataTLS, err := cf.dataTLSFunc()
 		if err != nil {
 			return err
 		}
@@ -152,7 +163,11 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 			return usagef("--fuse serves block leases; lease %s is %s %s lease", l.ID, l.Kind.Article(), l.Kind)
 		}
 		if l.Kind == api.KindNIC {
-			return attachNIC(ctx, e, c, &cf, l, nf, *conns, dataTLS, *watch, log)
+			var nicTLS *tls.Config
+			if dataTLS != nil {
+				nicTLS = dataTLS()
+			}
+			return attachNIC(ctx, e, c, &cf, l, nf, *conns, nicTLS, *watch, log)
 		}
 		if l.Kind == api.KindAccel {
 			return fmt.Errorf("lease %s is an accel lease; attach serves block, memory and nic leases: run an accelerator lease's role with `rialto accel run %s ROLE INPUT`", l.ID, l.ID)
@@ -221,7 +236,7 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 			return fmt.Errorf("attach %s: %w", l.ID, err)
 		}
 		st := attachState{ID: l.ID, State: "attached", PID: os.Getpid(), URI: att.URI(), Size: att.Volume().Size(),
-			Parts: parts, Control: ctlPath, Started: time.Now().UTC(), WriteBack: att.WriteBack()}
+			Parts: parts, Control: ctlPath, Started: time.Now().UTC(), WriteBack: att.WriteBack(), CACertificates: cf.caFingerprints()}
 		if err := recordAttachment(file, st); err != nil {
 			att.Close()
 			os.Remove(ctlPath)
@@ -239,7 +254,8 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 				l.ID, parts, profPlural(parts, "part"), resource.FormatSize(st.Size), cache, l.ID)
 		}
 		// Close removes the socket.
-		return holdAttachment(ctx, c, l, ctl, file, ctlPath, *watch, attachHooks{close: att.Close, pending: volumeWaits(att.Volume())})
+		return holdAttachment(ctx, c, l, ctl, file, ctlPath, *watch, attachHooks{close: att.Close, pending: volumeWaits(att.Volume()),
+			ca: cf.caFollower(c, log)})
 	}
 }
 
@@ -265,6 +281,9 @@ type attachHooks struct {
 	gone <-chan struct{}
 	// goneErr is what holdAttachment returns then.
 	goneErr error
+	// ca, if set, is asked at each watch for CA certificates that changed
+	// (a CA rotation); those in use are recorded in the state file.
+	ca *caFollower
 	// pending, if set, returns per part (in layout order) what its lender
 	// has not answered (writes, the final flush): what a "pending" on the
 	// control socket is answered with (detach asks when the attachment did
@@ -326,6 +345,19 @@ func holdAttachment(ctx context.Context, c *api.Client, l api.Lease, ctl net.Lis
 		names.Store(&m)
 	}
 	learnNames(l)
+	// The CA certificates the attachment verifies with once they changed
+	// (the kinds record those of its start: caFingerprints), for an
+	// operator to check that it follows a rotation (docs/operations.md).
+	recordCAs := func() {
+		st, err := readAttachState(file)
+		if err == nil {
+			st.CACertificates = fingerprints(h.ca.roots.Certs())
+			err = recordAttachment(file, st)
+		}
+		if err != nil {
+			h.ca.log.Warn("recording the CA certificates in use", "err", err)
+		}
+	}
 	// Serve until the context ends or detach asks on the control socket.
 	// A detach asked once the attachment is closing (another `rialto
 	// detach`, waiting longer) is held in late, the accept loop's until it
@@ -401,6 +433,9 @@ wait:
 			asker.Close()
 			asker = nil
 		case <-tick:
+			if h.ca != nil && h.ca.check(ctx) {
+				recordCAs()
+			}
 			cur, err := c.Lease(ctx, l.ID)
 			if err == nil && cur.State.Terminal() {
 				ended = fmt.Errorf("lease %s is %s; detached", l.ID, cur.State)

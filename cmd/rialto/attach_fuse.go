@@ -52,7 +52,7 @@ func attachFUSE(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l a
 	// covered before it closes, as the NBD export's Close does.
 	closeAll := func() error { return errors.Join(m.Close(), vol.Shutdown()) }
 	st := attachState{ID: l.ID, State: "attached", PID: os.Getpid(), File: m.Path(), Size: vol.Size(),
-		Parts: parts, Control: ctlPath, Started: m.Started().UTC()}
+		Parts: parts, Control: ctlPath, Started: m.Started().UTC(), CACertificates: cf.caFingerprints()}
 	if err := recordAttachment(file, st); err != nil {
 		closeAll()
 		os.Remove(ctlPath)
@@ -66,5 +66,6 @@ func attachFUSE(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l a
 			l.ID, parts, profPlural(parts, "part"), resource.FormatSize(st.Size), m.Path(), l.ID)
 	}
 	return holdAttachment(ctx, c, l, ctl, file, ctlPath, watch, attachHooks{close: closeAll, detachable: m.Unmount, pending: volumeWaits(vol),
+		ca:   cf.caFollower(c, cfg.Logger),
 		gone: m.Done(), goneErr: fmt.Errorf("%s was unmounted; detached lease %s", dir, l.ID)})
 }

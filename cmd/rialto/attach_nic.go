@@ -64,7 +64,7 @@ func attachNIC(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l ap
 	}
 	waitMembers(ctx, e, ifc, 10*time.Second)
 	st := attachState{ID: l.ID, State: "attached", PID: os.Getpid(), Size: l.Size, Parts: len(l.Parts), Control: ctlPath,
-		Started: time.Now().UTC(), Iface: ifc.Name(), Addr: ifc.Addr().String()}
+		Started: time.Now().UTC(), Iface: ifc.Name(), Addr: ifc.Addr().String(), CACertificates: cf.caFingerprints()}
 	for _, r := range ifc.Routes() {
 		st.Routes = append(st.Routes, r.String())
 	}
@@ -92,7 +92,7 @@ func attachNIC(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l ap
 				i, l.ID, ifc.Lenders())
 		}
 	}
-	return holdAttachment(ctx, c, l, ctl, file, ctlPath, watch, attachHooks{close: ifc.Close, follow: follow})
+	return holdAttachment(ctx, c, l, ctl, file, ctlPath, watch, attachHooks{close: ifc.Close, follow: follow, ca: cf.caFollower(c, log)})
 }
 
 // waitMembers waits (at most max) until every lender of the interface is

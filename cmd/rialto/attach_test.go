@@ -70,6 +70,14 @@ func runIn(t *testing.T, c *testcluster.Cluster, runtime string, args ...string)
 // and a channel with its exit code.
 func attached(t *testing.T, c *testcluster.Cluster, runtime string, args ...string) (string, <-chan int) {
 	t.Helper()
+	uri, done, _ := attachedErr(t, c, runtime, args...)
+	return uri, done
+}
+
+// attachedErr is attached, and returns what attach writes on stderr too
+// (its log).
+func attachedErr(t *testing.T, c *testcluster.Cluster, runtime string, args ...string) (string, <-chan int, *syncBuffer) {
+	t.Helper()
 	var out, errb syncBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
@@ -97,7 +105,7 @@ func attached(t *testing.T, c *testcluster.Cluster, runtime string, args ...stri
 		uri = line
 		return ok
 	})
-	return uri, done
+	return uri, done, &errb
 }
 
 // awaitExit returns the exit code attach sends on done, failing the test

@@ -3,18 +3,21 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/pflag"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/borrower"
 	"github.com/rialto-project/rialto/internal/controlplane"
 	"github.com/rialto-project/rialto/internal/pki"
 )
@@ -26,6 +29,10 @@ type clientFlags struct {
 	addr, token, caCert string
 	tokenS              *secret // --token-file, --token @FILE, RIALTO_TOKEN
 	out                 *output
+	// roots, once followRoots made them, are the CA certificates of
+	// --cacert as they change while the verb runs: client and dataTLS
+	// verify with those in use at each dial.
+	roots *pki.Roots
 }
 
 // addrFlag defines --addr, the control plane's URL (env RIALTO_ADDR),
@@ -52,6 +59,9 @@ func (cf *clientFlags) client() (*api.Client, error) {
 	}
 	if err := cf.resolveToken(); err != nil {
 		return nil, err
+	}
+	if cf.roots != nil {
+		return api.NewClient(addr, cf.token, &http.Client{Timeout: 2 * time.Minute, Transport: &rootsTransport{roots: cf.roots}}), nil
 	}
 	hc, err := api.HTTPClient(cf.caCert, 2*time.Minute)
 	if err != nil {
@@ -109,12 +119,81 @@ func (cf *clientFlags) dataTLS() (*tls.Config, error) {
 	if cf.caCert == "" {
 		return nil, nil
 	}
+	if cf.roots != nil {
+		return cf.roots.ClientTLS(), nil
+	}
 	cfg, err := pki.LoadClientTLS(cf.caCert)
 	if err != nil {
 		return nil, fmt.Errorf("%w (--cacert, RIALTO_CACERT)", err)
 	}
 	return cfg, nil
 }
+
+// followRoots makes the verb verify the control plane (client) and the
+// data planes (dataTLS, dataTLSFunc) with the CA certificates of --cacert
+// as they change while it runs (pki.Roots: followCA changes them), rather
+// than with those the file held at its start: a long-running borrower
+// (rialto attach). Without --cacert it does nothing.
+func (cf *clientFlags) followRoots() error {
+	if cf.caCert == "" || cf.roots != nil {
+		return nil
+	}
+	r, err := pki.LoadRoots(cf.caCert)
+	if err != nil {
+		return fmt.Errorf("%w (--cacert, RIALTO_CACERT)", err)
+	}
+	cf.roots = r
+	return nil
+}
+
+// dataTLSFunc returns the client configuration for the data planes at
+// each dial (see dataTLS): that of the CA certificates in use then, once
+// followRoots made them; nil without --cacert.
+func (cf *clientFlags) dataTLSFunc() (func() *tls.Config, error) {
+	if cf.roots != nil {
+		return cf.roots.ClientTLS, nil
+	}
+	cfg, err := cf.dataTLS()
+	if err != nil {
+		return nil, err
+	}
+	return borrower.StaticTLS(cfg), nil
+}
+
+// rootsTransport is the API client's transport once followRoots made the
+// CA certificates follow: it verifies the control plane (a control
+// plane's certificate: controlPlaneOnly) with those in use, and is made
+// anew when they change. Connections made before keep the server they
+// verified; the idle ones are closed, so that the next calls verify anew.
+type rootsTransport struct {
+	roots *pki.Roots
+
+	mu   sync.Mutex
+	pool *x509.CertPool // cur's
+	cur  *http.Transport
+}
+
+func (t *rootsTransport) transport() *http.Transport {
+	pool := t.roots.Pool()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.cur == nil || pool != t.pool {
+		if t.cur != nil {
+			t.cur.CloseIdleConnections()
+		}
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, VerifyConnection: controlPlaneOnly}
+		t.cur, t.pool = tr, pool
+	}
+	return t.cur
+}
+
+func (t *rootsTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	return t.transport().RoundTrip(r)
+}
+
+// CloseIdleConnections is what http.Client.CloseIdleConnections calls.
+func (t *rootsTransport) CloseIdleConnections() { t.transport().CloseIdleConnections() }
 
 func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)

@@ -253,7 +253,7 @@ func superviseVM(ctx context.Context, e *env, cf *clientFlags, f vmRunFlags, mem
 		if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("VM %s: stale disk socket: %w", f.name, err)
 		}
-		att, err := borrower.Attach(ctx, c, l, borrower.AttachConfig{Listen: "unix:" + sock, TLS: dataTLS, Logger: log})
+		att, err := borrower.Attach(ctx, c, l, borrower.AttachConfig{Listen: "unix:" + sock, TLS: borrower.StaticTLS(dataTLS), Logger: log})
 		if err != nil {
 			return fmt.Errorf("attach %s: %w", l.ID, err)
 		}

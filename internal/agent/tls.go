@@ -207,20 +207,10 @@ func (a *Agent) storedCA(base string) ([]*x509.Certificate, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
-	if err := checkCAs(certs); err != nil {
+	if err := pki.CheckCAs(certs); err != nil {
 		return nil, fmt.Errorf("agent: %s: %w", caCertFile, err)
 	}
 	return certs, nil
-}
-
-// checkCAs refuses a bundle with a certificate that is not a CA's.
-func checkCAs(certs []*x509.Certificate) error {
-	for _, c := range certs {
-		if !c.IsCA || !c.BasicConstraintsValid {
-			return fmt.Errorf("%q is not a CA certificate", c.Subject.CommonName)
-		}
-	}
-	return nil
 }
 
 // useCA takes the CA certificates of an answer of the control plane (a
@@ -238,7 +228,7 @@ func (a *Agent) useCA(caPEM string) {
 	}
 	certs, err := pki.ParseCerts([]byte(caPEM))
 	if err == nil {
-		err = checkCAs(certs)
+		err = pki.CheckCAs(certs)
 	}
 	if err != nil {
 		a.log.Warn("the control plane's CA certificates are unusable", "err", err)

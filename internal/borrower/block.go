@@ -31,12 +31,16 @@ type AttachConfig struct {
 	// is declared failed) and, for a memory lease, every request to the
 	// donor; 0 means the data plane's default.
 	RequestTimeout time.Duration
-	// TLS is the client configuration for the lease's URIs that ask for
-	// TLS (nbds://, rialto-mems://): normally pki.LoadClientTLS of the
-	// cluster CA's certificate (RIALTO_CACERT). Nil trusts the system's
+	// TLS, if set, returns the client configuration for the lease's URIs
+	// that ask for TLS (nbds://, rialto-mems://): normally one that trusts
+	// the cluster CA's certificates (RIALTO_CACERT: pki.LoadClientTLS, or
+	// pki.Roots.ClientTLS for the certificates in use as they change).
+	// A block lease's parts call it at each dial, their redials included;
+	// a memory lease's session when it opens and when it follows the
+	// lease (a move, its donor lost). Nil trusts the system's
 	// CAs. URIs in plaintext ignore it: the lease, as the control plane
 	// handed it out, says how each part is reached.
-	TLS *tls.Config
+	TLS func() *tls.Config
 	// WriteBack acknowledges a block lease's plain writes once sent to
 	// their lenders, before their replies (a volatile write cache that
 	// FLUSH and FUA make durable: stripe.ServeConfig.WriteBack); false
@@ -44,6 +48,14 @@ type AttachConfig struct {
 	WriteBack bool
 	// Logger receives attachment events; nil discards them.
 	Logger *slog.Logger
+}
+
+// StaticTLS is an AttachConfig.TLS that always returns cfg (nil: none).
+func StaticTLS(cfg *tls.Config) func() *tls.Config {
+	if cfg == nil {
+		return nil
+	}
+	return func() *tls.Config { return cfg }
 }
 
 // AttachParts checks what Attach can check of lease l without dialling and

@@ -2,6 +2,7 @@ package borrower
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -54,6 +55,13 @@ func relocator(src LeaseSource, id string, part int) client.Relocator {
 // asking src where it is (nil src: it does not follow). The donor admits
 // one session per region at a time.
 func FollowMemory(ctx context.Context, src LeaseSource, l api.Lease, part int, opts client.Options, log *slog.Logger) (*client.Following, error) {
+	return followMemory(ctx, src, l, part, opts, nil, log)
+}
+
+// followMemory is FollowMemory whose follows, if tlsFor is set, dial a
+// session over TLS with the configuration it returns then
+// (client.FollowConfig.TLS; AttachConfig.TLS).
+func followMemory(ctx context.Context, src LeaseSource, l api.Lease, part int, opts client.Options, tlsFor func() *tls.Config, log *slog.Logger) (*client.Following, error) {
 	uris, err := MemoryURIs(l)
 	if err != nil {
 		return nil, err
@@ -64,7 +72,7 @@ func FollowMemory(ctx context.Context, src LeaseSource, l api.Lease, part int, o
 	// opts.TLS applies if the part's URI asks for TLS (rialto-mems://); the
 	// follows dial the region's new place with the same options.
 	f, err := client.DialFollowing(ctx, uris[part].Address, uris[part].Credential, dialOptions(uris[part], opts),
-		client.FollowConfig{Relocate: relocator(src, l.ID, part), Logger: log})
+		client.FollowConfig{Relocate: relocator(src, l.ID, part), TLS: tlsFor, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("lease %s part %d: %w", l.ID, part, err)
 	}

@@ -38,8 +38,13 @@ func attachMemory(ctx context.Context, src LeaseSource, l api.Lease, cfg AttachC
 		return nil, fmt.Errorf("lease %s: %w", l.ID, err)
 	}
 	// cfg.TLS is the configuration for TLS URIs: the session uses it if
-	// the lease's URI asks for TLS, and so do its follows when it moves.
-	f, err := FollowMemory(ctx, src, l, 0, client.Options{Timeout: cfg.RequestTimeout, TLS: cfg.TLS}, cfg.Logger)
+	// the lease's URI asks for TLS, and so do its follows when it moves
+	// (what it returns then).
+	var tc *tls.Config
+	if cfg.TLS != nil {
+		tc = cfg.TLS()
+	}
+	f, err := followMemory(ctx, src, l, 0, client.Options{Timeout: cfg.RequestTimeout, TLS: tc}, cfg.TLS, cfg.Logger)
 	if err != nil {
 		return nil, err
 	}

@@ -88,10 +88,15 @@ func (s *Server) routeTable() []route {
 		Response: api.NodeRemoval{}, Query: []httpapi.Param{{Name: "force", Type: "boolean", Description: "remove a node that still heartbeats"}},
 		Errors: []int{400, 401, 403, 404, 409, 500, 503}}, accessTenant, s.hRemoveNode})
 	if s.cfg.CA != nil {
-		// Only a control plane with a cluster CA issues node certificates.
+		// Only a control plane with a cluster CA issues node certificates
+		// and hands out its CA certificates.
 		rts = append(rts, route{httpapi.Route{Method: "POST", Path: "/v1/nodes/{id}/certificate",
 			Summary: "Renew a node's certificate from a CSR (the call presents the current certificate over mutual TLS).",
-			Request: api.NodeCertificateRequest{}, Response: api.NodeCertificateResponse{}, Errors: []int{400, 401, 403, 404, 500}}, accessNode, s.hNodeCertificate})
+			Request: api.NodeCertificateRequest{}, Response: api.NodeCertificateResponse{}, Errors: []int{400, 401, 403, 404, 500}}, accessNode, s.hNodeCertificate},
+			route{httpapi.Route{Method: "GET", Path: "/v1/ca-certificates",
+				Summary:  "The cluster CA's certificates the control plane trusts (PEM), unless their hash is ca_hash: a long-running client follows a CA rotation with them.",
+				Response: api.CACertificates{}, Query: []httpapi.Param{{Name: "ca_hash", Type: "string", Description: "the hash of the certificates the caller holds (hex SHA-256 of their DER, in order): the answer leaves them out when it is theirs"}},
+				Errors: readErrors}, accessReader, s.hCACertificates})
 	}
 	return rts
 }

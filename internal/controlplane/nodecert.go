@@ -399,3 +399,18 @@ func isInternalErrorAlert(err error) bool {
 	var op *net.OpError
 	return errors.As(err, &op) && op.Op == "remote error" && op.Err != nil && op.Err.Error() == alertInternalError.Error()
 }
+
+// hCACertificates answers GET /v1/ca-certificates: the CA certificates
+// this control plane trusts (after a `rialto ca rotate` of its directory,
+// once it followed it: the new CA's and the old one's), left out when
+// their hash is the caller's ca_hash. A long-running borrower (rialto
+// attach) asks over the connection it verified with the certificates it
+// holds, and verifies the control plane and lenders with them from then
+// on, as an agent does with its heartbeats' answers.
+func (s *Server) hCACertificates(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
+	out := api.CACertificates{CAHash: s.cfg.CA.CertHash()}
+	if out.CAHash != r.URL.Query().Get("ca_hash") {
+		out.CACertificate = string(s.cfg.CA.CertPEM())
+	}
+	return http.StatusOK, out, nil
+}

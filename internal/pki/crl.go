@@ -10,7 +10,6 @@ import (
 	"io/fs"
 	"math/big"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 )
@@ -193,17 +192,9 @@ func (c *CRL) VerifyPeer(cs tls.ConnectionState) error {
 // when it changes. ServerName is left empty: the dialler sets it (the
 // host dialled).
 func LoadClientTLS(caFile string) (*tls.Config, error) {
-	certs, err := ReadCerts(caFile)
+	r, err := LoadRoots(caFile)
 	if err != nil {
 		return nil, err
 	}
-	pool := x509.NewCertPool()
-	for _, c := range certs {
-		pool.AddCert(c)
-	}
-	crl := NewCRL(certs)
-	if err := crl.Watch(filepath.Join(filepath.Dir(caFile), CRLFile)); err != nil {
-		return nil, err
-	}
-	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, VerifyConnection: crl.VerifyPeer}, nil
+	return r.ClientTLS(), nil
 }

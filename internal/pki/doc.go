@@ -28,7 +28,10 @@
 // numbers are 128 random bits, so one list covers certificates of every CA
 // generation. Processes that hold only the CA's certificates check peers
 // with a [CRL]: [LoadClientTLS] (a borrower) watches the ca-crl.pem beside
-// ca-cert.pem, an agent keeps the list the control plane hands it. Holders
+// ca-cert.pem, an agent keeps the list the control plane hands it. A
+// long-running borrower holds its CA certificates as [Roots], which take
+// the control plane's after a rotation ([Roots.Use]: CA certificates only,
+// [CheckCAs]) or an operator's new file ([Roots.Reload]). Holders
 // of copies of one CA directory that share a record of the list elsewhere
 // (the control plane's replicas, in their store) sign that list with its
 // own number ([CA.Adopt]), so that each copy's ca-crl.pem is the same
@@ -40,7 +43,8 @@
 // still verify while they are renewed from the new CA; once every holder has
 // a new certificate (at most one leaf lifetime later), [CA.DropOld] removes
 // the old CA certificates. Clients that pinned ca-cert.pem must fetch it
-// again after a rotation.
+// again after a rotation (agents and `rialto attach` take it from the
+// control plane).
 //
 // Zero value: a zero CA is not usable; use [Open] or [Load].
 //

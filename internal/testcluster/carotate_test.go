@@ -49,15 +49,7 @@ func TestRunningAgentFollowsCARotation(t *testing.T) {
 	oldCA := c.CA.Certificate()
 	// `rialto ca rotate`, another process: the running control plane
 	// follows it at its next sweep (the list the new key signed).
-	rotated, err := pki.Load(c.CA.Dir(), pki.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := rotated.Rotate(); err != nil {
-		t.Fatal(err)
-	}
-	newCA := rotated.Certificate()
-	c.Sweep()
+	newCA := c.RotateCA()
 	c.Heartbeat() // the answer brings the rotated certificates
 
 	kept := filepath.Join(n.StateDir, "ca-cert.pem")
@@ -74,9 +66,7 @@ func TestRunningAgentFollowsCARotation(t *testing.T) {
 
 	// The control plane restarts on the rotated directory: its API
 	// certificate now comes from the new CA.
-	c.StopControlPlane()
-	c.CA, c.cpCfg.CA = rotated, rotated
-	c.StartControlPlane()
+	c.RestartControlPlane()
 	if got := apiIssuer(t, c); !got.Equal(newCA) {
 		t.Fatalf("the restarted control plane's API certificate is issued by %q, want the new CA", got.Subject.CommonName)
 	}
@@ -161,19 +151,9 @@ func TestRunningAgentMovesToARenewedLender(t *testing.T) {
 	}
 	nc.Close()
 
-	rotated, err := pki.Load(c.CA.Dir(), pki.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := rotated.Rotate(); err != nil {
-		t.Fatal(err)
-	}
-	newCA := rotated.Certificate()
-	c.Sweep()
+	newCA := c.RotateCA()
 	c.Heartbeat() // both agents take the rotated certificates
-	c.StopControlPlane()
-	c.CA, c.cpCfg.CA = rotated, rotated
-	c.StartControlPlane()
+	c.RestartControlPlane()
 	c.Heartbeat()
 
 	// The destination restarts: its node certificate now comes from the

@@ -3,6 +3,7 @@ package testcluster
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"log/slog"
@@ -306,6 +307,26 @@ func (c *Cluster) StartControlPlane() {
 		return err == nil
 	})
 	c.startControlPlane(ln)
+}
+
+// RotateCA rotates the cluster CA (Options.TLS) as `rialto ca rotate`
+// does, in another process, and has the running control plane follow it
+// (a sweep): it trusts the new CA's certificates and the old one's, and
+// hands them out, but keeps issuing from the old CA until it restarts
+// (StopControlPlane, StartControlPlane). c.CA is the rotated CA from now
+// on; RotateCA returns its new certificate.
+func (c *Cluster) RotateCA() *x509.Certificate {
+	c.t.Helper()
+	rotated, err := pki.Load(c.CA.Dir(), pki.Options{})
+	if err != nil {
+		c.t.Fatalf("testcluster: %v", err)
+	}
+	if err := rotated.Rotate(); err != nil {
+		c.t.Fatalf("testcluster: rotate the CA: %v", err)
+	}
+	c.Sweep()
+	c.CA, c.cpCfg.CA = rotated, rotated
+	return rotated.Certificate()
 }
 
 // Client returns an API client with the admin token.

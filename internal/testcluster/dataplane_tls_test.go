@@ -81,7 +81,7 @@ func TestTLSDataPlanes(t *testing.T) {
 				t.Errorf("client trusting another CA: %v", err)
 			}
 		}
-		att, err := borrower.Attach(ctx, c.Client(), l, borrower.AttachConfig{TLS: cfg})
+		att, err := borrower.Attach(ctx, c.Client(), l, borrower.AttachConfig{TLS: borrower.StaticTLS(cfg)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -262,7 +262,7 @@ func TestInsecureDataplane(t *testing.T) {
 	if !strings.HasPrefix(l.URI, "nbd://") {
 		t.Fatalf("block URI of an insecure data plane: %s", strings.SplitN(l.URI, "/", 4)[2])
 	}
-	att, err := borrower.Attach(ctx, c.Client(), l, borrower.AttachConfig{TLS: dataTLS(t, c)})
+	att, err := borrower.Attach(ctx, c.Client(), l, borrower.AttachConfig{TLS: borrower.StaticTLS(dataTLS(t, c))})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -91,7 +91,7 @@ func (w *blockWriter) halt() { close(w.stop); w.wg.Wait() }
 // in. The attachment and the connection close when the test ends.
 func attachWriter(ctx context.Context, t *testing.T, cl *api.Client, l api.Lease, size int64, cfg *tls.Config) *blockWriter {
 	t.Helper()
-	att, err := borrower.Attach(ctx, cl, l, borrower.AttachConfig{RequestTimeout: 20 * time.Second, TLS: cfg})
+	att, err := borrower.Attach(ctx, cl, l, borrower.AttachConfig{RequestTimeout: 20 * time.Second, TLS: borrower.StaticTLS(cfg)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,11 +31,15 @@ type AttachConfig struct {
 	// or their TLS forms nbds:// and nbds+unix://. The export name in each
 	// is the lease credential: it is never logged.
 	URIs []string
-	// TLS is the client configuration for the parts whose URI asks for TLS
-	// (normally pki.LoadClientTLS of the cluster CA's certificate); nil
-	// uses each URI's tls-certificates directory, else the system's CAs.
-	// Parts with a plaintext URI ignore it.
-	TLS *tls.Config
+	// TLS, if set, returns the client configuration for the parts whose
+	// URI asks for TLS (normally one that trusts the cluster CA's
+	// certificates: pki.LoadClientTLS, pki.Roots.ClientTLS). It is called
+	// at each dial, a broken part's redials included, so that the CA
+	// certificates it trusts may change while the volume is attached (a
+	// `rialto attach` following a CA rotation). Nil uses each URI's
+	// tls-certificates directory, else the system's CAs. Parts with a
+	// plaintext URI ignore it.
+	TLS func() *tls.Config
 	// StripeUnit as in Config; 0 means DefaultStripeUnit.
 	StripeUnit int64
 	// Listen is where the composed volume is served: a TCP address
@@ -69,6 +73,15 @@ type AttachConfig struct {
 	WriteBack bool
 	// Logger receives attachment events; nil discards.
 	Logger *slog.Logger
+}
+
+// dialTLS is the client configuration of tlsFor (AttachConfig.TLS) for
+// one dial: nil without it.
+func dialTLS(tlsFor func() *tls.Config) *tls.Config {
+	if tlsFor == nil {
+		return nil
+	}
+	return tlsFor()
 }
 
 // Attachment is a composed volume served as a local NBD export.
@@ -152,7 +165,7 @@ func Dial(ctx context.Context, cfg AttachConfig) (*Volume, error) {
 	for i, u := range uris {
 		for j := range conns {
 			wg.Go(func() {
-				c, err := u.Dial(ctx, cfg.TLS, nbd.WithRequestTimeout(timeout))
+				c, err := u.Dial(ctx, dialTLS(cfg.TLS), nbd.WithRequestTimeout(timeout))
 				if err != nil {
 					errs[i*conns+j] = fmt.Errorf("stripe: part %d (%s): %w", i, u.Address, err)
 					return

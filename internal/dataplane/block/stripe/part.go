@@ -36,7 +36,7 @@ const (
 // reports false, so a Pool stops choosing it, and calls fail at once.
 type nbdPart struct {
 	uri     nbd.URI                                             // guarded by mu once attached (reconnect may move it)
-	tls     *tls.Config                                         // for a TLS URI (see AttachConfig.TLS)
+	tls     func() *tls.Config                                  // for a TLS URI, at each dial (see AttachConfig.TLS)
 	index   int                                                 // part index, for logs
 	timeout time.Duration                                       // per request, passed to nbd.Dial
 	redial  time.Duration                                       // 0: never redial
@@ -101,7 +101,7 @@ type flushTicket struct {
 	flushed
 }
 
-func newPart(c *nbd.Client, u nbd.URI, tlsCfg *tls.Config, index int, timeout, redial time.Duration,
+func newPart(c *nbd.Client, u nbd.URI, tlsCfg func() *tls.Config, index int, timeout, redial time.Duration,
 	resolve func(context.Context, int) (string, error), log *slog.Logger) *nbdPart {
 	p := &nbdPart{uri: u, tls: tlsCfg, index: index, timeout: timeout, redial: redial, resolve: resolve, log: log,
 		size: c.Size(), flags: c.Flags(), meta: c.CanExtents()}
@@ -263,7 +263,7 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 			p.follow(ctx)
 		}
 		actx, acancel := context.WithTimeout(ctx, dialAttemptLimit)
-		c, err := p.uri.Dial(actx, p.tls, nbd.WithRequestTimeout(p.timeout))
+		c, err := p.uri.Dial(actx, dialTLS(p.tls), nbd.WithRequestTimeout(p.timeout))
 		acancel()
 		if err == nil && c.Size() != p.size {
 			c.Close()

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -46,7 +47,14 @@ type FollowConfig struct {
 	Timeout time.Duration
 	// Clock times the waits between attempts (internal/backoff); nil:
 	// the real clock.
-	Clock  clock.Clock
+	Clock clock.Clock
+	// TLS, if set, returns the client configuration a follow opens a
+	// session over TLS with, in place of Options.TLS (a session over TLS
+	// only: Options.TLS set), called at each follow: a borrower whose CA
+	// certificates change while it runs (a CA rotation it follows)
+	// verifies the region's new place, a donor renewed from the new CA,
+	// with those in use then.
+	TLS    func() *tls.Config
 	Logger *slog.Logger
 }
 
@@ -307,8 +315,14 @@ func (f *Following) follow(ctx context.Context, gen uint64, force bool) error {
 				// The same place: the donor admits one session at a time.
 				_ = p.c.Close()
 			}
+			opts := f.opts
+			if opts.TLS != nil && f.cfg.TLS != nil {
+				if tc := f.cfg.TLS(); tc != nil {
+					opts.TLS = tc
+				}
+			}
 			var c *Client
-			if c, err = Dial(ctx, addr, cred, f.opts); err == nil {
+			if c, err = Dial(ctx, addr, cred, opts); err == nil {
 				if c.Size() != f.size {
 					_ = c.Close()
 					return fmt.Errorf("memory: the region at its new place has %d bytes, not %d", c.Size(), f.size)
