@@ -375,8 +375,13 @@ func (b *FileBackend) mapWrite(off, n int64) ([]byte, bool) {
 // closed when the last use ends (a reply being sent with sendfile, or a
 // spliced write payload still arriving, ends when the client reads it or
 // its connection is closed, e.g. by [Server.RemoveExport]). Likewise a
-// mapping still referenced by a reply being sent is unmapped when that
-// send completes. Closing twice returns ErrBackendClosed.
+// mapping still referenced by a reply being sent, or by a write whose
+// payload is being read into it (a file on tmpfs or ramfs), is unmapped
+// when that send or write completes: such a write's bytes may still land
+// after Close, until its connection is closed. So a range is wiped for its
+// next tenant only after [Server.RemoveExport] (or [Server.Retire]) of
+// every export serving it has returned, as the agent's teardown does.
+// Closing twice returns ErrBackendClosed.
 func (b *FileBackend) Close() error {
 	old := b.uses.Or(usesClosed)
 	if old&usesClosed != 0 {
