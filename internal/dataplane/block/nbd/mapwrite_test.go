@@ -2,7 +2,9 @@ package nbd
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
+	"errors"
 	"os"
 	"testing"
 )
@@ -128,5 +130,81 @@ func TestMappedWriteTruncated(t *testing.T) {
 				t.Fatalf("the next connection: %v", err)
 			}
 		})
+	}
+}
+
+// TestMappedWriteOnlyWhereAllowed: the writes the mapping must not take
+// go their ordinary ways, though their file is on tmpfs and their payload
+// large: a rate-limited export's (the limit waits before the write), a
+// FUA write (it syncs), and writes refused before their payload is read
+// (a read-only export's: EPERM; one reaching past the end: ENOSPC), whose
+// payload is consumed and never lands; the connection serves on.
+func TestMappedWriteOnlyWhereAllowed(t *testing.T) {
+	const size = 4 << 20
+	for _, tr := range mappedTransports {
+		for _, tc := range []struct {
+			name  string
+			ex    Export
+			fua   bool
+			off   uint64
+			errno uint32
+		}{
+			{name: "rate limited", ex: Export{Limit: &RateLimit{BytesPerSec: 1 << 40}}},
+			{name: "FUA", fua: true},
+			{name: "read-only", ex: Export{ReadOnly: true}, errno: EPERM},
+			{name: "past the end", off: size - 64<<10, errno: ENOSPC},
+		} {
+			t.Run(tr.name+"/"+tc.name, func(t *testing.T) {
+				path, b := sparseFile(t, fastDir(t), size)
+				if !memoryBacked(t, path) {
+					t.Skip("no tmpfs at /dev/shm")
+				}
+				s := &Server{}
+				var opts []DialOption
+				if tr.tls {
+					pk := newTestPKI(t)
+					s.TLSConfig = pk.server
+					opts = append(opts, WithTLS(pk.clientConfig()))
+				}
+				ex := tc.ex
+				ex.Name, ex.Backend = testName, b
+				if err := s.AddExport(ex); err != nil {
+					t.Fatal(err)
+				}
+				c := dial(t, serveOn(t, s), testName, opts...)
+				p := make([]byte, 256<<10)
+				rand.Read(p)
+				var flags uint16
+				if tc.fua {
+					flags = CmdFlagFUA
+				}
+				m0 := mappedWrites.Load()
+				err := c.do(context.Background(), CmdWrite, flags, tc.off, uint32(len(p)), p, nil)
+				var ne *Error
+				switch {
+				case tc.errno == 0 && err != nil:
+					t.Fatal(err)
+				case tc.errno != 0 && (!errors.As(err, &ne) || ne.Errno != tc.errno):
+					t.Fatalf("the write: %v, want errno %d", err, tc.errno)
+				}
+				if mappedWrites.Load() != m0 {
+					t.Fatal("the write was read into the mapping")
+				}
+				f, err := os.ReadFile(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := make([]byte, size)
+				if tc.errno == 0 {
+					copy(want[tc.off:], p)
+				}
+				if !bytes.Equal(f, want) {
+					t.Fatal("the file does not hold what the write's answer says")
+				}
+				if _, err := c.ReadAt(make([]byte, 4096), 0); err != nil {
+					t.Fatalf("the connection after the write: %v", err)
+				}
+			})
+		}
 	}
 }
