@@ -130,7 +130,8 @@ type conn struct {
 	e       *export
 
 	// A write whose payload the reader reads after it started (spliced,
-	// or over TLS into a mapping: untracked), as a move's bounded wait
+	// or read or decrypted into a tmpfs file's mapping: untracked), as a
+	// move's bounded wait
 	// sees it (move.go): paying is set while one is under way, recv
 	// counts the bytes the reader took from the socket for it (over TLS,
 	// every byte crypto/tls takes).

@@ -292,10 +292,19 @@ func wipeDropsPages(fd int, st *unix.Stat_t) bool {
 	return false
 }
 
+// within reports whether [off, off+n) is a non-empty range inside [lo,
+// hi), computed without overflow: the ranges handed out for the paths that
+// bypass pread and pwrite (sendfile, splice, the mappings) are checked by
+// the backend itself, not only by the server's check of the request, so
+// that none reaches past the partition into a neighbour's bytes.
+func within(off, n, lo, hi int64) bool {
+	return n > 0 && off >= lo && off <= hi && n <= hi-off
+}
+
 // sendfileRange implements sendfileSource: ok=false outside the zero-copy
 // range. After ok=true the descriptor is held until releaseFD.
 func (b *FileBackend) sendfileRange(off, n int64) (int, int64, bool) {
-	if off < b.zcLo || n <= 0 || off+n > b.zcHi || !b.acquire() {
+	if !within(off, n, b.zcLo, b.zcHi) || !b.acquire() {
 		return 0, 0, false
 	}
 	// The file must be long enough: sendfile cannot read a hole past EOF
@@ -324,7 +333,7 @@ func (b *FileBackend) releaseFD() { b.release() }
 // spliceDest implements spliceTarget. After ok=true the descriptor is held
 // until releaseFD.
 func (b *FileBackend) spliceDest(off, n int64) (int, int64, bool) {
-	if b.ro || off < 0 || n <= 0 || off+n > b.size || !b.acquire() {
+	if b.ro || !within(off, n, 0, b.size) || !b.acquire() {
 		return 0, 0, false
 	}
 	b.alloc.mark(off, n)
@@ -333,7 +342,7 @@ func (b *FileBackend) spliceDest(off, n int64) (int, int64, bool) {
 
 // mapRange implements mappedSource for files on tmpfs or ramfs.
 func (b *FileBackend) mapRange(off, n int64) ([]byte, bool) {
-	if b.mm == nil || off < 0 || n <= 0 || off+n > b.size || !b.alloc.allSet(off, n) {
+	if b.mm == nil || !within(off, n, 0, b.size) || !b.alloc.allSet(off, n) {
 		return nil, false
 	}
 	return b.mm.get(off, n)
@@ -346,7 +355,7 @@ func (b *FileBackend) unmapRange() { b.mm.put() }
 // long (a store past its end would fault). After ok=true the caller calls
 // unmapRange once it has written.
 func (b *FileBackend) mapWrite(off, n int64) ([]byte, bool) {
-	if b.mm == nil || !b.mm.writable || b.ro || off < 0 || n <= 0 || off+n > b.size || !b.acquire() {
+	if b.mm == nil || !b.mm.writable || b.ro || !within(off, n, 0, b.size) || !b.acquire() {
 		return nil, false
 	}
 	defer b.release()
@@ -366,8 +375,13 @@ func (b *FileBackend) mapWrite(off, n int64) ([]byte, bool) {
 // closed when the last use ends (a reply being sent with sendfile, or a
 // spliced write payload still arriving, ends when the client reads it or
 // its connection is closed, e.g. by [Server.RemoveExport]). Likewise a
-// mapping still referenced by a reply being sent is unmapped when that
-// send completes. Closing twice returns ErrBackendClosed.
+// mapping still referenced by a reply being sent, or by a write whose
+// payload is being read into it (a file on tmpfs or ramfs), is unmapped
+// when that send or write completes: such a write's bytes may still land
+// after Close, until its connection is closed. So a range is wiped for its
+// next tenant only after [Server.RemoveExport] (or [Server.Retire]) of
+// every export serving it has returned, as the agent's teardown does.
+// Closing twice returns ErrBackendClosed.
 func (b *FileBackend) Close() error {
 	old := b.uses.Or(usesClosed)
 	if old&usesClosed != 0 {

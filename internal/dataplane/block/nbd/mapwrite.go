@@ -2,6 +2,7 @@ package nbd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"runtime"
@@ -38,7 +39,11 @@ var mappedWrites, tlsMappedWrites atomic.Int64
 // writes, counted as an untracked write while the export has no move
 // state. handled=false leaves o to the ordinary path. Over TLS bytes land
 // only after crypto/tls has authenticated their record; a payload cut
-// short leaves part of it written, as an unacknowledged write may.
+// short leaves part of it written, as an unacknowledged write may. Where
+// the file stops backing the mapping under the payload (a tmpfs out of
+// space, or over its memory cgroup's limit; the file truncated) the rest
+// of the payload is written the ordinary way (writeRest), whose error
+// answers the write: ENOSPC, as a pwrite or splice of it is answered.
 func (c *conn) mappedWrite(ctx context.Context, o *op, live bool) (handled bool, err error) {
 	if !live || c.maxGroup <= 1 || c.limit != nil || o.req.Flags&CmdFlagFUA != 0 || ctx.Err() != nil {
 		return false, nil
@@ -64,8 +69,14 @@ func (c *conn) mappedWrite(ctx context.Context, o *op, live bool) (handled bool,
 	if !ok {
 		return false, nil
 	}
-	defer mt.unmapRange()
-	if err := c.readPayloadMapped(p, tls); err != nil {
+	n, err := c.readPayloadMapped(p, tls)
+	mt.unmapRange()
+	if f := (*mapFault)(nil); errors.As(err, &f) {
+		c.s.logger().Debug("nbd: a write's store into the file's mapping failed; the rest of its payload is written with pwrite",
+			"export", NameTag(c.e.Name), "offset", o.req.Offset+uint64(n), "err", f)
+		return true, c.writeRest(o, n, tls)
+	}
+	if err != nil {
 		return true, err
 	}
 	mappedWrites.Add(1)
@@ -76,10 +87,22 @@ func (c *conn) mappedWrite(ctx context.Context, o *op, live bool) (handled bool,
 	return true, nil
 }
 
+// mapFault is a store into the file's mapping that failed: the page is not
+// there and cannot be (a tmpfs out of space, the file truncated): a fault
+// in Go's copy, EFAULT from read(2).
+type mapFault struct{ err error }
+
+func (f *mapFault) Error() string { return "nbd: write into the file's mapping: " + f.err.Error() }
+func (f *mapFault) Unwrap() error { return f.err }
+
 // readPayloadMapped is readPayload (or, on a plain socket, readPayloadRaw)
-// into mapped memory: a fault (the file truncated under the mapping) ends
-// the connection instead of the process.
-func (c *conn) readPayloadMapped(p []byte, tls bool) (err error) {
+// into mapped memory: n is how much of p was filled from the connection,
+// also when a store into p failed (a *mapFault, not a fault of the
+// process). The connection's stream is then n bytes into the payload:
+// read(2) consumes nothing it could not copy, and a fault in Go's copy out
+// of the read buffer or crypto/tls's record leaves what it copied from
+// there unconsumed.
+func (c *conn) readPayloadMapped(p []byte, tls bool) (n int, err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if r := recover(); r != nil {
@@ -90,41 +113,84 @@ func (c *conn) readPayloadMapped(p []byte, tls bool) (err error) {
 			if !ok {
 				panic(r)
 			}
-			err = fmt.Errorf("nbd: write into the file's mapping: %w", re)
+			err = &mapFault{re}
 		}
 	}()
 	if tls {
-		return c.readPayload(p)
+		err = c.readPayloadTLS(p, &n)
+	} else if err = c.readPayloadRaw(p, &n); errors.Is(err, unix.EFAULT) {
+		err = &mapFault{err}
 	}
-	return c.readPayloadRaw(p)
+	return n, err
 }
 
-// readPayloadRaw fills p from the plain socket: the bytes already in the
-// read buffer, then straight from the socket with read(2), waking once per
-// maxRcvLowat bytes of a payload that trickles in, as a spliced payload
-// does. read(2) into a range the file no longer backs fails (EFAULT)
-// rather than faulting.
-func (c *conn) readPayloadRaw(p []byte) error {
-	n := 0
-	if b := c.r.Buffered(); b > 0 {
-		n, _ = c.r.Read(p[:min(len(p), b)])
-		c.recv.Add(int64(n))
+// restChunk bounds the buffer writeRest reads the rest of a payload into.
+const restChunk = 256 << 10
+
+// writeRest finishes o, a mapped write whose store into the mapping failed
+// once the first n bytes of its payload had landed: the rest of the
+// payload is read through a pooled buffer, a piece at a time, and written
+// with the backend's WriteAt (pwrite), whose error answers o. The payload
+// is consumed whatever the file does, so that the stream stays in sync; an
+// error returned is the connection's.
+func (c *conn) writeRest(o *op, n int, tls bool) error {
+	rest := int(o.req.Length) - n
+	buf := getBuf(min(rest, restChunk))
+	defer putBuf(buf)
+	off := int64(o.req.Offset) + int64(n)
+	var werr error
+	for rest > 0 {
+		b := (*buf)[:min(rest, len(*buf))]
+		var err error
+		if tls {
+			err = c.readPayload(b)
+		} else {
+			err = c.readPayloadRaw(b, new(int))
+		}
+		if err != nil {
+			return err
+		}
+		if werr == nil {
+			_, werr = c.be.WriteAt(b, off)
+		}
+		off += int64(len(b))
+		rest -= len(b)
+	}
+	if werr != nil {
+		o.errno = errnoOf(werr)
+		c.encodeError(o)
+		return nil
+	}
+	c.encodeOK(o)
+	return nil
+}
+
+// readPayloadRaw fills p[*done:] from the plain socket, counting in *done
+// the bytes of p filled: the bytes already in the read buffer, then
+// straight from the socket with read(2), waking once per maxRcvLowat bytes
+// of a payload that trickles in, as a spliced payload does. read(2) into a
+// range the file no longer backs fails (EFAULT) rather than faulting.
+func (c *conn) readPayloadRaw(p []byte, done *int) error {
+	if b := c.r.Buffered(); b > 0 && *done < len(p) {
+		k, _ := c.r.Read(p[*done:min(len(p), *done+b)])
+		*done += k
+		c.recv.Add(int64(k))
 	}
 	var lw lowat
 	defer lw.reset(c)
-	for n < len(p) {
+	for *done < len(p) {
 		var (
 			m    int
 			rerr error
 		)
 		err := c.rawc.Read(func(fd uintptr) bool {
 			for {
-				m, rerr = unix.Read(int(fd), p[n:])
+				m, rerr = unix.Read(int(fd), p[*done:])
 				if rerr == unix.EINTR {
 					continue
 				}
 				if rerr == unix.EAGAIN {
-					lw.await(c, fd, len(p)-n)
+					lw.await(c, fd, len(p)-*done)
 					return false
 				}
 				return true
@@ -139,9 +205,30 @@ func (c *conn) readPayloadRaw(p []byte) error {
 		if m == 0 {
 			return io.ErrUnexpectedEOF
 		}
-		n += m
+		*done += m
 		c.recv.Add(int64(m))
-		lw.owed(c, len(p)-n)
+		lw.owed(c, len(p)-*done)
+	}
+	return nil
+}
+
+// readPayloadTLS fills p[*done:] from the TLS session, counting in *done
+// the bytes of p filled: the bytes already in the read buffer, then
+// straight from crypto/tls.
+func (c *conn) readPayloadTLS(p []byte, done *int) error {
+	if b := c.r.Buffered(); b > 0 && *done < len(p) {
+		k, _ := c.r.Read(p[*done:min(len(p), *done+b)])
+		*done += k
+	}
+	for *done < len(p) {
+		k, err := c.sess.tls.Read(p[*done:])
+		*done += k
+		if err != nil && *done < len(p) {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
+		}
 	}
 	return nil
 }

@@ -2,7 +2,9 @@ package nbd
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
+	"errors"
 	"os"
 	"testing"
 )
@@ -74,10 +76,13 @@ func TestMappedWrite(t *testing.T) {
 	}
 }
 
-// TestMappedWriteTruncated: a file truncated under the mapping makes the
-// write fail (a fault over TLS, EFAULT from read(2) on a plain socket); the
-// connection ends with an error, the process does not, and the server
-// serves the next connection.
+// TestMappedWriteTruncated: a file truncated under the mapping, in the
+// middle of a write's range, makes the store into it fail past the file's
+// new end (a fault over TLS, EFAULT from read(2) on a plain socket). The
+// process does not fault: the payload's first bytes are in the mapping,
+// the rest is written with pwrite, which grows the file again as a write
+// of it would, not a byte lost or shifted; the write is answered, the
+// connection serves on, and the server serves the next one.
 func TestMappedWriteTruncated(t *testing.T) {
 	for _, tr := range mappedTransports {
 		t.Run(tr.name, func(t *testing.T) {
@@ -86,27 +91,120 @@ func TestMappedWriteTruncated(t *testing.T) {
 				t.Skip("no tmpfs at /dev/shm")
 			}
 			c := dial(t, addr, testName, opts...)
+			first := make([]byte, 256<<10)
+			rand.Read(first)
+			if _, err := c.WriteAt(first, 1<<20); err != nil {
+				t.Fatal(err)
+			}
+			// At a page boundary inside the next write's range: the
+			// pages before it are the file's.
+			const cut = 2<<20 + 96<<10
+			if err := os.Truncate(path, cut); err != nil {
+				t.Fatal(err)
+			}
 			p := make([]byte, 256<<10)
 			rand.Read(p)
-			if _, err := c.WriteAt(p, 1<<20); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Truncate(path, 0); err != nil {
-				t.Fatal(err)
-			}
 			m0 := mappedWrites.Load()
-			_, err := c.WriteAt(p, 2<<20)
-			if err == nil {
-				t.Fatal("a write into a truncated file's mapping succeeded")
+			if _, err := c.WriteAt(p, 2<<20); err != nil {
+				t.Fatalf("a write into a truncated file's mapping: %v", err)
 			}
 			if mappedWrites.Load() != m0 {
-				t.Fatal("a failed write was counted as written")
+				t.Fatal("a write the mapping did not take was counted as mapped")
 			}
-			t.Logf("the write failed: %v", err)
+			f, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := make([]byte, 2<<20+len(p))
+			copy(want[1<<20:], first)
+			copy(want[2<<20:], p)
+			if !bytes.Equal(f, want) {
+				t.Fatalf("the file after the write (%d bytes) does not hold it", len(f))
+			}
+			got := make([]byte, len(p))
+			if _, err := c.ReadAt(got, 2<<20); err != nil || !bytes.Equal(got, p) {
+				t.Fatalf("read back on the same connection: %v", err)
+			}
 			c2 := dial(t, addr, testName, opts...)
 			if _, err := c2.ReadAt(make([]byte, 4096), 0); err != nil {
 				t.Fatalf("the next connection: %v", err)
 			}
 		})
+	}
+}
+
+// TestMappedWriteOnlyWhereAllowed: the writes the mapping must not take
+// go their ordinary ways, though their file is on tmpfs and their payload
+// large: a rate-limited export's (the limit waits before the write), a
+// FUA write (it syncs), and writes refused before their payload is read
+// (a read-only export's: EPERM; one reaching past the end: ENOSPC), whose
+// payload is consumed and never lands; the connection serves on.
+func TestMappedWriteOnlyWhereAllowed(t *testing.T) {
+	const size = 4 << 20
+	for _, tr := range mappedTransports {
+		for _, tc := range []struct {
+			name  string
+			ex    Export
+			fua   bool
+			off   uint64
+			errno uint32
+		}{
+			{name: "rate limited", ex: Export{Limit: &RateLimit{BytesPerSec: 1 << 40}}},
+			{name: "FUA", fua: true},
+			{name: "read-only", ex: Export{ReadOnly: true}, errno: EPERM},
+			{name: "past the end", off: size - 64<<10, errno: ENOSPC},
+		} {
+			t.Run(tr.name+"/"+tc.name, func(t *testing.T) {
+				path, b := sparseFile(t, fastDir(t), size)
+				if !memoryBacked(t, path) {
+					t.Skip("no tmpfs at /dev/shm")
+				}
+				s := &Server{}
+				var opts []DialOption
+				if tr.tls {
+					pk := newTestPKI(t)
+					s.TLSConfig = pk.server
+					opts = append(opts, WithTLS(pk.clientConfig()))
+				}
+				ex := tc.ex
+				ex.Name, ex.Backend = testName, b
+				if err := s.AddExport(ex); err != nil {
+					t.Fatal(err)
+				}
+				c := dial(t, serveOn(t, s), testName, opts...)
+				p := make([]byte, 256<<10)
+				rand.Read(p)
+				var flags uint16
+				if tc.fua {
+					flags = CmdFlagFUA
+				}
+				m0 := mappedWrites.Load()
+				err := c.do(context.Background(), CmdWrite, flags, tc.off, uint32(len(p)), p, nil)
+				var ne *Error
+				switch {
+				case tc.errno == 0 && err != nil:
+					t.Fatal(err)
+				case tc.errno != 0 && (!errors.As(err, &ne) || ne.Errno != tc.errno):
+					t.Fatalf("the write: %v, want errno %d", err, tc.errno)
+				}
+				if mappedWrites.Load() != m0 {
+					t.Fatal("the write was read into the mapping")
+				}
+				f, err := os.ReadFile(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := make([]byte, size)
+				if tc.errno == 0 {
+					copy(want[tc.off:], p)
+				}
+				if !bytes.Equal(f, want) {
+					t.Fatal("the file does not hold what the write's answer says")
+				}
+				if _, err := c.ReadAt(make([]byte, 4096), 0); err != nil {
+					t.Fatalf("the connection after the write: %v", err)
+				}
+			})
+		}
 	}
 }

@@ -20,11 +20,13 @@ type mappedSource interface {
 
 // fileMap is a shared mapping of a FileBackend's partition, kept for files
 // on tmpfs or ramfs (writable unless the backend is read-only). Its bytes
-// are handed to system calls (writev), never read by Go code: if the file
-// is truncated under it, the system call fails with EFAULT instead of the
-// process faulting. The one exception writes into it: a TLS write's
-// payload decrypted straight into the mapping (tls.go, mappedWrite), with
-// the goroutine's faults turned into panics it recovers from.
+// are handed to system calls (writev, read), never read by Go code: if the
+// file is truncated under it, or a tmpfs has no page for it, the system
+// call fails with EFAULT instead of the process faulting. The one
+// exception writes into it: a TLS write's payload decrypted straight into
+// the mapping (mapwrite.go, mappedWrite), with the goroutine's faults
+// turned into panics it recovers from; either way such a write is finished
+// with pwrite (writeRest).
 //
 // Reads through the mapping are only used for chunks the allocation bitmap
 // says may hold data, because faulting in a hole of a tmpfs file allocates

@@ -31,11 +31,11 @@ import (
 // again in its next pass; PauseWrites returns only once every write under
 // way has completed and been marked.
 //
-// A write that started before the move (spliced, or over TLS decrypted
-// into a mapping: neither passes the gate) is under way from its header
-// on, while its payload arrives, and a client may withhold the payload,
-// or send it slowly: TrackWrites and PauseWrites wait for such a write
-// while its payload arrives, up to [Server.MoveWaitLimit] (1 minute),
+// A write that started before the move (spliced, or read or, over TLS,
+// decrypted into a mapping: neither passes the gate) is under way from
+// its header on, while its payload arrives, and a client may withhold the
+// payload, or send it slowly: TrackWrites and PauseWrites wait for such
+// a write while its payload arrives, up to [Server.MoveWaitLimit] (1 minute),
 // and close its connection once none of its payload arrived for
 // [Server.MoveWait] (5 s), or at that limit (the write fails, unanswered,
 // and what is left of its payload never lands); they return once the
@@ -201,7 +201,8 @@ func (s *Server) stall(e *export) dirty.Stall {
 
 // Writing implements dirty.Writer for a move's bounded wait: the writes
 // it may wait for and that can stall are those whose payload the reader
-// reads after they started (spliced, or over TLS into a mapping), all
+// reads after they started (spliced, or read or decrypted into a
+// mapping), all
 // untracked. received counts the bytes the reader took from the socket
 // for them and those queued in the socket, not read yet: a spliced
 // payload is read only once SO_RCVLOWAT bytes of it are there, and a

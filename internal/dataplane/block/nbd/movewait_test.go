@@ -72,11 +72,12 @@ const (
 	withheldHandle uint64 = 1
 )
 
-// startWithheld serves a file of withheldSize bytes with s (over TLS, from
-// tmpfs, if useTLS) and sends on a raw connection a WRITE of withheldLen
-// bytes with its first withheldSent bytes (0xa5), returning once those are
-// in the file: the write is under way (spliced, or over TLS decrypted into
-// the file's mapping), untracked, waiting for the rest of its payload.
+// startWithheld serves a file of withheldSize bytes on tmpfs (where
+// /dev/shm is one) with s (over TLS if useTLS) and sends on a raw
+// connection a WRITE of withheldLen bytes with its first withheldSent
+// bytes (0xa5), returning once those are in the file: the write is under
+// way (read, or over TLS decrypted, into the file's mapping; spliced into
+// it without tmpfs), untracked, waiting for the rest of its payload.
 func startWithheld(t *testing.T, useTLS bool, s *Server) *withheld {
 	t.Helper()
 	pk := newTestPKI(t)

@@ -204,7 +204,7 @@ type Server struct {
 	PSK *tlspsk.Keys
 	// MoveWait bounds how long TrackWrites and PauseWrites wait for a
 	// write under way that started without seeing the move and receives
-	// none of its payload: such a write (spliced, or over TLS decrypted
+	// none of its payload: such a write (spliced, or read or decrypted
 	// into a mapping) is under way from its header on, while its payload
 	// arrives, and a client may withhold the payload. Its connection is
 	// closed then (only it). Zero means DefaultMoveWait.

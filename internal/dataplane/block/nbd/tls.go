@@ -290,17 +290,7 @@ func (c *conn) readPayload(p []byte) error {
 		return err
 	}
 	n := 0
-	if b := c.r.Buffered(); b > 0 {
-		n, _ = c.r.Read(p[:min(len(p), b)])
-	}
-	if n == len(p) {
-		return nil
-	}
-	_, err := io.ReadFull(c.sess.tls, p[n:])
-	if errors.Is(err, io.EOF) {
-		err = io.ErrUnexpectedEOF
-	}
-	return err
+	return c.readPayloadTLS(p, &n)
 }
 
 // writeBuffers writes v to w, consuming it: with one writev on a plain
