@@ -25,7 +25,8 @@ func (m *MemBackend) Size() int64 { return int64(len(m.data)) }
 func (m *MemBackend) Bytes() []byte { return m.data }
 
 func (m *MemBackend) check(off, n int64) error {
-	if off < 0 || n < 0 || off+n > int64(len(m.data)) {
+	// Without off+n, which wraps around near the int64 maximum.
+	if size := int64(len(m.data)); off < 0 || n < 0 || off > size || n > size-off {
 		return fmt.Errorf("nbd: range [%d,+%d) outside [0,%d)", off, n, len(m.data))
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"errors"
+	"math"
 	"os"
 	"sync"
 	"testing"
@@ -90,5 +91,23 @@ func TestFileMemoryWrites(t *testing.T) {
 	}
 	if _, err := b.WriteAt(tail, 0); !errors.Is(err, ErrBackendClosed) {
 		t.Fatalf("write after close: %v, want ErrBackendClosed", err)
+	}
+}
+
+// TestMemBackendRangeOverflow: a range whose end passes the int64 maximum
+// is refused, not wrapped around into a panic on the slice bounds.
+func TestMemBackendRangeOverflow(t *testing.T) {
+	m := NewMemBackend(1 << 20)
+	p := make([]byte, 16)
+	for _, off := range []int64{math.MaxInt64 - 8, math.MaxInt64, 1<<20 - 8, 1 << 20} {
+		if _, err := m.WriteAt(p, off); err == nil {
+			t.Errorf("WriteAt(16 bytes, %d) succeeded", off)
+		}
+		if _, err := m.ReadAt(p, off); err == nil {
+			t.Errorf("ReadAt(16 bytes, %d) succeeded", off)
+		}
+	}
+	if _, err := m.WriteAt(p, 1<<20-16); err != nil {
+		t.Fatalf("the last 16 bytes: %v", err)
 	}
 }
