@@ -346,7 +346,7 @@ func holdAttachment(ctx context.Context, c *api.Client, l api.Lease, ctl net.Lis
 	recordCAs := func() {
 		st, err := readAttachState(file)
 		if err == nil {
-			st.CACertificates = fingerprints(h.ca.roots.Certs())
+			st.CACertificates = h.ca.fingerprints()
 			err = recordAttachment(file, st)
 		}
 		if err != nil {
