@@ -556,11 +556,13 @@ type NodeCertificateResponse struct {
 // long-running client (rialto attach) verifies the control plane and
 // lenders' data planes with from then on.
 type CACertificates struct {
-	// CAHash identifies them: the hex SHA-256 of their DER, in order (as
-	// Heartbeat.CAHash).
+	// CAHash identifies them: the hex SHA-256 of their DER, newest
+	// first (the canonical order, pki.SortCerts: whatever order a holder
+	// has them in; as Heartbeat.CAHash).
 	CAHash string `json:"ca_hash"`
-	// CACertificate is them (PEM); absent when CAHash is the request's
-	// ca_hash (the caller has them).
+	// CACertificate is them (PEM), newest first, as the control plane's
+	// ca-cert.pem holds them; absent when CAHash is the request's ca_hash
+	// (the caller has them).
 	CACertificate string `json:"ca_certificate,omitempty"`
 }
 
@@ -597,8 +599,9 @@ type Heartbeat struct {
 	CRLNumber int64 `json:"crl_number,omitempty"`
 	// CAHash identifies the CA certificates the agent verifies the
 	// control plane and other lenders with: the hex SHA-256 of their DER,
-	// in order (pki.CertsHash; empty: no TLS, or an agent before this
-	// field). The answer brings the control plane's when they differ.
+	// newest first (pki.CertsHash, whatever order the agent has them in;
+	// empty: no TLS, or an agent before this field). The answer brings the
+	// control plane's when they differ.
 	CAHash string `json:"ca_hash,omitempty"`
 	// LeasesComplete says that Leases, Wiping and Lost list every lease
 	// the agent holds anything of (an export served, held until

@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -163,11 +162,7 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 			return usagef("--fuse serves block leases; lease %s is %s %s lease", l.ID, l.Kind.Article(), l.Kind)
 		}
 		if l.Kind == api.KindNIC {
-			var nicTLS *tls.Config
-			if dataTLS != nil {
-				nicTLS = dataTLS()
-			}
-			return attachNIC(ctx, e, c, &cf, l, nf, *conns, nicTLS, *watch, log)
+			return attachNIC(ctx, e, c, &cf, l, nf, *conns, dataTLS, *watch, log)
 		}
 		if l.Kind == api.KindAccel {
 			return fmt.Errorf("lease %s is an accel lease; attach serves block, memory and nic leases: run an accelerator lease's role with `rialto accel run %s ROLE INPUT`", l.ID, l.ID)
@@ -351,7 +346,7 @@ func holdAttachment(ctx context.Context, c *api.Client, l api.Lease, ctl net.Lis
 	recordCAs := func() {
 		st, err := readAttachState(file)
 		if err == nil {
-			st.CACertificates = fingerprints(h.ca.roots.Certs())
+			st.CACertificates = h.ca.fingerprints()
 			err = recordAttachment(file, st)
 		}
 		if err != nil {

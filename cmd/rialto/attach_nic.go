@@ -33,9 +33,11 @@ func (f *nicAttachFlags) register(fs *pflag.FlagSet) {
 // when the lease has several parts, docs/nic.md), with the address they
 // give and routes to what they reach; it holds it until Ctrl-C, detach or
 // the lease's end, then removes it.
-// Lenders serving rialto-nics:// are verified with dataTLS (the cluster
-// CA, --cacert).
-func attachNIC(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l api.Lease, nf nicAttachFlags, conns int, dataTLS *tls.Config, watch time.Duration, log *slog.Logger) error {
+// Lenders serving rialto-nics:// are verified with the configuration
+// dataTLS returns at each dial, their redials included: that of the CA
+// certificates of --cacert in use then, which follow a CA rotation
+// (clientFlags.followRoots, holdAttachment's caFollower).
+func attachNIC(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l api.Lease, nf nicAttachFlags, conns int, dataTLS func() *tls.Config, watch time.Duration, log *slog.Logger) error {
 	mode, err := nic.ParseMode(nf.mode)
 	if err != nil {
 		return usagef("bad --bond-mode: %w", err)

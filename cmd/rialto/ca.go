@@ -96,9 +96,9 @@ func runCAShow(e *env, ca *pki.CA, o *output) error {
 			return err
 		}
 		out := make([]any, 0, len(certs)+1)
-		for i, c := range certs {
+		for _, c := range certs {
 			state := "signing"
-			if i > 0 {
+			if !c.Equal(ca.Certificate()) {
 				state = "kept"
 			}
 			out = append(out, caCertOut{ID: certID(c), State: state, Subject: c.Subject.CommonName,
@@ -109,9 +109,9 @@ func runCAShow(e *env, ca *pki.CA, o *output) error {
 	now := time.Now()
 	tw := newTable(e.stdout)
 	fmt.Fprintln(tw, "ROLE\tSUBJECT\tEXPIRES\tSHA-256 FINGERPRINT")
-	for i, c := range certs {
+	for _, c := range certs {
 		role := "signing"
-		if i > 0 {
+		if !c.Equal(ca.Certificate()) {
 			role = "kept by a rotation"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s (%s)\t%s\n", role, c.Subject.CommonName, c.NotAfter.UTC().Format(time.DateOnly),

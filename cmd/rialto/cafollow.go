@@ -13,7 +13,7 @@ import (
 )
 
 // caFollower keeps the CA certificates a long-running borrower (rialto
-// attach) verifies the control plane and the lenders' data planes with
+// attach, the supervisor of rialto vm run) verifies the control plane and the lenders' data planes with
 // (cf.roots, see followRoots) current across a `rialto ca rotate`, as an
 // agent does with its heartbeats' answers: it asks the control plane for
 // its CA certificates (GET /v1/ca-certificates) over the API connection,
@@ -102,6 +102,11 @@ func (f *caFollower) check(ctx context.Context) bool {
 	}
 	return changed || took
 }
+
+// fingerprints are the fingerprints of the CA certificates in use (as
+// `rialto ca show` prints them), for a record of what a long-running verb
+// verifies with: attach's state file, a VM's record.
+func (f *caFollower) fingerprints() []string { return fingerprints(f.roots.Certs()) }
 
 // caFingerprints are the fingerprints of the CA certificates in use, for
 // an attachment's state (attachState.CACertificates); nil when they do

@@ -207,6 +207,13 @@ func superviseVM(ctx context.Context, e *env, cf *clientFlags, f vmRunFlags, mem
 	if err != nil {
 		return err
 	}
+	// The CA certificates follow a CA rotation while the VM runs, as
+	// attach's (watchLease asks the control plane at each check): the
+	// supervisor verifies the control plane, and a composed disk's
+	// lenders, with them.
+	if err := cf.followRoots(); err != nil {
+		return err
+	}
 	c, err := cf.client()
 	if err != nil {
 		return err
@@ -243,7 +250,7 @@ func superviseVM(ctx context.Context, e *env, cf *clientFlags, f vmRunFlags, mem
 			diskDesc += " over TLS"
 		}
 	} else {
-		dataTLS, err := cf.dataTLS()
+		dataTLS, err := cf.dataTLSFunc()
 		if err != nil {
 			return err
 		}
@@ -253,7 +260,7 @@ func superviseVM(ctx context.Context, e *env, cf *clientFlags, f vmRunFlags, mem
 		if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("VM %s: stale disk socket: %w", f.name, err)
 		}
-		att, err := borrower.Attach(ctx, c, l, borrower.AttachConfig{Listen: "unix:" + sock, TLS: borrower.StaticTLS(dataTLS), Logger: log})
+		att, err := borrower.Attach(ctx, c, l, borrower.AttachConfig{Listen: "unix:" + sock, TLS: dataTLS, Logger: log})
 		if err != nil {
 			return fmt.Errorf("attach %s: %w", l.ID, err)
 		}
@@ -265,7 +272,7 @@ func superviseVM(ctx context.Context, e *env, cf *clientFlags, f vmRunFlags, mem
 	}
 	rec := vm.Record{Name: f.name, Host: vm.HostName(), PID: os.Getpid(), Lease: l.ID, Parts: len(uris), Disk: diskDesc,
 		Kernel: f.kernel, Initrd: f.initrd, Append: f.appendArgs, MemoryMiB: memMiB, CPUs: f.cpus, Accel: accel, AccelWant: f.accel,
-		Addr: cf.addr, QMP: filepath.Join(dir, vm.QMPSocket), Console: filepath.Join(dir, vm.ConsoleLog)}
+		Addr: cf.addr, QMP: filepath.Join(dir, vm.QMPSocket), Console: filepath.Join(dir, vm.ConsoleLog), CACertificates: cf.caFingerprints()}
 	cfg := vm.Config{Name: f.name, Dir: dir, Kernel: f.kernel, Initrd: f.initrd, Append: f.appendArgs, MemoryMiB: memMiB,
 		CPUs: f.cpus, Accel: accel, Disk: disk, TLSDir: tlsDir}
 
@@ -281,10 +288,19 @@ func superviseVM(ctx context.Context, e *env, cf *clientFlags, f vmRunFlags, mem
 		if err := vm.SaveRecord(f.stateDir, rec); err != nil {
 			log.Error("vm: record", "err", err)
 		}
+		// The watcher's copy of the record, which it saves again when
+		// the CA certificates in use change.
+		watched := rec
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := watchLease(runCtx, c, l, log); err != nil {
+			follow := leaseFollow{ca: cf.caFollower(c, log), changed: func(fps []string) {
+				watched.CACertificates = fps
+				if err := vm.SaveRecord(f.stateDir, watched); err != nil {
+					log.Warn("vm: recording the CA certificates in use", "err", err)
+				}
+			}}
+			if err := watchLease(runCtx, c, l, log, follow); err != nil {
 				ended = err
 				cancel()
 			}
@@ -311,9 +327,19 @@ func superviseVM(ctx context.Context, e *env, cf *clientFlags, f vmRunFlags, mem
 	return nil
 }
 
+// leaseFollow is what watchLease follows besides the lease: the CA
+// certificates (ca, nil when they do not follow: no --cacert), changed
+// being told their fingerprints when those in use changed.
+type leaseFollow struct {
+	ca      *caFollower
+	changed func(fingerprints []string)
+}
+
 // watchLease renews the VM's disk lease before it expires and returns an
 // error when the lease has ended (the disk is gone: the guest must stop).
-func watchLease(ctx context.Context, c *api.Client, l api.Lease, log *slog.Logger) error {
+// At each check it asks the control plane for its CA certificates too
+// (follow.ca: a CA rotation), as attach does at each --watch.
+func watchLease(ctx context.Context, c *api.Client, l api.Lease, log *slog.Logger, follow leaseFollow) error {
 	ttl := time.Duration(l.TTLSeconds) * time.Second
 	every := min(max(ttl/4, time.Second), time.Minute)
 	tick := time.NewTicker(every)
@@ -323,6 +349,9 @@ func watchLease(ctx context.Context, c *api.Client, l api.Lease, log *slog.Logge
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
+		}
+		if follow.ca != nil && follow.ca.check(ctx) && follow.changed != nil {
+			follow.changed(follow.ca.fingerprints())
 		}
 		cur, err := c.Lease(ctx, l.ID)
 		var ae *api.Error

@@ -95,7 +95,7 @@ func TestNICDriver(t *testing.T) {
 	var ifc *nic.Interface
 	if err := lab.Do(0, func() error {
 		var err error
-		ifc, err = nic.Attach(ctx, nic.Config{Members: []nic.Member{u.Member()}, TLS: ca.ClientConfig(nil)})
+		ifc, err = nic.Attach(ctx, nic.Config{Members: []nic.Member{u.Member()}, TLS: func() *tls.Config { return ca.ClientConfig(nil) }})
 		return err
 	}); err != nil {
 		t.Fatal(err)

@@ -23,10 +23,11 @@
 // (AttachConfig.TLS, NICConfig.TLS and the like: normally
 // pki.LoadClientTLS of the cluster CA's certificate; a NIC lease's
 // lenders are refused without one); the others in plaintext, as the
-// lease says. AttachConfig.TLS is a function an attachment calls at each
-// dial of a block part and each follow of a memory lease, so that a
-// caller that follows a CA rotation (rialto attach: pki.Roots) verifies a
-// lender renewed from the new CA.
+// lease says. AttachConfig.TLS and NICConfig.TLS are functions an
+// attachment calls at each dial of a block part, each follow of a memory
+// lease and each dial of a NIC lease's lender (its redials included), so
+// that a caller that follows a CA rotation (rialto attach: pki.Roots)
+// verifies a lender renewed from the new CA.
 //
 // The package holds no state: its functions may be called concurrently.
 // What they return (a *stripe.Attachment, a *client.Client, a

@@ -17,12 +17,15 @@ type NICConfig struct {
 	Mode         nic.Mode // a composed lease's bond mode (default flow)
 	Conns        int      // connections per lender
 	DefaultRoute bool     // also route everything else through it
-	// TLS is the client configuration for lenders whose tunnels run under
-	// TLS (rialto-nics://, the default): normally pki.LoadClientTLS of
-	// the cluster CA's certificate; the lender's node certificate must
-	// chain to it and name the host of the lender's URI. Without it, a
-	// lease with such a lender is refused.
-	TLS *tls.Config
+	// TLS returns the client configuration for lenders whose tunnels run
+	// under TLS (rialto-nics://, the default): normally one that trusts
+	// the cluster CA's certificates (pki.LoadClientTLS, or
+	// pki.Roots.ClientTLS for the certificates in use as they change);
+	// the lender's node certificate must chain to them and name the host
+	// of the lender's URI. It is called at each dial of a lender, its
+	// redials included (nic.Config.TLS), as AttachConfig.TLS. Without it,
+	// a lease with such a lender is refused.
+	TLS func() *tls.Config
 	// Lease, if set, reads the lease's current record (from the control
 	// plane): a lender that refuses its URI's scheme on a redial (it was
 	// restarted with the other --insecure-dataplane setting, and serves

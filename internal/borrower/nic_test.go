@@ -95,7 +95,7 @@ func TestAttachNIC(t *testing.T) {
 	var ifc *NICAttachment
 	if err := lab.Do(0, func() error {
 		var err error
-		ifc, err = AttachNIC(ctx, l, NICConfig{Name: "rnic7", TLS: ca.ClientConfig(nil)})
+		ifc, err = AttachNIC(ctx, l, NICConfig{Name: "rnic7", TLS: StaticTLS(ca.ClientConfig(nil))})
 		return err
 	}); err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"os"
 	"slices"
 	"testing"
 	"time"
@@ -62,10 +63,21 @@ func TestCACertificatesRoute(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the rotated CA certificates: %v", err)
 	}
-	// The running control plane keeps its own signing certificate first
-	// (pki: followRotation): its order, not the directory's.
 	if got.CAHash == old || got.CAHash != cp.ca.CertHash() || pki.CertsHash(certs) != got.CAHash || len(certs) != 2 ||
 		!slices.ContainsFunc(certs, rotated.Certificate().Equal) || !slices.ContainsFunc(certs, oldCA.Equal) {
 		t.Fatalf("after the rotation: hash %q of %d certificates, want the new CA's and the old one's (%q)", got.CAHash, len(certs), cp.ca.CertHash())
+	}
+	// The running control plane keeps signing with its own (old) key, but
+	// hands out the directory's bundle, as a restarted one would
+	// (pki.SortCerts): a caller holding that has it already.
+	file, err := os.ReadFile(rotated.CertFile())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.CACertificate != string(file) || got.CAHash != rotated.CertHash() {
+		t.Fatalf("after the rotation: the bundle handed out is not the directory's %s", rotated.CertFile())
+	}
+	if again, err := c.CACertificates(ctx, rotated.CertHash()); err != nil || again.CACertificate != "" {
+		t.Fatalf("with the hash of the directory's bundle: %+v, %v; want the hash alone", again, err)
 	}
 }

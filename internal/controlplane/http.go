@@ -95,7 +95,7 @@ func (s *Server) routeTable() []route {
 			Request: api.NodeCertificateRequest{}, Response: api.NodeCertificateResponse{}, Errors: []int{400, 401, 403, 404, 500}}, accessNode, s.hNodeCertificate},
 			route{httpapi.Route{Method: "GET", Path: "/v1/ca-certificates",
 				Summary:  "The cluster CA's certificates the control plane trusts (PEM), unless their hash is ca_hash: a long-running client follows a CA rotation with them.",
-				Response: api.CACertificates{}, Query: []httpapi.Param{{Name: "ca_hash", Type: "string", Description: "the hash of the certificates the caller holds (hex SHA-256 of their DER, in order): the answer leaves them out when it is theirs"}},
+				Response: api.CACertificates{}, Query: []httpapi.Param{{Name: "ca_hash", Type: "string", Description: "the hash of the certificates the caller holds (hex SHA-256 of their DER, newest first): the answer leaves them out when it is theirs"}},
 				Errors: readErrors}, accessReader, s.hCACertificates})
 	}
 	return rts

@@ -11,8 +11,9 @@
 //
 // A CA directory holds, in the file names libnbd, nbdkit and qemu expect:
 //
-//	ca-cert.pem   the trusted CA certificates (the signing CA first; after a
-//	              rotation, older CA certificates follow until dropped)
+//	ca-cert.pem   the trusted CA certificates, newest first ([SortCerts]:
+//	              after a rotation, the new, signing CA, then older CA
+//	              certificates until dropped)
 //	ca-key.pem    the signing CA's private key (0600)
 //	ca-crl.pem    the revocation list, an X.509 CRL signed by the CA
 //	issued.txt    the certificates issued and not yet expired (serial,

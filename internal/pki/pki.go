@@ -222,8 +222,12 @@ func lockDir(dir string) (func(), error) {
 	return func() { _ = filelock.Close(f) }, nil
 }
 
-// newCACert makes a CA key and self-signed certificate.
-func (ca *CA) newCACert() (*x509.Certificate, *ecdsa.PrivateKey, error) {
+// newCACert makes a CA key and self-signed certificate, valid from later
+// than every certificate of olds (a rotation's new CA is the newest of
+// the bundle, first in SortCerts's order as in ca-cert.pem, even when made
+// within the second of the one before: certificates count whole
+// seconds), but never from later than now.
+func (ca *CA) newCACert(olds []*x509.Certificate) (*x509.Certificate, *ecdsa.PrivateKey, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, fmt.Errorf("pki: %w", err)
@@ -233,10 +237,19 @@ func (ca *CA) newCACert() (*x509.Certificate, *ecdsa.PrivateKey, error) {
 		return nil, nil, err
 	}
 	now := ca.now()
+	notBefore := now.Add(-backdate).Truncate(time.Second)
+	for _, c := range olds {
+		if !notBefore.After(c.NotBefore) {
+			notBefore = c.NotBefore.Add(time.Second)
+		}
+	}
+	if notBefore.After(now) {
+		notBefore = now
+	}
 	tmpl := &x509.Certificate{
 		SerialNumber:          newSerial(),
 		Subject:               pkix.Name{Organization: []string{"Rialto"}, CommonName: ca.opts.CommonName + " " + hex.EncodeToString(ski[:4])},
-		NotBefore:             now.Add(-backdate),
+		NotBefore:             notBefore,
 		NotAfter:              now.Add(ca.opts.Lifetime),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
 		BasicConstraintsValid: true,
@@ -256,7 +269,7 @@ func (ca *CA) newCACert() (*x509.Certificate, *ecdsa.PrivateKey, error) {
 }
 
 func (ca *CA) create() error {
-	cert, key, err := ca.newCACert()
+	cert, key, err := ca.newCACert(nil)
 	if err != nil {
 		return err
 	}
@@ -290,14 +303,22 @@ func (ca *CA) load() error {
 	if !ok {
 		return fmt.Errorf("pki: %s: not an ECDSA key", CAKeyFile)
 	}
-	signer := certs[0]
-	if pub, ok := signer.PublicKey.(*ecdsa.PublicKey); !ok || !pub.Equal(&key.PublicKey) {
-		return fmt.Errorf("pki: %s does not match the first certificate of %s", CAKeyFile, CACertFile)
+	// The signing certificate is the key's, wherever it is in the file
+	// (SortCerts puts the newest first; one written before had it
+	// first).
+	i := slices.IndexFunc(certs, func(c *x509.Certificate) bool {
+		pub, ok := c.PublicKey.(*ecdsa.PublicKey)
+		return ok && pub.Equal(&key.PublicKey)
+	})
+	if i < 0 {
+		return fmt.Errorf("pki: %s does not match any certificate of %s", CAKeyFile, CACertFile)
 	}
+	signer := certs[i]
 	if !signer.IsCA {
-		return fmt.Errorf("pki: the first certificate of %s is not a CA", CACertFile)
+		return fmt.Errorf("pki: the certificate of %s's key in %s is not a CA", CAKeyFile, CACertFile)
 	}
-	ca.signer, ca.key, ca.trusted = signer, key, certs
+	trusted := append([]*x509.Certificate{signer}, slices.Delete(slices.Clone(certs), i, i+1)...)
+	ca.signer, ca.key, ca.trusted = signer, key, trusted
 	ca.rebuildPool()
 	return ca.loadCRL()
 }
@@ -414,9 +435,11 @@ func (ca *CA) writeKey() error {
 	return writeAtomic(filepath.Join(ca.dir, CAKeyFile), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), 0o600)
 }
 
+// writeCerts writes ca-cert.pem: the trusted CA certificates in their
+// canonical order (SortCerts), as CertPEM hands them out.
 func (ca *CA) writeCerts() error {
 	var b bytes.Buffer
-	for _, c := range ca.trusted {
+	for _, c := range SortCerts(ca.trusted) {
 		pem.Encode(&b, &pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
 	}
 	return writeAtomic(filepath.Join(ca.dir, CACertFile), b.Bytes(), 0o644)
@@ -515,12 +538,16 @@ func (ca *CA) Certificate() *x509.Certificate {
 	return ca.signer
 }
 
-// CertPEM returns the trusted CA certificates (the content of ca-cert.pem).
+// CertPEM returns the trusted CA certificates, in their canonical order
+// (SortCerts): the content of ca-cert.pem, whether this process loaded
+// the directory so or followed a rotation of it since (it keeps its own
+// signing certificate, the old CA's, but hands out the bundle a restarted
+// process does).
 func (ca *CA) CertPEM() []byte {
 	ca.mu.RLock()
 	defer ca.mu.RUnlock()
 	var b bytes.Buffer
-	for _, c := range ca.trusted {
+	for _, c := range SortCerts(ca.trusted) {
 		pem.Encode(&b, &pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
 	}
 	return b.Bytes()
@@ -535,14 +562,33 @@ func (ca *CA) CertHash() string {
 	return CertsHash(ca.trusted)
 }
 
-// CertsHash identifies a CA bundle: the hex SHA-256 of its certificates'
-// DER, in order.
+// CertsHash identifies a CA bundle whatever the order of its
+// certificates: the hex SHA-256 of their DER in their canonical order
+// (SortCerts).
 func CertsHash(certs []*x509.Certificate) string {
 	h := sha256.New()
-	for _, c := range certs {
+	for _, c := range SortCerts(certs) {
 		h.Write(c.Raw)
 	}
 	return hex.EncodeToString(h.Sum(nil))
+}
+
+// SortCerts returns a CA bundle's certificates in their canonical order,
+// the one every bundle is handed out and identified in (CA.CertPEM,
+// CertsHash, Roots): the newest first (the latest NotBefore; between
+// equals, the lesser DER), each certificate once. It is the order of
+// ca-cert.pem (after `rialto ca rotate`, the new CA first), so that a
+// bundle handed out is that file byte for byte (writeCerts writes it so).
+// certs is left as it is.
+func SortCerts(certs []*x509.Certificate) []*x509.Certificate {
+	out := slices.Clone(certs)
+	slices.SortStableFunc(out, func(a, b *x509.Certificate) int {
+		if c := b.NotBefore.Compare(a.NotBefore); c != 0 {
+			return c
+		}
+		return bytes.Compare(a.Raw, b.Raw)
+	})
+	return slices.CompactFunc(out, func(a, b *x509.Certificate) bool { return a.Equal(b) })
 }
 
 // Pool returns a pool of the trusted CA certificates.
@@ -847,7 +893,7 @@ func (ca *CA) Rotate() error {
 	defer unlock()
 	ca.mu.Lock()
 	defer ca.mu.Unlock()
-	cert, key, err := ca.newCACert()
+	cert, key, err := ca.newCACert(ca.trusted)
 	if err != nil {
 		return err
 	}

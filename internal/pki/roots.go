@@ -60,7 +60,9 @@ type rootSet struct {
 	hash  string // CertsHash(certs)
 }
 
+// newRootSet is the set of certs, in their canonical order (SortCerts).
 func newRootSet(certs []*x509.Certificate) *rootSet {
+	certs = SortCerts(certs)
 	pool := x509.NewCertPool()
 	for _, c := range certs {
 		pool.AddCert(c)
@@ -91,7 +93,8 @@ func LoadRoots(caFile string) (*Roots, error) {
 // File is the file the certificates were first read from.
 func (r *Roots) File() string { return r.file }
 
-// Certs are the CA certificates in use.
+// Certs are the CA certificates in use, in their canonical order
+// (SortCerts).
 func (r *Roots) Certs() []*x509.Certificate { return r.cur.Load().certs }
 
 // Pool is a pool of the CA certificates in use: another pool once they

@@ -152,10 +152,8 @@ type Rack struct {
 	admin  string
 	url    string
 	caFile string // the cluster CA's certificate (StateDir/tls/ca-cert.pem)
-	hc     *http.Client
 	cp     Node
 	agents []Node
-	client *api.Client
 	lock   *os.File
 	reaper *reaper
 	out    *netns.Outside
@@ -166,6 +164,7 @@ type Rack struct {
 	closeErr  error
 
 	mu     sync.Mutex
+	client *api.Client      // loadClient's
 	procs  map[string]*proc // by node name; the latest process of each
 	closed bool
 	exits  chan Exit
@@ -366,11 +365,7 @@ func Start(ctx context.Context, cfg Config) (_ *Rack, err error) {
 		return nil, fmt.Errorf("rack: %w", err)
 	}
 	r.caFile = ca.CertFile()
-	if r.hc, err = api.HTTPClient(r.caFile, 30*time.Second); err != nil {
-		return nil, fmt.Errorf("rack: %w", err)
-	}
 	r.url = "https://" + net.JoinHostPort(r.cp.Addr.String(), strconv.Itoa(cfg.APIPort))
-	r.client = api.NewClient(r.url, r.admin, r.hc)
 
 	if err := r.StartControlPlane(ctx); err != nil {
 		return nil, err
@@ -415,7 +410,27 @@ func (r *Rack) AdminToken() string { return r.admin }
 func (r *Rack) BootstrapToken() string { return r.boot }
 
 // Client is an API client with the admin token.
-func (r *Rack) Client() *api.Client { return r.client }
+func (r *Rack) Client() *api.Client {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.client
+}
+
+// loadClient makes the Rack's API client anew with the CA certificates
+// the state dir's ca-cert.pem holds now (at each StartControlPlane: after
+// a `rialto ca rotate --tls-dir STATE/tls`, the restarted control plane's
+// certificate comes from the new CA). Clients Client returned before keep
+// the certificates of then.
+func (r *Rack) loadClient() (*http.Client, error) {
+	hc, err := api.HTTPClient(r.caFile, 30*time.Second)
+	if err != nil {
+		return nil, fmt.Errorf("rack: %w", err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.client = api.NewClient(r.url, r.admin, hc)
+	return hc, nil
+}
 
 // Env is RIALTO_ADDR, RIALTO_CACERT and RIALTO_TOKEN (the admin token) for
 // a CLI process: cmd.Env = append(os.Environ(), r.Env()...).
@@ -542,14 +557,20 @@ func (r *Rack) agentArgs(n Node) []string {
 
 // StartControlPlane starts the control plane's process (at Start, or again
 // after KillControlPlane or StopControlPlane) and waits until it serves.
+// The Rack's client (Client) verifies it with the CA certificates of the
+// state dir's ca-cert.pem as it is then (those of a CA rotation too).
 func (r *Rack) StartControlPlane(ctx context.Context) error {
+	base, err := r.loadClient()
+	if err != nil {
+		return err
+	}
 	p, err := r.start(r.cp, r.serverArgs(), []string{"RIALTO_BOOTSTRAP_TOKEN=" + r.boot, "RIALTO_ADMIN_TOKEN=" + r.admin})
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.ReadyTimeout)
 	defer cancel()
-	hc := *r.hc
+	hc := *base
 	hc.Timeout = 2 * time.Second
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
@@ -603,7 +624,7 @@ func (r *Rack) waitAgents(ctx context.Context, since time.Time, ns ...Node) erro
 	defer tick.Stop()
 	var last string
 	for {
-		nodes, err := r.client.Nodes(ctx)
+		nodes, err := r.Client().Nodes(ctx)
 		if err == nil {
 			byName := map[string]api.Node{}
 			for _, n := range nodes {

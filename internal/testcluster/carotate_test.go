@@ -60,8 +60,19 @@ func TestRunningAgentFollowsCARotation(t *testing.T) {
 	if !slices.ContainsFunc(certs, newCA.Equal) || !slices.ContainsFunc(certs, oldCA.Equal) {
 		t.Fatalf("the agent keeps %d CA certificates, want the new CA's and the old one's", len(certs))
 	}
-	if st, err := os.Stat(kept); err != nil || st.Mode().Perm() != 0o644 {
-		t.Fatalf("%s: %v, mode %v, want 0644", kept, err, st.Mode().Perm())
+	keptSt, err := os.Stat(kept)
+	if err != nil || keptSt.Mode().Perm() != 0o644 {
+		t.Fatalf("%s: %v, mode %v, want 0644", kept, err, keptSt.Mode().Perm())
+	}
+	// What the agent keeps is the rotated directory's ca-cert.pem, byte
+	// for byte (`cmp STATE/ca-cert.pem DIR/ca-cert.pem`, docs/operations.md),
+	// though the running control plane still signs with the old CA.
+	keptPEM, err := os.ReadFile(kept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dirPEM, err := os.ReadFile(c.CA.CertFile()); err != nil || !bytes.Equal(keptPEM, dirPEM) {
+		t.Fatalf("the agent keeps other bytes than the directory's %s (%v)", c.CA.CertFile(), err)
 	}
 
 	// The control plane restarts on the rotated directory: its API
@@ -71,6 +82,11 @@ func TestRunningAgentFollowsCARotation(t *testing.T) {
 		t.Fatalf("the restarted control plane's API certificate is issued by %q, want the new CA", got.Subject.CommonName)
 	}
 	c.Heartbeat() // fails the test if the agent refuses it
+	// The restarted control plane's bundle is the one the agent has: its
+	// answer brings none, and the agent keeps its file as it was.
+	if st, err := os.Stat(kept); err != nil || !st.ModTime().Equal(keptSt.ModTime()) {
+		t.Fatalf("the agent took the restarted control plane's CA certificates again (%s rewritten: %v)", kept, err)
+	}
 	if st := c.NodeState(n.ID()); st != api.NodeReady {
 		t.Fatalf("the node after the control plane's restart: %s, want ready", st)
 	}

@@ -86,12 +86,16 @@ type Config struct {
 	Keepalive time.Duration
 	// Dial opens connections (default: a net.Dialer with a 5 s timeout).
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
-	// TLS is the client configuration for members whose tunnel runs under
-	// TLS (Member.TLS): the cluster CA, which the lender's node
-	// certificate must chain to (pki.LoadClientTLS). An empty ServerName
-	// is the host of the member's address. TLS 1.3 is the minimum. Attach
-	// refuses a TLS member without it.
-	TLS *tls.Config
+	// TLS returns the client configuration for members whose tunnel runs
+	// under TLS (Member.TLS): one that trusts the cluster CA, which the
+	// lender's node certificate must chain to (pki.LoadClientTLS, or
+	// pki.Roots.ClientTLS for the CA certificates in use as they change).
+	// It is called at each dial, a lost member's redials included, so
+	// that the CA certificates it trusts may change while the interface
+	// is attached (a `rialto attach` following a CA rotation). An empty
+	// ServerName is the host of the member's address. TLS 1.3 is the
+	// minimum. Attach refuses a TLS member without it.
+	TLS func() *tls.Config
 	// Refresh, if set, is asked for member k's current Member (Members'
 	// index) when a redial of it is refused for its URI's scheme: a TLS
 	// lender was sent a plaintext HELLO (ErrTLSRequired), or a plaintext
@@ -530,7 +534,12 @@ func (m *member) dial(ctx context.Context, want netip.Addr) (*session, Welcome, 
 		}
 		_ = c.SetDeadline(time.Now().Add(helloTimeout))
 		if mm.TLS {
-			tc := tls.Client(c, clientTLS(cfg.TLS, mm.Addr))
+			base := cfg.TLS()
+			if base == nil {
+				c.Close()
+				return fail(fmt.Errorf("%w: lender %s serves its tunnel under TLS (%s://) and no cluster CA is configured to verify it", ErrNoCA, mm.Addr, SchemeTLS))
+			}
+			tc := tls.Client(c, clientTLS(base, mm.Addr))
 			if err := tc.HandshakeContext(ctx); err != nil {
 				c.Close()
 				return fail(tlsDialErr(mm.Addr, err))

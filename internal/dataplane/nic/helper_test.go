@@ -120,6 +120,14 @@ func clientTLSConfig(caPEM []byte, serverName string) (*tls.Config, error) {
 	return &tls.Config{RootCAs: pool, ServerName: serverName}, nil
 }
 
+// staticTLS is a Config.TLS that always returns cfg (nil: none).
+func staticTLS(cfg *tls.Config) func() *tls.Config {
+	if cfg == nil {
+		return nil
+	}
+	return func() *tls.Config { return cfg }
+}
+
 type borrowerReport struct {
 	Addr    netip.Addr     `json:"addr"`
 	Routes  []netip.Prefix `json:"routes"`
@@ -140,7 +148,7 @@ func helperBorrower() int {
 		return 2
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	i, err := Attach(ctx, Config{Members: spec.Members, Mode: spec.Mode, Conns: spec.Conns, Name: spec.Name, TLS: tcfg, Logger: log})
+	i, err := Attach(ctx, Config{Members: spec.Members, Mode: spec.Mode, Conns: spec.Conns, Name: spec.Name, TLS: staticTLS(tcfg), Logger: log})
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

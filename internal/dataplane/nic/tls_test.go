@@ -342,7 +342,7 @@ func TestBorrowerRefusesUntrustedLender(t *testing.T) {
 		var ifc *Interface
 		err := r.lab.Do(0, func() error {
 			var err error
-			ifc, err = Attach(ctx, Config{Members: []Member{c.m}, Name: "rnic0", TLS: tcfg})
+			ifc, err = Attach(ctx, Config{Members: []Member{c.m}, Name: "rnic0", TLS: staticTLS(tcfg)})
 			return err
 		})
 		cancel()

@@ -3,6 +3,7 @@ package vmtest
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
 	"debug/elf"
 	"fmt"
 	"os"
@@ -24,6 +25,12 @@ const (
 	Wrote = "RIALTO-WROTE"
 	Found = "RIALTO-FOUND"
 	Idle  = "RIALTO-IDLE"
+	// Read is printed once idle, about every second, by a guest booted
+	// with AppendReads: each time it reads the marker from its disk
+	// anew, past its page cache (O_DIRECT), so that the line shows the
+	// disk still answers; followed by what it read (empty when the read
+	// failed).
+	Read = "RIALTO-READ"
 )
 
 // Guest is a kernel and an initramfs to boot it with.
@@ -37,6 +44,10 @@ type Guest struct {
 func Append(marker string) string {
 	return "console=ttyS0 quiet panic=-1 rialto.marker=" + marker
 }
+
+// AppendReads is Append, and the guest keeps reading its marker from
+// its disk once idle (Read).
+func AppendReads(marker string) string { return Append(marker) + " rialto.reads=1" }
 
 var (
 	once   sync.Once
@@ -82,11 +93,13 @@ func build() (Guest, string) {
 	if err != nil {
 		return Guest{}, err.Error()
 	}
-	// One file per kernel and user in the temp dir, rebuilt by every test
-	// process (written aside, then renamed: a concurrent reader sees a
-	// whole archive).
+	// One file per kernel, user and /init in the temp dir, rebuilt by
+	// every test process (written aside, then renamed: a concurrent
+	// reader sees a whole archive); test processes of another /init
+	// (another checkout) write another file.
+	script := sha256.Sum256([]byte(initScript))
 	g := Guest{Kernel: pvh(bz, release), Release: release,
-		Initrd: filepath.Join(os.TempDir(), fmt.Sprintf("rialto-vmtest-initramfs-%s-%d.cpio", release, os.Getuid()))}
+		Initrd: filepath.Join(os.TempDir(), fmt.Sprintf("rialto-vmtest-initramfs-%s-%d-%x.cpio", release, os.Getuid(), script[:4]))}
 	tmp := fmt.Sprintf("%s.%d.tmp", g.Initrd, time.Now().UnixNano())
 	if err := initramfs(tmp, busybox, mods); err != nil {
 		os.Remove(tmp)
@@ -240,6 +253,14 @@ RIALTO-MARKER:*) echo "RIALTO-FOUND ${got#RIALTO-MARKER:}" ;;
 *) printf 'RIALTO-MARKER:%s' "$m" | dd of=/dev/vda bs=512 seek=2048 conv=sync,fsync 2>/dev/null && sync && echo "RIALTO-WROTE $m" ;;
 esac
 echo RIALTO-IDLE
+case " $(cat /proc/cmdline) " in
+*" rialto.reads=1 "*)
+	while true; do
+		got=$(dd if=/dev/vda bs=512 skip=2048 count=1 iflag=direct 2>/dev/null | tr -d '\000')
+		echo "RIALTO-READ ${got#RIALTO-MARKER:}"
+		sleep 1
+	done ;;
+esac
 while true; do sleep 3600; done
 `
 

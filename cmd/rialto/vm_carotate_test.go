@@ -1,0 +1,159 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/agent"
+	"github.com/rialto-project/rialto/internal/testcluster"
+	"github.com/rialto-project/rialto/internal/vm"
+	"github.com/rialto-project/rialto/internal/vm/vmtest"
+)
+
+// TestVMFollowsCARotation: a running `rialto vm run` whose disk is a
+// composed block lease (attached in the supervisor, as `rialto attach`
+// attaches it, and served to qemu on a Unix socket), given its own copy
+// of the cluster's ca-cert.pem (--cacert), which the rotation leaves as
+// it was, keeps its guest's disk across TestAttachFollowsCARotation's
+// rotation: `rialto ca rotate`, the control plane's restart (its API
+// certificate now from the new CA) and the lender's (its node certificate
+// renewed from the new CA: the disk's parts must be redialled). The
+// supervisor takes the rotated CA certificates from the control plane at
+// a lease check and lists them in the VM's record; the guest, which
+// keeps reading its disk past its page cache, reads it again once the
+// parts are redialled with them; and the supervisor still follows its
+// lease through the restarted control plane: releasing the lease stops
+// the VM. Before, the supervisor verified the control plane and the
+// lenders with the CA certificates of its start, and its redials failed
+// ("certificate signed by unknown authority").
+func TestVMFollowsCARotation(t *testing.T) {
+	if testing.Short() {
+		t.Skip("boots a guest")
+	}
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Skip("qemu-system-x86_64 not installed")
+	}
+	g := vmtest.Find(t)
+	c := testcluster.Start(t, testcluster.Options{TLS: true, Nodes: 1, Devices: []agent.DeviceConfig{
+		{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 16 << 20},
+		{Name: "disk1", Kind: api.KindBlock, Path: "disk1.img", Size: 16 << 20},
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	// A TTL of 8 s: the supervisor checks its lease, and the control
+	// plane's CA certificates, every 2 s (a quarter of it).
+	l, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeComposed, Count: 2, Size: 16 << 20, StripeUnit: 64 << 10,
+		TTLSeconds: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Parts) != 2 {
+		t.Fatalf("the composed lease has %d parts, want 2", len(l.Parts))
+	}
+	c.Heartbeat() // the lender serves the parts' exports
+	caCopy := filepath.Join(t.TempDir(), "vmca-ca-cert.pem")
+	if err := os.WriteFile(caCopy, c.CA.CertPEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	state := filepath.Join(t.TempDir(), "vms")
+	var out, errb syncBuffer
+	runCtx, stop := context.WithCancel(context.Background())
+	finished := make(chan struct{})
+	code := -1
+	go func() {
+		defer close(finished)
+		code = run(runCtx, []string{"vm", "run", "--disk", l.ID, "--kernel", g.Kernel, "--initrd", g.Initrd,
+			"--append", vmtest.AppendReads("ca-1"), "--accel", "tcg", "--memory", "128MiB", "--name", "guest",
+			"--state-dir", state, "--cacert", caCopy, "--log-level", "info"}, clusterEnv(c, t.TempDir(), &out, &errb))
+	}()
+	t.Cleanup(func() {
+		stop()
+		select {
+		case <-finished:
+		case <-time.After(time.Minute):
+			t.Error("vm run did not stop")
+		}
+		if t.Failed() {
+			t.Logf("vm run's log:\n%s", errb.String())
+		}
+	})
+	alive := func() {
+		t.Helper()
+		select {
+		case <-finished:
+			t.Fatalf("vm run exited %d: %s", code, errb.String())
+		default:
+		}
+	}
+	var rec vm.Record
+	testcluster.Eventually(t, time.Minute, "the VM to run", func() bool {
+		alive()
+		rec, err = vm.LoadRecord(state, "guest")
+		return err == nil && rec.QEMUPID > 0
+	})
+	if !slices.Equal(rec.CACertificates, []string{fingerprint(c.CA.Certificate())}) {
+		t.Fatalf("the VM's record lists CA certificates %q, want --cacert's", rec.CACertificates)
+	}
+	if line := vmtest.WaitConsole(t, rec.Console, 0, vmtest.Read, 4*time.Minute); line != vmtest.Read+" ca-1" {
+		t.Fatalf("the guest reads %q from its disk, want its marker", line)
+	}
+
+	newCA := c.RotateCA()
+	c.Heartbeat()
+	testcluster.Eventually(t, 30*time.Second, "the VM's record to list the rotated CA certificates", func() bool {
+		alive()
+		rec, err := vm.LoadRecord(state, "guest")
+		return err == nil && slices.Contains(rec.CACertificates, fingerprint(newCA))
+	})
+	c.RestartControlPlane()
+	n := c.Nodes[0]
+	n.Restart()
+	c.Heartbeat()
+	if iss := agentIssuer(ctx, t, c, n.ID()); !iss.Equal(newCA) {
+		t.Fatalf("the restarted lender's certificate is issued by %q, want the new CA", iss.Subject.CommonName)
+	}
+
+	// The guest reads its disk again: the supervisor redialled the parts.
+	// The second read counted began after the first one's line, so after
+	// the lender's restart.
+	st, err := os.Stat(rec.Console)
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := st.Size()
+	testcluster.Eventually(t, 2*time.Minute, "the guest to read its marker twice after the lender's restart", func() bool {
+		alive()
+		b, err := os.ReadFile(rec.Console)
+		if err != nil || int64(len(b)) < from {
+			return false
+		}
+		reads := 0
+		for _, line := range strings.Split(string(b[from:]), "\n") {
+			if strings.TrimRight(line, "\r") == vmtest.Read+" ca-1" {
+				reads++
+			}
+		}
+		return reads >= 2
+	})
+
+	// The supervisor reads its lease from the restarted control plane:
+	// releasing it stops the VM.
+	if _, err := c.Client().ReleaseLease(ctx, l.ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-finished:
+	case <-time.After(time.Minute):
+		t.Fatalf("the VM still runs a minute after its lease's release: %s", errb.String())
+	}
+	if want := "lease " + l.ID + " is released"; code == 0 || !strings.Contains(errb.String(), want) {
+		t.Fatalf("vm run exited %d, saying %q; want it to say %q", code, errb.String(), want)
+	}
+}
