@@ -26,11 +26,17 @@ var leakMark = []byte("LEAK-OTHER-EXPORT!")
 // offset (tagged), and returns its path and contents.
 func patternFile(t testing.TB, size int) (string, []byte) {
 	t.Helper()
+	return patternFileIn(t, t.TempDir(), size)
+}
+
+// patternFileIn is patternFile in dir.
+func patternFileIn(t testing.TB, dir string, size int) (string, []byte) {
+	t.Helper()
 	data := make([]byte, size)
 	for o := 0; o < size; o += 8 {
 		binary.LittleEndian.PutUint64(data[o:], uint64(o)|0xD15C<<48)
 	}
-	p := filepath.Join(t.TempDir(), "disk.img")
+	p := filepath.Join(dir, "disk.img")
 	if err := os.WriteFile(p, data, 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -65,8 +65,15 @@ func TestMappedWrite(t *testing.T) {
 					t.Fatalf("write [%d,+%d): the file does not hold it", tc.off, tc.n)
 				}
 				got := make([]byte, tc.n)
+				r0 := mappedReads.Load()
 				if _, err := c.ReadAt(got, int64(tc.off)); err != nil || !bytes.Equal(got, p) {
 					t.Fatalf("read back [%d,+%d): %v", tc.off, tc.n, err)
+				}
+				// On a plain socket a read of data, large or small, is
+				// answered from the mapping (over TLS it is encrypted
+				// from a buffer).
+				if !tr.tls && mappedReads.Load() == r0 {
+					t.Errorf("read [%d,+%d) was not answered from the mapping", tc.off, tc.n)
 				}
 			}
 			if f, _ := os.ReadFile(path); len(f) != 4<<20 || !bytes.Equal(f[4096:12345], make([]byte, 12345-4096)) {

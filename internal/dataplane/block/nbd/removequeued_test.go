@@ -11,7 +11,8 @@ import (
 )
 
 // TestRemoveExportDropsQueuedSendfile removes an export while a large read
-// reply is being sent with sendfile to a client that does not read, then
+// reply is being sent (with sendfile from a file on disk, with writev from
+// the mapping of a file on tmpfs) to a client that does not read, then
 // writes other bytes over the range, as the next lease (or a wipe writing
 // zeroes) may once RemoveExport has returned. sendfile queues references
 // to the page cache, not copies: what the socket still held would be read
@@ -20,17 +21,36 @@ import (
 // gets what its socket had received by then (bytes that, on this host,
 // still reference the pages: out of the server's reach), then the end.
 func TestRemoveExportDropsQueuedSendfile(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		dir    func(*testing.T) string
+		mapped bool
+	}{{"sendfile", (*testing.T).TempDir, false}, {"mapping", fastDir, true}} {
+		t.Run(tc.name, func(t *testing.T) { testRemoveExportDropsQueuedRead(t, tc.dir(t), tc.mapped) })
+	}
+}
+
+func testRemoveExportDropsQueuedRead(t *testing.T, dir string, mapped bool) {
 	const size = 32 << 20
-	p, data := patternFile(t, size)
+	p, data := patternFileIn(t, dir, size)
 	b, err := OpenFile(p, FileOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	needZeroCopy(t, b)
+	if mapped && !memoryBacked(t, p) {
+		t.Skip("no tmpfs at /dev/shm")
+	}
+	if !mapped {
+		needZeroCopy(t, b)
+	}
 	s, addr := startServer(t, Export{Name: testName, Backend: b})
 	rc := rawDial(t, addr, clientFlagFixedNewstyle|clientFlagNoZeroes)
+	m0 := mappedReads.Load()
 	rc.startLargeRead(size)
+	if mapped && mappedReads.Load() == m0 {
+		t.Fatal("the read was not answered from the mapping")
+	}
 	if err := s.RemoveExport(testName); err != nil {
 		t.Fatal(err)
 	}
