@@ -136,17 +136,8 @@ func TestPartitionMappedWrites(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer b.Close()
-			s := &Server{}
-			var opts []DialOption
-			if tr.tls {
-				pk := newTestPKI(t)
-				s.TLSConfig = pk.server
-				opts = append(opts, WithTLS(pk.clientConfig()))
-			}
-			if err := s.AddExport(Export{Name: testName, Backend: b}); err != nil {
-				t.Fatal(err)
-			}
-			c := dial(t, serveOn(t, s), testName, opts...)
+			addr, opts := serveExport(t, tr.tls, Export{Name: testName, Backend: b})
+			c := dial(t, addr, testName, opts...)
 			want := bytes.Clone(fill)
 			m0 := mappedWrites.Load()
 			for _, w := range []struct{ off, n int64 }{{0, 256 << 10}, {512 << 10, 64 << 10}, {plen - 1<<20, 1 << 20}} {

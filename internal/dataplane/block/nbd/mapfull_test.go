@@ -77,17 +77,8 @@ func TestMappedWriteFullTmpfs(t *testing.T) {
 			if b.mm == nil || !b.mm.writable {
 				t.Skip("the tmpfs file is not mapped writable")
 			}
-			s := &Server{}
-			var opts []DialOption
-			if tr.tls {
-				pk := newTestPKI(t)
-				s.TLSConfig = pk.server
-				opts = append(opts, WithTLS(pk.clientConfig()))
-			}
-			if err := s.AddExport(Export{Name: testName, Backend: b}); err != nil {
-				t.Fatal(err)
-			}
-			c := dial(t, serveOn(t, s), testName, opts...)
+			addr, opts := serveExport(t, tr.tls, Export{Name: testName, Backend: b})
+			c := dial(t, addr, testName, opts...)
 			small := make([]byte, 256<<10)
 			rand.Read(small)
 			m0 := mappedWrites.Load()

@@ -17,19 +17,33 @@ var mappedTransports = []struct {
 	tls  bool
 }{{"tls", true}, {"plain", false}}
 
-// serveMapped serves a sparse size-byte file on tmpfs over tr and returns
-// its path, the server's address and the client's dial options.
-func serveMapped(t *testing.T, tr bool, size int64) (path, addr string, opts []DialOption) {
+// serveMapped serves a sparse size-byte file on tmpfs over TLS or plain
+// TCP and returns its path, the server's address and the client's dial
+// options; it skips the test where /dev/shm is not a tmpfs.
+func serveMapped(t *testing.T, useTLS bool, size int64) (path, addr string, opts []DialOption) {
 	t.Helper()
-	dir := fastDir(t)
-	if !tr {
-		path, b := sparseFile(t, dir, size)
-		_, addr := startServer(t, Export{Name: testName, Backend: b})
-		return path, addr, nil
+	path, b := sparseFile(t, fastDir(t), size)
+	if !memoryBacked(t, path) {
+		t.Skip("no tmpfs at /dev/shm")
 	}
-	pk := newTestPKI(t)
-	path, addr, _ = serveFileTLS(t, pk, dir, size)
-	return path, addr, []DialOption{WithTLS(pk.clientConfig())}
+	addr, opts = serveExport(t, useTLS, Export{Name: testName, Backend: b})
+	return path, addr, opts
+}
+
+// serveExport serves ex until the test ends, over TLS (a test PKI's) or
+// plain TCP, and returns the address and the client's dial options.
+func serveExport(t *testing.T, useTLS bool, ex Export) (addr string, opts []DialOption) {
+	t.Helper()
+	s := &Server{}
+	if useTLS {
+		pk := newTestPKI(t)
+		s.TLSConfig = pk.server
+		opts = append(opts, WithTLS(pk.clientConfig()))
+	}
+	if err := s.AddExport(ex); err != nil {
+		t.Fatal(err)
+	}
+	return serveOn(t, s), opts
 }
 
 // TestMappedWrite: a write to a tmpfs file is read (over TLS, decrypted)
@@ -40,9 +54,6 @@ func TestMappedWrite(t *testing.T) {
 	for _, tr := range mappedTransports {
 		t.Run(tr.name, func(t *testing.T) {
 			path, addr, opts := serveMapped(t, tr.tls, 4<<20)
-			if !memoryBacked(t, path) {
-				t.Skip("no tmpfs at /dev/shm")
-			}
 			c := dial(t, addr, testName, opts...)
 			for _, tc := range []struct {
 				off, n int
@@ -94,9 +105,6 @@ func TestMappedWriteTruncated(t *testing.T) {
 	for _, tr := range mappedTransports {
 		t.Run(tr.name, func(t *testing.T) {
 			path, addr, opts := serveMapped(t, tr.tls, 4<<20)
-			if !memoryBacked(t, path) {
-				t.Skip("no tmpfs at /dev/shm")
-			}
 			c := dial(t, addr, testName, opts...)
 			first := make([]byte, 256<<10)
 			rand.Read(first)
@@ -166,19 +174,10 @@ func TestMappedWriteOnlyWhereAllowed(t *testing.T) {
 				if !memoryBacked(t, path) {
 					t.Skip("no tmpfs at /dev/shm")
 				}
-				s := &Server{}
-				var opts []DialOption
-				if tr.tls {
-					pk := newTestPKI(t)
-					s.TLSConfig = pk.server
-					opts = append(opts, WithTLS(pk.clientConfig()))
-				}
 				ex := tc.ex
 				ex.Name, ex.Backend = testName, b
-				if err := s.AddExport(ex); err != nil {
-					t.Fatal(err)
-				}
-				c := dial(t, serveOn(t, s), testName, opts...)
+				addr, opts := serveExport(t, tr.tls, ex)
+				c := dial(t, addr, testName, opts...)
 				p := make([]byte, 256<<10)
 				rand.Read(p)
 				var flags uint16
