@@ -75,7 +75,7 @@ func (f *caFollower) check(ctx context.Context) bool {
 	if !f.https {
 		return changed
 	}
-	got, err := f.c.CACertificates(ctx, f.roots.Hash())
+	got, err := f.c.CACertificates(ctx, f.roots.Hash(), 0)
 	if err != nil {
 		// A control plane without a cluster CA, or one that predates the
 		// route, answers 404; one unreachable is the lease watch's to say.
