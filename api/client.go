@@ -225,10 +225,13 @@ func (c *Client) NodeCertificate(ctx context.Context, nodeID string, r NodeCerti
 }
 
 // CACertificates returns the cluster CA's certificates the control plane
-// trusts, without them (only their hash) when their hash is caHash.
-func (c *Client) CACertificates(ctx context.Context, caHash string) (CACertificates, error) {
+// trusts, without them (only their hash) when their hash is caHash, and
+// its revocation list when the number of the caller's (crlNumber: 0 for
+// none) is lower.
+func (c *Client) CACertificates(ctx context.Context, caHash string, crlNumber int64) (CACertificates, error) {
 	var out CACertificates
-	err := c.Do(ctx, http.MethodGet, "/v1/ca-certificates?ca_hash="+url.QueryEscape(caHash), nil, &out)
+	q := url.Values{"ca_hash": {caHash}, "crl_number": {strconv.FormatInt(crlNumber, 10)}}
+	err := c.Do(ctx, http.MethodGet, "/v1/ca-certificates?"+q.Encode(), nil, &out)
 	return out, err
 }
 

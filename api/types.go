@@ -554,7 +554,9 @@ type NodeCertificateResponse struct {
 // CA's certificates the control plane trusts (its ca-cert.pem: after a
 // `rialto ca rotate`, the new CA's and the old one's), which a
 // long-running client (rialto attach) verifies the control plane and
-// lenders' data planes with from then on.
+// lenders' data planes with from then on, and the CA's revocation list
+// when the caller's is older, with which it refuses the lenders whose
+// certificates the list names.
 type CACertificates struct {
 	// CAHash identifies them: the hex SHA-256 of their DER, newest
 	// first (the canonical order, pki.SortCerts: whatever order a holder
@@ -564,6 +566,11 @@ type CACertificates struct {
 	// ca-cert.pem holds them; absent when CAHash is the request's ca_hash
 	// (the caller has them).
 	CACertificate string `json:"ca_certificate,omitempty"`
+	// CRL is the cluster CA's current revocation list (PEM, an X.509 CRL
+	// signed by one of the CA certificates) when the request's
+	// crl_number is lower than its number; absent when the request has
+	// no crl_number (as HeartbeatResponse.CRL).
+	CRL string `json:"crl,omitempty"`
 }
 
 // Heartbeat is an agent's periodic report.

@@ -56,6 +56,10 @@ type attachState struct {
 	// the control plane and lenders with: those of --cacert, or the
 	// control plane's since a CA rotation (caFollower).
 	CACertificates []string `json:"ca_certificates,omitempty"`
+	// CRLNumber is the number of the revocation list the attachment
+	// refuses lenders with (0: none): that beside --cacert, or the
+	// control plane's when newer (caFollower).
+	CRLNumber int64 `json:"crl_number,omitempty"`
 }
 
 // attachDir is where attachments are recorded: $XDG_RUNTIME_DIR/rialto, or
@@ -231,7 +235,7 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 			return fmt.Errorf("attach %s: %w", l.ID, err)
 		}
 		st := attachState{ID: l.ID, State: "attached", PID: os.Getpid(), URI: att.URI(), Size: att.Volume().Size(),
-			Parts: parts, Control: ctlPath, Started: time.Now().UTC(), WriteBack: att.WriteBack(), CACertificates: cf.caFingerprints()}
+			Parts: parts, Control: ctlPath, Started: time.Now().UTC(), WriteBack: att.WriteBack(), CACertificates: cf.caFingerprints(), CRLNumber: cf.crlNumber()}
 		if err := recordAttachment(file, st); err != nil {
 			att.Close()
 			os.Remove(ctlPath)
@@ -277,7 +281,8 @@ type attachHooks struct {
 	// goneErr is what holdAttachment returns then.
 	goneErr error
 	// ca, if set, is asked at each watch for CA certificates that changed
-	// (a CA rotation); those in use are recorded in the state file.
+	// (a CA rotation) and a newer revocation list; those in use are
+	// recorded in the state file.
 	ca *caFollower
 	// pending, if set, returns per part (in layout order) what its lender
 	// has not answered (writes, the final flush): what a "pending" on the
@@ -340,13 +345,15 @@ func holdAttachment(ctx context.Context, c *api.Client, l api.Lease, ctl net.Lis
 		names.Store(&m)
 	}
 	learnNames(l)
-	// The CA certificates the attachment verifies with once they changed
-	// (the kinds record those of its start: caFingerprints), for an
-	// operator to check that it follows a rotation (docs/operations.md).
+	// The CA certificates the attachment verifies with and the number of
+	// the revocation list it refuses lenders with, once they changed (the
+	// kinds record those of its start: caFingerprints, crlNumber), for an
+	// operator to check that it follows a rotation and the revocations
+	// (docs/operations.md).
 	recordCAs := func() {
 		st, err := readAttachState(file)
 		if err == nil {
-			st.CACertificates = h.ca.fingerprints()
+			st.CACertificates, st.CRLNumber = h.ca.fingerprints(), h.ca.crlNumber()
 			err = recordAttachment(file, st)
 		}
 		if err != nil {

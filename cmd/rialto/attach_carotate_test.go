@@ -126,6 +126,12 @@ func TestAttachMemoryFollowsCARotation(t *testing.T) {
 // rotation leaves as it was), and returns an NBD client of its export and
 // its state file, which lists the CA certificates of the copy.
 func attachWithCACopy(ctx context.Context, t *testing.T, c *testcluster.Cluster, id string) (*nbd.Client, string) {
+	nc, state, _ := attachWithCACopyLog(ctx, t, c, id)
+	return nc, state
+}
+
+// attachWithCACopyLog is attachWithCACopy, and returns attach's log too.
+func attachWithCACopyLog(ctx context.Context, t *testing.T, c *testcluster.Cluster, id string) (*nbd.Client, string, *syncBuffer) {
 	t.Helper()
 	caCopy := filepath.Join(t.TempDir(), "attachca-ca-cert.pem")
 	if err := os.WriteFile(caCopy, c.CA.CertPEM(), 0o644); err != nil {
@@ -147,7 +153,7 @@ func attachWithCACopy(ctx context.Context, t *testing.T, c *testcluster.Cluster,
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { nc.Close() })
-	return nc, state
+	return nc, state, errb
 }
 
 // rotateUnderAttach runs `rialto ca rotate` (the running control plane

@@ -52,7 +52,7 @@ func attachFUSE(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l a
 	// covered before it closes, as the NBD export's Close does.
 	closeAll := func() error { return errors.Join(m.Close(), vol.Shutdown()) }
 	st := attachState{ID: l.ID, State: "attached", PID: os.Getpid(), File: m.Path(), Size: vol.Size(),
-		Parts: parts, Control: ctlPath, Started: m.Started().UTC(), CACertificates: cf.caFingerprints()}
+		Parts: parts, Control: ctlPath, Started: m.Started().UTC(), CACertificates: cf.caFingerprints(), CRLNumber: cf.crlNumber()}
 	if err := recordAttachment(file, st); err != nil {
 		closeAll()
 		os.Remove(ctlPath)

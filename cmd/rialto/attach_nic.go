@@ -66,7 +66,7 @@ func attachNIC(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l ap
 	}
 	waitMembers(ctx, e, ifc, 10*time.Second)
 	st := attachState{ID: l.ID, State: "attached", PID: os.Getpid(), Size: l.Size, Parts: len(l.Parts), Control: ctlPath,
-		Started: time.Now().UTC(), Iface: ifc.Name(), Addr: ifc.Addr().String(), CACertificates: cf.caFingerprints()}
+		Started: time.Now().UTC(), Iface: ifc.Name(), Addr: ifc.Addr().String(), CACertificates: cf.caFingerprints(), CRLNumber: cf.crlNumber()}
 	for _, r := range ifc.Routes() {
 		st.Routes = append(st.Routes, r.String())
 	}

@@ -14,12 +14,17 @@ import (
 
 // caFollower keeps the CA certificates a long-running borrower (rialto
 // attach, the supervisor of rialto vm run) verifies the control plane and the lenders' data planes with
-// (cf.roots, see followRoots) current across a `rialto ca rotate`, as an
-// agent does with its heartbeats' answers: it asks the control plane for
-// its CA certificates (GET /v1/ca-certificates) over the API connection,
-// which it verified with the certificates it holds, and uses them from
-// then on. An operator's new --cacert file wins over them. Nothing a
-// lender says changes them.
+// (cf.roots, see followRoots) current across a `rialto ca rotate`, and the
+// revocation list it refuses lenders with current across revocations (a
+// `rialto node remove`), as an agent does with its heartbeats' answers:
+// it asks the control plane for its CA certificates and, when newer than
+// the one it holds, its revocation list (GET /v1/ca-certificates) over the
+// API connection, which it verified with the certificates it holds, and
+// uses them from then on. An operator's new --cacert file wins over the
+// certificates, and the list beside it (ca-crl.pem) over the control
+// plane's when its number is higher; a list that no CA certificate in use
+// signed, or older than the one held, is not taken. Nothing a lender says
+// changes them.
 type caFollower struct {
 	roots *pki.Roots
 	c     *api.Client
@@ -29,9 +34,9 @@ type caFollower struct {
 	// HTTP (--insecure-http) anyone on the path could answer.
 	https bool
 	// refused is the hash of the bundle the control plane's last answer
-	// carried and Use refused, warned about once; fileErr the --cacert
-	// file's last error, likewise.
-	refused, fileErr string
+	// carried and Use refused, warned about once; refusedCRL the list
+	// UseCRL refused, likewise; fileErr the --cacert file's last error.
+	refused, refusedCRL, fileErr string
 }
 
 // caFollower is the follower of the verb's CA certificates (followRoots)
@@ -57,8 +62,9 @@ func (cf *clientFlags) caFollower(c *api.Client, log *slog.Logger) *caFollower {
 }
 
 // check takes the --cacert file's certificates if an operator replaced
-// them, then the control plane's if they are others than those in use;
-// it reports whether those in use changed.
+// them, then the control plane's if they are others than those in use,
+// and its revocation list if it is newer than the one held; it reports
+// whether the certificates in use or the list held changed.
 func (f *caFollower) check(ctx context.Context) bool {
 	changed, err := f.roots.Reload()
 	fileErr := ""
@@ -75,15 +81,24 @@ func (f *caFollower) check(ctx context.Context) bool {
 	if !f.https {
 		return changed
 	}
-	got, err := f.c.CACertificates(ctx, f.roots.Hash())
+	got, err := f.c.CACertificates(ctx, f.roots.Hash(), f.crlNumber())
 	if err != nil {
 		// A control plane without a cluster CA, or one that predates the
 		// route, answers 404; one unreachable is the lease watch's to say.
 		f.log.Debug("asking the control plane for its CA certificates", "err", err)
 		return changed
 	}
+	// The certificates first: a list signed by a rotation's new CA
+	// verifies with them.
+	took := f.useCerts(got)
+	return f.useCRL(got.CRL) || changed || took
+}
+
+// useCerts takes the CA certificates of the control plane's answer got,
+// if it carries some, and reports whether those in use changed.
+func (f *caFollower) useCerts(got api.CACertificates) bool {
 	if got.CACertificate == "" {
-		return changed
+		return false
 	}
 	certs, err := pki.ParseCerts([]byte(got.CACertificate))
 	var took bool
@@ -95,12 +110,47 @@ func (f *caFollower) check(ctx context.Context) bool {
 			f.refused = got.CAHash
 			f.log.Warn("the control plane's CA certificates are refused; keeping those in use", "err", err)
 		}
-		return changed
+		return false
 	}
 	if took {
 		f.log.Info("CA certificates updated by the control plane", "cas", caNames(certs), "hash", f.roots.Hash())
 	}
-	return changed || took
+	return took
+}
+
+// useCRL takes the revocation list crlPEM of the control plane's answer
+// ("": none, the one held is current) if a CA certificate in use signed
+// it and it is newer than the one held, and reports whether it did.
+func (f *caFollower) useCRL(crlPEM string) bool {
+	if crlPEM == "" {
+		return false
+	}
+	took, err := f.roots.UseCRL([]byte(crlPEM))
+	if err != nil {
+		if crlPEM != f.refusedCRL {
+			f.refusedCRL = crlPEM
+			f.log.Warn("the control plane's revocation list is refused; keeping the one held", "err", err)
+		}
+		return false
+	}
+	if took {
+		f.log.Info("revocation list updated by the control plane: lenders whose certificates it names are refused", "crl_number", f.crlNumber())
+	}
+	return took
+}
+
+// crlNumber is the number of the revocation list held (0: none), for the
+// control plane's answer to leave it out when it has no newer one, and
+// for a record of what a long-running verb refuses lenders with.
+func (f *caFollower) crlNumber() int64 { return crlNumberOf(f.roots) }
+
+// crlNumberOf is the number of the revocation list r holds (0: none, or
+// one past an int64, which the API's numbers are).
+func crlNumberOf(r *pki.Roots) int64 {
+	if n := r.CRLNumber(); n != nil && n.IsInt64() {
+		return n.Int64()
+	}
+	return 0
 }
 
 // fingerprints are the fingerprints of the CA certificates in use (as
@@ -116,6 +166,16 @@ func (cf *clientFlags) caFingerprints() []string {
 		return nil
 	}
 	return fingerprints(cf.roots.Certs())
+}
+
+// crlNumber is the number of the revocation list the verb refuses
+// lenders with (0: none, or they do not follow: followRoots), for an
+// attachment's state (attachState.CRLNumber).
+func (cf *clientFlags) crlNumber() int64 {
+	if cf.roots == nil {
+		return 0
+	}
+	return crlNumberOf(cf.roots)
 }
 
 // caNames are the common names of certs, for logs.

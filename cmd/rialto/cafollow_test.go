@@ -3,12 +3,16 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -168,5 +172,168 @@ func TestCAFollowerTakesOnlyVerifiedCABundles(t *testing.T) {
 	}
 	if !f.check(ctx) || cf.roots.Hash() != other.CertHash() {
 		t.Fatal("the operator's new --cacert file was not taken")
+	}
+}
+
+// TestCAFollowerTakesOnlyNewerSignedCRLs: an attachment's CA follower
+// takes the revocation list an answer of GET /v1/ca-certificates carries
+// only if a CA certificate it verifies with signed it and its number is
+// higher than that of the list it holds, sends that number (crl_number),
+// and from then on refuses, at a dial, the lenders it names. A list of
+// another CA, even with a higher number, is refused (warned about once)
+// and does not change what is refused; an older list of the cluster's CA
+// (a stale answer) is not taken; and the ca-crl.pem beside --cacert still
+// counts: a newer one there wins over the control plane's.
+func TestCAFollowerTakesOnlyNewerSignedCRLs(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ca, err := pki.Open(t.TempDir(), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	caDir := t.TempDir() // the borrower's copy of ca-cert.pem, no list beside it
+	caFile := filepath.Join(caDir, "cafollow-crl-ca-cert.pem")
+	if err := os.WriteFile(caFile, ca.CertPEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lender := func() *x509.Certificate {
+		t.Helper()
+		iss, err := ca.Issue(pki.Request{CommonName: "node-crl", Hosts: []string{"127.0.0.1"}, Usage: pki.ServerAuth})
+		if err != nil {
+			t.Fatal(err)
+		}
+		certs, err := pki.ParseCerts(iss.CertPEM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return certs[0]
+	}
+	revoked, other := lender(), lender()
+	empty, n0 := string(ca.CRLPEM()), ca.CRLNumber().Int64()
+	if err := ca.Revoke(revoked.SerialNumber); err != nil {
+		t.Fatal(err)
+	}
+	first, n1 := string(ca.CRLPEM()), ca.CRLNumber().Int64() // names revoked
+	// Another CA's list, of a higher number, naming the other lender.
+	impostor, err := pki.Open(t.TempDir(), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		if err := impostor.Revoke(lender().SerialNumber); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := impostor.Revoke(other.SerialNumber); err != nil {
+		t.Fatal(err)
+	}
+	foreign := string(impostor.CRLPEM())
+	if impostor.CRLNumber().Cmp(ca.CRLNumber()) <= 0 {
+		t.Fatalf("the other CA's list is number %v, not higher than the CA's %v", impostor.CRLNumber(), ca.CRLNumber())
+	}
+
+	// The cluster's control plane, answering whatever list the test sets
+	// whatever the caller holds (a stale replica would), and noting the
+	// crl_number asked with.
+	var offered atomic.Pointer[string]
+	var asked atomic.Pointer[string]
+	hs := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet || r.URL.Path != "/v1/ca-certificates" {
+			http.NotFound(w, r)
+			return
+		}
+		n := r.URL.Query().Get("crl_number")
+		asked.Store(&n)
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(api.CACertificates{CAHash: ca.CertHash(), CRL: *offered.Load()})
+	}))
+	cfg, err := controlplane.APIServerTLS(ca, []string{"127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := cfg.GetCertificate(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Certificates, cfg.GetCertificate = []tls.Certificate{*cert}, nil
+	hs.TLS = cfg
+	hs.StartTLS()
+	t.Cleanup(hs.Close)
+
+	var logs syncBuffer
+	cf := &clientFlags{addr: hs.URL, caCert: caFile, token: "cafollow-token"}
+	if err := cf.followRoots(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := cf.client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := cf.caFollower(c, slog.New(slog.NewTextHandler(&logs, nil)))
+	// What a dial of a lender presenting cert is told (ClientTLS's check).
+	dial := func(cert *x509.Certificate) error {
+		return cf.roots.ClientTLS().VerifyConnection(tls.ConnectionState{PeerCertificates: []*x509.Certificate{cert}})
+	}
+	expect := func(when string, number int64, refused ...*x509.Certificate) {
+		t.Helper()
+		if got := f.crlNumber(); got != number {
+			t.Fatalf("%s: the list held is number %d, want %d", when, got, number)
+		}
+		for _, l := range []*x509.Certificate{revoked, other} {
+			err := dial(l)
+			if want := slices.Contains(refused, l); want != errors.Is(err, pki.ErrRevoked) {
+				t.Fatalf("%s: a dial of lender %s: %v (want it refused: %v)", when, l.SerialNumber.Text(16), err, want)
+			}
+		}
+	}
+	if n0 >= n1 {
+		t.Fatalf("the CA's list numbers: %d, then %d", n0, n1)
+	}
+	expect("at the start", 0)
+
+	offered.Store(&foreign)
+	for range 2 {
+		if f.check(ctx) {
+			t.Fatal("another CA's list was taken")
+		}
+	}
+	if n := strings.Count(logs.String(), "revocation list is refused"); n != 1 || !strings.Contains(logs.String(), "not signed by a trusted CA") {
+		t.Fatalf("the refused list was logged %d times, want once with why:\n%s", n, logs.String())
+	}
+	expect("offered another CA's list", 0)
+
+	offered.Store(&first)
+	if !f.check(ctx) {
+		t.Fatal("the control plane's newer list was not taken")
+	}
+	expect("offered the CA's newer list", n1, revoked)
+	if f.check(ctx) {
+		t.Fatal("the list held was taken again")
+	}
+	if a := asked.Load(); a == nil || *a != strconv.FormatInt(n1, 10) {
+		t.Fatalf("asked with crl_number %v, want %d (the list held)", a, n1)
+	}
+
+	offered.Store(&empty)
+	if f.check(ctx) {
+		t.Fatal("an older list of the CA was taken")
+	}
+	expect("offered the CA's older list", n1, revoked)
+
+	// A newer list beside --cacert (an operator copied it) wins; the
+	// control plane's older one stays refused.
+	if err := ca.Revoke(other.SerialNumber); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(caDir, pki.CRLFile), ca.CRLPEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	offered.Store(&first)
+	f.check(ctx)
+	n2 := ca.CRLNumber().Int64()
+	expect("a newer list beside --cacert", n2, revoked, other)
+	if a := asked.Load(); a == nil || *a != strconv.FormatInt(n2, 10) {
+		t.Fatalf("asked with crl_number %v, want %d (the file's)", a, n2)
 	}
 }

@@ -337,8 +337,9 @@ type leaseFollow struct {
 
 // watchLease renews the VM's disk lease before it expires and returns an
 // error when the lease has ended (the disk is gone: the guest must stop).
-// At each check it asks the control plane for its CA certificates too
-// (follow.ca: a CA rotation), as attach does at each --watch.
+// At each check it asks the control plane for its CA certificates and a
+// newer revocation list too (follow.ca: a CA rotation, a removed node's
+// certificates revoked), as attach does at each --watch.
 func watchLease(ctx context.Context, c *api.Client, l api.Lease, log *slog.Logger, follow leaseFollow) error {
 	ttl := time.Duration(l.TTLSeconds) * time.Second
 	every := min(max(ttl/4, time.Second), time.Minute)

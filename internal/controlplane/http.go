@@ -94,9 +94,10 @@ func (s *Server) routeTable() []route {
 			Summary: "Renew a node's certificate from a CSR (the call presents the current certificate over mutual TLS).",
 			Request: api.NodeCertificateRequest{}, Response: api.NodeCertificateResponse{}, Errors: []int{400, 401, 403, 404, 500}}, accessNode, s.hNodeCertificate},
 			route{httpapi.Route{Method: "GET", Path: "/v1/ca-certificates",
-				Summary:  "The cluster CA's certificates the control plane trusts (PEM), unless their hash is ca_hash: a long-running client follows a CA rotation with them.",
-				Response: api.CACertificates{}, Query: []httpapi.Param{{Name: "ca_hash", Type: "string", Description: "the hash of the certificates the caller holds (hex SHA-256 of their DER, newest first): the answer leaves them out when it is theirs"}},
-				Errors: readErrors}, accessReader, s.hCACertificates})
+				Summary:  "The cluster CA's certificates the control plane trusts (PEM), unless their hash is ca_hash, and its revocation list when newer than crl_number: a long-running client follows a CA rotation and the revocations with them.",
+				Response: api.CACertificates{}, Query: []httpapi.Param{{Name: "ca_hash", Type: "string", Description: "the hash of the certificates the caller holds (hex SHA-256 of their DER, newest first): the answer leaves them out when it is theirs"},
+					{Name: "crl_number", Type: "integer", Description: "the number of the revocation list the caller holds (0: none): the answer carries the CA's (crl) when its number is higher; without it, never"}},
+				Errors: []int{400, 401, 403, 500, 503}}, accessReader, s.hCACertificates})
 	}
 	return rts
 }

@@ -11,6 +11,7 @@ import (
 	"net/http/httptrace"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -406,11 +407,37 @@ func isInternalErrorAlert(err error) bool {
 // their hash is the caller's ca_hash. A long-running borrower (rialto
 // attach) asks over the connection it verified with the certificates it
 // holds, and verifies the control plane and lenders with them from then
-// on, as an agent does with its heartbeats' answers.
+// on, as an agent does with its heartbeats' answers. With crl_number, the
+// number of the revocation list the caller holds (0: none), the answer
+// carries the CA's list when its number is higher, as a heartbeat's
+// does: the borrower refuses the lenders it names from then on (a removed
+// node's, whose process may still serve).
 func (s *Server) hCACertificates(ctx context.Context, p principal, r *http.Request, w http.ResponseWriter) (int, any, error) {
+	q := r.URL.Query()
+	var held *big.Int
+	if v := q.Get("crl_number"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return 0, nil, fmt.Errorf("%w: crl_number=%q: want the number of the revocation list held (0: none)", ErrInvalid, v)
+		}
+		held = big.NewInt(n)
+	}
 	out := api.CACertificates{CAHash: s.cfg.CA.CertHash()}
-	if out.CAHash != r.URL.Query().Get("ca_hash") {
+	if out.CAHash != q.Get("ca_hash") {
 		out.CACertificate = string(s.cfg.CA.CertPEM())
+	}
+	if held != nil {
+		// A replica that has not heard itself lately on the broadcast
+		// channel re-reads the list first (as for a node's call:
+		// checkPeerRevoked).
+		if !s.cacheTrusted() {
+			if _, err := s.syncCRL(ctx); err != nil {
+				return 0, nil, fmt.Errorf("%w: cannot read the revocation list: %v", ErrUnavailable, err)
+			}
+		}
+		if s.cfg.CA.CRLNumber().Cmp(held) > 0 {
+			out.CRL = string(s.cfg.CA.CRLPEM())
+		}
 	}
 	return http.StatusOK, out, nil
 }

@@ -32,7 +32,9 @@
 // ca-cert.pem, an agent keeps the list the control plane hands it. A
 // long-running borrower holds its CA certificates as [Roots], which take
 // the control plane's after a rotation ([Roots.Use]: CA certificates only,
-// [CheckCAs]) or an operator's new file ([Roots.Reload]). Holders
+// [CheckCAs]) or an operator's new file ([Roots.Reload]), and the control
+// plane's revocation list when it is newer than the one beside the file
+// ([Roots.UseCRL]: signed by a CA certificate in use). Holders
 // of copies of one CA directory that share a record of the list elsewhere
 // (the control plane's replicas, in their store) sign that list with its
 // own number ([CA.Adopt]), so that each copy's ca-crl.pem is the same

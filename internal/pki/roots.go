@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"math/big"
 	"os"
 	"path/filepath"
 	"sync"
@@ -35,8 +36,10 @@ func CheckCAs(certs []*x509.Certificate) error {
 // rotate` (Use), or the file's again once someone replaced it (Reload).
 // ClientTLS is the client configuration of the certificates in use: a
 // caller asks for it at each dial. Server certificates the revocation
-// list beside the file names (ca-crl.pem, as LoadClientTLS) are refused;
-// the list's updates must be signed by a certificate in use.
+// list held names are refused: the one beside the file (ca-crl.pem, as
+// LoadClientTLS), or a newer one the control plane handed out (UseCRL),
+// whichever has the higher number; the list's updates must be signed by
+// a certificate in use.
 //
 // Zero value: not usable; use LoadRoots. Methods are safe for concurrent
 // use.
@@ -160,6 +163,20 @@ func (r *Roots) Reload() (bool, error) {
 	r.set(certs)
 	return true, nil
 }
+
+// UseCRL makes the revocation list crlPEM (an X.509 CRL, PEM) the one
+// held if a CA certificate in use signed it and its number is higher than
+// that of the list held (the file's, or one taken before); it reports
+// whether it did. A list of another CA is refused (an error); an older
+// one, or the one held, is not taken (false, no error). From then on
+// ClientTLS refuses the server certificates it names. As with Use, the
+// caller vouches for where it came from: an answer of the control plane
+// over a connection it verified with the certificates in use.
+func (r *Roots) UseCRL(crlPEM []byte) (bool, error) { return r.crl.Update(crlPEM) }
+
+// CRLNumber is the number of the revocation list held (nil: none), the
+// file's if it changed since (the higher number wins).
+func (r *Roots) CRLNumber() *big.Int { return r.crl.Number() }
 
 // set makes certs the certificates in use (r.mu held).
 func (r *Roots) set(certs []*x509.Certificate) {
