@@ -4,10 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
-	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -52,13 +50,7 @@ func TestAttachFollowsCARotation(t *testing.T) {
 	newCA := rotateUnderAttach(t, c, state)
 	// The control plane restarts with an API certificate of the new CA,
 	// then the lender with a node certificate of the new CA.
-	c.RestartControlPlane()
-	n := c.Nodes[0]
-	n.Restart()
-	c.Heartbeat()
-	if iss := agentIssuer(ctx, t, c, n.ID()); !iss.Equal(newCA) {
-		t.Fatalf("the restarted lender's certificate is issued by %q, want the new CA", iss.Subject.CommonName)
-	}
+	restartUnderNewCA(ctx, t, c, newCA)
 
 	// The attachment redials the lender, and goes on.
 	readWriteAfter(ctx, t, nc, before, 8192)
@@ -214,15 +206,19 @@ func agentIssuer(ctx context.Context, t *testing.T, c *testcluster.Cluster, id s
 	if err != nil {
 		t.Fatal(err)
 	}
-	u, err := url.Parse(node.AgentURL)
-	if err != nil {
-		t.Fatal(err)
+	return c.IssuerOf(t, node.AgentURL)
+}
+
+// restartUnderNewCA restarts the control plane, which then presents an
+// API certificate of the new CA, and then the lender c.Nodes[0], which
+// then holds a node certificate of newCA.
+func restartUnderNewCA(ctx context.Context, t *testing.T, c *testcluster.Cluster, newCA *x509.Certificate) {
+	t.Helper()
+	c.RestartControlPlane()
+	n := c.Nodes[0]
+	n.Restart()
+	c.Heartbeat()
+	if iss := agentIssuer(ctx, t, c, n.ID()); !iss.Equal(newCA) {
+		t.Fatalf("the restarted lender's certificate is issued by %q, want the new CA", iss.Subject.CommonName)
 	}
-	conn, err := tls.Dial("tcp", u.Host, c.CA.ClientConfig(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	chains := conn.ConnectionState().VerifiedChains
-	return chains[0][len(chains[0])-1]
 }

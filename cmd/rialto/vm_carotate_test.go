@@ -112,13 +112,7 @@ func TestVMFollowsCARotation(t *testing.T) {
 		rec, err := vm.LoadRecord(state, "guest")
 		return err == nil && slices.Contains(rec.CACertificates, fingerprint(newCA))
 	})
-	c.RestartControlPlane()
-	n := c.Nodes[0]
-	n.Restart()
-	c.Heartbeat()
-	if iss := agentIssuer(ctx, t, c, n.ID()); !iss.Equal(newCA) {
-		t.Fatalf("the restarted lender's certificate is issued by %q, want the new CA", iss.Subject.CommonName)
-	}
+	restartUnderNewCA(ctx, t, c, newCA)
 
 	// The guest reads its disk again: the supervisor redialled the parts.
 	// The second read counted began after the first one's line, so after

@@ -2,9 +2,6 @@ package testcluster
 
 import (
 	"bytes"
-	"crypto/tls"
-	"crypto/x509"
-	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -78,7 +75,7 @@ func TestRunningAgentFollowsCARotation(t *testing.T) {
 	// The control plane restarts on the rotated directory: its API
 	// certificate now comes from the new CA.
 	c.RestartControlPlane()
-	if got := apiIssuer(t, c); !got.Equal(newCA) {
+	if got := c.IssuerOf(t, c.URL); !got.Equal(newCA) {
 		t.Fatalf("the restarted control plane's API certificate is issued by %q, want the new CA", got.Subject.CommonName)
 	}
 	c.Heartbeat() // fails the test if the agent refuses it
@@ -111,23 +108,6 @@ func TestRunningAgentFollowsCARotation(t *testing.T) {
 	if got := c.Lease(l.ID); got.State != api.LeaseActive || !n.Serves(l.ID) {
 		t.Fatalf("the lease after the agent's restart: %s (served: %v), want active and served", got.State, n.Serves(l.ID))
 	}
-}
-
-// apiIssuer is the CA certificate (of c.CA) that issued the control
-// plane's API certificate.
-func apiIssuer(t *testing.T, c *Cluster) *x509.Certificate {
-	t.Helper()
-	u, err := url.Parse(c.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := tls.Dial("tcp", u.Host, c.CA.ClientConfig(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	chains := conn.ConnectionState().VerifiedChains
-	return chains[0][len(chains[0])-1]
 }
 
 // TestRunningAgentMovesToARenewedLender: after `rialto ca rotate` and the

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -307,6 +308,24 @@ func (c *Cluster) StartControlPlane() {
 		return err == nil
 	})
 	c.startControlPlane(ln)
+}
+
+// IssuerOf is the CA certificate (of c.CA) that issued the certificate
+// the TLS server at baseURL (the control plane's c.URL, a node's agent
+// URL) presents now.
+func (c *Cluster) IssuerOf(t testing.TB, baseURL string) *x509.Certificate {
+	t.Helper()
+	u, err := url.Parse(baseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := tls.Dial("tcp", u.Host, c.CA.ClientConfig(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	chains := conn.ConnectionState().VerifiedChains
+	return chains[0][len(chains[0])-1]
 }
 
 // RotateCA rotates the cluster CA (Options.TLS) as `rialto ca rotate`
