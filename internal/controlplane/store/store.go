@@ -496,7 +496,9 @@ type Revocations interface {
 	// never under its own list's number: RaiseRevocationNumber). Each is
 	// recorded with its certificate's expiry (ExpireRevoked): the one
 	// recorded with its issue (RecordIssued), or else the one certs
-	// gives.
+	// gives. A serial revoked already whose expiry the store does not
+	// know (RevocationList.NoExpiry) takes it so: it is not revoked
+	// again, and the list's number stays.
 	Revoke(ctx context.Context, certs []RevokedCert, commonName string, at time.Time, minNumber int64) (added, named []string, err error)
 	// RevocationList returns the serials revoked and the list's number,
 	// as one snapshot: every replica signs the same entries with the same
@@ -521,7 +523,8 @@ type Revocations interface {
 // RevokedCert is a certificate to revoke (Revocations.Revoke): its
 // serial number (hex) and its expiry, which the list drops it after
 // (ExpireRevoked). A zero NotAfter is an expiry unknown: unless its issue
-// was recorded, the serial stays on the list for ever.
+// was recorded, the serial stays on the list until a later Revoke gives
+// it one (RevocationList.NoExpiry).
 type RevokedCert struct {
 	Serial   string
 	NotAfter time.Time
@@ -534,6 +537,11 @@ type RevocationList struct {
 	// Expired are the serials dropped from the list because their
 	// certificates expired (ExpireRevoked).
 	Expired map[string]bool
+	// NoExpiry are the serials of Revoked whose certificates' expiry the
+	// store does not know (revoked by a version before it recorded
+	// expiries, their issue not recorded): they stay on the list until
+	// a Revoke gives them one.
+	NoExpiry []string
 }
 
 // Wipe is the block ranges of one lease on one node that the node's
