@@ -460,11 +460,18 @@ type Pruner interface {
 // RemovalRevoked returns the record of the node's removals since its
 // last join while it is removed, no serials once a join brought it back
 // (a join forgets them, and raises the generation). ErrNotFound for an
-// unknown node.
+// unknown node. UnrecordedRemovalRevoked returns, for every removed node
+// that has them, the serials of the certificates recorded as issued to it
+// (Revocations.RecordIssued, its ID their common name) that are revoked,
+// not expired off the list, and that its removal record does not name,
+// with that record's generation: those a removal revoked after its commit
+// whose AddRemovalRevoked the store failed, and that the replica holding
+// them forgot in a restart (none from a store without Revocations).
 type NodeRemover interface {
 	RemoveNode(ctx context.Context, id string, revoked []string, ev api.Event) (api.Node, int64, error)
 	AddRemovalRevoked(ctx context.Context, id string, gen int64, revoked []string) error
 	RemovalRevoked(ctx context.Context, id string) (RemovalRecord, error)
+	UnrecordedRemovalRevoked(ctx context.Context) (map[string]RemovalRecord, error)
 }
 
 // RemovalRecord is what a store keeps of a removed node's removals since
