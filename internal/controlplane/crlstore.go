@@ -234,10 +234,15 @@ func (e caListError) Unwrap() error { return e.err }
 
 // adoptStoreCRL is syncCRL's work with a store that keeps the list.
 func (s *Server) adoptStoreCRL(ctx context.Context, ca *pki.CA, rv store.Revocations) (bool, error) {
+	dated := false
 	for range maxCRLSyncRounds {
 		l, err := rv.RevocationList(ctx)
 		if err != nil {
 			return false, fmt.Errorf("controlplane: revocation list: %w", err)
+		}
+		if len(l.NoExpiry) > 0 && !dated {
+			dated = true
+			s.dateRevoked(ctx, ca, rv, l.NoExpiry)
 		}
 		a, err := ca.Adopt(pki.SharedList{Number: big.NewInt(l.Number), Revoked: l.Revoked, Expired: l.Expired})
 		if err != nil {
@@ -271,6 +276,26 @@ func (s *Server) adoptStoreCRL(ctx context.Context, ca *pki.CA, rv store.Revocat
 		}
 	}
 	return false, errors.New("controlplane: the revocation list kept changing while this replica signed it")
+}
+
+// dateRevoked gives the serials on the store's list whose expiry it does
+// not know (revoked by a version before it recorded expiries:
+// store.RevocationList.NoExpiry) the expiry a revocation of them now
+// would record (revokedCerts, and the store's record of their issue),
+// so that they leave the list once expired (expireRevoked), as the
+// others do. The list's entries and number do not change. A failure is
+// logged: they stay on the list until a later sync dates them.
+func (s *Server) dateRevoked(ctx context.Context, ca *pki.CA, rv store.Revocations, noExpiry []string) {
+	serials := parseSerials(noExpiry)
+	certs, err := revokedCerts(ca, serials)
+	if err == nil {
+		_, _, err = rv.Revoke(ctx, certs, "", s.now(), 0)
+	}
+	if err != nil {
+		s.log.Warn("recording the expiry of revoked certificates revoked without one", "certificates", len(serials), "err", err)
+		return
+	}
+	s.log.Info("recorded the expiry of revoked certificates revoked without one", "certificates", len(serials))
 }
 
 // revokedCerts are serials with their certificates' expiry as ca knows
@@ -314,7 +339,8 @@ const revokedExpiryGrace = time.Hour
 // data planes verify a peer's certificate against the CA and its validity
 // period before they look it up in the list), under a higher number;
 // the next sync signs each replica's list without them. Those revoked
-// without a known expiry (before the store recorded it) stay.
+// without a known expiry (before the store recorded it) are given one by
+// a sync (dateRevoked).
 func (s *Server) expireRevoked(ctx context.Context, now time.Time) {
 	rv, ok := s.st.(store.Revocations)
 	if !ok {

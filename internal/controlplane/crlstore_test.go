@@ -549,6 +549,98 @@ func TestDirectoryListAheadRecordedAbove(t *testing.T) {
 	}
 }
 
+// TestUndatedRevocationsExpire: serials on the store's list without an
+// expiry (revoked_certs.not_after NULL: revoked by a version before the
+// store recorded expiries, their issue not recorded then) are given one
+// at a sync, by the rule a revocation now follows: the one the store
+// recorded with the certificate's issue, else the CA directory's
+// issued.txt's, else the latest expiry of the CA certificates; and leave
+// the list once expired, as the others do. Before, they stayed on the
+// list for ever.
+func TestUndatedRevocationsExpire(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	clk := clock.NewFake(time.Now())
+	r := newCASQLite(ctx, t, Config{Clock: clk})
+	ca, st, srv := r.ca, r.st, r.srv
+	issue := func(cn string) *x509.Certificate {
+		t.Helper()
+		iss, err := ca.Issue(pki.Request{CommonName: cn, Hosts: []string{"127.0.0.1"}, Usage: pki.ClientAuth, Lifetime: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return iss.Cert
+	}
+	recorded, local := issue("n-5"), issue("n-6")
+	if err := st.RecordIssued(ctx, recorded.SerialNumber.Text(16), "n-5", recorded.NotAfter, clk.Now()); err != nil {
+		t.Fatal(err)
+	}
+	unknown := big.NewInt(0x5eed)
+	// Revoked as a version before migration 18 did: no expiry.
+	db, err := sql.Open("sqlite", "file:"+r.path+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for _, n := range []*big.Int{recorded.SerialNumber, local.SerialNumber, unknown} {
+		if _, err := db.ExecContext(ctx, `INSERT INTO revoked_certs (serial, revoked_at) VALUES (?, ?)`, n.Text(16), clk.Now().Unix()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := db.ExecContext(ctx, `UPDATE crl_number SET number = number + 1`); err != nil {
+		t.Fatal(err)
+	}
+	list := func() store.RevocationList {
+		t.Helper()
+		l, err := st.RevocationList(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	if l := list(); len(l.NoExpiry) != 3 {
+		t.Fatalf("of unknown expiry before the sync: %v, want the 3 revoked", l.NoExpiry)
+	}
+	if _, err := srv.syncCRL(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := list()
+	if len(before.NoExpiry) != 0 || len(before.Revoked) != 3 {
+		t.Fatalf("after the sync: %v on the list, %v of unknown expiry; want the 3, none", before.Revoked, before.NoExpiry)
+	}
+	for _, n := range []*big.Int{recorded.SerialNumber, local.SerialNumber, unknown} {
+		if !ca.Revoked(n) {
+			t.Fatalf("%s is not revoked in the CA directory after the sync", n.Text(16))
+		}
+	}
+	// Past the certificates' expiry.
+	clk.Advance(local.NotAfter.Sub(clk.Now()) + 2*time.Hour)
+	if err := srv.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l := list()
+	for i, n := range []*big.Int{recorded.SerialNumber, local.SerialNumber} {
+		if _, ok := l.Revoked[n.Text(16)]; ok || ca.Revoked(n) {
+			t.Errorf("certificate %d, revoked without an expiry, is still on the list (number %d) after its expiry", i, l.Number)
+		}
+	}
+	if _, ok := l.Revoked[unknown.Text(16)]; !ok || !ca.Revoked(unknown) {
+		t.Fatal("the serial issued.txt does not list left the list before the CA certificate expired")
+	}
+	if l.Number <= before.Number {
+		t.Errorf("the list's number %d after the expiry, want above %d", l.Number, before.Number)
+	}
+	// Past the CA certificate's expiry.
+	clk.Advance(ca.Certificate().NotAfter.Sub(clk.Now()) + 2*time.Hour)
+	if err := srv.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l := list(); len(l.Revoked) != 0 || ca.Revoked(unknown) {
+		t.Errorf("after the CA certificate's expiry: %v on the list, want none", l.Revoked)
+	}
+}
+
 // TestRotationWhileRunningKeepsRevocations: `rialto ca rotate` on the CA
 // directory of running replicas (step 1 of "Rotating the CA", before
 // their restart) re-signs ca-crl.pem with the new key. A replica sharing

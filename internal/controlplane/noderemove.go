@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
@@ -225,7 +226,8 @@ func (s *Server) callRemoved(ctx context.Context, node string, call func(ctx con
 // as the store recorded them (RemoveNode, AddRemovalRevoked): whichever
 // replica removed the node, before or after this one started; with those
 // a removal on this replica revoked after its commit that the store has
-// not taken yet (unrecordedRevoked). None without a cluster CA, or for a
+// not taken yet, or that this replica found again at its start, held by
+// a replica that stopped (unrecordedRevoked). None without a cluster CA, or for a
 // node that is not removed; a store that cannot say is logged, and only
 // those held here returned (the call then refuses the agent's other
 // revoked certificates, as before).
@@ -270,9 +272,9 @@ const (
 // (unrecordedRevoked), accepted by this replica's calls meanwhile, and
 // written again by its background duties (retryLateRevoked: every sweep,
 // or every followRefresh on a replica that does not sweep) until the
-// store takes them. A restart of this replica before then forgets them:
-// an agent presenting one of those certificates is then told after its
-// next join.
+// store takes them. A restart of this replica before then does not lose
+// them: the store has them revoked and recorded as issued to the node,
+// and every replica that starts finds them again (recoverLateRevoked).
 func (s *Server) recordLateRevoked(ctx context.Context, rm store.NodeRemover, id string, gen int64, late []string) {
 	if len(late) == 0 {
 		return
@@ -302,13 +304,17 @@ func (s *Server) recordLateRevoked(ctx context.Context, rm store.NodeRemover, id
 // retryLateRevoked records the serials held in unrecordedRevoked, and
 // forgets those recorded, and those of a removal the store no longer has
 // (the node joined again since: its removal record is of another
-// generation; or it is unknown).
+// generation; or it is unknown). Until recoverLateRevoked succeeded once
+// in this process, it tries that first.
 func (s *Server) retryLateRevoked(ctx context.Context) error {
 	rm, ok := s.st.(store.NodeRemover)
 	if !ok {
 		return nil
 	}
 	var errs []error
+	if err := s.recoverLateRevoked(ctx); err != nil {
+		errs = append(errs, err)
+	}
 	for id, u := range s.unrecorded.all() {
 		rec, err := rm.RemovalRevoked(ctx, id)
 		switch {
@@ -333,12 +339,55 @@ func (s *Server) retryLateRevoked(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// recoverLateRevoked finds again the serials that removals revoked after
+// their commit and that the store did not take with the removal's record
+// (recordLateRevoked), whichever replica held them in memory and stopped
+// since: those of the certificates the store recorded as issued to a
+// removed node, revoked, that its removal record does not name
+// (store.NodeRemover.UnrecordedRemovalRevoked). Every certificate the
+// control plane issues is recorded there before it is handed out
+// (recordIssued), those a removal revokes after its commit too; and they
+// are revoked in the store before the removal records them. It holds
+// them as recordLateRevoked does, with their record's generation: this
+// replica's calls to the node's agent accept them at once, and
+// retryLateRevoked records them. It runs once per process, at start
+// (New), or at the next background duty if that failed. Besides those,
+// it finds only certificates revoked under the removed node's name
+// otherwise (a renewal that found the node removed once it signed, and
+// revoked its own certificate: hNodeCertificate), which the removal's
+// passes would have named too: they name every certificate issued to the
+// node not expired.
+func (s *Server) recoverLateRevoked(ctx context.Context) error {
+	if s.unrecorded.recovered.Load() {
+		return nil
+	}
+	rm, ok := s.st.(store.NodeRemover)
+	if !ok || s.cfg.CA == nil {
+		s.unrecorded.recovered.Store(true)
+		return nil
+	}
+	found, err := rm.UnrecordedRemovalRevoked(ctx)
+	if err != nil {
+		return fmt.Errorf("controlplane: the certificates revoked during nodes' removals that the store did not record with them: %w", err)
+	}
+	for id, rec := range found {
+		s.unrecorded.merge(id, rec.Gen, rec.Revoked)
+		s.log.Warn("found certificates revoked during a node's removal that the store did not record with it; this replica holds them, accepts them, and records them at its next sweep",
+			"node", id, "certificates", len(rec.Revoked))
+	}
+	s.unrecorded.recovered.Store(true)
+	return nil
+}
+
 // unrecordedRevoked holds, per removed node, the serials (hex) of the
 // certificates its removal on this replica revoked after its commit that
-// the store did not take (recordLateRevoked), until it does.
+// the store did not take (recordLateRevoked), and those found again at
+// start (recoverLateRevoked), until the store takes them.
 type unrecordedRevoked struct {
 	mu sync.Mutex
 	m  map[string]*lateRevoked
+	// recovered: recoverLateRevoked ran in this process.
+	recovered atomic.Bool
 }
 
 // lateRevoked is what a removal revoked after its commit, not recorded
@@ -358,6 +407,32 @@ func (u *unrecordedRevoked) add(id string, gen int64, late []string) {
 	// A later removal of the node (it joined again meanwhile) replaces
 	// an earlier one's.
 	u.m[id] = &lateRevoked{gen: gen, late: slices.Clone(late)}
+}
+
+// merge adds late to what is held for node id's removal record of
+// generation gen; what is held for a later record (a higher generation)
+// stays, and replaces one held for an earlier record.
+func (u *unrecordedRevoked) merge(id string, gen int64, late []string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.m == nil {
+		u.m = map[string]*lateRevoked{}
+	}
+	l := &lateRevoked{gen: gen, late: slices.Clone(late)}
+	if old := u.m[id]; old != nil {
+		if old.gen > gen {
+			return
+		}
+		if old.gen == gen {
+			l.late = slices.Clone(old.late)
+			for _, x := range late {
+				if !slices.Contains(l.late, x) {
+					l.late = append(l.late, x)
+				}
+			}
+		}
+	}
+	u.m[id] = l
 }
 
 func (u *unrecordedRevoked) get(id string) (lateRevoked, bool) {

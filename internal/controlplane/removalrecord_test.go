@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
 	"github.com/rialto-project/rialto/internal/pki"
 )
 
@@ -96,6 +97,107 @@ func TestLateRemovalRevokedRecorded(t *testing.T) {
 	}
 	if got := recorded(); !slices.Contains(got, late) || !slices.Contains(got, first) {
 		t.Errorf("recorded after the sweep: %v; want the join's certificate's serial and the late %s", got, late)
+	}
+}
+
+// TestLateRevokedSurviveRestart: the serial of a certificate signed
+// during a node's removal, which the removal's second pass revoked after
+// its commit and the database refused to record with the removal (the
+// replica holding it then), survives a restart of that replica: the
+// control plane started anew on the same database and CA directory finds
+// it again (the store has it revoked and recorded as issued to the
+// removed node), accepts it in its calls to the node's agent at once, and
+// records it with the removal at its next sweep once the database takes
+// the write. Before, the restart forgot it: the store never had it with
+// the removal, and every replica's calls to the node's agent refused
+// that certificate.
+func TestLateRevokedSurviveRestart(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r := newCASQLite(ctx, t, Config{})
+	ca, st, path, srv := r.ca, r.st, r.path, r.srv
+	csr, _, err := pki.NewCSR("", []string{"127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := srv.joinAs(ctx, joinN1(csr), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := j.NodeID
+	if _, err := srv.removeNode(ctx, id, true); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := st.RemovalRevoked(ctx, id)
+	if err != nil || len(rec.Revoked) != 1 {
+		t.Fatalf("recorded with the removal: %+v %v, want the join's certificate", rec, err)
+	}
+	first := rec.Revoked[0]
+
+	// A certificate a renewal signed during the removal, in the CA's
+	// index and the store's record of issues, as signNodeCSR leaves it;
+	// the second pass revokes it, and the database refuses to record it
+	// with the removal.
+	iss, err := ca.Issue(pki.Request{CommonName: id, Hosts: []string{"127.0.0.1"}, Usage: pki.ClientAuth | pki.ServerAuth, Lifetime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.recordIssued(ctx, iss); err != nil {
+		t.Fatal(err)
+	}
+	late := iss.Cert.SerialNumber.Text(16)
+	db := refuseSerial(ctx, t, path, late)
+	again, err := srv.revokeCerts(ctx, id, nil)
+	if err != nil || !slices.Contains(serialTexts(again), late) {
+		t.Fatalf("the second pass revoked %v %v, want the renewal's %s", serialTexts(again), err, late)
+	}
+	srv.recordLateRevoked(ctx, st, id, rec.Gen, []string{late})
+	if got, err := st.RemovalRevoked(ctx, id); err != nil || slices.Contains(got.Revoked, late) {
+		t.Fatalf("recorded with the removal: %+v %v; the database refused the late serial %s", got, err, late)
+	}
+	if got := serialTexts(srv.removalRevoked(ctx, id)); !slices.Contains(got, late) {
+		t.Fatalf("the removing replica accepts %v, want the late %s among them", got, late)
+	}
+
+	// The replica restarts: its process (and what it held) ends; another
+	// opens the same database and CA directory.
+	srv.Close()
+	st.Close()
+	st2, err := sqlite.Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st2.Close() })
+	ca2, err := pki.Open(ca.Dir(), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv2, err := New(ctx, Config{Store: st2, CA: ca2, Lender: newFakeLender(), BootstrapToken: bootTok,
+		Tokens: []Token{{Token: adminTok, Tenant: "ops", Admin: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv2.Close() })
+	if got := serialTexts(srv2.removalRevoked(ctx, id)); !slices.Contains(got, late) || !slices.Contains(got, first) {
+		t.Errorf("after the restart the replica accepts %v of the removed node's certificates, want the join's %s and the late %s", got, first, late)
+	}
+	// Still refused: the sweep's write fails, and it is still held.
+	if err := srv2.Sweep(ctx); err == nil {
+		t.Error("the sweep recorded the late serial the database refuses")
+	}
+	if got := serialTexts(srv2.removalRevoked(ctx, id)); !slices.Contains(got, late) {
+		t.Errorf("after a failed sweep the replica accepts %v, want the late %s among them", got, late)
+	}
+	// The database takes the write again: the next sweep records it.
+	if _, err := db.ExecContext(ctx, `DROP TRIGGER test_refuse_late_serial`); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv2.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := st2.RemovalRevoked(ctx, id); err != nil || !slices.Contains(got.Revoked, late) || !slices.Contains(got.Revoked, first) {
+		t.Errorf("recorded after the sweep: %+v %v; want the join's certificate's serial and the late %s", got, err, late)
 	}
 }
 

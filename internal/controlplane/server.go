@@ -147,7 +147,8 @@ type Server struct {
 
 	removed removedCalls // the teardowns and aborts under way to removed nodes' agents (noderemove.go)
 	// unrecorded are the serials of certificates removals revoked after
-	// their commit that the store did not take yet (noderemove.go).
+	// their commit that the store did not take yet, those found again at
+	// start among them (noderemove.go).
 	unrecorded unrecordedRevoked
 	crl        crlSync // signing the revocation list from the store (crlstore.go)
 
@@ -222,6 +223,12 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if err := s.putTokens(ctx, ts); err != nil {
 		return nil, fmt.Errorf("controlplane: store tokens: %w", err)
+	}
+	// Those a removal revoked after its commit that a replica held when
+	// it stopped (noderemove.go); a failure is tried again by the
+	// background duties.
+	if err := s.recoverLateRevoked(ctx); err != nil {
+		s.log.Warn("finding the certificates revoked during a node's removal that the store did not take; tried again at the next sweep", "err", err)
 	}
 	s.started = s.now()
 	s.res.shared, s.res.seed = s.shared(), rand.Uint64()

@@ -460,11 +460,18 @@ type Pruner interface {
 // RemovalRevoked returns the record of the node's removals since its
 // last join while it is removed, no serials once a join brought it back
 // (a join forgets them, and raises the generation). ErrNotFound for an
-// unknown node.
+// unknown node. UnrecordedRemovalRevoked returns, for every removed node
+// that has them, the serials of the certificates recorded as issued to it
+// (Revocations.RecordIssued, its ID their common name) that are revoked,
+// not expired off the list, and that its removal record does not name,
+// with that record's generation: those a removal revoked after its commit
+// whose AddRemovalRevoked the store failed, and that the replica holding
+// them forgot in a restart (none from a store without Revocations).
 type NodeRemover interface {
 	RemoveNode(ctx context.Context, id string, revoked []string, ev api.Event) (api.Node, int64, error)
 	AddRemovalRevoked(ctx context.Context, id string, gen int64, revoked []string) error
 	RemovalRevoked(ctx context.Context, id string) (RemovalRecord, error)
+	UnrecordedRemovalRevoked(ctx context.Context) (map[string]RemovalRecord, error)
 }
 
 // RemovalRecord is what a store keeps of a removed node's removals since
@@ -496,7 +503,9 @@ type Revocations interface {
 	// never under its own list's number: RaiseRevocationNumber). Each is
 	// recorded with its certificate's expiry (ExpireRevoked): the one
 	// recorded with its issue (RecordIssued), or else the one certs
-	// gives.
+	// gives. A serial revoked already whose expiry the store does not
+	// know (RevocationList.NoExpiry) takes it so: it is not revoked
+	// again, and the list's number stays.
 	Revoke(ctx context.Context, certs []RevokedCert, commonName string, at time.Time, minNumber int64) (added, named []string, err error)
 	// RevocationList returns the serials revoked and the list's number,
 	// as one snapshot: every replica signs the same entries with the same
@@ -521,7 +530,8 @@ type Revocations interface {
 // RevokedCert is a certificate to revoke (Revocations.Revoke): its
 // serial number (hex) and its expiry, which the list drops it after
 // (ExpireRevoked). A zero NotAfter is an expiry unknown: unless its issue
-// was recorded, the serial stays on the list for ever.
+// was recorded, the serial stays on the list until a later Revoke gives
+// it one (RevocationList.NoExpiry).
 type RevokedCert struct {
 	Serial   string
 	NotAfter time.Time
@@ -534,6 +544,11 @@ type RevocationList struct {
 	// Expired are the serials dropped from the list because their
 	// certificates expired (ExpireRevoked).
 	Expired map[string]bool
+	// NoExpiry are the serials of Revoked whose certificates' expiry the
+	// store does not know (revoked by a version before it recorded
+	// expiries, their issue not recorded): they stay on the list until
+	// a Revoke gives them one.
+	NoExpiry []string
 }
 
 // Wipe is the block ranges of one lease on one node that the node's

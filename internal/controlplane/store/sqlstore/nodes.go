@@ -305,3 +305,40 @@ func (s *Core) RemovalRevoked(ctx context.Context, id string) (store.RemovalReco
 	}
 	return out, nil
 }
+
+// UnrecordedRemovalRevoked returns, per removed node, the serials of the
+// certificates recorded as issued to it that are revoked, not expired off
+// the list, and not named by its removal record, with the record's
+// generation (store.NodeRemover).
+func (s *Core) UnrecordedRemovalRevoked(ctx context.Context) (map[string]store.RemovalRecord, error) {
+	rows, err := s.rd().QueryContext(ctx, `SELECT n.id, n.removal_gen, n.removal_revoked, i.serial FROM nodes n
+		JOIN issued_certs i ON i.common_name = n.id JOIN revoked_certs r ON r.serial = i.serial
+		WHERE n.state = ? AND r.expired = 0 ORDER BY n.id, i.serial`, api.NodeRemoved)
+	if err != nil {
+		return nil, s.wrap("unrecorded removal revoked", err)
+	}
+	defer rows.Close()
+	out := map[string]store.RemovalRecord{}
+	for rows.Next() {
+		var id, text, serial string
+		var gen int64
+		if err := rows.Scan(&id, &gen, &text, &serial); err != nil {
+			return nil, s.wrap("unrecorded removal revoked", err)
+		}
+		var named []string
+		if err := unjs(text, &named); err != nil {
+			return nil, err
+		}
+		if slices.Contains(named, serial) {
+			continue
+		}
+		rec := out[id]
+		rec.Gen = gen
+		rec.Revoked = append(rec.Revoked, serial)
+		out[id] = rec
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.wrap("unrecorded removal revoked", err)
+	}
+	return out, nil
+}

@@ -24,11 +24,17 @@ func (s *Core) RecordIssued(ctx context.Context, serial, commonName string, notA
 	})
 }
 
+// revokedExpiry is the expiry a revoked serial (the first argument) is
+// recorded with: the one recorded with its issue, or else the one given
+// (the second; NULL: unknown).
+const revokedExpiry = `COALESCE((SELECT i.not_after FROM issued_certs i WHERE i.serial = ?), ?)`
+
 // Revoke revokes certs and the certificates recorded as issued to
 // commonName, raising the list's number once if it revoked any, and
 // returns those it revoked and those it named (store.Revocations). Each
-// takes the expiry recorded with its issue, or else the one certs gives.
-// The number raised is at least minNumber. Revocations are serial: each
+// takes the expiry recorded with its issue, or else the one certs gives
+// (revokedExpiry); so does one revoked already without an expiry. The
+// number raised is at least minNumber. Revocations are serial: each
 // holds the number's row.
 func (s *Core) Revoke(ctx context.Context, certs []store.RevokedCert, commonName string, at time.Time, minNumber int64) (added, named []string, err error) {
 	var out []string
@@ -71,14 +77,23 @@ func (s *Core) Revoke(ctx context.Context, certs []store.RevokedCert, commonName
 			seen[x] = true
 			named = append(named, x)
 			r, err := tx.ExecContext(ctx, `INSERT INTO revoked_certs (serial, revoked_at, not_after)
-				VALUES (?, ?, COALESCE((SELECT i.not_after FROM issued_certs i WHERE i.serial = ?), ?)) ON CONFLICT (serial) DO NOTHING`, x, at.Unix(), x, notAfter[x])
+				VALUES (?, ?, `+revokedExpiry+`) ON CONFLICT (serial) DO NOTHING`, x, at.Unix(), x, notAfter[x])
 			if err != nil {
 				return s.wrap("revoke", err)
 			}
-			if n, err := r.RowsAffected(); err != nil {
+			n, err := r.RowsAffected()
+			if err != nil {
 				return s.wrap("revoke", err)
-			} else if n > 0 {
+			}
+			if n > 0 {
 				out = append(out, x)
+				continue
+			}
+			// Revoked already: by a version that did not record the
+			// expiry, it takes it now.
+			if _, err := tx.ExecContext(ctx, `UPDATE revoked_certs SET not_after = `+revokedExpiry+`
+				WHERE serial = ? AND not_after IS NULL`, x, notAfter[x], x); err != nil {
+				return s.wrap("revoke", err)
 			}
 		}
 		if len(out) > 0 {
@@ -94,10 +109,11 @@ func (s *Core) Revoke(ctx context.Context, certs []store.RevokedCert, commonName
 	return out, named, nil
 }
 
-// RevocationList returns the revocation list, its entries, those expired
-// off it and its number, read by one statement (store.Revocations).
+// RevocationList returns the revocation list, its entries (and those of
+// unknown expiry), those expired off it and its number, read by one
+// statement (store.Revocations).
 func (s *Core) RevocationList(ctx context.Context) (store.RevocationList, error) {
-	rows, err := s.rd().QueryContext(ctx, `SELECT c.number, r.serial, r.revoked_at, r.expired FROM crl_number c LEFT JOIN revoked_certs r ON 1 = 1 WHERE c.one = 1`)
+	rows, err := s.rd().QueryContext(ctx, `SELECT c.number, r.serial, r.revoked_at, r.expired, r.not_after IS NULL FROM crl_number c LEFT JOIN revoked_certs r ON 1 = 1 WHERE c.one = 1`)
 	if err != nil {
 		return store.RevocationList{}, s.wrap("revocation list", err)
 	}
@@ -106,7 +122,8 @@ func (s *Core) RevocationList(ctx context.Context) (store.RevocationList, error)
 	for rows.Next() {
 		var serial sql.NullString
 		var at, expired sql.NullInt64
-		if err := rows.Scan(&out.Number, &serial, &at, &expired); err != nil {
+		var noExpiry sql.NullBool
+		if err := rows.Scan(&out.Number, &serial, &at, &expired, &noExpiry); err != nil {
 			return store.RevocationList{}, s.wrap("revocation list", err)
 		}
 		switch {
@@ -115,6 +132,9 @@ func (s *Core) RevocationList(ctx context.Context) (store.RevocationList, error)
 			out.Expired[serial.String] = true
 		default:
 			out.Revoked[serial.String] = time.Unix(at.Int64, 0).UTC()
+			if noExpiry.Bool {
+				out.NoExpiry = append(out.NoExpiry, serial.String)
+			}
 		}
 	}
 	if err := rows.Err(); err != nil {

@@ -148,6 +148,101 @@ func testRemovalRevoked(t *testing.T, o Options) {
 	}
 }
 
+// testUnrecordedRemovalRevoked: the certificates recorded as issued to
+// a removed node that are revoked and that its removal record lacks are
+// found again (a removal's late serials whose write failed, forgotten by
+// a restart), with the record's generation, through this store and
+// another replica on the same database: not those the record names, nor
+// those not revoked, nor those expired off the list, nor another node's
+// that is not removed; none once they are added to the record, nor once
+// the node joined again.
+func testUnrecordedRemovalRevoked(t *testing.T, o Options) {
+	ctx := context.Background()
+	s := open(t, o)
+	rm, ok := s.(store.NodeRemover)
+	if !ok {
+		t.Fatalf("%T does not implement store.NodeRemover", s)
+	}
+	rv, ok := s.(store.Revocations)
+	if !ok {
+		t.Skipf("%T does not keep the revocation list", s)
+	}
+	now := time.Now().UTC().Truncate(time.Second)
+	join := func(id, cred string) {
+		t.Helper()
+		if _, _, err := s.JoinNode(ctx, store.JoinNode{Node: api.Node{ID: id, Name: id, State: api.NodeReady,
+			Fingerprint: api.Fingerprint{MachineID: "m-" + id}, LastHeartbeat: now, JoinedAt: now}, CredentialHash: cred, AgentKey: "k-" + id},
+			api.Event{At: now, Type: "node.joined", Subject: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	join("node-1", "h1")
+	join("node-2", "h2")
+	for _, c := range []struct {
+		serial, cn string
+		notAfter   time.Time
+	}{
+		{"a1", "node-1", now.Add(time.Hour)},       // named by the removal
+		{"a2", "node-1", now.Add(time.Hour)},       // revoked after it, not recorded
+		{"a3", "node-1", now.Add(time.Hour)},       // not revoked
+		{"a4", "node-1", now.Add(2 * time.Minute)}, // revoked, expired off the list
+		{"b1", "node-2", now.Add(time.Hour)},       // revoked, its node not removed
+	} {
+		if err := rv.RecordIssued(ctx, c.serial, c.cn, c.notAfter, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	readers := []store.Store{s}
+	if o.Reopen != nil {
+		r := o.Reopen(t, s)
+		t.Cleanup(func() { r.Close() })
+		readers = append(readers, r)
+	}
+	want := func(what string, exp map[string]store.RemovalRecord) {
+		t.Helper()
+		for i, r := range readers {
+			got, err := r.(store.NodeRemover).UnrecordedRemovalRevoked(ctx)
+			if err != nil || len(got) != len(exp) {
+				t.Fatalf("%s (reader %d): %+v %v, want %+v", what, i, got, err, exp)
+			}
+			for id, e := range exp {
+				if g := got[id]; g.Gen != e.Gen || !slices.Equal(g.Revoked, e.Revoked) {
+					t.Fatalf("%s (reader %d): %+v, want %+v", what, i, got, exp)
+				}
+			}
+		}
+	}
+	if _, _, err := rv.Revoke(ctx, []store.RevokedCert{{Serial: "a1"}}, "", now, 0); err != nil {
+		t.Fatal(err)
+	}
+	want("a node not removed", nil)
+	_, gen, err := rm.RemoveNode(ctx, "node-1", []string{"a1"}, api.Event{At: now, Type: "node.removed", Subject: "node-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := rv.Revoke(ctx, []store.RevokedCert{{Serial: "a2"}, {Serial: "a4"}, {Serial: "b1"}}, "", now, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rv.ExpireRevoked(ctx, now.Add(time.Minute*3)); err != nil {
+		t.Fatal(err)
+	}
+	want("revoked after the removal", map[string]store.RemovalRecord{"node-1": {Gen: gen, Revoked: []string{"a2"}}})
+	if err := rm.AddRemovalRevoked(ctx, "node-1", gen, []string{"a2"}); err != nil {
+		t.Fatal(err)
+	}
+	want("recorded", nil)
+	if _, _, err := rv.Revoke(ctx, []store.RevokedCert{{Serial: "a5"}}, "", now, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := rv.RecordIssued(ctx, "a5", "node-1", now.Add(time.Hour), now); err != nil {
+		t.Fatal(err)
+	}
+	want("one more", map[string]store.RemovalRecord{"node-1": {Gen: gen, Revoked: []string{"a5"}}})
+	now = now.Add(time.Second)
+	join("node-1", "h1-again")
+	want("joined again", nil)
+}
+
 // testHeartbeatAfterRemove: removal is final for heartbeats. A heartbeat
 // of a removed node, alone or in a batch with others, written through this
 // store or another replica on the same database, is refused (not found)

@@ -22,7 +22,8 @@ import (
 // never lowered; concurrent revocations of other serials each raise it;
 // the serials whose certificates expired (expiry known from their issue,
 // or else given with the serial) leave the list, under a higher number,
-// and stay recorded as expired.
+// and stay recorded as expired; those of unknown expiry are listed so,
+// and take the expiry a later revocation of them gives.
 func testRevocations(t *testing.T, o Options) {
 	ctx := context.Background()
 	s := open(t, o)
@@ -184,6 +185,38 @@ func testRevocations(t *testing.T, o Options) {
 			t.Fatalf("the expired (reader %d): %v %v, want a1 and e1", i, l.Expired, err)
 		}
 	}
+
+	// Those of unknown expiry are listed so; revoked again with an
+	// expiry (c1), or with one recorded with its issue since (c2, whose
+	// given expiry is later), they take it, none is added, the number
+	// stays; then they expire off the list as the others do.
+	noExpiry := []string{"c1", "c2", "c3"}
+	for i := range n {
+		noExpiry = append(noExpiry, fmt.Sprintf("d%d", i))
+	}
+	wantNoExpiry := func(what string, serials []string) {
+		t.Helper()
+		for i, r := range readers {
+			l, err := r.RevocationList(ctx)
+			if got := slices.Sorted(slices.Values(l.NoExpiry)); err != nil || !slices.Equal(got, serials) {
+				t.Fatalf("%s (reader %d): of unknown expiry %v %v, want %v", what, i, got, err, serials)
+			}
+		}
+	}
+	wantNoExpiry("of unknown expiry", noExpiry)
+	if err := rv.RecordIssued(ctx, "c2", "node-4", now.Add(time.Hour), now); err != nil {
+		t.Fatal(err)
+	}
+	if got, named, err := other.Revoke(ctx, []store.RevokedCert{{Serial: "c1", NotAfter: now.Add(time.Hour)}, {Serial: "c2", NotAfter: now.Add(9 * time.Hour)}}, "", now, 0); err != nil || len(got) != 0 || len(named) != 2 {
+		t.Fatalf("revoking serials of unknown expiry again with one: %v (named %v) %v, want none added", got, named, err)
+	}
+	wantNoExpiry("given their expiry", noExpiry[2:])
+	want("given their expiry", 43+n, live...)
+	if got, err := rv.ExpireRevoked(ctx, now.Add(90*time.Minute)); err != nil || got != 2 {
+		t.Fatalf("expiring those given their expiry: %d %v, want 2", got, err)
+	}
+	live = slices.DeleteFunc(live, func(x string) bool { return x == "c1" || x == "c2" })
+	want("those given their expiry expired", 44+n, live...)
 }
 
 // unknownExpiry are serials to revoke, their expiry not given.

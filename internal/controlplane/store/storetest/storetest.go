@@ -52,6 +52,7 @@ func Run(t *testing.T, o Options) {
 		{"ReplaceTokens", testReplaceTokens},
 		{"RemoveNode", testRemoveNode},
 		{"RemovalRevoked", testRemovalRevoked},
+		{"UnrecordedRemovalRevoked", testUnrecordedRemovalRevoked},
 		{"Revocations", testRevocations},
 		{"HeartbeatAfterRemove", testHeartbeatAfterRemove},
 		{"JoinTakeover", testJoinTakeover},
