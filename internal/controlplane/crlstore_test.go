@@ -364,14 +364,7 @@ func TestExpiredRevocationsDropped(t *testing.T) {
 	if _, err := srv.revokeCerts(ctx, "", []*big.Int{unknown}); err != nil {
 		t.Fatal(err)
 	}
-	list := func() store.RevocationList {
-		t.Helper()
-		l, err := st.RevocationList(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l
-	}
+	list := func() store.RevocationList { return revocationList(ctx, t, st) }
 	before := list()
 	if _, ok := before.Revoked[serial.Text(16)]; !ok || !ca.Revoked(serial) {
 		t.Fatalf("the removed node's certificate is not revoked: %+v", before)
@@ -415,14 +408,7 @@ func TestLocalRevocationsExpire(t *testing.T) {
 	clk := clock.NewFake(time.Now())
 	r := newCASQLite(ctx, t, Config{Clock: clk})
 	ca, st, srv := r.ca, r.st, r.srv
-	issue := func(cn string) *x509.Certificate {
-		t.Helper()
-		iss, err := ca.Issue(pki.Request{CommonName: cn, Hosts: []string{"127.0.0.1"}, Usage: pki.ClientAuth, Lifetime: time.Hour})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return iss.Cert
-	}
+	issue := func(cn string) *x509.Certificate { return issueHour(t, ca, cn) }
 	byRevoke, byHolder, byRemoval := issue("n-7"), issue("n-8"), issue("n-9")
 	if err := ca.Revoke(byRevoke.SerialNumber); err != nil {
 		t.Fatal(err)
@@ -441,39 +427,11 @@ func TestLocalRevocationsExpire(t *testing.T) {
 		t.Fatal(err)
 	}
 	local := []*big.Int{byRevoke.SerialNumber, byHolder.SerialNumber, byRemoval.SerialNumber}
-	list := func() store.RevocationList {
-		t.Helper()
-		l, err := st.RevocationList(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l
-	}
+	list := func() store.RevocationList { return revocationList(ctx, t, st) }
 	if l := list(); len(l.Revoked) != len(local)+1 {
 		t.Fatalf("the store's list: %v, want the %d serials revoked", l.Revoked, len(local)+1)
 	}
-	// Past the certificates' expiry.
-	clk.Advance(byRemoval.NotAfter.Sub(clk.Now()) + 2*time.Hour)
-	if err := srv.Sweep(ctx); err != nil {
-		t.Fatal(err)
-	}
-	l := list()
-	for i, n := range local {
-		if _, ok := l.Revoked[n.Text(16)]; ok || ca.Revoked(n) {
-			t.Errorf("certificate %d, revoked in the CA directory, is still on the list (number %d) after its expiry", i, l.Number)
-		}
-	}
-	if _, ok := l.Revoked[unknown.Text(16)]; !ok || !ca.Revoked(unknown) {
-		t.Fatal("the serial issued.txt does not list left the list before the CA certificate expired")
-	}
-	// Past the CA certificate's expiry.
-	clk.Advance(ca.Certificate().NotAfter.Sub(clk.Now()) + 2*time.Hour)
-	if err := srv.Sweep(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if l := list(); len(l.Revoked) != 0 || ca.Revoked(unknown) {
-		t.Errorf("after the CA certificate's expiry: %v on the list, want none", l.Revoked)
-	}
+	expireInTurn(ctx, t, r, clk, byRemoval.NotAfter, local, unknown, "revoked in the CA directory")
 }
 
 // TestDirectoryListAheadRecordedAbove: a replica whose CA directory's
@@ -564,14 +522,7 @@ func TestUndatedRevocationsExpire(t *testing.T) {
 	clk := clock.NewFake(time.Now())
 	r := newCASQLite(ctx, t, Config{Clock: clk})
 	ca, st, srv := r.ca, r.st, r.srv
-	issue := func(cn string) *x509.Certificate {
-		t.Helper()
-		iss, err := ca.Issue(pki.Request{CommonName: cn, Hosts: []string{"127.0.0.1"}, Usage: pki.ClientAuth, Lifetime: time.Hour})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return iss.Cert
-	}
+	issue := func(cn string) *x509.Certificate { return issueHour(t, ca, cn) }
 	recorded, local := issue("n-5"), issue("n-6")
 	if err := st.RecordIssued(ctx, recorded.SerialNumber.Text(16), "n-5", recorded.NotAfter, clk.Now()); err != nil {
 		t.Fatal(err)
@@ -591,14 +542,7 @@ func TestUndatedRevocationsExpire(t *testing.T) {
 	if _, err := db.ExecContext(ctx, `UPDATE crl_number SET number = number + 1`); err != nil {
 		t.Fatal(err)
 	}
-	list := func() store.RevocationList {
-		t.Helper()
-		l, err := st.RevocationList(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l
-	}
+	list := func() store.RevocationList { return revocationList(ctx, t, st) }
 	if l := list(); len(l.NoExpiry) != 3 {
 		t.Fatalf("of unknown expiry before the sync: %v, want the 3 revoked", l.NoExpiry)
 	}
@@ -614,30 +558,9 @@ func TestUndatedRevocationsExpire(t *testing.T) {
 			t.Fatalf("%s is not revoked in the CA directory after the sync", n.Text(16))
 		}
 	}
-	// Past the certificates' expiry.
-	clk.Advance(local.NotAfter.Sub(clk.Now()) + 2*time.Hour)
-	if err := srv.Sweep(ctx); err != nil {
-		t.Fatal(err)
-	}
-	l := list()
-	for i, n := range []*big.Int{recorded.SerialNumber, local.SerialNumber} {
-		if _, ok := l.Revoked[n.Text(16)]; ok || ca.Revoked(n) {
-			t.Errorf("certificate %d, revoked without an expiry, is still on the list (number %d) after its expiry", i, l.Number)
-		}
-	}
-	if _, ok := l.Revoked[unknown.Text(16)]; !ok || !ca.Revoked(unknown) {
-		t.Fatal("the serial issued.txt does not list left the list before the CA certificate expired")
-	}
+	l := expireInTurn(ctx, t, r, clk, local.NotAfter, []*big.Int{recorded.SerialNumber, local.SerialNumber}, unknown, "revoked without an expiry")
 	if l.Number <= before.Number {
 		t.Errorf("the list's number %d after the expiry, want above %d", l.Number, before.Number)
-	}
-	// Past the CA certificate's expiry.
-	clk.Advance(ca.Certificate().NotAfter.Sub(clk.Now()) + 2*time.Hour)
-	if err := srv.Sweep(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if l := list(); len(l.Revoked) != 0 || ca.Revoked(unknown) {
-		t.Errorf("after the CA certificate's expiry: %v on the list, want none", l.Revoked)
 	}
 }
 
@@ -730,4 +653,54 @@ func newCAPG(ctx context.Context, t *testing.T) (url, dir string, ca *pki.CA, s 
 		t.Fatal(err)
 	}
 	return url, dir, ca, s, iss
+}
+
+// issueHour issues an hour's client certificate for cn from ca.
+func issueHour(t *testing.T, ca *pki.CA, cn string) *x509.Certificate {
+	t.Helper()
+	iss, err := ca.Issue(pki.Request{CommonName: cn, Hosts: []string{"127.0.0.1"}, Usage: pki.ClientAuth, Lifetime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return iss.Cert
+}
+
+// revocationList is st's revocation list.
+func revocationList(ctx context.Context, t *testing.T, st store.Revocations) store.RevocationList {
+	t.Helper()
+	l, err := st.RevocationList(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// expireInTurn moves clk past notAfter (the revoked certificates'
+// expiry) and sweeps: the serials of gone (what, for the errors) have left
+// the store's list and the CA directory's, unknown (a serial issued.txt
+// does not list) has not; it returns the list then. It then moves clk past
+// the CA certificate's expiry and sweeps: the list is empty.
+func expireInTurn(ctx context.Context, t *testing.T, r caSQLite, clk *clock.Fake, notAfter time.Time, gone []*big.Int, unknown *big.Int, what string) store.RevocationList {
+	t.Helper()
+	clk.Advance(notAfter.Sub(clk.Now()) + 2*time.Hour)
+	if err := r.srv.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l := revocationList(ctx, t, r.st)
+	for i, n := range gone {
+		if _, ok := l.Revoked[n.Text(16)]; ok || r.ca.Revoked(n) {
+			t.Errorf("certificate %d, %s, is still on the list (number %d) after its expiry", i, what, l.Number)
+		}
+	}
+	if _, ok := l.Revoked[unknown.Text(16)]; !ok || !r.ca.Revoked(unknown) {
+		t.Fatal("the serial issued.txt does not list left the list before the CA certificate expired")
+	}
+	clk.Advance(r.ca.Certificate().NotAfter.Sub(clk.Now()) + 2*time.Hour)
+	if err := r.srv.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if after := revocationList(ctx, t, r.st); len(after.Revoked) != 0 || r.ca.Revoked(unknown) {
+		t.Errorf("after the CA certificate's expiry: %v on the list, want none", after.Revoked)
+	}
+	return l
 }
