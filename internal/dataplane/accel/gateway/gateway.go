@@ -467,6 +467,13 @@ func (g *Gateway) CallKeyed(ctx context.Context, key, entry string, items [][]by
 	case res := <-r.done:
 		return r.outcome(ctx, res)
 	case <-ctx.Done():
+		// The AfterFunc runs in a goroutine of its own, which may not
+		// have started yet: stopped here (by the deferred stop), the
+		// execution would go on for nobody, its slot busy until it
+		// ended by itself (a runaway call: never). Abandon r here then.
+		if stop() {
+			g.abandon(r)
+		}
 		return nil, ctx.Err()
 	case <-g.finished:
 		select {
