@@ -87,18 +87,7 @@ func TestCAFollowerTakesOnlyVerifiedCABundles(t *testing.T) {
 		if plain {
 			hs.Start()
 		} else {
-			cfg, err := controlplane.APIServerTLS(of, []string{"127.0.0.1"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			// Its certificate fixed (not renewed from a rotated CA).
-			cert, err := cfg.GetCertificate(nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg.Certificates, cfg.GetCertificate = []tls.Certificate{*cert}, nil
-			hs.TLS = cfg
-			hs.StartTLS()
+			startFixedTLS(t, hs, of)
 		}
 		t.Cleanup(hs.Close)
 		s.url = hs.URL
@@ -248,17 +237,7 @@ func TestCAFollowerTakesOnlyNewerSignedCRLs(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(api.CACertificates{CAHash: ca.CertHash(), CRL: *offered.Load()})
 	}))
-	cfg, err := controlplane.APIServerTLS(ca, []string{"127.0.0.1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := cfg.GetCertificate(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Certificates, cfg.GetCertificate = []tls.Certificate{*cert}, nil
-	hs.TLS = cfg
-	hs.StartTLS()
+	startFixedTLS(t, hs, ca)
 	t.Cleanup(hs.Close)
 
 	var logs syncBuffer
@@ -336,4 +315,21 @@ func TestCAFollowerTakesOnlyNewerSignedCRLs(t *testing.T) {
 	if a := asked.Load(); a == nil || *a != strconv.FormatInt(n2, 10) {
 		t.Fatalf("asked with crl_number %v, want %d (the file's)", a, n2)
 	}
+}
+
+// startFixedTLS starts hs with a control plane's API configuration of ca
+// for 127.0.0.1, its certificate fixed (not renewed from a rotated CA).
+func startFixedTLS(t *testing.T, hs *httptest.Server, ca *pki.CA) {
+	t.Helper()
+	cfg, err := controlplane.APIServerTLS(ca, []string{"127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := cfg.GetCertificate(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Certificates, cfg.GetCertificate = []tls.Certificate{*cert}, nil
+	hs.TLS = cfg
+	hs.StartTLS()
 }

@@ -25,12 +25,7 @@ func TestCACertificatesRoute(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cp := newCASQLite(ctx, t, Config{})
-	url := serveTLS(t, cp.srv, cp.ca)
-	hc, err := api.HTTPClient(cp.ca.CertFile(), 30*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := api.NewClient(url, adminTok, hc)
+	c := adminClientTLS(t, cp)
 
 	got, err := c.CACertificates(ctx, "", 0)
 	if err != nil {
@@ -96,12 +91,7 @@ func TestCACertificatesRouteCRL(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cp := newCASQLite(ctx, t, Config{})
-	url := serveTLS(t, cp.srv, cp.ca)
-	hc, err := api.HTTPClient(cp.ca.CertFile(), 30*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := api.NewClient(url, adminTok, hc)
+	c := adminClientTLS(t, cp)
 	j, leaf := joinN1Cert(ctx, t, cp.srv)
 
 	before := cp.ca.CRLNumber().Int64()
@@ -146,4 +136,15 @@ func TestCACertificatesRouteCRL(t *testing.T) {
 			t.Fatalf("crl_number=%s: %v, want invalid", bad, err)
 		}
 	}
+}
+
+// adminClientTLS serves cp over TLS until the test ends and returns an
+// admin client of it that verifies it with the CA's certificates.
+func adminClientTLS(t *testing.T, cp caSQLite) *api.Client {
+	t.Helper()
+	hc, err := api.HTTPClient(cp.ca.CertFile(), 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return api.NewClient(serveTLS(t, cp.srv, cp.ca), adminTok, hc)
 }
