@@ -257,39 +257,50 @@ func (l *Lender) addrInUse(a netip.Addr) bool {
 // one another, else a random one (the borrower's first session may then
 // ask for the bond's, see join).
 func (l *Lender) freeAddr(id string) (netip.Addr, error) {
-	base := binary.BigEndian.Uint32(l.cfg.Pool.Addr().AsSlice())
+	if a := LeaseAddr(l.cfg.Pool, id); a.Is4() && !a.IsUnspecified() && !l.addrInUse(a) {
+		return a, nil
+	}
 	size := uint32(1) << (32 - l.cfg.Pool.Bits())
-	for try := range 1000 {
-		var off uint32
-		if try == 0 {
-			off = leaseOffset(id, size)
-		} else {
-			var b [4]byte
-			_, _ = rand.Read(b[:])
-			off = binary.BigEndian.Uint32(b[:]) % size
+	for range 1000 {
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		if addr, ok := poolAddr(l.cfg.Pool, binary.BigEndian.Uint32(b[:])%size); ok && !l.addrInUse(addr) {
+			return addr, nil
 		}
-		var a [4]byte
-		binary.BigEndian.PutUint32(a[:], base+off)
-		addr := netip.AddrFrom4(a)
-		if off == 0 || off == size-1 || a[3] == 0 || a[3] == 255 || l.addrInUse(addr) {
-			continue
-		}
-		return addr, nil
 	}
 	return netip.Addr{}, fmt.Errorf("%w: no free address in %v", ErrAddr, l.cfg.Pool)
 }
 
+// poolAddr is the address at offset off of the IPv4 pool, and whether a
+// borrower may have it: not the pool's first or last, nor one ending in .0
+// or .255.
+func poolAddr(pool netip.Prefix, off uint32) (netip.Addr, bool) {
+	size := uint32(1) << (32 - pool.Bits())
+	var a [4]byte
+	binary.BigEndian.PutUint32(a[:], binary.BigEndian.Uint32(pool.Addr().AsSlice())+off)
+	return netip.AddrFrom4(a), off != 0 && off != size-1 && a[3] != 0 && a[3] != 255
+}
+
 // LeaseAddr is the address in pool that lease id's borrower gets when it
-// is free: derived from the lease ID, the same at every lender (0.0.0.0
-// for a pool that is not IPv4).
+// is free: derived from the lease ID, the same at every lender, and one a
+// borrower may have (the first such of a sequence derived from the ID;
+// 0.0.0.0 for a pool that is not IPv4 or has none). Before, an ID whose
+// address ended in .255 or .0 got a random one at each lender.
 func LeaseAddr(pool netip.Prefix, id string) netip.Addr {
 	if !pool.Addr().Is4() {
 		return netip.IPv4Unspecified()
 	}
-	var a [4]byte
-	off := leaseOffset(id, uint32(1)<<(32-pool.Bits()))
-	binary.BigEndian.PutUint32(a[:], binary.BigEndian.Uint32(pool.Addr().AsSlice())+off)
-	return netip.AddrFrom4(a)
+	size := uint32(1) << (32 - pool.Bits())
+	for k := range 64 {
+		key := id
+		if k > 0 {
+			key = fmt.Sprintf("%s\x00%d", id, k)
+		}
+		if a, ok := poolAddr(pool, leaseOffset(key, size)); ok {
+			return a
+		}
+	}
+	return netip.IPv4Unspecified()
 }
 
 // leaseOffset is lease id's address offset in a pool of size addresses.
