@@ -48,6 +48,8 @@ func TestUsageMistakesExitTwo(t *testing.T) {
 		{[]string{"lease", "show"}, "wrong number of arguments: want ID", "lease show"},
 		{[]string{"lease", "show", "a", "b"}, "wrong number of arguments", "lease show"},
 		{[]string{"nodes", "extra"}, "wrong number of arguments", "nodes"},
+		{[]string{"lease", "show", ""}, "an empty argument: want ID", "lease show"},
+		{[]string{"node", "remove", ""}, "an empty argument: want NODE", "node remove"},
 		{[]string{"nodes", "--nope"}, "unknown flag: --nope", "nodes"},
 		{[]string{"nodes", "-o", "xml"}, "want table, json, yaml or template", "nodes"},
 		{[]string{"nodes", "-o", "template={{.id"}, "unclosed action", "nodes"},

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -372,6 +373,12 @@ func posArgs(c *command) cobra.PositionalArgs {
 				return usagef("wrong number of arguments: %s takes none", c.Name)
 			}
 			return usagef("wrong number of arguments: want %s", c.Args)
+		}
+		// An empty argument names nothing (a lease, a node, a file):
+		// sent on, it would reach the API as a path with no ID
+		// ("no route GET /v1/leases/").
+		if slices.Contains(args, "") {
+			return usagef("an empty argument: want %s", c.Args)
 		}
 		return nil
 	}
