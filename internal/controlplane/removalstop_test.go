@@ -252,3 +252,56 @@ func TestRemovalStoppedAfterCommitRevokedBySweep(t *testing.T) {
 		t.Errorf("the removal's record: %+v %v, want the renewal's %s among its serials", got, err, late.Text(16))
 	}
 }
+
+// TestRemovedCertificateProvesNoJoin: the removed machine holding a
+// certificate its removal missed (the removing replica stopped between
+// the commit and the second pass, and no replica has revoked it yet)
+// joins again presenting it: the join is a takeover, not a proven join of
+// the node, so the certificate is revoked with the node's others, and the
+// new certificate the join gets stays valid. Before, the certificate
+// proved the join the node's own: the removed machine came back as the
+// node and kept its missed certificate valid.
+func TestRemovedCertificateProvesNoJoin(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r := newCASQLite(ctx, t, Config{})
+	ca, st, srv := r.ca, r.st, r.srv
+	j, _ := joinN1Cert(ctx, t, srv)
+	rec, err := st.Node(ctx, j.NodeID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	renewed := renewalDuringRemoval(t, srv, rec.Node)
+	if _, err := srv.removeNode(ctx, j.NodeID, true); !errors.Is(err, errReplicaStopped) {
+		t.Fatalf("the removal: %v, want it stopped after its commit", err)
+	}
+	cert := renewed()
+	late := leafOf(t, cert).SerialNumber
+	// A replica that has not swept since answers the join (here the same
+	// process: what the join reads is the store's).
+	base := serveTLS(t, srv, ca)
+	tc := &tls.Config{RootCAs: ca.Pool(), ServerName: "127.0.0.1", Certificates: []tls.Certificate{cert}}
+	c := api.NewClient(base, bootTok, &http.Client{Transport: &http.Transport{TLSClientConfig: tc}, Timeout: time.Minute})
+	csr, _, err := pki.NewCSR("", []string{"127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j2, err := c.Join(ctx, joinN1(csr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j2.NodeID != j.NodeID {
+		t.Fatalf("joined as %s, want %s", j2.NodeID, j.NodeID)
+	}
+	if !ca.Revoked(late) {
+		t.Errorf("the certificate the removal missed %s is not revoked after the removed machine joined again presenting it", late.Text(16))
+	}
+	certs, err := pki.ParseCerts([]byte(j2.Certificate))
+	if err != nil || len(certs) == 0 {
+		t.Fatalf("the join's certificate: %v", err)
+	}
+	if ca.Revoked(certs[0].SerialNumber) {
+		t.Errorf("the join's new certificate %s is revoked", certs[0].SerialNumber.Text(16))
+	}
+}

@@ -72,7 +72,8 @@ type JoinNode struct {
 	EarlierProofHashes []string
 	// ProofNodeID is the node a valid, unrevoked client certificate of
 	// the join's connection names, "" for none: it proves the join is
-	// that node's.
+	// that node's, unless the node is removed (its removal revoked its
+	// certificates; one that it missed proves nothing).
 	ProofNodeID string
 }
 

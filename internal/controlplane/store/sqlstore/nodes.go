@@ -61,7 +61,12 @@ func (s *Core) JoinNode(ctx context.Context, j store.JoinNode, ev api.Event) (ap
 			// knows an older one).
 			matched := provingHash(credHash, prevHash, j.ProofHash, j.EarlierProofHashes)
 			byCred := matched != ""
-			proven := byCred || (j.ProofNodeID != "" && j.ProofNodeID == id)
+			// A certificate proves nothing of a removed node: its removal
+			// revoked every one issued to it, and one it missed (its
+			// replica stopped before its second pass, and no replica
+			// revoked it since) is the removed machine's; a takeover
+			// revokes it.
+			proven := byCred || (j.ProofNodeID != "" && j.ProofNodeID == id && state != api.NodeRemoved)
 			prevHash = ""
 			switch {
 			case proven:
