@@ -95,11 +95,18 @@ func (s *Server) removeNode(ctx context.Context, id string, force bool) (api.Nod
 	// them with the node; a view in memory forgets them here).
 	s.res.WipedOn(n.ID, func(string) bool { return false })
 	s.invalidate()
+	if s.removalCommitted != nil {
+		if err := s.removalCommitted(ctx, n.ID); err != nil {
+			return api.NodeRemoval{}, err
+		}
+	}
 	if s.cfg.CA != nil {
 		// A renewal authenticated before the removal may have issued a
 		// certificate since the revocation above; one that issues from
 		// now on sees the node removed and revokes its certificate
-		// itself (hNodeCertificate).
+		// itself (hNodeCertificate). Should this replica stop before
+		// this pass, any replica revokes those at its start or its next
+		// sweep (finishRemovals).
 		again, err := s.revokeCerts(ctx, n.ID, nil)
 		if err != nil {
 			return api.NodeRemoval{}, fmt.Errorf("controlplane: node %s removed, but revoking the certificates issued to it during the removal failed: %w", n.ID, err)
@@ -335,6 +342,46 @@ func (s *Server) retryLateRevoked(ctx context.Context) error {
 		}
 		s.unrecorded.done(id, u)
 		s.log.Info("recorded the certificates revoked during a node's removal", "node", id, "certificates", len(u.late))
+	}
+	return errors.Join(errs...)
+}
+
+// finishRemovals revokes the certificates recorded as issued to a
+// removed node that no revocation names (store.NodeRemover.
+// UnrevokedRemoved): those a renewal signed during the node's removal,
+// before its commit, that the removal's second pass would have revoked
+// had its replica not stopped first (removeNode). Every certificate the
+// control plane issues is recorded before it is handed out (recordIssued),
+// and one issued at a join once the join committed, the node no longer
+// removed: a node that joined again keeps the certificates issued to it
+// since, and those read as a removed node's are revoked by serial, not by
+// the node's name. It records them with the node's removal record
+// (recordLateRevoked: the calls to the removed node's agent accept them)
+// and tells the other replicas (broadcastRevocation), as the removal
+// would have. It runs at every replica's start (New) and at every sweep.
+func (s *Server) finishRemovals(ctx context.Context) error {
+	rm, ok := s.st.(store.NodeRemover)
+	if !ok || s.cfg.CA == nil {
+		return nil
+	}
+	found, err := rm.UnrevokedRemoved(ctx, s.now())
+	if err != nil {
+		return fmt.Errorf("controlplane: the certificates issued to removed nodes that no revocation names: %w", err)
+	}
+	var errs []error
+	for id, u := range found {
+		serials := parseSerials(u.Serials)
+		if _, err := s.revokeCerts(ctx, "", serials); err != nil {
+			errs = append(errs, fmt.Errorf("controlplane: revoke the certificates issued to removed node %s that its removal did not revoke: %w", id, err))
+			continue
+		}
+		s.log.Warn("revoked certificates issued to a removed node during its removal that its replica did not revoke (it stopped first)",
+			"node", id, "certificates", len(serials))
+		s.recordLateRevoked(ctx, rm, id, u.Gen, u.Serials)
+		if late := s.broadcastRevocation(ctx, id, serials); len(late) > 0 {
+			s.log.Warn("replicas did not acknowledge the revocation of a removed node's certificates in time; they trust no cache until they hear the others again",
+				"node", id, "replicas", late)
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -150,7 +150,11 @@ type Server struct {
 	// their commit that the store did not take yet, those found again at
 	// start among them (noderemove.go).
 	unrecorded unrecordedRevoked
-	crl        crlSync // signing the revocation list from the store (crlstore.go)
+	// removalCommitted, set by tests, is called once a removal of node
+	// id committed, before its second revocation pass: an error ends the
+	// removal there, as a replica that stops then (noderemove.go).
+	removalCommitted func(ctx context.Context, id string) error
+	crl              crlSync // signing the revocation list from the store (crlstore.go)
 
 	// unserved are the active leases the nodes' heartbeats did not list
 	// (unserved.go).
@@ -223,6 +227,12 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if err := s.putTokens(ctx, ts); err != nil {
 		return nil, fmt.Errorf("controlplane: store tokens: %w", err)
+	}
+	// Those a removal did not revoke after its commit, its replica
+	// stopped first (noderemove.go); a failure is tried again by the
+	// sweep.
+	if err := s.finishRemovals(ctx); err != nil {
+		s.log.Warn("revoking the certificates issued to removed nodes that no revocation names; tried again at the next sweep", "err", err)
 	}
 	// Those a removal revoked after its commit that a replica held when
 	// it stopped (noderemove.go); a failure is tried again by the

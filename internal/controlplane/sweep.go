@@ -83,6 +83,12 @@ func (s *Server) Sweep(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 
+	// Certificates issued to removed nodes that their removal did not
+	// revoke, its replica stopped before its second pass (noderemove.go).
+	if err := s.finishRemovals(ctx); err != nil {
+		errs = append(errs, err)
+	}
+
 	// Certificates a removal here revoked after its commit that the store
 	// did not take then (noderemove.go).
 	if err := s.retryLateRevoked(ctx); err != nil {

@@ -72,7 +72,8 @@ type JoinNode struct {
 	EarlierProofHashes []string
 	// ProofNodeID is the node a valid, unrevoked client certificate of
 	// the join's connection names, "" for none: it proves the join is
-	// that node's.
+	// that node's, unless the node is removed (its removal revoked its
+	// certificates; one that it missed proves nothing).
 	ProofNodeID string
 }
 
@@ -467,11 +468,30 @@ type Pruner interface {
 // with that record's generation: those a removal revoked after its commit
 // whose AddRemovalRevoked the store failed, and that the replica holding
 // them forgot in a restart (none from a store without Revocations).
+// UnrevokedRemoved returns, for every removed node that has them, the
+// serials of the certificates recorded as issued to it that expire after
+// at and that no revocation names (neither on the list nor expired off
+// it), read in one snapshot with the nodes' states, with the generation
+// of the node's removal record: those a renewal signed during a removal
+// that the removal's second pass, after its commit, did not revoke (the
+// replica removing the node stopped first). A certificate a join issues
+// is recorded once the join committed, the node no longer removed: never
+// one of them (none from a store without Revocations).
 type NodeRemover interface {
 	RemoveNode(ctx context.Context, id string, revoked []string, ev api.Event) (api.Node, int64, error)
 	AddRemovalRevoked(ctx context.Context, id string, gen int64, revoked []string) error
 	RemovalRevoked(ctx context.Context, id string) (RemovalRecord, error)
 	UnrecordedRemovalRevoked(ctx context.Context) (map[string]RemovalRecord, error)
+	UnrevokedRemoved(ctx context.Context, at time.Time) (map[string]UnrevokedCerts, error)
+}
+
+// UnrevokedCerts are the certificates issued to a removed node that no
+// revocation names (NodeRemover.UnrevokedRemoved).
+type UnrevokedCerts struct {
+	// Gen is the generation of the node's removal record (RemovalRecord).
+	Gen int64
+	// Serials are the certificates' serial numbers (hex).
+	Serials []string
 }
 
 // RemovalRecord is what a store keeps of a removed node's removals since

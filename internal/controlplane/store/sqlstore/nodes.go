@@ -61,7 +61,12 @@ func (s *Core) JoinNode(ctx context.Context, j store.JoinNode, ev api.Event) (ap
 			// knows an older one).
 			matched := provingHash(credHash, prevHash, j.ProofHash, j.EarlierProofHashes)
 			byCred := matched != ""
-			proven := byCred || (j.ProofNodeID != "" && j.ProofNodeID == id)
+			// A certificate proves nothing of a removed node: its removal
+			// revoked every one issued to it, and one it missed (its
+			// replica stopped before its second pass, and no replica
+			// revoked it since) is the removed machine's; a takeover
+			// revokes it.
+			proven := byCred || (j.ProofNodeID != "" && j.ProofNodeID == id && state != api.NodeRemoved)
 			prevHash = ""
 			switch {
 			case proven:
@@ -339,6 +344,36 @@ func (s *Core) UnrecordedRemovalRevoked(ctx context.Context) (map[string]store.R
 	}
 	if err := rows.Err(); err != nil {
 		return nil, s.wrap("unrecorded removal revoked", err)
+	}
+	return out, nil
+}
+
+// UnrevokedRemoved returns, per removed node, the serials of the
+// certificates recorded as issued to it that expire after at and that no
+// row of revoked_certs names, with its removal record's generation, read
+// by one statement (store.NodeRemover).
+func (s *Core) UnrevokedRemoved(ctx context.Context, at time.Time) (map[string]store.UnrevokedCerts, error) {
+	rows, err := s.rd().QueryContext(ctx, `SELECT n.id, n.removal_gen, i.serial FROM nodes n
+		JOIN issued_certs i ON i.common_name = n.id LEFT JOIN revoked_certs r ON r.serial = i.serial
+		WHERE n.state = ? AND i.not_after > ? AND r.serial IS NULL ORDER BY n.id, i.serial`, api.NodeRemoved, at.Unix())
+	if err != nil {
+		return nil, s.wrap("unrevoked certificates of removed nodes", err)
+	}
+	defer rows.Close()
+	out := map[string]store.UnrevokedCerts{}
+	for rows.Next() {
+		var id, serial string
+		var gen int64
+		if err := rows.Scan(&id, &gen, &serial); err != nil {
+			return nil, s.wrap("unrevoked certificates of removed nodes", err)
+		}
+		u := out[id]
+		u.Gen = gen
+		u.Serials = append(u.Serials, serial)
+		out[id] = u
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.wrap("unrevoked certificates of removed nodes", err)
 	}
 	return out, nil
 }

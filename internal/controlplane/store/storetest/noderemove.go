@@ -243,6 +243,108 @@ func testUnrecordedRemovalRevoked(t *testing.T, o Options) {
 	want("joined again", nil)
 }
 
+// testUnrevokedRemoved: the certificates recorded as issued to a removed
+// node that no revocation names (a renewal's during the removal, which
+// its second pass did not revoke: the replica removing the node stopped
+// first) are found, with the removal record's generation, through this
+// store and another replica on the same database: not those revoked, nor
+// those expired off the list, nor those expired, nor another node's that
+// is not removed; none once they are revoked, nor once the node joined
+// again, whose certificates issued then are not found either.
+func testUnrevokedRemoved(t *testing.T, o Options) {
+	ctx := context.Background()
+	s := open(t, o)
+	rm, ok := s.(store.NodeRemover)
+	if !ok {
+		t.Fatalf("%T does not implement store.NodeRemover", s)
+	}
+	rv, ok := s.(store.Revocations)
+	if !ok {
+		t.Skipf("%T does not keep the revocation list", s)
+	}
+	now := time.Now().UTC().Truncate(time.Second)
+	join := func(id, cred string) {
+		t.Helper()
+		if _, _, err := s.JoinNode(ctx, store.JoinNode{Node: api.Node{ID: id, Name: id, State: api.NodeReady,
+			Fingerprint: api.Fingerprint{MachineID: "m-" + id}, LastHeartbeat: now, JoinedAt: now}, CredentialHash: cred, AgentKey: "k-" + id},
+			api.Event{At: now, Type: "node.joined", Subject: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	issue := func(serial, cn string, notAfter time.Time) {
+		t.Helper()
+		if err := rv.RecordIssued(ctx, serial, cn, notAfter, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	join("node-1", "h1")
+	join("node-2", "h2")
+	issue("a1", "node-1", now.Add(time.Hour))      // revoked by the removal
+	issue("a4", "node-1", now.Add(2*time.Minute))  // revoked, expired off the list
+	issue("a5", "node-1", now.Add(90*time.Second)) // not revoked, expired at the look
+	issue("b1", "node-2", now.Add(time.Hour))      // not revoked, its node not removed
+	readers := []store.Store{s}
+	if o.Reopen != nil {
+		r := o.Reopen(t, s)
+		t.Cleanup(func() { r.Close() })
+		readers = append(readers, r)
+	}
+	at := now.Add(100 * time.Second)
+	want := func(what string, exp map[string]store.UnrevokedCerts) {
+		t.Helper()
+		for i, r := range readers {
+			got, err := r.(store.NodeRemover).UnrevokedRemoved(ctx, at)
+			if err != nil || len(got) != len(exp) {
+				t.Fatalf("%s (reader %d): %+v %v, want %+v", what, i, got, err, exp)
+			}
+			for id, e := range exp {
+				if g := got[id]; g.Gen != e.Gen || !slices.Equal(g.Serials, e.Serials) {
+					t.Fatalf("%s (reader %d): %+v, want %+v", what, i, got, exp)
+				}
+			}
+		}
+	}
+	want("no node removed", nil)
+	if _, _, err := rv.Revoke(ctx, []store.RevokedCert{{Serial: "a4"}}, "node-1", now, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rv.ExpireRevoked(ctx, now.Add(3*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	// Signed during the removal, after its first pass.
+	issue("a2", "node-1", now.Add(time.Hour))
+	issue("a3", "node-1", now.Add(2*time.Hour))
+	_, gen, err := rm.RemoveNode(ctx, "node-1", []string{"a1", "a4"}, api.Event{At: now, Type: "node.removed", Subject: "node-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want("removed", map[string]store.UnrevokedCerts{"node-1": {Gen: gen, Serials: []string{"a2", "a3"}}})
+	if _, _, err := rv.Revoke(ctx, []store.RevokedCert{{Serial: "a2"}}, "", now, 0); err != nil {
+		t.Fatal(err)
+	}
+	want("one revoked", map[string]store.UnrevokedCerts{"node-1": {Gen: gen, Serials: []string{"a3"}}})
+	// The node joins again before a3 is revoked: its new certificate, and
+	// a3, are no removed node's.
+	now = now.Add(time.Second)
+	join("node-1", "h1-again")
+	issue("c1", "node-1", now.Add(time.Hour))
+	want("joined again", nil)
+	// Removed again: what no revocation names is found, with the new
+	// record's generation.
+	_, gen2, err := rm.RemoveNode(ctx, "node-1", nil, api.Event{At: now, Type: "node.removed", Subject: "node-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gen2 == gen {
+		t.Fatalf("the second removal's record has the first's generation %d", gen)
+	}
+	want("removed again", map[string]store.UnrevokedCerts{"node-1": {Gen: gen2, Serials: []string{"a3", "c1"}}})
+	if _, _, err := rv.Revoke(ctx, nil, "node-1", now, 0); err != nil {
+		t.Fatal(err)
+	}
+	want("all revoked", nil)
+}
+
 // testHeartbeatAfterRemove: removal is final for heartbeats. A heartbeat
 // of a removed node, alone or in a batch with others, written through this
 // store or another replica on the same database, is refused (not found)

@@ -53,6 +53,7 @@ func Run(t *testing.T, o Options) {
 		{"RemoveNode", testRemoveNode},
 		{"RemovalRevoked", testRemovalRevoked},
 		{"UnrecordedRemovalRevoked", testUnrecordedRemovalRevoked},
+		{"UnrevokedRemoved", testUnrevokedRemoved},
 		{"Revocations", testRevocations},
 		{"HeartbeatAfterRemove", testHeartbeatAfterRemove},
 		{"JoinTakeover", testJoinTakeover},

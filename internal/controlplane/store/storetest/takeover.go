@@ -90,6 +90,14 @@ func testJoinTakeover(t *testing.T, o Options) {
 		if got, how, err = join("n1", "h5", "h4", ""); err != nil || how != store.JoinedTakeover || got.ID != n.ID {
 			t.Fatalf("a join of a removed node (its old credential forgotten): %v %v %+v", how, err, got)
 		}
+		// A certificate of a removed node proves nothing: its removal
+		// revoked them all, and one it missed is the removed machine's.
+		if _, _, err := rm.RemoveNode(ctx, n.ID, nil, api.Event{Type: "node.removed", Subject: n.ID}); err != nil {
+			t.Fatal(err)
+		}
+		if got, how, err = join("n1", "h6", "", n.ID); err != nil || how != store.JoinedTakeover || got.ID != n.ID {
+			t.Fatalf("a join of a removed node presenting a certificate of it: %v %v %+v", how, err, got)
+		}
 	}
 }
 

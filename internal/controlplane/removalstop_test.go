@@ -1,0 +1,307 @@
+package controlplane
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/controlplane/store/postgres"
+	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
+	"github.com/rialto-project/rialto/internal/pgserver/pgtest"
+	"github.com/rialto-project/rialto/internal/pki"
+)
+
+// errReplicaStopped is what a test's removalCommitted hook ends a
+// removal with: the replica stopped there.
+var errReplicaStopped = errors.New("test: the removing replica stopped after the removal's commit")
+
+// renewalDuringRemoval makes srv's next removal stop once it committed
+// (removalCommitted), before its second revocation pass, as a replica
+// killed then; before it stops, a renewal of the node's certificate
+// signs, as one that signed after the removal's first pass and read the
+// node before its commit leaves it: in the CA's index and the store's
+// record of issues, handed out. It returns that certificate once the
+// removal ran.
+func renewalDuringRemoval(t *testing.T, srv *Server, node api.Node) func() tls.Certificate {
+	t.Helper()
+	csr, keyPEM, err := pki.NewCSR("", []string{"127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cert *tls.Certificate
+	srv.removalCommitted = func(ctx context.Context, id string) error {
+		if id != node.ID {
+			return nil
+		}
+		out, _, err := srv.signNodeCSR(ctx, node, string(csr))
+		if err != nil {
+			return err
+		}
+		c, err := tls.X509KeyPair([]byte(out.Certificate), keyPEM)
+		if err != nil {
+			return err
+		}
+		cert = &c
+		return errReplicaStopped
+	}
+	return func() tls.Certificate {
+		t.Helper()
+		if cert == nil {
+			t.Fatal("the removal did not reach its commit")
+		}
+		return *cert
+	}
+}
+
+// leafOf is c's leaf certificate.
+func leafOf(t *testing.T, c tls.Certificate) *x509.Certificate {
+	t.Helper()
+	leaf, err := x509.ParseCertificate(c.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return leaf
+}
+
+// callAgentServing makes a call of ca's TLSLender to node's agent, here
+// a server of the test's presenting cert: nil once the handshake
+// succeeded.
+func callAgentServing(ctx context.Context, t *testing.T, ca *pki.CA, node api.Node, cert tls.Certificate) error {
+	t.Helper()
+	hs := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "{}") }))
+	hs.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	hs.StartTLS()
+	defer hs.Close()
+	l, err := NewTLSLender(ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(hs.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node.AgentURL = hs.URL
+	tr := l.transport(node, u, nil)
+	defer tr.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, hs.URL+"/agent/v1/health", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	return nil
+}
+
+// TestRemovalStoppedAfterCommitRevokedAtStart: a certificate a renewal
+// signed during a node's removal, which the removal's first pass did not
+// revoke, is revoked by its second pass after the commit; when the
+// replica removing the node stops between the two (a hook of the test's
+// ends the removal there), the next replica to start revokes it: it is on
+// the store's list and the replica's, the replica's calls to an agent
+// presenting it refuse the handshake, and the removal's record names it
+// (the teardowns of the removed node's leases accept it). The node then
+// joins again (a takeover): its new certificate is not revoked by the
+// sweeps that follow. Before, nothing revoked it: the removed node kept a
+// valid certificate until its expiry.
+func TestRemovalStoppedAfterCommitRevokedAtStart(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r := newCASQLite(ctx, t, Config{})
+	ca, st, path, srv := r.ca, r.st, r.path, r.srv
+	j, first := joinN1Cert(ctx, t, srv)
+	rec, err := st.Node(ctx, j.NodeID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	renewed := renewalDuringRemoval(t, srv, rec.Node)
+	if _, err := srv.removeNode(ctx, j.NodeID, true); !errors.Is(err, errReplicaStopped) {
+		t.Fatalf("the removal: %v, want it stopped after its commit", err)
+	}
+	cert := renewed()
+	late := leafOf(t, cert).SerialNumber
+	if !ca.Revoked(first.SerialNumber) || ca.Revoked(late) {
+		t.Fatalf("before the restart: the join's certificate revoked %v (want true), the renewal's %v (want false)",
+			ca.Revoked(first.SerialNumber), ca.Revoked(late))
+	}
+
+	// The replica's process ends; another opens the same database and CA
+	// directory.
+	srv.Close()
+	st.Close()
+	st2, err := sqlite.Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st2.Close() })
+	ca2, err := pki.Open(ca.Dir(), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv2, err := New(ctx, Config{Store: st2, CA: ca2, Lender: newFakeLender(), BootstrapToken: bootTok,
+		Tokens: []Token{{Token: adminTok, Tenant: "ops", Admin: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv2.Close() })
+	l, err := st2.RevocationList(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := l.Revoked[late.Text(16)]; !ok {
+		t.Errorf("the store's revocation list %v lacks the renewal's certificate %s", l.Revoked, late.Text(16))
+	}
+	if !ca2.Revoked(late) {
+		t.Errorf("the restarted replica's list does not revoke the renewal's certificate %s", late.Text(16))
+	}
+	if err := callAgentServing(ctx, t, ca2, rec.Node, cert); err == nil {
+		t.Errorf("the restarted replica's call to an agent presenting the removed node's certificate %s succeeded", late.Text(16))
+	}
+	if got := serialTexts(srv2.removalRevoked(ctx, j.NodeID)); !slices.Contains(got, late.Text(16)) {
+		t.Errorf("the removal's record names %v, want the renewal's %s among them", got, late.Text(16))
+	}
+
+	// The node joins again: its new certificate stays valid.
+	j2, again := joinN1Cert(ctx, t, srv2)
+	if j2.NodeID != j.NodeID {
+		t.Fatalf("joined again as %s, want %s", j2.NodeID, j.NodeID)
+	}
+	if err := srv2.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ca2.Revoked(again.SerialNumber) {
+		t.Errorf("the certificate of the node's new join %s was revoked", again.SerialNumber.Text(16))
+	}
+	if l, err := st2.RevocationList(ctx); err != nil {
+		t.Fatal(err)
+	} else if _, ok := l.Revoked[again.SerialNumber.Text(16)]; ok {
+		t.Errorf("the store's list revokes the certificate of the node's new join %s", again.SerialNumber.Text(16))
+	}
+}
+
+// TestRemovalStoppedAfterCommitRevokedBySweep: as
+// TestRemovalStoppedAfterCommitRevokedAtStart, with two replicas on
+// PostgreSQL, each with its copy of the CA directory: the one removing the
+// node stops between the removal's commit and its second pass; the other,
+// running since before the removal (its start found nothing to revoke),
+// revokes the renewal's certificate at its next sweep, and refuses it.
+func TestRemovalStoppedAfterCommitRevokedBySweep(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pg := pgtest.DB(t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	dirA := filepath.Join(t.TempDir(), "tls")
+	caA, err := pki.Open(dirA, pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dirB := filepath.Join(t.TempDir(), "tls")
+	copyDir(t, dirA, dirB)
+	caB, err := pki.Open(dirB, pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	replica := func(ca *pki.CA) (*Server, *postgres.Store) {
+		st := openPG(ctx, t, pg, 4)
+		s, err := New(ctx, Config{Store: st, Logger: log, CA: ca, Lender: newFakeLender(), BootstrapToken: bootTok,
+			Tokens: []Token{{Token: adminTok, Tenant: "ops", Admin: true}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s, st
+	}
+	a, stA := replica(caA)
+	b, _ := replica(caB)
+	j, _ := joinN1Cert(ctx, t, a)
+	rec, err := stA.Node(ctx, j.NodeID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	renewed := renewalDuringRemoval(t, a, rec.Node)
+	if _, err := a.removeNode(ctx, j.NodeID, true); !errors.Is(err, errReplicaStopped) {
+		t.Fatalf("the removal: %v, want it stopped after its commit", err)
+	}
+	cert := renewed()
+	late := leafOf(t, cert).SerialNumber
+	if err := b.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !caB.Revoked(late) {
+		t.Errorf("after its sweep, the other replica's list does not revoke the renewal's certificate %s", late.Text(16))
+	}
+	if err := callAgentServing(ctx, t, caB, rec.Node, cert); err == nil {
+		t.Errorf("the other replica's call to an agent presenting the removed node's certificate %s succeeded", late.Text(16))
+	}
+	if got, err := stA.RemovalRevoked(ctx, j.NodeID); err != nil || !slices.Contains(got.Revoked, late.Text(16)) {
+		t.Errorf("the removal's record: %+v %v, want the renewal's %s among its serials", got, err, late.Text(16))
+	}
+}
+
+// TestRemovedCertificateProvesNoJoin: the removed machine holding a
+// certificate its removal missed (the removing replica stopped between
+// the commit and the second pass, and no replica has revoked it yet)
+// joins again presenting it: the join is a takeover, not a proven join of
+// the node, so the certificate is revoked with the node's others, and the
+// new certificate the join gets stays valid. Before, the certificate
+// proved the join the node's own: the removed machine came back as the
+// node and kept its missed certificate valid.
+func TestRemovedCertificateProvesNoJoin(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r := newCASQLite(ctx, t, Config{})
+	ca, st, srv := r.ca, r.st, r.srv
+	j, _ := joinN1Cert(ctx, t, srv)
+	rec, err := st.Node(ctx, j.NodeID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	renewed := renewalDuringRemoval(t, srv, rec.Node)
+	if _, err := srv.removeNode(ctx, j.NodeID, true); !errors.Is(err, errReplicaStopped) {
+		t.Fatalf("the removal: %v, want it stopped after its commit", err)
+	}
+	cert := renewed()
+	late := leafOf(t, cert).SerialNumber
+	// A replica that has not swept since answers the join (here the same
+	// process: what the join reads is the store's).
+	base := serveTLS(t, srv, ca)
+	tc := &tls.Config{RootCAs: ca.Pool(), ServerName: "127.0.0.1", Certificates: []tls.Certificate{cert}}
+	c := api.NewClient(base, bootTok, &http.Client{Transport: &http.Transport{TLSClientConfig: tc}, Timeout: time.Minute})
+	csr, _, err := pki.NewCSR("", []string{"127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j2, err := c.Join(ctx, joinN1(csr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j2.NodeID != j.NodeID {
+		t.Fatalf("joined as %s, want %s", j2.NodeID, j.NodeID)
+	}
+	if !ca.Revoked(late) {
+		t.Errorf("the certificate the removal missed %s is not revoked after the removed machine joined again presenting it", late.Text(16))
+	}
+	certs, err := pki.ParseCerts([]byte(j2.Certificate))
+	if err != nil || len(certs) == 0 {
+		t.Fatalf("the join's certificate: %v", err)
+	}
+	if ca.Revoked(certs[0].SerialNumber) {
+		t.Errorf("the join's new certificate %s is revoked", certs[0].SerialNumber.Text(16))
+	}
+}
