@@ -171,7 +171,7 @@ func runSlurmTaskProlog(e *env, fs *pflag.FlagSet) runFunc {
 // file there: every job's end runs it, and a failing Epilog drains the
 // node, so a control plane that is down must not drain nodes that ran
 // jobs without devices. EpilogSlurmctld (which runs also when the job's
-// node died) always asks.
+// node died) always asks, and leaves the job file to the node's Epilog.
 func runSlurmEpilog(e *env, fs *pflag.FlagSet) runFunc {
 	var sf slurmFlags
 	sf.register(fs, true)
@@ -181,7 +181,8 @@ func runSlurmEpilog(e *env, fs *pflag.FlagSet) runFunc {
 			return err
 		}
 		file := j.File(sf.stateDir)
-		if e.getenv("SLURM_SCRIPT_CONTEXT") == "epilog_slurmd" {
+		scriptCtx := e.getenv("SLURM_SCRIPT_CONTEXT")
+		if scriptCtx == "epilog_slurmd" {
 			if _, err := os.Lstat(file); errors.Is(err, os.ErrNotExist) {
 				return nil
 			}
@@ -198,6 +199,15 @@ func runSlurmEpilog(e *env, fs *pflag.FlagSet) runFunc {
 		}
 		if err != nil {
 			return err // the file stays: an epilog run again tries again
+		}
+		if scriptCtx == "epilog_slurmctld" {
+			// The job file is the node's. On a host that is both the
+			// controller and a node, a job cancelled while its prolog
+			// runs has this epilog run alongside the prolog: removing
+			// the file the prolog wrote after listing the leases it
+			// had not made yet would leave the node's Epilog nothing
+			// to release them by.
+			return nil
 		}
 		if err := os.Remove(file); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -27,13 +28,80 @@ type cluster struct {
 	conf string
 }
 
-func freePort(t *testing.T) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+// freePorts are n distinct ports nothing listens on, for slurm.conf to
+// name before the daemons bind them. They are outside the range the
+// kernel hands out to listeners on port 0 and to connections
+// (ip_local_port_range): a port of that range, free when chosen, may be
+// taken before slurmctld or slurmd binds it by any process's listener or
+// connection (other tests', many at once under load), and the daemon
+// then exits.
+func freePorts(t *testing.T, n int) []int {
+	t.Helper()
+	lo, hi := ephemeralRange(t)
+	// Above the well-known and registered ports services commonly use,
+	// below the ephemeral range (or above it, if it starts low).
+	from, to := 20000, lo
+	if to-from < 1000 {
+		from, to = hi+1, 65536
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	var ports []int
+	for tries := 0; len(ports) < n; tries++ {
+		if tries == 1000 {
+			t.Fatalf("no %d free ports in [%d, %d)", n, from, to)
+		}
+		p := from + rand.IntN(to-from)
+		// Held until all are chosen, so that they differ.
+		ln, err := net.Listen("tcp", fmt.Sprintf(":%d", p))
+		if err != nil {
+			continue
+		}
+		defer ln.Close()
+		ports = append(ports, p)
+	}
+	return ports
+}
+
+// ephemeralRange is the kernel's ip_local_port_range.
+func ephemeralRange(t *testing.T) (lo, hi int) {
+	t.Helper()
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		t.Skipf("the kernel's ephemeral port range: %v", err)
+	}
+	if _, err := fmt.Sscan(string(b), &lo, &hi); err != nil {
+		t.Fatalf("ip_local_port_range %q: %v", b, err)
+	}
+	return lo, hi
+}
+
+// TestFreePorts: the ports the real-Slurm test writes into slurm.conf
+// are free, distinct and outside the ephemeral range. They were ports a
+// listener on port 0 got, closed at once: any listener or connection
+// could take one before the daemon bound it (more likely the more other
+// tests run), and the two could be the same.
+func TestFreePorts(t *testing.T) {
+	lo, hi := ephemeralRange(t)
+	seen := map[int]bool{}
+	for range 50 {
+		ps := freePorts(t, 2)
+		if ps[0] == ps[1] {
+			t.Fatalf("freePorts gave %d twice", ps[0])
+		}
+		for _, p := range ps {
+			if p >= lo && p <= hi {
+				t.Fatalf("port %d is in the ephemeral range %d-%d: a listener on port 0 or a connection may take it", p, lo, hi)
+			}
+			ln, err := net.Listen("tcp", fmt.Sprintf(":%d", p))
+			if err != nil {
+				t.Fatalf("port %d is not free: %v", p, err)
+			}
+			ln.Close()
+			seen[p] = true
+		}
+	}
+	if len(seen) < 10 {
+		t.Errorf("50 calls gave %d ports: %v", len(seen), seen)
+	}
 }
 
 // daemon starts a foreground daemon, killed and waited for when the test
@@ -149,6 +217,7 @@ func startSlurm(t *testing.T, bin string, up *uptest.Up) *cluster {
 		}
 	}
 	conf := filepath.Join(dir, "slurm.conf")
+	ports := freePorts(t, 2)
 	text := fmt.Sprintf(`ClusterName=rialtotest
 SlurmctldHost=%[1]s(127.0.0.1)
 SlurmctldPort=%[2]d
@@ -185,7 +254,7 @@ EpilogSlurmctld=%[5]s/epilog.sh
 PrologFlags=Alloc
 NodeName=%[1]s NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
-`, host, freePort(t), freePort(t), sock, dir)
+`, host, ports[0], ports[1], sock, dir)
 	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
