@@ -177,12 +177,7 @@ func (c *Client) do(ctx context.Context, toLeader bool, method, path string, bod
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		var eb ErrorBody
-		data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		if json.Unmarshal(data, &eb) != nil || eb.Error.Code == "" {
-			eb.Error = ErrorInfo{Code: CodeInternal, Message: strings.TrimSpace(string(data))}
-		}
-		return &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
+		return errorOf(resp)
 	}
 	if out == nil {
 		_, err = io.Copy(io.Discard, resp.Body)
@@ -204,6 +199,18 @@ func (c *Client) do(ctx context.Context, toLeader bool, method, path string, bod
 		return fmt.Errorf("rialto api: decode %s %s: %w", method, path, err)
 	}
 	return nil
+}
+
+// errorOf is the *Error of an error answer: its body's code and message,
+// or, when the body is not the API's (a proxy's, a plain HTTP server's),
+// the code of its status (CodeOfStatus) and the body as the message.
+func errorOf(resp *http.Response) *Error {
+	var eb ErrorBody
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if json.Unmarshal(data, &eb) != nil || eb.Error.Code == "" {
+		eb.Error = ErrorInfo{Code: CodeOfStatus(resp.StatusCode), Message: strings.TrimSpace(string(data))}
+	}
+	return &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
 }
 
 var bodyBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}

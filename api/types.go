@@ -926,3 +926,37 @@ const (
 	// names, or from 0 (the oldest event kept).
 	CodeGone = "gone" // 410
 )
+
+// CodeOfStatus is the code of an error answer of status that does not
+// carry the API's error body: one from something in front of the control
+// plane or of another server at its address ("Client sent an HTTP request
+// to an HTTPS server.", "404 page not found"). It is the code the API
+// answers with that status (the list above); a client's mistake of another
+// status (405, 413, …) is invalid_request; anything else is internal, a
+// failure of the server.
+func CodeOfStatus(status int) string {
+	switch status {
+	case 400:
+		return CodeInvalid
+	case 401:
+		return CodeUnauthorized
+	case 403:
+		return CodeForbidden
+	case 404:
+		return CodeNotFound
+	case 409:
+		return CodeConflict
+	case 410:
+		return CodeGone
+	case 422:
+		return CodeInfeasible
+	case 429:
+		return CodeQuota
+	case 503:
+		return CodeUnavailable
+	}
+	if status/100 == 4 {
+		return CodeInvalid
+	}
+	return CodeInternal
+}
