@@ -323,7 +323,9 @@ type Lease struct {
 	BandwidthCap int64 `json:"bandwidth_cap,omitempty"`
 	IOPSCap      int64 `json:"iops_cap,omitempty"`
 	// NodeID and DeviceID name the first part's lender and device (the
-	// first part that is not lost: a bond that lost a lender).
+	// first part that is not lost: a bond that lost a lender), and only
+	// that part's: a lease of several parts (composed, a bond) is on each
+	// of Parts' nodes and devices.
 	NodeID   string `json:"node_id,omitempty"`
 	DeviceID string `json:"device_id,omitempty"`
 	Parts    []Part `json:"parts"`

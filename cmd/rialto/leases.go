@@ -80,14 +80,65 @@ func printLeases(w io.Writer, ls []api.Lease, names map[string]string) {
 	tw := newTable(w)
 	fmt.Fprintln(tw, "ID\tSTATE\tKIND\tMODE\tSIZE\tCOUNT\tNODE\tDEVICE\tTENANT\tEXPIRES IN")
 	for _, l := range ls {
+		nodes, devices := leaseWhere(l, names)
 		exp := "-"
 		if !l.State.Terminal() {
 			exp = until(now, l.ExpiresAt)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", l.ID, l.State, l.Kind, dash(string(l.Mode)),
-			capacity(l.Kind, leaseSize(l)), l.Count, nodeName(names, l.NodeID), dash(l.DeviceID), dash(l.Tenant), exp)
+			capacity(l.Kind, leaseSize(l)), l.Count, nodesCell(nodes), devicesCell(devices), dash(l.Tenant), exp)
 	}
 	tw.Flush()
+}
+
+// leaseWhere is where a lease's parts are: its lenders' names and its
+// devices' IDs, each once, in the parts' order, lost parts left out. A
+// lease of several parts (composed, a bond) has several; the API's
+// node_id and device_id name only the first part's. A lease without a
+// part to show has those.
+func leaseWhere(l api.Lease, names map[string]string) (nodes, devices []string) {
+	for _, p := range l.Parts {
+		if p.Lost() {
+			continue
+		}
+		if n := nodeName(names, p.NodeID); !slices.Contains(nodes, n) {
+			nodes = append(nodes, n)
+		}
+		if p.DeviceID != "" && !slices.Contains(devices, p.DeviceID) {
+			devices = append(devices, p.DeviceID)
+		}
+	}
+	if len(nodes) == 0 && l.NodeID != "" {
+		nodes = []string{nodeName(names, l.NodeID)}
+	}
+	if len(devices) == 0 && l.DeviceID != "" {
+		devices = []string{l.DeviceID}
+	}
+	return nodes, devices
+}
+
+// nodesCell is the lease table's NODE: the lenders' names, comma
+// separated, or how many there are when they would widen the table.
+func nodesCell(nodes []string) string {
+	switch {
+	case len(nodes) == 0:
+		return "-"
+	case len(nodes) > 3:
+		return strconv.Itoa(len(nodes)) + " nodes"
+	}
+	return strings.Join(nodes, ",")
+}
+
+// devicesCell is the lease table's DEVICE: the device's ID, or how many
+// devices the lease's parts are on (lease show lists them).
+func devicesCell(devices []string) string {
+	switch len(devices) {
+	case 0:
+		return "-"
+	case 1:
+		return devices[0]
+	}
+	return strconv.Itoa(len(devices)) + " devices"
 }
 
 func printLease(w io.Writer, l api.Lease, names map[string]string) {
@@ -124,12 +175,20 @@ func printLease(w io.Writer, l api.Lease, names map[string]string) {
 	}
 	row("Tenant", l.Tenant)
 	row("Borrower", l.Borrower)
-	if n := names[l.NodeID]; n != "" {
-		row("Node", n+" ("+l.NodeID+")")
-	} else {
-		row("Node", l.NodeID)
+	// A lease of several parts is on each of their nodes and devices (the
+	// parts' table below says which part is where).
+	switch nodes, devices := leaseWhere(l, names); {
+	case len(nodes) > 1 || len(devices) > 1:
+		row("Nodes", strings.Join(nodes, ", "))
+		row("Devices", strings.Join(devices, ", "))
+	default:
+		if n := names[l.NodeID]; n != "" {
+			row("Node", n+" ("+l.NodeID+")")
+		} else {
+			row("Node", l.NodeID)
+		}
+		row("Device", l.DeviceID)
 	}
-	row("Device", l.DeviceID)
 	row("URI", l.URI)
 	if l.TTLSeconds > 0 {
 		row("TTL", (time.Duration(l.TTLSeconds) * time.Second).String())

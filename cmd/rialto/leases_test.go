@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -92,8 +94,29 @@ func TestLeaseCreateSaysWhatItHolds(t *testing.T) {
 			row = f
 		}
 	}
-	if len(row) < 6 || row[4] != "12MiB" || row[5] != "2" {
-		t.Fatalf("the lease's row %q, want SIZE 12MiB and COUNT 2:\n%s", row, out)
+	// Its NODE and DEVICE are its parts', not only the first part's (the
+	// API's node_id and device_id).
+	nodes := c.NodeByID(l.Parts[0].NodeID).Name + "," + c.NodeByID(l.Parts[1].NodeID).Name
+	if len(row) < 8 || row[4] != "12MiB" || row[5] != "2" || row[6] != nodes || row[7] != "2" || row[8] != "devices" {
+		t.Fatalf("the lease's row %q, want SIZE 12MiB, COUNT 2, NODE %s and DEVICE 2 devices:\n%s", row, nodes, out)
+	}
+	// lease show names every node and device, and each part's.
+	out, errs, code = runIn(t, c, rt, "lease", "show", l.ID)
+	if code != 0 {
+		t.Fatalf("lease show: exit %d: %s", code, errs)
+	}
+	want := []string{"Nodes:  " + strings.ReplaceAll(nodes, ",", ", "), "Devices:  " + l.Parts[0].DeviceID + ", " + l.Parts[1].DeviceID}
+	for i, p := range l.Parts {
+		want = append(want, fmt.Sprintf("%d  %s  %s", i, c.NodeByID(p.NodeID).Name, p.DeviceID))
+	}
+	squeezed := regexp.MustCompile(` {2,}`).ReplaceAllString(out, "  ")
+	for _, w := range want {
+		if !strings.Contains(squeezed, w) {
+			t.Errorf("lease show lacks %q:\n%s", w, out)
+		}
+	}
+	if strings.Contains(out, "Node:") || strings.Contains(out, "Device:") {
+		t.Errorf("lease show of a composed lease names one node or device:\n%s", out)
 	}
 	for _, tc := range []struct {
 		args []string
