@@ -216,3 +216,33 @@ func TestPartsSayWhichAreLost(t *testing.T) {
 		t.Fatalf("parts all served:\n%s", b.String())
 	}
 }
+
+// TestLimitsInFlagTerms: a request over one of the control plane's limits
+// (its maximum TTL, a lease's largest size) is refused in the terms of
+// the flag that asked for it, as given: "--ttl 100000h is more than the
+// maximum 720h", not "ttl_seconds 360000000 is more than the maximum
+// 2592000"; lease create, explain and lease renew alike.
+func TestLimitsInFlagTerms(t *testing.T) {
+	c := testcluster.Start(t, testcluster.Options{Nodes: 1})
+	l, err := c.Client().CreateLease(context.Background(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := t.TempDir()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"lease", "create", "--size", "1MiB", "--ttl", "100000h"}, "--ttl 100000h is more than the maximum 720h (code invalid_request, HTTP 400)"},
+		{[]string{"explain", "--size", "1MiB", "--ttl", "360000000"}, "--ttl 360000000 is more than the maximum 720h (code invalid_request, HTTP 400)"},
+		{[]string{"lease", "renew", l.ID, "--ttl", "100000h"}, "--ttl 100000h is more than the maximum 720h (code invalid_request, HTTP 400)"},
+		{[]string{"lease", "create", "--size", "2EiB"}, "--size 2EiB is more than the maximum 1EiB (code invalid_request, HTTP 400)"},
+		{[]string{"lease", "create", "--size", "1MiB", "--stripe-unit", "2TiB"}, "--stripe-unit 2TiB is more than the maximum 1TiB (code invalid_request, HTTP 400)"},
+		{[]string{"explain", "--size", "1MiB", "--deadline", "300000h"}, "--deadline 300000h is more than the maximum 277777h46m40s (code invalid_request, HTTP 400)"},
+	} {
+		_, errs, code := runIn(t, c, rt, tc.args...)
+		if code != 1 || !strings.Contains(errs, tc.want) {
+			t.Errorf("%v: exit %d, %q; want 1 and %q", tc.args, code, errs, tc.want)
+		}
+	}
+}
