@@ -181,8 +181,12 @@ func TestErrorWithoutAPIBody(t *testing.T) {
 		var ae *Error
 		if !errors.As(err, &ae) || ae.Status != tc.status || ae.Code != tc.code {
 			t.Errorf("%d %q: %v; want code %s", tc.status, tc.body, err, tc.code)
-		} else if want := strings.TrimSpace(tc.body); !strings.HasPrefix(want, "{") && ae.Message != want {
-			t.Errorf("%d %q: message %q; want the body", tc.status, tc.body, ae.Message)
+		} else if want := strings.TrimSpace(tc.body); !strings.HasPrefix(want, "{") && (ae.Message != want || !ae.Plain || IsCode(err, tc.code)) {
+			// Plain: another server's answer says nothing of the
+			// API's objects (a proxy's 404 is not a lease gone).
+			t.Errorf("%d %q: message %q, plain %v, IsCode %v; want the body, plain, not the API's code", tc.status, tc.body, ae.Message, ae.Plain, IsCode(err, tc.code))
+		} else if strings.HasPrefix(want, "{") && (ae.Plain || !IsCode(err, tc.code)) {
+			t.Errorf("%d %q: the API's answer is plain %v, IsCode %v", tc.status, tc.body, ae.Plain, IsCode(err, tc.code))
 		}
 		// The event stream's refusal reads the same (it retries a 5xx).
 		if tc.status >= 500 {
