@@ -23,16 +23,23 @@ type Error struct {
 	Status  int
 	Code    string
 	Message string
+	// Plain: the answer's body was not the API's error body but another
+	// server's words (a proxy's, Go's HTTPS server answering plain HTTP,
+	// a server at the address that is not a control plane); Code is then
+	// its status's (CodeOfStatus) and Message the body. Such an answer
+	// says nothing of the API's objects: a plain 404 is not a lease gone.
+	Plain bool
 }
 
 func (e *Error) Error() string {
 	return fmt.Sprintf("rialto api: %s (%d %s)", e.Message, e.Status, e.Code)
 }
 
-// IsCode reports whether err is an *Error with the given code.
+// IsCode reports whether err is the API's answer with the given code: an
+// *Error that is not Plain (a proxy's 404 is not the API's not_found).
 func IsCode(err error, code string) bool {
 	var e *Error
-	return errors.As(err, &e) && e.Code == code
+	return errors.As(err, &e) && e.Code == code && !e.Plain
 }
 
 // ErrUntrustedServer means the control plane's TLS certificate did not
@@ -177,12 +184,7 @@ func (c *Client) do(ctx context.Context, toLeader bool, method, path string, bod
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		var eb ErrorBody
-		data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		if json.Unmarshal(data, &eb) != nil || eb.Error.Code == "" {
-			eb.Error = ErrorInfo{Code: CodeInternal, Message: strings.TrimSpace(string(data))}
-		}
-		return &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
+		return errorOf(resp)
 	}
 	if out == nil {
 		_, err = io.Copy(io.Discard, resp.Body)
@@ -204,6 +206,18 @@ func (c *Client) do(ctx context.Context, toLeader bool, method, path string, bod
 		return fmt.Errorf("rialto api: decode %s %s: %w", method, path, err)
 	}
 	return nil
+}
+
+// errorOf is the *Error of an error answer: its body's code and message,
+// or, when the body is not the API's (a proxy's, a plain HTTP server's),
+// the code of its status (CodeOfStatus) and the body as the message.
+func errorOf(resp *http.Response) *Error {
+	var eb ErrorBody
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if json.Unmarshal(data, &eb) != nil || eb.Error.Code == "" {
+		return &Error{Status: resp.StatusCode, Code: CodeOfStatus(resp.StatusCode), Message: strings.TrimSpace(string(data)), Plain: true}
+	}
+	return &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
 }
 
 var bodyBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}

@@ -17,6 +17,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -139,5 +140,63 @@ func TestHTTPClientRefusesNodeCertificate(t *testing.T) {
 	}
 	if !errors.Is(err, ErrNotControlPlane) {
 		t.Fatalf("TLSConfig's handshake with a node's certificate: %v, want ErrNotControlPlane", err)
+	}
+}
+
+// TestErrorWithoutAPIBody: an error answer whose body is not the API's
+// (a proxy's, Go's HTTPS server answering plain HTTP, a plain 404) gets
+// the code the API gives its status, not internal, which is the API's
+// code for a failure of the server, and keeps the body as the message.
+func TestErrorWithoutAPIBody(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		status int
+		body   string
+		code   string
+	}{
+		{400, "Client sent an HTTP request to an HTTPS server.\n", CodeInvalid},
+		{401, "no", CodeUnauthorized},
+		{403, "Forbidden", CodeForbidden},
+		{404, "404 page not found\n", CodeNotFound},
+		{405, "Method Not Allowed", CodeInvalid},
+		{409, "busy", CodeConflict},
+		{410, "pruned", CodeGone},
+		{413, "Request Entity Too Large", CodeInvalid},
+		{422, "nowhere", CodeInfeasible},
+		{429, "slow down", CodeQuota},
+		{500, "oops", CodeInternal},
+		{502, "<html>Bad Gateway</html>", CodeInternal},
+		{503, "Service Unavailable", CodeUnavailable},
+		{504, "Gateway Timeout", CodeInternal},
+		// The API's own body keeps its code, whatever the status.
+		{400, `{"error":{"code":"conflict","message":"m"}}`, CodeConflict},
+	} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(tc.status)
+			io.WriteString(w, tc.body)
+		}))
+		c := NewClient(srv.URL, "t", nil)
+		_, err := c.Nodes(ctx)
+		var ae *Error
+		if !errors.As(err, &ae) || ae.Status != tc.status || ae.Code != tc.code {
+			t.Errorf("%d %q: %v; want code %s", tc.status, tc.body, err, tc.code)
+		} else if want := strings.TrimSpace(tc.body); !strings.HasPrefix(want, "{") && (ae.Message != want || !ae.Plain || IsCode(err, tc.code)) {
+			// Plain: another server's answer says nothing of the
+			// API's objects (a proxy's 404 is not a lease gone).
+			t.Errorf("%d %q: message %q, plain %v, IsCode %v; want the body, plain, not the API's code", tc.status, tc.body, ae.Message, ae.Plain, IsCode(err, tc.code))
+		} else if strings.HasPrefix(want, "{") && (ae.Plain || !IsCode(err, tc.code)) {
+			t.Errorf("%d %q: the API's answer is plain %v, IsCode %v", tc.status, tc.body, ae.Plain, IsCode(err, tc.code))
+		}
+		// The event stream's refusal reads the same (it retries a 5xx).
+		if tc.status >= 500 {
+			srv.Close()
+			continue
+		}
+		err = c.FollowEvents(ctx, 0, FollowOptions{}, func(Event) error { return nil })
+		if !errors.As(err, &ae) || ae.Status != tc.status || ae.Code != tc.code {
+			t.Errorf("%d %q: follow events: %v; want code %s", tc.status, tc.body, err, tc.code)
+		}
+		srv.Close()
 	}
 }

@@ -7,9 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
-	"strings"
 	"time"
 )
 
@@ -114,12 +112,7 @@ func (c *Client) followOnce(ctx context.Context, hc *http.Client, since *int64, 
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		var eb ErrorBody
-		data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		if json.Unmarshal(data, &eb) != nil || eb.Error.Code == "" {
-			eb.Error = ErrorInfo{Code: CodeInternal, Message: strings.TrimSpace(string(data))}
-		}
-		return false, &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
+		return false, errorOf(resp)
 	}
 	// A watchdog ends a connection that carries nothing for idle.
 	alive := make(chan struct{}, 1)

@@ -323,7 +323,9 @@ type Lease struct {
 	BandwidthCap int64 `json:"bandwidth_cap,omitempty"`
 	IOPSCap      int64 `json:"iops_cap,omitempty"`
 	// NodeID and DeviceID name the first part's lender and device (the
-	// first part that is not lost: a bond that lost a lender).
+	// first part that is not lost: a bond that lost a lender), and only
+	// that part's: a lease of several parts (composed, a bond) is on each
+	// of Parts' nodes and devices.
 	NodeID   string `json:"node_id,omitempty"`
 	DeviceID string `json:"device_id,omitempty"`
 	Parts    []Part `json:"parts"`
@@ -926,3 +928,37 @@ const (
 	// names, or from 0 (the oldest event kept).
 	CodeGone = "gone" // 410
 )
+
+// CodeOfStatus is the code of an error answer of status that does not
+// carry the API's error body: one from something in front of the control
+// plane or of another server at its address ("Client sent an HTTP request
+// to an HTTPS server.", "404 page not found"). It is the code the API
+// answers with that status (the list above); a client's mistake of another
+// status (405, 413, …) is invalid_request; anything else is internal, a
+// failure of the server.
+func CodeOfStatus(status int) string {
+	switch status {
+	case 400:
+		return CodeInvalid
+	case 401:
+		return CodeUnauthorized
+	case 403:
+		return CodeForbidden
+	case 404:
+		return CodeNotFound
+	case 409:
+		return CodeConflict
+	case 410:
+		return CodeGone
+	case 422:
+		return CodeInfeasible
+	case 429:
+		return CodeQuota
+	case 503:
+		return CodeUnavailable
+	}
+	if status/100 == 4 {
+		return CodeInvalid
+	}
+	return CodeInternal
+}

@@ -450,8 +450,7 @@ wait:
 					h.follow(cur)
 				}
 			}
-			var ae *api.Error
-			if errors.As(err, &ae) && ae.Code == api.CodeNotFound {
+			if api.IsCode(err, api.CodeNotFound) {
 				ended = fmt.Errorf("lease %s is gone; detached", l.ID)
 				break wait
 			}

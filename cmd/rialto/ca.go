@@ -115,7 +115,7 @@ func runCAShow(e *env, ca *pki.CA, o *output) error {
 			role = "kept by a rotation"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s (%s)\t%s\n", role, c.Subject.CommonName, c.NotAfter.UTC().Format(time.DateOnly),
-			until(now, c.NotAfter), certID(c))
+			inSpan(now, c.NotAfter), certID(c))
 	}
 	tw.Flush()
 	fmt.Fprintf(e.stdout, "\nCertificate for clients: %s\n", ca.CertFile())
@@ -176,7 +176,7 @@ func showCRL(e *env, crl caCRLOut, now time.Time) {
 		return
 	}
 	fmt.Fprintf(e.stdout, "Revocation list: %s, number %s, signed by %s, updated %s (%s ago): ", crl.CRLFile, crl.Number, crl.Signer,
-		crl.Updated.Format(time.DateTime), now.Sub(crl.Updated).Truncate(time.Second))
+		crl.Updated.Format(time.DateTime), span(now.Sub(crl.Updated)))
 	switch crl.Revoked {
 	case 0:
 		fmt.Fprintln(e.stdout, "no certificate revoked")

@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -177,5 +179,49 @@ func TestCAShowRevocationList(t *testing.T) {
 	}
 	if slices.Sort(serials); !slices.Equal(slices.Sorted(slices.Values(newest)), serials) {
 		t.Errorf("show -o json names %v, want %v", newest, serials)
+	}
+}
+
+// TestCAShowExpiryReadsPlainly: ca show says when a CA certificate
+// expires in days, not as a Go duration ("2036-11-25 (87599h57m59s)").
+func TestCAShowExpiryReadsPlainly(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "tls")
+	ca, err := pki.Open(dir, pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	e := &env{stdout: &out, stderr: &errb, getenv: func(string) string { return "" }}
+	if code := run(context.Background(), []string{"ca", "show", "--tls-dir", dir}, e); code != 0 {
+		t.Fatalf("rialto ca show: exit %d\n%s", code, errb.String())
+	}
+	days := int((time.Until(ca.Certificate().NotAfter) + 12*time.Hour) / (24 * time.Hour))
+	want := ca.Certificate().NotAfter.UTC().Format(time.DateOnly) + " (in " + strconv.Itoa(days) + " days)"
+	if !strings.Contains(out.String(), want) {
+		t.Errorf("ca show lacks %q:\n%s", want, out.String())
+	}
+	if !regexp.MustCompile(`updated [-0-9: ]+ \(\d+ seconds? ago\)`).MatchString(out.String()) {
+		t.Errorf("ca show's revocation list's age:\n%s", out.String())
+	}
+}
+
+func TestSpan(t *testing.T) {
+	now := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		d    time.Duration
+		want string
+	}{
+		{87599*time.Hour + 57*time.Minute + 59*time.Second, "in 3650 days"},
+		{49 * time.Hour, "in 2 days"},
+		{47 * time.Hour, "in 47 hours"},
+		{90 * time.Minute, "in 90 minutes"},
+		{61 * time.Second, "in 61 seconds"},
+		{time.Second, "in 1 second"},
+		{0, "in 0 seconds"},
+		{-72 * time.Hour, "expired 3 days ago"},
+	} {
+		if got := inSpan(now, now.Add(tc.d)); got != tc.want {
+			t.Errorf("inSpan(%v) = %q; want %q", tc.d, got, tc.want)
+		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -233,6 +234,35 @@ func until(now, t time.Time) string {
 		return "expired"
 	}
 	return d.Round(time.Second).String()
+}
+
+// span is a duration in the largest whole unit that reads plainly, to
+// the nearest: "3650 days", "5 hours", "12 minutes", "1 second" (not
+// "87599h57m59s").
+func span(d time.Duration) string {
+	d = max(d, 0)
+	for _, u := range []struct {
+		min, unit time.Duration
+		name      string
+	}{{48 * time.Hour, 24 * time.Hour, "day"}, {2 * time.Hour, time.Hour, "hour"}, {2 * time.Minute, time.Minute, "minute"}, {0, time.Second, "second"}} {
+		if d >= u.min {
+			n := (d + u.unit/2) / u.unit
+			if n == 1 {
+				return "1 " + u.name
+			}
+			return strconv.FormatInt(int64(n), 10) + " " + u.name + "s"
+		}
+	}
+	return ""
+}
+
+// inSpan says when t is from now, plainly: "in 3650 days", "expired 2
+// days ago".
+func inSpan(now, t time.Time) string {
+	if d := t.Sub(now); d >= 0 {
+		return "in " + span(d)
+	}
+	return "expired " + span(now.Sub(t)) + " ago"
 }
 
 func dash(s string) string {

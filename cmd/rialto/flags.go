@@ -126,8 +126,9 @@ func (l *listFlag) Type() string       { return "value" }
 // sizeFlag is a size in bytes written with a unit (256MiB, 10GiB, 1.5TB)
 // or as bytes.
 type sizeFlag struct {
-	n   int64
-	set bool
+	n    int64
+	set  bool
+	text string // as given
 }
 
 func (f *sizeFlag) String() string {
@@ -142,7 +143,7 @@ func (f *sizeFlag) Set(s string) error {
 	if err != nil {
 		return fmt.Errorf("want a size such as 256MiB, 10GiB or 1TB")
 	}
-	f.n, f.set = n, true
+	f.n, f.set, f.text = n, true, s
 	return nil
 }
 
@@ -191,9 +192,10 @@ func (f *rateFlag) Set(s string) error {
 // durationFlag is a duration ("90s", "30m", "1h30m"); a bare number is
 // seconds. Values below min are refused.
 type durationFlag struct {
-	d   time.Duration
-	min time.Duration
-	set bool
+	d    time.Duration
+	min  time.Duration
+	set  bool
+	text string // as given
 }
 
 func (f *durationFlag) String() string {
@@ -215,7 +217,7 @@ func (f *durationFlag) Set(s string) error {
 	if d < f.min {
 		return fmt.Errorf("must be at least %v", f.min)
 	}
-	f.d, f.set = d, true
+	f.d, f.set, f.text = d, true, s
 	return nil
 }
 

@@ -42,6 +42,15 @@ func TestTablesGolden(t *testing.T) {
 		{ID: "lease-2", State: api.LeaseLost, Kind: api.KindMemory, Mode: api.ModeDedicated, Size: 1 << 30, Held: 1 << 30, Count: 1, NodeID: "node-gone", Tenant: "bob"},
 		{ID: "lease-4", State: api.LeaseActive, Kind: api.KindAccel, Mode: api.ModeShared, Size: api.SlotUnits / 4, Held: api.SlotUnits / 4, Count: 1, NodeID: "node-a", DeviceID: "dev-1", Tenant: "bob"},
 		whole,
+		// A composed lease is on each of its parts' nodes and devices, a
+		// bond's lost part left out; more than three nodes are counted.
+		{ID: "lease-8", State: api.LeaseActive, Kind: api.KindBlock, Mode: api.ModeComposed, Size: 2 << 30, Held: 2 << 30, Count: 2, NodeID: "node-a", DeviceID: "dev-1", Tenant: "alice",
+			Parts: []api.Part{{NodeID: "node-a", DeviceID: "dev-1", Length: 1 << 30}, {NodeID: "node-b", DeviceID: "dev-2", Length: 1 << 30}}},
+		{ID: "lease-9", State: api.LeaseActive, Kind: api.KindNIC, Mode: api.ModeShared, Size: 250e6, Held: 125e6, Count: 1, NodeID: "node-b", DeviceID: "dev-4", Tenant: "bob",
+			Parts: []api.Part{{NodeID: "node-a", DeviceID: "dev-3", Length: 125e6, State: api.PartLost}, {NodeID: "node-b", DeviceID: "dev-4", Length: 125e6}}},
+		{ID: "lease-10", State: api.LeaseActive, Kind: api.KindBlock, Mode: api.ModeComposed, Size: 4 << 30, Held: 4 << 30, Count: 4, NodeID: "node-a", DeviceID: "dev-1", Tenant: "alice",
+			Parts: []api.Part{{NodeID: "node-a", DeviceID: "dev-1", Length: 1 << 30}, {NodeID: "node-b", DeviceID: "dev-2", Length: 1 << 30},
+				{NodeID: "node-c", DeviceID: "dev-5", Length: 1 << 30}, {NodeID: "node-d", DeviceID: "dev-6", Length: 1 << 30}}},
 	}, names)
 	// A lease's caps (--bandwidth-cap, --iops-cap) show, the bandwidth as
 	// every rate prints (resource.FormatRate).

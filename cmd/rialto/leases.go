@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -80,14 +81,65 @@ func printLeases(w io.Writer, ls []api.Lease, names map[string]string) {
 	tw := newTable(w)
 	fmt.Fprintln(tw, "ID\tSTATE\tKIND\tMODE\tSIZE\tCOUNT\tNODE\tDEVICE\tTENANT\tEXPIRES IN")
 	for _, l := range ls {
+		nodes, devices := leaseWhere(l, names)
 		exp := "-"
 		if !l.State.Terminal() {
 			exp = until(now, l.ExpiresAt)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", l.ID, l.State, l.Kind, dash(string(l.Mode)),
-			capacity(l.Kind, leaseSize(l)), l.Count, nodeName(names, l.NodeID), dash(l.DeviceID), dash(l.Tenant), exp)
+			capacity(l.Kind, leaseSize(l)), l.Count, nodesCell(nodes), devicesCell(devices), dash(l.Tenant), exp)
 	}
 	tw.Flush()
+}
+
+// leaseWhere is where a lease's parts are: its lenders' names and its
+// devices' IDs, each once, in the parts' order, lost parts left out. A
+// lease of several parts (composed, a bond) has several; the API's
+// node_id and device_id name only the first part's. A lease without a
+// part to show has those.
+func leaseWhere(l api.Lease, names map[string]string) (nodes, devices []string) {
+	for _, p := range l.Parts {
+		if p.Lost() {
+			continue
+		}
+		if n := nodeName(names, p.NodeID); !slices.Contains(nodes, n) {
+			nodes = append(nodes, n)
+		}
+		if p.DeviceID != "" && !slices.Contains(devices, p.DeviceID) {
+			devices = append(devices, p.DeviceID)
+		}
+	}
+	if len(nodes) == 0 && l.NodeID != "" {
+		nodes = []string{nodeName(names, l.NodeID)}
+	}
+	if len(devices) == 0 && l.DeviceID != "" {
+		devices = []string{l.DeviceID}
+	}
+	return nodes, devices
+}
+
+// nodesCell is the lease table's NODE: the lenders' names, comma
+// separated, or how many there are when they would widen the table.
+func nodesCell(nodes []string) string {
+	switch {
+	case len(nodes) == 0:
+		return "-"
+	case len(nodes) > 3:
+		return strconv.Itoa(len(nodes)) + " nodes"
+	}
+	return strings.Join(nodes, ",")
+}
+
+// devicesCell is the lease table's DEVICE: the device's ID, or how many
+// devices the lease's parts are on (lease show lists them).
+func devicesCell(devices []string) string {
+	switch len(devices) {
+	case 0:
+		return "-"
+	case 1:
+		return devices[0]
+	}
+	return strconv.Itoa(len(devices)) + " devices"
 }
 
 func printLease(w io.Writer, l api.Lease, names map[string]string) {
@@ -124,12 +176,20 @@ func printLease(w io.Writer, l api.Lease, names map[string]string) {
 	}
 	row("Tenant", l.Tenant)
 	row("Borrower", l.Borrower)
-	if n := names[l.NodeID]; n != "" {
-		row("Node", n+" ("+l.NodeID+")")
-	} else {
-		row("Node", l.NodeID)
+	// A lease of several parts is on each of their nodes and devices (the
+	// parts' table below says which part is where).
+	switch nodes, devices := leaseWhere(l, names); {
+	case len(nodes) > 1 || len(devices) > 1:
+		row("Nodes", strings.Join(nodes, ", "))
+		row("Devices", strings.Join(devices, ", "))
+	default:
+		if n := names[l.NodeID]; n != "" {
+			row("Node", n+" ("+l.NodeID+")")
+		} else {
+			row("Node", l.NodeID)
+		}
+		row("Device", l.DeviceID)
 	}
-	row("Device", l.DeviceID)
 	row("URI", l.URI)
 	if l.TTLSeconds > 0 {
 		row("TTL", (time.Duration(l.TTLSeconds) * time.Second).String())
@@ -327,6 +387,66 @@ func (rf *requestFlags) request() (api.LeaseRequest, error) {
 	return r, nil
 }
 
+// fieldFlag is the flag that sets a request's field, for flagTerms.
+type fieldFlag struct {
+	field, flag, given string
+	// unit is a number of the field's in the flag's unit: "720h", "1TiB".
+	unit func(float64) string
+}
+
+// durationText is a number of seconds as a duration flag reads it:
+// "720h", "1h30m", "90s".
+func durationText(sec float64) string {
+	s := time.Duration(sec * float64(time.Second)).String()
+	s, _ = strings.CutSuffix(s, "m0s")
+	if t, ok := strings.CutSuffix(s, "h0"); ok {
+		return t + "h"
+	}
+	if !strings.HasSuffix(s, "s") {
+		s += "m"
+	}
+	return s
+}
+
+// bytesText is a number of bytes as a size flag reads it.
+func bytesText(n float64) string { return resource.FormatSize(int64(n)) }
+
+// fieldLimit finds the API's words for a field over its maximum:
+// "ttl_seconds 360000000 is more than the maximum 2592000" (lease
+// create), "ttl_seconds must be between 0 and 2592000" (renew).
+var fieldLimit = regexp.MustCompile(`^([a-z_]+) (?:\S+ is more than the maximum|must be between 0 and) (\S+)$`)
+
+// flagTerms says an invalid_request answer about a field one of flags
+// sets in the flag's terms, as given: "--ttl 100000h is more than the
+// maximum 720h", not "ttl_seconds 360000000 is more than the maximum
+// 2592000" (a limit of the control plane's configuration, which the
+// command cannot check before asking). Other errors are err.
+func flagTerms(err error, flags ...fieldFlag) error {
+	var ae *api.Error
+	if !errors.As(err, &ae) || ae.Code != api.CodeInvalid {
+		return err
+	}
+	m := fieldLimit.FindStringSubmatch(ae.Message)
+	if m == nil {
+		return err
+	}
+	limit, perr := strconv.ParseFloat(m[2], 64)
+	for _, f := range flags {
+		if f.field == m[1] && f.given != "" && perr == nil {
+			ae.Message = fmt.Sprintf("%s %s is more than the maximum %s", f.flag, f.given, f.unit(limit))
+		}
+	}
+	return err
+}
+
+// flagTerms is flagTerms of lease create's (and explain's) flags.
+func (rf *requestFlags) flagTerms(err error) error {
+	return flagTerms(err, fieldFlag{"ttl_seconds", "--ttl", rf.ttl.text, durationText},
+		fieldFlag{"deadline_seconds", "--deadline", rf.deadline.text, durationText},
+		fieldFlag{"size", "--size", rf.size.text, bytesText},
+		fieldFlag{"stripe_unit", "--stripe-unit", rf.stripe.text, bytesText})
+}
+
 // parseRate is resource.ParseRate refusing as a flag does: the flag's
 // name and the text given are pflag's to quote.
 func parseRate(s string) (float64, error) {
@@ -378,11 +498,11 @@ func leaseCreate(explainOnly bool) func(*env, *pflag.FlagSet) runFunc {
 				return err
 			}
 			if dry {
-				return explain(ctx, e, c, &cf, req)
+				return rf.flagTerms(explain(ctx, e, c, &cf, req))
 			}
 			l, err := c.CreateLease(ctx, req)
 			if err != nil {
-				return err
+				return rf.flagTerms(err)
 			}
 			if cf.json() {
 				return cf.print(e.stdout, l)
@@ -414,6 +534,7 @@ func leaseByID(op string) func(*env, *pflag.FlagSet) runFunc {
 				l, err = c.ReleaseLease(ctx, pos[0])
 			case "renew":
 				l, err = c.RenewLease(ctx, pos[0], int64(ttl.d/time.Second))
+				err = flagTerms(err, fieldFlag{"ttl_seconds", "--ttl", ttl.text, durationText})
 			}
 			if err != nil {
 				return err

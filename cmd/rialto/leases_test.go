@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -92,8 +94,29 @@ func TestLeaseCreateSaysWhatItHolds(t *testing.T) {
 			row = f
 		}
 	}
-	if len(row) < 6 || row[4] != "12MiB" || row[5] != "2" {
-		t.Fatalf("the lease's row %q, want SIZE 12MiB and COUNT 2:\n%s", row, out)
+	// Its NODE and DEVICE are its parts', not only the first part's (the
+	// API's node_id and device_id).
+	nodes := c.NodeByID(l.Parts[0].NodeID).Name + "," + c.NodeByID(l.Parts[1].NodeID).Name
+	if len(row) < 8 || row[4] != "12MiB" || row[5] != "2" || row[6] != nodes || row[7] != "2" || row[8] != "devices" {
+		t.Fatalf("the lease's row %q, want SIZE 12MiB, COUNT 2, NODE %s and DEVICE 2 devices:\n%s", row, nodes, out)
+	}
+	// lease show names every node and device, and each part's.
+	out, errs, code = runIn(t, c, rt, "lease", "show", l.ID)
+	if code != 0 {
+		t.Fatalf("lease show: exit %d: %s", code, errs)
+	}
+	want := []string{"Nodes:  " + strings.ReplaceAll(nodes, ",", ", "), "Devices:  " + l.Parts[0].DeviceID + ", " + l.Parts[1].DeviceID}
+	for i, p := range l.Parts {
+		want = append(want, fmt.Sprintf("%d  %s  %s", i, c.NodeByID(p.NodeID).Name, p.DeviceID))
+	}
+	squeezed := regexp.MustCompile(` {2,}`).ReplaceAllString(out, "  ")
+	for _, w := range want {
+		if !strings.Contains(squeezed, w) {
+			t.Errorf("lease show lacks %q:\n%s", w, out)
+		}
+	}
+	if strings.Contains(out, "Node:") || strings.Contains(out, "Device:") {
+		t.Errorf("lease show of a composed lease names one node or device:\n%s", out)
 	}
 	for _, tc := range []struct {
 		args []string
@@ -191,5 +214,35 @@ func TestPartsSayWhichAreLost(t *testing.T) {
 	printParts(&b, api.KindNIC, parts, true, names)
 	if strings.Contains(b.String(), "STATE") || strings.Contains(b.String(), "served") {
 		t.Fatalf("parts all served:\n%s", b.String())
+	}
+}
+
+// TestLimitsInFlagTerms: a request over one of the control plane's limits
+// (its maximum TTL, a lease's largest size) is refused in the terms of
+// the flag that asked for it, as given: "--ttl 100000h is more than the
+// maximum 720h", not "ttl_seconds 360000000 is more than the maximum
+// 2592000"; lease create, explain and lease renew alike.
+func TestLimitsInFlagTerms(t *testing.T) {
+	c := testcluster.Start(t, testcluster.Options{Nodes: 1})
+	l, err := c.Client().CreateLease(context.Background(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := t.TempDir()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"lease", "create", "--size", "1MiB", "--ttl", "100000h"}, "--ttl 100000h is more than the maximum 720h (code invalid_request, HTTP 400)"},
+		{[]string{"explain", "--size", "1MiB", "--ttl", "360000000"}, "--ttl 360000000 is more than the maximum 720h (code invalid_request, HTTP 400)"},
+		{[]string{"lease", "renew", l.ID, "--ttl", "100000h"}, "--ttl 100000h is more than the maximum 720h (code invalid_request, HTTP 400)"},
+		{[]string{"lease", "create", "--size", "2EiB"}, "--size 2EiB is more than the maximum 1EiB (code invalid_request, HTTP 400)"},
+		{[]string{"lease", "create", "--size", "1MiB", "--stripe-unit", "2TiB"}, "--stripe-unit 2TiB is more than the maximum 1TiB (code invalid_request, HTTP 400)"},
+		{[]string{"explain", "--size", "1MiB", "--deadline", "300000h"}, "--deadline 300000h is more than the maximum 277777h46m40s (code invalid_request, HTTP 400)"},
+	} {
+		_, errs, code := runIn(t, c, rt, tc.args...)
+		if code != 1 || !strings.Contains(errs, tc.want) {
+			t.Errorf("%v: exit %d, %q; want 1 and %q", tc.args, code, errs, tc.want)
+		}
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -89,22 +91,44 @@ func runNodeDrain(e *env, fs *pflag.FlagSet) runFunc {
 }
 
 // waitDrain follows a drain until it ends, printing each lease's
-// progress to stderr when progress is set.
+// progress to stderr when progress is set: each change of its state, each
+// reason once. A lease that cannot move yet (no other lender has room, a
+// move failed) is tried again until the drain's deadline, which its line
+// says; the reason it is left with at the deadline quotes that reason,
+// which is not printed again ("as above"; the report on stdout has it
+// whole).
 func waitDrain(ctx context.Context, e *env, c *api.Client, node string, d api.Drain, progress bool) (api.Drain, error) {
 	last := map[string]string{}
+	said := map[string][]string{} // per lease, the reasons printed
 	t := time.NewTicker(movePoll)
 	defer t.Stop()
 	for {
 		if progress {
 			for _, l := range d.Leases {
+				reason := l.Reason
+				for _, r := range said[l.LeaseID] {
+					// A long reason (placement's explanation) printed
+					// before is named by its start.
+					if head, _, ok := strings.Cut(r, ": "); ok && len(r) > 80 && strings.Contains(reason, r) {
+						reason = strings.Replace(reason, r, head+": as above", 1)
+					}
+				}
 				line := fmt.Sprintf("lease %s (%s): %s %s", l.LeaseID, l.Kind, l.Action, l.State)
-				if l.Reason != "" {
-					line += ": " + l.Reason
+				if reason != "" {
+					line += ": " + reason
 				}
-				if line != last[l.LeaseID] {
-					fmt.Fprintln(e.stderr, line)
-					last[l.LeaseID] = line
+				key := string(l.State) + "\x00" + l.Reason
+				if key == last[l.LeaseID] {
+					continue
 				}
+				last[l.LeaseID] = key
+				if l.Reason != "" && !slices.Contains(said[l.LeaseID], l.Reason) {
+					said[l.LeaseID] = append(said[l.LeaseID], l.Reason)
+				}
+				if l.State == api.DrainLeasePending && l.Reason != "" && d.State == api.DrainRunning {
+					line += fmt.Sprintf("; tried again until the drain's deadline (%s, --deadline)", d.Deadline.Local().Format(time.TimeOnly))
+				}
+				fmt.Fprintln(e.stderr, line)
 			}
 		}
 		if d.State != api.DrainRunning {

@@ -28,7 +28,7 @@ func runNodeRemove(e *env, fs *pflag.FlagSet) runFunc {
 		}
 		r, err := c.RemoveNode(ctx, id, *force)
 		var ae *api.Error
-		if errors.As(err, &ae) && ae.Code == api.CodeConflict && !*force {
+		if errors.As(err, &ae) && ae.Code == api.CodeConflict && !ae.Plain && !*force {
 			// The control plane says "force the removal": the flag.
 			fe := *ae
 			fe.Message += fmt.Sprintf("; force it with `rialto node remove --force %s`", id)

@@ -355,9 +355,8 @@ func watchLease(ctx context.Context, c *api.Client, l api.Lease, log *slog.Logge
 			follow.changed(follow.ca.fingerprints())
 		}
 		cur, err := c.Lease(ctx, l.ID)
-		var ae *api.Error
 		switch {
-		case errors.As(err, &ae) && ae.Code == api.CodeNotFound:
+		case api.IsCode(err, api.CodeNotFound):
 			return fmt.Errorf("lease %s is gone; the VM was stopped", l.ID)
 		case err != nil:
 			log.Warn("vm: lease check failed", "lease", l.ID, "err", err)

@@ -893,7 +893,7 @@ func (a *Agent) join(ctx context.Context) error {
 			return a.saveIdentity()
 		}
 		var ae *api.Error
-		if errors.As(err, &ae) && (ae.Code == api.CodeUnauthorized || ae.Code == api.CodeForbidden || ae.Code == api.CodeInvalid) {
+		if api.IsCode(err, api.CodeUnauthorized) || api.IsCode(err, api.CodeForbidden) || api.IsCode(err, api.CodeInvalid) {
 			return fmt.Errorf("agent: join rejected: %w", err)
 		}
 		wait := retry.Next()
@@ -1166,7 +1166,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	if err != nil {
 		a.mHeartbeats.WithLabelValues("error").Inc()
 		a.enforceExpiry(ctx, false)
-		if ae != nil && (ae.Code == api.CodeUnauthorized || ae.Code == api.CodeNotFound) {
+		if ae != nil && !ae.Plain && (ae.Code == api.CodeUnauthorized || ae.Code == api.CodeNotFound) {
 			a.log.Warn("control plane does not know this node; joining again", "code", ae.Code)
 			return a.join(ctx)
 		}

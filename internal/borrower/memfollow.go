@@ -3,7 +3,6 @@ package borrower
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"log/slog"
 
@@ -29,8 +28,7 @@ func relocator(src LeaseSource, id string, part int) client.Relocator {
 			return "", "", fmt.Errorf("%w: lease %s is not followed (no lease source)", client.ErrEnded, id)
 		}
 		l, err := src.Lease(ctx, id)
-		var ae *api.Error
-		if errors.As(err, &ae) && ae.Code == api.CodeNotFound {
+		if api.IsCode(err, api.CodeNotFound) {
 			return "", "", fmt.Errorf("%w: lease %s is gone", client.ErrEnded, id)
 		}
 		if err != nil {

@@ -167,3 +167,17 @@ func TestPrefixedPackagesExist(t *testing.T) {
 		}
 	}
 }
+
+// TestErrorMapCodesOfStatus: each status the control plane answers has
+// the code the client gives an answer of that status without the API's
+// body (api.CodeOfStatus), so a refusal reads the same whoever wrote it.
+func TestErrorMapCodesOfStatus(t *testing.T) {
+	for _, m := range errorMap {
+		if got := api.CodeOfStatus(m.Status); got != m.Code {
+			t.Errorf("%v: status %d code %s; api.CodeOfStatus(%d) = %s", m.Err, m.Status, m.Code, m.Status, got)
+		}
+	}
+	if got := api.CodeOfStatus(http.StatusInternalServerError); got != errorMap.Lookup(errors.New("x")).Code {
+		t.Errorf("api.CodeOfStatus(500) = %s", got)
+	}
+}

@@ -615,3 +615,48 @@ func TestQuotaReplacement(t *testing.T) {
 	_, err = e.alice.CreateLease(e.ctx(), req)
 	wantQuota(t, err, "holds 1 of 1 leases")
 }
+
+// TestRejectionsSayTheirConstraintOnce: an explanation's line names a
+// rejected device's constraint once: a reason that starts with the
+// constraint's word is not prefixed with it again ("node n1 (node-…) is
+// skipped"; it read "node: node n1"); other reasons keep it ("capacity:
+// …", "exclusive: lent whole only").
+func TestRejectionsSayTheirConstraintOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.joinSpecs("x", nil, api.DeviceSpec{Name: "disk0", Kind: api.KindBlock, Capacity: 1 << 30, Sharing: "exclusive"})
+	j, _ := e.join("n1", 8<<20)
+	l, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 6 << 20})
+	if err != nil || l.NodeID != j.NodeID {
+		t.Fatalf("%v %+v", err, l)
+	}
+	p, err := e.alice.Explain(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	explained := strings.Join(p.Explanation, "\n")
+	// A move away from the part's lender skips it.
+	_, err = e.alice.MoveLease(e.ctx(), l.ID, api.MoveRequest{})
+	var ae *api.Error
+	if !errors.As(err, &ae) {
+		t.Fatalf("move: %v", err)
+	}
+	for _, tc := range []struct {
+		name, text string
+		want, lack []string
+	}{
+		{"explain", explained, []string{"n1/disk0 (dev-", "): capacity: 2MiB free", "x/disk0 (dev-", "): exclusive: lent whole only"}, nil},
+		{"move", ae.Message, []string{"n1/disk0 (dev-", "): node n1 (" + j.NodeID + ") is skipped (it is the part's lender"}, []string{"node: node"}},
+	} {
+		for _, w := range tc.want {
+			if !strings.Contains(tc.text, w) {
+				t.Errorf("%s: lacks %q:\n%s", tc.name, w, tc.text)
+			}
+		}
+		for _, w := range tc.lack {
+			if strings.Contains(tc.text, w) {
+				t.Errorf("%s: says %q:\n%s", tc.name, w, tc.text)
+			}
+		}
+	}
+}

@@ -409,7 +409,7 @@ func infeasiblePlan(inv store.Inventory, pins map[string]api.Device, head []stri
 			if r.Constraint == placement.ConstraintQuota && len(quota) == 0 {
 				quota = append(quota, r.Reason)
 			}
-			plan.Explanation = append(plan.Explanation, fmt.Sprintf("  %s: %s: %s", r.Text(), r.Constraint, r.Reason))
+			plan.Explanation = append(plan.Explanation, "  "+rejectionText(r))
 			if _, ok := pins[r.Candidate]; ok {
 				why = append(why, fmt.Sprintf("pinned device %s: %s", r.Text(), r.Reason))
 			}
@@ -432,6 +432,18 @@ func infeasiblePlan(inv store.Inventory, pins map[string]api.Device, head []stri
 		return plan, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	return plan, err
+}
+
+// rejectionText is a rejection as an explanation's line: the candidate,
+// the constraint and the reason, the constraint left out when the reason
+// starts with its word ("n3/disk0 (dev-…): node n3 (node-…) is skipped
+// (…)", "n1/disk1 (dev-…): exclusive (lent whole only): …", not "node:
+// node n3", "exclusive: exclusive").
+func rejectionText(r placement.Rejection) string {
+	if strings.HasPrefix(r.Reason, r.Constraint+" ") {
+		return r.Text() + ": " + r.Reason
+	}
+	return r.Text() + ": " + r.Constraint + ": " + r.Reason
 }
 
 // snapshot converts the inventory to placement's model, with the tenants'
