@@ -23,7 +23,6 @@ import (
 	"github.com/rialto-project/rialto/internal/borrower"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 	"github.com/rialto-project/rialto/internal/filelock"
-	"github.com/rialto-project/rialto/internal/pki"
 	"github.com/rialto-project/rialto/internal/resource"
 	"github.com/rialto-project/rialto/internal/vm"
 )
@@ -55,7 +54,7 @@ func vmStateDir(e *env) string {
 }
 
 func stateDirFlag(fs *pflag.FlagSet, e *env) *string {
-	return fs.String("state-dir", vmStateDir(e), "where VMs are recorded (their console logs, QMP sockets, and disk sockets of composed leases)")
+	return fs.String("state-dir", vmStateDir(e), "where VMs are recorded (their console logs, QMP sockets and disk sockets)")
 }
 
 // vmRunFlags are vm run's settings; vm move passes them on.
@@ -86,7 +85,7 @@ func runVMRun(e *env, fs *pflag.FlagSet) runFunc {
 	var cf clientFlags
 	var f vmRunFlags
 	cf.register(fs, e)
-	fs.StringVar(&f.disk, "disk", "", "the block `LEASE` that is the guest's virtio disk (one part: qemu's own NBD client dials the lender; composed: attached here and served to qemu on a Unix socket)")
+	fs.StringVar(&f.disk, "disk", "", "the block `LEASE` that is the guest's virtio disk (attached here, its parts dialled as `rialto attach` dials them, and served to qemu on a Unix socket)")
 	fs.StringVar(&f.kernel, "kernel", "", "the guest's kernel (qemu -kernel)")
 	fs.StringVar(&f.initrd, "initrd", "", "the guest's initramfs (qemu -initrd)")
 	fs.StringVar(&f.appendArgs, "append", "console=ttyS0", "the guest kernel's command line")
@@ -173,35 +172,10 @@ func runVMRun(e *env, fs *pflag.FlagSet) runFunc {
 }
 
 // superviseVM runs the VM in this process until ctx ends or the guest
-// stops: it fetches the lease, attaches a composed one on a Unix socket,
-// runs qemu (vm.Run), keeps the record, renews the lease and stops the
-// guest when the lease ends.
-// vmTLSDir is the directory qemu's tls-creds-x509 reads for a disk that
-// requires TLS: that of the cluster CA's certificate when it is named
-// ca-cert.pem (with the ca-crl.pem beside it), else a copy in the VM's
-// directory.
-func vmTLSDir(caFile, vmDir string) (string, error) {
-	if caFile == "" {
-		return "", fmt.Errorf("its disk requires TLS: give the cluster CA's certificate (--cacert, RIALTO_CACERT)")
-	}
-	abs, err := filepath.Abs(caFile)
-	if err != nil {
-		return "", err
-	}
-	if filepath.Base(abs) == pki.CACertFile {
-		return filepath.Dir(abs), nil
-	}
-	b, err := os.ReadFile(abs)
-	if err != nil {
-		return "", fmt.Errorf("cluster CA certificate: %w", err)
-	}
-	d := filepath.Join(vmDir, "tls")
-	if err := pki.WriteFiles(d, "client", b, nil, nil); err != nil {
-		return "", err
-	}
-	return d, nil
-}
-
+// stops: it fetches the lease, attaches it on a Unix socket (its parts
+// dialled here, as `rialto attach` dials them), runs qemu (vm.Run) on
+// that socket, keeps the record, renews the lease and stops the guest
+// when the lease ends.
 func superviseVM(ctx context.Context, e *env, cf *clientFlags, f vmRunFlags, memMiB int64, dir string, ready func(vm.Record)) error {
 	log, err := newLogger(e, f.logLevel)
 	if err != nil {
@@ -209,8 +183,8 @@ func superviseVM(ctx context.Context, e *env, cf *clientFlags, f vmRunFlags, mem
 	}
 	// The CA certificates follow a CA rotation while the VM runs, as
 	// attach's (watchLease asks the control plane at each check): the
-	// supervisor verifies the control plane, and a composed disk's
-	// lenders, with them.
+	// supervisor verifies the control plane, and its disk's lenders,
+	// with them.
 	if err := cf.followRoots(); err != nil {
 		return err
 	}
@@ -236,45 +210,39 @@ func superviseVM(ctx context.Context, e *env, cf *clientFlags, f vmRunFlags, mem
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	var disk nbd.URI
-	var diskDesc, tlsDir string
-	if len(uris) == 1 {
-		if disk, err = nbd.ParseURI(uris[0]); err != nil {
-			return fmt.Errorf("lease %s: malformed part URI", l.ID)
-		}
-		diskDesc = "qemu's NBD client to the lender at " + disk.Address
-		if disk.TLS {
-			if tlsDir, err = vmTLSDir(cf.caCert, dir); err != nil {
-				return fmt.Errorf("lease %s: %w", l.ID, err)
-			}
-			diskDesc += " over TLS"
-		}
-	} else {
-		dataTLS, err := cf.dataTLSFunc()
-		if err != nil {
-			return err
-		}
-		sock := filepath.Join(dir, "disk.sock")
-		// A socket left by a killed supervisor is nobody's: this process
-		// holds the VM's lock.
-		if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("VM %s: stale disk socket: %w", f.name, err)
-		}
-		att, err := borrower.Attach(ctx, c, l, borrower.AttachConfig{Listen: "unix:" + sock, TLS: dataTLS, Logger: log})
-		if err != nil {
-			return fmt.Errorf("attach %s: %w", l.ID, err)
-		}
-		defer att.Close()
-		if disk, err = nbd.ParseURI(att.URI()); err != nil {
-			return err
-		}
-		diskDesc = fmt.Sprintf("composed over %d lenders, attached here on %s", len(uris), sock)
+	dataTLS, err := cf.dataTLSFunc()
+	if err != nil {
+		return err
+	}
+	sock := filepath.Join(dir, "disk.sock")
+	// A socket left by a killed supervisor is nobody's: this process
+	// holds the VM's lock.
+	if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("VM %s: stale disk socket: %w", f.name, err)
+	}
+	// Every lease, of one part or composed, is attached here: its parts
+	// are dialled with the CA certificates and revocation list in use at
+	// each dial (they follow a CA rotation: watchLease), and a part whose
+	// lender restarted, or that moved, is redialled where the control
+	// plane has it now. qemu only dials the local socket.
+	att, err := borrower.Attach(ctx, c, l, borrower.AttachConfig{Listen: "unix:" + sock, TLS: dataTLS, Logger: log})
+	if err != nil {
+		return fmt.Errorf("attach %s: %w", l.ID, err)
+	}
+	defer att.Close()
+	disk, err := nbd.ParseURI(att.URI())
+	if err != nil {
+		return err
+	}
+	diskDesc := "one part, attached here on " + sock
+	if len(uris) > 1 {
+		diskDesc = fmt.Sprintf("composed of %d parts, attached here on %s", len(uris), sock)
 	}
 	rec := vm.Record{Name: f.name, Host: vm.HostName(), PID: os.Getpid(), Lease: l.ID, Parts: len(uris), Disk: diskDesc,
 		Kernel: f.kernel, Initrd: f.initrd, Append: f.appendArgs, MemoryMiB: memMiB, CPUs: f.cpus, Accel: accel, AccelWant: f.accel,
 		Addr: cf.addr, QMP: filepath.Join(dir, vm.QMPSocket), Console: filepath.Join(dir, vm.ConsoleLog), CACertificates: cf.caFingerprints()}
 	cfg := vm.Config{Name: f.name, Dir: dir, Kernel: f.kernel, Initrd: f.initrd, Append: f.appendArgs, MemoryMiB: memMiB,
-		CPUs: f.cpus, Accel: accel, Disk: disk, TLSDir: tlsDir}
+		CPUs: f.cpus, Accel: accel, Disk: disk}
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/agent"
+	"github.com/rialto-project/rialto/internal/borrower"
 	"github.com/rialto-project/rialto/internal/testcluster"
 	"github.com/rialto-project/rialto/internal/vm"
 	"github.com/rialto-project/rialto/internal/vm/vmtest"
@@ -19,21 +20,34 @@ import (
 
 // TestVMFollowsCARotation: a running `rialto vm run` whose disk is a
 // composed block lease (attached in the supervisor, as `rialto attach`
-// attaches it, and served to qemu on a Unix socket), given its own copy
-// of the cluster's ca-cert.pem (--cacert), which the rotation leaves as
-// it was, keeps its guest's disk across TestAttachFollowsCARotation's
+// attaches it, and served to qemu on a Unix socket) keeps its guest's disk
+// across a CA rotation and the lender's restart (vmAcrossCARotation).
+// Before, the supervisor verified the control plane and the lenders with
+// the CA certificates of its start, and its redials failed ("certificate
+// signed by unknown authority").
+func TestVMFollowsCARotation(t *testing.T) { vmAcrossCARotation(t, 2) }
+
+// TestVMOnePartFollowsCARotation is TestVMFollowsCARotation with a disk
+// of one part (a dedicated lease), attached in the supervisor as a
+// composed one is. Before, qemu's own NBD client dialled the lender with
+// tls-creds-x509 credentials read once at the VM's start: once the
+// lender restarted with a certificate of the new CA, the guest's disk
+// failed for good.
+func TestVMOnePartFollowsCARotation(t *testing.T) { vmAcrossCARotation(t, 1) }
+
+// vmAcrossCARotation boots a guest on a block lease of parts parts (one
+// lender) with its own copy of the cluster's ca-cert.pem (--cacert), which
+// the rotation leaves as it was, the guest writing its disk and reading it
+// back every second past its page cache; then TestAttachFollowsCARotation's
 // rotation: `rialto ca rotate`, the control plane's restart (its API
 // certificate now from the new CA) and the lender's (its node certificate
 // renewed from the new CA: the disk's parts must be redialled). The
-// supervisor takes the rotated CA certificates from the control plane at
-// a lease check and lists them in the VM's record; the guest, which
-// keeps reading its disk past its page cache, reads it again once the
-// parts are redialled with them; and the supervisor still follows its
-// lease through the restarted control plane: releasing the lease stops
-// the VM. Before, the supervisor verified the control plane and the
-// lenders with the CA certificates of its start, and its redials failed
-// ("certificate signed by unknown authority").
-func TestVMFollowsCARotation(t *testing.T) {
+// supervisor takes the rotated CA certificates from the control plane at a
+// lease check and lists them in the VM's record; the guest writes and
+// reads its disk again once the parts are redialled with them; and the
+// supervisor still follows its lease through the restarted control plane:
+// releasing the lease stops the VM.
+func vmAcrossCARotation(t *testing.T, parts int) {
 	if testing.Short() {
 		t.Skip("boots a guest")
 	}
@@ -49,13 +63,16 @@ func TestVMFollowsCARotation(t *testing.T) {
 	defer cancel()
 	// A TTL of 8 s: the supervisor checks its lease, and the control
 	// plane's CA certificates, every 2 s (a quarter of it).
-	l, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeComposed, Count: 2, Size: 16 << 20, StripeUnit: 64 << 10,
-		TTLSeconds: 8})
+	req := api.LeaseRequest{Kind: api.KindBlock, Size: 16 << 20, TTLSeconds: 8}
+	if parts > 1 {
+		req.Mode, req.Count, req.StripeUnit = api.ModeComposed, parts, 64<<10
+	}
+	l, err := c.Client().CreateLease(ctx, req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(l.Parts) != 2 {
-		t.Fatalf("the composed lease has %d parts, want 2", len(l.Parts))
+	if got, err := borrower.BlockURIs(l); err != nil || len(got) != parts {
+		t.Fatalf("the lease has parts %q (%v), want %d", got, err, parts)
 	}
 	c.Heartbeat() // the lender serves the parts' exports
 	caCopy := filepath.Join(t.TempDir(), "vmca-ca-cert.pem")
@@ -70,7 +87,7 @@ func TestVMFollowsCARotation(t *testing.T) {
 	go func() {
 		defer close(finished)
 		code = run(runCtx, []string{"vm", "run", "--disk", l.ID, "--kernel", g.Kernel, "--initrd", g.Initrd,
-			"--append", vmtest.AppendReads("ca-1"), "--accel", "tcg", "--memory", "128MiB", "--name", "guest",
+			"--append", vmtest.AppendWrites("ca-1"), "--accel", "tcg", "--memory", "128MiB", "--name", "guest",
 			"--state-dir", state, "--cacert", caCopy, "--log-level", "info"}, clusterEnv(c, t.TempDir(), &out, &errb))
 	}()
 	t.Cleanup(func() {
@@ -101,9 +118,31 @@ func TestVMFollowsCARotation(t *testing.T) {
 	if !slices.Equal(rec.CACertificates, []string{fingerprint(c.CA.Certificate())}) {
 		t.Fatalf("the VM's record lists CA certificates %q, want --cacert's", rec.CACertificates)
 	}
-	if line := vmtest.WaitConsole(t, rec.Console, 0, vmtest.Read, 4*time.Minute); line != vmtest.Read+" ca-1" {
-		t.Fatalf("the guest reads %q from its disk, want its marker", line)
+	if want := "attached here on " + filepath.Join(state, "guest", "disk.sock"); rec.Parts != parts || !strings.Contains(rec.Disk, want) {
+		t.Fatalf("the VM's record says its disk is %q of %d parts, want %d parts %s", rec.Disk, rec.Parts, parts, want)
 	}
+	// rw counts the guest's writes read back whole since byte from of its
+	// console.
+	rw := func(from int64) int {
+		b, err := os.ReadFile(rec.Console)
+		if err != nil || int64(len(b)) < from {
+			return 0
+		}
+		n := 0
+		for _, line := range strings.Split(string(b[from:]), "\n") {
+			if wrote, marker, read, ok := vmtest.RWLine(line); ok && marker == "ca-1" && read == wrote {
+				n++
+			}
+		}
+		return n
+	}
+	if line := vmtest.WaitConsole(t, rec.Console, 0, vmtest.Wrote, 4*time.Minute); line != vmtest.Wrote+" ca-1" {
+		t.Fatalf("the guest wrote %q to its disk, want its marker", line)
+	}
+	testcluster.Eventually(t, 2*time.Minute, "the guest to write its disk and read it back", func() bool {
+		alive()
+		return rw(0) > 0
+	})
 
 	newCA := c.RotateCA()
 	c.Heartbeat()
@@ -114,27 +153,17 @@ func TestVMFollowsCARotation(t *testing.T) {
 	})
 	restartUnderNewCA(ctx, t, c, newCA)
 
-	// The guest reads its disk again: the supervisor redialled the parts.
-	// The second read counted began after the first one's line, so after
-	// the lender's restart.
+	// The guest writes and reads its disk again: the supervisor
+	// redialled the parts. The second write counted began after the
+	// first one's line, so after the lender's restart.
 	st, err := os.Stat(rec.Console)
 	if err != nil {
 		t.Fatal(err)
 	}
 	from := st.Size()
-	testcluster.Eventually(t, 2*time.Minute, "the guest to read its marker twice after the lender's restart", func() bool {
+	testcluster.Eventually(t, 2*time.Minute, "the guest to write and read back its disk twice after the lender's restart", func() bool {
 		alive()
-		b, err := os.ReadFile(rec.Console)
-		if err != nil || int64(len(b)) < from {
-			return false
-		}
-		reads := 0
-		for _, line := range strings.Split(string(b[from:]), "\n") {
-			if strings.TrimRight(line, "\r") == vmtest.Read+" ca-1" {
-				reads++
-			}
-		}
-		return reads >= 2
+		return rw(from) >= 2
 	})
 
 	// The supervisor reads its lease from the restarted control plane:

@@ -4,15 +4,17 @@
 // using Device Lending"), which keep their devices when they are moved.
 //
 // Run boots a guest (qemu-system-x86_64, direct kernel boot, TCG or KVM)
-// whose virtio disk is an NBD export: a lender's, dialled by qemu's own NBD
-// client, or a local attachment of a composed lease. The export name is a
-// credential: the guest starts paused and the disk is added over QMP
-// (blockdev-add), so it never shows in `ps`, and qemu's error messages are
-// redacted. Run stops a guest cleanly when its context ends: the vCPUs
-// pause, qemu flushes the disk to its lender (NBD_CMD_FLUSH) and quits —
-// the guest can then be started on another host with the same disk (cold
-// migration, `rialto vm move`). ResolveAccel picks KVM only when a probe
-// guest actually runs under it (ProbeKVM; nested KVM hangs on some hosts).
+// whose virtio disk is an NBD export on a Unix socket: a local attachment
+// of the lease (borrower.Attach), which dials the lenders; qemu never
+// dials a lender itself. The export name is a credential: the guest
+// starts paused and the disk is added over QMP (blockdev-add), so it
+// never shows in `ps`, and qemu's error messages are redacted. Run stops
+// a guest cleanly when its context ends: the vCPUs pause, qemu flushes
+// the disk (NBD_CMD_FLUSH, which the attachment passes to the lenders)
+// and quits — the guest can then be started on another host with the
+// same disk (cold migration, `rialto vm move`). ResolveAccel picks KVM
+// only when a probe guest actually runs under it (ProbeKVM; nested KVM
+// hangs on some hosts).
 // Record and its helpers keep what `rialto vm` knows about a VM in a state
 // dir. docs/vm.md is the user's guide.
 //

@@ -3,7 +3,6 @@ package vm
 import (
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -39,16 +38,12 @@ type Config struct {
 	// Accel is AccelTCG or AccelKVM (resolve AccelAuto with ProbeKVM
 	// first).
 	Accel string
-	// Disk is the NBD export the guest's virtio disk is: a lender's
-	// (qemu's own NBD client dials it) or a local attachment's (a composed
-	// lease served by `rialto attach`'s code on a Unix socket). Its export
-	// name is a secret: it is given to qemu over QMP, never on the command
-	// line, and redacted from qemu's error messages.
+	// Disk is the NBD export the guest's virtio disk is: a local
+	// attachment's, on a Unix socket (the lease served by `rialto
+	// attach`'s code, which dials the lenders). Its export name is a
+	// secret: it is given to qemu over QMP, never on the command line,
+	// and redacted from qemu's error messages.
 	Disk nbd.URI
-	// TLSDir is, for a disk that requires TLS (an nbds:// lease), the
-	// directory qemu's tls-creds-x509 reads: ca-cert.pem (the cluster CA
-	// the lender's certificate must chain to) and, if present, ca-crl.pem.
-	TLSDir string
 	// QEMU is the qemu-system-x86_64 binary; empty: found on PATH.
 	QEMU string
 }
@@ -109,16 +104,11 @@ func (c *Config) check() error {
 	if c.Accel != AccelTCG && c.Accel != AccelKVM {
 		return fmt.Errorf("%w: accelerator %q, want tcg or kvm", ErrConfig, c.Accel)
 	}
-	if c.Disk.Network != "tcp" && c.Disk.Network != "unix" {
+	switch {
+	case c.Disk.Network == "":
 		return fmt.Errorf("%w: no disk", ErrConfig)
-	}
-	if c.Disk.TLS {
-		if c.TLSDir == "" {
-			return fmt.Errorf("%w: the disk requires TLS: give the directory of the cluster CA's ca-cert.pem", ErrConfig)
-		}
-		if _, err := os.Stat(filepath.Join(c.TLSDir, "ca-cert.pem")); err != nil {
-			return fmt.Errorf("%w: TLS directory %s: no ca-cert.pem", ErrConfig, c.TLSDir)
-		}
+	case c.Disk.Network != "unix" || c.Disk.TLS:
+		return fmt.Errorf("%w: the disk is %s: want a local attachment's Unix socket (borrower.Attach)", ErrConfig, c.Disk.Network+":"+c.Disk.Address)
 	}
 	if strings.ContainsAny(c.Append, "\n") {
 		return fmt.Errorf("%w: the kernel command line has a newline", ErrConfig)
@@ -158,27 +148,8 @@ func (c *Config) Args() []string {
 func optEscape(s string) string { return strings.ReplaceAll(s, ",", ",,") }
 
 // blockdev is the QMP blockdev-add argument of the disk: qemu's NBD
-// client, TCP or Unix socket; over TLS with the credentials tlsCreds adds.
+// client on the attachment's Unix socket.
 func (c *Config) blockdev() map[string]any {
-	server := map[string]any{"type": "unix", "path": c.Disk.Address}
-	if c.Disk.Network == "tcp" {
-		host, port, _ := net.SplitHostPort(c.Disk.Address)
-		server = map[string]any{"type": "inet", "host": host, "port": port}
-	}
-	b := map[string]any{"driver": "nbd", "node-name": "disk0", "server": server, "export": c.Disk.Export,
-		"discard": "unmap"}
-	if c.Disk.TLS {
-		b["tls-creds"] = tlsCredsID
-	}
-	return b
-}
-
-// tlsCredsID names the disk's TLS credentials object.
-const tlsCredsID = "disk0-tls"
-
-// tlsCreds is the QMP object-add argument of a TLS disk's credentials:
-// X.509, client side, the lender's certificate verified against TLSDir's
-// ca-cert.pem (and ca-crl.pem).
-func (c *Config) tlsCreds() map[string]any {
-	return map[string]any{"qom-type": "tls-creds-x509", "id": tlsCredsID, "endpoint": "client", "dir": c.TLSDir, "verify-peer": true}
+	return map[string]any{"driver": "nbd", "node-name": "disk0", "server": map[string]any{"type": "unix", "path": c.Disk.Address},
+		"export": c.Disk.Export, "discard": "unmap"}
 }

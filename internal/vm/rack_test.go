@@ -24,8 +24,8 @@ import (
 
 // TestMoveAcrossRack is cold migration in an emulated rack: a guest boots
 // under TCG on node2 (`rialto vm run --detach` in its network namespace)
-// from a block lease lent by node1 — qemu's own NBD client dials the
-// lender — and writes its marker; `rialto vm move --to netns:` stops it
+// from a block lease lent by node1 — its supervisor attaches the lease
+// and serves qemu on a Unix socket — and writes its marker; `rialto vm move --to netns:` stops it
 // (flushing the disk to the lender) and starts it in node3's namespace
 // with the same lease, where the guest finds the marker on its disk.
 func TestMoveAcrossRack(t *testing.T) {

@@ -134,11 +134,6 @@ func Run(ctx context.Context, c Config, log *slog.Logger, ready func(Running)) e
 // attachDisk adds the disk to the paused guest: qemu's NBD client as block
 // node disk0, and a virtio-blk device on it.
 func (c *Config) attachDisk(ctx context.Context, q *QMP) error {
-	if c.Disk.TLS {
-		if _, err := q.Execute(ctx, "object-add", c.tlsCreds()); err != nil {
-			return fmt.Errorf("disk TLS credentials: %w", err)
-		}
-	}
 	if _, err := q.Execute(ctx, "blockdev-add", c.blockdev()); err != nil {
 		return fmt.Errorf("disk: %w", err)
 	}

@@ -46,10 +46,9 @@ type Record struct {
 	Started   time.Time `json:"started"`
 	// CACertificates are the SHA-256 fingerprints (hex, as `rialto ca
 	// show` prints them) of the CA certificates the supervisor verifies
-	// the control plane and a composed disk's lenders with: those of
-	// --cacert, or the control plane's since a CA rotation (the record is
-	// saved again when they change). qemu's own NBD client (a disk of one
-	// part) keeps those of its start.
+	// the control plane and the disk's lenders with: those of --cacert,
+	// or the control plane's since a CA rotation (the record is saved
+	// again when they change).
 	CACertificates []string `json:"ca_certificates,omitempty"`
 }
 

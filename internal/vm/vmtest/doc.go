@@ -5,7 +5,9 @@
 // its disk (/dev/vda at MarkerOffset): if it finds one it prints "FOUND
 // VALUE" on the console, else it writes "rialto.marker=VALUE" of the kernel
 // command line there (synced) and prints "WROTE VALUE"; then it prints
-// "IDLE" and waits to be stopped. It is imported only by tests.
+// "IDLE" and waits to be stopped, or, booted with AppendReads or
+// AppendWrites, keeps reading its disk (Read), or writing it and reading
+// back (RW), every second. It is imported only by tests.
 //
 // Find skips the test, with the reason, when the kernel, its modules or a
 // static busybox are missing. Functions are safe for concurrent use; the

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -31,6 +32,13 @@ const (
 	// disk still answers; followed by what it read (empty when the read
 	// failed).
 	Read = "RIALTO-READ"
+	// RW is printed once idle, about every second, by a guest booted
+	// with AppendWrites: each time it writes a sequence number N to the
+	// sector after its marker's and reads both back past its page cache
+	// (O_DIRECT both ways), printing "RIALTO-RW N MARKER M" where M is
+	// the number read back (M is N when the write and the reads got
+	// through; a failed read leaves MARKER or M empty).
+	RW = "RIALTO-RW"
 )
 
 // Guest is a kernel and an initramfs to boot it with.
@@ -48,6 +56,25 @@ func Append(marker string) string {
 // AppendReads is Append, and the guest keeps reading its marker from
 // its disk once idle (Read).
 func AppendReads(marker string) string { return Append(marker) + " rialto.reads=1" }
+
+// AppendWrites is Append, and the guest keeps writing to its disk and
+// reading back once idle (RW).
+func AppendWrites(marker string) string { return Append(marker) + " rialto.writes=1" }
+
+// RWLine parses a console line of RW: the number written, the marker
+// and the number read back; ok is false for another line.
+func RWLine(line string) (wrote int, marker string, read int, ok bool) {
+	f := strings.Fields(strings.TrimRight(line, "\r"))
+	if len(f) != 4 || f[0] != RW {
+		return 0, "", 0, false
+	}
+	w, err1 := strconv.Atoi(f[1])
+	r, err2 := strconv.Atoi(f[3])
+	if err1 != nil || err2 != nil {
+		return 0, "", 0, false
+	}
+	return w, f[2], r, true
+}
 
 var (
 	once   sync.Once
@@ -258,6 +285,16 @@ case " $(cat /proc/cmdline) " in
 	while true; do
 		got=$(dd if=/dev/vda bs=512 skip=2048 count=1 iflag=direct 2>/dev/null | tr -d '\000')
 		echo "RIALTO-READ ${got#RIALTO-MARKER:}"
+		sleep 1
+	done ;;
+*" rialto.writes=1 "*)
+	n=0
+	while true; do
+		n=$((n+1))
+		printf 'RIALTO-TICK:%s' "$n" | dd of=/dev/vda bs=512 seek=2049 count=1 conv=sync,fsync oflag=direct 2>/dev/null
+		got=$(dd if=/dev/vda bs=512 skip=2048 count=1 iflag=direct 2>/dev/null | tr -d '\000')
+		tick=$(dd if=/dev/vda bs=512 skip=2049 count=1 iflag=direct 2>/dev/null | tr -d '\000')
+		echo "RIALTO-RW $n ${got#RIALTO-MARKER:} ${tick#RIALTO-TICK:}"
 		sleep 1
 	done ;;
 esac
