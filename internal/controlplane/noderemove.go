@@ -358,7 +358,8 @@ func (s *Server) retryLateRevoked(ctx context.Context) error {
 // the node's name. It records them with the node's removal record
 // (recordLateRevoked: the calls to the removed node's agent accept them)
 // and tells the other replicas (broadcastRevocation), as the removal
-// would have. It runs at every replica's start (New) and at every sweep.
+// would have. It runs at every replica's start (New) and at every sweep
+// (the elected replica's, with a shared store).
 func (s *Server) finishRemovals(ctx context.Context) error {
 	rm, ok := s.st.(store.NodeRemover)
 	if !ok || s.cfg.CA == nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -303,5 +304,95 @@ func TestRemovedCertificateProvesNoJoin(t *testing.T) {
 	}
 	if ca.Revoked(certs[0].SerialNumber) {
 		t.Errorf("the join's new certificate %s is revoked", certs[0].SerialNumber.Text(16))
+	}
+}
+
+// TestRemovalFinishedAtStartTellsTheOthers: the replica that revokes, at
+// its start, the certificate a stopped removal missed tells the replicas
+// listening on the broadcast channel, as the removal would have: they
+// forget the removed node's cached credential, and sign their revocation
+// lists from the store's, before their next hello. Before, the message it
+// sent at its start named no sender (its replica bus had no identity yet
+// until Run) and every other replica dropped it ("a message of another
+// replica that this one does not read").
+func TestRemovalFinishedAtStartTellsTheOthers(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pg := pgtest.DB(t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	dirA := filepath.Join(t.TempDir(), "tls")
+	caA, err := pki.Open(dirA, pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := func(st *postgres.Store, ca *pki.CA) Config {
+		return Config{Store: st, Logger: log, CA: ca, Lender: newFakeLender(), BootstrapToken: bootTok,
+			Tokens: []Token{{Token: adminTok, Tenant: "ops", Admin: true}}}
+	}
+	stA := openPG(ctx, t, pg, 4)
+	a, err := New(ctx, cfg(stA, caA))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	// The other replica listens on the channel (its replica bus only: no
+	// sweep of its own revokes the certificate first).
+	dirB := filepath.Join(t.TempDir(), "tls")
+	copyDir(t, dirA, dirB)
+	caB, err := pki.Open(dirB, pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stB := openPG(ctx, t, pg, 4)
+	b, err := New(ctx, cfg(stB, caB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	bctx, stopBus := context.WithCancel(ctx)
+	waitBus := b.runBus(bctx, stB)
+	t.Cleanup(func() { stopBus(); waitBus() })
+	pollUntil(ctx, t, "the other replica listens", b.cacheTrusted)
+
+	j, _ := joinN1Cert(ctx, t, a)
+	rec, err := stA.Node(ctx, j.NodeID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	renewed := renewalDuringRemoval(t, a, rec.Node)
+	if _, err := a.removeNode(ctx, j.NodeID, true); !errors.Is(err, errReplicaStopped) {
+		t.Fatalf("the removal: %v, want it stopped after its commit", err)
+	}
+	late := leafOf(t, renewed()).SerialNumber
+	a.Close()
+	// The other replica still has the removed node's credential cached
+	// (the removal stopped before telling it).
+	b.auth.put("h-removed", principal{role: roleNode, nodeID: j.NodeID}, time.Now().Add(time.Hour), b.auth.generation())
+
+	// The stopped replica starts again: it revokes the certificate.
+	a2, err := New(ctx, cfg(openPG(ctx, t, pg, 4), caA))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a2.Close() })
+	// Messages arrive in the order they were sent: once the other replica
+	// has read a hello sent after the start, it has read what the start
+	// sent.
+	mark, _ := json.Marshal(busMsg{T: "hello", From: "test-mark", At: time.Now().UnixNano()})
+	if err := stA.Broadcast(ctx, string(mark)); err != nil {
+		t.Fatal(err)
+	}
+	pollUntil(ctx, t, "the other replica reads the mark", func() bool {
+		b.bus.mu.Lock()
+		defer b.bus.mu.Unlock()
+		_, ok := b.bus.seen["test-mark"]
+		return ok
+	})
+	if _, ok := b.auth.get("h-removed", time.Now()); ok {
+		t.Error("the other replica still has the removed node's credential cached after the start that finished its removal")
+	}
+	if !caB.Revoked(late) {
+		t.Errorf("the other replica's list does not revoke %s after the start that finished the removal", late.Text(16))
 	}
 }

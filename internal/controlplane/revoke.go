@@ -79,13 +79,23 @@ func (s *Server) cacheTrusted() bool {
 	return time.Since(time.Unix(0, s.bus.freshAt.Load())) < busStale
 }
 
+// newBusID is a replica's name on the broadcast channel: New gives it
+// one before anything it does at its start may broadcast (finishRemovals
+// revoking what a stopped removal missed), since the other replicas drop
+// a message that names no sender.
+func newBusID() string {
+	var id [8]byte
+	rand.Read(id[:])
+	return hex.EncodeToString(id[:])
+}
+
 // runBus listens on the broadcast channel and says hello until ctx ends;
 // the returned function waits for its goroutines.
 func (s *Server) runBus(ctx context.Context, b store.Broadcaster) (wait func()) {
-	var id [8]byte
-	rand.Read(id[:])
 	s.bus.mu.Lock()
-	s.bus.id = hex.EncodeToString(id[:])
+	if s.bus.id == "" {
+		s.bus.id = newBusID()
+	}
 	s.bus.seen = map[string]time.Time{}
 	s.bus.waiters = map[string]chan string{}
 	s.bus.mu.Unlock()

@@ -221,6 +221,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s := &Server{st: cfg.Store, log: cfg.Logger, clock: cfg.Clock, lender: cfg.Lender, cfg: cfg, reg: prometheus.NewRegistry(),
 		res: newReserver(cfg.Store, cfg.Quotas)}
 	s.auth.life = s.authLifetime // auth.go
+	// Its name on the replicas' broadcast channel (revoke.go), before
+	// finishRemovals below may broadcast: a message without one is
+	// dropped by every other replica.
+	s.bus.id = newBusID()
 	ts, err := s.storedTokens(Settings{BootstrapToken: cfg.BootstrapToken, Tokens: cfg.Tokens})
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)

@@ -38,11 +38,21 @@ type cluster struct {
 func freePorts(t *testing.T, n int) []int {
 	t.Helper()
 	lo, hi := ephemeralRange(t)
+	return freePortsOutside(t, n, lo, hi)
+}
+
+// freePortsOutside is freePorts for the ephemeral range lo-hi. A range
+// that leaves too few ports outside it (1024-65535) skips the test.
+func freePortsOutside(t *testing.T, n, lo, hi int) []int {
+	t.Helper()
 	// Above the well-known and registered ports services commonly use,
 	// below the ephemeral range (or above it, if it starts low).
 	from, to := 20000, lo
 	if to-from < 1000 {
 		from, to = hi+1, 65536
+	}
+	if to-from < 100 {
+		t.Skipf("the ephemeral port range %d-%d leaves too few ports outside it for slurm.conf to name", lo, hi)
 	}
 	var ports []int
 	for tries := 0; len(ports) < n; tries++ {
@@ -59,6 +69,21 @@ func freePorts(t *testing.T, n int) []int {
 		ports = append(ports, p)
 	}
 	return ports
+}
+
+// TestFreePortsWideEphemeralRange: an ephemeral range that leaves too
+// few ports outside it (ip_local_port_range 1024 65535, as some hosts
+// are tuned) skips the real-Slurm test; it panicked (rand.IntN(0)).
+func TestFreePortsWideEphemeralRange(t *testing.T) {
+	for _, r := range [][2]int{{1024, 65535}, {1024, 65500}} {
+		ok := t.Run(fmt.Sprintf("%d-%d", r[0], r[1]), func(t *testing.T) {
+			freePortsOutside(t, 2, r[0], r[1])
+			t.Errorf("ephemeral range %d-%d: freePorts did not skip", r[0], r[1])
+		})
+		if !ok {
+			t.Errorf("ephemeral range %d-%d: freePorts failed instead of skipping", r[0], r[1])
+		}
+	}
 }
 
 // ephemeralRange is the kernel's ip_local_port_range.
