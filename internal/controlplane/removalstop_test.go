@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math/big"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -17,6 +18,8 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/clock"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
 	"github.com/rialto-project/rialto/internal/controlplane/store/postgres"
 	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
 	"github.com/rialto-project/rialto/internal/pgserver/pgtest"
@@ -395,4 +398,91 @@ func TestRemovalFinishedAtStartTellsTheOthers(t *testing.T) {
 	if !caB.Revoked(late) {
 		t.Errorf("the other replica's list does not revoke %s after the start that finished the removal", late.Text(16))
 	}
+}
+
+// TestRemovalSweepRevokesWithinExpiryGrace: as
+// TestRemovalStoppedAfterCommitRevokedBySweep, on SQLite and on
+// PostgreSQL, with the sweep coming once the certificate the removal
+// missed has expired by the sweeping replica's clock, by less than the
+// grace the revocation list keeps expired certificates for, and another
+// certificate issued meanwhile (its record forgets the records of expired
+// ones): the sweep revokes it, and a peer whose clock is behind by less
+// than the grace refuses it. Before, the sweep took only certificates
+// unexpired by its own clock, and the other issue had forgotten the
+// record: the peer accepted it.
+func TestRemovalSweepRevokesWithinExpiryGrace(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{"sqlite", "postgres"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			clk := clock.NewFake(time.Now())
+			var srv *Server
+			var ca *pki.CA
+			if backend == "sqlite" {
+				r := newCASQLite(ctx, t, Config{Clock: clk})
+				srv, ca = r.srv, r.ca
+			} else {
+				srv, ca = newCAPGClock(ctx, t, clk)
+			}
+			j, _ := joinN1Cert(ctx, t, srv)
+			rec, err := srv.st.Node(ctx, j.NodeID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			renewed := renewalDuringRemoval(t, srv, rec.Node)
+			if _, err := srv.removeNode(ctx, j.NodeID, true); !errors.Is(err, errReplicaStopped) {
+				t.Fatalf("the removal: %v, want it stopped after its commit", err)
+			}
+			cert := renewed()
+			late := leafOf(t, cert)
+			clk.Advance(late.NotAfter.Sub(clk.Now()) + revokedExpiryGrace/2)
+			other, err := ca.Issue(pki.Request{CommonName: "n-9", Hosts: []string{"127.0.0.1"}, Usage: pki.ClientAuth, Lifetime: 48 * time.Hour})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := srv.recordIssued(ctx, other); err != nil {
+				t.Fatal(err)
+			}
+			if err := srv.Sweep(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if l := revocationList(ctx, t, srv.st.(store.Revocations)); !hasSerial(l, late.SerialNumber) {
+				t.Errorf("the store's list %v lacks the certificate the removal missed, %s, expired %v ago by the sweeping replica's clock",
+					l.Revoked, late.SerialNumber.Text(16), revokedExpiryGrace/2)
+			}
+			if !ca.Revoked(late.SerialNumber) {
+				t.Errorf("the sweeping replica's list does not revoke %s", late.SerialNumber.Text(16))
+			}
+			// The TLS lender checks validity by the real clock, behind
+			// the sweeping replica's: the certificate is valid there.
+			if err := callAgentServing(ctx, t, ca, rec.Node, cert); err == nil {
+				t.Errorf("a call by a replica whose clock is behind to an agent presenting %s succeeded", late.SerialNumber.Text(16))
+			}
+		})
+	}
+}
+
+// newCAPGClock starts a control plane on a new PostgreSQL database and CA
+// directory, timed by clk.
+func newCAPGClock(ctx context.Context, t *testing.T, clk clock.Clock) (*Server, *pki.CA) {
+	t.Helper()
+	ca, err := pki.Open(filepath.Join(t.TempDir(), "tls"), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(ctx, Config{Store: openPG(ctx, t, pgtest.DB(t), 4), Clock: clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), CA: ca,
+		Lender: newFakeLender(), BootstrapToken: bootTok, Tokens: []Token{{Token: adminTok, Tenant: "ops", Admin: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, ca
+}
+
+// hasSerial reports whether l revokes serial.
+func hasSerial(l store.RevocationList, serial *big.Int) bool {
+	_, ok := l.Revoked[serial.Text(16)]
+	return ok
 }
