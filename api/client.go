@@ -184,7 +184,7 @@ func (c *Client) do(ctx context.Context, toLeader bool, method, path string, bod
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		return errorOf(resp)
+		return ErrorOf(resp)
 	}
 	if out == nil {
 		_, err = io.Copy(io.Discard, resp.Body)
@@ -208,10 +208,12 @@ func (c *Client) do(ctx context.Context, toLeader bool, method, path string, bod
 	return nil
 }
 
-// errorOf is the *Error of an error answer: its body's code and message,
-// or, when the body is not the API's (a proxy's, a plain HTTP server's),
-// the code of its status (CodeOfStatus) and the body as the message.
-func errorOf(resp *http.Response) *Error {
+// ErrorOf is the *Error of an error answer (a status not 2xx) of the API:
+// its body's code and message, or, when the body is not the API's (a
+// proxy's, a plain HTTP server's), Plain with the code of its status
+// (CodeOfStatus) and the body as the message. It reads resp.Body (at most
+// 1 MiB of it) and leaves it open.
+func ErrorOf(resp *http.Response) *Error {
 	var eb ErrorBody
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if json.Unmarshal(data, &eb) != nil || eb.Error.Code == "" {

@@ -112,7 +112,7 @@ func (c *Client) followOnce(ctx context.Context, hc *http.Client, since *int64, 
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return false, errorOf(resp)
+		return false, ErrorOf(resp)
 	}
 	// A watchdog ends a connection that carries nothing for idle.
 	alive := make(chan struct{}, 1)

@@ -66,3 +66,23 @@ func TestDrainSaysEachReasonOnce(t *testing.T) {
 		t.Errorf("the lease was tried %d time(s)", tries())
 	}
 }
+
+// TestDrainProgressSaysActionChange: a lease whose action changes with
+// the same state and reason (a move become a leave) gets a line of
+// progress for the change; the same lease seen again unchanged does not.
+func TestDrainProgressSaysActionChange(t *testing.T) {
+	var b strings.Builder
+	p := newDrainProgress(&b)
+	const reason = "cannot move yet: capacity: 2MiB free, needs 6MiB"
+	drain := func(action string) api.Drain {
+		return api.Drain{State: api.DrainRunning, Deadline: time.Now().Add(time.Minute),
+			Leases: []api.DrainLease{{LeaseID: "l-1", Kind: api.KindBlock, Action: action, State: api.DrainLeasePending, Reason: reason}}}
+	}
+	p.print(drain(api.DrainMove))
+	p.print(drain(api.DrainMove))
+	p.print(drain(api.DrainLeave))
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], ": move pending: ") || !strings.Contains(lines[1], ": leave pending: ") {
+		t.Fatalf("progress:\n%s\nwant a line for the move, and one for the leave", b.String())
+	}
+}

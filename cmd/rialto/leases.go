@@ -390,6 +390,8 @@ func (rf *requestFlags) request() (api.LeaseRequest, error) {
 // fieldFlag is the flag that sets a request's field, for flagTerms.
 type fieldFlag struct {
 	field, flag, given string
+	// value is the field's value sent (in the field's unit).
+	value float64
 	// unit is a number of the field's in the flag's unit: "720h", "1TiB".
 	unit func(float64) string
 }
@@ -413,8 +415,9 @@ func bytesText(n float64) string { return resource.FormatSize(int64(n)) }
 
 // fieldLimit finds the API's words for a field over its maximum:
 // "ttl_seconds 360000000 is more than the maximum 2592000" (lease
-// create), "ttl_seconds must be between 0 and 2592000" (renew).
-var fieldLimit = regexp.MustCompile(`^([a-z_]+) (?:\S+ is more than the maximum|must be between 0 and) (\S+)$`)
+// create), "ttl_seconds must be between 0 and 2592000" (renew: also a
+// value below 0, the second group then "").
+var fieldLimit = regexp.MustCompile(`^([a-z_]+) (?:\S+ is more than the maximum|(must be between 0 and)) (\S+)$`)
 
 // flagTerms says an invalid_request answer about a field one of flags
 // sets in the flag's terms, as given: "--ttl 100000h is more than the
@@ -423,16 +426,18 @@ var fieldLimit = regexp.MustCompile(`^([a-z_]+) (?:\S+ is more than the maximum|
 // command cannot check before asking). Other errors are err.
 func flagTerms(err error, flags ...fieldFlag) error {
 	var ae *api.Error
-	if !errors.As(err, &ae) || ae.Code != api.CodeInvalid {
+	if !errors.As(err, &ae) || !api.IsCode(err, api.CodeInvalid) {
 		return err
 	}
 	m := fieldLimit.FindStringSubmatch(ae.Message)
 	if m == nil {
 		return err
 	}
-	limit, perr := strconv.ParseFloat(m[2], 64)
+	limit, perr := strconv.ParseFloat(m[3], 64)
 	for _, f := range flags {
-		if f.field == m[1] && f.given != "" && perr == nil {
+		// "must be between 0 and N" also refuses a value below 0: that
+		// is not more than the maximum.
+		if f.field == m[1] && f.given != "" && perr == nil && (m[2] == "" || f.value > limit) {
 			ae.Message = fmt.Sprintf("%s %s is more than the maximum %s", f.flag, f.given, f.unit(limit))
 		}
 	}
@@ -441,10 +446,10 @@ func flagTerms(err error, flags ...fieldFlag) error {
 
 // flagTerms is flagTerms of lease create's (and explain's) flags.
 func (rf *requestFlags) flagTerms(err error) error {
-	return flagTerms(err, fieldFlag{"ttl_seconds", "--ttl", rf.ttl.text, durationText},
-		fieldFlag{"deadline_seconds", "--deadline", rf.deadline.text, durationText},
-		fieldFlag{"size", "--size", rf.size.text, bytesText},
-		fieldFlag{"stripe_unit", "--stripe-unit", rf.stripe.text, bytesText})
+	return flagTerms(err, fieldFlag{"ttl_seconds", "--ttl", rf.ttl.text, float64(rf.ttl.d / time.Second), durationText},
+		fieldFlag{"deadline_seconds", "--deadline", rf.deadline.text, rf.deadline.d.Seconds(), durationText},
+		fieldFlag{"size", "--size", rf.size.text, float64(rf.size.n), bytesText},
+		fieldFlag{"stripe_unit", "--stripe-unit", rf.stripe.text, float64(rf.stripe.n), bytesText})
 }
 
 // parseRate is resource.ParseRate refusing as a flag does: the flag's
@@ -534,7 +539,7 @@ func leaseByID(op string) func(*env, *pflag.FlagSet) runFunc {
 				l, err = c.ReleaseLease(ctx, pos[0])
 			case "renew":
 				l, err = c.RenewLease(ctx, pos[0], int64(ttl.d/time.Second))
-				err = flagTerms(err, fieldFlag{"ttl_seconds", "--ttl", ttl.text, durationText})
+				err = flagTerms(err, fieldFlag{"ttl_seconds", "--ttl", ttl.text, float64(ttl.d / time.Second), durationText})
 			}
 			if err != nil {
 				return err

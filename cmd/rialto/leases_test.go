@@ -246,3 +246,22 @@ func TestLimitsInFlagTerms(t *testing.T) {
 		}
 	}
 }
+
+// TestLimitsInFlagTermsBelowZero: the API's "must be between 0 and N"
+// refuses a value below 0 as well as one above N: only the latter is
+// said as "more than the maximum"; the former keeps the API's words.
+func TestLimitsInFlagTermsBelowZero(t *testing.T) {
+	for _, tc := range []struct {
+		value float64
+		want  string
+	}{
+		{-5, "ttl_seconds must be between 0 and 2592000"},
+		{3600000, "--ttl 1000h is more than the maximum 720h"},
+	} {
+		err := flagTerms(&api.Error{Status: 400, Code: api.CodeInvalid, Message: "ttl_seconds must be between 0 and 2592000"},
+			fieldFlag{"ttl_seconds", "--ttl", "1000h", tc.value, durationText})
+		if ae, ok := err.(*api.Error); !ok || ae.Message != tc.want {
+			t.Errorf("ttl_seconds %v refused: %v, want %q", tc.value, err, tc.want)
+		}
+	}
+}

@@ -91,45 +91,14 @@ func runNodeDrain(e *env, fs *pflag.FlagSet) runFunc {
 }
 
 // waitDrain follows a drain until it ends, printing each lease's
-// progress to stderr when progress is set: each change of its state, each
-// reason once. A lease that cannot move yet (no other lender has room, a
-// move failed) is tried again until the drain's deadline, which its line
-// says; the reason it is left with at the deadline quotes that reason,
-// which is not printed again ("as above"; the report on stdout has it
-// whole).
+// progress to stderr when progress is set (drainProgress).
 func waitDrain(ctx context.Context, e *env, c *api.Client, node string, d api.Drain, progress bool) (api.Drain, error) {
-	last := map[string]string{}
-	said := map[string][]string{} // per lease, the reasons printed
+	p := newDrainProgress(e.stderr)
 	t := time.NewTicker(movePoll)
 	defer t.Stop()
 	for {
 		if progress {
-			for _, l := range d.Leases {
-				reason := l.Reason
-				for _, r := range said[l.LeaseID] {
-					// A long reason (placement's explanation) printed
-					// before is named by its start.
-					if head, _, ok := strings.Cut(r, ": "); ok && len(r) > 80 && strings.Contains(reason, r) {
-						reason = strings.Replace(reason, r, head+": as above", 1)
-					}
-				}
-				line := fmt.Sprintf("lease %s (%s): %s %s", l.LeaseID, l.Kind, l.Action, l.State)
-				if reason != "" {
-					line += ": " + reason
-				}
-				key := string(l.State) + "\x00" + l.Reason
-				if key == last[l.LeaseID] {
-					continue
-				}
-				last[l.LeaseID] = key
-				if l.Reason != "" && !slices.Contains(said[l.LeaseID], l.Reason) {
-					said[l.LeaseID] = append(said[l.LeaseID], l.Reason)
-				}
-				if l.State == api.DrainLeasePending && l.Reason != "" && d.State == api.DrainRunning {
-					line += fmt.Sprintf("; tried again until the drain's deadline (%s, --deadline)", d.Deadline.Local().Format(time.TimeOnly))
-				}
-				fmt.Fprintln(e.stderr, line)
-			}
+			p.print(d)
 		}
 		if d.State != api.DrainRunning {
 			return d, nil
@@ -144,6 +113,52 @@ func waitDrain(ctx context.Context, e *env, c *api.Client, node string, d api.Dr
 			return d, err
 		}
 		d = nd
+	}
+}
+
+// drainProgress prints a drain's progress, lease by lease: each change
+// of a lease's action, state or reason, each reason once. A lease that
+// cannot move yet (no other lender has room, a move failed) is tried
+// again until the drain's deadline, which its line says; the reason it
+// is left with at the deadline quotes that reason, which is not printed
+// again ("as above"; the report on stdout has it whole).
+type drainProgress struct {
+	w    io.Writer
+	last map[string]string   // per lease, its action, state and reason printed last
+	said map[string][]string // per lease, the reasons printed
+}
+
+func newDrainProgress(w io.Writer) *drainProgress {
+	return &drainProgress{w: w, last: map[string]string{}, said: map[string][]string{}}
+}
+
+// print prints what changed in d since the last call.
+func (p *drainProgress) print(d api.Drain) {
+	for _, l := range d.Leases {
+		reason := l.Reason
+		for _, r := range p.said[l.LeaseID] {
+			// A long reason (placement's explanation) printed before is
+			// named by its start.
+			if head, _, ok := strings.Cut(r, ": "); ok && len(r) > 80 && strings.Contains(reason, r) {
+				reason = strings.Replace(reason, r, head+": as above", 1)
+			}
+		}
+		line := fmt.Sprintf("lease %s (%s): %s %s", l.LeaseID, l.Kind, l.Action, l.State)
+		if reason != "" {
+			line += ": " + reason
+		}
+		key := l.Action + "\x00" + string(l.State) + "\x00" + l.Reason
+		if key == p.last[l.LeaseID] {
+			continue
+		}
+		p.last[l.LeaseID] = key
+		if l.Reason != "" && !slices.Contains(p.said[l.LeaseID], l.Reason) {
+			p.said[l.LeaseID] = append(p.said[l.LeaseID], l.Reason)
+		}
+		if l.State == api.DrainLeasePending && l.Reason != "" && d.State == api.DrainRunning {
+			line += fmt.Sprintf("; tried again until the drain's deadline (%s, --deadline)", d.Deadline.Local().Format(time.TimeOnly))
+		}
+		fmt.Fprintln(p.w, line)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -892,9 +893,11 @@ func (a *Agent) join(ctx context.Context) error {
 			}
 			return a.saveIdentity()
 		}
-		var ae *api.Error
 		if api.IsCode(err, api.CodeUnauthorized) || api.IsCode(err, api.CodeForbidden) || api.IsCode(err, api.CodeInvalid) {
 			return fmt.Errorf("agent: join rejected: %w", err)
+		}
+		if err := plainRefusal(a.cfg.ControlPlane, err); err != nil {
+			return err
 		}
 		wait := retry.Next()
 		a.enforceExpiry(ctx, false)
@@ -902,7 +905,7 @@ func (a *Agent) join(ctx context.Context) error {
 			// Try again by the next known expiry, not after it.
 			wait = min(wait, max(next.Sub(a.clock.Now()), 50*time.Millisecond))
 		}
-		if errors.As(err, &ae) && ae.Code == api.CodeConflict {
+		if api.IsCode(err, api.CodeConflict) {
 			// This machine's node is live, and this join could not prove
 			// it is that node's agent (its state directory was lost, or
 			// the node was taken over meanwhile): it is accepted once the
@@ -916,6 +919,24 @@ func (a *Agent) join(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// plainRefusal is the error a join ends with when err, the join's, is a
+// plain 400 (api.Error.Plain: a body that is not the API's) from the
+// control plane's address cp: not the control plane refusing the join but
+// the address being wrong, which no retry mends. The commonest is Go's
+// HTTPS server answering plain HTTP ("Client sent an HTTP request to an
+// HTTPS server."): the address says http:// where the control plane
+// serves HTTPS. nil for any other err.
+func plainRefusal(cp string, err error) error {
+	var ae *api.Error
+	if !errors.As(err, &ae) || !ae.Plain || ae.Status != http.StatusBadRequest {
+		return nil
+	}
+	if strings.Contains(ae.Message, "HTTP request to an HTTPS server") {
+		return fmt.Errorf("agent: join: the control plane serves HTTPS: write its address (%s, --addr or RIALTO_ADDR) with https://: %w", cp, err)
+	}
+	return fmt.Errorf("agent: join: the server at the control plane's address (%s) answered 400 in words that are not the API's: is it the control plane's address? %w", cp, err)
 }
 
 func (a *Agent) otherPeers(nodes []api.Node, self string) []api.Node {

@@ -311,6 +311,42 @@ func TestJoinRejected(t *testing.T) {
 	}
 }
 
+// A plain 409 to a join (a proxy's words, not the API's body) is not the
+// control plane's "this machine's node is live": the agent retries it as
+// a failed join, and does not tell the operator that the node is live.
+func TestJoinPlainConflictNotNodeLive(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "409 Conflict", http.StatusConflict)
+	}))
+	t.Cleanup(srv.Close)
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	logs := &msgRecorder{}
+	cfg := testConfig(srv.URL, t.TempDir())
+	cfg.Clock = clk
+	cfg.Logger = slog.New(logs)
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(ctxFor(t))
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	// The agent waits for its retry: the first join's answer is logged.
+	if err := clk.BlockUntil(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	if n := logs.count("this machine's node is live"); n != 0 {
+		t.Errorf("a proxy's plain 409 was logged %d times as this machine's node being live", n)
+	}
+	if logs.count("join failed; retrying") != 1 {
+		t.Errorf("the plain 409 was not logged as a failed join: %q", logs.msgs)
+	}
+}
+
 func TestConfigValidation(t *testing.T) {
 	for _, tc := range []struct {
 		name string

@@ -56,6 +56,31 @@ func newCASQLite(ctx context.Context, t *testing.T, cfg Config) caSQLite {
 	return caSQLite{ca: ca, st: st, path: path, srv: srv}
 }
 
+// reopenSQLite ends r's replica (its server and store closed, as its
+// process ends) and starts another on the same database and CA
+// directory, stopped when the test ends.
+func reopenSQLite(ctx context.Context, t *testing.T, r caSQLite) (*sqlite.Store, *pki.CA, *Server) {
+	t.Helper()
+	r.srv.Close()
+	r.st.Close()
+	st, err := sqlite.Open(ctx, r.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	ca, err := pki.Open(r.ca.Dir(), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := New(ctx, Config{Store: st, CA: ca, Lender: newFakeLender(), BootstrapToken: bootTok,
+		Tokens: []Token{{Token: adminTok, Tenant: "ops", Admin: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return st, ca, srv
+}
+
 // serveTLS serves s's API over HTTPS on loopback with a certificate of
 // ca (for 127.0.0.1), until the test ends, and returns its URL.
 func serveTLS(t *testing.T, s *Server, ca *pki.CA) string {

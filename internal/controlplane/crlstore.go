@@ -100,13 +100,15 @@ func isContextErr(err error) bool {
 
 // recordIssued records a node certificate this replica issued in the
 // store, before it is handed out: another replica removing the node then
-// revokes it.
+// revokes it. The store forgets the records of certificates expired
+// more than revokedExpiryGrace ago, not sooner: finishRemovals revokes
+// those expired less long ago that no revocation names.
 func (s *Server) recordIssued(ctx context.Context, iss *pki.Issued) error {
 	rv, ok := s.st.(store.Revocations)
 	if !ok {
 		return nil
 	}
-	if err := rv.RecordIssued(ctx, iss.Cert.SerialNumber.Text(16), iss.Cert.Subject.CommonName, iss.Cert.NotAfter, s.now()); err != nil {
+	if err := rv.RecordIssued(ctx, iss.Cert.SerialNumber.Text(16), iss.Cert.Subject.CommonName, iss.Cert.NotAfter, s.now().Add(-revokedExpiryGrace)); err != nil {
 		return fmt.Errorf("controlplane: record the certificate issued to %s: %w", iss.Cert.Subject.CommonName, err)
 	}
 	return nil

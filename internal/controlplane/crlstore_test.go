@@ -47,17 +47,7 @@ func TestReplicaCopiesShareRevocations(t *testing.T) {
 	defer cancel()
 	url := pgtest.DB(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	dirA := filepath.Join(t.TempDir(), "tls")
-	caA, err := pki.Open(dirA, pki.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dirB := filepath.Join(t.TempDir(), "tls")
-	copyDir(t, dirA, dirB)
-	caB, err := pki.Open(dirB, pki.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	caA, caB := caCopies(t)
 	// The second copy's own list revokes a certificate the first's does
 	// not, under a higher number (as written before the store kept the
 	// list, or by `rialto ca`): both replicas' lists name it too.

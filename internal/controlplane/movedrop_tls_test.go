@@ -103,17 +103,7 @@ func moveOntoRemovedTLS(ctx context.Context, t *testing.T) (dst *testAgent, m ap
 	t.Helper()
 	url := pgtest.DB(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	dirA := filepath.Join(t.TempDir(), "tls")
-	caA, err := pki.Open(dirA, pki.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dirB := filepath.Join(t.TempDir(), "tls")
-	copyDir(t, dirA, dirB)
-	caB, err := pki.Open(dirB, pki.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	caA, caB := caCopies(t)
 	tlsB, err := NewTLSLender(caB)
 	if err != nil {
 		t.Fatal(err)
@@ -250,6 +240,24 @@ func (c *clientCache) closeIdle() {
 			}
 		}
 	}
+}
+
+// caCopies makes a new CA directory and a copy of it, each opened: the
+// copies two replicas on one store hold.
+func caCopies(t *testing.T) (a, b *pki.CA) {
+	t.Helper()
+	dirA := filepath.Join(t.TempDir(), "tls")
+	a, err := pki.Open(dirA, pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dirB := filepath.Join(t.TempDir(), "tls")
+	copyDir(t, dirA, dirB)
+	b, err = pki.Open(dirB, pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, b
 }
 
 // copyDir copies the files of directory from into a new directory to,

@@ -359,13 +359,17 @@ func (s *Server) retryLateRevoked(ctx context.Context) error {
 // (recordLateRevoked: the calls to the removed node's agent accept them)
 // and tells the other replicas (broadcastRevocation), as the removal
 // would have. It runs at every replica's start (New) and at every sweep
-// (the elected replica's, with a shared store).
+// (the elected replica's, with a shared store). It takes those expired
+// less than revokedExpiryGrace ago too, as the revocation list keeps
+// them: a peer whose clock is behind this replica's by less still
+// accepts them until it refuses them (recordIssued keeps their record
+// that long).
 func (s *Server) finishRemovals(ctx context.Context) error {
 	rm, ok := s.st.(store.NodeRemover)
 	if !ok || s.cfg.CA == nil {
 		return nil
 	}
-	found, err := rm.UnrevokedRemoved(ctx, s.now())
+	found, err := rm.UnrevokedRemoved(ctx, s.now().Add(-revokedExpiryGrace))
 	if err != nil {
 		return fmt.Errorf("controlplane: the certificates issued to removed nodes that no revocation names: %w", err)
 	}

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
-	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
 	"github.com/rialto-project/rialto/internal/pki"
 )
 
@@ -162,23 +161,7 @@ func TestLateRevokedSurviveRestart(t *testing.T) {
 
 	// The replica restarts: its process (and what it held) ends; another
 	// opens the same database and CA directory.
-	srv.Close()
-	st.Close()
-	st2, err := sqlite.Open(ctx, path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st2.Close() })
-	ca2, err := pki.Open(ca.Dir(), pki.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv2, err := New(ctx, Config{Store: st2, CA: ca2, Lender: newFakeLender(), BootstrapToken: bootTok,
-		Tokens: []Token{{Token: adminTok, Tenant: "ops", Admin: true}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv2.Close() })
+	st2, _, srv2 := reopenSQLite(ctx, t, r)
 	if got := serialTexts(srv2.removalRevoked(ctx, id)); !slices.Contains(got, late) || !slices.Contains(got, first) {
 		t.Errorf("after the restart the replica accepts %v of the removed node's certificates, want the join's %s and the late %s", got, first, late)
 	}

@@ -8,17 +8,17 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math/big"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
-	"github.com/rialto-project/rialto/internal/controlplane/store/postgres"
-	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
+	"github.com/rialto-project/rialto/internal/clock"
+	"github.com/rialto-project/rialto/internal/controlplane/store"
 	"github.com/rialto-project/rialto/internal/pgserver/pgtest"
 	"github.com/rialto-project/rialto/internal/pki"
 )
@@ -63,6 +63,35 @@ func renewalDuringRemoval(t *testing.T, srv *Server, node api.Node) func() tls.C
 		}
 		return *cert
 	}
+}
+
+// missedRenewal is a node's removal that stopped after its commit with a
+// renewal's certificate it did not revoke (renewalDuringRemoval).
+type missedRenewal struct {
+	node  api.Node          // the node, as it was before its removal
+	first *x509.Certificate // the join's certificate, which the removal revoked
+	cert  tls.Certificate   // the renewal's, which no revocation names
+	leaf  *x509.Certificate // cert's leaf
+	late  *big.Int          // its serial
+}
+
+// removeMissingRenewal joins n1 to srv and removes it, the removal
+// stopped after its commit with a renewal's certificate it missed
+// (renewalDuringRemoval).
+func removeMissingRenewal(ctx context.Context, t *testing.T, srv *Server) missedRenewal {
+	t.Helper()
+	j, first := joinN1Cert(ctx, t, srv)
+	rec, err := srv.st.Node(ctx, j.NodeID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	renewed := renewalDuringRemoval(t, srv, rec.Node)
+	if _, err := srv.removeNode(ctx, j.NodeID, true); !errors.Is(err, errReplicaStopped) {
+		t.Fatalf("the removal: %v, want it stopped after its commit", err)
+	}
+	cert := renewed()
+	leaf := leafOf(t, cert)
+	return missedRenewal{node: rec.Node, first: first, cert: cert, leaf: leaf, late: leaf.SerialNumber}
 }
 
 // leafOf is c's leaf certificate.
@@ -123,42 +152,16 @@ func TestRemovalStoppedAfterCommitRevokedAtStart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	r := newCASQLite(ctx, t, Config{})
-	ca, st, path, srv := r.ca, r.st, r.path, r.srv
-	j, first := joinN1Cert(ctx, t, srv)
-	rec, err := st.Node(ctx, j.NodeID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	renewed := renewalDuringRemoval(t, srv, rec.Node)
-	if _, err := srv.removeNode(ctx, j.NodeID, true); !errors.Is(err, errReplicaStopped) {
-		t.Fatalf("the removal: %v, want it stopped after its commit", err)
-	}
-	cert := renewed()
-	late := leafOf(t, cert).SerialNumber
-	if !ca.Revoked(first.SerialNumber) || ca.Revoked(late) {
+	m := removeMissingRenewal(ctx, t, r.srv)
+	late := m.late
+	if !r.ca.Revoked(m.first.SerialNumber) || r.ca.Revoked(late) {
 		t.Fatalf("before the restart: the join's certificate revoked %v (want true), the renewal's %v (want false)",
-			ca.Revoked(first.SerialNumber), ca.Revoked(late))
+			r.ca.Revoked(m.first.SerialNumber), r.ca.Revoked(late))
 	}
 
 	// The replica's process ends; another opens the same database and CA
 	// directory.
-	srv.Close()
-	st.Close()
-	st2, err := sqlite.Open(ctx, path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st2.Close() })
-	ca2, err := pki.Open(ca.Dir(), pki.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv2, err := New(ctx, Config{Store: st2, CA: ca2, Lender: newFakeLender(), BootstrapToken: bootTok,
-		Tokens: []Token{{Token: adminTok, Tenant: "ops", Admin: true}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv2.Close() })
+	st2, ca2, srv2 := reopenSQLite(ctx, t, r)
 	l, err := st2.RevocationList(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -169,17 +172,17 @@ func TestRemovalStoppedAfterCommitRevokedAtStart(t *testing.T) {
 	if !ca2.Revoked(late) {
 		t.Errorf("the restarted replica's list does not revoke the renewal's certificate %s", late.Text(16))
 	}
-	if err := callAgentServing(ctx, t, ca2, rec.Node, cert); err == nil {
+	if err := callAgentServing(ctx, t, ca2, m.node, m.cert); err == nil {
 		t.Errorf("the restarted replica's call to an agent presenting the removed node's certificate %s succeeded", late.Text(16))
 	}
-	if got := serialTexts(srv2.removalRevoked(ctx, j.NodeID)); !slices.Contains(got, late.Text(16)) {
+	if got := serialTexts(srv2.removalRevoked(ctx, m.node.ID)); !slices.Contains(got, late.Text(16)) {
 		t.Errorf("the removal's record names %v, want the renewal's %s among them", got, late.Text(16))
 	}
 
 	// The node joins again: its new certificate stays valid.
 	j2, again := joinN1Cert(ctx, t, srv2)
-	if j2.NodeID != j.NodeID {
-		t.Fatalf("joined again as %s, want %s", j2.NodeID, j.NodeID)
+	if j2.NodeID != m.node.ID {
+		t.Fatalf("joined again as %s, want %s", j2.NodeID, m.node.ID)
 	}
 	if err := srv2.Sweep(ctx); err != nil {
 		t.Fatal(err)
@@ -205,51 +208,22 @@ func TestRemovalStoppedAfterCommitRevokedBySweep(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pg := pgtest.DB(t)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	dirA := filepath.Join(t.TempDir(), "tls")
-	caA, err := pki.Open(dirA, pki.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dirB := filepath.Join(t.TempDir(), "tls")
-	copyDir(t, dirA, dirB)
-	caB, err := pki.Open(dirB, pki.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	replica := func(ca *pki.CA) (*Server, *postgres.Store) {
-		st := openPG(ctx, t, pg, 4)
-		s, err := New(ctx, Config{Store: st, Logger: log, CA: ca, Lender: newFakeLender(), BootstrapToken: bootTok,
-			Tokens: []Token{{Token: adminTok, Tenant: "ops", Admin: true}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return s, st
-	}
-	a, stA := replica(caA)
-	b, _ := replica(caB)
-	j, _ := joinN1Cert(ctx, t, a)
-	rec, err := stA.Node(ctx, j.NodeID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	renewed := renewalDuringRemoval(t, a, rec.Node)
-	if _, err := a.removeNode(ctx, j.NodeID, true); !errors.Is(err, errReplicaStopped) {
-		t.Fatalf("the removal: %v, want it stopped after its commit", err)
-	}
-	cert := renewed()
-	late := leafOf(t, cert).SerialNumber
+	caA, caB := caCopies(t)
+	stA := openPG(ctx, t, pg, 4)
+	a := newReplica(ctx, t, stA, caA, nil)
+	b := newReplica(ctx, t, openPG(ctx, t, pg, 4), caB, nil)
+	m := removeMissingRenewal(ctx, t, a)
+	late := m.late
 	if err := b.Sweep(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if !caB.Revoked(late) {
 		t.Errorf("after its sweep, the other replica's list does not revoke the renewal's certificate %s", late.Text(16))
 	}
-	if err := callAgentServing(ctx, t, caB, rec.Node, cert); err == nil {
+	if err := callAgentServing(ctx, t, caB, m.node, m.cert); err == nil {
 		t.Errorf("the other replica's call to an agent presenting the removed node's certificate %s succeeded", late.Text(16))
 	}
-	if got, err := stA.RemovalRevoked(ctx, j.NodeID); err != nil || !slices.Contains(got.Revoked, late.Text(16)) {
+	if got, err := stA.RemovalRevoked(ctx, m.node.ID); err != nil || !slices.Contains(got.Revoked, late.Text(16)) {
 		t.Errorf("the removal's record: %+v %v, want the renewal's %s among its serials", got, err, late.Text(16))
 	}
 }
@@ -267,22 +241,13 @@ func TestRemovedCertificateProvesNoJoin(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	r := newCASQLite(ctx, t, Config{})
-	ca, st, srv := r.ca, r.st, r.srv
-	j, _ := joinN1Cert(ctx, t, srv)
-	rec, err := st.Node(ctx, j.NodeID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	renewed := renewalDuringRemoval(t, srv, rec.Node)
-	if _, err := srv.removeNode(ctx, j.NodeID, true); !errors.Is(err, errReplicaStopped) {
-		t.Fatalf("the removal: %v, want it stopped after its commit", err)
-	}
-	cert := renewed()
-	late := leafOf(t, cert).SerialNumber
+	ca, srv := r.ca, r.srv
+	m := removeMissingRenewal(ctx, t, srv)
+	late := m.late
 	// A replica that has not swept since answers the join (here the same
 	// process: what the join reads is the store's).
 	base := serveTLS(t, srv, ca)
-	tc := &tls.Config{RootCAs: ca.Pool(), ServerName: "127.0.0.1", Certificates: []tls.Certificate{cert}}
+	tc := &tls.Config{RootCAs: ca.Pool(), ServerName: "127.0.0.1", Certificates: []tls.Certificate{m.cert}}
 	c := api.NewClient(base, bootTok, &http.Client{Transport: &http.Transport{TLSClientConfig: tc}, Timeout: time.Minute})
 	csr, _, err := pki.NewCSR("", []string{"127.0.0.1"})
 	if err != nil {
@@ -292,8 +257,8 @@ func TestRemovedCertificateProvesNoJoin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if j2.NodeID != j.NodeID {
-		t.Fatalf("joined as %s, want %s", j2.NodeID, j.NodeID)
+	if j2.NodeID != m.node.ID {
+		t.Fatalf("joined as %s, want %s", j2.NodeID, m.node.ID)
 	}
 	if !ca.Revoked(late) {
 		t.Errorf("the certificate the removal missed %s is not revoked after the removed machine joined again presenting it", late.Text(16))
@@ -320,62 +285,27 @@ func TestRemovalFinishedAtStartTellsTheOthers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pg := pgtest.DB(t)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	dirA := filepath.Join(t.TempDir(), "tls")
-	caA, err := pki.Open(dirA, pki.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := func(st *postgres.Store, ca *pki.CA) Config {
-		return Config{Store: st, Logger: log, CA: ca, Lender: newFakeLender(), BootstrapToken: bootTok,
-			Tokens: []Token{{Token: adminTok, Tenant: "ops", Admin: true}}}
-	}
+	caA, caB := caCopies(t)
 	stA := openPG(ctx, t, pg, 4)
-	a, err := New(ctx, cfg(stA, caA))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close() })
+	a := newReplica(ctx, t, stA, caA, nil)
 	// The other replica listens on the channel (its replica bus only: no
 	// sweep of its own revokes the certificate first).
-	dirB := filepath.Join(t.TempDir(), "tls")
-	copyDir(t, dirA, dirB)
-	caB, err := pki.Open(dirB, pki.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	stB := openPG(ctx, t, pg, 4)
-	b, err := New(ctx, cfg(stB, caB))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
+	b := newReplica(ctx, t, stB, caB, nil)
 	bctx, stopBus := context.WithCancel(ctx)
 	waitBus := b.runBus(bctx, stB)
 	t.Cleanup(func() { stopBus(); waitBus() })
 	pollUntil(ctx, t, "the other replica listens", b.cacheTrusted)
 
-	j, _ := joinN1Cert(ctx, t, a)
-	rec, err := stA.Node(ctx, j.NodeID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	renewed := renewalDuringRemoval(t, a, rec.Node)
-	if _, err := a.removeNode(ctx, j.NodeID, true); !errors.Is(err, errReplicaStopped) {
-		t.Fatalf("the removal: %v, want it stopped after its commit", err)
-	}
-	late := leafOf(t, renewed()).SerialNumber
+	m := removeMissingRenewal(ctx, t, a)
+	late := m.late
 	a.Close()
 	// The other replica still has the removed node's credential cached
 	// (the removal stopped before telling it).
-	b.auth.put("h-removed", principal{role: roleNode, nodeID: j.NodeID}, time.Now().Add(time.Hour), b.auth.generation())
+	b.auth.put("h-removed", principal{role: roleNode, nodeID: m.node.ID}, time.Now().Add(time.Hour), b.auth.generation())
 
 	// The stopped replica starts again: it revokes the certificate.
-	a2, err := New(ctx, cfg(openPG(ctx, t, pg, 4), caA))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a2.Close() })
+	newReplica(ctx, t, openPG(ctx, t, pg, 4), caA, nil)
 	// Messages arrive in the order they were sent: once the other replica
 	// has read a hello sent after the start, it has read what the start
 	// sent.
@@ -395,4 +325,80 @@ func TestRemovalFinishedAtStartTellsTheOthers(t *testing.T) {
 	if !caB.Revoked(late) {
 		t.Errorf("the other replica's list does not revoke %s after the start that finished the removal", late.Text(16))
 	}
+}
+
+// TestRemovalSweepRevokesWithinExpiryGrace: as
+// TestRemovalStoppedAfterCommitRevokedBySweep, on SQLite and on
+// PostgreSQL, with the sweep coming once the certificate the removal
+// missed has expired by the sweeping replica's clock, by less than the
+// grace the revocation list keeps expired certificates for, and another
+// certificate issued meanwhile (its record forgets the records of expired
+// ones): the sweep revokes it, and a peer whose clock is behind by less
+// than the grace refuses it. Before, the sweep took only certificates
+// unexpired by its own clock, and the other issue had forgotten the
+// record: the peer accepted it.
+func TestRemovalSweepRevokesWithinExpiryGrace(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{"sqlite", "postgres"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			clk := clock.NewFake(time.Now())
+			var srv *Server
+			var ca *pki.CA
+			if backend == "sqlite" {
+				r := newCASQLite(ctx, t, Config{Clock: clk})
+				srv, ca = r.srv, r.ca
+			} else {
+				ca, _ = caCopies(t)
+				srv = newReplica(ctx, t, openPG(ctx, t, pgtest.DB(t), 4), ca, clk)
+			}
+			m := removeMissingRenewal(ctx, t, srv)
+			late := m.leaf
+			clk.Advance(late.NotAfter.Sub(clk.Now()) + revokedExpiryGrace/2)
+			other, err := ca.Issue(pki.Request{CommonName: "n-9", Hosts: []string{"127.0.0.1"}, Usage: pki.ClientAuth, Lifetime: 48 * time.Hour})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := srv.recordIssued(ctx, other); err != nil {
+				t.Fatal(err)
+			}
+			if err := srv.Sweep(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if l := revocationList(ctx, t, srv.st.(store.Revocations)); !hasSerial(l, late.SerialNumber) {
+				t.Errorf("the store's list %v lacks the certificate the removal missed, %s, expired %v ago by the sweeping replica's clock",
+					l.Revoked, late.SerialNumber.Text(16), revokedExpiryGrace/2)
+			}
+			if !ca.Revoked(late.SerialNumber) {
+				t.Errorf("the sweeping replica's list does not revoke %s", late.SerialNumber.Text(16))
+			}
+			// The TLS lender checks validity by the real clock, behind
+			// the sweeping replica's: the certificate is valid there.
+			if err := callAgentServing(ctx, t, ca, m.node, m.cert); err == nil {
+				t.Errorf("a call by a replica whose clock is behind to an agent presenting %s succeeded", late.SerialNumber.Text(16))
+			}
+		})
+	}
+}
+
+// newReplica starts a control plane on st with ca, timed by clk (nil:
+// the real clock), the admin's token its only tenant's, stopped when the
+// test ends (it does not Run: no sweeps of its own, no replica bus).
+func newReplica(ctx context.Context, t *testing.T, st store.Store, ca *pki.CA, clk clock.Clock) *Server {
+	t.Helper()
+	s, err := New(ctx, Config{Store: st, Clock: clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), CA: ca,
+		Lender: newFakeLender(), BootstrapToken: bootTok, Tokens: []Token{{Token: adminTok, Tenant: "ops", Admin: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// hasSerial reports whether l revokes serial.
+func hasSerial(l store.RevocationList, serial *big.Int) bool {
+	_, ok := l.Revoked[serial.Text(16)]
+	return ok
 }

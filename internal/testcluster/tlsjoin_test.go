@@ -149,3 +149,39 @@ func TestTLSLeaseRightAfterJoin(t *testing.T) {
 		t.Fatal("the lease was not created")
 	}
 }
+
+// TestJoinOverHTTPToHTTPS: an agent given the control plane's address
+// with http:// where it serves HTTPS gets Go's plain 400 ("Client sent an
+// HTTP request to an HTTPS server.") to every join. It was retried for
+// ever, the agent never ready and never saying why; the agent stops at
+// once with an error naming the cause and the fix.
+func TestJoinOverHTTPToHTTPS(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{TLS: true, Nodes: 1})
+	plain := strings.Replace(c.URL, "https://", "http://", 1)
+	u, err := url.Parse(c.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := agent.New(agent.Config{
+		ControlPlane: plain, BootstrapToken: BootstrapToken, Name: "plain", StateDir: filepath.Join(t.TempDir(), "plain"),
+		Listen: u.Hostname(), HeartbeatInterval: c.opts.HeartbeatInterval, Clock: c.Clock, CAFile: c.CA.CertFile(),
+		Devices: []agent.DeviceConfig{{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 16 << 20}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Retried for ever, the join would keep Run until the context ends
+	// (and Run then returns nil).
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = a.Run(ctx)
+	if ctx.Err() != nil || err == nil {
+		t.Fatalf("Run = %v after %v: the join over http:// to an HTTPS control plane was retried", err, ctx.Err())
+	}
+	for _, want := range []string{"serves HTTPS", "https://", plain, "Client sent an HTTP request to an HTTPS server"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Run = %v, want it to say %q", err, want)
+		}
+	}
+}

@@ -39,9 +39,8 @@ func (s *Service) sse(w http.ResponseWriter, r *http.Request, c *caller) {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		var eb api.ErrorBody
-		json.NewDecoder(resp.Body).Decode(&eb)
-		writeError(w, &api.Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message})
+		// A body that is not the API's gets the code of its status.
+		writeError(w, api.ErrorOf(resp))
 		return
 	}
 	h := w.Header()

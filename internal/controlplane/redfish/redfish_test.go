@@ -18,6 +18,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane"
+	"github.com/rialto-project/rialto/internal/controlplane/redfish"
 	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
 )
 
@@ -51,21 +52,7 @@ type env struct {
 // memory device and an accelerator each.
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "redfish-test-") // t.TempDir has '#' in fuzz seeds
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "r.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	srv, err := controlplane.New(context.Background(), controlplane.Config{Store: st, Lender: lender{}, BootstrapToken: boot,
-		Tokens: []controlplane.Token{{Token: alice, Tenant: "alice"}, {Token: bob, Tenant: "bob"}, {Token: admin, Tenant: "ops", Admin: true}}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv := newServer(t)
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
 	t.Cleanup(srv.CloseStreams)
@@ -99,6 +86,28 @@ func newEnv(t *testing.T) *env {
 		e.dev[names[d.NodeID]+"/"+d.Name] = d
 	}
 	return e
+}
+
+// newServer runs a control plane on SQLite with the tokens of boot,
+// alice, bob and admin, and no nodes.
+func newServer(t *testing.T) *controlplane.Server {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "redfish-test-") // t.TempDir has '#' in fuzz seeds
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "r.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	srv, err := controlplane.New(context.Background(), controlplane.Config{Store: st, Lender: lender{}, BootstrapToken: boot,
+		Tokens: []controlplane.Token{{Token: alice, Tenant: "alice"}, {Token: bob, Tenant: "bob"}, {Token: admin, Tenant: "ops", Admin: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv
 }
 
 // do sends a Redfish request with Basic auth (password: token) unless
@@ -686,6 +695,51 @@ func TestEventServiceSSE(t *testing.T) {
 	fmt.Sscan(g.id, &cur)
 	if cur <= prev || !strings.Contains(fmt.Sprint(g.ev), la.ID) {
 		t.Fatalf("after Last-Event-ID %s: %s %v", first.id, g.id, g.ev)
+	}
+}
+
+// TestEventServiceSSEPlainRefusal: an answer to the facade's event
+// stream call whose body is not the API's (something between the facade
+// and the /v1 routes: a store-unavailable page, a router's 404) is a
+// Redfish error of the message its status means, not InternalError.
+func TestEventServiceSSEPlainRefusal(t *testing.T) {
+	srv := newServer(t)
+	t.Cleanup(srv.CloseStreams)
+	for _, tc := range []struct {
+		status int
+		body   string
+		id     string
+	}{
+		{http.StatusServiceUnavailable, "store unavailable", "Base.1.18.ServiceTemporarilyUnavailable"},
+		{http.StatusNotFound, "404 page not found", "Base.1.18.ResourceNotFound"},
+		{http.StatusForbidden, "denied by the proxy", "Base.1.18.InsufficientPrivilege"},
+	} {
+		// The /v1 routes, but the stream answered in plain words.
+		v1 := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/v1/events" && r.URL.Query().Get("follow") == "1" {
+				http.Error(w, tc.body, tc.status)
+				return
+			}
+			srv.Handler().ServeHTTP(w, r)
+		})
+		rf, err := redfish.New(redfish.Config{API: v1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts := httptest.NewServer(rf)
+		e := &env{t: t, url: ts.URL}
+		st, _, body := e.do("GET", "/redfish/v1/EventService/SSE", alice, nil)
+		ts.Close()
+		if st != tc.status {
+			t.Errorf("plain %d: status %d", tc.status, st)
+			continue
+		}
+		if id := redfishError(t, body); id != tc.id {
+			t.Errorf("plain %d: MessageId %s, want %s", tc.status, id, tc.id)
+		}
+		if msg := body["error"].(map[string]any)["message"]; msg != tc.body {
+			t.Errorf("plain %d: message %q, want the answer's %q", tc.status, msg, tc.body)
+		}
 	}
 }
 

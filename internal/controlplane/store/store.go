@@ -511,7 +511,9 @@ type RemovalRecord struct {
 type Revocations interface {
 	// RecordIssued records a certificate the CA issued (serial, common
 	// name: a node's ID, expiry), so that any replica can revoke it by
-	// its common name. Records expired at now are forgotten.
+	// its common name. The records of certificates expired before now
+	// are forgotten (the control plane gives its time less the grace
+	// its revocation list keeps expired certificates for).
 	RecordIssued(ctx context.Context, serial, commonName string, notAfter, now time.Time) error
 	// Revoke revokes certs and every certificate recorded as issued to
 	// commonName ("": none) not yet expired at at, and returns those it

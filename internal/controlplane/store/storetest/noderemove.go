@@ -16,11 +16,7 @@ import (
 // unavailable and its removal is an event; unknown nodes are not found.
 func testRemoveNode(t *testing.T, o Options) {
 	ctx := context.Background()
-	s := open(t, o)
-	rm, ok := s.(store.NodeRemover)
-	if !ok {
-		t.Fatalf("%T does not implement store.NodeRemover", s)
-	}
+	s, rm := openRemover(t, o)
 	now := time.Now()
 	n, _, err := s.JoinNode(ctx, store.JoinNode{Node: api.Node{ID: "node-1", Name: "n1", State: api.NodeReady,
 		Fingerprint: api.Fingerprint{MachineID: "m1"}, LastHeartbeat: now, JoinedAt: now}, CredentialHash: "h1", AgentKey: "k1",
@@ -79,11 +75,7 @@ func testRemoveNode(t *testing.T, o Options) {
 // an unknown node is not found.
 func testRemovalRevoked(t *testing.T, o Options) {
 	ctx := context.Background()
-	s := open(t, o)
-	rm, ok := s.(store.NodeRemover)
-	if !ok {
-		t.Fatalf("%T does not implement store.NodeRemover", s)
-	}
+	s, rm := openRemover(t, o)
 	now := time.Now()
 	join := func() {
 		t.Helper()
@@ -94,12 +86,7 @@ func testRemovalRevoked(t *testing.T, o Options) {
 		}
 	}
 	join()
-	readers := []store.Store{s}
-	if o.Reopen != nil {
-		r := o.Reopen(t, s)
-		t.Cleanup(func() { r.Close() })
-		readers = append(readers, r)
-	}
+	readers := withReplica(t, o, s)
 	want := func(what string, gen int64, serials ...string) {
 		t.Helper()
 		for i, r := range readers {
@@ -158,26 +145,11 @@ func testRemovalRevoked(t *testing.T, o Options) {
 // the node joined again.
 func testUnrecordedRemovalRevoked(t *testing.T, o Options) {
 	ctx := context.Background()
-	s := open(t, o)
-	rm, ok := s.(store.NodeRemover)
-	if !ok {
-		t.Fatalf("%T does not implement store.NodeRemover", s)
-	}
-	rv, ok := s.(store.Revocations)
-	if !ok {
-		t.Skipf("%T does not keep the revocation list", s)
-	}
+	s, rm := openRemover(t, o)
+	rv := revocationsOrSkip(t, s)
 	now := time.Now().UTC().Truncate(time.Second)
-	join := func(id, cred string) {
-		t.Helper()
-		if _, _, err := s.JoinNode(ctx, store.JoinNode{Node: api.Node{ID: id, Name: id, State: api.NodeReady,
-			Fingerprint: api.Fingerprint{MachineID: "m-" + id}, LastHeartbeat: now, JoinedAt: now}, CredentialHash: cred, AgentKey: "k-" + id},
-			api.Event{At: now, Type: "node.joined", Subject: id}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	join("node-1", "h1")
-	join("node-2", "h2")
+	joinMachine(ctx, t, s, "node-1", "h1", now)
+	joinMachine(ctx, t, s, "node-2", "h2", now)
 	for _, c := range []struct {
 		serial, cn string
 		notAfter   time.Time
@@ -192,12 +164,7 @@ func testUnrecordedRemovalRevoked(t *testing.T, o Options) {
 			t.Fatal(err)
 		}
 	}
-	readers := []store.Store{s}
-	if o.Reopen != nil {
-		r := o.Reopen(t, s)
-		t.Cleanup(func() { r.Close() })
-		readers = append(readers, r)
-	}
+	readers := withReplica(t, o, s)
 	want := func(what string, exp map[string]store.RemovalRecord) {
 		t.Helper()
 		for i, r := range readers {
@@ -239,7 +206,7 @@ func testUnrecordedRemovalRevoked(t *testing.T, o Options) {
 	}
 	want("one more", map[string]store.RemovalRecord{"node-1": {Gen: gen, Revoked: []string{"a5"}}})
 	now = now.Add(time.Second)
-	join("node-1", "h1-again")
+	joinMachine(ctx, t, s, "node-1", "h1-again", now)
 	want("joined again", nil)
 }
 
@@ -253,42 +220,22 @@ func testUnrecordedRemovalRevoked(t *testing.T, o Options) {
 // again, whose certificates issued then are not found either.
 func testUnrevokedRemoved(t *testing.T, o Options) {
 	ctx := context.Background()
-	s := open(t, o)
-	rm, ok := s.(store.NodeRemover)
-	if !ok {
-		t.Fatalf("%T does not implement store.NodeRemover", s)
-	}
-	rv, ok := s.(store.Revocations)
-	if !ok {
-		t.Skipf("%T does not keep the revocation list", s)
-	}
+	s, rm := openRemover(t, o)
+	rv := revocationsOrSkip(t, s)
 	now := time.Now().UTC().Truncate(time.Second)
-	join := func(id, cred string) {
-		t.Helper()
-		if _, _, err := s.JoinNode(ctx, store.JoinNode{Node: api.Node{ID: id, Name: id, State: api.NodeReady,
-			Fingerprint: api.Fingerprint{MachineID: "m-" + id}, LastHeartbeat: now, JoinedAt: now}, CredentialHash: cred, AgentKey: "k-" + id},
-			api.Event{At: now, Type: "node.joined", Subject: id}); err != nil {
-			t.Fatal(err)
-		}
-	}
 	issue := func(serial, cn string, notAfter time.Time) {
 		t.Helper()
 		if err := rv.RecordIssued(ctx, serial, cn, notAfter, now); err != nil {
 			t.Fatal(err)
 		}
 	}
-	join("node-1", "h1")
-	join("node-2", "h2")
+	joinMachine(ctx, t, s, "node-1", "h1", now)
+	joinMachine(ctx, t, s, "node-2", "h2", now)
 	issue("a1", "node-1", now.Add(time.Hour))      // revoked by the removal
 	issue("a4", "node-1", now.Add(2*time.Minute))  // revoked, expired off the list
 	issue("a5", "node-1", now.Add(90*time.Second)) // not revoked, expired at the look
 	issue("b1", "node-2", now.Add(time.Hour))      // not revoked, its node not removed
-	readers := []store.Store{s}
-	if o.Reopen != nil {
-		r := o.Reopen(t, s)
-		t.Cleanup(func() { r.Close() })
-		readers = append(readers, r)
-	}
+	readers := withReplica(t, o, s)
 	at := now.Add(100 * time.Second)
 	want := func(what string, exp map[string]store.UnrevokedCerts) {
 		t.Helper()
@@ -326,7 +273,7 @@ func testUnrevokedRemoved(t *testing.T, o Options) {
 	// The node joins again before a3 is revoked: its new certificate, and
 	// a3, are no removed node's.
 	now = now.Add(time.Second)
-	join("node-1", "h1-again")
+	joinMachine(ctx, t, s, "node-1", "h1-again", now)
 	issue("c1", "node-1", now.Add(time.Hour))
 	want("joined again", nil)
 	// Removed again: what no revocation names is found, with the new
@@ -353,11 +300,7 @@ func testUnrevokedRemoved(t *testing.T, o Options) {
 // are written. Only a join brings the machine back.
 func testHeartbeatAfterRemove(t *testing.T, o Options) {
 	ctx := context.Background()
-	s := open(t, o)
-	rm, ok := s.(store.NodeRemover)
-	if !ok {
-		t.Fatalf("%T does not implement store.NodeRemover", s)
-	}
+	s, rm := openRemover(t, o)
 	joined := time.Now().UTC().Truncate(time.Microsecond)
 	join := func(id, machine, cred string) {
 		t.Helper()
@@ -447,4 +390,50 @@ func testHeartbeatAfterRemove(t *testing.T, o Options) {
 	if prev, err := s.Heartbeat(ctx, "node-1", at, "ok", nil); err != nil || prev != api.NodeReady {
 		t.Fatalf("heartbeat after the rejoin: %v %v", prev, err)
 	}
+}
+
+// openRemover opens a store of o that must implement store.NodeRemover.
+func openRemover(t *testing.T, o Options) (store.Store, store.NodeRemover) {
+	t.Helper()
+	s := open(t, o)
+	rm, ok := s.(store.NodeRemover)
+	if !ok {
+		t.Fatalf("%T does not implement store.NodeRemover", s)
+	}
+	return s, rm
+}
+
+// withReplica is s and, when o can reopen its database, another replica
+// on it (closed when the test ends).
+func withReplica(t *testing.T, o Options, s store.Store) []store.Store {
+	t.Helper()
+	out := []store.Store{s}
+	if o.Reopen != nil {
+		r := o.Reopen(t, s)
+		t.Cleanup(func() { r.Close() })
+		out = append(out, r)
+	}
+	return out
+}
+
+// joinMachine joins node id, ready, of machine "m-"+id with credential
+// hash cred (agent key "k-"+id) at at.
+func joinMachine(ctx context.Context, t *testing.T, s store.Store, id, cred string, at time.Time) {
+	t.Helper()
+	if _, _, err := s.JoinNode(ctx, store.JoinNode{Node: api.Node{ID: id, Name: id, State: api.NodeReady,
+		Fingerprint: api.Fingerprint{MachineID: "m-" + id}, LastHeartbeat: at, JoinedAt: at}, CredentialHash: cred, AgentKey: "k-" + id},
+		api.Event{At: at, Type: "node.joined", Subject: id}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// revocationsOrSkip is s's revocation list; it skips t for a store that
+// keeps none.
+func revocationsOrSkip(t *testing.T, s store.Store) store.Revocations {
+	t.Helper()
+	rv, ok := s.(store.Revocations)
+	if !ok {
+		t.Skipf("%T does not keep the revocation list", s)
+	}
+	return rv
 }
