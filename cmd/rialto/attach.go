@@ -817,8 +817,11 @@ func runDetach(e *env, fs *pflag.FlagSet) runFunc {
 				return fmt.Errorf("detach %s: signal process %d: %w", st.ID, st.PID, err)
 			}
 		default:
+			// What the dead attach left: its state, its control socket and
+			// its NBD socket (attachSocket), as the next attach would.
 			os.Remove(file)
 			os.Remove(ctlPath)
+			os.Remove(attachSocket(dir, pos[0]))
 			return fmt.Errorf("lease %s was not attached any more (process %d is gone); removed its stale state", st.ID, st.PID)
 		}
 		// Wait until the attachment is gone: its state removed and, when it is

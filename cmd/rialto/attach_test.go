@@ -359,6 +359,16 @@ func TestAttachProcess(t *testing.T) {
 	if fi, err := os.Stat(sock); err != nil || fi.Mode()&os.ModeSocket == 0 {
 		t.Fatalf("a killed attach left no socket: %v %v", fi, err)
 	}
+	// detach of the killed attach removes what it left, its socket too.
+	if _, errs, code := runIn(t, c, runtime, "detach", l.ID); code != 1 || !strings.Contains(errs, "removed its stale state") {
+		t.Fatalf("detach of a killed attach: %d %s", code, errs)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(runtime, "rialto")); len(ents) != 0 {
+		t.Errorf("detach of a killed attach left %v behind", ents)
+	}
+	p, _ = startProc(t, bin, procEnv, "nbd+unix://", "attach", l.ID)
+	p.cmd.Process.Kill()
+	<-p.done
 	p, uri2 := startProc(t, bin, procEnv, "nbd+unix://", "attach", l.ID)
 	if uri2 = "nbd+unix://" + uri2; !strings.HasSuffix(uri2, "?socket="+sock) {
 		t.Fatalf("attach after a killed one printed %q, want its socket %s", uri2, sock)
