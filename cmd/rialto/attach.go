@@ -495,7 +495,15 @@ func openAttachment(ctx context.Context, e *env, id string) (file, ctlPath strin
 	if err != nil {
 		return "", "", nil, err
 	}
-	if old, err := readAttachState(file); err == nil && processAlive(old.PID) && controlAnswers(ctx, old.Control) {
+	old, rerr := readAttachState(file)
+	if rerr != nil && !errors.Is(rerr, os.ErrNotExist) && controlAnswers(ctx, ctlPath) {
+		// A damaged state file does not make a live attachment dead: its
+		// control socket answers, and removing it and its NBD socket
+		// would orphan that attachment (detach could no longer reach it)
+		// and serve the lease twice.
+		return "", "", nil, fmt.Errorf("lease %s is already attached by a live process, whose state file is unreadable (%w): run `rialto detach %s` first", id, rerr, id)
+	}
+	if rerr == nil && processAlive(old.PID) && controlAnswers(ctx, old.Control) {
 		where := old.URI
 		if old.Iface != "" {
 			where = "interface " + old.Iface
@@ -785,7 +793,12 @@ func runDetach(e *env, fs *pflag.FlagSet) runFunc {
 			return fmt.Errorf("lease %s is not attached here (no %s)", pos[0], file)
 		}
 		if err != nil {
-			return err
+			if !controlAnswers(ctx, ctlPath) {
+				return err
+			}
+			// A damaged state file: the attachment's control socket,
+			// at its usual path, still answers; ask it to stop.
+			st = attachState{ID: pos[0], Control: ctlPath}
 		}
 		if st.Control == "" {
 			st.Control = ctlPath
@@ -817,8 +830,11 @@ func runDetach(e *env, fs *pflag.FlagSet) runFunc {
 				return fmt.Errorf("detach %s: signal process %d: %w", st.ID, st.PID, err)
 			}
 		default:
+			// What the dead attach left: its state, its control socket and
+			// its NBD socket (attachSocket), as the next attach would.
 			os.Remove(file)
 			os.Remove(ctlPath)
+			os.Remove(attachSocket(dir, pos[0]))
 			return fmt.Errorf("lease %s was not attached any more (process %d is gone); removed its stale state", st.ID, st.PID)
 		}
 		// Wait until the attachment is gone: its state removed and, when it is

@@ -359,6 +359,16 @@ func TestAttachProcess(t *testing.T) {
 	if fi, err := os.Stat(sock); err != nil || fi.Mode()&os.ModeSocket == 0 {
 		t.Fatalf("a killed attach left no socket: %v %v", fi, err)
 	}
+	// detach of the killed attach removes what it left, its socket too.
+	if _, errs, code := runIn(t, c, runtime, "detach", l.ID); code != 1 || !strings.Contains(errs, "removed its stale state") {
+		t.Fatalf("detach of a killed attach: %d %s", code, errs)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(runtime, "rialto")); len(ents) != 0 {
+		t.Errorf("detach of a killed attach left %v behind", ents)
+	}
+	p, _ = startProc(t, bin, procEnv, "nbd+unix://", "attach", l.ID)
+	p.cmd.Process.Kill()
+	<-p.done
 	p, uri2 := startProc(t, bin, procEnv, "nbd+unix://", "attach", l.ID)
 	if uri2 = "nbd+unix://" + uri2; !strings.HasSuffix(uri2, "?socket="+sock) {
 		t.Fatalf("attach after a killed one printed %q, want its socket %s", uri2, sock)
@@ -566,5 +576,48 @@ func TestPendingPartsNamesLender(t *testing.T) {
 				t.Errorf("%s: pendingParts = %q names %q", tc.name, got, bad)
 			}
 		}
+	}
+}
+
+// TestAttachDamagedState: a damaged state file of a live attachment does
+// not let a second attach of the lease take its sockets (orphaning it and
+// serving the lease twice), and detach still stops it.
+func TestAttachDamagedState(t *testing.T) {
+	c := testcluster.Start(t, testcluster.Options{Nodes: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	l, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 8 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtime := t.TempDir()
+	uri, done := attached(t, c, runtime, l.ID)
+	state := filepath.Join(runtime, "rialto", l.ID+".json")
+	if err := os.WriteFile(state, []byte(`{"id":"lea`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Bounded: an attach that is not refused serves until its context ends.
+	actx, acancel := context.WithTimeout(ctx, 10*time.Second)
+	var out, errb syncBuffer
+	code := run(actx, []string{"attach", l.ID, "--listen", "127.0.0.1:0"}, clusterEnv(c, runtime, &out, &errb))
+	acancel()
+	if errs := errb.String(); code != 1 || !strings.Contains(errs, "already attached") {
+		t.Fatalf("second attach over a damaged state file: exit %d, %s", code, errs)
+	}
+	nc, err := nbd.DialURI(ctx, uri)
+	if err != nil {
+		t.Fatalf("the first attachment's socket after a refused second attach: %v", err)
+	}
+	nc.Close()
+	if _, errs, code := runIn(t, c, runtime, "detach", l.ID); code != 0 {
+		t.Fatalf("detach over a damaged state file: exit %d, %s", code, errs)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("attach still running after detach")
+	}
+	if ents, _ := os.ReadDir(filepath.Join(runtime, "rialto")); len(ents) != 0 {
+		t.Errorf("attach state left behind: %v", ents)
 	}
 }

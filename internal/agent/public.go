@@ -82,6 +82,11 @@ func publicDeviceWords(req api.PrepareRequest, dev string, err error) string {
 	var errno syscall.Errno
 	hasErrno := errors.As(err, &errno)
 	switch {
+	case errors.Is(err, errWriteState) && (errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)):
+		// The agent's state directory, not the device, is full.
+		return fmt.Sprintf("the lender's agent cannot record the export of device %s: its state directory is out of space", dev)
+	case errors.Is(err, errWriteState):
+		return fmt.Sprintf("the lender's agent cannot record the export of device %s (its log says why)", dev)
 	case errors.Is(err, roles.ErrUnknownRole):
 		return fmt.Sprintf("device %s cannot load role %q (no such role)", dev, req.Role)
 	case errors.Is(err, roles.ErrBadConfig), errors.Is(err, roles.ErrBadModule):

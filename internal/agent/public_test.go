@@ -104,6 +104,12 @@ func TestPublicDeviceWords(t *testing.T) {
 		{open(syscall.EBUSY), "device d0 is busy (another program holds it)"},
 		{fmt.Errorf("agent: block device d0 (/dev/sdb) is in use: %w", ErrInUse), "device d0 is busy (another program holds it)"},
 		{open(syscall.ENOSPC), "device d0 is out of space"},
+		// The state directory full is not the device full.
+		{fmt.Errorf("%w: %w", errWriteState, &fs.PathError{Op: "write", Path: "/srv/state/.exports.json.1", Err: syscall.ENOSPC}),
+			"the lender's agent cannot record the export of device d0: its state directory is out of space"},
+		// A state directory gone (ENOENT) is not a device file missing.
+		{writeJSON(filepath.Join(t.TempDir(), "gone", "exports.json"), 1),
+			"the lender's agent cannot record the export of device d0 (its log says why)"},
 		{open(syscall.EROFS), "device d0 is read-only"},
 		{open(syscall.ENXIO), "device d0 is not present (no such device)"},
 		{open(syscall.EIO), "device d0 failed to read or write (input/output error)"},

@@ -65,6 +65,11 @@ func readJSON(path string, v any) error {
 	return nil
 }
 
+// errWriteState wraps a failure to record the agent's state in its state
+// directory (writeJSON): a full state directory is not a full device
+// (publicDeviceWords).
+var errWriteState = errors.New("agent: write state")
+
 // writeJSON replaces path atomically and durably with v, readable by the
 // owner only.
 func writeJSON(path string, v any) error {
@@ -74,36 +79,36 @@ func writeJSON(path string, v any) error {
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {
-		return fmt.Errorf("agent: write state: %w", err)
+		return fmt.Errorf("%w: %w", errWriteState, err)
 	}
 	defer os.Remove(tmp.Name())
 	if err := tmp.Chmod(0o600); err != nil {
 		tmp.Close()
-		return fmt.Errorf("agent: write state: %w", err)
+		return fmt.Errorf("%w: %w", errWriteState, err)
 	}
 	if _, err := tmp.Write(append(b, '\n')); err != nil {
 		tmp.Close()
-		return fmt.Errorf("agent: write state: %w", err)
+		return fmt.Errorf("%w: %w", errWriteState, err)
 	}
 	if err := tmp.Sync(); err != nil {
 		tmp.Close()
-		return fmt.Errorf("agent: write state: %w", err)
+		return fmt.Errorf("%w: %w", errWriteState, err)
 	}
 	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("agent: write state: %w", err)
+		return fmt.Errorf("%w: %w", errWriteState, err)
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("agent: write state: %w", err)
+		return fmt.Errorf("%w: %w", errWriteState, err)
 	}
 	// The rename is durable once the directory is.
 	d, err := os.Open(filepath.Dir(path))
 	if err != nil {
-		return fmt.Errorf("agent: write state: %w", err)
+		return fmt.Errorf("%w: %w", errWriteState, err)
 	}
 	err = d.Sync()
 	d.Close()
 	if err != nil {
-		return fmt.Errorf("agent: write state: %w", err)
+		return fmt.Errorf("%w: %w", errWriteState, err)
 	}
 	return nil
 }
