@@ -45,8 +45,12 @@ import (
 //     agent's clock fires; the stop waits only for the agent's other work
 //     on exports under way, such as a prepare, a teardown or another
 //     stop, and for a move of the lease from here to end; a stop that
-//     fails is tried again every 50 ms). An export is thus not served
-//     past its known expiry. So that a renewal reaches the agent before
+//     fails is tried again every 50 ms). That stop can come late (the
+//     work it waits for, a loaded machine): the data plane itself refuses
+//     every request of the export from its known expiry on, whether the
+//     stop has happened or not, where it can (Export.deadline: the block
+//     driver's NBD exports check it as each request arrives and as a
+//     worker takes it up). So that a renewal reaches the agent before
 //     then, the loop asks the control plane (a heartbeat round)
 //     expiryAskAhead before the earliest known expiry of a served export,
 //     unless a round began since then; after stopping an export it asks
