@@ -271,17 +271,17 @@ func (a *Agent) dropExports(ctx context.Context, leaseID string, names []string)
 }
 
 // enforceExpiry stops serving the exports whose lease's known expiry has
-// passed; with reachable false (no answer from the control plane) also
-// those whose expiry the agent does not know. It returns how many it
-// stopped. Calls are serialized: one that stops an export has done so
-// when another returns.
-func (a *Agent) enforceExpiry(ctx context.Context, reachable bool) int {
+// passed; with keepUnknown false (a call to the control plane just went
+// unanswered) also those whose expiry the agent does not know. It returns
+// how many it stopped. Calls are serialized: one that stops an export has
+// done so when another returns.
+func (a *Agent) enforceExpiry(ctx context.Context, keepUnknown bool) int {
 	a.enforceMu.Lock()
 	defer a.enforceMu.Unlock()
 	now := a.clock.Now()
 	isDue := func(e Export) bool {
 		exp := e.Request.ExpiresAt
-		return e.serving() && ((exp.IsZero() && !reachable) || (!exp.IsZero() && !now.Before(exp)))
+		return e.serving() && ((exp.IsZero() && !keepUnknown) || (!exp.IsZero() && !now.Before(exp)))
 	}
 	// A part moving from here stops moving first.
 	a.mu.Lock()
@@ -323,8 +323,15 @@ func (a *Agent) enforceExpiry(ctx context.Context, reachable bool) int {
 		}
 		a.mu.Unlock()
 		a.mSuspends.WithLabelValues(string(e.Device.Kind)).Inc()
-		a.log.Warn("stopped serving a lease whose expiry passed without a renewal the control plane confirmed",
-			"lease", e.Request.LeaseID, "kind", e.Device.Kind, "expired", !e.Request.ExpiresAt.IsZero(), "control_plane_reachable", reachable)
+		a.mu.Lock()
+		reachable, answered := a.cpAnswered, a.cpAnsweredAt
+		a.mu.Unlock()
+		attrs := []any{"lease", e.Request.LeaseID, "kind", e.Device.Kind, "expired", !e.Request.ExpiresAt.IsZero(),
+			"control_plane_reachable", reachable}
+		if !answered.IsZero() {
+			attrs = append(attrs, "control_plane_last_answer", answered)
+		}
+		a.log.Warn("stopped serving a lease whose expiry passed without a renewal the control plane confirmed", attrs...)
 	}
 	return stopped
 }
