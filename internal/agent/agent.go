@@ -72,6 +72,11 @@ type Agent struct {
 	interval   time.Duration
 	lastBeatAt time.Time
 	probeNext  int // rotation cursor over peers
+	// cpAnswered: the last call to the control plane (a heartbeat, or a
+	// join) was answered without an error, at cpAnsweredAt (the agent's
+	// clock) the last time one was; what the logs of stops say.
+	cpAnswered   bool
+	cpAnsweredAt time.Time
 	// check is the last check a heartbeat answer brought
 	// (api.HeartbeatResponse.Check): the next heartbeat sends it back.
 	check string
@@ -883,6 +888,7 @@ func (a *Agent) join(ctx context.Context) error {
 				a.interval = time.Duration(resp.HeartbeatSeconds * float64(time.Second))
 			}
 			a.peers = a.otherPeers(resp.ControlPlaneNodes, resp.NodeID)
+			a.answeredLocked(true)
 			a.mu.Unlock()
 			a.joinedOnce.Do(func() { close(a.joined) })
 			a.log.Info("joined", "node", resp.NodeID, "credential", resource.Fingerprint(resp.Credential))
@@ -900,6 +906,9 @@ func (a *Agent) join(ctx context.Context) error {
 			return err
 		}
 		wait := retry.Next()
+		a.mu.Lock()
+		a.answeredLocked(false)
+		a.mu.Unlock()
 		a.enforceExpiry(ctx, false)
 		if next, ok := a.nextExpiry(); ok {
 			// Try again by the next known expiry, not after it.
@@ -1026,7 +1035,7 @@ func (a *Agent) heartbeatLoop(ctx context.Context, firstDone func()) {
 		a.loopPlanned = false // what changes from here on wakes the loop
 		a.mu.Unlock()
 		now := a.clock.Now()
-		// Only the exports whose known expiry passed (reachable: those
+		// Only the exports whose known expiry passed (keepUnknown: those
 		// of unknown expiry stop after a round the control plane did
 		// not answer); asked again, an answer may serve them again.
 		if a.enforceExpiry(ctx, true) > 0 {
@@ -1136,6 +1145,9 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 		}
 	}()
 	if a.Faults.PauseHeartbeats.Load() {
+		a.mu.Lock()
+		a.answeredLocked(false)
+		a.mu.Unlock()
 		a.enforceExpiry(ctx, false)
 		return nil
 	}
@@ -1183,6 +1195,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	if err == nil || errors.As(err, &ae) {
 		a.cpRTT, a.cpUp = rtt, true
 	}
+	a.answeredLocked(err == nil)
 	a.mu.Unlock()
 	if err != nil {
 		a.mHeartbeats.WithLabelValues("error").Inc()
@@ -1225,6 +1238,15 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 		a.log.Warn("node certificate not renewed; retrying with the next heartbeat", "err", err)
 	}
 	return nil
+}
+
+// answeredLocked records the outcome of a call to the control plane (a
+// heartbeat or a join): ok, answered without an error. a.mu is held.
+func (a *Agent) answeredLocked(ok bool) {
+	a.cpAnswered = ok
+	if ok {
+		a.cpAnsweredAt = a.clock.Now()
+	}
 }
 
 // untilExpiryRound bounds a call to the control plane to end

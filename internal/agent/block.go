@@ -187,7 +187,7 @@ func (b *BlockDriver) Prepare(_ context.Context, e Export) (api.PrepareResponse,
 // leaseExportLocked is the NBD export of e's lease over be: what a
 // prepare serves, and a move's commit here (ActivateMove). b.mu is held.
 func (b *BlockDriver) leaseExportLocked(e Export, be *nbd.FileBackend) nbd.Export {
-	ex := nbd.Export{Name: e.Request.Export, Backend: be, Description: "rialto lease " + e.Request.LeaseID}
+	ex := nbd.Export{Name: e.Request.Export, Backend: be, Description: "rialto lease " + e.Request.LeaseID, Deadline: e.deadline}
 	if d := b.devs[e.Device.Name]; d != nil && d.path == e.Device.Path {
 		ex.Counters = &d.io
 	}

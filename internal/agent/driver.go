@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/tls"
 	"net"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/clock"
 )
 
 // Export is one prepared export: the control plane's request, the local
@@ -50,6 +52,24 @@ type Export struct {
 	// only the exports its heartbeat could report: prepared no later than
 	// the heartbeat left.
 	prepared uint64
+	// deadline is the export's known expiry as its data plane checks it
+	// on every request (a driver that can passes it on: the block
+	// driver's nbd.Export.Deadline), shared by every copy of the Export
+	// and kept equal to Request.ExpiresAt (none while incoming) by
+	// exportsChangedLocked; nil for an export not yet given one.
+	deadline *clock.Deadline
+}
+
+// syncDeadline makes e's data-plane deadline its known expiry (none
+// while it is incoming: the move's copy is not the lease's service).
+func (e Export) syncDeadline() {
+	switch {
+	case e.deadline == nil:
+	case e.incoming:
+		e.deadline.Set(time.Time{})
+	default:
+		e.deadline.Set(e.Request.ExpiresAt)
+	}
 }
 
 // serving reports whether the export's driver serves it.

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/httpx"
 	"github.com/rialto-project/rialto/internal/resource"
 )
@@ -181,7 +182,10 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 			return api.PrepareResponse{URI: old.servedURI()}, nil
 		}
 		if old.suspended {
-			// Suspended by a Suspender: serve it again, same URI.
+			// Suspended by a Suspender: serve it again, same URI, until
+			// the new expiry.
+			old.Request = req
+			old.syncDeadline()
 			if err := drv.(Suspender).Resume(ctx, old); err != nil {
 				a.mPrepares.WithLabelValues("error").Inc()
 				return api.PrepareResponse{}, deviceRefusal("resume", req, dev.Name, err)
@@ -194,7 +198,11 @@ func (a *Agent) prepare(ctx context.Context, req api.PrepareRequest, restoring b
 			return api.PrepareResponse{URI: old.servedURI()}, nil
 		}
 	}
-	e := Export{Request: req, Device: dev, Endpoint: endpoint, Host: host, URI: prevURI}
+	e := Export{Request: req, Device: dev, Endpoint: endpoint, Host: host, URI: prevURI, deadline: old.deadline}
+	if e.deadline == nil {
+		e.deadline = clock.NewDeadline(a.clock)
+	}
+	e.syncDeadline() // before the driver serves a request
 	if exists && !restoring {
 		e.URI = old.URI // where the driver tries to serve it again
 	}
@@ -312,6 +320,9 @@ func (a *Agent) exportsChangedLocked() {
 		case e.suspended:
 			suspended++
 		}
+	}
+	for _, e := range a.exports {
+		e.syncDeadline() // a renewal, a shortened lease
 	}
 	a.mExports.Set(float64(len(a.exports)))
 	a.mWithheld.WithLabelValues("held").Set(held)

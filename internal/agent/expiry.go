@@ -45,8 +45,12 @@ import (
 //     agent's clock fires; the stop waits only for the agent's other work
 //     on exports under way, such as a prepare, a teardown or another
 //     stop, and for a move of the lease from here to end; a stop that
-//     fails is tried again every 50 ms). An export is thus not served
-//     past its known expiry. So that a renewal reaches the agent before
+//     fails is tried again every 50 ms). That stop can come late (the
+//     work it waits for, a loaded machine): the data plane itself refuses
+//     every request of the export from its known expiry on, whether the
+//     stop has happened or not, where it can (Export.deadline: the block
+//     driver's NBD exports check it as each request arrives and as a
+//     worker takes it up). So that a renewal reaches the agent before
 //     then, the loop asks the control plane (a heartbeat round)
 //     expiryAskAhead before the earliest known expiry of a served export,
 //     unless a round began since then; after stopping an export it asks
@@ -267,17 +271,17 @@ func (a *Agent) dropExports(ctx context.Context, leaseID string, names []string)
 }
 
 // enforceExpiry stops serving the exports whose lease's known expiry has
-// passed; with reachable false (no answer from the control plane) also
-// those whose expiry the agent does not know. It returns how many it
-// stopped. Calls are serialized: one that stops an export has done so
-// when another returns.
-func (a *Agent) enforceExpiry(ctx context.Context, reachable bool) int {
+// passed; with keepUnknown false (a call to the control plane just went
+// unanswered) also those whose expiry the agent does not know. It returns
+// how many it stopped. Calls are serialized: one that stops an export has
+// done so when another returns.
+func (a *Agent) enforceExpiry(ctx context.Context, keepUnknown bool) int {
 	a.enforceMu.Lock()
 	defer a.enforceMu.Unlock()
 	now := a.clock.Now()
 	isDue := func(e Export) bool {
 		exp := e.Request.ExpiresAt
-		return e.serving() && ((exp.IsZero() && !reachable) || (!exp.IsZero() && !now.Before(exp)))
+		return e.serving() && ((exp.IsZero() && !keepUnknown) || (!exp.IsZero() && !now.Before(exp)))
 	}
 	// A part moving from here stops moving first.
 	a.mu.Lock()
@@ -319,8 +323,15 @@ func (a *Agent) enforceExpiry(ctx context.Context, reachable bool) int {
 		}
 		a.mu.Unlock()
 		a.mSuspends.WithLabelValues(string(e.Device.Kind)).Inc()
-		a.log.Warn("stopped serving a lease whose expiry passed without a renewal the control plane confirmed",
-			"lease", e.Request.LeaseID, "kind", e.Device.Kind, "expired", !e.Request.ExpiresAt.IsZero(), "control_plane_reachable", reachable)
+		a.mu.Lock()
+		reachable, answered := a.cpAnswered, a.cpAnsweredAt
+		a.mu.Unlock()
+		attrs := []any{"lease", e.Request.LeaseID, "kind", e.Device.Kind, "expired", !e.Request.ExpiresAt.IsZero(),
+			"control_plane_reachable", reachable}
+		if !answered.IsZero() {
+			attrs = append(attrs, "control_plane_last_answer", answered)
+		}
+		a.log.Warn("stopped serving a lease whose expiry passed without a renewal the control plane confirmed", attrs...)
 	}
 	return stopped
 }

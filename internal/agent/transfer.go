@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/dataplane/dirty"
 	"github.com/rialto-project/rialto/internal/httpx"
 	"github.com/rialto-project/rialto/internal/resource"
@@ -407,7 +408,7 @@ func (a *Agent) ReceiveTransfer(ctx context.Context, req api.TransferInRequest) 
 	case wiping:
 		return fail(refuse(wipingWords(dev.Name), fmt.Errorf("%w: the range is being wiped", ErrOverlap)))
 	}
-	e := Export{Request: part, Device: dev, Endpoint: endpoint, Host: host, incoming: true}
+	e := Export{Request: part, Device: dev, Endpoint: endpoint, Host: host, incoming: true, deadline: clock.NewDeadline(a.clock)}
 	// The received bytes are a tenant's: journal the range before the
 	// first one can arrive, so that a crash wipes it.
 	var w *pendingWipe
@@ -954,6 +955,9 @@ func (a *Agent) activate(ctx context.Context, t *transfer, exp time.Time) (api.T
 	// export is served before it is stopped).
 	hold := a.noTimeLeft(e.Request)
 	e.suspended = hold
+	if e.deadline != nil {
+		e.deadline.Set(e.Request.ExpiresAt) // before the driver serves it as the lease's
+	}
 	resp, err := mv.ActivateMove(ctx, e)
 	if err != nil {
 		return api.TransferCommitResponse{}, fmt.Errorf("agent: serve the moved part: %w", err)

@@ -10,6 +10,10 @@
 // for a time rather than a duration (a deadline): on a Fake it fires at
 // that time whatever the clock did while it was armed.
 //
+// Deadline is a time on a Clock that can be moved while data planes
+// check it on every request (a lease's known expiry): Passed costs an
+// atomic load and one reading of the clock.
+//
 // Fake is a manual clock for tests: it stands still until Advance (or Set)
 // moves it, which fires every timer, ticker and AfterFunc that falls due,
 // in the order of their times, before it returns; AfterFunc's function

@@ -5,6 +5,9 @@ import (
 	"math/rand/v2"
 	"os"
 	"testing"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/clock"
 )
 
 // benchClient dials $NBD_BENCH_URI (any server, for comparisons) or an
@@ -24,6 +27,24 @@ func benchClient(b *testing.B) *Client {
 
 func BenchmarkRead4KQD1(b *testing.B) {
 	c := benchClient(b)
+	buf := make([]byte, 4096)
+	blocks := c.Size() / 4096
+	b.SetBytes(4096)
+	for b.Loop() {
+		if _, err := c.ReadAt(buf, rand.Int64N(blocks)*4096); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkRead4KQD1Deadline is BenchmarkRead4KQD1 of an export with a
+// deadline (a lease's expiry, on the real clock), which every request
+// checks: compare the two for its cost.
+func BenchmarkRead4KQD1Deadline(b *testing.B) {
+	dl := clock.NewDeadline(nil)
+	dl.Set(time.Now().Add(time.Hour))
+	_, addr := startServer(b, Export{Name: testName, Backend: NewMemBackend(64 << 20), Deadline: dl})
+	c := dial(b, addr, testName)
 	buf := make([]byte, 4096)
 	blocks := c.Size() / 4096
 	b.SetBytes(4096)

@@ -343,7 +343,12 @@ func (c *conn) serve(ctx context.Context) error {
 	close(c.reqs)
 	wg.Wait()
 	if len(held) > 0 {
+		late := c.e.Deadline.Passed()
 		for _, o := range held {
+			if late {
+				c.shutdown(o)
+				continue
+			}
 			c.execute(ctx, o)
 		}
 		c.queueReplies(held, false)
@@ -363,17 +368,35 @@ func (c *conn) serve(ctx context.Context) error {
 	return c.werr
 }
 
+// shutdown answers o ESHUTDOWN without reaching the backend (its
+// export's deadline passed before a worker took it up).
+func (c *conn) shutdown(o *op) {
+	c.unpend(o)
+	o.errno = ESHUTDOWN
+	c.encodeError(o)
+}
+
 // serveGroup executes a group's requests in order and queues their
 // replies.
 func (c *conn) serveGroup(ctx context.Context, g *group) {
 	ops := *g
 	n := len(ops)
+	if h := c.s.testHookGroup; h != nil {
+		h()
+	}
+	// Read before the deadline, but perhaps taken up after it (one clock
+	// reading per group).
+	late := c.e.Deadline.Passed()
 	for i, o := range ops {
 		if w := c.watch.Load(); w != watchNone && isWrite(o.req.Type) && c.hold(w, ops[i:]) {
 			// Held until the reader has read to the client's end
 			// (abandon.go).
 			n = i
 			break
+		}
+		if late {
+			c.shutdown(o)
+			continue
 		}
 		c.execute(ctx, o)
 	}
@@ -570,6 +593,11 @@ func (c *conn) reader(ctx context.Context) error {
 		o := opPool.Get().(*op)
 		o.req = req
 		o.errno = c.check(req)
+		if o.errno == 0 && c.e.Deadline.Passed() {
+			// Arrived after the export's deadline (the lease's
+			// expiry): refused whatever else happens to the export.
+			o.errno = ESHUTDOWN
+		}
 		spliced, served := false, false
 		// Not once the client's end was found on the socket: writes
 		// then go to the workers, which hold them (abandon.go).

@@ -129,6 +129,14 @@ type Export struct {
 	// Counters, if set, counts the bytes of the reads and writes the
 	// export served, over all connections (the agent reports them).
 	Counters *IOCounters
+	// Deadline, if set, is when the export stops being served (a lease's
+	// known expiry, which may move): a request that arrives once it has
+	// passed, or that a worker would start after it, is answered
+	// ESHUTDOWN without reaching the backend, whether or not the export
+	// has been suspended or removed yet. It is checked when the request
+	// is read and again when a worker takes it (once per group of
+	// requests), so nothing is started on the backend after it.
+	Deadline *clock.Deadline
 }
 
 // IOCounters counts the bytes an export's successful reads and writes
@@ -273,6 +281,9 @@ type Server struct {
 	// testHookDisc, if set, runs when a connection's reader has read
 	// NBD_CMD_DISC, before it sends the replies it holds.
 	testHookDisc func(*conn)
+	// testHookGroup, if set, runs when a worker takes up a group of
+	// requests, before it checks the export's deadline.
+	testHookGroup func()
 	// testHookEnded, if set, runs when a connection's reader has ended
 	// and abandoned says whether it ended without NBD_CMD_DISC.
 	testHookEnded func()
