@@ -89,13 +89,14 @@ func (s *Server) runReplica(ctx context.Context, el store.Leader) error {
 func (s *Server) sweepLoop(ctx context.Context) error {
 	t := s.clock.NewTicker(s.cfg.HeartbeatInterval)
 	defer t.Stop()
+	var damaged bool
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-t.C():
 			if err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
-				s.log.Warn("sweep", "err", err)
+				s.sweepFailed(err, &damaged)
 			}
 		}
 	}

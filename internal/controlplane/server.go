@@ -316,14 +316,30 @@ func (s *Server) Run(ctx context.Context) error {
 	defer s.rep.leading.Store(false)
 	t := s.clock.NewTicker(s.cfg.HeartbeatInterval)
 	defer t.Stop()
+	var damaged bool
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-t.C():
 			if err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
-				s.log.Warn("sweep", "err", err)
+				s.sweepFailed(err, &damaged)
 			}
 		}
+	}
+}
+
+// sweepFailed logs the failure of a sweep: at WARN, or, the first time
+// the store reports its database damaged (store.ErrCorrupt), at ERROR
+// with what to do; every sweep after fails the same way until the
+// database is restored, and is not logged again (*damaged).
+func (s *Server) sweepFailed(err error, damaged *bool) {
+	if !errors.Is(err, store.ErrCorrupt) {
+		s.log.Warn("sweep", "err", err)
+		return
+	}
+	if !*damaged {
+		*damaged = true
+		s.log.Error(`sweep: the database is damaged; stop the server and restore it from a backup (docs/operations.md, "Backups and restore"); further sweeps failing so are not logged`, "err", err)
 	}
 }

@@ -21,6 +21,9 @@ var (
 	// cut off at its commit, the caller cannot tell. The control plane
 	// answers 503, so that clients fail over to another replica.
 	ErrUnavailable = errors.New("store: database unavailable")
+	// ErrCorrupt: the database is damaged (SQLite found malformed pages);
+	// it must be restored from a backup.
+	ErrCorrupt = errors.New("store: database damaged")
 )
 
 // Token kinds.

@@ -22,7 +22,9 @@ var (
 // (events.go, leases.go, nodes.go).
 type dialect struct{ s *Store }
 
-func (dialect) Wrap(what string, err error) error { return fmt.Errorf("sqlite: %s: %w", what, err) }
+func (dialect) Wrap(what string, err error) error {
+	return corrupt(fmt.Errorf("sqlite: %s: %w", what, err))
+}
 
 func (d dialect) Tx(ctx context.Context, f func(tx sqlstore.Execer) error) error {
 	return d.s.tx(ctx, f)

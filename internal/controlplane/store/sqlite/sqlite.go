@@ -50,6 +50,14 @@ var memSeq atomic.Int64
 
 // Open opens (creating if needed) the database at path and applies pending
 // migrations. ":memory:" gives a private in-memory database.
+//
+// A file database is checked first (PRAGMA quick_check, before anything
+// is written to it): a damaged one is refused with store.ErrCorrupt,
+// naming the file and what SQLite found, rather than served until a write
+// reaches the damaged pages. The check reads every page: about 12 ms for a
+// store of 10,000 leases with their plans and events (8 MB, in the page
+// cache), so some 1.5 ms a MB, plus reading the file from disk if it is
+// not cached.
 func Open(ctx context.Context, path string) (*Store, error) {
 	return open(ctx, path, -1)
 }
@@ -94,6 +102,12 @@ func open(ctx context.Context, path string, max int) (*Store, error) {
 	s := &Store{w: w, r: w, ws: &stmtCache{db: w}}
 	s.Init(dialect{s})
 	s.rs = s.ws
+	if !mem {
+		if err := quickCheck(ctx, w, path); err != nil {
+			w.Close()
+			return nil, err
+		}
+	}
 	if err := s.migrate(ctx, max); err != nil {
 		w.Close()
 		return nil, err
@@ -122,6 +136,56 @@ func open(ctx context.Context, path string, max int) (*Store, error) {
 		go s.checkpoints(checkpointEvery)
 	}
 	return s, nil
+}
+
+// restoreAdvice says what to do about a damaged database.
+const restoreAdvice = `stop the server and restore the file from a backup (docs/operations.md, "Backups and restore")`
+
+// quickCheck refuses a damaged database file: it runs PRAGMA quick_check
+// (the structure of every page, without cross-checking indexes against
+// their tables) on w, which writes nothing.
+func quickCheck(ctx context.Context, w *sql.DB, path string) error {
+	const lines = 3 // of SQLite's report, in the error
+	rows, err := w.QueryContext(ctx, fmt.Sprintf(`PRAGMA quick_check(%d)`, lines))
+	if err != nil {
+		return checkFailed(path, err)
+	}
+	defer rows.Close()
+	var found []string
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			return checkFailed(path, err)
+		}
+		// One row may hold several lines, under a heading.
+		for _, l := range strings.Split(line, "\n") {
+			if l = strings.TrimSpace(l); l != "" && l != "*** in database main ***" && len(found) < lines {
+				found = append(found, l)
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return checkFailed(path, err)
+	}
+	if len(found) == 1 && found[0] == "ok" {
+		return nil
+	}
+	return fmt.Errorf("sqlite: %s: %w: quick_check found: %s; %s", path, store.ErrCorrupt, strings.Join(found, "; "), restoreAdvice)
+}
+
+// checkFailed is the error of a quick_check that SQLite could not run.
+func checkFailed(path string, err error) error {
+	if isCorrupt(err) {
+		return fmt.Errorf("sqlite: %s: %w: %w; %s", path, store.ErrCorrupt, err, restoreAdvice)
+	}
+	return fmt.Errorf("sqlite: check %s: %w", path, err)
+}
+
+// isCorrupt reports whether err is SQLite's SQLITE_CORRUPT (11) or
+// SQLITE_NOTADB (26), with any extended code.
+func isCorrupt(err error) bool {
+	var c interface{ Code() int }
+	return errors.As(err, &c) && (c.Code()&0xff == 11 || c.Code()&0xff == 26)
 }
 
 // ownerOnly creates the database file at path readable by its owner only,
@@ -267,10 +331,19 @@ func (s *Store) tx(ctx context.Context, f func(tx execer) error) error {
 	defer s.ws.flush(ctx)
 	if err := f(cachedTx{tx, s.ws}); err != nil {
 		tx.Rollback()
-		return err
+		return corrupt(err)
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("sqlite: commit: %w", err)
+		return corrupt(fmt.Errorf("sqlite: commit: %w", err))
 	}
 	return nil
+}
+
+// corrupt marks err with store.ErrCorrupt if it is SQLite's report of a
+// damaged database.
+func corrupt(err error) error {
+	if isCorrupt(err) && !errors.Is(err, store.ErrCorrupt) {
+		return fmt.Errorf("%w: %w", store.ErrCorrupt, err)
+	}
+	return err
 }

@@ -6,6 +6,9 @@ import (
 	"math/bits"
 	"sync"
 	"sync/atomic"
+	"time"
+
+	"github.com/rialto-project/rialto/internal/clock"
 )
 
 // ErrWriteBack is returned by a Flush when a write that the local export
@@ -24,6 +27,10 @@ const (
 	// until earlier ones are answered.
 	maxEarlyBytes  = 16 << 20
 	maxEarlyWrites = 256
+	// failSummaryEvery: the failures of acknowledged writes after the
+	// first are summed up in one log line at most this often (and at the
+	// next Flush or Close); see failLog.
+	failSummaryEvery = 10 * time.Second
 )
 
 // asyncWriter is implemented by devices that can send a write and report
@@ -69,6 +76,11 @@ func canStartWrite(d Device) bool {
 //     ends first: they are acknowledged), flushes, and reports a failure
 //     as a Flush that began with it would, and one whose report a Flush's
 //     lost reply carried, once (lossReport).
+//   - Logged without flooding (failLog): a lender that fails every write
+//     (out of space) fails thousands of acknowledged writes before the
+//     next FLUSH; the first is logged at ERROR with its cause, the later
+//     ones are counted and summed up in one line at most every
+//     failSummaryEvery, and at the next Flush and Close.
 //
 // A write spanning parts is acknowledged once every part's piece is sent.
 // A crash of the process holding it loses what a volatile cache loses:
@@ -87,6 +99,19 @@ type writeBack struct {
 	closed   bool          // Close was called
 	waiters  int           // requests waiting in cond.Wait (for tests)
 	early    atomic.Uint64 // writes acknowledged early (for tests)
+	flog     failLog       // under mu
+}
+
+// failLog is what has been logged of the failures of acknowledged writes:
+// whether the first of a run of failures was (at ERROR, with its cause),
+// and the failures since not yet summed up in a log line.
+type failLog struct {
+	clk      clock.Clock // clock.Real; tests set a fake
+	logged   bool        // the first failure of the run was logged
+	n        int         // failures since, not logged
+	since    time.Time   // when the first of those n failed
+	last     error       // the last of them
+	summedAt time.Time   // when the first failure or the last summary was logged
 }
 
 // wbWrite is one write in flight.
@@ -114,7 +139,7 @@ func newWriteBack(v *Volume) *writeBack {
 	if !v.startsWrites() {
 		return nil
 	}
-	w := &writeBack{v: v}
+	w := &writeBack{v: v, flog: failLog{clk: clock.Real{}}}
 	w.cond.L = &w.mu
 	return w
 }
@@ -214,7 +239,7 @@ func (w *writeBack) answered(x *wbWrite, err error) {
 	if err != nil && early {
 		w.report = &lossReport{fmt.Errorf("%w: %w", ErrWriteBack, err)}
 		w.errGen++
-		w.v.log.Error("stripe: an acknowledged write failed; the next flush reports it", "off", x.off, "len", x.end-x.off, "err", err)
+		w.failedLocked(x, err)
 	}
 	w.cond.Broadcast()
 	w.mu.Unlock()
@@ -227,8 +252,42 @@ func (w *writeBack) answered(x *wbWrite, err error) {
 	}
 }
 
+// failedLocked logs the failure err of acknowledged write x: the first of
+// a run at ERROR with its cause; the later ones are counted, and summed
+// up once failSummaryEvery has passed since the last line.
+func (w *writeBack) failedLocked(x *wbWrite, err error) {
+	f, now := &w.flog, w.flog.clk.Now()
+	if !f.logged {
+		f.logged, f.summedAt = true, now
+		w.v.log.Error("stripe: an acknowledged write failed; the next flush reports it (further failures are counted, not logged one by one)",
+			"off", x.off, "len", x.end-x.off, "err", err)
+		return
+	}
+	if f.n == 0 {
+		f.since = now
+	}
+	f.n++
+	f.last = err
+	if now.Sub(f.summedAt) >= failSummaryEvery {
+		w.sumUpLocked(now)
+	}
+}
+
+// sumUpLocked logs the failures counted since the last line, if any.
+func (w *writeBack) sumUpLocked(now time.Time) {
+	f := &w.flog
+	if f.n == 0 {
+		return
+	}
+	w.v.log.Error(fmt.Sprintf("stripe: %d more acknowledged writes failed since %s", f.n, f.since.Format(time.RFC3339)),
+		"failed", f.n, "since", f.since, "err", f.last)
+	f.n, f.last, f.summedAt = 0, nil, now
+}
+
 // Flush waits for the writes acknowledged before it began, then flushes
-// the volume; see writeBack for the failures it reports.
+// the volume; see writeBack for the failures it reports. It logs the
+// failures counted and not logged yet; one that found none ends their
+// run (the next failure is logged with its cause).
 func (w *writeBack) Flush() error {
 	w.mu.Lock()
 	upTo, seen, mark := w.seq, w.reported, w.v.flushMark()
@@ -236,6 +295,10 @@ func (w *writeBack) Flush() error {
 		w.wait()
 	}
 	werr := w.failedSinceLocked(seen)
+	w.sumUpLocked(w.flog.clk.Now())
+	if werr == nil {
+		w.flog.logged = false
+	}
 	w.mu.Unlock()
 	return errors.Join(werr, w.v.flushSince(mark))
 }
@@ -283,6 +346,7 @@ func (w *writeBack) settle(seen uint64) error {
 	for len(w.inflight) > 0 {
 		w.wait()
 	}
+	w.sumUpLocked(w.flog.clk.Now())
 	return w.failedSinceLocked(seen)
 }
 
