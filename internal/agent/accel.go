@@ -269,15 +269,34 @@ func (d *AccelDriver) Prepare(ctx context.Context, e Export) (api.PrepareRespons
 		return api.PrepareResponse{}, err
 	}
 	uri := accel.URI{Slots: addrs, Credential: e.Request.Export, TLS: d.srvTLS != nil}.String()
+	from, to, _ := slotRange(e.Request) // slotAddrs checked it
 	if _, ok := d.live[e.Request.Export]; ok {
+		if err := setSlotDeadlines(app, e, from, to); err != nil {
+			return api.PrepareResponse{}, err
+		}
 		return api.PrepareResponse{URI: uri}, nil
 	}
-	from, to, _ := slotRange(e.Request) // slotAddrs checked it
 	if err := d.load(ctx, app, e.Request, from, to, []byte(e.Request.Export)); err != nil {
+		return api.PrepareResponse{}, err
+	}
+	if err := setSlotDeadlines(app, e, from, to); err != nil {
+		d.clear(app, from, to)
 		return api.PrepareResponse{}, err
 	}
 	d.live[e.Request.Export] = e
 	return api.PrepareResponse{URI: uri}, nil
+}
+
+// setSlotDeadlines makes the export's deadline (its known expiry,
+// e.deadline) that of its slots [from, to): they refuse its requests from
+// then on, whether the lease has ended there yet or not.
+func setSlotDeadlines(app *appliance.Appliance, e Export, from, to int64) error {
+	for i := from; i < to; i++ {
+		if err := app.SetDeadline(int(i), e.deadline); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // previousPorts returns the ports a dedicated export's previous URI
@@ -356,6 +375,9 @@ func (d *AccelDriver) prepareShared(ctx context.Context, app *appliance.Applianc
 	}
 	if old, ok := d.live[r.Export]; ok && old.Request.Gateway {
 		if uri, ok := d.gws.uri(e); ok {
+			if err := d.gws.setDeadline(e); err != nil {
+				return api.PrepareResponse{}, err
+			}
 			return api.PrepareResponse{URI: uri}, nil
 		}
 	}

@@ -54,7 +54,9 @@ type Export struct {
 	prepared uint64
 	// deadline is the export's known expiry as its data plane checks it
 	// on every request (a driver that can passes it on: the block
-	// driver's nbd.Export.Deadline), shared by every copy of the Export
+	// driver's nbd.Export.Deadline, the memory driver's
+	// donor.SetRegionDeadline, the accel driver's appliance.SetDeadline
+	// and gateway.Credentials.SetDeadline), shared by every copy of the Export
 	// and kept equal to Request.ExpiresAt (none while incoming) by
 	// exportsChangedLocked; nil for an export not yet given one.
 	deadline *clock.Deadline

@@ -9,7 +9,9 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/clock"
+	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	memclient "github.com/rialto-project/rialto/internal/dataplane/memory/client"
 )
 
 // TestExpiredBlockLeaseRefusedBeforeItsStop: with the control plane
@@ -79,6 +81,163 @@ func TestExpiredBlockLeaseRefusedBeforeItsStop(t *testing.T) {
 	}
 	if !bytes.Equal(diskBytes(t, dir, 0, leaseSize), data) {
 		t.Fatal("a write after the expiry reached the disk")
+	}
+	a.enforceMu.Unlock()
+	held = false
+}
+
+// TestExpiredMemoryLeaseRefusedBeforeItsStop is
+// TestExpiredBlockLeaseRefusedBeforeItsStop for a memory lease: its
+// donor refuses the region's READs and WRITEs from the known expiry on,
+// on a session opened before it and on a new one, before the agent's
+// stop (the region's suspension) has come.
+func TestExpiredMemoryLeaseRefusedBeforeItsStop(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	clk := clock.NewFake(time.Date(2026, 1, 1, 13, 40, 0, 0, time.UTC))
+	cfg := testConfig(srv.URL, t.TempDir())
+	cfg.Devices = append(cfg.Devices, DeviceConfig{Name: "mem0", Kind: api.KindMemory, Size: 4 << 20})
+	cfg.Clock = clk
+	cfg.HeartbeatInterval = time.Hour
+	a := start(t, cfg).a
+	ctx := ctxFor(t)
+	resp, err := a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-m", Kind: api.KindMemory, DeviceName: "mem0",
+		Length: 1 << 20, Export: "x_lease-m", ExpiresAt: clk.Now().Add(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, cred := memoryTarget(t, resp.URI)
+	data := bytes.Repeat([]byte("until expiry "), 400)
+	open, err := memclient.Dial(ctx, addr, cred, memclient.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close()
+	if err := open.Write(ctx, memclient.ChannelSync, data, 4096); err != nil {
+		t.Fatal(err)
+	}
+
+	// Renewed while served: the data plane serves past the old expiry.
+	exp := clk.Now().Add(2 * time.Minute)
+	cp.set(func(f *fakeCP) { f.expires = map[string]time.Time{"lease-m": exp} })
+	if err := a.Heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(61 * time.Second)
+	if err := open.Read(ctx, memclient.ChannelSync, make([]byte, 4096), 4096); err != nil {
+		t.Fatalf("a renewed lease refused a read past its old expiry: %v", err)
+	}
+
+	// The control plane goes away; the stop at the expiry is held up.
+	cp.set(func(f *fakeCP) { f.down = true })
+	a.enforceMu.Lock()
+	held := true
+	defer func() {
+		if held {
+			a.enforceMu.Unlock()
+		}
+	}()
+	clk.Advance(exp.Sub(clk.Now()))
+	if err := open.Read(ctx, memclient.ChannelSync, make([]byte, 4096), 4096); err == nil {
+		t.Fatal("a session opened before the expiry still reads after it")
+	}
+	open.Close() // a region has one subscriber at a time
+	late, err := memclient.Dial(ctx, addr, cred, memclient.Options{})
+	if err != nil {
+		t.Fatal(err) // not stopped yet: the HELLO is answered
+	}
+	defer late.Close()
+	if err := late.Write(ctx, memclient.ChannelSync, make([]byte, 4096), 4096); err == nil {
+		t.Fatal("a write after the expiry was served")
+	}
+	if n := testutil.ToFloat64(a.mSuspends.WithLabelValues("memory")); n != 0 {
+		t.Fatalf("%v suspensions counted: the stop was not held up", n)
+	}
+	got := make([]byte, len(data))
+	if _, err := a.drivers[api.KindMemory].(*MemoryDriver).donor.ReadRegion(cred, got, 4096); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("a write after the expiry reached the region (%v)", err)
+	}
+	a.enforceMu.Unlock()
+	held = false
+}
+
+// TestExpiredAccelLeaseRefusedBeforeItsStop is
+// TestExpiredBlockLeaseRefusedBeforeItsStop for accelerator leases, a
+// dedicated one (its slot refuses) and a shared one (its gateway
+// refuses): their calls are refused from the known expiry on, on a
+// connection opened before it and on a new one, before the agent's stop
+// (the lease's end at its slot or gateway) has come.
+func TestExpiredAccelLeaseRefusedBeforeItsStop(t *testing.T) {
+	cp, srv := newFakeCP(t)
+	clk := clock.NewFake(time.Date(2026, 1, 1, 13, 40, 0, 0, time.UTC))
+	cfg := testConfig(srv.URL, t.TempDir())
+	cfg.Clock = clk
+	cfg.HeartbeatInterval = time.Hour
+	a := start(t, cfg).a
+	ctx := ctxFor(t)
+	type lease struct {
+		id, addr, cred string
+		open           *accel.Conn
+	}
+	var leases []*lease
+	for _, p := range []api.PrepareRequest{
+		{LeaseID: "acc-dedicated", Offset: 0, Export: "rlc_dedicated.0"},
+		{LeaseID: "acc-shared", Offset: api.SlotUnits, Export: "rlc_shared.0", Mode: api.ModeShared, Gateway: true},
+	} {
+		p.Kind, p.DeviceName, p.Length, p.Role, p.ExpiresAt = api.KindAccel, "gpu", api.SlotUnits, "echo", clk.Now().Add(time.Minute)
+		resp, err := a.Prepare(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u, cred := accelURI(t, resp.URI)
+		c, err := accel.Dial(ctx, u.Host, []byte(cred))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		leases = append(leases, &lease{id: p.LeaseID, addr: u.Host, cred: cred, open: c})
+	}
+
+	// Renewed while served: the data planes serve past the old expiry.
+	exp := clk.Now().Add(2 * time.Minute)
+	cp.set(func(f *fakeCP) { f.expires = map[string]time.Time{"acc-dedicated": exp, "acc-shared": exp} })
+	if err := a.Heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(61 * time.Second)
+	for _, l := range leases {
+		if out, err := l.open.Call(ctx, "echo", []byte("renewed")); err != nil || string(out) != "renewed" {
+			t.Fatalf("%s: a renewed lease refused a call past its old expiry: %q %v", l.id, out, err)
+		}
+	}
+
+	// The control plane goes away; the stop at the expiry is held up.
+	cp.set(func(f *fakeCP) { f.down = true })
+	a.enforceMu.Lock()
+	held := true
+	defer func() {
+		if held {
+			a.enforceMu.Unlock()
+		}
+	}()
+	clk.Advance(exp.Sub(clk.Now()))
+	for _, l := range leases {
+		if _, err := l.open.Call(ctx, "echo", []byte("late")); err == nil {
+			t.Errorf("%s: a connection opened before the expiry still calls after it", l.id)
+		}
+		late, err := accel.Dial(ctx, l.addr, []byte(l.cred))
+		if err != nil {
+			t.Fatalf("%s: %v", l.id, err) // not stopped yet: the HELLO is answered
+		}
+		defer late.Close()
+		if _, err := late.Call(ctx, "echo", []byte("late")); err == nil {
+			t.Errorf("%s: a call after the expiry was served", l.id)
+		}
+	}
+	if err := leases[0].open.WriteMem(ctx, 0, []byte("late")); err == nil {
+		t.Error("a dedicated slot's memory was written after the expiry")
+	}
+	if n := testutil.ToFloat64(a.mSuspends.WithLabelValues("accel")); n != 0 {
+		t.Fatalf("%v stops counted: the stop was not held up", n)
 	}
 	a.enforceMu.Unlock()
 	held = false

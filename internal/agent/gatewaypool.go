@@ -167,7 +167,14 @@ func (p *gatewayPool) join(ctx context.Context, e Export, slot int, addr string,
 	// The lease's share (slot units) is its weight at the gateway's fair
 	// queue; labelled by the lease ID (never the export name, a
 	// credential).
-	if err := g.creds.AddWeighted([]byte(r.Export), r.LeaseID, int(max(r.Length, 1))); err != nil {
+	// Its calls are refused from its known expiry on (e.deadline),
+	// whether its credential has been revoked yet or not.
+	err := g.creds.AddWeighted([]byte(r.Export), r.LeaseID, int(max(r.Length, 1)))
+	if err == nil {
+		err = g.creds.SetDeadline([]byte(r.Export), e.deadline)
+	}
+	if err != nil {
+		g.creds.Revoke([]byte(r.Export))
 		if p.drop(g, ref, r.Export) {
 			unload()
 		}
@@ -175,6 +182,16 @@ func (p *gatewayPool) join(ctx context.Context, e Export, slot int, addr string,
 		return "", err
 	}
 	return g.uri(e.Host, r), nil
+}
+
+// setDeadline makes the deadline of lease e at its gateway e's (its
+// known expiry, e.deadline).
+func (p *gatewayPool) setDeadline(e Export) error {
+	g := p.gws[gatewayKey(e.Request, e.Device.Name)]
+	if g == nil {
+		return fmt.Errorf("%w: the lease's gateway does not run", ErrNoDevice)
+	}
+	return g.creds.SetDeadline([]byte(e.Request.Export), e.deadline)
 }
 
 // leave revokes the lease's export name at its gateway (closing its

@@ -57,15 +57,23 @@ func (m *MemoryDriver) UseTLS(server *tls.Config, client func() *tls.Config) {
 	m.tls = true
 }
 
-// Prepare reserves the region.
+// Prepare reserves the region, whose requests the donor refuses from
+// the export's known expiry on (e.deadline).
 func (m *MemoryDriver) Prepare(_ context.Context, e Export) (api.PrepareResponse, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	uri := protocol.URI{Address: e.Endpoint, Credential: e.Request.Export, TLS: m.tls}.String()
 	if m.live[e.Request.Export] {
+		if err := m.donor.SetRegionDeadline(e.Request.Export, e.deadline); err != nil {
+			return api.PrepareResponse{}, err
+		}
 		return api.PrepareResponse{URI: uri}, nil
 	}
 	if err := m.donor.AddRegion(e.Request.Export, e.Request.Length); err != nil {
+		return api.PrepareResponse{}, err
+	}
+	if err := m.donor.SetRegionDeadline(e.Request.Export, e.deadline); err != nil {
+		_ = m.donor.RemoveRegion(e.Request.Export)
 		return api.PrepareResponse{}, err
 	}
 	m.live[e.Request.Export] = true
@@ -105,6 +113,9 @@ func (m *MemoryDriver) Resume(_ context.Context, e Export) error {
 	defer m.mu.Unlock()
 	if !m.live[e.Request.Export] {
 		return fmt.Errorf("%w: region not prepared", ErrNoDevice)
+	}
+	if err := m.donor.SetRegionDeadline(e.Request.Export, e.deadline); err != nil {
+		return err
 	}
 	return m.donor.ResumeRegion(e.Request.Export)
 }

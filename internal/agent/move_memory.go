@@ -45,7 +45,8 @@ func (m *MemoryDriver) ReceiveMove(_ context.Context, e Export, token string) (s
 	return protocol.URI{Address: e.Endpoint, Credential: token, TLS: m.tls}.String(), nil
 }
 
-// ActivateMove serves the received region under the lease's credential;
+// ActivateMove serves the received region under the lease's credential,
+// its requests refused from the export's known expiry on (e.deadline);
 // with e.suspended, the region is suspended first (as Suspend leaves it:
 // it takes no connection, under either credential, until Resume), and
 // without, it is resumed (a failed commit before may have suspended it).
@@ -62,6 +63,9 @@ func (m *MemoryDriver) ActivateMove(_ context.Context, e Export) (api.PrepareRes
 			if e.suspended {
 				change = m.donor.SuspendRegion
 			}
+			if err := m.donor.SetRegionDeadline(e.Request.Export, e.deadline); err != nil {
+				return api.PrepareResponse{}, fmt.Errorf("agent: serve or suspend the moved part: %w", err)
+			}
 			if err := change(e.Request.Export); err != nil {
 				return api.PrepareResponse{}, fmt.Errorf("agent: serve or suspend the moved part: %w", err)
 			}
@@ -73,6 +77,11 @@ func (m *MemoryDriver) ActivateMove(_ context.Context, e Export) (api.PrepareRes
 		if err := m.donor.SuspendRegion(tok); err != nil {
 			return api.PrepareResponse{}, fmt.Errorf("agent: suspend the moved part: %w", err)
 		}
+	}
+	// Before it is served as the lease's: the move's source wrote to
+	// it with no deadline.
+	if err := m.donor.SetRegionDeadline(tok, e.deadline); err != nil {
+		return api.PrepareResponse{}, fmt.Errorf("agent: serve the moved part: %w", err)
 	}
 	if err := m.donor.ActivateRegion(tok, e.Request.Export); err != nil {
 		return api.PrepareResponse{}, err

@@ -28,6 +28,11 @@ var (
 	// allows one connection (Server.MaxInlineInput); it may be sent again
 	// once one of them has finished.
 	ErrInputBudget = errors.New("accel: inline input budget of the connection spent")
+	// ErrLeaseExpired refuses a request (a memory access, a task, a
+	// block move) that reaches a target once its lease's known expiry
+	// has passed, before the lease's end has closed the connection
+	// (wire code Unavailable).
+	ErrLeaseExpired = fmt.Errorf("%w: the lease expired", ErrUnavailable)
 )
 
 // Code is the u16 error code of an ERROR frame.

@@ -582,6 +582,9 @@ func (a *Appliance) SetCredential(id int, credential []byte) error {
 	if err != nil {
 		return err
 	}
+	if cur := s.currentLease(); !bytes.Equal(credential, cur.cred) {
+		s.deadline.Store(nil) // the last lease's, not the next one's
+	}
 	old := s.swapLease(newLease(credential))
 	// Close the old lease's connections and wait for their tasks, so that
 	// no late task output lands in memory after it is wiped.
@@ -593,6 +596,31 @@ func (a *Appliance) SetCredential(id int, credential []byte) error {
 		clear(s.mem)
 		s.memGen, s.memo = s.memGen+1, nil
 		s.memMu.Unlock()
+	}
+	return nil
+}
+
+// SetDeadline makes dl the deadline of slot id's current lease (nil:
+// none; a new credential clears it): a memory access (WRITE, READ), a
+// task (on any path: the mailbox, UDP, HTTP) or a block move (LOAD,
+// STORE) that reaches the slot once dl has passed is refused with
+// accel.ErrLeaseExpired without touching its memory or role, whether or
+// not the lease has ended yet; moving dl (clock.Deadline.Set: a renewal)
+// serves them again.
+func (a *Appliance) SetDeadline(id int, dl *clock.Deadline) error {
+	s, err := a.slot(id)
+	if err != nil {
+		return err
+	}
+	s.deadline.Store(dl)
+	return nil
+}
+
+// expired refuses a request once the slot's deadline has passed: one
+// atomic load, and one clock reading while a deadline is set.
+func (s *slot) expired() error {
+	if s.deadline.Load().Passed() {
+		return fmt.Errorf("%w (slot %d)", accel.ErrLeaseExpired, s.id)
 	}
 	return nil
 }
@@ -726,6 +754,10 @@ type slot struct {
 
 	leaseMu sync.Mutex
 	lease   *lease
+	// deadline, if set, is when the current lease stops being served
+	// (SetDeadline; cleared with a new credential): checked by every
+	// memory access, task and block move of the slot.
+	deadline atomic.Pointer[clock.Deadline]
 
 	tasks, failed, items, bytesIn, bytesOut, busyNs atomic.Uint64
 	blockIn, blockOut                               atomic.Uint64
@@ -897,6 +929,9 @@ func (s *slot) bounds(addr, n uint64) error {
 
 func (t *slotTarget) WriteMem(addr uint64, p []byte) error {
 	s := (*slot)(t)
+	if err := s.expired(); err != nil {
+		return err
+	}
 	if err := s.bounds(addr, uint64(len(p))); err != nil {
 		return err
 	}
@@ -910,6 +945,9 @@ func (t *slotTarget) WriteMem(addr uint64, p []byte) error {
 
 func (t *slotTarget) ReadMem(addr uint64, n uint32) ([]byte, error) {
 	s := (*slot)(t)
+	if err := s.expired(); err != nil {
+		return nil, err
+	}
 	if err := s.bounds(addr, uint64(n)); err != nil {
 		return nil, err
 	}
@@ -922,6 +960,9 @@ func (t *slotTarget) ReadMem(addr uint64, n uint32) ([]byte, error) {
 
 func (t *slotTarget) Execute(ctx context.Context, entry string, ins [][]byte) ([][]byte, error) {
 	s := (*slot)(t)
+	if err := s.expired(); err != nil {
+		return nil, err
+	}
 	outs, err := s.execute(ctx, entry, ins)
 	outcome := "ok"
 	s.tasks.Add(1)
@@ -953,6 +994,11 @@ func (s *slot) execute(ctx context.Context, entry string, ins [][]byte) ([][]byt
 		return nil, ctx.Err()
 	}
 	defer func() { <-s.sem }()
+	// Arrived before the lease's deadline, perhaps started after it
+	// (it waited for the slot).
+	if err := s.expired(); err != nil {
+		return nil, err
+	}
 	s.inflight.Add(1)
 	defer s.inflight.Add(-1)
 	t0 := time.Now()

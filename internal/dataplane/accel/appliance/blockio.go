@@ -47,6 +47,9 @@ var errBlockRefused = errors.New("part refused")
 // LoadBlock implements accel.BlockMover.
 func (t *slotTarget) LoadBlock(ctx context.Context, addr uint64, n uint32, r accel.BlockRange) error {
 	s := (*slot)(t)
+	if err := s.expired(); err != nil {
+		return err
+	}
 	if err := s.bounds(addr, uint64(n)); err != nil {
 		return err
 	}
@@ -186,6 +189,9 @@ func (sp *stream) finish(ok bool) ([]byte, time.Duration) {
 // memory unchanged since, gets the output the LOAD computed.
 func (t *slotTarget) Result(entry string, addr uint64, n uint32) ([]byte, bool) {
 	s := (*slot)(t)
+	if s.expired() != nil {
+		return nil, false // run the ordinary way: refused there
+	}
 	s.memMu.RLock()
 	m := s.memo
 	ok := m != nil && m.entry == entry && m.addr == addr && m.n == n && m.gen == s.memGen && m.l == s.role.Load()
@@ -205,6 +211,9 @@ func (t *slotTarget) Result(entry string, addr uint64, n uint32) ([]byte, bool) 
 // StoreBlock implements accel.BlockMover.
 func (t *slotTarget) StoreBlock(ctx context.Context, addr uint64, n uint32, r accel.BlockRange) error {
 	s := (*slot)(t)
+	if err := s.expired(); err != nil {
+		return err
+	}
 	if err := s.bounds(addr, uint64(n)); err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 )
 
@@ -139,6 +140,24 @@ func (cs *Credentials) SetWeight(cred []byte, weight int) error {
 	return nil
 }
 
+// SetDeadline makes dl the deadline of accepted credential cred (nil:
+// none): a call of its lease that arrives once dl has passed (Execute of
+// SharedTarget) is refused with accel.ErrLeaseExpired (wire code
+// Unavailable), and so is a batch of its calls that a worker takes up
+// then, without reaching a slot, whether or not the credential has been
+// revoked yet; moving dl (clock.Deadline.Set: a renewal) serves them
+// again.
+func (cs *Credentials) SetDeadline(cred []byte, dl *clock.Deadline) error {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	c, ok := cs.m[key(cred)]
+	if !ok || len(cred) == 0 {
+		return accel.ErrAuth
+	}
+	c.lease.deadline.Store(dl)
+	return nil
+}
+
 // limit is the items c's lease may hold in a gateway whose queue holds
 // queueLimit and whose batches hold maxBatch.
 func (cs *Credentials) limit(c *credential, queueLimit, maxBatch int) int64 {
@@ -264,6 +283,11 @@ type sharedTarget struct {
 // Execute admits the call against its credential's share of the queue.
 func (t *sharedTarget) Execute(ctx context.Context, entry string, ins [][]byte) ([][]byte, error) {
 	if c, ok := ctx.Value(credKey{}).(*credential); ok {
+		if c.lease.expired() {
+			t.g.rejected.Add(1)
+			t.g.count("rejected")
+			return nil, fmt.Errorf("%w: lease %s", accel.ErrLeaseExpired, c.lease.name)
+		}
 		n := int64(len(ins))
 		limit := t.cs.limit(c, t.g.cfg.QueueLimit, t.g.cfg.MaxBatch)
 		release, live, ok := c.lease.admit(ctx, n, limit)

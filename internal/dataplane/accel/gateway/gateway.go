@@ -847,6 +847,12 @@ func (g *Gateway) execute(ctx context.Context, b batch) {
 			g.mQueue.Observe(qd.Seconds())
 		}
 	}
+	if b.lease.expired() {
+		// Queued before the lease's deadline, taken up after it (one
+		// clock reading per batch).
+		g.answer(b.reqs, nil, fmt.Errorf("%w: lease %s", accel.ErrLeaseExpired, b.lease.name))
+		return
+	}
 	outs, gone, err := g.run(ctx, b.lease, b.entry, b.reqs, b.n)
 	switch {
 	case gone:

@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/metrics"
 )
 
@@ -42,7 +43,16 @@ type lease struct {
 	mu      sync.Mutex
 	running int           // executions of its batches under way
 	idle    chan struct{} // closed when running drops to 0 (nil: idle)
+
+	// deadline, if set, is when the lease stops being served
+	// (Credentials.SetDeadline): its calls are refused as they arrive
+	// and its batches as a worker takes them up once it has passed.
+	deadline atomic.Pointer[clock.Deadline]
 }
+
+// expired reports whether l's deadline has passed: one atomic load, and
+// one clock reading while a deadline is set.
+func (l *lease) expired() bool { return l.deadline.Load().Passed() }
 
 func newLease(name string, weight int) *lease {
 	l := &lease{name: name}

@@ -37,7 +37,10 @@ var (
 	ErrDonorStopped = errors.New("memory: donor stopped")
 	// ErrRetired refuses to serve again a region that moved away
 	// (RetireRegion): its lease's data is written at its new place now.
-	ErrRetired        = errors.New("memory: region retired: it moved to another donor")
+	ErrRetired = errors.New("memory: region retired: it moved to another donor")
+	// errExpired answers (StatusGone) a READ or WRITE that arrives once
+	// its region's deadline has passed (SetRegionDeadline).
+	errExpired        = errors.New("memory: the lease expired")
 	errHandshakeLimit = 10 * time.Second
 )
 
@@ -246,6 +249,16 @@ type region struct {
 	// The handlers of the region's data connections, of every session,
 	// whose WRITEs a move's wait watches (move.go); d.mu.
 	writers map[*writer]struct{}
+	// deadline, if set, is when the region stops being served
+	// (SetRegionDeadline): checked as each READ and WRITE arrives.
+	deadline atomic.Pointer[clock.Deadline]
+}
+
+// expired reports whether r's deadline has passed: a READ or WRITE that
+// arrives then is refused (StatusGone) without touching the region. One
+// atomic load, and one clock reading while a deadline is set.
+func (r *region) expired() bool {
+	return r.deadline.Load().Passed()
 }
 
 type session struct {
@@ -553,6 +566,23 @@ func (d *Donor) SuspendRegion(credential string) error {
 		d.endSession(s)
 	}
 	r.users.Wait()
+	return nil
+}
+
+// SetRegionDeadline makes dl the deadline of the region of credential
+// (nil: none): a READ or WRITE of any of its connections that arrives
+// once dl has passed is answered StatusGone without touching the region,
+// whether or not the region has been suspended or removed yet; moving dl
+// (clock.Deadline.Set: a renewal) serves them again. A moved region
+// (ActivateRegion) keeps its deadline. PING is answered as before.
+func (d *Donor) SetRegionDeadline(credential string, dl *clock.Deadline) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r, ok := d.regions[credKey(credential)]
+	if !ok || r.gone {
+		return ErrNoRegion
+	}
+	r.deadline.Store(dl)
 	return nil
 }
 
@@ -1201,11 +1231,20 @@ func (d *Donor) serveData(s *session, c net.Conn, kind uint8, w *writer) {
 		}
 		rh := protocol.Header{Op: h.Op, Flags: protocol.FlagResponse, Seq: h.Seq, Offset: h.Offset, Length: h.Length}
 		inRange := h.Offset <= size && uint64(h.Length) <= size-h.Offset
-		switch h.Op {
-		case protocol.OpPing:
+		switch {
+		case h.Op == protocol.OpPing:
 			rh.Encode(out[:])
 			_, err = bw.Write(out[:])
-		case protocol.OpRead:
+		case s.reg.expired():
+			// Arrived once the lease's known expiry passed: refused
+			// whether or not the region was suspended yet.
+			if h.Op == protocol.OpWrite {
+				err = discard(h.Length)
+			}
+			if err == nil {
+				err = writeErr(bw, h.Op, h.Seq, protocol.StatusGone, errExpired.Error())
+			}
+		case h.Op == protocol.OpRead:
 			if !inRange {
 				err = writeErr(bw, h.Op, h.Seq, protocol.StatusRange, fmt.Sprintf("memory: read [%d,+%d) outside region of %d bytes", h.Offset, h.Length, size))
 				break
@@ -1222,7 +1261,7 @@ func (d *Donor) serveData(s *session, c net.Conn, kind uint8, w *writer) {
 					_, err = bw.Write(data)
 				}
 			}
-		case protocol.OpWrite:
+		case h.Op == protocol.OpWrite:
 			if !inRange {
 				if err = discard(h.Length); err == nil {
 					err = writeErr(bw, h.Op, h.Seq, protocol.StatusRange, fmt.Sprintf("memory: write [%d,+%d) outside region of %d bytes", h.Offset, h.Length, size))
@@ -1426,6 +1465,15 @@ func (d *Donor) serveRaw(s *session, p *rawconn.Conn, w *writer) {
 		case h.Op == protocol.OpPing:
 			rh.Encode(out[:])
 			err = p.SendV([][]byte{out[:]})
+		case s.reg.expired():
+			// Arrived once the lease's known expiry passed: refused
+			// whether or not the region was suspended yet.
+			if h.Op == protocol.OpWrite {
+				if err = discard(h.Length); err != nil {
+					return
+				}
+			}
+			err = fail(h, protocol.StatusGone, errExpired.Error())
 		case !inRange:
 			if h.Op == protocol.OpWrite {
 				if err = discard(h.Length); err != nil {

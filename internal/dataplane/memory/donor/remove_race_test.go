@@ -14,7 +14,7 @@ import (
 
 // dialHello sends HELLO on a new connection to addr and returns it with
 // the session id the donor answered.
-func dialHello(t *testing.T, addr string, kind uint8, session uint64, cred string) (net.Conn, uint64) {
+func dialHello(t testing.TB, addr string, kind uint8, session uint64, cred string) (net.Conn, uint64) {
 	t.Helper()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
