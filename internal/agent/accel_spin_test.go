@@ -29,12 +29,7 @@ func TestAccelSharedTeardownInterruptsRunaway(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u, cred := accelURI(t, resp.URI)
-	c, err := accel.Dial(ctx, u.Host, []byte(cred))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, _, _ := dialAccel(ctx, t, resp.URI)
 	go func() { _, _ = c.Call(ctx, "spin", []byte("x")) }()
 	app := r.a.drivers[api.KindAccel].(*AccelDriver).Appliance("gpu")
 	deadline := time.After(10 * time.Second)

@@ -74,6 +74,20 @@ func accelURI(t *testing.T, uri string) (*url.URL, string) {
 	return u, strings.TrimPrefix(u.Path, "/")
 }
 
+// dialAccel dials the accelerator lease at uri, a rialto-accel URI, and
+// returns the connection (closed when the test ends), the lease's address
+// and its credential.
+func dialAccel(ctx context.Context, t *testing.T, uri string) (c *accel.Conn, addr, cred string) {
+	t.Helper()
+	u, cred := accelURI(t, uri)
+	c, err := accel.Dial(ctx, u.Host, []byte(cred))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, u.Host, cred
+}
+
 func TestAccelSharedGateway(t *testing.T) {
 	_, srv := newFakeCP(t)
 	r := start(t, testConfig(srv.URL, t.TempDir()))
@@ -307,12 +321,7 @@ func TestAccelSlotShares(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		u, cred := accelURI(t, resp.URI)
-		c, err := accel.Dial(ctx, u.Host, []byte(cred))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		c, _, _ := dialAccel(ctx, t, resp.URI)
 		conns = append(conns, c)
 	}
 	s0, _ := app.Slot(0)

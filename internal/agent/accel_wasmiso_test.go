@@ -31,12 +31,7 @@ func TestAccelSharedWasmInstancesIsolateLeases(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		u, cred := accelURI(t, resp.URI)
-		c, err := accel.Dial(ctx, u.Host, []byte(cred))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
+		c, _, _ := dialAccel(ctx, t, resp.URI)
 		return c
 	}
 	pristine := make([]byte, wasmtest.DumpLen)

@@ -2,6 +2,8 @@ package agent
 
 import (
 	"bytes"
+	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -45,26 +47,13 @@ func TestExpiredBlockLeaseRefusedBeforeItsStop(t *testing.T) {
 	defer open.Close()
 
 	// Renewed while served: the data plane serves past the old expiry.
-	exp := clk.Now().Add(2 * time.Minute)
-	cp.set(func(f *fakeCP) { f.expires = map[string]time.Time{"lease-a": exp} })
-	if err := a.Heartbeat(ctx); err != nil {
-		t.Fatal(err)
-	}
-	clk.Advance(61 * time.Second)
+	exp := renewPastOldExpiry(ctx, t, a, cp, clk, "lease-a")
 	if _, err := open.ReadAtContext(ctx, make([]byte, 4096), 0); err != nil {
 		t.Fatalf("a renewed lease refused a read past its old expiry: %v", err)
 	}
 
 	// The control plane goes away; the stop at the expiry is held up.
-	cp.set(func(f *fakeCP) { f.down = true })
-	a.enforceMu.Lock()
-	held := true
-	defer func() {
-		if held {
-			a.enforceMu.Unlock()
-		}
-	}()
-	clk.Advance(exp.Sub(clk.Now()))
+	release := expireWithStopHeld(t, a, cp, clk, exp)
 	if _, err := open.ReadAtContext(ctx, make([]byte, 4096), 0); err == nil {
 		t.Fatal("a connection opened before the expiry still reads after it")
 	}
@@ -82,8 +71,7 @@ func TestExpiredBlockLeaseRefusedBeforeItsStop(t *testing.T) {
 	if !bytes.Equal(diskBytes(t, dir, 0, leaseSize), data) {
 		t.Fatal("a write after the expiry reached the disk")
 	}
-	a.enforceMu.Unlock()
-	held = false
+	release()
 }
 
 // TestExpiredMemoryLeaseRefusedBeforeItsStop is
@@ -100,43 +88,21 @@ func TestExpiredMemoryLeaseRefusedBeforeItsStop(t *testing.T) {
 	cfg.HeartbeatInterval = time.Hour
 	a := start(t, cfg).a
 	ctx := ctxFor(t)
-	resp, err := a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-m", Kind: api.KindMemory, DeviceName: "mem0",
+	open, addr, cred := dialMemory(t, a, api.PrepareRequest{LeaseID: "lease-m", Kind: api.KindMemory, DeviceName: "mem0",
 		Length: 1 << 20, Export: "x_lease-m", ExpiresAt: clk.Now().Add(time.Minute)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr, cred := memoryTarget(t, resp.URI)
 	data := bytes.Repeat([]byte("until expiry "), 400)
-	open, err := memclient.Dial(ctx, addr, cred, memclient.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer open.Close()
 	if err := open.Write(ctx, memclient.ChannelSync, data, 4096); err != nil {
 		t.Fatal(err)
 	}
 
 	// Renewed while served: the data plane serves past the old expiry.
-	exp := clk.Now().Add(2 * time.Minute)
-	cp.set(func(f *fakeCP) { f.expires = map[string]time.Time{"lease-m": exp} })
-	if err := a.Heartbeat(ctx); err != nil {
-		t.Fatal(err)
-	}
-	clk.Advance(61 * time.Second)
+	exp := renewPastOldExpiry(ctx, t, a, cp, clk, "lease-m")
 	if err := open.Read(ctx, memclient.ChannelSync, make([]byte, 4096), 4096); err != nil {
 		t.Fatalf("a renewed lease refused a read past its old expiry: %v", err)
 	}
 
 	// The control plane goes away; the stop at the expiry is held up.
-	cp.set(func(f *fakeCP) { f.down = true })
-	a.enforceMu.Lock()
-	held := true
-	defer func() {
-		if held {
-			a.enforceMu.Unlock()
-		}
-	}()
-	clk.Advance(exp.Sub(clk.Now()))
+	release := expireWithStopHeld(t, a, cp, clk, exp)
 	if err := open.Read(ctx, memclient.ChannelSync, make([]byte, 4096), 4096); err == nil {
 		t.Fatal("a session opened before the expiry still reads after it")
 	}
@@ -156,8 +122,7 @@ func TestExpiredMemoryLeaseRefusedBeforeItsStop(t *testing.T) {
 	if _, err := a.drivers[api.KindMemory].(*MemoryDriver).donor.ReadRegion(cred, got, 4096); err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("a write after the expiry reached the region (%v)", err)
 	}
-	a.enforceMu.Unlock()
-	held = false
+	release()
 }
 
 // TestExpiredAccelLeaseRefusedBeforeItsStop is
@@ -188,22 +153,12 @@ func TestExpiredAccelLeaseRefusedBeforeItsStop(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		u, cred := accelURI(t, resp.URI)
-		c, err := accel.Dial(ctx, u.Host, []byte(cred))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		leases = append(leases, &lease{id: p.LeaseID, addr: u.Host, cred: cred, open: c})
+		c, addr, cred := dialAccel(ctx, t, resp.URI)
+		leases = append(leases, &lease{id: p.LeaseID, addr: addr, cred: cred, open: c})
 	}
 
 	// Renewed while served: the data planes serve past the old expiry.
-	exp := clk.Now().Add(2 * time.Minute)
-	cp.set(func(f *fakeCP) { f.expires = map[string]time.Time{"acc-dedicated": exp, "acc-shared": exp} })
-	if err := a.Heartbeat(ctx); err != nil {
-		t.Fatal(err)
-	}
-	clk.Advance(61 * time.Second)
+	exp := renewPastOldExpiry(ctx, t, a, cp, clk, "acc-dedicated", "acc-shared")
 	for _, l := range leases {
 		if out, err := l.open.Call(ctx, "echo", []byte("renewed")); err != nil || string(out) != "renewed" {
 			t.Fatalf("%s: a renewed lease refused a call past its old expiry: %q %v", l.id, out, err)
@@ -211,15 +166,7 @@ func TestExpiredAccelLeaseRefusedBeforeItsStop(t *testing.T) {
 	}
 
 	// The control plane goes away; the stop at the expiry is held up.
-	cp.set(func(f *fakeCP) { f.down = true })
-	a.enforceMu.Lock()
-	held := true
-	defer func() {
-		if held {
-			a.enforceMu.Unlock()
-		}
-	}()
-	clk.Advance(exp.Sub(clk.Now()))
+	release := expireWithStopHeld(t, a, cp, clk, exp)
 	for _, l := range leases {
 		if _, err := l.open.Call(ctx, "echo", []byte("late")); err == nil {
 			t.Errorf("%s: a connection opened before the expiry still calls after it", l.id)
@@ -239,6 +186,36 @@ func TestExpiredAccelLeaseRefusedBeforeItsStop(t *testing.T) {
 	if n := testutil.ToFloat64(a.mSuspends.WithLabelValues("accel")); n != 0 {
 		t.Fatalf("%v stops counted: the stop was not held up", n)
 	}
-	a.enforceMu.Unlock()
-	held = false
+	release()
+}
+
+// renewPastOldExpiry has the control plane's heartbeat answer renew leases
+// (prepared to expire a minute from now) to two minutes from now, then
+// moves clk a second past their old expiry; it returns the new expiry.
+func renewPastOldExpiry(ctx context.Context, t *testing.T, a *Agent, cp *fakeCP, clk *clock.Fake, leases ...string) time.Time {
+	t.Helper()
+	exp := clk.Now().Add(2 * time.Minute)
+	expires := make(map[string]time.Time, len(leases))
+	for _, id := range leases {
+		expires[id] = exp
+	}
+	cp.set(func(f *fakeCP) { f.expires = expires })
+	if err := a.Heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(61 * time.Second)
+	return exp
+}
+
+// expireWithStopHeld takes the control plane away and moves clk to exp
+// while the agent's stop at the expiry is held up, as it can be on a
+// loaded machine (enforceExpiry waits for the agent's other work). The
+// stop goes ahead when release is called, or else when the test ends.
+func expireWithStopHeld(t *testing.T, a *Agent, cp *fakeCP, clk *clock.Fake, exp time.Time) (release func()) {
+	cp.set(func(f *fakeCP) { f.down = true })
+	a.enforceMu.Lock()
+	release = sync.OnceFunc(a.enforceMu.Unlock)
+	t.Cleanup(release)
+	clk.Advance(exp.Sub(clk.Now()))
+	return release
 }

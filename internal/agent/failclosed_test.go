@@ -281,17 +281,9 @@ func TestExpiredMemoryLeaseKeepsItsBytes(t *testing.T) {
 	cfg.Clock = clk
 	a := start(t, cfg).a
 	ctx := ctxFor(t)
-	resp, err := a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-m", Kind: api.KindMemory, DeviceName: "mem0",
+	mc, addr, cred := dialMemory(t, a, api.PrepareRequest{LeaseID: "lease-m", Kind: api.KindMemory, DeviceName: "mem0",
 		Length: 1 << 20, Export: "x_lease-m", ExpiresAt: clk.Now().Add(time.Minute)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr, cred := memoryTarget(t, resp.URI)
 	want := bytes.Repeat([]byte("memory kept "), 400)
-	mc, err := memclient.Dial(ctx, addr, cred, memclient.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := mc.Write(ctx, memclient.ChannelSync, want, 4096); err != nil {
 		t.Fatal(err)
 	}
@@ -310,7 +302,7 @@ func TestExpiredMemoryLeaseKeepsItsBytes(t *testing.T) {
 	if err := a.Heartbeat(ctx); err != nil {
 		t.Fatal(err)
 	}
-	mc, err = memclient.Dial(ctx, addr, cred, memclient.Options{})
+	mc, err := memclient.Dial(ctx, addr, cred, memclient.Options{})
 	if err != nil {
 		t.Fatalf("the renewed memory lease: %v", err)
 	}

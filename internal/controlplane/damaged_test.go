@@ -3,8 +3,6 @@ package controlplane
 import (
 	"bytes"
 	"context"
-	"database/sql"
-	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -13,6 +11,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/clock"
+	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite/sqlitetest"
 )
 
 // lockedBuffer is a bytes.Buffer that a logger and the test share.
@@ -56,7 +55,7 @@ func TestDamagedDatabaseLoggedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	// What every sweep reads once the lease's TTL ran out (its expiry).
-	damageTable(t, e.dbPath, "leases")
+	sqlitetest.DamageTable(t, e.dbPath, "leases")
 	fake.Advance(time.Second)
 	fake.Advance(time.Second)
 	poll(t, "an ERROR logged", func() bool { return strings.Contains(logs.String(), "level=ERROR") }, &logs)
@@ -97,31 +96,5 @@ func poll(t *testing.T, what string, cond func() bool, logs *lockedBuffer) {
 			t.Fatalf("waited in vain for %s; log:\n%s", what, logs)
 		}
 		<-tick.C
-	}
-}
-
-// damageTable points table's root page, in the schema of the SQLite
-// database at path, as damage to the file
-// would: every statement that reads the table fails with SQLITE_CORRUPT.
-// (It goes through SQLite, so that the server's open store sees it.)
-func damageTable(t *testing.T, path, table string) {
-	t.Helper()
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	db.SetMaxOpenConns(1)
-	var v int
-	if err := db.QueryRow(`PRAGMA schema_version`).Scan(&v); err != nil {
-		t.Fatal(err)
-	}
-	for _, q := range []string{`PRAGMA writable_schema=ON`,
-		fmt.Sprintf(`UPDATE sqlite_schema SET rootpage = (SELECT rootpage FROM sqlite_schema WHERE type = 'index' AND tbl_name <> '%[1]s' LIMIT 1)
-			WHERE type = 'table' AND name = '%[1]s'`, table),
-		fmt.Sprintf(`PRAGMA schema_version = %d`, v+1), `PRAGMA writable_schema=OFF`} {
-		if _, err := db.Exec(q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/controlplane/store/postgres"
 	"github.com/rialto-project/rialto/internal/pgserver/pgtest"
 	"github.com/rialto-project/rialto/internal/pki"
 )
@@ -207,23 +208,19 @@ func TestRemovalStoppedAfterCommitRevokedBySweep(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pg := pgtest.DB(t)
-	caA, caB := caCopies(t)
-	stA := openPG(ctx, t, pg, 4)
-	a := newReplica(ctx, t, stA, caA, nil)
-	b := newReplica(ctx, t, openPG(ctx, t, pg, 4), caB, nil)
-	m := removeMissingRenewal(ctx, t, a)
+	_, a, b := twoPGReplicas(ctx, t)
+	m := removeMissingRenewal(ctx, t, a.srv)
 	late := m.late
-	if err := b.Sweep(ctx); err != nil {
+	if err := b.srv.Sweep(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if !caB.Revoked(late) {
+	if !b.ca.Revoked(late) {
 		t.Errorf("after its sweep, the other replica's list does not revoke the renewal's certificate %s", late.Text(16))
 	}
-	if err := callAgentServing(ctx, t, caB, m.node, m.cert); err == nil {
+	if err := callAgentServing(ctx, t, b.ca, m.node, m.cert); err == nil {
 		t.Errorf("the other replica's call to an agent presenting the removed node's certificate %s succeeded", late.Text(16))
 	}
-	if got, err := stA.RemovalRevoked(ctx, m.node.ID); err != nil || !slices.Contains(got.Revoked, late.Text(16)) {
+	if got, err := a.st.RemovalRevoked(ctx, m.node.ID); err != nil || !slices.Contains(got.Revoked, late.Text(16)) {
 		t.Errorf("the removal's record: %+v %v, want the renewal's %s among its serials", got, err, late.Text(16))
 	}
 }
@@ -284,16 +281,13 @@ func TestRemovalFinishedAtStartTellsTheOthers(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pg := pgtest.DB(t)
-	caA, caB := caCopies(t)
-	stA := openPG(ctx, t, pg, 4)
-	a := newReplica(ctx, t, stA, caA, nil)
+	pg, ra, rb := twoPGReplicas(ctx, t)
+	a, stA, caA := ra.srv, ra.st, ra.ca
 	// The other replica listens on the channel (its replica bus only: no
 	// sweep of its own revokes the certificate first).
-	stB := openPG(ctx, t, pg, 4)
-	b := newReplica(ctx, t, stB, caB, nil)
+	b, caB := rb.srv, rb.ca
 	bctx, stopBus := context.WithCancel(ctx)
-	waitBus := b.runBus(bctx, stB)
+	waitBus := b.runBus(bctx, rb.st)
 	t.Cleanup(func() { stopBus(); waitBus() })
 	pollUntil(ctx, t, "the other replica listens", b.cacheTrusted)
 
@@ -381,6 +375,28 @@ func TestRemovalSweepRevokesWithinExpiryGrace(t *testing.T) {
 			}
 		})
 	}
+}
+
+// pgReplica is a replica on PostgreSQL: its server, its store and its
+// copy of the CA directory.
+type pgReplica struct {
+	srv *Server
+	st  *postgres.Store
+	ca  *pki.CA
+}
+
+// twoPGReplicas starts two replicas (newReplica) on one fresh PostgreSQL
+// database, whose URL it returns, each with its own store and its own
+// copy of the CA directory.
+func twoPGReplicas(ctx context.Context, t *testing.T) (pg string, a, b pgReplica) {
+	t.Helper()
+	pg = pgtest.DB(t)
+	caA, caB := caCopies(t)
+	stA := openPG(ctx, t, pg, 4)
+	a = pgReplica{srv: newReplica(ctx, t, stA, caA, nil), st: stA, ca: caA}
+	stB := openPG(ctx, t, pg, 4)
+	b = pgReplica{srv: newReplica(ctx, t, stB, caB, nil), st: stB, ca: caB}
+	return pg, a, b
 }
 
 // newReplica starts a control plane on st with ca, timed by clk (nil:

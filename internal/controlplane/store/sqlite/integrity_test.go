@@ -3,7 +3,6 @@ package sqlite
 import (
 	"bytes"
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"math/rand"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
+	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite/sqlitetest"
 )
 
 // fillLeases writes a database at path holding n leases, each with a plan,
@@ -126,32 +126,6 @@ func TestDamagedDatabaseRefused(t *testing.T) {
 	}
 }
 
-// damageTable points table's root page, in the schema of the database at
-// path, as damage to the file would: every
-// statement that reads the table fails with SQLITE_CORRUPT. (It goes
-// through SQLite, so that a Store that has the file open sees it.)
-func damageTable(t *testing.T, path, table string) {
-	t.Helper()
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	db.SetMaxOpenConns(1)
-	var v int
-	if err := db.QueryRow(`PRAGMA schema_version`).Scan(&v); err != nil {
-		t.Fatal(err)
-	}
-	for _, q := range []string{`PRAGMA writable_schema=ON`,
-		fmt.Sprintf(`UPDATE sqlite_schema SET rootpage = (SELECT rootpage FROM sqlite_schema WHERE type = 'index' AND tbl_name <> '%[1]s' LIMIT 1)
-			WHERE type = 'table' AND name = '%[1]s'`, table),
-		fmt.Sprintf(`PRAGMA schema_version = %d`, v+1), `PRAGMA writable_schema=OFF`} {
-		if _, err := db.Exec(q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-}
-
 // TestDamageFoundWhileRunning: a statement that finds the database damaged
 // fails with store.ErrCorrupt, on the writer and on the readers.
 func TestDamageFoundWhileRunning(t *testing.T) {
@@ -166,7 +140,7 @@ func TestDamageFoundWhileRunning(t *testing.T) {
 	if _, err := s.Lease(ctx, "lease-000001"); err != nil {
 		t.Fatal(err)
 	}
-	damageTable(t, path, "nodes")
+	sqlitetest.DamageTable(t, path, "nodes")
 	if _, err := s.Nodes(ctx); !errors.Is(err, store.ErrCorrupt) {
 		t.Fatalf("read: %v, want store.ErrCorrupt", err)
 	}
