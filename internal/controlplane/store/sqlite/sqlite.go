@@ -103,7 +103,7 @@ func open(ctx context.Context, path string, max int) (*Store, error) {
 	s.Init(dialect{s})
 	s.rs = s.ws
 	if !mem {
-		if err := quickCheck(ctx, w, path); err != nil {
+		if err := retryBusy(ctx, func() error { return quickCheck(ctx, w, path) }); err != nil {
 			w.Close()
 			return nil, err
 		}
@@ -294,14 +294,22 @@ func (s *Store) migrate(ctx context.Context, max int) error {
 	if err != nil {
 		return err
 	}
-	// Another process opening the file at the same moment may hold it
-	// where SQLite answers BUSY without waiting (switching a new file to
-	// WAL): try again, for as long as a busy statement would wait.
+	return retryBusy(ctx, func() error {
+		return sqlstore.Migrate(ctx, s.w, ms, max, "TEXT", `INSERT INTO schema_version (version, name) VALUES (?, ?)`, "sqlite",
+			func(what string, err error) error { return fmt.Errorf("sqlite: %s: %w", what, err) })
+	})
+}
+
+// retryBusy runs f, the first statements of a new connection, again while
+// it fails with SQLITE_BUSY, for as long as a busy statement would wait:
+// another process opening the file at the same moment may hold it where
+// SQLite answers BUSY without waiting (switching a new file to WAL, which
+// the connection's pragmas do before its first statement).
+func retryBusy(ctx context.Context, f func() error) error {
 	b := backoff.Backoff{Min: 10 * time.Millisecond, Max: 500 * time.Millisecond}
 	deadline := time.Now().Add(busyWait)
 	for {
-		err := sqlstore.Migrate(ctx, s.w, ms, max, "TEXT", `INSERT INTO schema_version (version, name) VALUES (?, ?)`, "sqlite",
-			func(what string, err error) error { return fmt.Errorf("sqlite: %s: %w", what, err) })
+		err := f()
 		if !isBusy(err) || time.Now().After(deadline) {
 			return err
 		}
