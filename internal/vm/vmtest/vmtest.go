@@ -370,7 +370,7 @@ func (w *cpioWriter) finish() []byte {
 	return w.b.Bytes()
 }
 
-// WaitConsole waits until the console log at path has a line starting
+// WaitConsole waits until the console log at path has a whole line starting
 // with prefix and returns that line, or fails t after within. The log is
 // read from offset from (skip what an earlier boot printed).
 func WaitConsole(t testing.TB, path string, from int64, prefix string, within time.Duration) string {
@@ -380,7 +380,8 @@ func WaitConsole(t testing.TB, path string, from int64, prefix string, within ti
 	defer tick.Stop()
 	for {
 		if b, err := os.ReadFile(path); err == nil && int64(len(b)) >= from {
-			for _, l := range strings.Split(string(b[from:]), "\n") {
+			lines := strings.Split(string(b[from:]), "\n")
+			for _, l := range lines[:len(lines)-1] { // whole lines only: the last may be half written
 				if l = strings.TrimRight(l, "\r"); strings.HasPrefix(l, prefix) {
 					return l
 				}
