@@ -21,8 +21,10 @@ var (
 	// cut off at its commit, the caller cannot tell. The control plane
 	// answers 503, so that clients fail over to another replica.
 	ErrUnavailable = errors.New("store: database unavailable")
-	// ErrCorrupt: the database is damaged (SQLite found malformed pages);
-	// it must be restored from a backup.
+	// ErrCorrupt: the database is damaged (SQLite found malformed pages;
+	// PostgreSQL a damaged table or index page: SQLSTATE XX001, XX002);
+	// it must be restored from a backup (a damaged PostgreSQL index may
+	// be rebuilt instead).
 	ErrCorrupt = errors.New("store: database damaged")
 )
 
