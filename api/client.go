@@ -214,12 +214,21 @@ func (c *Client) do(ctx context.Context, toLeader bool, method, path string, bod
 // (CodeOfStatus) and the body as the message. It reads resp.Body (at most
 // 1 MiB of it) and leaves it open.
 func ErrorOf(resp *http.Response) *Error {
-	var eb ErrorBody
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if json.Unmarshal(data, &eb) != nil || eb.Error.Code == "" {
+	eb, ok := apiErrorBody(data)
+	if !ok {
 		return &Error{Status: resp.StatusCode, Code: CodeOfStatus(resp.StatusCode), Message: strings.TrimSpace(string(data)), Plain: true}
 	}
 	return &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
+}
+
+// apiErrorBody decodes data, an error answer's body, as the API's error
+// body; ok is false when it is not one (no JSON, or no code).
+func apiErrorBody(data []byte) (eb ErrorBody, ok bool) {
+	if json.Unmarshal(data, &eb) != nil || eb.Error.Code == "" {
+		return ErrorBody{}, false
+	}
+	return eb, true
 }
 
 var bodyBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -19,8 +20,12 @@ import (
 // ("http://a:7070,http://b:7070", as RIALTO_ADDR may hold) sends each
 // request to the address that answered last, and moves on to the next
 // when a request cannot be delivered or answered (connection refused,
-// reset or cut before the answer; a timeout) or is answered 503 (the
-// replica cannot reach its database, or is shutting down). It goes round
+// reset or cut before the answer; a timeout), is answered 503 (the
+// replica cannot reach its database, or is shutting down) or 502 or 504
+// (a proxy's), or is answered a plain 400, one whose body is not the
+// API's error body (an HTTPS replica given as http://: "Client sent an
+// HTTP request to an HTTPS server"), which says nothing of the request
+// itself; a 400 of the API's is the request's, and final. It goes round
 // the list at most failoverRounds times, waiting failoverBackoff (growing)
 // between rounds, within the request's context. A retried request may
 // have been carried out by the replica that failed to answer: lease
@@ -113,18 +118,42 @@ func (e *endpoints) noteLeader(resp *http.Response) {
 func (c *Client) Addresses() []string { return append([]string(nil), c.ep.bases...) }
 
 // shouldFailOver reports whether a request that got err (a transport
-// error) or status should go to the next address.
-func shouldFailOver(ctx context.Context, err error, status int) bool {
+// error) or resp should go to the next address. Of a 400 it reads the
+// body (plainBadRequest), and puts back what it read.
+func shouldFailOver(ctx context.Context, err error, resp *http.Response) bool {
 	if ctx.Err() != nil {
 		return false
 	}
 	if err == nil {
-		return status == http.StatusServiceUnavailable || status == http.StatusBadGateway || status == http.StatusGatewayTimeout
+		switch resp.StatusCode {
+		case http.StatusServiceUnavailable, http.StatusBadGateway, http.StatusGatewayTimeout:
+			return true
+		case http.StatusBadRequest:
+			return plainBadRequest(resp)
+		}
+		return false
 	}
 	var ne net.Error
 	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &ne) ||
 		strings.Contains(err.Error(), "server closed") || strings.Contains(err.Error(), "connection reset")
+}
+
+// plainBadRequest reports whether resp, a 400, is a plain one: its body
+// is not the API's error body (ErrorOf would make it Plain). It reads the
+// body (at most 1 MiB, as ErrorOf does) and puts back what it read before
+// the rest.
+func plainBadRequest(resp *http.Response) bool {
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	resp.Body = rereadBody{Reader: io.MultiReader(bytes.NewReader(data), resp.Body), Closer: resp.Body}
+	_, ok := apiErrorBody(data)
+	return !ok
+}
+
+// rereadBody is an answer's body, its start read already put back.
+type rereadBody struct {
+	io.Reader
+	io.Closer
 }
 
 // roundTrip sends the request that mk builds for a base URL, failing over
@@ -145,11 +174,7 @@ func (c *Client) roundTrip(ctx context.Context, toLeader bool, mk func(base stri
 			return nil, err
 		}
 		resp, err := c.hc.Do(req)
-		status := 0
-		if err == nil {
-			status = resp.StatusCode
-		}
-		if !shouldFailOver(ctx, err, status) {
+		if !shouldFailOver(ctx, err, resp) {
 			if err == nil {
 				c.ep.noteLeader(resp)
 			}
@@ -185,11 +210,7 @@ func (c *Client) roundTrip(ctx context.Context, toLeader bool, mk func(base stri
 				return nil, err
 			}
 			resp, err := c.hc.Do(req)
-			status := 0
-			if err == nil {
-				status = resp.StatusCode
-			}
-			if !shouldFailOver(ctx, err, status) {
+			if !shouldFailOver(ctx, err, resp) {
 				if last != nil {
 					last.Body.Close()
 				}
@@ -204,8 +225,9 @@ func (c *Client) roundTrip(ctx context.Context, toLeader bool, mk func(base stri
 				last = nil
 			}
 			if err == nil {
-				// Keep the 503 to return if every address fails; read it
-				// now so that its connection can be reused.
+				// Keep the answer (a 503, a plain 400) to return if every
+				// address fails; read it now so that its connection can be
+				// reused.
 				data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 				resp.Body.Close()
 				resp.Body = io.NopCloser(strings.NewReader(string(data)))

@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -232,5 +235,90 @@ func TestUnanswered(t *testing.T) {
 		if got := Unanswered(tc.err); got != tc.want {
 			t.Errorf("%s (%v): Unanswered = %v, want %v", tc.name, tc.err, got, tc.want)
 		}
+	}
+}
+
+// TestFailoverPlainBadRequest: a client with several addresses moves on
+// from one that answers a plain 400 (an HTTPS replica given as http://:
+// Go's "Client sent an HTTP request to an HTTPS server"), for a request
+// and for the event stream, and returns the last such answer when every
+// address gave one; a 400 of the API's (its error body) is the request's
+// and final: the next address is not asked. Before, the client returned
+// the plain 400 of the first address.
+func TestFailoverPlainBadRequest(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// http:// to a server that speaks HTTPS only.
+	httpsOnly := func() string {
+		srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			t.Errorf("the HTTPS server got a request: %s %s", r.Method, r.URL)
+		}))
+		srv.Config.ErrorLog = log.New(io.Discard, "", 0) // its handshake errors
+		srv.StartTLS()
+		t.Cleanup(srv.Close)
+		return "http://" + srv.Listener.Addr().String()
+	}
+	var okHits atomic.Int64
+	ok := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		okHits.Add(1)
+		if r.URL.Path == "/v1/events" {
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			json.NewEncoder(w).Encode(Event{ID: 1, Type: "lease.created", Subject: "lease-1"})
+			return
+		}
+		json.NewEncoder(w).Encode(Lease{ID: "lease-1", State: LeaseActive})
+	}))
+	defer ok.Close()
+	invalid := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		json.NewEncoder(w).Encode(ErrorBody{Error: ErrorInfo{Code: CodeInvalid, Message: "bad lease id"}})
+	}))
+	defer invalid.Close()
+
+	plain := httpsOnly()
+	c := NewClient(plain+","+ok.URL, "tok", nil)
+	if l, err := c.Lease(ctx, "lease-1"); err != nil || l.ID != "lease-1" {
+		t.Errorf("a plain 400, then a replica that answers: %+v %v", l, err)
+	}
+	if c.BaseURL() != ok.URL {
+		t.Errorf("in use: %s, want %s", c.BaseURL(), ok.URL)
+	}
+	// The event stream, on a list of its own (starting at the plain one).
+	var got []int64
+	err := NewClient(httpsOnly()+","+ok.URL, "tok", nil).FollowEvents(ctx, 0, FollowOptions{Backoff: time.Millisecond}, func(ev Event) error {
+		got = append(got, ev.ID)
+		return ErrStopFollowing
+	})
+	if err != nil || len(got) != 1 {
+		t.Errorf("following events from a plain 400, then a replica that answers: %v %v", got, err)
+	}
+
+	// Every address plain: the last answer, plain.
+	for what, c := range map[string]*Client{"a request": NewClient(httpsOnly()+","+httpsOnly(), "tok", nil), "the event stream": NewClient(httpsOnly()+","+httpsOnly(), "tok", nil)} {
+		var err error
+		if what == "a request" {
+			_, err = c.Lease(ctx, "lease-1")
+		} else {
+			err = c.FollowEvents(ctx, 0, FollowOptions{Backoff: time.Millisecond}, func(Event) error { return nil })
+		}
+		var ae *Error
+		if !errors.As(err, &ae) || ae.Status != http.StatusBadRequest || !ae.Plain || !strings.Contains(ae.Message, "HTTPS server") {
+			t.Errorf("%s, every address answering a plain 400: %v, want that 400", what, err)
+		}
+	}
+
+	// The API's 400: final.
+	before := okHits.Load()
+	_, err = NewClient(invalid.URL+","+ok.URL, "tok", nil).Lease(ctx, "x")
+	if !IsCode(err, CodeInvalid) {
+		t.Errorf("the API's 400: %v, want it", err)
+	}
+	err = NewClient(invalid.URL+","+ok.URL, "tok", nil).FollowEvents(ctx, 0, FollowOptions{Backoff: time.Millisecond}, func(Event) error { return nil })
+	if !IsCode(err, CodeInvalid) {
+		t.Errorf("the event stream's API 400: %v, want it", err)
+	}
+	if n := okHits.Load() - before; n != 0 {
+		t.Errorf("after the API's 400, the next address was asked %d times", n)
 	}
 }

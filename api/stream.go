@@ -35,7 +35,11 @@ var ErrStopFollowing = errors.New("rialto api: stop following")
 // ID order, until ctx ends (nil), fn returns an error (that error;
 // ErrStopFollowing: nil) or the server refuses the request (an *Error:
 // 401, 403, 400). A dropped connection is opened again from the last ID
-// fn received, so fn sees every event once: no gap, no duplicate.
+// fn received, so fn sees every event once: no gap, no duplicate. With
+// several addresses, a plain 400 (not the API's: an HTTPS replica given
+// as http://) moves the stream on to the next address, as a request's
+// failover does; it ends the stream once every address answered one in
+// a row.
 func (c *Client) FollowEvents(ctx context.Context, since int64, opt FollowOptions, fn func(Event) error) error {
 	if opt.Idle <= 0 {
 		opt.Idle = 45 * time.Second
@@ -47,6 +51,7 @@ func (c *Client) FollowEvents(ctx context.Context, since int64, opt FollowOption
 	hc.Timeout = 0 // the stream lasts; Idle bounds silence instead
 	backoff := opt.Backoff
 	var last error
+	plain := 0 // plain 400s in a row
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 && opt.Reconnected != nil {
 			opt.Reconnected(last)
@@ -63,8 +68,17 @@ func (c *Client) FollowEvents(ctx context.Context, since int64, opt FollowOption
 			return nil
 		}
 		var ae *Error
-		if errors.As(err, &ae) && ae.Status < 500 {
+		isAE := errors.As(err, &ae)
+		switch {
+		case isAE && ae.Plain && ae.Status == http.StatusBadRequest && len(c.ep.bases) > 1:
+			// followOnce moved on to the next address.
+			if plain++; plain >= len(c.ep.bases) {
+				return err
+			}
+		case isAE && ae.Status < 500:
 			return err
+		default:
+			plain = 0
 		}
 		last = err
 		if got {
@@ -100,11 +114,7 @@ func (c *Client) followOnce(ctx context.Context, hc *http.Client, since *int64, 
 	}
 	req.Header.Set("Accept", "application/x-ndjson")
 	resp, err := hc.Do(req)
-	status := 0
-	if err == nil {
-		status = resp.StatusCode
-	}
-	if len(c.ep.bases) > 1 && shouldFailOver(ctx, err, status) {
+	if len(c.ep.bases) > 1 && shouldFailOver(ctx, err, resp) {
 		c.ep.failed(i) // the next connection goes to the next replica
 	}
 	if err != nil {

@@ -206,25 +206,20 @@ func newTable(w io.Writer) *tabwriter.Writer {
 	return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 }
 
-// ago prints how long ago t was, for tables.
+// ago prints how long ago t was, for tables: "42s ago", "2h05m ago"
+// (tableSpan).
 func ago(now, t time.Time) string {
 	if t.IsZero() {
 		return "-"
 	}
-	d := now.Sub(t)
-	switch {
-	case d < 0:
-		return "in " + (-d).Round(time.Second).String()
-	case d < time.Minute:
-		return d.Round(time.Second).String() + " ago"
-	case d < time.Hour:
-		return d.Round(time.Minute).String() + " ago"
-	default:
-		return d.Round(time.Hour).String() + " ago"
+	if d := now.Sub(t); d >= 0 {
+		return tableSpan(d) + " ago"
 	}
+	return "in " + tableSpan(t.Sub(now))
 }
 
-// until prints how far in the future t is, for tables.
+// until prints how far in the future t is, for tables: "59m58s",
+// "2h05m", "3d4h" (tableSpan), or "expired".
 func until(now, t time.Time) string {
 	if t.IsZero() {
 		return "-"
@@ -233,7 +228,25 @@ func until(now, t time.Time) string {
 	if d < 0 {
 		return "expired"
 	}
-	return d.Round(time.Second).String()
+	return tableSpan(d)
+}
+
+// tableSpan is a duration as the tables print it, short and to the
+// nearest of its last unit, two units at most: "42s", "59m58s" under an
+// hour, "2h05m" under a day, "3d4h" beyond (not "76h0m0s", nor
+// "59m58.123456s").
+func tableSpan(d time.Duration) string {
+	d = max(d, 0)
+	if s := d.Round(time.Second); s < time.Minute {
+		return fmt.Sprintf("%ds", s/time.Second)
+	} else if s < time.Hour {
+		return fmt.Sprintf("%dm%02ds", s/time.Minute, s%time.Minute/time.Second)
+	}
+	if m := d.Round(time.Minute); m < 24*time.Hour {
+		return fmt.Sprintf("%dh%02dm", m/time.Hour, m%time.Hour/time.Minute)
+	}
+	h := d.Round(time.Hour)
+	return fmt.Sprintf("%dd%dh", h/(24*time.Hour), h%(24*time.Hour)/time.Hour)
 }
 
 // span is a duration in the largest whole unit that reads plainly, to

@@ -36,22 +36,26 @@ func TestTablesGolden(t *testing.T) {
 	// holds its part's length (the API's held).
 	whole := api.Lease{ID: "lease-5", State: api.LeaseActive, Kind: api.KindBlock, Mode: api.ModeDedicated, Held: 2 << 40, Count: 1, NodeID: "node-b", DeviceID: "dev-2", Tenant: "alice",
 		Parts: []api.Part{{NodeID: "node-b", DeviceID: "dev-2", Length: 2 << 40, URI: "nbds://10.0.0.2:10809/x"}}}
+	// EXPIRES IN reads short and stably (tableSpan): whole seconds under
+	// an hour, minutes under a day, hours beyond; "-" for a lease ended.
+	now := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	expires := func(l api.Lease, in time.Duration) api.Lease { l.ExpiresAt = now.Add(in); return l }
 	b.WriteString("== leases\n")
 	printLeases(&b, []api.Lease{
 		{ID: "lease-1", State: api.LeaseReleased, Kind: api.KindBlock, Mode: api.ModeShared, Size: 256 << 20, Held: 256 << 20, Count: 1, NodeID: "node-a", DeviceID: "dev-1", Tenant: "alice"},
 		{ID: "lease-2", State: api.LeaseLost, Kind: api.KindMemory, Mode: api.ModeDedicated, Size: 1 << 30, Held: 1 << 30, Count: 1, NodeID: "node-gone", Tenant: "bob"},
-		{ID: "lease-4", State: api.LeaseActive, Kind: api.KindAccel, Mode: api.ModeShared, Size: api.SlotUnits / 4, Held: api.SlotUnits / 4, Count: 1, NodeID: "node-a", DeviceID: "dev-1", Tenant: "bob"},
-		whole,
+		expires(api.Lease{ID: "lease-4", State: api.LeaseActive, Kind: api.KindAccel, Mode: api.ModeShared, Size: api.SlotUnits / 4, Held: api.SlotUnits / 4, Count: 1, NodeID: "node-a", DeviceID: "dev-1", Tenant: "bob"}, 59*time.Minute+58123456*time.Microsecond),
+		expires(whole, 2*time.Hour+5*time.Minute+12*time.Second),
 		// A composed lease is on each of its parts' nodes and devices, a
 		// bond's lost part left out; more than three nodes are counted.
-		{ID: "lease-8", State: api.LeaseActive, Kind: api.KindBlock, Mode: api.ModeComposed, Size: 2 << 30, Held: 2 << 30, Count: 2, NodeID: "node-a", DeviceID: "dev-1", Tenant: "alice",
-			Parts: []api.Part{{NodeID: "node-a", DeviceID: "dev-1", Length: 1 << 30}, {NodeID: "node-b", DeviceID: "dev-2", Length: 1 << 30}}},
-		{ID: "lease-9", State: api.LeaseActive, Kind: api.KindNIC, Mode: api.ModeShared, Size: 250e6, Held: 125e6, Count: 1, NodeID: "node-b", DeviceID: "dev-4", Tenant: "bob",
-			Parts: []api.Part{{NodeID: "node-a", DeviceID: "dev-3", Length: 125e6, State: api.PartLost}, {NodeID: "node-b", DeviceID: "dev-4", Length: 125e6}}},
-		{ID: "lease-10", State: api.LeaseActive, Kind: api.KindBlock, Mode: api.ModeComposed, Size: 4 << 30, Held: 4 << 30, Count: 4, NodeID: "node-a", DeviceID: "dev-1", Tenant: "alice",
+		expires(api.Lease{ID: "lease-8", State: api.LeaseActive, Kind: api.KindBlock, Mode: api.ModeComposed, Size: 2 << 30, Held: 2 << 30, Count: 2, NodeID: "node-a", DeviceID: "dev-1", Tenant: "alice",
+			Parts: []api.Part{{NodeID: "node-a", DeviceID: "dev-1", Length: 1 << 30}, {NodeID: "node-b", DeviceID: "dev-2", Length: 1 << 30}}}, 76*time.Hour+10*time.Minute),
+		expires(api.Lease{ID: "lease-9", State: api.LeaseActive, Kind: api.KindNIC, Mode: api.ModeShared, Size: 250e6, Held: 125e6, Count: 1, NodeID: "node-b", DeviceID: "dev-4", Tenant: "bob",
+			Parts: []api.Part{{NodeID: "node-a", DeviceID: "dev-3", Length: 125e6, State: api.PartLost}, {NodeID: "node-b", DeviceID: "dev-4", Length: 125e6}}}, -3*time.Second),
+		expires(api.Lease{ID: "lease-10", State: api.LeaseActive, Kind: api.KindBlock, Mode: api.ModeComposed, Size: 4 << 30, Held: 4 << 30, Count: 4, NodeID: "node-a", DeviceID: "dev-1", Tenant: "alice",
 			Parts: []api.Part{{NodeID: "node-a", DeviceID: "dev-1", Length: 1 << 30}, {NodeID: "node-b", DeviceID: "dev-2", Length: 1 << 30},
-				{NodeID: "node-c", DeviceID: "dev-5", Length: 1 << 30}, {NodeID: "node-d", DeviceID: "dev-6", Length: 1 << 30}}},
-	}, names)
+				{NodeID: "node-c", DeviceID: "dev-5", Length: 1 << 30}, {NodeID: "node-d", DeviceID: "dev-6", Length: 1 << 30}}}, 42400*time.Millisecond),
+	}, names, now)
 	// A lease's caps (--bandwidth-cap, --iops-cap) show, the bandwidth as
 	// every rate prints (resource.FormatRate).
 	b.WriteString("== lease\n")

@@ -52,7 +52,7 @@ func runLeases(e *env, fs *pflag.FlagSet) runFunc {
 		if cf.json() {
 			return cf.print(e.stdout, nonNil(ls))
 		}
-		printLeases(e.stdout, ls, nodeNames(ctx, c))
+		printLeases(e.stdout, ls, nodeNames(ctx, c), time.Now())
 		return nil
 	}
 }
@@ -75,9 +75,9 @@ func nodeName(names map[string]string, id string) string {
 	return dash(id)
 }
 
-func printLeases(w io.Writer, ls []api.Lease, names map[string]string) {
+// printLeases prints the leases table; EXPIRES IN is from now.
+func printLeases(w io.Writer, ls []api.Lease, names map[string]string, now time.Time) {
 	sort.Slice(ls, func(i, j int) bool { return ls[i].CreatedAt.Before(ls[j].CreatedAt) })
-	now := time.Now()
 	tw := newTable(w)
 	fmt.Fprintln(tw, "ID\tSTATE\tKIND\tMODE\tSIZE\tCOUNT\tNODE\tDEVICE\tTENANT\tEXPIRES IN")
 	for _, l := range ls {

@@ -265,3 +265,44 @@ func TestLimitsInFlagTermsBelowZero(t *testing.T) {
 		}
 	}
 }
+
+// TestTableDurations: the tables' durations (EXPIRES IN, LAST HEARTBEAT,
+// the links' MEASURED) read short and stably, to the nearest of their
+// last unit: whole seconds under an hour, minutes under a day, hours
+// beyond, a carry into the next unit included. Before, EXPIRES IN was
+// Go's duration ("76h10m0s", "2h5m12s") and "ago" Go's rounded to one
+// unit ("12m0s ago").
+func TestTableDurations(t *testing.T) {
+	now := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		d          time.Duration
+		until, ago string
+	}{
+		{0, "0s", "0s ago"},
+		{42400 * time.Millisecond, "42s", "42s ago"},
+		{59*time.Second + 600*time.Millisecond, "1m00s", "1m00s ago"},
+		{12*time.Minute + 3*time.Second, "12m03s", "12m03s ago"},
+		{59*time.Minute + 58123456*time.Microsecond, "59m58s", "59m58s ago"},
+		{59*time.Minute + 59*time.Second + 600*time.Millisecond, "1h00m", "1h00m ago"},
+		{2*time.Hour + 5*time.Minute + 12*time.Second, "2h05m", "2h05m ago"},
+		{23*time.Hour + 59*time.Minute + 40*time.Second, "1d0h", "1d0h ago"},
+		{76*time.Hour + 10*time.Minute, "3d4h", "3d4h ago"},
+		{30 * 24 * time.Hour, "30d0h", "30d0h ago"},
+	} {
+		if got := until(now, now.Add(tc.d)); got != tc.until {
+			t.Errorf("until %v: %q, want %q", tc.d, got, tc.until)
+		}
+		if got := ago(now, now.Add(-tc.d)); got != tc.ago {
+			t.Errorf("ago %v: %q, want %q", tc.d, got, tc.ago)
+		}
+	}
+	if got := until(now, now.Add(-time.Second)); got != "expired" {
+		t.Errorf("until a second ago: %q, want expired", got)
+	}
+	if got := ago(now, now.Add(90*time.Second)); got != "in 1m30s" {
+		t.Errorf("ago, 90s ahead: %q, want in 1m30s", got)
+	}
+	if until(now, time.Time{}) != "-" || ago(now, time.Time{}) != "-" {
+		t.Errorf("a zero time: %q %q, want -", until(now, time.Time{}), ago(now, time.Time{}))
+	}
+}

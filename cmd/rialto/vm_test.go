@@ -126,7 +126,7 @@ func TestVMVerbs(t *testing.T) {
 		{Record: vm.Record{Name: "web", Host: "host7", PID: 17, Lease: "lease-def", Parts: 1, MemoryMiB: 256, Accel: "tcg"}, State: "dead"},
 	}, now)
 	want := "NAME  STATE    HOST                    LEASE      PARTS  MEMORY  ACCEL  PID   STARTED\n" +
-		"db    running  netns:rialto-rack-1-h2  lease-abc  3      1GiB    kvm    4242  2m0s ago\n" +
+		"db    running  netns:rialto-rack-1-h2  lease-abc  3      1GiB    kvm    4242  1m30s ago\n" +
 		"web   dead     host7                   lease-def  1      256MiB  tcg    17    -\n"
 	if b.String() != want {
 		t.Errorf("table:\n%s\nwant:\n%s", b.String(), want)

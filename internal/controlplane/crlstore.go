@@ -115,8 +115,10 @@ func (s *Server) recordIssued(ctx context.Context, iss *pki.Issued) error {
 }
 
 // revokeCerts revokes serials and, with node set, every certificate
-// issued to node not expired (those the store recorded, whichever replica
-// issued them, and those in this replica's issued.txt), and returns every
+// issued to node not expired, or expired less than revokedExpiryGrace
+// ago, as the revocation list keeps them and the sweep's finishRemovals
+// takes them (those the store recorded, whichever replica issued them,
+// and those in this replica's issued.txt), and returns every
 // one of them, revoked already or now: a removal tried again (an earlier
 // attempt recorded them in the store, then failed) reports, records and
 // broadcasts them too. With a store that keeps the list it records them
@@ -162,7 +164,7 @@ func (s *Server) revokeCerts(ctx context.Context, node string, serials []*big.In
 	if err != nil {
 		return nil, err
 	}
-	_, named, err := rv.Revoke(ctx, certs, node, s.now(), 0)
+	_, named, err := rv.Revoke(ctx, certs, node, s.now().Add(-revokedExpiryGrace), s.now(), 0)
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: record the revocation: %w", err)
 	}
@@ -266,7 +268,7 @@ func (s *Server) adoptStoreCRL(ctx context.Context, ca *pki.CA, rv store.Revocat
 			// Under the directory's list's number raised at once (minNum):
 			// raised by one, the store's list could take that number
 			// without what it held that the directory's lacks.
-			if _, _, err := rv.Revoke(ctx, certs, "", s.now(), minNum); err != nil {
+			if _, _, err := rv.Revoke(ctx, certs, "", time.Time{}, s.now(), minNum); err != nil {
 				return false, fmt.Errorf("controlplane: record the revocations of the CA directory: %w", err)
 			}
 		case a.MinNumber != nil:
@@ -291,7 +293,7 @@ func (s *Server) dateRevoked(ctx context.Context, ca *pki.CA, rv store.Revocatio
 	serials := parseSerials(noExpiry)
 	certs, err := revokedCerts(ca, serials)
 	if err == nil {
-		_, _, err = rv.Revoke(ctx, certs, "", s.now(), 0)
+		_, _, err = rv.Revoke(ctx, certs, "", time.Time{}, s.now(), 0)
 	}
 	if err != nil {
 		s.log.Warn("recording the expiry of revoked certificates revoked without one", "certificates", len(serials), "err", err)

@@ -244,7 +244,7 @@ func TestRemovalStoreRevokedSyncFailing(t *testing.T) {
 	ca, st, srv := r.ca, r.st, r.srv
 	j, cert := joinN1Cert(ctx, t, srv)
 	// An earlier attempt recorded the revocation in the store.
-	if got, _, err := st.Revoke(ctx, nil, j.NodeID, time.Now(), 0); err != nil || len(got) != 1 {
+	if got, _, err := st.Revoke(ctx, nil, j.NodeID, time.Now(), time.Now(), 0); err != nil || len(got) != 1 {
 		t.Fatalf("revoking in the store: %v %v", got, err)
 	}
 	// The directory's list numbered beyond what the store holds: every
@@ -449,7 +449,7 @@ func TestDirectoryListAheadRecordedAbove(t *testing.T) {
 	if err := st.RaiseRevocationNumber(ctx, dirNum-2); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := st.Revoke(ctx, []store.RevokedCert{{Serial: "abc"}}, "", time.Now(), 0); err != nil {
+	if _, _, err := st.Revoke(ctx, []store.RevokedCert{{Serial: "abc"}}, "", time.Time{}, time.Now(), 0); err != nil {
 		t.Fatal(err)
 	}
 	if l, err := st.RevocationList(ctx); err != nil || l.Number != dirNum-1 {
@@ -589,7 +589,7 @@ func TestRotationWhileRunningKeepsRevocations(t *testing.T) {
 		t.Fatalf("the list handed out after a rotation: %v", err)
 	}
 	// Another replica removes the node: the store records its certificate.
-	if _, _, err := s.st.(store.Revocations).Revoke(ctx, []store.RevokedCert{{Serial: iss.Cert.SerialNumber.Text(16), NotAfter: iss.Cert.NotAfter}}, "", time.Now(), 0); err != nil {
+	if _, _, err := s.st.(store.Revocations).Revoke(ctx, []store.RevokedCert{{Serial: iss.Cert.SerialNumber.Text(16), NotAfter: iss.Cert.NotAfter}}, "", time.Time{}, time.Now(), 0); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.syncCRL(ctx); err != nil {

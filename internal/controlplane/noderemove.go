@@ -408,7 +408,8 @@ func (s *Server) finishRemovals(ctx context.Context) error {
 // otherwise (a renewal that found the node removed once it signed, and
 // revoked its own certificate: hNodeCertificate), which the removal's
 // passes would have named too: they name every certificate issued to the
-// node not expired.
+// node not expired, or expired less than revokedExpiryGrace ago
+// (revokeCerts).
 func (s *Server) recoverLateRevoked(ctx context.Context) error {
 	if s.unrecorded.recovered.Load() {
 		return nil

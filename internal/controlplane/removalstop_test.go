@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -374,6 +375,56 @@ func TestRemovalSweepRevokesWithinExpiryGrace(t *testing.T) {
 				t.Errorf("a call by a replica whose clock is behind to an agent presenting %s succeeded", late.SerialNumber.Text(16))
 			}
 		})
+	}
+}
+
+// TestRemovalRevokesWithinExpiryGrace: a node's removal itself revokes
+// the certificates issued to it that expired by the removing replica's
+// clock less than the grace the revocation list keeps expired
+// certificates for ago, as the sweep's finishRemovals does: here one
+// that another replica issued (its copy of the CA directory, not the
+// removing replica's, lists it). The removal counts it, the store's
+// list and the removing replica's name it once the removal returned,
+// and the sweep that follows finds nothing to revoke and logs no
+// warning that a replica stopped during a removal. Before, the removal
+// took only certificates unexpired by its clock, and a peer whose clock
+// is behind accepted it until the next sweep, which revoked it under
+// that warning.
+func TestRemovalRevokesWithinExpiryGrace(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pg := pgtest.DB(t)
+	caA, caB := caCopies(t)
+	clk := clock.NewFake(time.Now())
+	var logs lockedBuffer
+	a, err := New(ctx, Config{Store: openPG(ctx, t, pg, 4), Clock: clk, Logger: slog.New(slog.NewTextHandler(&logs, nil)), CA: caA,
+		Lender: newFakeLender(), BootstrapToken: bootTok, Tokens: []Token{{Token: adminTok, Tenant: "ops", Admin: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	b := newReplica(ctx, t, openPG(ctx, t, pg, 4), caB, nil)
+	j, cert := joinN1Cert(ctx, t, b)
+	clk.Advance(cert.NotAfter.Sub(clk.Now()) + revokedExpiryGrace/2)
+	rm, err := a.removeNode(ctx, j.NodeID, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rm.Revoked != 1 {
+		t.Errorf("the removal revoked %d certificate(s), want 1: the join's, expired %v ago by its clock", rm.Revoked, revokedExpiryGrace/2)
+	}
+	if l := revocationList(ctx, t, a.st.(store.Revocations)); !hasSerial(l, cert.SerialNumber) {
+		t.Errorf("after the removal, the store's list %v lacks the join's certificate %s", l.Revoked, cert.SerialNumber.Text(16))
+	}
+	if !caA.Revoked(cert.SerialNumber) {
+		t.Errorf("after the removal, the removing replica's list does not revoke %s", cert.SerialNumber.Text(16))
+	}
+	if err := a.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out := logs.String(); strings.Contains(out, "did not revoke") {
+		t.Errorf("the sweep after a removal that completed says a replica did not revoke certificates:\n%s", out)
 	}
 }
 

@@ -21,8 +21,10 @@ var (
 	// cut off at its commit, the caller cannot tell. The control plane
 	// answers 503, so that clients fail over to another replica.
 	ErrUnavailable = errors.New("store: database unavailable")
-	// ErrCorrupt: the database is damaged (SQLite found malformed pages);
-	// it must be restored from a backup.
+	// ErrCorrupt: the database is damaged (SQLite found malformed pages;
+	// PostgreSQL a damaged table or index page: SQLSTATE XX001, XX002);
+	// it must be restored from a backup (a damaged PostgreSQL index may
+	// be rebuilt instead).
 	ErrCorrupt = errors.New("store: database damaged")
 )
 
@@ -519,9 +521,12 @@ type Revocations interface {
 	// its revocation list keeps expired certificates for).
 	RecordIssued(ctx context.Context, serial, commonName string, notAfter, now time.Time) error
 	// Revoke revokes certs and every certificate recorded as issued to
-	// commonName ("": none) not yet expired at at, and returns those it
-	// revoked that were not revoked already (added), and every serial it
-	// named (named: certs' and commonName's, revoked already or now). A
+	// commonName ("": none) that expires after expiresAfter (the control
+	// plane gives its time less the grace its revocation list keeps
+	// expired certificates for, as to UnrevokedRemoved: a peer whose
+	// clock is behind by less still accepts those), as revoked at at,
+	// and returns those it revoked that were not revoked already
+	// (added), and every serial it named (named: certs' and commonName's, revoked already or now). A
 	// call that revoked any raises the list's number by one, or to
 	// minNumber if that is higher (a CA directory whose own list has a
 	// number as high records what it revokes under one above it at once,
@@ -531,7 +536,7 @@ type Revocations interface {
 	// gives. A serial revoked already whose expiry the store does not
 	// know (RevocationList.NoExpiry) takes it so: it is not revoked
 	// again, and the list's number stays.
-	Revoke(ctx context.Context, certs []RevokedCert, commonName string, at time.Time, minNumber int64) (added, named []string, err error)
+	Revoke(ctx context.Context, certs []RevokedCert, commonName string, expiresAfter, at time.Time, minNumber int64) (added, named []string, err error)
 	// RevocationList returns the serials revoked and the list's number,
 	// as one snapshot: every replica signs the same entries with the same
 	// number.

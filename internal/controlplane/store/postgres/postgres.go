@@ -124,11 +124,32 @@ func retryable(err error) bool {
 	return errors.As(err, &pe) && (pe.Code == "40001" || pe.Code == "40P01")
 }
 
+// corruptAdvice is what to do about err if it is PostgreSQL's report of
+// damaged data (SQLSTATE XX001 data_corrupted: a table's page; XX002
+// index_corrupted: an index's), "" for any other err.
+func corruptAdvice(err error) string {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return ""
+	}
+	switch pe.Code {
+	case "XX001":
+		return `stop every replica and restore the database from a backup (docs/operations.md, "Backups and restore")`
+	case "XX002":
+		return `rebuild the index PostgreSQL names (REINDEX INDEX name), or stop every replica and restore the database from a backup (docs/operations.md, "Backups and restore")`
+	}
+	return ""
+}
+
 // wrap wraps a database error: store.ErrUnavailable when the database
-// could not be reached.
+// could not be reached, store.ErrCorrupt (with what to do) when it
+// reports damaged data.
 func wrap(what string, err error) error {
 	if unavailable(err) {
 		return fmt.Errorf("postgres: %s: %w: %w", what, store.ErrUnavailable, err)
+	}
+	if advice := corruptAdvice(err); advice != "" && !errors.Is(err, store.ErrCorrupt) {
+		return fmt.Errorf("postgres: %s: %w: %w; %s", what, store.ErrCorrupt, err, advice)
 	}
 	return fmt.Errorf("postgres: %s: %w", what, err)
 }
@@ -209,7 +230,8 @@ func (s *Store) tx1(ctx context.Context, f func(tx execer) error) error {
 	}
 	if err := f(rebound{tx}); err != nil {
 		tx.Rollback()
-		if retryable(err) || unavailable(err) && !errors.Is(err, store.ErrUnavailable) {
+		if retryable(err) || unavailable(err) && !errors.Is(err, store.ErrUnavailable) ||
+			corruptAdvice(err) != "" && !errors.Is(err, store.ErrCorrupt) {
 			return wrap("transaction", err)
 		}
 		return err

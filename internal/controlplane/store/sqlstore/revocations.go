@@ -30,13 +30,13 @@ func (s *Core) RecordIssued(ctx context.Context, serial, commonName string, notA
 const revokedExpiry = `COALESCE((SELECT i.not_after FROM issued_certs i WHERE i.serial = ?), ?)`
 
 // Revoke revokes certs and the certificates recorded as issued to
-// commonName, raising the list's number once if it revoked any, and
+// commonName that expire after expiresAfter, raising the list's number once if it revoked any, and
 // returns those it revoked and those it named (store.Revocations). Each
 // takes the expiry recorded with its issue, or else the one certs gives
 // (revokedExpiry); so does one revoked already without an expiry. The
 // number raised is at least minNumber. Revocations are serial: each
 // holds the number's row.
-func (s *Core) Revoke(ctx context.Context, certs []store.RevokedCert, commonName string, at time.Time, minNumber int64) (added, named []string, err error) {
+func (s *Core) Revoke(ctx context.Context, certs []store.RevokedCert, commonName string, expiresAfter, at time.Time, minNumber int64) (added, named []string, err error) {
 	var out []string
 	err = s.tx(ctx, func(tx Execer) error {
 		out, named = nil, nil
@@ -53,7 +53,7 @@ func (s *Core) Revoke(ctx context.Context, certs []store.RevokedCert, commonName
 			}
 		}
 		if commonName != "" {
-			rows, err := tx.QueryContext(ctx, `SELECT serial FROM issued_certs WHERE common_name = ? AND not_after > ? ORDER BY serial`, commonName, at.Unix())
+			rows, err := tx.QueryContext(ctx, `SELECT serial FROM issued_certs WHERE common_name = ? AND not_after > ? ORDER BY serial`, commonName, expiresAfter.Unix())
 			if err != nil {
 				return s.wrap("revoke", err)
 			}

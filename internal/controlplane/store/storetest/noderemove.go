@@ -179,7 +179,7 @@ func testUnrecordedRemovalRevoked(t *testing.T, o Options) {
 			}
 		}
 	}
-	if _, _, err := rv.Revoke(ctx, []store.RevokedCert{{Serial: "a1"}}, "", now, 0); err != nil {
+	if _, _, err := rv.Revoke(ctx, []store.RevokedCert{{Serial: "a1"}}, "", time.Time{}, now, 0); err != nil {
 		t.Fatal(err)
 	}
 	want("a node not removed", nil)
@@ -187,7 +187,7 @@ func testUnrecordedRemovalRevoked(t *testing.T, o Options) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := rv.Revoke(ctx, []store.RevokedCert{{Serial: "a2"}, {Serial: "a4"}, {Serial: "b1"}}, "", now, 0); err != nil {
+	if _, _, err := rv.Revoke(ctx, []store.RevokedCert{{Serial: "a2"}, {Serial: "a4"}, {Serial: "b1"}}, "", time.Time{}, now, 0); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := rv.ExpireRevoked(ctx, now.Add(time.Minute*3)); err != nil {
@@ -198,7 +198,7 @@ func testUnrecordedRemovalRevoked(t *testing.T, o Options) {
 		t.Fatal(err)
 	}
 	want("recorded", nil)
-	if _, _, err := rv.Revoke(ctx, []store.RevokedCert{{Serial: "a5"}}, "", now, 0); err != nil {
+	if _, _, err := rv.Revoke(ctx, []store.RevokedCert{{Serial: "a5"}}, "", time.Time{}, now, 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := rv.RecordIssued(ctx, "a5", "node-1", now.Add(time.Hour), now); err != nil {
@@ -252,7 +252,7 @@ func testUnrevokedRemoved(t *testing.T, o Options) {
 		}
 	}
 	want("no node removed", nil)
-	if _, _, err := rv.Revoke(ctx, []store.RevokedCert{{Serial: "a4"}}, "node-1", now, 0); err != nil {
+	if _, _, err := rv.Revoke(ctx, []store.RevokedCert{{Serial: "a4"}}, "node-1", now, now, 0); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := rv.ExpireRevoked(ctx, now.Add(3*time.Minute)); err != nil {
@@ -266,7 +266,7 @@ func testUnrevokedRemoved(t *testing.T, o Options) {
 		t.Fatal(err)
 	}
 	want("removed", map[string]store.UnrevokedCerts{"node-1": {Gen: gen, Serials: []string{"a2", "a3"}}})
-	if _, _, err := rv.Revoke(ctx, []store.RevokedCert{{Serial: "a2"}}, "", now, 0); err != nil {
+	if _, _, err := rv.Revoke(ctx, []store.RevokedCert{{Serial: "a2"}}, "", time.Time{}, now, 0); err != nil {
 		t.Fatal(err)
 	}
 	want("one revoked", map[string]store.UnrevokedCerts{"node-1": {Gen: gen, Serials: []string{"a3"}}})
@@ -286,7 +286,7 @@ func testUnrevokedRemoved(t *testing.T, o Options) {
 		t.Fatalf("the second removal's record has the first's generation %d", gen)
 	}
 	want("removed again", map[string]store.UnrevokedCerts{"node-1": {Gen: gen2, Serials: []string{"a3", "c1"}}})
-	if _, _, err := rv.Revoke(ctx, nil, "node-1", now, 0); err != nil {
+	if _, _, err := rv.Revoke(ctx, nil, "node-1", now, now, 0); err != nil {
 		t.Fatal(err)
 	}
 	want("all revoked", nil)

@@ -15,8 +15,9 @@ import (
 // testRevocations: the revocation list kept in the store, through this
 // store and another replica on the same database. A certificate recorded
 // as issued through one is revoked through the other by its common name
-// (only its holder's, only those not expired); serials are revoked once
-// (a second revocation returns none and leaves the number); each call
+// (only its holder's, only those expiring after the time given, which
+// is not the revocation's); serials are revoked once (a second
+// revocation returns none and leaves the number); each call
 // that revoked any raises the number by one (or to the minimum it is
 // given), and every reader sees the same entries with the same number; the number is raised to a minimum,
 // never lowered; concurrent revocations of other serials each raise it;
@@ -68,7 +69,7 @@ func testRevocations(t *testing.T, o Options) {
 			t.Fatal(err)
 		}
 	}
-	got, named, err := other.Revoke(ctx, nil, "node-1", now, 0)
+	got, named, err := other.Revoke(ctx, nil, "node-1", now, now, 0)
 	slices.Sort(got)
 	slices.Sort(named)
 	if err != nil || !slices.Equal(got, []string{"a1", "a2"}) || !slices.Equal(named, got) {
@@ -81,26 +82,26 @@ func testRevocations(t *testing.T, o Options) {
 	}
 	// Named again: none added, every one named (a removal tried again
 	// reports them).
-	if got, named, err := rv.Revoke(ctx, unknownExpiry("a2"), "node-1", now, 0); err != nil || len(got) != 0 || !slices.Equal(slices.Sorted(slices.Values(named)), []string{"a1", "a2"}) {
+	if got, named, err := rv.Revoke(ctx, unknownExpiry("a2"), "node-1", now, now, 0); err != nil || len(got) != 0 || !slices.Equal(slices.Sorted(slices.Values(named)), []string{"a1", "a2"}) {
 		t.Fatalf("revoking them again: %v (named %v) %v", got, named, err)
 	}
 	want("revoked again", 1, "a1", "a2")
-	if got, named, err := rv.Revoke(ctx, unknownExpiry("c1", "a1", "c1"), "", now, 0); err != nil || !slices.Equal(got, []string{"c1"}) || !slices.Equal(named, []string{"c1", "a1"}) {
+	if got, named, err := rv.Revoke(ctx, unknownExpiry("c1", "a1", "c1"), "", time.Time{}, now, 0); err != nil || !slices.Equal(got, []string{"c1"}) || !slices.Equal(named, []string{"c1", "a1"}) {
 		t.Fatalf("revoking serials: %v (named %v) %v", got, named, err)
 	}
 	want("a serial more", 2, "a1", "a2", "c1")
 	// A minimum number below the number raised by one is no more; one
 	// above is the number (a CA directory whose list is ahead); a call
 	// that revoked none raises nothing.
-	if got, _, err := rv.Revoke(ctx, unknownExpiry("c2"), "", now, 1); err != nil || !slices.Equal(got, []string{"c2"}) {
+	if got, _, err := rv.Revoke(ctx, unknownExpiry("c2"), "", time.Time{}, now, 1); err != nil || !slices.Equal(got, []string{"c2"}) {
 		t.Fatalf("revoking with a lower minimum number: %v %v", got, err)
 	}
 	want("a lower minimum", 3, "a1", "a2", "c1", "c2")
-	if got, _, err := other.Revoke(ctx, unknownExpiry("c3"), "", now, 10); err != nil || !slices.Equal(got, []string{"c3"}) {
+	if got, _, err := other.Revoke(ctx, unknownExpiry("c3"), "", time.Time{}, now, 10); err != nil || !slices.Equal(got, []string{"c3"}) {
 		t.Fatalf("revoking with a higher minimum number: %v %v", got, err)
 	}
 	want("a higher minimum", 10, "a1", "a2", "c1", "c2", "c3")
-	if got, _, err := rv.Revoke(ctx, unknownExpiry("c1"), "", now, 20); err != nil || len(got) != 0 {
+	if got, _, err := rv.Revoke(ctx, unknownExpiry("c1"), "", time.Time{}, now, 20); err != nil || len(got) != 0 {
 		t.Fatalf("revoking a revoked serial with a minimum number: %v %v", got, err)
 	}
 	want("none revoked", 10, "a1", "a2", "c1", "c2", "c3")
@@ -117,7 +118,7 @@ func testRevocations(t *testing.T, o Options) {
 	if err := rv.RecordIssued(ctx, "b2", "node-2", now.Add(4*time.Hour), now.Add(2*time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	if got, _, err := other.Revoke(ctx, nil, "node-2", now.Add(2*time.Hour), 0); err != nil || !slices.Equal(got, []string{"b2"}) {
+	if got, _, err := other.Revoke(ctx, nil, "node-2", now.Add(2*time.Hour), now.Add(2*time.Hour), 0); err != nil || !slices.Equal(got, []string{"b2"}) {
 		t.Fatalf("revoking node-2's: %v %v", got, err)
 	}
 	want("node-2's", 41, "a1", "a2", "c1", "c2", "c3", "b2")
@@ -132,7 +133,7 @@ func testRevocations(t *testing.T, o Options) {
 		go func() {
 			defer wg.Done()
 			r := readers[i%len(readers)]
-			got, _, err := r.Revoke(ctx, unknownExpiry(fmt.Sprintf("d%d", i)), "", now, 0)
+			got, _, err := r.Revoke(ctx, unknownExpiry(fmt.Sprintf("d%d", i)), "", time.Time{}, now, 0)
 			if err == nil && len(got) != 1 {
 				err = fmt.Errorf("revoking d%d: %v", i, got)
 			}
@@ -158,7 +159,7 @@ func testRevocations(t *testing.T, o Options) {
 	if err := rv.RecordIssued(ctx, "f1", "node-3", now.Add(3*time.Hour), now); err != nil {
 		t.Fatal(err)
 	}
-	if got, _, err := other.Revoke(ctx, []store.RevokedCert{{Serial: "e1", NotAfter: now.Add(time.Hour)}, {Serial: "f1", NotAfter: now}}, "", now, 0); err != nil || len(got) != 2 {
+	if got, _, err := other.Revoke(ctx, []store.RevokedCert{{Serial: "e1", NotAfter: now.Add(time.Hour)}, {Serial: "f1", NotAfter: now}}, "", time.Time{}, now, 0); err != nil || len(got) != 2 {
 		t.Fatalf("revoking serials with their expiry: %v %v", got, err)
 	}
 	all = append(all, "e1", "f1")
@@ -176,7 +177,7 @@ func testRevocations(t *testing.T, o Options) {
 	if got, err := rv.ExpireRevoked(ctx, now.Add(90*time.Minute)); err != nil || got != 0 {
 		t.Fatalf("expiring again: %d %v, want none", got, err)
 	}
-	if got, _, err := rv.Revoke(ctx, unknownExpiry("a1"), "", now, 0); err != nil || len(got) != 0 {
+	if got, _, err := rv.Revoke(ctx, unknownExpiry("a1"), "", time.Time{}, now, 0); err != nil || len(got) != 0 {
 		t.Fatalf("revoking an expired serial again: %v %v, want none added", got, err)
 	}
 	want("expired, revoked again", 43+n, live...)
@@ -207,7 +208,7 @@ func testRevocations(t *testing.T, o Options) {
 	if err := rv.RecordIssued(ctx, "c2", "node-4", now.Add(time.Hour), now); err != nil {
 		t.Fatal(err)
 	}
-	if got, named, err := other.Revoke(ctx, []store.RevokedCert{{Serial: "c1", NotAfter: now.Add(time.Hour)}, {Serial: "c2", NotAfter: now.Add(9 * time.Hour)}}, "", now, 0); err != nil || len(got) != 0 || len(named) != 2 {
+	if got, named, err := other.Revoke(ctx, []store.RevokedCert{{Serial: "c1", NotAfter: now.Add(time.Hour)}, {Serial: "c2", NotAfter: now.Add(9 * time.Hour)}}, "", time.Time{}, now, 0); err != nil || len(got) != 0 || len(named) != 2 {
 		t.Fatalf("revoking serials of unknown expiry again with one: %v (named %v) %v, want none added", got, named, err)
 	}
 	wantNoExpiry("given their expiry", noExpiry[2:])
@@ -217,6 +218,23 @@ func testRevocations(t *testing.T, o Options) {
 	}
 	live = slices.DeleteFunc(live, func(x string) bool { return x == "c1" || x == "c2" })
 	want("those given their expiry expired", 44+n, live...)
+
+	// By its common name, those expiring after the time given, which is
+	// not the revocation's: g1, expired half an hour before it, is
+	// revoked then; g0, expired an hour and a half before, is not.
+	later := now.Add(10 * time.Hour)
+	for serial, notAfter := range map[string]time.Time{"g0": later.Add(-90 * time.Minute), "g1": later.Add(-30 * time.Minute)} {
+		if err := rv.RecordIssued(ctx, serial, "node-5", notAfter, later.Add(-2*time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, named, err := other.Revoke(ctx, nil, "node-5", later.Add(-time.Hour), later, 0); err != nil || !slices.Equal(got, []string{"g1"}) || !slices.Equal(named, got) {
+		t.Fatalf("revoking node-5's expiring after an hour before: %v (named %v) %v, want g1", got, named, err)
+	}
+	want("node-5's", 45+n, append(live, "g1")...)
+	if l, err := rv.RevocationList(ctx); err != nil || !l.Revoked["g1"].Equal(later) {
+		t.Fatalf("g1's revocation time: %v %v, want %v", l.Revoked["g1"], err, later)
+	}
 }
 
 // unknownExpiry are serials to revoke, their expiry not given.
